@@ -1,0 +1,60 @@
+# sglab — the two set-up commands are `make workbook` and `make test`; each creates .venv when missing.
+#
+# torch: if the Python that creates the venv already has torch (a GPU box with a CUDA build), the venv
+# sees it (--system-site-packages) and nothing replaces it. Otherwise the CPU build $(TORCH_CPU) is installed,
+# pinned so that pip never pulls a CUDA build with gigabytes of wheels.
+
+PY        ?= python3
+VENV      ?= .venv
+BIN       := $(VENV)/bin
+TORCH_CPU ?= torch==2.13.0
+comma     := ,
+EXTRAS    ?= exec,test
+STAMP     := $(VENV)/.sglab-$(subst $(comma),-,$(EXTRAS))
+
+.PHONY: workbook test test-gpu lab wheelhouse offline-gpu sync env clean
+
+$(BIN)/python:
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+	  echo "venv: using the torch of $(PY) ($$($(PY) -c 'import torch;print(torch.__version__)'))"; \
+	  $(PY) -m venv --system-site-packages $(VENV); \
+	else \
+	  $(PY) -m venv $(VENV); \
+	fi
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.sglab-%: $(BIN)/python pyproject.toml
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_CPU)"
+	$(BIN)/python -m pip install -q -e ".[$(subst -,$(comma),$*)]"
+	@touch $@
+
+workbook: $(STAMP)
+	$(BIN)/sglab run
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+# the GPU tests only (skipped where there is no CUDA)
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -q -m gpu
+
+lab:
+	$(MAKE) EXTRAS=lab,test,gpu $(VENV)/.sglab-lab-test-gpu
+	$(BIN)/jupyter lab notebooks/
+
+sync: $(STAMP)
+	$(BIN)/sglab sync
+
+env: $(STAMP)
+	$(BIN)/sglab env
+
+# Python 3.12 manylinux x86_64 wheels of what a torch-only CUDA image lacks, into .whl/ (for offline GPU boxes)
+wheelhouse:
+	bash scripts/wheelhouse.sh .whl
+
+# on an offline GPU box, from the wheelhouse: GPU tests, every notebook live, a tarball of the results
+offline-gpu:
+	bash scripts/offline_gpu.sh
+
+clean:
+	rm -rf reports .pytest_cache

@@ -1,0 +1,274 @@
+"""``sglab`` on the command line.
+
+    sglab env                       GPUs, driver, tools found (NVML, cuda-bindings, nsight backend, sglang)
+    sglab run [NOTEBOOK ...]        execute notebooks headless → reports/ (executed .ipynb, .html, index.html)
+    sglab record EXPERIMENT [--param k=v ...] [--recorded]
+                                    run an experiment live → data/runs/ (or data/recorded/ with --recorded)
+    sglab sync [--check]            write each notebooks/NN_*.ipynb from its .py (or only check the pairs)
+    sglab upstream                  which fixes the installed SGLang contains
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import html
+import importlib
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+def _parse_params(items: list[str]) -> dict:
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise SystemExit(f"--param needs key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        try:
+            out[k.strip()] = ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            out[k.strip()] = v
+    return out
+
+
+# -- env ------------------------------------------------------------------------------------------------------
+def env_report() -> list[tuple[str, str]]:
+    """(item, value) pairs describing this machine for the workbook."""
+    from . import hardware, upstream
+    from .measure import kernels
+
+    rows = []
+    sw = hardware.software()
+    gpus = hardware.gpus() if hardware.has_cuda() else ()
+    rows.append(("GPUs", f"{len(gpus)}" + "".join(f"\n  {g.index}: {g.name} {g.memory_mib} MiB {g.uuid}" for g in gpus)))
+    rows.append(("driver", sw["driver"] or "not found (no NVML)"))
+    rows.append(("torch / CUDA", f"{sw['torch']} / {sw['cuda'] or 'CPU build'}"))
+    rows.append(("python", sw["python"]))
+    try:
+        import pynvml  # noqa: F401
+
+        nvml = "nvidia-ml-py importable" + (", NVML initialised" if hardware._nvml() else ", NVML not usable here")
+    except ImportError:
+        nvml = "nvidia-ml-py not installed"
+    rows.append(("NVML", nvml))
+    try:
+        from cuda.bindings import driver  # noqa: F401
+        import cuda.bindings
+
+        cb = f"cuda-bindings {getattr(cuda.bindings, '__version__', '?')}"
+    except ImportError:
+        cb = "not installed (static kernel counting unavailable)"
+    rows.append(("cuda-bindings", cb))
+    backend, why = kernels.nsight_backend()
+    rows.append(("nsight timing", f"{backend} — {why}"))
+    inst = upstream.installed()
+    rows.append(("sglang", f"{inst.version} at {inst.root}" if inst else "not installed (upstream checks skipped)"))
+    for mod in ("nbclient", "jupytext", "ipykernel", "nbconvert"):
+        try:
+            m = importlib.import_module(mod)
+            rows.append((mod, getattr(m, "__version__", "installed")))
+        except ImportError:
+            rows.append((mod, "not installed"))
+    return rows
+
+
+def cmd_env(_args) -> int:
+    for k, v in env_report():
+        print(f"{k:>14}: {v}")
+    return 0
+
+
+# -- record ---------------------------------------------------------------------------------------------------
+def load_experiment(name: str):
+    try:
+        return importlib.import_module(f"sglab.experiments.{name}")
+    except ModuleNotFoundError as e:
+        if e.name == f"sglab.experiments.{name}":
+            from .catalog import NOTEBOOKS
+
+            known = sorted(e.experiment for e in NOTEBOOKS if e.experiment)
+            raise SystemExit(f"unknown experiment {name!r}; known: {', '.join(known)}") from None
+        raise
+
+
+def gpus_for(module, params: dict) -> int:
+    for key in ("world_size", "tp_size"):
+        if key in params:
+            return int(params[key])
+    return int(getattr(module, "GPUS", 1))
+
+
+def record(name: str, params: dict | None = None, *, recorded: bool = False, progress: bool = True) -> Path:
+    from . import hardware, runs
+
+    mod = load_experiment(name)
+    merged = {**getattr(mod, "DEFAULT_PARAMS", {}), **(params or {})}
+    unknown = set(params or {}) - set(getattr(mod, "DEFAULT_PARAMS", {}))
+    if unknown:
+        raise SystemExit(f"unknown parameter(s) for {name}: {sorted(unknown)}; "
+                         f"known: {sorted(getattr(mod, 'DEFAULT_PARAMS', {}))}")
+    need = gpus_for(mod, merged)
+    ok, why = hardware.meets(need)
+    if not ok:
+        raise SystemExit(f"cannot record {name} live: {why}")
+    t0 = time.perf_counter()
+    df = mod.run(merged, progress=progress)
+    root = runs.data_dir("recorded") if recorded else None
+    path = runs.write_run(df, experiment=mod.EXPERIMENT, method_version=mod.METHOD_VERSION, params=merged,
+                          root=root, gpu_count=need, extra={"duration_s": round(time.perf_counter() - t0, 1)})
+    print(f"[sglab] {name}: {len(df)} rows in {time.perf_counter() - t0:.1f} s → {path}")
+    return path
+
+
+def cmd_record(args) -> int:
+    record(args.experiment, _parse_params(args.param), recorded=args.recorded, progress=not args.quiet)
+    return 0
+
+
+# -- sync -----------------------------------------------------------------------------------------------------
+def cmd_sync(args) -> int:
+    from . import nbtools
+
+    if args.check:
+        problems = [p for nb in nbtools.all_notebooks() for p in nbtools.check_pair(nb)]
+        for p in problems:
+            print(p)
+        return 1 if problems else 0
+    for py in sorted(nbtools.notebooks_dir().glob("[0-9][0-9]_*.py")):
+        print(f"{py.name} → {nbtools.sync(py).name}")
+    return 0
+
+
+# -- upstream -------------------------------------------------------------------------------------------------
+def cmd_upstream(_args) -> int:
+    from . import upstream
+    from .catalog import NOTEBOOKS
+
+    for e in NOTEBOOKS:  # importing an experiment registers its check
+        if e.experiment:
+            try:
+                load_experiment(e.experiment)
+            except SystemExit:
+                pass
+    print(upstream.check_all().to_string(index=False))
+    return 0
+
+
+# -- run ------------------------------------------------------------------------------------------------------
+_STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1000px;color:#222}
+table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ddd;padding:.4em .6em;text-align:left;
+vertical-align:top}th{background:#f4f6f7}.ok{color:#1e8449;font-weight:600}.failed{color:#c0392b;font-weight:600}
+.live{color:#1f618d;font-weight:600}.recorded{color:#7d6608;font-weight:600}pre{white-space:pre-wrap;font-size:12px;
+background:#fbfcfc;border:1px solid #eee;padding:.5em;max-height:12em;overflow:auto}small{color:#666}"""
+
+
+def write_index(results, out: Path, env_rows: list[tuple[str, str]]) -> Path:
+    from .catalog import by_stem
+
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    rows = []
+    for r in results:
+        entry = by_stem(r.path.stem)
+        claim = html.escape(entry.claim) if entry else ""
+        link = f'<a href="{html.escape(r.path.stem)}.html">{html.escape(r.path.stem)}</a>'
+        err = f"<pre>{html.escape(r.error[-3000:])}</pre>" if r.error else ""
+        skipped = f"<br><small>{r.skipped_gpu_cells} GPU cell(s) skipped</small>" if r.skipped_gpu_cells else ""
+        rows.append(f"<tr><td>{link}<br><small>{claim}</small>{err}</td><td class='{r.status}'>{r.status}</td>"
+                    f"<td class='{r.mode}'>{r.mode}{skipped}</td><td>{r.seconds:.1f} s</td></tr>")
+    env = "".join(f"<tr><th>{html.escape(k)}</th><td><pre>{html.escape(v)}</pre></td></tr>" for k, v in env_rows)
+    n_ok = sum(r.status == "ok" for r in results)
+    page = (f"<!doctype html><meta charset='utf-8'><title>sglab report</title><style>{_STYLE}</style>"
+            f"<h1>sglab workbook report</h1><p>{now} · {n_ok}/{len(results)} notebooks ran cleanly. "
+            "Mode <b>live</b>: measured on this machine; <b>recorded</b>: GPU results shown from committed runs "
+            "in data/recorded/.</p><table><tr><th>notebook</th><th>status</th><th>mode</th><th>duration</th></tr>"
+            + "".join(rows) + f"</table><h2>Environment</h2><table>{env}</table>")
+    path = out / "index.html"
+    path.write_text(page, encoding="utf-8")
+    (out / "index.json").write_text(json.dumps(
+        [{"notebook": r.path.name, "status": r.status, "mode": r.mode, "seconds": round(r.seconds, 1),
+          "error": r.error[-2000:]} for r in results], indent=2))
+    return path
+
+
+def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None, cell_timeout: int = 900,
+                  html_pages: bool = True, progress=print) -> list:
+    import nbformat
+
+    from . import nbtools
+
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for i, p in enumerate(paths, 1):
+        progress(f"[{i}/{len(paths)}] {p.name} …")
+        r = nbtools.execute(p, cell_timeout=cell_timeout, params=params)
+        nbformat.write(r.nb, out / p.name)
+        if html_pages:
+            try:
+                from nbconvert import HTMLExporter
+
+                body, _ = HTMLExporter().from_notebook_node(r.nb)
+                (out / f"{p.stem}.html").write_text(body, encoding="utf-8")
+            except Exception as e:  # noqa: BLE001
+                (out / f"{p.stem}.html").write_text(f"<p>HTML export failed: {html.escape(str(e))}</p>")
+        progress(f"      {r.status} · {r.mode} · {r.seconds:.1f} s" + (f"\n      {r.error[:500]}" if r.error else ""))
+        results.append(r)
+    write_index(results, out, env_report())
+    return results
+
+
+def _resolve_notebooks(names: list[str]) -> list[Path]:
+    from . import nbtools
+
+    all_nbs = [nbtools.notebooks_dir() / "00_start_here.ipynb"] + nbtools.all_notebooks()
+    all_nbs = list(dict.fromkeys(p for p in all_nbs if p.exists()))
+    if not names:
+        return all_nbs
+    picked = []
+    for n in names:
+        match = [p for p in all_nbs if p.stem == Path(n).stem or p.name.startswith(n)]
+        if not match:
+            raise SystemExit(f"no notebook matches {n!r}; have: {', '.join(p.stem for p in all_nbs)}")
+        picked.extend(match)
+    return list(dict.fromkeys(picked))
+
+
+def cmd_run(args) -> int:
+    from .runs import repo_root
+
+    paths = _resolve_notebooks(args.notebooks)
+    out = Path(args.out) if args.out else repo_root() / "reports"
+    results = run_notebooks(paths, out, params=_parse_params(args.param), cell_timeout=args.cell_timeout)
+    failed = [r for r in results if r.status != "ok"]
+    print(f"report: {out / 'index.html'} ({len(results) - len(failed)}/{len(results)} ok)")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="sglab", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("env", help="describe this machine").set_defaults(fn=cmd_env)
+    p = sub.add_parser("run", help="execute notebooks headless and write reports/")
+    p.add_argument("notebooks", nargs="*")
+    p.add_argument("--out")
+    p.add_argument("--param", action="append", help="inject NAME=VALUE after the parameters cell")
+    p.add_argument("--cell-timeout", type=int, default=900)
+    p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("record", help="run an experiment live and save the run")
+    p.add_argument("experiment")
+    p.add_argument("--param", action="append")
+    p.add_argument("--recorded", action="store_true", help="write into data/recorded/ instead of data/runs/")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(fn=cmd_record)
+    p = sub.add_parser("sync", help="write notebooks' .ipynb from their .py")
+    p.add_argument("--check", action="store_true")
+    p.set_defaults(fn=cmd_sync)
+    sub.add_parser("upstream", help="which fixes the installed SGLang contains").set_defaults(fn=cmd_upstream)
+    args = ap.parse_args(argv)
+    return int(args.fn(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""Run a function on N ranks — one process per rank, one GPU each — and get each rank's result back.
+
+``launch(fn, world_size)`` spawns the ranks with a loopback rendezvous, sets up the default process group
+(NCCL, or gloo for CPU runs) plus a gloo group for CPU objects, calls ``fn(ctx, *args)`` on every rank and
+returns the per-rank return values. It never hangs: the whole run has a deadline, every collective has a
+timeout, stragglers are killed (with any processes they started), and a rank's exception comes back to the
+caller with its traceback.
+
+A rank is bound to GPU ``rank`` with ``torch.cuda.set_device`` but every GPU stays visible, because some
+experiments are about a rank touching another rank's GPU.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import queue as queue_mod
+import signal
+import socket
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+
+class DistError(RuntimeError):
+    """Base class of the errors :func:`launch` raises."""
+
+
+class NotEnoughGPUs(DistError):
+    pass
+
+
+class RankError(DistError):
+    """A rank raised; ``rank`` and ``rank_traceback`` say which and where."""
+
+    def __init__(self, message: str, rank: int | None = None, rank_traceback: str = ""):
+        super().__init__(message)
+        self.rank = rank
+        self.rank_traceback = rank_traceback
+
+
+class DistTimeout(DistError):
+    """The run or one of its collectives exceeded its time limit; all ranks were killed."""
+
+
+@dataclass
+class RankContext:
+    rank: int
+    world_size: int
+    backend: str
+    device: Any  # torch.device
+    group: Any  # the default process group (NCCL, or gloo on CPU)
+    cpu_group: Any  # a gloo group, for CPU objects
+    collective_timeout_s: float
+
+    def barrier(self) -> None:
+        """A barrier on the gloo group (bounded by the collective timeout)."""
+        import torch.distributed as tdist
+
+        tdist.monitored_barrier(group=self.cpu_group, timeout=timedelta(seconds=self.collective_timeout_s))
+
+
+_TIMEOUT_MARKERS = ("Watchdog caught collective operation timeout", "timed out", "Timed out", "Timeout",
+                    "DistStoreError", "timeout")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, payload: bytes, backend: str, port: int, coll_timeout: float,
+            results, env: dict, log_path: str) -> None:
+    # Own process group, so the launcher can kill this rank together with anything it starts.
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    # Everything this rank prints goes to its log; the launcher shows the tail when something fails.
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.environ.update({k: str(v) for k, v in env.items()})
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                       "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)})
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    try:
+        import torch
+        import torch.distributed as tdist
+
+        fn, args = pickle.loads(payload)
+        timeout = timedelta(seconds=coll_timeout)
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+            device = torch.device("cuda", rank)
+        else:
+            device = torch.device("cpu")
+        tdist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
+                                 init_method=f"tcp://127.0.0.1:{port}")
+        cpu_group = tdist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else tdist.group.WORLD
+        ctx = RankContext(rank, world_size, backend, device, tdist.group.WORLD, cpu_group, coll_timeout)
+        out = fn(ctx, *args)
+        results.put((rank, "ok", pickle.dumps(out)))
+    except BaseException:  # noqa: BLE001 - everything goes back to the caller
+        results.put((rank, "error", traceback.format_exc()))
+    finally:
+        try:
+            import torch.distributed as tdist
+
+            if tdist.is_initialized():
+                tdist.destroy_process_group()
+        except Exception:
+            pass
+        try:
+            results.close()
+            results.join_thread()
+        except Exception:
+            pass
+
+
+def _kill(proc) -> None:
+    """Stop a rank and everything in its process group (a finished rank's group is swept too)."""
+    if proc.pid is None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.join(timeout=3)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if proc.is_alive():
+        proc.kill()
+    proc.join(timeout=3)
+
+
+def _tail(path: Path, n: int = 25) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+def _looks_like_timeout(text: str) -> bool:
+    return any(m in text for m in _TIMEOUT_MARKERS)
+
+
+def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (), backend: str = "nccl",
+           timeout_s: float = 300, collective_timeout_s: float = 60, env: dict | None = None) -> list:
+    """Run ``fn(ctx, *args)`` on ``world_size`` ranks; return ``[result of rank 0, result of rank 1, ...]``.
+
+    ``fn`` must be defined in an importable module (not a notebook cell) because ranks are spawned.
+    Raises :class:`NotEnoughGPUs`, :class:`RankError` (with the rank's traceback) or :class:`DistTimeout`.
+    No rank process (nor anything it started) is left when this returns or raises.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if backend not in ("nccl", "gloo"):
+        raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
+    if timeout_s <= 0 or collective_timeout_s <= 0:
+        raise ValueError("timeouts must be positive")
+    if getattr(fn, "__module__", None) == "__main__" or "<locals>" in getattr(fn, "__qualname__", ""):
+        raise ValueError(f"{getattr(fn, '__qualname__', fn)!r} must be a module-level function of an importable "
+                         "module (ranks are spawned and import it); move it into lib/sglab")
+    if backend == "nccl":
+        from . import hardware
+
+        ok, why = hardware.meets(world_size)
+        if not ok:
+            raise NotEnoughGPUs(f"{world_size} ranks with NCCL need {world_size} GPUs: {why}")
+    payload = pickle.dumps((fn, tuple(args)))
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    logdir = Path(tempfile.mkdtemp(prefix="sglab-dist-"))
+    logs = [logdir / f"rank{r}.log" for r in range(world_size)]
+    procs = [ctx.Process(target=_worker, name=f"sglab-rank{r}",
+                         args=(r, world_size, payload, backend, port, collective_timeout_s, results,
+                               dict(env or {}), str(logs[r])), daemon=False)
+             for r in range(world_size)]
+    out: dict[int, Any] = {}
+    gone_since: dict[int, float] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        for p in procs:
+            p.start()
+        while len(out) < world_size:
+            try:
+                rank, status, data = results.get(timeout=0.2)
+            except queue_mod.Empty:
+                rank = None
+            if rank is not None:
+                if status == "ok":
+                    out[rank] = pickle.loads(data)
+                    continue
+                kind = DistTimeout if _looks_like_timeout(data) else RankError
+                last = next((ln for ln in reversed(data.strip().splitlines()) if ln.strip()), "")
+                msg = (f"rank {rank} of {world_size} failed: {last.strip()}" +
+                       (f" (a collective timed out after {collective_timeout_s:g} s)" if kind is DistTimeout else "")
+                       + f"\n--- rank {rank} traceback:\n{data}")
+                if kind is DistTimeout:
+                    raise DistTimeout(msg)
+                raise RankError(msg, rank=rank, rank_traceback=data)
+            now = time.monotonic()
+            for r, p in enumerate(procs):
+                if r in out or p.exitcode is None:
+                    continue
+                # a result sent just before exit may still be in the queue: allow a short grace period
+                gone_since.setdefault(r, now)
+                if now - gone_since[r] < 2.0:
+                    continue
+                tail = _tail(logs[r])
+                if _looks_like_timeout(tail):
+                    raise DistTimeout(f"rank {r} of {world_size} died after a collective timed out "
+                                      f"(limit {collective_timeout_s:g} s; did another rank never join?). "
+                                      f"Its log ends:\n{tail}")
+                if not tail:
+                    tail = ("(empty: the rank died before it started; a script that calls launch() must guard "
+                            "its entry point with `if __name__ == '__main__':`)")
+                raise RankError(f"rank {r} of {world_size} exited with code {p.exitcode} without a result. "
+                                f"Its log ends:\n{tail}", rank=r)
+            if time.monotonic() > deadline:
+                waiting = [r for r in range(world_size) if r not in out]
+                tails = "\n".join(f"--- rank {r} log:\n{_tail(logs[r], 8)}" for r in waiting)
+                raise DistTimeout(f"run exceeded {timeout_s:g} s; ranks {waiting} had not finished and were "
+                                  f"killed.\n{tails}")
+        for p in procs:
+            p.join(timeout=max(1.0, min(30.0, deadline - time.monotonic())))
+        return [out[r] for r in range(world_size)]
+    finally:
+        for p in procs:
+            _kill(p)
+        results.close()
+        results.cancel_join_thread()
+        for f in logs:
+            f.unlink(missing_ok=True)
+        try:
+            logdir.rmdir()
+        except OSError:
+            pass
+
+
+def alive_children() -> list[int]:
+    """Pids of this process's live multiprocessing children (for leak checks)."""
+    return [p.pid for p in mp.active_children()]

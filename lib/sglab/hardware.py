@@ -1,0 +1,137 @@
+"""What GPUs are here, and whether a notebook's needs are met.
+
+Nothing here initialises CUDA in the calling process unless torch already did: the inventory comes from
+NVML when it is available (it does not create a CUDA context), otherwise from torch.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+
+@dataclass(frozen=True)
+class GPU:
+    index: int
+    name: str
+    uuid: str
+    memory_mib: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _nvml():
+    """Return the initialised ``pynvml`` module, or None when NVML is not usable here."""
+    try:
+        import pynvml  # provided by nvidia-ml-py
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    return pynvml
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _visible_indices(total: int) -> list[int]:
+    """Physical indices visible to this process, honouring CUDA_VISIBLE_DEVICES when it lists integers."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None:
+        return list(range(total))
+    out = []
+    for tok in env.split(","):
+        tok = tok.strip()
+        if not tok:
+            continue
+        if not tok.isdigit():  # UUID or MIG spec: do not guess, show all
+            return list(range(total))
+        if int(tok) < total:
+            out.append(int(tok))
+    return out
+
+
+@lru_cache(maxsize=1)
+def gpus() -> tuple[GPU, ...]:
+    """The GPUs this process can use, in CUDA order (empty without CUDA)."""
+    nv = _nvml()
+    if nv is not None:
+        try:
+            total = nv.nvmlDeviceGetCount()
+            found = []
+            for cuda_index, phys in enumerate(_visible_indices(total)):
+                h = nv.nvmlDeviceGetHandleByIndex(phys)
+                mem = nv.nvmlDeviceGetMemoryInfo(h)
+                found.append(GPU(cuda_index, _text(nv.nvmlDeviceGetName(h)), _text(nv.nvmlDeviceGetUUID(h)),
+                                 int(mem.total // 2**20)))
+            return tuple(found)
+        except Exception:
+            pass
+    try:
+        import torch
+    except ImportError:
+        return ()
+    if not torch.cuda.is_available():
+        return ()
+    out = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        out.append(GPU(i, p.name, str(getattr(p, "uuid", "")), int(p.total_memory // 2**20)))
+    return tuple(out)
+
+
+def gpu_count() -> int:
+    return len(gpus())
+
+
+def has_cuda() -> bool:
+    """True when torch can use a CUDA device here (the test for running live)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def meets(n_gpus: int) -> tuple[bool, str]:
+    """Whether ``n_gpus`` GPUs are available, with a sentence saying why or why not."""
+    if n_gpus < 0:
+        raise ValueError(f"n_gpus must be >= 0, got {n_gpus}")
+    if n_gpus == 0:
+        return True, "needs no GPU"
+    have = gpu_count() if has_cuda() else 0
+    if have >= n_gpus:
+        names = sorted({g.name for g in gpus()})
+        return True, f"{have} GPU(s) here ({', '.join(names)}); needs {n_gpus}"
+    if have == 0:
+        return False, f"no CUDA GPU here; needs {n_gpus}"
+    return False, f"only {have} GPU(s) here; needs {n_gpus}"
+
+
+def driver_version() -> str | None:
+    nv = _nvml()
+    if nv is None:
+        return None
+    try:
+        return _text(nv.nvmlSystemGetDriverVersion())
+    except Exception:
+        return None
+
+
+def software() -> dict:
+    """Versions that go into every run manifest."""
+    info = {"python": platform.python_version(), "torch": None, "cuda": None, "driver": driver_version()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["cuda"] = torch.version.cuda
+    except ImportError:
+        pass
+    return info

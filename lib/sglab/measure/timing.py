@@ -1,0 +1,129 @@
+"""Time device work with CUDA events and host work with a synchronised clock.
+
+Both warm up first, repeat, and keep every sample: a result is a :class:`Timing` whose median and p10/p90
+are what notebooks report.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+def _quantile(sorted_vals: list[float], q: float) -> float:
+    """Linear-interpolated quantile of already sorted values (numpy's default method)."""
+    if not sorted_vals:
+        raise ValueError("no samples")
+    if len(sorted_vals) == 1:
+        return sorted_vals[0]
+    pos = q * (len(sorted_vals) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_vals) - 1)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
+
+
+@dataclass
+class Timing:
+    """Samples in milliseconds and their summary."""
+
+    samples_ms: list[float] = field(default_factory=list)
+    clock: str = "cuda-events"
+
+    @property
+    def n(self) -> int:
+        return len(self.samples_ms)
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.samples_ms)
+
+    @property
+    def p10_ms(self) -> float:
+        return _quantile(sorted(self.samples_ms), 0.10)
+
+    @property
+    def p90_ms(self) -> float:
+        return _quantile(sorted(self.samples_ms), 0.90)
+
+    def rows(self, **labels) -> list[dict]:
+        """Tidy rows (metric time_median / time_p10 / time_p90, unit ms) carrying ``labels``."""
+        return [
+            {**labels, "metric": "time_median", "value": self.median_ms, "unit": "ms"},
+            {**labels, "metric": "time_p10", "value": self.p10_ms, "unit": "ms"},
+            {**labels, "metric": "time_p90", "value": self.p90_ms, "unit": "ms"},
+        ]
+
+    def __repr__(self) -> str:
+        if not self.samples_ms:
+            return "Timing(no samples)"
+        return (f"Timing(median={self.median_ms:.4f} ms, p10={self.p10_ms:.4f}, p90={self.p90_ms:.4f}, "
+                f"n={self.n}, clock={self.clock})")
+
+
+def _check_counts(warmup: int, repeat: int) -> None:
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
+
+
+def cuda_time(fn: Callable[[], object], *, warmup: int = 10, repeat: int = 50, device=None) -> Timing:
+    """Time ``fn`` on the current CUDA stream with a pair of events per call.
+
+    ``warmup`` calls run first and are discarded (module loading, allocator growth, autotuning). Each sample
+    is the device time between two events recorded around one call.
+    """
+    import torch
+
+    _check_counts(warmup, repeat)
+    if not torch.cuda.is_available():
+        raise RuntimeError("cuda_time needs a CUDA device; use host_time for host-side work")
+    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    with torch.cuda.device(dev):
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize(dev)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
+        for s, e in zip(starts, ends):
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize(dev)
+        return Timing([s.elapsed_time(e) for s, e in zip(starts, ends)], clock="cuda-events")
+
+
+def host_time(fn: Callable[[], object], *, warmup: int = 3, repeat: int = 20, sync: bool = True) -> Timing:
+    """Time ``fn`` with ``time.perf_counter``; with ``sync`` the device is synchronised before and after each
+    call (when CUDA is there) so the sample covers all the work ``fn`` queued."""
+    _check_counts(warmup, repeat)
+    synchronize = _synchronizer() if sync else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    synchronize()
+    samples = []
+    for _ in range(repeat):
+        synchronize()
+        t0 = time.perf_counter()
+        fn()
+        synchronize()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return Timing(samples, clock="host-perf-counter" + ("+sync" if sync else ""))
+
+
+def _synchronizer() -> Callable[[], None]:
+    """A callable that synchronises CUDA when this process has initialised it (checked at each call)."""
+    try:
+        import torch
+    except ImportError:
+        return lambda: None
+    if not torch.cuda.is_available():
+        return lambda: None
+
+    def sync() -> None:
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+
+    return sync

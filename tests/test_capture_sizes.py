@@ -1,0 +1,221 @@
+"""CPU tests of the capture-size tables and the dense-TP1 boundary (gloo)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sglab.fixes import capture_sizes as cs
+
+DEFAULT_2048 = [4, 8, 12, 16, 20, 24, 28, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256,
+                288, 320, 352, 384, 416, 448, 480, 512, 576, 640, 704, 768, 832, 896, 960, 1024, 1280, 1536, 1792,
+                2048]
+
+
+def test_default_sizes_pr_era():
+    assert cs.default_piecewise_capture_sizes(2048) == DEFAULT_2048
+    big = cs.default_piecewise_capture_sizes(8192)
+    assert big[len(DEFAULT_2048):] == [2304, 2560, 2816, 3072, 3328, 3584, 3840, 4096, 4608, 5120, 5632, 6144,
+                                       6656, 7168, 7680, 8192]
+    assert cs.default_piecewise_max_tokens(8192, use_mla_backend=True) == 2048
+    assert cs.default_piecewise_max_tokens(8192, use_mla_backend=False) == 8192
+
+
+def test_require_gathered_buffer():
+    # the crash report: --tp 8 --moe-dense-tp-size 1, no DP attention
+    a = cs.ParallelArgs(tp_size=8, moe_dense_tp_size=1)
+    assert cs.require_attn_tp_gather(a) and cs.require_gathered_buffer(a)
+    assert cs.attention_tp_size(a) == 8
+    # plain TP: no scatter
+    assert not cs.require_gathered_buffer(cs.ParallelArgs(tp_size=8))
+    # DP attention with dp == tp: attention is not scattered, but the MLP input is gathered
+    b = cs.ParallelArgs(tp_size=8, dp_size=8, enable_dp_attention=True, moe_dense_tp_size=1)
+    assert not cs.require_attn_tp_gather(b)
+    assert cs.require_mlp_tp_gather(b)
+    assert cs.attention_tp_size(b) == 1
+    c = cs.ParallelArgs(tp_size=8, dp_size=2, enable_dp_attention=True, moe_dense_tp_size=1)
+    assert cs.require_attn_tp_gather(c) and cs.attention_tp_size(c) == 4
+    # attention CP divides the TP group
+    assert cs.attention_tp_size(cs.ParallelArgs(tp_size=8, attn_cp_size=2, moe_dense_tp_size=1)) == 4
+
+
+def test_tp8_drops_4_12_20_28():
+    kept = cs.filter_piecewise_capture_sizes(DEFAULT_2048, 8)
+    assert [s for s in DEFAULT_2048 if s not in kept] == [4, 12, 20, 28]
+    assert len(kept) == 38
+    # before the PR (no gathered buffer): nothing filtered
+    assert cs.filter_piecewise_capture_sizes(DEFAULT_2048, 8, gathered=False) == DEFAULT_2048
+    # the unequal shards the boundary would see at 12 tokens on 8 ranks
+    assert cs.shard_sizes(12, 8) == [2, 2, 2, 2, 1, 1, 1, 1]
+    assert cs.shard_sizes(28, 8) == [4, 4, 4, 4, 3, 3, 3, 3]
+    for n in (4, 12, 20, 28):
+        with pytest.raises(cs.UnequalShards, match=r"shards \["):
+            cs.check_equal_shards(n, 8)
+    cs.check_equal_shards(8, 8)
+
+
+def test_small_tp_keeps_everything():
+    for tp in (1, 2, 4):
+        assert cs.filter_piecewise_capture_sizes(DEFAULT_2048, tp) == DEFAULT_2048
+
+
+def test_mul_base_vs_lcm_vs_product():
+    assert (cs.piecewise_mul_base(4, 6), cs.lcm_base(4, 6), cs.comment_base(4, 6)) == (24, 12, 24)
+    # comment says tp*cp; code keeps multiples of 4 when cp divides tp
+    assert (cs.piecewise_mul_base(4, 2), cs.lcm_base(4, 2), cs.comment_base(4, 2)) == (4, 4, 8)
+    assert (cs.piecewise_mul_base(2, 4), cs.lcm_base(2, 4), cs.comment_base(2, 4)) == (8, 4, 8)
+    assert (cs.piecewise_mul_base(6, 4), cs.lcm_base(6, 4), cs.comment_base(6, 4)) == (24, 12, 24)
+    for tp in range(1, 9):
+        for cp in range(1, 7):
+            m = cs.piecewise_mul_base(tp, cp)
+            assert m % tp == 0 and m % cp == 0  # always a common multiple
+            assert m % cs.lcm_base(tp, cp) == 0
+            assert (m == cs.lcm_base(tp, cp)) == (tp % cp == 0 or math.gcd(tp, cp) == 1)
+
+
+def test_decode_variant_two_batch_overlap():
+    assert cs.decode_mul_base(8, 1) == 8
+    assert cs.decode_mul_base(8, 1, two_batch_overlap=True) == 16
+    assert cs.decode_mul_base(4, 2, two_batch_overlap=True) == 8
+    assert cs.decode_mul_base(3, 2, two_batch_overlap=True) == 6  # 2*3 = 6 is divisible by cp 2
+    assert cs.decode_mul_base(4, 1, gathered=False) == 1
+    bs = [1, 2, 4, 8, 12, 16, 24, 32]
+    assert cs.filter_decode_batch_sizes(bs, 4) == [4, 8, 12, 16, 24, 32]
+    assert cs.filter_decode_batch_sizes(bs, 4, two_batch_overlap=True) == [8, 16, 24, 32]
+    # num_max_requests 10 is padded to 12 and added
+    assert cs.filter_decode_batch_sizes(bs, 4, num_max_requests=10) == [4, 8, 12]
+    # the piecewise filter ignores two-batch overlap: 8 at tp 8 survives there but not in decode with TBO
+    assert 8 in cs.filter_piecewise_capture_sizes(DEFAULT_2048, 8)
+    assert 8 not in cs.filter_decode_batch_sizes(DEFAULT_2048, 8, two_batch_overlap=True)
+
+
+def test_no_sizes_left_asserts():
+    with pytest.raises(cs.NoCaptureSizes, match="multiples of 24"):
+        cs.filter_piecewise_capture_sizes([4, 8, 16], 4, 6)
+
+
+def test_round_up_today():
+    assert cs.round_up_capture_sizes(DEFAULT_2048, 8) == cs.filter_piecewise_capture_sizes(DEFAULT_2048, 8)
+    r3 = cs.round_up_capture_sizes(DEFAULT_2048, 3)
+    assert r3[:8] == [6, 9, 12, 18, 21, 24, 30, 33]
+    assert len(r3) == 42 and r3[-1] == 2049
+    assert len(cs.filter_piecewise_capture_sizes(DEFAULT_2048, 3)) == 14
+    assert cs.ceil_align(2048, 7) == 2051
+
+
+def test_pick_bucket_and_padding():
+    assert cs.pick_bucket(13, DEFAULT_2048) == 16
+    assert cs.pick_bucket(2049, DEFAULT_2048) is None
+    w = cs.padding_waste([4, 8], 10)
+    assert w == {"covered": 8, "eager": 2, "pad_tokens": (3 + 2 + 1 + 0) + (3 + 2 + 1 + 0),
+                 "pad_frac": 12 / 36}
+
+
+def test_scaled_default_sizes():
+    s4 = cs.scaled_default_sizes(4)
+    assert [n for n in s4 if n % 4] == [2, 6, 10, 14]
+    assert len(s4) == 42
+    s2 = cs.scaled_default_sizes(2)
+    assert [n for n in s2 if n % 2] == [1, 3, 5, 7]
+    assert cs.scaled_default_sizes(8) == DEFAULT_2048
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# experiment module: tables, merge, the boundary on two gloo ranks
+# ---------------------------------------------------------------------------------------------------------------
+from sglab import upstream  # noqa: E402
+from sglab.experiments import capture_sizes as ex  # noqa: E402
+
+
+def test_size_lists_break_the_same_sizes():
+    l4 = ex.size_lists(4)
+    assert [n for n in l4["before"] if n % 4] == [2, 6, 10, 14]
+    assert l4["pr_filter"] == [n for n in l4["before"] if n % 4 == 0] and len(l4["pr_filter"]) == 38
+    assert l4["round_up"] == l4["pr_filter"]  # power-of-two alignment: rounding merges into existing buckets
+    l2 = ex.size_lists(2)
+    assert [n for n in l2["before"] if n % 2] == [1, 3, 5, 7]
+    # the unscaled default list has no bad size at 2 or 4 ranks
+    assert all(n % 4 == 0 for n in ex.size_lists(4, "default")["before"])
+    # 3 ranks: the default list itself breaks
+    assert len(ex.size_lists(3)["pr_filter"]) == 14
+
+
+def test_replay_token_counts():
+    assert ex.replay_token_counts([4, 8, 16]) == {4: [1, 3, 4], 8: [5, 7, 8], 16: [9, 15, 16]}
+    assert ex.replay_token_counts([1, 2]) == {1: [1], 2: [2]}
+
+
+def test_alignment_table_exact():
+    t = ex.alignment_table()
+    assert len(t) == 8 * 4 * 2
+    r = t[(t.attn_tp == 8) & (t.attn_cp == 1) & (~t.two_batch_overlap)].iloc[0]
+    assert (r.n_default, r.n_pr, r.lost_pr, r.n_round_up, r.lost_round_up) == (42, 38, 4, 38, 4)
+    r = t[(t.attn_tp == 8) & (t.attn_cp == 1) & (t.two_batch_overlap)].iloc[0]
+    assert (r.mul_base_pr, r.mul_base_decode, r.n_pr, r.n_decode_style, r.pr_below_decode_base) == (8, 16, 38, 36, 2)
+    r = t[(t.attn_tp == 4) & (t.attn_cp == 3) & (~t.two_batch_overlap)].iloc[0]
+    assert (r.mul_base_pr, r.lcm, r.tp_x_cp) == (12, 12, 12)
+    r = t[(t.attn_tp == 3) & (t.attn_cp == 1) & (~t.two_batch_overlap)].iloc[0]
+    assert (r.n_pr, r.n_round_up, r.eager_pr, r.eager_round_up) == (14, 42, 2048 - 1536, 0)
+    # the PR's assertion fires only where no default size is a multiple of mul_base (tp 7, cp 3 -> 21)
+    asserts = t[t.pr_asserts]
+    assert set(zip(asserts.attn_tp, asserts.attn_cp)) == {(7, 3)}
+    assert t[(t.attn_tp == 7) & (t.attn_cp == 3)].n_round_up.iloc[0] == 33
+
+
+def test_review_table():
+    r = ex.review_table().set_index("finding")
+    assert (r.loc["comment vs code", "comment (tp*cp)"], r.loc["comment vs code", "code mul_base"]) == (8, 4)
+    assert (r.loc["common multiple, not least", "code mul_base"], r.loc["common multiple, not least", "lcm"]) == (24, 12)
+    assert r.loc["common multiple, not least", "sizes kept by code"] == 13  # multiples of 24 in the default list
+    assert "16 under TBO" in r.loc["two-batch overlap not folded in", "what it means"]
+    assert "keeps 14 of 42" in r.loc["drop vs round up", "what it means"]
+
+
+def test_merge_requires_agreement():
+    a = [{"variant": "v", "world_size": 2, "size": 4, "metric": "replay_max_abs_err", "value": 0.5, "unit": "abs"}]
+    b = [{"variant": "v", "world_size": 2, "size": 4, "metric": "replay_max_abs_err", "value": 1.0, "unit": "abs"}]
+    assert ex._merge([a, b])[0]["value"] == 1.0
+    c = [{"variant": "v", "world_size": 2, "size": 4, "metric": "captured", "value": 1.0, "unit": ""}]
+    d = [{"variant": "v", "world_size": 2, "size": 4, "metric": "captured", "value": 0.0, "unit": ""}]
+    with pytest.raises(RuntimeError, match="disagree"):
+        ex._merge([c, d])
+    with pytest.raises(RuntimeError, match="fewer"):
+        ex._merge([c, []])
+
+
+def test_probe_precondition():
+    for w in (2, 3, 4, 8):
+        for n in range(1, 100):
+            assert ex._probe_is_safe(n, w)
+
+
+def test_boundary_on_two_gloo_ranks():
+    df = ex.run({"world_size": 2, "backend": "gloo", "hidden": 16, "max_tokens": 128}, progress=False)
+    s = ex.summary(df).set_index("variant")
+    # before: the runner's warm-up at the smallest size (1 token on 2 ranks) fails, nothing is captured
+    assert s.loc["before", "failed"] == 1 and s.loc["before", "first_failure"] == 1
+    assert s.loc["before", "captured_or_ok"] == 0
+    assert s.loc["before", "not_reached"] == s.loc["before", "sizes"] - 1
+    assert "UnequalShards" in s.loc["before", "error"] and "[1, 0]" in s.loc["before", "error"]
+    # the probe without the shard check: the collective itself refuses exactly the odd sizes
+    probe = df[df.variant == "before_probe"]
+    assert sorted(probe.loc[probe.metric == "failed", "size"]) == [1, 3, 5, 7]
+    # after: every bucket captured and replayed exactly, including unaligned real token counts
+    for v in ("pr_filter", "round_up"):
+        assert s.loc[v, "failed"] == 0
+        assert s.loc[v, "captured_or_ok"] == s.loc[v, "sizes"] == s.loc[v, "replayed_ok"]
+        assert s.loc[v, "worst_replay_err"] <= ex.TOL
+    assert set(df.columns) >= {"experiment", "variant", "world_size", "size", "metric", "value", "unit"}
+
+
+def test_upstream_check_verdicts():
+    pcg = "assert ...\n f\"No piecewise CUDA graph capture sizes are multiples of {mul_base}\""
+    files = {"srt/model_executor/piecewise_cuda_graph_runner.py": pcg}
+    assert ex._check(files.get).status == "fix"
+    files = {"srt/model_executor/piecewise_cuda_graph_runner.py": "capture_num_tokens = ..."}
+    assert ex._check(files.get).status == "neither"
+    files = {"srt/arg_groups/cuda_graph_hook.py": "prefill ... aligned = ceil_align(b, attn_tp_size)"}
+    assert ex._check(files.get).status == "later"
+    assert ex._check({}.get).status == "unknown"
+    assert "capture_sizes" in upstream.registered()

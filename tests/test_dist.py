@@ -1,0 +1,79 @@
+"""sglab.dist on the CPU (gloo): results come back per rank, errors carry the rank's traceback, nothing hangs,
+nothing is left running."""
+
+import os
+import time
+
+import pytest
+
+from sglab import dist
+
+import dist_fns
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_all_reduce_two_ranks_returns_rows_by_rank():
+    out = dist.launch(dist_fns.all_reduce_sum, 2, backend="gloo", timeout_s=120)
+    assert [rows[0]["rank"] for rows in out] == [0, 1]
+    assert [rows[0]["sum"] for rows in out] == [3.0, 3.0]
+    assert all(not _alive(rows[0]["pid"]) for rows in out)
+    assert dist.alive_children() == []
+
+
+def test_rank_exception_surfaces_with_traceback():
+    with pytest.raises(dist.RankError) as ei:
+        dist.launch(dist_fns.raise_on_rank_1, 2, backend="gloo", timeout_s=120)
+    assert ei.value.rank == 1
+    assert "bad shard on rank 1" in str(ei.value)
+    assert "raise_on_rank_1" in ei.value.rank_traceback
+    assert dist.alive_children() == []
+
+
+def test_rank_that_never_joins_times_out_clearly():
+    t0 = time.monotonic()
+    with pytest.raises(dist.DistTimeout) as ei:
+        dist.launch(dist_fns.rank_1_never_joins, 2, args=(120,), backend="gloo", timeout_s=90,
+                    collective_timeout_s=4)
+    elapsed = time.monotonic() - t0
+    assert "rank 0" in str(ei.value) and "timed out" in str(ei.value)
+    assert elapsed < 60, elapsed  # the 4 s collective limit fired, not the 90 s run limit
+    assert dist.alive_children() == []
+
+
+def test_run_deadline_kills_ranks_and_their_children(tmp_path):
+    pidfile = tmp_path / "child"
+    with pytest.raises(dist.DistTimeout, match="exceeded 30 s"):
+        dist.launch(dist_fns.spawn_grandchild_and_hang, 2, args=(str(pidfile),), backend="gloo", timeout_s=30)
+    pids = [int((tmp_path / f"child.{r}").read_text()) for r in range(2)]
+    time.sleep(0.5)
+    assert not any(_alive(p) for p in pids)
+    assert dist.alive_children() == []
+
+
+def test_bad_arguments_fail_before_spawning():
+    with pytest.raises(ValueError, match="world_size"):
+        dist.launch(dist_fns.all_reduce_sum, 0, backend="gloo")
+    with pytest.raises(ValueError, match="module-level"):
+        dist.launch(lambda ctx: None, 2, backend="gloo")
+    with pytest.raises(ValueError, match="backend"):
+        dist.launch(dist_fns.all_reduce_sum, 2, backend="mpi")
+
+
+def test_nccl_without_gpus_says_so():
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() >= 64:
+        pytest.skip("machine has 64 GPUs")
+    with pytest.raises(dist.NotEnoughGPUs, match="64 ranks with NCCL need 64 GPUs"):
+        dist.launch(dist_fns.all_reduce_sum, 64)

@@ -1,0 +1,98 @@
+"""The foundation on real GPUs: static kernel-node counts (the canary), the profiler's count of one replay,
+CUDA-event timing, NVML seeing this process, and multi-rank NCCL runs that never hang."""
+
+import os
+import time
+
+import pytest
+
+from sglab import dist, hardware
+from sglab.measure import kernels, memory, timing
+
+import dist_fns
+
+pytestmark = pytest.mark.gpu
+
+
+def _index_kernels(n):
+    import torch
+
+    src = torch.arange(1024, device="cuda", dtype=torch.float32)
+    idx = torch.randint(0, 1024, (256,), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    out = torch.empty(256, device="cuda")
+
+    def step():
+        for _ in range(n):
+            torch.index_select(src, 0, idx, out=out)
+
+    return step
+
+
+@pytest.mark.parametrize("n", [1, 8, 32])
+def test_canary_static_count_matches_profiler(n):
+    g = kernels.capture_graph(_index_kernels(n))
+    nodes = kernels.graph_kernel_nodes(g)
+    assert nodes.kernels == n, nodes
+    assert all("index" in name.lower() for name in nodes.names), nodes.names
+    seen = kernels.profiled_kernels(lambda: g.replay())
+    assert len(seen) == n, seen
+
+
+def test_cuda_time_reports_spread():
+    import torch
+
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    t = timing.cuda_time(lambda: a @ a, warmup=5, repeat=30)
+    assert t.n == 30 and 0 < t.p10_ms <= t.median_ms <= t.p90_ms
+
+
+def test_nvml_sees_this_process():
+    import torch
+
+    x = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda:0")  # 256 MiB on GPU 0
+    torch.cuda.synchronize()
+    df = memory.process_gpu_memory()
+    assert not df.empty, memory.explain_no_match([os.getpid()])
+    assert df[df.gpu == 0].used_mib.sum() >= 256
+    del x
+
+
+def test_nsight_time_returns_its_columns_and_backend():
+    import torch
+
+    a = torch.randn(1024, 1024, device="cuda")
+    df = kernels.nsight_time({"mm": lambda: a @ a}, runs=5, warmup=2)
+    assert list(df.columns) == kernels.NSIGHT_COLUMNS
+    assert df.attrs["backend"] in {"cupti", "ncu", "cuda-events"} and df.attrs["reason"]
+    assert float(df.loc[0, "mean_ms"]) > 0
+
+
+@pytest.mark.gpus(2)
+def test_nccl_all_reduce_on_two_ranks():
+    out = dist.launch(dist_fns.all_reduce_sum, 2, timeout_s=180, collective_timeout_s=60)
+    assert [rows[0]["sum"] for rows in out] == [3.0, 3.0]
+    assert [rows[0]["device"] for rows in out] == ["cuda:0", "cuda:1"]
+    assert dist.alive_children() == []
+
+
+@pytest.mark.gpus(2)
+def test_nccl_rank_that_never_joins_fails_with_timeout_and_leaves_nothing():
+    limit = 20
+    t0 = time.monotonic()
+    with pytest.raises(dist.DistTimeout) as ei:
+        dist.launch(dist_fns.rank_1_never_joins, 2, args=(600,), timeout_s=150, collective_timeout_s=limit)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 150, elapsed
+    assert "timed out" in str(ei.value) or "exceeded" in str(ei.value)
+    assert dist.alive_children() == []
+    time.sleep(2)  # the driver releases a killed process's contexts asynchronously
+    others = {r["pid"] for r in memory.all_processes()} - {os.getpid()}
+    assert others == set(), f"processes still holding GPU memory: {others}"
+    print(f"never-join failed after {elapsed:.1f} s: {str(ei.value).splitlines()[0]}")
+
+
+def test_hardware_inventory_matches_torch():
+    import torch
+
+    assert hardware.gpu_count() == torch.cuda.device_count()
+    assert all(g.uuid for g in hardware.gpus())

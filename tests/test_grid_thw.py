@@ -1,0 +1,163 @@
+"""CPU tests of the Kimi-K2.5 grid path (#22858): key rename, FEATURE_NAMES offload, per-image split,
+embedding-cache hits, and the tokenizer -> rank 0 -> broadcast path on gloo."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from sglab.fixes import grid_thw as fx
+
+IMAGES = [fx.synthetic_image(i) for i in range(3)]
+
+
+def test_synthetic_images_are_seeded():
+    assert [tuple(im.shape) for im in IMAGES] == [(3, 56, 84), (3, 84, 28), (3, 28, 56)]
+    assert torch.equal(fx.synthetic_image(1), IMAGES[1])
+
+
+@pytest.mark.parametrize("fixed, key", [(False, "grid_thws"), (True, "image_grid_thw")])
+def test_gpu_call_key_rename(fixed, key):
+    out = fx.gpu_call(fx.prompt_for(3), IMAGES, fixed=fixed, device="cpu")
+    assert sorted(out) == sorted(["input_ids", "pixel_values", key])
+    assert fx.grid_key(out) == key
+    assert out[key].tolist() == [[1, 4, 6], [1, 6, 2], [1, 2, 4]]
+    assert out[key].dtype == torch.int64
+    assert tuple(out["pixel_values"].shape) == (24 + 12 + 8, 3, 14, 14)
+    # 6, 3 and 2 image tokens (h*w / merge^2) replace the three placeholders
+    ids = out["input_ids"].flatten().tolist()
+    assert len(ids) == 18 and ids.count(fx.IMAGE_TOKEN_ID) == 11
+
+
+def test_navit_resize_config_pads_to_merge_blocks():
+    c = fx.navit_resize_config(50, 30)
+    assert c == {"num_tokens": 4, "new_width": 50, "new_height": 30, "pad_width": 6, "pad_height": 26}
+
+
+class _Tracked(torch.Tensor):
+    """A CPU tensor that records the devices it was moved to (stands in for a cuda:0 tensor)."""
+
+    moved: list
+
+    @staticmethod
+    def of(t):
+        x = torch.Tensor._make_subclass(_Tracked, t)
+        x.moved = []
+        return x
+
+    def to(self, *args, **kwargs):
+        self.moved.append(args[0] if args else kwargs.get("device"))
+        return torch.Tensor(self).clone()
+
+
+def test_feature_names_offload_moves_only_features():
+    assert fx.FEATURE_NAMES == ["pixel_values", "pixel_values_videos", "audio_features", "input_features"]
+    assert "grid_thws" not in fx.FEATURE_NAMES and "image_grid_thw" not in fx.FEATURE_NAMES
+    pv, grid = _Tracked.of(torch.zeros(4, 3)), _Tracked.of(torch.ones(2, 3, dtype=torch.int64))
+    result = {"input_ids": torch.zeros(1, 5), "pixel_values": pv, "grid_thws": grid}
+    fx.offload_features(result)
+    assert pv.moved == ["cpu"]           # the feature is moved
+    assert grid.moved == []              # the grid is left wherever it was built
+    assert result["grid_thws"] is grid
+    assert type(result["pixel_values"]) is torch.Tensor
+
+
+def test_before_stays_one_bundled_item():
+    items = fx.items_for_request(fx.process_mm_data(fx.prompt_for(3), IMAGES, fixed=False, device="cpu"))
+    assert len(items) == 1
+    assert items[0].offsets == [(3, 8), (10, 12), (14, 15)]
+    assert items[0].feature.shape[0] == 44
+    assert list(items[0].model_specific_data) == ["grid_thws"]
+
+
+def test_after_splits_per_image():
+    items = fx.items_for_request(fx.process_mm_data(fx.prompt_for(3), IMAGES, fixed=True, device="cpu"))
+    assert [it.offsets for it in items] == [[(3, 8)], [(10, 12)], [(14, 15)]]
+    assert [it.feature.shape[0] for it in items] == [24, 12, 8]
+    assert [it.model_specific_data["image_grid_thw"].tolist() for it in items] == [[[1, 4, 6]], [[1, 6, 2]],
+                                                                                  [[1, 2, 4]]]
+    # an image hashes the same alone as inside a multi-image request: that is what makes per-image hits
+    alone = fx.items_for_request(fx.process_mm_data(fx.prompt_for(1), [IMAGES[1]], fixed=True, device="cpu"))
+    assert len(alone) == 1 and alone[0].hash == items[1].hash
+    assert len({it.hash for it in items}) == 3
+
+
+def test_split_falls_back_when_grid_does_not_match():
+    item = fx.MMItem("image", feature=torch.zeros(10, 2), offsets=[(0, 1), (3, 4)],
+                     model_specific_data={"image_grid_thw": torch.tensor([[1, 2, 2], [1, 2, 2]])})
+    assert fx.get_new_expanded_mm_items([item]) == [item]          # 8 patches != 10 rows: kept bundled
+    simple = fx.MMItem("image", feature=torch.zeros(2, 7), offsets=[(0, 1), (3, 4)])
+    out = fx.get_new_expanded_mm_items([simple])                   # one row per image: simple split
+    assert [o.offsets for o in out] == [[(0, 1)], [(3, 4)]]
+
+
+def test_cache_hits_handmade_stream():
+    stream = [[0, 1], [1, 0], [0, 1], [2], [1]]
+    before = fx.simulate_cache(stream, fixed=False)
+    after = fx.simulate_cache(stream, fixed=True)
+    # per request: only the repeated identical (ordered) set [0, 1] hits
+    assert (before.lookups, before.hits, before.images, before.images_encoded) == (5, 1, 8, 6)
+    # per image: images 0, 1, 2 are encoded once each
+    assert (after.lookups, after.hits, after.images, after.images_encoded) == (8, 5, 8, 3)
+    assert after.hit_rate == 5 / 8 and after.image_hit_rate == 5 / 8
+    assert before.hit_rate == 1 / 5 and before.image_hit_rate == 2 / 8
+
+
+def test_cache_hits_seeded_stream():
+    stream = fx.request_stream(60, 12, 4, seed=0)
+    assert stream == fx.request_stream(60, 12, 4, seed=0)
+    before = fx.simulate_cache(stream, fixed=False)
+    after = fx.simulate_cache(stream, fixed=True)
+    n_images = sum(len(r) for r in stream)
+    assert after.images == before.images == n_images
+    assert after.images_encoded == len({i for r in stream for i in r})  # each distinct image once
+    assert (before.lookups, before.hits, before.images_encoded) == EXPECTED_SEEDED_BEFORE
+    assert (after.lookups, after.hits, after.images_encoded) == EXPECTED_SEEDED_AFTER
+
+
+EXPECTED_SEEDED_BEFORE = (60, 7, 143)   # (lookups, hits, images encoded) of 151 images
+EXPECTED_SEEDED_AFTER = (151, 139, 12)
+
+
+def test_pickle_round_trip_keeps_device():
+    out = fx.process_mm_data(fx.prompt_for(2), IMAGES[:2], fixed=True, device="cpu")
+    back = fx.recv_pyobj(fx.send_pyobj(out))
+    assert fx.tensor_devices(back) == {"input_ids": "cpu", "pixel_values": "cpu", "image_grid_thw": "cpu"}
+    assert torch.equal(back["image_grid_thw"], out["image_grid_thw"])
+    assert fx.send_pyobj(out) == pickle.dumps(out)
+
+
+# --- the whole path on gloo: tokenizer process -> rank 0 (pickled bytes) -> broadcast_pyobj -> rank 1 ---
+
+
+@pytest.mark.parametrize("variant", ["before", "after"])
+def test_transport_on_gloo_lands_and_cleans_up(variant):
+    from sglab.experiments import grid_thw as exp
+
+    rows = exp.run_variant(variant, 2, n_images=3, backend="gloo")
+    by = {(r["metric"], r["rank"]): r["value"] for r in rows}
+    for rank in (0, 1):
+        assert by[("grid_device", rank)] == -1          # CPU run: everything on the CPU
+        assert by[("pixel_values_device", rank)] == -1
+        assert by[("grid_key_is_image_grid_thw", rank)] == (1.0 if variant == "after" else 0.0)
+    assert by[("processes_alive", -1)] == 0
+    assert by[("tokenizer_exitcode", -1)] == 0
+    assert not [r for r in rows if r["metric"] == "gpu_memory"]  # no NVML on a CPU run
+
+
+def test_cache_rows_and_upstream_check_registered():
+    from sglab import upstream
+    from sglab.experiments import grid_thw as exp
+
+    rows = exp.cache_rows(n_requests=60, pool=12, max_images=4, seed=0)
+    v = {(r["variant"], r["metric"]): r["value"] for r in rows}
+    assert v[("before", "images_encoded")] == 143 and v[("after", "images_encoded")] == 12
+    assert v[("after", "cache_item_hit_rate")] == 139 / 151
+    assert "grid_thw" in upstream.registered()
+    fake = {"srt/multimodal/processors/kimi_k25.py":
+            'grid_thws = grid_thws.cpu()\n return {"image_grid_thw": grid_thws}'}
+    assert exp._check(fake.get).status == "fix"
+    assert exp._check(lambda rel: 'return {"grid_thws": grid_thws}').status == "neither"
+    assert exp._check(lambda rel: None).status == "unknown"

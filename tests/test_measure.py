@@ -1,0 +1,150 @@
+"""sglab.measure on the CPU: timing statistics, static kernel counting over a fake driver, NVML tables over a
+fake NVML."""
+
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from sglab.measure import kernels, memory, timing
+
+
+# -- timing -----------------------------------------------------------------------------------------------
+def test_timing_summary_and_rows():
+    t = timing.Timing([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert t.n == 5 and t.median_ms == 3.0
+    assert t.p10_ms == pytest.approx(1.4) and t.p90_ms == pytest.approx(4.6)
+    rows = t.rows(variant="after", tokens=16)
+    assert [r["metric"] for r in rows] == ["time_median", "time_p10", "time_p90"]
+    assert all(r["unit"] == "ms" and r["variant"] == "after" and r["tokens"] == 16 for r in rows)
+
+
+def test_host_time_warms_up_then_repeats():
+    calls = []
+    t = timing.host_time(lambda: calls.append(1), warmup=3, repeat=7)
+    assert len(calls) == 10 and t.n == 7 and t.clock.startswith("host")
+    with pytest.raises(ValueError):
+        timing.host_time(lambda: None, repeat=0)
+
+
+def test_cuda_time_refuses_without_cuda():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        timing.cuda_time(lambda: None)
+
+
+# -- static kernel counting through a fake cuda-bindings driver ---------------------------------------------
+class FakeDriver:
+    """Graphs are lists of nodes; a node is ("kernel", name) or ("graph", [child nodes]) or ("memset",)."""
+
+    class CUgraph:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+    def __init__(self, graphs, fail=None):
+        self.graphs = graphs  # ptr -> list of nodes
+        self.fail = fail
+
+    def _nodes(self, g):
+        return self.graphs[g.ptr] if isinstance(g, FakeDriver.CUgraph) else g
+
+    def cuGraphGetNodes(self, g, n):
+        if self.fail == "getnodes":
+            return (1, None, 0)
+        nodes = self._nodes(g)
+        return (0, [] if n == 0 else list(nodes[:n]), len(nodes))
+
+    def cuGraphNodeGetType(self, node):
+        return (0, {"kernel": 0, "graph": 4, "memset": 2, "memcpy": 1}[node[0]])
+
+    def cuGraphKernelNodeGetParams(self, node):
+        return (0, SimpleNamespace(func=node[1]))
+
+    def cuFuncGetName(self, func):
+        return (0, func.encode())
+
+    def cuGraphChildGraphNodeGetGraph(self, node):
+        return (0, node[1])
+
+
+class FakeGraph:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def raw_cuda_graph(self):
+        return self.ptr
+
+
+@pytest.mark.parametrize("n", [1, 8, 32])
+def test_counts_exactly_n_kernel_nodes(n):
+    drv = FakeDriver({7: [("kernel", "index_kernel")] * n})
+    out = kernels.graph_kernel_nodes(FakeGraph(7), driver=drv)
+    assert out.kernels == n and out.names == ["index_kernel"] * n and out.by_type == {"kernel": n}
+
+
+def test_recurses_into_child_graphs_and_counts_types():
+    child = [("kernel", "gather"), ("memset",), ("kernel", "cast")]
+    drv = FakeDriver({1: [("kernel", "gemm"), ("graph", child), ("memcpy",), ("graph", [("graph", child)])]})
+    out = kernels.graph_kernel_nodes(FakeGraph(1), driver=drv)
+    assert out.kernels == 5 and out.child_graphs == 3
+    assert out.name_counts() == {"gemm": 1, "gather": 2, "cast": 2}
+    assert out.by_type == {"kernel": 5, "graph": 3, "memset": 2, "memcpy": 1}
+
+
+def test_driver_error_is_raised_with_its_code():
+    drv = FakeDriver({1: []}, fail="getnodes")
+    with pytest.raises(RuntimeError, match="cuGraphGetNodes.*CUresult 1"):
+        kernels.graph_kernel_nodes(FakeGraph(1), driver=drv)
+
+
+def test_nsight_backend_on_this_machine_is_explained():
+    backend, why = kernels.nsight_backend()
+    assert backend in {"cupti", "ncu", "cuda-events"} and why
+    with pytest.raises(ValueError):
+        kernels.nsight_time({})
+
+
+# -- NVML tables through a fake NVML ------------------------------------------------------------------------
+class FakeNVML:
+    def __init__(self, per_gpu):
+        self.per_gpu = per_gpu  # list (per GPU) of {pid: bytes}
+
+    def nvmlDeviceGetCount(self):
+        return len(self.per_gpu)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetName(self, h):
+        return b"Fake H200"
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [SimpleNamespace(pid=p, usedGpuMemory=b) for p, b in self.per_gpu[h].items()]
+
+
+def test_process_memory_filters_pids_and_defaults_to_self():
+    me = os.getpid()
+    nv = FakeNVML([{me: 520 * 2**20, 11: 2**30}, {me: 100 * 2**20, 12: 5 * 2**20}])
+    df = memory.process_gpu_memory(nvml=nv)
+    assert list(df.columns) == memory.COLUMNS
+    assert sorted(zip(df.gpu, df.used_mib)) == [(0, 520.0), (1, 100.0)]
+    df2 = memory.process_gpu_memory([11, 12], nvml=nv)
+    assert set(df2.pid) == {11, 12}
+
+
+def test_memory_matrix_keeps_every_labelled_process():
+    nv = FakeNVML([{10: 2**30, 11: 520 * 2**20}, {11: 2**30}])
+    df = memory.process_gpu_memory([10, 11, 12], nvml=nv)
+    m = memory.memory_matrix(df, {10: "rank 0", 11: "rank 1", 12: "rank 2"}, gpus=[0, 1])
+    assert list(m.index) == ["rank 0", "rank 1", "rank 2"] and list(m.columns) == ["GPU 0", "GPU 1"]
+    assert m.loc["rank 1", "GPU 0"] == 520.0 and m.loc["rank 2"].sum() == 0.0
+
+
+def test_no_match_is_explained():
+    nv = FakeNVML([{4242: 2**20}])
+    assert memory.process_gpu_memory([1], nvml=nv).empty
+    assert "4242" in memory.explain_no_match([1], nvml=nv)
+    assert "no compute process" in memory.explain_no_match([1], nvml=FakeNVML([{}]))

@@ -1,0 +1,121 @@
+"""sglab.runs (tidy frames, atomic writes, manifests, recorded lookup), sglab.upstream, sglab.notebook modes,
+sglab.hardware on the CPU, and the CLI's argument handling."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from sglab import cli, hardware, runs, upstream
+from sglab import notebook as nb
+
+
+def _frame():
+    return runs.tidy("demo", [
+        {"variant": "before", "tokens": 16, "metric": "time_median", "value": 2.0, "unit": "ms"},
+        {"variant": "after", "tokens": 16, "metric": "time_median", "value": 1.0, "unit": "ms"},
+    ])
+
+
+def test_tidy_orders_columns_and_validates():
+    df = _frame()
+    assert list(df.columns) == ["experiment", "variant", "tokens", "metric", "value", "unit"]
+    with pytest.raises(ValueError, match="lacks"):
+        runs.tidy("demo", [{"variant": "x", "metric": "m", "value": 1}])
+    with pytest.raises(ValueError):
+        runs.tidy("demo", [])
+
+
+def test_write_run_writes_csv_and_manifest(data_root):
+    path = runs.write_run(_frame(), experiment="demo", method_version=3, params={"world_size": 2})
+    assert path.parent == data_root / "runs" / "demo"
+    manifest = json.loads(path.with_suffix(".json").read_text())
+    for key in runs.MANIFEST_KEYS:
+        assert key in manifest, key
+    assert manifest["method_version"] == 3 and manifest["params"] == {"world_size": 2}
+    assert manifest["gpu_count"] == (hardware.gpu_count() if hardware.has_cuda() else 0)
+    assert not list(path.parent.glob(".tmp-*"))
+    assert pd.read_csv(path).equals(_frame())
+    with pytest.raises(ValueError, match="expected 'other'"):
+        runs.write_run(_frame(), experiment="other", method_version=1, params={})
+
+
+def test_load_recorded_newest_matching(data_root):
+    rec = data_root / "recorded"
+    p2 = runs.write_run(_frame(), experiment="demo", method_version=1, params={"world_size": 2}, root=rec)
+    p4 = runs.write_run(_frame(), experiment="demo", method_version=1, params={"world_size": 4}, root=rec)
+    assert runs.load_recorded("demo").path == p4
+    assert runs.load_recorded("demo", params__world_size=2).path == p2
+    assert runs.load_recorded("demo", params__world_size=8) is None
+    assert runs.load_recorded("missing") is None
+    assert len(runs.load_all_recorded("demo")) == 2
+    (rec / "demo" / "orphan.csv").write_text("x\n")  # no manifest: ignored
+    assert len(runs.load_all_recorded("demo")) == 2
+
+
+def test_promote_copies_run_into_recorded(data_root):
+    live = runs.write_run(_frame(), experiment="demo", method_version=1, params={})
+    dest = runs.promote(live)
+    assert dest.parent == data_root / "recorded" / "demo" and dest.with_suffix(".json").exists()
+
+
+def test_workbook_modes_on_cpu(data_root, capsys):
+    if hardware.has_cuda():
+        pytest.skip("CPU-only behaviour")
+    wb = nb.Workbook("demo", gpus=1, mode="auto")
+    assert wb.live is False and wb.mode == "recorded"
+    assert "no CUDA GPU here" in capsys.readouterr().out
+    assert wb.result() is None
+    assert "no recorded run of 'demo'" in capsys.readouterr().out
+    with pytest.raises(RuntimeError, match="not in live mode"):
+        wb.measure(lambda: _frame(), params={}, method_version=1)
+    with pytest.raises(RuntimeError, match="MODE='live'"):
+        nb.Workbook("demo", gpus=1, mode="live")
+    with pytest.raises(ValueError, match="MODE must be"):
+        nb.Workbook("demo", mode="fast")
+    runs.write_run(_frame(), experiment="demo", method_version=1, params={}, root=data_root / "recorded")
+    run = nb.Workbook("demo", gpus=1, show=False).result()
+    assert run is not None and not run.live and run.df["value"].tolist() == [2.0, 1.0]
+    assert nb.Workbook("cpu_only", gpus=0, show=False).live is True
+
+
+def test_hardware_meets_on_cpu():
+    assert hardware.meets(0) == (True, "needs no GPU")
+    with pytest.raises(ValueError):
+        hardware.meets(-1)
+    if not hardware.has_cuda():
+        ok, why = hardware.meets(1)
+        assert not ok and "no CUDA GPU" in why
+
+
+def test_upstream_checks_read_source_without_import(tmp_path):
+    pkg = tmp_path / "srt" / "models"
+    pkg.mkdir(parents=True)
+    (pkg / "demo.py").write_text("class Demo:\n    @property\n    def model(self): ...\n")
+
+    @upstream.register("demo_check", "demo property present")
+    def _check(read):
+        text = read("srt/models/demo.py")
+        if text is None:
+            return upstream.Verdict("unknown", "file missing")
+        return upstream.Verdict("fix" if "def model" in text else "neither", "")
+
+    assert upstream.check("demo_check", root=tmp_path).status == "fix"
+    assert upstream.check("demo_check", root=tmp_path / "nothing").status == "unknown"
+    if upstream.installed() is None:
+        assert upstream.check("demo_check").status == "not-installed"
+    with pytest.raises(KeyError):
+        upstream.check("no_such_check")
+    with pytest.raises(ValueError):
+        upstream.Verdict("maybe")
+
+
+def test_cli_params_and_errors():
+    assert cli._parse_params(["world_size=4", "name=abc", "sizes=[1, 2]"]) == {
+        "world_size": 4, "name": "abc", "sizes": [1, 2]}
+    with pytest.raises(SystemExit, match="key=value"):
+        cli._parse_params(["oops"])
+    with pytest.raises(SystemExit, match="unknown experiment"):
+        cli.record("no_such_experiment")
+    items = dict(cli.env_report())
+    assert {"GPUs", "torch / CUDA", "NVML", "cuda-bindings", "nsight timing", "sglang"} <= set(items)

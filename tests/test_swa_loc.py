@@ -1,0 +1,272 @@
+"""CPU tests of the hybrid SWA pool, its set_kv_buffer branch, translate counts and the decode runner
+(#23552 / #24743), all eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglab.fixes import swa_loc as fx
+
+SMALL = dict(size=64, size_swa=32, head_num=2, head_dim=4)
+
+
+def setup(num_layers=6, swa_per_full=5, **kw):
+    return fx.build_setup(num_layers=num_layers, swa_per_full=swa_per_full, **{**SMALL, **kw})
+
+
+@pytest.mark.parametrize("num_layers,ratio,swa,full", [
+    (6, 5, [0, 1, 2, 3, 4], [5]),
+    (12, 5, [0, 1, 2, 3, 4, 6, 7, 8, 9, 10], [5, 11]),
+    (4, 1, [0, 2], [1, 3]),
+    (3, 0, [], [0, 1, 2]),
+    (3, 5, [0, 1, 2], []),
+])
+def test_hybrid_layer_ids(num_layers, ratio, swa, full):
+    assert fx.hybrid_layer_ids(num_layers, ratio) == (swa, full)
+
+
+def test_mapping_has_sentinel_and_pairs_slots():
+    s = setup()
+    m = s.allocator.full_to_swa_index_mapping
+    assert m.dtype == torch.int64 and m.shape == (64 + 1 + 1,)
+    assert m[-1].item() == -1 and int(m[:-1].abs().sum()) == 0
+    assert s.pool.full_to_swa_index_mapping is m
+    loc = s.allocator.alloc(5)
+    swa = m[loc]
+    assert loc.dtype == torch.int64 and bool((loc > 0).all()) and bool((swa > 0).all())
+    assert len(set(swa.tolist())) == 5
+    # slot 0 (padding) maps to SWA slot 0, -1 to -1
+    t = s.pool.translate_loc_from_full_to_swa(torch.tensor([0, -1, *loc.tolist()]))
+    assert t.dtype == torch.int32
+    assert t.tolist() == [0, -1, *swa.tolist()]
+
+
+def test_same_seed_same_slots():
+    a, b = setup(), setup()
+    assert torch.equal(a.allocator.alloc(7), b.allocator.alloc(7))
+    assert torch.equal(a.allocator.full_to_swa_index_mapping, b.allocator.full_to_swa_index_mapping)
+
+
+def kv(s, n, fill):
+    k = torch.full((n, 2, 4), float(fill), dtype=s.pool.dtype)
+    return k, -k
+
+
+def test_set_kv_buffer_swa_layer_translates_without_preset():
+    s = setup()
+    loc = s.allocator.alloc(3)
+    swa = s.allocator.full_to_swa_index_mapping[loc]
+    s.pool.translate_calls = 0
+    k, v = kv(s, 3, 7)
+    s.pool.set_kv_buffer(0, loc, k, v)  # layer 0 is SWA
+    assert s.pool.translate_calls == 1
+    kb, vb = s.pool.buffers(0)
+    assert torch.equal(kb[swa], k) and torch.equal(vb[swa], v)
+    assert int((kb != 0).flatten(1).any(1).sum()) == 3  # nothing else written
+
+
+def test_set_kv_buffer_swa_layer_uses_preset_loc():
+    s = setup()
+    loc = s.allocator.alloc(3)
+    preset = torch.tensor([1, 2, 3], dtype=torch.int32)  # deliberately not the mapped slots
+    s.pool.set_swa_loc(preset)
+    s.pool.translate_calls = 0
+    k, v = kv(s, 3, 5)
+    s.pool.set_kv_buffer(1, loc, k, v)
+    assert s.pool.translate_calls == 0
+    kb, _ = s.pool.buffers(1)
+    assert torch.equal(kb[1:4], k)
+    assert sorted((kb != 0).flatten(1).any(1).nonzero().flatten().tolist()) == [1, 2, 3]
+
+
+def test_set_kv_buffer_full_layer_ignores_swa_loc():
+    s = setup()
+    loc = s.allocator.alloc(3)
+    s.pool.set_swa_loc(torch.tensor([1, 2, 3], dtype=torch.int32))
+    s.pool.translate_calls = 0
+    k, v = kv(s, 3, 2)
+    s.pool.set_kv_buffer(5, loc, k, v)  # layer 5 is full
+    assert s.pool.translate_calls == 0
+    kb, vb = s.pool.buffers(5)
+    assert kb.shape[0] == 65 and torch.equal(kb[loc], k) and torch.equal(vb[loc], v)
+    swa_k, _ = s.pool.buffers(0)
+    assert int(swa_k.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("num_layers,ratio", [(6, 5), (12, 5), (24, 5), (8, 1), (5, 0)])
+def test_eager_translate_counts(num_layers, ratio):
+    s = setup(num_layers, ratio)
+    n_swa = len(s.swa_layer_ids)
+    s.pool.translate_calls = 0
+    b = fx.decode_batch(s, [1, 2, 3, 4], [5, 6, 7, 8])
+    assert s.pool.translate_calls == 1  # ForwardBatch.init_new, once per batch
+    assert b.out_cache_loc_swa.dtype == torch.int32
+    s.pool.translate_calls = 0
+    fx.forward_eager(s.model, b, use_precomputed_swa_loc=False)
+    assert s.pool.translate_calls == n_swa
+    fx.forward_eager(s.model, b, use_precomputed_swa_loc=False)
+    assert s.pool.translate_calls == 2 * n_swa
+    s.pool.translate_calls = 0
+    fx.forward_eager(s.model, b, use_precomputed_swa_loc=True)
+    assert s.pool.translate_calls == 0
+    assert s.pool.swa_loc is b.out_cache_loc_swa  # left set, as upstream
+
+
+def test_eager_paths_write_the_same_kv():
+    a, b = setup(12, 5), setup(12, 5)
+    ba = fx.decode_batch(a, [3, 9, 27], [4, 5, 6])
+    bb = fx.decode_batch(b, [3, 9, 27], [4, 5, 6])
+    fx.forward_eager(a.model, ba, use_precomputed_swa_loc=False)
+    fx.forward_eager(b.model, bb, use_precomputed_swa_loc=True)
+    assert fx.pool_diff(a.pool, b.pool, skip_padding_slot=False) == {}
+    # and something was written in every layer
+    for layer in range(12):
+        kb, _ = a.pool.buffers(layer)
+        assert int((kb != 0).flatten(1).any(1).sum()) == 3
+
+
+def test_buffers_per_variant():
+    s = setup()
+    dtypes = {v: None if fx.DecodeGraphRunner.for_variant(s.model, [4], v).buffers.out_cache_loc_swa is None
+              else fx.DecodeGraphRunner.for_variant(s.model, [4], v).buffers.out_cache_loc_swa.dtype
+              for v in fx.VARIANTS}
+    assert dtypes == fx.SWA_LOC_BUFFER_DTYPE == {"before": None, "pr23552": torch.int64, "pr24743": torch.int32}
+
+
+@pytest.mark.parametrize("zero", [False, True])
+def test_populate_padding(zero):
+    bufs = fx.DecodeInputBuffers.create(device="cpu", max_bs=4, is_hybrid_swa=True, swa_loc_dtype=torch.int64)
+    full = fx.ForwardBatch(torch.tensor([1, 2, 3, 4]), torch.tensor([9, 9, 9, 9], dtype=torch.int32),
+                           torch.tensor([11, 12, 13, 14]), torch.tensor([21, 22, 23, 24], dtype=torch.int32))
+    bufs.populate_from_forward_batch(forward_batch=full, raw_bs=4, bs=4, zero_swa_on_pad=zero)
+    assert bufs.out_cache_loc_swa.dtype == torch.int64 and bufs.out_cache_loc_swa.tolist() == [21, 22, 23, 24]
+    small = fx.ForwardBatch(torch.tensor([5, 6]), torch.tensor([3, 3], dtype=torch.int32),
+                            torch.tensor([15, 16]), torch.tensor([25, 26], dtype=torch.int32))
+    bufs.populate_from_forward_batch(forward_batch=small, raw_bs=2, bs=4, zero_swa_on_pad=zero)
+    assert bufs.out_cache_loc.tolist() == [15, 16, 0, 0]
+    assert bufs.seq_lens.tolist() == [3, 3, 1, 1]
+    assert bufs.input_ids.tolist() == [5, 6, 3, 4]  # upstream leaves the input_ids tail as it was
+    assert bufs.out_cache_loc_swa.tolist() == ([25, 26, 0, 0] if zero else [25, 26, 23, 24])
+
+
+@pytest.mark.parametrize("num_layers,ratio", [(6, 5), (12, 5), (8, 1)])
+def test_runner_capture_translate_counts(num_layers, ratio):
+    for v in fx.VARIANTS:
+        s = setup(num_layers, ratio)
+        r = fx.DecodeGraphRunner.for_variant(s.model, [1, 4, 8], v)
+        assert r.use_cuda_graph is False
+        r.capture()
+        expect = 0 if v != "before" else len(s.swa_layer_ids)
+        assert r.capture_translate_calls == {1: expect, 4: expect, 8: expect}, v
+        # a replay runs what was captured: the same count per step
+        b = fx.decode_batch(s, [1, 2, 3], [4, 5, 6])
+        s.pool.translate_calls = 0
+        assert r.replay(b) == 4
+        assert s.pool.translate_calls == expect
+
+
+def test_runner_without_preset_refuses_a_stale_swa_loc():
+    s = setup()
+    s.pool.set_swa_loc(torch.tensor([1], dtype=torch.int32))
+    r = fx.DecodeGraphRunner.for_variant(s.model, [1], "before")
+    with pytest.raises(ValueError):
+        r.capture()
+
+
+def test_replay_keeps_python_state_and_pads():
+    s = setup()
+    r = fx.DecodeGraphRunner.for_variant(s.model, [2, 8], "pr24743")
+    r.capture()
+    assert r.padded_bs(1) == 2 and r.padded_bs(3) == 8 and r.padded_bs(8) == 8
+    with pytest.raises(ValueError):
+        r.padded_bs(9)
+    before = s.pool.swa_loc
+    r.replay(fx.decode_batch(s, [1, 2, 3], [4, 5, 6]))
+    assert s.pool.swa_loc is before
+
+
+@pytest.mark.parametrize("variant", fx.VARIANTS)
+def test_runner_kv_matches_eager_reference_without_padding(variant):
+    g, ref = setup(12, 5), setup(12, 5)
+    r = fx.DecodeGraphRunner.for_variant(g.model, [1, 4, 8], variant)
+    r.capture()
+    for ids, lens in (([1, 2, 3, 4], [5, 6, 7, 8]), ([9], [3]), ([7] * 8, list(range(2, 10)))):
+        r.replay(fx.decode_batch(g, ids, lens))
+        fx.forward_eager(ref.model, fx.decode_batch(ref, ids, lens))
+    assert fx.pool_diff(g.pool, ref.pool) == {}
+
+
+def test_unknown_variant():
+    with pytest.raises(ValueError):
+        fx.runner_config("after")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The #24743 padding scenario, eager (the GPU test replays real graphs)
+# ---------------------------------------------------------------------------------------------------------------
+from sglab.experiments import swa_loc as ex  # noqa: E402
+
+
+@pytest.mark.parametrize("num_layers,ratio", [(6, 5), (12, 5), (8, 1)])
+def test_pad_bug_corrupts_exactly_the_stale_tail_slots(num_layers, ratio):
+    res = ex.pad_bug_scenario("pr23552", num_layers=num_layers, swa_per_full=ratio)
+    n_swa = len(res["swa_layer_ids"])
+    assert (res["bs_step1"], res["raw_bs_step2"], res["bs_step2"]) == (8, 6, 8)
+    assert res["stale_tail_owners"] == [6, 7] and res["owners_still_running"] == [6, 7]
+    assert len(res["predicted_slots"]) == 2 and all(s > 0 for s in res["predicted_slots"])
+    assert res["corrupted"] == {layer: res["predicted_slots"] for layer in res["swa_layer_ids"]}
+    assert res["matches_prediction"] and res["n_corrupted"] == res["n_predicted"] == 2 * n_swa
+
+
+@pytest.mark.parametrize("variant", ["before", "pr24743"])
+def test_pad_scenario_clean_without_the_bug(variant):
+    res = ex.pad_bug_scenario(variant, num_layers=12)
+    assert res["predicted_slots"] == [] and res["corrupted"] == {}
+    assert res["matches_prediction"] and res["n_corrupted"] == 0
+    assert len(res["stale_tail_swa_slots"]) == 2  # the tail is there; it is just not written through
+
+
+def test_upstream_check_reads_pr_era_sources():
+    pool_pr = "class SWAKVPool:\n    def set_swa_loc(self, loc):\n        self.swa_loc = loc\n"
+    runner_before = "def capture_one_batch_size(self, bs):\n    run_once()\n"
+    runner_23552 = "self.model_runner.token_to_kv_pool.set_swa_loc(\n  self.buffers.out_cache_loc_swa[:num_tokens])"
+    runner_24743 = runner_23552 + "\nif self.out_cache_loc_swa is not None:\n    self.out_cache_loc_swa.zero_()"
+    pool_later = "def set_kv_buffer(self, layer, loc, k, v):\n    loc, swa_loc = unwrap_write_loc(loc)\n"
+
+    def reader(files):
+        return lambda rel: files.get(rel)
+
+    runner = "srt/model_executor/cuda_graph_runner.py"
+    pool = "srt/mem_cache/swa_memory_pool.py"
+    assert ex._check(reader({})).status == "unknown"
+    assert ex._check(reader({pool: pool_pr, runner: runner_before})).status == "neither"
+    v = ex._check(reader({pool: pool_pr, runner: runner_23552}))
+    assert v.status == "fix" and "NOT zeroed" in v.detail
+    v = ex._check(reader({pool: pool_pr, runner: runner_24743}))
+    assert v.status == "fix" and "zeroed on padded" in v.detail
+    assert ex._check(reader({pool: pool_later})).status == "later"
+
+
+def test_sweep_rows_eager():
+    from sglab import runs
+    from sglab.measure.timing import host_time
+
+    p = {**ex.DEFAULT_PARAMS, "layer_counts": [6, 12], "swa_per_full": [5, 1], "batch_sizes": [1, 4, 8],
+         "size": 128, "size_swa": 64, "head_num": 2, "head_dim": 8, "rounds": 1, "pad_num_layers": 6}
+    probes = {"graph_kernel_nodes": lambda r, bs: -1, "profiled_kernels": lambda r, bs: -1}
+    rows = ex.sweep(p, device="cpu", use_cuda_graph=False, probes=probes,
+                    timer=lambda fn: host_time(fn, warmup=0, repeat=2, sync=False), progress=False)
+    df = runs.tidy(ex.EXPERIMENT, rows)
+    assert list(df.columns) == ["experiment", "variant", "num_layers", "swa_per_full", "n_swa_layers",
+                                "batch_size", "metric", "value", "unit"]
+    tc = df[df.metric == "translate_calls_capture"]
+    assert len(tc) == 3 * 4 * 3
+    for _, r in tc.iterrows():
+        assert r.value == (r.n_swa_layers if r.variant == "before" else 0)
+    assert set(df[df.metric == "kv_mismatch_slots"].value) == {0.0}
+    assert len(df[df.metric == "time_median"]) == 3 * 4 * 3
+    pad = df[df.metric.str.startswith("pad_")].pivot_table(index="variant", columns="metric", values="value")
+    assert pad.loc["pr23552", "pad_corrupted_slots"] == pad.loc["pr23552", "pad_predicted_slots"] == 2 * 5
+    assert pad.loc["before", "pad_corrupted_slots"] == pad.loc["pr24743", "pad_corrupted_slots"] == 0
+    assert set(pad["pad_matches_prediction"]) == {1.0}
