@@ -113,7 +113,8 @@ ax.bar(["per request (before)", "per image (after)"], cache_t["cache_image_hit_r
        color=[plots.PALETTE["before"], plots.PALETTE["after"]])
 ax.set_ylabel("images served from cache, %")
 ax.set_ylim(0, 100)
-plots.caption(fig, None, extra=f"{CACHE_REQUESTS} requests, pool {CACHE_POOL}, ≤{CACHE_MAX_IMAGES} images, seed {SEED}")
+plots.caption(fig, None,
+              extra=f"{CACHE_REQUESTS} requests, pool {CACHE_POOL}, ≤{CACHE_MAX_IMAGES} images, seed {SEED}")
 b, a = cache_t.loc["before"], cache_t.loc["after"]
 print(f"Vision tower encodes {a.images_encoded:.0f} of {a.images_requested:.0f} images per image vs "
       f"{b.images_encoded:.0f} per request ({b.images_encoded / a.images_encoded:.1f}x fewer encodes).")

@@ -33,7 +33,7 @@ def test_canary_static_count_matches_profiler(n):
     g = kernels.capture_graph(_index_kernels(n))
     nodes = kernels.graph_kernel_nodes(g)
     assert nodes.kernels == n, nodes
-    assert all("index" in name.lower() for name in nodes.names), nodes.names
+    assert len(set(nodes.names)) == 1 and "kernel" in nodes.names[0], nodes.names  # one kernel, n times
     seen = kernels.profiled_kernels(lambda: g.replay())
     assert len(seen) == n, seen
 

@@ -102,8 +102,12 @@ def _worker(rank: int, world_size: int, payload: bytes, backend: str, port: int,
             device = torch.device("cuda", rank)
         else:
             device = torch.device("cpu")
+        # With device_id the NCCL communicator is created here, by all ranks together, so a later collective
+        # that a rank never joins is a timed-out *operation* (the watchdog's business), not a communicator
+        # initialisation that blocks forever.
+        extra = {"device_id": device} if backend == "nccl" else {}
         tdist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
-                                 init_method=f"tcp://127.0.0.1:{port}")
+                                 init_method=f"tcp://127.0.0.1:{port}", **extra)
         cpu_group = tdist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else tdist.group.WORLD
         ctx = RankContext(rank, world_size, backend, device, tdist.group.WORLD, cpu_group, coll_timeout)
         out = fn(ctx, *args)

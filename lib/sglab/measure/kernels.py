@@ -129,12 +129,32 @@ def capture_graph(fn: Callable[[], object], *, warmup: int = 2, pool=None, strea
 _NON_KERNEL_PREFIXES = ("Memcpy", "Memset", "cudaMemcpy", "cudaMemset")
 
 
+_PROFILER_WARM = False
+
+
+def _warm_profiler() -> None:
+    """The first profiling session of a process can miss kernels while CUPTI starts up: spend it on a throwaway
+    kernel once."""
+    global _PROFILER_WARM
+    if _PROFILER_WARM:
+        return
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.ones(16, device="cuda")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+        (x + 1).sum()
+        torch.cuda.synchronize()
+    _PROFILER_WARM = True
+
+
 def profiled_kernels(fn: Callable[[], object]) -> list[str]:
     """Names of the GPU kernels torch.profiler records during one call of ``fn`` (memcpy/memset excluded),
     in launch order. For a graph, pass ``lambda: g.replay()``: the profiler reports the kernels inside."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    _warm_profiler()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
@@ -249,6 +269,12 @@ def nsight_time(fns: Mapping[str, Callable[[], object]], *, runs: int = 20, warm
         if backend != "auto":
             raise
         return _events_frame(fns, runs, warmup, f"{chosen} failed: {type(e).__name__}: {e}")
+    finally:
+        if chosen == "cupti":  # release CUPTI so torch.profiler (Kineto) can use it afterwards
+            try:
+                nsight.deactivate()
+            except Exception:  # noqa: BLE001
+                pass
     rows = []
     for _, r in raw.iterrows():
         ns = 1e-6
