@@ -23,6 +23,8 @@ SITE=${SITE:-/tmp/sglab-site}
 py=${PYTHON:-python3}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+# a copy of the checkout without .git can still name its commit in every run manifest
+export SGLAB_GIT_SHA=${SGLAB_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null)}
 summary=()
 step() {  # step NAME CMD...
   local name=$1; shift

@@ -235,9 +235,12 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
                                 f"Its log ends:\n{tail}", rank=r)
             if time.monotonic() > deadline:
                 waiting = [r for r in range(world_size) if r not in out]
+                done = sorted(out)
                 tails = "\n".join(f"--- rank {r} log:\n{_tail(logs[r], 8)}" for r in waiting)
-                raise DistTimeout(f"run exceeded {timeout_s:g} s; ranks {waiting} had not finished and were "
-                                  f"killed.\n{tails}")
+                hint = (f" Ranks {done} had returned: a rank still waiting is likely blocked in a collective "
+                        "that another rank never joined." if done else "")
+                raise DistTimeout(f"run exceeded {timeout_s:g} s; rank(s) {', '.join(map(str, waiting))} had not "
+                                  f"finished and were killed.{hint}\n{tails}")
         for p in procs:
             p.join(timeout=max(1.0, min(30.0, deadline - time.monotonic())))
         return [out[r] for r in range(world_size)]

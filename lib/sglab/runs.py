@@ -64,6 +64,9 @@ def tidy(experiment: str, rows: list[dict]):
 
 
 def _git_sha(root: Path) -> str | None:
+    """HEAD of the checkout (+dirty), or $SGLAB_GIT_SHA when the tree was copied without its .git."""
+    if os.environ.get("SGLAB_GIT_SHA"):
+        return os.environ["SGLAB_GIT_SHA"]
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                              timeout=10)
