@@ -54,3 +54,11 @@ def test_executes(ipynb, monkeypatch):
         pytest.fail(f"{ipynb.name} failed: {result.error}\n\n--- all cell outputs ---\n"
                     f"{nbtools.outputs_text(result.nb)}", pytrace=False)
     assert result.mode in {"live", "recorded"}, f"{ipynb.name} shows no Workbook banner"
+
+
+def test_readme_index_matches_recorded_runs():
+    from sglab import readme
+
+    block = readme.current_block((ROOT / "README.md").read_text())
+    assert block is not None, "README.md lost its index markers"
+    assert block == readme.index_block(), "README index is stale: run `sglab index` and commit README.md"

@@ -6,6 +6,7 @@
                                     run an experiment live → data/runs/ (or data/recorded/ with --recorded)
     sglab sync [--check]            write each notebooks/NN_*.ipynb from its .py (or only check the pairs)
     sglab upstream                  which fixes the installed SGLang contains
+    sglab index [--check]           rewrite (or check) the README's notebook index from the recorded runs
 """
 
 from __future__ import annotations
@@ -157,6 +158,21 @@ def cmd_upstream(_args) -> int:
     return 0
 
 
+# -- index ----------------------------------------------------------------------------------------------------
+def cmd_index(args) -> int:
+    from . import readme
+
+    if args.check:
+        text = readme.readme_path().read_text()
+        if readme.current_block(text) != readme.index_block():
+            print("README index is out of date with data/recorded/: run `sglab index`")
+            return 1
+        print("README index matches the recorded runs")
+        return 0
+    print("README index " + ("updated" if readme.write_index() else "already up to date"))
+    return 0
+
+
 # -- run ------------------------------------------------------------------------------------------------------
 _STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1000px;color:#222}
 table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ddd;padding:.4em .6em;text-align:left;
@@ -266,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true")
     p.set_defaults(fn=cmd_sync)
     sub.add_parser("upstream", help="which fixes the installed SGLang contains").set_defaults(fn=cmd_upstream)
+    p = sub.add_parser("index", help="rewrite the README's notebook index from the recorded runs")
+    p.add_argument("--check", action="store_true")
+    p.set_defaults(fn=cmd_index)
     args = ap.parse_args(argv)
     return int(args.fn(args) or 0)
 
