@@ -29,6 +29,7 @@ PARAMS = {}     # overrides of sglab.experiments.pcg_gate.DEFAULT_PARAMS for a l
 import inspect
 
 import pandas as pd
+from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 from torch import nn
 
 from sglab import notebook as nb
@@ -159,61 +160,118 @@ if wb.live:
                method_version=experiment.METHOD_VERSION)
 
 # %%
-run = wb.result()
-if run is not None:
-    lat = experiment.latency_table(run.df)
-    facts = experiment.run_facts(run.df)
-    print(f"gate: eager path {'on' if facts[('eager', 'gate_enabled')] else 'off'} (no_alias), "
-          f"piecewise path {'on' if facts[('piecewise', 'gate_enabled')] else 'off'} (property_guard)")
-    print(f"capture: {facts[('piecewise', 'graphs')]:.0f} graphs ({facts[('piecewise', 'buckets')]:.0f} buckets) in "
-          f"{facts[('piecewise', 'capture_time')]:.1f} s; graph pool {facts[('piecewise', 'graph_pool')]:.0f} MiB, "
-          f"fixed buffers {facts[('piecewise', 'static_buffers')]:.0f} MiB, weights {facts[('eager', 'weights')]:.0f} MiB"
-          + (f", peak allocated {facts[('process', 'peak_allocated')]:.0f} MiB"
-             if ("process", "peak_allocated") in facts else ""))
-    if ("eager", "kernels_per_forward") in facts:
-        print(f"kernels per forward at {lat.index.min()} tokens: eager {facts[('eager', 'kernels_per_forward')]:.0f}, "
-              f"piecewise {facts[('piecewise', 'kernels_per_forward')]:.0f} "
-              f"({facts[('piecewise', 'graph_launches_per_forward')]:.0f} graph launches + eager attention)")
-    display(lat.round(4))
+runs_ = wb.results()
+shown = experiment.newest_per_gpu(runs_)  # one run per GPU model: the newest
+lats = {experiment.gpu_short(r): experiment.latency_table(r.df) for r in shown}
+if shown:
+    print("shown below: the newest run of each GPU —", "; ".join(r.label for r in shown))
+    for r in shown:
+        gpu, lat, facts = experiment.gpu_short(r), lats[experiment.gpu_short(r)], experiment.run_facts(r.df)
+        on_off = {1.0: "PCG on", 0.0: "PCG off"}
+        print(f"\n{r.label}: gate for no_alias → {on_off[facts[('eager', 'gate_enabled')]]} (eager prefill), "
+              f"for property_guard → {on_off[facts[('piecewise', 'gate_enabled')]]} (piecewise prefill)")
+        print(f"  capture: {facts[('piecewise', 'graphs')]:.0f} graphs ({facts[('piecewise', 'buckets')]:.0f} buckets) "
+              f"in {facts[('piecewise', 'capture_time')]:.1f} s; graph pool {facts[('piecewise', 'graph_pool')]:.0f} MiB, "
+              f"fixed buffers {facts[('piecewise', 'static_buffers')]:.0f} MiB, weights "
+              f"{facts[('eager', 'weights')]:.0f} MiB"
+              + (f", peak allocated {facts[('process', 'peak_allocated')]:.0f} MiB"
+                 if ("process", "peak_allocated") in facts else ""))
+        if ("eager", "kernels_per_forward") in facts:
+            ke, kp = facts[("eager", "kernels_per_forward")], facts[("piecewise", "kernels_per_forward")]
+            launches = facts[("piecewise", "graph_launches_per_forward")]
+            print(f"  kernels per forward at {lat.index.min()} tokens: eager {ke:.0f}, each launched from Python; "
+                  f"piecewise {kp:.0f} ({kp - ke:+.0f} net: copies into and out of the fixed buffers), launched as "
+                  f"{launches:.0f} graph replays + {launches - 1:.0f} eager attention calls")
+        display(lat[[c for c in lat.columns if c.endswith(" ms") or c in ("bucket", "speedup")]].round(3))
 else:
     print("No run to show: the latency comparison needs a GPU run (`sglab record pcg_gate`).")
 
 # %%
-if run is not None:
-    fig, axes = plots.figure(ncols=2, width=11)
+if shown:
+    fig, axes = plots.figure(ncols=2, width=11.5)
     ax, ax2 = axes.flat
-    x = lat.index.values
-    for mode, color in (("eager", plots.PALETTE["eager"]), ("piecewise", plots.PALETTE["graph"])):
-        ax.plot(x, lat[f"{mode} median ms"], "o-", color=color, label=f"{mode} (median)")
-        ax.fill_between(x, lat[f"{mode} p10 ms"], lat[f"{mode} p90 ms"], color=color, alpha=0.2)
-    ax.set(xscale="log", yscale="log", xlabel="prefill tokens", ylabel="prefill latency (ms)",
-           title="Prefill latency: eager vs piecewise CUDA graphs")
-    ax.legend()
-    ax2.plot(x, lat["speedup"], "o-", color=plots.PALETTE["accent"])
+    for (gpu, lat), color in zip(lats.items(), plots.CYCLE):
+        x = lat.index.values
+        for mode, style in (("eager", "s--"), ("piecewise", "o-")):
+            ax.plot(x, lat[f"{mode} median ms"], style, color=color, label=f"{gpu} {mode}",
+                    mfc="white" if mode == "eager" else color)
+            ax.fill_between(x, lat[f"{mode} p10 ms"], lat[f"{mode} p90 ms"], color=color, alpha=0.12)
+        ax2.plot(x, lat["speedup"], "o-", color=color, label=gpu)
+    top = pd.concat([lat["speedup"] for lat in lats.values()], axis=1).max(axis=1)
+    for n, b in next(iter(lats.values()))["bucket"].items():
+        if b != n:  # padded token counts
+            ax2.annotate(f"pad→{b}", (n, top[n]), textcoords="offset points", xytext=(0, 6), ha="center",
+                         fontsize=7, color="#555555")
+    ax.set(xscale="log", yscale="log", xlabel="prefill tokens (one sequence)", ylabel="prefill latency (ms)",
+           title="Prefill latency: eager (dashed) vs piecewise CUDA graphs")
+    ax.legend(ncol=2)
     ax2.axhline(1.0, color="#999999", lw=1)
-    for n, s, b in zip(x, lat["speedup"], lat["bucket"]):
-        if b != n:
-            ax2.annotate(f"pad→{b}", (n, s), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
-    ax2.set(xscale="log", xlabel="prefill tokens", ylabel="eager / piecewise (median)", title="Speed-up")
-    plots.caption(fig, run, extra="bands: p10–p90")
+    ax2.set(xscale="log", xlabel="prefill tokens (one sequence)", ylabel="eager / piecewise (median latency)",
+            title="Speed-up from passing the gate")
+    ax2.legend()
+    for a in (ax, ax2):
+        a.xaxis.set_major_formatter(ScalarFormatter())
+        a.yaxis.set_major_formatter(ScalarFormatter())
+        a.yaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    plots.caption(fig, shown[0], extra="; ".join([plots.provenance_text(r) for r in shown[1:]]
+                                                 + ["bands: p10–p90"]))
+
+# %% [markdown]
+# Reading the curves:
+#
+# - **Small prefills are launch-bound.** The eager median barely moves from 16 to 1024 tokens: the GPU waits for
+#   Python to launch the next kernel, so eager latency here measures the host, and the speed-up at small token
+#   counts is mostly host launch time removed. The piecewise path still launches one graph and one eager
+#   attention call per layer, so it too is flat at small counts.
+# - **Large prefills are GEMM-bound**, and graphs have nothing left to remove. Above the crossover the piecewise
+#   path is slightly *slower*; the gap grows with the token count, as a copy would. The runner copies the
+#   residual and q, k, v into its fixed buffers and the attention output once more (`buffer_copy_bytes`);
+#   the cell below converts that traffic and the gap into the bandwidth the copies would need to explain it all.
+#   A figure near the GPU's HBM bandwidth makes the copies the likely cause, which would make the slowdown a cost
+#   of this rebuild's runner (it hands activations between graphs through fixed buffers), not of piecewise
+#   graphs as such; a run without the copies would settle it.
+
+# %%
+if shown:
+    for r in shown:
+        gpu, lat = experiment.gpu_short(r), lats[experiment.gpu_short(r)]
+        sp, small = lat["speedup"], lat[lat.index <= 1024]
+        start = experiment.slowdown_start(sp)
+        print(f"{gpu}: eager/piecewise {sp.min():.2f}x to {sp.max():.2f}x (max at {sp.idxmax()} tokens); eager median "
+              f"{small['eager median ms'].min():.2f}-{small['eager median ms'].max():.2f} ms over "
+              f"{small.index.min()}-{small.index.max()} tokens, piecewise "
+              f"{small['piecewise median ms'].min():.2f}-{small['piecewise median ms'].max():.2f} ms")
+        if start is not None:
+            for n in lat.index[lat.index >= start]:
+                gap_ms = lat.loc[n, "piecewise median ms"] - lat.loc[n, "eager median ms"]
+                moved = experiment.buffer_copy_bytes(r.manifest["params"], lat.loc[n, "bucket"])
+                print(f"    {n:5d} tokens: piecewise {gap_ms:+.2f} ms ({sp[n]:.2f}x); buffer copies move "
+                      f"{moved / 1e9:.2f} GB = {moved / 1e12 / (gap_ms / 1e3):.1f} TB/s if they were the whole gap")
 
 # %% [markdown]
 # ### Does the piecewise path compute the same thing?
 #
 # `max_abs_diff` is the largest element-wise difference of the final hidden states against the eager forward
-# on the real tokens; `tolerance` is 8 bf16 units in the last place at the output's largest magnitude.
-# `max_abs_diff_same_shape` compares against the same padded segments run eagerly: it separates what graph
-# replay changes from what padding changes (a GEMM over 112 rows may pick a different kernel, and so a
-# different summation order, than one over 100).
+# on the real tokens; `tolerance` is 8 bf16 units in the last place at the output's largest magnitude;
+# `rel_rms_diff` is the RMS of the difference over the RMS of the eager output. `max_abs_diff_same_shape`
+# compares against the same padded segments run eagerly: it separates what graph replay changes from what
+# padding changes (a GEMM over 112 rows may pick a different kernel, and so a different summation order, than
+# one over 100).
 
 # %%
-if run is not None:
-    display(lat[["bucket", "max_abs_diff", "tolerance", "max_abs_diff_same_shape", "within_tol"]])
-    verdict = "within" if lat["within_tol"].all() else "NOT within"
-    print(f"piecewise vs eager: {verdict} bf16 tolerance at every measured token count "
-          f"(largest difference {lat['max_abs_diff'].max():.3g})")
-    print(f"speed-up (eager median / piecewise median): {lat['speedup'].min():.2f}x to {lat['speedup'].max():.2f}x; "
-          f"{lat['speedup'].iloc[0]:.2f}x at {lat.index[0]} tokens, {lat['speedup'].iloc[-1]:.2f}x at {lat.index[-1]}")
+if shown:
+    cols = ["max_abs_diff", "rel_rms_diff", "max_abs_diff_same_shape", "tolerance", "within_tol"]
+    check = pd.concat({c: experiment.by_gpu(shown, c) for c in cols}, axis=1)
+    check.insert(0, ("bucket", ""), next(iter(lats.values()))["bucket"])
+    display(check)
+    for gpu, lat in lats.items():
+        nonzero = lat.index[lat["max_abs_diff"] > 0].tolist()
+        verdict = "within" if lat["within_tol"].all() else "NOT within"
+        print(f"{gpu}: piecewise vs eager {verdict} bf16 tolerance at all {len(lat)} token counts; "
+              f"largest difference {lat['max_abs_diff'].max():.3g} (tolerance {lat['tolerance'].min():.3g}); "
+              + (f"bit-identical except at {nonzero} tokens; " if nonzero else "bit-identical at every count; ")
+              + f"vs the same padded shape: largest {lat['max_abs_diff_same_shape'].max():.3g}")
 
 # %% [markdown]
 # ## The installed SGLang
@@ -240,7 +298,13 @@ print(f"{v.status}: {v.detail}")
 # - Review point: the guard silently drops every write to `model`, including a deliberate one. A narrower
 #   alternative is to skip the write-back in the runner when `model.model is resolve_language_model(model)`
 #   (later SGLang versions no longer require `.model` in the gate and only write it back when it exists).
-# - The payoff is largest where prefill is launch-bound (small token counts) and shrinks as GEMMs dominate;
-#   the eager path here launches from plain PyTorch ops (no fused RoPE / residual-RMSNorm kernels), so its
-#   kernel count per layer is higher than SGLang's, which puts this measurement at the generous end for small
-#   prefills.
+# - The payoff is largest where prefill is launch-bound (small token counts), falls as GEMMs take over, and
+#   crosses below 1 at the largest counts, where this runner's buffer copies likely cost more than the launches
+#   it saves (ranges and crossover per GPU in the cells above). The eager path here launches from plain PyTorch
+#   ops (no fused RoPE / residual-RMSNorm kernels), so its kernel count per layer is higher than SGLang's, which
+#   puts this measurement at the generous end for small prefills; the small-prefill ratio also depends on the
+#   host CPU, since eager latency there is launch time.
+# - Doubtful points in the data: on both GPUs eager is slower at 16–100 tokens than at 128. The kernel count
+#   was recorded only at the smallest token count, so this run cannot say whether small GEMMs launch extra
+#   kernels (e.g. split-K) or the host was slower early in the sweep (the counts run in ascending order). Where
+#   a p10–p90 band is wide (see the tables), that point's ratio rests on a noisy median.

@@ -177,105 +177,136 @@ if wb.live:
     wb.measure(lambda: experiment.run(params), params=params, method_version=experiment.METHOD_VERSION)
 
 # %%
-run = wb.result()
+run = wb.result()                                    # the newest run: tables below
+shown = experiment.newest_per_gpu(wb.results())      # the newest run of each GPU model: cross-GPU checks, plots
+print("Compared across GPUs: " + ("; ".join(r.label for r in shown) if shown else "none"))
+COLORS = {"before": plots.PALETTE["before"], "pr23552": plots.PALETTE["accent"], "pr24743": plots.PALETTE["after"]}
+STYLES = ["-", "--", ":", "-."]
 
 # %% [markdown]
 # ## Kernels per replay
+#
+# Static kernel nodes of each captured graph (cuda-bindings), one row per layout; the count is the same for every
+# captured batch size, and torch.profiler sees the same number of kernels in one replay.
 
 # %%
 if run is None:
     print("No GPU run to show: the kernel counts, replay times and on-GPU padding check need one "
           "(`sglab record swa_loc` on one H100/H200).")
 else:
-    df = run.df
-    nodes = (df[df.metric == "graph_kernel_nodes"]
-             .pivot_table(index=["swa_per_full", "num_layers", "n_swa_layers", "batch_size"], columns="variant",
-                          values="value"))
-    prof = (df[df.metric == "profiled_kernels"]
-            .pivot_table(index=["swa_per_full", "num_layers", "n_swa_layers", "batch_size"], columns="variant",
-                         values="value"))
-    calls = (df[df.metric == "translate_calls_capture"]
-             .pivot_table(index=["swa_per_full", "num_layers", "n_swa_layers", "batch_size"], columns="variant",
-                          values="value"))
-    n_swa = nodes.index.get_level_values("n_swa_layers")
-    summary = nodes.copy()
-    summary.columns = [f"nodes {c}" for c in summary.columns]
-    summary["extra per SWA layer (before − pr24743)"] = (nodes["before"] - nodes["pr24743"]) / n_swa
-    summary["extra per SWA layer (before − pr23552)"] = (nodes["before"] - nodes["pr23552"]) / n_swa
-    summary["profiler = static"] = (prof == nodes).all(axis=1)
-    summary["translate calls in capture (before)"] = calls["before"]
-    display(summary.astype({c: int for c in summary.columns if c.startswith("nodes")}))
-    mism = df[df.metric == "kv_mismatch_slots"]
-    print(f"KV pool vs eager reference: {int(mism.value.sum())} differing (layer, slot) pairs over "
-          f"{len(mism)} (variant, layout) checks")
+    print(f"{run.label}:")
+    display(experiment.kernel_table(run.df))
+    for r in shown:
+        agree = experiment.profiler_agreement(r.df)
+        mism = r.df[r.df.metric == "kv_mismatch_slots"]
+        print(f"{r.label}: profiler = static in {agree['equal']}/{agree['cells']} (layout, bs, variant) cells, "
+              f"max |profiler − static| = {agree['max_abs_diff']}; KV pool vs eager reference: "
+              f"{int(mism.value.sum())} differing (layer, slot) pairs over {len(mism)} (variant, layout) checks")
+    counts = [experiment.kernel_counts(r.df)[0] for r in shown]
+    print("static kernel counts identical on " + " and ".join(experiment.short_gpu(r.manifest["gpu_name"]) for r in shown)
+          + f": {all(c.equals(counts[0]) for c in counts)}")
 
 # %%
 if run is not None:
+    kt = experiment.kernel_table(run.df).reset_index()
     fig, axes = plots.figure(ncols=2)
-    axes = axes.ravel()
-    bs_max = int(nodes.index.get_level_values("batch_size").max())
-    for ax, ratio in zip(axes, sorted(nodes.index.get_level_values("swa_per_full").unique(), reverse=True)):
-        sub = nodes.xs((ratio, bs_max), level=("swa_per_full", "batch_size")).reset_index()
+    for ax, ratio in zip(axes.ravel(), sorted(kt.swa_per_full.unique(), reverse=True)):
+        sub = kt[kt.swa_per_full == ratio]
         for v in fx.VARIANTS:
-            ax.plot(sub["num_layers"], sub[v], marker="o", label=v,
-                    color={"before": plots.PALETTE["before"], "pr24743": plots.PALETTE["after"]}.get(v, plots.PALETTE["accent"]))
+            ax.plot(sub.num_layers, sub[f"kernels {v}"], marker="o", label=experiment.VARIANT_LABELS[v], color=COLORS[v])
         ax.set_title(f"{ratio} SWA : 1 full")
-        ax.set_xlabel("layers"); ax.set_ylabel("kernel nodes in the decode graph")
+        ax.set_xlabel("layers"); ax.set_ylabel("kernels per replay (graph kernel nodes)")
         ax.legend()
-    plots.caption(fig, run, extra="static count via cuda-bindings; identical for every batch size")
+    same_bs = bool(kt["same for every batch size"].all())
+    counts = [experiment.kernel_counts(r.df)[0] for r in shown]
+    same_gpu = len(shown) > 1 and all(c.equals(counts[0]) for c in counts)
+    plots.caption(fig, run, extra="static count via cuda-bindings"
+                  + ("; identical for every captured batch size" if same_bs else "; smallest batch size shown")
+                  + ("; identical on " + " and ".join(experiment.short_gpu(r.manifest["gpu_name"]) for r in shown)
+                     if same_gpu else ""))
 
 # %% [markdown]
 # ## Replay time
+#
+# CUDA-event time of one `graph.replay()`, median and p10–p90 of the pooled samples. `#23552` is below `#24743`
+# here only because this rebuild's K/V write (`index_put_`) converts an int32 location back to int64 — one
+# kernel per SWA layer that SGLang's `store_cache` does not have (see the int64/int32 section).
 
 # %%
 if run is not None:
-    t = df[df.metric.str.startswith("time_")].pivot_table(
-        index=["swa_per_full", "num_layers", "n_swa_layers", "batch_size", "variant"], columns="metric", values="value")
-    med = t["time_median"].unstack("variant")
-    ratio_tab = pd.DataFrame({
-        "before µs": med["before"] * 1e3, "pr24743 µs": med["pr24743"] * 1e3, "pr23552 µs": med["pr23552"] * 1e3,
-        "before / pr24743": med["before"] / med["pr24743"],
-        "saved µs per SWA layer": (med["before"] - med["pr24743"]) * 1e3 / med.index.get_level_values("n_swa_layers"),
-    })
-    display(ratio_tab.round(2))
+    t = experiment.time_table(run.df)
+    print(f"{run.label}:")
+    display(t.round(2))
+    if len(shown) > 1:
+        print("before / #24743 on each GPU (newest run per GPU), batch size in the columns:")
+        display(pd.concat({experiment.short_gpu(r.manifest["gpu_name"]):
+                           experiment.time_table(r.df)["before / #24743"].unstack("batch_size")
+                           for r in shown}, axis=1).round(3))
 
-    fig, axes = plots.figure(ncols=2)
-    axes = axes.ravel()
+# %%
+if run is not None:
+    from matplotlib.ticker import FixedLocator, ScalarFormatter
+
     h = HEADLINE
-    for ax, (xname, fixed) in zip(axes, [("batch_size", ("swa_per_full", "num_layers")),
-                                         ("num_layers", ("swa_per_full", "batch_size"))]):
-        key = tuple(h[k] for k in fixed)
-        sub = t.xs(key, level=fixed).reset_index()
-        for v in fx.VARIANTS:
-            s = sub[sub.variant == v].sort_values(xname)
-            err = [(s.time_median - s.time_p10) * 1e3, (s.time_p90 - s.time_median) * 1e3]
-            ax.errorbar(s[xname], s.time_median * 1e3, yerr=err, marker="o", capsize=3, label=v,
-                        color={"before": plots.PALETTE["before"], "pr24743": plots.PALETTE["after"]}.get(v, plots.PALETTE["accent"]))
-        if xname == "batch_size":
-            ax.set_xscale("log", base=2)
-        ax.set_xlabel(xname.replace("_", " ")); ax.set_ylabel("replay time, µs (median, p10–p90)")
-        ax.set_title(", ".join(f"{k}={h[k]}" for k in fixed))
-        ax.legend()
-    plots.caption(fig, run)
+    fig, axes = plots.figure(ncols=3, width=16)
+    axes = axes.ravel()
+    for gi, r in enumerate(shown):
+        tt = r.df[r.df.metric.str.startswith("time_")].pivot_table(
+            index=["swa_per_full", "num_layers", "n_swa_layers", "batch_size", "variant"], columns="metric", values="value")
+        gpu = experiment.short_gpu(r.manifest["gpu_name"])
+        for ax, (xname, fixed) in zip(axes[:2], [("batch_size", ("swa_per_full", "num_layers")),
+                                                 ("num_layers", ("swa_per_full", "batch_size"))]):
+            sub = tt.xs(tuple(h[k] for k in fixed), level=fixed).reset_index()
+            for v in fx.VARIANTS:
+                d = sub[sub.variant == v].sort_values(xname)
+                err = [(d.time_median - d.time_p10) * 1e3, (d.time_p90 - d.time_median) * 1e3]
+                ax.errorbar(d[xname], d.time_median * 1e3, yerr=err, marker="o", capsize=3, color=COLORS[v],
+                            ls=STYLES[gi % len(STYLES)], label=f"{v} · {gpu}")
+            ax.set_title(", ".join(f"{k.replace('_', ' ')} = {h[k]}" for k in fixed))
+            ax.set_ylabel("replay time, µs (median, p10–p90)")
+        tab = experiment.time_table(r.df).reset_index()
+        for ratio, marker in zip(sorted(tab.swa_per_full.unique(), reverse=True), "os^"):
+            d = tab[(tab.swa_per_full == ratio) & (tab.num_layers == h["num_layers"])].sort_values("batch_size")
+            axes[2].plot(d.batch_size, d["µs saved per SWA layer"], marker=marker, ls=STYLES[gi % len(STYLES)],
+                         color=plots.CYCLE[2 + 2 * gi % 6], label=f"{ratio}:1 · {gpu}")
+    for ax in (axes[0], axes[2]):
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(FixedLocator(sorted(run.df[run.df.batch_size > 0].batch_size.unique())))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.set_xlabel("batch size")
+    axes[1].set_xlabel("layers")
+    axes[2].set_ylim(bottom=0)
+    axes[2].set_title(f"before − #24743, {h['num_layers']} layers")
+    axes[2].set_ylabel("µs saved per SWA layer per replay")
+    for ax in axes:
+        ax.legend(fontsize=7, ncol=2 if ax is not axes[2] else 1)
+    plots.caption(fig, shown[0], extra=" · ".join(plots.provenance_text(r) for r in shown[1:])
+                  + ("; line style = GPU" if len(shown) > 1 else ""))
 
 # %%
 if run is not None:
-    key = (HEADLINE["swa_per_full"], HEADLINE["num_layers"])
-    row = ratio_tab.xs(key, level=("swa_per_full", "num_layers")).xs(HEADLINE["batch_size"], level="batch_size")
-    kn = nodes.xs(key, level=("swa_per_full", "num_layers")).xs(HEADLINE["batch_size"], level="batch_size")
-    print(f"Headline ({HEADLINE['num_layers']} layers, {HEADLINE['swa_per_full']}:1, bs={HEADLINE['batch_size']}, "
-          f"{run.label}): kernels per replay {int(kn['before'].iloc[0])} → {int(kn['pr24743'].iloc[0])}; "
-          f"replay {row['before µs'].iloc[0]:.1f} µs → {row['pr24743 µs'].iloc[0]:.1f} µs "
-          f"({row['before / pr24743'].iloc[0]:.2f}×), "
-          f"{row['saved µs per SWA layer'].iloc[0]:.2f} µs saved per SWA layer")
+    h = HEADLINE
+    for r in shown:
+        n = experiment.headline_numbers(r, h)
+        print(f"{r.label}: {h['num_layers']} layers ({n['n_swa_layers']} SWA, {h['swa_per_full']}:1), "
+              f"bs={h['batch_size']}: kernels per replay {n['kernels_before']} → {n['kernels_after']} "
+              f"(profiler {n['profiled_before']} → {n['profiled_after']}); replay {n['us_before']:.1f} µs → "
+              f"{n['us_after']:.1f} µs ({n['ratio']:.2f}×, {(n['us_before'] - n['us_after']) / n['n_swa_layers']:.2f} µs "
+              f"per SWA layer); whole sweep {n['ratio_min']:.2f}–{n['ratio_max']:.2f}×")
 
 # %% [markdown]
 # ## The padding scenario on real graphs
+#
+# The same two decode steps as above, captured and replayed as CUDA graphs; slots are (layer, slot) pairs.
 
 # %%
 if run is not None:
-    p = df[df.metric.str.startswith("pad_")].pivot_table(index="variant", columns="metric", values="value")
-    display(p.astype(int))
+    pr = run.df[run.df.metric.str.startswith("pad_")].iloc[0]
+    print(f"{int(pr.num_layers)} layers ({int(pr.n_swa_layers)} SWA), step 2 padded to bs {int(pr.batch_size)}")
+    display(pd.concat({experiment.short_gpu(r.manifest["gpu_name"]):
+                       r.df[r.df.metric.str.startswith("pad_")].pivot_table(index="variant", columns="metric",
+                                                                           values="value").astype(int)
+                       for r in shown}, axis=1))
 
 # %% [markdown]
 # ## Does the installed SGLang have it?

@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown]
-# # 05 · A 32-byte tensor on `cuda:0` and a CUDA context on GPU 0 in every TP rank
+# # 05 · A tiny tensor on `cuda:0` and a CUDA context on GPU 0 in every TP rank
 #
 # **Claim:** Kimi-K2.5's GPU image preprocessor left the per-image grid `grid_thws` on `cuda:0`; pickling
 # ships a CUDA tensor together with its device, so every scheduler TP rank that unpickled the request opened a
@@ -77,13 +77,16 @@ display(pd.DataFrame(rows).set_index("variant"))
 
 # %% [markdown]
 # The device travels inside the pickle: a tensor's storage is pickled through `torch.save`, which records a
-# location tag next to the bytes, and `pickle.loads` restores the storage to that location. On this machine the
-# tag reads `cpu`; for the PR-era grid it read `cuda:0` in every process that received it.
+# location tag next to the bytes, and `pickle.loads` restores the storage to that location. Here the grid is on
+# the CPU and the tag reads `cpu`; for the PR-era grid it read `cuda:0`, and the landing table below shows it
+# re-created on `cuda:0` in every rank that received it.
 
 # %%
-blob = pickle.dumps(torch.tensor([[1, 4, 6]]))
+grid = fx.gpu_call(fx.prompt_for(len(images)), images, fixed=True, device="cpu")["image_grid_thw"]
+blob = pickle.dumps(grid)
 tag = next(t for t in (b"cuda:0", b"cpu") if t in blob)
-print(f"pickle.dumps(grid): {len(blob)} bytes; storage location tag inside: {tag.decode()!r}")
+print(f"grid of {len(images)} images: {grid.nelement() * grid.element_size()} bytes of int64; "
+      f"pickle.dumps(grid): {len(blob)} bytes; storage location tag inside: {tag.decode()!r}")
 
 # %% [markdown]
 # ## The second half of the fix: per-image items
@@ -141,13 +144,20 @@ if wb.live:
 
 # %%
 runs_ = wb.results()
-gpu = pd.concat([r.df for r in runs_], ignore_index=True) if runs_ else None
+gpu = experiment.frame(runs_) if runs_ else None
 if gpu is None:
     print("No recorded GPU run yet: the memory heatmaps and the waste vs TP size cannot be shown here. "
           "Record with `sglab record grid_thw --param tp_size=2` (2 GPUs) and `--param tp_size=4` (4 GPUs).")
 else:
-    print("Where each rank's grid landed (over all repeats):")
+    print("Runs shown below (all of them, oldest first; every table keeps them apart):")
+    for r in runs_:
+        print(f"  {experiment.run_name(r)}  ({r.path.name})")
+    print("\nWhere each rank's grid landed (over all runs and repeats):")
     display(experiment.landing(gpu))
+
+# %% [markdown]
+# The heatmaps below are taken at `kernel`, the largest phase: one per run, process × GPU, MiB (median over
+# repeats; every repeat read the same value, see the repeatability table further down).
 
 # %%
 def draw_heatmap(ax, table, title, vmax):
@@ -168,47 +178,98 @@ if gpu is not None:
         df = run.df
         tp = int(df.tp_size.max())
         variants = [v for v in ("before", "after", "ipc") if v in set(df.variant)]
-        fig, axes = plots.figure(ncols=len(variants), width=4.2 * len(variants), height=1.0 + 0.55 * (tp + 1))
+        fig, axes = plots.figure(ncols=len(variants), width=4.2 * len(variants), height=1.3 + 0.55 * (tp + 1))
         tables = {v: experiment.heatmap(df, v, "kernel") for v in variants}
         vmax = max(1.0, max(float(np.nanmax(t.values)) for t in tables.values()))
         for ax, v in zip(np.ravel(axes), variants):
             draw_heatmap(ax, tables[v], f"{v}: MiB per process × GPU", vmax)
-        plots.caption(fig, run, extra=f"TP={tp}, phase 'kernel', median over repeats")
+        fig.suptitle(experiment.run_name(run), fontsize=10)
+        plots.caption(fig, run, extra=f"TP {tp} on a {int(df[df.metric == 'gpu_memory'].gpu.max()) + 1}-GPU machine · "
+                                      "phase 'kernel' · median over repeats")
         plt.show()
 
 # %% [markdown]
-# Rank r should hold memory on GPU r only (its own context). Anything a rank ≥ 1 holds on GPU 0 is waste:
-# memory taken from rank 0's KV cache budget. Per rank and phase (median, min–max over repeats and ranks):
+# Rank r should hold memory on GPU r only (its own context); the tokenizer's context on GPU 0 is there in both
+# variants (it preprocesses there). Anything a rank ≥ 1 holds on GPU 0 is waste: memory taken from rank 0's KV
+# cache budget. Per run, variant and phase, MiB per rank ≥ 1 on GPU 0: one number when every repeat and rank read
+# the same, a range otherwise (n = repeats × ranks ≥ 1). The columns are the three runs, so the table is also the
+# repeatability check: within a run, and between the two TP 2 runs on different machines.
 
 # %%
 if gpu is not None:
+    display(experiment.repeatability(gpu))
     per_rank = experiment.gpu0_per_rank(gpu)
-    display(per_rank.pivot_table(index=["tp_size", "phase"], columns="variant", values="median_mib")
-            .reindex(experiment.PHASES, level="phase").round(0))
+    spread = (per_rank.max_mib - per_rank.min_mib).max()
+    before_k = per_rank[(per_rank.variant == "before") & (per_rank.phase == "kernel")]
+    tp2 = before_k[before_k.tp_size == 2]
+    print(f"Largest spread between repeats (and ranks) of one run: {spread:.0f} MiB.")
+    if len(tp2) > 1:
+        print(f"Between the {len(tp2)} TP 2 runs, rank 1 on GPU 0 after a kernel: "
+              + ", ".join(f"{m:.0f} MiB ({r})" for r, m in zip(tp2.run, tp2.median_mib))
+              + f"; a difference of {tp2.median_mib.max() - tp2.median_mib.min():.0f} MiB.")
+        m = gpu[(gpu.metric == "gpu_memory") & (gpu["rank"] == 0) & (gpu.gpu == 0) & (gpu.phase == "init")]
+        own = m[m.tp_size == 2].groupby("run").value.median()
+        print("Rank 0's own context at `init` in the same runs: "
+              + ", ".join(f"{v:.0f} MiB ({r})" for r, v in own.items())
+              + f"; a difference of {own.max() - own.min():.0f} MiB, so the offset is the machine's, not the grid's.")
+
+# %% [markdown]
+# Total waste on GPU 0 grows with the TP size: N − 1 ranks each bring a context. Each run is plotted on its own
+# (runs are never added up); `ipc` lies on top of `before`.
+
+# %%
+if gpu is not None:
     waste = experiment.waste_vs_tp(gpu)
     display(waste.round(0))
-    fig, ax = plots.figure(width=6)
-    for v, g in waste.groupby("variant"):
-        ax.errorbar(g.tp_size, g.median_mib, yerr=[g.median_mib - g.min_mib, g.max_mib - g.median_mib],
-                    marker="o", capsize=3, label=v, color=plots.PALETTE.get(v))
-    ax.set_xticks(sorted(waste.tp_size.unique()))
-    ax.set_xlabel("TP size")
-    ax.set_ylabel("MiB on GPU 0 held by ranks 1..N-1")
-    ax.legend()
-    plots.caption(fig, runs_[0], extra="phase 'kernel'; median and min-max over repeats")
+    fig, ax = plots.figure(width=6.4)
+    styles = {"before": dict(marker="o", ls="-", color=plots.PALETTE["before"]),
+              "ipc": dict(marker="x", ls="--", color=plots.PALETTE["accent"], markersize=8),
+              "after": dict(marker="s", ls="-", color=plots.PALETTE["after"])}
+    waste["machine"] = [name.split(", ")[1] for name in waste.run]
+    for (v, machine), g in waste.groupby(["variant", "machine"]):
+        g = g.sort_values("tp_size")
+        st = dict(styles.get(v, {}))
+        if machine.startswith("2-GPU"):
+            st.update(ls="none", mfc="none", markersize=10)
+        ax.plot(g.tp_size, g.median_mib, label=f"{v} ({machine})", **st)
+    per = per_rank[(per_rank.phase == "kernel") & (per_rank.variant == "before")].median_mib.median()
+    tps = np.array(sorted(waste.tp_size.unique()))
+    ax.plot(tps, (tps - 1) * per, color="#999999", lw=0.8, ls=":", label=f"(N−1) × {per:.0f} MiB")
+    ax.set_xticks(tps)
+    ax.set_xlabel("TP size N")
+    ax.set_ylabel("MiB on GPU 0 held by ranks 1..N−1")
+    ax.set_ylim(bottom=-50)
+    ax.legend(loc="upper left", fontsize=8)
+    plots.caption(fig, runs_[-1], extra=f"newest of {len(runs_)} runs (all listed above, all plotted) · "
+                                        "phase 'kernel' · median over repeats")
     plt.show()
-    k = per_rank[per_rank.phase == "kernel"].set_index(["variant", "tp_size"])
-    r = per_rank[per_rank.phase == "received"].set_index(["variant", "tp_size"])
-    for tp in sorted(per_rank.tp_size.unique()):
-        if ("before", tp) in k.index and ("after", tp) in k.index:
-            print(f"TP={tp}: each rank >= 1 holds {r.loc[('before', tp)].median_mib:.0f} MiB on GPU 0 after "
-                  f"unpickling and {k.loc[('before', tp)].median_mib:.0f} MiB after one kernel before the fix; "
-                  f"{k.loc[('after', tp)].median_mib:.0f} MiB after it. Total on GPU 0: "
-                  f"{waste.set_index(['variant', 'tp_size']).loc[('before', tp)].median_mib:.0f} MiB.")
+    w = waste.set_index(["run", "variant"]).median_mib
+    for name in waste.run.unique():
+        tp = int(waste[waste.run == name].tp_size.iloc[0])
+        k = per_rank[(per_rank.run == name) & (per_rank.phase == "kernel")].set_index("variant").median_mib
+        r = per_rank[(per_rank.run == name) & (per_rank.phase == "received")].set_index("variant").median_mib
+        print(f"{name}: each rank >= 1 holds {r['before']:.0f} MiB on GPU 0 after unpickling and "
+              f"{k['before']:.0f} MiB after one kernel before the fix, {k['after']:.0f} MiB after it; "
+              f"total on GPU 0 {w[(name, 'before')]:.0f} MiB before, {w[(name, 'after')]:.0f} MiB after.")
+
+# %% [markdown]
+# The heatmaps of the 4-GPU machine show a second cost the GPU-0 totals leave out: at `kernel`, every rank ≥ 1
+# also holds a context on each GPU that is neither GPU 0 nor its own, GPUs it never computes on, including GPUs 2
+# and 3 in the TP 2 run that are not in its TP group at all. The grid is the only thing on a foreign device, so the
+# trigger sits between `received` (nothing there) and `kernel`: a kernel on `cuda:0`, then a copy `cuda:0` → own
+# GPU. The copy is the one cross-device step; this run does not isolate which call opens the contexts. With
+# `.cpu()` none appear. On the 2-GPU machine there is no such GPU, so its run has no row here.
+
+# %%
+if gpu is not None:
+    off = experiment.off_rank_gpus(gpu)
+    if len(off):
+        off = off[off.pairs_holding > 0]
+        display(off if len(off) else "no rank holds memory on a GPU other than GPU 0 and its own")
 
 # %% [markdown]
 # Every process of every variant must be gone when the variant ends (the launcher kills stragglers; NVML must
-# no longer list their pids):
+# no longer list their pids). Checked after each variant of each repeat:
 
 # %%
 if gpu is not None:
@@ -224,9 +285,13 @@ print(f"installed SGLang: {v.status} — {v.detail}")
 # %% [markdown]
 # ## Takeaways and review points
 #
-# - The cost does not depend on the tensor: 32 bytes on `cuda:0` cost a whole CUDA context on GPU 0 in every
-#   rank that unpickles them, and it grows once a kernel runs there (lazy module loading). It stays for the life
-#   of the process (`released` shows it). With TP=N that is N-1 contexts on GPU 0, which shrinks rank 0's KV cache.
+# - The cost does not depend on the tensor: a grid of a few dozen bytes on `cuda:0` costs a whole CUDA context on
+#   GPU 0 in every rank that unpickles it, and the context grows once a kernel runs there (lazy module loading).
+#   It stays for the life of the process (`released` shows it). With TP=N that is N-1 contexts on GPU 0, which
+#   shrinks rank 0's KV cache; the waste table shows the total growing by one context per extra rank.
+# - On a machine with more GPUs than these two, a rank that copies the foreign grid to its own GPU also picked
+#   up a context on every other visible GPU (the 4-GPU heatmaps). Whether SGLang's model code pays that too
+#   depends on whether it moves `grid_thws` to its device; the `.cpu()` fix removes both.
 # - The general rule: nothing that crosses a process boundary should hold a CUDA tensor unless the receiver is
 #   meant to share that GPU. `FEATURE_NAMES` is an allow-list of what gets moved; a model-specific processor
 #   returning extra tensors escapes it. A deny-by-default check (every tensor in the processor output on the

@@ -32,6 +32,7 @@ MAX_TOKENS = 2048      # piecewise_cuda_graph_max_tokens (2048 is the default fo
 HIDDEN = 1024          # hidden size of the boundary's activations in the GPU run
 
 # %%
+import matplotlib.ticker
 import pandas as pd
 
 from sglab import hardware, plots, upstream
@@ -112,7 +113,7 @@ cpu_df = experiment.run({"world_size": 2, "backend": "gloo", "hidden": 16, "max_
 experiment.summary(cpu_df)
 
 # %% [markdown]
-# ## (b) Which buckets survive, for attention TP 1–8 × CP 1–4 × two-batch overlap
+# ## Which buckets survive, for attention TP 1–8 × CP 1–4 × two-batch overlap
 #
 # Counts are over the default list (max 2048). `n_pr`: the PR's filter (ignores two-batch overlap);
 # `n_decode_style`: the decode runner's rule (×2 under TBO); `n_lcm`: filtering by the least common multiple;
@@ -140,7 +141,7 @@ fig, axes = plots.figure(ncols=3, width=13.5, height=3.6)
 axes = np.ravel(axes)
 for ax, col, title in [(axes[0], "n_pr", "buckets kept: PR filter"),
                        (axes[1], "n_round_up", "buckets kept: rounded up"),
-                       (axes[2], "pad_frac_pr", "padding overhead: PR filter")]:
+                       (axes[2], "pad_frac_pr", "padding overhead: PR filter\n(token counts ≤ largest bucket)")]:
     grid = off.pivot(index="attn_cp", columns="attn_tp", values=col).astype(float)
     im = ax.imshow(grid.values, cmap="viridis", aspect="auto", origin="lower")
     ax.set_xticks(range(grid.shape[1]), grid.columns)
@@ -152,10 +153,21 @@ for ax, col, title in [(axes[0], "n_pr", "buckets kept: PR filter"),
     for (i, j), v in np.ndenumerate(grid.values):
         txt = "assert" if np.isnan(v) else (f"{v:.0%}" if col.startswith("pad") else f"{v:.0f}")
         ax.text(j, i, txt, ha="center", va="center", fontsize=7, color="white" if not np.isnan(v) else "red")
-_ = plots.caption(fig, None, f"default list of {len(default)} sizes up to {MAX_TOKENS}; two-batch overlap off")
+_ = plots.caption(fig, None, f"default list of {len(default)} sizes up to {MAX_TOKENS}; two-batch overlap off; "
+                             f"padding = padded / real tokens, token counts 1..{MAX_TOKENS} equally likely")
+
+# %%
+pr_ok = off[~off.pr_asserts]
+print(f"over {len(off)} (attn_tp, attn_cp) pairs, TBO off, {len(default)} default buckets:")
+print(f"  PR filter keeps median {pr_ok.n_pr.median():.0f} (min {pr_ok.n_pr.min()}), asserts in "
+      f"{int(off.pr_asserts.sum())} pair(s); otherwise up to {pr_ok.eager_pr.max()} of {MAX_TOKENS} token counts "
+      f"fall back to eager")
+print(f"  rounding up keeps median {off.n_round_up.median():.0f} (min {off.n_round_up.min()}), never asserts, "
+      f"eager fallback: {off.eager_round_up.max()}; padding {off.pad_frac_round_up.min():.1%}–"
+      f"{off.pad_frac_round_up.max():.1%} vs {pr_ok.pad_frac_pr.min():.1%}–{pr_ok.pad_frac_pr.max():.1%} for the PR")
 
 # %% [markdown]
-# ## (c) Review findings
+# ## Review findings
 
 # %%
 experiment.review_table(MAX_TOKENS)
@@ -185,10 +197,28 @@ if not runs_:
     print("No GPU run to show: the tables above are computed live on the CPU; the capture/replay results need a "
           "run recorded on a machine with at least 2 GPUs (`sglab record capture_sizes --param world_size=4`).")
 
+# %% [markdown]
+# Every run shown, one row each (`gpus_on_machine`: GPUs on the box it ran on). `refused_sizes`: the raw sizes
+# the reduce-scatter refused when called without the shard check; `before_stopped_at`: where the unfiltered
+# capture loop stopped, and in which stage.
+
 # %%
-for run in runs_:
+if runs_:
+    allruns = experiment.runs_table(runs_)
+    print(allruns[["run", "gpu", "gpus_on_machine", "world_size", "raw_sizes", "refused_sizes", "before_captured",
+                   "before_stopped_at", "before_stage", "pr_filter_captured", "pr_filter_replayed_ok",
+                   "pr_filter_buckets", "round_up_replayed_ok", "round_up_buckets", "pr_filter_max_abs_err",
+                   "round_up_max_abs_err"]].T.to_string(header=False))
+    shown = experiment.newest_per_world_size(runs_)
+    print("\nin detail below: the newest run per GPU and world size —",
+          "; ".join(f"{r.path.name} ({r.label}, world size {r.manifest['params']['world_size']})" for r in shown))
+else:
+    shown = []
+
+# %%
+for run in shown:
     print(f"— {run.label} (world size {run.manifest['params']['world_size']}) —")
-    print(experiment.summary(run.df).to_string(index=False))
+    print(experiment.summary(run.df).drop(columns=["error"]).to_string(index=False))
 
 # %%
 STATUS_COLORS = {"captured + replayed": plots.PALETTE["after"], "captured": plots.PALETTE["graph"],
@@ -215,7 +245,7 @@ def size_status(df):
     return pd.DataFrame(out)
 
 
-for run in runs_:
+for run in shown:
     st = size_status(run.df)
     order = ["before", "before_probe", "pr_filter", "round_up"]
     fig, ax = plots.figure(width=10, height=2.8)
@@ -225,41 +255,52 @@ for run in runs_:
             pts = sub[sub.status == status]
             if len(pts):
                 ax.scatter(pts["size"], [y] * len(pts), color=color, s=28, label=status)
+        for n in sub[sub.status == "failed"]["size"]:
+            ax.annotate(str(n), (n, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7,
+                        color=STATUS_COLORS["failed"])
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
     ax.legend(uniq.values(), uniq.keys(), loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_yticks(range(len(order)), order)
-    ax.set_xlabel("capture size (tokens)")
+    ax.set_ylim(-0.5, len(order) - 0.3)
+    ax.set_xlabel("capture size (tokens, log scale)")
     w = run.manifest["params"]["world_size"]
     ax.set_title(f"capture sizes at attention TP {w}")
-    _ = plots.caption(fig, run)
+    _ = plots.caption(fig, run, f"world size {w}")
 
 # %% [markdown]
 # ### Before vs after, from the data
 
 # %%
-for run in runs_:
+for run in shown:
     s = experiment.summary(run.df).set_index("variant")
     w = run.manifest["params"]["world_size"]
     n_raw = int(s.loc["before", "sizes"])
-    n_bad = int(s.loc["before_probe", "failed"])
     print(f"world size {w} ({run.label}):")
     print(f"  before: {int(s.loc['before', 'captured_or_ok'])} of {n_raw} sizes captured; the loop stopped at size "
-          f"{int(s.loc['before', 'first_failure'])} ({s.loc['before', 'error'][:90]}...)")
-    print(f"  without the shard check, the collective refused {n_bad} of {n_raw} sizes: "
-          f"{s.loc['before_probe', 'error'][:110]}")
+          f"{int(s.loc['before', 'first_failure'])} in its {s.loc['before', 'failed_at']} stage "
+          f"({s.loc['before', 'error'][:90]}...)")
+    print(f"  without the shard check, the collective refused {int(s.loc['before_probe', 'failed'])} of {n_raw} "
+          f"sizes {s.loc['before_probe', 'failed_sizes']}: {s.loc['before_probe', 'error'][:110]}")
     for v in ("pr_filter", "round_up"):
         print(f"  {v}: {int(s.loc[v, 'captured_or_ok'])} of {int(s.loc[v, 'sizes'])} buckets captured, "
               f"{int(s.loc[v, 'replayed_ok'])} replayed correctly over {int(s.loc[v, 'replay_checks'])} padded "
               f"replays (worst |error| {s.loc[v, 'worst_replay_err']:.2e})")
+    lists = experiment.size_lists(w, run.manifest["params"]["sizes"], run.manifest["params"]["max_tokens"])
+    same = lists["pr_filter"] == lists["round_up"]
+    print(f"  the PR's list and the rounded-up list are {'identical' if same else 'different'} here"
+          + (" (every dropped size rounds onto a bucket already in the list), so this run cannot tell the two apart;"
+             " the tables above show where they differ" if same else ""))
 
 # %% [markdown]
 # ### What NCCL itself would do
 #
 # torch's NCCL process group checks `input.numel() == output.numel() * world_size` on each rank *before* calling
 # NCCL and raises `ValueError: input tensor must be the same size as output size times world size` — the error
-# seen in SGLang's reports. With unequal `tensor_split` shards that check fails on **every** rank (each shard is
+# seen in SGLang's reports of the same boundary (e.g. the warm-up crash with
+# `--max-running-requests 97` at attention TP 8 fixed in sgl-project/sglang#19918). With unequal `tensor_split` shards that check fails on **every** rank (each shard is
 # ⌊n/w⌋ or ⌈n/w⌉ rows, and neither times w is n), so `before_probe` is safe to run. What NCCL does when ranks
 # pass *different* counts to `ncclReduceScatter` (possible through a communicator that skips this check) is not
 # shown: that is undefined behaviour — typically every rank waits forever for data that never comes, until a
@@ -280,5 +321,7 @@ print("installed SGLang:", upstream.check("capture_sizes"))
 #   code comment promises `attn_tp_size * attn_cp_size`, which the code does not enforce (tp 4, cp 2 → 4, not 8).
 # * The decode runner doubles `mul_base` under two-batch overlap; the piecewise filter does not.
 # * Dropping sizes costs buckets (and, for non-power-of-two TP, coverage at the top: token counts above the
-#   largest kept bucket run eagerly); rounding up keeps nearly all buckets for the same alignment, which is why
-#   SGLang moved to it.
+#   largest kept bucket run eagerly); rounding up never asserts and keeps more buckets for the same alignment
+#   (counts printed under the heatmaps) — the approach SGLang later took.
+# * The GPU runs use a list scaled to the GPUs available, so the failing residues match TP 8; there the filtered
+#   and rounded-up lists coincide, so the GPU part shows that both work, not which is better.

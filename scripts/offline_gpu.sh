@@ -6,9 +6,9 @@
 #   WHEELS=.whl OUT=offline-out TESTS="-m gpu" RECORD="swa_loc pcg_gate workspace_floor:world_size=2" \
 #   NOTEBOOKS="" scripts/offline_gpu.sh
 #
-# RECORD: experiments to record, each EXP or EXP:key=value,key=value. RECORD_EACH_GPU: single-GPU experiments
-# recorded concurrently, each in its own process pinned to its own GPU (CUDA_VISIBLE_DEVICES), one per GPU;
-# they run while the GPU tests use the last GPU. NOTEBOOKS: names for `sglab run`
+# RECORD: experiments to record, one after the other (never concurrently: several experiments are bound by host
+# launch overhead, and a neighbour process on the same host disturbs them), each EXP or EXP:key=value,key=value.
+# NOTEBOOKS: names for `sglab run`
 # (empty: all; "none": skip). TESTS: pytest arguments ("none": skip). Every step runs even if one before it
 # failed; the summary and the exit code say which failed.
 set -uo pipefail
@@ -17,7 +17,6 @@ WHEELS=${WHEELS:-.whl}
 OUT=${OUT:-offline-out}
 TESTS=${TESTS:--m gpu}
 RECORD=${RECORD:-}
-RECORD_EACH_GPU=${RECORD_EACH_GPU:-}
 NOTEBOOKS=${NOTEBOOKS:-}
 SITE=${SITE:-/tmp/sglab-site}
 py=${PYTHON:-python3}
@@ -41,20 +40,10 @@ fi
 export PYTHONPATH="$SITE:$PWD/lib${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$SITE/bin:$PATH"
 step env "$py" -m sglab.cli env
-pids=(); names=(); gpu=0
-for exp in $RECORD_EACH_GPU; do
-  echo "=== record-$exp on GPU $gpu (in the background)"
-  CUDA_VISIBLE_DEVICES=$gpu "$py" -m sglab.cli record "$exp" --quiet > "$OUT/record-$exp.log" 2>&1 &
-  pids+=($!); names+=("record-$exp@gpu$gpu"); gpu=$((gpu + 1))
-done
 if [ "$TESTS" != none ]; then
   # shellcheck disable=SC2086
   step tests "$py" -m pytest -q -p no:cacheprovider $TESTS --junitxml="$OUT/junit.xml"
 fi
-for i in "${!pids[@]}"; do
-  wait "${pids[$i]}"; rc=$?
-  summary+=("${names[$i]} rc=$rc"); tail -3 "$OUT/${names[$i]%@*}.log"
-done
 for spec in $RECORD; do
   exp=${spec%%:*}; args=()
   if [ "$spec" != "$exp" ]; then IFS=, read -ra kv <<< "${spec#*:}"; for p in "${kv[@]}"; do args+=(--param "$p"); done; fi

@@ -242,3 +242,40 @@ def test_run_rows_on_cpu():
     used = df[(df["part"] == "d_latency") & (df["metric"] == "used_graph")].set_index(["variant", "batch_size"])
     assert used.loc[("before", 1), "value"].tolist() == [1, 1] and used.loc[("before", 3), "value"].tolist() == [0, 0]
     assert (used.loc["after", "value"] == 1).all()
+
+
+# -- README headline from the committed recorded runs ---------------------------------------------------------
+def test_headline_from_recorded_runs():
+    import csv
+    import json
+    from pathlib import Path
+    from statistics import median
+
+    from sglab import runs
+
+    folder = Path(runs.repo_root()) / "data" / "recorded" / "breakable_graph"
+    newest: dict[str, Path] = {}
+    for js in sorted(folder.glob("*.json")):
+        m = json.loads(js.read_text())
+        gpu = m["gpu_name"].replace("NVIDIA", "").split()[0]
+        if gpu not in newest or m["created_utc"] > json.loads(newest[gpu].read_text())["created_utc"]:
+            newest[gpu] = js
+    if not newest:
+        pytest.skip("no recorded run of breakable_graph")
+    text = ex.headline(runs.load_all_recorded("breakable_graph"))
+    assert "|" not in text and len(text) < 350
+    for gpu, js in newest.items():
+        rows = list(csv.DictReader(js.with_suffix(".csv").open()))
+        med = {}
+        for r in rows:
+            if r["part"] == "d_latency" and r["metric"] == "time_median":
+                med[(int(float(r["num_tokens"])), int(float(r["batch_size"])), r["variant"])] = float(r["value"])
+        sp = [med[(n, b, "eager")] / med[(n, b, "after")] for (n, b, v) in med if v == "after" and b > 1]
+        assert len(sp) == 21  # 3 token counts x 2..8 requests
+        assert f"{gpu} {min(sp):.2f}–{max(sp):.2f}× (median {median(sp):.2f}×)" in text
+        hit = {(r["variant"], r["metric"]): float(r["value"]) for r in rows if r["part"] == "c_hit_rate"}
+        assert f"graph hit rate {hit[('before', 'hit_rate')]:.0%} → {hit[('after', 'hit_rate')]:.0%}" in text
+    # the committed runs: H100 and H200, one each
+    assert sorted(newest) == ["H100", "H200"]
+    assert "H100 1.63–5.44× (median 3.48×)" in text and "H200 1.37–3.80× (median 1.68×)" in text
+    assert "32% → 92%" in text and "max abs diff vs eager 0." in text

@@ -219,3 +219,56 @@ def test_upstream_check_verdicts():
     assert ex._check(files.get).status == "later"
     assert ex._check({}.get).status == "unknown"
     assert "capture_sizes" in upstream.registered()
+
+
+def test_headline_from_recorded_runs():
+    """The README line states, per world size, the sizes the collective refused and the buckets that captured and
+    replayed; each number is recomputed here from the committed CSVs."""
+    import glob
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from sglab import runs
+    from sglab.experiments import capture_sizes as exp
+
+    recorded = runs.load_all_recorded("capture_sizes")
+    if not recorded:
+        pytest.skip("no recorded run of capture_sizes")
+    line = exp.headline(recorded)
+    assert "|" not in line and len(line) < 400
+
+    folder = Path(runs.data_dir("recorded")) / "capture_sizes"
+    by_world: dict = {}
+    for csv in sorted(glob.glob(str(folder / "*.csv"))):
+        df = pd.read_csv(csv)
+        man = json.loads(Path(csv).with_suffix(".json").read_text())
+        w = man["params"]["world_size"]
+        refused = sorted(df[(df.variant == "before_probe") & (df.metric == "failed")]["size"].astype(int))
+        raw = df[df.variant == "before"]["size"].nunique()
+        ok = {}
+        for v in ("pr_filter", "round_up"):
+            sub = df[df.variant == v]
+            n = sub["size"].nunique()
+            good = int(sub[sub.metric == "replay_ok"].value.sum())
+            cap = int(sub[sub.metric == "captured"].value.sum())
+            ok[v] = (min(good, cap), n)
+            assert sub[sub.metric == "replay_max_abs_err"].value.max() <= exp.TOL
+        by_world.setdefault(w, []).append((refused, raw, ok))
+        # the unguarded collective refuses exactly the sizes not divisible by the world size
+        assert refused == [n for n in sorted(df[df.variant == "before"]["size"].unique()) if n % w]
+
+    for w, facts in by_world.items():
+        refused, raw, ok = facts[-1]
+        assert all(f == facts[-1] for f in facts), f"world {w}: recorded runs disagree"
+        tag = f"H200 TP {w}" + (f" ({len(facts)} runs)" if len(facts) > 1 else "")
+        assert f"{tag}: refused {', '.join(map(str, refused))};" in line
+        assert f"({raw}-size default list" in line
+        assert ok["pr_filter"] == ok["round_up"]
+        assert f"PR filter and round-up {ok['pr_filter'][0]}/{ok['pr_filter'][1]} buckets captured + replayed" in line
+    # the committed runs: world 2 twice (a 4-GPU and a 2-GPU machine), world 4 once
+    assert sorted((w, len(f)) for w, f in by_world.items()) == [(2, 2), (4, 1)]
+    assert by_world[2][0][0] == [1, 3, 5, 7] and by_world[4][0][0] == [2, 6, 10, 14]
+    assert by_world[2][0][2]["pr_filter"] == (38, 38) and by_world[4][0][2]["round_up"] == (38, 38)
+    assert line.count("max abs err 0;") + line.count("max abs err 0.") == 2

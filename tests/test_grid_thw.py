@@ -161,3 +161,76 @@ def test_cache_rows_and_upstream_check_registered():
     assert exp._check(fake.get).status == "fix"
     assert exp._check(lambda rel: 'return {"grid_thws": grid_thws}').status == "neither"
     assert exp._check(lambda rel: None).status == "unknown"
+
+
+def _recorded_csvs():
+    import csv
+    import json
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "data" / "recorded" / "grid_thw"
+    out = []
+    for p in sorted(folder.glob("*.csv")):
+        manifest = json.loads(p.with_suffix(".json").read_text())
+        with open(p, newline="") as f:
+            out.append((manifest, list(csv.DictReader(f))))
+    return out
+
+
+def test_headline_numbers_from_recorded_runs():
+    from sglab import runs
+    from sglab.experiments import grid_thw as experiment
+
+    recorded = _recorded_csvs()
+    if not recorded:
+        pytest.skip("no recorded grid_thw run")
+    text = experiment.headline(runs.load_all_recorded("grid_thw"))
+
+    def gpu0(rows, variant, phase):  # MiB of every rank >= 1 on GPU 0
+        return [float(r["value"]) for r in rows if r["metric"] == "gpu_memory" and r["variant"] == variant
+                and r["phase"] == phase and int(r["rank"]) >= 1 and int(r["gpu"]) == 0]
+
+    def span(values):
+        lo, hi = min(values), max(values)
+        return f"{lo:.0f}" if lo == hi else f"{lo:.0f}–{hi:.0f}"
+
+    received = [v for _, rows in recorded for v in gpu0(rows, "before", "received")]
+    kernel = [v for _, rows in recorded for v in gpu0(rows, "before", "kernel")]
+    after = [v for _, rows in recorded for ph in ("received", "kernel", "released")
+             for v in gpu0(rows, "after", ph)]
+    assert f"{span(received)} MiB once unpickled" in text
+    assert f"{span(kernel)} MiB after a kernel" in text
+    assert f"→ {span(after)} MiB with `.cpu()`" in text and max(after) == 0.0
+    # the committed H200 runs: ~520 MiB after the load, ~612 MiB after a kernel, on every rank >= 1
+    assert 500 <= min(received) <= max(received) <= 540 and 600 <= min(kernel) <= max(kernel) <= 630
+
+    # GPU-0 total per TP size = sum over ranks >= 1 of one repeat, never summed across runs
+    totals: dict = {}
+    for manifest, rows in recorded:
+        tp = int(manifest["params"]["tp_size"])
+        for rep in {r["repeat"] for r in rows if r["metric"] == "gpu_memory"}:
+            total = sum(float(r["value"]) for r in rows if r["metric"] == "gpu_memory" and r["repeat"] == rep
+                        and r["variant"] == "before" and r["phase"] == "kernel" and int(r["rank"]) >= 1
+                        and int(r["gpu"]) == 0)
+            totals.setdefault(tp, []).append(total)
+    assert sorted(totals) == [2, 4]
+    assert f"TP 2: {span(totals[2])} MiB" in text and f"TP 4: {span(totals[4])} MiB" in text
+    assert max(totals[2]) < 700  # one rank's worth, not two runs added together
+    assert f"{len(recorded)} runs × 3 repeats" in text
+    assert "spread within a run 0 MiB" in text  # every repeat of a run read the same MiB
+    assert text.startswith("A `grid_thws` tensor") and "H200" in text and "|" not in text and len(text) < 350
+
+
+def test_analysis_keeps_runs_apart():
+    from sglab import runs
+    from sglab.experiments import grid_thw as experiment
+
+    recorded = runs.load_all_recorded("grid_thw")
+    if len(recorded) < 2:
+        pytest.skip("needs two recorded runs")
+    df = experiment.frame(recorded)
+    assert df.run.nunique() == len(recorded)
+    waste = experiment.waste_vs_tp(df)
+    assert len(waste) == len(recorded) * 3 and (waste.repeats == 3).all()
+    left = experiment.leftovers(df)
+    assert (left.processes_alive == 0).all() and (left.nvml_processes_listed == 0).all()

@@ -148,3 +148,17 @@ def test_no_match_is_explained():
     assert memory.process_gpu_memory([1], nvml=nv).empty
     assert "4242" in memory.explain_no_match([1], nvml=nv)
     assert "no compute process" in memory.explain_no_match([1], nvml=FakeNVML([{}]))
+
+
+def test_interleaved_alternates_variants_and_pools_samples():
+    order = []
+    fns = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    out = timing.interleaved(fns, rounds=3, warmup=2, repeat=9,
+                             timer=lambda fn, warmup, repeat: timing.host_time(fn, warmup=warmup, repeat=repeat,
+                                                                               sync=False))
+    assert {k: v.n for k, v in out.items()} == {"a": 9, "b": 9}
+    # warm-up (2) + 3 samples of a, then b, then a again: the variants alternate round by round
+    assert order == ["a"] * 5 + ["b"] * 5 + ["a"] * 3 + ["b"] * 3 + ["a"] * 3 + ["b"] * 3
+    assert "3 interleaved rounds" in out["a"].clock
+    with pytest.raises(ValueError):
+        timing.interleaved({}, rounds=3)

@@ -261,3 +261,61 @@ def test_cpu_tables():
     assert t.loc["property_only", "save -> fresh load (strict)"].startswith("9 unexpected")
     assert len(exp.guard_table()) == 7
     assert exp.state_dict_keys("property_only")[-9:] == ["model." + k for k in LM_KEYS]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# README headline: numbers recomputed here straight from the committed CSVs
+# ---------------------------------------------------------------------------------------------------------------
+def _recorded_csvs():
+    import json
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "data" / "recorded" / "pcg_gate"
+    newest = {}
+    for csv in sorted(folder.glob("*.csv")):
+        m = json.loads(csv.with_suffix(".json").read_text())
+        gpu = m["gpu_name"].replace("NVIDIA ", "").split()[0]
+        if gpu not in newest or m["created_utc"] > newest[gpu][0]:
+            newest[gpu] = (m["created_utc"], csv)
+    return {gpu: csv for gpu, (_, csv) in newest.items()}
+
+
+def test_headline_numbers_from_committed_csvs():
+    import pandas as pd
+
+    from sglab import runs
+
+    csvs = _recorded_csvs()
+    if not csvs:
+        pytest.skip("no recorded pcg_gate run committed")
+    text = exp.headline(runs.load_all_recorded("pcg_gate"))
+    assert "|" not in text and len(text) < 400
+    worst, points = 0.0, 0
+    for gpu, csv in csvs.items():
+        df = pd.read_csv(csv)
+        med = df[df["metric"] == "time_median"].pivot_table(index="num_tokens", columns="variant", values="value")
+        ratio = (med["eager"] / med["piecewise"]).sort_index()
+        below = [int(n) for n, r in ratio.items() if r < 1]
+        start = below[0]
+        assert all(r < 1 for r in ratio[ratio.index >= start])  # a clean crossover, not a dip
+        peak_n = int(ratio.idxmax())
+        assert f"{gpu} {ratio.min():.2f}–{ratio.max():.2f}× (max at {peak_n} tok; <1 from {start} tok)" in text
+        d = df[df["metric"] == "max_abs_diff"]
+        tol = df[df["metric"] == "tolerance"].set_index("num_tokens")["value"]
+        assert (d.set_index("num_tokens")["value"] <= tol).all()
+        worst = max(worst, float(d["value"].max()))
+        points += len(d)
+    assert f"at {points}/{points} points (max abs diff {worst:.3f})" in text
+    if set(csvs) == {"H100", "H200"}:  # the committed 2026-11-21 runs
+        assert "H100 0.95–4.36×" in text and "H200 0.96–5.10×" in text and "(max abs diff 0.070)" in text
+        assert "16–4096 tok" in text
+
+
+def test_slowdown_start_and_copy_bytes():
+    import pandas as pd
+
+    assert exp.slowdown_start(pd.Series({16: 3.0, 2048: 0.9, 4096: 0.95})) == 2048
+    assert exp.slowdown_start(pd.Series({16: 3.0, 2048: 0.9, 4096: 1.1})) is None
+    assert exp.slowdown_start(pd.Series({16: 0.9, 2048: 1.2, 4096: 0.95})) == 4096
+    # 16 layers x 5 tensors + the output, 4096 x 2048 bf16, written and read
+    assert exp.buffer_copy_bytes({}, 4096) == 2 * 4096 * 2048 * 2 * 81

@@ -270,3 +270,80 @@ def test_sweep_rows_eager():
     assert pad.loc["pr23552", "pad_corrupted_slots"] == pad.loc["pr23552", "pad_predicted_slots"] == 2 * 5
     assert pad.loc["before", "pad_corrupted_slots"] == pad.loc["pr24743", "pad_corrupted_slots"] == 0
     assert set(pad["pad_matches_prediction"]) == {1.0}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# README headline from the committed recorded runs
+# ---------------------------------------------------------------------------------------------------------------
+def _recorded_csvs():
+    import csv
+    import json
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "data" / "recorded" / "swa_loc"
+    newest = {}
+    for path in sorted(folder.glob("*.csv")):
+        man = json.loads(path.with_suffix(".json").read_text())
+        if man["gpu_name"] not in newest or man["created_utc"] > newest[man["gpu_name"]][0]["created_utc"]:
+            newest[man["gpu_name"]] = (man, list(csv.DictReader(path.open())))
+    return newest
+
+
+def _value(rows, variant, metric, layers, ratio, bs):
+    hits = [float(r["value"]) for r in rows if r["variant"] == variant and r["metric"] == metric
+            and int(r["num_layers"]) == layers and int(r["swa_per_full"]) == ratio and int(r["batch_size"]) == bs]
+    assert len(hits) == 1
+    return hits[0]
+
+
+def test_headline_from_recorded_runs():
+    from sglab import runs
+
+    newest = _recorded_csvs()
+    if not newest:
+        pytest.skip("no recorded swa_loc run")
+    text = ex.headline(runs.load_all_recorded("swa_loc"))
+    assert "|" not in text and len(text) < 350
+    L, ratio, bs = 48, 5, 32
+    all_ratios = []
+    for name, (man, rows) in newest.items():
+        gpu = name.replace("NVIDIA", "").split()[0]
+        kb = _value(rows, "before", "graph_kernel_nodes", L, ratio, bs)
+        ka = _value(rows, "pr24743", "graph_kernel_nodes", L, ratio, bs)
+        assert (kb, ka) == (315.0, 235.0)  # 48 layers, 40 SWA: 2 extra kernels per SWA layer
+        assert f"{kb:.0f} → {ka:.0f} kernels per replay" in text
+        # every static count equals the profiler count of one replay
+        static = {(r["variant"], r["num_layers"], r["swa_per_full"], r["batch_size"]): r["value"]
+                  for r in rows if r["metric"] == "graph_kernel_nodes"}
+        prof = {(r["variant"], r["num_layers"], r["swa_per_full"], r["batch_size"]): r["value"]
+                for r in rows if r["metric"] == "profiled_kernels"}
+        assert static == prof and len(static) == 96
+        tb = _value(rows, "before", "time_median", L, ratio, bs) * 1e3
+        ta = _value(rows, "pr24743", "time_median", L, ratio, bs) * 1e3
+        assert f"{tb:.0f} → {ta:.0f} µs ({tb / ta:.2f}×) on {gpu}" in text
+        for r in rows:
+            if r["metric"] == "time_median" and r["variant"] == "before":
+                after = _value(rows, "pr24743", "time_median", int(r["num_layers"]), int(r["swa_per_full"]),
+                               int(r["batch_size"]))
+                all_ratios.append(float(r["value"]) / after)
+    assert "removes 2 kernels per SWA layer" in text
+    assert "profiler count = static count" in text
+    assert f"{min(all_ratios):.2f}–{max(all_ratios):.2f}×" in text
+    if {"NVIDIA H200", "NVIDIA H100 80GB HBM3"} <= set(newest):
+        assert "601 → 485 µs (1.24×) on H200" in text and "617 → 494 µs (1.25×) on H100" in text
+
+
+def test_newest_per_gpu_and_tables_on_recorded():
+    from sglab import runs
+
+    rs = runs.load_all_recorded("swa_loc")
+    if not rs:
+        pytest.skip("no recorded swa_loc run")
+    shown = ex.newest_per_gpu(rs)
+    assert len({r.manifest["gpu_name"] for r in shown}) == len(shown) == len({r.manifest["gpu_name"] for r in rs})
+    for r in shown:
+        kt = ex.kernel_table(r.df)
+        assert set(kt["+ per SWA layer: before vs #24743"]) == {2.0}
+        assert set(kt["+ per SWA layer: #24743 vs #23552"]) == {1.0}
+        assert kt["same for every batch size"].all() and kt["profiler = static (all bs)"].all()
+        assert ex.profiler_agreement(r.df) == {"cells": 96, "equal": 96, "max_abs_diff": 0}

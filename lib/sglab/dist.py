@@ -65,8 +65,9 @@ class RankContext:
         tdist.monitored_barrier(group=self.cpu_group, timeout=timedelta(seconds=self.collective_timeout_s))
 
 
-_TIMEOUT_MARKERS = ("Watchdog caught collective operation timeout", "timed out", "Timed out", "Timeout",
-                    "DistStoreError", "timeout")
+# what a rank's traceback or log says when a collective or the rendezvous ran out of time
+_TIMEOUT_MARKERS = ("Watchdog caught collective operation timeout", "timed out", "Timed out", "TimeoutError",
+                    "DistStoreError", "DistNetworkError: Timed out")
 
 
 def free_port() -> int:

@@ -131,8 +131,3 @@ def outputs_text(nb) -> str:
             elif "text/plain" in out.get("data", {}):
                 parts.append(f"[cell {i} result] {out['data']['text/plain']}")
     return "\n".join(parts)
-
-
-def default_env() -> None:
-    """Environment for headless runs: a non-interactive matplotlib backend unless one is set."""
-    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")

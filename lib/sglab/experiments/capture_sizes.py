@@ -282,8 +282,8 @@ def run(params: dict | None = None, *, progress: bool = True):
 # reading a run
 # --------------------------------------------------------------------------------------------------------------
 def summary(df):
-    """Per variant and world size: sizes in the list, captured, failed (first failure), not reached, replayed
-    correctly, worst replay error."""
+    """Per variant and world size (in :data:`VARIANTS` order): sizes in the list, captured, failed (every failed
+    size; the first one, and its stage), not reached, replayed correctly, worst replay error."""
     import pandas as pd
 
     out = []
@@ -293,19 +293,108 @@ def summary(df):
 
         failed = g[g.metric == "failed"]
         errs = g.loc[g.metric == "replay_max_abs_err", "value"]
+        stage = failed["stage"].iloc[0] if len(failed) and "stage" in failed else ""
         out.append({
             "variant": variant, "world_size": int(w),
             "sizes": int(g["size"].nunique()),
             "captured_or_ok": count("captured") + count("ok"),
             "failed": len(failed),
+            "failed_sizes": [int(n) for n in failed["size"]],
             "first_failure": int(failed["size"].iloc[0]) if len(failed) else None,
+            "failed_at": "" if pd.isna(stage) else str(stage),
             "not_reached": count("not_reached"),
             "replayed_ok": count("replay_ok"),
             "replay_checks": count("replay_checks"),
             "worst_replay_err": float(errs.max()) if len(errs) else None,
             "error": failed["error"].iloc[0] if len(failed) else "",
         })
-    return pd.DataFrame(out)
+    out = pd.DataFrame(out)
+    if len(out):
+        rank = {v: i for i, v in enumerate(VARIANTS)}
+        out = out.sort_values(["world_size", "variant"], key=lambda c: c.map(rank) if c.name == "variant" else c,
+                              kind="stable").reset_index(drop=True)
+        out["first_failure"] = out["first_failure"].astype("Int64")
+    return out
+
+
+def run_facts(run) -> dict:
+    """The headline facts of one recorded run: world size, machine, the sizes torch refused, where the unfiltered
+    loop stopped, and per fixed list how many buckets captured and replayed, with the worst replay error."""
+    s = summary(run.df).set_index("variant")
+    m = run.manifest
+    facts = {
+        "run": run.path.name, "gpu": str(m.get("gpu_name", "?")).replace("NVIDIA ", ""),
+        "world_size": int(m["params"]["world_size"]),
+        "gpus_on_machine": int(m.get("gpu_count_machine", m.get("gpu_count", 0))),
+        "date": str(m.get("created_utc", ""))[:10],
+        "raw_sizes": int(s.loc["before", "sizes"]),
+        "before_captured": int(s.loc["before", "captured_or_ok"]),
+        "before_stopped_at": s.loc["before", "first_failure"],
+        "before_stage": s.loc["before", "failed_at"],
+        "refused_sizes": list(s.loc["before_probe", "failed_sizes"]),
+        "refused_error": s.loc["before_probe", "error"],
+    }
+    for v in ("pr_filter", "round_up"):
+        facts[f"{v}_buckets"] = int(s.loc[v, "sizes"])
+        facts[f"{v}_captured"] = int(s.loc[v, "captured_or_ok"])
+        facts[f"{v}_replayed_ok"] = int(s.loc[v, "replayed_ok"])
+        facts[f"{v}_replays"] = int(s.loc[v, "replay_checks"])
+        facts[f"{v}_max_abs_err"] = float(s.loc[v, "worst_replay_err"])
+    if facts["before_stopped_at"] is not None:
+        facts["before_stopped_at"] = None if str(facts["before_stopped_at"]) == "<NA>" else int(
+            facts["before_stopped_at"])
+    return facts
+
+
+def runs_table(runs_: list):
+    """One row per recorded run (oldest first): what failed before and what the fixed lists did."""
+    import pandas as pd
+
+    return pd.DataFrame([run_facts(r) for r in runs_])
+
+
+def newest_per_world_size(runs_: list) -> list:
+    """The newest run of each (GPU, world size), ordered by GPU name then world size."""
+    best: dict = {}
+    for r in runs_:
+        key = (r.manifest.get("gpu_name", "?"), int(r.manifest["params"]["world_size"]))
+        if key not in best or str(r.manifest.get("created_utc", "")) >= str(best[key].manifest.get("created_utc", "")):
+            best[key] = r
+    return [best[k] for k in sorted(best)]
+
+
+_SAME = ("raw_sizes", "before_captured", "before_stopped_at", "refused_sizes", "pr_filter_buckets",
+         "pr_filter_captured", "pr_filter_replayed_ok", "round_up_buckets", "round_up_captured",
+         "round_up_replayed_ok")
+
+
+def headline(runs_: list) -> str:
+    """The README line: the claim plus, per GPU and world size, the sizes torch refused and how many buckets of the
+    fixed lists captured and replayed correctly, from every recorded run (runs of one GPU and world size are merged
+    when they agree on every count; otherwise the newest is quoted and the disagreement is said)."""
+    groups: dict = {}
+    for r in runs_:
+        f = run_facts(r)
+        groups.setdefault((f["gpu"], f["world_size"]), []).append((str(r.manifest.get("created_utc", "")), f))
+    parts = []
+    for (gpu, w), items in sorted(groups.items()):
+        items.sort(key=lambda x: x[0])
+        f = items[-1][1]
+        agree = all(all(g[k] == f[k] for k in _SAME) for _, g in items)
+        used = [g for _, g in items] if agree else [f]
+        n = len(items)
+        tag = f"{gpu} TP {w}" + ("" if n == 1 else f" ({n} runs)" if agree else f" (newest of {n}; runs differ)")
+        ok = {v: f"{min(f[f'{v}_captured'], f[f'{v}_replayed_ok'])}/{f[f'{v}_buckets']}"
+              for v in ("pr_filter", "round_up")}
+        fixed = (f"PR filter and round-up {ok['pr_filter']} buckets" if ok["pr_filter"] == ok["round_up"]
+                 else f"PR filter {ok['pr_filter']}, round-up {ok['round_up']} buckets")
+        err = max(max(g["pr_filter_max_abs_err"], g["round_up_max_abs_err"]) for g in used)
+        refused = ", ".join(str(x) for x in f["refused_sizes"]) or "none"
+        parts.append(f"{tag}: refused {refused}; {fixed} captured + replayed, max abs err {err:g}")
+    scaled = {g["raw_sizes"] for items in groups.values() for _, g in items}
+    n_raw = f"{scaled.pop()}-size" if len(scaled) == 1 else "the"
+    return ("Capture sizes not divisible by attention TP break the dense-TP1 reduce-scatter "
+            f"({n_raw} default list ×TP/8, so TP 8's bad sizes recur). " + "; ".join(parts) + ".")
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -310,12 +310,34 @@ def run(params: dict | None = None, *, progress: bool = True, backend: str = "nc
     return runs.tidy(EXPERIMENT, rows)
 
 
+def run_name(run) -> str:
+    """Short, unique name of one run: GPU, TP size, GPUs on the machine, start time (UTC)."""
+    m = run.manifest
+    gpu = str(m.get("gpu_name", "?")).replace("NVIDIA ", "")
+    tp = int(m.get("params", {}).get("tp_size", m.get("gpu_count", 0)))
+    mem = run.df[run.df.metric == "gpu_memory"]
+    visible = int(mem.gpu.max()) + 1 if len(mem) else int(m.get("gpu_count", tp))  # GPUs the ranks saw
+    box = int(m.get("gpu_count_machine", visible))
+    created = str(m.get("created_utc", ""))
+    return f"{gpu} TP {tp}, {box}-GPU machine, {created[:10]} {created[11:16]}Z"
+
+
+def frame(runs_: list) -> pd.DataFrame:
+    """All runs in one tidy frame with a ``run`` column (:func:`run_name`), oldest run first."""
+    frames = [r.df.assign(run=run_name(r)) for r in runs_]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _by_run(df: pd.DataFrame) -> list[str]:
+    return ["run"] if "run" in df.columns else []
+
+
 def memory_frame(df: pd.DataFrame) -> pd.DataFrame:
     return df[df.metric == "gpu_memory"]
 
 
 def heatmap(df: pd.DataFrame, variant: str, phase: str = "kernel") -> pd.DataFrame:
-    """Process × GPU MiB (median over repeats) for one variant and phase."""
+    """Process × GPU MiB (median over repeats) for one variant and phase, of ONE run."""
     m = memory_frame(df)
     m = m[(m.variant == variant) & (m.phase == phase)]
     t = m.groupby(["rank", "process", "gpu"]).value.median().reset_index()
@@ -328,42 +350,125 @@ def heatmap(df: pd.DataFrame, variant: str, phase: str = "kernel") -> pd.DataFra
 
 
 def gpu0_per_rank(df: pd.DataFrame) -> pd.DataFrame:
-    """MiB each rank >= 1 holds on GPU 0 (where it has no business), per variant, TP size, phase:
-    median, min and max over repeats and ranks."""
+    """MiB each rank >= 1 holds on GPU 0 (where it has no business), per run (when ``df`` has a ``run`` column),
+    variant, TP size and phase: median, min and max over repeats and ranks, and how many values."""
     m = memory_frame(df)
     m = m[(m.gpu == 0) & (m["rank"] >= 1)]
-    g = m.groupby(["variant", "tp_size", "phase"]).value
+    g = m.groupby(_by_run(m) + ["variant", "tp_size", "phase"]).value
     out = pd.DataFrame({"median_mib": g.median(), "min_mib": g.min(), "max_mib": g.max(), "n": g.size()})
     return out.reset_index()
 
 
 def waste_vs_tp(df: pd.DataFrame, phase: str = "kernel") -> pd.DataFrame:
-    """Total MiB on GPU 0 held by ranks 1..N-1, per variant and TP size (median, min, max over repeats)."""
+    """Total MiB on GPU 0 held by ranks 1..N-1, per run (when ``df`` has a ``run`` column), variant and TP size
+    (median, min, max over repeats; runs are never summed together)."""
     m = memory_frame(df)
     m = m[(m.gpu == 0) & (m["rank"] >= 1) & (m.phase == phase)]
-    per_rep = m.groupby(["variant", "tp_size", "repeat"]).value.sum().reset_index()
-    g = per_rep.groupby(["variant", "tp_size"]).value
+    keys = _by_run(m) + ["variant", "tp_size"]
+    per_rep = m.groupby(keys + ["repeat"]).value.sum().reset_index()
+    g = per_rep.groupby(keys).value
     return pd.DataFrame({"median_mib": g.median(), "min_mib": g.min(), "max_mib": g.max(),
                          "repeats": g.size()}).reset_index()
 
 
+def off_rank_gpus(df: pd.DataFrame) -> pd.DataFrame:
+    """MiB ranks >= 1 hold on GPUs that are neither GPU 0 nor their own, per run, variant and phase: how many
+    (rank, GPU) pairs hold anything, the median MiB of those, and the total per repeat (median)."""
+    m = memory_frame(df)
+    m = m[(m["rank"] >= 1) & (m.gpu != 0) & (m.gpu != m["rank"])]
+    keys = _by_run(m) + ["variant", "tp_size", "phase"]
+    rows = []
+    for key, g in m.groupby(keys):
+        held = g[g.value > 0]
+        per_rep = g.groupby("repeat").value.sum()
+        pairs = held.groupby(["rank", "gpu"]).ngroups
+        rows.append(dict(zip(keys, key), gpus_per_run=int(m.gpu.max()) + 1 if len(m) else 0,
+                         pairs_holding=pairs, pairs=g.groupby(["rank", "gpu"]).ngroups,
+                         median_mib_per_pair=float(held.value.median()) if len(held) else 0.0,
+                         total_mib=float(per_rep.median())))
+    return pd.DataFrame(rows)
+
+
+def repeatability(df: pd.DataFrame, variants=("before", "ipc", "after")) -> pd.DataFrame:
+    """MiB per rank >= 1 on GPU 0, one column per run, one row per variant and phase: the value when every repeat
+    and rank agree, "lo–hi" when they do not (the spread within a run); ``n`` values per cell."""
+    per = gpu0_per_rank(df)
+    cell = [f"{lo:.0f}" if lo == hi else f"{lo:.0f}–{hi:.0f}" for lo, hi in zip(per.min_mib, per.max_mib)]
+    per = per.assign(mib=[f"{c} (n={n})" for c, n in zip(cell, per.n)])
+    cols = _by_run(per) or ["tp_size"]
+    t = per.pivot_table(index=["variant", "phase"], columns=cols, values="mib", aggfunc="first")
+    order = [(v, p) for v in variants for p in PHASES if (v, p) in t.index]
+    t = t.loc[order]
+    t.columns.name = None
+    return t
+
+
 def landing(df: pd.DataFrame) -> pd.DataFrame:
-    """Where each rank's grid landed (one row per variant × TP × rank; the set of devices over repeats)."""
+    """Where each rank's grid landed (one row per variant × TP × rank; the set of devices over repeats and runs)."""
     d = df[df.metric.isin(["grid_device", "grid_key_is_image_grid_thw"])]
-    out = d.pivot_table(index=["variant", "tp_size", "rank", "repeat"], columns="metric", values="value").reset_index()
+    idx = _by_run(d) + ["variant", "tp_size", "rank", "repeat"]
+    out = d.pivot_table(index=idx, columns="metric", values="value").reset_index()
     out["grid_device"] = ["cpu" if v < 0 else f"cuda:{int(v)}" for v in out["grid_device"]]
     out["grid_key"] = ["image_grid_thw" if v else "grid_thws" for v in out["grid_key_is_image_grid_thw"]]
+    out["repeat_id"] = out[_by_run(out) + ["repeat"]].astype(str).agg("/".join, axis=1)
     agg = out.groupby(["variant", "tp_size", "rank"]).agg(
         grid_key=("grid_key", lambda s: "/".join(sorted(set(s)))),
         grid_device=("grid_device", lambda s: "/".join(sorted(set(s)))),
-        repeats=("repeat", "nunique")).reset_index()
+        repeats=("repeat_id", "nunique")).reset_index()
     return agg
 
 
 def leftovers(df: pd.DataFrame) -> pd.DataFrame:
-    """Per variant and TP size: processes still alive / still listed by NVML after each variant (max)."""
+    """Per run, variant and TP size: processes still alive / still listed by NVML after each variant (max over
+    repeats), and how many variant runs were checked."""
     d = df[df.metric.isin(["processes_alive", "nvml_processes_listed"])]
-    return d.pivot_table(index=["variant", "tp_size"], columns="metric", values="value", aggfunc="max").reset_index()
+    idx = _by_run(d) + ["variant", "tp_size"]
+    t = d.pivot_table(index=idx, columns="metric", values="value", aggfunc="max").reset_index()
+    checked = d[d.metric == "processes_alive"].groupby(idx).size().rename("variant_runs_checked").reset_index()
+    t = t.merge(checked, on=idx)
+    t.columns.name = None
+    return t
+
+
+def _span(values) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.0f}" if lo == hi else f"{lo:.0f}–{hi:.0f}"
+
+
+def headline(runs_: list) -> str:
+    """The README line: per GPU model, MiB each rank >= 1 holds on GPU 0 before (after unpickling, after one kernel)
+    and after the fix, the GPU-0 total per TP size, over every recorded run and repeat, and the largest spread
+    between repeats of one run."""
+    if not runs_:
+        return "A `grid_thws` tensor left on cuda:0 makes every TP rank open a CUDA context on GPU 0 (no run yet)."
+    by_gpu: dict = {}
+    for r in runs_:
+        by_gpu.setdefault(str(r.manifest.get("gpu_name", "?")).replace("NVIDIA ", ""), []).append(r)
+    parts = []
+    for gpu_name, rs in sorted(by_gpu.items()):
+        df = frame(rs)
+        per = gpu0_per_rank(df)
+        m = memory_frame(df)
+        m = m[(m.gpu == 0) & (m["rank"] >= 1)]
+
+        def vals(variant, phase=None):
+            sel = m[(m.variant == variant) & ((m.phase == phase) if phase else (m.phase != "init"))]
+            return list(sel.value)
+
+        waste = waste_vs_tp(df)
+        waste = waste[waste.variant == "before"]
+        tps = ", ".join(f"TP {tp}: {_span(list(g.min_mib) + list(g.max_mib))} MiB"
+                        for tp, g in waste.groupby("tp_size"))
+        spread = float((per.max_mib - per.min_mib).max())
+        kernel = _span(vals("before", "kernel"))
+        ipc = _span(vals("ipc", "kernel")) if vals("ipc", "kernel") else None
+        ipc_note = "" if ipc is None else " (same via CUDA IPC)" if ipc == kernel else f" ({ipc} MiB via CUDA IPC)"
+        parts.append(
+            f"{gpu_name}, per rank ≥1 on GPU 0: {_span(vals('before', 'received'))} MiB once unpickled, "
+            f"{kernel} MiB after a kernel{ipc_note} → {_span(vals('after'))} MiB with `.cpu()`; GPU-0 total at "
+            f"{tps} ({len(rs)} runs × {int(df.repeat.max()) + 1} repeats, spread within a run {spread:.0f} MiB)")
+    return ("A `grid_thws` tensor left on cuda:0 makes every TP rank ≥1 open a CUDA context on GPU 0. "
+            + "; ".join(parts) + ".")
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -245,6 +245,139 @@ def sweep(p: dict, *, device, use_cuda_graph: bool, probes: Dict[str, Any], time
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Analysis of a run (notebook tables, README headline)
+# ---------------------------------------------------------------------------------------------------------------
+HEADLINE_CONFIG = {"num_layers": 48, "swa_per_full": 5, "batch_size": 32}  # Gemma-3-like layout, mid-size batch
+VARIANT_LABELS = {"before": "before (translate inside the graph)", "pr23552": "#23552 (preset, int64 buffer)",
+                  "pr24743": "#24743 (preset, int32, zeroed on pad)"}
+_CFG = ["swa_per_full", "num_layers", "n_swa_layers"]
+
+
+def short_gpu(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'H100'."""
+    words = str(name).replace("NVIDIA", "").split()
+    return words[0] if words else str(name)
+
+
+def newest_per_gpu(runs_: list) -> list:
+    """The newest run of each GPU model (by ``created_utc``), ordered by short GPU name, descending (H200, H100)."""
+    best: Dict[str, Any] = {}
+    for r in runs_:
+        key = r.manifest.get("gpu_name")
+        if key not in best or str(r.manifest.get("created_utc")) > str(best[key].manifest.get("created_utc")):
+            best[key] = r
+    return [best[k] for k in sorted(best, key=lambda n: short_gpu(n), reverse=True)]
+
+
+def _sweep(df):
+    return df[df.num_layers.isin(df[df.metric == "graph_kernel_nodes"].num_layers.unique())
+              & ~df.metric.str.startswith("pad_")]
+
+
+def kernel_counts(df):
+    """Per (layout, batch size): static kernel nodes and profiled kernels per replay of each variant."""
+    d = _sweep(df)
+    idx = _CFG + ["batch_size"]
+    nodes = d[d.metric == "graph_kernel_nodes"].pivot_table(index=idx, columns="variant", values="value")
+    prof = d[d.metric == "profiled_kernels"].pivot_table(index=idx, columns="variant", values="value")
+    return nodes.astype(int), prof.astype(int)
+
+
+def kernel_table(df):
+    """One row per layout: kernel nodes of each variant (checked equal for every batch size), the extra
+    kernels per SWA layer, whether the profiler saw the same number in one replay, translate calls in capture."""
+    import pandas as pd
+
+    nodes, prof = kernel_counts(df)
+    d = _sweep(df)
+    calls = d[d.metric == "translate_calls_capture"].pivot_table(index=_CFG, columns="variant", values="value",
+                                                                 aggfunc="max")
+    per_layout = nodes.groupby(level=_CFG)
+    out = per_layout.first()
+    out.columns = [f"kernels {c}" for c in out.columns]
+    n_swa = out.index.get_level_values("n_swa_layers")
+    out["same for every batch size"] = (per_layout.nunique() == 1).all(axis=1)
+    out["+ per SWA layer: before vs #24743"] = (out["kernels before"] - out["kernels pr24743"]) / n_swa
+    out["+ per SWA layer: #24743 vs #23552"] = (out["kernels pr24743"] - out["kernels pr23552"]) / n_swa
+    out["profiler = static (all bs)"] = (prof == nodes).all(axis=1).groupby(level=_CFG).all()
+    out["translate calls in capture (before)"] = calls["before"].astype(int)
+    return out
+
+
+def profiler_agreement(df) -> Dict[str, int]:
+    """How many (layout, batch size, variant) cells have profiler count == static count, and the largest gap."""
+    nodes, prof = kernel_counts(df)
+    gap = (prof - nodes).abs()
+    return {"cells": int(gap.size), "equal": int((gap == 0).sum().sum()), "max_abs_diff": int(gap.max().max())}
+
+
+def time_table(df):
+    """Median replay time per variant (µs), before/#24743 ratio and µs saved per SWA layer, per layout × bs."""
+    import pandas as pd
+
+    d = _sweep(df)
+    med = d[d.metric == "time_median"].pivot_table(index=_CFG + ["batch_size"], columns="variant",
+                                                   values="value") * 1e3
+    out = pd.DataFrame({f"{v} µs": med[v] for v in med.columns})
+    out["before / #24743"] = med["before"] / med["pr24743"]
+    out["#24743 / #23552"] = med["pr24743"] / med["pr23552"]
+    out["µs saved per SWA layer"] = (med["before"] - med["pr24743"]) / med.index.get_level_values("n_swa_layers")
+    return out
+
+
+def headline_numbers(run, config: Optional[dict] = None) -> Dict[str, Any]:
+    """Kernels per replay and replay time, before vs #24743, at ``config`` (default :data:`HEADLINE_CONFIG`),
+    plus the ratio range over the whole sweep."""
+    c = {**HEADLINE_CONFIG, **(config or {})}
+    nodes, prof = kernel_counts(run.df)
+    t = time_table(run.df)
+    sel = lambda tab: tab.xs((c["swa_per_full"], c["num_layers"], c["batch_size"]),  # noqa: E731
+                             level=("swa_per_full", "num_layers", "batch_size")).iloc[0]
+    kn, kp, tr = sel(nodes), sel(prof), sel(t)
+    n_swa = int(nodes.xs((c["swa_per_full"], c["num_layers"]), level=("swa_per_full", "num_layers"))
+                .index.get_level_values("n_swa_layers")[0])
+    extra = ((nodes["before"] - nodes["pr24743"]) / nodes.index.get_level_values("n_swa_layers")).unique()
+    return {
+        "gpu": short_gpu(run.manifest.get("gpu_name")), "config": c, "n_swa_layers": n_swa,
+        "kernels_before": int(kn["before"]), "kernels_after": int(kn["pr24743"]),
+        "profiled_before": int(kp["before"]), "profiled_after": int(kp["pr24743"]),
+        "extra_per_swa_layer": sorted(float(x) for x in extra),
+        "us_before": float(tr["before µs"]), "us_after": float(tr["pr24743 µs"]),
+        "ratio": float(tr["before / #24743"]),
+        "ratio_min": float(t["before / #24743"].min()), "ratio_max": float(t["before / #24743"].max()),
+        "profiler_agrees": profiler_agreement(run.df)["max_abs_diff"] == 0,
+        "layers_range": (int(nodes.index.get_level_values("num_layers").min()),
+                         int(nodes.index.get_level_values("num_layers").max())),
+        "layouts": sorted({int(x) for x in nodes.index.get_level_values("swa_per_full")}),
+        "bs_range": (int(nodes.index.get_level_values("batch_size").min()),
+                     int(nodes.index.get_level_values("batch_size").max())),
+    }
+
+
+def headline(runs_: list) -> str:
+    """README index line: the claim with the kernels per replay and the replay-time ratio of each GPU's newest
+    recorded run."""
+    nums = [headline_numbers(r) for r in newest_per_gpu(runs_)]
+    if not nums:
+        return "Presetting the SWA cache location before capture removes the full→SWA translation from replays."
+    a = nums[0]
+    c = a["config"]
+    extra = sorted({x for n in nums for x in n["extra_per_swa_layer"]})
+    per_layer = f"{extra[0]:g} kernels per SWA layer" if len(extra) == 1 else         f"{extra[0]:g}–{extra[-1]:g} kernels per SWA layer"
+    kernels = sorted({(n["kernels_before"], n["kernels_after"]) for n in nums})
+    ktxt = "; ".join(f"{b} → {af}" for b, af in kernels)
+    prof = "profiler count = static count" if all(n["profiler_agrees"] for n in nums) else         "profiler count differs from the static count"
+    times = ", ".join(f"{n['us_before']:.0f} → {n['us_after']:.0f} µs ({n['ratio']:.2f}×) on {n['gpu']}"
+                      for n in nums)
+    lo, hi = min(n["ratio_min"] for n in nums), max(n["ratio_max"] for n in nums)
+    (l0, l1), (b0, b1) = a["layers_range"], a["bs_range"]
+    return (f"Presetting `swa_loc` before decode-graph capture removes {per_layer} from every replay. "
+            f"{c['num_layers']} layers ({a['n_swa_layers']} SWA, {c['swa_per_full']}:1), bs {c['batch_size']}: "
+            f"{ktxt} kernels per replay ({prof}); replay {times}; {lo:.2f}–{hi:.2f}× over {l0}–{l1} layers, "
+            f"{' and '.join(f'{x}:1' for x in a['layouts'])}, bs {b0}–{b1}.")
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Does the installed SGLang contain the fix?
 # ---------------------------------------------------------------------------------------------------------------
 _RUNNER_PATHS = ("srt/model_executor/cuda_graph_runner.py",

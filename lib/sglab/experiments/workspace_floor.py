@@ -494,7 +494,7 @@ def plot_events(ax_trace, ax_events, sim_df, trace_name: str, world_size: int = 
     tokens = trace_tokens(trace_name)
     ax_trace.plot(range(len(tokens)), tokens, lw=0.6, color="0.4")
     ax_trace.set_ylabel("x.shape[0]")
-    ax_trace.set_title(f"trace '{trace_name}' - (re-)creations per policy, {scenario}, W={world_size}")
+    ax_trace.set_title(f"trace '{trace_name}' - (re-)creations per policy, {scenario} (same steps at every W)")
     ev = sim_df[(sim_df.metric == "event_workspace") & (sim_df.trace == trace_name)
                 & (sim_df.world_size == world_size) & (sim_df.scenario == scenario)]
     for i, name in enumerate(POLICY_ORDER):
@@ -503,24 +503,40 @@ def plot_events(ax_trace, ax_events, sim_df, trace_name: str, world_size: int = 
             continue
         steps = e.step.clip(lower=0)
         ax_events.scatter(steps, [i] * len(e), s=12 + 60 * e.tokens / 4096, alpha=0.7)
-        ax_events.annotate(f"{len(e)}", (len(tokens) * 1.01, i), va="center", fontsize=8)
+        ax_events.annotate(f"{len(e)}×", (1.005, i), xycoords=("axes fraction", "data"), va="center", fontsize=8)
     ax_events.set_yticks(range(len(POLICY_ORDER)), POLICY_ORDER)
-    ax_events.set_xlabel("step")
-    ax_events.set_xlim(-20, len(tokens) * 1.06)
+    ax_events.set_xlabel("forward step (symlog: linear below 10)")
+    for ax in (ax_trace, ax_events):
+        ax.set_xscale("symlog", linthresh=10)
+        ax.set_xlim(-0.5, len(tokens) * 1.3)
 
 
-def plot_tradeoff(ax, df, *, trace_name: str, world_size: int, source: str = "simulated", scenario: str = "cold"):
-    d = df[(df.source == source) & (df.world_size == world_size) & (df.trace == trace_name)
-           & (df.scenario == scenario)]
-    t = d.pivot_table(index="variant", columns="metric", values="value", aggfunc="max")
-    for name in POLICY_ORDER:
-        if name in t.index:
-            ax.scatter(t.loc[name, "peak_workspace"], t.loc[name, "recreations"], s=40)
-            ax.annotate(name, (t.loc[name, "peak_workspace"], t.loc[name, "recreations"]), fontsize=8,
-                        xytext=(4, 4), textcoords="offset points")
-    ax.set_xlabel("peak workspace per rank (MiB)")
-    ax.set_ylabel("runtime re-creations")
-    ax.set_title(f"'{trace_name}', W={world_size} ({source})")
+def _tradeoff_panel(ax, t, title: str, *, x: str, ms: Optional[str] = None, color: str = "C0"):
+    """Re-creations against peak MiB per rank; one label per point listing its policies (and their ms)."""
+    ax.scatter(t[x], t.recreations, s=40, color=color)
+    for (xv, yv), g in t.groupby([x, "recreations"]):
+        text = "\n".join(short_name(n) + (f": {g.loc[n, ms]:.0f} ms" if ms else "")
+                          for n in POLICY_ORDER if n in g.index)
+        ax.annotate(text, (xv, yv), fontsize=7, xytext=(4, 3), textcoords="offset points", va="bottom",
+                    rotation=20)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(_plain_ticks())
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.margins(x=0.35, y=0.35)
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.set_ylabel("re-creations")
+
+
+def plot_tradeoff(axes, df, *, world_sizes=(2, 4), source: str = "simulated", scenario: str = "cold"):
+    """Rows: traces; columns: world sizes. Re-creations against peak workspace per rank (simulated)."""
+    for col, W in enumerate(world_sizes):
+        for row, tname in enumerate(TRACES):
+            d = df[(df.source == source) & (df.world_size == W) & (df.trace == tname) & (df.scenario == scenario)]
+            t = d.pivot_table(index="variant", columns="metric", values="value", aggfunc="max")
+            _tradeoff_panel(axes[row][col], t, f"'{tname}', W={W} ({source})", x="peak_workspace",
+                            color=f"C{col}")
+            axes[row][col].set_xlabel("peak workspace per rank (MiB, log2)")
 
 
 def cost_frame(df):
@@ -528,3 +544,203 @@ def cost_frame(df):
     d = df[(df.variant == "cost_sweep") & (df.metric.isin(["time_median", "time_p10", "time_p90"]))]
     return d.pivot_table(index=["world_size", "tokens", "phase"], columns=["metric"], values="value",
                          aggfunc="max")
+
+
+# --------------------------------------------------------------------------------------------- recorded runs
+def run_world_size(run) -> int:
+    return int(run.manifest.get("params", {}).get("world_size", run.manifest.get("gpu_count", 0)))
+
+
+def newest_per_world(runs_) -> dict:
+    """``{world_size: Run}``, the newest run (by ``created_utc``) for each world size."""
+    out = {}
+    for r in sorted(runs_, key=lambda r: str(r.manifest.get("created_utc", ""))):
+        out[run_world_size(r)] = r
+    return dict(sorted(out.items()))
+
+
+def policy_stats(run):
+    """One run's GPU replay per (trace, policy): re-creations, slowest-rank ms, peak MiB/rank."""
+    t = gpu_policy_table(run.df)
+    return t.reset_index(level="world_size", drop=True) if not t.empty else t
+
+
+def headline(runs_) -> str:
+    """README line: re-creations and host-blocking ms per policy, newest run per world size."""
+    shown = newest_per_world(runs_)
+    Ws = list(shown)
+    st = {W: policy_stats(r) for W, r in shown.items()}
+    gpu = sorted({r.manifest.get("gpu_name", "?").replace("NVIDIA ", "") for r in shown.values()})
+
+    def v(trace, pol, col, fmt="{:.0f}"):
+        return "/".join(fmt.format(st[W].loc[(trace, pol), col]) for W in Ws)
+
+    def n(trace, pol, col="recreations"):
+        vals = {int(st[W].loc[(trace, pol), col]) for W in Ws}
+        return "/".join(str(x) for x in sorted(vals))
+
+    ws = "/".join(str(W) for W in Ws)
+    return (f"Cold start on short prompts ({', '.join(gpu)}, TP {ws}, ms on the slowest rank): `x.shape[0]` "
+            f"re-creates the workspace {n('short_ramp', 'floor_0')}× ({v('short_ramp', 'floor_0', 'recreate_time_total')} ms), "
+            f"`max(x.shape[0], 2048)` {n('short_ramp', 'floor_2048')}× "
+            f"({v('short_ramp', 'floor_2048', 'recreate_time_total')} ms) at "
+            f"{v('short_ramp', 'floor_2048', 'peak_workspace')} MiB/rank "
+            f"(floor 512: {n('short_ramp', 'floor_512')}×, {v('short_ramp', 'floor_512', 'peak_workspace')} MiB). "
+            f"With 4096-token chunks both re-create {n('mixed', 'floor_2048')}× "
+            f"({v('mixed', 'floor_2048', 'recreate_time_total')} ms); before the PR, the "
+            f"{n('mixed', 'before_pr', 'refused_calls')} calls over 2048 tokens trip the callee's assert.")
+
+
+def consistency_table(run):
+    """GPU replay against the CPU simulation of the same run: counts must match, memory measured vs computed."""
+    d = run.df
+    sim = d[(d.source == "simulated") & (d.scenario == "cold")
+            & d.metric.isin(["recreations", "peak_workspace"])].pivot_table(
+        index=["trace", "variant"], columns="metric", values="value", aggfunc="max")
+    g = policy_stats(run)
+    t = (g[["recreations", "peak_workspace", "peak_workspace_measured"]]
+         .join(sim.add_suffix("_simulated")))
+    t["measured - computed MiB"] = t.peak_workspace_measured - t.peak_workspace
+    return t
+
+
+def leak_table(runs_):
+    """Per run and rank: device memory left above the baseline (MiB), rank processes and their memory left."""
+    import pandas as pd
+
+    rows = []
+    for r in runs_:
+        d = r.df[r.df.source == "gpu"]
+        lk = d[d.variant == "leak_check"]
+        run_level = lk[lk["rank"].isna()].set_index("metric")["value"]
+        for rank, g in d[d["rank"].notna()].groupby("rank"):
+            m = g[g.variant == "leak_check"].set_index("metric")["value"]
+            after = g[g.metric == "mem_after_cleanup"]["value"]
+            rows.append({"run": r.path.stem, "W": run_world_size(r), "rank": int(rank),
+                         "one-time driver setup": m.get("one_time_driver_setup"),
+                         "after each policy (max)": after.abs().max(),
+                         "end, cudaMemGetInfo": m.get("rank_mem_delta_cudart"),
+                         "end, NVML own GPU": m.get("rank_mem_delta_nvml"),
+                         "end, NVML other GPUs": m.get("rank_nvml_other_gpus_end"),
+                         "rank processes left": run_level.get("rank_processes_left"),
+                         "their GPU MiB left": run_level.get("gpu_mem_of_rank_pids_after")})
+    return pd.DataFrame(rows).set_index(["run", "W", "rank"])
+
+
+def repeatability_table(runs_, world_size: int):
+    """The same world size recorded more than once: creation cost per T and per-policy totals side by side."""
+    import pandas as pd
+
+    same = [r for r in runs_ if run_world_size(r) == world_size]
+    cols = {}
+    for r in same:
+        c = cost_frame(r.df).xs("create", level="phase")["time_median"].droplevel("world_size")
+        cols[r.path.stem] = c
+    cost = pd.DataFrame(cols)
+    cost.index = [f"create T={int(t)}" for t in cost.index]
+    tot = pd.DataFrame({r.path.stem: policy_stats(r)["recreate_time_total"] for r in same})
+    tot.index = [f"{a} {b} total" for a, b in tot.index]
+    t = pd.concat([cost, tot])
+    if len(same) >= 2:
+        t["ratio newest/oldest"] = t.iloc[:, -1] / t.iloc[:, 0]
+    return t
+
+
+def _event_frame(df, trace_name):
+    ev = df[df.metric.isin(["event_create", "event_destroy"]) & (df.trace == trace_name)]
+    ev = ev.groupby(["variant", "step", "tokens", "rank"], as_index=False)["value"].sum()  # destroy old + create
+    return ev.groupby(["variant", "step", "tokens"], as_index=False)["value"].max()  # slowest rank
+
+
+def plot_gpu_events(axes, shown: dict, trace_name: str):
+    """``axes[0]``: the trace; ``axes[1:]``: one panel per world size, a dot per (re-)creation on the GPU,
+    area ~ its ms (destroying the old workspace + creating the new one, slowest rank), with count and total per
+    policy at the right."""
+    tokens = trace_tokens(trace_name)
+    axes[0].plot(range(len(tokens)), tokens, lw=0.6, color="0.4")
+    axes[0].set_ylabel("x.shape[0] (tokens)")
+    axes[0].set_title(f"trace '{trace_name}': (re-)creations per policy on the GPUs, cold start")
+    for ax, (W, run) in zip(axes[1:], shown.items()):
+        ev = _event_frame(run.df, trace_name)
+        for i, name in enumerate(POLICY_ORDER):
+            e = ev[ev.variant == name]
+            if e.empty:
+                continue
+            ax.scatter(e.step, [i] * len(e), s=4 * e.value, alpha=0.7)
+            ax.annotate(f"{len(e)}× {e.value.sum():.0f} ms", (1.005, i), xycoords=("axes fraction", "data"),
+                        va="center", fontsize=8)
+        ax.set_yticks(range(len(POLICY_ORDER)), POLICY_ORDER)
+        ax.set_ylabel(f"W={W}")
+    for ax in axes:
+        ax.set_xscale("symlog", linthresh=10)
+        ax.set_xlim(-0.5, len(tokens))
+    axes[-1].set_xlabel("forward step (symlog)")
+
+
+def _plain_ticks():
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda v, _: f"{v:g}")
+
+
+SHORT = {"before_pr": "before PR", "shape_no_hwm": "shape, no hwm", "floor_0": "shape"}
+
+
+def short_name(policy: str) -> str:
+    return SHORT.get(policy, policy.replace("floor_", "floor "))
+
+
+def plot_gpu_tradeoff(axes, shown: dict):
+    """Rows: traces; columns: world sizes. Re-creations against the peak workspace memory measured per rank,
+    each point labelled with its policies and their total host-blocking ms (slowest rank)."""
+    for col, (W, run) in enumerate(shown.items()):
+        st = policy_stats(run)
+        for row, tname in enumerate(TRACES):
+            ax = axes[row][col]
+            _tradeoff_panel(ax, st.xs(tname, level="trace"), f"'{tname}', W={W}", x="peak_workspace_measured",
+                            ms="recreate_time_total", color=f"C{col}")
+            ax.set_xlabel("peak workspace per rank, measured (MiB, log2)")
+
+
+def plot_cost(ax_create, ax_open, runs_, shown: dict):
+    """Creation ms vs T for every run (older repeats dashed), and the IPC-open phase against the Lamport buffer
+    size (both world sizes jump at the same buffer size)."""
+    newest = {id(r) for r in shown.values()}
+    for r in sorted(runs_, key=lambda r: (run_world_size(r), str(r.manifest.get("created_utc")))):
+        W = run_world_size(r)
+        c = cost_frame(r.df).reset_index()
+        g = c[c.phase == "create"]
+        style = "-" if id(r) in newest else "--"
+        mach = r.manifest.get("gpu_count_machine", r.manifest.get("gpu_count"))
+        ax_create.errorbar(g.tokens, g.time_median, yerr=[g.time_median - g.time_p10, g.time_p90 - g.time_median],
+                           marker="o", capsize=3, ls=style, label=f"W={W} ({mach}-GPU box, {r.path.stem[9:15]}Z)")
+        if id(r) in newest:
+            o = c[c.phase == "open"]
+            lam = [wf.workspace_sizes(W, int(T), int(r.manifest["params"]["hidden_dim"]))["aligned"][2] / MiB
+                   for T in o.tokens]
+            ax_open.plot(lam, o.time_median, marker="o", label=f"W={W}")
+    ax_create.set_xscale("log", base=2)
+    ax_create.set_yscale("log")
+    ax_create.set_xlabel("workspace T (tokens, log2)")
+    ax_create.set_ylabel("creation ms (median, p10-p90, slowest rank)")
+    ax_create.legend(fontsize=7)
+    ax_open.set_xscale("log", base=2)
+    ax_open.set_yscale("log")
+    ax_open.set_xlabel("Lamport buffer per rank (MiB, log2)")
+    ax_open.set_ylabel("cudaIpcOpenMemHandle phase, ms (median)")
+    ax_open.legend(fontsize=8)
+    for ax in (ax_create, ax_open):
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(_plain_ticks())
+            axis.set_minor_formatter(_plain_ticks())
+
+
+def phase_table(run):
+    """Median ms per creation phase and T (slowest rank), with the per-rank buffer sizes that drive them."""
+    W = run_world_size(run)
+    H = int(run.manifest["params"]["hidden_dim"])
+    t = cost_frame(run.df).xs(W, level="world_size")["time_median"].unstack("phase")
+    t.insert(0, "Lamport MiB", [wf.workspace_sizes(W, int(T), H)["aligned"][2] / MiB for T in t.index])
+    t.insert(1, "workspace MiB", [wf.workspace_bytes_per_rank(W, int(T), H) / MiB for T in t.index])
+    t.index = t.index.astype(int)
+    return t

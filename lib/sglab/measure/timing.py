@@ -127,3 +127,27 @@ def _synchronizer() -> Callable[[], None]:
             torch.cuda.synchronize()
 
     return sync
+
+
+def interleaved(fns: "dict[str, Callable[[], object]]", *, rounds: int = 3, warmup: int = 10, repeat: int = 60,
+                timer: "Callable[..., Timing] | None" = None) -> "dict[str, Timing]":
+    """Time several variants of the same work in alternating rounds (A B C, A B C, ...), ``repeat // rounds``
+    samples per variant and round, and pool each variant's samples. Drift on the machine (clocks, a neighbour
+    process, a noisy host) then lands on every variant instead of on whichever ran during it.
+    ``timer`` defaults to :func:`cuda_time`; pass :func:`host_time` (or a partial of it) for host-side work.
+    Warm-up runs once per variant, before the first round."""
+    if not fns:
+        raise ValueError("interleaved needs at least one variant")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    _check_counts(warmup, repeat)
+    timer = timer or cuda_time
+    per_round = max(1, repeat // rounds)
+    pooled: dict[str, Timing] = {}
+    for r in range(rounds):
+        for name, fn in fns.items():
+            t = timer(fn, warmup=warmup if r == 0 else 0, repeat=per_round)
+            if name not in pooled:
+                pooled[name] = Timing([], clock=t.clock + f", {rounds} interleaved rounds")
+            pooled[name].samples_ms.extend(t.samples_ms)
+    return pooled
