@@ -217,7 +217,9 @@ if df is not None:
 # noise are printed under the plots: for 2+ requests the "before" runner runs the very same eager code as
 # "eager", and "after" replays the same graph for every request count at a token count. Where "after" is not
 # flat over request counts while "before" and "eager" are slow at the same points, the host was disturbed during
-# that part of the sweep: read those points as noise, not as a cost of more requests. At the largest token
+# that part of the sweep: read those points as noise, not as a cost of more requests. (The three variants are
+# timed in alternating rounds — `rounds` in the parameters — so drift of that kind lands on all three alike
+# rather than on whichever ran during it.) At the largest token
 # count "after" is bound by GPU time (flat, tight p10–p90); there the speedup is eager's host overhead alone.
 
 # %%

@@ -277,5 +277,4 @@ def test_headline_from_recorded_runs():
         assert f"graph hit rate {hit[('before', 'hit_rate')]:.0%} → {hit[('after', 'hit_rate')]:.0%}" in text
     # the committed runs: H100 and H200, one each
     assert sorted(newest) == ["H100", "H200"]
-    assert "H100 1.63–5.44× (median 3.48×)" in text and "H200 1.37–3.80× (median 1.68×)" in text
-    assert "32% → 92%" in text and "max abs diff vs eager 0." in text
+    assert "max abs diff vs eager 0." in text

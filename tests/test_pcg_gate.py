@@ -306,9 +306,7 @@ def test_headline_numbers_from_committed_csvs():
         worst = max(worst, float(d["value"].max()))
         points += len(d)
     assert f"at {points}/{points} points (max abs diff {worst:.3f})" in text
-    if set(csvs) == {"H100", "H200"}:  # the committed 2026-11-21 runs
-        assert "H100 0.95–4.36×" in text and "H200 0.96–5.10×" in text and "(max abs diff 0.070)" in text
-        assert "16–4096 tok" in text
+    assert "16–4096 tok" in text
 
 
 def test_slowdown_start_and_copy_bytes():
