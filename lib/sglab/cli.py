@@ -49,7 +49,7 @@ def env_report() -> list[tuple[str, str]]:
     rows.append(("torch / CUDA", f"{sw['torch']} / {sw['cuda'] or 'CPU build'}"))
     rows.append(("python", sw["python"]))
     try:
-        import pynvml  # noqa: F401
+        import pynvml  # noqa: F401  (is it importable?)
 
         nvml = "nvidia-ml-py importable" + (", NVML initialised" if hardware._nvml() else ", NVML not usable here")
     except ImportError:

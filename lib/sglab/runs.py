@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -170,6 +169,23 @@ class Run:
         m = self.manifest
         return (f"{m.get('gpu_name')} ×{m.get('gpu_count')} · driver {m.get('driver')} · CUDA {m.get('cuda')} · "
                 f"torch {m.get('torch')} · {str(m.get('created_utc', ''))[:10]}")
+
+
+def gpu_short(source) -> str:
+    """"H100", "H200", ... from a Run, a manifest or a GPU name ("NVIDIA H100 80GB HBM3" -> "H100")."""
+    m = getattr(source, "manifest", source)
+    name = m.get("gpu_name", "?") if isinstance(m, dict) else str(m)
+    words = str(name).replace("NVIDIA", "").split()
+    return words[0] if words else "?"
+
+
+def newest_by(runs_: list, key) -> dict:
+    """``{key(run): newest run}`` (newest by ``created_utc``), ordered by key: e.g. one run per GPU model with
+    ``key=gpu_short``, or one per world size with ``key=lambda r: r.manifest["params"]["world_size"]``."""
+    best: dict = {}
+    for r in sorted(runs_, key=lambda r: str(r.manifest.get("created_utc", ""))):
+        best[key(r)] = r
+    return dict(sorted(best.items()))
 
 
 def read_run(csv_path: Path | str, *, live: bool = False) -> Run:

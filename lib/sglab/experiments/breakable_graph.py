@@ -390,21 +390,12 @@ def spread(df: pd.DataFrame, variant: str) -> pd.DataFrame:
     return d.pivot_table(index=["num_tokens", "batch_size"], columns="metric", values="value").reset_index()
 
 
-def gpu_short(manifest: dict) -> str:
-    """"NVIDIA H100 80GB HBM3" -> "H100"."""
-    words = str(manifest.get("gpu_name", "?")).replace("NVIDIA", "").split()
-    return words[0] if words else "?"
+gpu_short = runs.gpu_short
 
 
 def newest_per_gpu(runs_: list) -> list:
     """The newest run of each GPU model, ordered by GPU name."""
-    newest: dict[str, Any] = {}
-    for r in runs_:
-        key = gpu_short(r.manifest)
-        when = str(r.manifest.get("created_utc", ""))
-        if key not in newest or when > str(newest[key].manifest.get("created_utc", "")):
-            newest[key] = r
-    return [newest[k] for k in sorted(newest)]
+    return list(runs.newest_by(runs_, runs.gpu_short).values())
 
 
 def multi_request_speedups(df: pd.DataFrame) -> pd.Series:

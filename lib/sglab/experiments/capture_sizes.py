@@ -355,12 +355,8 @@ def runs_table(runs_: list):
 
 def newest_per_world_size(runs_: list) -> list:
     """The newest run of each (GPU, world size), ordered by GPU name then world size."""
-    best: dict = {}
-    for r in runs_:
-        key = (r.manifest.get("gpu_name", "?"), int(r.manifest["params"]["world_size"]))
-        if key not in best or str(r.manifest.get("created_utc", "")) >= str(best[key].manifest.get("created_utc", "")):
-            best[key] = r
-    return [best[k] for k in sorted(best)]
+    key = lambda r: (r.manifest.get("gpu_name", "?"), int(r.manifest["params"]["world_size"]))  # noqa: E731
+    return list(runs.newest_by(runs_, key).values())
 
 
 _SAME = ("raw_sizes", "before_captured", "before_stopped_at", "refused_sizes", "pr_filter_buckets",

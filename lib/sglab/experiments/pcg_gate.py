@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglab import runs as _runs
 from sglab.fixes import pcg_gate as gate
 
 EXPERIMENT = "pcg_gate"
@@ -588,21 +589,12 @@ def run_facts(df: pd.DataFrame) -> dict:
     return {(r.variant, r.metric): r.value for r in g.itertuples()}
 
 
-def gpu_short(run_or_manifest) -> str:
-    """"H100", "H200", ... from a Run or a manifest (the first word after the vendor)."""
-    m = getattr(run_or_manifest, "manifest", run_or_manifest)
-    name = str(m.get("gpu_name", "?")).replace("NVIDIA ", "").strip()
-    return name.split()[0] if name else "?"
+gpu_short = _runs.gpu_short
 
 
 def newest_per_gpu(all_runs: list) -> list:
     """The newest run of each GPU model, ordered by GPU name (several recorded runs of one GPU: newest wins)."""
-    best: dict = {}
-    for r in all_runs:
-        key = gpu_short(r)
-        if key not in best or str(r.manifest.get("created_utc", "")) > str(best[key].manifest.get("created_utc", "")):
-            best[key] = r
-    return [best[k] for k in sorted(best)]
+    return list(_runs.newest_by(all_runs, _runs.gpu_short).values())
 
 
 def by_gpu(all_runs: list, column: str) -> pd.DataFrame:

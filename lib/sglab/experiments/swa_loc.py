@@ -253,20 +253,13 @@ VARIANT_LABELS = {"before": "before (translate inside the graph)", "pr23552": "#
 _CFG = ["swa_per_full", "num_layers", "n_swa_layers"]
 
 
-def short_gpu(name: str) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'H100'."""
-    words = str(name).replace("NVIDIA", "").split()
-    return words[0] if words else str(name)
+short_gpu = runs.gpu_short
 
 
 def newest_per_gpu(runs_: list) -> list:
     """The newest run of each GPU model (by ``created_utc``), ordered by short GPU name, descending (H200, H100)."""
-    best: Dict[str, Any] = {}
-    for r in runs_:
-        key = r.manifest.get("gpu_name")
-        if key not in best or str(r.manifest.get("created_utc")) > str(best[key].manifest.get("created_utc")):
-            best[key] = r
-    return [best[k] for k in sorted(best, key=lambda n: short_gpu(n), reverse=True)]
+    best = runs.newest_by(runs_, lambda r: r.manifest.get("gpu_name"))
+    return [best[k] for k in sorted(best, key=short_gpu, reverse=True)]
 
 
 def _sweep(df):
@@ -286,8 +279,6 @@ def kernel_counts(df):
 def kernel_table(df):
     """One row per layout: kernel nodes of each variant (checked equal for every batch size), the extra
     kernels per SWA layer, whether the profiler saw the same number in one replay, translate calls in capture."""
-    import pandas as pd
-
     nodes, prof = kernel_counts(df)
     d = _sweep(df)
     calls = d[d.metric == "translate_calls_capture"].pivot_table(index=_CFG, columns="variant", values="value",

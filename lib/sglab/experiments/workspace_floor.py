@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from sglab import runs as _runs
 from sglab.fixes import workspace_floor as wf
 
 EXPERIMENT = "workspace_floor"
@@ -553,10 +554,7 @@ def run_world_size(run) -> int:
 
 def newest_per_world(runs_) -> dict:
     """``{world_size: Run}``, the newest run (by ``created_utc``) for each world size."""
-    out = {}
-    for r in sorted(runs_, key=lambda r: str(r.manifest.get("created_utc", ""))):
-        out[run_world_size(r)] = r
-    return dict(sorted(out.items()))
+    return _runs.newest_by(runs_, run_world_size)
 
 
 def policy_stats(run):

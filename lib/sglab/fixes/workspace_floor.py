@@ -36,7 +36,7 @@ import ctypes
 import pickle
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 ALIGN = 1 << 21  # FlashInfer rounds every workspace buffer up to 2 MiB
 BARRIER_FLAG_COUNT = 256  # flashinfer.comm.trtllm_ar.BarrierFlagCount
