@@ -8,6 +8,16 @@ caller with its traceback.
 
 A rank is bound to GPU ``rank`` with ``torch.cuda.set_device`` but every GPU stays visible, because some
 experiments are about a rank touching another rank's GPU.
+
+What bounds a hang, by backend:
+
+- gloo: ``collective_timeout_s`` is enforced inside the rank — the collective raises, and the caller gets a
+  :class:`DistTimeout` carrying that rank's traceback.
+- NCCL: ``collective_timeout_s`` is handed to the NCCL watchdog, but on torch 2.11 / H200 a rank blocked in a
+  collective that another rank never joined was *not* ended by it (neither with asynchronous error handling nor
+  with ``TORCH_NCCL_BLOCKING_WAIT=1``; measured 2026-11-21). What guarantees the caller never hangs is the run
+  deadline ``timeout_s``: the launcher raises :class:`DistTimeout` naming the ranks that had not finished and
+  kills them and every process they started. Keep ``timeout_s`` close to what the experiment needs.
 """
 
 from __future__ import annotations
@@ -110,8 +120,8 @@ def _worker(rank: int, world_size: int, payload: bytes, backend: str, port: int,
         tdist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
                                  init_method=f"tcp://127.0.0.1:{port}", **extra)
         if backend == "nccl":
-            # Build the NCCL communicator now, while every rank is here: created lazily by a collective that a rank
-            # never joins, its initialisation would wait forever, outside the reach of any timeout.
+            # Build the NCCL communicator now, while every rank is here, so that a failure to create it shows up
+            # at launch rather than inside the first collective of the experiment.
             tdist.all_reduce(torch.zeros(1, device=device))
             torch.cuda.synchronize(device)
         cpu_group = tdist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else tdist.group.WORLD
