@@ -119,11 +119,6 @@ def _worker(rank: int, world_size: int, payload: bytes, backend: str, port: int,
         extra = {"device_id": device} if backend == "nccl" else {}
         tdist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
                                  init_method=f"tcp://127.0.0.1:{port}", **extra)
-        if backend == "nccl":
-            # Build the NCCL communicator now, while every rank is here, so that a failure to create it shows up
-            # at launch rather than inside the first collective of the experiment.
-            tdist.all_reduce(torch.zeros(1, device=device))
-            torch.cuda.synchronize(device)
         cpu_group = tdist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else tdist.group.WORLD
         ctx = RankContext(rank, world_size, backend, device, tdist.group.WORLD, cpu_group, coll_timeout)
         out = fn(ctx, *args)
