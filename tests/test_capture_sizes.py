@@ -272,3 +272,19 @@ def test_headline_from_recorded_runs():
     assert by_world[2][0][0] == [1, 3, 5, 7] and by_world[4][0][0] == [2, 6, 10, 14]
     assert by_world[2][0][2]["pr_filter"] == (38, 38) and by_world[4][0][2]["round_up"] == (38, 38)
     assert line.count("max abs err 0;") + line.count("max abs err 0.") == 2
+
+
+def test_upstream_check_recognises_todays_round_up(tmp_path):
+    """The layout of SGLang 0.5.2x: capture sizes rounded up in the prefill runner, alignment in the base runner."""
+    from sglab import upstream
+
+    runner = tmp_path / "srt" / "model_executor" / "runner"
+    runner.mkdir(parents=True)
+    (runner / "prefill_cuda_graph_runner.py").write_text(
+        "def get_prefill_num_tokens_to_capture(capture_tokens):\n"
+        "    return sorted({get_cuda_graph_max_batch_size(n) for n in capture_tokens})\n")
+    (runner / "base_cuda_graph_runner.py").write_text(
+        "mul_base = get_cuda_graph_batch_size_alignment()\nn = ceil_align(n, mul_base)\n")
+    assert upstream.check("capture_sizes", root=tmp_path).status == "later"
+    (runner / "base_cuda_graph_runner.py").write_text("nothing here\n")
+    assert upstream.check("capture_sizes", root=tmp_path).status == "unknown"

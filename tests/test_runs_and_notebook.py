@@ -130,3 +130,8 @@ def test_newest_by_and_gpu_short(data_root):
     assert list(newest) == [2, 4] and newest[2].path == all_runs[-1].path
     assert runs.gpu_short({"gpu_name": "NVIDIA H100 80GB HBM3"}) == "H100"
     assert runs.gpu_short("NVIDIA H200") == "H200" and runs.gpu_short({}) == "?"
+
+
+def test_cli_upstream_rejects_a_folder_that_is_not_sglang(tmp_path):
+    with pytest.raises(SystemExit, match="not an SGLang package folder"):
+        cli.main(["upstream", "--root", str(tmp_path)])

@@ -5,7 +5,7 @@
     sglab record EXPERIMENT [--param k=v ...] [--recorded]
                                     run an experiment live → data/runs/ (or data/recorded/ with --recorded)
     sglab sync [--check]            write each notebooks/NN_*.ipynb from its .py (or only check the pairs)
-    sglab upstream                  which fixes the installed SGLang contains
+    sglab upstream [--root DIR]     which fixes the installed SGLang (or the source tree DIR) contains
     sglab index [--check]           rewrite (or check) the README's notebook index from the recorded runs
 """
 
@@ -144,7 +144,7 @@ def cmd_sync(args) -> int:
 
 
 # -- upstream -------------------------------------------------------------------------------------------------
-def cmd_upstream(_args) -> int:
+def cmd_upstream(args) -> int:
     from . import upstream
     from .catalog import NOTEBOOKS
 
@@ -154,7 +154,11 @@ def cmd_upstream(_args) -> int:
                 load_experiment(e.experiment)
             except SystemExit:
                 pass
-    print(upstream.check_all().to_string(index=False))
+    root = Path(args.root) if args.root else None
+    if root is not None and not (root / "srt").is_dir():
+        raise SystemExit(f"{root} is not an SGLang package folder (expected {root}/srt/): pass the folder that "
+                         "holds srt/, e.g. an unpacked wheel's sglang/ or a checkout's python/sglang/")
+    print(upstream.check_all(root=root).to_string(index=False))
     return 0
 
 
@@ -281,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("sync", help="write notebooks' .ipynb from their .py")
     p.add_argument("--check", action="store_true")
     p.set_defaults(fn=cmd_sync)
-    sub.add_parser("upstream", help="which fixes the installed SGLang contains").set_defaults(fn=cmd_upstream)
+    p = sub.add_parser("upstream", help="which fixes the installed SGLang (or a source tree) contains")
+    p.add_argument("--root", help="an SGLang package folder to read instead of the installed one")
+    p.set_defaults(fn=cmd_upstream)
     p = sub.add_parser("index", help="rewrite the README's notebook index from the recorded runs")
     p.add_argument("--check", action="store_true")
     p.set_defaults(fn=cmd_index)

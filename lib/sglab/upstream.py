@@ -91,10 +91,10 @@ def check(key: str, *, root: Path | None = None) -> Verdict:
 def check_all(*, root: Path | None = None):
     import pandas as pd
 
-    inst = installed()
+    inst = installed() if root is None else None
     rows = []
     for key, (title, _) in sorted(_REGISTRY.items()):
         v = check(key, root=root)
         rows.append({"check": key, "title": title, "status": v.status, "detail": v.detail,
-                     "sglang": inst.version if inst else None})
+                     "sglang": inst.version if inst else (str(root) if root else None)})
     return pd.DataFrame(rows, columns=["check", "title", "status", "detail", "sglang"])

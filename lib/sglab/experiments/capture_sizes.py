@@ -508,6 +508,15 @@ def _check(read) -> upstream.Verdict:
         text = read(rel)
         if text and "ceil_align" in text and ("prefill" in text) and ("attn_tp" in text or "mul_base" in text):
             return upstream.Verdict("later", f"{rel} aligns prefill capture sizes with ceil_align (rounds up)")
+    # SGLang 0.5.2x: the prefill runner rounds each capture size up through get_cuda_graph_max_batch_size, whose
+    # alignment comes from the base runner's ceil_align(..., mul_base)
+    prefill = read("srt/model_executor/runner/prefill_cuda_graph_runner.py")
+    base = read("srt/model_executor/runner/base_cuda_graph_runner.py")
+    if (prefill and "def get_prefill_num_tokens_to_capture" in prefill
+            and "get_cuda_graph_max_batch_size(" in prefill and base and "ceil_align(" in base
+            and "mul_base" in base):
+        return upstream.Verdict("later", "runner/prefill_cuda_graph_runner.py rounds every capture size up to the "
+                                "TP/CP alignment (get_prefill_num_tokens_to_capture → get_cuda_graph_max_batch_size)")
     for rel in _PCG_PATHS:
         if read(rel):
             return upstream.Verdict("neither", f"{rel} present without the capture-size filter")
