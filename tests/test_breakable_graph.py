@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 
 import pytest
+
+from sglab.upstream import checks
 import torch
 
 from sglab.experiments import breakable_graph as ex
@@ -217,7 +219,7 @@ def test_upstream_check_registered():
     assert "breakable_graph" in upstream.registered()
     src_before = "def can_run(self, forward_batch):\n    if forward_batch.batch_size > 1:\n        return False"
     src_after = "self.layer_model = language_model.model\ndef replay_layer_forward(*args): ..."
-    check = ex._check
+    check = checks.breakable_graph
     assert check(lambda p: src_before if p.endswith("breakable_cuda_graph_runner.py") else None).status == "neither"
     assert check(lambda p: src_after if p.endswith("breakable_cuda_graph_runner.py") else None).status == "fix"
     assert check(lambda p: "self.layer_model" if "runner/" in p else None).status == "later"

@@ -6,6 +6,8 @@ import math
 
 import pytest
 
+from sglab.upstream import checks
+
 from sglab.fixes import capture_sizes as cs
 
 DEFAULT_2048 = [4, 8, 12, 16, 20, 24, 28, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256,
@@ -212,12 +214,12 @@ def test_boundary_on_two_gloo_ranks():
 def test_upstream_check_verdicts():
     pcg = "assert ...\n f\"No piecewise CUDA graph capture sizes are multiples of {mul_base}\""
     files = {"srt/model_executor/piecewise_cuda_graph_runner.py": pcg}
-    assert ex._check(files.get).status == "fix"
+    assert checks.capture_sizes(files.get).status == "fix"
     files = {"srt/model_executor/piecewise_cuda_graph_runner.py": "capture_num_tokens = ..."}
-    assert ex._check(files.get).status == "neither"
+    assert checks.capture_sizes(files.get).status == "neither"
     files = {"srt/arg_groups/cuda_graph_hook.py": "prefill ... aligned = ceil_align(b, attn_tp_size)"}
-    assert ex._check(files.get).status == "later"
-    assert ex._check({}.get).status == "unknown"
+    assert checks.capture_sizes(files.get).status == "later"
+    assert checks.capture_sizes({}.get).status == "unknown"
     assert "capture_sizes" in upstream.registered()
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pickle
 
 import pytest
+
+from sglab.upstream import checks
 import torch
 
 from sglab.fixes import grid_thw as fx
@@ -158,9 +160,9 @@ def test_cache_rows_and_upstream_check_registered():
     assert "grid_thw" in upstream.registered()
     fake = {"srt/multimodal/processors/kimi_k25.py":
             'grid_thws = grid_thws.cpu()\n return {"image_grid_thw": grid_thws}'}
-    assert exp._check(fake.get).status == "fix"
-    assert exp._check(lambda rel: 'return {"grid_thws": grid_thws}').status == "neither"
-    assert exp._check(lambda rel: None).status == "unknown"
+    assert checks.grid_thw(fake.get).status == "fix"
+    assert checks.grid_thw(lambda rel: 'return {"grid_thws": grid_thws}').status == "neither"
+    assert checks.grid_thw(lambda rel: None).status == "unknown"
 
 
 def _recorded_csvs():

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import pytest
+
+from sglab.upstream import checks
 import torch
 
 from sglab.fixes import swa_loc as fx
@@ -239,13 +241,13 @@ def test_upstream_check_reads_pr_era_sources():
 
     runner = "srt/model_executor/cuda_graph_runner.py"
     pool = "srt/mem_cache/swa_memory_pool.py"
-    assert ex._check(reader({})).status == "unknown"
-    assert ex._check(reader({pool: pool_pr, runner: runner_before})).status == "neither"
-    v = ex._check(reader({pool: pool_pr, runner: runner_23552}))
+    assert checks.swa_loc(reader({})).status == "unknown"
+    assert checks.swa_loc(reader({pool: pool_pr, runner: runner_before})).status == "neither"
+    v = checks.swa_loc(reader({pool: pool_pr, runner: runner_23552}))
     assert v.status == "fix" and "NOT zeroed" in v.detail
-    v = ex._check(reader({pool: pool_pr, runner: runner_24743}))
+    v = checks.swa_loc(reader({pool: pool_pr, runner: runner_24743}))
     assert v.status == "fix" and "zeroed on padded" in v.detail
-    assert ex._check(reader({pool: pool_later})).status == "later"
+    assert checks.swa_loc(reader({pool: pool_later})).status == "later"
 
 
 def test_sweep_rows_eager():

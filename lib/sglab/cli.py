@@ -146,14 +146,7 @@ def cmd_sync(args) -> int:
 # -- upstream -------------------------------------------------------------------------------------------------
 def cmd_upstream(args) -> int:
     from . import upstream
-    from .catalog import NOTEBOOKS
 
-    for e in NOTEBOOKS:  # importing an experiment registers its check
-        if e.experiment:
-            try:
-                load_experiment(e.experiment)
-            except SystemExit:
-                pass
     root = Path(args.root) if args.root else None
     if root is not None and not (root / "srt").is_dir():
         raise SystemExit(f"{root} is not an SGLang package folder (expected {root}/srt/): pass the folder that "

@@ -30,7 +30,7 @@ from typing import Any, Iterable
 import pandas as pd
 import torch
 
-from .. import runs, upstream
+from .. import runs
 from ..fixes import breakable_graph as bg
 
 EXPERIMENT = "breakable_graph"
@@ -427,20 +427,3 @@ def headline(runs_: list) -> str:
             f"count: graph hit rate {hr['before']['hit_rate']:.0%} → {hr['after']['hit_rate']:.0%} of a mixed "
             f"prefill stream; {bss[0]}–{bss[-1]}-request prefills of {ns[0]}–{ns[-1]} tokens vs eager: {'; '.join(parts)}; "
             f"logits max abs diff vs eager {diff:.3g}.")
-
-
-@upstream.register("breakable_graph", "Breakable CUDA graph captures only the layer stack (#24662)")
-def _check(read) -> "upstream.Verdict":
-    src = read("srt/model_executor/breakable_cuda_graph_runner.py")
-    if src is not None:
-        if "replay_layer_forward" in src or "self.layer_model" in src:
-            return upstream.Verdict("fix", "BreakableCudaGraphRunner captures layer_model and swaps its forward "
-                                           "at replay; the logits tail runs eagerly")
-        if "forward_batch.batch_size > 1" in src:
-            return upstream.Verdict("neither", "BreakableCudaGraphRunner captures model.forward and rejects "
-                                               "batch_size > 1 in can_run")
-    later = read("srt/model_executor/runner/prefill_cuda_graph_runner.py")
-    if later is not None and "layer_model" in later:
-        return upstream.Verdict("later", "the breakable graph moved into runner/prefill_cuda_graph_runner.py, "
-                                         "which captures only layer_model")
-    return upstream.Verdict("unknown", "no breakable graph runner source found")

@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 import warnings
 
-from sglab import runs, upstream
+from sglab import runs
 from sglab.fixes import capture_sizes as fx
 
 EXPERIMENT = "capture_sizes"
@@ -487,37 +487,3 @@ def review_table(max_tokens: int = 2048):
                  "what it means": f"dropping keeps {len(kept(tp))} of {len(d)} buckets; rounding up keeps "
                                   f"{len(fx.round_up_capture_sizes(d, tp))}"})
     return pd.DataFrame(rows)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# upstream check
-# --------------------------------------------------------------------------------------------------------------
-_PCG_PATHS = ("srt/model_executor/piecewise_cuda_graph_runner.py",)
-_LATER_PATHS = ("srt/model_executor/cuda_graph_runner/prefill_runner.py",
-                "srt/model_executor/runner/prefill_cuda_graph_runner.py",
-                "srt/arg_groups/cuda_graph_hook.py", "srt/server_args.py", "srt/model_executor/model_runner.py")
-
-
-@upstream.register(EXPERIMENT, "PR #23972: piecewise capture sizes aligned to the attention-TP group")
-def _check(read) -> upstream.Verdict:
-    for rel in _PCG_PATHS:
-        text = read(rel)
-        if text and "No piecewise CUDA graph capture sizes are multiples of" in text:
-            return upstream.Verdict("fix", f"{rel} drops capture sizes not divisible by mul_base (the PR)")
-    for rel in _LATER_PATHS:
-        text = read(rel)
-        if text and "ceil_align" in text and ("prefill" in text) and ("attn_tp" in text or "mul_base" in text):
-            return upstream.Verdict("later", f"{rel} aligns prefill capture sizes with ceil_align (rounds up)")
-    # SGLang 0.5.2x: the prefill runner rounds each capture size up through get_cuda_graph_max_batch_size, whose
-    # alignment comes from the base runner's ceil_align(..., mul_base)
-    prefill = read("srt/model_executor/runner/prefill_cuda_graph_runner.py")
-    base = read("srt/model_executor/runner/base_cuda_graph_runner.py")
-    if (prefill and "def get_prefill_num_tokens_to_capture" in prefill
-            and "get_cuda_graph_max_batch_size(" in prefill and base and "ceil_align(" in base
-            and "mul_base" in base):
-        return upstream.Verdict("later", "runner/prefill_cuda_graph_runner.py rounds every capture size up to the "
-                                "TP/CP alignment (get_prefill_num_tokens_to_capture → get_cuda_graph_max_batch_size)")
-    for rel in _PCG_PATHS:
-        if read(rel):
-            return upstream.Verdict("neither", f"{rel} present without the capture-size filter")
-    return upstream.Verdict("unknown", "no piecewise/prefill runner found at the known paths")

@@ -30,7 +30,7 @@ from typing import Any
 
 import pandas as pd
 
-from .. import runs, upstream
+from .. import runs
 from ..fixes import grid_thw as fx
 
 EXPERIMENT = "grid_thw"
@@ -469,24 +469,3 @@ def headline(runs_: list) -> str:
             f"{tps} ({len(rs)} runs × {int(df.repeat.max()) + 1} repeats, spread within a run {spread:.0f} MiB)")
     return ("A `grid_thws` tensor left on cuda:0 makes every TP rank ≥1 open a CUDA context on GPU 0. "
             + "; ".join(parts) + ".")
-
-
-# ------------------------------------------------------------------------------------------------------
-# Upstream check
-# ------------------------------------------------------------------------------------------------------
-
-
-@upstream.register("grid_thw", "Kimi-K2.5 grid on the CPU under image_grid_thw (#22858)")
-def _check(read) -> "upstream.Verdict":
-    src = read("srt/multimodal/processors/kimi_k25.py")
-    if src is None:
-        return upstream.Verdict("unknown", "srt/multimodal/processors/kimi_k25.py not found")
-    has_key = '"image_grid_thw"' in src
-    if has_key and "grid_thws = grid_thws.cpu()" in src:
-        return upstream.Verdict("fix", "_gpu_call moves grid_thws to the CPU and returns it as image_grid_thw")
-    if has_key:
-        return upstream.Verdict("later", "kimi_k25.py returns image_grid_thw without the PR's .cpu() line "
-                                         "(the grid is built on the CPU in a later rewrite)")
-    if '"grid_thws"' in src:
-        return upstream.Verdict("neither", "_gpu_call still returns grid_thws (on the preprocessing device)")
-    return upstream.Verdict("unknown", "kimi_k25.py has neither key")

@@ -20,7 +20,6 @@ halves (``pre_attn`` / ``post_attn``) and the runner captures them directly.
 
 from __future__ import annotations
 
-import ast
 import math
 import time
 from typing import Optional
@@ -645,62 +644,3 @@ def headline(all_runs: list) -> str:
             f"duplicate `model.*` weights. Prefill eager/piecewise (median, {min(counts)}–{max(counts)} tok): "
             + "; ".join(parts)
             + f"; piecewise = eager within bf16 tolerance at {ok}/{points} points (max abs diff {max(diffs):.3f}).")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Upstream check: does the installed SGLang's Kimi-K2.5 wrapper carry the alias property and the guard?
-# ---------------------------------------------------------------------------------------------------------------
-def inspect_kimi_wrapper(source: str, class_name: str = "KimiK25ForConditionalGeneration") -> dict:
-    """Static reading of ``models/kimi_k25.py``: property ``model``, a ``__setattr__`` that tests
-    ``name == "model"``, or a plain ``self.model = ...`` assignment in ``__init__``."""
-    tree = ast.parse(source)
-    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name), None)
-    found = {"class": cls is not None, "property": False, "guard": False, "plain_alias": False}
-    if cls is None:
-        return found
-    for node in cls.body:
-        if not isinstance(node, ast.FunctionDef):
-            continue
-        decos = {ast.unparse(d) for d in node.decorator_list}
-        if node.name == "model" and "property" in decos:
-            found["property"] = True
-        if node.name == "__setattr__":
-            for sub in ast.walk(node):
-                if isinstance(sub, ast.Compare) and any(
-                        isinstance(c, ast.Constant) and c.value == "model" for c in sub.comparators):
-                    found["guard"] = True
-        if node.name == "__init__":
-            for sub in ast.walk(node):
-                if isinstance(sub, ast.Assign) and any(ast.unparse(t) == "self.model" for t in sub.targets):
-                    found["plain_alias"] = True
-    return found
-
-
-def _upstream_check(read):
-    from sglab import upstream
-
-    src = read("srt/models/kimi_k25.py")
-    if src is None:
-        return upstream.Verdict("unknown", "srt/models/kimi_k25.py not found in the installed sglang")
-    f = inspect_kimi_wrapper(src)
-    if not f["class"]:
-        return upstream.Verdict("unknown", "KimiK25ForConditionalGeneration not found in models/kimi_k25.py")
-    if f["property"] and f["guard"]:
-        return upstream.Verdict("fix", "KimiK25ForConditionalGeneration has the `model` property and the "
-                                       "__setattr__ guard (#26382)")
-    if f["plain_alias"]:
-        return upstream.Verdict("neither", "plain `self.model = ...` alias in __init__ (duplicate registration)")
-    if f["property"]:
-        return upstream.Verdict("neither", "`model` property without the __setattr__ guard")
-    return upstream.Verdict("neither", "no `.model` on KimiK25ForConditionalGeneration: the PR-era gate "
-                                       "disables piecewise CUDA graph")
-
-
-def _register() -> None:
-    from sglab import upstream
-
-    upstream.register(EXPERIMENT, "Kimi-K2.5 wrapper: `.model` property + __setattr__ guard (#26382)")(
-        _upstream_check)
-
-
-_register()

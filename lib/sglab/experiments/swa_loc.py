@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from .. import runs, upstream
+from .. import runs
 from ..fixes import swa_loc as fx
 
 EXPERIMENT = "swa_loc"
@@ -366,34 +366,3 @@ def headline(runs_: list) -> str:
             f"{c['num_layers']} layers ({a['n_swa_layers']} SWA, {c['swa_per_full']}:1), bs {c['batch_size']}: "
             f"{ktxt} kernels per replay ({prof}); replay {times}; {lo:.2f}–{hi:.2f}× over {l0}–{l1} layers, "
             f"{' and '.join(f'{x}:1' for x in a['layouts'])}, bs {b0}–{b1}.")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Does the installed SGLang contain the fix?
-# ---------------------------------------------------------------------------------------------------------------
-_RUNNER_PATHS = ("srt/model_executor/cuda_graph_runner.py",
-                 "srt/model_executor/runner/cuda_graph_runner.py",
-                 "srt/model_executor/runner/decode_cuda_graph_runner.py")
-
-
-@upstream.register("swa_loc", "SWA location preset before decode-graph capture (#23552, #24743)")
-def _check(read) -> "upstream.Verdict":
-    pool = read("srt/mem_cache/swa_memory_pool.py")
-    if pool is None:
-        return upstream.Verdict("unknown", "srt/mem_cache/swa_memory_pool.py not found")
-    if "def set_swa_loc" not in pool:
-        if "swa_loc" in pool:
-            return upstream.Verdict("later", "SWAKVPool has no set_swa_loc any more: the SWA location is "
-                                             "translated once per forward and passed to set_kv_buffer")
-        return upstream.Verdict("unknown", "SWAKVPool has neither set_swa_loc nor a swa_loc argument")
-    runner_src = [src for src in (read(p) for p in _RUNNER_PATHS) if src]
-    text = "\n".join(runner_src)
-    if "out_cache_loc_swa" in text and "set_swa_loc(" in text:
-        zeroed = "out_cache_loc_swa.zero_()" in text
-        return upstream.Verdict("fix", "the decode runner presets set_swa_loc(out_cache_loc_swa) before capture"
-                                       + ("; the buffer is zeroed on padded batches (#24743)" if zeroed else
-                                          "; the buffer is NOT zeroed on padded batches (#24743 missing)"))
-    if runner_src:
-        return upstream.Verdict("neither", "set_swa_loc exists but the decode runner does not call it before "
-                                           "capture: every SWA layer translates inside the graph")
-    return upstream.Verdict("unknown", "decode CUDA-graph runner source not found")

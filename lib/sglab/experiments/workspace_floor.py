@@ -415,28 +415,6 @@ def run(params: Optional[dict] = None, *, progress: bool = True):
     return runs.tidy(EXPERIMENT, rows)
 
 
-# --------------------------------------------------------------------------------------------- upstream check
-def _register():
-    try:
-        from sglab import upstream
-    except ImportError:
-        return
-
-    @upstream.register(EXPERIMENT, "layernorm passes max_token_num=max(x.shape[0], 2048) to the fused AR+norm")
-    def _check(read):
-        src = read("srt/layers/layernorm.py")
-        if src is None:
-            return upstream.Verdict("unknown", "srt/layers/layernorm.py not found in the installed sglang")
-        if "max(x.shape[0], 2048)" in src:
-            return upstream.Verdict("fix", "layernorm.py calls with max_token_num=max(x.shape[0], 2048)")
-        if "flashinfer_allreduce_residual_rmsnorm" in src:
-            return upstream.Verdict("neither", "layernorm.py calls the fused AR+norm without the 2048 floor")
-        return upstream.Verdict("later", "layernorm.py no longer calls flashinfer_allreduce_residual_rmsnorm")
-
-
-_register()
-
-
 # --------------------------------------------------------------------------------------------- CPU self-test
 def gloo_rank_selftest(ctx, policy_name: str, trace: list[int], hidden_dim: int = 7168):
     """The IPC creator's rank logic (handle all-gather, opens, barriers, destroy order) with host stand-ins.

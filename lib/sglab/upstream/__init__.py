@@ -1,6 +1,6 @@
 """The installed SGLang, read as source text — never imported (its import pulls a heavy GPU stack).
 
-Each experiment registers a check: given a ``read(relpath)`` function over the installed package's files, say
+Each fix has a check in :mod:`sglab.upstream.checks`: given a ``read(relpath)`` function over the installed package's files, say
 whether this SGLang contains the fix ("fix"), a later replacement of it ("later"), or neither ("neither").
 Without SGLang installed every check answers "not-installed".
 """
@@ -98,3 +98,6 @@ def check_all(*, root: Path | None = None):
         rows.append({"check": key, "title": title, "status": v.status, "detail": v.detail,
                      "sglang": inst.version if inst else (str(root) if root else None)})
     return pd.DataFrame(rows, columns=["check", "title", "status", "detail", "sglang"])
+
+
+from . import checks  # noqa: E402,F401  (registers the checks of every fix)
