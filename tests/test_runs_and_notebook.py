@@ -135,3 +135,22 @@ def test_newest_by_and_gpu_short(data_root):
 def test_cli_upstream_rejects_a_folder_that_is_not_sglang(tmp_path):
     with pytest.raises(SystemExit, match="not an SGLang package folder"):
         cli.main(["upstream", "--root", str(tmp_path)])
+
+
+def test_sidecars_are_written_listed_read_back_and_promoted(data_root, tmp_path):
+    events = pd.DataFrame({"lane": ["host"], "name": ["phase::replay"], "category": ["range"], "start_us": [0.0],
+                           "dur_us": [5.0], "phase": ["replay"]})
+    trace_file = tmp_path / "x.trace.json.gz"
+    trace_file.write_bytes(b"\x1f\x8b fake")
+    path = runs.write_run(_frame(), experiment="demo", method_version=1, params={},
+                          sidecars={"events": events, "trace": trace_file})
+    run = runs.read_run(path)
+    assert run.manifest["sidecars"] == {"events": f"{path.stem}.events.csv.gz", "trace": f"{path.stem}.trace.json.gz"}
+    assert run.sidecar("events").equals(events)
+    assert run.sidecar("trace").read_bytes() == trace_file.read_bytes()
+    assert run.sidecar("missing") is None
+    assert runs.list_runs("demo", kind="runs") == [path]  # a sidecar is never taken for a run
+    dest = runs.promote(path)
+    assert runs.read_run(dest).sidecar("events").equals(events)
+    with pytest.raises(ValueError, match="lower-case"):
+        runs.write_run(_frame(), experiment="demo", method_version=1, params={}, sidecars={"Bad Name": events})

@@ -7,6 +7,8 @@
     sglab sync [--check]            write each notebooks/NN_*.ipynb from its .py (or only check the pairs)
     sglab upstream [--root DIR]     which fixes the installed SGLang (or the source tree DIR) contains
     sglab index [--check]           rewrite (or check) the README's notebook index from the recorded runs
+    sglab verify [EXP|RUN.csv ...] [--all] [--live] [--against [REF]] [--junit FILE]
+                                    a verdict per claim on recorded, live or given runs (see sglab.verify)
 """
 
 from __future__ import annotations
@@ -170,6 +172,33 @@ def cmd_index(args) -> int:
     return 0
 
 
+# -- verify ---------------------------------------------------------------------------------------------------
+def cmd_verify(args) -> int:
+    from . import claims, verify
+
+    try:
+        picked = verify.targets(args.targets, args.all) if (args.targets or args.all or not args.live) else []
+        reference = verify.load_run(args.against) if args.against not in (None, "auto") else None
+        if args.live:
+            done, skipped = verify.live(progress=not args.quiet)
+            for s in skipped:
+                print(f"[sglab] not run live: {s}")
+            if not done and not picked:
+                print("[sglab] verify --live: this machine's GPUs can run none of the experiments")
+                return 0
+            picked += done
+    except (verify.BadInput, claims.ClaimsError) as e:
+        print(f"sglab verify: {e}", file=sys.stderr)
+        return 2
+    verified = [verify.verify_run(r, against=args.against is not None, reference=reference) for r in picked]
+    text, status = verify.report(verified)
+    print(text)
+    if args.junit:
+        Path(args.junit).write_text(verify.junit(verified), encoding="utf-8")
+        print(f"JUnit XML: {args.junit}")
+    return status
+
+
 # -- run ------------------------------------------------------------------------------------------------------
 _STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1000px;color:#222}
 table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ddd;padding:.4em .6em;text-align:left;
@@ -284,6 +313,15 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("index", help="rewrite the README's notebook index from the recorded runs")
     p.add_argument("--check", action="store_true")
     p.set_defaults(fn=cmd_index)
+    p = sub.add_parser("verify", help="check every claim on recorded, live or given runs")
+    p.add_argument("targets", nargs="*", help="experiment names or run CSV files")
+    p.add_argument("--all", action="store_true", help="every recorded run of every experiment")
+    p.add_argument("--live", action="store_true", help="first run the experiments this machine's GPUs can run")
+    p.add_argument("--against", nargs="?", const="auto", default=None, metavar="REF",
+                   help="compare with a reference run (default: the newest recorded run of the same GPU model)")
+    p.add_argument("--junit", metavar="FILE", help="also write the verdicts as JUnit XML")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(fn=cmd_verify)
     args = ap.parse_args(argv)
     return int(args.fn(args) or 0)
 

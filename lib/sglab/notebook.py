@@ -1,9 +1,13 @@
-"""What notebook cells call: the mode decision, the environment banner, measure-or-load.
+"""What notebook cells call: the mode decision, the environment banner, measure-or-load, the first screen and the
+verdict.
 
     wb = Workbook("swa_loc", gpus=1, mode=MODE)      # banner; wb.live tells whether to measure
     if wb.live:                                      # (in a cell tagged needs-gpu)
         wb.measure(lambda: experiment.run(PARAMS), params=PARAMS, method_version=experiment.METHOD_VERSION)
-    run = wb.result()                                # the live run, else the newest recorded one, else None
+    shown = wb.shown()                               # this session's live runs, else the recorded runs a reader sees
+    slide("swa_loc", shown, figures.mechanism())     # claim, headline, verdict line, mechanism picture
+    ...
+    verdict("swa_loc", shown)                        # the claims table of each run shown
 
 Modes: ``auto`` measures live when the GPUs are here and otherwise shows the committed recorded run;
 ``live`` insists on measuring (and fails clearly without the GPUs); ``recorded`` always shows the recorded run.
@@ -14,19 +18,20 @@ from __future__ import annotations
 import json
 from typing import Callable
 
-from . import hardware, runs
+from . import claims, hardware, runs
 
 MODES = ("auto", "live", "recorded")
 MODE_MIME = "application/vnd.sglab.mode+json"
 
 
-def _display(data: dict, text: str, markdown: str | None = None) -> None:
+def _display(data: dict | None, text: str, markdown: str | None = None) -> None:
+    """Show ``markdown`` in a notebook (with the mode marker ``data`` when given), ``text`` elsewhere."""
     try:
         from IPython import get_ipython
         from IPython.display import display
 
         if get_ipython() is not None:
-            bundle = {MODE_MIME: data, "text/plain": text}
+            bundle = {"text/plain": text} if data is None else {MODE_MIME: data, "text/plain": text}
             if markdown:
                 bundle["text/markdown"] = markdown
             display(bundle, raw=True)
@@ -101,6 +106,13 @@ class Workbook:
             print(f"[sglab] showing recorded run {run.path.name} ({run.provenance})")
         return run
 
+    def shown(self) -> list[runs.Run]:
+        """What this notebook shows: this session's live runs, else the recorded runs a reader sees (the newest
+        per GPU model or per world size, as the experiment's claims module decides)."""
+        if self._live:
+            return list(self._live)
+        return claims.shown(self.experiment, runs.load_all_recorded(self.experiment))
+
     def results(self) -> list[runs.Run]:
         """All live runs of this session if any, else every recorded run (e.g. one per world size)."""
         if self._live:
@@ -111,6 +123,94 @@ class Workbook:
         for r in found:
             print(f"[sglab] recorded run {r.path.name} ({r.provenance})")
         return found
+
+
+def _source(runs_: list) -> str:
+    if not runs_:
+        return "no run to show"
+    kind = "measured live here" if any(r.live for r in runs_) else "recorded"
+    return f"{kind}: " + "; ".join(r.label for r in runs_)
+
+
+def slide_markdown(experiment: str, runs_: list) -> str:
+    """The text of a notebook's first screen: the claim, the headline of the runs shown and their verdict lines."""
+    from .catalog import by_experiment
+
+    entry = by_experiment(experiment)
+    lines = [f"**Claim.** {entry.claim if entry else experiment}", ""]
+    if runs_:
+        lines += [f"**Measured** ({_source(runs_)}). {claims.headline(experiment, runs_)}", ""]
+        verdicts = [claims.verdict_line(claims.evaluate(experiment, r), r) for r in runs_]
+        lines += ["**Verdict.** " + "; ".join(verdicts) + ".", ""]
+    else:
+        lines += ["**Measured.** No run to show yet: record one with `sglab record "
+                  f"{experiment}` on a GPU machine.", ""]
+    return "\n".join(lines)
+
+
+def slide(experiment: str, runs_: list, picture=None) -> None:
+    """A notebook's first screen: claim, headline, verdict line, then the mechanism picture (a matplotlib figure,
+    shown and closed so that it is not drawn twice)."""
+    md = slide_markdown(experiment, runs_)
+    _display(None, md.replace("**", ""), md)
+    if picture is not None:
+        _show_figure(picture)
+
+
+def _show_figure(fig) -> None:
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+
+        if get_ipython() is not None:
+            import matplotlib.pyplot as plt
+
+            display(fig)
+            plt.close(fig)
+            return
+    except ImportError:
+        pass
+
+
+_STATUS_STYLE = {claims.PASS: "color:#1e8449;font-weight:600", claims.FAIL: "color:#c0392b;font-weight:600",
+                 claims.NA: "color:#7f8c8d"}
+
+
+def verdict_html(experiment: str, run) -> str:
+    """One run's claims as an HTML table (status coloured), headed by its verdict line."""
+    import html
+
+    results = claims.evaluate(experiment, run)
+    rows = []
+    for r in results:
+        detail = r.outcome.measured if r.status != claims.NA else ""
+        why = r.outcome.reason if r.status != claims.PASS else ""
+        rows.append(f"<tr><td><code>{html.escape(r.claim.id)}</code></td><td>{html.escape(r.claim.statement)}</td>"
+                    f"<td style='{_STATUS_STYLE[r.status]}'>{r.status}</td><td>{html.escape(str(detail))}</td>"
+                    f"<td>{html.escape(r.claim.expected)}</td><td>{html.escape(why)}</td></tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("claim", "statement", "status", "measured", "expected", "why"))
+    return (f"<p><b>{html.escape(claims.verdict_line(results, run))}</b> · <small>{html.escape(run.path.name)}"
+            f"</small></p><div style='overflow-x:auto'><table><tr>{head}</tr>{''.join(rows)}</table></div>")
+
+
+def verdict(experiment: str, runs_: list) -> None:
+    """The Verdict section: each shown run's claims table (live or recorded)."""
+    if not runs_:
+        print(f"[sglab] no run of {experiment!r} to verify yet.")
+        return
+    for run in runs_:
+        results = claims.evaluate(experiment, run)
+        text = claims.verdict_line(results, run) + "\n" + claims.table(results).to_string(index=False)
+        try:
+            from IPython import get_ipython
+            from IPython.display import HTML, display
+
+            if get_ipython() is not None:
+                display(HTML(verdict_html(experiment, run)))
+                continue
+        except ImportError:
+            pass
+        print(text)
 
 
 def read_mode(nb) -> dict | None:

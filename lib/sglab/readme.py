@@ -1,8 +1,9 @@
 """The README's notebook index, generated from the catalog and the committed recorded runs.
 
-Each experiment module may define ``headline(runs: list[Run]) -> str``: its claim with the headline numbers
-computed from the recorded runs (never typed in). ``sglab index`` rewrites the block between the markers in
-README.md; a test checks that the committed README matches what the committed runs say.
+Each row is the catalog's claim followed by the experiment's headline over the runs a reader is shown, both from
+:mod:`sglab.claims` (the same sentence a notebook's first screen shows; numbers computed, never typed in).
+``sglab index`` rewrites the block between the markers in README.md; a test checks that the committed README
+matches what the committed runs say.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from . import catalog, runs
+from . import catalog, claims, runs
 
 START, END = "<!-- index:start -->", "<!-- index:end -->"
 HEADER = ("| notebook | upstream | claim · headline (computed from data/recorded/) | GPUs |\n"
@@ -24,13 +25,13 @@ def _gpus(e: catalog.Entry) -> str:
 def row(e: catalog.Entry) -> str:
     text = e.claim
     if e.experiment:
-        mod = importlib.import_module(f"sglab.experiments.{e.experiment}")
         recorded = runs.load_all_recorded(e.experiment)
-        headline = getattr(mod, "headline", None)
-        if headline is not None and recorded:
-            text = headline(recorded)
-        elif not recorded:
-            text += " (no recorded run yet)"
+        try:
+            shown = claims.shown(e.experiment, recorded)
+            text = f"{e.claim} {claims.headline(e.experiment, shown)}" if shown else text + " (no recorded run yet)"
+        except claims.ClaimsError:  # an experiment without a claims module yet: its own headline
+            mod = importlib.import_module(f"sglab.experiments.{e.experiment}")
+            text = mod.headline(recorded) if recorded else text + " (no recorded run yet)"
     text = " ".join(str(text).split()).replace("|", "\\|")
     return f"| `{e.stem}` | {e.upstream} | {text} | {_gpus(e)} |"
 

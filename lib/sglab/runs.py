@@ -4,6 +4,10 @@ Live runs go to ``data/runs/<experiment>/`` (git-ignored); reference runs that r
 ``data/recorded/<experiment>/`` (committed). File names are ``<UTC time>_<gpu>.csv`` and ``.json``.
 
 Tidy means one measurement per row: ``experiment, variant, <parameter columns>, metric, value, unit``.
+
+A run may carry *sidecars*: tables that are not measurements per row (a profiler event table, a memory time
+series) or files (a Perfetto trace), stored next to it as ``<stem>.<name>.csv.gz`` or ``<stem>.<name><suffix>``
+and listed in the manifest's ``sidecars``; :meth:`Run.sidecar` reads them back.
 """
 
 from __future__ import annotations
@@ -107,12 +111,51 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "cpu"
 
 
+def _atomic(folder: Path, path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_sidecars(folder: Path, stem: str, sidecars: dict) -> dict:
+    """Write each sidecar (a DataFrame -> gzipped CSV, or an existing file -> copied); return name -> file name."""
+    import gzip
+    import shutil
+
+    names = {}
+    for name, obj in (sidecars or {}).items():
+        if not re.fullmatch(r"[a-z0-9_]+", name):
+            raise ValueError(f"sidecar names are lower-case words, got {name!r}")
+        if hasattr(obj, "to_csv"):
+            target = folder / f"{stem}.{name}.csv.gz"
+
+            def write(f, obj=obj):
+                with gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as gz:
+                    gz.write(obj.to_csv(index=False).encode())
+        else:
+            src = Path(obj)
+            suffix = "".join(src.suffixes[-2:]) if src.suffix == ".gz" else src.suffix  # x.json.gz keeps .json.gz
+            target = folder / f"{stem}.{name}{suffix}"
+
+            def write(f, src=src):
+                with open(src, "rb") as s:
+                    shutil.copyfileobj(s, f)
+        _atomic(folder, target, write)
+        names[name] = target.name
+    return names
+
+
 def write_run(df, *, experiment: str, method_version: int, params: dict, root: Path | None = None,
-              gpu_count: int | None = None, extra: dict | None = None) -> Path:
+              gpu_count: int | None = None, extra: dict | None = None, sidecars: dict | None = None) -> Path:
     """Write ``df`` and its manifest atomically; return the CSV path.
 
-    Both files are written to temporary names in the target folder and renamed into place, so a reader never
-    sees half a run.
+    Every file is written to a temporary name in the target folder and renamed into place, sidecars first and the
+    manifest last, so a reader never sees half a run. ``sidecars``: ``{name: DataFrame or file path}``.
     """
     missing = [c for c in ("experiment", *REQUIRED) if c not in df.columns]
     if missing:
@@ -138,16 +181,10 @@ def write_run(df, *, experiment: str, method_version: int, params: dict, root: P
     while csv_path.exists() or json_path.exists():
         n += 1
         csv_path, json_path = folder / f"{stem}-{n}.csv", folder / f"{stem}-{n}.json"
-    for path, write in ((csv_path, lambda f: df.to_csv(f, index=False)),
-                        (json_path, lambda f: json.dump(manifest, f, indent=2, sort_keys=True, default=str))):
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=path.suffix)
-        try:
-            with os.fdopen(fd, "w", newline="") as f:
-                write(f)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+    if sidecars:
+        manifest["sidecars"] = _write_sidecars(folder, csv_path.stem, sidecars)
+    _atomic(folder, csv_path, lambda f: f.write(df.to_csv(index=False).encode()))
+    _atomic(folder, json_path, lambda f: f.write(json.dumps(manifest, indent=2, sort_keys=True, default=str).encode()))
     return csv_path
 
 
@@ -163,6 +200,20 @@ class Run:
         m = self.manifest
         date = str(m.get("created_utc", ""))[:10]
         return f"{m.get('gpu_name', '?')} ×{m.get('gpu_count', '?')}, {date}"
+
+    def sidecar(self, name: str):
+        """A sidecar of this run: a DataFrame for a ``.csv.gz`` table, the path for a file, None if absent."""
+        fname = (self.manifest.get("sidecars") or {}).get(name)
+        if not fname:
+            return None
+        path = self.path.parent / fname
+        if not path.exists():
+            return None
+        if fname.endswith(".csv.gz"):
+            import pandas as pd
+
+            return pd.read_csv(path)
+        return path
 
     @property
     def provenance(self) -> str:
@@ -247,6 +298,9 @@ def promote(csv_path: Path | str, *, root: Path | None = None) -> Path:
     dest = (root or data_dir("recorded")) / run.manifest["experiment"]
     dest.mkdir(parents=True, exist_ok=True)
     src = Path(csv_path)
+    for fname in (run.manifest.get("sidecars") or {}).values():
+        if (src.parent / fname).exists():
+            shutil.copy2(src.parent / fname, dest / fname)
     shutil.copy2(src, dest / src.name)
     shutil.copy2(src.with_suffix(".json"), dest / src.with_suffix(".json").name)
     return dest / src.name

@@ -1,0 +1,152 @@
+"""The claim engine and `sglab verify` on a small made-up experiment: statuses, n/a reasons, method versions,
+checks that crash, bad run files, --against and JUnit."""
+
+import json
+import sys
+import types
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from sglab import claims, cli, runs, verify
+from sglab.claims import Claim, holds, not_applicable
+
+
+def _kernels(run):
+    n = run.df[run.df.metric == "kernels"].set_index("variant").value
+    extra = int(n["before"] - n["after"])
+    return holds(extra == 2, f"{extra} more kernels", {"extra": extra, "before": int(n["before"])})
+
+
+def _ratio(run):
+    t = run.df[run.df.metric == "time"].set_index("variant").value
+    r = float(t["before"] / t["after"])
+    return holds(r >= 1.10, f"{r:.2f}×", {"ratio": r})
+
+
+def _two_gpus(run):
+    return None if run.manifest.get("gpu_count", 0) >= 2 else "needs a run on 2 GPUs"
+
+
+CLAIMS = [
+    Claim("demo.extra_kernels", "without the fix, exactly 2 more kernels", "== 2", _kernels),
+    Claim("demo.ratio", "before/after time ratio", ">= 1.10", _ratio, drift=0.25),
+    Claim("demo.ranks", "both ranks report", "2 ranks", lambda r: holds(True, "2"), applies=_two_gpus),
+    Claim("demo.new_metric", "a metric only method 2 records", "present",
+          lambda r: holds(True, "yes"), methods=(2, None)),
+]
+
+
+@pytest.fixture
+def demo(monkeypatch, data_root):
+    mod = types.ModuleType("sglab.experiments.demo.claims")
+    mod.CLAIMS = CLAIMS
+    mod.shown = lambda rs: rs[-1:]
+    mod.headline = lambda rs: "; ".join(claims.values("demo", r)["demo.ratio"].measured for r in rs)
+    monkeypatch.setitem(sys.modules, "sglab.experiments.demo.claims", mod)
+    monkeypatch.setattr(claims, "experiments", lambda: ["demo"])
+    return data_root
+
+
+def _write(kernels=(10, 8), times=(2.0, 1.0), gpu_count=1, folder="recorded"):
+    df = runs.tidy("demo", [
+        {"variant": "before", "metric": "kernels", "value": kernels[0], "unit": "count"},
+        {"variant": "after", "metric": "kernels", "value": kernels[1], "unit": "count"},
+        {"variant": "before", "metric": "time", "value": times[0], "unit": "ms"},
+        {"variant": "after", "metric": "time", "value": times[1], "unit": "ms"},
+    ])
+    root = runs.data_dir(folder)
+    return runs.write_run(df, experiment="demo", method_version=1, params={}, root=root, gpu_count=gpu_count)
+
+
+def test_statuses_na_reasons_and_method_versions(demo):
+    run = verify.load_run(_write())
+    res = {r.claim.id: r.outcome for r in claims.evaluate("demo", run)}
+    assert res["demo.extra_kernels"].status == "pass" and res["demo.extra_kernels"].value == {"extra": 2, "before": 10}
+    assert res["demo.ratio"].status == "pass"
+    assert res["demo.ranks"].status == "n/a" and "2 GPUs" in res["demo.ranks"].reason
+    assert res["demo.new_metric"].status == "n/a" and "method version 1" in res["demo.new_metric"].reason
+    line = claims.verdict_line(claims.evaluate("demo", run), run)
+    assert line.startswith("2/2 claims hold, 2 n/a on ")
+
+
+def test_a_failing_claim_is_named_with_its_reason(demo, capsys):
+    path = _write(kernels=(11, 8))
+    assert cli.main(["verify", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL demo.extra_kernels" in out and "3 more kernels" in out
+
+
+def test_a_check_that_cannot_read_the_run_fails(demo):
+    path = _write()
+    df = runs.read_run(path).df
+    df = df[df.metric != "time"]
+    df.to_csv(path, index=False)
+    m = json.loads(path.with_suffix(".json").read_text())
+    m["rows"] = len(df)
+    path.with_suffix(".json").write_text(json.dumps(m))
+    res = {r.claim.id: r.outcome for r in claims.evaluate("demo", verify.load_run(path))}
+    assert res["demo.ratio"].status == "fail" and "could not evaluate" in res["demo.ratio"].reason
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda p: p.unlink(), "no such run file"),
+    (lambda p: p.with_suffix(".json").unlink(), "has no manifest"),
+    (lambda p: p.with_suffix(".json").write_text("{not json"), "not a valid JSON manifest"),
+    (lambda p: p.write_text(p.read_text()[:-40]), "manifest recorded"),
+    (lambda p: p.write_text(p.read_text().replace(",unit", ",units")), "lacks the column"),
+])
+def test_bad_run_files_get_one_clear_line(demo, capsys, damage, message):
+    path = _write()
+    damage(path)
+    assert cli.main(["verify", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_unknown_experiment(demo, capsys):
+    assert cli.main(["verify", "nope"]) == 2
+    assert "unknown experiment or run file 'nope'" in capsys.readouterr().err
+
+
+def test_against_reports_drift_and_environment(demo, capsys):
+    _write(times=(2.0, 1.0))
+    live = _write(times=(3.0, 1.0), folder="runs")
+    m = json.loads(live.with_suffix(".json").read_text())
+    m["driver"] = "999.1"
+    live.with_suffix(".json").write_text(json.dumps(m))
+    assert cli.main(["verify", str(live), "--against"]) == 0
+    out = capsys.readouterr().out
+    assert "demo.ratio.ratio: 3.0 vs 2.0" in out and "BEYOND" in out
+    assert "env  driver: 999.1 here" in out
+
+
+def test_exact_value_differing_from_same_gpu_reference_fails(demo, capsys):
+    _write(kernels=(10, 8))
+    live = _write(kernels=(12, 10), folder="runs")  # the claim holds (+2), but a count differs from the reference
+    assert cli.main(["verify", str(live), "--against"]) == 1
+    out = capsys.readouterr().out
+    assert "demo.extra_kernels.before: 12 vs 10" in out and "an exact value differs" in out
+    other_gpu = _write(kernels=(12, 10), folder="runs")
+    m = json.loads(other_gpu.with_suffix(".json").read_text())
+    m["gpu_name"] = "NVIDIA H200"
+    other_gpu.with_suffix(".json").write_text(json.dumps(m))
+    assert cli.main(["verify", str(other_gpu), "--against"]) == 0  # reported, not fatal, across GPU models
+    assert "nearest is the newest" in capsys.readouterr().out
+
+
+def test_junit(demo, tmp_path):
+    path = _write(kernels=(11, 8))
+    out = tmp_path / "v.xml"
+    assert cli.main(["verify", str(path), "--junit", str(out)]) == 1
+    suite = ET.parse(out).getroot().find("testsuite")
+    assert suite.get("failures") == "1" and suite.get("skipped") == "2" and suite.get("tests") == "4"
+    failed = [c.get("name") for c in suite.iter("testcase") if c.find("failure") is not None]
+    assert failed == ["demo.extra_kernels"]
+
+
+def test_all_uses_every_recorded_run(demo, capsys):
+    _write()
+    _write()
+    assert cli.main(["verify", "--all"]) == 0
+    assert "2 run(s): 2 hold, 0 fail" in capsys.readouterr().out
