@@ -187,10 +187,10 @@ def cmd_verify(args) -> int:
                 print("[sglab] verify --live: this machine's GPUs can run none of the experiments")
                 return 0
             picked += done
+        verified = [verify.verify_run(r, against=args.against is not None, reference=reference) for r in picked]
     except (verify.BadInput, claims.ClaimsError) as e:
         print(f"sglab verify: {e}", file=sys.stderr)
         return 2
-    verified = [verify.verify_run(r, against=args.against is not None, reference=reference) for r in picked]
     text, status = verify.report(verified)
     print(text)
     if args.junit:
