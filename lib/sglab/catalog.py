@@ -12,7 +12,20 @@ class Entry:
     experiment: str | None  # data/recorded/<experiment>/
     gpus: int  # GPUs the live part needs (0: runs anywhere)
     upstream: str  # upstream change
-    claim: str
+    fallback_claim: str  # used only until the experiment's claims module states CLAIM
+
+    @property
+    def claim(self) -> str:
+        """The claim in one sentence: ``CLAIM`` of the experiment's claims module (one source for the README,
+        the notebooks' first screens, 00 and the report)."""
+        if self.experiment:
+            try:
+                import importlib
+
+                return importlib.import_module(f"sglab.experiments.{self.experiment}.claims").CLAIM
+            except (ModuleNotFoundError, AttributeError):
+                pass
+        return self.fallback_claim
 
 
 NOTEBOOKS: tuple[Entry, ...] = (

@@ -117,12 +117,16 @@ def record(name: str, params: dict | None = None, *, recorded: bool = False, pro
     ok, why = hardware.meets(need)
     if not ok:
         raise SystemExit(f"cannot record {name} live: {why}")
+    from .measure import phases
+
+    phases.take()
     t0 = time.perf_counter()
-    df = mod.run(merged, progress=progress)
+    out = runs.Measured.of(mod.run(merged, progress=progress))
     root = runs.data_dir("recorded") if recorded else None
-    path = runs.write_run(df, experiment=mod.EXPERIMENT, method_version=mod.METHOD_VERSION, params=merged,
-                          root=root, gpu_count=need, extra={"duration_s": round(time.perf_counter() - t0, 1)})
-    print(f"[sglab] {name}: {len(df)} rows in {time.perf_counter() - t0:.1f} s → {path}")
+    extra = {**out.extra, "duration_s": round(time.perf_counter() - t0, 1), "phases_s": phases.take()}
+    path = runs.write_run(out.df, experiment=mod.EXPERIMENT, method_version=mod.METHOD_VERSION, params=merged,
+                          root=root, gpu_count=need, extra=extra, sidecars=out.sidecars)
+    print(f"[sglab] {name}: {len(out.df)} rows in {time.perf_counter() - t0:.1f} s → {path}")
     return path
 
 

@@ -81,12 +81,20 @@ class Workbook:
     # -- measuring and loading ---------------------------------------------------------------------------
     def measure(self, fn: Callable[[], object], *, params: dict, method_version: int,
                 gpu_count: int | None = None) -> runs.Run:
-        """Run ``fn`` (returning a tidy frame), save it under data/runs/, and keep it as this session's result."""
+        """Run ``fn`` (returning a tidy frame or a :class:`sglab.runs.Measured`), save it under data/runs/ with its
+        sidecars and phase times, and keep it as this session's result."""
         if not self.live:
             raise RuntimeError(f"{self.experiment}: not in live mode ({self.reason}); nothing measured")
-        df = fn()
-        path = runs.write_run(df, experiment=self.experiment, method_version=method_version, params=params,
-                              gpu_count=gpu_count)
+        import time
+
+        from .measure import phases
+
+        phases.take()
+        t0 = time.perf_counter()
+        out = runs.Measured.of(fn())
+        extra = {**out.extra, "duration_s": round(time.perf_counter() - t0, 1), "phases_s": phases.take()}
+        path = runs.write_run(out.df, experiment=self.experiment, method_version=method_version, params=params,
+                              gpu_count=gpu_count, extra=extra, sidecars=out.sidecars)
         run = runs.read_run(path, live=True)
         self._live.append(run)
         print(f"[sglab] measured live: {run.label} → {path.relative_to(runs.repo_root())}")

@@ -18,7 +18,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -186,6 +186,20 @@ def write_run(df, *, experiment: str, method_version: int, params: dict, root: P
     _atomic(folder, csv_path, lambda f: f.write(df.to_csv(index=False).encode()))
     _atomic(folder, json_path, lambda f: f.write(json.dumps(manifest, indent=2, sort_keys=True, default=str).encode()))
     return csv_path
+
+
+@dataclass
+class Measured:
+    """What an experiment's ``run`` may return instead of a bare frame: the tidy frame, its sidecars (tables or
+    files stored next to the run) and extra manifest fields (e.g. the SGLang releases and shims used)."""
+
+    df: Any
+    sidecars: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, result) -> "Measured":
+        return result if isinstance(result, cls) else cls(result)
 
 
 @dataclass
