@@ -226,7 +226,10 @@ class Run:
         if fname.endswith(".csv.gz"):
             import pandas as pd
 
-            return pd.read_csv(path)
+            df = pd.read_csv(path)
+            for col in df.columns[df.dtypes == object]:  # an empty label reads back as NaN: keep it ""
+                df[col] = df[col].fillna("")
+            return df
         return path
 
     @property

@@ -10,11 +10,14 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
+
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # see sglab.measure.trace: no profiler chatter on stderr
 
 # CUgraphNodeType values (stable across CUDA 12/13); names used when the driver module gives none.
 _NODE_TYPE_NAMES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty",
@@ -156,7 +159,7 @@ def profiled_kernels(fn: Callable[[], object]) -> list[str]:
 
     _warm_profiler()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], acc_events=True) as prof:
         fn()
         torch.cuda.synchronize()
     names = []

@@ -152,7 +152,7 @@ class Recorder:
 
             _warm_profiler()
             torch.cuda.synchronize()
-        self._prof = profile(activities=activities)
+        self._prof = profile(activities=activities, acc_events=True)  # torch 2.11 warns on events() otherwise
         self._prof.__enter__()
         return self
 
