@@ -276,3 +276,19 @@ def changes(frame) -> list[tuple[str, str, str, str]]:
                 out.append((fix, r["version"], *now))
             prev = now
     return out
+
+
+def timeline_row(fix: str, frame=None):
+    """One fix across the releases (committed table by default): ``version, build_date, state, reason``."""
+    if fix not in registered():
+        raise KeyError(f"no fix {fix!r}; known: {list(registered())}")
+    frame = load_table() if frame is None else frame
+    return (frame[["version", "build_date", fix, f"{fix}_reason"]]
+            .rename(columns={fix: "state", f"{fix}_reason": "reason"}).reset_index(drop=True))
+
+
+def first_release(fix: str, states=("pr-era",), frame=None) -> str | None:
+    """The oldest release whose state for ``fix`` is one of ``states`` (committed table by default)."""
+    row = timeline_row(fix, frame)
+    hits = row[row["state"].isin(states)]
+    return None if hits.empty else hits["version"].iloc[0]
