@@ -188,10 +188,11 @@ class Timeline:
 
 def _release_list(versions, offline, lister, notes) -> tuple[list[str], bool, bool]:
     """(versions to show, whether the list came from the package index, whether the network may be tried)."""
+    if offline:
+        notes.append("offline: nothing downloaded")
     if versions:
         return sorted(set(versions), key=version_key), False, not offline
     if offline:
-        notes.append("offline: nothing downloaded")
         return [], False, False
     try:
         found = lister()
