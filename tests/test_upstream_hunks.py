@@ -170,6 +170,7 @@ def test_beside_puts_the_released_symbol_next_to_the_rebuild():
     assert text.startswith("== sglang 0.5.13 · KimiK25ForConditionalGeneration.__setattr__\ndef __setattr__")
     assert f"== rebuilt: {__name__}.rebuilt_setattr" in text and "<table" in shown._repr_html_()
     assert "def model(self)" in repr(beside(hunk, ("mine", "x = 1\n")))  # first symbol present by default
+    assert repr(H.beside("pcg_gate", rebuilt_setattr, symbol="KimiK25ForConditionalGeneration.__setattr__")) == text
     with pytest.raises(ValueError, match="no symbol exists on the 'before' side"):
         beside(hunk, ("mine", ""), side="before")
     with pytest.raises(KeyError, match="not on the 'after' side"):

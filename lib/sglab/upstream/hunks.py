@@ -238,6 +238,13 @@ def show(fix: str, pr: int | None = None):
     return Rendered(hunk_html(hunk), hunk_text(hunk))
 
 
+def beside(fix: str, rebuilt, *, pr: int | None = None, symbol: str | None = None, side: str = "after"):
+    """The released ``symbol`` of ``fix``'s hunk next to the rebuilt function or class (``rebuilt``)."""
+    from .display import beside as _beside
+
+    return _beside(load(fix, pr), rebuilt, symbol=symbol, side=side)
+
+
 def fixes() -> list[str]:
     """Fixes with a PR hunk, in the notebooks' order."""
     have = {s.fix for s in SPECS}
