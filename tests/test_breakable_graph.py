@@ -217,13 +217,17 @@ def test_upstream_check_registered():
     from sglab import upstream
 
     assert "breakable_graph" in upstream.registered()
-    src_before = "def can_run(self, forward_batch):\n    if forward_batch.batch_size > 1:\n        return False"
-    src_after = "self.layer_model = language_model.model\ndef replay_layer_forward(*args): ..."
+    src_before = ("class BreakableCudaGraphRunner:\n    def can_run(self, forward_batch):\n"
+                  "        if forward_batch.batch_size > 1:\n            return False\n")
+    src_after = ("class BreakableCudaGraphRunner:\n    def __init__(self, m):\n"
+                 "        self.layer_model = m.language_model.model\n\n    def replay(self, fb):\n"
+                 "        self.layer_model.forward = replay_layer_forward\n")
     check = checks.breakable_graph
-    assert check(lambda p: src_before if p.endswith("breakable_cuda_graph_runner.py") else None).status == "neither"
-    assert check(lambda p: src_after if p.endswith("breakable_cuda_graph_runner.py") else None).status == "fix"
-    assert check(lambda p: "self.layer_model" if "runner/" in p else None).status == "later"
-    assert check(lambda p: None).status == "unknown"
+    assert check(lambda p: src_before if p.endswith("breakable_cuda_graph_runner.py") else None).status == "before"
+    assert check(lambda p: src_after if p.endswith("breakable_cuda_graph_runner.py") else None).status == "pr-era"
+    later = src_after.replace("BreakableCudaGraphRunner", "PrefillCudaGraphRunner")
+    assert check(lambda p: later if p.endswith("runner/prefill_cuda_graph_runner.py") else None).status == "changed"
+    assert check(lambda p: None).status == "absent"
 
 
 def test_run_rows_on_cpu():

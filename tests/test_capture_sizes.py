@@ -212,14 +212,12 @@ def test_boundary_on_two_gloo_ranks():
 
 
 def test_upstream_check_verdicts():
-    pcg = "assert ...\n f\"No piecewise CUDA graph capture sizes are multiples of {mul_base}\""
-    files = {"srt/model_executor/piecewise_cuda_graph_runner.py": pcg}
-    assert checks.capture_sizes(files.get).status == "fix"
-    files = {"srt/model_executor/piecewise_cuda_graph_runner.py": "capture_num_tokens = ..."}
-    assert checks.capture_sizes(files.get).status == "neither"
-    files = {"srt/arg_groups/cuda_graph_hook.py": "prefill ... aligned = ceil_align(b, attn_tp_size)"}
-    assert checks.capture_sizes(files.get).status == "later"
-    assert checks.capture_sizes({}.get).status == "unknown"
+    before = ("class PiecewiseCudaGraphRunner:\n    def __init__(self, r):\n"
+              "        self.capture_num_tokens = self.compile_config.get_capture_sizes()\n")
+    pr = before + "        self.capture_num_tokens = [n for n in self.capture_num_tokens if n % mul_base == 0]\n"
+    assert checks.capture_sizes({"srt/model_executor/piecewise_cuda_graph_runner.py": pr}.get).status == "pr-era"
+    assert checks.capture_sizes({"srt/model_executor/piecewise_cuda_graph_runner.py": before}.get).status == "before"
+    assert checks.capture_sizes({}.get).status == "absent"
     assert "capture_sizes" in upstream.registered()
 
 
@@ -277,16 +275,19 @@ def test_headline_from_recorded_runs():
 
 
 def test_upstream_check_recognises_todays_round_up(tmp_path):
-    """The layout of SGLang 0.5.2x: capture sizes rounded up in the prefill runner, alignment in the base runner."""
+    """The layout of SGLang 0.5.14+: one prefill runner; 0.5.22+ rounds each size up to the alignment."""
     from sglab import upstream
 
     runner = tmp_path / "srt" / "model_executor" / "runner"
     runner.mkdir(parents=True)
+    (tmp_path / "srt" / "utils").mkdir()
     (runner / "prefill_cuda_graph_runner.py").write_text(
         "def get_prefill_num_tokens_to_capture(capture_tokens):\n"
-        "    return sorted({get_cuda_graph_max_batch_size(n) for n in capture_tokens})\n")
-    (runner / "base_cuda_graph_runner.py").write_text(
-        "mul_base = get_cuda_graph_batch_size_alignment()\nn = ceil_align(n, mul_base)\n")
-    assert upstream.check("capture_sizes", root=tmp_path).status == "later"
-    (runner / "base_cuda_graph_runner.py").write_text("nothing here\n")
-    assert upstream.check("capture_sizes", root=tmp_path).status == "unknown"
+        "    return sorted({get_cuda_graph_max_batch_size(n) for n in capture_tokens})\n\n"
+        "class PrefillCudaGraphRunner:\n    def __init__(self, r):\n"
+        "        self.capture_num_tokens = get_prefill_num_tokens_to_capture(r.sizes)\n")
+    (tmp_path / "srt" / "utils" / "common.py").write_text(
+        "def get_cuda_graph_max_batch_size(n):\n    return ceil_align(n, get_cuda_graph_batch_size_alignment())\n")
+    assert upstream.check("capture_sizes", root=tmp_path).status == "changed"
+    (tmp_path / "srt" / "utils" / "common.py").write_text("def get_cuda_graph_max_batch_size(n):\n    return n\n")
+    assert upstream.check("capture_sizes", root=tmp_path).status == "regressed"

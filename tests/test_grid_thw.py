@@ -158,11 +158,12 @@ def test_cache_rows_and_upstream_check_registered():
     assert v[("before", "images_encoded")] == 143 and v[("after", "images_encoded")] == 12
     assert v[("after", "cache_item_hit_rate")] == 139 / 151
     assert "grid_thw" in upstream.registered()
-    fake = {"srt/multimodal/processors/kimi_k25.py":
-            'grid_thws = grid_thws.cpu()\n return {"image_grid_thw": grid_thws}'}
-    assert checks.grid_thw(fake.get).status == "fix"
-    assert checks.grid_thw(lambda rel: 'return {"grid_thws": grid_thws}').status == "neither"
-    assert checks.grid_thw(lambda rel: None).status == "unknown"
+    call = ("class KimiGPUProcessorWrapper:\n    def _gpu_call(self, text, images):\n"
+            "        pixel_values, grid_thws = _gpu_preprocess_images(images)\n")
+    fixed = call + '        grid_thws = grid_thws.cpu()\n        return {"image_grid_thw": grid_thws}\n'
+    assert checks.grid_thw({"srt/multimodal/processors/kimi_k25.py": fixed}.get).status == "pr-era"
+    assert checks.grid_thw(lambda rel: call + '        return {"grid_thws": grid_thws}\n').status == "before"
+    assert checks.grid_thw(lambda rel: None).status == "absent"
 
 
 def _recorded_csvs():

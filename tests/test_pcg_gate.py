@@ -234,8 +234,8 @@ class KimiK25ForConditionalGeneration(nn.Module):
 '''
 
 
-@pytest.mark.parametrize("src,status", [(KIMI_FIXED, "fix"), (KIMI_PROPERTY_ONLY, "neither"),
-                                        (KIMI_ALIAS, "neither"), (KIMI_BEFORE, "neither"),
+@pytest.mark.parametrize("src,status", [(KIMI_FIXED, "pr-era"), (KIMI_PROPERTY_ONLY, "before"),
+                                        (KIMI_ALIAS, "before"), (KIMI_BEFORE, "before"),
                                         ("class Other: pass\n", "unknown")])
 def test_upstream_check_reads_the_wrapper(tmp_path, src, status):
     from sglab import upstream

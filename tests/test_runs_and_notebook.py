@@ -88,26 +88,27 @@ def test_hardware_meets_on_cpu():
         assert not ok and "no CUDA GPU" in why
 
 
-def test_upstream_checks_read_source_without_import(tmp_path):
+def test_upstream_checks_read_source_without_import(tmp_path, monkeypatch):
     pkg = tmp_path / "srt" / "models"
     pkg.mkdir(parents=True)
     (pkg / "demo.py").write_text("class Demo:\n    @property\n    def model(self): ...\n")
+    monkeypatch.setattr(upstream, "_REGISTRY", dict(upstream._REGISTRY))  # the demo check leaves no trace
 
     @upstream.register("demo_check", "demo property present")
     def _check(read):
         text = read("srt/models/demo.py")
         if text is None:
             return upstream.Verdict("unknown", "file missing")
-        return upstream.Verdict("fix" if "def model" in text else "neither", "")
+        return upstream.Verdict("pr-era" if "def model" in text else "before", "demo property")
 
-    assert upstream.check("demo_check", root=tmp_path).status == "fix"
+    assert upstream.check("demo_check", root=tmp_path).status == "pr-era"
     assert upstream.check("demo_check", root=tmp_path / "nothing").status == "unknown"
     if upstream.installed() is None:
         assert upstream.check("demo_check").status == "not-installed"
     with pytest.raises(KeyError):
         upstream.check("no_such_check")
     with pytest.raises(ValueError):
-        upstream.Verdict("maybe")
+        upstream.Verdict("maybe", "not a state")
 
 
 def test_cli_params_and_errors():

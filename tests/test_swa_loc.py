@@ -230,24 +230,30 @@ def test_pad_scenario_clean_without_the_bug(variant):
 
 
 def test_upstream_check_reads_pr_era_sources():
-    pool_pr = "class SWAKVPool:\n    def set_swa_loc(self, loc):\n        self.swa_loc = loc\n"
-    runner_before = "def capture_one_batch_size(self, bs):\n    run_once()\n"
-    runner_23552 = "self.model_runner.token_to_kv_pool.set_swa_loc(\n  self.buffers.out_cache_loc_swa[:num_tokens])"
-    runner_24743 = runner_23552 + "\nif self.out_cache_loc_swa is not None:\n    self.out_cache_loc_swa.zero_()"
-    pool_later = "def set_kv_buffer(self, layer, loc, k, v):\n    loc, swa_loc = unwrap_write_loc(loc)\n"
+    pool_pr = ("class SWAKVPool:\n    def set_swa_loc(self, loc):\n        self.swa_loc = loc\n\n"
+               "    def set_kv_buffer(self, layer, loc, k, v):\n        if self.swa_loc is None:\n"
+               "            loc = self.translate_loc_from_full_to_swa(loc)\n")
+    runner_before = "class CudaGraphRunner:\n    def capture_one_batch_size(self, bs):\n        run_once()\n"
+    runner_23552 = runner_before.replace("        run_once()", "        self.model_runner.token_to_kv_pool.set_swa_loc("
+                                         "self.buffers.out_cache_loc_swa[:num_tokens])")
+    runner_24743 = runner_23552 + ("\nclass DecodeInputBuffers:\n    def populate_from_forward_batch(self, fb):\n"
+                                   "        if self.out_cache_loc_swa is not None:\n"
+                                   "            self.out_cache_loc_swa.zero_()\n")
+    pool_later = ("class SWAKVPool:\n    def set_kv_buffer(self, layer, loc, k, v):\n"
+                  "        loc, swa_loc = unwrap_write_loc(loc)\n")
 
     def reader(files):
         return lambda rel: files.get(rel)
 
     runner = "srt/model_executor/cuda_graph_runner.py"
     pool = "srt/mem_cache/swa_memory_pool.py"
-    assert checks.swa_loc(reader({})).status == "unknown"
-    assert checks.swa_loc(reader({pool: pool_pr, runner: runner_before})).status == "neither"
+    assert checks.swa_loc(reader({})).status == "absent"
+    assert checks.swa_loc(reader({pool: pool_pr, runner: runner_before})).status == "before"
     v = checks.swa_loc(reader({pool: pool_pr, runner: runner_23552}))
-    assert v.status == "fix" and "NOT zeroed" in v.detail
+    assert v.status == "pr-era" and "#24743 not yet" in v.detail
     v = checks.swa_loc(reader({pool: pool_pr, runner: runner_24743}))
-    assert v.status == "fix" and "zeroed on padded" in v.detail
-    assert checks.swa_loc(reader({pool: pool_later})).status == "later"
+    assert v.status == "pr-era" and "padded tail zeroed" in v.detail
+    assert checks.swa_loc(reader({pool: pool_later})).status == "changed"
 
 
 def test_sweep_rows_eager():

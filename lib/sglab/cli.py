@@ -6,6 +6,7 @@
                                     run an experiment live → data/runs/ (or data/recorded/ with --recorded)
     sglab sync [--check]            write each notebooks/NN_*.ipynb from its .py (or only check the pairs)
     sglab upstream [--root DIR]     which fixes the installed SGLang (or the source tree DIR) contains
+    sglab upstream --releases [V..] the state of each fix in every release from 0.5.10, read from the wheels
     sglab index [--check]           rewrite (or check) the README's notebook index from the recorded runs
     sglab verify [EXP|RUN.csv ...] [--all] [--live] [--against [REF]] [--junit FILE]
                                     a verdict per claim on recorded, live or given runs (see sglab.verify)
@@ -151,14 +152,9 @@ def cmd_sync(args) -> int:
 
 # -- upstream -------------------------------------------------------------------------------------------------
 def cmd_upstream(args) -> int:
-    from . import upstream
+    from .upstream import command
 
-    root = Path(args.root) if args.root else None
-    if root is not None and not (root / "srt").is_dir():
-        raise SystemExit(f"{root} is not an SGLang package folder (expected {root}/srt/): pass the folder that "
-                         "holds srt/, e.g. an unpacked wheel's sglang/ or a checkout's python/sglang/")
-    print(upstream.check_all(root=root).to_string(index=False))
-    return 0
+    return command.run(args)
 
 
 # -- index ----------------------------------------------------------------------------------------------------
@@ -311,8 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("sync", help="write notebooks' .ipynb from their .py")
     p.add_argument("--check", action="store_true")
     p.set_defaults(fn=cmd_sync)
-    p = sub.add_parser("upstream", help="which fixes the installed SGLang (or a source tree) contains")
-    p.add_argument("--root", help="an SGLang package folder to read instead of the installed one")
+    p = sub.add_parser("upstream", help="which fixes the installed SGLang, a source tree, or each release has")
+    from .upstream import command as upstream_command
+
+    upstream_command.add_arguments(p)
     p.set_defaults(fn=cmd_upstream)
     p = sub.add_parser("index", help="rewrite the README's notebook index from the recorded runs")
     p.add_argument("--check", action="store_true")

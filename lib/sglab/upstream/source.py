@@ -1,0 +1,104 @@
+"""Python source read as syntax: find a function or class by its dotted name, take its text, look inside it.
+
+The checks and the PR hunks both name code the way a reviewer does (``CudaGraphRunner.capture_one_batch_size``),
+never by line numbers, so the same name finds the symbol in every release however much the file around it moved.
+Nothing here imports the code it reads.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from functools import lru_cache
+
+_DEFS = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+@lru_cache(maxsize=64)
+def parse(source: str) -> ast.Module | None:
+    """The module's syntax tree, or None when the text does not parse (a checker must not crash on it)."""
+    try:
+        return ast.parse(source)
+    except SyntaxError:
+        return None
+
+
+def find(tree: ast.AST | None, qualname: str) -> ast.AST | None:
+    """The class or function ``qualname`` ("Class", "Class.method", "function") defined at the top of ``tree``.
+
+    Only direct bodies are searched (a module's, then a class's), as a dotted name means; where a name is
+    defined twice (e.g. under ``if``/``else`` at module level is not searched), the last definition wins, as
+    Python's own binding would."""
+    node = tree
+    for part in qualname.split("."):
+        body = getattr(node, "body", None) or []
+        hits = [n for n in body if isinstance(n, _DEFS) and n.name == part]
+        if not hits:
+            return None
+        node = hits[-1]
+    return node
+
+
+def text(source: str, node: ast.AST) -> str:
+    """The source lines of ``node`` with its decorators, dedented to column 0, ending in one newline."""
+    first = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
+    lines = source.splitlines()[first - 1:node.end_lineno]
+    return textwrap.dedent("\n".join(lines)).rstrip() + "\n"
+
+
+def symbol_text(source: str | None, qualname: str) -> str | None:
+    """Text of ``qualname`` in ``source``, or None when the file or the symbol is not there."""
+    if source is None:
+        return None
+    node = find(parse(source), qualname)
+    return None if node is None else text(source, node)
+
+
+def callee_name(call: ast.Call) -> str:
+    """The called name without its object: ``f`` for ``f(x)`` and for ``self.pool.f(x)``."""
+    func = call.func
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    if isinstance(func, ast.Name):
+        return func.id
+    return ""
+
+
+def calls(node: ast.AST | None, name: str) -> list[ast.Call]:
+    """Every call of ``name`` (as a plain name or an attribute) anywhere under ``node``."""
+    if node is None:
+        return []
+    return [n for n in ast.walk(node) if isinstance(n, ast.Call) and callee_name(n) == name]
+
+
+def keyword(call: ast.Call, name: str) -> ast.expr | None:
+    """The expression passed as ``name=`` in ``call``, or None."""
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def assignments(node: ast.AST | None, target: str) -> list[ast.expr]:
+    """Values assigned to ``target`` (spelled as in the source, e.g. ``"self.model"``) anywhere under ``node``."""
+    if node is None:
+        return []
+    out = []
+    for n in ast.walk(node):
+        if isinstance(n, ast.Assign) and any(ast.unparse(t) == target for t in n.targets):
+            out.append(n.value)
+        elif isinstance(n, (ast.AnnAssign, ast.AugAssign)) and n.value is not None \
+                and ast.unparse(n.target) == target:
+            out.append(n.value)
+    return out
+
+
+def mentions(node: ast.AST | None, spelled: str) -> bool:
+    """Whether the expression ``spelled`` (as ``ast.unparse`` writes it) occurs anywhere under ``node``."""
+    if node is None:
+        return False
+    return any(isinstance(n, ast.expr) and ast.unparse(n) == spelled for n in ast.walk(node))
+
+
+def string_constants(node: ast.AST | None) -> list[str]:
+    """Every string literal under ``node``, f-string pieces included."""
+    if node is None:
+        return []
+    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]

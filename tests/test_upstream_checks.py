@@ -1,0 +1,321 @@
+"""The per-fix source checks on small synthetic SGLang trees shaped like the real releases: every state of
+every check is reached, each verdict carries its reason, and the same checks read a folder on disk."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from sglab import upstream
+from sglab.upstream import RELEASE_STATES, STATES, Verdict, checks
+from sglab.upstream import source as S
+
+
+def state(check, files: dict) -> Verdict:
+    v = check(files.get)
+    assert v.status in RELEASE_STATES and v.detail and "\n" not in v.detail
+    return v
+
+
+# -- #26382 A ---------------------------------------------------------------------------------------------------
+KIMI_HEAD = """
+class KimiK25ForConditionalGeneration(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.language_model = DeepseekV3ForCausalLM(config.text_config)
+"""
+KIMI = {
+    "no_alias": KIMI_HEAD,
+    "plain_alias": KIMI_HEAD + "        self.model = self.language_model.model\n",
+    "property": KIMI_HEAD + "\n    @property\n    def model(self):\n        return self.language_model\n",
+}
+KIMI["guard"] = KIMI["property"] + ("\n    def __setattr__(self, name, value):\n        if name == \"model\":\n"
+                                    "            return\n        super().__setattr__(name, value)\n")
+
+
+@pytest.mark.parametrize("shape,status,words", [
+    ("no_alias", "before", "not a language model"), ("plain_alias", "before", "self.language_model.model"),
+    ("property", "before", "without the __setattr__ guard"), ("guard", "pr-era", "registered once")])
+def test_pcg_gate_states(shape, status, words):
+    v = state(checks.pcg_gate, {checks.KIMI_MODEL: KIMI[shape]})
+    assert v.status == status and words in v.detail
+
+
+def test_pcg_gate_absent_and_unknown():
+    assert state(checks.pcg_gate, {}).status == "absent"
+    assert state(checks.pcg_gate, {checks.KIMI_MODEL: "class Other:\n    pass\n"}).status == "unknown"
+
+
+# -- #26382 B ---------------------------------------------------------------------------------------------------
+def _layernorm(kwarg: str) -> dict:
+    return {checks.LAYERNORM: f"""
+def _forward_with_allreduce_fusion(norm_module, x, residual, weight):
+    fused_result = flashinfer_allreduce_residual_rmsnorm(
+        input_tensor=x, residual=residual, weight=weight, {kwarg}use_attn_tp_group=True)
+    return fused_result
+""", "srt/layers/flashinfer_comm_fusion.py": """
+def flashinfer_allreduce_residual_rmsnorm(input_tensor, residual, weight, eps=1e-6, max_token_num: int = 2048):
+    assert input_tensor.shape[0] <= max_token_num
+"""}
+
+
+@pytest.mark.parametrize("kwarg,status,words", [
+    ("", "before", "default max_token_num=2048 applies and it asserts"),
+    ("max_token_num=max(x.shape[0], 2048), ", "pr-era", "max(x.shape[0], 2048)"),
+    ("max_token_num=max(x.shape[0], 4096), ", "changed", "other than the PR's 2048"),
+    ("max_token_num=x.shape[0], ", "unknown", "x.shape[0]")])
+def test_workspace_floor_states(kwarg, status, words):
+    v = state(checks.workspace_floor, _layernorm(kwarg))
+    assert v.status == status and words in v.detail
+
+
+def test_workspace_floor_absent():
+    assert state(checks.workspace_floor, {}).status == "absent"
+    v = state(checks.workspace_floor, {checks.LAYERNORM: "def rms_norm(x):\n    return x\n"})
+    assert v.status == "absent" and "does not call" in v.detail
+    assert state(checks.workspace_floor, {checks.LAYERNORM: "def broken(:\n"}).status == "unknown"
+
+
+# -- #24662 -----------------------------------------------------------------------------------------------------
+SWAP = """
+    def __init__(self, model_runner):
+        language_model = getattr(model_runner.model, "language_model", model_runner.model)
+        self.layer_model = language_model.model
+
+    def replay(self, forward_batch):
+        def replay_layer_forward(*args, **kwargs):
+            return self.graph.replay()
+        self.layer_model.forward = replay_layer_forward
+"""
+REJECT = """
+    def can_run(self, forward_batch):
+        if forward_batch.batch_size > 1:
+            return False
+        return True
+"""
+
+
+@pytest.mark.parametrize("files,status", [
+    ({}, "absent"),
+    ({checks.BREAKABLE_RUNNER: "class BreakableCudaGraphRunner:" + REJECT}, "before"),
+    ({checks.BREAKABLE_RUNNER: "class BreakableCudaGraphRunner:" + SWAP}, "pr-era"),
+    ({checks.PREFILL_RUNNER: "class PrefillCudaGraphRunner:" + SWAP}, "changed"),
+    ({checks.PREFILL_RUNNER: "class PrefillCudaGraphRunner:" + REJECT.replace("can_run", "can_run_graph")},
+     "regressed"),
+    ({checks.BREAKABLE_RUNNER: "class BreakableCudaGraphRunner:\n    pass\n"}, "unknown"),
+    ({checks.BREAKABLE_RUNNER: "class Other:\n    pass\n"}, "unknown")])
+def test_breakable_graph_states(files, status):
+    assert state(checks.breakable_graph, files).status == status
+
+
+# -- #23552 / #24743 --------------------------------------------------------------------------------------------
+POOL_PR = """
+class SWAKVPool:
+    def set_swa_loc(self, loc):
+        self.swa_loc = loc
+
+    def set_kv_buffer(self, layer, loc, cache_k, cache_v):
+        if self.swa_loc is not None:
+            loc = self.swa_loc
+        else:
+            loc = self.translate_loc_from_full_to_swa(loc)
+        self.swa_kv_pool.set_kv_buffer(None, loc, cache_k, cache_v)
+"""
+POOL_LATER = """
+class SWAKVPool:
+    def set_kv_buffer(self, layer, loc_info, cache_k, cache_v):
+        loc, swa_loc = unwrap_write_loc(loc_info)
+        assert swa_loc is not None
+        self.swa_kv_pool.set_kv_buffer(None, swa_loc, cache_k, cache_v)
+"""
+
+
+def _runner(preset: bool, follow_up: bool) -> str:
+    dtype = "torch.int32" if follow_up else "torch.int64"
+    zero = "\n        if self.out_cache_loc_swa is not None:\n            self.out_cache_loc_swa.zero_()" \
+        if follow_up else ""
+    call = ("        if self.buffers.out_cache_loc_swa is not None:\n            self.model_runner.token_to_kv_pool"
+            ".set_swa_loc(self.buffers.out_cache_loc_swa[:num_tokens])\n") if preset else ""
+    return f"""
+class DecodeInputBuffers:
+    @classmethod
+    def create(cls, max_num_token, is_hybrid_swa=False):
+        out_cache_loc_swa = torch.zeros((max_num_token,), dtype={dtype}) if is_hybrid_swa else None
+        return cls(out_cache_loc_swa=out_cache_loc_swa)
+
+    def populate_from_forward_batch(self, forward_batch, raw_bs, bs):
+        if bs != raw_bs:
+            self.out_cache_loc.zero_(){zero}
+
+class CudaGraphRunner:
+    def capture_one_batch_size(self, bs, forward, num_tokens):
+{call}        return forward()
+"""
+
+
+def test_swa_loc_states():
+    pool, runner = checks.SWA_POOL, checks.DECODE_RUNNER
+    assert state(checks.swa_loc, {}).status == "absent"
+    v = state(checks.swa_loc, {pool: POOL_PR, runner: _runner(False, False)})
+    assert v.status == "before" and "captured into the decode graph" in v.detail
+    v = state(checks.swa_loc, {pool: POOL_PR, runner: _runner(True, False)})
+    assert v.status == "pr-era" and "#24743 not yet" in v.detail and "torch.int64" in v.detail
+    v = state(checks.swa_loc, {pool: POOL_PR, runner: _runner(True, True)})
+    assert v.status == "pr-era" and "padded tail zeroed, torch.int32" in v.detail
+    assert state(checks.swa_loc, {pool: POOL_LATER}).status == "changed"
+    assert state(checks.swa_loc, {pool: POOL_PR}).status == "unknown"  # no decode runner to read
+    assert state(checks.swa_loc, {pool: "class SWAKVPool:\n    pass\n"}).status == "unknown"
+
+
+def test_swa_padding_zeroed_marks_the_follow_up():
+    assert checks.swa_padding_zeroed({checks.DECODE_RUNNER: _runner(True, True)}.get)
+    assert not checks.swa_padding_zeroed({checks.DECODE_RUNNER: _runner(True, False)}.get)
+    assert not checks.swa_padding_zeroed({}.get)
+
+
+# -- #22858 -----------------------------------------------------------------------------------------------------
+def _processor(build: str, ret: str, move: bool) -> dict:
+    moved = "        grid_thws = grid_thws.cpu()\n" if move else ""
+    return {checks.KIMI_PROCESSOR: f"""
+def _gpu_preprocess_images(images):
+    all_grids = [image_grid(im) for im in images]
+    grid_thws = {build}
+    return pixels(images), grid_thws
+
+class KimiGPUProcessorWrapper:
+    def _gpu_call(self, text, images):
+        pixel_values, grid_thws = _gpu_preprocess_images(images)
+{moved}        return {{"input_ids": ids(text), "pixel_values": pixel_values, "{ret}": grid_thws}}
+"""}
+
+
+@pytest.mark.parametrize("build,ret,move,status", [
+    ("torch.stack(all_grids, dim=0)", "grid_thws", False, "before"),
+    ("torch.stack(all_grids, dim=0)", "image_grid_thw", True, "pr-era"),
+    ("torch.tensor(all_grids, dtype=torch.int64)", "image_grid_thw", False, "changed"),
+    ("torch.stack(all_grids, dim=0)", "image_grid_thw", False, "regressed"),
+    ("torch.stack(all_grids, dim=0)", "grids", False, "unknown")])
+def test_grid_thw_states(build, ret, move, status):
+    assert state(checks.grid_thw, _processor(build, ret, move)).status == status
+
+
+def test_grid_thw_absent():
+    assert state(checks.grid_thw, {}).status == "absent"
+    v = state(checks.grid_thw, {checks.KIMI_PROCESSOR: "class KimiK2_5VLImageProcessor:\n    pass\n"})
+    assert v.status == "absent" and "KimiGPUProcessorWrapper._gpu_call" in v.detail
+
+
+# -- #23972 -----------------------------------------------------------------------------------------------------
+PCG_BEFORE = """
+class PiecewiseCudaGraphRunner:
+    def __init__(self, model_runner):
+        self.capture_num_tokens = self.compile_config.get_capture_sizes()
+"""
+PCG_PR = PCG_BEFORE + """        if require_gathered_buffer(model_runner.server_args):
+            mul_base = self.attn_tp_size
+            filtered = [n for n in self.capture_num_tokens if n % mul_base == 0]
+            assert filtered, f"No piecewise CUDA graph capture sizes are multiples of {mul_base}"
+            self.capture_num_tokens = filtered
+"""
+PREFILL = """
+def get_prefill_num_tokens_to_capture(capture_tokens):
+    return sorted({get_cuda_graph_max_batch_size(n) for n in capture_tokens})
+
+class PrefillCudaGraphRunner:
+    def __init__(self, model_runner):
+        capture_tokens = model_runner.server_args.cuda_graph_config.prefill.bs
+        self.capture_num_tokens = CAPTURE
+"""
+ROUND_UP = "def get_cuda_graph_max_batch_size(n):\n    return ceil_align(n, get_cuda_graph_batch_size_alignment())\n"
+
+
+@pytest.mark.parametrize("files,status,words", [
+    ({}, "absent", "no piecewise or prefill"),
+    ({checks.PIECEWISE_RUNNER: PCG_BEFORE}, "before", "every configured size"),
+    ({checks.PIECEWISE_RUNNER: PCG_PR}, "pr-era", "divisible by mul_base"),
+    ({checks.PREFILL_RUNNER: PREFILL.replace("CAPTURE", "sorted(capture_tokens)")}, "regressed",
+     "sorted(capture_tokens) with no TP/CP alignment"),
+    ({checks.PREFILL_RUNNER: PREFILL.replace("CAPTURE", "get_prefill_num_tokens_to_capture(capture_tokens)"),
+      "srt/utils/common.py": ROUND_UP}, "changed", "get_cuda_graph_max_batch_size → ceil_align"),
+    ({checks.PREFILL_RUNNER: PREFILL.replace("CAPTURE", "[n for n in capture_tokens if n % mul_base == 0]")},
+     "changed", "filters"),
+    ({checks.PREFILL_RUNNER: PREFILL.replace("self.capture_num_tokens = CAPTURE", "pass")}, "unknown", "does not set"),
+    ({checks.PIECEWISE_RUNNER: "class Other:\n    pass\n"}, "unknown", "no PiecewiseCudaGraphRunner.__init__")])
+def test_capture_sizes_states(files, status, words):
+    v = state(checks.capture_sizes, files)
+    assert v.status == status and words in v.detail, v
+
+
+def test_round_up_helper_without_ceil_align_is_not_a_round_up():
+    files = {checks.PREFILL_RUNNER: PREFILL.replace("CAPTURE", "get_prefill_num_tokens_to_capture(capture_tokens)"),
+             "srt/utils/common.py": "def get_cuda_graph_max_batch_size(n):\n    return n\n"}
+    assert state(checks.capture_sizes, files).status == "regressed"
+
+
+# -- every state reachable; the folder path; the verdict contract -----------------------------------------------
+def test_every_release_state_is_reached_by_some_check():
+    reached = {
+        state(checks.pcg_gate, {}).status, state(checks.pcg_gate, {checks.KIMI_MODEL: KIMI["guard"]}).status,
+        state(checks.pcg_gate, {checks.KIMI_MODEL: KIMI["no_alias"]}).status,
+        state(checks.swa_loc, {checks.SWA_POOL: POOL_LATER}).status,
+        state(checks.capture_sizes, {checks.PREFILL_RUNNER: PREFILL.replace("CAPTURE", "sorted(capture_tokens)")}).status,
+        state(checks.pcg_gate, {checks.KIMI_MODEL: "class Other:\n    pass\n"}).status,
+    }
+    assert reached == set(RELEASE_STATES)
+    assert set(STATES) == set(RELEASE_STATES) | {"not-installed"}
+
+
+def test_checks_read_a_folder_on_disk(tmp_path):
+    for rel, text in {checks.KIMI_MODEL: KIMI["guard"], checks.PIECEWISE_RUNNER: PCG_PR}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert upstream.check("pcg_gate", root=tmp_path).status == "pr-era"
+    assert upstream.check("capture_sizes", root=tmp_path).status == "pr-era"
+    assert upstream.check("grid_thw", root=tmp_path).status == "absent"
+    frame = upstream.check_all(root=tmp_path)
+    assert list(frame["check"]) == list(upstream.registered()) and frame["detail"].str.len().min() > 0
+    v = upstream.check("pcg_gate", root=tmp_path / "srt")  # a folder without srt/ in it: not an SGLang tree
+    assert v.status == "unknown" and "not an SGLang package folder" in v.detail
+
+
+def test_verdict_needs_a_known_state_and_a_one_line_reason():
+    with pytest.raises(ValueError, match="must be one of"):
+        Verdict("fix", "old vocabulary")
+    for bad in ("", "   ", "two\nlines"):
+        with pytest.raises(ValueError, match="one-line reason"):
+            Verdict("unknown", bad)
+    assert str(Verdict("before", "why")) == "before: why" and Verdict("before", "why").reason == "why"
+
+
+def test_a_raising_check_answers_unknown_with_the_error(monkeypatch):
+    def boom(read):
+        raise RuntimeError("cannot read\nthis")
+
+    monkeypatch.setitem(upstream._REGISTRY, "boom", ("raises", boom))
+    v = upstream.run_check("boom", {}.get)
+    assert v.status == "unknown" and "RuntimeError: cannot read this" in v.detail
+    with pytest.raises(KeyError):
+        upstream.run_check("no_such_fix", {}.get)
+    if upstream.installed() is None:
+        assert upstream.check("pcg_gate").status == "not-installed"
+
+
+def test_source_helpers_find_symbols_by_name():
+    src = textwrap.dedent("""
+        class A:
+            @property
+            def model(self):
+                return 1
+
+            class Inner:
+                def f(self):
+                    pass
+        def g():
+            return A().model
+        """)
+    assert S.symbol_text(src, "A.model") == "@property\ndef model(self):\n    return 1\n"
+    assert S.symbol_text(src, "A.Inner.f").startswith("def f(self):")
+    assert S.symbol_text(src, "A.nope") is None and S.symbol_text(None, "g") is None
+    assert S.parse("def broken(:") is None and S.find(None, "g") is None
+    assert len(S.calls(S.find(S.parse(src), "g"), "A")) == 1

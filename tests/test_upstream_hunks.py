@@ -1,0 +1,214 @@
+"""The committed PR hunks (data/upstream/<fix>/pr<N>.*): they load, their windows match the release table, their
+text is what the released files hold (checked against installed releases and cached wheels where here), and they
+render as a coloured diff, as plain text, and beside a rebuilt function. Also the timeline figures."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from sglab import runs, upstream
+from sglab.upstream import hunks as H
+from sglab.upstream import releases as R
+from sglab.upstream.display import Rendered, beside, diff_html
+from sglab.upstream.figures import STATE_COLOURS, timeline_figure, timeline_row_figure
+
+INSTALLED = runs.repo_root() / ".sglang" / "releases"
+# one line each PR added, as released (the reason the hunk exists)
+ADDED = {("pcg_gate", 26382): '+    if name == "model":',
+         ("workspace_floor", 26382): "+                    max_token_num=max(x.shape[0], 2048),",
+         ("breakable_graph", 24662): "+        self.layer_model.forward = replay_layer_forward",
+         ("swa_loc", 23552): "+        self.model_runner.token_to_kv_pool.set_swa_loc(",
+         ("swa_loc", 24743): "+            self.out_cache_loc_swa.zero_()",
+         ("grid_thw", 22858): "+    grid_thws = grid_thws.cpu()",
+         ("capture_sizes", 23972): '+        ), f"No piecewise CUDA graph capture sizes are multiples of {mul_base}"'}
+
+
+@pytest.fixture(scope="module")
+def table():
+    return R.load_table()
+
+
+@pytest.fixture(scope="module", params=H.SPECS, ids=lambda s: f"{s.fix}-{s.pr}")
+def pair(request):
+    spec = request.param
+    return spec, H.load(spec.fix, spec.pr)
+
+
+def test_every_fix_has_its_hunk():
+    assert H.fixes() == list(upstream.registered())
+    assert {(s.fix, s.pr) for s in H.SPECS} == set(ADDED)
+    with pytest.raises(KeyError):
+        H.specs("no_such_fix")
+
+
+def test_hunk_window_is_consecutive_releases_matching_the_table(pair, table):
+    spec, hunk = pair
+    versions = list(table["version"])
+    assert versions.index(hunk.after_version) == versions.index(hunk.before_version) + 1
+    if spec is H.specs(spec.fix)[0]:  # the main PR: the first release the check calls pr-era
+        assert hunk.after_version == R.first_release(spec.fix, frame=table)
+    rows = table.set_index("version")
+    assert hunk.before_wheel["sha256"] == rows.loc[hunk.before_version, "sha256"]
+    assert hunk.after_wheel["wheel"] == rows.loc[hunk.after_version, "wheel"]
+
+
+def test_hunk_text_is_consistent_and_shows_the_change(pair):
+    spec, hunk = pair
+    assert hunk.symbols == spec.symbols and hunk.path == f"sglang/{spec.symbols[0].split('::')[0]}"
+    assert hunk.diff == H.unified(hunk.before, hunk.after, hunk.before_version, hunk.after_version)
+    assert ADDED[(spec.fix, spec.pr)] in hunk.diff.splitlines()
+    after = hunk.blocks("after")
+    assert list(after) == [s.split("::")[1] for s in spec.symbols] and all(after.values())
+    assert list(hunk.blocks("before")) == list(after)
+
+
+def test_symbols_new_in_the_pr_are_marked_absent_before():
+    pcg = H.load("pcg_gate")
+    assert pcg.blocks("before") == {"KimiK25ForConditionalGeneration.model": None,
+                                    "KimiK25ForConditionalGeneration.__setattr__": None}
+    grid = H.load("grid_thw").blocks("before")  # the GPU processor arrived together with the fix
+    assert grid["KimiGPUProcessorWrapper._gpu_call"] is None
+    assert "item.grid_thws" in grid["KimiK25ForConditionalGeneration.get_image_feature"]
+
+
+def _release_reader(version):
+    root = INSTALLED / version / "sglang"
+    return (lambda rel: upstream.read(rel, root=root)) if (root / "srt").is_dir() else None
+
+
+def test_hunks_match_the_installed_releases():
+    """Re-read each side from ``.sglang/releases/<V>/sglang/`` where that release is installed."""
+    compared = []
+    for spec in H.SPECS:
+        hunk = H.load(spec.fix, spec.pr)
+        for version, text in ((hunk.before_version, hunk.before), (hunk.after_version, hunk.after)):
+            read = _release_reader(version)
+            if read is not None:
+                assert H.side_text(read, spec.symbols) == text, (spec.fix, spec.pr, version)
+                compared.append((spec.fix, version))
+    if not compared:
+        pytest.skip("no release of a hunk's window is installed under .sglang/releases/")
+
+
+def test_hunks_match_the_cached_wheels():
+    """Where the wheel cache holds both releases of a window, rebuild the hunk from them: same files."""
+    rebuilt = 0
+    for spec in H.SPECS:
+        hunk = H.load(spec.fix, spec.pr)
+        paths = [R.cached(v, R.cache_dir()) for v in (hunk.before_version, hunk.after_version)]
+        if None in paths:
+            continue
+        with R.WheelReader(paths[0]) as rb, R.WheelReader(paths[1]) as ra:
+            again = H.build(spec, (hunk.before_version, rb, R.wheel_facts(paths[0])),
+                            (hunk.after_version, ra, R.wheel_facts(paths[1])))
+        assert again == hunk
+        rebuilt += 1
+    if not rebuilt:
+        pytest.skip("no wheel cached under .sglang/wheels/")
+
+
+def test_find_window_and_its_errors():
+    spec = H.Spec("demo", 1, ("srt/a.py::f",), first_with=lambda read: read("srt/a.py") is not None)
+    files = {"0.1": {}, "0.2": {}, "0.3": {"srt/a.py": "def f():\n    return 1\n"}}
+    reader = lambda v: files[v].get  # noqa: E731
+    assert H.find_window(spec, ["0.1", "0.2", "0.3"], reader) == ("0.2", "0.3")
+    with pytest.raises(ValueError, match="already in 0.3, the oldest release read"):
+        H.find_window(spec, ["0.3"], reader)
+    with pytest.raises(ValueError, match="no release among 0.1..0.2"):
+        H.find_window(spec, ["0.1", "0.2"], reader)
+    hunk = H.build(spec, ("0.2", reader("0.2"), {}), ("0.3", reader("0.3"), {"wheel": "w", "sha256": "s"}))
+    assert hunk.blocks("before") == {"f": None} and hunk.blocks("after") == {"f": "def f():\n    return 1\n"}
+
+
+def test_write_then_load_round_trip(tmp_path):
+    hunk = H.load("workspace_floor")
+    H.write(hunk, root=tmp_path)
+    assert H.load("workspace_floor", root=tmp_path) == hunk
+    with pytest.raises(FileNotFoundError, match="sglab upstream --releases"):
+        H.load("capture_sizes", root=tmp_path)
+
+
+def test_data_upstream_stays_small():
+    total = sum(p.stat().st_size for p in upstream.data_dir().rglob("*") if p.is_file())
+    assert total < 400_000, f"data/upstream holds {total} bytes"
+
+
+# -- display ----------------------------------------------------------------------------------------------------
+def test_show_renders_html_with_plain_text_fallback():
+    shown = H.show("swa_loc", 24743)
+    assert isinstance(shown, Rendered)
+    assert repr(shown).startswith("sgl-project/sglang#24743 · 0.5.11 → 0.5.12 · sglang/srt/model_executor/")
+    html = shown._repr_html_()
+    added = re.findall(r'<span style="background:#e6ffec[^"]*">([^<]*)</span>', html)
+    assert "+            self.out_cache_loc_swa.zero_()" in added
+    assert "torch.int64" in " ".join(re.findall(r'<span style="background:#ffebe9[^"]*">([^<]*)</span>', html))
+    assert str(H.load("pcg_gate")).splitlines()[1] == "--- sglang 0.5.12.post1"
+    assert repr(H.load("pcg_gate")) == "<Hunk pcg_gate sgl-project/sglang#26382 · 0.5.12.post1 → 0.5.13: " \
+                                      "2 symbols, +11 -2 lines>"
+
+
+def test_diff_html_escapes_and_colours_each_line():
+    out = diff_html("--- a\n+++ b\n@@ -1 +1 @@\n-x = a<b\n+x = a > b\n # ── sglang/srt/x.py · f\n ctx")
+    assert "a&lt;b" in out and "a &gt; b" in out and out.count("<span") == 7
+    assert 'background:#eef4fb' in out and "font-weight:bold" in out
+
+
+def rebuilt_setattr(self, name, value):
+    """A stand-in for a rebuilt function shown beside the released one."""
+    if name == "model":
+        return
+    object.__setattr__(self, name, value)
+
+
+def test_beside_puts_the_released_symbol_next_to_the_rebuild():
+    hunk = H.load("pcg_gate")
+    shown = beside(hunk, rebuilt_setattr, symbol="KimiK25ForConditionalGeneration.__setattr__")
+    text = repr(shown)
+    assert text.startswith("== sglang 0.5.13 · KimiK25ForConditionalGeneration.__setattr__\ndef __setattr__")
+    assert f"== rebuilt: {__name__}.rebuilt_setattr" in text and "<table" in shown._repr_html_()
+    assert "def model(self)" in repr(beside(hunk, ("mine", "x = 1\n")))  # first symbol present by default
+    assert repr(H.beside("pcg_gate", rebuilt_setattr, symbol="KimiK25ForConditionalGeneration.__setattr__")) == text
+    with pytest.raises(ValueError, match="no symbol exists on the 'before' side"):
+        beside(hunk, ("mine", ""), side="before")
+    with pytest.raises(KeyError, match="not on the 'after' side"):
+        beside(hunk, ("mine", ""), symbol="Nope.nope")
+
+
+# -- figures ----------------------------------------------------------------------------------------------------
+def test_timeline_figure_colours_each_cell_by_state(table):
+    from matplotlib.colors import to_hex
+
+    fig = timeline_figure(table)
+    ax = fig.axes[0]
+    cells = ax.patches
+    assert len(cells) == len(table) * len(upstream.registered())
+    fixes = list(upstream.registered())
+    want = [STATE_COLOURS[s] for fix in fixes for s in table[fix]]
+    assert [to_hex(c.get_facecolor()) for c in cells] == want
+    assert [t.get_text() for t in ax.get_yticklabels()] == fixes
+    assert [t.get_text() for t in ax.get_xticklabels()] == list(table["version"])
+    assert {t.get_text() for t in ax.get_legend().get_texts()} == {"absent", "before", "pr-era", "changed",
+                                                                  "regressed"}
+
+
+def test_timeline_row_figure_labels_each_run_of_states(table):
+    from matplotlib.colors import to_hex
+
+    fig = timeline_row_figure("capture_sizes", table)
+    ax = fig.axes[0]
+    assert [to_hex(b.get_facecolor()) for b in ax.patches] == [STATE_COLOURS[s] for s in table["capture_sizes"]]
+    assert [t.get_text() for t in ax.texts] == ["before", "pr-era", "regressed", "changed"]
+    with pytest.raises(KeyError):
+        timeline_row_figure("no_such_fix", table)
+
+
+def test_timeline_row_from_the_committed_table():
+    row = R.timeline_row("grid_thw")
+    assert list(row.columns) == ["version", "build_date", "state", "reason"]
+    assert row.set_index("version").loc["0.5.10.post1", "state"] == "absent"
+    with pytest.raises(KeyError):
+        R.timeline_row("no_such_fix")
+    assert Path(R.table_path()).name == "releases.csv"
