@@ -8,6 +8,10 @@
     sglab upstream [--root DIR]     which fixes the installed SGLang (or the source tree DIR) contains
     sglab upstream --releases [V..] the state of each fix in every release from 0.5.10, read from the wheels
     sglab index [--check]           rewrite (or check) the README's notebook index from the recorded runs
+    sglab workspace --trace FILE [--world-size W] [--hidden H]
+                                    your traffic (CSV or SGLang log) → workspace re-creations per policy
+    sglab swa-cost CONFIG.json [--batch-size B]
+                                    your model's sliding-window layout → what the SWA location preset saves
     sglab verify [EXP|RUN.csv ...] [--all] [--live] [--against [REF]] [--junit FILE]
                                     a verdict per claim on recorded, live or given runs (see sglab.verify)
 """
@@ -199,6 +203,51 @@ def cmd_verify(args) -> int:
     return status
 
 
+# -- investigate your own setup -------------------------------------------------------------------------------
+def cmd_workspace(args) -> int:
+    from .investigate import workspace as ws
+
+    if args.world_size < 2:
+        print("sglab workspace: the fused all-reduce needs --world-size >= 2", file=sys.stderr)
+        return 2
+    try:
+        trace = ws.read_trace(args.trace, pcg_max_tokens=args.pcg_max_tokens)
+    except ws.TraceError as e:
+        print(f"sglab workspace: {e}", file=sys.stderr)
+        return 2
+    if not trace.tokens:
+        print(f"sglab workspace: {args.trace}: no forward step with tokens", file=sys.stderr)
+        return 2
+    print(ws.describe(trace))
+    df = ws.simulate(trace.tokens, world_size=args.world_size, hidden_dim=args.hidden,
+                     pre_initialize=args.pre_initialize)
+    print(f"world size {args.world_size}, hidden {args.hidden}, "
+          + ("cold start" if not args.pre_initialize else f"pre-initialised at {args.pre_initialize} tokens"))
+    print(df.round(1).to_string())
+    print(f"times: {df.attrs['cost_model']}")
+    return 0
+
+
+def cmd_swa_cost(args) -> int:
+    from .investigate import swa_cost as sc
+
+    try:
+        lay = sc.read_config(args.config)
+    except sc.ConfigError as e:
+        print(f"sglab swa-cost: {e}", file=sys.stderr)
+        return 2
+    df = sc.predict(lay, batch_size=args.batch_size, max_bs=args.max_bs)
+    print(f"{args.config}: {df.attrs['layout']}")
+    print(f"SWA layers: {lay.swa_layers}")
+    if df.empty:
+        print("no recorded swa_loc run to take per-layer costs from")
+    else:
+        print(df.to_string(index=False))
+        print(f"without the preset (before #23552) each decode step pays the extra kernels and µs above; the int64 "
+              f"buffer of #23552 wastes 4 bytes per captured slot (--max-bs {args.max_bs}) until #24743")
+    return 0
+
+
 # -- run ------------------------------------------------------------------------------------------------------
 _STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1000px;color:#222}
 table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ddd;padding:.4em .6em;text-align:left;
@@ -315,6 +364,19 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("index", help="rewrite the README's notebook index from the recorded runs")
     p.add_argument("--check", action="store_true")
     p.set_defaults(fn=cmd_index)
+    p = sub.add_parser("workspace", help="workspace re-creations per max_token_num policy for your traffic")
+    p.add_argument("--trace", required=True, help="CSV of token counts per forward step, or an SGLang server log")
+    p.add_argument("--world-size", type=int, default=8)
+    p.add_argument("--hidden", type=int, default=7168, help="hidden size of the model (7168: Kimi-K2.5/DeepSeek-V3)")
+    p.add_argument("--pcg-max-tokens", type=int, default=4096,
+                   help="pad prefill batches to piecewise-CUDA-graph buckets up to this size (0: no padding)")
+    p.add_argument("--pre-initialize", type=int, default=0, help="tokens of a workspace created before the first call")
+    p.set_defaults(fn=cmd_workspace)
+    p = sub.add_parser("swa-cost", help="what the SWA location preset saves for a model's sliding-window layout")
+    p.add_argument("config", help="a Hugging Face config.json")
+    p.add_argument("--batch-size", type=int, default=32, help="decode batch size for the µs estimate")
+    p.add_argument("--max-bs", type=int, default=256, help="largest captured decode batch (cuda-graph-max-bs)")
+    p.set_defaults(fn=cmd_swa_cost)
     p = sub.add_parser("verify", help="check every claim on recorded, live or given runs")
     p.add_argument("targets", nargs="*", help="experiment names or run CSV files")
     p.add_argument("--all", action="store_true", help="every recorded run of every experiment")
