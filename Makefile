@@ -12,7 +12,7 @@ comma     := ,
 EXTRAS    ?= exec,test
 STAMP     := $(VENV)/.sglab-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: workbook test test-gpu lab wheelhouse offline-gpu sync env clean
+.PHONY: workbook test test-gpu verify lab wheelhouse offline-gpu sync env clean
 
 $(BIN)/python:
 	@if $(PY) -c "import torch" 2>/dev/null; then \
@@ -33,6 +33,12 @@ workbook: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# every claim on the committed runs; where GPUs are present, also run what they can run and compare it with the
+# recorded reference of the same GPU model
+verify: $(STAMP)
+	@if $(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
+	  $(BIN)/sglab verify --all --live --against; else $(BIN)/sglab verify --all; fi
 
 # the GPU tests only (skipped where there is no CUDA)
 test-gpu: $(STAMP)
