@@ -50,8 +50,9 @@ DEFAULT_PARAMS: Dict[str, Any] = {
     "repeat": 60,
     "rounds": 3,
     "pad_num_layers": 12,
-    "trace_config": dict(HEADLINE_CONFIG),
-    "kernel_table_runs": 5,
+    "trace_config": dict(HEADLINE_CONFIG),  # the layout and batch size of the traced replays
+    "eager_config": {"num_layers": 12, "swa_per_full": 5, "batch_size": 32},  # the eager kernel table's step
+    "kernel_table_runs": 3,
     "seed": 0,
 }
 # The sweep the method-1 runs recorded (4 layer counts x 4 batch sizes): PARAMS = FULL_SWEEP in the notebook or

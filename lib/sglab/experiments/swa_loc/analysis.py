@@ -123,7 +123,7 @@ def trace_counts(events, pattern: Optional[str] = None) -> Dict[str, Dict[str, i
 _KEY_PARTS = [(r"index_put_kernel_impl<at::native::OpaqueType<(\d+)>", r"index_put<\1B>"),
               (r"index_kernel_impl<at::native::OpaqueType<(\d+)>", r"index gather<\1B>"),
               (r"direct_copy_kernel_cuda.*?\{lambda\((?:c10::)?(\w+)\)#1\}", r"copy -> \1"),
-              (r"(\w+Functor\w*)", r"\1")]
+              (r"(\w+Functor\w*)(?!.*Functor)", r"\1")]  # the innermost functor: MulFunctor, not AUnaryFunctor
 
 
 def short_kernel(name: str) -> str:

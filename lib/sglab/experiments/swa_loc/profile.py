@@ -61,10 +61,10 @@ def traced_pass(runners: dict, bs: int) -> dict:
     """One profiled replay per variant (synchronised inside its phase, so no two overlap); the sidecars."""
     with phases.phase("trace"):
         path = Path(tempfile.mkdtemp(prefix="sglab-swa_loc-")) / "replays.trace.json.gz"
-        for r in runners.values():  # the replays' first launch is not what the picture is about
-            r.replay_graph(bs)
-        torch.cuda.synchronize()
         with trace.Recorder(perfetto=path) as rec:
+            for r in runners.values():  # a first profiled replay of each, outside any phase: profiler start-up
+                r.replay_graph(bs)
+            torch.cuda.synchronize()
             for v, r in runners.items():
                 with trace.phase(TRACE_PHASE + v):
                     r.replay_graph(bs)
@@ -125,13 +125,15 @@ def eager_kernel_tables(p: dict, device) -> tuple:
 
     from .run import make_batches, setup_kwargs
 
-    tc = p["trace_config"]
+    tc = p["eager_config"]
     s = fx.build_setup(**setup_kwargs(p, int(tc["num_layers"]), int(tc["swa_per_full"]), device))
     bs = int(tc["batch_size"])
     steps = eager_steps(s, make_batches(s, [bs], seed=p["seed"])[bs])
     runs_ = int(p["kernel_table_runs"])
-    ns, reason = op_kernels.nsight_table(steps, runs=runs_)
-    tp = op_kernels.torch_table(steps, runs=runs_)
+    with phases.phase("eager kernel table: nsight-python"):
+        ns, reason = op_kernels.nsight_table(steps, runs=runs_)
+    with phases.phase("eager kernel table: torch.profiler"):
+        tp = op_kernels.torch_table(steps, runs=runs_)
     table = pd.concat([t for t in (ns, tp) if t is not None], ignore_index=True)
     info = {"config": dict(tc), "runs": runs_, "backends": sorted(set(table.backend)),
             "nsight": "ran" if ns is not None else "did not run", "nsight_reason": reason}
