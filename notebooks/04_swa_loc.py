@@ -37,7 +37,8 @@ wb = nb.Workbook(experiment.EXPERIMENT, gpus=experiment.GPUS, mode=MODE)
 # %% tags=["needs-gpu"]
 if wb.live:
     params = {**experiment.DEFAULT_PARAMS, **PARAMS}
-    wb.measure(lambda: experiment.run(params), params=params, method_version=experiment.METHOD_VERSION)
+    wb.measure(lambda: experiment.run(params, progress=False), params=params,
+               method_version=experiment.METHOD_VERSION, gpu_count=experiment.GPUS)
 
 # %%
 shown = wb.shown()          # this session's live run, else the newest recorded run of each GPU model
