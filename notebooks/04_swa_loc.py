@@ -11,36 +11,44 @@
 # %% [markdown]
 # # 04 · Preset the SWA cache location before decode-graph capture
 #
-# **Claim.** In a hybrid sliding-window model, a decode CUDA graph captured without `set_swa_loc` replays
-# the full→SWA slot translation (an index gather and an int32 cast: two kernels) in every SWA layer of every
-# decode step; presetting the location from a static buffer before capture removes them. The preset's first
-# version let padded batches write into live SWA slots, which the follow-up fixed by zeroing the buffer.
-#
 # Upstream: [sgl-project/sglang#23552](https://github.com/sgl-project/sglang/pull/23552) (pre-set SWA cache
 # location in `CudaGraphRunner`) and [#24743](https://github.com/sgl-project/sglang/pull/24743) (zero
 # `out_cache_loc_swa` on pad, int32). Rebuilt in `sglab.fixes.swa_loc`, measured by `sglab.experiments.swa_loc`.
 
 # %% tags=["parameters"]
 MODE = "auto"          # "auto" | "live" | "recorded"
-PARAMS = {}            # overrides of sglab.experiments.swa_loc.DEFAULT_PARAMS for a live run
-HEADLINE = {"num_layers": 48, "swa_per_full": 5, "batch_size": 32}   # the configuration quoted below
-CPU_LAYER_COUNTS = [6, 12, 24, 48]
+PARAMS = {}            # overrides of experiment.DEFAULT_PARAMS; experiment.FULL_SWEEP is the method-1 sweep
 
 # %%
 import inspect
 
 import pandas as pd
-import torch
+from IPython.display import display
 
 from sglab import notebook as nb
-from sglab import plots, upstream
+from sglab import upstream
 from sglab.experiments import swa_loc as experiment
+from sglab.experiments.swa_loc import analysis, figures, rebuild
 from sglab.fixes import swa_loc as fx
 
-pd.set_option("display.width", 140)
+pd.set_option("display.width", 160)
 wb = nb.Workbook(experiment.EXPERIMENT, gpus=experiment.GPUS, mode=MODE)
 
+# %% tags=["needs-gpu"]
+if wb.live:
+    params = {**experiment.DEFAULT_PARAMS, **PARAMS}
+    wb.measure(lambda: experiment.run(params, progress=False), params=params,
+               method_version=experiment.METHOD_VERSION, gpu_count=experiment.GPUS)
+
+# %%
+shown = wb.shown()          # this session's live run, else the newest recorded run of each GPU model
+run = shown[0] if shown else None
+nb.slide(experiment.EXPERIMENT, shown, figures.mechanism(run))
+
 # %% [markdown]
+# The picture is drawn from the rebuild: the ops the captured step runs in one SWA layer's KV write, one box
+# per kernel node (and, for runs that carry an eager kernel table, the CUDA kernel under each box).
+#
 # ## The problem
 #
 # A hybrid model (Gemma-3: five sliding-window layers per global layer; gpt-oss: alternating) keeps two KV
@@ -59,14 +67,7 @@ print(inspect.getsource(fx.SWAKVPool.translate_loc_from_full_to_swa))
 # translated once outside the graph (`ForwardBatch.out_cache_loc_swa`). The three states rebuilt here:
 
 # %%
-rows = []
-for v in fx.VARIANTS:
-    cfg = fx.runner_config(v)
-    rows.append({"variant": v,
-                 "set_swa_loc before capture": cfg.preset_swa_loc,
-                 "out_cache_loc_swa buffer": str(cfg.swa_loc_dtype).replace("torch.", "") if cfg.swa_loc_dtype else "—",
-                 "zeroed on a padded batch": cfg.zero_swa_on_pad if cfg.preset_swa_loc else "n/a"})
-pd.DataFrame(rows).set_index("variant")
+rebuild.variants_table()
 
 # %% [markdown]
 # ## Rebuild: what each runner records (CPU, live)
@@ -76,32 +77,14 @@ pd.DataFrame(rows).set_index("variant")
 # `translate_loc_from_full_to_swa` counter during capture is therefore exactly what a real graph records.
 
 # %%
-rows = []
-for ratio in (5, 1):
-    for L in CPU_LAYER_COUNTS:
-        row = {"swa_per_full": ratio, "layers": L}
-        for v in fx.VARIANTS:
-            s = fx.build_setup(num_layers=L, swa_per_full=ratio, size=64, size_swa=32, head_num=1, head_dim=8)
-            r = fx.DecodeGraphRunner.for_variant(s.model, [8], v)
-            r.capture()
-            row["SWA layers"] = len(s.swa_layer_ids)
-            row[f"translate calls in capture ({v})"] = r.capture_translate_calls[8]
-        rows.append(row)
-capture_table = pd.DataFrame(rows).set_index(["swa_per_full", "layers"])
-capture_table
+rebuild.capture_calls()
 
 # %% [markdown]
-# One translation per SWA layer without the preset, none with it; each is two kernels in the graph (checked on
+# One translation per SWA layer without the preset, none with it; each is two kernels in the graph (counted on
 # the GPU below). Eagerly, the pool writes the same K/V either way:
 
 # %%
-a, b = (fx.build_setup(num_layers=12, swa_per_full=5, size=64, size_swa=32, head_num=2, head_dim=8) for _ in range(2))
-ba, bb = fx.decode_batch(a, [3, 9, 27], [4, 5, 6]), fx.decode_batch(b, [3, 9, 27], [4, 5, 6])
-a.pool.translate_calls = b.pool.translate_calls = 0
-fx.forward_eager(a.model, ba, use_precomputed_swa_loc=False)
-fx.forward_eager(b.model, bb, use_precomputed_swa_loc=True)
-print(f"translate calls: per-layer path {a.pool.translate_calls}, preset path {b.pool.translate_calls}; "
-      f"pools identical: {fx.pool_diff(a.pool, b.pool, skip_padding_slot=False) == {}}")
+rebuild.eager_paths()
 
 # %% [markdown]
 # ## The #24743 padding bug (CPU, live)
@@ -116,17 +99,7 @@ print(f"translate calls: per-layer path {a.pool.translate_calls}, preset path {b
 # wrote their step-1 token. Each pool is compared with the same two steps run eagerly.
 
 # %%
-pad = {v: experiment.pad_bug_scenario(v, num_layers=12) for v in fx.VARIANTS}
-pd.DataFrame([{
-    "variant": v,
-    "stale tail slots (SWA)": r["stale_tail_swa_slots"],
-    "their owners (still running)": r["owners_still_running"],
-    "predicted corrupted slots": r["predicted_slots"],
-    "SWA layers corrupted": f"{sum(1 for l in r['swa_layer_ids'] if l in r['corrupted'])} of {len(r['swa_layer_ids'])}",
-    "slots corrupted per SWA layer": sorted({tuple(x) for x in r["corrupted"].values()}) or "none",
-    "full layers corrupted": [l for l in r["full_layer_ids"] if l in r["corrupted"]] or "none",
-    "exactly as predicted": r["matches_prediction"],
-} for v, r in pad.items()]).set_index("variant")
+rebuild.pad_scenarios(num_layers=12)
 
 # %% [markdown]
 # Before #23552 the padded tokens translated the zeroed `out_cache_loc` (full slot 0 → SWA slot 0); #23552
@@ -140,23 +113,7 @@ pd.DataFrame([{
 # eager path, and `populate_from_forward_batch` did a converting copy. Which dtype reaches the SWA sub-pool:
 
 # %%
-def seen_dtypes(variant):
-    s = fx.build_setup(num_layers=6, swa_per_full=5, size=64, size_swa=32, head_num=1, head_dim=8)
-    seen = []
-    orig = s.pool.swa_kv_pool.set_kv_buffer
-    s.pool.swa_kv_pool.set_kv_buffer = lambda i, loc, k, v: (seen.append(str(loc.dtype).replace("torch.", "")), orig(i, loc, k, v))
-    batch = fx.decode_batch(s, [1, 2, 3], [4, 5, 6])
-    fx.forward_eager(s.model, batch)
-    eager = sorted(set(seen)); seen.clear()
-    r = fx.DecodeGraphRunner.for_variant(s.model, [4], variant)
-    s.pool.set_swa_loc(None)
-    r.capture(); seen.clear()
-    r.replay(fx.decode_batch(s, [1, 2, 3], [4, 5, 6]))
-    buf = r.buffers.out_cache_loc_swa
-    return {"variant": variant, "eager path": eager, "graph path": sorted(set(seen)),
-            "buffer bytes / token": buf.element_size() if buf is not None else 0}
-
-pd.DataFrame([seen_dtypes(v) for v in fx.VARIANTS]).set_index("variant")
+rebuild.dtypes_table()
 
 # %% [markdown]
 # In this rebuild the values written are identical either way (the CPU tests check it); the K/V write is
@@ -164,149 +121,86 @@ pd.DataFrame([seen_dtypes(v) for v in fx.VARIANTS]).set_index("variant")
 # SWA layer that SGLang's `store_cache` kernel (int32 or int64 natively) does not have. The kernel counts
 # below show it as the gap between `pr23552` and `pr24743`.
 #
-# ## Measure (GPU)
+# ## Kernels per replay (GPU)
 #
-# For layer counts × SWA ratios × batch sizes: translate calls during capture, kernel nodes in each captured
-# graph (static, cuda-bindings), kernels in one replay (torch.profiler), KV pool after a populated replay vs an
-# eager reference, replay time (CUDA events; rounds interleave the variants), then the padding scenario on real
-# graphs.
-
-# %% tags=["needs-gpu"]
-if wb.live:
-    params = {**experiment.DEFAULT_PARAMS, **PARAMS}
-    wb.measure(lambda: experiment.run(params), params=params, method_version=experiment.METHOD_VERSION)
-
-# %%
-run = wb.result()                                    # the newest run: tables below
-shown = experiment.newest_per_gpu(wb.results())      # the newest run of each GPU model: cross-GPU checks, plots
-print("Compared across GPUs: " + ("; ".join(r.label for r in shown) if shown else "none"))
-COLORS = {"before": plots.PALETTE["before"], "pr23552": plots.PALETTE["accent"], "pr24743": plots.PALETTE["after"]}
-STYLES = ["-", "--", ":", "-."]
-
-# %% [markdown]
-# ## Kernels per replay
-#
-# Static kernel nodes of each captured graph (cuda-bindings), one row per layout; the count is the same for every
-# captured batch size, and torch.profiler sees the same number of kernels in one replay.
+# For each layout and batch size the run captures the three graphs and counts their kernel nodes statically
+# (cuda-bindings), then counts the kernels torch.profiler sees in one replay. One row per layout: the count is
+# the same for every captured batch size.
 
 # %%
 if run is None:
     print("No GPU run to show: the kernel counts, replay times and on-GPU padding check need one "
           "(`sglab record swa_loc` on one H100/H200).")
 else:
-    print(f"{run.label}:")
-    display(experiment.kernel_table(run.df))
+    print(f"{run.label} (method {run.manifest.get('method_version')}):")
+    display(analysis.kernel_table(run.df))
     for r in shown:
-        agree = experiment.profiler_agreement(r.df)
-        mism = r.df[r.df.metric == "kv_mismatch_slots"]
-        print(f"{r.label}: profiler = static in {agree['equal']}/{agree['cells']} (layout, bs, variant) cells, "
-              f"max |profiler − static| = {agree['max_abs_diff']}; KV pool vs eager reference: "
-              f"{int(mism.value.sum())} differing (layer, slot) pairs over {len(mism)} (variant, layout) checks")
-    counts = [experiment.kernel_counts(r.df)[0] for r in shown]
-    print("static kernel counts identical on " + " and ".join(experiment.short_gpu(r.manifest["gpu_name"]) for r in shown)
-          + f": {all(c.equals(counts[0]) for c in counts)}")
+        a = analysis.profiler_agreement(r.df)
+        print(f"{r.label}: profiler = static in {a['equal']}/{a['cells']} (layout, bs, variant) cells")
 
 # %%
 if run is not None:
-    kt = experiment.kernel_table(run.df).reset_index()
-    fig, axes = plots.figure(ncols=2)
-    for ax, ratio in zip(axes.ravel(), sorted(kt.swa_per_full.unique(), reverse=True)):
-        sub = kt[kt.swa_per_full == ratio]
-        for v in fx.VARIANTS:
-            ax.plot(sub.num_layers, sub[f"kernels {v}"], marker="o", label=experiment.VARIANT_LABELS[v], color=COLORS[v])
-        ax.set_title(f"{ratio} SWA : 1 full")
-        ax.set_xlabel("layers"); ax.set_ylabel("kernels per replay (graph kernel nodes)")
-        ax.legend()
-    same_bs = bool(kt["same for every batch size"].all())
-    counts = [experiment.kernel_counts(r.df)[0] for r in shown]
-    same_gpu = len(shown) > 1 and all(c.equals(counts[0]) for c in counts)
-    plots.caption(fig, run, extra="static count via cuda-bindings"
-                  + ("; identical for every captured batch size" if same_bs else "; smallest batch size shown")
-                  + ("; identical on " + " and ".join(experiment.short_gpu(r.manifest["gpu_name"]) for r in shown)
-                     if same_gpu else ""))
+    figures.kernels_per_replay(run, shown)
 
 # %% [markdown]
-# ## Replay time
+# ## Replay time (GPU)
 #
-# CUDA-event time of one `graph.replay()`, median and p10–p90 of the pooled samples. `#23552` is below `#24743`
-# here only because this rebuild's K/V write (`index_put_`) converts an int32 location back to int64 — one
-# kernel per SWA layer that SGLang's `store_cache` does not have (see the int64/int32 section).
+# CUDA-event time of one `graph.replay()` through `sglab.measure.timing.interleaved` (the variants alternate in
+# rounds; median and p10–p90 of the pooled samples). `#23552` is below `#24743` here only because this rebuild's
+# K/V write (`index_put_`) converts an int32 location back to int64 — one kernel per SWA layer that SGLang's
+# `store_cache` does not have (see the int64/int32 section).
 
 # %%
 if run is not None:
-    t = experiment.time_table(run.df)
     print(f"{run.label}:")
-    display(t.round(2))
+    display(analysis.time_table(run.df).round(2))
     if len(shown) > 1:
         print("before / #24743 on each GPU (newest run per GPU), batch size in the columns:")
-        display(pd.concat({experiment.short_gpu(r.manifest["gpu_name"]):
-                           experiment.time_table(r.df)["before / #24743"].unstack("batch_size")
-                           for r in shown}, axis=1).round(3))
+        display(pd.concat({analysis.short_gpu(r): analysis.time_table(r.df)["before / #24743"]
+                           .unstack("batch_size") for r in shown}, axis=1).round(3))
 
 # %%
 if run is not None:
-    from matplotlib.ticker import FixedLocator, ScalarFormatter
-
-    h = HEADLINE
-    fig, axes = plots.figure(ncols=3, width=16)
-    axes = axes.ravel()
-    for gi, r in enumerate(shown):
-        tt = r.df[r.df.metric.str.startswith("time_")].pivot_table(
-            index=["swa_per_full", "num_layers", "n_swa_layers", "batch_size", "variant"], columns="metric", values="value")
-        gpu = experiment.short_gpu(r.manifest["gpu_name"])
-        for ax, (xname, fixed) in zip(axes[:2], [("batch_size", ("swa_per_full", "num_layers")),
-                                                 ("num_layers", ("swa_per_full", "batch_size"))]):
-            sub = tt.xs(tuple(h[k] for k in fixed), level=fixed).reset_index()
-            for v in fx.VARIANTS:
-                d = sub[sub.variant == v].sort_values(xname)
-                err = [(d.time_median - d.time_p10) * 1e3, (d.time_p90 - d.time_median) * 1e3]
-                ax.errorbar(d[xname], d.time_median * 1e3, yerr=err, marker="o", capsize=3, color=COLORS[v],
-                            ls=STYLES[gi % len(STYLES)], label=f"{v} · {gpu}")
-            ax.set_title(", ".join(f"{k.replace('_', ' ')} = {h[k]}" for k in fixed))
-            ax.set_ylabel("replay time, µs (median, p10–p90)")
-        tab = experiment.time_table(r.df).reset_index()
-        for ratio, marker in zip(sorted(tab.swa_per_full.unique(), reverse=True), "os^"):
-            d = tab[(tab.swa_per_full == ratio) & (tab.num_layers == h["num_layers"])].sort_values("batch_size")
-            axes[2].plot(d.batch_size, d["µs saved per SWA layer"], marker=marker, ls=STYLES[gi % len(STYLES)],
-                         color=plots.CYCLE[2 + 2 * gi % 6], label=f"{ratio}:1 · {gpu}")
-    for ax in (axes[0], axes[2]):
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_locator(FixedLocator(sorted(run.df[run.df.batch_size > 0].batch_size.unique())))
-        ax.xaxis.set_major_formatter(ScalarFormatter())
-        ax.set_xlabel("batch size")
-    axes[1].set_xlabel("layers")
-    axes[2].set_ylim(bottom=0)
-    axes[2].set_title(f"before − #24743, {h['num_layers']} layers")
-    axes[2].set_ylabel("µs saved per SWA layer per replay")
-    for ax in axes:
-        ax.legend(fontsize=7, ncol=2 if ax is not axes[2] else 1)
-    plots.caption(fig, shown[0], extra=" · ".join(plots.provenance_text(r) for r in shown[1:])
-                  + ("; line style = GPU" if len(shown) > 1 else ""))
-
-# %%
-if run is not None:
-    h = HEADLINE
-    for r in shown:
-        n = experiment.headline_numbers(r, h)
-        print(f"{r.label}: {h['num_layers']} layers ({n['n_swa_layers']} SWA, {h['swa_per_full']}:1), "
-              f"bs={h['batch_size']}: kernels per replay {n['kernels_before']} → {n['kernels_after']} "
-              f"(profiler {n['profiled_before']} → {n['profiled_after']}); replay {n['us_before']:.1f} µs → "
-              f"{n['us_after']:.1f} µs ({n['ratio']:.2f}×, {(n['us_before'] - n['us_after']) / n['n_swa_layers']:.2f} µs "
-              f"per SWA layer); whole sweep {n['ratio_min']:.2f}–{n['ratio_max']:.2f}×")
+    figures.replay_times(shown)
 
 # %% [markdown]
-# ## The padding scenario on real graphs
+# ## The padding scenario on real graphs (GPU)
 #
 # The same two decode steps as above, captured and replayed as CUDA graphs; slots are (layer, slot) pairs.
 
 # %%
 if run is not None:
-    pr = run.df[run.df.metric.str.startswith("pad_")].iloc[0]
-    print(f"{int(pr.num_layers)} layers ({int(pr.n_swa_layers)} SWA), step 2 padded to bs {int(pr.batch_size)}")
-    display(pd.concat({experiment.short_gpu(r.manifest["gpu_name"]):
-                       r.df[r.df.metric.str.startswith("pad_")].pivot_table(index="variant", columns="metric",
-                                                                           values="value").astype(int)
-                       for r in shown}, axis=1))
+    display(pd.concat({analysis.short_gpu(r): analysis.pad_table(r.df) for r in shown}, axis=1))
+
+# %% [markdown]
+# ## See it in the profiler
+#
+# One replay of each graph at the headline layout under torch.profiler. Look at the stream lane: without the
+# preset the translation's gather and cast (highlighted) sit in every SWA layer, between the layer's
+# elementwise kernels and its stores; with it they are gone, and the replay is shorter by about their sum.
+
+# %%
+if run is not None:
+    fig, why = figures.replay_timeline(run)
+    print(why or f"Perfetto file: {run.sidecar('trace')}")
+    if why is None:
+        counts = analysis.trace_counts(run.sidecar("events"))
+        print("; ".join(f"{v}: {c['kernels']} kernels in the traced replay" for v, c in counts.items()))
+
+# %% [markdown]
+# Per kernel, in an eager decode step (nsight-python's CUPTI backend attributes kernels by their launch call,
+# and a graph replay makes none of its own): which op launched which kernel, calls per step and median time,
+# from nsight-python and torch.profiler side by side. The SWA layers' KV write rows are the mechanism.
+
+# %%
+eager = run.sidecar("eager_kernels") if run is not None else None
+if eager is None:
+    print(figures.NO_TRACE.format(mv=run.manifest.get("method_version", "?") if run is not None else "-"))
+else:
+    info = run.manifest.get("eager_kernels", {})
+    print(f"backends: {', '.join(info.get('backends', []))}; nsight-python: {info.get('nsight')} "
+          f"({info.get('nsight_reason')})")
+    display(analysis.eager_table(eager).round(2))
 
 # %% [markdown]
 # ## Does the installed SGLang have it?
@@ -314,6 +208,15 @@ if run is not None:
 # %%
 v = upstream.check(experiment.EXPERIMENT)
 print(f"{v.status}: {v.detail}" if v.detail else v.status)
+
+# %% [markdown]
+# ## Verdict
+#
+# Every claim of the experiment, checked on each run shown (`sglab verify swa_loc` does the same on the command
+# line).
+
+# %%
+nb.verdict(experiment.EXPERIMENT, shown)
 
 # %% [markdown]
 # ## Takeaways
@@ -325,14 +228,14 @@ print(f"{v.status}: {v.detail}" if v.detail else v.status)
 #   filled at populate time, set on the pool before capture.
 # - Static buffers inherit every padding rule of the inputs they shadow. `out_cache_loc` was zeroed on pad;
 #   its SWA twin was not, and padded tokens overwrote exactly the SWA slots the previous, larger batch left in
-#   the tail — live slots of running requests, silently (#24743 saw it as an accuracy drop).
+#   the tail — live slots of running requests, silently (the follow-up saw it as an accuracy drop).
 #
 # Review points worth discussing:
 #
 # - Would a graph-capture assertion ("no `translate_loc_from_full_to_swa` call while capturing") have caught
-#   #23552's problem earlier? The counter here is that assertion.
-# - `swa_loc` is a side channel on a shared pool, left set after each eager forward; later PRs (#25824,
-#   #27091, #27617) removed it in favour of a location passed with each write.
+#   the problem earlier? The counter here is that assertion.
+# - `swa_loc` is a side channel on a shared pool, left set after each eager forward; later PRs removed it in
+#   favour of a location passed with each write (#25824, #27091, #27617).
 # - The dtype of a shadow buffer should match its source (int32 here): a mismatch costs a converting copy and
 #   makes graph and eager paths hand different dtypes to the same kernel.
 # - The toy layer does only the KV write, so the time ratio is an upper bound; the transferable numbers are the

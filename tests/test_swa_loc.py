@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from sglab.upstream import checks
 import torch
 
 from sglab.fixes import swa_loc as fx
+from sglab.upstream import checks
 
 SMALL = dict(size=64, size_swa=32, head_num=2, head_dim=4)
 
@@ -257,14 +257,18 @@ def test_upstream_check_reads_pr_era_sources():
 
 
 def test_sweep_rows_eager():
+    from functools import partial
+
     from sglab import runs
     from sglab.measure.timing import host_time
 
     p = {**ex.DEFAULT_PARAMS, "layer_counts": [6, 12], "swa_per_full": [5, 1], "batch_sizes": [1, 4, 8],
-         "size": 128, "size_swa": 64, "head_num": 2, "head_dim": 8, "rounds": 1, "pad_num_layers": 6}
+         "size": 128, "size_swa": 64, "head_num": 2, "head_dim": 8, "rounds": 2, "repeat": 4, "warmup": 0,
+         "pad_num_layers": 6, "trace_config": {"num_layers": 12, "swa_per_full": 1, "batch_size": 4}}
     probes = {"graph_kernel_nodes": lambda r, bs: -1, "profiled_kernels": lambda r, bs: -1}
-    rows = ex.sweep(p, device="cpu", use_cuda_graph=False, probes=probes,
-                    timer=lambda fn: host_time(fn, warmup=0, repeat=2, sync=False), progress=False)
+    traced = []
+    rows = ex.sweep(p, device="cpu", use_cuda_graph=False, probes=probes, timer=partial(host_time, sync=False),
+                    progress=False, on_trace=lambda runners, labels, bs: traced.append((sorted(runners), labels, bs)))
     df = runs.tidy(ex.EXPERIMENT, rows)
     assert list(df.columns) == ["experiment", "variant", "num_layers", "swa_per_full", "n_swa_layers",
                                 "batch_size", "metric", "value", "unit"]
@@ -274,14 +278,27 @@ def test_sweep_rows_eager():
         assert r.value == (r.n_swa_layers if r.variant == "before" else 0)
     assert set(df[df.metric == "kv_mismatch_slots"].value) == {0.0}
     assert len(df[df.metric == "time_median"]) == 3 * 4 * 3
+    assert (df[df.metric == "time_p90"].value.to_numpy() >= df[df.metric == "time_p10"].value.to_numpy()).all()
     pad = df[df.metric.str.startswith("pad_")].pivot_table(index="variant", columns="metric", values="value")
     assert pad.loc["pr23552", "pad_corrupted_slots"] == pad.loc["pr23552", "pad_predicted_slots"] == 2 * 5
     assert pad.loc["before", "pad_corrupted_slots"] == pad.loc["pr24743", "pad_corrupted_slots"] == 0
     assert set(pad["pad_matches_prediction"]) == {1.0}
+    # the traced pass runs once, on the layout of trace_config, with every variant's runner
+    assert traced == [(["before", "pr23552", "pr24743"], {"num_layers": 12, "swa_per_full": 1, "n_swa_layers": 6}, 4)]
+
+
+def test_check_params_rejects_bad_input():
+    from sglab.experiments.swa_loc.run import check_params
+
+    with pytest.raises(ValueError, match="unknown variant"):
+        check_params({"variants": ["after"]})
+    with pytest.raises(ValueError, match="fewer slots"):
+        check_params({"batch_sizes": [4096], "size": 1024})
+    assert check_params({})["repeat"] == ex.DEFAULT_PARAMS["repeat"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# README headline from the committed recorded runs
+# The committed recorded runs: claims and tables
 # ---------------------------------------------------------------------------------------------------------------
 def _recorded_csvs():
     import csv
@@ -305,12 +322,12 @@ def _value(rows, variant, metric, layers, ratio, bs):
 
 
 def test_headline_from_recorded_runs():
-    from sglab import runs
+    from sglab import claims, runs
 
     newest = _recorded_csvs()
     if not newest:
         pytest.skip("no recorded swa_loc run")
-    text = ex.headline(runs.load_all_recorded("swa_loc"))
+    text = claims.headline("swa_loc", claims.shown("swa_loc", runs.load_all_recorded("swa_loc")))
     assert "|" not in text and len(text) < 350
     L, ratio, bs = 48, 5, 32
     all_ratios = []
@@ -320,12 +337,6 @@ def test_headline_from_recorded_runs():
         ka = _value(rows, "pr24743", "graph_kernel_nodes", L, ratio, bs)
         assert (kb, ka) == (315.0, 235.0)  # 48 layers, 40 SWA: 2 extra kernels per SWA layer
         assert f"{kb:.0f} → {ka:.0f} kernels per replay" in text
-        # every static count equals the profiler count of one replay
-        static = {(r["variant"], r["num_layers"], r["swa_per_full"], r["batch_size"]): r["value"]
-                  for r in rows if r["metric"] == "graph_kernel_nodes"}
-        prof = {(r["variant"], r["num_layers"], r["swa_per_full"], r["batch_size"]): r["value"]
-                for r in rows if r["metric"] == "profiled_kernels"}
-        assert static == prof and len(static) == 96
         tb = _value(rows, "before", "time_median", L, ratio, bs) * 1e3
         ta = _value(rows, "pr24743", "time_median", L, ratio, bs) * 1e3
         assert f"{tb:.0f} → {ta:.0f} µs ({tb / ta:.2f}×) on {gpu}" in text
@@ -334,18 +345,18 @@ def test_headline_from_recorded_runs():
                 after = _value(rows, "pr24743", "time_median", int(r["num_layers"]), int(r["swa_per_full"]),
                                int(r["batch_size"]))
                 all_ratios.append(float(r["value"]) / after)
-    assert "removes 2 kernels per SWA layer" in text
-    assert "profiler count = static count" in text
+    assert "+2 per SWA layer in every cell" in text
     assert f"{min(all_ratios):.2f}–{max(all_ratios):.2f}×" in text
+    assert "20 live (layer, slot) pairs overwritten by #23552, 0 by #24743" in text
 
 
-def test_newest_per_gpu_and_tables_on_recorded():
-    from sglab import runs
+def test_shown_and_tables_on_recorded():
+    from sglab import claims, runs
 
     rs = runs.load_all_recorded("swa_loc")
     if not rs:
         pytest.skip("no recorded swa_loc run")
-    shown = ex.newest_per_gpu(rs)
+    shown = claims.shown("swa_loc", rs)
     assert len({r.manifest["gpu_name"] for r in shown}) == len(shown) == len({r.manifest["gpu_name"] for r in rs})
     for r in shown:
         kt = ex.kernel_table(r.df)

@@ -96,12 +96,100 @@ def test_pad_bug_corrupts_exactly_the_predicted_slots_on_graphs(num_layers, rati
         assert clean["corrupted"] == {} and clean["matches_prediction"], variant
 
 
-def test_run_small():
-    df = ex.run({"layer_counts": [6], "swa_per_full": [5], "batch_sizes": [1, 8], "rounds": 1, "warmup": 2,
-                 "repeat": 5, "size": 256, "size_swa": 128, "pad_num_layers": 6}, progress=False)
+def test_run_small(data_root):
+    from sglab import claims, runs
+
+    params = {**ex.DEFAULT_PARAMS, "layer_counts": [6], "swa_per_full": [5], "batch_sizes": [1, 8], "rounds": 1,
+              "warmup": 2, "repeat": 5, "size": 256, "size_swa": 128, "pad_num_layers": 6,
+              "trace_config": {"num_layers": 6, "swa_per_full": 5, "batch_size": 8}, "kernel_table_runs": 2}
+    out = ex.run(params, progress=False)
+    df = out.df
     nodes = df[df.metric == "graph_kernel_nodes"].pivot_table(index="batch_size", columns="variant", values="value")
     assert ((nodes["before"] - nodes["pr24743"]) == 2 * 5).all()
     assert set(df[df.metric == "kv_mismatch_slots"].value) == {0.0}
     assert (df[df.metric == "time_median"].value > 0).all()
-    pad = df[df.metric == "pad_matches_prediction"]
-    assert set(pad.value) == {1.0}
+    assert set(df[df.metric == "pad_matches_prediction"].value) == {1.0}
+    assert {"events", "trace", "graph_kernels", "eager_kernels"} <= set(out.sidecars)
+    path = runs.write_run(df, experiment="swa_loc", method_version=ex.METHOD_VERSION, params=params,
+                          extra=out.extra, sidecars=out.sidecars)
+    res = {r.claim.id: r.outcome for r in claims.evaluate("swa_loc", runs.read_run(path))}
+    failed = {k: o for k, o in res.items() if o.status == "fail"}
+    assert not failed, failed
+    assert res["swa_loc.trace_equals_static"].status == "pass"
+    assert res["swa_loc.trace_translation_kernels"].status == "pass"
+    assert res["swa_loc.replay_ratio"].status == "n/a"  # no 48-layer cell in this small run
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the profiler passes
+# ---------------------------------------------------------------------------------------------------------------
+def test_traced_replay_kernel_count_equals_static_node_count():
+    from collections import Counter
+
+    from sglab.experiments.swa_loc import analysis, profile
+    from sglab.measure.kernels import graph_kernel_nodes
+
+    runners, static, n_swa = {}, {}, None
+    for v in fx.VARIANTS:
+        s, r = captured(12, 5, v, [8])
+        runners[v], static[v], n_swa = r, graph_kernel_nodes(r.graphs[8]).kernels, len(s.swa_layer_ids)
+    side = profile.traced_pass(runners, 8)
+    counts = analysis.trace_counts(side["events"])
+    assert {v: c["kernels"] for v, c in counts.items()} == static
+    assert side["trace"].exists() and side["trace"].stat().st_size > 0
+    # the kernels the preset removes: two names, once per SWA layer, and the traced replay runs exactly those
+    removed = analysis.translation_kernels(side["graph_kernels"])
+    assert len(removed) == 2 and set(removed.values()) == {n_swa}, removed
+    traced = analysis.trace_counts(side["events"], analysis.name_pattern(removed))
+    assert traced["before"]["matching"] == 2 * n_swa and traced["pr24743"]["matching"] == 0
+    # in the trace they sit where the static graph has them: the names of the traced kernels, in order
+    ev = side["events"][(side["events"].variant == "before") & (side["events"].category == "kernel")]
+    names = Counter(ev.name)
+    assert names == Counter(dict(zip(*side["graph_kernels"].query("variant == 'before'")[["kernel", "nodes"]]
+                                     .to_numpy().T)))
+
+
+NSIGHT_SCRIPT = """
+import json, sys
+import torch
+from sglab.experiments import swa_loc as ex
+from sglab.experiments.swa_loc import profile
+p = {**ex.DEFAULT_PARAMS, "trace_config": {"num_layers": 12, "swa_per_full": 5, "batch_size": 8},
+     "kernel_table_runs": 3}
+table, info = profile.eager_kernel_tables(p, torch.device("cuda"))
+table.to_csv(sys.argv[1], index=False)
+print(json.dumps(info))
+"""
+
+
+def test_eager_kernel_table_nsight_matches_torch_profiler(tmp_path):
+    """In a fresh process (CUPTI takes one subscriber per process: torch.profiler in this one would hold it)."""
+    import json
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    from sglab.measure import op_kernels
+
+    ok, why = op_kernels.nsight_available()
+    if not ok:
+        pytest.skip(why)
+    out = tmp_path / "eager.csv"
+    proc = subprocess.run([sys.executable, "-c", NSIGHT_SCRIPT, str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert info["nsight"] == "ran", info
+    t = pd.read_csv(out, keep_default_na=False)
+    c = op_kernels.cross_check(t[t.backend == op_kernels.NSIGHT], t[t.backend == op_kernels.TORCH])
+    assert c["rows"] > 0 and c["equal"] == c["rows"], c
+    swa = t[(t.backend == op_kernels.TORCH) & (t.scope == profile_scope())]
+    per_variant = swa.groupby("variant").calls.sum() / 10  # 10 SWA layers in 12 layers at 5:1
+    assert per_variant["before"] - per_variant["pr24743"] == 2, per_variant
+
+
+def profile_scope():
+    from sglab.experiments.swa_loc.profile import SWA_WRITE
+
+    return SWA_WRITE

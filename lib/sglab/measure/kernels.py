@@ -145,7 +145,7 @@ def _warm_profiler() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     x = torch.ones(16, device="cuda")
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], acc_events=True):
         (x + 1).sum()
         torch.cuda.synchronize()
     _PROFILER_WARM = True

@@ -1,0 +1,243 @@
+"""What every swa_loc run must show, as checks on the run (see :mod:`sglab.claims`).
+
+The rebuild's translation costs 2 kernels per SWA layer (the index gather and the int32 cast); the claims check
+that number exactly and report it as a value, so that a run of real SGLang, whose translation may cost another
+number, is compared on the value and not on prose.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ... import runs
+from ...fixes.swa_loc import hybrid_layer_ids
+from ...claims import Claim, holds, not_applicable
+from . import HEADLINE_CONFIG, analysis
+
+CLAIM = ("Presetting the SWA cache location before decode-graph capture removes the full→SWA slot translation "
+         "(an index gather and an int32 cast) from every SWA layer of every replay; #24743's zeroing of the padded "
+         "tail keeps padded tokens out of live SWA slots.")
+EXTRA_PER_SWA_LAYER = 2  # the rebuild's translation: full_to_swa_index_mapping[loc] and .to(torch.int32)
+MIN_RATIO = 1.10
+
+
+def _cell(c: Optional[dict] = None) -> tuple:
+    c = c or HEADLINE_CONFIG
+    return int(c["swa_per_full"]), int(c["num_layers"]), int(c["batch_size"])
+
+
+def _at(table, cell: tuple):
+    """The row of a (swa_per_full, num_layers, ..., batch_size)-indexed table at ``cell``, or None."""
+    sel = table.xs(cell, level=("swa_per_full", "num_layers", "batch_size"))
+    return sel.iloc[0] if len(sel) else None
+
+
+def _has_headline_cell(run) -> Optional[str]:
+    ratio, layers, bs = _cell()
+    d = run.df[run.df.metric == "time_median"]
+    if ((d.swa_per_full == ratio) & (d.num_layers == layers) & (d.batch_size == bs)).any():
+        return None
+    return f"the run has no {layers}-layer {ratio}:1 bs {bs} cell (the headline configuration)"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# on the sweep (every method version)
+# ---------------------------------------------------------------------------------------------------------------
+def _extra_kernels(run):
+    extra = analysis.extra_per_swa_layer(run.df)
+    values = sorted({float(x) for x in extra})
+    ok = int((extra == EXTRA_PER_SWA_LAYER).sum())
+    value = {"per_swa_layer_min": values[0], "per_swa_layer_max": values[-1], "cells": int(len(extra))}
+    nodes, _ = analysis.kernel_counts(run.df)
+    row = _at(nodes, _cell()) if _has_headline_cell(run) is None else None
+    text = (f"{values[0]:g}" if values[0] == values[-1] else f"{values[0]:g}–{values[-1]:g}") + " per SWA layer"
+    if row is not None:
+        value.update(before=int(row["before"]), after=int(row["pr24743"]))
+        text += f"; {row['before']} → {row['pr24743']} at the headline cell"
+    return holds(ok == len(extra), f"{text} ({ok}/{len(extra)} cells at {EXTRA_PER_SWA_LAYER})", value)
+
+
+def _translate_calls(run):
+    d = analysis.sweep_rows(run.df)
+    d = d[d.metric == "translate_calls_capture"]
+    want = d.apply(lambda r: r.n_swa_layers if r.variant == "before" else 0, axis=1)
+    bad = int((d.value != want).sum())
+    before = d[d.variant == "before"]
+    return holds(bad == 0 and len(d) > 0,
+                 f"{len(d) - bad}/{len(d)} cells as expected (before: one call per SWA layer)",
+                 {"cells": int(len(d)), "wrong": bad, "before_calls_max": int(before.value.max())})
+
+
+def _profiler_equals_static(run):
+    a = analysis.profiler_agreement(run.df)
+    return holds(a["max_abs_diff"] == 0 and a["cells"] > 0,
+                 f"{a['equal']}/{a['cells']} cells equal, max |profiler − static| = {a['max_abs_diff']}", a)
+
+
+def _kv_matches(run):
+    d = run.df[run.df.metric == "kv_mismatch_slots"]
+    n = int(d.value.sum())
+    return holds(n == 0 and len(d) > 0, f"{n} differing (layer, slot) pairs over {len(d)} (variant, layout) checks",
+                 {"differing": n, "checks": int(len(d))})
+
+
+def _pad_bug(run):
+    t = analysis.pad_table(run.df)
+    bug = t.loc["pr23552"]
+    ok = (bug.pad_matches_prediction == 1 and bug.pad_corrupted_slots == bug.pad_predicted_slots > 0
+          and all(t.loc[v, "pad_corrupted_slots"] == 0 and t.loc[v, "pad_matches_prediction"] == 1
+                  for v in ("before", "pr24743")))
+    value = {"pr23552_corrupted": int(bug.pad_corrupted_slots), "pr23552_predicted": int(bug.pad_predicted_slots),
+             "before_corrupted": int(t.loc["before", "pad_corrupted_slots"]),
+             "pr24743_corrupted": int(t.loc["pr24743", "pad_corrupted_slots"])}
+    return holds(ok, f"#23552 corrupted {value['pr23552_corrupted']} of {value['pr23552_predicted']} predicted "
+                     f"pairs (exactly those); before {value['before_corrupted']}, #24743 "
+                     f"{value['pr24743_corrupted']}", value)
+
+
+def _ratio(run):
+    t = analysis.time_table(run.df)
+    row = _at(t, _cell())
+    r = float(row["before / #24743"])
+    value = {"ratio": r, "before_us": float(row["before µs"]), "after_us": float(row["pr24743 µs"]),
+             "ratio_min": float(t["before / #24743"].min()), "ratio_max": float(t["before / #24743"].max())}
+    return holds(r >= MIN_RATIO, f"{value['before_us']:.0f} → {value['after_us']:.0f} µs ({r:.2f}×); sweep "
+                                 f"{value['ratio_min']:.2f}–{value['ratio_max']:.2f}×", value)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# on the profiler sidecars (method 2)
+# ---------------------------------------------------------------------------------------------------------------
+def _trace_config(run) -> dict:
+    return (run.manifest.get("params") or {}).get("trace_config") or {}
+
+
+def _traced(run) -> Optional[str]:
+    tc, p = _trace_config(run), run.manifest.get("params") or {}
+    if not tc:
+        return "the run's parameters name no trace_config"
+    if tc.get("num_layers") not in p.get("layer_counts", []) or tc.get("swa_per_full") not in p.get(
+            "swa_per_full", []) or tc.get("batch_size") not in p.get("batch_sizes", []):
+        return f"trace_config {tc} is not a cell of the run's sweep, so nothing was traced"
+    return None
+
+
+def _sidecar(run, name: str):
+    table = run.sidecar(name)
+    if table is None:
+        raise ValueError(f"the run lists no readable {name!r} sidecar")
+    return table
+
+
+def _trace_equals_static(run):
+    events = _sidecar(run, "events")
+    nodes, _ = analysis.kernel_counts(run.df)
+    row = _at(nodes, _cell(_trace_config(run)))
+    traced = analysis.trace_counts(events)
+    value = {v: {"trace": traced.get(v, {}).get("kernels", 0), "static": int(row[v])} for v in nodes.columns}
+    ok = all(x["trace"] == x["static"] for x in value.values())
+    return holds(ok, "; ".join(f"{v} {x['trace']} (static {x['static']})" for v, x in value.items()), value)
+
+
+def _trace_translation(run):
+    events, gk = _sidecar(run, "events"), _sidecar(run, "graph_kernels")
+    names = analysis.translation_kernels(gk)
+    n_swa = int(analysis.kernel_counts(run.df)[0].xs(_cell(_trace_config(run))[:2], level=(
+        "swa_per_full", "num_layers")).index.get_level_values("n_swa_layers")[0])
+    traced = analysis.trace_counts(events, analysis.name_pattern(names))
+    before, after = traced.get("before", {}).get("matching", -1), traced.get("pr24743", {}).get("matching", -1)
+    value = {"kernels_per_swa_layer": len(names), "nodes_each": sorted(set(names.values())), "trace_before": before,
+             "trace_after": after, "n_swa_layers": n_swa}
+    ok = (len(names) == EXTRA_PER_SWA_LAYER and set(names.values()) == {n_swa}
+          and before == len(names) * n_swa and after == 0)
+    short = ", ".join(analysis.short_kernel(n) for n in sorted(names))
+    return holds(ok, f"{len(names)} kernels × {n_swa} SWA layers ({short}); in the traced replay before "
+                     f"{before}, #24743 {after}", value)
+
+
+def _nsight_ran(run) -> Optional[str]:
+    info = run.manifest.get("eager_kernels") or {}
+    if info.get("nsight") != "ran":
+        return f"nsight-python did not run: {info.get('nsight_reason') or 'no record of it in the run'}"
+    return None
+
+
+def _nsight_matches(run):
+    from ...measure import op_kernels
+
+    t = _sidecar(run, "eager_kernels")
+    c = op_kernels.cross_check(t[t.backend == op_kernels.NSIGHT], t[t.backend == op_kernels.TORCH])
+    ok = c["rows"] > 0 and c["equal"] == c["rows"]
+    return holds(ok, f"{c['equal']}/{c['rows']} (variant, op, kernel) rows with equal calls per step",
+                 {"rows": c["rows"], "equal": c["equal"]},
+                 why_not=f"only nsight: {c['only_in_a'][:2]}; only torch: {c['only_in_b'][:2]}; "
+                         f"differ: {c['differ'][:2]}")
+
+
+CLAIMS = [
+    Claim("swa_loc.extra_kernels_per_swa_layer",
+          "Without the preset, each captured decode graph holds exactly 2 more kernel nodes per SWA layer than "
+          "#24743's (the translation's gather and cast)",
+          f"== {EXTRA_PER_SWA_LAYER} per SWA layer in every (layout, batch size) cell", _extra_kernels),
+    Claim("swa_loc.translate_calls_in_capture",
+          "Capturing without the preset calls translate_loc_from_full_to_swa once per SWA layer; with it, never",
+          "n_swa calls (before), 0 (#23552, #24743), every cell", _translate_calls),
+    Claim("swa_loc.profiler_equals_static",
+          "torch.profiler sees as many kernels in one replay as the graph has kernel nodes",
+          "equal in every (layout, batch size, variant) cell", _profiler_equals_static),
+    Claim("swa_loc.kv_matches_eager",
+          "After one populated replay, the KV pool equals an eager reference that ran the same batches",
+          "0 differing (layer, slot) pairs", _kv_matches),
+    Claim("swa_loc.pad_bug_exact",
+          "On a padded batch #23552 overwrites exactly the predicted live SWA slots in every SWA layer; before "
+          "and #24743 overwrite none",
+          "#23552: corrupted == predicted > 0; before, #24743: 0", _pad_bug),
+    Claim("swa_loc.replay_ratio",
+          "Removing the translation makes the headline replay (48 layers, 5:1, bs 32) faster",
+          f"before / #24743 >= {MIN_RATIO:.2f}", _ratio, applies=_has_headline_cell, drift=0.25),
+    Claim("swa_loc.trace_equals_static",
+          "The traced replay of each variant has as many kernels as its graph has kernel nodes",
+          "equal for every variant", _trace_equals_static, methods=(2, None), applies=_traced),
+    Claim("swa_loc.trace_translation_kernels",
+          "The kernels the preset removes are the translation's, once per SWA layer, and the traced replay "
+          "without the preset runs them in every SWA layer",
+          f"{EXTRA_PER_SWA_LAYER} kernel names × n_swa nodes; traced: n_swa × {EXTRA_PER_SWA_LAYER} before, 0 after",
+          _trace_translation, methods=(2, None), applies=_traced),
+    Claim("swa_loc.nsight_matches_profiler",
+          "nsight-python and torch.profiler count the same kernels per op in the eager decode step",
+          "equal calls per (variant, op, kernel)", _nsight_matches, methods=(2, None), applies=_nsight_ran),
+]
+
+
+def shown(runs_: list) -> list:
+    """The newest run of each GPU model, H200 before H100."""
+    best = runs.newest_by(runs_, runs.gpu_short)
+    return [best[k] for k in sorted(best, reverse=True)]
+
+
+def headline(runs_: list) -> str:
+    """Kernels per replay and replay time at the headline cell per GPU, the sweep's ratio range, the padding
+    bug's count -- all from the claims' values."""
+    from ...claims import values
+
+    if not runs_:
+        return "no run yet"
+    vals = [(r, values("swa_loc", r)) for r in runs_]
+    first = vals[0][1]
+    k, pad = first["swa_loc.extra_kernels_per_swa_layer"].value, first["swa_loc.pad_bug_exact"].value
+    ratio, layers, bs = _cell()
+    n_swa = len(hybrid_layer_ids(layers, ratio)[0])
+    per = {f"{v['swa_loc.extra_kernels_per_swa_layer'].value['per_swa_layer_min']:g}" for _, v in vals}
+    text = f"{layers} layers ({n_swa} SWA, {ratio}:1), bs {bs}: "
+    if "before" in k:
+        text += f"{k['before']} → {k['after']} kernels per replay, "
+    text += f"+{'/'.join(sorted(per))} per SWA layer in every cell; "
+    times = [f"{v['swa_loc.replay_ratio'].value['before_us']:.0f} → {v['swa_loc.replay_ratio'].value['after_us']:.0f}"
+             f" µs ({v['swa_loc.replay_ratio'].value['ratio']:.2f}×) on {runs.gpu_short(r)}"
+             for r, v in vals if v["swa_loc.replay_ratio"].value]
+    if times:
+        lo = min(v["swa_loc.replay_ratio"].value["ratio_min"] for _, v in vals if v["swa_loc.replay_ratio"].value)
+        hi = max(v["swa_loc.replay_ratio"].value["ratio_max"] for _, v in vals if v["swa_loc.replay_ratio"].value)
+        text += "replay " + ", ".join(times) + f"; {lo:.2f}–{hi:.2f}× over the sweep; "
+    return text + (f"padded batches: {pad['pr23552_corrupted']} live (layer, slot) pairs overwritten by #23552, "
+                   f"{pad['pr24743_corrupted']} by #24743.")
