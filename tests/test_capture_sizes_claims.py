@@ -121,7 +121,8 @@ def test_headline_from_the_runs_shown():
         refused = sorted(df[(df.variant == "before_probe") & (df.metric == "failed")]["size"].astype(int))
         raw = df[df.variant == "before"]["size"].nunique()
         stop = int(df[(df.variant == "before") & (df.metric == "failed")]["size"].iloc[0])
-        good = {v: int(df[(df.variant == v) & (df.metric == "replay_ok")].value.sum()) for v in ("pr_filter", "round_up")}
+        good = {v: int(df[(df.variant == v) & (df.metric == "replay_ok")].value.sum())
+                for v in ("pr_filter", "round_up")}
         n = {v: df[df.variant == v]["size"].nunique() for v in ("pr_filter", "round_up")}
         assert good == n
         assert (f"H200 TP {w}: refused {', '.join(map(str, refused))} of {raw} sizes, the unfiltered loop stopped at "

@@ -65,6 +65,14 @@ def _stops_first_bad(run):
                  why_not=f"expected a stop at {n} ({stage}) with UnequalShards after {len(captured)} captures")
 
 
+def _has_bad(run) -> str | None:
+    w = _w(run)
+    if all(n % w == 0 for n in _lists(run)["before"]):
+        sizes = run.manifest["params"].get("sizes")
+        return f"no raw size is indivisible by W={w} here (sizes={sizes!r}): nothing to stop at"
+    return None
+
+
 def _not_reached(run) -> int:
     d = run.df
     return int(d.loc[(d.variant == "before") & (d.metric == "not_reached"), "value"].sum())
@@ -110,13 +118,6 @@ def _cpu_mul_base(run):
 # --------------------------------------------------------------------------------------------------------------
 # from the traced pass
 # --------------------------------------------------------------------------------------------------------------
-def _has_bad(run) -> str | None:
-    w = _w(run)
-    if all(n % w == 0 for n in _lists(run)["before"]):
-        return f"no raw size is indivisible by W={w} here (sizes={run.manifest['params'].get('sizes')!r}): nothing to stop at"
-    return None
-
-
 def _traced(run) -> str | None:
     if run.manifest.get("params", {}).get("profile") is False:
         return "run without the traced pass (profile=False)"
@@ -144,7 +145,8 @@ def _trace_marks(run):
             if marks != sorted({n for n in sizes if n % w}):
                 bad.append(f"rank {rank} {variant}: refused {_join(marks)}")
     marks = sorted(set(cr.loc[(cr["rank"] == 0) & (cr.variant == "before") & cr.refused, "size"].astype(int)))
-    return holds(not bad, f"{w} ranks; refused marks before: {_join(marks)}; after: none" if not bad else "; ".join(bad),
+    text = "; ".join(bad) if bad else f"{w} ranks; refused marks before: {_join(marks)}; after: none"
+    return holds(not bad, text,
                  {"refused_marks": _join(marks), "ranks": int(cr["rank"].nunique())})
 
 
@@ -244,4 +246,5 @@ def headline(runs_: list) -> str:
                      f"{ref['n_refused'] + ref['n_accepted']} sizes, the unfiltered loop stopped at "
                      f"{stop['stopped_at']}; {fixed} captured + replayed, max abs err {err:g}")
     scaled = all(r.manifest["params"].get("sizes", "scaled") == "scaled" for r in runs_)
-    return ("On the default list scaled by W/8 (so TP 8's bad sizes recur): " if scaled else "") + "; ".join(parts) + "."
+    lead = "On the default list scaled by W/8 (so TP 8's bad sizes recur): " if scaled else ""
+    return lead + "; ".join(parts) + "."

@@ -78,7 +78,8 @@ def _rest_column(ax, x, top, yb, rest, tp, lists, rh) -> None:
     kept = [n for n in rest if n in lists["pr_filter"]]
     what = "all split equally" if not bad else f"{len(bad)} refused"
     diagram.box(ax, x + 0.1, yb + 0.04, 1.3, top - yb - 0.08,
-                f"{rest[0]} … {rest[-1]}\n{len(rest)} more sizes\n{what}", color=_SHARD_COLORS["equal"] if not bad else "removed",
+                f"{rest[0]} … {rest[-1]}\n{len(rest)} more sizes\n{what}",
+                color=_SHARD_COLORS["equal"] if not bad else "removed",
                 fontsize=7.5)
     diagram.box(ax, x + 0.1, yb - 0.45 - rh / 2 + 0.04, 1.3, rh - 0.08, f"{len(kept)} kept", color="kept",
                 fontsize=7)

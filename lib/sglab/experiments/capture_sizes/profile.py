@@ -29,15 +29,22 @@ DEVICE = ("kernel", "memcpy", "memset")
 def traced_pass(work, *, perfetto=None):
     """Run the ``before`` and ``after`` loops of :data:`TRACED` on ``work`` (a :class:`.run.RankWork`) under one
     :class:`sglab.measure.trace.Recorder`; return the reduced event table of this rank."""
+    import contextlib
+    import time
+
     from sglab.measure import phases
 
-    with trace.Recorder(perfetto=perfetto, keep_ops=True, cuda=work.use_graphs) as rec:
+    with contextlib.ExitStack() as stack:
+        with phases.phase("profile: start"):  # the profiler's own warm-up session, then this one
+            rec = stack.enter_context(trace.Recorder(perfetto=perfetto, keep_ops=True, cuda=work.use_graphs))
         with phases.phase("profile: traced loops"):
             for variant, key, keep_going in TRACED:
                 with trace.phase(variant):
                     graphs = work.capture_all(variant, work.lists[key], record=False, traced=True,
                                               keep_going=keep_going)
                 work.release(graphs)
+        t0 = time.perf_counter()
+    phases.add("profile: collect", time.perf_counter() - t0)  # torch's event list and the Perfetto file
     with phases.phase("profile: reduce"):
         return reduce_events(rec.events, rank=work.rank)
 

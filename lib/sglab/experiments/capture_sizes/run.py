@@ -93,9 +93,10 @@ def _probe_is_safe(n: int, world_size: int) -> bool:
 def _real_rows(seed: int, rank: int, b: int, t: int, hidden: int, dtype, device):
     import torch
 
-    g = torch.Generator().manual_seed((((seed * 131 + rank) * 65537 + b) * 8191 + t) % (2**31))
-    # small integers: every sum over ranks is exact in bfloat16, so reduce-scatter and all-reduce agree bitwise
-    return torch.randint(-3, 4, (t, hidden), generator=g).to(dtype=dtype, device=device)
+    g = torch.Generator(device=device).manual_seed((((seed * 131 + rank) * 65537 + b) * 8191 + t) % (2**31))
+    # small integers: every sum over ranks is exact in bfloat16, so reduce-scatter and all-reduce agree bitwise;
+    # drawn on the device (up to 2048 x hidden per replay: on the host that was most of the check's time)
+    return torch.randint(-3, 4, (t, hidden), generator=g, device=device).to(dtype=dtype)
 
 
 def _range(name: str, traced: bool):
