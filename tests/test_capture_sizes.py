@@ -107,28 +107,28 @@ def test_round_up_today():
     assert cs.ceil_align(2048, 7) == 2051
 
 
-def test_pick_bucket_and_padding():
-    assert cs.pick_bucket(13, DEFAULT_2048) == 16
-    assert cs.pick_bucket(2049, DEFAULT_2048) is None
-    w = cs.padding_waste([4, 8], 10)
-    assert w == {"covered": 8, "eager": 2, "pad_tokens": (3 + 2 + 1 + 0) + (3 + 2 + 1 + 0),
-                 "pad_frac": 12 / 36}
-
-
-def test_scaled_default_sizes():
-    s4 = cs.scaled_default_sizes(4)
-    assert [n for n in s4 if n % 4] == [2, 6, 10, 14]
-    assert len(s4) == 42
-    s2 = cs.scaled_default_sizes(2)
-    assert [n for n in s2 if n % 2] == [1, 3, 5, 7]
-    assert cs.scaled_default_sizes(8) == DEFAULT_2048
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # experiment module: tables, merge, the boundary on two gloo ranks
 # ---------------------------------------------------------------------------------------------------------------
 from sglab import upstream  # noqa: E402
 from sglab.experiments import capture_sizes as ex  # noqa: E402
+
+
+def test_pick_bucket_and_padding():
+    assert cs.pick_bucket(13, DEFAULT_2048) == 16
+    assert cs.pick_bucket(2049, DEFAULT_2048) is None
+    w = ex.padding_waste([4, 8], 10)
+    assert w == {"covered": 8, "eager": 2, "pad_tokens": (3 + 2 + 1 + 0) + (3 + 2 + 1 + 0),
+                 "pad_frac": 12 / 36}
+
+
+def test_scaled_default_sizes():
+    s4 = ex.scaled_default_sizes(4)
+    assert [n for n in s4 if n % 4] == [2, 6, 10, 14]
+    assert len(s4) == 42
+    s2 = ex.scaled_default_sizes(2)
+    assert [n for n in s2 if n % 2] == [1, 3, 5, 7]
+    assert ex.scaled_default_sizes(8) == DEFAULT_2048
 
 
 def test_size_lists_break_the_same_sizes():

@@ -40,14 +40,16 @@ VARIANTS = ("before", "before_probe", "pr_filter", "round_up")
 TOL = 1e-4  # max abs error accepted per replay (float32 per-token op on exact integer sums; measured: 0)
 
 from .analysis import (  # noqa: E402
-    alignment_summary, alignment_table, capture_ranges, describe_run, newest_per_world_size, policy_lists,
-    review_table, rule_table, run_facts, runs_table, size_status, size_table, summary, trace_summary,
+    alignment_summary, alignment_table, capture_ranges, describe_run, newest_per_world_size, padding_waste,
+    policy_lists, review_table, rule_table, run_facts, runs_table, size_status, size_table, summary, trace_summary,
 )
-from .run import _merge, _probe_is_safe, raw_sizes, replay_token_counts, run, size_lists  # noqa: E402
+from .run import (  # noqa: E402
+    _merge, _probe_is_safe, loop_order, raw_sizes, replay_token_counts, run, scaled_default_sizes, size_lists,
+)
 
 __all__ = [
     "EXPERIMENT", "METHOD_VERSION", "GPUS", "DEFAULT_PARAMS", "VARIANTS", "TOL", "run", "raw_sizes", "size_lists",
-    "replay_token_counts", "summary", "run_facts", "runs_table", "newest_per_world_size", "size_status",
+    "scaled_default_sizes", "loop_order", "padding_waste", "replay_token_counts", "summary", "run_facts", "runs_table", "newest_per_world_size", "size_status",
     "capture_ranges", "trace_summary", "describe_run", "size_table", "policy_lists", "alignment_table",
     "alignment_summary", "review_table", "rule_table",
 ]

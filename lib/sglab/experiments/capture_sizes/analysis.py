@@ -242,6 +242,27 @@ def rule_table(sizes: Sequence[int], combos=((8, 1, False), (8, 1, True), (4, 6,
     return pd.DataFrame(rows)
 
 
+def padding_waste(buckets: Sequence[int], max_tokens: int) -> dict:
+    """Padding cost of replaying token counts 1..``max_tokens`` (each equally likely) on ``buckets``.
+
+    Returns ``covered`` (token counts that find a bucket), ``eager`` (those above the largest bucket, which run
+    eagerly), ``pad_tokens`` (sum of bucket - t over covered t) and ``pad_frac`` (pad_tokens / sum of covered t).
+    """
+    bs = sorted(buckets)
+    pad = real = covered = 0
+    i = 0
+    for t in range(1, max_tokens + 1):
+        while i < len(bs) and bs[i] < t:
+            i += 1
+        if i == len(bs):
+            continue
+        covered += 1
+        real += t
+        pad += bs[i] - t
+    return {"covered": covered, "eager": max_tokens - covered, "pad_tokens": pad,
+            "pad_frac": pad / real if real else float("nan")}
+
+
 def alignment_table(max_tokens: int = 2048, attn_tps=range(1, 9), attn_cps=range(1, 5),
                     sizes: Sequence[int] | None = None):
     """For attn_tp x attn_cp x two-batch overlap: the bases, surviving buckets and padding of each policy.
@@ -252,7 +273,7 @@ def alignment_table(max_tokens: int = 2048, attn_tps=range(1, 9), attn_cps=range
     import pandas as pd
 
     default = list(sizes) if sizes is not None else fx.default_piecewise_capture_sizes(max_tokens)
-    base_waste = fx.padding_waste(default, max_tokens)
+    base_waste = padding_waste(default, max_tokens)
     out = []
     for tp in attn_tps:
         for cp in attn_cps:
@@ -264,8 +285,8 @@ def alignment_table(max_tokens: int = 2048, attn_tps=range(1, 9), attn_cps=range
                 kept_dec = [n for n in default if n % dec == 0]
                 kept_lcm = [n for n in default if n % lcm == 0]
                 rounded = fx.round_up_capture_sizes(default, pr)
-                w_pr = fx.padding_waste(kept_pr, max_tokens) if kept_pr else None
-                w_rd = fx.padding_waste(rounded, max_tokens)
+                w_pr = padding_waste(kept_pr, max_tokens) if kept_pr else None
+                w_rd = padding_waste(rounded, max_tokens)
                 out.append({
                     "attn_tp": tp, "attn_cp": cp, "two_batch_overlap": tbo,
                     "mul_base_pr": pr, "mul_base_decode": dec, "lcm": lcm, "tp_x_cp": tp * cp,

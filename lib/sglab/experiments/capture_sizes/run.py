@@ -44,12 +44,24 @@ from . import DEFAULT_PARAMS, EXPERIMENT, TOL
 # --------------------------------------------------------------------------------------------------------------
 # size lists
 # --------------------------------------------------------------------------------------------------------------
+def scaled_default_sizes(world_size: int, max_tokens: int = fx.MLA_MAX_TOKENS, reference_tp: int = 8) -> list[int]:
+    """The default list scaled by ``world_size / reference_tp`` so that, at attention TP ``world_size``, exactly
+    the sizes that break at ``reference_tp`` break (at 8: 4, 12, 20, 28; scaled to 4 ranks: 2, 6, 10, 14).
+
+    Used where the machine has fewer GPUs than the crash needed: the residues modulo the group size are what
+    matter, and scaling keeps them."""
+    if reference_tp % world_size != 0:
+        raise ValueError(f"world_size {world_size} must divide {reference_tp}")
+    f = reference_tp // world_size
+    return [s // f for s in fx.default_piecewise_capture_sizes(max_tokens) if s % f == 0]
+
+
 def raw_sizes(world_size: int, sizes: str = "scaled", max_tokens: int = 2048) -> list[int]:
     if sizes == "default":
         return fx.default_piecewise_capture_sizes(max_tokens)
     if sizes == "scaled":
         if 8 % world_size == 0:
-            return fx.scaled_default_sizes(world_size, max_tokens, reference_tp=8)
+            return scaled_default_sizes(world_size, max_tokens, reference_tp=8)
         return fx.default_piecewise_capture_sizes(max_tokens)  # e.g. 3 or 6 ranks: the default list breaks as is
     raise ValueError(f"sizes must be 'scaled' or 'default', got {sizes!r}")
 
