@@ -325,3 +325,31 @@ def test_alignment_heatmaps_mark_the_assertion():
     assert len(fig.axes) == 3
     assert sum(t == "assert" for t in _texts(fig)) == 2  # PR-filter panels at tp 7, cp 3; round-up never asserts
     plt.close(fig)
+
+
+def test_capture_loop_order_and_every_size_ends_synchronised():
+    """The runner's loop on a stand-in rank: warm-up at the smallest size, then largest first with two eager runs
+    and a capture; a size with unequal shards stops the loop (or is skipped in the traced pass), and every size's
+    work ends with a synchronisation (the trace attributes device work to a size by time)."""
+    from sglab.experiments.capture_sizes.run import RankWork
+
+    calls = []
+    work = RankWork.__new__(RankWork)
+    work.w, work.use_graphs, work.rows = 2, False, []
+    work.sync = lambda barrier=True: calls.append("sync")
+
+    def boundary(n, check=True):
+        if check:
+            cs.check_equal_shards(n, 2)
+        calls.append(n)
+
+    work.boundary = boundary
+    graphs = work.capture_all("v", [2, 3, 4], record=True)
+    # warm-up at 2; capture 4: two eager runs and the capture; 3 refused before any collective: stop
+    assert sorted(graphs) == [4] and calls == ["sync", 2, "sync", "sync", 4, "sync", 4, "sync", "sync", "sync"]
+    rows = {(r["size"], r["metric"]): r for r in work.rows}
+    assert rows[(3, "failed")]["stage"] == "capture" and (2, "not_reached") in rows and (4, "captured") in rows
+    calls.clear()
+    graphs = work.capture_all("v", [2, 3, 4], record=False, keep_going=True)
+    assert sorted(graphs) == [2, 4] and [c for c in calls if c != "sync"] == [2, 4, 4, 2, 2]
+    assert all(calls[i + 1] == "sync" for i, c in enumerate(calls) if c != "sync" and i + 1 < len(calls))

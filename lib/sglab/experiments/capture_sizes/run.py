@@ -201,6 +201,7 @@ class RankWork:
                     self.sync()
                     if stage == "jit_warmup":
                         self.boundary(n)
+                        self.sync()  # its kernels end inside its own range (the trace attributes them by time)
                         continue
                     graphs[n] = self._capture_one(n, pool)
                     self.sync()
