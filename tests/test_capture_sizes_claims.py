@@ -226,3 +226,53 @@ def test_capture_timeline_marks_the_refused_sizes(gloo_run):
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert "before · rank 0 · host" in labels and "after · rank 0 · host" in labels
     plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# a real run with its trace: H200 x2, NCCL, the default parameters (tests/data, a copy without the Perfetto file)
+# --------------------------------------------------------------------------------------------------------------
+H200_RUN = Path(__file__).parent / "data" / EXP / "20261123T110758Z_nvidia-h200-x2.csv"
+
+
+def test_a_real_h200_run_with_its_trace_verifies(capsys):
+    assert cli.main(["verify", str(H200_RUN)]) == 0
+    assert "10/10 claims hold on H200 ×2, 2026-11-23" in capsys.readouterr().out
+
+
+def test_the_real_trace_in_numbers():
+    t = ex.trace_summary(runs.read_run(H200_RUN).sidecar("events")).set_index(["rank", "variant", "kind"])
+    for rank in (0, 1):
+        # 38 accepted sizes: 3 reduce-scatters and 3 all-gathers issued (2 eager runs + the captured call), 4 NCCL
+        # kernels run (the eager runs'); the 4 refused sizes and the refused warm-up: nothing at all
+        assert t.loc[(rank, "before", "capture")].tolist() == [38, "3", "3", "4", "20"]
+        assert t.loc[(rank, "after", "capture")].tolist() == [38, "3", "3", "4", "20"]
+        assert t.loc[(rank, "before", "capture (refused)")].tolist() == [4, "0", "0", "0", "0"]
+        assert t.loc[(rank, "before", "warmup (refused)")].tolist() == [1, "0", "0", "0", "0"]
+        assert t.loc[(rank, "after", "warmup")].tolist() == [1, "1", "1", "2", "9"]
+
+
+def test_an_nccl_kernel_run_under_capture_fails_the_claim(tmp_path, capsys):
+    def extra_kernel(ev):
+        r = ev[(ev["rank"] == 1) & (ev.name == "phase::capture 64") & (ev.variant == "after")].iloc[0]
+        k = r.copy()
+        k["lane"], k["name"], k["category"] = "device", "ncclDevKernel_AllGather_RING_LL", "kernel"
+        k["start_us"], k["dur_us"] = r.start_us + r.dur_us / 2, 1.0
+        return pd.concat([ev, k.to_frame().T], ignore_index=True)
+
+    _verify_fails(_damage_events(H200_RUN, tmp_path, extra_kernel), "capture_sizes.trace_capture_launches_nothing",
+                  capsys)
+
+
+def test_capture_timeline_on_the_real_trace():
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PathCollection
+
+    run = runs.read_run(H200_RUN)
+    windows = figures.tail_window(run.sidecar("events"), rank=1)
+    after, _ = windows["after · rank 1"]
+    assert sorted(after.loc[after.category == "range", "name"]) == ["phase::2", "phase::4", "phase::6", "phase::8"]
+    assert (after.name.str.contains("nccl") & (after.lane == "device")).sum() == 4 * 4
+    fig = figures.capture_timeline(run.sidecar("events"), rank=1, run=run)
+    crosses = [c for c in fig.axes[0].collections if isinstance(c, PathCollection)]
+    assert sum(len(c.get_offsets()) for c in crosses) == 4
+    plt.close(fig)
