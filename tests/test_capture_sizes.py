@@ -1,4 +1,5 @@
-"""CPU tests of the capture-size tables and the dense-TP1 boundary (gloo)."""
+"""CPU tests of the rebuild, the experiment's tables, the traced-pass reduction and the figures (the gloo run,
+the claims and the headline are in test_capture_sizes_claims.py)."""
 
 from __future__ import annotations
 
@@ -106,28 +107,28 @@ def test_round_up_today():
     assert cs.ceil_align(2048, 7) == 2051
 
 
-def test_pick_bucket_and_padding():
-    assert cs.pick_bucket(13, DEFAULT_2048) == 16
-    assert cs.pick_bucket(2049, DEFAULT_2048) is None
-    w = cs.padding_waste([4, 8], 10)
-    assert w == {"covered": 8, "eager": 2, "pad_tokens": (3 + 2 + 1 + 0) + (3 + 2 + 1 + 0),
-                 "pad_frac": 12 / 36}
-
-
-def test_scaled_default_sizes():
-    s4 = cs.scaled_default_sizes(4)
-    assert [n for n in s4 if n % 4] == [2, 6, 10, 14]
-    assert len(s4) == 42
-    s2 = cs.scaled_default_sizes(2)
-    assert [n for n in s2 if n % 2] == [1, 3, 5, 7]
-    assert cs.scaled_default_sizes(8) == DEFAULT_2048
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # experiment module: tables, merge, the boundary on two gloo ranks
 # ---------------------------------------------------------------------------------------------------------------
 from sglab import upstream  # noqa: E402
 from sglab.experiments import capture_sizes as ex  # noqa: E402
+
+
+def test_pick_bucket_and_padding():
+    assert cs.pick_bucket(13, DEFAULT_2048) == 16
+    assert cs.pick_bucket(2049, DEFAULT_2048) is None
+    w = ex.padding_waste([4, 8], 10)
+    assert w == {"covered": 8, "eager": 2, "pad_tokens": (3 + 2 + 1 + 0) + (3 + 2 + 1 + 0),
+                 "pad_frac": 12 / 36}
+
+
+def test_scaled_default_sizes():
+    s4 = ex.scaled_default_sizes(4)
+    assert [n for n in s4 if n % 4] == [2, 6, 10, 14]
+    assert len(s4) == 42
+    s2 = ex.scaled_default_sizes(2)
+    assert [n for n in s2 if n % 2] == [1, 3, 5, 7]
+    assert ex.scaled_default_sizes(8) == DEFAULT_2048
 
 
 def test_size_lists_break_the_same_sizes():
@@ -192,25 +193,6 @@ def test_probe_precondition():
             assert ex._probe_is_safe(n, w)
 
 
-def test_boundary_on_two_gloo_ranks():
-    df = ex.run({"world_size": 2, "backend": "gloo", "hidden": 16, "max_tokens": 128}, progress=False)
-    s = ex.summary(df).set_index("variant")
-    # before: the runner's warm-up at the smallest size (1 token on 2 ranks) fails, nothing is captured
-    assert s.loc["before", "failed"] == 1 and s.loc["before", "first_failure"] == 1
-    assert s.loc["before", "captured_or_ok"] == 0
-    assert s.loc["before", "not_reached"] == s.loc["before", "sizes"] - 1
-    assert "UnequalShards" in s.loc["before", "error"] and "[1, 0]" in s.loc["before", "error"]
-    # the probe without the shard check: the collective itself refuses exactly the odd sizes
-    probe = df[df.variant == "before_probe"]
-    assert sorted(probe.loc[probe.metric == "failed", "size"]) == [1, 3, 5, 7]
-    # after: every bucket captured and replayed exactly, including unaligned real token counts
-    for v in ("pr_filter", "round_up"):
-        assert s.loc[v, "failed"] == 0
-        assert s.loc[v, "captured_or_ok"] == s.loc[v, "sizes"] == s.loc[v, "replayed_ok"]
-        assert s.loc[v, "worst_replay_err"] <= ex.TOL
-    assert set(df.columns) >= {"experiment", "variant", "world_size", "size", "metric", "value", "unit"}
-
-
 def test_upstream_check_verdicts():
     before = ("class PiecewiseCudaGraphRunner:\n    def __init__(self, r):\n"
               "        self.capture_num_tokens = self.compile_config.get_capture_sizes()\n")
@@ -219,59 +201,6 @@ def test_upstream_check_verdicts():
     assert checks.capture_sizes({"srt/model_executor/piecewise_cuda_graph_runner.py": before}.get).status == "before"
     assert checks.capture_sizes({}.get).status == "absent"
     assert "capture_sizes" in upstream.registered()
-
-
-def test_headline_from_recorded_runs():
-    """The README line states, per world size, the sizes the collective refused and the buckets that captured and
-    replayed; each number is recomputed here from the committed CSVs."""
-    import glob
-    import json
-    from pathlib import Path
-
-    import pandas as pd
-
-    from sglab import runs
-    from sglab.experiments import capture_sizes as exp
-
-    recorded = runs.load_all_recorded("capture_sizes")
-    if not recorded:
-        pytest.skip("no recorded run of capture_sizes")
-    line = exp.headline(recorded)
-    assert "|" not in line and len(line) < 400
-
-    folder = Path(runs.data_dir("recorded")) / "capture_sizes"
-    by_world: dict = {}
-    for csv in sorted(glob.glob(str(folder / "*.csv"))):
-        df = pd.read_csv(csv)
-        man = json.loads(Path(csv).with_suffix(".json").read_text())
-        w = man["params"]["world_size"]
-        refused = sorted(df[(df.variant == "before_probe") & (df.metric == "failed")]["size"].astype(int))
-        raw = df[df.variant == "before"]["size"].nunique()
-        ok = {}
-        for v in ("pr_filter", "round_up"):
-            sub = df[df.variant == v]
-            n = sub["size"].nunique()
-            good = int(sub[sub.metric == "replay_ok"].value.sum())
-            cap = int(sub[sub.metric == "captured"].value.sum())
-            ok[v] = (min(good, cap), n)
-            assert sub[sub.metric == "replay_max_abs_err"].value.max() <= exp.TOL
-        by_world.setdefault(w, []).append((refused, raw, ok))
-        # the unguarded collective refuses exactly the sizes not divisible by the world size
-        assert refused == [n for n in sorted(df[df.variant == "before"]["size"].unique()) if n % w]
-
-    for w, facts in by_world.items():
-        refused, raw, ok = facts[-1]
-        assert all(f == facts[-1] for f in facts), f"world {w}: recorded runs disagree"
-        tag = f"H200 TP {w}" + (f" ({len(facts)} runs)" if len(facts) > 1 else "")
-        assert f"{tag}: refused {', '.join(map(str, refused))};" in line
-        assert f"({raw}-size default list" in line
-        assert ok["pr_filter"] == ok["round_up"]
-        assert f"PR filter and round-up {ok['pr_filter'][0]}/{ok['pr_filter'][1]} buckets captured + replayed" in line
-    # the committed runs: world 2 twice (a 4-GPU and a 2-GPU machine), world 4 once
-    assert sorted((w, len(f)) for w, f in by_world.items()) == [(2, 2), (4, 1)]
-    assert by_world[2][0][0] == [1, 3, 5, 7] and by_world[4][0][0] == [2, 6, 10, 14]
-    assert by_world[2][0][2]["pr_filter"] == (38, 38) and by_world[4][0][2]["round_up"] == (38, 38)
-    assert line.count("max abs err 0;") + line.count("max abs err 0.") == 2
 
 
 def test_upstream_check_recognises_todays_round_up(tmp_path):
@@ -291,3 +220,135 @@ def test_upstream_check_recognises_todays_round_up(tmp_path):
     assert upstream.check("capture_sizes", root=tmp_path).status == "changed"
     (tmp_path / "srt" / "utils" / "common.py").write_text("def get_cuda_graph_max_batch_size(n):\n    return n\n")
     assert upstream.check("capture_sizes", root=tmp_path).status == "regressed"
+def test_policy_lists_and_size_table():
+    d = cs.default_piecewise_capture_sizes(2048)
+    p = ex.policy_lists(d, 8)
+    assert p["before"] == d and [n for n in d if n not in p["pr_filter"]] == [4, 12, 20, 28]
+    assert p["round_up"] == p["pr_filter"]
+    assert ex.policy_lists([4, 8, 16], 4, 6)["pr_filter"] == []  # where the PR's assertion fires
+    t = ex.size_table(8).set_index("size")
+    assert list(t.index[~t.equal_shards]) == [4, 12, 20, 28]
+    assert t.loc[12, "shards"] == [2, 2, 2, 2, 1, 1, 1, 1] and t.loc[12, "rounded_up_to"] == 16
+    assert not t.loc[12, "kept_by_pr"] and t.loc[16, "kept_by_pr"]
+    # any list can be laid out, e.g. a release's own sizes, with attention CP folded into the base
+    t = ex.size_table(4, sizes=[6, 12, 24], attn_cp=6).set_index("size")
+    assert list(t.rounded_up_to) == [24, 24, 24] and list(t.kept_by_pr) == [False, False, True]
+
+
+def test_rule_table_and_alignment_summary():
+    r = ex.rule_table(DEFAULT_2048).set_index(["attn_tp", "attn_cp", "two_batch_overlap"])
+    assert r.loc[(8, 1, False), "PR drops"] == [4, 12, 20, 28]
+    assert (r.loc[(8, 1, True), "decode mul_base"], r.loc[(8, 1, True), "decode rule keeps"]) == (16, 36)
+    assert (r.loc[(4, 6, False), "PR mul_base"], r.loc[(4, 6, False), "PR keeps"]) == (24, 13)
+    text = ex.alignment_summary(ex.alignment_table())
+    assert "asserts in 1 pair(s)" in text and "over 32 (attn_tp, attn_cp) pairs" in text
+
+
+def _events(rows):
+    import pandas as pd
+
+    from sglab.measure import trace
+
+    return pd.DataFrame([dict(zip(trace.COLUMNS, r)) for r in rows], columns=trace.COLUMNS)
+
+
+def test_reduce_events_tags_variants_and_keeps_what_the_picture_needs():
+    from sglab.experiments.capture_sizes import profile
+
+    ev = _events([
+        ("host", "phase::before", "range", 0.0, 100.0, "before"),
+        ("host", "phase::capture 4", "range", 1.0, 40.0, "capture 4"),
+        ("host", "c10d::_reduce_scatter_base_", "op", 2.0, 1.0, "capture 4"),
+        ("host", "aten::mul", "op", 3.0, 1.0, "capture 4"),
+        ("host", "c10d::monitored_barrier_", "op", 4.0, 1.0, "capture 4"),
+        ("runtime", "cudaLaunchKernel", "runtime", 5.0, 1.0, "capture 4"),
+        ("runtime", "cudaStreamBeginCapture", "runtime", 6.0, 1.0, "capture 4"),
+        ("stream 7", "ncclDevKernel_ReduceScatter", "kernel", 7.0, 2.0, "capture 4"),
+        ("stream 7", "phase::capture 4", "range", 7.0, 2.0, "capture 4"),
+        ("host", "phase::capture 3", "range", 50.0, 5.0, "capture 3"),
+        ("host", "phase::refused 3", "range", 51.0, 0.5, "refused 3"),
+        ("host", "phase::after", "range", 200.0, 50.0, "after"),
+        ("host", "phase::capture 4", "range", 210.0, 20.0, "capture 4"),
+        ("host", "c10d::_allgather_base_", "op", 215.0, 1.0, "capture 4"),
+    ])
+    out = profile.reduce_events(ev, rank=1)
+    assert list(out.columns) == profile.EVENT_COLUMNS and set(out["rank"]) == {1}
+    assert "aten::mul" not in set(out.name) and "cudaLaunchKernel" not in set(out.name)
+    assert "c10d::monitored_barrier_" not in set(out.name)
+    assert not out.name.isin(["phase::before", "phase::after"]).any()
+    before, after = out[out.variant == "before"], out[out.variant == "after"]
+    assert len(before) == 7 and len(after) == 2
+    assert after.start_us.min() == 10.0  # re-zeroed to the variant's start
+    cr = ex.capture_ranges(out)
+    b = cr[cr.variant == "before"].set_index("size")
+    assert bool(b.loc[3, "refused"]) and not bool(b.loc[4, "refused"])
+    assert (b.loc[4, "reduce_scatters"], b.loc[4, "nccl_kernels"], b.loc[3, "kernels"]) == (1, 1, 0)
+    assert cr[cr.variant == "after"].all_gathers.tolist() == [1]
+    assert profile.reduce_events(ev[ev.name != "phase::before"].iloc[:3], rank=0).empty
+
+
+def _texts(fig):
+    return [t.get_text() for ax in fig.axes for t in ax.texts]
+
+
+def test_mechanism_picture_from_the_rebuild():
+    import matplotlib.pyplot as plt
+
+    from sglab.experiments.capture_sizes import figures
+
+    fig = figures.mechanism(8)
+    texts = _texts(fig)
+    assert texts.count("✗ refused") == 4
+    for n in ("4", "12", "20", "28", "32"):
+        assert n in texts
+    assert sum(t.startswith("→ ") and t.endswith("merged") for t in texts) == 4
+    assert texts.count("dropped") == 4 and "34 kept" in texts
+    assert any("PR filter keeps 38 of 42 (drops 4, 12, 20, 28)" in t for t in texts)
+    plt.close(fig)
+    fig = figures.mechanism(3)  # non-power-of-two TP: refusals everywhere, rounding up keeps all 42
+    texts = _texts(fig)
+    assert texts.count("✗ refused") == sum(1 for n in DEFAULT_2048[:12] if n % 3)
+    assert any("rounding up gives 42 buckets" in t for t in texts)
+    plt.close(fig)
+    fig = figures.mechanism(2, sizes=ex.raw_sizes(2))  # the scaled list of a 2-GPU run
+    assert _texts(fig).count("✗ refused") == 4
+    plt.close(fig)
+
+
+def test_alignment_heatmaps_mark_the_assertion():
+    import matplotlib.pyplot as plt
+
+    from sglab.experiments.capture_sizes import figures
+
+    fig = figures.alignment_heatmaps(ex.alignment_table(), 2048, 42)
+    assert len(fig.axes) == 3
+    assert sum(t == "assert" for t in _texts(fig)) == 2  # PR-filter panels at tp 7, cp 3; round-up never asserts
+    plt.close(fig)
+
+
+def test_capture_loop_order_and_every_size_ends_synchronised():
+    """The runner's loop on a stand-in rank: warm-up at the smallest size, then largest first with two eager runs
+    and a capture; a size with unequal shards stops the loop (or is skipped in the traced pass), and every size's
+    work ends with a synchronisation (the trace attributes device work to a size by time)."""
+    from sglab.experiments.capture_sizes.run import RankWork
+
+    calls = []
+    work = RankWork.__new__(RankWork)
+    work.w, work.use_graphs, work.rows = 2, False, []
+    work.sync = lambda barrier=True: calls.append("sync")
+
+    def boundary(n, check=True):
+        if check:
+            cs.check_equal_shards(n, 2)
+        calls.append(n)
+
+    work.boundary = boundary
+    graphs = work.capture_all("v", [2, 3, 4], record=True)
+    # warm-up at 2; capture 4: two eager runs and the capture; 3 refused before any collective: stop
+    assert sorted(graphs) == [4] and calls == ["sync", 2, "sync", "sync", 4, "sync", 4, "sync", "sync", "sync"]
+    rows = {(r["size"], r["metric"]): r for r in work.rows}
+    assert rows[(3, "failed")]["stage"] == "capture" and (2, "not_reached") in rows and (4, "captured") in rows
+    calls.clear()
+    graphs = work.capture_all("v", [2, 3, 4], record=False, keep_going=True)
+    assert sorted(graphs) == [2, 4] and [c for c in calls if c != "sync"] == [2, 4, 4, 2, 2]
+    assert all(calls[i + 1] == "sync" for i, c in enumerate(calls) if c != "sync" and i + 1 < len(calls))

@@ -97,7 +97,9 @@ class Workbook:
                               gpu_count=gpu_count, extra=extra, sidecars=out.sidecars)
         run = runs.read_run(path, live=True)
         self._live.append(run)
-        print(f"[sglab] measured live: {run.label} → {path.relative_to(runs.repo_root())}")
+        root = runs.repo_root()
+        where = path.relative_to(root) if path.is_relative_to(root) else path  # $SGLAB_DATA may be elsewhere
+        print(f"[sglab] measured live: {run.label} → {where}")
         return run
 
     def result(self, **where) -> runs.Run | None:

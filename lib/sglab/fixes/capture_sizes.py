@@ -275,39 +275,3 @@ def dense_tp1_stand_in(x, weight, eps: float = 1e-6):
 
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)) * weight
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Tables for the notebook (pure Python)
-# --------------------------------------------------------------------------------------------------------------
-def padding_waste(buckets: Sequence[int], max_tokens: int) -> dict:
-    """Padding cost of replaying token counts 1..``max_tokens`` (each equally likely) on ``buckets``.
-
-    Returns ``covered`` (token counts that find a bucket), ``eager`` (those above the largest bucket, which run
-    eagerly), ``pad_tokens`` (sum of bucket - t over covered t) and ``pad_frac`` (pad_tokens / sum of covered t).
-    """
-    bs = sorted(buckets)
-    pad = real = covered = 0
-    i = 0
-    for t in range(1, max_tokens + 1):
-        while i < len(bs) and bs[i] < t:
-            i += 1
-        if i == len(bs):
-            continue
-        covered += 1
-        real += t
-        pad += bs[i] - t
-    return {"covered": covered, "eager": max_tokens - covered, "pad_tokens": pad,
-            "pad_frac": pad / real if real else float("nan")}
-
-
-def scaled_default_sizes(world_size: int, max_tokens: int = MLA_MAX_TOKENS, reference_tp: int = 8) -> list[int]:
-    """The default list scaled by ``world_size / reference_tp`` so that, at attention TP ``world_size``, exactly
-    the sizes that break at ``reference_tp`` break (at 8: 4, 12, 20, 28; scaled to 4 ranks: 2, 6, 10, 14).
-
-    Used where the machine has fewer GPUs than the crash needed: the residues modulo the group size are what
-    matter, and scaling keeps them."""
-    if reference_tp % world_size != 0:
-        raise ValueError(f"world_size {world_size} must divide {reference_tp}")
-    f = reference_tp // world_size
-    return [s // f for s in default_piecewise_capture_sizes(max_tokens) if s % f == 0]
