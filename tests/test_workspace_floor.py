@@ -166,7 +166,9 @@ def test_headline_from_recorded_runs():
         assert len(d) == W  # one row per rank
         return d.value.max()  # slowest rank
 
-    h = exp.headline(runs.load_all_recorded("workspace_floor"))
+    from sglab import claims
+
+    h = claims.headline("workspace_floor", claims.shown("workspace_floor", runs.load_all_recorded("workspace_floor")))
     ms = lambda t, p: "/".join(f"{gpu_value(W, t, p, 'recreate_time_total'):.0f}" for W in (2, 4))
     assert "H200, TP 2/4" in h
     assert gpu_value(2, "short_ramp", "floor_0", "recreations") == gpu_value(4, "short_ramp", "floor_0", "recreations") == 9
