@@ -49,7 +49,7 @@ DEFAULT_PARAMS = {
     "profile_policies": ["floor_0", "floor_2048"],
 }
 
-from . import analysis, claims, figures  # noqa: E402  (they read the names above)
+from . import analysis, claims, figures, profile, simulation, text  # noqa: E402  (they read the names above)
 from .analysis import (  # noqa: E402
     POLICY_ORDER,
     consistency_table,
@@ -68,7 +68,7 @@ from .simulation import simulate_rows, simulated_frame  # noqa: E402
 
 __all__ = [
     "DEFAULT_PARAMS", "EXPERIMENT", "GPUS", "METHOD_VERSION", "POLICY_ORDER", "TRACES", "TRACE_DIR", "TRACE_PARAMS",
-    "TRACE_PREFIX", "analysis", "calls_over", "claims", "consistency_table", "cost_frame", "counts_table",
+    "TRACE_PREFIX", "analysis", "profile", "simulation", "text", "calls_over", "claims", "consistency_table", "cost_frame", "counts_table",
     "figures", "generate_trace", "gloo_rank_selftest", "gpu_policy_table", "leak_table", "load_trace",
     "newest_per_world", "pcg_buckets", "phase_table", "policy_stats", "repeatability_table", "run",
     "run_world_size", "simulate_rows", "simulated_frame", "trace_params", "trace_tokens", "write_trace",

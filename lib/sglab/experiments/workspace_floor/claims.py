@@ -154,6 +154,7 @@ def _peak_memory(run):
 def _back_to_baseline(run):
     d = run.df[(run.df.source == "gpu") & run.df.metric.isin(["mem_after_cleanup", "rank_mem_delta_cudart",
                                                               "rank_mem_delta_nvml", "rank_nvml_other_gpus_end"])]
+    # (the traced pass's own check, variant traced_pass, is measured against a baseline inside the profiler)
     W = analysis.run_world_size(run)
     ranks = sorted(int(r) for r in d["rank"].dropna().unique())
     worst = float(d.value.abs().max()) if len(d) else float("nan")

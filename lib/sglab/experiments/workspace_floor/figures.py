@@ -228,7 +228,8 @@ def gpu_tradeoff(shown: dict):
 def cost(runs_, shown: dict):
     """Creation ms vs T for every run (older repeats dashed), and the IPC-open phase against the Lamport buffer
     size (both world sizes step up at the same buffer size)."""
-    fig, (ax_create, ax_open) = plots.figure(2, 1, width=12, height=4.2)
+    fig, axes = plots.figure(2, 1, width=12, height=4.2)
+    ax_create, ax_open = axes[0]
     newest = {id(r) for r in shown.values()}
     for r in sorted(runs_, key=lambda r: (analysis.run_world_size(r), str(r.manifest.get("created_utc")))):
         W, H = analysis.run_world_size(r), analysis.run_hidden(r)

@@ -20,12 +20,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from sglab.fixes import workspace_floor as wf
+from sglab.measure.trace import COLUMNS
 
 RECREATE_RANGE = wf.RECREATE_RANGE  # "recreate workspace": one per creation along the trace
 COST_RANGE = "create workspace"  # one per size of the traced cost sweep
 VARIANT_PREFIX = "variant "  # outer range per variant: "variant floor_0", "variant cost_sweep"
 COST_VARIANT = "cost_sweep"
 EXTRA_COLUMNS = ["variant", "rank", "creation", "step", "tokens"]
+COLUMNS_OUT = COLUMNS + EXTRA_COLUMNS  # the reduced table: sglab.measure.trace's columns, then the labels
 # host queries torch makes around every op: sub-microsecond, numerous, and no part of the mechanism
 TRIVIAL_CALLS = r"^(cudaGetDevice|cudaGetLastError|cudaPeekAtLastError|cudaStreamIsCapturing|cudaGetDeviceCount|" \
                 r"cuCtxGetCurrent|cudaDeviceGetAttribute)(_v\d+)?$"
@@ -33,20 +35,38 @@ TRIVIAL_CALLS = r"^(cudaGetDevice|cudaGetLastError|cudaPeekAtLastError|cudaStrea
 
 def traced_pass(st) -> dict:
     """Profile the re-creations of each profiled policy and the cost sizes on this rank:
-    ``{"table": reduced event table, "perfetto": path}``."""
-    from sglab.measure import trace
+    ``{"table": reduced event table, "perfetto": path}``; adds this pass's leak rows to ``st.rows``."""
+    from sglab.measure import phases, trace
+    from sglab.measure.kernels import _warm_profiler
+
+    from .simulation import MiB
 
     cfg = st.cfg
     path = Path(cfg["trace_dir"]) / f"rank{st.ctx.rank}.trace.json.gz"
     schedule: dict[str, list[tuple[int, int]]] = {}
-    with trace.Recorder(perfetto=path) as rec:
-        for name in cfg["profile_policies"]:
-            with trace.phase(VARIANT_PREFIX + name):
-                schedule[name] = _traced_replay(st, name, trace.phase)
-        with trace.phase(VARIANT_PREFIX + COST_VARIANT):
-            schedule[COST_VARIANT] = _traced_costs(st, trace.phase)
+    import torch
+
+    if torch.cuda.is_available():
+        with phases.phase("profile: profiler start-up"):
+            _warm_profiler()
+    with phases.phase("profile: session + export"):
+        with trace.Recorder(perfetto=path) as rec:
+            st.empty_cache()
+            st.barrier()
+            base = st.ops.free_bytes()  # the profiler's own device memory is in use from here on
+            for name in cfg["profile_policies"]:
+                with trace.phase(VARIANT_PREFIX + name):
+                    schedule[name] = _traced_replay(st, name, trace.phase)
+            with trace.phase(VARIANT_PREFIX + COST_VARIANT):
+                schedule[COST_VARIANT] = _traced_costs(st, trace.phase)
+            st.empty_cache()
+            left = base - st.ops.free_bytes()
     st.empty_cache()
-    return {"table": reduce_events(rec.events, schedule, rank=st.ctx.rank), "perfetto": str(path)}
+    rows = {"mem_after_cleanup": left / MiB, "profiler_device_mib": (st.base_free - st.ops.free_bytes()) / MiB}
+    st.rows += [{"variant": "traced_pass", **st.base, "metric": k, "value": v, "unit": "MiB"} for k, v in rows.items()]
+    with phases.phase("profile: reduce"):
+        table = reduce_events(rec.events, schedule, rank=st.ctx.rank)
+    return {"table": table, "perfetto": str(path)}
 
 
 def _traced_replay(st, name: str, mark) -> list[tuple[int, int]]:
@@ -89,9 +109,7 @@ def reduce_events(events, schedule: dict, *, rank: int):
     import numpy as np
     import pandas as pd
 
-    from sglab.measure.trace import COLUMNS
-
-    cols = COLUMNS + EXTRA_COLUMNS
+    cols = COLUMNS_OUT
     variants = _host_ranges(events, [VARIANT_PREFIX + v for v in schedule])
     creations = _host_ranges(events, [RECREATE_RANGE, COST_RANGE])
     if creations.empty:

@@ -70,7 +70,8 @@ def profile_step(events, *, world_size: int, hidden_dim: int, run=None):
     buffer's MiB. Right: one IPC open per buffer against the size of that buffer."""
     import numpy as np
 
-    fig, (ax, ax2) = plots.figure(2, 1, width=12, height=4.4)
+    fig, axes = plots.figure(2, 1, width=12, height=4.4)
+    ax, ax2 = axes[0]
     t = phase_frame(events)
     x = np.arange(len(t))
     bottom = np.zeros(len(t))

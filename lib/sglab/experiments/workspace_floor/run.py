@@ -9,8 +9,10 @@ Each rank (``dist.launch``, one GPU each) goes through named phases:
    ``cudaMemGetInfo``), refused calls, memory after the final destroy;
 3. :func:`_cost_sweep` - creation and destruction ms against the workspace size T, per creation phase, timed
    with :func:`sglab.measure.timing.interleaved` (the sizes alternate in rounds);
-4. the traced pass (:mod:`.profile`), after every timed pass so that profiling changes no reported time;
-5. :func:`_leak_rows` - every rank's memory back to its baseline (cudaMemGetInfo and NVML, own GPU and others).
+4. :func:`_leak_rows` - every rank's memory back to its baseline (cudaMemGetInfo and NVML, own GPU and others);
+5. the traced pass (:mod:`.profile`), after every timed pass so that profiling changes no reported time, with a
+   leak check of its own against a baseline taken once the profiler is running (the profiler holds device
+   memory of its own, reported as ``profiler_device_mib``).
 
 The parent simulates the same traces on the CPU first (rows ``source=simulated``), and after the ranks have
 returned checks that no rank process and none of their GPU memory is left.
@@ -101,12 +103,12 @@ def _rank_main(ctx, cfg):
         _replay_policies(st)
     with phases.phase("cost sweep"):
         _cost_sweep(st)
+    with phases.phase("leak check"):
+        _leak_rows(st)  # before the traced pass: the profiler keeps device memory of its own (CUPTI buffers)
     events = None
     if cfg["profile"]:
         with phases.phase("profile"):
             events = profile.traced_pass(st)
-    with phases.phase("leak check"):
-        _leak_rows(st)
     st.barrier()
     return {"rank": ctx.rank, "pid": os.getpid(), "rows": st.rows, "phases": phases.take(), "t_enter": t_enter,
             "events": events}

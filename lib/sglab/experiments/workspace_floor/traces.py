@@ -169,3 +169,16 @@ def _tokens(name: str) -> tuple:
 def calls_over(name: str, max_token_num: int) -> int:
     """How many calls of a trace carry more tokens than ``max_token_num`` (what the callee's assert refuses)."""
     return sum(t > max_token_num for t in _tokens(name))
+
+
+def summary():
+    """One row per stored trace, each regenerated from its stored parameters and compared byte for byte."""
+    import pandas as pd
+
+    rows = []
+    for name in TRACES:
+        tr, meta = load_trace(name)
+        rows.append({"trace": name, "steps": meta["rows"], "sha256": meta["sha256"][:12] + "…",
+                     **{f"{k} steps": v for k, v in tr.kind.value_counts().sort_index().items()},
+                     "max x.shape[0]": int(tr.tokens.max()), "calls over 2048": int((tr.tokens > 2048).sum())})
+    return pd.DataFrame(rows).set_index("trace").fillna(0)
