@@ -229,8 +229,10 @@ if not traced:
 # Read the lines above as a diagnosis: the phase that carries the step, the one CUDA call inside it, and whether
 # that call's cost follows the total bytes mapped or the size of the one allocation it opens (compare the data
 # buffer at its largest with the Lamport buffer on either side of the step). Phases that grew by less than a
-# tenth of the step are ruled out as its cause. The last line separates a per-creation cost (the first open of
-# a peer's memory after the previous destroy closed every mapping) from a per-buffer one.
+# tenth of the step are ruled out as its cause. The per-rank lists of long calls show whether the ranks' slow
+# opens run side by side or one rank waits in an unrelated call (a 20-byte `cudaMalloc`, say) while the other's
+# open finishes. The last line separates a per-creation cost (the first open of a peer's memory after the
+# previous destroy closed every mapping) from a per-buffer one.
 #
 # ## Verdict
 

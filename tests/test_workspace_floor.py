@@ -158,7 +158,7 @@ def test_headline_from_recorded_runs():
         if W not in newest or m["created_utc"] > newest[W][0]:
             newest[W] = (m["created_utc"], csv)
     assert sorted(newest) == [2, 4]
-    assert newest[2][1].name.startswith("20261121T222715Z")  # the 2-GPU box, newer than the world-2 run on 4
+    assert newest[2][1].name.startswith("20261123T110646Z")  # method 2 (traced), the newest world-2 run
 
     def gpu_value(W, trace, variant, metric):
         d = pd.read_csv(newest[W][1])
@@ -173,13 +173,13 @@ def test_headline_from_recorded_runs():
     assert "H200, TP 2/4" in h
     assert gpu_value(2, "short_ramp", "floor_0", "recreations") == gpu_value(4, "short_ramp", "floor_0", "recreations") == 9
     assert f"`x.shape[0]` re-creates the workspace 9× ({ms('short_ramp', 'floor_0')} ms)" in h
-    assert ms("short_ramp", "floor_0") == "78/238"
+    assert ms("short_ramp", "floor_0") == "74/238"
     assert gpu_value(4, "short_ramp", "floor_2048", "recreations") == 1
     assert f"`max(x.shape[0], 2048)` 1× ({ms('short_ramp', 'floor_2048')} ms) at 226/450 MiB/rank" in h
-    assert ms("short_ramp", "floor_2048") == "8/23"
+    assert ms("short_ramp", "floor_2048") == "7/23"
     assert "(floor 512: 1×, 58/114 MiB)" in h
     assert gpu_value(2, "mixed", "floor_2048", "recreations") == 2
-    assert f"both re-create 2× ({ms('mixed', 'floor_2048')} ms)" in h and ms("mixed", "floor_2048") == "20/132"
+    assert f"both re-create 2× ({ms('mixed', 'floor_2048')} ms)" in h and ms("mixed", "floor_2048") == "16/132"
     assert gpu_value(4, "mixed", "before_pr", "refused_calls") == 385 and "the 385 calls over 2048" in h
     assert "|" not in h and len(h) < 360
 

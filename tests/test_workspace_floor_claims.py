@@ -39,7 +39,7 @@ def _verify(capsys, path) -> tuple[int, str]:
 def test_every_recorded_run_verifies(capsys):
     assert cli.main(["verify", "workspace_floor"]) == 0
     out = capsys.readouterr().out
-    assert "3 run(s): 3 hold, 0 fail" in out
+    assert "4 run(s): 4 hold, 0 fail" in out
     assert "needs a 4-rank run (this run has 2)" in out  # the TP-4 claim says why it is n/a
 
 
@@ -140,3 +140,21 @@ def test_method_2_run_without_events_says_why(tmp_path, capsys):
     path.with_suffix(".json").write_text(json.dumps(m))
     code, out = _verify(capsys, path)
     assert code == 0 and "the run has no profiler events" in out
+
+
+TRACED = "20261123T110646Z_nvidia-h200-x2"
+
+
+def test_recorded_trace_loses_a_range(tmp_path, capsys):
+    """The committed traced run with one 'recreate workspace' range of rank 1 removed from its events."""
+    for f in RECORDED.glob(f"{TRACED}*"):
+        shutil.copy(f, tmp_path / f.name)
+    path = tmp_path / f"{TRACED}.csv"
+    code, out = _verify(capsys, path)
+    assert code == 0 and "pass  workspace_floor.trace_ranges_equal_simulation" in out
+    side = tmp_path / f"{TRACED}.events.csv.gz"
+    ev = pd.read_csv(side)
+    gone = ev[(ev.name == "phase::recreate workspace") & (ev.variant == "floor_0") & (ev["rank"] == 1)].index[-1]
+    ev.drop(index=gone).to_csv(side, index=False)
+    code, out = _verify(capsys, path)
+    assert code == 1 and "FAIL workspace_floor.trace_ranges_equal_simulation" in out and "floor_0 rank 1: 8" in out

@@ -15,6 +15,7 @@ from sglab import plots
 from sglab.fixes import workspace_floor as wf
 
 from . import analysis
+from ._closed import closed
 from .analysis import POLICY_ORDER
 from .profile_figures import profile_overview, profile_step  # noqa: F401  (the notebook finds every figure here)
 from .simulation import MiB, schedule
@@ -49,6 +50,7 @@ def _gpu_ms(run, trace_name: str, policy: str) -> dict:
     return {int(s): float(v) for s, v in zip(ev.step, ev.value)}
 
 
+@closed
 def mechanism(shown=(), *, trace_name: str = "short_ramp", policies=("floor_0", "floor_2048"),
               world_size: Optional[int] = None, hidden_dim: int = 7168):
     """The workspace size each policy holds along the trace (a staircase), a mark at every re-creation sized by
@@ -67,14 +69,14 @@ def mechanism(shown=(), *, trace_name: str = "short_ramp", policies=("floor_0", 
         _mechanism_policy(ax, sched[sched.policy == name], name, xmax, _gpu_ms(run, trace_name, name))
     ax.set_yscale("log", base=2)
     ax.yaxis.set_major_formatter(_plain_ticks())
-    ax.set_ylim(0.8, 2 ** 13)
+    ax.set_ylim(0.8, 2 ** 15)
     ax.set_xlim(-5, xmax)
     ax.set_xlabel(f"forward step of the '{trace_name}' trace (steps {xmax}–{len(tokens)}: no re-creation under "
                   "either policy)")
     ax.set_ylabel("tokens (log2)")
     ax.set_title(f"Cold start on short prompts, W={W}, H={hidden_dim}: the workspace is re-created whenever "
                  "x.shape[0] outgrows it")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8, markerscale=0.5)
     src = run if run is not None else None
     plots.caption(fig, src, extra="counts and sizes: simulation of the rebuild (exact); mark area ~ workspace "
                                   "MiB/rank" + ("; ms: destroy + create, slowest rank" if run is not None else ""))
@@ -119,6 +121,7 @@ def _events_panel(ax_trace, ax_events, sim_df, trace_name: str, world_size: int,
         ax.set_xlim(-0.5, len(tokens) * 1.3)
 
 
+@closed
 def simulated_events(sim_df, world_size: int = 4):
     """Both traces, each with its (re-)creations per policy (simulated)."""
     import matplotlib.pyplot as plt
@@ -148,6 +151,7 @@ def _tradeoff_panel(ax, t, title: str, *, x: str, ms: Optional[str] = None, colo
     ax.set_ylabel("re-creations")
 
 
+@closed
 def simulated_tradeoff(sim_df, world_sizes=(2, 4), scenario: str = "cold"):
     """Rows: traces; columns: world sizes. Re-creations against peak workspace per rank (simulated)."""
     import matplotlib.pyplot as plt
@@ -174,6 +178,7 @@ def _runs_caption(fig, shown: dict, extra: str = "") -> None:
     plots.caption(fig, newest, extra=text + (f"\n{extra}" if extra else ""))
 
 
+@closed
 def gpu_events(shown: dict, trace_name: str):
     """The trace, then one panel per world size: a dot per (re-)creation on the GPU, area ~ its ms (destroying
     the old workspace + creating the new one, slowest rank), count and total per policy at the right."""
@@ -205,6 +210,7 @@ def gpu_events(shown: dict, trace_name: str):
     return fig
 
 
+@closed
 def gpu_tradeoff(shown: dict):
     """Rows: traces; columns: world sizes. Re-creations against the peak workspace memory measured per rank,
     each point labelled with its policies and their total host-blocking ms (slowest rank)."""
@@ -225,6 +231,7 @@ def gpu_tradeoff(shown: dict):
     return fig
 
 
+@closed
 def cost(runs_, shown: dict):
     """Creation ms vs T for every run (older repeats dashed), and the IPC-open phase against the Lamport buffer
     size (both world sizes step up at the same buffer size)."""

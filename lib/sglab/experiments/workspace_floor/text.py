@@ -90,7 +90,17 @@ def trace_step(events, *, world_size: int, hidden_dim: int) -> list[str]:
         f"one open of the data buffer: {ob['data'].min():.2f}-{ob['data'].max():.2f} ms at every traced size, "
         f"{data_mib:.0f} MiB (T={int(top)}) included; flags buffer {ob['flags'].median():.2f} ms",
         f"each grew by less than a tenth of the step (ruled out as its cause): {', '.join(small)}",
+        *long_calls(events, int(b)),
     ]
+
+
+def long_calls(events, tokens: int, min_ms: float = 1.0) -> list[str]:
+    """Per rank, the CUDA calls over ``min_ms`` inside the traced creation of size ``tokens``, in order: shows
+    whether the ranks' slow calls overlap or one rank waits in an unrelated call while the other works."""
+    d = events[(events.variant == COST_VARIANT) & (events.tokens == tokens) & (events.category == "runtime")
+               & (events.dur_us >= min_ms * 1e3)].sort_values("start_us")
+    return [f"rank {int(rank)}, T={tokens}, calls over {min_ms:g} ms: " + ", ".join(
+        f"{r.name} in '{r.phase}' {r.dur_us / 1e3:.1f} ms" for r in g.itertuples()) for rank, g in d.groupby("rank")]
 
 
 def first_open(events) -> str:

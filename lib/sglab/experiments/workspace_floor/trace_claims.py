@@ -51,7 +51,7 @@ def _ranges_equal_simulation(run):
             have = int(got.get((n, rank), 0))
             if have != sim:
                 problems.append(f"{n} rank {rank}: {have} ranges vs {sim}")
-    text = (", ".join(f"{n}: {v} ranges" for n, v in value.items()) + f" on each of {W} ranks"
+    text = (", ".join(f"{n}: {v} range{'s' if v != 1 else ''}" for n, v in value.items()) + f" on each of {W} ranks"
             if not problems else "; ".join(problems[:3]))
     return holds(bool(value) and not problems, text, value)
 
