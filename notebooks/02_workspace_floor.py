@@ -9,33 +9,44 @@
 # ---
 
 # %% [markdown]
-# # The allreduce-fusion workspace and the `max(x.shape[0], 2048)` floor
+# # 02 · The allreduce-fusion workspace floor: `max(x.shape[0], 2048)`
 #
-# **Claim.** The fused allreduce + residual + RMSNorm keeps an IPC-shared workspace per rank that is torn
-# down and rebuilt, on all ranks at once, whenever a batch does not fit; SGLang PR
-# [#26382](https://github.com/sgl-project/sglang/pull/26382) passes `max_token_num=max(x.shape[0], 2048)` so
-# that batches up to 2048 tokens never trigger that. This notebook replays serving traces through the PR-era
-# re-create rule, counts the re-creations per policy, and measures what one costs on 2 and 4 GPUs.
+# Upstream: [sgl-project/sglang#26382](https://github.com/sgl-project/sglang/pull/26382) (part B). Rebuilt in
+# `sglab.fixes.workspace_floor` (manager, call site, FlashInfer's IPC creation); measured by
+# `sglab.experiments.workspace_floor` (trace replay on 2-4 GPUs, creation cost, profiler trace).
 
 # %% tags=["parameters"]
 MODE = "auto"  # "auto" | "live" | "recorded"
-WORLD_SIZES = [2, 4]
-HIDDEN = 7168  # Kimi-K2.5
+PARAMS = {}  # overrides of experiment.DEFAULT_PARAMS for a live run, e.g. {"world_size": 4}
 
 # %%
-import matplotlib.pyplot as plt
 import pandas as pd
+from IPython.display import display
 
 from sglab import notebook as nb
-from sglab import plots
 from sglab.experiments import workspace_floor as experiment
-from sglab.fixes import workspace_floor as wf
+from sglab.experiments.workspace_floor import analysis, figures, text, traces
 
-plots.apply_style()
 pd.set_option("display.width", 160)
-wb = nb.Workbook(experiment.EXPERIMENT, gpus=experiment.GPUS, mode=MODE)
+params = {**experiment.DEFAULT_PARAMS, **PARAMS}
+wb = nb.Workbook(experiment.EXPERIMENT, gpus=int(params["world_size"]), mode=MODE)
+
+# %% tags=["needs-gpu"]
+if wb.live:
+    wb.measure(lambda: experiment.run(params), params=params, method_version=experiment.METHOD_VERSION,
+               gpu_count=int(params["world_size"]))
+
+# %%
+shown = wb.shown()
+nb.slide(experiment.EXPERIMENT, shown, figures.mechanism(shown))
 
 # %% [markdown]
+# The picture follows one cold server warming up on short prompts. The grey line is `x.shape[0]` per forward
+# step; each coloured staircase is the workspace size a policy holds, and each mark is one re-creation (its area
+# is the workspace's MiB per rank, its label the size in tokens and, where a GPU run is shown, the ms it blocked
+# every rank). With `x.shape[0]` the workspace is rebuilt at every new maximum; with the floor it is built once,
+# at 2048 tokens, and never again on this trace.
+#
 # ## The problem
 #
 # `layernorm.py::_forward_with_allreduce_fusion` calls `flashinfer_allreduce_residual_rmsnorm`, which calls
@@ -56,30 +67,19 @@ wb = nb.Workbook(experiment.EXPERIMENT, gpus=experiment.GPUS, mode=MODE)
 # `assert input_tensor.shape[0] <= max_token_num`); after it, `max(x.shape[0], 2048)`.
 
 # %%
-sizes = pd.DataFrame([
-    {"W": W, "T": T, **{k: v / 2**20 for k, v in zip(["buffer MiB", "flags MiB", "lamport MiB"],
-                                                      wf.workspace_sizes(W, T, HIDDEN)["aligned"])},
-     "per rank MiB": wf.workspace_bytes_per_rank(W, T, HIDDEN) / 2**20}
-    for W in WORLD_SIZES for T in (1, 512, 2048, 4096)])
-sizes
+analysis.sizes_table(world_sizes=(2, 4), hidden_dim=params["hidden_dim"])
 
 # %% [markdown]
 # ## Rebuild: the re-create rule, before and after
 #
-# `sglab.fixes.workspace_floor` mirrors `FlashInferWorkspaceManager` / `ensure_workspace_initialized` and the
-# call site. The policies differ only in what the call site passes as `max_token_num` (and whether the manager
-# keeps its high-water mark). On a small hand-made sequence of batch sizes, with a creator that allocates
-# nothing:
+# `sglab.fixes.workspace_floor` mirrors `FlashInferWorkspaceManager` / `ensure_workspace_initialized`
+# (`flashinfer_comm_fusion.py`) and the call site (`layernorm.py`). The policies differ only in what the call
+# site passes as `max_token_num` (and whether the manager keeps its high-water mark). A hand-made sequence of
+# batch sizes, with a creator that allocates nothing:
 
 # %%
-seq = [1, 2, 1, 4, 3, 300, 2048, 2049, 100, 4096, 5000]
-demo = []
-for name, pol in wf.POLICIES.items():
-    mgr, refused = wf.simulate(pol, seq, world_size=4, hidden_dim=HIDDEN)
-    demo.append({"policy": pol.label, "created at T": [e.max_token_num for e in mgr.events],
-                 "creations": mgr.recreations, "refused (assert)": refused,
-                 "peak MiB/rank": mgr.peak_bytes_per_rank / 2**20})
-pd.DataFrame(demo)
+analysis.demo_table([1, 2, 1, 4, 3, 300, 2048, 2049, 100, 4096, 5000], world_size=4,
+                    hidden_dim=params["hidden_dim"])
 
 # %% [markdown]
 # Because the sufficiency check already makes the workspace grow-only, a policy re-creates exactly at the
@@ -92,14 +92,11 @@ pd.DataFrame(demo)
 # Token counts the call site sees per forward step of a small seeded serving simulation (`generate_trace`:
 # Poisson arrivals with bursts, chunked prefill of 4096, extend batches padded to piecewise-graph buckets up
 # to 4096, decode batches of up to 256). `mixed`: prompts of ~1200 tokens; `short_ramp`: a cold server
-# warming up on ~48-token prompts. Both are stored in `data/traces/` with their parameters and regenerated
-# identically by the function (checked here).
+# warming up on ~48-token prompts. Both are stored in `data/traces/`; the table below regenerates each from its
+# stored parameters and compares it byte for byte.
 
 # %%
-for name in experiment.TRACES:
-    tr, meta = experiment.load_trace(name)  # regenerates from the stored parameters and compares
-    print(f"{name:>10}: {meta['rows']} steps, sha256 {meta['sha256'][:12]}…, kinds "
-          f"{tr.kind.value_counts().to_dict()}, max x.shape[0] = {tr.tokens.max()}")
+traces.summary()
 
 # %% [markdown]
 # ## Re-creations along the full traces (exact, on the CPU)
@@ -109,154 +106,138 @@ for name in experiment.TRACES:
 # cold start included (the pre-initialisation itself is not counted).
 
 # %%
-sim = experiment.simulated_frame(WORLD_SIZES)
-experiment.counts_table(sim, world_size=max(WORLD_SIZES))
+sim = experiment.simulated_frame((2, 4))
+analysis.counts_table(sim, world_size=4)
 
 # %% [markdown]
-# The steps at which a policy re-creates do not depend on the world size (only the bytes do), so one panel per
-# trace shows both; the step axis is symlog because every re-creation falls in the warm-up.
+# The steps at which a policy re-creates do not depend on the world size (only the bytes do); the step axis
+# is symlog because every re-creation falls in the warm-up. Then memory against re-creations, per policy.
 
 # %%
-fig, axes = plt.subplots(4, 1, figsize=(11, 9), height_ratios=[1, 2, 1, 2], constrained_layout=True)
-for k, name in enumerate(experiment.TRACES):
-    experiment.plot_events(axes[2 * k], axes[2 * k + 1], sim, name, world_size=max(WORLD_SIZES))
-plots.caption(fig, None, extra="simulated on the fake creator (no GPU); dot size ~ workspace T")
+figures.simulated_events(sim, world_size=4)
 
 # %%
-fig, axes = plt.subplots(len(experiment.TRACES), len(WORLD_SIZES), figsize=(6 * len(WORLD_SIZES), 7),
-                         constrained_layout=True, squeeze=False)
-experiment.plot_tradeoff(axes, sim, world_sizes=WORLD_SIZES)
-plots.caption(fig, None, extra="memory vs re-creations per policy, cold start, simulated; shape = x.shape[0]")
+figures.simulated_tradeoff(sim, world_sizes=(2, 4))
 
 # %%
-for W in WORLD_SIZES:
-    c = experiment.counts_table(sim, world_size=W)
-    for name in experiment.TRACES:
-        r0, r2 = c.loc[(name, "cold", "floor_0")], c.loc[(name, "cold", "floor_2048")]
-        rp = c.loc[(name, "preinit_2048", "floor_0")]
-        print(f"W={W} {name:>10}: x.shape[0] -> {r0.recreations:.0f} re-creations at {r0.peak_workspace:.0f} "
-              f"MiB/rank; floor 2048 -> {r2.recreations:.0f} at {r2.peak_workspace:.0f} MiB/rank (removes "
-              f"{r0.recreations - r2.recreations:.0f}, costs {r2.peak_workspace - r0.peak_workspace:+.0f} MiB/rank); "
-              f"with the 2048 pre-init x.shape[0] already gives {rp.recreations:.0f}")
+print("\n".join(text.floor_effect(sim, (2, 4))))
 
 # %% [markdown]
-# ## Measure: the same replay with real workspaces on 2 and 4 GPUs
+# ## Measured: the same replay with real workspaces on the GPUs
 #
 # Each rank runs the manager with `IpcWorkspaceCreator`: `cudaMalloc` of the three buffers,
 # `cudaIpcGetMemHandle`, all-gather of the handles over the gloo group, `cudaIpcOpenMemHandle` of every peer,
-# the Lamport fill (`cuMemsetD16` with -0.0), the flag word and pointer table, barriers, a free-memory vote
-# before and a CPU all-reduce after (as SGLang does); destroying closes the peers' mappings, frees and
-# barriers. Times are host wall-clock per rank; tables show the slowest rank. Then a creation-cost sweep over
-# T, and a leak check: each rank's device memory back to its baseline after every policy and at the end (the
-# baseline is taken after one warm-up creation, so the driver's one-time peer-access setup is reported
-# separately as `one_time_driver_setup`), no rank process left and no GPU memory of theirs once the run returns.
-
-# %% tags=["needs-gpu"]
-if wb.live:
-    import torch
-
-    for W in WORLD_SIZES:
-        if W <= torch.cuda.device_count():
-            params = {**experiment.DEFAULT_PARAMS, "world_size": W}
-            wb.measure(lambda: experiment.run(params), params=params, method_version=experiment.METHOD_VERSION,
-                       gpu_count=W)
+# the Lamport fill (-0.0), the flag word and pointer table, barriers, a free-memory vote before and a CPU
+# all-reduce after (as SGLang does); destroying closes the peers' mappings, frees and barriers. Times are host
+# wall-clock per rank; tables show the slowest rank. The runs shown are the newest per world size.
 
 # %%
 runs_ = wb.results()
-shown = experiment.newest_per_world(runs_) if runs_ else {}
-if not shown:
-    print("No recorded GPU run yet: creation times, measured memory and the leak check cannot be shown here. "
-          "Record with `sglab record workspace_floor --param world_size=2` (and 4).")
-for W, r in shown.items():
-    print(f"W={W}: shown {r.path.name} ({r.label}, on a {r.manifest.get('gpu_count_machine', '?')}-GPU machine)")
-repeats = [r for r in runs_ if all(r is not s for s in shown.values())]
-for r in repeats:
-    print(f"W={experiment.run_world_size(r)}: older repeat {r.path.name} "
-          f"({r.manifest.get('gpu_count_machine', '?')}-GPU machine) - in the repeatability table and dashed in the "
-          f"cost plot")
-
-
-def cap(fig, extra=""):
-    newest = shown[max(shown)]
-    runs_txt = "runs " + ", ".join(f"W={W} {r.path.stem[:16]}" for W, r in shown.items())
-    plots.caption(fig, newest, extra=runs_txt + (f"\n{extra}" if extra else ""))
-
-
-for W, r in shown.items():
-    print(f"\nW={W} - GPU replay per policy (ms and MiB: slowest rank)")
-    display(experiment.policy_stats(r).round(1))
+by_w = analysis.newest_per_world(shown)
+for W, r in by_w.items():
+    print(f"\nW={W}: {r.path.name} ({r.label}) - GPU replay per policy (ms and MiB: slowest rank)")
+    display(analysis.policy_stats(r).round(1))
+    print(text.consistency(r))
 
 # %% [markdown]
-# **Correctness.** The GPU replay must re-create exactly where the CPU simulation says, and the memory each rank
-# holds after a creation (`cudaMemGetInfo` against the baseline) must match FlashInfer's three aligned buffers.
+# The GPU replay re-creates exactly where the simulation says, and the memory each rank holds after a creation
+# (`cudaMemGetInfo` against its baseline) is FlashInfer's three aligned buffers plus one 2 MiB segment.
+# Along the traces, each dot is one re-creation on the GPUs, its area the ms it blocked the ranks:
 
 # %%
-for W, r in shown.items():
-    t = experiment.consistency_table(r)
-    same = (t.recreations == t.recreations_simulated).all() and (t.peak_workspace == t.peak_workspace_simulated).all()
-    extra = sorted(float(x) for x in t["measured - computed MiB"].unique())
-    print(f"W={W}: GPU re-creations == simulation in {len(t)} (trace, policy) cells: {bool(same)}; measured - "
-          f"computed peak per rank: {extra} MiB (the int64 pointer table's caching-allocator segment)")
+for name in experiment.TRACES:
+    display(figures.gpu_events(by_w, name))
 
 # %%
-if shown:
-    for name in experiment.TRACES:
-        fig, axes = plt.subplots(1 + len(shown), 1, figsize=(11, 2.2 + 2.4 * len(shown)), sharex=True,
-                                 height_ratios=[1] + [2] * len(shown), constrained_layout=True)
-        experiment.plot_gpu_events(axes, shown, name)
-        cap(fig, "dot area ~ ms to destroy + re-create (slowest rank); right: count and total ms per policy")
-
-# %%
-if shown:
-    fig, axes = plt.subplots(len(experiment.TRACES), len(shown), figsize=(6 * len(shown), 8),
-                             constrained_layout=True, squeeze=False)
-    experiment.plot_gpu_tradeoff(axes, shown)
-    cap(fig, "cold start; labels: policy and its total destroy + create ms; shape = x.shape[0]; "
-             "memory = cudaMemGetInfo above the baseline")
-
-# %%
-if shown:
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2), constrained_layout=True)
-    experiment.plot_cost(ax1, ax2, runs_, shown)
-    cap(fig, f"H={HIDDEN}, bf16, three IPC buffers + fill + barriers; median of "
-             f"{shown[max(shown)].manifest['params']['cost_repeats']}")
-    for W, r in shown.items():
-        p = experiment.phase_table(r)
-        print(f"\nW={W}: median ms per creation phase (slowest rank)")
-        display(p.round(2))
-        lo, hi = p[p["Lamport MiB"] <= 336], p[p["Lamport MiB"] >= 672]
-        print(f"W={W}: open {lo.open.median():.1f} ms with Lamport <= 336 MiB, {hi.open.median():.1f} ms with >= 672 "
-              f"MiB; create {lo.create.median():.1f} -> {hi.create.median():.1f} ms")
+figures.gpu_tradeoff(by_w)
 
 # %% [markdown]
-# **Repeatability.** World size 2 was recorded twice, on a 4-GPU and on a 2-GPU machine; the same cells side by
-# side (ratio newest / oldest).
+# **What one creation costs.** A sweep over the workspace size T (sizes alternate in rounds, median and p10-p90
+# of every rank's samples, slowest rank): flat up to a size, then a step, at the same Lamport buffer size for
+# every world size.
 
 # %%
-for W in sorted({experiment.run_world_size(r) for r in repeats}):
-    display(experiment.repeatability_table(runs_, W).round(2))
-
-# %%
-for W, r in shown.items():
-    t = experiment.policy_stats(r)
-    for name in experiment.TRACES:
-        a, b = t.loc[(name, "floor_0")], t.loc[(name, "floor_2048")]
-        print(f"W={W} {name:>10}: x.shape[0]: {a.recreations:.0f} re-creations, {a.recreate_time_total:.1f} ms "
-              f"host-blocking (slowest rank), {a.peak_workspace:.0f} MiB/rank; max(x.shape[0], 2048): "
-              f"{b.recreations:.0f}, {b.recreate_time_total:.1f} ms, {b.peak_workspace:.0f} MiB/rank")
+display(figures.cost(runs_, by_w))
+for W, r in by_w.items():
+    print(f"\nW={W}: median ms per creation phase (slowest rank)")
+    display(analysis.phase_table(r).round(2))
+    print(text.cost_step(r))
 
 # %% [markdown]
-# **Leak check**, every recorded run and rank: MiB above the baseline after the warm-up creation, after each
-# policy's final destroy (max over policies) and at the end of the run (by `cudaMemGetInfo` and NVML, own GPU and
+# **Repeatability.** A world size recorded more than once: the same cells side by side (ratio newest / oldest).
+
+# %%
+for W in sorted({analysis.run_world_size(r) for r in runs_}):
+    if sum(analysis.run_world_size(r) == W for r in runs_) > 1:
+        display(analysis.repeatability_table(runs_, W).round(2))
+print("\n".join(line for r in by_w.values() for line in text.policies(r)))
+
+# %% [markdown]
+# **Leak check**, every run and rank: MiB above the baseline after the warm-up creation, after each policy's
+# final destroy (max over policies) and at the end of the timed passes (`cudaMemGetInfo` and NVML, own GPU and
 # any other GPU), then the rank processes and their GPU memory once the run had returned.
 
 # %%
-if runs_:
-    leak = experiment.leak_table(runs_)
-    display(leak)
-    bad = (leak.fillna(0).abs() > 0).any(axis=1)
-    print("leak check:", "every rank back to 0 MiB on its GPU and on the others, no rank process left, in all "
-          f"{len(runs_)} runs" if not bad.any() else f"FAILED for {list(leak.index[bad])}")
+leak = analysis.leak_table(runs_)
+display(leak)
+print(text.leak(leak, len(runs_)))
+
+# %% [markdown]
+# ## See it in the profiler
+#
+# A separate pass after the timed ones replays the same cold-start short-prompt trace under `torch.profiler` on
+# every rank, once with `x.shape[0]` and once with the floor. Every re-creation is one `recreate workspace`
+# range; inside it, sub-ranges for each phase (`alloc`, `ipc get handle`, `exchange handles`, `ipc open`,
+# `lamport fill`, `barrier`, `destroy old workspace`) and the CUDA calls they make. Below: rank 0's re-creations
+# back to back (the replay between them cut), IPC handle opens highlighted.
+
+# %%
+traced = [r for r in shown if r.sidecar("events") is not None]
+for r in shown:
+    if r.sidecar("events") is None:
+        print(f"{r.path.name}: " + text.NO_TRACE.format(mv=r.manifest.get("method_version")))
+for r in traced:
+    display(figures.profile_overview(r.sidecar("events"), run=r))
+    display(analysis.trace_recreation_table(r.sidecar("events")).round(1))
+
+# %% [markdown]
+# The count of `recreate workspace` ranges per rank equals the simulation's count (a claim below), and the time
+# inside them is the policy's cost read from the trace. Per rank, the CUDA calls inside the re-creations
+# (calls per creation, median µs per call):
+
+# %%
+for r in traced:
+    ev = r.sidecar("events")
+    for rank in sorted(ev["rank"].unique()):
+        print(f"{r.path.name}, rank {rank}")
+        display(analysis.call_table(ev, rank=int(rank)).round(1))
+
+# %% [markdown]
+# **Why the creation cost steps up between 336 and 672 MiB Lamport buffers.** The traced pass also creates one
+# workspace per size of the cost sweep. Left: where each creation's time goes; right: one IPC open per buffer
+# against the size of that buffer.
+
+# %%
+for r in traced:
+    ev, W, H = r.sidecar("events"), analysis.run_world_size(r), analysis.run_hidden(r)
+    display(figures.profile_step(ev, world_size=W, hidden_dim=H, run=r))
+    print("\n".join(text.trace_step(ev, world_size=W, hidden_dim=H) + [text.first_open(ev)]))
+if not traced:
+    print("no shown run has a trace; from the phase timings alone: " + "; ".join(text.cost_step(r) for r in shown))
+
+# %% [markdown]
+# Read the lines above as a diagnosis: the phase that carries the step, the one CUDA call inside it, and whether
+# that call's cost follows the total bytes mapped or the size of the one allocation it opens (compare the data
+# buffer at its largest with the Lamport buffer on either side of the step). Phases that grew by less than a
+# tenth of the step are ruled out as its cause. The per-rank lists of long calls show whether the ranks' slow
+# opens run side by side or one rank waits in an unrelated call (a 20-byte `cudaMalloc`, say) while the other's
+# open finishes. The last line separates a per-creation cost (the first open of a peer's memory after the
+# previous destroy closed every mapping) from a per-buffer one.
+#
+# ## Verdict
+
+# %%
+nb.verdict(experiment.EXPERIMENT, shown)
 
 # %% [markdown]
 # ## Takeaways and review points
@@ -266,17 +247,17 @@ if runs_:
 #   warm-up phenomenon: it shows on a cold server whose batches grow slowly (`short_ramp`) and not beyond the
 #   first steps once a chunked prefill has hit the chunk size (`mixed`).
 # - The 2048 floor removes every re-creation below 2048 tokens and costs a workspace of the 2048 size from the
-#   first call (the sizes table above; SGLang keeps two, attention-TP and MoE-TP). On `mixed`, whose first batch
-#   is already above 2048, it removes none.
+#   first call (the sizes table; SGLang keeps two, attention-TP and MoE-TP). On `mixed`, whose first batch is
+#   already above 2048, it removes none.
 # - With `pre_initialize_workspaces(2048)` before graph capture, the floor changes nothing on these traces:
 #   the pre-initialisation already holds that memory. The floor protects paths that skip the
 #   pre-initialisation, and batches above 2048 still re-create under every policy.
 # - One creation costs milliseconds per rank, host-blocking on all ranks at once, and grows with the world size.
-#   It is flat in T up to a size and then steps up, at the same Lamport buffer size for W=2 and W=4; the step is
-#   all in `cudaIpcOpenMemHandle` (phase table). A floor that lands a workspace above that size (4096 at W=4)
-#   pays the step on every creation.
-# - The high-water mark does not change any count here; it only matters after a cleanup.
+#   It steps up once the Lamport buffer passes a size between 336 and 672 MiB (the IPC open of that one
+#   allocation); a floor that lands a workspace above it (4096 at W=4) pays the step on every creation.
 # - Review: before the PR, calls above 2048 tokens trip the callee's assert in this replay (the `refused`
 #   column); whether such calls reach the fused path in SGLang depends on the caller's own batch-size gate, which
 #   this notebook does not model. Whether the 2048 figure should follow `FUSE_ALLREDUCE_MAX_BATCH_SIZE` / the
-#   largest piecewise bucket instead of being a literal.
+#   largest piecewise bucket instead of being a literal. FlashInfer releases after the legacy `cudaIpc` path
+#   create the workspace through other transports (symmetric memory); the creator interface lets FlashInfer's
+#   own creation run along the same trace beside this rebuild.

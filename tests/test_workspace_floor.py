@@ -158,7 +158,7 @@ def test_headline_from_recorded_runs():
         if W not in newest or m["created_utc"] > newest[W][0]:
             newest[W] = (m["created_utc"], csv)
     assert sorted(newest) == [2, 4]
-    assert newest[2][1].name.startswith("20261121T222715Z")  # the 2-GPU box, newer than the world-2 run on 4
+    assert newest[2][1].name.startswith("20261123T110646Z")  # method 2 (traced), the newest world-2 run
 
     def gpu_value(W, trace, variant, metric):
         d = pd.read_csv(newest[W][1])
@@ -166,17 +166,117 @@ def test_headline_from_recorded_runs():
         assert len(d) == W  # one row per rank
         return d.value.max()  # slowest rank
 
-    h = exp.headline(runs.load_all_recorded("workspace_floor"))
+    from sglab import claims
+
+    h = claims.headline("workspace_floor", claims.shown("workspace_floor", runs.load_all_recorded("workspace_floor")))
     ms = lambda t, p: "/".join(f"{gpu_value(W, t, p, 'recreate_time_total'):.0f}" for W in (2, 4))
     assert "H200, TP 2/4" in h
     assert gpu_value(2, "short_ramp", "floor_0", "recreations") == gpu_value(4, "short_ramp", "floor_0", "recreations") == 9
     assert f"`x.shape[0]` re-creates the workspace 9× ({ms('short_ramp', 'floor_0')} ms)" in h
-    assert ms("short_ramp", "floor_0") == "78/238"
+    assert ms("short_ramp", "floor_0") == "74/238"
     assert gpu_value(4, "short_ramp", "floor_2048", "recreations") == 1
     assert f"`max(x.shape[0], 2048)` 1× ({ms('short_ramp', 'floor_2048')} ms) at 226/450 MiB/rank" in h
-    assert ms("short_ramp", "floor_2048") == "8/23"
+    assert ms("short_ramp", "floor_2048") == "7/23"
     assert "(floor 512: 1×, 58/114 MiB)" in h
     assert gpu_value(2, "mixed", "floor_2048", "recreations") == 2
-    assert f"both re-create 2× ({ms('mixed', 'floor_2048')} ms)" in h and ms("mixed", "floor_2048") == "20/132"
+    assert f"both re-create 2× ({ms('mixed', 'floor_2048')} ms)" in h and ms("mixed", "floor_2048") == "16/132"
     assert gpu_value(4, "mixed", "before_pr", "refused_calls") == 385 and "the 385 calls over 2048" in h
     assert "|" not in h and len(h) < 360
+
+
+# --------------------------------------------------------------------------------------------- the traced pass
+def test_traced_pass_over_gloo_has_one_range_per_creation(tmp_path):
+    """The real profiler on the CPU: the IPC creator's rank logic with host stand-ins, reduced as on the GPU."""
+    from sglab import dist
+
+    out = dist.launch(exp.profile.gloo_profile_selftest, 2, args=(FIXED, ["floor_0", "floor_2048"], [64, 4096],
+                                                                 str(tmp_path)),
+                      backend="gloo", timeout_s=120, collective_timeout_s=30)
+    ev = pd.concat([o["table"] for o in out], ignore_index=True)
+    assert list(ev.columns) == exp.profile.COLUMNS_OUT
+    r = exp.analysis.creation_ranges(ev)
+    for rank in (0, 1):
+        mine = r[r["rank"] == rank]
+        for name in ("floor_0", "floor_2048"):
+            mgr, _ = wf.simulate(wf.POLICIES[name], FIXED, world_size=2, hidden_dim=H)
+            got = mine[mine.variant == name]
+            assert list(got.creation) == list(range(mgr.recreations))
+            assert list(got.tokens) == [e.max_token_num for e in mgr.events]
+            assert list(got.step) == [e.step for e in mgr.events]
+        assert list(mine[mine.variant == "cost_sweep"].tokens) == [64, 4096]
+    ranges = ev[ev.category == "range"].name.str.replace("phase::", "")
+    for sub in ("ipc open lamport", "exchange handles data", "lamport fill", "barrier", "destroy old workspace"):
+        assert (ranges == sub).any(), sub
+    assert (tmp_path / "rank1.trace.json.gz").stat().st_size > 100
+
+
+def test_reduce_keeps_only_what_is_inside_creations():
+    raw = pd.DataFrame([
+        ("host", "phase::variant floor_0", "range", 0.0, 100.0),
+        ("host", "phase::recreate workspace", "range", 10.0, 20.0),
+        ("runtime", "cudaIpcOpenMemHandle", "runtime", 12.0, 5.0),
+        ("runtime", "cudaGetDevice", "runtime", 13.0, 0.1),  # trivial query: dropped
+        ("stream 7", "phase::recreate workspace", "range", 11.0, 3.0),  # device copy of a range: dropped
+        ("runtime", "cudaMalloc", "runtime", 40.0, 5.0),  # between creations: dropped
+        ("host", "phase::recreate workspace", "range", 50.0, 20.0),
+        ("stream 7", "Memset (Device)", "memset", 55.0, 1.0),
+        ("host", "phase::variant cost_sweep", "range", 200.0, 50.0),
+        ("host", "phase::create workspace", "range", 210.0, 10.0),
+        ("runtime", "cudaMalloc", "runtime", 211.0, 1.0),
+    ], columns=["lane", "name", "category", "start_us", "dur_us"]).assign(phase="")
+    out = exp.profile.reduce_events(raw, {"floor_0": [(0, 48), (21, 64)], "cost_sweep": [(-1, 4096)]}, rank=1)
+    assert list(out.name) == ["phase::recreate workspace", "cudaIpcOpenMemHandle", "phase::recreate workspace",
+                              "Memset (Device)", "phase::create workspace", "cudaMalloc"]
+    assert list(out.creation) == [0, 0, 1, 1, 0, 0]
+    assert list(out.step) == [0, 0, 21, 21, -1, -1] and list(out.tokens) == [48, 48, 64, 64, 4096, 4096]
+    assert set(out["rank"]) == {1} and list(out.variant[:4]) == ["floor_0"] * 4
+
+
+def test_trace_tables_and_sentences_on_a_made_up_trace():
+    import wsfloor_events
+
+    from sglab.experiments.workspace_floor import text
+
+    ev = wsfloor_events.events()
+    t = exp.analysis.trace_recreation_table(ev)
+    assert list(t.index) == ["floor_0", "floor_2048"]
+    assert (t.ranges_min == t.ranges_max).all() and list(t.ranges_max) == [9, 1]
+    calls = exp.analysis.ipc_calls_per_creation(ev)
+    assert (calls["ipc get handle"] == 3).all() and (calls["ipc open"] == 3).all() and len(calls) == 2 * 12
+    ob = exp.analysis.open_by_buffer(ev)
+    assert ob.loc[8192, "lamport"] == pytest.approx(17.0) and ob.loc[4096, "lamport"] == pytest.approx(0.12)
+    ct = exp.analysis.call_table(ev, rank=0)
+    assert ct.loc[("floor_0", "ipc open", "cudaIpcOpenMemHandle"), "per creation"] == 3
+    lines = text.trace_step(ev, world_size=2, hidden_dim=H)
+    assert "T=4096 (Lamport 336 MiB)" in lines[0] and "T=8192 (672 MiB)" in lines[0]
+    assert "largest growth: 'ipc open lamport'" in lines[1]
+    assert "data buffer" in text.first_open(ev) and "2.00 ms" in text.first_open(ev)
+
+
+def test_figures_draw_from_tables_and_recorded_runs():
+    import matplotlib.pyplot as plt
+    import wsfloor_events
+
+    from sglab import runs
+
+    recorded = runs.load_all_recorded("workspace_floor")
+    shown = exp.claims.shown(recorded)
+    fig = exp.figures.mechanism(shown)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(lab.startswith("x.shape[0]: 9 re-creations") and "ms" in lab for lab in labels)
+    assert any(lab.startswith("max(x.shape[0], 2048) — the PR: 1 re-creation,") for lab in labels)
+    plt.close(fig)
+    fig = exp.figures.mechanism([])  # no GPU run: counts and sizes from the simulation alone
+    assert not any("ms" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
+    plt.close(fig)
+    ev = wsfloor_events.events()
+    fig = exp.figures.profile_overview(ev)
+    notes = [t.get_text() for t in fig.axes[0].texts if "IPC handle open" in t.get_text()]
+    assert any("IPC handle open: 27" in n for n in notes) and any("IPC handle open: 3" in n for n in notes)
+    plt.close(fig)
+    plt.close(exp.figures.profile_step(ev, world_size=2, hidden_dim=H))
+    by_w = exp.analysis.newest_per_world(shown)
+    for f in (exp.figures.cost(recorded, by_w), exp.figures.gpu_tradeoff(by_w),
+              exp.figures.gpu_events(by_w, "short_ramp")):
+        plt.close(f)

@@ -1,0 +1,160 @@
+"""workspace_floor claims: every committed run verifies; damaged copies fail, naming the right claim; the trace
+claims on a method-2 run with a (made-up) events sidecar hold and fail as they should."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sglab import cli, runs
+from sglab.experiments import workspace_floor as exp
+
+import wsfloor_events
+
+RECORDED = runs.repo_root() / "data" / "recorded" / "workspace_floor"
+W2 = "20261121T222715Z_nvidia-h200-x2"
+W4 = "20261121T221535Z_nvidia-h200-x4"
+
+
+def _copy(tmp_path, stem=W2) -> Path:
+    for suffix in (".csv", ".json"):
+        shutil.copy(RECORDED / f"{stem}{suffix}", tmp_path / f"{stem}{suffix}")
+    return tmp_path / f"{stem}.csv"
+
+
+def _rewrite(path: Path, df: pd.DataFrame, **manifest):
+    df.to_csv(path, index=False)
+    m = json.loads(path.with_suffix(".json").read_text())
+    m.update(rows=len(df), **manifest)
+    path.with_suffix(".json").write_text(json.dumps(m))
+
+
+def _verify(capsys, path) -> tuple[int, str]:
+    code = cli.main(["verify", str(path)])
+    return code, capsys.readouterr().out
+
+
+def test_every_recorded_run_verifies(capsys):
+    assert cli.main(["verify", "workspace_floor"]) == 0
+    out = capsys.readouterr().out
+    assert "4 run(s): 4 hold, 0 fail" in out
+    assert "needs a 4-rank run (this run has 2)" in out  # the TP-4 claim says why it is n/a
+
+
+def _gpu(df, trace, variant, metric, rank=None):
+    sel = (df.source == "gpu") & (df.trace == trace) & (df.variant == variant) & (df.metric == metric)
+    return sel & (df["rank"] == rank) if rank is not None else sel
+
+
+@pytest.mark.parametrize("where, delta, claim", [
+    (lambda d: _gpu(d, "short_ramp", "floor_0", "recreations", 1), -1, "gpu_counts_equal_simulation"),
+    (lambda d: _gpu(d, "short_ramp", "floor_2048", "peak_workspace_measured", 0), 4, "peak_memory_as_computed"),
+    (lambda d: _gpu(d, "mixed", "floor_512", "mem_after_cleanup", 1), 2, "memory_back_to_baseline"),
+    (lambda d: _gpu(d, "mixed", "before_pr", "refused_calls", 0), -1, "before_pr_refuses_over_2048"),
+    (lambda d: d.metric == "rank_processes_left", 1, "no_rank_left"),
+    (lambda d: _gpu(d, "short_ramp", "floor_2048", "recreate_time_total"), 500, "floor_saves_recreation_time"),
+])
+def test_damaged_copy_fails_naming_the_claim(tmp_path, capsys, where, delta, claim):
+    path = _copy(tmp_path)
+    df = pd.read_csv(path)
+    assert where(df).sum() >= 1
+    df.loc[where(df), "value"] += delta
+    _rewrite(path, df)
+    code, out = _verify(capsys, path)
+    assert code == 1 and f"FAIL workspace_floor.{claim}" in out
+
+
+def test_dropped_rank_and_dropped_variant_fail(tmp_path, capsys):
+    path = _copy(tmp_path)
+    df = pd.read_csv(path)
+    _rewrite(path, df[df["rank"] != 1])
+    code, out = _verify(capsys, path)
+    assert code == 1 and "FAIL workspace_floor.gpu_counts_equal_simulation" in out and "rank(s) [1]" in out
+    path = _copy(tmp_path)
+    _rewrite(path, df[~((df.source == "gpu") & (df.variant == "floor_2048"))])
+    code, out = _verify(capsys, path)
+    assert code == 1 and "FAIL workspace_floor.gpu_counts_equal_simulation" in out
+
+
+def test_stored_simulation_must_reproduce(tmp_path, capsys):
+    path = _copy(tmp_path)
+    df = pd.read_csv(path)
+    sel = (df.source == "simulated") & (df.metric == "recreations") & (df.variant == "floor_512")
+    df.loc[sel & (df.trace == "short_ramp") & (df.scenario == "cold"), "value"] = 2
+    _rewrite(path, df)
+    code, out = _verify(capsys, path)
+    assert code == 1 and "FAIL workspace_floor.simulation_reproduced" in out
+
+
+def test_tp4_claim_holds_on_the_4_rank_run_and_fails_when_memory_differs(tmp_path, capsys):
+    path = _copy(tmp_path, W4)
+    code, out = _verify(capsys, path)
+    assert code == 0 and "pass  workspace_floor.tp4_pr_workspace_450mib" in out
+    df = pd.read_csv(path)
+    df.loc[_gpu(df, "short_ramp", "floor_2048", "peak_workspace_measured", 3), "value"] = 460
+    _rewrite(path, df)
+    code, out = _verify(capsys, path)
+    assert code == 1 and "FAIL workspace_floor.tp4_pr_workspace_450mib" in out
+
+
+# --------------------------------------------------------------------------------------------- trace claims
+def _method2(tmp_path, events) -> Path:
+    """The 2-rank recorded run as a method-2 run with an events sidecar."""
+    path = _copy(tmp_path)
+    m = json.loads(path.with_suffix(".json").read_text())
+    m["method_version"] = 2
+    m["params"] = {**exp.DEFAULT_PARAMS, **m["params"], "profile": True}
+    side = path.with_name(f"{path.stem}.events.csv.gz")
+    events.to_csv(side, index=False)
+    m["sidecars"] = {"events": side.name}
+    path.with_suffix(".json").write_text(json.dumps(m))
+    return path
+
+
+def test_trace_claims_hold_on_a_matching_trace(tmp_path, capsys):
+    code, out = _verify(capsys, _method2(tmp_path, wsfloor_events.events()))
+    assert code == 0, out
+    for cid in ("trace_ranges_equal_simulation", "trace_ipc_calls_per_creation", "trace_time_in_recreation"):
+        assert f"pass  workspace_floor.{cid}" in out
+
+
+@pytest.mark.parametrize("events, claim", [
+    (wsfloor_events.events(counts={"floor_0": 8, "floor_2048": 1}), "trace_ranges_equal_simulation"),
+    (wsfloor_events.events(ranks=[0]), "trace_ranges_equal_simulation"),
+    (wsfloor_events.events(world_size=3), "trace_ipc_calls_per_creation"),  # 2 opens per buffer: not W=2's one
+    (wsfloor_events.events(counts={"floor_0": 9, "floor_2048": 1}).pipe(
+        lambda e: e.assign(dur_us=e.dur_us.where(e.variant != "floor_2048", e.dur_us * 100))),
+     "trace_time_in_recreation"),
+])
+def test_damaged_trace_fails_naming_the_claim(tmp_path, capsys, events, claim):
+    code, out = _verify(capsys, _method2(tmp_path, events))
+    assert code == 1 and f"FAIL workspace_floor.{claim}" in out
+
+
+def test_method_2_run_without_events_says_why(tmp_path, capsys):
+    path = _method2(tmp_path, wsfloor_events.events())
+    m = json.loads(path.with_suffix(".json").read_text())
+    del m["sidecars"]
+    path.with_suffix(".json").write_text(json.dumps(m))
+    code, out = _verify(capsys, path)
+    assert code == 0 and "the run has no profiler events" in out
+
+
+TRACED = "20261123T110646Z_nvidia-h200-x2"
+
+
+def test_recorded_trace_loses_a_range(tmp_path, capsys):
+    """The committed traced run with one 'recreate workspace' range of rank 1 removed from its events."""
+    for f in RECORDED.glob(f"{TRACED}*"):
+        shutil.copy(f, tmp_path / f.name)
+    path = tmp_path / f"{TRACED}.csv"
+    code, out = _verify(capsys, path)
+    assert code == 0 and "pass  workspace_floor.trace_ranges_equal_simulation" in out
+    side = tmp_path / f"{TRACED}.events.csv.gz"
+    ev = pd.read_csv(side)
+    gone = ev[(ev.name == "phase::recreate workspace") & (ev.variant == "floor_0") & (ev["rank"] == 1)].index[-1]
+    ev.drop(index=gone).to_csv(side, index=False)
+    code, out = _verify(capsys, path)
+    assert code == 1 and "FAIL workspace_floor.trace_ranges_equal_simulation" in out and "floor_0 rank 1: 8" in out
