@@ -12,9 +12,9 @@ Modules: :mod:`.ranks` (the processes), :mod:`.run` (``run``), :mod:`.series` (t
 :mod:`.analysis` (tables), :mod:`.figures` (every plot), :mod:`.claims` (what a run must show).
 """
 
-from .analysis import (cache_table, cells, concurrency, frame, gpu0_per_rank, heatmap, landing, leftovers,
-                       memory_frame, memory_steps, off_rank_gpus, repeatability, run_name, spread_mib, stray,
-                       visible_gpus, waste_vs_tp)
+from .analysis import (cache_table, cells, concurrency, explain_growth, frame, gpu0_per_rank, growth_by_step, heatmap,
+                       landing, leftovers, memory_frame, memory_steps, off_rank_gpus, repeatability, run_name,
+                       spread_mib, stack_limits, step_deltas, stray, visible_gpus, waste_vs_tp)
 from .ranks import KERNEL_STEPS, PHASES, VARIANTS, Variant
 from .run import EXPERIMENT, cache_rows, run, run_group, run_variant
 
@@ -40,7 +40,7 @@ DEFAULT_PARAMS = {
 __all__ = [
     "EXPERIMENT", "METHOD_VERSION", "GPUS", "DEFAULT_PARAMS", "VARIANTS", "Variant", "PHASES", "KERNEL_STEPS",
     "run", "run_group", "run_variant", "cache_rows",
-    "cache_table", "cells", "concurrency", "frame", "gpu0_per_rank", "heatmap", "landing", "leftovers",
-    "memory_frame", "memory_steps", "off_rank_gpus", "repeatability", "run_name", "spread_mib", "stray",
-    "visible_gpus", "waste_vs_tp",
+    "cache_table", "cells", "concurrency", "explain_growth", "frame", "gpu0_per_rank", "growth_by_step", "heatmap",
+    "landing", "leftovers", "memory_frame", "memory_steps", "off_rank_gpus", "repeatability", "run_name",
+    "spread_mib", "stack_limits", "step_deltas", "stray", "visible_gpus", "waste_vs_tp",
 ]

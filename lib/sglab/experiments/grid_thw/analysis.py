@@ -155,15 +155,16 @@ def cache_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def concurrency(df: pd.DataFrame) -> pd.DataFrame:
-    """Per variant and repeat: the most processes of *other* groups rank 0 saw on GPU 0 at ``init``, and what the
-    group's ranks >= 1 held there at that moment (method 2: groups run side by side)."""
+    """Per run, variant and repeat: the most processes of *other* groups rank 0 saw on GPU 0 at ``init``, and what the
+    group's ranks >= 1 held there at that moment (method 2: groups run side by side; method-1 runs have no rows)."""
     o = df[(df.metric == "other_processes") & (df.gpu == 0) & (df.phase == "init")]
+    keys = _by_run(df) + ["variant", "repeat"]
     if o.empty:
-        return pd.DataFrame(columns=["variant", "repeat", "others_on_gpu0", "ranks_ge1_on_gpu0_mib"])
+        return pd.DataFrame(columns=keys + ["others_on_gpu0", "ranks_ge1_on_gpu0_mib"])
     s = stray(df)
-    s = s[s.phase == "init"].groupby(["variant", "repeat"]).value.max().rename("ranks_ge1_on_gpu0_mib")
-    t = o.groupby(["variant", "repeat"]).value.max().rename("others_on_gpu0")
-    return pd.concat([t, s], axis=1).reset_index()
+    s = s[s.phase == "init"].groupby(keys).value.max().rename("ranks_ge1_on_gpu0_mib")
+    t = o.groupby(keys).value.max().rename("others_on_gpu0")
+    return pd.concat([t, s], axis=1, join="inner").reset_index()
 
 
 def cells(df: pd.DataFrame, phase: str = "kernel") -> pd.DataFrame:
@@ -197,3 +198,58 @@ def memory_steps(run) -> pd.DataFrame | None:
     if mem is None or marks is None:
         return None
     return series.steps(mem, marks)
+
+
+def growth_by_step(run) -> pd.DataFrame | None:
+    """MiB each step added on GPU 0 for ranks >= 1 (median over repeats and ranks), one row per variant, one column
+    per step in time order (None without a time series)."""
+    from .ranks import KERNEL_STEPS
+
+    d = step_deltas(run, gpu=0)
+    if d is None:
+        return None
+    order = ["unpickle", *KERNEL_STEPS]
+    d = d[(d["rank"] >= 1) & d["mark"].isin(order)]
+    t = d.pivot_table(index="variant", columns="mark", values="delta_mib", aggfunc="median")
+    t = t.reindex(columns=[c for c in order if c in t.columns])
+    t = t.reindex([v for v in ("before", "ipc", "eager", "after") if v in t.index])
+    t.columns.name = None
+    return t
+
+
+def stack_limits(df: pd.DataFrame) -> pd.DataFrame:
+    """The per-thread stack limit (CU_LIMIT_STACK_SIZE) of the context on the grid's GPU after each kernel step, for
+    ranks >= 1 (min–max over repeats and ranks; method 2)."""
+    from .ranks import KERNEL_STEPS
+
+    s = df[(df.metric == "stack_limit_bytes") & (df["rank"] >= 1)]
+    if s.empty:
+        return pd.DataFrame()
+    t = s.groupby(["variant", "phase"]).value.agg(lambda v: f"{v.min():.0f}" if v.min() == v.max()
+                                                  else f"{v.min():.0f}–{v.max():.0f}").unstack()
+    t = t.reindex(columns=[c for c in KERNEL_STEPS if c in t.columns])
+    t.columns.name = None
+    return t
+
+
+def explain_growth(run) -> str:
+    """The growth of the stray context in words, from the run's own numbers (time series, stack limits, eager)."""
+    g = growth_by_step(run)
+    if g is None or "before" not in g.index:
+        return "This run has no memory time series: record a new run to see where the context grows."
+    b = g.loc["before"]
+    steps = [c for c in g.columns if c != "unpickle"]
+    big = max(steps, key=lambda c: b[c])
+    small = ", ".join(f"`{c}` +{b[c]:.0f}" for c in steps if c != big)
+    text = (f"Before the fix, a rank ≥ 1's GPU-0 context appears during the unpickling ({b['unpickle']:.0f} MiB) and "
+            f"grows by {b[big]:.0f} MiB during `{big}`; the other steps add little ({small} MiB).")
+    stack = stack_limits(run.df)
+    if len(stack) and "before" in stack.index and big in stack.columns:
+        text += (f" The per-thread stack limit reads {stack.loc['before', big]} bytes after `{big}` as after every "
+                 "other step, so the step is not the driver raising the stack size.")
+    if "eager" in g.index:
+        e = g.loc["eager"]
+        text += (f" With CUDA_MODULE_LOADING=EAGER the stray context is {e['unpickle']:.0f} MiB at the unpickling and "
+                 f"the kernel steps add {sum(e[c] for c in steps):.0f} MiB: what lazy loading defers to the first "
+                 "kernel that needs it, eager loading pays up front (and much more of it).")
+    return text

@@ -27,10 +27,18 @@ def _span(values) -> str:
 
 
 def _gpu0(run, variant: str, phase: str | None = None) -> list[float]:
-    """MiB every rank >= 1 held on GPU 0 (every repeat) in one variant and phase (all phases when None)."""
+    """MiB every rank >= 1 held on GPU 0 (every repeat) in one variant and phase (all phases when None). A rank or a
+    repeat missing from the run is an error: "every rank" cannot hold over readings that are not there."""
     s = analysis.stray(run.df)
     s = s[s.variant == variant]
-    return list((s if phase is None else s[s.phase == phase]).value)
+    s = s if phase is None else s[s.phase == phase]
+    if len(s):
+        repeats = int(run.manifest.get("params", {}).get("repeats", run.df.repeat.max() + 1))
+        want = (_tp(run) - 1) * repeats * (1 if phase else s.phase.nunique())
+        if len(s) != want:
+            raise ValueError(f"`{variant}` has {len(s)} GPU-0 readings of ranks ≥ 1, expected {want} "
+                             f"({_tp(run) - 1} ranks × {repeats} repeats)")
+    return list(s.value)
 
 
 def _tp(run) -> int:

@@ -29,6 +29,7 @@ from ...measure import phases
 PHASES = ("init", "received", "kernel", "released")
 KERNEL_STEPS = ("first kernel", "reduce", "item", "copy to own GPU", "own-GPU kernel")
 CONNECT_TIMEOUT_S = 120.0
+TOKENIZER_DEADLINE_S = 300.0  # a tokenizer process ends itself after this long, whatever happens
 
 
 @dataclass(frozen=True)
@@ -84,10 +85,15 @@ def _sync(device) -> None:
 def tokenizer_main(variant: str, n_clients: int, address: str, n_images: int, device: str, marks_path: str) -> None:
     """Build one multi-image request on ``device``, send it to ``n_clients`` connections, keep it alive until every
     receiver is done (CUDA IPC needs that), write the marks to ``marks_path``."""
+    import threading
     from multiprocessing.connection import Listener
 
     import torch
 
+    # Never outlive a parent that died: a tokenizer no rank ever connects to would wait in accept() forever.
+    deadline = threading.Timer(TOKENIZER_DEADLINE_S, os._exit, args=(3,))
+    deadline.daemon = True
+    deadline.start()
     v, marks = VARIANTS[variant], Marks()
     dev = torch.device(device)
     if dev.type == "cuda":
