@@ -77,3 +77,21 @@ def test_nccl_without_gpus_says_so():
         pytest.skip("machine has 64 GPUs")
     with pytest.raises(dist.NotEnoughGPUs, match="64 ranks with NCCL need 64 GPUs"):
         dist.launch(dist_fns.all_reduce_sum, 64)
+
+
+def test_forkserver_ranks_and_no_server_left():
+    import multiprocessing as mp
+
+    dist.forkserver(["torch"])
+    try:
+        out = dist.launch(dist_fns.all_reduce_sum, 2, backend="gloo", timeout_s=120, start_method="forkserver")
+    finally:
+        dist.stop_forkserver()
+    assert [rows[0]["sum"] for rows in out] == [3.0, 3.0]
+    assert all(not _alive(rows[0]["pid"]) for rows in out)
+    from multiprocessing import forkserver
+
+    assert forkserver._forkserver._forkserver_pid is None  # the server is gone too
+    assert dist.alive_children() == [] and mp.active_children() == []
+    with pytest.raises(ValueError, match="start_method"):
+        dist.launch(dist_fns.all_reduce_sum, 2, backend="gloo", start_method="fork")

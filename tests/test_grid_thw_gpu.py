@@ -1,10 +1,15 @@
-"""GPU tests (2 GPUs): a cuda:0 grid makes rank 1 open a context on GPU 0; the CPU grid does not; nothing
-is left running afterwards."""
+"""GPU tests (2 GPUs): a cuda:0 grid makes rank 1 open a context on GPU 0; the CPU grid does not; the concurrent run
+holds every claim (memory time series included); nothing is left running afterwards."""
+
+import os
 
 import pytest
 
-from sglab import hardware
+from sglab import claims, dist, hardware, runs
 from sglab.experiments import grid_thw as exp
+
+pytestmark = [pytest.mark.skipif(not hardware.meets(2)[0], reason="needs 2 CUDA GPUs"), pytest.mark.gpu,
+              pytest.mark.gpus(2)]
 
 
 def _gpu0_mib(rows, rank, phase):
@@ -17,9 +22,6 @@ def _value(rows, metric, rank=-1):
     return v
 
 
-@pytest.mark.skipif(not hardware.meets(2)[0], reason="needs 2 CUDA GPUs")
-@pytest.mark.gpu
-@pytest.mark.gpus(2)
 @pytest.mark.parametrize("variant", ["before", "ipc"])
 def test_cuda0_grid_opens_a_context_on_gpu0(variant):
     rows = exp.run_variant(variant, 2)
@@ -32,9 +34,6 @@ def test_cuda0_grid_opens_a_context_on_gpu0(variant):
     assert _value(rows, "nvml_processes_listed") == 0
 
 
-@pytest.mark.skipif(not hardware.meets(2)[0], reason="needs 2 CUDA GPUs")
-@pytest.mark.gpu
-@pytest.mark.gpus(2)
 def test_cpu_grid_leaves_gpu0_alone():
     rows = exp.run_variant("after", 2)
     assert _value(rows, "grid_device", 1) == -1
@@ -43,3 +42,40 @@ def test_cpu_grid_leaves_gpu0_alone():
         assert _gpu0_mib(rows, 1, phase) == 0
     assert _value(rows, "processes_alive") == 0
     assert _value(rows, "nvml_processes_listed") == 0
+
+
+def test_concurrent_run_holds_every_claim_and_leaves_nothing(tmp_path):
+    out = exp.run({"repeats": 1}, progress=False)
+    path = runs.write_run(out.df, experiment=exp.EXPERIMENT, method_version=exp.METHOD_VERSION,
+                          params={**exp.DEFAULT_PARAMS, "repeats": 1}, root=tmp_path, gpu_count=2,
+                          sidecars=out.sidecars)
+    run = runs.read_run(path)
+    results = {r.claim.id: r.outcome for r in claims.evaluate(exp.EXPERIMENT, run)}
+    failed = {k: o.reason or o.measured for k, o in results.items() if o.status == claims.FAIL}
+    assert not failed, failed
+    for cid in ("grid_thw.concurrent.no_mixing", "grid_thw.series.rate", "grid_thw.series.context_at_unpickle",
+                "grid_thw.series.growth_step", "grid_thw.eager.no_growth"):
+        assert results[cid].status == claims.PASS, (cid, results[cid])
+    mem = run.sidecar("memory")
+    assert set(mem.variant) >= {"before", "after"} and len(mem) < 20000  # small: change points only
+    assert dist.alive_children() == []
+    me = os.getpid()
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == me and _is_python(int(p))]
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def _is_python(pid: int) -> bool:
+    """A child interpreter (the fork server or a rank); the multiprocessing resource tracker is expected to stay."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    return "python" in cmd and "resource_tracker" not in cmd

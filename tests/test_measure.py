@@ -162,3 +162,64 @@ def test_interleaved_alternates_variants_and_pools_samples():
     assert "3 interleaved rounds" in out["a"].clock
     with pytest.raises(ValueError):
         timing.interleaved({}, rounds=3)
+
+
+# -- the NVML sampler over a scripted fake NVML --------------------------------------------------------------------
+class ScriptedNVML(FakeNVML):
+    """GPU lists that change with the number of reads: ``script(n)`` -> per-GPU {pid: bytes} for read n."""
+
+    def __init__(self, script, n_gpus=2):
+        super().__init__([{} for _ in range(n_gpus)])
+        self.script, self.reads = script, 0
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        if h == 0:
+            self.reads += 1
+        self.per_gpu = self.script(self.reads)
+        return super().nvmlDeviceGetComputeRunningProcesses(h)
+
+
+def _context_appears(n):
+    """pid 11: nothing, then a 520 MiB context on GPU 0 from read 5, grown to 612 MiB from read 10; pid 12 always
+    holds 100 MiB on GPU 1."""
+    gpu0 = {} if n < 5 else {11: (520 if n < 10 else 612) * 2**20}
+    return [gpu0, {12: 100 * 2**20}]
+
+
+def test_sampler_follows_processes_over_time():
+    import time as _time
+
+    with memory.Sampler(hz=200, nvml=ScriptedNVML(_context_appears)) as s:
+        _time.sleep(0.25)
+    assert len(s.ticks) >= 20 and s.errors == 0
+    assert 100 <= s.achieved_hz() <= 260  # paced at 200 Hz, not as fast as it can
+    df = s.samples()
+    assert list(df.columns) == memory.SAMPLE_COLUMNS
+    assert set(df[df.pid == 11].used_mib) == {520.0, 612.0} and set(df[df.pid == 12].gpu) == {1}
+    steps = memory.step_series(df, s.ticks, pids=[11])
+    assert list(steps.used_mib) == [0.0, 520.0, 612.0, 612.0]  # first tick, the two changes, the last tick
+    assert steps.t.tolist() == sorted(steps.t) and steps.t.iloc[1] == s.ticks[4] and steps.t.iloc[2] == s.ticks[9]
+    window = s.ticks[6:8]  # a window inside the 520 MiB stretch: one value, first and last tick
+    assert list(memory.step_series(df, window, pids=[11]).used_mib) == [520.0, 520.0]
+
+
+def test_sampler_survives_failed_reads_and_bad_rates():
+    calls = {"n": 0}
+
+    def flaky(n):
+        calls["n"] += 1
+        if calls["n"] % 3 == 0:
+            raise RuntimeError("NVML_ERROR_NOT_FOUND: a process exited mid-read")
+        return [{11: 2**20}]
+
+    s = memory.Sampler(hz=500, nvml=ScriptedNVML(flaky, n_gpus=1)).start()
+    import time as _time
+
+    _time.sleep(0.1)
+    s.stop()
+    assert s.errors > 0 and len(s.ticks) > 0  # failed reads are counted, the series goes on
+    with pytest.raises(ValueError):
+        memory.Sampler(hz=0)
+    with pytest.raises(RuntimeError, match="started once"):
+        s.start()
+    assert memory.step_series(s.samples().iloc[0:0], [], pids=[1]).empty

@@ -171,10 +171,13 @@ def _looks_like_timeout(text: str) -> bool:
 
 
 def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (), backend: str = "nccl",
-           timeout_s: float = 300, collective_timeout_s: float = 60, env: dict | None = None) -> list:
+           timeout_s: float = 300, collective_timeout_s: float = 60, env: dict | None = None,
+           start_method: str = "spawn") -> list:
     """Run ``fn(ctx, *args)`` on ``world_size`` ranks; return ``[result of rank 0, result of rank 1, ...]``.
 
     ``fn`` must be defined in an importable module (not a notebook cell) because ranks are spawned.
+    ``start_method``: ``spawn`` (a fresh interpreter per rank) or ``forkserver`` (a fork of a server process that may
+    have torch imported already, see :func:`forkserver`; never ``fork``: the caller may have initialised CUDA).
     Raises :class:`NotEnoughGPUs`, :class:`RankError` (with the rank's traceback) or :class:`DistTimeout`.
     No rank process (nor anything it started) is left when this returns or raises.
     """
@@ -184,6 +187,8 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
         raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
     if timeout_s <= 0 or collective_timeout_s <= 0:
         raise ValueError("timeouts must be positive")
+    if start_method not in ("spawn", "forkserver"):
+        raise ValueError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
     if getattr(fn, "__module__", None) == "__main__" or "<locals>" in getattr(fn, "__qualname__", ""):
         raise ValueError(f"{getattr(fn, '__qualname__', fn)!r} must be a module-level function of an importable "
                          "module (ranks are spawned and import it); move it into lib/sglab")
@@ -194,7 +199,7 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
         if not ok:
             raise NotEnoughGPUs(f"{world_size} ranks with NCCL need {world_size} GPUs: {why}")
     payload = pickle.dumps((fn, tuple(args)))
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context(start_method)
     results = ctx.Queue()
     port = free_port()
     logdir = Path(tempfile.mkdtemp(prefix="sglab-dist-"))
@@ -266,6 +271,28 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
             logdir.rmdir()
         except OSError:
             pass
+
+
+def forkserver(preload: Sequence[str] = ("torch",)):
+    """The ``forkserver`` multiprocessing context with ``preload`` imported in the server (set before it starts).
+
+    Why: a spawned rank spends seconds importing torch, and many ranks started at once contend for it; a fork of a
+    server that imported torch once starts in milliseconds. Importing torch initialises no CUDA, so the forks are
+    as clean as spawned processes. Call :func:`stop_forkserver` when done, so that no server is left running.
+    """
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(preload))
+    return ctx
+
+
+def stop_forkserver() -> None:
+    """End this process's fork server if one runs (the next use starts a new one)."""
+    from multiprocessing import forkserver as fs
+
+    server = getattr(fs, "_forkserver", None)
+    stop = getattr(server, "_stop", None)  # CPython's own shutdown (used by its test suite); absent elsewhere
+    if stop is not None:
+        stop()
 
 
 def alive_children() -> list[int]:
