@@ -90,7 +90,7 @@ def test_experiment_small_run():
                   capture_num_tokens=[64, 128], token_counts=[64, 128], padded_token_counts=[100],
                   batch_sizes=[1, 3], warmup=1, repeat=3, launch_token_count=64, launch_batch_sizes=[1, 3],
                   stream_batches=50)
-    df = ex.run(params, progress=False)
+    df = ex.run(params, progress=False).df
     assert set(df["part"]) == set(ex.PARTS)
     a = df[df["part"] == "a_bs3"].set_index(["variant", "metric"])["value"]
     assert a[("before", "logit_rows")] == 1 and a[("after", "logit_rows")] == 3 and a[("eager", "logit_rows")] == 3

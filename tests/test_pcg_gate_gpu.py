@@ -15,7 +15,7 @@ def test_piecewise_matches_eager_on_gpu():
     from sglab.experiments import pcg_gate as exp
 
     params = {"num_layers": 8, "token_counts": [16, 100, 1000, 4096], "repeat": 3, "rounds": 1, "warmup": 1}
-    df = exp.run(params, progress=False)
+    df = exp.run(params, progress=False).df
     t = exp.latency_table(df)
     assert list(t.index) == [16, 100, 1000, 4096]
     assert list(t["bucket"]) == [16, 112, 1024, 4096]
