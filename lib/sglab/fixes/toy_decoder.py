@@ -254,11 +254,13 @@ def init_residual_scaled_(model: nn.Module, *, seed: int, num_layers: int) -> nn
 
 
 def build_on_device(factory: Callable[[], nn.Module], device, dtype, *, seed: int, num_layers: int) -> nn.Module:
-    """Build ``factory()`` on the meta device, materialise it on ``device`` in ``dtype`` without a default init,
-    and initialise it with :func:`init_residual_scaled_` (rotary tables recomputed there). Frozen, eval mode."""
-    with torch.device("meta"):
+    """Build ``factory()`` directly on ``device`` (PyTorch's default init runs there, and is overwritten), cast it to
+    ``dtype`` and initialise it with :func:`init_residual_scaled_` (rotary tables recomputed there). Frozen, eval
+    mode. Not on the meta device: the first meta tensor of a process imports torch's meta registrations, which
+    took 6 s of a live notebook."""
+    with torch.device(device):
         model = factory()
-    model = model.to_empty(device=device).to(dtype=dtype)
+    model = model.to(dtype=dtype)
     init_residual_scaled_(model, seed=seed, num_layers=num_layers)
     for m in model.modules():
         if isinstance(m, Rotary):

@@ -73,3 +73,41 @@ def segment_table(df: pd.DataFrame) -> pd.DataFrame:
     """Graph segments and eager breaks per captured bucket, per boundary."""
     seg = df[(df["part"] == "launches") & df["metric"].isin(["graph_segments", "eager_breaks"])]
     return seg.pivot_table(index="num_tokens", columns=["variant", "metric"], values="value").astype(int)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# sentences for the notebook (numbers from the run, words around them)
+# --------------------------------------------------------------------------------------------------------------
+def speedup_lines(run) -> str:
+    """Per token count: after vs eager over the multi-request batches, before (= eager), after's own spread."""
+    lat = latency_table(run.df)
+    multi = lat[lat["batch_size"] > 1]
+    lines = [run.label]
+    for n, g in multi.groupby("num_tokens"):
+        after_all = lat[lat["num_tokens"] == n]["after"]
+        lines.append(f"  {n:>5} tokens, {g['batch_size'].min()}..{g['batch_size'].max()} requests: after is "
+                     f"{g['speedup_after'].min():.2f}–{g['speedup_after'].max():.2f}× faster than eager; before runs "
+                     f"eager ({g['speedup_before'].min():.2f}–{g['speedup_before'].max():.2f}×); after itself "
+                     f"{after_all.min():.2f}–{after_all.max():.2f} ms over 1..{lat['batch_size'].max()} requests")
+    gap = (multi["before"] / multi["eager"] - 1).abs().max()
+    lines.append(f"  noise check: 'before' and 'eager' (same eager code for 2+ requests) differ by up to {gap:.0%}")
+    return "\n".join(lines)
+
+
+def hit_rate_line(df: pd.DataFrame) -> str:
+    hr = hit_rates(df)
+    return (f"graph hit rate on the mixed stream: before {hr['before']['hit_rate']:.0%}, after "
+            f"{hr['after']['hit_rate']:.0%} of batches ({hr['before']['token_hit_rate']:.0%} → "
+            f"{hr['after']['token_hit_rate']:.0%} of tokens)")
+
+
+def launch_line(run) -> str:
+    lt = launch_table(run.df)
+    bss = sorted(lt.index.get_level_values(0).unique())
+    one, most = lt.loc[bss[0]], lt.loc[bss[-1]]
+    n = int(run.df[(run.df["part"] == "launches") & (run.df["batch_size"] > 0)]["num_tokens"].iloc[0])
+    return (f"{run.label}, {n} tokens: eager {most.loc['eager', 'host_kernel_launches']} kernel launches; after "
+            f"{most.loc['after', 'host_kernel_launches']} + {most.loc['after', 'host_graph_launches']} graph launches "
+            f"for any request count; the eager logits tail costs after "
+            f"{one.loc['after', 'host_kernel_launches'] - one.loc['before', 'host_kernel_launches']} more kernel "
+            "launches than the before graph for one request")

@@ -164,3 +164,27 @@ def resolution_rows() -> list[dict]:
         rows.append(_row("e_resolution", r.resolver, "resolved", int(r.bcg_enabled), "bool", **kw))
         rows.append(_row("e_resolution", r.resolver, "warned", int(bool(r.warning)), "bool", **kw))
     return rows
+
+
+def hit_table(rows: list[dict]) -> pd.DataFrame:
+    """The hit-rate rows of :func:`hit_rate_rows` as a table per runner."""
+    hit = pd.DataFrame(rows)
+    return (hit[hit["variant"].isin(["before", "after"])].pivot_table(index="variant", columns="metric", values="value")
+            [["batches", "graph_batches", "hit_rate", "token_hit_rate"]])
+
+
+def three_requests(capture_tokens=(16, 32, 64), lens=(10, 12, 10)) -> pd.DataFrame:
+    """On the CPU (replay emulated): the before graph replayed anyway for three requests, the after graph, eager."""
+    model = bg.build_model(bg.TINY_CONFIG)
+    before = bg.BreakableGraphRunner(model, boundary="before", capture_num_tokens=list(capture_tokens))
+    after = bg.BreakableGraphRunner(model, boundary="after", capture_num_tokens=list(capture_tokens))
+    batch = bg.make_batch(list(lens), vocab_size=bg.TINY_CONFIG.vocab_size, seed=1)
+    eager, b, a = bg.run_eager(model, batch), before.replay(batch), after.replay(batch)
+    return pd.DataFrame([
+        {"path": "eager", "logits shape": tuple(eager.shape), "max |diff| vs eager": "0", "can_run": "-"},
+        {"path": "before graph, replayed anyway", "logits shape": tuple(b.shape),
+         "max |diff| vs eager": f"row 0: {(b[0] - eager[0]).abs().max().item():.2e}; rows 1, 2 missing",
+         "can_run": before.can_run(batch)},
+        {"path": "after graph", "logits shape": tuple(a.shape),
+         "max |diff| vs eager": f"{(a - eager).abs().max().item():.2e}", "can_run": after.can_run(batch)},
+    ]).set_index("path")

@@ -13,11 +13,14 @@ from .analysis import (
     buffer_copy_bytes,
     by_gpu,
     copy_explanation,
+    correctness,
     gate_table,
     kernel_summary,
     latency_table,
     newest_per_gpu,
+    reading,
     run_facts,
+    run_summary,
     slowdown_start,
     speedup_threshold,
     trace_table,
@@ -42,6 +45,6 @@ gpu_short = _runs.gpu_short
 __all__ = [
     "ALL_VARIANTS", "DEFAULT_PARAMS", "EXPERIMENT", "GPUS", "METHOD_VERSION", "TOL_ULPS", "bf16_tolerance",
     "bf16_ulp", "buffer_copy_bytes", "by_gpu", "compare", "copy_explanation", "gate_rows", "gate_table",
-    "gpu_short", "guard_table", "kernel_summary", "latency_table", "model_config", "newest_per_gpu", "run",
-    "run_facts", "slowdown_start", "speedup_threshold", "state_dict_keys", "trace_table", "variant_table",
+    "correctness", "gpu_short", "guard_table", "kernel_summary", "latency_table", "model_config", "newest_per_gpu",
+    "reading", "run", "run_facts", "run_summary", "slowdown_start", "speedup_threshold", "state_dict_keys", "trace_table", "variant_table",
 ]

@@ -146,3 +146,61 @@ def kernel_summary(table: pd.DataFrame, top: int = 8) -> pd.DataFrame:
                                       "calls": rest.calls.sum(), "median_us": float("nan"),
                                       "total_us": rest.total_us.sum(), "share": rest.share.sum()}]))
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# sentences for the notebook (numbers from the run, words around them)
+# --------------------------------------------------------------------------------------------------------------
+def run_summary(run) -> str:
+    """What the gate decided and what the capture cost, from one run."""
+    lat, f = latency_table(run.df), run_facts(run.df)
+    on_off = {1.0: "PCG on", 0.0: "PCG off"}
+    text = (f"{run.label}: gate for no_alias → {on_off[f[('eager', 'gate_enabled')]]} (eager prefill), for "
+            f"property_guard → {on_off[f[('piecewise', 'gate_enabled')]]} (piecewise prefill)\n"
+            f"  capture: {f[('piecewise', 'graphs')]:.0f} graphs ({f[('piecewise', 'buckets')]:.0f} buckets) in "
+            f"{f[('piecewise', 'capture_time')]:.1f} s; graph pool {f[('piecewise', 'graph_pool')]:.0f} MiB, fixed "
+            f"buffers {f[('piecewise', 'static_buffers')]:.0f} MiB, weights {f[('eager', 'weights')]:.0f} MiB")
+    if ("process", "peak_allocated") in f:
+        text += f", peak allocated {f[('process', 'peak_allocated')]:.0f} MiB"
+    tr = trace_table(run.df)
+    if not tr.empty:
+        n = min(i[0] for i in tr.index)
+        e, p = tr.loc[(n, "eager")], tr.loc[(n, "piecewise")]
+        text += (f"\n  one prefill of {n} tokens (traced): eager {e.kernels:.0f} kernels, each launched from Python; "
+                 f"piecewise {p.kernels:.0f} kernels from {p.graph_launches:.0f} graph launches + "
+                 f"{p.kernel_launches:.0f} eager kernel launches (attention and its output copy)")
+    elif ("eager", "kernels_per_forward") in f:
+        ke, kp = f[("eager", "kernels_per_forward")], f[("piecewise", "kernels_per_forward")]
+        text += (f"\n  kernels per forward at {lat.index.min()} tokens: eager {ke:.0f}, piecewise {kp:.0f} "
+                 f"({kp - ke:+.0f}: copies into and out of the fixed buffers)")
+    return text
+
+
+def reading(run) -> str:
+    """Small prefills (launch-bound) and large ones (where piecewise loses), one run."""
+    lat = latency_table(run.df)
+    sp, small = lat["speedup"], lat[lat.index <= 1024]
+    lines = [f"{gpu_short(run)}: eager/piecewise {sp.min():.2f}x to {sp.max():.2f}x (max at {sp.idxmax()} tokens); "
+             f"eager median {small['eager median ms'].min():.2f}-{small['eager median ms'].max():.2f} ms over "
+             f"{small.index.min()}-{small.index.max()} tokens, piecewise {small['piecewise median ms'].min():.2f}-"
+             f"{small['piecewise median ms'].max():.2f} ms"]
+    start = slowdown_start(sp)
+    for n in (lat.index[lat.index >= start] if start is not None else []):
+        gap_ms = lat.loc[n, "piecewise median ms"] - lat.loc[n, "eager median ms"]
+        moved = buffer_copy_bytes(run.manifest["params"], lat.loc[n, "bucket"])
+        line = (f"    {n:5d} tokens: piecewise {gap_ms:+.2f} ms ({sp[n]:.2f}x); the copies move {moved / 1e9:.2f} GB "
+                f"= {moved / 1e12 / (gap_ms / 1e3):.1f} TB/s if they were the whole gap")
+        if "speedup_direct" in lat and lat.loc[n, "speedup_direct"] == lat.loc[n, "speedup_direct"]:
+            line += f"; without them: {lat.loc[n, 'speedup_direct']:.3f}x"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def correctness(run) -> str:
+    lat = latency_table(run.df)
+    nonzero = lat.index[lat["max_abs_diff"] > 0].tolist()
+    verdict = "within" if lat["within_tol"].all() else "NOT within"
+    return (f"{gpu_short(run)}: piecewise vs eager {verdict} bf16 tolerance at all {len(lat)} token counts; largest "
+            f"difference {lat['max_abs_diff'].max():.3g} (tolerance {lat['tolerance'].min():.3g}); "
+            + (f"bit-identical except at {nonzero} tokens; " if nonzero else "bit-identical at every count; ")
+            + f"vs the same padded shape: largest {lat['max_abs_diff_same_shape'].max():.3g}")

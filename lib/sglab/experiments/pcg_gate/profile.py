@@ -6,7 +6,8 @@ their kernels do not overlap. From the trace, per phase: kernels, device time, t
 and how much of it the GPU was busy (launch gaps show as idle time), the time of the copy kernels and memcpys that
 hand activations between pieces, graph and kernel launches on the host.
 
-The per-kernel table (nsight-python where it runs, else torch.profiler: :mod:`sglab.measure.kernel_table`) covers
+The per-kernel table (measured first: nsight-python's CUPTI collector cannot subscribe once torch.profiler has in
+the same process; nsight-python where it runs, else torch.profiler: :mod:`sglab.measure.kernel_table`) covers
 eager work only — the eager prefill, and the same pieces run eagerly with their copies — because nsight-python's
 CUPTI collector does not attribute the kernels of a graph replay.
 """
@@ -25,8 +26,9 @@ import torch
 from ...measure import trace
 
 # the copies that hand activations between pieces: copy_ into a fixed buffer is a copy kernel for a strided source
-# (q and k from the rotary output, v from qkv) and a device-to-device memcpy for a contiguous one (the residual)
-COPY = r"direct_copy_kernel|Memcpy DtoD"
+# (q and k from the rotary output, v from qkv), a device-to-device memcpy for a contiguous one launched eagerly (the
+# attention output), and a graph memcpy node, which the profiler shows as a "memcpy<bits>" kernel (the residual)
+COPY = r"direct_copy_kernel|Memcpy DtoD|^memcpy\d+$"
 PHASE = re.compile(r"^(eager|piecewise|piecewise_direct|pieces_eager) (\d+)$")
 DEVICE_CATEGORIES = ("kernel", "memcpy", "memset")
 TRACE_METRICS = (("trace_kernels", "count"), ("trace_device_us", "us"), ("trace_span_us", "us"),
@@ -116,6 +118,8 @@ def profile_pass(p: dict, dev, eager_fwd, runner, ref_runner, direct, inputs: di
         fns_by_n[n] = {"eager": partial(eager_fwd, ids, pos), "piecewise": partial(runner.forward, ids)}
         if direct is not None and n in {int(x) for x in p["direct_token_counts"]}:
             fns_by_n[n]["piecewise_direct"] = partial(direct.forward, ids)
+    if cuda and p.get("kernel_table_tokens"):  # first: nsight's CUPTI cannot subscribe once torch.profiler has
+        out.rows += _kernel_table(p, eager_fwd, ref_runner, inputs, vocab, dev, out)
     for fns in fns_by_n.values():  # every path warm before the profiler starts
         for fn in fns.values():
             fn()
@@ -125,8 +129,6 @@ def profile_pass(p: dict, dev, eager_fwd, runner, ref_runner, direct, inputs: di
     out.sidecars["events"] = events
     if perfetto is not None and perfetto.exists():
         out.sidecars["trace"] = perfetto
-    if cuda and p.get("kernel_table_tokens"):
-        out.rows += _kernel_table(p, eager_fwd, ref_runner, inputs, vocab, dev, out)
     return out
 
 

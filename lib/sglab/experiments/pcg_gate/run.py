@@ -26,10 +26,11 @@ from ...fixes import pcg_gate as gate
 from ...fixes.toy_decoder import DecoderConfig
 from ...measure import phases
 from . import profile
-from .variants import gate_rows
+from .variants import gate_rows, quiet_gate
 
 EXPERIMENT = "pcg_gate"
-METHOD_VERSION = 2  # 2: interleaved timing loop, per-variant gate rows, direct hand-off, traced pass, kernel table
+METHOD_VERSION = 2  # 2: interleaved timing loop, lean sweep, per-variant gate rows, direct hand-off, traced pass,
+#                     per-kernel table
 
 DEFAULT_PARAMS = {
     "hidden": 2048,
@@ -38,13 +39,13 @@ DEFAULT_PARAMS = {
     "intermediate": 5632,
     "vocab": 32000,
     "max_tokens": 4096,        # --piecewise-cuda-graph-max-tokens: buckets of the upstream list up to this
-    "token_counts": [16, 32, 64, 100, 128, 256, 512, 1000, 1024, 2048, 3000, 4096],
+    "token_counts": [16, 64, 100, 256, 1024, 2048, 4096],  # 100 is padded to 112
     "direct_token_counts": [2048, 4096],  # also timed with the pieces handing over their own tensors (no copies)
     "trace_token_counts": [64, 4096],     # the traced pass: one launch-bound and one GEMM-bound prefill
     "kernel_table_tokens": 4096,          # the per-kernel table of the eager prefill (nsight-python)
-    "kernel_table_runs": 5,
-    "warmup": 5,
-    "repeat": 30,              # samples per variant and token count, taken in `rounds` alternating rounds
+    "kernel_table_runs": 3,
+    "warmup": 3,
+    "repeat": 15,              # samples per variant and token count, taken in `rounds` alternating rounds
     "rounds": 3,
     "seed": 0,
 }
@@ -130,7 +131,8 @@ def _runners(lm, p: dict, capture_tokens: list, use_graphs: bool, say) -> tuple:
             state = gate.ModelRunnerState(gate.build_wrapper(variant, language_model=lm),
                                           num_hidden_layers=int(p["num_layers"]),
                                           piecewise_cuda_graph_tokens=capture_tokens)
-            decisions[variant] = (gate.init_piecewise_cuda_graphs(state), state)
+            with quiet_gate():
+                decisions[variant] = (gate.init_piecewise_cuda_graphs(state), state)
             say(f"gate[{variant}]: {decisions[variant][0].message}")
         (res_off, _), (res_on, state_on) = decisions["no_alias"], decisions["property_guard"]
         if res_off.enabled or not res_on.enabled:

@@ -8,6 +8,9 @@ become rows of the run so that its claims can check them.
 
 from __future__ import annotations
 
+import logging
+from contextlib import contextmanager
+
 import pandas as pd
 from torch import nn
 
@@ -16,13 +19,27 @@ from ...fixes import pcg_gate as gate
 ALL_VARIANTS = gate.VARIANTS + gate.EXTRA_VARIANTS
 
 
+@contextmanager
+def quiet_gate():
+    """Keep the gate's "Disable piecewise CUDA graph ..." warning off the console while tables are built (the
+    tables carry the message)."""
+    log = logging.getLogger(gate.model_runner.__name__)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def gate_facts(wrapper: nn.Module, num_hidden_layers: int, capture_tokens=None) -> dict:
     """Run the gate on ``wrapper`` and count what it left registered."""
     lm_keys = len(wrapper.language_model.state_dict())
     built = list(wrapper.state_dict())
     kw = {} if capture_tokens is None else {"piecewise_cuda_graph_tokens": capture_tokens}
     state = gate.ModelRunnerState(wrapper, num_hidden_layers=num_hidden_layers, **kw)
-    res = gate.init_piecewise_cuda_graphs(state)
+    with quiet_gate():
+        res = gate.init_piecewise_cuda_graphs(state)
     after = list(wrapper.state_dict())
     return {"result": res, "state": state, "lm_keys": lm_keys, "keys_built": len(built),
             "model_keys_built": sum(k.startswith("model.") for k in built), "keys_after": len(after),
@@ -80,7 +97,8 @@ def state_dict_keys(variant: str, after_gate: bool = True) -> list[str]:
     """The full key list of one variant (before or after the gate wrote ``.model``)."""
     w = gate.build_wrapper(variant)
     if after_gate:
-        gate.init_piecewise_cuda_graphs(gate.ModelRunnerState(w, num_hidden_layers=gate.TINY_LM.num_layers))
+        with quiet_gate():
+            gate.init_piecewise_cuda_graphs(gate.ModelRunnerState(w, num_hidden_layers=gate.TINY_LM.num_layers))
     return list(w.state_dict())
 
 
