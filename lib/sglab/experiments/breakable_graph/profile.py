@@ -16,7 +16,6 @@ from functools import partial
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from ...fixes import breakable_graph as bg
 from ...measure import trace
@@ -36,12 +35,7 @@ class Profiled:
 
 def reduce_events(events: pd.DataFrame) -> pd.DataFrame:
     """The events of the prefill phases only, with ``variant`` and ``batch_size`` columns."""
-    m = events.phase.str.extract(PHASE)
-    keep = m[0].notna()
-    out = events[keep].copy()
-    out["variant"] = m[0][keep].values
-    out["batch_size"] = m[1][keep].astype(int).values
-    return out.reset_index(drop=True)
+    return trace.phase_columns(events, PHASE.pattern, ("variant", "batch_size"), {"batch_size": int})
 
 
 def launch_numbers(ev: pd.DataFrame) -> dict:
@@ -78,16 +72,9 @@ def profile_pass(p: dict, model, before, after, batch_for, on_gpu: bool) -> Prof
     for by_variant in fns.values():  # every path warm before the profiler starts
         for fn in by_variant.values():
             fn()
-    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     perfetto = Path(tempfile.mkdtemp(prefix="sglab-bcg-")) / "trace.json.gz" if on_gpu else None
-    with trace.Recorder(perfetto=perfetto, cuda=on_gpu) as rec:
-        for bs, by_variant in fns.items():
-            for variant, fn in by_variant.items():
-                sync()
-                with trace.phase(f"{variant} {bs}"):
-                    fn()
-                sync()
-    events = reduce_events(rec.events)
+    phases = {f"{variant} {bs}": fn for bs, by_variant in fns.items() for variant, fn in by_variant.items()}
+    events = reduce_events(trace.trace_phases(phases, perfetto=perfetto, cuda=on_gpu))
     out = Profiled(launch_rows(events, n), {"events": shown_events(events)})
     if perfetto is not None and perfetto.exists():
         out.sidecars["trace"] = perfetto

@@ -54,12 +54,7 @@ def _is_device(lanes: pd.Series) -> pd.Series:
 
 def reduce_events(events: pd.DataFrame) -> pd.DataFrame:
     """The events of the prefill phases only, with ``variant`` and ``num_tokens`` columns."""
-    m = events.phase.str.extract(PHASE)
-    keep = m[0].notna()
-    out = events[keep].copy()
-    out["variant"] = m[0][keep].values
-    out["num_tokens"] = m[1][keep].astype(int).values
-    return out.reset_index(drop=True)
+    return trace.phase_columns(events, PHASE.pattern, ("variant", "num_tokens"), {"num_tokens": int})
 
 
 def phase_numbers(ev: pd.DataFrame) -> dict:
@@ -88,19 +83,6 @@ def trace_rows(events: pd.DataFrame) -> list:
     return rows
 
 
-def traced(fns_by_n: dict, *, perfetto: Path | None, cuda: bool) -> pd.DataFrame:
-    """Each ``fns_by_n[n][variant]`` once, in its own phase range, under one profiler session."""
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    with trace.Recorder(perfetto=perfetto, cuda=cuda) as rec:
-        for n, fns in fns_by_n.items():
-            for variant, fn in fns.items():
-                sync()
-                with trace.phase(f"{variant} {n}"):
-                    fn()
-                sync()
-    return reduce_events(rec.events)
-
-
 def _inputs(n: int, inputs: dict, vocab: int, dev, seed: int):
     if n in inputs:
         return inputs[n]
@@ -124,7 +106,8 @@ def profile_pass(p: dict, dev, eager_fwd, runner, ref_runner, direct, inputs: di
         for fn in fns.values():
             fn()
     perfetto = perfetto_path() if cuda else None
-    events = traced(fns_by_n, perfetto=perfetto, cuda=cuda)
+    phases = {f"{variant} {n}": fn for n, fns in fns_by_n.items() for variant, fn in fns.items()}
+    events = reduce_events(trace.trace_phases(phases, perfetto=perfetto, cuda=cuda))
     out.rows += trace_rows(events)
     out.sidecars["events"] = events
     if perfetto is not None and perfetto.exists():
