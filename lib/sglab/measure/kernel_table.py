@@ -25,10 +25,26 @@ _HINTS = ("direct_copy", "CatArrayBatchedCopy", "index_select", "indexSelect", "
           "gemm", "gemv", "nvjet", "cutlass", "sm90", "reduce", "fill", "copy")
 
 
+def _mangled_head(kernel: str) -> str:
+    """The innermost name of an Itanium-mangled nested name (``_ZN2at6native18elementwise_kernelIL...`` ->
+    ``elementwise_kernel``), as CUPTI reports kernels; "" when ``kernel`` is not one."""
+    m = re.match(r"_ZN?(.*)", kernel)
+    if not m:
+        return ""
+    rest, head = m.group(1), ""
+    while True:
+        n = re.match(r"(\d+)", rest)
+        if not n:
+            return head
+        size = int(n.group(1))
+        head, rest = rest[len(n.group(1)):len(n.group(1)) + size], rest[len(n.group(1)) + size:]
+
+
 def short_name(kernel: str, width: int = 48) -> str:
-    """A readable name for a templated kernel: its function name plus the first hint word of what it does."""
+    """A readable name for a templated kernel (demangled as torch.profiler shows it, or mangled as CUPTI reports
+    it): its function name plus the first hint word of what it does."""
     base = re.sub(r"^void\s+", "", kernel)
-    head = re.split(r"[<(]", base, maxsplit=1)[0].split("::")[-1] or base[:width]
+    head = _mangled_head(kernel) or re.split(r"[<(]", base, maxsplit=1)[0].split("::")[-1] or base[:width]
     hint = next((h for h in _HINTS if h.lower() in kernel.lower() and h.lower() not in head.lower()), "")
     text = f"{head} [{hint}]" if hint else head
     return text if len(text) <= width else text[: width - 1] + "…"

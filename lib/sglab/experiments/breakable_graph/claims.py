@@ -10,7 +10,11 @@ from . import analysis as an
 EXPERIMENT = "breakable_graph"
 CLAIM = "Capturing only the layer stack lets one breakable CUDA graph serve prefill batches of any request count."
 
-MIN_MULTI_SPEEDUP = 1.2   # after vs eager, every prefill of 2+ requests, on every GPU
+# after vs eager, every timed prefill of 2+ requests: launch-bound up to LAUNCH_BOUND tokens; above, the gain is
+# eager's host overhead alone and shrinks on a faster host
+LAUNCH_BOUND = 512
+MIN_LAUNCH_BOUND_SPEEDUP = 1.8
+MIN_SPEEDUP = 1.1
 PADDED_TOL = 0.0          # padded token counts: the recorded runs show bit-equal logits there too
 
 
@@ -58,12 +62,16 @@ def _hit_rate(run):
 
 
 def _speedup(run):
-    s = an.multi_request_speedups(run.df)
-    if s.empty:
+    t = an.latency_table(run.df)
+    t = t[t["batch_size"] > 1]
+    if t.empty:
         return not_applicable("no prefill with 2+ requests was timed")
-    ok = bool((s >= MIN_MULTI_SPEEDUP).all())
-    return holds(ok, f"after vs eager, 2+ requests: {s.min():.2f}–{s.max():.2f}× (median {s.median():.2f}×)",
-                 {"min": float(s.min()), "max": float(s.max()), "median": float(statistics.median(s))})
+    s, small = t["speedup_after"], t[t["num_tokens"] <= LAUNCH_BOUND]["speedup_after"]
+    ok = bool((s > MIN_SPEEDUP).all() and (small >= MIN_LAUNCH_BOUND_SPEEDUP).all())
+    return holds(ok, f"after vs eager, 2+ requests: {s.min():.2f}–{s.max():.2f}× (median {s.median():.2f}×; "
+                     f"≥{small.min():.2f}× up to {LAUNCH_BOUND} tok)",
+                 {"min": float(s.min()), "max": float(s.max()), "median": float(statistics.median(s)),
+                  "min_launch_bound": float(small.min()) if len(small) else None})
 
 
 def _segments(run):
@@ -123,7 +131,8 @@ CLAIMS = [
           "every batch that fits a bucket hits the after graph", "graph batches == recomputed from the stream "
           "(exact), before < after", _hit_rate),
     Claim(f"{EXPERIMENT}.multi_request_speedup", "Prefills of 2+ requests run faster through the after graph than "
-          "eagerly", f"eager/after ≥ {MIN_MULTI_SPEEDUP}× for every timed batch of 2+ requests", _speedup, drift=0.25),
+          "eagerly", f"eager/after > {MIN_SPEEDUP}× for every timed batch of 2+ requests, ≥ {MIN_LAUNCH_BOUND_SPEEDUP}× "
+          f"up to {LAUNCH_BOUND} tokens", _speedup, drift=0.25),
     Claim(f"{EXPERIMENT}.segments_per_bucket", "Every capture is one segment more than the layers, one break per "
           "layer", "segments == layers + 1, breaks == layers, every bucket, both boundaries (exact)", _segments),
     Claim(f"{EXPERIMENT}.routing", "The before runner replays only one-request batches; the after runner every "

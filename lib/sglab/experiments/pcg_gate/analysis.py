@@ -136,13 +136,16 @@ def copy_explanation(df: pd.DataFrame) -> pd.DataFrame:
 
 def kernel_summary(table: pd.DataFrame, top: int = 8) -> pd.DataFrame:
     """The per-kernel sidecar reduced for reading: per label, the ``top`` kernels by time and the rest summed."""
+    from ...measure.kernel_table import short_name
+
     out = []
+    table = table.assign(short=table.kernel.map(short_name))  # names as this version shortens them
     for label, g in table.groupby("label", sort=False):
         g = g.sort_values("total_us", ascending=False)
         head, rest = g.head(top), g.iloc[top:]
         out.append(head[["label", "short", "calls", "median_us", "total_us", "share"]])
         if len(rest):
-            out.append(pd.DataFrame([{"label": label, "short": f"({len(rest)} more kernels)",
+            out.append(pd.DataFrame([{"label": label, "short": f"({len(rest)} more kernel{'s' if len(rest) > 1 else ''})",
                                       "calls": rest.calls.sum(), "median_us": float("nan"),
                                       "total_us": rest.total_us.sum(), "share": rest.share.sum()}]))
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
