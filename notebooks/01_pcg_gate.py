@@ -24,7 +24,6 @@ import inspect
 
 import pandas as pd
 from IPython.display import display
-from torch import nn
 
 from sglab import notebook as nb
 from sglab import upstream
@@ -72,27 +71,13 @@ print(inspect.getsource(fx.init_piecewise_cuda_graphs))
 # `@property` — even one with a setter — never sees the assignment:
 
 # %%
-class WithSetter(nn.Module):
-    calls = 0
-
-    def __init__(self):
-        super().__init__()
-        self.language_model = nn.Linear(2, 2)
-
-    @property
-    def model(self):
-        return self.language_model
-
-    @model.setter
-    def model(self, value):
-        WithSetter.calls += 1
-
-
-w = WithSetter()
-print("before:", list(w.state_dict()))
+print(inspect.getsource(fx.KimiPropertySetter))
+w = fx.build_wrapper("property_setter")
+fx.KimiPropertySetter.setter_calls = 0
+print("before:", len(w.state_dict()), "keys; _modules:", list(w._modules))
 w.model = w.language_model                  # what the runner's write-back does
-print("after: ", list(w.state_dict()))
-print("setter calls:", WithSetter.calls, "| '_modules' now holds:", list(w._modules))
+print("after: ", len(w.state_dict()), "keys; _modules:", list(w._modules),
+      "| setter calls:", fx.KimiPropertySetter.setter_calls)
 
 # %% [markdown]
 # ## Rebuild: the wrappers through the gate (CPU, live)
