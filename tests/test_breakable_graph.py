@@ -234,7 +234,7 @@ def test_run_rows_on_cpu():
     params = dict(vocab_size=128, hidden_size=64, num_heads=4, head_dim=16, intermediate_size=128, num_layers=2,
                   capture_num_tokens=[16, 32, 64], token_counts=[32, 64], padded_token_counts=[40],
                   batch_sizes=[1, 3], warmup=0, repeat=2, stream_batches=40)
-    df = ex._run(params, progress=False, device=torch.device("cpu"))
+    df = ex._run(params, progress=False, device=torch.device("cpu")).df
     assert set(df["part"]) == set(ex.PARTS)
     assert list(df.columns[:2]) == ["experiment", "variant"] and list(df.columns[-3:]) == ["metric", "value", "unit"]
     a = df[df["part"] == "a_bs3"].set_index(["variant", "metric"])["value"]
@@ -268,7 +268,9 @@ def test_headline_from_recorded_runs():
             newest[gpu] = js
     if not newest:
         pytest.skip("no recorded run of breakable_graph")
-    text = ex.headline(runs.load_all_recorded("breakable_graph"))
+    from sglab import claims
+
+    text = claims.headline("breakable_graph", claims.shown("breakable_graph", runs.load_all_recorded("breakable_graph")))
     assert "|" not in text and len(text) < 350
     for gpu, js in newest.items():
         rows = list(csv.DictReader(js.with_suffix(".csv").open()))
@@ -277,10 +279,11 @@ def test_headline_from_recorded_runs():
             if r["part"] == "d_latency" and r["metric"] == "time_median":
                 med[(int(float(r["num_tokens"])), int(float(r["batch_size"])), r["variant"])] = float(r["value"])
         sp = [med[(n, b, "eager")] / med[(n, b, "after")] for (n, b, v) in med if v == "after" and b > 1]
-        assert len(sp) == 21  # 3 token counts x 2..8 requests
+        params = json.loads(js.read_text())["params"]
+        assert len(sp) == len(params["token_counts"]) * sum(b > 1 for b in params["batch_sizes"])
         assert f"{gpu} {min(sp):.2f}–{max(sp):.2f}× (median {median(sp):.2f}×)" in text
         hit = {(r["variant"], r["metric"]): float(r["value"]) for r in rows if r["part"] == "c_hit_rate"}
-        assert f"graph hit rate {hit[('before', 'hit_rate')]:.0%} → {hit[('after', 'hit_rate')]:.0%}" in text
+        assert f"Graph hit rate {hit[('before', 'hit_rate')]:.0%} → {hit[('after', 'hit_rate')]:.0%}" in text
     # the committed runs: H100 and H200, one each
     assert sorted(newest) == ["H100", "H200"]
     assert "max abs diff vs eager 0." in text

@@ -85,12 +85,27 @@ def test_before_rejected_for_more_than_one_request(setup):
     torch.testing.assert_close(replayed[0], ref3[0], atol=1e-4, rtol=1e-4)
 
 
+def test_structure_capture_matches_the_real_capture(setup):
+    from sglab.experiments.breakable_graph import structure
+
+    _, model, before, after = setup
+    for runner in (before, after):
+        s = structure.capture_structure(runner.boundary, model=model)
+        assert (len(s.segments), len(s.breaks)) == runner.segments(CAPS[0])
+        assert s.tail_in_graph is (runner.boundary == "before")
+
+
 def test_experiment_small_run():
     params = dict(vocab_size=1000, hidden_size=256, num_heads=4, head_dim=64, intermediate_size=512, num_layers=2,
                   capture_num_tokens=[64, 128], token_counts=[64, 128], padded_token_counts=[100],
                   batch_sizes=[1, 3], warmup=1, repeat=3, launch_token_count=64, launch_batch_sizes=[1, 3],
                   stream_batches=50)
-    df = ex.run(params, progress=False)
+    out = ex.run(params, progress=False)
+    df = out.df
+    ev = out.sidecars["events"]
+    assert set(ev.variant) == {"before", "after"} and set(ev.batch_size) == {3}
+    lt = ex.launch_table(df)
+    assert lt.loc[(3, "after"), "host_graph_launches"] == 3 and lt.loc[(3, "before"), "host_graph_launches"] == 0
     assert set(df["part"]) == set(ex.PARTS)
     a = df[df["part"] == "a_bs3"].set_index(["variant", "metric"])["value"]
     assert a[("before", "logit_rows")] == 1 and a[("after", "logit_rows")] == 3 and a[("eager", "logit_rows")] == 3

@@ -1,4 +1,6 @@
-"""GPU test of notebook 01: piecewise-graph prefill equals eager prefill within bf16 tolerance."""
+"""GPU tests of notebook 01: piecewise-graph prefill equals eager prefill within bf16 tolerance, the direct
+hand-off computes the same as the copy hand-off, and the traced pass sees what the claims read (launch gaps, the
+hand-off copies, kernel counts that agree between the profiler and the per-kernel table)."""
 
 from __future__ import annotations
 
@@ -6,16 +8,26 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
+PARAMS = {"num_layers": 8, "token_counts": [16, 100, 1000, 4096], "direct_token_counts": [4096],
+          "trace_token_counts": [16, 4096], "kernel_table_tokens": 4096, "kernel_table_runs": 2, "repeat": 3,
+          "rounds": 1, "warmup": 1}
 
-def test_piecewise_matches_eager_on_gpu():
+
+@pytest.fixture(scope="module")
+def measured():
     import torch
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from sglab.experiments import pcg_gate as exp
 
-    params = {"num_layers": 8, "token_counts": [16, 100, 1000, 4096], "repeat": 3, "rounds": 1, "warmup": 1}
-    df = exp.run(params, progress=False)
+    return exp.run(PARAMS, progress=False)
+
+
+def test_piecewise_matches_eager_on_gpu(measured):
+    from sglab.experiments import pcg_gate as exp
+
+    df = measured.df
     t = exp.latency_table(df)
     assert list(t.index) == [16, 100, 1000, 4096]
     assert list(t["bucket"]) == [16, 112, 1024, 4096]
@@ -24,4 +36,46 @@ def test_piecewise_matches_eager_on_gpu():
     facts = exp.run_facts(df)
     assert facts[("eager", "gate_enabled")] == 0.0 and facts[("piecewise", "gate_enabled")] == 1.0
     assert facts[("piecewise", "graphs")] == 50 * 9  # 50 buckets up to 4096 tokens x (8 layers + 1) segments
-    assert (t[["eager median ms", "piecewise median ms"]] > 0).all().all()
+    assert (t[["eager median ms", "piecewise median ms", "direct median ms"]].fillna(1) > 0).all().all()
+    direct = df[(df.variant == "piecewise_direct") & (df.metric == "max_abs_diff")]
+    assert len(direct) == 1 and float(direct.value.iloc[0]) <= float(t.loc[4096, "tolerance"])
+
+
+def test_gate_rows_count_the_duplicate(measured):
+    from sglab.experiments import pcg_gate as exp
+
+    g = exp.gate_table(measured.df)
+    lm = 1 + 8 * 6 + 1  # embed, 6 tensors per layer, final norm (no lm_head)
+    assert (g["lm_keys"] == lm).all()
+    assert dict(g["model_keys_after_gate"]) == {"no_alias": 0, "plain_alias": lm, "property_only": lm,
+                                                 "property_guard": 0, "property_setter": lm}
+    assert dict(g["gate_enabled"]) == {"no_alias": 0, "plain_alias": 1, "property_only": 1, "property_guard": 1,
+                                        "property_setter": 1}
+
+
+def test_trace_sees_launch_gaps_and_copies(measured):
+    from sglab.experiments import pcg_gate as exp
+
+    t = exp.trace_table(measured.df)
+    assert t.loc[(16, "eager"), "graph_launches"] == 0
+    assert t.loc[(16, "piecewise"), "graph_launches"] == 9  # one per segment
+    assert t.loc[(16, "eager"), "busy"] < t.loc[(16, "piecewise"), "busy"]
+    assert t.loc[(4096, "eager"), "copy_ops"] == 0
+    # per layer q, k, v (copy kernels), the residual (graph memcpy) and the attention output; + final output and ids
+    assert t.loc[(4096, "piecewise"), "copy_ops"] == 5 * 8 + 2
+    assert t.loc[(4096, "piecewise_direct"), "copy_ops"] == 8 + 1  # the attention outputs and the ids only
+    ev = measured.sidecars["events"]
+    assert set(ev.variant) == {"eager", "piecewise", "piecewise_direct"} and set(ev.num_tokens) == {16, 4096}
+    assert measured.sidecars["trace"].exists()
+
+
+def test_kernel_table_agrees_with_the_profiler(measured):
+    d = measured.df
+    kt = measured.extra["kernel_table"]
+    calls = d[(d.metric == "kernel_table_calls") & (d.variant == "eager")].value.iloc[0]
+    traced = d[(d.metric == "trace_kernels") & (d.variant == "eager") & (d.num_tokens == 4096)].value.iloc[0]
+    assert calls == traced, (kt, calls, traced)
+    table = measured.sidecars["kernels"]
+    assert set(table.label) == {"eager 4096", "pieces_eager 4096"}
+    copies = table[table.kernel.str.contains("direct_copy")]
+    assert set(copies.label) == {"pieces_eager 4096"}  # the hand-off copies exist only in the pieces

@@ -77,3 +77,11 @@ def test_window_rezeroes():
     ev = _table(["a", "b", "c"])
     w = tl.window(ev, names="^(b|c)$")
     assert list(w.name) == ["b", "c"] and w.start_us.min() == 0.0
+
+
+def test_trace_phases_and_phase_columns():
+    ev = trace.trace_phases({"eager 16": work, "graph 16": work, "eager 256": lambda: None}, cuda=False)
+    got = trace.phase_columns(ev, r"^(eager|graph) (\d+)$", ("variant", "num_tokens"), {"num_tokens": int})
+    assert set(zip(got.variant, got.num_tokens)) == {("eager", 16), ("graph", 16), ("eager", 256)}
+    assert got.num_tokens.map(type).eq(int).all()
+    assert not got.phase.isin(["replay", "populate", "inner"]).any()  # nested phases of work() do not match

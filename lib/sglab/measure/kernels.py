@@ -250,34 +250,12 @@ def nsight_time(fns: Mapping[str, Callable[[], object]], *, runs: int = 20, warm
     chosen, reason = nsight_backend() if backend == "auto" else (backend, "requested")
     if chosen == "cuda-events":
         return _events_frame(fns, runs, warmup, reason)
-    import tempfile
-
-    import nsight
-
-    for fn in fns.values():  # warm-up outside the profiler (module load, autotune)
-        for _ in range(warmup):
-            fn()
     try:
-        nsight.activate(nsight.Tool.CUPTI if chosen == "cupti" else nsight.Tool.NCU)
-        with tempfile.TemporaryDirectory() as tmp:
-            @nsight.analyze.kernel(configs=[(0,)], runs=runs, output_prefix=tmp + "/",
-                                   combine_kernel_metrics=lambda a, b: a + b, thermal_mode="off")
-            def bench(_unused):
-                for label, fn in fns.items():
-                    with nsight.annotate(label):
-                        fn()
-
-            raw = bench().to_dataframe()
+        raw = nsight_session(fns, runs=runs, warmup=warmup, tool=chosen)
     except Exception as e:  # noqa: BLE001
         if backend != "auto":
             raise
         return _events_frame(fns, runs, warmup, f"{chosen} failed: {type(e).__name__}: {e}")
-    finally:
-        if chosen == "cupti":  # release CUPTI so torch.profiler (Kineto) can use it afterwards
-            try:
-                nsight.deactivate()
-            except Exception:  # noqa: BLE001
-                pass
     rows = []
     for _, r in raw.iterrows():
         ns = 1e-6
@@ -289,3 +267,52 @@ def nsight_time(fns: Mapping[str, Callable[[], object]], *, runs: int = 20, warm
     df.attrs["backend"] = chosen
     df.attrs["reason"] = reason
     return df
+
+
+def nsight_session(fns: Mapping[str, Callable[[], object]], *, runs: int, warmup: int, tool: str,
+                   per_kernel: list | None = None):
+    """One nsight-python session (``tool``: "cupti" or "ncu") over labelled eager functions, one annotated region
+    each, ``runs`` times; returns nsight's processed DataFrame (one row per label, kernels summed).
+
+    ``per_kernel``: a list that receives ``(label, kernel name, duration in ns)`` for every kernel nsight attributed,
+    in launch order. nsight-python sums the kernels of a region before it returns, so the per-kernel records are
+    read where it aggregates them (``nsight.extraction.extract_df_from_data``, which both its CUPTI and its NCU
+    collectors call), without changing what it computes.
+    """
+    import tempfile
+
+    import nsight
+    import nsight.extraction as extraction
+
+    for fn in fns.values():  # warm-up outside the profiler (module load, autotune)
+        for _ in range(warmup):
+            fn()
+    original = extraction.extract_df_from_data
+
+    def spy(profiling_data, *args, **kwargs):
+        if per_kernel is not None:
+            for label, records in profiling_data.items():
+                for rec in records:
+                    value = None if rec.values is None else float(rec.values[0])
+                    per_kernel.append((label, rec.name, value))
+        return original(profiling_data, *args, **kwargs)
+
+    extraction.extract_df_from_data = spy
+    try:
+        nsight.activate(nsight.Tool.CUPTI if tool == "cupti" else nsight.Tool.NCU)
+        with tempfile.TemporaryDirectory() as tmp:
+            @nsight.analyze.kernel(configs=[(0,)], runs=runs, output_prefix=tmp + "/",
+                                   combine_kernel_metrics=lambda a, b: a + b, thermal_mode="off")
+            def bench(_unused):
+                for label, fn in fns.items():
+                    with nsight.annotate(label):
+                        fn()
+
+            return bench().to_dataframe()
+    finally:
+        extraction.extract_df_from_data = original
+        if tool == "cupti":  # release CUPTI so torch.profiler (Kineto) can use it afterwards
+            try:
+                nsight.deactivate()
+            except Exception:  # noqa: BLE001
+                pass

@@ -204,3 +204,33 @@ def ranges(events, prefix: str = ""):
     r = events[(events.category == "range") & ~events.lane.str.startswith("stream")].copy()
     r["name"] = r.name.str.replace(PHASE_PREFIX, "", regex=False)
     return r[r.name.str.startswith(prefix)].sort_values("start_us").reset_index(drop=True)
+
+
+def trace_phases(fns, *, perfetto: str | Path | None = None, cuda: bool | None = None):
+    """Run each function of ``fns`` (``{phase name: callable}``) once inside its own :func:`phase` range, under one
+    :class:`Recorder` session; the device is synchronised before and after each so that phases never overlap on the
+    device. Returns the event table."""
+    import torch
+
+    rec = Recorder(perfetto=perfetto, cuda=cuda)
+    sync = torch.cuda.synchronize if rec.cuda else (lambda: None)
+    with rec:
+        for name, fn in fns.items():
+            sync()
+            with phase(name):
+                fn()
+            sync()
+    return rec.events
+
+
+def phase_columns(events, pattern: str, columns, converters=None):
+    """The events whose ``phase`` matches ``pattern`` (a regular expression with one group per column), with the
+    groups as new ``columns`` (each passed through its ``converters`` entry, e.g. ``int``)."""
+    m = events.phase.str.extract(pattern)
+    keep = m[0].notna()
+    out = events[keep].copy()
+    for i, col in enumerate(columns):
+        values = m[i][keep]
+        conv = (converters or {}).get(col)
+        out[col] = values.map(conv).values if conv else values.values
+    return out.reset_index(drop=True)

@@ -1,0 +1,269 @@
+"""The small decoder-only transformer that the prefill notebooks share (01: piecewise CUDA graphs, 03: breakable
+CUDA graph).
+
+Shaped like the models SGLang serves, so that SGLang's attribute-name logic finds what it looks for: a CausalLM
+holds the stack as ``.model`` (``.model.layers[i].self_attn.attn`` is the attention op, the place where SGLang's
+piecewise capture splits and where a breakable graph runs eagerly), ``lm_head`` and a ``logits_processor``
+(``python/sglang/srt/layers/logits_processor.py``: the last token of every request, then the lm_head). The layers
+mirror a Llama/DeepSeek decoder layer reduced to what costs time in prefill: RMSNorm, fused qkv projection, the
+attention op, output projection, RMSNorm, gated (SiLU) MLP, residual adds.
+
+Token-major: every tensor is ``(num_tokens, ...)`` with the tokens of all requests concatenated; nothing but the
+attention op and the logits tail depends on how the tokens split into requests. Each layer exposes its two halves
+(:meth:`DecoderLayer.pre_attn`, :meth:`DecoderLayer.post_attn`) so that a runner can capture everything between
+two attention calls as one graph.
+
+What differs between the notebooks is a parameter, not a second model:
+
+- ``attention``: the attention op module (``(q, k, v) -> (num_tokens, heads * head_dim)``). Default
+  :class:`CausalAttention` (one sequence, causal SDPA: 01's split point); 03 plugs in a varlen attention that reads
+  the live request boundaries and is an eager break of the breakable graph.
+- ``DecoderConfig.positions``: ``"rotary"`` (RoPE on q and k, tables indexed by position: 01) or ``"learned"``
+  (a position-embedding table added to the token embedding: 03).
+- the initialisation: :func:`init_residual_scaled_` (01: unit-variance projections, output projections scaled by
+  ``1/sqrt(2 * layers)`` so the bf16 residual stream stays O(1); seeded generator on the model's device) or
+  :func:`init_normal_` (03: N(0, 0.02) embeddings, N(0, 1/fan_in) projections, from the global RNG).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+POSITIONS = ("rotary", "learned")
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    vocab_size: int = 32000
+    hidden_size: int = 1024
+    num_layers: int = 16
+    num_heads: int = 8
+    head_dim: Optional[int] = None  # default hidden_size // num_heads
+    intermediate_size: int = 2816
+    max_position: int = 8192
+    positions: str = "learned"
+    rms_eps: float = 1e-6
+    rope_base: float = 10000.0
+
+    def __post_init__(self):
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_heads
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class Rotary(nn.Module):
+    """cos/sin tables indexed by position (non-persistent buffers, in the model dtype)."""
+
+    def __init__(self, head_dim: int, max_pos: int, base: float = 10000.0):
+        super().__init__()
+        self.head_dim, self.max_pos, self.base = head_dim, max_pos, base
+        self.reset()
+
+    def reset(self, device=None, dtype=torch.float32) -> None:
+        """(Re)compute the tables in fp32 on ``device``, stored as ``dtype``."""
+        d = self.head_dim
+        inv = 1.0 / (self.base ** (torch.arange(0, d, 2, dtype=torch.float32, device=device) / d))
+        ang = torch.outer(torch.arange(self.max_pos, dtype=torch.float32, device=device), inv)
+        ang = torch.cat([ang, ang], dim=-1)
+        self.register_buffer("cos", ang.cos().to(dtype), persistent=False)
+        self.register_buffer("sin", ang.sin().to(dtype), persistent=False)
+
+    def forward(self, x, positions):  # x: (n, ..., d), q and k rotated together
+        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
+        cos = self.cos[positions].view(shape)
+        sin = self.sin[positions].view(shape)
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class CausalAttention(nn.Module):
+    """The default attention op (``RadixAttention``'s place): causal attention over one sequence of the real
+    length. No parameters."""
+
+    def __init__(self, num_heads: int, head_dim: int):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, head_dim
+
+    def forward(self, q, k, v):  # (n, heads, d) each -> (n, heads * d)
+        n = q.shape[0]
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
+            is_causal=True)
+        return o.squeeze(0).transpose(0, 1).reshape(n, self.num_heads * self.head_dim)
+
+
+AttentionFactory = Callable[[int, int], nn.Module]  # (num_heads, head_dim) -> attention op module
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: DecoderConfig, attention: AttentionFactory = CausalAttention):
+        super().__init__()
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_size
+        inner = self.num_heads * self.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, 3 * inner, bias=False)
+        self.o_proj = nn.Linear(inner, cfg.hidden_size, bias=False)
+        self.attn = attention(self.num_heads, self.head_dim)
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x):
+        g, u = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(g) * u)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DecoderConfig, attention: AttentionFactory = CausalAttention):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.self_attn = SelfAttention(cfg, attention)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def pre_attn(self, h, positions, rotary: Optional[Rotary] = None):
+        """Everything of this layer before attention: norm, qkv projection (and rotary) -> q, k, v."""
+        n, sa = h.shape[0], self.self_attn
+        qkv = sa.qkv_proj(self.input_layernorm(h)).view(n, 3, sa.num_heads, sa.head_dim)
+        if rotary is None:
+            return qkv.unbind(1)
+        q, k = rotary(qkv[:, :2], positions).unbind(1)
+        return q, k, qkv[:, 2]
+
+    def post_attn(self, attn_out, residual):
+        """Everything after attention: output projection, residual, norm, MLP, residual."""
+        h = residual + self.self_attn.o_proj(attn_out)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+    def forward(self, h, positions, rotary: Optional[Rotary] = None):
+        q, k, v = self.pre_attn(h, positions, rotary)
+        return self.post_attn(self.self_attn.attn(q, k, v), h)
+
+
+class DecoderStack(nn.Module):
+    """The inner transformer stack (SGLang's ``model.model``): embedding, layers, final norm. Token-major and
+    free of the batch size."""
+
+    def __init__(self, cfg: DecoderConfig, attention: AttentionFactory = CausalAttention):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        if cfg.positions == "learned":
+            self.embed_positions = nn.Embedding(cfg.max_position, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, attention) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.rotary = Rotary(cfg.head_size, cfg.max_position, cfg.rope_base) if cfg.positions == "rotary" else None
+
+    def embed(self, input_ids, positions):
+        h = self.embed_tokens(input_ids)
+        if self.rotary is None:
+            h = h + self.embed_positions(positions)
+        return h
+
+    def forward(self, input_ids, positions, forward_batch=None):
+        """The eager prefill: every op launched from Python (``forward_batch`` is unused here: attention reads
+        the request boundaries, where it needs them, from the forward context)."""
+        h = self.embed(input_ids, positions)
+        for layer in self.layers:
+            h = layer(h, positions, self.rotary)
+        return self.norm(h)
+
+
+class LogitsProcessor(nn.Module):
+    """Extend-mode logits (``LogitsProcessor.forward`` for an extend batch): the last token of every request, then
+    the lm_head. Its shapes follow the number of requests, not the number of tokens."""
+
+    def forward(self, hidden_states, lm_head: nn.Linear, forward_batch):
+        last_index = torch.cumsum(forward_batch.extend_seq_lens, dim=0) - 1
+        pruned_states = torch.index_select(hidden_states, 0, last_index)
+        return F.linear(pruned_states, lm_head.weight)
+
+
+class CausalLM(nn.Module):
+    """A causal LM (``LlamaForCausalLM`` / ``DeepseekV3ForCausalLM`` shape): ``.model`` (the stack), ``.lm_head``
+    and ``.logits_processor``. ``lm_head=False`` leaves the head out (a prefill measured up to the final norm)."""
+
+    def __init__(self, cfg: DecoderConfig, attention: AttentionFactory = CausalAttention, *, lm_head: bool = True):
+        super().__init__()
+        self.config = cfg
+        self.model = DecoderStack(cfg, attention)
+        if lm_head:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.logits_processor = LogitsProcessor()
+
+    @torch.no_grad()
+    def forward(self, input_ids, positions, forward_batch):
+        hidden_states = self.model(input_ids, positions, forward_batch)
+        return self.logits_processor(hidden_states, self.lm_head, forward_batch)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Initialisation: two schemes, one per notebook (each keeps the weights its recorded runs were measured with)
+# ---------------------------------------------------------------------------------------------------------------
+def init_normal_(model: nn.Module) -> nn.Module:
+    """N(0, 0.02) for embeddings, N(0, 1/fan_in) for every other matrix, norms left at 1; draws from the global
+    RNG (seed it before building the model: construction draws too)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.02 if "embed" in name else 1.0 / p.shape[-1] ** 0.5)
+    return model
+
+
+def init_residual_scaled_(model: nn.Module, *, seed: int, num_layers: int) -> nn.Module:
+    """Unit-variance projections, output projections (``o_proj``, ``down_proj``) scaled by ``1/sqrt(2 * layers)``,
+    N(0, 1) embeddings, norms 1: the bf16 residual stream stays O(1) over the whole stack. Draws from a generator
+    on the model's device seeded with ``seed``, so no host-side init of a large model is needed."""
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(int(seed))
+    out_scale = 1.0 / math.sqrt(2 * num_layers)
+    with torch.no_grad():
+        for name, prm in model.named_parameters():
+            if name.endswith("norm.weight"):
+                prm.fill_(1.0)
+            elif "embed_tokens" in name:
+                prm.normal_(0.0, 1.0, generator=gen)
+            else:
+                std = 1.0 / math.sqrt(prm.shape[1])
+                if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
+                    std *= out_scale
+                prm.normal_(0.0, std, generator=gen)
+    return model
+
+
+def build_on_device(factory: Callable[[], nn.Module], device, dtype, *, seed: int, num_layers: int) -> nn.Module:
+    """Build ``factory()`` directly on ``device`` (PyTorch's default init runs there, and is overwritten), cast it to
+    ``dtype`` and initialise it with :func:`init_residual_scaled_` (rotary tables recomputed there). Frozen, eval
+    mode. Not on the meta device: the first meta tensor of a process imports torch's meta registrations, which
+    took 6 s of a live notebook."""
+    with torch.device(device):
+        model = factory()
+    model = model.to(dtype=dtype)
+    init_residual_scaled_(model, seed=seed, num_layers=num_layers)
+    for m in model.modules():
+        if isinstance(m, Rotary):
+            m.reset(device, dtype)
+    model.requires_grad_(False)
+    return model.eval()
