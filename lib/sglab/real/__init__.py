@@ -1,0 +1,1 @@
+"""Real SGLang releases, side by side."""
