@@ -178,6 +178,9 @@ def generated_defaults(prepared, max_tokens: int) -> list | None:
     gen = getattr(sa_mod.ServerArgs, "_generate_piecewise_cuda_graph_tokens", None)
     if gen is not None:
         return list(gen(types.SimpleNamespace(piecewise_cuda_graph_max_tokens=max_tokens)))
+    gen = getattr(sa_mod.ServerArgs, "_generate_prefill_cuda_graph_batch_sizes", None)   # 0.5.14-0.5.1x
+    if gen is not None:
+        return list(gen(types.SimpleNamespace(), max_tokens))
     if has_file(prepared, "srt/arg_groups/cuda_graph_hook.py"):
         hook = bootstrap.import_release_module(prepared, "sglang.srt.arg_groups.cuda_graph_hook")
         if hasattr(hook, "generate_prefill_cuda_graph_batch_sizes"):
@@ -188,14 +191,17 @@ def generated_defaults(prepared, max_tokens: int) -> list | None:
 def run(prepared, params: dict) -> list[dict]:
     """Rows ``setting, metric, value`` (metric: ``piecewise``, ``decode``, ``error``; plus the release's own
     default piecewise list as setting ``defaults``). ``params``: ``piecewise`` and ``decode`` (the configured
-    lists), optional ``settings`` ({name: fields}, default :data:`SETTINGS`), ``max_tokens`` for the defaults."""
+    lists), optional ``settings`` ({name: fields}, default :data:`SETTINGS`; a setting's ``piecewise`` replaces
+    the list for it), ``max_tokens`` for the defaults."""
     fn = sizes_function(prepared)
     rows = [{"setting": "defaults", "metric": "generated_piecewise",
              "value": generated_defaults(prepared, int(params.get("max_tokens", 2048)))},
             {"setting": "defaults", "metric": "code_path", "value": fn.__name__.lstrip("_")}]
     defaults = _release_defaults(prepared)
     for name, setting in (params.get("settings") or SETTINGS).items():
-        sa = _server_args(defaults, setting, params["piecewise"], params["decode"])
+        setting = dict(setting)
+        piecewise = setting.pop("piecewise", params["piecewise"])   # a setting may bring its own list
+        sa = _server_args(defaults, setting, piecewise, params["decode"])
         try:
             piecewise, decode = fn(prepared, sa)
             rows += [{"setting": name, "metric": "piecewise", "value": piecewise},
