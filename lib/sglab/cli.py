@@ -7,6 +7,8 @@
     sglab sync [--check]            write each notebooks/NN_*.ipynb from its .py (or only check the pairs)
     sglab upstream [--root DIR]     which fixes the installed SGLang (or the source tree DIR) contains
     sglab index [--check]           rewrite (or check) the README's notebook index from the recorded runs
+    sglab real install [--releases V ...]
+                                    install the pinned SGLang releases side by side under .sglang/
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ def env_report() -> list[tuple[str, str]]:
     rows.append(("nsight timing", f"{backend} — {why}"))
     inst = upstream.installed()
     rows.append(("sglang", f"{inst.version} at {inst.root}" if inst else "not installed (upstream checks skipped)"))
+    rows += _real_release_rows()
     for mod in ("nbclient", "jupytext", "ipykernel", "nbconvert"):
         try:
             m = importlib.import_module(mod)
@@ -76,10 +79,29 @@ def env_report() -> list[tuple[str, str]]:
     return rows
 
 
+def _real_release_rows() -> list[tuple[str, str]]:
+    """Installed SGLang releases (``.sglang/releases``) and the shims each needs on this machine."""
+    from .real import PINNED, home, installed_releases, shims_needed
+
+    have = installed_releases()
+    missing = [v for v in PINNED if v not in have]
+    head = f"{len(have)} in {home()}" + (f"; missing {', '.join(missing)} (`sglab real install`)" if missing else "")
+    rows = [("sglang releases", head)]
+    for v in have:
+        rows.append((f"  {v}", "shims: " + (", ".join(shims_needed(v)) or "none")))
+    return rows
+
+
 def cmd_env(_args) -> int:
     for k, v in env_report():
         print(f"{k:>14}: {v}")
     return 0
+
+
+def cmd_real(args) -> int:
+    from .real import install
+
+    return install.main(args.rest)
 
 
 # -- record ---------------------------------------------------------------------------------------------------
@@ -284,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("index", help="rewrite the README's notebook index from the recorded runs")
     p.add_argument("--check", action="store_true")
     p.set_defaults(fn=cmd_index)
+    p = sub.add_parser("real", help="real SGLang releases side by side: `sglab real install [--releases V ...]`")
+    p.add_argument("action", choices=["install"])
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(fn=cmd_real)
     args = ap.parse_args(argv)
     return int(args.fn(args) or 0)
 

@@ -69,21 +69,56 @@ def _put_on_path(release: str) -> Path:
     return root
 
 
+def machine_facts() -> dict:
+    """What this process can import: for each stand-in, None when the real thing loads, else the cause.
+    Importing ``torchvision`` / ``sgl_kernel`` to find out is the only reliable test (a wheel built for another
+    torch is found but fails to load); nothing of a failed import is left in ``sys.modules``."""
+    return {"triton": None if importlib.util.find_spec("triton") is not None else "not installed",
+            "torchvision": _try_import("torchvision"),
+            "sgl_kernel": _try_import("sgl_kernel"),
+            "cuda": _cuda_available()}
+
+
+def plan(release: str, facts: dict) -> list[str]:
+    """Names of the shims ``release`` needs on a machine with ``facts`` (see :mod:`sglab.real.shims`)."""
+    names = []
+    if facts["triton"] is not None:
+        names.append("triton")
+    if facts["torchvision"] is not None:
+        names.append("torchvision")
+    if facts["sgl_kernel"] is not None:
+        if facts["cuda"]:
+            names.append("sgl_kernel")
+        elif parse_version(release) < (0, 5, 11):
+            names.append("sgl_kernel.kvcacheio")
+    return names
+
+
 def needed_shims(release: str, root: Path) -> list[shims.Shim]:
     """Decide and install the shims, in the order they must go in."""
-    applied = []
-    if importlib.util.find_spec("triton") is None:
-        applied.append(shims.install_triton_stub(root))
-    cause = _try_import("torchvision")
-    if cause is not None:
-        applied.append(shims.install_torchvision_absent(cause))
-    cause = _try_import("sgl_kernel")
-    if cause is not None:
-        if _cuda_available():
-            applied.append(shims.install_sgl_kernel_stub(cause))
-        elif parse_version(release) < (0, 5, 11):
-            applied.append(shims.install_kvcacheio_stub(cause))
-    return applied
+    facts = machine_facts()
+    installers = {
+        "triton": lambda: shims.install_triton_stub(root),
+        "torchvision": lambda: shims.install_torchvision_absent(facts["torchvision"]),
+        "sgl_kernel": lambda: shims.install_sgl_kernel_stub(facts["sgl_kernel"]),
+        "sgl_kernel.kvcacheio": lambda: shims.install_kvcacheio_stub(facts["sgl_kernel"]),
+    }
+    return [installers[name]() for name in plan(release, facts)]
+
+
+def facts_in_subprocess(timeout: float = 120.0) -> dict:
+    """:func:`machine_facts` of a fresh interpreter (what a worker will see), without importing anything here."""
+    import json
+    import subprocess
+
+    code = "import json; from sglab.real.bootstrap import machine_facts; print(json.dumps(machine_facts()))"
+    from .runner import _env
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=_env(),
+                         stdin=subprocess.DEVNULL)
+    if out.returncode != 0:
+        raise RuntimeError(f"could not inspect this machine: {out.stderr.strip().splitlines()[-1:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def prepare(release: str) -> Prepared:

@@ -20,6 +20,7 @@ import argparse
 import json
 import shutil
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -97,10 +98,11 @@ def install_deps(name: str, *, wheelhouse: Optional[Path] = None) -> Outcome:
             _pip.pip_install(tmp, wheels, no_deps=True, no_index=True)
         else:
             _, reqs, nodeps = DEP_SETS[name]
-            constraints = _pip.constraint_files(_repo(), tmp.parent)
-            _pip.pip_install(tmp, reqs, constraints=constraints)
-            if nodeps:
-                _pip.pip_install(tmp, nodeps, constraints=constraints, no_deps=True)
+            with tempfile.TemporaryDirectory() as work:
+                constraints = _pip.constraint_files(_repo(), Path(work))
+                _pip.pip_install(tmp, reqs, constraints=constraints)
+                if nodeps:
+                    _pip.pip_install(tmp, nodeps, constraints=constraints, no_deps=True)
         _pip.check_no_forbidden(tmp)
         provided = _pip.prune_provided(tmp)
         seconds = time.perf_counter() - t0
@@ -135,8 +137,9 @@ def install_release(version: str, *, wheelhouse: Optional[Path] = None) -> Outco
         reqs, offline = _release_wheel(version, wheelhouse)
         cache = home() / "wheels"  # wheels another part of the project downloaded for reading
         links = [cache] if cache.is_dir() and not offline else []
-        constraints = [] if offline else _pip.constraint_files(_repo(), tmp.parent)
-        _pip.pip_install(tmp, reqs, constraints=constraints, no_deps=True, no_index=offline, find_links=links)
+        with tempfile.TemporaryDirectory() as work:
+            constraints = [] if offline else _pip.constraint_files(_repo(), Path(work))
+            _pip.pip_install(tmp, reqs, constraints=constraints, no_deps=True, no_index=offline, find_links=links)
         if not (tmp / "sglang" / "__init__.py").exists():
             raise _pip.PipError("the wheel has no sglang/__init__.py")
         seconds = time.perf_counter() - t0
