@@ -10,7 +10,8 @@ A release that cannot be installed prints one line (release, cause) and the othe
 then, and callers of :func:`sglab.real.run_probe` get a "not run" result naming the cause.
 
 ``--wheelhouse DIR`` installs offline from a folder built by ``scripts/wheelhouse-sglang.sh``
-(``DIR/releases/sglang-<V>-*.whl`` and ``DIR/deps/<set>/*.whl``, each installed with ``--no-deps``): the GPU
+(``DIR/releases/sglang-<V>-*.whl``, ``DIR/deps/<set>/*.whl`` plus ``DIR/deps/common/*.whl``, each installed
+with ``--no-deps``): the GPU
 path, where the image already has torch, triton and transformers.
 """
 
@@ -95,6 +96,7 @@ def install_deps(name: str, *, wheelhouse: Optional[Path] = None) -> Outcome:
             wheels = sorted((wheelhouse / "deps" / name).glob("*.whl"))
             if not wheels:
                 raise _pip.PipError(f"no wheels in {wheelhouse / 'deps' / name}")
+            wheels += sorted((wheelhouse / "deps" / "common").glob("*.whl"))
             _pip.pip_install(tmp, wheels, no_deps=True, no_index=True)
         else:
             _, reqs, nodeps = DEP_SETS[name]

@@ -50,6 +50,25 @@ DEP_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = 
 }
 
 
+# The GPU image (scripts/gpu-image-packages.txt: Python 3.12, torch 2.11+cu130, triton, transformers 5.17,
+# torchvision) keeps its own transformers and numpy: only what it lacks goes into .whl-sglang/ (see
+# scripts/wheelhouse-sglang.sh). Same set names and layout as on the CPU.
+GPU_RELEASES = ("0.5.11", "0.5.12.post1", "0.5.23")
+GPU_DEP_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "0.5.1x": (_COMMON + ("apache-tvm-ffi==0.1.9", "openai==2.6.1"), ("compressed-tensors==0.18.0",)),
+    "0.5.2x": (_COMMON + ("apache-tvm-ffi==0.1.11", "openai==2.8.0", "uvicorn", "fastapi"),
+               ("compressed-tensors==0.18.0",)),
+}
+# Dependencies left out of the GPU carry: IPython's completion engine (jedi, and parso under it), which IPython
+# imports only when it completes code; SGLang imports ``IPython.display`` only. 5 MB of the carry.
+GPU_WHEEL_SKIP = ("jedi", "parso")
+# Files of a release wheel that nothing under sglang/srt imports, dropped when the wheels are repacked for the
+# GPU carry: 0.5.2x's Rust extensions (HTTP server, gRPC, multimodal transport, radix-tree core; 46 MB of
+# 0.5.23's 131 MB) and the diffusion runtime ``multimodal_gen`` (a separate server; 23 MB in 0.5.23).
+REPACK_DROP = (r"sglang/srt/rust_extensions/.*\.so$", r"sglang/srt/mem_cache/rust_tree_core/.*\.so$",
+               r"^sglang/multimodal_gen/")
+
+
 def home() -> Path:
     """The ``.sglang`` folder: ``$SGLAB_SGLANG_HOME`` or ``<checkout>/.sglang``."""
     env = os.environ.get("SGLAB_SGLANG_HOME")
