@@ -192,3 +192,53 @@ def test_timeout_kills_the_whole_process_group():
     assert rc is None and time.perf_counter() - t0 < 20
     left = subprocess.run(["pgrep", "-f", "time.sleep\\(60\\)"], capture_output=True, text=True).stdout.split()
     assert left == []
+
+
+def _wheel(path: Path, name: str, version: str, files: dict) -> Path:
+    """A minimal valid wheel with ``files`` ({archive path: text}) and a RECORD listing them."""
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    files = {**files, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{p},,\n" for p in files) + f"{info}/RECORD,,\n"
+    whl = path / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        for p, text in files.items():
+            z.writestr(p, text)
+        z.writestr(f"{info}/RECORD", record)
+    return whl
+
+
+def test_repack_drops_files_and_their_record_lines(tmp_path):
+    import zipfile
+
+    from sglab.real.wheelhouse import repack
+
+    whl = _wheel(tmp_path, "sglang", "9.9.9", {"sglang/__init__.py": "", "sglang/srt/rust_extensions/_x.so": "b" * 999,
+                                               "sglang/multimodal_gen/a.py": ""})
+    dropped, _ = repack(whl)
+    with zipfile.ZipFile(whl) as z:
+        names = z.namelist()
+        record = z.read("sglang-9.9.9.dist-info/RECORD").decode()
+    assert dropped == 2
+    assert "sglang/__init__.py" in names and not any("rust_extensions" in n or "multimodal_gen" in n for n in names)
+    assert "rust_extensions" not in record and "multimodal_gen" not in record
+
+
+def test_offline_install_from_a_wheelhouse_lays_out_release_and_deps(tmp_path, monkeypatch):
+    """The GPU path: wheels only, --no-index, release folder and dependency folder stamped."""
+    monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path / "home"))
+    wh = tmp_path / "wh"
+    for sub in ("releases", "deps/0.5.1x", "deps/common"):
+        (wh / sub).mkdir(parents=True)
+    _wheel(wh / "releases", "sglang", "0.5.11", {"sglang/__init__.py": "VERSION = '0.5.11'\n"})
+    _wheel(wh / "deps" / "0.5.1x", "sglab_fake_only_in_set", "1.0", {"sglab_fake_only_in_set.py": ""})
+    _wheel(wh / "deps" / "common", "sglab_fake_common", "1.0", {"sglab_fake_common.py": ""})
+    outcomes = install.install(["0.5.11"], wheelhouse=wh, echo=lambda _: None)
+    assert [o.status for o in outcomes] == ["installed", "installed"], [o.reason for o in outcomes]
+    assert releases.release_installed("0.5.11")
+    assert (releases.package_dir("0.5.11") / "__init__.py").read_text() == "VERSION = '0.5.11'\n"
+    deps = releases.deps_dir("0.5.1x")
+    assert (deps / "sglab_fake_only_in_set.py").exists() and (deps / "sglab_fake_common.py").exists()
+    assert [o.status for o in install.install(["0.5.11"], wheelhouse=wh, echo=lambda _: None)] == ["present"] * 2

@@ -80,15 +80,15 @@ def _attn_widths(prepared, sa) -> tuple[int, int]:
 class _PoolStandIn:
     """A stand-in runner whose ``req_to_token_pool`` either answers a size or ends the real function."""
 
-    def __init__(self, server_args, *, stop_at_pool: bool):
-        self.server_args, self.device, self.model = server_args, "cpu", None
+    def __init__(self, server_args, *, stop_at_pool: bool, pool_size: int = MAX_RUNNING_REQUESTS):
+        self.server_args, self.device, self.model, self.pool_size = server_args, "cpu", None, pool_size
         self.is_multimodal, self.is_generation, self._stop = False, True, stop_at_pool
 
     @property
     def req_to_token_pool(self):
         if self._stop:
             raise Stop()
-        return types.SimpleNamespace(size=MAX_RUNNING_REQUESTS)
+        return types.SimpleNamespace(size=self.pool_size)
 
 
 def _run_until_stop(cls, runner) -> object:
@@ -100,7 +100,7 @@ def _run_until_stop(cls, runner) -> object:
     return obj
 
 
-def _sizes_pr_era(prepared, sa) -> tuple[list, list]:
+def _sizes_pr_era(prepared, sa, pool_size: int = MAX_RUNNING_REQUESTS) -> tuple[list, list]:
     """0.5.10.post1-0.5.13: the piecewise runner's ``__init__`` up to its log line, and the decode list."""
     from .. import bootstrap
 
@@ -114,7 +114,7 @@ def _sizes_pr_era(prepared, sa) -> tuple[list, list]:
     with patched(pw, **pw_names):
         piecewise = _run_until_stop(pw.PiecewiseCudaGraphRunner, _PoolStandIn(sa, stop_at_pool=True))
     with patched(cg, get_attention_tp_size=lambda: tp, get_attention_cp_size=lambda: cp):
-        decode, _ = cg.get_batch_sizes_to_capture(_PoolStandIn(sa, stop_at_pool=False))
+        decode, _ = cg.get_batch_sizes_to_capture(_PoolStandIn(sa, stop_at_pool=False, pool_size=pool_size))
     return list(piecewise.capture_num_tokens), list(decode)
 
 
