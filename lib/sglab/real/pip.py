@@ -77,7 +77,7 @@ def pip_install(target: Path, requirements: Iterable[str], *, constraints: Itera
                 timeout: float = PIP_TIMEOUT_S) -> None:
     """``pip install --target`` one batch of requirements (names, pins or wheel paths); raises :class:`PipError`."""
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-warn-script-location",
-           "--no-input", "--upgrade", "--target", str(target)]
+           "--no-input", "--no-compile", "--upgrade", "--target", str(target)]
     for c in constraints:
         cmd += ["-c", str(c)]
     for f in find_links:
