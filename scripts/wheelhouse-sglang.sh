@@ -21,7 +21,7 @@ for p in manylinux_2_34_x86_64 manylinux_2_28_x86_64 manylinux_2_27_x86_64 manyl
   plat+=(--platform "$p")
 done
 dl() { "$py" -m pip download -q --disable-pip-version-check --only-binary=:all: --python-version 3.12 \
-         --implementation cp --abi cp312 --abi abi3 --abi none "${plat[@]}" "$@" 2>&1 | grep -v '^WARNING: Location' || true; }
+         --implementation cp --abi cp312 --abi abi3 --abi none "${plat[@]}" "$@"; }
 norm() { echo "$1" | tr 'A-Z_.' 'a-z--'; }
 declare -A have
 while read -r name; do [ -n "$name" ] && have[$(norm "$name")]=1; done < <(grep -v '^#' scripts/gpu-image-packages.txt)

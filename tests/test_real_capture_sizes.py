@@ -17,9 +17,15 @@ UNALIGNED = {"tp8_dense_tp1_unaligned": dict(tp_size=8, moe_dense_tp_size=1, pie
 PARAMS = {"piecewise": PIECEWISE, "decode": DECODE, "max_tokens": 2048, "settings": {**SETTINGS, **UNALIGNED}}
 
 
+ARGS = {"tp8_dense_tp1": ["--model-path", "m", "--tp-size", "8", "--moe-dense-tp-size", "1"],
+        "unaligned": ["--model-path", "m", "--tp-size", "8", "--moe-dense-tp-size", "1",
+                      "--piecewise-cuda-graph-tokens", "4", "12", "20"],
+        "misspelt": ["--model-path", "m", "--tp-sise", "8"]}
+
+
 @pytest.fixture(scope="module")
 def real():
-    return probe_all(RELEASES, "capture_sizes:run", PARAMS)
+    return probe_all(RELEASES, "capture_sizes:run_with_args", {**PARAMS, "server_args": ARGS})
 
 
 def widths(setting: dict) -> tuple[int, int, bool, bool]:
@@ -82,40 +88,31 @@ def test_two_batch_overlap_aligns_prefill_only_from_0523(real):
     assert value(require(real["0.5.23"]), setting="tp8_tbo_dense_tp1", metric="piecewise")[0] == 16
 
 
-ARGS = {"tp8_dense_tp1": ["--model-path", "m", "--tp-size", "8", "--moe-dense-tp-size", "1"],
-        "unaligned": ["--model-path", "m", "--tp-size", "8", "--moe-dense-tp-size", "1",
-                      "--piecewise-cuda-graph-tokens", "4", "12", "20"],
-        "misspelt": ["--model-path", "m", "--tp-sise", "8"]}
+def test_server_args_are_parsed_by_the_release_and_filtered_by_its_runner(real):
+    r = require(real["0.5.11"])
 
+    def got(metric):
+        return value(r, setting="args:tp8_dense_tp1", metric=metric)
 
-@pytest.fixture(scope="module")
-def from_args():
-    return probe_all(("0.5.10.post1", "0.5.11", "0.5.23"), "server_args:run", {"cases": ARGS})
-
-
-def test_server_args_are_parsed_by_the_release_and_filtered_by_its_runner(from_args):
-    r = require(from_args["0.5.11"])
-    configured = value(r, case="tp8_dense_tp1", metric="configured_piecewise")
+    configured = got("configured_piecewise")
     assert configured == fix.default_piecewise_capture_sizes(2048)      # MLA default maximum, assumed
-    assert value(r, case="tp8_dense_tp1", metric="tp_size") == 8
-    assert value(r, case="tp8_dense_tp1", metric="piecewise") == fix.filter_piecewise_capture_sizes(configured, 8)
-    decode = value(r, case="tp8_dense_tp1", metric="decode")
-    assert decode == fix.filter_decode_batch_sizes(value(r, case="tp8_dense_tp1", metric="configured_decode"), 8,
-                                                   num_max_requests=value(r, case="tp8_dense_tp1",
-                                                                          metric="assumed_max_running_requests"))
-    before = require(from_args["0.5.10.post1"])
-    assert value(before, case="tp8_dense_tp1", metric="piecewise") == configured
+    assert got("tp_size") == 8
+    assert got("piecewise") == fix.filter_piecewise_capture_sizes(configured, 8)
+    assert got("decode") == fix.filter_decode_batch_sizes(got("configured_decode"), 8,
+                                                         num_max_requests=got("assumed_max_running_requests"))
+    before = require(real["0.5.10.post1"])
+    assert value(before, setting="args:tp8_dense_tp1", metric="piecewise") == configured
 
 
-def test_server_args_errors_are_sglangs_own_one_line(from_args):
-    r = require(from_args["0.5.11"])
-    assert value(r, case="unaligned", metric="error") == \
+def test_server_args_errors_are_sglangs_own_one_line(real):
+    r = require(real["0.5.11"])
+    assert value(r, setting="args:unaligned", metric="error") == \
         "AssertionError: No piecewise CUDA graph capture sizes are multiples of 8"
-    assert value(r, case="misspelt", metric="error") == \
+    assert value(r, setting="args:misspelt", metric="error") == \
         "sglang.launch_server: error: unrecognized arguments: --tp-sise 8"
-    assert value(require(from_args["0.5.10.post1"]), case="unaligned", metric="piecewise") == [4, 12, 20]
+    assert value(require(real["0.5.10.post1"]), setting="args:unaligned", metric="piecewise") == [4, 12, 20]
 
 
-def test_server_args_of_later_releases_say_they_are_not_reached(from_args):
-    assert value(require(from_args["0.5.23"]), case="tp8_dense_tp1", metric="unsupported").startswith(
+def test_server_args_of_later_releases_say_they_are_not_reached(real):
+    assert value(require(real["0.5.23"]), setting="args:tp8_dense_tp1", metric="unsupported").startswith(
         "sglang 0.5.23 decides capture sizes while resolving its configuration")

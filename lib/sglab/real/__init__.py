@@ -49,5 +49,6 @@ def capture_sizes_for_args(argv: list[str], releases=PINNED, *, mla: bool = True
     return pd.concat(frames, ignore_index=True).drop(columns=["probe"])
 
 
-__all__ = ["capture_sizes_for_args", "PINNED", "ProbeResult", "home", "installed_releases", "package_dir", "release_dir", "run_probe",
+__all__ = ["capture_sizes_for_args", "PINNED", "ProbeResult", "home", "installed_releases", "package_dir",
+           "release_dir", "run_probe",
            "run_probes", "shims_needed"]

@@ -26,7 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from . import pip as _pip
 from .releases import (DEP_SETS, PINNED, STAMP, dep_set, deps_dir, home, package_dir, parse_version,
@@ -84,14 +84,31 @@ def deps_current(name: str, *, wheelhouse: Optional[Path] = None) -> tuple[bool,
     return True, ""
 
 
+def _install_into(kind: str, name: str, dest: Path, fill: Callable[[Path], dict]) -> Outcome:
+    """Run ``fill(tmp)`` (pip into a fresh temporary folder next to ``dest``; returns stamp fields), stamp the
+    folder and move it to ``dest``. Any :class:`~sglab.real.pip.PipError` becomes a failed outcome, and the
+    temporary folder never outlives the call."""
+    t0 = time.perf_counter()
+    tmp = _pip.fresh_tmp(dest.parent, f".{name}-")
+    try:
+        fields = fill(tmp)
+        seconds = time.perf_counter() - t0
+        _write_stamp(tmp, {**fields, "python": sys.version.split()[0], "seconds": round(seconds, 1)})
+        _pip.replace_dir(tmp, dest)
+        return Outcome(kind, name, "installed", seconds)
+    except _pip.PipError as exc:
+        return Outcome(kind, name, "failed", time.perf_counter() - t0, str(exc))
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def install_deps(name: str, *, wheelhouse: Optional[Path] = None) -> Outcome:
     ok, _ = deps_current(name, wheelhouse=wheelhouse)
     if ok:
         return Outcome("deps", name, "present")
-    t0 = time.perf_counter()
-    home().mkdir(parents=True, exist_ok=True)
-    tmp = _pip.fresh_tmp(home() / "deps", f".{name}-")
-    try:
+
+    def fill(tmp: Path) -> dict:
         if wheelhouse is not None:
             wheels = sorted((wheelhouse / "deps" / name).glob("*.whl"))
             if not wheels:
@@ -106,18 +123,11 @@ def install_deps(name: str, *, wheelhouse: Optional[Path] = None) -> Outcome:
                 if nodeps:
                     _pip.pip_install(tmp, nodeps, constraints=constraints, no_deps=True)
         _pip.check_no_forbidden(tmp)
-        provided = _pip.prune_provided(tmp)
-        seconds = time.perf_counter() - t0
-        _write_stamp(tmp, {**_deps_spec(name), "set": name, "provided_by_interpreter": provided,
-                           "python": sys.version.split()[0], "seconds": round(seconds, 1),
-                           "source": "wheelhouse" if wheelhouse is not None else "index"})
-        _pip.replace_dir(tmp, deps_dir(name))
-        return Outcome("deps", name, "installed", seconds)
-    except _pip.PipError as exc:
-        return Outcome("deps", name, "failed", time.perf_counter() - t0, str(exc))
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        return {**_deps_spec(name), "set": name, "provided_by_interpreter": _pip.prune_provided(tmp),
+                "source": "wheelhouse" if wheelhouse is not None else "index"}
+
+    home().mkdir(parents=True, exist_ok=True)
+    return _install_into("deps", name, deps_dir(name), fill)
 
 
 def _release_wheel(version: str, wheelhouse: Optional[Path]) -> tuple[list[str], bool]:
@@ -133,9 +143,8 @@ def _release_wheel(version: str, wheelhouse: Optional[Path]) -> tuple[list[str],
 def install_release(version: str, *, wheelhouse: Optional[Path] = None) -> Outcome:
     if read_stamp(release_dir(version)) is not None and (package_dir(version) / "__init__.py").exists():
         return Outcome("release", version, "present")
-    t0 = time.perf_counter()
-    tmp = _pip.fresh_tmp(home() / "releases", f".{version}-")
-    try:
+
+    def fill(tmp: Path) -> dict:
         reqs, offline = _release_wheel(version, wheelhouse)
         cache = home() / "wheels"  # wheels another part of the project downloaded for reading
         links = [cache] if cache.is_dir() and not offline else []
@@ -144,17 +153,10 @@ def install_release(version: str, *, wheelhouse: Optional[Path] = None) -> Outco
             _pip.pip_install(tmp, reqs, constraints=constraints, no_deps=True, no_index=offline, find_links=links)
         if not (tmp / "sglang" / "__init__.py").exists():
             raise _pip.PipError("the wheel has no sglang/__init__.py")
-        seconds = time.perf_counter() - t0
-        _write_stamp(tmp, {"version": version, "wheel": _pip.wheel_of(tmp), "deps": dep_set(version),
-                           "python": sys.version.split()[0], "seconds": round(seconds, 1),
-                           "source": "wheelhouse" if offline else "index"})
-        _pip.replace_dir(tmp, release_dir(version))
-        return Outcome("release", version, "installed", seconds)
-    except _pip.PipError as exc:
-        return Outcome("release", version, "failed", time.perf_counter() - t0, str(exc))
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        return {"version": version, "wheel": _pip.wheel_of(tmp), "deps": dep_set(version),
+                "source": "wheelhouse" if offline else "index"}
+
+    return _install_into("release", version, release_dir(version), fill)
 
 
 def install(releases: Iterable[str] = PINNED, *, wheelhouse: Optional[Path] = None, jobs: int = JOBS,

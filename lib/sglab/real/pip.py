@@ -139,7 +139,8 @@ def check_no_forbidden(folder: Path) -> None:
     """Raise :class:`PipError` when a torch-stack distribution landed in ``folder``."""
     bad = sorted(n for n in installed_in(folder) if FORBIDDEN.match(n))
     if bad:
-        raise PipError(f"refusing to keep {', '.join(bad)} in {folder.name}: the interpreter's torch stack must be used")
+        raise PipError(f"refusing to keep {', '.join(bad)} in {folder.name}: "
+                       "the interpreter's torch stack must be used")
 
 
 def missing_provided(pins: Iterable[str]) -> list[str]:

@@ -209,3 +209,12 @@ def run(prepared, params: dict) -> list[dict]:
         except AssertionError as exc:
             rows.append({"setting": name, "metric": "error", "value": f"AssertionError: {exc}"})
     return rows
+
+
+def run_with_args(prepared, params: dict) -> list[dict]:
+    """:func:`run` plus the server-argument cases ``params["server_args"]`` ({name: argv}) of
+    :mod:`.server_args` as settings ``args:<name>``: one process for both (the tests' budget)."""
+    from . import server_args
+
+    extra = server_args.run(prepared, {"cases": params.get("server_args", {})}) if params.get("server_args") else []
+    return run(prepared, params) + [{"setting": f"args:{r.pop('case')}", **r} for r in extra]

@@ -83,7 +83,8 @@ def _one_case(prepared, argv: list[str], mla: bool, gpu_mem_gb: float, max_runni
     from .. import bootstrap
     from .capture_sizes import _sizes_pr_era
 
-    assumptions = [{"metric": "assumed_mla_backend", "value": mla}, {"metric": "assumed_gpu_mem_gb", "value": gpu_mem_gb},
+    assumptions = [{"metric": "assumed_mla_backend", "value": mla},
+                   {"metric": "assumed_gpu_mem_gb", "value": gpu_mem_gb},
                    {"metric": "assumed_max_running_requests", "value": max_running}]
     if not has_file(prepared, "srt/model_executor/piecewise_cuda_graph_runner.py"):
         return [{"metric": "unsupported", "value": f"sglang {prepared.release} decides capture sizes while resolving "
