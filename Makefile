@@ -12,7 +12,12 @@ comma     := ,
 EXTRAS    ?= exec,test
 STAMP     := $(VENV)/.sglab-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: workbook test test-gpu verify lab wheelhouse offline-gpu sync env clean
+# Real SGLang releases, side by side under .sglang/ (git-ignored); must equal sglab.real.releases.PINNED
+SGLANG_RELEASES := 0.5.10.post1 0.5.11 0.5.12.post1 0.5.13 0.5.14 0.5.23
+SGLANG_HOME     ?= .sglang
+SGLANG_STAMPS   := $(foreach v,$(SGLANG_RELEASES),$(SGLANG_HOME)/releases/$(v)/.sglab-installed)
+
+.PHONY: workbook test test-gpu lab wheelhouse offline-gpu verify sync env clean sglang-releases wheelhouse-sglang
 
 $(BIN)/python:
 	@if $(PY) -c "import torch" 2>/dev/null; then \
@@ -28,10 +33,19 @@ $(VENV)/.sglab-%: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[$(subst -,$(comma),$*)]"
 	@touch $@
 
-workbook: $(STAMP)
+# Installs only what is missing (one stamp per release). A release that cannot be installed is reported in one
+# line and left out: the workbook and the tests report it as "not run" (and the tests fail in CI).
+$(SGLANG_STAMPS) &: $(STAMP) lib/sglab/real/releases.py constraints/cpu.txt
+	@$(BIN)/python -m sglab.real.install --releases $(SGLANG_RELEASES) || \
+	  echo "warning: some SGLang releases are not installed (see above)" >&2
+	@for s in $(SGLANG_STAMPS); do if [ -f $$s ]; then touch $$s; fi; done
+
+sglang-releases: $(SGLANG_STAMPS)
+
+workbook: $(STAMP) $(SGLANG_STAMPS)
 	$(BIN)/sglab run
 
-test: $(STAMP)
+test: $(STAMP) $(SGLANG_STAMPS)
 	$(BIN)/python -m pytest -q
 
 # every claim on the committed runs; where GPUs are present, also run what they can run and compare it with the
@@ -57,6 +71,10 @@ env: $(STAMP)
 # Python 3.12 manylinux x86_64 wheels of what a torch-only CUDA image lacks, into .whl/ (for offline GPU boxes)
 wheelhouse:
 	bash scripts/wheelhouse.sh .whl
+
+# wheels of SGLang 0.5.11, 0.5.12.post1 and 0.5.23 and what the GPU image lacks to run them, into .whl-sglang/
+wheelhouse-sglang:
+	bash scripts/wheelhouse-sglang.sh .whl-sglang
 
 # on an offline GPU box, from the wheelhouse: GPU tests, every notebook live, a tarball of the results
 offline-gpu:

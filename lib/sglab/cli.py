@@ -14,6 +14,8 @@
                                     your model's sliding-window layout → what the SWA location preset saves
     sglab verify [EXP|RUN.csv ...] [--all] [--live] [--against [REF]] [--junit FILE]
                                     a verdict per claim on recorded, live or given runs (see sglab.verify)
+    sglab real install [--releases V ...]
+                                    install the pinned SGLang releases side by side under .sglang/
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ def env_report() -> list[tuple[str, str]]:
     rows.append(("nsight timing", f"{backend} — {why}"))
     inst = upstream.installed()
     rows.append(("sglang", f"{inst.version} at {inst.root}" if inst else "not installed (upstream checks skipped)"))
+    rows += _real_release_rows()
     for mod in ("nbclient", "jupytext", "ipykernel", "nbconvert"):
         try:
             m = importlib.import_module(mod)
@@ -83,10 +86,29 @@ def env_report() -> list[tuple[str, str]]:
     return rows
 
 
+def _real_release_rows() -> list[tuple[str, str]]:
+    """Installed SGLang releases (``.sglang/releases``) and the shims each needs on this machine."""
+    from .real import PINNED, home, installed_releases, shims_needed
+
+    have = installed_releases()
+    missing = [v for v in PINNED if v not in have]
+    head = f"{len(have)} in {home()}" + (f"; missing {', '.join(missing)} (`sglab real install`)" if missing else "")
+    rows = [("sglang releases", head)]
+    for v in have:
+        rows.append((f"  {v}", "shims: " + (", ".join(shims_needed(v)) or "none")))
+    return rows
+
+
 def cmd_env(_args) -> int:
     for k, v in env_report():
         print(f"{k:>14}: {v}")
     return 0
+
+
+def cmd_real(args) -> int:
+    from .real import install
+
+    return install.main(args.rest)
 
 
 # -- record ---------------------------------------------------------------------------------------------------
@@ -386,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--junit", metavar="FILE", help="also write the verdicts as JUnit XML")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_verify)
+    p = sub.add_parser("real", help="real SGLang releases side by side: `sglab real install [--releases V ...]`")
+    p.add_argument("action", choices=["install"])
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(fn=cmd_real)
     args = ap.parse_args(argv)
     return int(args.fn(args) or 0)
 

@@ -1,0 +1,244 @@
+"""The release machinery without SGLang: pins, failure reporting, shims, subprocess hygiene."""
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sglab.real import PINNED, install, releases, run_probe, shims_needed
+from sglab.real.bootstrap import plan
+from sglab.real.runner import _env, _spawn
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_makefile_installs_exactly_the_pinned_releases():
+    text = (REPO / "Makefile").read_text()
+    listed = re.search(r"^SGLANG_RELEASES\s*:=\s*(.+)$", text, re.M).group(1).split()
+    assert tuple(listed) == PINNED
+
+
+def test_cpu_constraints_pin_torch():
+    lines = [ln.strip() for ln in (REPO / "constraints" / "cpu.txt").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    assert lines == ["torch==2.13.0"]
+
+
+def test_every_pinned_release_has_a_dependency_set():
+    for v in PINNED:
+        assert v in releases.DEP_SETS[releases.dep_set(v)][0]
+    assert releases.parse_version("0.5.12.post1") > releases.parse_version("0.5.12")
+    with pytest.raises(ValueError, match="not a release version"):
+        releases.parse_version("0.5.x")
+
+
+def test_release_that_is_not_installed_is_not_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path))
+    r = run_probe("0.5.11", "pcg_gate:run")
+    assert r.status == "not-run" and not r.ok
+    assert r.reason == "sglang 0.5.11: not installed (run `sglab real install --releases 0.5.11`)"
+    assert r.rows.empty
+
+
+def test_failed_install_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path / "home"))
+    wheelhouse = tmp_path / "wheels"
+    (wheelhouse / "releases").mkdir(parents=True)
+    lines = []
+    outcomes = install.install(["0.5.11"], wheelhouse=wheelhouse, echo=lines.append)
+    assert [o.status for o in outcomes] == ["failed", "failed"]          # its dependency set, the release
+    assert lines[1].startswith("sglang 0.5.11: install failed: no sglang-0.5.11-*.whl in ")
+    assert "\n" not in "".join(lines)
+    assert not releases.release_dir("0.5.11").exists()
+    assert not any((tmp_path / "home" / "releases").iterdir())            # no half-installed temporary folder
+
+
+def _fake_release(home: Path, version: str, init: str) -> None:
+    """A stamped release whose sglang package runs ``init``, and a stamped dependency set."""
+    pkg = home / "releases" / version / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(init)
+    (pkg.parent / releases.STAMP).write_text("{}")
+    deps = home / "deps" / releases.dep_set(version)
+    deps.mkdir(parents=True)
+    (deps / releases.STAMP).write_text("{}")
+
+
+def test_release_that_does_not_import_is_not_run_with_the_cause(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path))
+    _fake_release(tmp_path, "9.9.9", "import sglang_missing_dependency\n")
+    (tmp_path / "releases" / "9.9.9" / "sglang" / "_triton_stub.py").write_text(_MINI_TRITON_STUB)
+    r = run_probe("9.9.9", "swa_loc:run", timeout=120)
+    assert r.status == "not-run"
+    assert r.reason.startswith("sglang 9.9.9: import sglang.srt.mem_cache.swa_memory_pool failed: "
+                               "ModuleNotFoundError: No module named 'sglang_missing_dependency'")
+
+
+# the smallest stub with the interface of SGLang's sglang/_triton_stub.py (install(), _StubBase, _make_mock)
+_MINI_TRITON_STUB = '''
+import sys, types
+class _StubBase:
+    pass
+def _make_mock(name):
+    mod = types.ModuleType(name)
+    sys.modules[name] = mod
+    return mod
+def install():
+    _make_mock("triton")
+'''
+
+
+def test_plan_per_machine():
+    cpu = {"triton": "not installed", "torchvision": "ModuleNotFoundError", "sgl_kernel": "ModuleNotFoundError",
+           "cuda": False}
+    assert plan("0.5.10.post1", cpu) == ["triton", "torchvision", "sgl_kernel.kvcacheio"]
+    assert plan("0.5.11", cpu) == ["triton", "torchvision"]
+    gpu = {"triton": None, "torchvision": None, "sgl_kernel": "ImportError: undefined symbol", "cuda": True}
+    assert plan("0.5.10.post1", gpu) == plan("0.5.23", gpu) == ["sgl_kernel"]
+    assert plan("0.5.23", {**gpu, "sgl_kernel": None}) == []
+
+
+def test_shims_needed_here_match_a_fresh_interpreter():
+    import importlib.util
+
+    names = shims_needed("0.5.11")
+    assert ("triton" in names) == (importlib.util.find_spec("triton") is None)
+
+
+def _in_subprocess(code: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_env())
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_sgl_kernel_stub_raises_when_called_and_weak_ref_returns_its_argument():
+    got = _in_subprocess("""
+import json, torch
+from sglab.real import shims
+shims.install_sgl_kernel_stub("ImportError: test")
+from sgl_kernel import weak_ref_tensor, rmsnorm
+from sgl_kernel.kvcacheio import transfer_kv_all_layer
+t = torch.ones(2)
+out = {"same": weak_ref_tensor(t) is t}
+for name, fn in (("rmsnorm", rmsnorm), ("kvcacheio", transfer_kv_all_layer)):
+    try:
+        fn(t); out[name] = "returned"
+    except shims.StubCalled as e:
+        out[name] = str(e)
+try:
+    import sgl_kernel.scalar_type; out["scalar_type"] = "served"
+except ImportError:
+    out["scalar_type"] = "ImportError"
+print(json.dumps(out))
+""")
+    assert got["same"] is True
+    assert got["rmsnorm"].startswith("sgl_kernel.rmsnorm is a stub installed by sglab.real.shims")
+    assert "ImportError: test" in got["kvcacheio"]
+    assert got["scalar_type"] == "ImportError"
+
+
+def test_kvcacheio_stub_serves_only_kvcacheio():
+    got = _in_subprocess("""
+import json
+from sglab.real import shims
+shims.install_kvcacheio_stub("ModuleNotFoundError: test")
+from sgl_kernel.kvcacheio import transfer_kv_per_layer
+out = {}
+for name in ("sgl_kernel.elementwise", "sgl_kernel.scalar_type"):
+    try:
+        __import__(name); out[name] = "served"
+    except ImportError:
+        out[name] = "ImportError"
+try:
+    from sgl_kernel import rmsnorm; out["rmsnorm"] = "served"
+except ImportError:
+    out["rmsnorm"] = "ImportError"
+print(json.dumps(out))
+""")
+    assert got == {"sgl_kernel.elementwise": "ImportError", "sgl_kernel.scalar_type": "ImportError",
+                   "rmsnorm": "ImportError"}
+
+
+def test_torchvision_stand_in_has_constants_and_raises_on_use():
+    got = _in_subprocess("""
+import json
+from sglab.real import shims
+shims.install_torchvision_absent("ModuleNotFoundError: test")
+import torchvision
+from torchvision.transforms import InterpolationMode
+from torchvision.io import decode_jpeg
+out = {"version": torchvision.__version__, "constant": repr(InterpolationMode.BILINEAR)}
+for name, fn in (("decode_jpeg", lambda: decode_jpeg(b"")), ("class", lambda: InterpolationMode())):
+    try:
+        fn(); out[name] = "returned"
+    except shims.StubCalled:
+        out[name] = "StubCalled"
+print(json.dumps(out))
+""")
+    assert got == {"version": "0.0+sglab.stub", "constant": "<stub torchvision.transforms.InterpolationMode.BILINEAR>",
+                   "decode_jpeg": "StubCalled", "class": "StubCalled"}
+
+
+def test_timeout_kills_the_whole_process_group():
+    t0 = time.perf_counter()
+    code = ("import subprocess, sys, time; "
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "print(p.pid, flush=True); time.sleep(60)")
+    rc, _ = _spawn([sys.executable, "-c", f"import sys; sys.stderr.write('x'); {code}"], timeout=3)
+    assert rc is None and time.perf_counter() - t0 < 20
+    left = subprocess.run(["pgrep", "-f", "time.sleep\\(60\\)"], capture_output=True, text=True).stdout.split()
+    assert left == []
+
+
+def _wheel(path: Path, name: str, version: str, files: dict) -> Path:
+    """A minimal valid wheel with ``files`` ({archive path: text}) and a RECORD listing them."""
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    files = {**files, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{p},,\n" for p in files) + f"{info}/RECORD,,\n"
+    whl = path / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        for p, text in files.items():
+            z.writestr(p, text)
+        z.writestr(f"{info}/RECORD", record)
+    return whl
+
+
+def test_repack_drops_files_and_their_record_lines(tmp_path):
+    import zipfile
+
+    from sglab.real.wheelhouse import repack
+
+    whl = _wheel(tmp_path, "sglang", "9.9.9", {"sglang/__init__.py": "", "sglang/srt/rust_extensions/_x.so": "b" * 999,
+                                               "sglang/multimodal_gen/a.py": ""})
+    dropped, _ = repack(whl)
+    with zipfile.ZipFile(whl) as z:
+        names = z.namelist()
+        record = z.read("sglang-9.9.9.dist-info/RECORD").decode()
+    assert dropped == 2
+    assert "sglang/__init__.py" in names and not any("rust_extensions" in n or "multimodal_gen" in n for n in names)
+    assert "rust_extensions" not in record and "multimodal_gen" not in record
+
+
+def test_offline_install_from_a_wheelhouse_lays_out_release_and_deps(tmp_path, monkeypatch):
+    """The GPU path: wheels only, --no-index, release folder and dependency folder stamped."""
+    monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path / "home"))
+    wh = tmp_path / "wh"
+    for sub in ("releases", "deps/0.5.1x", "deps/common"):
+        (wh / sub).mkdir(parents=True)
+    _wheel(wh / "releases", "sglang", "0.5.11", {"sglang/__init__.py": "VERSION = '0.5.11'\n"})
+    _wheel(wh / "deps" / "0.5.1x", "sglab_fake_only_in_set", "1.0", {"sglab_fake_only_in_set.py": ""})
+    _wheel(wh / "deps" / "common", "sglab_fake_common", "1.0", {"sglab_fake_common.py": ""})
+    outcomes = install.install(["0.5.11"], wheelhouse=wh, echo=lambda _: None)
+    assert [o.status for o in outcomes] == ["installed", "installed"], [o.reason for o in outcomes]
+    assert releases.release_installed("0.5.11")
+    assert (releases.package_dir("0.5.11") / "__init__.py").read_text() == "VERSION = '0.5.11'\n"
+    deps = releases.deps_dir("0.5.1x")
+    assert (deps / "sglab_fake_only_in_set.py").exists() and (deps / "sglab_fake_common.py").exists()
+    assert [o.status for o in install.install(["0.5.11"], wheelhouse=wh, echo=lambda _: None)] == ["present"] * 2

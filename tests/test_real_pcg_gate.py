@@ -1,0 +1,100 @@
+"""The real Kimi-K2.5 class through the real piecewise-CUDA-graph gate, against ``sglab.fixes.pcg_gate``.
+
+One worker per release (module fixture): 0.5.10.post1 (plain alias), 0.5.12.post1 (no alias), 0.5.13 (property
++ guard, the PR), 0.5.23 (the gate moved to ``cuda_graph_setup.capture_prefill_graph``).
+"""
+
+import pytest
+
+from sglab.fixes import pcg_gate as gate
+from sglab.real.testing import probe_all, require, value
+
+RELEASES = ("0.5.10.post1", "0.5.12.post1", "0.5.13", "0.5.23")
+
+
+@pytest.fixture(scope="module")
+def real():
+    return probe_all(RELEASES, "pcg_gate:run")
+
+
+def rebuild(variant: str) -> dict:
+    """The rebuild's wrapper through the rebuild's gate: the same facts the probe reports."""
+    w = gate.build_wrapper(variant)
+    before = sorted(w.state_dict())
+    res = gate.init_piecewise_cuda_graphs(gate.ModelRunnerState(w, num_hidden_layers=2))
+    return {"gate_enabled": res.enabled, "message": res.message, "keys_before_gate": before,
+            "keys_after_gate": sorted(w.state_dict()), "model_in_modules_after_gate": "model" in w._modules,
+            "layer_model_path": res.layer_model_path}
+
+
+def facts(result, case="as_released") -> dict:
+    df = result.rows[result.rows["case"] == case]
+    return dict(zip(df["metric"], df["value"]))
+
+
+def test_0512_no_alias_is_refused_like_the_rebuild_before(real):
+    r, want = facts(require(real["0.5.12.post1"])), rebuild("no_alias")
+    assert r["has_model_attr"] is False
+    assert r["gate_enabled"] is want["gate_enabled"] is False
+    assert r["messages"] == [want["message"]] == [gate.NOT_A_LANGUAGE_MODEL]
+    assert r["keys_after_gate"] == want["keys_after_gate"] == r["keys_before_gate"]
+
+
+@pytest.mark.parametrize("release, first_log", [("0.5.13", gate.ENABLED),   # the PR-era runner's words
+                                                ("0.5.23", "Capture target prefill CUDA graph begin")])
+def test_property_and_guard_pass_without_duplicates_like_the_pr(real, release, first_log):
+    r, want = facts(require(real[release])), rebuild("property_guard")
+    assert r["alias_target"] == "language_model"
+    assert r["gate_enabled"] is want["gate_enabled"] is True
+    assert r["messages"][0].startswith(first_log)
+    assert r["keys_after_gate"] == want["keys_after_gate"] == r["keys_before_gate"]
+    assert not any(k.startswith("model.") for k in r["keys_after_gate"])
+    assert r["model_in_modules_after_gate"] is want["model_in_modules_after_gate"] is False
+    assert r["layer_model_path"] == want["layer_model_path"] == "language_model.model"
+    assert r["num_attention_layers"] == 2
+
+
+@pytest.mark.parametrize("release", ["0.5.13", "0.5.23"])
+def test_real_property_without_the_guard_duplicates_like_property_only(real, release):
+    """The real class with ``nn.Module.__setattr__`` restored: the runner's write-back registers the LLM under
+    ``model.*`` -- the rebuild's ``property_only`` variant, key for key."""
+    r, want = facts(require(real[release]), "property_without_guard"), rebuild("property_only")
+    assert r["model_in_modules_before_gate"] is False
+    assert r["gate_enabled"] is want["gate_enabled"] is True
+    assert r["keys_after_gate"] == want["keys_after_gate"]
+    assert len(r["keys_after_gate"]) - len(r["keys_before_gate"]) == 9   # model.model.* (8) + model.lm_head
+
+
+def test_0510_plain_alias_passes_with_duplicate_keys_like_the_rebuild(real):
+    r, want = facts(require(real["0.5.10.post1"])), rebuild("plain_alias")
+    assert r["gate_enabled"] is want["gate_enabled"] is True
+    assert r["model_in_modules_before_gate"] is True          # registered in __init__, before any gate
+    assert r["model_in_modules_after_gate"] is want["model_in_modules_after_gate"] is True
+    assert any(k.startswith("model.") for k in r["keys_after_gate"])
+    assert any(k.startswith("model.") for k in want["keys_after_gate"])
+    assert r["layer_model_path"] == want["layer_model_path"] == "language_model.model"
+
+
+def test_0510_alias_is_the_text_model_not_the_causal_lm(real):
+    """Where the released 0.5.10.post1 and the rebuild's ``plain_alias`` differ: the release assigns
+    ``self.model = self.language_model.model`` (the text model: ``model.embed_tokens``, ``model.layers.*``,
+    ``model.norm``; no ``lm_head``), the rebuild ``self.model = self.language_model`` (``model.model.*`` and
+    ``model.lm_head.*``). Both duplicate the decoder weights; the key names differ."""
+    r = facts(require(real["0.5.10.post1"]))
+    canonical = rebuild("no_alias")["keys_after_gate"]
+    text_model_keys = {"model." + k[len("language_model.model."):] for k in canonical
+                       if k.startswith("language_model.model.")}
+    assert r["alias_target"] == "language_model.model"
+    assert set(r["keys_after_gate"]) == set(canonical) | text_model_keys
+    rebuilt_dups = {k for k in rebuild("plain_alias")["keys_after_gate"] if k.startswith("model.")}
+    assert rebuilt_dups == {"model." + k[len("language_model."):] for k in canonical
+                            if k.startswith("language_model.")}
+    assert rebuilt_dups != text_model_keys
+
+
+def test_gate_code_path_per_release(real):
+    got = {v: value(require(real[v]), case="as_released", metric="gate") for v in RELEASES}
+    assert got == {"0.5.10.post1": "ModelRunner.init_piecewise_cuda_graphs",
+                   "0.5.12.post1": "ModelRunner.init_piecewise_cuda_graphs",
+                   "0.5.13": "ModelRunner.init_piecewise_cuda_graphs",
+                   "0.5.23": "cuda_graph_setup.capture_prefill_graph"}
