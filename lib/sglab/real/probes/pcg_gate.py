@@ -27,29 +27,12 @@ from ._support import Recorder, captured_logs, has_file, module_path, patched
 TOKENS = [4, 8, 16]   # any non-empty capture list; the gate only checks that one is set
 
 
-def _tiny_language_model(hidden: int = 4, vocab: int = 16, num_layers: int = 2):
-    """A DeepseekV3ForCausalLM-shaped stand-in: ``.model`` (embed_tokens, layers[i].self_attn.attn and .mlp,
-    norm) and ``.lm_head``; the same parameter names as the rebuild's tiny model."""
-    from torch import nn
+def _tiny_language_model():
+    """The rebuild's own tiny DeepseekV3ForCausalLM-shaped LLM (``.model`` with embed_tokens, layers, norm, and
+    ``.lm_head``), so that the real class and the rebuild's wrappers hold the same parameter names."""
+    from sglab.fixes.pcg_gate import tiny_language_model
 
-    def layer():
-        attn = nn.Module()
-        attn.qkv_proj = nn.Linear(hidden, 3 * hidden, bias=False)
-        attn.o_proj = nn.Linear(hidden, hidden, bias=False)
-        attn.attn = nn.Module()          # RadixAttention's place: the op piecewise capture splits at
-        block = nn.Module()
-        block.self_attn = attn
-        block.mlp = nn.Linear(hidden, hidden, bias=False)
-        return block
-
-    text = nn.Module()
-    text.embed_tokens = nn.Embedding(vocab, hidden)
-    text.layers = nn.ModuleList(layer() for _ in range(num_layers))
-    text.norm = nn.LayerNorm(hidden, bias=False)
-    lm = nn.Module()
-    lm.model = text
-    lm.lm_head = nn.Linear(hidden, vocab, bias=False)
-    return lm
+    return tiny_language_model()
 
 
 def build_kimi(kimi, cls=None):
