@@ -170,17 +170,9 @@ def _looks_like_timeout(text: str) -> bool:
     return any(m in text for m in _TIMEOUT_MARKERS)
 
 
-def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (), backend: str = "nccl",
-           timeout_s: float = 300, collective_timeout_s: float = 60, env: dict | None = None,
-           start_method: str = "spawn") -> list:
-    """Run ``fn(ctx, *args)`` on ``world_size`` ranks; return ``[result of rank 0, result of rank 1, ...]``.
-
-    ``fn`` must be defined in an importable module (not a notebook cell) because ranks are spawned.
-    ``start_method``: ``spawn`` (a fresh interpreter per rank) or ``forkserver`` (a fork of a server process that may
-    have torch imported already, see :func:`forkserver`; never ``fork``: the caller may have initialised CUDA).
-    Raises :class:`NotEnoughGPUs`, :class:`RankError` (with the rank's traceback) or :class:`DistTimeout`.
-    No rank process (nor anything it started) is left when this returns or raises.
-    """
+def _check_launch(fn, world_size: int, backend: str, timeout_s: float, collective_timeout_s: float,
+                  start_method: str) -> None:
+    """Refuse a launch that cannot work, before any process starts."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if backend not in ("nccl", "gloo"):
@@ -198,79 +190,118 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
         ok, why = hardware.meets(world_size)
         if not ok:
             raise NotEnoughGPUs(f"{world_size} ranks with NCCL need {world_size} GPUs: {why}")
-    payload = pickle.dumps((fn, tuple(args)))
-    ctx = mp.get_context(start_method)
-    results = ctx.Queue()
-    port = free_port()
-    logdir = Path(tempfile.mkdtemp(prefix="sglab-dist-"))
-    logs = [logdir / f"rank{r}.log" for r in range(world_size)]
-    procs = [ctx.Process(target=_worker, name=f"sglab-rank{r}",
-                         args=(r, world_size, payload, backend, port, collective_timeout_s, results,
-                               dict(env or {}), str(logs[r])), daemon=False)
-             for r in range(world_size)]
-    out: dict[int, Any] = {}
-    gone_since: dict[int, float] = {}
-    deadline = time.monotonic() + timeout_s
-    try:
-        for p in procs:
+
+
+class _Ranks:
+    """The rank processes of one launch: start them, collect their results, turn every way a rank can go wrong
+    into one error, and always clean up (processes, their children, logs)."""
+
+    def __init__(self, payload: bytes, world_size: int, backend: str, collective_timeout_s: float, env: dict,
+                 start_method: str):
+        self.world_size, self.collective_timeout_s = world_size, collective_timeout_s
+        ctx = mp.get_context(start_method)
+        self.results = ctx.Queue()
+        port = free_port()
+        self.logdir = Path(tempfile.mkdtemp(prefix="sglab-dist-"))
+        self.logs = [self.logdir / f"rank{r}.log" for r in range(world_size)]
+        self.procs = [ctx.Process(target=_worker, name=f"sglab-rank{r}",
+                                  args=(r, world_size, payload, backend, port, collective_timeout_s, self.results,
+                                        dict(env or {}), str(self.logs[r])), daemon=False)
+                      for r in range(world_size)]
+        self.out: dict[int, Any] = {}
+        self._gone_since: dict[int, float] = {}
+
+    def start(self) -> None:
+        for p in self.procs:
             p.start()
-        while len(out) < world_size:
-            try:
-                rank, status, data = results.get(timeout=0.2)
-            except queue_mod.Empty:
-                rank = None
-            if rank is not None:
-                if status == "ok":
-                    out[rank] = pickle.loads(data)
-                    continue
-                kind = DistTimeout if _looks_like_timeout(data) else RankError
-                last = next((ln for ln in reversed(data.strip().splitlines()) if ln.strip()), "")
-                msg = (f"rank {rank} of {world_size} failed: {last.strip()}" +
-                       (f" (a collective timed out after {collective_timeout_s:g} s)" if kind is DistTimeout else "")
-                       + f"\n--- rank {rank} traceback:\n{data}")
-                if kind is DistTimeout:
-                    raise DistTimeout(msg)
-                raise RankError(msg, rank=rank, rank_traceback=data)
-            now = time.monotonic()
-            for r, p in enumerate(procs):
-                if r in out or p.exitcode is None:
-                    continue
-                # a result sent just before exit may still be in the queue: allow a short grace period
-                gone_since.setdefault(r, now)
-                if now - gone_since[r] < 2.0:
-                    continue
-                tail = _tail(logs[r])
-                if _looks_like_timeout(tail):
-                    raise DistTimeout(f"rank {r} of {world_size} died after a collective timed out "
-                                      f"(limit {collective_timeout_s:g} s; did another rank never join?). "
-                                      f"Its log ends:\n{tail}")
-                if not tail:
-                    tail = ("(empty: the rank died before it started; a script that calls launch() must guard "
-                            "its entry point with `if __name__ == '__main__':`)")
-                raise RankError(f"rank {r} of {world_size} exited with code {p.exitcode} without a result. "
-                                f"Its log ends:\n{tail}", rank=r)
-            if time.monotonic() > deadline:
-                waiting = [r for r in range(world_size) if r not in out]
-                done = sorted(out)
-                tails = "\n".join(f"--- rank {r} log:\n{_tail(logs[r], 8)}" for r in waiting)
-                hint = (f" Ranks {done} had returned: a rank still waiting is likely blocked in a collective "
-                        "that another rank never joined." if done else "")
-                raise DistTimeout(f"run exceeded {timeout_s:g} s; rank(s) {', '.join(map(str, waiting))} had not "
-                                  f"finished and were killed.{hint}\n{tails}")
-        for p in procs:
-            p.join(timeout=max(1.0, min(30.0, deadline - time.monotonic())))
-        return [out[r] for r in range(world_size)]
-    finally:
-        for p in procs:
+
+    def receive(self) -> None:
+        """Take one message from the ranks (waiting at most 0.2 s); a rank's exception is raised here."""
+        try:
+            rank, status, data = self.results.get(timeout=0.2)
+        except queue_mod.Empty:
+            return
+        if status == "ok":
+            self.out[rank] = pickle.loads(data)
+            return
+        timed_out = _looks_like_timeout(data)
+        last = next((ln for ln in reversed(data.strip().splitlines()) if ln.strip()), "")
+        msg = (f"rank {rank} of {self.world_size} failed: {last.strip()}"
+               + (f" (a collective timed out after {self.collective_timeout_s:g} s)" if timed_out else "")
+               + f"\n--- rank {rank} traceback:\n{data}")
+        if timed_out:
+            raise DistTimeout(msg)
+        raise RankError(msg, rank=rank, rank_traceback=data)
+
+    def check_exits(self) -> None:
+        """A rank that exited without a result (after a short grace period for a result still in the queue)."""
+        now = time.monotonic()
+        for r, p in enumerate(self.procs):
+            if r in self.out or p.exitcode is None:
+                continue
+            self._gone_since.setdefault(r, now)
+            if now - self._gone_since[r] < 2.0:
+                continue
+            tail = _tail(self.logs[r])
+            if _looks_like_timeout(tail):
+                raise DistTimeout(f"rank {r} of {self.world_size} died after a collective timed out "
+                                  f"(limit {self.collective_timeout_s:g} s; did another rank never join?). "
+                                  f"Its log ends:\n{tail}")
+            if not tail:
+                tail = ("(empty: the rank died before it started; a script that calls launch() must guard "
+                        "its entry point with `if __name__ == '__main__':`)")
+            raise RankError(f"rank {r} of {self.world_size} exited with code {p.exitcode} without a result. "
+                            f"Its log ends:\n{tail}", rank=r)
+
+    def deadline_error(self, timeout_s: float) -> DistTimeout:
+        waiting = [r for r in range(self.world_size) if r not in self.out]
+        done = sorted(self.out)
+        tails = "\n".join(f"--- rank {r} log:\n{_tail(self.logs[r], 8)}" for r in waiting)
+        hint = (f" Ranks {done} had returned: a rank still waiting is likely blocked in a collective "
+                "that another rank never joined." if done else "")
+        return DistTimeout(f"run exceeded {timeout_s:g} s; rank(s) {', '.join(map(str, waiting))} had not "
+                           f"finished and were killed.{hint}\n{tails}")
+
+    def cleanup(self) -> None:
+        for p in self.procs:
             _kill(p)
-        results.close()
-        results.cancel_join_thread()
-        for f in logs:
+        self.results.close()
+        self.results.cancel_join_thread()
+        for f in self.logs:
             f.unlink(missing_ok=True)
         try:
-            logdir.rmdir()
+            self.logdir.rmdir()
         except OSError:
             pass
+
+
+def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (), backend: str = "nccl",
+           timeout_s: float = 300, collective_timeout_s: float = 60, env: dict | None = None,
+           start_method: str = "spawn") -> list:
+    """Run ``fn(ctx, *args)`` on ``world_size`` ranks; return ``[result of rank 0, result of rank 1, ...]``.
+
+    ``fn`` must be defined in an importable module (not a notebook cell) because ranks are spawned.
+    ``start_method``: ``spawn`` (a fresh interpreter per rank) or ``forkserver`` (a fork of a server process that may
+    have torch imported already, see :func:`forkserver`; never ``fork``: the caller may have initialised CUDA).
+    Raises :class:`NotEnoughGPUs`, :class:`RankError` (with the rank's traceback) or :class:`DistTimeout`.
+    No rank process (nor anything it started) is left when this returns or raises.
+    """
+    _check_launch(fn, world_size, backend, timeout_s, collective_timeout_s, start_method)
+    ranks = _Ranks(pickle.dumps((fn, tuple(args))), world_size, backend, collective_timeout_s, env or {},
+                   start_method)
+    deadline = time.monotonic() + timeout_s
+    try:
+        ranks.start()
+        while len(ranks.out) < world_size:
+            ranks.receive()
+            ranks.check_exits()
+            if time.monotonic() > deadline:
+                raise ranks.deadline_error(timeout_s)
+        for p in ranks.procs:
+            p.join(timeout=max(1.0, min(30.0, deadline - time.monotonic())))
+        return [ranks.out[r] for r in range(world_size)]
+    finally:
+        ranks.cleanup()
 
 
 def forkserver(preload: Sequence[str] = ("torch",)):
