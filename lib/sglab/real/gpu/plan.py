@@ -75,7 +75,7 @@ def check_releases() -> None:
                 raise ValueError(f"{fix.name}: release {s.release} is not in GPU_RELEASES {GPU_RELEASES}")
 
 
-def plan(names: list[str], gpu_count: int) -> tuple[list[GpuFix], list[str]]:
+def plan_for(names: list[str], gpu_count: int) -> tuple[list[GpuFix], list[str]]:
     """(fixes to run, one skip line per fix that needs more GPUs than ``gpu_count``). Unknown names raise
     ``ValueError`` with the known ones."""
     unknown = [n for n in names if n not in FIXES]
@@ -85,7 +85,7 @@ def plan(names: list[str], gpu_count: int) -> tuple[list[GpuFix], list[str]]:
     for name in dict.fromkeys(names):
         fix = FIXES[name]
         if fix.gpus > gpu_count:
-            skipped.append(f"{name}: skipped, needs {fix.gpus} GPUs, have {gpu_count}")
+            skipped.append(f"{name}: skipped, needs {fix.gpus} GPU{'s' if fix.gpus > 1 else ''}, have {gpu_count}")
         else:
             run.append(fix)
     return run, skipped
