@@ -93,6 +93,7 @@ def receive(prepared, params: dict) -> list[dict]:
 
 def _send(prepared, case: str, device: str, gpu, timeout: float) -> list[dict]:
     from ..runner import run_probe
+    from .rows import records
 
     encode, _, how = wire(prepared)
     data = encode(make_item(prepared, device))
@@ -106,12 +107,7 @@ def _send(prepared, case: str, device: str, gpu, timeout: float) -> list[dict]:
                       {"payload": str(payload), "gpu": gpu, "case": case}, timeout=timeout)
     if not r.ok:
         return rows + [{"variant": case, "process": "receiver", "metric": "status", "value": r.reason, "unit": ""}]
-    for row in r.rows.drop(columns=["release", "probe"]).to_dict("records"):
-        row = {k: v for k, v in row.items() if not (isinstance(v, float) and v != v)}   # NaN: column unused
-        if "gpu" in row:
-            row["gpu"] = int(row["gpu"])
-        rows.append(row)
-    return rows
+    return rows + records(r.rows, drop=("release", "probe"))
 
 
 def run(prepared, params: dict) -> list[dict]:

@@ -19,20 +19,16 @@ from pathlib import Path
 from typing import Optional
 
 from . import plan as _plan
+from .rows import records
 
 
 def step_rows(result) -> list[dict]:
     """The tidy rows of one step: the probe's rows with their release, or one status row saying why not."""
     if result.ok:
-        df = result.rows.drop(columns=["probe"], errors="ignore")
-        return [{k: v for k, v in row.items() if not _missing(v)} for row in df.to_dict("records")]
+        return records(result.rows)
     status = "not-run" if result.status == "not-run" else "error"
     return [{"release": result.release, "variant": status, "metric": "status", "value": result.reason,
              "unit": ""}]
-
-
-def _missing(v) -> bool:
-    return isinstance(v, float) and v != v  # NaN of a column this row does not use
 
 
 def manifest_parts(fix, results: list) -> tuple[dict, dict]:
