@@ -38,10 +38,27 @@ VARIANTS = ("per_layer", "once_in_graph", "preset")
 def translation_source(fn) -> str:
     """The body of a release's ``translate_loc_from_full_to_swa`` without comments or docstring."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    body = tree.body[0].body
+    return "\n".join(ast.unparse(stmt) for stmt in _without_docstring(tree.body[0].body))
+
+
+def release_translation(release: str) -> str:
+    """The translation body of an installed release, read from its source file (no import): what a test on a
+    machine without a GPU compares the GPU run with."""
+    from ..releases import package_dir
+
+    path = package_dir(release) / "srt" / "mem_cache" / "swa_memory_pool.py"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef) and node.name == "SWAKVPool":
+            for fn in node.body:
+                if isinstance(fn, ast.FunctionDef) and fn.name == "translate_loc_from_full_to_swa":
+                    return "\n".join(ast.unparse(stmt) for stmt in _without_docstring(fn.body))
+    raise ValueError(f"sglang {release}: no SWAKVPool.translate_loc_from_full_to_swa in {path}")
+
+
+def _without_docstring(body: list) -> list:
     if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
-        body = body[1:]
-    return "\n".join(ast.unparse(stmt) for stmt in body)
+        return body[1:]
+    return body
 
 
 def kernels_per_translation(source: str, mapping_dtype: str = "int64") -> int:
