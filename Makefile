@@ -77,7 +77,7 @@ wheelhouse-sglang:
 	bash scripts/wheelhouse-sglang.sh .whl-sglang
 
 # on a GPU box with .whl-sglang/: real SGLang recorded per fix (python -m sglab.real.gpu record), checked, packed
-# into $$OUT/real.tgz (default real-gpu-out/); `bash scripts/real_gpu.sh --dry-run` lists what would run
+# into OUT/real.tgz (default real-gpu-out/); `bash scripts/real_gpu.sh --dry-run` lists what would run
 real-gpu:
 	bash scripts/real_gpu.sh
 
