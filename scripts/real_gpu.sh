@@ -6,8 +6,8 @@
 #   bash scripts/real_gpu.sh [--dry-run]
 #
 # Environment: OUT (results folder; default real-gpu-out), FIXES (default: all, each skipped when it needs more
-# GPUs than present), WHEELS (default .whl-sglang), RECORD_TIMEOUT (s, default 480: the record phase is cut
-# there so that packing still happens), TESTS=0 to skip the checks. Writes $OUT/real.tgz holding
+# GPUs than present), WHEELS (default .whl-sglang), RECORD_TIMEOUT (s, default 480: the record phase ends by
+# then, steps that no longer fit recorded as not started, so that the checks and packing still happen), TESTS=0 to skip the checks. Writes $OUT/real.tgz holding
 # runs/real_<fix>/*.csv|json, the phase logs and summary.txt; prints the seconds of every phase.
 # --dry-run: lists the phases and what `record` would run (GPUS=N plans for N GPUs), runs nothing.
 set -uo pipefail
@@ -20,7 +20,9 @@ TESTS=${TESTS:-1}
 py=${PYTHON:-python3}
 export PYTHONPATH="$PWD/lib${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TOKENIZERS_PARALLELISM=false
-export SGLAB_GIT_SHA=${SGLAB_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+# a copy of the checkout without .git still names its commit in every manifest when SGLAB_GIT_SHA is given
+sha=${SGLAB_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null)}
+if [ -n "$sha" ]; then export SGLAB_GIT_SHA=$sha; fi
 fix_args=()
 if [ -n "$FIXES" ]; then read -ra fx <<< "$FIXES"; fix_args=(--fix "${fx[@]}"); fi
 
@@ -51,7 +53,9 @@ phase() {  # phase NAME CMD...: run, log to $OUT/logs/NAME.log, record rc and se
 }
 phase install bash scripts/install_sglang_gpu.sh "$WHEELS"
 phase env "$py" -m sglab.cli env
-phase record timeout -k 10 "$RECORD_TIMEOUT" "$py" -m sglab.real.gpu record --out "$runs" "${fix_args[@]}"
+# --budget keeps every worker's timeout inside the phase; `timeout` is only the backstop
+phase record timeout -k 10 "$RECORD_TIMEOUT" "$py" -m sglab.real.gpu record --out "$runs" \
+  --budget $((RECORD_TIMEOUT - 20)) "${fix_args[@]}"
 if [ "$TESTS" != 0 ]; then
   phase checks env SGLAB_REAL_GPU_RUNS="$runs" "$py" -m pytest -q -p no:cacheprovider -m gpu tests/test_real_gpu.py
 fi

@@ -131,6 +131,27 @@ def test_record_fix_writes_one_run_with_releases_and_shims(tmp_path):
     assert "boom" in value(run, release="0.5.23", metric="status")
 
 
+def test_a_spent_budget_starts_no_worker_and_still_writes_the_run(tmp_path):
+    import time
+
+    fix = gplan.GpuFix("demo", 1, 1, (gplan.Step("0.5.23", "p:run"),), "demo")
+    path, complete = record.record_fix(fix, out=tmp_path, echo=lambda *_: None, deadline=time.monotonic() + 5,
+                                       runner=lambda *a, **k: pytest.fail("a worker was started"))
+    assert not complete
+    assert "record budget was spent" in value(read_run(path), release="0.5.23", metric="status")
+
+
+def test_timeouts_are_cut_to_the_budget(tmp_path):
+    import time
+
+    seen = []
+    fix = gplan.GpuFix("demo", 1, 1, (gplan.Step("0.5.23", "p:run", timeout=400.0),), "demo")
+    record.record_fix(fix, out=tmp_path, echo=lambda *_: None, deadline=time.monotonic() + 100,
+                      runner=lambda v, p, prm, timeout: seen.append(timeout) or fake(v, rows=[
+                          {"variant": "a", "metric": "m", "value": 1, "unit": ""}]))
+    assert 90 < seen[0] <= 100
+
+
 # -- what the releases' code predicts -----------------------------------------------------------------------------
 @pytest.mark.parametrize("release,k", [("0.5.11", 2), ("0.5.12.post1", 2), ("0.5.23", 1)])
 def test_kernels_per_translation_read_from_the_release(release, k):

@@ -47,8 +47,22 @@ def manifest_parts(fix, results: list) -> tuple[dict, dict]:
     return params, {"sglang": sglang, "method": fix.what}
 
 
-def record_fix(fix, *, out: Optional[Path] = None, echo=print, runner=None) -> tuple[Optional[Path], bool]:
-    """Run every step of ``fix`` and write its run; (CSV path, every step ran)."""
+MIN_STEP_S = 30.0
+
+
+def _out_of_budget(step):
+    from ..runner import ProbeResult
+
+    return ProbeResult(step.release, step.probe, "not-run", None,
+                       reason=f"sglang {step.release}: not started, the record budget was spent "
+                              f"(under {MIN_STEP_S:.0f} s left)")
+
+
+def record_fix(fix, *, out: Optional[Path] = None, echo=print, runner=None,
+               deadline: Optional[float] = None) -> tuple[Optional[Path], bool]:
+    """Run every step of ``fix`` and write its run; (CSV path, every step ran). ``deadline``
+    (``time.monotonic()`` value): no step's timeout reaches past it, and a step with under
+    :data:`MIN_STEP_S` left is not started (its row says so)."""
     from sglab.runs import tidy, write_run
 
     from ..runner import run_probe
@@ -57,7 +71,11 @@ def record_fix(fix, *, out: Optional[Path] = None, echo=print, runner=None) -> t
     results, rows = [], []
     for step in fix.steps:
         t0 = time.perf_counter()
-        r = runner(step.release, step.probe, step.params, timeout=step.timeout)
+        left = float("inf") if deadline is None else deadline - time.monotonic()
+        if left < MIN_STEP_S:
+            r = _out_of_budget(step)
+        else:
+            r = runner(step.release, step.probe, step.params, timeout=min(step.timeout, left))
         echo(f"  {fix.name} / {r.summary()} [{time.perf_counter() - t0:.1f} s]")
         if not r.ok and r.traceback:
             echo("    " + r.traceback.strip().splitlines()[-1])
@@ -97,15 +115,19 @@ def cmd_record(args) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.budget is not None and args.budget <= 0:
+        print(f"error: --budget must be positive, got {args.budget:g}", file=sys.stderr)
+        return 2
     if args.dry_run:
         return _dry_run(fixes, skipped, gpus)
     for line in skipped:
         print(line)
     ok = True
+    deadline = time.monotonic() + args.budget if args.budget else None
     for fix in fixes:
         t0 = time.perf_counter()
         print(f"{fix.name}: {len(fix.steps)} step(s) on {', '.join(fix.releases)}")
-        path, fine = record_fix(fix, out=args.out)
+        path, fine = record_fix(fix, out=args.out, deadline=deadline)
         ok = ok and fine
         print(f"{fix.name}: {'ok' if fine else 'INCOMPLETE'} in {time.perf_counter() - t0:.1f} s -> {path}")
     return 0 if ok else 1
@@ -119,6 +141,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, help="runs root (default data/runs); the run goes to OUT/real_<fix>/")
     p.add_argument("--dry-run", action="store_true", help="list what would run, run nothing")
     p.add_argument("--gpus", type=int, help="GPU count to plan for (default: the GPUs visible here)")
+    p.add_argument("--budget", type=float, help="seconds for all steps together: timeouts are cut to fit, and a "
+                                                "step that no longer fits is recorded as not started")
     args = ap.parse_args(argv)
     return cmd_record(args)
 
