@@ -7,7 +7,8 @@
 #
 # Environment: OUT (results folder; default real-gpu-out), FIXES (default: all, each skipped when it needs more
 # GPUs than present), WHEELS (default .whl-sglang), RECORD_TIMEOUT (s, default 480: the record phase ends by
-# then, steps that no longer fit recorded as not started, so that the checks and packing still happen), TESTS=0 to skip the checks. Writes $OUT/real.tgz holding
+# then, steps that no longer fit recorded as not started, so that checks and packing still happen), TESTS=0
+# to skip the checks. Writes $OUT/real.tgz holding
 # runs/real_<fix>/*.csv|json, the phase logs and summary.txt; prints the seconds of every phase.
 # --dry-run: lists the phases and what `record` would run (GPUS=N plans for N GPUs), runs nothing.
 set -uo pipefail
@@ -29,7 +30,8 @@ if [ -n "$FIXES" ]; then read -ra fx <<< "$FIXES"; fix_args=(--fix "${fx[@]}"); 
 if [ "${1:-}" = "--dry-run" ]; then
   echo "phases: install ($WHEELS -> ${SGLAB_SGLANG_HOME:-.sglang}), env, record (cut at ${RECORD_TIMEOUT}s)," \
        "checks (TESTS=$TESTS), pack ($OUT/real.tgz)"
-  gpus=$("$py" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
+  gpus=$("$py" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" \
+         2>/dev/null || echo 0)
   exec "$py" -m sglab.real.gpu record --dry-run --gpus "${GPUS:-$gpus}" "${fix_args[@]}"
 fi
 if [ ! -d "$WHEELS" ]; then

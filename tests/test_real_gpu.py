@@ -252,7 +252,8 @@ def test_gpu_swa_loc_nodes_per_swa_layer_equal_the_release_translation(tmp_path_
         assert nodes["once_in_graph"] - nodes["preset"] == k, (release, nodes, k)
         assert value(run, release=release, metric="nodes_per_swa_layer") == k
         assert value(run, release=release, metric="expected_nodes_per_swa_layer") == k
-        slow, fast = (value(run, release=release, variant=v, metric="replay_us_median") for v in ("per_layer", "preset"))
+        slow, fast = (value(run, release=release, variant=v, metric="replay_us_median")
+                      for v in ("per_layer", "preset"))
         assert slow > fast, (release, slow, fast)
 
 
