@@ -17,7 +17,7 @@ SGLANG_RELEASES := 0.5.10.post1 0.5.11 0.5.12.post1 0.5.13 0.5.14 0.5.23
 SGLANG_HOME     ?= .sglang
 SGLANG_STAMPS   := $(foreach v,$(SGLANG_RELEASES),$(SGLANG_HOME)/releases/$(v)/.sglab-installed)
 
-.PHONY: workbook test test-gpu lab wheelhouse offline-gpu verify sync env clean sglang-releases wheelhouse-sglang
+.PHONY: workbook test test-gpu lab wheelhouse offline-gpu verify sync env clean sglang-releases wheelhouse-sglang real-gpu
 
 $(BIN)/python:
 	@if $(PY) -c "import torch" 2>/dev/null; then \
@@ -75,6 +75,11 @@ wheelhouse:
 # wheels of SGLang 0.5.11, 0.5.12.post1 and 0.5.23 and what the GPU image lacks to run them, into .whl-sglang/
 wheelhouse-sglang:
 	bash scripts/wheelhouse-sglang.sh .whl-sglang
+
+# on a GPU box with .whl-sglang/: real SGLang recorded per fix (python -m sglab.real.gpu record), checked, packed
+# into OUT/real.tgz (default real-gpu-out/); `bash scripts/real_gpu.sh --dry-run` lists what would run
+real-gpu:
+	bash scripts/real_gpu.sh
 
 # on an offline GPU box, from the wheelhouse: GPU tests, every notebook live, a tarball of the results
 offline-gpu:

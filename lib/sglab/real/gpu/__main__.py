@@ -1,0 +1,7 @@
+"""``python -m sglab.real.gpu record ...``: see :mod:`sglab.real.gpu.record`."""
+
+import sys
+
+from .record import main
+
+sys.exit(main())
