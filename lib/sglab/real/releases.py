@@ -55,10 +55,10 @@ DEP_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = 
 # (see scripts/wheelhouse-sglang.sh). Same set names and layout as on the CPU. 0.5.1x brings the transformers it
 # was released with (5.6.0): the image's 5.17 already registers `qwen3_asr`, which 0.5.11 and 0.5.12.post1
 # register themselves (`configs/qwen3_asr.py`), so their import stops with "'qwen3_asr' is already used"; and
-# 5.6.0 refuses the image's tokenizers 0.23.2 (it wants <= 0.23.0).
+# 5.6.0 refuses the image's tokenizers 0.23.2 (it wants <= 0.23.0; 0.22.2 is what the CPU set resolves to).
 GPU_RELEASES = ("0.5.11", "0.5.12.post1", "0.5.23")
 GPU_DEP_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "0.5.1x": (_COMMON + ("transformers==5.6.0", "tokenizers==0.23.0", "apache-tvm-ffi==0.1.9", "openai==2.6.1"),
+    "0.5.1x": (_COMMON + ("transformers==5.6.0", "tokenizers==0.22.2", "apache-tvm-ffi==0.1.9", "openai==2.6.1"),
                ("compressed-tensors==0.18.0",)),
     "0.5.2x": (_COMMON + ("apache-tvm-ffi==0.1.11", "openai==2.8.0", "uvicorn", "fastapi"),
                ("compressed-tensors==0.18.0",)),
