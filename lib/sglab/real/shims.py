@@ -22,6 +22,9 @@ Each shim is applied only when the machine lacks what it stands in for, and says
   that raise when called. ``sgl_kernel.scalar_type`` stays unserved (SGLang has a pure-Python fallback).
   ``weak_ref_tensor`` returns its argument: breakable CUDA graphs take weak references of the tensors passed
   across a break; the tensor itself keeps it alive longer (memory), never gives a different value.
+  0.5.1x also registers torch.compile fake implementations for ``sgl_kernel::*`` ops at import on CUDA
+  (``layers/moe/topk.py``: ``register_fake("sgl_kernel::moe_fused_gate")``), which fails when the op library
+  did not load; those registrations are skipped (the op still does not exist, so calling it still fails).
 """
 
 from __future__ import annotations
@@ -244,11 +247,32 @@ def _weak_ref_tensor(tensor):
     return tensor
 
 
+def _skip_fakes_of_missing_sgl_kernel_ops() -> None:
+    """``torch.library.register_fake("sgl_kernel::X")`` for an op that was never defined becomes a no-op."""
+    import torch
+
+    real = torch.library.register_fake
+    if getattr(real, "_sglab_skips_sgl_kernel", False):
+        return
+
+    def register_fake(op, *args, **kwargs):
+        if isinstance(op, str) and op.startswith("sgl_kernel::"):
+            name = op.split("::", 1)[1].split(".", 1)[0]
+            if not hasattr(torch.ops.sgl_kernel, name):
+                return (lambda fn: fn) if not args else None
+        return real(op, *args, **kwargs)
+
+    register_fake._sglab_skips_sgl_kernel = True
+    torch.library.register_fake = register_fake
+
+
 def install_sgl_kernel_stub(cause: str) -> Shim:
     """On a CUDA machine whose sgl_kernel does not load: every ``sgl_kernel`` function raises when called."""
     _forget("sgl_kernel")
     why = f"the real sgl_kernel does not load here ({cause})"
     sys.meta_path.insert(0, _StubFinder("sgl_kernel", why, exclude=("sgl_kernel.scalar_type",),
                                         overrides={"sgl_kernel": {"weak_ref_tensor": _weak_ref_tensor}}))
+    _skip_fakes_of_missing_sgl_kernel_ops()
     return Shim("sgl_kernel", f"{why}: functions raise when called, weak_ref_tensor returns its argument, "
+                              "fake registrations of its missing torch ops skipped, "
                               "sgl_kernel.scalar_type left to SGLang's fallback")
