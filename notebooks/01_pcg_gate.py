@@ -84,9 +84,12 @@ print("after: ", len(w.state_dict()), "keys; _modules:", list(w._modules),
 #
 # A Kimi-shaped wrapper (`vision_tower`, `mm_projector`, and the shared decoder as a 2-layer CausalLM under
 # `language_model`, with `.model.layers[i].self_attn.attn`) in the variants of `sglab.fixes.pcg_gate`:
-# `no_alias` (upstream before the PR), `plain_alias` (`self.model = self.language_model` in `__init__`, the
-# pattern of InternVL and of the earlier Kimi attempt #20747), `property_only`, `property_guard` (the PR), and
-# `property_setter` (a property with a setter, which the PR author reports did not help either).
+# `no_alias` (0.5.11 to 0.5.12.post1, just before the PR), `plain_alias` (`self.model =
+# self.language_model.model` in `__init__`, as released in 0.5.10.x: the text model, not the whole CausalLM),
+# `property_only`, `property_guard` (the PR), and `property_setter` (a property with a setter, which the PR author
+# reports did not help either). The `plain_alias` variant once aliased the whole CausalLM (`self.language_model`);
+# running the released 0.5.10.post1 class (next section) showed the release aliases its `.model`, so the rebuild
+# now does the same and its `model.*` keys are the text model's (no `lm_head`), name for name.
 #
 # Each runs through the gate; then its `state_dict()` is saved and loaded strictly into a fresh instance (built,
 # not yet gated: the state at weight-loading time), and a checkpoint with the HF naming (`language_model.*`
