@@ -142,3 +142,16 @@ def show_recorded(fix: str) -> bool:
     print("\n".join(["Real SGLang on a GPU, recorded:"] + recorded_lines(run)))
     display(recorded_table(run))
     return True
+
+
+def show_as_released(fix: str, rebuilt, *, symbol: str | None = None) -> None:
+    """The fix's row of the release timeline, then the released ``symbol`` (first release with the fix) beside
+    the rebuilt function or class: what the notebook claims, next to what shipped."""
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    from ..upstream import figures, hunks
+
+    figures.timeline_row_figure(fix)
+    plt.show()
+    display(hunks.beside(fix, rebuilt, symbol=symbol))
