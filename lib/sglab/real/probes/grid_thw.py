@@ -118,7 +118,12 @@ def processor_rows(prepared) -> list[dict]:
     w = W(**{k: v for k, v in values.items() if k in inspect.signature(W.__init__).parameters})
     w._get_gpu_norm_tensors(device="cpu")
     text = "abc" + (IMAGE_TOKEN + "d") * N_IMAGES + "e"
-    out = w._gpu_call(text, [fx.synthetic_image(i) for i in range(N_IMAGES)])
+    try:
+        out = w._gpu_call(text, [fx.synthetic_image(i) for i in range(N_IMAGES)])
+    except Exception as exc:  # noqa: BLE001 - 0.5.2x moves the image to CUDA itself: not drivable on a CPU
+        cause = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        return [{"part": "processor", "case": "_gpu_call", "metric": "exists", "value": True},
+                {"part": "processor", "case": "_gpu_call", "metric": "not_driven", "value": cause[:160]}]
     want = fx.gpu_call(fx.prompt_for(N_IMAGES), [fx.synthetic_image(i) for i in range(N_IMAGES)], fixed=True,
                        device="cpu")
     key = next((k for k in KEYS if k in out), None)
