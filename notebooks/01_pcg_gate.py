@@ -29,7 +29,9 @@ from sglab import notebook as nb
 from sglab import upstream
 from sglab.experiments import pcg_gate as experiment
 from sglab.experiments.pcg_gate import figures
+from sglab.experiments.pcg_gate import real
 from sglab.fixes import pcg_gate as fx
+from sglab.real import compare
 
 pd.set_option("display.width", 160)
 pd.set_option("display.max_colwidth", 80)
@@ -84,9 +86,12 @@ print("after: ", len(w.state_dict()), "keys; _modules:", list(w._modules),
 #
 # A Kimi-shaped wrapper (`vision_tower`, `mm_projector`, and the shared decoder as a 2-layer CausalLM under
 # `language_model`, with `.model.layers[i].self_attn.attn`) in the variants of `sglab.fixes.pcg_gate`:
-# `no_alias` (upstream before the PR), `plain_alias` (`self.model = self.language_model` in `__init__`, the
-# pattern of InternVL and of the earlier Kimi attempt #20747), `property_only`, `property_guard` (the PR), and
-# `property_setter` (a property with a setter, which the PR author reports did not help either).
+# `no_alias` (0.5.11 to 0.5.12.post1, just before the PR), `plain_alias` (`self.model =
+# self.language_model.model` in `__init__`, as released in 0.5.10.x: the text model, not the whole CausalLM),
+# `property_only`, `property_guard` (the PR), and `property_setter` (a property with a setter, which the PR author
+# reports did not help either). The `plain_alias` variant once aliased the whole CausalLM (`self.language_model`);
+# running the released 0.5.10.post1 class (next section) showed the release aliases its `.model`, so the rebuild
+# now does the same and its `model.*` keys are the text model's (no `lm_head`), name for name.
 #
 # Each runs through the gate; then its `state_dict()` is saved and loaded strictly into a fresh instance (built,
 # not yet gated: the state at weight-loading time), and a checkpoint with the HF naming (`language_model.*`
@@ -117,6 +122,32 @@ print("\n".join(keys))
 
 # %%
 experiment.guard_table()
+
+# %% [markdown]
+# ## The real SGLang, before and after
+#
+# Which releases carry the alias and the guard (read from the released wheels), and the released guard of the
+# first release with it (0.5.13) beside the rebuilt wrapper:
+
+# %%
+compare.show_as_released(experiment.EXPERIMENT, fx.KimiPropertyGuard,
+                         symbol="KimiK25ForConditionalGeneration.__setattr__")
+
+# %% [markdown]
+# The released class itself, run on this machine, one process per release: each release's
+# `KimiK25ForConditionalGeneration.__init__` around the rebuild's own 2-layer LLM (its vision tower and projector
+# replaced by tiny modules), then the release's own gate on a stand-in model runner — `init_piecewise_cuda_graphs`
+# up to 0.5.13, `cuda_graph_setup.capture_prefill_graph` in 0.5.23. "guard removed" is the real class with
+# `nn.Module.__setattr__` put back: the property alone. Each row is checked name for name against the rebuild's
+# variant for that release (gate decision, every `state_dict` key before and after the gate, `model` in
+# `_modules`, the layer stack found); a single difference prints `MISMATCH` with the facts that differ.
+
+# %%
+real_checks = real.checks()
+compare.show(real_checks, real.CLAIM)
+
+# %%
+compare.show_recorded(experiment.EXPERIMENT)
 
 # %% [markdown]
 # ## The payoff: eager prefill vs piecewise CUDA graphs (GPU)

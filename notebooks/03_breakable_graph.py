@@ -30,7 +30,9 @@ from sglab import notebook as nb
 from sglab import upstream
 from sglab.experiments import breakable_graph as experiment
 from sglab.experiments.breakable_graph import figures
+from sglab.experiments.breakable_graph import real
 from sglab.fixes import breakable_graph as bg
+from sglab.real import compare
 
 pd.set_option("display.width", 160)
 wb = nb.Workbook(experiment.EXPERIMENT, gpus=experiment.GPUS, mode=MODE)
@@ -134,6 +136,34 @@ experiment.resolution_table()
 # Falling back to the whole model instead of `None` would not be safe: the runner would capture the logits
 # tail again — the "before" bug without the `can_run` guard.
 #
+# ## The real SGLang, before and after
+#
+# Which releases carry the change (read from the released wheels), and the released `can_run` of the first
+# release with it beside the rebuilt one:
+
+# %%
+compare.show_as_released(experiment.EXPERIMENT, bg.BreakableGraphRunner.can_run,
+                         symbol="BreakableCudaGraphRunner.can_run")
+
+# %% [markdown]
+# The released runner itself, run on this machine: `BreakableCudaGraphRunner.__init__` of each release, in its
+# own process, on a stand-in model runner around the rebuild's four model shapes, stopped where it would ask for
+# the CUDA graph memory pool (nothing is captured); then the release's `can_run` on 1, 3 and 8 requests and on
+# more tokens than the largest bucket, and its `_build_capture_forward_batch`. The rebuild's runner answers the
+# same questions on the same models; `agrees` compares every fact, and a single difference prints `MISMATCH`
+# with the facts that differ.
+
+# %%
+real_checks = real.checks()
+compare.show(real_checks, real.CLAIM)
+
+# %% [markdown]
+# The real breakable graph capturing and replaying on a GPU (`BreakableCUDAGraph`, outputs against eager):
+
+# %%
+compare.show_recorded(experiment.EXPERIMENT)
+
+# %% [markdown]
 # ## Measured on the GPU
 #
 # One run (`sglab record breakable_graph`, default parameters): the 16-layer model (hidden 1024, 8 heads × 128,

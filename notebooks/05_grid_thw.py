@@ -31,7 +31,9 @@ from sglab import hardware, upstream
 from sglab import notebook as nb
 from sglab.experiments import grid_thw as experiment
 from sglab.experiments.grid_thw import figures
+from sglab.experiments.grid_thw import real
 from sglab.fixes import grid_thw as fx
+from sglab.real import compare
 
 wb = nb.Workbook(experiment.EXPERIMENT, gpus=experiment.GPUS, mode=MODE)
 
@@ -125,6 +127,36 @@ plt.show()
 b, a = cache.loc["before"], cache.loc["after"]
 print(f"The vision tower encodes {a.images_encoded:.0f} of {a.images_requested:.0f} images per image vs "
       f"{b.images_encoded:.0f} per request ({b.images_encoded / a.images_encoded:.0f}× fewer encodes).")
+
+# %% [markdown]
+# ## The real SGLang, before and after
+#
+# Which releases carry the fix (read from the released wheels), and the released `_gpu_call` of the first release
+# with it (0.5.11) beside the rebuilt one:
+
+# %%
+compare.show_as_released(experiment.EXPERIMENT, fx.gpu_call, symbol="KimiGPUProcessorWrapper._gpu_call")
+
+# %% [markdown]
+# The released code itself, run on this machine, one process per release: a real `MultimodalDataItem` holding the
+# rebuild's grid, handed to the release's `KimiK25ForConditionalGeneration.get_image_feature` under either key
+# (which one does the model read?); the release's `KimiGPUProcessorWrapper._gpu_call` on the rebuild's images as
+# CPU tensors (0.5.23 moves images to CUDA itself, so it is not driven here); and the item inside what the
+# tokenizer sends the scheduler, through the release's own wire — pickle (`send_pyobj`) in 0.5.1x, SGLang's
+# msgpack encoding of a `TokenizedGenerateReqInput` in 0.5.23. 0.5.10.post1 is matched with `before` on the key
+# only: its grid came from the CPU HF processor, so the `cuda:0` "before" of the rebuild never shipped in a
+# release. Each row is checked fact for fact; a single difference prints `MISMATCH`.
+
+# %%
+real_checks = real.checks()
+compare.show(real_checks, real.CLAIM)
+
+# %% [markdown]
+# On GPUs, a real item with the grid on `cuda:0` sent over the msgpack wire to a process on GPU 1, and the memory
+# that process then holds on GPU 0:
+
+# %%
+compare.show_recorded(experiment.EXPERIMENT)
 
 # %% [markdown]
 # ## Measured: where the grid lands, and what it costs on GPU 0

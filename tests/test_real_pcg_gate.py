@@ -6,7 +6,9 @@ One worker per release (module fixture): 0.5.10.post1 (plain alias), 0.5.12.post
 
 import pytest
 
+from sglab.experiments.pcg_gate import real as exp_real
 from sglab.fixes import pcg_gate as gate
+from sglab.real import compare
 from sglab.real.testing import probe_all, require, value
 
 RELEASES = ("0.5.10.post1", "0.5.12.post1", "0.5.13", "0.5.23")
@@ -76,21 +78,17 @@ def test_0510_plain_alias_passes_with_duplicate_keys_like_the_rebuild(real):
     assert r["layer_model_path"] == want["layer_model_path"] == "language_model.model"
 
 
-def test_0510_alias_is_the_text_model_not_the_causal_lm(real):
-    """Where the released 0.5.10.post1 and the rebuild's ``plain_alias`` differ: the release assigns
-    ``self.model = self.language_model.model`` (the text model: ``model.embed_tokens``, ``model.layers.*``,
-    ``model.norm``; no ``lm_head``), the rebuild ``self.model = self.language_model`` (``model.model.*`` and
-    ``model.lm_head.*``). Both duplicate the decoder weights; the key names differ."""
-    r = facts(require(real["0.5.10.post1"]))
+def test_0510_alias_is_the_text_model_key_for_key_like_the_rebuild(real):
+    """0.5.10.post1 assigns ``self.model = self.language_model.model`` (the text model: ``model.embed_tokens``,
+    ``model.layers.*``, ``model.norm``; no ``lm_head``); the rebuild's ``plain_alias`` does the same, so the two
+    key lists are equal, name for name."""
+    r, want = facts(require(real["0.5.10.post1"])), rebuild("plain_alias")
     canonical = rebuild("no_alias")["keys_after_gate"]
     text_model_keys = {"model." + k[len("language_model.model."):] for k in canonical
                        if k.startswith("language_model.model.")}
     assert r["alias_target"] == "language_model.model"
     assert set(r["keys_after_gate"]) == set(canonical) | text_model_keys
-    rebuilt_dups = {k for k in rebuild("plain_alias")["keys_after_gate"] if k.startswith("model.")}
-    assert rebuilt_dups == {"model." + k[len("language_model."):] for k in canonical
-                            if k.startswith("language_model.")}
-    assert rebuilt_dups != text_model_keys
+    assert r["keys_before_gate"] == r["keys_after_gate"] == want["keys_before_gate"] == want["keys_after_gate"]
 
 
 def test_gate_code_path_per_release(real):
@@ -99,3 +97,25 @@ def test_gate_code_path_per_release(real):
                    "0.5.12.post1": "ModelRunner.init_piecewise_cuda_graphs",
                    "0.5.13": "ModelRunner.init_piecewise_cuda_graphs",
                    "0.5.23": "cuda_graph_setup.capture_prefill_graph"}
+
+
+def test_notebook_agreement_table_passes_and_a_wrong_variant_fails(real):
+    results = {v: require(real[v]) for v in RELEASES}
+    checks = exp_real.checks(results)
+    assert compare.status(checks) == "pass"
+    assert [c.release for c in checks] == ["0.5.10.post1", "0.5.12.post1", "0.5.13", "0.5.13, guard removed",
+                                           "0.5.23", "0.5.23, guard removed"]
+    assert [c.variant for c in checks] == ["plain_alias", "no_alias", "property_guard", "property_only",
+                                           "property_guard", "property_only"]
+    # a release matched with the wrong variant must be caught, fact by fact
+    bad = exp_real.checks({"0.5.12.post1": results["0.5.12.post1"]}, variant_of={"0.5.12.post1": "property_guard"})
+    assert compare.status(bad) == "fail"
+    assert compare.summary(bad, exp_real.CLAIM).startswith("MISMATCH")
+    assert any(d.startswith("gate_enabled") for d in bad[0].differences)
+
+
+def test_a_missing_release_is_a_not_run_row():
+    from sglab.real import run_probe
+
+    (check,) = exp_real.checks({"0.5.9": run_probe("0.5.9", "pcg_gate:run")})
+    assert check.agrees is None and check.behaviour.startswith("not run: sglang 0.5.9: not installed")

@@ -12,7 +12,7 @@ from . import analysis as an
 from .profile import COPY
 
 SHOWN = ("no_alias", "plain_alias", "property_only", "property_guard")
-HOW = {"no_alias": "no .model", "plain_alias": "self.model = self.language_model",
+HOW = {"no_alias": "no .model", "plain_alias": "self.model =\nself.language_model.model",
        "property_only": "@property model", "property_guard": "@property model\n+ __setattr__ guard"}
 
 
@@ -38,7 +38,7 @@ def _write_back(v: str, on: bool, dup: int) -> tuple[str, str]:
     if not on:
         return "not reached", "neutral"
     if v == "plain_alias":
-        return "LLM already in _modules['model']\n(registered in __init__)", "before"
+        return "text model already in _modules['model']\n(registered in __init__)", "before"
     if v == "property_guard":
         return "dropped by __setattr__\n(nothing registered)", "kept"
     return ("nn.Module.__setattr__ puts the LLM\nin _modules['model']" if dup else "no duplicate"), \
@@ -68,8 +68,8 @@ def mechanism(facts: pd.DataFrame | None = None):
         dg.arrow(ax, (8.1, y + 0.37), (8.45, y + 0.37))
         dg.box(ax, 8.45, y + 0.4, 3.4, 0.33, f"language_model.*  {lm} keys", color="kept", fontsize=7.5)
         if dup:
-            dg.box(ax, 8.45, y + 0.02, 3.4, 0.33, f"model.*  {dup} keys (the LLM again)", color="before",
-                   fontsize=7.5)
+            what = "its text model" if v == "plain_alias" else "the LLM"
+            dg.box(ax, 8.45, y + 0.02, 3.4, 0.33, f"model.*  {dup} keys ({what} again)", color="before", fontsize=7.5)
         else:
             ax.text(8.5, y + 0.18, "model.*  none", fontsize=7.5, color="#555555", va="center")
     ax.text(0.05, 0.1, f"Key counts from {facts['source'].iloc[0]}. Only the PR's variant (property + guard) passes "

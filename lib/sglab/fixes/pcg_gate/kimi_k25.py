@@ -9,8 +9,9 @@ Four wrapper variants (``VARIANTS``) reproduce the before/after, plus one extra 
 is not enough:
 
 ``no_alias``        upstream before the PR: no ``.model``; the gate says "not a language model".
-``plain_alias``     ``self.model = self.language_model`` in ``__init__``: the gate passes, but ``nn.Module``
-                    registers the LLM a second time under ``model.*``.
+``plain_alias``     ``self.model = self.language_model.model`` in ``__init__`` (released SGLang 0.5.10.x,
+                    ``models/kimi_k25.py``): the gate passes, but ``nn.Module`` registers the text model (the
+                    LLM's ``.model``: embeddings, layers, final norm) a second time under ``model.*``.
 ``property_only``   ``@property model``: the gate passes and nothing is duplicated at construction, but the
                     runner's write-back ``wrapper.model = ...`` goes through ``nn.Module.__setattr__``, which
                     stores any ``Module`` value in ``_modules`` without consulting the class property.
@@ -65,11 +66,14 @@ class KimiNoAlias(_KimiK25Shape):
 
 
 class KimiPlainAlias(_KimiK25Shape):
-    """Plain alias assignment (the pattern of the earlier #20747 and of InternVL): registers the LLM twice."""
+    """Plain alias assignment, as released in SGLang 0.5.10.x (``KimiK25ForConditionalGeneration.__init__``:
+    ``self.model = self.language_model.model``): registers the text model twice. The gate's write-back
+    ``model.model = resolve_language_model(model)`` then re-assigns the same module (``resolve_language_model``
+    returns ``model.model``), so nothing changes at the gate."""
 
     def __init__(self, language_model: nn.Module, **kw):
         super().__init__(language_model, **kw)
-        self.model = self.language_model
+        self.model = self.language_model.model
 
 
 class KimiPropertyOnly(_KimiK25Shape):
