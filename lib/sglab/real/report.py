@@ -26,6 +26,12 @@ def not_run_lines(results: dict[str, ProbeResult]) -> list[str]:
             if not r.ok]
 
 
+def status_lines(results: dict[str, ProbeResult]) -> str:
+    """One line per release: how long it ran and with which shims, or why it did not run."""
+    return "\n".join(r.summary() if r.ok else f"sglang {v}: not run: {r.reason.removeprefix(f'sglang {v}: ')}"
+                     for v, r in results.items())
+
+
 def ran(results: dict[str, ProbeResult]) -> dict[str, ProbeResult]:
     return {v: r for v, r in results.items() if r.ok}
 
