@@ -155,8 +155,9 @@ print(real.high_water_note(real_results))
 real_table
 
 # %% [markdown]
-# The rebuild's manager keeps a high-water mark by default (`high_water=True`, the manager of later releases):
-# the line above says whether these releases' managers have it, and whether it changes any count here.
+# The rebuild's manager keeps a high-water mark by default (`high_water=True`): the line above says whether
+# these releases' managers have it, from which installed release on SGLang's manager keeps one, and whether it
+# changes any count here.
 #
 # On GPUs, the real FlashInfer workspace created along the same trace (milliseconds and MiB per rank beside the
 # rebuild's), where such a run is recorded:

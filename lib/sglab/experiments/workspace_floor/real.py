@@ -96,6 +96,18 @@ def comparison(results: dict):
     return pd.DataFrame(rows)
 
 
+def first_high_water_release() -> str | None:
+    """The oldest installed release whose ``FlashInferWorkspaceManager`` keeps ``_max_token_num_seen`` (read in
+    its ``layers/flashinfer_comm_fusion.py``, not imported), or None."""
+    from sglab.real.releases import installed_releases, package_dir
+
+    for v in installed_releases():
+        path = package_dir(v) / "srt" / "layers" / "flashinfer_comm_fusion.py"
+        if path.is_file() and "_max_token_num_seen" in path.read_text():
+            return v
+    return None
+
+
 def high_water_note(results: dict) -> str:
     """Which real managers keep a high-water mark, and whether the rebuild's (which keeps one) counts the same
     on the releases' own call sites: computed, not asserted."""
@@ -106,5 +118,7 @@ def high_water_note(results: dict) -> str:
     same = all(rebuild_cell(rebuild_policy(v, s, True), t, p) == rebuild_cell(rebuild_policy(v, s, False), t, p)
                for v in have for s in ("release", *ALT_SITES) for t in params()["traces"] for p in SCENARIOS)
     parts = ", ".join(f"{v}: {'yes' if h else 'no'}" for v, h in have.items())
+    first = first_high_water_release()
+    since = f" (the manager of {first} on)" if first else ""
     return (f"real manager keeps a high-water mark (_max_token_num_seen)? {parts}. The rebuild's manager keeps "
-            f"one by default; with it on, every cell above counts {'the same' if same else 'DIFFERENTLY'}.")
+            f"one by default{since}; with it on, every cell above counts {'the same' if same else 'DIFFERENTLY'}.")
