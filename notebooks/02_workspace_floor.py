@@ -25,7 +25,9 @@ from IPython.display import display
 
 from sglab import notebook as nb
 from sglab.experiments import workspace_floor as experiment
-from sglab.experiments.workspace_floor import analysis, figures, text, traces
+from sglab.experiments.workspace_floor import analysis, figures, real, text, traces
+from sglab.fixes import workspace_floor as wf
+from sglab.real import report
 
 pd.set_option("display.width", 160)
 params = {**experiment.DEFAULT_PARAMS, **PARAMS}
@@ -64,7 +66,17 @@ nb.slide(experiment.EXPERIMENT, shown, figures.mechanism(shown))
 # It blocks the host on every rank and cannot run inside CUDA-graph capture.
 #
 # Before the PR the call passed no `max_token_num` (the callee's default, 2048, with
-# `assert input_tensor.shape[0] <= max_token_num`); after it, `max(x.shape[0], 2048)`.
+# `assert input_tensor.shape[0] <= max_token_num`); after it, `max(x.shape[0], 2048)`. Which released SGLang
+# has the floor (read in the released wheels, `data/upstream/releases.csv`), and the released call site beside
+# the rebuilt policy:
+
+# %%
+from sglab.upstream import figures as upstream_figures, hunks
+
+upstream_figures.timeline_row_figure(experiment.EXPERIMENT)
+
+# %%
+hunks.beside(experiment.EXPERIMENT, wf.Policy.max_token_num)
 
 # %%
 analysis.sizes_table(world_sizes=(2, 4), hidden_dim=params["hidden_dim"])
@@ -121,6 +133,39 @@ figures.simulated_tradeoff(sim, world_sizes=(2, 4))
 
 # %%
 print("\n".join(text.floor_effect(sim, (2, 4))))
+
+# %% [markdown]
+# ## The real SGLang, before and after
+#
+# The same traces through the released code: each release's own call site
+# (`layernorm.py::_forward_with_allreduce_fusion`), the real `flashinfer_allreduce_residual_rmsnorm` with its
+# assert, `ensure_workspace_initialized`, `FlashInferWorkspaceManager` and `pre_initialize_workspaces`, one
+# subprocess per release (`sglab.real.probes.workspace_floor`). Only FlashInfer's workspace creation is replaced,
+# by a recorder that answers the size check with FlashInfer's rule, and the GPU preflight vote by "proceed".
+# Besides its own call site, each release's callee also runs the floors 0 and 1024. The rebuild runs the same
+# cells with the policy of that call site and a manager like the release's; `agrees` needs equal re-creation
+# steps, sizes and refused calls.
+
+# %%
+real_results = real.probe()
+print(report.status_lines(real_results))
+real_table = real.comparison(real_results)
+report.check(real_table, what="(release, call site, trace, scenario) cells")
+print(real.high_water_note(real_results))
+real_table
+
+# %% [markdown]
+# The rebuild's manager keeps a high-water mark by default (`high_water=True`): the line above says whether
+# these releases' managers have it, from which installed release on SGLang's manager keeps one, and whether it
+# changes any count here.
+#
+# On GPUs, the real FlashInfer workspace created along the same trace (milliseconds and MiB per rank beside the
+# rebuild's), where such a run is recorded:
+
+# %%
+real_line, real_run = report.recorded_summary(real.RECORDED)
+print(real_line)
+real_run
 
 # %% [markdown]
 # ## Measured: the same replay with real workspaces on the GPUs

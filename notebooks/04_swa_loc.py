@@ -70,6 +70,24 @@ print(inspect.getsource(fx.SWAKVPool.translate_loc_from_full_to_swa))
 rebuild.variants_table()
 
 # %% [markdown]
+# Which released SGLang has which state (read in the released wheels, `data/upstream/releases.csv`), then each
+# PR's released hunk beside the rebuilt method: #23552's preset in `capture_one_batch_size`, #24743's zeroing in
+# `populate_from_forward_batch`.
+
+# %%
+from sglab.upstream import figures as upstream_figures, hunks
+
+upstream_figures.timeline_row_figure(experiment.EXPERIMENT)
+
+# %%
+hunks.beside(experiment.EXPERIMENT, fx.DecodeGraphRunner.capture_one_batch_size,
+             symbol="CudaGraphRunner.capture_one_batch_size")
+
+# %%
+hunks.beside(experiment.EXPERIMENT, fx.DecodeInputBuffers.populate_from_forward_batch, pr=24743,
+             symbol="DecodeInputBuffers.populate_from_forward_batch")
+
+# %% [markdown]
 # ## Rebuild: what each runner records (CPU, live)
 #
 # Without a GPU the runner captures by running the step with the Python state it would be captured with, and
@@ -121,6 +139,51 @@ rebuild.dtypes_table()
 # SWA layer that SGLang's `store_cache` kernel (int32 or int64 natively) does not have. The kernel counts
 # below show it as the gap between `pr23552` and `pr24743`.
 #
+# ## The real SGLang, before and after
+#
+# The released pool and allocator (`SWAKVPool`, `SWATokenToKVPoolAllocator`), one subprocess per release
+# (`sglab.real.probes.swa_loc`), write one 3-token decode step through 4 layers (SWA layers 0 and 2) on the CPU:
+# how many times the layers translate the location, with and without it set or passed in beforehand, and whether
+# the SWA rows land at the allocator's paired slots; `DecodeInputBuffers` (dtype and padded tail after a padded
+# populate) where the release has the PR-era runner. One translation is also run under a dispatch recorder: each
+# aten op it dispatches that is not a view is one kernel on a GPU (one kernel node in a captured graph). The
+# rebuild answers the same questions in the same shapes; where no rebuilt variant exists (0.5.13 on), the number
+# to match is the claims module's.
+
+# %%
+from sglab.experiments.swa_loc import claims, real
+from sglab.real import report
+
+real_results = real.probe()
+print(report.status_lines(real_results))
+real_table = real.comparison(real_results)
+report.check(real_table, what="(release, behaviour) rows")
+real_table
+
+# %% [markdown]
+# **Kernels per SWA layer, from the released code.** The rebuild's "2 extra kernel nodes per SWA layer" (the
+# claim `swa_loc.extra_kernels_per_swa_layer`) is the cost of the PR-era translation. Each release's own
+# `return` line and the kernels one translation dispatches:
+
+# %%
+print(real.kernels_statement(real_results))
+print(f"claims: {claims.EXTRA_PER_SWA_LAYER} extra kernel nodes per SWA layer without the preset in "
+      f"{', '.join(claims.PR_ERA_RELEASES)}; {claims.KERNELS_PER_TRANSLATION_TODAY} gather per translation "
+      f"from 0.5.13, which translates once per forward and passes the location to every write")
+
+# %% [markdown]
+# So the 2 holds for the releases #23552 and #24743 shipped in (0.5.11, 0.5.12.post1) and the one before them:
+# the translation was a gather plus an int32 cast of the int64 mapping. Today's SGLang (0.5.13 on) translates
+# with a single gather, once per forward, and has no `set_swa_loc` left to forget: the state #23552 fixed cannot
+# arise there. On a GPU, the released pool captured in a CUDA graph (kernel nodes per SWA layer with and without
+# the preset on 0.5.12.post1, translated once or per layer on 0.5.23), where such a run is recorded:
+
+# %%
+real_line, real_run = report.recorded_summary(real.RECORDED)
+print(real_line)
+real_run
+
+# %% [markdown]
 # ## Kernels per replay (GPU)
 #
 # For each layout and batch size the run captures the three graphs and counts their kernel nodes statically

@@ -79,6 +79,19 @@ except fx.UnequalShards as e:
     print("caught:", e)
 
 # %% [markdown]
+# Which released SGLang has the filter (read in the released wheels, `data/upstream/releases.csv`: it arrived in
+# 0.5.11, was lost in 0.5.14's runner refactor, and 0.5.22 rounds up instead), and the released filter inside
+# `PiecewiseCudaGraphRunner.__init__` beside the rebuilt one:
+
+# %%
+from sglab.upstream import figures as upstream_figures, hunks
+
+upstream_figures.timeline_row_figure(experiment.EXPERIMENT)
+
+# %%
+hunks.beside(experiment.EXPERIMENT, fx.filter_piecewise_capture_sizes)
+
+# %% [markdown]
 # ## Rebuild: before, the PR, the decode runner's rule, today
 #
 # * **before** — the piecewise runner captures `default` as is.
@@ -101,6 +114,40 @@ analysis.rule_table(default)
 if not wb.live:
     cpu = experiment.run({"world_size": 2, "backend": "gloo", "hidden": 16, "max_tokens": 64, "profile": False})
     print(experiment.summary(cpu.df).drop(columns=["error"]).to_string(index=False))
+
+# %% [markdown]
+# ## The real SGLang, before and after
+#
+# Each release's own runner code decides the capture sizes for the settings below, one subprocess per release
+# (`sglab.real.probes.capture_sizes`): 0.5.10.post1 and 0.5.11 run the real `PiecewiseCudaGraphRunner.__init__`
+# on a stand-in runner up to the log line after the filter, and `get_batch_sizes_to_capture`; 0.5.14 and 0.5.23
+# the unified runners' functions (0.5.23 through its own published `ServerArgs`). The configured lists are the
+# default piecewise list for 2048 tokens and the decode list for 256 requests. Each release must match one
+# rebuilt rule: `before` (0.5.10.post1, and 0.5.14, which lost the filter), `pr_filter` (0.5.11) and `today`
+# (0.5.23: every size rounded up to the decode runner's alignment, `fx.today_capture_sizes`); decode lists
+# follow the decode runner's filter everywhere.
+
+# %%
+from sglab.experiments.capture_sizes import real
+from sglab.real import report
+
+real_results = real.probe()
+print(report.status_lines(real_results))
+print(real.defaults_line(real_results))
+real_table = real.comparison(real_results)
+report.check(real_table, what="(release, setting) rows")
+real_table
+
+# %% [markdown]
+# The notebook's `round_up` policy (the tables above and below) against 0.5.23's real lists. SGLang rounds to the
+# decode runner's alignment, which doubles under two-batch overlap; the rebuild first rounded to the PR's
+# `mul_base` alone and was corrected to SGLang's rule (`fx.today_alignment`) after this check:
+
+# %%
+print(real.round_up_note(real_results))
+real_line, real_run = report.recorded_summary(real.RECORDED)
+print(real_line)
+real_run
 
 # %% [markdown]
 # ## Which buckets survive, for attention TP 1–8 × CP 1–4 × two-batch overlap

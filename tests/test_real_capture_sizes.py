@@ -6,15 +6,16 @@ in the runner refactor. 0.5.23: sizes rounded up to the alignment. Decode: the o
 
 import pytest
 
+from sglab.experiments.capture_sizes import real as real_section
+from sglab.experiments.capture_sizes.analysis import policy_lists
 from sglab.fixes import capture_sizes as fix
-from sglab.real.probes.capture_sizes import MAX_RUNNING_REQUESTS, SETTINGS
+from sglab.real import report
+from sglab.real.probes.capture_sizes import SETTINGS
 from sglab.real.testing import probe_all, require, value
 
-RELEASES = ("0.5.10.post1", "0.5.11", "0.5.14", "0.5.23")
+RELEASES = real_section.RELEASES
 PIECEWISE = fix.default_piecewise_capture_sizes(2048)
-DECODE = [1, 2, 4, 8, 12] + list(range(16, 257, 8))   # ServerArgs' decode list for --cuda-graph-max-bs 256
-UNALIGNED = {"tp8_dense_tp1_unaligned": dict(tp_size=8, moe_dense_tp_size=1, piecewise=[4, 12, 20])}
-PARAMS = {"piecewise": PIECEWISE, "decode": DECODE, "max_tokens": 2048, "settings": {**SETTINGS, **UNALIGNED}}
+PARAMS = real_section.params(2048)
 
 
 ARGS = {"tp8_dense_tp1": ["--model-path", "m", "--tp-size", "8", "--moe-dense-tp-size", "1"],
@@ -28,28 +29,15 @@ def real():
     return probe_all(RELEASES, "capture_sizes:run_with_args", {**PARAMS, "server_args": ARGS})
 
 
-def widths(setting: dict) -> tuple[int, int, bool, bool]:
-    """(attention TP, attention CP, gathered, two-batch overlap) by the rebuild."""
-    a = fix.ParallelArgs(**{k: v for k, v in setting.items() if k != "piecewise"})
-    return fix.attention_tp_size(a), a.attn_cp_size, fix.require_gathered_buffer(a), a.enable_two_batch_overlap
+widths = real_section.widths
 
 
 def expected_piecewise(release: str, setting: dict) -> list[int]:
-    tp, cp, gathered, tbo = widths(setting)
-    sizes = setting.get("piecewise", PIECEWISE)
-    if release == "0.5.11":
-        return fix.filter_piecewise_capture_sizes(sizes, tp, cp, gathered=gathered)
-    if release == "0.5.23":
-        # today's prefill alignment is the decode one (two-batch overlap included), rounded up, not dropped
-        return fix.round_up_capture_sizes(sizes, fix.decode_mul_base(tp, cp, gathered=gathered,
-                                                                      two_batch_overlap=tbo))
-    return list(sizes)
+    return real_section.rebuild_piecewise(real_section.VARIANT[release], setting, PIECEWISE)
 
 
 def expected_decode(setting: dict) -> list[int]:
-    tp, cp, gathered, tbo = widths(setting)
-    return fix.filter_decode_batch_sizes(DECODE, tp, cp, gathered=gathered, two_batch_overlap=tbo,
-                                         num_max_requests=MAX_RUNNING_REQUESTS)
+    return real_section.rebuild_decode(setting)
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -116,3 +104,36 @@ def test_server_args_errors_are_sglangs_own_one_line(real):
 def test_server_args_of_later_releases_say_they_are_not_reached(real):
     assert value(require(real["0.5.23"]), setting="args:tp8_dense_tp1", metric="unsupported").startswith(
         "sglang 0.5.23 decides capture sizes while resolving its configuration")
+
+
+def test_the_section_table_agrees_everywhere(real):
+    for v in RELEASES:
+        require(real[v])
+    table = real_section.comparison(real)
+    assert len(table) == len(RELEASES) * len(real_section.settings())
+    assert report.check(table), table[~table.agrees].to_string()
+    assert "DIFFERS" not in real_section.round_up_note(real)
+
+
+def test_todays_round_up_is_the_decode_alignment_and_the_notebook_uses_it(real):
+    """0.5.23 rounds to the decode runner's alignment: x2 under two-batch overlap. The notebook's round_up policy
+    follows it (rounding to the PR's mul_base alone would give 8, 16, ... at tp 8 with TBO)."""
+    got = value(require(real["0.5.23"]), setting="tp8_tbo_dense_tp1", metric="piecewise")
+    assert got == fix.today_capture_sizes(PIECEWISE, 8, two_batch_overlap=True) == policy_lists(PIECEWISE, 8, 1,
+                                                                                                  True)["round_up"]
+    assert got != fix.round_up_capture_sizes(PIECEWISE, fix.piecewise_mul_base(8))
+    assert fix.today_alignment(8, two_batch_overlap=True) == 16 and fix.today_alignment(4, 3) == 12
+    assert fix.today_alignment(8, gathered=False) == 1
+
+
+def test_a_wrong_rule_would_be_caught(real):
+    """The check can fail: comparing 0.5.23 with the PR's filter disagrees in the settings where they differ."""
+    r = require(real["0.5.23"])
+    saved = dict(real_section.VARIANT)
+    try:
+        real_section.VARIANT["0.5.23"] = "pr_filter"
+        table = real_section.comparison({"0.5.23": r})
+    finally:
+        real_section.VARIANT.clear()
+        real_section.VARIANT.update(saved)
+    assert not table.agrees.all()

@@ -1,48 +1,29 @@
 """The real hybrid-SWA pool and decode buffers, against ``sglab.fixes.swa_loc``.
 
 Releases: 0.5.10.post1 (before #23552: no buffer field), 0.5.11 (#23552: int64 buffer, tail not cleared),
-0.5.12.post1 (#24743: int32, zeroed on padding), 0.5.23 (``set_swa_loc`` gone; the caller translates once).
+0.5.12.post1 (#24743: int32, zeroed on padding), 0.5.13 (``set_swa_loc`` gone, ``swa_loc=`` passed to each write,
+the translation one gather), 0.5.23 (a ``KVWriteLoc`` carries the location translated once).
 """
 
 import pytest
-import torch
 
+from sglab.experiments.swa_loc import claims, real as real_section
+from sglab.experiments.swa_loc.real import rebuild_buffer, rebuild_translation_ops, rebuild_translations
 from sglab.fixes import swa_loc as fix
-from sglab.real.testing import probe_all, require, value
+from sglab.real import report
+from sglab.real.testing import require, value
 
-RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.23")
-VARIANT_OF = {"0.5.10.post1": "before", "0.5.11": "pr23552", "0.5.12.post1": "pr24743"}
+RELEASES = real_section.RELEASES
+VARIANT_OF = real_section.BUFFER_VARIANT
 
 
 @pytest.fixture(scope="module")
 def real():
-    return probe_all(RELEASES, "swa_loc:run")
-
-
-def rebuild_translations(preset: bool) -> int:
-    """The rebuild's pool, the probe's shape (16 full / 6 SWA slots, SWA layers 0 and 2): translations made by
-    one 3-token write through 4 layers."""
-    pool = fix.SWAKVPool(16, 6, 2, 4, torch.float32, [0, 2], [1, 3], "cpu")
-    alloc = fix.SWATokenToKVPoolAllocator(16, 6, pool)
-    loc = alloc.alloc(3)
-    if preset:
-        pool.set_swa_loc(alloc.translate_loc_from_full_to_swa(loc))
-    pool.translate_calls = 0
-    k = torch.ones(3, 2, 4)
-    for layer in range(4):
-        pool.set_kv_buffer(layer, loc, k, -k)
-    return pool.translate_calls
+    return real_section.probe()
 
 
 def rebuild_tail(variant: str) -> tuple[str, list]:
-    """(dtype, padded tail) of the rebuild's buffer after a full then a padded populate (as the probe does)."""
-    cfg = fix.runner_config(variant)
-    buf = fix.DecodeInputBuffers.create(device="cpu", max_bs=4, is_hybrid_swa=True, swa_loc_dtype=cfg.swa_loc_dtype)
-    for swa, raw_bs in (([11, 12, 13, 14], 4), ([21, 22], 2)):
-        fb = fix.ForwardBatch(torch.zeros(raw_bs, dtype=torch.int64), torch.full((raw_bs,), 5, dtype=torch.int32),
-                              torch.arange(1, raw_bs + 1), torch.tensor(swa, dtype=torch.int32))
-        buf.populate_from_forward_batch(forward_batch=fb, raw_bs=raw_bs, bs=4, zero_swa_on_pad=cfg.zero_swa_on_pad)
-    return str(buf.out_cache_loc_swa.dtype).replace("torch.", ""), buf.out_cache_loc_swa[2:4].tolist()
+    return rebuild_buffer(variant)
 
 
 @pytest.mark.parametrize("release", ["0.5.10.post1", "0.5.11", "0.5.12.post1"])
@@ -83,3 +64,48 @@ def test_decode_buffer_dtype_and_padding_match_the_rebuild(real, release, stale_
     assert value(r, part="buffers", metric="dtype") == dtype
     assert value(r, part="buffers", metric="padded_tail_after_padded_populate") == tail == stale_tail
     assert value(r, part="buffers", metric="real_part_after_padded_populate") == [21, 22]
+
+
+def test_0513_takes_the_location_translated_once_per_forward(real):
+    r = require(real["0.5.13"])
+    assert value(r, part="pool", case="has_set_swa_loc", metric="value") is False
+    assert value(r, part="pool", case="no_swa_loc", metric="error").startswith("AssertionError")
+    assert value(r, part="pool", case="swa_loc_arg", metric="translate_calls") == rebuild_translations(True) == 0
+    assert value(r, part="pool", case="swa_loc_arg", metric="swa_rows_at_paired_slots") is True
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_kernels_per_translation_are_the_claims_numbers(real, release):
+    """The 2 extra kernel nodes per SWA layer of the claim hold for the PR-era releases (a gather and an int32
+    cast, as rebuilt); from 0.5.13 a translation is one gather."""
+    r = require(real[release])
+    ops = value(r, part="translation", case="pool", metric="ops")
+    assert value(r, part="translation", case="pool", metric="mapping_dtype") == "int64"
+    if release in claims.PR_ERA_RELEASES:
+        assert ops == rebuild_translation_ops() == ["aten::index", "aten::_to_copy"]
+        assert len(ops) == claims.EXTRA_PER_SWA_LAYER
+        assert value(r, part="translation", case="pool", metric="source").endswith(".to(torch.int32)")
+    else:
+        assert ops == ["aten::index"] and len(ops) == claims.KERNELS_PER_TRANSLATION_TODAY
+
+
+def test_the_section_table_agrees_everywhere(real):
+    for v in RELEASES:
+        require(real[v])
+    table = real_section.comparison(real)
+    assert set(table.release) == set(RELEASES)
+    assert report.check(table), table[~table.agrees].to_string()
+    statement = real_section.kernels_statement(real)
+    assert "0.5.10.post1, 0.5.11, 0.5.12.post1: `return self.full_to_swa_index_mapping[kv_indices].to(torch.int32)` " \
+           "-> 2 kernels" in statement
+    assert "0.5.13, 0.5.23: `return self.full_to_swa_index_mapping[kv_indices]` -> 1 kernel " in statement
+
+
+def test_a_doctored_release_disagrees(real):
+    """The check can fail: a PR-era release whose translation had one op would not match the rebuild."""
+    r = require(real["0.5.12.post1"])
+    doctored = r.rows.copy()
+    mask = (doctored.part == "translation") & (doctored.metric == "ops")
+    doctored.loc[mask, "value"] = doctored.loc[mask, "value"].apply(lambda ops: ops[:1])
+    table = real_section.comparison({"0.5.12.post1": type(r)(**{**r.__dict__, "rows": doctored})})
+    assert not table.agrees.all()

@@ -23,9 +23,14 @@ Mirrors, PR-era (May 2026):
   ``attn_tp_reduce_scatter_tensor`` into that shard) and ``_gather_hidden_states_and_residual``
   (``attn_tp_all_gather_into_tensor``) -> :func:`scatter_to_attn_tp`, :func:`gather_from_attn_tp`.
 
-Later SGLang stopped dropping sizes: unaligned prefill buckets are rounded *up* to the alignment with
-``ceil_align`` and de-duplicated (the approach of sgl-project/sglang#33200 and the state of SGLang 0.5.23's
-prefill runner) -> :func:`round_up_capture_sizes`.
+Later SGLang stopped dropping sizes: unaligned prefill buckets are rounded *up* with ``ceil_align`` and
+de-duplicated (the approach of sgl-project/sglang#33200; released from 0.5.22) -> :func:`round_up_capture_sizes`.
+The alignment SGLang 0.5.23 rounds to is the decode runner's, two-batch overlap included:
+``model_executor/runner/prefill_cuda_graph_runner.py::get_prefill_num_tokens_to_capture`` calls
+``utils/common.py::get_cuda_graph_max_batch_size``, i.e. ``ceil_align`` to
+``get_cuda_graph_batch_size_alignment()`` -> :func:`today_alignment`, :func:`today_capture_sizes`. (Rounding up to
+the PR's ``mul_base`` instead, as this module's callers may do to compare policies at one alignment, is the same
+list except under two-batch overlap, where 0.5.23 aligns to twice as much.)
 
 Also here, for the design review: :func:`lcm_base` (the least common multiple of attn TP and CP, which the
 PR's ``mul_base`` is not always) and :func:`comment_base` (``attn_tp_size * attn_cp_size``, which the PR's code
@@ -207,6 +212,21 @@ def filter_decode_batch_sizes(batch_sizes: Sequence[int], attn_tp_size: int, att
 def round_up_capture_sizes(sizes: Iterable[int], alignment: int) -> list[int]:
     """Today: round every size up to a multiple of ``alignment`` (``ceil_align``), then sort and de-duplicate."""
     return sorted({ceil_align(n, alignment) for n in sizes})
+
+
+def today_alignment(attn_tp_size: int, attn_cp_size: int = 1, *, gathered: bool = True,
+                    two_batch_overlap: bool = False) -> int:
+    """SGLang 0.5.23 ``get_cuda_graph_batch_size_alignment`` (CUDA): x2 under two-batch overlap, x attn TP when the
+    buffer is gathered, x attn CP when CP does not divide the result -- the decode runner's ``mul_base``."""
+    return decode_mul_base(attn_tp_size, attn_cp_size, gathered=gathered, two_batch_overlap=two_batch_overlap)
+
+
+def today_capture_sizes(sizes: Iterable[int], attn_tp_size: int, attn_cp_size: int = 1, *, gathered: bool = True,
+                        two_batch_overlap: bool = False) -> list[int]:
+    """SGLang 0.5.23 ``get_prefill_num_tokens_to_capture``: ``sorted({ceil_align(n, alignment) for n in sizes})``
+    with :func:`today_alignment`."""
+    return round_up_capture_sizes(sizes, today_alignment(attn_tp_size, attn_cp_size, gathered=gathered,
+                                                         two_batch_overlap=two_batch_overlap))
 
 
 def pick_bucket(num_tokens: int, buckets: Sequence[int]) -> int | None:

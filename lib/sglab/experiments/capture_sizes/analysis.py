@@ -199,15 +199,17 @@ def trace_summary(events):
 # --------------------------------------------------------------------------------------------------------------
 # CPU tables of the rebuild
 # --------------------------------------------------------------------------------------------------------------
-def policy_lists(sizes: Sequence[int], attn_tp: int, attn_cp: int = 1) -> dict[str, list[int]]:
+def policy_lists(sizes: Sequence[int], attn_tp: int, attn_cp: int = 1,
+                 two_batch_overlap: bool = False) -> dict[str, list[int]]:
     """What each policy captures from ``sizes`` at attention TP/CP: ``before`` (as given), ``pr_filter`` (the
-    PR's filter; empty where the PR's assertion fires) and ``round_up`` (rounded up to the PR's ``mul_base``)."""
-    base = fx.piecewise_mul_base(attn_tp, attn_cp)
+    PR's filter; empty where the PR's assertion fires) and ``round_up`` (rounded up as SGLang 0.5.23 does: to the
+    PR's ``mul_base``, twice that under two-batch overlap, :func:`~sglab.fixes.capture_sizes.today_capture_sizes`)."""
     try:
         kept = fx.filter_piecewise_capture_sizes(sizes, attn_tp, attn_cp)
     except fx.NoCaptureSizes:
         kept = []
-    return {"before": list(sizes), "pr_filter": kept, "round_up": fx.round_up_capture_sizes(sizes, base)}
+    return {"before": list(sizes), "pr_filter": kept,
+            "round_up": fx.today_capture_sizes(sizes, attn_tp, attn_cp, two_batch_overlap=two_batch_overlap)}
 
 
 def size_table(attn_tp: int, max_tokens: int = 2048, sizes: list[int] | None = None, attn_cp: int = 1):
@@ -231,7 +233,7 @@ def rule_table(sizes: Sequence[int], combos=((8, 1, False), (8, 1, True), (4, 6,
 
     rows = []
     for tp, cp, tbo in combos:
-        lists = policy_lists(sizes, tp, cp)
+        lists = policy_lists(sizes, tp, cp, tbo)
         dec = fx.filter_decode_batch_sizes(sizes, tp, cp, two_batch_overlap=tbo)
         rows.append({"attn_tp": tp, "attn_cp": cp, "two_batch_overlap": tbo,
                      "PR mul_base": fx.piecewise_mul_base(tp, cp), "PR keeps": len(lists["pr_filter"]),
@@ -284,7 +286,7 @@ def alignment_table(max_tokens: int = 2048, attn_tps=range(1, 9), attn_cps=range
                 kept_pr = [n for n in default if n % pr == 0]
                 kept_dec = [n for n in default if n % dec == 0]
                 kept_lcm = [n for n in default if n % lcm == 0]
-                rounded = fx.round_up_capture_sizes(default, pr)
+                rounded = fx.today_capture_sizes(default, tp, cp, two_batch_overlap=tbo)
                 w_pr = padding_waste(kept_pr, max_tokens) if kept_pr else None
                 w_rd = padding_waste(rounded, max_tokens)
                 out.append({

@@ -1,8 +1,11 @@
 """What every swa_loc run must show, as checks on the run (see :mod:`sglab.claims`).
 
 The rebuild's translation costs 2 kernels per SWA layer (the index gather and the int32 cast); the claims check
-that number exactly and report it as a value, so that a run of real SGLang, whose translation may cost another
-number, is compared on the value and not on prose.
+that number exactly and report it as a value. It is the PR-era number: the released
+``SWAKVPool.translate_loc_from_full_to_swa`` returns ``full_to_swa_index_mapping[loc].to(torch.int32)`` (an int64
+mapping: a gather and a cast) in :data:`PR_ERA_RELEASES`, and the bare gather ``full_to_swa_index_mapping[loc]``
+from 0.5.13 on (:data:`KERNELS_PER_TRANSLATION_TODAY`), where the location is also translated once per forward
+and passed to each write. ``tests/test_real_swa_loc.py`` checks both numbers against the released code.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ CLAIM = ("Presetting the SWA cache location before decode-graph capture removes 
          "(an index gather and an int32 cast) from every SWA layer of every replay; #24743's zeroing of the padded "
          "tail keeps padded tokens out of live SWA slots.")
 EXTRA_PER_SWA_LAYER = 2  # the rebuild's translation: full_to_swa_index_mapping[loc] and .to(torch.int32)
+PR_ERA_RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1")   # released with that same translation
+KERNELS_PER_TRANSLATION_TODAY = 1  # 0.5.13 on: full_to_swa_index_mapping[loc], one gather
 MIN_RATIO = 1.10
 
 
@@ -177,7 +182,8 @@ def _nsight_matches(run):
 CLAIMS = [
     Claim("swa_loc.extra_kernels_per_swa_layer",
           "Without the preset, each captured decode graph holds exactly 2 more kernel nodes per SWA layer than "
-          "#24743's (the translation's gather and cast)",
+          "#24743's (the translation's gather and cast, as in SGLang 0.5.10.post1-0.5.12.post1; from 0.5.13 a "
+          "translation is one gather)",
           f"== {EXTRA_PER_SWA_LAYER} per SWA layer in every (layout, batch size) cell", _extra_kernels),
     Claim("swa_loc.translate_calls_in_capture",
           "Capturing without the preset calls translate_loc_from_full_to_swa once per SWA layer; with it, never",

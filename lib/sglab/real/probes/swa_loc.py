@@ -6,6 +6,10 @@ calls, with and without ``set_swa_loc`` where the release has it; 0.5.2x passes 
 location is translated once by the caller. Every case also checks where the rows landed: an SWA layer's K
 must sit at the SWA slot the allocator paired with each full slot.
 
+Translation: the aten ops one ``translate_loc_from_full_to_swa`` dispatches (each a kernel node when a GPU
+captures it): ``full_to_swa_index_mapping[loc].to(torch.int32)`` up to 0.5.12.post1 is a gather and a cast, the
+bare gather of 0.5.13 on is one.
+
 Buffers (``model_executor/cuda_graph_runner.py`` ``DecodeInputBuffers``; releases up to 0.5.13 have the file,
 0.5.11 on have the ``out_cache_loc_swa`` field): dtype of the field, and its padded tail after a full populate
 (SWA slots 11..14) followed by a padded one (2 real tokens into the 4-token graph).
@@ -72,7 +76,8 @@ def _count_translations(pool) -> list:
 
 def _write_step(prepared, mode: str, device: str) -> dict:
     """One decode step of 3 tokens through all 4 layers; ``mode``: ``no_swa_loc`` (no ``swa_loc``),
-    ``set_swa_loc`` (0.5.1x: set before the layers) or ``write_loc`` (0.5.2x: ``KVWriteLoc``)."""
+    ``set_swa_loc`` (0.5.10.post1-0.5.12.post1: set before the layers), ``swa_loc_arg`` (0.5.13: passed to each
+    write) or ``write_loc`` (0.5.2x: ``KVWriteLoc``)."""
     import torch
 
     pool, allocator = build_pool(prepared, device)
@@ -80,8 +85,11 @@ def _write_step(prepared, mode: str, device: str) -> dict:
     swa_slots = allocator.full_to_swa_index_mapping[loc].to(torch.int64)
     calls = _count_translations(pool)
     k = torch.arange(3 * HEAD_NUM * HEAD_DIM, dtype=torch.float32, device=device).reshape(3, HEAD_NUM, HEAD_DIM) + 1
-    target, error = loc, None
-    if mode == "set_swa_loc":
+    target, error, extra = loc, None, {}
+    if mode == "swa_loc_arg":            # 0.5.13: the caller translates once and passes swa_loc= to every layer
+        extra = {"swa_loc": allocator.translate_loc_from_full_to_swa(loc)}
+        calls.clear()
+    elif mode == "set_swa_loc":
         pool.set_swa_loc(allocator.translate_loc_from_full_to_swa(loc))
         calls.clear()                    # the one translation ForwardBatch.init_new makes, outside the layers
     elif mode == "write_loc":
@@ -91,7 +99,7 @@ def _write_step(prepared, mode: str, device: str) -> dict:
         calls.clear()
     try:
         for layer_id in range(4):
-            pool.set_kv_buffer(types.SimpleNamespace(layer_id=layer_id), target, k * (layer_id + 1), -k)
+            pool.set_kv_buffer(types.SimpleNamespace(layer_id=layer_id), target, k * (layer_id + 1), -k, **extra)
     except AssertionError as exc:
         error = f"AssertionError: {exc}".strip().rstrip(":")
     landed = None
@@ -107,13 +115,48 @@ def pool_rows(prepared, device: str) -> list[dict]:
     modes = ["no_swa_loc"]
     if hasattr(pool, "set_swa_loc"):
         modes.append("set_swa_loc")
-    if "loc_info" in inspect.signature(pool.set_kv_buffer).parameters:
+    write_params = inspect.signature(pool.set_kv_buffer).parameters
+    if "swa_loc" in write_params:
+        modes.append("swa_loc_arg")
+    if "loc_info" in write_params:
         modes.append("write_loc")
     rows = [{"part": "pool", "case": "has_set_swa_loc", "metric": "value", "value": hasattr(pool, "set_swa_loc")}]
     for mode in modes:
         for metric, value in _write_step(prepared, mode, device).items():
             rows.append({"part": "pool", "case": mode, "metric": metric, "value": value})
     return rows
+
+
+def dispatched_ops(fn, *args) -> list[str]:
+    """The aten ops ``fn(*args)`` dispatches that compute something (views left out): on a GPU each one is a
+    kernel launch, and a kernel node when captured in a CUDA graph. Works on the CPU."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ops: list[str] = []
+
+    class _Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+            if not func.is_view:
+                ops.append(func._schema.name)
+            return func(*args, **(kwargs or {}))
+
+    with _Record():
+        fn(*args)
+    return ops
+
+
+def translation_rows(prepared, device: str) -> list[dict]:
+    """One translation of 3 full slots by the pool's ``translate_loc_from_full_to_swa``: the aten ops it
+    dispatches, the mapping's dtype and the release's own ``return`` line."""
+    pool, allocator = build_pool(prepared, device)
+    loc = allocator.alloc(3)
+    fn = pool.translate_loc_from_full_to_swa
+    source = [ln.strip() for ln in inspect.getsource(fn).splitlines() if ln.strip().startswith("return ")]
+    mapping = getattr(pool, "full_to_swa_index_mapping", None)
+    return [{"part": "translation", "case": "pool", "metric": "ops", "value": dispatched_ops(fn, loc)},
+            {"part": "translation", "case": "pool", "metric": "mapping_dtype",
+             "value": str(mapping.dtype).replace("torch.", "") if mapping is not None else None},
+            {"part": "translation", "case": "pool", "metric": "source", "value": source[-1] if source else None}]
 
 
 def _forward_batch(out_cache_loc_swa, n: int, device: str):
@@ -164,6 +207,7 @@ def run(prepared, params: dict) -> list[dict]:
     """Rows ``part, case, metric, value``: the pool (every release) and the decode buffers (0.5.1x)."""
     device = device_of(params)
     rows = [{"part": "pool", "case": "device", "metric": "value", "value": device}] + pool_rows(prepared, device)
+    rows += translation_rows(prepared, device)
     # 0.5.14 moved the decode runner to model_executor/runner/ (another buffer class); the PR-era class is
     # what #23552 and #24743 changed
     if not params.get("pool_only") and has_file(prepared, "srt/model_executor/cuda_graph_runner.py"):
