@@ -200,3 +200,30 @@ def test_command_missing_release_and_no_arguments(capsys):
     assert code == 2 and len(err.splitlines()) == 1 and "not a release version: 'five'" in err
     code, out, err = _cli(capsys, "--")
     assert code == 2 and len(err.splitlines()) == 1 and "give SGLang server arguments after --" in err
+
+
+# ------------------------------------------------------------------------------------------- the notebook's rules
+def test_rule_table_tp8_dense_tp1():
+    t = cs.rule_table(8, 1, True, False).set_index("rule")
+    assert t.loc["before #23972", "captures"] == 42 and t.loc["before #23972", "refused"] == "4: 4, 12, 20, 28"
+    assert t.loc["no alignment", "refused"] == "4: 4, 12, 20, 28"
+    # the filter and the round-up to 8 both give PIECEWISE_X8 (38): every moved size lands on a kept one
+    for rule in ("#23972 filter", "round-up"):
+        assert (t.loc[rule, "multiple of"], t.loc[rule, "captures"], t.loc[rule, "refused"]) == (8, 38, "none")
+    # with two-batch overlap the round-up aligns to 16: PIECEWISE_UP16 (36); the PR's filter stays at 8
+    tbo = cs.rule_table(8, 1, True, True).set_index("rule")
+    assert (tbo.loc["round-up", "multiple of"], tbo.loc["round-up", "captures"]) == (16, 36)
+    assert (tbo.loc["#23972 filter", "multiple of"], tbo.loc["#23972 filter", "captures"]) == (8, 38)
+
+
+def test_rule_table_non_power_of_two_and_no_scatter():
+    t = cs.rule_table(3, 1, True, False).set_index("rule")
+    # multiples of 3 in PIECEWISE: 12, 24, 48, 96, 144, 192, 240, 288, 384, 480, 576, 768, 960, 1536 -> 14;
+    # the other 28 sizes are refused before the PR
+    assert t.loc["#23972 filter", "captures"] == 14 and t.loc["#23972 filter", "smallest sizes"].startswith("12, 24, 48")
+    assert t.loc["before #23972", "refused"].startswith("28: 4, 8, 16, 20, 28")
+    # rounding up to 3 keeps one bucket per size (4->6, 8->9, 16->18, ...): 42, none merge
+    assert t.loc["round-up", "captures"] == 42
+    plain = cs.rule_table(2, 1, False, False)
+    assert set(plain.refused) == {"none"} and set(plain.captures) == {42}
+    assert "nothing to refuse" in plain.attrs["setting"]

@@ -285,3 +285,46 @@ def assumptions(rows, *, mla: bool, gpu_mem_gb: float, case: str = "args") -> st
                f"{vals['pool_size']}" if len(vals) == 2 else "")
     return (f"assumed: {'an MLA' if mla else 'a non-MLA'} text model, {gpu_mem_gb:g} GB per GPU, request pool 4096 "
             f"unless --max-running-requests{derived}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the notebook's controls: the rebuild's rules for a parallel layout, no release needed
+# --------------------------------------------------------------------------------------------------------------
+def rule_table(attn_tp: int, attn_cp: int, dense_tp1: bool, tbo: bool, max_tokens: int = fx.MLA_MAX_TOKENS):
+    """Per rule of the rebuild, the piecewise capture sizes of the default list for attention TP ``attn_tp`` x CP
+    ``attn_cp`` (no DP attention), dense MLP at TP 1 or not, two-batch overlap or not, and which of them the
+    reduce-scatter refuses. Releases per rule as found in the released wheels (0.5.14-0.5.21: no alignment)."""
+    import pandas as pd
+
+    a = fx.ParallelArgs(tp_size=int(attn_tp) * int(attn_cp), attn_cp_size=int(attn_cp),
+                        moe_dense_tp_size=1 if dense_tp1 else None, enable_two_batch_overlap=bool(tbo))
+    tp, cp, g = fx.attention_tp_size(a), a.attn_cp_size, fx.require_gathered_buffer(a)
+    default = fx.default_piecewise_capture_sizes(max_tokens)
+    align = fx.decode_mul_base(tp, cp, gathered=g, two_batch_overlap=a.enable_two_batch_overlap)
+    try:
+        pr = fx.filter_piecewise_capture_sizes(default, tp, cp, gathered=g)
+    except fx.NoCaptureSizes:
+        pr = None
+    rules = [("before #23972", "0.5.10.post1", 1, default),
+             ("#23972 filter", "0.5.11 – 0.5.13", fx.piecewise_mul_base(tp, cp) if g else 1, pr),
+             ("no alignment", "0.5.14 – 0.5.21", 1, default),
+             ("round-up", "0.5.22 +", align, fx.round_up_capture_sizes(default, align)),
+             ("decode runner's rule on this list", "decode, every release", align,
+              fx.filter_decode_batch_sizes(default, tp, cp, gathered=g, two_batch_overlap=a.enable_two_batch_overlap))]
+    rows = []
+    for rule, releases, base, sizes in rules:
+        if sizes is None:
+            rows.append({"rule": rule, "releases": releases, "multiple of": base, "captures": 0,
+                         "refused": "the PR's assertion: no size is a multiple, the server does not start"})
+            continue
+        refused = [n for n in sizes if g and n % tp]
+        rows.append({"rule": rule, "releases": releases, "multiple of": base, "captures": len(sizes),
+                     "refused": f"{len(refused)}: {_few(refused)}" if refused else "none",
+                     "smallest sizes": _few(sizes, 6)})
+    df = pd.DataFrame(rows)
+    df.attrs["setting"] = (f"attention TP {tp}, CP {cp}, " + ("tokens scattered over attention TP (dense TP 1)"
+                           if g else "no token scatter (all-reduce): nothing to refuse"))
+    if cp > 1:
+        df.attrs["setting"] += ("; 0.5.10.post1 to 0.5.13 turn the piecewise runner off under context parallelism "
+                                "unless --enforce-piecewise-cuda-graph (ServerArgs._handle_piecewise_cuda_graph)")
+    return df
