@@ -25,6 +25,7 @@ import inspect
 import re
 import sys
 
+RUNNER_FILE = "srt/model_executor/piecewise_cuda_graph_runner.py"   # the PR-era runners: what this probe reaches
 PLATFORM_CHECKS = ("is_hip", "is_npu", "is_cpu", "is_mps", "is_xpu")   # answered False: a CUDA host
 RULE_COMMENT = re.compile(r"^\s*#\s*\d+[a-z]?\.\s*(.+?)\s*$")
 
@@ -88,15 +89,19 @@ def _configure(prepared, sa_mod, argv: list[str], mla: bool, gpu_mem_gb: float):
     return sa, off
 
 
+def unsupported(release: str) -> str:
+    return (f"sglang {release} decides capture sizes while resolving its configuration (arg_groups/cuda_graph_hook.py), "
+            "which needs the model's config; not reached")
+
+
 def _one_case(prepared, argv: list[str], mla: bool, gpu_mem_gb: float, max_running: int) -> list[dict]:
     from sglab.real import bootstrap
     from sglab.real.probes import server_args
     from sglab.real.probes._support import has_file
     from sglab.real.probes.capture_sizes import _attn_widths, _sizes_pr_era
 
-    if not has_file(prepared, "srt/model_executor/piecewise_cuda_graph_runner.py"):
-        return [{"metric": "unsupported", "value": f"sglang {prepared.release} decides capture sizes while resolving "
-                 "its configuration (arg_groups/cuda_graph_hook.py), which needs the model's config; not reached"}]
+    if not has_file(prepared, RUNNER_FILE):
+        return [{"metric": "unsupported", "value": unsupported(prepared.release)}]
     sa_mod = bootstrap.import_release_module(prepared, "sglang.srt.server_args")
     common = bootstrap.import_release_module(prepared, "sglang.srt.utils.common")
     try:

@@ -29,7 +29,6 @@ import sys
 from ..fixes import capture_sizes as fx
 
 PROBE = "sglab.investigate.capture_probe:run"
-RUNNER_FILE = "srt/model_executor/piecewise_cuda_graph_runner.py"   # the PR-era runners: what the probe reaches
 MODEL_PLACEHOLDER = "model-not-loaded"
 LISTS = ("piecewise", "decode")
 
@@ -67,8 +66,8 @@ def ask(cases: dict[str, list[str]], releases, *, mla: bool = True, gpu_mem_gb: 
     import pandas as pd
 
     from ..real import run_probes
-
     from ..real.releases import package_dir
+    from .capture_probe import RUNNER_FILE, unsupported
 
     params = {"cases": {k: ["--model-path", MODEL_PLACEHOLDER, *argv] for k, argv in cases.items()},
               "mla": mla, "gpu_mem_gb": gpu_mem_gb, "max_running_requests": max_running_requests}
@@ -77,9 +76,8 @@ def ask(cases: dict[str, list[str]], releases, *, mla: bool = True, gpu_mem_gb: 
         if (package_dir(v) / RUNNER_FILE).is_file():
             reached.append(v)
             continue
-        note = (f"sglang {v} decides capture sizes while resolving its configuration (arg_groups/cuda_graph_hook.py), "
-                "which needs the model's config; not reached")
-        frames.append(pd.DataFrame([{"release": v, "case": c, "metric": "unsupported", "value": note} for c in cases]))
+        frames.append(pd.DataFrame([{"release": v, "case": c, "metric": "unsupported", "value": unsupported(v)}
+                                    for c in cases]))
     for v, r in run_probes(reached, PROBE, params, timeout=timeout).items():
         if r.ok:
             frames.append(r.rows.drop(columns=["probe"]))
