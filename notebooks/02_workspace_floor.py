@@ -240,7 +240,9 @@ if not traced:
 # The simulator on a generated cold start (the stored short-prompt scenario, with the median prompt length you
 # pick): re-creations, estimated host-blocking time (from the recorded creation cost) and peak MiB per rank for
 # your floor next to no floor, the PR's 2048 and the call before the PR, at your world size.
-# For your own traffic (token counts per forward step as CSV, or an SGLang server log): `sglab workspace --trace FILE --world-size W --hidden H`
+#
+# Your own traffic (token counts per forward step as CSV, or an SGLang server log) on the command line:
+# `sglab workspace --trace FILE --world-size W --hidden H`
 
 # %%
 from sglab.investigate import widgets

@@ -215,7 +215,8 @@ print(f"{v.status}: {v.detail}" if v.detail else v.status)
 # Layers, sliding-window layers per full layer (every N+1-th layer full, as Gemma 3's pattern) and batch size →
 # the extra kernels and µs a decode step pays without the preset, from the per-SWA-layer costs of the recorded
 # runs, and the bytes #23552's int64 buffer wastes for the captured slots.
-# For a real model's Hugging Face `config.json`: `sglab swa-cost CONFIG.json --batch-size B --max-bs N`
+#
+# A real model's Hugging Face `config.json` on the command line: `sglab swa-cost CONFIG.json --batch-size B --max-bs N`
 
 # %%
 from sglab.investigate import widgets

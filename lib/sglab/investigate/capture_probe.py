@@ -90,8 +90,8 @@ def _configure(prepared, sa_mod, argv: list[str], mla: bool, gpu_mem_gb: float):
 
 
 def unsupported(release: str) -> str:
-    return (f"sglang {release} decides capture sizes while resolving its configuration (arg_groups/cuda_graph_hook.py), "
-            "which needs the model's config; not reached")
+    return (f"sglang {release} decides capture sizes while resolving its configuration "
+            "(arg_groups/cuda_graph_hook.py), which needs the model's config; not reached")
 
 
 def _one_case(prepared, argv: list[str], mla: bool, gpu_mem_gb: float, max_running: int) -> list[dict]:

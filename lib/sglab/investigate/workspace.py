@@ -167,7 +167,8 @@ def cost_model(world_size: int) -> CostModel | None:
 # the report
 # --------------------------------------------------------------------------------------------------------------
 def simulate(tokens: list[int], *, world_size: int, hidden_dim: int, policies=None, pre_initialize: int = 0):
-    """One row per policy (names of ``wf.POLICIES`` or :class:`~sglab.fixes.workspace_floor.Policy` objects): re-creations, refused calls, peak workspace MiB/rank, estimated ms (slowest rank)."""
+    """One row per policy (names of ``wf.POLICIES`` or :class:`~sglab.fixes.workspace_floor.Policy` objects):
+    re-creations, refused calls, peak workspace MiB/rank, estimated ms (slowest rank)."""
     import pandas as pd
 
     model = cost_model(world_size)
