@@ -8,10 +8,11 @@ decode CUDA-graph runner reports:
 - which captured sizes the attention-TP reduce-scatter refuses: with the layer communicator scattering tokens
   over attention TP (the release's ``require_gathered_buffer``), a size ``n`` with ``n % attn_tp != 0`` gives
   unequal ``tensor_split`` shards (:func:`sglab.fixes.capture_sizes.check_equal_shards`); the server then fails
-  while capturing at start-up;
+  while capturing at start-up (a decode size counts one token per request: no speculative decoding);
 - from the rebuild (:mod:`sglab.fixes.capture_sizes`), on the list the release configured: what #23972's filter
   keeps (piecewise; for decode the runner's own ``get_batch_sizes_to_capture`` rule, which the PR copied) and
-  what the 0.5.22+ round-up makes of it: ``get_prefill_num_tokens_to_capture`` rounds every size up to
+  what the 0.5.22+ round-up makes of it: ``get_prefill_num_tokens_to_capture`` (model_executor/runner/
+  prefill_cuda_graph_runner.py) rounds every size up to
   ``get_cuda_graph_batch_size_alignment()`` (utils/common.py of 0.5.23: x2 under two-batch overlap, x attention
   TP when gathered, x CP when CP does not divide that), which is the rebuild's ``decode_mul_base``.
 
