@@ -278,7 +278,23 @@ if not traced:
 # opens run side by side or one rank waits in an unrelated call (a 20-byte `cudaMalloc`, say) while the other's
 # open finishes. The last line separates a per-creation cost (the first open of a peer's memory after the
 # previous destroy closed every mapping) from a per-buffer one.
+
+# %% [markdown]
+# ## Your own setup
 #
+# The simulator on a generated cold start (the stored short-prompt scenario, with the median prompt length you
+# pick): re-creations, estimated host-blocking time (from the recorded creation cost) and peak MiB per rank for
+# your floor next to no floor, the PR's 2048 and the call before the PR, at your world size.
+#
+# Your own traffic (token counts per forward step as CSV, or an SGLang server log) on the command line:
+# `sglab workspace --trace FILE --world-size W --hidden H`
+
+# %%
+from sglab.investigate import widgets
+
+widgets.workspace_floor()
+
+# %% [markdown]
 # ## Verdict
 
 # %%

@@ -273,6 +273,20 @@ v = upstream.check(experiment.EXPERIMENT)
 print(f"{v.status}: {v.detail}" if v.detail else v.status)
 
 # %% [markdown]
+# ## Your own setup
+#
+# Layers, sliding-window layers per full layer (every N+1-th layer full, as Gemma 3's pattern) and batch size →
+# the extra kernels and µs a decode step pays without the preset, from the per-SWA-layer costs of the recorded
+# runs, and the bytes #23552's int64 buffer wastes for the captured slots.
+#
+# A real model's Hugging Face `config.json` on the command line: `sglab swa-cost CONFIG.json --batch-size B --max-bs N`
+
+# %%
+from sglab.investigate import widgets
+
+widgets.swa_layout()
+
+# %% [markdown]
 # ## Verdict
 #
 # Every claim of the experiment, checked on each run shown (`sglab verify swa_loc` does the same on the command

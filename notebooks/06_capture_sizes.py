@@ -261,6 +261,21 @@ for run in shown:
         print(f"Perfetto trace of rank 0 (open in https://ui.perfetto.dev): {run.sidecar('trace')}")
 
 # %% [markdown]
+# ## Your own setup
+#
+# Attention TP, CP, dense TP 1 and two-batch overlap → the default piecewise sizes each rule captures (rebuild)
+# and which of them the reduce-scatter refuses. The releases' own start-up adds one more fact: 0.5.10.post1 to
+# 0.5.13 turn the piecewise runner off under DP attention and under context parallelism.
+#
+# Your own server arguments, parsed by each installed release's own `ServerArgs`, on the command line:
+# `sglab capture-sizes -- --tp 8 --moe-dense-tp-size 1`
+
+# %%
+from sglab.investigate import widgets
+
+widgets.capture_rules()
+
+# %% [markdown]
 # ## Verdict
 
 # %%

@@ -153,5 +153,43 @@ def test_widgets_fall_back_to_a_static_table(monkeypatch, capsys):
 
     table = widgets.explore(fn, {"a": [1, 2], "b": [10, 20]}, static=[{"a": 1, "b": 10}, {"a": 2, "b": 20}],
                             title="demo")
-    assert list(table.columns) == ["a", "b", "index", "sum"] and list(table["sum"]) == [11, 22]
+    assert list(table.columns) == ["a", "b", "sum"] and list(table["sum"]) == [11, 22]
+    assert "static table" in capsys.readouterr().out
+
+
+def test_floor_table_runs_the_simulator_on_the_stored_cold_start():
+    from sglab.experiments.workspace_floor import traces
+
+    # prompt length 48 is the stored short_ramp scenario: the generated trace is its first 1500 steps
+    stored = [int(t) for t in traces.load_trace("short_ramp")[0].tokens]
+    assert ws.generated_trace(48) == stored[:1500]
+    df = ws.floor_table(512, 8, 48)
+    assert list(df.index) == ["before_pr", "floor_0", "floor_512", "floor_2048"]
+    mgr, refused = wf.simulate(wf.Policy("floor_512", 512), stored[:1500], world_size=8, hidden_dim=7168)
+    assert df.loc["floor_512", "re-creations"] == len([e for e in mgr.events if e.step >= 0])
+    assert df.loc["floor_512", "refused calls"] == refused == 0
+    assert df.loc["floor_512", "peak MiB/rank"] == round(mgr.peak_bytes_per_rank / 2**20, 1)
+    # a floor of no policy's name gets its own row, labelled with the floor
+    assert ws.floor_table(300, 2, 48).loc["floor_300", "what"] == "max(x.shape[0], 300)"
+
+
+def test_pattern_table_builds_the_layout_a_config_would():
+    df = sc.pattern_table(62, 5, 32)
+    # every 6th layer full: 62 // 6 = 10 full, 52 sliding-window
+    assert set(df["SWA layers"]) == {52} and set(df["full layers"]) == {10}
+    assert set(df["int64 buffer bytes wasted"]) == {4 * 256}
+    for c in sc.measured_costs():
+        row = df[df.GPU == c.gpu].iloc[0]
+        assert row["extra kernels per decode step"] == round(c.extra_kernels_per_swa_layer * 52, 1)
+        assert row["µs measured at bs"] == 32
+        assert row["extra µs per decode step"] == round(c.us_per_swa_layer[32] * 52, 1)
+    # 4 layers with 5 SWA per full layer has no full layer: the config's own message
+    assert "only sliding-window layers" in sc.pattern_table(4, 5, 8).note.iloc[0]
+
+
+@pytest.mark.parametrize("name", ["workspace_floor", "swa_layout", "capture_rules"])
+def test_notebook_widgets_are_static_tables_headless(monkeypatch, capsys, name):
+    monkeypatch.setenv("SGLAB_HEADLESS", "1")
+    table = getattr(widgets, name)()
+    assert len(table) > 0 and "index" not in table.columns
     assert "static table" in capsys.readouterr().out

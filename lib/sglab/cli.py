@@ -10,6 +10,7 @@
     sglab index [--check]           rewrite (or check) the README's notebook index from the recorded runs
     sglab workspace --trace FILE [--world-size W] [--hidden H]
                                     your traffic (CSV or SGLang log) → workspace re-creations per policy
+    sglab capture-sizes [--release V ...] -- <SGLang server arguments>   capture sizes per release, refused sizes
     sglab swa-cost CONFIG.json [--batch-size B]
                                     your model's sliding-window layout → what the SWA location preset saves
     sglab verify [EXP|RUN.csv ...] [--all] [--live] [--against [REF]] [--junit FILE]
@@ -394,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="pad prefill batches to piecewise-CUDA-graph buckets up to this size (0: no padding)")
     p.add_argument("--pre-initialize", type=int, default=0, help="tokens of a workspace created before the first call")
     p.set_defaults(fn=cmd_workspace)
+    from .investigate import capture_sizes as capture_sizes_command
+
+    capture_sizes_command.add_parser(sub)
     p = sub.add_parser("swa-cost", help="what the SWA location preset saves for a model's sliding-window layout")
     p.add_argument("config", help="a Hugging Face config.json")
     p.add_argument("--batch-size", type=int, default=32, help="decode batch size for the µs estimate")

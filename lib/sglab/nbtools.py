@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,7 +107,7 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
     t0 = time.perf_counter()
     status, error = "ok", ""
     try:
-        client.execute()
+        client.execute(env={**os.environ, "SGLAB_HEADLESS": "1"})  # widgets become static tables
     except Exception as e:  # CellExecutionError, timeouts, dead kernels
         status, error = "failed", f"{type(e).__name__}: {e}"
     seconds = time.perf_counter() - t0

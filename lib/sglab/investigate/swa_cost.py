@@ -146,3 +146,20 @@ def predict(lay: Layout, *, batch_size: int = 32, max_bs: int = 256, costs: list
     df.attrs["layout"] = (f"{lay.num_layers} layers, {lay.n_swa} sliding-window ({lay.found_by}"
                           + (f", window {lay.sliding_window}" if lay.sliding_window else "") + ")")
     return df
+
+
+def pattern_table(layers: int, swa_per_full: int, batch_size: int, max_bs: int = 256):
+    """The notebook's question as a table: a model of ``layers`` decoder layers with ``swa_per_full`` sliding-window
+    layers per full layer (Gemma 3: 5) -> :func:`predict`. The layout is built as a ``sliding_window_pattern``
+    config (every ``swa_per_full + 1``-th layer full), the same path a real config takes."""
+    import pandas as pd
+
+    cfg = {"num_hidden_layers": int(layers), "sliding_window_pattern": int(swa_per_full) + 1}
+    try:
+        lay = layout(cfg, f"{layers} layers, {swa_per_full} SWA per full")
+    except ConfigError as e:
+        return pd.DataFrame([{"note": str(e)}])
+    df = predict(lay, batch_size=int(batch_size), max_bs=int(max_bs))
+    us = next(c for c in df.columns if c.startswith("extra µs per decode step"))
+    df.insert(df.columns.get_loc(us) + 1, "µs measured at bs", int(us.rsplit("bs ", 1)[1].rstrip(")")))
+    return df.rename(columns={us: "extra µs per decode step"})

@@ -167,13 +167,15 @@ def cost_model(world_size: int) -> CostModel | None:
 # the report
 # --------------------------------------------------------------------------------------------------------------
 def simulate(tokens: list[int], *, world_size: int, hidden_dim: int, policies=None, pre_initialize: int = 0):
-    """One row per policy: re-creations, refused calls, peak workspace MiB/rank, estimated ms (slowest rank)."""
+    """One row per policy (names of ``wf.POLICIES`` or :class:`~sglab.fixes.workspace_floor.Policy` objects):
+    re-creations, refused calls, peak workspace MiB/rank, estimated ms (slowest rank)."""
     import pandas as pd
 
     model = cost_model(world_size)
     rows = []
-    for name in policies or list(wf.POLICIES):
-        pol = wf.POLICIES[name]
+    for pol in policies or list(wf.POLICIES):
+        pol = wf.POLICIES[pol] if isinstance(pol, str) else pol
+        name = pol.name
         mgr, refused = wf.simulate(pol, tokens, world_size=world_size, hidden_dim=hidden_dim,
                                    pre_initialize=pre_initialize or None)
         events = [e for e in mgr.events if e.step >= 0]
@@ -182,6 +184,30 @@ def simulate(tokens: list[int], *, world_size: int, hidden_dim: int, policies=No
                      "peak MiB/rank": mgr.peak_bytes_per_rank / MiB, "est. ms": est})
     df = pd.DataFrame(rows).set_index("policy")
     df.attrs["cost_model"] = model.label if model else "no recorded GPU run: times not estimated"
+    return df
+
+
+def generated_trace(prompt_length: int, *, steps: int = 1500) -> list[int]:
+    """``x.shape[0]`` per forward step of a cold server warming up (the stored ``short_ramp`` scenario of
+    :mod:`sglab.experiments.workspace_floor.traces`: arrivals ramping up over 1500 steps) with a median prompt of
+    ``prompt_length`` tokens."""
+    from ..experiments.workspace_floor import traces
+
+    params = {**traces.TRACES["short_ramp"], "prompt_median": int(prompt_length), "steps": int(steps)}
+    return [int(t) for t in traces.generate_trace(**params).tokens]
+
+
+def floor_table(floor: int, world_size: int, prompt_length: int, *, hidden_dim: int = 7168):
+    """The notebook's question as a table: on a generated cold start with prompts of ``prompt_length`` tokens, what
+    a ``max(x.shape[0], floor)`` policy costs next to no floor, the PR's 2048 and the call before the PR."""
+    floor = int(floor)
+    mine = wf.POLICIES.get(f"floor_{floor}") or wf.Policy(f"floor_{floor}", floor, label=f"max(x.shape[0], {floor})")
+    policies = list(dict.fromkeys(["before_pr", "floor_0", mine.name, "floor_2048"]))
+    pols = [mine if n == mine.name else wf.POLICIES[n] for n in policies]
+    tokens = generated_trace(prompt_length)
+    df = simulate(tokens, world_size=int(world_size), hidden_dim=hidden_dim, policies=pols)
+    df = df.round(1)
+    df.attrs["trace"] = f"{len(tokens)} forward steps, max {max(tokens)} tokens"
     return df
 
 
