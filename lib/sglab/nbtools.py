@@ -82,6 +82,7 @@ class Result:
     error: str = ""
     skipped_gpu_cells: int = 0
     nb: object = field(default=None, repr=False)
+    started: float | None = None  # time.time() when execution began (the report finds the live runs it wrote)
 
 
 def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = None, params: dict | None = None,
@@ -103,7 +104,7 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
     client = nbclient.NotebookClient(nb, timeout=cell_timeout, kernel_name=kernel_name,
                                      resources={"metadata": {"path": str(ipynb.parent)}},
                                      skip_cells_with_tag=GPU_TAG if skip_gpu else "skip-execution")
-    t0 = time.perf_counter()
+    started, t0 = time.time(), time.perf_counter()
     status, error = "ok", ""
     try:
         client.execute()
@@ -112,7 +113,7 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
     seconds = time.perf_counter() - t0
     marker = read_mode(nb)
     mode = marker["mode"] if marker else "cpu"
-    return Result(ipynb, status, mode, seconds, error, n_gpu if skip_gpu else 0, nb)
+    return Result(ipynb, status, mode, seconds, error, n_gpu if skip_gpu else 0, nb, started)
 
 
 def outputs_text(nb) -> str:
