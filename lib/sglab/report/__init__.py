@@ -19,7 +19,7 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None, c
     """Execute ``paths`` one after another into ``out``; return the :class:`sglab.nbtools.Result` list.
 
     A failed or interrupted notebook still gets its partial executed notebook and page; the index says what
-    happened to each."""
+    happened to each. A run stopped by Ctrl-C or SIGTERM stops here (with the report of what ran)."""
     import nbformat
 
     from .. import nbtools
@@ -29,14 +29,18 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None, c
     results = []
     for i, p in enumerate(paths, 1):
         progress(f"[{i}/{len(paths)}] {p.name} …")
-        r = nbtools.execute(p, cell_timeout=cell_timeout, params=params)
+        r = nbtools.execute(p, cell_timeout=cell_timeout, params=params, partial_dir=out)
         nbformat.write(r.nb, out / p.name)
         status = f"{r.status} · {r.mode} · {r.seconds:.1f} s"
         if html_pages:
             pages.write_page(r.nb, out / f"{p.stem}.html", title=pages.notebook_title(r.nb, p.stem), status=status,
                              html_exporter=html_exporter)
-        progress(f"      {status}" + (f"\n      {r.error[:500]}" if r.error else ""))
+        err = r.error if len(r.error) < 700 else f"{r.error[:400]} … {r.error[-250:]}"
+        progress(f"      {status}" + (f"\n      {err}" if err else ""))
         results.append(r)
+        if r.stopped_by_signal:  # Ctrl-C or SIGTERM: the report of what ran, then stop
+            progress(f"stopped: {len(paths) - i} notebook(s) not run")
+            break
     if env_rows is None:
         from ..cli import env_report
 
