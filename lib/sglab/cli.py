@@ -1,7 +1,9 @@
 """``sglab`` on the command line.
 
     sglab env                       GPUs, driver, tools found (NVML, cuda-bindings, nsight backend, sglang)
-    sglab run [NOTEBOOK ...]        execute notebooks headless → reports/ (executed .ipynb, .html, index.html)
+    sglab run [NOTEBOOK ...] [--timings [--record]]
+                                    execute notebooks headless → reports/ (executed .ipynb, .html, index.html);
+                                    --timings: per-phase wall times → data/runs/workbook/ (--record: recorded/)
     sglab record EXPERIMENT [--param k=v ...] [--recorded]
                                     run an experiment live → data/runs/ (or data/recorded/ with --recorded)
     sglab sync [--check]            write each notebooks/NN_*.ipynb from its .py (or only check the pairs)
@@ -285,15 +287,28 @@ def _resolve_notebooks(names: list[str]) -> list[Path]:
 
 
 def cmd_run(args) -> int:
+    from .report import run_notebooks, timings
     from .runs import repo_root
 
+    if args.record and not args.timings:
+        print("sglab run: --record saves the timings; it needs --timings", file=sys.stderr)
+        return 2
     paths = _resolve_notebooks(args.notebooks)
     out = Path(args.out) if args.out else repo_root() / "reports"
-    from .report import run_notebooks
-
-    results = run_notebooks(paths, out, params=_parse_params(args.param), cell_timeout=args.cell_timeout)
+    params = _parse_params(args.param)
+    results = run_notebooks(paths, out, params=params, cell_timeout=args.cell_timeout)
     failed = [r for r in results if r.status != "ok"]
     print(f"report: {out / 'index.html'} ({len(results) - len(failed)}/{len(results)} ok)")
+    if args.timings:
+        print(timings.summary(timings.frame(results)))
+        record = args.record and not failed and len(results) == len(paths)
+        if args.record and not record:
+            print("[sglab] not every notebook ran cleanly: timings saved under data/runs/, not recorded")
+        path = timings.write(results, record=record, params={"notebooks": [p.stem for p in paths],
+                                                              "cell_timeout": args.cell_timeout, **params})
+        print(f"timings: {path}")
+    if any(r.stopped_by_signal for r in results):
+        return 130
     return 1 if failed else 0
 
 
@@ -306,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out")
     p.add_argument("--param", action="append", help="inject NAME=VALUE after the parameters cell")
     p.add_argument("--cell-timeout", type=int, default=900)
+    p.add_argument("--timings", action="store_true",
+                   help="print where each notebook's time goes (phases) and save it as a workbook run")
+    p.add_argument("--record", action="store_true", help="with --timings: save under data/recorded/workbook/")
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("record", help="run an experiment live and save the run")
     p.add_argument("experiment")

@@ -49,9 +49,29 @@ def check_pair(ipynb: Path) -> list[str]:
     return problems
 
 
+def _stable_ids(nb, previous) -> None:
+    """Give ``nb``'s cells the ids they had in ``previous`` (the .ipynb before this sync) where type and source
+    still match, and an id derived from the cell's content elsewhere: jupytext invents random ids on every read,
+    and a sync that changes nothing must leave the tracked .ipynb byte for byte as it was."""
+    import hashlib
+
+    old = {}
+    for c in (previous.cells if previous is not None else []):
+        old.setdefault((c.cell_type, c.source), []).append(c.get("id"))
+    used = set()
+    for i, c in enumerate(nb.cells):
+        ids = old.get((c.cell_type, c.source)) or []
+        cid = ids.pop(0) if ids else None
+        if not cid or cid in used:
+            cid = hashlib.sha1(f"{i}\0{c.cell_type}\0{c.source}".encode()).hexdigest()[:8]
+        c["id"] = cid
+        used.add(cid)
+
+
 def sync(py: Path) -> Path:
-    """Write ``py``'s paired .ipynb (no outputs) from the .py source."""
+    """Write ``py``'s paired .ipynb (no outputs) from the .py source, keeping cell ids stable."""
     import jupytext
+    import nbformat
 
     nb = jupytext.read(py)
     for c in nb.cells:
@@ -59,7 +79,10 @@ def sync(py: Path) -> Path:
             c.outputs = []
             c.execution_count = None
     target = py.with_suffix(".ipynb")
-    jupytext.write(nb, target, fmt="ipynb")
+    _stable_ids(nb, nbformat.read(target, as_version=4) if target.exists() else None)
+    text = jupytext.writes(nb, fmt="ipynb").rstrip("\n") + "\n"  # as jupytext.write ends the file
+    if not target.exists() or target.read_text(encoding="utf-8") != text:
+        target.write_text(text, encoding="utf-8")
     return target
 
 
@@ -122,13 +145,17 @@ def _kernel_manager(kernel_name: str):
                               connection_file=str(Path(folder) / "kernel.json")), folder
 
 
-def _stop_kernel(km, folder: str) -> None:
-    """Stop the kernel whatever happened (nbclient leaves a kernel it does not own running) and remove its files."""
+def _stop_kernel(client, km, folder: str) -> None:
+    """Stop the kernel whatever happened (nbclient leaves a kernel it does not own running), close the client's
+    channels and remove the connection and socket files."""
     import shutil
 
     from jupyter_core.utils import run_sync
 
     try:
+        if getattr(client, "kc", None) is not None:
+            client.kc.stop_channels()
+            client.kc = None
         if km.has_kernel:
             run_sync(km.shutdown_kernel)(now=True)
     finally:
@@ -193,7 +220,7 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
                 why = "stopped by a signal" if by_signal else f"{type(e).__name__}: {e}".strip(": ")
             status, error = "interrupted", f"interrupted: {progress.where()}{progress.elapsed()} ({why})"
     finally:
-        _stop_kernel(km, folder)
+        _stop_kernel(client, km, folder)
     seconds = time.perf_counter() - t0
     if status != "ok":
         error = _ANSI.sub("", error).rstrip() + f"; partial output in {_write_partial(nb, ipynb, partial_dir)}"

@@ -67,30 +67,59 @@ def cell_rows(nb, stem: str, mode: str, total_s: float) -> list[dict]:
     return rows
 
 
+def measure_rows(result) -> list[dict]:
+    """The finer phases (process spawn, CUDA init, capture, timing loops, …) of the live runs a notebook wrote,
+    from their manifests' ``phases_s``, as ``measure_s`` rows: they happen inside the cells' wall time, so they
+    are a breakdown of it, not more of it."""
+    from .. import runs
+    from ..catalog import by_stem
+
+    entry = by_stem(result.path.stem)
+    if result.mode != "live" or entry is None or not entry.experiment or result.started is None:
+        return []
+    end = result.started + result.seconds + 1.0
+    rows = []
+    for path in runs.list_runs(entry.experiment, kind="runs"):
+        if result.started <= path.stat().st_mtime <= end:
+            for name, s in (runs.read_run(path).manifest.get("phases_s") or {}).items():
+                rows.append({"variant": result.path.stem, "mode": result.mode, "phase": f"measure: {name}",
+                             "cell": -1, "first_line": path.name, "metric": "measure_s", "value": float(s),
+                             "unit": "s"})
+    return rows
+
+
 def frame(results):
-    """The tidy frame of a whole ``sglab run``: the cell rows of every notebook result."""
+    """The tidy frame of a whole ``sglab run``: the cell rows of every notebook result, then the measure rows."""
     from .. import runs
 
-    rows = [row for r in results if r.nb is not None for row in cell_rows(r.nb, r.path.stem, r.mode, r.seconds)]
+    rows = []
+    for r in results:
+        if r.nb is not None:
+            rows += cell_rows(r.nb, r.path.stem, r.mode, r.seconds) + measure_rows(r)
     return runs.tidy(EXPERIMENT, rows)
 
 
-def phase_table(df):
+def phase_table(df, metric: str = "wall_s"):
     """Seconds per notebook and phase, in notebook order and, within one, in order of first appearance."""
-    g = df.groupby(["variant", "phase"], sort=False)["value"].sum().round(1).reset_index()
+    part = df[df["metric"] == metric]
+    g = part.groupby(["variant", "phase"], sort=False)["value"].sum().round(2).reset_index()
     g.columns = ["notebook", "phase", "seconds"]
     return g
 
 
 def summary(df) -> str:
-    """The printed breakdown: phases per notebook, each notebook's total, the grand total."""
+    """The printed breakdown: phases per notebook, largest first, each notebook's total, the grand total; for
+    notebooks that measured live, the measurement's own phases under them."""
     lines = []
+    inner = phase_table(df, "measure_s")
     for stem, part in phase_table(df).groupby("notebook", sort=False):
-        mode = df.loc[df["variant"] == stem, "mode"].iloc[0]
-        lines.append(f"{stem} ({mode}): {part['seconds'].sum():.1f} s")
+        mine = df[(df["variant"] == stem) & (df["metric"] == "wall_s")]
+        lines.append(f"{stem} ({mine['mode'].iloc[0]}): {mine['value'].sum():.1f} s")
         for _, row in part.sort_values("seconds", ascending=False).iterrows():
-            lines.append(f"    {row['seconds']:7.1f} s  {row['phase']}")
-    lines.append(f"total: {df['value'].sum():.1f} s")
+            lines.append(f"  {row['seconds']:8.1f} s  {row['phase']}")
+        for _, row in inner[inner["notebook"] == stem].sort_values("seconds", ascending=False).iterrows():
+            lines.append(f"      {row['seconds']:8.2f} s  {row['phase']}")
+    lines.append(f"total: {df.loc[df['metric'] == 'wall_s', 'value'].sum():.1f} s")
     return "\n".join(lines)
 
 
@@ -108,7 +137,7 @@ def write(results, *, record: bool = False, params: dict | None = None):
 def live_seconds(run) -> dict[str, float]:
     """``{notebook stem: seconds}`` of the notebooks that ran live in a recorded timing run."""
     df = run.df
-    live = df[df["mode"] == "live"]
+    live = df[(df["mode"] == "live") & (df["metric"] == "wall_s")]
     return {str(k): float(v) for k, v in live.groupby("variant")["value"].sum().items()}
 
 
