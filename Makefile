@@ -58,9 +58,17 @@ verify: $(STAMP)
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu
 
+# JupyterLab on the notebooks: bound to 127.0.0.1, token authentication on, each notebook listed once, and a
+# session leaves git status clean (jupyter_server_config.py, sglab.lab). Extra flags through LAB_ARGS, e.g.
+#   make lab LAB_ARGS="--port=8890 --no-browser"
+# As root (containers), --allow-root is added.
+LAB_ARGS ?=
+LAB_AS_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab:
 	$(MAKE) EXTRAS=lab,test,gpu $(VENV)/.sglab-lab-test-gpu
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab --config=$(CURDIR)/jupyter_server_config.py \
+	  --ip=127.0.0.1 $(LAB_AS_ROOT) $(LAB_ARGS) notebooks/
 
 sync: $(STAMP)
 	$(BIN)/sglab sync

@@ -86,6 +86,28 @@ def sync(py: Path) -> Path:
     return target
 
 
+def py_source(nb) -> str:
+    """The ``.py`` of a notebook as the workbook commits it: jupytext percent, with no ``text_representation``
+    block in the header (jupytext stamps its own version there, so every release would rewrite every file)."""
+    import jupytext
+
+    out, skip_deeper = [], None
+    header = True
+    for i, line in enumerate(jupytext.writes(nb, fmt="py:percent").splitlines(keepends=True)):
+        if header and i > 0 and line.rstrip() == "# ---":
+            header = False
+        if header:
+            indent = len(line) - len(line.lstrip("# "))
+            if skip_deeper is not None and indent > skip_deeper:
+                continue
+            skip_deeper = None
+            if line.lstrip("# ").startswith("text_representation:"):
+                skip_deeper = indent
+                continue
+        out.append(line)
+    return "".join(out)
+
+
 def inject_parameters(nb, params: dict) -> None:
     """Insert a cell assigning ``params`` right after the cell tagged ``parameters`` (papermill's convention)."""
     import nbformat
