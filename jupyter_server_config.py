@@ -9,3 +9,4 @@
 c = get_config()  # noqa: F821 - provided by Jupyter when it loads this file
 c.ServerApp.contents_manager_class = "sglab.lab.ContentsManager"
 c.ServerApp.ip = "127.0.0.1"
+c.KernelManager.transport = "ipc"  # kernels on local socket files, not TCP ports (no unencrypted-TCP warning)
