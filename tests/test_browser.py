@@ -19,8 +19,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.xdist_group("browser")  # one JupyterLab server for both notebooks
-
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "reports" / "screenshots"
 NOTEBOOKS = ("00_start_here", "04_swa_loc")

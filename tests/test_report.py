@@ -23,7 +23,7 @@ def _png(width_in=12.0) -> bytes:
     fig, ax = plt.subplots(figsize=(width_in, 3), dpi=100)
     ax.plot([0, 1], [1, 0])
     buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    fig.savefig(buf, format="png", dpi=100)  # savefig.dpi may be set by a figures module imported before
     plt.close(fig)
     return buf.getvalue()
 
