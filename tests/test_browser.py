@@ -22,6 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "reports" / "screenshots"
 NOTEBOOKS = ("00_start_here", "04_swa_loc")
+SECTION_SHOT = {"00_start_here": "The notebooks", "04_swa_loc": "Replay time (GPU)"}  # a screenshot each
 CHROMIUM = next((p for p in (os.environ.get("SGLAB_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
                              shutil.which("chromium-browser")) if p and Path(p).exists()), None)
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -153,7 +154,9 @@ def test_notebook_runs_in_jupyterlab(lab, browser, stem):
         page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
         page.wait_for_function(ALL_RAN, timeout=300_000, polling=500)
         SHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SHOTS / f"{stem}-end.png"))
+        page.evaluate("name => Array.from(document.querySelectorAll('.jp-MarkdownOutput h2'))"
+                      ".find(h => h.textContent.startsWith(name)).scrollIntoView()", SECTION_SHOT[stem])
+        page.screenshot(path=str(SHOTS / f"{stem}-section.png"))
         errors = page.evaluate(ERRORS)
         assert not errors, f"{stem}: a cell shows an error or stderr output:\n" + "\n---\n".join(errors)
         images = page.evaluate(IMAGES)
