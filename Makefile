@@ -11,6 +11,9 @@ TORCH_CPU ?= torch==2.13.0
 comma     := ,
 EXTRAS    ?= exec,test
 STAMP     := $(VENV)/.sglab-$(subst $(comma),-,$(EXTRAS))
+# `make test` also installs the browser test's extra (JupyterLab, Playwright); the browser is the system's Chromium
+TEST_EXTRAS ?= $(EXTRAS),browser
+TEST_STAMP  := $(VENV)/.sglab-$(subst $(comma),-,$(TEST_EXTRAS))
 
 # Real SGLang releases, side by side under .sglang/ (git-ignored); must equal sglab.real.releases.PINNED
 SGLANG_RELEASES := 0.5.10.post1 0.5.11 0.5.12.post1 0.5.13 0.5.14 0.5.23
@@ -45,7 +48,8 @@ sglang-releases: $(SGLANG_STAMPS)
 workbook: $(STAMP) $(SGLANG_STAMPS)
 	$(BIN)/sglab run
 
-test: $(STAMP) $(SGLANG_STAMPS)
+# in parallel (pytest-xdist, see pyproject.toml); the browser test skips without Chromium, except in CI
+test: $(TEST_STAMP) $(SGLANG_STAMPS)
 	$(BIN)/python -m pytest -q
 
 # every claim on the committed runs; where GPUs are present, also run what they can run and compare it with the
@@ -58,9 +62,17 @@ verify: $(STAMP)
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu
 
+# JupyterLab on the notebooks: bound to 127.0.0.1, token authentication on, each notebook listed once, and a
+# session leaves git status clean (jupyter_server_config.py, sglab.lab). Extra flags through LAB_ARGS, e.g.
+#   make lab LAB_ARGS="--port=8890 --no-browser"
+# As root (containers), --allow-root is added.
+LAB_ARGS ?=
+LAB_AS_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab:
 	$(MAKE) EXTRAS=lab,test,gpu $(VENV)/.sglab-lab-test-gpu
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab --config=$(CURDIR)/jupyter_server_config.py \
+	  --ip=127.0.0.1 $(LAB_AS_ROOT) $(LAB_ARGS) notebooks/
 
 sync: $(STAMP)
 	$(BIN)/sglab sync

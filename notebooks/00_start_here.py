@@ -27,6 +27,7 @@ import pandas as pd
 from sglab import catalog, hardware, runs
 from sglab import notebook as nb
 from sglab.cli import env_report
+from sglab.report import timings
 
 wb = nb.Workbook("start_here", gpus=0, mode=MODE)
 
@@ -45,9 +46,11 @@ pd.DataFrame(env_report(), columns=["item", "value"]).style.hide(axis="index")
 #
 # "Live here" says whether this machine has the GPUs a notebook's measurements need. Where it does not, the
 # notebook shows the committed recorded run instead (its GPU, count, driver, torch and date are printed with
-# every result), and still runs every CPU part live.
+# every result), and still runs every CPU part live. "Live time" is how long the notebook takes when it measures
+# live, from the newest committed `sglab run --timings` record per GPU model (`data/recorded/workbook/`).
 
 # %%
+live_times = timings.live_times()
 rows = []
 for e in catalog.NOTEBOOKS:
     ok, why = hardware.meets(e.gpus)
@@ -58,6 +61,7 @@ for e in catalog.NOTEBOOKS:
         "claim": e.claim,
         "GPUs": e.gpus,
         "live here": "yes" if ok else "no",
+        "live time": live_times.get(e.stem, timings.NOT_RECORDED),
         "recorded runs": "; ".join(r.label for r in recorded) or ("—" if e.experiment is None else "none yet"),
     })
 index = pd.DataFrame(rows)

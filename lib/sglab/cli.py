@@ -1,7 +1,9 @@
 """``sglab`` on the command line.
 
     sglab env                       GPUs, driver, tools found (NVML, cuda-bindings, nsight backend, sglang)
-    sglab run [NOTEBOOK ...]        execute notebooks headless → reports/ (executed .ipynb, .html, index.html)
+    sglab run [NOTEBOOK ...] [--timings [--record]]
+                                    execute notebooks headless → reports/ (executed .ipynb, .html, index.html);
+                                    --timings: per-phase wall times → data/runs/workbook/ (--record: recorded/)
     sglab record EXPERIMENT [--param k=v ...] [--recorded]
                                     run an experiment live → data/runs/ (or data/recorded/ with --recorded)
     sglab sync [--check]            write each notebooks/NN_*.ipynb from its .py (or only check the pairs)
@@ -23,12 +25,9 @@ from __future__ import annotations
 
 import argparse
 import ast
-import html
 import importlib
-import json
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 
@@ -272,67 +271,6 @@ def cmd_swa_cost(args) -> int:
 
 
 # -- run ------------------------------------------------------------------------------------------------------
-_STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1000px;color:#222}
-table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ddd;padding:.4em .6em;text-align:left;
-vertical-align:top}th{background:#f4f6f7}.ok{color:#1e8449;font-weight:600}.failed{color:#c0392b;font-weight:600}
-.live{color:#1f618d;font-weight:600}.recorded{color:#7d6608;font-weight:600}pre{white-space:pre-wrap;font-size:12px;
-background:#fbfcfc;border:1px solid #eee;padding:.5em;max-height:12em;overflow:auto}small{color:#666}"""
-
-
-def write_index(results, out: Path, env_rows: list[tuple[str, str]]) -> Path:
-    from .catalog import by_stem
-
-    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    rows = []
-    for r in results:
-        entry = by_stem(r.path.stem)
-        claim = html.escape(entry.claim) if entry else ""
-        link = f'<a href="{html.escape(r.path.stem)}.html">{html.escape(r.path.stem)}</a>'
-        err = f"<pre>{html.escape(r.error[-3000:])}</pre>" if r.error else ""
-        skipped = f"<br><small>{r.skipped_gpu_cells} GPU cell(s) skipped</small>" if r.skipped_gpu_cells else ""
-        rows.append(f"<tr><td>{link}<br><small>{claim}</small>{err}</td><td class='{r.status}'>{r.status}</td>"
-                    f"<td class='{r.mode}'>{r.mode}{skipped}</td><td>{r.seconds:.1f} s</td></tr>")
-    env = "".join(f"<tr><th>{html.escape(k)}</th><td><pre>{html.escape(v)}</pre></td></tr>" for k, v in env_rows)
-    n_ok = sum(r.status == "ok" for r in results)
-    page = (f"<!doctype html><meta charset='utf-8'><title>sglab report</title><style>{_STYLE}</style>"
-            f"<h1>sglab workbook report</h1><p>{now} · {n_ok}/{len(results)} notebooks ran cleanly. "
-            "Mode <b>live</b>: measured on this machine; <b>recorded</b>: GPU results shown from committed runs "
-            "in data/recorded/.</p><table><tr><th>notebook</th><th>status</th><th>mode</th><th>duration</th></tr>"
-            + "".join(rows) + f"</table><h2>Environment</h2><table>{env}</table>")
-    path = out / "index.html"
-    path.write_text(page, encoding="utf-8")
-    (out / "index.json").write_text(json.dumps(
-        [{"notebook": r.path.name, "status": r.status, "mode": r.mode, "seconds": round(r.seconds, 1),
-          "error": r.error[-2000:]} for r in results], indent=2))
-    return path
-
-
-def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None, cell_timeout: int = 900,
-                  html_pages: bool = True, progress=print) -> list:
-    import nbformat
-
-    from . import nbtools
-
-    out.mkdir(parents=True, exist_ok=True)
-    results = []
-    for i, p in enumerate(paths, 1):
-        progress(f"[{i}/{len(paths)}] {p.name} …")
-        r = nbtools.execute(p, cell_timeout=cell_timeout, params=params)
-        nbformat.write(r.nb, out / p.name)
-        if html_pages:
-            try:
-                from nbconvert import HTMLExporter
-
-                body, _ = HTMLExporter().from_notebook_node(r.nb)
-                (out / f"{p.stem}.html").write_text(body, encoding="utf-8")
-            except Exception as e:  # noqa: BLE001
-                (out / f"{p.stem}.html").write_text(f"<p>HTML export failed: {html.escape(str(e))}</p>")
-        progress(f"      {r.status} · {r.mode} · {r.seconds:.1f} s" + (f"\n      {r.error[:500]}" if r.error else ""))
-        results.append(r)
-    write_index(results, out, env_report())
-    return results
-
-
 def _resolve_notebooks(names: list[str]) -> list[Path]:
     from . import nbtools
 
@@ -350,13 +288,28 @@ def _resolve_notebooks(names: list[str]) -> list[Path]:
 
 
 def cmd_run(args) -> int:
+    from .report import run_notebooks, timings
     from .runs import repo_root
 
+    if args.record and not args.timings:
+        print("sglab run: --record saves the timings; it needs --timings", file=sys.stderr)
+        return 2
     paths = _resolve_notebooks(args.notebooks)
     out = Path(args.out) if args.out else repo_root() / "reports"
-    results = run_notebooks(paths, out, params=_parse_params(args.param), cell_timeout=args.cell_timeout)
+    params = _parse_params(args.param)
+    results = run_notebooks(paths, out, params=params, cell_timeout=args.cell_timeout)
     failed = [r for r in results if r.status != "ok"]
     print(f"report: {out / 'index.html'} ({len(results) - len(failed)}/{len(results)} ok)")
+    if args.timings:
+        print(timings.summary(timings.frame(results)))
+        record = args.record and not failed and len(results) == len(paths)
+        if args.record and not record:
+            print("[sglab] not every notebook ran cleanly: timings saved under data/runs/, not recorded")
+        path = timings.write(results, record=record, params={"notebooks": [p.stem for p in paths],
+                                                              "cell_timeout": args.cell_timeout, **params})
+        print(f"timings: {path}")
+    if any(r.stopped_by_signal for r in results):
+        return 130
     return 1 if failed else 0
 
 
@@ -369,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out")
     p.add_argument("--param", action="append", help="inject NAME=VALUE after the parameters cell")
     p.add_argument("--cell-timeout", type=int, default=900)
+    p.add_argument("--timings", action="store_true",
+                   help="print where each notebook's time goes (phases) and save it as a workbook run")
+    p.add_argument("--record", action="store_true", help="with --timings: save under data/recorded/workbook/")
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("record", help="run an experiment live and save the run")
     p.add_argument("experiment")

@@ -1,0 +1,104 @@
+"""Headless execution: kernels on the IPC transport (no "running over TCP without encryption" warning), and a
+timed-out, failing or stopped notebook reported as such (which cell, after how long, where the partial output
+is) with no kernel process left behind."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from sglab import nbtools
+
+LIB = Path(__file__).resolve().parents[1] / "lib"
+
+
+def _notebook(folder: Path, *sources: str) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# tiny\n\n## Setup")]
+    nb.cells += [nbformat.v4.new_code_cell(s) for s in sources]
+    path = folder / "tiny.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def _kernels_of(pid: int) -> list[int]:
+    """ipykernel processes whose parent is ``pid`` (zombies count: nobody reaped them)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmd = (d / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and b"ipykernel" in cmd:
+            found.append(int(d.name))
+    return found
+
+
+def test_ipc_transport_no_tcp_warning(tmp_path, capfd):
+    path = _notebook(tmp_path, "import os\nprint('pid', os.getpid())")
+    r = nbtools.execute(path, cell_timeout=60, skip_gpu=True)
+    out, err = capfd.readouterr()
+    assert r.status == "ok", r.error
+    assert "pid" in nbtools.outputs_text(r.nb)
+    assert "without encryption" not in out + err and "over TCP" not in out + err, err
+    assert not _kernels_of(os.getpid())
+
+
+def test_cell_timeout_is_reported_as_interrupted(tmp_path):
+    path = _notebook(tmp_path, "print('before')", "import time\ntime.sleep(30)\nprint('never')", "print('after')")
+    t0 = time.perf_counter()
+    r = nbtools.execute(path, cell_timeout=2, skip_gpu=True, partial_dir=tmp_path / "report")
+    assert time.perf_counter() - t0 < 25, "the timeout did not stop the cell"
+    assert r.status == "interrupted"
+    m = re.fullmatch(r"interrupted: cell 2 \(import time…\) after (\d+\.\d) s \(cell timeout 2 s\); "
+                     r"partial output in (.+)", r.error)
+    assert m, r.error
+    assert 2.0 <= float(m.group(1)) < 20
+    partial = Path(m.group(2))
+    assert partial == tmp_path / "report" / "tiny.ipynb" and partial.exists()
+    assert "before" in nbtools.outputs_text(nbformat.read(partial, as_version=4))
+    assert "cleanup_resources" not in r.error and "AttributeError" not in r.error
+    assert not _kernels_of(os.getpid()), "a kernel was left running"
+
+
+def test_failing_cell_names_the_cell(tmp_path):
+    path = _notebook(tmp_path, "x = 1", "raise ValueError('boom')")
+    r = nbtools.execute(path, cell_timeout=60, skip_gpu=True, partial_dir=tmp_path)
+    assert r.status == "failed"
+    assert r.error.startswith("cell 2 (raise ValueError('boom')): CellExecutionError")
+    assert "ValueError: boom" in r.error and r.error.endswith(f"partial output in {tmp_path / 'tiny.ipynb'}")
+    assert not _kernels_of(os.getpid())
+
+
+def test_sigint_stops_the_notebook_and_its_kernel(tmp_path):
+    marker = tmp_path / "kernel.pid"
+    path = _notebook(tmp_path, f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+                               "time.sleep(60)")
+    code = (f"import sys; sys.path.insert(0, {str(LIB)!r}); from pathlib import Path; from sglab import nbtools\n"
+            f"r = nbtools.execute(Path({str(path)!r}), cell_timeout=120, skip_gpu=True, "
+            f"partial_dir=Path({str(tmp_path / 'out')!r}))\nprint(r.status, r.stopped_by_signal); print(r.error)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not marker.exists() or not marker.read_text():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert out.startswith("interrupted True\ninterrupted: cell 1 (import os, time…) after "), out + err
+    assert "(stopped by a signal); partial output in" in out
+    kernel = int(marker.read_text())
+    for _ in range(50):
+        if not Path(f"/proc/{kernel}").exists() or "Z" in Path(f"/proc/{kernel}/stat").read_text().split()[2]:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"kernel {kernel} still running after the run was stopped")

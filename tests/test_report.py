@@ -1,0 +1,112 @@
+"""The report: offline pages titled by their notebook with a way back, and an index that shows per notebook its
+claim, headline, verdict, live time, status and first figure (built from executed notebooks made here, without a
+kernel)."""
+
+import base64
+import io
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from sglab import catalog, claims, nbtools, runs
+from sglab.report import index, pages, timings
+
+
+def _png(width_in=12.0) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(width_in, 3), dpi=100)
+    ax.plot([0, 1], [1, 0])
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)  # savefig.dpi may be set by a figures module imported before
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _executed(stem: str, title: str, wide: bool = True):
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_markdown_cell(f"# {title}\n\nIntro."))
+    code = nbformat.v4.new_code_cell("plot()")
+    code.outputs = [nbformat.v4.new_output("display_data", data={
+        "image/png": base64.b64encode(_png()).decode(), "text/plain": "<Figure>"})]
+    nb.cells.append(code)
+    if wide:
+        table = "<table>" + "<tr>" + "".join(f"<td>column {i}</td>" for i in range(60)) + "</tr></table>"
+        out = nbformat.v4.new_code_cell("df")
+        out.outputs = [nbformat.v4.new_output("execute_result", data={"text/html": table, "text/plain": "df"},
+                                              execution_count=2)]
+        nb.cells.append(out)
+    return nbtools.Result(Path(f"notebooks/{stem}.ipynb"), "ok", "recorded", 3.25, nb=nb)
+
+
+def test_title_is_the_first_heading():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_markdown_cell("# 04 · `swa_loc` *fix*\ntext")]
+    assert pages.notebook_title(nb, "fallback") == "04 · swa_loc fix"
+    assert pages.notebook_title(nbformat.v4.new_notebook(), "fallback") == "fallback"
+
+
+def test_page_offline_titled_linked_and_scrolling(tmp_path):
+    r = _executed("04_swa_loc", "04 · A page title")
+    path = pages.write_page(r.nb, tmp_path / "04_swa_loc.html", title="04 · A page title", status="ok · recorded")
+    text = path.read_text()
+    assert "<title>04 · A page title</title>" in text
+    assert 'href="index.html"' in text
+    assert not re.search(r"<script[^>]+src=[\"']?https?:", text), "a CDN script is loaded"
+    assert "cdnjs" not in text and "mathjax" not in text.lower()
+    assert "overflow-x: auto" in text, "wide outputs must scroll"
+    assert "column 59" in text
+
+
+def test_broken_page_still_says_why(tmp_path, monkeypatch):
+    def boom(*a, **k):
+        raise ValueError("cannot render")
+
+    monkeypatch.setattr(pages, "render", boom)
+    text = pages.write_page(nbformat.v4.new_notebook(), tmp_path / "x.html", title="X").read_text()
+    assert "HTML export failed: ValueError: cannot render" in text and "index.html" in text
+
+
+def test_first_figure_and_thumbnail():
+    from PIL import Image
+
+    r = _executed("04_swa_loc", "t")
+    png = pages.first_figure(r.nb)
+    assert Image.open(io.BytesIO(png)).width == 1200
+    assert Image.open(io.BytesIO(pages.thumbnail(png))).width == 360
+    assert pages.first_figure(nbformat.v4.new_notebook()) is None
+
+
+def test_index_cards(tmp_path):
+    results = [_executed("04_swa_loc", "04 · SWA"), _executed("00_start_here", "start here")]
+    results[1].nb.cells = results[1].nb.cells[:1]  # no figure
+    path = index.write_index(results, tmp_path, [("GPUs", "0"), ("torch", "x")],
+                             live_times={"04_swa_loc": "H100 ×1: 12.5 s"})
+    text = path.read_text()
+    entry = catalog.by_stem("04_swa_loc")
+    shown = claims.shown("swa_loc", runs.load_all_recorded("swa_loc"))
+    assert shown, "the checkout has recorded swa_loc runs"
+    import html
+
+    assert html.escape(entry.claim) in text
+    assert html.escape(claims.headline("swa_loc", shown)) in text
+    for r in shown:
+        assert html.escape(claims.verdict_line(claims.evaluate("swa_loc", r), r)) in text
+    assert "live time: H100 ×1: 12.5 s" in text
+    assert f"live time: {timings.NOT_RECORDED}" in text  # 00 has no record
+    assert text.count("data:image/png;base64,") == 1 and "no figure" in text
+    assert re.search(r"<details><summary>Environment[^<]*</summary><table>.*torch", text)
+    assert "3.2 s" in text or "3.3 s" in text
+
+
+@pytest.mark.parametrize("status", ["failed", "interrupted"])
+def test_index_shows_errors(tmp_path, status):
+    r = _executed("01_pcg_gate", "01", wide=False)
+    r.status, r.error = status, f"{status}: cell 3 (x = 1) after 2.0 s"
+    text = index.write_index([r], tmp_path, [], live_times={}).read_text()
+    assert f"class='{status}'" in text and f"{status}: cell 3" in text

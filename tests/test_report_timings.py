@@ -1,0 +1,95 @@
+"""``sglab run --timings``: per-cell wall times grouped into the notebook's ``##`` sections, adding up to the
+notebook's wall time, saved as a ``workbook`` run; the report and 00 read live times from recorded records."""
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from sglab import cli, runs
+from sglab.report import run_notebooks, timings
+
+
+@pytest.fixture
+def tiny(tmp_path) -> Path:
+    nb = nbformat.v4.new_notebook()
+    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+    nb.cells = [md("# Tiny\n\nNo section yet."), code("MODE = 'recorded'"),
+                md("## Load the data"), code("import time\ntime.sleep(0.6)"), code("x = 1"),
+                md("Some words, no heading."), code("y = 2"),
+                md("## Plot"), code("time.sleep(0.3)", metadata={"tags": ["phase:plotting"]}),
+                code("print('done')")]
+    path = tmp_path / "nb" / "99_tiny.ipynb"
+    path.parent.mkdir()
+    nbformat.write(nb, path)
+    return path
+
+
+def _run(tiny, tmp_path):
+    return run_notebooks([tiny], tmp_path / "report", html_pages=False, env_rows=[], progress=lambda *_: None)
+
+
+def test_phases_add_up_to_the_notebook(tiny, tmp_path, data_root):
+    (r,) = _run(tiny, tmp_path)
+    assert r.status == "ok", r.error
+    df = timings.frame([r])
+    table = timings.phase_table(df)
+    assert list(table["phase"]) == ["setup", "Load the data", "plotting", "Plot", timings.KERNEL_PHASE]
+    secs = dict(zip(table["phase"], table["seconds"]))
+    assert secs["Load the data"] >= 0.6 and secs["plotting"] >= 0.3
+    assert df["value"].sum() == pytest.approx(r.seconds, abs=0.01)
+    assert set(df["cell"]) == {1, 3, 4, 6, 8, 9, -1}
+    text = timings.summary(df)
+    assert text.startswith(f"99_tiny (cpu): {r.seconds:.1f} s") and "Load the data" in text
+
+
+def test_record_and_live_times(tiny, tmp_path, data_root):
+    results = _run(tiny, tmp_path)
+    path = timings.write(results, record=True, params={"notebooks": ["99_tiny"]})
+    assert path.parent == data_root / "recorded" / "workbook"
+    run = runs.read_run(path)
+    assert run.manifest["experiment"] == "workbook" and run.manifest["method_version"] == 1
+    assert run.manifest["notebooks"]["99_tiny"]["status"] == "ok"
+    assert timings.live_times() == {}  # a CPU record in recorded mode is no live time
+    # the same record as a GPU box would write it: the notebook live, on an H100
+    gpu = path.with_name("20990101T000000Z_nvidia-h100-x1.csv")
+    df = run.df.assign(mode="live")
+    df.to_csv(gpu, index=False)
+    gpu.with_suffix(".json").write_text(json.dumps({**run.manifest, "gpu_name": "NVIDIA H100 80GB HBM3",
+                                                    "gpu_count": 1, "created_utc": "2099-01-01T00:00:00Z"}))
+    expected = df.loc[df["metric"] == "wall_s", "value"].sum()
+    assert timings.live_times() == {"99_tiny": f"H100 ×1: {expected:.1f} s"}
+
+
+def test_cli_run_timings(tiny, tmp_path, data_root, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_resolve_notebooks", lambda names: [tiny])
+    monkeypatch.setattr(cli, "env_report", lambda: [("GPUs", "0")])
+    assert cli.main(["run", "--timings", "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "99_tiny (cpu):" in out and "Load the data" in out
+    saved = list((data_root / "runs" / "workbook").glob("*.csv"))
+    assert len(saved) == 1 and f"timings: {saved[0]}" in out
+    assert cli.main(["run", "--timings", "--record", "--out", str(tmp_path / "r")]) == 0
+    assert len(list((data_root / "recorded" / "workbook").glob("*.csv"))) == 1
+    assert (tmp_path / "r" / "index.html").exists()
+    assert cli.main(["run", "--record"]) == 2
+
+
+def test_failed_notebook_is_not_recorded(tiny, tmp_path, data_root, monkeypatch, capsys):
+    nb = nbformat.read(tiny, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell("raise RuntimeError('x')"))
+    nbformat.write(nb, tiny)
+    monkeypatch.setattr(cli, "_resolve_notebooks", lambda names: [tiny])
+    monkeypatch.setattr(cli, "env_report", lambda: [])
+    assert cli.main(["run", "--timings", "--record", "--out", str(tmp_path / "r")]) == 1
+    assert "not recorded" in capsys.readouterr().out
+    assert not (data_root / "recorded" / "workbook").exists()
+    assert len(list((data_root / "runs" / "workbook").glob("*.csv"))) == 1
+
+
+def test_committed_records_load():
+    """Every committed workbook record reads back with its notebooks' live times."""
+    for run in runs.load_all_recorded("workbook"):
+        assert set(run.df["metric"]) <= {"wall_s", "measure_s"}
+        assert timings.live_seconds(run) or run.manifest["gpu_name"] == "cpu"
