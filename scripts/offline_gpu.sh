@@ -39,6 +39,8 @@ if compgen -G "$WHEELS/*.whl" > /dev/null; then
 fi
 export PYTHONPATH="$SITE:$PWD/lib${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$SITE/bin:$PATH"
+# data files of the wheels (nbconvert's HTML templates, the kernelspec) land in $SITE/share/jupyter with --target
+export JUPYTER_PATH="$SITE/share/jupyter${JUPYTER_PATH:+:$JUPYTER_PATH}"
 step env "$py" -m sglab.cli env
 if [ "$TESTS" != none ]; then
   # shellcheck disable=SC2086
