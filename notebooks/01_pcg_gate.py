@@ -147,7 +147,7 @@ real_checks = real.checks()
 compare.show(real_checks, real.CLAIM)
 
 # %%
-compare.show_recorded(experiment.EXPERIMENT)
+compare.show_recorded(experiment.EXPERIMENT);
 
 # %% [markdown]
 # ## The payoff: eager prefill vs piecewise CUDA graphs (GPU)

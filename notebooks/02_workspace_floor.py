@@ -163,9 +163,9 @@ real_table
 # rebuild's), where such a run is recorded:
 
 # %%
-real_line, real_run = report.recorded_summary(real.RECORDED)
-print(real_line)
-real_run
+from sglab.real import compare  # noqa: E402
+
+compare.show_recorded(real.RECORDED);
 
 # %% [markdown]
 # ## Measured: the same replay with real workspaces on the GPUs

@@ -161,7 +161,7 @@ compare.show(real_checks, real.CLAIM)
 # The real breakable graph capturing and replaying on a GPU (`BreakableCUDAGraph`, outputs against eager):
 
 # %%
-compare.show_recorded(experiment.EXPERIMENT)
+compare.show_recorded(experiment.EXPERIMENT);
 
 # %% [markdown]
 # ## Measured on the GPU

@@ -179,9 +179,17 @@ print(f"claims: {claims.EXTRA_PER_SWA_LAYER} extra kernel nodes per SWA layer wi
 # the preset on 0.5.12.post1, translated once or per layer on 0.5.23), where such a run is recorded:
 
 # %%
-real_line, real_run = report.recorded_summary(real.RECORDED)
-print(real_line)
-real_run
+from sglab.real import compare  # noqa: E402
+
+compare.show_recorded(real.RECORDED);
+
+# %% [markdown]
+# What the released pool says, read from the recorded run (and checked by `tests/test_real_gpu_summary.py`):
+# without the preset, **0.5.12.post1's pool adds 2 kernel nodes per SWA layer** (the gather and the int32 cast of
+# `full_to_swa_index_mapping[loc].to(torch.int32)`), exactly the rebuild's count and this notebook's claim; on
+# 0.5.23 the same per-layer translation would cost 1 (a gather), which is moot there because the location is
+# translated once per forward. #24743 shows in the buffers: 0.5.11 keeps an int64 `out_cache_loc_swa` whose
+# padded tail holds stale slots after a padded populate, 0.5.12.post1 an int32 one with the tail zeroed.
 
 # %% [markdown]
 # ## Kernels per replay (GPU)

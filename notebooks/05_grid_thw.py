@@ -156,7 +156,7 @@ compare.show(real_checks, real.CLAIM)
 # that process then holds on GPU 0:
 
 # %%
-compare.show_recorded(experiment.EXPERIMENT)
+compare.show_recorded(experiment.EXPERIMENT);
 
 # %% [markdown]
 # ## Measured: where the grid lands, and what it costs on GPU 0

@@ -145,9 +145,9 @@ real_table
 
 # %%
 print(real.round_up_note(real_results))
-real_line, real_run = report.recorded_summary(real.RECORDED)
-print(real_line)
-real_run
+from sglab.real import compare  # noqa: E402
+
+compare.show_recorded(real.RECORDED);
 
 # %% [markdown]
 # ## Which buckets survive, for attention TP 1–8 × CP 1–4 × two-batch overlap

@@ -93,9 +93,9 @@ def test_recorded_hook_says_not_recorded_then_shows_the_newest(tmp_path, monkeyp
         (folder / f"{stamp}.json").write_text(json.dumps({
             "experiment": "real_workspace_floor", "created_utc": stamp, "gpu_name": "NVIDIA H200", "gpu_count": 2,
             "params": {"releases": ["0.5.23"], "shims": {"0.5.23": ["sgl_kernel"]}}}))
-    line, df = report.recorded_summary("workspace_floor")
+    line, tables = report.recorded_summary("workspace_floor")
     assert "20260102T000000Z" in line and "0.5.23" in line and "sgl_kernel" in line
-    assert list(df["value"]) == [2]
+    assert list(tables["rows"]["value"]) == [2]
 
 
 def test_every_section_says_not_run_when_no_release_is_installed(tmp_path, monkeypatch, capsys):

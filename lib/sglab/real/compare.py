@@ -139,8 +139,12 @@ def show_recorded(fix: str) -> bool:
     if run is None:
         print(f"Real SGLang on a GPU ({fix}): not recorded yet (no run under data/recorded/real_{fix}/).")
         return False
+    from .gpu.summary import tables
+
     print("\n".join(["Real SGLang on a GPU, recorded:"] + recorded_lines(run)))
-    display(recorded_table(run))
+    for name, table in tables(fix, run.df).items():
+        print(name)
+        display(table)
     return True
 
 

@@ -71,5 +71,6 @@ def recorded_summary(fix: str) -> tuple[Optional[str], object]:
     line = f"GPU run of real SGLang: {run_.path.name} ({run_.provenance}); releases {releases}"
     if shims:
         line += f"; shims {shims}"
-    df = run_.df.drop(columns=[c for c in ("experiment",) if c in run_.df])
-    return line, df
+    from .gpu.summary import tables
+
+    return line, tables(fix, run_.df)
