@@ -15,16 +15,12 @@ from typing import Optional
 
 
 def piecewise_cuda_graph_tokens(max_tokens: int = 4096) -> list[int]:
-    """Token counts that get one piecewise capture each (``--piecewise-cuda-graph-max-tokens`` = max_tokens)."""
-    sizes = (
-        list(range(4, 33, 4))
-        + list(range(48, 257, 16))
-        + list(range(288, 513, 32))
-        + list(range(576, 1024 + 1, 64))
-        + list(range(1280, 4096 + 1, 256))
-        + list(range(4608, max_tokens + 1, 512))
-    )
-    return [s for s in sizes if s <= max_tokens]
+    """Token counts that get one piecewise capture each (``--piecewise-cuda-graph-max-tokens`` = max_tokens):
+    SGLang's default list, the same one #23972 filters
+    (:func:`sglab.fixes.capture_sizes.default_piecewise_capture_sizes`)."""
+    from ..capture_sizes import default_piecewise_capture_sizes
+
+    return default_piecewise_capture_sizes(max_tokens)
 
 
 def bucket_for(num_tokens: int, capture_tokens: list[int]) -> Optional[int]:
