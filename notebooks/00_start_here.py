@@ -24,10 +24,9 @@ MODE = "auto"  # "auto" | "live" | "recorded"
 # %%
 import pandas as pd
 
-from sglab import catalog, hardware, runs
+from sglab import runs
 from sglab import notebook as nb
 from sglab.cli import env_report
-from sglab.report import timings
 
 wb = nb.Workbook("start_here", gpus=0, mode=MODE)
 
@@ -50,21 +49,7 @@ pd.DataFrame(env_report(), columns=["item", "value"]).style.hide(axis="index")
 # live, from the newest committed `sglab run --timings` record per GPU model (`data/recorded/workbook/`).
 
 # %%
-live_times = timings.live_times()
-rows = []
-for e in catalog.NOTEBOOKS:
-    ok, why = hardware.meets(e.gpus)
-    recorded = runs.load_all_recorded(e.experiment) if e.experiment else []
-    rows.append({
-        "notebook": e.stem,
-        "upstream": e.upstream,
-        "claim": e.claim,
-        "GPUs": e.gpus,
-        "live here": "yes" if ok else "no",
-        "live time": live_times.get(e.stem, timings.NOT_RECORDED),
-        "recorded runs": "; ".join(r.label for r in recorded) or ("—" if e.experiment is None else "none yet"),
-    })
-index = pd.DataFrame(rows)
+index = nb.overview()
 index
 
 # %% [markdown]

@@ -28,8 +28,7 @@ from IPython.display import display
 from sglab import notebook as nb
 from sglab import upstream
 from sglab.experiments import pcg_gate as experiment
-from sglab.experiments.pcg_gate import figures
-from sglab.experiments.pcg_gate import real
+from sglab.experiments.pcg_gate import figures, real
 from sglab.fixes import pcg_gate as fx
 from sglab.real import compare
 

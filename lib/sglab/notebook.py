@@ -232,3 +232,25 @@ def read_mode(nb) -> dict | None:
                 v = data[MODE_MIME]
                 return v if isinstance(v, dict) else json.loads(v)
     return None
+
+
+def overview():
+    """00's reading-order table: per notebook its claim, the GPUs it needs, whether this machine runs it live, its
+    live time (newest committed ``sglab run --timings`` record per GPU model) and the recorded runs it can show.
+    One source with the README index and the report: :mod:`sglab.catalog`."""
+    import pandas as pd
+
+    from . import catalog
+    from .report import timings
+
+    live_times = timings.live_times()
+    rows = []
+    for e in catalog.NOTEBOOKS:
+        ok, _ = hardware.meets(e.gpus)
+        recorded = runs.load_all_recorded(e.experiment) if e.experiment else []
+        rows.append({"notebook": e.stem, "upstream": e.upstream, "claim": e.claim, "GPUs": e.gpus,
+                     "live here": "yes" if ok else "no",
+                     "live time": live_times.get(e.stem, timings.NOT_RECORDED),
+                     "recorded runs": "; ".join(r.label for r in recorded) or
+                                      ("—" if e.experiment is None else "none yet")})
+    return pd.DataFrame(rows)
