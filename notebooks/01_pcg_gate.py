@@ -30,7 +30,7 @@ from sglab import upstream
 from sglab.experiments import pcg_gate as experiment
 from sglab.experiments.pcg_gate import figures, real
 from sglab.fixes import pcg_gate as fx
-from sglab.real import compare
+from sglab.real import compare, report
 
 pd.set_option("display.width", 160)
 pd.set_option("display.max_colwidth", 80)
@@ -133,16 +133,22 @@ compare.show_as_released(experiment.EXPERIMENT, fx.KimiPropertyGuard,
                          symbol="KimiK25ForConditionalGeneration.__setattr__")
 
 # %% [markdown]
-# The released class itself, run on this machine, one process per release: each release's
+# The released class itself, run on the CPU, one process per release: each release's
 # `KimiK25ForConditionalGeneration.__init__` around the rebuild's own 2-layer LLM (its vision tower and projector
 # replaced by tiny modules), then the release's own gate on a stand-in model runner — `init_piecewise_cuda_graphs`
 # up to 0.5.13, `cuda_graph_setup.capture_prefill_graph` in 0.5.23. "guard removed" is the real class with
 # `nn.Module.__setattr__` put back: the property alone. Each row is checked name for name against the rebuild's
 # variant for that release (gate decision, every `state_dict` key before and after the gate, `model` in
 # `_modules`, the layer stack found); a single difference prints `MISMATCH` with the facts that differ.
+#
+# Recorded mode shows the answers recorded on the CPU box (`data/recorded/real_cpu/`, written by `sglab real record`;
+# the tests check that they still equal a live run); `SGLAB_REAL=live` runs the installed releases here instead,
+# about 7 s a release.
 
 # %%
-real_checks = real.checks()
+real_results = real.probe()  # recorded answers where they exist (SGLAB_REAL=live: run the releases now)
+print(report.source_line(real_results))
+real_checks = real.checks(real_results)
 compare.show(real_checks, real.CLAIM)
 
 # %%

@@ -145,6 +145,10 @@ print("\n".join(text.floor_effect(sim, (2, 4))))
 # Besides its own call site, each release's callee also runs the floors 0 and 1024. The rebuild runs the same
 # cells with the policy of that call site and a manager like the release's; `agrees` needs equal re-creation
 # steps, sizes and refused calls.
+#
+# Recorded mode shows the answers recorded on the CPU box (`data/recorded/real_cpu/`, written by `sglab real record`;
+# the tests check that they still equal a live run); `SGLAB_REAL=live` runs the installed releases here instead,
+# about 7 s a release.
 
 # %%
 real_results = real.probe()

@@ -32,7 +32,7 @@ from sglab.experiments import breakable_graph as experiment
 from sglab.experiments.breakable_graph import figures
 from sglab.experiments.breakable_graph import real
 from sglab.fixes import breakable_graph as bg
-from sglab.real import compare
+from sglab.real import compare, report
 
 pd.set_option("display.width", 160)
 wb = nb.Workbook(experiment.EXPERIMENT, gpus=experiment.GPUS, mode=MODE)
@@ -146,15 +146,21 @@ compare.show_as_released(experiment.EXPERIMENT, bg.BreakableGraphRunner.can_run,
                          symbol="BreakableCudaGraphRunner.can_run")
 
 # %% [markdown]
-# The released runner itself, run on this machine: `BreakableCudaGraphRunner.__init__` of each release, in its
+# The released runner itself, run on the CPU: `BreakableCudaGraphRunner.__init__` of each release, in its
 # own process, on a stand-in model runner around the rebuild's four model shapes, stopped where it would ask for
 # the CUDA graph memory pool (nothing is captured); then the release's `can_run` on 1, 3 and 8 requests and on
 # more tokens than the largest bucket, and its `_build_capture_forward_batch`. The rebuild's runner answers the
 # same questions on the same models; `agrees` compares every fact, and a single difference prints `MISMATCH`
 # with the facts that differ.
+#
+# Recorded mode shows the answers recorded on the CPU box (`data/recorded/real_cpu/`, written by `sglab real record`;
+# the tests check that they still equal a live run); `SGLAB_REAL=live` runs the installed releases here instead,
+# about 7 s a release.
 
 # %%
-real_checks = real.checks()
+real_results = real.probe()  # recorded answers where they exist (SGLAB_REAL=live: run the releases now)
+print(report.source_line(real_results))
+real_checks = real.checks(real_results)
 compare.show(real_checks, real.CLAIM)
 
 # %% [markdown]

@@ -149,6 +149,10 @@ rebuild.dtypes_table()
 # aten op it dispatches that is not a view is one kernel on a GPU (one kernel node in a captured graph). The
 # rebuild answers the same questions in the same shapes; where no rebuilt variant exists (0.5.13 on), the number
 # to match is the claims module's.
+#
+# Recorded mode shows the answers recorded on the CPU box (`data/recorded/real_cpu/`, written by `sglab real record`;
+# the tests check that they still equal a live run); `SGLAB_REAL=live` runs the installed releases here instead,
+# about 7 s a release.
 
 # %%
 from sglab.experiments.swa_loc import claims, real

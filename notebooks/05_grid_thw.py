@@ -33,7 +33,7 @@ from sglab.experiments import grid_thw as experiment
 from sglab.experiments.grid_thw import figures
 from sglab.experiments.grid_thw import real
 from sglab.fixes import grid_thw as fx
-from sglab.real import compare
+from sglab.real import compare, report
 
 wb = nb.Workbook(experiment.EXPERIMENT, gpus=experiment.GPUS, mode=MODE)
 
@@ -138,7 +138,7 @@ print(f"The vision tower encodes {a.images_encoded:.0f} of {a.images_requested:.
 compare.show_as_released(experiment.EXPERIMENT, fx.gpu_call, symbol="KimiGPUProcessorWrapper._gpu_call")
 
 # %% [markdown]
-# The released code itself, run on this machine, one process per release: a real `MultimodalDataItem` holding the
+# The released code itself, run on the CPU, one process per release: a real `MultimodalDataItem` holding the
 # rebuild's grid, handed to the release's `KimiK25ForConditionalGeneration.get_image_feature` under either key
 # (which one does the model read?); the release's `KimiGPUProcessorWrapper._gpu_call` on the rebuild's images as
 # CPU tensors (0.5.23 moves images to CUDA itself, so it is not driven here); and the item inside what the
@@ -146,9 +146,15 @@ compare.show_as_released(experiment.EXPERIMENT, fx.gpu_call, symbol="KimiGPUProc
 # msgpack encoding of a `TokenizedGenerateReqInput` in 0.5.23. 0.5.10.post1 is matched with `before` on the key
 # only: its grid came from the CPU HF processor, so the `cuda:0` "before" of the rebuild never shipped in a
 # release. Each row is checked fact for fact; a single difference prints `MISMATCH`.
+#
+# Recorded mode shows the answers recorded on the CPU box (`data/recorded/real_cpu/`, written by `sglab real record`;
+# the tests check that they still equal a live run); `SGLAB_REAL=live` runs the installed releases here instead,
+# about 7 s a release.
 
 # %%
-real_checks = real.checks()
+real_results = real.probe()  # recorded answers where they exist (SGLAB_REAL=live: run the releases now)
+print(report.source_line(real_results))
+real_checks = real.checks(real_results)
 compare.show(real_checks, real.CLAIM)
 
 # %% [markdown]

@@ -126,6 +126,10 @@ if not wb.live:
 # rebuilt rule: `before` (0.5.10.post1, and 0.5.14, which lost the filter), `pr_filter` (0.5.11) and `today`
 # (0.5.23: every size rounded up to the decode runner's alignment, `fx.today_capture_sizes`); decode lists
 # follow the decode runner's filter everywhere.
+#
+# Recorded mode shows the answers recorded on the CPU box (`data/recorded/real_cpu/`, written by `sglab real record`;
+# the tests check that they still equal a live run); `SGLAB_REAL=live` runs the installed releases here instead,
+# about 7 s a release.
 
 # %%
 from sglab.experiments.capture_sizes import real

@@ -4,7 +4,12 @@ import os
 
 import pytest
 
+from sglab import bytecode
+
+bytecode.enable()  # every worker and subprocess below keeps its bytecode (see sglab.bytecode)
 os.environ.setdefault("MPLBACKEND", "Agg")
+# tests of real releases run them (never the recording); the notebook tests ask for the recording themselves
+os.environ.setdefault("SGLAB_REAL", "live")
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 

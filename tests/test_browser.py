@@ -70,6 +70,7 @@ def lab(tmp_path_factory):
         (tmp / "settings" / rel).write_text(text)
     token, port = secrets.token_hex(16), _free_port()
     env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}  # the kernel's own inline backend, as a user
+    env["SGLAB_REAL"] = "auto"  # the real sections as a reader sees them: the recording
     env.update(PYTHONPATH=os.pathsep.join([str(ROOT / "lib"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
                JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"),
                JUPYTER_RUNTIME_DIR=str(tmp / "runtime"))

@@ -49,6 +49,7 @@ def test_parameters_cell_first_code_cell():
 @pytest.mark.parametrize("ipynb", NOTEBOOKS, ids=lambda p: p.stem)
 def test_executes(ipynb, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("SGLAB_REAL", "auto")  # the real sections as a reader sees them: the recording
     result = nbtools.execute(ipynb, cell_timeout=CELL_TIMEOUT)
     if result.status != "ok":
         pytest.fail(f"{ipynb.name} failed: {result.error}\n\n--- all cell outputs ---\n"

@@ -107,3 +107,10 @@ def test_recorded_hook_says_not_recorded_then_shows_the_newest_run(tmp_path, mon
     assert run is not None and list(run.df["release"]) == ["0.5.23"]
     assert any("sgl_kernel" in line for line in compare.recorded_lines(run))
     assert isinstance(compare.recorded_table(run), pd.DataFrame)
+
+
+def test_recorded_answers_equal_the_live_ones(real):
+    """The notebook's recorded mode shows data/recorded/real_cpu/: it must say what the releases say now."""
+    from sglab.real.testing import assert_recording_matches
+
+    assert assert_recording_matches(real, "breakable_graph:run") == len(RELEASES)

@@ -137,3 +137,14 @@ def test_a_wrong_rule_would_be_caught(real):
         real_section.VARIANT.clear()
         real_section.VARIANT.update(saved)
     assert not table.agrees.all()
+
+
+def test_recorded_answers_equal_the_live_ones(real):
+    """The notebook's recorded mode shows data/recorded/real_cpu/ (the probe without the server-argument cases,
+    which this module's live run adds as ``args:`` settings): it must say what the releases say now."""
+    from sglab.real.testing import assert_recording_matches
+
+    def notebook_rows(rows):
+        return rows[~rows.setting.str.startswith("args:")]
+
+    assert assert_recording_matches(real, "capture_sizes:run", PARAMS, keep=notebook_rows) == len(RELEASES)

@@ -84,3 +84,10 @@ def test_a_cuda_grid_comes_back_on_cuda_over_the_msgpack_wire():
     r = require(run_probe("0.5.23", "grid_thw:run", {"device": "cuda:0"}))
     w = compare.facts(r, part="wire", case="image_grid_thw")
     assert w["device_sent"] == w["device_received"] == w["device_recorded_on_wire"] == "cuda:0"
+
+
+def test_recorded_answers_equal_the_live_ones(real):
+    """The notebook's recorded mode shows data/recorded/real_cpu/: it must say what the releases say now."""
+    from sglab.real.testing import assert_recording_matches
+
+    assert assert_recording_matches(real, "grid_thw:run") == len(RELEASES)

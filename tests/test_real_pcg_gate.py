@@ -119,3 +119,10 @@ def test_a_missing_release_is_a_not_run_row():
 
     (check,) = exp_real.checks({"0.5.9": run_probe("0.5.9", "pcg_gate:run")})
     assert check.agrees is None and check.behaviour.startswith("not run: sglang 0.5.9: not installed")
+
+
+def test_recorded_answers_equal_the_live_ones(real):
+    """The notebook's recorded mode shows data/recorded/real_cpu/: it must say what the releases say now."""
+    from sglab.real.testing import assert_recording_matches
+
+    assert assert_recording_matches(real, "pcg_gate:run") == len(RELEASES)

@@ -109,3 +109,10 @@ def test_a_doctored_release_disagrees(real):
     doctored.loc[mask, "value"] = doctored.loc[mask, "value"].apply(lambda ops: ops[:1])
     table = real_section.comparison({"0.5.12.post1": type(r)(**{**r.__dict__, "rows": doctored})})
     assert not table.agrees.all()
+
+
+def test_recorded_answers_equal_the_live_ones(real):
+    """The notebook's recorded mode shows data/recorded/real_cpu/: it must say what the releases say now."""
+    from sglab.real.testing import assert_recording_matches
+
+    assert assert_recording_matches(real, "swa_loc:run") == len(RELEASES)

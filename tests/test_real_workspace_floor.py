@@ -106,10 +106,18 @@ def test_every_section_says_not_run_when_no_release_is_installed(tmp_path, monke
     monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path))
     for section in (real, sl, cs):
         results = section.probe()
-        assert all(line.split(": ", 1)[1].startswith("not run: not installed")
-                   for line in report.status_lines(results).splitlines())
+        source, *lines = report.status_lines(results).splitlines()
+        assert source.startswith("real SGLang: run here now:")
+        assert lines and all(line.split(": ", 1)[1].startswith("not run: not installed") for line in lines)
         assert report.check(section.comparison(results)) is False
     assert "no release ran" in real.high_water_note(real.probe())
     assert "no release ran" in sl.kernels_statement(sl.probe())
     assert "did not run" in cs.round_up_note(cs.probe())
     assert "nothing was compared" in capsys.readouterr().out
+
+
+def test_recorded_answers_equal_the_live_ones(results):
+    """The notebook's recorded mode shows data/recorded/real_cpu/: it must say what the releases say now."""
+    from sglab.real.testing import assert_recording_matches
+
+    assert assert_recording_matches(results, "workspace_floor:run", real.params()) == len(real.RELEASES)

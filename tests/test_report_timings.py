@@ -93,3 +93,22 @@ def test_committed_records_load():
     for run in runs.load_all_recorded("workbook"):
         assert set(run.df["metric"]) <= {"wall_s", "measure_s"}
         assert timings.live_seconds(run) or run.manifest["gpu_name"] == "cpu"
+
+
+def test_two_at_a_time_keeps_order_and_reports_each(tiny, tmp_path):
+    """Recorded mode runs notebooks in worker processes: results come back in the order asked, each with its
+    executed copy and page, and a failing notebook is reported as failed without stopping the other."""
+    bad = tiny.parent / "98_bad.ipynb"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("MODE = 'recorded'"), nbformat.v4.new_code_cell("1 / 0")]
+    nbformat.write(nb, bad)
+    said = []
+    out = tmp_path / "report"
+    results = run_notebooks([tiny, bad], out, env_rows=[], progress=said.append, jobs=2)
+    assert [r.path.name for r in results] == ["99_tiny.ipynb", "98_bad.ipynb"]
+    assert [r.status for r in results] == ["ok", "failed"]
+    assert "ZeroDivisionError" in results[1].error
+    assert said[0] == "2 notebooks, 2 at a time …"
+    for stem in ("99_tiny", "98_bad"):
+        assert (out / f"{stem}.ipynb").exists() and (out / f"{stem}.html").exists()
+    assert (out / "index.html").exists()

@@ -57,6 +57,8 @@ def env_report() -> list[tuple[str, str]]:
     rows.append(("driver", sw["driver"] or "not found (no NVML)"))
     rows.append(("torch / CUDA", f"{sw['torch']} / {sw['cuda'] or 'CPU build'}"))
     rows.append(("python", sw["python"]))
+    rows.append(("bytecode", f"cache in {sys.pycache_prefix}" if sys.pycache_prefix else
+                 "not written (PYTHONDONTWRITEBYTECODE)" if sys.dont_write_bytecode else "written beside the sources"))
     try:
         import pynvml  # noqa: F401  (is it importable?)
 
@@ -106,6 +108,10 @@ def cmd_env(_args) -> int:
 
 
 def cmd_real(args) -> int:
+    if args.action == "record":
+        from .experiments import real_probes
+
+        return real_probes.main(args.rest)
     from .real import install
 
     return install.main(args.rest)
@@ -288,7 +294,7 @@ def _resolve_notebooks(names: list[str]) -> list[Path]:
 
 
 def cmd_run(args) -> int:
-    from .report import run_notebooks, timings
+    from .report import default_jobs, run_notebooks, timings
     from .runs import repo_root
 
     if args.record and not args.timings:
@@ -297,11 +303,13 @@ def cmd_run(args) -> int:
     paths = _resolve_notebooks(args.notebooks)
     out = Path(args.out) if args.out else repo_root() / "reports"
     params = _parse_params(args.param)
-    results = run_notebooks(paths, out, params=params, cell_timeout=args.cell_timeout)
+    t0 = time.perf_counter()
+    results = run_notebooks(paths, out, params=params, cell_timeout=args.cell_timeout, jobs=args.jobs)
     failed = [r for r in results if r.status != "ok"]
     print(f"report: {out / 'index.html'} ({len(results) - len(failed)}/{len(results)} ok)")
     if args.timings:
         print(timings.summary(timings.frame(results)))
+        print(f"wall: {time.perf_counter() - t0:.1f} s ({args.jobs or default_jobs()} at a time; pages and index included)")
         record = args.record and not failed and len(results) == len(paths)
         if args.record and not record:
             print("[sglab] not every notebook ran cleanly: timings saved under data/runs/, not recorded")
@@ -314,6 +322,9 @@ def cmd_run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import bytecode
+
+    bytecode.enable()  # before anything heavy is imported, and inherited by every kernel and rank started below
     ap = argparse.ArgumentParser(prog="sglab", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("env", help="describe this machine").set_defaults(fn=cmd_env)
@@ -322,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out")
     p.add_argument("--param", action="append", help="inject NAME=VALUE after the parameters cell")
     p.add_argument("--cell-timeout", type=int, default=900)
+    p.add_argument("--jobs", type=int, help="notebooks at a time (default: 1 where a GPU is visible, else 2)")
     p.add_argument("--timings", action="store_true",
                    help="print where each notebook's time goes (phases) and save it as a workbook run")
     p.add_argument("--record", action="store_true", help="with --timings: save under data/recorded/workbook/")
@@ -368,8 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--junit", metavar="FILE", help="also write the verdicts as JUnit XML")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_verify)
-    p = sub.add_parser("real", help="real SGLang releases side by side: `sglab real install [--releases V ...]`")
-    p.add_argument("action", choices=["install"])
+    p = sub.add_parser("real", help="real SGLang releases side by side: `sglab real install [--releases V ...]`, "
+                       "`sglab real record` (the notebooks' probe answers, for recorded mode)")
+    p.add_argument("action", choices=["install", "record"])
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_real)
     args = ap.parse_args(argv)

@@ -16,8 +16,22 @@ MISMATCH = "!!! REAL SGLANG AND THE REBUILD DISAGREE"
 
 
 def run(releases: Iterable[str], probe: str, params: Optional[dict] = None) -> dict[str, ProbeResult]:
-    """Each release in its own subprocess (two at a time: the CPU box has two cores)."""
+    """Each release's answer: from the recording where it holds it (``SGLAB_REAL=auto``, the default), else run
+    now, each release in its own subprocess (two at a time: the CPU box has two cores); see
+    :mod:`sglab.real.store`."""
     return run_probes(releases, probe, params, jobs=2)
+
+
+def source_line(results: dict[str, ProbeResult]) -> str:
+    """Where the answers come from, in one line: a recording (which one) or this machine, now."""
+    labels = sorted({r.recorded for r in results.values() if r.recorded})
+    now = [v for v, r in results.items() if not r.recorded]
+    parts = []
+    if labels:
+        parts.append(f"answers {'; '.join(labels)} (SGLAB_REAL=live runs the installed releases here instead)")
+    if now:
+        parts.append(f"run here now: {', '.join(now)}")
+    return "real SGLang: " + " · ".join(parts) if parts else "real SGLang: no release asked"
 
 
 def not_run_lines(results: dict[str, ProbeResult]) -> list[str]:
@@ -27,9 +41,11 @@ def not_run_lines(results: dict[str, ProbeResult]) -> list[str]:
 
 
 def status_lines(results: dict[str, ProbeResult]) -> str:
-    """One line per release: how long it ran and with which shims, or why it did not run."""
-    return "\n".join(r.summary() if r.ok else f"sglang {v}: not run: {r.reason.removeprefix(f'sglang {v}: ')}"
-                     for v, r in results.items())
+    """Where the answers come from (:func:`source_line`), then one line per release: how long it ran and with
+    which shims, or why it did not run."""
+    lines = [r.summary(with_source=False) if r.ok else f"sglang {v}: not run: {r.reason.removeprefix(f'sglang {v}: ')}"
+             for v, r in results.items()]
+    return "\n".join([source_line(results), *lines])
 
 
 def ran(results: dict[str, ProbeResult]) -> dict[str, ProbeResult]:

@@ -39,6 +39,7 @@ class ProbeResult:
     prepare_seconds: float = 0.0    # path set-up + shims (includes no sglang import)
     reason: str = ""                # error or not-run reason, one line
     traceback: str = ""
+    recorded: str = ""              # where the answer came from when not run now (sglab.real.store)
 
     @property
     def ok(self) -> bool:
@@ -47,11 +48,12 @@ class ProbeResult:
     def shim_names(self) -> list[str]:
         return [s["name"] for s in self.shims]
 
-    def summary(self) -> str:
+    def summary(self, with_source: bool = True) -> str:
+        when = f" [{self.recorded}]" if self.recorded and with_source else ""
         if self.ok:
             return (f"sglang {self.release}: {len(self.rows)} rows in {self.seconds:.1f} s"
-                    f" (shims: {', '.join(self.shim_names()) or 'none'})")
-        return f"sglang {self.release}: {self.status}: {self.reason}"
+                    f" (shims: {', '.join(self.shim_names()) or 'none'}){when}")
+        return f"sglang {self.release}: {self.status}: {self.reason}{when}"
 
 
 def _frame(release: str, probe: str, rows: list[dict]):
@@ -120,9 +122,26 @@ def run_probe(release: str, probe: str, params: Optional[dict] = None, *,
 
 
 def run_probes(releases: Iterable[str], probe: str, params: Optional[dict] = None, *, jobs: int = 2,
-               timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, ProbeResult]:
-    """:func:`run_probe` on several releases, ``jobs`` subprocesses at a time; {release: result}, in order."""
-    releases = list(releases)
+               timeout: float = DEFAULT_TIMEOUT_S, source: Optional[str] = None) -> dict[str, ProbeResult]:
+    """:func:`run_probe` on several releases, ``jobs`` subprocesses at a time; {release: result}, in order.
+
+    ``source`` (default ``$SGLAB_REAL``, else ``auto``): where a recording holds the answer it is taken from there
+    unless ``live``; ``recorded`` never runs a release (:mod:`sglab.real.store`)."""
+    from . import store
+
+    releases, src = list(releases), store.source(source)
+    found: dict[str, ProbeResult] = {}
+    if src != "live":
+        rec = store.newest()
+        for v in releases:
+            hit = rec.lookup(v, probe, params) if rec is not None else None
+            if hit is not None:
+                found[v] = hit
+            elif src == "recorded":
+                found[v] = ProbeResult(v, probe, "not-run", _frame(v, probe, []),
+                                       reason=f"sglang {v}: {probe} with these parameters is not in the recording")
+    todo = [v for v in releases if v not in found]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(run_probe, v, probe, params, timeout=timeout) for v in releases]
-        return {v: f.result() for v, f in zip(releases, futures)}
+        futures = {v: pool.submit(run_probe, v, probe, params, timeout=timeout) for v in todo}
+        found.update({v: f.result() for v, f in futures.items()})
+    return {v: found[v] for v in releases}

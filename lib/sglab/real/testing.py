@@ -25,8 +25,8 @@ def require(result: ProbeResult) -> ProbeResult:
 
 
 def probe_all(releases, probe: str, params=None) -> dict[str, ProbeResult]:
-    """Each release once (two subprocesses at a time, the machine has two cores)."""
-    return run_probes(releases, probe, params, jobs=2)
+    """Each release once, run now (never a recording; two subprocesses at a time, the machine has two cores)."""
+    return run_probes(releases, probe, params, jobs=2, source="live")
 
 
 def value(result: ProbeResult, **where):
@@ -37,3 +37,39 @@ def value(result: ProbeResult, **where):
     if len(df) != 1:
         raise AssertionError(f"{result.release}: {len(df)} rows match {where}")
     return df["value"].iloc[0]
+
+
+def _records(df) -> "object":
+    """Rows as they come back from JSON (lists, not tuples; NaN where a row lacks a column), for comparing."""
+    import json
+
+    import pandas as pd
+
+    records = df.drop(columns=["release", "probe"], errors="ignore").to_dict("records")
+    return pd.DataFrame(json.loads(json.dumps(records, default=str))).reset_index(drop=True)
+
+
+def assert_recording_matches(live: dict[str, ProbeResult], probe: str, params=None, *, keep=None) -> int:
+    """The recording (:mod:`sglab.real.store`) answers ``probe`` with ``params`` exactly as the releases just did
+    in ``live``: same status and the same rows, release by release. ``keep(rows) -> rows`` narrows the live rows
+    first (a probe that answers more than the recorded one). Returns how many releases were compared; a recording
+    that holds none of them fails, so a stale or missing recording cannot pass unnoticed."""
+    import pandas as pd
+
+    from . import store
+
+    rec = store.newest()
+    assert rec is not None, "no recording under data/recorded/real_cpu/ (run `sglab real record`)"
+    compared = 0
+    for release, result in live.items():
+        hit = rec.lookup(release, probe, params)
+        if hit is None:
+            continue
+        require(result)
+        rows = keep(result.rows) if keep else result.rows
+        assert hit.status == result.status, f"{release}: recorded {hit.status}, live {result.status}"
+        pd.testing.assert_frame_equal(_records(hit.rows), _records(rows), check_dtype=False,
+                                      obj=f"{probe} on sglang {release}: recorded vs live rows")
+        compared += 1
+    assert compared, f"the recording ({rec.path.name}) holds {probe} for none of {sorted(live)}: re-record it"
+    return compared

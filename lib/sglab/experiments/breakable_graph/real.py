@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 
 from ...fixes import breakable_graph as bg
-from ...real import compare, run_probes
-from ...real.probes import breakable_graph as probe
+from ...real import compare
+from ...real.probes import breakable_graph as released_probe
 
 RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13")
 VARIANT_OF = {"0.5.11": bg.BEFORE, "0.5.12.post1": bg.AFTER, "0.5.13": bg.AFTER}
@@ -37,16 +37,16 @@ def rebuild_facts(boundary: str, shape: str) -> dict:
     log, handler = logging.getLogger(bg.breakable_cuda_graph_runner.__name__), _Warnings()
     log.addHandler(handler)
     try:
-        r = bg.BreakableGraphRunner(model, boundary=boundary, capture_num_tokens=probe.CAPTURE_TOKENS,
-                                    max_bs=probe.MAX_BS, capture=False)
+        r = bg.BreakableGraphRunner(model, boundary=boundary, capture_num_tokens=released_probe.CAPTURE_TOKENS,
+                                    max_bs=released_probe.MAX_BS, capture=False)
     finally:
         log.removeHandler(handler)
     path = next((n for n, m in model.named_modules() if m is r.layer_model), None) if r.layer_model else None
     out = {"layer_model": path, "warnings": handler.messages, "max_num_tokens": r.max_num_tokens}
-    for label, lens in probe.BATCHES.items():
+    for label, lens in released_probe.BATCHES.items():
         out[f"can_run · {label}"] = bool(r.can_run(bg.BatchShape(tuple(lens))))
     if boundary == bg.BEFORE or r.layer_model is not None:
-        fb = r._build_capture_forward_batch(probe.CAPTURE_TOKENS[0])
+        fb = r._build_capture_forward_batch(released_probe.CAPTURE_TOKENS[0])
         static = getattr(r, "static_extend_seq_lens", None)
         out["capture_reads_static_bs_buffer"] = static is not None and (
             fb.extend_seq_lens.untyped_storage().data_ptr() == static.untyped_storage().data_ptr())
@@ -80,10 +80,17 @@ def describe(flat: dict) -> str:
     return text + (f"; disabled with a warning on {disabled} of {len(stacks)} model shapes" if disabled else "")
 
 
+def probe(releases=RELEASES) -> dict:
+    """{release: ProbeResult}: recorded where the recording holds it, else run now (:func:`sglab.real.report.run`)."""
+    from sglab.real import report
+
+    return report.run(releases, "breakable_graph:run")
+
+
 def checks(results: dict | None = None, variant_of: dict | None = None) -> list[compare.Check]:
     """One :class:`~sglab.real.compare.Check` per release (all four model shapes compared fact for fact) against
     the variant ``variant_of`` names for it (default :data:`VARIANT_OF`)."""
-    results = results if results is not None else run_probes(RELEASES, "breakable_graph:run")
+    results = results if results is not None else probe()
     variant_of = VARIANT_OF if variant_of is None else variant_of
     out = []
     for release, r in results.items():

@@ -10,8 +10,8 @@ matched with ``before`` on the key only: its grid came from the CPU HF processor
 from __future__ import annotations
 
 from ...fixes import grid_thw as fx
-from ...real import compare, run_probes
-from ...real.probes import grid_thw as probe
+from ...real import compare
+from ...real.probes import grid_thw as released_probe
 
 RELEASES = ("0.5.10.post1", "0.5.11", "0.5.23")
 VARIANT_OF = {"0.5.10.post1": "before", "0.5.11": "after", "0.5.23": "after"}
@@ -20,12 +20,12 @@ WIRE_FACTS = ("device_kept", "dtype_kept", "shape_kept", "values_kept")
 
 
 def _images():
-    return [fx.synthetic_image(i) for i in range(probe.N_IMAGES)]
+    return [fx.synthetic_image(i) for i in range(released_probe.N_IMAGES)]
 
 
 def rebuild_facts(variant: str, with_processor: bool) -> dict:
     """The rebuild's answers for ``variant`` (``before`` / ``after``), named as :func:`real_facts` names them."""
-    out = fx.gpu_call(fx.prompt_for(probe.N_IMAGES), _images(), fixed=variant == "after", device="cpu")
+    out = fx.gpu_call(fx.prompt_for(released_probe.N_IMAGES), _images(), fixed=variant == "after", device="cpu")
     key = fx.grid_key(out)
     grid = out[key]
     item = fx.MMItem(modality="image", feature=out["pixel_values"], model_specific_data={key: grid})
@@ -55,7 +55,7 @@ def real_facts(result, key: str) -> dict:
 
 
 def describe_real(result, key: str) -> str:
-    model = {k: compare.facts(result, part="model", case=k).get("reads_grid") for k in probe.KEYS}
+    model = {k: compare.facts(result, part="model", case=k).get("reads_grid") for k in released_probe.KEYS}
     wire, proc = compare.facts(result, part="wire", case=key), compare.facts(result, part="processor")
     reads = " and ".join(k for k, ok in model.items() if ok) or "neither key"
     text = (f"model reads {reads}; {wire.get('wire')}: grid sent on {wire.get('device_sent')}, arrives on "
@@ -73,9 +73,16 @@ def describe_rebuild(variant: str) -> str:
         "; send_pyobj/recv_pyobj keep device, dtype, shape"
 
 
+def probe(releases=RELEASES) -> dict:
+    """{release: ProbeResult}: recorded where the recording holds it, else run now (:func:`sglab.real.report.run`)."""
+    from sglab.real import report
+
+    return report.run(releases, "grid_thw:run")
+
+
 def checks(results: dict | None = None, variant_of: dict | None = None) -> list[compare.Check]:
     """One :class:`~sglab.real.compare.Check` per release."""
-    results = results if results is not None else run_probes(RELEASES, "grid_thw:run")
+    results = results if results is not None else probe()
     variant_of = VARIANT_OF if variant_of is None else variant_of
     out = []
     for release, r in results.items():

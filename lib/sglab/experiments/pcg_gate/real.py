@@ -10,7 +10,7 @@ keys before and after the gate, whether ``model`` sits in ``_modules``, and the 
 from __future__ import annotations
 
 from ...fixes import pcg_gate as gate
-from ...real import compare, run_probes
+from ...real import compare
 from .variants import quiet_gate
 
 RELEASES = ("0.5.10.post1", "0.5.12.post1", "0.5.13", "0.5.23")
@@ -49,9 +49,16 @@ def describe(f: dict) -> str:
             f"layer stack {f.get('layer_model_path')}")
 
 
+def probe(releases=RELEASES) -> dict:
+    """{release: ProbeResult}: recorded where the recording holds it, else run now (:func:`sglab.real.report.run`)."""
+    from sglab.real import report
+
+    return report.run(releases, "pcg_gate:run")
+
+
 def checks(results: dict | None = None, variant_of: dict | None = None) -> list[compare.Check]:
     """One :class:`~sglab.real.compare.Check` per release, plus one for the guard removed where it exists."""
-    results = results if results is not None else run_probes(RELEASES, "pcg_gate:run")
+    results = results if results is not None else probe()
     variant_of = VARIANT_OF if variant_of is None else variant_of
     out = []
     for release, r in results.items():

@@ -134,6 +134,9 @@ def cmd_record(args) -> int:
 
 
 def main(argv=None) -> int:
+    from ...bytecode import enable
+
+    enable()  # the probe processes import torch and a release each: keep their bytecode (sglab.bytecode)
     ap = argparse.ArgumentParser(prog="python -m sglab.real.gpu", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("record", help="run the GPU probes on real SGLang and write one run per fix")
