@@ -98,8 +98,8 @@ hunks.beside(experiment.EXPERIMENT, fx.DecodeInputBuffers.populate_from_forward_
 rebuild.capture_calls()
 
 # %% [markdown]
-# One translation per SWA layer without the preset, none with it; each is two kernels in the graph (counted on
-# the GPU below). Eagerly, the pool writes the same K/V either way:
+# One translation per SWA layer without the preset, none with it; each is two kernels in the graph, the gather and
+# the int32 cast, as in 0.5.10.post1–0.5.12.post1 (counted on the GPU below; from 0.5.13 SGLang's is one gather). Eagerly, the pool writes the same K/V either way:
 
 # %%
 rebuild.eager_paths()
@@ -312,7 +312,8 @@ nb.verdict(experiment.EXPERIMENT, shown)
 #
 # - A Python branch inside a captured region is decided once, at capture. `set_kv_buffer`'s
 #   `if self.swa_loc is not None` looked like a per-step choice but was frozen into every decode graph as the
-#   slow branch: two kernels per SWA layer per step, for a translation already done once per batch.
+#   slow branch: two kernels per SWA layer per step in the PR-era pool (0.5.10.post1–0.5.12.post1), for a
+#   translation already done once per batch.
 # - The fix is to make the capture-time state the serving-time state: a static `out_cache_loc_swa` buffer,
 #   filled at populate time, set on the pool before capture.
 # - Static buffers inherit every padding rule of the inputs they shadow. `out_cache_loc` was zeroed on pad;

@@ -321,12 +321,8 @@ def cmd_run(args) -> int:
     return 1 if failed else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    from . import bytecode
-
-    bytecode.enable()  # before anything heavy is imported, and inherited by every kernel and rank started below
-    ap = argparse.ArgumentParser(prog="sglab", description=__doc__.split("\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
+def _workbook_commands(sub) -> None:
+    """env, run, record, sync: the commands that run the workbook and its experiments."""
     sub.add_parser("env", help="describe this machine").set_defaults(fn=cmd_env)
     p = sub.add_parser("run", help="execute notebooks headless and write reports/")
     p.add_argument("notebooks", nargs="*")
@@ -347,6 +343,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("sync", help="write notebooks' .ipynb from their .py")
     p.add_argument("--check", action="store_true")
     p.set_defaults(fn=cmd_sync)
+
+
+def _evidence_commands(sub) -> None:
+    """upstream, index, the investigation commands, verify, real: what reads releases, runs and a user's setup."""
     p = sub.add_parser("upstream", help="which fixes the installed SGLang, a source tree, or each release has")
     from .upstream import command as upstream_command
 
@@ -385,6 +385,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("action", choices=["install", "record"])
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_real)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from . import bytecode
+
+    bytecode.enable()  # before anything heavy is imported, and inherited by every kernel and rank started below
+    ap = argparse.ArgumentParser(prog="sglab", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    _workbook_commands(sub)
+    _evidence_commands(sub)
     args = ap.parse_args(argv)
     return int(args.fn(args) or 0)
 

@@ -1,10 +1,13 @@
-"""The workspace manager and its re-create rule, PR-era.
+"""The workspace manager and its re-create rule.
 
 Mirrors ``python/sglang/srt/layers/flashinfer_comm_fusion.py``:
 
 - ``FlashInferWorkspaceManager``: ``initialize`` (the high-water mark ``_max_token_num_seen``, the early return
   when the existing workspace already covers the request, the cleanup of a too-small one, then creation at
-  ``max(max_token_num, high-water mark)``), ``is_buffer_size_sufficient`` and ``cleanup``;
+  ``max(max_token_num, high-water mark)``), ``is_buffer_size_sufficient`` and ``cleanup``. The high-water mark is
+  SGLang's from 0.5.14 on: the released managers around the fix (0.5.12.post1 without the floor, 0.5.13 with it)
+  keep none and create at ``max_token_num`` itself, which is ``high_water=False`` here (the real-release probe
+  drives both; on the workbook's traces the re-creation counts are the same either way);
 - ``ensure_workspace_initialized``: re-create when uninitialised, when world size / rank / group change, or when
   the buffer is too small for ``token_num`` (``x.shape[0]``);
 - the workspace part of ``flashinfer_allreduce_residual_rmsnorm``: ``assert input_tensor.shape[0] <=
@@ -42,7 +45,8 @@ class CreationEvent:
 
 
 class WorkspaceManager:
-    """``FlashInferWorkspaceManager`` (PR-era), creation delegated to ``creator``."""
+    """``FlashInferWorkspaceManager``, creation delegated to ``creator``; ``high_water=False`` is the manager as
+    released in 0.5.12.post1 and 0.5.13, ``True`` (the default) SGLang's from 0.5.14."""
 
     def __init__(self, creator, *, high_water: bool = True, clock: Callable[[], float] = time.perf_counter,
                  mark: Optional[Mark] = None):
