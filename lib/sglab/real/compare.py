@@ -51,6 +51,20 @@ def not_run(result, variant: str, rebuilt: str) -> Check:
     return Check(result.release, f"not run: {result.reason}", variant, rebuilt, None)
 
 
+def per_release(results: dict, variant_of: dict, one) -> list[Check]:
+    """Checks release by release: a release that did not run gets its not-run row; every other one gets what
+    ``one(release, result, variant)`` returns (a :class:`Check` or a list of them)."""
+    out = []
+    for release, r in results.items():
+        variant = variant_of.get(release, "-")
+        if not r.ok:
+            out.append(not_run(r, variant, "-"))
+            continue
+        got = one(release, r, variant)
+        out.extend(got if isinstance(got, list) else [got])
+    return out
+
+
 def facts(result, **where) -> dict:
     """``{metric: value}`` of the probe rows matching ``where`` (column=value pairs)."""
     df = result.rows

@@ -91,21 +91,16 @@ def checks(results: dict | None = None, variant_of: dict | None = None) -> list[
     """One :class:`~sglab.real.compare.Check` per release (all four model shapes compared fact for fact) against
     the variant ``variant_of`` names for it (default :data:`VARIANT_OF`)."""
     results = results if results is not None else probe()
-    variant_of = VARIANT_OF if variant_of is None else variant_of
-    out = []
-    for release, r in results.items():
-        variant = variant_of.get(release, "-")
-        if not r.ok:
-            out.append(compare.not_run(r, variant, "-"))
-            continue
+
+    def one(release, r, variant):
         if compare.facts(r).get("runner_file") is None:
-            out.append(compare.Check(release, "no breakable runner in this release (the feature came later)",
-                                     "-", "-", None))
-            continue
+            return compare.Check(release, "no breakable runner in this release (the feature came later)", "-", "-",
+                                 None)
         real = _flat({s: real_facts(r, s) for s in bg.MODEL_SHAPES})
         rebuilt = _flat({s: rebuild_facts(variant, s) for s in bg.MODEL_SHAPES})
-        out.append(compare.check(release, real, variant, rebuilt, sorted(set(real) | set(rebuilt)), describe))
-    return out
+        return compare.check(release, real, variant, rebuilt, sorted(set(real) | set(rebuilt)), describe)
+
+    return compare.per_release(results, VARIANT_OF if variant_of is None else variant_of, one)
 
 
 def detail(results: dict):

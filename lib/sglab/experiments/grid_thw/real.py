@@ -83,18 +83,14 @@ def probe(releases=RELEASES) -> dict:
 def checks(results: dict | None = None, variant_of: dict | None = None) -> list[compare.Check]:
     """One :class:`~sglab.real.compare.Check` per release."""
     results = results if results is not None else probe()
-    variant_of = VARIANT_OF if variant_of is None else variant_of
-    out = []
-    for release, r in results.items():
-        variant = variant_of.get(release, "-")
-        if not r.ok or variant == "-":
-            out.append(compare.not_run(r, variant, "-") if not r.ok else
-                       compare.Check(release, "no rebuild variant to match", "-", "-", None))
-            continue
+
+    def one(release, r, variant):
+        if variant == "-":
+            return compare.Check(release, "no rebuild variant to match", "-", "-", None)
         key = "image_grid_thw" if variant == "after" else "grid_thws"
         real = real_facts(r, key)
         rebuilt = rebuild_facts(variant, with_processor="processor key" in real)
         diffs = compare.compare(real, rebuilt, sorted(set(real) | set(rebuilt)))
-        out.append(compare.Check(release, describe_real(r, key), variant, describe_rebuild(variant), not diffs,
-                                 diffs))
-    return out
+        return compare.Check(release, describe_real(r, key), variant, describe_rebuild(variant), not diffs, diffs)
+
+    return compare.per_release(results, VARIANT_OF if variant_of is None else variant_of, one)

@@ -59,15 +59,13 @@ def probe(releases=RELEASES) -> dict:
 def checks(results: dict | None = None, variant_of: dict | None = None) -> list[compare.Check]:
     """One :class:`~sglab.real.compare.Check` per release, plus one for the guard removed where it exists."""
     results = results if results is not None else probe()
-    variant_of = VARIANT_OF if variant_of is None else variant_of
-    out = []
-    for release, r in results.items():
-        variant = variant_of.get(release, "-")
-        if not r.ok:
-            out.append(compare.not_run(r, variant, "-"))
-            continue
+
+    def one(release, r, variant):
+        out = []
         for case in [c for c in CASE_VARIANT if c in set(r.rows["case"])]:
             v = CASE_VARIANT[case] or variant
             label = release if case == "as_released" else f"{release}, guard removed"
             out.append(compare.check(label, real_facts(r, case), v, rebuild_facts(v), KEYS, describe))
-    return out
+        return out
+
+    return compare.per_release(results, VARIANT_OF if variant_of is None else variant_of, one)
