@@ -148,7 +148,7 @@ print("\n".join(text.floor_effect(sim, (2, 4))))
 #
 # Recorded mode shows the answers recorded on the CPU box (`data/recorded/real_cpu/`, written by `sglab real record`;
 # the tests check that they still equal a live run); `SGLAB_REAL=live` runs the installed releases here instead,
-# about 7 s a release.
+# about 8 s a release.
 
 # %%
 real_results = real.probe()

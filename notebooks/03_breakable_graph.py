@@ -155,7 +155,7 @@ compare.show_as_released(experiment.EXPERIMENT, bg.BreakableGraphRunner.can_run,
 #
 # Recorded mode shows the answers recorded on the CPU box (`data/recorded/real_cpu/`, written by `sglab real record`;
 # the tests check that they still equal a live run); `SGLAB_REAL=live` runs the installed releases here instead,
-# about 7 s a release.
+# about 8 s a release.
 
 # %%
 real_results = real.probe()  # recorded answers where they exist (SGLAB_REAL=live: run the releases now)

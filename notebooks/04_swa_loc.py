@@ -152,7 +152,7 @@ rebuild.dtypes_table()
 #
 # Recorded mode shows the answers recorded on the CPU box (`data/recorded/real_cpu/`, written by `sglab real record`;
 # the tests check that they still equal a live run); `SGLAB_REAL=live` runs the installed releases here instead,
-# about 7 s a release.
+# about 8 s a release.
 
 # %%
 from sglab.experiments.swa_loc import claims, real

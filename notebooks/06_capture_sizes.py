@@ -129,7 +129,7 @@ if not wb.live:
 #
 # Recorded mode shows the answers recorded on the CPU box (`data/recorded/real_cpu/`, written by `sglab real record`;
 # the tests check that they still equal a live run); `SGLAB_REAL=live` runs the installed releases here instead,
-# about 7 s a release.
+# about 8 s a release.
 
 # %%
 from sglab.experiments.capture_sizes import real

@@ -1,10 +1,10 @@
 """A private bytecode cache, for machines where every new Python process would compile its imports again.
 
 Some images set ``PYTHONDONTWRITEBYTECODE=1`` and ship site-packages without ``__pycache__`` (the GPU image
-here does both). Each process then compiles torch's Python sources anew. Measured on an H100 of that image
-(2026-11-24): ``import torch`` 4.3 s instead of 1.8 s, 4–5.5 s of ``compile()`` inside each 1-GPU experiment's run,
-and a first torch.profiler session of 5.7 s instead of 1.4 s. The workbook starts one kernel per notebook and one
-process per rank, so it pays this over and over.
+here does both). Each process then compiles torch's Python sources anew, at import and again when a first
+torch.profiler session pulls in more of torch; under cProfile that ``compile()`` time was a large share of a 1-GPU
+experiment's run there. The workbook starts one kernel per notebook and one process per rank, so it pays this
+over and over.
 
 :func:`enable` points this process (``sys.pycache_prefix``) and, through the environment, every process it starts
 (notebook kernels, ranks, tests) at a cache of its own under ``~/.cache/sglab/pycache``. Only the bytecode moves:
@@ -64,3 +64,10 @@ def enable() -> str | None:
     os.environ["PYTHONPYCACHEPREFIX"] = str(folder)
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     return f"bytecode cache: {folder} ({why}; {ENV}=off to leave it)"
+
+
+def describe() -> str:
+    """Where this process keeps its bytecode, in a few words (for ``sglab env``)."""
+    if sys.pycache_prefix:
+        return f"cache in {sys.pycache_prefix}"
+    return "not written (PYTHONDONTWRITEBYTECODE)" if sys.dont_write_bytecode else "written beside the sources"

@@ -47,8 +47,9 @@ def _parse_params(items: list[str]) -> dict:
 # -- env ------------------------------------------------------------------------------------------------------
 def env_report() -> list[tuple[str, str]]:
     """(item, value) pairs describing this machine for the workbook."""
-    from . import hardware, upstream
+    from . import bytecode, hardware, upstream
     from .measure import kernels
+    from .real import real_release_rows
 
     rows = []
     sw = hardware.software()
@@ -57,8 +58,7 @@ def env_report() -> list[tuple[str, str]]:
     rows.append(("driver", sw["driver"] or "not found (no NVML)"))
     rows.append(("torch / CUDA", f"{sw['torch']} / {sw['cuda'] or 'CPU build'}"))
     rows.append(("python", sw["python"]))
-    rows.append(("bytecode", f"cache in {sys.pycache_prefix}" if sys.pycache_prefix else
-                 "not written (PYTHONDONTWRITEBYTECODE)" if sys.dont_write_bytecode else "written beside the sources"))
+    rows.append(("bytecode", bytecode.describe()))
     try:
         import pynvml  # noqa: F401  (is it importable?)
 
@@ -78,26 +78,13 @@ def env_report() -> list[tuple[str, str]]:
     rows.append(("nsight timing", f"{backend} — {why}"))
     inst = upstream.installed()
     rows.append(("sglang", f"{inst.version} at {inst.root}" if inst else "not installed (upstream checks skipped)"))
-    rows += _real_release_rows()
+    rows += real_release_rows()
     for mod in ("nbclient", "jupytext", "ipykernel", "nbconvert"):
         try:
             m = importlib.import_module(mod)
             rows.append((mod, getattr(m, "__version__", "installed")))
         except ImportError:
             rows.append((mod, "not installed"))
-    return rows
-
-
-def _real_release_rows() -> list[tuple[str, str]]:
-    """Installed SGLang releases (``.sglang/releases``) and the shims each needs on this machine."""
-    from .real import PINNED, home, installed_releases, shims_needed
-
-    have = installed_releases()
-    missing = [v for v in PINNED if v not in have]
-    head = f"{len(have)} in {home()}" + (f"; missing {', '.join(missing)} (`sglab real install`)" if missing else "")
-    rows = [("sglang releases", head)]
-    for v in have:
-        rows.append((f"  {v}", "shims: " + (", ".join(shims_needed(v)) or "none")))
     return rows
 
 
@@ -309,7 +296,8 @@ def cmd_run(args) -> int:
     print(f"report: {out / 'index.html'} ({len(results) - len(failed)}/{len(results)} ok)")
     if args.timings:
         print(timings.summary(timings.frame(results)))
-        print(f"wall: {time.perf_counter() - t0:.1f} s ({args.jobs or default_jobs()} at a time; pages and index included)")
+        jobs = args.jobs or default_jobs()
+        print(f"wall: {time.perf_counter() - t0:.1f} s ({jobs} at a time; pages and index included)")
         record = args.record and not failed and len(results) == len(paths)
         if args.record and not record:
             print("[sglab] not every notebook ran cleanly: timings saved under data/runs/, not recorded")

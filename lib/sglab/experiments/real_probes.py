@@ -21,9 +21,8 @@ def calls() -> list[tuple[str, Optional[dict], tuple]]:
     from .swa_loc import real as sl
     from .workspace_floor import real as wf
 
-    return [("pcg_gate:run", None, pg.RELEASES), ("workspace_floor:run", wf.params(), wf.RELEASES),
-            ("breakable_graph:run", None, bg.RELEASES), ("swa_loc:run", None, sl.RELEASES),
-            ("grid_thw:run", None, gt.RELEASES), ("capture_sizes:run", cs.params(), cs.RELEASES)]
+    return [(pg.PROBE, None, pg.RELEASES), (wf.PROBE, wf.params(), wf.RELEASES), (bg.PROBE, None, bg.RELEASES),
+            (sl.PROBE, None, sl.RELEASES), (gt.PROBE, None, gt.RELEASES), (cs.PROBE, cs.params(), cs.RELEASES)]
 
 
 def record(*, jobs: int = 2, progress=print):

@@ -31,6 +31,14 @@ def shims_needed(release: str) -> list[str]:
     return plan(release, _facts())
 
 
+def real_release_rows() -> list[tuple[str, str]]:
+    """``sglab env`` rows: the installed releases (``.sglang/releases``) and the shims each needs on this machine."""
+    have = installed_releases()
+    missing = [v for v in PINNED if v not in have]
+    head = f"{len(have)} in {home()}" + (f"; missing {', '.join(missing)} (`sglab real install`)" if missing else "")
+    return [("sglang releases", head)] + [(f"  {v}", "shims: " + (", ".join(shims_needed(v)) or "none")) for v in have]
+
+
 def capture_sizes_for_args(argv: list[str], releases=PINNED, *, mla: bool = True, gpu_mem_gb: float = 141.0,
                            timeout: float = 300.0):
     """SGLang server arguments -> per release, the piecewise and decode capture sizes it would use (parsed by
@@ -49,6 +57,7 @@ def capture_sizes_for_args(argv: list[str], releases=PINNED, *, mla: bool = True
     return pd.concat(frames, ignore_index=True).drop(columns=["probe"])
 
 
-__all__ = ["capture_sizes_for_args", "PINNED", "ProbeResult", "home", "installed_releases", "package_dir",
+__all__ = ["capture_sizes_for_args", "PINNED", "real_release_rows", "ProbeResult", "home", "installed_releases",
+           "package_dir",
            "release_dir", "run_probe",
            "run_probes", "shims_needed"]

@@ -1,11 +1,11 @@
 """Recorded probe answers: what the real releases said on the CPU box, kept so that a notebook in recorded mode
 shows its real-SGLang section at once, and a reader without the releases still sees what they did.
 
-Running a probe costs a subprocess per release that imports a whole ``sglang`` (about 7 s each on the two-core
-box); the six notebooks ask 23 of them. A recording is a run of the experiment ``real_cpu``
-(``data/recorded/real_cpu/``, :mod:`sglab.runs`: one row per probe and release, the machine and git sha in the
-manifest) with every :class:`~sglab.real.runner.ProbeResult` in its ``results`` sidecar. ``sglab real record``
-writes one; the real-release tests check that it still equals what the installed releases answer.
+Running a probe costs a subprocess per release that imports a whole ``sglang`` (about 8 s each on the two-core box,
+by the recording's own timings); the six notebooks ask 22 of them. A recording is a run of the experiment
+``real_cpu`` (``data/recorded/real_cpu/``, :mod:`sglab.runs`: one row per probe and release, the machine and git
+sha in the manifest) with every :class:`~sglab.real.runner.ProbeResult` in its ``results`` sidecar. ``sglab real
+record`` writes one; the real-release tests check that it still equals what the installed releases answer.
 
 Where answers come from, per call of :func:`sglab.real.runner.run_probes`, is ``source`` or ``$SGLAB_REAL``:
 ``auto`` (default) the newest recording where it holds this probe, parameters and release, else live; ``live``
@@ -68,8 +68,6 @@ class Recording:
 
 def write(calls: Iterable[tuple[str, Optional[dict], dict]], *, root: Optional[Path] = None) -> Path:
     """Write a recording of ``calls`` (``(probe, params, {release: ProbeResult})``) as a ``real_cpu`` run."""
-    import pandas as pd
-
     from .. import runs
 
     rows, stored, releases = [], [], set()

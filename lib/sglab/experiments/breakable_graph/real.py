@@ -17,6 +17,7 @@ from ...real import compare
 from ...real.probes import breakable_graph as released_probe
 
 RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13")
+PROBE = "breakable_graph:run"  # the probe the notebook shows (sglab.real.probes.breakable_graph)
 VARIANT_OF = {"0.5.11": bg.BEFORE, "0.5.12.post1": bg.AFTER, "0.5.13": bg.AFTER}
 CLAIM = "the rebuild's `before` and `after` runners route prefill batches as 0.5.11 and 0.5.12 do"
 MULTI = "3 requests (10+12+10)"
@@ -84,7 +85,7 @@ def probe(releases=RELEASES) -> dict:
     """{release: ProbeResult}: recorded where the recording holds it, else run now (:func:`sglab.real.report.run`)."""
     from sglab.real import report
 
-    return report.run(releases, "breakable_graph:run")
+    return report.run(releases, PROBE)
 
 
 def checks(results: dict | None = None, variant_of: dict | None = None) -> list[compare.Check]:

@@ -13,6 +13,7 @@ from sglab.fixes import capture_sizes as fx
 from sglab.real.probes.capture_sizes import MAX_RUNNING_REQUESTS, SETTINGS
 
 RELEASES = ("0.5.10.post1", "0.5.11", "0.5.14", "0.5.23")
+PROBE = "capture_sizes:run"  # the probe the notebook shows (sglab.real.probes.capture_sizes)
 VARIANT = {"0.5.10.post1": "before", "0.5.11": "pr_filter", "0.5.14": "before", "0.5.23": "today"}
 DECODE = [1, 2, 4, 8, 12] + list(range(16, 257, 8))   # ServerArgs' decode list for --cuda-graph-max-bs 256
 UNALIGNED = {"tp8_dense_tp1_unaligned": dict(tp_size=8, moe_dense_tp_size=1, piecewise=[4, 12, 20])}
@@ -31,7 +32,7 @@ def params(max_tokens: int = fx.MLA_MAX_TOKENS) -> dict:
 def probe(releases=RELEASES, max_tokens: int = fx.MLA_MAX_TOKENS) -> dict:
     from sglab.real import report
 
-    return report.run(releases, "capture_sizes:run", params(max_tokens))
+    return report.run(releases, PROBE, params(max_tokens))
 
 
 def widths(setting: dict) -> tuple[int, int, bool, bool]:

@@ -14,6 +14,7 @@ from ...real import compare
 from ...real.probes import grid_thw as released_probe
 
 RELEASES = ("0.5.10.post1", "0.5.11", "0.5.23")
+PROBE = "grid_thw:run"  # the probe the notebook shows (sglab.real.probes.grid_thw)
 VARIANT_OF = {"0.5.10.post1": "before", "0.5.11": "after", "0.5.23": "after"}
 CLAIM = "the rebuild's grid key, processor output and wire behave as the released code does"
 WIRE_FACTS = ("device_kept", "dtype_kept", "shape_kept", "values_kept")
@@ -77,7 +78,7 @@ def probe(releases=RELEASES) -> dict:
     """{release: ProbeResult}: recorded where the recording holds it, else run now (:func:`sglab.real.report.run`)."""
     from sglab.real import report
 
-    return report.run(releases, "grid_thw:run")
+    return report.run(releases, PROBE)
 
 
 def checks(results: dict | None = None, variant_of: dict | None = None) -> list[compare.Check]:

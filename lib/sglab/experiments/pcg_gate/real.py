@@ -14,6 +14,7 @@ from ...real import compare
 from .variants import quiet_gate
 
 RELEASES = ("0.5.10.post1", "0.5.12.post1", "0.5.13", "0.5.23")
+PROBE = "pcg_gate:run"  # the probe the notebook shows (sglab.real.probes.pcg_gate)
 VARIANT_OF = {"0.5.10.post1": "plain_alias", "0.5.12.post1": "no_alias", "0.5.13": "property_guard",
               "0.5.23": "property_guard"}
 # the real class with nn.Module.__setattr__ restored (where the release has the guard): the property alone
@@ -53,7 +54,7 @@ def probe(releases=RELEASES) -> dict:
     """{release: ProbeResult}: recorded where the recording holds it, else run now (:func:`sglab.real.report.run`)."""
     from sglab.real import report
 
-    return report.run(releases, "pcg_gate:run")
+    return report.run(releases, PROBE)
 
 
 def checks(results: dict | None = None, variant_of: dict | None = None) -> list[compare.Check]:

@@ -17,6 +17,7 @@ from sglab.real.releases import parse_version
 from . import claims
 
 RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13", "0.5.23")
+PROBE = "swa_loc:run"  # the probe the notebook shows (sglab.real.probes.swa_loc)
 BUFFER_VARIANT = {"0.5.10.post1": "before", "0.5.11": "pr23552", "0.5.12.post1": "pr24743"}
 PRESET_CASE = {"set_swa_loc": "set_swa_loc() before the layers", "swa_loc_arg": "swa_loc= passed to each write",
                "write_loc": "KVWriteLoc carrying swa_loc"}
@@ -26,7 +27,7 @@ RECORDED = "swa_loc"                          # data/recorded/real_swa_loc/
 def probe(releases=RELEASES) -> dict:
     from sglab.real import report
 
-    return report.run(releases, "swa_loc:run")
+    return report.run(releases, PROBE)
 
 
 # -- the rebuild, in the probe's shapes -------------------------------------------------------------------------

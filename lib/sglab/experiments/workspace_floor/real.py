@@ -18,6 +18,7 @@ from sglab.fixes import workspace_floor as wf
 from .traces import trace_tokens
 
 RELEASES = ("0.5.12.post1", "0.5.13")
+PROBE = "workspace_floor:run"  # the probe the notebook shows (sglab.real.probes.workspace_floor)
 OWN_POLICY = {"0.5.12.post1": "before_pr", "0.5.13": "floor_2048"}   # the rebuild's name for each call site
 ALT_SITES = ("floor_0", "floor_1024")
 SCENARIOS = (0, 2048)
@@ -37,7 +38,7 @@ def probe(releases=RELEASES, traces=None) -> dict:
     """{release: ProbeResult} of the real probe (one subprocess per release)."""
     from sglab.real import report
 
-    return report.run(releases, "workspace_floor:run", params(traces))
+    return report.run(releases, PROBE, params(traces))
 
 
 def rebuild_policy(release: str, site: str, high_water: bool) -> wf.Policy:
