@@ -112,3 +112,15 @@ def test_two_at_a_time_keeps_order_and_reports_each(tiny, tmp_path):
     for stem in ("99_tiny", "98_bad"):
         assert (out / f"{stem}.ipynb").exists() and (out / f"{stem}.html").exists()
     assert (out / "index.html").exists()
+
+
+def test_a_dead_worker_is_a_failed_notebook_not_a_lost_run():
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+
+    from sglab.report import _result_of
+
+    f = Future()
+    f.set_exception(BrokenProcessPool("killed"))
+    r = _result_of(f, Path("05_x.ipynb"))
+    assert (r.status, r.path.name) == ("failed", "05_x.ipynb") and "worker process running it died" in r.error

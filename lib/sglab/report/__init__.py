@@ -53,6 +53,20 @@ def _report(r, progress) -> None:
     progress(f"      {r.path.name}: {_status(r)}" + (f"\n      {err}" if err else ""))
 
 
+def _result_of(future, path: Path):
+    """The worker's result; a worker that died (killed, out of memory) becomes a failed notebook, not a lost run."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        return future.result()
+    except BrokenProcessPool as e:
+        import nbformat
+
+        from ..nbtools import Result
+
+        return Result(path, "failed", "?", 0.0, f"the worker process running it died: {e}", nb=nbformat.v4.new_notebook())
+
+
 def _in_parallel(paths, out, params, cell_timeout, html_pages, jobs, progress) -> list:
     """``jobs`` worker processes, each notebook in one; results in the order of ``paths``. Ctrl-C reaches the
     workers too (same process group): each reports its notebook as interrupted, and no further one starts."""
@@ -64,7 +78,7 @@ def _in_parallel(paths, out, params, cell_timeout, html_pages, jobs, progress) -
         futures = {pool.submit(_one, p, out, params, cell_timeout, html_pages): p for p in paths}
         try:
             for f, p in futures.items():
-                done[p] = f.result()
+                done[p] = _result_of(f, p)
                 _report(done[p], progress)
                 if done[p].stopped_by_signal:
                     break
