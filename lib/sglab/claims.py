@@ -92,7 +92,7 @@ class ClaimsError(RuntimeError):
 # --------------------------------------------------------------------------------------------------------------
 def experiments() -> list[str]:
     """The experiments of the workbook, in notebook order."""
-    from .catalog import NOTEBOOKS
+    from sglab.catalog import NOTEBOOKS
 
     return [e.experiment for e in NOTEBOOKS if e.experiment]
 
@@ -162,7 +162,7 @@ def counts(results: list[Result]) -> dict:
 
 def verdict_line(results: list[Result], run) -> str:
     """E.g. "5/5 claims hold on H100 ×1, 2026-11-21" or "3/4 claims hold, 1 fails (x), 1 n/a on …"."""
-    from .runs import gpu_short
+    from sglab.runs import gpu_short
 
     c = counts(results)
     applicable = c[PASS] + c[FAIL]
@@ -259,7 +259,7 @@ class Comparison:
 def pick_reference(experiment: str, run, candidates: list) -> tuple[Any, str]:
     """The newest candidate of the same GPU model and the same key parameters (world / TP size); else the nearest
     (same key parameters, another GPU), said explicitly. ``(None, reason)`` when there is none."""
-    from .runs import gpu_short
+    from sglab.runs import gpu_short
 
     def key(r):
         p = r.manifest.get("params", {}) or {}

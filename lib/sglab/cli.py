@@ -47,9 +47,9 @@ def _parse_params(items: list[str]) -> dict:
 # -- env ------------------------------------------------------------------------------------------------------
 def env_report() -> list[tuple[str, str]]:
     """(item, value) pairs describing this machine for the workbook."""
-    from . import bytecode, hardware, upstream
-    from .measure import kernels
-    from .real import real_release_rows
+    from sglab import bytecode, hardware, upstream
+    from sglab.measure import kernels
+    from sglab.real import real_release_rows
 
     rows = []
     sw = hardware.software()
@@ -96,10 +96,10 @@ def cmd_env(_args) -> int:
 
 def cmd_real(args) -> int:
     if args.action == "record":
-        from .experiments import real_probes
+        from sglab.experiments import real_probes
 
         return real_probes.main(args.rest)
-    from .real import install
+    from sglab.real import install
 
     return install.main(args.rest)
 
@@ -110,7 +110,7 @@ def load_experiment(name: str):
         return importlib.import_module(f"sglab.experiments.{name}")
     except ModuleNotFoundError as e:
         if e.name == f"sglab.experiments.{name}":
-            from .catalog import NOTEBOOKS
+            from sglab.catalog import NOTEBOOKS
 
             known = sorted(e.experiment for e in NOTEBOOKS if e.experiment)
             raise SystemExit(f"unknown experiment {name!r}; known: {', '.join(known)}") from None
@@ -125,7 +125,7 @@ def gpus_for(module, params: dict) -> int:
 
 
 def record(name: str, params: dict | None = None, *, recorded: bool = False, progress: bool = True) -> Path:
-    from . import hardware, runs
+    from sglab import hardware, runs
 
     mod = load_experiment(name)
     merged = {**getattr(mod, "DEFAULT_PARAMS", {}), **(params or {})}
@@ -137,7 +137,7 @@ def record(name: str, params: dict | None = None, *, recorded: bool = False, pro
     ok, why = hardware.meets(need)
     if not ok:
         raise SystemExit(f"cannot record {name} live: {why}")
-    from .measure import phases
+    from sglab.measure import phases
 
     phases.take()
     t0 = time.perf_counter()
@@ -157,7 +157,7 @@ def cmd_record(args) -> int:
 
 # -- sync -----------------------------------------------------------------------------------------------------
 def cmd_sync(args) -> int:
-    from . import nbtools
+    from sglab import nbtools
 
     if args.check:
         problems = [p for nb in nbtools.all_notebooks() for p in nbtools.check_pair(nb)]
@@ -171,14 +171,14 @@ def cmd_sync(args) -> int:
 
 # -- upstream -------------------------------------------------------------------------------------------------
 def cmd_upstream(args) -> int:
-    from .upstream import command
+    from sglab.upstream import command
 
     return command.run(args)
 
 
 # -- index ----------------------------------------------------------------------------------------------------
 def cmd_index(args) -> int:
-    from . import readme
+    from sglab import readme
 
     if args.check:
         text = readme.readme_path().read_text()
@@ -193,7 +193,7 @@ def cmd_index(args) -> int:
 
 # -- verify ---------------------------------------------------------------------------------------------------
 def cmd_verify(args) -> int:
-    from . import claims, verify
+    from sglab import claims, verify
 
     try:
         picked = verify.targets(args.targets, args.all) if (args.targets or args.all or not args.live) else []
@@ -220,7 +220,7 @@ def cmd_verify(args) -> int:
 
 # -- investigate your own setup -------------------------------------------------------------------------------
 def cmd_workspace(args) -> int:
-    from .investigate import workspace as ws
+    from sglab.investigate import workspace as ws
 
     if args.world_size < 2:
         print("sglab workspace: the fused all-reduce needs --world-size >= 2", file=sys.stderr)
@@ -244,7 +244,7 @@ def cmd_workspace(args) -> int:
 
 
 def cmd_swa_cost(args) -> int:
-    from .investigate import swa_cost as sc
+    from sglab.investigate import swa_cost as sc
 
     try:
         lay = sc.read_config(args.config)
@@ -265,7 +265,7 @@ def cmd_swa_cost(args) -> int:
 
 # -- run ------------------------------------------------------------------------------------------------------
 def _resolve_notebooks(names: list[str]) -> list[Path]:
-    from . import nbtools
+    from sglab import nbtools
 
     all_nbs = [nbtools.notebooks_dir() / "00_start_here.ipynb"] + nbtools.all_notebooks()
     all_nbs = list(dict.fromkeys(p for p in all_nbs if p.exists()))
@@ -281,8 +281,8 @@ def _resolve_notebooks(names: list[str]) -> list[Path]:
 
 
 def cmd_run(args) -> int:
-    from .report import default_jobs, run_notebooks, timings
-    from .runs import repo_root
+    from sglab.report import default_jobs, run_notebooks, timings
+    from sglab.runs import repo_root
 
     if args.record and not args.timings:
         print("sglab run: --record saves the timings; it needs --timings", file=sys.stderr)
@@ -336,7 +336,7 @@ def _workbook_commands(sub) -> None:
 def _evidence_commands(sub) -> None:
     """upstream, index, the investigation commands, verify, real: what reads releases, runs and a user's setup."""
     p = sub.add_parser("upstream", help="which fixes the installed SGLang, a source tree, or each release has")
-    from .upstream import command as upstream_command
+    from sglab.upstream import command as upstream_command
 
     upstream_command.add_arguments(p)
     p.set_defaults(fn=cmd_upstream)
@@ -351,7 +351,7 @@ def _evidence_commands(sub) -> None:
                    help="pad prefill batches to piecewise-CUDA-graph buckets up to this size (0: no padding)")
     p.add_argument("--pre-initialize", type=int, default=0, help="tokens of a workspace created before the first call")
     p.set_defaults(fn=cmd_workspace)
-    from .investigate import capture_sizes as capture_sizes_command
+    from sglab.investigate import capture_sizes as capture_sizes_command
 
     capture_sizes_command.add_parser(sub)
     p = sub.add_parser("swa-cost", help="what the SWA location preset saves for a model's sliding-window layout")
@@ -376,7 +376,7 @@ def _evidence_commands(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import bytecode
+    from sglab import bytecode
 
     bytecode.enable()  # before anything heavy is imported, and inherited by every kernel and rank started below
     ap = argparse.ArgumentParser(prog="sglab", description=__doc__.split("\n")[0])

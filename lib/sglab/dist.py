@@ -185,7 +185,7 @@ def _check_launch(fn, world_size: int, backend: str, timeout_s: float, collectiv
         raise ValueError(f"{getattr(fn, '__qualname__', fn)!r} must be a module-level function of an importable "
                          "module (ranks are spawned and import it); move it into lib/sglab")
     if backend == "nccl":
-        from . import hardware
+        from sglab import hardware
 
         ok, why = hardware.meets(world_size)
         if not ok:

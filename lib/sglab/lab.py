@@ -80,7 +80,7 @@ class ContentsManager(build_async_jupytext_contents_manager_class(AsyncLargeFile
         """Jupytext stamps its version into the .py header on every save; write the .py as committed instead."""
         import nbformat
 
-        from .nbtools import py_source
+        from sglab.nbtools import py_source
 
         py = str(PurePosixPath(path).with_suffix(".py"))
         text = py_source(nbformat.from_dict(content))

@@ -15,7 +15,7 @@ PARAM_TAG = "parameters"
 
 
 def notebooks_dir() -> Path:
-    from .runs import repo_root
+    from sglab.runs import repo_root
 
     return repo_root() / "notebooks"
 
@@ -212,8 +212,8 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
     import nbformat
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
-    from . import hardware
-    from .notebook import read_mode
+    from sglab import hardware
+    from sglab.notebook import read_mode
 
     if skip_gpu is None:
         skip_gpu = not hardware.has_cuda()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Callable
 
-from . import claims, hardware, runs
+from sglab import claims, hardware, runs
 
 MODES = ("auto", "live", "recorded")
 MODE_MIME = "application/vnd.sglab.mode+json"
@@ -87,7 +87,7 @@ class Workbook:
             raise RuntimeError(f"{self.experiment}: not in live mode ({self.reason}); nothing measured")
         import time
 
-        from .measure import phases
+        from sglab.measure import phases
 
         phases.take()
         t0 = time.perf_counter()
@@ -144,7 +144,7 @@ def _source(runs_: list) -> str:
 
 def slide_markdown(experiment: str, runs_: list) -> str:
     """The text of a notebook's first screen: the claim, the headline of the runs shown and their verdict lines."""
-    from .catalog import by_experiment
+    from sglab.catalog import by_experiment
 
     entry = by_experiment(experiment)
     lines = [f"**Claim.** {entry.claim if entry else experiment}", ""]
@@ -240,8 +240,8 @@ def overview():
     One source with the README index and the report: :mod:`sglab.catalog`."""
     import pandas as pd
 
-    from . import catalog
-    from .report import timings
+    from sglab import catalog
+    from sglab.report import timings
 
     live_times = timings.live_times()
     rows = []

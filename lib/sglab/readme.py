@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from . import catalog, claims, runs
+from sglab import catalog, claims, runs
 
 START, END = "<!-- index:start -->", "<!-- index:end -->"
 HEADER = ("| notebook | upstream | claim · headline (computed from data/recorded/) | GPUs |\n"

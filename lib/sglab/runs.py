@@ -89,7 +89,7 @@ def machine_manifest(gpu_count: int | None = None) -> dict:
     ``gpu_count`` is how many GPUs the run used (default: all visible); the machine's total goes to
     ``gpu_count_machine``.
     """
-    from . import hardware
+    from sglab import hardware
 
     gpus = hardware.gpus() if hardware.has_cuda() else ()
     sw = hardware.software()

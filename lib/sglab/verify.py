@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import claims, runs
+from sglab import claims, runs
 
 
 class BadInput(Exception):
@@ -81,7 +81,7 @@ def targets(names: list[str], all_: bool) -> list[runs.Run]:
 
 def live(progress: bool = True) -> tuple[list[runs.Run], list[str]]:
     """Record every experiment this machine's GPUs can run (into data/runs/); (runs, skipped-with-reason)."""
-    from . import cli, hardware
+    from sglab import cli, hardware
 
     done, skipped = [], []
     for name in claims.experiments():

@@ -14,12 +14,12 @@ from typing import Optional
 
 def calls() -> list[tuple[str, Optional[dict], tuple]]:
     """``(probe, params, releases)`` of every notebook's real section, in notebook order."""
-    from .breakable_graph import real as bg
-    from .capture_sizes import real as cs
-    from .grid_thw import real as gt
-    from .pcg_gate import real as pg
-    from .swa_loc import real as sl
-    from .workspace_floor import real as wf
+    from sglab.experiments.breakable_graph import real as bg
+    from sglab.experiments.capture_sizes import real as cs
+    from sglab.experiments.grid_thw import real as gt
+    from sglab.experiments.pcg_gate import real as pg
+    from sglab.experiments.swa_loc import real as sl
+    from sglab.experiments.workspace_floor import real as wf
 
     return [(pg.PROBE, None, pg.RELEASES), (wf.PROBE, wf.params(), wf.RELEASES), (bg.PROBE, None, bg.RELEASES),
             (sl.PROBE, None, sl.RELEASES), (gt.PROBE, None, gt.RELEASES), (cs.PROBE, cs.params(), cs.RELEASES)]
@@ -28,7 +28,7 @@ def calls() -> list[tuple[str, Optional[dict], tuple]]:
 def record(*, jobs: int = 2, progress=print):
     """Run every call live and write the recording; returns its CSV path. Refuses to record a release that did
     not run: a recording says what real code did, never why it could not."""
-    from ..real import run_probes, store
+    from sglab.real import run_probes, store
 
     done = []
     for probe, params, releases in calls():

@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..fixes import capture_sizes as fx
+from sglab.fixes import capture_sizes as fx
 
 PROBE = "sglab.investigate.capture_probe:run"
 MODEL_PLACEHOLDER = "model-not-loaded"
@@ -40,8 +40,8 @@ class ArgsError(ValueError):
 
 def pick_releases(requested: list[str] | None) -> list[str]:
     """The installed pinned releases, or the ``requested`` ones (each must be installed)."""
-    from ..real import PINNED, installed_releases
-    from ..real.releases import parse_version
+    from sglab.real import PINNED, installed_releases
+    from sglab.real.releases import parse_version
 
     installed = installed_releases()
     if not requested:
@@ -66,9 +66,9 @@ def ask(cases: dict[str, list[str]], releases, *, mla: bool = True, gpu_mem_gb: 
     could not answer). ``--model-path`` is put first in every argument list; a later one given by the user wins."""
     import pandas as pd
 
-    from ..real import run_probes
-    from ..real.releases import package_dir
-    from .capture_probe import RUNNER_FILE, unsupported
+    from sglab.real import run_probes
+    from sglab.real.releases import package_dir
+    from sglab.investigate.capture_probe import RUNNER_FILE, unsupported
 
     params = {"cases": {k: ["--model-path", MODEL_PLACEHOLDER, *argv] for k, argv in cases.items()},
               "mla": mla, "gpu_mem_gb": gpu_mem_gb, "max_running_requests": max_running_requests}

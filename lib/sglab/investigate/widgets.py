@@ -68,7 +68,7 @@ def explore(fn: Callable, controls: dict, *, static: Sequence[dict], title: str 
 def workspace_floor():
     """02: a floor, a world size and a prompt length -> re-creations, time and MiB per policy on a generated cold
     start (:func:`sglab.investigate.workspace.floor_table`)."""
-    from .workspace import floor_table
+    from sglab.investigate.workspace import floor_table
 
     return explore(floor_table, {"floor": [0, 256, 512, 1024, 2048, 4096], "world_size": [2, 4, 8],
                                  "prompt_length": [16, 48, 128, 512, 1200, 4096]},
@@ -81,7 +81,7 @@ def workspace_floor():
 def swa_layout():
     """04: layers, SWA layers per full layer, decode batch size and captured slots -> extra kernels and µs per decode
     step without the preset, int64 bytes wasted (:func:`sglab.investigate.swa_cost.pattern_table`)."""
-    from .swa_cost import pattern_table
+    from sglab.investigate.swa_cost import pattern_table
 
     return explore(pattern_table, {"layers": [8, 16, 24, 32, 48, 62, 80], "swa_per_full": [1, 2, 3, 5, 7],
                                    "batch_size": [1, 8, 32, 128, 256], "max_bs": [64, 128, 256, 512]},
@@ -94,7 +94,7 @@ def swa_layout():
 def capture_rules():
     """06: attention TP, CP, dense TP 1 and two-batch overlap -> the piecewise sizes per rule and the refused ones
     (:func:`sglab.investigate.capture_sizes.rule_table`)."""
-    from .capture_sizes import rule_table
+    from sglab.investigate.capture_sizes import rule_table
 
     return explore(rule_table, {"attn_tp": [1, 2, 3, 4, 5, 6, 7, 8], "attn_cp": [1, 2, 3, 4],
                                 "dense_tp1": [True, False], "tbo": [False, True]},

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..fixes import workspace_floor as wf
+from sglab.fixes import workspace_floor as wf
 
 PREFILL = re.compile(r"Prefill batch\b.*?#new-token:\s*(\d+)")
 DECODE = re.compile(r"Decode batch\b.*?#running-req:\s*(\d+)")
@@ -45,7 +45,7 @@ class Trace:
 
 def pcg_buckets(max_tokens: int) -> list[int]:
     """The piecewise-CUDA-graph token buckets up to ``max_tokens`` (ServerArgs' default list)."""
-    from ..fixes.capture_sizes import default_piecewise_capture_sizes
+    from sglab.fixes.capture_sizes import default_piecewise_capture_sizes
 
     return default_piecewise_capture_sizes(max_tokens)
 
@@ -142,7 +142,7 @@ class CostModel:
 
 def cost_model(world_size: int) -> CostModel | None:
     """From the newest recorded workspace_floor run of this world size (else the nearest one), or None."""
-    from .. import runs
+    from sglab import runs
 
     recorded = runs.load_all_recorded("workspace_floor")
     if not recorded:
@@ -191,7 +191,7 @@ def generated_trace(prompt_length: int, *, steps: int = 1500) -> list[int]:
     """``x.shape[0]`` per forward step of a cold server warming up (the stored ``short_ramp`` scenario of
     :mod:`sglab.experiments.workspace_floor.traces`: arrivals ramping up over 1500 steps) with a median prompt of
     ``prompt_length`` tokens."""
-    from ..experiments.workspace_floor import traces
+    from sglab.experiments.workspace_floor import traces
 
     params = {**traces.TRACES["short_ramp"], "prompt_median": int(prompt_length), "steps": int(steps)}
     return [int(t) for t in traces.generate_trace(**params).tokens]

@@ -92,7 +92,7 @@ def profiler_records(fns: Mapping[str, Callable[[], object]], *, runs: int, warm
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from .kernels import _warm_profiler
+    from sglab.measure.kernels import _warm_profiler
 
     _warm_profiler()
     out = []
@@ -113,7 +113,7 @@ def profiler_records(fns: Mapping[str, Callable[[], object]], *, runs: int, warm
 def kernel_table(fns: Mapping[str, Callable[[], object]], *, runs: int = 5, warmup: int = 2, backend: str = "auto"):
     """The per-kernel table of each labelled eager function: nsight-python where it runs (``backend`` "auto",
     "cupti" or "ncu"), else torch.profiler ("torch-profiler"). ``attrs``: backend and the reason for it."""
-    from . import kernels
+    from sglab.measure import kernels
 
     if not fns:
         raise ValueError("kernel_table needs at least one labelled function")

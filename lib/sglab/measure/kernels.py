@@ -216,7 +216,7 @@ def nsight_backend() -> tuple[str, str]:
 def _events_frame(fns: Mapping[str, Callable[[], object]], runs: int, warmup: int, reason: str):
     import pandas as pd
 
-    from .timing import cuda_time
+    from sglab.measure.timing import cuda_time
 
     rows = []
     for label, fn in fns.items():

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Mapping
 
-from . import ops
+from sglab.measure import ops
 
 COLUMNS = ["variant", "scope", "step", "op", "kernel", "calls", "median_us", "backend"]
 TORCH, NSIGHT = "torch.profiler", "nsight-python (CUPTI)"
@@ -68,7 +68,7 @@ def torch_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
     kernels are attributed through the device-side copy of the range, which spans the kernels launched inside."""
     import pandas as pd
 
-    from . import trace
+    from sglab.measure import trace
 
     _warm(steps, warmup)
     parts = []

@@ -148,7 +148,7 @@ class Recorder:
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         if self.cuda:
-            from .kernels import _warm_profiler
+            from sglab.measure.kernels import _warm_profiler
 
             _warm_profiler()
             torch.cuda.synchronize()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from . import PALETTE, apply_style
+from sglab.plots import PALETTE, apply_style
 
 BOX_COLORS = {"before": "#f5b7b1", "after": "#aed6f1", "neutral": "#e5e8e8", "accent": "#f9e79f",
               "removed": "#f5b7b1", "kept": "#d5f5e3"}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Mapping, Sequence
 
-from . import PALETTE, figure
+from sglab.plots import PALETTE, figure
 
 CATEGORY_COLORS = {"kernel": "#5d6d7e", "memcpy": "#17a589", "memset": "#48c9b0", "runtime": "#a9cce3",
                    "op": "#d5d8dc", "range": "none"}

@@ -13,20 +13,20 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .releases import PINNED, home, installed_releases, package_dir, release_dir
-from .runner import ProbeResult, run_probe, run_probes
+from sglab.real.releases import PINNED, home, installed_releases, package_dir, release_dir
+from sglab.real.runner import ProbeResult, run_probe, run_probes
 
 
 @lru_cache(maxsize=1)
 def _facts() -> dict:
-    from .bootstrap import facts_in_subprocess
+    from sglab.real.bootstrap import facts_in_subprocess
 
     return facts_in_subprocess()
 
 
 def shims_needed(release: str) -> list[str]:
     """Names of the shims ``release`` needs on this machine (decided by a fresh interpreter, as a worker would)."""
-    from .bootstrap import plan
+    from sglab.real.bootstrap import plan
 
     return plan(release, _facts())
 

@@ -14,8 +14,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import shims
-from .releases import dep_set, deps_dir, package_dir, parse_version, release_dir, release_installed
+from sglab.real import shims
+from sglab.real.releases import dep_set, deps_dir, package_dir, parse_version, release_dir, release_installed
 
 
 class NotRunnable(RuntimeError):
@@ -112,7 +112,7 @@ def facts_in_subprocess(timeout: float = 120.0) -> dict:
     import subprocess
 
     code = "import json; from sglab.real.bootstrap import machine_facts; print(json.dumps(machine_facts()))"
-    from .runner import _env
+    from sglab.real.runner import _env
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=_env(),
                          stdin=subprocess.DEVNULL)

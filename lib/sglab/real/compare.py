@@ -117,7 +117,7 @@ def show(checks: list[Check], claim: str) -> str:
 # -- recorded real GPU runs -------------------------------------------------------------------------------------
 def recorded(fix: str):
     """The newest recorded run of ``real_<fix>`` (``data/recorded/real_<fix>/``), or None."""
-    from .. import runs
+    from sglab import runs
 
     return runs.load_recorded(f"real_{fix}")
 
@@ -153,7 +153,7 @@ def show_recorded(fix: str) -> bool:
     if run is None:
         print(f"Real SGLang on a GPU ({fix}): not recorded yet (no run under data/recorded/real_{fix}/).")
         return False
-    from .gpu.summary import tables
+    from sglab.real.gpu.summary import tables
 
     print("\n".join(["Real SGLang on a GPU, recorded:"] + recorded_lines(run)))
     for name, table in tables(fix, run.df).items():
@@ -168,7 +168,7 @@ def show_as_released(fix: str, rebuilt, *, symbol: str | None = None) -> None:
     import matplotlib.pyplot as plt
     from IPython.display import display
 
-    from ..upstream import figures, hunks
+    from sglab.upstream import figures, hunks
 
     figures.timeline_row_figure(fix)
     plt.show()

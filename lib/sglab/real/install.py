@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from . import pip as _pip
-from .releases import (DEP_SETS, PINNED, STAMP, dep_set, deps_dir, home, package_dir, parse_version,
+from sglab.real import pip as _pip
+from sglab.real.releases import (DEP_SETS, PINNED, STAMP, dep_set, deps_dir, home, package_dir, parse_version,
                        read_stamp, release_dir)
 
 JOBS = 3

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from .runner import ProbeResult, run_probes
+from sglab.real.runner import ProbeResult, run_probes
 
 MISMATCH = "!!! REAL SGLANG AND THE REBUILD DISAGREE"
 
@@ -87,6 +87,6 @@ def recorded_summary(fix: str) -> tuple[Optional[str], object]:
     line = f"GPU run of real SGLang: {run_.path.name} ({run_.provenance}); releases {releases}"
     if shims:
         line += f"; shims {shims}"
-    from .gpu.summary import tables
+    from sglab.real.gpu.summary import tables
 
     return line, tables(fix, run_.df)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
-from .releases import parse_version, release_installed
+from sglab.real.releases import parse_version, release_installed
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -127,7 +127,7 @@ def run_probes(releases: Iterable[str], probe: str, params: Optional[dict] = Non
 
     ``source`` (default ``$SGLAB_REAL``, else ``auto``): where a recording holds the answer it is taken from there
     unless ``live``; ``recorded`` never runs a release (:mod:`sglab.real.store`)."""
-    from . import store
+    from sglab.real import store
 
     releases, src = list(releases), store.source(source)
     found: dict[str, ProbeResult] = {}

@@ -57,7 +57,7 @@ class Recording:
     path: Path
 
     def lookup(self, release: str, probe: str, params: Optional[dict]):
-        from .runner import ProbeResult, _frame
+        from sglab.real.runner import ProbeResult, _frame
 
         d = self.results.get((params_key(probe, params), release))
         if d is None:
@@ -68,7 +68,7 @@ class Recording:
 
 def write(calls: Iterable[tuple[str, Optional[dict], dict]], *, root: Optional[Path] = None) -> Path:
     """Write a recording of ``calls`` (``(probe, params, {release: ProbeResult})``) as a ``real_cpu`` run."""
-    from .. import runs
+    from sglab import runs
 
     rows, stored, releases = [], [], set()
     for probe, params, results in calls:
@@ -82,7 +82,7 @@ def write(calls: Iterable[tuple[str, Optional[dict], dict]], *, root: Optional[P
         sidecar = Path(tmp) / "results.json.gz"
         with gzip.open(sidecar, "wt") as f:
             json.dump(stored, f, default=str)
-        from .releases import parse_version
+        from sglab.real.releases import parse_version
 
         return runs.write_run(runs.tidy(EXPERIMENT, rows), experiment=EXPERIMENT, method_version=METHOD_VERSION,
                               params={"probes": sorted({r["probe"] for r in rows})},
@@ -93,7 +93,7 @@ def write(calls: Iterable[tuple[str, Optional[dict], dict]], *, root: Optional[P
 
 @lru_cache(maxsize=4)
 def _read(path: str, mtime: float) -> Recording:
-    from .. import runs
+    from sglab import runs
 
     run = runs.read_run(path)
     with gzip.open(run.sidecar("results"), "rt") as f:
@@ -105,7 +105,7 @@ def _read(path: str, mtime: float) -> Recording:
 
 def newest() -> Optional[Recording]:
     """The newest recording under ``data/recorded/real_cpu/``, or None."""
-    from .. import runs
+    from sglab import runs
 
     paths = runs.list_runs(EXPERIMENT)
     if not paths:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 
-from .runner import ProbeResult, run_probes
+from sglab.real.runner import ProbeResult, run_probes
 
 
 def require(result: ProbeResult) -> ProbeResult:
@@ -59,7 +59,7 @@ def assert_recording_matches(live: dict[str, ProbeResult], probe: str, params=No
     that holds none of them fails, so a stale or missing recording cannot pass unnoticed."""
     import pandas as pd
 
-    from . import store
+    from sglab.real import store
 
     rec = store.newest()
     assert rec is not None, "no recording under data/recorded/real_cpu/ (run `sglab real record`)"

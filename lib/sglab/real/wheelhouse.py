@@ -17,7 +17,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from .releases import GPU_DEP_SETS, GPU_RELEASES, GPU_WHEEL_SKIP, REPACK_DROP
+from sglab.real.releases import GPU_DEP_SETS, GPU_RELEASES, GPU_WHEEL_SKIP, REPACK_DROP
 
 
 def repack(wheel: Path, drop=REPACK_DROP) -> tuple[int, int]:

@@ -42,7 +42,7 @@ def _jsonable(value):
 
 
 def run(release: str, probe: str, params: dict) -> dict:
-    from . import bootstrap
+    from sglab.real import bootstrap
 
     out = {"release": release, "probe": probe, "rows": [], "shims": [], "seconds": {}, "error": None,
            "not_run": None}

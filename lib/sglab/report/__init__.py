@@ -11,8 +11,8 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from . import index, pages, timings
-from .index import write_index
+from sglab.report import index, pages, timings
+from sglab.report.index import write_index
 
 
 def default_jobs() -> int:
@@ -20,7 +20,7 @@ def default_jobs() -> int:
     two (recorded mode only reads files and draws; the CPU box has two cores)."""
     import os
 
-    from .. import hardware
+    from sglab import hardware
 
     return 1 if hardware.has_cuda() else max(1, min(2, os.cpu_count() or 1))
 
@@ -34,7 +34,7 @@ def _one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pages:
     """Execute one notebook and write its executed copy and page (in a worker process when jobs > 1)."""
     import nbformat
 
-    from .. import nbtools
+    from sglab import nbtools
 
     r = nbtools.execute(p, cell_timeout=cell_timeout, params=params, partial_dir=out)
     nbformat.write(r.nb, out / p.name)
@@ -62,7 +62,7 @@ def _result_of(future, path: Path):
     except BrokenProcessPool as e:
         import nbformat
 
-        from ..nbtools import Result
+        from sglab.nbtools import Result
 
         return Result(path, "failed", "?", 0.0, f"the worker process running it died: {e}", nb=nbformat.v4.new_notebook())
 
@@ -112,7 +112,7 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None, c
                 progress(f"stopped: {len(paths) - i} notebook(s) not run")
                 break
     if env_rows is None:
-        from ..cli import env_report
+        from sglab.cli import env_report
 
         env_rows = env_report()
     write_index(results, out, env_rows)

@@ -13,7 +13,7 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import pages, timings
+from sglab.report import pages, timings
 
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
 .card{display:flex;gap:1.2em;border-bottom:1px solid #ddd;padding:1em 0}.card .text{flex:1;min-width:0}
@@ -29,7 +29,7 @@ details{margin-top:2em}summary{cursor:pointer;font-weight:600}.nofig{width:360px
 def claim_facts(entry, result=None) -> dict:
     """Claim, headline and verdict lines of a catalog entry: over this report's live runs when the notebook ran
     live (runs written since it started), else over the recorded runs a reader is shown."""
-    from .. import claims, runs
+    from sglab import claims, runs
 
     facts = {"claim": entry.claim if entry else "", "headline": "", "verdicts": [], "source": ""}
     if entry is None or not entry.experiment:
@@ -47,7 +47,7 @@ def claim_facts(entry, result=None) -> dict:
 
 
 def _live_runs(experiment: str, result) -> list:
-    from .. import runs
+    from sglab import runs
 
     started = getattr(result, "started", None)
     if result is None or result.mode != "live" or started is None:
@@ -64,7 +64,7 @@ def _status(r) -> str:
 
 def card(r, live_time: str) -> str:
     """The HTML of one notebook's card."""
-    from ..catalog import by_stem
+    from sglab.catalog import by_stem
 
     entry = by_stem(r.path.stem)
     facts = claim_facts(entry, r)

@@ -71,8 +71,8 @@ def measure_rows(result) -> list[dict]:
     """The finer phases (process spawn, CUDA init, capture, timing loops, …) of the live runs a notebook wrote,
     from their manifests' ``phases_s``, as ``measure_s`` rows: they happen inside the cells' wall time, so they
     are a breakdown of it, not more of it."""
-    from .. import runs
-    from ..catalog import by_stem
+    from sglab import runs
+    from sglab.catalog import by_stem
 
     entry = by_stem(result.path.stem)
     if result.mode != "live" or entry is None or not entry.experiment or result.started is None:
@@ -90,7 +90,7 @@ def measure_rows(result) -> list[dict]:
 
 def frame(results):
     """The tidy frame of a whole ``sglab run``: the cell rows of every notebook result, then the measure rows."""
-    from .. import runs
+    from sglab import runs
 
     rows = []
     for r in results:
@@ -125,7 +125,7 @@ def summary(df) -> str:
 
 def write(results, *, record: bool = False, params: dict | None = None):
     """Save the timings of ``results`` as a ``workbook`` run; return the CSV path."""
-    from .. import runs
+    from sglab import runs
 
     df = frame(results)
     totals = {r.path.stem: {"seconds": round(r.seconds, 1), "status": r.status, "mode": r.mode} for r in results}
@@ -144,7 +144,7 @@ def live_seconds(run) -> dict[str, float]:
 def live_times(root=None) -> dict[str, str]:
     """``{notebook stem: "H100 ×1: 23.4 s; H200 ×2: 41.0 s"}`` from the newest recorded timing run per GPU model;
     notebooks no record ran live are absent (readers show :data:`NOT_RECORDED`)."""
-    from .. import runs
+    from sglab import runs
 
     found = [r for r in runs.load_all_recorded(EXPERIMENT, root=root) if r.manifest.get("gpu_name") != "cpu"]
     out: dict[str, list[str]] = {}

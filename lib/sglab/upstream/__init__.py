@@ -65,7 +65,7 @@ def data_dir() -> Path:
     base = os.environ.get("SGLAB_DATA")
     if base:
         return Path(base) / "upstream"
-    from .. import runs
+    from sglab import runs
 
     return runs.repo_root() / "data" / "upstream"
 
@@ -153,4 +153,4 @@ def check_all(*, root: Path | None = None):
     return pd.DataFrame(rows, columns=["check", "title", "status", "detail", "sglang"])
 
 
-from . import checks  # noqa: E402,F401  (registers the checks of every fix)
+from sglab.upstream import checks  # noqa: E402,F401  (registers the checks of every fix)

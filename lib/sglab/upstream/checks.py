@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import ast
 
-from . import Verdict, register
-from . import source as S
+from sglab.upstream import Verdict, register
+from sglab.upstream import source as S
 
 KIMI_MODEL = "srt/models/kimi_k25.py"
 KIMI_PROCESSOR = "srt/multimodal/processors/kimi_k25.py"

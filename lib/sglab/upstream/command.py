@@ -32,7 +32,7 @@ def run(args) -> int:
 
 
 def _one_tree(args) -> int:
-    from . import check_all
+    from sglab.upstream import check_all
 
     root = Path(args.root) if args.root else None
     if root is not None and not (root / "srt").is_dir():
@@ -43,7 +43,7 @@ def _one_tree(args) -> int:
 
 
 def _releases(args) -> int:
-    from . import releases as R
+    from sglab.upstream import releases as R
 
     try:
         tl = R.timeline(args.releases or None, offline=args.offline)
@@ -72,7 +72,7 @@ def _figure(frame, target: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    from .figures import timeline_figure
+    from sglab.upstream.figures import timeline_figure
 
     path = Path(target)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -81,8 +81,8 @@ def _figure(frame, target: str) -> None:
 
 
 def _write(tl, args) -> None:
-    from . import hunks as H
-    from . import releases as R
+    from sglab.upstream import hunks as H
+    from sglab.upstream import releases as R
 
     if args.no_write:
         print("data/upstream/ not rewritten (--no-write)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import inspect
 
-from .hunks import HEADER
+from sglab.upstream.hunks import HEADER
 
 _STYLE = {"+": "background:#e6ffec;color:#1a7f37", "-": "background:#ffebe9;color:#b42318",
           "@": "background:#eef4fb;color:#4a6fa5", "#": "color:#6e7781;font-weight:bold", " ": ""}

@@ -7,7 +7,7 @@ this package at the bottom layer.
 
 from __future__ import annotations
 
-from . import RELEASE_STATES, registered
+from sglab.upstream import RELEASE_STATES, registered
 
 STATE_COLOURS = {"absent": "#d5d8dc", "before": "#c0392b", "pr-era": "#2471a3", "changed": "#229954",
                  "regressed": "#d68910", "unknown": "#ffffff"}
@@ -16,7 +16,7 @@ assert set(STATE_COLOURS) == set(RELEASE_STATES)
 
 def _table(frame):
     if frame is None:
-        from .releases import load_table
+        from sglab.upstream.releases import load_table
 
         frame = load_table()
     return frame.reset_index(drop=True)
@@ -41,7 +41,7 @@ def timeline_figure(frame=None, *, fixes=None, ax=None):
     """Releases left to right, one row per fix, each cell coloured by that fix's state in that release."""
     from matplotlib.patches import Rectangle
 
-    from .. import plots
+    from sglab import plots
 
     frame = _table(frame)
     fixes = list(fixes or registered())
@@ -70,7 +70,7 @@ def timeline_figure(frame=None, *, fixes=None, ax=None):
 
 def timeline_row_figure(fix: str, frame=None, *, ax=None):
     """One fix across the releases: a coloured strip, each run of equal states labelled where it starts."""
-    from .. import plots
+    from sglab import plots
 
     frame = _table(frame)
     if fix not in frame.columns:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import data_dir, registered, run_check
-from . import checks as C
-from . import source as S
+from sglab.upstream import data_dir, registered, run_check
+from sglab.upstream import checks as C
+from sglab.upstream import source as S
 
 ABSENT = "# (not in this release)"
 HEADER = "# ── sglang/"
@@ -108,12 +108,12 @@ class Hunk:
         return f"<Hunk {self.fix} {self.title}: {len(self.symbols)} symbols, +{plus} -{minus} lines>"
 
     def __str__(self) -> str:
-        from .display import hunk_text
+        from sglab.upstream.display import hunk_text
 
         return hunk_text(self)
 
     def _repr_html_(self) -> str:
-        from .display import hunk_html
+        from sglab.upstream.display import hunk_html
 
         return hunk_html(self)
 
@@ -207,7 +207,7 @@ def load(fix: str, pr: int | None = None, *, root: Path | None = None) -> Hunk:
 
 def generate(versions: list[str], wheels: dict, root: Path | None = None) -> list[Hunk]:
     """Find every PR's window among ``versions`` (oldest first) in the wheels ``{version: path}``, write each hunk."""
-    from .releases import WheelReader, wheel_facts
+    from sglab.upstream.releases import WheelReader, wheel_facts
 
     readers = {}
 
@@ -232,7 +232,7 @@ def generate(versions: list[str], wheels: dict, root: Path | None = None) -> lis
 
 def show(fix: str, pr: int | None = None):
     """The committed hunk of ``fix`` rendered for a notebook (HTML with +/- colouring; plain text elsewhere)."""
-    from .display import Rendered, hunk_html, hunk_text
+    from sglab.upstream.display import Rendered, hunk_html, hunk_text
 
     hunk = load(fix, pr)
     return Rendered(hunk_html(hunk), hunk_text(hunk))
@@ -240,7 +240,7 @@ def show(fix: str, pr: int | None = None):
 
 def beside(fix: str, rebuilt, *, pr: int | None = None, symbol: str | None = None, side: str = "after"):
     """The released ``symbol`` of ``fix``'s hunk next to the rebuilt function or class (``rebuilt``)."""
-    from .display import beside as _beside
+    from sglab.upstream.display import beside as _beside
 
     return _beside(load(fix, pr), rebuilt, symbol=symbol, side=side)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from . import classify, data_dir, registered
+from sglab.upstream import classify, data_dir, registered
 
 PACKAGE = "sglang"
 FIRST = "0.5.10"
@@ -35,7 +35,7 @@ class NoNetwork(RuntimeError):
 
 
 def cache_dir() -> Path:
-    from .. import runs
+    from sglab import runs
 
     return runs.repo_root() / ".sglang" / "wheels"
 

@@ -8,7 +8,7 @@
 - :mod:`.analysis` (tables), :mod:`.figures` (every plot), :mod:`.claims` (what every run must show).
 """
 
-from .analysis import (
+from sglab.experiments.breakable_graph.analysis import (
     bs3_table,
     gpu_short,
     hit_rate_line,
@@ -23,7 +23,7 @@ from .analysis import (
     speedup_lines,
     spread,
 )
-from .routing import (
+from sglab.experiments.breakable_graph.routing import (
     graph_hit_rate,
     hit_rate_rows,
     hit_table,
@@ -35,7 +35,7 @@ from .routing import (
     split_tokens,
     three_requests,
 )
-from .run import DEFAULT_PARAMS, EXPERIMENT, METHOD_VERSION, PARTS, _run, model_config, run
+from sglab.experiments.breakable_graph.run import DEFAULT_PARAMS, EXPERIMENT, METHOD_VERSION, PARTS, _run, model_config, run
 
 GPUS = 1
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import statistics
 
-from ...claims import Claim, holds, not_applicable, values
-from . import analysis as an
+from sglab.claims import Claim, holds, not_applicable, values
+from sglab.experiments.breakable_graph import analysis as an
 
 EXPERIMENT = "breakable_graph"
 CLAIM = "Capturing only the layer stack lets one breakable CUDA graph serve prefill batches of any request count."
@@ -40,7 +40,7 @@ def _matches(run):
 
 def _expected_hits(run) -> dict:
     """Recompute the stream and the routing from the run's parameters (the stream is seeded)."""
-    from .routing import prefill_stream
+    from sglab.experiments.breakable_graph.routing import prefill_stream
 
     p = run.manifest.get("params", {})
     shapes = prefill_stream(int(p["stream_batches"]), seed=int(p["seed"]), max_bs=int(p["stream_max_bs"]),
@@ -110,7 +110,7 @@ def _trace(run):
     ev = run.sidecar("events")
     if ev is None:
         return not_applicable("this run has no events sidecar (it predates profiler traces)")
-    from .profile import launch_numbers
+    from sglab.experiments.breakable_graph.profile import launch_numbers
 
     layers = int(run.manifest.get("params", {}).get("num_layers", 16))
     n = {v: launch_numbers(g) for v, g in ev.groupby("variant")}

@@ -3,11 +3,11 @@ and speed-up per request count, the profiler timeline of a 3-request prefill."""
 
 from __future__ import annotations
 
-from ... import plots
-from ...plots import diagram as dg
-from ...plots import timeline as tl
-from . import analysis as an
-from .structure import Structure
+from sglab import plots
+from sglab.plots import diagram as dg
+from sglab.plots import timeline as tl
+from sglab.experiments.breakable_graph import analysis as an
+from sglab.experiments.breakable_graph.structure import Structure
 
 STYLES = {"eager": ("tab:gray", "o"), "before": ("tab:red", "s"), "after": ("tab:blue", "^")}
 EDGE = 2  # segments drawn at each end of a row; the middle is summarised
@@ -119,8 +119,8 @@ def timeline(run):
 def slide_picture(run=None):
     """The slide's picture for ``run`` (its layer count and its 3-request outcome), or for the default parameters
     and the CPU rebuild when there is no run."""
-    from .run import DEFAULT_PARAMS
-    from .structure import capture_structure
+    from sglab.experiments.breakable_graph.run import DEFAULT_PARAMS
+    from sglab.experiments.breakable_graph.structure import capture_structure
 
     params = (run.manifest.get("params") or {}) if run is not None else {}
     layers = int(params.get("num_layers", DEFAULT_PARAMS["num_layers"]))
@@ -129,7 +129,7 @@ def slide_picture(run=None):
         bs3 = {"before": int(a.loc["before", "logit_rows"]), "after": int(a.loc["after", "logit_rows"]),
                "can_run_before": int(a.loc["before", "can_run"]), "can_run_after": int(a.loc["after", "can_run"])}
     else:
-        from .routing import three_requests
+        from sglab.experiments.breakable_graph.routing import three_requests
 
         t = three_requests()
         bs3 = {"before": t.loc["before graph, replayed anyway", "logits shape"][0],

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ...fixes import breakable_graph as bg
-from ...measure import trace
-from .routing import _row
+from sglab.fixes import breakable_graph as bg
+from sglab.measure import trace
+from sglab.experiments.breakable_graph.routing import _row
 
 PHASE = re.compile(r"^(eager|before|after) (\d+)$")
 SHOWN_REQUESTS = 3          # the prefill kept as the events sidecar

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 
-from ...fixes import breakable_graph as bg
-from ...real import compare
-from ...real.probes import breakable_graph as released_probe
+from sglab.fixes import breakable_graph as bg
+from sglab.real import compare
+from sglab.real.probes import breakable_graph as released_probe
 
 RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13")
 PROBE = "breakable_graph:run"  # the probe the notebook shows (sglab.real.probes.breakable_graph)

@@ -11,7 +11,7 @@ from typing import Any, Iterable
 import pandas as pd
 import torch
 
-from ...fixes import breakable_graph as bg
+from sglab.fixes import breakable_graph as bg
 
 _DEFAULTS = {"part": "", "num_tokens": -1, "batch_size": -1, "padded": -1, "model_shape": "", "resolver": "",
              "layer_model": ""}
@@ -78,7 +78,7 @@ def graph_hit_rate(runner: Any, shapes: Iterable[bg.BatchShape]) -> dict:
 
 def hit_rate_rows(params: dict | None = None, model: torch.nn.Module | None = None) -> list[dict]:
     """Part c: routing only (``can_run``), nothing captured; runs on the CPU."""
-    from .run import DEFAULT_PARAMS
+    from sglab.experiments.breakable_graph.run import DEFAULT_PARAMS
 
     p = {**DEFAULT_PARAMS, **(params or {})}
     if model is None:

@@ -26,11 +26,11 @@ from functools import partial
 
 import torch
 
-from ... import runs
-from ...fixes import breakable_graph as bg
-from ...measure import phases
-from . import profile
-from .routing import _DEFAULTS, _row, hit_rate_rows, resolution_rows, split_tokens
+from sglab import runs
+from sglab.fixes import breakable_graph as bg
+from sglab.measure import phases
+from sglab.experiments.breakable_graph import profile
+from sglab.experiments.breakable_graph.routing import _DEFAULTS, _row, hit_rate_rows, resolution_rows, split_tokens
 
 EXPERIMENT = "breakable_graph"
 METHOD_VERSION = 3  # 2: eager/before/after timed in interleaved rounds; 3: lean sweep (request counts 1, 3, 8;
@@ -133,7 +133,7 @@ def _part_d(model, before, after, p: dict, batch_for, timer, progress: bool) -> 
     """Eager, before and after prefill latency in interleaved rounds, per token count and request count."""
     from tqdm.auto import tqdm
 
-    from ...measure.timing import interleaved
+    from sglab.measure.timing import interleaved
 
     rows = []
     sweep = [(n, bs) for n in p["token_counts"] for bs in p["batch_sizes"]]
@@ -154,7 +154,7 @@ def _part_d(model, before, after, p: dict, batch_for, timer, progress: bool) -> 
 def _run(params: dict | None, *, progress: bool, device: torch.device) -> runs.Measured:
     """The run on ``device``. On the CPU (tests of the row plumbing only) graphs are emulated, times are host
     times and the traced pass sees host events only."""
-    from ...measure.timing import cuda_time, host_time
+    from sglab.measure.timing import cuda_time, host_time
 
     p = {**DEFAULT_PARAMS, **(params or {})}
     dev = torch.device(device)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...fixes import breakable_graph as bg
+from sglab.fixes import breakable_graph as bg
 
 CAPTURE_TOKENS = 16
 

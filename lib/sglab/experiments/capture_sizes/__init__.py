@@ -39,11 +39,11 @@ DEFAULT_PARAMS = {
 VARIANTS = ("before", "before_probe", "pr_filter", "round_up")
 TOL = 1e-4  # max abs error accepted per replay (float32 per-token op on exact integer sums; measured: 0)
 
-from .analysis import (  # noqa: E402
+from sglab.experiments.capture_sizes.analysis import (  # noqa: E402
     alignment_summary, alignment_table, capture_ranges, describe_run, newest_per_world_size, padding_waste,
     policy_lists, review_table, rule_table, run_facts, runs_table, size_status, size_table, summary, trace_summary,
 )
-from .run import (  # noqa: E402
+from sglab.experiments.capture_sizes.run import (  # noqa: E402
     _merge, _probe_is_safe, loop_order, raw_sizes, replay_token_counts, run, scaled_default_sizes, size_lists,
 )
 

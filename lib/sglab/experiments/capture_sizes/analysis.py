@@ -12,7 +12,7 @@ from typing import Sequence
 from sglab import runs
 from sglab.fixes import capture_sizes as fx
 
-from . import VARIANTS
+from sglab.experiments.capture_sizes import VARIANTS
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -12,9 +12,9 @@ from sglab import runs
 from sglab.claims import Claim, holds, not_applicable
 from sglab.fixes import capture_sizes as fx
 
-from . import EXPERIMENT
-from .analysis import capture_ranges, newest_per_world_size, policy_lists, run_facts
-from .run import loop_order, size_lists
+from sglab.experiments.capture_sizes import EXPERIMENT
+from sglab.experiments.capture_sizes.analysis import capture_ranges, newest_per_world_size, policy_lists, run_facts
+from sglab.experiments.capture_sizes.run import loop_order, size_lists
 
 CLAIM = ("With `--moe-dense-tp-size 1`, a piecewise capture size not divisible by the attention-TP size splits into "
          "unequal shards that the reduce-scatter refuses, which crashed start-up; dropping those sizes (the PR) or "

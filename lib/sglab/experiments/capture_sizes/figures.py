@@ -8,7 +8,7 @@ from sglab import plots
 from sglab.fixes import capture_sizes as fx
 from sglab.plots import diagram
 
-from .analysis import STATUSES, capture_ranges, policy_lists, size_status
+from sglab.experiments.capture_sizes.analysis import STATUSES, capture_ranges, policy_lists, size_status
 
 _SHARD_COLORS = {"equal": "#aed6f1", "more": "#e6b0aa", "fewer": "#fadbd8"}
 

@@ -116,7 +116,7 @@ def defaults_line(results: dict, max_tokens: int = fx.MLA_MAX_TOKENS) -> str:
 def round_up_note(results: dict, max_tokens: int = fx.MLA_MAX_TOKENS) -> str:
     """Whether the notebook's "round up" policy (``analysis.policy_lists``) is 0.5.23's real list in every gathered
     setting, and where rounding to the PR's ``mul_base`` alone (two-batch overlap ignored) would not be."""
-    from .analysis import policy_lists
+    from sglab.experiments.capture_sizes.analysis import policy_lists
 
     r = results.get("0.5.23")
     if r is None or not r.ok:

@@ -38,7 +38,7 @@ from sglab import runs
 from sglab.fixes import capture_sizes as fx
 from sglab.measure import phases
 
-from . import DEFAULT_PARAMS, EXPERIMENT, TOL
+from sglab.experiments.capture_sizes import DEFAULT_PARAMS, EXPERIMENT, TOL
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -296,7 +296,7 @@ def _rank_main(ctx, params: dict, trace_dir: str | None = None, launched_at: flo
         work.probe("before_probe", work.lists["before_probe"])  # after it only the unguarded collectives
     events, perfetto = None, None
     if trace_dir is not None:
-        from .profile import traced_pass
+        from sglab.experiments.capture_sizes.profile import traced_pass
 
         with phases.phase("profile"):
             perfetto = Path(trace_dir) / "capture_sizes.rank0.trace.json.gz" if ctx.rank == 0 else None

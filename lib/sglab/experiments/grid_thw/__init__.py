@@ -12,11 +12,11 @@ Modules: :mod:`.ranks` (the processes), :mod:`.run` (``run``), :mod:`.series` (t
 :mod:`.analysis` (tables), :mod:`.figures` (every plot), :mod:`.claims` (what a run must show).
 """
 
-from .analysis import (cache_table, cells, concurrency, explain_growth, frame, gpu0_per_rank, growth_by_step, heatmap,
+from sglab.experiments.grid_thw.analysis import (cache_table, cells, concurrency, explain_growth, frame, gpu0_per_rank, growth_by_step, heatmap,
                        landing, leftovers, memory_frame, memory_steps, off_rank_gpus, repeatability, run_name,
                        spread_mib, stack_limits, step_deltas, stray, visible_gpus, waste_vs_tp)
-from .ranks import KERNEL_STEPS, PHASES, VARIANTS, Variant
-from .run import EXPERIMENT, cache_rows, run, run_group, run_variant
+from sglab.experiments.grid_thw.ranks import KERNEL_STEPS, PHASES, VARIANTS, Variant
+from sglab.experiments.grid_thw.run import EXPERIMENT, cache_rows, run, run_group, run_variant
 
 METHOD_VERSION = 2  # 1: groups one after the other, no time series; 2: groups at once, NVML time series, marks
 GPUS = 2

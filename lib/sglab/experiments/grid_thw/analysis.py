@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .ranks import PHASES
+from sglab.experiments.grid_thw.ranks import PHASES
 
 
 def run_name(run) -> str:
@@ -181,7 +181,7 @@ def cells(df: pd.DataFrame, phase: str = "kernel") -> pd.DataFrame:
 
 def step_deltas(run, gpu: int = 0) -> pd.DataFrame | None:
     """What each marked step added to each process's memory on ``gpu`` (None without a time series)."""
-    from . import series
+    from sglab.experiments.grid_thw import series
 
     mem, marks = run.sidecar("memory"), run.sidecar("marks")
     if mem is None or marks is None:
@@ -192,7 +192,7 @@ def step_deltas(run, gpu: int = 0) -> pd.DataFrame | None:
 def memory_steps(run) -> pd.DataFrame | None:
     """The increases in each process's memory over time with the mark that caused them (None when the run has no
     time series: recorded before method 2)."""
-    from . import series
+    from sglab.experiments.grid_thw import series
 
     mem, marks = run.sidecar("memory"), run.sidecar("marks")
     if mem is None or marks is None:
@@ -203,7 +203,7 @@ def memory_steps(run) -> pd.DataFrame | None:
 def growth_by_step(run) -> pd.DataFrame | None:
     """MiB each step added on GPU 0 for ranks >= 1 (median over repeats and ranks), one row per variant, one column
     per step in time order (None without a time series)."""
-    from .ranks import KERNEL_STEPS
+    from sglab.experiments.grid_thw.ranks import KERNEL_STEPS
 
     d = step_deltas(run, gpu=0)
     if d is None:
@@ -220,7 +220,7 @@ def growth_by_step(run) -> pd.DataFrame | None:
 def stack_limits(df: pd.DataFrame) -> pd.DataFrame:
     """The per-thread stack limit (CU_LIMIT_STACK_SIZE) of the context on the grid's GPU after each kernel step, for
     ranks >= 1 (min–max over repeats and ranks; method 2)."""
-    from .ranks import KERNEL_STEPS
+    from sglab.experiments.grid_thw.ranks import KERNEL_STEPS
 
     s = df[(df.metric == "stack_limit_bytes") & (df["rank"] >= 1)]
     if s.empty:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from sglab.claims import Claim, holds, not_applicable
 from sglab.runs import gpu_short, newest_by
 
-from . import analysis
-from .ranks import KERNEL_STEPS
+from sglab.experiments.grid_thw import analysis
+from sglab.experiments.grid_thw.ranks import KERNEL_STEPS
 
 EXPERIMENT = "grid_thw"
 CLAIM = ("A `grid_thws` tensor left on cuda:0 makes every TP rank ≥ 1 open a CUDA context on GPU 0; `.cpu()` "

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ... import plots
-from ...plots import diagram
-from . import analysis
+from sglab import plots
+from sglab.plots import diagram
+from sglab.experiments.grid_thw import analysis
 
 STRAY = "#c0392b"
 

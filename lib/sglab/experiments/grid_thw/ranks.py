@@ -23,8 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ...fixes import grid_thw as fx
-from ...measure import phases
+from sglab.fixes import grid_thw as fx
+from sglab.measure import phases
 
 PHASES = ("init", "received", "kernel", "released")
 KERNEL_STEPS = ("first kernel", "reduce", "item", "copy to own GPU", "own-GPU kernel")
@@ -166,7 +166,7 @@ class Snapshots:
             self.ctx.barrier()
 
     def _read(self, phase: str) -> None:
-        from ...measure import memory
+        from sglab.measure import memory
 
         every = memory.all_processes()
         for pid, who in self.labels.items():

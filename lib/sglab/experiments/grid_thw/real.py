@@ -9,9 +9,9 @@ matched with ``before`` on the key only: its grid came from the CPU HF processor
 
 from __future__ import annotations
 
-from ...fixes import grid_thw as fx
-from ...real import compare
-from ...real.probes import grid_thw as released_probe
+from sglab.fixes import grid_thw as fx
+from sglab.real import compare
+from sglab.real.probes import grid_thw as released_probe
 
 RELEASES = ("0.5.10.post1", "0.5.11", "0.5.23")
 PROBE = "grid_thw:run"  # the probe the notebook shows (sglab.real.probes.grid_thw)

@@ -23,11 +23,11 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
-from ... import dist, runs
-from ...fixes import grid_thw as fx
-from ...measure import memory, phases
-from . import series
-from .ranks import VARIANTS, _row, rank_main, tokenizer_main
+from sglab import dist, runs
+from sglab.fixes import grid_thw as fx
+from sglab.measure import memory, phases
+from sglab.experiments.grid_thw import series
+from sglab.experiments.grid_thw.ranks import VARIANTS, _row, rank_main, tokenizer_main
 
 EXPERIMENT = "grid_thw"
 FORKSERVER_PRELOAD = ("torch", "sglab.experiments.grid_thw.ranks")
@@ -234,7 +234,7 @@ def run(params: dict | None = None, *, progress: bool = True, backend: str = "nc
     Returns the tidy rows with sidecars ``memory`` (per-process MiB per GPU over time, change points), ``marks``
     (the moments each process marked) and ``trace`` (both as a Perfetto file) when NVML is available (``nccl``).
     """
-    from . import DEFAULT_PARAMS
+    from sglab.experiments.grid_thw import DEFAULT_PARAMS
 
     p = {**DEFAULT_PARAMS, **(params or {})}
     check_params(p)

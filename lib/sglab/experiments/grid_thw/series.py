@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ...measure import memory
-from .ranks import _row
+from sglab.measure import memory
+from sglab.experiments.grid_thw.ranks import _row
 
 MEMORY_COLUMNS = ["variant", "repeat", "process", "rank", "gpu", "t_s", "mib"]
 MARK_COLUMNS = ["variant", "repeat", "process", "rank", "mark", "t_s", "dur_s"]

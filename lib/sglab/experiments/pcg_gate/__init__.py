@@ -8,8 +8,8 @@
   :mod:`.claims` (what every run must show).
 """
 
-from ... import runs as _runs
-from .analysis import (
+from sglab import runs as _runs
+from sglab.experiments.pcg_gate.analysis import (
     buffer_copy_bytes,
     by_gpu,
     copy_explanation,
@@ -25,7 +25,7 @@ from .analysis import (
     speedup_threshold,
     trace_table,
 )
-from .run import (
+from sglab.experiments.pcg_gate.run import (
     DEFAULT_PARAMS,
     EXPERIMENT,
     METHOD_VERSION,
@@ -37,7 +37,7 @@ from .run import (
     model_config,
     run,
 )
-from .variants import ALL_VARIANTS, gate_rows, guard_table, state_dict_keys, variant_table
+from sglab.experiments.pcg_gate.variants import ALL_VARIANTS, gate_rows, guard_table, state_dict_keys, variant_table
 
 GPUS = 1
 gpu_short = _runs.gpu_short

@@ -7,7 +7,7 @@ from typing import Optional
 
 import pandas as pd
 
-from ... import runs as _runs
+from sglab import runs as _runs
 
 gpu_short = _runs.gpu_short
 TIMES = (("time_median", "median"), ("time_p10", "p10"), ("time_p90", "p90"))
@@ -84,7 +84,7 @@ def buffer_copy_bytes(params: dict, num_tokens: int) -> int:
     """Bytes the copy hand-off moves on top of the eager forward, per prefill: per layer it copies the residual and
     q, k, v into its fixed buffers and the attention output once more (5 tensors of ``tokens x hidden`` bf16, each
     written and read back), plus the final output once."""
-    from .run import DEFAULT_PARAMS
+    from sglab.experiments.pcg_gate.run import DEFAULT_PARAMS
 
     p = {**DEFAULT_PARAMS, **params}
     per_tensor = int(num_tokens) * int(p["hidden"]) * 2
@@ -93,7 +93,7 @@ def buffer_copy_bytes(params: dict, num_tokens: int) -> int:
 
 def gate_table(df: pd.DataFrame) -> pd.DataFrame:
     """Method 2: the gate per wrapper variant around the measured LLM (decision and key counts)."""
-    from .variants import ALL_VARIANTS, GATE_METRICS
+    from sglab.experiments.pcg_gate.variants import ALL_VARIANTS, GATE_METRICS
 
     g = df[df["variant"].isin(ALL_VARIANTS) & df["metric"].isin([m for m, _ in GATE_METRICS])]
     if g.empty:
@@ -136,7 +136,7 @@ def copy_explanation(df: pd.DataFrame) -> pd.DataFrame:
 
 def kernel_summary(table: pd.DataFrame, top: int = 8) -> pd.DataFrame:
     """The per-kernel sidecar reduced for reading: per label, the ``top`` kernels by time and the rest summed."""
-    from ...measure.kernel_table import short_name
+    from sglab.measure.kernel_table import short_name
 
     out = []
     table = table.assign(short=table.kernel.map(short_name))  # names as this version shortens them

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ...claims import Claim, holds, not_applicable, values
-from . import analysis as an
+from sglab.claims import Claim, holds, not_applicable, values
+from sglab.experiments.pcg_gate import analysis as an
 
 EXPERIMENT = "pcg_gate"
 CLAIM = ("A `model` property + `__setattr__` guard lets the Kimi-shaped wrapper pass the PCG gate with no duplicate "

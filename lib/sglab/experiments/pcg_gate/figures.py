@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ... import plots
-from ...plots import diagram as dg
-from ...plots import timeline as tl
-from . import analysis as an
-from .profile import COPY
+from sglab import plots
+from sglab.plots import diagram as dg
+from sglab.plots import timeline as tl
+from sglab.experiments.pcg_gate import analysis as an
+from sglab.experiments.pcg_gate.profile import COPY
 
 SHOWN = ("no_alias", "plain_alias", "property_only", "property_guard")
 HOW = {"no_alias": "no .model", "plain_alias": "self.model =\nself.language_model.model",
@@ -23,8 +23,8 @@ def mechanism_facts(run=None) -> pd.DataFrame:
         g = an.gate_table(run.df)
         if not g.empty:
             return g.assign(source="the measured LLM")
-    from .variants import gate_facts
-    from ...fixes import pcg_gate as gate
+    from sglab.experiments.pcg_gate.variants import gate_facts
+    from sglab.fixes import pcg_gate as gate
 
     rows = {}
     for v in SHOWN:

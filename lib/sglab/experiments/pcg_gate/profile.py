@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ...measure import trace
+from sglab.measure import trace
 
 # the copies that hand activations between pieces: copy_ into a fixed buffer is a copy kernel for a strided source
 # (q and k from the rotary output, v from qkv), a device-to-device memcpy for a contiguous one launched eagerly (the
@@ -117,7 +117,7 @@ def profile_pass(p: dict, dev, eager_fwd, runner, ref_runner, direct, inputs: di
 
 def _kernel_table(p, eager_fwd, ref_runner, inputs, vocab, dev, out: Profiled) -> list:
     """Per-kernel table of the eager prefill and of the same pieces run eagerly (with their copies)."""
-    from ...measure.kernel_table import calls_per_run, kernel_table
+    from sglab.measure.kernel_table import calls_per_run, kernel_table
 
     n = int(p["kernel_table_tokens"])
     ids, pos = _inputs(n, inputs, vocab, dev, int(p["seed"]))

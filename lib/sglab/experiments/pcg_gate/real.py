@@ -9,9 +9,9 @@ keys before and after the gate, whether ``model`` sits in ``_modules``, and the 
 
 from __future__ import annotations
 
-from ...fixes import pcg_gate as gate
-from ...real import compare
-from .variants import quiet_gate
+from sglab.fixes import pcg_gate as gate
+from sglab.real import compare
+from sglab.experiments.pcg_gate.variants import quiet_gate
 
 RELEASES = ("0.5.10.post1", "0.5.12.post1", "0.5.13", "0.5.23")
 PROBE = "pcg_gate:run"  # the probe the notebook shows (sglab.real.probes.pcg_gate)

@@ -21,12 +21,12 @@ from functools import partial
 
 import torch
 
-from ... import runs
-from ...fixes import pcg_gate as gate
-from ...fixes.toy_decoder import DecoderConfig
-from ...measure import phases
-from . import profile
-from .variants import gate_rows, quiet_gate
+from sglab import runs
+from sglab.fixes import pcg_gate as gate
+from sglab.fixes.toy_decoder import DecoderConfig
+from sglab.measure import phases
+from sglab.experiments.pcg_gate import profile
+from sglab.experiments.pcg_gate.variants import gate_rows, quiet_gate
 
 EXPERIMENT = "pcg_gate"
 METHOD_VERSION = 2  # 2: interleaved timing loop, lean sweep, per-variant gate rows, direct hand-off, traced pass,
@@ -93,7 +93,7 @@ def run(params: dict | None = None, *, progress: bool = True) -> runs.Measured:
     """Eager prefill (gate off) vs piecewise-graph prefill (gate on) per token count, on one GPU."""
     if not torch.cuda.is_available():
         raise RuntimeError("pcg_gate.run needs a CUDA GPU")
-    from ...measure.timing import cuda_time
+    from sglab.measure.timing import cuda_time
 
     dev = torch.device("cuda", torch.cuda.current_device())
     with _sdpa_backends():
@@ -182,7 +182,7 @@ def _correctness_rows(n, N, eager_fwd, ids, pos, runner, ref_runner, direct) -> 
 
 
 def _timing_rows(n, N, fns: dict, p: dict, timer) -> list:
-    from ...measure.timing import interleaved
+    from sglab.measure.timing import interleaved
 
     timed = interleaved(fns, rounds=max(1, int(p["rounds"])), warmup=int(p["warmup"]), repeat=int(p["repeat"]),
                         timer=timer)

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import pandas as pd
 from torch import nn
 
-from ...fixes import pcg_gate as gate
+from sglab.fixes import pcg_gate as gate
 
 ALL_VARIANTS = gate.VARIANTS + gate.EXTRA_VARIANTS
 

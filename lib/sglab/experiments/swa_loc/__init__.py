@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from ...fixes import swa_loc as fx
+from sglab.fixes import swa_loc as fx
 
 EXPERIMENT = "swa_loc"
 METHOD_VERSION = 2
@@ -60,9 +60,9 @@ DEFAULT_PARAMS: Dict[str, Any] = {
 FULL_SWEEP: Dict[str, Any] = {**DEFAULT_PARAMS, "layer_counts": [6, 12, 24, 48], "batch_sizes": [1, 8, 32, 128],
                               "repeat": 150}
 
-from .analysis import (VARIANT_LABELS, kernel_counts, kernel_table, profiler_agreement,  # noqa: E402
+from sglab.experiments.swa_loc.analysis import (VARIANT_LABELS, kernel_counts, kernel_table, profiler_agreement,  # noqa: E402
                        short_gpu, time_table)
-from .run import kv_mismatch_count, make_batches, pad_bug_scenario, run, sweep  # noqa: E402
+from sglab.experiments.swa_loc.run import kv_mismatch_count, make_batches, pad_bug_scenario, run, sweep  # noqa: E402
 
 __all__ = ["EXPERIMENT", "METHOD_VERSION", "GPUS", "DEFAULT_PARAMS", "FULL_SWEEP", "HEADLINE_CONFIG", "run",
            "sweep", "pad_bug_scenario", "make_batches", "kv_mismatch_count", "kernel_counts", "kernel_table",

@@ -10,7 +10,7 @@ import re
 from collections import Counter
 from typing import Dict, Optional
 
-from ... import runs
+from sglab import runs
 
 VARIANT_LABELS = {"before": "before (translate inside the graph)", "pr23552": "#23552 (preset, int64 buffer)",
                   "pr24743": "#24743 (preset, int32, zeroed on pad)"}
@@ -150,7 +150,7 @@ def eager_table(table, variant: Optional[str] = None):
 
 def kv_write_kernels(table, variant: str, backend: Optional[str] = None):
     """The SWA layers' KV write of one variant, in op order: step, op, kernel, calls, median µs."""
-    from .profile import SWA_WRITE
+    from sglab.experiments.swa_loc.profile import SWA_WRITE
 
     t = table[(table.variant == variant) & (table.scope == SWA_WRITE)]
     if backend is not None:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ... import runs
-from ...fixes.swa_loc import hybrid_layer_ids
-from ...claims import Claim, holds, not_applicable
-from . import HEADLINE_CONFIG, analysis
+from sglab import runs
+from sglab.fixes.swa_loc import hybrid_layer_ids
+from sglab.claims import Claim, holds, not_applicable
+from sglab.experiments.swa_loc import HEADLINE_CONFIG, analysis
 
 CLAIM = ("Presetting the SWA cache location before decode-graph capture removes the full→SWA slot translation "
          "(an index gather and an int32 cast) from every SWA layer of every replay; #24743's zeroing of the padded "
@@ -168,7 +168,7 @@ def _nsight_ran(run) -> Optional[str]:
 
 
 def _nsight_matches(run):
-    from ...measure import op_kernels
+    from sglab.measure import op_kernels
 
     t = _sidecar(run, "eager_kernels")
     c = op_kernels.cross_check(t[t.backend == op_kernels.NSIGHT], t[t.backend == op_kernels.TORCH])
@@ -224,7 +224,7 @@ def shown(runs_: list) -> list:
 def headline(runs_: list) -> str:
     """Kernels per replay and replay time at the headline cell per GPU, the sweep's ratio range, the padding
     bug's count -- all from the claims' values."""
-    from ...claims import values
+    from sglab.claims import values
 
     if not runs_:
         return "no run yet"

@@ -11,10 +11,10 @@ from __future__ import annotations
 import difflib
 from typing import Optional
 
-from ... import plots
-from ...fixes import swa_loc as fx
-from ...plots import diagram
-from . import HEADLINE_CONFIG, analysis
+from sglab import plots
+from sglab.fixes import swa_loc as fx
+from sglab.plots import diagram
+from sglab.experiments.swa_loc import HEADLINE_CONFIG, analysis
 
 COLORS = {"before": plots.PALETTE["before"], "pr23552": plots.PALETTE["accent"], "pr24743": plots.PALETTE["after"]}
 STYLES = ["-", "--", ":", "-."]
@@ -27,7 +27,7 @@ _OP_TEXT = {"index": "gather\nfull_to_swa[loc]", "_to_copy->int32": "cast\nto in
 # ---------------------------------------------------------------------------------------------------------------
 def one_layer_ops(variant: str) -> list:
     """The op names of the first SWA layer's KV write in ``variant``'s captured step (rebuild, CPU)."""
-    from .profile import SWA_WRITE, kv_write_ops
+    from sglab.experiments.swa_loc.profile import SWA_WRITE, kv_write_ops
 
     calls = [c for c in kv_write_ops(variant) if c.scope == SWA_WRITE]
     ends = [i for i, c in enumerate(calls) if i > 0 and c.step == 0]
@@ -179,7 +179,7 @@ NO_TRACE = ("this run predates profiler traces (method {mv}); a new recording ad
 def replay_timeline(run, variants=("before", "pr24743")):
     """``(figure, None)``: one traced replay per variant on one µs axis, the translation's kernels highlighted;
     ``(None, why)`` when the run has no trace."""
-    from ...plots import timeline
+    from sglab.plots import timeline
 
     events, gk = run.sidecar("events"), run.sidecar("graph_kernels")
     if events is None or gk is None:

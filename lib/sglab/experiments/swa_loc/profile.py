@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from ...fixes import swa_loc as fx
-from ...measure import op_kernels, ops, phases, trace
+from sglab.fixes import swa_loc as fx
+from sglab.measure import op_kernels, ops, phases, trace
 
 TRACE_PHASE = "replay "  # + variant
 SWA_WRITE, FULL_WRITE = "SWA layer KV write", "full layer KV write"
@@ -28,7 +28,7 @@ EAGER_VARIANTS = ("before", "pr24743")  # per-layer translation / preset int32 l
 
 
 def gpu_probes() -> dict:
-    from ...measure.kernels import graph_kernel_nodes, profiled_kernels
+    from sglab.measure.kernels import graph_kernel_nodes, profiled_kernels
 
     return {"graph_kernel_nodes": lambda runner, bs: graph_kernel_nodes(runner.graphs[bs]).kernels,
             "profiled_kernels": lambda runner, bs: len(profiled_kernels(lambda: runner.replay_graph(bs)))}
@@ -48,7 +48,7 @@ def graph_kernel_names(runners: dict, bs: int):
     """Kernel nodes of each variant's ``bs`` graph by (demangled) kernel name: variant, kernel, nodes."""
     import pandas as pd
 
-    from ...measure.kernels import graph_kernel_nodes
+    from sglab.measure.kernels import graph_kernel_nodes
 
     rows = []
     for v, r in runners.items():
@@ -123,7 +123,7 @@ def eager_kernel_tables(p: dict, device) -> tuple:
     """The ``eager_kernels`` table (nsight-python first, then torch.profiler) and what ran: ``(table, info)``."""
     import pandas as pd
 
-    from .run import make_batches, setup_kwargs
+    from sglab.experiments.swa_loc.run import make_batches, setup_kwargs
 
     tc = p["eager_config"]
     s = fx.build_setup(**setup_kwargs(p, int(tc["num_layers"]), int(tc["swa_per_full"]), device))

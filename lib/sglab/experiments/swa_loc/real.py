@@ -14,7 +14,7 @@ import torch
 from sglab.fixes import swa_loc as fx
 from sglab.real.releases import parse_version
 
-from . import claims
+from sglab.experiments.swa_loc import claims
 
 RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13", "0.5.23")
 PROBE = "swa_loc:run"  # the probe the notebook shows (sglab.real.probes.swa_loc)

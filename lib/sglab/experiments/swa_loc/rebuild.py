@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ...fixes import swa_loc as fx
-from .run import pad_bug_scenario
+from sglab.fixes import swa_loc as fx
+from sglab.experiments.swa_loc.run import pad_bug_scenario
 
 SMALL = dict(size=64, size_swa=32, head_num=1, head_dim=8)
 

@@ -12,10 +12,10 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from ... import runs
-from ...fixes import swa_loc as fx
-from ...measure import phases
-from . import DEFAULT_PARAMS, EXPERIMENT
+from sglab import runs
+from sglab.fixes import swa_loc as fx
+from sglab.measure import phases
+from sglab.experiments.swa_loc import DEFAULT_PARAMS, EXPERIMENT
 
 _FILL = {"num_layers": -1, "swa_per_full": -1, "n_swa_layers": -1, "batch_size": -1}
 
@@ -165,7 +165,7 @@ def _capture_and_check(p: dict, kw: dict, labels: dict, batch_sizes: List[int], 
 def _time_and_count(p: dict, runners: dict, labels: dict, batch_sizes: List[int], *, probes: Dict[str, Callable],
                     timer, rows: List[dict]) -> None:
     """Replay time per (variant, bs) through ``interleaved``; then, separately, one profiled replay per cell."""
-    from ...measure.timing import interleaved
+    from sglab.measure.timing import interleaved
 
     with phases.phase("timing"):
         for bs in batch_sizes:
@@ -254,7 +254,7 @@ def run(params: Optional[dict] = None, *, progress: bool = True) -> runs.Measure
     """The GPU sweep, the padding scenario on real CUDA graphs, and the profiler pictures (see the package
     docstring). nsight-python runs first: CUPTI takes one subscriber per process, and torch.profiler's sessions
     after it work, while the other order leaves nsight-python without CUPTI."""
-    from . import profile
+    from sglab.experiments.swa_loc import profile
 
     p = check_params(params or {})
     if not torch.cuda.is_available():

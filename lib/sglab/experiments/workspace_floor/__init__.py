@@ -13,7 +13,7 @@ times go to the manifest, and a traced pass adds the ``events`` sidecar and one 
 
 from sglab.fixes import workspace_floor as _wf
 
-from .traces import (
+from sglab.experiments.workspace_floor.traces import (
     TRACE_DIR,
     TRACE_PARAMS,
     TRACE_PREFIX,
@@ -49,8 +49,8 @@ DEFAULT_PARAMS = {
     "profile_policies": ["floor_0", "floor_2048"],
 }
 
-from . import analysis, claims, figures, profile, simulation, text  # noqa: E402  (they read the names above)
-from .analysis import (  # noqa: E402
+from sglab.experiments.workspace_floor import analysis, claims, figures, profile, simulation, text  # noqa: E402  (they read the names above)
+from sglab.experiments.workspace_floor.analysis import (  # noqa: E402
     POLICY_ORDER,
     consistency_table,
     cost_frame,
@@ -63,8 +63,8 @@ from .analysis import (  # noqa: E402
     repeatability_table,
     run_world_size,
 )
-from .run import gloo_rank_selftest, run  # noqa: E402
-from .simulation import simulate_rows, simulated_frame  # noqa: E402
+from sglab.experiments.workspace_floor.run import gloo_rank_selftest, run  # noqa: E402
+from sglab.experiments.workspace_floor.simulation import simulate_rows, simulated_frame  # noqa: E402
 
 __all__ = [
     "DEFAULT_PARAMS", "EXPERIMENT", "GPUS", "METHOD_VERSION", "POLICY_ORDER", "TRACES", "TRACE_DIR", "TRACE_PARAMS",

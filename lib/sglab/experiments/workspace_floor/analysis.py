@@ -12,7 +12,7 @@ import re
 from sglab import runs as _runs
 from sglab.fixes import workspace_floor as wf
 
-from .simulation import MiB
+from sglab.experiments.workspace_floor.simulation import MiB
 
 POLICY_ORDER = list(wf.POLICIES)
 
@@ -183,7 +183,7 @@ CALLS = {  # what each creation does, as CUDA runtime or driver calls (cuda.bind
 
 def creation_ranges(events):
     """One row per traced creation: variant, rank, creation, step, tokens and its ms (the range's length)."""
-    from .profile import COST_RANGE, RECREATE_RANGE
+    from sglab.experiments.workspace_floor.profile import COST_RANGE, RECREATE_RANGE
 
     r = events[(events.category == "range") & events.name.str.endswith((RECREATE_RANGE, COST_RANGE))
                & ~events.lane.str.startswith(("stream", "device"))]
@@ -194,7 +194,7 @@ def creation_ranges(events):
 
 def trace_recreation_table(events, variants=None):
     """Per profiled policy: re-creation ranges per rank (they must agree) and the time in them, slowest rank."""
-    from .profile import COST_VARIANT
+    from sglab.experiments.workspace_floor.profile import COST_VARIANT
 
     r = creation_ranges(events)
     r = r[r.variant != COST_VARIANT]
@@ -228,7 +228,7 @@ def call_table(events, rank: int = 0):
 
 def open_by_buffer(events):
     """Cost sweep: median ms of one IPC open per buffer and workspace T (slowest rank), with the buffer's MiB."""
-    from .profile import COST_VARIANT
+    from sglab.experiments.workspace_floor.profile import COST_VARIANT
 
     d = events[(events.variant == COST_VARIANT) & (events.category == "runtime")
                & events.name.map(lambda n: call_group(n) == "ipc open")].copy()

@@ -10,9 +10,9 @@ from __future__ import annotations
 from sglab.claims import Claim, holds, not_applicable
 from sglab.fixes import workspace_floor as wf
 
-from . import analysis
-from .simulation import MiB, simulated
-from .traces import calls_over, trace_tokens
+from sglab.experiments.workspace_floor import analysis
+from sglab.experiments.workspace_floor.simulation import MiB, simulated
+from sglab.experiments.workspace_floor.traces import calls_over, trace_tokens
 
 CLAIM = ("A 2048-token floor removes the allreduce-fusion workspace's warm-up re-creations below 2048 tokens (the "
          "manager only grows, so fluctuating batches alone do not re-create), at the cost of a workspace of at "
@@ -204,7 +204,7 @@ def _tp4_applies(run):
     return _needs(run, (SHORT,), (FLOOR,))
 
 
-from .trace_claims import TRACE_CLAIMS  # noqa: E402  (they use the helpers above)
+from sglab.experiments.workspace_floor.trace_claims import TRACE_CLAIMS  # noqa: E402  (they use the helpers above)
 
 CLAIMS = [
     Claim("workspace_floor.simulation_reproduced",

@@ -14,12 +14,12 @@ from typing import Optional
 from sglab import plots
 from sglab.fixes import workspace_floor as wf
 
-from . import analysis
-from ._closed import closed
-from .analysis import POLICY_ORDER
-from .profile_figures import profile_overview, profile_step  # noqa: F401  (the notebook finds every figure here)
-from .simulation import MiB, schedule
-from .traces import TRACES, trace_tokens
+from sglab.experiments.workspace_floor import analysis
+from sglab.experiments.workspace_floor._closed import closed
+from sglab.experiments.workspace_floor.analysis import POLICY_ORDER
+from sglab.experiments.workspace_floor.profile_figures import profile_overview, profile_step  # noqa: F401  (the notebook finds every figure here)
+from sglab.experiments.workspace_floor.simulation import MiB, schedule
+from sglab.experiments.workspace_floor.traces import TRACES, trace_tokens
 
 SHORT = {"before_pr": "before PR", "shape_no_hwm": "shape, no hwm", "floor_0": "shape"}
 MECH_LABEL = {"floor_0": "x.shape[0]", "floor_2048": "max(x.shape[0], 2048) — the PR"}

@@ -39,7 +39,7 @@ def traced_pass(st) -> dict:
     from sglab.measure import phases, trace
     from sglab.measure.kernels import _warm_profiler
 
-    from .simulation import MiB
+    from sglab.experiments.workspace_floor.simulation import MiB
 
     cfg = st.cfg
     path = Path(cfg["trace_dir"]) / f"rank{st.ctx.rank}.trace.json.gz"
@@ -71,7 +71,7 @@ def traced_pass(st) -> dict:
 
 def _traced_replay(st, name: str, mark) -> list[tuple[int, int]]:
     cfg, ctx, pol = st.cfg, st.ctx, wf.POLICIES[name]
-    from .run import make_creator
+    from sglab.experiments.workspace_floor.run import make_creator
 
     mgr = wf.WorkspaceManager(make_creator(cfg["creator"], st.ops, mark), high_water=pol.high_water, mark=mark)
     wf.replay(mgr, pol, cfg["profile_trace"], world_size=ctx.world_size, rank=ctx.rank,
@@ -81,7 +81,7 @@ def _traced_replay(st, name: str, mark) -> list[tuple[int, int]]:
 
 
 def _traced_costs(st, mark) -> list[tuple[int, int]]:
-    from .run import make_creator
+    from sglab.experiments.workspace_floor.run import make_creator
 
     cfg, ctx = st.cfg, st.ctx
     creator = make_creator(cfg["creator"], st.ops, mark)
@@ -145,7 +145,7 @@ def gloo_profile_selftest(ctx, trace: list[int], policies: list[str], cost_token
     """The traced pass on the CPU: the IPC creator's rank logic over gloo with host stand-ins for the device
     calls, under the same Recorder; returns this rank's reduced event table. Run with
     ``dist.launch(..., backend="gloo")``."""
-    from .run import RankState
+    from sglab.experiments.workspace_floor.run import RankState
 
     cfg = {"creator": "ipc", "hidden_dim": hidden_dim, "profile_trace": list(trace),
            "profile_policies": list(policies), "cost_tokens": list(cost_tokens), "trace_dir": trace_dir,

@@ -13,10 +13,10 @@ from sglab import plots
 from sglab.fixes import workspace_floor as wf
 from sglab.plots import timeline
 
-from . import analysis
-from ._closed import closed
-from .profile import COST_VARIANT, RECREATE_RANGE
-from .simulation import MiB
+from sglab.experiments.workspace_floor import analysis
+from sglab.experiments.workspace_floor._closed import closed
+from sglab.experiments.workspace_floor.profile import COST_VARIANT, RECREATE_RANGE
+from sglab.experiments.workspace_floor.simulation import MiB
 
 OPEN_RX = r"IpcOpenMemHandle"
 LABEL = {"floor_0": "x.shape[0]", "floor_2048": "max(x.shape[0], 2048)"}

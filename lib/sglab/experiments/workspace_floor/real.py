@@ -15,7 +15,7 @@ import dataclasses
 
 from sglab.fixes import workspace_floor as wf
 
-from .traces import trace_tokens
+from sglab.experiments.workspace_floor.traces import trace_tokens
 
 RELEASES = ("0.5.12.post1", "0.5.13")
 PROBE = "workspace_floor:run"  # the probe the notebook shows (sglab.real.probes.workspace_floor)
@@ -27,7 +27,7 @@ RECORDED = "workspace_floor"                 # data/recorded/real_workspace_floo
 
 
 def params(traces=None) -> dict:
-    from . import TRACES
+    from sglab.experiments.workspace_floor import TRACES
 
     names = traces or TRACES
     return {"traces": {t: [int(x) for x in trace_tokens(t)] for t in names}, "sites": ["release", *ALT_SITES],

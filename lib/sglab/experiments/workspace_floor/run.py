@@ -30,8 +30,8 @@ from typing import Callable, Optional
 from sglab.fixes import workspace_floor as wf
 from sglab.measure import phases
 
-from .simulation import MiB, simulate_rows
-from .traces import TRACES, trace_tokens
+from sglab.experiments.workspace_floor.simulation import MiB, simulate_rows
+from sglab.experiments.workspace_floor.traces import TRACES, trace_tokens
 
 CREATORS = ("ipc", "flashinfer")
 
@@ -95,7 +95,7 @@ def _nvml_rank_mib(pid: int) -> dict:
 
 def _rank_main(ctx, cfg):
     """One rank: the phases of the module docstring, in order; returns rows, phase times, events."""
-    from . import profile
+    from sglab.experiments.workspace_floor import profile
 
     t_enter = time.time()
     st = _setup(ctx, cfg)
@@ -301,7 +301,7 @@ def run(params: Optional[dict] = None, *, progress: bool = True):
 
     from sglab import dist, runs
 
-    from . import DEFAULT_PARAMS, EXPERIMENT
+    from sglab.experiments.workspace_floor import DEFAULT_PARAMS, EXPERIMENT
 
     p = {**DEFAULT_PARAMS, **(params or {})}
     check_params(p)

@@ -11,7 +11,7 @@ from typing import Optional
 
 from sglab.fixes import workspace_floor as wf
 
-from .traces import trace_tokens
+from sglab.experiments.workspace_floor.traces import trace_tokens
 
 MiB = 2**20
 
@@ -20,7 +20,7 @@ def simulate_rows(params: Optional[dict] = None, *, world_sizes=None, scenarios=
     """Tidy rows per trace x world size x scenario (cold / pre-initialised) x policy: re-creations (trace calls
     that created), creations in all, peak MiB per rank, the final size, refused calls, and one
     ``event_workspace`` row per creation (its step and size). ``params`` default to the experiment's."""
-    from . import DEFAULT_PARAMS
+    from sglab.experiments.workspace_floor import DEFAULT_PARAMS
 
     params = {**DEFAULT_PARAMS, **(params or {})}
     rows = []
@@ -67,7 +67,7 @@ def simulated_frame(world_sizes=(2, 4), params: Optional[dict] = None):
     """Tidy frame of :func:`simulate_rows` for both stored traces and the given world sizes."""
     from sglab import runs
 
-    from . import EXPERIMENT
+    from sglab.experiments.workspace_floor import EXPERIMENT
 
     return runs.tidy(EXPERIMENT, simulate_rows(params, world_sizes=list(world_sizes)))
 

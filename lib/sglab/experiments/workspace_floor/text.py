@@ -3,9 +3,9 @@ and the numbers cannot disagree."""
 
 from __future__ import annotations
 
-from . import analysis
-from .profile import COST_VARIANT
-from .simulation import MiB
+from sglab.experiments.workspace_floor import analysis
+from sglab.experiments.workspace_floor.profile import COST_VARIANT
+from sglab.experiments.workspace_floor.simulation import MiB
 
 NO_TRACE = ("this run predates profiler traces (method version {mv}, no `events` sidecar); a new recording "
             "(`sglab record workspace_floor`) adds the traced pass")
@@ -67,7 +67,7 @@ def trace_step(events, *, world_size: int, hidden_dim: int) -> list[str]:
     whether the growth follows the bytes or the size of one allocation, and what the trace rules out."""
     from sglab.fixes import workspace_floor as wf
 
-    from .profile_figures import phase_frame
+    from sglab.experiments.workspace_floor.profile_figures import phase_frame
 
     r = analysis.creation_ranges(events)
     cost = r[r.variant == COST_VARIANT].groupby("tokens").ms.max()

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from sglab.claims import Claim, holds
 
-from . import analysis
-from .profile import COST_VARIANT
-from .simulation import recreations
+from sglab.experiments.workspace_floor import analysis
+from sglab.experiments.workspace_floor.profile import COST_VARIANT
+from sglab.experiments.workspace_floor.simulation import recreations
 
 TRACE_METHODS = (2, None)
 

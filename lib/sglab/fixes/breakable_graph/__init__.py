@@ -13,14 +13,14 @@ One module per upstream file:
 No measuring here; :mod:`sglab.experiments.breakable_graph` measures.
 """
 
-from .breakable_cuda_graph import (
+from sglab.fixes.breakable_graph.breakable_cuda_graph import (
     BreakableCUDAGraph,
     BreakableCUDAGraphCapture,
     EmulatedReplay,
     eager_on_graph,
 )
-from .breakable_cuda_graph_runner import AFTER, BEFORE, BOUNDARIES, BreakableGraphRunner, resolve_layer_model
-from .forward_batch import (
+from sglab.fixes.breakable_graph.breakable_cuda_graph_runner import AFTER, BEFORE, BOUNDARIES, BreakableGraphRunner, resolve_layer_model
+from sglab.fixes.breakable_graph.forward_batch import (
     AttnMetadata,
     BatchShape,
     PrefillBatch,
@@ -29,7 +29,7 @@ from .forward_batch import (
     make_batch,
     set_forward_context,
 )
-from .models import (
+from sglab.fixes.breakable_graph.models import (
     MODEL_SHAPES,
     TINY_CONFIG,
     ModelConfig,
@@ -42,7 +42,7 @@ from .models import (
     run_eager,
     varlen_attention,
 )
-from ..toy_decoder import LogitsProcessor
+from sglab.fixes.toy_decoder import LogitsProcessor
 
 __all__ = [
     "AFTER", "BEFORE", "BOUNDARIES", "MODEL_SHAPES", "TINY_CONFIG", "AttnMetadata", "BatchShape",

@@ -32,9 +32,9 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from .breakable_cuda_graph import BreakableCUDAGraph, BreakableCUDAGraphCapture, EmulatedReplay
-from .forward_batch import AttnMetadata, BatchShape, PrefillBatch, build_attn_metadata, set_forward_context
-from .models import run_eager
+from sglab.fixes.breakable_graph.breakable_cuda_graph import BreakableCUDAGraph, BreakableCUDAGraphCapture, EmulatedReplay
+from sglab.fixes.breakable_graph.forward_batch import AttnMetadata, BatchShape, PrefillBatch, build_attn_metadata, set_forward_context
+from sglab.fixes.breakable_graph.models import run_eager
 
 logger = logging.getLogger(__name__)
 

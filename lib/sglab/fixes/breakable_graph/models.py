@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..toy_decoder import CausalLM, DecoderConfig, DecoderStack, LogitsProcessor, init_normal_
-from .breakable_cuda_graph import eager_on_graph
-from .forward_batch import PrefillBatch, build_attn_metadata, get_forward_metadata, set_forward_context
+from sglab.fixes.toy_decoder import CausalLM, DecoderConfig, DecoderStack, LogitsProcessor, init_normal_
+from sglab.fixes.breakable_graph.breakable_cuda_graph import eager_on_graph
+from sglab.fixes.breakable_graph.forward_batch import PrefillBatch, build_attn_metadata, get_forward_metadata, set_forward_context
 
 ModelConfig = DecoderConfig  # the name this notebook's parameters and tests use
 

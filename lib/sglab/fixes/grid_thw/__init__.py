@@ -14,16 +14,16 @@ context creation for Kimi-K2.5"). One module per upstream concern:
 Everything runs on the CPU as well (``device="cpu"``); nothing here measures.
 """
 
-from .base_processor import (ATTR_NAME_TO_MODALITY, FEATURE_NAMES, collect_mm_items, get_mm_items_offset,
+from sglab.fixes.grid_thw.base_processor import (ATTR_NAME_TO_MODALITY, FEATURE_NAMES, collect_mm_items, get_mm_items_offset,
                              items_for_request, offload_features, process_mm_data)
-from .kimi_k25 import (IMAGE_MEAN, IMAGE_STD, IMAGE_TOKEN_ID, IN_PATCH_LIMIT, MERGE_KERNEL_SIZE,
+from sglab.fixes.grid_thw.kimi_k25 import (IMAGE_MEAN, IMAGE_STD, IMAGE_TOKEN_ID, IN_PATCH_LIMIT, MERGE_KERNEL_SIZE,
                        PATCH_LIMIT_ON_ONE_SIDE, PATCH_SIZE, gpu_call, gpu_preprocess_images, navit_resize_config)
-from .mm_utils import data_hash, get_new_expanded_mm_items, hash_feature
-from .multimodal_cache import CacheStats, EmbeddingCache
-from .schedule_batch import MMItem
-from .transport import (WIRES, Wire, broadcast_pyobj, grid_key, ipc_dumps, recv_pyobj, send_pyobj, tensor_devices,
+from sglab.fixes.grid_thw.mm_utils import data_hash, get_new_expanded_mm_items, hash_feature
+from sglab.fixes.grid_thw.multimodal_cache import CacheStats, EmbeddingCache
+from sglab.fixes.grid_thw.schedule_batch import MMItem
+from sglab.fixes.grid_thw.transport import (WIRES, Wire, broadcast_pyobj, grid_key, ipc_dumps, recv_pyobj, send_pyobj, tensor_devices,
                         wire)
-from .workload import prompt_for, request_stream, simulate_cache, synthetic_image
+from sglab.fixes.grid_thw.workload import prompt_for, request_stream, simulate_cache, synthetic_image
 
 __all__ = [
     "ATTR_NAME_TO_MODALITY", "FEATURE_NAMES", "collect_mm_items", "get_mm_items_offset", "items_for_request",

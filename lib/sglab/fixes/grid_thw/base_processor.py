@@ -16,9 +16,9 @@ from typing import Iterable
 
 import torch
 
-from .kimi_k25 import IMAGE_TOKEN_ID, gpu_call
-from .mm_utils import get_new_expanded_mm_items
-from .schedule_batch import MMItem
+from sglab.fixes.grid_thw.kimi_k25 import IMAGE_TOKEN_ID, gpu_call
+from sglab.fixes.grid_thw.mm_utils import get_new_expanded_mm_items
+from sglab.fixes.grid_thw.schedule_batch import MMItem
 
 FEATURE_NAMES = ["pixel_values", "pixel_values_videos", "audio_features", "input_features"]
 

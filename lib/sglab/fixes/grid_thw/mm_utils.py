@@ -17,7 +17,7 @@ import hashlib
 import numpy as np
 import torch
 
-from .schedule_batch import MMItem
+from sglab.fixes.grid_thw.schedule_batch import MMItem
 
 
 def _get_length(value) -> int | None:

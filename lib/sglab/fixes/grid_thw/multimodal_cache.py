@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .schedule_batch import MMItem
+from sglab.fixes.grid_thw.schedule_batch import MMItem
 
 
 @dataclass

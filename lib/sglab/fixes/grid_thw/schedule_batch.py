@@ -26,7 +26,7 @@ class MMItem:
 
     def set_hash(self) -> int:
         """``MultimodalDataItem.set_pad_value``: hash the feature (``mm_utils.hash_feature``) once."""
-        from .mm_utils import hash_feature
+        from sglab.fixes.grid_thw.mm_utils import hash_feature
 
         if self.hash is None:
             self.hash = hash_feature(self.feature)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base_processor import items_for_request, process_mm_data
-from .kimi_k25 import IMAGE_TOKEN_ID
-from .multimodal_cache import CacheStats, EmbeddingCache
+from sglab.fixes.grid_thw.base_processor import items_for_request, process_mm_data
+from sglab.fixes.grid_thw.kimi_k25 import IMAGE_TOKEN_ID
+from sglab.fixes.grid_thw.multimodal_cache import CacheStats, EmbeddingCache
 
 
 def synthetic_image(image_id: int, *, base: int = 28) -> torch.Tensor:

@@ -11,7 +11,7 @@ The LLM inside the wrapper is the shared :mod:`sglab.fixes.toy_decoder`. No meas
 :mod:`sglab.experiments.pcg_gate` measures.
 """
 
-from .kimi_k25 import (
+from sglab.fixes.pcg_gate.kimi_k25 import (
     EXTRA_VARIANTS,
     TINY_LM,
     VARIANTS,
@@ -29,7 +29,7 @@ from .kimi_k25 import (
     strict_load,
     tiny_language_model,
 )
-from .model_runner import (
+from sglab.fixes.pcg_gate.model_runner import (
     ENABLED,
     NO_CAPTURE_SIZE,
     NO_LAYERS,
@@ -40,8 +40,8 @@ from .model_runner import (
     init_piecewise_cuda_graphs,
     resolve_language_model,
 )
-from .piecewise_cuda_graph_runner import HANDOFFS, PiecewiseRunner
-from .server_args import bucket_for, piecewise_cuda_graph_tokens
+from sglab.fixes.pcg_gate.piecewise_cuda_graph_runner import HANDOFFS, PiecewiseRunner
+from sglab.fixes.pcg_gate.server_args import bucket_for, piecewise_cuda_graph_tokens
 
 __all__ = [
     "ENABLED", "EXTRA_VARIANTS", "HANDOFFS", "NO_CAPTURE_SIZE", "NO_LAYERS", "NON_STANDARD_GQA",

@@ -28,7 +28,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from ..toy_decoder import CausalLM, DecoderConfig, build_on_device
+from sglab.fixes.toy_decoder import CausalLM, DecoderConfig, build_on_device
 
 VARIANTS = ("no_alias", "plain_alias", "property_only", "property_guard")
 EXTRA_VARIANTS = ("property_setter",)

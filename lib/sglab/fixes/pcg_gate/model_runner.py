@@ -18,7 +18,7 @@ from typing import Optional
 
 from torch import nn
 
-from .server_args import piecewise_cuda_graph_tokens
+from sglab.fixes.pcg_gate.server_args import piecewise_cuda_graph_tokens
 
 logger = logging.getLogger(__name__)
 

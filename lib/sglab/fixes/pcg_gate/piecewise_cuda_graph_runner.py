@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 
-from .server_args import bucket_for
+from sglab.fixes.pcg_gate.server_args import bucket_for
 
 HANDOFFS = ("copy", "direct")
 

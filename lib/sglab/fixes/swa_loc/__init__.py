@@ -15,13 +15,13 @@ One module per upstream file it mirrors (PR-era, April–May 2026):
 Everything runs eagerly on the CPU too. No measuring here; :mod:`sglab.experiments.swa_loc` measures.
 """
 
-from .cuda_graph_runner import (SWA_LOC_BUFFER_DTYPE, VARIANTS, DecodeGraphRunner, DecodeInputBuffers,
+from sglab.fixes.swa_loc.cuda_graph_runner import (SWA_LOC_BUFFER_DTYPE, VARIANTS, DecodeGraphRunner, DecodeInputBuffers,
                                 RunnerConfig, runner_config)
-from .forward_batch_info import ForwardBatch
-from .memory_pool import MHATokenToKVPool, store_cache
-from .model_runner import forward_eager
-from .swa_memory_pool import SWAKVPool, SWATokenToKVPoolAllocator
-from .toy_model import Setup, ToyHybridModel, build_setup, decode_batch, hybrid_layer_ids, pool_diff
+from sglab.fixes.swa_loc.forward_batch_info import ForwardBatch
+from sglab.fixes.swa_loc.memory_pool import MHATokenToKVPool, store_cache
+from sglab.fixes.swa_loc.model_runner import forward_eager
+from sglab.fixes.swa_loc.swa_memory_pool import SWAKVPool, SWATokenToKVPoolAllocator
+from sglab.fixes.swa_loc.toy_model import Setup, ToyHybridModel, build_setup, decode_batch, hybrid_layer_ids, pool_diff
 
 __all__ = [
     "VARIANTS", "SWA_LOC_BUFFER_DTYPE", "RunnerConfig", "runner_config", "hybrid_layer_ids", "store_cache",

@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 import torch
 
-from .forward_batch_info import ForwardBatch
+from sglab.fixes.swa_loc.forward_batch_info import ForwardBatch
 
 if TYPE_CHECKING:
-    from .toy_model import ToyHybridModel
+    from sglab.fixes.swa_loc.toy_model import ToyHybridModel
 
 VARIANTS = ("before", "pr23552", "pr24743")
 

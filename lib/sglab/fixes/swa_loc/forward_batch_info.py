@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 if TYPE_CHECKING:
-    from .swa_memory_pool import SWATokenToKVPoolAllocator
+    from sglab.fixes.swa_loc.swa_memory_pool import SWATokenToKVPoolAllocator
 
 
 @dataclass

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from .forward_batch_info import ForwardBatch
-    from .toy_model import ToyHybridModel
+    from sglab.fixes.swa_loc.forward_batch_info import ForwardBatch
+    from sglab.fixes.swa_loc.toy_model import ToyHybridModel
 
 
 def forward_eager(model: "ToyHybridModel", batch: "ForwardBatch", *,

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .memory_pool import MHATokenToKVPool
+from sglab.fixes.swa_loc.memory_pool import MHATokenToKVPool
 
 
 class SWAKVPool:

@@ -13,8 +13,8 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from .forward_batch_info import ForwardBatch
-from .swa_memory_pool import SWAKVPool, SWATokenToKVPoolAllocator
+from sglab.fixes.swa_loc.forward_batch_info import ForwardBatch
+from sglab.fixes.swa_loc.swa_memory_pool import SWAKVPool, SWATokenToKVPoolAllocator
 
 
 def hybrid_layer_ids(num_layers: int, swa_per_full: int) -> Tuple[List[int], List[int]]:

@@ -13,11 +13,11 @@ One module per concern, each named after the upstream file it mirrors:
   (FlashInfer's own, optional).
 """
 
-from .creator import Creator, PhaseClock, Workspace
-from .cuda_ipc import CudartOps, HostOps
-from .fake import FakeCreator, FakeWorkspace
-from .flashinfer_allreduce import FlashInferCreator, FlashInferWorkspace
-from .flashinfer_comm_fusion import (
+from sglab.fixes.workspace_floor.creator import Creator, PhaseClock, Workspace
+from sglab.fixes.workspace_floor.cuda_ipc import CudartOps, HostOps
+from sglab.fixes.workspace_floor.fake import FakeCreator, FakeWorkspace
+from sglab.fixes.workspace_floor.flashinfer_allreduce import FlashInferCreator, FlashInferWorkspace
+from sglab.fixes.workspace_floor.flashinfer_comm_fusion import (
     CALLEE_DEFAULT_MAX_TOKEN_NUM,
     DESTROY_RANGE,
     RECREATE_RANGE,
@@ -27,9 +27,9 @@ from .flashinfer_comm_fusion import (
     ensure_workspace_initialized,
     would_recreate,
 )
-from .layernorm import POLICIES, PR_FLOOR, Policy, fused_norm_call, will_recreate
-from .replay import replay, simulate
-from .sizes import (
+from sglab.fixes.workspace_floor.layernorm import POLICIES, PR_FLOOR, Policy, fused_norm_call, will_recreate
+from sglab.fixes.workspace_floor.replay import replay, simulate
+from sglab.fixes.workspace_floor.sizes import (
     ALIGN,
     BARRIER_FLAG_COUNT,
     BUFFER_NAMES,
@@ -40,7 +40,7 @@ from .sizes import (
     workspace_bytes_per_rank,
     workspace_sizes,
 )
-from .trtllm_ar import IpcWorkspace, IpcWorkspaceCreator
+from sglab.fixes.workspace_floor.trtllm_ar import IpcWorkspace, IpcWorkspaceCreator
 
 __all__ = [
     "ALIGN", "BARRIER_FLAG_COUNT", "BUFFER_NAMES", "CALLEE_DEFAULT_MAX_TOKEN_NUM", "DESTROY_RANGE",

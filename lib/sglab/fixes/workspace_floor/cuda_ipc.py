@@ -18,7 +18,7 @@ import os
 import pickle
 from typing import Optional
 
-from .sizes import LAMPORT_NEG_ZERO_FP16
+from sglab.fixes.workspace_floor.sizes import LAMPORT_NEG_ZERO_FP16
 
 
 class CudartOps:

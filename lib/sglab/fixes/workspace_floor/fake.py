@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .creator import Mark
-from .sizes import workspace_bytes_per_rank
+from sglab.fixes.workspace_floor.creator import Mark
+from sglab.fixes.workspace_floor.sizes import workspace_bytes_per_rank
 
 
 class FakeWorkspace:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .creator import Mark, PhaseClock
-from .sizes import workspace_bytes_per_rank
+from sglab.fixes.workspace_floor.creator import Mark, PhaseClock
+from sglab.fixes.workspace_floor.sizes import workspace_bytes_per_rank
 
 
 class FlashInferWorkspace:

@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .creator import Mark, marker
-from .sizes import size_sufficient, workspace_bytes_per_rank
+from sglab.fixes.workspace_floor.creator import Mark, marker
+from sglab.fixes.workspace_floor.sizes import size_sufficient, workspace_bytes_per_rank
 
 CALLEE_DEFAULT_MAX_TOKEN_NUM = 2048  # flashinfer_allreduce_residual_rmsnorm(max_token_num=2048)
 RECREATE_RANGE = "recreate workspace"  # one marker range per creation

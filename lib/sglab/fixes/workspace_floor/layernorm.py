@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .flashinfer_comm_fusion import (
+from sglab.fixes.workspace_floor.flashinfer_comm_fusion import (
     CALLEE_DEFAULT_MAX_TOKEN_NUM,
     WorkspaceManager,
     allreduce_residual_rmsnorm_workspace,

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from .fake import FakeCreator
-from .flashinfer_comm_fusion import WorkspaceManager, ensure_workspace_initialized
-from .layernorm import Policy, fused_norm_call, will_recreate
+from sglab.fixes.workspace_floor.fake import FakeCreator
+from sglab.fixes.workspace_floor.flashinfer_comm_fusion import WorkspaceManager, ensure_workspace_initialized
+from sglab.fixes.workspace_floor.layernorm import Policy, fused_norm_call, will_recreate
 
 
 def replay(manager: WorkspaceManager, policy: Policy, trace, *, world_size: int, rank: int, hidden_dim: int,

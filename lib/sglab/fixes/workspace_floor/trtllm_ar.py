@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .creator import Mark, PhaseClock
-from .cuda_ipc import CudartOps
-from .sizes import BUFFER_NAMES, workspace_sizes
+from sglab.fixes.workspace_floor.creator import Mark, PhaseClock
+from sglab.fixes.workspace_floor.cuda_ipc import CudartOps
+from sglab.fixes.workspace_floor.sizes import BUFFER_NAMES, workspace_sizes
 
 
 class IpcWorkspace:

@@ -9,6 +9,6 @@
 Nothing here imports SGLang into the calling process.
 """
 
-from .plan import FIXES, GpuFix, Step, plan_for
+from sglab.real.gpu.plan import FIXES, GpuFix, Step, plan_for
 
 __all__ = ["FIXES", "GpuFix", "Step", "plan_for"]

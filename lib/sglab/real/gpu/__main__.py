@@ -2,6 +2,6 @@
 
 import sys
 
-from .record import main
+from sglab.real.gpu.record import main
 
 sys.exit(main())

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
-from . import graphs
+from sglab.real.gpu import graphs
 
 BUCKET = 64
 LIVE_BATCHES = {"capture_batch": [BUCKET], "three_requests": [20, 30, 14], "two_requests_padded": [10, 20]}
@@ -27,8 +27,8 @@ REAL_MODULES = ("sglang.srt.model_executor.breakable_cuda_graph.breakable_cuda_g
 
 def real_module(prepared):
     """The release's breakable-graph module (it moved in 0.5.14)."""
-    from .. import bootstrap
-    from ..probes._support import has_file
+    from sglab.real import bootstrap
+    from sglab.real.probes._support import has_file
 
     for name in REAL_MODULES:
         if has_file(prepared, name.replace(".", "/").removeprefix("sglang/") + ".py"):

@@ -64,7 +64,7 @@ def require_cuda(prepared) -> None:
     """A GPU probe on a machine without CUDA is "not run", with the reason, never an error."""
     import torch
 
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     if not torch.cuda.is_available():
         raise bootstrap.NotRunnable(f"sglang {prepared.release}: no CUDA device in this process")

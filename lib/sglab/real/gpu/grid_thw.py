@@ -26,7 +26,7 @@ def wire(prepared):
     ``dec_hook`` / ``ext_hook``) typed as that field (the request's other fields are not needed to move it)."""
     import msgspec
 
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     io = bootstrap.import_release_module(prepared, "sglang.srt.managers.io_struct")
     sb = bootstrap.import_release_module(prepared, "sglang.srt.managers.schedule_batch")
@@ -42,7 +42,7 @@ def make_item(prepared, grid_device: str):
     """One image item: CPU pixel features, ``image_grid_thw`` (1 image, 1 x 28 x 42 patches) on ``grid_device``."""
     import torch
 
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     sb = bootstrap.import_release_module(prepared, "sglang.srt.managers.schedule_batch")
     modality = bootstrap.import_release_module(prepared, "sglang.srt.multimodal.modality").Modality
@@ -92,8 +92,8 @@ def receive(prepared, params: dict) -> list[dict]:
 
 
 def _send(prepared, case: str, device: str, gpu, timeout: float) -> list[dict]:
-    from ..runner import run_probe
-    from .rows import records
+    from sglab.real.runner import run_probe
+    from sglab.real.gpu.rows import records
 
     encode, _, how = wire(prepared)
     data = encode(make_item(prepared, device))
@@ -114,8 +114,8 @@ def run(prepared, params: dict) -> list[dict]:
     """Rows ``variant`` (case), ``process``, ``gpu``, ``metric``, ``value``, ``unit``; the sender's own memory too."""
     import torch
 
-    from . import graphs
-    from .. import bootstrap
+    from sglab.real.gpu import graphs
+    from sglab.real import bootstrap
 
     receiver_gpu = params.get("receiver_gpu", 1)
     timeout = float(params.get("receiver_timeout", 240.0))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..releases import GPU_RELEASES
+from sglab.real.releases import GPU_RELEASES
 
 PKG = "sglab.real.gpu"
 

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from . import plan as _plan
-from .rows import records
+from sglab.real.gpu import plan as _plan
+from sglab.real.gpu.rows import records
 
 
 def step_rows(result) -> list[dict]:
@@ -33,7 +33,7 @@ def step_rows(result) -> list[dict]:
 
 def manifest_parts(fix, results: list) -> tuple[dict, dict]:
     """(``params``, extra manifest fields): releases, probe parameters and shims per release."""
-    from ..releases import read_stamp, release_dir
+    from sglab.real.releases import read_stamp, release_dir
 
     params = {"releases": fix.releases, "fix": fix.name,
               "steps": [{"release": s.release, "probe": s.probe, "params": s.params} for s in fix.steps],
@@ -51,7 +51,7 @@ MIN_STEP_S = 30.0
 
 
 def _out_of_budget(step):
-    from ..runner import ProbeResult
+    from sglab.real.runner import ProbeResult
 
     return ProbeResult(step.release, step.probe, "not-run", None,
                        reason=f"sglang {step.release}: not started, the record budget was spent "
@@ -65,7 +65,7 @@ def record_fix(fix, *, out: Optional[Path] = None, echo=print, runner=None,
     :data:`MIN_STEP_S` left is not started (its row says so)."""
     from sglab.runs import tidy, write_run
 
-    from ..runner import run_probe
+    from sglab.real.runner import run_probe
 
     runner = runner or run_probe
     results, rows = [], []
@@ -95,7 +95,7 @@ def _gpu_count() -> int:
 
 
 def _dry_run(fixes, skipped, gpus: int) -> int:
-    from ..releases import release_installed
+    from sglab.real.releases import release_installed
 
     print(f"dry run: {gpus} GPU(s) here; would run {len(fixes)} fix(es)")
     for line in _plan.describe(fixes):
@@ -134,7 +134,7 @@ def cmd_record(args) -> int:
 
 
 def main(argv=None) -> int:
-    from ...bytecode import enable
+    from sglab.bytecode import enable
 
     enable()  # the probe processes import torch and a release each: keep their bytecode (sglab.bytecode)
     ap = argparse.ArgumentParser(prog="python -m sglab.real.gpu", description=__doc__.splitlines()[0])

@@ -25,7 +25,7 @@ import inspect
 import textwrap
 import types
 
-from . import graphs
+from sglab.real.gpu import graphs
 
 LAYERS = 8
 FULL_LAYERS = (3, 7)
@@ -44,7 +44,7 @@ def translation_source(fn) -> str:
 def release_translation(release: str) -> str:
     """The translation body of an installed release, read from its source file (no import): what a test on a
     machine without a GPU compares the GPU run with."""
-    from ..releases import package_dir
+    from sglab.real.releases import package_dir
 
     path = package_dir(release) / "srt" / "mem_cache" / "swa_memory_pool.py"
     for node in ast.walk(ast.parse(path.read_text())):
@@ -71,7 +71,7 @@ def kernels_per_translation(source: str, mapping_dtype: str = "int64") -> int:
 
 
 def _modules(prepared):
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     swa = bootstrap.import_release_module(prepared, "sglang.srt.mem_cache.swa_memory_pool")
     alloc = swa if hasattr(swa, "SWATokenToKVPoolAllocator") else \
@@ -83,7 +83,7 @@ def build(prepared, device: str = "cuda"):
     """(pool, allocator) of the release on ``device``, in this probe's shape."""
     import torch
 
-    from ..probes.swa_loc import _kwargs_for
+    from sglab.real.probes.swa_loc import _kwargs_for
 
     swa, alloc_mod = _modules(prepared)
     pool = swa.SWAKVPool(**_kwargs_for(swa.SWAKVPool.__init__, dict(
@@ -180,7 +180,7 @@ def pool_rows(prepared, params: dict) -> list[dict]:
     pool, allocator = build(prepared, device)
     write_loc_cls = None
     if not hasattr(pool, "set_swa_loc"):
-        from .. import bootstrap
+        from sglab.real import bootstrap
 
         write_loc_cls = bootstrap.import_release_module(prepared, "sglang.srt.mem_cache.memory_pool").KVWriteLoc
     loc = allocator.alloc(BS)
@@ -239,8 +239,8 @@ def _derived(rows: list[dict], translate, allocator) -> list[dict]:
 
 def buffer_rows(prepared, device: str = "cuda") -> list[dict]:
     """The decode buffers on ``device``, as tidy rows (variant ``decode_buffers``)."""
-    from ..probes._support import has_file
-    from ..probes.swa_loc import buffer_rows as cpu_rows
+    from sglab.real.probes._support import has_file
+    from sglab.real.probes.swa_loc import buffer_rows as cpu_rows
 
     if not has_file(prepared, "srt/model_executor/cuda_graph_runner.py"):
         return []

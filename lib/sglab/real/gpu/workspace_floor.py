@@ -36,7 +36,7 @@ def rank(prepared, params: dict) -> list[dict]:
 
     from sglab.measure.memory import process_gpu_memory
 
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     r, world = int(params["rank"]), int(params["world_size"])
     torch.cuda.set_device(r)
@@ -72,8 +72,8 @@ def rank(prepared, params: dict) -> list[dict]:
 
 
 def _ranks(prepared, world: int, timeout: float) -> list[dict]:
-    from ..runner import run_probe
-    from .rows import records
+    from sglab.real.runner import run_probe
+    from sglab.real.gpu.rows import records
 
     with tempfile.TemporaryDirectory(prefix="sglab-wsfloor-") as tmp:
         store = os.path.join(tmp, "store")
@@ -95,7 +95,7 @@ def run(prepared, params: dict) -> list[dict]:
     """Not-run rows without FlashInfer; otherwise the two ranks' rows."""
     import torch
 
-    from . import graphs
+    from sglab.real.gpu import graphs
 
     if importlib.util.find_spec("flashinfer") is None:
         return [{"variant": case, "metric": "status", "value": "not run: flashinfer not installed", "unit": ""}

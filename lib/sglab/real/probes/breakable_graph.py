@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import types
 
-from ._support import Recorder, Stop, captured_logs, has_file, module_path, patched
+from sglab.real.probes._support import Recorder, Stop, captured_logs, has_file, module_path, patched
 
 RUNNER_FILE = "srt/model_executor/breakable_cuda_graph_runner.py"
 CAPTURE_TOKENS = [16, 32, 64]
@@ -111,7 +111,7 @@ def model_rows(bcg, shape: str) -> list[dict]:
 
 def run(prepared, params: dict) -> list[dict]:
     """Rows ``model, batch, metric, value`` for each model shape (default: every shape of the rebuild)."""
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     if not has_file(prepared, RUNNER_FILE):
         return [{"model": "", "batch": "", "metric": "runner_file", "value": None}]

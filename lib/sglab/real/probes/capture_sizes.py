@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import types
 
-from ._support import Stop, has_file, patched
+from sglab.real.probes._support import Stop, has_file, patched
 
 # name -> ServerArgs fields; anything not named keeps the default in _server_args()
 SETTINGS = {
@@ -40,7 +40,7 @@ def _release_defaults(prepared) -> dict:
     """Every ``ServerArgs`` field of the release at its default (0.5.1x: a dataclass; {} otherwise)."""
     import dataclasses
 
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     sa_mod = bootstrap.import_release_module(prepared, "sglang.srt.server_args")
     if not dataclasses.is_dataclass(sa_mod.ServerArgs):
@@ -70,7 +70,7 @@ def _server_args(defaults: dict, setting: dict, piecewise: list, decode: list):
 
 def _attn_widths(prepared, sa) -> tuple[int, int]:
     """(attention TP size, attention CP size) by the release's ``compute_dp_attention_world_info``."""
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     dpa = bootstrap.import_release_module(prepared, "sglang.srt.layers.dp_attention")
     info = dpa.compute_dp_attention_world_info(sa.enable_dp_attention, 0, sa.tp_size, sa.dp_size, sa.attn_cp_size)
@@ -102,7 +102,7 @@ def _run_until_stop(cls, runner) -> object:
 
 def _sizes_pr_era(prepared, sa, pool_size: int = MAX_RUNNING_REQUESTS) -> tuple[list, list]:
     """0.5.10.post1-0.5.13: the piecewise runner's ``__init__`` up to its log line, and the decode list."""
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     pw = bootstrap.import_release_module(prepared, "sglang.srt.model_executor.piecewise_cuda_graph_runner")
     cg = bootstrap.import_release_module(prepared, "sglang.srt.model_executor.cuda_graph_runner")
@@ -120,7 +120,7 @@ def _sizes_pr_era(prepared, sa, pool_size: int = MAX_RUNNING_REQUESTS) -> tuple[
 
 def _sizes_unified_context_free(prepared, sa) -> tuple[list, list]:
     """0.5.14-0.5.15: the unified runners; the parallel widths set with ``get_parallel().override``."""
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     base = bootstrap.import_release_module(prepared, "sglang.srt.model_executor.runner.base_cuda_graph_runner")
     pre = bootstrap.import_release_module(prepared, "sglang.srt.model_executor.runner.prefill_cuda_graph_runner")
@@ -138,7 +138,7 @@ def _sizes_unified_context_free(prepared, sa) -> tuple[list, list]:
 
 def _sizes_published(prepared, sa) -> tuple[list, list]:
     """0.5.16+: the configuration published through the runtime context, the runner functions as they are."""
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     base = bootstrap.import_release_module(prepared, "sglang.srt.model_executor.runner.base_cuda_graph_runner")
     pre = bootstrap.import_release_module(prepared, "sglang.srt.model_executor.runner.prefill_cuda_graph_runner")
@@ -172,7 +172,7 @@ def sizes_function(prepared):
 
 def generated_defaults(prepared, max_tokens: int) -> list | None:
     """The release's own default piecewise list for ``max_tokens`` (None when this probe cannot reach it)."""
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     sa_mod = bootstrap.import_release_module(prepared, "sglang.srt.server_args")
     gen = getattr(sa_mod.ServerArgs, "_generate_piecewise_cuda_graph_tokens", None)
@@ -214,7 +214,7 @@ def run(prepared, params: dict) -> list[dict]:
 def run_with_args(prepared, params: dict) -> list[dict]:
     """:func:`run` plus the server-argument cases ``params["server_args"]`` ({name: argv}) of
     :mod:`.server_args` as settings ``args:<name>``: one process for both (the tests' budget)."""
-    from . import server_args
+    from sglab.real.probes import server_args
 
     extra = server_args.run(prepared, {"cases": params.get("server_args", {})}) if params.get("server_args") else []
     return run(prepared, params) + [{"setting": f"args:{r.pop('case')}", **r} for r in extra]

@@ -24,7 +24,7 @@ import inspect
 import pickle
 import types
 
-from ._support import Stop, has_file, patched
+from sglab.real.probes._support import Stop, has_file, patched
 
 KEYS = ("grid_thws", "image_grid_thw")
 IMAGE_TOKEN = "<|media_pad|>"
@@ -60,7 +60,7 @@ class _Tower:
 def model_rows(prepared, sb, grid, pixels) -> list[dict]:
     from torch import nn
 
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     kimi = bootstrap.import_release_module(prepared, "sglang.srt.models.kimi_k25")
     cls = kimi.KimiK25ForConditionalGeneration
@@ -102,7 +102,7 @@ def processor_rows(prepared) -> list[dict]:
 
     from sglab.fixes import grid_thw as fx
 
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     if not has_file(prepared, "srt/multimodal/processors/kimi_k25.py"):
         return []
@@ -141,7 +141,7 @@ def _send_0523(prepared, item):
     """``TokenizedGenerateReqInput`` through ``io_struct.msgpack_encode`` / ``msgpack_decode``."""
     from array import array
 
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     io = bootstrap.import_release_module(prepared, "sglang.srt.managers.io_struct")
     sb = bootstrap.import_release_module(prepared, "sglang.srt.managers.schedule_batch")
@@ -189,7 +189,7 @@ def wire_rows(prepared, sb, key, grid, pixels) -> list[dict]:
 
 def run(prepared, params: dict) -> list[dict]:
     """Rows ``part, case, metric, value``."""
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     sb = bootstrap.import_release_module(prepared, "sglang.srt.managers.schedule_batch")
     grid, pixels = _grid_and_pixels(params.get("device") or "cpu")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import types
 
-from ._support import Recorder, captured_logs, has_file, module_path, patched
+from sglab.real.probes._support import Recorder, captured_logs, has_file, module_path, patched
 
 TOKENS = [4, 8, 16]   # any non-empty capture list; the gate only checks that one is set
 
@@ -52,7 +52,7 @@ def build_kimi(kimi, cls=None):
 
 def _gate_pr_era(prepared, wrapper) -> dict:
     """``ModelRunner.init_piecewise_cuda_graphs`` of 0.5.1x on a stand-in runner."""
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     mr = bootstrap.import_release_module(prepared, "sglang.srt.model_executor.model_runner")
     runner = types.SimpleNamespace(
@@ -72,7 +72,7 @@ def _gate_pr_era(prepared, wrapper) -> dict:
 
 def _gate_cuda_graph_setup(prepared, wrapper) -> dict:
     """``capture_prefill_graph`` of 0.5.16+ on a stand-in runner, breakable prefill backend."""
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     cgs = bootstrap.import_release_module(prepared, "sglang.srt.model_executor.model_runner_components."
                                                     "cuda_graph_setup")
@@ -127,7 +127,7 @@ def run(prepared, params: dict) -> list[dict]:
     """Rows ``case, metric, value`` for the release's Kimi class through its gate."""
     from torch import nn
 
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     kimi = bootstrap.import_release_module(prepared, "sglang.srt.models.kimi_k25")
     moved = has_file(prepared, "srt/model_executor/model_runner_components/cuda_graph_setup.py")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import types
 
-from ._support import has_file
+from sglab.real.probes._support import has_file
 
 
 class _ArgError(ValueError):
@@ -80,8 +80,8 @@ def run(prepared, params: dict) -> list[dict]:
 def _one_case(prepared, argv: list[str], mla: bool, gpu_mem_gb: float, max_running: int) -> list[dict]:
     """``metric, value`` rows: ``piecewise`` and ``decode`` (what the runners keep), the intermediate settings,
     the assumptions; or one ``error`` / ``unsupported`` row (plus the assumptions)."""
-    from .. import bootstrap
-    from .capture_sizes import _sizes_pr_era
+    from sglab.real import bootstrap
+    from sglab.real.probes.capture_sizes import _sizes_pr_era
 
     assumptions = [{"metric": "assumed_mla_backend", "value": mla},
                    {"metric": "assumed_gpu_mem_gb", "value": gpu_mem_gb},

@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 import types
 
-from ._support import has_file
+from sglab.real.probes._support import has_file
 
 SWA_LAYERS, FULL_LAYERS = [0, 2], [1, 3]
 HEAD_NUM, HEAD_DIM = 2, 4
@@ -48,7 +48,7 @@ def build_pool(prepared, device: str = "cpu"):
     """(pool, allocator) of the release on ``device``."""
     import torch
 
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     swa = bootstrap.import_release_module(prepared, "sglang.srt.mem_cache.swa_memory_pool")
     alloc_mod = swa if hasattr(swa, "SWATokenToKVPoolAllocator") else \
@@ -175,7 +175,7 @@ def buffer_rows(prepared, device: str) -> list[dict]:
     """``DecodeInputBuffers``: the field's dtype and the padded tail after a padded populate."""
     import torch
 
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     cgr = bootstrap.import_release_module(prepared, "sglang.srt.model_executor.cuda_graph_runner")
     DIB = getattr(cgr, "DecodeInputBuffers", None)

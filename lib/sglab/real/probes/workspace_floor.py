@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import types
 
-from ._support import patched
+from sglab.real.probes._support import patched
 
 HIDDEN = 7168
 WORLD_SIZE = 2
@@ -89,7 +89,7 @@ def undecorated(module, name: str):
 def _wired(prepared, comm: RecordingComm, world_size: int):
     """The release's modules with FlashInfer, the preflight and the parallel state replaced (see the module
     docstring); fresh managers, so every (trace, site, scenario) starts from a cold server."""
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     fc = bootstrap.import_release_module(prepared, "sglang.srt.layers.flashinfer_comm_fusion")
     dist = bootstrap.import_release_module(prepared, "sglang.srt.distributed")
@@ -127,7 +127,7 @@ def _call(prepared, fc, site: str, tokens: int, hidden: int):
     x = torch.empty((tokens, hidden), dtype=torch.bfloat16)
     residual, weight = torch.empty_like(x), torch.empty(hidden, dtype=torch.bfloat16)
     if site == "release":
-        from .. import bootstrap
+        from sglab.real import bootstrap
 
         ln = bootstrap.import_release_module(prepared, "sglang.srt.layers.layernorm")
         return ln._forward_with_allreduce_fusion(_Norm(), x, residual, None, weight)
@@ -164,7 +164,7 @@ def call_site_text(prepared) -> str:
     """The ``max_token_num=`` argument the release's call site passes (its own source line), or ``(none)``."""
     import inspect
 
-    from .. import bootstrap
+    from sglab.real import bootstrap
 
     layernorm = bootstrap.import_release_module(prepared, "sglang.srt.layers.layernorm")
     source = inspect.getsource(layernorm._forward_with_allreduce_fusion)
