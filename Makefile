@@ -15,7 +15,7 @@ STAMP     := $(VENV)/.sglab-$(subst $(comma),-,$(EXTRAS))
 TEST_EXTRAS ?= $(EXTRAS),browser
 TEST_STAMP  := $(VENV)/.sglab-$(subst $(comma),-,$(TEST_EXTRAS))
 
-# Real SGLang releases, side by side under .sglang/ (git-ignored); must equal sglab.real.releases.PINNED
+# Real SGLang releases, side by side under .sglang/ (git-ignored); must equal sglab.sglang.releases.PINNED
 SGLANG_RELEASES := 0.5.10.post1 0.5.11 0.5.12.post1 0.5.13 0.5.14 0.5.23
 SGLANG_HOME     ?= .sglang
 SGLANG_STAMPS   := $(foreach v,$(SGLANG_RELEASES),$(SGLANG_HOME)/releases/$(v)/.sglab-installed)
@@ -38,8 +38,8 @@ $(VENV)/.sglab-%: $(BIN)/python pyproject.toml
 
 # Installs only what is missing (one stamp per release). A release that cannot be installed is reported in one
 # line and left out: the workbook and the tests report it as "not run" (and the tests fail in CI).
-$(SGLANG_STAMPS) &: $(STAMP) lib/sglab/real/releases.py constraints/cpu.txt
-	@$(BIN)/python -m sglab.real.install --releases $(SGLANG_RELEASES) || \
+$(SGLANG_STAMPS) &: $(STAMP) lib/sglab/sglang/releases.py constraints/cpu.txt
+	@$(BIN)/python -m sglab.sglang.install --releases $(SGLANG_RELEASES) || \
 	  echo "warning: some SGLang releases are not installed (see above)" >&2
 	@for s in $(SGLANG_STAMPS); do if [ -f $$s ]; then touch $$s; fi; done
 
@@ -63,7 +63,7 @@ test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu
 
 # JupyterLab on the notebooks: bound to 127.0.0.1, token authentication on, each notebook listed once, and a
-# session leaves git status clean (jupyter_server_config.py, sglab.lab). Extra flags through LAB_ARGS, e.g.
+# session leaves git status clean (jupyter_server_config.py, sglab.tools.lab). Extra flags through LAB_ARGS, e.g.
 #   make lab LAB_ARGS="--port=8890 --no-browser"
 # As root (containers), --allow-root is added.
 LAB_ARGS ?=
@@ -88,7 +88,7 @@ wheelhouse:
 wheelhouse-sglang:
 	bash scripts/wheelhouse-sglang.sh .whl-sglang
 
-# on a GPU box with .whl-sglang/: real SGLang recorded per fix (python -m sglab.real.gpu record), checked, packed
+# on a GPU box with .whl-sglang/: real SGLang recorded per fix (python -m sglab.sglang.gpu record), checked, packed
 # into OUT/real.tgz (default real-gpu-out/); `bash scripts/real_gpu.sh --dry-run` lists what would run
 real-gpu:
 	bash scripts/real_gpu.sh

@@ -24,9 +24,9 @@ MODE = "auto"  # "auto" | "live" | "recorded"
 # %%
 import pandas as pd
 
-from sglab import runs
-from sglab import notebook as nb
-from sglab.cli import env_report
+from sglab.core import runs
+from sglab.core import notebook as nb
+from sglab.tools.cli import env_report
 
 wb = nb.Workbook("start_here", gpus=0, mode=MODE)
 
@@ -83,12 +83,12 @@ pd.DataFrame([{"folder": f"data/{k}", "what": w, "files": sum(1 for _ in runs.da
 # 1. `lib/sglab/fixes/<name>.py` — the upstream mechanism, PR-era, with a before/after switch; its docstring names
 #    the upstream file and symbol it mirrors. No measuring here.
 # 2. `lib/sglab/experiments/<name>.py` — `EXPERIMENT`, `METHOD_VERSION`, `GPUS`, `DEFAULT_PARAMS`, and
-#    `run(params) -> DataFrame` (tidy rows via `sglab.runs.tidy`); register an upstream check with
-#    `sglab.upstream.register`.
+#    `run(params) -> DataFrame` (tidy rows via `sglab.core.runs.tidy`); register an upstream check with
+#    `sglab.sglang.upstream.register`.
 # 3. `tests/test_<name>.py` (CPU, exact assertions) and `tests/test_<name>_gpu.py` (`@pytest.mark.gpu`).
 # 4. `notebooks/NN_<name>.py` (jupytext percent, the reviewed source), then `sglab sync` writes the `.ipynb`
 #    without outputs. The anatomy: claim and PR link → `parameters` cell → `Workbook(...)` banner → the problem →
 #    rebuild before/after → measure (`needs-gpu`) or load the recorded run → analyse and plot (captions carry GPU
 #    and date) → takeaways.
-# 5. Add the notebook to `sglab.catalog.NOTEBOOKS` and to the README index; record a run on GPUs with
+# 5. Add the notebook to `sglab.tools.catalog.NOTEBOOKS` and to the README index; record a run on GPUs with
 #    `sglab record <name>` and commit it under `data/recorded/`.

@@ -13,7 +13,7 @@
 #
 # Upstream: [sgl-project/sglang#26382](https://github.com/sgl-project/sglang/pull/26382) (part A: the `.model`
 # alias; part B, the allreduce-fusion workspace floor, is notebook 02). Rebuilt in `sglab.fixes.pcg_gate` around
-# the shared decoder `sglab.fixes.toy_decoder`, measured by `sglab.experiments.pcg_gate`.
+# the shared decoder `sglab.core.toy_decoder`, measured by `sglab.experiments.pcg_gate`.
 
 # %% tags=["parameters"]
 MODE = "auto"   # "auto" | "live" | "recorded"
@@ -25,12 +25,12 @@ import inspect
 import pandas as pd
 from IPython.display import display
 
-from sglab import notebook as nb
-from sglab import upstream
+from sglab.core import notebook as nb
+from sglab.sglang import upstream
 from sglab.experiments import pcg_gate as experiment
 from sglab.experiments.pcg_gate import figures, real
 from sglab.fixes import pcg_gate as fx
-from sglab.real import compare, report
+from sglab.sglang import compare, report
 
 pd.set_option("display.width", 160)
 pd.set_option("display.max_colwidth", 80)

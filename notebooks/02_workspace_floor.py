@@ -23,11 +23,11 @@ PARAMS = {}  # overrides of experiment.DEFAULT_PARAMS for a live run, e.g. {"wor
 import pandas as pd
 from IPython.display import display
 
-from sglab import notebook as nb
+from sglab.core import notebook as nb
 from sglab.experiments import workspace_floor as experiment
 from sglab.experiments.workspace_floor import analysis, figures, real, text, traces
 from sglab.fixes import workspace_floor as wf
-from sglab.real import report
+from sglab.sglang import report
 
 pd.set_option("display.width", 160)
 params = {**experiment.DEFAULT_PARAMS, **PARAMS}
@@ -71,7 +71,7 @@ nb.slide(experiment.EXPERIMENT, shown, figures.mechanism(shown))
 # the rebuilt policy:
 
 # %%
-from sglab.upstream import figures as upstream_figures, hunks
+from sglab.sglang import figures as upstream_figures, hunks
 
 upstream_figures.timeline_row_figure(experiment.EXPERIMENT)
 
@@ -140,7 +140,7 @@ print("\n".join(text.floor_effect(sim, (2, 4))))
 # The same traces through the released code: each release's own call site
 # (`layernorm.py::_forward_with_allreduce_fusion`), the real `flashinfer_allreduce_residual_rmsnorm` with its
 # assert, `ensure_workspace_initialized`, `FlashInferWorkspaceManager` and `pre_initialize_workspaces`, one
-# subprocess per release (`sglab.real.probes.workspace_floor`). Only FlashInfer's workspace creation is replaced,
+# subprocess per release (`sglab.sglang.probes.workspace_floor`). Only FlashInfer's workspace creation is replaced,
 # by a recorder that answers the size check with FlashInfer's rule, and the GPU preflight vote by "proceed".
 # Besides its own call site, each release's callee also runs the floors 0 and 1024. The rebuild runs the same
 # cells with the policy of that call site and a manager like the release's; `agrees` needs equal re-creation
@@ -167,7 +167,7 @@ real_table
 # rebuild's), where such a run is recorded:
 
 # %%
-from sglab.real import compare  # noqa: E402
+from sglab.sglang import compare  # noqa: E402
 
 compare.show_recorded(real.RECORDED);
 

@@ -13,7 +13,7 @@
 #
 # Upstream: [sgl-project/sglang#24662](https://github.com/sgl-project/sglang/pull/24662) ("Breakable Cuda Graph
 # Support for bs > 1"), in `python/sglang/srt/model_executor/breakable_cuda_graph_runner.py`. Rebuilt in
-# `sglab.fixes.breakable_graph` around the shared decoder `sglab.fixes.toy_decoder`, measured by
+# `sglab.fixes.breakable_graph` around the shared decoder `sglab.core.toy_decoder`, measured by
 # `sglab.experiments.breakable_graph`.
 
 # %% tags=["parameters"]
@@ -26,13 +26,13 @@ import inspect
 import pandas as pd
 from IPython.display import display
 
-from sglab import notebook as nb
-from sglab import upstream
+from sglab.core import notebook as nb
+from sglab.sglang import upstream
 from sglab.experiments import breakable_graph as experiment
 from sglab.experiments.breakable_graph import figures
 from sglab.experiments.breakable_graph import real
 from sglab.fixes import breakable_graph as bg
-from sglab.real import compare, report
+from sglab.sglang import compare, report
 
 pd.set_option("display.width", 160)
 wb = nb.Workbook(experiment.EXPERIMENT, gpus=experiment.GPUS, mode=MODE)

@@ -25,8 +25,8 @@ import inspect
 import pandas as pd
 from IPython.display import display
 
-from sglab import notebook as nb
-from sglab import upstream
+from sglab.core import notebook as nb
+from sglab.sglang import upstream
 from sglab.experiments import swa_loc as experiment
 from sglab.experiments.swa_loc import analysis, figures, rebuild
 from sglab.fixes import swa_loc as fx
@@ -75,7 +75,7 @@ rebuild.variants_table()
 # `populate_from_forward_batch`.
 
 # %%
-from sglab.upstream import figures as upstream_figures, hunks
+from sglab.sglang import figures as upstream_figures, hunks
 
 upstream_figures.timeline_row_figure(experiment.EXPERIMENT)
 
@@ -142,7 +142,7 @@ rebuild.dtypes_table()
 # ## The real SGLang, before and after
 #
 # The released pool and allocator (`SWAKVPool`, `SWATokenToKVPoolAllocator`), one subprocess per release
-# (`sglab.real.probes.swa_loc`), write one 3-token decode step through 4 layers (SWA layers 0 and 2) on the CPU:
+# (`sglab.sglang.probes.swa_loc`), write one 3-token decode step through 4 layers (SWA layers 0 and 2) on the CPU:
 # how many times the layers translate the location, with and without it set or passed in beforehand, and whether
 # the SWA rows land at the allocator's paired slots; `DecodeInputBuffers` (dtype and padded tail after a padded
 # populate) where the release has the PR-era runner. One translation is also run under a dispatch recorder: each
@@ -156,7 +156,7 @@ rebuild.dtypes_table()
 
 # %%
 from sglab.experiments.swa_loc import claims, real
-from sglab.real import report
+from sglab.sglang import report
 
 real_results = real.probe()
 print(report.status_lines(real_results))
@@ -183,7 +183,7 @@ print(f"claims: {claims.EXTRA_PER_SWA_LAYER} extra kernel nodes per SWA layer wi
 # the preset on 0.5.12.post1, translated once or per layer on 0.5.23), where such a run is recorded:
 
 # %%
-from sglab.real import compare  # noqa: E402
+from sglab.sglang import compare  # noqa: E402
 
 compare.show_recorded(real.RECORDED);
 
@@ -220,7 +220,7 @@ if run is not None:
 # %% [markdown]
 # ## Replay time (GPU)
 #
-# CUDA-event time of one `graph.replay()` through `sglab.measure.timing.interleaved` (the variants alternate in
+# CUDA-event time of one `graph.replay()` through `sglab.core.timing.interleaved` (the variants alternate in
 # rounds; median and p10–p90 of the pooled samples). `#23552` is below `#24743` here only because this rebuild's
 # K/V write (`index_put_`) converts an int32 location back to int64 — one kernel per SWA layer that SGLang's
 # `store_cache` does not have (see the int64/int32 section).

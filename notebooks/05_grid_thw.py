@@ -27,13 +27,14 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import display
 
-from sglab import hardware, upstream
-from sglab import notebook as nb
+from sglab.core import hardware
+from sglab.sglang import upstream
+from sglab.core import notebook as nb
 from sglab.experiments import grid_thw as experiment
 from sglab.experiments.grid_thw import figures
 from sglab.experiments.grid_thw import real
 from sglab.fixes import grid_thw as fx
-from sglab.real import compare, report
+from sglab.sglang import compare, report
 
 wb = nb.Workbook(experiment.EXPERIMENT, gpus=experiment.GPUS, mode=MODE)
 
@@ -168,7 +169,7 @@ compare.show_recorded(experiment.EXPERIMENT);
 # ## Measured: where the grid lands, and what it costs on GPU 0
 #
 # One *group* = fresh processes: a tokenizer that preprocesses on `cuda:0` and `tp_size` scheduler ranks
-# (`sglab.dist`, rank r bound to GPU r, every GPU visible). `before`: grid on `cuda:0` under `grid_thws`, tokenizer →
+# (`sglab.core.dist`, rank r bound to GPU r, every GPU visible). `before`: grid on `cuda:0` under `grid_thws`, tokenizer →
 # rank 0 as pickled bytes, rank 0 → the rest with `broadcast_pyobj`. `after`: `.cpu()` and `image_grid_thw`, same
 # path. `ipc`: the `before` output sent to every rank as a CUDA IPC handle. `eager`: `before` with
 # `CUDA_MODULE_LOADING=EAGER` in the ranks. Each group's rank 0 reads NVML for every process of the group on every GPU,

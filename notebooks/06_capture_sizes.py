@@ -23,8 +23,8 @@ MAX_TOKENS = 2048      # piecewise_cuda_graph_max_tokens (2048 is the default fo
 # %%
 import pandas as pd
 
-from sglab import upstream
-from sglab import notebook as nb
+from sglab.sglang import upstream
+from sglab.core import notebook as nb
 from sglab.experiments import capture_sizes as experiment
 from sglab.experiments.capture_sizes import analysis, figures
 from sglab.fixes import capture_sizes as fx
@@ -84,7 +84,7 @@ except fx.UnequalShards as e:
 # `PiecewiseCudaGraphRunner.__init__` beside the rebuilt one:
 
 # %%
-from sglab.upstream import figures as upstream_figures, hunks
+from sglab.sglang import figures as upstream_figures, hunks
 
 upstream_figures.timeline_row_figure(experiment.EXPERIMENT)
 
@@ -119,7 +119,7 @@ if not wb.live:
 # ## The real SGLang, before and after
 #
 # Each release's own runner code decides the capture sizes for the settings below, one subprocess per release
-# (`sglab.real.probes.capture_sizes`): 0.5.10.post1 and 0.5.11 run the real `PiecewiseCudaGraphRunner.__init__`
+# (`sglab.sglang.probes.capture_sizes`): 0.5.10.post1 and 0.5.11 run the real `PiecewiseCudaGraphRunner.__init__`
 # on a stand-in runner up to the log line after the filter, and `get_batch_sizes_to_capture`; 0.5.14 and 0.5.23
 # the unified runners' functions (0.5.23 through its own published `ServerArgs`). The configured lists are the
 # default piecewise list for 2048 tokens and the decode list for 256 requests. Each release must match one
@@ -133,7 +133,7 @@ if not wb.live:
 
 # %%
 from sglab.experiments.capture_sizes import real
-from sglab.real import report
+from sglab.sglang import report
 
 real_results = real.probe()
 print(report.status_lines(real_results))
@@ -149,7 +149,7 @@ real_table
 
 # %%
 print(real.round_up_note(real_results))
-from sglab.real import compare  # noqa: E402
+from sglab.sglang import compare  # noqa: E402
 
 compare.show_recorded(real.RECORDED);
 

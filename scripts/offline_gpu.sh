@@ -41,7 +41,7 @@ export PYTHONPATH="$SITE:$PWD/lib${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$SITE/bin:$PATH"
 # data files of the wheels (nbconvert's HTML templates, the kernelspec) land in $SITE/share/jupyter with --target
 export JUPYTER_PATH="$SITE/share/jupyter${JUPYTER_PATH:+:$JUPYTER_PATH}"
-step env "$py" -m sglab.cli env
+step env "$py" -m sglab.tools.cli env
 if [ "$TESTS" != none ]; then
   # shellcheck disable=SC2086
   step tests "$py" -m pytest -q -p no:cacheprovider $TESTS --junitxml="$OUT/junit.xml"
@@ -49,11 +49,11 @@ fi
 for spec in $RECORD; do
   exp=${spec%%:*}; args=()
   if [ "$spec" != "$exp" ]; then IFS=, read -ra kv <<< "${spec#*:}"; for p in "${kv[@]}"; do args+=(--param "$p"); done; fi
-  step "record-${spec//[:=,]/_}" "$py" -m sglab.cli record "$exp" "${args[@]}"
+  step "record-${spec//[:=,]/_}" "$py" -m sglab.tools.cli record "$exp" "${args[@]}"
 done
 if [ "$NOTEBOOKS" != none ]; then
   # shellcheck disable=SC2086
-  step notebooks "$py" -m sglab.cli run $NOTEBOOKS --out "$OUT/reports"
+  step notebooks "$py" -m sglab.tools.cli run $NOTEBOOKS --out "$OUT/reports"
 fi
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
 tar czf "$OUT/sglab-results.tgz" -C "$OUT" --exclude sglab-results.tgz . -C "$PWD" data/runs 2>/dev/null

@@ -2,8 +2,8 @@
 # Build .whl-sglang/ (git-ignored): what the GPU image (Python 3.12, torch 2.11+cu130, triton, transformers,
 # torchvision; scripts/gpu-image-packages.txt) lacks to run SGLang 0.5.11, 0.5.12.post1 and 0.5.23 offline:
 #   releases/sglang-<V>-cp312-*.whl   the release wheels, repacked without what srt never imports
-#                                     (sglab.real.releases.REPACK_DROP: Rust extensions, multimodal_gen)
-#   deps/<set>/*.whl                  light dependencies per dependency set (lists: sglab.real.releases)
+#                                     (sglab.sglang.releases.REPACK_DROP: Rust extensions, multimodal_gen)
+#   deps/<set>/*.whl                  light dependencies per dependency set (lists: sglab.sglang.releases)
 #   deps/common/*.whl                 the ones both sets need, once
 # Run where PyPI is reachable; install on the GPU box with scripts/install_sglang_gpu.sh.
 # Usage: scripts/wheelhouse-sglang.sh [DEST=.whl-sglang]
@@ -25,20 +25,20 @@ dl() { "$py" -m pip download -q --disable-pip-version-check --only-binary=:all: 
 norm() { echo "$1" | tr 'A-Z_.' 'a-z--'; }
 declare -A have
 while read -r name; do [ -n "$name" ] && have[$(norm "$name")]=1; done < <(grep -v '^#' scripts/gpu-image-packages.txt)
-# left out on purpose (sglab.real.releases.GPU_WHEEL_SKIP says why): treated as if the image had them
-while read -r name; do [ -n "$name" ] && have[$(norm "$name")]=1; done < <("$py" -m sglab.real.wheelhouse skip)
+# left out on purpose (sglab.sglang.releases.GPU_WHEEL_SKIP says why): treated as if the image had them
+while read -r name; do [ -n "$name" ] && have[$(norm "$name")]=1; done < <("$py" -m sglab.sglang.wheelhouse skip)
 
 rm -rf "$dest"; mkdir -p "$dest/releases"
-for v in $("$py" -m sglab.real.wheelhouse releases); do
+for v in $("$py" -m sglab.sglang.wheelhouse releases); do
   dl --no-deps -d "$dest/releases" "sglang==$v"
 done
 for whl in "$dest"/releases/sglang-*.whl; do
-  "$py" -m sglab.real.wheelhouse repack "$whl"
+  "$py" -m sglab.sglang.wheelhouse repack "$whl"
 done
 for set in 0.5.1x 0.5.2x; do
   mkdir -p "$tmp/$set" "$dest/deps/$set"
-  mapfile -t reqs < <("$py" -m sglab.real.wheelhouse requirements "$set")
-  mapfile -t nodeps < <("$py" -m sglab.real.wheelhouse requirements "$set" --no-deps)
+  mapfile -t reqs < <("$py" -m sglab.sglang.wheelhouse requirements "$set")
+  mapfile -t nodeps < <("$py" -m sglab.sglang.wheelhouse requirements "$set" --no-deps)
   dl -d "$tmp/$set" "${reqs[@]}"
   dl --no-deps -d "$tmp/$set" "${nodeps[@]}"
   declare -A want=()

@@ -4,9 +4,9 @@ import os
 
 import pytest
 
-from sglab import bytecode
+from sglab.core import bytecode
 
-bytecode.enable()  # every worker and subprocess below keeps its bytecode (see sglab.bytecode)
+bytecode.enable()  # every worker and subprocess below keeps its bytecode (see sglab.core.bytecode)
 os.environ.setdefault("MPLBACKEND", "Agg")
 # tests of real releases run them (never the recording); the notebook tests ask for the recording themselves
 os.environ.setdefault("SGLAB_REAL", "live")

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from sglab.upstream import checks
+from sglab.sglang import checks
 import torch
 
 from sglab.experiments import breakable_graph as ex
@@ -214,7 +214,7 @@ def test_eager_on_graph_passthrough_without_capture():
 
 
 def test_upstream_check_registered():
-    from sglab import upstream
+    from sglab.sglang import upstream
 
     assert "breakable_graph" in upstream.registered()
     src_before = ("class BreakableCudaGraphRunner:\n    def can_run(self, forward_batch):\n"
@@ -257,7 +257,7 @@ def test_headline_from_recorded_runs():
     from pathlib import Path
     from statistics import median
 
-    from sglab import runs
+    from sglab.core import runs
 
     folder = Path(runs.repo_root()) / "data" / "recorded" / "breakable_graph"
     newest: dict[str, Path] = {}
@@ -268,7 +268,7 @@ def test_headline_from_recorded_runs():
             newest[gpu] = js
     if not newest:
         pytest.skip("no recorded run of breakable_graph")
-    from sglab import claims
+    from sglab.core import claims
 
     text = claims.headline("breakable_graph", claims.shown("breakable_graph", runs.load_all_recorded("breakable_graph")))
     assert "|" not in text and len(text) < 350

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sglab import cli, runs
+from sglab.tools import cli
+from sglab.core import runs
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_pcg_gate_claims import _copy, _set  # noqa: E402

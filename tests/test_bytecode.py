@@ -1,4 +1,4 @@
-"""sglab.bytecode: where PYTHONDONTWRITEBYTECODE is set, a process and its children keep bytecode in a private
+"""sglab.core.bytecode: where PYTHONDONTWRITEBYTECODE is set, a process and its children keep bytecode in a private
 cache; SGLAB_PYCACHE=off leaves the interpreter alone; nothing changes where bytecode is written normally."""
 
 import os
@@ -12,7 +12,7 @@ LIB = Path(__file__).resolve().parents[1] / "lib"
 
 PARENT = """
 import subprocess, sys
-from sglab import bytecode
+from sglab.core import bytecode
 print(bytecode.enable())
 import parentmod
 subprocess.run([sys.executable, "-c", "import childmod"], check=True)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from sglab.upstream import checks
+from sglab.sglang import checks
 
 from sglab.fixes import capture_sizes as cs
 
@@ -110,7 +110,7 @@ def test_round_up_today():
 # ---------------------------------------------------------------------------------------------------------------
 # experiment module: tables, merge, the boundary on two gloo ranks
 # ---------------------------------------------------------------------------------------------------------------
-from sglab import upstream  # noqa: E402
+from sglab.sglang import upstream  # noqa: E402
 from sglab.experiments import capture_sizes as ex  # noqa: E402
 
 
@@ -205,7 +205,7 @@ def test_upstream_check_verdicts():
 
 def test_upstream_check_recognises_todays_round_up(tmp_path):
     """The layout of SGLang 0.5.14+: one prefill runner; 0.5.22+ rounds each size up to the alignment."""
-    from sglab import upstream
+    from sglab.sglang import upstream
 
     runner = tmp_path / "srt" / "model_executor" / "runner"
     runner.mkdir(parents=True)
@@ -247,7 +247,7 @@ def test_rule_table_and_alignment_summary():
 def _events(rows):
     import pandas as pd
 
-    from sglab.measure import trace
+    from sglab.core import trace
 
     return pd.DataFrame([dict(zip(trace.COLUMNS, r)) for r in rows], columns=trace.COLUMNS)
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sglab import claims, cli, runs, verify
+from sglab.core import claims, runs
+from sglab.tools import cli, verify
 from sglab.experiments import capture_sizes as ex
 from sglab.experiments.capture_sizes import claims as cc
 from sglab.experiments.capture_sizes import figures

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sglab import claims, hardware, runs, verify
+from sglab.core import claims, hardware, runs
+from sglab.tools import verify
 from sglab.experiments import capture_sizes as ex
 
 SMALL = {"world_size": 2, "hidden": 256, "max_tokens": 512}

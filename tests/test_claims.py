@@ -8,8 +8,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from sglab import claims, cli, runs, verify
-from sglab.claims import Claim, holds, not_applicable
+from sglab.core import claims, runs
+from sglab.tools import cli, verify
+from sglab.core.claims import Claim, holds, not_applicable
 
 
 def _kernels(run):

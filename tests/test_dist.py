@@ -1,4 +1,4 @@
-"""sglab.dist on the CPU (gloo): results come back per rank, errors carry the rank's traceback, nothing hangs,
+"""sglab.core.dist on the CPU (gloo): results come back per rank, errors carry the rank's traceback, nothing hangs,
 nothing is left running."""
 
 import os
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from sglab import dist
+from sglab.core import dist
 
 import dist_fns
 

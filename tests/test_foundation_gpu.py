@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from sglab import dist, hardware
-from sglab.measure import kernels, memory, timing
+from sglab.core import dist, hardware
+from sglab.core import kernels, memory, timing
 
 import dist_fns
 

@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from sglab.upstream import checks
+from sglab.sglang import checks
 import torch
 
 from sglab.fixes import grid_thw as fx
@@ -182,7 +182,7 @@ def test_transport_on_gloo_lands_and_cleans_up(gloo_run, variant):
 
 def test_gloo_run_marks_every_step_and_times_its_phases(gloo_run):
     from sglab.experiments import grid_thw as exp
-    from sglab.measure import phases
+    from sglab.core import phases
 
     out, _ = gloo_run
     assert out.sidecars == {}  # no NVML, no time series
@@ -206,7 +206,7 @@ def test_bad_parameters_fail_before_starting_anything():
 
 
 def test_cache_rows_and_upstream_check_registered():
-    from sglab import upstream
+    from sglab.sglang import upstream
     from sglab.experiments import grid_thw as exp
 
     rows = exp.cache_rows(n_requests=60, pool=12, max_images=4, seed=0)
@@ -238,7 +238,7 @@ def _recorded_csvs():
 
 def test_headline_numbers_from_recorded_runs():
     """The README / slide headline, checked against numbers computed straight from the CSVs of the runs shown."""
-    from sglab import claims, runs
+    from sglab.core import claims, runs
 
     recorded = _recorded_csvs()
     if not recorded:
@@ -275,7 +275,7 @@ def test_headline_numbers_from_recorded_runs():
 
 
 def test_analysis_keeps_runs_apart():
-    from sglab import runs
+    from sglab.core import runs
     from sglab.experiments import grid_thw as experiment
 
     recorded = runs.load_all_recorded("grid_thw")

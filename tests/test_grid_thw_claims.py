@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sglab import cli, runs
+from sglab.tools import cli
+from sglab.core import runs
 
 RECORDED = runs.data_dir("recorded") / "grid_thw"
 

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from sglab import claims, dist, hardware, runs
+from sglab.core import claims, dist, hardware, runs
 from sglab.experiments import grid_thw as exp
 
 pytestmark = [pytest.mark.skipif(not hardware.meets(2)[0], reason="needs 2 CUDA GPUs"), pytest.mark.gpu,

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from sglab import runs  # noqa: E402
+from sglab.core import runs  # noqa: E402
 from sglab.experiments import grid_thw as exp  # noqa: E402
 from sglab.experiments.grid_thw import figures, series  # noqa: E402
 

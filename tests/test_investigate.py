@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from sglab import cli
+from sglab.tools import cli
 from sglab.fixes import workspace_floor as wf
 from sglab.investigate import swa_cost as sc
 from sglab.investigate import widgets

@@ -12,9 +12,9 @@ import os
 
 import pytest
 
-from sglab import cli
+from sglab.tools import cli
 from sglab.investigate import capture_sizes as cs
-from sglab.real import installed_releases
+from sglab.sglang import installed_releases
 
 RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13", "0.5.23")
 FILTERED = ("0.5.11", "0.5.12.post1", "0.5.13")   # #23972's filter is in these runners

@@ -9,8 +9,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from sglab.measure import kernel_table as kt
-from sglab.measure import kernels
+from sglab.core import kernel_table as kt
+from sglab.core import kernels
 
 GEMM = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT"
 COPY = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_"

@@ -1,4 +1,4 @@
-"""sglab.measure on the CPU: timing statistics, static kernel counting over a fake driver, NVML tables over a
+"""sglab.core on the CPU: timing statistics, static kernel counting over a fake driver, NVML tables over a
 fake NVML."""
 
 import os
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglab.measure import kernels, memory, timing
+from sglab.core import kernels, memory, timing
 
 
 # -- timing -----------------------------------------------------------------------------------------------

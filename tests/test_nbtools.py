@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from sglab import nbtools
+from sglab.tools import nbtools
 
 LIB = Path(__file__).resolve().parents[1] / "lib"
 
@@ -83,7 +83,7 @@ def test_sigint_stops_the_notebook_and_its_kernel(tmp_path):
     marker = tmp_path / "kernel.pid"
     path = _notebook(tmp_path, f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n"
                                "time.sleep(60)")
-    code = (f"import sys; sys.path.insert(0, {str(LIB)!r}); from pathlib import Path; from sglab import nbtools\n"
+    code = (f"import sys; sys.path.insert(0, {str(LIB)!r}); from pathlib import Path; from sglab.tools import nbtools\n"
             f"r = nbtools.execute(Path({str(path)!r}), cell_timeout=120, skip_gpu=True, "
             f"partial_dir=Path({str(tmp_path / 'out')!r}))\nprint(r.status, r.stopped_by_signal); print(r.error)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -9,10 +9,10 @@ import jupytext
 import nbformat
 import pytest
 
-from sglab import nbtools
+from sglab.tools import nbtools
 
 pytest.importorskip("jupyter_server")
-from sglab.lab import ContentsManager  # noqa: E402
+from sglab.tools.lab import ContentsManager  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))

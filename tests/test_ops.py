@@ -1,4 +1,4 @@
-"""Op ranges (sglab.measure.ops) and the per-op kernel table's reductions (sglab.measure.op_kernels), on the CPU."""
+"""Op ranges (sglab.core.ops) and the per-op kernel table's reductions (sglab.core.op_kernels), on the CPU."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from sglab.measure import op_kernels, ops
+from sglab.core import op_kernels, ops
 
 
 def test_op_ranges_label_ops_with_scope_and_step():

@@ -193,7 +193,7 @@ def test_bf16_tolerance():
 
 
 def test_run_rows_on_cpu():
-    from sglab.measure.timing import host_time
+    from sglab.core.timing import host_time
 
     out = exp._run(TINY, torch.device("cpu"), use_graphs=False, progress=False,
                    timer=lambda f, warmup, repeat: host_time(f, warmup=warmup, repeat=repeat))
@@ -248,7 +248,7 @@ class KimiK25ForConditionalGeneration(nn.Module):
                                         (KIMI_ALIAS, "before"), (KIMI_BEFORE, "before"),
                                         ("class Other: pass\n", "unknown")])
 def test_upstream_check_reads_the_wrapper(tmp_path, src, status):
-    from sglab import upstream
+    from sglab.sglang import upstream
 
     (tmp_path / "srt" / "models").mkdir(parents=True)
     (tmp_path / "srt" / "models" / "kimi_k25.py").write_text(src)
@@ -257,7 +257,7 @@ def test_upstream_check_reads_the_wrapper(tmp_path, src, status):
 
 
 def test_upstream_check_missing_file(tmp_path):
-    from sglab import upstream
+    from sglab.sglang import upstream
 
     assert upstream.check("pcg_gate", root=tmp_path).status == "unknown"
 
@@ -294,12 +294,12 @@ def _recorded_csvs():
 def test_headline_numbers_from_committed_csvs():
     import pandas as pd
 
-    from sglab import runs
+    from sglab.core import runs
 
     csvs = _recorded_csvs()
     if not csvs:
         pytest.skip("no recorded pcg_gate run committed")
-    from sglab import claims
+    from sglab.core import claims
 
     text = claims.headline("pcg_gate", claims.shown("pcg_gate", runs.load_all_recorded("pcg_gate")))
     assert "|" not in text and len(text) < 400

@@ -9,7 +9,8 @@ import shutil
 import pandas as pd
 import pytest
 
-from sglab import cli, runs
+from sglab.tools import cli
+from sglab.core import runs
 
 EXP = "pcg_gate"
 RECORDED = runs.list_runs(EXP)
@@ -94,9 +95,9 @@ def test_a_cpu_run_has_the_gate_rows_the_claims_read():
     """The CPU path of run() writes the method-2 gate rows; the gate claims hold on them."""
     import torch
 
-    from sglab import claims
+    from sglab.core import claims
     from sglab.experiments import pcg_gate as exp
-    from sglab.measure.timing import host_time
+    from sglab.core.timing import host_time
 
     tiny = {"hidden": 64, "num_layers": 2, "num_heads": 4, "intermediate": 96, "vocab": 50, "max_tokens": 64,
             "token_counts": [16, 64], "direct_token_counts": [], "trace_token_counts": [16], "repeat": 1,

@@ -1,5 +1,5 @@
 """The real breakable-CUDA-graph runner's routing (#24662), against ``sglab.fixes.breakable_graph``; and the
-agreement table and recorded-run hook of :mod:`sglab.real.compare` that notebooks 01, 03 and 05 show.
+agreement table and recorded-run hook of :mod:`sglab.sglang.compare` that notebooks 01, 03 and 05 show.
 
 One worker per release (module fixture): 0.5.10.post1 (no breakable runner), 0.5.11 (before: bs=1 capture with
 the logits tail, multi-request prefill rejected), 0.5.12.post1 and 0.5.13 (after: the layer stack only).
@@ -8,12 +8,12 @@ the logits tail, multi-request prefill rejected), 0.5.12.post1 and 0.5.13 (after
 import pandas as pd
 import pytest
 
-from sglab import runs
+from sglab.core import runs
 from sglab.experiments.breakable_graph import real as exp_real
 from sglab.fixes import breakable_graph as bg
-from sglab.real import compare, run_probe
-from sglab.real.probes import breakable_graph as probe
-from sglab.real.testing import probe_all, require
+from sglab.sglang import compare, run_probe
+from sglab.sglang.probes import breakable_graph as probe
+from sglab.sglang.testing import probe_all, require
 
 RELEASES = exp_real.RELEASES
 
@@ -111,6 +111,6 @@ def test_recorded_hook_says_not_recorded_then_shows_the_newest_run(tmp_path, mon
 
 def test_recorded_answers_equal_the_live_ones(real):
     """The notebook's recorded mode shows data/recorded/real_cpu/: it must say what the releases say now."""
-    from sglab.real.testing import assert_recording_matches
+    from sglab.sglang.testing import assert_recording_matches
 
     assert assert_recording_matches(real, "breakable_graph:run") == len(RELEASES)

@@ -9,9 +9,9 @@ import pytest
 from sglab.experiments.capture_sizes import real as real_section
 from sglab.experiments.capture_sizes.analysis import policy_lists
 from sglab.fixes import capture_sizes as fix
-from sglab.real import report
-from sglab.real.probes.capture_sizes import SETTINGS
-from sglab.real.testing import probe_all, require, value
+from sglab.sglang import report
+from sglab.sglang.probes.capture_sizes import SETTINGS
+from sglab.sglang.testing import probe_all, require, value
 
 RELEASES = real_section.RELEASES
 PIECEWISE = fix.default_piecewise_capture_sizes(2048)
@@ -142,7 +142,7 @@ def test_a_wrong_rule_would_be_caught(real):
 def test_recorded_answers_equal_the_live_ones(real):
     """The notebook's recorded mode shows data/recorded/real_cpu/ (the probe without the server-argument cases,
     which this module's live run adds as ``args:`` settings): it must say what the releases say now."""
-    from sglab.real.testing import assert_recording_matches
+    from sglab.sglang.testing import assert_recording_matches
 
     def notebook_rows(rows):
         return rows[~rows.setting.str.startswith("args:")]

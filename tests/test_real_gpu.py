@@ -1,4 +1,4 @@
-"""``python -m sglab.real.gpu record``: the plan, the runs it writes, and the relations real SGLang must show.
+"""``python -m sglab.sglang.gpu record``: the plan, the runs it writes, and the relations real SGLang must show.
 
 CPU tests: planning and skip lines, ``--dry-run``, row shaping and manifest labels (a fake runner), the kernels
 one translation launches as read from each installed release's code, and every GPU probe's CPU path through
@@ -18,10 +18,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sglab.real.gpu import plan as gplan
-from sglab.real.gpu import record, swa_loc
-from sglab.real.runner import ProbeResult
-from sglab.runs import list_runs, read_run
+from sglab.sglang.gpu import plan as gplan
+from sglab.sglang.gpu import record, swa_loc
+from sglab.sglang.runner import ProbeResult
+from sglab.core.runs import list_runs, read_run
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------
@@ -88,7 +88,7 @@ def test_dry_run_lists_steps_and_skips_and_runs_nothing(capsys, monkeypatch):
     monkeypatch.setattr(record, "record_fix", lambda *a, **k: pytest.fail("dry run recorded"))
     assert record.main(["record", "--dry-run", "--gpus", "1"]) == 0
     out = capsys.readouterr().out
-    assert "swa_loc -> real_swa_loc" in out and "sglang 0.5.12.post1: sglab.real.gpu.swa_loc:run" in out
+    assert "swa_loc -> real_swa_loc" in out and "sglang 0.5.12.post1: sglab.sglang.gpu.swa_loc:run" in out
     assert "grid_thw: skipped, needs 2 GPUs, have 1" in out
 
 
@@ -155,7 +155,7 @@ def test_timeouts_are_cut_to_the_budget(tmp_path):
 # -- what the releases' code predicts -----------------------------------------------------------------------------
 @pytest.mark.parametrize("release,k", [("0.5.11", 2), ("0.5.12.post1", 2), ("0.5.23", 1)])
 def test_kernels_per_translation_read_from_the_release(release, k):
-    from sglab.real.releases import release_installed
+    from sglab.sglang.releases import release_installed
 
     if not release_installed(release):
         pytest.skip(f"sglang {release} is not installed")
@@ -172,19 +172,19 @@ def test_kernels_per_translation_rules():
 
 # -- the GPU probes' CPU path, through real workers and record_fix ------------------------------------------------
 CPU_FIXES = (
-    gplan.GpuFix("swa_loc", 0, 1, (gplan.Step("0.5.12.post1", "sglab.real.gpu.swa_loc:run", {"device": "cpu"}),
-                                   gplan.Step("0.5.23", "sglab.real.gpu.swa_loc:run",
+    gplan.GpuFix("swa_loc", 0, 1, (gplan.Step("0.5.12.post1", "sglab.sglang.gpu.swa_loc:run", {"device": "cpu"}),
+                                   gplan.Step("0.5.23", "sglab.sglang.gpu.swa_loc:run",
                                               {"device": "cpu", "buffers": False})), "cpu path"),
-    gplan.GpuFix("breakable_graph", 0, 1, (gplan.Step("0.5.23", "sglab.real.gpu.breakable_graph:run",
+    gplan.GpuFix("breakable_graph", 0, 1, (gplan.Step("0.5.23", "sglab.sglang.gpu.breakable_graph:run",
                                                       {"device": "cpu"}),), "cpu path"),
-    gplan.GpuFix("grid_thw", 0, 1, (gplan.Step("0.5.23", "sglab.real.gpu.grid_thw:run", {"device": "cpu"}),),
+    gplan.GpuFix("grid_thw", 0, 1, (gplan.Step("0.5.23", "sglab.sglang.gpu.grid_thw:run", {"device": "cpu"}),),
                  "cpu path"),
 )
 
 
 @pytest.fixture(scope="module")
 def cpu_runs(tmp_path_factory):
-    from sglab.real.releases import release_installed
+    from sglab.sglang.releases import release_installed
 
     missing = [s.release for f in CPU_FIXES for s in f.steps if not release_installed(s.release)]
     if missing:
@@ -233,7 +233,7 @@ def _gpu_run(name: str, tmp_path_factory):
         if not paths:
             pytest.fail(f"no {fix.experiment} run under {root}", pytrace=False)
         return read_run(paths[-1])
-    from sglab.real.releases import release_installed
+    from sglab.sglang.releases import release_installed
 
     missing = sorted({s.release for s in fix.steps if not release_installed(s.release)})
     if missing:  # GPU tests never run in CI; on a GPU box the releases come from scripts/real_gpu.sh

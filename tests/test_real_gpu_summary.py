@@ -2,8 +2,8 @@
 
 import pytest
 
-from sglab.real import compare
-from sglab.real.gpu.summary import tables
+from sglab.sglang import compare
+from sglab.sglang.gpu.summary import tables
 
 
 def _run(fix):

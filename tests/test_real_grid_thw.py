@@ -9,8 +9,8 @@ import pytest
 
 from sglab.experiments.grid_thw import real as exp_real
 from sglab.fixes import grid_thw as fx
-from sglab.real import compare, run_probe
-from sglab.real.testing import probe_all, require
+from sglab.sglang import compare, run_probe
+from sglab.sglang.testing import probe_all, require
 
 RELEASES = exp_real.RELEASES
 
@@ -88,6 +88,6 @@ def test_a_cuda_grid_comes_back_on_cuda_over_the_msgpack_wire():
 
 def test_recorded_answers_equal_the_live_ones(real):
     """The notebook's recorded mode shows data/recorded/real_cpu/: it must say what the releases say now."""
-    from sglab.real.testing import assert_recording_matches
+    from sglab.sglang.testing import assert_recording_matches
 
     assert assert_recording_matches(real, "grid_thw:run") == len(RELEASES)

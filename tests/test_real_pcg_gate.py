@@ -8,8 +8,8 @@ import pytest
 
 from sglab.experiments.pcg_gate import real as exp_real
 from sglab.fixes import pcg_gate as gate
-from sglab.real import compare
-from sglab.real.testing import probe_all, require, value
+from sglab.sglang import compare
+from sglab.sglang.testing import probe_all, require, value
 
 RELEASES = ("0.5.10.post1", "0.5.12.post1", "0.5.13", "0.5.23")
 
@@ -115,7 +115,7 @@ def test_notebook_agreement_table_passes_and_a_wrong_variant_fails(real):
 
 
 def test_a_missing_release_is_a_not_run_row():
-    from sglab.real import run_probe
+    from sglab.sglang import run_probe
 
     (check,) = exp_real.checks({"0.5.9": run_probe("0.5.9", "pcg_gate:run")})
     assert check.agrees is None and check.behaviour.startswith("not run: sglang 0.5.9: not installed")
@@ -123,6 +123,6 @@ def test_a_missing_release_is_a_not_run_row():
 
 def test_recorded_answers_equal_the_live_ones(real):
     """The notebook's recorded mode shows data/recorded/real_cpu/: it must say what the releases say now."""
-    from sglab.real.testing import assert_recording_matches
+    from sglab.sglang.testing import assert_recording_matches
 
     assert assert_recording_matches(real, "pcg_gate:run") == len(RELEASES)

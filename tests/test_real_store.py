@@ -1,10 +1,10 @@
-"""sglab.real.store: a recording of probe answers is written as a run, read back exactly, and used by run_probes
+"""sglab.sglang.store: a recording of probe answers is written as a run, read back exactly, and used by run_probes
 where it holds the probe, parameters and release (``auto``), never (``live``) or only (``recorded``)."""
 
 import pytest
 
-from sglab.real import runner, store
-from sglab.real.runner import ProbeResult, _frame
+from sglab.sglang import runner, store
+from sglab.sglang.runner import ProbeResult, _frame
 
 
 def _answer(release, probe="swa_loc:run"):
@@ -48,7 +48,7 @@ def test_run_probes_sources(recording, monkeypatch):
 
 
 def test_source_line_names_the_recording(recording):
-    from sglab.real import report
+    from sglab.sglang import report
 
     results = runner.run_probes(["0.5.11", "0.5.23"], "swa_loc:run", {"a": [1, 2], "b": 1}, source="auto")
     first, *rest = report.status_lines(results).splitlines()

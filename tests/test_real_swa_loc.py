@@ -10,8 +10,8 @@ import pytest
 from sglab.experiments.swa_loc import claims, real as real_section
 from sglab.experiments.swa_loc.real import rebuild_buffer, rebuild_translation_ops, rebuild_translations
 from sglab.fixes import swa_loc as fix
-from sglab.real import report
-from sglab.real.testing import require, value
+from sglab.sglang import report
+from sglab.sglang.testing import require, value
 
 RELEASES = real_section.RELEASES
 VARIANT_OF = real_section.BUFFER_VARIANT
@@ -113,6 +113,6 @@ def test_a_doctored_release_disagrees(real):
 
 def test_recorded_answers_equal_the_live_ones(real):
     """The notebook's recorded mode shows data/recorded/real_cpu/: it must say what the releases say now."""
-    from sglab.real.testing import assert_recording_matches
+    from sglab.sglang.testing import assert_recording_matches
 
     assert assert_recording_matches(real, "swa_loc:run") == len(RELEASES)

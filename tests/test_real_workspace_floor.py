@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 
 from sglab.experiments.workspace_floor import real, trace_tokens
-from sglab.real import report
-from sglab.real.runner import ProbeResult
-from sglab.real.testing import require
+from sglab.sglang import report
+from sglab.sglang.runner import ProbeResult
+from sglab.sglang.testing import require
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +118,6 @@ def test_every_section_says_not_run_when_no_release_is_installed(tmp_path, monke
 
 def test_recorded_answers_equal_the_live_ones(results):
     """The notebook's recorded mode shows data/recorded/real_cpu/: it must say what the releases say now."""
-    from sglab.real.testing import assert_recording_matches
+    from sglab.sglang.testing import assert_recording_matches
 
     assert assert_recording_matches(results, "workspace_floor:run", real.params()) == len(real.RELEASES)

@@ -10,8 +10,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from sglab import catalog, claims, nbtools, runs
-from sglab.report import index, pages, timings
+from sglab.tools import catalog, nbtools
+from sglab.core import claims, runs
+from sglab.tools import report_index as index, report_pages as pages, timings
 
 
 def _png(width_in=12.0) -> bytes:

@@ -9,8 +9,9 @@ from pathlib import Path
 import jupytext
 import pytest
 
-from sglab import catalog, claims, runs
-from sglab import notebook as nbmod
+from sglab.tools import catalog
+from sglab.core import claims, runs
+from sglab.core import notebook as nbmod
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))

@@ -7,8 +7,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from sglab import cli, runs
-from sglab.report import run_notebooks, timings
+from sglab.tools import cli
+from sglab.core import runs
+from sglab.tools.report import run_notebooks
+from sglab.tools import timings
 
 
 @pytest.fixture
@@ -118,7 +120,7 @@ def test_a_dead_worker_is_a_failed_notebook_not_a_lost_run():
     from concurrent.futures import Future
     from concurrent.futures.process import BrokenProcessPool
 
-    from sglab.report import _result_of
+    from sglab.tools.report import _result_of
 
     f = Future()
     f.set_exception(BrokenProcessPool("killed"))

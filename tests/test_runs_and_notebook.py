@@ -1,13 +1,15 @@
-"""sglab.runs (tidy frames, atomic writes, manifests, recorded lookup), sglab.upstream, sglab.notebook modes,
-sglab.hardware on the CPU, and the CLI's argument handling."""
+"""sglab.core.runs (tidy frames, atomic writes, manifests, recorded lookup), sglab.sglang.upstream, sglab.core.notebook modes,
+sglab.core.hardware on the CPU, and the CLI's argument handling."""
 
 import json
 
 import pandas as pd
 import pytest
 
-from sglab import cli, hardware, runs, upstream
-from sglab import notebook as nb
+from sglab.tools import cli
+from sglab.core import hardware, runs
+from sglab.sglang import upstream
+from sglab.core import notebook as nb
 
 
 def _frame():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sglab.fixes import swa_loc as fx
-from sglab.upstream import checks
+from sglab.sglang import checks
 
 SMALL = dict(size=64, size_swa=32, head_num=2, head_dim=4)
 
@@ -259,8 +259,8 @@ def test_upstream_check_reads_pr_era_sources():
 def test_sweep_rows_eager():
     from functools import partial
 
-    from sglab import runs
-    from sglab.measure.timing import host_time
+    from sglab.core import runs
+    from sglab.core.timing import host_time
 
     p = {**ex.DEFAULT_PARAMS, "layer_counts": [6, 12], "swa_per_full": [5, 1], "batch_sizes": [1, 4, 8],
          "size": 128, "size_swa": 64, "head_num": 2, "head_dim": 8, "rounds": 2, "repeat": 4, "warmup": 0,
@@ -322,7 +322,7 @@ def _value(rows, variant, metric, layers, ratio, bs):
 
 
 def test_headline_from_recorded_runs():
-    from sglab import claims, runs
+    from sglab.core import claims, runs
 
     newest = _recorded_csvs()
     if not newest:
@@ -351,7 +351,7 @@ def test_headline_from_recorded_runs():
 
 
 def test_shown_and_tables_on_recorded():
-    from sglab import claims, runs
+    from sglab.core import claims, runs
 
     rs = runs.load_all_recorded("swa_loc")
     if not rs:

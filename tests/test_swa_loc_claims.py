@@ -10,7 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sglab import cli, runs, verify
+from sglab.tools import cli, verify
+from sglab.core import runs
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = sorted((ROOT / "data" / "recorded" / "swa_loc").glob("*.csv"))

@@ -23,7 +23,7 @@ def captured(num_layers, ratio, variant, batch_sizes=BATCH_SIZES):
 
 
 def node_counts(num_layers, ratio):
-    from sglab.measure.kernels import graph_kernel_nodes
+    from sglab.core.kernels import graph_kernel_nodes
 
     out, n_swa = {}, None
     for v in fx.VARIANTS:
@@ -61,7 +61,7 @@ def test_int64_buffer_also_skips_the_index_conversion(num_layers, ratio):
 
 
 def test_profiled_replay_shows_the_same_difference():
-    from sglab.measure.kernels import profiled_kernels
+    from sglab.core.kernels import profiled_kernels
 
     counts, n_swa = {}, None
     for v in ("before", "pr24743"):
@@ -97,7 +97,7 @@ def test_pad_bug_corrupts_exactly_the_predicted_slots_on_graphs(num_layers, rati
 
 
 def test_run_small(data_root):
-    from sglab import claims, runs
+    from sglab.core import claims, runs
 
     params = {**ex.DEFAULT_PARAMS, "layer_counts": [6], "swa_per_full": [5], "batch_sizes": [1, 8], "rounds": 1,
               "warmup": 2, "repeat": 5, "size": 256, "size_swa": 128, "pad_num_layers": 6,
@@ -127,7 +127,7 @@ def test_traced_replay_kernel_count_equals_static_node_count():
     from collections import Counter
 
     from sglab.experiments.swa_loc import analysis, profile
-    from sglab.measure.kernels import graph_kernel_nodes
+    from sglab.core.kernels import graph_kernel_nodes
 
     runners, static, n_swa = {}, {}, None
     for v in fx.VARIANTS:
@@ -170,7 +170,7 @@ def test_eager_kernel_table_nsight_matches_torch_profiler(tmp_path):
 
     import pandas as pd
 
-    from sglab.measure import op_kernels
+    from sglab.core import op_kernels
 
     ok, why = op_kernels.nsight_available()
     if not ok:

@@ -7,7 +7,7 @@ import matplotlib
 import pandas as pd
 import pytest
 
-from sglab import runs
+from sglab.core import runs
 from sglab.experiments.swa_loc import analysis, figures, profile
 from sglab.fixes import swa_loc as fx
 
@@ -29,7 +29,7 @@ def test_kv_write_ops_per_variant():
 def test_kv_write_scopes_restore_the_pool():
     s = fx.build_setup(num_layers=6, swa_per_full=5, size=16, size_swa=8, head_num=1, head_dim=4)
     steps = profile.eager_steps(s, fx.decode_batch(s, [1, 2], [3, 4]))
-    from sglab.measure import ops
+    from sglab.core import ops
 
     with ops.OpRanges() as mode:
         steps["before"](mode)
@@ -108,7 +108,7 @@ def test_replay_timeline_and_the_message_for_old_runs(data_root):
 
 
 def test_sweep_figures_on_recorded_runs():
-    from sglab import claims
+    from sglab.core import claims
 
     shown = claims.shown("swa_loc", runs.load_all_recorded("swa_loc"))
     if not shown:

@@ -9,7 +9,7 @@ import torch
 
 from sglab.fixes import breakable_graph as bg
 from sglab.fixes import pcg_gate as pg
-from sglab.fixes import toy_decoder as td
+from sglab.core import toy_decoder as td
 
 ROTARY = td.DecoderConfig(vocab_size=50, hidden_size=64, num_layers=3, num_heads=4, intermediate_size=96,
                           max_position=256, positions="rotary")

@@ -4,8 +4,8 @@ import pandas as pd
 import pytest
 import torch
 
-from sglab.measure import trace
-from sglab.plots import timeline as tl
+from sglab.core import trace
+from sglab.core import timeline as tl
 
 
 def work():

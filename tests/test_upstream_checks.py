@@ -7,9 +7,10 @@ import textwrap
 
 import pytest
 
-from sglab import upstream
-from sglab.upstream import RELEASE_STATES, STATES, Verdict, checks
-from sglab.upstream import source as S
+from sglab.sglang import upstream
+from sglab.sglang.upstream import RELEASE_STATES, STATES, Verdict
+from sglab.sglang import checks
+from sglab.sglang import source as S
 
 
 def state(check, files: dict) -> Verdict:

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from sglab import runs, upstream
-from sglab.upstream import hunks as H
-from sglab.upstream import releases as R
-from sglab.upstream.display import Rendered, beside, diff_html
-from sglab.upstream.figures import STATE_COLOURS, timeline_figure, timeline_row_figure
+from sglab.core import runs
+from sglab.sglang import upstream
+from sglab.sglang import hunks as H
+from sglab.sglang import wheels as R
+from sglab.sglang.display import Rendered, beside, diff_html
+from sglab.sglang.figures import STATE_COLOURS, timeline_figure, timeline_row_figure
 
 INSTALLED = runs.repo_root() / ".sglang" / "releases"
 # one line each PR added, as released (the reason the hunk exists)
@@ -219,7 +220,7 @@ def test_hunks_match_the_installed_releases():
     window whose two releases are pinned: 5 of the 7). In CI the releases must be there."""
     import os
 
-    from sglab.real.releases import package_dir, release_installed
+    from sglab.sglang.releases import package_dir, release_installed
 
     def reader(version):
         root = package_dir(version)

@@ -12,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from sglab import cli, runs, upstream
-from sglab.upstream import RELEASE_STATES, checks
-from sglab.upstream import releases as R
+from sglab.tools import cli
+from sglab.core import runs
+from sglab.sglang import upstream
+from sglab.sglang.upstream import RELEASE_STATES
+from sglab.sglang import checks
+from sglab.sglang import wheels as R
 
 # first release whose state is "pr-era", as read from the wheels (the notebooks and the README rely on these)
 FIRST_WITH_FIX = {"pcg_gate": "0.5.13", "workspace_floor": "0.5.13", "breakable_graph": "0.5.12",

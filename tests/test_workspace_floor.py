@@ -132,7 +132,7 @@ def test_trace_seed_changes_trace():
 
 
 def test_ipc_creator_rank_logic_over_gloo():
-    from sglab import dist
+    from sglab.core import dist
 
     out = dist.launch(exp.gloo_rank_selftest, 2, args=("floor_0", FIXED, H), backend="gloo", timeout_s=120,
                       collective_timeout_s=30)
@@ -148,7 +148,7 @@ def test_headline_from_recorded_runs():
     """The README line, checked against numbers read straight from the committed CSVs."""
     import json
 
-    from sglab import runs
+    from sglab.core import runs
 
     folder = exp.TRACE_DIR.parent / "recorded" / "workspace_floor"
     newest = {}
@@ -166,7 +166,7 @@ def test_headline_from_recorded_runs():
         assert len(d) == W  # one row per rank
         return d.value.max()  # slowest rank
 
-    from sglab import claims
+    from sglab.core import claims
 
     h = claims.headline("workspace_floor", claims.shown("workspace_floor", runs.load_all_recorded("workspace_floor")))
     ms = lambda t, p: "/".join(f"{gpu_value(W, t, p, 'recreate_time_total'):.0f}" for W in (2, 4))
@@ -187,7 +187,7 @@ def test_headline_from_recorded_runs():
 # --------------------------------------------------------------------------------------------- the traced pass
 def test_traced_pass_over_gloo_has_one_range_per_creation(tmp_path):
     """The real profiler on the CPU: the IPC creator's rank logic with host stand-ins, reduced as on the GPU."""
-    from sglab import dist
+    from sglab.core import dist
 
     out = dist.launch(exp.profile.gloo_profile_selftest, 2, args=(FIXED, ["floor_0", "floor_2048"], [64, 4096],
                                                                  str(tmp_path)),
@@ -257,7 +257,7 @@ def test_figures_draw_from_tables_and_recorded_runs():
     import matplotlib.pyplot as plt
     import wsfloor_events
 
-    from sglab import runs
+    from sglab.core import runs
 
     recorded = runs.load_all_recorded("workspace_floor")
     shown = exp.claims.shown(recorded)

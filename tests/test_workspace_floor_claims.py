@@ -8,7 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sglab import cli, runs
+from sglab.tools import cli
+from sglab.core import runs
 from sglab.experiments import workspace_floor as exp
 
 import wsfloor_events

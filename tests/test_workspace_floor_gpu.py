@@ -3,7 +3,7 @@ the profiler trace shows one 'recreate workspace' range per simulated re-creatio
 
 import pytest
 
-from sglab import hardware
+from sglab.core import hardware
 from sglab.experiments import workspace_floor as exp
 
 PARAMS = {"world_size": 2, "policies": ["floor_0", "floor_2048"], "cost_tokens": [64, 4096, 8192],
@@ -62,7 +62,7 @@ def test_trace_ranges_and_calls(measured):
 @pytest.mark.gpu
 @pytest.mark.gpus(2)
 def test_every_applicable_claim_holds_on_a_fresh_run(measured, data_root):
-    from sglab import claims, runs
+    from sglab.core import claims, runs
 
     path = runs.write_run(measured.df, experiment=exp.EXPERIMENT, method_version=exp.METHOD_VERSION,
                           params={**exp.DEFAULT_PARAMS, **PARAMS}, root=runs.data_dir("runs"), gpu_count=2,

@@ -4,7 +4,7 @@ returns), for CPU tests of the analysis, the figures and the trace claims."""
 import pandas as pd
 
 from sglab.experiments.workspace_floor import profile
-from sglab.measure.trace import COLUMNS
+from sglab.core.trace import COLUMNS
 
 BUFFERS = ("data", "flags", "lamport")
 

@@ -1,7 +1,7 @@
 """Inside one release's worker: SGLang server arguments -> what that release's runners would capture, and why.
 
-Runs as a probe (``sglab.investigate.capture_probe:run``) in :mod:`sglab.real.worker`, one process per release.
-It builds on :mod:`sglab.real.probes.server_args` (the release's own parser and ``from_cli_args``, without the
+Runs as a probe (``sglab.investigate.capture_probe:run``) in :mod:`sglab.sglang.worker`, one process per release.
+It builds on :mod:`sglab.sglang.probes.server_args` (the release's own parser and ``from_cli_args``, without the
 ``__post_init__`` that needs a model and a GPU) and adds the three pieces of the release's start-up that decide
 what is captured and whether the reduce-scatter is on the path, in ``ServerArgs.__post_init__`` order:
 
@@ -15,8 +15,8 @@ what is captured and whether the reduce-scatter is on the path, in ``ServerArgs.
 
 Then the release's own ``compute_dp_attention_world_info`` (attention TP size), ``require_gathered_buffer``
 (utils/common.py: does the layer communicator scatter tokens over attention TP?) and the runners' code
-(:func:`sglab.real.probes.capture_sizes._sizes_pr_era`) give the rows. Releases without the PR-era runner files
-(0.5.14 on) answer ``unsupported``, as in :mod:`sglab.real.probes.server_args`.
+(:func:`sglab.sglang.probes.capture_sizes._sizes_pr_era`) give the rows. Releases without the PR-era runner files
+(0.5.14 on) answer ``unsupported``, as in :mod:`sglab.sglang.probes.server_args`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _rule_comment(src: dict, lineno: int) -> str:
 def piecewise_switch(sa_mod, sa) -> str | None:
     """Run the release's ``_handle_piecewise_cuda_graph`` on ``sa`` as on a CUDA host; None when the piecewise
     runner stays on, else why it is off (the rule's comment, or the user's own flag)."""
-    from sglab.real.probes._support import patched
+    from sglab.sglang.probes._support import patched
 
     handler = getattr(type(sa), "_handle_piecewise_cuda_graph", None)
     if handler is None:
@@ -76,8 +76,8 @@ def piecewise_switch(sa_mod, sa) -> str | None:
 
 def _configure(prepared, sa_mod, argv: list[str], mla: bool, gpu_mem_gb: float):
     """The release's ``ServerArgs`` for ``argv`` after the handlers that matter here; (sa, piecewise off reason)."""
-    from sglab.real import bootstrap
-    from sglab.real.probes import server_args
+    from sglab.sglang import bootstrap
+    from sglab.sglang.probes import server_args
 
     sa = server_args._server_args(sa_mod, argv, mla)
     off = piecewise_switch(sa_mod, sa)
@@ -95,10 +95,10 @@ def unsupported(release: str) -> str:
 
 
 def _one_case(prepared, argv: list[str], mla: bool, gpu_mem_gb: float, max_running: int) -> list[dict]:
-    from sglab.real import bootstrap
-    from sglab.real.probes import server_args
-    from sglab.real.probes._support import has_file
-    from sglab.real.probes.capture_sizes import _attn_widths, _sizes_pr_era
+    from sglab.sglang import bootstrap
+    from sglab.sglang.probes import server_args
+    from sglab.sglang.probes._support import has_file
+    from sglab.sglang.probes.capture_sizes import _attn_widths, _sizes_pr_era
 
     if not has_file(prepared, RUNNER_FILE):
         return [{"metric": "unsupported", "value": unsupported(prepared.release)}]
@@ -126,7 +126,7 @@ def _one_case(prepared, argv: list[str], mla: bool, gpu_mem_gb: float, max_runni
 
 def run(prepared, params: dict) -> list[dict]:
     """Rows ``case, metric, value`` for each ``params["cases"]`` ({name: argv}); ``mla``, ``gpu_mem_gb`` and
-    ``max_running_requests`` are the assumptions of :mod:`sglab.real.probes.server_args`."""
+    ``max_running_requests`` are the assumptions of :mod:`sglab.sglang.probes.server_args`."""
     mla, gpu_mem_gb = bool(params.get("mla", True)), float(params.get("gpu_mem_gb", 141.0))
     max_running = int(params.get("max_running_requests", 4096))
     rows = []

@@ -40,8 +40,8 @@ class ArgsError(ValueError):
 
 def pick_releases(requested: list[str] | None) -> list[str]:
     """The installed pinned releases, or the ``requested`` ones (each must be installed)."""
-    from sglab.real import PINNED, installed_releases
-    from sglab.real.releases import parse_version
+    from sglab.sglang import PINNED, installed_releases
+    from sglab.sglang.releases import parse_version
 
     installed = installed_releases()
     if not requested:
@@ -66,8 +66,8 @@ def ask(cases: dict[str, list[str]], releases, *, mla: bool = True, gpu_mem_gb: 
     could not answer). ``--model-path`` is put first in every argument list; a later one given by the user wins."""
     import pandas as pd
 
-    from sglab.real import run_probes
-    from sglab.real.releases import package_dir
+    from sglab.sglang import run_probes
+    from sglab.sglang.releases import package_dir
     from sglab.investigate.capture_probe import RUNNER_FILE, unsupported
 
     params = {"cases": {k: ["--model-path", MODEL_PLACEHOLDER, *argv] for k, argv in cases.items()},

@@ -106,7 +106,7 @@ class LayerCost:
 
 def measured_costs() -> list[LayerCost]:
     """From the newest recorded swa_loc run of each GPU model: before − #24743 per SWA layer."""
-    from sglab import runs
+    from sglab.core import runs
 
     out = []
     for gpu, run in runs.newest_by(runs.load_all_recorded("swa_loc"), runs.gpu_short).items():

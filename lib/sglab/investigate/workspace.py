@@ -142,7 +142,7 @@ class CostModel:
 
 def cost_model(world_size: int) -> CostModel | None:
     """From the newest recorded workspace_floor run of this world size (else the nearest one), or None."""
-    from sglab import runs
+    from sglab.core import runs
 
     recorded = runs.load_all_recorded("workspace_floor")
     if not recorded:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from sglab import runs
+from sglab.core import runs
 
 gpu_short = runs.gpu_short
 

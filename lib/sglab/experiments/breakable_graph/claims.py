@@ -1,10 +1,10 @@
-"""What every breakable_graph run must show (see :mod:`sglab.claims`)."""
+"""What every breakable_graph run must show (see :mod:`sglab.core.claims`)."""
 
 from __future__ import annotations
 
 import statistics
 
-from sglab.claims import Claim, holds, not_applicable, values
+from sglab.core.claims import Claim, holds, not_applicable, values
 from sglab.experiments.breakable_graph import analysis as an
 
 EXPERIMENT = "breakable_graph"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from sglab.fixes import breakable_graph as bg
-from sglab.measure import trace
+from sglab.core import trace
 from sglab.experiments.breakable_graph.routing import _row
 
 PHASE = re.compile(r"^(eager|before|after) (\d+)$")

@@ -1,6 +1,6 @@
 """Notebook 03's "real SGLang, before and after": the released breakable runner beside the rebuild's two boundaries.
 
-The probe (:mod:`sglab.real.probes.breakable_graph`) runs ``BreakableCudaGraphRunner.__init__`` and ``can_run``
+The probe (:mod:`sglab.sglang.probes.breakable_graph`) runs ``BreakableCudaGraphRunner.__init__`` and ``can_run``
 of each release on the rebuild's own tiny models; here the rebuild's :class:`~sglab.fixes.breakable_graph.
 BreakableGraphRunner` (``capture=False``: routing only) answers the same questions on the same models, and the
 two are compared fact for fact: which layer stack is resolved, the warning when none is, ``can_run`` for one,
@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 
 from sglab.fixes import breakable_graph as bg
-from sglab.real import compare
-from sglab.real.probes import breakable_graph as released_probe
+from sglab.sglang import compare
+from sglab.sglang.probes import breakable_graph as released_probe
 
 RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13")
-PROBE = "breakable_graph:run"  # the probe the notebook shows (sglab.real.probes.breakable_graph)
+PROBE = "breakable_graph:run"  # the probe the notebook shows (sglab.sglang.probes.breakable_graph)
 VARIANT_OF = {"0.5.11": bg.BEFORE, "0.5.12.post1": bg.AFTER, "0.5.13": bg.AFTER}
 CLAIM = "the rebuild's `before` and `after` runners route prefill batches as 0.5.11 and 0.5.12 do"
 MULTI = "3 requests (10+12+10)"
@@ -82,14 +82,14 @@ def describe(flat: dict) -> str:
 
 
 def probe(releases=RELEASES) -> dict:
-    """{release: ProbeResult}: recorded where the recording holds it, else run now (:func:`sglab.real.report.run`)."""
-    from sglab.real import report
+    """{release: ProbeResult}: recorded where the recording holds it, else run now (:func:`sglab.sglang.report.run`)."""
+    from sglab.sglang import report
 
     return report.run(releases, PROBE)
 
 
 def checks(results: dict | None = None, variant_of: dict | None = None) -> list[compare.Check]:
-    """One :class:`~sglab.real.compare.Check` per release (all four model shapes compared fact for fact) against
+    """One :class:`~sglab.sglang.compare.Check` per release (all four model shapes compared fact for fact) against
     the variant ``variant_of`` names for it (default :data:`VARIANT_OF`)."""
     results = results if results is not None else probe()
 

@@ -15,7 +15,7 @@ Parts of one run (column ``part``):
 - ``e_resolution``: ``layer_model`` resolution on four model shapes with the #24662 rule and the later
   walk-the-chain rule (runs on the CPU).
 
-Phases (:mod:`sglab.measure.phases`): build, capture, correctness, hit rate, timing, profile, resolution.
+Phases (:mod:`sglab.core.phases`): build, capture, correctness, hit rate, timing, profile, resolution.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from functools import partial
 
 import torch
 
-from sglab import runs
+from sglab.core import runs
 from sglab.fixes import breakable_graph as bg
-from sglab.measure import phases
+from sglab.core import phases
 from sglab.experiments.breakable_graph import profile
 from sglab.experiments.breakable_graph.routing import _DEFAULTS, _row, hit_rate_rows, resolution_rows, split_tokens
 
@@ -133,7 +133,7 @@ def _part_d(model, before, after, p: dict, batch_for, timer, progress: bool) -> 
     """Eager, before and after prefill latency in interleaved rounds, per token count and request count."""
     from tqdm.auto import tqdm
 
-    from sglab.measure.timing import interleaved
+    from sglab.core.timing import interleaved
 
     rows = []
     sweep = [(n, bs) for n in p["token_counts"] for bs in p["batch_sizes"]]
@@ -154,7 +154,7 @@ def _part_d(model, before, after, p: dict, batch_for, timer, progress: bool) -> 
 def _run(params: dict | None, *, progress: bool, device: torch.device) -> runs.Measured:
     """The run on ``device``. On the CPU (tests of the row plumbing only) graphs are emulated, times are host
     times and the traced pass sees host events only."""
-    from sglab.measure.timing import cuda_time, host_time
+    from sglab.core.timing import cuda_time, host_time
 
     p = {**DEFAULT_PARAMS, **(params or {})}
     dev = torch.device(device)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from sglab import runs
+from sglab.core import runs
 from sglab.fixes import capture_sizes as fx
 
 from sglab.experiments.capture_sizes import VARIANTS

@@ -1,4 +1,4 @@
-"""What every capture_sizes run must show (see :mod:`sglab.claims`).
+"""What every capture_sizes run must show (see :mod:`sglab.core.claims`).
 
 Run claims read the tidy rows; trace claims read the ``events`` sidecar of the traced pass (method 2+); the two
 ``cpu_*`` claims are computed from the rebuild on the CPU and hold for any run (they are labelled as computed).
@@ -7,9 +7,9 @@ World-size-specific expectations are derived from the run's W, so one claim serv
 
 from __future__ import annotations
 
-from sglab import claims as engine
-from sglab import runs
-from sglab.claims import Claim, holds, not_applicable
+from sglab.core import claims as engine
+from sglab.core import runs
+from sglab.core.claims import Claim, holds, not_applicable
 from sglab.fixes import capture_sizes as fx
 
 from sglab.experiments.capture_sizes import EXPERIMENT

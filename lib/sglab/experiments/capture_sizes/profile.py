@@ -17,7 +17,7 @@ launches, barriers and other host ops are dropped.
 
 from __future__ import annotations
 
-from sglab.measure import trace
+from sglab.core import trace
 
 TRACED = (("before", "before", True), ("after", "pr_filter", False))  # (variant, size list, keep going)
 EVENT_COLUMNS = [*trace.COLUMNS, "variant", "rank"]
@@ -28,11 +28,11 @@ DEVICE = ("kernel", "memcpy", "memset")
 
 def traced_pass(work, *, perfetto=None):
     """Run the ``before`` and ``after`` loops of :data:`TRACED` on ``work`` (a :class:`.run.RankWork`) under one
-    :class:`sglab.measure.trace.Recorder`; return the reduced event table of this rank."""
+    :class:`sglab.core.trace.Recorder`; return the reduced event table of this rank."""
     import contextlib
     import time
 
-    from sglab.measure import phases
+    from sglab.core import phases
 
     with contextlib.ExitStack() as stack:
         with phases.phase("profile: start"):  # the profiler's own warm-up session, then this one

@@ -1,6 +1,6 @@
 """The capture sizes real SGLang releases keep, beside the rebuild's variants (#23972).
 
-Real rows come from :mod:`sglab.real.probes.capture_sizes` (each release's own runner code decides, for the
+Real rows come from :mod:`sglab.sglang.probes.capture_sizes` (each release's own runner code decides, for the
 notebook's attention TP / CP / dense-TP 1 / two-batch-overlap settings). Each release must match one rebuilt rule
 (:data:`VARIANT`): 0.5.10.post1 captures the list as given; 0.5.11 has #23972's filter; 0.5.14 lost the filter in
 the runner refactor; 0.5.23 rounds every size up to the decode runner's alignment (x2 under two-batch overlap).
@@ -10,10 +10,10 @@ Decode batch sizes follow the decode runner's older filter in every release.
 from __future__ import annotations
 
 from sglab.fixes import capture_sizes as fx
-from sglab.real.probes.capture_sizes import MAX_RUNNING_REQUESTS, SETTINGS
+from sglab.sglang.probes.capture_sizes import MAX_RUNNING_REQUESTS, SETTINGS
 
 RELEASES = ("0.5.10.post1", "0.5.11", "0.5.14", "0.5.23")
-PROBE = "capture_sizes:run"  # the probe the notebook shows (sglab.real.probes.capture_sizes)
+PROBE = "capture_sizes:run"  # the probe the notebook shows (sglab.sglang.probes.capture_sizes)
 VARIANT = {"0.5.10.post1": "before", "0.5.11": "pr_filter", "0.5.14": "before", "0.5.23": "today"}
 DECODE = [1, 2, 4, 8, 12] + list(range(16, 257, 8))   # ServerArgs' decode list for --cuda-graph-max-bs 256
 UNALIGNED = {"tp8_dense_tp1_unaligned": dict(tp_size=8, moe_dense_tp_size=1, piecewise=[4, 12, 20])}
@@ -30,7 +30,7 @@ def params(max_tokens: int = fx.MLA_MAX_TOKENS) -> dict:
 
 
 def probe(releases=RELEASES, max_tokens: int = fx.MLA_MAX_TOKENS) -> dict:
-    from sglab.real import report
+    from sglab.sglang import report
 
     return report.run(releases, PROBE, params(max_tokens))
 

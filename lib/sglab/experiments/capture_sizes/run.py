@@ -34,9 +34,9 @@ import time
 import warnings
 from pathlib import Path
 
-from sglab import runs
+from sglab.core import runs
 from sglab.fixes import capture_sizes as fx
-from sglab.measure import phases
+from sglab.core import phases
 
 from sglab.experiments.capture_sizes import DEFAULT_PARAMS, EXPERIMENT, TOL
 
@@ -115,7 +115,7 @@ def _range(name: str, traced: bool):
     """A profiler phase range in the traced pass; nothing otherwise."""
     if not traced:
         return contextlib.nullcontext()
-    from sglab.measure import trace
+    from sglab.core import trace
 
     return trace.phase(name)
 
@@ -335,7 +335,7 @@ def _merge(per_rank: list[list[dict]]) -> list[dict]:
 def run(params: dict | None = None, *, progress: bool = True) -> runs.Measured:
     """Measure on ``world_size`` ranks; the tidy rows, plus the ``events`` table (every rank) and rank 0's
     Perfetto ``trace`` of the traced pass when ``profile`` is on."""
-    from sglab import dist
+    from sglab.core import dist
 
     p = {**DEFAULT_PARAMS, **(params or {})}
     w = int(p["world_size"])

@@ -29,7 +29,7 @@ DEFAULT_PARAMS = {
     "step_pause_s": 0.1,  # between kernel steps, so that a 100 Hz series tells them apart
     "sample_hz": 100,
     "timeout_s": 120,  # per group (its ranks' run deadline)
-    "start_method": "forkserver",  # processes fork from a server that imported torch once (sglab.dist.forkserver)
+    "start_method": "forkserver",  # processes fork from a server that imported torch once (sglab.core.dist.forkserver)
     # per-image cache point (CPU)
     "cache_requests": 200,
     "cache_pool": 24,

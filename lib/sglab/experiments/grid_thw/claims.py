@@ -9,8 +9,8 @@ other than GPU 0 and the rank's own, are n/a (with the reason) on runs that cann
 
 from __future__ import annotations
 
-from sglab.claims import Claim, holds, not_applicable
-from sglab.runs import gpu_short, newest_by
+from sglab.core.claims import Claim, holds, not_applicable
+from sglab.core.runs import gpu_short, newest_by
 
 from sglab.experiments.grid_thw import analysis
 from sglab.experiments.grid_thw.ranks import KERNEL_STEPS
@@ -302,7 +302,7 @@ def shown(runs: list) -> list:
 def headline(runs: list) -> str:
     """Per GPU model: MiB per rank ≥ 1 on GPU 0 once unpickled and after the kernel steps, the same via CUDA IPC,
     after the fix, the GPU-0 total per TP size; then the cache point and the spread within a run."""
-    from sglab.claims import values
+    from sglab.core.claims import values
 
     parts, cache, spreads = [], None, []
     by_gpu: dict = {}

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sglab import plots
-from sglab.plots import diagram
+from sglab.core import plots
+from sglab.core import diagram
 from sglab.experiments.grid_thw import analysis
 
 STRAY = "#c0392b"

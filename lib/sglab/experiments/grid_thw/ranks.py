@@ -1,7 +1,7 @@
 """The processes of one measured group: a tokenizer and ``tp_size`` scheduler ranks (GPU driver code).
 
 A *group* is one variant × repeat: a tokenizer process that builds the processor output on ``cuda:0`` and sends it,
-and ``tp_size`` ranks started by :func:`sglab.dist.launch` (rank r bound to GPU r, every GPU visible). Every process
+and ``tp_size`` ranks started by :func:`sglab.core.dist.launch` (rank r bound to GPU r, every GPU visible). Every process
 takes *marks* (``time.monotonic()`` ranges, the machine-wide clock the parent's NVML sampler also uses) around the
 steps that can open or grow a CUDA context, so the memory time series can say which step did it. A pause between the
 kernel steps keeps them apart at a 100 Hz sampling rate.
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglab.fixes import grid_thw as fx
-from sglab.measure import phases
+from sglab.core import phases
 
 PHASES = ("init", "received", "kernel", "released")
 KERNEL_STEPS = ("first kernel", "reduce", "item", "copy to own GPU", "own-GPU kernel")
@@ -166,7 +166,7 @@ class Snapshots:
             self.ctx.barrier()
 
     def _read(self, phase: str) -> None:
-        from sglab.measure import memory
+        from sglab.core import memory
 
         every = memory.all_processes()
         for pid, who in self.labels.items():

@@ -1,6 +1,6 @@
 """Notebook 05's "real SGLang, before and after": a real ``MultimodalDataItem`` beside the rebuild's request path.
 
-The probe (:mod:`sglab.real.probes.grid_thw`) asks each release which key its Kimi model reads the grid from,
+The probe (:mod:`sglab.sglang.probes.grid_thw`) asks each release which key its Kimi model reads the grid from,
 what its GPU preprocessor returns on the rebuild's images, and what its own wire (pickle in 0.5.1x, msgpack in
 0.5.2x) does to the grid. The rebuild answers the same questions: the key its ``gpu_call`` emits before / after
 the fix, its ``gpu_call(fixed=True)`` output, and its ``send_pyobj`` / ``recv_pyobj`` round trip. 0.5.10.post1 is
@@ -10,11 +10,11 @@ matched with ``before`` on the key only: its grid came from the CPU HF processor
 from __future__ import annotations
 
 from sglab.fixes import grid_thw as fx
-from sglab.real import compare
-from sglab.real.probes import grid_thw as released_probe
+from sglab.sglang import compare
+from sglab.sglang.probes import grid_thw as released_probe
 
 RELEASES = ("0.5.10.post1", "0.5.11", "0.5.23")
-PROBE = "grid_thw:run"  # the probe the notebook shows (sglab.real.probes.grid_thw)
+PROBE = "grid_thw:run"  # the probe the notebook shows (sglab.sglang.probes.grid_thw)
 VARIANT_OF = {"0.5.10.post1": "before", "0.5.11": "after", "0.5.23": "after"}
 CLAIM = "the rebuild's grid key, processor output and wire behave as the released code does"
 WIRE_FACTS = ("device_kept", "dtype_kept", "shape_kept", "values_kept")
@@ -75,14 +75,14 @@ def describe_rebuild(variant: str) -> str:
 
 
 def probe(releases=RELEASES) -> dict:
-    """{release: ProbeResult}: recorded where the recording holds it, else run now (:func:`sglab.real.report.run`)."""
-    from sglab.real import report
+    """{release: ProbeResult}: recorded where the recording holds it, else run now (:func:`sglab.sglang.report.run`)."""
+    from sglab.sglang import report
 
     return report.run(releases, PROBE)
 
 
 def checks(results: dict | None = None, variant_of: dict | None = None) -> list[compare.Check]:
-    """One :class:`~sglab.real.compare.Check` per release."""
+    """One :class:`~sglab.sglang.compare.Check` per release."""
     results = results if results is not None else probe()
 
     def one(release, r, variant):

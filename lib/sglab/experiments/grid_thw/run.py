@@ -7,7 +7,7 @@ memory to each process on each GPU separately (``usedGpuMemory`` per pid), so gr
 their numbers; each group's rank 0 also counts the other processes it sees on each GPU, so a run shows that its
 ``init`` baselines were read while other groups' contexts sat on the same GPUs.
 
-One NVML :class:`sglab.measure.memory.Sampler` follows every process of every group (100 Hz by default); the
+One NVML :class:`sglab.core.memory.Sampler` follows every process of every group (100 Hz by default); the
 processes' marks put the moments on the same clock (:mod:`.series` turns both into sidecars). The per-image cache point
 runs on the CPU of the calling process meanwhile. After each group, its processes must be gone and no longer listed
 by NVML.
@@ -23,9 +23,9 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
-from sglab import dist, runs
+from sglab.core import dist, runs
 from sglab.fixes import grid_thw as fx
-from sglab.measure import memory, phases
+from sglab.core import memory, phases
 from sglab.experiments.grid_thw import series
 from sglab.experiments.grid_thw.ranks import VARIANTS, _row, rank_main, tokenizer_main
 
@@ -114,8 +114,8 @@ def run_group(variant: str, tp_size: int, *, repeat: int = 0, n_images: int = 4,
               start_method: str = "spawn") -> dict:
     """One group: a tokenizer and ``tp_size`` ranks, measured and torn down. Returns ``rows`` (tidy dicts) and what
     the time series needs (``t_start``, ``t_end``, ``procs`` pid -> (process, rank), ``marks``, rank ``phases``).
-    ``start_method``: how the processes start (:func:`sglab.dist.launch`; ``forkserver`` needs
-    :func:`sglab.dist.forkserver` first)."""
+    ``start_method``: how the processes start (:func:`sglab.core.dist.launch`; ``forkserver`` needs
+    :func:`sglab.core.dist.forkserver` first)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {tuple(VARIANTS)}, got {variant!r}")
     v = VARIANTS[variant]

@@ -9,7 +9,7 @@ per-process memory over time, with the moments each process marked (``unpickle``
 Sidecars (times in seconds from the group's start, per variant × repeat):
 
 - ``memory``: ``variant, repeat, process, rank, gpu, t_s, mib`` — the change points of each (process, GPU) series
-  (:func:`sglab.measure.memory.step_series`): drawn as steps, exactly the sampled series;
+  (:func:`sglab.core.memory.step_series`): drawn as steps, exactly the sampled series;
 - ``marks``: ``variant, repeat, process, rank, mark, t_s, dur_s``;
 - ``trace``: both as a Chrome/Perfetto JSON (counter tracks per process and GPU, slices for the marks).
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sglab.measure import memory
+from sglab.core import memory
 from sglab.experiments.grid_thw.ranks import _row
 
 MEMORY_COLUMNS = ["variant", "repeat", "process", "rank", "gpu", "t_s", "mib"]

@@ -8,7 +8,7 @@
   :mod:`.claims` (what every run must show).
 """
 
-from sglab import runs as _runs
+from sglab.core import runs as _runs
 from sglab.experiments.pcg_gate.analysis import (
     buffer_copy_bytes,
     by_gpu,

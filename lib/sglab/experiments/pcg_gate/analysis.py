@@ -7,7 +7,7 @@ from typing import Optional
 
 import pandas as pd
 
-from sglab import runs as _runs
+from sglab.core import runs as _runs
 
 gpu_short = _runs.gpu_short
 TIMES = (("time_median", "median"), ("time_p10", "p10"), ("time_p90", "p90"))
@@ -136,7 +136,7 @@ def copy_explanation(df: pd.DataFrame) -> pd.DataFrame:
 
 def kernel_summary(table: pd.DataFrame, top: int = 8) -> pd.DataFrame:
     """The per-kernel sidecar reduced for reading: per label, the ``top`` kernels by time and the rest summed."""
-    from sglab.measure.kernel_table import short_name
+    from sglab.core.kernel_table import short_name
 
     out = []
     table = table.assign(short=table.kernel.map(short_name))  # names as this version shortens them

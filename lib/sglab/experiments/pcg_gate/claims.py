@@ -1,8 +1,8 @@
-"""What every pcg_gate run must show (see :mod:`sglab.claims`)."""
+"""What every pcg_gate run must show (see :mod:`sglab.core.claims`)."""
 
 from __future__ import annotations
 
-from sglab.claims import Claim, holds, not_applicable, values
+from sglab.core.claims import Claim, holds, not_applicable, values
 from sglab.experiments.pcg_gate import analysis as an
 
 EXPERIMENT = "pcg_gate"

@@ -7,7 +7,7 @@ and how much of it the GPU was busy (launch gaps show as idle time), the time of
 hand activations between pieces, graph and kernel launches on the host.
 
 The per-kernel table (measured first: nsight-python's CUPTI collector cannot subscribe once torch.profiler has in
-the same process; nsight-python where it runs, else torch.profiler: :mod:`sglab.measure.kernel_table`) covers
+the same process; nsight-python where it runs, else torch.profiler: :mod:`sglab.core.kernel_table`) covers
 eager work only — the eager prefill, and the same pieces run eagerly with their copies — because nsight-python's
 CUPTI collector does not attribute the kernels of a graph replay.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from sglab.measure import trace
+from sglab.core import trace
 
 # the copies that hand activations between pieces: copy_ into a fixed buffer is a copy kernel for a strided source
 # (q and k from the rotary output, v from qkv), a device-to-device memcpy for a contiguous one launched eagerly (the
@@ -44,7 +44,7 @@ class Profiled:
 
 
 def perfetto_path() -> Path:
-    """Where a live run's Perfetto trace is written before :func:`sglab.runs.write_run` copies it next to the run."""
+    """Where a live run's Perfetto trace is written before :func:`sglab.core.runs.write_run` copies it next to the run."""
     return Path(tempfile.mkdtemp(prefix="sglab-pcg-")) / "trace.json.gz"
 
 
@@ -117,7 +117,7 @@ def profile_pass(p: dict, dev, eager_fwd, runner, ref_runner, direct, inputs: di
 
 def _kernel_table(p, eager_fwd, ref_runner, inputs, vocab, dev, out: Profiled) -> list:
     """Per-kernel table of the eager prefill and of the same pieces run eagerly (with their copies)."""
-    from sglab.measure.kernel_table import calls_per_run, kernel_table
+    from sglab.core.kernel_table import calls_per_run, kernel_table
 
     n = int(p["kernel_table_tokens"])
     ids, pos = _inputs(n, inputs, vocab, dev, int(p["seed"]))

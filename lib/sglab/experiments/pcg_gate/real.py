@@ -1,7 +1,7 @@
 """Notebook 01's "real SGLang, before and after": the released Kimi-K2.5 class through the released gate, beside
 the rebuild's wrapper variants.
 
-The probe (:mod:`sglab.real.probes.pcg_gate`) builds each release's ``KimiK25ForConditionalGeneration`` around
+The probe (:mod:`sglab.sglang.probes.pcg_gate`) builds each release's ``KimiK25ForConditionalGeneration`` around
 the rebuild's own tiny LLM and drives the release's gate on it; the rebuild's variant for that release goes
 through the rebuild's gate around the same LLM. Compared name for name: the gate's decision, the ``state_dict``
 keys before and after the gate, whether ``model`` sits in ``_modules``, and the layer stack the gate resolves.
@@ -10,11 +10,11 @@ keys before and after the gate, whether ``model`` sits in ``_modules``, and the 
 from __future__ import annotations
 
 from sglab.fixes import pcg_gate as gate
-from sglab.real import compare
+from sglab.sglang import compare
 from sglab.experiments.pcg_gate.variants import quiet_gate
 
 RELEASES = ("0.5.10.post1", "0.5.12.post1", "0.5.13", "0.5.23")
-PROBE = "pcg_gate:run"  # the probe the notebook shows (sglab.real.probes.pcg_gate)
+PROBE = "pcg_gate:run"  # the probe the notebook shows (sglab.sglang.probes.pcg_gate)
 VARIANT_OF = {"0.5.10.post1": "plain_alias", "0.5.12.post1": "no_alias", "0.5.13": "property_guard",
               "0.5.23": "property_guard"}
 # the real class with nn.Module.__setattr__ restored (where the release has the guard): the property alone
@@ -51,14 +51,14 @@ def describe(f: dict) -> str:
 
 
 def probe(releases=RELEASES) -> dict:
-    """{release: ProbeResult}: recorded where the recording holds it, else run now (:func:`sglab.real.report.run`)."""
-    from sglab.real import report
+    """{release: ProbeResult}: recorded where the recording holds it, else run now (:func:`sglab.sglang.report.run`)."""
+    from sglab.sglang import report
 
     return report.run(releases, PROBE)
 
 
 def checks(results: dict | None = None, variant_of: dict | None = None) -> list[compare.Check]:
-    """One :class:`~sglab.real.compare.Check` per release, plus one for the guard removed where it exists."""
+    """One :class:`~sglab.sglang.compare.Check` per release, plus one for the guard removed where it exists."""
     results = results if results is not None else probe()
 
     def one(release, r, variant):

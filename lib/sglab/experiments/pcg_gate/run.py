@@ -1,6 +1,6 @@
 """Notebook 01 on one GPU: eager prefill (gate off) vs piecewise-CUDA-graph prefill (gate on), per token count.
 
-Phases of :func:`run` (each timed by :mod:`sglab.measure.phases`):
+Phases of :func:`run` (each timed by :mod:`sglab.core.phases`):
 
 1. ``build``: the bf16 LLM (``DEFAULT_PARAMS``: hidden 2048, 16 layers, Kimi-shaped wrappers around it).
 2. ``gate``: every wrapper variant through the PR-era gate (rows: decision, key counts). ``no_alias`` fails, so its
@@ -10,7 +10,7 @@ Phases of :func:`run` (each timed by :mod:`sglab.measure.phases`):
    hand over their own tensors instead of copying (``direct_token_counts`` only): the diagnosis of the slowdown
    at large token counts.
 4. ``correctness``: piecewise vs eager, and vs the same padded segments run eagerly.
-5. ``timing``: eager, piecewise (and direct) in interleaved rounds (:func:`sglab.measure.timing.interleaved`).
+5. ``timing``: eager, piecewise (and direct) in interleaved rounds (:func:`sglab.core.timing.interleaved`).
 6. ``profile``: a separate traced pass and a per-kernel table (:mod:`.profile`); it never touches the timings.
 """
 
@@ -21,10 +21,10 @@ from functools import partial
 
 import torch
 
-from sglab import runs
+from sglab.core import runs
 from sglab.fixes import pcg_gate as gate
-from sglab.fixes.toy_decoder import DecoderConfig
-from sglab.measure import phases
+from sglab.core.toy_decoder import DecoderConfig
+from sglab.core import phases
 from sglab.experiments.pcg_gate import profile
 from sglab.experiments.pcg_gate.variants import gate_rows, quiet_gate
 
@@ -93,7 +93,7 @@ def run(params: dict | None = None, *, progress: bool = True) -> runs.Measured:
     """Eager prefill (gate off) vs piecewise-graph prefill (gate on) per token count, on one GPU."""
     if not torch.cuda.is_available():
         raise RuntimeError("pcg_gate.run needs a CUDA GPU")
-    from sglab.measure.timing import cuda_time
+    from sglab.core.timing import cuda_time
 
     dev = torch.device("cuda", torch.cuda.current_device())
     with _sdpa_backends():
@@ -182,7 +182,7 @@ def _correctness_rows(n, N, eager_fwd, ids, pos, runner, ref_runner, direct) -> 
 
 
 def _timing_rows(n, N, fns: dict, p: dict, timer) -> list:
-    from sglab.measure.timing import interleaved
+    from sglab.core.timing import interleaved
 
     timed = interleaved(fns, rounds=max(1, int(p["rounds"])), warmup=int(p["warmup"]), repeat=int(p["repeat"]),
                         timer=timer)

@@ -12,7 +12,7 @@ Per (variant, layers, batch size) the run has these rows:
 - ``kv_mismatch_slots``: (layer, slot) pairs where the pool after one populated replay differs from an
   eager reference that ran the same batch (padding slot 0 excluded; expected 0);
 - ``time_median`` / ``time_p10`` / ``time_p90``: CUDA-event time of one replay, from
-  :func:`sglab.measure.timing.interleaved` (the variants alternate in rounds, samples pooled).
+  :func:`sglab.core.timing.interleaved` (the variants alternate in rounds, samples pooled).
 
 Then the #24743 padding scenario (:func:`pad_bug_scenario`) on real graphs for each variant:
 ``pad_corrupted_slots`` (layer, slot pairs that differ from the eager reference), ``pad_predicted_slots``

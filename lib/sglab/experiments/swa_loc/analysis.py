@@ -1,6 +1,6 @@
 """Tables from a run: kernel counts per layout, replay times, the profiler's view, the eager kernel table.
 
-Everything here reads a :class:`sglab.runs.Run` (or its frame / sidecars) and works on recorded and live runs
+Everything here reads a :class:`sglab.core.runs.Run` (or its frame / sidecars) and works on recorded and live runs
 alike; the claims and the figures are built from these tables.
 """
 
@@ -10,7 +10,7 @@ import re
 from collections import Counter
 from typing import Dict, Optional
 
-from sglab import runs
+from sglab.core import runs
 
 VARIANT_LABELS = {"before": "before (translate inside the graph)", "pr23552": "#23552 (preset, int64 buffer)",
                   "pr24743": "#24743 (preset, int32, zeroed on pad)"}

@@ -1,4 +1,4 @@
-"""What every swa_loc run must show, as checks on the run (see :mod:`sglab.claims`).
+"""What every swa_loc run must show, as checks on the run (see :mod:`sglab.core.claims`).
 
 The rebuild's translation costs 2 kernels per SWA layer (the index gather and the int32 cast); the claims check
 that number exactly and report it as a value. It is the PR-era number: the released
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from sglab import runs
+from sglab.core import runs
 from sglab.fixes.swa_loc import hybrid_layer_ids
-from sglab.claims import Claim, holds, not_applicable
+from sglab.core.claims import Claim, holds, not_applicable
 from sglab.experiments.swa_loc import HEADLINE_CONFIG, analysis
 
 CLAIM = ("Presetting the SWA cache location before decode-graph capture removes the full→SWA slot translation "
@@ -168,7 +168,7 @@ def _nsight_ran(run) -> Optional[str]:
 
 
 def _nsight_matches(run):
-    from sglab.measure import op_kernels
+    from sglab.core import op_kernels
 
     t = _sidecar(run, "eager_kernels")
     c = op_kernels.cross_check(t[t.backend == op_kernels.NSIGHT], t[t.backend == op_kernels.TORCH])
@@ -224,7 +224,7 @@ def shown(runs_: list) -> list:
 def headline(runs_: list) -> str:
     """Kernels per replay and replay time at the headline cell per GPU, the sweep's ratio range, the padding
     bug's count -- all from the claims' values."""
-    from sglab.claims import values
+    from sglab.core.claims import values
 
     if not runs_:
         return "no run yet"

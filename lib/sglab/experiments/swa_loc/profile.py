@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from sglab.fixes import swa_loc as fx
-from sglab.measure import op_kernels, ops, phases, trace
+from sglab.core import op_kernels, ops, phases, trace
 
 TRACE_PHASE = "replay "  # + variant
 SWA_WRITE, FULL_WRITE = "SWA layer KV write", "full layer KV write"
@@ -28,7 +28,7 @@ EAGER_VARIANTS = ("before", "pr24743")  # per-layer translation / preset int32 l
 
 
 def gpu_probes() -> dict:
-    from sglab.measure.kernels import graph_kernel_nodes, profiled_kernels
+    from sglab.core.kernels import graph_kernel_nodes, profiled_kernels
 
     return {"graph_kernel_nodes": lambda runner, bs: graph_kernel_nodes(runner.graphs[bs]).kernels,
             "profiled_kernels": lambda runner, bs: len(profiled_kernels(lambda: runner.replay_graph(bs)))}
@@ -48,7 +48,7 @@ def graph_kernel_names(runners: dict, bs: int):
     """Kernel nodes of each variant's ``bs`` graph by (demangled) kernel name: variant, kernel, nodes."""
     import pandas as pd
 
-    from sglab.measure.kernels import graph_kernel_nodes
+    from sglab.core.kernels import graph_kernel_nodes
 
     rows = []
     for v, r in runners.items():
@@ -108,7 +108,7 @@ def eager_steps(setup: fx.Setup, batch: fx.ForwardBatch) -> dict:
 
 def kv_write_ops(variant: str, *, num_layers: int = 6, swa_per_full: int = 5) -> list:
     """The aten ops of the KV writes in one replay of ``variant``'s captured step, on the CPU: what the decode
-    graph holds, as :class:`sglab.measure.ops.OpCall` (scope = the kind of layer, step = position in its write)."""
+    graph holds, as :class:`sglab.core.ops.OpCall` (scope = the kind of layer, step = position in its write)."""
     s = fx.build_setup(num_layers=num_layers, swa_per_full=swa_per_full, size=16, size_swa=8, head_num=1,
                        head_dim=4)
     runner = fx.DecodeGraphRunner.for_variant(s.model, [1], variant, use_cuda_graph=False)

@@ -1,6 +1,6 @@
 """The real hybrid-SWA pool and decode buffers beside the rebuild, release by release (#23552, #24743).
 
-Real rows come from :mod:`sglab.real.probes.swa_loc` (``SWAKVPool`` + ``SWATokenToKVPoolAllocator`` of each
+Real rows come from :mod:`sglab.sglang.probes.swa_loc` (``SWAKVPool`` + ``SWATokenToKVPoolAllocator`` of each
 release, a 3-token write through 4 layers of which 2 SWA, and ``DecodeInputBuffers`` where the release has the
 PR-era runner). The rebuild answers the same questions with :mod:`sglab.fixes.swa_loc` in the same shapes. Where the
 rebuild has no variant for a release (the translation of 0.5.13 on), the number it must match is the claims
@@ -12,12 +12,12 @@ from __future__ import annotations
 import torch
 
 from sglab.fixes import swa_loc as fx
-from sglab.real.releases import parse_version
+from sglab.sglang.releases import parse_version
 
 from sglab.experiments.swa_loc import claims
 
 RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13", "0.5.23")
-PROBE = "swa_loc:run"  # the probe the notebook shows (sglab.real.probes.swa_loc)
+PROBE = "swa_loc:run"  # the probe the notebook shows (sglab.sglang.probes.swa_loc)
 BUFFER_VARIANT = {"0.5.10.post1": "before", "0.5.11": "pr23552", "0.5.12.post1": "pr24743"}
 PRESET_CASE = {"set_swa_loc": "set_swa_loc() before the layers", "swa_loc_arg": "swa_loc= passed to each write",
                "write_loc": "KVWriteLoc carrying swa_loc"}
@@ -25,7 +25,7 @@ RECORDED = "swa_loc"                          # data/recorded/real_swa_loc/
 
 
 def probe(releases=RELEASES) -> dict:
-    from sglab.real import report
+    from sglab.sglang import report
 
     return report.run(releases, PROBE)
 
@@ -58,7 +58,7 @@ def rebuild_translations(preset: bool) -> int:
 
 def rebuild_translation_ops() -> list[str]:
     """The aten ops of one rebuilt translation (each a kernel node when captured on a GPU)."""
-    from sglab.real.probes.swa_loc import dispatched_ops
+    from sglab.sglang.probes.swa_loc import dispatched_ops
 
     pool, alloc = _rebuild_pool()
     return dispatched_ops(pool.translate_loc_from_full_to_swa, alloc.alloc(3))

@@ -12,9 +12,9 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from sglab import runs
+from sglab.core import runs
 from sglab.fixes import swa_loc as fx
-from sglab.measure import phases
+from sglab.core import phases
 from sglab.experiments.swa_loc import DEFAULT_PARAMS, EXPERIMENT
 
 _FILL = {"num_layers": -1, "swa_per_full": -1, "n_swa_layers": -1, "batch_size": -1}
@@ -165,7 +165,7 @@ def _capture_and_check(p: dict, kw: dict, labels: dict, batch_sizes: List[int], 
 def _time_and_count(p: dict, runners: dict, labels: dict, batch_sizes: List[int], *, probes: Dict[str, Callable],
                     timer, rows: List[dict]) -> None:
     """Replay time per (variant, bs) through ``interleaved``; then, separately, one profiled replay per cell."""
-    from sglab.measure.timing import interleaved
+    from sglab.core.timing import interleaved
 
     with phases.phase("timing"):
         for bs in batch_sizes:

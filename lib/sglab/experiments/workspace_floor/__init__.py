@@ -7,7 +7,7 @@
 - :mod:`.analysis` (tables), :mod:`.figures` (every figure, the slide's included), :mod:`.claims`.
 
 Method versions: 1 - replay, cost sweep, leak check; 2 - the cost sweep alternates sizes in rounds
-(``sglab.measure.timing.interleaved``), the IPC handle export is timed apart from the exchange, per-phase wall
+(``sglab.core.timing.interleaved``), the IPC handle export is timed apart from the exchange, per-phase wall
 times go to the manifest, and a traced pass adds the ``events`` sidecar and one Perfetto file per rank.
 """
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from sglab import runs as _runs
+from sglab.core import runs as _runs
 from sglab.fixes import workspace_floor as wf
 
 from sglab.experiments.workspace_floor.simulation import MiB

@@ -7,7 +7,7 @@ version 2 on (runs with an ``events`` sidecar); claims that need 4 ranks say n/a
 
 from __future__ import annotations
 
-from sglab.claims import Claim, holds, not_applicable
+from sglab.core.claims import Claim, holds, not_applicable
 from sglab.fixes import workspace_floor as wf
 
 from sglab.experiments.workspace_floor import analysis
@@ -249,8 +249,8 @@ def shown(runs_: list) -> list:
 
 def headline(runs_: list) -> str:
     """The numbers sentence (README index, slide): counts, ms and MiB per world size, from the claims' values."""
-    from sglab import claims as engine
-    from sglab.runs import gpu_short
+    from sglab.core import claims as engine
+    from sglab.core.runs import gpu_short
 
     vals = [engine.values("workspace_floor", r) for r in runs_]
 

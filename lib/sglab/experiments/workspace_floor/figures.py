@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from sglab import plots
+from sglab.core import plots
 from sglab.fixes import workspace_floor as wf
 
 from sglab.experiments.workspace_floor import analysis

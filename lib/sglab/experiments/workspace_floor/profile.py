@@ -1,6 +1,6 @@
 """The traced pass: the cold-start short-prompt trace under torch.profiler, with and without the floor, per rank.
 
-Runs after every timed pass (profiling changes no reported time). Inside one :class:`sglab.measure.trace.Recorder`
+Runs after every timed pass (profiling changes no reported time). Inside one :class:`sglab.core.trace.Recorder`
 session per rank:
 
 - for each profiled policy (``x.shape[0]`` and ``max(x.shape[0], 2048)`` by default), a fresh manager replays the
@@ -20,14 +20,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from sglab.fixes import workspace_floor as wf
-from sglab.measure.trace import COLUMNS
+from sglab.core.trace import COLUMNS
 
 RECREATE_RANGE = wf.RECREATE_RANGE  # "recreate workspace": one per creation along the trace
 COST_RANGE = "create workspace"  # one per size of the traced cost sweep
 VARIANT_PREFIX = "variant "  # outer range per variant: "variant floor_0", "variant cost_sweep"
 COST_VARIANT = "cost_sweep"
 EXTRA_COLUMNS = ["variant", "rank", "creation", "step", "tokens"]
-COLUMNS_OUT = COLUMNS + EXTRA_COLUMNS  # the reduced table: sglab.measure.trace's columns, then the labels
+COLUMNS_OUT = COLUMNS + EXTRA_COLUMNS  # the reduced table: sglab.core.trace's columns, then the labels
 # host queries torch makes around every op: sub-microsecond, numerous, and no part of the mechanism
 TRIVIAL_CALLS = r"^(cudaGetDevice|cudaGetLastError|cudaPeekAtLastError|cudaStreamIsCapturing|cudaGetDeviceCount|" \
                 r"cuCtxGetCurrent|cudaDeviceGetAttribute)(_v\d+)?$"
@@ -36,8 +36,8 @@ TRIVIAL_CALLS = r"^(cudaGetDevice|cudaGetLastError|cudaPeekAtLastError|cudaStrea
 def traced_pass(st) -> dict:
     """Profile the re-creations of each profiled policy and the cost sizes on this rank:
     ``{"table": reduced event table, "perfetto": path}``; adds this pass's leak rows to ``st.rows``."""
-    from sglab.measure import phases, trace
-    from sglab.measure.kernels import _warm_profiler
+    from sglab.core import phases, trace
+    from sglab.core.kernels import _warm_profiler
 
     from sglab.experiments.workspace_floor.simulation import MiB
 
@@ -96,7 +96,7 @@ def _traced_costs(st, mark) -> list[tuple[int, int]]:
 
 
 def _host_ranges(events, names):
-    from sglab.measure.trace import PHASE_PREFIX
+    from sglab.core.trace import PHASE_PREFIX
 
     r = events[(events.category == "range") & ~events.lane.str.startswith(("stream", "device"))]
     r = r.assign(bare=r.name.str.replace(PHASE_PREFIX, "", regex=False))

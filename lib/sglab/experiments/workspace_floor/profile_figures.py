@@ -9,9 +9,9 @@
 
 from __future__ import annotations
 
-from sglab import plots
+from sglab.core import plots
 from sglab.fixes import workspace_floor as wf
-from sglab.plots import timeline
+from sglab.core import timeline
 
 from sglab.experiments.workspace_floor import analysis
 from sglab.experiments.workspace_floor._closed import closed
@@ -64,7 +64,7 @@ def profile_overview(events, *, rank: int = 0, variants=("floor_0", "floor_2048"
 def phase_frame(events):
     """Cost sizes: ms per creation phase (sub-range) of the slowest rank's creation, per workspace T (one rank
     per size, so the phases add up to that creation); ``ipc open`` by buffer."""
-    from sglab.measure.trace import PHASE_PREFIX
+    from sglab.core.trace import PHASE_PREFIX
 
     cr = analysis.creation_ranges(events)
     cr = cr[cr.variant == COST_VARIANT]

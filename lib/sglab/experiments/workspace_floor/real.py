@@ -3,7 +3,7 @@
 Each release runs its own call site (0.5.12.post1: no ``max_token_num``, the callee's 2048 and its assert;
 0.5.13: ``max(x.shape[0], 2048)``) and, through the same real callee and manager, the alternative floors the
 notebook weighs (:data:`ALT_SITES`), along both stored traces, cold and pre-initialised (probe:
-:mod:`sglab.real.probes.workspace_floor`; FlashInfer's creation replaced by a recorder). The rebuild runs
+:mod:`sglab.sglang.probes.workspace_floor`; FlashInfer's creation replaced by a recorder). The rebuild runs
 :func:`sglab.fixes.workspace_floor.simulate` with the policy of the same call site and the manager the release
 has: neither 0.5.12.post1 nor 0.5.13 keeps a high-water mark (the probe reads it off the real manager), so the
 rebuild's manager runs with ``high_water`` set as the release's. Steps, sizes and refused calls must be equal.
@@ -18,7 +18,7 @@ from sglab.fixes import workspace_floor as wf
 from sglab.experiments.workspace_floor.traces import trace_tokens
 
 RELEASES = ("0.5.12.post1", "0.5.13")
-PROBE = "workspace_floor:run"  # the probe the notebook shows (sglab.real.probes.workspace_floor)
+PROBE = "workspace_floor:run"  # the probe the notebook shows (sglab.sglang.probes.workspace_floor)
 OWN_POLICY = {"0.5.12.post1": "before_pr", "0.5.13": "floor_2048"}   # the rebuild's name for each call site
 ALT_SITES = ("floor_0", "floor_1024")
 SCENARIOS = (0, 2048)
@@ -36,7 +36,7 @@ def params(traces=None) -> dict:
 
 def probe(releases=RELEASES, traces=None) -> dict:
     """{release: ProbeResult} of the real probe (one subprocess per release)."""
-    from sglab.real import report
+    from sglab.sglang import report
 
     return report.run(releases, PROBE, params(traces))
 
@@ -100,7 +100,7 @@ def comparison(results: dict):
 def first_high_water_release() -> str | None:
     """The oldest installed release whose ``FlashInferWorkspaceManager`` keeps ``_max_token_num_seen`` (read in
     its ``layers/flashinfer_comm_fusion.py``, not imported), or None."""
-    from sglab.real.releases import installed_releases, package_dir
+    from sglab.sglang.releases import installed_releases, package_dir
 
     for v in installed_releases():
         path = package_dir(v) / "srt" / "layers" / "flashinfer_comm_fusion.py"

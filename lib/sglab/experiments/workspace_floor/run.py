@@ -8,7 +8,7 @@ Each rank (``dist.launch``, one GPU each) goes through named phases:
    creating for real: re-creations, ms per creation and in total, peak workspace (computed and measured with
    ``cudaMemGetInfo``), refused calls, memory after the final destroy;
 3. :func:`_cost_sweep` - creation and destruction ms against the workspace size T, per creation phase, timed
-   with :func:`sglab.measure.timing.interleaved` (the sizes alternate in rounds);
+   with :func:`sglab.core.timing.interleaved` (the sizes alternate in rounds);
 4. :func:`_leak_rows` - every rank's memory back to its baseline (cudaMemGetInfo and NVML, own GPU and others);
 5. the traced pass (:mod:`.profile`), after every timed pass so that profiling changes no reported time, with a
    leak check of its own against a baseline taken once the profiler is running (the profiler holds device
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from sglab.fixes import workspace_floor as wf
-from sglab.measure import phases
+from sglab.core import phases
 
 from sglab.experiments.workspace_floor.simulation import MiB, simulate_rows
 from sglab.experiments.workspace_floor.traces import TRACES, trace_tokens
@@ -87,7 +87,7 @@ class RankState:
 
 
 def _nvml_rank_mib(pid: int) -> dict:
-    from sglab.measure import memory
+    from sglab.core import memory
 
     df = memory.process_gpu_memory([pid])
     return {int(g): float(v) for g, v in zip(df["gpu"], df["used_mib"])}
@@ -186,9 +186,9 @@ def _replay_one(st: RankState, tname: str, trace: list, name: str) -> None:
 
 def _cost_sweep(st: RankState) -> None:
     """Creation and destruction ms per workspace size T, and per creation phase; the sizes alternate in rounds
-    (:func:`sglab.measure.timing.interleaved`) so that drift lands on all of them alike. Every sample starts
+    (:func:`sglab.core.timing.interleaved`) so that drift lands on all of them alike. Every sample starts
     after a barrier, on every rank at once."""
-    from sglab.measure.timing import Timing, interleaved
+    from sglab.core.timing import Timing, interleaved
 
     cfg, ctx, H = st.cfg, st.ctx, st.cfg["hidden_dim"]
     creator = make_creator(cfg["creator"], st.ops)
@@ -253,7 +253,7 @@ def _parent_leak_rows(pids: list[int], world_size: int) -> list[dict]:
     time.sleep(0.5)
     alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     try:
-        from sglab.measure import memory
+        from sglab.core import memory
 
         left_mib = float(memory.process_gpu_memory(pids)["used_mib"].sum())
     except Exception:  # no NVML: cannot say
@@ -295,11 +295,11 @@ def rank_config(p: dict, *, progress: bool, trace_dir: str) -> dict:
 
 
 def run(params: Optional[dict] = None, *, progress: bool = True):
-    """Simulation on the full traces plus the live replay on ``world_size`` GPUs: a :class:`sglab.runs.Measured`
+    """Simulation on the full traces plus the live replay on ``world_size`` GPUs: a :class:`sglab.core.runs.Measured`
     with the tidy rows, the profiler's event table (sidecar ``events``) and one Perfetto file per rank."""
     import pandas as pd
 
-    from sglab import dist, runs
+    from sglab.core import dist, runs
 
     from sglab.experiments.workspace_floor import DEFAULT_PARAMS, EXPERIMENT
 

@@ -65,7 +65,7 @@ def recreations(trace_name: str, policy: str, world_size: int, hidden_dim: int, 
 
 def simulated_frame(world_sizes=(2, 4), params: Optional[dict] = None):
     """Tidy frame of :func:`simulate_rows` for both stored traces and the given world sizes."""
-    from sglab import runs
+    from sglab.core import runs
 
     from sglab.experiments.workspace_floor import EXPERIMENT
 

@@ -7,7 +7,7 @@ without trusting its own bookkeeping.
 
 from __future__ import annotations
 
-from sglab.claims import Claim, holds
+from sglab.core.claims import Claim, holds
 
 from sglab.experiments.workspace_floor import analysis
 from sglab.experiments.workspace_floor.profile import COST_VARIANT

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from sglab import runs
+from sglab.core import runs
 
 TRACE_PARAMS = {
     "seed": 0,

@@ -42,7 +42,7 @@ from sglab.fixes.breakable_graph.models import (
     run_eager,
     varlen_attention,
 )
-from sglab.fixes.toy_decoder import LogitsProcessor
+from sglab.core.toy_decoder import LogitsProcessor
 
 __all__ = [
     "AFTER", "BEFORE", "BOUNDARIES", "MODEL_SHAPES", "TINY_CONFIG", "AttnMetadata", "BatchShape",

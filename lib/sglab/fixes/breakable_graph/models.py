@@ -1,6 +1,6 @@
 """The prefill model of the breakable-graph notebook, and the wrapper shapes ``layer_model`` resolution meets.
 
-The model is the shared :mod:`sglab.fixes.toy_decoder` with learned positions and one change: its attention op is
+The model is the shared :mod:`sglab.core.toy_decoder` with learned positions and one change: its attention op is
 :func:`varlen_attention`, decorated ``@eager_on_graph(True)`` like SGLang's attention layers, so a breakable capture
 ends a graph segment there and replays it eagerly with the live request boundaries. It stands in for SGLang's
 varlen attention backend: one dense SDPA call with a block-diagonal causal mask built from the live
@@ -17,7 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglab.fixes.toy_decoder import CausalLM, DecoderConfig, DecoderStack, LogitsProcessor, init_normal_
+from sglab.core.toy_decoder import (
+    CausalLM, DecoderConfig, DecoderStack, LogitsProcessor, init_normal_,
+)
 from sglab.fixes.breakable_graph.breakable_cuda_graph import eager_on_graph
 from sglab.fixes.breakable_graph.forward_batch import PrefillBatch, build_attn_metadata, get_forward_metadata, set_forward_context
 
@@ -128,7 +130,7 @@ def build_model(
     seed: int = 0,
     draw_on: str = "cpu",
 ) -> nn.Module:
-    """A model of one shape, weights from :func:`~sglab.fixes.toy_decoder.init_normal_` after seeding with ``seed``.
+    """A model of one shape, weights from :func:`~sglab.core.toy_decoder.init_normal_` after seeding with ``seed``.
 
     ``draw_on="cpu"``: built and drawn on the CPU from the global RNG, then moved (the weights of the runs recorded
     before method 3, reproduced bit for bit). ``"device"``: built on ``device`` and the same distributions drawn

@@ -7,7 +7,7 @@ One module per upstream file:
 - :mod:`.kimi_k25` — ``KimiK25ForConditionalGeneration`` reduced to its shape, in the alias variants;
 - :mod:`.piecewise_cuda_graph_runner` — the run-time behaviour of ``PiecewiseCudaGraphRunner``.
 
-The LLM inside the wrapper is the shared :mod:`sglab.fixes.toy_decoder`. No measuring here;
+The LLM inside the wrapper is the shared :mod:`sglab.core.toy_decoder`. No measuring here;
 :mod:`sglab.experiments.pcg_gate` measures.
 """
 

@@ -2,7 +2,7 @@
 
 Mirrors ``python/sglang/srt/models/kimi_k25.py`` (SGLang #26382, part A): ``KimiK25ForConditionalGeneration``
 reduced to its attribute shape — a ``vision_tower``, an ``mm_projector`` and the LLM under ``language_model``
-(a CausalLM holding ``.model.layers``; here :class:`sglab.fixes.toy_decoder.CausalLM`). The PR adds
+(a CausalLM holding ``.model.layers``; here :class:`sglab.core.toy_decoder.CausalLM`). The PR adds
 ``@property model -> self.language_model`` and a ``__setattr__`` that drops any assignment to the name ``model``.
 
 Four wrapper variants (``VARIANTS``) reproduce the before/after, plus one extra that shows why a property setter
@@ -28,7 +28,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from sglab.fixes.toy_decoder import CausalLM, DecoderConfig, build_on_device
+from sglab.core.toy_decoder import CausalLM, DecoderConfig, build_on_device
 
 VARIANTS = ("no_alias", "plain_alias", "property_only", "property_guard")
 EXTRA_VARIANTS = ("property_setter",)

@@ -4,7 +4,7 @@ Mirrors what ``python/sglang/srt/model_executor/piecewise_cuda_graph_runner.py``
 does at run time — one CUDA graph per piece between two attention calls, attention eager on the real token count,
 one set of graphs per token-count bucket of ``ServerArgs._generate_piecewise_cuda_graph_tokens``, the batch padded
 up to its bucket, every capture in one shared graph memory pool — without torch.compile: the layers of
-:class:`sglab.fixes.toy_decoder.DecoderStack` expose their two halves (``pre_attn`` / ``post_attn``) and the runner
+:class:`sglab.core.toy_decoder.DecoderStack` expose their two halves (``pre_attn`` / ``post_attn``) and the runner
 captures them directly.
 
 How activations cross from one piece to the next (``handoff``):
@@ -32,7 +32,7 @@ HANDOFFS = ("copy", "direct")
 
 
 class PiecewiseRunner:
-    """Piecewise prefill over a :class:`~sglab.fixes.toy_decoder.DecoderStack` (one sequence).
+    """Piecewise prefill over a :class:`~sglab.core.toy_decoder.DecoderStack` (one sequence).
 
     Segment ``i`` (0..L) is: ``post_attn`` of layer i-1 (or the embedding for i=0), then ``pre_attn`` of layer i
     (or the final norm for i=L). Attention runs eagerly between segment replays on the first ``n`` rows only (the

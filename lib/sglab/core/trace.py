@@ -1,0 +1,236 @@
+"""A profiler picture of one piece of work: torch.profiler events reduced to a small, tidy event table.
+
+    with trace.Recorder(perfetto="run.trace.json.gz") as rec:     # CPU + CUDA activities where CUDA is here
+        with trace.phase("recreate workspace"):
+            ...
+    rec.events          # lane, name, category, start_us, dur_us, phase
+
+Why a table: a notebook without a GPU must draw the same timeline from a recorded run as a live one draws from its
+own trace, so the picture is made from a plain DataFrame that is stored beside the run (see
+:func:`sglab.core.runs.write_run`'s ``sidecars``). Events come from torch's own reader (``prof.events()``: one
+``FunctionEvent`` per host op, runtime call, user range and device activity), never from parsing the JSON export;
+the Perfetto file is torch's own ``export_chrome_trace``, gzipped.
+
+Categories: ``kernel``, ``memcpy``, ``memset`` (device activity), ``runtime`` (CUDA runtime / driver calls on the
+host), ``range`` (a ``record_function`` / :func:`phase` range), ``op`` (a host-side torch op). Lanes: ``host`` (the
+ops and ranges of the calling thread; other threads get ``host <tid>``), ``runtime``, ``stream <id>`` per CUDA
+stream. ``phase`` is the innermost :func:`phase` range that contains the event (host events by their host range,
+device events by the device-side copy of the range, which spans the kernels launched inside it).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+# Kineto (torch 2.13) prints "USDT: profiler_start/stop" lines on stderr at every session; they would land in
+# notebook cells as stderr output. Level 6 keeps errors out of the way too, so it is only set where unset.
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
+COLUMNS = ["lane", "name", "category", "start_us", "dur_us", "phase"]
+PHASE_PREFIX = "phase::"
+CATEGORIES = ("kernel", "memcpy", "memset", "runtime", "range", "op")
+
+# FunctionEvent.activity_type (torch >= 2.12) -> category; older torch falls back to names (see _category)
+_ACTIVITY = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset", "cuda_runtime": "runtime",
+             "cuda_driver": "runtime", "user_annotation": "range", "gpu_user_annotation": "range",
+             "cpu_op": "op", "python_function": "op"}
+
+
+@contextmanager
+def phase(name: str):
+    """Mark a phase of the work (a ``record_function`` range named ``phase::<name>``)."""
+    from torch.profiler import record_function
+
+    with record_function(PHASE_PREFIX + name):
+        yield
+
+
+def _is_device(ev) -> bool:
+    return str(getattr(ev, "device_type", "")).endswith("CUDA")
+
+
+def _category(ev) -> str:
+    act = getattr(ev, "activity_type", None)
+    if act in _ACTIVITY:
+        return _ACTIVITY[act]
+    name = ev.name
+    if getattr(ev, "is_user_annotation", False) or name.startswith(PHASE_PREFIX):
+        return "range"
+    if _is_device(ev):
+        if name.startswith("Memcpy"):
+            return "memcpy"
+        if name.startswith("Memset"):
+            return "memset"
+        return "kernel"
+    if name.startswith(("cuda", "cu")) and not name.startswith("cudnn"):
+        return "runtime"
+    return "op"
+
+
+def _lane(ev, category: str, main_thread) -> str:
+    if _is_device(ev):
+        stream = getattr(ev, "device_resource_id", None)
+        return f"stream {stream}" if stream is not None else "device"
+    if category == "runtime":
+        return "runtime"
+    return "host" if ev.thread == main_thread else f"host {ev.thread}"
+
+
+def _assign_phases(df):
+    """Innermost phase range (host ranges for host events, device ranges for device events) per event."""
+    import numpy as np
+
+    is_dev = (df.lane.str.startswith("stream") | (df.lane == "device")).to_numpy()
+    start = df.start_us.to_numpy()
+    phases = np.full(len(df), "", dtype=object)
+    ranges = df[(df.category == "range") & df.name.str.startswith(PHASE_PREFIX)]
+    # longest first, so that a shorter (inner) range containing the same event overwrites it: innermost wins
+    for i in ranges.sort_values("dur_us", ascending=False, kind="stable").index:
+        r = df.loc[i]
+        inside = (start >= r.start_us) & (start <= r.start_us + r.dur_us) & (is_dev == is_dev[df.index.get_loc(i)])
+        phases[inside] = r["name"][len(PHASE_PREFIX):]
+    out = df.copy()
+    out["phase"] = phases
+    return out
+
+
+def event_table(events, *, keep_ops: bool = False):
+    """Reduce torch.profiler ``FunctionEvent``s to :data:`COLUMNS`, start times relative to the first event.
+
+    Host ops are dropped unless ``keep_ops`` (they are many and rarely the point); phase ranges, runtime calls and
+    device activity are kept.
+    """
+    import pandas as pd
+
+    events = list(events)
+    if not events:
+        return pd.DataFrame(columns=COLUMNS)
+    host = [e for e in events if not _is_device(e)]
+    main_thread = min((e.thread for e in host), default=None, key=lambda t: (t is None, t))
+    rows = []
+    for ev in events:
+        cat = _category(ev)
+        rows.append({"lane": _lane(ev, cat, main_thread), "name": ev.name, "category": cat,
+                     "start_us": float(ev.time_range.start), "dur_us": float(ev.time_range.end - ev.time_range.start)})
+    df = pd.DataFrame(rows)
+    df["start_us"] -= df.start_us.min()
+    df = _assign_phases(df.sort_values("start_us", kind="stable").reset_index(drop=True))
+    if not keep_ops:
+        df = df[df.category != "op"]
+    return df[COLUMNS].reset_index(drop=True)
+
+
+class Recorder:
+    """Profile the ``with`` block (CPU, plus CUDA when this process can use it) into :attr:`events`.
+
+    ``perfetto``: also write torch's Chrome/Perfetto trace there (``.json.gz`` is gzipped). ``keep_ops``: keep host
+    torch ops in the table. The first profiling session of a process can miss device activity while CUPTI starts,
+    so a throwaway session runs first where CUDA is used.
+    """
+
+    def __init__(self, *, perfetto: str | Path | None = None, keep_ops: bool = False, cuda: bool | None = None):
+        import torch
+
+        self.cuda = torch.cuda.is_available() if cuda is None else cuda
+        self.perfetto = Path(perfetto) if perfetto else None
+        self.keep_ops = keep_ops
+        self.events = None
+        self._prof = None
+
+    def __enter__(self):
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        if self.cuda:
+            from sglab.core.kernels import _warm_profiler
+
+            _warm_profiler()
+            torch.cuda.synchronize()
+        self._prof = profile(activities=activities, acc_events=True)  # torch 2.11 warns on events() otherwise
+        self._prof.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+        self._prof.__exit__(*exc)
+        if exc[0] is None:
+            self.events = event_table(self._prof.events(), keep_ops=self.keep_ops)
+            if self.perfetto is not None:
+                write_perfetto(self._prof, self.perfetto)
+        return False
+
+
+def record(fn, **kw):
+    """Run ``fn()`` once under a :class:`Recorder`; return the event table."""
+    with Recorder(**kw) as rec:
+        fn()
+    return rec.events
+
+
+def write_perfetto(prof, path: str | Path) -> Path:
+    """torch's Chrome trace of ``prof`` at ``path`` (gzipped when the name ends in ``.gz``); opens in
+    https://ui.perfetto.dev or chrome://tracing."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(raw))
+        if path.suffix == ".gz":
+            with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        else:
+            shutil.copyfile(raw, path)
+    return path
+
+
+def summary(events, *, by: str = "phase"):
+    """Count and total device/host time per ``by`` and category: the numbers a timeline annotates."""
+    g = events.groupby([by, "category"]).dur_us
+    return g.agg(count="size", total_us="sum").reset_index()
+
+
+def ranges(events, prefix: str = ""):
+    """The user ranges (``range`` category, host side) whose name starts with ``prefix`` (phase ranges without
+    their ``phase::`` prefix), in time order: e.g. one row per workspace re-creation."""
+    r = events[(events.category == "range") & ~events.lane.str.startswith("stream")].copy()
+    r["name"] = r.name.str.replace(PHASE_PREFIX, "", regex=False)
+    return r[r.name.str.startswith(prefix)].sort_values("start_us").reset_index(drop=True)
+
+
+def trace_phases(fns, *, perfetto: str | Path | None = None, cuda: bool | None = None):
+    """Run each function of ``fns`` (``{phase name: callable}``) once inside its own :func:`phase` range, under one
+    :class:`Recorder` session; the device is synchronised before and after each so that phases never overlap on the
+    device. Returns the event table."""
+    import torch
+
+    rec = Recorder(perfetto=perfetto, cuda=cuda)
+    sync = torch.cuda.synchronize if rec.cuda else (lambda: None)
+    with rec:
+        for name, fn in fns.items():
+            sync()
+            with phase(name):
+                fn()
+            sync()
+    return rec.events
+
+
+def phase_columns(events, pattern: str, columns, converters=None):
+    """The events whose ``phase`` matches ``pattern`` (a regular expression with one group per column), with the
+    groups as new ``columns`` (each passed through its ``converters`` entry, e.g. ``int``)."""
+    m = events.phase.str.extract(pattern)
+    keep = m[0].notna()
+    out = events[keep].copy()
+    for i, col in enumerate(columns):
+        values = m[i][keep]
+        conv = (converters or {}).get(col)
+        out[col] = values.map(conv).values if conv else values.values
+    return out.reset_index(drop=True)

@@ -1,0 +1,303 @@
+"""The source checks: given ``read(relpath)`` over an SGLang package folder, which state is each fix in?
+
+One function per upstream change, registered under the experiment's name, each answering one of
+:data:`sglab.sglang.upstream.STATES` with a one-line reason. They read syntax (functions and classes found by name with
+:mod:`ast`), never import SGLang, and never look at a version number: the same function classifies an installed
+package, an unpacked wheel, a wheel read through zipfile, or a checkout. ``before`` and ``regressed`` differ by the
+code around the missing fix: ``before`` is the PR-era code without it, ``regressed`` is code from after the PR
+(a refactor that replaced the fixed file) that lost it.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from sglab.sglang.upstream import Verdict, register
+from sglab.sglang import source as S
+
+KIMI_MODEL = "srt/models/kimi_k25.py"
+KIMI_PROCESSOR = "srt/multimodal/processors/kimi_k25.py"
+LAYERNORM = "srt/layers/layernorm.py"
+BREAKABLE_RUNNER = "srt/model_executor/breakable_cuda_graph_runner.py"
+PREFILL_RUNNER = "srt/model_executor/runner/prefill_cuda_graph_runner.py"
+SWA_POOL = "srt/mem_cache/swa_memory_pool.py"
+DECODE_RUNNER = "srt/model_executor/cuda_graph_runner.py"
+PIECEWISE_RUNNER = "srt/model_executor/piecewise_cuda_graph_runner.py"
+ROUND_UP_HOMES = ("srt/utils/common.py", "srt/model_executor/runner/base_cuda_graph_runner.py")
+
+
+def _parsed(read, rel):
+    """(text, tree) of ``rel``; tree is None when the file is missing or does not parse."""
+    text = read(rel)
+    return text, (S.parse(text) if text is not None else None)
+
+
+# -- #26382 part A ----------------------------------------------------------------------------------------------
+def inspect_kimi_wrapper(source: str, class_name: str = "KimiK25ForConditionalGeneration") -> dict:
+    """Static reading of ``models/kimi_k25.py``: property ``model``, a ``__setattr__`` that tests
+    ``name == "model"``, or a plain ``self.model = ...`` assignment in ``__init__`` (with what it aliases)."""
+    cls = S.find(S.parse(source), class_name)
+    found = {"class": isinstance(cls, ast.ClassDef), "property": False, "guard": False, "plain_alias": None}
+    if not found["class"]:
+        return found
+    prop = S.find(cls, "model")
+    found["property"] = prop is not None and "property" in {ast.unparse(d) for d in prop.decorator_list}
+    setattr_fn = S.find(cls, "__setattr__")
+    found["guard"] = "model" in S.string_constants(setattr_fn)
+    alias = S.assignments(S.find(cls, "__init__"), "self.model")
+    found["plain_alias"] = ast.unparse(alias[0]) if alias else None
+    return found
+
+
+@register("pcg_gate", "Kimi-K2.5 wrapper: `.model` property + __setattr__ guard (#26382)")
+def pcg_gate(read) -> Verdict:
+    src = read(KIMI_MODEL)
+    if src is None:
+        return Verdict("absent", "no models/kimi_k25.py: Kimi-K2.5 is not in this SGLang")
+    f = inspect_kimi_wrapper(src)
+    if not f["class"]:
+        return Verdict("unknown", "models/kimi_k25.py has no KimiK25ForConditionalGeneration class")
+    if f["property"] and f["guard"]:
+        return Verdict("pr-era", "`model` property returns language_model and __setattr__ drops writes to "
+                                 "`model`: the PCG gate passes, the LLM is registered once")
+    if f["property"]:
+        return Verdict("before", "`model` property without the __setattr__ guard: the gate passes, but the "
+                                 "runner's write to `.model` registers the LLM a second time")
+    if f["plain_alias"]:
+        return Verdict("before", f"plain `self.model = {f['plain_alias']}` in __init__: the gate passes, but "
+                                 "nn.Module registers it twice (duplicate model.* keys)")
+    return Verdict("before", "no `.model` on KimiK25ForConditionalGeneration: the piecewise-CUDA-graph gate "
+                             "(hasattr(model, 'model')) refuses it as 'not a language model'")
+
+
+# -- #26382 part B ----------------------------------------------------------------------------------------------
+_PR_FLOOR = "max(x.shape[0], 2048)"
+
+
+def _callee_default(read) -> str:
+    """The end of the "before" reason: the callee's default and its assert, read from flashinfer_comm_fusion.py."""
+    _, tree = _parsed(read, "srt/layers/flashinfer_comm_fusion.py")
+    fn = S.find(tree, "flashinfer_allreduce_residual_rmsnorm")
+    if fn is None:
+        return ""
+    args = fn.args.args[len(fn.args.args) - len(fn.args.defaults):]
+    default = next((ast.unparse(d) for a, d in zip(args, fn.args.defaults) if a.arg == "max_token_num"), None)
+    if default is None:
+        return ""
+    guard = any(isinstance(n, ast.Assert) and "max_token_num" in ast.unparse(n.test) for n in ast.walk(fn))
+    return f": the callee's default max_token_num={default} applies" + (
+        f" and it asserts the batch has at most {default} tokens" if guard else "")
+
+
+@register("workspace_floor", "layernorm passes max_token_num=max(x.shape[0], 2048) to the fused AR+norm (#26382)")
+def workspace_floor(read) -> Verdict:
+    src, tree = _parsed(read, LAYERNORM)
+    if src is None:
+        return Verdict("absent", "no layers/layernorm.py in this SGLang")
+    if tree is None:
+        return Verdict("unknown", "layers/layernorm.py does not parse")
+    scope = S.find(tree, "_forward_with_allreduce_fusion") or tree
+    fused = S.calls(scope, "flashinfer_allreduce_residual_rmsnorm")
+    if not fused:
+        return Verdict("absent", "layernorm.py does not call flashinfer_allreduce_residual_rmsnorm "
+                                 "(no fused all-reduce + RMSNorm, no workspace to size)")
+    passed = [S.keyword(c, "max_token_num") for c in fused]
+    if all(e is None for e in passed):
+        return Verdict("before", "layernorm.py calls flashinfer_allreduce_residual_rmsnorm without max_token_num"
+                                 + _callee_default(read))
+    spelled = {ast.unparse(e) for e in passed if e is not None}
+    if _PR_FLOOR in spelled:
+        return Verdict("pr-era", f"layernorm.py passes max_token_num={_PR_FLOOR} to "
+                                 "flashinfer_allreduce_residual_rmsnorm")
+    floors = [e for e in passed if isinstance(e, ast.Call) and S.callee_name(e) == "max" and len(e.args) == 2
+              and isinstance(e.args[1], ast.Constant) and isinstance(e.args[1].value, int)]
+    if floors:
+        return Verdict("changed", f"layernorm.py passes max_token_num={ast.unparse(floors[0])}: a floor other "
+                                  "than the PR's 2048")
+    return Verdict("unknown", f"layernorm.py passes max_token_num={sorted(spelled)[0]}, not a floor this check "
+                              "recognises")
+
+
+# -- #24662 -----------------------------------------------------------------------------------------------------
+def _swaps_layer_forward(cls) -> bool:
+    """The after-#24662 shape: ``self.layer_model`` is resolved and its ``forward`` swapped for the graph at replay."""
+    return bool(S.assignments(cls, "self.layer_model")) and bool(S.assignments(cls, "self.layer_model.forward"))
+
+
+def _rejects_multi_request(can_run) -> bool:
+    return any(isinstance(n, ast.Compare) and ast.unparse(n.left) == "forward_batch.batch_size"
+               for n in ast.walk(can_run)) if can_run is not None else False
+
+
+@register("breakable_graph", "Breakable CUDA graph captures only the layer stack (#24662)")
+def breakable_graph(read) -> Verdict:
+    src, tree = _parsed(read, BREAKABLE_RUNNER)
+    if src is not None:
+        cls = S.find(tree, "BreakableCudaGraphRunner")
+        if cls is None:
+            return Verdict("unknown", "breakable_cuda_graph_runner.py has no BreakableCudaGraphRunner class")
+        if _swaps_layer_forward(cls):
+            return Verdict("pr-era", "BreakableCudaGraphRunner captures self.layer_model and swaps its forward "
+                                     "for the graph at replay; the logits tail runs eagerly for any request count")
+        if _rejects_multi_request(S.find(cls, "can_run")):
+            return Verdict("before", "BreakableCudaGraphRunner captures model.forward (logits tail included) at "
+                                     "bs=1, so can_run refuses every batch of more than one request")
+        return Verdict("unknown", "BreakableCudaGraphRunner neither swaps layer_model.forward nor refuses bs > 1")
+    src, tree = _parsed(read, PREFILL_RUNNER)
+    if src is not None:
+        cls = S.find(tree, "PrefillCudaGraphRunner")
+        if cls is not None and _swaps_layer_forward(cls):
+            return Verdict("changed", "breakable_cuda_graph_runner.py is gone; the unified PrefillCudaGraphRunner "
+                                      "captures self.layer_model and swaps its forward at replay (multi-request)")
+        if cls is not None and _rejects_multi_request(S.find(cls, "can_run_graph") or S.find(cls, "can_run")):
+            return Verdict("regressed", "PrefillCudaGraphRunner refuses batches of more than one request again")
+        return Verdict("unknown", "runner/prefill_cuda_graph_runner.py found, but no layer_model swap recognised")
+    return Verdict("absent", "no breakable CUDA graph runner in this SGLang (neither breakable_cuda_graph_runner.py "
+                             "nor runner/prefill_cuda_graph_runner.py)")
+
+
+# -- #23552 (+ #24743) ------------------------------------------------------------------------------------------
+def _swa_buffer_facts(tree) -> tuple[str | None, bool]:
+    """(dtype of DecodeInputBuffers.out_cache_loc_swa, whether a padded populate zeroes it) — the #24743 pair."""
+    create = S.find(tree, "DecodeInputBuffers.create")
+    dtype = None
+    for value in S.assignments(create, "out_cache_loc_swa"):
+        for call in S.calls(value, "zeros"):
+            kw = S.keyword(call, "dtype")
+            dtype = ast.unparse(kw) if kw is not None else dtype
+    populate = S.find(tree, "DecodeInputBuffers.populate_from_forward_batch")
+    zeroed = any(ast.unparse(c.func).endswith("out_cache_loc_swa.zero_") for c in S.calls(populate, "zero_"))
+    return dtype, zeroed
+
+
+def swa_padding_zeroed(read) -> bool:
+    """Whether the decode buffers zero ``out_cache_loc_swa`` on a padded populate (#24743's fix)."""
+    _, tree = _parsed(read, DECODE_RUNNER)
+    return tree is not None and _swa_buffer_facts(tree)[1]
+
+
+@register("swa_loc", "SWA location preset before decode-graph capture (#23552, #24743)")
+def swa_loc(read) -> Verdict:
+    src, tree = _parsed(read, SWA_POOL)
+    if src is None:
+        return Verdict("absent", "no mem_cache/swa_memory_pool.py: no hybrid SWA KV pool in this SGLang")
+    set_kv = S.find(tree, "SWAKVPool.set_kv_buffer")
+    if set_kv is None:
+        return Verdict("unknown", "mem_cache/swa_memory_pool.py has no SWAKVPool.set_kv_buffer")
+    if not S.calls(set_kv, "translate_loc_from_full_to_swa"):
+        if S.find(tree, "SWAKVPool.set_swa_loc") is None and S.mentions(set_kv, "swa_loc"):
+            return Verdict("changed", "SWAKVPool.set_kv_buffer never translates: it is handed the SWA location "
+                                      "translated once per forward (set_swa_loc is gone, nothing to preset)")
+        return Verdict("unknown", "SWAKVPool.set_kv_buffer neither translates nor takes a swa_loc")
+    runner_src, runner = _parsed(read, DECODE_RUNNER)
+    capture = S.find(runner, "CudaGraphRunner.capture_one_batch_size")
+    if capture is None:
+        return Verdict("unknown", "set_kv_buffer translates unless swa_loc is set, but the decode runner's "
+                                  "CudaGraphRunner.capture_one_batch_size was not found")
+    presets = [c for c in S.calls(capture, "set_swa_loc") if "out_cache_loc_swa" in ast.unparse(c)]
+    if not presets:
+        return Verdict("before", "set_kv_buffer translates unless swa_loc is set, and capture_one_batch_size sets "
+                                 "none: every SWA layer's translation is captured into the decode graph")
+    dtype, zeroed = _swa_buffer_facts(runner)
+    tail = (f"#24743: padded tail zeroed, {dtype} buffer" if zeroed
+            else f"#24743 not yet: padded tail not zeroed, {dtype} buffer")
+    return Verdict("pr-era", f"capture_one_batch_size presets set_swa_loc(out_cache_loc_swa) before capture "
+                             f"(#23552); {tail}")
+
+
+# -- #22858 -----------------------------------------------------------------------------------------------------
+def _dict_keys(node) -> set[str]:
+    return {k.value for n in ast.walk(node) if isinstance(n, ast.Dict)
+            for k in n.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+
+
+def _grid_built_on_cpu(tree) -> bool:
+    """``_gpu_preprocess_images`` makes ``grid_thws`` with ``torch.tensor(...)`` and no ``device=``: a CPU tensor."""
+    fn = S.find(tree, "_gpu_preprocess_images")
+    return any(isinstance(v, ast.Call) and S.callee_name(v) == "tensor" and S.keyword(v, "device") is None
+               for v in S.assignments(fn, "grid_thws"))
+
+
+@register("grid_thw", "Kimi-K2.5 grid on the CPU under image_grid_thw (#22858)")
+def grid_thw(read) -> Verdict:
+    src, tree = _parsed(read, KIMI_PROCESSOR)
+    if src is None:
+        return Verdict("absent", "no multimodal/processors/kimi_k25.py: no Kimi-K2.5 image processor")
+    gpu_call = S.find(tree, "KimiGPUProcessorWrapper._gpu_call")
+    if gpu_call is None:
+        return Verdict("absent", "no KimiGPUProcessorWrapper._gpu_call: Kimi-K2.5 images are not preprocessed on "
+                                 "a GPU here, so no grid is built on cuda:0")
+    keys = _dict_keys(gpu_call)
+    moved = S.mentions(gpu_call, "grid_thws.cpu()")
+    on_cpu = _grid_built_on_cpu(tree)
+    if "image_grid_thw" in keys and moved:
+        return Verdict("pr-era", "_gpu_call moves grid_thws to the CPU (.cpu()) and returns it as image_grid_thw")
+    if "image_grid_thw" in keys and on_cpu:
+        return Verdict("changed", "_gpu_preprocess_images builds grid_thws on the CPU (torch.tensor, no device) "
+                                  "and _gpu_call returns it as image_grid_thw; no .cpu() needed")
+    if "image_grid_thw" in keys:
+        return Verdict("regressed", "_gpu_call returns image_grid_thw built on the GPU without .cpu(): a cuda:0 "
+                                    "tensor reaches every TP rank again")
+    if "grid_thws" in keys and not (moved or on_cpu):
+        return Verdict("before", "_gpu_call returns grid_thws as built on the preprocessing GPU (not a "
+                                 "FEATURE_NAMES key, so it reaches every TP rank as a cuda:0 tensor)")
+    return Verdict("unknown", f"_gpu_call returns keys {sorted(keys)}: not a shape this check recognises")
+
+
+# -- #23972 -----------------------------------------------------------------------------------------------------
+def _mod_filter(node) -> bool:
+    """A ``% mul_base == 0`` / ``% attn_tp_size == 0`` comprehension filter under ``node``."""
+    for comp in (n for n in ast.walk(node) if isinstance(n, ast.comprehension)):
+        for cond in comp.ifs:
+            for b in ast.walk(cond):
+                if isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) and \
+                        any(k in ast.unparse(b.right) for k in ("mul_base", "attn_tp_size")):
+                    return True
+    return False
+
+
+def _rounds_up(read, tree, values) -> str | None:
+    """The call chain by which the prefill runner's capture sizes are rounded up to the alignment, or None."""
+    names = {S.callee_name(c) for v in values for c in ast.walk(v) if isinstance(c, ast.Call)}
+    chain = []
+    for name in sorted(names):  # one level into this module's own helpers
+        helper = S.find(tree, name)
+        inner = {S.callee_name(c) for c in ast.walk(helper) if isinstance(c, ast.Call)} if helper else set()
+        if "get_cuda_graph_max_batch_size" in inner or "ceil_align" in inner:
+            chain.append(name)
+    if not chain:
+        return None
+    for rel in ROUND_UP_HOMES:
+        _, home = _parsed(read, rel)
+        fn = S.find(home, "get_cuda_graph_max_batch_size")
+        if fn is not None and S.calls(fn, "ceil_align"):
+            return f"{chain[0]} → get_cuda_graph_max_batch_size → ceil_align ({rel.split('/', 1)[1]})"
+    return f"{chain[0]} → ceil_align" if any(S.calls(S.find(tree, n), "ceil_align") for n in chain) else None
+
+
+@register("capture_sizes", "Piecewise capture sizes aligned to the attention-TP group (#23972)")
+def capture_sizes(read) -> Verdict:
+    src, tree = _parsed(read, PIECEWISE_RUNNER)
+    if src is not None:
+        init = S.find(tree, "PiecewiseCudaGraphRunner.__init__")
+        if init is None:
+            return Verdict("unknown", "piecewise_cuda_graph_runner.py has no PiecewiseCudaGraphRunner.__init__")
+        if _mod_filter(init):
+            return Verdict("pr-era", "PiecewiseCudaGraphRunner.__init__ keeps only capture sizes divisible by "
+                                     "mul_base (attention TP, x CP) when the gathered buffer is required")
+        return Verdict("before", "PiecewiseCudaGraphRunner.__init__ captures every configured size: sizes not "
+                                 "divisible by attention TP reach the dense-TP1 reduce-scatter")
+    src, tree = _parsed(read, PREFILL_RUNNER)
+    if src is not None:
+        values = S.assignments(S.find(tree, "PrefillCudaGraphRunner.__init__"), "self.capture_num_tokens")
+        if not values:
+            return Verdict("unknown", "PrefillCudaGraphRunner.__init__ does not set self.capture_num_tokens")
+        chain = _rounds_up(read, tree, values)
+        if chain:
+            return Verdict("changed", f"PrefillCudaGraphRunner rounds each capture size up to the TP/CP alignment "
+                                      f"({chain}) instead of dropping it")
+        if any(_mod_filter(v) for v in values):
+            return Verdict("changed", "PrefillCudaGraphRunner filters capture sizes by the attention-TP alignment")
+        return Verdict("regressed", f"piecewise_cuda_graph_runner.py is gone; PrefillCudaGraphRunner captures "
+                                    f"{ast.unparse(values[0])} with no TP/CP alignment (the PR's filter was lost)")
+    return Verdict("absent", "no piecewise or prefill CUDA-graph runner in this SGLang")

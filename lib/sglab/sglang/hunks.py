@@ -1,0 +1,251 @@
+"""Each PR as it was released: the symbols it touched, in the last release without it and the first release with it.
+
+Symbols are found by name with :mod:`ast` in the real released files (the wheels), never by line numbers, and only
+the functions the PR touched are kept, so a hunk stays a page or two. They are committed under
+``data/upstream/<fix>/`` (``pr<N>.json`` with the versions and wheels, ``pr<N>.before.txt``, ``pr<N>.after.txt``,
+``pr<N>.diff``), so a notebook shows the real released hunk beside the rebuilt function with neither SGLang nor a
+network. A release window may carry other changes to the same functions; the diff shows those too, as released.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from sglab.sglang.upstream import data_dir, registered, run_check
+from sglab.sglang import checks as C
+from sglab.sglang import source as S
+
+ABSENT = "# (not in this release)"
+HEADER = "# ── sglang/"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a PR touched: ``symbols`` as ``"srt/<file>.py::Qual.name"``; ``first_with(read)`` says whether a
+    release has the change (default: the fix's check answers "pr-era")."""
+
+    fix: str
+    pr: int
+    symbols: tuple[str, ...]
+    first_with: Callable | None = None
+
+    def has_change(self, read) -> bool:
+        if self.first_with is not None:
+            return bool(self.first_with(read))
+        return run_check(self.fix, read).status == "pr-era"
+
+
+def _in(path: str, *names: str) -> tuple[str, ...]:
+    return tuple(f"{path}::{n}" for n in names)
+
+
+SPECS: tuple[Spec, ...] = (
+    Spec("pcg_gate", 26382, _in(C.KIMI_MODEL, "KimiK25ForConditionalGeneration.model",
+                                "KimiK25ForConditionalGeneration.__setattr__")),
+    Spec("workspace_floor", 26382, _in(C.LAYERNORM, "_forward_with_allreduce_fusion")),
+    Spec("breakable_graph", 24662, _in(C.BREAKABLE_RUNNER, *(f"BreakableCudaGraphRunner.{m}" for m in (
+        "__init__", "_run_forward", "_build_capture_forward_batch", "can_run", "replay")))),
+    Spec("swa_loc", 23552, _in(C.DECODE_RUNNER, "DecodeInputBuffers.create",
+                               "DecodeInputBuffers.populate_from_forward_batch",
+                               "CudaGraphRunner.capture_one_batch_size")),
+    Spec("swa_loc", 24743, _in(C.DECODE_RUNNER, "DecodeInputBuffers.create",
+                               "DecodeInputBuffers.populate_from_forward_batch"), first_with=C.swa_padding_zeroed),
+    Spec("grid_thw", 22858, _in(C.KIMI_PROCESSOR, "KimiGPUProcessorWrapper._gpu_call",
+                                "KimiGPUProcessorWrapper._cpu_call")
+         + _in(C.KIMI_MODEL, "KimiK25ForConditionalGeneration.get_image_feature")),
+    Spec("capture_sizes", 23972, _in(C.PIECEWISE_RUNNER, "PiecewiseCudaGraphRunner.__init__")),
+)
+
+
+def specs(fix: str) -> list[Spec]:
+    """The hunks of ``fix``, its main PR first."""
+    found = [s for s in SPECS if s.fix == fix]
+    if not found:
+        raise KeyError(f"no PR hunk for {fix!r}; known: {sorted({s.fix for s in SPECS})}")
+    return found
+
+
+@dataclass(frozen=True)
+class Hunk:
+    """One PR's symbols before and after, as released. ``before``/``after`` hold every symbol under a
+    ``# ── sglang/<file> · <symbol>`` header (``# (not in this release)`` where it did not exist)."""
+
+    fix: str
+    pr: int
+    symbols: tuple[str, ...]
+    before_version: str
+    after_version: str
+    before: str
+    after: str
+    diff: str
+    before_wheel: dict
+    after_wheel: dict
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(f"sglang/{s.split('::')[0]}" for s in self.symbols))
+
+    @property
+    def path(self) -> str:
+        """The file the PR's main symbol lives in (``sglang/srt/...``)."""
+        return self.paths[0]
+
+    @property
+    def title(self) -> str:
+        return f"sgl-project/sglang#{self.pr} · {self.before_version} → {self.after_version}"
+
+    def blocks(self, side: str = "after") -> dict[str, str | None]:
+        """``{qualname: text}`` of one side (None where the symbol was not in that release)."""
+        return split_blocks(self.after if side == "after" else self.before)
+
+    def __repr__(self) -> str:
+        plus = sum(1 for ln in self.diff.splitlines() if ln.startswith("+") and not ln.startswith("+++"))
+        minus = sum(1 for ln in self.diff.splitlines() if ln.startswith("-") and not ln.startswith("---"))
+        return f"<Hunk {self.fix} {self.title}: {len(self.symbols)} symbols, +{plus} -{minus} lines>"
+
+    def __str__(self) -> str:
+        from sglab.sglang.display import hunk_text
+
+        return hunk_text(self)
+
+    def _repr_html_(self) -> str:
+        from sglab.sglang.display import hunk_html
+
+        return hunk_html(self)
+
+
+# -- reading symbols out of a release ---------------------------------------------------------------------------
+def header(symbol: str) -> str:
+    path, qual = symbol.split("::")
+    return f"{HEADER}{path} · {qual}"
+
+
+def symbol_block(read, symbol: str) -> str:
+    """One symbol of a release as it is stored: its header line, then its text (or the absent marker)."""
+    path, qual = symbol.split("::")
+    text = S.symbol_text(read(path), qual)
+    body = text if text is not None else ABSENT + "\n"
+    return f"{header(symbol)}\n{body}"
+
+
+def side_text(read, symbols) -> str:
+    """Every symbol of one side, in order, separated by a blank line."""
+    return "\n".join(symbol_block(read, s) for s in symbols)
+
+
+def split_blocks(text: str) -> dict[str, str | None]:
+    out, name, lines = {}, None, []
+    for line in text.splitlines(keepends=True) + [HEADER + "end · end\n"]:
+        if line.startswith(HEADER):
+            if name is not None:
+                body = "".join(lines).strip("\n")
+                out[name] = None if body == ABSENT else body + "\n"
+            name, lines = line.rstrip("\n").split(" · ", 1)[1], []
+        else:
+            lines.append(line)
+    return out
+
+
+def unified(before: str, after: str, before_version: str, after_version: str) -> str:
+    return "".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
+                                        fromfile=f"sglang {before_version}", tofile=f"sglang {after_version}", n=3))
+
+
+def find_window(spec: Spec, versions: list[str], reader_for) -> tuple[str, str]:
+    """(last release without the change, first release with it) among ``versions`` (oldest first)."""
+    for i, v in enumerate(versions):
+        if spec.has_change(reader_for(v)):
+            if i == 0:
+                raise ValueError(f"{spec.fix} #{spec.pr}: already in {v}, the oldest release read")
+            return versions[i - 1], v
+    raise ValueError(f"{spec.fix} #{spec.pr}: no release among {versions[0]}..{versions[-1]} has it")
+
+
+def build(spec: Spec, before: tuple, after: tuple) -> Hunk:
+    """``before``/``after`` are ``(version, read, wheel_facts)``."""
+    (bv, bread, bfacts), (av, aread, afacts) = before, after
+    btext, atext = side_text(bread, spec.symbols), side_text(aread, spec.symbols)
+    keep = lambda f: {k: f[k] for k in ("wheel", "sha256", "build_date") if k in f}  # noqa: E731
+    return Hunk(spec.fix, spec.pr, spec.symbols, bv, av, btext, atext, unified(btext, atext, bv, av),
+                keep(bfacts), keep(afacts))
+
+
+# -- committed files --------------------------------------------------------------------------------------------
+def _stem(fix: str, pr: int, root: Path | None) -> Path:
+    return Path(root or data_dir()) / fix / f"pr{pr}"
+
+
+def write(hunk: Hunk, root: Path | None = None) -> Path:
+    stem = _stem(hunk.fix, hunk.pr, root)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"fix": hunk.fix, "pr": hunk.pr, "paths": list(hunk.paths), "symbols": list(hunk.symbols),
+            "before_version": hunk.before_version, "after_version": hunk.after_version,
+            "before_wheel": hunk.before_wheel, "after_wheel": hunk.after_wheel}
+    stem.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+    Path(f"{stem}.before.txt").write_text(hunk.before)
+    Path(f"{stem}.after.txt").write_text(hunk.after)
+    Path(f"{stem}.diff").write_text(hunk.diff)
+    return stem.parent
+
+
+def load(fix: str, pr: int | None = None, *, root: Path | None = None) -> Hunk:
+    """The committed hunk of ``fix`` (its main PR, or ``pr``), as released."""
+    pr = pr or specs(fix)[0].pr
+    stem = _stem(fix, pr, root)
+    meta_path = stem.with_suffix(".json")
+    if not meta_path.exists():
+        raise FileNotFoundError(f"no committed hunk {meta_path} (sglab upstream --releases writes it)")
+    meta = json.loads(meta_path.read_text())
+    return Hunk(meta["fix"], meta["pr"], tuple(meta["symbols"]), meta["before_version"], meta["after_version"],
+                Path(f"{stem}.before.txt").read_text(), Path(f"{stem}.after.txt").read_text(),
+                Path(f"{stem}.diff").read_text(), meta["before_wheel"], meta["after_wheel"])
+
+
+def generate(versions: list[str], wheels: dict, root: Path | None = None) -> list[Hunk]:
+    """Find every PR's window among ``versions`` (oldest first) in the wheels ``{version: path}``, write each hunk."""
+    from sglab.sglang.wheels import WheelReader, wheel_facts
+
+    readers = {}
+
+    def reader_for(v):
+        if v not in readers:
+            readers[v] = WheelReader(wheels[v])
+        return readers[v]
+
+    out = []
+    try:
+        for spec in SPECS:
+            bv, av = find_window(spec, versions, reader_for)
+            hunk = build(spec, (bv, reader_for(bv), wheel_facts(wheels[bv])),
+                         (av, reader_for(av), wheel_facts(wheels[av])))
+            write(hunk, root)
+            out.append(hunk)
+    finally:
+        for r in readers.values():
+            r.close()
+    return out
+
+
+def show(fix: str, pr: int | None = None):
+    """The committed hunk of ``fix`` rendered for a notebook (HTML with +/- colouring; plain text elsewhere)."""
+    from sglab.sglang.display import Rendered, hunk_html, hunk_text
+
+    hunk = load(fix, pr)
+    return Rendered(hunk_html(hunk), hunk_text(hunk))
+
+
+def beside(fix: str, rebuilt, *, pr: int | None = None, symbol: str | None = None, side: str = "after"):
+    """The released ``symbol`` of ``fix``'s hunk next to the rebuilt function or class (``rebuilt``)."""
+    from sglab.sglang.display import beside as _beside
+
+    return _beside(load(fix, pr), rebuilt, symbol=symbol, side=side)
+
+
+def fixes() -> list[str]:
+    """Fixes with a PR hunk, in the notebooks' order."""
+    have = {s.fix for s in SPECS}
+    return [f for f in registered() if f in have]

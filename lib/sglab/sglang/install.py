@@ -1,0 +1,208 @@
+"""Install the pinned SGLang releases side by side: ``sglab real install`` / ``python -m sglab.sglang.install``.
+
+Idempotent: a release or dependency set with a current stamp is left alone, so a second call costs about a
+second. Each release is a ``pip install --no-deps --target .sglang/releases/<V>`` of its wheel; the light
+dependencies go once per dependency set (see :mod:`sglab.sglang.releases`). Installs run in parallel (pip's
+downloads and unpacking are I/O bound), each into a temporary folder that is moved into place only when it is
+complete, so an interrupted install never leaves a half release behind.
+
+A release that cannot be installed prints one line (release, cause) and the others go on; the command exits 1
+then, and callers of :func:`sglab.sglang.run_probe` get a "not run" result naming the cause.
+
+``--wheelhouse DIR`` installs offline from a folder built by ``scripts/wheelhouse-sglang.sh``
+(``DIR/releases/sglang-<V>-*.whl``, ``DIR/deps/<set>/*.whl`` plus ``DIR/deps/common/*.whl``, each installed
+with ``--no-deps``): the GPU
+path, where the image already has torch, triton and transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+from sglab.sglang import pip as _pip
+from sglab.sglang.releases import (
+    DEP_SETS, PINNED, STAMP, dep_set, deps_dir, home, package_dir, parse_version, read_stamp,
+    release_dir,
+)
+
+JOBS = 3
+
+
+@dataclass
+class Outcome:
+    """One release or dependency set: ``installed`` now, ``present`` already, or ``failed`` with a reason."""
+
+    kind: str        # "release" | "deps"
+    name: str
+    status: str
+    seconds: float = 0.0
+    reason: str = ""
+
+    def line(self) -> str:
+        what = f"sglang {self.name}" if self.kind == "release" else f"dependencies {self.name}"
+        if self.status == "failed":
+            return f"{what}: install failed: {self.reason}"
+        if self.status == "present":
+            return f"{what}: already installed"
+        return f"{what}: installed in {self.seconds:.1f} s"
+
+
+def _repo() -> Path:
+    from sglab.core.runs import repo_root
+
+    return repo_root()
+
+
+def _write_stamp(folder: Path, data: dict) -> None:
+    (folder / STAMP).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def _deps_spec(name: str) -> dict:
+    _, reqs, nodeps = DEP_SETS[name]
+    return {"requirements": list(reqs), "no_deps": list(nodeps)}
+
+
+def deps_current(name: str, *, wheelhouse: Optional[Path] = None) -> tuple[bool, str]:
+    """Is dependency set ``name`` installed, for the current requirement list, and does the interpreter still
+    provide what was left out of it?"""
+    stamp = read_stamp(deps_dir(name))
+    if stamp is None:
+        return False, "not installed"
+    if wheelhouse is None and stamp.get("source") != "wheelhouse":
+        if {k: stamp.get(k) for k in ("requirements", "no_deps")} != _deps_spec(name):
+            return False, "requirement list changed"
+    gone = _pip.missing_provided(stamp.get("provided_by_interpreter", []))
+    if gone:
+        return False, f"the interpreter no longer provides {', '.join(gone[:3])}"
+    return True, ""
+
+
+def _install_into(kind: str, name: str, dest: Path, fill: Callable[[Path], dict]) -> Outcome:
+    """Run ``fill(tmp)`` (pip into a fresh temporary folder next to ``dest``; returns stamp fields), stamp the
+    folder and move it to ``dest``. Any :class:`~sglab.sglang.pip.PipError` becomes a failed outcome, and the
+    temporary folder never outlives the call."""
+    t0 = time.perf_counter()
+    tmp = _pip.fresh_tmp(dest.parent, f".{name}-")
+    try:
+        fields = fill(tmp)
+        seconds = time.perf_counter() - t0
+        _write_stamp(tmp, {**fields, "python": sys.version.split()[0], "seconds": round(seconds, 1)})
+        _pip.replace_dir(tmp, dest)
+        return Outcome(kind, name, "installed", seconds)
+    except _pip.PipError as exc:
+        return Outcome(kind, name, "failed", time.perf_counter() - t0, str(exc))
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def install_deps(name: str, *, wheelhouse: Optional[Path] = None) -> Outcome:
+    ok, _ = deps_current(name, wheelhouse=wheelhouse)
+    if ok:
+        return Outcome("deps", name, "present")
+
+    def fill(tmp: Path) -> dict:
+        if wheelhouse is not None:
+            wheels = sorted((wheelhouse / "deps" / name).glob("*.whl"))
+            if not wheels:
+                raise _pip.PipError(f"no wheels in {wheelhouse / 'deps' / name}")
+            wheels += sorted((wheelhouse / "deps" / "common").glob("*.whl"))
+            _pip.pip_install(tmp, wheels, no_deps=True, no_index=True)
+        else:
+            _, reqs, nodeps = DEP_SETS[name]
+            with tempfile.TemporaryDirectory() as work:
+                constraints = _pip.constraint_files(_repo(), Path(work))
+                _pip.pip_install(tmp, reqs, constraints=constraints)
+                if nodeps:
+                    _pip.pip_install(tmp, nodeps, constraints=constraints, no_deps=True)
+        _pip.check_no_forbidden(tmp)
+        return {**_deps_spec(name), "set": name, "provided_by_interpreter": _pip.prune_provided(tmp),
+                "source": "wheelhouse" if wheelhouse is not None else "index"}
+
+    home().mkdir(parents=True, exist_ok=True)
+    return _install_into("deps", name, deps_dir(name), fill)
+
+
+def _release_wheel(version: str, wheelhouse: Optional[Path]) -> tuple[list[str], bool]:
+    """(what to pass to pip, whether to go offline) for one release."""
+    if wheelhouse is not None:
+        wheels = sorted((wheelhouse / "releases").glob(f"sglang-{version}-*.whl"))
+        if not wheels:
+            raise _pip.PipError(f"no sglang-{version}-*.whl in {wheelhouse / 'releases'}")
+        return [str(wheels[0])], True
+    return [f"sglang=={version}"], False
+
+
+def install_release(version: str, *, wheelhouse: Optional[Path] = None) -> Outcome:
+    if read_stamp(release_dir(version)) is not None and (package_dir(version) / "__init__.py").exists():
+        return Outcome("release", version, "present")
+
+    def fill(tmp: Path) -> dict:
+        reqs, offline = _release_wheel(version, wheelhouse)
+        cache = home() / "wheels"  # wheels another part of the project downloaded for reading
+        links = [cache] if cache.is_dir() and not offline else []
+        with tempfile.TemporaryDirectory() as work:
+            constraints = [] if offline else _pip.constraint_files(_repo(), Path(work))
+            _pip.pip_install(tmp, reqs, constraints=constraints, no_deps=True, no_index=offline, find_links=links)
+        if not (tmp / "sglang" / "__init__.py").exists():
+            raise _pip.PipError("the wheel has no sglang/__init__.py")
+        return {"version": version, "wheel": _pip.wheel_of(tmp), "deps": dep_set(version),
+                "source": "wheelhouse" if offline else "index"}
+
+    return _install_into("release", version, release_dir(version), fill)
+
+
+def install(releases: Iterable[str] = PINNED, *, wheelhouse: Optional[Path] = None, jobs: int = JOBS,
+            echo=print) -> list[Outcome]:
+    """Install what is missing of ``releases`` and their dependency sets; one outcome per item, in order."""
+    releases = list(dict.fromkeys(releases))
+    for v in releases:
+        parse_version(v)
+    if wheelhouse is not None and not Path(wheelhouse).is_dir():
+        raise SystemExit(f"wheelhouse {wheelhouse} does not exist (build it with `make wheelhouse-sglang`)")
+    sets = list(dict.fromkeys(dep_set(v) for v in releases))
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [pool.submit(install_deps, s, wheelhouse=wheelhouse) for s in sets]
+        futures += [pool.submit(install_release, v, wheelhouse=wheelhouse) for v in releases]
+        outcomes = []
+        for f in futures:
+            out = f.result()
+            echo(out.line())
+            outcomes.append(out)
+    return outcomes
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="sglab real install", description=__doc__.splitlines()[0])
+    ap.add_argument("--releases", nargs="+", default=list(PINNED), metavar="V",
+                    help=f"releases to install (default: {' '.join(PINNED)})")
+    ap.add_argument("--wheelhouse", type=Path, help="install offline from this folder (GPU boxes)")
+    ap.add_argument("--jobs", type=int, default=JOBS, help="parallel pip processes")
+    args = ap.parse_args(argv)
+    try:
+        for v in args.releases:
+            parse_version(v)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    outcomes = install(args.releases, wheelhouse=args.wheelhouse, jobs=args.jobs)
+    failed = [o for o in outcomes if o.status == "failed"]
+    done = sum(o.status == "installed" for o in outcomes)
+    size = _pip.dir_size_mib(home()) if home().exists() else 0.0
+    print(f"sglang releases: {done} installed, {len(outcomes) - done - len(failed)} already there, "
+          f"{len(failed)} failed; {time.perf_counter() - t0:.1f} s; {home()} holds {size:.0f} MiB")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Recorded probe answers: what the real releases said on the CPU box, kept so that a notebook in recorded mode
+shows its real-SGLang section at once, and a reader without the releases still sees what they did.
+
+Running a probe costs a subprocess per release that imports a whole ``sglang`` (about 8 s each on the two-core box,
+by the recording's own timings); the six notebooks ask 22 of them. A recording is a run of the experiment
+``real_cpu`` (``data/recorded/real_cpu/``, :mod:`sglab.core.runs`: one row per probe and release, the machine and git
+sha in the manifest) with every :class:`~sglab.sglang.runner.ProbeResult` in its ``results`` sidecar. ``sglab real
+record`` writes one; the real-release tests check that it still equals what the installed releases answer.
+
+Where answers come from, per call of :func:`sglab.sglang.runner.run_probes`, is ``source`` or ``$SGLAB_REAL``:
+``auto`` (default) the newest recording where it holds this probe, parameters and release, else live; ``live``
+always run the releases; ``recorded`` never (a release missing from the recording is reported as not run).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable, Optional
+
+EXPERIMENT = "real_cpu"
+METHOD_VERSION = 1
+SOURCES = ("auto", "live", "recorded")
+
+
+def source(requested: Optional[str] = None) -> str:
+    """The source for this call: ``requested``, else ``$SGLAB_REAL``, else ``auto``."""
+    value = (requested or os.environ.get("SGLAB_REAL") or "auto").strip().lower()
+    if value not in SOURCES:
+        raise ValueError(f"SGLAB_REAL must be one of {', '.join(SOURCES)}; got {value!r}")
+    return value
+
+
+def params_key(probe: str, params: Optional[dict]) -> str:
+    """A stable name for one probe call's parameters (the same dict in any key order gives the same key)."""
+    text = json.dumps(params or {}, sort_keys=True, separators=(",", ":"), default=str)
+    return f"{probe}#{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def _result_dict(r) -> dict:
+    rows = r.rows.drop(columns=["release", "probe"], errors="ignore").to_dict("records") if r.rows is not None else []
+    return {"release": r.release, "probe": r.probe, "status": r.status, "rows": rows, "shims": r.shims,
+            "seconds": round(r.seconds, 3), "prepare_seconds": round(r.prepare_seconds, 3), "reason": r.reason,
+            "traceback": r.traceback}
+
+
+@dataclass
+class Recording:
+    results: dict          # {(params_key, release): result dict}
+    label: str             # "recorded 2026-11-24 on cpu, git 1a2b3c4"
+    path: Path
+
+    def lookup(self, release: str, probe: str, params: Optional[dict]):
+        from sglab.sglang.runner import ProbeResult, _frame
+
+        d = self.results.get((params_key(probe, params), release))
+        if d is None:
+            return None
+        return ProbeResult(release, probe, d["status"], _frame(release, probe, d["rows"]), d["shims"], d["seconds"],
+                           d["prepare_seconds"], d["reason"], d["traceback"], recorded=self.label)
+
+
+def write(calls: Iterable[tuple[str, Optional[dict], dict]], *, root: Optional[Path] = None) -> Path:
+    """Write a recording of ``calls`` (``(probe, params, {release: ProbeResult})``) as a ``real_cpu`` run."""
+    from sglab.core import runs
+
+    rows, stored, releases = [], [], set()
+    for probe, params, results in calls:
+        key = params_key(probe, params)
+        for release, r in results.items():
+            releases.add(release)
+            stored.append({"key": key, **_result_dict(r)})
+            rows.append({"variant": release, "probe": probe, "params_key": key, "status": r.status,
+                         "metric": "rows", "value": 0 if r.rows is None else len(r.rows), "unit": "count"})
+    with tempfile.TemporaryDirectory() as tmp:
+        sidecar = Path(tmp) / "results.json.gz"
+        with gzip.open(sidecar, "wt") as f:
+            json.dump(stored, f, default=str)
+        from sglab.sglang.releases import parse_version
+
+        return runs.write_run(runs.tidy(EXPERIMENT, rows), experiment=EXPERIMENT, method_version=METHOD_VERSION,
+                              params={"probes": sorted({r["probe"] for r in rows})},
+                              root=root or runs.data_dir("recorded"), gpu_count=0,
+                              extra={"releases": sorted(releases, key=parse_version)},
+                              sidecars={"results": sidecar})
+
+
+@lru_cache(maxsize=4)
+def _read(path: str, mtime: float) -> Recording:
+    from sglab.core import runs
+
+    run = runs.read_run(path)
+    with gzip.open(run.sidecar("results"), "rt") as f:
+        stored = json.load(f)
+    m = run.manifest
+    label = f"recorded {str(m.get('created_utc', ''))[:10]} on {m.get('gpu_name')}, git {str(m.get('git_sha'))[:7]}"
+    return Recording({(d["key"], d["release"]): d for d in stored}, label, Path(path))
+
+
+def newest() -> Optional[Recording]:
+    """The newest recording under ``data/recorded/real_cpu/``, or None."""
+    from sglab.core import runs
+
+    paths = runs.list_runs(EXPERIMENT)
+    if not paths:
+        return None
+    path = paths[-1]
+    return _read(str(path), path.stat().st_mtime)

@@ -1,0 +1,78 @@
+"""For tests of real releases: results that must exist in CI and may be missing on a developer's machine.
+
+In CI (``CI`` set) a release that did not run fails the test with its one-line reason: CI installs the releases
+through the project's own steps, so a missing one is a defect. Elsewhere the test is skipped with that reason
+(run ``sglab real install`` or ``make test``, which installs them).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from sglab.sglang.runner import ProbeResult, run_probes
+
+
+def require(result: ProbeResult) -> ProbeResult:
+    """``result`` when it ran; otherwise fail (CI) or skip (elsewhere) with its reason."""
+    import pytest
+
+    if result.ok:
+        return result
+    reason = result.reason if result.status == "not-run" else f"{result.reason}\n{result.traceback}"
+    if os.environ.get("CI"):
+        pytest.fail(f"real SGLang did not run: {reason}", pytrace=False)
+    pytest.skip(f"real SGLang did not run: {reason}")
+
+
+def probe_all(releases, probe: str, params=None) -> dict[str, ProbeResult]:
+    """Each release once, run now (never a recording; two subprocesses at a time, the machine has two cores)."""
+    return run_probes(releases, probe, params, jobs=2, source="live")
+
+
+def value(result: ProbeResult, **where):
+    """The ``value`` of the single row matching ``where`` (column=value pairs)."""
+    df = result.rows
+    for col, want in where.items():
+        df = df[df[col] == want]
+    if len(df) != 1:
+        raise AssertionError(f"{result.release}: {len(df)} rows match {where}")
+    return df["value"].iloc[0]
+
+
+def _records(df) -> "object":
+    """Rows as they come back from JSON (lists, not tuples; NaN where a row lacks a column), for comparing; the
+    times and memory figures inside captured SGLang log lines are masked (they vary from run to run)."""
+    import json
+
+    import pandas as pd
+
+    records = df.drop(columns=["release", "probe"], errors="ignore").to_dict("records")
+    text = re.sub(r"(elapsed|mem usage|avail mem)=[0-9.]+", r"\1=<t>", json.dumps(records, default=str))
+    return pd.DataFrame(json.loads(text)).reset_index(drop=True)
+
+
+def assert_recording_matches(live: dict[str, ProbeResult], probe: str, params=None, *, keep=None) -> int:
+    """The recording (:mod:`sglab.sglang.store`) answers ``probe`` with ``params`` exactly as the releases just did
+    in ``live``: same status and the same rows, release by release. ``keep(rows) -> rows`` narrows the live rows
+    first (a probe that answers more than the recorded one). Returns how many releases were compared; a recording
+    that holds none of them fails, so a stale or missing recording cannot pass unnoticed."""
+    import pandas as pd
+
+    from sglab.sglang import store
+
+    rec = store.newest()
+    assert rec is not None, "no recording under data/recorded/real_cpu/ (run `sglab real record`)"
+    compared = 0
+    for release, result in live.items():
+        hit = rec.lookup(release, probe, params)
+        if hit is None:
+            continue
+        require(result)
+        rows = keep(result.rows) if keep else result.rows
+        assert hit.status == result.status, f"{release}: recorded {hit.status}, live {result.status}"
+        pd.testing.assert_frame_equal(_records(hit.rows), _records(rows), check_dtype=False,
+                                      obj=f"{probe} on sglang {release}: recorded vs live rows")
+        compared += 1
+    assert compared, f"the recording ({rec.path.name}) holds {probe} for none of {sorted(live)}: re-record it"
+    return compared

@@ -1,0 +1,156 @@
+"""SGLang read as source text — never imported (its import pulls a heavy GPU stack).
+
+Each fix has one check in :mod:`sglab.sglang.checks`: given ``read(relpath)`` over an SGLang package folder
+(the installed one, a checkout's ``python/sglang``, or a released wheel read with zipfile), it returns a
+:class:`Verdict` — one state of :data:`STATES` and a one-line reason. The same checks classify the installed
+SGLang (:func:`check`, :func:`check_all`), a source tree (``root=``), and every release
+(:mod:`sglab.sglang.wheels`); :mod:`sglab.sglang.hunks` holds the released hunk of each PR.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+Reader = Callable[[str], "str | None"]
+
+# The states a fix can be in, in a given SGLang. The order is the legend's order.
+STATES = {
+    "absent": "the feature the fix belongs to is not in this SGLang yet",
+    "before": "the feature is there, the fix is not",
+    "pr-era": "the fix as the PR merged it",
+    "changed": "later code replaced the PR's, and it still fixes the problem",
+    "regressed": "the fix is gone and the problem can come back",
+    "unknown": "the check could not decide; the reason says why",
+    "not-installed": "no SGLang here to read",
+}
+# the states a fix can have in a release (not-installed only describes this machine)
+RELEASE_STATES = tuple(s for s in STATES if s != "not-installed")
+STATUSES = tuple(STATES)  # the older name of the same tuple
+
+
+@dataclass(frozen=True)
+class Installed:
+    version: str
+    root: Path  # the folder of the ``sglang`` package
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A fix's state in one SGLang, and the one-line reason read from its source."""
+
+    status: str
+    detail: str
+
+    def __post_init__(self):
+        if self.status not in STATES:
+            raise ValueError(f"status must be one of {tuple(STATES)}, got {self.status!r}")
+        if not self.detail or not self.detail.strip() or "\n" in self.detail:
+            raise ValueError(f"a {self.status!r} verdict needs a one-line reason, got {self.detail!r}")
+
+    @property
+    def reason(self) -> str:
+        return self.detail
+
+    def __str__(self) -> str:
+        return f"{self.status}: {self.detail}"
+
+
+def data_dir() -> Path:
+    """``data/upstream`` of the checkout (or ``$SGLAB_DATA/upstream``): the committed release table and hunks."""
+    base = os.environ.get("SGLAB_DATA")
+    if base:
+        return Path(base) / "upstream"
+    from sglab.core import runs
+
+    return runs.repo_root() / "data" / "upstream"
+
+
+def installed() -> Installed | None:
+    """Version and package folder of the installed ``sglang``, found without importing it."""
+    try:
+        version = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    spec = importlib.util.find_spec("sglang")  # a top-level find_spec does not execute the package
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Installed(version, Path(list(spec.submodule_search_locations)[0]))
+
+
+def read(relpath: str, *, root: Path | None = None) -> str | None:
+    """Text of ``sglang/<relpath>`` (e.g. ``"srt/models/kimi_k25.py"``), or None if absent."""
+    if root is None:
+        inst = installed()
+        if inst is None:
+            return None
+        root = inst.root
+    path = Path(root) / relpath
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+_REGISTRY: dict[str, tuple[str, Callable[[Reader], Verdict]]] = {}
+
+
+def register(key: str, title: str):
+    """Decorator: register ``fn(read) -> Verdict`` as the upstream check for ``key``."""
+
+    def deco(fn):
+        _REGISTRY[key] = (title, fn)
+        return fn
+
+    return deco
+
+
+def registered() -> dict[str, str]:
+    """``{fix: title}`` in registration order (the notebooks' order)."""
+    return {k: t for k, (t, _) in _REGISTRY.items()}
+
+
+def run_check(key: str, read_fn: Reader) -> Verdict:
+    """The check of ``key`` on one reader; a check that raises answers "unknown" with the error as its reason."""
+    if key not in _REGISTRY:
+        raise KeyError(f"no upstream check registered for {key!r}; known: {sorted(_REGISTRY)}")
+    _, fn = _REGISTRY[key]
+    try:
+        return fn(read_fn)
+    except Exception as e:  # noqa: BLE001 - a broken check must not break a notebook or a table
+        return Verdict("unknown", f"check failed: {type(e).__name__}: {e}".replace("\n", " "))
+
+
+def classify(read_fn: Reader) -> dict[str, Verdict]:
+    """Every registered check on one reader: ``{fix: Verdict}``."""
+    return {key: run_check(key, read_fn) for key in _REGISTRY}
+
+
+def check(key: str, *, root: Path | None = None) -> Verdict:
+    """Run the check registered for ``key`` against the installed SGLang (or a source tree at ``root``)."""
+    if key not in _REGISTRY:
+        raise KeyError(f"no upstream check registered for {key!r}; known: {sorted(_REGISTRY)}")
+    if root is None and installed() is None:
+        return Verdict("not-installed", "SGLang is not installed here (pip install 'sglab[sglang]' to compare)")
+    if root is not None and not (Path(root) / "srt").is_dir():
+        return Verdict("unknown", f"{root} is not an SGLang package folder (no srt/ in it)")
+    return run_check(key, lambda rel: read(rel, root=root))
+
+
+def check_all(*, root: Path | None = None):
+    import pandas as pd
+
+    inst = installed() if root is None else None
+    rows = []
+    for key, (title, _) in _REGISTRY.items():
+        v = check(key, root=root)
+        rows.append({"check": key, "title": title, "status": v.status, "detail": v.detail,
+                     "sglang": inst.version if inst else (str(root) if root else None)})
+    return pd.DataFrame(rows, columns=["check", "title", "status", "detail", "sglang"])
+
+
+from sglab.sglang import checks  # noqa: E402,F401  (registers the checks of every fix)

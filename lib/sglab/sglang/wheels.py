@@ -1,0 +1,295 @@
+"""Every SGLang release from 0.5.10 on, read from its released wheel: which state is each fix in?
+
+A wheel is downloaded once with pip (``pip download --no-deps``: never installed, never imported) into the
+git-ignored cache ``.sglang/wheels/`` and read with :mod:`zipfile` through the same ``read(relpath)`` the checks use
+on a source tree, so one set of checks serves an installed SGLang, a checkout and every release. The result is
+committed as ``data/upstream/releases.csv``; CI and the notebooks read that file and never download.
+
+Which wheel: the release's universal wheel where it has one (0.5.10.x), else its CPython 3.12 manylinux x86_64
+wheel (the GPU image's). Python sources are the same in every wheel of a release; the sha256 names the file read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from sglab.sglang.upstream import classify, data_dir, registered
+
+PACKAGE = "sglang"
+FIRST = "0.5.10"
+META = ("version", "wheel", "sha256", "build_date")
+PIP_TAGS = ("--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+            "--platform", "manylinux_2_34_x86_64", "--platform", "manylinux_2_28_x86_64",
+            "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64")
+
+
+class NoNetwork(RuntimeError):
+    """pip could not reach the package index (or is missing); the message is one line."""
+
+
+def cache_dir() -> Path:
+    from sglab.core import runs
+
+    return runs.repo_root() / ".sglang" / "wheels"
+
+
+def table_path() -> Path:
+    return data_dir() / "releases.csv"
+
+
+def columns() -> list[str]:
+    """The CSV's columns: the wheel's facts, then ``<fix>`` and ``<fix>_reason`` per registered fix."""
+    return [*META, *(c for fix in registered() for c in (fix, f"{fix}_reason"))]
+
+
+# -- versions ---------------------------------------------------------------------------------------------------
+def version_key(version: str) -> tuple:
+    """Sort key of a release number: 0.5.10 < 0.5.10.post1 < 0.5.11 (no pre-releases here)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)*)(?:\.post(\d+))?", version)
+    if not m:
+        raise ValueError(f"not a final release number: {version!r}")
+    return tuple(int(x) for x in m.group(1).split(".")), int(m.group(2) or -1)
+
+
+def select(versions) -> list[str]:
+    """Final releases from :data:`FIRST` on, sorted; pre-releases (rc, a, b, dev) are skipped."""
+    finals = {v for v in versions if re.fullmatch(r"\d+(?:\.\d+)*(?:\.post\d+)?", v)}
+    return sorted((v for v in finals if version_key(v) >= version_key(FIRST)), key=version_key)
+
+
+def _pip(args: list[str], timeout: float) -> str:
+    try:
+        out = subprocess.run([sys.executable, "-m", "pip", *args, "--disable-pip-version-check"],
+                             capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise NoNetwork(f"pip {args[0]}: {type(e).__name__}: {e}".splitlines()[0]) from None
+    if out.returncode != 0:
+        lines = [ln for ln in out.stderr.splitlines() if ln.startswith("ERROR")] or out.stderr.splitlines() or ["?"]
+        raise NoNetwork(f"pip {args[0]} failed: {lines[-1].strip()}")
+    return out.stdout
+
+
+def list_versions() -> list[str]:
+    """The package index's releases of SGLang (``pip index versions``), from :data:`FIRST` on."""
+    text = _pip(["index", "versions", PACKAGE], timeout=120)
+    m = re.search(r"Available versions:\s*(.+)", text)
+    if not m:
+        raise NoNetwork("pip index versions printed no 'Available versions' line")
+    return select(v.strip() for v in m.group(1).split(","))
+
+
+def download(version: str, dest: Path) -> Path:
+    """Fetch the release's wheel into ``dest`` (no dependencies, nothing installed) and return its path."""
+    dest.mkdir(parents=True, exist_ok=True)
+    _pip(["download", "--no-deps", *PIP_TAGS, "-d", str(dest), "-q", f"{PACKAGE}=={version}"], timeout=600)
+    path = cached(version, dest)
+    if path is None:
+        raise NoNetwork(f"pip download {PACKAGE}=={version} left no wheel in {dest}")
+    return path
+
+
+def cached(version: str, dest: Path) -> Path | None:
+    """The cached wheel of exactly ``version`` (the universal one first, then cp312), or None."""
+    found = sorted(Path(dest).glob(f"{PACKAGE}-{version}-*.whl"))
+    order = lambda p: (0 if "-py3-none-any" in p.name else 1 if "-cp312-" in p.name else 2, p.name)  # noqa: E731
+    return min(found, key=order) if found else None
+
+
+# -- one wheel --------------------------------------------------------------------------------------------------
+class WheelReader:
+    """``read(relpath)`` over the ``sglang/`` package inside a wheel: text of ``sglang/<relpath>`` or None."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._zip = zipfile.ZipFile(self.path)
+        self._names = set(self._zip.namelist())
+
+    def __call__(self, relpath: str) -> str | None:
+        name = f"{PACKAGE}/{relpath}"
+        if name not in self._names:
+            return None
+        return self._zip.read(name).decode("utf-8", errors="replace")
+
+    def close(self):
+        self._zip.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def wheel_facts(path: Path) -> dict:
+    """File name, sha256, and build date (the newest zip timestamp; wheels carry no commit id)."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    with zipfile.ZipFile(path) as z:
+        newest = max(i.date_time for i in z.infolist())
+    return {"wheel": path.name, "sha256": digest.hexdigest(), "build_date": datetime(*newest).isoformat()}
+
+
+def classify_wheel(version: str, path: Path) -> dict:
+    """One row of the release table: the wheel's facts, then each fix's state and reason."""
+    row = {"version": version, **wheel_facts(path)}
+    with WheelReader(path) as read:
+        for fix, v in classify(read).items():
+            row[fix], row[f"{fix}_reason"] = v.status, v.detail
+    return row
+
+
+# -- the committed table ----------------------------------------------------------------------------------------
+def load_table(path: Path | None = None):
+    """The committed release table (every value a string), oldest release first."""
+    import pandas as pd
+
+    path = Path(path or table_path())
+    if not path.exists():
+        raise FileNotFoundError(f"no release table at {path} (sglab upstream --releases writes it)")
+    df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    missing = [c for c in columns() if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path}: missing columns {missing}")
+    return df.sort_values("version", key=lambda s: s.map(version_key)).reset_index(drop=True)
+
+
+def write_table(frame, path: Path | None = None) -> Path:
+    """Write the table atomically (temporary file, then rename), in :func:`columns` order."""
+    path = Path(path or table_path())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    frame[columns()].to_csv(tmp, index=False, lineterminator="\n")
+    tmp.replace(path)
+    return path
+
+
+# -- the timeline -----------------------------------------------------------------------------------------------
+@dataclass
+class Timeline:
+    """Rows (the table's columns plus ``source``: "wheel" or "table"), what was read from where, and whether the
+    result covers every release from :data:`FIRST` to the newest, each read from its wheel (then it may be
+    written as the committed table)."""
+
+    frame: object
+    notes: list[str] = field(default_factory=list)
+    complete: bool = False
+    wheels: dict = field(default_factory=dict)  # version -> cached wheel path, for the hunks
+
+
+def _release_list(versions, offline, lister, notes) -> tuple[list[str], bool, bool]:
+    """(versions to show, whether the list came from the package index, whether the network may be tried)."""
+    if offline:
+        notes.append("offline: nothing downloaded")
+    if versions:
+        return sorted(set(versions), key=version_key), False, not offline
+    if offline:
+        return [], False, False
+    try:
+        found = lister()
+    except NoNetwork as e:
+        notes.append(f"no network ({e})")
+        return [], False, False
+    notes.append(f"release list: the package index ({len(found)} releases from {FIRST})")
+    return found, True, True
+
+
+def timeline(versions=None, *, offline: bool = False, cache: Path | None = None, table: Path | None = None,
+             lister=list_versions, fetch=download, progress: bool = True) -> Timeline:
+    """Classify releases: each from its wheel (cached, else downloaded), else from the committed table.
+
+    ``versions`` None means every release from :data:`FIRST` to the newest. Without network (or ``offline``),
+    the release list is the committed table's plus the cached wheels', and each release is read from its cached
+    wheel where there is one, else taken from the committed table; ``notes`` says which, release by release."""
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    cache = Path(cache or cache_dir())
+    notes: list[str] = []
+    committed = _committed(table, notes)
+    wanted, from_index, network = _release_list(versions, offline, lister, notes)
+    if not wanted:
+        wanted = select(set(committed) | {p.name.split("-")[1] for p in cache.glob(f"{PACKAGE}-*.whl")})
+        notes.append(f"release list: committed table + cached wheels ({len(wanted)} releases; newer releases "
+                     "on the index are not seen without network)")
+    rows, wheels = [], {}
+    fetched, from_table, missing = [], [], []
+    for v in tqdm(wanted, desc="SGLang wheels", unit="release", disable=not progress, leave=False):
+        path = cached(v, cache)
+        if path is None and network:
+            try:
+                path = fetch(v, cache)
+                fetched.append(v)
+            except NoNetwork as e:
+                network = False
+                notes.append(f"no network ({e})")
+        if path is not None:
+            wheels[v] = path
+            rows.append({**classify_wheel(v, path), "source": "wheel"})
+        elif v in committed:
+            rows.append({**committed[v], "source": "table"})
+            from_table.append(v)
+        else:
+            missing.append(v)
+    n_wheel = len(rows) - len(from_table)
+    notes.append(f"classified from wheels: {n_wheel} ({len(fetched)} downloaded now, {n_wheel - len(fetched)} "
+                 f"from the cache {cache})")
+    if from_table:
+        notes.append(f"taken from the committed table (no wheel here): {', '.join(from_table)}")
+    if missing:
+        notes.append(f"not shown (no wheel and not in the committed table): {', '.join(missing)}")
+    frame = pd.DataFrame(rows, columns=[*columns(), "source"])
+    complete = versions is None and from_index and not from_table and not missing
+    return Timeline(frame, notes, complete, wheels)
+
+
+def _committed(table, notes) -> dict:
+    try:
+        df = load_table(table)
+    except (FileNotFoundError, ValueError) as e:
+        notes.append(f"committed table not usable: {e}")
+        return {}
+    return {r["version"]: dict(r) for r in df.to_dict("records")}
+
+
+def summary(frame) -> "object":
+    """The table as a person reads it: one row per release, one state per fix."""
+    return frame[["version", "build_date", *registered()]].assign(build_date=frame["build_date"].str[:10])
+
+
+def changes(frame) -> list[tuple[str, str, str, str]]:
+    """``(fix, version, state, reason)`` wherever a fix's state or reason differs from the release before."""
+    out = []
+    for fix in registered():
+        prev = None
+        for r in frame.to_dict("records"):
+            now = (r[fix], r[f"{fix}_reason"])
+            if now != prev:
+                out.append((fix, r["version"], *now))
+            prev = now
+    return out
+
+
+def timeline_row(fix: str, frame=None):
+    """One fix across the releases (committed table by default): ``version, build_date, state, reason``."""
+    if fix not in registered():
+        raise KeyError(f"no fix {fix!r}; known: {list(registered())}")
+    frame = load_table() if frame is None else frame
+    return (frame[["version", "build_date", fix, f"{fix}_reason"]]
+            .rename(columns={fix: "state", f"{fix}_reason": "reason"}).reset_index(drop=True))
+
+
+def first_release(fix: str, states=("pr-era",), frame=None) -> str | None:
+    """The oldest release whose state for ``fix`` is one of ``states`` (committed table by default)."""
+    row = timeline_row(fix, frame)
+    hits = row[row["state"].isin(states)]
+    return None if hits.empty else hits["version"].iloc[0]

@@ -1,0 +1,1 @@
+"""The workbook's tools: the command line, notebooks headless, the report, JupyterLab, verify."""

@@ -1,0 +1,394 @@
+"""``sglab`` on the command line.
+
+    sglab env                       GPUs, driver, tools found (NVML, cuda-bindings, nsight backend, sglang)
+    sglab run [NOTEBOOK ...] [--timings [--record]]
+                                    execute notebooks headless → reports/ (executed .ipynb, .html, index.html);
+                                    --timings: per-phase wall times → data/runs/workbook/ (--record: recorded/)
+    sglab record EXPERIMENT [--param k=v ...] [--recorded]
+                                    run an experiment live → data/runs/ (or data/recorded/ with --recorded)
+    sglab sync [--check]            write each notebooks/NN_*.ipynb from its .py (or only check the pairs)
+    sglab upstream [--root DIR]     which fixes the installed SGLang (or the source tree DIR) contains
+    sglab upstream --releases [V..] the state of each fix in every release from 0.5.10, read from the wheels
+    sglab index [--check]           rewrite (or check) the README's notebook index from the recorded runs
+    sglab workspace --trace FILE [--world-size W] [--hidden H]
+                                    your traffic (CSV or SGLang log) → workspace re-creations per policy
+    sglab capture-sizes [--release V ...] -- <SGLang server arguments>   capture sizes per release, refused sizes
+    sglab swa-cost CONFIG.json [--batch-size B]
+                                    your model's sliding-window layout → what the SWA location preset saves
+    sglab verify [EXP|RUN.csv ...] [--all] [--live] [--against [REF]] [--junit FILE]
+                                    a verdict per claim on recorded, live or given runs (see sglab.tools.verify)
+    sglab real install [--releases V ...]
+                                    install the pinned SGLang releases side by side under .sglang/
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import sys
+import time
+from pathlib import Path
+
+
+def _parse_params(items: list[str]) -> dict:
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise SystemExit(f"--param needs key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        try:
+            out[k.strip()] = ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            out[k.strip()] = v
+    return out
+
+
+# -- env ------------------------------------------------------------------------------------------------------
+def env_report() -> list[tuple[str, str]]:
+    """(item, value) pairs describing this machine for the workbook."""
+    from sglab.core import bytecode, hardware
+    from sglab.sglang import upstream
+    from sglab.core import kernels
+    from sglab.sglang import real_release_rows
+
+    rows = []
+    sw = hardware.software()
+    gpus = hardware.gpus() if hardware.has_cuda() else ()
+    rows.append(("GPUs", f"{len(gpus)}" + "".join(f"\n  {g.index}: {g.name} {g.memory_mib} MiB {g.uuid}" for g in gpus)))
+    rows.append(("driver", sw["driver"] or "not found (no NVML)"))
+    rows.append(("torch / CUDA", f"{sw['torch']} / {sw['cuda'] or 'CPU build'}"))
+    rows.append(("python", sw["python"]))
+    rows.append(("bytecode", bytecode.describe()))
+    try:
+        import pynvml  # noqa: F401  (is it importable?)
+
+        nvml = "nvidia-ml-py importable" + (", NVML initialised" if hardware._nvml() else ", NVML not usable here")
+    except ImportError:
+        nvml = "nvidia-ml-py not installed"
+    rows.append(("NVML", nvml))
+    try:
+        from cuda.bindings import driver  # noqa: F401
+        import cuda.bindings
+
+        cb = f"cuda-bindings {getattr(cuda.bindings, '__version__', '?')}"
+    except ImportError:
+        cb = "not installed (static kernel counting unavailable)"
+    rows.append(("cuda-bindings", cb))
+    backend, why = kernels.nsight_backend()
+    rows.append(("nsight timing", f"{backend} — {why}"))
+    inst = upstream.installed()
+    rows.append(("sglang", f"{inst.version} at {inst.root}" if inst else "not installed (upstream checks skipped)"))
+    rows += real_release_rows()
+    for mod in ("nbclient", "jupytext", "ipykernel", "nbconvert"):
+        try:
+            m = importlib.import_module(mod)
+            rows.append((mod, getattr(m, "__version__", "installed")))
+        except ImportError:
+            rows.append((mod, "not installed"))
+    return rows
+
+
+def cmd_env(_args) -> int:
+    for k, v in env_report():
+        print(f"{k:>14}: {v}")
+    return 0
+
+
+def cmd_real(args) -> int:
+    if args.action == "record":
+        from sglab.tools import real_record as real_probes
+
+        return real_probes.main(args.rest)
+    from sglab.sglang import install
+
+    return install.main(args.rest)
+
+
+# -- record ---------------------------------------------------------------------------------------------------
+def load_experiment(name: str):
+    try:
+        return importlib.import_module(f"sglab.experiments.{name}")
+    except ModuleNotFoundError as e:
+        if e.name == f"sglab.experiments.{name}":
+            from sglab.tools.catalog import NOTEBOOKS
+
+            known = sorted(e.experiment for e in NOTEBOOKS if e.experiment)
+            raise SystemExit(f"unknown experiment {name!r}; known: {', '.join(known)}") from None
+        raise
+
+
+def gpus_for(module, params: dict) -> int:
+    for key in ("world_size", "tp_size"):
+        if key in params:
+            return int(params[key])
+    return int(getattr(module, "GPUS", 1))
+
+
+def record(name: str, params: dict | None = None, *, recorded: bool = False, progress: bool = True) -> Path:
+    from sglab.core import hardware, runs
+
+    mod = load_experiment(name)
+    merged = {**getattr(mod, "DEFAULT_PARAMS", {}), **(params or {})}
+    unknown = set(params or {}) - set(getattr(mod, "DEFAULT_PARAMS", {}))
+    if unknown:
+        raise SystemExit(f"unknown parameter(s) for {name}: {sorted(unknown)}; "
+                         f"known: {sorted(getattr(mod, 'DEFAULT_PARAMS', {}))}")
+    need = gpus_for(mod, merged)
+    ok, why = hardware.meets(need)
+    if not ok:
+        raise SystemExit(f"cannot record {name} live: {why}")
+    from sglab.core import phases
+
+    phases.take()
+    t0 = time.perf_counter()
+    out = runs.Measured.of(mod.run(merged, progress=progress))
+    root = runs.data_dir("recorded") if recorded else None
+    extra = {**out.extra, "duration_s": round(time.perf_counter() - t0, 1), "phases_s": phases.take()}
+    path = runs.write_run(out.df, experiment=mod.EXPERIMENT, method_version=mod.METHOD_VERSION, params=merged,
+                          root=root, gpu_count=need, extra=extra, sidecars=out.sidecars)
+    print(f"[sglab] {name}: {len(out.df)} rows in {time.perf_counter() - t0:.1f} s → {path}")
+    return path
+
+
+def cmd_record(args) -> int:
+    record(args.experiment, _parse_params(args.param), recorded=args.recorded, progress=not args.quiet)
+    return 0
+
+
+# -- sync -----------------------------------------------------------------------------------------------------
+def cmd_sync(args) -> int:
+    from sglab.tools import nbtools
+
+    if args.check:
+        problems = [p for nb in nbtools.all_notebooks() for p in nbtools.check_pair(nb)]
+        for p in problems:
+            print(p)
+        return 1 if problems else 0
+    for py in sorted(nbtools.notebooks_dir().glob("[0-9][0-9]_*.py")):
+        print(f"{py.name} → {nbtools.sync(py).name}")
+    return 0
+
+
+# -- upstream -------------------------------------------------------------------------------------------------
+def cmd_upstream(args) -> int:
+    from sglab.tools import upstream as command
+
+    return command.run(args)
+
+
+# -- index ----------------------------------------------------------------------------------------------------
+def cmd_index(args) -> int:
+    from sglab.tools import readme
+
+    if args.check:
+        text = readme.readme_path().read_text()
+        if readme.current_block(text) != readme.index_block():
+            print("README index is out of date with data/recorded/: run `sglab index`")
+            return 1
+        print("README index matches the recorded runs")
+        return 0
+    print("README index " + ("updated" if readme.write_index() else "already up to date"))
+    return 0
+
+
+# -- verify ---------------------------------------------------------------------------------------------------
+def cmd_verify(args) -> int:
+    from sglab.core import claims
+    from sglab.tools import verify
+
+    try:
+        picked = verify.targets(args.targets, args.all) if (args.targets or args.all or not args.live) else []
+        reference = verify.load_run(args.against) if args.against not in (None, "auto") else None
+        if args.live:
+            done, skipped = verify.live(progress=not args.quiet)
+            for s in skipped:
+                print(f"[sglab] not run live: {s}")
+            if not done and not picked:
+                print("[sglab] verify --live: this machine's GPUs can run none of the experiments")
+                return 0
+            picked += done
+        verified = [verify.verify_run(r, against=args.against is not None, reference=reference) for r in picked]
+    except (verify.BadInput, claims.ClaimsError) as e:
+        print(f"sglab verify: {e}", file=sys.stderr)
+        return 2
+    text, status = verify.report(verified)
+    print(text)
+    if args.junit:
+        Path(args.junit).write_text(verify.junit(verified), encoding="utf-8")
+        print(f"JUnit XML: {args.junit}")
+    return status
+
+
+# -- investigate your own setup -------------------------------------------------------------------------------
+def cmd_workspace(args) -> int:
+    from sglab.investigate import workspace as ws
+
+    if args.world_size < 2:
+        print("sglab workspace: the fused all-reduce needs --world-size >= 2", file=sys.stderr)
+        return 2
+    try:
+        trace = ws.read_trace(args.trace, pcg_max_tokens=args.pcg_max_tokens)
+    except ws.TraceError as e:
+        print(f"sglab workspace: {e}", file=sys.stderr)
+        return 2
+    if not trace.tokens:
+        print(f"sglab workspace: {args.trace}: no forward step with tokens", file=sys.stderr)
+        return 2
+    print(ws.describe(trace))
+    df = ws.simulate(trace.tokens, world_size=args.world_size, hidden_dim=args.hidden,
+                     pre_initialize=args.pre_initialize)
+    print(f"world size {args.world_size}, hidden {args.hidden}, "
+          + ("cold start" if not args.pre_initialize else f"pre-initialised at {args.pre_initialize} tokens"))
+    print(df.round(1).to_string())
+    print(f"times: {df.attrs['cost_model']}")
+    return 0
+
+
+def cmd_swa_cost(args) -> int:
+    from sglab.investigate import swa_cost as sc
+
+    try:
+        lay = sc.read_config(args.config)
+    except sc.ConfigError as e:
+        print(f"sglab swa-cost: {e}", file=sys.stderr)
+        return 2
+    df = sc.predict(lay, batch_size=args.batch_size, max_bs=args.max_bs)
+    print(f"{args.config}: {df.attrs['layout']}")
+    print(f"SWA layers: {lay.swa_layers}")
+    if df.empty:
+        print("no recorded swa_loc run to take per-layer costs from")
+    else:
+        print(df.to_string(index=False))
+        print(f"without the preset (before #23552) each decode step pays the extra kernels and µs above; the int64 "
+              f"buffer of #23552 wastes 4 bytes per captured slot (--max-bs {args.max_bs}) until #24743")
+    return 0
+
+
+# -- run ------------------------------------------------------------------------------------------------------
+def _resolve_notebooks(names: list[str]) -> list[Path]:
+    from sglab.tools import nbtools
+
+    all_nbs = [nbtools.notebooks_dir() / "00_start_here.ipynb"] + nbtools.all_notebooks()
+    all_nbs = list(dict.fromkeys(p for p in all_nbs if p.exists()))
+    if not names:
+        return all_nbs
+    picked = []
+    for n in names:
+        match = [p for p in all_nbs if p.stem == Path(n).stem or p.name.startswith(n)]
+        if not match:
+            raise SystemExit(f"no notebook matches {n!r}; have: {', '.join(p.stem for p in all_nbs)}")
+        picked.extend(match)
+    return list(dict.fromkeys(picked))
+
+
+def cmd_run(args) -> int:
+    from sglab.tools.report import default_jobs, run_notebooks
+    from sglab.tools import timings
+    from sglab.core.runs import repo_root
+
+    if args.record and not args.timings:
+        print("sglab run: --record saves the timings; it needs --timings", file=sys.stderr)
+        return 2
+    paths = _resolve_notebooks(args.notebooks)
+    out = Path(args.out) if args.out else repo_root() / "reports"
+    params = _parse_params(args.param)
+    t0 = time.perf_counter()
+    results = run_notebooks(paths, out, params=params, cell_timeout=args.cell_timeout, jobs=args.jobs)
+    failed = [r for r in results if r.status != "ok"]
+    print(f"report: {out / 'index.html'} ({len(results) - len(failed)}/{len(results)} ok)")
+    if args.timings:
+        print(timings.summary(timings.frame(results)))
+        jobs = args.jobs or default_jobs()
+        print(f"wall: {time.perf_counter() - t0:.1f} s ({jobs} at a time; pages and index included)")
+        record = args.record and not failed and len(results) == len(paths)
+        if args.record and not record:
+            print("[sglab] not every notebook ran cleanly: timings saved under data/runs/, not recorded")
+        path = timings.write(results, record=record, params={"notebooks": [p.stem for p in paths],
+                                                              "cell_timeout": args.cell_timeout, **params})
+        print(f"timings: {path}")
+    if any(r.stopped_by_signal for r in results):
+        return 130
+    return 1 if failed else 0
+
+
+def _workbook_commands(sub) -> None:
+    """env, run, record, sync: the commands that run the workbook and its experiments."""
+    sub.add_parser("env", help="describe this machine").set_defaults(fn=cmd_env)
+    p = sub.add_parser("run", help="execute notebooks headless and write reports/")
+    p.add_argument("notebooks", nargs="*")
+    p.add_argument("--out")
+    p.add_argument("--param", action="append", help="inject NAME=VALUE after the parameters cell")
+    p.add_argument("--cell-timeout", type=int, default=900)
+    p.add_argument("--jobs", type=int, help="notebooks at a time (default: 1 where a GPU is visible, else 2)")
+    p.add_argument("--timings", action="store_true",
+                   help="print where each notebook's time goes (phases) and save it as a workbook run")
+    p.add_argument("--record", action="store_true", help="with --timings: save under data/recorded/workbook/")
+    p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("record", help="run an experiment live and save the run")
+    p.add_argument("experiment")
+    p.add_argument("--param", action="append")
+    p.add_argument("--recorded", action="store_true", help="write into data/recorded/ instead of data/runs/")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(fn=cmd_record)
+    p = sub.add_parser("sync", help="write notebooks' .ipynb from their .py")
+    p.add_argument("--check", action="store_true")
+    p.set_defaults(fn=cmd_sync)
+
+
+def _evidence_commands(sub) -> None:
+    """upstream, index, the investigation commands, verify, real: what reads releases, runs and a user's setup."""
+    p = sub.add_parser("upstream", help="which fixes the installed SGLang, a source tree, or each release has")
+    from sglab.tools import upstream as upstream_command
+
+    upstream_command.add_arguments(p)
+    p.set_defaults(fn=cmd_upstream)
+    p = sub.add_parser("index", help="rewrite the README's notebook index from the recorded runs")
+    p.add_argument("--check", action="store_true")
+    p.set_defaults(fn=cmd_index)
+    p = sub.add_parser("workspace", help="workspace re-creations per max_token_num policy for your traffic")
+    p.add_argument("--trace", required=True, help="CSV of token counts per forward step, or an SGLang server log")
+    p.add_argument("--world-size", type=int, default=8)
+    p.add_argument("--hidden", type=int, default=7168, help="hidden size of the model (7168: Kimi-K2.5/DeepSeek-V3)")
+    p.add_argument("--pcg-max-tokens", type=int, default=4096,
+                   help="pad prefill batches to piecewise-CUDA-graph buckets up to this size (0: no padding)")
+    p.add_argument("--pre-initialize", type=int, default=0, help="tokens of a workspace created before the first call")
+    p.set_defaults(fn=cmd_workspace)
+    from sglab.investigate import capture_sizes as capture_sizes_command
+
+    capture_sizes_command.add_parser(sub)
+    p = sub.add_parser("swa-cost", help="what the SWA location preset saves for a model's sliding-window layout")
+    p.add_argument("config", help="a Hugging Face config.json")
+    p.add_argument("--batch-size", type=int, default=32, help="decode batch size for the µs estimate")
+    p.add_argument("--max-bs", type=int, default=256, help="largest captured decode batch (cuda-graph-max-bs)")
+    p.set_defaults(fn=cmd_swa_cost)
+    p = sub.add_parser("verify", help="check every claim on recorded, live or given runs")
+    p.add_argument("targets", nargs="*", help="experiment names or run CSV files")
+    p.add_argument("--all", action="store_true", help="every recorded run of every experiment")
+    p.add_argument("--live", action="store_true", help="first run the experiments this machine's GPUs can run")
+    p.add_argument("--against", nargs="?", const="auto", default=None, metavar="REF",
+                   help="compare with a reference run (default: the newest recorded run of the same GPU model)")
+    p.add_argument("--junit", metavar="FILE", help="also write the verdicts as JUnit XML")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(fn=cmd_verify)
+    p = sub.add_parser("real", help="real SGLang releases side by side: `sglab real install [--releases V ...]`, "
+                       "`sglab real record` (the notebooks' probe answers, for recorded mode)")
+    p.add_argument("action", choices=["install", "record"])
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(fn=cmd_real)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sglab.core import bytecode
+
+    bytecode.enable()  # before anything heavy is imported, and inherited by every kernel and rank started below
+    ap = argparse.ArgumentParser(prog="sglab", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    _workbook_commands(sub)
+    _evidence_commands(sub)
+    args = ap.parse_args(argv)
+    return int(args.fn(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

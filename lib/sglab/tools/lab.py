@@ -1,0 +1,99 @@
+"""JupyterLab on the workbook: each notebook once, and a session that leaves ``git status`` clean.
+
+A workbook notebook is two files: ``NN_topic.py`` (jupytext percent, the reviewed source) and ``NN_topic.ipynb``
+(the same cells, committed without outputs). In the lab (``make lab``, which loads
+``jupyter_server_config.py`` from the repository root) this contents manager
+
+- lists only the ``.ipynb`` of a pair in the file browser (the ``.py`` is the same notebook: opening both would
+  give two editors on one document);
+- saves a workbook notebook as ``sglab sync`` would write it: both files of the pair through jupytext, with no
+  outputs, no execution counts or timing stamps, and the notebook metadata of the committed ``.ipynb`` (JupyterLab
+  rewrites ``kernelspec`` and adds ``language_info`` when a kernel starts). Opening, running and closing a
+  notebook therefore writes files identical to the committed ones, while an edited cell lands in the ``.py`` and
+  the ``.ipynb`` together. Outputs stay in the browser; ``sglab run`` keeps them, in ``reports/``.
+
+Other notebooks (a scratch notebook of your own) are saved unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+
+from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
+from jupytext.async_contentsmanager import build_async_jupytext_contents_manager_class
+
+WORKBOOK = re.compile(r"^\d\d_[A-Za-z0-9_]+\.(ipynb|py)$")
+VIEW_STATE = ("execution", "scrolled", "collapsed")  # what running and looking adds to a cell's metadata
+
+
+def is_workbook(path: str) -> bool:
+    return bool(WORKBOOK.match(PurePosixPath(path).name))
+
+
+def strip_session(content: dict, committed_metadata: dict | None) -> dict:
+    """``content`` (a notebook as JSON) without what a session adds: outputs, execution counts, cell timing and
+    view state; notebook metadata as committed (when known)."""
+    for cell in content.get("cells", []):
+        if cell.get("cell_type") == "code":
+            cell["outputs"] = []
+            cell["execution_count"] = None
+        meta = cell.get("metadata", {})
+        for key in VIEW_STATE:
+            meta.pop(key, None)
+    if committed_metadata is not None:
+        content["metadata"] = committed_metadata
+    else:
+        for key in ("language_info", "widgets"):
+            content.get("metadata", {}).pop(key, None)
+    return content
+
+
+def _listing_without_pairs(model: dict) -> dict:
+    names = {item["name"] for item in model.get("content") or []}
+    model["content"] = [item for item in model["content"]
+                        if not (item["name"].endswith(".py") and is_workbook(item["name"])
+                                and item["name"][:-3] + ".ipynb" in names)]
+    return model
+
+
+class ContentsManager(build_async_jupytext_contents_manager_class(AsyncLargeFileManager)):
+    """Jupytext's contents manager with the two workbook rules above."""
+
+    async def get(self, path, content=True, type=None, format=None, **kwargs):
+        model = await super().get(path, content=content, type=type, format=format, **kwargs)
+        if model.get("type") == "directory" and content and model.get("content") is not None:
+            model = _listing_without_pairs(model)
+        return model
+
+    async def save(self, model, path=""):
+        path = path.strip("/")
+        if model.get("type") != "notebook" or model.get("content") is None or not is_workbook(path):
+            return await super().save(model, path)
+        model["content"] = strip_session(model["content"], self._committed_metadata(path))
+        saved = await super().save(model, path)
+        await self._rewrite_source(model["content"], path)
+        saved["last_modified"] = (await self.get(path, content=False))["last_modified"]
+        return saved
+
+    async def _rewrite_source(self, content: dict, path: str) -> None:
+        """Jupytext stamps its version into the .py header on every save; write the .py as committed instead."""
+        import nbformat
+
+        from sglab.tools.nbtools import py_source
+
+        py = str(PurePosixPath(path).with_suffix(".py"))
+        text = py_source(nbformat.from_dict(content))
+        current = await AsyncLargeFileManager.get(self, py, content=True, type="file", format="text")
+        if current["content"] != text:
+            await AsyncLargeFileManager.save(self, {"type": "file", "format": "text", "content": text}, py)
+
+    def _committed_metadata(self, path: str) -> dict | None:
+        import nbformat
+
+        ipynb = PurePosixPath(path).with_suffix(".ipynb")
+        os_path = self._get_os_path(str(ipynb))
+        try:
+            return dict(nbformat.read(os_path, as_version=4).metadata)
+        except (OSError, ValueError):
+            return None

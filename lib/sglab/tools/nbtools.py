@@ -1,0 +1,269 @@
+"""Notebook plumbing: pairing checks between ``NN_topic.py`` (jupytext percent, the reviewed source) and
+``NN_topic.ipynb`` (committed without outputs), and headless execution through nbclient."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GPU_TAG = "needs-gpu"
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colours of IPython tracebacks: noise in a report or a log
+PARAM_TAG = "parameters"
+
+
+def notebooks_dir() -> Path:
+    from sglab.core.runs import repo_root
+
+    return repo_root() / "notebooks"
+
+
+def all_notebooks() -> list[Path]:
+    return sorted(notebooks_dir().glob("[0-9][0-9]_*.ipynb"))
+
+
+def _cells(nb) -> list[tuple[str, str, tuple[str, ...]]]:
+    out = []
+    for c in nb.cells:
+        tags = tuple(sorted(c.get("metadata", {}).get("tags", [])))
+        out.append((c.cell_type, c.source.strip(), tags))
+    return out
+
+
+def check_pair(ipynb: Path) -> list[str]:
+    """Problems with one notebook: outputs committed, execution counts, missing or out-of-sync .py."""
+    import jupytext
+    import nbformat
+
+    problems = []
+    nb = nbformat.read(ipynb, as_version=4)
+    for i, c in enumerate(nb.cells):
+        if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count") is not None):
+            problems.append(f"{ipynb.name}: cell {i} has outputs or an execution count (commit it clean)")
+    py = ipynb.with_suffix(".py")
+    if not py.exists():
+        return problems + [f"{ipynb.name}: no paired {py.name}"]
+    if _cells(jupytext.read(py)) != _cells(nb):
+        problems.append(f"{ipynb.name} differs from {py.name}: run `sglab sync` (the .py is the source)")
+    return problems
+
+
+def _stable_ids(nb, previous) -> None:
+    """Give ``nb``'s cells the ids they had in ``previous`` (the .ipynb before this sync) where type and source
+    still match, and an id derived from the cell's content elsewhere: jupytext invents random ids on every read,
+    and a sync that changes nothing must leave the tracked .ipynb byte for byte as it was."""
+    import hashlib
+
+    old = {}
+    for c in (previous.cells if previous is not None else []):
+        old.setdefault((c.cell_type, c.source), []).append(c.get("id"))
+    used = set()
+    for i, c in enumerate(nb.cells):
+        ids = old.get((c.cell_type, c.source)) or []
+        cid = ids.pop(0) if ids else None
+        if not cid or cid in used:
+            cid = hashlib.sha1(f"{i}\0{c.cell_type}\0{c.source}".encode()).hexdigest()[:8]
+        c["id"] = cid
+        used.add(cid)
+
+
+def sync(py: Path) -> Path:
+    """Write ``py``'s paired .ipynb (no outputs) from the .py source, keeping cell ids stable."""
+    import jupytext
+    import nbformat
+
+    nb = jupytext.read(py)
+    for c in nb.cells:
+        if c.cell_type == "code":
+            c.outputs = []
+            c.execution_count = None
+    target = py.with_suffix(".ipynb")
+    _stable_ids(nb, nbformat.read(target, as_version=4) if target.exists() else None)
+    text = jupytext.writes(nb, fmt="ipynb").rstrip("\n") + "\n"  # as jupytext.write ends the file
+    if not target.exists() or target.read_text(encoding="utf-8") != text:
+        target.write_text(text, encoding="utf-8")
+    return target
+
+
+def py_source(nb) -> str:
+    """The ``.py`` of a notebook as the workbook commits it: jupytext percent, with no ``text_representation``
+    block in the header (jupytext stamps its own version there, so every release would rewrite every file)."""
+    import jupytext
+
+    out, skip_deeper = [], None
+    header = True
+    for i, line in enumerate(jupytext.writes(nb, fmt="py:percent").splitlines(keepends=True)):
+        if header and i > 0 and line.rstrip() == "# ---":
+            header = False
+        if header:
+            indent = len(line) - len(line.lstrip("# "))
+            if skip_deeper is not None and indent > skip_deeper:
+                continue
+            skip_deeper = None
+            if line.lstrip("# ").startswith("text_representation:"):
+                skip_deeper = indent
+                continue
+        out.append(line)
+    return "".join(out)
+
+
+def inject_parameters(nb, params: dict) -> None:
+    """Insert a cell assigning ``params`` right after the cell tagged ``parameters`` (papermill's convention)."""
+    import nbformat
+
+    if not params:
+        return
+    src = "# injected parameters\n" + "\n".join(f"{k} = {v!r}" for k, v in params.items())
+    cell = nbformat.v4.new_code_cell(src, metadata={"tags": ["injected-parameters"]})
+    idx = next((i for i, c in enumerate(nb.cells) if PARAM_TAG in c.get("metadata", {}).get("tags", [])), -1)
+    nb.cells.insert(idx + 1, cell)
+
+
+@dataclass
+class Result:
+    path: Path
+    status: str  # "ok" | "failed" (a cell raised) | "interrupted" (a cell timed out, or a signal stopped the run)
+    mode: str  # "live" | "recorded" | "cpu" | "?"
+    seconds: float
+    error: str = ""
+    skipped_gpu_cells: int = 0
+    nb: object = field(default=None, repr=False)
+    started: float | None = None  # time.time() when execution began (the report finds the live runs it wrote)
+    stopped_by_signal: bool = False  # Ctrl-C or SIGTERM: the caller should stop, not go on to the next notebook
+
+
+class _Progress:
+    """Which cell is running since when (nbclient hooks), so that an interruption can name it."""
+
+    def __init__(self):
+        self.index, self.cell, self.t0 = None, None, 0.0
+
+    def start(self, cell, cell_index, **_):
+        self.index, self.cell, self.t0 = cell_index, cell, time.perf_counter()
+
+    def where(self) -> str:
+        """The cell executing now (or the last one executed), e.g. "cell 4 (import time…)"."""
+        if self.index is None:
+            return "before the first cell (kernel start)"
+        first = next((ln.strip() for ln in self.cell.source.splitlines() if ln.strip()), "")
+        more = "…" if len(first) > 50 or len(self.cell.source.strip().splitlines()) > 1 else ""
+        return f"cell {self.index} ({first[:50]}{more})"
+
+    def elapsed(self) -> str:
+        return f" after {time.perf_counter() - self.t0:.1f} s" if self.index is not None else ""
+
+
+def _kernel_manager(kernel_name: str):
+    """A kernel manager on the IPC transport: the kernel's sockets are files in a private folder instead of TCP
+    ports on localhost, so nothing else on the machine can reach them (and ipykernel has no reason to warn that
+    the kernel runs over TCP without encryption)."""
+    import tempfile
+
+    from jupyter_client.manager import AsyncKernelManager
+
+    folder = tempfile.mkdtemp(prefix="sglab-kernel-")
+    return AsyncKernelManager(kernel_name=kernel_name, transport="ipc",
+                              connection_file=str(Path(folder) / "kernel.json")), folder
+
+
+def _stop_kernel(client, km, folder: str) -> None:
+    """Stop the kernel whatever happened (nbclient leaves a kernel it does not own running), close the client's
+    channels and remove the connection and socket files."""
+    import shutil
+
+    from jupyter_core.utils import run_sync
+
+    try:
+        if getattr(client, "kc", None) is not None:
+            client.kc.stop_channels()
+            client.kc = None
+        if km.has_kernel:
+            run_sync(km.shutdown_kernel)(now=True)
+    finally:
+        km.cleanup_connection_file()
+        km.cleanup_ipc_files()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _write_partial(nb, ipynb: Path, partial_dir: Path | None) -> Path:
+    import tempfile
+
+    import nbformat
+
+    folder = Path(partial_dir) if partial_dir else Path(tempfile.gettempdir()) / "sglab-partial"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / ipynb.name
+    nbformat.write(nb, path)
+    return path
+
+
+def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = None, params: dict | None = None,
+            kernel_name: str = "python3", partial_dir: Path | None = None) -> Result:
+    """Execute a notebook headless in its own folder. Cells tagged ``needs-gpu`` are skipped when there is no
+    CUDA (or when ``skip_gpu`` says so). Never raises for a failing cell: the result carries the error and the
+    partially executed notebook. A cell that runs past ``cell_timeout`` seconds, or a run stopped by Ctrl-C or
+    SIGTERM, is reported as "interrupted: cell N (first line…) after S s; partial output in PATH", the partial
+    notebook written to ``partial_dir`` (default: a folder under the system's temporary directory)."""
+    import asyncio
+
+    import nbclient
+    import nbformat
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+    from sglab.core import hardware
+    from sglab.core.notebook import read_mode
+
+    if skip_gpu is None:
+        skip_gpu = not hardware.has_cuda()
+    nb = nbformat.read(ipynb, as_version=4)
+    inject_parameters(nb, params or {})
+    n_gpu = sum(1 for c in nb.cells if GPU_TAG in c.get("metadata", {}).get("tags", []))
+    progress = _Progress()
+    km, folder = _kernel_manager(kernel_name)
+    client = nbclient.NotebookClient(nb, km=km, timeout=cell_timeout, kernel_name=kernel_name,
+                                     resources={"metadata": {"path": str(ipynb.parent)}},
+                                     skip_cells_with_tag=GPU_TAG if skip_gpu else "skip-execution",
+                                     on_cell_execute=progress.start)
+    started, t0 = time.time(), time.perf_counter()
+    status, error, by_signal = "ok", "", False
+    try:
+        client.execute(env={**os.environ, "SGLAB_HEADLESS": "1"})  # widgets become static tables
+    except (Exception, KeyboardInterrupt, asyncio.CancelledError) as e:  # noqa: BLE001 - all reported
+        # nbclient's SIGINT/SIGTERM handler shuts the kernel down and lets go of it (km None); a signal during the
+        # kernel's start cancels the start instead
+        by_signal = client.km is None or not isinstance(e, Exception)
+        if isinstance(e, CellExecutionError) and not by_signal:
+            status, error = "failed", f"{progress.where()}: {type(e).__name__}: {e}"
+        else:
+            if isinstance(e, CellTimeoutError):
+                why = f"cell timeout {cell_timeout} s"
+            else:
+                why = "stopped by a signal" if by_signal else f"{type(e).__name__}: {e}".strip(": ")
+            status, error = "interrupted", f"interrupted: {progress.where()}{progress.elapsed()} ({why})"
+    finally:
+        _stop_kernel(client, km, folder)
+    seconds = time.perf_counter() - t0
+    if status != "ok":
+        error = _ANSI.sub("", error).rstrip() + f"; partial output in {_write_partial(nb, ipynb, partial_dir)}"
+    marker = read_mode(nb)
+    mode = marker["mode"] if marker else "cpu"
+    return Result(ipynb, status, mode, seconds, error, n_gpu if skip_gpu else 0, nb, started, by_signal)
+
+
+def outputs_text(nb) -> str:
+    """All text outputs of an executed notebook, cell by cell (for failure messages)."""
+    parts = []
+    for i, c in enumerate(nb.cells):
+        if c.cell_type != "code":
+            continue
+        for out in c.get("outputs", []):
+            if out.get("output_type") == "stream":
+                parts.append(f"[cell {i} {out.get('name')}] {out.get('text', '')}")
+            elif out.get("output_type") == "error":
+                parts.append(f"[cell {i} error] {out.get('ename')}: {out.get('evalue')}\n" +
+                             "\n".join(out.get("traceback", [])))
+            elif "text/plain" in out.get("data", {}):
+                parts.append(f"[cell {i} result] {out['data']['text/plain']}")
+    return "\n".join(parts)

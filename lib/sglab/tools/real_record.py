@@ -1,0 +1,56 @@
+"""The real-release probes the notebooks show, in one list, and ``sglab real record``, which records their answers.
+
+Each notebook's real section calls one probe on the releases that straddle its fix (``<fix>/real.py``:
+``RELEASES`` and the parameters). :func:`calls` lists exactly those calls, so a recording
+(:mod:`sglab.sglang.store`) holds what the notebooks will ask for, and a test can replay every one of them live.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Optional
+
+
+def calls() -> list[tuple[str, Optional[dict], tuple]]:
+    """``(probe, params, releases)`` of every notebook's real section, in notebook order."""
+    from sglab.experiments.breakable_graph import real as bg
+    from sglab.experiments.capture_sizes import real as cs
+    from sglab.experiments.grid_thw import real as gt
+    from sglab.experiments.pcg_gate import real as pg
+    from sglab.experiments.swa_loc import real as sl
+    from sglab.experiments.workspace_floor import real as wf
+
+    return [(pg.PROBE, None, pg.RELEASES), (wf.PROBE, wf.params(), wf.RELEASES), (bg.PROBE, None, bg.RELEASES),
+            (sl.PROBE, None, sl.RELEASES), (gt.PROBE, None, gt.RELEASES), (cs.PROBE, cs.params(), cs.RELEASES)]
+
+
+def record(*, jobs: int = 2, progress=print):
+    """Run every call live and write the recording; returns its CSV path. Refuses to record a release that did
+    not run: a recording says what real code did, never why it could not."""
+    from sglab.sglang import run_probes, store
+
+    done = []
+    for probe, params, releases in calls():
+        t0 = time.perf_counter()
+        results = run_probes(releases, probe, params, jobs=jobs, source="live")
+        bad = [r.summary() for r in results.values() if not r.ok]
+        if bad:
+            raise RuntimeError(f"{probe}: not every release ran, nothing recorded:\n  " + "\n  ".join(bad))
+        progress(f"{probe}: {len(results)} releases in {time.perf_counter() - t0:.1f} s")
+        done.append((probe, params, results))
+    return store.write(done)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="sglab real record", description="record what the notebooks' real-release "
+                                 "probes answer here (data/recorded/real_cpu/)")
+    ap.add_argument("--jobs", type=int, default=2, help="releases run at a time")
+    args = ap.parse_args(argv)
+    try:
+        path = record(jobs=args.jobs)
+    except RuntimeError as e:
+        print(f"sglab real record: {e}")
+        return 1
+    print(f"recorded: {path}")
+    return 0

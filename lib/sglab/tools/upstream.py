@@ -1,0 +1,101 @@
+"""``sglab upstream``: which fixes an SGLang has — the installed one, a source tree, or every release.
+
+    sglab upstream                         the installed SGLang (read as source, never imported)
+    sglab upstream --root DIR              a source tree: an unpacked wheel's sglang/ or a checkout's python/sglang/
+    sglab upstream --releases [V ...]      every release from 0.5.10 (or the listed ones), read from their wheels;
+                                           a full run rewrites data/upstream/ (the table and the PR hunks)
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--root", help="an SGLang package folder to read instead of the installed one")
+    p.add_argument("--releases", nargs="*", metavar="VERSION",
+                   help="classify released wheels: every release from 0.5.10 to the newest, or the ones listed")
+    p.add_argument("--offline", action="store_true",
+                   help="with --releases: no network; cached wheels, else the committed table")
+    p.add_argument("--no-write", action="store_true", help="with --releases: do not rewrite data/upstream/")
+    p.add_argument("--figure", default="reports/upstream_releases.png",
+                   help="with --releases: where to save the timeline figure ('' for none)")
+
+
+def run(args) -> int:
+    if args.releases is None:
+        return _one_tree(args)
+    if args.root:
+        raise SystemExit("--root and --releases do not go together: --root reads one tree, --releases the wheels")
+    return _releases(args)
+
+
+def _one_tree(args) -> int:
+    from sglab.sglang.upstream import check_all
+
+    root = Path(args.root) if args.root else None
+    if root is not None and not (root / "srt").is_dir():
+        raise SystemExit(f"{root} is not an SGLang package folder (expected {root}/srt/): pass the folder that "
+                         "holds srt/, e.g. an unpacked wheel's sglang/ or a checkout's python/sglang/")
+    print(check_all(root=root).to_string(index=False))
+    return 0
+
+
+def _releases(args) -> int:
+    from sglab.sglang import wheels as R
+
+    try:
+        tl = R.timeline(args.releases or None, offline=args.offline)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    for note in tl.notes:
+        print(note)
+    if tl.frame.empty:
+        raise SystemExit("no release could be read: no wheel, no network and no committed table")
+    table = R.summary(tl.frame)
+    if (tl.frame["source"] != "wheel").any():
+        table = table.assign(read_from=tl.frame["source"])
+    print()
+    print(table.to_string(index=False))
+    print("\nwhere a state or its reason changes:")
+    for fix, version, state, reason in R.changes(tl.frame):
+        print(f"  {fix:16s} {version:13s} {state:9s} {reason}")
+    _figure(tl.frame, args.figure)
+    _write(tl, args)
+    return 0
+
+
+def _figure(frame, target: str) -> None:
+    if not target:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from sglab.sglang.figures import timeline_figure
+
+    path = Path(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    timeline_figure(frame).savefig(path, bbox_inches="tight")
+    print(f"figure: {path}")
+
+
+def _write(tl, args) -> None:
+    from sglab.sglang import hunks as H
+    from sglab.sglang import wheels as R
+
+    if args.no_write:
+        print("data/upstream/ not rewritten (--no-write)")
+        return
+    if not tl.complete:
+        why = ("only the listed releases were read" if args.releases else
+               "the release list could not be checked on the package index, or some releases came from the "
+               "committed table")
+        print(f"data/upstream/ not rewritten: {why}")
+        return
+    path = R.table_path()
+    old = path.read_text() if path.exists() else None
+    R.write_table(tl.frame, path)
+    status = "unchanged" if old == path.read_text() else "updated"
+    hunks = H.generate(list(tl.frame["version"]), tl.wheels)
+    print(f"wrote {path} ({len(tl.frame)} releases, {status}) and {len(hunks)} PR hunks under {path.parent}/")

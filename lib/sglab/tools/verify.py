@@ -1,0 +1,188 @@
+"""``sglab verify``: a verdict for any run — recorded, live here, or copied from someone's cluster.
+
+    sglab verify --all                      every recorded run of every experiment
+    sglab verify swa_loc                    every recorded run of one experiment
+    sglab verify data/runs/swa_loc/X.csv    one run file
+    sglab verify --live --against           run what this machine's GPUs can run, verify, compare with references
+    sglab verify --all --junit out.xml      the same verdicts as JUnit XML
+
+Exit status: 0 when every applicable claim holds, 1 when a claim fails (each named, with why) or an exact value
+differs from a reference of the same GPU model and parameters, 2 for bad input (one line: which file, what is wrong).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from sglab.core import claims, runs
+
+
+class BadInput(Exception):
+    """A missing or unreadable run, or an unknown experiment: reported in one line, exit status 2."""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# loading runs, with clear errors
+# --------------------------------------------------------------------------------------------------------------
+def load_run(path: str | Path, *, live: bool = False) -> runs.Run:
+    """Read a run (CSV + manifest) and check that it is whole: both files parse, the tidy columns are there, the
+    experiment is known and the row count is the one the manifest recorded (a truncated CSV fails here)."""
+    import pandas as pd
+
+    path = Path(path)
+    if path.suffix == ".json":
+        path = path.with_suffix(".csv")
+    if not path.exists():
+        raise BadInput(f"no such run file: {path}")
+    mpath = path.with_suffix(".json")
+    if not mpath.exists():
+        raise BadInput(f"{path} has no manifest ({mpath.name} is missing)")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (OSError, ValueError) as e:
+        raise BadInput(f"{mpath} is not a valid JSON manifest ({e})") from None
+    if not isinstance(manifest, dict) or "experiment" not in manifest:
+        raise BadInput(f"{mpath} is not a run manifest (no 'experiment' field)")
+    try:
+        df = pd.read_csv(path)
+    except Exception as e:  # noqa: BLE001 - pandas raises several kinds for a damaged file
+        raise BadInput(f"{path} cannot be read as a run CSV ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    missing = [c for c in ("experiment", *runs.REQUIRED) if c not in df.columns]
+    if missing:
+        raise BadInput(f"{path} lacks the column(s) {missing} of a tidy run")
+    if "rows" in manifest and int(manifest["rows"]) != len(df):
+        raise BadInput(f"{path} has {len(df)} rows but its manifest recorded {manifest['rows']} (truncated?)")
+    if df["value"].isna().any() and not pd.api.types.is_numeric_dtype(df["value"]):
+        raise BadInput(f"{path} has non-numeric values in the 'value' column")
+    if manifest["experiment"] not in claims.experiments():
+        raise BadInput(f"{path}: unknown experiment {manifest['experiment']!r}; known: "
+                       f"{', '.join(claims.experiments())}")
+    return runs.Run(df, manifest, path, live=live)
+
+
+def targets(names: list[str], all_: bool) -> list[runs.Run]:
+    """Runs named on the command line: experiments (all their recorded runs) or run files."""
+    if all_:
+        names = [*names, *claims.experiments()]
+    if not names:
+        raise BadInput("say what to verify: an experiment, a run file, --all or --live")
+    out: list[runs.Run] = []
+    for name in dict.fromkeys(names):
+        if name.endswith((".csv", ".json")) or "/" in name:
+            out.append(load_run(name))
+        elif name in claims.experiments():
+            out.extend(load_run(p) for p in runs.list_runs(name))
+        else:
+            raise BadInput(f"unknown experiment or run file {name!r}; experiments: {', '.join(claims.experiments())}")
+    return out
+
+
+def live(progress: bool = True) -> tuple[list[runs.Run], list[str]]:
+    """Record every experiment this machine's GPUs can run (into data/runs/); (runs, skipped-with-reason)."""
+    from sglab.tools import cli
+    from sglab.core import hardware
+
+    done, skipped = [], []
+    for name in claims.experiments():
+        mod = cli.load_experiment(name)
+        need = cli.gpus_for(mod, getattr(mod, "DEFAULT_PARAMS", {}))
+        ok, why = hardware.meets(need)
+        if not ok:
+            skipped.append(f"{name}: {why}")
+            continue
+        done.append(load_run(cli.record(name, progress=progress), live=True))
+    return done, skipped
+
+
+# --------------------------------------------------------------------------------------------------------------
+# reporting
+# --------------------------------------------------------------------------------------------------------------
+MARK = {claims.PASS: "pass", claims.FAIL: "FAIL", claims.NA: "n/a "}
+
+
+def _short(text, n: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def format_results(results: list[claims.Result]) -> str:
+    lines = []
+    for r in results:
+        detail = r.outcome.measured if r.status != claims.NA else r.outcome.reason
+        lines.append(f"  {MARK[r.status]}  {r.claim.id:<34} {_short(detail, 58):<58}  expected {_short(r.claim.expected, 40)}")
+        if r.status == claims.FAIL and r.outcome.reason and r.outcome.reason != r.outcome.measured:
+            lines.append(f"        why: {_short(r.outcome.reason, 120)}")
+    return "\n".join(lines)
+
+
+def format_comparison(c: claims.Comparison) -> str:
+    ref = c.reference
+    lines = [f"  against {ref.path.name} ({c.how})"]
+    for e in c.env:
+        lines.append(f"    env  {e['field']}: {e['this run']} here vs {e['reference']} in the reference")
+    for d in c.drift:
+        drift = "" if d["drift"] is None else f"{d['drift']:+.1%}" if d["drift"] != float("inf") else "inf"
+        flag = "  BEYOND" if d["beyond"] else ""
+        lines.append(f"    {d['claim']}.{d['value']}: {d['this run']} vs {d['reference']} "
+                     f"(drift {drift or 'n/a'}, tolerance {d['tolerance']}){flag}")
+    return "\n".join(lines)
+
+
+@dataclass
+class Verified:
+    run: runs.Run
+    results: list
+    comparison: claims.Comparison | None = None
+    exact_mismatch: bool = False
+
+    @property
+    def failed(self) -> list:
+        return [r for r in self.results if r.status == claims.FAIL]
+
+
+def verify_run(run: runs.Run, *, against: bool = False, reference: runs.Run | None = None) -> Verified:
+    exp = run.manifest["experiment"]
+    v = Verified(run, claims.evaluate(exp, run))
+    if against:
+        how = "given on the command line"
+        if reference is None:
+            reference, how = claims.pick_reference(exp, run, runs.load_all_recorded(exp))
+        if reference is not None:
+            v.comparison = claims.compare(exp, run, reference)
+            v.comparison.how = how
+            same = (runs.gpu_short(run.manifest) == runs.gpu_short(reference.manifest)
+                    and run.manifest.get("params") == reference.manifest.get("params"))
+            v.exact_mismatch = same and any(d["tolerance"] == "exact" for d in v.comparison.beyond)
+        else:
+            v.comparison = None
+            v.how = how  # type: ignore[attr-defined]
+    return v
+
+
+def report(vs: list[Verified]) -> tuple[str, int]:
+    """The printed report and the exit status."""
+    out, bad = [], []
+    for v in vs:
+        m = v.run.manifest
+        out.append(f"== {m['experiment']} · {v.run.path.name} (method {m.get('method_version')})")
+        out.append(format_results(v.results))
+        out.append("  → " + claims.verdict_line(v.results, v.run))
+        if v.comparison is not None:
+            out.append(format_comparison(v.comparison))
+        elif getattr(v, "how", None):
+            out.append(f"  against: {v.how}")
+        for r in v.failed:
+            bad.append(f"FAIL {r.claim.id} in {v.run.path.name}: {r.outcome.reason or r.outcome.measured}")
+        if v.exact_mismatch:
+            bad.append(f"FAIL {v.run.path.name}: an exact value differs from a reference of the same GPU model and "
+                       "parameters")
+    n_fail = sum(1 for v in vs if v.failed or v.exact_mismatch)
+    out.append(f"\n{len(vs)} run(s): {len(vs) - n_fail} hold, {n_fail} fail")
+    out.extend(bad)
+    return "\n".join(out), (1 if n_fail else 0)
+
+
+def junit(vs: list[Verified]) -> str:
+    return claims.junit_xml([(f"{v.run.manifest['experiment']}.{v.run.path.stem}", v.results) for v in vs])
