@@ -154,7 +154,7 @@ print("\n".join(text.floor_effect(sim, (2, 4))))
 real_results = real.probe()
 print(report.status_lines(real_results))
 real_table = real.comparison(real_results)
-report.check(real_table, what="(release, call site, trace, scenario) cells")
+report.check_table(real_table, what="(release, call site, trace, scenario) cells")
 print(real.high_water_note(real_results))
 real_table
 

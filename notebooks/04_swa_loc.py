@@ -161,7 +161,7 @@ from sglab.sglang import report
 real_results = real.probe()
 print(report.status_lines(real_results))
 real_table = real.comparison(real_results)
-report.check(real_table, what="(release, behaviour) rows")
+report.check_table(real_table, what="(release, behaviour) rows")
 real_table
 
 # %% [markdown]

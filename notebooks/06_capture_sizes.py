@@ -139,7 +139,7 @@ real_results = real.probe()
 print(report.status_lines(real_results))
 print(real.defaults_line(real_results))
 real_table = real.comparison(real_results)
-report.check(real_table, what="(release, setting) rows")
+report.check_table(real_table, what="(release, setting) rows")
 real_table
 
 # %% [markdown]

@@ -182,7 +182,7 @@ def test_transport_on_gloo_lands_and_cleans_up(gloo_run, variant):
 
 def test_gloo_run_marks_every_step_and_times_its_phases(gloo_run):
     from sglab.experiments import grid_thw as exp
-    from sglab.core import phases
+    from sglab.core import timing as phases
 
     out, _ = gloo_run
     assert out.sidecars == {}  # no NVML, no time series

@@ -1,4 +1,4 @@
-"""Op ranges (sglab.core.ops) and the per-op kernel table's reductions (sglab.core.op_kernels), on the CPU."""
+"""Op ranges (sglab.core.kernel_table) and the per-op kernel table's reductions (sglab.core.kernel_table), on the CPU."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from sglab.core import op_kernels, ops
+from sglab.core import kernel_table as op_kernels, kernel_table as ops
 
 
 def test_op_ranges_label_ops_with_scope_and_step():
@@ -75,7 +75,7 @@ def test_aggregate_counts_calls_per_step_and_median():
     rows = [("||mul", "mulk", 1.0), ("||mul", "mulk", 3.0), ("w|0|index", "gather", 2.0)]
     s = pd.concat([_samples("before", rows), _samples("after", rows[:2])])
     t = op_kernels.aggregate(s, runs=2, backend="x")
-    assert list(t.columns) == op_kernels.COLUMNS
+    assert list(t.columns) == op_kernels.OP_COLUMNS
     mul = t[(t.variant == "before") & (t.op == "mul")].iloc[0]
     assert (mul.calls, mul.median_us, mul.step, mul.scope) == (2.0, 2.0, -1, "")
     g = t[t.op == "index"].iloc[0]

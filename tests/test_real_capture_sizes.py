@@ -111,7 +111,7 @@ def test_the_section_table_agrees_everywhere(real):
         require(real[v])
     table = real_section.comparison(real)
     assert len(table) == len(RELEASES) * len(real_section.settings())
-    assert report.check(table), table[~table.agrees].to_string()
+    assert report.check_table(table), table[~table.agrees].to_string()
     assert "DIFFERS" not in real_section.round_up_note(real)
 
 

@@ -94,7 +94,7 @@ def test_the_section_table_agrees_everywhere(real):
         require(real[v])
     table = real_section.comparison(real)
     assert set(table.release) == set(RELEASES)
-    assert report.check(table), table[~table.agrees].to_string()
+    assert report.check_table(table), table[~table.agrees].to_string()
     statement = real_section.kernels_statement(real)
     assert "0.5.10.post1, 0.5.11, 0.5.12.post1: `return self.full_to_swa_index_mapping[kv_indices].to(torch.int32)` " \
            "-> 2 kernels" in statement

@@ -36,7 +36,7 @@ def test_real_recreations_equal_the_rebuild_in_every_cell(results):
     table = real.comparison(results)
     n_cells = len(real.RELEASES) * (1 + len(real.ALT_SITES)) * len(real.params()["traces"]) * len(real.SCENARIOS)
     assert len(table) == n_cells
-    assert report.check(table), table[~table.agrees].to_string()
+    assert report.check_table(table), table[~table.agrees].to_string()
 
 
 def test_before_the_floor_the_callee_refuses_every_batch_over_2048(results):
@@ -66,10 +66,10 @@ def test_neither_release_keeps_a_high_water_mark(results):
 # -- the shared pieces -----------------------------------------------------------------------------------------
 def test_check_is_loud_on_a_mismatch(capsys):
     table = pd.DataFrame([{"release": "x", "agrees": True}, {"release": "y", "agrees": False}])
-    assert report.check(table) is False
+    assert report.check_table(table) is False
     assert report.MISMATCH in capsys.readouterr().out
-    assert report.check(table.iloc[:1]) is True
-    assert report.check(table.iloc[:0]) is False
+    assert report.check_table(table.iloc[:1]) is True
+    assert report.check_table(table.iloc[:0]) is False
 
 
 def test_a_missing_release_is_one_not_run_line():
@@ -109,7 +109,7 @@ def test_every_section_says_not_run_when_no_release_is_installed(tmp_path, monke
         source, *lines = report.status_lines(results).splitlines()
         assert source.startswith("real SGLang: run here now:")
         assert lines and all(line.split(": ", 1)[1].startswith("not run: not installed") for line in lines)
-        assert report.check(section.comparison(results)) is False
+        assert report.check_table(section.comparison(results)) is False
     assert "no release ran" in real.high_water_note(real.probe())
     assert "no release ran" in sl.kernels_statement(sl.probe())
     assert "did not run" in cs.round_up_note(cs.probe())

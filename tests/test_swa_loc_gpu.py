@@ -170,7 +170,7 @@ def test_eager_kernel_table_nsight_matches_torch_profiler(tmp_path):
 
     import pandas as pd
 
-    from sglab.core import op_kernels
+    from sglab.core import kernel_table as op_kernels
 
     ok, why = op_kernels.nsight_available()
     if not ok:

@@ -29,7 +29,7 @@ def test_kv_write_ops_per_variant():
 def test_kv_write_scopes_restore_the_pool():
     s = fx.build_setup(num_layers=6, swa_per_full=5, size=16, size_swa=8, head_num=1, head_dim=4)
     steps = profile.eager_steps(s, fx.decode_batch(s, [1, 2], [3, 4]))
-    from sglab.core import ops
+    from sglab.core import kernel_table as ops
 
     with ops.OpRanges() as mode:
         steps["before"](mode)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sglab.core import trace
-from sglab.core import timeline as tl
+from sglab.core import plots as tl
 
 
 def work():

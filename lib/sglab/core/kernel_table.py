@@ -16,6 +16,12 @@ from __future__ import annotations
 import re
 import statistics
 from typing import Callable, Iterable, Mapping
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Callable, Optional
+import os
+from typing import Callable, Mapping
+
 
 COLUMNS = ["label", "kernel", "short", "calls", "median_us", "p10_us", "p90_us", "total_us", "share", "backend"]
 _NON_KERNEL = ("Memcpy", "Memset")
@@ -142,3 +148,288 @@ def kernel_table(fns: Mapping[str, Callable[[], object]], *, runs: int = 5, warm
 def calls_per_run(table) -> dict:
     """Kernel launches per run of each label (the number to cross-check against another tool)."""
     return {label: float(g.calls.sum()) for label, g in table.groupby("label", sort=False)}
+
+
+# --------------------------------------------------------------------------------------------------
+# ops: Which aten ops a piece of torch code runs, each inside a named range a profiler can attrib
+# --------------------------------------------------------------------------------------------------
+
+
+SEP = "|"
+
+
+@dataclass(frozen=True)
+class OpCall:
+    scope: str
+    step: Optional[int]  # position inside its scope instance; None outside any scope
+    op: str
+
+    @property
+    def label(self) -> str:
+        return SEP.join([self.scope, "" if self.step is None else str(self.step), self.op])
+
+
+def parse_label(label: str) -> OpCall:
+    """The :class:`OpCall` of a range label (with or without the ``NNNN|`` prefix of ``unique=True``)."""
+    parts = str(label).split(SEP)
+    if len(parts) == 4:
+        parts = parts[1:]
+    if len(parts) != 3:
+        raise ValueError(f"not an op label: {label!r}")
+    scope, step, op = parts
+    return OpCall(scope, int(step) if step else None, op)
+
+
+def _mode_base():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
+class OpRanges(_mode_base()):  # type: ignore[misc]
+    """A dispatch mode that runs every non-view aten op inside ``enter(label)`` and records it in :attr:`calls`.
+
+    ``enter``: a context-manager factory taking the label (``sglab.core.trace.phase``, ``nsight.annotate``);
+    None only records. Ranges never nest: each wraps one op, and the ops an op runs internally are not seen again
+    (the mode is off while its handler runs).
+    """
+
+    def __init__(self, enter: Optional[Callable[[str], object]] = None, *, unique: bool = False):
+        super().__init__()
+        self.enter = enter
+        self.unique = unique
+        self.calls: list[OpCall] = []
+        self._scope = ""
+        self._step: Optional[int] = None
+
+    @contextmanager
+    def scope(self, name: str):
+        """Label the ops inside with ``name`` and their position within this block."""
+        if SEP in name:
+            raise ValueError(f"scope names cannot contain {SEP!r}: {name!r}")
+        saved = (self._scope, self._step)
+        self._scope, self._step = name, 0
+        try:
+            yield self
+        finally:
+            self._scope, self._step = saved
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "is_view", False):
+            return func(*args, **kwargs)
+        call = OpCall(self._scope, self._step, op_name(func, kwargs))
+        if self._step is not None:
+            self._step += 1
+        label = call.label if not self.unique else f"{len(self.calls):04d}{SEP}{call.label}"
+        self.calls.append(call)
+        with (self.enter(label) if self.enter is not None else nullcontext()):
+            return func(*args, **kwargs)
+
+
+def op_name(func, kwargs: dict) -> str:
+    """``index``, ``mul``, ... and, for a conversion, its target dtype (``_to_copy->int32``): the two casts of the
+    SWA KV write are one op with different outputs."""
+    name = func.overloadpacket.__name__
+    dtype = kwargs.get("dtype")
+    if dtype is not None and name in ("_to_copy", "to", "copy"):
+        name += "->" + str(dtype).replace("torch.", "")
+    return name
+
+
+def record(fn: Callable[[], object], *, setup: Optional[Callable[[OpRanges], object]] = None) -> list[OpCall]:
+    """The ops ``fn()`` runs (CPU or GPU), with scopes set by ``setup(mode)`` if given (e.g. wrapping a method in
+    ``mode.scope``); ``setup`` may return a callable that undoes it."""
+    mode = OpRanges()
+    undo = setup(mode) if setup is not None else None
+    try:
+        with mode:
+            fn()
+    finally:
+        if callable(undo):
+            undo()
+    return mode.calls
+
+
+def demangle(name: str) -> str:
+    """A C++ symbol as a profiler shows it (``_ZN2at6native...`` -> ``void at::native::...``), through the C++
+    runtime's ``__cxa_demangle``; the name unchanged when it is not mangled or no C++ runtime is found.
+
+    CUPTI's activity records (nsight-python) and ``cuFuncGetName`` (graph kernel nodes) give mangled names, Kineto
+    (torch.profiler) demangles: this puts them on one footing."""
+    if not name.startswith("_Z"):
+        return name
+    fn = _cxa_demangle()
+    if fn is None:
+        return name
+    import ctypes
+
+    status = ctypes.c_int()
+    ptr = fn(name.encode(), None, None, ctypes.byref(status))
+    if status.value != 0 or not ptr:
+        return name
+    try:
+        return ctypes.string_at(ptr).decode(errors="replace")
+    finally:
+        ctypes.CDLL(None).free(ctypes.c_void_p(ptr))
+
+
+_DEMANGLER: list = []
+
+
+def _cxa_demangle():
+    if not _DEMANGLER:
+        import ctypes
+        import ctypes.util
+
+        fn = None
+        for lib in ("libstdc++.so.6", ctypes.util.find_library("stdc++"), "libc++.so.1"):
+            if not lib:
+                continue
+            try:
+                fn = ctypes.CDLL(lib).__cxa_demangle
+                break
+            except (OSError, AttributeError):
+                continue
+        if fn is not None:
+            fn.restype = ctypes.c_void_p
+            fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+        _DEMANGLER.append(fn)
+    return _DEMANGLER[0]
+
+
+# --------------------------------------------------------------------------------------------------
+# op_kernels: A per-kernel table of one eager step: which op launched which kernel, how often, an
+# --------------------------------------------------------------------------------------------------
+
+
+OP_COLUMNS = ["variant", "scope", "step", "op", "kernel", "calls", "median_us", "backend"]
+TORCH, NSIGHT = "torch.profiler", "nsight-python (CUPTI)"
+KEY = ["variant", "scope", "step", "op", "kernel"]
+
+Step = Callable[[OpRanges], object]
+
+
+def aggregate(samples, *, runs: int, backend: str):
+    """Per (variant, scope, step, op, kernel): calls per step and the median duration per call.
+
+    ``samples``: one row per kernel execution with ``variant``, ``label`` (an op label), ``kernel``, ``dur_us``.
+    ``step`` is -1 for ops outside any scope."""
+    import pandas as pd
+
+    if not len(samples):
+        return pd.DataFrame(columns=OP_COLUMNS)
+    parsed = [parse_label(lbl) for lbl in samples["label"]]
+    df = samples.assign(scope=[c.scope for c in parsed], step=[-1 if c.step is None else c.step for c in parsed],
+                        op=[c.op for c in parsed])
+    g = df.groupby(KEY, sort=False).dur_us
+    out = g.agg(n="size", median_us="median").reset_index()
+    out["calls"] = out.n / runs
+    out["backend"] = backend
+    return out[OP_COLUMNS]
+
+
+def _run_steps(step: Step, enter, runs: int, *, unique: bool = False) -> None:
+    for _ in range(runs):
+        with OpRanges(enter, unique=unique) as mode:
+            step(mode)
+
+
+def _warm(steps: Mapping[str, Step], warmup: int) -> None:
+    import torch
+
+    for step in steps.values():
+        _run_steps(step, None, warmup)
+    torch.cuda.synchronize()
+
+
+def torch_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
+    """torch.profiler over ``runs`` steps, one session per variant, every op in a ``record_function`` range;
+    kernels are attributed through the device-side copy of the range, which spans the kernels launched inside."""
+    import pandas as pd
+
+    from sglab.core import trace
+
+    _warm(steps, warmup)
+    parts = []
+    for variant, step in steps.items():
+        with trace.Recorder() as rec:
+            _run_steps(step, trace.phase, runs)
+        ev = rec.events
+        k = ev[(ev.category == "kernel") & (ev.phase != "")]
+        parts.append(pd.DataFrame({"variant": variant, "label": k.phase.to_numpy(), "kernel": k.name.to_numpy(),
+                                   "dur_us": k.dur_us.to_numpy()}))
+    return aggregate(pd.concat(parts, ignore_index=True), runs=runs, backend=TORCH)
+
+
+def nsight_available() -> tuple[bool, str]:
+    """Whether nsight-python's CUPTI backend can be imported here, and if not, why."""
+    os.environ.setdefault("NSPY_NCU_INIT_AT_IMPORT", "0")  # importing nsight would otherwise load Nsight Compute
+    try:
+        import nsight  # noqa: F401
+        from nsight.collection import cupti
+    except ImportError as e:
+        return False, f"nsight-python is not installed ({e})"
+    if not getattr(cupti, "CUPTI_AVAILABLE", False):
+        return False, "nsight-python is installed but cupti-python is not importable"
+    return True, f"nsight-python {getattr(nsight, '__version__', '?')} with CUPTI"
+
+
+def nsight_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
+    """nsight-python's CUPTI backend over ``runs`` steps of each variant, one annotation per op: ``(table,
+    reason)``, or ``(None, reason)`` when it cannot run here (not installed, CUPTI already taken by torch.profiler
+    in this process, ...). Per-call durations come from nsight-python's raw CSV (``output_csv=True``): one row per
+    kernel and run. Annotations must be unique within a run, hence ``unique=True`` labels."""
+    ok, reason = nsight_available()
+    if not ok:
+        return None, reason
+    import nsight
+
+    _warm(steps, warmup)
+    try:
+        nsight.activate(nsight.Tool.CUPTI)
+    except Exception as e:  # noqa: BLE001 - e.g. CUPTI already subscribed by torch.profiler
+        return None, f"nsight-python could not take CUPTI: {type(e).__name__}: {e}"
+    try:
+        raw = _nsight_raw(nsight, steps, runs)
+    except Exception as e:  # noqa: BLE001
+        return None, f"nsight-python failed: {type(e).__name__}: {e}"
+    finally:
+        nsight.deactivate()  # releases CUPTI for torch.profiler
+    return aggregate(raw, runs=runs, backend=NSIGHT), reason
+
+
+def _nsight_raw(nsight, steps: Mapping[str, Step], runs: int):
+    """One nsight-python profile per variant (annotations differ between variants, and nsight-python expects the
+    same annotations in every config of one profile); its raw rows as variant, label, kernel, dur_us."""
+    import glob
+    import tempfile
+
+    import pandas as pd
+
+    parts = []
+    for variant, step in steps.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            @nsight.analyze.kernel(configs=[(0,)], runs=runs, output_prefix=tmp + "/", output_csv=True,
+                                   thermal_mode="off", verbosity=nsight.VerbosityLevel.SILENT,
+                                   combine_kernel_metrics=lambda a, b: a + b)
+            def eager_step(_unused, step=step):
+                _run_steps(step, nsight.annotate, 1, unique=True)
+
+            eager_step()
+            raw = pd.concat([pd.read_csv(f) for f in glob.glob(f"{tmp}/profiled_data-*.csv")])
+        kernels = [" + ".join(demangle(k) for k in str(name).split("|")) for name in raw["Kernel"]]
+        parts.append(pd.DataFrame({"variant": variant, "label": raw["Annotation"].to_numpy(), "kernel": kernels,
+                                   "dur_us": raw["Value"].astype(float).to_numpy() / 1e3}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def cross_check(a, b) -> dict:
+    """Compare the kernel calls per (variant, scope, step, op, kernel) of two tables: ``{"rows": n, "equal": n,
+    "only_in_a": [...], "only_in_b": [...], "differ": [...]}``."""
+    ca = {tuple(r[k] for k in KEY): float(r["calls"]) for _, r in a.iterrows()}
+    cb = {tuple(r[k] for k in KEY): float(r["calls"]) for _, r in b.iterrows()}
+    both = set(ca) & set(cb)
+    return {"rows": len(set(ca) | set(cb)), "equal": sum(ca[k] == cb[k] for k in both),
+            "only_in_a": sorted(set(ca) - set(cb)), "only_in_b": sorted(set(cb) - set(ca)),
+            "differ": sorted(k for k in both if ca[k] != cb[k])}

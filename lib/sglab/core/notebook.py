@@ -87,7 +87,7 @@ class Workbook:
             raise RuntimeError(f"{self.experiment}: not in live mode ({self.reason}); nothing measured")
         import time
 
-        from sglab.core import phases
+        from sglab.core import timing as phases
 
         phases.take()
         t0 = time.perf_counter()

@@ -1,8 +1,13 @@
-"""One house style for every figure, and captions that say where the data came from."""
+"""One house style for every figure, and captions that say where the data came from.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+from typing import Sequence
+import re
+from typing import Mapping, Sequence
+
 
 PALETTE = {"before": "#c0392b", "after": "#2471a3", "eager": "#7f8c8d", "graph": "#2471a3",
            "neutral": "#34495e", "accent": "#d68910"}
@@ -48,3 +53,179 @@ def caption(fig, source: Any = None, extra: str = "") -> str:
     text = provenance_text(source) + (f" · {extra}" if extra else "")
     fig.text(0.01, -0.02, text, ha="left", va="top", fontsize=8, color="#555555")
     return text
+
+
+# --------------------------------------------------------------------------------------------------
+# diagram: Small drawing primitives for the mechanism pictures on each notebook's first screen.
+# --------------------------------------------------------------------------------------------------
+
+
+BOX_COLORS = {"before": "#f5b7b1", "after": "#aed6f1", "neutral": "#e5e8e8", "accent": "#f9e79f",
+              "removed": "#f5b7b1", "kept": "#d5f5e3"}
+
+
+def canvas(width: float = 10.0, height: float = 3.0, *, xlim=(0, 10), ylim=(0, 3)):
+    """A figure with one axis in data units and no frame, for boxes and arrows."""
+    import matplotlib.pyplot as plt
+
+    apply_style()
+    fig, ax = plt.subplots(figsize=(width, height), constrained_layout=True)
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    ax.axis("off")
+    return fig, ax
+
+
+def box(ax, x: float, y: float, w: float, h: float, text: str = "", *, color: str = "neutral",
+        edge: str = "#566573", fontsize: float = 8, hatch: str | None = None, **text_kw):
+    """A rounded box with centred text; ``color`` is a :data:`BOX_COLORS` key or any matplotlib colour."""
+    from matplotlib.patches import FancyBboxPatch
+
+    face = BOX_COLORS.get(color, color)
+    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02,rounding_size=0.06", facecolor=face,
+                                edgecolor=edge, linewidth=0.9, hatch=hatch))
+    if text:
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize, **text_kw)
+
+
+def row(ax, x: float, y: float, items: Sequence[tuple[str, str]], *, w: float = 0.9, h: float = 0.5,
+        gap: float = 0.08, fontsize: float = 7.5) -> float:
+    """Boxes ``(text, color)`` left to right from ``x``; returns the x after the last box."""
+    for text, color in items:
+        box(ax, x, y, w, h, text, color=color, fontsize=fontsize)
+        x += w + gap
+    return x
+
+
+def arrow(ax, start: tuple[float, float], end: tuple[float, float], text: str = "", *, color: str = "#566573",
+          fontsize: float = 8, style: str = "-|>"):
+    """An arrow from ``start`` to ``end`` with an optional label at its middle."""
+    ax.annotate("", xy=end, xytext=start, arrowprops={"arrowstyle": style, "color": color, "lw": 1.1})
+    if text:
+        ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.08, text, ha="center", va="bottom",
+                fontsize=fontsize, color=color)
+
+
+def label(ax, x: float, y: float, text: str, *, fontsize: float = 9, weight: str = "bold", color: str | None = None,
+          **kw):
+    """A left-aligned label (row titles, 'before' / 'after')."""
+    ax.text(x, y, text, fontsize=fontsize, fontweight=weight, color=color or PALETTE["neutral"], va="center", **kw)
+
+
+# --------------------------------------------------------------------------------------------------
+# timeline: Before and after as aligned swim-lanes on one time axis: what a profiler shows, drawn
+# --------------------------------------------------------------------------------------------------
+
+
+CATEGORY_COLORS = {"kernel": "#5d6d7e", "memcpy": "#17a589", "memset": "#48c9b0", "runtime": "#a9cce3",
+                   "op": "#d5d8dc", "range": "none"}
+LANE_ORDER = ("host", "runtime", "stream", "device")
+
+
+def window(events, phase: str | None = None, *, names: str | None = None):
+    """The events of one phase (or matching ``names``), re-zeroed to the first of them."""
+    d = events
+    if phase is not None:
+        d = d[d.phase == phase]
+    if names is not None:
+        d = d[_matches(d.name, names)]
+    if len(d):
+        d = d.assign(start_us=d.start_us - d.start_us.min())
+    return d
+
+
+def _matches(names, pattern: str):
+    rx = re.compile(pattern)
+    return names.map(lambda n: bool(rx.search(n)))
+
+
+def _lane_key(lane: str):
+    for i, prefix in enumerate(LANE_ORDER):
+        if lane.startswith(prefix):
+            return (i, lane)
+    return (len(LANE_ORDER), lane)
+
+
+def totals(events, highlight: str | None = None) -> dict:
+    """Span, device activity and highlighted events of one table: the numbers the plot annotates."""
+    dev = events[events.category.isin(["kernel", "memcpy", "memset"])]
+    hit = events[_matches(events.name, highlight)] if highlight else events.iloc[0:0]
+    hit = hit[hit.category != "range"]
+    span = float((events.start_us + events.dur_us).max() - events.start_us.min()) if len(events) else 0.0
+    return {"span_us": span, "kernels": int((dev.category == "kernel").sum()), "device_us": float(dev.dur_us.sum()),
+            "highlighted": int(len(hit)), "highlighted_us": float(hit.dur_us.sum())}
+
+
+def timeline(tables: Mapping[str, object], *, highlight: str | None = None, highlight_label: str = "mechanism",
+             categories: Sequence[str] = ("kernel", "memcpy", "memset", "runtime", "range"),
+             title: str = "", width: float = 11.0, ax=None, annotate: bool = True):
+    """One group of swim-lanes per variant (e.g. ``{"before": ev_a, "after": ev_b}``), on one shared µs axis.
+
+    ``highlight``: a regular expression over event names; matching events are drawn in the accent colour and
+    counted in the annotation. Returns the figure.
+    """
+    rows, labels = [], []
+    for variant, ev in tables.items():
+        ev = ev[ev.category.isin(categories)]
+        for lane in sorted(ev.lane.unique(), key=_lane_key):
+            rows.append((variant, lane, ev[ev.lane == lane]))
+            labels.append(f"{variant} · {lane}")
+    if ax is None:
+        fig, ax = figure(width=width, height=0.9 + 0.42 * max(1, len(rows)))
+    else:
+        fig = ax.figure
+    pattern = re.compile(highlight) if highlight else None
+    for y, (variant, lane, ev) in enumerate(rows):
+        _draw_lane(ax, len(rows) - 1 - y, ev, pattern)
+    ax.set_yticks(range(len(rows)), list(reversed(labels)))
+    ax.set_xlabel("time from the first event (µs)")
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    ax.grid(axis="y", visible=False)
+    if title:
+        ax.set_title(title)
+    if annotate:
+        _annotate(ax, tables, rows, highlight, highlight_label)
+    _legend(ax, categories, highlight_label if pattern else None)
+    return fig
+
+
+def _draw_lane(ax, y: float, ev, pattern) -> None:
+    for cat, g in ev.groupby("category"):
+        if cat == "range":
+            for r in g.itertuples():  # phase ranges: an outline with the phase name
+                ax.broken_barh([(r.start_us, r.dur_us)], (y - 0.42, 0.84), facecolors="none",
+                               edgecolors="#7f8c8d", linewidth=0.8)
+                ax.text(r.start_us, y + 0.46, r.name.replace("phase::", ""), fontsize=7, va="bottom",
+                        color="#555555", clip_on=True)
+            continue
+        hit = g.name.map(lambda n: bool(pattern.search(n))) if pattern else g.name.map(lambda n: False)
+        for sel, color in ((~hit, CATEGORY_COLORS.get(cat, "#999999")), (hit, PALETTE["accent"])):
+            part = g[sel]
+            if len(part):
+                ax.broken_barh(list(zip(part.start_us, part.dur_us.clip(lower=0.05))), (y - 0.3, 0.6),
+                               facecolors=color, edgecolors="none")
+
+
+def _annotate(ax, tables, rows, highlight, label) -> None:
+    first_row = {}
+    for i, (variant, _, _) in enumerate(rows):
+        first_row.setdefault(variant, len(rows) - 1 - i)
+    for variant, ev in tables.items():
+        if variant not in first_row:
+            continue
+        t = totals(ev, highlight)
+        text = f"{t['span_us']:.0f} µs · {t['kernels']} kernels"
+        if highlight:
+            text += f" · {label}: {t['highlighted']} ({t['highlighted_us']:.0f} µs)"
+        ax.annotate(text, (1.005, first_row[variant]), xycoords=("axes fraction", "data"), va="center",
+                    fontsize=8, color=PALETTE["before"] if variant == list(tables)[0] else PALETTE["after"])
+
+
+def _legend(ax, categories, highlight_label) -> None:
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=CATEGORY_COLORS[c], label=c) for c in categories if c in CATEGORY_COLORS
+               and CATEGORY_COLORS[c] != "none"]
+    if highlight_label:
+        handles.append(Patch(facecolor=PALETTE["accent"], label=highlight_label))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=len(handles), fontsize=8)

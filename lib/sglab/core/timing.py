@@ -10,6 +10,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable
+from contextlib import contextmanager
 
 
 def _quantile(sorted_vals: list[float], q: float) -> float:
@@ -151,3 +152,38 @@ def interleaved(fns: "dict[str, Callable[[], object]]", *, rounds: int = 3, warm
                 pooled[name] = Timing([], clock=t.clock + f", {rounds} interleaved rounds")
             pooled[name].samples_ms.extend(t.samples_ms)
     return pooled
+
+
+# --------------------------------------------------------------------------------------------------
+# phases: Where live time goes: wall seconds per named phase of a run (process spawn, CUDA init, 
+# --------------------------------------------------------------------------------------------------
+
+
+_totals: dict[str, float] = {}
+
+
+@contextmanager
+def phase(name: str):
+    """Add the wall time of the block to phase ``name`` (nested phases are counted in both)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        _totals[name] = _totals.get(name, 0.0) + time.perf_counter() - t0
+
+
+def add(name: str, seconds: float) -> None:
+    _totals[name] = _totals.get(name, 0.0) + float(seconds)
+
+
+def merge(other: dict, prefix: str = "") -> None:
+    """Fold another process's phases (e.g. a rank's) into this one's, under ``prefix``."""
+    for k, v in (other or {}).items():
+        add(prefix + k, v)
+
+
+def take() -> dict:
+    """The phases since the last take(), rounded to ms; resets the clock."""
+    out = {k: round(v, 3) for k, v in _totals.items()}
+    _totals.clear()
+    return out

@@ -80,7 +80,7 @@ def _source_of(rebuilt) -> tuple[str, str]:
     return name, inspect.getsource(rebuilt)
 
 
-def beside(hunk, rebuilt, *, symbol: str | None = None, side: str = "after") -> Rendered:
+def render_beside(hunk, rebuilt, *, symbol: str | None = None, side: str = "after") -> Rendered:
     """The released ``symbol`` (default: the hunk's first one present on ``side``) next to the rebuilt code."""
     blocks = hunk.blocks(side)
     names = [n for n, t in blocks.items() if t is not None]

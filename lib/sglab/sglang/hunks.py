@@ -240,7 +240,7 @@ def show(fix: str, pr: int | None = None):
 
 def beside(fix: str, rebuilt, *, pr: int | None = None, symbol: str | None = None, side: str = "after"):
     """The released ``symbol`` of ``fix``'s hunk next to the rebuilt function or class (``rebuilt``)."""
-    from sglab.sglang.display import beside as _beside
+    from sglab.sglang.display import render_beside as _beside
 
     return _beside(load(fix, pr), rebuilt, symbol=symbol, side=side)
 

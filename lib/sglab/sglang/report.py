@@ -52,7 +52,7 @@ def ran(results: dict[str, ProbeResult]) -> dict[str, ProbeResult]:
     return {v: r for v, r in results.items() if r.ok}
 
 
-def check(table, *, what: str = "rows") -> bool:
+def check_table(table, *, what: str = "rows") -> bool:
     """Print a loud banner with every row whose ``agrees`` is False; True when every row agrees (and there is at
     least one row: an empty comparison proves nothing and says so)."""
     if table is None or len(table) == 0:
@@ -64,14 +64,6 @@ def check(table, *, what: str = "rows") -> bool:
         return False
     print(f"real SGLang and the rebuild agree on all {len(table)} {what}")
     return True
-
-
-def recorded(fix: str):
-    """The newest recorded GPU run of real SGLang for ``fix`` (``data/recorded/real_<fix>/``), or None."""
-    from sglab.core import runs
-
-    found = runs.load_all_recorded(f"real_{fix}")
-    return runs.newest_by(found, lambda r: 0).get(0) if found else None
 
 
 def recorded_summary(fix: str) -> tuple[Optional[str], object]:

@@ -138,7 +138,7 @@ def record(name: str, params: dict | None = None, *, recorded: bool = False, pro
     ok, why = hardware.meets(need)
     if not ok:
         raise SystemExit(f"cannot record {name} live: {why}")
-    from sglab.core import phases
+    from sglab.core import timing as phases
 
     phases.take()
     t0 = time.perf_counter()

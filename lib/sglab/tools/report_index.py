@@ -56,7 +56,7 @@ def _live_runs(experiment: str, result) -> list:
     return [runs.read_run(p, live=True) for p in paths if p.stat().st_mtime >= started]
 
 
-def _status(r) -> str:
+def _card_status(r) -> str:
     skipped = f" · {r.skipped_gpu_cells} GPU cell(s) skipped" if r.skipped_gpu_cells else ""
     return (f"<span class='{r.status}'>{r.status}</span> · <span class='{r.mode}'>{r.mode}</span> · "
             f"{r.seconds:.1f} s{skipped}")
@@ -79,7 +79,7 @@ def card(r, live_time: str) -> str:
     return (f"<div class='card'>{fig}<div class='text'><h2><a href='{html.escape(r.path.stem)}.html'>"
             f"{html.escape(title)}</a></h2><p>{html.escape(facts['claim'])}</p>{headline}{verdicts}"
             f"<div class='meta'>live time: {html.escape(live_time)}</div>"
-            f"<div class='meta'>this run: {_status(r)}</div>{err}</div></div>")
+            f"<div class='meta'>this run: {_card_status(r)}</div>{err}</div></div>")
 
 
 def write_index(results, out: Path, env_rows: list[tuple[str, str]], live_times: dict | None = None) -> Path:

@@ -4,8 +4,8 @@ and speed-up per request count, the profiler timeline of a 3-request prefill."""
 from __future__ import annotations
 
 from sglab.core import plots
-from sglab.core import diagram as dg
-from sglab.core import timeline as tl
+from sglab.core import plots as dg
+from sglab.core import plots as tl
 from sglab.experiments.breakable_graph import analysis as an
 from sglab.experiments.breakable_graph.structure import Structure
 

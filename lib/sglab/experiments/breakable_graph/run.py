@@ -15,7 +15,7 @@ Parts of one run (column ``part``):
 - ``e_resolution``: ``layer_model`` resolution on four model shapes with the #24662 rule and the later
   walk-the-chain rule (runs on the CPU).
 
-Phases (:mod:`sglab.core.phases`): build, capture, correctness, hit rate, timing, profile, resolution.
+Phases (:mod:`sglab.core.timing`): build, capture, correctness, hit rate, timing, profile, resolution.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 
 from sglab.core import runs
 from sglab.fixes import breakable_graph as bg
-from sglab.core import phases
+from sglab.core import timing as phases
 from sglab.experiments.breakable_graph import profile
 from sglab.experiments.breakable_graph.routing import _DEFAULTS, _row, hit_rate_rows, resolution_rows, split_tokens
 

@@ -6,7 +6,7 @@ from typing import Sequence
 
 from sglab.core import plots
 from sglab.fixes import capture_sizes as fx
-from sglab.core import diagram
+from sglab.core import plots as diagram
 
 from sglab.experiments.capture_sizes.analysis import STATUSES, capture_ranges, policy_lists, size_status
 
@@ -193,7 +193,7 @@ def _window_limit(cr, rank: int) -> int:
 
 def tail_window(events, rank: int = 0, up_to: int | None = None) -> dict:
     """One rank's capture ranges of sizes <= ``up_to`` (default: :func:`_window_limit`), per variant, ready for
-    :func:`sglab.core.timeline.timeline`: host ranges named by their size, refused sizes' ranges left out (the
+    :func:`sglab.core.plots.timeline`: host ranges named by their size, refused sizes' ranges left out (the
     figure marks them), device-side copies of the ranges dropped and all CUDA streams on one ``device`` lane;
     times re-zeroed per variant."""
     cr = capture_ranges(events)
@@ -222,7 +222,7 @@ def capture_timeline(events, rank: int = 0, up_to: int | None = None, run=None):
     """Before and after swim-lanes of one rank's small capture sizes (where the refusals are): each size's range
     on the host (labelled by its size), the collective calls and NCCL kernels highlighted, and a red ✗ where a
     size was refused (the error caught before any collective)."""
-    from sglab.core import timeline as tl
+    from sglab.core import plots as tl
 
     windows = tail_window(events, rank, up_to)
     fig = tl.timeline({k: ev for k, (ev, _) in windows.items()}, highlight=r"c10d::|nccl",

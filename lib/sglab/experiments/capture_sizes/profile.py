@@ -32,7 +32,7 @@ def traced_pass(work, *, perfetto=None):
     import contextlib
     import time
 
-    from sglab.core import phases
+    from sglab.core import timing as phases
 
     with contextlib.ExitStack() as stack:
         with phases.phase("profile: start"):  # the profiler's own warm-up session, then this one

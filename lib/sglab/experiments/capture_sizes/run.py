@@ -36,7 +36,7 @@ from pathlib import Path
 
 from sglab.core import runs
 from sglab.fixes import capture_sizes as fx
-from sglab.core import phases
+from sglab.core import timing as phases
 
 from sglab.experiments.capture_sizes import DEFAULT_PARAMS, EXPERIMENT, TOL
 

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from sglab.core import plots
-from sglab.core import diagram
+from sglab.core import plots as diagram
 from sglab.experiments.grid_thw import analysis
 
 STRAY = "#c0392b"

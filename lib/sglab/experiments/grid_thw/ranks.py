@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglab.fixes import grid_thw as fx
-from sglab.core import phases
+from sglab.core import timing as phases
 
 PHASES = ("init", "received", "kernel", "released")
 KERNEL_STEPS = ("first kernel", "reduce", "item", "copy to own GPU", "own-GPU kernel")

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from sglab.core import dist, runs
 from sglab.fixes import grid_thw as fx
-from sglab.core import memory, phases
+from sglab.core import memory, timing as phases
 from sglab.experiments.grid_thw import series
 from sglab.experiments.grid_thw.ranks import VARIANTS, _row, rank_main, tokenizer_main
 

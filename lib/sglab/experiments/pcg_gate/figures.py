@@ -6,8 +6,8 @@ from __future__ import annotations
 import pandas as pd
 
 from sglab.core import plots
-from sglab.core import diagram as dg
-from sglab.core import timeline as tl
+from sglab.core import plots as dg
+from sglab.core import plots as tl
 from sglab.experiments.pcg_gate import analysis as an
 from sglab.experiments.pcg_gate.profile import COPY
 

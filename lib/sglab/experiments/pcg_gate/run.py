@@ -1,6 +1,6 @@
 """Notebook 01 on one GPU: eager prefill (gate off) vs piecewise-CUDA-graph prefill (gate on), per token count.
 
-Phases of :func:`run` (each timed by :mod:`sglab.core.phases`):
+Phases of :func:`run` (each timed by :mod:`sglab.core.timing`):
 
 1. ``build``: the bf16 LLM (``DEFAULT_PARAMS``: hidden 2048, 16 layers, Kimi-shaped wrappers around it).
 2. ``gate``: every wrapper variant through the PR-era gate (rows: decision, key counts). ``no_alias`` fails, so its
@@ -24,7 +24,7 @@ import torch
 from sglab.core import runs
 from sglab.fixes import pcg_gate as gate
 from sglab.core.toy_decoder import DecoderConfig
-from sglab.core import phases
+from sglab.core import timing as phases
 from sglab.experiments.pcg_gate import profile
 from sglab.experiments.pcg_gate.variants import gate_rows, quiet_gate
 

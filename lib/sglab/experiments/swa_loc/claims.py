@@ -168,7 +168,7 @@ def _nsight_ran(run) -> Optional[str]:
 
 
 def _nsight_matches(run):
-    from sglab.core import op_kernels
+    from sglab.core import kernel_table as op_kernels
 
     t = _sidecar(run, "eager_kernels")
     c = op_kernels.cross_check(t[t.backend == op_kernels.NSIGHT], t[t.backend == op_kernels.TORCH])

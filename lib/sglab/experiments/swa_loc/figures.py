@@ -13,7 +13,7 @@ from typing import Optional
 
 from sglab.core import plots
 from sglab.fixes import swa_loc as fx
-from sglab.core import diagram
+from sglab.core import plots as diagram
 from sglab.experiments.swa_loc import HEADLINE_CONFIG, analysis
 
 COLORS = {"before": plots.PALETTE["before"], "pr23552": plots.PALETTE["accent"], "pr24743": plots.PALETTE["after"]}
@@ -179,7 +179,7 @@ NO_TRACE = ("this run predates profiler traces (method {mv}); a new recording ad
 def replay_timeline(run, variants=("before", "pr24743")):
     """``(figure, None)``: one traced replay per variant on one µs axis, the translation's kernels highlighted;
     ``(None, why)`` when the run has no trace."""
-    from sglab.core import timeline
+    from sglab.core import plots as timeline
 
     events, gk = run.sidecar("events"), run.sidecar("graph_kernels")
     if events is None or gk is None:

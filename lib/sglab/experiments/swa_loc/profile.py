@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from sglab.fixes import swa_loc as fx
-from sglab.core import op_kernels, ops, phases, trace
+from sglab.core import kernel_table as op_kernels, kernel_table as ops, timing as phases, trace
 
 TRACE_PHASE = "replay "  # + variant
 SWA_WRITE, FULL_WRITE = "SWA layer KV write", "full layer KV write"
@@ -108,7 +108,7 @@ def eager_steps(setup: fx.Setup, batch: fx.ForwardBatch) -> dict:
 
 def kv_write_ops(variant: str, *, num_layers: int = 6, swa_per_full: int = 5) -> list:
     """The aten ops of the KV writes in one replay of ``variant``'s captured step, on the CPU: what the decode
-    graph holds, as :class:`sglab.core.ops.OpCall` (scope = the kind of layer, step = position in its write)."""
+    graph holds, as :class:`sglab.core.kernel_table.OpCall` (scope = the kind of layer, step = position in its write)."""
     s = fx.build_setup(num_layers=num_layers, swa_per_full=swa_per_full, size=16, size_swa=8, head_num=1,
                        head_dim=4)
     runner = fx.DecodeGraphRunner.for_variant(s.model, [1], variant, use_cuda_graph=False)

@@ -14,7 +14,7 @@ import torch
 
 from sglab.core import runs
 from sglab.fixes import swa_loc as fx
-from sglab.core import phases
+from sglab.core import timing as phases
 from sglab.experiments.swa_loc import DEFAULT_PARAMS, EXPERIMENT
 
 _FILL = {"num_layers": -1, "swa_per_full": -1, "n_swa_layers": -1, "batch_size": -1}

@@ -36,7 +36,7 @@ TRIVIAL_CALLS = r"^(cudaGetDevice|cudaGetLastError|cudaPeekAtLastError|cudaStrea
 def traced_pass(st) -> dict:
     """Profile the re-creations of each profiled policy and the cost sizes on this rank:
     ``{"table": reduced event table, "perfetto": path}``; adds this pass's leak rows to ``st.rows``."""
-    from sglab.core import phases, trace
+    from sglab.core import timing as phases, trace
     from sglab.core.kernels import _warm_profiler
 
     from sglab.experiments.workspace_floor.simulation import MiB

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from sglab.core import plots
 from sglab.fixes import workspace_floor as wf
-from sglab.core import timeline
+from sglab.core import plots as timeline
 
 from sglab.experiments.workspace_floor import analysis
 from sglab.experiments.workspace_floor._closed import closed

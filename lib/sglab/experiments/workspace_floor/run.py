@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from sglab.fixes import workspace_floor as wf
-from sglab.core import phases
+from sglab.core import timing as phases
 
 from sglab.experiments.workspace_floor.simulation import MiB, simulate_rows
 from sglab.experiments.workspace_floor.traces import TRACES, trace_tokens
