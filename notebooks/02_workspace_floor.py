@@ -27,7 +27,7 @@ from sglab.core import notebook as nb
 from sglab.experiments import workspace_floor as experiment
 from sglab.experiments.workspace_floor import analysis, figures, real, text, traces
 from sglab.fixes import workspace_floor as wf
-from sglab.sglang import report
+from sglab.sglang import compare as report
 
 pd.set_option("display.width", 160)
 params = {**experiment.DEFAULT_PARAMS, **PARAMS}
@@ -71,7 +71,7 @@ nb.slide(experiment.EXPERIMENT, shown, figures.mechanism(shown))
 # the rebuilt policy:
 
 # %%
-from sglab.sglang import figures as upstream_figures, hunks
+from sglab.sglang import wheels as upstream_figures, hunks
 
 upstream_figures.timeline_row_figure(experiment.EXPERIMENT)
 

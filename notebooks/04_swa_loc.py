@@ -75,7 +75,7 @@ rebuild.variants_table()
 # `populate_from_forward_batch`.
 
 # %%
-from sglab.sglang import figures as upstream_figures, hunks
+from sglab.sglang import wheels as upstream_figures, hunks
 
 upstream_figures.timeline_row_figure(experiment.EXPERIMENT)
 
@@ -156,7 +156,7 @@ rebuild.dtypes_table()
 
 # %%
 from sglab.experiments.swa_loc import claims, real
-from sglab.sglang import report
+from sglab.sglang import compare as report
 
 real_results = real.probe()
 print(report.status_lines(real_results))

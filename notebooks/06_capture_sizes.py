@@ -84,7 +84,7 @@ except fx.UnequalShards as e:
 # `PiecewiseCudaGraphRunner.__init__` beside the rebuilt one:
 
 # %%
-from sglab.sglang import figures as upstream_figures, hunks
+from sglab.sglang import wheels as upstream_figures, hunks
 
 upstream_figures.timeline_row_figure(experiment.EXPERIMENT)
 
@@ -133,7 +133,7 @@ if not wb.live:
 
 # %%
 from sglab.experiments.capture_sizes import real
-from sglab.sglang import report
+from sglab.sglang import compare as report
 
 real_results = real.probe()
 print(report.status_lines(real_results))

@@ -3,7 +3,7 @@
 import pytest
 
 from sglab.sglang import compare
-from sglab.sglang.gpu.summary import tables
+from sglab.sglang.compare import tables
 
 
 def _run(fix):

@@ -118,7 +118,7 @@ def _in_subprocess(code: str) -> dict:
 def test_sgl_kernel_stub_raises_when_called_and_weak_ref_returns_its_argument():
     got = _in_subprocess("""
 import json, torch
-from sglab.sglang import shims
+from sglab.sglang import bootstrap as shims
 shims.install_sgl_kernel_stub("ImportError: test")
 from sgl_kernel import weak_ref_tensor, rmsnorm
 from sgl_kernel.kvcacheio import transfer_kv_all_layer
@@ -136,7 +136,7 @@ except ImportError:
 print(json.dumps(out))
 """)
     assert got["same"] is True
-    assert got["rmsnorm"].startswith("sgl_kernel.rmsnorm is a stub installed by sglab.sglang.shims")
+    assert got["rmsnorm"].startswith("sgl_kernel.rmsnorm is a stub installed by sglab.sglang.bootstrap")
     assert "ImportError: test" in got["kvcacheio"]
     assert got["scalar_type"] == "ImportError"
 
@@ -144,7 +144,7 @@ print(json.dumps(out))
 def test_kvcacheio_stub_serves_only_kvcacheio():
     got = _in_subprocess("""
 import json
-from sglab.sglang import shims
+from sglab.sglang import bootstrap as shims
 shims.install_kvcacheio_stub("ModuleNotFoundError: test")
 from sgl_kernel.kvcacheio import transfer_kv_per_layer
 out = {}
@@ -166,7 +166,7 @@ print(json.dumps(out))
 def test_torchvision_stand_in_has_constants_and_raises_on_use():
     got = _in_subprocess("""
 import json
-from sglab.sglang import shims
+from sglab.sglang import bootstrap as shims
 shims.install_torchvision_absent("ModuleNotFoundError: test")
 import torchvision
 from torchvision.transforms import InterpolationMode

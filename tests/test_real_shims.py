@@ -5,7 +5,7 @@ import sys
 
 CODE = r"""
 import torch
-from sglab.sglang.shims import _skip_fakes_of_missing_sgl_kernel_ops
+from sglab.sglang.bootstrap import _skip_fakes_of_missing_sgl_kernel_ops
 _skip_fakes_of_missing_sgl_kernel_ops()
 
 @torch.library.register_fake("sgl_kernel::moe_fused_gate")

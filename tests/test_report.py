@@ -12,7 +12,7 @@ import pytest
 
 from sglab.tools import catalog, nbtools
 from sglab.core import claims, runs
-from sglab.tools import report_index as index, report_pages as pages, timings
+from sglab.tools import report as index, report as pages, timings
 
 
 def _png(width_in=12.0) -> bytes:

@@ -13,8 +13,8 @@ from sglab.core import runs
 from sglab.sglang import upstream
 from sglab.sglang import hunks as H
 from sglab.sglang import wheels as R
-from sglab.sglang.display import Rendered, beside, diff_html
-from sglab.sglang.figures import STATE_COLOURS, timeline_figure, timeline_row_figure
+from sglab.sglang.hunks import Rendered, diff_html, render_beside
+from sglab.sglang.wheels import STATE_COLOURS, timeline_figure, timeline_row_figure
 
 INSTALLED = runs.repo_root() / ".sglang" / "releases"
 # one line each PR added, as released (the reason the hunk exists)
@@ -166,16 +166,16 @@ def rebuilt_setattr(self, name, value):
 
 def test_beside_puts_the_released_symbol_next_to_the_rebuild():
     hunk = H.load("pcg_gate")
-    shown = beside(hunk, rebuilt_setattr, symbol="KimiK25ForConditionalGeneration.__setattr__")
+    shown = render_beside(hunk, rebuilt_setattr, symbol="KimiK25ForConditionalGeneration.__setattr__")
     text = repr(shown)
     assert text.startswith("== sglang 0.5.13 · KimiK25ForConditionalGeneration.__setattr__\ndef __setattr__")
     assert f"== rebuilt: {__name__}.rebuilt_setattr" in text and "<table" in shown._repr_html_()
-    assert "def model(self)" in repr(beside(hunk, ("mine", "x = 1\n")))  # first symbol present by default
+    assert "def model(self)" in repr(render_beside(hunk, ("mine", "x = 1\n")))  # first symbol present by default
     assert repr(H.beside("pcg_gate", rebuilt_setattr, symbol="KimiK25ForConditionalGeneration.__setattr__")) == text
     with pytest.raises(ValueError, match="no symbol exists on the 'before' side"):
-        beside(hunk, ("mine", ""), side="before")
+        render_beside(hunk, ("mine", ""), side="before")
     with pytest.raises(KeyError, match="not on the 'after' side"):
-        beside(hunk, ("mine", ""), symbol="Nope.nope")
+        render_beside(hunk, ("mine", ""), symbol="Nope.nope")
 
 
 # -- figures ----------------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Inside one release's worker: SGLang server arguments -> what that release's runners would capture, and why.
 
-Runs as a probe (``sglab.investigate.capture_probe:run``) in :mod:`sglab.sglang.worker`, one process per release.
+Runs as a probe (``sglab.investigate.capture_probe:run``) in :mod:`sglab.sglang.runner`, one process per release.
 It builds on :mod:`sglab.sglang.probes.server_args` (the release's own parser and ``from_cli_args``, without the
 ``__post_init__`` that needs a model and a GPU) and adds the three pieces of the release's start-up that decide
 what is captured and whether the reduce-scatter is on the path, in ``ServerArgs.__post_init__`` order:

@@ -2,8 +2,8 @@
 
 - :mod:`~sglab.sglang.releases` pinned releases and where they live (``.sglang/releases/<V>/``)
 - :mod:`~sglab.sglang.install`  ``sglab real install``: pip into target folders, idempotent, in parallel
-- :mod:`~sglab.sglang.shims`, :mod:`~sglab.sglang.bootstrap`  the stand-ins a release needs on this machine
-- :mod:`~sglab.sglang.worker`, :mod:`~sglab.sglang.runner`  one subprocess per release: :func:`run_probe`
+- :mod:`~sglab.sglang.bootstrap`, :mod:`~sglab.sglang.bootstrap`  the stand-ins a release needs on this machine
+- :mod:`~sglab.sglang.runner`, :mod:`~sglab.sglang.runner`  one subprocess per release: :func:`run_probe`
 - :mod:`~sglab.sglang.probes`   the real code of each fix, driven on the CPU; rows for the tests and notebooks
 
 Nothing here imports SGLang into the calling process.

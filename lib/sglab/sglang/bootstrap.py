@@ -2,7 +2,7 @@
 
 Call :func:`prepare` once, first thing in a fresh process (the worker does), before anything imports
 ``sglang``, ``triton``, ``torchvision`` or ``sgl_kernel``. It puts the release and its dependency set on
-``sys.path``, decides each shim from what this machine has (see :mod:`sglab.sglang.shims` for the reasons), and
+``sys.path``, decides each shim from what this machine has (see :mod:`sglab.sglang.bootstrap` for the reasons), and
 returns what it applied. Nothing here is reversible: one process, one release.
 """
 
@@ -13,11 +13,14 @@ import importlib.util
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from sglab.sglang import shims
 from sglab.sglang.releases import (
     dep_set, deps_dir, package_dir, parse_version, release_dir, release_installed,
 )
+import importlib.abc
+import importlib.machinery
+import types
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional
 
 
 class NotRunnable(RuntimeError):
@@ -28,7 +31,7 @@ class NotRunnable(RuntimeError):
 class Prepared:
     release: str
     root: Path
-    shims: list = field(default_factory=list)   # [shims.Shim]
+    shims: list = field(default_factory=list)   # [Shim]
 
     def shim_names(self) -> list[str]:
         return [s.name for s in self.shims]
@@ -82,7 +85,7 @@ def machine_facts() -> dict:
 
 
 def plan(release: str, facts: dict) -> list[str]:
-    """Names of the shims ``release`` needs on a machine with ``facts`` (see :mod:`sglab.sglang.shims`)."""
+    """Names of the shims ``release`` needs on a machine with ``facts`` (see :mod:`sglab.sglang.bootstrap`)."""
     names = []
     if facts["triton"] is not None:
         names.append("triton")
@@ -96,14 +99,14 @@ def plan(release: str, facts: dict) -> list[str]:
     return names
 
 
-def needed_shims(release: str, root: Path) -> list[shims.Shim]:
+def needed_shims(release: str, root: Path) -> list[Shim]:
     """Decide and install the shims, in the order they must go in."""
     facts = machine_facts()
     installers = {
-        "triton": lambda: shims.install_triton_stub(root),
-        "torchvision": lambda: shims.install_torchvision_absent(facts["torchvision"]),
-        "sgl_kernel": lambda: shims.install_sgl_kernel_stub(facts["sgl_kernel"]),
-        "sgl_kernel.kvcacheio": lambda: shims.install_kvcacheio_stub(facts["sgl_kernel"]),
+        "triton": lambda: install_triton_stub(root),
+        "torchvision": lambda: install_torchvision_absent(facts["torchvision"]),
+        "sgl_kernel": lambda: install_sgl_kernel_stub(facts["sgl_kernel"]),
+        "sgl_kernel.kvcacheio": lambda: install_kvcacheio_stub(facts["sgl_kernel"]),
     }
     return [installers[name]() for name in plan(release, facts)]
 
@@ -142,3 +145,247 @@ def import_release_module(prepared: Prepared, module: str):
         missing = getattr(exc, "name", None)
         extra = f" (missing module {missing})" if isinstance(exc, ImportError) and missing else ""
         raise NotRunnable(f"sglang {prepared.release}: import {module} failed: {_cause(exc)}{extra}") from exc
+
+
+# --------------------------------------------------------------------------------------------------
+# shims: The stand-ins a real SGLang release needs before its first import on a machine it was no
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shim:
+    name: str
+    reason: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class StubCalled(NotImplementedError):
+    """A function of a stand-in module was called."""
+
+
+class _Placeholder:
+    """A named constant of a stand-in class (e.g. ``InterpolationMode.BILINEAR`` in a module-level table)."""
+
+    def __init__(self, qualname: str):
+        self._qualname = qualname
+
+    def __repr__(self) -> str:
+        return f"<stub {self._qualname}>"
+
+
+class _StubMeta(type):
+    """Stand-in classes: subclassable, their attributes are placeholders, creating an instance raises."""
+
+    def __getattr__(cls, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Placeholder(f"{cls.__module__}.{cls.__qualname__}.{attr}")
+
+    def __call__(cls, *_args, **_kwargs):
+        raise StubCalled(f"{cls.__module__}.{cls.__qualname__} is a stub class installed by sglab.sglang.bootstrap "
+                         f"({cls.__sglab_stub__}); it cannot be instantiated")
+
+
+class RaisingModule(types.ModuleType):
+    """A stand-in module. A CamelCase attribute is a stub class (:class:`_StubMeta`); any other attribute is a
+    child stand-in module (a submodule or a function: both work), which raises :class:`StubCalled` when called."""
+
+    def __init__(self, name: str, why: str, *, package: bool = False, overrides: Optional[dict] = None):
+        super().__init__(name)
+        self.__sglab_stub__ = why
+        if package:
+            self.__path__ = []
+        self.__dict__.update(overrides or {})
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        full = f"{self.__name__}.{attr}"
+        if attr[:1].isupper():
+            value = _StubMeta(attr, (), {"__module__": self.__name__, "__sglab_stub__": self.__sglab_stub__})
+        else:
+            value = sys.modules.get(full) or RaisingModule(full, self.__sglab_stub__, package=True)
+            sys.modules.setdefault(full, value)
+        setattr(self, attr, value)
+        return value
+
+    def __call__(self, *_args, **_kwargs):
+        raise StubCalled(f"{self.__name__} is a stub installed by sglab.sglang.bootstrap ({self.__sglab_stub__}); "
+                         "it has no implementation")
+
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves ``root`` and ``root.*`` (minus ``exclude``) as :class:`RaisingModule` packages."""
+
+    def __init__(self, root: str, why: str, *, exclude: tuple[str, ...] = (), overrides: Optional[dict] = None,
+                 only: Optional[tuple[str, ...]] = None, raising_root: bool = True):
+        self.root, self.why, self.exclude, self.overrides = root, why, exclude, overrides or {}
+        self.only, self.raising_root = only, raising_root
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.root and not fullname.startswith(self.root + "."):
+            return None
+        if fullname in self.exclude or (self.only is not None and fullname not in self.only):
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+
+    def create_module(self, spec):
+        if spec.name == self.root and not self.raising_root:
+            mod = types.ModuleType(spec.name)
+            mod.__path__ = []
+            mod.__sglab_stub__ = self.why
+            return mod
+        return RaisingModule(spec.name, self.why, package=True, overrides=self.overrides.get(spec.name))
+
+    def exec_module(self, module):
+        pass
+
+
+def _forget(prefix: str) -> None:
+    for name in [n for n in sys.modules if n == prefix or n.startswith(prefix + ".")]:
+        del sys.modules[name]
+
+
+def _load_file(path: Path, name: str) -> types.ModuleType:
+    """Execute one file of a release as a private module, without importing the ``sglang`` package."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses in the file look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# -- triton ------------------------------------------------------------------------------------------------------
+def _mock(stub: types.ModuleType, name: str) -> types.ModuleType:
+    """``sys.modules[name]``, made with the stub's own mock module type (and linked to its parent) if missing."""
+    mod = sys.modules.get(name)
+    if mod is None:
+        mod = stub._make_mock(name)
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(_mock(stub, parent), child, mod)
+    return mod
+
+
+# (module, attribute) -> what 0.5.2x's stub puts there; ``None``: a mock module only
+_TRITON_TREE = {
+    ("triton.language.extra.libdevice", None): None,
+    ("triton.runtime.jit", "JITFunction"): lambda base: type("_JITFunction", (), {}),
+    ("triton.runtime.jit", "KernelInterface"): lambda base: type("_KernelInterface", (base,), {}),
+    ("triton.runtime.autotuner", "OutOfResources"): lambda base: type("_OutOfResources", (Exception,), {}),
+    ("triton.runtime.autotuner", "PTXASError"): lambda base: type("_PTXASError", (Exception,), {}),
+    ("triton.compiler", "CompiledKernel"): lambda base: type("_CompiledKernel", (base,), {}),
+    ("triton.compiler.compiler", "ASTSource"): lambda base: type("_ASTSource", (base,), {}),
+    ("triton.runtime.driver", None): None,
+    ("triton.testing", None): None,
+    ("triton.tools.tensor_descriptor", None): None,
+    ("triton.backends.compiler", "GPUTarget"): lambda base: type("_GPUTarget", (base,), {}),
+}
+
+
+def _complete_triton_stub(stub: types.ModuleType) -> None:
+    """Give the stub real classes where torch 2.13's inductor needs classes (the set 0.5.2x's stub defines).
+
+    A name that is already a class (the stub defined it) is left alone."""
+    triton_key = getattr(stub, "_triton_key", lambda: "sglang-triton-stub")
+    for (modname, attr), make in _TRITON_TREE.items():
+        mod = _mock(stub, modname)
+        if attr is not None and not isinstance(mod.__dict__.get(attr), type):
+            setattr(mod, attr, make(stub._StubBase))
+    for modname in ("triton.compiler.compiler", "triton.runtime.cache"):
+        mod = _mock(stub, modname)
+        if "triton_key" not in mod.__dict__:
+            mod.triton_key = triton_key
+
+
+def _install_platform_stub_triton(stub: types.ModuleType) -> None:
+    """0.5.2x keeps its triton stub inside ``install_platform_stubs``, gated to macOS with MPS: the same module
+    tree, built from the stub file's own pieces (finder, mock module type, helpers)."""
+    sys.meta_path.insert(0, stub._TritonFinder())
+    triton = stub._make_mock("triton")
+    triton.__version__ = "3.0.0"
+    triton.cdiv, triton.next_power_of_2, triton.Config = stub._cdiv, stub._next_power_of_2, stub._Config
+
+    class _constexpr:
+        def __init__(self, value=None):
+            self.value = value
+
+    _mock(stub, "triton.language").constexpr = _constexpr
+
+
+def install_triton_stub(release_root: Path) -> Shim:
+    """The release's own triton stub, completed for torch 2.13."""
+    old, new = release_root / "sglang" / "_triton_stub.py", release_root / "sglang" / "_platform_stubs.py"
+    if old.exists():
+        stub = _load_file(old, "_sglab_sglang_triton_stub")
+        stub.install()
+        source = "sglang/_triton_stub.py"
+    elif new.exists():
+        stub = _load_file(new, "_sglab_sglang_platform_stubs")
+        _install_platform_stub_triton(stub)
+        source = "triton part of sglang/_platform_stubs.py"
+    else:
+        raise ImportError("no triton here and the release ships no triton stub")
+    _complete_triton_stub(stub)
+    return Shim("triton", f"no triton on this machine: the release's own stub ({source}), with the classes "
+                          "torch 2.13's inductor imports")
+
+
+# -- torchvision -------------------------------------------------------------------------------------------------
+def install_torchvision_absent(cause: str) -> Shim:
+    """``torchvision.*`` served by modules whose functions raise when called."""
+    _forget("torchvision")
+    why = f"torchvision cannot be imported here ({cause})"
+    # transformers reads the version to choose between torchvision and PIL image processors; 0.0 makes it keep
+    # the PIL ones wherever it can, and the local label shows where the number comes from
+    sys.meta_path.insert(0, _StubFinder("torchvision", why,
+                                        overrides={"torchvision": {"__version__": "0.0+sglab.stub"}}))
+    return Shim("torchvision", f"{why}: modules whose functions raise when called stand in (version 0.0)")
+
+
+# -- sgl_kernel --------------------------------------------------------------------------------------------------
+def install_kvcacheio_stub(cause: str) -> Shim:
+    """An empty ``sgl_kernel`` package with an inert ``kvcacheio`` (0.5.10.x imports it on every GPU-less path)."""
+    why = f"sgl_kernel cannot be imported here ({cause})"
+    sys.meta_path.insert(0, _StubFinder("sgl_kernel", why, only=("sgl_kernel", "sgl_kernel.kvcacheio"),
+                                        raising_root=False))
+    return Shim("sgl_kernel.kvcacheio", f"{why}; memory_pool_host.py imports sgl_kernel.kvcacheio at module level: "
+                                        "an empty sgl_kernel with a kvcacheio whose functions raise when called")
+
+
+def _weak_ref_tensor(tensor):
+    """Stands in for sgl_kernel's weak_ref_tensor: the tensor itself (a strong reference; same values)."""
+    return tensor
+
+
+def _skip_fakes_of_missing_sgl_kernel_ops() -> None:
+    """``torch.library.register_fake("sgl_kernel::X")`` for an op that was never defined becomes a no-op."""
+    import torch
+
+    real = torch.library.register_fake
+    if getattr(real, "_sglab_skips_sgl_kernel", False):
+        return
+
+    def register_fake(op, *args, **kwargs):
+        if isinstance(op, str) and op.startswith("sgl_kernel::"):
+            name = op.split("::", 1)[1].split(".", 1)[0]
+            if not hasattr(torch.ops.sgl_kernel, name):
+                return (lambda fn: fn) if not args else None
+        return real(op, *args, **kwargs)
+
+    register_fake._sglab_skips_sgl_kernel = True
+    torch.library.register_fake = register_fake
+
+
+def install_sgl_kernel_stub(cause: str) -> Shim:
+    """On a CUDA machine whose sgl_kernel does not load: every ``sgl_kernel`` function raises when called."""
+    _forget("sgl_kernel")
+    why = f"the real sgl_kernel does not load here ({cause})"
+    sys.meta_path.insert(0, _StubFinder("sgl_kernel", why, exclude=("sgl_kernel.scalar_type",),
+                                        overrides={"sgl_kernel": {"weak_ref_tensor": _weak_ref_tensor}}))
+    _skip_fakes_of_missing_sgl_kernel_ops()
+    return Shim("sgl_kernel", f"{why}: functions raise when called, weak_ref_tensor returns its argument, "
+                              "fake registrations of its missing torch ops skipped, "
+                              "sgl_kernel.scalar_type left to SGLang's fallback")

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Iterable
+from typing import Iterable, Optional
+from sglab.sglang.runner import ProbeResult, run_probes
+
 
 COLUMNS = ("release", "real behaviour", "rebuild variant", "rebuild behaviour", "agrees")
 
@@ -153,7 +156,7 @@ def show_recorded(fix: str) -> bool:
     if run is None:
         print(f"Real SGLang on a GPU ({fix}): not recorded yet (no run under data/recorded/real_{fix}/).")
         return False
-    from sglab.sglang.gpu.summary import tables
+    from sglab.sglang.compare import tables
 
     print("\n".join(["Real SGLang on a GPU, recorded:"] + recorded_lines(run)))
     for name, table in tables(fix, run.df).items():
@@ -168,8 +171,135 @@ def show_as_released(fix: str, rebuilt, *, symbol: str | None = None) -> None:
     import matplotlib.pyplot as plt
     from IPython.display import display
 
-    from sglab.sglang import figures, hunks
+    from sglab.sglang import wheels as figures, hunks
 
     figures.timeline_row_figure(fix)
     plt.show()
     display(hunks.beside(fix, rebuilt, symbol=symbol))
+
+
+# --------------------------------------------------------------------------------------------------
+# report: The pieces every "real SGLang, before and after" section shares: run a probe on the rel
+# --------------------------------------------------------------------------------------------------
+
+
+MISMATCH = "!!! REAL SGLANG AND THE REBUILD DISAGREE"
+
+
+def run(releases: Iterable[str], probe: str, params: Optional[dict] = None) -> dict[str, ProbeResult]:
+    """Each release's answer: from the recording where it holds it (``SGLAB_REAL=auto``, the default), else run
+    now, each release in its own subprocess (two at a time: the CPU box has two cores); see
+    :mod:`sglab.sglang.store`."""
+    return run_probes(releases, probe, params, jobs=2)
+
+
+def source_line(results: dict[str, ProbeResult]) -> str:
+    """Where the answers come from, in one line: a recording (which one) or this machine, now."""
+    labels = sorted({r.recorded for r in results.values() if r.recorded})
+    now = [v for v, r in results.items() if not r.recorded]
+    parts = []
+    if labels:
+        parts.append(f"answers {'; '.join(labels)} (SGLAB_REAL=live runs the installed releases here instead)")
+    if now:
+        parts.append(f"run here now: {', '.join(now)}")
+    return "real SGLang: " + " · ".join(parts) if parts else "real SGLang: no release asked"
+
+
+def not_run_lines(results: dict[str, ProbeResult]) -> list[str]:
+    """One ``sglang V: not run: <reason>`` line per release that did not run (missing, import failed, raised)."""
+    return [f"sglang {v}: not run: {r.reason.removeprefix(f'sglang {v}: ')}" for v, r in results.items()
+            if not r.ok]
+
+
+def status_lines(results: dict[str, ProbeResult]) -> str:
+    """Where the answers come from (:func:`source_line`), then one line per release: how long it ran and with
+    which shims, or why it did not run."""
+    lines = [r.summary(with_source=False) if r.ok else f"sglang {v}: not run: {r.reason.removeprefix(f'sglang {v}: ')}"
+             for v, r in results.items()]
+    return "\n".join([source_line(results), *lines])
+
+
+def ran(results: dict[str, ProbeResult]) -> dict[str, ProbeResult]:
+    return {v: r for v, r in results.items() if r.ok}
+
+
+def check_table(table, *, what: str = "rows") -> bool:
+    """Print a loud banner with every row whose ``agrees`` is False; True when every row agrees (and there is at
+    least one row: an empty comparison proves nothing and says so)."""
+    if table is None or len(table) == 0:
+        print(f"no real release ran, so nothing was compared ({what})")
+        return False
+    bad = table[~table["agrees"].astype(bool)]
+    if len(bad):
+        print(f"{MISMATCH}: {len(bad)} of {len(table)} {what}\n{bad.to_string(index=False)}")
+        return False
+    print(f"real SGLang and the rebuild agree on all {len(table)} {what}")
+    return True
+
+
+def recorded_summary(fix: str) -> tuple[Optional[str], object]:
+    """(one header line, the run's table without its constant columns) of :func:`recorded`, or a "not recorded
+    yet" line and None."""
+    run_ = recorded(fix)
+    if run_ is None:
+        return (f"GPU run of real SGLang: not recorded yet (data/recorded/real_{fix}/ holds no run)", None)
+    m, params = run_.manifest, run_.manifest.get("params") or {}
+    releases = params.get("releases") or (sorted(set(map(str, run_.df["release"])))
+                                          if "release" in run_.df.columns else "?")
+    shims = params.get("shims")
+    line = f"GPU run of real SGLang: {run_.path.name} ({run_.provenance}); releases {releases}"
+    if shims:
+        line += f"; shims {shims}"
+    from sglab.sglang.compare import tables
+
+    return line, tables(fix, run_.df)
+
+
+# --------------------------------------------------------------------------------------------------
+# summary: What a recorded real-SGLang GPU run says, in the shape a reader compares with the rebu
+# --------------------------------------------------------------------------------------------------
+
+
+SWA_METRICS = ["translate_calls", "kernel_nodes", "replay_kernels", "replay_us_median", "rows_landed"]
+SWA_VARIANTS = ["per_layer", "once_in_graph", "preset"]
+
+
+def _pivot(df, index: list[str], metrics: list[str]):
+    rows = df[df["metric"].isin(metrics)]
+    table = rows.pivot_table(index=index, columns="metric", values="value", aggfunc="first")
+    return table[[m for m in metrics if m in table.columns]]
+
+
+def swa_loc(df):
+    """Per release × variant: translations during capture, kernel nodes, profiled kernels, replay µs; then per
+    release the nodes per SWA layer (measured vs read from the release's translation code) and the decode
+    buffer's dtype and padded tail (#24743)."""
+    graphs = _pivot(df[df["variant"].isin(SWA_VARIANTS)], ["release", "variant"], SWA_METRICS)
+    per_layer = _pivot(df[df["variant"] == "per_layer-preset"], ["release"],
+                       ["nodes_per_swa_layer", "expected_nodes_per_swa_layer"])
+    buffers = _pivot(df[df["variant"] == "decode_buffers"], ["release"],
+                     ["has_out_cache_loc_swa", "dtype", "padded_tail_after_padded_populate"])
+    return {"graphs": graphs, "per SWA layer": per_layer, "decode buffers (#24743)": buffers}
+
+
+def breakable_graph(df):
+    """Per release × side (real / rebuild) × case: requests and max |replay − eager|; graph segments and breaks."""
+    cases = _pivot(df[df["variant"].isin(["real", "rebuild"]) & df["case"].notna()], ["release", "variant", "case"],
+                   ["requests", "max_abs_diff_vs_eager_live", "max_abs_diff_vs_eager_bucket"])
+    shape = _pivot(df[df["variant"].isin(["real", "rebuild"]) & df["case"].isna()], ["release", "variant"],
+                   ["segments", "breaks"])
+    return {"replay vs eager": cases, "graph shape": shape}
+
+
+SUMMARIES = {"swa_loc": swa_loc, "breakable_graph": breakable_graph}
+
+
+def tables(fix: str, df) -> dict:
+    """Named tables for ``fix``'s recorded run; the tidy rows when the fix has no summary or its rows do not fit."""
+    fn = SUMMARIES.get(fix)
+    if fn is not None:
+        try:
+            return fn(df)
+        except (KeyError, ValueError):
+            pass
+    return {"rows": df.drop(columns=[c for c in ("experiment",) if c in df.columns])}

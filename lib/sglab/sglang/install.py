@@ -27,12 +27,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
-
-from sglab.sglang import pip as _pip
 from sglab.sglang.releases import (
     DEP_SETS, PINNED, STAMP, dep_set, deps_dir, home, package_dir, parse_version, read_stamp,
     release_dir,
 )
+import csv
+import importlib.metadata as md
+import re
+import subprocess
+from typing import Iterable, Optional
+
 
 JOBS = 3
 
@@ -80,7 +84,7 @@ def deps_current(name: str, *, wheelhouse: Optional[Path] = None) -> tuple[bool,
     if wheelhouse is None and stamp.get("source") != "wheelhouse":
         if {k: stamp.get(k) for k in ("requirements", "no_deps")} != _deps_spec(name):
             return False, "requirement list changed"
-    gone = _pip.missing_provided(stamp.get("provided_by_interpreter", []))
+    gone = missing_provided(stamp.get("provided_by_interpreter", []))
     if gone:
         return False, f"the interpreter no longer provides {', '.join(gone[:3])}"
     return True, ""
@@ -88,17 +92,17 @@ def deps_current(name: str, *, wheelhouse: Optional[Path] = None) -> tuple[bool,
 
 def _install_into(kind: str, name: str, dest: Path, fill: Callable[[Path], dict]) -> Outcome:
     """Run ``fill(tmp)`` (pip into a fresh temporary folder next to ``dest``; returns stamp fields), stamp the
-    folder and move it to ``dest``. Any :class:`~sglab.sglang.pip.PipError` becomes a failed outcome, and the
+    folder and move it to ``dest``. Any :class:`~sglab.sglang.install.PipError` becomes a failed outcome, and the
     temporary folder never outlives the call."""
     t0 = time.perf_counter()
-    tmp = _pip.fresh_tmp(dest.parent, f".{name}-")
+    tmp = fresh_tmp(dest.parent, f".{name}-")
     try:
         fields = fill(tmp)
         seconds = time.perf_counter() - t0
         _write_stamp(tmp, {**fields, "python": sys.version.split()[0], "seconds": round(seconds, 1)})
-        _pip.replace_dir(tmp, dest)
+        replace_dir(tmp, dest)
         return Outcome(kind, name, "installed", seconds)
-    except _pip.PipError as exc:
+    except PipError as exc:
         return Outcome(kind, name, "failed", time.perf_counter() - t0, str(exc))
     finally:
         if tmp.exists():
@@ -114,18 +118,18 @@ def install_deps(name: str, *, wheelhouse: Optional[Path] = None) -> Outcome:
         if wheelhouse is not None:
             wheels = sorted((wheelhouse / "deps" / name).glob("*.whl"))
             if not wheels:
-                raise _pip.PipError(f"no wheels in {wheelhouse / 'deps' / name}")
+                raise PipError(f"no wheels in {wheelhouse / 'deps' / name}")
             wheels += sorted((wheelhouse / "deps" / "common").glob("*.whl"))
-            _pip.pip_install(tmp, wheels, no_deps=True, no_index=True)
+            pip_install(tmp, wheels, no_deps=True, no_index=True)
         else:
             _, reqs, nodeps = DEP_SETS[name]
             with tempfile.TemporaryDirectory() as work:
-                constraints = _pip.constraint_files(_repo(), Path(work))
-                _pip.pip_install(tmp, reqs, constraints=constraints)
+                constraints = constraint_files(_repo(), Path(work))
+                pip_install(tmp, reqs, constraints=constraints)
                 if nodeps:
-                    _pip.pip_install(tmp, nodeps, constraints=constraints, no_deps=True)
-        _pip.check_no_forbidden(tmp)
-        return {**_deps_spec(name), "set": name, "provided_by_interpreter": _pip.prune_provided(tmp),
+                    pip_install(tmp, nodeps, constraints=constraints, no_deps=True)
+        check_no_forbidden(tmp)
+        return {**_deps_spec(name), "set": name, "provided_by_interpreter": prune_provided(tmp),
                 "source": "wheelhouse" if wheelhouse is not None else "index"}
 
     home().mkdir(parents=True, exist_ok=True)
@@ -137,7 +141,7 @@ def _release_wheel(version: str, wheelhouse: Optional[Path]) -> tuple[list[str],
     if wheelhouse is not None:
         wheels = sorted((wheelhouse / "releases").glob(f"sglang-{version}-*.whl"))
         if not wheels:
-            raise _pip.PipError(f"no sglang-{version}-*.whl in {wheelhouse / 'releases'}")
+            raise PipError(f"no sglang-{version}-*.whl in {wheelhouse / 'releases'}")
         return [str(wheels[0])], True
     return [f"sglang=={version}"], False
 
@@ -151,11 +155,11 @@ def install_release(version: str, *, wheelhouse: Optional[Path] = None) -> Outco
         cache = home() / "wheels"  # wheels another part of the project downloaded for reading
         links = [cache] if cache.is_dir() and not offline else []
         with tempfile.TemporaryDirectory() as work:
-            constraints = [] if offline else _pip.constraint_files(_repo(), Path(work))
-            _pip.pip_install(tmp, reqs, constraints=constraints, no_deps=True, no_index=offline, find_links=links)
+            constraints = [] if offline else constraint_files(_repo(), Path(work))
+            pip_install(tmp, reqs, constraints=constraints, no_deps=True, no_index=offline, find_links=links)
         if not (tmp / "sglang" / "__init__.py").exists():
-            raise _pip.PipError("the wheel has no sglang/__init__.py")
-        return {"version": version, "wheel": _pip.wheel_of(tmp), "deps": dep_set(version),
+            raise PipError("the wheel has no sglang/__init__.py")
+        return {"version": version, "wheel": wheel_of(tmp), "deps": dep_set(version),
                 "source": "wheelhouse" if offline else "index"}
 
     return _install_into("release", version, release_dir(version), fill)
@@ -198,10 +202,175 @@ def main(argv: Optional[list[str]] = None) -> int:
     outcomes = install(args.releases, wheelhouse=args.wheelhouse, jobs=args.jobs)
     failed = [o for o in outcomes if o.status == "failed"]
     done = sum(o.status == "installed" for o in outcomes)
-    size = _pip.dir_size_mib(home()) if home().exists() else 0.0
+    size = dir_size_mib(home()) if home().exists() else 0.0
     print(f"sglang releases: {done} installed, {len(outcomes) - done - len(failed)} already there, "
           f"{len(failed)} failed; {time.perf_counter() - t0:.1f} s; {home()} holds {size:.0f} MiB")
     return 1 if failed else 0
+
+
+# --------------------------------------------------------------------------------------------------
+# pip: pip, called the one way this project allows: into a target folder, under constraints, neve
+# --------------------------------------------------------------------------------------------------
+
+
+PIP_TIMEOUT_S = 1200
+# Never installed into a release or dependency folder: the interpreter's torch stack is the one used.
+FORBIDDEN = re.compile(r"^(torch|triton|nvidia-.*|torchvision|torchaudio|sglang-kernel|sgl-kernel)$")
+
+
+class PipError(RuntimeError):
+    """pip failed; the message is pip's own error line."""
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def interpreter_dists() -> dict[str, str]:
+    """{normalized name: version} of every distribution importable by this interpreter."""
+    out = {}
+    for d in md.distributions():
+        name = d.metadata.get("Name")
+        if name:
+            out.setdefault(normalize(name), d.version)
+    return out
+
+
+def torch_is_cpu_build() -> bool:
+    """True when the interpreter's torch is a CPU build or absent (the case the committed constraints are for)."""
+    try:
+        version = md.version("torch")
+    except md.PackageNotFoundError:
+        return True
+    return "+cu" not in version and "+rocm" not in version
+
+
+def constraint_files(repo: Path, workdir: Path) -> list[Path]:
+    """The committed CPU constraints (on a CPU interpreter) plus the interpreter's own pins."""
+    pins = workdir / "interpreter-pins.txt"
+    pins.write_text("".join(f"{n}=={v}\n" for n, v in sorted(interpreter_dists().items())))
+    files = [pins]
+    if torch_is_cpu_build():
+        files.insert(0, repo / "constraints" / "cpu.txt")
+    return files
+
+
+def _error_line(stderr: str) -> str:
+    """pip's most telling line: the last ``ERROR:`` line, else the last non-empty one."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip() and not ln.startswith("WARNING: Location")]
+    errors = [ln for ln in lines if ln.startswith("ERROR:")]
+    return (errors[-1] if errors else (lines[-1] if lines else "pip failed without a message"))[:300]
+
+
+def pip_install(target: Path, requirements: Iterable[str], *, constraints: Iterable[Path] = (),
+                no_deps: bool = False, find_links: Iterable[Path] = (), no_index: bool = False,
+                timeout: float = PIP_TIMEOUT_S) -> None:
+    """``pip install --target`` one batch of requirements (names, pins or wheel paths); raises :class:`PipError`."""
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-warn-script-location",
+           "--no-input", "--no-compile", "--upgrade", "--target", str(target)]
+    for c in constraints:
+        cmd += ["-c", str(c)]
+    for f in find_links:
+        cmd += ["--find-links", str(f)]
+    if no_deps:
+        cmd.append("--no-deps")
+    if no_index:
+        cmd.append("--no-index")
+    cmd += [str(r) for r in requirements]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise PipError(f"pip did not finish in {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        raise PipError(_error_line(proc.stderr))
+
+
+def installed_in(folder: Path) -> dict[str, tuple[str, Path]]:
+    """{normalized name: (version, dist-info folder)} of the distributions installed into ``folder``."""
+    out = {}
+    for info in folder.glob("*.dist-info"):
+        try:
+            meta = md.PathDistribution(info).metadata
+            out[normalize(meta["Name"])] = (meta["Version"], info)
+        except (KeyError, OSError, TypeError):
+            continue
+    return out
+
+
+def _remove_dist(folder: Path, info: Path) -> None:
+    """Delete one distribution's files (as listed in its RECORD) and its dist-info folder."""
+    record = info / "RECORD"
+    if record.exists():
+        with record.open(newline="") as fh:
+            for row in csv.reader(fh):
+                if not row:
+                    continue
+                p = (folder / row[0]).resolve()
+                if folder.resolve() in p.parents and p.is_file():
+                    p.unlink()
+    shutil.rmtree(info, ignore_errors=True)
+
+
+def prune_provided(folder: Path) -> list[str]:
+    """Delete from ``folder`` what the interpreter provides at the same version; return ``name==version`` of those."""
+    have = interpreter_dists()
+    pruned = []
+    for name, (version, info) in sorted(installed_in(folder).items()):
+        if have.get(name) == version:
+            _remove_dist(folder, info)
+            pruned.append(f"{name}=={version}")
+    for d in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
+    return pruned
+
+
+def check_no_forbidden(folder: Path) -> None:
+    """Raise :class:`PipError` when a torch-stack distribution landed in ``folder``."""
+    bad = sorted(n for n in installed_in(folder) if FORBIDDEN.match(n))
+    if bad:
+        raise PipError(f"refusing to keep {', '.join(bad)} in {folder.name}: "
+                       "the interpreter's torch stack must be used")
+
+
+def missing_provided(pins: Iterable[str]) -> list[str]:
+    """Pins (``name==version``) that the interpreter no longer provides at that version."""
+    have = interpreter_dists()
+    out = []
+    for pin in pins:
+        name, _, version = pin.partition("==")
+        if have.get(name) != version:
+            out.append(pin)
+    return out
+
+
+def fresh_tmp(parent: Path, prefix: str) -> Path:
+    parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Move a finished install into place (removing what was there)."""
+    if dst.exists():
+        shutil.rmtree(dst)
+    src.rename(dst)
+
+
+def dir_size_mib(path: Path) -> float:
+    total = 0
+    for p in path.rglob("*"):
+        try:
+            if p.is_file() and not p.is_symlink():
+                total += p.stat().st_size
+        except OSError:
+            pass
+    return total / 2**20
+
+
+def wheel_of(folder: Path, name: str = "sglang") -> Optional[str]:
+    """``name-version`` of the dist-info installed into ``folder``."""
+    got = installed_in(folder).get(normalize(name))
+    return f"{name}-{got[0]}" if got else None
 
 
 if __name__ == "__main__":

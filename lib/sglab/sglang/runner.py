@@ -19,8 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
-
 from sglab.sglang.releases import parse_version, release_installed
+import argparse
+import importlib
+import logging
+import traceback
+import warnings
+
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -102,7 +107,7 @@ def run_probe(release: str, probe: str, params: Optional[dict] = None, *,
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="sglab-probe-") as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "sglab.sglang.worker", "--release", release, "--probe", probe,
+        cmd = [sys.executable, "-m", "sglab.sglang.runner", "--release", release, "--probe", probe,
                "--params", json.dumps(params or {}), "--out", str(out)]
         code, err = _spawn(cmd, timeout)
         seconds = time.perf_counter() - t0
@@ -145,3 +150,77 @@ def run_probes(releases: Iterable[str], probe: str, params: Optional[dict] = Non
         futures = {v: pool.submit(run_probe, v, probe, params, timeout=timeout) for v in todo}
         found.update({v: f.result() for v, f in futures.items()})
     return {v: found[v] for v in releases}
+
+
+# --------------------------------------------------------------------------------------------------
+# worker: One real SGLang release in one process: ``python -m sglab.sglang.runner --release V --p
+# --------------------------------------------------------------------------------------------------
+
+
+def _resolve(probe: str):
+    module, _, func = probe.partition(":")
+    if not func:
+        raise ValueError(f"probe must be MODULE:FUNCTION, got {probe!r}")
+    if "." not in module:
+        module = f"sglab.sglang.probes.{module}"
+    return getattr(importlib.import_module(module), func)
+
+
+def _jsonable(value):
+    """Probe values are plain Python; tensors' dtypes and the like are written as their text."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return str(value)
+
+
+def run(release: str, probe: str, params: dict) -> dict:
+    from sglab.sglang import bootstrap
+
+    out = {"release": release, "probe": probe, "rows": [], "shims": [], "seconds": {}, "error": None,
+           "not_run": None}
+    t0 = time.perf_counter()
+    try:
+        prepared = bootstrap.prepare(release)
+    except bootstrap.NotRunnable as exc:
+        out["not_run"] = str(exc)
+        return out
+    out["shims"] = [s.as_dict() for s in prepared.shims]
+    out["seconds"]["prepare"] = round(time.perf_counter() - t0, 3)
+    t1 = time.perf_counter()
+    try:
+        fn = _resolve(probe)
+        rows = fn(prepared, params)
+        out["rows"] = [{k: _jsonable(v) for k, v in row.items()} for row in rows]
+    except bootstrap.NotRunnable as exc:
+        out["not_run"] = str(exc)
+    except Exception as exc:  # noqa: BLE001 - reported to the caller, which decides
+        tb = traceback.format_exc().strip().splitlines()
+        out["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        out["traceback"] = "\n".join(tb[-25:])
+    out["seconds"]["probe"] = round(time.perf_counter() - t1, 3)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sglab.sglang.runner")
+    ap.add_argument("--release", required=True)
+    ap.add_argument("--probe", required=True, help="MODULE:FUNCTION (bare MODULE: sglab.sglang.probes.MODULE)")
+    ap.add_argument("--params", default="{}", help="JSON object passed to the probe")
+    ap.add_argument("--out", required=True, type=Path)
+    args = ap.parse_args(argv)
+    # SGLang and transformers warn loudly about the GPU-less machine; the caller only sees our JSON
+    warnings.filterwarnings("ignore")
+    logging.basicConfig(level=logging.ERROR)
+    result = run(args.release, args.probe, json.loads(args.params))
+    tmp = args.out.with_suffix(args.out.suffix + ".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-
-from sglab.tools import report_index as index, report_pages as pages, timings
-from sglab.tools.report_index import write_index
+from sglab.tools import timings
+import html
+import json
+from datetime import datetime, timezone
+import base64
+import re
 
 
 def default_jobs() -> int:
@@ -27,7 +30,7 @@ def default_jobs() -> int:
 
 @lru_cache(maxsize=1)
 def _exporter():
-    return pages.exporter()  # reading the templates once per process
+    return exporter()  # reading the templates once per process
 
 
 def _one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pages: bool):
@@ -39,7 +42,7 @@ def _one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pages:
     r = nbtools.execute(p, cell_timeout=cell_timeout, params=params, partial_dir=out)
     nbformat.write(r.nb, out / p.name)
     if html_pages:
-        pages.write_page(r.nb, out / f"{p.stem}.html", title=pages.notebook_title(r.nb, p.stem), status=_status(r),
+        write_page(r.nb, out / f"{p.stem}.html", title=notebook_title(r.nb, p.stem), status=_status(r),
                          html_exporter=_exporter())
     return r
 
@@ -120,3 +123,177 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None, c
 
 
 __all__ = ["default_jobs", "index", "pages", "timings", "run_notebooks", "write_index"]
+
+
+# --------------------------------------------------------------------------------------------------
+# report_index: ``reports/index.html``: one card per notebook, then the environment (collapsed).
+# --------------------------------------------------------------------------------------------------
+
+
+STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
+.card{display:flex;gap:1.2em;border-bottom:1px solid #ddd;padding:1em 0}.card .text{flex:1;min-width:0}
+.card h2{font-size:1.15em;margin:0 0 .3em}.card img{width:360px;max-width:40vw;height:auto;border:1px solid #eee}
+.headline{margin:.3em 0}.meta{color:#555;font-size:13px}.ok{color:#1e8449;font-weight:600}
+.failed,.interrupted{color:#c0392b;font-weight:600}.live{color:#1f618d;font-weight:600}
+.recorded{color:#7d6608;font-weight:600}pre{white-space:pre-wrap;font-size:12px;background:#fbfcfc;
+border:1px solid #eee;padding:.5em;max-height:12em;overflow:auto}table{border-collapse:collapse}
+td,th{border-bottom:1px solid #eee;padding:.3em .6em;text-align:left;vertical-align:top}
+details{margin-top:2em}summary{cursor:pointer;font-weight:600}.nofig{width:360px;color:#999;font-size:12px}"""
+
+
+def claim_facts(entry, result=None) -> dict:
+    """Claim, headline and verdict lines of a catalog entry: over this report's live runs when the notebook ran
+    live (runs written since it started), else over the recorded runs a reader is shown."""
+    from sglab.core import claims, runs
+
+    facts = {"claim": entry.claim if entry else "", "headline": "", "verdicts": [], "source": ""}
+    if entry is None or not entry.experiment:
+        return facts
+    exp = entry.experiment
+    try:
+        live = _live_runs(exp, result)
+        shown = live or claims.shown(exp, runs.load_all_recorded(exp))
+        facts["source"] = "measured live in this run" if live else "recorded runs"
+        facts["headline"] = claims.headline(exp, shown) if shown else "no recorded run yet"
+        facts["verdicts"] = [claims.verdict_line(claims.evaluate(exp, r), r) for r in shown]
+    except Exception as e:  # noqa: BLE001 - a claims module that cannot read a run must not lose the report
+        facts["headline"] = f"headline unavailable: {type(e).__name__}: {e}"
+    return facts
+
+
+def _live_runs(experiment: str, result) -> list:
+    from sglab.core import runs
+
+    started = getattr(result, "started", None)
+    if result is None or result.mode != "live" or started is None:
+        return []
+    paths = runs.list_runs(experiment, kind="runs")
+    return [runs.read_run(p, live=True) for p in paths if p.stat().st_mtime >= started]
+
+
+def _card_status(r) -> str:
+    skipped = f" · {r.skipped_gpu_cells} GPU cell(s) skipped" if r.skipped_gpu_cells else ""
+    return (f"<span class='{r.status}'>{r.status}</span> · <span class='{r.mode}'>{r.mode}</span> · "
+            f"{r.seconds:.1f} s{skipped}")
+
+
+def card(r, live_time: str) -> str:
+    """The HTML of one notebook's card."""
+    from sglab.tools.catalog import by_stem
+
+    entry = by_stem(r.path.stem)
+    facts = claim_facts(entry, r)
+    title = notebook_title(r.nb, r.path.stem) if r.nb is not None else r.path.stem
+    png = first_figure(r.nb) if r.nb is not None else None
+    fig = (f"<a href='{html.escape(r.path.stem)}.html'><img alt='first figure of {html.escape(r.path.stem)}' "
+           f"src='{data_uri(thumbnail(png))}'></a>" if png else "<div class='nofig'>no figure</div>")
+    verdicts = "".join(f"<div class='meta'>verdict: {html.escape(v)}</div>" for v in facts["verdicts"])
+    headline = (f"<p class='headline'><b>{html.escape(facts['headline'])}</b> <small>({facts['source']})</small></p>"
+                if facts["headline"] else "")
+    err = f"<pre>{html.escape(r.error[-3000:])}</pre>" if r.error else ""
+    return (f"<div class='card'>{fig}<div class='text'><h2><a href='{html.escape(r.path.stem)}.html'>"
+            f"{html.escape(title)}</a></h2><p>{html.escape(facts['claim'])}</p>{headline}{verdicts}"
+            f"<div class='meta'>live time: {html.escape(live_time)}</div>"
+            f"<div class='meta'>this run: {_card_status(r)}</div>{err}</div></div>")
+
+
+def write_index(results, out: Path, env_rows: list[tuple[str, str]], live_times: dict | None = None) -> Path:
+    """Write ``index.html`` and ``index.json`` for ``results`` (nbtools.Result, executed notebooks inside)."""
+    live_times = timings.live_times() if live_times is None else live_times
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    n_ok = sum(r.status == "ok" for r in results)
+    cards = "".join(card(r, live_times.get(r.path.stem, timings.NOT_RECORDED)) for r in results)
+    env = "".join(f"<tr><th>{html.escape(k)}</th><td><pre>{html.escape(v)}</pre></td></tr>" for k, v in env_rows)
+    page = (f"<!doctype html><html lang='en'><meta charset='utf-8'><title>sglab report</title>"
+            f"<style>{STYLE}</style><h1>sglab workbook report</h1><p>{now} · {n_ok}/{len(results)} notebooks ran "
+            "cleanly. Mode <b>live</b>: measured on this machine; <b>recorded</b>: GPU results shown from committed "
+            "runs in data/recorded/. <i>Live time</i> is each notebook's wall time when run live, from the "
+            "committed workbook timing records (newest per GPU model).</p>"
+            + cards + f"<details><summary>Environment of this run</summary><table>{env}</table></details></html>")
+    path = out / "index.html"
+    path.write_text(page, encoding="utf-8")
+    (out / "index.json").write_text(json.dumps(
+        [{"notebook": r.path.name, "status": r.status, "mode": r.mode, "seconds": round(r.seconds, 1),
+          "live_time": live_times.get(r.path.stem, timings.NOT_RECORDED), "error": r.error[-2000:]}
+         for r in results], indent=2))
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# report_pages: One executed notebook → one HTML page of the report.
+# --------------------------------------------------------------------------------------------------
+
+
+TEMPLATES = Path(__file__).with_name("templates")
+_H1 = re.compile(r"^#\s+(.+?)\s*#*\s*$", re.M)
+
+
+def notebook_title(nb, fallback: str) -> str:
+    """The first ``# heading`` of the first markdown cell that has one (markdown markup stripped), else
+    ``fallback`` (the file stem)."""
+    for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            continue
+        m = _H1.search(cell.source)
+        if m:
+            return re.sub(r"[`*]", "", m.group(1)).strip()
+    return fallback
+
+
+def exporter():
+    """An HTMLExporter on the ``sglab`` template (built once per report: building it reads the templates)."""
+    from nbconvert import HTMLExporter
+
+    return HTMLExporter(extra_template_basedirs=[str(TEMPLATES)], template_name="sglab")
+
+
+def render(nb, *, title: str, status: str = "", html_exporter=None) -> str:
+    """The page of an executed notebook; ``status`` (e.g. "ok · recorded · 7.8 s") goes into the top bar."""
+    exp = html_exporter or exporter()
+    body, _ = exp.from_notebook_node(nb, resources={"metadata": {"name": title}, "sglab_title": title,
+                                                     "sglab_status": status})
+    return body
+
+
+def write_page(nb, path: Path, *, title: str, status: str = "", html_exporter=None) -> Path:
+    """Write the page; a notebook nbconvert cannot render still gets a page that says why (and links back)."""
+    try:
+        body = render(nb, title=title, status=status, html_exporter=html_exporter)
+    except Exception as e:  # noqa: BLE001 - one broken page must not lose the rest of the report
+        body = (f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"
+                f"<p><a href='index.html'>← sglab report index</a></p><h1>{html.escape(title)}</h1>"
+                f"<p>HTML export failed: {html.escape(f'{type(e).__name__}: {e}')}</p>")
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+def first_figure(nb) -> bytes | None:
+    """The PNG bytes of the notebook's first figure (first ``image/png`` output), or None."""
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if "image/png" in data:
+                png = data["image/png"]
+                return base64.b64decode("".join(png) if isinstance(png, list) else png)
+    return None
+
+
+def thumbnail(png: bytes, width: int = 360) -> bytes:
+    """``png`` scaled down to ``width`` pixels (the index embeds it; full figures would make it megabytes).
+    Pillow comes with matplotlib; without it the figure is embedded as it is."""
+    try:
+        import io
+
+        from PIL import Image
+    except ImportError:
+        return png
+    img = Image.open(io.BytesIO(png))
+    if img.width > width:
+        img = img.resize((width, max(1, round(img.height * width / img.width))), Image.LANCZOS)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", optimize=True)
+    return buf.getvalue()
+
+
+def data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()

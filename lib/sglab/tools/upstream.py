@@ -72,7 +72,7 @@ def _figure(frame, target: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    from sglab.sglang.figures import timeline_figure
+    from sglab.sglang.wheels import timeline_figure
 
     path = Path(target)
     path.parent.mkdir(parents=True, exist_ok=True)

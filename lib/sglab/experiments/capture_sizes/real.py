@@ -30,7 +30,7 @@ def params(max_tokens: int = fx.MLA_MAX_TOKENS) -> dict:
 
 
 def probe(releases=RELEASES, max_tokens: int = fx.MLA_MAX_TOKENS) -> dict:
-    from sglab.sglang import report
+    from sglab.sglang import compare as report
 
     return report.run(releases, PROBE, params(max_tokens))
 

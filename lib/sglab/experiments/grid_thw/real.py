@@ -75,8 +75,8 @@ def describe_rebuild(variant: str) -> str:
 
 
 def probe(releases=RELEASES) -> dict:
-    """{release: ProbeResult}: recorded where the recording holds it, else run now (:func:`sglab.sglang.report.run`)."""
-    from sglab.sglang import report
+    """{release: ProbeResult}: recorded where the recording holds it, else run now (:func:`sglab.sglang.compare.run`)."""
+    from sglab.sglang import compare as report
 
     return report.run(releases, PROBE)
 

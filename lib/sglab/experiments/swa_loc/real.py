@@ -25,7 +25,7 @@ RECORDED = "swa_loc"                          # data/recorded/real_swa_loc/
 
 
 def probe(releases=RELEASES) -> dict:
-    from sglab.sglang import report
+    from sglab.sglang import compare as report
 
     return report.run(releases, PROBE)
 

@@ -36,7 +36,7 @@ def params(traces=None) -> dict:
 
 def probe(releases=RELEASES, traces=None) -> dict:
     """{release: ProbeResult} of the real probe (one subprocess per release)."""
-    from sglab.sglang import report
+    from sglab.sglang import compare as report
 
     return report.run(releases, PROBE, params(traces))
 
