@@ -88,7 +88,7 @@ wheelhouse:
 wheelhouse-sglang:
 	bash scripts/wheelhouse-sglang.sh .whl-sglang
 
-# on a GPU box with .whl-sglang/: real SGLang recorded per fix (python -m sglab.sglang.gpu record), checked, packed
+# on a GPU box with .whl-sglang/: real SGLang recorded per fix (sglab real gpu), checked, packed
 # into OUT/real.tgz (default real-gpu-out/); `bash scripts/real_gpu.sh --dry-run` lists what would run
 real-gpu:
 	bash scripts/real_gpu.sh

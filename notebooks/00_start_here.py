@@ -26,9 +26,10 @@ import pandas as pd
 
 from sglab.core import runs
 from sglab.core import notebook as nb
-from sglab.tools.cli import env_report
+from sglab.tools import fixes
+from sglab.tools.report import env_report
 
-wb = nb.Workbook("start_here", gpus=0, mode=MODE)
+wb = nb.Workbook(experiment="start_here", gpus=0, mode=MODE)
 
 # %% [markdown]
 # ## This machine
@@ -49,7 +50,7 @@ pd.DataFrame(env_report(), columns=["item", "value"]).style.hide(axis="index")
 # live, from the newest committed `sglab run --timings` record per GPU model (`data/recorded/workbook/`).
 
 # %%
-index = nb.overview()
+index = fixes.overview()
 index
 
 # %% [markdown]

@@ -266,7 +266,7 @@ for r in shown:
 # without requiring `.model`, but the Kimi wrapper kept the alias.)
 
 # %%
-v = upstream.check(experiment.EXPERIMENT)
+v = upstream.check(__import__("sglab.pcg_gate.sglang", fromlist=["FIX"]).FIX)
 print(f"{v.status}: {v.detail}")
 
 # %% [markdown]

@@ -232,7 +232,7 @@ for r in shown:
 # ## The installed SGLang
 
 # %%
-print(upstream.check(experiment.EXPERIMENT))
+print(upstream.check(__import__("sglab.breakable_graph.sglang", fromlist=["FIX"]).FIX))
 
 # %% [markdown]
 # ## Verdict

@@ -281,7 +281,7 @@ else:
 # ## Does the installed SGLang have it?
 
 # %%
-v = upstream.check(experiment.EXPERIMENT)
+v = upstream.check(__import__("sglab.swa_loc.sglang", fromlist=["FIX"]).FIX)
 print(f"{v.status}: {v.detail}" if v.detail else v.status)
 
 # %% [markdown]

@@ -279,7 +279,7 @@ nb.verdict(experiment.EXPERIMENT, shown)
 # ## Upstream today
 
 # %%
-v = upstream.check("grid_thw")
+v = upstream.check(__import__("sglab.grid_thw.sglang", fromlist=["FIX"]).FIX)
 print(f"installed SGLang: {v.status} — {v.detail}")
 
 # %% [markdown]

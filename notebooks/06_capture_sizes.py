@@ -241,7 +241,7 @@ for run in shown:
 # the collective timeout at all. The experiment detects the bad size before the collective instead.
 
 # %%
-print("installed SGLang:", upstream.check("capture_sizes"))
+print("installed SGLang:", upstream.check(__import__("sglab.capture_sizes.sglang", fromlist=["FIX"]).FIX))
 
 # %% [markdown]
 # ## See it in the profiler

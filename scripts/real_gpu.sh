@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Real SGLang on an offline GPU box, in one command: install the releases from .whl-sglang/ (built elsewhere by
-# `make wheelhouse-sglang`), record one run per fix the GPU count allows (`python -m sglab.sglang.gpu record`),
+# `make wheelhouse-sglang`), record one run per fix the GPU count allows (`sglab real gpu`),
 # check the recorded relations (`pytest -m gpu tests/test_real_gpu.py` on those runs), pack runs and logs.
 #
 #   bash scripts/real_gpu.sh [--dry-run]
@@ -32,7 +32,7 @@ if [ "${1:-}" = "--dry-run" ]; then
        "checks (TESTS=$TESTS), pack ($OUT/real.tgz)"
   gpus=$("$py" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" \
          2>/dev/null || echo 0)
-  exec "$py" -m sglab.sglang.gpu record --dry-run --gpus "${GPUS:-$gpus}" "${fix_args[@]}"
+  exec "$py" -m sglab.tools.cli real gpu --dry-run --gpus "${GPUS:-$gpus}" "${fix_args[@]}"
 fi
 if [ ! -d "$WHEELS" ]; then
   echo "error: $WHEELS not found: build it with \`make wheelhouse-sglang\` and carry it to this machine" >&2
@@ -56,7 +56,7 @@ phase() {  # phase NAME CMD...: run, log to $OUT/logs/NAME.log, record rc and se
 phase install bash scripts/install_sglang_gpu.sh "$WHEELS"
 phase env "$py" -m sglab.tools.cli env
 # --budget keeps every worker's timeout inside the phase; `timeout` is only the backstop
-phase record timeout -k 10 "$RECORD_TIMEOUT" "$py" -m sglab.sglang.gpu record --out "$runs" \
+phase record timeout -k 10 "$RECORD_TIMEOUT" "$py" -m sglab.tools.cli real gpu --out "$runs" \
   --budget $((RECORD_TIMEOUT - 20)) "${fix_args[@]}"
 if [ "$TESTS" != 0 ]; then
   phase checks env SGLAB_REAL_GPU_RUNS="$runs" "$py" -m pytest -q -p no:cacheprovider -m gpu tests/test_real_gpu.py

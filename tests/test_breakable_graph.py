@@ -215,8 +215,9 @@ def test_eager_on_graph_passthrough_without_capture():
 
 def test_upstream_check_registered():
     from sglab.sglang import upstream
+    from sglab.tools.fixes import NAMES, get
 
-    assert "breakable_graph" in upstream.registered()
+    assert "breakable_graph" in NAMES
     src_before = ("class BreakableCudaGraphRunner:\n    def can_run(self, forward_batch):\n"
                   "        if forward_batch.batch_size > 1:\n            return False\n")
     src_after = ("class BreakableCudaGraphRunner:\n    def __init__(self, m):\n"
@@ -269,8 +270,9 @@ def test_headline_from_recorded_runs():
     if not newest:
         pytest.skip("no recorded run of breakable_graph")
     from sglab.core import claims
+    from sglab.tools import fixes
 
-    text = claims.headline("breakable_graph", claims.shown("breakable_graph", runs.load_all_recorded("breakable_graph")))
+    text = claims.headline(fixes.claims("breakable_graph"), claims.shown(fixes.claims("breakable_graph"), runs.load_all_recorded("breakable_graph")))
     assert "|" not in text and len(text) < 350
     for gpu, js in newest.items():
         rows = list(csv.DictReader(js.with_suffix(".csv").open()))

@@ -111,6 +111,7 @@ def test_round_up_today():
 # experiment module: tables, merge, the boundary on two gloo ranks
 # ---------------------------------------------------------------------------------------------------------------
 from sglab.sglang import upstream  # noqa: E402
+from sglab.tools.fixes import NAMES, get
 from sglab.experiments import capture_sizes as ex  # noqa: E402
 
 
@@ -200,7 +201,7 @@ def test_upstream_check_verdicts():
     assert checks.capture_sizes({"srt/model_executor/piecewise_cuda_graph_runner.py": pr}.get).status == "pr-era"
     assert checks.capture_sizes({"srt/model_executor/piecewise_cuda_graph_runner.py": before}.get).status == "before"
     assert checks.capture_sizes({}.get).status == "absent"
-    assert "capture_sizes" in upstream.registered()
+    assert "capture_sizes" in NAMES
 
 
 def test_upstream_check_recognises_todays_round_up(tmp_path):
@@ -217,9 +218,9 @@ def test_upstream_check_recognises_todays_round_up(tmp_path):
         "        self.capture_num_tokens = get_prefill_num_tokens_to_capture(r.sizes)\n")
     (tmp_path / "srt" / "utils" / "common.py").write_text(
         "def get_cuda_graph_max_batch_size(n):\n    return ceil_align(n, get_cuda_graph_batch_size_alignment())\n")
-    assert upstream.check("capture_sizes", root=tmp_path).status == "changed"
+    assert upstream.check(get("capture_sizes"), root=tmp_path).status == "changed"
     (tmp_path / "srt" / "utils" / "common.py").write_text("def get_cuda_graph_max_batch_size(n):\n    return n\n")
-    assert upstream.check("capture_sizes", root=tmp_path).status == "regressed"
+    assert upstream.check(get("capture_sizes"), root=tmp_path).status == "regressed"
 def test_policy_lists_and_size_table():
     d = cs.default_piecewise_capture_sizes(2048)
     p = ex.policy_lists(d, 8)

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from sglab.core import claims, runs
+from sglab.tools import fixes
 from sglab.tools import cli, verify
 from sglab.experiments import capture_sizes as ex
 from sglab.experiments.capture_sizes import claims as cc
@@ -57,9 +58,9 @@ def test_every_recorded_run_verifies(capsys):
     assert f"{len(recorded)} run(s): {len(recorded)} hold, 0 fail" in out
     for run in recorded:  # the trace claims are n/a on method-1 runs, with why; method 2 runs have all ten
         if run.manifest["method_version"] >= 2:
-            assert all(r.status == "pass" for r in claims.evaluate(EXP, run))
+            assert all(r.status == "pass" for r in claims.evaluate(fixes.claims(EXP), run))
             continue
-        na = [r for r in claims.evaluate(EXP, run) if r.status == "n/a"]
+        na = [r for r in claims.evaluate(fixes.claims(EXP), run) if r.status == "n/a"]
         assert {r.claim.id.split(".")[1] for r in na} == {"trace_refused_marked", "trace_refused_no_collective",
                                                          "trace_capture_launches_nothing"}
         assert all("covers method version 2+" in r.outcome.reason for r in na)
@@ -119,7 +120,7 @@ def test_headline_from_the_runs_shown():
     """Per run shown (newest per GPU model and world size), the numbers recomputed from its CSV."""
     shown = cc.shown(runs.load_all_recorded(EXP))
     assert [(runs.gpu_short(r), r.manifest["params"]["world_size"]) for r in shown] == [("H200", 2), ("H200", 4)]
-    line = claims.headline(EXP, shown)
+    line = claims.headline(fixes.claims(EXP), shown)
     assert "|" not in line and len(line) < 400
     for r in shown:
         df, w = r.df, r.manifest["params"]["world_size"]
@@ -182,7 +183,7 @@ def test_gloo_trace_marks_every_refused_size_on_every_rank(gloo_run):
 
 
 def test_gloo_run_claims(gloo_run):
-    res = {r.claim.id: r.outcome for r in claims.evaluate(EXP, verify.load_run(gloo_run))}
+    res = {r.claim.id: r.outcome for r in claims.evaluate(fixes.claims(EXP), verify.load_run(gloo_run))}
     na = {k for k, o in res.items() if o.status == "n/a"}
     assert na == {"capture_sizes.trace_capture_launches_nothing"}
     assert "gloo" in res["capture_sizes.trace_capture_launches_nothing"].reason

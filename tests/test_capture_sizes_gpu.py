@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from sglab.core import claims, hardware, runs
+from sglab.tools import fixes
 from sglab.tools import verify
 from sglab.experiments import capture_sizes as ex
 
@@ -17,7 +18,7 @@ def _verdicts(out, params, tmp_path) -> dict:
     path = runs.write_run(out.df, experiment=ex.EXPERIMENT, method_version=ex.METHOD_VERSION,
                           params={**ex.DEFAULT_PARAMS, **params}, root=tmp_path, gpu_count=params["world_size"],
                           sidecars=out.sidecars)
-    return {r.claim.id: r.outcome for r in claims.evaluate(ex.EXPERIMENT, verify.load_run(path))}
+    return {r.claim.id: r.outcome for r in claims.evaluate(fixes.claims(ex.EXPERIMENT), verify.load_run(path))}
 
 
 @pytest.mark.skipif(not hardware.meets(2)[0], reason="needs 2 CUDA GPUs")

@@ -9,8 +9,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from sglab.core import claims, runs
-from sglab.tools import cli, verify
-from sglab.core.claims import Claim, holds, not_applicable
+from sglab.core.claims import Claim, Headline, holds, not_applicable
+from sglab.tools import cli, fixes, verify
 
 
 def _kernels(run):
@@ -38,14 +38,18 @@ CLAIMS = [
 ]
 
 
+DEMO = types.ModuleType("sglab.demo.claims")
+DEMO.EXPERIMENT, DEMO.GPUS, DEMO.CLAIM = "demo", 1, "without the fix, two more kernels"
+DEMO.CLAIMS = CLAIMS
+DEMO.shown = lambda rs: rs[-1:]
+DEMO.HEADLINE = Headline(("{runs}",), per_run="{v[demo.ratio][ratio]:.2f}× on {gpu}")
+
+
 @pytest.fixture
 def demo(monkeypatch, data_root):
-    mod = types.ModuleType("sglab.experiments.demo.claims")
-    mod.CLAIMS = CLAIMS
-    mod.shown = lambda rs: rs[-1:]
-    mod.headline = lambda rs: "; ".join(claims.values("demo", r)["demo.ratio"].measured for r in rs)
-    monkeypatch.setitem(sys.modules, "sglab.experiments.demo.claims", mod)
-    monkeypatch.setattr(claims, "experiments", lambda: ["demo"])
+    monkeypatch.setitem(sys.modules, "sglab.demo.claims", DEMO)
+    monkeypatch.setattr(fixes, "NAMES", ("demo",))
+    monkeypatch.setattr(fixes, "claims", lambda name: DEMO)
     return data_root
 
 
@@ -62,12 +66,12 @@ def _write(kernels=(10, 8), times=(2.0, 1.0), gpu_count=1, folder="recorded"):
 
 def test_statuses_na_reasons_and_method_versions(demo):
     run = verify.load_run(_write())
-    res = {r.claim.id: r.outcome for r in claims.evaluate("demo", run)}
+    res = {r.claim.id: r.outcome for r in claims.evaluate(DEMO, run)}
     assert res["demo.extra_kernels"].status == "pass" and res["demo.extra_kernels"].value == {"extra": 2, "before": 10}
     assert res["demo.ratio"].status == "pass"
     assert res["demo.ranks"].status == "n/a" and "2 GPUs" in res["demo.ranks"].reason
     assert res["demo.new_metric"].status == "n/a" and "method version 1" in res["demo.new_metric"].reason
-    line = claims.verdict_line(claims.evaluate("demo", run), run)
+    line = claims.verdict_line(claims.evaluate(DEMO, run), run)
     assert line.startswith("2/2 claims hold, 2 n/a on ")
 
 
@@ -86,7 +90,7 @@ def test_a_check_that_cannot_read_the_run_fails(demo):
     m = json.loads(path.with_suffix(".json").read_text())
     m["rows"] = len(df)
     path.with_suffix(".json").write_text(json.dumps(m))
-    res = {r.claim.id: r.outcome for r in claims.evaluate("demo", verify.load_run(path))}
+    res = {r.claim.id: r.outcome for r in claims.evaluate(DEMO, verify.load_run(path))}
     assert res["demo.ratio"].status == "fail" and "could not evaluate" in res["demo.ratio"].reason
 
 

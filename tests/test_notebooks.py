@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sglab.tools import catalog, nbtools
+from sglab.tools import fixes as catalog, nbtools
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -26,7 +26,7 @@ def test_clean_and_paired(ipynb):
 @pytest.mark.parametrize("ipynb", NOTEBOOKS, ids=lambda p: p.stem)
 def test_listed_in_catalog_and_readme(ipynb):
     entry = catalog.by_stem(ipynb.stem)
-    assert entry is not None, f"{ipynb.stem} is missing from sglab.tools.catalog.NOTEBOOKS"
+    assert entry is not None, f"{ipynb.stem} is missing from sglab.tools.fixes.NOTEBOOKS"
     assert ipynb.stem in (ROOT / "README.md").read_text(), f"{ipynb.stem} is missing from the README index"
 
 

@@ -249,17 +249,19 @@ class KimiK25ForConditionalGeneration(nn.Module):
                                         ("class Other: pass\n", "unknown")])
 def test_upstream_check_reads_the_wrapper(tmp_path, src, status):
     from sglab.sglang import upstream
+    from sglab.tools.fixes import NAMES, get
 
     (tmp_path / "srt" / "models").mkdir(parents=True)
     (tmp_path / "srt" / "models" / "kimi_k25.py").write_text(src)
-    v = upstream.check("pcg_gate", root=tmp_path)
+    v = upstream.check(get("pcg_gate"), root=tmp_path)
     assert v.status == status, v
 
 
 def test_upstream_check_missing_file(tmp_path):
     from sglab.sglang import upstream
+    from sglab.tools.fixes import NAMES, get
 
-    assert upstream.check("pcg_gate", root=tmp_path).status == "unknown"
+    assert upstream.check(get("pcg_gate"), root=tmp_path).status == "unknown"
 
 
 def test_cpu_tables():
@@ -300,8 +302,9 @@ def test_headline_numbers_from_committed_csvs():
     if not csvs:
         pytest.skip("no recorded pcg_gate run committed")
     from sglab.core import claims
+    from sglab.tools import fixes
 
-    text = claims.headline("pcg_gate", claims.shown("pcg_gate", runs.load_all_recorded("pcg_gate")))
+    text = claims.headline(fixes.claims("pcg_gate"), claims.shown(fixes.claims("pcg_gate"), runs.load_all_recorded("pcg_gate")))
     assert "|" not in text and len(text) < 400
     worst, points = 0.0, 0
     for gpu, csv in csvs.items():

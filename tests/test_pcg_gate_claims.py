@@ -96,6 +96,7 @@ def test_a_cpu_run_has_the_gate_rows_the_claims_read():
     import torch
 
     from sglab.core import claims
+    from sglab.tools import fixes
     from sglab.experiments import pcg_gate as exp
     from sglab.core.timing import host_time
 
@@ -106,7 +107,7 @@ def test_a_cpu_run_has_the_gate_rows_the_claims_read():
                    timer=lambda f, warmup, repeat: host_time(f, warmup=warmup, repeat=repeat))
     run = runs.Run(out.df, {"experiment": EXP, "method_version": 2, "params": {**exp.DEFAULT_PARAMS, **tiny}},
                    runs.repo_root() / "cpu.csv")
-    v = claims.values(EXP, run)
+    v = claims.values(fixes.claims(EXP), run)
     assert v["pcg_gate.gate_decision"].status == "pass"
     assert v["pcg_gate.duplicate_keys"].status == "pass"
     assert v["pcg_gate.duplicate_keys"].value["lm_keys"] == 1 + 2 * 6 + 1

@@ -18,7 +18,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sglab.sglang.gpu import plan as gplan
+from sglab.sglang.fix import GpuPlan, Step
+from sglab.sglang.releases import GPU_RELEASES
+from sglab.tools import cli
+from sglab.tools.fixes import FIXES, get
 from sglab.sglang.gpu import record, swa_loc
 from sglab.sglang.runner import ProbeResult
 from sglab.core.runs import list_runs, read_run
@@ -69,33 +72,36 @@ def fake(release, status="ok", rows=None, reason=""):
 
 # -- planning and the CLI -----------------------------------------------------------------------------------------
 def test_plan_skips_what_needs_more_gpus_with_one_line():
-    run, skipped = gplan.plan_for(list(gplan.FIXES), 1)
-    assert [f.name for f in run] == ["swa_loc", "breakable_graph"]
-    assert skipped == ["grid_thw: skipped, needs 2 GPUs, have 1", "workspace_floor: skipped, needs 2 GPUs, have 1"]
-    assert [f.name for f in gplan.plan_for(["grid_thw", "swa_loc", "swa_loc"], 2)[0]] == ["grid_thw", "swa_loc"]
+    names = [f.name for f in FIXES if f.gpu is not None]
+    run, skipped = record.plan_for(FIXES, names, 1)
+    assert [f.name for f in run] == ["breakable_graph", "swa_loc"]
+    assert skipped == ["workspace_floor: skipped, needs 2 GPUs, have 1", "grid_thw: skipped, needs 2 GPUs, have 1"]
+    picked = record.plan_for(FIXES, ["grid_thw", "swa_loc", "swa_loc"], 2)[0]
+    assert [f.name for f in picked] == ["grid_thw", "swa_loc"]
     with pytest.raises(ValueError, match="unknown fix nope"):
-        gplan.plan_for(["nope"], 8)
+        record.plan_for(FIXES, ["nope"], 8)
 
 
 def test_every_step_uses_a_release_of_the_gpu_carry_and_names_its_experiment():
-    gplan.check_releases()
-    assert {f.experiment for f in gplan.FIXES.values()} == {
+    planned = [f for f in FIXES if f.gpu is not None]
+    record.check_releases(planned, GPU_RELEASES)
+    assert {f.gpu_experiment for f in planned} == {
         "real_swa_loc", "real_breakable_graph", "real_grid_thw", "real_workspace_floor"}
-    assert gplan.FIXES["swa_loc"].releases == ["0.5.11", "0.5.12.post1", "0.5.23"]
+    assert get("swa_loc").gpu.releases == ["0.5.11", "0.5.12.post1", "0.5.23"]
 
 
 def test_dry_run_lists_steps_and_skips_and_runs_nothing(capsys, monkeypatch):
     monkeypatch.setattr(record, "record_fix", lambda *a, **k: pytest.fail("dry run recorded"))
-    assert record.main(["record", "--dry-run", "--gpus", "1"]) == 0
+    assert cli.main(["real", "gpu", "--dry-run", "--gpus", "1"]) == 0
     out = capsys.readouterr().out
     assert "swa_loc -> real_swa_loc" in out and "sglang 0.5.12.post1: sglab.sglang.gpu.swa_loc:run" in out
     assert "grid_thw: skipped, needs 2 GPUs, have 1" in out
 
 
 def test_unknown_fix_is_one_line_and_exit_2(capsys):
-    assert record.main(["record", "--fix", "nope", "--gpus", "1"]) == 2
+    assert cli.main(["real", "gpu", "--fix", "nope", "--gpus", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: unknown fix nope (known: swa_loc, breakable_graph, grid_thw, workspace_floor)"]
+    assert err == ["sglab real gpu: unknown fix nope (known: workspace_floor, breakable_graph, swa_loc, grid_thw)"]
 
 
 # -- rows and manifest --------------------------------------------------------------------------------------------
@@ -111,14 +117,14 @@ def test_step_rows_keep_the_probe_rows_and_turn_failures_into_one_status_row():
 
 
 def test_record_fix_writes_one_run_with_releases_and_shims(tmp_path):
-    fix = gplan.GpuFix("demo", 1, 7, (gplan.Step("0.5.12.post1", "p:run"), gplan.Step("0.5.23", "p:run")), "demo")
+    plan = GpuPlan(1, 7, (Step("0.5.12.post1", "p:run"), Step("0.5.23", "p:run")), "demo")
 
     def runner(release, probe, params, timeout):
         if release == "0.5.23":
             return fake(release, status="error", reason="sglang 0.5.23: worker exited 1: boom")
         return fake(release, rows=[{"variant": "v", "metric": "kernel_nodes", "value": 20, "unit": "nodes"}])
 
-    path, complete = record.record_fix(fix, out=tmp_path, echo=lambda *_: None, runner=runner)
+    path, complete = record.record_fix("demo", plan, out=tmp_path, echo=lambda *_: None, runner=runner)
     assert not complete and path.parent == tmp_path / "real_demo"
     run = read_run(path)
     m = run.manifest
@@ -134,8 +140,8 @@ def test_record_fix_writes_one_run_with_releases_and_shims(tmp_path):
 def test_a_spent_budget_starts_no_worker_and_still_writes_the_run(tmp_path):
     import time
 
-    fix = gplan.GpuFix("demo", 1, 1, (gplan.Step("0.5.23", "p:run"),), "demo")
-    path, complete = record.record_fix(fix, out=tmp_path, echo=lambda *_: None, deadline=time.monotonic() + 5,
+    plan = GpuPlan(1, 1, (Step("0.5.23", "p:run"),), "demo")
+    path, complete = record.record_fix("demo", plan, out=tmp_path, echo=lambda *_: None, deadline=time.monotonic() + 5,
                                        runner=lambda *a, **k: pytest.fail("a worker was started"))
     assert not complete
     assert "record budget was spent" in value(read_run(path), release="0.5.23", metric="status")
@@ -145,8 +151,8 @@ def test_timeouts_are_cut_to_the_budget(tmp_path):
     import time
 
     seen = []
-    fix = gplan.GpuFix("demo", 1, 1, (gplan.Step("0.5.23", "p:run", timeout=400.0),), "demo")
-    record.record_fix(fix, out=tmp_path, echo=lambda *_: None, deadline=time.monotonic() + 100,
+    plan = GpuPlan(1, 1, (Step("0.5.23", "p:run", timeout=400.0),), "demo")
+    record.record_fix("demo", plan, out=tmp_path, echo=lambda *_: None, deadline=time.monotonic() + 100,
                       runner=lambda v, p, prm, timeout: seen.append(timeout) or fake(v, rows=[
                           {"variant": "a", "metric": "m", "value": 1, "unit": ""}]))
     assert 90 < seen[0] <= 100
@@ -171,28 +177,28 @@ def test_kernels_per_translation_rules():
 
 
 # -- the GPU probes' CPU path, through real workers and record_fix ------------------------------------------------
-CPU_FIXES = (
-    gplan.GpuFix("swa_loc", 0, 1, (gplan.Step("0.5.12.post1", "sglab.sglang.gpu.swa_loc:run", {"device": "cpu"}),
-                                   gplan.Step("0.5.23", "sglab.sglang.gpu.swa_loc:run",
-                                              {"device": "cpu", "buffers": False})), "cpu path"),
-    gplan.GpuFix("breakable_graph", 0, 1, (gplan.Step("0.5.23", "sglab.sglang.gpu.breakable_graph:run",
-                                                      {"device": "cpu"}),), "cpu path"),
-    gplan.GpuFix("grid_thw", 0, 1, (gplan.Step("0.5.23", "sglab.sglang.gpu.grid_thw:run", {"device": "cpu"}),),
-                 "cpu path"),
-)
+CPU_FIXES = {
+    "swa_loc": GpuPlan(0, 1, (Step("0.5.12.post1", "sglab.sglang.gpu.swa_loc:run", {"device": "cpu"}),
+                              Step("0.5.23", "sglab.sglang.gpu.swa_loc:run", {"device": "cpu", "buffers": False})),
+                       "cpu path"),
+    "breakable_graph": GpuPlan(0, 1, (Step("0.5.23", "sglab.sglang.gpu.breakable_graph:run", {"device": "cpu"}),),
+                               "cpu path"),
+    "grid_thw": GpuPlan(0, 1, (Step("0.5.23", "sglab.sglang.gpu.grid_thw:run", {"device": "cpu"}),), "cpu path"),
+}
 
 
 @pytest.fixture(scope="module")
 def cpu_runs(tmp_path_factory):
     from sglab.sglang.releases import release_installed
 
-    missing = [s.release for f in CPU_FIXES for s in f.steps if not release_installed(s.release)]
+    missing = [s.release for p in CPU_FIXES.values() for s in p.steps if not release_installed(s.release)]
     if missing:
         if os.environ.get("CI"):
             pytest.fail(f"sglang {', '.join(missing)} not installed", pytrace=False)
         pytest.skip(f"sglang {', '.join(missing)} not installed")
     root = tmp_path_factory.mktemp("runs")
-    return {f.name: read_run(record.record_fix(f, out=root, echo=lambda *_: None)[0]) for f in CPU_FIXES}
+    return {name: read_run(record.record_fix(name, plan, out=root, echo=lambda *_: None)[0])
+            for name, plan in CPU_FIXES.items()}
 
 
 def test_swa_loc_cpu_path_translates_per_layer_once_or_never(cpu_runs):
@@ -226,19 +232,19 @@ def test_grid_thw_cpu_path_crosses_the_wire_to_a_second_worker(cpu_runs):
 
 # -- on a GPU -----------------------------------------------------------------------------------------------------
 def _gpu_run(name: str, tmp_path_factory):
-    fix = gplan.FIXES[name]
+    fix = get(name)
     root = os.environ.get("SGLAB_REAL_GPU_RUNS")
     if root:
-        paths = list_runs(fix.experiment, root=Path(root))
+        paths = list_runs(fix.gpu_experiment, root=Path(root))
         if not paths:
-            pytest.fail(f"no {fix.experiment} run under {root}", pytrace=False)
+            pytest.fail(f"no {fix.gpu_experiment} run under {root}", pytrace=False)
         return read_run(paths[-1])
     from sglab.sglang.releases import release_installed
 
-    missing = sorted({s.release for s in fix.steps if not release_installed(s.release)})
+    missing = sorted({s.release for s in fix.gpu.steps if not release_installed(s.release)})
     if missing:  # GPU tests never run in CI; on a GPU box the releases come from scripts/real_gpu.sh
         pytest.skip(f"sglang {', '.join(missing)} not installed here (scripts/real_gpu.sh installs them)")
-    return read_run(record.record_fix(fix, out=tmp_path_factory.mktemp(name), echo=lambda *_: None)[0])
+    return read_run(record.record_fix(name, fix.gpu, out=tmp_path_factory.mktemp(name), echo=lambda *_: None)[0])
 
 
 @pytest.mark.gpu

@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from sglab.tools import catalog, nbtools
+from sglab.tools import fixes as catalog, nbtools
 from sglab.core import claims, runs
 from sglab.tools import report as index, report as pages, timings
 

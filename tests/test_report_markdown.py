@@ -9,7 +9,8 @@ from pathlib import Path
 import jupytext
 import pytest
 
-from sglab.tools import catalog
+from sglab.tools import fixes as catalog
+from sglab.tools import fixes
 from sglab.core import claims, runs
 from sglab.core import notebook as nbmod
 
@@ -61,10 +62,11 @@ def test_notebook_markdown_has_no_stray_headings(py):
 
 @pytest.mark.parametrize("experiment", [e.experiment for e in catalog.NOTEBOOKS if e.experiment])
 def test_printed_markdown_has_no_stray_headings(experiment, monkeypatch):
-    shown = claims.shown(experiment, runs.load_all_recorded(experiment))
-    text = nbmod.slide_markdown(experiment, shown)
+    mod = fixes.claims(experiment)
+    run = nbmod.Workbook(mod, mode="recorded", show=False).run()
+    text = nbmod.slide_markdown(mod, run)
     printed = []
-    monkeypatch.setattr(nbmod, "_display", lambda data, txt, md=None: printed.append(md or ""))
-    nbmod.Workbook(experiment, gpus=0, mode="recorded")
+    monkeypatch.setattr(nbmod, "display", lambda data, txt, md=None: printed.append(md or ""))
+    nbmod.Workbook(mod, gpus=0, mode="recorded")
     for md in [text, *printed]:
         assert not stray_headings(md, title_allowed=False), md

@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import pytest
 
-from sglab.tools import cli
+from sglab.tools import cli, report
 from sglab.core import hardware, runs
 from sglab.sglang import upstream
 from sglab.core import notebook as nb
@@ -61,24 +61,35 @@ def test_promote_copies_run_into_recorded(data_root):
     assert dest.parent == data_root / "recorded" / "demo" and dest.with_suffix(".json").exists()
 
 
+def _demo_claims():
+    import types
+
+    mod = types.ModuleType("demo_claims")
+    mod.EXPERIMENT, mod.GPUS, mod.CLAIM, mod.CLAIMS = "demo", 1, "demo", []
+    mod.shown = lambda rs: rs[-1:]
+    return mod
+
+
 def test_workbook_modes_on_cpu(data_root, capsys):
     if hardware.has_cuda():
         pytest.skip("CPU-only behaviour")
-    wb = nb.Workbook("demo", gpus=1, mode="auto")
+    demo = _demo_claims()
+    wb = nb.Workbook(demo, mode="auto")
     assert wb.live is False and wb.mode == "recorded"
     assert "no CUDA GPU here" in capsys.readouterr().out
-    assert wb.result() is None
-    assert "no recorded run of 'demo'" in capsys.readouterr().out
+    none = wb.run()
+    assert isinstance(none, runs.NoRun) and not none and none.shown == []
+    assert str(none).startswith("no GPU run to show (no recorded demo run yet")
     with pytest.raises(RuntimeError, match="not in live mode"):
         wb.measure(lambda: _frame(), params={}, method_version=1)
     with pytest.raises(RuntimeError, match="MODE='live'"):
-        nb.Workbook("demo", gpus=1, mode="live")
+        nb.Workbook(demo, mode="live")
     with pytest.raises(ValueError, match="MODE must be"):
-        nb.Workbook("demo", mode="fast")
+        nb.Workbook(demo, mode="fast")
     runs.write_run(_frame(), experiment="demo", method_version=1, params={}, root=data_root / "recorded")
-    run = nb.Workbook("demo", gpus=1, show=False).result()
-    assert run is not None and not run.live and run.df["value"].tolist() == [2.0, 1.0]
-    assert nb.Workbook("cpu_only", gpus=0, show=False).live is True
+    run = nb.Workbook(demo, show=False).run()
+    assert run and not run.live and run.df["value"].tolist() == [2.0, 1.0] and run.shown == [run]
+    assert nb.Workbook(experiment="cpu_only", gpus=0, show=False).live is True
 
 
 def test_hardware_meets_on_cpu():
@@ -94,21 +105,24 @@ def test_upstream_checks_read_source_without_import(tmp_path, monkeypatch):
     pkg = tmp_path / "srt" / "models"
     pkg.mkdir(parents=True)
     (pkg / "demo.py").write_text("class Demo:\n    @property\n    def model(self): ...\n")
-    monkeypatch.setattr(upstream, "_REGISTRY", dict(upstream._REGISTRY))  # the demo check leaves no trace
+    from sglab.sglang.fix import Fix
 
-    @upstream.register("demo_check", "demo property present")
     def _check(read):
         text = read("srt/models/demo.py")
         if text is None:
             return upstream.Verdict("unknown", "file missing")
         return upstream.Verdict("pr-era" if "def model" in text else "before", "demo property")
 
-    assert upstream.check("demo_check", root=tmp_path).status == "pr-era"
-    assert upstream.check("demo_check", root=tmp_path / "nothing").status == "unknown"
+    def _broken(read):
+        raise RuntimeError("no")
+
+    demo = Fix("demo_check", "99", "demo property present", (1,), 0, _check)
+    assert upstream.check(demo, root=tmp_path).status == "pr-era"
+    assert upstream.check(demo, root=tmp_path / "nothing").status == "unknown"
     if upstream.installed() is None:
-        assert upstream.check("demo_check").status == "not-installed"
-    with pytest.raises(KeyError):
-        upstream.check("no_such_check")
+        assert upstream.check(demo).status == "not-installed"
+    broken = Fix("broken", "99", "raises", (1,), 0, _broken)
+    assert upstream.check(broken, root=tmp_path).status == "unknown"
     with pytest.raises(ValueError):
         upstream.Verdict("maybe", "not a state")
 
@@ -118,9 +132,8 @@ def test_cli_params_and_errors():
         "world_size": 4, "name": "abc", "sizes": [1, 2]}
     with pytest.raises(SystemExit, match="key=value"):
         cli._parse_params(["oops"])
-    with pytest.raises(SystemExit, match="unknown experiment"):
-        cli.record("no_such_experiment")
-    items = dict(cli.env_report())
+    assert cli.main(["record", "no_such_experiment"]) == 2
+    items = dict(report.env_report())
     assert {"GPUs", "torch / CUDA", "NVML", "cuda-bindings", "nsight timing", "sglang"} <= set(items)
 
 
@@ -135,9 +148,9 @@ def test_newest_by_and_gpu_short(data_root):
     assert runs.gpu_short("NVIDIA H200") == "H200" and runs.gpu_short({}) == "?"
 
 
-def test_cli_upstream_rejects_a_folder_that_is_not_sglang(tmp_path):
-    with pytest.raises(SystemExit, match="not an SGLang package folder"):
-        cli.main(["upstream", "--root", str(tmp_path)])
+def test_cli_upstream_rejects_a_folder_that_is_not_sglang(tmp_path, capsys):
+    assert cli.main(["upstream", "--root", str(tmp_path)]) == 2
+    assert "not an SGLang package folder" in capsys.readouterr().err
 
 
 def test_sidecars_are_written_listed_read_back_and_promoted(data_root, tmp_path):

@@ -8,6 +8,7 @@ import textwrap
 import pytest
 
 from sglab.sglang import upstream
+from sglab.tools.fixes import FIXES, NAMES, get
 from sglab.sglang.upstream import RELEASE_STATES, STATES, Verdict
 from sglab.sglang import checks
 from sglab.sglang import source as S
@@ -271,12 +272,12 @@ def test_checks_read_a_folder_on_disk(tmp_path):
     for rel, text in {checks.KIMI_MODEL: KIMI["guard"], checks.PIECEWISE_RUNNER: PCG_PR}.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
-    assert upstream.check("pcg_gate", root=tmp_path).status == "pr-era"
-    assert upstream.check("capture_sizes", root=tmp_path).status == "pr-era"
-    assert upstream.check("grid_thw", root=tmp_path).status == "absent"
-    frame = upstream.check_all(root=tmp_path)
-    assert list(frame["check"]) == list(upstream.registered()) and frame["detail"].str.len().min() > 0
-    v = upstream.check("pcg_gate", root=tmp_path / "srt")  # a folder without srt/ in it: not an SGLang tree
+    assert upstream.check(get("pcg_gate"), root=tmp_path).status == "pr-era"
+    assert upstream.check(get("capture_sizes"), root=tmp_path).status == "pr-era"
+    assert upstream.check(get("grid_thw"), root=tmp_path).status == "absent"
+    frame = upstream.check_all(FIXES, root=tmp_path)
+    assert list(frame["check"]) == list(NAMES) and frame["detail"].str.len().min() > 0
+    v = upstream.check(get("pcg_gate"), root=tmp_path / "srt")  # a folder without srt/ in it: not an SGLang tree
     assert v.status == "unknown" and "not an SGLang package folder" in v.detail
 
 
@@ -293,13 +294,14 @@ def test_a_raising_check_answers_unknown_with_the_error(monkeypatch):
     def boom(read):
         raise RuntimeError("cannot read\nthis")
 
-    monkeypatch.setitem(upstream._REGISTRY, "boom", ("raises", boom))
-    v = upstream.run_check("boom", {}.get)
+    from sglab.sglang.fix import Fix
+
+    v = upstream.run_check(Fix("boom", "99", "raises", (1,), 0, boom), {}.get)
     assert v.status == "unknown" and "RuntimeError: cannot read this" in v.detail
-    with pytest.raises(KeyError):
-        upstream.run_check("no_such_fix", {}.get)
+    with pytest.raises(ValueError, match="unknown fix"):
+        get("no_such_fix")
     if upstream.installed() is None:
-        assert upstream.check("pcg_gate").status == "not-installed"
+        assert upstream.check(get("pcg_gate")).status == "not-installed"
 
 
 def test_source_helpers_find_symbols_by_name():

@@ -15,6 +15,9 @@ from sglab.sglang import hunks as H
 from sglab.sglang import wheels as R
 from sglab.sglang.hunks import Rendered, diff_html, render_beside
 from sglab.sglang.wheels import STATE_COLOURS, timeline_figure, timeline_row_figure
+from sglab.tools.fixes import FIXES, NAMES, get
+
+SPECS = [(f, s) for f in FIXES for s in f.hunks]
 
 INSTALLED = runs.repo_root() / ".sglang" / "releases"
 # one line each PR added, as released (the reason the hunk exists)
@@ -32,35 +35,34 @@ def table():
     return R.load_table()
 
 
-@pytest.fixture(scope="module", params=H.SPECS, ids=lambda s: f"{s.fix}-{s.pr}")
+@pytest.fixture(scope="module", params=SPECS, ids=lambda fs: f"{fs[0].name}-{fs[1].pr}")
 def pair(request):
-    spec = request.param
-    return spec, H.load(spec.fix, spec.pr)
+    fix, spec = request.param
+    return fix, spec, H.load(fix, spec.pr)
 
 
 def test_every_fix_has_its_hunk():
-    assert H.fixes() == list(upstream.registered())
-    assert {(s.fix, s.pr) for s in H.SPECS} == set(ADDED)
-    with pytest.raises(KeyError):
-        H.specs("no_such_fix")
+    assert [f.name for f in FIXES if f.hunks] == list(NAMES)
+    assert {(f.name, s.pr) for f, s in SPECS} == set(ADDED)
+    assert all(f.hunks[0].pr == f.prs[0] for f in FIXES)
 
 
 def test_hunk_window_is_consecutive_releases_matching_the_table(pair, table):
-    spec, hunk = pair
+    fix, spec, hunk = pair
     versions = list(table["version"])
     assert versions.index(hunk.after_version) == versions.index(hunk.before_version) + 1
-    if spec is H.specs(spec.fix)[0]:  # the main PR: the first release the check calls pr-era
-        assert hunk.after_version == R.first_release(spec.fix, frame=table)
+    if spec is fix.hunks[0]:  # the main PR: the first release the check calls pr-era
+        assert hunk.after_version == R.first_release(fix.name, frame=table)
     rows = table.set_index("version")
     assert hunk.before_wheel["sha256"] == rows.loc[hunk.before_version, "sha256"]
     assert hunk.after_wheel["wheel"] == rows.loc[hunk.after_version, "wheel"]
 
 
 def test_hunk_text_is_consistent_and_shows_the_change(pair):
-    spec, hunk = pair
+    fix, spec, hunk = pair
     assert hunk.symbols == spec.symbols and hunk.path == f"sglang/{spec.symbols[0].split('::')[0]}"
     assert hunk.diff == H.unified(hunk.before, hunk.after, hunk.before_version, hunk.after_version)
-    assert ADDED[(spec.fix, spec.pr)] in hunk.diff.splitlines()
+    assert ADDED[(fix.name, spec.pr)] in hunk.diff.splitlines()
     after = hunk.blocks("after")
     assert list(after) == [s.split("::")[1] for s in spec.symbols] and all(after.values())
     assert list(hunk.blocks("before")) == list(after)
@@ -75,35 +77,16 @@ def test_symbols_new_in_the_pr_are_marked_absent_before():
     assert "item.grid_thws" in grid["KimiK25ForConditionalGeneration.get_image_feature"]
 
 
-def _release_reader(version):
-    root = INSTALLED / version / "sglang"
-    return (lambda rel: upstream.read(rel, root=root)) if (root / "srt").is_dir() else None
-
-
-def test_hunks_match_the_installed_releases():
-    """Re-read each side from ``.sglang/releases/<V>/sglang/`` where that release is installed."""
-    compared = []
-    for spec in H.SPECS:
-        hunk = H.load(spec.fix, spec.pr)
-        for version, text in ((hunk.before_version, hunk.before), (hunk.after_version, hunk.after)):
-            read = _release_reader(version)
-            if read is not None:
-                assert H.side_text(read, spec.symbols) == text, (spec.fix, spec.pr, version)
-                compared.append((spec.fix, version))
-    if not compared:
-        pytest.skip("no release of a hunk's window is installed under .sglang/releases/")
-
-
 def test_hunks_match_the_cached_wheels():
     """Where the wheel cache holds both releases of a window, rebuild the hunk from them: same files."""
     rebuilt = 0
-    for spec in H.SPECS:
-        hunk = H.load(spec.fix, spec.pr)
+    for fix, spec in SPECS:
+        hunk = H.load(fix, spec.pr)
         paths = [R.cached(v, R.cache_dir()) for v in (hunk.before_version, hunk.after_version)]
         if None in paths:
             continue
         with R.WheelReader(paths[0]) as rb, R.WheelReader(paths[1]) as ra:
-            again = H.build(spec, (hunk.before_version, rb, R.wheel_facts(paths[0])),
+            again = H.build(spec, fix.name, (hunk.before_version, rb, R.wheel_facts(paths[0])),
                             (hunk.after_version, ra, R.wheel_facts(paths[1])))
         assert again == hunk
         rebuilt += 1
@@ -112,15 +95,15 @@ def test_hunks_match_the_cached_wheels():
 
 
 def test_find_window_and_its_errors():
-    spec = H.Spec("demo", 1, ("srt/a.py::f",), first_with=lambda read: read("srt/a.py") is not None)
+    spec = H.Spec(1, ("srt/a.py::f",), first_with=lambda read: read("srt/a.py") is not None)
     files = {"0.1": {}, "0.2": {}, "0.3": {"srt/a.py": "def f():\n    return 1\n"}}
     reader = lambda v: files[v].get  # noqa: E731
-    assert H.find_window(spec, ["0.1", "0.2", "0.3"], reader) == ("0.2", "0.3")
+    assert H.find_window(spec, "demo", ["0.1", "0.2", "0.3"], reader) == ("0.2", "0.3")
     with pytest.raises(ValueError, match="already in 0.3, the oldest release read"):
-        H.find_window(spec, ["0.3"], reader)
+        H.find_window(spec, "demo", ["0.3"], reader)
     with pytest.raises(ValueError, match="no release among 0.1..0.2"):
-        H.find_window(spec, ["0.1", "0.2"], reader)
-    hunk = H.build(spec, ("0.2", reader("0.2"), {}), ("0.3", reader("0.3"), {"wheel": "w", "sha256": "s"}))
+        H.find_window(spec, "demo", ["0.1", "0.2"], reader)
+    hunk = H.build(spec, "demo", ("0.2", reader("0.2"), {}), ("0.3", reader("0.3"), {"wheel": "w", "sha256": "s"}))
     assert hunk.blocks("before") == {"f": None} and hunk.blocks("after") == {"f": "def f():\n    return 1\n"}
 
 
@@ -129,6 +112,8 @@ def test_write_then_load_round_trip(tmp_path):
     H.write(hunk, root=tmp_path)
     assert H.load("workspace_floor", root=tmp_path) == hunk
     with pytest.raises(FileNotFoundError, match="sglab upstream --releases"):
+        H.load(get("capture_sizes"), root=tmp_path)
+    with pytest.raises(FileNotFoundError, match="no committed hunk"):
         H.load("capture_sizes", root=tmp_path)
 
 
@@ -185,8 +170,8 @@ def test_timeline_figure_colours_each_cell_by_state(table):
     fig = timeline_figure(table)
     ax = fig.axes[0]
     cells = ax.patches
-    assert len(cells) == len(table) * len(upstream.registered())
-    fixes = list(upstream.registered())
+    assert len(cells) == len(table) * len(NAMES)
+    fixes = list(NAMES)
     want = [STATE_COLOURS[s] for fix in fixes for s in table[fix]]
     assert [to_hex(c.get_facecolor()) for c in cells] == want
     assert [t.get_text() for t in ax.get_yticklabels()] == fixes
@@ -227,12 +212,12 @@ def test_hunks_match_the_installed_releases():
         return lambda rel: (root / rel).read_text() if (root / rel).is_file() else None
 
     compared = 0
-    for spec in H.SPECS:
-        hunk = H.load(spec.fix, spec.pr)
+    for fix, spec in SPECS:
+        hunk = H.load(fix, spec.pr)
         if not (release_installed(hunk.before_version) and release_installed(hunk.after_version)):
             continue
-        assert H.side_text(reader(hunk.before_version), spec.symbols) == hunk.before, (spec.fix, "before")
-        assert H.side_text(reader(hunk.after_version), spec.symbols) == hunk.after, (spec.fix, "after")
+        assert H.side_text(reader(hunk.before_version), spec.symbols) == hunk.before, (fix.name, "before")
+        assert H.side_text(reader(hunk.after_version), spec.symbols) == hunk.after, (fix.name, "after")
         compared += 1
     if os.environ.get("CI"):
         assert compared == 5

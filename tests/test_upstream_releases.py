@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sglab.tools import cli
+from sglab.tools.fixes import FIXES, NAMES, get
 from sglab.core import runs
 from sglab.sglang import upstream
 from sglab.sglang.upstream import RELEASE_STATES
@@ -37,7 +38,7 @@ def test_table_has_every_release_from_0_5_10(table):
     minors = sorted({int(v.split(".")[2]) for v in versions})
     assert minors == list(range(10, minors[-1] + 1)), "a 0.5.N release is missing"
     assert {"0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13", "0.5.14", "0.5.23"} <= set(versions)
-    assert list(table.columns) == R.columns()
+    assert list(table.columns) == R.columns(FIXES)
 
 
 def test_table_rows_are_wheels_with_dates_and_reasons(table):
@@ -46,7 +47,7 @@ def test_table_rows_are_wheels_with_dates_and_reasons(table):
     for r in table.to_dict("records"):
         assert re.fullmatch(r"[0-9a-f]{64}", r["sha256"])
         assert r["wheel"].startswith(f"sglang-{r['version']}-") and r["wheel"].endswith(".whl")
-        for fix in upstream.registered():
+        for fix in NAMES:
             assert r[fix] in RELEASE_STATES, (r["version"], fix, r[fix])
             reason = r[f"{fix}_reason"]
             assert reason.strip() and "\n" not in reason, (r["version"], fix)
@@ -56,12 +57,12 @@ def test_table_rows_are_wheels_with_dates_and_reasons(table):
 def test_first_release_with_each_fix(table, fix, first):
     assert R.first_release(fix, frame=table) == first
     row = R.timeline_row(fix, table)
-    before = row[row["version"].map(R.version_key) < R.version_key(first)]
+    before = row[row["version"].map(R.parse_version) < R.parse_version(first)]
     assert set(before["state"]) <= {"absent", "before"}
 
 
 def test_later_history_read_from_the_wheels(table):
-    by = {(r["version"], fix): r[fix] for r in table.to_dict("records") for fix in upstream.registered()}
+    by = {(r["version"], fix): r[fix] for r in table.to_dict("records") for fix in NAMES}
     newest = table["version"].iloc[-1]
     assert by[("0.5.10.post1", "breakable_graph")] == by[("0.5.10.post1", "grid_thw")] == "absent"
     assert [by[(v, "capture_sizes")] for v in ("0.5.13.post1", "0.5.14", "0.5.21", "0.5.22")] == \
@@ -77,7 +78,7 @@ def test_later_history_read_from_the_wheels(table):
 def test_no_fix_falls_back_to_its_pr_era_before(table):
     """Once a release has a fix (pr-era or changed), no later one is "before" or "absent": a loss must be
     classified "regressed" (a check that forgot a later layout would show up here)."""
-    for fix in upstream.registered():
+    for fix in NAMES:
         seen_fix = False
         for v, s in zip(table["version"], table[fix]):
             seen_fix = seen_fix or s in ("pr-era", "changed")
@@ -92,8 +93,8 @@ def test_table_agrees_with_the_installed_releases(table):
         root = folder / "sglang"
         if not (root / "srt").is_dir() or folder.name not in rows:
             continue
-        for fix in upstream.registered():
-            v = upstream.check(fix, root=root)
+        for fix in NAMES:
+            v = upstream.check(get(fix), root=root)
             assert (v.status, v.detail) == (rows[folder.name][fix], rows[folder.name][f"{fix}_reason"]), \
                 (folder.name, fix)
         compared += 1
@@ -123,16 +124,16 @@ def test_wheel_reader_facts_and_classification(tmp_path):
     facts = R.wheel_facts(path)
     assert facts["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert facts["build_date"] == "2026-05-07T00:05:08" and facts["wheel"] == path.name
-    row = R.classify_wheel("0.5.11", path)
+    row = R.classify_wheel("0.5.11", path, FIXES)
     assert row["pcg_gate"] == "pr-era" and row["capture_sizes"] == "pr-era" and row["grid_thw"] == "absent"
-    assert set(row) == set(R.columns())
+    assert set(row) == set(R.columns(FIXES))
 
 
 def test_versions_are_final_releases_from_0_5_10_in_order():
     assert R.select(["0.5.11", "0.5.10.post1", "0.5.9", "0.5.12rc1", "0.5.10", "0.5.100", "0.6.0.dev1"]) == \
         ["0.5.10", "0.5.10.post1", "0.5.11", "0.5.100"]
-    with pytest.raises(ValueError, match="not a final release"):
-        R.version_key("0.5.12rc1")
+    with pytest.raises(ValueError, match="not a release version"):
+        R.parse_version("0.5.12rc1")
     assert R.cached("0.5.1", Path("/nonexistent")) is None
 
 
@@ -145,7 +146,7 @@ def test_timeline_downloads_once_and_is_complete(tmp_path):
         fetched.append(v)
         return make_wheel(dest, v, {checks.KIMI_MODEL: KIMI_FIXED})
 
-    tl = R.timeline(lister=lambda: ["0.5.10", "0.5.11"], fetch=fetch, cache=cache, table=tmp_path / "none.csv",
+    tl = R.timeline(FIXES, lister=lambda: ["0.5.10", "0.5.11"], fetch=fetch, cache=cache, table=tmp_path / "none.csv",
                     progress=False)
     assert fetched == ["0.5.11"] and tl.complete and list(tl.frame["source"]) == ["wheel", "wheel"]
     assert list(tl.frame["pcg_gate"]) == ["absent", "pr-era"] and set(tl.wheels) == {"0.5.10", "0.5.11"}
@@ -153,7 +154,7 @@ def test_timeline_downloads_once_and_is_complete(tmp_path):
     R.write_table(tl.frame, tmp_path / "t.csv")
     back = R.load_table(tmp_path / "t.csv")
     assert list(back["version"]) == ["0.5.10", "0.5.11"] and back["pcg_gate_reason"][1] == tl.frame["pcg_gate_reason"][1]
-    tl = R.timeline(lister=lambda: ["0.5.10", "0.5.11"], fetch=fetch, cache=cache, progress=False)
+    tl = R.timeline(FIXES, lister=lambda: ["0.5.10", "0.5.11"], fetch=fetch, cache=cache, progress=False)
     assert fetched == ["0.5.11"], "a cached wheel is not downloaded again"
 
 
@@ -166,7 +167,7 @@ def test_without_network_the_cache_then_the_committed_table(tmp_path, monkeypatc
     cache = tmp_path / "wheels"
     cache.mkdir()
     make_wheel(cache, "0.5.11", {checks.KIMI_MODEL: KIMI_FIXED})
-    tl = R.timeline(cache=cache, progress=False)
+    tl = R.timeline(FIXES, cache=cache, progress=False)
     assert not tl.complete and any(n.startswith("no network (pip index failed") for n in tl.notes)
     assert list(tl.frame["version"]) == list(table["version"])
     src = dict(zip(tl.frame["version"], tl.frame["source"]))
@@ -174,7 +175,7 @@ def test_without_network_the_cache_then_the_committed_table(tmp_path, monkeypatc
     assert tl.frame.set_index("version").loc["0.5.11", "pcg_gate"] == "pr-era"  # read from the cached wheel
     assert any("taken from the committed table (no wheel here): 0.5.10, 0.5.10.post1," in n for n in tl.notes)
     # a listed release that is neither cached nor committed is reported, not invented
-    tl = R.timeline(["0.5.11", "0.5.99"], cache=cache, progress=False)
+    tl = R.timeline(FIXES, ["0.5.11", "0.5.99"], cache=cache, progress=False)
     assert list(tl.frame["version"]) == ["0.5.11"] and any("not shown" in n and "0.5.99" in n for n in tl.notes)
 
 
@@ -195,11 +196,23 @@ def test_cli_without_network_says_where_each_state_came_from(tmp_path, monkeypat
     assert re.search(r"0\.5\.13 +\S+ +pr-era +pr-era +pr-era +changed +pr-era +pr-era", out)
 
 
-def test_cli_errors_are_one_line(tmp_path, monkeypatch):
+def test_cli_errors_are_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(R, "_pip", _no_network)
-    with pytest.raises(SystemExit, match="not a final release number: '0.5.12rc1'"):
-        cli.main(["upstream", "--releases", "0.5.12rc1", "--offline"])
-    with pytest.raises(SystemExit, match="do not go together"):
-        cli.main(["upstream", "--releases", "--root", str(tmp_path)])
-    with pytest.raises(SystemExit, match="not an SGLang package folder"):
-        cli.main(["upstream", "--root", str(tmp_path)])
+    for argv, message in ((["--releases", "0.5.12rc1", "--offline"], "not a release version: '0.5.12rc1'"),
+                          (["--releases", "--root", str(tmp_path)], "do not go together"),
+                          (["--root", str(tmp_path)], "not an SGLang package folder")):
+        assert cli.main(["upstream", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("sglab upstream: ") and message in err[0], err
+
+
+def test_cli_says_when_a_release_does_not_exist(tmp_path, monkeypatch, capsys):
+    def pip(args, timeout):
+        raise R.NoSuchRelease("No matching distribution found for sglang==9.9.9")
+
+    monkeypatch.setattr(R, "_pip", pip)
+    monkeypatch.setattr(R, "cache_dir", lambda: tmp_path / "empty-cache")
+    assert cli.main(["upstream", "--releases", "9.9.9", "--figure", ""]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == "sglab upstream: no such SGLang release on the package index: 9.9.9"
+    assert captured.out == ""

@@ -1,27 +1,29 @@
-"""Claims as code: what each experiment's runs must show, checked on any run (recorded, live, or a cluster's).
+"""Claims as code: what a fix's runs must show, checked on any run (recorded, live, or a cluster's).
 
-Each experiment package has a ``claims`` module with
+Each fix has a ``claims`` module (``sglab.<fix>.claims``) with
 
-- ``CLAIMS``: a list of :class:`Claim` — an id, a sentence a reader understands, the expectation in words (with its
-  tolerance) and a ``check(run) -> Outcome``;
+- ``CLAIM``: the claim in one sentence (README index, the notebook's first screen, 00, the report);
+- ``CLAIMS``: at most five reader-facing :class:`Claim` s, each with the instrument and hygiene checks it rests
+  on folded under it (``folded=``): a folded check that fails makes its claim fail, naming it;
 - ``shown(runs) -> list[Run]``: which runs a reader sees (the newest per GPU model, or per world size);
-- ``headline(runs) -> str``: the numbers sentence of the README index and of the notebook's first screen, built
-  from the claims' measured values (:func:`values`), so that no second copy of the logic exists.
+- ``HEADLINE``: a :class:`Headline`, the numbers sentence filled from the claims' values (:func:`values`).
 
 A claim that does not apply to a run (too few GPUs, another parameter set, a method version it does not cover)
-says "n/a" and why; it never passes silently. A check that cannot evaluate a run (a missing metric, a dropped rank)
-fails, naming what is missing.
+says "n/a" and why; it never passes silently. A check that cannot evaluate a run (a missing metric, a dropped
+rank) fails, naming what is missing. The functions here take the claims module itself (``mod``); nothing in
+``sglab.core`` imports a fix.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
+import string
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
 STATUSES = (PASS, FAIL, NA)
+MAX_READER_CLAIMS = 5
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class Claim:
     ``applies``: optional ``run -> reason or None``; a reason makes the claim n/a for that run.
     ``drift``: for ``--against``: ``None`` means the value must equal the reference's exactly (counts, sizes);
     a number is the relative difference tolerated (timings, ratios) before the drift is reported.
+    ``folded``: the checks this claim rests on (instruments agree, nothing leaked, ...), shown under it.
     """
 
     id: str
@@ -67,6 +70,7 @@ class Claim:
     methods: tuple = (1, None)
     applies: Optional[Callable[[Any], Optional[str]]] = None
     drift: Optional[float] = None
+    folded: tuple = ()
 
     def covers(self, method_version: int) -> bool:
         lo, hi = self.methods
@@ -77,6 +81,7 @@ class Claim:
 class Result:
     claim: Claim
     outcome: Outcome
+    parent: Optional[str] = None  # the reader-facing claim a folded check belongs to
 
     @property
     def status(self) -> str:
@@ -84,34 +89,28 @@ class Result:
 
 
 class ClaimsError(RuntimeError):
-    """A run or an experiment the claims cannot be evaluated on (one-line message for the command line)."""
+    """A run or a fix the claims cannot be evaluated on (one-line message for the command line)."""
 
 
-# --------------------------------------------------------------------------------------------------------------
-# finding an experiment's claims
-# --------------------------------------------------------------------------------------------------------------
-def experiments() -> list[str]:
-    """The experiments of the workbook, in notebook order."""
-    from sglab.tools.catalog import NOTEBOOKS
+def _mod(mod):
+    """TRANSITION: a fix name resolves to its already-loaded claims module (removed once every fix has moved)."""
+    if isinstance(mod, str):
+        import sys
 
-    return [e.experiment for e in NOTEBOOKS if e.experiment]
-
-
-def module(experiment: str):
-    """``sglab.experiments.<experiment>.claims``."""
-    if experiment not in experiments():
-        raise ClaimsError(f"unknown experiment {experiment!r}; known: {', '.join(experiments())}")
-    try:
-        return importlib.import_module(f"sglab.experiments.{experiment}.claims")
-    except ModuleNotFoundError as e:
-        if e.name and e.name.startswith(f"sglab.experiments.{experiment}"):
-            raise ClaimsError(f"experiment {experiment!r} declares no claims (sglab.experiments.{experiment}.claims "
-                              "is missing)") from None
-        raise
+        for key in (f"sglab.{mod}.claims", f"sglab.experiments.{mod}.claims"):
+            if key in sys.modules:
+                return sys.modules[key]
+        raise ClaimsError(f"the claims of {mod!r} are not loaded")
+    return mod
 
 
-def claims_of(experiment: str) -> list[Claim]:
-    return list(module(experiment).CLAIMS)
+def all_claims(mod) -> list[Claim]:
+    """Every claim of a claims module, each reader-facing one followed by its folded checks."""
+    out = []
+    for c in mod.CLAIMS:
+        out.append(c)
+        out.extend(c.folded)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -143,17 +142,33 @@ def evaluate_claim(claim: Claim, run) -> Outcome:
     return out
 
 
-def evaluate(experiment: str, run) -> list[Result]:
-    """Every claim of ``experiment`` on ``run``."""
-    if run.manifest.get("experiment") not in (None, experiment):
+def evaluate(mod, run) -> list[Result]:
+    """Every claim of the claims module ``mod`` on ``run``: each reader-facing claim, then its folded checks.
+    A reader-facing claim whose folded check fails fails too, naming the check."""
+    mod = _mod(mod)
+    name = getattr(mod, "EXPERIMENT", None)
+    if name and run.manifest.get("experiment") not in (None, name):
         raise ClaimsError(f"{getattr(run, 'path', 'run')} is a {run.manifest.get('experiment')!r} run, "
-                          f"not {experiment!r}")
-    return [Result(c, evaluate_claim(c, run)) for c in claims_of(experiment)]
+                          f"not {name!r}")
+    out = []
+    for c in mod.CLAIMS:
+        top = Result(c, evaluate_claim(c, run))
+        folded = [Result(f, evaluate_claim(f, run), parent=c.id) for f in c.folded]
+        bad = [f.claim.id for f in folded if f.status == FAIL]
+        if bad and top.status != FAIL:
+            o = top.outcome
+            top = Result(c, Outcome(FAIL, o.measured, o.value, f"folded check fails: {', '.join(bad)}"))
+        out += [top, *folded]
+    return out
 
 
-def values(experiment: str, run) -> dict:
-    """``{claim id: Outcome}`` of one run: what headlines format."""
-    return {r.claim.id: r.outcome for r in evaluate(experiment, run)}
+def reader_facing(results: list[Result]) -> list[Result]:
+    return [r for r in results if r.parent is None]
+
+
+def values(mod, run) -> dict:
+    """``{claim id: Outcome}`` of one run (folded checks included): what headlines format."""
+    return {r.claim.id: r.outcome for r in evaluate(mod, run)}
 
 
 def counts(results: list[Result]) -> dict:
@@ -161,16 +176,17 @@ def counts(results: list[Result]) -> dict:
 
 
 def verdict_line(results: list[Result], run) -> str:
-    """E.g. "5/5 claims hold on H100 ×1, 2026-11-21" or "3/4 claims hold, 1 fails (x), 1 n/a on …"."""
+    """E.g. "5/5 claims hold on H100 ×1, 2026-11-21" or "3/4 claims hold, 1 fails (x), 1 n/a on …"; counts the
+    reader-facing claims (a failing folded check fails its claim)."""
     from sglab.core.runs import gpu_short
 
-    c = counts(results)
-    applicable = c[PASS] + c[FAIL]
+    top = reader_facing(results)
+    c = counts(top)
     m = run.manifest
     where = f"{gpu_short(m)} ×{m.get('gpu_count', '?')}, {str(m.get('created_utc', ''))[:10]}"
-    text = f"{c[PASS]}/{applicable} claims hold"
+    text = f"{c[PASS]}/{c[PASS] + c[FAIL]} claims hold"
     if c[FAIL]:
-        failed = ", ".join(r.claim.id for r in results if r.status == FAIL)
+        failed = ", ".join(r.claim.id for r in top if r.status == FAIL)
         text += f", {c[FAIL]} fail{'s' if c[FAIL] == 1 else ''} ({failed})"
     if c[NA]:
         text += f", {c[NA]} n/a"
@@ -178,12 +194,116 @@ def verdict_line(results: list[Result], run) -> str:
 
 
 def table(results: list[Result]):
-    """claim, statement, status, measured, expected, reason — one row per claim."""
+    """claim, statement, status, measured, expected, reason — one row per claim and folded check (a folded
+    check's id is indented under its claim)."""
     import pandas as pd
 
-    return pd.DataFrame([{"claim": r.claim.id, "statement": r.claim.statement, "status": r.status,
-                          "measured": r.outcome.measured, "expected": r.claim.expected,
+    return pd.DataFrame([{"claim": ("  └ " if r.parent else "") + r.claim.id, "statement": r.claim.statement,
+                          "status": r.status, "measured": r.outcome.measured, "expected": r.claim.expected,
                           "reason": r.outcome.reason} for r in results])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# what readers see: the README index, the notebooks' first screens and the report use these
+# --------------------------------------------------------------------------------------------------------------
+def shown(mod, runs_: list) -> list:
+    return list(_mod(mod).shown(runs_)) if runs_ else []
+
+
+class _Missing(Exception):
+    pass
+
+
+class _Formatter(string.Formatter):
+    """``str.format`` where a missing or n/a value (a KeyError, or None) drops the part instead of failing."""
+
+    def get_field(self, field_name, args, kwargs):
+        try:
+            obj, used = super().get_field(field_name, args, kwargs)
+        except (KeyError, IndexError, TypeError, AttributeError) as e:
+            raise _Missing(field_name) from e
+        if obj is None:
+            raise _Missing(field_name)
+        return obj, used
+
+
+@dataclass(frozen=True)
+class Headline:
+    """The numbers sentence of a fix, as a template over its claims' values.
+
+    Each of ``parts`` is formatted with the first shown run's values and dropped when a value it names is
+    missing (a claim n/a on that run); the kept parts are joined with ``sep``. Fields: ``v[<claim id>]`` (the
+    outcome's value; ``v[<claim id>][key]`` inside a dict value), ``lo[...]`` / ``hi[...]`` (the smallest and
+    largest value over all shown runs), ``runs`` (``per_run`` formatted for each shown run, with ``v``, ``gpu``,
+    ``count`` and ``world`` of that run, joined with ``run_sep``) and the entries of ``consts``.
+    """
+
+    parts: tuple
+    per_run: str = ""
+    sep: str = "; "
+    run_sep: str = "; "
+    consts: dict = field(default_factory=dict)
+
+    def render(self, per_run_values: list[tuple[Any, dict]]) -> str:
+        fmt = _Formatter()
+        plain = [{k: o.value for k, o in vals.items()} for _, vals in per_run_values]
+        lo, hi = _extremes(plain)
+        run_texts = []
+        for (run, _), v in zip(per_run_values, plain):
+            m = run.manifest
+            ns = {**self.consts, "v": v, "gpu": _short(m), "count": m.get("gpu_count"),
+                  "world": (m.get("params") or {}).get("world_size", m.get("gpu_count"))}
+            try:
+                run_texts.append(fmt.vformat(self.per_run, (), ns))
+            except _Missing:
+                continue
+        ns = {**self.consts, "v": plain[0] if plain else {}, "lo": lo, "hi": hi,
+              "runs": self.run_sep.join(run_texts)}
+        kept = []
+        for part in self.parts:
+            try:
+                text = fmt.vformat(part, (), ns)
+            except _Missing:
+                continue
+            if "{runs}" in part and not run_texts:
+                continue
+            kept.append(text)
+        return self.sep.join(kept)
+
+
+def _short(manifest) -> str:
+    from sglab.core.runs import gpu_short
+
+    return gpu_short(manifest)
+
+
+def _extremes(plain: list[dict]) -> tuple[dict, dict]:
+    """Per claim (and key of a dict value), the smallest and largest numeric value over the runs."""
+    lo: dict = {}
+    hi: dict = {}
+    for v in plain:
+        for cid, value in v.items():
+            items = value.items() if isinstance(value, dict) else [(None, value)]
+            for key, x in items:
+                if _number(x) is None:
+                    continue
+                if key is None:
+                    lo[cid] = min(lo.get(cid, x), x)
+                    hi[cid] = max(hi.get(cid, x), x)
+                else:
+                    lo.setdefault(cid, {})[key] = min(lo.get(cid, {}).get(key, x), x)
+                    hi.setdefault(cid, {})[key] = max(hi.get(cid, {}).get(key, x), x)
+    return lo, hi
+
+
+def headline(mod, runs_: list) -> str:
+    """The numbers sentence for ``runs_`` (already the runs a reader is shown), from ``mod.HEADLINE``."""
+    if not runs_:
+        return "no recorded run yet"
+    mod = _mod(mod)
+    if not hasattr(mod, "HEADLINE"):  # TRANSITION
+        return mod.headline(runs_)
+    return mod.HEADLINE.render([(r, values(mod, r)) for r in runs_])
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -256,9 +376,9 @@ class Comparison:
         return [d for d in self.drift if d["beyond"]]
 
 
-def pick_reference(experiment: str, run, candidates: list) -> tuple[Any, str]:
-    """The newest candidate of the same GPU model and the same key parameters (world / TP size); else the nearest
-    (same key parameters, another GPU), said explicitly. ``(None, reason)`` when there is none."""
+def pick_reference(run, candidates: list) -> tuple[Any, str]:
+    """The newest candidate of the same GPU model and the same key parameters (world / TP size); else the
+    nearest (same key parameters, another GPU), said explicitly. ``(None, reason)`` when there is none."""
     from sglab.core.runs import gpu_short
 
     def key(r):
@@ -278,8 +398,8 @@ def pick_reference(experiment: str, run, candidates: list) -> tuple[Any, str]:
     return None, "no recorded run of this experiment and size to compare with"
 
 
-def compare(experiment: str, run, reference) -> Comparison:
-    return Comparison(reference, "", drift_rows(evaluate(experiment, run), evaluate(experiment, reference)),
+def compare(mod, run, reference) -> Comparison:
+    return Comparison(reference, "", drift_rows(evaluate(mod, run), evaluate(mod, reference)),
                       env_diff(run, reference))
 
 
@@ -287,7 +407,8 @@ def compare(experiment: str, run, reference) -> Comparison:
 # JUnit XML (for a cluster's CI)
 # --------------------------------------------------------------------------------------------------------------
 def junit_xml(suites: list[tuple[str, list[Result]]]) -> str:
-    """One ``<testsuite>`` per run, one ``<testcase>`` per claim; fail -> ``<failure>``, n/a -> ``<skipped>``."""
+    """One ``<testsuite>`` per run, one ``<testcase>`` per claim and folded check; fail -> ``<failure>``,
+    n/a -> ``<skipped>``."""
     import xml.etree.ElementTree as ET
 
     root = ET.Element("testsuites")
@@ -297,8 +418,8 @@ def junit_xml(suites: list[tuple[str, list[Result]]]) -> str:
                               skipped=str(c[NA]), errors="0")
         for r in results:
             case = ET.SubElement(suite, "testcase", classname=name, name=r.claim.id)
-            ET.SubElement(case, "system-out").text = f"{r.claim.statement}\nmeasured: {r.outcome.measured}\n" \
-                                                     f"expected: {r.claim.expected}"
+            ET.SubElement(case, "system-out").text = (f"{r.claim.statement}\nmeasured: {r.outcome.measured}\n"
+                                                      f"expected: {r.claim.expected}")
             if r.status == FAIL:
                 ET.SubElement(case, "failure", message=r.outcome.reason or "claim does not hold").text = \
                     r.outcome.measured
@@ -306,17 +427,3 @@ def junit_xml(suites: list[tuple[str, list[Result]]]) -> str:
                 ET.SubElement(case, "skipped", message=r.outcome.reason)
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# what readers see: the README index and the notebooks' first screens use these two
-# --------------------------------------------------------------------------------------------------------------
-def shown(experiment: str, runs_: list) -> list:
-    return list(module(experiment).shown(runs_)) if runs_ else []
-
-
-def headline(experiment: str, runs_: list) -> str:
-    """The numbers sentence for ``runs_`` (already the runs a reader is shown)."""
-    if not runs_:
-        return "no recorded run yet"
-    return module(experiment).headline(runs_)

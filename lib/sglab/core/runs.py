@@ -204,10 +204,18 @@ class Measured:
 
 @dataclass
 class Run:
+    """One run: its tidy frame, its manifest and where it lies. ``shown`` is the set of runs a notebook shows
+    with it (e.g. the newest of each GPU model), this one first."""
+
     df: Any
     manifest: dict
     path: Path
     live: bool = False
+    shown: list = field(default_factory=list, repr=False)
+
+    def __post_init__(self):
+        if not self.shown:
+            self.shown = [self]
 
     @property
     def label(self) -> str:
@@ -237,6 +245,31 @@ class Run:
         m = self.manifest
         return (f"{m.get('gpu_name')} ×{m.get('gpu_count')} · driver {m.get('driver')} · CUDA {m.get('cuda')} · "
                 f"torch {m.get('torch')} · {str(m.get('created_utc', ''))[:10]}")
+
+
+@dataclass(frozen=True)
+class NoRun:
+    """What a notebook holds where it has no GPU run to show: falsy, and it says why wherever it is shown."""
+
+    experiment: str
+    reason: str
+
+    def __bool__(self) -> bool:
+        return False
+
+    @property
+    def shown(self) -> list:
+        return []
+
+    @property
+    def line(self) -> str:
+        return f"no GPU run to show ({self.reason})"
+
+    def __str__(self) -> str:
+        return self.line
+
+    def _repr_markdown_(self) -> str:
+        return f"*{self.line}*"
 
 
 def gpu_short(source) -> str:

@@ -1,6 +1,6 @@
 """The source checks: given ``read(relpath)`` over an SGLang package folder, which state is each fix in?
 
-One function per upstream change, registered under the experiment's name, each answering one of
+One function per upstream change (each fix's record names its own), each answering one of
 :data:`sglab.sglang.upstream.STATES` with a one-line reason. They read syntax (functions and classes found by name with
 :mod:`ast`), never import SGLang, and never look at a version number: the same function classifies an installed
 package, an unpacked wheel, a wheel read through zipfile, or a checkout. ``before`` and ``regressed`` differ by the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 
-from sglab.sglang.upstream import Verdict, register
+from sglab.sglang.upstream import Verdict
 from sglab.sglang import source as S
 
 KIMI_MODEL = "srt/models/kimi_k25.py"
@@ -49,7 +49,6 @@ def inspect_kimi_wrapper(source: str, class_name: str = "KimiK25ForConditionalGe
     return found
 
 
-@register("pcg_gate", "Kimi-K2.5 wrapper: `.model` property + __setattr__ guard (#26382)")
 def pcg_gate(read) -> Verdict:
     src = read(KIMI_MODEL)
     if src is None:
@@ -89,7 +88,6 @@ def _callee_default(read) -> str:
         f" and it asserts the batch has at most {default} tokens" if guard else "")
 
 
-@register("workspace_floor", "layernorm passes max_token_num=max(x.shape[0], 2048) to the fused AR+norm (#26382)")
 def workspace_floor(read) -> Verdict:
     src, tree = _parsed(read, LAYERNORM)
     if src is None:
@@ -129,7 +127,6 @@ def _rejects_multi_request(can_run) -> bool:
                for n in ast.walk(can_run)) if can_run is not None else False
 
 
-@register("breakable_graph", "Breakable CUDA graph captures only the layer stack (#24662)")
 def breakable_graph(read) -> Verdict:
     src, tree = _parsed(read, BREAKABLE_RUNNER)
     if src is not None:
@@ -176,7 +173,6 @@ def swa_padding_zeroed(read) -> bool:
     return tree is not None and _swa_buffer_facts(tree)[1]
 
 
-@register("swa_loc", "SWA location preset before decode-graph capture (#23552, #24743)")
 def swa_loc(read) -> Verdict:
     src, tree = _parsed(read, SWA_POOL)
     if src is None:
@@ -218,7 +214,6 @@ def _grid_built_on_cpu(tree) -> bool:
                for v in S.assignments(fn, "grid_thws"))
 
 
-@register("grid_thw", "Kimi-K2.5 grid on the CPU under image_grid_thw (#22858)")
 def grid_thw(read) -> Verdict:
     src, tree = _parsed(read, KIMI_PROCESSOR)
     if src is None:
@@ -275,7 +270,6 @@ def _rounds_up(read, tree, values) -> str | None:
     return f"{chain[0]} → ceil_align" if any(S.calls(S.find(tree, n), "ceil_align") for n in chain) else None
 
 
-@register("capture_sizes", "Piecewise capture sizes aligned to the attention-TP group (#23972)")
 def capture_sizes(read) -> Verdict:
     src, tree = _parsed(read, PIECEWISE_RUNNER)
     if src is not None:

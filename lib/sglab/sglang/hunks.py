@@ -14,9 +14,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
-from sglab.sglang.upstream import data_dir, registered, run_check
-from sglab.sglang import checks as C
 from sglab.sglang import source as S
+from sglab.sglang.fix import Spec
+from sglab.sglang.upstream import data_dir, run_check
 import html
 import inspect
 
@@ -25,50 +25,15 @@ ABSENT = "# (not in this release)"
 HEADER = "# ── sglang/"
 
 
-@dataclass(frozen=True)
-class Spec:
-    """What a PR touched: ``symbols`` as ``"srt/<file>.py::Qual.name"``; ``first_with(read)`` says whether a
-    release has the change (default: the fix's check answers "pr-era")."""
-
-    fix: str
-    pr: int
-    symbols: tuple[str, ...]
-    first_with: Callable | None = None
-
-    def has_change(self, read) -> bool:
-        if self.first_with is not None:
-            return bool(self.first_with(read))
-        return run_check(self.fix, read).status == "pr-era"
+def _name(fix) -> str:
+    return fix if isinstance(fix, str) else fix.name
 
 
-def _in(path: str, *names: str) -> tuple[str, ...]:
-    return tuple(f"{path}::{n}" for n in names)
-
-
-SPECS: tuple[Spec, ...] = (
-    Spec("pcg_gate", 26382, _in(C.KIMI_MODEL, "KimiK25ForConditionalGeneration.model",
-                                "KimiK25ForConditionalGeneration.__setattr__")),
-    Spec("workspace_floor", 26382, _in(C.LAYERNORM, "_forward_with_allreduce_fusion")),
-    Spec("breakable_graph", 24662, _in(C.BREAKABLE_RUNNER, *(f"BreakableCudaGraphRunner.{m}" for m in (
-        "__init__", "_run_forward", "_build_capture_forward_batch", "can_run", "replay")))),
-    Spec("swa_loc", 23552, _in(C.DECODE_RUNNER, "DecodeInputBuffers.create",
-                               "DecodeInputBuffers.populate_from_forward_batch",
-                               "CudaGraphRunner.capture_one_batch_size")),
-    Spec("swa_loc", 24743, _in(C.DECODE_RUNNER, "DecodeInputBuffers.create",
-                               "DecodeInputBuffers.populate_from_forward_batch"), first_with=C.swa_padding_zeroed),
-    Spec("grid_thw", 22858, _in(C.KIMI_PROCESSOR, "KimiGPUProcessorWrapper._gpu_call",
-                                "KimiGPUProcessorWrapper._cpu_call")
-         + _in(C.KIMI_MODEL, "KimiK25ForConditionalGeneration.get_image_feature")),
-    Spec("capture_sizes", 23972, _in(C.PIECEWISE_RUNNER, "PiecewiseCudaGraphRunner.__init__")),
-)
-
-
-def specs(fix: str) -> list[Spec]:
-    """The hunks of ``fix``, its main PR first."""
-    found = [s for s in SPECS if s.fix == fix]
-    if not found:
-        raise KeyError(f"no PR hunk for {fix!r}; known: {sorted({s.fix for s in SPECS})}")
-    return found
+def has_change(spec: Spec, fix, read) -> bool:
+    """Whether a release (``read``) has the PR of ``spec``: its own test, else the fix's check says "pr-era"."""
+    if spec.first_with is not None:
+        return bool(spec.first_with(read))
+    return run_check(fix, read).status == "pr-era"
 
 
 @dataclass(frozen=True)
@@ -157,22 +122,22 @@ def unified(before: str, after: str, before_version: str, after_version: str) ->
                                         fromfile=f"sglang {before_version}", tofile=f"sglang {after_version}", n=3))
 
 
-def find_window(spec: Spec, versions: list[str], reader_for) -> tuple[str, str]:
+def find_window(spec: Spec, fix, versions: list[str], reader_for) -> tuple[str, str]:
     """(last release without the change, first release with it) among ``versions`` (oldest first)."""
     for i, v in enumerate(versions):
-        if spec.has_change(reader_for(v)):
+        if has_change(spec, fix, reader_for(v)):
             if i == 0:
-                raise ValueError(f"{spec.fix} #{spec.pr}: already in {v}, the oldest release read")
+                raise ValueError(f"{_name(fix)} #{spec.pr}: already in {v}, the oldest release read")
             return versions[i - 1], v
-    raise ValueError(f"{spec.fix} #{spec.pr}: no release among {versions[0]}..{versions[-1]} has it")
+    raise ValueError(f"{_name(fix)} #{spec.pr}: no release among {versions[0]}..{versions[-1]} has it")
 
 
-def build(spec: Spec, before: tuple, after: tuple) -> Hunk:
+def build(spec: Spec, fix: str, before: tuple, after: tuple) -> Hunk:
     """``before``/``after`` are ``(version, read, wheel_facts)``."""
     (bv, bread, bfacts), (av, aread, afacts) = before, after
     btext, atext = side_text(bread, spec.symbols), side_text(aread, spec.symbols)
     keep = lambda f: {k: f[k] for k in ("wheel", "sha256", "build_date") if k in f}  # noqa: E731
-    return Hunk(spec.fix, spec.pr, spec.symbols, bv, av, btext, atext, unified(btext, atext, bv, av),
+    return Hunk(fix, spec.pr, spec.symbols, bv, av, btext, atext, unified(btext, atext, bv, av),
                 keep(bfacts), keep(afacts))
 
 
@@ -194,10 +159,11 @@ def write(hunk: Hunk, root: Path | None = None) -> Path:
     return stem.parent
 
 
-def load(fix: str, pr: int | None = None, *, root: Path | None = None) -> Hunk:
-    """The committed hunk of ``fix`` (its main PR, or ``pr``), as released."""
-    pr = pr or specs(fix)[0].pr
-    stem = _stem(fix, pr, root)
+def load(fix, pr: int | None = None, *, root: Path | None = None) -> Hunk:
+    """The committed hunk of ``fix`` (a record or a name; its main PR, or ``pr``), as released."""
+    if pr is None:
+        pr = fix.prs[0] if not isinstance(fix, str) else _main_pr(fix, root)
+    stem = _stem(_name(fix), pr, root)
     meta_path = stem.with_suffix(".json")
     if not meta_path.exists():
         raise FileNotFoundError(f"no committed hunk {meta_path} (sglab upstream --releases writes it)")
@@ -207,8 +173,17 @@ def load(fix: str, pr: int | None = None, *, root: Path | None = None) -> Hunk:
                 Path(f"{stem}.diff").read_text(), meta["before_wheel"], meta["after_wheel"])
 
 
-def generate(versions: list[str], wheels: dict, root: Path | None = None) -> list[Hunk]:
-    """Find every PR's window among ``versions`` (oldest first) in the wheels ``{version: path}``, write each hunk."""
+def _main_pr(name: str, root: Path | None) -> int:
+    """The main (first, lowest-numbered) PR committed for a fix name."""
+    found = sorted(int(p.stem[2:]) for p in (Path(root or data_dir()) / name).glob("pr*.json"))
+    if not found:
+        raise FileNotFoundError(f"no committed hunk for {name!r} under {Path(root or data_dir()) / name}")
+    return found[0]
+
+
+def generate(fixes, versions: list[str], wheels: dict, root: Path | None = None) -> list[Hunk]:
+    """Find every PR's window among ``versions`` (oldest first) in the wheels ``{version: path}``, write each
+    hunk; ``fixes`` are the records (each with its hunk specs)."""
     from sglab.sglang.wheels import WheelReader, wheel_facts
 
     readers = {}
@@ -220,9 +195,9 @@ def generate(versions: list[str], wheels: dict, root: Path | None = None) -> lis
 
     out = []
     try:
-        for spec in SPECS:
-            bv, av = find_window(spec, versions, reader_for)
-            hunk = build(spec, (bv, reader_for(bv), wheel_facts(wheels[bv])),
+        for fix, spec in ((f, sp) for f in fixes for sp in f.hunks):
+            bv, av = find_window(spec, fix, versions, reader_for)
+            hunk = build(spec, fix.name, (bv, reader_for(bv), wheel_facts(wheels[bv])),
                          (av, reader_for(av), wheel_facts(wheels[av])))
             write(hunk, root)
             out.append(hunk)
@@ -232,7 +207,7 @@ def generate(versions: list[str], wheels: dict, root: Path | None = None) -> lis
     return out
 
 
-def show(fix: str, pr: int | None = None):
+def show(fix, pr: int | None = None):
     """The committed hunk of ``fix`` rendered for a notebook (HTML with +/- colouring; plain text elsewhere)."""
     from sglab.sglang.hunks import Rendered, hunk_html, hunk_text
 
@@ -240,17 +215,11 @@ def show(fix: str, pr: int | None = None):
     return Rendered(hunk_html(hunk), hunk_text(hunk))
 
 
-def beside(fix: str, rebuilt, *, pr: int | None = None, symbol: str | None = None, side: str = "after"):
+def beside(fix, rebuilt, *, pr: int | None = None, symbol: str | None = None, side: str = "after"):
     """The released ``symbol`` of ``fix``'s hunk next to the rebuilt function or class (``rebuilt``)."""
     from sglab.sglang.hunks import render_beside as _beside
 
     return _beside(load(fix, pr), rebuilt, symbol=symbol, side=side)
-
-
-def fixes() -> list[str]:
-    """Fixes with a PR hunk, in the notebooks' order."""
-    have = {s.fix for s in SPECS}
-    return [f for f in registered() if f in have]
 
 
 # --------------------------------------------------------------------------------------------------

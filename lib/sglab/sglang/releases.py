@@ -109,8 +109,9 @@ def deps_dir(name: str) -> Path:
 
 
 def parse_version(version: str) -> tuple:
-    """``"0.5.12.post1"`` -> ``(0, 5, 12, 1)``; comparable tuples (a ``.postN`` sorts after its release)."""
-    m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?", version)
+    """``"0.5.12.post1"`` -> ``(0, 5, 12, 1)``: the one parser of release numbers; the tuples compare as the
+    releases do (a ``.postN`` after its release). Pre-releases (rc, dev) and other forms raise ValueError."""
+    m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?", str(version))
     if not m:
         raise ValueError(f"not a release version: {version!r} (expected e.g. 0.5.12 or 0.5.12.post1)")
     return tuple(int(g) if g is not None else 0 for g in m.groups())

@@ -1,6 +1,6 @@
 """SGLang read as source text — never imported (its import pulls a heavy GPU stack).
 
-Each fix has one check in :mod:`sglab.sglang.checks`: given ``read(relpath)`` over an SGLang package folder
+Each fix's record has one check (``Fix.check``): given ``read(relpath)`` over an SGLang package folder
 (the installed one, a checkout's ``python/sglang``, or a released wheel read with zipfile), it returns a
 :class:`Verdict` — one state of :data:`STATES` and a one-line reason. The same checks classify the installed
 SGLang (:func:`check`, :func:`check_all`), a source tree (``root=``), and every release
@@ -96,61 +96,35 @@ def read(relpath: str, *, root: Path | None = None) -> str | None:
         return None
 
 
-_REGISTRY: dict[str, tuple[str, Callable[[Reader], Verdict]]] = {}
-
-
-def register(key: str, title: str):
-    """Decorator: register ``fn(read) -> Verdict`` as the upstream check for ``key``."""
-
-    def deco(fn):
-        _REGISTRY[key] = (title, fn)
-        return fn
-
-    return deco
-
-
-def registered() -> dict[str, str]:
-    """``{fix: title}`` in registration order (the notebooks' order)."""
-    return {k: t for k, (t, _) in _REGISTRY.items()}
-
-
-def run_check(key: str, read_fn: Reader) -> Verdict:
-    """The check of ``key`` on one reader; a check that raises answers "unknown" with the error as its reason."""
-    if key not in _REGISTRY:
-        raise KeyError(f"no upstream check registered for {key!r}; known: {sorted(_REGISTRY)}")
-    _, fn = _REGISTRY[key]
+def run_check(fix, read_fn: Reader) -> Verdict:
+    """``fix.check`` on one reader; a check that raises answers "unknown" with the error as its reason."""
     try:
-        return fn(read_fn)
+        return fix.check(read_fn)
     except Exception as e:  # noqa: BLE001 - a broken check must not break a notebook or a table
         return Verdict("unknown", f"check failed: {type(e).__name__}: {e}".replace("\n", " "))
 
 
-def classify(read_fn: Reader) -> dict[str, Verdict]:
-    """Every registered check on one reader: ``{fix: Verdict}``."""
-    return {key: run_check(key, read_fn) for key in _REGISTRY}
+def classify(fixes, read_fn: Reader) -> dict[str, Verdict]:
+    """Every fix's check on one reader: ``{fix name: Verdict}``."""
+    return {f.name: run_check(f, read_fn) for f in fixes}
 
 
-def check(key: str, *, root: Path | None = None) -> Verdict:
-    """Run the check registered for ``key`` against the installed SGLang (or a source tree at ``root``)."""
-    if key not in _REGISTRY:
-        raise KeyError(f"no upstream check registered for {key!r}; known: {sorted(_REGISTRY)}")
+def check(fix, *, root: Path | None = None) -> Verdict:
+    """The fix's check against the installed SGLang (or a source tree at ``root``)."""
     if root is None and installed() is None:
         return Verdict("not-installed", "SGLang is not installed here (pip install 'sglab[sglang]' to compare)")
     if root is not None and not (Path(root) / "srt").is_dir():
         return Verdict("unknown", f"{root} is not an SGLang package folder (no srt/ in it)")
-    return run_check(key, lambda rel: read(rel, root=root))
+    return run_check(fix, lambda rel: read(rel, root=root))
 
 
-def check_all(*, root: Path | None = None):
+def check_all(fixes, *, root: Path | None = None):
     import pandas as pd
 
     inst = installed() if root is None else None
     rows = []
-    for key, (title, _) in _REGISTRY.items():
-        v = check(key, root=root)
-        rows.append({"check": key, "title": title, "status": v.status, "detail": v.detail,
+    for f in fixes:
+        v = check(f, root=root)
+        rows.append({"check": f.name, "title": f.title, "status": v.status, "detail": v.detail,
                      "sglang": inst.version if inst else (str(root) if root else None)})
     return pd.DataFrame(rows, columns=["check", "title", "status", "detail", "sglang"])
-
-
-from sglab.sglang import checks  # noqa: E402,F401  (registers the checks of every fix)

@@ -19,8 +19,8 @@ import zipfile
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from sglab.sglang.upstream import classify, data_dir, registered
-from sglab.sglang.upstream import RELEASE_STATES, registered
+from sglab.sglang.releases import parse_version
+from sglab.sglang.upstream import RELEASE_STATES, classify, data_dir
 
 
 PACKAGE = "sglang"
@@ -35,6 +35,10 @@ class NoNetwork(RuntimeError):
     """pip could not reach the package index (or is missing); the message is one line."""
 
 
+class NoSuchRelease(ValueError):
+    """The package index has no such SGLang release."""
+
+
 def cache_dir() -> Path:
     from sglab.core import runs
 
@@ -45,24 +49,25 @@ def table_path() -> Path:
     return data_dir() / "releases.csv"
 
 
-def columns() -> list[str]:
-    """The CSV's columns: the wheel's facts, then ``<fix>`` and ``<fix>_reason`` per registered fix."""
-    return [*META, *(c for fix in registered() for c in (fix, f"{fix}_reason"))]
+def _names(fixes) -> list[str]:
+    return [f if isinstance(f, str) else f.name for f in fixes]
+
+
+def columns(fixes) -> list[str]:
+    """The CSV's columns: the wheel's facts, then ``<fix>`` and ``<fix>_reason`` per fix (records or names)."""
+    return [*META, *(c for fix in _names(fixes) for c in (fix, f"{fix}_reason"))]
+
+
+def fix_names(frame) -> list[str]:
+    """The fixes a release table has columns for, in its order."""
+    return [c for c in frame.columns if f"{c}_reason" in frame.columns]
 
 
 # -- versions ---------------------------------------------------------------------------------------------------
-def version_key(version: str) -> tuple:
-    """Sort key of a release number: 0.5.10 < 0.5.10.post1 < 0.5.11 (no pre-releases here)."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)*)(?:\.post(\d+))?", version)
-    if not m:
-        raise ValueError(f"not a final release number: {version!r}")
-    return tuple(int(x) for x in m.group(1).split(".")), int(m.group(2) or -1)
-
-
 def select(versions) -> list[str]:
     """Final releases from :data:`FIRST` on, sorted; pre-releases (rc, a, b, dev) are skipped."""
-    finals = {v for v in versions if re.fullmatch(r"\d+(?:\.\d+)*(?:\.post\d+)?", v)}
-    return sorted((v for v in finals if version_key(v) >= version_key(FIRST)), key=version_key)
+    finals = {v for v in versions if re.fullmatch(r"\d+\.\d+\.\d+(?:\.post\d+)?", v)}
+    return sorted((v for v in finals if parse_version(v) >= parse_version(FIRST)), key=parse_version)
 
 
 def _pip(args: list[str], timeout: float) -> str:
@@ -73,6 +78,8 @@ def _pip(args: list[str], timeout: float) -> str:
         raise NoNetwork(f"pip {args[0]}: {type(e).__name__}: {e}".splitlines()[0]) from None
     if out.returncode != 0:
         lines = [ln for ln in out.stderr.splitlines() if ln.startswith("ERROR")] or out.stderr.splitlines() or ["?"]
+        if "No matching distribution found" in out.stderr:
+            raise NoSuchRelease(lines[-1].removeprefix("ERROR: ").strip())
         raise NoNetwork(f"pip {args[0]} failed: {lines[-1].strip()}")
     return out.stdout
 
@@ -140,36 +147,38 @@ def wheel_facts(path: Path) -> dict:
     return {"wheel": path.name, "sha256": digest.hexdigest(), "build_date": datetime(*newest).isoformat()}
 
 
-def classify_wheel(version: str, path: Path) -> dict:
+def classify_wheel(version: str, path: Path, fixes) -> dict:
     """One row of the release table: the wheel's facts, then each fix's state and reason."""
     row = {"version": version, **wheel_facts(path)}
     with WheelReader(path) as read:
-        for fix, v in classify(read).items():
+        for fix, v in classify(fixes, read).items():
             row[fix], row[f"{fix}_reason"] = v.status, v.detail
     return row
 
 
 # -- the committed table ----------------------------------------------------------------------------------------
-def load_table(path: Path | None = None):
-    """The committed release table (every value a string), oldest release first."""
+def load_table(path: Path | None = None, fixes=None):
+    """The committed release table (every value a string), oldest release first; with ``fixes``, checked to
+    have a column for each."""
     import pandas as pd
 
     path = Path(path or table_path())
     if not path.exists():
         raise FileNotFoundError(f"no release table at {path} (sglab upstream --releases writes it)")
     df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    missing = [c for c in columns() if c not in df.columns]
+    missing = [c for c in columns(fixes or []) if c not in df.columns]
     if missing:
         raise ValueError(f"{path}: missing columns {missing}")
-    return df.sort_values("version", key=lambda s: s.map(version_key)).reset_index(drop=True)
+    return df.sort_values("version", key=lambda s: s.map(parse_version)).reset_index(drop=True)
 
 
 def write_table(frame, path: Path | None = None) -> Path:
     """Write the table atomically (temporary file, then rename), in :func:`columns` order."""
+    order = columns(fix_names(frame))
     path = Path(path or table_path())
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    frame[columns()].to_csv(tmp, index=False, lineterminator="\n")
+    frame[order].to_csv(tmp, index=False, lineterminator="\n")
     tmp.replace(path)
     return path
 
@@ -185,6 +194,7 @@ class Timeline:
     notes: list[str] = field(default_factory=list)
     complete: bool = False
     wheels: dict = field(default_factory=dict)  # version -> cached wheel path, for the hunks
+    unknown: list = field(default_factory=list)  # asked for, but the package index has no such release
 
 
 def _release_list(versions, offline, lister, notes) -> tuple[list[str], bool, bool]:
@@ -192,7 +202,7 @@ def _release_list(versions, offline, lister, notes) -> tuple[list[str], bool, bo
     if offline:
         notes.append("offline: nothing downloaded")
     if versions:
-        return sorted(set(versions), key=version_key), False, not offline
+        return sorted(set(versions), key=parse_version), False, not offline
     if offline:
         return [], False, False
     try:
@@ -204,7 +214,7 @@ def _release_list(versions, offline, lister, notes) -> tuple[list[str], bool, bo
     return found, True, True
 
 
-def timeline(versions=None, *, offline: bool = False, cache: Path | None = None, table: Path | None = None,
+def timeline(fixes, versions=None, *, offline: bool = False, cache: Path | None = None, table: Path | None = None,
              lister=list_versions, fetch=download, progress: bool = True) -> Timeline:
     """Classify releases: each from its wheel (cached, else downloaded), else from the committed table.
 
@@ -216,26 +226,29 @@ def timeline(versions=None, *, offline: bool = False, cache: Path | None = None,
 
     cache = Path(cache or cache_dir())
     notes: list[str] = []
-    committed = _committed(table, notes)
+    committed = _committed(table, notes, fixes)
     wanted, from_index, network = _release_list(versions, offline, lister, notes)
     if not wanted:
         wanted = select(set(committed) | {p.name.split("-")[1] for p in cache.glob(f"{PACKAGE}-*.whl")})
         notes.append(f"release list: committed table + cached wheels ({len(wanted)} releases; newer releases "
                      "on the index are not seen without network)")
     rows, wheels = [], {}
-    fetched, from_table, missing = [], [], []
+    fetched, from_table, missing, unknown = [], [], [], []
     for v in tqdm(wanted, desc="SGLang wheels", unit="release", disable=not progress, leave=False):
         path = cached(v, cache)
         if path is None and network:
             try:
                 path = fetch(v, cache)
                 fetched.append(v)
+            except NoSuchRelease:
+                unknown.append(v)
+                continue
             except NoNetwork as e:
                 network = False
                 notes.append(f"no network ({e})")
         if path is not None:
             wheels[v] = path
-            rows.append({**classify_wheel(v, path), "source": "wheel"})
+            rows.append({**classify_wheel(v, path, fixes), "source": "wheel"})
         elif v in committed:
             rows.append({**committed[v], "source": "table"})
             from_table.append(v)
@@ -248,14 +261,16 @@ def timeline(versions=None, *, offline: bool = False, cache: Path | None = None,
         notes.append(f"taken from the committed table (no wheel here): {', '.join(from_table)}")
     if missing:
         notes.append(f"not shown (no wheel and not in the committed table): {', '.join(missing)}")
-    frame = pd.DataFrame(rows, columns=[*columns(), "source"])
+    if unknown:
+        notes.append(f"no such SGLang release on the package index: {', '.join(unknown)}")
+    frame = pd.DataFrame(rows, columns=[*columns(fixes), "source"])
     complete = versions is None and from_index and not from_table and not missing
-    return Timeline(frame, notes, complete, wheels)
+    return Timeline(frame, notes, complete, wheels, unknown)
 
 
-def _committed(table, notes) -> dict:
+def _committed(table, notes, fixes) -> dict:
     try:
-        df = load_table(table)
+        df = load_table(table, fixes)
     except (FileNotFoundError, ValueError) as e:
         notes.append(f"committed table not usable: {e}")
         return {}
@@ -264,13 +279,13 @@ def _committed(table, notes) -> dict:
 
 def summary(frame) -> "object":
     """The table as a person reads it: one row per release, one state per fix."""
-    return frame[["version", "build_date", *registered()]].assign(build_date=frame["build_date"].str[:10])
+    return frame[["version", "build_date", *fix_names(frame)]].assign(build_date=frame["build_date"].str[:10])
 
 
 def changes(frame) -> list[tuple[str, str, str, str]]:
     """``(fix, version, state, reason)`` wherever a fix's state or reason differs from the release before."""
     out = []
-    for fix in registered():
+    for fix in fix_names(frame):
         prev = None
         for r in frame.to_dict("records"):
             now = (r[fix], r[f"{fix}_reason"])
@@ -282,9 +297,9 @@ def changes(frame) -> list[tuple[str, str, str, str]]:
 
 def timeline_row(fix: str, frame=None):
     """One fix across the releases (committed table by default): ``version, build_date, state, reason``."""
-    if fix not in registered():
-        raise KeyError(f"no fix {fix!r}; known: {list(registered())}")
     frame = load_table() if frame is None else frame
+    if fix not in fix_names(frame):
+        raise KeyError(f"no fix {fix!r} in the release table; known: {fix_names(frame)}")
     return (frame[["version", "build_date", fix, f"{fix}_reason"]]
             .rename(columns={fix: "state", f"{fix}_reason": "reason"}).reset_index(drop=True))
 
@@ -336,7 +351,7 @@ def timeline_figure(frame=None, *, fixes=None, ax=None):
     from sglab.core import plots
 
     frame = _table(frame)
-    fixes = list(fixes or registered())
+    fixes = _names(fixes or fix_names(frame))
     if ax is None:
         fig, ax = plots.figure(width=max(7.0, 0.48 * len(frame) + 2.5), height=0.42 * len(fixes) + 1.9)
     fig = ax.figure
@@ -360,13 +375,16 @@ def timeline_figure(frame=None, *, fixes=None, ax=None):
     return fig
 
 
-def timeline_row_figure(fix: str, frame=None, *, ax=None):
-    """One fix across the releases: a coloured strip, each run of equal states labelled where it starts."""
+def timeline_row_figure(fix, frame=None, *, ax=None):
+    """One fix (a record, or a name) across the releases: a coloured strip, each run of equal states labelled
+    where it starts."""
     from sglab.core import plots
 
     frame = _table(frame)
+    title = "" if isinstance(fix, str) else fix.title
+    fix = _names([fix])[0]
     if fix not in frame.columns:
-        raise KeyError(f"no column {fix!r} in the release table; fixes: {list(registered())}")
+        raise KeyError(f"no column {fix!r} in the release table; fixes: {fix_names(frame)}")
     if ax is None:
         fig, ax = plots.figure(width=max(7.0, 0.45 * len(frame) + 1.5), height=1.9)
     fig = ax.figure
@@ -387,6 +405,6 @@ def timeline_row_figure(fix: str, frame=None, *, ax=None):
     ax.tick_params(length=0)
     for side in ("left", "bottom"):
         ax.spines[side].set_visible(False)
-    ax.set_title(f"{fix}: {registered().get(fix, '')}", fontsize=10)
+    ax.set_title(f"{fix}: {title}" if title else fix, fontsize=10)
     _caption(fig, frame)
     return fig

@@ -45,51 +45,9 @@ def _parse_params(items: list[str]) -> dict:
 
 
 # -- env ------------------------------------------------------------------------------------------------------
-def env_report() -> list[tuple[str, str]]:
-    """(item, value) pairs describing this machine for the workbook."""
-    from sglab.core import bytecode, hardware
-    from sglab.sglang import upstream
-    from sglab.core import kernels
-    from sglab.sglang import real_release_rows
-
-    rows = []
-    sw = hardware.software()
-    gpus = hardware.gpus() if hardware.has_cuda() else ()
-    rows.append(("GPUs", f"{len(gpus)}" + "".join(f"\n  {g.index}: {g.name} {g.memory_mib} MiB {g.uuid}" for g in gpus)))
-    rows.append(("driver", sw["driver"] or "not found (no NVML)"))
-    rows.append(("torch / CUDA", f"{sw['torch']} / {sw['cuda'] or 'CPU build'}"))
-    rows.append(("python", sw["python"]))
-    rows.append(("bytecode", bytecode.describe()))
-    try:
-        import pynvml  # noqa: F401  (is it importable?)
-
-        nvml = "nvidia-ml-py importable" + (", NVML initialised" if hardware._nvml() else ", NVML not usable here")
-    except ImportError:
-        nvml = "nvidia-ml-py not installed"
-    rows.append(("NVML", nvml))
-    try:
-        from cuda.bindings import driver  # noqa: F401
-        import cuda.bindings
-
-        cb = f"cuda-bindings {getattr(cuda.bindings, '__version__', '?')}"
-    except ImportError:
-        cb = "not installed (static kernel counting unavailable)"
-    rows.append(("cuda-bindings", cb))
-    backend, why = kernels.nsight_backend()
-    rows.append(("nsight timing", f"{backend} — {why}"))
-    inst = upstream.installed()
-    rows.append(("sglang", f"{inst.version} at {inst.root}" if inst else "not installed (upstream checks skipped)"))
-    rows += real_release_rows()
-    for mod in ("nbclient", "jupytext", "ipykernel", "nbconvert"):
-        try:
-            m = importlib.import_module(mod)
-            rows.append((mod, getattr(m, "__version__", "installed")))
-        except ImportError:
-            rows.append((mod, "not installed"))
-    return rows
-
-
 def cmd_env(_args) -> int:
+    from sglab.tools.report import env_report
+
     for k, v in env_report():
         print(f"{k:>14}: {v}")
     return 0
@@ -97,62 +55,33 @@ def cmd_env(_args) -> int:
 
 def cmd_real(args) -> int:
     if args.action == "record":
-        from sglab.tools import real_record as real_probes
+        from sglab.tools import real_record
 
-        return real_probes.main(args.rest)
+        return real_record.main(args.rest)
+    if args.action == "gpu":
+        from sglab.core.bytecode import enable
+        from sglab.sglang.gpu import record
+        from sglab.tools.fixes import FIXES
+
+        enable()  # the probe processes import torch and a release each: keep their bytecode
+        p = argparse.ArgumentParser(prog="sglab real gpu", description="real SGLang code on this machine's "
+                                    "GPUs, one run per fix (data/runs/real_<fix>/)")
+        record.add_arguments(p)
+        return record.record(FIXES, p.parse_args(args.rest))
     from sglab.sglang import install
 
     return install.main(args.rest)
 
 
 # -- record ---------------------------------------------------------------------------------------------------
-def load_experiment(name: str):
-    try:
-        return importlib.import_module(f"sglab.experiments.{name}")
-    except ModuleNotFoundError as e:
-        if e.name == f"sglab.experiments.{name}":
-            from sglab.tools.catalog import NOTEBOOKS
-
-            known = sorted(e.experiment for e in NOTEBOOKS if e.experiment)
-            raise SystemExit(f"unknown experiment {name!r}; known: {', '.join(known)}") from None
-        raise
-
-
-def gpus_for(module, params: dict) -> int:
-    for key in ("world_size", "tp_size"):
-        if key in params:
-            return int(params[key])
-    return int(getattr(module, "GPUS", 1))
-
-
-def record(name: str, params: dict | None = None, *, recorded: bool = False, progress: bool = True) -> Path:
-    from sglab.core import hardware, runs
-
-    mod = load_experiment(name)
-    merged = {**getattr(mod, "DEFAULT_PARAMS", {}), **(params or {})}
-    unknown = set(params or {}) - set(getattr(mod, "DEFAULT_PARAMS", {}))
-    if unknown:
-        raise SystemExit(f"unknown parameter(s) for {name}: {sorted(unknown)}; "
-                         f"known: {sorted(getattr(mod, 'DEFAULT_PARAMS', {}))}")
-    need = gpus_for(mod, merged)
-    ok, why = hardware.meets(need)
-    if not ok:
-        raise SystemExit(f"cannot record {name} live: {why}")
-    from sglab.core import timing as phases
-
-    phases.take()
-    t0 = time.perf_counter()
-    out = runs.Measured.of(mod.run(merged, progress=progress))
-    root = runs.data_dir("recorded") if recorded else None
-    extra = {**out.extra, "duration_s": round(time.perf_counter() - t0, 1), "phases_s": phases.take()}
-    path = runs.write_run(out.df, experiment=mod.EXPERIMENT, method_version=mod.METHOD_VERSION, params=merged,
-                          root=root, gpu_count=need, extra=extra, sidecars=out.sidecars)
-    print(f"[sglab] {name}: {len(out.df)} rows in {time.perf_counter() - t0:.1f} s → {path}")
-    return path
-
-
 def cmd_record(args) -> int:
-    record(args.experiment, _parse_params(args.param), recorded=args.recorded, progress=not args.quiet)
+    from sglab.tools import fixes, verify
+
+    try:
+        verify.record(args.experiment, _parse_params(args.param), recorded=args.recorded, progress=not args.quiet)
+    except (fixes.UnknownFix, verify.BadInput) as e:
+        print(f"sglab record: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -372,8 +301,9 @@ def _evidence_commands(sub) -> None:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_verify)
     p = sub.add_parser("real", help="real SGLang releases side by side: `sglab real install [--releases V ...]`, "
-                       "`sglab real record` (the notebooks' probe answers, for recorded mode)")
-    p.add_argument("action", choices=["install", "record"])
+                       "`sglab real record` (the notebooks' probe answers, for recorded mode), `sglab real gpu` (real code "
+                       "on this machine's GPUs)")
+    p.add_argument("action", choices=["install", "record", "gpu"])
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_real)
 

@@ -1,4 +1,4 @@
-"""The README's notebook index, generated from the catalog and the committed recorded runs.
+"""The README's notebook index, generated from the notebooks (:mod:`sglab.tools.fixes`) and the committed recorded runs.
 
 Each row is the catalog's claim followed by the experiment's headline over the runs a reader is shown, both from
 :mod:`sglab.core.claims` (the same sentence a notebook's first screen shows; numbers computed, never typed in).
@@ -8,37 +8,32 @@ matches what the committed runs say.
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
-from sglab.tools import catalog
 from sglab.core import claims, runs
+from sglab.tools import fixes
 
 START, END = "<!-- index:start -->", "<!-- index:end -->"
 HEADER = ("| notebook | upstream | claim · headline (computed from data/recorded/) | GPUs |\n"
           "|---|---|---|---|")
 
 
-def _gpus(e: catalog.Entry) -> str:
+def _gpus(e: fixes.Notebook) -> str:
     return {0: "0", 1: "1"}.get(e.gpus, f"{e.gpus}–4")
 
 
-def row(e: catalog.Entry) -> str:
+def row(e: fixes.Notebook) -> str:
     text = e.claim
     if e.experiment:
-        recorded = runs.load_all_recorded(e.experiment)
-        try:
-            shown = claims.shown(e.experiment, recorded)
-            text = f"{e.claim} {claims.headline(e.experiment, shown)}" if shown else text + " (no recorded run yet)"
-        except claims.ClaimsError:  # an experiment without a claims module yet: its own headline
-            mod = importlib.import_module(f"sglab.experiments.{e.experiment}")
-            text = mod.headline(recorded) if recorded else text + " (no recorded run yet)"
+        mod = fixes.claims(e.experiment)
+        shown = claims.shown(mod, runs.load_all_recorded(e.experiment))
+        text = f"{e.claim} {claims.headline(mod, shown)}" if shown else text + " (no recorded run yet)"
     text = " ".join(str(text).split()).replace("|", "\\|")
     return f"| `{e.stem}` | {e.upstream} | {text} | {_gpus(e)} |"
 
 
 def index_block() -> str:
-    return "\n".join([START, HEADER, *(row(e) for e in catalog.NOTEBOOKS), END])
+    return "\n".join([START, HEADER, *(row(e) for e in fixes.NOTEBOOKS), END])
 
 
 def readme_path() -> Path:

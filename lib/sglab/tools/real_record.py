@@ -1,7 +1,7 @@
 """The real-release probes the notebooks show, in one list, and ``sglab real record``, which records their answers.
 
-Each notebook's real section calls one probe on the releases that straddle its fix (``<fix>/real.py``:
-``RELEASES`` and the parameters). :func:`calls` lists exactly those calls, so a recording
+Each notebook's real section calls one probe on the releases that straddle its fix (the record's ``probe``:
+function, releases and parameters). :func:`calls` lists exactly those calls, so a recording
 (:mod:`sglab.sglang.store`) holds what the notebooks will ask for, and a test can replay every one of them live.
 """
 
@@ -13,16 +13,10 @@ from typing import Optional
 
 
 def calls() -> list[tuple[str, Optional[dict], tuple]]:
-    """``(probe, params, releases)`` of every notebook's real section, in notebook order."""
-    from sglab.experiments.breakable_graph import real as bg
-    from sglab.experiments.capture_sizes import real as cs
-    from sglab.experiments.grid_thw import real as gt
-    from sglab.experiments.pcg_gate import real as pg
-    from sglab.experiments.swa_loc import real as sl
-    from sglab.experiments.workspace_floor import real as wf
+    """``(probe, params, releases)`` of every notebook's real section, in notebook order (each fix's record)."""
+    from sglab.tools.fixes import FIXES
 
-    return [(pg.PROBE, None, pg.RELEASES), (wf.PROBE, wf.params(), wf.RELEASES), (bg.PROBE, None, bg.RELEASES),
-            (sl.PROBE, None, sl.RELEASES), (gt.PROBE, None, gt.RELEASES), (cs.PROBE, cs.params(), cs.RELEASES)]
+    return [(f.probe.fn, f.probe.resolved_params(), f.probe.releases) for f in FIXES if f.probe is not None]
 
 
 def record(*, jobs: int = 2, progress=print):

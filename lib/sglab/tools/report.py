@@ -11,6 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 from sglab.tools import timings
+import importlib
 import html
 import json
 from datetime import datetime, timezone
@@ -115,8 +116,6 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None, c
                 progress(f"stopped: {len(paths) - i} notebook(s) not run")
                 break
     if env_rows is None:
-        from sglab.tools.cli import env_report
-
         env_rows = env_report()
     write_index(results, out, env_rows)
     return results
@@ -145,17 +144,19 @@ def claim_facts(entry, result=None) -> dict:
     """Claim, headline and verdict lines of a catalog entry: over this report's live runs when the notebook ran
     live (runs written since it started), else over the recorded runs a reader is shown."""
     from sglab.core import claims, runs
+    from sglab.tools import fixes
 
     facts = {"claim": entry.claim if entry else "", "headline": "", "verdicts": [], "source": ""}
     if entry is None or not entry.experiment:
         return facts
     exp = entry.experiment
     try:
+        mod = fixes.claims(exp)
         live = _live_runs(exp, result)
-        shown = live or claims.shown(exp, runs.load_all_recorded(exp))
+        shown = live or claims.shown(mod, runs.load_all_recorded(exp))
         facts["source"] = "measured live in this run" if live else "recorded runs"
-        facts["headline"] = claims.headline(exp, shown) if shown else "no recorded run yet"
-        facts["verdicts"] = [claims.verdict_line(claims.evaluate(exp, r), r) for r in shown]
+        facts["headline"] = claims.headline(mod, shown) if shown else "no recorded run yet"
+        facts["verdicts"] = [claims.verdict_line(claims.evaluate(mod, r), r) for r in shown]
     except Exception as e:  # noqa: BLE001 - a claims module that cannot read a run must not lose the report
         facts["headline"] = f"headline unavailable: {type(e).__name__}: {e}"
     return facts
@@ -179,7 +180,7 @@ def _card_status(r) -> str:
 
 def card(r, live_time: str) -> str:
     """The HTML of one notebook's card."""
-    from sglab.tools.catalog import by_stem
+    from sglab.tools.fixes import by_stem
 
     entry = by_stem(r.path.stem)
     facts = claim_facts(entry, r)
@@ -297,3 +298,52 @@ def thumbnail(png: bytes, width: int = 360) -> bytes:
 
 def data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+# --------------------------------------------------------------------------------------------------
+# the environment of a run (`sglab env`, the report's last section)
+# --------------------------------------------------------------------------------------------------
+def env_report() -> list[tuple[str, str]]:
+    """(item, value) pairs describing this machine for the workbook."""
+    from sglab.core import bytecode, hardware
+    from sglab.sglang import upstream
+    from sglab.core import kernels
+    from sglab.sglang import real_release_rows
+
+    rows = []
+    sw = hardware.software()
+    gpus = hardware.gpus() if hardware.has_cuda() else ()
+    rows.append(("GPUs", f"{len(gpus)}" + "".join(f"\n  {g.index}: {g.name} {g.memory_mib} MiB {g.uuid}" for g in gpus)))
+    rows.append(("driver", sw["driver"] or "not found (no NVML)"))
+    rows.append(("torch / CUDA", f"{sw['torch']} / {sw['cuda'] or 'CPU build'}"))
+    rows.append(("python", sw["python"]))
+    rows.append(("bytecode", bytecode.describe()))
+    try:
+        import pynvml  # noqa: F401  (is it importable?)
+
+        nvml = "nvidia-ml-py importable" + (", NVML initialised" if hardware._nvml() else ", NVML not usable here")
+    except ImportError:
+        nvml = "nvidia-ml-py not installed"
+    rows.append(("NVML", nvml))
+    try:
+        from cuda.bindings import driver  # noqa: F401
+        import cuda.bindings
+
+        cb = f"cuda-bindings {getattr(cuda.bindings, '__version__', '?')}"
+    except ImportError:
+        cb = "not installed (static kernel counting unavailable)"
+    rows.append(("cuda-bindings", cb))
+    backend, why = kernels.nsight_backend()
+    rows.append(("nsight timing", f"{backend} — {why}"))
+    inst = upstream.installed()
+    rows.append(("sglang", f"{inst.version} at {inst.root}" if inst else "not installed (upstream checks skipped)"))
+    rows += real_release_rows()
+    for mod in ("nbclient", "jupytext", "ipykernel", "nbconvert"):
+        try:
+            m = importlib.import_module(mod)
+            rows.append((mod, getattr(m, "__version__", "installed")))
+        except ImportError:
+            rows.append((mod, "not installed"))
+    return rows
+
+

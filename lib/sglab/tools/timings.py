@@ -72,7 +72,7 @@ def measure_rows(result) -> list[dict]:
     from their manifests' ``phases_s``, as ``measure_s`` rows: they happen inside the cells' wall time, so they
     are a breakdown of it, not more of it."""
     from sglab.core import runs
-    from sglab.tools.catalog import by_stem
+    from sglab.tools.fixes import by_stem
 
     entry = by_stem(result.path.stem)
     if result.mode != "live" or entry is None or not entry.experiment or result.started is None:

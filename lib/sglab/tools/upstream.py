@@ -23,36 +23,52 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --releases: where to save the timeline figure ('' for none)")
 
 
+def _fail(message: str) -> int:
+    import sys
+
+    print(f"sglab upstream: {message}", file=sys.stderr)
+    return 2
+
+
 def run(args) -> int:
     if args.releases is None:
         return _one_tree(args)
     if args.root:
-        raise SystemExit("--root and --releases do not go together: --root reads one tree, --releases the wheels")
+        return _fail("--root and --releases do not go together: --root reads one tree, --releases the wheels")
     return _releases(args)
 
 
 def _one_tree(args) -> int:
     from sglab.sglang.upstream import check_all
+    from sglab.tools.fixes import FIXES
 
     root = Path(args.root) if args.root else None
     if root is not None and not (root / "srt").is_dir():
-        raise SystemExit(f"{root} is not an SGLang package folder (expected {root}/srt/): pass the folder that "
-                         "holds srt/, e.g. an unpacked wheel's sglang/ or a checkout's python/sglang/")
-    print(check_all(root=root).to_string(index=False))
+        return _fail(f"{root} is not an SGLang package folder (expected {root}/srt/): pass the folder that "
+                     "holds srt/, e.g. an unpacked wheel's sglang/ or a checkout's python/sglang/")
+    print(check_all(FIXES, root=root).to_string(index=False))
     return 0
 
 
 def _releases(args) -> int:
+    import sys
+
     from sglab.sglang import wheels as R
+    from sglab.sglang.releases import parse_version
+    from sglab.tools.fixes import FIXES
 
     try:
-        tl = R.timeline(args.releases or None, offline=args.offline)
+        for v in args.releases or []:
+            parse_version(v)
+        tl = R.timeline(FIXES, args.releases or None, offline=args.offline, progress=sys.stderr.isatty())
     except ValueError as e:
-        raise SystemExit(str(e)) from None
+        return _fail(str(e))
+    if tl.unknown and len(tl.unknown) == len(set(args.releases or [])):
+        return _fail(f"no such SGLang release on the package index: {', '.join(tl.unknown)}")
     for note in tl.notes:
         print(note)
     if tl.frame.empty:
-        raise SystemExit("no release could be read: no wheel, no network and no committed table")
+        return _fail("no release could be read: no wheel, no network and no committed table")
     table = R.summary(tl.frame)
     if (tl.frame["source"] != "wheel").any():
         table = table.assign(read_from=tl.frame["source"])
@@ -97,5 +113,7 @@ def _write(tl, args) -> None:
     old = path.read_text() if path.exists() else None
     R.write_table(tl.frame, path)
     status = "unchanged" if old == path.read_text() else "updated"
-    hunks = H.generate(list(tl.frame["version"]), tl.wheels)
+    from sglab.tools.fixes import FIXES
+
+    hunks = H.generate(FIXES, list(tl.frame["version"]), tl.wheels)
     print(f"wrote {path} ({len(tl.frame)} releases, {status}) and {len(hunks)} PR hunks under {path.parent}/")

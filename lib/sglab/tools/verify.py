@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sglab.core import claims, runs
+from sglab.tools import fixes
 
 
 class BadInput(Exception):
@@ -56,43 +57,78 @@ def load_run(path: str | Path, *, live: bool = False) -> runs.Run:
         raise BadInput(f"{path} has {len(df)} rows but its manifest recorded {manifest['rows']} (truncated?)")
     if df["value"].isna().any() and not pd.api.types.is_numeric_dtype(df["value"]):
         raise BadInput(f"{path} has non-numeric values in the 'value' column")
-    if manifest["experiment"] not in claims.experiments():
-        raise BadInput(f"{path}: unknown experiment {manifest['experiment']!r}; known: "
-                       f"{', '.join(claims.experiments())}")
+    if manifest["experiment"] not in fixes.NAMES:
+        raise BadInput(f"{path}: unknown experiment {manifest['experiment']!r}; known: {', '.join(fixes.NAMES)}")
     return runs.Run(df, manifest, path, live=live)
 
 
 def targets(names: list[str], all_: bool) -> list[runs.Run]:
     """Runs named on the command line: experiments (all their recorded runs) or run files."""
     if all_:
-        names = [*names, *claims.experiments()]
+        names = [*names, *fixes.NAMES]
     if not names:
         raise BadInput("say what to verify: an experiment, a run file, --all or --live")
     out: list[runs.Run] = []
     for name in dict.fromkeys(names):
         if name.endswith((".csv", ".json")) or "/" in name:
             out.append(load_run(name))
-        elif name in claims.experiments():
+        elif name in fixes.NAMES:
             out.extend(load_run(p) for p in runs.list_runs(name))
         else:
-            raise BadInput(f"unknown experiment or run file {name!r}; experiments: {', '.join(claims.experiments())}")
+            raise BadInput(f"unknown experiment or run file {name!r}; experiments: {', '.join(fixes.NAMES)}")
     return out
 
 
+def gpus_for(measure, params: dict) -> int:
+    """GPUs a run of ``measure`` with ``params`` uses: its world / TP size where it has one, else ``GPUS``."""
+    if hasattr(measure, "gpus"):
+        return int(measure.gpus(params))
+    for key in ("world_size", "tp_size"):
+        if key in params:
+            return int(params[key])
+    return int(getattr(measure, "GPUS", 1))
+
+
+def record(name: str, params: dict | None = None, *, recorded: bool = False, progress: bool = True) -> Path:
+    """Run fix ``name``'s measurement live and save the run (data/runs/, or data/recorded/ with ``recorded``).
+    Raises :class:`BadInput` for unknown parameters or too few GPUs."""
+    import time
+
+    from sglab.core import hardware, timing
+
+    mod = fixes.measure(name)
+    defaults = getattr(mod, "DEFAULT_PARAMS", {})
+    unknown = set(params or {}) - set(defaults)
+    if unknown:
+        raise BadInput(f"unknown parameter(s) for {name}: {sorted(unknown)}; known: {sorted(defaults)}")
+    merged = {**defaults, **(params or {})}
+    need = gpus_for(mod, merged)
+    ok, why = hardware.meets(need)
+    if not ok:
+        raise BadInput(f"cannot record {name} live: {why}")
+    timing.take()
+    t0 = time.perf_counter()
+    out = runs.Measured.of(mod.run(merged, progress=progress))
+    root = runs.data_dir("recorded") if recorded else None
+    extra = {**out.extra, "duration_s": round(time.perf_counter() - t0, 1), "phases_s": timing.take()}
+    path = runs.write_run(out.df, experiment=mod.EXPERIMENT, method_version=mod.METHOD_VERSION, params=merged,
+                          root=root, gpu_count=need, extra=extra, sidecars=out.sidecars)
+    print(f"[sglab] {name}: {len(out.df)} rows in {time.perf_counter() - t0:.1f} s → {path}")
+    return path
+
+
 def live(progress: bool = True) -> tuple[list[runs.Run], list[str]]:
-    """Record every experiment this machine's GPUs can run (into data/runs/); (runs, skipped-with-reason)."""
-    from sglab.tools import cli
+    """Record every fix this machine's GPUs can run (into data/runs/); (runs, skipped-with-reason)."""
     from sglab.core import hardware
 
     done, skipped = [], []
-    for name in claims.experiments():
-        mod = cli.load_experiment(name)
-        need = cli.gpus_for(mod, getattr(mod, "DEFAULT_PARAMS", {}))
-        ok, why = hardware.meets(need)
+    for name in fixes.NAMES:
+        mod = fixes.measure(name)
+        ok, why = hardware.meets(gpus_for(mod, getattr(mod, "DEFAULT_PARAMS", {})))
         if not ok:
             skipped.append(f"{name}: {why}")
             continue
-        done.append(load_run(cli.record(name, progress=progress), live=True))
+        done.append(load_run(record(name, progress=progress), live=True))
     return done, skipped
 
 
@@ -108,10 +144,14 @@ def _short(text, n: int) -> str:
 
 
 def format_results(results: list[claims.Result]) -> str:
+    """One line per claim (its folded checks indented under it), the ids padded to the longest."""
+    names = [("└ " if r.parent else "") + r.claim.id for r in results]
+    width = max(map(len, names), default=0)
     lines = []
-    for r in results:
+    for r, name in zip(results, names):
         detail = r.outcome.measured if r.status != claims.NA else r.outcome.reason
-        lines.append(f"  {MARK[r.status]}  {r.claim.id:<34} {_short(detail, 58):<58}  expected {_short(r.claim.expected, 40)}")
+        lines.append(f"  {MARK[r.status]}  {name:<{width}}  {_short(detail, 70)}  "
+                     f"(expected {_short(r.claim.expected, 50)})")
         if r.status == claims.FAIL and r.outcome.reason and r.outcome.reason != r.outcome.measured:
             lines.append(f"        why: {_short(r.outcome.reason, 120)}")
     return "\n".join(lines)
@@ -144,13 +184,14 @@ class Verified:
 
 def verify_run(run: runs.Run, *, against: bool = False, reference: runs.Run | None = None) -> Verified:
     exp = run.manifest["experiment"]
-    v = Verified(run, claims.evaluate(exp, run))
+    mod = fixes.claims(exp)
+    v = Verified(run, claims.evaluate(mod, run))
     if against:
         how = "given on the command line"
         if reference is None:
-            reference, how = claims.pick_reference(exp, run, runs.load_all_recorded(exp))
+            reference, how = claims.pick_reference(run, runs.load_all_recorded(exp))
         if reference is not None:
-            v.comparison = claims.compare(exp, run, reference)
+            v.comparison = claims.compare(mod, run, reference)
             v.comparison.how = how
             same = (runs.gpu_short(run.manifest) == runs.gpu_short(reference.manifest)
                     and run.manifest.get("params") == reference.manifest.get("params"))

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from sglab.breakable_graph.sglang import FIX
+
 import statistics
 
 from sglab.core.claims import Claim, holds, not_applicable, values
 from sglab.experiments.breakable_graph import analysis as an
 
 EXPERIMENT = "breakable_graph"
+GPUS = FIX.gpus
+
 CLAIM = "Capturing only the layer stack lets one breakable CUDA graph serve prefill batches of any request count."
 
 # after vs eager, every timed prefill of 2+ requests: launch-bound up to LAUNCH_BOUND tokens; above, the gain is

@@ -10,14 +10,15 @@ three and eight requests and for too many tokens, and whether the capture batch 
 
 from __future__ import annotations
 
+from sglab.breakable_graph.sglang import FIX
+
 import logging
 
 from sglab.fixes import breakable_graph as bg
 from sglab.sglang import compare
 from sglab.sglang.probes import breakable_graph as released_probe
 
-RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13")
-PROBE = "breakable_graph:run"  # the probe the notebook shows (sglab.sglang.probes.breakable_graph)
+RELEASES, PROBE = FIX.probe.releases, FIX.probe.fn  # the record's probe (sglab.breakable_graph.sglang)
 VARIANT_OF = {"0.5.11": bg.BEFORE, "0.5.12.post1": bg.AFTER, "0.5.13": bg.AFTER}
 CLAIM = "the rebuild's `before` and `after` runners route prefill batches as 0.5.11 and 0.5.12 do"
 MULTI = "3 requests (10+12+10)"

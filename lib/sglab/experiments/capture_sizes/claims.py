@@ -7,6 +7,8 @@ World-size-specific expectations are derived from the run's W, so one claim serv
 
 from __future__ import annotations
 
+from sglab.capture_sizes.sglang import FIX
+
 from sglab.core import claims as engine
 from sglab.core import runs
 from sglab.core.claims import Claim, holds, not_applicable
@@ -15,6 +17,9 @@ from sglab.fixes import capture_sizes as fx
 from sglab.experiments.capture_sizes import EXPERIMENT
 from sglab.experiments.capture_sizes.analysis import capture_ranges, newest_per_world_size, policy_lists, run_facts
 from sglab.experiments.capture_sizes.run import loop_order, size_lists
+
+EXPERIMENT = "capture_sizes"
+GPUS = FIX.gpus
 
 CLAIM = ("With `--moe-dense-tp-size 1`, a piecewise capture size not divisible by the attention-TP size splits into "
          "unequal shards that the reduce-scatter refuses, which crashed start-up; dropping those sizes (the PR) or "

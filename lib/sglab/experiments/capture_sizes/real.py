@@ -9,11 +9,12 @@ Decode batch sizes follow the decode runner's older filter in every release.
 
 from __future__ import annotations
 
+from sglab.capture_sizes.sglang import FIX
+
 from sglab.fixes import capture_sizes as fx
 from sglab.sglang.probes.capture_sizes import MAX_RUNNING_REQUESTS, SETTINGS
 
-RELEASES = ("0.5.10.post1", "0.5.11", "0.5.14", "0.5.23")
-PROBE = "capture_sizes:run"  # the probe the notebook shows (sglab.sglang.probes.capture_sizes)
+RELEASES, PROBE = FIX.probe.releases, FIX.probe.fn  # the record's probe (sglab.capture_sizes.sglang)
 VARIANT = {"0.5.10.post1": "before", "0.5.11": "pr_filter", "0.5.14": "before", "0.5.23": "today"}
 DECODE = [1, 2, 4, 8, 12] + list(range(16, 257, 8))   # ServerArgs' decode list for --cuda-graph-max-bs 256
 UNALIGNED = {"tp8_dense_tp1_unaligned": dict(tp_size=8, moe_dense_tp_size=1, piecewise=[4, 12, 20])}

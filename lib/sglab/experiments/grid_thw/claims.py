@@ -9,6 +9,8 @@ other than GPU 0 and the rank's own, are n/a (with the reason) on runs that cann
 
 from __future__ import annotations
 
+from sglab.grid_thw.sglang import FIX
+
 from sglab.core.claims import Claim, holds, not_applicable
 from sglab.core.runs import gpu_short, newest_by
 
@@ -16,6 +18,8 @@ from sglab.experiments.grid_thw import analysis
 from sglab.experiments.grid_thw.ranks import KERNEL_STEPS
 
 EXPERIMENT = "grid_thw"
+GPUS = FIX.gpus
+
 CLAIM = ("A `grid_thws` tensor left on cuda:0 makes every TP rank ≥ 1 open a CUDA context on GPU 0; `.cpu()` "
          "removes it, and the `image_grid_thw` rename lets the vision cache hit per image.")
 SPREAD_TOLERANCE_MIB = 8.0  # four allocator segments: what repeats may differ by before "repeatable" fails

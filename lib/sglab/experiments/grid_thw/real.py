@@ -9,12 +9,13 @@ matched with ``before`` on the key only: its grid came from the CPU HF processor
 
 from __future__ import annotations
 
+from sglab.grid_thw.sglang import FIX
+
 from sglab.fixes import grid_thw as fx
 from sglab.sglang import compare
 from sglab.sglang.probes import grid_thw as released_probe
 
-RELEASES = ("0.5.10.post1", "0.5.11", "0.5.23")
-PROBE = "grid_thw:run"  # the probe the notebook shows (sglab.sglang.probes.grid_thw)
+RELEASES, PROBE = FIX.probe.releases, FIX.probe.fn  # the record's probe (sglab.grid_thw.sglang)
 VARIANT_OF = {"0.5.10.post1": "before", "0.5.11": "after", "0.5.23": "after"}
 CLAIM = "the rebuild's grid key, processor output and wire behave as the released code does"
 WIRE_FACTS = ("device_kept", "dtype_kept", "shape_kept", "values_kept")

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from sglab.pcg_gate.sglang import FIX
+
 from sglab.core.claims import Claim, holds, not_applicable, values
 from sglab.experiments.pcg_gate import analysis as an
 
 EXPERIMENT = "pcg_gate"
+GPUS = FIX.gpus
+
 CLAIM = ("A `model` property + `__setattr__` guard lets the Kimi-shaped wrapper pass the PCG gate with no duplicate "
          "`model.*` weights.")
 

@@ -9,12 +9,13 @@ keys before and after the gate, whether ``model`` sits in ``_modules``, and the 
 
 from __future__ import annotations
 
+from sglab.pcg_gate.sglang import FIX
+
 from sglab.fixes import pcg_gate as gate
 from sglab.sglang import compare
 from sglab.experiments.pcg_gate.variants import quiet_gate
 
-RELEASES = ("0.5.10.post1", "0.5.12.post1", "0.5.13", "0.5.23")
-PROBE = "pcg_gate:run"  # the probe the notebook shows (sglab.sglang.probes.pcg_gate)
+RELEASES, PROBE = FIX.probe.releases, FIX.probe.fn  # the record's probe (sglab.pcg_gate.sglang)
 VARIANT_OF = {"0.5.10.post1": "plain_alias", "0.5.12.post1": "no_alias", "0.5.13": "property_guard",
               "0.5.23": "property_guard"}
 # the real class with nn.Module.__setattr__ restored (where the release has the guard): the property alone

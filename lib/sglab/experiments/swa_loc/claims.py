@@ -10,12 +10,17 @@ and passed to each write. ``tests/test_real_swa_loc.py`` checks both numbers aga
 
 from __future__ import annotations
 
+from sglab.swa_loc.sglang import FIX
+
 from typing import Optional
 
 from sglab.core import runs
 from sglab.fixes.swa_loc import hybrid_layer_ids
 from sglab.core.claims import Claim, holds, not_applicable
 from sglab.experiments.swa_loc import HEADLINE_CONFIG, analysis
+
+EXPERIMENT = "swa_loc"
+GPUS = FIX.gpus
 
 CLAIM = ("Presetting the SWA cache location before decode-graph capture removes the full→SWA slot translation "
          "(an index gather and an int32 cast) from every SWA layer of every replay; #24743's zeroing of the padded "

@@ -9,6 +9,8 @@ module's (:data:`~.claims.KERNELS_PER_TRANSLATION_TODAY`), so that claim is chec
 
 from __future__ import annotations
 
+from sglab.swa_loc.sglang import FIX
+
 import torch
 
 from sglab.fixes import swa_loc as fx
@@ -16,8 +18,7 @@ from sglab.sglang.releases import parse_version
 
 from sglab.experiments.swa_loc import claims
 
-RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13", "0.5.23")
-PROBE = "swa_loc:run"  # the probe the notebook shows (sglab.sglang.probes.swa_loc)
+RELEASES, PROBE = FIX.probe.releases, FIX.probe.fn  # the record's probe (sglab.swa_loc.sglang)
 BUFFER_VARIANT = {"0.5.10.post1": "before", "0.5.11": "pr23552", "0.5.12.post1": "pr24743"}
 PRESET_CASE = {"set_swa_loc": "set_swa_loc() before the layers", "swa_loc_arg": "swa_loc= passed to each write",
                "write_loc": "KVWriteLoc carrying swa_loc"}

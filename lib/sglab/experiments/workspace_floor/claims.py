@@ -7,12 +7,17 @@ version 2 on (runs with an ``events`` sidecar); claims that need 4 ranks say n/a
 
 from __future__ import annotations
 
+from sglab.workspace_floor.sglang import FIX
+
 from sglab.core.claims import Claim, holds, not_applicable
 from sglab.fixes import workspace_floor as wf
 
 from sglab.experiments.workspace_floor import analysis
 from sglab.experiments.workspace_floor.simulation import MiB, simulated
 from sglab.experiments.workspace_floor.traces import calls_over, trace_tokens
+
+EXPERIMENT = "workspace_floor"
+GPUS = FIX.gpus
 
 CLAIM = ("A 2048-token floor removes the allreduce-fusion workspace's warm-up re-creations below 2048 tokens (the "
          "manager only grows, so fluctuating batches alone do not re-create), at the cost of a workspace of at "

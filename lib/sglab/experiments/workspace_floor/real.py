@@ -11,14 +11,15 @@ rebuild's manager runs with ``high_water`` set as the release's. Steps, sizes an
 
 from __future__ import annotations
 
+from sglab.workspace_floor.sglang import FIX
+
 import dataclasses
 
 from sglab.fixes import workspace_floor as wf
 
 from sglab.experiments.workspace_floor.traces import trace_tokens
 
-RELEASES = ("0.5.12.post1", "0.5.13")
-PROBE = "workspace_floor:run"  # the probe the notebook shows (sglab.sglang.probes.workspace_floor)
+RELEASES, PROBE = FIX.probe.releases, FIX.probe.fn  # the record's probe (sglab.workspace_floor.sglang)
 OWN_POLICY = {"0.5.12.post1": "before_pr", "0.5.13": "floor_2048"}   # the rebuild's name for each call site
 ALT_SITES = ("floor_0", "floor_1024")
 SCENARIOS = (0, 2048)

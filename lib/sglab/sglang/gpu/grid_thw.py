@@ -93,7 +93,7 @@ def receive(prepared, params: dict) -> list[dict]:
 
 def _send(prepared, case: str, device: str, gpu, timeout: float) -> list[dict]:
     from sglab.sglang.runner import run_probe
-    from sglab.sglang.gpu.rows import records
+    from sglab.sglang.gpu.record import records
 
     encode, _, how = wire(prepared)
     data = encode(make_item(prepared, device))

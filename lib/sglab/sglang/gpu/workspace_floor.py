@@ -73,7 +73,7 @@ def rank(prepared, params: dict) -> list[dict]:
 
 def _ranks(prepared, world: int, timeout: float) -> list[dict]:
     from sglab.sglang.runner import run_probe
-    from sglab.sglang.gpu.rows import records
+    from sglab.sglang.gpu.record import records
 
     with tempfile.TemporaryDirectory(prefix="sglab-wsfloor-") as tmp:
         store = os.path.join(tmp, "store")

@@ -1,0 +1,1 @@
+"""Notebook 03: Breakable CUDA graph captures only the layer stack (#24662)."""

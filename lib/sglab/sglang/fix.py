@@ -1,0 +1,107 @@
+"""A fix's record: everything the release system needs to know about one upstream fix, in one value.
+
+Each fix states its record once, as ``FIX`` in ``sglab.<fix>.sglang``; the catalog of notebooks, ``sglab real
+record``, the real-GPU plans, the upstream checks, the release timeline and the PR hunks all read it (they are
+handed the records; nothing in ``sglab.sglang`` imports a fix).
+
+- ``check(read) -> Verdict``: which state a given SGLang (installed, a checkout, a wheel) is in, read as source;
+- ``hunks``: the symbols each PR touched, to cut the released hunk out of the wheels around it;
+- ``probe``: the real-release probe the notebook's real section runs on the CPU, on which releases;
+- ``gpu``: the real-code steps recorded on GPUs (``sglab real gpu``), one worker per release;
+- ``engine``: the real engine's scenario (a release's whole server with dummy weights).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+REPO = "sgl-project/sglang"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a PR touched: ``symbols`` as ``"srt/<file>.py::Qual.name"``; ``first_with(read)`` says whether a
+    release has the change (default: the fix's check answers "pr-era")."""
+
+    pr: int
+    symbols: tuple[str, ...]
+    first_with: Optional[Callable] = None
+
+
+def symbols_in(path: str, *names: str) -> tuple[str, ...]:
+    """``("srt/x.py::A.f", ...)`` for names in one file."""
+    return tuple(f"{path}::{n}" for n in names)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A real-release probe: ``fn`` (``"module:function"``, run inside one release's worker process) asked with
+    ``params`` on each of ``releases``."""
+
+    fn: str
+    releases: tuple[str, ...]
+    params: object = None  # a dict, or a function that returns one (built from the rebuild's defaults)
+
+    def resolved_params(self) -> Optional[dict]:
+        return self.params() if callable(self.params) else self.params
+
+
+@dataclass(frozen=True)
+class Step:
+    """One release, one probe (``module:function``), its parameters and a timeout in seconds."""
+
+    release: str
+    probe: str
+    params: dict = field(default_factory=dict)
+    timeout: float = 420.0
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """Real code of a fix on GPUs: the GPUs it needs, the method version of its runs, one step per release."""
+
+    gpus: int
+    method_version: int
+    steps: tuple[Step, ...]
+    what: str
+
+    @property
+    def releases(self) -> list[str]:
+        return list(dict.fromkeys(s.release for s in self.steps))
+
+
+@dataclass(frozen=True)
+class Fix:
+    """One upstream fix as the workbook treats it (see the module docstring)."""
+
+    name: str                       # folder, experiment, data/recorded/<name>/, data/upstream/<name>/
+    number: str                     # the notebook's number ("04")
+    title: str                      # what the check decides, in a line
+    prs: tuple[int, ...]            # the upstream PRs, the main one first
+    gpus: int                       # GPUs the live measurement needs
+    check: Callable                 # read -> Verdict (sglab.sglang.upstream)
+    hunks: tuple[Spec, ...] = ()
+    probe: Optional[Probe] = None
+    gpu: Optional[GpuPlan] = None
+    engine: object = None
+    part: str = ""                  # "part A" where one PR holds two fixes
+
+    @property
+    def stem(self) -> str:
+        return f"{self.number}_{self.name}"
+
+    @property
+    def upstream(self) -> str:
+        """``sgl-project/sglang#23552, #24743`` (with the part, where there is one)."""
+        text = f"{REPO}#{self.prs[0]}" + "".join(f", #{p}" for p in self.prs[1:])
+        return f"{text} ({self.part})" if self.part else text
+
+    @property
+    def experiment(self) -> str:
+        return self.name
+
+    @property
+    def gpu_experiment(self) -> str:
+        """The experiment of this fix's real-code GPU runs: ``real_<name>``."""
+        return f"real_{self.name}"

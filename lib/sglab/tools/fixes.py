@@ -1,0 +1,111 @@
+"""The workbook's notebooks in reading order, and the one list of its fixes.
+
+Each fix states its record once (``FIX`` in ``sglab.<fix>.sglang``); this module only puts them in order and
+finds a fix's other modules by name for the command line, the report and the README index.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Optional
+
+from sglab.breakable_graph.sglang import FIX as _breakable_graph
+from sglab.capture_sizes.sglang import FIX as _capture_sizes
+from sglab.grid_thw.sglang import FIX as _grid_thw
+from sglab.pcg_gate.sglang import FIX as _pcg_gate
+from sglab.sglang.fix import Fix
+from sglab.swa_loc.sglang import FIX as _swa_loc
+from sglab.workspace_floor.sglang import FIX as _workspace_floor
+
+FIXES: tuple[Fix, ...] = (_pcg_gate, _workspace_floor, _breakable_graph, _swa_loc, _grid_thw, _capture_sizes)
+NAMES = tuple(f.name for f in FIXES)
+START = "00_start_here"
+START_CLAIM = "What the workbook is, what this machine can run live, and how recorded runs stand in for GPUs."
+
+
+class UnknownFix(ValueError):
+    """A name that is no fix of the workbook (the message lists the known ones)."""
+
+
+def get(name: str) -> Fix:
+    for f in FIXES:
+        if f.name == name:
+            return f
+    raise UnknownFix(f"unknown fix {name!r}; known: {', '.join(NAMES)}")
+
+
+def _module(name: str, part: str):
+    get(name)
+    try:
+        return importlib.import_module(f"sglab.{name}.{part}")
+    except ModuleNotFoundError as e:
+        if e.name != f"sglab.{name}.{part}":
+            raise
+    # TRANSITION: fixes not yet moved keep their claims and measure under sglab.experiments
+    return importlib.import_module(f"sglab.experiments.{name}" + (".claims" if part == "claims" else ""))
+
+
+def claims(name: str):
+    """``sglab.<name>.claims``: CLAIM, CLAIMS, shown, HEADLINE."""
+    return _module(name, "claims")
+
+
+def measure(name: str):
+    """``sglab.<name>.measure``: EXPERIMENT, METHOD_VERSION, GPUS, DEFAULT_PARAMS, gpus(params), run(params)."""
+    return _module(name, "measure")
+
+
+@dataclass(frozen=True)
+class Notebook:
+    """One notebook of the workbook: 00 (no fix) or a fix's."""
+
+    number: str
+    stem: str
+    fix: Optional[Fix]
+
+    @property
+    def experiment(self) -> Optional[str]:
+        return self.fix.name if self.fix else None
+
+    @property
+    def gpus(self) -> int:
+        return self.fix.gpus if self.fix else 0
+
+    @property
+    def upstream(self) -> str:
+        return self.fix.upstream if self.fix else "-"
+
+    @property
+    def claim(self) -> str:
+        return claims(self.fix.name).CLAIM if self.fix else START_CLAIM
+
+
+NOTEBOOKS: tuple[Notebook, ...] = (Notebook("00", START, None),
+                                   *(Notebook(f.number, f.stem, f) for f in FIXES))
+
+
+def by_stem(stem: str) -> Optional[Notebook]:
+    return next((e for e in NOTEBOOKS if e.stem == stem), None)
+
+
+def overview():
+    """00's reading-order table: per notebook its claim, the GPUs it needs, whether this machine runs it live,
+    its live time (newest committed ``sglab run --timings`` record per GPU model) and the recorded runs it can
+    show. One source with the README index and the report."""
+    import pandas as pd
+
+    from sglab.core import hardware, runs
+    from sglab.tools import timings
+
+    live_times = timings.live_times()
+    rows = []
+    for e in NOTEBOOKS:
+        ok, _ = hardware.meets(e.gpus)
+        recorded = runs.load_all_recorded(e.experiment) if e.experiment else []
+        rows.append({"notebook": e.stem, "upstream": e.upstream, "claim": e.claim, "GPUs": e.gpus,
+                     "live here": "yes" if ok else "no",
+                     "live time": live_times.get(e.stem, timings.NOT_RECORDED),
+                     "recorded runs": "; ".join(r.label for r in recorded) or
+                                      ("—" if e.experiment is None else "none yet")})
+    return pd.DataFrame(rows)
