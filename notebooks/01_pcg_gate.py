@@ -30,7 +30,7 @@ from sglab.sglang import upstream
 from sglab.experiments import pcg_gate as experiment
 from sglab.experiments.pcg_gate import figures, real
 from sglab.fixes import pcg_gate as fx
-from sglab.sglang import compare, compare as report
+from sglab.sglang import compare_old as compare, compare_old as report
 
 pd.set_option("display.width", 160)
 pd.set_option("display.max_colwidth", 80)

@@ -27,7 +27,7 @@ from sglab.core import notebook as nb
 from sglab.experiments import workspace_floor as experiment
 from sglab.experiments.workspace_floor import analysis, figures, real, text, traces
 from sglab.fixes import workspace_floor as wf
-from sglab.sglang import compare as report
+from sglab.sglang import compare_old as report
 
 pd.set_option("display.width", 160)
 params = {**experiment.DEFAULT_PARAMS, **PARAMS}
@@ -167,7 +167,7 @@ real_table
 # rebuild's), where such a run is recorded:
 
 # %%
-from sglab.sglang import compare  # noqa: E402
+from sglab.sglang import compare_old as compare  # noqa: E402
 
 compare.show_recorded(real.RECORDED);
 

@@ -32,7 +32,7 @@ from sglab.experiments import breakable_graph as experiment
 from sglab.experiments.breakable_graph import figures
 from sglab.experiments.breakable_graph import real
 from sglab.fixes import breakable_graph as bg
-from sglab.sglang import compare, compare as report
+from sglab.sglang import compare_old as compare, compare_old as report
 
 pd.set_option("display.width", 160)
 wb = nb.Workbook(experiment.EXPERIMENT, gpus=experiment.GPUS, mode=MODE)

@@ -156,7 +156,7 @@ rebuild.dtypes_table()
 
 # %%
 from sglab.experiments.swa_loc import claims, real
-from sglab.sglang import compare as report
+from sglab.sglang import compare_old as report
 
 real_results = real.probe()
 print(report.status_lines(real_results))
@@ -183,7 +183,7 @@ print(f"claims: {claims.EXTRA_PER_SWA_LAYER} extra kernel nodes per SWA layer wi
 # the preset on 0.5.12.post1, translated once or per layer on 0.5.23), where such a run is recorded:
 
 # %%
-from sglab.sglang import compare  # noqa: E402
+from sglab.sglang import compare_old as compare  # noqa: E402
 
 compare.show_recorded(real.RECORDED);
 

@@ -34,7 +34,7 @@ from sglab.experiments import grid_thw as experiment
 from sglab.experiments.grid_thw import figures
 from sglab.experiments.grid_thw import real
 from sglab.fixes import grid_thw as fx
-from sglab.sglang import compare, compare as report
+from sglab.sglang import compare_old as compare, compare_old as report
 
 wb = nb.Workbook(experiment.EXPERIMENT, gpus=experiment.GPUS, mode=MODE)
 

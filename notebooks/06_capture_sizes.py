@@ -133,7 +133,7 @@ if not wb.live:
 
 # %%
 from sglab.experiments.capture_sizes import real
-from sglab.sglang import compare as report
+from sglab.sglang import compare_old as report
 
 real_results = real.probe()
 print(report.status_lines(real_results))
@@ -149,7 +149,7 @@ real_table
 
 # %%
 print(real.round_up_note(real_results))
-from sglab.sglang import compare  # noqa: E402
+from sglab.sglang import compare_old as compare  # noqa: E402
 
 compare.show_recorded(real.RECORDED);
 

@@ -11,7 +11,7 @@ import pytest
 from sglab.core import runs
 from sglab.experiments.breakable_graph import real as exp_real
 from sglab.fixes import breakable_graph as bg
-from sglab.sglang import compare, run_probe
+from sglab.sglang import compare_old as compare, run_probe
 from sglab.sglang.probes import breakable_graph as probe
 from sglab.sglang.testing import probe_all, require
 

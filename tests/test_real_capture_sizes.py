@@ -9,7 +9,7 @@ import pytest
 from sglab.experiments.capture_sizes import real as real_section
 from sglab.experiments.capture_sizes.analysis import policy_lists
 from sglab.fixes import capture_sizes as fix
-from sglab.sglang import compare as report
+from sglab.sglang import compare_old as report
 from sglab.sglang.probes.capture_sizes import SETTINGS
 from sglab.sglang.testing import probe_all, require, value
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from sglab.sglang import compare
-from sglab.sglang.compare import tables
+from sglab.sglang import compare_old as compare
+from sglab.sglang.compare_old import tables
 
 
 def _run(fix):

@@ -9,7 +9,7 @@ import pytest
 
 from sglab.experiments.grid_thw import real as exp_real
 from sglab.fixes import grid_thw as fx
-from sglab.sglang import compare, run_probe
+from sglab.sglang import compare_old as compare, run_probe
 from sglab.sglang.testing import probe_all, require
 
 RELEASES = exp_real.RELEASES

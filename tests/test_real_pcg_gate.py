@@ -8,7 +8,7 @@ import pytest
 
 from sglab.experiments.pcg_gate import real as exp_real
 from sglab.fixes import pcg_gate as gate
-from sglab.sglang import compare
+from sglab.sglang import compare_old as compare
 from sglab.sglang.testing import probe_all, require, value
 
 RELEASES = ("0.5.10.post1", "0.5.12.post1", "0.5.13", "0.5.23")

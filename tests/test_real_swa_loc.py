@@ -10,7 +10,7 @@ import pytest
 from sglab.experiments.swa_loc import claims, real as real_section
 from sglab.experiments.swa_loc.real import rebuild_buffer, rebuild_translation_ops, rebuild_translations
 from sglab.fixes import swa_loc as fix
-from sglab.sglang import compare as report
+from sglab.sglang import compare_old as report
 from sglab.sglang.testing import require, value
 
 RELEASES = real_section.RELEASES

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from sglab.experiments.workspace_floor import real, trace_tokens
-from sglab.sglang import compare as report
+from sglab.sglang import compare_old as report
 from sglab.sglang.runner import ProbeResult
 from sglab.sglang.testing import require
 

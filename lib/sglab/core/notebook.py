@@ -58,6 +58,16 @@ def show_figure(fig) -> None:
     plt.close(fig)
 
 
+def display_object(obj) -> None:
+    """Display anything with a rich representation in a notebook; print it elsewhere."""
+    if in_notebook():
+        from IPython.display import display as ipy_display
+
+        ipy_display(obj)
+    else:
+        print(obj)
+
+
 def show_table(df) -> None:
     if in_notebook():
         from IPython.display import display as ipy_display

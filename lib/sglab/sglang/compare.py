@@ -1,74 +1,54 @@
-"""Real releases beside the rebuild: one agreement table per notebook, and the recorded real GPU runs.
+"""Real releases beside the rebuild: the one comparison every notebook's real-SGLang section makes.
 
-Every notebook claims that its rebuild behaves like SGLang before and after a fix. The real releases that
-straddle the fix can say whether that is true: each row of an agreement table is one release, what it did (a
-probe's rows, :mod:`sglab.sglang.runner`), the rebuild variant it must match, what that variant did, and whether
-the two agree. ``agrees`` is computed by comparing the facts, never typed in; a release that did not run says
-``not run: <reason>`` and counts neither way. A disagreement is printed loudly, and :func:`status` turns it into
-``fail`` so a test (or a reader) cannot miss it.
+Every notebook claims that its rebuild behaves like SGLang before and after a fix. The releases that straddle
+the fix say whether that is true. A fix's ``sglang.py`` turns its probe's answers into a comparison table, one
+row per (release, behaviour): what the real code did, what the rebuild must match, what that gives, and whether
+the two agree (computed by comparing, never typed in). :func:`section` is the notebook cell:
 
-GPU runs of the real code are recorded like every other run, as the experiment ``real_<fix>``
-(:mod:`sglab.core.runs`); :func:`show_recorded` shows the newest one, or says that none is recorded yet.
+    sglang.compare()    # = section(FIX, comparison): where the answers come from, the table, the agreement line
+
+A release that did not run says so and counts neither way; a disagreement is printed under a banner a reader
+cannot miss, and :func:`check_table` returns False for it so a test fails too.
+
+Real code recorded on GPUs (``sglab real gpu``) is a run of the experiment ``real_<fix>``; :func:`show_recorded`
+shows the newest one, or says that none is recorded yet.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Iterable
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
+
 from sglab.sglang.runner import ProbeResult, run_probes
 
-
-COLUMNS = ("release", "real behaviour", "rebuild variant", "rebuild behaviour", "agrees")
-
-
-@dataclass
-class Check:
-    """One real release (or one case of it) against the rebuild variant it must match."""
-
-    release: str
-    behaviour: str                 # what the release did, in words
-    variant: str                   # the rebuild's variant
-    rebuilt: str                   # what that variant did, in words
-    agrees: bool | None            # None: the release did not run
-    differences: list = field(default_factory=list)   # the facts that differ, "name: real X, rebuild Y"
-
-    def as_row(self) -> dict:
-        mark = "n/a" if self.agrees is None else ("yes" if self.agrees else "NO")
-        return dict(zip(COLUMNS, (self.release, self.behaviour, self.variant, self.rebuilt, mark)))
+COLUMNS = ["release", "behaviour", "real", "must match", "expected", "agrees"]
+MISMATCH = "!!! REAL SGLANG AND THE REBUILD DISAGREE"
 
 
-def compare(real: dict, rebuilt: dict, keys: Iterable[str]) -> list[str]:
+# --------------------------------------------------------------------------------------------------------------
+# building a comparison table
+# --------------------------------------------------------------------------------------------------------------
+def row(release: str, behaviour: str, real, must_match: str, expected, agrees: Optional[bool] = None) -> dict:
+    """One row; ``agrees`` defaults to ``real == expected``."""
+    return {"release": release, "behaviour": behaviour, "real": real, "must match": must_match,
+            "expected": expected, "agrees": bool(real == expected) if agrees is None else bool(agrees)}
+
+
+def differences(real: dict, rebuilt: dict, keys: Iterable[str]) -> list[str]:
     """The facts among ``keys`` on which ``real`` and ``rebuilt`` differ, one line each."""
     return [f"{k}: real {real.get(k)!r}, rebuild {rebuilt.get(k)!r}" for k in keys if real.get(k) != rebuilt.get(k)]
 
 
-def check(release: str, real: dict, variant: str, rebuilt: dict, keys: Iterable[str], describe) -> Check:
-    """A :class:`Check` from two fact dicts; ``describe(facts) -> str`` puts either side in words."""
-    diffs = compare(real, rebuilt, keys)
-    return Check(release, describe(real), variant, describe(rebuilt), not diffs, diffs)
-
-
-def not_run(result, variant: str, rebuilt: str) -> Check:
-    """The row of a release that did not run (not installed, import failed, the probe raised)."""
-    return Check(result.release, f"not run: {result.reason}", variant, rebuilt, None)
-
-
-def per_release(results: dict, variant_of: dict, one) -> list[Check]:
-    """Checks release by release: a release that did not run gets its not-run row; every other one gets what
-    ``one(release, result, variant)`` returns (a :class:`Check` or a list of them)."""
-    out = []
-    for release, r in results.items():
-        variant = variant_of.get(release, "-")
-        if not r.ok:
-            out.append(not_run(r, variant, "-"))
-            continue
-        got = one(release, r, variant)
-        out.extend(got if isinstance(got, list) else [got])
+def facts_row(release: str, behaviour: str, real: dict, variant: str, rebuilt: dict, keys: Iterable[str],
+              describe: Callable[[dict], str]) -> dict:
+    """A row comparing two dicts of facts on ``keys``; each side described in words by ``describe``. The
+    differing facts are kept under ``differences`` for the banner."""
+    diffs = differences(real, rebuilt, keys)
+    out = row(release, behaviour, describe(real), f"rebuild: {variant}", describe(rebuilt), agrees=not diffs)
+    out["differences"] = diffs
     return out
 
 
-def facts(result, **where) -> dict:
+def facts(result: ProbeResult, **where) -> dict:
     """``{metric: value}`` of the probe rows matching ``where`` (column=value pairs)."""
     df = result.rows
     for col, want in where.items():
@@ -76,53 +56,102 @@ def facts(result, **where) -> dict:
     return dict(zip(df["metric"], df["value"]))
 
 
-def table(checks: list[Check]):
-    """One row per check, the columns of :data:`COLUMNS` (index: release)."""
+def table(rows: list[dict]):
+    """The comparison table (:data:`COLUMNS`, plus ``differences`` where a row has them)."""
     import pandas as pd
 
-    return pd.DataFrame([c.as_row() for c in checks], columns=list(COLUMNS)).set_index("release")
+    extra = ["differences"] if any("differences" in r for r in rows) else []
+    return pd.DataFrame(rows, columns=COLUMNS + extra)
 
 
-def status(checks: list[Check]) -> str:
-    """``pass`` (every release that ran agrees), ``fail`` (one disagrees), ``n/a`` (none ran)."""
-    ran = [c for c in checks if c.agrees is not None]
-    if not ran:
-        return "n/a"
-    return "pass" if all(c.agrees for c in ran) else "fail"
+def ran(results: dict[str, ProbeResult]) -> dict[str, ProbeResult]:
+    return {v: r for v, r in results.items() if r.ok}
 
 
-def summary(checks: list[Check], claim: str) -> str:
-    """One line for a reader; a disagreement lists what differs, in capitals where it cannot be missed."""
-    ran = [c for c in checks if c.agrees is not None]
-    skipped = [c.release for c in checks if c.agrees is None]
-    tail = f" (not compared: {', '.join(skipped)})" if skipped else ""
-    st = status(checks)
-    if st == "n/a":
-        return f"n/a: no real release ran, so nothing checks that {claim}{tail}"
-    if st == "pass":
-        return f"agrees: {len(ran)}/{len(ran)} real release rows match the rebuild, so {claim}{tail}"
-    lines = [f"MISMATCH: the real release disagrees with the rebuild; the claim that {claim} does not hold as built"]
-    for c in ran:
-        if not c.agrees:
-            lines += [f"  {c.release} vs {c.variant}: {d}" for d in c.differences]
-    return "\n".join(lines) + tail
+# --------------------------------------------------------------------------------------------------------------
+# saying where the answers came from, and whether they agree
+# --------------------------------------------------------------------------------------------------------------
+def source_line(results: dict[str, ProbeResult]) -> str:
+    """Where the answers come from, in one line: a recording (which one) or this machine, now."""
+    labels = sorted({r.recorded for r in results.values() if r.recorded})
+    now = [v for v, r in results.items() if not r.recorded]
+    parts = []
+    if labels:
+        parts.append(f"answers {'; '.join(labels)} (SGLAB_REAL=live runs the installed releases here instead)")
+    if now:
+        parts.append(f"run here now: {', '.join(now)}")
+    return "real SGLang: " + " · ".join(parts) if parts else "real SGLang: no release asked"
 
 
-def show(checks: list[Check], claim: str) -> str:
-    """Display the table and print :func:`summary` (a notebook cell's whole body); returns :func:`status`."""
-    from IPython.display import display
+def status_lines(results: dict[str, ProbeResult]) -> str:
+    """Where the answers come from, then one line per release: how long it ran and with which shims, or why it
+    did not run."""
+    lines = [r.summary(with_source=False) if r.ok else
+             f"sglang {v}: not run: {r.reason.removeprefix(f'sglang {v}: ')}" for v, r in results.items()]
+    return "\n".join([source_line(results), *lines])
 
-    display(table(checks))
-    print(summary(checks, claim))
-    return status(checks)
+
+def check_table(df, *, what: str = "rows") -> bool:
+    """Print a loud banner with every row whose ``agrees`` is False; True when every row agrees (and there is
+    at least one row: an empty comparison proves nothing and says so)."""
+    if df is None or len(df) == 0:
+        print(f"no real release ran, so nothing was compared ({what})")
+        return False
+    bad = df[~df["agrees"].astype(bool)]
+    if len(bad):
+        lines = [f"{MISMATCH}: {len(bad)} of {len(df)} {what}", bad[COLUMNS].to_string(index=False)]
+        if "differences" in bad.columns:
+            lines += [f"  {r.release}: {d}" for r in bad.itertuples() for d in (r.differences or [])]
+        print("\n".join(lines))
+        return False
+    print(f"real SGLang and the rebuild agree on all {len(df)} {what}")
+    return True
 
 
-# -- recorded real GPU runs -------------------------------------------------------------------------------------
-def recorded(fix: str):
-    """The newest recorded run of ``real_<fix>`` (``data/recorded/real_<fix>/``), or None."""
+def answers(fix, releases: Optional[Iterable[str]] = None) -> dict[str, ProbeResult]:
+    """Each release's answer to the fix's probe: from the recording where it holds it (``SGLAB_REAL=auto``,
+    the default), else run now, each release in its own subprocess (see :mod:`sglab.sglang.store`)."""
+    p = fix.probe
+    return run_probes(list(releases or p.releases), p.fn, p.resolved_params(), jobs=2)
+
+
+def section(fix, comparison: Callable[[dict], object], *, what: str = "rows", results: Optional[dict] = None):
+    """A notebook's real-SGLang section in one call: the answers (:func:`answers`), where they come from, the
+    comparison table ``comparison(results)`` shown, and the agreement line. Returns the table."""
+    from sglab.core.notebook import show_table
+
+    results = answers(fix) if results is None else results
+    print(status_lines(results))
+    df = comparison(results)
+    show_table(df[COLUMNS])
+    check_table(df, what=what)
+    return df
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the release a fix shipped in, beside the rebuild
+# --------------------------------------------------------------------------------------------------------------
+def released(fix, rebuilt=None, *, symbol: Optional[str] = None, pr: Optional[int] = None) -> None:
+    """The fix's row of the release timeline (drawn once), then the released ``symbol`` of the PR's hunk
+    beside the rebuilt function or class (or the whole released hunk when ``rebuilt`` is None)."""
+    from sglab.core.notebook import display_object, show_figure
+    from sglab.sglang import hunks, wheels
+
+    show_figure(wheels.timeline_row_figure(fix))
+    if rebuilt is None:
+        display_object(hunks.show(fix, pr))
+    else:
+        display_object(hunks.beside(fix, rebuilt, pr=pr, symbol=symbol))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# real code recorded on GPUs
+# --------------------------------------------------------------------------------------------------------------
+def recorded(name: str):
+    """The newest recorded run of ``real_<name>`` (``data/recorded/real_<name>/``), or None."""
     from sglab.core import runs
 
-    return runs.load_recorded(f"real_{fix}")
+    return runs.load_recorded(f"real_{name}")
 
 
 def recorded_lines(run) -> list[str]:
@@ -139,167 +168,30 @@ def recorded_lines(run) -> list[str]:
     return lines
 
 
-def recorded_table(run):
-    """The run's rows, one line per release × case × metric where the run has those columns."""
-    df = run.df
-    keys = [c for c in ("release", "variant", "case", "metric") if c in df.columns]
-    if keys and "value" in df.columns and not df.duplicated(keys).any():
-        return df.set_index(keys)[[c for c in df.columns if c not in keys]]
-    return df
-
-
-def show_recorded(fix: str) -> bool:
-    """Show the newest recorded real GPU run of ``fix``, or say plainly that there is none. True when shown."""
-    from IPython.display import display
-
-    run = recorded(fix)
-    if run is None:
-        print(f"Real SGLang on a GPU ({fix}): not recorded yet (no run under data/recorded/real_{fix}/).")
-        return False
-    from sglab.sglang.compare import tables
-
-    print("\n".join(["Real SGLang on a GPU, recorded:"] + recorded_lines(run)))
-    for name, table in tables(fix, run.df).items():
-        print(name)
-        display(table)
-    return True
-
-
-def show_as_released(fix: str, rebuilt, *, symbol: str | None = None) -> None:
-    """The fix's row of the release timeline, then the released ``symbol`` (first release with the fix) beside
-    the rebuilt function or class: what the notebook claims, next to what shipped."""
-    import matplotlib.pyplot as plt
-    from IPython.display import display
-
-    from sglab.sglang import wheels as figures, hunks
-
-    figures.timeline_row_figure(fix)
-    plt.show()
-    display(hunks.beside(fix, rebuilt, symbol=symbol))
-
-
-# --------------------------------------------------------------------------------------------------
-# report: The pieces every "real SGLang, before and after" section shares: run a probe on the rel
-# --------------------------------------------------------------------------------------------------
-
-
-MISMATCH = "!!! REAL SGLANG AND THE REBUILD DISAGREE"
-
-
-def run(releases: Iterable[str], probe: str, params: Optional[dict] = None) -> dict[str, ProbeResult]:
-    """Each release's answer: from the recording where it holds it (``SGLAB_REAL=auto``, the default), else run
-    now, each release in its own subprocess (two at a time: the CPU box has two cores); see
-    :mod:`sglab.sglang.store`."""
-    return run_probes(releases, probe, params, jobs=2)
-
-
-def source_line(results: dict[str, ProbeResult]) -> str:
-    """Where the answers come from, in one line: a recording (which one) or this machine, now."""
-    labels = sorted({r.recorded for r in results.values() if r.recorded})
-    now = [v for v, r in results.items() if not r.recorded]
-    parts = []
-    if labels:
-        parts.append(f"answers {'; '.join(labels)} (SGLAB_REAL=live runs the installed releases here instead)")
-    if now:
-        parts.append(f"run here now: {', '.join(now)}")
-    return "real SGLang: " + " · ".join(parts) if parts else "real SGLang: no release asked"
-
-
-def not_run_lines(results: dict[str, ProbeResult]) -> list[str]:
-    """One ``sglang V: not run: <reason>`` line per release that did not run (missing, import failed, raised)."""
-    return [f"sglang {v}: not run: {r.reason.removeprefix(f'sglang {v}: ')}" for v, r in results.items()
-            if not r.ok]
-
-
-def status_lines(results: dict[str, ProbeResult]) -> str:
-    """Where the answers come from (:func:`source_line`), then one line per release: how long it ran and with
-    which shims, or why it did not run."""
-    lines = [r.summary(with_source=False) if r.ok else f"sglang {v}: not run: {r.reason.removeprefix(f'sglang {v}: ')}"
-             for v, r in results.items()]
-    return "\n".join([source_line(results), *lines])
-
-
-def ran(results: dict[str, ProbeResult]) -> dict[str, ProbeResult]:
-    return {v: r for v, r in results.items() if r.ok}
-
-
-def check_table(table, *, what: str = "rows") -> bool:
-    """Print a loud banner with every row whose ``agrees`` is False; True when every row agrees (and there is at
-    least one row: an empty comparison proves nothing and says so)."""
-    if table is None or len(table) == 0:
-        print(f"no real release ran, so nothing was compared ({what})")
-        return False
-    bad = table[~table["agrees"].astype(bool)]
-    if len(bad):
-        print(f"{MISMATCH}: {len(bad)} of {len(table)} {what}\n{bad.to_string(index=False)}")
-        return False
-    print(f"real SGLang and the rebuild agree on all {len(table)} {what}")
-    return True
-
-
-def recorded_summary(fix: str) -> tuple[Optional[str], object]:
-    """(one header line, the run's table without its constant columns) of :func:`recorded`, or a "not recorded
-    yet" line and None."""
-    run_ = recorded(fix)
-    if run_ is None:
-        return (f"GPU run of real SGLang: not recorded yet (data/recorded/real_{fix}/ holds no run)", None)
-    m, params = run_.manifest, run_.manifest.get("params") or {}
-    releases = params.get("releases") or (sorted(set(map(str, run_.df["release"])))
-                                          if "release" in run_.df.columns else "?")
-    shims = params.get("shims")
-    line = f"GPU run of real SGLang: {run_.path.name} ({run_.provenance}); releases {releases}"
-    if shims:
-        line += f"; shims {shims}"
-    from sglab.sglang.compare import tables
-
-    return line, tables(fix, run_.df)
-
-
-# --------------------------------------------------------------------------------------------------
-# summary: What a recorded real-SGLang GPU run says, in the shape a reader compares with the rebu
-# --------------------------------------------------------------------------------------------------
-
-
-SWA_METRICS = ["translate_calls", "kernel_nodes", "replay_kernels", "replay_us_median", "rows_landed"]
-SWA_VARIANTS = ["per_layer", "once_in_graph", "preset"]
-
-
-def _pivot(df, index: list[str], metrics: list[str]):
+def pivot(df, index: list[str], metrics: list[str]):
+    """``metrics`` as columns over ``index`` (first value per cell): the shape a reader compares."""
     rows = df[df["metric"].isin(metrics)]
-    table = rows.pivot_table(index=index, columns="metric", values="value", aggfunc="first")
-    return table[[m for m in metrics if m in table.columns]]
+    t = rows.pivot_table(index=index, columns="metric", values="value", aggfunc="first")
+    return t[[m for m in metrics if m in t.columns]]
 
 
-def swa_loc(df):
-    """Per release × variant: translations during capture, kernel nodes, profiled kernels, replay µs; then per
-    release the nodes per SWA layer (measured vs read from the release's translation code) and the decode
-    buffer's dtype and padded tail (#24743)."""
-    graphs = _pivot(df[df["variant"].isin(SWA_VARIANTS)], ["release", "variant"], SWA_METRICS)
-    per_layer = _pivot(df[df["variant"] == "per_layer-preset"], ["release"],
-                       ["nodes_per_swa_layer", "expected_nodes_per_swa_layer"])
-    buffers = _pivot(df[df["variant"] == "decode_buffers"], ["release"],
-                     ["has_out_cache_loc_swa", "dtype", "padded_tail_after_padded_populate"])
-    return {"graphs": graphs, "per SWA layer": per_layer, "decode buffers (#24743)": buffers}
+def show_recorded(name: str, tables: Optional[Callable] = None):
+    """Show the newest recorded real GPU run of fix ``name`` (``tables(df) -> {title: table}`` shapes it; the
+    tidy rows otherwise), or say plainly that there is none. Returns the run or None."""
+    from sglab.core.notebook import show_table
 
-
-def breakable_graph(df):
-    """Per release × side (real / rebuild) × case: requests and max |replay − eager|; graph segments and breaks."""
-    cases = _pivot(df[df["variant"].isin(["real", "rebuild"]) & df["case"].notna()], ["release", "variant", "case"],
-                   ["requests", "max_abs_diff_vs_eager_live", "max_abs_diff_vs_eager_bucket"])
-    shape = _pivot(df[df["variant"].isin(["real", "rebuild"]) & df["case"].isna()], ["release", "variant"],
-                   ["segments", "breaks"])
-    return {"replay vs eager": cases, "graph shape": shape}
-
-
-SUMMARIES = {"swa_loc": swa_loc, "breakable_graph": breakable_graph}
-
-
-def tables(fix: str, df) -> dict:
-    """Named tables for ``fix``'s recorded run; the tidy rows when the fix has no summary or its rows do not fit."""
-    fn = SUMMARIES.get(fix)
-    if fn is not None:
+    run = recorded(name)
+    if run is None:
+        print(f"Real SGLang on a GPU ({name}): not recorded yet (no run under data/recorded/real_{name}/).")
+        return None
+    print("\n".join(["Real SGLang on a GPU, recorded:"] + recorded_lines(run)))
+    shaped = None
+    if tables is not None:
         try:
-            return fn(df)
+            shaped = tables(run.df)
         except (KeyError, ValueError):
-            pass
-    return {"rows": df.drop(columns=[c for c in ("experiment",) if c in df.columns])}
+            shaped = None
+    for title, t in (shaped or {"rows": run.df.drop(columns=["experiment"], errors="ignore")}).items():
+        print(title)
+        show_table(t)
+    return run

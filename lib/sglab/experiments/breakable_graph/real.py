@@ -15,7 +15,7 @@ from sglab.breakable_graph.sglang import FIX
 import logging
 
 from sglab.fixes import breakable_graph as bg
-from sglab.sglang import compare
+from sglab.sglang import compare_old as compare
 from sglab.sglang.probes import breakable_graph as released_probe
 
 RELEASES, PROBE = FIX.probe.releases, FIX.probe.fn  # the record's probe (sglab.breakable_graph.sglang)
@@ -84,7 +84,7 @@ def describe(flat: dict) -> str:
 
 def probe(releases=RELEASES) -> dict:
     """{release: ProbeResult}: recorded where the recording holds it, else run now (:func:`sglab.sglang.compare.run`)."""
-    from sglab.sglang import compare as report
+    from sglab.sglang import compare_old as report
 
     return report.run(releases, PROBE)
 

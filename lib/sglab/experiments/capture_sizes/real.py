@@ -31,7 +31,7 @@ def params(max_tokens: int = fx.MLA_MAX_TOKENS) -> dict:
 
 
 def probe(releases=RELEASES, max_tokens: int = fx.MLA_MAX_TOKENS) -> dict:
-    from sglab.sglang import compare as report
+    from sglab.sglang import compare_old as report
 
     return report.run(releases, PROBE, params(max_tokens))
 

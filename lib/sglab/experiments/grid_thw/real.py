@@ -12,7 +12,7 @@ from __future__ import annotations
 from sglab.grid_thw.sglang import FIX
 
 from sglab.fixes import grid_thw as fx
-from sglab.sglang import compare
+from sglab.sglang import compare_old as compare
 from sglab.sglang.probes import grid_thw as released_probe
 
 RELEASES, PROBE = FIX.probe.releases, FIX.probe.fn  # the record's probe (sglab.grid_thw.sglang)
@@ -77,7 +77,7 @@ def describe_rebuild(variant: str) -> str:
 
 def probe(releases=RELEASES) -> dict:
     """{release: ProbeResult}: recorded where the recording holds it, else run now (:func:`sglab.sglang.compare.run`)."""
-    from sglab.sglang import compare as report
+    from sglab.sglang import compare_old as report
 
     return report.run(releases, PROBE)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from sglab.pcg_gate.sglang import FIX
 
 from sglab.fixes import pcg_gate as gate
-from sglab.sglang import compare
+from sglab.sglang import compare_old as compare
 from sglab.experiments.pcg_gate.variants import quiet_gate
 
 RELEASES, PROBE = FIX.probe.releases, FIX.probe.fn  # the record's probe (sglab.pcg_gate.sglang)
@@ -53,7 +53,7 @@ def describe(f: dict) -> str:
 
 def probe(releases=RELEASES) -> dict:
     """{release: ProbeResult}: recorded where the recording holds it, else run now (:func:`sglab.sglang.compare.run`)."""
-    from sglab.sglang import compare as report
+    from sglab.sglang import compare_old as report
 
     return report.run(releases, PROBE)
 

@@ -26,7 +26,7 @@ RECORDED = "swa_loc"                          # data/recorded/real_swa_loc/
 
 
 def probe(releases=RELEASES) -> dict:
-    from sglab.sglang import compare as report
+    from sglab.sglang import compare_old as report
 
     return report.run(releases, PROBE)
 

@@ -37,7 +37,7 @@ def params(traces=None) -> dict:
 
 def probe(releases=RELEASES, traces=None) -> dict:
     """{release: ProbeResult} of the real probe (one subprocess per release)."""
-    from sglab.sglang import compare as report
+    from sglab.sglang import compare_old as report
 
     return report.run(releases, PROBE, params(traces))
 
