@@ -95,12 +95,12 @@ class ClaimsError(RuntimeError):
 def _mod(mod):
     """TRANSITION: a fix name resolves to its already-loaded claims module (removed once every fix has moved)."""
     if isinstance(mod, str):
-        import sys
+        import importlib
 
-        for key in (f"sglab.{mod}.claims", f"sglab.experiments.{mod}.claims"):
-            if key in sys.modules:
-                return sys.modules[key]
-        raise ClaimsError(f"the claims of {mod!r} are not loaded")
+        try:
+            return importlib.import_module(f"sglab.{mod}.claims")
+        except ModuleNotFoundError:
+            return importlib.import_module(f"sglab.experiments.{mod}.claims")
     return mod
 
 

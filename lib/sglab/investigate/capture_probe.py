@@ -42,7 +42,7 @@ def _rule_comment(src: dict, lineno: int) -> str:
 def piecewise_switch(sa_mod, sa) -> str | None:
     """Run the release's ``_handle_piecewise_cuda_graph`` on ``sa`` as on a CUDA host; None when the piecewise
     runner stays on, else why it is off (the rule's comment, or the user's own flag)."""
-    from sglab.sglang.probes._support import patched
+    from sglab.sglang.probing import patched
 
     handler = getattr(type(sa), "_handle_piecewise_cuda_graph", None)
     if handler is None:
@@ -97,7 +97,7 @@ def unsupported(release: str) -> str:
 def _one_case(prepared, argv: list[str], mla: bool, gpu_mem_gb: float, max_running: int) -> list[dict]:
     from sglab.sglang import bootstrap
     from sglab.sglang.probes import server_args
-    from sglab.sglang.probes._support import has_file
+    from sglab.sglang.probing import has_file
     from sglab.sglang.probes.capture_sizes import _attn_widths, _sizes_pr_era
 
     if not has_file(prepared, RUNNER_FILE):

@@ -28,7 +28,7 @@ REAL_MODULES = ("sglang.srt.model_executor.breakable_cuda_graph.breakable_cuda_g
 def real_module(prepared):
     """The release's breakable-graph module (it moved in 0.5.14)."""
     from sglab.sglang import bootstrap
-    from sglab.sglang.probes._support import has_file
+    from sglab.sglang.probing import has_file
 
     for name in REAL_MODULES:
         if has_file(prepared, name.replace(".", "/").removeprefix("sglang/") + ".py"):

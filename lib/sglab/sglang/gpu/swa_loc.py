@@ -239,7 +239,7 @@ def _derived(rows: list[dict], translate, allocator) -> list[dict]:
 
 def buffer_rows(prepared, device: str = "cuda") -> list[dict]:
     """The decode buffers on ``device``, as tidy rows (variant ``decode_buffers``)."""
-    from sglab.sglang.probes._support import has_file
+    from sglab.sglang.probing import has_file
     from sglab.sglang.probes.swa_loc import buffer_rows as cpu_rows
 
     if not has_file(prepared, "srt/model_executor/cuda_graph_runner.py"):

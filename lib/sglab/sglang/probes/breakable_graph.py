@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import types
 
-from sglab.sglang.probes._support import (
-    Recorder, Stop, captured_logs, has_file, module_path, patched,
-)
+from sglab.sglang.probing import Recorder, Stop, captured_logs, has_file, module_path, patched
 
 RUNNER_FILE = "srt/model_executor/breakable_cuda_graph_runner.py"
 CAPTURE_TOKENS = [16, 32, 64]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import types
 
-from sglab.sglang.probes._support import Stop, has_file, patched
+from sglab.sglang.probing import Stop, has_file, patched
 
 # name -> ServerArgs fields; anything not named keeps the default in _server_args()
 SETTINGS = {

@@ -24,7 +24,7 @@ import inspect
 import pickle
 import types
 
-from sglab.sglang.probes._support import Stop, has_file, patched
+from sglab.sglang.probing import Stop, has_file, patched
 
 KEYS = ("grid_thws", "image_grid_thw")
 IMAGE_TOKEN = "<|media_pad|>"

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import types
 
-from sglab.sglang.probes._support import Recorder, captured_logs, has_file, module_path, patched
+from sglab.sglang.probing import Recorder, captured_logs, has_file, module_path, patched
 
 TOKENS = [4, 8, 16]   # any non-empty capture list; the gate only checks that one is set
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import types
 
-from sglab.sglang.probes._support import has_file
+from sglab.sglang.probing import has_file
 
 
 class _ArgError(ValueError):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 import types
 
-from sglab.sglang.probes._support import has_file
+from sglab.sglang.probing import has_file
 
 SWA_LAYERS, FULL_LAYERS = [0, 2], [1, 3]
 HEAD_NUM, HEAD_DIM = 2, 4

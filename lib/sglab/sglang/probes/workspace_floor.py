@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import types
 
-from sglab.sglang.probes._support import patched
+from sglab.sglang.probing import patched
 
 HIDDEN = 7168
 WORLD_SIZE = 2

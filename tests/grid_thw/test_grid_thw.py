@@ -228,7 +228,7 @@ def _recorded_csvs():
     import json
     from pathlib import Path
 
-    folder = Path(__file__).resolve().parents[1] / "data" / "recorded" / "grid_thw"
+    folder = Path(__file__).resolve().parents[2] / "data" / "recorded" / "grid_thw"
     out = []
     for p in sorted(folder.glob("*.csv")):
         manifest = json.loads(p.with_suffix(".json").read_text())

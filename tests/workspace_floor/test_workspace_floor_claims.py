@@ -12,7 +12,7 @@ from sglab.tools import cli
 from sglab.core import runs
 from sglab.experiments import workspace_floor as exp
 
-import wsfloor_events
+from tests.workspace_floor import wsfloor_events
 
 RECORDED = runs.repo_root() / "data" / "recorded" / "workspace_floor"
 W2 = "20261121T222715Z_nvidia-h200-x2"

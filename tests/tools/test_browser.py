@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "reports" / "screenshots"
 NOTEBOOKS = ("00_start_here", "04_swa_loc")
 SECTION_SHOT = {"00_start_here": "The notebooks", "04_swa_loc": "Replay time (GPU)"}  # a screenshot each

@@ -8,7 +8,7 @@ import pytest
 
 from sglab.core import dist
 
-import dist_fns
+from tests.core import dist_fns
 
 
 def _alive(pid: int) -> bool:

@@ -13,7 +13,7 @@ from sglab.sglang import PINNED, install, releases, run_probe, shims_needed
 from sglab.sglang.bootstrap import plan
 from sglab.sglang.runner import _env, _spawn
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_makefile_installs_exactly_the_pinned_releases():

@@ -237,7 +237,7 @@ def test_capture_timeline_marks_the_refused_sizes(gloo_run):
 # --------------------------------------------------------------------------------------------------------------
 # a real run with its trace: H200 x2, NCCL, the default parameters (tests/data, a copy without the Perfetto file)
 # --------------------------------------------------------------------------------------------------------------
-H200_RUN = Path(__file__).parent / "data" / EXP / "20261123T110758Z_nvidia-h200-x2.csv"
+H200_RUN = Path(__file__).resolve().parents[1] / "data" / EXP / "20261123T110758Z_nvidia-h200-x2.csv"
 
 
 def test_a_real_h200_run_with_its_trace_verifies(capsys):

@@ -14,7 +14,7 @@ from sglab.tools import fixes
 from sglab.core import claims, runs
 from sglab.core import notebook as nbmod
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
 HASH_LINE = re.compile(r"^ {0,3}#")
 HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+\S")

@@ -13,7 +13,7 @@ import pytest
 from sglab.tools import cli, verify
 from sglab.core import runs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECORDED = sorted((ROOT / "data" / "recorded" / "swa_loc").glob("*.csv"))
 H100 = next((p for p in RECORDED if "h100" in p.name), None)
 

@@ -233,7 +233,7 @@ def test_reduce_keeps_only_what_is_inside_creations():
 
 
 def test_trace_tables_and_sentences_on_a_made_up_trace():
-    import wsfloor_events
+    from tests.workspace_floor import wsfloor_events
 
     from sglab.experiments.workspace_floor import text
 
@@ -255,7 +255,7 @@ def test_trace_tables_and_sentences_on_a_made_up_trace():
 
 def test_figures_draw_from_tables_and_recorded_runs():
     import matplotlib.pyplot as plt
-    import wsfloor_events
+    from tests.workspace_floor import wsfloor_events
 
     from sglab.core import runs
 

@@ -15,7 +15,7 @@ import pytest
 
 from sglab.tools import nbtools
 
-LIB = Path(__file__).resolve().parents[1] / "lib"
+LIB = Path(__file__).resolve().parents[2] / "lib"
 
 
 def _notebook(folder: Path, *sources: str) -> Path:

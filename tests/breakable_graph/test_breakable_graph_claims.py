@@ -12,8 +12,7 @@ import pytest
 from sglab.tools import cli
 from sglab.core import runs
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_pcg_gate_claims import _copy, _set  # noqa: E402
+from tests.pcg_gate.test_pcg_gate_claims import _copy, _set  # noqa: E402
 
 EXP = "breakable_graph"
 RECORDED = runs.list_runs(EXP)

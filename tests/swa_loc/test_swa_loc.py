@@ -305,7 +305,7 @@ def _recorded_csvs():
     import json
     from pathlib import Path
 
-    folder = Path(__file__).resolve().parents[1] / "data" / "recorded" / "swa_loc"
+    folder = Path(__file__).resolve().parents[2] / "data" / "recorded" / "swa_loc"
     newest = {}
     for path in sorted(folder.glob("*.csv")):
         man = json.loads(path.with_suffix(".json").read_text())

@@ -13,7 +13,7 @@ from sglab.fixes import swa_loc as fx
 
 matplotlib.use("Agg")
 
-from test_swa_loc_claims import CAST, GATHER, OTHER, _method2, _sidecars  # noqa: E402
+from tests.swa_loc.test_swa_loc_claims import CAST, GATHER, OTHER, _method2, _sidecars  # noqa: E402
 
 
 def test_kv_write_ops_per_variant():

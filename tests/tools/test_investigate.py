@@ -10,7 +10,7 @@ from sglab.investigate import swa_cost as sc
 from sglab.investigate import widgets
 from sglab.investigate import workspace as ws
 
-CONFIGS = Path(__file__).parent / "data" / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 
 
 # --------------------------------------------------------------------------------------------------------- traffic

@@ -14,7 +14,7 @@ from sglab.tools import nbtools
 pytest.importorskip("jupyter_server")
 from sglab.tools.lab import ContentsManager  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
 
 

@@ -283,7 +283,7 @@ def _recorded_csvs():
     import json
     from pathlib import Path
 
-    folder = Path(__file__).resolve().parents[1] / "data" / "recorded" / "pcg_gate"
+    folder = Path(__file__).resolve().parents[2] / "data" / "recorded" / "pcg_gate"
     newest = {}
     for csv in sorted(folder.glob("*.csv")):
         m = json.loads(csv.with_suffix(".json").read_text())

@@ -9,7 +9,7 @@ import pytest
 from sglab.core import dist, hardware
 from sglab.core import kernels, memory, timing
 
-import dist_fns
+from tests.core import dist_fns
 
 pytestmark = pytest.mark.gpu
 
