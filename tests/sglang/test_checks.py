@@ -111,71 +111,6 @@ def test_breakable_graph_states(files, status):
     assert state(checks.breakable_graph, files).status == status
 
 
-# -- #23552 / #24743 --------------------------------------------------------------------------------------------
-POOL_PR = """
-class SWAKVPool:
-    def set_swa_loc(self, loc):
-        self.swa_loc = loc
-
-    def set_kv_buffer(self, layer, loc, cache_k, cache_v):
-        if self.swa_loc is not None:
-            loc = self.swa_loc
-        else:
-            loc = self.translate_loc_from_full_to_swa(loc)
-        self.swa_kv_pool.set_kv_buffer(None, loc, cache_k, cache_v)
-"""
-POOL_LATER = """
-class SWAKVPool:
-    def set_kv_buffer(self, layer, loc_info, cache_k, cache_v):
-        loc, swa_loc = unwrap_write_loc(loc_info)
-        assert swa_loc is not None
-        self.swa_kv_pool.set_kv_buffer(None, swa_loc, cache_k, cache_v)
-"""
-
-
-def _runner(preset: bool, follow_up: bool) -> str:
-    dtype = "torch.int32" if follow_up else "torch.int64"
-    zero = "\n        if self.out_cache_loc_swa is not None:\n            self.out_cache_loc_swa.zero_()" \
-        if follow_up else ""
-    call = ("        if self.buffers.out_cache_loc_swa is not None:\n            self.model_runner.token_to_kv_pool"
-            ".set_swa_loc(self.buffers.out_cache_loc_swa[:num_tokens])\n") if preset else ""
-    return f"""
-class DecodeInputBuffers:
-    @classmethod
-    def create(cls, max_num_token, is_hybrid_swa=False):
-        out_cache_loc_swa = torch.zeros((max_num_token,), dtype={dtype}) if is_hybrid_swa else None
-        return cls(out_cache_loc_swa=out_cache_loc_swa)
-
-    def populate_from_forward_batch(self, forward_batch, raw_bs, bs):
-        if bs != raw_bs:
-            self.out_cache_loc.zero_(){zero}
-
-class CudaGraphRunner:
-    def capture_one_batch_size(self, bs, forward, num_tokens):
-{call}        return forward()
-"""
-
-
-def test_swa_loc_states():
-    pool, runner = checks.SWA_POOL, checks.DECODE_RUNNER
-    assert state(checks.swa_loc, {}).status == "absent"
-    v = state(checks.swa_loc, {pool: POOL_PR, runner: _runner(False, False)})
-    assert v.status == "before" and "captured into the decode graph" in v.detail
-    v = state(checks.swa_loc, {pool: POOL_PR, runner: _runner(True, False)})
-    assert v.status == "pr-era" and "#24743 not yet" in v.detail and "torch.int64" in v.detail
-    v = state(checks.swa_loc, {pool: POOL_PR, runner: _runner(True, True)})
-    assert v.status == "pr-era" and "padded tail zeroed, torch.int32" in v.detail
-    assert state(checks.swa_loc, {pool: POOL_LATER}).status == "changed"
-    assert state(checks.swa_loc, {pool: POOL_PR}).status == "unknown"  # no decode runner to read
-    assert state(checks.swa_loc, {pool: "class SWAKVPool:\n    pass\n"}).status == "unknown"
-
-
-def test_swa_padding_zeroed_marks_the_follow_up():
-    assert checks.swa_padding_zeroed({checks.DECODE_RUNNER: _runner(True, True)}.get)
-    assert not checks.swa_padding_zeroed({checks.DECODE_RUNNER: _runner(True, False)}.get)
-    assert not checks.swa_padding_zeroed({}.get)
-
-
 # -- #22858 -----------------------------------------------------------------------------------------------------
 def _processor(build: str, ret: str, move: bool) -> dict:
     moved = "        grid_thws = grid_thws.cpu()\n" if move else ""
@@ -257,10 +192,13 @@ def test_round_up_helper_without_ceil_align_is_not_a_round_up():
 
 # -- every state reachable; the folder path; the verdict contract -----------------------------------------------
 def test_every_release_state_is_reached_by_some_check():
+    from sglab.swa_loc import sglang as swa
+    from tests.swa_loc.test_sglang import POOL_LATER
+
     reached = {
         state(checks.pcg_gate, {}).status, state(checks.pcg_gate, {checks.KIMI_MODEL: KIMI["guard"]}).status,
         state(checks.pcg_gate, {checks.KIMI_MODEL: KIMI["no_alias"]}).status,
-        state(checks.swa_loc, {checks.SWA_POOL: POOL_LATER}).status,
+        state(swa.check, {swa.SWA_POOL: POOL_LATER}).status,
         state(checks.capture_sizes, {checks.PREFILL_RUNNER: PREFILL.replace("CAPTURE", "sorted(capture_tokens)")}).status,
         state(checks.pcg_gate, {checks.KIMI_MODEL: "class Other:\n    pass\n"}).status,
     }

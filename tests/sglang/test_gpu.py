@@ -22,7 +22,8 @@ from sglab.sglang.fix import GpuPlan, Step
 from sglab.sglang.releases import GPU_RELEASES
 from sglab.tools import cli
 from sglab.tools.fixes import FIXES, get
-from sglab.sglang.gpu import record, swa_loc
+from sglab.sglang.gpu import record
+from sglab.swa_loc import sglang as swa_loc
 from sglab.sglang.runner import ProbeResult
 from sglab.core.runs import list_runs, read_run
 
@@ -94,7 +95,7 @@ def test_dry_run_lists_steps_and_skips_and_runs_nothing(capsys, monkeypatch):
     monkeypatch.setattr(record, "record_fix", lambda *a, **k: pytest.fail("dry run recorded"))
     assert cli.main(["real", "gpu", "--dry-run", "--gpus", "1"]) == 0
     out = capsys.readouterr().out
-    assert "swa_loc -> real_swa_loc" in out and "sglang 0.5.12.post1: sglab.sglang.gpu.swa_loc:run" in out
+    assert "swa_loc -> real_swa_loc" in out and "sglang 0.5.12.post1: sglab.swa_loc.sglang:gpu_probe" in out
     assert "grid_thw: skipped, needs 2 GPUs, have 1" in out
 
 
@@ -178,8 +179,8 @@ def test_kernels_per_translation_rules():
 
 # -- the GPU probes' CPU path, through real workers and record_fix ------------------------------------------------
 CPU_FIXES = {
-    "swa_loc": GpuPlan(0, 1, (Step("0.5.12.post1", "sglab.sglang.gpu.swa_loc:run", {"device": "cpu"}),
-                              Step("0.5.23", "sglab.sglang.gpu.swa_loc:run", {"device": "cpu", "buffers": False})),
+    "swa_loc": GpuPlan(0, 1, (Step("0.5.12.post1", "sglab.swa_loc.sglang:gpu_probe", {"device": "cpu"}),
+                              Step("0.5.23", "sglab.swa_loc.sglang:gpu_probe", {"device": "cpu", "buffers": False})),
                        "cpu path"),
     "breakable_graph": GpuPlan(0, 1, (Step("0.5.23", "sglab.sglang.gpu.breakable_graph:run", {"device": "cpu"}),),
                                "cpu path"),
@@ -205,9 +206,9 @@ def test_swa_loc_cpu_path_translates_per_layer_once_or_never(cpu_runs):
     run = cpu_runs["swa_loc"]
     for release, k in (("0.5.12.post1", 2), ("0.5.23", 1)):
         ran(run, release)
-        calls = {v: value(run, release=release, variant=v, metric="translate_calls") for v in swa_loc.VARIANTS}
-        assert calls == {"per_layer": len(swa_loc.SWA_LAYERS), "once_in_graph": 1, "preset": 0}
-        for v in swa_loc.VARIANTS:
+        calls = {v: value(run, release=release, variant=v, metric="translate_calls") for v in swa_loc.GPU_VARIANTS}
+        assert calls == {"per_layer": len(swa_loc.GPU_SWA_LAYERS), "once_in_graph": 1, "preset": 0}
+        for v in swa_loc.GPU_VARIANTS:
             assert value(run, release=release, variant=v, metric="rows_landed") is True
         assert value(run, release=release, metric="expected_nodes_per_swa_layer") == k
     assert value(run, release="0.5.12.post1", variant="decode_buffers", metric="dtype") == "int32"
@@ -250,13 +251,13 @@ def _gpu_run(name: str, tmp_path_factory):
 @pytest.mark.gpu
 def test_gpu_swa_loc_nodes_per_swa_layer_equal_the_release_translation(tmp_path_factory):
     run = _gpu_run("swa_loc", tmp_path_factory)
-    n_swa = len(swa_loc.SWA_LAYERS)
+    n_swa = len(swa_loc.GPU_SWA_LAYERS)
     for release in ("0.5.12.post1", "0.5.23"):
         ran(run, release)
         k = swa_loc.kernels_per_translation(swa_loc.release_translation(release),
                                             value(run, release=release, metric="mapping_dtype"))
-        nodes = {v: value(run, release=release, variant=v, metric="kernel_nodes") for v in swa_loc.VARIANTS}
-        for v in swa_loc.VARIANTS:
+        nodes = {v: value(run, release=release, variant=v, metric="kernel_nodes") for v in swa_loc.GPU_VARIANTS}
+        for v in swa_loc.GPU_VARIANTS:
             assert value(run, release=release, variant=v, metric="replay_kernels") == nodes[v], (release, v)
             assert value(run, release=release, variant=v, metric="rows_landed") is True, (release, v)
         assert nodes["per_layer"] - nodes["preset"] == k * n_swa, (release, nodes, k)

@@ -72,7 +72,7 @@ def test_release_that_does_not_import_is_not_run_with_the_cause(tmp_path, monkey
     monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path))
     _fake_release(tmp_path, "9.9.9", "import sglang_missing_dependency\n")
     (tmp_path / "releases" / "9.9.9" / "sglang" / "_triton_stub.py").write_text(_MINI_TRITON_STUB)
-    r = run_probe("9.9.9", "swa_loc:run", timeout=120)
+    r = run_probe("9.9.9", "sglab.swa_loc.sglang:probe", timeout=120)
     assert r.status == "not-run"
     assert r.reason.startswith("sglang 9.9.9: import sglang.srt.mem_cache.swa_memory_pool failed: "
                                "ModuleNotFoundError: No module named 'sglang_missing_dependency'")

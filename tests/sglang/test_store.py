@@ -48,7 +48,7 @@ def test_run_probes_sources(recording, monkeypatch):
 
 
 def test_source_line_names_the_recording(recording):
-    from sglab.sglang import compare_old as report
+    from sglab.sglang import compare as report
 
     results = runner.run_probes(["0.5.11", "0.5.23"], "swa_loc:run", {"a": [1, 2], "b": 1}, source="auto")
     first, *rest = report.status_lines(results).splitlines()

@@ -6,7 +6,6 @@ import pytest
 
 from sglab.tools import cli
 from sglab.fixes import workspace_floor as wf
-from sglab.investigate import swa_cost as sc
 from sglab.investigate import widgets
 from sglab.investigate import workspace as ws
 
@@ -86,63 +85,6 @@ def test_workspace_command_prints_every_policy(capsys):
 
 
 # ------------------------------------------------------------------------------------------------------- your model
-@pytest.mark.parametrize("name, n_layers, n_swa", [
-    ("gemma3_text.json", 26, 22),        # 5 sliding : 1 full; 26 layers -> 4 full (5, 11, 17, 23)
-    ("gemma3_multimodal.json", 26, 22),  # the same layout under text_config
-    ("gpt_oss.json", 36, 18),            # alternating
-])
-def test_layouts_of_real_configs(name, n_layers, n_swa):
-    lay = sc.read_config(CONFIGS / name)
-    assert (lay.num_layers, lay.n_swa) == (n_layers, n_swa)
-    assert lay.found_by == "layer_types"
-
-
-def test_gemma3_full_layers_are_every_sixth():
-    lay = sc.read_config(CONFIGS / "gemma3_text.json")
-    assert [i for i in range(26) if i not in lay.swa_layers] == [5, 11, 17, 23]
-
-
-def test_pattern_and_qwen_style_layouts():
-    assert sc.layout({"num_hidden_layers": 12, "sliding_window_pattern": 6}).swa_layers == \
-        [0, 1, 2, 3, 4, 6, 7, 8, 9, 10]
-    lay = sc.layout({"num_hidden_layers": 8, "use_sliding_window": True, "max_window_layers": 6})
-    assert lay.swa_layers == [6, 7]
-
-
-@pytest.mark.parametrize("name, what", [
-    ("mistral.json", "not a hybrid layout"),
-    ("qwen2.json", "no sliding-window layer"),
-])
-def test_configs_without_a_hybrid_layout(name, what, capsys):
-    assert cli.main(["swa-cost", str(CONFIGS / name)]) == 2
-    err = capsys.readouterr().err
-    assert what in err and len(err.strip().splitlines()) == 1
-
-
-def test_no_layout_keys_lists_what_was_looked_for(tmp_path, capsys):
-    f = tmp_path / "config.json"
-    f.write_text('{"num_hidden_layers": 4}')
-    assert cli.main(["swa-cost", str(f)]) == 2
-    assert "layer_types, sliding_window_pattern, use_sliding_window + max_window_layers" in capsys.readouterr().err
-
-
-def test_prediction_scales_the_measured_per_layer_cost():
-    lay = sc.read_config(CONFIGS / "gpt_oss.json")
-    cost = sc.LayerCost("H100", "run.csv", 2.0, {8: 1.5, 32: 3.0})
-    df = sc.predict(lay, batch_size=30, max_bs=160, costs=[cost])
-    row = df.iloc[0]
-    assert row["extra kernels per decode step"] == 36.0
-    assert row["extra µs per decode step (bs 32)"] == 54.0
-    assert row["int64 buffer bytes wasted"] == 640
-
-
-def test_measured_costs_come_from_the_recorded_runs():
-    costs = sc.measured_costs()
-    assert costs, "no recorded swa_loc run"
-    for c in costs:
-        assert c.extra_kernels_per_swa_layer > 0 and c.us_per_swa_layer
-
-
 # ------------------------------------------------------------------------------------------------------- widgets
 def test_widgets_fall_back_to_a_static_table(monkeypatch, capsys):
     monkeypatch.setenv("SGLAB_HEADLESS", "1")
@@ -173,21 +115,7 @@ def test_floor_table_runs_the_simulator_on_the_stored_cold_start():
     assert ws.floor_table(300, 2, 48).loc["floor_300", "what"] == "max(x.shape[0], 300)"
 
 
-def test_pattern_table_builds_the_layout_a_config_would():
-    df = sc.pattern_table(62, 5, 32)
-    # every 6th layer full: 62 // 6 = 10 full, 52 sliding-window
-    assert set(df["SWA layers"]) == {52} and set(df["full layers"]) == {10}
-    assert set(df["int64 buffer bytes wasted"]) == {4 * 256}
-    for c in sc.measured_costs():
-        row = df[df.GPU == c.gpu].iloc[0]
-        assert row["extra kernels per decode step"] == round(c.extra_kernels_per_swa_layer * 52, 1)
-        assert row["µs measured at bs"] == 32
-        assert row["extra µs per decode step"] == round(c.us_per_swa_layer[32] * 52, 1)
-    # 4 layers with 5 SWA per full layer has no full layer: the config's own message
-    assert "only sliding-window layers" in sc.pattern_table(4, 5, 8).note.iloc[0]
-
-
-@pytest.mark.parametrize("name", ["workspace_floor", "swa_layout", "capture_rules"])
+@pytest.mark.parametrize("name", ["workspace_floor", "capture_rules"])
 def test_notebook_widgets_are_static_tables_headless(monkeypatch, capsys, name):
     monkeypatch.setenv("SGLAB_HEADLESS", "1")
     table = getattr(widgets, name)()

@@ -13,9 +13,12 @@ A :class:`~sglab.core.runs.NoRun` stands where there is no run: every show funct
 
 from __future__ import annotations
 
+import functools
 import html
 import json
+import os
 import time
+from typing import Callable, Sequence
 
 from sglab.core import claims as C
 from sglab.core import hardware, runs
@@ -75,6 +78,76 @@ def show_table(df) -> None:
         ipy_display(df)
     else:
         print(df.to_string())
+
+
+def needs_run(fn):
+    """For show functions that take a run first: given a :class:`~sglab.core.runs.NoRun`, print its one line
+    ("no GPU run to show (…)") and return None instead of calling ``fn``."""
+    @functools.wraps(fn)
+    def wrapper(run, *args, **kwargs):
+        if not run:
+            print(getattr(run, "line", "no GPU run to show"))
+            return None
+        return fn(run, *args, **kwargs)
+
+    return wrapper
+
+
+# --------------------------------------------------------------------------------------------------------------
+# "your own setup": controls in a live notebook, a static table anywhere else
+# --------------------------------------------------------------------------------------------------------------
+def interactive_here() -> bool:
+    """True in a notebook with a frontend that can show widgets (not headless, ipywidgets importable)."""
+    if os.environ.get("SGLAB_HEADLESS") == "1":
+        return False
+    try:
+        import ipywidgets  # noqa: F401
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    ip = get_ipython()
+    return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
+
+
+def static_table(fn: Callable, static: Sequence[dict]):
+    """``fn`` over each settings dict, one block of rows per setting, the settings as leading columns."""
+    import pandas as pd
+
+    parts = []
+    for s in static:
+        df = fn(**s)
+        df = df.reset_index() if any(df.index.names) else df.reset_index(drop=True)  # keep a named index only
+        for i, (k, v) in enumerate(s.items()):
+            df.insert(i, k, v)
+        parts.append(df)
+    return pd.concat(parts, ignore_index=True)
+
+
+def explore(fn: Callable, controls: dict, *, static: Sequence[dict], title: str = ""):
+    """Sliders and drop-downs (ipywidgets) calling ``fn(**settings) -> DataFrame`` on every change, in a live
+    notebook; in a headless run (``SGLAB_HEADLESS=1``: ``sglab run``, the report, the tests) or without
+    ipywidgets, one table of ``fn`` over the ``static`` settings (returned, so the cell displays it)."""
+    if not interactive_here():
+        if title:
+            print(f"{title} — static table (run the notebook in JupyterLab for the controls):")
+        return static_table(fn, static)
+    import ipywidgets as w
+    from IPython.display import display as ipy_display
+
+    widgets = {}
+    for name, spec in controls.items():
+        first = static[0].get(name, list(spec)[0])
+        if isinstance(spec, (list, tuple)) and all(isinstance(x, (int, float)) for x in spec) and len(spec) > 3:
+            widgets[name] = w.SelectionSlider(options=list(spec), value=first, description=name,
+                                              continuous_update=False, style={"description_width": "initial"})
+        else:
+            widgets[name] = w.Dropdown(options=list(spec), value=first, description=name,
+                                       style={"description_width": "initial"})
+    out = w.interactive_output(lambda **kw: ipy_display(fn(**kw)), widgets)
+    if title:
+        ipy_display(w.HTML(f"<b>{title}</b>"))
+    ipy_display(w.VBox([w.HBox(list(widgets.values())[i:i + 3]) for i in range(0, len(widgets), 3)]), out)
+    return None
 
 
 def _resolve(claims_mod):

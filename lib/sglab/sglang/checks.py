@@ -20,8 +20,6 @@ KIMI_PROCESSOR = "srt/multimodal/processors/kimi_k25.py"
 LAYERNORM = "srt/layers/layernorm.py"
 BREAKABLE_RUNNER = "srt/model_executor/breakable_cuda_graph_runner.py"
 PREFILL_RUNNER = "srt/model_executor/runner/prefill_cuda_graph_runner.py"
-SWA_POOL = "srt/mem_cache/swa_memory_pool.py"
-DECODE_RUNNER = "srt/model_executor/cuda_graph_runner.py"
 PIECEWISE_RUNNER = "srt/model_executor/piecewise_cuda_graph_runner.py"
 ROUND_UP_HOMES = ("srt/utils/common.py", "srt/model_executor/runner/base_cuda_graph_runner.py")
 
@@ -151,54 +149,6 @@ def breakable_graph(read) -> Verdict:
         return Verdict("unknown", "runner/prefill_cuda_graph_runner.py found, but no layer_model swap recognised")
     return Verdict("absent", "no breakable CUDA graph runner in this SGLang (neither breakable_cuda_graph_runner.py "
                              "nor runner/prefill_cuda_graph_runner.py)")
-
-
-# -- #23552 (+ #24743) ------------------------------------------------------------------------------------------
-def _swa_buffer_facts(tree) -> tuple[str | None, bool]:
-    """(dtype of DecodeInputBuffers.out_cache_loc_swa, whether a padded populate zeroes it) — the #24743 pair."""
-    create = S.find(tree, "DecodeInputBuffers.create")
-    dtype = None
-    for value in S.assignments(create, "out_cache_loc_swa"):
-        for call in S.calls(value, "zeros"):
-            kw = S.keyword(call, "dtype")
-            dtype = ast.unparse(kw) if kw is not None else dtype
-    populate = S.find(tree, "DecodeInputBuffers.populate_from_forward_batch")
-    zeroed = any(ast.unparse(c.func).endswith("out_cache_loc_swa.zero_") for c in S.calls(populate, "zero_"))
-    return dtype, zeroed
-
-
-def swa_padding_zeroed(read) -> bool:
-    """Whether the decode buffers zero ``out_cache_loc_swa`` on a padded populate (#24743's fix)."""
-    _, tree = _parsed(read, DECODE_RUNNER)
-    return tree is not None and _swa_buffer_facts(tree)[1]
-
-
-def swa_loc(read) -> Verdict:
-    src, tree = _parsed(read, SWA_POOL)
-    if src is None:
-        return Verdict("absent", "no mem_cache/swa_memory_pool.py: no hybrid SWA KV pool in this SGLang")
-    set_kv = S.find(tree, "SWAKVPool.set_kv_buffer")
-    if set_kv is None:
-        return Verdict("unknown", "mem_cache/swa_memory_pool.py has no SWAKVPool.set_kv_buffer")
-    if not S.calls(set_kv, "translate_loc_from_full_to_swa"):
-        if S.find(tree, "SWAKVPool.set_swa_loc") is None and S.mentions(set_kv, "swa_loc"):
-            return Verdict("changed", "SWAKVPool.set_kv_buffer never translates: it is handed the SWA location "
-                                      "translated once per forward (set_swa_loc is gone, nothing to preset)")
-        return Verdict("unknown", "SWAKVPool.set_kv_buffer neither translates nor takes a swa_loc")
-    runner_src, runner = _parsed(read, DECODE_RUNNER)
-    capture = S.find(runner, "CudaGraphRunner.capture_one_batch_size")
-    if capture is None:
-        return Verdict("unknown", "set_kv_buffer translates unless swa_loc is set, but the decode runner's "
-                                  "CudaGraphRunner.capture_one_batch_size was not found")
-    presets = [c for c in S.calls(capture, "set_swa_loc") if "out_cache_loc_swa" in ast.unparse(c)]
-    if not presets:
-        return Verdict("before", "set_kv_buffer translates unless swa_loc is set, and capture_one_batch_size sets "
-                                 "none: every SWA layer's translation is captured into the decode graph")
-    dtype, zeroed = _swa_buffer_facts(runner)
-    tail = (f"#24743: padded tail zeroed, {dtype} buffer" if zeroed
-            else f"#24743 not yet: padded tail not zeroed, {dtype} buffer")
-    return Verdict("pr-era", f"capture_one_batch_size presets set_swa_loc(out_cache_loc_swa) before capture "
-                             f"(#23552); {tail}")
 
 
 # -- #22858 -----------------------------------------------------------------------------------------------------

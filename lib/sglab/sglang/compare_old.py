@@ -260,26 +260,7 @@ def recorded_summary(fix: str) -> tuple[Optional[str], object]:
 # --------------------------------------------------------------------------------------------------
 
 
-SWA_METRICS = ["translate_calls", "kernel_nodes", "replay_kernels", "replay_us_median", "rows_landed"]
-SWA_VARIANTS = ["per_layer", "once_in_graph", "preset"]
-
-
-def _pivot(df, index: list[str], metrics: list[str]):
-    rows = df[df["metric"].isin(metrics)]
-    table = rows.pivot_table(index=index, columns="metric", values="value", aggfunc="first")
-    return table[[m for m in metrics if m in table.columns]]
-
-
-def swa_loc(df):
-    """Per release × variant: translations during capture, kernel nodes, profiled kernels, replay µs; then per
-    release the nodes per SWA layer (measured vs read from the release's translation code) and the decode
-    buffer's dtype and padded tail (#24743)."""
-    graphs = _pivot(df[df["variant"].isin(SWA_VARIANTS)], ["release", "variant"], SWA_METRICS)
-    per_layer = _pivot(df[df["variant"] == "per_layer-preset"], ["release"],
-                       ["nodes_per_swa_layer", "expected_nodes_per_swa_layer"])
-    buffers = _pivot(df[df["variant"] == "decode_buffers"], ["release"],
-                     ["has_out_cache_loc_swa", "dtype", "padded_tail_after_padded_populate"])
-    return {"graphs": graphs, "per SWA layer": per_layer, "decode buffers (#24743)": buffers}
+from sglab.sglang.compare import pivot as _pivot  # noqa: E402
 
 
 def breakable_graph(df):
@@ -291,7 +272,7 @@ def breakable_graph(df):
     return {"replay vs eager": cases, "graph shape": shape}
 
 
-SUMMARIES = {"swa_loc": swa_loc, "breakable_graph": breakable_graph}
+SUMMARIES = {"breakable_graph": breakable_graph}
 
 
 def tables(fix: str, df) -> dict:

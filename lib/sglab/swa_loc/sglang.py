@@ -1,24 +1,687 @@
-"""The record of swa_loc: the upstream PR(s), the source check, the hunks, the real-release probes."""
+"""The SWA location preset in real SGLang: the fix's record, its source check, and its real-release
+probes.
+
+- ``FIX``: #23552 (+ #24743), the symbols each PR touched, the probe the notebook shows and the GPU
+  plan;
+- :func:`check`: which state a given SGLang is in, read as source (``sglab upstream``, the release
+  timeline);
+- :func:`probe` (CPU, one release per worker process): the released ``SWAKVPool`` +
+  ``SWATokenToKVPoolAllocator`` write one 3-token decode step through 4 layers (SWA layers 0 and 2):
+  translations with and without the location set or passed in beforehand, and whether the SWA rows
+  land at the paired slots; the aten ops of one translation (each a kernel node when captured);
+  ``DecodeInputBuffers`` where the release has the PR-era runner;
+- :func:`gpu_probe` (``sglab real gpu``): the released pool's decode write captured in a CUDA graph,
+  three ways;
+- :func:`comparison` / :func:`compare`: the real answers beside the rebuild's, release by release.
+
+Nothing here imports SGLang at module level: the probes run inside a release's worker process.
+"""
 
 from __future__ import annotations
 
-from sglab.sglang import checks as C
+import ast
+import inspect
+import textwrap
+import types
+
+import torch
+
+from sglab.sglang import compare as real
+from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, GpuPlan, Probe, Spec, Step, symbols_in
+from sglab.sglang.probing import has_file
+from sglab.sglang.releases import parse_version
+from sglab.sglang.upstream import Verdict
+from sglab.swa_loc import rebuild
+
+SWA_POOL = "srt/mem_cache/swa_memory_pool.py"
+DECODE_RUNNER = "srt/model_executor/cuda_graph_runner.py"
+PROBE_RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13", "0.5.23")
+BUFFER_VARIANT = {"0.5.10.post1": "before", "0.5.11": "pr23552", "0.5.12.post1": "pr24743"}
+# translate with a gather and an int32 cast
+PR_ERA_RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1")
+KERNELS_PER_TRANSLATION_TODAY = 1                               # 0.5.13 on: one gather
 
 
-FIX = Fix(
-    name="swa_loc", number="04", part="", prs=(23552, 24743), gpus=1,
-    title="SWA location preset before decode-graph capture (#23552, #24743)",
-    check=C.swa_loc,
-    hunks=(Spec(23552, symbols_in(C.DECODE_RUNNER, "DecodeInputBuffers.create",
-                                    "DecodeInputBuffers.populate_from_forward_batch",
-                                    "CudaGraphRunner.capture_one_batch_size")),
-           Spec(24743, symbols_in(C.DECODE_RUNNER, "DecodeInputBuffers.create",
-                                    "DecodeInputBuffers.populate_from_forward_batch"),
-                first_with=C.swa_padding_zeroed)),
-    probe=Probe("swa_loc:run", ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13", "0.5.23")),
-    gpu=GpuPlan(1, 1, (Step("0.5.11", "sglab.sglang.gpu.swa_loc:run", {"pool": False, "buffers": True}),
-                 Step("0.5.12.post1", "sglab.sglang.gpu.swa_loc:run", {"pool": True, "buffers": True}),
-                 Step("0.5.23", "sglab.sglang.gpu.swa_loc:run", {"pool": True, "buffers": False})),
-                "real SWAKVPool.set_kv_buffer in a CUDA graph: kernel nodes per SWA layer, replay time; decode buffers"),
-)
+# --------------------------------------------------------------------------------------------------
+# the source check (the release timeline, `sglab upstream`)
+# --------------------------------------------------------------------------------------------------
+def _parsed(read, rel):
+    text = read(rel)
+    return text, (S.parse(text) if text is not None else None)
+
+
+def _swa_buffer_facts(tree) -> tuple:
+    """(dtype of DecodeInputBuffers.out_cache_loc_swa, whether a padded populate zeroes it) —
+    #24743's pair."""
+    create = S.find(tree, "DecodeInputBuffers.create")
+    dtype = None
+    for value in S.assignments(create, "out_cache_loc_swa"):
+        for call in S.calls(value, "zeros"):
+            kw = S.keyword(call, "dtype")
+            dtype = ast.unparse(kw) if kw is not None else dtype
+    populate = S.find(tree, "DecodeInputBuffers.populate_from_forward_batch")
+    zeroed = any(ast.unparse(c.func).endswith("out_cache_loc_swa.zero_") for c in S.calls(populate,
+            "zero_"))
+    return dtype, zeroed
+
+
+def swa_padding_zeroed(read) -> bool:
+    """Whether the decode buffers zero ``out_cache_loc_swa`` on a padded populate (#24743's fix)."""
+    _, tree = _parsed(read, DECODE_RUNNER)
+    return tree is not None and _swa_buffer_facts(tree)[1]
+
+
+def check(read) -> Verdict:
+    """The state of #23552 (and #24743) in one SGLang, read from ``swa_memory_pool.py`` and the
+    decode runner."""
+    src, tree = _parsed(read, SWA_POOL)
+    if src is None:
+        return Verdict("absent",
+                       "no mem_cache/swa_memory_pool.py: no hybrid SWA KV pool in this SGLang")
+    set_kv = S.find(tree, "SWAKVPool.set_kv_buffer")
+    if set_kv is None:
+        return Verdict("unknown", "mem_cache/swa_memory_pool.py has no SWAKVPool.set_kv_buffer")
+    if not S.calls(set_kv, "translate_loc_from_full_to_swa"):
+        if S.find(tree, "SWAKVPool.set_swa_loc") is None and S.mentions(set_kv, "swa_loc"):
+            return Verdict("changed",
+                           "SWAKVPool.set_kv_buffer never translates: it is handed the SWA "
+                           "location " "translated once per forward (set_swa_loc is gone, nothing "
+                           "to preset)")
+        return Verdict("unknown", "SWAKVPool.set_kv_buffer neither translates nor takes a swa_loc")
+    _, runner = _parsed(read, DECODE_RUNNER)
+    capture = S.find(runner, "CudaGraphRunner.capture_one_batch_size")
+    if capture is None:
+        return Verdict("unknown",
+                       "set_kv_buffer translates unless swa_loc is set, but the decode runner's "
+                                  "CudaGraphRunner.capture_one_batch_size was not found")
+    presets = [c for c in S.calls(capture, "set_swa_loc") if "out_cache_loc_swa" in ast.unparse(c)]
+    if not presets:
+        return Verdict("before",
+                       "set_kv_buffer translates unless swa_loc is set, and capture_one_batch_size "
+                                 "sets none: every SWA layer's translation is captured into the "
+                       "decode graph")
+    dtype, zeroed = _swa_buffer_facts(runner)
+    tail = (f"#24743: padded tail zeroed, {dtype} buffer" if zeroed
+            else f"#24743 not yet: padded tail not zeroed, {dtype} buffer")
+    return Verdict("pr-era",
+                   f"capture_one_batch_size presets set_swa_loc(out_cache_loc_swa) before capture "
+                             f"(#23552); {tail}")
+
+
+# --------------------------------------------------------------------------------------------------
+# the CPU probe (inside one release's worker process)
+# --------------------------------------------------------------------------------------------------
+SWA_LAYERS, FULL_LAYERS = [0, 2], [1, 3]
+HEAD_NUM, HEAD_DIM = 2, 4
+PRESET_CASE = {"set_swa_loc": "set_swa_loc() before the layers",
+               "swa_loc_arg": "swa_loc= passed to each write",
+               "write_loc": "KVWriteLoc carrying swa_loc"}
+
+
+def kwargs_for(fn, values: dict) -> dict:
+    """The subset of ``values`` that ``fn`` accepts (signatures differ between releases)."""
+    params = inspect.signature(fn).parameters
+    missing = [n for n, p in params.items() if p.default is p.empty and p.kind is p.KEYWORD_ONLY
+               and n not in values]
+    if missing:
+        raise TypeError(f"{fn.__qualname__} needs {missing}, which this probe does not know")
+    return {k: v for k, v in values.items() if k in params}
+
+
+def _pool_modules(prepared):
+    from sglab.sglang import bootstrap
+
+    swa = bootstrap.import_release_module(prepared, "sglang.srt.mem_cache.swa_memory_pool")
+    alloc = swa if hasattr(swa, "SWATokenToKVPoolAllocator") else \
+        bootstrap.import_release_module(prepared, "sglang.srt.mem_cache.allocator.swa")
+    return swa, alloc
+
+
+def build_pool(prepared, device: str = "cpu", *, size: int = 16, size_swa: int = 6,
+               dtype=torch.float32, heads: int = HEAD_NUM, head_dim: int = HEAD_DIM,
+               swa_layers=SWA_LAYERS, full_layers=FULL_LAYERS):
+    """(pool, allocator) of the release on ``device`` (page size 1)."""
+    swa, alloc_mod = _pool_modules(prepared)
+    pool = swa.SWAKVPool(**kwargs_for(swa.SWAKVPool.__init__, dict(
+        size=size, size_swa=size_swa, page_size=1, dtype=dtype, head_num=heads, head_dim=head_dim,
+        swa_attention_layer_ids=list(swa_layers), full_attention_layer_ids=list(full_layers),
+        enable_kvcache_transpose=False, device=device, enable_memory_saver=False)))
+    allocator = alloc_mod.SWATokenToKVPoolAllocator(**kwargs_for(
+        alloc_mod.SWATokenToKVPoolAllocator.__init__,
+                                                                 dict(size=size, size_swa=size_swa,
+                                                                      page_size=1, dtype=dtype,
+                                                           device=device, kvcache=pool,
+                                                                      need_sort=False)))
+    return pool, allocator
+
+
+def count_translations(pool) -> tuple:
+    """(a list that grows by one per translation, the release's own bound method): the instance's
+    translate method wrapped, so the pool's internal calls (0.5.1x) and a caller's (0.5.2x) are both
+    counted."""
+    calls, real_fn = [], pool.translate_loc_from_full_to_swa
+
+    def counted(kv_indices):
+        calls.append(1)
+        return real_fn(kv_indices)
+
+    pool.translate_loc_from_full_to_swa = counted
+    return calls, real_fn
+
+
+def _write_step(prepared, mode: str, device: str) -> dict:
+    """One decode step of 3 tokens through all 4 layers; ``mode``: ``no_swa_loc``, ``set_swa_loc``
+    (0.5.10.post1-0.5.12.post1: set before the layers), ``swa_loc_arg`` (0.5.13: passed to each
+    write) or ``write_loc`` (0.5.2x: ``KVWriteLoc``)."""
+    pool, allocator = build_pool(prepared, device)
+    loc = allocator.alloc(3)
+    swa_slots = allocator.full_to_swa_index_mapping[loc].to(torch.int64)
+    calls, _ = count_translations(pool)
+    k = torch.arange(3 * HEAD_NUM * HEAD_DIM, dtype=torch.float32, device=device).reshape(3,
+            HEAD_NUM, HEAD_DIM) + 1
+    target, error, extra = loc, None, {}
+    # the caller translates once and passes swa_loc= to every layer
+    if mode == "swa_loc_arg":
+        extra = {"swa_loc": allocator.translate_loc_from_full_to_swa(loc)}
+    # the one translation ForwardBatch.init_new makes, outside the layers
+    elif mode == "set_swa_loc":
+        pool.set_swa_loc(allocator.translate_loc_from_full_to_swa(loc))
+    elif mode == "write_loc":
+        from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+        target = KVWriteLoc(loc=loc, swa_loc=allocator.translate_loc_from_full_to_swa(loc))
+    calls.clear()
+    try:
+        for layer_id in range(4):
+            pool.set_kv_buffer(types.SimpleNamespace(layer_id=layer_id), target, k * (layer_id + 1),
+                               -k, **extra)
+    except AssertionError as exc:
+        error = f"AssertionError: {exc}".strip().rstrip(":")
+    landed = None if error else bool(torch.equal(pool.swa_kv_pool.k_buffer[0][swa_slots], k))
+    n_calls = len(calls)  # before the translation below, which only reads the dtype
+    dtype = allocator.translate_loc_from_full_to_swa(loc).dtype
+    return {"translate_calls": n_calls, "error": error, "swa_rows_at_paired_slots": landed,
+            "translate_dtype": str(dtype).replace("torch.", "")}
+
+
+def pool_rows(prepared, device: str) -> list:
+    pool, _ = build_pool(prepared, device)
+    modes = ["no_swa_loc"] + (["set_swa_loc"] if hasattr(pool, "set_swa_loc") else [])
+    write_params = inspect.signature(pool.set_kv_buffer).parameters
+    modes += (["swa_loc_arg"] if "swa_loc" in write_params else []) + \
+             (["write_loc"] if "loc_info" in write_params else [])
+    rows = [{"part": "pool", "case": "has_set_swa_loc", "metric": "value",
+             "value": hasattr(pool, "set_swa_loc")}]
+    for mode in modes:
+        rows += [{"part": "pool", "case": mode, "metric": m, "value": v}
+                 for m, v in _write_step(prepared, mode, device).items()]
+    return rows
+
+
+def dispatched_ops(fn, *args) -> list:
+    """The aten ops ``fn(*args)`` dispatches that compute something (views left out): on a GPU each
+    one is a kernel launch, and a kernel node when captured in a CUDA graph. Works on the CPU."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ops: list = []
+
+    class _Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+            if not func.is_view:
+                ops.append(func._schema.name)
+            return func(*args, **(kwargs or {}))
+
+    with _Record():
+        fn(*args)
+    return ops
+
+
+def translation_rows(prepared, device: str) -> list:
+    """One translation of 3 full slots: the aten ops it dispatches, the mapping's dtype, the
+    ``return`` line."""
+    pool, allocator = build_pool(prepared, device)
+    loc = allocator.alloc(3)
+    fn = pool.translate_loc_from_full_to_swa
+    source = [ln.strip() for ln in inspect.getsource(fn).splitlines()
+              if ln.strip().startswith("return ")]
+    mapping = getattr(pool, "full_to_swa_index_mapping", None)
+    return [{"part": "translation", "case": "pool", "metric": "ops",
+             "value": dispatched_ops(fn, loc)},
+            {"part": "translation", "case": "pool", "metric": "mapping_dtype",
+             "value": str(mapping.dtype).replace("torch.", "") if mapping is not None else None},
+            {"part": "translation", "case": "pool", "metric": "source",
+             "value": source[-1] if source else None}]
+
+
+def _forward_batch(out_cache_loc_swa, n: int, device: str):
+    z = torch.zeros(n, dtype=torch.int64, device=device)
+    return types.SimpleNamespace(input_ids=z.clone(), req_pool_indices=z.clone(),
+                                 seq_lens=torch.full((n,), 5, dtype=torch.int32, device=device),
+                                 seq_lens_cpu=torch.full((n,), 5, dtype=torch.int32),
+                                 out_cache_loc=torch.arange(1, n + 1, device=device),
+                                 positions=z.clone(),
+                                 out_cache_loc_swa=torch.tensor(out_cache_loc_swa,
+                                                                dtype=torch.int32, device=device),
+                                 mrope_positions=None, encoder_lens=None, mamba_track_indices=None,
+                                 mamba_track_mask=None, ngram_embedding_info=None,
+                                 num_token_non_padded=torch.tensor([n], dtype=torch.int32,
+                                                                   device=device))
+
+
+def buffer_rows(prepared, device: str) -> list:
+    """``DecodeInputBuffers``: the field's dtype and its padded tail after a full populate (SWA
+    slots 11..14) followed by a padded one (2 real tokens into the 4-token graph)."""
+    from sglab.sglang import bootstrap
+
+    cgr = bootstrap.import_release_module(prepared, "sglang.srt.model_executor.cuda_graph_runner")
+    dib = getattr(cgr, "DecodeInputBuffers", None)
+    has_field = dib is not None and "out_cache_loc_swa" in getattr(dib, "__annotations__", {})
+    rows = [{"part": "buffers", "case": "decode", "metric": "has_out_cache_loc_swa",
+             "value": has_field}]
+    if not has_field:
+        return rows
+    buf = dib.create(**kwargs_for(dib.create,
+                                  dict(device=device, max_bs=4, max_num_token=4, hidden_size=8,
+                                       vocab_size=16, dtype=torch.float32, dp_size=1, pp_size=1,
+                                       is_encoder_decoder=False, require_mlp_tp_gather=False,
+                                       seq_len_fill_value=1, encoder_len_fill_value=0,
+                                       num_tokens_per_bs=1, cache_loc_dtype=torch.int64,
+                                       enable_mamba_track=False, ne_token_table=None,
+                                       is_hybrid_swa=True)))
+    populate = dict(raw_num_token=None, seq_len_fill_value=1, require_gathered_buffer=False,
+                    num_tokens_per_bs=1, nsa_enable_prefill_cp=False,
+                    enable_num_token_non_padded_flag=False, pp_proxy_tensors=None)
+    for swa, raw_bs in (([11, 12, 13, 14], 4), ([21, 22], 2)):
+        args = {**populate, "forward_batch": _forward_batch(swa, raw_bs, device), "raw_bs": raw_bs,
+                "raw_num_token": raw_bs, "bs": 4}
+        buf.populate_from_forward_batch(**kwargs_for(buf.populate_from_forward_batch, args))
+    return rows + [
+        {"part": "buffers", "case": "decode", "metric": "dtype",
+         "value": str(buf.out_cache_loc_swa.dtype).replace("torch.", "")},
+        {"part": "buffers", "case": "decode", "metric": "padded_tail_after_padded_populate",
+         "value": buf.out_cache_loc_swa[2:4].tolist()},
+        {"part": "buffers", "case": "decode", "metric": "real_part_after_padded_populate",
+         "value": buf.out_cache_loc_swa[:2].tolist()}]
+
+
+def device_of(params: dict) -> str:
+    """``params["device"]``, else CUDA where torch sees it (SGLang's CUDA paths expect CUDA tensors
+    there)."""
+    return params.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def probe(prepared, params: dict) -> list:
+    """Rows ``part, case, metric, value``: the pool and one translation (every release), the decode
+    buffers (releases with the PR-era ``model_executor/cuda_graph_runner.py``: 0.5.14 moved the
+    runner)."""
+    device = device_of(params)
+    rows = [{"part": "pool", "case": "device", "metric": "value",
+             "value": device}] + pool_rows(prepared, device)
+    rows += translation_rows(prepared, device)
+    if not params.get("pool_only") and has_file(prepared,
+                                                "srt/model_executor/cuda_graph_runner.py"):
+        rows += buffer_rows(prepared, device)
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# the GPU probe: the released pool's decode write in a CUDA graph (`sglab real gpu`)
+# --------------------------------------------------------------------------------------------------
+GPU_LAYERS = 8
+GPU_FULL_LAYERS = (3, 7)
+GPU_SWA_LAYERS = tuple(i for i in range(GPU_LAYERS) if i not in GPU_FULL_LAYERS)
+GPU_BS, GPU_HEADS, GPU_HEAD_DIM = 32, 8, 128
+GPU_VARIANTS = ("per_layer", "once_in_graph", "preset")
+
+
+def _without_docstring(body: list) -> list:
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None),
+                                                             ast.Constant):
+        return body[1:]
+    return body
+
+
+def translation_source(fn) -> str:
+    """The body of a release's ``translate_loc_from_full_to_swa`` without comments or docstring."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    return "\n".join(ast.unparse(stmt) for stmt in _without_docstring(tree.body[0].body))
+
+
+def release_translation(release: str) -> str:
+    """The translation body of an installed release, read from its source file (no import)."""
+    from sglab.sglang.releases import package_dir
+
+    path = package_dir(release) / "srt" / "mem_cache" / "swa_memory_pool.py"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef) and node.name == "SWAKVPool":
+            for fn in node.body:
+                if isinstance(fn, ast.FunctionDef) and fn.name == "translate_loc_from_full_to_swa":
+                    return "\n".join(ast.unparse(stmt) for stmt in _without_docstring(fn.body))
+    raise ValueError(f"sglang {release}: no SWAKVPool.translate_loc_from_full_to_swa in {path}")
+
+
+def kernels_per_translation(source: str, mapping_dtype: str = "int64") -> int:
+    """Kernels one translation launches, read from its code: the gather ``mapping[kv_indices]``,
+    plus one cast when the result is converted with ``.to(torch.int32)`` from a mapping that is not
+    int32 already."""
+    if "full_to_swa_index_mapping[" not in source:
+        raise ValueError(f"not the PR-era or current translation (no mapping gather): {source!r}")
+    return 1 + int(".to(torch.int32)" in source and mapping_dtype != "int32")
+
+
+def _writers(pool, loc, ks, vs, write_loc_cls):
+    """(set-up before capture, {variant: the captured write}); the real ``set_kv_buffer`` in every
+    one: ``per_layer`` every SWA layer translates, ``once_in_graph`` one translation inside the
+    graph shared by every layer, ``preset`` translated before capture into a static buffer (what
+    #23552's runner does)."""
+    layers = [types.SimpleNamespace(layer_id=i) for i in range(GPU_LAYERS)]
+    translate = pool.translate_loc_from_full_to_swa
+    static = {}
+
+    def write(locs):
+        for i, layer in enumerate(layers):
+            pool.set_kv_buffer(layer, locs[i], ks[i], vs[i])
+
+    if write_loc_cls is None:             # 0.5.1x: the pool holds the SWA location (set_swa_loc)
+        def setup(variant):
+            pool.set_swa_loc(translate(loc) if variant == "preset" else None)
+
+        def once():
+            pool.set_swa_loc(translate(loc))
+            write([loc] * GPU_LAYERS)
+
+        return setup, {"per_layer": lambda: write([loc] * GPU_LAYERS), "once_in_graph": once,
+                       "preset": lambda: write([loc] * GPU_LAYERS)}
+    w = write_loc_cls                      # 0.5.2x: the caller passes it in a KVWriteLoc
+
+    def setup(variant):
+        static["swa"] = translate(loc) if variant == "preset" else None
+
+    def per_layer():
+        write([w(loc=loc, swa_loc=translate(loc)) if i in GPU_SWA_LAYERS else w(loc=loc)
+               for i in range(GPU_LAYERS)])
+
+    def once():
+        one = w(loc=loc, swa_loc=translate(loc))
+        write([one] * GPU_LAYERS)
+
+    return setup, {"per_layer": per_layer, "once_in_graph": once,
+                   "preset": lambda: write([w(loc=loc, swa_loc=static["swa"])] * GPU_LAYERS)}
+
+
+def _landed(pool, allocator, loc, ks) -> bool:
+    """After a replay into zeroed buffers: every layer's K rows sit where the allocator put them."""
+    if loc.is_cuda:
+        torch.cuda.synchronize()
+    swa_slots = allocator.full_to_swa_index_mapping[loc].long()
+    ok = True
+    for i in range(GPU_LAYERS):
+        pool_layer, is_swa = pool.layers_mapping[i]
+        sub = pool.swa_kv_pool if is_swa else pool.full_kv_pool
+        rows = sub.k_buffer[pool_layer][swa_slots if is_swa else loc]
+        ok = ok and bool(torch.equal(rows.reshape(GPU_BS, -1), ks[i].reshape(GPU_BS, -1)))
+    return ok
+
+
+def _zero(pool) -> None:
+    for sub in (pool.swa_kv_pool, pool.full_kv_pool):
+        for b in list(sub.k_buffer) + list(sub.v_buffer):
+            b.zero_()
+
+
+def gpu_pool_rows(prepared, params: dict) -> list:
+    """Each variant: translations one forward makes, where the rows landed after a replay, the
+    graph's kernels; then the replay times, interleaved. ``params["device"] == "cpu"`` (a dry run
+    without CUDA): the same writes eagerly, no graph, no timing."""
+    from sglab.sglang.gpu import graphs
+
+    device = params.get("device", "cuda")
+    pool, allocator = build_pool(prepared, device, size=4096, size_swa=1024, dtype=torch.bfloat16,
+                                 heads=GPU_HEADS, head_dim=GPU_HEAD_DIM, swa_layers=GPU_SWA_LAYERS,
+                                 full_layers=GPU_FULL_LAYERS)
+    write_loc_cls = None
+    if not hasattr(pool, "set_swa_loc"):
+        from sglab.sglang import bootstrap
+
+        memory_pool = bootstrap.import_release_module(prepared, "sglang.srt.mem_cache.memory_pool")
+        write_loc_cls = memory_pool.KVWriteLoc
+    loc = allocator.alloc(GPU_BS)
+    gen = torch.Generator(device=device).manual_seed(0)
+    ks = [torch.randn(GPU_BS, GPU_HEADS, GPU_HEAD_DIM, device=device, dtype=torch.bfloat16,
+                      generator=gen) for _ in range(GPU_LAYERS)]
+    vs = [torch.randn_like(k) for k in ks]
+    calls, translate = count_translations(pool)
+    setup, fns = _writers(pool, loc, ks, vs, write_loc_cls)
+    rows, captured = [], {}
+    for variant in GPU_VARIANTS:
+        setup(variant)
+        calls.clear()
+        fns[variant]()                         # one eager forward: the translations it makes
+        rows.append({"variant": variant, "metric": "translate_calls", "value": len(calls),
+                     "unit": "calls"})
+        if device == "cuda":
+            captured[variant] = graphs.capture(fns[variant])
+        _zero(pool)
+        captured[variant].replay() if device == "cuda" else fns[variant]()
+        rows.append({"variant": variant, "metric": "rows_landed",
+                     "value": _landed(pool, allocator, loc, ks),
+                     "unit": "graph replay" if device == "cuda" else "eager"})
+        if device == "cuda":
+            rows += graphs.count_rows(variant, captured[variant])
+    if hasattr(pool, "set_swa_loc"):
+        pool.set_swa_loc(None)
+    if captured:
+        rows += graphs.timing_rows(captured, rounds=params.get("rounds", 5),
+                                   repeat=params.get("repeat", 200))
+    return rows + _derived(rows, translate, allocator)
+
+
+def _derived(rows: list, translate, allocator) -> list:
+    """Nodes per SWA layer (measured) beside what the release's translation code predicts."""
+    nodes = {r["variant"]: r["value"] for r in rows if r["metric"] == "kernel_nodes"}
+    source = translation_source(translate)
+    mapping_dtype = str(allocator.full_to_swa_index_mapping.dtype).replace("torch.", "")
+    n = len(GPU_SWA_LAYERS)
+    out = [{"variant": "setup", "metric": "layers", "value": GPU_LAYERS, "unit": "layers"},
+           {"variant": "setup", "metric": "swa_layers", "value": n, "unit": "layers"},
+           {"variant": "setup", "metric": "batch_size", "value": GPU_BS, "unit": "tokens"},
+           {"variant": "setup", "metric": "translation_source", "value": source, "unit": ""},
+           {"variant": "setup", "metric": "mapping_dtype", "value": mapping_dtype, "unit": ""},
+           {"variant": "per_layer-preset", "metric": "expected_nodes_per_swa_layer",
+            "value": kernels_per_translation(source, mapping_dtype), "unit": "nodes"}]
+    if nodes:
+        out += [{"variant": "per_layer-preset", "metric": "nodes_per_swa_layer",
+                 "value": (nodes["per_layer"] - nodes["preset"]) / n, "unit": "nodes"},
+                {"variant": "per_layer-once_in_graph", "metric": "node_difference",
+                 "value": nodes["per_layer"] - nodes["once_in_graph"], "unit": "nodes"}]
+    return out
+
+
+def gpu_probe(prepared, params: dict) -> list:
+    """Rows ``variant, metric, value, unit`` (and ``kernel`` for node names): the pool, the decode
+    buffers."""
+    from sglab.sglang.gpu import graphs
+
+    device = params.get("device", "cuda")
+    if device == "cuda":
+        graphs.require_cuda(prepared)
+    rows = graphs.device_rows()
+    if params.get("pool", True):
+        rows += gpu_pool_rows(prepared, params)
+    if params.get("buffers", True) and has_file(prepared,
+                                                "srt/model_executor/cuda_graph_runner.py"):
+        rows += [{"variant": "decode_buffers", "metric": r["metric"], "value": r["value"],
+                  "unit": ""} for r in buffer_rows(prepared, device)]
+    return rows
+
+
+def gpu_tables(df) -> dict:
+    """A recorded GPU run as a reader compares it: per release × variant the graphs, per release the
+    nodes per SWA layer (measured vs read from the translation code), and the decode buffers
+    (#24743)."""
+    metrics = ["translate_calls", "kernel_nodes", "replay_kernels", "replay_us_median",
+               "rows_landed"]
+    return {"graphs": real.pivot(df[df["variant"].isin(GPU_VARIANTS)], ["release", "variant"],
+                                 metrics),
+            "per SWA layer": real.pivot(df[df["variant"] == "per_layer-preset"], ["release"],
+                                        ["nodes_per_swa_layer", "expected_nodes_per_swa_layer"]),
+            "decode buffers (#24743)": real.pivot(df[df["variant"] == "decode_buffers"],
+                                                  ["release"],
+                                                  ["has_out_cache_loc_swa", "dtype",
+                                                   "padded_tail_after_padded_populate"])}
+
+
+# --------------------------------------------------------------------------------------------------
+# the record
+# --------------------------------------------------------------------------------------------------
+_GPU = "sglab.swa_loc.sglang:gpu_probe"
+FIX = Fix(name="swa_loc", number="04", prs=(23552, 24743), gpus=1,
+          title="SWA location preset before decode-graph capture (#23552, #24743)", check=check,
+          hunks=(Spec(23552,
+                      symbols_in(DECODE_RUNNER, "DecodeInputBuffers.create",
+                                 "DecodeInputBuffers.populate_from_forward_batch",
+                                 "CudaGraphRunner.capture_one_batch_size")),
+                 Spec(24743,
+                      symbols_in(DECODE_RUNNER, "DecodeInputBuffers.create",
+                                 "DecodeInputBuffers.populate_from_forward_batch"),
+                      first_with=swa_padding_zeroed)),
+          probe=Probe("sglab.swa_loc.sglang:probe", PROBE_RELEASES),
+          gpu=GpuPlan(1, 1,
+                      (Step("0.5.11", _GPU, {"pool": False, "buffers": True}),
+                       Step("0.5.12.post1", _GPU, {"pool": True, "buffers": True}),
+                       Step("0.5.23", _GPU, {"pool": True, "buffers": False})),
+                      "real SWAKVPool.set_kv_buffer in a CUDA graph: kernel nodes per SWA layer, "
+                      "replay time; decode " "buffers"),)
+
+
+# --------------------------------------------------------------------------------------------------
+# the real answers beside the rebuild's (the notebook's real-SGLang section)
+# --------------------------------------------------------------------------------------------------
+def _rebuild_pool():
+    pool = rebuild.SWAKVPool(16, 6, 2, 4, torch.float32, SWA_LAYERS, FULL_LAYERS, "cpu")
+    return pool, rebuild.SWATokenToKVPoolAllocator(16, 6, pool)
+
+
+def rebuild_write(preset: bool) -> dict:
+    """The rebuild's pool through the probe's step: translations the layers make, and whether SWA
+    layer 0's K rows sit at the allocator's paired slots."""
+    pool, alloc = _rebuild_pool()
+    loc = alloc.alloc(3)
+    swa_slots = alloc.full_to_swa_index_mapping[loc].to(torch.int64)
+    if preset:
+        pool.set_swa_loc(alloc.translate_loc_from_full_to_swa(loc))
+    pool.translate_calls = 0
+    k = torch.arange(3 * 2 * 4, dtype=torch.float32).reshape(3, 2, 4) + 1
+    for layer in range(4):
+        pool.set_kv_buffer(layer, loc, k * (layer + 1), -k)
+    return {"translate_calls": pool.translate_calls,
+            "landed": bool(torch.equal(pool.buffers(0)[0][swa_slots], k))}
+
+
+def rebuild_translation_ops() -> list:
+    """The aten ops of one rebuilt translation (each a kernel node when captured on a GPU)."""
+    pool, alloc = _rebuild_pool()
+    return dispatched_ops(pool.translate_loc_from_full_to_swa, alloc.alloc(3))
+
+
+def rebuild_buffer(variant: str):
+    """(dtype, padded tail) of the rebuild's decode buffer after a full then a padded populate; None
+    for a variant without the buffer."""
+    cfg = rebuild.runner_config(variant)
+    if cfg.swa_loc_dtype is None:
+        return None
+    buf = rebuild.DecodeInputBuffers.create(device="cpu", max_bs=4, is_hybrid_swa=True,
+                                            swa_loc_dtype=cfg.swa_loc_dtype)
+    for swa, raw_bs in (([11, 12, 13, 14], 4), ([21, 22], 2)):
+        fb = rebuild.ForwardBatch(torch.zeros(raw_bs, dtype=torch.int64),
+                                  torch.full((raw_bs,), 5, dtype=torch.int32),
+                                  torch.arange(1, raw_bs + 1), torch.tensor(swa, dtype=torch.int32))
+        buf.populate_from_forward_batch(forward_batch=fb, raw_bs=raw_bs, bs=4,
+                                        zero_swa_on_pad=cfg.zero_swa_on_pad)
+    return str(buf.out_cache_loc_swa.dtype).replace("torch.",
+                                                    ""), buf.out_cache_loc_swa[2:4].tolist()
+
+
+def _get(result, part: str, case: str, metric: str):
+    d = result.rows
+    d = d[(d.part == part) & (d.case == case) & (d.metric == metric)]
+    return d["value"].iloc[0] if len(d) else None
+
+
+def release_rows(release: str, result) -> list:
+    """The comparable behaviours of one release, each beside what the rebuild (or the claims)
+    says."""
+    pr_era = release in PR_ERA_RELEASES
+    rows = []
+    if _get(result, "pool", "no_swa_loc", "error") is None:
+        rows.append(real.row(release,
+                             "translations in one write, location not preset (2 SWA layers)",
+                             _get(result, "pool", "no_swa_loc", "translate_calls"),
+                             "rebuild: before", rebuild_write(False)["translate_calls"]))
+    for case, how in PRESET_CASE.items():
+        if _get(result, "pool", case, "translate_calls") is not None:
+            rows.append(real.row(release, f"translations in the layers, {how}",
+                                 _get(result, "pool", case, "translate_calls"),
+                                 "rebuild: #23552 / #24743",
+                                 rebuild_write(True)["translate_calls"]))
+            rows.append(real.row(release, f"SWA rows at the allocator's paired slots, {how}",
+                                 _get(result, "pool", case, "swa_rows_at_paired_slots"),
+                                 "rebuild: #23552 / #24743", rebuild_write(True)["landed"]))
+    ops = _get(result, "translation", "pool", "ops") or []
+    rows.append(real.row(release,
+                         f"kernels per translation "
+                         f"({' + '.join(o.removeprefix('aten::') for o in ops)})", len(ops),
+                         "rebuild's translation" if pr_era else "claims: today's translation",
+                         len(rebuild_translation_ops()) if pr_era
+                         else KERNELS_PER_TRANSLATION_TODAY))
+    if release in BUFFER_VARIANT:
+        has = _get(result, "buffers", "decode", "has_out_cache_loc_swa")
+        got = ((_get(result, "buffers", "decode", "dtype"),
+                _get(result, "buffers", "decode",
+                     "padded_tail_after_padded_populate")) if has else None)
+        want = rebuild_buffer(BUFFER_VARIANT[release])
+        rows.append(real.row(release, "decode buffer out_cache_loc_swa: (dtype, padded tail)",
+                             tuple(got) if got else None, f"rebuild: {BUFFER_VARIANT[release]}",
+                             tuple(want) if want else None))
+    return rows
+
+
+def comparison(results: dict):
+    """One row per (release, behaviour) of the releases that ran."""
+    return real.table([r for v, res in results.items() if res.ok for r in release_rows(v, res)])
+
+
+def compare():
+    """The notebook's real-SGLang section: each release's answers beside the rebuild's, whether they
+    agree, and which translation each release ships."""
+    results = real.answers(FIX)
+    table = real.section(FIX, comparison, what="(release, behaviour) rows", results=results)
+    print(kernels_statement(results))
+    return table
+
+
+def released(rebuilt=None, *, symbol=None, pr=None) -> None:
+    """The fix across the releases, then the released ``symbol`` beside the rebuilt one."""
+    real.released(FIX, rebuilt, symbol=symbol, pr=pr)
+
+
+def kernels_statement(results: dict) -> str:
+    """Which releases translate with a gather and a cast and which with one gather, each with its
+    own ``return`` line: read off the real rows."""
+    by_source: dict = {}
+    for v, r in results.items():
+        if r.ok:
+            ops = _get(r, "translation", "pool", "ops") or []
+            by_source.setdefault((_get(r, "translation", "pool", "source"), len(ops)), []).append(v)
+    if not by_source:
+        return "no release ran: the kernels per translation of the real code are not known here"
+    return "\n".join(f"{', '.join(vs)}: `{src}` -> {n} kernel{'s' if n != 1 else ''} per "
+                     "translation" for (src, n),
+                     vs in sorted(by_source.items(), key=lambda kv: parse_version(kv[1][0])))
+
+
+def gpu_recorded():
+    """The newest recorded run of the released pool in a CUDA graph, as tables (or that none is
+    recorded)."""
+    return real.show_recorded(FIX.name, gpu_tables)

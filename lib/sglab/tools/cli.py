@@ -175,7 +175,7 @@ def cmd_workspace(args) -> int:
 
 
 def cmd_swa_cost(args) -> int:
-    from sglab.investigate import swa_cost as sc
+    from sglab.swa_loc import show as sc
 
     try:
         lay = sc.read_config(args.config)
@@ -287,7 +287,7 @@ def _evidence_commands(sub) -> None:
 
     capture_sizes_command.add_parser(sub)
     p = sub.add_parser("swa-cost", help="what the SWA location preset saves for a model's sliding-window layout")
-    p.add_argument("config", help="a Hugging Face config.json")
+    p.add_argument("config", help="a Hugging Face config.json, or the model folder that holds it")
     p.add_argument("--batch-size", type=int, default=32, help="decode batch size for the µs estimate")
     p.add_argument("--max-bs", type=int, default=256, help="largest captured decode batch (cuda-graph-max-bs)")
     p.set_defaults(fn=cmd_swa_cost)

@@ -1,4 +1,4 @@
-"""The real hybrid-SWA pool and decode buffers, against ``sglab.fixes.swa_loc``.
+"""The real hybrid-SWA pool and decode buffers, against ``sglab.swa_loc.rebuild``.
 
 Releases: 0.5.10.post1 (before #23552: no buffer field), 0.5.11 (#23552: int64 buffer, tail not cleared),
 0.5.12.post1 (#24743: int32, zeroed on padding), 0.5.13 (``set_swa_loc`` gone, ``swa_loc=`` passed to each write,
@@ -7,19 +7,27 @@ the translation one gather), 0.5.23 (a ``KVWriteLoc`` carries the location trans
 
 import pytest
 
-from sglab.experiments.swa_loc import claims, real as real_section
-from sglab.experiments.swa_loc.real import rebuild_buffer, rebuild_translation_ops, rebuild_translations
-from sglab.fixes import swa_loc as fix
-from sglab.sglang import compare_old as report
+from sglab.sglang.upstream import RELEASE_STATES, Verdict
+from sglab.swa_loc import sglang
+
+from sglab.swa_loc import claims, sglang as real_section
+from sglab.swa_loc.sglang import rebuild_buffer, rebuild_translation_ops, rebuild_write
+from sglab.swa_loc import rebuild as fix
+from sglab.sglang import compare as report
+from sglab.sglang import compare
 from sglab.sglang.testing import require, value
 
-RELEASES = real_section.RELEASES
+RELEASES = real_section.PROBE_RELEASES
 VARIANT_OF = real_section.BUFFER_VARIANT
 
 
 @pytest.fixture(scope="module")
 def real():
-    return real_section.probe()
+    return report.answers(real_section.FIX)
+
+
+def rebuild_translations(preset: bool) -> int:
+    return rebuild_write(preset)["translate_calls"]
 
 
 def rebuild_tail(variant: str) -> tuple[str, list]:
@@ -116,3 +124,92 @@ def test_recorded_answers_equal_the_live_ones(real):
     from sglab.sglang.testing import assert_recording_matches
 
     assert assert_recording_matches(real, "swa_loc:run") == len(RELEASES)
+
+
+# -- the released pool on a GPU, as recorded -----------------------------------------------------------------
+def test_swa_pool_summary_shows_the_kernels_each_translation_costs():
+    run = compare.recorded("swa_loc")
+    assert run is not None, "no recorded real_swa_loc run under data/recorded/"
+    t = real_section.gpu_tables(run.df)
+    per = t["per SWA layer"]
+    assert float(per.loc["0.5.12.post1", "nodes_per_swa_layer"]) == 2.0   # gather + .to(torch.int32)
+    assert float(per.loc["0.5.23", "nodes_per_swa_layer"]) == 1.0         # gather only
+    g = t["graphs"]
+    for release in ("0.5.12.post1", "0.5.23"):
+        assert float(g.loc[(release, "preset"), "kernel_nodes"]) < float(g.loc[(release, "per_layer"), "kernel_nodes"])
+        assert g.loc[(release, "preset"), "kernel_nodes"] == g.loc[(release, "preset"), "replay_kernels"]
+    buffers = t["decode buffers (#24743)"]
+    assert buffers.loc["0.5.11", "dtype"] == "int64" and buffers.loc["0.5.12.post1", "dtype"] == "int32"
+    assert buffers.loc["0.5.12.post1", "padded_tail_after_padded_populate"] == "[0, 0]"
+
+
+# -- the source check, on small synthetic SGLang trees shaped like the releases -------------------------------
+def state(check, files: dict) -> Verdict:
+    v = check(files.get)
+    assert v.status in RELEASE_STATES and v.detail and "\n" not in v.detail
+    return v
+
+
+# -- #23552 / #24743 --------------------------------------------------------------------------------------------
+POOL_PR = """
+class SWAKVPool:
+    def set_swa_loc(self, loc):
+        self.swa_loc = loc
+
+    def set_kv_buffer(self, layer, loc, cache_k, cache_v):
+        if self.swa_loc is not None:
+            loc = self.swa_loc
+        else:
+            loc = self.translate_loc_from_full_to_swa(loc)
+        self.swa_kv_pool.set_kv_buffer(None, loc, cache_k, cache_v)
+"""
+POOL_LATER = """
+class SWAKVPool:
+    def set_kv_buffer(self, layer, loc_info, cache_k, cache_v):
+        loc, swa_loc = unwrap_write_loc(loc_info)
+        assert swa_loc is not None
+        self.swa_kv_pool.set_kv_buffer(None, swa_loc, cache_k, cache_v)
+"""
+
+
+def _runner(preset: bool, follow_up: bool) -> str:
+    dtype = "torch.int32" if follow_up else "torch.int64"
+    zero = "\n        if self.out_cache_loc_swa is not None:\n            self.out_cache_loc_swa.zero_()" \
+        if follow_up else ""
+    call = ("        if self.buffers.out_cache_loc_swa is not None:\n            self.model_runner.token_to_kv_pool"
+            ".set_swa_loc(self.buffers.out_cache_loc_swa[:num_tokens])\n") if preset else ""
+    return f"""
+class DecodeInputBuffers:
+    @classmethod
+    def create(cls, max_num_token, is_hybrid_swa=False):
+        out_cache_loc_swa = torch.zeros((max_num_token,), dtype={dtype}) if is_hybrid_swa else None
+        return cls(out_cache_loc_swa=out_cache_loc_swa)
+
+    def populate_from_forward_batch(self, forward_batch, raw_bs, bs):
+        if bs != raw_bs:
+            self.out_cache_loc.zero_(){zero}
+
+class CudaGraphRunner:
+    def capture_one_batch_size(self, bs, forward, num_tokens):
+{call}        return forward()
+"""
+
+
+def test_swa_loc_states():
+    pool, runner = sglang.SWA_POOL, sglang.DECODE_RUNNER
+    assert state(sglang.check, {}).status == "absent"
+    v = state(sglang.check, {pool: POOL_PR, runner: _runner(False, False)})
+    assert v.status == "before" and "captured into the decode graph" in v.detail
+    v = state(sglang.check, {pool: POOL_PR, runner: _runner(True, False)})
+    assert v.status == "pr-era" and "#24743 not yet" in v.detail and "torch.int64" in v.detail
+    v = state(sglang.check, {pool: POOL_PR, runner: _runner(True, True)})
+    assert v.status == "pr-era" and "padded tail zeroed, torch.int32" in v.detail
+    assert state(sglang.check, {pool: POOL_LATER}).status == "changed"
+    assert state(sglang.check, {pool: POOL_PR}).status == "unknown"  # no decode runner to read
+    assert state(sglang.check, {pool: "class SWAKVPool:\n    pass\n"}).status == "unknown"
+
+
+def test_swa_padding_zeroed_marks_the_follow_up():
+    assert sglang.swa_padding_zeroed({sglang.DECODE_RUNNER: _runner(True, True)}.get)
+    assert not sglang.swa_padding_zeroed({sglang.DECODE_RUNNER: _runner(True, False)}.get)
+    assert not sglang.swa_padding_zeroed({}.get)

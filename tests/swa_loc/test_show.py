@@ -8,37 +8,37 @@ import pandas as pd
 import pytest
 
 from sglab.core import runs
-from sglab.experiments.swa_loc import analysis, figures, profile
-from sglab.fixes import swa_loc as fx
+from sglab.swa_loc import measure, show
+from sglab.swa_loc import rebuild as fx
 
 matplotlib.use("Agg")
 
-from tests.swa_loc.test_swa_loc_claims import CAST, GATHER, OTHER, _method2, _sidecars  # noqa: E402
+from tests.swa_loc.test_claims import CAST, GATHER, OTHER, _method2, _sidecars  # noqa: E402
 
 
 def test_kv_write_ops_per_variant():
-    first = {v: figures.one_layer_ops(v) for v in fx.VARIANTS}
+    first = {v: show.one_layer_ops(v) for v in fx.VARIANTS}
     assert first["before"] == ["index", "_to_copy->int32", "_to_copy->int64", "index_put_", "index_put_"]
     assert first["pr23552"] == ["index_put_", "index_put_"]  # int64 buffer: torch's index_put_ takes it as it is
     assert first["pr24743"] == ["_to_copy->int64", "index_put_", "index_put_"]
-    calls = profile.kv_write_ops("before", num_layers=6, swa_per_full=5)
-    assert [c.scope for c in calls].count(profile.SWA_WRITE) == 5 * 5
-    assert [c.scope for c in calls].count(profile.FULL_WRITE) == 2
+    calls = measure.kv_write_ops("before", num_layers=6, swa_per_full=5)
+    assert [c.scope for c in calls].count(measure.SWA_WRITE) == 5 * 5
+    assert [c.scope for c in calls].count(measure.FULL_WRITE) == 2
 
 
 def test_kv_write_scopes_restore_the_pool():
     s = fx.build_setup(num_layers=6, swa_per_full=5, size=16, size_swa=8, head_num=1, head_dim=4)
-    steps = profile.eager_steps(s, fx.decode_batch(s, [1, 2], [3, 4]))
+    steps = measure.eager_steps(s, fx.decode_batch(s, [1, 2], [3, 4]))
     from sglab.core import kernel_table as ops
 
     with ops.OpRanges() as mode:
         steps["before"](mode)
     assert "set_kv_buffer" not in vars(s.pool)  # the instance patch is gone
-    swa = [c for c in mode.calls if c.scope == profile.SWA_WRITE]
+    swa = [c for c in mode.calls if c.scope == measure.SWA_WRITE]
     assert len(swa) == 5 * 5 and s.pool.translate_calls >= 5
     with ops.OpRanges() as mode:
         steps["pr24743"](mode)
-    assert [c.op for c in mode.calls if c.scope == profile.SWA_WRITE][:3] == ["_to_copy->int64", "index_put_",
+    assert [c.op for c in mode.calls if c.scope == measure.SWA_WRITE][:3] == ["_to_copy->int64", "index_put_",
                                                                               "index_put_"]
 
 
@@ -52,22 +52,22 @@ def test_reduce_events_keeps_the_replay_phases():
         {"lane": "stream 7", "name": "k", "category": "kernel", "start_us": 11, "dur_us": 1,
          "phase": "replay pr24743"},
     ])
-    out = profile.reduce_events(ev)
+    out = measure.reduce_events(ev)
     assert list(out.name) == ["phase::replay before", "k", "k"]
     assert list(out.variant) == ["before", "before", "pr24743"]
 
 
 def test_sidecar_tables(data_root):
     side = _sidecars()
-    assert analysis.translation_kernels(side["graph_kernels"]) == {GATHER: 40, CAST: 40}
-    pattern = analysis.name_pattern([GATHER, CAST])
-    assert analysis.trace_counts(side["events"], pattern) == {
+    assert show.translation_kernels(side["graph_kernels"]) == {GATHER: 40, CAST: 40}
+    pattern = show.name_pattern([GATHER, CAST])
+    assert show.trace_counts(side["events"], pattern) == {
         "before": {"kernels": 315, "matching": 80}, "pr23552": {"kernels": 195, "matching": 0},
         "pr24743": {"kernels": 235, "matching": 0}}
-    assert analysis.name_pattern([]) is None
-    kw = analysis.kv_write_kernels(side["eager_kernels"], "before")
+    assert show.name_pattern([]) is None
+    kw = show.kv_write_kernels(side["eager_kernels"], "before")
     assert list(kw.op) == ["index", "_to_copy->int32"] and list(kw.calls) == [40, 40]
-    wide = analysis.eager_table(side["eager_kernels"])
+    wide = show.eager_table(side["eager_kernels"])
     assert {"calls · torch.profiler", "calls · nsight-python (CUPTI)"} <= set(wide.columns)
 
 
@@ -80,7 +80,7 @@ def test_sidecar_tables(data_root):
     ("my_kernel", "my_kernel"),
 ])
 def test_short_kernel(name, short):
-    assert analysis.short_kernel(name) == short
+    assert show.short_kernel(name) == short
 
 
 def _texts(fig):
@@ -89,31 +89,38 @@ def _texts(fig):
 
 
 def test_mechanism_without_and_with_kernel_names(data_root):
-    fig = figures.mechanism()
+    fig = show.mechanism()
     text = _texts(fig)
     assert "5 kernel nodes before, 3 with the preset" in text and "2 kernels" in text
     run = _method2(data_root)
-    text = _texts(figures.mechanism(run))
+    text = _texts(show.mechanism(run))
     assert "index gather<8B>" in text and "copy -> int" in text
 
 
 def test_replay_timeline_and_the_message_for_old_runs(data_root):
     old = runs.load_all_recorded("swa_loc") or []
-    fig, why = figures.replay_timeline(_method2(data_root))
+    fig, why = show.replay_timeline(_method2(data_root))
     assert why is None and "48 layers" in fig.axes[0].get_title()
     assert any("translation (gather + int32 cast): 80" in t.get_text() for t in fig.axes[0].texts)
     for r in old:
-        fig, why = figures.replay_timeline(r)
+        fig, why = show.replay_timeline(r)
         assert fig is None and "predates profiler traces" in why
 
 
 def test_sweep_figures_on_recorded_runs():
-    from sglab.core import claims
+    from sglab.core import notebook
+    from sglab.swa_loc import claims
 
-    shown = claims.shown("swa_loc", runs.load_all_recorded("swa_loc"))
-    if not shown:
-        pytest.skip("no recorded swa_loc run")
-    fig = figures.kernels_per_replay(shown[0], shown)
+    run = notebook.Workbook(claims, mode="recorded", show=False).run()
+    assert run, "no recorded swa_loc run"
+    fig = show.kernels_per_replay(run)
     assert len(fig.axes) == 2 and all(len(ax.lines) == 3 for ax in fig.axes)
-    fig = figures.replay_times(shown)
+    fig = show.replay_times(run.shown)
     assert len(fig.axes) == 3
+
+
+def test_every_gpu_section_says_why_it_has_nothing_to_show(capsys):
+    none = runs.NoRun("swa_loc", "no recorded swa_loc run yet")
+    for section in (show.kernels, show.times, show.padding, show.profiler):
+        assert section(none) is None
+        assert capsys.readouterr().out.strip() == "no GPU run to show (no recorded swa_loc run yet)"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglab.experiments import swa_loc as ex
-from sglab.fixes import swa_loc as fx
+from sglab.swa_loc import measure as ex, show
+from sglab.swa_loc import rebuild as fx
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -126,21 +126,21 @@ def test_run_small(data_root):
 def test_traced_replay_kernel_count_equals_static_node_count():
     from collections import Counter
 
-    from sglab.experiments.swa_loc import analysis, profile
+    from sglab.swa_loc import measure, show
     from sglab.core.kernels import graph_kernel_nodes
 
     runners, static, n_swa = {}, {}, None
     for v in fx.VARIANTS:
         s, r = captured(12, 5, v, [8])
         runners[v], static[v], n_swa = r, graph_kernel_nodes(r.graphs[8]).kernels, len(s.swa_layer_ids)
-    side = profile.traced_pass(runners, 8)
-    counts = analysis.trace_counts(side["events"])
+    side = measure.traced_pass(runners, 8)
+    counts = show.trace_counts(side["events"])
     assert {v: c["kernels"] for v, c in counts.items()} == static
     assert side["trace"].exists() and side["trace"].stat().st_size > 0
     # the kernels the preset removes: two names, once per SWA layer, and the traced replay runs exactly those
-    removed = analysis.translation_kernels(side["graph_kernels"])
+    removed = show.translation_kernels(side["graph_kernels"])
     assert len(removed) == 2 and set(removed.values()) == {n_swa}, removed
-    traced = analysis.trace_counts(side["events"], analysis.name_pattern(removed))
+    traced = show.trace_counts(side["events"], show.name_pattern(removed))
     assert traced["before"]["matching"] == 2 * n_swa and traced["pr24743"]["matching"] == 0
     # in the trace they sit where the static graph has them: the names of the traced kernels, in order
     ev = side["events"][(side["events"].variant == "before") & (side["events"].category == "kernel")]
@@ -152,11 +152,11 @@ def test_traced_replay_kernel_count_equals_static_node_count():
 NSIGHT_SCRIPT = """
 import json, sys
 import torch
-from sglab.experiments import swa_loc as ex
-from sglab.experiments.swa_loc import profile
+from sglab.swa_loc import measure as ex, show
+from sglab.swa_loc import measure as profile
 p = {**ex.DEFAULT_PARAMS, "trace_config": {"num_layers": 12, "swa_per_full": 5, "batch_size": 8},
      "kernel_table_runs": 3}
-table, info = profile.eager_kernel_tables(p, torch.device("cuda"))
+table, info = measure.eager_kernel_tables(p, torch.device("cuda"))
 table.to_csv(sys.argv[1], index=False)
 print(json.dumps(info))
 """
@@ -190,6 +190,6 @@ def test_eager_kernel_table_nsight_matches_torch_profiler(tmp_path):
 
 
 def profile_scope():
-    from sglab.experiments.swa_loc.profile import SWA_WRITE
+    from sglab.swa_loc.measure import SWA_WRITE
 
     return SWA_WRITE

@@ -7,8 +7,7 @@ import pytest
 
 import torch
 
-from sglab.fixes import swa_loc as fx
-from sglab.sglang import checks
+from sglab.swa_loc import rebuild as fx
 
 SMALL = dict(size=64, size_swa=32, head_num=2, head_dim=4)
 
@@ -207,7 +206,7 @@ def test_unknown_variant():
 # ---------------------------------------------------------------------------------------------------------------
 # The #24743 padding scenario, eager (the GPU test replays real graphs)
 # ---------------------------------------------------------------------------------------------------------------
-from sglab.experiments import swa_loc as ex  # noqa: E402
+from sglab.swa_loc import measure as ex, show  # noqa: E402
 
 
 @pytest.mark.parametrize("num_layers,ratio", [(6, 5), (12, 5), (8, 1)])
@@ -227,33 +226,6 @@ def test_pad_scenario_clean_without_the_bug(variant):
     assert res["predicted_slots"] == [] and res["corrupted"] == {}
     assert res["matches_prediction"] and res["n_corrupted"] == 0
     assert len(res["stale_tail_swa_slots"]) == 2  # the tail is there; it is just not written through
-
-
-def test_upstream_check_reads_pr_era_sources():
-    pool_pr = ("class SWAKVPool:\n    def set_swa_loc(self, loc):\n        self.swa_loc = loc\n\n"
-               "    def set_kv_buffer(self, layer, loc, k, v):\n        if self.swa_loc is None:\n"
-               "            loc = self.translate_loc_from_full_to_swa(loc)\n")
-    runner_before = "class CudaGraphRunner:\n    def capture_one_batch_size(self, bs):\n        run_once()\n"
-    runner_23552 = runner_before.replace("        run_once()", "        self.model_runner.token_to_kv_pool.set_swa_loc("
-                                         "self.buffers.out_cache_loc_swa[:num_tokens])")
-    runner_24743 = runner_23552 + ("\nclass DecodeInputBuffers:\n    def populate_from_forward_batch(self, fb):\n"
-                                   "        if self.out_cache_loc_swa is not None:\n"
-                                   "            self.out_cache_loc_swa.zero_()\n")
-    pool_later = ("class SWAKVPool:\n    def set_kv_buffer(self, layer, loc, k, v):\n"
-                  "        loc, swa_loc = unwrap_write_loc(loc)\n")
-
-    def reader(files):
-        return lambda rel: files.get(rel)
-
-    runner = "srt/model_executor/cuda_graph_runner.py"
-    pool = "srt/mem_cache/swa_memory_pool.py"
-    assert checks.swa_loc(reader({})).status == "absent"
-    assert checks.swa_loc(reader({pool: pool_pr, runner: runner_before})).status == "before"
-    v = checks.swa_loc(reader({pool: pool_pr, runner: runner_23552}))
-    assert v.status == "pr-era" and "#24743 not yet" in v.detail
-    v = checks.swa_loc(reader({pool: pool_pr, runner: runner_24743}))
-    assert v.status == "pr-era" and "padded tail zeroed" in v.detail
-    assert checks.swa_loc(reader({pool: pool_later})).status == "changed"
 
 
 def test_sweep_rows_eager():
@@ -288,7 +260,7 @@ def test_sweep_rows_eager():
 
 
 def test_check_params_rejects_bad_input():
-    from sglab.experiments.swa_loc.run import check_params
+    from sglab.swa_loc.measure import check_params
 
     with pytest.raises(ValueError, match="unknown variant"):
         check_params({"variants": ["after"]})
@@ -359,10 +331,10 @@ def test_shown_and_tables_on_recorded():
     shown = claims.shown("swa_loc", rs)
     assert len({r.manifest["gpu_name"] for r in shown}) == len(shown) == len({r.manifest["gpu_name"] for r in rs})
     for r in shown:
-        kt = ex.kernel_table(r.df)
+        kt = show.kernel_table(r.df)
         assert set(kt["+ per SWA layer: before vs #24743"]) == {2.0}
         assert set(kt["+ per SWA layer: #24743 vs #23552"]) == {1.0}
         assert kt["same for every batch size"].all() and kt["profiler = static (all bs)"].all()
-        agree = ex.profiler_agreement(r.df)  # every (layout, batch size, variant) cell of the sweep
+        agree = show.profiler_agreement(r.df)  # every (layout, batch size, variant) cell of the sweep
         cells = r.df[r.df.metric == "graph_kernel_nodes"].shape[0]
         assert agree == {"cells": cells, "equal": cells, "max_abs_diff": 0}

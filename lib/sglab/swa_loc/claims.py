@@ -1,0 +1,266 @@
+"""What every swa_loc run must show (see :mod:`sglab.core.claims`): four claims a reader checks, and
+the instrument checks folded under the first.
+
+The rebuild's translation costs 2 kernels per SWA layer (the index gather and the int32 cast): the
+PR-era number. The released ``SWAKVPool.translate_loc_from_full_to_swa`` returns
+``full_to_swa_index_mapping[loc].to(torch.int32)`` (an int64 mapping: a gather and a cast) in
+:data:`PR_ERA_RELEASES`, and the bare gather from 0.5.13 on (:data:`KERNELS_PER_TRANSLATION_TODAY`),
+where the location is also translated once per forward and passed to each write.
+``tests/swa_loc/test_sglang.py`` checks both numbers against the released code.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from sglab.core import runs
+from sglab.core.claims import Claim, Headline, holds
+from sglab.swa_loc import show
+from sglab.swa_loc.measure import EXPERIMENT, GPUS, HEADLINE_CONFIG
+from sglab.swa_loc.rebuild import hybrid_layer_ids
+# noqa: F401 (read by tests)
+from sglab.swa_loc.sglang import KERNELS_PER_TRANSLATION_TODAY, PR_ERA_RELEASES
+
+CLAIM = ("Presetting the SWA cache location before decode-graph capture removes the full→SWA slot "
+         "translation " "(an index gather and an int32 cast) from every SWA layer of every replay; "
+         "#24743's zeroing of the " "padded tail keeps padded tokens out of live SWA slots.")
+# the rebuild's translation: full_to_swa_index_mapping[loc] and .to(torch.int32)
+EXTRA_PER_SWA_LAYER = 2
+MIN_RATIO = 1.10
+
+
+def _cell(c: Optional[dict] = None) -> tuple:
+    c = c or HEADLINE_CONFIG
+    return int(c["swa_per_full"]), int(c["num_layers"]), int(c["batch_size"])
+
+
+def _at(table, cell: tuple):
+    """The row of a (swa_per_full, num_layers, ..., batch_size)-indexed table at ``cell``, or
+    None."""
+    sel = table.xs(cell, level=("swa_per_full", "num_layers", "batch_size"))
+    return sel.iloc[0] if len(sel) else None
+
+
+def _has_headline_cell(run) -> Optional[str]:
+    ratio, layers, bs = _cell()
+    d = run.df[run.df.metric == "time_median"]
+    if ((d.swa_per_full == ratio) & (d.num_layers == layers) & (d.batch_size == bs)).any():
+        return None
+    return f"the run has no {layers}-layer {ratio}:1 bs {bs} cell (the headline configuration)"
+
+
+# --------------------------------------------------------------------------------------------------
+# the claims a reader checks
+# --------------------------------------------------------------------------------------------------
+def _extra_kernels(run):
+    extra = show.extra_per_swa_layer(run.df)
+    values = sorted({float(x) for x in extra})
+    ok = int((extra == EXTRA_PER_SWA_LAYER).sum())
+    value = {"per_swa_layer_min": values[0], "per_swa_layer_max": values[-1],
+             "cells": int(len(extra))}
+    nodes, _ = show.kernel_counts(run.df)
+    row = _at(nodes, _cell()) if _has_headline_cell(run) is None else None
+    text = (f"{values[0]:g}" if values[0] == values[-1]
+            else f"{values[0]:g}–{values[-1]:g}") + " per SWA layer"
+    if row is not None:
+        value.update(before=int(row["before"]), after=int(row["pr24743"]))
+        text += f"; {row['before']} → {row['pr24743']} at the headline cell"
+    return holds(ok == len(extra), f"{text} ({ok}/{len(extra)} cells at {EXTRA_PER_SWA_LAYER})",
+                 value)
+
+
+def _pad_bug(run):
+    t = show.pad_table(run.df)
+    bug = t.loc["pr23552"]
+    ok = (bug.pad_matches_prediction == 1 and bug.pad_corrupted_slots == bug.pad_predicted_slots > 0
+          and all(t.loc[v, "pad_corrupted_slots"] == 0 and t.loc[v, "pad_matches_prediction"] == 1
+                  for v in ("before", "pr24743")))
+    value = {"pr23552_corrupted": int(bug.pad_corrupted_slots),
+             "pr23552_predicted": int(bug.pad_predicted_slots),
+             "before_corrupted": int(t.loc["before", "pad_corrupted_slots"]),
+             "pr24743_corrupted": int(t.loc["pr24743", "pad_corrupted_slots"])}
+    return holds(ok,
+                 f"#23552 corrupted {value['pr23552_corrupted']} of {value['pr23552_predicted']} "
+                 "predicted "
+                     f"pairs (exactly those); before {value['before_corrupted']}, #24743 "
+                     f"{value['pr24743_corrupted']}", value)
+
+
+def _kv_matches(run):
+    d = run.df[run.df.metric == "kv_mismatch_slots"]
+    n = int(d.value.sum())
+    return holds(n == 0 and len(d) > 0,
+                 f"{n} differing (layer, slot) pairs over {len(d)} (variant, layout) " "checks",
+                 {"differing": n, "checks": int(len(d))})
+
+
+def _ratio(run):
+    t = show.time_table(run.df)
+    row = _at(t, _cell())
+    r = float(row["before / #24743"])
+    value = {"ratio": r, "before_us": float(row["before µs"]), "after_us": float(row["pr24743 µs"]),
+             "ratio_min": float(t["before / #24743"].min()),
+             "ratio_max": float(t["before / #24743"].max())}
+    return holds(r >= MIN_RATIO,
+                 f"{value['before_us']:.0f} → {value['after_us']:.0f} µs ({r:.2f}×); sweep "
+                                 f"{value['ratio_min']:.2f}–{value['ratio_max']:.2f}×", value)
+
+
+# --------------------------------------------------------------------------------------------------
+# the instrument checks folded under the kernel claim
+# --------------------------------------------------------------------------------------------------
+def _translate_calls(run):
+    d = show.sweep_rows(run.df)
+    d = d[d.metric == "translate_calls_capture"]
+    want = d.apply(lambda r: r.n_swa_layers if r.variant == "before" else 0, axis=1)
+    bad = int((d.value != want).sum())
+    before = d[d.variant == "before"]
+    return holds(bad == 0 and len(d) > 0,
+                 f"{len(d) - bad}/{len(d)} cells as expected (before: one call per SWA layer)",
+                 {"cells": int(len(d)), "wrong": bad, "before_calls_max": int(before.value.max())})
+
+
+def _profiler_equals_static(run):
+    a = show.profiler_agreement(run.df)
+    return holds(a["max_abs_diff"] == 0 and a["cells"] > 0,
+                 f"{a['equal']}/{a['cells']} cells equal, max |profiler − static| = "
+                 f"{a['max_abs_diff']}", a)
+
+
+def _trace_config(run) -> dict:
+    return (run.manifest.get("params") or {}).get("trace_config") or {}
+
+
+def _traced(run) -> Optional[str]:
+    tc, p = _trace_config(run), run.manifest.get("params") or {}
+    if not tc:
+        return "the run's parameters name no trace_config"
+    if tc.get("num_layers") not in p.get("layer_counts", []) or tc.get("swa_per_full") not in p.get(
+            "swa_per_full", []) or tc.get("batch_size") not in p.get("batch_sizes", []):
+        return f"trace_config {tc} is not a cell of the run's sweep, so nothing was traced"
+    return None
+
+
+def _sidecar(run, name: str):
+    table = run.sidecar(name)
+    if table is None:
+        raise ValueError(f"the run lists no readable {name!r} sidecar")
+    return table
+
+
+def _trace_equals_static(run):
+    events = _sidecar(run, "events")
+    nodes, _ = show.kernel_counts(run.df)
+    row = _at(nodes, _cell(_trace_config(run)))
+    traced = show.trace_counts(events)
+    value = {v: {"trace": traced.get(v, {}).get("kernels", 0),
+                 "static": int(row[v])} for v in nodes.columns}
+    ok = all(x["trace"] == x["static"] for x in value.values())
+    return holds(ok,
+                 "; ".join(f"{v} {x['trace']} (static {x['static']})" for v, x in value.items()),
+                 value)
+
+
+def _trace_translation(run):
+    events, gk = _sidecar(run, "events"), _sidecar(run, "graph_kernels")
+    names = show.translation_kernels(gk)
+    n_swa = int(show.kernel_counts(run.df)[0].xs(_cell(_trace_config(run))[:2], level=(
+        "swa_per_full", "num_layers")).index.get_level_values("n_swa_layers")[0])
+    traced = show.trace_counts(events, show.name_pattern(names))
+    before, after = traced.get("before", {}).get("matching", -1), traced.get("pr24743",
+            {}).get("matching", -1)
+    value = {"kernels_per_swa_layer": len(names), "nodes_each": sorted(set(names.values())),
+             "trace_before": before, "trace_after": after, "n_swa_layers": n_swa}
+    ok = (len(names) == EXTRA_PER_SWA_LAYER and set(names.values()) == {n_swa}
+          and before == len(names) * n_swa and after == 0)
+    short = ", ".join(show.short_kernel(n) for n in sorted(names))
+    return holds(ok,
+                 f"{len(names)} kernels × {n_swa} SWA layers ({short}); in the traced replay "
+                 "before " f"{before}, #24743 {after}", value)
+
+
+def _nsight_ran(run) -> Optional[str]:
+    info = run.manifest.get("eager_kernels") or {}
+    if info.get("nsight") != "ran":
+        why = info.get("nsight_reason") or "no record of it in the run"
+        return f"nsight-python did not run: {why}"
+    return None
+
+
+def _nsight_matches(run):
+    from sglab.core import kernel_table
+
+    t = _sidecar(run, "eager_kernels")
+    c = kernel_table.cross_check(t[t.backend == kernel_table.NSIGHT],
+                                 t[t.backend == kernel_table.TORCH])
+    ok = c["rows"] > 0 and c["equal"] == c["rows"]
+    return holds(ok,
+                 f"{c['equal']}/{c['rows']} (variant, op, kernel) rows with equal calls per step",
+                 {"rows": c["rows"], "equal": c["equal"]},
+                 why_not=f"only nsight: {c['only_in_a'][:2]}; only torch: {c['only_in_b'][:2]}; "
+                         f"differ: {c['differ'][:2]}")
+
+
+CLAIMS = [Claim("swa_loc.extra_kernels_per_swa_layer",
+                "Without the preset, each captured decode graph holds exactly 2 more kernel nodes "
+                "per SWA layer than " "#24743's (the translation's gather and cast, as in SGLang "
+                "0.5.10.post1-0.5.12.post1; from 0.5.13 a " "translation is one gather)",
+                f"== {EXTRA_PER_SWA_LAYER} per SWA layer in every (layout, batch size) cell",
+                _extra_kernels,
+                folded=(Claim("swa_loc.translate_calls_in_capture",
+                              "Capturing without the preset calls translate_loc_from_full_to_swa "
+                              "once per SWA layer; " "with it, never",
+                              "n_swa calls (before), 0 (#23552, #24743), every cell",
+                              _translate_calls),
+                        Claim("swa_loc.profiler_equals_static",
+                              "torch.profiler sees as many kernels in one replay as the graph has "
+                              "kernel nodes", "equal in every (layout, batch size, variant) cell",
+                              _profiler_equals_static),
+                        Claim("swa_loc.trace_equals_static",
+                              "The traced replay of each variant has as many kernels as its graph "
+                              "has kernel nodes", "equal for every variant", _trace_equals_static,
+                              methods=(2, None), applies=_traced),
+                        Claim("swa_loc.trace_translation_kernels",
+                              "The kernels the preset removes are the translation's, once per SWA "
+                              "layer, and the traced " "replay without the preset runs them in "
+                              "every SWA layer",
+                              f"{EXTRA_PER_SWA_LAYER} kernel names × n_swa nodes; traced: n_swa × "
+                              f"{EXTRA_PER_SWA_LAYER} " "before, 0 after", _trace_translation,
+                              methods=(2, None), applies=_traced),
+                        Claim("swa_loc.nsight_matches_profiler",
+                              "nsight-python and torch.profiler count the same kernels per op in "
+                              "the eager decode step", "equal calls per (variant, op, kernel)",
+                              _nsight_matches, methods=(2, None), applies=_nsight_ran),)),
+          Claim("swa_loc.pad_bug_exact",
+                "On a padded batch #23552 overwrites exactly the predicted live SWA slots in every "
+                "SWA layer; before " "and #24743 overwrite none",
+                "#23552: corrupted == predicted > 0; before, #24743: 0", _pad_bug),
+          Claim("swa_loc.kv_matches_eager",
+                "After one populated replay, the KV pool equals an eager reference that ran the "
+                "same batches", "0 differing (layer, slot) pairs", _kv_matches),
+          Claim("swa_loc.replay_ratio",
+                "Removing the translation makes the headline replay (48 layers, 5:1, bs 32) faster",
+                f"before / #24743 >= {MIN_RATIO:.2f}", _ratio, applies=_has_headline_cell,
+                drift=0.25),]
+
+
+def shown(runs_: list) -> list:
+    """The newest run of each GPU model, H200 before H100."""
+    best = runs.newest_by(runs_, runs.gpu_short)
+    return [best[k] for k in sorted(best, reverse=True)]
+
+
+_RATIO, _LAYERS, _BS = _cell()
+_K, _R, _P = "swa_loc.extra_kernels_per_swa_layer", "swa_loc.replay_ratio", "swa_loc.pad_bug_exact"
+HEADLINE = Headline(parts=(f"{_LAYERS} layers ({len(hybrid_layer_ids(_LAYERS, _RATIO)[0])} SWA, "
+                           f"{_RATIO}:1), bs {_BS}: " f"{{v[{_K}][before]}} → {{v[{_K}][after]}} "
+                           f"kernels per replay, +{{v[{_K}][per_swa_layer_min]:g}} " "per SWA "
+                           "layer in every cell",
+                           f"replay {{runs}}; "
+                           f"{{lo[{_R}][ratio_min]:.2f}}–{{hi[{_R}][ratio_max]:.2f}}× over the "
+                           "sweep",
+                           f"padded batches: {{v[{_P}][pr23552_corrupted]}} live (layer, slot) "
+                           "pairs overwritten by #23552, " f"{{v[{_P}][pr24743_corrupted]}} by "
+                           "#24743."),
+                    per_run=f"{{v[{_R}][before_us]:.0f}} → {{v[{_R}][after_us]:.0f}} µs "
+                    f"({{v[{_R}][ratio]:.2f}}×) on {{gpu}}", run_sep=", ")

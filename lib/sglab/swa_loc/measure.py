@@ -1,0 +1,460 @@
+"""Measure the SWA location preset on a GPU: kernels per decode replay, replay time, KV contents,
+profiler views.
+
+For each layer count and SWA:full ratio the three runners (``before``, ``pr23552``, ``pr24743``; see
+:mod:`sglab.swa_loc.rebuild`) capture one decode graph per batch size, each on its own identically
+built pool. Per (variant, layers, batch size) the run has these rows:
+
+- ``translate_calls_capture``: translations while the graph was captured (Python counter);
+- ``graph_kernel_nodes``: kernel nodes of the captured graph (static count through cuda-bindings);
+- ``profiled_kernels``: kernels torch.profiler sees in one replay;
+- ``kv_mismatch_slots``: (layer, slot) pairs where the pool after one populated replay differs from
+  an eager reference that ran the same batch (padding slot excluded; expected 0);
+- ``time_median`` / ``time_p10`` / ``time_p90``: CUDA-event time of one replay (``graph.replay()``
+  alone, no populate), from :func:`sglab.core.timing.interleaved` (variants alternate in rounds,
+  samples pooled).
+
+Then the #24743 padding scenario (:func:`pad_bug_scenario`) on real graphs for each variant, and
+(method 2) the sidecars: ``events`` (torch.profiler events of one replay per variant at
+``trace_config``) and ``trace`` (its Perfetto file), ``graph_kernels`` (the kernel nodes of those
+graphs by name), ``eager_kernels`` (per-op kernel table of one eager decode step before / after,
+from torch.profiler and nsight-python).
+
+Method versions: 1 -- a private timing loop; 2 -- timing through ``interleaved``, the lean default
+sweep, and the sidecars. :func:`sweep` takes its kernel-count probes and its timer as arguments, so
+the CPU tests run the same loop eagerly with stand-ins.
+"""
+
+from __future__ import annotations
+
+import gc
+import tempfile
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from sglab.core import kernel_table, runs, timing, trace
+from sglab.swa_loc import rebuild
+
+EXPERIMENT = "swa_loc"
+METHOD_VERSION = 2
+GPUS = 1
+# Gemma-3-like layout, mid-size batch
+HEADLINE_CONFIG = {"num_layers": 48, "swa_per_full": 5, "batch_size": 32}
+DEFAULT_PARAMS: Dict[str, Any] = {
+    "layer_counts": [12, 48],
+    "swa_per_full": [5, 1],  # Gemma-3-like 5 local : 1 global, and gpt-oss-like alternation
+    "batch_sizes": [1, 32, 128],
+    "variants": list(rebuild.VARIANTS),
+    "size": 4096,
+    "size_swa": 2048,
+    "head_num": 8,
+    "head_dim": 128,
+    "dtype": "bfloat16",
+    "warmup": 10,
+    "repeat": 60,
+    "rounds": 3,
+    "pad_num_layers": 12,
+    "trace_config": dict(HEADLINE_CONFIG),  # the layout and batch size of the traced replays
+    # the eager kernel table's step
+    "eager_config": {"num_layers": 12, "swa_per_full": 5, "batch_size": 32},
+    "kernel_table_runs": 3,
+    "seed": 0,
+}
+# The sweep the method-1 runs recorded (4 layer counts x 4 batch sizes): PARAMS = FULL_SWEEP in the
+# notebook or `sglab record swa_loc --param layer_counts=[6,12,24,48] --param
+# batch_sizes=[1,8,32,128]`.
+FULL_SWEEP: Dict[str, Any] = {**DEFAULT_PARAMS, "layer_counts": [6, 12, 24, 48],
+                              "batch_sizes": [1, 8, 32, 128], "repeat": 150}
+TRACE_PHASE = "replay "  # + variant
+SWA_WRITE, FULL_WRITE = "SWA layer KV write", "full layer KV write"
+EAGER_VARIANTS = ("before", "pr24743")  # per-layer translation / preset int32 location
+_FILL = {"num_layers": -1, "swa_per_full": -1, "n_swa_layers": -1, "batch_size": -1}
+
+
+def gpus(params: dict) -> int:
+    return GPUS
+
+
+def _row(variant: str, metric: str, value: float, unit: str, **kw) -> dict:
+    row = {"variant": variant, **_FILL}
+    row.update(kw)
+    row.update(metric=metric, value=float(value), unit=unit)
+    return row
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
+
+
+def setup_kwargs(p: dict, num_layers: int, swa_per_full: int, device) -> dict:
+    """The :func:`sglab.swa_loc.rebuild.build_setup` arguments of one layout under parameters
+    ``p``."""
+    return dict(num_layers=num_layers, swa_per_full=swa_per_full, size=p["size"],
+                size_swa=p["size_swa"], head_num=p["head_num"], head_dim=p["head_dim"],
+                dtype=_dtype(p["dtype"]), device=device, seed=p["seed"])
+
+
+def make_batches(setup: rebuild.Setup, batch_sizes: List[int], *, seed: int = 0,
+                 vocab_size: int = 1024) -> Dict[int, rebuild.ForwardBatch]:
+    """One decode batch per batch size, allocated in the order given; identical on identically built
+    setups."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for bs in batch_sizes:
+        ids = torch.randint(0, vocab_size, (bs,), generator=g).tolist()
+        seq_lens = torch.randint(2, 200, (bs,), generator=g).tolist()
+        out[bs] = rebuild.decode_batch(setup, ids, seq_lens)
+    return out
+
+
+def kv_mismatch_count(diff: Dict[int, List[int]]) -> int:
+    return sum(len(v) for v in diff.values())
+
+
+# --------------------------------------------------------------------------------------------------
+# the #24743 padding scenario
+# --------------------------------------------------------------------------------------------------
+def _prefill(setups, *, n_requests: int, context_len: int, seed: int) -> None:
+    """The context tokens of every request, written eagerly into each setup (identically)."""
+    for s in setups:
+        g = torch.Generator().manual_seed(seed + 2)
+        vocab = s.model.embed.shape[0]
+        for _ in range(n_requests):
+            ids = torch.randint(0, vocab, (context_len,), generator=g).tolist()
+            rebuild.forward_eager(s.model,
+                                  rebuild.decode_batch(s, ids, list(range(1, context_len + 1))))
+
+
+def pad_bug_scenario(variant: str, *, device="cpu", use_cuda_graph: Optional[bool] = None,
+                     num_layers: int = 6, swa_per_full: int = 5, capture_bs=(4, 8),
+                     n_requests: int = 8, finished=(2, 4), context_len: int = 3, head_num: int = 2,
+                     head_dim: int = 16, size: int = 256, size_swa: int = 128,
+                     dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> Dict[str, Any]:
+    """Two decode steps through the runner of ``variant``, checked against the same steps run
+    eagerly.
+
+    Requests ``0..n_requests-1`` each have ``context_len`` tokens written eagerly (a prefill). Step
+    1 decodes all of them in the ``n_requests`` graph. Then the requests in ``finished`` leave; the
+    batch is filtered in order, so step 2 has ``n_requests - len(finished)`` tokens, padded up to
+    the same graph. The tail of ``out_cache_loc_swa`` still holds the SWA slots where the last
+    requests of step 1 wrote their token -- requests that are still running. Predicted corruption:
+    those slots, in every SWA layer, when the buffer is preset but not zeroed on padding; nothing
+    otherwise.
+    """
+    cfg = rebuild.runner_config(variant)
+    kw = dict(num_layers=num_layers, swa_per_full=swa_per_full, size=size, size_swa=size_swa,
+              head_num=head_num, head_dim=head_dim, dtype=dtype, device=device, seed=seed)
+    graph_side, ref = rebuild.build_setup(**kw), rebuild.build_setup(**kw)
+    runner = rebuild.DecodeGraphRunner.for_variant(graph_side.model, list(capture_bs), variant,
+                                                   use_cuda_graph)
+    runner.capture()  # at start-up, before any request
+    _prefill((graph_side, ref), n_requests=n_requests, context_len=context_len, seed=seed)
+
+    g = torch.Generator().manual_seed(seed + 1)
+    vocab = graph_side.model.embed.shape[0]
+    ids1 = torch.randint(0, vocab, (n_requests,), generator=g).tolist()
+    seq1 = [context_len + 1] * n_requests
+    alive = [r for r in range(n_requests) if r not in set(finished)]
+    ids2 = torch.randint(0, vocab, (len(alive),), generator=g).tolist()
+    seq2 = [context_len + 2] * len(alive)
+
+    b1 = rebuild.decode_batch(graph_side, ids1, seq1)
+    bs1 = runner.replay(b1)
+    bs2 = runner.replay(rebuild.decode_batch(graph_side, ids2, seq2))
+    rebuild.forward_eager(ref.model, rebuild.decode_batch(ref, ids1, seq1))
+    rebuild.forward_eager(ref.model, rebuild.decode_batch(ref, ids2, seq2))
+    if runner.use_cuda_graph:
+        torch.cuda.synchronize(runner.device)
+
+    raw_bs2 = len(alive)
+    stale = b1.out_cache_loc_swa[raw_bs2:bs2].tolist()  # what the tail holds after step 1
+    # step-1 batch positions = request ids (step 1 had every request)
+    owners = list(range(raw_bs2, bs2))
+    predicted = sorted(stale) if (cfg.preset_swa_loc and not cfg.zero_swa_on_pad) else []
+    diff = rebuild.pool_diff(graph_side.pool, ref.pool)
+    swa_ids, full_ids = graph_side.swa_layer_ids, graph_side.full_layer_ids
+    matches = all(diff.get(lyr,
+                           []) == predicted for lyr in swa_ids) and not any(lyr in diff
+                                   for lyr in full_ids)
+    return {"variant": variant, "bs_step1": bs1, "raw_bs_step2": raw_bs2, "bs_step2": bs2,
+            "stale_tail_swa_slots": stale, "stale_tail_owners": owners,
+            "owners_still_running": [r for r in owners if r in alive], "predicted_slots": predicted,
+            "corrupted": diff, "swa_layer_ids": swa_ids, "full_layer_ids": full_ids,
+            "matches_prediction": bool(matches), "n_corrupted": kv_mismatch_count(diff),
+            "n_predicted": len(predicted) * len(swa_ids),}
+
+
+# --------------------------------------------------------------------------------------------------
+# the sweep
+# --------------------------------------------------------------------------------------------------
+def _cleanup(device) -> None:
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def _capture_and_check(p: dict, kw: dict, labels: dict, batch_sizes: List[int], *,
+                       use_cuda_graph: bool, probes: Dict[str, Callable], rows: List[dict]) -> dict:
+    """Capture every variant on its own pool, check its KV writes against an eager reference; the
+    runners."""
+    with timing.phase("correctness"):
+        ref = rebuild.build_setup(**kw)
+        ref_batches = make_batches(ref, batch_sizes, seed=p["seed"])
+        for bs in batch_sizes:
+            rebuild.forward_eager(ref.model, ref_batches[bs])
+    runners = {}
+    for v in p["variants"]:
+        with timing.phase("capture"):
+            s = rebuild.build_setup(**kw)
+            runner = rebuild.DecodeGraphRunner.for_variant(s.model, batch_sizes, v,
+                                                           use_cuda_graph=use_cuda_graph)
+            runner.capture()
+            for bs in batch_sizes:
+                rows.append(_row(v, "translate_calls_capture", runner.capture_translate_calls[bs],
+                                 "calls", batch_size=bs, **labels))
+                rows.append(_row(v, "graph_kernel_nodes", probes["graph_kernel_nodes"](runner, bs),
+                                 "kernels", batch_size=bs, **labels))
+        with timing.phase("correctness"):
+            batches = make_batches(s, batch_sizes, seed=p["seed"])
+            # one populated replay per batch, same order as the eager reference
+            for bs in batch_sizes:
+                runner.replay(batches[bs])
+            if runner.use_cuda_graph:
+                torch.cuda.synchronize(runner.device)
+            diff = rebuild.pool_diff(s.pool, ref.pool)
+            rows.append(_row(v, "kv_mismatch_slots", kv_mismatch_count(diff), "slots", **labels))
+        runners[v] = runner
+    return runners
+
+
+def _time_and_count(p: dict, runners: dict, labels: dict, batch_sizes: List[int], *,
+                    probes: Dict[str, Callable], timer, rows: List[dict]) -> None:
+    """Replay time per (variant, bs) through ``interleaved``; then, separately, one profiled replay
+    per cell."""
+    with timing.phase("timing"):
+        for bs in batch_sizes:
+            fns = {v: (lambda r=r: r.replay_graph(bs)) for v, r in runners.items()}
+            timings = timing.interleaved(fns, rounds=int(p["rounds"]), warmup=int(p["warmup"]),
+                                         repeat=int(p["repeat"]), timer=timer)
+            for v, t in timings.items():
+                rows.extend(t.rows(variant=v, batch_size=bs, **labels))
+    with timing.phase("profile"):
+        for v, runner in runners.items():
+            for bs in batch_sizes:
+                rows.append(_row(v, "profiled_kernels", probes["profiled_kernels"](runner, bs),
+                                 "kernels", batch_size=bs, **labels))
+
+
+def _pad_rows(p: dict, *, device, use_cuda_graph: bool) -> List[dict]:
+    rows = []
+    for v in p["variants"]:
+        with timing.phase("pad scenario"):
+            res = pad_bug_scenario(v, device=device, use_cuda_graph=use_cuda_graph,
+                                   num_layers=int(p["pad_num_layers"]), dtype=_dtype(p["dtype"]),
+                                   seed=p["seed"])
+        labels = dict(num_layers=int(p["pad_num_layers"]), swa_per_full=5,
+                      n_swa_layers=len(res["swa_layer_ids"]), batch_size=res["bs_step2"])
+        rows.append(_row(v, "pad_corrupted_slots", res["n_corrupted"], "slots", **labels))
+        rows.append(_row(v, "pad_predicted_slots", res["n_predicted"], "slots", **labels))
+        rows.append(_row(v, "pad_matches_prediction", int(res["matches_prediction"]), "bool",
+                         **labels))
+        _cleanup(device)
+    return rows
+
+
+def sweep(p: dict, *, device, use_cuda_graph: bool, probes: Dict[str, Callable], timer,
+          progress: bool = True,
+          on_trace: Optional[Callable[[dict, dict, int], None]] = None) -> List[dict]:
+    """Rows of the sweep and of the padding scenario.
+
+    ``probes``: {metric: fn(runner, bs) -> kernel count} for ``graph_kernel_nodes`` and
+    ``profiled_kernels``; ``timer``: fn(callable, warmup=, repeat=) -> Timing, handed to
+    ``interleaved``. ``on_trace(runners, labels, bs)`` runs once, after the timing of the layout of
+    ``p["trace_config"]`` (the traced pass of :func:`run`)."""
+    p = {**DEFAULT_PARAMS, **p}
+    batch_sizes = sorted(int(b) for b in p["batch_sizes"])
+    torch.manual_seed(p["seed"])
+    tc = p.get("trace_config") or {}
+    rows: List[dict] = []
+    layouts = [(int(r), int(L)) for r in p["swa_per_full"] for L in p["layer_counts"]]
+    for i, (ratio, L) in enumerate(layouts):
+        if progress:
+            print(f"[swa_loc] layout {i + 1}/{len(layouts)}: {L} layers, {ratio}:1", flush=True)
+        kw = setup_kwargs(p, L, ratio, device)
+        labels = dict(num_layers=L, swa_per_full=ratio,
+                      n_swa_layers=len(rebuild.hybrid_layer_ids(L, ratio)[0]))
+        runners = _capture_and_check(p, kw, labels, batch_sizes, use_cuda_graph=use_cuda_graph,
+                                     probes=probes, rows=rows)
+        _time_and_count(p, runners, labels, batch_sizes, probes=probes, timer=timer, rows=rows)
+        if on_trace is not None and (tc.get("num_layers"), tc.get("swa_per_full")) == (L, ratio) \
+                and tc.get("batch_size") in batch_sizes:
+            on_trace(runners, labels, int(tc["batch_size"]))
+        del runners
+        _cleanup(device)
+    rows.extend(_pad_rows(p, device=device, use_cuda_graph=use_cuda_graph))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# profiler passes (GPU), separate from the timed ones
+# --------------------------------------------------------------------------------------------------
+def gpu_probes() -> dict:
+    from sglab.core.kernels import graph_kernel_nodes, profiled_kernels
+
+    return {"graph_kernel_nodes": lambda runner, bs: graph_kernel_nodes(runner.graphs[bs]).kernels,
+            "profiled_kernels": lambda runner,
+            bs: len(profiled_kernels(lambda: runner.replay_graph(bs)))}
+
+
+def reduce_events(events):
+    """The events of the ``replay <variant>`` phases, with a ``variant`` column (host ops
+    dropped)."""
+    ev = events[events.phase.str.startswith(TRACE_PHASE) & (events.category != "op")].copy()
+    ev["variant"] = ev.phase.str.slice(len(TRACE_PHASE))
+    return ev.reset_index(drop=True)
+
+
+def graph_kernel_names(runners: dict, bs: int):
+    """Kernel nodes of each variant's ``bs`` graph by (demangled) kernel name: variant, kernel,
+    nodes."""
+    import pandas as pd
+
+    from sglab.core.kernels import graph_kernel_nodes
+
+    rows = []
+    for v, r in runners.items():
+        counts = Counter(kernel_table.demangle(n) for n in graph_kernel_nodes(r.graphs[bs]).names)
+        rows.extend({"variant": v, "kernel": k, "nodes": n} for k, n in counts.items())
+    return pd.DataFrame(rows, columns=["variant", "kernel", "nodes"])
+
+
+def traced_pass(runners: dict, bs: int) -> dict:
+    """One profiled replay per variant (synchronised inside its phase, so no two overlap): the
+    sidecars."""
+    with timing.phase("trace"):
+        path = Path(tempfile.mkdtemp(prefix="sglab-swa_loc-")) / "replays.trace.json.gz"
+        with trace.Recorder(perfetto=path) as rec:
+            # a first profiled replay of each, outside any phase: profiler start-up
+            for r in runners.values():
+                r.replay_graph(bs)
+            torch.cuda.synchronize()
+            for v, r in runners.items():
+                with trace.phase(TRACE_PHASE + v):
+                    r.replay_graph(bs)
+                    torch.cuda.synchronize()
+        return {"events": reduce_events(rec.events), "trace": path,
+                "graph_kernels": graph_kernel_names(runners, bs)}
+
+
+@contextmanager
+def kv_write_scopes(pool: rebuild.SWAKVPool, mode: kernel_table.OpRanges):
+    """Label the ops of every ``set_kv_buffer`` call with the kind of layer it writes (the pool
+    instance's method is wrapped for the duration; the rebuild itself stays unaware)."""
+    original = pool.set_kv_buffer
+
+    def labelled(layer_id, *args, **kwargs):
+        with mode.scope(SWA_WRITE if pool.is_swa_layer(layer_id) else FULL_WRITE):
+            return original(layer_id, *args, **kwargs)
+
+    pool.set_kv_buffer = labelled
+    try:
+        yield
+    finally:
+        del pool.set_kv_buffer
+
+
+def eager_steps(setup: rebuild.Setup, batch: rebuild.ForwardBatch) -> dict:
+    """{variant: step(mode)} for the two eager decode steps; ``before`` clears the location an
+    earlier step left."""
+    def before(mode):
+        setup.pool.set_swa_loc(None)
+        with kv_write_scopes(setup.pool, mode):
+            rebuild.forward_eager(setup.model, batch, use_precomputed_swa_loc=False)
+
+    def after(mode):
+        with kv_write_scopes(setup.pool, mode):
+            rebuild.forward_eager(setup.model, batch, use_precomputed_swa_loc=True)
+
+    return dict(zip(EAGER_VARIANTS, (before, after)))
+
+
+def kv_write_ops(variant: str, *, num_layers: int = 6, swa_per_full: int = 5) -> list:
+    """The aten ops of the KV writes in one replay of ``variant``'s captured step, on the CPU: what
+    the decode graph holds, as :class:`sglab.core.kernel_table.OpCall` (scope = kind of layer, step
+    = position)."""
+    s = rebuild.build_setup(num_layers=num_layers, swa_per_full=swa_per_full, size=16, size_swa=8,
+                            head_num=1, head_dim=4)
+    runner = rebuild.DecodeGraphRunner.for_variant(s.model, [1], variant, use_cuda_graph=False)
+    runner.capture()
+    mode = kernel_table.OpRanges()
+    with kv_write_scopes(s.pool, mode), mode:
+        runner.replay_graph(1)
+    return [c for c in mode.calls if c.scope]
+
+
+def eager_kernel_tables(p: dict, device) -> tuple:
+    """The ``eager_kernels`` table (nsight-python first, then torch.profiler) and what ran:
+    ``(table, info)``."""
+    import pandas as pd
+
+    tc = p["eager_config"]
+    s = rebuild.build_setup(**setup_kwargs(p, int(tc["num_layers"]), int(tc["swa_per_full"]),
+                                           device))
+    bs = int(tc["batch_size"])
+    steps = eager_steps(s, make_batches(s, [bs], seed=p["seed"])[bs])
+    runs_ = int(p["kernel_table_runs"])
+    with timing.phase("eager kernel table: nsight-python"):
+        ns, reason = kernel_table.nsight_table(steps, runs=runs_)
+    with timing.phase("eager kernel table: torch.profiler"):
+        tp = kernel_table.torch_table(steps, runs=runs_)
+    table = pd.concat([t for t in (ns, tp) if t is not None], ignore_index=True)
+    info = {"config": dict(tc), "runs": runs_, "backends": sorted(set(table.backend)),
+            "nsight": "ran" if ns is not None else "did not run", "nsight_reason": reason}
+    return table, info
+
+
+# --------------------------------------------------------------------------------------------------
+# the GPU run
+# --------------------------------------------------------------------------------------------------
+def check_params(p: dict) -> dict:
+    """Merged parameters, with one-line errors for values the sweep cannot use."""
+    p = {**DEFAULT_PARAMS, **(p or {})}
+    unknown = sorted(set(p["variants"]) - set(rebuild.VARIANTS))
+    if unknown:
+        raise ValueError(f"unknown variant(s) {unknown}; expected some of {list(rebuild.VARIANTS)}")
+    if p["dtype"] not in ("bfloat16", "float16", "float32"):
+        raise ValueError(f"dtype must be bfloat16, float16 or float32, got {p['dtype']!r}")
+    if not p["batch_sizes"] or min(int(b) for b in p["batch_sizes"]) < 1:
+        raise ValueError(f"batch_sizes must be >= 1, got {p['batch_sizes']}")
+    # each pool allocates one slot per token of every batch
+    need = sum(int(b) for b in p["batch_sizes"])
+    if need > min(int(p["size"]), int(p["size_swa"])):
+        raise ValueError(f"size / size_swa ({p['size']} / {p['size_swa']}) hold fewer slots than "
+                         "the batches " f"allocate ({need})")
+    return p
+
+
+def run(params: Optional[dict] = None, *, progress: bool = True) -> runs.Measured:
+    """The GPU sweep, the padding scenario on real CUDA graphs, and the profiler pictures.
+    nsight-python runs first: CUPTI takes one subscriber per process, and torch.profiler's sessions
+    after it work, while the other order leaves nsight-python without CUPTI."""
+    p = check_params(params or {})
+    if not torch.cuda.is_available():
+        raise RuntimeError("the swa_loc measurement captures CUDA graphs: it needs a CUDA GPU")
+    with timing.phase("cuda init"):
+        device = torch.device("cuda", torch.cuda.current_device())
+        torch.ones(1, device=device).sum().item()
+    with timing.phase("eager kernel table"):
+        eager, eager_info = eager_kernel_tables(p, device)
+    traced: dict = {}
+    rows = sweep(p, device=device, use_cuda_graph=True, probes=gpu_probes(), timer=None,
+                 progress=progress, on_trace=lambda r, labels,
+                 bs: traced.update(traced_pass(r, bs)))
+    sidecars = {"eager_kernels": eager, **traced}
+    return runs.Measured(runs.tidy(EXPERIMENT, rows), sidecars=sidecars,
+                         extra={"eager_kernels": eager_info})

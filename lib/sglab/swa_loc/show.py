@@ -1,0 +1,587 @@
+"""Tables and figures of notebook 04, from the rebuild (CPU) or a run (recorded or live), and "your
+own setup".
+
+Every function that takes a run accepts a :class:`~sglab.core.runs.NoRun` too and then shows its one
+line ("no GPU run to show (…)") instead of a table or a figure.
+
+- tables: kernel counts per layout, replay times, the padding scenario, the profiler's and the eager
+  kernel table's view (what the claims read);
+- figures: :func:`mechanism` (the slide: one SWA layer's KV write inside the decode graph, from the
+  rebuild), :func:`kernels_per_replay`, :func:`replay_times`, :func:`replay_timeline`;
+- your own setup: a Hugging Face ``config.json`` or a layer pattern -> what the preset saves per
+  decode step, from the per-SWA-layer costs of the recorded runs (``sglab swa-cost``,
+  :func:`your_setup`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Optional
+
+from sglab.core import notebook, plots, runs
+from sglab.swa_loc import rebuild
+from sglab.swa_loc.measure import HEADLINE_CONFIG, SWA_WRITE, kv_write_ops
+
+VARIANT_LABELS = {"before": "before (translate inside the graph)",
+                  "pr23552": "#23552 (preset, int64 buffer)",
+                  "pr24743": "#24743 (preset, int32, zeroed on pad)"}
+COLORS = {"before": plots.PALETTE["before"], "pr23552": plots.PALETTE["accent"],
+          "pr24743": plots.PALETTE["after"]}
+STYLES = ["-", "--", ":", "-."]
+_CFG = ["swa_per_full", "num_layers", "n_swa_layers"]
+short_gpu = runs.gpu_short
+
+
+# --------------------------------------------------------------------------------------------------
+# tables of a run
+# --------------------------------------------------------------------------------------------------
+def sweep_rows(df):
+    """The rows of the layout sweep (not those of the padding scenario)."""
+    return df[df.num_layers.isin(df[df.metric == "graph_kernel_nodes"].num_layers.unique())
+              & ~df.metric.str.startswith("pad_")]
+
+
+def kernel_counts(df):
+    """Per (layout, batch size): static kernel nodes and profiled kernels per replay of each
+    variant."""
+    d = sweep_rows(df)
+    idx = _CFG + ["batch_size"]
+    nodes = d[d.metric == "graph_kernel_nodes"].pivot_table(index=idx, columns="variant",
+                                                            values="value")
+    prof = d[d.metric == "profiled_kernels"].pivot_table(index=idx, columns="variant",
+                                                         values="value")
+    return nodes.astype(int), prof.astype(int)
+
+
+def extra_per_swa_layer(df, a: str = "before", b: str = "pr24743"):
+    """Kernel nodes of ``a`` minus ``b``, per SWA layer, for every (layout, batch size)."""
+    nodes, _ = kernel_counts(df)
+    return (nodes[a] - nodes[b]) / nodes.index.get_level_values("n_swa_layers")
+
+
+def kernel_table(df):
+    """One row per layout: kernel nodes of each variant (checked equal for every batch size), the
+    extra kernels per SWA layer, whether the profiler saw the same number, translate calls in
+    capture."""
+    nodes, prof = kernel_counts(df)
+    d = sweep_rows(df)
+    calls = d[d.metric == "translate_calls_capture"].pivot_table(index=_CFG, columns="variant",
+                                                                 values="value", aggfunc="max")
+    per_layout = nodes.groupby(level=_CFG)
+    out = per_layout.first()
+    out.columns = [f"kernels {c}" for c in out.columns]
+    n_swa = out.index.get_level_values("n_swa_layers")
+    out["same for every batch size"] = (per_layout.nunique() == 1).all(axis=1)
+    before, pr23552, pr24743 = (out[f"kernels {v}"] for v in rebuild.VARIANTS)
+    out["+ per SWA layer: before vs #24743"] = (before - pr24743) / n_swa
+    out["+ per SWA layer: #24743 vs #23552"] = (pr24743 - pr23552) / n_swa
+    out["profiler = static (all bs)"] = (prof == nodes).all(axis=1).groupby(level=_CFG).all()
+    out["translate calls in capture (before)"] = calls["before"].astype(int)
+    return out
+
+
+def profiler_agreement(df) -> Dict[str, int]:
+    """How many (layout, batch size, variant) cells have profiler count == static count, and the
+    largest gap."""
+    nodes, prof = kernel_counts(df)
+    gap = (prof - nodes).abs()
+    return {"cells": int(gap.size), "equal": int((gap == 0).sum().sum()),
+            "max_abs_diff": int(gap.max().max())}
+
+
+def time_table(df):
+    """Median replay time per variant (µs), before/#24743 ratio and µs saved per SWA layer, per
+    layout × bs."""
+    import pandas as pd
+
+    d = sweep_rows(df)
+    med = d[d.metric == "time_median"].pivot_table(index=_CFG + ["batch_size"], columns="variant",
+                                                   values="value") * 1e3
+    out = pd.DataFrame({f"{v} µs": med[v] for v in med.columns})
+    out["before / #24743"] = med["before"] / med["pr24743"]
+    out["#24743 / #23552"] = med["pr24743"] / med["pr23552"]
+    n_swa = med.index.get_level_values("n_swa_layers")
+    out["µs saved per SWA layer"] = (med["before"] - med["pr24743"]) / n_swa
+    return out
+
+
+def pad_table(df):
+    """The padding scenario per variant: corrupted and predicted (layer, slot) pairs, exact
+    match."""
+    return df[df.metric.str.startswith("pad_")].pivot_table(index="variant", columns="metric",
+                                                            values="value").astype(int)
+
+
+def translation_kernels(graph_kernels, a: str = "before", b: str = "pr24743") -> Dict[str, int]:
+    """Kernel names with more nodes in ``a``'s graph than in ``b``'s, and by how many: what the
+    preset removes."""
+    def counts(v):
+        rows = graph_kernels[graph_kernels.variant == v]
+        return Counter(dict(zip(rows.kernel, rows.nodes.astype(int))))
+
+    return dict(counts(a) - counts(b))
+
+
+def name_pattern(names) -> Optional[str]:
+    """A regular expression matching exactly these kernel names (for a timeline's highlight)."""
+    names = sorted(set(names))
+    return "^(?:" + "|".join(re.escape(n) for n in names) + ")$" if names else None
+
+
+def trace_counts(events, pattern: Optional[str] = None) -> Dict[str, Dict[str, int]]:
+    """Per variant of a traced replay: kernels on the device, and how many of them match
+    ``pattern``."""
+    rx = re.compile(pattern) if pattern else None
+    out = {}
+    for v, ev in events[events.category == "kernel"].groupby("variant", sort=False):
+        out[v] = {"kernels": int(len(ev)),
+                  "matching": int(sum(bool(rx.search(n)) for n in ev.name)) if rx else 0}
+    return out
+
+
+_KEY_PARTS = [(r"index_put_kernel_impl<at::native::OpaqueType<(\d+)>", r"index_put<\1B>"),
+              (r"index_kernel_impl<at::native::OpaqueType<(\d+)>", r"index gather<\1B>"),
+              (r"direct_copy_kernel_cuda.*?\{lambda\((?:c10::)?(\w+)\)#1\}", r"copy -> \1"),
+              # the innermost functor: MulFunctor, not AUnaryFunctor
+              (r"(\w+Functor\w*)(?!.*Functor)", r"\1")]
+
+
+def short_kernel(name: str) -> str:
+    """A readable kernel name: the kernel template and what distinguishes it
+    (``index_elementwise_kernel · index gather<8B>``, ``unrolled_elementwise_kernel · copy ->
+    int``); the name itself when nothing matches."""
+    base = re.sub(r"^void\s+", "", str(name))
+    head = re.split(r"[<(]", base, maxsplit=1)[0].split("::")[-1]
+    for rx, repl in _KEY_PARTS:
+        m = re.search(rx, base)
+        if m:
+            return f"{head} · {m.expand(repl)}"
+    return head if len(base) > 60 else base
+
+
+def eager_table(table, variant: Optional[str] = None):
+    """The eager kernel table, one row per (variant, scope, step, op, kernel): calls and median µs
+    per backend."""
+    t = table if variant is None else table[table.variant == variant]
+    t = t.assign(kernel=t.kernel.map(short_kernel),
+                 scope=t.scope.fillna("").replace("", "rest of the step"))
+    wide = t.pivot_table(index=["variant", "scope", "step", "op", "kernel"], columns="backend",
+                         values=["calls", "median_us"], aggfunc="first", sort=False)
+    wide.columns = [f"{m} · {b}" for m, b in wide.columns]
+    return wide
+
+
+def kv_write_kernels(table, variant: str, backend: Optional[str] = None):
+    """The SWA layers' KV write of one variant, in op order: step, op, kernel, calls, median µs."""
+    t = table[(table.variant == variant) & (table.scope == SWA_WRITE)]
+    if backend is not None:
+        t = t[t.backend == backend]
+    elif len(t):
+        t = t[t.backend == t.backend.iloc[0]]
+    return t.sort_values("step")[["step", "op", "kernel", "calls",
+                                  "median_us"]].reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# the GPU sections of the notebook, each shown from the run (or its NoRun line)
+# --------------------------------------------------------------------------------------------------
+@notebook.needs_run
+def kernels(run) -> None:
+    """Kernel nodes per replay, one row per layout, and the profiler's agreement on every run
+    shown."""
+    print(f"{run.label} (method {run.manifest.get('method_version')}):")
+    notebook.show_table(kernel_table(run.df))
+    for r in run.shown:
+        a = profiler_agreement(r.df)
+        print(f"{r.label}: profiler = static in {a['equal']}/{a['cells']} (layout, bs, variant) "
+              "cells")
+    notebook.show_figure(kernels_per_replay(run))
+
+
+@notebook.needs_run
+def times(run) -> None:
+    """Replay times at every cell, the before/#24743 ratio per GPU, and their figure."""
+    notebook.show_table(time_table(run.df).round(2))
+    if len(run.shown) > 1:
+        import pandas as pd
+
+        print("before / #24743 on each GPU (newest run per GPU), batch size in the columns:")
+        ratios = {short_gpu(r): time_table(r.df)["before / #24743"].unstack("batch_size")
+                  for r in run.shown}
+        notebook.show_table(pd.concat(ratios, axis=1).round(3))
+    notebook.show_figure(replay_times(run.shown))
+
+
+@notebook.needs_run
+def padding(run) -> None:
+    """The padding scenario on real graphs, per GPU: (layer, slot) pairs corrupted and predicted."""
+    import pandas as pd
+
+    notebook.show_table(pd.concat({short_gpu(r): pad_table(r.df) for r in run.shown}, axis=1))
+
+
+NO_TRACE = ("this run predates profiler traces (method {mv}); a new recording adds them "
+            "(`sglab record swa_loc` on one H100 / H200).")
+
+
+@notebook.needs_run
+def profiler(run) -> None:
+    """One traced replay before and after on one time axis, and the eager per-kernel table."""
+    fig, why = replay_timeline(run)
+    if why is not None:
+        print(why)
+    else:
+        counts = trace_counts(run.sidecar("events"))
+        print(f"Perfetto file: {run.sidecar('trace')}")
+        print("; ".join(f"{v}: {c['kernels']} kernels in the traced replay" for v,
+                        c in counts.items()))
+        notebook.show_figure(fig)
+    eager = run.sidecar("eager_kernels")
+    if eager is None:
+        print(NO_TRACE.format(mv=run.manifest.get("method_version", "?")))
+        return
+    info = run.manifest.get("eager_kernels", {})
+    print(f"eager kernel table · backends: {', '.join(info.get('backends', []))}; nsight-python: "
+          f"{info.get('nsight')} ({info.get('nsight_reason')})")
+    notebook.show_table(eager_table(eager).round(2))
+
+
+# --------------------------------------------------------------------------------------------------
+# figures
+# --------------------------------------------------------------------------------------------------
+_OP_TEXT = {"index": "gather\nfull_to_swa[loc]", "_to_copy->int32": "cast\nto int32",
+            "_to_copy->int64": "cast\nto int64", "index_put_": "store\n{kv}"}
+
+
+def one_layer_ops(variant: str) -> list:
+    """The op names of the first SWA layer's KV write in ``variant``'s captured step (rebuild,
+    CPU)."""
+    calls = [c for c in kv_write_ops(variant) if c.scope == SWA_WRITE]
+    ends = [i for i, c in enumerate(calls) if i > 0 and c.step == 0]
+    return [c.op for c in calls[: ends[0] if ends else len(calls)]]
+
+
+def _kernel_names(table, variant: str, n_ops: int) -> list:
+    """Short kernel names of the SWA KV write's ops from a run's eager table, in op order (blank
+    when absent)."""
+    if table is None:
+        return [""] * n_ops
+    names = {int(r.step): short_kernel(r.kernel) for r in kv_write_kernels(table,
+            variant).itertuples()}
+    return [names.get(i, "") for i in range(n_ops)]
+
+
+def _op_boxes(ops: list) -> list:
+    stores = iter(["K", "V"] * len(ops))
+    return [_OP_TEXT.get(op, op).format(kv=next(stores)) if op == "index_put_" else _OP_TEXT.get(op,
+            op) for op in ops]
+
+
+def _row_caption(variant: str) -> str:
+    cfg = rebuild.runner_config(variant)
+    if not cfg.preset_swa_loc:
+        return "swa_loc unset at capture:\nthe graph records the translation"
+    dtype = str(cfg.swa_loc_dtype).replace("torch.", "")
+    return f"swa_loc = out_cache_loc_swa[:bs]\n(static {dtype} buffer) set before capture"
+
+
+def mechanism(run=None, *, variants=("before", "pr24743")):
+    """One SWA layer's KV write inside the decode graph, before and after: one box per kernel node,
+    the ones the preset removes highlighted (found by aligning the two op sequences, not listed by
+    hand). A run whose ``eager_kernels`` sidecar names each op's CUDA kernel adds those names under
+    the boxes."""
+    a, b = variants
+    ops = {v: one_layer_ops(v) for v in variants}
+    table = run.sidecar("eager_kernels") if run else None
+    kernels_ = {v: _kernel_names(table, v if v in ("before", "pr24743") else "pr24743", len(ops[v]))
+                for v in variants}
+    matcher = difflib.SequenceMatcher(a=ops[a], b=ops[b], autojunk=False)
+    removed = {i for tag, i1, i2, _, _ in matcher.get_opcodes() if tag in ("delete", "replace")
+               for i in range(i1, i2)}
+    # right-align: the store stays under the store
+    offset = {a: 0.0, b: float(len(ops[a]) - len(ops[b]))}
+    fig, ax = plots.canvas(11.5, 3.6, xlim=(0, 11.5), ylim=(0, 3.6))
+    w, gap, x0 = 1.25, 0.12, 3.0
+    for row, (v, y) in enumerate(((a, 2.1), (b, 0.55))):
+        color = "before" if row == 0 else "after"
+        plots.label(ax, 0.1, y + 0.42, VARIANT_LABELS[v].split(" (")[0], color=plots.PALETTE[color])
+        plots.label(ax, 0.1, y + 0.05, _row_caption(v), fontsize=7.5, weight="normal")
+        for i, (text, kname) in enumerate(zip(_op_boxes(ops[v]), kernels_[v])):
+            x = x0 + (i + offset[v]) * (w + gap)
+            plots.box(ax, x, y, w, 0.85, text,
+                      color="removed" if row == 0 and i in removed else "kept", fontsize=8)
+            if kname:
+                ax.text(x + w / 2, y - 0.08, kname.replace(" · ", "\n"), ha="center", va="top",
+                        fontsize=5.5, color="#555555")
+    xs = [x0 + i * (w + gap) for i in sorted(removed)]
+    if xs:
+        ax.annotate("", xy=(xs[0], 3.12), xytext=(xs[-1] + w, 3.12),
+                    arrowprops={"arrowstyle": "-", "color": plots.PALETTE["before"], "lw": 1.2})
+        ax.text((xs[0] + xs[-1] + w) / 2, 3.18,
+                f"translate_loc_from_full_to_swa: {len(removed)} kernels, " "in every SWA layer of "
+                "every replay", ha="center", va="bottom", fontsize=8, color=plots.PALETTE["before"])
+    ax.set_title(f"One SWA layer's KV write inside the decode graph: {len(ops[a])} kernel nodes "
+                 "before, " f"{len(ops[b])} with the preset", fontsize=10)
+    return fig
+
+
+def kernels_per_replay(run):
+    """Kernel nodes per replay against the layer count, one panel per layout."""
+    kt = kernel_table(run.df).reset_index()
+    fig, axes = plots.figure(ncols=2)
+    for ax, ratio in zip(axes.ravel(), sorted(kt.swa_per_full.unique(), reverse=True)):
+        sub = kt[kt.swa_per_full == ratio]
+        for v in rebuild.VARIANTS:
+            ax.plot(sub.num_layers, sub[f"kernels {v}"], marker="o", label=VARIANT_LABELS[v],
+                    color=COLORS[v])
+        ax.set_title(f"{ratio} SWA : 1 full")
+        ax.set_xlabel("layers")
+        ax.set_ylabel("kernels per replay (graph kernel nodes)")
+        ax.legend()
+    counts = [kernel_counts(r.df)[0] for r in run.shown]
+    same_gpu = len(run.shown) > 1 and all(c.equals(counts[0]) for c in counts)
+    plots.caption(fig, run,
+                  extra="static count via cuda-bindings"
+                  + ("; identical for every captured batch size"
+                     if kt["same for every batch size"].all() else "; smallest batch size shown")
+                  + ("; identical on " + " and ".join(short_gpu(r) for r in run.shown) if same_gpu
+                     else ""))
+    return fig
+
+
+def _time_panels(axes, r, style: str, gpu: str, h: dict) -> None:
+    for ax, (xname, fixed) in zip(axes[:2], [("batch_size", ("swa_per_full", "num_layers")),
+                                             ("num_layers", ("swa_per_full", "batch_size"))]):
+        d = sweep_rows(r.df)
+        d = d[d.metric.str.startswith("time_")].pivot_table(index=["swa_per_full", "num_layers",
+                                                                   "batch_size", "variant"],
+                                                            columns="metric", values="value")
+        sub = d.xs(tuple(h[k] for k in fixed), level=fixed).reset_index()
+        for v in rebuild.VARIANTS:
+            s = sub[sub.variant == v].sort_values(xname)
+            err = [(s.time_median - s.time_p10) * 1e3, (s.time_p90 - s.time_median) * 1e3]
+            ax.errorbar(s[xname], s.time_median * 1e3, yerr=err, marker="o", capsize=3,
+                        color=COLORS[v], ls=style, label=f"{v} · {gpu}")
+        ax.set_title(", ".join(f"{k.replace('_', ' ')} = {h[k]}" for k in fixed))
+        ax.set_ylabel("replay time, µs (median, p10–p90)")
+
+
+def replay_times(shown: list, h: Optional[dict] = None):
+    """Replay time against batch size and layer count at the headline layout, and the µs saved per
+    SWA layer."""
+    from matplotlib.ticker import FixedLocator, ScalarFormatter
+
+    h = h or HEADLINE_CONFIG
+    fig, axes = plots.figure(ncols=3, width=16)
+    axes = axes.ravel()
+    for gi, r in enumerate(shown):
+        gpu, style = short_gpu(r), STYLES[gi % len(STYLES)]
+        _time_panels(axes, r, style, gpu, h)
+        tab = time_table(r.df).reset_index()
+        for ratio, marker in zip(sorted(tab.swa_per_full.unique(), reverse=True), "os^"):
+            d = tab[(tab.swa_per_full == ratio) & (tab.num_layers == h["num_layers"])]
+            d = d.sort_values("batch_size")
+            axes[2].plot(d.batch_size, d["µs saved per SWA layer"], marker=marker, ls=style,
+                         color=plots.CYCLE[(2 + 2 * gi) % len(plots.CYCLE)],
+                         label=f"{ratio}:1 · {gpu}")
+    bss = sorted(int(b) for b in sweep_rows(shown[0].df).batch_size.unique() if b > 0)
+    for ax in (axes[0], axes[2]):
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(FixedLocator(bss))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.set_xlabel("batch size")
+    axes[1].set_xlabel("layers")
+    axes[2].set_ylim(bottom=0)
+    axes[2].set_title(f"before − #24743, {h['num_layers']} layers")
+    axes[2].set_ylabel("µs saved per SWA layer per replay")
+    for ax in axes:
+        ax.legend(fontsize=7, ncol=2 if ax is not axes[2] else 1)
+    plots.caption(fig, shown[0], extra=" · ".join(plots.provenance_text(r) for r in shown[1:])
+                  + ("; line style = GPU" if len(shown) > 1 else ""))
+    return fig
+
+
+def replay_timeline(run, variants=("before", "pr24743")):
+    """``(figure, None)``: one traced replay per variant on one µs axis, the translation's kernels
+    highlighted; ``(None, why)`` when the run has no trace."""
+    events, gk = run.sidecar("events"), run.sidecar("graph_kernels")
+    if events is None or gk is None:
+        return None, NO_TRACE.format(mv=run.manifest.get("method_version", "?"))
+    pattern = name_pattern(translation_kernels(gk))
+    # the replay itself: what one cudaGraphLaunch runs
+    device = events[events.lane.str.startswith("stream")]
+    tables = {VARIANT_LABELS[v].split(" (")[0]: plots.window(device[device.variant == v])
+              for v in variants}
+    tc = (run.manifest.get("params") or {}).get("trace_config", {})
+    fig, ax = plots.figure(width=11, height=3.0)
+    plots.timeline(tables, highlight=pattern, highlight_label="translation (gather + int32 cast)",
+                   categories=("kernel", "range"), ax=ax,
+                   title=f"One decode-graph replay on the GPU, {tc.get('num_layers')} layers "
+                         f"{tc.get('swa_per_full')}:1, bs {tc.get('batch_size')}")
+    ax.get_legend().set_bbox_to_anchor((0.5, -0.3))
+    plots.caption(fig, run,
+                  extra="torch.profiler, times under the profiler; host side in the Perfetto file")
+    return fig, None
+
+
+# --------------------------------------------------------------------------------------------------
+# your own setup: a model's sliding-window layout -> what the preset saves (`sglab swa-cost`)
+# --------------------------------------------------------------------------------------------------
+KEYS_LOOKED_FOR = ("layer_types", "sliding_window_pattern",
+                   "use_sliding_window + max_window_layers")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be read, or has no hybrid sliding-window layout (the message says which
+    keys were looked for)."""
+
+
+@dataclass
+class Layout:
+    num_layers: int
+    swa_layers: list
+    sliding_window: Optional[int]
+    found_by: str
+    model_type: str = ""
+
+    @property
+    def n_swa(self) -> int:
+        return len(self.swa_layers)
+
+    @property
+    def n_full(self) -> int:
+        return self.num_layers - self.n_swa
+
+
+def layout(cfg: dict, source: str = "config") -> Layout:
+    """The sliding-window layout of a config dict (a nested ``text_config`` read first):
+    ``layer_types``, ``sliding_window_pattern`` N (every N-th layer full) or ``use_sliding_window``
+    + ``max_window_layers``. :class:`ConfigError` when it has none or only one kind of layer."""
+    c = {**cfg, **cfg["text_config"]} if isinstance(cfg.get("text_config"), dict) else cfg
+    n = c.get("num_hidden_layers")
+    if not isinstance(n, int) or n < 1:
+        raise ConfigError(f"{source}: no positive integer num_hidden_layers")
+    window, mtype = c.get("sliding_window"), str(c.get("model_type", ""))
+    types = c.get("layer_types")
+    if isinstance(types, list) and types:
+        if len(types) != n:
+            raise ConfigError(f"{source}: layer_types has {len(types)} entries for {n} layers")
+        swa, how = [i for i, t in enumerate(types) if "sliding" in str(t)], "layer_types"
+    elif isinstance(c.get("sliding_window_pattern"), int) and c["sliding_window_pattern"] > 0:
+        p = c["sliding_window_pattern"]
+        swa, how = [i for i in range(n) if (i + 1) % p != 0], f"sliding_window_pattern={p}"
+    elif c.get("use_sliding_window") and isinstance(c.get("max_window_layers"), int):
+        swa = list(range(c["max_window_layers"], n))
+        how = f"use_sliding_window, max_window_layers={c['max_window_layers']}"
+    else:
+        extra = (f"; it has sliding_window={window} for every layer, which is not a hybrid layout "
+                 "(SGLang's SWA "
+                 "pool serves models that mix sliding-window and full layers)") if window else ""
+        raise ConfigError(f"{source}: no sliding-window layout found (looked for "
+                          f"{', '.join(KEYS_LOOKED_FOR)})" f"{extra}")
+    if not swa or len(swa) == n:
+        kind = "no sliding-window layer" if not swa else "only sliding-window layers"
+        raise ConfigError(f"{source}: {how} gives {kind} out of {n}: not a hybrid SWA model, the "
+                          "preset does " "not apply")
+    return Layout(n, swa, window if isinstance(window, int) else None, how, mtype)
+
+
+def read_config(path) -> Layout:
+    """The layout of a ``config.json``, or of ``DIR/config.json`` when given a model folder."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
+    except ValueError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{path}: a config.json holds a JSON object")
+    return layout(cfg, str(path))
+
+
+@dataclass
+class LayerCost:
+    gpu: str
+    run: str
+    extra_kernels_per_swa_layer: float
+    us_per_swa_layer: dict  # batch size -> µs saved per SWA layer per replay (median over layouts)
+
+
+def measured_costs() -> list:
+    """From the newest recorded swa_loc run of each GPU model: before − #24743 per SWA layer."""
+    out = []
+    for gpu, run in runs.newest_by(runs.load_all_recorded("swa_loc"), runs.gpu_short).items():
+        d = run.df[run.df.n_swa_layers > 0]
+        idx = ["num_layers", "swa_per_full", "n_swa_layers", "batch_size"]
+        nodes = d[d.metric == "graph_kernel_nodes"].pivot_table(index=idx, columns="variant",
+                                                                values="value")
+        n_swa = nodes.index.get_level_values("n_swa_layers")
+        per = ((nodes["before"] - nodes["pr24743"]) / n_swa).median()
+        t = d[d.metric == "time_median"].pivot_table(index=idx, columns="variant", values="value")
+        saved = (t["before"] - t["pr24743"]) * 1e3 / t.index.get_level_values("n_swa_layers")
+        by_bs = saved.groupby(level="batch_size").median()
+        out.append(LayerCost(gpu, run.path.name, float(per),
+                             {int(b): float(v) for b, v in by_bs.items()}))
+    return out
+
+
+def predict(lay: Layout, *, batch_size: int = 32, max_bs: int = 256, costs: Optional[list] = None):
+    """One row per GPU model with a recorded run: extra kernels and µs per decode step without the
+    preset (the per-SWA-layer cost at the nearest measured batch size), and the int64 buffer's waste
+    (4 bytes per captured slot, ``max_bs`` slots)."""
+    import pandas as pd
+
+    costs = measured_costs() if costs is None else costs
+    rows = []
+    for c in costs:
+        bs = min(c.us_per_swa_layer, key=lambda b: (abs(b - batch_size), b))
+        kernels_, us = c.extra_kernels_per_swa_layer * lay.n_swa, c.us_per_swa_layer[bs] * lay.n_swa
+        rows.append({"GPU": c.gpu, "SWA layers": lay.n_swa, "full layers": lay.n_full,
+                     "extra kernels per decode step": round(kernels_, 1),
+                     f"extra µs per decode step (bs {bs})": round(us, 1),
+                     "int64 buffer bytes wasted": 4 * max_bs, "measured in": c.run})
+    df = pd.DataFrame(rows)
+    df.attrs["layout"] = (f"{lay.num_layers} layers, {lay.n_swa} sliding-window ({lay.found_by}"
+                          + (f", window {lay.sliding_window}" if lay.sliding_window else "") + ")")
+    return df
+
+
+def pattern_table(layers: int, swa_per_full: int, batch_size: int, max_bs: int = 256):
+    """A model of ``layers`` decoder layers with ``swa_per_full`` sliding-window layers per full
+    layer -> :func:`predict`, through the same path a ``sliding_window_pattern`` config takes."""
+    import pandas as pd
+
+    cfg = {"num_hidden_layers": int(layers), "sliding_window_pattern": int(swa_per_full) + 1}
+    try:
+        lay = layout(cfg, f"{layers} layers, {swa_per_full} SWA per full")
+    except ConfigError as e:
+        return pd.DataFrame([{"note": str(e)}])
+    df = predict(lay, batch_size=int(batch_size), max_bs=int(max_bs))
+    us = next(c for c in df.columns if c.startswith("extra µs per decode step"))
+    df.insert(df.columns.get_loc(us) + 1, "µs measured at bs",
+              int(us.rsplit("bs ", 1)[1].rstrip(")")))
+    return df.rename(columns={us: "extra µs per decode step"})
+
+
+def your_setup():
+    """Layers, SWA layers per full layer, decode batch size and captured slots -> extra kernels and
+    µs per decode step without the preset, int64 bytes wasted (controls in JupyterLab, a static
+    table elsewhere)."""
+    return notebook.explore(pattern_table,
+                            {"layers": [8, 16, 24, 32, 48, 62, 80], "swa_per_full": [1, 2, 3, 5, 7],
+                             "batch_size": [1, 8, 32, 128, 256], "max_bs": [64, 128, 256, 512]},
+                            static=[{"layers": 62, "swa_per_full": 5, "batch_size": 32,
+                                     "max_bs": 256},
+                                    {"layers": 48, "swa_per_full": 3, "batch_size": 32,
+                                     "max_bs": 256},
+                                    {"layers": 24, "swa_per_full": 1, "batch_size": 1,
+                                     "max_bs": 256}],
+                            title="Your model: what the SWA location preset saves per decode step")
