@@ -16,6 +16,7 @@ from sglab.sglang.probes import breakable_graph as probe
 from sglab.sglang.testing import probe_all, require
 
 RELEASES = exp_real.RELEASES
+REAL_CALLS = ["breakable_graph"]  # the notebook's call (conftest)
 
 
 @pytest.fixture(scope="module")

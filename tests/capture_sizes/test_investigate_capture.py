@@ -90,6 +90,12 @@ ERRORS = {
     "lm_head_without_dp_attention": "AssertionError: Please enable dp attention when setting enable_dp_lm_head.",
 }
 
+# the calls of the module fixture and of the command's tests, answered with the session's (conftest)
+REAL_CALLS = [cs.probe_call({k: v.split() for k, v in CASES.items()}, RELEASES),
+              cs.probe_call({"args": CASES["tp8_dense1"].split()}, ("0.5.10.post1", "0.5.11")),
+              *(cs.probe_call({"args": CASES[case].split()}, ("0.5.11",))
+                for case in ("misspelt", "cp_not_dividing"))]
+
 
 def _need(releases):
     missing = [v for v in releases if v not in installed_releases()]

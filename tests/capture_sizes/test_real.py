@@ -22,6 +22,7 @@ ARGS = {"tp8_dense_tp1": ["--model-path", "m", "--tp-size", "8", "--moe-dense-tp
         "unaligned": ["--model-path", "m", "--tp-size", "8", "--moe-dense-tp-size", "1",
                       "--piecewise-cuda-graph-tokens", "4", "12", "20"],
         "misspelt": ["--model-path", "m", "--tp-sise", "8"]}
+REAL_CALLS = [("capture_sizes:run_with_args", {**PARAMS, "server_args": ARGS}, RELEASES)]
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from sglab.sglang import compare_old as compare, run_probe
 from sglab.sglang.testing import probe_all, require
 
 RELEASES = exp_real.RELEASES
+REAL_CALLS = ["grid_thw"]  # the notebook's call (conftest)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from sglab.sglang import compare_old as compare
 from sglab.sglang.testing import probe_all, require, value
 
 RELEASES = ("0.5.10.post1", "0.5.12.post1", "0.5.13", "0.5.23")
+REAL_CALLS = ["pcg_gate"]  # the notebook's call (conftest)
 
 
 @pytest.fixture(scope="module")

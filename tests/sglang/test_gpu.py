@@ -25,6 +25,7 @@ from sglab.tools.fixes import FIXES, get
 from sglab.sglang.gpu import record
 from sglab.swa_loc import sglang as swa_loc
 from sglab.sglang.runner import ProbeResult
+from sglab.sglang.testing import probe_one
 from sglab.core.runs import list_runs, read_run
 
 
@@ -186,6 +187,8 @@ CPU_FIXES = {
                                "cpu path"),
     "grid_thw": GpuPlan(0, 1, (Step("0.5.23", "sglab.sglang.gpu.grid_thw:run", {"device": "cpu"}),), "cpu path"),
 }
+# the session answers these with its other calls (conftest)
+REAL_CALLS = [(s.probe, s.params, (s.release,)) for plan in CPU_FIXES.values() for s in plan.steps]
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +201,8 @@ def cpu_runs(tmp_path_factory):
             pytest.fail(f"sglang {', '.join(missing)} not installed", pytrace=False)
         pytest.skip(f"sglang {', '.join(missing)} not installed")
     root = tmp_path_factory.mktemp("runs")
-    return {name: read_run(record.record_fix(name, plan, out=root, echo=lambda *_: None)[0])
+    return {name: read_run(record.record_fix(name, plan, out=root, echo=lambda *_: None,
+                                             runner=probe_one)[0])
             for name, plan in CPU_FIXES.items()}
 
 

@@ -19,6 +19,7 @@ from sglab.sglang.testing import require, value
 
 RELEASES = real_section.PROBE_RELEASES
 VARIANT_OF = real_section.BUFFER_VARIANT
+REAL_CALLS = ["swa_loc"]  # the notebook's call (conftest)
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,8 @@ import argparse
 import sys
 
 from sglab.fixes import capture_sizes as fx
+from sglab.investigate.capture_probe import RUNNER_FILE, unsupported
+from sglab.sglang.releases import package_dir
 
 PROBE = "sglab.investigate.capture_probe:run"
 MODEL_PLACEHOLDER = "model-not-loaded"
@@ -60,26 +62,31 @@ def pick_releases(requested: list[str] | None) -> list[str]:
     return list(dict.fromkeys(requested))
 
 
+def probe_call(cases: dict[str, list[str]], releases, *, mla: bool = True,
+               gpu_mem_gb: float = 141.0,
+               max_running_requests: int = 4096) -> tuple[str, dict, list[str]]:
+    """``(probe, params, releases)``: the one probe call :func:`ask` makes for ``cases``, on the
+    releases the probe reaches (decided from their files, so no process is started for the others).
+    ``--model-path`` is put first in every argument list; a later one given by the user wins."""
+    params = {"cases": {k: ["--model-path", MODEL_PLACEHOLDER, *argv] for k, argv in cases.items()},
+              "mla": mla, "gpu_mem_gb": gpu_mem_gb, "max_running_requests": max_running_requests}
+    return PROBE, params, [v for v in releases if (package_dir(v) / RUNNER_FILE).is_file()]
+
+
 def ask(cases: dict[str, list[str]], releases, *, mla: bool = True, gpu_mem_gb: float = 141.0,
         max_running_requests: int = 4096, timeout: float = 300.0):
     """Rows ``release, case, metric, value`` from each release (a ``not-run`` / ``probe-error`` row where a release
-    could not answer). ``--model-path`` is put first in every argument list; a later one given by the user wins."""
+    could not answer); the probe's call is :func:`probe_call`."""
     import pandas as pd
 
     from sglab.sglang import run_probes
-    from sglab.sglang.releases import package_dir
-    from sglab.investigate.capture_probe import RUNNER_FILE, unsupported
 
-    params = {"cases": {k: ["--model-path", MODEL_PLACEHOLDER, *argv] for k, argv in cases.items()},
-              "mla": mla, "gpu_mem_gb": gpu_mem_gb, "max_running_requests": max_running_requests}
-    frames, reached = [], []
-    for v in releases:   # decided from the files, so no process is started for a release the probe cannot reach
-        if (package_dir(v) / RUNNER_FILE).is_file():
-            reached.append(v)
-            continue
-        frames.append(pd.DataFrame([{"release": v, "case": c, "metric": "unsupported", "value": unsupported(v)}
-                                    for c in cases]))
-    for v, r in run_probes(reached, PROBE, params, timeout=timeout).items():
+    probe, params, reached = probe_call(cases, releases, mla=mla, gpu_mem_gb=gpu_mem_gb,
+                                        max_running_requests=max_running_requests)
+    frames = [pd.DataFrame([{"release": v, "case": c, "metric": "unsupported",
+                             "value": unsupported(v)} for c in cases])
+              for v in releases if v not in reached]
+    for v, r in run_probes(reached, probe, params, timeout=timeout).items():
         if r.ok:
             frames.append(r.rows.drop(columns=["probe"]))
         else:

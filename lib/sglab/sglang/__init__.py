@@ -3,7 +3,7 @@
 - :mod:`~sglab.sglang.releases` pinned releases and where they live (``.sglang/releases/<V>/``)
 - :mod:`~sglab.sglang.install`  ``sglab real install``: pip into target folders, idempotent, in parallel
 - :mod:`~sglab.sglang.bootstrap`, :mod:`~sglab.sglang.bootstrap`  the stand-ins a release needs on this machine
-- :mod:`~sglab.sglang.runner`, :mod:`~sglab.sglang.runner`  one subprocess per release: :func:`run_probe`
+- :mod:`~sglab.sglang.runner`  one worker per release, for all its calls: :func:`run_probes`
 - :mod:`~sglab.sglang.probes`   the real code of each fix, driven on the CPU; rows for the tests and notebooks
 
 Nothing here imports SGLang into the calling process.
@@ -14,7 +14,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from sglab.sglang.releases import PINNED, home, installed_releases, package_dir, release_dir
-from sglab.sglang.runner import ProbeResult, run_probe, run_probes
+from sglab.sglang.runner import ProbeResult, run_batch, run_probe, run_probes, run_release
 
 
 @lru_cache(maxsize=1)
@@ -59,5 +59,5 @@ def capture_sizes_for_args(argv: list[str], releases=PINNED, *, mla: bool = True
 
 __all__ = ["capture_sizes_for_args", "PINNED", "real_release_rows", "ProbeResult", "home", "installed_releases",
            "package_dir",
-           "release_dir", "run_probe",
-           "run_probes", "shims_needed"]
+           "release_dir", "run_batch", "run_probe",
+           "run_probes", "run_release", "shims_needed"]

@@ -1,50 +1,69 @@
-"""Run a probe against real SGLang releases, one subprocess per release: :func:`run_probe`, :func:`run_probes`.
+"""Run probes against real SGLang releases, one worker subprocess per release: :func:`run_release`,
+:func:`run_batch`, :func:`run_probes`, :func:`run_probe`.
 
-Why a subprocess: a release is a whole ``sglang`` package plus shims installed into ``sys.modules``; two
-releases cannot share a process, and the caller's process (a notebook, pytest) must never import either.
-Every subprocess runs in its own session with a timeout; on timeout the whole process group is killed, so
-nothing is left behind.
+Why a subprocess: a release is a whole ``sglang`` package plus shims installed into ``sys.modules``;
+two releases cannot share a process, and the caller's process (a notebook, pytest) must never import
+either. Why one worker per release for many calls: a worker spends about 7 s importing SGLang on the
+two-core box and a probe a fraction of that, so a worker prepares its release once
+(:func:`sglab.sglang.bootstrap.prepare`) and answers every call asked of it in turn; a probe that
+raises spoils its own answer only. Every worker runs in its own session; when one call takes longer
+than the timeout, the whole process group is killed, so nothing is left behind, and every call the
+worker had not answered is an error that says why.
+
+Where an answer comes from is ``source`` or ``$SGLAB_REAL`` (:mod:`sglab.sglang.store`):
+``recorded`` never runs a release, ``auto`` prefers the committed recording, and ``live`` means the
+installed releases answered in this process or in this test session. A test session
+(``tests/conftest.py``) names a folder shared by its processes in ``$SGLAB_REAL_SESSION`` and the
+calls its test modules will ask (:func:`start_session`); the first process that needs a live answer
+runs all of them, one worker per release, and writes them there as a recording, under a file lock
+that the session's other processes wait on before they read it (:func:`session_answers`). A call the
+session did not name is run when asked.
 """
 
 from __future__ import annotations
 
+import argparse
+import fcntl
+import importlib
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Iterable, Optional
-from sglab.sglang.releases import parse_version, release_installed
-import argparse
-import importlib
-import logging
 import traceback
 import warnings
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Optional
 
+from sglab.sglang import store
+from sglab.sglang.releases import home, parse_version, release_installed
 
 DEFAULT_TIMEOUT_S = 300.0
+POLL_S = 0.2                            # how often a waiting parent looks at its worker's answers
+SESSION_ENV = "SGLAB_REAL_SESSION"      # a test session's shared answer folder (start_session)
 
 
 @dataclass
 class ProbeResult:
-    """What one release did. ``status``: ``ok``, ``error`` (the probe raised) or ``not-run`` (the release is
-    not installed or does not import here; ``reason`` says which module and why)."""
+    """What one release answered to one call. ``status``: ``ok``, ``error`` (the probe raised, or
+    its worker died or was killed before answering) or ``not-run`` (the release is not installed or
+    does not import here; ``reason`` says which module and why)."""
 
     release: str
     probe: str
     status: str
     rows: "object" = None           # pandas.DataFrame: release, probe, then the probe's columns
     shims: list = field(default_factory=list)   # [{"name", "reason"}]
-    seconds: float = 0.0            # wall time of the subprocess
-    prepare_seconds: float = 0.0    # path set-up + shims (includes no sglang import)
+    seconds: float = 0.0            # wall time this call added to its worker (the first: start-up)
+    prepare_seconds: float = 0.0    # path set-up + shims (no sglang import); the first call only
     reason: str = ""                # error or not-run reason, one line
     traceback: str = ""
-    recorded: str = ""              # where the answer came from when not run now (sglab.sglang.store)
+    recorded: str = ""              # where the answer came from when not run now (store)
 
     @property
     def ok(self) -> bool:
@@ -62,6 +81,7 @@ class ProbeResult:
 
 
 def _frame(release: str, probe: str, rows: list[dict]):
+    # pandas is imported here, not at the top: the worker's start-up path imports this module
     import pandas as pd
 
     df = pd.DataFrame(rows)
@@ -70,70 +90,189 @@ def _frame(release: str, probe: str, rows: list[dict]):
     return df
 
 
+def call_key(probe: str, params: Optional[dict]) -> tuple[str, str]:
+    """``(probe, params key)``: one call, the same for its parameters in any key order."""
+    return probe, store.params_key(probe, params)
+
+
 def _env() -> dict:
-    """The caller's environment, with this package importable in the child whether or not it is installed."""
+    """The caller's environment, with this package importable in the child whether or not it is
+    installed. A worker never reads a test session's answers (its parent may hold their lock while
+    it waits)."""
     env = dict(os.environ)
     lib = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = lib + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("NCCL_NVLS_ENABLE", "0")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.pop(SESSION_ENV, None)
     return env
 
 
-def _spawn(cmd: list[str], timeout: float) -> tuple[Optional[int], str]:
-    """(exit code or None on timeout, stderr tail). Kills the child's whole process group on timeout."""
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, env=_env(), start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=timeout)
-        return proc.returncode, err[-4000:]
-    except subprocess.TimeoutExpired:
+def _spawn(cmd: list[str], timeout: float,
+           progress: Optional[Callable[[], int]] = None) -> tuple[Optional[int], str]:
+    """(exit code, or None when killed; stderr tail). Kills the child's whole process group when
+    ``timeout`` seconds pass without progress: ``progress()`` is a number that grows as the child
+    answers (the clock starts again each time it does); without it, ``timeout`` bounds the whole
+    run."""
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=err, text=True, env=_env(), start_new_session=True)
+        deadline, seen = time.monotonic() + timeout, 0
+        code: Optional[int] = None
+        while True:
+            try:
+                code = proc.wait(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            grown = progress() if progress is not None else seen
+            if grown > seen:
+                seen, deadline = grown, time.monotonic() + timeout
+            elif time.monotonic() >= deadline:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+                code = None
+                break
+        err.seek(0)
+        return code, err.read()[-4000:]
+
+
+def _not_installed(release: str) -> str:
+    return f"sglang {release}: not installed (run `sglab real install --releases {release}`)"
+
+
+def _answered(release: str, probe: str, data: dict, seconds: float) -> ProbeResult:
+    status = "not-run" if data["not_run"] else ("error" if data["error"] else "ok")
+    return ProbeResult(release, probe, status, _frame(release, probe, data["rows"]), data["shims"],
+                       seconds, data["seconds"].get("prepare", 0.0),
+                       data["not_run"] or data["error"] or "", data.get("traceback", ""))
+
+
+def _read_answers(out: Path) -> dict[int, dict]:
+    """{call index: answer} of every complete line the worker wrote (a line cut short by a kill is
+    not one)."""
+    if not out.exists():
+        return {}
+    found = {}
+    for line in out.read_text().splitlines(keepends=True):
+        if not line.endswith("\n"):
+            break
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.communicate()
-        return None, ""
+            data = json.loads(line)
+        except ValueError:
+            break
+        found[data["index"]] = data
+    return found
+
+
+def _run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]],
+                 timeout: float) -> tuple[dict[tuple[str, str], ProbeResult], set]:
+    """:func:`run_release`, and the keys of the calls the worker itself answered (not killed, not
+    crashed)."""
+    parse_version(release)
+    todo: dict[tuple[str, str], tuple[str, dict]] = {}
+    for probe, params in calls:
+        todo.setdefault(call_key(probe, params), (probe, params or {}))
+    if not release_installed(release):
+        reason = _not_installed(release)
+        return {k: ProbeResult(release, k[0], "not-run", _frame(release, k[0], []), reason=reason)
+                for k in todo}, set()
+    if not todo:
+        return {}, set()
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="sglab-probe-") as tmp:
+        asked, out = Path(tmp) / "calls.json", Path(tmp) / "answers.jsonl"
+        asked.write_text(json.dumps([{"probe": p, "params": prm} for p, prm in todo.values()]))
+        # -W: runpy's warning that the package imported the runner before ``-m`` ran it is noise
+        cmd = [sys.executable, "-W", "ignore::RuntimeWarning:runpy", "-m", "sglab.sglang.runner",
+               "--release", release, "--calls", f"@{asked}", "--out", str(out)]
+        code, err = _spawn(cmd, timeout, progress=lambda: out.stat().st_size if out.exists() else 0)
+        ended, answers = time.time(), _read_answers(out)
+    results: dict[tuple[str, str], ProbeResult] = {}
+    last, running = started, None
+    for i, (key, (probe, _)) in enumerate(todo.items()):
+        data = answers.get(i)
+        if data is not None:
+            results[key] = _answered(release, probe, data, max(0.0, data["finished"] - last))
+            last = data["finished"]
+            continue
+        if running is None:  # the call the worker was on when it was killed or died
+            running = probe
+            if code is None:
+                reason = f"sglang {release}: {probe} did not finish in {timeout:.0f} s (killed)"
+            else:
+                tail = [ln for ln in err.strip().splitlines() if ln.strip()] or ["no output"]
+                reason = f"sglang {release}: worker exited {code}: {tail[-1]}"
+            results[key] = ProbeResult(release, probe, "error", _frame(release, probe, []),
+                                       seconds=max(0.0, ended - last), reason=reason,
+                                       traceback="" if code is None else err)
+        else:
+            how = f"was killed after {timeout:.0f} s" if code is None else f"exited {code}"
+            reason = f"sglang {release}: {probe} not answered: the worker {how} while {running} ran"
+            results[key] = ProbeResult(release, probe, "error", _frame(release, probe, []),
+                                       reason=reason)
+    answered = {k for i, k in enumerate(todo) if i in answers}
+    return results, answered
+
+
+def run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]], *,
+                timeout: float = DEFAULT_TIMEOUT_S) -> dict[tuple[str, str], ProbeResult]:
+    """Answer ``calls`` (``(probe, params)``; a probe is ``module:function``, a bare module is under
+    ``sglab.sglang.probes``) on ``release`` in one worker subprocess, in order: ``{(probe, params
+    key): result}`` (:func:`call_key`; a call asked twice is answered once). ``timeout``: seconds
+    one call may take (the first call's clock also runs through the worker's start-up). Never raises
+    for a release that cannot run: every result says why."""
+    return _run_release(release, calls, timeout)[0]
+
+
+def _run_batch(calls, jobs: int, timeout: float, progress=None) -> dict[str, tuple[dict, set]]:
+    per_release: dict[str, list[tuple[str, Optional[dict]]]] = {}
+    for probe, params, releases in calls:
+        for v in releases:
+            per_release.setdefault(v, []).append((probe, params))
+    # the busiest releases first, so that the last worker to start is a short one
+    order = sorted(per_release, key=lambda v: -len(per_release[v]))
+    done: dict[str, tuple[dict, set]] = {}
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(_run_release, v, per_release[v], timeout): v for v in order}
+        for f in as_completed(futures):
+            v = futures[f]
+            done[v] = f.result()
+            if progress is not None:
+                progress(v, done[v][0])
+    return {v: done[v] for v in per_release}
+
+
+def run_batch(calls: Iterable[tuple[str, Optional[dict], Iterable[str]]], *, jobs: int = 2,
+              timeout: float = DEFAULT_TIMEOUT_S,
+              progress: Optional[Callable[[str, dict], None]] = None) -> dict[str, dict]:
+    """Every ``(probe, params, releases)`` of ``calls``, each release asked once
+    (:func:`run_release`) for all the calls that name it, ``jobs`` workers at a time: ``{release:
+    {(probe, params key): result}}``, releases in the order first named. ``progress(release,
+    results)`` is called as each release finishes."""
+    return {v: results for v, (results, _) in _run_batch(calls, jobs, timeout, progress).items()}
 
 
 def run_probe(release: str, probe: str, params: Optional[dict] = None, *,
               timeout: float = DEFAULT_TIMEOUT_S) -> ProbeResult:
-    """Run ``probe`` (``module:function``; a bare module is under ``sglab.sglang.probes``) on ``release`` in a
-    fresh subprocess and return its rows. Never raises for a release that cannot run: the result says why."""
-    parse_version(release)
-    if not release_installed(release):
-        return ProbeResult(release, probe, "not-run", _frame(release, probe, []),
-                           reason=f"sglang {release}: not installed (run `sglab real install --releases {release}`)")
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="sglab-probe-") as tmp:
-        out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "sglab.sglang.runner", "--release", release, "--probe", probe,
-               "--params", json.dumps(params or {}), "--out", str(out)]
-        code, err = _spawn(cmd, timeout)
-        seconds = time.perf_counter() - t0
-        if code is None:
-            return ProbeResult(release, probe, "error", _frame(release, probe, []), seconds=seconds,
-                               reason=f"sglang {release}: {probe} did not finish in {timeout:.0f} s (killed)")
-        if not out.exists():
-            last = [ln for ln in err.strip().splitlines() if ln.strip()]
-            return ProbeResult(release, probe, "error", _frame(release, probe, []), seconds=seconds,
-                               reason=f"sglang {release}: worker exited {code}: {last[-1] if last else 'no output'}",
-                               traceback=err)
-        data = json.loads(out.read_text())
-    status = "not-run" if data["not_run"] else ("error" if data["error"] else "ok")
-    return ProbeResult(release, probe, status, _frame(release, probe, data["rows"]), data["shims"], seconds,
-                       data["seconds"].get("prepare", 0.0), data["not_run"] or data["error"] or "",
-                       data.get("traceback", ""))
+    """Run ``probe`` (``module:function``; a bare module is under ``sglab.sglang.probes``) on
+    ``release`` in a fresh worker, now, and return its rows. Never raises for a release that cannot
+    run: the result says why."""
+    return run_release(release, [(probe, params)], timeout=timeout)[call_key(probe, params)]
 
 
-def run_probes(releases: Iterable[str], probe: str, params: Optional[dict] = None, *, jobs: int = 2,
-               timeout: float = DEFAULT_TIMEOUT_S, source: Optional[str] = None) -> dict[str, ProbeResult]:
-    """:func:`run_probe` on several releases, ``jobs`` subprocesses at a time; {release: result}, in order.
+def run_probes(releases: Iterable[str], probe: str, params: Optional[dict] = None, *,
+               jobs: int = 2, timeout: float = DEFAULT_TIMEOUT_S,
+               source: Optional[str] = None) -> dict[str, ProbeResult]:
+    """``probe`` with ``params`` on several releases: {release: result}, in order.
 
-    ``source`` (default ``$SGLAB_REAL``, else ``auto``): where a recording holds the answer it is taken from there
-    unless ``live``; ``recorded`` never runs a release (:mod:`sglab.sglang.store`)."""
-    from sglab.sglang import store
-
+    ``source`` (default ``$SGLAB_REAL``, else ``auto``): ``auto`` takes an answer from the newest
+    recording where it holds it; ``recorded`` never runs a release (:mod:`sglab.sglang.store`);
+    otherwise an answer is this test session's where it holds the call (:func:`session_answers`),
+    else a worker is started for the release now, ``jobs`` at a time."""
     releases, src = list(releases), store.source(source)
     found: dict[str, ProbeResult] = {}
     if src != "live":
@@ -144,16 +283,98 @@ def run_probes(releases: Iterable[str], probe: str, params: Optional[dict] = Non
                 found[v] = hit
             elif src == "recorded":
                 found[v] = ProbeResult(v, probe, "not-run", _frame(v, probe, []),
-                                       reason=f"sglang {v}: {probe} with these parameters is not in the recording")
+                                       reason=f"sglang {v}: {probe} with these parameters is not "
+                                              "in the recording")
     todo = [v for v in releases if v not in found]
+    if todo and any(release_installed(v) for v in todo):
+        session = session_answers()
+        for v in todo:
+            hit = session.lookup(v, probe, params) if session is not None else None
+            if hit is not None and release_installed(v):
+                hit.recorded = ""  # answered in this test session: live
+                found[v] = hit
+    todo = [v for v in releases if v not in found]
+    key = call_key(probe, params)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {v: pool.submit(run_probe, v, probe, params, timeout=timeout) for v in todo}
-        found.update({v: f.result() for v, f in futures.items()})
+        futures = {v: pool.submit(run_release, v, [(probe, params)], timeout=timeout) for v in todo}
+        found.update({v: f.result()[key] for v, f in futures.items()})
     return {v: found[v] for v in releases}
 
 
 # --------------------------------------------------------------------------------------------------
-# worker: One real SGLang release in one process: ``python -m sglab.sglang.runner --release V --p
+# a test session's answers: one run of each release for every call its test modules name
+# --------------------------------------------------------------------------------------------------
+SESSION_CALLS = "calls.json"    # {"sglang_home", "calls": [{"probe", "params", "releases"}]}
+SESSION_DONE = "answered"       # written once the session's calls were run (even if none could be)
+SESSION_LOCK = "lock"
+
+
+def _locked(folder: Path):
+    lock = open(folder / SESSION_LOCK, "a+")
+    fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released when the file is closed
+    return lock
+
+
+def start_session(folder: Path, calls: Iterable[tuple[str, Optional[dict], Iterable[str]]]) -> Path:
+    """Make ``folder`` (shared by every process of one test session) the place of the session's
+    answers to ``calls`` (``(probe, params, releases)``) and point ``$SGLAB_REAL_SESSION`` at it.
+    Nothing runs here; the first process to write the list of calls wins (the others name the same
+    calls)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with _locked(folder):
+        if not (folder / SESSION_CALLS).exists():
+            asked = [{"probe": p, "params": prm, "releases": list(vs)} for p, prm, vs in calls]
+            tmp = folder / f".{SESSION_CALLS}.tmp"
+            tmp.write_text(json.dumps({"sglang_home": str(home().resolve()), "calls": asked},
+                                      default=str))
+            tmp.replace(folder / SESSION_CALLS)
+    os.environ[SESSION_ENV] = str(folder)
+    return folder
+
+
+def _answer_session(folder: Path, asked: list[dict]) -> None:
+    """Run every call of the session, one worker per release, two at a time (the box has two cores);
+    write what the workers answered (never a call cut short by a kill or a crash) as a recording in
+    ``folder``."""
+    calls = [(c["probe"], c["params"], [v for v in c["releases"] if release_installed(v)])
+             for c in asked]
+    done = _run_batch(calls, 2, DEFAULT_TIMEOUT_S)
+    answers: dict[tuple[str, str], tuple[str, Optional[dict], dict]] = {}
+    for probe, params, releases in calls:
+        key = call_key(probe, params)
+        _, _, per_release = answers.setdefault(key, (probe, params, {}))
+        for v in releases:
+            results, answered = done[v]
+            if key in answered:
+                per_release[v] = results[key]
+    kept = [a for a in answers.values() if a[2]]
+    if kept:
+        store.write(kept, root=folder, extra={"sglang_home": str(home().resolve())})
+    (folder / SESSION_DONE).write_text(f"{len(kept)} calls answered\n")
+
+
+def session_answers() -> Optional[store.Recording]:
+    """This test session's answers (``$SGLAB_REAL_SESSION``, :func:`start_session`), run first if no
+    process of the session has run them yet; the session's other processes wait on the lock
+    meanwhile. None outside a test session, and where this process uses other releases than the
+    session (``$SGLAB_SGLANG_HOME``)."""
+    folder = os.environ.get(SESSION_ENV)
+    if not folder or not (Path(folder) / SESSION_CALLS).exists():
+        return None
+    folder = Path(folder)
+    session = json.loads((folder / SESSION_CALLS).read_text())
+    if session["sglang_home"] != str(home().resolve()):
+        return None
+    with _locked(folder):
+        if not (folder / SESSION_DONE).exists():
+            _answer_session(folder, session["calls"])
+    return store.newest(root=folder)
+
+
+# --------------------------------------------------------------------------------------------------
+# worker: one real SGLang release in one process, every call in turn:
+# ``python -m sglab.sglang.runner --release V --calls JSON --out FILE``
 # --------------------------------------------------------------------------------------------------
 
 
@@ -177,48 +398,72 @@ def _jsonable(value):
     return str(value)
 
 
-def run(release: str, probe: str, params: dict) -> dict:
+def answer(prepared, probe: str, params: dict) -> dict:
+    """One call in a prepared worker: the probe's rows, or the error or not-run reason it raised."""
+    # imported late: the worker's path, the only one that needs bootstrap
     from sglab.sglang import bootstrap
 
-    out = {"release": release, "probe": probe, "rows": [], "shims": [], "seconds": {}, "error": None,
+    out = {"release": prepared.release, "probe": probe, "rows": [],
+           "shims": [s.as_dict() for s in prepared.shims], "seconds": {}, "error": None,
            "not_run": None}
     t0 = time.perf_counter()
     try:
-        prepared = bootstrap.prepare(release)
-    except bootstrap.NotRunnable as exc:
-        out["not_run"] = str(exc)
-        return out
-    out["shims"] = [s.as_dict() for s in prepared.shims]
-    out["seconds"]["prepare"] = round(time.perf_counter() - t0, 3)
-    t1 = time.perf_counter()
-    try:
-        fn = _resolve(probe)
-        rows = fn(prepared, params)
+        rows = _resolve(probe)(prepared, params)
         out["rows"] = [{k: _jsonable(v) for k, v in row.items()} for row in rows]
     except bootstrap.NotRunnable as exc:
         out["not_run"] = str(exc)
-    except Exception as exc:  # noqa: BLE001 - reported to the caller, which decides
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported to the caller, which decides
         tb = traceback.format_exc().strip().splitlines()
-        out["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        text = str(exc).strip()
+        out["error"] = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
         out["traceback"] = "\n".join(tb[-25:])
-    out["seconds"]["probe"] = round(time.perf_counter() - t1, 3)
+    out["seconds"]["probe"] = round(time.perf_counter() - t0, 3)
     return out
+
+
+def run(release: str, calls: list[dict], emit: Callable[[dict], None]) -> None:
+    """Prepare ``release`` once, then answer each call (``{"probe", "params"}``) in turn:
+    ``emit(answer)`` with its ``index`` and the time it ``finished``. A release that cannot be
+    prepared answers every call with that reason."""
+    from sglab.sglang import bootstrap  # late: see answer()
+
+    t0 = time.perf_counter()
+    try:
+        prepared, cause = bootstrap.prepare(release), None
+    except bootstrap.NotRunnable as exc:
+        prepared, cause = None, str(exc)
+    prepare_s = round(time.perf_counter() - t0, 3)
+    for i, call in enumerate(calls):
+        if prepared is None:
+            out = {"release": release, "probe": call["probe"], "rows": [], "shims": [],
+                   "seconds": {}, "error": None, "not_run": cause}
+        else:
+            out = answer(prepared, call["probe"], call.get("params") or {})
+        if i == 0:
+            out["seconds"]["prepare"] = prepare_s
+        emit({**out, "index": i, "finished": time.time()})
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sglab.sglang.runner")
     ap.add_argument("--release", required=True)
-    ap.add_argument("--probe", required=True, help="MODULE:FUNCTION (bare MODULE: sglab.sglang.probes.MODULE)")
-    ap.add_argument("--params", default="{}", help="JSON object passed to the probe")
-    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--calls", required=True,
+                    help='JSON list of {"probe": MODULE:FUNCTION, "params": {...}} (a bare MODULE '
+                         "is under sglab.sglang.probes), or @FILE holding it")
+    ap.add_argument("--out", required=True, type=Path,
+                    help="one JSON line per answer is appended here")
     args = ap.parse_args(argv)
+    text = Path(args.calls[1:]).read_text() if args.calls.startswith("@") else args.calls
+    calls = json.loads(text)
     # SGLang and transformers warn loudly about the GPU-less machine; the caller only sees our JSON
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR)
-    result = run(args.release, args.probe, json.loads(args.params))
-    tmp = args.out.with_suffix(args.out.suffix + ".tmp")
-    tmp.write_text(json.dumps(result))
-    tmp.replace(args.out)
+    with open(args.out, "a") as f:
+        def emit(data: dict) -> None:
+            f.write(json.dumps(data) + "\n")  # a line per answer, flushed: the parent's progress
+            f.flush()
+
+        run(args.release, calls, emit)
     return 0
 
 

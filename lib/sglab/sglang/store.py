@@ -1,15 +1,21 @@
-"""Recorded probe answers: what the real releases said on the CPU box, kept so that a notebook in recorded mode
-shows its real-SGLang section at once, and a reader without the releases still sees what they did.
+"""Recorded probe answers: what the real releases said on the CPU box, kept so that a notebook in
+recorded mode shows its real-SGLang section at once, and a reader without the releases still sees
+what they did.
 
-Running a probe costs a subprocess per release that imports a whole ``sglang`` (about 8 s each on the two-core box,
-by the recording's own timings); the six notebooks ask 22 of them. A recording is a run of the experiment
-``real_cpu`` (``data/recorded/real_cpu/``, :mod:`sglab.core.runs`: one row per probe and release, the machine and git
-sha in the manifest) with every :class:`~sglab.sglang.runner.ProbeResult` in its ``results`` sidecar. ``sglab real
-record`` writes one; the real-release tests check that it still equals what the installed releases answer.
+Running the releases costs a worker subprocess per release that imports a whole ``sglang`` (about 8
+s each on the two-core box, by the recording's own timings) before it answers the calls asked of it;
+the six notebooks ask 22 (release, probe) pairs of six releases. A recording is a run of the
+experiment ``real_cpu`` (``data/recorded/real_cpu/``, :mod:`sglab.core.runs`: one row per probe and
+release, the machine and git sha in the manifest) with every
+:class:`~sglab.sglang.runner.ProbeResult` in its ``results`` sidecar. ``sglab real record`` writes
+one; the real-release tests check that it still equals what the installed releases answer. A test
+session keeps the answers it ran in the same format, in a folder of its own
+(:func:`sglab.sglang.runner.session_answers`).
 
-Where answers come from, per call of :func:`sglab.sglang.runner.run_probes`, is ``source`` or ``$SGLAB_REAL``:
-``auto`` (default) the newest recording where it holds this probe, parameters and release, else live; ``live``
-always run the releases; ``recorded`` never (a release missing from the recording is reported as not run).
+Where answers come from, per call of :func:`sglab.sglang.runner.run_probes`, is ``source`` or
+``$SGLAB_REAL``: ``auto`` (default) the newest recording where it holds this probe, parameters and
+release, else live; ``live`` the installed releases, run in this process or earlier in this test
+session; ``recorded`` never runs them (a release missing from the recording is reported as not run).
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ class Recording:
     results: dict          # {(params_key, release): result dict}
     label: str             # "recorded 2026-11-24 on cpu, git 1a2b3c4"
     path: Path
+    sglang_home: str = ""  # the releases' folder where the manifest names it (a session's answers)
 
     def lookup(self, release: str, probe: str, params: Optional[dict]):
         from sglab.sglang.runner import ProbeResult, _frame
@@ -66,8 +73,10 @@ class Recording:
                            d["prepare_seconds"], d["reason"], d["traceback"], recorded=self.label)
 
 
-def write(calls: Iterable[tuple[str, Optional[dict], dict]], *, root: Optional[Path] = None) -> Path:
-    """Write a recording of ``calls`` (``(probe, params, {release: ProbeResult})``) as a ``real_cpu`` run."""
+def write(calls: Iterable[tuple[str, Optional[dict], dict]], *, root: Optional[Path] = None,
+          extra: Optional[dict] = None) -> Path:
+    """Write a recording of ``calls`` (``(probe, params, {release: ProbeResult})``) as a
+    ``real_cpu`` run under ``root`` (default ``data/recorded``); ``extra``: more manifest fields."""
     from sglab.core import runs
 
     rows, stored, releases = [], [], set()
@@ -87,7 +96,8 @@ def write(calls: Iterable[tuple[str, Optional[dict], dict]], *, root: Optional[P
         return runs.write_run(runs.tidy(EXPERIMENT, rows), experiment=EXPERIMENT, method_version=METHOD_VERSION,
                               params={"probes": sorted({r["probe"] for r in rows})},
                               root=root or runs.data_dir("recorded"), gpu_count=0,
-                              extra={"releases": sorted(releases, key=parse_version)},
+                              extra={"releases": sorted(releases, key=parse_version),
+                                     **(extra or {})},
                               sidecars={"results": sidecar})
 
 
@@ -100,14 +110,15 @@ def _read(path: str, mtime: float) -> Recording:
         stored = json.load(f)
     m = run.manifest
     label = f"recorded {str(m.get('created_utc', ''))[:10]} on {m.get('gpu_name')}, git {str(m.get('git_sha'))[:7]}"
-    return Recording({(d["key"], d["release"]): d for d in stored}, label, Path(path))
+    return Recording({(d["key"], d["release"]): d for d in stored}, label, Path(path),
+                     str(m.get("sglang_home", "")))
 
 
-def newest() -> Optional[Recording]:
-    """The newest recording under ``data/recorded/real_cpu/``, or None."""
+def newest(root: Optional[Path] = None) -> Optional[Recording]:
+    """The newest recording under ``data/recorded/real_cpu/`` (``root/real_cpu/``), or None."""
     from sglab.core import runs
 
-    paths = runs.list_runs(EXPERIMENT)
+    paths = runs.list_runs(EXPERIMENT, root=root)
     if not paths:
         return None
     path = paths[-1]

@@ -3,6 +3,10 @@
 In CI (``CI`` set) a release that did not run fails the test with its one-line reason: CI installs the releases
 through the project's own steps, so a missing one is a defect. Elsewhere the test is skipped with that reason
 (run ``sglab real install`` or ``make test``, which installs them).
+
+Live answers in a test session come from one run of each release for all the calls that the
+session's test modules name (``REAL_CALLS`` in ``tests/conftest.py``,
+:func:`sglab.sglang.runner.session_answers`).
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 
-from sglab.sglang.runner import ProbeResult, run_probes
+from sglab.sglang.runner import DEFAULT_TIMEOUT_S, ProbeResult, run_probes
 
 
 def require(result: ProbeResult) -> ProbeResult:
@@ -26,8 +30,17 @@ def require(result: ProbeResult) -> ProbeResult:
 
 
 def probe_all(releases, probe: str, params=None) -> dict[str, ProbeResult]:
-    """Each release once, run now (never a recording; two subprocesses at a time, the machine has two cores)."""
+    """Each release's live answer: this test session's, else run now (never a recording; two workers
+    at a time, the machine has two cores)."""
     return run_probes(releases, probe, params, jobs=2, source="live")
+
+
+def probe_one(release: str, probe: str, params=None, *,
+              timeout: float = DEFAULT_TIMEOUT_S) -> ProbeResult:
+    """One release's live answer, as :func:`probe_all` gives it, in the shape of
+    :func:`sglab.sglang.runner.run_probe`: a ``runner`` for
+    :func:`sglab.sglang.gpu.record.record_fix`."""
+    return run_probes([release], probe, params, jobs=1, timeout=timeout, source="live")[release]
 
 
 def value(result: ProbeResult, **where):
@@ -48,7 +61,8 @@ def _records(df) -> "object":
     import pandas as pd
 
     records = df.drop(columns=["release", "probe"], errors="ignore").to_dict("records")
-    text = re.sub(r"(elapsed|mem usage|avail mem)=[0-9.]+", r"\1=<t>", json.dumps(records, default=str))
+    text = json.dumps(records, default=str)
+    text = re.sub(r"(elapsed|mem usage|avail mem)(=|: )[0-9.]+", r"\1\2<t>", text)
     return pd.DataFrame(json.loads(text)).reset_index(drop=True)
 
 

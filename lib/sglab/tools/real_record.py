@@ -3,6 +3,8 @@
 Each notebook's real section calls one probe on the releases that straddle its fix (the record's ``probe``:
 function, releases and parameters). :func:`calls` lists exactly those calls, so a recording
 (:mod:`sglab.sglang.store`) holds what the notebooks will ask for, and a test can replay every one of them live.
+``sglab real record`` asks each release once for all the calls that name it
+(:func:`sglab.sglang.runner.run_batch`: six workers for the 22 (release, probe) pairs, not 22).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import argparse
 import time
 from typing import Optional
+
+from sglab.sglang import runner, store
 
 
 def calls() -> list[tuple[str, Optional[dict], tuple]]:
@@ -20,18 +24,26 @@ def calls() -> list[tuple[str, Optional[dict], tuple]]:
 
 
 def record(*, jobs: int = 2, progress=print):
-    """Run every call live and write the recording; returns its CSV path. Refuses to record a release that did
-    not run: a recording says what real code did, never why it could not."""
-    from sglab.sglang import run_probes, store
+    """Run every call live, one worker per release for all of its calls (``jobs`` at a time), and
+    write the recording; returns its CSV path. Refuses to record a release that did not run: a
+    recording says what real code did, never why it could not."""
+    t0 = time.perf_counter()
+    asked = calls()
 
+    def finished(release: str, results: dict) -> None:
+        n = len(results)
+        progress(f"sglang {release}: {n} call{'' if n == 1 else 's'} answered, "
+                 f"{time.perf_counter() - t0:.1f} s into the recording")
+
+    answers = runner.run_batch(asked, jobs=jobs, progress=finished)
     done = []
-    for probe, params, releases in calls():
-        t0 = time.perf_counter()
-        results = run_probes(releases, probe, params, jobs=jobs, source="live")
+    for probe, params, releases in asked:
+        key = runner.call_key(probe, params)
+        results = {v: answers[v][key] for v in releases}
         bad = [r.summary() for r in results.values() if not r.ok]
         if bad:
-            raise RuntimeError(f"{probe}: not every release ran, nothing recorded:\n  " + "\n  ".join(bad))
-        progress(f"{probe}: {len(results)} releases in {time.perf_counter() - t0:.1f} s")
+            raise RuntimeError(f"{probe}: not every release ran, nothing recorded:\n  "
+                               + "\n  ".join(bad))
         done.append((probe, params, results))
     return store.write(done)
 

@@ -1,0 +1,284 @@
+"""One worker per release answers many calls (:mod:`sglab.sglang.runner`), and a test session runs
+its calls once for all of its processes.
+
+The release here is a stand-in (``9.9.9``: an empty ``sglang`` package with a few probes beside it,
+in a temporary ``$SGLAB_SGLANG_HOME``), so a worker costs a Python start-up and shims, not SGLang.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sglab.sglang import releases, runner, store
+
+RELEASE = "9.9.9"
+# importable in the worker: the release's folder is on its path
+PID, BOOM, SLEEP, CHILD, LEAVE = (f"sglab_fake_probes.calls:{name}"
+                                  for name in ("pid", "boom", "sleep", "child", "leave"))
+
+# the smallest stub with the interface of SGLang's sglang/_triton_stub.py
+TRITON_STUB = '''
+import sys, types
+class _StubBase:
+    pass
+def _make_mock(name):
+    mod = types.ModuleType(name)
+    sys.modules[name] = mod
+    return mod
+def install():
+    _make_mock("triton")
+'''
+
+CALLS = '''
+import os, time
+
+def pid(prepared, params):
+    return [{"metric": "pid", "value": os.getpid(), "tag": params.get("tag")}]
+
+def boom(prepared, params):
+    raise ValueError("the probe failed on purpose")
+
+def sleep(prepared, params):
+    time.sleep(params["seconds"])
+    return [{"metric": "slept", "value": params["seconds"]}]
+
+def child(prepared, params):
+    """Starts a grandchild that outlives the probe unless its group is killed."""
+    import subprocess, sys
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    with open(params["pid_file"], "w") as f:
+        f.write(str(proc.pid))
+    time.sleep(120)
+
+def leave(prepared, params):
+    os._exit(3)
+'''
+
+
+@pytest.fixture
+def fake_home(tmp_path, monkeypatch):
+    """A ``$SGLAB_SGLANG_HOME`` with the stand-in release installed (stamped) and its probes."""
+    home = tmp_path / "home"
+    root = home / "releases" / RELEASE
+    (root / "sglang").mkdir(parents=True)
+    (root / "sglang" / "__init__.py").write_text("")
+    (root / "sglang" / "_triton_stub.py").write_text(TRITON_STUB)
+    (root / releases.STAMP).write_text("{}")
+    (root / "sglab_fake_probes").mkdir()
+    (root / "sglab_fake_probes" / "__init__.py").write_text("")
+    (root / "sglab_fake_probes" / "calls.py").write_text(CALLS)
+    deps = home / "deps" / releases.dep_set(RELEASE)
+    deps.mkdir(parents=True)
+    (deps / releases.STAMP).write_text("{}")
+    monkeypatch.setenv("SGLAB_SGLANG_HOME", str(home))
+    monkeypatch.delenv(runner.SESSION_ENV, raising=False)  # this session's answers are not these
+    return home
+
+
+@pytest.fixture
+def spawned(monkeypatch):
+    """The command line of every worker started (each still runs)."""
+    seen = []
+    real = runner._spawn
+
+    def counting(cmd, timeout, progress=None):
+        seen.append(cmd)
+        return real(cmd, timeout, progress)
+
+    monkeypatch.setattr(runner, "_spawn", counting)
+    return seen
+
+
+def _pid(result) -> int:
+    return int(result.rows.loc[result.rows.metric == "pid", "value"].iloc[0])
+
+
+def _live(params, probe=PID):
+    return runner.run_probes([RELEASE], probe, params, source="live")[RELEASE]
+
+
+# -- one worker, many calls ------------------------------------------------------------------------
+def test_a_release_answers_all_its_calls_in_one_worker(fake_home, spawned):
+    got = runner.run_release(RELEASE, [(PID, {"tag": 1}), (PID, {"tag": 2}), (PID, {"tag": 1})],
+                             timeout=120)
+    assert len(spawned) == 1
+    assert list(got) == [runner.call_key(PID, {"tag": 1}), runner.call_key(PID, {"tag": 2})]
+    first, second = got.values()
+    assert first.ok and second.ok, (first.reason, second.reason)
+    assert _pid(first) == _pid(second) != os.getpid()              # one process answered both
+    assert list(second.rows.tag) == [2] and list(second.rows.release) == [RELEASE]
+    assert first.shim_names() == second.shim_names() and "triton" in first.shim_names()
+    assert first.seconds > second.seconds >= 0.0 and second.prepare_seconds == 0.0
+
+
+def test_a_raising_probe_spoils_only_its_own_answer(fake_home, spawned):
+    got = runner.run_release(RELEASE, [(PID, {"tag": 1}), (BOOM, None), (PID, {"tag": 2})],
+                             timeout=120)
+    before, boom, after = got.values()
+    assert len(spawned) == 1
+    assert boom.status == "error" and boom.reason == "ValueError: the probe failed on purpose"
+    assert "raise ValueError" in boom.traceback and boom.rows.empty
+    assert before.ok and after.ok and _pid(before) == _pid(after)
+
+
+def test_a_timeout_kills_the_group_and_reports_every_unanswered_call(fake_home, tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    t0 = time.perf_counter()
+    got = runner.run_release(RELEASE, [(PID, {"tag": 1}), (CHILD, {"pid_file": str(pid_file)}),
+                                       (PID, {"tag": 2}), (BOOM, None)], timeout=8)
+    assert time.perf_counter() - t0 < 60
+    done, hung, *never = got.values()
+    assert done.ok
+    assert hung.status == "error"
+    assert hung.reason == f"sglang {RELEASE}: {CHILD} did not finish in 8 s (killed)"
+    assert [r.reason for r in never] == [
+        f"sglang {RELEASE}: {p} not answered: the worker was killed after 8 s while {CHILD} ran"
+        for p in (PID, BOOM)]
+    assert all(r.status == "error" for r in never)
+    grandchild = int(pid_file.read_text())
+    time.sleep(0.5)
+    left = subprocess.run(["ps", "-o", "stat=", "-p", str(grandchild)], capture_output=True,
+                          text=True).stdout.strip()
+    assert left in ("", "Z"), f"the probe's child {grandchild} is still running ({left})"
+
+
+def test_the_clock_restarts_with_each_answer(fake_home):
+    """``timeout`` bounds one call, not the worker: three calls of 2 s pass under a 5 s timeout."""
+    got = runner.run_release(RELEASE, [(SLEEP, {"seconds": 2, "n": i}) for i in range(3)],
+                             timeout=5)
+    assert [r.status for r in got.values()] == ["ok"] * 3, [r.reason for r in got.values()]
+
+
+def test_a_worker_that_dies_reports_the_rest(fake_home):
+    got = runner.run_release(RELEASE, [(PID, {"tag": 1}), (LEAVE, None), (PID, {"tag": 2})],
+                             timeout=120)
+    done, left, never = got.values()
+    assert done.ok
+    assert left.status == "error" and left.reason == f"sglang {RELEASE}: worker exited 3: no output"
+    assert never.reason == (f"sglang {RELEASE}: {PID} not answered: the worker exited 3 "
+                            f"while {LEAVE} ran")
+
+
+def test_run_probe_is_one_call_of_the_same_worker(fake_home, spawned):
+    r = runner.run_probe(RELEASE, PID, {"tag": 5}, timeout=120)
+    assert r.ok and list(r.rows.tag) == [5] and r.probe == PID
+    assert len(spawned) == 1 and "--calls" in spawned[0]
+    missing = runner.run_probe("0.5.9", PID)
+    assert missing.status == "not-run" and len(spawned) == 1       # nothing to start
+
+
+def test_the_worker_command_writes_one_line_per_call(fake_home, tmp_path):
+    out = tmp_path / "answers.jsonl"
+    calls = json.dumps([{"probe": PID, "params": {"tag": 1}}, {"probe": BOOM}])
+    proc = subprocess.run([sys.executable, "-m", "sglab.sglang.runner", "--release", RELEASE,
+                           "--calls", calls, "--out", str(out)], capture_output=True, text=True,
+                          timeout=120, env=runner._env())
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(d["index"], d["probe"], d["error"]) for d in lines] == [
+        (0, PID, None), (1, BOOM, "ValueError: the probe failed on purpose")]
+    assert lines[0]["rows"][0]["tag"] == 1 and "prepare" in lines[0]["seconds"]
+
+
+def test_run_batch_asks_each_release_once(fake_home, spawned):
+    got = runner.run_batch([(PID, {"tag": 1}, [RELEASE, "0.5.9"]), (PID, {"tag": 2}, [RELEASE])])
+    assert list(got) == [RELEASE, "0.5.9"] and len(spawned) == 1
+    assert [r.status for r in got[RELEASE].values()] == ["ok", "ok"]
+    assert [r.status for r in got["0.5.9"].values()] == ["not-run"]
+
+
+# -- a test session's answers ----------------------------------------------------------------------
+def test_the_session_runs_its_calls_once_and_then_answers_from_them(fake_home, tmp_path, spawned):
+    folder = runner.start_session(tmp_path / "session", [(PID, {"tag": 1}, [RELEASE]),
+                                                         (PID, {"tag": 2}, [RELEASE])])
+    assert os.environ[runner.SESSION_ENV] == str(folder)
+    assert spawned == []                                           # nothing runs until it is needed
+    first = _live({"tag": 2})
+    assert len(spawned) == 1 and first.ok and not first.recorded  # both calls, one worker: live
+    again = _live({"tag": 1})
+    assert len(spawned) == 1 and again.ok and _pid(again) == _pid(first)   # no worker started
+    rec = store.newest(root=folder)                                # a recording, as store reads one
+    assert rec.lookup(RELEASE, PID, {"tag": 1}).ok and rec.sglang_home == str(fake_home.resolve())
+    other = _live({"tag": 3})
+    assert len(spawned) == 2 and other.ok                          # not named: run when asked
+
+
+def test_the_session_keeps_no_answer_that_a_crash_cut_short(fake_home, tmp_path, spawned):
+    """A call left unanswered by another call's crash is run again when asked, not served as an
+    error."""
+    folder = runner.start_session(tmp_path / "session", [(LEAVE, None, [RELEASE]),
+                                                         (PID, {"tag": 1}, [RELEASE])])
+    assert _live({"tag": 1}).ok and len(spawned) == 2   # the session's worker died, then this call
+    assert store.newest(root=folder) is None            # nothing the worker answered itself to keep
+    assert _live({"tag": 1}).ok and len(spawned) == 3   # the session's calls are not run again
+
+
+def test_a_session_of_other_releases_is_not_used(fake_home, tmp_path, spawned, monkeypatch):
+    runner.start_session(tmp_path / "session", [(PID, {"tag": 1}, [RELEASE])])
+    monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path / "elsewhere"))
+    r = _live({"tag": 1})
+    assert r.status == "not-run" and "not installed" in r.reason and spawned == []
+    assert runner.session_answers() is None
+
+
+def test_the_session_is_one_run_for_every_process(fake_home, tmp_path):
+    """Two processes of one session ask at once: one runs the worker, the other waits on the lock,
+    then reads the same answer."""
+    folder = runner.start_session(tmp_path / "session", [(PID, {"tag": 1}, [RELEASE])])
+    code = ("import json; from sglab.sglang import runner; "
+            f"(r,) = runner.run_probes([{RELEASE!r}], {PID!r}, {{'tag': 1}}).values(); "
+            "print(json.dumps([r.status, int(r.rows.value.iloc[0])]))")
+    env = {**runner._env(), runner.SESSION_ENV: str(folder), "SGLAB_REAL": "live"}
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    outs = [p.communicate(timeout=180) for p in procs]
+    answers = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    assert answers[0] == answers[1] and answers[0][0] == "ok", outs
+    assert len(list((Path(folder) / store.EXPERIMENT).glob("*.csv"))) == 1
+
+
+def test_the_committed_recording_still_answers_every_notebook_call():
+    """The notebooks' recorded mode reads data/recorded/real_cpu/ through the same store."""
+    from sglab.tools.real_record import calls
+
+    rec = store.newest()
+    assert rec is not None
+    for probe, params, names in calls():
+        for v in names:
+            hit = rec.lookup(v, probe, params)
+            assert hit is not None and hit.ok, (probe, v)
+
+
+def test_record_asks_each_release_once_for_all_its_calls(data_root, monkeypatch):
+    """``sglab real record``: one batch of every notebook call, written as a recording that answers
+    each of them (the committed one is never touched: ``$SGLAB_DATA`` is a temporary folder)."""
+    from sglab.sglang.runner import ProbeResult, _frame
+    from sglab.tools import real_record
+
+    batches = []
+
+    def batch(calls, *, jobs, progress):
+        batches.append(list(calls))
+        out = {}
+        for probe, params, names in calls:
+            for v in names:
+                out.setdefault(v, {})[runner.call_key(probe, params)] = ProbeResult(
+                    v, probe, "ok", _frame(v, probe, [{"metric": "m", "value": 1}]))
+        for v, results in out.items():
+            progress(v, results)
+        return out
+
+    monkeypatch.setattr(runner, "run_batch", batch)
+    lines = []
+    path = real_record.record(progress=lines.append)
+    assert len(batches) == 1 and batches[0] == real_record.calls()
+    assert len(lines) == 6 and all(line.startswith("sglang ") for line in lines)   # one per release
+    rec = store.newest()
+    assert rec.path == path
+    for probe, params, names in real_record.calls():
+        assert all(rec.lookup(v, probe, params).ok for v in names), probe
