@@ -119,8 +119,8 @@ rebuild.forward_eager(b.model, batch_b, use_precomputed_swa_loc=True)
 #
 # A decode batch of `raw_bs` tokens replays the graph of the next captured size `bs`;
 # `populate_from_forward_batch` zeroes `out_cache_loc` for the padded tokens, so they write into
-# slot 0.
-# #23552 copied `out_cache_loc_swa[:raw_bs]` but left `[raw_bs:bs]` as the previous replay left it.
+# slot 0. PR #23552 copied `out_cache_loc_swa[:raw_bs]` but left `[raw_bs:bs]` as the previous
+# replay left it.
 #
 # Scenario (`measure.pad_bug_scenario`): eight requests with a few context tokens each; step 1
 # decodes all eight in the bs=8 graph; requests 2 and 4 finish, the batch is filtered in order, and
@@ -133,23 +133,23 @@ rows = []
 for variant in rebuild.VARIANTS:
     r = measure.pad_bug_scenario(variant, num_layers=12)
     hit = [layer for layer in r["swa_layer_ids"] if layer in r["corrupted"]]
+    slots = sorted({tuple(x) for x in r["corrupted"].values()}) or "none"
     rows.append({"variant": variant, "stale tail slots (SWA)": r["stale_tail_swa_slots"],
                  "their owners, still running": r["owners_still_running"],
                  "SWA layers corrupted": f"{len(hit)} of {len(r['swa_layer_ids'])}",
-                 "slots per SWA layer": sorted({tuple(x) for x in r["corrupted"].values()})
-                 or "none", "exactly as predicted": r["matches_prediction"]})
+                 "slots per SWA layer": slots, "exactly as predicted": r["matches_prediction"]})
 pd.DataFrame(rows).set_index("variant")
 
 # %% [markdown]
 # Before #23552 the padded tokens translated the zeroed `out_cache_loc` (full slot 0 → SWA slot 0);
-# #23552 wrote them into two live slots of requests 6 and 7 in every SWA layer; #24743's
+# with #23552 they wrote into two live slots of requests 6 and 7 in every SWA layer; #24743's
 # `out_cache_loc_swa.zero_()` sends them to slot 0 again.
 #
 # ## int64 or int32 (CPU)
 #
-# `translate_loc_from_full_to_swa` returns int32, and so does `ForwardBatch.out_cache_loc_swa`.
-# #23552 allocated the static buffer as int64, so `populate_from_forward_batch` did a converting
-# copy and the graph handed `set_kv_buffer` another dtype than the eager path:
+# `translate_loc_from_full_to_swa` returns int32, and so does `ForwardBatch.out_cache_loc_swa`. The
+# static buffer of #23552 was int64, so `populate_from_forward_batch` did a converting copy and the
+# graph handed `set_kv_buffer` another dtype than the eager path:
 
 # %%
 rows = []
