@@ -17,7 +17,8 @@ from sglab.tools import fixes
 
 bytecode.enable()  # every worker and subprocess below keeps its bytecode (see sglab.core.bytecode)
 os.environ.setdefault("MPLBACKEND", "Agg")
-# tests of real releases run them (never the recording); the notebook tests ask for the recording themselves
+# tests of real releases run them (never the recording); the notebook tests ask for the recording
+# themselves
 os.environ.setdefault("SGLAB_REAL", "live")
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 

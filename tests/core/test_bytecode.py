@@ -1,5 +1,6 @@
-"""sglab.core.bytecode: where PYTHONDONTWRITEBYTECODE is set, a process and its children keep bytecode in a private
-cache; SGLAB_PYCACHE=off leaves the interpreter alone; nothing changes where bytecode is written normally."""
+"""sglab.core.bytecode: where PYTHONDONTWRITEBYTECODE is set, a process and its children keep
+bytecode in a private cache; SGLAB_PYCACHE=off leaves the interpreter alone; nothing changes where
+bytecode is written normally."""
 
 import os
 import subprocess
@@ -35,8 +36,8 @@ def _pycs(root: Path, stem: str) -> list[Path]:
 
 
 def _run(env, cwd) -> str:
-    return subprocess.run([sys.executable, "-c", PARENT], env=env, cwd=cwd, capture_output=True, text=True,
-                          check=True, timeout=120).stdout
+    return subprocess.run([sys.executable, "-c", PARENT], env=env, cwd=cwd, capture_output=True,
+                          text=True, check=True, timeout=120).stdout
 
 
 def test_cache_for_process_and_children_when_bytecode_is_off(sandbox):

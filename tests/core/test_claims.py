@@ -1,5 +1,5 @@
-"""The claim engine and `sglab verify` on a small made-up experiment: statuses, n/a reasons, method versions,
-checks that crash, bad run files, --against and JUnit."""
+"""The claim engine and `sglab verify` on a small made-up experiment: statuses, n/a reasons, method
+versions, checks that crash, bad run files, --against and JUnit."""
 
 import json
 import sys
@@ -29,13 +29,12 @@ def _two_gpus(run):
     return None if run.manifest.get("gpu_count", 0) >= 2 else "needs a run on 2 GPUs"
 
 
-CLAIMS = [
-    Claim("demo.extra_kernels", "without the fix, exactly 2 more kernels", "== 2", _kernels),
-    Claim("demo.ratio", "before/after time ratio", ">= 1.10", _ratio, drift=0.25),
-    Claim("demo.ranks", "both ranks report", "2 ranks", lambda r: holds(True, "2"), applies=_two_gpus),
-    Claim("demo.new_metric", "a metric only method 2 records", "present",
-          lambda r: holds(True, "yes"), methods=(2, None)),
-]
+CLAIMS = [Claim("demo.extra_kernels", "without the fix, exactly 2 more kernels", "== 2", _kernels),
+          Claim("demo.ratio", "before/after time ratio", ">= 1.10", _ratio, drift=0.25),
+          Claim("demo.ranks", "both ranks report", "2 ranks", lambda r: holds(True, "2"),
+                applies=_two_gpus),
+          Claim("demo.new_metric", "a metric only method 2 records", "present",
+                lambda r: holds(True, "yes"), methods=(2, None)),]
 
 
 DEMO = types.ModuleType("sglab.demo.claims")
@@ -61,7 +60,8 @@ def _write(kernels=(10, 8), times=(2.0, 1.0), gpu_count=1, folder="recorded"):
         {"variant": "after", "metric": "time", "value": times[1], "unit": "ms"},
     ])
     root = runs.data_dir(folder)
-    return runs.write_run(df, experiment="demo", method_version=1, params={}, root=root, gpu_count=gpu_count)
+    return runs.write_run(df, experiment="demo", method_version=1, params={}, root=root,
+                          gpu_count=gpu_count)
 
 
 def test_statuses_na_reasons_and_method_versions(demo):
@@ -128,7 +128,8 @@ def test_against_reports_drift_and_environment(demo, capsys):
 
 def test_exact_value_differing_from_same_gpu_reference_fails(demo, capsys):
     _write(kernels=(10, 8))
-    live = _write(kernels=(12, 10), folder="runs")  # the claim holds (+2), but a count differs from the reference
+    # the claim holds (+2), but a count differs from the reference
+    live = _write(kernels=(12, 10), folder="runs")
     assert cli.main(["verify", str(live), "--against"]) == 1
     out = capsys.readouterr().out
     assert "demo.extra_kernels.before: 12 vs 10" in out and "an exact value differs" in out
@@ -136,7 +137,8 @@ def test_exact_value_differing_from_same_gpu_reference_fails(demo, capsys):
     m = json.loads(other_gpu.with_suffix(".json").read_text())
     m["gpu_name"] = "NVIDIA H200"
     other_gpu.with_suffix(".json").write_text(json.dumps(m))
-    assert cli.main(["verify", str(other_gpu), "--against"]) == 0  # reported, not fatal, across GPU models
+    # reported, not fatal, across GPU models
+    assert cli.main(["verify", str(other_gpu), "--against"]) == 0
     assert "nearest is the newest" in capsys.readouterr().out
 
 

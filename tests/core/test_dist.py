@@ -1,5 +1,5 @@
-"""sglab.core.dist on the CPU (gloo): results come back per rank, errors carry the rank's traceback, nothing hangs,
-nothing is left running."""
+"""sglab.core.dist on the CPU (gloo): results come back per rank, errors carry the rank's traceback,
+nothing hangs, nothing is left running."""
 
 import os
 import time
@@ -54,7 +54,8 @@ def test_rank_that_never_joins_times_out_clearly():
 def test_run_deadline_kills_ranks_and_their_children(tmp_path):
     pidfile = tmp_path / "child"
     with pytest.raises(dist.DistTimeout, match="exceeded 15 s"):
-        dist.launch(dist_fns.spawn_grandchild_and_hang, 2, args=(str(pidfile),), backend="gloo", timeout_s=15)
+        dist.launch(dist_fns.spawn_grandchild_and_hang, 2, args=(str(pidfile),), backend="gloo",
+                    timeout_s=15)
     pids = [int((tmp_path / f"child.{r}").read_text()) for r in range(2)]
     time.sleep(0.5)
     assert not any(_alive(p) for p in pids)
@@ -84,7 +85,8 @@ def test_forkserver_ranks_and_no_server_left():
 
     dist.forkserver(["torch"])
     try:
-        out = dist.launch(dist_fns.all_reduce_sum, 2, backend="gloo", timeout_s=120, start_method="forkserver")
+        out = dist.launch(dist_fns.all_reduce_sum, 2, backend="gloo", timeout_s=120,
+                          start_method="forkserver")
     finally:
         dist.stop_forkserver()
     assert [rows[0]["sum"] for rows in out] == [3.0, 3.0]

@@ -1,5 +1,5 @@
-"""The foundation on real GPUs: static kernel-node counts (the canary), the profiler's count of one replay,
-CUDA-event timing, NVML seeing this process, and multi-rank NCCL runs that never hang."""
+"""The foundation on real GPUs: static kernel-node counts (the canary), the profiler's count of one
+replay, CUDA-event timing, NVML seeing this process, and multi-rank NCCL runs that never hang."""
 
 import os
 import time
@@ -18,7 +18,8 @@ def _index_kernels(n):
     import torch
 
     src = torch.arange(1024, device="cuda", dtype=torch.float32)
-    idx = torch.randint(0, 1024, (256,), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    idx = torch.randint(0, 1024, (256,), device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(0))
     out = torch.empty(256, device="cuda")
 
     def step():
@@ -33,7 +34,8 @@ def test_canary_static_count_matches_profiler(n):
     g = kernels.capture_graph(_index_kernels(n))
     nodes = kernels.graph_kernel_nodes(g)
     assert nodes.kernels == n, nodes
-    assert len(set(nodes.names)) == 1 and "kernel" in nodes.names[0], nodes.names  # one kernel, n times
+    # one kernel, n times
+    assert len(set(nodes.names)) == 1 and "kernel" in nodes.names[0], nodes.names
     seen = kernels.profiled_kernels(lambda: g.replay())
     assert len(seen) == n, seen
 
@@ -77,13 +79,15 @@ def test_nccl_all_reduce_on_two_ranks():
 
 @pytest.mark.gpus(2)
 def test_nccl_rank_that_never_joins_fails_with_timeout_and_leaves_nothing():
-    # Rank 1 stays alive but never enters the all-reduce rank 0 is blocked in. Whichever limit fires first —
-    # the NCCL watchdog (collective_timeout_s) or the launcher's deadline (timeout_s) — the caller gets a
-    # DistTimeout naming the stuck rank within the run limit (plus the seconds it takes to kill), not a hang.
+    # Rank 1 stays alive but never enters the all-reduce rank 0 is blocked in. Whichever limit fires
+    # first — the NCCL watchdog (collective_timeout_s) or the launcher's deadline (timeout_s) — the
+    # caller gets a DistTimeout naming the stuck rank within the run limit (plus the seconds it
+    # takes to kill), not a hang.
     run_limit = 45
     t0 = time.monotonic()
     with pytest.raises(dist.DistTimeout) as ei:
-        dist.launch(dist_fns.rank_1_never_joins, 2, args=(600,), timeout_s=run_limit, collective_timeout_s=15)
+        dist.launch(dist_fns.rank_1_never_joins, 2, args=(600,), timeout_s=run_limit,
+                    collective_timeout_s=15)
     elapsed = time.monotonic() - t0
     assert elapsed < run_limit + 15, elapsed
     assert "rank 0" in str(ei.value)

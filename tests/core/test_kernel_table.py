@@ -1,5 +1,5 @@
-"""The per-kernel table: reduction of kernel records, readable names, and the hand-over of nsight-python's
-per-kernel records (through a stand-in for nsight-python on this CPU machine)."""
+"""The per-kernel table: reduction of kernel records, readable names, and the hand-over of
+nsight-python's per-kernel records (through a stand-in for nsight-python on this CPU machine)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,17 @@ from sglab.core import kernel_table as kt
 from sglab.core import kernels
 
 GEMM = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT"
-COPY = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_"
-        "kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const>(at::TensorIteratorBase&)")
+COPY = ("void at::native::elementwise_kernel<128, 4, "
+        "at::native::gpu_kernel_impl_nocast<at::native::direct_copy_"
+        "kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() "
+        "const>(at::TensorIteratorBase&)")
 
 
 def test_reduce_records_counts_calls_per_run_and_shares():
     records = []
     for run in range(2):  # two runs of: gemm, copy, gemm
-        records += [("eager", GEMM, 100_000 + run * 10_000), ("eager", COPY, 20_000), ("eager", GEMM, 100_000)]
+        records += [("eager", GEMM, 100_000 + run * 10_000), ("eager", COPY, 20_000),
+                    ("eager", GEMM, 100_000)]
     t = kt.reduce_records(records, runs=2, backend="test")
     assert list(t.columns) == kt.COLUMNS
     gemm, copy = t.set_index("kernel").loc[GEMM], t.set_index("kernel").loc[COPY]
@@ -57,8 +60,8 @@ def fake_nsight(kernels_per_call):
 
     ns = types.ModuleType("nsight")
     extraction = types.ModuleType("nsight.extraction")
-    extraction.extract_df_from_data = lambda data, *a, **k: pd.DataFrame(
-        [{"Annotation": label, "AvgValue": 1.0, "MinValue": 1.0, "MaxValue": 1.0, "NumRuns": 2} for label in data])
+    extraction.extract_df_from_data = lambda data, *a, **k: pd.DataFrame([{"Annotation": label,
+            "AvgValue": 1.0, "MinValue": 1.0, "MaxValue": 1.0, "NumRuns": 2} for label in data])
     ns.extraction = extraction
     ns.Tool = types.SimpleNamespace(CUPTI="cupti", NCU="ncu")
     ns.activate = ns.deactivate = lambda *a: None
@@ -76,7 +79,8 @@ def fake_nsight(kernels_per_call):
                     fn(0)
                 data = {}
                 for label in current:
-                    data.setdefault(label, []).extend(_ActionData(n, d) for n, d in kernels_per_call[label])
+                    data.setdefault(label, []).extend(_ActionData(n, d) for n,
+                                                      d in kernels_per_call[label])
                 return types.SimpleNamespace(to_dataframe=lambda: ns.extraction.extract_df_from_data(data))
             return bench
         return deco
@@ -100,7 +104,8 @@ def test_nsight_session_hands_over_every_kernel_and_restores_nsight():
     with fake_nsight(calls) as ns:
         original = ns.extraction.extract_df_from_data
         per_kernel = []
-        df = kernels.nsight_session({"a": lambda: None}, runs=2, warmup=0, tool="cupti", per_kernel=per_kernel)
+        df = kernels.nsight_session({"a": lambda: None}, runs=2, warmup=0, tool="cupti",
+                                    per_kernel=per_kernel)
         assert list(df.Annotation) == ["a"]
         assert ns.extraction.extract_df_from_data is original  # nsight-python is left as it was
     assert per_kernel == [("a", GEMM, 5000.0), ("a", COPY, 1000.0)] * 2
@@ -116,8 +121,10 @@ def test_kernel_table_from_nsight_records(monkeypatch):
 
 
 def test_kernel_table_says_why_nsight_did_not_run(monkeypatch):
-    monkeypatch.setattr(kernels, "nsight_backend", lambda: ("cuda-events", "nsight-python is not installed"))
-    monkeypatch.setattr(kt, "profiler_records", lambda fns, runs, warmup: [("x", GEMM, 1000.0)] * runs)
+    monkeypatch.setattr(kernels, "nsight_backend",
+                        lambda: ("cuda-events", "nsight-python is not installed"))
+    monkeypatch.setattr(kt, "profiler_records", lambda fns, runs,
+                        warmup: [("x", GEMM, 1000.0)] * runs)
     t = kt.kernel_table({"x": lambda: None}, runs=3, warmup=0)
     assert t.attrs["backend"] == "torch-profiler" and "not installed" in t.attrs["reason"]
     assert kt.calls_per_run(t) == {"x": 1.0}

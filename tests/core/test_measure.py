@@ -1,5 +1,5 @@
-"""sglab.core on the CPU: timing statistics, static kernel counting over a fake driver, NVML tables over a
-fake NVML."""
+"""sglab.core on the CPU: timing statistics, static kernel counting over a fake driver, NVML tables
+over a fake NVML."""
 
 import os
 from types import SimpleNamespace
@@ -9,7 +9,8 @@ import pytest
 from sglab.core import kernels, memory, timing
 
 
-# -- timing -----------------------------------------------------------------------------------------------
+# -- timing
+# -----------------------------------------------------------------------------------------------
 def test_timing_summary_and_rows():
     t = timing.Timing([5.0, 1.0, 3.0, 2.0, 4.0])
     assert t.n == 5 and t.median_ms == 3.0
@@ -36,9 +37,11 @@ def test_cuda_time_refuses_without_cuda():
         timing.cuda_time(lambda: None)
 
 
-# -- static kernel counting through a fake cuda-bindings driver ---------------------------------------------
+# -- static kernel counting through a fake cuda-bindings driver
+# ---------------------------------------------
 class FakeDriver:
-    """Graphs are lists of nodes; a node is ("kernel", name) or ("graph", [child nodes]) or ("memset",)."""
+    """Graphs are lists of nodes; a node is ("kernel", name) or ("graph", [child nodes]) or
+    ("memset",)."""
 
     class CUgraph:
         def __init__(self, ptr):
@@ -87,7 +90,8 @@ def test_counts_exactly_n_kernel_nodes(n):
 
 def test_recurses_into_child_graphs_and_counts_types():
     child = [("kernel", "gather"), ("memset",), ("kernel", "cast")]
-    drv = FakeDriver({1: [("kernel", "gemm"), ("graph", child), ("memcpy",), ("graph", [("graph", child)])]})
+    drv = FakeDriver({1: [("kernel", "gemm"), ("graph", child), ("memcpy",),
+                          ("graph", [("graph", child)])]})
     out = kernels.graph_kernel_nodes(FakeGraph(1), driver=drv)
     assert out.kernels == 5 and out.child_graphs == 3
     assert out.name_counts() == {"gemm": 1, "gather": 2, "cast": 2}
@@ -107,7 +111,8 @@ def test_nsight_backend_on_this_machine_is_explained():
         kernels.nsight_time({})
 
 
-# -- NVML tables through a fake NVML ------------------------------------------------------------------------
+# -- NVML tables through a fake NVML
+# ------------------------------------------------------------------------
 class FakeNVML:
     def __init__(self, per_gpu):
         self.per_gpu = per_gpu  # list (per GPU) of {pid: bytes}
@@ -153,9 +158,8 @@ def test_no_match_is_explained():
 def test_interleaved_alternates_variants_and_pools_samples():
     order = []
     fns = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
-    out = timing.interleaved(fns, rounds=3, warmup=2, repeat=9,
-                             timer=lambda fn, warmup, repeat: timing.host_time(fn, warmup=warmup, repeat=repeat,
-                                                                               sync=False))
+    out = timing.interleaved(fns, rounds=3, warmup=2, repeat=9, timer=lambda fn, warmup,
+                             repeat: timing.host_time(fn, warmup=warmup, repeat=repeat, sync=False))
     assert {k: v.n for k, v in out.items()} == {"a": 9, "b": 9}
     # warm-up (2) + 3 samples of a, then b, then a again: the variants alternate round by round
     assert order == ["a"] * 5 + ["b"] * 5 + ["a"] * 3 + ["b"] * 3 + ["a"] * 3 + ["b"] * 3
@@ -164,9 +168,11 @@ def test_interleaved_alternates_variants_and_pools_samples():
         timing.interleaved({}, rounds=3)
 
 
-# -- the NVML sampler over a scripted fake NVML --------------------------------------------------------------------
+# -- the NVML sampler over a scripted fake NVML
+# --------------------------------------------------------------------
 class ScriptedNVML(FakeNVML):
-    """GPU lists that change with the number of reads: ``script(n)`` -> per-GPU {pid: bytes} for read n."""
+    """GPU lists that change with the number of reads: ``script(n)`` -> per-GPU {pid: bytes} for
+    read n."""
 
     def __init__(self, script, n_gpus=2):
         super().__init__([{} for _ in range(n_gpus)])
@@ -180,8 +186,8 @@ class ScriptedNVML(FakeNVML):
 
 
 def _context_appears(n):
-    """pid 11: nothing, then a 520 MiB context on GPU 0 from read 5, grown to 612 MiB from read 10; pid 12 always
-    holds 100 MiB on GPU 1."""
+    """pid 11: nothing, then a 520 MiB context on GPU 0 from read 5, grown to 612 MiB from read 10;
+    pid 12 always holds 100 MiB on GPU 1."""
     gpu0 = {} if n < 5 else {11: (520 if n < 10 else 612) * 2**20}
     return [gpu0, {12: 100 * 2**20}]
 
@@ -197,7 +203,8 @@ def test_sampler_follows_processes_over_time():
     assert list(df.columns) == memory.SAMPLE_COLUMNS
     assert set(df[df.pid == 11].used_mib) == {520.0, 612.0} and set(df[df.pid == 12].gpu) == {1}
     steps = memory.step_series(df, s.ticks, pids=[11])
-    assert list(steps.used_mib) == [0.0, 520.0, 612.0, 612.0]  # first tick, the two changes, the last tick
+    # first tick, the two changes, the last tick
+    assert list(steps.used_mib) == [0.0, 520.0, 612.0, 612.0]
     assert steps.t.tolist() == sorted(steps.t) and steps.t.iloc[1] == s.ticks[4] and steps.t.iloc[2] == s.ticks[9]
     window = s.ticks[6:8]  # a window inside the 520 MiB stretch: one value, first and last tick
     assert list(memory.step_series(df, window, pids=[11]).used_mib) == [520.0, 520.0]

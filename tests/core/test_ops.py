@@ -1,4 +1,5 @@
-"""Op ranges (sglab.core.kernel_table) and the per-op kernel table's reductions (sglab.core.kernel_table), on the CPU."""
+"""Op ranges (sglab.core.kernel_table) and the per-op kernel table's reductions
+(sglab.core.kernel_table), on the CPU."""
 
 from __future__ import annotations
 
@@ -87,8 +88,10 @@ def test_cross_check_names_the_differences():
     rows = [("||mul", "mulk", 1.0), ("w|0|index", "gather", 2.0)]
     a = op_kernels.aggregate(_samples("v", rows), runs=2, backend="a")
     b = op_kernels.aggregate(_samples("v", rows), runs=2, backend="b")
-    assert op_kernels.cross_check(a, b) == {"rows": 2, "equal": 2, "only_in_a": [], "only_in_b": [], "differ": []}
-    c = op_kernels.aggregate(_samples("v", rows + [("w|0|index", "gather", 2.0)]), runs=2, backend="c")
+    assert op_kernels.cross_check(a, b) == {"rows": 2, "equal": 2, "only_in_a": [], "only_in_b": [],
+                                            "differ": []}
+    c = op_kernels.aggregate(_samples("v", rows + [("w|0|index", "gather", 2.0)]), runs=2,
+                             backend="c")
     res = op_kernels.cross_check(a, c)
     assert res["equal"] == 1 and res["differ"] == [("v", "w", 0, "index", "gather")]
 

@@ -1,5 +1,5 @@
-"""sglab.core.runs (tidy frames, atomic writes, manifests, recorded lookup), sglab.sglang.upstream, sglab.core.notebook modes,
-sglab.core.hardware on the CPU, and the CLI's argument handling."""
+"""sglab.core.runs (tidy frames, atomic writes, manifests, recorded lookup), sglab.sglang.upstream,
+sglab.core.notebook modes, sglab.core.hardware on the CPU, and the CLI's argument handling."""
 
 import json
 
@@ -44,8 +44,10 @@ def test_write_run_writes_csv_and_manifest(data_root):
 
 def test_load_recorded_newest_matching(data_root):
     rec = data_root / "recorded"
-    p2 = runs.write_run(_frame(), experiment="demo", method_version=1, params={"world_size": 2}, root=rec)
-    p4 = runs.write_run(_frame(), experiment="demo", method_version=1, params={"world_size": 4}, root=rec)
+    p2 = runs.write_run(_frame(), experiment="demo", method_version=1, params={"world_size": 2},
+                        root=rec)
+    p4 = runs.write_run(_frame(), experiment="demo", method_version=1, params={"world_size": 4},
+                        root=rec)
     assert runs.load_recorded("demo").path == p4
     assert runs.load_recorded("demo", params__world_size=2).path == p2
     assert runs.load_recorded("demo", params__world_size=8) is None
@@ -86,7 +88,8 @@ def test_workbook_modes_on_cpu(data_root, capsys):
         nb.Workbook(demo, mode="live")
     with pytest.raises(ValueError, match="MODE must be"):
         nb.Workbook(demo, mode="fast")
-    runs.write_run(_frame(), experiment="demo", method_version=1, params={}, root=data_root / "recorded")
+    runs.write_run(_frame(), experiment="demo", method_version=1, params={},
+                   root=data_root / "recorded")
     run = nb.Workbook(demo, show=False).run()
     assert run and not run.live and run.df["value"].tolist() == [2.0, 1.0] and run.shown == [run]
     assert nb.Workbook(experiment="cpu_only", gpus=0, show=False).live is True
@@ -134,13 +137,15 @@ def test_cli_params_and_errors():
         cli._parse_params(["oops"])
     assert cli.main(["record", "no_such_experiment"]) == 2
     items = dict(report.env_report())
-    assert {"GPUs", "torch / CUDA", "NVML", "cuda-bindings", "nsight timing", "sglang"} <= set(items)
+    assert {"GPUs", "torch / CUDA", "NVML", "cuda-bindings", "nsight timing",
+            "sglang"} <= set(items)
 
 
 def test_newest_by_and_gpu_short(data_root):
     rec = data_root / "recorded"
     for ws in (2, 4, 2):
-        runs.write_run(_frame(), experiment="demo", method_version=1, params={"world_size": ws}, root=rec)
+        runs.write_run(_frame(), experiment="demo", method_version=1, params={"world_size": ws},
+                       root=rec)
     all_runs = runs.load_all_recorded("demo")
     newest = runs.newest_by(all_runs, lambda r: r.manifest["params"]["world_size"])
     assert list(newest) == [2, 4] and newest[2].path == all_runs[-1].path
@@ -154,14 +159,15 @@ def test_cli_upstream_rejects_a_folder_that_is_not_sglang(tmp_path, capsys):
 
 
 def test_sidecars_are_written_listed_read_back_and_promoted(data_root, tmp_path):
-    events = pd.DataFrame({"lane": ["host"], "name": ["phase::replay"], "category": ["range"], "start_us": [0.0],
-                           "dur_us": [5.0], "phase": ["replay"]})
+    events = pd.DataFrame({"lane": ["host"], "name": ["phase::replay"], "category": ["range"],
+                           "start_us": [0.0], "dur_us": [5.0], "phase": ["replay"]})
     trace_file = tmp_path / "x.trace.json.gz"
     trace_file.write_bytes(b"\x1f\x8b fake")
     path = runs.write_run(_frame(), experiment="demo", method_version=1, params={},
                           sidecars={"events": events, "trace": trace_file})
     run = runs.read_run(path)
-    assert run.manifest["sidecars"] == {"events": f"{path.stem}.events.csv.gz", "trace": f"{path.stem}.trace.json.gz"}
+    assert run.manifest["sidecars"] == {"events": f"{path.stem}.events.csv.gz",
+                                        "trace": f"{path.stem}.trace.json.gz"}
     assert run.sidecar("events").equals(events)
     assert run.sidecar("trace").read_bytes() == trace_file.read_bytes()
     assert run.sidecar("missing") is None
@@ -169,4 +175,5 @@ def test_sidecars_are_written_listed_read_back_and_promoted(data_root, tmp_path)
     dest = runs.promote(path)
     assert runs.read_run(dest).sidecar("events").equals(events)
     with pytest.raises(ValueError, match="lower-case"):
-        runs.write_run(_frame(), experiment="demo", method_version=1, params={}, sidecars={"Bad Name": events})
+        runs.write_run(_frame(), experiment="demo", method_version=1, params={},
+                       sidecars={"Bad Name": events})

@@ -1,6 +1,6 @@
-"""The shared toy decoder: one model serves both prefill notebooks, and the two notebooks still measure the model
-they measured before it was shared (the outputs below were computed by each notebook's own model before the merge,
-same seeds, on the CPU)."""
+"""The shared toy decoder: one model serves both prefill notebooks, and the two notebooks still
+measure the model they measured before it was shared (the outputs below were computed by each
+notebook's own model before the merge, same seeds, on the CPU)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from sglab.fixes import breakable_graph as bg
 from sglab.fixes import pcg_gate as pg
 from sglab.core import toy_decoder as td
 
-ROTARY = td.DecoderConfig(vocab_size=50, hidden_size=64, num_layers=3, num_heads=4, intermediate_size=96,
-                          max_position=256, positions="rotary")
+ROTARY = td.DecoderConfig(vocab_size=50, hidden_size=64, num_layers=3, num_heads=4,
+                          intermediate_size=96, max_position=256, positions="rotary")
 
 
 def test_pcg_gate_model_is_the_one_measured_before():
@@ -38,8 +38,8 @@ def test_breakable_graph_model_is_the_one_measured_before():
 
 
 def test_one_decoder_two_attention_ops_same_layers():
-    """The breakable-graph model and the gate's LLM are the same classes; only the attention op (and the position
-    encoding, a parameter) differ."""
+    """The breakable-graph model and the gate's LLM are the same classes; only the attention op (and
+    the position encoding, a parameter) differ."""
     a = bg.build_model(bg.TINY_CONFIG).model
     b = pg.tiny_language_model().model
     assert type(a) is type(b) is td.DecoderStack
@@ -56,14 +56,16 @@ def test_halves_compose_to_the_layer():
     layer = stack.layers[0]
     q, k, v = layer.pre_attn(h, pos, stack.rotary)
     assert q.shape == k.shape == v.shape == (11, 4, 16)
-    torch.testing.assert_close(layer.post_attn(layer.self_attn.attn(q, k, v), h), layer(h, pos, stack.rotary))
+    torch.testing.assert_close(layer.post_attn(layer.self_attn.attn(q, k, v), h),
+                               layer(h, pos, stack.rotary))
 
 
 def test_causal_attention_is_causal():
     attn = td.CausalAttention(2, 8)
     q, k, v = (torch.randn(6, 2, 8) for _ in range(3))
     full = attn(q, k, v)
-    torch.testing.assert_close(attn(q[:3], k[:3], v[:3]), full[:3])  # later tokens change nothing before them
+    # later tokens change nothing before them
+    torch.testing.assert_close(attn(q[:3], k[:3], v[:3]), full[:3])
 
 
 def test_bad_config():
@@ -77,7 +79,8 @@ def test_bad_config():
 
 def test_weights_drawn_on_the_device_have_the_cpu_distributions():
     cpu = bg.build_model(bg.TINY_CONFIG)
-    dev = bg.build_model(bg.TINY_CONFIG, draw_on="device")  # "device" is the CPU here: the path, not the place
+    # "device" is the CPU here: the path, not the place
+    dev = bg.build_model(bg.TINY_CONFIG, draw_on="device")
     for (name, a), (_, b) in zip(cpu.named_parameters(), dev.named_parameters()):
         if a.dim() >= 2:
             assert b.float().std().item() == pytest.approx(a.float().std().item(), rel=0.2), name

@@ -1,4 +1,5 @@
-"""The trace reduction (torch.profiler runs on the CPU) and the timeline plot drawn from an event table."""
+"""The trace reduction (torch.profiler runs on the CPU) and the timeline plot drawn from an event
+table."""
 
 import pandas as pd
 import pytest
@@ -28,7 +29,8 @@ def test_event_table_has_phases_and_categories(tmp_path):
     assert set(ev.category) <= set(trace.CATEGORIES)
     assert ev.start_us.min() == 0.0 and (ev.dur_us >= 0).all()
     ops = ev[ev.category == "op"]
-    # the innermost phase wins: the matmuls are in "replay", the sum in "inner", the add in "populate"
+    # the innermost phase wins: the matmuls are in "replay", the sum in "inner", the add in
+    # "populate"
     assert set(ops[ops.name == "aten::mm"].phase) == {"replay"}
     assert (ops[ops.name == "aten::mm"].shape[0]) == 3
     assert set(ops[ops.name == "aten::sum"].phase) == {"inner"}
@@ -47,12 +49,12 @@ def test_ops_dropped_by_default_and_summary():
 
 
 def _table(kernels):
-    rows = [{"lane": "host", "name": "phase::replay", "category": "range", "start_us": 0.0, "dur_us": 50.0,
-             "phase": "replay"}]
+    rows = [{"lane": "host", "name": "phase::replay", "category": "range", "start_us": 0.0,
+             "dur_us": 50.0, "phase": "replay"}]
     t = 1.0
     for name in kernels:
-        rows.append({"lane": "stream 7", "name": name, "category": "kernel", "start_us": t, "dur_us": 2.0,
-                     "phase": "replay"})
+        rows.append({"lane": "stream 7", "name": name, "category": "kernel", "start_us": t,
+                     "dur_us": 2.0, "phase": "replay"})
         t += 3.0
     return pd.DataFrame(rows, columns=trace.COLUMNS)
 
@@ -62,12 +64,14 @@ def test_timeline_totals_and_plot():
     after = _table(["store", "store"])
     t = tl.totals(before, highlight="gather|cast")
     assert t["kernels"] == 6 and t["highlighted"] == 4 and t["highlighted_us"] == pytest.approx(8.0)
-    fig = tl.timeline({"before": before, "after": after}, highlight="gather|cast", highlight_label="translate")
+    fig = tl.timeline({"before": before, "after": after}, highlight="gather|cast",
+                      highlight_label="translate")
     ax = fig.axes[0]
     labels = [x.get_text() for x in ax.get_yticklabels()]
     assert labels == ["after · stream 7", "after · host", "before · stream 7", "before · host"]
     notes = [c.get_text() for c in ax.texts if "kernels" in c.get_text()]
-    assert any("6 kernels · translate: 4" in n for n in notes) and any("2 kernels · translate: 0" in n for n in notes)
+    assert any("6 kernels · translate: 4" in n
+               for n in notes) and any("2 kernels · translate: 0" in n for n in notes)
     import matplotlib.pyplot as plt
 
     plt.close(fig)
@@ -80,8 +84,11 @@ def test_window_rezeroes():
 
 
 def test_trace_phases_and_phase_columns():
-    ev = trace.trace_phases({"eager 16": work, "graph 16": work, "eager 256": lambda: None}, cuda=False)
-    got = trace.phase_columns(ev, r"^(eager|graph) (\d+)$", ("variant", "num_tokens"), {"num_tokens": int})
+    ev = trace.trace_phases({"eager 16": work, "graph 16": work, "eager 256": lambda: None},
+                            cuda=False)
+    got = trace.phase_columns(ev, r"^(eager|graph) (\d+)$", ("variant", "num_tokens"),
+                              {"num_tokens": int})
     assert set(zip(got.variant, got.num_tokens)) == {("eager", 16), ("graph", 16), ("eager", 256)}
     assert got.num_tokens.map(type).eq(int).all()
-    assert not got.phase.isin(["replay", "populate", "inner"]).any()  # nested phases of work() do not match
+    # nested phases of work() do not match
+    assert not got.phase.isin(["replay", "populate", "inner"]).any()

@@ -1,5 +1,6 @@
-"""The per-fix source checks on small synthetic SGLang trees shaped like the real releases: every state of
-every check is reached, each verdict carries its reason, and the same checks read a folder on disk."""
+"""The per-fix source checks on small synthetic SGLang trees shaped like the real releases: every
+state of every check is reached, each verdict carries its reason, and the same checks read a folder
+on disk."""
 
 from __future__ import annotations
 
@@ -20,25 +21,28 @@ def state(check, files: dict) -> Verdict:
     return v
 
 
-# -- #26382 A ---------------------------------------------------------------------------------------------------
+# -- #26382 A
+# --------------------------------------------------------------------------------------------------
 KIMI_HEAD = """
 class KimiK25ForConditionalGeneration(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.language_model = DeepseekV3ForCausalLM(config.text_config)
 """
-KIMI = {
-    "no_alias": KIMI_HEAD,
-    "plain_alias": KIMI_HEAD + "        self.model = self.language_model.model\n",
-    "property": KIMI_HEAD + "\n    @property\n    def model(self):\n        return self.language_model\n",
-}
-KIMI["guard"] = KIMI["property"] + ("\n    def __setattr__(self, name, value):\n        if name == \"model\":\n"
-                                    "            return\n        super().__setattr__(name, value)\n")
+KIMI = {"no_alias": KIMI_HEAD,
+        "plain_alias": KIMI_HEAD + "        self.model = self.language_model.model\n",
+        "property": KIMI_HEAD
+        + "\n    @property\n    def model(self):\n        return self.language_model\n",}
+KIMI["guard"] = KIMI["property"] + ("\n    def __setattr__(self, name, value):\n        if name == "
+                                    "\"model\":\n" "            return\n        "
+                                    "super().__setattr__(name, value)\n")
 
 
-@pytest.mark.parametrize("shape,status,words", [
-    ("no_alias", "before", "not a language model"), ("plain_alias", "before", "self.language_model.model"),
-    ("property", "before", "without the __setattr__ guard"), ("guard", "pr-era", "registered once")])
+@pytest.mark.parametrize("shape,status,words",
+                         [("no_alias", "before", "not a language model"),
+                          ("plain_alias", "before", "self.language_model.model"),
+                          ("property", "before", "without the __setattr__ guard"),
+                          ("guard", "pr-era", "registered once")])
 def test_pcg_gate_states(shape, status, words):
     v = state(checks.pcg_gate, {checks.KIMI_MODEL: KIMI[shape]})
     assert v.status == status and words in v.detail
@@ -46,10 +50,12 @@ def test_pcg_gate_states(shape, status, words):
 
 def test_pcg_gate_absent_and_unknown():
     assert state(checks.pcg_gate, {}).status == "absent"
-    assert state(checks.pcg_gate, {checks.KIMI_MODEL: "class Other:\n    pass\n"}).status == "unknown"
+    assert state(checks.pcg_gate,
+                 {checks.KIMI_MODEL: "class Other:\n    pass\n"}).status == "unknown"
 
 
-# -- #26382 B ---------------------------------------------------------------------------------------------------
+# -- #26382 B
+# --------------------------------------------------------------------------------------------------
 def _layernorm(kwarg: str) -> dict:
     return {checks.LAYERNORM: f"""
 def _forward_with_allreduce_fusion(norm_module, x, residual, weight):
@@ -79,7 +85,8 @@ def test_workspace_floor_absent():
     assert state(checks.workspace_floor, {checks.LAYERNORM: "def broken(:\n"}).status == "unknown"
 
 
-# -- #24662 -----------------------------------------------------------------------------------------------------
+# -- #24662
+# --------------------------------------------------------------------------------------------------
 SWAP = """
     def __init__(self, model_runner):
         language_model = getattr(model_runner.model, "language_model", model_runner.model)
@@ -98,15 +105,19 @@ REJECT = """
 """
 
 
-@pytest.mark.parametrize("files,status", [
-    ({}, "absent"),
-    ({checks.BREAKABLE_RUNNER: "class BreakableCudaGraphRunner:" + REJECT}, "before"),
-    ({checks.BREAKABLE_RUNNER: "class BreakableCudaGraphRunner:" + SWAP}, "pr-era"),
-    ({checks.PREFILL_RUNNER: "class PrefillCudaGraphRunner:" + SWAP}, "changed"),
-    ({checks.PREFILL_RUNNER: "class PrefillCudaGraphRunner:" + REJECT.replace("can_run", "can_run_graph")},
-     "regressed"),
-    ({checks.BREAKABLE_RUNNER: "class BreakableCudaGraphRunner:\n    pass\n"}, "unknown"),
-    ({checks.BREAKABLE_RUNNER: "class Other:\n    pass\n"}, "unknown")])
+@pytest.mark.parametrize("files,status",
+                         [({}, "absent"),
+                          ({checks.BREAKABLE_RUNNER: "class BreakableCudaGraphRunner:" + REJECT},
+                           "before"),
+                          ({checks.BREAKABLE_RUNNER: "class BreakableCudaGraphRunner:" + SWAP},
+                           "pr-era"),
+                          ({checks.PREFILL_RUNNER: "class PrefillCudaGraphRunner:" + SWAP},
+                           "changed"),
+                          ({checks.PREFILL_RUNNER: "class PrefillCudaGraphRunner:"
+                            + REJECT.replace("can_run", "can_run_graph")}, "regressed"),
+                          ({checks.BREAKABLE_RUNNER: "class BreakableCudaGraphRunner:\n    pass\n"},
+                           "unknown"),
+                          ({checks.BREAKABLE_RUNNER: "class Other:\n    pass\n"}, "unknown")])
 def test_breakable_graph_states(files, status):
     assert state(checks.breakable_graph, files).status == status
 
@@ -139,7 +150,8 @@ def test_grid_thw_states(build, ret, move, status):
 
 def test_grid_thw_absent():
     assert state(checks.grid_thw, {}).status == "absent"
-    v = state(checks.grid_thw, {checks.KIMI_PROCESSOR: "class KimiK2_5VLImageProcessor:\n    pass\n"})
+    v = state(checks.grid_thw,
+              {checks.KIMI_PROCESSOR: "class KimiK2_5VLImageProcessor:\n    pass\n"})
     assert v.status == "absent" and "KimiGPUProcessorWrapper._gpu_call" in v.detail
 
 
@@ -195,13 +207,14 @@ def test_every_release_state_is_reached_by_some_check():
     from sglab.swa_loc import sglang as swa
     from tests.swa_loc.test_sglang import POOL_LATER
 
-    reached = {
-        state(checks.pcg_gate, {}).status, state(checks.pcg_gate, {checks.KIMI_MODEL: KIMI["guard"]}).status,
-        state(checks.pcg_gate, {checks.KIMI_MODEL: KIMI["no_alias"]}).status,
-        state(swa.check, {swa.SWA_POOL: POOL_LATER}).status,
-        state(checks.capture_sizes, {checks.PREFILL_RUNNER: PREFILL.replace("CAPTURE", "sorted(capture_tokens)")}).status,
-        state(checks.pcg_gate, {checks.KIMI_MODEL: "class Other:\n    pass\n"}).status,
-    }
+    reached = {state(checks.pcg_gate, {}).status,
+               state(checks.pcg_gate, {checks.KIMI_MODEL: KIMI["guard"]}).status,
+               state(checks.pcg_gate, {checks.KIMI_MODEL: KIMI["no_alias"]}).status,
+               state(swa.check, {swa.SWA_POOL: POOL_LATER}).status,
+               state(checks.capture_sizes,
+                     {checks.PREFILL_RUNNER: PREFILL.replace("CAPTURE",
+                                                             "sorted(capture_tokens)")}).status,
+               state(checks.pcg_gate, {checks.KIMI_MODEL: "class Other:\n    pass\n"}).status,}
     assert reached == set(RELEASE_STATES)
     assert set(STATES) == set(RELEASE_STATES) | {"not-installed"}
 
@@ -225,7 +238,8 @@ def test_verdict_needs_a_known_state_and_a_one_line_reason():
     for bad in ("", "   ", "two\nlines"):
         with pytest.raises(ValueError, match="one-line reason"):
             Verdict("unknown", bad)
-    assert str(Verdict("before", "why")) == "before: why" and Verdict("before", "why").reason == "why"
+    assert str(Verdict("before", "why")) == "before: why" and Verdict("before",
+                                                                      "why").reason == "why"
 
 
 def test_a_raising_check_answers_unknown_with_the_error(monkeypatch):

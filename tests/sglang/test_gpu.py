@@ -1,13 +1,16 @@
-"""``python -m sglab.sglang.gpu record``: the plan, the runs it writes, and the relations real SGLang must show.
+"""``python -m sglab.sglang.gpu record``: the plan, the runs it writes, and the relations real
+SGLang must show.
 
-CPU tests: planning and skip lines, ``--dry-run``, row shaping and manifest labels (a fake runner), the kernels
-one translation launches as read from each installed release's code, and every GPU probe's CPU path through
-real workers (the same pool writes, the release's ``eager_on_graph`` and the msgpack wire, without a GPU).
+CPU tests: planning and skip lines, ``--dry-run``, row shaping and manifest labels (a fake runner),
+the kernels one translation launches as read from each installed release's code, and every GPU
+probe's CPU path through real workers (the same pool writes, the release's ``eager_on_graph`` and
+the msgpack wire, without a GPU).
 
-GPU tests (``gpu`` / ``gpus(2)``): on the runs under ``$SGLAB_REAL_GPU_RUNS`` (what ``scripts/real_gpu.sh``
-just recorded), else on a fresh recording, real SGLang must show: graph nodes == profiled kernels; nodes per
-SWA layer == kernels per translation read from the release's code (2 for the ``.to(torch.int32)`` releases, 1
-for 0.5.23); breakable-graph replay == eager; the receiver holds memory on GPU 0 only with the grid on cuda:0.
+GPU tests (``gpu`` / ``gpus(2)``): on the runs under ``$SGLAB_REAL_GPU_RUNS`` (what
+``scripts/real_gpu.sh`` just recorded), else on a fresh recording, real SGLang must show: graph
+nodes == profiled kernels; nodes per SWA layer == kernels per translation read from the release's
+code (2 for the ``.to(torch.int32)`` releases, 1 for 0.5.23); breakable-graph replay == eager; the
+receiver holds memory on GPU 0 only with the grid on cuda:0.
 """
 
 import ast
@@ -29,7 +32,8 @@ from sglab.sglang.testing import probe_one
 from sglab.core.runs import list_runs, read_run
 
 
-# -- helpers ------------------------------------------------------------------------------------------------------
+# -- helpers
+# --------------------------------------------------------------------------------------------------
 def _parse(v):
     """A value as written to the CSV, back to Python (numbers, booleans, lists); text stays text."""
     if not isinstance(v, str):
@@ -68,16 +72,18 @@ def fake(release, status="ok", rows=None, reason=""):
     frame = pd.DataFrame(rows or [])
     frame.insert(0, "probe", "p:run")
     frame.insert(0, "release", release)
-    return ProbeResult(release, "p:run", status, frame, [{"name": "triton", "reason": "no triton"}], 1.5, 0.2,
-                       reason)
+    return ProbeResult(release, "p:run", status, frame, [{"name": "triton", "reason": "no triton"}],
+                       1.5, 0.2, reason)
 
 
-# -- planning and the CLI -----------------------------------------------------------------------------------------
+# -- planning and the CLI
+# -----------------------------------------------------------------------------------------
 def test_plan_skips_what_needs_more_gpus_with_one_line():
     names = [f.name for f in FIXES if f.gpu is not None]
     run, skipped = record.plan_for(FIXES, names, 1)
     assert [f.name for f in run] == ["breakable_graph", "swa_loc"]
-    assert skipped == ["workspace_floor: skipped, needs 2 GPUs, have 1", "grid_thw: skipped, needs 2 GPUs, have 1"]
+    assert skipped == ["workspace_floor: skipped, needs 2 GPUs, have 1",
+                       "grid_thw: skipped, needs 2 GPUs, have 1"]
     picked = record.plan_for(FIXES, ["grid_thw", "swa_loc", "swa_loc"], 2)[0]
     assert [f.name for f in picked] == ["grid_thw", "swa_loc"]
     with pytest.raises(ValueError, match="unknown fix nope"):
@@ -103,13 +109,17 @@ def test_dry_run_lists_steps_and_skips_and_runs_nothing(capsys, monkeypatch):
 def test_unknown_fix_is_one_line_and_exit_2(capsys):
     assert cli.main(["real", "gpu", "--fix", "nope", "--gpus", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["sglab real gpu: unknown fix nope (known: workspace_floor, breakable_graph, swa_loc, grid_thw)"]
+    assert err == ["sglab real gpu: unknown fix nope (known: workspace_floor, breakable_graph, "
+                   "swa_loc, grid_thw)"]
 
 
-# -- rows and manifest --------------------------------------------------------------------------------------------
+# -- rows and manifest
+# --------------------------------------------------------------------------------------------
 def test_step_rows_keep_the_probe_rows_and_turn_failures_into_one_status_row():
-    ok = fake("0.5.23", rows=[{"variant": "a", "metric": "m", "value": 3, "unit": "n"},
-                              {"variant": "a", "metric": "node_kernel", "kernel": "k1", "value": 2, "unit": "nodes"}])
+    ok = fake("0.5.23",
+              rows=[{"variant": "a", "metric": "m", "value": 3, "unit": "n"},
+                    {"variant": "a", "metric": "node_kernel", "kernel": "k1", "value": 2,
+                     "unit": "nodes"}])
     rows = record.step_rows(ok)
     assert rows[0] == {"release": "0.5.23", "variant": "a", "metric": "m", "value": 3, "unit": "n"}
     assert rows[1]["kernel"] == "k1"
@@ -124,9 +134,11 @@ def test_record_fix_writes_one_run_with_releases_and_shims(tmp_path):
     def runner(release, probe, params, timeout):
         if release == "0.5.23":
             return fake(release, status="error", reason="sglang 0.5.23: worker exited 1: boom")
-        return fake(release, rows=[{"variant": "v", "metric": "kernel_nodes", "value": 20, "unit": "nodes"}])
+        return fake(release,
+                    rows=[{"variant": "v", "metric": "kernel_nodes", "value": 20, "unit": "nodes"}])
 
-    path, complete = record.record_fix("demo", plan, out=tmp_path, echo=lambda *_: None, runner=runner)
+    path, complete = record.record_fix("demo", plan, out=tmp_path, echo=lambda *_: None,
+                                       runner=runner)
     assert not complete and path.parent == tmp_path / "real_demo"
     run = read_run(path)
     m = run.manifest
@@ -143,8 +155,9 @@ def test_a_spent_budget_starts_no_worker_and_still_writes_the_run(tmp_path):
     import time
 
     plan = GpuPlan(1, 1, (Step("0.5.23", "p:run"),), "demo")
-    path, complete = record.record_fix("demo", plan, out=tmp_path, echo=lambda *_: None, deadline=time.monotonic() + 5,
-                                       runner=lambda *a, **k: pytest.fail("a worker was started"))
+    path, complete = record.record_fix("demo", plan, out=tmp_path, echo=lambda *_: None,
+                                       deadline=time.monotonic() + 5, runner=lambda *a,
+                                       **k: pytest.fail("a worker was started"))
     assert not complete
     assert "record budget was spent" in value(read_run(path), release="0.5.23", metric="status")
 
@@ -154,13 +167,16 @@ def test_timeouts_are_cut_to_the_budget(tmp_path):
 
     seen = []
     plan = GpuPlan(1, 1, (Step("0.5.23", "p:run", timeout=400.0),), "demo")
-    record.record_fix("demo", plan, out=tmp_path, echo=lambda *_: None, deadline=time.monotonic() + 100,
-                      runner=lambda v, p, prm, timeout: seen.append(timeout) or fake(v, rows=[
-                          {"variant": "a", "metric": "m", "value": 1, "unit": ""}]))
+    record.record_fix("demo", plan, out=tmp_path, echo=lambda *_: None,
+                      deadline=time.monotonic() + 100, runner=lambda v, p, prm,
+                      timeout: seen.append(timeout) or fake(v,
+                                                            rows=[{"variant": "a", "metric": "m",
+                                                                   "value": 1, "unit": ""}]))
     assert 90 < seen[0] <= 100
 
 
-# -- what the releases' code predicts -----------------------------------------------------------------------------
+# -- what the releases' code predicts
+# -----------------------------------------------------------------------------
 @pytest.mark.parametrize("release,k", [("0.5.11", 2), ("0.5.12.post1", 2), ("0.5.23", 1)])
 def test_kernels_per_translation_read_from_the_release(release, k):
     from sglab.sglang.releases import release_installed
@@ -172,21 +188,26 @@ def test_kernels_per_translation_read_from_the_release(release, k):
 
 def test_kernels_per_translation_rules():
     assert swa_loc.kernels_per_translation("return m.full_to_swa_index_mapping[i].to(torch.int32)") == 2
-    assert swa_loc.kernels_per_translation("return m.full_to_swa_index_mapping[i].to(torch.int32)", "int32") == 1
+    assert swa_loc.kernels_per_translation("return m.full_to_swa_index_mapping[i].to(torch.int32)",
+                                           "int32") == 1
     assert swa_loc.kernels_per_translation("return self.full_to_swa_index_mapping[kv_indices]") == 1
     with pytest.raises(ValueError):
         swa_loc.kernels_per_translation("return loc")
 
 
-# -- the GPU probes' CPU path, through real workers and record_fix ------------------------------------------------
-CPU_FIXES = {
-    "swa_loc": GpuPlan(0, 1, (Step("0.5.12.post1", "sglab.swa_loc.sglang:gpu_probe", {"device": "cpu"}),
-                              Step("0.5.23", "sglab.swa_loc.sglang:gpu_probe", {"device": "cpu", "buffers": False})),
-                       "cpu path"),
-    "breakable_graph": GpuPlan(0, 1, (Step("0.5.23", "sglab.sglang.gpu.breakable_graph:run", {"device": "cpu"}),),
-                               "cpu path"),
-    "grid_thw": GpuPlan(0, 1, (Step("0.5.23", "sglab.sglang.gpu.grid_thw:run", {"device": "cpu"}),), "cpu path"),
-}
+# -- the GPU probes' CPU path, through real workers and record_fix
+# ------------------------------------------------
+CPU_FIXES = {"swa_loc": GpuPlan(0, 1,
+                                (Step("0.5.12.post1", "sglab.swa_loc.sglang:gpu_probe",
+                                      {"device": "cpu"}),
+                                 Step("0.5.23", "sglab.swa_loc.sglang:gpu_probe",
+                                      {"device": "cpu", "buffers": False})), "cpu path"),
+             "breakable_graph": GpuPlan(0, 1,
+                                        (Step("0.5.23", "sglab.sglang.gpu.breakable_graph:run",
+                                              {"device": "cpu"}),), "cpu path"),
+             "grid_thw": GpuPlan(0, 1,
+                                 (Step("0.5.23", "sglab.sglang.gpu.grid_thw:run",
+                                       {"device": "cpu"}),), "cpu path"),}
 # the session answers these with its other calls (conftest)
 REAL_CALLS = [(s.probe, s.params, (s.release,)) for plan in CPU_FIXES.values() for s in plan.steps]
 
@@ -195,7 +216,8 @@ REAL_CALLS = [(s.probe, s.params, (s.release,)) for plan in CPU_FIXES.values() f
 def cpu_runs(tmp_path_factory):
     from sglab.sglang.releases import release_installed
 
-    missing = [s.release for p in CPU_FIXES.values() for s in p.steps if not release_installed(s.release)]
+    missing = [s.release for p in CPU_FIXES.values() for s in p.steps
+               if not release_installed(s.release)]
     if missing:
         if os.environ.get("CI"):
             pytest.fail(f"sglang {', '.join(missing)} not installed", pytrace=False)
@@ -210,7 +232,8 @@ def test_swa_loc_cpu_path_translates_per_layer_once_or_never(cpu_runs):
     run = cpu_runs["swa_loc"]
     for release, k in (("0.5.12.post1", 2), ("0.5.23", 1)):
         ran(run, release)
-        calls = {v: value(run, release=release, variant=v, metric="translate_calls") for v in swa_loc.GPU_VARIANTS}
+        calls = {v: value(run, release=release, variant=v,
+                          metric="translate_calls") for v in swa_loc.GPU_VARIANTS}
         assert calls == {"per_layer": len(swa_loc.GPU_SWA_LAYERS), "once_in_graph": 1, "preset": 0}
         for v in swa_loc.GPU_VARIANTS:
             assert value(run, release=release, variant=v, metric="rows_landed") is True
@@ -235,7 +258,8 @@ def test_grid_thw_cpu_path_crosses_the_wire_to_a_second_worker(cpu_runs):
     assert value(run, process="sender", metric="payload_bytes") > 0
 
 
-# -- on a GPU -----------------------------------------------------------------------------------------------------
+# -- on a GPU
+# --------------------------------------------------------------------------------------------------
 def _gpu_run(name: str, tmp_path_factory):
     fix = get(name)
     root = os.environ.get("SGLAB_REAL_GPU_RUNS")
@@ -247,9 +271,12 @@ def _gpu_run(name: str, tmp_path_factory):
     from sglab.sglang.releases import release_installed
 
     missing = sorted({s.release for s in fix.gpu.steps if not release_installed(s.release)})
-    if missing:  # GPU tests never run in CI; on a GPU box the releases come from scripts/real_gpu.sh
-        pytest.skip(f"sglang {', '.join(missing)} not installed here (scripts/real_gpu.sh installs them)")
-    return read_run(record.record_fix(name, fix.gpu, out=tmp_path_factory.mktemp(name), echo=lambda *_: None)[0])
+    # GPU tests never run in CI; on a GPU box the releases come from scripts/real_gpu.sh
+    if missing:
+        pytest.skip(f"sglang {', '.join(missing)} not installed here (scripts/real_gpu.sh installs "
+                    "them)")
+    return read_run(record.record_fix(name, fix.gpu, out=tmp_path_factory.mktemp(name),
+                                      echo=lambda *_: None)[0])
 
 
 @pytest.mark.gpu
@@ -260,10 +287,13 @@ def test_gpu_swa_loc_nodes_per_swa_layer_equal_the_release_translation(tmp_path_
         ran(run, release)
         k = swa_loc.kernels_per_translation(swa_loc.release_translation(release),
                                             value(run, release=release, metric="mapping_dtype"))
-        nodes = {v: value(run, release=release, variant=v, metric="kernel_nodes") for v in swa_loc.GPU_VARIANTS}
+        nodes = {v: value(run, release=release, variant=v,
+                          metric="kernel_nodes") for v in swa_loc.GPU_VARIANTS}
         for v in swa_loc.GPU_VARIANTS:
-            assert value(run, release=release, variant=v, metric="replay_kernels") == nodes[v], (release, v)
-            assert value(run, release=release, variant=v, metric="rows_landed") is True, (release, v)
+            assert value(run, release=release, variant=v,
+                         metric="replay_kernels") == nodes[v], (release, v)
+            assert value(run, release=release, variant=v, metric="rows_landed") is True, (release,
+                    v)
         assert nodes["per_layer"] - nodes["preset"] == k * n_swa, (release, nodes, k)
         assert nodes["once_in_graph"] - nodes["preset"] == k, (release, nodes, k)
         assert value(run, release=release, metric="nodes_per_swa_layer") == k
@@ -307,9 +337,12 @@ def test_gpu_breakable_graph_replay_equals_eager(tmp_path_factory):
 def test_gpu_grid_on_cuda0_puts_the_receiver_on_gpu0(tmp_path_factory):
     run = _gpu_run("grid_thw", tmp_path_factory)
     ran(run, "0.5.23")
-    mem = lambda case, gpu: value(run, variant=case, process="receiver", gpu=gpu, metric="gpu_memory")  # noqa
-    assert value(run, variant="grid_on_cuda0", process="receiver", metric="grid_device_after_decode") == "cuda:0"
-    assert value(run, variant="grid_on_cpu", process="receiver", metric="grid_device_after_decode") == "cpu"
+    mem = lambda case, gpu: value(run, variant=case, process="receiver", gpu=gpu,
+                                  metric="gpu_memory")  # noqa
+    assert value(run, variant="grid_on_cuda0", process="receiver",
+                 metric="grid_device_after_decode") == "cuda:0"
+    assert value(run, variant="grid_on_cpu", process="receiver",
+                 metric="grid_device_after_decode") == "cpu"
     assert mem("grid_on_cuda0", 0) > 100 and mem("grid_on_cpu", 0) == 0
     assert mem("grid_on_cuda0", 1) > 100 and mem("grid_on_cpu", 1) > 100
 

@@ -1,6 +1,7 @@
-"""The committed PR hunks (data/upstream/<fix>/pr<N>.*): they load, their windows match the release table, their
-text is what the released files hold (checked against installed releases and cached wheels where here), and they
-render as a coloured diff, as plain text, and beside a rebuilt function. Also the timeline figures."""
+"""The committed PR hunks (data/upstream/<fix>/pr<N>.*): they load, their windows match the release
+table, their text is what the released files hold (checked against installed releases and cached
+wheels where here), and they render as a coloured diff, as plain text, and beside a rebuilt
+function. Also the timeline figures."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ ADDED = {("pcg_gate", 26382): '+    if name == "model":',
          ("swa_loc", 23552): "+        self.model_runner.token_to_kv_pool.set_swa_loc(",
          ("swa_loc", 24743): "+            self.out_cache_loc_swa.zero_()",
          ("grid_thw", 22858): "+    grid_thws = grid_thws.cpu()",
-         ("capture_sizes", 23972): '+        ), f"No piecewise CUDA graph capture sizes are multiples of {mul_base}"'}
+         ("capture_sizes",
+          23972): '+        ), f"No piecewise CUDA graph capture sizes are multiples of {mul_base}"'}
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +80,8 @@ def test_symbols_new_in_the_pr_are_marked_absent_before():
 
 
 def test_hunks_match_the_cached_wheels():
-    """Where the wheel cache holds both releases of a window, rebuild the hunk from them: same files."""
+    """Where the wheel cache holds both releases of a window, rebuild the hunk from them: same
+    files."""
     rebuilt = 0
     for fix, spec in SPECS:
         hunk = H.load(fix, spec.pr)
@@ -103,8 +106,10 @@ def test_find_window_and_its_errors():
         H.find_window(spec, "demo", ["0.3"], reader)
     with pytest.raises(ValueError, match="no release among 0.1..0.2"):
         H.find_window(spec, "demo", ["0.1", "0.2"], reader)
-    hunk = H.build(spec, "demo", ("0.2", reader("0.2"), {}), ("0.3", reader("0.3"), {"wheel": "w", "sha256": "s"}))
-    assert hunk.blocks("before") == {"f": None} and hunk.blocks("after") == {"f": "def f():\n    return 1\n"}
+    hunk = H.build(spec, "demo", ("0.2", reader("0.2"), {}),
+                   ("0.3", reader("0.3"), {"wheel": "w", "sha256": "s"}))
+    assert hunk.blocks("before") == {"f": None} and hunk.blocks("after") == {"f": "def f():\n    "
+                                                                             "return 1\n"}
 
 
 def test_write_then_load_round_trip(tmp_path):
@@ -122,11 +127,13 @@ def test_data_upstream_stays_small():
     assert total < 400_000, f"data/upstream holds {total} bytes"
 
 
-# -- display ----------------------------------------------------------------------------------------------------
+# -- display
+# --------------------------------------------------------------------------------------------------
 def test_show_renders_html_with_plain_text_fallback():
     shown = H.show("swa_loc", 24743)
     assert isinstance(shown, Rendered)
-    assert repr(shown).startswith("sgl-project/sglang#24743 · 0.5.11 → 0.5.12 · sglang/srt/model_executor/")
+    assert repr(shown).startswith("sgl-project/sglang#24743 · 0.5.11 → 0.5.12 · "
+                                  "sglang/srt/model_executor/")
     html = shown._repr_html_()
     added = re.findall(r'<span style="background:#e6ffec[^"]*">([^<]*)</span>', html)
     assert "+            self.out_cache_loc_swa.zero_()" in added
@@ -137,7 +144,8 @@ def test_show_renders_html_with_plain_text_fallback():
 
 
 def test_diff_html_escapes_and_colours_each_line():
-    out = diff_html("--- a\n+++ b\n@@ -1 +1 @@\n-x = a<b\n+x = a > b\n # ── sglang/srt/x.py · f\n ctx")
+    out = diff_html("--- a\n+++ b\n@@ -1 +1 @@\n-x = a<b\n+x = a > b\n # ── sglang/srt/x.py · f\n "
+                    "ctx")
     assert "a&lt;b" in out and "a &gt; b" in out and out.count("<span") == 7
     assert 'background:#eef4fb' in out and "font-weight:bold" in out
 
@@ -151,19 +159,24 @@ def rebuilt_setattr(self, name, value):
 
 def test_beside_puts_the_released_symbol_next_to_the_rebuild():
     hunk = H.load("pcg_gate")
-    shown = render_beside(hunk, rebuilt_setattr, symbol="KimiK25ForConditionalGeneration.__setattr__")
+    shown = render_beside(hunk, rebuilt_setattr,
+                          symbol="KimiK25ForConditionalGeneration.__setattr__")
     text = repr(shown)
-    assert text.startswith("== sglang 0.5.13 · KimiK25ForConditionalGeneration.__setattr__\ndef __setattr__")
+    assert text.startswith("== sglang 0.5.13 · KimiK25ForConditionalGeneration.__setattr__\ndef "
+                           "__setattr__")
     assert f"== rebuilt: {__name__}.rebuilt_setattr" in text and "<table" in shown._repr_html_()
-    assert "def model(self)" in repr(render_beside(hunk, ("mine", "x = 1\n")))  # first symbol present by default
-    assert repr(H.beside("pcg_gate", rebuilt_setattr, symbol="KimiK25ForConditionalGeneration.__setattr__")) == text
+    # first symbol present by default
+    assert "def model(self)" in repr(render_beside(hunk, ("mine", "x = 1\n")))
+    assert repr(H.beside("pcg_gate", rebuilt_setattr,
+                         symbol="KimiK25ForConditionalGeneration.__setattr__")) == text
     with pytest.raises(ValueError, match="no symbol exists on the 'before' side"):
         render_beside(hunk, ("mine", ""), side="before")
     with pytest.raises(KeyError, match="not on the 'after' side"):
         render_beside(hunk, ("mine", ""), symbol="Nope.nope")
 
 
-# -- figures ----------------------------------------------------------------------------------------------------
+# -- figures
+# --------------------------------------------------------------------------------------------------
 def test_timeline_figure_colours_each_cell_by_state(table):
     from matplotlib.colors import to_hex
 
@@ -176,8 +189,8 @@ def test_timeline_figure_colours_each_cell_by_state(table):
     assert [to_hex(c.get_facecolor()) for c in cells] == want
     assert [t.get_text() for t in ax.get_yticklabels()] == fixes
     assert [t.get_text() for t in ax.get_xticklabels()] == list(table["version"])
-    assert {t.get_text() for t in ax.get_legend().get_texts()} == {"absent", "before", "pr-era", "changed",
-                                                                  "regressed"}
+    assert {t.get_text() for t in ax.get_legend().get_texts()} == {"absent", "before", "pr-era",
+                                                                   "changed", "regressed"}
 
 
 def test_timeline_row_figure_labels_each_run_of_states(table):
@@ -185,7 +198,8 @@ def test_timeline_row_figure_labels_each_run_of_states(table):
 
     fig = timeline_row_figure("capture_sizes", table)
     ax = fig.axes[0]
-    assert [to_hex(b.get_facecolor()) for b in ax.patches] == [STATE_COLOURS[s] for s in table["capture_sizes"]]
+    assert [to_hex(b.get_facecolor()) for b in ax.patches] == [STATE_COLOURS[s]
+                                                               for s in table["capture_sizes"]]
     assert [t.get_text() for t in ax.texts] == ["before", "pr-era", "regressed", "changed"]
     with pytest.raises(KeyError):
         timeline_row_figure("no_such_fix", table)
@@ -201,8 +215,9 @@ def test_timeline_row_from_the_committed_table():
 
 
 def test_hunks_match_the_installed_releases():
-    """The committed hunks equal the symbols read again from the releases `make test` installs (both sides of every
-    window whose two releases are pinned: 5 of the 7). In CI the releases must be there."""
+    """The committed hunks equal the symbols read again from the releases `make test` installs (both
+    sides of every window whose two releases are pinned: 5 of the 7). In CI the releases must be
+    there."""
     import os
 
     from sglab.sglang.releases import package_dir, release_installed
@@ -216,8 +231,10 @@ def test_hunks_match_the_installed_releases():
         hunk = H.load(fix, spec.pr)
         if not (release_installed(hunk.before_version) and release_installed(hunk.after_version)):
             continue
-        assert H.side_text(reader(hunk.before_version), spec.symbols) == hunk.before, (fix.name, "before")
-        assert H.side_text(reader(hunk.after_version), spec.symbols) == hunk.after, (fix.name, "after")
+        assert H.side_text(reader(hunk.before_version), spec.symbols) == hunk.before, (fix.name,
+                "before")
+        assert H.side_text(reader(hunk.after_version), spec.symbols) == hunk.after, (fix.name,
+                "after")
         compared += 1
     if os.environ.get("CI"):
         assert compared == 5

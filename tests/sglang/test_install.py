@@ -93,11 +93,12 @@ def install():
 
 
 def test_plan_per_machine():
-    cpu = {"triton": "not installed", "torchvision": "ModuleNotFoundError", "sgl_kernel": "ModuleNotFoundError",
-           "cuda": False}
+    cpu = {"triton": "not installed", "torchvision": "ModuleNotFoundError",
+           "sgl_kernel": "ModuleNotFoundError", "cuda": False}
     assert plan("0.5.10.post1", cpu) == ["triton", "torchvision", "sgl_kernel.kvcacheio"]
     assert plan("0.5.11", cpu) == ["triton", "torchvision"]
-    gpu = {"triton": None, "torchvision": None, "sgl_kernel": "ImportError: undefined symbol", "cuda": True}
+    gpu = {"triton": None, "torchvision": None, "sgl_kernel": "ImportError: undefined symbol",
+           "cuda": True}
     assert plan("0.5.10.post1", gpu) == plan("0.5.23", gpu) == ["sgl_kernel"]
     assert plan("0.5.23", {**gpu, "sgl_kernel": None}) == []
 
@@ -110,7 +111,8 @@ def test_shims_needed_here_match_a_fresh_interpreter():
 
 
 def _in_subprocess(code: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_env())
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=_env())
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -136,7 +138,8 @@ except ImportError:
 print(json.dumps(out))
 """)
     assert got["same"] is True
-    assert got["rmsnorm"].startswith("sgl_kernel.rmsnorm is a stub installed by sglab.sglang.bootstrap")
+    assert got["rmsnorm"].startswith("sgl_kernel.rmsnorm is a stub installed by "
+                                     "sglab.sglang.bootstrap")
     assert "ImportError: test" in got["kvcacheio"]
     assert got["scalar_type"] == "ImportError"
 
@@ -179,7 +182,8 @@ for name, fn in (("decode_jpeg", lambda: decode_jpeg(b"")), ("class", lambda: In
         out[name] = "StubCalled"
 print(json.dumps(out))
 """)
-    assert got == {"version": "0.0+sglab.stub", "constant": "<stub torchvision.transforms.InterpolationMode.BILINEAR>",
+    assert got == {"version": "0.0+sglab.stub",
+                   "constant": "<stub torchvision.transforms.InterpolationMode.BILINEAR>",
                    "decode_jpeg": "StubCalled", "class": "StubCalled"}
 
 
@@ -190,7 +194,8 @@ def test_timeout_kills_the_whole_process_group():
             "print(p.pid, flush=True); time.sleep(60)")
     rc, _ = _spawn([sys.executable, "-c", f"import sys; sys.stderr.write('x'); {code}"], timeout=3)
     assert rc is None and time.perf_counter() - t0 < 20
-    left = subprocess.run(["pgrep", "-f", "time.sleep\\(60\\)"], capture_output=True, text=True).stdout.split()
+    left = subprocess.run(["pgrep", "-f", "time.sleep\\(60\\)"], capture_output=True,
+                          text=True).stdout.split()
     assert left == []
 
 
@@ -199,8 +204,10 @@ def _wheel(path: Path, name: str, version: str, files: dict) -> Path:
     import zipfile
 
     info = f"{name}-{version}.dist-info"
-    files = {**files, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files = {**files,
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: "
+             "py3-none-any\n"}
     record = "".join(f"{p},,\n" for p in files) + f"{info}/RECORD,,\n"
     whl = path / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(whl, "w") as z:
@@ -215,8 +222,9 @@ def test_repack_drops_files_and_their_record_lines(tmp_path):
 
     from sglab.sglang.wheelhouse import repack
 
-    whl = _wheel(tmp_path, "sglang", "9.9.9", {"sglang/__init__.py": "", "sglang/srt/rust_extensions/_x.so": "b" * 999,
-                                               "sglang/multimodal_gen/a.py": ""})
+    whl = _wheel(tmp_path, "sglang", "9.9.9",
+                 {"sglang/__init__.py": "", "sglang/srt/rust_extensions/_x.so": "b" * 999,
+                  "sglang/multimodal_gen/a.py": ""})
     dropped, _ = repack(whl)
     with zipfile.ZipFile(whl) as z:
         names = z.namelist()

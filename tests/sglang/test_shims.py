@@ -1,4 +1,5 @@
-"""The CUDA-box sgl_kernel stand-in: fake registrations of missing sgl_kernel ops are skipped, others are not."""
+"""The CUDA-box sgl_kernel stand-in: fake registrations of missing sgl_kernel ops are skipped,
+others are not."""
 
 import subprocess
 import sys

@@ -1,5 +1,6 @@
-"""sglab.sglang.store: a recording of probe answers is written as a run, read back exactly, and used by run_probes
-where it holds the probe, parameters and release (``auto``), never (``live``) or only (``recorded``)."""
+"""sglab.sglang.store: a recording of probe answers is written as a run, read back exactly, and used
+by run_probes where it holds the probe, parameters and release (``auto``), never (``live``) or only
+(``recorded``)."""
 
 import pytest
 
@@ -10,13 +11,16 @@ from sglab.sglang.runner import ProbeResult, _frame
 def _answer(release, probe="swa_loc:run"):
     rows = [{"variant": "per_layer", "metric": "translate_calls", "value": 2, "unit": "calls"},
             {"variant": "setup", "metric": "sizes", "value": [1, 2, 4], "unit": ""}]
-    return ProbeResult(release, probe, "ok", _frame(release, probe, rows), [{"name": "triton", "reason": "r"}], 7.5)
+    return ProbeResult(release, probe, "ok", _frame(release, probe, rows),
+                       [{"name": "triton", "reason": "r"}], 7.5)
 
 
 @pytest.fixture
 def recording(data_root, monkeypatch):
-    monkeypatch.setenv("SGLAB_SGLANG_HOME", str(data_root / "no-releases"))  # nothing installed: live = not run
-    monkeypatch.delenv("SGLAB_REAL", raising=False)  # the default (the test session itself asks for live)
+    # nothing installed: live = not run
+    monkeypatch.setenv("SGLAB_SGLANG_HOME", str(data_root / "no-releases"))
+    # the default (the test session itself asks for live)
+    monkeypatch.delenv("SGLAB_REAL", raising=False)
     path = store.write([("swa_loc:run", {"b": 1, "a": [1, 2]}, {"0.5.11": _answer("0.5.11")})])
     return path
 
@@ -26,7 +30,9 @@ def test_written_as_a_run_and_read_back(recording):
     rec = store.newest()
     hit = rec.lookup("0.5.11", "swa_loc:run", {"a": [1, 2], "b": 1})  # key order does not matter
     assert hit.ok and hit.recorded.startswith("recorded ") and "on cpu" in hit.recorded
-    assert hit.rows.value.tolist() == [2, [1, 2, 4]] and hit.shim_names() == ["triton"] and hit.seconds == 7.5
+    assert hit.rows.value.tolist() == [2,
+                                       [1, 2,
+                                        4]] and hit.shim_names() == ["triton"] and hit.seconds == 7.5
     assert rec.lookup("0.5.11", "swa_loc:run", {"a": [1, 2], "b": 2}) is None
     assert rec.lookup("0.5.23", "swa_loc:run", {"a": [1, 2], "b": 1}) is None
 
@@ -36,7 +42,8 @@ def test_run_probes_sources(recording, monkeypatch):
     auto = runner.run_probes(["0.5.11", "0.5.23"], "swa_loc:run", params)
     assert list(auto) == ["0.5.11", "0.5.23"]
     assert auto["0.5.11"].recorded and auto["0.5.11"].ok
-    assert auto["0.5.23"].status == "not-run" and not auto["0.5.23"].recorded  # asked live: not installed here
+    # asked live: not installed here
+    assert auto["0.5.23"].status == "not-run" and not auto["0.5.23"].recorded
     live = runner.run_probes(["0.5.11"], "swa_loc:run", params, source="live")
     assert live["0.5.11"].status == "not-run" and "not installed" in live["0.5.11"].reason
     monkeypatch.setenv("SGLAB_REAL", "recorded")
@@ -50,7 +57,8 @@ def test_run_probes_sources(recording, monkeypatch):
 def test_source_line_names_the_recording(recording):
     from sglab.sglang import compare as report
 
-    results = runner.run_probes(["0.5.11", "0.5.23"], "swa_loc:run", {"a": [1, 2], "b": 1}, source="auto")
+    results = runner.run_probes(["0.5.11", "0.5.23"], "swa_loc:run", {"a": [1, 2], "b": 1},
+                                source="auto")
     first, *rest = report.status_lines(results).splitlines()
     assert first.startswith("real SGLang: answers recorded ") and "run here now: 0.5.23" in first
     assert rest[0].startswith("sglang 0.5.11: 2 rows") and "[recorded" not in rest[0]

@@ -1,6 +1,6 @@
-"""The release table: the committed data/upstream/releases.csv is complete and consistent, agrees with the installed
-releases where they are here, and ``sglab upstream --releases`` reads wheels, falls back to the cache or the
-committed table without network, and says which."""
+"""The release table: the committed data/upstream/releases.csv is complete and consistent, agrees
+with the installed releases where they are here, and ``sglab upstream --releases`` reads wheels,
+falls back to the cache or the committed table without network, and says which."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from sglab.sglang.upstream import RELEASE_STATES
 from sglab.sglang import checks
 from sglab.sglang import wheels as R
 
-# first release whose state is "pr-era", as read from the wheels (the notebooks and the README rely on these)
+# first release whose state is "pr-era", as read from the wheels (the notebooks and the README rely
+# on these)
 FIRST_WITH_FIX = {"pcg_gate": "0.5.13", "workspace_floor": "0.5.13", "breakable_graph": "0.5.12",
                   "swa_loc": "0.5.11", "grid_thw": "0.5.11", "capture_sizes": "0.5.11"}
 INSTALLED = runs.repo_root() / ".sglang" / "releases"
@@ -31,7 +32,8 @@ def table():
     return R.load_table()
 
 
-# -- the committed table ----------------------------------------------------------------------------------------
+# -- the committed table
+# ----------------------------------------------------------------------------------------
 def test_table_has_every_release_from_0_5_10(table):
     versions = list(table["version"])
     assert versions[0] == R.FIRST and versions == R.select(versions) and len(set(versions)) == len(versions)
@@ -76,8 +78,8 @@ def test_later_history_read_from_the_wheels(table):
 
 
 def test_no_fix_falls_back_to_its_pr_era_before(table):
-    """Once a release has a fix (pr-era or changed), no later one is "before" or "absent": a loss must be
-    classified "regressed" (a check that forgot a later layout would show up here)."""
+    """Once a release has a fix (pr-era or changed), no later one is "before" or "absent": a loss
+    must be classified "regressed" (a check that forgot a later layout would show up here)."""
     for fix in NAMES:
         seen_fix = False
         for v, s in zip(table["version"], table[fix]):
@@ -85,7 +87,8 @@ def test_no_fix_falls_back_to_its_pr_era_before(table):
             assert not (seen_fix and s in ("before", "absent")), (fix, v, s)
 
 
-@pytest.mark.skipif(not INSTALLED.is_dir(), reason="no SGLang release installed under .sglang/releases/")
+@pytest.mark.skipif(not INSTALLED.is_dir(),
+                    reason="no SGLang release installed under .sglang/releases/")
 def test_table_agrees_with_the_installed_releases(table):
     rows = {r["version"]: r for r in table.to_dict("records")}
     compared = 0
@@ -95,15 +98,18 @@ def test_table_agrees_with_the_installed_releases(table):
             continue
         for fix in NAMES:
             v = upstream.check(get(fix), root=root)
-            assert (v.status, v.detail) == (rows[folder.name][fix], rows[folder.name][f"{fix}_reason"]), \
+            assert (v.status, v.detail) == (rows[folder.name][fix],
+                                            rows[folder.name][f"{fix}_reason"]), \
                 (folder.name, fix)
         compared += 1
     assert compared, "no installed release is in the table"
 
 
-# -- wheels: reading, facts, the timeline -----------------------------------------------------------------------
-KIMI_FIXED = ("class KimiK25ForConditionalGeneration:\n    @property\n    def model(self):\n        return 1\n\n"
-              "    def __setattr__(self, name, value):\n        if name == 'model':\n            return\n")
+# -- wheels: reading, facts, the timeline
+# -----------------------------------------------------------------------
+KIMI_FIXED = ("class KimiK25ForConditionalGeneration:\n    @property\n    def model(self):\n       "
+              " return 1\n\n" "    def __setattr__(self, name, value):\n        if name == "
+              "'model':\n            return\n")
 PCG_FILTER = ("class PiecewiseCudaGraphRunner:\n    def __init__(self, r):\n"
               "        self.capture_num_tokens = [n for n in sizes if n % mul_base == 0]\n")
 
@@ -113,12 +119,14 @@ def make_wheel(folder: Path, version: str, files: dict, when=(2026, 5, 7, 0, 5, 
     with zipfile.ZipFile(path, "w") as z:
         for rel, text in {"version.py": f"__version__ = '{version}'\n", **files}.items():
             z.writestr(zipfile.ZipInfo(f"sglang/{rel}", date_time=when), text)
-        z.writestr(zipfile.ZipInfo(f"sglang-{version}.dist-info/RECORD", date_time=(2026, 5, 6, 1, 2, 3)), "")
+        z.writestr(zipfile.ZipInfo(f"sglang-{version}.dist-info/RECORD",
+                                   date_time=(2026, 5, 6, 1, 2, 3)), "")
     return path
 
 
 def test_wheel_reader_facts_and_classification(tmp_path):
-    path = make_wheel(tmp_path, "0.5.11", {checks.KIMI_MODEL: KIMI_FIXED, checks.PIECEWISE_RUNNER: PCG_FILTER})
+    path = make_wheel(tmp_path, "0.5.11",
+                      {checks.KIMI_MODEL: KIMI_FIXED, checks.PIECEWISE_RUNNER: PCG_FILTER})
     with R.WheelReader(path) as read:
         assert read(checks.KIMI_MODEL) == KIMI_FIXED and read("srt/nothing.py") is None
     facts = R.wheel_facts(path)
@@ -130,7 +138,8 @@ def test_wheel_reader_facts_and_classification(tmp_path):
 
 
 def test_versions_are_final_releases_from_0_5_10_in_order():
-    assert R.select(["0.5.11", "0.5.10.post1", "0.5.9", "0.5.12rc1", "0.5.10", "0.5.100", "0.6.0.dev1"]) == \
+    assert R.select(["0.5.11", "0.5.10.post1", "0.5.9", "0.5.12rc1", "0.5.10", "0.5.100",
+                     "0.6.0.dev1"]) == \
         ["0.5.10", "0.5.10.post1", "0.5.11", "0.5.100"]
     with pytest.raises(ValueError, match="not a release version"):
         R.parse_version("0.5.12rc1")
@@ -146,15 +155,18 @@ def test_timeline_downloads_once_and_is_complete(tmp_path):
         fetched.append(v)
         return make_wheel(dest, v, {checks.KIMI_MODEL: KIMI_FIXED})
 
-    tl = R.timeline(FIXES, lister=lambda: ["0.5.10", "0.5.11"], fetch=fetch, cache=cache, table=tmp_path / "none.csv",
-                    progress=False)
+    tl = R.timeline(FIXES, lister=lambda: ["0.5.10", "0.5.11"], fetch=fetch, cache=cache,
+                    table=tmp_path / "none.csv", progress=False)
     assert fetched == ["0.5.11"] and tl.complete and list(tl.frame["source"]) == ["wheel", "wheel"]
-    assert list(tl.frame["pcg_gate"]) == ["absent", "pr-era"] and set(tl.wheels) == {"0.5.10", "0.5.11"}
+    assert list(tl.frame["pcg_gate"]) == ["absent", "pr-era"] and set(tl.wheels) == {"0.5.10",
+            "0.5.11"}
     assert any("1 downloaded now, 1 from the cache" in n for n in tl.notes)
     R.write_table(tl.frame, tmp_path / "t.csv")
     back = R.load_table(tmp_path / "t.csv")
-    assert list(back["version"]) == ["0.5.10", "0.5.11"] and back["pcg_gate_reason"][1] == tl.frame["pcg_gate_reason"][1]
-    tl = R.timeline(FIXES, lister=lambda: ["0.5.10", "0.5.11"], fetch=fetch, cache=cache, progress=False)
+    assert list(back["version"]) == ["0.5.10",
+                                     "0.5.11"] and back["pcg_gate_reason"][1] == tl.frame["pcg_gate_reason"][1]
+    tl = R.timeline(FIXES, lister=lambda: ["0.5.10", "0.5.11"], fetch=fetch, cache=cache,
+                    progress=False)
     assert fetched == ["0.5.11"], "a cached wheel is not downloaded again"
 
 
@@ -172,11 +184,14 @@ def test_without_network_the_cache_then_the_committed_table(tmp_path, monkeypatc
     assert list(tl.frame["version"]) == list(table["version"])
     src = dict(zip(tl.frame["version"], tl.frame["source"]))
     assert src.pop("0.5.11") == "wheel" and set(src.values()) == {"table"}
-    assert tl.frame.set_index("version").loc["0.5.11", "pcg_gate"] == "pr-era"  # read from the cached wheel
-    assert any("taken from the committed table (no wheel here): 0.5.10, 0.5.10.post1," in n for n in tl.notes)
+    # read from the cached wheel
+    assert tl.frame.set_index("version").loc["0.5.11", "pcg_gate"] == "pr-era"
+    assert any("taken from the committed table (no wheel here): 0.5.10, 0.5.10.post1," in n
+               for n in tl.notes)
     # a listed release that is neither cached nor committed is reported, not invented
     tl = R.timeline(FIXES, ["0.5.11", "0.5.99"], cache=cache, progress=False)
-    assert list(tl.frame["version"]) == ["0.5.11"] and any("not shown" in n and "0.5.99" in n for n in tl.notes)
+    assert list(tl.frame["version"]) == ["0.5.11"] and any("not shown" in n and "0.5.99" in n
+                                                           for n in tl.notes)
 
 
 def test_cli_without_network_says_where_each_state_came_from(tmp_path, monkeypatch, capsys, table):
@@ -198,7 +213,8 @@ def test_cli_without_network_says_where_each_state_came_from(tmp_path, monkeypat
 
 def test_cli_errors_are_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(R, "_pip", _no_network)
-    for argv, message in ((["--releases", "0.5.12rc1", "--offline"], "not a release version: '0.5.12rc1'"),
+    for argv, message in ((["--releases", "0.5.12rc1", "--offline"],
+                           "not a release version: '0.5.12rc1'"),
                           (["--releases", "--root", str(tmp_path)], "do not go together"),
                           (["--root", str(tmp_path)], "not an SGLang package folder")):
         assert cli.main(["upstream", *argv]) == 2

@@ -1,5 +1,6 @@
-"""The swa_loc claims on the committed recorded runs, on corrupted copies of them (each corruption fails the
-claim it breaks, by id), and on a method-2 run with profiler sidecars built from a recorded one."""
+"""The swa_loc claims on the committed recorded runs, on corrupted copies of them (each corruption
+fails the claim it breaks, by id), and on a method-2 run with profiler sidecars built from a
+recorded one."""
 
 from __future__ import annotations
 
@@ -28,11 +29,13 @@ def test_every_recorded_run_holds(capsys):
     from sglab.core.claims import all_claims
     from sglab.swa_loc import claims
 
-    assert len(claims.CLAIMS) <= 5 and all(f"  {c.id}" in out or f"└ {c.id}" in out for c in all_claims(claims))
+    assert len(claims.CLAIMS) <= 5 and all(f"  {c.id}" in out or f"└ {c.id}" in out
+                                           for c in all_claims(claims))
 
 
 def _copy(tmp_path: Path, edit=None, manifest_edit=None) -> Path:
-    """A copy of the recorded H100 run; ``edit(df) -> df`` changes its rows (the manifest's row count follows)."""
+    """A copy of the recorded H100 run; ``edit(df) -> df`` changes its rows (the manifest's row
+    count follows)."""
     dst = tmp_path / H100.name
     shutil.copy(H100, dst)
     man = json.loads(H100.with_suffix(".json").read_text())
@@ -61,17 +64,28 @@ def _set(df, mask, value):
     return df
 
 
-PARENT = {f.id: c.id for c in claims.CLAIMS for f in c.folded}  # a failing folded check fails its claim too
+# a failing folded check fails its claim too
+PARENT = {f.id: c.id for c in claims.CLAIMS for f in c.folded}
 CORRUPTIONS = {
-    "swa_loc.extra_kernels_per_swa_layer": lambda d: _add(_add(d, _sel(d, "before", "graph_kernel_nodes"), 1),
+    "swa_loc.extra_kernels_per_swa_layer": lambda d: _add(_add(d,
+                                                               _sel(d, "before",
+                                                                    "graph_kernel_nodes"), 1),
                                                           _sel(d, "before", "profiled_kernels"), 1),
-    "swa_loc.profiler_equals_static": lambda d: _add(d, _sel(d, "pr23552", "profiled_kernels", 12, 1, 8), -1),
-    "swa_loc.translate_calls_in_capture": lambda d: _set(d, _sel(d, "pr24743", "translate_calls_capture", 6, 5, 1), 1),
-    "swa_loc.kv_matches_eager": lambda d: _set(d, (d.metric == "kv_mismatch_slots") & (d.variant == "pr23552")
+    "swa_loc.profiler_equals_static": lambda d: _add(d,
+                                                     _sel(d, "pr23552", "profiled_kernels", 12, 1,
+                                                          8), -1),
+    "swa_loc.translate_calls_in_capture": lambda d: _set(d,
+                                                         _sel(d, "pr24743",
+                                                              "translate_calls_capture", 6, 5, 1),
+                                                         1),
+    "swa_loc.kv_matches_eager": lambda d: _set(d,
+                                               (d.metric == "kv_mismatch_slots") & (d.variant == "pr23552")
                                                & (d.num_layers == 24) & (d.swa_per_full == 1), 3),
-    "swa_loc.pad_bug_exact": lambda d: _set(d, (d.metric == "pad_corrupted_slots") & (d.variant == "pr24743"), 2),
+    "swa_loc.pad_bug_exact": lambda d: _set(d,
+                                            (d.metric == "pad_corrupted_slots") & (d.variant == "pr24743"), 2),
     "swa_loc.replay_ratio": lambda d: _set(d, _sel(d, "before", "time_median"),
-                                           float(d[_sel(d, "pr24743", "time_median")].value.iloc[0]) * 1.05),
+                                           float(d[_sel(d, "pr24743",
+                                                        "time_median")].value.iloc[0]) * 1.05),
 }
 
 
@@ -85,7 +99,8 @@ def test_a_corrupted_copy_fails_the_claim_it_breaks(tmp_path, capsys, claim):
 
 
 def test_a_dropped_variant_fails_and_a_missing_headline_cell_is_not_applicable(tmp_path, capsys):
-    path = _copy(tmp_path, lambda d: d[~(d.metric.str.startswith("pad_") & (d.variant == "pr24743"))])
+    path = _copy(tmp_path,
+                 lambda d: d[~(d.metric.str.startswith("pad_") & (d.variant == "pr24743"))])
     assert cli.main(["verify", str(path)]) == 1
     assert "FAIL swa_loc.pad_bug_exact" in capsys.readouterr().out
     (tmp_path / "b").mkdir()
@@ -104,9 +119,9 @@ def test_a_truncated_copy_is_bad_input(tmp_path, capsys):
     assert "truncated" in captured.err + captured.out
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # a method-2 run: the recorded rows plus profiler sidecars consistent with them
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 GATHER = "void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<at::native::" \
          "index_kernel_impl<at::native::OpaqueType<8> >(...)"
 CAST = "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)" \
@@ -116,30 +131,38 @@ OTHER = "void at::native::vectorized_elementwise_kernel<8, at::native::AUnaryFun
 
 def _sidecars(n_swa=40, static=None):
     static = static or {"before": 315, "pr23552": 195, "pr24743": 235}
-    gk = [{"variant": "before", "kernel": GATHER, "nodes": n_swa}, {"variant": "before", "kernel": CAST, "nodes": n_swa}]
-    gk += [{"variant": v, "kernel": OTHER, "nodes": n - (2 * n_swa if v == "before" else 0)} for v, n in static.items()]
+    gk = [{"variant": "before", "kernel": GATHER, "nodes": n_swa},
+          {"variant": "before", "kernel": CAST, "nodes": n_swa}]
+    gk += [{"variant": v, "kernel": OTHER, "nodes": n - (2 * n_swa if v == "before" else 0)} for v,
+           n in static.items()]
     events = []
     for row in gk:
         for i in range(row["nodes"]):
-            events.append({"lane": "stream 7", "name": row["kernel"], "category": "kernel", "start_us": float(i),
-                           "dur_us": 1.0, "phase": f"replay {row['variant']}", "variant": row["variant"]})
+            events.append({"lane": "stream 7", "name": row["kernel"], "category": "kernel",
+                           "start_us": float(i), "dur_us": 1.0, "phase": f"replay {row['variant']}",
+                           "variant": row["variant"]})
     eager = []
     for backend in ("nsight-python (CUPTI)", "torch.profiler"):
-        eager += [{"variant": "before", "scope": "SWA layer KV write", "step": 0, "op": "index", "kernel": GATHER,
-                   "calls": n_swa, "median_us": 2.0, "backend": backend},
-                  {"variant": "before", "scope": "SWA layer KV write", "step": 1, "op": "_to_copy->int32",
-                   "kernel": CAST, "calls": n_swa, "median_us": 1.5, "backend": backend},
-                  {"variant": "pr24743", "scope": "", "step": -1, "op": "mul", "kernel": OTHER, "calls": 96,
-                   "median_us": 1.0, "backend": backend}]
-    return {"events": pd.DataFrame(events), "graph_kernels": pd.DataFrame(gk), "eager_kernels": pd.DataFrame(eager)}
+        eager += [{"variant": "before", "scope": "SWA layer KV write", "step": 0, "op": "index",
+                   "kernel": GATHER, "calls": n_swa, "median_us": 2.0, "backend": backend},
+                  {"variant": "before", "scope": "SWA layer KV write", "step": 1,
+                   "op": "_to_copy->int32", "kernel": CAST, "calls": n_swa, "median_us": 1.5,
+                   "backend": backend},
+                  {"variant": "pr24743", "scope": "", "step": -1, "op": "mul", "kernel": OTHER,
+                   "calls": 96, "median_us": 1.0, "backend": backend}]
+    return {"events": pd.DataFrame(events), "graph_kernels": pd.DataFrame(gk),
+            "eager_kernels": pd.DataFrame(eager)}
 
 
 def _method2(data_root, sidecars=None, nsight="ran"):
     src = runs.read_run(H100)
-    params = {**src.manifest["params"], "trace_config": {"num_layers": 48, "swa_per_full": 5, "batch_size": 32}}
+    params = {**src.manifest["params"],
+              "trace_config": {"num_layers": 48, "swa_per_full": 5, "batch_size": 32}}
     path = runs.write_run(src.df, experiment="swa_loc", method_version=2, params=params,
                           root=runs.data_dir("runs"), extra={"eager_kernels": {
-                              "nsight": nsight, "nsight_reason": "nsight-python 1.1.0 with CUPTI" if nsight == "ran"
+                              "nsight": nsight,
+                                      "nsight_reason": "nsight-python 1.1.0 with CUPTI"
+                                              if nsight == "ran"
                               else "nsight-python is not installed"}},
                           sidecars=sidecars if sidecars is not None else _sidecars())
     return verify.load_run(path)

@@ -1,4 +1,5 @@
-"""GPU tests of the SWA-location preset (#23552) and the padding fix (#24743) on real CUDA graphs."""
+"""GPU tests of the SWA-location preset (#23552) and the padding fix (#24743) on real CUDA
+graphs."""
 
 from __future__ import annotations
 
@@ -49,8 +50,9 @@ def test_without_preset_two_more_kernel_nodes_per_swa_layer(num_layers, ratio):
 
 @pytest.mark.parametrize("num_layers,ratio", LAYOUTS)
 def test_int64_buffer_also_skips_the_index_conversion(num_layers, ratio):
-    # the stand-in store_cache converts an int32 location to int64 (one kernel) before torch's index_put;
-    # the #23552 int64 buffer needs no conversion, SGLang's store_cache kernel needs none for either dtype
+    # the stand-in store_cache converts an int32 location to int64 (one kernel) before torch's
+    # index_put; the #23552 int64 buffer needs no conversion, SGLang's store_cache kernel needs none
+    # for either dtype
     nodes, n_swa = node_counts(num_layers, ratio)
     for bs in BATCH_SIZES:
         assert nodes["before"][bs] - nodes["pr23552"][bs] == 3 * n_swa, (bs, nodes)
@@ -91,20 +93,23 @@ def test_pad_bug_corrupts_exactly_the_predicted_slots_on_graphs(num_layers, rati
     assert res["corrupted"] == {layer: res["predicted_slots"] for layer in res["swa_layer_ids"]}
     assert res["matches_prediction"] and res["n_corrupted"] == 2 * len(res["swa_layer_ids"])
     for variant in ("before", "pr24743"):
-        clean = ex.pad_bug_scenario(variant, device="cuda", use_cuda_graph=True, num_layers=num_layers,
-                                    swa_per_full=ratio)
+        clean = ex.pad_bug_scenario(variant, device="cuda", use_cuda_graph=True,
+                                    num_layers=num_layers, swa_per_full=ratio)
         assert clean["corrupted"] == {} and clean["matches_prediction"], variant
 
 
 def test_run_small(data_root):
     from sglab.core import claims, runs
 
-    params = {**ex.DEFAULT_PARAMS, "layer_counts": [6], "swa_per_full": [5], "batch_sizes": [1, 8], "rounds": 1,
-              "warmup": 2, "repeat": 5, "size": 256, "size_swa": 128, "pad_num_layers": 6,
-              "trace_config": {"num_layers": 6, "swa_per_full": 5, "batch_size": 8}, "kernel_table_runs": 2}
+    params = {**ex.DEFAULT_PARAMS, "layer_counts": [6], "swa_per_full": [5], "batch_sizes": [1, 8],
+              "rounds": 1, "warmup": 2, "repeat": 5, "size": 256, "size_swa": 128,
+              "pad_num_layers": 6,
+              "trace_config": {"num_layers": 6, "swa_per_full": 5, "batch_size": 8},
+              "kernel_table_runs": 2}
     out = ex.run(params, progress=False)
     df = out.df
-    nodes = df[df.metric == "graph_kernel_nodes"].pivot_table(index="batch_size", columns="variant", values="value")
+    nodes = df[df.metric == "graph_kernel_nodes"].pivot_table(index="batch_size", columns="variant",
+                                                              values="value")
     assert ((nodes["before"] - nodes["pr24743"]) == 2 * 5).all()
     assert set(df[df.metric == "kv_mismatch_slots"].value) == {0.0}
     assert (df[df.metric == "time_median"].value > 0).all()
@@ -120,9 +125,9 @@ def test_run_small(data_root):
     assert res["swa_loc.replay_ratio"].status == "n/a"  # no 48-layer cell in this small run
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # the profiler passes
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def test_traced_replay_kernel_count_equals_static_node_count():
     from collections import Counter
 
@@ -137,16 +142,18 @@ def test_traced_replay_kernel_count_equals_static_node_count():
     counts = show.trace_counts(side["events"])
     assert {v: c["kernels"] for v, c in counts.items()} == static
     assert side["trace"].exists() and side["trace"].stat().st_size > 0
-    # the kernels the preset removes: two names, once per SWA layer, and the traced replay runs exactly those
+    # the kernels the preset removes: two names, once per SWA layer, and the traced replay runs
+    # exactly those
     removed = show.translation_kernels(side["graph_kernels"])
     assert len(removed) == 2 and set(removed.values()) == {n_swa}, removed
     traced = show.trace_counts(side["events"], show.name_pattern(removed))
     assert traced["before"]["matching"] == 2 * n_swa and traced["pr24743"]["matching"] == 0
-    # in the trace they sit where the static graph has them: the names of the traced kernels, in order
+    # in the trace they sit where the static graph has them: the names of the traced kernels, in
+    # order
     ev = side["events"][(side["events"].variant == "before") & (side["events"].category == "kernel")]
     names = Counter(ev.name)
-    assert names == Counter(dict(zip(*side["graph_kernels"].query("variant == 'before'")[["kernel", "nodes"]]
-                                     .to_numpy().T)))
+    assert names == Counter(dict(zip(*side["graph_kernels"].query("variant == 'before'")[["kernel",
+            "nodes"]] .to_numpy().T)))
 
 
 NSIGHT_SCRIPT = """
@@ -163,7 +170,8 @@ print(json.dumps(info))
 
 
 def test_eager_kernel_table_nsight_matches_torch_profiler(tmp_path):
-    """In a fresh process (CUPTI takes one subscriber per process: torch.profiler in this one would hold it)."""
+    """In a fresh process (CUPTI takes one subscriber per process: torch.profiler in this one would
+    hold it)."""
     import json
     import subprocess
     import sys
@@ -176,8 +184,8 @@ def test_eager_kernel_table_nsight_matches_torch_profiler(tmp_path):
     if not ok:
         pytest.skip(why)
     out = tmp_path / "eager.csv"
-    proc = subprocess.run([sys.executable, "-c", NSIGHT_SCRIPT, str(out)], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, "-c", NSIGHT_SCRIPT, str(out)], capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["nsight"] == "ran", info

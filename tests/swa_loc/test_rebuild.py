@@ -1,5 +1,5 @@
-"""CPU tests of the hybrid SWA pool, its set_kv_buffer branch, translate counts and the decode runner
-(#23552 / #24743), all eager."""
+"""CPU tests of the hybrid SWA pool, its set_kv_buffer branch, translate counts and the decode
+runner (#23552 / #24743), all eager."""
 
 from __future__ import annotations
 
@@ -129,19 +129,26 @@ def test_eager_paths_write_the_same_kv():
 
 def test_buffers_per_variant():
     s = setup()
-    dtypes = {v: None if fx.DecodeGraphRunner.for_variant(s.model, [4], v).buffers.out_cache_loc_swa is None
-              else fx.DecodeGraphRunner.for_variant(s.model, [4], v).buffers.out_cache_loc_swa.dtype
+    dtypes = {v: None if fx.DecodeGraphRunner.for_variant(s.model, [4],
+                                                          v).buffers.out_cache_loc_swa is None
+              else fx.DecodeGraphRunner.for_variant(s.model, [4],
+                                                    v).buffers.out_cache_loc_swa.dtype
               for v in fx.VARIANTS}
-    assert dtypes == fx.SWA_LOC_BUFFER_DTYPE == {"before": None, "pr23552": torch.int64, "pr24743": torch.int32}
+    assert dtypes == fx.SWA_LOC_BUFFER_DTYPE == {"before": None, "pr23552": torch.int64,
+                                                 "pr24743": torch.int32}
 
 
 @pytest.mark.parametrize("zero", [False, True])
 def test_populate_padding(zero):
-    bufs = fx.DecodeInputBuffers.create(device="cpu", max_bs=4, is_hybrid_swa=True, swa_loc_dtype=torch.int64)
-    full = fx.ForwardBatch(torch.tensor([1, 2, 3, 4]), torch.tensor([9, 9, 9, 9], dtype=torch.int32),
-                           torch.tensor([11, 12, 13, 14]), torch.tensor([21, 22, 23, 24], dtype=torch.int32))
+    bufs = fx.DecodeInputBuffers.create(device="cpu", max_bs=4, is_hybrid_swa=True,
+                                        swa_loc_dtype=torch.int64)
+    full = fx.ForwardBatch(torch.tensor([1, 2, 3, 4]),
+                           torch.tensor([9, 9, 9, 9], dtype=torch.int32),
+                           torch.tensor([11, 12, 13, 14]),
+                           torch.tensor([21, 22, 23, 24], dtype=torch.int32))
     bufs.populate_from_forward_batch(forward_batch=full, raw_bs=4, bs=4, zero_swa_on_pad=zero)
-    assert bufs.out_cache_loc_swa.dtype == torch.int64 and bufs.out_cache_loc_swa.tolist() == [21, 22, 23, 24]
+    assert bufs.out_cache_loc_swa.dtype == torch.int64 and bufs.out_cache_loc_swa.tolist() == [21,
+            22, 23, 24]
     small = fx.ForwardBatch(torch.tensor([5, 6]), torch.tensor([3, 3], dtype=torch.int32),
                             torch.tensor([15, 16]), torch.tensor([25, 26], dtype=torch.int32))
     bufs.populate_from_forward_batch(forward_batch=small, raw_bs=2, bs=4, zero_swa_on_pad=zero)
@@ -203,9 +210,9 @@ def test_unknown_variant():
         fx.runner_config("after")
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The #24743 padding scenario, eager (the GPU test replays real graphs)
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 from sglab.swa_loc import measure as ex, show  # noqa: E402
 
 
@@ -225,7 +232,8 @@ def test_pad_scenario_clean_without_the_bug(variant):
     res = ex.pad_bug_scenario(variant, num_layers=12)
     assert res["predicted_slots"] == [] and res["corrupted"] == {}
     assert res["matches_prediction"] and res["n_corrupted"] == 0
-    assert len(res["stale_tail_swa_slots"]) == 2  # the tail is there; it is just not written through
+    # the tail is there; it is just not written through
+    assert len(res["stale_tail_swa_slots"]) == 2
 
 
 def test_sweep_rows_eager():
@@ -234,16 +242,18 @@ def test_sweep_rows_eager():
     from sglab.core import runs
     from sglab.core.timing import host_time
 
-    p = {**ex.DEFAULT_PARAMS, "layer_counts": [6, 12], "swa_per_full": [5, 1], "batch_sizes": [1, 4, 8],
-         "size": 128, "size_swa": 64, "head_num": 2, "head_dim": 8, "rounds": 2, "repeat": 4, "warmup": 0,
-         "pad_num_layers": 6, "trace_config": {"num_layers": 12, "swa_per_full": 1, "batch_size": 4}}
+    p = {**ex.DEFAULT_PARAMS, "layer_counts": [6, 12], "swa_per_full": [5, 1],
+         "batch_sizes": [1, 4, 8], "size": 128, "size_swa": 64, "head_num": 2, "head_dim": 8,
+         "rounds": 2, "repeat": 4, "warmup": 0, "pad_num_layers": 6,
+         "trace_config": {"num_layers": 12, "swa_per_full": 1, "batch_size": 4}}
     probes = {"graph_kernel_nodes": lambda r, bs: -1, "profiled_kernels": lambda r, bs: -1}
     traced = []
-    rows = ex.sweep(p, device="cpu", use_cuda_graph=False, probes=probes, timer=partial(host_time, sync=False),
-                    progress=False, on_trace=lambda runners, labels, bs: traced.append((sorted(runners), labels, bs)))
+    rows = ex.sweep(p, device="cpu", use_cuda_graph=False, probes=probes,
+                    timer=partial(host_time, sync=False), progress=False, on_trace=lambda runners,
+                    labels, bs: traced.append((sorted(runners), labels, bs)))
     df = runs.tidy(ex.EXPERIMENT, rows)
-    assert list(df.columns) == ["experiment", "variant", "num_layers", "swa_per_full", "n_swa_layers",
-                                "batch_size", "metric", "value", "unit"]
+    assert list(df.columns) == ["experiment", "variant", "num_layers", "swa_per_full",
+                                "n_swa_layers", "batch_size", "metric", "value", "unit"]
     tc = df[df.metric == "translate_calls_capture"]
     assert len(tc) == 3 * 4 * 3
     for _, r in tc.iterrows():
@@ -251,12 +261,16 @@ def test_sweep_rows_eager():
     assert set(df[df.metric == "kv_mismatch_slots"].value) == {0.0}
     assert len(df[df.metric == "time_median"]) == 3 * 4 * 3
     assert (df[df.metric == "time_p90"].value.to_numpy() >= df[df.metric == "time_p10"].value.to_numpy()).all()
-    pad = df[df.metric.str.startswith("pad_")].pivot_table(index="variant", columns="metric", values="value")
-    assert pad.loc["pr23552", "pad_corrupted_slots"] == pad.loc["pr23552", "pad_predicted_slots"] == 2 * 5
-    assert pad.loc["before", "pad_corrupted_slots"] == pad.loc["pr24743", "pad_corrupted_slots"] == 0
+    pad = df[df.metric.str.startswith("pad_")].pivot_table(index="variant", columns="metric",
+                                                           values="value")
+    assert pad.loc["pr23552", "pad_corrupted_slots"] == pad.loc["pr23552",
+                                                                "pad_predicted_slots"] == 2 * 5
+    assert pad.loc["before", "pad_corrupted_slots"] == pad.loc["pr24743",
+                                                               "pad_corrupted_slots"] == 0
     assert set(pad["pad_matches_prediction"]) == {1.0}
     # the traced pass runs once, on the layout of trace_config, with every variant's runner
-    assert traced == [(["before", "pr23552", "pr24743"], {"num_layers": 12, "swa_per_full": 1, "n_swa_layers": 6}, 4)]
+    assert traced == [(["before", "pr23552", "pr24743"],
+                       {"num_layers": 12, "swa_per_full": 1, "n_swa_layers": 6}, 4)]
 
 
 def test_check_params_rejects_bad_input():
@@ -269,9 +283,9 @@ def test_check_params_rejects_bad_input():
     assert check_params({})["repeat"] == ex.DEFAULT_PARAMS["repeat"]
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The committed recorded runs: claims and tables
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def _recorded_csvs():
     import csv
     import json
@@ -288,7 +302,8 @@ def _recorded_csvs():
 
 def _value(rows, variant, metric, layers, ratio, bs):
     hits = [float(r["value"]) for r in rows if r["variant"] == variant and r["metric"] == metric
-            and int(r["num_layers"]) == layers and int(r["swa_per_full"]) == ratio and int(r["batch_size"]) == bs]
+            and int(r["num_layers"]) == layers and int(r["swa_per_full"]) == ratio
+            and int(r["batch_size"]) == bs]
     assert len(hits) == 1
     return hits[0]
 
@@ -314,8 +329,8 @@ def test_headline_from_recorded_runs():
         assert f"{tb:.0f} → {ta:.0f} µs ({tb / ta:.2f}×) on {gpu}" in text
         for r in rows:
             if r["metric"] == "time_median" and r["variant"] == "before":
-                after = _value(rows, "pr24743", "time_median", int(r["num_layers"]), int(r["swa_per_full"]),
-                               int(r["batch_size"]))
+                after = _value(rows, "pr24743", "time_median", int(r["num_layers"]),
+                               int(r["swa_per_full"]), int(r["batch_size"]))
                 all_ratios.append(float(r["value"]) / after)
     assert "+2 per SWA layer in every cell" in text
     assert f"{min(all_ratios):.2f}–{max(all_ratios):.2f}×" in text
@@ -329,12 +344,14 @@ def test_shown_and_tables_on_recorded():
     if not rs:
         pytest.skip("no recorded swa_loc run")
     shown = claims.shown("swa_loc", rs)
-    assert len({r.manifest["gpu_name"] for r in shown}) == len(shown) == len({r.manifest["gpu_name"] for r in rs})
+    assert len({r.manifest["gpu_name"]
+                for r in shown}) == len(shown) == len({r.manifest["gpu_name"] for r in rs})
     for r in shown:
         kt = show.kernel_table(r.df)
         assert set(kt["+ per SWA layer: before vs #24743"]) == {2.0}
         assert set(kt["+ per SWA layer: #24743 vs #23552"]) == {1.0}
         assert kt["same for every batch size"].all() and kt["profiler = static (all bs)"].all()
-        agree = show.profiler_agreement(r.df)  # every (layout, batch size, variant) cell of the sweep
+        # every (layout, batch size, variant) cell of the sweep
+        agree = show.profiler_agreement(r.df)
         cells = r.df[r.df.metric == "graph_kernel_nodes"].shape[0]
         assert agree == {"cells": cells, "equal": cells, "max_abs_diff": 0}

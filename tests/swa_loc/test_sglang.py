@@ -1,8 +1,9 @@
 """The real hybrid-SWA pool and decode buffers, against ``sglab.swa_loc.rebuild``.
 
-Releases: 0.5.10.post1 (before #23552: no buffer field), 0.5.11 (#23552: int64 buffer, tail not cleared),
-0.5.12.post1 (#24743: int32, zeroed on padding), 0.5.13 (``set_swa_loc`` gone, ``swa_loc=`` passed to each write,
-the translation one gather), 0.5.23 (a ``KVWriteLoc`` carries the location translated once).
+Releases: 0.5.10.post1 (before #23552: no buffer field), 0.5.11 (#23552: int64 buffer, tail not
+cleared), 0.5.12.post1 (#24743: int32, zeroed on padding), 0.5.13 (``set_swa_loc`` gone,
+``swa_loc=`` passed to each write, the translation one gather), 0.5.23 (a ``KVWriteLoc`` carries the
+location translated once).
 """
 
 import pytest
@@ -39,22 +40,27 @@ def rebuild_tail(variant: str) -> tuple[str, list]:
 def test_pr_era_pool_translates_per_swa_layer_unless_preset(real, release):
     r = require(real[release])
     assert value(r, part="pool", case="has_set_swa_loc", metric="value") is True
-    assert value(r, part="pool", case="no_swa_loc", metric="translate_calls") == rebuild_translations(False) == 2
-    assert value(r, part="pool", case="set_swa_loc", metric="translate_calls") == rebuild_translations(True) == 0
+    assert value(r, part="pool", case="no_swa_loc",
+                 metric="translate_calls") == rebuild_translations(False) == 2
+    assert value(r, part="pool", case="set_swa_loc",
+                 metric="translate_calls") == rebuild_translations(True) == 0
     for case in ("no_swa_loc", "set_swa_loc"):
         assert value(r, part="pool", case=case, metric="swa_rows_at_paired_slots") is True
-        assert value(r, part="pool", case=case, metric="translate_dtype") == "int32"   # .to(torch.int32), as rebuilt
+        # .to(torch.int32), as rebuilt
+        assert value(r, part="pool", case=case, metric="translate_dtype") == "int32"
 
 
 def test_0523_never_translates_inside_the_pool(real):
-    """Today's design: the write location carries the SWA slots, translated once per forward by the caller;
-    a write without them is refused, so there is nothing left for ``set_swa_loc`` to save."""
+    """Today's design: the write location carries the SWA slots, translated once per forward by the
+    caller; a write without them is refused, so there is nothing left for ``set_swa_loc`` to
+    save."""
     r = require(real["0.5.23"])
     assert value(r, part="pool", case="has_set_swa_loc", metric="value") is False
     assert value(r, part="pool", case="no_swa_loc", metric="error").startswith("AssertionError")
     assert value(r, part="pool", case="write_loc", metric="translate_calls") == 0
     assert value(r, part="pool", case="write_loc", metric="swa_rows_at_paired_slots") is True
-    assert value(r, part="pool", case="write_loc", metric="translate_dtype") == "int64"   # no int32 cast any more
+    # no int32 cast any more
+    assert value(r, part="pool", case="write_loc", metric="translate_dtype") == "int64"
 
 
 def test_0510_has_no_swa_buffer_like_the_rebuild_before(real):
@@ -65,13 +71,15 @@ def test_0510_has_no_swa_buffer_like_the_rebuild_before(real):
 
 @pytest.mark.parametrize("release, stale_tail", [("0.5.11", [13, 14]), ("0.5.12.post1", [0, 0])])
 def test_decode_buffer_dtype_and_padding_match_the_rebuild(real, release, stale_tail):
-    """0.5.11 (#23552) leaves the previous batch's SWA slots in the padded tail; 0.5.12.post1 (#24743) zeroes it
-    and uses int32. The rebuild's variant for each release gives the same dtype and the same tail."""
+    """0.5.11 (#23552) leaves the previous batch's SWA slots in the padded tail; 0.5.12.post1
+    (#24743) zeroes it and uses int32. The rebuild's variant for each release gives the same dtype
+    and the same tail."""
     r = require(real[release])
     dtype, tail = rebuild_tail(VARIANT_OF[release])
     assert value(r, part="buffers", metric="has_out_cache_loc_swa") is True
     assert value(r, part="buffers", metric="dtype") == dtype
-    assert value(r, part="buffers", metric="padded_tail_after_padded_populate") == tail == stale_tail
+    assert value(r, part="buffers",
+                 metric="padded_tail_after_padded_populate") == tail == stale_tail
     assert value(r, part="buffers", metric="real_part_after_padded_populate") == [21, 22]
 
 
@@ -79,21 +87,23 @@ def test_0513_takes_the_location_translated_once_per_forward(real):
     r = require(real["0.5.13"])
     assert value(r, part="pool", case="has_set_swa_loc", metric="value") is False
     assert value(r, part="pool", case="no_swa_loc", metric="error").startswith("AssertionError")
-    assert value(r, part="pool", case="swa_loc_arg", metric="translate_calls") == rebuild_translations(True) == 0
+    assert value(r, part="pool", case="swa_loc_arg",
+                 metric="translate_calls") == rebuild_translations(True) == 0
     assert value(r, part="pool", case="swa_loc_arg", metric="swa_rows_at_paired_slots") is True
 
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_kernels_per_translation_are_the_claims_numbers(real, release):
-    """The 2 extra kernel nodes per SWA layer of the claim hold for the PR-era releases (a gather and an int32
-    cast, as rebuilt); from 0.5.13 a translation is one gather."""
+    """The 2 extra kernel nodes per SWA layer of the claim hold for the PR-era releases (a gather
+    and an int32 cast, as rebuilt); from 0.5.13 a translation is one gather."""
     r = require(real[release])
     ops = value(r, part="translation", case="pool", metric="ops")
     assert value(r, part="translation", case="pool", metric="mapping_dtype") == "int64"
     if release in claims.PR_ERA_RELEASES:
         assert ops == rebuild_translation_ops() == ["aten::index", "aten::_to_copy"]
         assert len(ops) == claims.EXTRA_PER_SWA_LAYER
-        assert value(r, part="translation", case="pool", metric="source").endswith(".to(torch.int32)")
+        assert value(r, part="translation", case="pool",
+                     metric="source").endswith(".to(torch.int32)")
     else:
         assert ops == ["aten::index"] and len(ops) == claims.KERNELS_PER_TRANSLATION_TODAY
 
@@ -111,7 +121,8 @@ def test_the_section_table_agrees_everywhere(real):
 
 
 def test_a_doctored_release_disagrees(real):
-    """The check can fail: a PR-era release whose translation had one op would not match the rebuild."""
+    """The check can fail: a PR-era release whose translation had one op would not match the
+    rebuild."""
     r = require(real["0.5.12.post1"])
     doctored = r.rows.copy()
     mask = (doctored.part == "translation") & (doctored.metric == "ops")
@@ -121,37 +132,45 @@ def test_a_doctored_release_disagrees(real):
 
 
 def test_recorded_answers_equal_the_live_ones(real):
-    """The notebook's recorded mode shows data/recorded/real_cpu/: it must say what the releases say now."""
+    """The notebook's recorded mode shows data/recorded/real_cpu/: it must say what the releases say
+    now."""
     from sglab.sglang.testing import assert_recording_matches
 
     assert assert_recording_matches(real, real_section.FIX.probe.fn) == len(RELEASES)
 
 
-# -- the released pool on a GPU, as recorded -----------------------------------------------------------------
+# -- the released pool on a GPU, as recorded
+# -----------------------------------------------------------------
 def test_swa_pool_summary_shows_the_kernels_each_translation_costs():
     run = compare.recorded("swa_loc")
     assert run is not None, "no recorded real_swa_loc run under data/recorded/"
     t = real_section.gpu_tables(run.df)
     per = t["per SWA layer"]
-    assert float(per.loc["0.5.12.post1", "nodes_per_swa_layer"]) == 2.0   # gather + .to(torch.int32)
+    # gather + .to(torch.int32)
+    assert float(per.loc["0.5.12.post1", "nodes_per_swa_layer"]) == 2.0
     assert float(per.loc["0.5.23", "nodes_per_swa_layer"]) == 1.0         # gather only
     g = t["graphs"]
     for release in ("0.5.12.post1", "0.5.23"):
-        assert float(g.loc[(release, "preset"), "kernel_nodes"]) < float(g.loc[(release, "per_layer"), "kernel_nodes"])
-        assert g.loc[(release, "preset"), "kernel_nodes"] == g.loc[(release, "preset"), "replay_kernels"]
+        assert float(g.loc[(release, "preset"),
+                           "kernel_nodes"]) < float(g.loc[(release, "per_layer"), "kernel_nodes"])
+        assert g.loc[(release, "preset"), "kernel_nodes"] == g.loc[(release, "preset"),
+                                                                   "replay_kernels"]
     buffers = t["decode buffers (#24743)"]
-    assert buffers.loc["0.5.11", "dtype"] == "int64" and buffers.loc["0.5.12.post1", "dtype"] == "int32"
+    assert buffers.loc["0.5.11", "dtype"] == "int64" and buffers.loc["0.5.12.post1",
+                                                                     "dtype"] == "int32"
     assert buffers.loc["0.5.12.post1", "padded_tail_after_padded_populate"] == "[0, 0]"
 
 
-# -- the source check, on small synthetic SGLang trees shaped like the releases -------------------------------
+# -- the source check, on small synthetic SGLang trees shaped like the releases
+# -------------------------------
 def state(check, files: dict) -> Verdict:
     v = check(files.get)
     assert v.status in RELEASE_STATES and v.detail and "\n" not in v.detail
     return v
 
 
-# -- #23552 / #24743 --------------------------------------------------------------------------------------------
+# -- #23552 / #24743
+# --------------------------------------------------------------------------------------------
 POOL_PR = """
 class SWAKVPool:
     def set_swa_loc(self, loc):
@@ -177,7 +196,8 @@ def _runner(preset: bool, follow_up: bool) -> str:
     dtype = "torch.int32" if follow_up else "torch.int64"
     zero = "\n        if self.out_cache_loc_swa is not None:\n            self.out_cache_loc_swa.zero_()" \
         if follow_up else ""
-    call = ("        if self.buffers.out_cache_loc_swa is not None:\n            self.model_runner.token_to_kv_pool"
+    call = ("        if self.buffers.out_cache_loc_swa is not None:\n            "
+            "self.model_runner.token_to_kv_pool"
             ".set_swa_loc(self.buffers.out_cache_loc_swa[:num_tokens])\n") if preset else ""
     return f"""
 class DecodeInputBuffers:
@@ -217,8 +237,8 @@ def test_swa_padding_zeroed_marks_the_follow_up():
 
 
 def test_the_section_says_not_run_when_no_release_is_installed(tmp_path, monkeypatch, capsys):
-    """With no release installed the notebook's real section prints one "not run" line per release, compares
-    nothing (and says so) and raises nothing."""
+    """With no release installed the notebook's real section prints one "not run" line per release,
+    compares nothing (and says so) and raises nothing."""
     monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path))
     monkeypatch.setenv("SGLAB_REAL", "live")
     table = sglang.compare()

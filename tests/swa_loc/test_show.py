@@ -1,5 +1,6 @@
-"""The swa_loc profiler pieces and figures on the CPU: the event reduction, the KV-write ops of each variant, the
-tables of a method-2 run's sidecars, and every figure on recorded and synthetic data."""
+"""The swa_loc profiler pieces and figures on the CPU: the event reduction, the KV-write ops of each
+variant, the tables of a method-2 run's sidecars, and every figure on recorded and synthetic
+data."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from tests.swa_loc.test_claims import CAST, GATHER, OTHER, _method2, _sidecars  
 
 def test_kv_write_ops_per_variant():
     first = {v: show.one_layer_ops(v) for v in fx.VARIANTS}
-    assert first["before"] == ["index", "_to_copy->int32", "_to_copy->int64", "index_put_", "index_put_"]
-    assert first["pr23552"] == ["index_put_", "index_put_"]  # int64 buffer: torch's index_put_ takes it as it is
+    assert first["before"] == ["index", "_to_copy->int32", "_to_copy->int64", "index_put_",
+                               "index_put_"]
+    # int64 buffer: torch's index_put_ takes it as it is
+    assert first["pr23552"] == ["index_put_", "index_put_"]
     assert first["pr24743"] == ["_to_copy->int64", "index_put_", "index_put_"]
     calls = measure.kv_write_ops("before", num_layers=6, swa_per_full=5)
     assert [c.scope for c in calls].count(measure.SWA_WRITE) == 5 * 5
@@ -38,20 +41,21 @@ def test_kv_write_scopes_restore_the_pool():
     assert len(swa) == 5 * 5 and s.pool.translate_calls >= 5
     with ops.OpRanges() as mode:
         steps["pr24743"](mode)
-    assert [c.op for c in mode.calls if c.scope == measure.SWA_WRITE][:3] == ["_to_copy->int64", "index_put_",
-                                                                              "index_put_"]
+    assert [c.op for c in mode.calls if c.scope == measure.SWA_WRITE][:3] == ["_to_copy->int64",
+            "index_put_", "index_put_"]
 
 
 def test_reduce_events_keeps_the_replay_phases():
-    ev = pd.DataFrame([
-        {"lane": "host", "name": "phase::replay before", "category": "range", "start_us": 0, "dur_us": 9,
-         "phase": "replay before"},
-        {"lane": "stream 7", "name": "k", "category": "kernel", "start_us": 1, "dur_us": 1, "phase": "replay before"},
-        {"lane": "host", "name": "aten::mul", "category": "op", "start_us": 1, "dur_us": 1, "phase": "replay before"},
-        {"lane": "stream 7", "name": "warm", "category": "kernel", "start_us": 0, "dur_us": 1, "phase": ""},
-        {"lane": "stream 7", "name": "k", "category": "kernel", "start_us": 11, "dur_us": 1,
-         "phase": "replay pr24743"},
-    ])
+    ev = pd.DataFrame([{"lane": "host", "name": "phase::replay before", "category": "range",
+                        "start_us": 0, "dur_us": 9, "phase": "replay before"},
+                       {"lane": "stream 7", "name": "k", "category": "kernel", "start_us": 1,
+                        "dur_us": 1, "phase": "replay before"},
+                       {"lane": "host", "name": "aten::mul", "category": "op", "start_us": 1,
+                        "dur_us": 1, "phase": "replay before"},
+                       {"lane": "stream 7", "name": "warm", "category": "kernel", "start_us": 0,
+                        "dur_us": 1, "phase": ""},
+                       {"lane": "stream 7", "name": "k", "category": "kernel", "start_us": 11,
+                        "dur_us": 1, "phase": "replay pr24743"},])
     out = measure.reduce_events(ev)
     assert list(out.name) == ["phase::replay before", "k", "k"]
     assert list(out.variant) == ["before", "before", "pr24743"]
@@ -71,14 +75,13 @@ def test_sidecar_tables(data_root):
     assert {"calls · torch.profiler", "calls · nsight-python (CUPTI)"} <= set(wide.columns)
 
 
-@pytest.mark.parametrize("name,short", [
-    (GATHER, "index_elementwise_kernel · index gather<8B>"),
-    (CAST, "unrolled_elementwise_kernel · copy -> int"),
-    (OTHER, "vectorized_elementwise_kernel · MulFunctor"),
-    ("void at::native::vectorized_gather_kernel<16, long>(char*, char*, long*, int, long, long, long, long, bool)",
-     "vectorized_gather_kernel"),
-    ("my_kernel", "my_kernel"),
-])
+@pytest.mark.parametrize("name,short",
+                         [(GATHER, "index_elementwise_kernel · index gather<8B>"),
+                          (CAST, "unrolled_elementwise_kernel · copy -> int"),
+                          (OTHER, "vectorized_elementwise_kernel · MulFunctor"),
+                          ("void at::native::vectorized_gather_kernel<16, long>(char*, char*, "
+                           "long*, int, long, long, long, long, bool)", "vectorized_gather_kernel"),
+                          ("my_kernel", "my_kernel"),])
 def test_short_kernel(name, short):
     assert show.short_kernel(name) == short
 

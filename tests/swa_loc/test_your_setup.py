@@ -1,5 +1,5 @@
-"""Your own setup for 04: `sglab swa-cost` on shipped and bad configs, the prediction from the recorded runs,
-and the notebook control's static table."""
+"""Your own setup for 04: `sglab swa-cost` on shipped and bad configs, the prediction from the
+recorded runs, and the notebook control's static table."""
 
 from pathlib import Path
 

@@ -1,9 +1,11 @@
-"""JupyterLab in a real browser: 00 and 04 open from the file browser's listing (each notebook once), run every
-cell with no error or stderr output, draw their plots, keep wide outputs scrollable, and a save after the session
-leaves both files of each pair exactly as committed. Screenshots go to reports/screenshots/.
+"""JupyterLab in a real browser: 00 and 04 open from the file browser's listing (each notebook
+once), run every cell with no error or stderr output, draw their plots, keep wide outputs
+scrollable, and a save after the session leaves both files of each pair exactly as committed.
+Screenshots go to reports/screenshots/.
 
-Drives Debian's Chromium (``apt-get install chromium``) through Playwright (``pip install -e .[browser]``). Without
-them the test skips, saying what is missing; in CI (``CI=true``) a missing browser is a failure.
+Drives Debian's Chromium (``apt-get install chromium``) through Playwright (``pip install -e
+.[browser]``). Without them the test skips, saying what is missing; in CI (``CI=true``) a missing
+browser is a failure.
 """
 
 import os
@@ -22,8 +24,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "reports" / "screenshots"
 NOTEBOOKS = ("00_start_here", "04_swa_loc")
-SECTION_SHOT = {"00_start_here": "The notebooks", "04_swa_loc": "Replay time (GPU)"}  # a screenshot each
-CHROMIUM = next((p for p in (os.environ.get("SGLAB_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
+# a screenshot each
+SECTION_SHOT = {"00_start_here": "The notebooks", "04_swa_loc": "Replay time (GPU)"}
+CHROMIUM = next((p for p in (os.environ.get("SGLAB_CHROMIUM"), "/usr/bin/chromium",
+                             shutil.which("chromium"),
                              shutil.which("chromium-browser")) if p and Path(p).exists()), None)
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 LAB_SETTINGS = {  # every cell rendered (no virtual scrolling), no news pop-up over the screenshots
@@ -51,8 +55,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """A JupyterLab server with the workbook's settings on a copy of 00 and 04 (a failing test must not leave
-    the checkout's notebooks changed); yields (url, token, folder)."""
+    """A JupyterLab server with the workbook's settings on a copy of 00 and 04 (a failing test must
+    not leave the checkout's notebooks changed); yields (url, token, folder)."""
     why = _missing()
     if why:
         if IN_CI:
@@ -69,17 +73,22 @@ def lab(tmp_path_factory):
         (tmp / "settings" / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp / "settings" / rel).write_text(text)
     token, port = secrets.token_hex(16), _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}  # the kernel's own inline backend, as a user
+    # the kernel's own inline backend, as a user
+    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
     env["SGLAB_REAL"] = "auto"  # the real sections as a reader sees them: the recording
-    env.update(PYTHONPATH=os.pathsep.join([str(ROOT / "lib"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-               JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"),
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT / "lib"),
+                                           env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+               JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"),
                JUPYTER_RUNTIME_DIR=str(tmp / "runtime"))
-    cmd = [sys.executable, "-m", "jupyterlab", f"--config={ROOT / 'jupyter_server_config.py'}", "--ip=127.0.0.1",
-           f"--port={port}", "--no-browser", f"--IdentityProvider.token={token}",
-           "--LabApp.expose_app_in_browser=True", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    cmd = [sys.executable, "-m", "jupyterlab", f"--config={ROOT / 'jupyter_server_config.py'}",
+           "--ip=127.0.0.1", f"--port={port}", "--no-browser", f"--IdentityProvider.token={token}",
+           "--LabApp.expose_app_in_browser=True",
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
            str(folder)] + (["--allow-root"] if os.geteuid() == 0 else [])
     log = open(tmp / "lab.log", "w")
-    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_until_up(url, token, server, tmp / "lab.log")
@@ -111,7 +120,8 @@ def browser(lab):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"] if os.geteuid() == 0 else [])
+        b = p.chromium.launch(executable_path=CHROMIUM,
+                              args=["--no-sandbox"] if os.geteuid() == 0 else [])
         yield b
         b.close()
 
@@ -146,17 +156,23 @@ def test_notebook_runs_in_jupyterlab(lab, browser, stem):
     console = []
     page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
     try:
-        page.goto(f"{url}/lab/workspaces/{stem}/tree/{stem}.ipynb?token={token}")  # a fresh workspace each
+        # a fresh workspace each
+        page.goto(f"{url}/lab/workspaces/{stem}/tree/{stem}.ipynb?token={token}")
         page.wait_for_function(KERNEL_IDLE, timeout=120_000)
-        page.wait_for_function("name => Array.from(document.querySelectorAll('.jp-DirListing-itemText'))"
-                               ".some(e => e.textContent.trim() === name)", arg=f"{stem}.ipynb", timeout=30_000)
+        page.wait_for_function("name => "
+                               "Array.from(document.querySelectorAll('.jp-DirListing-itemText'))"
+                               ".some(e => e.textContent.trim() === name)", arg=f"{stem}.ipynb",
+                               timeout=30_000)
         listed = page.locator(".jp-DirListing-itemText").all_inner_texts()
-        assert sorted(n for n in listed if n.startswith(("00_", "04_"))) == [f"{s}.ipynb" for s in NOTEBOOKS], listed
+        assert sorted(n for n in listed if n.startswith(("00_",
+                                                         "04_"))) == [f"{s}.ipynb"
+                                                                      for s in NOTEBOOKS], listed
         page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
         page.wait_for_function(ALL_RAN, timeout=300_000, polling=500)
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.evaluate("name => Array.from(document.querySelectorAll('.jp-MarkdownOutput h2'))"
-                      ".find(h => h.textContent.startsWith(name)).scrollIntoView()", SECTION_SHOT[stem])
+                      ".find(h => h.textContent.startsWith(name)).scrollIntoView()",
+                      SECTION_SHOT[stem])
         page.screenshot(path=str(SHOTS / f"{stem}-section.png"))
         errors = page.evaluate(ERRORS)
         assert not errors, f"{stem}: a cell shows an error or stderr output:\n" + "\n---\n".join(errors)
@@ -169,7 +185,8 @@ def test_notebook_runs_in_jupyterlab(lab, browser, stem):
             page.screenshot(path=str(SHOTS / f"{stem}-figure.png"))
         assert page.evaluate(CUT_OFF) == [], f"{stem}: outputs cut off on the right"
         page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
-        page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
+        page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty",
+                               timeout=30_000)
         page.evaluate("() => window.jupyterapp.commands.execute('application:close')")
     finally:
         page.close()

@@ -1,4 +1,5 @@
-"""`sglab workspace` and `sglab swa-cost` on shipped inputs, bad inputs, and the notebook widgets' static path."""
+"""`sglab workspace` and `sglab swa-cost` on shipped inputs, bad inputs, and the notebook widgets'
+static path."""
 
 from pathlib import Path
 
@@ -34,11 +35,14 @@ def test_simulation_counts_are_the_managers(tmp_path):
     csv = tmp_path / "t.csv"
     csv.write_text("tokens\n64\n128\n100\n3000\n16\n")
     df = ws.simulate(ws.read_trace(csv).tokens, world_size=2, hidden_dim=7168)
-    # x.shape[0]: grows at 64, 128 and 3000; the 2048 floor creates once and then grows once for 3000
+    # x.shape[0]: grows at 64, 128 and 3000; the 2048 floor creates once and then grows once for
+    # 3000
     assert df.loc["floor_0", "re-creations"] == 3
     assert df.loc["floor_2048", "re-creations"] == 2
-    assert df.loc["before_pr", "refused calls"] == 1  # 3000 > 2048 trips the callee's assert before the PR
-    mgr, _ = wf.simulate(wf.POLICIES["floor_512"], [64, 128, 100, 3000, 16], world_size=2, hidden_dim=7168)
+    # 3000 > 2048 trips the callee's assert before the PR
+    assert df.loc["before_pr", "refused calls"] == 1
+    mgr, _ = wf.simulate(wf.POLICIES["floor_512"], [64, 128, 100, 3000, 16], world_size=2,
+                         hidden_dim=7168)
     assert df.loc["floor_512", "peak MiB/rank"] == mgr.peak_bytes_per_rank / 2**20
 
 
@@ -93,8 +97,8 @@ def test_widgets_fall_back_to_a_static_table(monkeypatch, capsys):
     def fn(a, b):
         return pd.DataFrame({"sum": [a + b]})
 
-    table = widgets.explore(fn, {"a": [1, 2], "b": [10, 20]}, static=[{"a": 1, "b": 10}, {"a": 2, "b": 20}],
-                            title="demo")
+    table = widgets.explore(fn, {"a": [1, 2], "b": [10, 20]},
+                            static=[{"a": 1, "b": 10}, {"a": 2, "b": 20}], title="demo")
     assert list(table.columns) == ["a", "b", "sum"] and list(table["sum"]) == [11, 22]
     assert "static table" in capsys.readouterr().out
 
@@ -102,12 +106,14 @@ def test_widgets_fall_back_to_a_static_table(monkeypatch, capsys):
 def test_floor_table_runs_the_simulator_on_the_stored_cold_start():
     from sglab.experiments.workspace_floor import traces
 
-    # prompt length 48 is the stored short_ramp scenario: the generated trace is its first 1500 steps
+    # prompt length 48 is the stored short_ramp scenario: the generated trace is its first 1500
+    # steps
     stored = [int(t) for t in traces.load_trace("short_ramp")[0].tokens]
     assert ws.generated_trace(48) == stored[:1500]
     df = ws.floor_table(512, 8, 48)
     assert list(df.index) == ["before_pr", "floor_0", "floor_512", "floor_2048"]
-    mgr, refused = wf.simulate(wf.Policy("floor_512", 512), stored[:1500], world_size=8, hidden_dim=7168)
+    mgr, refused = wf.simulate(wf.Policy("floor_512", 512), stored[:1500], world_size=8,
+                               hidden_dim=7168)
     assert df.loc["floor_512", "re-creations"] == len([e for e in mgr.events if e.step >= 0])
     assert df.loc["floor_512", "refused calls"] == refused == 0
     assert df.loc["floor_512", "peak MiB/rank"] == round(mgr.peak_bytes_per_rank / 2**20, 1)

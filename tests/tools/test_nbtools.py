@@ -1,6 +1,6 @@
-"""Headless execution: kernels on the IPC transport (no "running over TCP without encryption" warning), and a
-timed-out, failing or stopped notebook reported as such (which cell, after how long, where the partial output
-is) with no kernel process left behind."""
+"""Headless execution: kernels on the IPC transport (no "running over TCP without encryption"
+warning), and a timed-out, failing or stopped notebook reported as such (which cell, after how long,
+where the partial output is) with no kernel process left behind."""
 
 import os
 import re
@@ -54,13 +54,14 @@ def test_ipc_transport_no_tcp_warning(tmp_path, capfd):
 
 
 def test_cell_timeout_is_reported_as_interrupted(tmp_path):
-    path = _notebook(tmp_path, "print('before')", "import time\ntime.sleep(30)\nprint('never')", "print('after')")
+    path = _notebook(tmp_path, "print('before')", "import time\ntime.sleep(30)\nprint('never')",
+                     "print('after')")
     t0 = time.perf_counter()
     r = nbtools.execute(path, cell_timeout=2, skip_gpu=True, partial_dir=tmp_path / "report")
     assert time.perf_counter() - t0 < 25, "the timeout did not stop the cell"
     assert r.status == "interrupted"
-    m = re.fullmatch(r"interrupted: cell 2 \(import time…\) after (\d+\.\d) s \(cell timeout 2 s\); "
-                     r"partial output in (.+)", r.error)
+    m = re.fullmatch(r"interrupted: cell 2 \(import time…\) after (\d+\.\d) s \(cell timeout 2 "
+                     r"s\); " r"partial output in (.+)", r.error)
     assert m, r.error
     assert 2.0 <= float(m.group(1)) < 20
     partial = Path(m.group(2))
@@ -75,18 +76,23 @@ def test_failing_cell_names_the_cell(tmp_path):
     r = nbtools.execute(path, cell_timeout=60, skip_gpu=True, partial_dir=tmp_path)
     assert r.status == "failed"
     assert r.error.startswith("cell 2 (raise ValueError('boom')): CellExecutionError")
-    assert "ValueError: boom" in r.error and r.error.endswith(f"partial output in {tmp_path / 'tiny.ipynb'}")
+    assert "ValueError: boom" in r.error and r.error.endswith(f"partial output in "
+                                                              f"{tmp_path / 'tiny.ipynb'}")
     assert not _kernels_of(os.getpid())
 
 
 def test_sigint_stops_the_notebook_and_its_kernel(tmp_path):
     marker = tmp_path / "kernel.pid"
-    path = _notebook(tmp_path, f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+    path = _notebook(tmp_path,
+                     f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n"
                                "time.sleep(60)")
-    code = (f"import sys; sys.path.insert(0, {str(LIB)!r}); from pathlib import Path; from sglab.tools import nbtools\n"
+    code = (f"import sys; sys.path.insert(0, {str(LIB)!r}); from pathlib import Path; from "
+            "sglab.tools import nbtools\n"
             f"r = nbtools.execute(Path({str(path)!r}), cell_timeout=120, skip_gpu=True, "
-            f"partial_dir=Path({str(tmp_path / 'out')!r}))\nprint(r.status, r.stopped_by_signal); print(r.error)")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            f"partial_dir=Path({str(tmp_path / 'out')!r}))\nprint(r.status, r.stopped_by_signal); "
+            "print(r.error)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while not marker.exists() or not marker.read_text():
         assert proc.poll() is None and time.time() < deadline, proc.communicate()

@@ -1,5 +1,6 @@
-"""The lab's contents manager: each notebook listed once, and saving after a session (outputs, a new kernelspec,
-timing stamps) writes files identical to the committed ones, while an edited cell lands in both files."""
+"""The lab's contents manager: each notebook listed once, and saving after a session (outputs, a new
+kernelspec, timing stamps) writes files identical to the committed ones, while an edited cell lands
+in both files."""
 
 import asyncio
 import shutil
@@ -32,7 +33,8 @@ def lab_dir(tmp_path):
             shutil.copy(ROOT / "notebooks" / f"{stem}{ext}", tmp_path / f"{stem}{ext}")
     shutil.copy(ROOT / "jupytext.toml", tmp_path / "jupytext.toml")
     (tmp_path / "helper.py").write_text("x = 1\n")
-    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")]), tmp_path / "scratch.ipynb")
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")]),
+                   tmp_path / "scratch.ipynb")
     return tmp_path
 
 
@@ -51,7 +53,8 @@ def _session(content: dict) -> dict:
 def test_listing_shows_each_notebook_once(lab_dir):
     model = asyncio.run(ContentsManager(root_dir=str(lab_dir)).get(""))
     names = sorted(item["name"] for item in model["content"])
-    assert names == ["00_start_here.ipynb", "04_swa_loc.ipynb", "helper.py", "jupytext.toml", "scratch.ipynb"]
+    assert names == ["00_start_here.ipynb", "04_swa_loc.ipynb", "helper.py", "jupytext.toml",
+                     "scratch.ipynb"]
 
 
 @pytest.mark.parametrize("name", ["00_start_here.ipynb", "04_swa_loc.ipynb"])
@@ -73,7 +76,8 @@ def test_edit_lands_in_both_files_without_outputs(lab_dir):
     async def run():
         cm = ContentsManager(root_dir=str(lab_dir))
         content = _session((await cm.get("04_swa_loc.ipynb"))["content"])
-        code = next(c for c in content["cells"] if c["cell_type"] == "code" and "MODE" in "".join(c["source"]))
+        code = next(c for c in content["cells"] if c["cell_type"] == "code"
+                    and "MODE" in "".join(c["source"]))
         code["source"] = "MODE = 'recorded'  # edited in the lab"
         await cm.save({"type": "notebook", "content": content}, "04_swa_loc.ipynb")
 
@@ -87,8 +91,10 @@ def test_other_notebooks_keep_their_outputs(lab_dir):
     async def run():
         cm = ContentsManager(root_dir=str(lab_dir))
         content = (await cm.get("scratch.ipynb"))["content"]
-        content["cells"][0]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "2\n"}]
+        content["cells"][0]["outputs"] = [{"output_type": "stream", "name": "stdout",
+                                           "text": "2\n"}]
         await cm.save({"type": "notebook", "content": content}, "scratch.ipynb")
 
     asyncio.run(run())
-    assert nbformat.read(lab_dir / "scratch.ipynb", as_version=4).cells[0].outputs[0]["text"] == "2\n"
+    assert nbformat.read(lab_dir / "scratch.ipynb",
+                         as_version=4).cells[0].outputs[0]["text"] == "2\n"

@@ -1,6 +1,6 @@
-"""Every notebook: committed clean, in sync with its .py, listed in the catalog and the README, and executing
-from top to bottom on this machine (cells tagged needs-gpu skipped without CUDA) with all outputs shown on
-failure."""
+"""Every notebook: committed clean, in sync with its .py, listed in the catalog and the README, and
+executing from top to bottom on this machine (cells tagged needs-gpu skipped without CUDA) with all
+outputs shown on failure."""
 
 import os
 from pathlib import Path
@@ -41,7 +41,8 @@ def test_parameters_cell_first_code_cell():
     for ipynb in NOTEBOOKS:
         nb = nbformat.read(ipynb, as_version=4)
         code = [c for c in nb.cells if c.cell_type == "code"]
-        assert "parameters" in code[0].metadata.get("tags", []), f"{ipynb.stem}: first code cell is not `parameters`"
+        assert "parameters" in code[0].metadata.get("tags",
+                                                    []), f"{ipynb.stem}: first code cell is not `parameters`"
         assert "MODE" in code[0].source
 
 
@@ -49,7 +50,8 @@ def test_parameters_cell_first_code_cell():
 @pytest.mark.parametrize("ipynb", NOTEBOOKS, ids=lambda p: p.stem)
 def test_executes(ipynb, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
-    monkeypatch.setenv("SGLAB_REAL", "auto")  # the real sections as a reader sees them: the recording
+    # the real sections as a reader sees them: the recording
+    monkeypatch.setenv("SGLAB_REAL", "auto")
     result = nbtools.execute(ipynb, cell_timeout=CELL_TIMEOUT)
     if result.status != "ok":
         pytest.fail(f"{ipynb.name} failed: {result.error}\n\n--- all cell outputs ---\n"

@@ -1,6 +1,6 @@
-"""The report: offline pages titled by their notebook with a way back, and an index that shows per notebook its
-claim, headline, verdict, live time, status and first figure (built from executed notebooks made here, without a
-kernel)."""
+"""The report: offline pages titled by their notebook with a way back, and an index that shows per
+notebook its claim, headline, verdict, live time, status and first figure (built from executed
+notebooks made here, without a kernel)."""
 
 import base64
 import io
@@ -24,7 +24,8 @@ def _png(width_in=12.0) -> bytes:
     fig, ax = plt.subplots(figsize=(width_in, 3), dpi=100)
     ax.plot([0, 1], [1, 0])
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)  # savefig.dpi may be set by a figures module imported before
+    # savefig.dpi may be set by a figures module imported before
+    fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
     return buf.getvalue()
 
@@ -37,9 +38,11 @@ def _executed(stem: str, title: str, wide: bool = True):
         "image/png": base64.b64encode(_png()).decode(), "text/plain": "<Figure>"})]
     nb.cells.append(code)
     if wide:
-        table = "<table>" + "<tr>" + "".join(f"<td>column {i}</td>" for i in range(60)) + "</tr></table>"
+        table = "<table>" + "<tr>" + "".join(f"<td>column {i}</td>"
+                                             for i in range(60)) + "</tr></table>"
         out = nbformat.v4.new_code_cell("df")
-        out.outputs = [nbformat.v4.new_output("execute_result", data={"text/html": table, "text/plain": "df"},
+        out.outputs = [nbformat.v4.new_output("execute_result",
+                                              data={"text/html": table, "text/plain": "df"},
                                               execution_count=2)]
         nb.cells.append(out)
     return nbtools.Result(Path(f"notebooks/{stem}.ipynb"), "ok", "recorded", 3.25, nb=nb)
@@ -47,14 +50,16 @@ def _executed(stem: str, title: str, wide: bool = True):
 
 def test_title_is_the_first_heading():
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_markdown_cell("# 04 · `swa_loc` *fix*\ntext")]
+    nb.cells = [nbformat.v4.new_code_cell("x = 1"),
+                nbformat.v4.new_markdown_cell("# 04 · `swa_loc` *fix*\ntext")]
     assert pages.notebook_title(nb, "fallback") == "04 · swa_loc fix"
     assert pages.notebook_title(nbformat.v4.new_notebook(), "fallback") == "fallback"
 
 
 def test_page_offline_titled_linked_and_scrolling(tmp_path):
     r = _executed("04_swa_loc", "04 · A page title")
-    path = pages.write_page(r.nb, tmp_path / "04_swa_loc.html", title="04 · A page title", status="ok · recorded")
+    path = pages.write_page(r.nb, tmp_path / "04_swa_loc.html", title="04 · A page title",
+                            status="ok · recorded")
     text = path.read_text()
     assert "<title>04 · A page title</title>" in text
     assert 'href="index.html"' in text

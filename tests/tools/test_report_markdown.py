@@ -1,7 +1,8 @@
-"""No stray headings: a markdown line that starts with ``#`` is a heading in Markdown, even in the middle of a
-paragraph (a wrapped "… later PRs removed it (\n#25824, …" became a huge H1 in the report). Headings belong on
-their own, after a blank line; an H1 only as the notebook's title. The notebooks' markdown cells and the markdown
-the workbook prints (first screens, banners) are both checked."""
+"""No stray headings: a markdown line that starts with ``#`` is a heading in Markdown, even in the
+middle of a paragraph (a wrapped "… later PRs removed it (\n#25824, …" became a huge H1 in the
+report). Headings belong on their own, after a blank line; an H1 only as the notebook's title. The
+notebooks' markdown cells and the markdown the workbook prints (first screens, banners) are both
+checked."""
 
 import re
 from pathlib import Path
@@ -21,8 +22,8 @@ HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+\S")
 
 
 def stray_headings(markdown: str, *, title_allowed: bool) -> list[str]:
-    """Lines of ``markdown`` (outside code fences) that start with ``#`` but are not a heading standing on its
-    own (first line or after a blank line), and H1s other than an allowed title."""
+    """Lines of ``markdown`` (outside code fences) that start with ``#`` but are not a heading
+    standing on its own (first line or after a blank line), and H1s other than an allowed title."""
     problems, fence, prev = [], False, ""
     for ln in markdown.splitlines():
         if ln.lstrip().startswith(("```", "~~~")):
@@ -45,7 +46,8 @@ def test_the_check_catches_the_traps():
     assert stray_headings(wrapped, title_allowed=False)
     assert stray_headings("text\n# 24743 zeroes the tail", title_allowed=False)
     assert stray_headings("## Section\n\n# Second title", title_allowed=True)
-    assert not stray_headings("# Title\n\nText #24743.\n\n## Section\n\n```\n# a comment\n```", title_allowed=True)
+    assert not stray_headings("# Title\n\nText #24743.\n\n## Section\n\n```\n# a comment\n```",
+                              title_allowed=True)
 
 
 @pytest.mark.parametrize("py", SOURCES, ids=lambda p: p.stem)
@@ -55,7 +57,8 @@ def test_notebook_markdown_has_no_stray_headings(py):
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "markdown":
             continue
-        problems += [f"{py.name} markdown cell {i}: {p}" for p in stray_headings(cell.source, title_allowed=first)]
+        problems += [f"{py.name} markdown cell {i}: {p}" for p in stray_headings(cell.source,
+                title_allowed=first)]
         first = False
     assert not problems, "\n".join(problems)
 

@@ -1,5 +1,6 @@
-"""``sglab run --timings``: per-cell wall times grouped into the notebook's ``##`` sections, adding up to the
-notebook's wall time, saved as a ``workbook`` run; the report and 00 read live times from recorded records."""
+"""``sglab run --timings``: per-cell wall times grouped into the notebook's ``##`` sections, adding
+up to the notebook's wall time, saved as a ``workbook`` run; the report and 00 read live times from
+recorded records."""
 
 import json
 from pathlib import Path
@@ -29,7 +30,8 @@ def tiny(tmp_path) -> Path:
 
 
 def _run(tiny, tmp_path):
-    return run_notebooks([tiny], tmp_path / "report", html_pages=False, env_rows=[], progress=lambda *_: None)
+    return run_notebooks([tiny], tmp_path / "report", html_pages=False, env_rows=[],
+                         progress=lambda *_: None)
 
 
 def test_phases_add_up_to_the_notebook(tiny, tmp_path, data_root):
@@ -37,7 +39,8 @@ def test_phases_add_up_to_the_notebook(tiny, tmp_path, data_root):
     assert r.status == "ok", r.error
     df = timings.frame([r])
     table = timings.phase_table(df)
-    assert list(table["phase"]) == ["setup", "Load the data", "plotting", "Plot", timings.KERNEL_PHASE]
+    assert list(table["phase"]) == ["setup", "Load the data", "plotting", "Plot",
+                                    timings.KERNEL_PHASE]
     secs = dict(zip(table["phase"], table["seconds"]))
     assert secs["Load the data"] >= 0.6 and secs["plotting"] >= 0.3
     assert df["value"].sum() == pytest.approx(r.seconds, abs=0.01)
@@ -58,8 +61,10 @@ def test_record_and_live_times(tiny, tmp_path, data_root):
     gpu = path.with_name("20990101T000000Z_nvidia-h100-x1.csv")
     df = run.df.assign(mode="live")
     df.to_csv(gpu, index=False)
-    gpu.with_suffix(".json").write_text(json.dumps({**run.manifest, "gpu_name": "NVIDIA H100 80GB HBM3",
-                                                    "gpu_count": 1, "created_utc": "2099-01-01T00:00:00Z"}))
+    gpu.with_suffix(".json").write_text(json.dumps({**run.manifest,
+                                                    "gpu_name": "NVIDIA H100 80GB HBM3",
+                                                    "gpu_count": 1,
+                                                    "created_utc": "2099-01-01T00:00:00Z"}))
     expected = df.loc[df["metric"] == "wall_s", "value"].sum()
     assert timings.live_times() == {"99_tiny": f"H100 ×1: {expected:.1f} s"}
 
@@ -98,8 +103,9 @@ def test_committed_records_load():
 
 
 def test_two_at_a_time_keeps_order_and_reports_each(tiny, tmp_path):
-    """Recorded mode runs notebooks in worker processes: results come back in the order asked, each with its
-    executed copy and page, and a failing notebook is reported as failed without stopping the other."""
+    """Recorded mode runs notebooks in worker processes: results come back in the order asked, each
+    with its executed copy and page, and a failing notebook is reported as failed without stopping
+    the other."""
     bad = tiny.parent / "98_bad.ipynb"
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("MODE = 'recorded'"), nbformat.v4.new_code_cell("1 / 0")]
@@ -125,4 +131,5 @@ def test_a_dead_worker_is_a_failed_notebook_not_a_lost_run():
     f = Future()
     f.set_exception(BrokenProcessPool("killed"))
     r = _result_of(f, Path("05_x.ipynb"))
-    assert (r.status, r.path.name) == ("failed", "05_x.ipynb") and "worker process running it died" in r.error
+    assert (r.status, r.path.name) == ("failed",
+                                       "05_x.ipynb") and "worker process running it died" in r.error

@@ -3,15 +3,18 @@
 Each fix has a ``claims`` module (``sglab.<fix>.claims``) with
 
 - ``CLAIM``: the claim in one sentence (README index, the notebook's first screen, 00, the report);
-- ``CLAIMS``: at most five reader-facing :class:`Claim` s, each with the instrument and hygiene checks it rests
-  on folded under it (``folded=``): a folded check that fails makes its claim fail, naming it;
-- ``shown(runs) -> list[Run]``: which runs a reader sees (the newest per GPU model, or per world size);
-- ``HEADLINE``: a :class:`Headline`, the numbers sentence filled from the claims' values (:func:`values`).
+- ``CLAIMS``: at most five reader-facing :class:`Claim` s, each with the instrument and hygiene
+  checks it rests on folded under it (``folded=``): a folded check that fails makes its claim fail,
+  naming it;
+- ``shown(runs) -> list[Run]``: which runs a reader sees (the newest per GPU model, or per world
+  size);
+- ``HEADLINE``: a :class:`Headline`, the numbers sentence filled from the claims' values
+  (:func:`values`).
 
-A claim that does not apply to a run (too few GPUs, another parameter set, a method version it does not cover)
-says "n/a" and why; it never passes silently. A check that cannot evaluate a run (a missing metric, a dropped
-rank) fails, naming what is missing. The functions here take the claims module itself (``mod``); nothing in
-``sglab.core`` imports a fix.
+A claim that does not apply to a run (too few GPUs, another parameter set, a method version it does
+not cover) says "n/a" and why; it never passes silently. A check that cannot evaluate a run (a
+missing metric, a dropped rank) fails, naming what is missing. The functions here take the claims
+module itself (``mod``); nothing in ``sglab.core`` imports a fix.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ MAX_READER_CLAIMS = 5
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a check found. ``value`` is the machine-readable measurement (a number or a dict of numbers) that
-    headlines and ``--against`` comparisons use; ``measured`` is the same for a reader."""
+    """What a check found. ``value`` is the machine-readable measurement (a number or a dict of
+    numbers) that headlines and ``--against`` comparisons use; ``measured`` is the same for a
+    reader."""
 
     status: str
     measured: str = ""
@@ -58,9 +62,10 @@ class Claim:
 
     ``methods``: the method versions (inclusive range, ``None`` = open) whose runs the claim covers.
     ``applies``: optional ``run -> reason or None``; a reason makes the claim n/a for that run.
-    ``drift``: for ``--against``: ``None`` means the value must equal the reference's exactly (counts, sizes);
-    a number is the relative difference tolerated (timings, ratios) before the drift is reported.
-    ``folded``: the checks this claim rests on (instruments agree, nothing leaked, ...), shown under it.
+    ``drift``: for ``--against``: ``None`` means the value must equal the reference's exactly
+    (counts, sizes); a number is the relative difference tolerated (timings, ratios) before the
+    drift is reported. ``folded``: the checks this claim rests on (instruments agree, nothing
+    leaked, ...), shown under it.
     """
 
     id: str
@@ -93,7 +98,8 @@ class ClaimsError(RuntimeError):
 
 
 def _mod(mod):
-    """TRANSITION: a fix name resolves to its already-loaded claims module (removed once every fix has moved)."""
+    """TRANSITION: a fix name resolves to its already-loaded claims module (removed once every fix
+    has moved)."""
     if isinstance(mod, str):
         import importlib
 
@@ -113,9 +119,9 @@ def all_claims(mod) -> list[Claim]:
     return out
 
 
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # evaluating
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def _method(run) -> int:
     try:
         return int(run.manifest.get("method_version", 1))
@@ -128,7 +134,8 @@ def evaluate_claim(claim: Claim, run) -> Outcome:
     if not claim.covers(mv):
         lo, hi = claim.methods
         span = f"{lo}+" if hi is None else (f"{lo}" if lo == hi else f"{lo}–{hi}")
-        return not_applicable(f"run has method version {mv}; this claim covers method version {span}")
+        return not_applicable(f"run has method version {mv}; this claim covers method version "
+                              f"{span}")
     if claim.applies is not None:
         reason = claim.applies(run)
         if reason:
@@ -143,13 +150,13 @@ def evaluate_claim(claim: Claim, run) -> Outcome:
 
 
 def evaluate(mod, run) -> list[Result]:
-    """Every claim of the claims module ``mod`` on ``run``: each reader-facing claim, then its folded checks.
-    A reader-facing claim whose folded check fails fails too, naming the check."""
+    """Every claim of the claims module ``mod`` on ``run``: each reader-facing claim, then its
+    folded checks. A reader-facing claim whose folded check fails fails too, naming the check."""
     mod = _mod(mod)
     name = getattr(mod, "EXPERIMENT", None)
     if name and run.manifest.get("experiment") not in (None, name):
-        raise ClaimsError(f"{getattr(run, 'path', 'run')} is a {run.manifest.get('experiment')!r} run, "
-                          f"not {name!r}")
+        raise ClaimsError(f"{getattr(run, 'path', 'run')} is a {run.manifest.get('experiment')!r} "
+                          "run, " f"not {name!r}")
     out = []
     for c in mod.CLAIMS:
         top = Result(c, evaluate_claim(c, run))
@@ -157,7 +164,9 @@ def evaluate(mod, run) -> list[Result]:
         bad = [f.claim.id for f in folded if f.status == FAIL]
         if bad and top.status != FAIL:
             o = top.outcome
-            top = Result(c, Outcome(FAIL, o.measured, o.value, f"folded check fails: {', '.join(bad)}"))
+            top = Result(c,
+                         Outcome(FAIL, o.measured, o.value,
+                                 f"folded check fails: {', '.join(bad)}"))
         out += [top, *folded]
     return out
 
@@ -176,8 +185,8 @@ def counts(results: list[Result]) -> dict:
 
 
 def verdict_line(results: list[Result], run) -> str:
-    """E.g. "5/5 claims hold on H100 ×1, 2026-11-21" or "3/4 claims hold, 1 fails (x), 1 n/a on …"; counts the
-    reader-facing claims (a failing folded check fails its claim)."""
+    """E.g. "5/5 claims hold on H100 ×1, 2026-11-21" or "3/4 claims hold, 1 fails (x), 1 n/a on …";
+    counts the reader-facing claims (a failing folded check fails its claim)."""
     from sglab.core.runs import gpu_short
 
     top = reader_facing(results)
@@ -194,18 +203,19 @@ def verdict_line(results: list[Result], run) -> str:
 
 
 def table(results: list[Result]):
-    """claim, statement, status, measured, expected, reason — one row per claim and folded check (a folded
-    check's id is indented under its claim)."""
+    """claim, statement, status, measured, expected, reason — one row per claim and folded check (a
+    folded check's id is indented under its claim)."""
     import pandas as pd
 
-    return pd.DataFrame([{"claim": ("  └ " if r.parent else "") + r.claim.id, "statement": r.claim.statement,
-                          "status": r.status, "measured": r.outcome.measured, "expected": r.claim.expected,
+    return pd.DataFrame([{"claim": ("  └ " if r.parent else "") + r.claim.id,
+                          "statement": r.claim.statement, "status": r.status,
+                          "measured": r.outcome.measured, "expected": r.claim.expected,
                           "reason": r.outcome.reason} for r in results])
 
 
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # what readers see: the README index, the notebooks' first screens and the report use these
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def shown(mod, runs_: list) -> list:
     return list(_mod(mod).shown(runs_)) if runs_ else []
 
@@ -215,7 +225,8 @@ class _Missing(Exception):
 
 
 class _Formatter(string.Formatter):
-    """``str.format`` where a missing or n/a value (a KeyError, or None) drops the part instead of failing."""
+    """``str.format`` where a missing or n/a value (a KeyError, or None) drops the part instead of
+    failing."""
 
     def get_field(self, field_name, args, kwargs):
         try:
@@ -231,11 +242,12 @@ class _Formatter(string.Formatter):
 class Headline:
     """The numbers sentence of a fix, as a template over its claims' values.
 
-    Each of ``parts`` is formatted with the first shown run's values and dropped when a value it names is
-    missing (a claim n/a on that run); the kept parts are joined with ``sep``. Fields: ``v[<claim id>]`` (the
-    outcome's value; ``v[<claim id>][key]`` inside a dict value), ``lo[...]`` / ``hi[...]`` (the smallest and
-    largest value over all shown runs), ``runs`` (``per_run`` formatted for each shown run, with ``v``, ``gpu``,
-    ``count`` and ``world`` of that run, joined with ``run_sep``) and the entries of ``consts``.
+    Each of ``parts`` is formatted with the first shown run's values and dropped when a value it
+    names is missing (a claim n/a on that run); the kept parts are joined with ``sep``. Fields:
+    ``v[<claim id>]`` (the outcome's value; ``v[<claim id>][key]`` inside a dict value), ``lo[...]``
+    / ``hi[...]`` (the smallest and largest value over all shown runs), ``runs`` (``per_run``
+    formatted for each shown run, with ``v``, ``gpu``, ``count`` and ``world`` of that run, joined
+    with ``run_sep``) and the entries of ``consts``.
     """
 
     parts: tuple
@@ -297,7 +309,8 @@ def _extremes(plain: list[dict]) -> tuple[dict, dict]:
 
 
 def headline(mod, runs_: list) -> str:
-    """The numbers sentence for ``runs_`` (already the runs a reader is shown), from ``mod.HEADLINE``."""
+    """The numbers sentence for ``runs_`` (already the runs a reader is shown), from
+    ``mod.HEADLINE``."""
     if not runs_:
         return "no recorded run yet"
     mod = _mod(mod)
@@ -306,9 +319,9 @@ def headline(mod, runs_: list) -> str:
     return mod.HEADLINE.render([(r, values(mod, r)) for r in runs_])
 
 
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # a run against its reference
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 ENV_KEYS = ("gpu_name", "gpu_count", "driver", "cuda", "torch", "python", "sglang")
 
 
@@ -330,7 +343,8 @@ def _number(v) -> Optional[float]:
 
 
 def drift_rows(results: list[Result], ref_results: list[Result]) -> list[dict]:
-    """Per claim and value: this run, the reference, the relative drift and whether it is beyond tolerance."""
+    """Per claim and value: this run, the reference, the relative drift and whether it is beyond
+    tolerance."""
     ref = {r.claim.id: r for r in ref_results}
     rows = []
     for r in results:
@@ -377,8 +391,9 @@ class Comparison:
 
 
 def pick_reference(run, candidates: list) -> tuple[Any, str]:
-    """The newest candidate of the same GPU model and the same key parameters (world / TP size); else the
-    nearest (same key parameters, another GPU), said explicitly. ``(None, reason)`` when there is none."""
+    """The newest candidate of the same GPU model and the same key parameters (world / TP size);
+    else the nearest (same key parameters, another GPU), said explicitly. ``(None, reason)`` when
+    there is none."""
     from sglab.core.runs import gpu_short
 
     def key(r):
@@ -387,7 +402,8 @@ def pick_reference(run, candidates: list) -> tuple[Any, str]:
 
     others = [c for c in candidates if getattr(c, "path", None) != getattr(run, "path", None)]
     others.sort(key=lambda r: str(r.manifest.get("created_utc", "")))
-    same = [c for c in others if gpu_short(c.manifest) == gpu_short(run.manifest) and key(c) == key(run)]
+    same = [c for c in others if gpu_short(c.manifest) == gpu_short(run.manifest)
+            and key(c) == key(run)]
     if same:
         return same[-1], f"newest recorded run of the same GPU model ({gpu_short(run.manifest)}) and size"
     near = [c for c in others if key(c) == key(run)]
@@ -403,25 +419,28 @@ def compare(mod, run, reference) -> Comparison:
                       env_diff(run, reference))
 
 
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # JUnit XML (for a cluster's CI)
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def junit_xml(suites: list[tuple[str, list[Result]]]) -> str:
-    """One ``<testsuite>`` per run, one ``<testcase>`` per claim and folded check; fail -> ``<failure>``,
-    n/a -> ``<skipped>``."""
+    """One ``<testsuite>`` per run, one ``<testcase>`` per claim and folded check; fail ->
+    ``<failure>``, n/a -> ``<skipped>``."""
     import xml.etree.ElementTree as ET
 
     root = ET.Element("testsuites")
     for name, results in suites:
         c = counts(results)
-        suite = ET.SubElement(root, "testsuite", name=name, tests=str(len(results)), failures=str(c[FAIL]),
-                              skipped=str(c[NA]), errors="0")
+        suite = ET.SubElement(root, "testsuite", name=name, tests=str(len(results)),
+                              failures=str(c[FAIL]), skipped=str(c[NA]), errors="0")
         for r in results:
             case = ET.SubElement(suite, "testcase", classname=name, name=r.claim.id)
-            ET.SubElement(case, "system-out").text = (f"{r.claim.statement}\nmeasured: {r.outcome.measured}\n"
-                                                      f"expected: {r.claim.expected}")
+            ET.SubElement(case,
+                          "system-out").text = (f"{r.claim.statement}\nmeasured: "
+                                                f"{r.outcome.measured}\n" f"expected: "
+                                                f"{r.claim.expected}")
             if r.status == FAIL:
-                ET.SubElement(case, "failure", message=r.outcome.reason or "claim does not hold").text = \
+                ET.SubElement(case, "failure",
+                              message=r.outcome.reason or "claim does not hold").text = \
                     r.outcome.measured
             elif r.status == NA:
                 ET.SubElement(case, "skipped", message=r.outcome.reason)

@@ -1,23 +1,24 @@
 """Run a function on N ranks — one process per rank, one GPU each — and get each rank's result back.
 
-``launch(fn, world_size)`` spawns the ranks with a loopback rendezvous, sets up the default process group
-(NCCL, or gloo for CPU runs) plus a gloo group for CPU objects, calls ``fn(ctx, *args)`` on every rank and
-returns the per-rank return values. It never hangs: the whole run has a deadline, every collective has a
-timeout, stragglers are killed (with any processes they started), and a rank's exception comes back to the
-caller with its traceback.
+``launch(fn, world_size)`` spawns the ranks with a loopback rendezvous, sets up the default process
+group (NCCL, or gloo for CPU runs) plus a gloo group for CPU objects, calls ``fn(ctx, *args)`` on
+every rank and returns the per-rank return values. It never hangs: the whole run has a deadline,
+every collective has a timeout, stragglers are killed (with any processes they started), and a
+rank's exception comes back to the caller with its traceback.
 
-A rank is bound to GPU ``rank`` with ``torch.cuda.set_device`` but every GPU stays visible, because some
-experiments are about a rank touching another rank's GPU.
+A rank is bound to GPU ``rank`` with ``torch.cuda.set_device`` but every GPU stays visible, because
+some experiments are about a rank touching another rank's GPU.
 
 What bounds a hang, by backend:
 
-- gloo: ``collective_timeout_s`` is enforced inside the rank — the collective raises, and the caller gets a
-  :class:`DistTimeout` carrying that rank's traceback.
-- NCCL: ``collective_timeout_s`` is handed to the NCCL watchdog, but on torch 2.11 / H200 a rank blocked in a
-  collective that another rank never joined was *not* ended by it (neither with asynchronous error handling nor
-  with ``TORCH_NCCL_BLOCKING_WAIT=1``; measured 2026-11-21). What guarantees the caller never hangs is the run
-  deadline ``timeout_s``: the launcher raises :class:`DistTimeout` naming the ranks that had not finished and
-  kills them and every process they started. Keep ``timeout_s`` close to what the experiment needs.
+- gloo: ``collective_timeout_s`` is enforced inside the rank — the collective raises, and the caller
+  gets a :class:`DistTimeout` carrying that rank's traceback.
+- NCCL: ``collective_timeout_s`` is handed to the NCCL watchdog, but on torch 2.11 / H200 a rank
+  blocked in a collective that another rank never joined was *not* ended by it (neither with
+  asynchronous error handling nor with ``TORCH_NCCL_BLOCKING_WAIT=1``; measured 2026-11-21). What
+  guarantees the caller never hangs is the run deadline ``timeout_s``: the launcher raises
+  :class:`DistTimeout` naming the ranks that had not finished and kills them and every process they
+  started. Keep ``timeout_s`` close to what the experiment needs.
 """
 
 from __future__ import annotations
@@ -72,12 +73,13 @@ class RankContext:
         """A barrier on the gloo group (bounded by the collective timeout)."""
         import torch.distributed as tdist
 
-        tdist.monitored_barrier(group=self.cpu_group, timeout=timedelta(seconds=self.collective_timeout_s))
+        tdist.monitored_barrier(group=self.cpu_group,
+                                timeout=timedelta(seconds=self.collective_timeout_s))
 
 
 # what a rank's traceback or log says when a collective or the rendezvous ran out of time
-_TIMEOUT_MARKERS = ("Watchdog caught collective operation timeout", "timed out", "Timed out", "TimeoutError",
-                    "DistStoreError", "DistNetworkError: Timed out")
+_TIMEOUT_MARKERS = ("Watchdog caught collective operation timeout", "timed out", "Timed out",
+                    "TimeoutError", "DistStoreError", "DistNetworkError: Timed out")
 
 
 def free_port() -> int:
@@ -86,8 +88,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, payload: bytes, backend: str, port: int, coll_timeout: float,
-            results, env: dict, log_path: str) -> None:
+def _worker(rank: int, world_size: int, payload: bytes, backend: str, port: int,
+            coll_timeout: float, results, env: dict, log_path: str) -> None:
     # Own process group, so the launcher can kill this rank together with anything it starts.
     try:
         os.setpgid(0, 0)
@@ -113,14 +115,16 @@ def _worker(rank: int, world_size: int, payload: bytes, backend: str, port: int,
             device = torch.device("cuda", rank)
         else:
             device = torch.device("cpu")
-        # With device_id the NCCL communicator is created here, by all ranks together, so a later collective
-        # that a rank never joins is a timed-out *operation* (the watchdog's business), not a communicator
-        # initialisation that blocks forever.
+        # With device_id the NCCL communicator is created here, by all ranks together, so a later
+        # collective that a rank never joins is a timed-out *operation* (the watchdog's business),
+        # not a communicator initialisation that blocks forever.
         extra = {"device_id": device} if backend == "nccl" else {}
         tdist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
                                  init_method=f"tcp://127.0.0.1:{port}", **extra)
-        cpu_group = tdist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else tdist.group.WORLD
-        ctx = RankContext(rank, world_size, backend, device, tdist.group.WORLD, cpu_group, coll_timeout)
+        cpu_group = tdist.new_group(backend="gloo",
+                                    timeout=timeout) if backend != "gloo" else tdist.group.WORLD
+        ctx = RankContext(rank, world_size, backend, device, tdist.group.WORLD, cpu_group,
+                          coll_timeout)
         out = fn(ctx, *args)
         results.put((rank, "ok", pickle.dumps(out)))
     except BaseException:  # noqa: BLE001 - everything goes back to the caller
@@ -181,9 +185,11 @@ def _check_launch(fn, world_size: int, backend: str, timeout_s: float, collectiv
         raise ValueError("timeouts must be positive")
     if start_method not in ("spawn", "forkserver"):
         raise ValueError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
-    if getattr(fn, "__module__", None) == "__main__" or "<locals>" in getattr(fn, "__qualname__", ""):
-        raise ValueError(f"{getattr(fn, '__qualname__', fn)!r} must be a module-level function of an importable "
-                         "module (ranks are spawned and import it); move it into lib/sglab")
+    if getattr(fn, "__module__", None) == "__main__" or "<locals>" in getattr(fn, "__qualname__",
+            ""):
+        raise ValueError(f"{getattr(fn, '__qualname__', fn)!r} must be a module-level function of "
+                         "an importable " "module (ranks are spawned and import it); move it into "
+                         "lib/sglab")
     if backend == "nccl":
         from sglab.core import hardware
 
@@ -193,11 +199,11 @@ def _check_launch(fn, world_size: int, backend: str, timeout_s: float, collectiv
 
 
 class _Ranks:
-    """The rank processes of one launch: start them, collect their results, turn every way a rank can go wrong
-    into one error, and always clean up (processes, their children, logs)."""
+    """The rank processes of one launch: start them, collect their results, turn every way a rank
+    can go wrong into one error, and always clean up (processes, their children, logs)."""
 
-    def __init__(self, payload: bytes, world_size: int, backend: str, collective_timeout_s: float, env: dict,
-                 start_method: str):
+    def __init__(self, payload: bytes, world_size: int, backend: str, collective_timeout_s: float,
+                 env: dict, start_method: str):
         self.world_size, self.collective_timeout_s = world_size, collective_timeout_s
         ctx = mp.get_context(start_method)
         self.results = ctx.Queue()
@@ -205,9 +211,9 @@ class _Ranks:
         self.logdir = Path(tempfile.mkdtemp(prefix="sglab-dist-"))
         self.logs = [self.logdir / f"rank{r}.log" for r in range(world_size)]
         self.procs = [ctx.Process(target=_worker, name=f"sglab-rank{r}",
-                                  args=(r, world_size, payload, backend, port, collective_timeout_s, self.results,
-                                        dict(env or {}), str(self.logs[r])), daemon=False)
-                      for r in range(world_size)]
+                                  args=(r, world_size, payload, backend, port, collective_timeout_s,
+                                        self.results, dict(env or {}), str(self.logs[r])),
+                                  daemon=False) for r in range(world_size)]
         self.out: dict[int, Any] = {}
         self._gone_since: dict[int, float] = {}
 
@@ -216,7 +222,8 @@ class _Ranks:
             p.start()
 
     def receive(self) -> None:
-        """Take one message from the ranks (waiting at most 0.2 s); a rank's exception is raised here."""
+        """Take one message from the ranks (waiting at most 0.2 s); a rank's exception is raised
+        here."""
         try:
             rank, status, data = self.results.get(timeout=0.2)
         except queue_mod.Empty:
@@ -227,14 +234,15 @@ class _Ranks:
         timed_out = _looks_like_timeout(data)
         last = next((ln for ln in reversed(data.strip().splitlines()) if ln.strip()), "")
         msg = (f"rank {rank} of {self.world_size} failed: {last.strip()}"
-               + (f" (a collective timed out after {self.collective_timeout_s:g} s)" if timed_out else "")
-               + f"\n--- rank {rank} traceback:\n{data}")
+               + (f" (a collective timed out after {self.collective_timeout_s:g} s)" if timed_out
+                  else "") + f"\n--- rank {rank} traceback:\n{data}")
         if timed_out:
             raise DistTimeout(msg)
         raise RankError(msg, rank=rank, rank_traceback=data)
 
     def check_exits(self) -> None:
-        """A rank that exited without a result (after a short grace period for a result still in the queue)."""
+        """A rank that exited without a result (after a short grace period for a result still in the
+        queue)."""
         now = time.monotonic()
         for r, p in enumerate(self.procs):
             if r in self.out or p.exitcode is None:
@@ -244,23 +252,23 @@ class _Ranks:
                 continue
             tail = _tail(self.logs[r])
             if _looks_like_timeout(tail):
-                raise DistTimeout(f"rank {r} of {self.world_size} died after a collective timed out "
-                                  f"(limit {self.collective_timeout_s:g} s; did another rank never join?). "
-                                  f"Its log ends:\n{tail}")
+                raise DistTimeout(f"rank {r} of {self.world_size} died after a collective timed "
+                                  "out " f"(limit {self.collective_timeout_s:g} s; did another "
+                                  "rank never join?). " f"Its log ends:\n{tail}")
             if not tail:
-                tail = ("(empty: the rank died before it started; a script that calls launch() must guard "
-                        "its entry point with `if __name__ == '__main__':`)")
-            raise RankError(f"rank {r} of {self.world_size} exited with code {p.exitcode} without a result. "
-                            f"Its log ends:\n{tail}", rank=r)
+                tail = ("(empty: the rank died before it started; a script that calls launch() "
+                        "must guard " "its entry point with `if __name__ == '__main__':`)")
+            raise RankError(f"rank {r} of {self.world_size} exited with code {p.exitcode} without "
+                            "a result. " f"Its log ends:\n{tail}", rank=r)
 
     def deadline_error(self, timeout_s: float) -> DistTimeout:
         waiting = [r for r in range(self.world_size) if r not in self.out]
         done = sorted(self.out)
         tails = "\n".join(f"--- rank {r} log:\n{_tail(self.logs[r], 8)}" for r in waiting)
-        hint = (f" Ranks {done} had returned: a rank still waiting is likely blocked in a collective "
-                "that another rank never joined." if done else "")
-        return DistTimeout(f"run exceeded {timeout_s:g} s; rank(s) {', '.join(map(str, waiting))} had not "
-                           f"finished and were killed.{hint}\n{tails}")
+        hint = (f" Ranks {done} had returned: a rank still waiting is likely blocked in a "
+                "collective " "that another rank never joined." if done else "")
+        return DistTimeout(f"run exceeded {timeout_s:g} s; rank(s) {', '.join(map(str, waiting))} "
+                           "had not " f"finished and were killed.{hint}\n{tails}")
 
     def cleanup(self) -> None:
         for p in self.procs:
@@ -275,20 +283,22 @@ class _Ranks:
             pass
 
 
-def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (), backend: str = "nccl",
-           timeout_s: float = 300, collective_timeout_s: float = 60, env: dict | None = None,
-           start_method: str = "spawn") -> list:
-    """Run ``fn(ctx, *args)`` on ``world_size`` ranks; return ``[result of rank 0, result of rank 1, ...]``.
+def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
+           backend: str = "nccl", timeout_s: float = 300, collective_timeout_s: float = 60,
+           env: dict | None = None, start_method: str = "spawn") -> list:
+    """Run ``fn(ctx, *args)`` on ``world_size`` ranks; return ``[result of rank 0, result of rank 1,
+    ...]``.
 
     ``fn`` must be defined in an importable module (not a notebook cell) because ranks are spawned.
-    ``start_method``: ``spawn`` (a fresh interpreter per rank) or ``forkserver`` (a fork of a server process that may
-    have torch imported already, see :func:`forkserver`; never ``fork``: the caller may have initialised CUDA).
-    Raises :class:`NotEnoughGPUs`, :class:`RankError` (with the rank's traceback) or :class:`DistTimeout`.
-    No rank process (nor anything it started) is left when this returns or raises.
+    ``start_method``: ``spawn`` (a fresh interpreter per rank) or ``forkserver`` (a fork of a server
+    process that may have torch imported already, see :func:`forkserver`; never ``fork``: the caller
+    may have initialised CUDA). Raises :class:`NotEnoughGPUs`, :class:`RankError` (with the rank's
+    traceback) or :class:`DistTimeout`. No rank process (nor anything it started) is left when this
+    returns or raises.
     """
     _check_launch(fn, world_size, backend, timeout_s, collective_timeout_s, start_method)
-    ranks = _Ranks(pickle.dumps((fn, tuple(args))), world_size, backend, collective_timeout_s, env or {},
-                   start_method)
+    ranks = _Ranks(pickle.dumps((fn, tuple(args))), world_size, backend, collective_timeout_s,
+                   env or {}, start_method)
     deadline = time.monotonic() + timeout_s
     try:
         ranks.start()
@@ -305,11 +315,13 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
 
 
 def forkserver(preload: Sequence[str] = ("torch",)):
-    """The ``forkserver`` multiprocessing context with ``preload`` imported in the server (set before it starts).
+    """The ``forkserver`` multiprocessing context with ``preload`` imported in the server (set
+    before it starts).
 
-    Why: a spawned rank spends seconds importing torch, and many ranks started at once contend for it; a fork of a
-    server that imported torch once starts in milliseconds. Importing torch initialises no CUDA, so the forks are
-    as clean as spawned processes. Call :func:`stop_forkserver` when done, so that no server is left running.
+    Why: a spawned rank spends seconds importing torch, and many ranks started at once contend for
+    it; a fork of a server that imported torch once starts in milliseconds. Importing torch
+    initialises no CUDA, so the forks are as clean as spawned processes. Call
+    :func:`stop_forkserver` when done, so that no server is left running.
     """
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(preload))
@@ -321,7 +333,8 @@ def stop_forkserver() -> None:
     from multiprocessing import forkserver as fs
 
     server = getattr(fs, "_forkserver", None)
-    stop = getattr(server, "_stop", None)  # CPython's own shutdown (used by its test suite); absent elsewhere
+    # CPython's own shutdown (used by its test suite); absent elsewhere
+    stop = getattr(server, "_stop", None)
     if stop is not None:
         stop()
 

@@ -1,7 +1,7 @@
 """What GPUs are here, and whether a notebook's needs are met.
 
-Nothing here initialises CUDA in the calling process unless torch already did: the inventory comes from
-NVML when it is available (it does not create a CUDA context), otherwise from torch.
+Nothing here initialises CUDA in the calling process unless torch already did: the inventory comes
+from NVML when it is available (it does not create a CUDA context), otherwise from torch.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def _text(value) -> str:
 
 
 def _visible_indices(total: int) -> list[int]:
-    """Physical indices visible to this process, honouring CUDA_VISIBLE_DEVICES when it lists integers."""
+    """Physical indices visible to this process, honouring CUDA_VISIBLE_DEVICES when it lists
+    integers."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is None:
         return list(range(total))
@@ -68,8 +69,8 @@ def gpus() -> tuple[GPU, ...]:
             for cuda_index, phys in enumerate(_visible_indices(total)):
                 h = nv.nvmlDeviceGetHandleByIndex(phys)
                 mem = nv.nvmlDeviceGetMemoryInfo(h)
-                found.append(GPU(cuda_index, _text(nv.nvmlDeviceGetName(h)), _text(nv.nvmlDeviceGetUUID(h)),
-                                 int(mem.total // 2**20)))
+                found.append(GPU(cuda_index, _text(nv.nvmlDeviceGetName(h)),
+                                 _text(nv.nvmlDeviceGetUUID(h)), int(mem.total // 2**20)))
             return tuple(found)
         except Exception:
             pass
@@ -126,7 +127,8 @@ def driver_version() -> str | None:
 
 def software() -> dict:
     """Versions that go into every run manifest."""
-    info = {"python": platform.python_version(), "torch": None, "cuda": None, "driver": driver_version()}
+    info = {"python": platform.python_version(), "torch": None, "cuda": None,
+            "driver": driver_version()}
     try:
         import torch
 

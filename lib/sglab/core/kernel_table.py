@@ -1,14 +1,16 @@
-"""Per-kernel tables of eager GPU work: which kernels run, how many calls per run, how long each takes.
+"""Per-kernel tables of eager GPU work: which kernels run, how many calls per run, how long each
+takes.
 
     table = kernel_table({"eager 4096 tok": lambda: model(ids)}, runs=5)
     table.attrs["backend"], table.attrs["reason"]      # which tool measured, and why that one
 
-nsight-python (CUPTI, else Nsight Compute) measures where it can run (:func:`sglab.core.kernels.nsight_session`
-hands over every kernel it attributed); otherwise torch.profiler measures, and the reason nsight did not is kept.
-Either way the columns are :data:`COLUMNS`: ``label, kernel, short, calls, median_us, p10_us, p90_us, total_us,
-share, backend`` — ``calls`` per run, the time statistics over every call of that kernel, ``total_us`` per run,
-``share`` of the label's device time. nsight-python's CUPTI collector does not attribute kernels launched by a
-graph replay: give this eager work only.
+nsight-python (CUPTI, else Nsight Compute) measures where it can run
+(:func:`sglab.core.kernels.nsight_session` hands over every kernel it attributed); otherwise
+torch.profiler measures, and the reason nsight did not is kept. Either way the columns are
+:data:`COLUMNS`: ``label, kernel, short, calls, median_us, p10_us, p90_us, total_us, share,
+backend`` — ``calls`` per run, the time statistics over every call of that kernel, ``total_us`` per
+run, ``share`` of the label's device time. nsight-python's CUPTI collector does not attribute
+kernels launched by a graph replay: give this eager work only.
 """
 
 from __future__ import annotations
@@ -23,17 +25,20 @@ import os
 from typing import Callable, Mapping
 
 
-COLUMNS = ["label", "kernel", "short", "calls", "median_us", "p10_us", "p90_us", "total_us", "share", "backend"]
+COLUMNS = ["label", "kernel", "short", "calls", "median_us", "p10_us", "p90_us", "total_us",
+           "share", "backend"]
 _NON_KERNEL = ("Memcpy", "Memset")
 # words that say what an (otherwise templated, unreadable) kernel name does, first match wins
-_HINTS = ("direct_copy", "CatArrayBatchedCopy", "index_select", "indexSelect", "embedding", "rms_norm", "RowwiseMoments",
-          "silu", "MulFunctor", "AddFunctor", "cos_kernel", "sin_kernel", "neg", "cumsum", "flash", "fmha", "attention",
-          "gemm", "gemv", "nvjet", "cutlass", "sm90", "reduce", "fill", "copy")
+_HINTS = ("direct_copy", "CatArrayBatchedCopy", "index_select", "indexSelect", "embedding",
+          "rms_norm", "RowwiseMoments", "silu", "MulFunctor", "AddFunctor", "cos_kernel",
+          "sin_kernel", "neg", "cumsum", "flash", "fmha", "attention", "gemm", "gemv", "nvjet",
+          "cutlass", "sm90", "reduce", "fill", "copy")
 
 
 def _mangled_head(kernel: str) -> str:
-    """The innermost name of an Itanium-mangled nested name (``_ZN2at6native18elementwise_kernelIL...`` ->
-    ``elementwise_kernel``), as CUPTI reports kernels; "" when ``kernel`` is not one."""
+    """The innermost name of an Itanium-mangled nested name
+    (``_ZN2at6native18elementwise_kernelIL...`` -> ``elementwise_kernel``), as CUPTI reports
+    kernels; "" when ``kernel`` is not one."""
     m = re.match(r"_ZN?(.*)", kernel)
     if not m:
         return ""
@@ -47,11 +52,13 @@ def _mangled_head(kernel: str) -> str:
 
 
 def short_name(kernel: str, width: int = 48) -> str:
-    """A readable name for a templated kernel (demangled as torch.profiler shows it, or mangled as CUPTI reports
-    it): its function name plus the first hint word of what it does."""
+    """A readable name for a templated kernel (demangled as torch.profiler shows it, or mangled as
+    CUPTI reports it): its function name plus the first hint word of what it does."""
     base = re.sub(r"^void\s+", "", kernel)
-    head = _mangled_head(kernel) or re.split(r"[<(]", base, maxsplit=1)[0].split("::")[-1] or base[:width]
-    hint = next((h for h in _HINTS if h.lower() in kernel.lower() and h.lower() not in head.lower()), "")
+    head = _mangled_head(kernel) or re.split(r"[<(]", base,
+                                             maxsplit=1)[0].split("::")[-1] or base[:width]
+    hint = next((h for h in _HINTS if h.lower() in kernel.lower()
+                 and h.lower() not in head.lower()), "")
     text = f"{head} [{hint}]" if hint else head
     return text if len(text) <= width else text[: width - 1] + "…"
 
@@ -65,8 +72,8 @@ def _quantile(xs: list[float], q: float) -> float:
 
 
 def reduce_records(records: Iterable[tuple], runs: int, backend: str):
-    """``(label, kernel, duration_ns)`` records of ``runs`` repetitions -> the per-kernel table (one row per label
-    and kernel, ordered by the label's first appearance and then by total time)."""
+    """``(label, kernel, duration_ns)`` records of ``runs`` repetitions -> the per-kernel table (one
+    row per label and kernel, ordered by the label's first appearance and then by total time)."""
     import pandas as pd
 
     if runs < 1:
@@ -76,14 +83,17 @@ def reduce_records(records: Iterable[tuple], runs: int, backend: str):
     for label, kernel, dur_ns in records:
         if label not in labels:
             labels.append(label)
-        groups.setdefault((label, kernel), []).append(float(dur_ns) / 1e3 if dur_ns is not None else float("nan"))
+        groups.setdefault((label, kernel),
+                          []).append(float(dur_ns) / 1e3 if dur_ns is not None else float("nan"))
     rows = []
     for (label, kernel), us in groups.items():
         ok = [u for u in us if u == u]
         med = statistics.median(ok) if ok else float("nan")
-        rows.append({"label": label, "kernel": kernel, "short": short_name(kernel), "calls": len(us) / runs,
-                     "median_us": med, "p10_us": _quantile(ok, 0.1) if ok else med,
-                     "p90_us": _quantile(ok, 0.9) if ok else med, "total_us": sum(ok) / runs, "backend": backend})
+        rows.append({"label": label, "kernel": kernel, "short": short_name(kernel),
+                     "calls": len(us) / runs, "median_us": med,
+                     "p10_us": _quantile(ok, 0.1) if ok else med,
+                     "p90_us": _quantile(ok, 0.9) if ok else med, "total_us": sum(ok) / runs,
+                     "backend": backend})
     df = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "share"])
     if df.empty:
         return pd.DataFrame(columns=COLUMNS)
@@ -93,8 +103,10 @@ def reduce_records(records: Iterable[tuple], runs: int, backend: str):
     return df[COLUMNS].reset_index(drop=True)
 
 
-def profiler_records(fns: Mapping[str, Callable[[], object]], *, runs: int, warmup: int) -> list[tuple]:
-    """``(label, kernel, duration_ns)`` of every device kernel torch.profiler sees in ``runs`` calls per label."""
+def profiler_records(fns: Mapping[str, Callable[[], object]], *, runs: int,
+                     warmup: int) -> list[tuple]:
+    """``(label, kernel, duration_ns)`` of every device kernel torch.profiler sees in ``runs`` calls
+    per label."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -106,19 +118,24 @@ def profiler_records(fns: Mapping[str, Callable[[], object]], *, runs: int, warm
         for _ in range(warmup):
             fn()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], acc_events=True) as prof:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                     acc_events=True) as prof:
             for _ in range(runs):
                 fn()
             torch.cuda.synchronize()
         evs = sorted(prof.events(), key=lambda e: e.time_range.start)
-        out += [(label, e.name, (e.time_range.end - e.time_range.start) * 1e3) for e in evs
-                if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(_NON_KERNEL)]
+        out += [(label, e.name,
+                 (e.time_range.end - e.time_range.start) * 1e3) for e in evs
+                if e.device_type == torch.autograd.DeviceType.CUDA
+                and not e.name.startswith(_NON_KERNEL)]
     return out
 
 
-def kernel_table(fns: Mapping[str, Callable[[], object]], *, runs: int = 5, warmup: int = 2, backend: str = "auto"):
-    """The per-kernel table of each labelled eager function: nsight-python where it runs (``backend`` "auto",
-    "cupti" or "ncu"), else torch.profiler ("torch-profiler"). ``attrs``: backend and the reason for it."""
+def kernel_table(fns: Mapping[str, Callable[[], object]], *, runs: int = 5, warmup: int = 2,
+                 backend: str = "auto"):
+    """The per-kernel table of each labelled eager function: nsight-python where it runs
+    (``backend`` "auto", "cupti" or "ncu"), else torch.profiler ("torch-profiler"). ``attrs``:
+    backend and the reason for it."""
     from sglab.core import kernels
 
     if not fns:
@@ -130,7 +147,8 @@ def kernel_table(fns: Mapping[str, Callable[[], object]], *, runs: int = 5, warm
     if chosen in ("cupti", "ncu"):
         try:
             kernels.nsight_session(fns, runs=runs, warmup=warmup, tool=chosen, per_kernel=records)
-        except Exception as e:  # noqa: BLE001 - any nsight failure: say it, measure with the profiler
+        # noqa: BLE001 - any nsight failure: say it, measure with the profiler
+        except Exception as e:
             if backend != "auto":
                 raise
             reason = f"nsight-python ({chosen}) failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
@@ -170,7 +188,8 @@ class OpCall:
 
 
 def parse_label(label: str) -> OpCall:
-    """The :class:`OpCall` of a range label (with or without the ``NNNN|`` prefix of ``unique=True``)."""
+    """The :class:`OpCall` of a range label (with or without the ``NNNN|`` prefix of
+    ``unique=True``)."""
     parts = str(label).split(SEP)
     if len(parts) == 4:
         parts = parts[1:]
@@ -187,11 +206,12 @@ def _mode_base():
 
 
 class OpRanges(_mode_base()):  # type: ignore[misc]
-    """A dispatch mode that runs every non-view aten op inside ``enter(label)`` and records it in :attr:`calls`.
+    """A dispatch mode that runs every non-view aten op inside ``enter(label)`` and records it in
+    :attr:`calls`.
 
-    ``enter``: a context-manager factory taking the label (``sglab.core.trace.phase``, ``nsight.annotate``);
-    None only records. Ranges never nest: each wraps one op, and the ops an op runs internally are not seen again
-    (the mode is off while its handler runs).
+    ``enter``: a context-manager factory taking the label (``sglab.core.trace.phase``,
+    ``nsight.annotate``); None only records. Ranges never nest: each wraps one op, and the ops an op
+    runs internally are not seen again (the mode is off while its handler runs).
     """
 
     def __init__(self, enter: Optional[Callable[[str], object]] = None, *, unique: bool = False):
@@ -228,8 +248,8 @@ class OpRanges(_mode_base()):  # type: ignore[misc]
 
 
 def op_name(func, kwargs: dict) -> str:
-    """``index``, ``mul``, ... and, for a conversion, its target dtype (``_to_copy->int32``): the two casts of the
-    SWA KV write are one op with different outputs."""
+    """``index``, ``mul``, ... and, for a conversion, its target dtype (``_to_copy->int32``): the
+    two casts of the SWA KV write are one op with different outputs."""
     name = func.overloadpacket.__name__
     dtype = kwargs.get("dtype")
     if dtype is not None and name in ("_to_copy", "to", "copy"):
@@ -237,9 +257,10 @@ def op_name(func, kwargs: dict) -> str:
     return name
 
 
-def record(fn: Callable[[], object], *, setup: Optional[Callable[[OpRanges], object]] = None) -> list[OpCall]:
-    """The ops ``fn()`` runs (CPU or GPU), with scopes set by ``setup(mode)`` if given (e.g. wrapping a method in
-    ``mode.scope``); ``setup`` may return a callable that undoes it."""
+def record(fn: Callable[[], object], *,
+           setup: Optional[Callable[[OpRanges], object]] = None) -> list[OpCall]:
+    """The ops ``fn()`` runs (CPU or GPU), with scopes set by ``setup(mode)`` if given (e.g.
+    wrapping a method in ``mode.scope``); ``setup`` may return a callable that undoes it."""
     mode = OpRanges()
     undo = setup(mode) if setup is not None else None
     try:
@@ -252,11 +273,12 @@ def record(fn: Callable[[], object], *, setup: Optional[Callable[[OpRanges], obj
 
 
 def demangle(name: str) -> str:
-    """A C++ symbol as a profiler shows it (``_ZN2at6native...`` -> ``void at::native::...``), through the C++
-    runtime's ``__cxa_demangle``; the name unchanged when it is not mangled or no C++ runtime is found.
+    """A C++ symbol as a profiler shows it (``_ZN2at6native...`` -> ``void at::native::...``),
+    through the C++ runtime's ``__cxa_demangle``; the name unchanged when it is not mangled or no
+    C++ runtime is found.
 
-    CUPTI's activity records (nsight-python) and ``cuFuncGetName`` (graph kernel nodes) give mangled names, Kineto
-    (torch.profiler) demangles: this puts them on one footing."""
+    CUPTI's activity records (nsight-python) and ``cuFuncGetName`` (graph kernel nodes) give mangled
+    names, Kineto (torch.profiler) demangles: this puts them on one footing."""
     if not name.startswith("_Z"):
         return name
     fn = _cxa_demangle()
@@ -293,7 +315,8 @@ def _cxa_demangle():
                 continue
         if fn is not None:
             fn.restype = ctypes.c_void_p
-            fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+            fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
+                           ctypes.POINTER(ctypes.c_int)]
         _DEMANGLER.append(fn)
     return _DEMANGLER[0]
 
@@ -313,14 +336,15 @@ Step = Callable[[OpRanges], object]
 def aggregate(samples, *, runs: int, backend: str):
     """Per (variant, scope, step, op, kernel): calls per step and the median duration per call.
 
-    ``samples``: one row per kernel execution with ``variant``, ``label`` (an op label), ``kernel``, ``dur_us``.
-    ``step`` is -1 for ops outside any scope."""
+    ``samples``: one row per kernel execution with ``variant``, ``label`` (an op label), ``kernel``,
+    ``dur_us``. ``step`` is -1 for ops outside any scope."""
     import pandas as pd
 
     if not len(samples):
         return pd.DataFrame(columns=OP_COLUMNS)
     parsed = [parse_label(lbl) for lbl in samples["label"]]
-    df = samples.assign(scope=[c.scope for c in parsed], step=[-1 if c.step is None else c.step for c in parsed],
+    df = samples.assign(scope=[c.scope for c in parsed],
+                        step=[-1 if c.step is None else c.step for c in parsed],
                         op=[c.op for c in parsed])
     g = df.groupby(KEY, sort=False).dur_us
     out = g.agg(n="size", median_us="median").reset_index()
@@ -344,8 +368,9 @@ def _warm(steps: Mapping[str, Step], warmup: int) -> None:
 
 
 def torch_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
-    """torch.profiler over ``runs`` steps, one session per variant, every op in a ``record_function`` range;
-    kernels are attributed through the device-side copy of the range, which spans the kernels launched inside."""
+    """torch.profiler over ``runs`` steps, one session per variant, every op in a
+    ``record_function`` range; kernels are attributed through the device-side copy of the range,
+    which spans the kernels launched inside."""
     import pandas as pd
 
     from sglab.core import trace
@@ -357,14 +382,15 @@ def torch_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
             _run_steps(step, trace.phase, runs)
         ev = rec.events
         k = ev[(ev.category == "kernel") & (ev.phase != "")]
-        parts.append(pd.DataFrame({"variant": variant, "label": k.phase.to_numpy(), "kernel": k.name.to_numpy(),
-                                   "dur_us": k.dur_us.to_numpy()}))
+        parts.append(pd.DataFrame({"variant": variant, "label": k.phase.to_numpy(),
+                                   "kernel": k.name.to_numpy(), "dur_us": k.dur_us.to_numpy()}))
     return aggregate(pd.concat(parts, ignore_index=True), runs=runs, backend=TORCH)
 
 
 def nsight_available() -> tuple[bool, str]:
     """Whether nsight-python's CUPTI backend can be imported here, and if not, why."""
-    os.environ.setdefault("NSPY_NCU_INIT_AT_IMPORT", "0")  # importing nsight would otherwise load Nsight Compute
+    # importing nsight would otherwise load Nsight Compute
+    os.environ.setdefault("NSPY_NCU_INIT_AT_IMPORT", "0")
     try:
         import nsight  # noqa: F401
         from nsight.collection import cupti
@@ -376,10 +402,11 @@ def nsight_available() -> tuple[bool, str]:
 
 
 def nsight_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
-    """nsight-python's CUPTI backend over ``runs`` steps of each variant, one annotation per op: ``(table,
-    reason)``, or ``(None, reason)`` when it cannot run here (not installed, CUPTI already taken by torch.profiler
-    in this process, ...). Per-call durations come from nsight-python's raw CSV (``output_csv=True``): one row per
-    kernel and run. Annotations must be unique within a run, hence ``unique=True`` labels."""
+    """nsight-python's CUPTI backend over ``runs`` steps of each variant, one annotation per op:
+    ``(table, reason)``, or ``(None, reason)`` when it cannot run here (not installed, CUPTI already
+    taken by torch.profiler in this process, ...). Per-call durations come from nsight-python's raw
+    CSV (``output_csv=True``): one row per kernel and run. Annotations must be unique within a run,
+    hence ``unique=True`` labels."""
     ok, reason = nsight_available()
     if not ok:
         return None, reason
@@ -400,8 +427,9 @@ def nsight_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
 
 
 def _nsight_raw(nsight, steps: Mapping[str, Step], runs: int):
-    """One nsight-python profile per variant (annotations differ between variants, and nsight-python expects the
-    same annotations in every config of one profile); its raw rows as variant, label, kernel, dur_us."""
+    """One nsight-python profile per variant (annotations differ between variants, and nsight-python
+    expects the same annotations in every config of one profile); its raw rows as variant, label,
+    kernel, dur_us."""
     import glob
     import tempfile
 
@@ -410,8 +438,9 @@ def _nsight_raw(nsight, steps: Mapping[str, Step], runs: int):
     parts = []
     for variant, step in steps.items():
         with tempfile.TemporaryDirectory() as tmp:
-            @nsight.analyze.kernel(configs=[(0,)], runs=runs, output_prefix=tmp + "/", output_csv=True,
-                                   thermal_mode="off", verbosity=nsight.VerbosityLevel.SILENT,
+            @nsight.analyze.kernel(configs=[(0,)], runs=runs, output_prefix=tmp + "/",
+                                   output_csv=True, thermal_mode="off",
+                                   verbosity=nsight.VerbosityLevel.SILENT,
                                    combine_kernel_metrics=lambda a, b: a + b)
             def eager_step(_unused, step=step):
                 _run_steps(step, nsight.annotate, 1, unique=True)
@@ -419,14 +448,15 @@ def _nsight_raw(nsight, steps: Mapping[str, Step], runs: int):
             eager_step()
             raw = pd.concat([pd.read_csv(f) for f in glob.glob(f"{tmp}/profiled_data-*.csv")])
         kernels = [" + ".join(demangle(k) for k in str(name).split("|")) for name in raw["Kernel"]]
-        parts.append(pd.DataFrame({"variant": variant, "label": raw["Annotation"].to_numpy(), "kernel": kernels,
+        parts.append(pd.DataFrame({"variant": variant, "label": raw["Annotation"].to_numpy(),
+                                   "kernel": kernels,
                                    "dur_us": raw["Value"].astype(float).to_numpy() / 1e3}))
     return pd.concat(parts, ignore_index=True)
 
 
 def cross_check(a, b) -> dict:
-    """Compare the kernel calls per (variant, scope, step, op, kernel) of two tables: ``{"rows": n, "equal": n,
-    "only_in_a": [...], "only_in_b": [...], "differ": [...]}``."""
+    """Compare the kernel calls per (variant, scope, step, op, kernel) of two tables: ``{"rows": n,
+    "equal": n, "only_in_a": [...], "only_in_b": [...], "differ": [...]}``."""
     ca = {tuple(r[k] for k in KEY): float(r["calls"]) for _, r in a.iterrows()}
     cb = {tuple(r[k] for k in KEY): float(r["calls"]) for _, r in b.iterrows()}
     both = set(ca) & set(cb)

@@ -1,11 +1,12 @@
 """Count and time the kernels of a piece of GPU work three ways.
 
 1. Statically: the kernel nodes of a captured CUDA graph (``torch.cuda.CUDAGraph(keep_graph=True)``,
-   ``raw_cuda_graph()``, then cuda-bindings ``cuGraphGetNodes`` / ``cuGraphNodeGetType``, recursing into
-   child-graph nodes). This is exact and needs no profiler.
+   ``raw_cuda_graph()``, then cuda-bindings ``cuGraphGetNodes`` / ``cuGraphNodeGetType``, recursing
+   into child-graph nodes). This is exact and needs no profiler.
 2. Dynamically: the kernels torch.profiler sees during one call (e.g. one ``graph.replay()``).
-3. Timed per annotated region: nsight-python with its CUPTI or Nsight Compute backend when the installed
-   tools support it, otherwise CUDA events; the same DataFrame columns either way, with a ``backend`` column.
+3. Timed per annotated region: nsight-python with its CUPTI or Nsight Compute backend when the
+   installed tools support it, otherwise CUDA events; the same DataFrame columns either way, with a
+   ``backend`` column.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # see sglab.core.trace: no profiler chatter on stderr
+# see sglab.core.trace: no profiler chatter on stderr
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 # CUgraphNodeType values (stable across CUDA 12/13); names used when the driver module gives none.
 _NODE_TYPE_NAMES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty",
@@ -28,8 +30,8 @@ KERNEL, CHILD_GRAPH = 0, 4
 
 @dataclass
 class GraphNodes:
-    """What a captured graph contains: kernel-node count, kernel names (when the driver gives them), and
-    the count of every node type."""
+    """What a captured graph contains: kernel-node count, kernel names (when the driver gives them),
+    and the count of every node type."""
 
     kernels: int = 0
     names: list[str] = field(default_factory=list)
@@ -44,8 +46,8 @@ def _driver():
     try:
         from cuda.bindings import driver
     except ImportError as e:  # pragma: no cover - exercised where cuda-bindings is missing
-        raise RuntimeError(
-            "static kernel counting needs cuda-bindings (pip install 'sglab[gpu]' or cuda-bindings)") from e
+        raise RuntimeError("static kernel counting needs cuda-bindings (pip install 'sglab[gpu]' "
+                           "or cuda-bindings)") from e
     return driver
 
 
@@ -88,15 +90,17 @@ def _walk(driver, graph, out: GraphNodes, depth: int = 0) -> None:
             out.names.append(_kernel_name(driver, node))
         elif code == CHILD_GRAPH:
             out.child_graphs += 1
-            child = _check(driver.cuGraphChildGraphNodeGetGraph(node), "cuGraphChildGraphNodeGetGraph")
+            child = _check(driver.cuGraphChildGraphNodeGetGraph(node),
+                           "cuGraphChildGraphNodeGetGraph")
             _walk(driver, child, out, depth + 1)
 
 
 def graph_kernel_nodes(graph, *, driver=None) -> GraphNodes:
     """Count the kernel nodes of a captured graph, recursing into child graphs.
 
-    ``graph`` is a ``torch.cuda.CUDAGraph`` made with ``keep_graph=True`` (see :func:`capture_graph`) or a raw
-    ``cudaGraph_t`` address (int). ``driver`` defaults to ``cuda.bindings.driver``; tests pass a fake.
+    ``graph`` is a ``torch.cuda.CUDAGraph`` made with ``keep_graph=True`` (see
+    :func:`capture_graph`) or a raw ``cudaGraph_t`` address (int). ``driver`` defaults to
+    ``cuda.bindings.driver``; tests pass a fake.
     """
     driver = driver or _driver()
     raw = graph.raw_cuda_graph() if hasattr(graph, "raw_cuda_graph") else graph
@@ -107,10 +111,11 @@ def graph_kernel_nodes(graph, *, driver=None) -> GraphNodes:
 
 
 def capture_graph(fn: Callable[[], object], *, warmup: int = 2, pool=None, stream=None):
-    """Capture ``fn`` into a ``torch.cuda.CUDAGraph(keep_graph=True)``, instantiated and ready to replay.
+    """Capture ``fn`` into a ``torch.cuda.CUDAGraph(keep_graph=True)``, instantiated and ready to
+    replay.
 
-    ``fn`` runs ``warmup`` times eagerly on a side stream first (as torch recommends), then once under capture.
-    The raw graph stays available for :func:`graph_kernel_nodes`.
+    ``fn`` runs ``warmup`` times eagerly on a side stream first (as torch recommends), then once
+    under capture. The raw graph stays available for :func:`graph_kernel_nodes`.
     """
     import torch
 
@@ -136,8 +141,8 @@ _PROFILER_WARM = False
 
 
 def _warm_profiler() -> None:
-    """The first profiling session of a process can miss kernels while CUPTI starts up: spend it on a throwaway
-    kernel once."""
+    """The first profiling session of a process can miss kernels while CUPTI starts up: spend it on
+    a throwaway kernel once."""
     global _PROFILER_WARM
     if _PROFILER_WARM:
         return
@@ -152,8 +157,9 @@ def _warm_profiler() -> None:
 
 
 def profiled_kernels(fn: Callable[[], object]) -> list[str]:
-    """Names of the GPU kernels torch.profiler records during one call of ``fn`` (memcpy/memset excluded),
-    in launch order. For a graph, pass ``lambda: g.replay()``: the profiler reports the kernels inside."""
+    """Names of the GPU kernels torch.profiler records during one call of ``fn`` (memcpy/memset
+    excluded), in launch order. For a graph, pass ``lambda: g.replay()``: the profiler reports the
+    kernels inside."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -169,10 +175,11 @@ def profiled_kernels(fn: Callable[[], object]) -> list[str]:
     return names
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # nsight-python, with a CUDA-event fallback
 
-NSIGHT_COLUMNS = ["label", "backend", "n", "median_ms", "p10_ms", "p90_ms", "mean_ms", "min_ms", "max_ms"]
+NSIGHT_COLUMNS = ["label", "backend", "n", "median_ms", "p10_ms", "p90_ms", "mean_ms", "min_ms",
+                  "max_ms"]
 NCU_MIN_VERSION = (2026, 2, 1)
 
 
@@ -182,7 +189,8 @@ def ncu_version(executable: str = "ncu") -> tuple[int, ...] | None:
     if not path:
         return None
     try:
-        text = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+        text = subprocess.run([path, "--version"], capture_output=True, text=True,
+                              timeout=30).stdout
     except Exception:
         return None
     import re
@@ -192,7 +200,8 @@ def ncu_version(executable: str = "ncu") -> tuple[int, ...] | None:
 
 
 def nsight_backend() -> tuple[str, str]:
-    """Which backend :func:`nsight_time` would use here, and why: ("cupti" | "ncu" | "cuda-events", reason)."""
+    """Which backend :func:`nsight_time` would use here, and why: ("cupti" | "ncu" | "cuda-events",
+    reason)."""
     try:
         import nsight  # noqa: F401
     except ImportError:
@@ -208,8 +217,9 @@ def nsight_backend() -> tuple[str, str]:
     v = ncu_version()
     if v is not None and v >= NCU_MIN_VERSION:
         return "ncu", f"nsight-python with Nsight Compute {'.'.join(map(str, v))}"
-    ncu_reason = ("no ncu on PATH" if v is None else
-                  f"ncu {'.'.join(map(str, v))} is older than {'.'.join(map(str, NCU_MIN_VERSION))}")
+    ncu_reason = ("no ncu on PATH" if v is None
+                  else f"ncu {'.'.join(map(str, v))} is older than "
+                  f"{'.'.join(map(str, NCU_MIN_VERSION))}")
     return "cuda-events", f"{cupti_reason}; {ncu_reason}"
 
 
@@ -223,8 +233,8 @@ def _events_frame(fns: Mapping[str, Callable[[], object]], runs: int, warmup: in
         t = cuda_time(fn, warmup=warmup, repeat=runs)
         s = t.samples_ms
         rows.append({"label": label, "backend": "cuda-events", "n": t.n, "median_ms": t.median_ms,
-                     "p10_ms": t.p10_ms, "p90_ms": t.p90_ms, "mean_ms": sum(s) / len(s), "min_ms": min(s),
-                     "max_ms": max(s)})
+                     "p10_ms": t.p10_ms, "p90_ms": t.p90_ms, "mean_ms": sum(s) / len(s),
+                     "min_ms": min(s), "max_ms": max(s)})
     df = pd.DataFrame(rows, columns=NSIGHT_COLUMNS)
     df.attrs["backend"] = "cuda-events"
     df.attrs["reason"] = reason
@@ -234,10 +244,12 @@ def _events_frame(fns: Mapping[str, Callable[[], object]], runs: int, warmup: in
 def nsight_time(fns: Mapping[str, Callable[[], object]], *, runs: int = 20, warmup: int = 5,
                 backend: str = "auto"):
     """Time each labelled eager function (one annotated region each) and return a DataFrame with
-    :data:`NSIGHT_COLUMNS`. ``df.attrs["backend"]`` and ``df.attrs["reason"]`` say which backend ran and why.
+    :data:`NSIGHT_COLUMNS`. ``df.attrs["backend"]`` and ``df.attrs["reason"]`` say which backend ran
+    and why.
 
-    ``backend``: "auto" (nsight-python CUPTI, then NCU, else CUDA events), "cupti", "ncu" or "cuda-events".
-    Kernels launched by a graph replay are not attributed by the CUPTI backend: use this for eager kernels.
+    ``backend``: "auto" (nsight-python CUPTI, then NCU, else CUDA events), "cupti", "ncu" or
+    "cuda-events". Kernels launched by a graph replay are not attributed by the CUPTI backend: use
+    this for eager kernels.
     """
     import math
 
@@ -271,13 +283,15 @@ def nsight_time(fns: Mapping[str, Callable[[], object]], *, runs: int = 20, warm
 
 def nsight_session(fns: Mapping[str, Callable[[], object]], *, runs: int, warmup: int, tool: str,
                    per_kernel: list | None = None):
-    """One nsight-python session (``tool``: "cupti" or "ncu") over labelled eager functions, one annotated region
-    each, ``runs`` times; returns nsight's processed DataFrame (one row per label, kernels summed).
+    """One nsight-python session (``tool``: "cupti" or "ncu") over labelled eager functions, one
+    annotated region each, ``runs`` times; returns nsight's processed DataFrame (one row per label,
+    kernels summed).
 
-    ``per_kernel``: a list that receives ``(label, kernel name, duration in ns)`` for every kernel nsight attributed,
-    in launch order. nsight-python sums the kernels of a region before it returns, so the per-kernel records are
-    read where it aggregates them (``nsight.extraction.extract_df_from_data``, which both its CUPTI and its NCU
-    collectors call), without changing what it computes.
+    ``per_kernel``: a list that receives ``(label, kernel name, duration in ns)`` for every kernel
+    nsight attributed, in launch order. nsight-python sums the kernels of a region before it
+    returns, so the per-kernel records are read where it aggregates them
+    (``nsight.extraction.extract_df_from_data``, which both its CUPTI and its NCU collectors call),
+    without changing what it computes.
     """
     import tempfile
 

@@ -1,14 +1,16 @@
 """GPU memory per process and per GPU, read from NVML.
 
-``nvmlDeviceGetComputeRunningProcesses`` lists, for each GPU, the processes holding a CUDA context there and
-the memory each uses. A process that merely unpickles a ``cuda:0`` tensor shows up on GPU 0 here, which is
-exactly what some notebooks need to see. NVML reports host pids on bare metal and in most VMs; inside a
-container with its own pid namespace it may report pids that do not match ``os.getpid()`` — then
-:func:`process_gpu_memory` finds nothing for the pids asked about, and :func:`explain_no_match` says so.
+``nvmlDeviceGetComputeRunningProcesses`` lists, for each GPU, the processes holding a CUDA context
+there and the memory each uses. A process that merely unpickles a ``cuda:0`` tensor shows up on GPU
+0 here, which is exactly what some notebooks need to see. NVML reports host pids on bare metal and
+in most VMs; inside a container with its own pid namespace it may report pids that do not match
+``os.getpid()`` — then :func:`process_gpu_memory` finds nothing for the pids asked about, and
+:func:`explain_no_match` says so.
 
-:class:`Sampler` reads the same lists in a background thread at a fixed rate (one read of every GPU takes ~0.02 ms
-on an H200 box), so memory can be followed *over time*: when a process's context appears on a GPU, and which step
-of its work made it grow. :func:`step_series` reduces the samples to the moments a value changed.
+:class:`Sampler` reads the same lists in a background thread at a fixed rate (one read of every GPU
+takes ~0.02 ms on an H200 box), so memory can be followed *over time*: when a process's context
+appears on a GPU, and which step of its work made it grow. :func:`step_series` reduces the samples
+to the moments a value changed.
 """
 
 from __future__ import annotations
@@ -47,13 +49,14 @@ def all_processes(*, nvml=None) -> list[dict]:
             used = p.usedGpuMemory
             if used is None:  # NVML_VALUE_NOT_AVAILABLE on some setups
                 used = 0
-            rows.append({"pid": int(p.pid), "gpu": gpu, "gpu_name": name, "used_mib": float(used) / 2**20})
+            rows.append({"pid": int(p.pid), "gpu": gpu, "gpu_name": name,
+                         "used_mib": float(used) / 2**20})
     return rows
 
 
 def process_gpu_memory(pids: Iterable[int] | None = None, *, nvml=None):
-    """A DataFrame (``pid, gpu, gpu_name, used_mib``) of NVML-reported memory, restricted to ``pids``
-    (default: this process). GPU indices are NVML's (physical) indices."""
+    """A DataFrame (``pid, gpu, gpu_name, used_mib``) of NVML-reported memory, restricted to
+    ``pids`` (default: this process). GPU indices are NVML's (physical) indices."""
     import pandas as pd
 
     wanted = {os.getpid()} if pids is None else {int(p) for p in pids}
@@ -66,19 +69,21 @@ def explain_no_match(pids: Iterable[int], *, nvml=None) -> str:
     seen = sorted({r["pid"] for r in all_processes(nvml=nvml)})
     wanted = sorted(int(p) for p in pids)
     if not seen:
-        return (f"NVML lists no compute process on any GPU (looked for pids {wanted}); the processes may not "
-                "have created a CUDA context yet.")
-    return (f"NVML lists pids {seen} but none of {wanted}: NVML may be reporting pids from another pid namespace "
-            "(containers); match by memory deltas instead.")
+        return (f"NVML lists no compute process on any GPU (looked for pids {wanted}); the "
+                "processes may not " "have created a CUDA context yet.")
+    return (f"NVML lists pids {seen} but none of {wanted}: NVML may be reporting pids from another "
+            "pid namespace " "(containers); match by memory deltas instead.")
 
 
 def memory_matrix(df, labels: dict[int, str] | None = None, gpus: Iterable[int] | None = None):
-    """Pivot a :func:`process_gpu_memory` frame into label × GPU MiB (0 where a process holds nothing).
-    ``labels`` maps pid → row label (e.g. "rank 1"); ``gpus`` fixes the columns (default: those seen)."""
+    """Pivot a :func:`process_gpu_memory` frame into label × GPU MiB (0 where a process holds
+    nothing). ``labels`` maps pid → row label (e.g. "rank 1"); ``gpus`` fixes the columns (default:
+    those seen)."""
     labels = labels or {}
     frame = df.copy()
     frame["who"] = [labels.get(int(p), f"pid {int(p)}") for p in frame["pid"]]
-    table = frame.pivot_table(index="who", columns="gpu", values="used_mib", aggfunc="sum", fill_value=0.0)
+    table = frame.pivot_table(index="who", columns="gpu", values="used_mib", aggfunc="sum",
+                              fill_value=0.0)
     if gpus is not None:
         table = table.reindex(columns=list(gpus), fill_value=0.0)
     if labels:  # every labelled process gets a row, in the order given, even if it holds nothing
@@ -88,9 +93,9 @@ def memory_matrix(df, labels: dict[int, str] | None = None, gpus: Iterable[int] 
     return table
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # memory over time
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 SAMPLE_COLUMNS = ["t", "pid", "gpu", "used_mib"]
 
 
@@ -102,10 +107,11 @@ class Sampler:
         s.samples()                     # t, pid, gpu, used_mib — one row per listed (pid, GPU) per tick
         s.ticks, s.achieved_hz()
 
-    ``t`` is ``clock()`` (default ``time.monotonic``: CLOCK_MONOTONIC on Linux, the same clock in every process of
-    the machine, so marks taken by other processes line up). A process absent from a tick holds 0 MiB on that GPU at
-    that tick. NVML opens no CUDA context, so sampling does not disturb what it measures; a read that fails is
-    counted in ``errors`` and the tick is dropped (a process exiting mid-read can make NVML answer oddly).
+    ``t`` is ``clock()`` (default ``time.monotonic``: CLOCK_MONOTONIC on Linux, the same clock in
+    every process of the machine, so marks taken by other processes line up). A process absent from
+    a tick holds 0 MiB on that GPU at that tick. NVML opens no CUDA context, so sampling does not
+    disturb what it measures; a read that fails is counted in ``errors`` and the tick is dropped (a
+    process exiting mid-read can make NVML answer oddly).
     """
 
     def __init__(self, hz: float = 100.0, *, nvml=None, clock: Callable[[], float] = time.monotonic,
@@ -126,7 +132,8 @@ class Sampler:
         if self._thread is not None:
             raise RuntimeError("a Sampler is started once")
         self._nv = _nvml(self._nv)
-        self._handles = [self._nv.nvmlDeviceGetHandleByIndex(i) for i in range(self._nv.nvmlDeviceGetCount())]
+        self._handles = [self._nv.nvmlDeviceGetHandleByIndex(i)
+                         for i in range(self._nv.nvmlDeviceGetCount())]
         self._thread = threading.Thread(target=self._loop, name="sglab-nvml-sampler", daemon=True)
         self._thread.start()
         return self
@@ -183,9 +190,10 @@ class Sampler:
 
 
 def step_series(samples, ticks: Iterable[float], pids: Iterable[int] | None = None):
-    """Reduce samples to change points: ``pid, gpu, t, used_mib`` rows for every (pid, GPU) that ever held memory,
-    at the first tick, at every tick where the value changed (absence = 0 MiB) and at the last tick. Drawn as steps,
-    the result is the sampled series exactly, in a few rows instead of thousands."""
+    """Reduce samples to change points: ``pid, gpu, t, used_mib`` rows for every (pid, GPU) that
+    ever held memory, at the first tick, at every tick where the value changed (absence = 0 MiB) and
+    at the last tick. Drawn as steps, the result is the sampled series exactly, in a few rows
+    instead of thousands."""
     import numpy as np
     import pandas as pd
 

@@ -1,4 +1,5 @@
-"""What notebook cells call: the mode decision and its banner, measure-or-load, the first screen, the verdict.
+"""What notebook cells call: the mode decision and its banner, measure-or-load, the first screen,
+the verdict.
 
     wb = Workbook(claims, mode=MODE)        # banner; claims is the fix's claims module
     run = wb.run(measure, PARAMS)           # measured now (live), else the committed run: a Run or a NoRun
@@ -7,8 +8,9 @@
     verdict(claims, run)                    # the claims table of each run shown
 
 Modes: ``auto`` measures live when the GPUs are here and otherwise shows the committed recorded run;
-``live`` insists on measuring (and fails clearly without the GPUs); ``recorded`` always shows the recorded run.
-A :class:`~sglab.core.runs.NoRun` stands where there is no run: every show function renders its one line.
+``live`` insists on measuring (and fails clearly without the GPUs); ``recorded`` always shows the
+recorded run. A :class:`~sglab.core.runs.NoRun` stands where there is no run: every show function
+renders its one line.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def in_notebook() -> bool:
 
 
 def display(data: dict | None, text: str, markdown: str | None = None) -> None:
-    """Show ``markdown`` in a notebook (with the mode marker ``data`` when given), ``text`` elsewhere."""
+    """Show ``markdown`` in a notebook (with the mode marker ``data`` when given), ``text``
+    elsewhere."""
     if not in_notebook():
         print(text)
         return
@@ -49,7 +52,8 @@ def display(data: dict | None, text: str, markdown: str | None = None) -> None:
 
 
 def show_figure(fig) -> None:
-    """Display a matplotlib figure once and close it (a returned open figure would be drawn a second time)."""
+    """Display a matplotlib figure once and close it (a returned open figure would be drawn a second
+    time)."""
     if fig is None:
         return
     import matplotlib.pyplot as plt
@@ -81,8 +85,8 @@ def show_table(df) -> None:
 
 
 def needs_run(fn):
-    """For show functions that take a run first: given a :class:`~sglab.core.runs.NoRun`, print its one line
-    ("no GPU run to show (…)") and return None instead of calling ``fn``."""
+    """For show functions that take a run first: given a :class:`~sglab.core.runs.NoRun`, print its
+    one line ("no GPU run to show (…)") and return None instead of calling ``fn``."""
     @functools.wraps(fn)
     def wrapper(run, *args, **kwargs):
         if not run:
@@ -93,11 +97,12 @@ def needs_run(fn):
     return wrapper
 
 
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # "your own setup": controls in a live notebook, a static table anywhere else
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def interactive_here() -> bool:
-    """True in a notebook with a frontend that can show widgets (not headless, ipywidgets importable)."""
+    """True in a notebook with a frontend that can show widgets (not headless, ipywidgets
+    importable)."""
     if os.environ.get("SGLAB_HEADLESS") == "1":
         return False
     try:
@@ -110,13 +115,15 @@ def interactive_here() -> bool:
 
 
 def static_table(fn: Callable, static: Sequence[dict]):
-    """``fn`` over each settings dict, one block of rows per setting, the settings as leading columns."""
+    """``fn`` over each settings dict, one block of rows per setting, the settings as leading
+    columns."""
     import pandas as pd
 
     parts = []
     for s in static:
         df = fn(**s)
-        df = df.reset_index() if any(df.index.names) else df.reset_index(drop=True)  # keep a named index only
+        # keep a named index only
+        df = df.reset_index() if any(df.index.names) else df.reset_index(drop=True)
         for i, (k, v) in enumerate(s.items()):
             df.insert(i, k, v)
         parts.append(df)
@@ -124,9 +131,10 @@ def static_table(fn: Callable, static: Sequence[dict]):
 
 
 def explore(fn: Callable, controls: dict, *, static: Sequence[dict], title: str = ""):
-    """Sliders and drop-downs (ipywidgets) calling ``fn(**settings) -> DataFrame`` on every change, in a live
-    notebook; in a headless run (``SGLAB_HEADLESS=1``: ``sglab run``, the report, the tests) or without
-    ipywidgets, one table of ``fn`` over the ``static`` settings (returned, so the cell displays it)."""
+    """Sliders and drop-downs (ipywidgets) calling ``fn(**settings) -> DataFrame`` on every change,
+    in a live notebook; in a headless run (``SGLAB_HEADLESS=1``: ``sglab run``, the report, the
+    tests) or without ipywidgets, one table of ``fn`` over the ``static`` settings (returned, so the
+    cell displays it)."""
     if not interactive_here():
         if title:
             print(f"{title} — static table (run the notebook in JupyterLab for the controls):")
@@ -137,16 +145,21 @@ def explore(fn: Callable, controls: dict, *, static: Sequence[dict], title: str 
     widgets = {}
     for name, spec in controls.items():
         first = static[0].get(name, list(spec)[0])
-        if isinstance(spec, (list, tuple)) and all(isinstance(x, (int, float)) for x in spec) and len(spec) > 3:
+        if isinstance(spec,
+                      (list, tuple)) and all(isinstance(x,
+                                                        (int,
+                                                         float)) for x in spec) and len(spec) > 3:
             widgets[name] = w.SelectionSlider(options=list(spec), value=first, description=name,
-                                              continuous_update=False, style={"description_width": "initial"})
+                                              continuous_update=False,
+                                              style={"description_width": "initial"})
         else:
             widgets[name] = w.Dropdown(options=list(spec), value=first, description=name,
                                        style={"description_width": "initial"})
     out = w.interactive_output(lambda **kw: ipy_display(fn(**kw)), widgets)
     if title:
         ipy_display(w.HTML(f"<b>{title}</b>"))
-    ipy_display(w.VBox([w.HBox(list(widgets.values())[i:i + 3]) for i in range(0, len(widgets), 3)]), out)
+    ipy_display(w.VBox([w.HBox(list(widgets.values())[i:i + 3]) for i in range(0, len(widgets),
+            3)]), out)
     return None
 
 
@@ -165,18 +178,20 @@ def _resolve(claims_mod):
 class Workbook:
     """One notebook's fix: whether it measures here, and the run it shows."""
 
-    def __init__(self, claims=None, *, mode: str = "auto", gpus: int | None = None, show: bool = True,
-                 experiment: str | None = None):
+    def __init__(self, claims=None, *, mode: str = "auto", gpus: int | None = None,
+                 show: bool = True, experiment: str | None = None):
         if mode not in MODES:
             raise ValueError(f"MODE must be one of {MODES}, got {mode!r}")
         self.claims = _resolve(claims)
-        self.experiment = experiment or (claims if isinstance(claims, str) else self.claims.EXPERIMENT)
+        self.experiment = experiment or (claims if isinstance(claims,
+                                                              str) else self.claims.EXPERIMENT)
         self.gpus = int(gpus if gpus is not None else getattr(self.claims, "GPUS", 1))
         self.requested = mode
         ok, self.reason = hardware.meets(self.gpus)
         if mode == "live" and not ok:
-            raise RuntimeError(f"MODE='live' for {self.experiment!r} but {self.reason}. Use MODE='auto' or "
-                               "'recorded' to show the committed recorded run instead.")
+            raise RuntimeError(f"MODE='live' for {self.experiment!r} but {self.reason}. Use "
+                               "MODE='auto' or " "'recorded' to show the committed recorded run "
+                               "instead.")
         self.live = ok if mode == "auto" else mode == "live"
         self.mode = "live" if self.live else "recorded"
         self._live: list[runs.Run] = []
@@ -191,19 +206,21 @@ class Workbook:
         if self.live:
             what = f"LIVE — measuring on this machine ({self.reason})."
         else:
-            what = (f"RECORDED — {self.reason}: GPU results below come from the committed recorded run(s), "
-                    "not from this machine. CPU parts still run live.")
+            what = (f"RECORDED — {self.reason}: GPU results below come from the committed recorded "
+                    "run(s), " "not from this machine. CPU parts still run live.")
         text = (f"[sglab] {self.experiment}: mode {self.mode} (MODE={self.requested!r})\n"
-                f"  GPUs here: {here}\n  needs: {self.gpus} GPU(s)\n  {what}\n  recorded runs: {rec}")
+                f"  GPUs here: {here}\n  needs: {self.gpus} GPU(s)\n  {what}\n  recorded runs: "
+                f"{rec}")
         md = (f"**{self.experiment}** — mode **{self.mode}** (`MODE={self.requested!r}`)  \n"
               f"GPUs here: {here} · needs {self.gpus}  \n{what}  \nRecorded runs: {rec}")
         display({"experiment": self.experiment, "mode": self.mode, "gpus_needed": self.gpus,
                  "gpus_here": len(gpus), "recorded": [r.label for r in recorded]}, text, md)
 
     def run(self, measure=None, params: dict | None = None, *, progress: bool = False):
-        """Live: measure now with ``measure.run`` (``measure``: the fix's measure module) and save the run under
-        data/runs/. Recorded: the committed runs a reader sees (newest per GPU model or size). Returns the first
-        shown run (the others in ``run.shown``), or a :class:`~sglab.core.runs.NoRun` saying why there is none."""
+        """Live: measure now with ``measure.run`` (``measure``: the fix's measure module) and save
+        the run under data/runs/. Recorded: the committed runs a reader sees (newest per GPU model
+        or size). Returns the first shown run (the others in ``run.shown``), or a
+        :class:`~sglab.core.runs.NoRun` saying why there is none."""
         if self.live and measure is not None:
             p = {**getattr(measure, "DEFAULT_PARAMS", {}), **(params or {})}
             gpus = measure.gpus(p) if hasattr(measure, "gpus") else self.gpus
@@ -211,44 +228,53 @@ class Workbook:
                          method_version=measure.METHOD_VERSION, gpu_count=gpus)
         shown = self.shown()
         if not shown:
-            return runs.NoRun(self.experiment, f"no recorded {self.experiment} run yet: `sglab record "
+            return runs.NoRun(self.experiment,
+                              f"no recorded {self.experiment} run yet: `sglab record "
                               f"{self.experiment}` on a machine with {self.gpus} GPU(s) makes one")
         first = shown[0]
         first.shown = shown
         return first
 
-    def measure(self, fn, *, params: dict, method_version: int, gpu_count: int | None = None) -> runs.Run:
-        """Run ``fn`` (returning a tidy frame or a :class:`sglab.core.runs.Measured`), save it under data/runs/
-        with its sidecars and phase times, and keep it as this session's result."""
+    def measure(self, fn, *, params: dict, method_version: int,
+                gpu_count: int | None = None) -> runs.Run:
+        """Run ``fn`` (returning a tidy frame or a :class:`sglab.core.runs.Measured`), save it under
+        data/runs/ with its sidecars and phase times, and keep it as this session's result."""
         if not self.live:
-            raise RuntimeError(f"{self.experiment}: not in live mode ({self.reason}); nothing measured")
+            raise RuntimeError(f"{self.experiment}: not in live mode ({self.reason}); nothing "
+                               "measured")
         from sglab.core import timing
 
         timing.take()
         t0 = time.perf_counter()
         out = runs.Measured.of(fn())
-        extra = {**out.extra, "duration_s": round(time.perf_counter() - t0, 1), "phases_s": timing.take()}
-        path = runs.write_run(out.df, experiment=self.experiment, method_version=method_version, params=params,
-                              gpu_count=gpu_count, extra=extra, sidecars=out.sidecars)
+        extra = {**out.extra, "duration_s": round(time.perf_counter() - t0, 1),
+                 "phases_s": timing.take()}
+        path = runs.write_run(out.df, experiment=self.experiment, method_version=method_version,
+                              params=params, gpu_count=gpu_count, extra=extra,
+                              sidecars=out.sidecars)
         run = runs.read_run(path, live=True)
         self._live.append(run)
         root = runs.repo_root()
-        where = path.relative_to(root) if path.is_relative_to(root) else path  # $SGLAB_DATA may be elsewhere
+        # $SGLAB_DATA may be elsewhere
+        where = path.relative_to(root) if path.is_relative_to(root) else path
         print(f"[sglab] measured live: {run.label} → {where}")
         return run
 
     def shown(self) -> list[runs.Run]:
-        """This session's live runs, else the recorded runs a reader sees (the claims module decides which)."""
+        """This session's live runs, else the recorded runs a reader sees (the claims module decides
+        which)."""
         if self._live:
             return list(self._live)
         return C.shown(self.claims, runs.load_all_recorded(self.experiment))
 
     def results(self) -> list[runs.Run]:
-        """All live runs of this session if any, else every recorded run (e.g. one per world size)."""
+        """All live runs of this session if any, else every recorded run (e.g. one per world
+        size)."""
         return list(self._live) or runs.load_all_recorded(self.experiment)
 
     def result(self, **where):
-        """TRANSITION: the newest live run matching ``where``, else the newest matching recorded run, else None."""
+        """TRANSITION: the newest live run matching ``where``, else the newest matching recorded
+        run, else None."""
         for run in reversed(self._live):
             if runs._matches(run.manifest, where):
                 return run
@@ -261,7 +287,8 @@ def _source(runs_: list) -> str:
 
 
 def slide_markdown(claims, run) -> str:
-    """The text of a notebook's first screen: the claim, the headline of the runs shown, their verdict lines."""
+    """The text of a notebook's first screen: the claim, the headline of the runs shown, their
+    verdict lines."""
     claims = _resolve(claims)
     shown = run.shown if run else []
     lines = [f"**Claim.** {claims.CLAIM}", ""]
@@ -270,7 +297,8 @@ def slide_markdown(claims, run) -> str:
         verdicts = [C.verdict_line(C.evaluate(claims, r), r) for r in shown]
         lines += ["**Verdict.** " + "; ".join(verdicts) + ".", ""]
     else:
-        lines += [f"**Measured.** {run.line if isinstance(run, runs.NoRun) else 'no run to show'}.", ""]
+        lines += [f"**Measured.** {run.line if isinstance(run, runs.NoRun) else 'no run to show'}.",
+                  ""]
     return "\n".join(lines)
 
 
@@ -285,7 +313,8 @@ def slide(claims, run, picture=None) -> None:
 
 def _from_list(claims, shown: list):
     if not shown:
-        return runs.NoRun(claims if isinstance(claims, str) else claims.EXPERIMENT, "no recorded run yet")
+        return runs.NoRun(claims if isinstance(claims, str) else claims.EXPERIMENT,
+                          "no recorded run yet")
     shown[0].shown = list(shown)
     return shown[0]
 
@@ -295,8 +324,8 @@ _STATUS_STYLE = {C.PASS: "color:#1e8449;font-weight:600", C.FAIL: "color:#c0392b
 
 
 def verdict_html(claims, run) -> str:
-    """One run's claims as an HTML table (status coloured), headed by its verdict line; each claim's folded
-    checks fold out under it."""
+    """One run's claims as an HTML table (status coloured), headed by its verdict line; each claim's
+    folded checks fold out under it."""
     results = C.evaluate(_resolve(claims), run)
     rows = []
     for r in results:
@@ -304,9 +333,11 @@ def verdict_html(claims, run) -> str:
             continue
         folded = [f for f in results if f.parent == r.claim.id]
         rows.append(_row_html(r, folded))
-    head = "".join(f"<th>{h}</th>" for h in ("claim", "statement", "status", "measured", "expected", "why"))
-    return (f"<p><b>{html.escape(C.verdict_line(results, run))}</b> · <small>{html.escape(run.path.name)}"
-            f"</small></p><div style='overflow-x:auto'><table><tr>{head}</tr>{''.join(rows)}</table></div>")
+    head = "".join(f"<th>{h}</th>" for h in ("claim", "statement", "status", "measured", "expected",
+                                             "why"))
+    return (f"<p><b>{html.escape(C.verdict_line(results, run))}</b> · "
+            f"<small>{html.escape(run.path.name)}" f"</small></p><div "
+            f"style='overflow-x:auto'><table><tr>{head}</tr>{''.join(rows)}</table></div>")
 
 
 def _row_html(r, folded) -> str:
@@ -318,11 +349,12 @@ def _row_html(r, folded) -> str:
     if not folded:
         return f"<tr>{cells}</tr>"
     ok = sum(f.status == C.PASS for f in folded)
-    items = "".join(f"<li><code>{html.escape(f.claim.id)}</code> <span style='{_STATUS_STYLE[f.status]}'>"
+    items = "".join(f"<li><code>{html.escape(f.claim.id)}</code> <span "
+                    f"style='{_STATUS_STYLE[f.status]}'>"
                     f"{f.status}</span> — {html.escape(f.claim.statement)}: "
                     f"{html.escape(f.outcome.measured or f.outcome.reason)}</li>" for f in folded)
-    sub = (f"<tr><td></td><td colspan='5'><details><summary>checks under it: {ok}/{len(folded)} hold"
-           f"</summary><ul>{items}</ul></details></td></tr>")
+    sub = (f"<tr><td></td><td colspan='5'><details><summary>checks under it: {ok}/{len(folded)} "
+           "hold" f"</summary><ul>{items}</ul></details></td></tr>")
     return f"<tr>{cells}</tr>{sub}"
 
 

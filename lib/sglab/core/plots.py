@@ -17,16 +17,17 @@ CYCLE = ["#2471a3", "#c0392b", "#229954", "#d68910", "#7d3c98", "#17a589", "#5d6
 def apply_style() -> None:
     import matplotlib as mpl
 
-    mpl.rcParams.update({
-        "figure.dpi": 110, "savefig.dpi": 150, "figure.facecolor": "white",
-        "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
-        "axes.titlesize": 11, "axes.titleweight": "bold", "axes.labelsize": 10, "legend.fontsize": 9,
-        "legend.frameon": False, "xtick.labelsize": 9, "ytick.labelsize": 9,
-        "axes.prop_cycle": mpl.cycler(color=CYCLE), "lines.linewidth": 1.8, "lines.markersize": 5,
-    })
+    mpl.rcParams.update({"figure.dpi": 110, "savefig.dpi": 150, "figure.facecolor": "white",
+                         "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False,
+                         "axes.spines.right": False, "axes.titlesize": 11,
+                         "axes.titleweight": "bold", "axes.labelsize": 10, "legend.fontsize": 9,
+                         "legend.frameon": False, "xtick.labelsize": 9, "ytick.labelsize": 9,
+                         "axes.prop_cycle": mpl.cycler(color=CYCLE), "lines.linewidth": 1.8,
+                         "lines.markersize": 5,})
 
 
-def figure(ncols: int = 1, nrows: int = 1, *, width: float | None = None, height: float | None = None, **kw):
+def figure(ncols: int = 1, nrows: int = 1, *, width: float | None = None,
+           height: float | None = None, **kw):
     import matplotlib.pyplot as plt
 
     apply_style()
@@ -38,7 +39,8 @@ def figure(ncols: int = 1, nrows: int = 1, *, width: float | None = None, height
 
 
 def provenance_text(source: Any) -> str:
-    """"GPU ×count · driver · torch · date" from a Run or a manifest dict; "CPU (this machine)" for None."""
+    """"GPU ×count · driver · torch · date" from a Run or a manifest dict; "CPU (this machine)" for
+    None."""
     if source is None:
         return "computed on the CPU of this machine"
     m = source.manifest if hasattr(source, "manifest") else dict(source)
@@ -78,12 +80,13 @@ def canvas(width: float = 10.0, height: float = 3.0, *, xlim=(0, 10), ylim=(0, 3
 
 def box(ax, x: float, y: float, w: float, h: float, text: str = "", *, color: str = "neutral",
         edge: str = "#566573", fontsize: float = 8, hatch: str | None = None, **text_kw):
-    """A rounded box with centred text; ``color`` is a :data:`BOX_COLORS` key or any matplotlib colour."""
+    """A rounded box with centred text; ``color`` is a :data:`BOX_COLORS` key or any matplotlib
+    colour."""
     from matplotlib.patches import FancyBboxPatch
 
     face = BOX_COLORS.get(color, color)
-    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02,rounding_size=0.06", facecolor=face,
-                                edgecolor=edge, linewidth=0.9, hatch=hatch))
+    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02,rounding_size=0.06",
+                                facecolor=face, edgecolor=edge, linewidth=0.9, hatch=hatch))
     if text:
         ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize, **text_kw)
 
@@ -97,19 +100,21 @@ def row(ax, x: float, y: float, items: Sequence[tuple[str, str]], *, w: float = 
     return x
 
 
-def arrow(ax, start: tuple[float, float], end: tuple[float, float], text: str = "", *, color: str = "#566573",
-          fontsize: float = 8, style: str = "-|>"):
+def arrow(ax, start: tuple[float, float], end: tuple[float, float], text: str = "", *,
+          color: str = "#566573", fontsize: float = 8, style: str = "-|>"):
     """An arrow from ``start`` to ``end`` with an optional label at its middle."""
-    ax.annotate("", xy=end, xytext=start, arrowprops={"arrowstyle": style, "color": color, "lw": 1.1})
+    ax.annotate("", xy=end, xytext=start,
+                arrowprops={"arrowstyle": style, "color": color, "lw": 1.1})
     if text:
-        ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.08, text, ha="center", va="bottom",
-                fontsize=fontsize, color=color)
+        ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.08, text, ha="center",
+                va="bottom", fontsize=fontsize, color=color)
 
 
-def label(ax, x: float, y: float, text: str, *, fontsize: float = 9, weight: str = "bold", color: str | None = None,
-          **kw):
+def label(ax, x: float, y: float, text: str, *, fontsize: float = 9, weight: str = "bold",
+          color: str | None = None, **kw):
     """A left-aligned label (row titles, 'before' / 'after')."""
-    ax.text(x, y, text, fontsize=fontsize, fontweight=weight, color=color or PALETTE["neutral"], va="center", **kw)
+    ax.text(x, y, text, fontsize=fontsize, fontweight=weight, color=color or PALETTE["neutral"],
+            va="center", **kw)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -117,8 +122,8 @@ def label(ax, x: float, y: float, text: str, *, fontsize: float = 9, weight: str
 # --------------------------------------------------------------------------------------------------
 
 
-CATEGORY_COLORS = {"kernel": "#5d6d7e", "memcpy": "#17a589", "memset": "#48c9b0", "runtime": "#a9cce3",
-                   "op": "#d5d8dc", "range": "none"}
+CATEGORY_COLORS = {"kernel": "#5d6d7e", "memcpy": "#17a589", "memset": "#48c9b0",
+                   "runtime": "#a9cce3", "op": "#d5d8dc", "range": "none"}
 LANE_ORDER = ("host", "runtime", "stream", "device")
 
 
@@ -151,18 +156,22 @@ def totals(events, highlight: str | None = None) -> dict:
     dev = events[events.category.isin(["kernel", "memcpy", "memset"])]
     hit = events[_matches(events.name, highlight)] if highlight else events.iloc[0:0]
     hit = hit[hit.category != "range"]
-    span = float((events.start_us + events.dur_us).max() - events.start_us.min()) if len(events) else 0.0
-    return {"span_us": span, "kernels": int((dev.category == "kernel").sum()), "device_us": float(dev.dur_us.sum()),
-            "highlighted": int(len(hit)), "highlighted_us": float(hit.dur_us.sum())}
+    span = float((events.start_us
+                  + events.dur_us).max() - events.start_us.min()) if len(events) else 0.0
+    return {"span_us": span, "kernels": int((dev.category == "kernel").sum()),
+            "device_us": float(dev.dur_us.sum()), "highlighted": int(len(hit)),
+            "highlighted_us": float(hit.dur_us.sum())}
 
 
-def timeline(tables: Mapping[str, object], *, highlight: str | None = None, highlight_label: str = "mechanism",
+def timeline(tables: Mapping[str, object], *, highlight: str | None = None,
+             highlight_label: str = "mechanism",
              categories: Sequence[str] = ("kernel", "memcpy", "memset", "runtime", "range"),
              title: str = "", width: float = 11.0, ax=None, annotate: bool = True):
-    """One group of swim-lanes per variant (e.g. ``{"before": ev_a, "after": ev_b}``), on one shared µs axis.
+    """One group of swim-lanes per variant (e.g. ``{"before": ev_a, "after": ev_b}``), on one shared
+    µs axis.
 
-    ``highlight``: a regular expression over event names; matching events are drawn in the accent colour and
-    counted in the annotation. Returns the figure.
+    ``highlight``: a regular expression over event names; matching events are drawn in the accent
+    colour and counted in the annotation. Returns the figure.
     """
     rows, labels = [], []
     for variant, ev in tables.items():
@@ -195,15 +204,15 @@ def _draw_lane(ax, y: float, ev, pattern) -> None:
             for r in g.itertuples():  # phase ranges: an outline with the phase name
                 ax.broken_barh([(r.start_us, r.dur_us)], (y - 0.42, 0.84), facecolors="none",
                                edgecolors="#7f8c8d", linewidth=0.8)
-                ax.text(r.start_us, y + 0.46, r.name.replace("phase::", ""), fontsize=7, va="bottom",
-                        color="#555555", clip_on=True)
+                ax.text(r.start_us, y + 0.46, r.name.replace("phase::", ""), fontsize=7,
+                        va="bottom", color="#555555", clip_on=True)
             continue
         hit = g.name.map(lambda n: bool(pattern.search(n))) if pattern else g.name.map(lambda n: False)
         for sel, color in ((~hit, CATEGORY_COLORS.get(cat, "#999999")), (hit, PALETTE["accent"])):
             part = g[sel]
             if len(part):
-                ax.broken_barh(list(zip(part.start_us, part.dur_us.clip(lower=0.05))), (y - 0.3, 0.6),
-                               facecolors=color, edgecolors="none")
+                ax.broken_barh(list(zip(part.start_us, part.dur_us.clip(lower=0.05))),
+                               (y - 0.3, 0.6), facecolors=color, edgecolors="none")
 
 
 def _annotate(ax, tables, rows, highlight, label) -> None:
@@ -217,15 +226,18 @@ def _annotate(ax, tables, rows, highlight, label) -> None:
         text = f"{t['span_us']:.0f} µs · {t['kernels']} kernels"
         if highlight:
             text += f" · {label}: {t['highlighted']} ({t['highlighted_us']:.0f} µs)"
-        ax.annotate(text, (1.005, first_row[variant]), xycoords=("axes fraction", "data"), va="center",
-                    fontsize=8, color=PALETTE["before"] if variant == list(tables)[0] else PALETTE["after"])
+        ax.annotate(text, (1.005, first_row[variant]), xycoords=("axes fraction", "data"),
+                    va="center", fontsize=8,
+                    color=PALETTE["before"] if variant == list(tables)[0] else PALETTE["after"])
 
 
 def _legend(ax, categories, highlight_label) -> None:
     from matplotlib.patches import Patch
 
-    handles = [Patch(facecolor=CATEGORY_COLORS[c], label=c) for c in categories if c in CATEGORY_COLORS
+    handles = [Patch(facecolor=CATEGORY_COLORS[c],
+                     label=c) for c in categories if c in CATEGORY_COLORS
                and CATEGORY_COLORS[c] != "none"]
     if highlight_label:
         handles.append(Patch(facecolor=PALETTE["accent"], label=highlight_label))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=len(handles), fontsize=8)
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=len(handles),
+              fontsize=8)

@@ -1,13 +1,16 @@
 """Runs on disk: a tidy CSV plus a JSON manifest per run.
 
-Live runs go to ``data/runs/<experiment>/`` (git-ignored); reference runs that readers without GPUs see live in
-``data/recorded/<experiment>/`` (committed). File names are ``<UTC time>_<gpu>.csv`` and ``.json``.
+Live runs go to ``data/runs/<experiment>/`` (git-ignored); reference runs that readers without GPUs
+see live in ``data/recorded/<experiment>/`` (committed). File names are ``<UTC time>_<gpu>.csv`` and
+``.json``.
 
-Tidy means one measurement per row: ``experiment, variant, <parameter columns>, metric, value, unit``.
+Tidy means one measurement per row: ``experiment, variant, <parameter columns>, metric, value,
+unit``.
 
-A run may carry *sidecars*: tables that are not measurements per row (a profiler event table, a memory time
-series) or files (a Perfetto trace), stored next to it as ``<stem>.<name>.csv.gz`` or ``<stem>.<name><suffix>``
-and listed in the manifest's ``sidecars``; :meth:`Run.sidecar` reads them back.
+A run may carry *sidecars*: tables that are not measurements per row (a profiler event table, a
+memory time series) or files (a Perfetto trace), stored next to it as ``<stem>.<name>.csv.gz`` or
+``<stem>.<name><suffix>`` and listed in the manifest's ``sidecars``; :meth:`Run.sidecar` reads them
+back.
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ from pathlib import Path
 from typing import Any
 
 REQUIRED = ("variant", "metric", "value", "unit")
-MANIFEST_KEYS = ("experiment", "method_version", "created_utc", "git_sha", "gpu_name", "gpu_count", "driver",
-                 "cuda", "torch", "python", "params")
+MANIFEST_KEYS = ("experiment", "method_version", "created_utc", "git_sha", "gpu_name", "gpu_count",
+                 "driver", "cuda", "torch", "python", "params")
 
 
 def repo_root() -> Path:
-    """The checkout this package lives in (lib/sglab/ → repo), or the working directory as a fallback."""
+    """The checkout this package lives in (lib/sglab/ → repo), or the working directory as a
+    fallback."""
     here = Path(__file__).resolve().parents[3]
     if (here / "pyproject.toml").exists():
         return here
@@ -37,7 +41,8 @@ def repo_root() -> Path:
 
 
 def data_dir(kind: str) -> Path:
-    """``data/<kind>`` of the checkout, or ``$SGLAB_DATA/<kind>`` when that is set (tests, other layouts)."""
+    """``data/<kind>`` of the checkout, or ``$SGLAB_DATA/<kind>`` when that is set (tests, other
+    layouts)."""
     if kind not in ("runs", "recorded", "traces"):
         raise ValueError(f"unknown data folder {kind!r}")
     base = os.environ.get("SGLAB_DATA")
@@ -67,19 +72,21 @@ def tidy(experiment: str, rows: list[dict]):
 
 
 def _git_sha(root: Path) -> str | None:
-    """HEAD of the checkout (+dirty), or $SGLAB_GIT_SHA when the tree was copied without its .git."""
+    """HEAD of the checkout (+dirty), or $SGLAB_GIT_SHA when the tree was copied without its
+    .git."""
     if os.environ.get("SGLAB_GIT_SHA"):
         return os.environ["SGLAB_GIT_SHA"]
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10)
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
     except Exception:
         return None
     sha = out.stdout.strip()
     if out.returncode != 0 or not sha:
         return None
-    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, timeout=10).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
+                            "--untracked-files=no"], capture_output=True, text=True,
+                           timeout=10).stdout.strip()
     return sha + ("+dirty" if dirty else "")
 
 
@@ -123,7 +130,8 @@ def _atomic(folder: Path, path: Path, write) -> None:
 
 
 def _write_sidecars(folder: Path, stem: str, sidecars: dict) -> dict:
-    """Write each sidecar (a DataFrame -> gzipped CSV, or an existing file -> copied); return name -> file name."""
+    """Write each sidecar (a DataFrame -> gzipped CSV, or an existing file -> copied); return name
+    -> file name."""
     import gzip
     import shutil
 
@@ -139,7 +147,8 @@ def _write_sidecars(folder: Path, stem: str, sidecars: dict) -> dict:
                     gz.write(obj.to_csv(index=False).encode())
         else:
             src = Path(obj)
-            suffix = "".join(src.suffixes[-2:]) if src.suffix == ".gz" else src.suffix  # x.json.gz keeps .json.gz
+            # x.json.gz keeps .json.gz
+            suffix = "".join(src.suffixes[-2:]) if src.suffix == ".gz" else src.suffix
             target = folder / f"{stem}.{name}{suffix}"
 
             def write(f, src=src):
@@ -151,17 +160,20 @@ def _write_sidecars(folder: Path, stem: str, sidecars: dict) -> dict:
 
 
 def write_run(df, *, experiment: str, method_version: int, params: dict, root: Path | None = None,
-              gpu_count: int | None = None, extra: dict | None = None, sidecars: dict | None = None) -> Path:
+              gpu_count: int | None = None, extra: dict | None = None,
+              sidecars: dict | None = None) -> Path:
     """Write ``df`` and its manifest atomically; return the CSV path.
 
-    Every file is written to a temporary name in the target folder and renamed into place, sidecars first and the
-    manifest last, so a reader never sees half a run. ``sidecars``: ``{name: DataFrame or file path}``.
+    Every file is written to a temporary name in the target folder and renamed into place, sidecars
+    first and the manifest last, so a reader never sees half a run. ``sidecars``: ``{name: DataFrame
+    or file path}``.
     """
     missing = [c for c in ("experiment", *REQUIRED) if c not in df.columns]
     if missing:
         raise ValueError(f"not a tidy run frame: missing columns {missing}")
     if set(df["experiment"]) != {experiment}:
-        raise ValueError(f"frame holds experiments {sorted(set(df['experiment']))}, expected {experiment!r}")
+        raise ValueError(f"frame holds experiments {sorted(set(df['experiment']))}, expected "
+                         f"{experiment!r}")
     folder = (root or data_dir("runs")) / experiment
     folder.mkdir(parents=True, exist_ok=True)
     now = datetime.now(timezone.utc)
@@ -184,14 +196,16 @@ def write_run(df, *, experiment: str, method_version: int, params: dict, root: P
     if sidecars:
         manifest["sidecars"] = _write_sidecars(folder, csv_path.stem, sidecars)
     _atomic(folder, csv_path, lambda f: f.write(df.to_csv(index=False).encode()))
-    _atomic(folder, json_path, lambda f: f.write(json.dumps(manifest, indent=2, sort_keys=True, default=str).encode()))
+    _atomic(folder, json_path,
+            lambda f: f.write(json.dumps(manifest, indent=2, sort_keys=True, default=str).encode()))
     return csv_path
 
 
 @dataclass
 class Measured:
-    """What an experiment's ``run`` may return instead of a bare frame: the tidy frame, its sidecars (tables or
-    files stored next to the run) and extra manifest fields (e.g. the SGLang releases and shims used)."""
+    """What an experiment's ``run`` may return instead of a bare frame: the tidy frame, its sidecars
+    (tables or files stored next to the run) and extra manifest fields (e.g. the SGLang releases and
+    shims used)."""
 
     df: Any
     sidecars: dict = field(default_factory=dict)
@@ -204,8 +218,8 @@ class Measured:
 
 @dataclass
 class Run:
-    """One run: its tidy frame, its manifest and where it lies. ``shown`` is the set of runs a notebook shows
-    with it (e.g. the newest of each GPU model), this one first."""
+    """One run: its tidy frame, its manifest and where it lies. ``shown`` is the set of runs a
+    notebook shows with it (e.g. the newest of each GPU model), this one first."""
 
     df: Any
     manifest: dict
@@ -224,7 +238,8 @@ class Run:
         return f"{m.get('gpu_name', '?')} ×{m.get('gpu_count', '?')}, {date}"
 
     def sidecar(self, name: str):
-        """A sidecar of this run: a DataFrame for a ``.csv.gz`` table, the path for a file, None if absent."""
+        """A sidecar of this run: a DataFrame for a ``.csv.gz`` table, the path for a file, None if
+        absent."""
         fname = (self.manifest.get("sidecars") or {}).get(name)
         if not fname:
             return None
@@ -235,7 +250,8 @@ class Run:
             import pandas as pd
 
             df = pd.read_csv(path)
-            for col in df.columns[df.dtypes == object]:  # an empty label reads back as NaN: keep it ""
+            # an empty label reads back as NaN: keep it ""
+            for col in df.columns[df.dtypes == object]:
                 df[col] = df[col].fillna("")
             return df
         return path
@@ -243,13 +259,15 @@ class Run:
     @property
     def provenance(self) -> str:
         m = self.manifest
-        return (f"{m.get('gpu_name')} ×{m.get('gpu_count')} · driver {m.get('driver')} · CUDA {m.get('cuda')} · "
-                f"torch {m.get('torch')} · {str(m.get('created_utc', ''))[:10]}")
+        return (f"{m.get('gpu_name')} ×{m.get('gpu_count')} · driver {m.get('driver')} · CUDA "
+                f"{m.get('cuda')} · " f"torch {m.get('torch')} · "
+                f"{str(m.get('created_utc', ''))[:10]}")
 
 
 @dataclass(frozen=True)
 class NoRun:
-    """What a notebook holds where it has no GPU run to show: falsy, and it says why wherever it is shown."""
+    """What a notebook holds where it has no GPU run to show: falsy, and it says why wherever it is
+    shown."""
 
     experiment: str
     reason: str
@@ -273,7 +291,8 @@ class NoRun:
 
 
 def gpu_short(source) -> str:
-    """"H100", "H200", ... from a Run, a manifest or a GPU name ("NVIDIA H100 80GB HBM3" -> "H100")."""
+    """"H100", "H200", ... from a Run, a manifest or a GPU name ("NVIDIA H100 80GB HBM3" ->
+    "H100")."""
     m = getattr(source, "manifest", source)
     name = m.get("gpu_name", "?") if isinstance(m, dict) else str(m)
     words = str(name).replace("NVIDIA", "").split()
@@ -281,8 +300,9 @@ def gpu_short(source) -> str:
 
 
 def newest_by(runs_: list, key) -> dict:
-    """``{key(run): newest run}`` (newest by ``created_utc``), ordered by key: e.g. one run per GPU model with
-    ``key=gpu_short``, or one per world size with ``key=lambda r: r.manifest["params"]["world_size"]``."""
+    """``{key(run): newest run}`` (newest by ``created_utc``), ordered by key: e.g. one run per GPU
+    model with ``key=gpu_short``, or one per world size with ``key=lambda r:
+    r.manifest["params"]["world_size"]``."""
     best: dict = {}
     for r in sorted(runs_, key=lambda r: str(r.manifest.get("created_utc", ""))):
         best[key(r)] = r
@@ -314,7 +334,8 @@ def list_runs(experiment: str, *, kind: str = "recorded", root: Path | None = No
     folder = (root or data_dir(kind)) / experiment
     if not folder.is_dir():
         return []
-    found = [p for p in folder.glob("*.csv") if not p.name.startswith(".") and p.with_suffix(".json").exists()]
+    found = [p for p in folder.glob("*.csv") if not p.name.startswith(".")
+             and p.with_suffix(".json").exists()]
 
     def key(p: Path):
         try:
@@ -327,8 +348,8 @@ def list_runs(experiment: str, *, kind: str = "recorded", root: Path | None = No
 
 
 def load_recorded(experiment: str, *, root: Path | None = None, **where) -> Run | None:
-    """The newest recorded run of ``experiment`` whose manifest matches ``where`` (``params__x=1`` looks inside
-    ``params``), or None."""
+    """The newest recorded run of ``experiment`` whose manifest matches ``where`` (``params__x=1``
+    looks inside ``params``), or None."""
     for path in reversed(list_runs(experiment, root=root)):
         run = read_run(path)
         if _matches(run.manifest, where):
@@ -341,7 +362,8 @@ def load_all_recorded(experiment: str, *, root: Path | None = None) -> list[Run]
 
 
 def promote(csv_path: Path | str, *, root: Path | None = None) -> Path:
-    """Copy a live run (CSV + manifest) into ``data/recorded/<experiment>/``; return the new CSV path."""
+    """Copy a live run (CSV + manifest) into ``data/recorded/<experiment>/``; return the new CSV
+    path."""
     import shutil
 
     run = read_run(csv_path)

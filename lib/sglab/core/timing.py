@@ -1,7 +1,7 @@
 """Time device work with CUDA events and host work with a synchronised clock.
 
-Both warm up first, repeat, and keep every sample: a result is a :class:`Timing` whose median and p10/p90
-are what notebooks report.
+Both warm up first, repeat, and keep every sample: a result is a :class:`Timing` whose median and
+p10/p90 are what notebooks report.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ class Timing:
     def __repr__(self) -> str:
         if not self.samples_ms:
             return "Timing(no samples)"
-        return (f"Timing(median={self.median_ms:.4f} ms, p10={self.p10_ms:.4f}, p90={self.p90_ms:.4f}, "
-                f"n={self.n}, clock={self.clock})")
+        return (f"Timing(median={self.median_ms:.4f} ms, p10={self.p10_ms:.4f}, "
+                f"p90={self.p90_ms:.4f}, " f"n={self.n}, clock={self.clock})")
 
 
 def _check_counts(warmup: int, repeat: int) -> None:
@@ -70,18 +70,20 @@ def _check_counts(warmup: int, repeat: int) -> None:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
 
 
-def cuda_time(fn: Callable[[], object], *, warmup: int = 10, repeat: int = 50, device=None) -> Timing:
+def cuda_time(fn: Callable[[], object], *, warmup: int = 10, repeat: int = 50,
+              device=None) -> Timing:
     """Time ``fn`` on the current CUDA stream with a pair of events per call.
 
-    ``warmup`` calls run first and are discarded (module loading, allocator growth, autotuning). Each sample
-    is the device time between two events recorded around one call.
+    ``warmup`` calls run first and are discarded (module loading, allocator growth, autotuning).
+    Each sample is the device time between two events recorded around one call.
     """
     import torch
 
     _check_counts(warmup, repeat)
     if not torch.cuda.is_available():
         raise RuntimeError("cuda_time needs a CUDA device; use host_time for host-side work")
-    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    dev = torch.device(device) if device is not None else torch.device("cuda",
+                                                                       torch.cuda.current_device())
     with torch.cuda.device(dev):
         for _ in range(warmup):
             fn()
@@ -96,9 +98,10 @@ def cuda_time(fn: Callable[[], object], *, warmup: int = 10, repeat: int = 50, d
         return Timing([s.elapsed_time(e) for s, e in zip(starts, ends)], clock="cuda-events")
 
 
-def host_time(fn: Callable[[], object], *, warmup: int = 3, repeat: int = 20, sync: bool = True) -> Timing:
-    """Time ``fn`` with ``time.perf_counter``; with ``sync`` the device is synchronised before and after each
-    call (when CUDA is there) so the sample covers all the work ``fn`` queued."""
+def host_time(fn: Callable[[], object], *, warmup: int = 3, repeat: int = 20,
+              sync: bool = True) -> Timing:
+    """Time ``fn`` with ``time.perf_counter``; with ``sync`` the device is synchronised before and
+    after each call (when CUDA is there) so the sample covers all the work ``fn`` queued."""
     _check_counts(warmup, repeat)
     synchronize = _synchronizer() if sync else (lambda: None)
     for _ in range(warmup):
@@ -115,7 +118,8 @@ def host_time(fn: Callable[[], object], *, warmup: int = 3, repeat: int = 20, sy
 
 
 def _synchronizer() -> Callable[[], None]:
-    """A callable that synchronises CUDA when this process has initialised it (checked at each call)."""
+    """A callable that synchronises CUDA when this process has initialised it (checked at each
+    call)."""
     try:
         import torch
     except ImportError:
@@ -130,13 +134,14 @@ def _synchronizer() -> Callable[[], None]:
     return sync
 
 
-def interleaved(fns: "dict[str, Callable[[], object]]", *, rounds: int = 3, warmup: int = 10, repeat: int = 60,
+def interleaved(fns: "dict[str, Callable[[], object]]", *, rounds: int = 3, warmup: int = 10,
+                repeat: int = 60,
                 timer: "Callable[..., Timing] | None" = None) -> "dict[str, Timing]":
-    """Time several variants of the same work in alternating rounds (A B C, A B C, ...), ``repeat // rounds``
-    samples per variant and round, and pool each variant's samples. Drift on the machine (clocks, a neighbour
-    process, a noisy host) then lands on every variant instead of on whichever ran during it.
-    ``timer`` defaults to :func:`cuda_time`; pass :func:`host_time` (or a partial of it) for host-side work.
-    Warm-up runs once per variant, before the first round."""
+    """Time several variants of the same work in alternating rounds (A B C, A B C, ...), ``repeat //
+    rounds`` samples per variant and round, and pool each variant's samples. Drift on the machine
+    (clocks, a neighbour process, a noisy host) then lands on every variant instead of on whichever
+    ran during it. ``timer`` defaults to :func:`cuda_time`; pass :func:`host_time` (or a partial of
+    it) for host-side work. Warm-up runs once per variant, before the first round."""
     if not fns:
         raise ValueError("interleaved needs at least one variant")
     if rounds < 1:

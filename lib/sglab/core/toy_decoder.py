@@ -1,28 +1,30 @@
-"""The small decoder-only transformer that the prefill notebooks share (01: piecewise CUDA graphs, 03: breakable
-CUDA graph).
+"""The small decoder-only transformer that the prefill notebooks share (01: piecewise CUDA graphs,
+03: breakable CUDA graph).
 
-Shaped like the models SGLang serves, so that SGLang's attribute-name logic finds what it looks for: a CausalLM
-holds the stack as ``.model`` (``.model.layers[i].self_attn.attn`` is the attention op, the place where SGLang's
-piecewise capture splits and where a breakable graph runs eagerly), ``lm_head`` and a ``logits_processor``
-(``python/sglang/srt/layers/logits_processor.py``: the last token of every request, then the lm_head). The layers
-mirror a Llama/DeepSeek decoder layer reduced to what costs time in prefill: RMSNorm, fused qkv projection, the
-attention op, output projection, RMSNorm, gated (SiLU) MLP, residual adds.
+Shaped like the models SGLang serves, so that SGLang's attribute-name logic finds what it looks for:
+a CausalLM holds the stack as ``.model`` (``.model.layers[i].self_attn.attn`` is the attention op,
+the place where SGLang's piecewise capture splits and where a breakable graph runs eagerly),
+``lm_head`` and a ``logits_processor`` (``python/sglang/srt/layers/logits_processor.py``: the last
+token of every request, then the lm_head). The layers mirror a Llama/DeepSeek decoder layer reduced
+to what costs time in prefill: RMSNorm, fused qkv projection, the attention op, output projection,
+RMSNorm, gated (SiLU) MLP, residual adds.
 
-Token-major: every tensor is ``(num_tokens, ...)`` with the tokens of all requests concatenated; nothing but the
-attention op and the logits tail depends on how the tokens split into requests. Each layer exposes its two halves
-(:meth:`DecoderLayer.pre_attn`, :meth:`DecoderLayer.post_attn`) so that a runner can capture everything between
-two attention calls as one graph.
+Token-major: every tensor is ``(num_tokens, ...)`` with the tokens of all requests concatenated;
+nothing but the attention op and the logits tail depends on how the tokens split into requests. Each
+layer exposes its two halves (:meth:`DecoderLayer.pre_attn`, :meth:`DecoderLayer.post_attn`) so that
+a runner can capture everything between two attention calls as one graph.
 
 What differs between the notebooks is a parameter, not a second model:
 
 - ``attention``: the attention op module (``(q, k, v) -> (num_tokens, heads * head_dim)``). Default
-  :class:`CausalAttention` (one sequence, causal SDPA: 01's split point); 03 plugs in a varlen attention that reads
-  the live request boundaries and is an eager break of the breakable graph.
-- ``DecoderConfig.positions``: ``"rotary"`` (RoPE on q and k, tables indexed by position: 01) or ``"learned"``
-  (a position-embedding table added to the token embedding: 03).
-- the initialisation: :func:`init_residual_scaled_` (01: unit-variance projections, output projections scaled by
-  ``1/sqrt(2 * layers)`` so the bf16 residual stream stays O(1); seeded generator on the model's device) or
-  :func:`init_normal_` (03: N(0, 0.02) embeddings, N(0, 1/fan_in) projections, from the global RNG).
+  :class:`CausalAttention` (one sequence, causal SDPA: 01's split point); 03 plugs in a varlen
+  attention that reads the live request boundaries and is an eager break of the breakable graph.
+- ``DecoderConfig.positions``: ``"rotary"`` (RoPE on q and k, tables indexed by position: 01) or
+  ``"learned"`` (a position-embedding table added to the token embedding: 03).
+- the initialisation: :func:`init_residual_scaled_` (01: unit-variance projections, output
+  projections scaled by ``1/sqrt(2 * layers)`` so the bf16 residual stream stays O(1); seeded
+  generator on the model's device) or :func:`init_normal_` (03: N(0, 0.02) embeddings, N(0,
+  1/fan_in) projections, from the global RNG).
 """
 
 from __future__ import annotations
@@ -96,8 +98,8 @@ class Rotary(nn.Module):
 
 
 class CausalAttention(nn.Module):
-    """The default attention op (``RadixAttention``'s place): causal attention over one sequence of the real
-    length. No parameters."""
+    """The default attention op (``RadixAttention``'s place): causal attention over one sequence of
+    the real length. No parameters."""
 
     def __init__(self, num_heads: int, head_dim: int):
         super().__init__()
@@ -105,9 +107,9 @@ class CausalAttention(nn.Module):
 
     def forward(self, q, k, v):  # (n, heads, d) each -> (n, heads * d)
         n = q.shape[0]
-        o = F.scaled_dot_product_attention(
-            q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
-            is_causal=True)
+        o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0),
+                                           k.transpose(0, 1).unsqueeze(0),
+                                           v.transpose(0, 1).unsqueeze(0), is_causal=True)
         return o.squeeze(0).transpose(0, 1).reshape(n, self.num_heads * self.head_dim)
 
 
@@ -144,7 +146,8 @@ class DecoderLayer(nn.Module):
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
     def pre_attn(self, h, positions, rotary: Optional[Rotary] = None):
-        """Everything of this layer before attention: norm, qkv projection (and rotary) -> q, k, v."""
+        """Everything of this layer before attention: norm, qkv projection (and rotary) -> q, k,
+        v."""
         n, sa = h.shape[0], self.self_attn
         qkv = sa.qkv_proj(self.input_layernorm(h)).view(n, 3, sa.num_heads, sa.head_dim)
         if rotary is None:
@@ -163,8 +166,8 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderStack(nn.Module):
-    """The inner transformer stack (SGLang's ``model.model``): embedding, layers, final norm. Token-major and
-    free of the batch size."""
+    """The inner transformer stack (SGLang's ``model.model``): embedding, layers, final norm.
+    Token-major and free of the batch size."""
 
     def __init__(self, cfg: DecoderConfig, attention: AttentionFactory = CausalAttention):
         super().__init__()
@@ -174,7 +177,8 @@ class DecoderStack(nn.Module):
             self.embed_positions = nn.Embedding(cfg.max_position, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, attention) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.rotary = Rotary(cfg.head_size, cfg.max_position, cfg.rope_base) if cfg.positions == "rotary" else None
+        self.rotary = Rotary(cfg.head_size, cfg.max_position,
+                             cfg.rope_base) if cfg.positions == "rotary" else None
 
     def embed(self, input_ids, positions):
         h = self.embed_tokens(input_ids)
@@ -183,8 +187,8 @@ class DecoderStack(nn.Module):
         return h
 
     def forward(self, input_ids, positions, forward_batch=None):
-        """The eager prefill: every op launched from Python (``forward_batch`` is unused here: attention reads
-        the request boundaries, where it needs them, from the forward context)."""
+        """The eager prefill: every op launched from Python (``forward_batch`` is unused here:
+        attention reads the request boundaries, where it needs them, from the forward context)."""
         h = self.embed(input_ids, positions)
         for layer in self.layers:
             h = layer(h, positions, self.rotary)
@@ -192,8 +196,9 @@ class DecoderStack(nn.Module):
 
 
 class LogitsProcessor(nn.Module):
-    """Extend-mode logits (``LogitsProcessor.forward`` for an extend batch): the last token of every request, then
-    the lm_head. Its shapes follow the number of requests, not the number of tokens."""
+    """Extend-mode logits (``LogitsProcessor.forward`` for an extend batch): the last token of every
+    request, then the lm_head. Its shapes follow the number of requests, not the number of
+    tokens."""
 
     def forward(self, hidden_states, lm_head: nn.Linear, forward_batch):
         last_index = torch.cumsum(forward_batch.extend_seq_lens, dim=0) - 1
@@ -202,10 +207,12 @@ class LogitsProcessor(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """A causal LM (``LlamaForCausalLM`` / ``DeepseekV3ForCausalLM`` shape): ``.model`` (the stack), ``.lm_head``
-    and ``.logits_processor``. ``lm_head=False`` leaves the head out (a prefill measured up to the final norm)."""
+    """A causal LM (``LlamaForCausalLM`` / ``DeepseekV3ForCausalLM`` shape): ``.model`` (the stack),
+    ``.lm_head`` and ``.logits_processor``. ``lm_head=False`` leaves the head out (a prefill
+    measured up to the final norm)."""
 
-    def __init__(self, cfg: DecoderConfig, attention: AttentionFactory = CausalAttention, *, lm_head: bool = True):
+    def __init__(self, cfg: DecoderConfig, attention: AttentionFactory = CausalAttention, *,
+                 lm_head: bool = True):
         super().__init__()
         self.config = cfg
         self.model = DecoderStack(cfg, attention)
@@ -219,12 +226,13 @@ class CausalLM(nn.Module):
         return self.logits_processor(hidden_states, self.lm_head, forward_batch)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Initialisation: two schemes, one per notebook (each keeps the weights its recorded runs were measured with)
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+# Initialisation: two schemes, one per notebook (each keeps the weights its recorded runs were
+# measured with)
+# --------------------------------------------------------------------------------------------------
 def init_normal_(model: nn.Module) -> nn.Module:
-    """N(0, 0.02) for embeddings, N(0, 1/fan_in) for every other matrix, norms left at 1; draws from the global
-    RNG (seed it before building the model: construction draws too)."""
+    """N(0, 0.02) for embeddings, N(0, 1/fan_in) for every other matrix, norms left at 1; draws from
+    the global RNG (seed it before building the model: construction draws too)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
@@ -233,9 +241,10 @@ def init_normal_(model: nn.Module) -> nn.Module:
 
 
 def init_residual_scaled_(model: nn.Module, *, seed: int, num_layers: int) -> nn.Module:
-    """Unit-variance projections, output projections (``o_proj``, ``down_proj``) scaled by ``1/sqrt(2 * layers)``,
-    N(0, 1) embeddings, norms 1: the bf16 residual stream stays O(1) over the whole stack. Draws from a generator
-    on the model's device seeded with ``seed``, so no host-side init of a large model is needed."""
+    """Unit-variance projections, output projections (``o_proj``, ``down_proj``) scaled by
+    ``1/sqrt(2 * layers)``, N(0, 1) embeddings, norms 1: the bf16 residual stream stays O(1) over
+    the whole stack. Draws from a generator on the model's device seeded with ``seed``, so no
+    host-side init of a large model is needed."""
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(int(seed))
     out_scale = 1.0 / math.sqrt(2 * num_layers)
@@ -253,11 +262,12 @@ def init_residual_scaled_(model: nn.Module, *, seed: int, num_layers: int) -> nn
     return model
 
 
-def build_on_device(factory: Callable[[], nn.Module], device, dtype, *, seed: int, num_layers: int) -> nn.Module:
-    """Build ``factory()`` directly on ``device`` (PyTorch's default init runs there, and is overwritten), cast it to
-    ``dtype`` and initialise it with :func:`init_residual_scaled_` (rotary tables recomputed there). Frozen, eval
-    mode. Not on the meta device: the first meta tensor of a process imports torch's meta registrations, which
-    took 6 s of a live notebook."""
+def build_on_device(factory: Callable[[], nn.Module], device, dtype, *, seed: int,
+                    num_layers: int) -> nn.Module:
+    """Build ``factory()`` directly on ``device`` (PyTorch's default init runs there, and is
+    overwritten), cast it to ``dtype`` and initialise it with :func:`init_residual_scaled_` (rotary
+    tables recomputed there). Frozen, eval mode. Not on the meta device: the first meta tensor of a
+    process imports torch's meta registrations, which took 6 s of a live notebook."""
     with torch.device(device):
         model = factory()
     model = model.to(dtype=dtype)

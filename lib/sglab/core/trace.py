@@ -1,21 +1,24 @@
-"""A profiler picture of one piece of work: torch.profiler events reduced to a small, tidy event table.
+"""A profiler picture of one piece of work: torch.profiler events reduced to a small, tidy event
+table.
 
     with trace.Recorder(perfetto="run.trace.json.gz") as rec:     # CPU + CUDA activities where CUDA is here
         with trace.phase("recreate workspace"):
             ...
     rec.events          # lane, name, category, start_us, dur_us, phase
 
-Why a table: a notebook without a GPU must draw the same timeline from a recorded run as a live one draws from its
-own trace, so the picture is made from a plain DataFrame that is stored beside the run (see
-:func:`sglab.core.runs.write_run`'s ``sidecars``). Events come from torch's own reader (``prof.events()``: one
-``FunctionEvent`` per host op, runtime call, user range and device activity), never from parsing the JSON export;
-the Perfetto file is torch's own ``export_chrome_trace``, gzipped.
+Why a table: a notebook without a GPU must draw the same timeline from a recorded run as a live one
+draws from its own trace, so the picture is made from a plain DataFrame that is stored beside the
+run (see :func:`sglab.core.runs.write_run`'s ``sidecars``). Events come from torch's own reader
+(``prof.events()``: one ``FunctionEvent`` per host op, runtime call, user range and device
+activity), never from parsing the JSON export; the Perfetto file is torch's own
+``export_chrome_trace``, gzipped.
 
-Categories: ``kernel``, ``memcpy``, ``memset`` (device activity), ``runtime`` (CUDA runtime / driver calls on the
-host), ``range`` (a ``record_function`` / :func:`phase` range), ``op`` (a host-side torch op). Lanes: ``host`` (the
-ops and ranges of the calling thread; other threads get ``host <tid>``), ``runtime``, ``stream <id>`` per CUDA
-stream. ``phase`` is the innermost :func:`phase` range that contains the event (host events by their host range,
-device events by the device-side copy of the range, which spans the kernels launched inside it).
+Categories: ``kernel``, ``memcpy``, ``memset`` (device activity), ``runtime`` (CUDA runtime / driver
+calls on the host), ``range`` (a ``record_function`` / :func:`phase` range), ``op`` (a host-side
+torch op). Lanes: ``host`` (the ops and ranges of the calling thread; other threads get ``host
+<tid>``), ``runtime``, ``stream <id>`` per CUDA stream. ``phase`` is the innermost :func:`phase`
+range that contains the event (host events by their host range, device events by the device-side
+copy of the range, which spans the kernels launched inside it).
 """
 
 from __future__ import annotations
@@ -27,18 +30,20 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-# Kineto (torch 2.13) prints "USDT: profiler_start/stop" lines on stderr at every session; they would land in
-# notebook cells as stderr output. Level 6 keeps errors out of the way too, so it is only set where unset.
+# Kineto (torch 2.13) prints "USDT: profiler_start/stop" lines on stderr at every session; they
+# would land in notebook cells as stderr output. Level 6 keeps errors out of the way too, so it is
+# only set where unset.
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 COLUMNS = ["lane", "name", "category", "start_us", "dur_us", "phase"]
 PHASE_PREFIX = "phase::"
 CATEGORIES = ("kernel", "memcpy", "memset", "runtime", "range", "op")
 
-# FunctionEvent.activity_type (torch >= 2.12) -> category; older torch falls back to names (see _category)
-_ACTIVITY = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset", "cuda_runtime": "runtime",
-             "cuda_driver": "runtime", "user_annotation": "range", "gpu_user_annotation": "range",
-             "cpu_op": "op", "python_function": "op"}
+# FunctionEvent.activity_type (torch >= 2.12) -> category; older torch falls back to names (see
+# _category)
+_ACTIVITY = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset",
+             "cuda_runtime": "runtime", "cuda_driver": "runtime", "user_annotation": "range",
+             "gpu_user_annotation": "range", "cpu_op": "op", "python_function": "op"}
 
 
 @contextmanager
@@ -82,17 +87,20 @@ def _lane(ev, category: str, main_thread) -> str:
 
 
 def _assign_phases(df):
-    """Innermost phase range (host ranges for host events, device ranges for device events) per event."""
+    """Innermost phase range (host ranges for host events, device ranges for device events) per
+    event."""
     import numpy as np
 
     is_dev = (df.lane.str.startswith("stream") | (df.lane == "device")).to_numpy()
     start = df.start_us.to_numpy()
     phases = np.full(len(df), "", dtype=object)
     ranges = df[(df.category == "range") & df.name.str.startswith(PHASE_PREFIX)]
-    # longest first, so that a shorter (inner) range containing the same event overwrites it: innermost wins
+    # longest first, so that a shorter (inner) range containing the same event overwrites it:
+    # innermost wins
     for i in ranges.sort_values("dur_us", ascending=False, kind="stable").index:
         r = df.loc[i]
-        inside = (start >= r.start_us) & (start <= r.start_us + r.dur_us) & (is_dev == is_dev[df.index.get_loc(i)])
+        inside = (start >= r.start_us) & (start <= r.start_us
+                                          + r.dur_us) & (is_dev == is_dev[df.index.get_loc(i)])
         phases[inside] = r["name"][len(PHASE_PREFIX):]
     out = df.copy()
     out["phase"] = phases
@@ -100,10 +108,11 @@ def _assign_phases(df):
 
 
 def event_table(events, *, keep_ops: bool = False):
-    """Reduce torch.profiler ``FunctionEvent``s to :data:`COLUMNS`, start times relative to the first event.
+    """Reduce torch.profiler ``FunctionEvent``s to :data:`COLUMNS`, start times relative to the
+    first event.
 
-    Host ops are dropped unless ``keep_ops`` (they are many and rarely the point); phase ranges, runtime calls and
-    device activity are kept.
+    Host ops are dropped unless ``keep_ops`` (they are many and rarely the point); phase ranges,
+    runtime calls and device activity are kept.
     """
     import pandas as pd
 
@@ -116,7 +125,8 @@ def event_table(events, *, keep_ops: bool = False):
     for ev in events:
         cat = _category(ev)
         rows.append({"lane": _lane(ev, cat, main_thread), "name": ev.name, "category": cat,
-                     "start_us": float(ev.time_range.start), "dur_us": float(ev.time_range.end - ev.time_range.start)})
+                     "start_us": float(ev.time_range.start),
+                     "dur_us": float(ev.time_range.end - ev.time_range.start)})
     df = pd.DataFrame(rows)
     df["start_us"] -= df.start_us.min()
     df = _assign_phases(df.sort_values("start_us", kind="stable").reset_index(drop=True))
@@ -128,12 +138,13 @@ def event_table(events, *, keep_ops: bool = False):
 class Recorder:
     """Profile the ``with`` block (CPU, plus CUDA when this process can use it) into :attr:`events`.
 
-    ``perfetto``: also write torch's Chrome/Perfetto trace there (``.json.gz`` is gzipped). ``keep_ops``: keep host
-    torch ops in the table. The first profiling session of a process can miss device activity while CUPTI starts,
-    so a throwaway session runs first where CUDA is used.
+    ``perfetto``: also write torch's Chrome/Perfetto trace there (``.json.gz`` is gzipped).
+    ``keep_ops``: keep host torch ops in the table. The first profiling session of a process can
+    miss device activity while CUPTI starts, so a throwaway session runs first where CUDA is used.
     """
 
-    def __init__(self, *, perfetto: str | Path | None = None, keep_ops: bool = False, cuda: bool | None = None):
+    def __init__(self, *, perfetto: str | Path | None = None, keep_ops: bool = False,
+                 cuda: bool | None = None):
         import torch
 
         self.cuda = torch.cuda.is_available() if cuda is None else cuda
@@ -152,7 +163,8 @@ class Recorder:
 
             _warm_profiler()
             torch.cuda.synchronize()
-        self._prof = profile(activities=activities, acc_events=True)  # torch 2.11 warns on events() otherwise
+        # torch 2.11 warns on events() otherwise
+        self._prof = profile(activities=activities, acc_events=True)
         self._prof.__enter__()
         return self
 
@@ -177,8 +189,8 @@ def record(fn, **kw):
 
 
 def write_perfetto(prof, path: str | Path) -> Path:
-    """torch's Chrome trace of ``prof`` at ``path`` (gzipped when the name ends in ``.gz``); opens in
-    https://ui.perfetto.dev or chrome://tracing."""
+    """torch's Chrome trace of ``prof`` at ``path`` (gzipped when the name ends in ``.gz``); opens
+    in https://ui.perfetto.dev or chrome://tracing."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -193,23 +205,25 @@ def write_perfetto(prof, path: str | Path) -> Path:
 
 
 def summary(events, *, by: str = "phase"):
-    """Count and total device/host time per ``by`` and category: the numbers a timeline annotates."""
+    """Count and total device/host time per ``by`` and category: the numbers a timeline
+    annotates."""
     g = events.groupby([by, "category"]).dur_us
     return g.agg(count="size", total_us="sum").reset_index()
 
 
 def ranges(events, prefix: str = ""):
-    """The user ranges (``range`` category, host side) whose name starts with ``prefix`` (phase ranges without
-    their ``phase::`` prefix), in time order: e.g. one row per workspace re-creation."""
+    """The user ranges (``range`` category, host side) whose name starts with ``prefix`` (phase
+    ranges without their ``phase::`` prefix), in time order: e.g. one row per workspace
+    re-creation."""
     r = events[(events.category == "range") & ~events.lane.str.startswith("stream")].copy()
     r["name"] = r.name.str.replace(PHASE_PREFIX, "", regex=False)
     return r[r.name.str.startswith(prefix)].sort_values("start_us").reset_index(drop=True)
 
 
 def trace_phases(fns, *, perfetto: str | Path | None = None, cuda: bool | None = None):
-    """Run each function of ``fns`` (``{phase name: callable}``) once inside its own :func:`phase` range, under one
-    :class:`Recorder` session; the device is synchronised before and after each so that phases never overlap on the
-    device. Returns the event table."""
+    """Run each function of ``fns`` (``{phase name: callable}``) once inside its own :func:`phase`
+    range, under one :class:`Recorder` session; the device is synchronised before and after each so
+    that phases never overlap on the device. Returns the event table."""
     import torch
 
     rec = Recorder(perfetto=perfetto, cuda=cuda)
@@ -224,8 +238,9 @@ def trace_phases(fns, *, perfetto: str | Path | None = None, cuda: bool | None =
 
 
 def phase_columns(events, pattern: str, columns, converters=None):
-    """The events whose ``phase`` matches ``pattern`` (a regular expression with one group per column), with the
-    groups as new ``columns`` (each passed through its ``converters`` entry, e.g. ``int``)."""
+    """The events whose ``phase`` matches ``pattern`` (a regular expression with one group per
+    column), with the groups as new ``columns`` (each passed through its ``converters`` entry, e.g.
+    ``int``)."""
     m = events.phase.str.extract(pattern)
     keep = m[0].notna()
     out = events[keep].copy()

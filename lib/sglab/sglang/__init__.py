@@ -1,8 +1,10 @@
 """Real SGLang releases, side by side, each run in its own subprocess.
 
 - :mod:`~sglab.sglang.releases` pinned releases and where they live (``.sglang/releases/<V>/``)
-- :mod:`~sglab.sglang.install`  ``sglab real install``: pip into target folders, idempotent, in parallel
-- :mod:`~sglab.sglang.bootstrap`, :mod:`~sglab.sglang.bootstrap`  the stand-ins a release needs on this machine
+- :mod:`~sglab.sglang.install`  ``sglab real install``: pip into target folders, idempotent, in
+  parallel
+- :mod:`~sglab.sglang.bootstrap`, :mod:`~sglab.sglang.bootstrap`  the stand-ins a release needs on
+  this machine
 - :mod:`~sglab.sglang.runner`  one worker per release, for all its calls: :func:`run_probes`
 - :mod:`~sglab.sglang.probes`   the real code of each fix, driven on the CPU; rows for the tests and notebooks
 
@@ -25,39 +27,46 @@ def _facts() -> dict:
 
 
 def shims_needed(release: str) -> list[str]:
-    """Names of the shims ``release`` needs on this machine (decided by a fresh interpreter, as a worker would)."""
+    """Names of the shims ``release`` needs on this machine (decided by a fresh interpreter, as a
+    worker would)."""
     from sglab.sglang.bootstrap import plan
 
     return plan(release, _facts())
 
 
 def real_release_rows() -> list[tuple[str, str]]:
-    """``sglab env`` rows: the installed releases (``.sglang/releases``) and the shims each needs on this machine."""
+    """``sglab env`` rows: the installed releases (``.sglang/releases``) and the shims each needs on
+    this machine."""
     have = installed_releases()
     missing = [v for v in PINNED if v not in have]
-    head = f"{len(have)} in {home()}" + (f"; missing {', '.join(missing)} (`sglab real install`)" if missing else "")
-    return [("sglang releases", head)] + [(f"  {v}", "shims: " + (", ".join(shims_needed(v)) or "none")) for v in have]
+    head = f"{len(have)} in {home()}" + (f"; missing {', '.join(missing)} (`sglab real install`)"
+                                         if missing else "")
+    return [("sglang releases", head)] + [(f"  {v}",
+                                           "shims: " + (", ".join(shims_needed(v)) or "none"))
+                                          for v in have]
 
 
-def capture_sizes_for_args(argv: list[str], releases=PINNED, *, mla: bool = True, gpu_mem_gb: float = 141.0,
-                           timeout: float = 300.0):
-    """SGLang server arguments -> per release, the piecewise and decode capture sizes it would use (parsed by
-    that release's own parser; SGLang's one-line message on bad or contradictory arguments). One subprocess
-    per release; see :mod:`sglab.sglang.probes.server_args` for what is assumed about the model and the GPU.
+def capture_sizes_for_args(argv: list[str], releases=PINNED, *, mla: bool = True,
+                           gpu_mem_gb: float = 141.0, timeout: float = 300.0):
+    """SGLang server arguments -> per release, the piecewise and decode capture sizes it would use
+    (parsed by that release's own parser; SGLang's one-line message on bad or contradictory
+    arguments). One subprocess per release; see :mod:`sglab.sglang.probes.server_args` for what is
+    assumed about the model and the GPU.
 
-    Returns a DataFrame ``release, case, metric, value`` (metric ``piecewise`` / ``decode`` / ``error`` /
-    ``unsupported`` / the settings that led there), plus a ``not-run`` row for a release that could not run."""
+    Returns a DataFrame ``release, case, metric, value`` (metric ``piecewise`` / ``decode`` /
+    ``error`` / ``unsupported`` / the settings that led there), plus a ``not-run`` row for a release
+    that could not run."""
     import pandas as pd
 
     params = {"argv": list(argv), "mla": mla, "gpu_mem_gb": gpu_mem_gb}
     frames = []
     for v, r in run_probes(releases, "server_args:run", params, timeout=timeout).items():
-        frames.append(r.rows if r.ok else pd.DataFrame([{"release": v, "probe": r.probe, "case": "args",
-                                                         "metric": r.status, "value": r.reason}]))
+        frames.append(r.rows if r.ok else pd.DataFrame([{"release": v, "probe": r.probe,
+                                                         "case": "args", "metric": r.status,
+                                                         "value": r.reason}]))
     return pd.concat(frames, ignore_index=True).drop(columns=["probe"])
 
 
-__all__ = ["capture_sizes_for_args", "PINNED", "real_release_rows", "ProbeResult", "home", "installed_releases",
-           "package_dir",
-           "release_dir", "run_batch", "run_probe",
+__all__ = ["capture_sizes_for_args", "PINNED", "real_release_rows", "ProbeResult", "home",
+           "installed_releases", "package_dir", "release_dir", "run_batch", "run_probe",
            "run_probes", "run_release", "shims_needed"]

@@ -1,9 +1,10 @@
-"""Make one installed SGLang release importable in this process, with only the shims this machine needs.
+"""Make one installed SGLang release importable in this process, with only the shims this machine
+needs.
 
 Call :func:`prepare` once, first thing in a fresh process (the worker does), before anything imports
-``sglang``, ``triton``, ``torchvision`` or ``sgl_kernel``. It puts the release and its dependency set on
-``sys.path``, decides each shim from what this machine has (see :mod:`sglab.sglang.bootstrap` for the reasons), and
-returns what it applied. Nothing here is reversible: one process, one release.
+``sglang``, ``triton``, ``torchvision`` or ``sgl_kernel``. It puts the release and its dependency
+set on ``sys.path``, decides each shim from what this machine has (see :mod:`sglab.sglang.bootstrap`
+for the reasons), and returns what it applied. Nothing here is reversible: one process, one release.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from typing import Callable, Optional
 
 
 class NotRunnable(RuntimeError):
-    """The release cannot be imported here; the message is one line naming the release and the cause."""
+    """The release cannot be imported here; the message is one line naming the release and the
+    cause."""
 
 
 @dataclass
@@ -43,11 +45,13 @@ def _cause(exc: BaseException) -> str:
 
 
 def _try_import(name: str) -> str | None:
-    """None when ``name`` imports; else the cause in one line (and nothing of it left in ``sys.modules``)."""
+    """None when ``name`` imports; else the cause in one line (and nothing of it left in
+    ``sys.modules``)."""
     try:
         importlib.import_module(name)
         return None
-    except Exception as exc:  # noqa: BLE001 - any failure to load counts (ImportError, OSError, RuntimeError)
+    # noqa: BLE001 - any failure to load counts (ImportError, OSError, RuntimeError)
+    except Exception as exc:
         for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
             del sys.modules[mod]
         return _cause(exc)
@@ -63,21 +67,24 @@ def _put_on_path(release: str) -> Path:
     if "sglang" in sys.modules:
         raise NotRunnable(f"sglang {release}: another sglang is already imported in this process")
     if not release_installed(release):
-        raise NotRunnable(f"sglang {release}: not installed (run `sglab real install --releases {release}`)")
+        raise NotRunnable(f"sglang {release}: not installed (run `sglab real install --releases "
+                          f"{release}`)")
     root = release_dir(release)
     sys.path[:0] = [str(root), str(deps_dir(dep_set(release)))]
     importlib.invalidate_caches()
     spec = importlib.util.find_spec("sglang")
     found = Path(spec.origin).parent if spec and spec.origin else None
     if found is None or found.resolve() != package_dir(release).resolve():
-        raise NotRunnable(f"sglang {release}: `import sglang` resolves to {found}, not {package_dir(release)}")
+        raise NotRunnable(f"sglang {release}: `import sglang` resolves to {found}, not "
+                          f"{package_dir(release)}")
     return root
 
 
 def machine_facts() -> dict:
-    """What this process can import: for each stand-in, None when the real thing loads, else the cause.
-    Importing ``torchvision`` / ``sgl_kernel`` to find out is the only reliable test (a wheel built for another
-    torch is found but fails to load); nothing of a failed import is left in ``sys.modules``."""
+    """What this process can import: for each stand-in, None when the real thing loads, else the
+    cause. Importing ``torchvision`` / ``sgl_kernel`` to find out is the only reliable test (a wheel
+    built for another torch is found but fails to load); nothing of a failed import is left in
+    ``sys.modules``."""
     return {"triton": None if importlib.util.find_spec("triton") is not None else "not installed",
             "torchvision": _try_import("torchvision"),
             "sgl_kernel": _try_import("sgl_kernel"),
@@ -85,7 +92,8 @@ def machine_facts() -> dict:
 
 
 def plan(release: str, facts: dict) -> list[str]:
-    """Names of the shims ``release`` needs on a machine with ``facts`` (see :mod:`sglab.sglang.bootstrap`)."""
+    """Names of the shims ``release`` needs on a machine with ``facts`` (see
+    :mod:`sglab.sglang.bootstrap`)."""
     names = []
     if facts["triton"] is not None:
         names.append("triton")
@@ -112,22 +120,24 @@ def needed_shims(release: str, root: Path) -> list[Shim]:
 
 
 def facts_in_subprocess(timeout: float = 120.0) -> dict:
-    """:func:`machine_facts` of a fresh interpreter (what a worker will see), without importing anything here."""
+    """:func:`machine_facts` of a fresh interpreter (what a worker will see), without importing
+    anything here."""
     import json
     import subprocess
 
     code = "import json; from sglab.sglang.bootstrap import machine_facts; print(json.dumps(machine_facts()))"
     from sglab.sglang.runner import _env
 
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=_env(),
-                         stdin=subprocess.DEVNULL)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=timeout, env=_env(), stdin=subprocess.DEVNULL)
     if out.returncode != 0:
         raise RuntimeError(f"could not inspect this machine: {out.stderr.strip().splitlines()[-1:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def prepare(release: str) -> Prepared:
-    """Put ``release`` on ``sys.path`` and apply its shims; raises :class:`NotRunnable` with a one-line reason."""
+    """Put ``release`` on ``sys.path`` and apply its shims; raises :class:`NotRunnable` with a
+    one-line reason."""
     root = _put_on_path(release)
     try:
         applied = needed_shims(release, root)
@@ -137,8 +147,8 @@ def prepare(release: str) -> Prepared:
 
 
 def import_release_module(prepared: Prepared, module: str):
-    """Import ``module`` (e.g. ``sglang.srt.mem_cache.swa_memory_pool``) of the prepared release; one-line
-    :class:`NotRunnable` on failure naming the release, the module and the cause."""
+    """Import ``module`` (e.g. ``sglang.srt.mem_cache.swa_memory_pool``) of the prepared release;
+    one-line :class:`NotRunnable` on failure naming the release, the module and the cause."""
     try:
         return importlib.import_module(module)
     except Exception as exc:  # noqa: BLE001
@@ -166,7 +176,8 @@ class StubCalled(NotImplementedError):
 
 
 class _Placeholder:
-    """A named constant of a stand-in class (e.g. ``InterpolationMode.BILINEAR`` in a module-level table)."""
+    """A named constant of a stand-in class (e.g. ``InterpolationMode.BILINEAR`` in a module-level
+    table)."""
 
     def __init__(self, qualname: str):
         self._qualname = qualname
@@ -176,7 +187,8 @@ class _Placeholder:
 
 
 class _StubMeta(type):
-    """Stand-in classes: subclassable, their attributes are placeholders, creating an instance raises."""
+    """Stand-in classes: subclassable, their attributes are placeholders, creating an instance
+    raises."""
 
     def __getattr__(cls, attr):
         if attr.startswith("__"):
@@ -184,15 +196,18 @@ class _StubMeta(type):
         return _Placeholder(f"{cls.__module__}.{cls.__qualname__}.{attr}")
 
     def __call__(cls, *_args, **_kwargs):
-        raise StubCalled(f"{cls.__module__}.{cls.__qualname__} is a stub class installed by sglab.sglang.bootstrap "
-                         f"({cls.__sglab_stub__}); it cannot be instantiated")
+        raise StubCalled(f"{cls.__module__}.{cls.__qualname__} is a stub class installed by "
+                         "sglab.sglang.bootstrap " f"({cls.__sglab_stub__}); it cannot be "
+                         "instantiated")
 
 
 class RaisingModule(types.ModuleType):
-    """A stand-in module. A CamelCase attribute is a stub class (:class:`_StubMeta`); any other attribute is a
-    child stand-in module (a submodule or a function: both work), which raises :class:`StubCalled` when called."""
+    """A stand-in module. A CamelCase attribute is a stub class (:class:`_StubMeta`); any other
+    attribute is a child stand-in module (a submodule or a function: both work), which raises
+    :class:`StubCalled` when called."""
 
-    def __init__(self, name: str, why: str, *, package: bool = False, overrides: Optional[dict] = None):
+    def __init__(self, name: str, why: str, *, package: bool = False,
+                 overrides: Optional[dict] = None):
         super().__init__(name)
         self.__sglab_stub__ = why
         if package:
@@ -204,7 +219,8 @@ class RaisingModule(types.ModuleType):
             raise AttributeError(attr)
         full = f"{self.__name__}.{attr}"
         if attr[:1].isupper():
-            value = _StubMeta(attr, (), {"__module__": self.__name__, "__sglab_stub__": self.__sglab_stub__})
+            value = _StubMeta(attr, (),
+                              {"__module__": self.__name__, "__sglab_stub__": self.__sglab_stub__})
         else:
             value = sys.modules.get(full) or RaisingModule(full, self.__sglab_stub__, package=True)
             sys.modules.setdefault(full, value)
@@ -212,15 +228,16 @@ class RaisingModule(types.ModuleType):
         return value
 
     def __call__(self, *_args, **_kwargs):
-        raise StubCalled(f"{self.__name__} is a stub installed by sglab.sglang.bootstrap ({self.__sglab_stub__}); "
-                         "it has no implementation")
+        raise StubCalled(f"{self.__name__} is a stub installed by sglab.sglang.bootstrap "
+                         f"({self.__sglab_stub__}); " "it has no implementation")
 
 
 class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Serves ``root`` and ``root.*`` (minus ``exclude``) as :class:`RaisingModule` packages."""
 
-    def __init__(self, root: str, why: str, *, exclude: tuple[str, ...] = (), overrides: Optional[dict] = None,
-                 only: Optional[tuple[str, ...]] = None, raising_root: bool = True):
+    def __init__(self, root: str, why: str, *, exclude: tuple[str, ...] = (),
+                 overrides: Optional[dict] = None, only: Optional[tuple[str, ...]] = None,
+                 raising_root: bool = True):
         self.root, self.why, self.exclude, self.overrides = root, why, exclude, overrides or {}
         self.only, self.raising_root = only, raising_root
 
@@ -237,7 +254,8 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             mod.__path__ = []
             mod.__sglab_stub__ = self.why
             return mod
-        return RaisingModule(spec.name, self.why, package=True, overrides=self.overrides.get(spec.name))
+        return RaisingModule(spec.name, self.why, package=True,
+                             overrides=self.overrides.get(spec.name))
 
     def exec_module(self, module):
         pass
@@ -249,7 +267,8 @@ def _forget(prefix: str) -> None:
 
 
 def _load_file(path: Path, name: str) -> types.ModuleType:
-    """Execute one file of a release as a private module, without importing the ``sglang`` package."""
+    """Execute one file of a release as a private module, without importing the ``sglang``
+    package."""
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod  # dataclasses in the file look their module up there
@@ -257,9 +276,11 @@ def _load_file(path: Path, name: str) -> types.ModuleType:
     return mod
 
 
-# -- triton ------------------------------------------------------------------------------------------------------
+# -- triton
+# --------------------------------------------------------------------------------------------------
 def _mock(stub: types.ModuleType, name: str) -> types.ModuleType:
-    """``sys.modules[name]``, made with the stub's own mock module type (and linked to its parent) if missing."""
+    """``sys.modules[name]``, made with the stub's own mock module type (and linked to its parent)
+    if missing."""
     mod = sys.modules.get(name)
     if mod is None:
         mod = stub._make_mock(name)
@@ -270,23 +291,26 @@ def _mock(stub: types.ModuleType, name: str) -> types.ModuleType:
 
 
 # (module, attribute) -> what 0.5.2x's stub puts there; ``None``: a mock module only
-_TRITON_TREE = {
-    ("triton.language.extra.libdevice", None): None,
-    ("triton.runtime.jit", "JITFunction"): lambda base: type("_JITFunction", (), {}),
-    ("triton.runtime.jit", "KernelInterface"): lambda base: type("_KernelInterface", (base,), {}),
-    ("triton.runtime.autotuner", "OutOfResources"): lambda base: type("_OutOfResources", (Exception,), {}),
-    ("triton.runtime.autotuner", "PTXASError"): lambda base: type("_PTXASError", (Exception,), {}),
-    ("triton.compiler", "CompiledKernel"): lambda base: type("_CompiledKernel", (base,), {}),
-    ("triton.compiler.compiler", "ASTSource"): lambda base: type("_ASTSource", (base,), {}),
-    ("triton.runtime.driver", None): None,
-    ("triton.testing", None): None,
-    ("triton.tools.tensor_descriptor", None): None,
-    ("triton.backends.compiler", "GPUTarget"): lambda base: type("_GPUTarget", (base,), {}),
-}
+_TRITON_TREE = {("triton.language.extra.libdevice", None): None,
+                ("triton.runtime.jit", "JITFunction"): lambda base: type("_JITFunction", (), {}),
+                ("triton.runtime.jit", "KernelInterface"): lambda base: type("_KernelInterface",
+                        (base,), {}),
+                ("triton.runtime.autotuner", "OutOfResources"): lambda base: type("_OutOfResources",
+                        (Exception,), {}),
+                ("triton.runtime.autotuner", "PTXASError"): lambda base: type("_PTXASError",
+                        (Exception,), {}),
+                ("triton.compiler", "CompiledKernel"): lambda base: type("_CompiledKernel", (base,),
+                        {}),
+                ("triton.compiler.compiler", "ASTSource"): lambda base: type("_ASTSource", (base,),
+                        {}), ("triton.runtime.driver", None): None, ("triton.testing", None): None,
+                ("triton.tools.tensor_descriptor", None): None,
+                ("triton.backends.compiler", "GPUTarget"): lambda base: type("_GPUTarget", (base,),
+                        {}),}
 
 
 def _complete_triton_stub(stub: types.ModuleType) -> None:
-    """Give the stub real classes where torch 2.13's inductor needs classes (the set 0.5.2x's stub defines).
+    """Give the stub real classes where torch 2.13's inductor needs classes (the set 0.5.2x's stub
+    defines).
 
     A name that is already a class (the stub defined it) is left alone."""
     triton_key = getattr(stub, "_triton_key", lambda: "sglang-triton-stub")
@@ -301,8 +325,8 @@ def _complete_triton_stub(stub: types.ModuleType) -> None:
 
 
 def _install_platform_stub_triton(stub: types.ModuleType) -> None:
-    """0.5.2x keeps its triton stub inside ``install_platform_stubs``, gated to macOS with MPS: the same module
-    tree, built from the stub file's own pieces (finder, mock module type, helpers)."""
+    """0.5.2x keeps its triton stub inside ``install_platform_stubs``, gated to macOS with MPS: the
+    same module tree, built from the stub file's own pieces (finder, mock module type, helpers)."""
     sys.meta_path.insert(0, stub._TritonFinder())
     triton = stub._make_mock("triton")
     triton.__version__ = "3.0.0"
@@ -329,39 +353,51 @@ def install_triton_stub(release_root: Path) -> Shim:
     else:
         raise ImportError("no triton here and the release ships no triton stub")
     _complete_triton_stub(stub)
-    return Shim("triton", f"no triton on this machine: the release's own stub ({source}), with the classes "
+    return Shim("triton",
+                f"no triton on this machine: the release's own stub ({source}), with the classes "
                           "torch 2.13's inductor imports")
 
 
-# -- torchvision -------------------------------------------------------------------------------------------------
+# -- torchvision
+# -------------------------------------------------------------------------------------------------
 def install_torchvision_absent(cause: str) -> Shim:
     """``torchvision.*`` served by modules whose functions raise when called."""
     _forget("torchvision")
     why = f"torchvision cannot be imported here ({cause})"
-    # transformers reads the version to choose between torchvision and PIL image processors; 0.0 makes it keep
-    # the PIL ones wherever it can, and the local label shows where the number comes from
-    sys.meta_path.insert(0, _StubFinder("torchvision", why,
-                                        overrides={"torchvision": {"__version__": "0.0+sglab.stub"}}))
-    return Shim("torchvision", f"{why}: modules whose functions raise when called stand in (version 0.0)")
+    # transformers reads the version to choose between torchvision and PIL image processors; 0.0
+    # makes it keep the PIL ones wherever it can, and the local label shows where the number comes
+    # from
+    sys.meta_path.insert(0,
+                         _StubFinder("torchvision", why,
+                                     overrides={"torchvision": {"__version__": "0.0+sglab.stub"}}))
+    return Shim("torchvision",
+                f"{why}: modules whose functions raise when called stand in (version 0.0)")
 
 
-# -- sgl_kernel --------------------------------------------------------------------------------------------------
+# -- sgl_kernel
+# --------------------------------------------------------------------------------------------------
 def install_kvcacheio_stub(cause: str) -> Shim:
-    """An empty ``sgl_kernel`` package with an inert ``kvcacheio`` (0.5.10.x imports it on every GPU-less path)."""
+    """An empty ``sgl_kernel`` package with an inert ``kvcacheio`` (0.5.10.x imports it on every
+    GPU-less path)."""
     why = f"sgl_kernel cannot be imported here ({cause})"
-    sys.meta_path.insert(0, _StubFinder("sgl_kernel", why, only=("sgl_kernel", "sgl_kernel.kvcacheio"),
-                                        raising_root=False))
-    return Shim("sgl_kernel.kvcacheio", f"{why}; memory_pool_host.py imports sgl_kernel.kvcacheio at module level: "
-                                        "an empty sgl_kernel with a kvcacheio whose functions raise when called")
+    sys.meta_path.insert(0,
+                         _StubFinder("sgl_kernel", why, only=("sgl_kernel", "sgl_kernel.kvcacheio"),
+                                     raising_root=False))
+    return Shim("sgl_kernel.kvcacheio",
+                f"{why}; memory_pool_host.py imports sgl_kernel.kvcacheio at module level: "
+                                        "an empty sgl_kernel with a kvcacheio whose functions "
+                "raise when called")
 
 
 def _weak_ref_tensor(tensor):
-    """Stands in for sgl_kernel's weak_ref_tensor: the tensor itself (a strong reference; same values)."""
+    """Stands in for sgl_kernel's weak_ref_tensor: the tensor itself (a strong reference; same
+    values)."""
     return tensor
 
 
 def _skip_fakes_of_missing_sgl_kernel_ops() -> None:
-    """``torch.library.register_fake("sgl_kernel::X")`` for an op that was never defined becomes a no-op."""
+    """``torch.library.register_fake("sgl_kernel::X")`` for an op that was never defined becomes a
+    no-op."""
     import torch
 
     real = torch.library.register_fake
@@ -380,12 +416,14 @@ def _skip_fakes_of_missing_sgl_kernel_ops() -> None:
 
 
 def install_sgl_kernel_stub(cause: str) -> Shim:
-    """On a CUDA machine whose sgl_kernel does not load: every ``sgl_kernel`` function raises when called."""
+    """On a CUDA machine whose sgl_kernel does not load: every ``sgl_kernel`` function raises when
+    called."""
     _forget("sgl_kernel")
     why = f"the real sgl_kernel does not load here ({cause})"
     sys.meta_path.insert(0, _StubFinder("sgl_kernel", why, exclude=("sgl_kernel.scalar_type",),
                                         overrides={"sgl_kernel": {"weak_ref_tensor": _weak_ref_tensor}}))
     _skip_fakes_of_missing_sgl_kernel_ops()
-    return Shim("sgl_kernel", f"{why}: functions raise when called, weak_ref_tensor returns its argument, "
+    return Shim("sgl_kernel",
+                f"{why}: functions raise when called, weak_ref_tensor returns its argument, "
                               "fake registrations of its missing torch ops skipped, "
                               "sgl_kernel.scalar_type left to SGLang's fallback")

@@ -1,17 +1,18 @@
 """Real releases beside the rebuild: the one comparison every notebook's real-SGLang section makes.
 
-Every notebook claims that its rebuild behaves like SGLang before and after a fix. The releases that straddle
-the fix say whether that is true. A fix's ``sglang.py`` turns its probe's answers into a comparison table, one
-row per (release, behaviour): what the real code did, what the rebuild must match, what that gives, and whether
-the two agree (computed by comparing, never typed in). :func:`section` is the notebook cell:
+Every notebook claims that its rebuild behaves like SGLang before and after a fix. The releases that
+straddle the fix say whether that is true. A fix's ``sglang.py`` turns its probe's answers into a
+comparison table, one row per (release, behaviour): what the real code did, what the rebuild must
+match, what that gives, and whether the two agree (computed by comparing, never typed in).
+:func:`section` is the notebook cell:
 
     sglang.compare()    # = section(FIX, comparison): where the answers come from, the table, the agreement line
 
-A release that did not run says so and counts neither way; a disagreement is printed under a banner a reader
-cannot miss, and :func:`check_table` returns False for it so a test fails too.
+A release that did not run says so and counts neither way; a disagreement is printed under a banner
+a reader cannot miss, and :func:`check_table` returns False for it so a test fails too.
 
-Real code recorded on GPUs (``sglab real gpu``) is a run of the experiment ``real_<fix>``; :func:`show_recorded`
-shows the newest one, or says that none is recorded yet.
+Real code recorded on GPUs (``sglab real gpu``) is a run of the experiment ``real_<fix>``;
+:func:`show_recorded` shows the newest one, or says that none is recorded yet.
 """
 
 from __future__ import annotations
@@ -24,26 +25,30 @@ COLUMNS = ["release", "behaviour", "real", "must match", "expected", "agrees"]
 MISMATCH = "!!! REAL SGLANG AND THE REBUILD DISAGREE"
 
 
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # building a comparison table
-# --------------------------------------------------------------------------------------------------------------
-def row(release: str, behaviour: str, real, must_match: str, expected, agrees: Optional[bool] = None) -> dict:
+# --------------------------------------------------------------------------------------------------
+def row(release: str, behaviour: str, real, must_match: str, expected,
+        agrees: Optional[bool] = None) -> dict:
     """One row; ``agrees`` defaults to ``real == expected``."""
     return {"release": release, "behaviour": behaviour, "real": real, "must match": must_match,
-            "expected": expected, "agrees": bool(real == expected) if agrees is None else bool(agrees)}
+            "expected": expected,
+            "agrees": bool(real == expected) if agrees is None else bool(agrees)}
 
 
 def differences(real: dict, rebuilt: dict, keys: Iterable[str]) -> list[str]:
     """The facts among ``keys`` on which ``real`` and ``rebuilt`` differ, one line each."""
-    return [f"{k}: real {real.get(k)!r}, rebuild {rebuilt.get(k)!r}" for k in keys if real.get(k) != rebuilt.get(k)]
+    return [f"{k}: real {real.get(k)!r}, rebuild {rebuilt.get(k)!r}" for k in keys
+            if real.get(k) != rebuilt.get(k)]
 
 
-def facts_row(release: str, behaviour: str, real: dict, variant: str, rebuilt: dict, keys: Iterable[str],
-              describe: Callable[[dict], str]) -> dict:
-    """A row comparing two dicts of facts on ``keys``; each side described in words by ``describe``. The
-    differing facts are kept under ``differences`` for the banner."""
+def facts_row(release: str, behaviour: str, real: dict, variant: str, rebuilt: dict,
+              keys: Iterable[str], describe: Callable[[dict], str]) -> dict:
+    """A row comparing two dicts of facts on ``keys``; each side described in words by ``describe``.
+    The differing facts are kept under ``differences`` for the banner."""
     diffs = differences(real, rebuilt, keys)
-    out = row(release, behaviour, describe(real), f"rebuild: {variant}", describe(rebuilt), agrees=not diffs)
+    out = row(release, behaviour, describe(real), f"rebuild: {variant}", describe(rebuilt),
+              agrees=not diffs)
     out["differences"] = diffs
     return out
 
@@ -68,32 +73,34 @@ def ran(results: dict[str, ProbeResult]) -> dict[str, ProbeResult]:
     return {v: r for v, r in results.items() if r.ok}
 
 
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # saying where the answers came from, and whether they agree
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def source_line(results: dict[str, ProbeResult]) -> str:
     """Where the answers come from, in one line: a recording (which one) or this machine, now."""
     labels = sorted({r.recorded for r in results.values() if r.recorded})
     now = [v for v, r in results.items() if not r.recorded]
     parts = []
     if labels:
-        parts.append(f"answers {'; '.join(labels)} (SGLAB_REAL=live runs the installed releases here instead)")
+        parts.append(f"answers {'; '.join(labels)} (SGLAB_REAL=live runs the installed releases "
+                     "here instead)")
     if now:
         parts.append(f"run here now: {', '.join(now)}")
     return "real SGLang: " + " · ".join(parts) if parts else "real SGLang: no release asked"
 
 
 def status_lines(results: dict[str, ProbeResult]) -> str:
-    """Where the answers come from, then one line per release: how long it ran and with which shims, or why it
-    did not run."""
-    lines = [r.summary(with_source=False) if r.ok else
-             f"sglang {v}: not run: {r.reason.removeprefix(f'sglang {v}: ')}" for v, r in results.items()]
+    """Where the answers come from, then one line per release: how long it ran and with which shims,
+    or why it did not run."""
+    lines = [r.summary(with_source=False) if r.ok
+             else f"sglang {v}: not run: {r.reason.removeprefix(f'sglang {v}: ')}" for v,
+             r in results.items()]
     return "\n".join([source_line(results), *lines])
 
 
 def check_table(df, *, what: str = "rows") -> bool:
-    """Print a loud banner with every row whose ``agrees`` is False; True when every row agrees (and there is
-    at least one row: an empty comparison proves nothing and says so)."""
+    """Print a loud banner with every row whose ``agrees`` is False; True when every row agrees (and
+    there is at least one row: an empty comparison proves nothing and says so)."""
     if df is None or len(df) == 0:
         print(f"no real release ran, so nothing was compared ({what})")
         return False
@@ -101,7 +108,8 @@ def check_table(df, *, what: str = "rows") -> bool:
     if len(bad):
         lines = [f"{MISMATCH}: {len(bad)} of {len(df)} {what}", bad[COLUMNS].to_string(index=False)]
         if "differences" in bad.columns:
-            lines += [f"  {r.release}: {d}" for r in bad.itertuples() for d in (r.differences or [])]
+            lines += [f"  {r.release}: {d}" for r in bad.itertuples()
+                      for d in (r.differences or [])]
         print("\n".join(lines))
         return False
     print(f"real SGLang and the rebuild agree on all {len(df)} {what}")
@@ -109,15 +117,18 @@ def check_table(df, *, what: str = "rows") -> bool:
 
 
 def answers(fix, releases: Optional[Iterable[str]] = None) -> dict[str, ProbeResult]:
-    """Each release's answer to the fix's probe: from the recording where it holds it (``SGLAB_REAL=auto``,
-    the default), else run now, each release in its own subprocess (see :mod:`sglab.sglang.store`)."""
+    """Each release's answer to the fix's probe: from the recording where it holds it
+    (``SGLAB_REAL=auto``, the default), else run now, each release in its own subprocess (see
+    :mod:`sglab.sglang.store`)."""
     p = fix.probe
     return run_probes(list(releases or p.releases), p.fn, p.resolved_params(), jobs=2)
 
 
-def section(fix, comparison: Callable[[dict], object], *, what: str = "rows", results: Optional[dict] = None):
-    """A notebook's real-SGLang section in one call: the answers (:func:`answers`), where they come from, the
-    comparison table ``comparison(results)`` shown, and the agreement line. Returns the table."""
+def section(fix, comparison: Callable[[dict], object], *, what: str = "rows",
+            results: Optional[dict] = None):
+    """A notebook's real-SGLang section in one call: the answers (:func:`answers`), where they come
+    from, the comparison table ``comparison(results)`` shown, and the agreement line. Returns the
+    table."""
     from sglab.core.notebook import show_table
 
     results = answers(fix) if results is None else results
@@ -128,12 +139,13 @@ def section(fix, comparison: Callable[[dict], object], *, what: str = "rows", re
     return df
 
 
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # the release a fix shipped in, beside the rebuild
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def released(fix, rebuilt=None, *, symbol: Optional[str] = None, pr: Optional[int] = None) -> None:
-    """The fix's row of the release timeline (drawn once), then the released ``symbol`` of the PR's hunk
-    beside the rebuilt function or class (or the whole released hunk when ``rebuilt`` is None)."""
+    """The fix's row of the release timeline (drawn once), then the released ``symbol`` of the PR's
+    hunk beside the rebuilt function or class (or the whole released hunk when ``rebuilt`` is
+    None)."""
     from sglab.core.notebook import display_object, show_figure
     from sglab.sglang import hunks, wheels
 
@@ -144,9 +156,9 @@ def released(fix, rebuilt=None, *, symbol: Optional[str] = None, pr: Optional[in
         display_object(hunks.beside(fix, rebuilt, pr=pr, symbol=symbol))
 
 
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # real code recorded on GPUs
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def recorded(name: str):
     """The newest recorded run of ``real_<name>`` (``data/recorded/real_<name>/``), or None."""
     from sglab.core import runs
@@ -164,7 +176,8 @@ def recorded_lines(run) -> list[str]:
     if releases:
         lines.append("releases: " + ", ".join(map(str, releases)))
     if isinstance(shims, dict) and shims:
-        lines += [f"  shims {v}: {', '.join(map(str, s)) if isinstance(s, list) else s}" for v, s in shims.items()]
+        lines += [f"  shims {v}: {', '.join(map(str, s)) if isinstance(s, list) else s}" for v,
+                  s in shims.items()]
     return lines
 
 
@@ -176,13 +189,15 @@ def pivot(df, index: list[str], metrics: list[str]):
 
 
 def show_recorded(name: str, tables: Optional[Callable] = None):
-    """Show the newest recorded real GPU run of fix ``name`` (``tables(df) -> {title: table}`` shapes it; the
-    tidy rows otherwise), or say plainly that there is none. Returns the run or None."""
+    """Show the newest recorded real GPU run of fix ``name`` (``tables(df) -> {title: table}``
+    shapes it; the tidy rows otherwise), or say plainly that there is none. Returns the run or
+    None."""
     from sglab.core.notebook import show_table
 
     run = recorded(name)
     if run is None:
-        print(f"Real SGLang on a GPU ({name}): not recorded yet (no run under data/recorded/real_{name}/).")
+        print(f"Real SGLang on a GPU ({name}): not recorded yet (no run under "
+              f"data/recorded/real_{name}/).")
         return None
     print("\n".join(["Real SGLang on a GPU, recorded:"] + recorded_lines(run)))
     shaped = None
@@ -191,7 +206,8 @@ def show_recorded(name: str, tables: Optional[Callable] = None):
             shaped = tables(run.df)
         except (KeyError, ValueError):
             shaped = None
-    for title, t in (shaped or {"rows": run.df.drop(columns=["experiment"], errors="ignore")}).items():
+    for title, t in (shaped or {"rows": run.df.drop(columns=["experiment"],
+                                                    errors="ignore")}).items():
         print(title)
         show_table(t)
     return run

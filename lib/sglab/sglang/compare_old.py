@@ -1,14 +1,17 @@
-"""TRANSITION (removed once every fix uses sglab.sglang.compare). Real releases beside the rebuild: one agreement table per notebook, and the recorded real GPU runs.
+"""TRANSITION (removed once every fix uses sglab.sglang.compare). Real releases beside the rebuild:
+one agreement table per notebook, and the recorded real GPU runs.
 
-Every notebook claims that its rebuild behaves like SGLang before and after a fix. The real releases that
-straddle the fix can say whether that is true: each row of an agreement table is one release, what it did (a
-probe's rows, :mod:`sglab.sglang.runner`), the rebuild variant it must match, what that variant did, and whether
-the two agree. ``agrees`` is computed by comparing the facts, never typed in; a release that did not run says
-``not run: <reason>`` and counts neither way. A disagreement is printed loudly, and :func:`status` turns it into
-``fail`` so a test (or a reader) cannot miss it.
+Every notebook claims that its rebuild behaves like SGLang before and after a fix. The real releases
+that straddle the fix can say whether that is true: each row of an agreement table is one release,
+what it did (a probe's rows, :mod:`sglab.sglang.runner`), the rebuild variant it must match, what
+that variant did, and whether the two agree. ``agrees`` is computed by comparing the facts, never
+typed in; a release that did not run says ``not run: <reason>`` and counts neither way. A
+disagreement is printed loudly, and :func:`status` turns it into ``fail`` so a test (or a reader)
+cannot miss it.
 
 GPU runs of the real code are recorded like every other run, as the experiment ``real_<fix>``
-(:mod:`sglab.core.runs`); :func:`show_recorded` shows the newest one, or says that none is recorded yet.
+(:mod:`sglab.core.runs`); :func:`show_recorded` shows the newest one, or says that none is recorded
+yet.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ class Check:
     variant: str                   # the rebuild's variant
     rebuilt: str                   # what that variant did, in words
     agrees: bool | None            # None: the release did not run
-    differences: list = field(default_factory=list)   # the facts that differ, "name: real X, rebuild Y"
+    # the facts that differ, "name: real X, rebuild Y"
+    differences: list = field(default_factory=list)
 
     def as_row(self) -> dict:
         mark = "n/a" if self.agrees is None else ("yes" if self.agrees else "NO")
@@ -40,11 +44,14 @@ class Check:
 
 def compare(real: dict, rebuilt: dict, keys: Iterable[str]) -> list[str]:
     """The facts among ``keys`` on which ``real`` and ``rebuilt`` differ, one line each."""
-    return [f"{k}: real {real.get(k)!r}, rebuild {rebuilt.get(k)!r}" for k in keys if real.get(k) != rebuilt.get(k)]
+    return [f"{k}: real {real.get(k)!r}, rebuild {rebuilt.get(k)!r}" for k in keys
+            if real.get(k) != rebuilt.get(k)]
 
 
-def check(release: str, real: dict, variant: str, rebuilt: dict, keys: Iterable[str], describe) -> Check:
-    """A :class:`Check` from two fact dicts; ``describe(facts) -> str`` puts either side in words."""
+def check(release: str, real: dict, variant: str, rebuilt: dict, keys: Iterable[str],
+          describe) -> Check:
+    """A :class:`Check` from two fact dicts; ``describe(facts) -> str`` puts either side in
+    words."""
     diffs = compare(real, rebuilt, keys)
     return Check(release, describe(real), variant, describe(rebuilt), not diffs, diffs)
 
@@ -55,8 +62,8 @@ def not_run(result, variant: str, rebuilt: str) -> Check:
 
 
 def per_release(results: dict, variant_of: dict, one) -> list[Check]:
-    """Checks release by release: a release that did not run gets its not-run row; every other one gets what
-    ``one(release, result, variant)`` returns (a :class:`Check` or a list of them)."""
+    """Checks release by release: a release that did not run gets its not-run row; every other one
+    gets what ``one(release, result, variant)`` returns (a :class:`Check` or a list of them)."""
     out = []
     for release, r in results.items():
         variant = variant_of.get(release, "-")
@@ -92,7 +99,8 @@ def status(checks: list[Check]) -> str:
 
 
 def summary(checks: list[Check], claim: str) -> str:
-    """One line for a reader; a disagreement lists what differs, in capitals where it cannot be missed."""
+    """One line for a reader; a disagreement lists what differs, in capitals where it cannot be
+    missed."""
     ran = [c for c in checks if c.agrees is not None]
     skipped = [c.release for c in checks if c.agrees is None]
     tail = f" (not compared: {', '.join(skipped)})" if skipped else ""
@@ -101,7 +109,8 @@ def summary(checks: list[Check], claim: str) -> str:
         return f"n/a: no real release ran, so nothing checks that {claim}{tail}"
     if st == "pass":
         return f"agrees: {len(ran)}/{len(ran)} real release rows match the rebuild, so {claim}{tail}"
-    lines = [f"MISMATCH: the real release disagrees with the rebuild; the claim that {claim} does not hold as built"]
+    lines = [f"MISMATCH: the real release disagrees with the rebuild; the claim that {claim} does "
+             "not hold as built"]
     for c in ran:
         if not c.agrees:
             lines += [f"  {c.release} vs {c.variant}: {d}" for d in c.differences]
@@ -109,7 +118,8 @@ def summary(checks: list[Check], claim: str) -> str:
 
 
 def show(checks: list[Check], claim: str) -> str:
-    """Display the table and print :func:`summary` (a notebook cell's whole body); returns :func:`status`."""
+    """Display the table and print :func:`summary` (a notebook cell's whole body); returns
+    :func:`status`."""
     from IPython.display import display
 
     display(table(checks))
@@ -117,7 +127,8 @@ def show(checks: list[Check], claim: str) -> str:
     return status(checks)
 
 
-# -- recorded real GPU runs -------------------------------------------------------------------------------------
+# -- recorded real GPU runs
+# -------------------------------------------------------------------------------------
 def recorded(fix: str):
     """The newest recorded run of ``real_<fix>`` (``data/recorded/real_<fix>/``), or None."""
     from sglab.core import runs
@@ -135,7 +146,8 @@ def recorded_lines(run) -> list[str]:
     if releases:
         lines.append("releases: " + ", ".join(map(str, releases)))
     if isinstance(shims, dict) and shims:
-        lines += [f"  shims {v}: {', '.join(map(str, s)) if isinstance(s, list) else s}" for v, s in shims.items()]
+        lines += [f"  shims {v}: {', '.join(map(str, s)) if isinstance(s, list) else s}" for v,
+                  s in shims.items()]
     return lines
 
 
@@ -149,12 +161,14 @@ def recorded_table(run):
 
 
 def show_recorded(fix: str) -> bool:
-    """Show the newest recorded real GPU run of ``fix``, or say plainly that there is none. True when shown."""
+    """Show the newest recorded real GPU run of ``fix``, or say plainly that there is none. True
+    when shown."""
     from IPython.display import display
 
     run = recorded(fix)
     if run is None:
-        print(f"Real SGLang on a GPU ({fix}): not recorded yet (no run under data/recorded/real_{fix}/).")
+        print(f"Real SGLang on a GPU ({fix}): not recorded yet (no run under "
+              f"data/recorded/real_{fix}/).")
         return False
     from sglab.sglang.compare_old import tables
 
@@ -166,8 +180,8 @@ def show_recorded(fix: str) -> bool:
 
 
 def show_as_released(fix: str, rebuilt, *, symbol: str | None = None) -> None:
-    """The fix's row of the release timeline, then the released ``symbol`` (first release with the fix) beside
-    the rebuilt function or class: what the notebook claims, next to what shipped."""
+    """The fix's row of the release timeline, then the released ``symbol`` (first release with the
+    fix) beside the rebuilt function or class: what the notebook claims, next to what shipped."""
     import matplotlib.pyplot as plt
     from IPython.display import display
 
@@ -186,10 +200,11 @@ def show_as_released(fix: str, rebuilt, *, symbol: str | None = None) -> None:
 MISMATCH = "!!! REAL SGLANG AND THE REBUILD DISAGREE"
 
 
-def run(releases: Iterable[str], probe: str, params: Optional[dict] = None) -> dict[str, ProbeResult]:
-    """Each release's answer: from the recording where it holds it (``SGLAB_REAL=auto``, the default), else run
-    now, each release in its own subprocess (two at a time: the CPU box has two cores); see
-    :mod:`sglab.sglang.store`."""
+def run(releases: Iterable[str], probe: str, params: Optional[dict] = None) -> dict[str,
+        ProbeResult]:
+    """Each release's answer: from the recording where it holds it (``SGLAB_REAL=auto``, the
+    default), else run now, each release in its own subprocess (two at a time: the CPU box has two
+    cores); see :mod:`sglab.sglang.store`."""
     return run_probes(releases, probe, params, jobs=2)
 
 
@@ -199,23 +214,26 @@ def source_line(results: dict[str, ProbeResult]) -> str:
     now = [v for v, r in results.items() if not r.recorded]
     parts = []
     if labels:
-        parts.append(f"answers {'; '.join(labels)} (SGLAB_REAL=live runs the installed releases here instead)")
+        parts.append(f"answers {'; '.join(labels)} (SGLAB_REAL=live runs the installed releases "
+                     "here instead)")
     if now:
         parts.append(f"run here now: {', '.join(now)}")
     return "real SGLang: " + " · ".join(parts) if parts else "real SGLang: no release asked"
 
 
 def not_run_lines(results: dict[str, ProbeResult]) -> list[str]:
-    """One ``sglang V: not run: <reason>`` line per release that did not run (missing, import failed, raised)."""
-    return [f"sglang {v}: not run: {r.reason.removeprefix(f'sglang {v}: ')}" for v, r in results.items()
-            if not r.ok]
+    """One ``sglang V: not run: <reason>`` line per release that did not run (missing, import
+    failed, raised)."""
+    return [f"sglang {v}: not run: {r.reason.removeprefix(f'sglang {v}: ')}" for v,
+            r in results.items() if not r.ok]
 
 
 def status_lines(results: dict[str, ProbeResult]) -> str:
-    """Where the answers come from (:func:`source_line`), then one line per release: how long it ran and with
-    which shims, or why it did not run."""
-    lines = [r.summary(with_source=False) if r.ok else f"sglang {v}: not run: {r.reason.removeprefix(f'sglang {v}: ')}"
-             for v, r in results.items()]
+    """Where the answers come from (:func:`source_line`), then one line per release: how long it ran
+    and with which shims, or why it did not run."""
+    lines = [r.summary(with_source=False) if r.ok
+             else f"sglang {v}: not run: {r.reason.removeprefix(f'sglang {v}: ')}" for v,
+             r in results.items()]
     return "\n".join([source_line(results), *lines])
 
 
@@ -224,8 +242,8 @@ def ran(results: dict[str, ProbeResult]) -> dict[str, ProbeResult]:
 
 
 def check_table(table, *, what: str = "rows") -> bool:
-    """Print a loud banner with every row whose ``agrees`` is False; True when every row agrees (and there is at
-    least one row: an empty comparison proves nothing and says so)."""
+    """Print a loud banner with every row whose ``agrees`` is False; True when every row agrees (and
+    there is at least one row: an empty comparison proves nothing and says so)."""
     if table is None or len(table) == 0:
         print(f"no real release ran, so nothing was compared ({what})")
         return False
@@ -238,8 +256,8 @@ def check_table(table, *, what: str = "rows") -> bool:
 
 
 def recorded_summary(fix: str) -> tuple[Optional[str], object]:
-    """(one header line, the run's table without its constant columns) of :func:`recorded`, or a "not recorded
-    yet" line and None."""
+    """(one header line, the run's table without its constant columns) of :func:`recorded`, or a
+    "not recorded yet" line and None."""
     run_ = recorded(fix)
     if run_ is None:
         return (f"GPU run of real SGLang: not recorded yet (data/recorded/real_{fix}/ holds no run)", None)
@@ -264,11 +282,13 @@ from sglab.sglang.compare import pivot as _pivot  # noqa: E402
 
 
 def breakable_graph(df):
-    """Per release × side (real / rebuild) × case: requests and max |replay − eager|; graph segments and breaks."""
-    cases = _pivot(df[df["variant"].isin(["real", "rebuild"]) & df["case"].notna()], ["release", "variant", "case"],
+    """Per release × side (real / rebuild) × case: requests and max |replay − eager|; graph segments
+    and breaks."""
+    cases = _pivot(df[df["variant"].isin(["real", "rebuild"]) & df["case"].notna()],
+                   ["release", "variant", "case"],
                    ["requests", "max_abs_diff_vs_eager_live", "max_abs_diff_vs_eager_bucket"])
-    shape = _pivot(df[df["variant"].isin(["real", "rebuild"]) & df["case"].isna()], ["release", "variant"],
-                   ["segments", "breaks"])
+    shape = _pivot(df[df["variant"].isin(["real", "rebuild"]) & df["case"].isna()],
+                   ["release", "variant"], ["segments", "breaks"])
     return {"replay vs eager": cases, "graph shape": shape}
 
 
@@ -276,7 +296,8 @@ SUMMARIES = {"breakable_graph": breakable_graph}
 
 
 def tables(fix: str, df) -> dict:
-    """Named tables for ``fix``'s recorded run; the tidy rows when the fix has no summary or its rows do not fit."""
+    """Named tables for ``fix``'s recorded run; the tidy rows when the fix has no summary or its
+    rows do not fit."""
     fn = SUMMARIES.get(fix)
     if fn is not None:
         try:

@@ -1,10 +1,11 @@
 """A fix's record: everything the release system needs to know about one upstream fix, in one value.
 
-Each fix states its record once, as ``FIX`` in ``sglab.<fix>.sglang``; the catalog of notebooks, ``sglab real
-record``, the real-GPU plans, the upstream checks, the release timeline and the PR hunks all read it (they are
-handed the records; nothing in ``sglab.sglang`` imports a fix).
+Each fix states its record once, as ``FIX`` in ``sglab.<fix>.sglang``; the catalog of notebooks,
+``sglab real record``, the real-GPU plans, the upstream checks, the release timeline and the PR
+hunks all read it (they are handed the records; nothing in ``sglab.sglang`` imports a fix).
 
-- ``check(read) -> Verdict``: which state a given SGLang (installed, a checkout, a wheel) is in, read as source;
+- ``check(read) -> Verdict``: which state a given SGLang (installed, a checkout, a wheel) is in,
+  read as source;
 - ``hunks``: the symbols each PR touched, to cut the released hunk out of the wheels around it;
 - ``probe``: the real-release probe the notebook's real section runs on the CPU, on which releases;
 - ``gpu``: the real-code steps recorded on GPUs (``sglab real gpu``), one worker per release;
@@ -21,8 +22,8 @@ REPO = "sgl-project/sglang"
 
 @dataclass(frozen=True)
 class Spec:
-    """What a PR touched: ``symbols`` as ``"srt/<file>.py::Qual.name"``; ``first_with(read)`` says whether a
-    release has the change (default: the fix's check answers "pr-era")."""
+    """What a PR touched: ``symbols`` as ``"srt/<file>.py::Qual.name"``; ``first_with(read)`` says
+    whether a release has the change (default: the fix's check answers "pr-era")."""
 
     pr: int
     symbols: tuple[str, ...]
@@ -36,12 +37,13 @@ def symbols_in(path: str, *names: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Probe:
-    """A real-release probe: ``fn`` (``"module:function"``, run inside one release's worker process) asked with
-    ``params`` on each of ``releases``."""
+    """A real-release probe: ``fn`` (``"module:function"``, run inside one release's worker process)
+    asked with ``params`` on each of ``releases``."""
 
     fn: str
     releases: tuple[str, ...]
-    params: object = None  # a dict, or a function that returns one (built from the rebuild's defaults)
+    # a dict, or a function that returns one (built from the rebuild's defaults)
+    params: object = None
 
     def resolved_params(self) -> Optional[dict]:
         return self.params() if callable(self.params) else self.params
@@ -59,7 +61,8 @@ class Step:
 
 @dataclass(frozen=True)
 class GpuPlan:
-    """Real code of a fix on GPUs: the GPUs it needs, the method version of its runs, one step per release."""
+    """Real code of a fix on GPUs: the GPUs it needs, the method version of its runs, one step per
+    release."""
 
     gpus: int
     method_version: int
@@ -75,7 +78,8 @@ class GpuPlan:
 class Fix:
     """One upstream fix as the workbook treats it (see the module docstring)."""
 
-    name: str                       # folder, experiment, data/recorded/<name>/, data/upstream/<name>/
+    # folder, experiment, data/recorded/<name>/, data/upstream/<name>/
+    name: str
     number: str                     # the notebook's number ("04")
     title: str                      # what the check decides, in a line
     prs: tuple[int, ...]            # the upstream PRs, the main one first

@@ -1,10 +1,12 @@
-"""Each PR as it was released: the symbols it touched, in the last release without it and the first release with it.
+"""Each PR as it was released: the symbols it touched, in the last release without it and the first
+release with it.
 
-Symbols are found by name with :mod:`ast` in the real released files (the wheels), never by line numbers, and only
-the functions the PR touched are kept, so a hunk stays a page or two. They are committed under
-``data/upstream/<fix>/`` (``pr<N>.json`` with the versions and wheels, ``pr<N>.before.txt``, ``pr<N>.after.txt``,
-``pr<N>.diff``), so a notebook shows the real released hunk beside the rebuilt function with neither SGLang nor a
-network. A release window may carry other changes to the same functions; the diff shows those too, as released.
+Symbols are found by name with :mod:`ast` in the real released files (the wheels), never by line
+numbers, and only the functions the PR touched are kept, so a hunk stays a page or two. They are
+committed under ``data/upstream/<fix>/`` (``pr<N>.json`` with the versions and wheels,
+``pr<N>.before.txt``, ``pr<N>.after.txt``, ``pr<N>.diff``), so a notebook shows the real released
+hunk beside the rebuilt function with neither SGLang nor a network. A release window may carry other
+changes to the same functions; the diff shows those too, as released.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ def _name(fix) -> str:
 
 
 def has_change(spec: Spec, fix, read) -> bool:
-    """Whether a release (``read``) has the PR of ``spec``: its own test, else the fix's check says "pr-era"."""
+    """Whether a release (``read``) has the PR of ``spec``: its own test, else the fix's check says
+    "pr-era"."""
     if spec.first_with is not None:
         return bool(spec.first_with(read))
     return run_check(fix, read).status == "pr-era"
@@ -38,8 +41,9 @@ def has_change(spec: Spec, fix, read) -> bool:
 
 @dataclass(frozen=True)
 class Hunk:
-    """One PR's symbols before and after, as released. ``before``/``after`` hold every symbol under a
-    ``# ── sglang/<file> · <symbol>`` header (``# (not in this release)`` where it did not exist)."""
+    """One PR's symbols before and after, as released. ``before``/``after`` hold every symbol under
+    a ``# ── sglang/<file> · <symbol>`` header (``# (not in this release)`` where it did not
+    exist)."""
 
     fix: str
     pr: int
@@ -70,8 +74,10 @@ class Hunk:
         return split_blocks(self.after if side == "after" else self.before)
 
     def __repr__(self) -> str:
-        plus = sum(1 for ln in self.diff.splitlines() if ln.startswith("+") and not ln.startswith("+++"))
-        minus = sum(1 for ln in self.diff.splitlines() if ln.startswith("-") and not ln.startswith("---"))
+        plus = sum(1 for ln in self.diff.splitlines() if ln.startswith("+")
+                   and not ln.startswith("+++"))
+        minus = sum(1 for ln in self.diff.splitlines() if ln.startswith("-")
+                    and not ln.startswith("---"))
         return f"<Hunk {self.fix} {self.title}: {len(self.symbols)} symbols, +{plus} -{minus} lines>"
 
     def __str__(self) -> str:
@@ -85,14 +91,16 @@ class Hunk:
         return hunk_html(self)
 
 
-# -- reading symbols out of a release ---------------------------------------------------------------------------
+# -- reading symbols out of a release
+# ---------------------------------------------------------------------------
 def header(symbol: str) -> str:
     path, qual = symbol.split("::")
     return f"{HEADER}{path} · {qual}"
 
 
 def symbol_block(read, symbol: str) -> str:
-    """One symbol of a release as it is stored: its header line, then its text (or the absent marker)."""
+    """One symbol of a release as it is stored: its header line, then its text (or the absent
+    marker)."""
     path, qual = symbol.split("::")
     text = S.symbol_text(read(path), qual)
     body = text if text is not None else ABSENT + "\n"
@@ -118,18 +126,22 @@ def split_blocks(text: str) -> dict[str, str | None]:
 
 
 def unified(before: str, after: str, before_version: str, after_version: str) -> str:
-    return "".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
-                                        fromfile=f"sglang {before_version}", tofile=f"sglang {after_version}", n=3))
+    return "".join(difflib.unified_diff(before.splitlines(keepends=True),
+                                        after.splitlines(keepends=True),
+                                        fromfile=f"sglang {before_version}",
+                                        tofile=f"sglang {after_version}", n=3))
 
 
 def find_window(spec: Spec, fix, versions: list[str], reader_for) -> tuple[str, str]:
-    """(last release without the change, first release with it) among ``versions`` (oldest first)."""
+    """(last release without the change, first release with it) among ``versions`` (oldest
+    first)."""
     for i, v in enumerate(versions):
         if has_change(spec, fix, reader_for(v)):
             if i == 0:
                 raise ValueError(f"{_name(fix)} #{spec.pr}: already in {v}, the oldest release read")
             return versions[i - 1], v
-    raise ValueError(f"{_name(fix)} #{spec.pr}: no release among {versions[0]}..{versions[-1]} has it")
+    raise ValueError(f"{_name(fix)} #{spec.pr}: no release among {versions[0]}..{versions[-1]} has "
+                     "it")
 
 
 def build(spec: Spec, fix: str, before: tuple, after: tuple) -> Hunk:
@@ -141,7 +153,8 @@ def build(spec: Spec, fix: str, before: tuple, after: tuple) -> Hunk:
                 keep(bfacts), keep(afacts))
 
 
-# -- committed files --------------------------------------------------------------------------------------------
+# -- committed files
+# --------------------------------------------------------------------------------------------
 def _stem(fix: str, pr: int, root: Path | None) -> Path:
     return Path(root or data_dir()) / fix / f"pr{pr}"
 
@@ -149,9 +162,10 @@ def _stem(fix: str, pr: int, root: Path | None) -> Path:
 def write(hunk: Hunk, root: Path | None = None) -> Path:
     stem = _stem(hunk.fix, hunk.pr, root)
     stem.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"fix": hunk.fix, "pr": hunk.pr, "paths": list(hunk.paths), "symbols": list(hunk.symbols),
-            "before_version": hunk.before_version, "after_version": hunk.after_version,
-            "before_wheel": hunk.before_wheel, "after_wheel": hunk.after_wheel}
+    meta = {"fix": hunk.fix, "pr": hunk.pr, "paths": list(hunk.paths),
+            "symbols": list(hunk.symbols), "before_version": hunk.before_version,
+            "after_version": hunk.after_version, "before_wheel": hunk.before_wheel,
+            "after_wheel": hunk.after_wheel}
     stem.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
     Path(f"{stem}.before.txt").write_text(hunk.before)
     Path(f"{stem}.after.txt").write_text(hunk.after)
@@ -166,24 +180,27 @@ def load(fix, pr: int | None = None, *, root: Path | None = None) -> Hunk:
     stem = _stem(_name(fix), pr, root)
     meta_path = stem.with_suffix(".json")
     if not meta_path.exists():
-        raise FileNotFoundError(f"no committed hunk {meta_path} (sglab upstream --releases writes it)")
+        raise FileNotFoundError(f"no committed hunk {meta_path} (sglab upstream --releases writes "
+                                "it)")
     meta = json.loads(meta_path.read_text())
-    return Hunk(meta["fix"], meta["pr"], tuple(meta["symbols"]), meta["before_version"], meta["after_version"],
-                Path(f"{stem}.before.txt").read_text(), Path(f"{stem}.after.txt").read_text(),
-                Path(f"{stem}.diff").read_text(), meta["before_wheel"], meta["after_wheel"])
+    return Hunk(meta["fix"], meta["pr"], tuple(meta["symbols"]), meta["before_version"],
+                meta["after_version"], Path(f"{stem}.before.txt").read_text(),
+                Path(f"{stem}.after.txt").read_text(), Path(f"{stem}.diff").read_text(),
+                meta["before_wheel"], meta["after_wheel"])
 
 
 def _main_pr(name: str, root: Path | None) -> int:
     """The main (first, lowest-numbered) PR committed for a fix name."""
     found = sorted(int(p.stem[2:]) for p in (Path(root or data_dir()) / name).glob("pr*.json"))
     if not found:
-        raise FileNotFoundError(f"no committed hunk for {name!r} under {Path(root or data_dir()) / name}")
+        raise FileNotFoundError(f"no committed hunk for {name!r} under "
+                                f"{Path(root or data_dir()) / name}")
     return found[0]
 
 
 def generate(fixes, versions: list[str], wheels: dict, root: Path | None = None) -> list[Hunk]:
-    """Find every PR's window among ``versions`` (oldest first) in the wheels ``{version: path}``, write each
-    hunk; ``fixes`` are the records (each with its hunk specs)."""
+    """Find every PR's window among ``versions`` (oldest first) in the wheels ``{version: path}``,
+    write each hunk; ``fixes`` are the records (each with its hunk specs)."""
     from sglab.sglang.wheels import WheelReader, wheel_facts
 
     readers = {}
@@ -208,7 +225,8 @@ def generate(fixes, versions: list[str], wheels: dict, root: Path | None = None)
 
 
 def show(fix, pr: int | None = None):
-    """The committed hunk of ``fix`` rendered for a notebook (HTML with +/- colouring; plain text elsewhere)."""
+    """The committed hunk of ``fix`` rendered for a notebook (HTML with +/- colouring; plain text
+    elsewhere)."""
     from sglab.sglang.hunks import Rendered, hunk_html, hunk_text
 
     hunk = load(fix, pr)
@@ -216,7 +234,8 @@ def show(fix, pr: int | None = None):
 
 
 def beside(fix, rebuilt, *, pr: int | None = None, symbol: str | None = None, side: str = "after"):
-    """The released ``symbol`` of ``fix``'s hunk next to the rebuilt function or class (``rebuilt``)."""
+    """The released ``symbol`` of ``fix``'s hunk next to the rebuilt function or class
+    (``rebuilt``)."""
     from sglab.sglang.hunks import render_beside as _beside
 
     return _beside(load(fix, pr), rebuilt, symbol=symbol, side=side)
@@ -230,7 +249,8 @@ def beside(fix, rebuilt, *, pr: int | None = None, symbol: str | None = None, si
 _STYLE = {"+": "background:#e6ffec;color:#1a7f37", "-": "background:#ffebe9;color:#b42318",
           "@": "background:#eef4fb;color:#4a6fa5", "#": "color:#6e7781;font-weight:bold", " ": ""}
 _PRE = ("font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px;line-height:1.35;"
-        "margin:0;padding:6px 8px;overflow-x:auto;border:1px solid #d0d7de;border-radius:4px;background:#fff")
+        "margin:0;padding:6px 8px;overflow-x:auto;border:1px solid "
+        "#d0d7de;border-radius:4px;background:#fff")
 
 
 class Rendered:
@@ -296,7 +316,8 @@ def _source_of(rebuilt) -> tuple[str, str]:
 
 
 def render_beside(hunk, rebuilt, *, symbol: str | None = None, side: str = "after") -> Rendered:
-    """The released ``symbol`` (default: the hunk's first one present on ``side``) next to the rebuilt code."""
+    """The released ``symbol`` (default: the hunk's first one present on ``side``) next to the
+    rebuilt code."""
     blocks = hunk.blocks(side)
     names = [n for n, t in blocks.items() if t is not None]
     if symbol is None:
@@ -309,8 +330,10 @@ def render_beside(hunk, rebuilt, *, symbol: str | None = None, side: str = "afte
     left_title = f"sglang {version} · {symbol}"
     right_title, right = _source_of(rebuilt)
     cell = 'style="vertical-align:top;padding:0 6px;width:50%;text-align:left"'
-    html_text = (f"<table style='width:100%;border-collapse:collapse'><tr><th {cell}>{html.escape(left_title)}</th>"
+    html_text = (f"<table style='width:100%;border-collapse:collapse'><tr><th "
+                 f"{cell}>{html.escape(left_title)}</th>"
                  f"<th {cell}>{html.escape('rebuilt: ' + right_title)}</th></tr><tr>"
-                 f"<td {cell}>{code_html(blocks[symbol])}</td><td {cell}>{code_html(right)}</td></tr></table>")
+                 f"<td {cell}>{code_html(blocks[symbol])}</td><td "
+                 f"{cell}>{code_html(right)}</td></tr></table>")
     plain = f"== {left_title}\n{blocks[symbol]}\n== rebuilt: {right_title}\n{right}"
     return Rendered(html_text, plain)

@@ -1,17 +1,20 @@
-"""Install the pinned SGLang releases side by side: ``sglab real install`` / ``python -m sglab.sglang.install``.
+"""Install the pinned SGLang releases side by side: ``sglab real install`` / ``python -m
+sglab.sglang.install``.
 
-Idempotent: a release or dependency set with a current stamp is left alone, so a second call costs about a
-second. Each release is a ``pip install --no-deps --target .sglang/releases/<V>`` of its wheel; the light
-dependencies go once per dependency set (see :mod:`sglab.sglang.releases`). Installs run in parallel (pip's
-downloads and unpacking are I/O bound), each into a temporary folder that is moved into place only when it is
-complete, so an interrupted install never leaves a half release behind.
+Idempotent: a release or dependency set with a current stamp is left alone, so a second call costs
+about a second. Each release is a ``pip install --no-deps --target .sglang/releases/<V>`` of its
+wheel; the light dependencies go once per dependency set (see :mod:`sglab.sglang.releases`).
+Installs run in parallel (pip's downloads and unpacking are I/O bound), each into a temporary folder
+that is moved into place only when it is complete, so an interrupted install never leaves a half
+release behind.
 
-A release that cannot be installed prints one line (release, cause) and the others go on; the command exits 1
-then, and callers of :func:`sglab.sglang.run_probe` get a "not run" result naming the cause.
+A release that cannot be installed prints one line (release, cause) and the others go on; the
+command exits 1 then, and callers of :func:`sglab.sglang.run_probe` get a "not run" result naming
+the cause.
 
 ``--wheelhouse DIR`` installs offline from a folder built by ``scripts/wheelhouse-sglang.sh``
-(``DIR/releases/sglang-<V>-*.whl``, ``DIR/deps/<set>/*.whl`` plus ``DIR/deps/common/*.whl``, each installed
-with ``--no-deps``): the GPU
+(``DIR/releases/sglang-<V>-*.whl``, ``DIR/deps/<set>/*.whl`` plus ``DIR/deps/common/*.whl``, each
+installed with ``--no-deps``): the GPU
 path, where the image already has torch, triton and transformers.
 """
 
@@ -43,7 +46,8 @@ JOBS = 3
 
 @dataclass
 class Outcome:
-    """One release or dependency set: ``installed`` now, ``present`` already, or ``failed`` with a reason."""
+    """One release or dependency set: ``installed`` now, ``present`` already, or ``failed`` with a
+    reason."""
 
     kind: str        # "release" | "deps"
     name: str
@@ -76,8 +80,8 @@ def _deps_spec(name: str) -> dict:
 
 
 def deps_current(name: str, *, wheelhouse: Optional[Path] = None) -> tuple[bool, str]:
-    """Is dependency set ``name`` installed, for the current requirement list, and does the interpreter still
-    provide what was left out of it?"""
+    """Is dependency set ``name`` installed, for the current requirement list, and does the
+    interpreter still provide what was left out of it?"""
     stamp = read_stamp(deps_dir(name))
     if stamp is None:
         return False, "not installed"
@@ -91,15 +95,16 @@ def deps_current(name: str, *, wheelhouse: Optional[Path] = None) -> tuple[bool,
 
 
 def _install_into(kind: str, name: str, dest: Path, fill: Callable[[Path], dict]) -> Outcome:
-    """Run ``fill(tmp)`` (pip into a fresh temporary folder next to ``dest``; returns stamp fields), stamp the
-    folder and move it to ``dest``. Any :class:`~sglab.sglang.install.PipError` becomes a failed outcome, and the
-    temporary folder never outlives the call."""
+    """Run ``fill(tmp)`` (pip into a fresh temporary folder next to ``dest``; returns stamp fields),
+    stamp the folder and move it to ``dest``. Any :class:`~sglab.sglang.install.PipError` becomes a
+    failed outcome, and the temporary folder never outlives the call."""
     t0 = time.perf_counter()
     tmp = fresh_tmp(dest.parent, f".{name}-")
     try:
         fields = fill(tmp)
         seconds = time.perf_counter() - t0
-        _write_stamp(tmp, {**fields, "python": sys.version.split()[0], "seconds": round(seconds, 1)})
+        _write_stamp(tmp,
+                     {**fields, "python": sys.version.split()[0], "seconds": round(seconds, 1)})
         replace_dir(tmp, dest)
         return Outcome(kind, name, "installed", seconds)
     except PipError as exc:
@@ -156,7 +161,8 @@ def install_release(version: str, *, wheelhouse: Optional[Path] = None) -> Outco
         links = [cache] if cache.is_dir() and not offline else []
         with tempfile.TemporaryDirectory() as work:
             constraints = [] if offline else constraint_files(_repo(), Path(work))
-            pip_install(tmp, reqs, constraints=constraints, no_deps=True, no_index=offline, find_links=links)
+            pip_install(tmp, reqs, constraints=constraints, no_deps=True, no_index=offline,
+                        find_links=links)
         if not (tmp / "sglang" / "__init__.py").exists():
             raise PipError("the wheel has no sglang/__init__.py")
         return {"version": version, "wheel": wheel_of(tmp), "deps": dep_set(version),
@@ -165,14 +171,16 @@ def install_release(version: str, *, wheelhouse: Optional[Path] = None) -> Outco
     return _install_into("release", version, release_dir(version), fill)
 
 
-def install(releases: Iterable[str] = PINNED, *, wheelhouse: Optional[Path] = None, jobs: int = JOBS,
-            echo=print) -> list[Outcome]:
-    """Install what is missing of ``releases`` and their dependency sets; one outcome per item, in order."""
+def install(releases: Iterable[str] = PINNED, *, wheelhouse: Optional[Path] = None,
+            jobs: int = JOBS, echo=print) -> list[Outcome]:
+    """Install what is missing of ``releases`` and their dependency sets; one outcome per item, in
+    order."""
     releases = list(dict.fromkeys(releases))
     for v in releases:
         parse_version(v)
     if wheelhouse is not None and not Path(wheelhouse).is_dir():
-        raise SystemExit(f"wheelhouse {wheelhouse} does not exist (build it with `make wheelhouse-sglang`)")
+        raise SystemExit(f"wheelhouse {wheelhouse} does not exist (build it with `make "
+                         "wheelhouse-sglang`)")
     sets = list(dict.fromkeys(dep_set(v) for v in releases))
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [pool.submit(install_deps, s, wheelhouse=wheelhouse) for s in sets]
@@ -214,7 +222,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 PIP_TIMEOUT_S = 1200
-# Never installed into a release or dependency folder: the interpreter's torch stack is the one used.
+# Never installed into a release or dependency folder: the interpreter's torch stack is the one
+# used.
 FORBIDDEN = re.compile(r"^(torch|triton|nvidia-.*|torchvision|torchaudio|sglang-kernel|sgl-kernel)$")
 
 
@@ -237,7 +246,8 @@ def interpreter_dists() -> dict[str, str]:
 
 
 def torch_is_cpu_build() -> bool:
-    """True when the interpreter's torch is a CPU build or absent (the case the committed constraints are for)."""
+    """True when the interpreter's torch is a CPU build or absent (the case the committed
+    constraints are for)."""
     try:
         version = md.version("torch")
     except md.PackageNotFoundError:
@@ -257,17 +267,21 @@ def constraint_files(repo: Path, workdir: Path) -> list[Path]:
 
 def _error_line(stderr: str) -> str:
     """pip's most telling line: the last ``ERROR:`` line, else the last non-empty one."""
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip() and not ln.startswith("WARNING: Location")]
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()
+             and not ln.startswith("WARNING: Location")]
     errors = [ln for ln in lines if ln.startswith("ERROR:")]
-    return (errors[-1] if errors else (lines[-1] if lines else "pip failed without a message"))[:300]
+    return (errors[-1] if errors
+            else (lines[-1] if lines else "pip failed without a message"))[:300]
 
 
 def pip_install(target: Path, requirements: Iterable[str], *, constraints: Iterable[Path] = (),
                 no_deps: bool = False, find_links: Iterable[Path] = (), no_index: bool = False,
                 timeout: float = PIP_TIMEOUT_S) -> None:
-    """``pip install --target`` one batch of requirements (names, pins or wheel paths); raises :class:`PipError`."""
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-warn-script-location",
-           "--no-input", "--no-compile", "--upgrade", "--target", str(target)]
+    """``pip install --target`` one batch of requirements (names, pins or wheel paths); raises
+    :class:`PipError`."""
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+           "--no-warn-script-location", "--no-input", "--no-compile", "--upgrade", "--target",
+           str(target)]
     for c in constraints:
         cmd += ["-c", str(c)]
     for f in find_links:
@@ -278,7 +292,8 @@ def pip_install(target: Path, requirements: Iterable[str], *, constraints: Itera
         cmd.append("--no-index")
     cmd += [str(r) for r in requirements]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise PipError(f"pip did not finish in {timeout:.0f} s") from None
     if proc.returncode != 0:
@@ -286,7 +301,8 @@ def pip_install(target: Path, requirements: Iterable[str], *, constraints: Itera
 
 
 def installed_in(folder: Path) -> dict[str, tuple[str, Path]]:
-    """{normalized name: (version, dist-info folder)} of the distributions installed into ``folder``."""
+    """{normalized name: (version, dist-info folder)} of the distributions installed into
+    ``folder``."""
     out = {}
     for info in folder.glob("*.dist-info"):
         try:
@@ -312,7 +328,8 @@ def _remove_dist(folder: Path, info: Path) -> None:
 
 
 def prune_provided(folder: Path) -> list[str]:
-    """Delete from ``folder`` what the interpreter provides at the same version; return ``name==version`` of those."""
+    """Delete from ``folder`` what the interpreter provides at the same version; return
+    ``name==version`` of those."""
     have = interpreter_dists()
     pruned = []
     for name, (version, info) in sorted(installed_in(folder).items()):

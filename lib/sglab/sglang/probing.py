@@ -1,9 +1,11 @@
-"""What the probes share: reaching a step inside a real SGLang function without running what comes after it.
+"""What the probes share: reaching a step inside a real SGLang function without running what comes
+after it.
 
-A probe drives a real function (a gate, a constructor) on a small stand-in object that carries only the
-attributes the function reads. Names the function looks up in its module (a runner class it would construct,
-a GPU-memory query) are replaced for the duration of the call by recorders, and :class:`Stop` ends the call at
-the step the probe is after. Everything else the function does is the release's own code.
+A probe drives a real function (a gate, a constructor) on a small stand-in object that carries only
+the attributes the function reads. Names the function looks up in its module (a runner class it
+would construct, a GPU-memory query) are replaced for the duration of the call by recorders, and
+:class:`Stop` ends the call at the step the probe is after. Everything else the function does is the
+release's own code.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ def captured_logs(logger_name: str) -> Iterator[list]:
 
 
 class Recorder:
-    """Stands in for a class the real code would construct (a CUDA-graph runner): records the call instead."""
+    """Stands in for a class the real code would construct (a CUDA-graph runner): records the call
+    instead."""
 
     def __init__(self):
         self.calls: list[tuple] = []
@@ -81,6 +84,6 @@ def module_path(root, target) -> str | None:
 
 
 def has_file(prepared, relpath: str) -> bool:
-    """Does the release ship ``sglang/<relpath>``? (Asked of the files: importing a missing module's parent
-    package would raise.)"""
+    """Does the release ship ``sglang/<relpath>``? (Asked of the files: importing a missing module's
+    parent package would raise.)"""
     return (prepared.root / "sglang" / relpath).is_file()

@@ -7,12 +7,14 @@ Layout (all under ``.sglang/`` of the checkout, git-ignored; ``$SGLAB_SGLANG_HOM
     .sglang/deps/<set>/                    light dependencies shared by releases that agree on them
     .sglang/deps/<set>/.sglab-installed    stamp (JSON): requirement list, what the interpreter provides
 
-Releases are never installed into the interpreter's own site-packages: two releases must be importable side by
-side (one per worker process), and the interpreter's torch must never be replaced.
+Releases are never installed into the interpreter's own site-packages: two releases must be
+importable side by side (one per worker process), and the interpreter's torch must never be
+replaced.
 
-Why two dependency sets: 0.5.10.post1 to 0.5.14 all run with the transformers / apache-tvm-ffi / openai of the
-0.5.1x pins; 0.5.23 needs newer ones (transformers 5.19, tvm-ffi 0.1.11, openai 2.8). Releases of one set share
-one folder, so disk and install time grow with the number of sets, not of releases.
+Why two dependency sets: 0.5.10.post1 to 0.5.14 all run with the transformers / apache-tvm-ffi /
+openai of the 0.5.1x pins; 0.5.23 needs newer ones (transformers 5.19, tvm-ffi 0.1.11, openai 2.8).
+Releases of one set share one folder, so disk and install time grow with the number of sets, not of
+releases.
 """
 
 from __future__ import annotations
@@ -23,54 +25,69 @@ import re
 from pathlib import Path
 from typing import Optional
 
-# Releases that straddle each fix: 0.5.10.post1 -> 0.5.11 (#22858, #23552, #23972), 0.5.11 -> 0.5.12 (#24662,
-# #24743; 0.5.12.post1 stands for 0.5.12), 0.5.12.post1 -> 0.5.13 (#26382); 0.5.14 lost the #23972 filter in a
-# refactor; 0.5.23 is the newest (capture sizes rounded up since 0.5.22).
+# Releases that straddle each fix: 0.5.10.post1 -> 0.5.11 (#22858, #23552, #23972), 0.5.11 -> 0.5.12
+# (#24662,
+# #24743; 0.5.12.post1 stands for 0.5.12), 0.5.12.post1 -> 0.5.13 (#26382); 0.5.14 lost the #23972
+# filter in a refactor; 0.5.23 is the newest (capture sizes rounded up since 0.5.22).
 PINNED = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13", "0.5.14", "0.5.23")
 
 STAMP = ".sglab-installed"
 
-# What every release imports at module level on the paths the probes take (found by importing them on a CPU box
-# with torch 2.13; each missing one is an ImportError at `import sglang.srt...`).
-_COMMON = ("numpy", "orjson", "psutil", "pybase64", "requests", "packaging", "pillow", "starlette", "msgspec",
-           "pydantic", "pyzmq", "tqdm", "IPython", "aiohttp", "dill", "gguf", "einops", "partial_json_parser",
-           "loguru")
+# What every release imports at module level on the paths the probes take (found by importing them
+# on a CPU box with torch 2.13; each missing one is an ImportError at `import sglang.srt...`).
+_COMMON = ("numpy", "orjson", "psutil", "pybase64", "requests", "packaging", "pillow", "starlette",
+           "msgspec", "pydantic", "pyzmq", "tqdm", "IPython", "aiohttp", "dill", "gguf", "einops",
+           "partial_json_parser", "loguru")
 
-# name -> (releases, requirements resolved with dependencies, requirements installed with --no-deps).
-# --no-deps: compressed-tensors declares torch, and a resolver that ignores the interpreter (pip --target does)
-# would fetch a second torch for it.
-DEP_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
-    "0.5.1x": (("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13", "0.5.14"),
-               _COMMON + ("transformers==5.6.0", "apache-tvm-ffi==0.1.9", "openai==2.6.1", "sentencepiece"),
-               ("compressed-tensors==0.18.0",)),
-    "0.5.2x": (("0.5.23",),
-               _COMMON + ("transformers==5.19.0", "apache-tvm-ffi==0.1.11", "openai==2.8.0", "sentencepiece==0.2.1",
-                "uvicorn", "fastapi"),
-               ("compressed-tensors==0.18.0",)),
-}
+# name -> (releases, requirements resolved with dependencies, requirements installed with
+# --no-deps). --no-deps: compressed-tensors declares torch, and a resolver that ignores the
+# interpreter (pip --target does) would fetch a second torch for it.
+DEP_SETS: dict[str,
+               tuple[tuple[str, ...], tuple[str, ...],
+                     tuple[str, ...]]] = {"0.5.1x": (("0.5.10.post1", "0.5.11", "0.5.12.post1",
+                                                      "0.5.13", "0.5.14"),
+                                                     _COMMON + ("transformers==5.6.0",
+                                                                "apache-tvm-ffi==0.1.9",
+                                                                "openai==2.6.1", "sentencepiece"),
+                                                     ("compressed-tensors==0.18.0",)),
+                                          "0.5.2x": (("0.5.23",),
+                                                     _COMMON + ("transformers==5.19.0",
+                                                                "apache-tvm-ffi==0.1.11",
+                                                                "openai==2.8.0",
+                                                                "sentencepiece==0.2.1", "uvicorn",
+                                                                "fastapi"),
+                                                     ("compressed-tensors==0.18.0",)),}
 
 
-# The GPU image (scripts/gpu-image-packages.txt: Python 3.12, torch 2.11+cu130, triton, transformers 5.17,
-# torchvision) keeps its own numpy, and its transformers for 0.5.2x: only what it lacks goes into .whl-sglang/
-# (see scripts/wheelhouse-sglang.sh). Same set names and layout as on the CPU. 0.5.1x brings the transformers it
-# was released with (5.6.0): the image's 5.17 already registers `qwen3_asr`, which 0.5.11 and 0.5.12.post1
-# register themselves (`configs/qwen3_asr.py`), so their import stops with "'qwen3_asr' is already used"; and
-# 5.6.0 refuses the image's tokenizers 0.23.2 (it wants <= 0.23.0; 0.22.2 is what the CPU set resolves to).
+# The GPU image (scripts/gpu-image-packages.txt: Python 3.12, torch 2.11+cu130, triton, transformers
+# 5.17, torchvision) keeps its own numpy, and its transformers for 0.5.2x: only what it lacks goes
+# into .whl-sglang/ (see scripts/wheelhouse-sglang.sh). Same set names and layout as on the CPU.
+# 0.5.1x brings the transformers it was released with (5.6.0): the image's 5.17 already registers
+# `qwen3_asr`, which 0.5.11 and 0.5.12.post1 register themselves (`configs/qwen3_asr.py`), so their
+# import stops with "'qwen3_asr' is already used"; and 5.6.0 refuses the image's tokenizers 0.23.2
+# (it wants <= 0.23.0; 0.22.2 is what the CPU set resolves to).
 GPU_RELEASES = ("0.5.11", "0.5.12.post1", "0.5.23")
-GPU_DEP_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "0.5.1x": (_COMMON + ("transformers==5.6.0", "tokenizers==0.22.2", "apache-tvm-ffi==0.1.9", "openai==2.6.1"),
-               ("compressed-tensors==0.18.0",)),
-    "0.5.2x": (_COMMON + ("apache-tvm-ffi==0.1.11", "openai==2.8.0", "uvicorn", "fastapi"),
-               ("compressed-tensors==0.18.0",)),
-}
-# Dependencies left out of the GPU carry: IPython's completion engine (jedi, and parso under it), which IPython
-# imports only when it completes code; SGLang imports ``IPython.display`` only. 5 MB of the carry.
+GPU_DEP_SETS: dict[str,
+                   tuple[tuple[str, ...],
+                         tuple[str, ...]]] = {"0.5.1x": (_COMMON + ("transformers==5.6.0",
+                                                                    "tokenizers==0.22.2",
+                                                                    "apache-tvm-ffi==0.1.9",
+                                                                    "openai==2.6.1"),
+                                                         ("compressed-tensors==0.18.0",)),
+                                              "0.5.2x": (_COMMON + ("apache-tvm-ffi==0.1.11",
+                                                                    "openai==2.8.0", "uvicorn",
+                                                                    "fastapi"),
+                                                         ("compressed-tensors==0.18.0",)),}
+# Dependencies left out of the GPU carry: IPython's completion engine (jedi, and parso under it),
+# which IPython imports only when it completes code; SGLang imports ``IPython.display`` only. 5 MB
+# of the carry.
 GPU_WHEEL_SKIP = ("jedi", "parso")
-# Files of a release wheel that nothing under sglang/srt imports, dropped when the wheels are repacked for the
-# GPU carry: 0.5.2x's Rust extensions (HTTP server, gRPC, multimodal transport, radix-tree core; 46 MB of
-# 0.5.23's 131 MB) and the diffusion runtime ``multimodal_gen`` (a separate server; 23 MB in 0.5.23).
-REPACK_DROP = (r"sglang/srt/rust_extensions/.*\.so$", r"sglang/srt/mem_cache/rust_tree_core/.*\.so$",
-               r"^sglang/multimodal_gen/")
+# Files of a release wheel that nothing under sglang/srt imports, dropped when the wheels are
+# repacked for the GPU carry: 0.5.2x's Rust extensions (HTTP server, gRPC, multimodal transport,
+# radix-tree core; 46 MB of 0.5.23's 131 MB) and the diffusion runtime ``multimodal_gen`` (a
+# separate server; 23 MB in 0.5.23).
+REPACK_DROP = (r"sglang/srt/rust_extensions/.*\.so$",
+               r"sglang/srt/mem_cache/rust_tree_core/.*\.so$", r"^sglang/multimodal_gen/")
 
 
 def home() -> Path:
@@ -89,7 +106,8 @@ def release_dir(version: str) -> Path:
 
 
 def package_dir(version: str) -> Path:
-    """``.sglang/releases/<V>/sglang``: the release's package folder (read as source by ``sglab.sglang.upstream``)."""
+    """``.sglang/releases/<V>/sglang``: the release's package folder (read as source by
+    ``sglab.sglang.upstream``)."""
     return release_dir(version) / "sglang"
 
 
@@ -109,11 +127,13 @@ def deps_dir(name: str) -> Path:
 
 
 def parse_version(version: str) -> tuple:
-    """``"0.5.12.post1"`` -> ``(0, 5, 12, 1)``: the one parser of release numbers; the tuples compare as the
-    releases do (a ``.postN`` after its release). Pre-releases (rc, dev) and other forms raise ValueError."""
+    """``"0.5.12.post1"`` -> ``(0, 5, 12, 1)``: the one parser of release numbers; the tuples
+    compare as the releases do (a ``.postN`` after its release). Pre-releases (rc, dev) and other
+    forms raise ValueError."""
     m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?", str(version))
     if not m:
-        raise ValueError(f"not a release version: {version!r} (expected e.g. 0.5.12 or 0.5.12.post1)")
+        raise ValueError(f"not a release version: {version!r} (expected e.g. 0.5.12 or "
+                         "0.5.12.post1)")
     return tuple(int(g) if g is not None else 0 for g in m.groups())
 
 

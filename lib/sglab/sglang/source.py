@@ -1,8 +1,10 @@
-"""Python source read as syntax: find a function or class by its dotted name, take its text, look inside it.
+"""Python source read as syntax: find a function or class by its dotted name, take its text, look
+inside it.
 
-The checks and the PR hunks both name code the way a reviewer does (``CudaGraphRunner.capture_one_batch_size``),
-never by line numbers, so the same name finds the symbol in every release however much the file around it moved.
-Nothing here imports the code it reads.
+The checks and the PR hunks both name code the way a reviewer does
+(``CudaGraphRunner.capture_one_batch_size``), never by line numbers, so the same name finds the
+symbol in every release however much the file around it moved. Nothing here imports the code it
+reads.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ _DEFS = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 @lru_cache(maxsize=64)
 def parse(source: str) -> ast.Module | None:
-    """The module's syntax tree, or None when the text does not parse (a checker must not crash on it)."""
+    """The module's syntax tree, or None when the text does not parse (a checker must not crash on
+    it)."""
     try:
         return ast.parse(source)
     except SyntaxError:
@@ -24,11 +27,12 @@ def parse(source: str) -> ast.Module | None:
 
 
 def find(tree: ast.AST | None, qualname: str) -> ast.AST | None:
-    """The class or function ``qualname`` ("Class", "Class.method", "function") defined at the top of ``tree``.
+    """The class or function ``qualname`` ("Class", "Class.method", "function") defined at the top
+    of ``tree``.
 
-    Only direct bodies are searched (a module's, then a class's), as a dotted name means; where a name is
-    defined twice (e.g. under ``if``/``else`` at module level is not searched), the last definition wins, as
-    Python's own binding would."""
+    Only direct bodies are searched (a module's, then a class's), as a dotted name means; where a
+    name is defined twice (e.g. under ``if``/``else`` at module level is not searched), the last
+    definition wins, as Python's own binding would."""
     node = tree
     for part in qualname.split("."):
         body = getattr(node, "body", None) or []
@@ -40,7 +44,8 @@ def find(tree: ast.AST | None, qualname: str) -> ast.AST | None:
 
 
 def text(source: str, node: ast.AST) -> str:
-    """The source lines of ``node`` with its decorators, dedented to column 0, ending in one newline."""
+    """The source lines of ``node`` with its decorators, dedented to column 0, ending in one
+    newline."""
     first = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
     lines = source.splitlines()[first - 1:node.end_lineno]
     return textwrap.dedent("\n".join(lines)).rstrip() + "\n"
@@ -77,7 +82,8 @@ def keyword(call: ast.Call, name: str) -> ast.expr | None:
 
 
 def assignments(node: ast.AST | None, target: str) -> list[ast.expr]:
-    """Values assigned to ``target`` (spelled as in the source, e.g. ``"self.model"``) anywhere under ``node``."""
+    """Values assigned to ``target`` (spelled as in the source, e.g. ``"self.model"``) anywhere
+    under ``node``."""
     if node is None:
         return []
     out = []
@@ -91,7 +97,8 @@ def assignments(node: ast.AST | None, target: str) -> list[ast.expr]:
 
 
 def mentions(node: ast.AST | None, spelled: str) -> bool:
-    """Whether the expression ``spelled`` (as ``ast.unparse`` writes it) occurs anywhere under ``node``."""
+    """Whether the expression ``spelled`` (as ``ast.unparse`` writes it) occurs anywhere under
+    ``node``."""
     if node is None:
         return False
     return any(isinstance(n, ast.expr) and ast.unparse(n) == spelled for n in ast.walk(node))
@@ -101,4 +108,5 @@ def string_constants(node: ast.AST | None) -> list[str]:
     """Every string literal under ``node``, f-string pieces included."""
     if node is None:
         return []
-    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value,
+            str)]

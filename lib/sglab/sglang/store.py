@@ -44,15 +44,18 @@ def source(requested: Optional[str] = None) -> str:
 
 
 def params_key(probe: str, params: Optional[dict]) -> str:
-    """A stable name for one probe call's parameters (the same dict in any key order gives the same key)."""
+    """A stable name for one probe call's parameters (the same dict in any key order gives the same
+    key)."""
     text = json.dumps(params or {}, sort_keys=True, separators=(",", ":"), default=str)
     return f"{probe}#{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
 def _result_dict(r) -> dict:
-    rows = r.rows.drop(columns=["release", "probe"], errors="ignore").to_dict("records") if r.rows is not None else []
-    return {"release": r.release, "probe": r.probe, "status": r.status, "rows": rows, "shims": r.shims,
-            "seconds": round(r.seconds, 3), "prepare_seconds": round(r.prepare_seconds, 3), "reason": r.reason,
+    rows = r.rows.drop(columns=["release", "probe"],
+                       errors="ignore").to_dict("records") if r.rows is not None else []
+    return {"release": r.release, "probe": r.probe, "status": r.status, "rows": rows,
+            "shims": r.shims, "seconds": round(r.seconds, 3),
+            "prepare_seconds": round(r.prepare_seconds, 3), "reason": r.reason,
             "traceback": r.traceback}
 
 
@@ -69,8 +72,9 @@ class Recording:
         d = self.results.get((params_key(probe, params), release))
         if d is None:
             return None
-        return ProbeResult(release, probe, d["status"], _frame(release, probe, d["rows"]), d["shims"], d["seconds"],
-                           d["prepare_seconds"], d["reason"], d["traceback"], recorded=self.label)
+        return ProbeResult(release, probe, d["status"], _frame(release, probe, d["rows"]),
+                           d["shims"], d["seconds"], d["prepare_seconds"], d["reason"],
+                           d["traceback"], recorded=self.label)
 
 
 def write(calls: Iterable[tuple[str, Optional[dict], dict]], *, root: Optional[Path] = None,
@@ -86,19 +90,20 @@ def write(calls: Iterable[tuple[str, Optional[dict], dict]], *, root: Optional[P
             releases.add(release)
             stored.append({"key": key, **_result_dict(r)})
             rows.append({"variant": release, "probe": probe, "params_key": key, "status": r.status,
-                         "metric": "rows", "value": 0 if r.rows is None else len(r.rows), "unit": "count"})
+                         "metric": "rows", "value": 0 if r.rows is None else len(r.rows),
+                         "unit": "count"})
     with tempfile.TemporaryDirectory() as tmp:
         sidecar = Path(tmp) / "results.json.gz"
         with gzip.open(sidecar, "wt") as f:
             json.dump(stored, f, default=str)
         from sglab.sglang.releases import parse_version
 
-        return runs.write_run(runs.tidy(EXPERIMENT, rows), experiment=EXPERIMENT, method_version=METHOD_VERSION,
+        return runs.write_run(runs.tidy(EXPERIMENT, rows), experiment=EXPERIMENT,
+                              method_version=METHOD_VERSION,
                               params={"probes": sorted({r["probe"] for r in rows})},
                               root=root or runs.data_dir("recorded"), gpu_count=0,
                               extra={"releases": sorted(releases, key=parse_version),
-                                     **(extra or {})},
-                              sidecars={"results": sidecar})
+                                     **(extra or {})}, sidecars={"results": sidecar})
 
 
 @lru_cache(maxsize=4)

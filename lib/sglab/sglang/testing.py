@@ -1,8 +1,9 @@
-"""For tests of real releases: results that must exist in CI and may be missing on a developer's machine.
+"""For tests of real releases: results that must exist in CI and may be missing on a developer's
+machine.
 
-In CI (``CI`` set) a release that did not run fails the test with its one-line reason: CI installs the releases
-through the project's own steps, so a missing one is a defect. Elsewhere the test is skipped with that reason
-(run ``sglab real install`` or ``make test``, which installs them).
+In CI (``CI`` set) a release that did not run fails the test with its one-line reason: CI installs
+the releases through the project's own steps, so a missing one is a defect. Elsewhere the test is
+skipped with that reason (run ``sglab real install`` or ``make test``, which installs them).
 
 Live answers in a test session come from one run of each release for all the calls that the
 session's test modules name (``REAL_CALLS`` in ``tests/conftest.py``,
@@ -54,8 +55,9 @@ def value(result: ProbeResult, **where):
 
 
 def _records(df) -> "object":
-    """Rows as they come back from JSON (lists, not tuples; NaN where a row lacks a column), for comparing; the
-    times and memory figures inside captured SGLang log lines are masked (they vary from run to run)."""
+    """Rows as they come back from JSON (lists, not tuples; NaN where a row lacks a column), for
+    comparing; the times and memory figures inside captured SGLang log lines are masked (they vary
+    from run to run)."""
     import json
 
     import pandas as pd
@@ -66,11 +68,13 @@ def _records(df) -> "object":
     return pd.DataFrame(json.loads(text)).reset_index(drop=True)
 
 
-def assert_recording_matches(live: dict[str, ProbeResult], probe: str, params=None, *, keep=None) -> int:
-    """The recording (:mod:`sglab.sglang.store`) answers ``probe`` with ``params`` exactly as the releases just did
-    in ``live``: same status and the same rows, release by release. ``keep(rows) -> rows`` narrows the live rows
-    first (a probe that answers more than the recorded one). Returns how many releases were compared; a recording
-    that holds none of them fails, so a stale or missing recording cannot pass unnoticed."""
+def assert_recording_matches(live: dict[str, ProbeResult], probe: str, params=None, *,
+                             keep=None) -> int:
+    """The recording (:mod:`sglab.sglang.store`) answers ``probe`` with ``params`` exactly as the
+    releases just did in ``live``: same status and the same rows, release by release. ``keep(rows)
+    -> rows`` narrows the live rows first (a probe that answers more than the recorded one). Returns
+    how many releases were compared; a recording that holds none of them fails, so a stale or
+    missing recording cannot pass unnoticed."""
     import pandas as pd
 
     from sglab.sglang import store

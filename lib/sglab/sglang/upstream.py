@@ -1,10 +1,11 @@
 """SGLang read as source text — never imported (its import pulls a heavy GPU stack).
 
-Each fix's record has one check (``Fix.check``): given ``read(relpath)`` over an SGLang package folder
-(the installed one, a checkout's ``python/sglang``, or a released wheel read with zipfile), it returns a
-:class:`Verdict` — one state of :data:`STATES` and a one-line reason. The same checks classify the installed
-SGLang (:func:`check`, :func:`check_all`), a source tree (``root=``), and every release
-(:mod:`sglab.sglang.wheels`); :mod:`sglab.sglang.hunks` holds the released hunk of each PR.
+Each fix's record has one check (``Fix.check``): given ``read(relpath)`` over an SGLang package
+folder (the installed one, a checkout's ``python/sglang``, or a released wheel read with zipfile),
+it returns a :class:`Verdict` — one state of :data:`STATES` and a one-line reason. The same checks
+classify the installed SGLang (:func:`check`, :func:`check_all`), a source tree (``root=``), and
+every release (:mod:`sglab.sglang.wheels`); :mod:`sglab.sglang.hunks` holds the released hunk of
+each PR.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ class Verdict:
         if self.status not in STATES:
             raise ValueError(f"status must be one of {tuple(STATES)}, got {self.status!r}")
         if not self.detail or not self.detail.strip() or "\n" in self.detail:
-            raise ValueError(f"a {self.status!r} verdict needs a one-line reason, got {self.detail!r}")
+            raise ValueError(f"a {self.status!r} verdict needs a one-line reason, got "
+                             f"{self.detail!r}")
 
     @property
     def reason(self) -> str:
@@ -61,7 +63,8 @@ class Verdict:
 
 
 def data_dir() -> Path:
-    """``data/upstream`` of the checkout (or ``$SGLAB_DATA/upstream``): the committed release table and hunks."""
+    """``data/upstream`` of the checkout (or ``$SGLAB_DATA/upstream``): the committed release table
+    and hunks."""
     base = os.environ.get("SGLAB_DATA")
     if base:
         return Path(base) / "upstream"
@@ -97,7 +100,8 @@ def read(relpath: str, *, root: Path | None = None) -> str | None:
 
 
 def run_check(fix, read_fn: Reader) -> Verdict:
-    """``fix.check`` on one reader; a check that raises answers "unknown" with the error as its reason."""
+    """``fix.check`` on one reader; a check that raises answers "unknown" with the error as its
+    reason."""
     try:
         return fix.check(read_fn)
     except Exception as e:  # noqa: BLE001 - a broken check must not break a notebook or a table
@@ -112,7 +116,8 @@ def classify(fixes, read_fn: Reader) -> dict[str, Verdict]:
 def check(fix, *, root: Path | None = None) -> Verdict:
     """The fix's check against the installed SGLang (or a source tree at ``root``)."""
     if root is None and installed() is None:
-        return Verdict("not-installed", "SGLang is not installed here (pip install 'sglab[sglang]' to compare)")
+        return Verdict("not-installed",
+                       "SGLang is not installed here (pip install 'sglab[sglang]' to compare)")
     if root is not None and not (Path(root) / "srt").is_dir():
         return Verdict("unknown", f"{root} is not an SGLang package folder (no srt/ in it)")
     return run_check(fix, lambda rel: read(rel, root=root))

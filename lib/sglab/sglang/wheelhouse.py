@@ -1,12 +1,13 @@
-"""Helpers of ``scripts/wheelhouse-sglang.sh`` (the offline GPU carry): requirement lists and wheel repacking.
+"""Helpers of ``scripts/wheelhouse-sglang.sh`` (the offline GPU carry): requirement lists and wheel
+repacking.
 
     python -m sglab.sglang.wheelhouse requirements SET [--no-deps]   one requirement a line (GPU lists)
     python -m sglab.sglang.wheelhouse releases                         the releases the GPU carry holds
     python -m sglab.sglang.wheelhouse skip                             dependencies left out of the carry
     python -m sglab.sglang.wheelhouse repack WHEEL                     drop REPACK_DROP files, fix RECORD, in place
 
-Repacking keeps the wheel installable by pip: the dropped files leave the archive and their RECORD lines go
-with them (RECORD lists every file with its hash; pip checks what it installs against it).
+Repacking keeps the wheel installable by pip: the dropped files leave the archive and their RECORD
+lines go with them (RECORD lists every file with its hash; pip checks what it installs against it).
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from sglab.sglang.releases import GPU_DEP_SETS, GPU_RELEASES, GPU_WHEEL_SKIP, RE
 
 
 def repack(wheel: Path, drop=REPACK_DROP) -> tuple[int, int]:
-    """Rewrite ``wheel`` without the members matching ``drop``; (files dropped, bytes saved on disk)."""
+    """Rewrite ``wheel`` without the members matching ``drop``; (files dropped, bytes saved on
+    disk)."""
     pats = [re.compile(p) for p in drop]
     before = wheel.stat().st_size
     tmp = wheel.with_suffix(".tmp")
     dropped = 0
-    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as dst:
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED,
+                                                        compresslevel=9) as dst:
         for info in src.infolist():
             name = info.filename
             if any(p.search(name) for p in pats):
@@ -35,7 +38,8 @@ def repack(wheel: Path, drop=REPACK_DROP) -> tuple[int, int]:
             data = src.read(name)
             if name.endswith(".dist-info/RECORD"):
                 lines = data.decode().splitlines(keepends=True)
-                data = "".join(ln for ln in lines if not any(p.search(ln.split(",", 1)[0]) for p in pats)).encode()
+                data = "".join(ln for ln in lines if not any(p.search(ln.split(",",
+                        1)[0]) for p in pats)).encode()
             info.compress_type = zipfile.ZIP_DEFLATED
             dst.writestr(info, data, compresslevel=9)
     tmp.replace(wheel)

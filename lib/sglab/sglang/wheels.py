@@ -1,12 +1,14 @@
 """Every SGLang release from 0.5.10 on, read from its released wheel: which state is each fix in?
 
-A wheel is downloaded once with pip (``pip download --no-deps``: never installed, never imported) into the
-git-ignored cache ``.sglang/wheels/`` and read with :mod:`zipfile` through the same ``read(relpath)`` the checks use
-on a source tree, so one set of checks serves an installed SGLang, a checkout and every release. The result is
-committed as ``data/upstream/releases.csv``; CI and the notebooks read that file and never download.
+A wheel is downloaded once with pip (``pip download --no-deps``: never installed, never imported)
+into the git-ignored cache ``.sglang/wheels/`` and read with :mod:`zipfile` through the same
+``read(relpath)`` the checks use on a source tree, so one set of checks serves an installed SGLang,
+a checkout and every release. The result is committed as ``data/upstream/releases.csv``; CI and the
+notebooks read that file and never download.
 
-Which wheel: the release's universal wheel where it has one (0.5.10.x), else its CPython 3.12 manylinux x86_64
-wheel (the GPU image's). Python sources are the same in every wheel of a release; the sha256 names the file read.
+Which wheel: the release's universal wheel where it has one (0.5.10.x), else its CPython 3.12
+manylinux x86_64 wheel (the GPU image's). Python sources are the same in every wheel of a release;
+the sha256 names the file read.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def _names(fixes) -> list[str]:
 
 
 def columns(fixes) -> list[str]:
-    """The CSV's columns: the wheel's facts, then ``<fix>`` and ``<fix>_reason`` per fix (records or names)."""
+    """The CSV's columns: the wheel's facts, then ``<fix>`` and ``<fix>_reason`` per fix (records or
+    names)."""
     return [*META, *(c for fix in _names(fixes) for c in (fix, f"{fix}_reason"))]
 
 
@@ -63,11 +66,13 @@ def fix_names(frame) -> list[str]:
     return [c for c in frame.columns if f"{c}_reason" in frame.columns]
 
 
-# -- versions ---------------------------------------------------------------------------------------------------
+# -- versions
+# --------------------------------------------------------------------------------------------------
 def select(versions) -> list[str]:
     """Final releases from :data:`FIRST` on, sorted; pre-releases (rc, a, b, dev) are skipped."""
     finals = {v for v in versions if re.fullmatch(r"\d+\.\d+\.\d+(?:\.post\d+)?", v)}
-    return sorted((v for v in finals if parse_version(v) >= parse_version(FIRST)), key=parse_version)
+    return sorted((v for v in finals if parse_version(v) >= parse_version(FIRST)),
+                  key=parse_version)
 
 
 def _pip(args: list[str], timeout: float) -> str:
@@ -77,7 +82,8 @@ def _pip(args: list[str], timeout: float) -> str:
     except (OSError, subprocess.TimeoutExpired) as e:
         raise NoNetwork(f"pip {args[0]}: {type(e).__name__}: {e}".splitlines()[0]) from None
     if out.returncode != 0:
-        lines = [ln for ln in out.stderr.splitlines() if ln.startswith("ERROR")] or out.stderr.splitlines() or ["?"]
+        lines = [ln for ln in out.stderr.splitlines()
+                 if ln.startswith("ERROR")] or out.stderr.splitlines() or ["?"]
         if "No matching distribution found" in out.stderr:
             raise NoSuchRelease(lines[-1].removeprefix("ERROR: ").strip())
         raise NoNetwork(f"pip {args[0]} failed: {lines[-1].strip()}")
@@ -94,9 +100,11 @@ def list_versions() -> list[str]:
 
 
 def download(version: str, dest: Path) -> Path:
-    """Fetch the release's wheel into ``dest`` (no dependencies, nothing installed) and return its path."""
+    """Fetch the release's wheel into ``dest`` (no dependencies, nothing installed) and return its
+    path."""
     dest.mkdir(parents=True, exist_ok=True)
-    _pip(["download", "--no-deps", *PIP_TAGS, "-d", str(dest), "-q", f"{PACKAGE}=={version}"], timeout=600)
+    _pip(["download", "--no-deps", *PIP_TAGS, "-d", str(dest), "-q", f"{PACKAGE}=={version}"],
+         timeout=600)
     path = cached(version, dest)
     if path is None:
         raise NoNetwork(f"pip download {PACKAGE}=={version} left no wheel in {dest}")
@@ -106,13 +114,16 @@ def download(version: str, dest: Path) -> Path:
 def cached(version: str, dest: Path) -> Path | None:
     """The cached wheel of exactly ``version`` (the universal one first, then cp312), or None."""
     found = sorted(Path(dest).glob(f"{PACKAGE}-{version}-*.whl"))
-    order = lambda p: (0 if "-py3-none-any" in p.name else 1 if "-cp312-" in p.name else 2, p.name)  # noqa: E731
+    # noqa: E731
+    order = lambda p: (0 if "-py3-none-any" in p.name else 1 if "-cp312-" in p.name else 2, p.name)
     return min(found, key=order) if found else None
 
 
-# -- one wheel --------------------------------------------------------------------------------------------------
+# -- one wheel
+# --------------------------------------------------------------------------------------------------
 class WheelReader:
-    """``read(relpath)`` over the ``sglang/`` package inside a wheel: text of ``sglang/<relpath>`` or None."""
+    """``read(relpath)`` over the ``sglang/`` package inside a wheel: text of ``sglang/<relpath>``
+    or None."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -144,7 +155,8 @@ def wheel_facts(path: Path) -> dict:
             digest.update(block)
     with zipfile.ZipFile(path) as z:
         newest = max(i.date_time for i in z.infolist())
-    return {"wheel": path.name, "sha256": digest.hexdigest(), "build_date": datetime(*newest).isoformat()}
+    return {"wheel": path.name, "sha256": digest.hexdigest(),
+            "build_date": datetime(*newest).isoformat()}
 
 
 def classify_wheel(version: str, path: Path, fixes) -> dict:
@@ -156,10 +168,11 @@ def classify_wheel(version: str, path: Path, fixes) -> dict:
     return row
 
 
-# -- the committed table ----------------------------------------------------------------------------------------
+# -- the committed table
+# ----------------------------------------------------------------------------------------
 def load_table(path: Path | None = None, fixes=None):
-    """The committed release table (every value a string), oldest release first; with ``fixes``, checked to
-    have a column for each."""
+    """The committed release table (every value a string), oldest release first; with ``fixes``,
+    checked to have a column for each."""
     import pandas as pd
 
     path = Path(path or table_path())
@@ -183,22 +196,25 @@ def write_table(frame, path: Path | None = None) -> Path:
     return path
 
 
-# -- the timeline -----------------------------------------------------------------------------------------------
+# -- the timeline
+# -----------------------------------------------------------------------------------------------
 @dataclass
 class Timeline:
-    """Rows (the table's columns plus ``source``: "wheel" or "table"), what was read from where, and whether the
-    result covers every release from :data:`FIRST` to the newest, each read from its wheel (then it may be
-    written as the committed table)."""
+    """Rows (the table's columns plus ``source``: "wheel" or "table"), what was read from where, and
+    whether the result covers every release from :data:`FIRST` to the newest, each read from its
+    wheel (then it may be written as the committed table)."""
 
     frame: object
     notes: list[str] = field(default_factory=list)
     complete: bool = False
     wheels: dict = field(default_factory=dict)  # version -> cached wheel path, for the hunks
-    unknown: list = field(default_factory=list)  # asked for, but the package index has no such release
+    # asked for, but the package index has no such release
+    unknown: list = field(default_factory=list)
 
 
 def _release_list(versions, offline, lister, notes) -> tuple[list[str], bool, bool]:
-    """(versions to show, whether the list came from the package index, whether the network may be tried)."""
+    """(versions to show, whether the list came from the package index, whether the network may be
+    tried)."""
     if offline:
         notes.append("offline: nothing downloaded")
     if versions:
@@ -214,13 +230,16 @@ def _release_list(versions, offline, lister, notes) -> tuple[list[str], bool, bo
     return found, True, True
 
 
-def timeline(fixes, versions=None, *, offline: bool = False, cache: Path | None = None, table: Path | None = None,
-             lister=list_versions, fetch=download, progress: bool = True) -> Timeline:
-    """Classify releases: each from its wheel (cached, else downloaded), else from the committed table.
+def timeline(fixes, versions=None, *, offline: bool = False, cache: Path | None = None,
+             table: Path | None = None, lister=list_versions, fetch=download,
+             progress: bool = True) -> Timeline:
+    """Classify releases: each from its wheel (cached, else downloaded), else from the committed
+    table.
 
-    ``versions`` None means every release from :data:`FIRST` to the newest. Without network (or ``offline``),
-    the release list is the committed table's plus the cached wheels', and each release is read from its cached
-    wheel where there is one, else taken from the committed table; ``notes`` says which, release by release."""
+    ``versions`` None means every release from :data:`FIRST` to the newest. Without network (or
+    ``offline``), the release list is the committed table's plus the cached wheels', and each
+    release is read from its cached wheel where there is one, else taken from the committed table;
+    ``notes`` says which, release by release."""
     import pandas as pd
     from tqdm.auto import tqdm
 
@@ -229,9 +248,10 @@ def timeline(fixes, versions=None, *, offline: bool = False, cache: Path | None 
     committed = _committed(table, notes, fixes)
     wanted, from_index, network = _release_list(versions, offline, lister, notes)
     if not wanted:
-        wanted = select(set(committed) | {p.name.split("-")[1] for p in cache.glob(f"{PACKAGE}-*.whl")})
-        notes.append(f"release list: committed table + cached wheels ({len(wanted)} releases; newer releases "
-                     "on the index are not seen without network)")
+        wanted = select(set(committed) | {p.name.split("-")[1]
+                                          for p in cache.glob(f"{PACKAGE}-*.whl")})
+        notes.append(f"release list: committed table + cached wheels ({len(wanted)} releases; "
+                     "newer releases " "on the index are not seen without network)")
     rows, wheels = [], {}
     fetched, from_table, missing, unknown = [], [], [], []
     for v in tqdm(wanted, desc="SGLang wheels", unit="release", disable=not progress, leave=False):
@@ -255,8 +275,8 @@ def timeline(fixes, versions=None, *, offline: bool = False, cache: Path | None 
         else:
             missing.append(v)
     n_wheel = len(rows) - len(from_table)
-    notes.append(f"classified from wheels: {n_wheel} ({len(fetched)} downloaded now, {n_wheel - len(fetched)} "
-                 f"from the cache {cache})")
+    notes.append(f"classified from wheels: {n_wheel} ({len(fetched)} downloaded now, "
+                 f"{n_wheel - len(fetched)} " f"from the cache {cache})")
     if from_table:
         notes.append(f"taken from the committed table (no wheel here): {', '.join(from_table)}")
     if missing:
@@ -279,11 +299,13 @@ def _committed(table, notes, fixes) -> dict:
 
 def summary(frame) -> "object":
     """The table as a person reads it: one row per release, one state per fix."""
-    return frame[["version", "build_date", *fix_names(frame)]].assign(build_date=frame["build_date"].str[:10])
+    return frame[["version", "build_date",
+                  *fix_names(frame)]].assign(build_date=frame["build_date"].str[:10])
 
 
 def changes(frame) -> list[tuple[str, str, str, str]]:
-    """``(fix, version, state, reason)`` wherever a fix's state or reason differs from the release before."""
+    """``(fix, version, state, reason)`` wherever a fix's state or reason differs from the release
+    before."""
     out = []
     for fix in fix_names(frame):
         prev = None
@@ -296,7 +318,8 @@ def changes(frame) -> list[tuple[str, str, str, str]]:
 
 
 def timeline_row(fix: str, frame=None):
-    """One fix across the releases (committed table by default): ``version, build_date, state, reason``."""
+    """One fix across the releases (committed table by default): ``version, build_date, state,
+    reason``."""
     frame = load_table() if frame is None else frame
     if fix not in fix_names(frame):
         raise KeyError(f"no fix {fix!r} in the release table; known: {fix_names(frame)}")
@@ -305,7 +328,8 @@ def timeline_row(fix: str, frame=None):
 
 
 def first_release(fix: str, states=("pr-era",), frame=None) -> str | None:
-    """The oldest release whose state for ``fix`` is one of ``states`` (committed table by default)."""
+    """The oldest release whose state for ``fix`` is one of ``states`` (committed table by
+    default)."""
     row = timeline_row(fix, frame)
     hits = row[row["state"].isin(states)]
     return None if hits.empty else hits["version"].iloc[0]
@@ -316,8 +340,8 @@ def first_release(fix: str, states=("pr-era",), frame=None) -> str | None:
 # --------------------------------------------------------------------------------------------------
 
 
-STATE_COLOURS = {"absent": "#d5d8dc", "before": "#c0392b", "pr-era": "#2471a3", "changed": "#229954",
-                 "regressed": "#d68910", "unknown": "#ffffff"}
+STATE_COLOURS = {"absent": "#d5d8dc", "before": "#c0392b", "pr-era": "#2471a3",
+                 "changed": "#229954", "regressed": "#d68910", "unknown": "#ffffff"}
 assert set(STATE_COLOURS) == set(RELEASE_STATES)
 
 
@@ -332,7 +356,8 @@ def _table(frame):
 def _caption(fig, frame, extra: str = "") -> str:
     first, last = frame["build_date"].iloc[0][:10], frame["build_date"].iloc[-1][:10]
     text = (f"read from the released SGLang wheels {frame['version'].iloc[0]} (built {first}) to "
-            f"{frame['version'].iloc[-1]} (built {last}) by sglab.sglang.upstream" + (f" · {extra}" if extra else ""))
+            f"{frame['version'].iloc[-1]} (built {last}) by sglab.sglang.upstream"
+            + (f" · {extra}" if extra else ""))
     fig.text(0.01, -0.02, text, ha="left", va="top", fontsize=8, color="#555555")
     return text
 
@@ -341,11 +366,13 @@ def _legend(ax, states, ncol):
     from matplotlib.patches import Patch
 
     handles = [Patch(facecolor=STATE_COLOURS[s], edgecolor="#7f8c8d", label=s) for s in states]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=ncol, frameon=False)
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=ncol,
+              frameon=False)
 
 
 def timeline_figure(frame=None, *, fixes=None, ax=None):
-    """Releases left to right, one row per fix, each cell coloured by that fix's state in that release."""
+    """Releases left to right, one row per fix, each cell coloured by that fix's state in that
+    release."""
     from matplotlib.patches import Rectangle
 
     from sglab.core import plots
@@ -353,11 +380,13 @@ def timeline_figure(frame=None, *, fixes=None, ax=None):
     frame = _table(frame)
     fixes = _names(fixes or fix_names(frame))
     if ax is None:
-        fig, ax = plots.figure(width=max(7.0, 0.48 * len(frame) + 2.5), height=0.42 * len(fixes) + 1.9)
+        fig, ax = plots.figure(width=max(7.0, 0.48 * len(frame) + 2.5),
+                               height=0.42 * len(fixes) + 1.9)
     fig = ax.figure
     for y, fix in enumerate(fixes):
         for x, state in enumerate(frame[fix]):
-            ax.add_patch(Rectangle((x, y), 0.94, 0.86, facecolor=STATE_COLOURS.get(state, "#ffffff"),
+            ax.add_patch(Rectangle((x, y), 0.94, 0.86,
+                                   facecolor=STATE_COLOURS.get(state, "#ffffff"),
                                    edgecolor="#7f8c8d" if state == "unknown" else "none",
                                    hatch="//" if state == "unknown" else None))
     ax.set_xlim(-0.1, len(frame))
@@ -376,8 +405,8 @@ def timeline_figure(frame=None, *, fixes=None, ax=None):
 
 
 def timeline_row_figure(fix, frame=None, *, ax=None):
-    """One fix (a record, or a name) across the releases: a coloured strip, each run of equal states labelled
-    where it starts."""
+    """One fix (a record, or a name) across the releases: a coloured strip, each run of equal states
+    labelled where it starts."""
     from sglab.core import plots
 
     frame = _table(frame)
@@ -395,12 +424,14 @@ def timeline_row_figure(fix, frame=None, *, ax=None):
     for i in range(1, len(states) + 1):
         if i == len(states) or states[i] != states[start]:
             ax.text((start + i) / 2, 0.5, states[start], ha="center", va="center", fontsize=9,
-                    color="black" if states[start] in ("absent", "unknown") else "white", fontweight="bold")
+                    color="black" if states[start] in ("absent", "unknown") else "white",
+                    fontweight="bold")
             start = i
     ax.set_xlim(0, len(states))
     ax.set_ylim(0, 1)
     ax.set_yticks([])
-    ax.set_xticks([x + 0.47 for x in range(len(states))], frame["version"], rotation=60, ha="right", fontsize=8)
+    ax.set_xticks([x + 0.47 for x in range(len(states))], frame["version"], rotation=60, ha="right",
+                  fontsize=8)
     ax.grid(False)
     ax.tick_params(length=0)
     for side in ("left", "bottom"):

@@ -5,17 +5,14 @@ Read it beside the released hunks (``data/upstream/swa_loc/pr23552.diff``, ``pr2
 section is headed by the upstream file and symbols it mirrors (``python/sglang/srt/...``, April–May
 2026):
 
-1. ``mem_cache/memory_pool.py``      ``MHATokenToKVPool`` and its ``store_cache`` write;
-2. ``mem_cache/swa_memory_pool.py``  ``SWAKVPool`` — its ``set_kv_buffer`` branch on ``swa_loc`` —
-   and
-                                     ``SWATokenToKVPoolAllocator`` (``full_to_swa_index_mapping``);
-3. ``model_executor/forward_batch_info.py``  ``ForwardBatch.out_cache_loc_swa``, translated once per
+1. ``mem_cache/memory_pool.py``: ``MHATokenToKVPool`` and its ``store_cache`` write;
+2. ``mem_cache/swa_memory_pool.py``: ``SWAKVPool`` (its ``set_kv_buffer`` branch on ``swa_loc``) and
+   ``SWATokenToKVPoolAllocator`` (``full_to_swa_index_mapping``);
+3. ``model_executor/forward_batch_info.py``: ``ForwardBatch.out_cache_loc_swa``, translated once per
    batch;
-4. ``model_executor/model_runner.py``        the eager forward, which presets ``swa_loc``;
-5. ``model_executor/cuda_graph_runner.py``   ``DecodeInputBuffers`` and ``CudaGraphRunner`` in the
-   three states
-                                             ``before``, ``pr23552``, ``pr24743``
-                                             (:data:`VARIANTS`);
+4. ``model_executor/model_runner.py``: the eager forward, which presets ``swa_loc``;
+5. ``model_executor/cuda_graph_runner.py``: ``DecodeInputBuffers`` and ``CudaGraphRunner`` in the
+   three states ``before``, ``pr23552``, ``pr24743`` (:data:`VARIANTS`);
 6. no upstream file: the toy hybrid model, its setup and a pool comparison.
 
 The before/after switch is :func:`runner_config`. Nothing here measures; ``sglab.swa_loc.measure``

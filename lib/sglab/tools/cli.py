@@ -44,7 +44,8 @@ def _parse_params(items: list[str]) -> dict:
     return out
 
 
-# -- env ------------------------------------------------------------------------------------------------------
+# -- env
+# --------------------------------------------------------------------------------------------------
 def cmd_env(_args) -> int:
     from sglab.tools.report import env_report
 
@@ -64,8 +65,9 @@ def cmd_real(args) -> int:
         from sglab.tools.fixes import FIXES
 
         enable()  # the probe processes import torch and a release each: keep their bytecode
-        p = argparse.ArgumentParser(prog="sglab real gpu", description="real SGLang code on this machine's "
-                                    "GPUs, one run per fix (data/runs/real_<fix>/)")
+        p = argparse.ArgumentParser(prog="sglab real gpu",
+                                    description="real SGLang code on this machine's " "GPUs, one "
+                                    "run per fix (data/runs/real_<fix>/)")
         record.add_arguments(p)
         return record.record(FIXES, p.parse_args(args.rest))
     from sglab.sglang import install
@@ -73,19 +75,22 @@ def cmd_real(args) -> int:
     return install.main(args.rest)
 
 
-# -- record ---------------------------------------------------------------------------------------------------
+# -- record
+# --------------------------------------------------------------------------------------------------
 def cmd_record(args) -> int:
     from sglab.tools import fixes, verify
 
     try:
-        verify.record(args.experiment, _parse_params(args.param), recorded=args.recorded, progress=not args.quiet)
+        verify.record(args.experiment, _parse_params(args.param), recorded=args.recorded,
+                      progress=not args.quiet)
     except (fixes.UnknownFix, verify.BadInput) as e:
         print(f"sglab record: {e}", file=sys.stderr)
         return 2
     return 0
 
 
-# -- sync -----------------------------------------------------------------------------------------------------
+# -- sync
+# --------------------------------------------------------------------------------------------------
 def cmd_sync(args) -> int:
     from sglab.tools import nbtools
 
@@ -99,14 +104,16 @@ def cmd_sync(args) -> int:
     return 0
 
 
-# -- upstream -------------------------------------------------------------------------------------------------
+# -- upstream
+# -------------------------------------------------------------------------------------------------
 def cmd_upstream(args) -> int:
     from sglab.tools import upstream as command
 
     return command.run(args)
 
 
-# -- index ----------------------------------------------------------------------------------------------------
+# -- index
+# --------------------------------------------------------------------------------------------------
 def cmd_index(args) -> int:
     from sglab.tools import readme
 
@@ -121,13 +128,15 @@ def cmd_index(args) -> int:
     return 0
 
 
-# -- verify ---------------------------------------------------------------------------------------------------
+# -- verify
+# --------------------------------------------------------------------------------------------------
 def cmd_verify(args) -> int:
     from sglab.core import claims
     from sglab.tools import verify
 
     try:
-        picked = verify.targets(args.targets, args.all) if (args.targets or args.all or not args.live) else []
+        picked = verify.targets(args.targets,
+                                args.all) if (args.targets or args.all or not args.live) else []
         reference = verify.load_run(args.against) if args.against not in (None, "auto") else None
         if args.live:
             done, skipped = verify.live(progress=not args.quiet)
@@ -137,7 +146,8 @@ def cmd_verify(args) -> int:
                 print("[sglab] verify --live: this machine's GPUs can run none of the experiments")
                 return 0
             picked += done
-        verified = [verify.verify_run(r, against=args.against is not None, reference=reference) for r in picked]
+        verified = [verify.verify_run(r, against=args.against is not None,
+                                      reference=reference) for r in picked]
     except (verify.BadInput, claims.ClaimsError) as e:
         print(f"sglab verify: {e}", file=sys.stderr)
         return 2
@@ -149,7 +159,8 @@ def cmd_verify(args) -> int:
     return status
 
 
-# -- investigate your own setup -------------------------------------------------------------------------------
+# -- investigate your own setup
+# -------------------------------------------------------------------------------
 def cmd_workspace(args) -> int:
     from sglab.investigate import workspace as ws
 
@@ -168,7 +179,8 @@ def cmd_workspace(args) -> int:
     df = ws.simulate(trace.tokens, world_size=args.world_size, hidden_dim=args.hidden,
                      pre_initialize=args.pre_initialize)
     print(f"world size {args.world_size}, hidden {args.hidden}, "
-          + ("cold start" if not args.pre_initialize else f"pre-initialised at {args.pre_initialize} tokens"))
+          + ("cold start" if not args.pre_initialize
+             else f"pre-initialised at {args.pre_initialize} tokens"))
     print(df.round(1).to_string())
     print(f"times: {df.attrs['cost_model']}")
     return 0
@@ -189,12 +201,14 @@ def cmd_swa_cost(args) -> int:
         print("no recorded swa_loc run to take per-layer costs from")
     else:
         print(df.to_string(index=False))
-        print(f"without the preset (before #23552) each decode step pays the extra kernels and µs above; the int64 "
-              f"buffer of #23552 wastes 4 bytes per captured slot (--max-bs {args.max_bs}) until #24743")
+        print(f"without the preset (before #23552) each decode step pays the extra kernels and µs "
+              "above; the int64 " f"buffer of #23552 wastes 4 bytes per captured slot (--max-bs "
+              f"{args.max_bs}) until #24743")
     return 0
 
 
-# -- run ------------------------------------------------------------------------------------------------------
+# -- run
+# --------------------------------------------------------------------------------------------------
 def _resolve_notebooks(names: list[str]) -> list[Path]:
     from sglab.tools import nbtools
 
@@ -206,7 +220,8 @@ def _resolve_notebooks(names: list[str]) -> list[Path]:
     for n in names:
         match = [p for p in all_nbs if p.stem == Path(n).stem or p.name.startswith(n)]
         if not match:
-            raise SystemExit(f"no notebook matches {n!r}; have: {', '.join(p.stem for p in all_nbs)}")
+            raise SystemExit(f"no notebook matches {n!r}; have: "
+                             f"{', '.join(p.stem for p in all_nbs)}")
         picked.extend(match)
     return list(dict.fromkeys(picked))
 
@@ -223,7 +238,8 @@ def cmd_run(args) -> int:
     out = Path(args.out) if args.out else repo_root() / "reports"
     params = _parse_params(args.param)
     t0 = time.perf_counter()
-    results = run_notebooks(paths, out, params=params, cell_timeout=args.cell_timeout, jobs=args.jobs)
+    results = run_notebooks(paths, out, params=params, cell_timeout=args.cell_timeout,
+                            jobs=args.jobs)
     failed = [r for r in results if r.status != "ok"]
     print(f"report: {out / 'index.html'} ({len(results) - len(failed)}/{len(results)} ok)")
     if args.timings:
@@ -232,9 +248,11 @@ def cmd_run(args) -> int:
         print(f"wall: {time.perf_counter() - t0:.1f} s ({jobs} at a time; pages and index included)")
         record = args.record and not failed and len(results) == len(paths)
         if args.record and not record:
-            print("[sglab] not every notebook ran cleanly: timings saved under data/runs/, not recorded")
-        path = timings.write(results, record=record, params={"notebooks": [p.stem for p in paths],
-                                                              "cell_timeout": args.cell_timeout, **params})
+            print("[sglab] not every notebook ran cleanly: timings saved under data/runs/, not "
+                  "recorded")
+        path = timings.write(results, record=record,
+                             params={"notebooks": [p.stem for p in paths],
+                                     "cell_timeout": args.cell_timeout, **params})
         print(f"timings: {path}")
     if any(r.stopped_by_signal for r in results):
         return 130
@@ -249,15 +267,19 @@ def _workbook_commands(sub) -> None:
     p.add_argument("--out")
     p.add_argument("--param", action="append", help="inject NAME=VALUE after the parameters cell")
     p.add_argument("--cell-timeout", type=int, default=900)
-    p.add_argument("--jobs", type=int, help="notebooks at a time (default: 1 where a GPU is visible, else 2)")
+    p.add_argument("--jobs", type=int,
+                   help="notebooks at a time (default: 1 where a GPU is visible, else 2)")
     p.add_argument("--timings", action="store_true",
-                   help="print where each notebook's time goes (phases) and save it as a workbook run")
-    p.add_argument("--record", action="store_true", help="with --timings: save under data/recorded/workbook/")
+                   help="print where each notebook's time goes (phases) and save it as a workbook "
+                   "run")
+    p.add_argument("--record", action="store_true",
+                   help="with --timings: save under data/recorded/workbook/")
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("record", help="run an experiment live and save the run")
     p.add_argument("experiment")
     p.add_argument("--param", action="append")
-    p.add_argument("--recorded", action="store_true", help="write into data/recorded/ instead of data/runs/")
+    p.add_argument("--recorded", action="store_true",
+                   help="write into data/recorded/ instead of data/runs/")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_record)
     p = sub.add_parser("sync", help="write notebooks' .ipynb from their .py")
@@ -266,8 +288,10 @@ def _workbook_commands(sub) -> None:
 
 
 def _evidence_commands(sub) -> None:
-    """upstream, index, the investigation commands, verify, real: what reads releases, runs and a user's setup."""
-    p = sub.add_parser("upstream", help="which fixes the installed SGLang, a source tree, or each release has")
+    """upstream, index, the investigation commands, verify, real: what reads releases, runs and a
+    user's setup."""
+    p = sub.add_parser("upstream",
+                       help="which fixes the installed SGLang, a source tree, or each release has")
     from sglab.tools import upstream as upstream_command
 
     upstream_command.add_arguments(p)
@@ -275,34 +299,45 @@ def _evidence_commands(sub) -> None:
     p = sub.add_parser("index", help="rewrite the README's notebook index from the recorded runs")
     p.add_argument("--check", action="store_true")
     p.set_defaults(fn=cmd_index)
-    p = sub.add_parser("workspace", help="workspace re-creations per max_token_num policy for your traffic")
-    p.add_argument("--trace", required=True, help="CSV of token counts per forward step, or an SGLang server log")
+    p = sub.add_parser("workspace",
+                       help="workspace re-creations per max_token_num policy for your traffic")
+    p.add_argument("--trace", required=True,
+                   help="CSV of token counts per forward step, or an SGLang server log")
     p.add_argument("--world-size", type=int, default=8)
-    p.add_argument("--hidden", type=int, default=7168, help="hidden size of the model (7168: Kimi-K2.5/DeepSeek-V3)")
+    p.add_argument("--hidden", type=int, default=7168,
+                   help="hidden size of the model (7168: Kimi-K2.5/DeepSeek-V3)")
     p.add_argument("--pcg-max-tokens", type=int, default=4096,
-                   help="pad prefill batches to piecewise-CUDA-graph buckets up to this size (0: no padding)")
-    p.add_argument("--pre-initialize", type=int, default=0, help="tokens of a workspace created before the first call")
+                   help="pad prefill batches to piecewise-CUDA-graph buckets up to this size (0: "
+                   "no padding)")
+    p.add_argument("--pre-initialize", type=int, default=0,
+                   help="tokens of a workspace created before the first call")
     p.set_defaults(fn=cmd_workspace)
     from sglab.investigate import capture_sizes as capture_sizes_command
 
     capture_sizes_command.add_parser(sub)
-    p = sub.add_parser("swa-cost", help="what the SWA location preset saves for a model's sliding-window layout")
+    p = sub.add_parser("swa-cost",
+                       help="what the SWA location preset saves for a model's sliding-window layout")
     p.add_argument("config", help="a Hugging Face config.json, or the model folder that holds it")
-    p.add_argument("--batch-size", type=int, default=32, help="decode batch size for the µs estimate")
-    p.add_argument("--max-bs", type=int, default=256, help="largest captured decode batch (cuda-graph-max-bs)")
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="decode batch size for the µs estimate")
+    p.add_argument("--max-bs", type=int, default=256,
+                   help="largest captured decode batch (cuda-graph-max-bs)")
     p.set_defaults(fn=cmd_swa_cost)
     p = sub.add_parser("verify", help="check every claim on recorded, live or given runs")
     p.add_argument("targets", nargs="*", help="experiment names or run CSV files")
     p.add_argument("--all", action="store_true", help="every recorded run of every experiment")
-    p.add_argument("--live", action="store_true", help="first run the experiments this machine's GPUs can run")
+    p.add_argument("--live", action="store_true",
+                   help="first run the experiments this machine's GPUs can run")
     p.add_argument("--against", nargs="?", const="auto", default=None, metavar="REF",
-                   help="compare with a reference run (default: the newest recorded run of the same GPU model)")
+                   help="compare with a reference run (default: the newest recorded run of the "
+                   "same GPU model)")
     p.add_argument("--junit", metavar="FILE", help="also write the verdicts as JUnit XML")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_verify)
-    p = sub.add_parser("real", help="real SGLang releases side by side: `sglab real install [--releases V ...]`, "
-                       "`sglab real record` (the notebooks' probe answers, for recorded mode), `sglab real gpu` (real code "
-                       "on this machine's GPUs)")
+    p = sub.add_parser("real",
+                       help="real SGLang releases side by side: `sglab real install [--releases V "
+                       "...]`, " "`sglab real record` (the notebooks' probe answers, for recorded "
+                       "mode), `sglab real gpu` (real code " "on this machine's GPUs)")
     p.add_argument("action", choices=["install", "record", "gpu"])
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_real)
@@ -311,7 +346,8 @@ def _evidence_commands(sub) -> None:
 def main(argv: list[str] | None = None) -> int:
     from sglab.core import bytecode
 
-    bytecode.enable()  # before anything heavy is imported, and inherited by every kernel and rank started below
+    # before anything heavy is imported, and inherited by every kernel and rank started below
+    bytecode.enable()
     ap = argparse.ArgumentParser(prog="sglab", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     _workbook_commands(sub)

@@ -1,7 +1,7 @@
 """The workbook's notebooks in reading order, and the one list of its fixes.
 
-Each fix states its record once (``FIX`` in ``sglab.<fix>.sglang``); this module only puts them in order and
-finds a fix's other modules by name for the command line, the report and the README index.
+Each fix states its record once (``FIX`` in ``sglab.<fix>.sglang``); this module only puts them in
+order and finds a fix's other modules by name for the command line, the report and the README index.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from sglab.sglang.fix import Fix
 from sglab.swa_loc.sglang import FIX as _swa_loc
 from sglab.workspace_floor.sglang import FIX as _workspace_floor
 
-FIXES: tuple[Fix, ...] = (_pcg_gate, _workspace_floor, _breakable_graph, _swa_loc, _grid_thw, _capture_sizes)
+FIXES: tuple[Fix, ...] = (_pcg_gate, _workspace_floor, _breakable_graph, _swa_loc, _grid_thw,
+                          _capture_sizes)
 NAMES = tuple(f.name for f in FIXES)
 START = "00_start_here"
 START_CLAIM = "What the workbook is, what this machine can run live, and how recorded runs stand in for GPUs."
@@ -43,7 +44,8 @@ def _module(name: str, part: str):
         if e.name != f"sglab.{name}.{part}":
             raise
     # TRANSITION: fixes not yet moved keep their claims and measure under sglab.experiments
-    return importlib.import_module(f"sglab.experiments.{name}" + (".claims" if part == "claims" else ""))
+    return importlib.import_module(f"sglab.experiments.{name}"
+                                   + (".claims" if part == "claims" else ""))
 
 
 def claims(name: str):
@@ -52,7 +54,8 @@ def claims(name: str):
 
 
 def measure(name: str):
-    """``sglab.<name>.measure``: EXPERIMENT, METHOD_VERSION, GPUS, DEFAULT_PARAMS, gpus(params), run(params)."""
+    """``sglab.<name>.measure``: EXPERIMENT, METHOD_VERSION, GPUS, DEFAULT_PARAMS, gpus(params),
+    run(params)."""
     return _module(name, "measure")
 
 
@@ -90,9 +93,9 @@ def by_stem(stem: str) -> Optional[Notebook]:
 
 
 def overview():
-    """00's reading-order table: per notebook its claim, the GPUs it needs, whether this machine runs it live,
-    its live time (newest committed ``sglab run --timings`` record per GPU model) and the recorded runs it can
-    show. One source with the README index and the report."""
+    """00's reading-order table: per notebook its claim, the GPUs it needs, whether this machine
+    runs it live, its live time (newest committed ``sglab run --timings`` record per GPU model) and
+    the recorded runs it can show. One source with the README index and the report."""
     import pandas as pd
 
     from sglab.core import hardware, runs

@@ -1,16 +1,17 @@
 """JupyterLab on the workbook: each notebook once, and a session that leaves ``git status`` clean.
 
-A workbook notebook is two files: ``NN_topic.py`` (jupytext percent, the reviewed source) and ``NN_topic.ipynb``
-(the same cells, committed without outputs). In the lab (``make lab``, which loads
-``jupyter_server_config.py`` from the repository root) this contents manager
+A workbook notebook is two files: ``NN_topic.py`` (jupytext percent, the reviewed source) and
+``NN_topic.ipynb`` (the same cells, committed without outputs). In the lab (``make lab``, which
+loads ``jupyter_server_config.py`` from the repository root) this contents manager
 
-- lists only the ``.ipynb`` of a pair in the file browser (the ``.py`` is the same notebook: opening both would
-  give two editors on one document);
-- saves a workbook notebook as ``sglab sync`` would write it: both files of the pair through jupytext, with no
-  outputs, no execution counts or timing stamps, and the notebook metadata of the committed ``.ipynb`` (JupyterLab
-  rewrites ``kernelspec`` and adds ``language_info`` when a kernel starts). Opening, running and closing a
-  notebook therefore writes files identical to the committed ones, while an edited cell lands in the ``.py`` and
-  the ``.ipynb`` together. Outputs stay in the browser; ``sglab run`` keeps them, in ``reports/``.
+- lists only the ``.ipynb`` of a pair in the file browser (the ``.py`` is the same notebook: opening
+  both would give two editors on one document);
+- saves a workbook notebook as ``sglab sync`` would write it: both files of the pair through
+  jupytext, with no outputs, no execution counts or timing stamps, and the notebook metadata of the
+  committed ``.ipynb`` (JupyterLab rewrites ``kernelspec`` and adds ``language_info`` when a kernel
+  starts). Opening, running and closing a notebook therefore writes files identical to the committed
+  ones, while an edited cell lands in the ``.py`` and the ``.ipynb`` together. Outputs stay in the
+  browser; ``sglab run`` keeps them, in ``reports/``.
 
 Other notebooks (a scratch notebook of your own) are saved unchanged.
 """
@@ -24,7 +25,8 @@ from jupyter_server.services.contents.largefilemanager import AsyncLargeFileMana
 from jupytext.async_contentsmanager import build_async_jupytext_contents_manager_class
 
 WORKBOOK = re.compile(r"^\d\d_[A-Za-z0-9_]+\.(ipynb|py)$")
-VIEW_STATE = ("execution", "scrolled", "collapsed")  # what running and looking adds to a cell's metadata
+# what running and looking adds to a cell's metadata
+VIEW_STATE = ("execution", "scrolled", "collapsed")
 
 
 def is_workbook(path: str) -> bool:
@@ -32,8 +34,8 @@ def is_workbook(path: str) -> bool:
 
 
 def strip_session(content: dict, committed_metadata: dict | None) -> dict:
-    """``content`` (a notebook as JSON) without what a session adds: outputs, execution counts, cell timing and
-    view state; notebook metadata as committed (when known)."""
+    """``content`` (a notebook as JSON) without what a session adds: outputs, execution counts, cell
+    timing and view state; notebook metadata as committed (when known)."""
     for cell in content.get("cells", []):
         if cell.get("cell_type") == "code":
             cell["outputs"] = []
@@ -77,16 +79,20 @@ class ContentsManager(build_async_jupytext_contents_manager_class(AsyncLargeFile
         return saved
 
     async def _rewrite_source(self, content: dict, path: str) -> None:
-        """Jupytext stamps its version into the .py header on every save; write the .py as committed instead."""
+        """Jupytext stamps its version into the .py header on every save; write the .py as committed
+        instead."""
         import nbformat
 
         from sglab.tools.nbtools import py_source
 
         py = str(PurePosixPath(path).with_suffix(".py"))
         text = py_source(nbformat.from_dict(content))
-        current = await AsyncLargeFileManager.get(self, py, content=True, type="file", format="text")
+        current = await AsyncLargeFileManager.get(self, py, content=True, type="file",
+                                                  format="text")
         if current["content"] != text:
-            await AsyncLargeFileManager.save(self, {"type": "file", "format": "text", "content": text}, py)
+            await AsyncLargeFileManager.save(self,
+                                             {"type": "file", "format": "text", "content": text},
+                                             py)
 
     def _committed_metadata(self, path: str) -> dict | None:
         import nbformat

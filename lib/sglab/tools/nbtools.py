@@ -1,5 +1,5 @@
-"""Notebook plumbing: pairing checks between ``NN_topic.py`` (jupytext percent, the reviewed source) and
-``NN_topic.ipynb`` (committed without outputs), and headless execution through nbclient."""
+"""Notebook plumbing: pairing checks between ``NN_topic.py`` (jupytext percent, the reviewed source)
+and ``NN_topic.ipynb`` (committed without outputs), and headless execution through nbclient."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 GPU_TAG = "needs-gpu"
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colours of IPython tracebacks: noise in a report or a log
+# colours of IPython tracebacks: noise in a report or a log
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 PARAM_TAG = "parameters"
 
 
@@ -33,7 +34,8 @@ def _cells(nb) -> list[tuple[str, str, tuple[str, ...]]]:
 
 
 def check_pair(ipynb: Path) -> list[str]:
-    """Problems with one notebook: outputs committed, execution counts, missing or out-of-sync .py."""
+    """Problems with one notebook: outputs committed, execution counts, missing or out-of-sync
+    .py."""
     import jupytext
     import nbformat
 
@@ -41,19 +43,22 @@ def check_pair(ipynb: Path) -> list[str]:
     nb = nbformat.read(ipynb, as_version=4)
     for i, c in enumerate(nb.cells):
         if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count") is not None):
-            problems.append(f"{ipynb.name}: cell {i} has outputs or an execution count (commit it clean)")
+            problems.append(f"{ipynb.name}: cell {i} has outputs or an execution count (commit it "
+                            "clean)")
     py = ipynb.with_suffix(".py")
     if not py.exists():
         return problems + [f"{ipynb.name}: no paired {py.name}"]
     if _cells(jupytext.read(py)) != _cells(nb):
-        problems.append(f"{ipynb.name} differs from {py.name}: run `sglab sync` (the .py is the source)")
+        problems.append(f"{ipynb.name} differs from {py.name}: run `sglab sync` (the .py is the "
+                        "source)")
     return problems
 
 
 def _stable_ids(nb, previous) -> None:
-    """Give ``nb``'s cells the ids they had in ``previous`` (the .ipynb before this sync) where type and source
-    still match, and an id derived from the cell's content elsewhere: jupytext invents random ids on every read,
-    and a sync that changes nothing must leave the tracked .ipynb byte for byte as it was."""
+    """Give ``nb``'s cells the ids they had in ``previous`` (the .ipynb before this sync) where type
+    and source still match, and an id derived from the cell's content elsewhere: jupytext invents
+    random ids on every read, and a sync that changes nothing must leave the tracked .ipynb byte for
+    byte as it was."""
     import hashlib
 
     old = {}
@@ -88,8 +93,9 @@ def sync(py: Path) -> Path:
 
 
 def py_source(nb) -> str:
-    """The ``.py`` of a notebook as the workbook commits it: jupytext percent, with no ``text_representation``
-    block in the header (jupytext stamps its own version there, so every release would rewrite every file)."""
+    """The ``.py`` of a notebook as the workbook commits it: jupytext percent, with no
+    ``text_representation`` block in the header (jupytext stamps its own version there, so every
+    release would rewrite every file)."""
     import jupytext
 
     out, skip_deeper = [], None
@@ -110,28 +116,34 @@ def py_source(nb) -> str:
 
 
 def inject_parameters(nb, params: dict) -> None:
-    """Insert a cell assigning ``params`` right after the cell tagged ``parameters`` (papermill's convention)."""
+    """Insert a cell assigning ``params`` right after the cell tagged ``parameters`` (papermill's
+    convention)."""
     import nbformat
 
     if not params:
         return
     src = "# injected parameters\n" + "\n".join(f"{k} = {v!r}" for k, v in params.items())
     cell = nbformat.v4.new_code_cell(src, metadata={"tags": ["injected-parameters"]})
-    idx = next((i for i, c in enumerate(nb.cells) if PARAM_TAG in c.get("metadata", {}).get("tags", [])), -1)
+    idx = next((i for i,
+                c in enumerate(nb.cells) if PARAM_TAG in c.get("metadata", {}).get("tags", [])), -1)
     nb.cells.insert(idx + 1, cell)
 
 
 @dataclass
 class Result:
     path: Path
-    status: str  # "ok" | "failed" (a cell raised) | "interrupted" (a cell timed out, or a signal stopped the run)
+    # "ok" | "failed" (a cell raised) | "interrupted" (a cell timed out, or a signal stopped the
+    # run)
+    status: str
     mode: str  # "live" | "recorded" | "cpu" | "?"
     seconds: float
     error: str = ""
     skipped_gpu_cells: int = 0
     nb: object = field(default=None, repr=False)
-    started: float | None = None  # time.time() when execution began (the report finds the live runs it wrote)
-    stopped_by_signal: bool = False  # Ctrl-C or SIGTERM: the caller should stop, not go on to the next notebook
+    # time.time() when execution began (the report finds the live runs it wrote)
+    started: float | None = None
+    # Ctrl-C or SIGTERM: the caller should stop, not go on to the next notebook
+    stopped_by_signal: bool = False
 
 
 class _Progress:
@@ -156,9 +168,9 @@ class _Progress:
 
 
 def _kernel_manager(kernel_name: str):
-    """A kernel manager on the IPC transport: the kernel's sockets are files in a private folder instead of TCP
-    ports on localhost, so nothing else on the machine can reach them (and ipykernel has no reason to warn that
-    the kernel runs over TCP without encryption)."""
+    """A kernel manager on the IPC transport: the kernel's sockets are files in a private folder
+    instead of TCP ports on localhost, so nothing else on the machine can reach them (and ipykernel
+    has no reason to warn that the kernel runs over TCP without encryption)."""
     import tempfile
 
     from jupyter_client.manager import AsyncKernelManager
@@ -169,8 +181,8 @@ def _kernel_manager(kernel_name: str):
 
 
 def _stop_kernel(client, km, folder: str) -> None:
-    """Stop the kernel whatever happened (nbclient leaves a kernel it does not own running), close the client's
-    channels and remove the connection and socket files."""
+    """Stop the kernel whatever happened (nbclient leaves a kernel it does not own running), close
+    the client's channels and remove the connection and socket files."""
     import shutil
 
     from jupyter_core.utils import run_sync
@@ -199,13 +211,15 @@ def _write_partial(nb, ipynb: Path, partial_dir: Path | None) -> Path:
     return path
 
 
-def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = None, params: dict | None = None,
-            kernel_name: str = "python3", partial_dir: Path | None = None) -> Result:
-    """Execute a notebook headless in its own folder. Cells tagged ``needs-gpu`` are skipped when there is no
-    CUDA (or when ``skip_gpu`` says so). Never raises for a failing cell: the result carries the error and the
-    partially executed notebook. A cell that runs past ``cell_timeout`` seconds, or a run stopped by Ctrl-C or
-    SIGTERM, is reported as "interrupted: cell N (first line…) after S s; partial output in PATH", the partial
-    notebook written to ``partial_dir`` (default: a folder under the system's temporary directory)."""
+def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = None,
+            params: dict | None = None, kernel_name: str = "python3",
+            partial_dir: Path | None = None) -> Result:
+    """Execute a notebook headless in its own folder. Cells tagged ``needs-gpu`` are skipped when
+    there is no CUDA (or when ``skip_gpu`` says so). Never raises for a failing cell: the result
+    carries the error and the partially executed notebook. A cell that runs past ``cell_timeout``
+    seconds, or a run stopped by Ctrl-C or SIGTERM, is reported as "interrupted: cell N (first
+    line…) after S s; partial output in PATH", the partial notebook written to ``partial_dir``
+    (default: a folder under the system's temporary directory)."""
     import asyncio
 
     import nbclient
@@ -230,9 +244,10 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
     status, error, by_signal = "ok", "", False
     try:
         client.execute(env={**os.environ, "SGLAB_HEADLESS": "1"})  # widgets become static tables
-    except (Exception, KeyboardInterrupt, asyncio.CancelledError) as e:  # noqa: BLE001 - all reported
-        # nbclient's SIGINT/SIGTERM handler shuts the kernel down and lets go of it (km None); a signal during the
-        # kernel's start cancels the start instead
+    # noqa: BLE001 - all reported
+    except (Exception, KeyboardInterrupt, asyncio.CancelledError) as e:
+        # nbclient's SIGINT/SIGTERM handler shuts the kernel down and lets go of it (km None); a
+        # signal during the kernel's start cancels the start instead
         by_signal = client.km is None or not isinstance(e, Exception)
         if isinstance(e, CellExecutionError) and not by_signal:
             status, error = "failed", f"{progress.where()}: {type(e).__name__}: {e}"
@@ -246,10 +261,12 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
         _stop_kernel(client, km, folder)
     seconds = time.perf_counter() - t0
     if status != "ok":
-        error = _ANSI.sub("", error).rstrip() + f"; partial output in {_write_partial(nb, ipynb, partial_dir)}"
+        error = _ANSI.sub("",
+                          error).rstrip() + f"; partial output in {_write_partial(nb, ipynb, partial_dir)}"
     marker = read_mode(nb)
     mode = marker["mode"] if marker else "cpu"
-    return Result(ipynb, status, mode, seconds, error, n_gpu if skip_gpu else 0, nb, started, by_signal)
+    return Result(ipynb, status, mode, seconds, error, n_gpu if skip_gpu else 0, nb, started,
+                  by_signal)
 
 
 def outputs_text(nb) -> str:

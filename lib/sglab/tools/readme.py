@@ -1,9 +1,10 @@
-"""The README's notebook index, generated from the notebooks (:mod:`sglab.tools.fixes`) and the committed recorded runs.
+"""The README's notebook index, generated from the notebooks (:mod:`sglab.tools.fixes`) and the
+committed recorded runs.
 
-Each row is the catalog's claim followed by the experiment's headline over the runs a reader is shown, both from
-:mod:`sglab.core.claims` (the same sentence a notebook's first screen shows; numbers computed, never typed in).
-``sglab index`` rewrites the block between the markers in README.md; a test checks that the committed README
-matches what the committed runs say.
+Each row is the catalog's claim followed by the experiment's headline over the runs a reader is
+shown, both from :mod:`sglab.core.claims` (the same sentence a notebook's first screen shows;
+numbers computed, never typed in). ``sglab index`` rewrites the block between the markers in
+README.md; a test checks that the committed README matches what the committed runs say.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""The real-release probes the notebooks show, in one list, and ``sglab real record``, which records their answers.
+"""The real-release probes the notebooks show, in one list, and ``sglab real record``, which records
+their answers.
 
-Each notebook's real section calls one probe on the releases that straddle its fix (the record's ``probe``:
-function, releases and parameters). :func:`calls` lists exactly those calls, so a recording
-(:mod:`sglab.sglang.store`) holds what the notebooks will ask for, and a test can replay every one of them live.
-``sglab real record`` asks each release once for all the calls that name it
+Each notebook's real section calls one probe on the releases that straddle its fix (the record's
+``probe``: function, releases and parameters). :func:`calls` lists exactly those calls, so a
+recording (:mod:`sglab.sglang.store`) holds what the notebooks will ask for, and a test can replay
+every one of them live. ``sglab real record`` asks each release once for all the calls that name it
 (:func:`sglab.sglang.runner.run_batch`: six workers for the 22 (release, probe) pairs, not 22).
 """
 
@@ -17,10 +18,12 @@ from sglab.sglang import runner, store
 
 
 def calls() -> list[tuple[str, Optional[dict], tuple]]:
-    """``(probe, params, releases)`` of every notebook's real section, in notebook order (each fix's record)."""
+    """``(probe, params, releases)`` of every notebook's real section, in notebook order (each fix's
+    record)."""
     from sglab.tools.fixes import FIXES
 
-    return [(f.probe.fn, f.probe.resolved_params(), f.probe.releases) for f in FIXES if f.probe is not None]
+    return [(f.probe.fn, f.probe.resolved_params(),
+             f.probe.releases) for f in FIXES if f.probe is not None]
 
 
 def record(*, jobs: int = 2, progress=print):
@@ -49,8 +52,9 @@ def record(*, jobs: int = 2, progress=print):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="sglab real record", description="record what the notebooks' real-release "
-                                 "probes answer here (data/recorded/real_cpu/)")
+    ap = argparse.ArgumentParser(prog="sglab real record",
+                                 description="record what the notebooks' real-release " "probes "
+                                 "answer here (data/recorded/real_cpu/)")
     ap.add_argument("--jobs", type=int, default=2, help="releases run at a time")
     args = ap.parse_args(argv)
     try:

@@ -1,9 +1,12 @@
-"""The published report: ``sglab run`` executes notebooks headless and writes a self-contained ``reports/``
-folder (executed ``.ipynb``, one offline HTML page per notebook, ``index.html`` and ``index.json``).
+"""The published report: ``sglab run`` executes notebooks headless and writes a self-contained
+``reports/`` folder (executed ``.ipynb``, one offline HTML page per notebook, ``index.html`` and
+``index.json``).
 
 - :mod:`.pages`: an executed notebook → its HTML page;
-- :mod:`.index`: the index, one card per notebook (claim, headline, verdict, live time, status, first figure);
-- :mod:`.timings`: per-cell wall times grouped into phases, saved as a ``workbook`` run (``sglab run --timings``).
+- :mod:`.index`: the index, one card per notebook (claim, headline, verdict, live time, status,
+  first figure);
+- :mod:`.timings`: per-cell wall times grouped into phases, saved as a ``workbook`` run (``sglab run
+  --timings``).
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import re
 
 
 def default_jobs() -> int:
-    """Notebooks run at a time: one where a GPU is visible (live timings must not share the machine), else up to
-    two (recorded mode only reads files and draws; the CPU box has two cores)."""
+    """Notebooks run at a time: one where a GPU is visible (live timings must not share the
+    machine), else up to two (recorded mode only reads files and draws; the CPU box has two
+    cores)."""
     import os
 
     from sglab.core import hardware
@@ -35,7 +39,8 @@ def _exporter():
 
 
 def _one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pages: bool):
-    """Execute one notebook and write its executed copy and page (in a worker process when jobs > 1)."""
+    """Execute one notebook and write its executed copy and page (in a worker process when jobs >
+    1)."""
     import nbformat
 
     from sglab.tools import nbtools
@@ -43,8 +48,8 @@ def _one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pages:
     r = nbtools.execute(p, cell_timeout=cell_timeout, params=params, partial_dir=out)
     nbformat.write(r.nb, out / p.name)
     if html_pages:
-        write_page(r.nb, out / f"{p.stem}.html", title=notebook_title(r.nb, p.stem), status=_status(r),
-                         html_exporter=_exporter())
+        write_page(r.nb, out / f"{p.stem}.html", title=notebook_title(r.nb, p.stem),
+                   status=_status(r), html_exporter=_exporter())
     return r
 
 
@@ -58,7 +63,8 @@ def _report(r, progress) -> None:
 
 
 def _result_of(future, path: Path):
-    """The worker's result; a worker that died (killed, out of memory) becomes a failed notebook, not a lost run."""
+    """The worker's result; a worker that died (killed, out of memory) becomes a failed notebook,
+    not a lost run."""
     from concurrent.futures.process import BrokenProcessPool
 
     try:
@@ -68,12 +74,14 @@ def _result_of(future, path: Path):
 
         from sglab.tools.nbtools import Result
 
-        return Result(path, "failed", "?", 0.0, f"the worker process running it died: {e}", nb=nbformat.v4.new_notebook())
+        return Result(path, "failed", "?", 0.0, f"the worker process running it died: {e}",
+                      nb=nbformat.v4.new_notebook())
 
 
 def _in_parallel(paths, out, params, cell_timeout, html_pages, jobs, progress) -> list:
-    """``jobs`` worker processes, each notebook in one; results in the order of ``paths``. Ctrl-C reaches the
-    workers too (same process group): each reports its notebook as interrupted, and no further one starts."""
+    """``jobs`` worker processes, each notebook in one; results in the order of ``paths``. Ctrl-C
+    reaches the workers too (same process group): each reports its notebook as interrupted, and no
+    further one starts."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
@@ -94,13 +102,16 @@ def _in_parallel(paths, out, params, cell_timeout, html_pages, jobs, progress) -
     return [done[p] for p in paths if p in done]
 
 
-def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None, cell_timeout: int = 900,
-                  html_pages: bool = True, env_rows=None, progress=print, jobs: int | None = None) -> list:
-    """Execute ``paths`` into ``out``; return the :class:`sglab.tools.nbtools.Result` list, in the order of ``paths``.
+def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None,
+                  cell_timeout: int = 900, html_pages: bool = True, env_rows=None, progress=print,
+                  jobs: int | None = None) -> list:
+    """Execute ``paths`` into ``out``; return the :class:`sglab.tools.nbtools.Result` list, in the
+    order of ``paths``.
 
-    ``jobs`` notebooks at a time (default :func:`default_jobs`: one on a GPU machine). A failed or interrupted
-    notebook still gets its partial executed notebook and page; the index says what happened to each. A run
-    stopped by Ctrl-C or SIGTERM stops here (with the report of what ran)."""
+    ``jobs`` notebooks at a time (default :func:`default_jobs`: one on a GPU machine). A failed or
+    interrupted notebook still gets its partial executed notebook and page; the index says what
+    happened to each. A run stopped by Ctrl-C or SIGTERM stops here (with the report of what
+    ran)."""
     out.mkdir(parents=True, exist_ok=True)
     jobs = default_jobs() if jobs is None else max(1, int(jobs))
     if jobs > 1 and len(paths) > 1:
@@ -112,7 +123,8 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None, c
             progress(f"[{i}/{len(paths)}] {p.name} …")
             results.append(_one(p, out, params, cell_timeout, html_pages))
             _report(results[-1], progress)
-            if results[-1].stopped_by_signal:  # Ctrl-C or SIGTERM: the report of what ran, then stop
+            # Ctrl-C or SIGTERM: the report of what ran, then stop
+            if results[-1].stopped_by_signal:
                 progress(f"stopped: {len(paths) - i} notebook(s) not run")
                 break
     if env_rows is None:
@@ -141,8 +153,9 @@ details{margin-top:2em}summary{cursor:pointer;font-weight:600}.nofig{width:360px
 
 
 def claim_facts(entry, result=None) -> dict:
-    """Claim, headline and verdict lines of a catalog entry: over this report's live runs when the notebook ran
-    live (runs written since it started), else over the recorded runs a reader is shown."""
+    """Claim, headline and verdict lines of a catalog entry: over this report's live runs when the
+    notebook ran live (runs written since it started), else over the recorded runs a reader is
+    shown."""
     from sglab.core import claims, runs
     from sglab.tools import fixes
 
@@ -157,7 +170,8 @@ def claim_facts(entry, result=None) -> dict:
         facts["source"] = "measured live in this run" if live else "recorded runs"
         facts["headline"] = claims.headline(mod, shown) if shown else "no recorded run yet"
         facts["verdicts"] = [claims.verdict_line(claims.evaluate(mod, r), r) for r in shown]
-    except Exception as e:  # noqa: BLE001 - a claims module that cannot read a run must not lose the report
+    # noqa: BLE001 - a claims module that cannot read a run must not lose the report
+    except Exception as e:
         facts["headline"] = f"headline unavailable: {type(e).__name__}: {e}"
     return facts
 
@@ -174,8 +188,8 @@ def _live_runs(experiment: str, result) -> list:
 
 def _card_status(r) -> str:
     skipped = f" · {r.skipped_gpu_cells} GPU cell(s) skipped" if r.skipped_gpu_cells else ""
-    return (f"<span class='{r.status}'>{r.status}</span> · <span class='{r.mode}'>{r.mode}</span> · "
-            f"{r.seconds:.1f} s{skipped}")
+    return (f"<span class='{r.status}'>{r.status}</span> · <span class='{r.mode}'>{r.mode}</span> "
+            "· " f"{r.seconds:.1f} s{skipped}")
 
 
 def card(r, live_time: str) -> str:
@@ -186,37 +200,49 @@ def card(r, live_time: str) -> str:
     facts = claim_facts(entry, r)
     title = notebook_title(r.nb, r.path.stem) if r.nb is not None else r.path.stem
     png = first_figure(r.nb) if r.nb is not None else None
-    fig = (f"<a href='{html.escape(r.path.stem)}.html'><img alt='first figure of {html.escape(r.path.stem)}' "
-           f"src='{data_uri(thumbnail(png))}'></a>" if png else "<div class='nofig'>no figure</div>")
-    verdicts = "".join(f"<div class='meta'>verdict: {html.escape(v)}</div>" for v in facts["verdicts"])
-    headline = (f"<p class='headline'><b>{html.escape(facts['headline'])}</b> <small>({facts['source']})</small></p>"
-                if facts["headline"] else "")
+    fig = (f"<a href='{html.escape(r.path.stem)}.html'><img alt='first figure of "
+           f"{html.escape(r.path.stem)}' " f"src='{data_uri(thumbnail(png))}'></a>" if png
+           else "<div class='nofig'>no figure</div>")
+    verdicts = "".join(f"<div class='meta'>verdict: {html.escape(v)}</div>"
+                       for v in facts["verdicts"])
+    headline = (f"<p class='headline'><b>{html.escape(facts['headline'])}</b> "
+                f"<small>({facts['source']})</small></p>" if facts["headline"] else "")
     err = f"<pre>{html.escape(r.error[-3000:])}</pre>" if r.error else ""
-    return (f"<div class='card'>{fig}<div class='text'><h2><a href='{html.escape(r.path.stem)}.html'>"
+    return (f"<div class='card'>{fig}<div class='text'><h2><a "
+            f"href='{html.escape(r.path.stem)}.html'>"
             f"{html.escape(title)}</a></h2><p>{html.escape(facts['claim'])}</p>{headline}{verdicts}"
             f"<div class='meta'>live time: {html.escape(live_time)}</div>"
             f"<div class='meta'>this run: {_card_status(r)}</div>{err}</div></div>")
 
 
-def write_index(results, out: Path, env_rows: list[tuple[str, str]], live_times: dict | None = None) -> Path:
-    """Write ``index.html`` and ``index.json`` for ``results`` (nbtools.Result, executed notebooks inside)."""
+def write_index(results, out: Path, env_rows: list[tuple[str, str]],
+                live_times: dict | None = None) -> Path:
+    """Write ``index.html`` and ``index.json`` for ``results`` (nbtools.Result, executed notebooks
+    inside)."""
     live_times = timings.live_times() if live_times is None else live_times
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     n_ok = sum(r.status == "ok" for r in results)
     cards = "".join(card(r, live_times.get(r.path.stem, timings.NOT_RECORDED)) for r in results)
-    env = "".join(f"<tr><th>{html.escape(k)}</th><td><pre>{html.escape(v)}</pre></td></tr>" for k, v in env_rows)
+    env = "".join(f"<tr><th>{html.escape(k)}</th><td><pre>{html.escape(v)}</pre></td></tr>" for k,
+                  v in env_rows)
     page = (f"<!doctype html><html lang='en'><meta charset='utf-8'><title>sglab report</title>"
-            f"<style>{STYLE}</style><h1>sglab workbook report</h1><p>{now} · {n_ok}/{len(results)} notebooks ran "
-            "cleanly. Mode <b>live</b>: measured on this machine; <b>recorded</b>: GPU results shown from committed "
-            "runs in data/recorded/. <i>Live time</i> is each notebook's wall time when run live, from the "
+            f"<style>{STYLE}</style><h1>sglab workbook report</h1><p>{now} · {n_ok}/{len(results)} "
+            "notebooks ran "
+            "cleanly. Mode <b>live</b>: measured on this machine; <b>recorded</b>: GPU results "
+            "shown from committed "
+            "runs in data/recorded/. <i>Live time</i> is each notebook's wall time when run live, "
+            "from the "
             "committed workbook timing records (newest per GPU model).</p>"
-            + cards + f"<details><summary>Environment of this run</summary><table>{env}</table></details></html>")
+            + cards + f"<details><summary>Environment of this "
+            f"run</summary><table>{env}</table></details></html>")
     path = out / "index.html"
     path.write_text(page, encoding="utf-8")
-    (out / "index.json").write_text(json.dumps(
-        [{"notebook": r.path.name, "status": r.status, "mode": r.mode, "seconds": round(r.seconds, 1),
-          "live_time": live_times.get(r.path.stem, timings.NOT_RECORDED), "error": r.error[-2000:]}
-         for r in results], indent=2))
+    (out / "index.json").write_text(json.dumps([{"notebook": r.path.name, "status": r.status,
+                                                 "mode": r.mode, "seconds": round(r.seconds, 1),
+                                                 "live_time": live_times.get(r.path.stem,
+                                                         timings.NOT_RECORDED),
+                                                 "error": r.error[-2000:]} for r in results],
+                                               indent=2))
     return path
 
 
@@ -230,8 +256,8 @@ _H1 = re.compile(r"^#\s+(.+?)\s*#*\s*$", re.M)
 
 
 def notebook_title(nb, fallback: str) -> str:
-    """The first ``# heading`` of the first markdown cell that has one (markdown markup stripped), else
-    ``fallback`` (the file stem)."""
+    """The first ``# heading`` of the first markdown cell that has one (markdown markup stripped),
+    else ``fallback`` (the file stem)."""
     for cell in nb.cells:
         if cell.cell_type != "markdown":
             continue
@@ -242,22 +268,26 @@ def notebook_title(nb, fallback: str) -> str:
 
 
 def exporter():
-    """An HTMLExporter on the ``sglab`` template (built once per report: building it reads the templates)."""
+    """An HTMLExporter on the ``sglab`` template (built once per report: building it reads the
+    templates)."""
     from nbconvert import HTMLExporter
 
     return HTMLExporter(extra_template_basedirs=[str(TEMPLATES)], template_name="sglab")
 
 
 def render(nb, *, title: str, status: str = "", html_exporter=None) -> str:
-    """The page of an executed notebook; ``status`` (e.g. "ok · recorded · 7.8 s") goes into the top bar."""
+    """The page of an executed notebook; ``status`` (e.g. "ok · recorded · 7.8 s") goes into the top
+    bar."""
     exp = html_exporter or exporter()
-    body, _ = exp.from_notebook_node(nb, resources={"metadata": {"name": title}, "sglab_title": title,
-                                                     "sglab_status": status})
+    body, _ = exp.from_notebook_node(nb,
+                                     resources={"metadata": {"name": title}, "sglab_title": title,
+                                                "sglab_status": status})
     return body
 
 
 def write_page(nb, path: Path, *, title: str, status: str = "", html_exporter=None) -> Path:
-    """Write the page; a notebook nbconvert cannot render still gets a page that says why (and links back)."""
+    """Write the page; a notebook nbconvert cannot render still gets a page that says why (and links
+    back)."""
     try:
         body = render(nb, title=title, status=status, html_exporter=html_exporter)
     except Exception as e:  # noqa: BLE001 - one broken page must not lose the rest of the report
@@ -280,8 +310,8 @@ def first_figure(nb) -> bytes | None:
 
 
 def thumbnail(png: bytes, width: int = 360) -> bytes:
-    """``png`` scaled down to ``width`` pixels (the index embeds it; full figures would make it megabytes).
-    Pillow comes with matplotlib; without it the figure is embedded as it is."""
+    """``png`` scaled down to ``width`` pixels (the index embeds it; full figures would make it
+    megabytes). Pillow comes with matplotlib; without it the figure is embedded as it is."""
     try:
         import io
 
@@ -313,7 +343,9 @@ def env_report() -> list[tuple[str, str]]:
     rows = []
     sw = hardware.software()
     gpus = hardware.gpus() if hardware.has_cuda() else ()
-    rows.append(("GPUs", f"{len(gpus)}" + "".join(f"\n  {g.index}: {g.name} {g.memory_mib} MiB {g.uuid}" for g in gpus)))
+    rows.append(("GPUs",
+                 f"{len(gpus)}"
+                 + "".join(f"\n  {g.index}: {g.name} {g.memory_mib} MiB {g.uuid}" for g in gpus)))
     rows.append(("driver", sw["driver"] or "not found (no NVML)"))
     rows.append(("torch / CUDA", f"{sw['torch']} / {sw['cuda'] or 'CPU build'}"))
     rows.append(("python", sw["python"]))
@@ -321,7 +353,8 @@ def env_report() -> list[tuple[str, str]]:
     try:
         import pynvml  # noqa: F401  (is it importable?)
 
-        nvml = "nvidia-ml-py importable" + (", NVML initialised" if hardware._nvml() else ", NVML not usable here")
+        nvml = "nvidia-ml-py importable" + (", NVML initialised" if hardware._nvml()
+                                            else ", NVML not usable here")
     except ImportError:
         nvml = "nvidia-ml-py not installed"
     rows.append(("NVML", nvml))
@@ -336,7 +369,9 @@ def env_report() -> list[tuple[str, str]]:
     backend, why = kernels.nsight_backend()
     rows.append(("nsight timing", f"{backend} — {why}"))
     inst = upstream.installed()
-    rows.append(("sglang", f"{inst.version} at {inst.root}" if inst else "not installed (upstream checks skipped)"))
+    rows.append(("sglang",
+                 f"{inst.version} at {inst.root}" if inst
+                 else "not installed (upstream checks skipped)"))
     rows += real_release_rows()
     for mod in ("nbclient", "jupytext", "ipykernel", "nbconvert"):
         try:

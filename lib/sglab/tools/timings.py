@@ -1,14 +1,15 @@
 """Where a notebook's wall time goes: per cell, grouped into phases, saved as a ``workbook`` run.
 
-nbclient stamps every executed cell with ``iopub.status.busy`` and ``iopub.status.idle`` times; the difference
-is the cell's wall time as the kernel saw it. A cell's phase is the notebook's ``##`` section it sits in (cells
-before the first ``##`` are "setup"), or a ``phase:NAME`` tag where a section mixes phases. What no cell accounts
-for (kernel start and shutdown, nbclient's own work) is the phase "kernel start + stop", so that the phases of a
-notebook add up to its wall time.
+nbclient stamps every executed cell with ``iopub.status.busy`` and ``iopub.status.idle`` times; the
+difference is the cell's wall time as the kernel saw it. A cell's phase is the notebook's ``##``
+section it sits in (cells before the first ``##`` are "setup"), or a ``phase:NAME`` tag where a
+section mixes phases. What no cell accounts for (kernel start and shutdown, nbclient's own work) is
+the phase "kernel start + stop", so that the phases of a notebook add up to its wall time.
 
-``sglab run --timings`` prints the table and writes the rows as an ordinary run (CSV + manifest, experiment
-``workbook``) under ``data/runs/workbook/``, or ``data/recorded/workbook/`` with ``--record``. The report index
-and notebook 00 read each notebook's live time from the newest recorded record per GPU model.
+``sglab run --timings`` prints the table and writes the rows as an ordinary run (CSV + manifest,
+experiment ``workbook``) under ``data/runs/workbook/``, or ``data/recorded/workbook/`` with
+``--record``. The report index and notebook 00 read each notebook's live time from the newest
+recorded record per GPU model.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ def _when(stamp: str) -> float:
 
 
 def cell_seconds(cell) -> float | None:
-    """Wall time of an executed code cell (busy → idle), None for a cell that did not run (skipped, or never
-    reached); a cell interrupted while running has no idle stamp and counts up to its last reply, if any."""
+    """Wall time of an executed code cell (busy → idle), None for a cell that did not run (skipped,
+    or never reached); a cell interrupted while running has no idle stamp and counts up to its last
+    reply, if any."""
     ex = cell.get("metadata", {}).get("execution") or {}
     start = ex.get("iopub.status.busy") or ex.get("iopub.execute_input")
     end = ex.get("iopub.status.idle") or ex.get("shell.execute_reply")
@@ -46,7 +48,8 @@ def _phase_tag(cell) -> str | None:
 
 
 def cell_rows(nb, stem: str, mode: str, total_s: float) -> list[dict]:
-    """One row per executed code cell plus the kernel row; the rows of a notebook sum to ``total_s``."""
+    """One row per executed code cell plus the kernel row; the rows of a notebook sum to
+    ``total_s``."""
     rows, phase = [], "setup"
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown":
@@ -68,9 +71,9 @@ def cell_rows(nb, stem: str, mode: str, total_s: float) -> list[dict]:
 
 
 def measure_rows(result) -> list[dict]:
-    """The finer phases (process spawn, CUDA init, capture, timing loops, …) of the live runs a notebook wrote,
-    from their manifests' ``phases_s``, as ``measure_s`` rows: they happen inside the cells' wall time, so they
-    are a breakdown of it, not more of it."""
+    """The finer phases (process spawn, CUDA init, capture, timing loops, …) of the live runs a
+    notebook wrote, from their manifests' ``phases_s``, as ``measure_s`` rows: they happen inside
+    the cells' wall time, so they are a breakdown of it, not more of it."""
     from sglab.core import runs
     from sglab.tools.fixes import by_stem
 
@@ -82,14 +85,15 @@ def measure_rows(result) -> list[dict]:
     for path in runs.list_runs(entry.experiment, kind="runs"):
         if result.started <= path.stat().st_mtime <= end:
             for name, s in (runs.read_run(path).manifest.get("phases_s") or {}).items():
-                rows.append({"variant": result.path.stem, "mode": result.mode, "phase": f"measure: {name}",
-                             "cell": -1, "first_line": path.name, "metric": "measure_s", "value": float(s),
-                             "unit": "s"})
+                rows.append({"variant": result.path.stem, "mode": result.mode,
+                             "phase": f"measure: {name}", "cell": -1, "first_line": path.name,
+                             "metric": "measure_s", "value": float(s), "unit": "s"})
     return rows
 
 
 def frame(results):
-    """The tidy frame of a whole ``sglab run``: the cell rows of every notebook result, then the measure rows."""
+    """The tidy frame of a whole ``sglab run``: the cell rows of every notebook result, then the
+    measure rows."""
     from sglab.core import runs
 
     rows = []
@@ -100,7 +104,8 @@ def frame(results):
 
 
 def phase_table(df, metric: str = "wall_s"):
-    """Seconds per notebook and phase, in notebook order and, within one, in order of first appearance."""
+    """Seconds per notebook and phase, in notebook order and, within one, in order of first
+    appearance."""
     part = df[df["metric"] == metric]
     g = part.groupby(["variant", "phase"], sort=False)["value"].sum().round(2).reset_index()
     g.columns = ["notebook", "phase", "seconds"]
@@ -108,8 +113,8 @@ def phase_table(df, metric: str = "wall_s"):
 
 
 def summary(df) -> str:
-    """The printed breakdown: phases per notebook, largest first, each notebook's total, the grand total; for
-    notebooks that measured live, the measurement's own phases under them."""
+    """The printed breakdown: phases per notebook, largest first, each notebook's total, the grand
+    total; for notebooks that measured live, the measurement's own phases under them."""
     lines = []
     inner = phase_table(df, "measure_s")
     for stem, part in phase_table(df).groupby("notebook", sort=False):
@@ -117,7 +122,8 @@ def summary(df) -> str:
         lines.append(f"{stem} ({mine['mode'].iloc[0]}): {mine['value'].sum():.1f} s")
         for _, row in part.sort_values("seconds", ascending=False).iterrows():
             lines.append(f"  {row['seconds']:8.1f} s  {row['phase']}")
-        for _, row in inner[inner["notebook"] == stem].sort_values("seconds", ascending=False).iterrows():
+        for _, row in inner[inner["notebook"] == stem].sort_values("seconds",
+                                                                   ascending=False).iterrows():
             lines.append(f"      {row['seconds']:8.2f} s  {row['phase']}")
     lines.append(f"total: {df.loc[df['metric'] == 'wall_s', 'value'].sum():.1f} s")
     return "\n".join(lines)
@@ -128,10 +134,11 @@ def write(results, *, record: bool = False, params: dict | None = None):
     from sglab.core import runs
 
     df = frame(results)
-    totals = {r.path.stem: {"seconds": round(r.seconds, 1), "status": r.status, "mode": r.mode} for r in results}
+    totals = {r.path.stem: {"seconds": round(r.seconds, 1), "status": r.status,
+                            "mode": r.mode} for r in results}
     root = runs.data_dir("recorded") if record else None
-    return runs.write_run(df, experiment=EXPERIMENT, method_version=METHOD_VERSION, params=params or {},
-                          root=root, extra={"notebooks": totals})
+    return runs.write_run(df, experiment=EXPERIMENT, method_version=METHOD_VERSION,
+                          params=params or {}, root=root, extra={"notebooks": totals})
 
 
 def live_seconds(run) -> dict[str, float]:
@@ -142,13 +149,15 @@ def live_seconds(run) -> dict[str, float]:
 
 
 def live_times(root=None) -> dict[str, str]:
-    """``{notebook stem: "H100 ×1: 23.4 s; H200 ×2: 41.0 s"}`` from the newest recorded timing run per GPU model;
-    notebooks no record ran live are absent (readers show :data:`NOT_RECORDED`)."""
+    """``{notebook stem: "H100 ×1: 23.4 s; H200 ×2: 41.0 s"}`` from the newest recorded timing run
+    per GPU model; notebooks no record ran live are absent (readers show :data:`NOT_RECORDED`)."""
     from sglab.core import runs
 
-    found = [r for r in runs.load_all_recorded(EXPERIMENT, root=root) if r.manifest.get("gpu_name") != "cpu"]
+    found = [r for r in runs.load_all_recorded(EXPERIMENT,
+                                               root=root) if r.manifest.get("gpu_name") != "cpu"]
     out: dict[str, list[str]] = {}
     for gpu, run in runs.newest_by(found, runs.gpu_short).items():
         for stem, s in live_seconds(run).items():
-            out.setdefault(stem, []).append(f"{gpu} ×{run.manifest.get('gpu_count', '?')}: {s:.1f} s")
+            out.setdefault(stem,
+                           []).append(f"{gpu} ×{run.manifest.get('gpu_count', '?')}: {s:.1f} s")
     return {stem: "; ".join(parts) for stem, parts in out.items()}

@@ -1,4 +1,5 @@
-"""``sglab upstream``: which fixes an SGLang has — the installed one, a source tree, or every release.
+"""``sglab upstream``: which fixes an SGLang has — the installed one, a source tree, or every
+release.
 
     sglab upstream                         the installed SGLang (read as source, never imported)
     sglab upstream --root DIR              a source tree: an unpacked wheel's sglang/ or a checkout's python/sglang/
@@ -15,10 +16,12 @@ from pathlib import Path
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", help="an SGLang package folder to read instead of the installed one")
     p.add_argument("--releases", nargs="*", metavar="VERSION",
-                   help="classify released wheels: every release from 0.5.10 to the newest, or the ones listed")
+                   help="classify released wheels: every release from 0.5.10 to the newest, or the "
+                   "ones listed")
     p.add_argument("--offline", action="store_true",
                    help="with --releases: no network; cached wheels, else the committed table")
-    p.add_argument("--no-write", action="store_true", help="with --releases: do not rewrite data/upstream/")
+    p.add_argument("--no-write", action="store_true",
+                   help="with --releases: do not rewrite data/upstream/")
     p.add_argument("--figure", default="reports/upstream_releases.png",
                    help="with --releases: where to save the timeline figure ('' for none)")
 
@@ -34,7 +37,8 @@ def run(args) -> int:
     if args.releases is None:
         return _one_tree(args)
     if args.root:
-        return _fail("--root and --releases do not go together: --root reads one tree, --releases the wheels")
+        return _fail("--root and --releases do not go together: --root reads one tree, --releases "
+                     "the wheels")
     return _releases(args)
 
 
@@ -44,8 +48,9 @@ def _one_tree(args) -> int:
 
     root = Path(args.root) if args.root else None
     if root is not None and not (root / "srt").is_dir():
-        return _fail(f"{root} is not an SGLang package folder (expected {root}/srt/): pass the folder that "
-                     "holds srt/, e.g. an unpacked wheel's sglang/ or a checkout's python/sglang/")
+        return _fail(f"{root} is not an SGLang package folder (expected {root}/srt/): pass the "
+                     "folder that " "holds srt/, e.g. an unpacked wheel's sglang/ or a checkout's "
+                     "python/sglang/")
     print(check_all(FIXES, root=root).to_string(index=False))
     return 0
 
@@ -60,7 +65,8 @@ def _releases(args) -> int:
     try:
         for v in args.releases or []:
             parse_version(v)
-        tl = R.timeline(FIXES, args.releases or None, offline=args.offline, progress=sys.stderr.isatty())
+        tl = R.timeline(FIXES, args.releases or None, offline=args.offline,
+                        progress=sys.stderr.isatty())
     except ValueError as e:
         return _fail(str(e))
     if tl.unknown and len(tl.unknown) == len(set(args.releases or [])):
@@ -104,9 +110,9 @@ def _write(tl, args) -> None:
         print("data/upstream/ not rewritten (--no-write)")
         return
     if not tl.complete:
-        why = ("only the listed releases were read" if args.releases else
-               "the release list could not be checked on the package index, or some releases came from the "
-               "committed table")
+        why = ("only the listed releases were read" if args.releases
+               else "the release list could not be checked on the package index, or some releases "
+               "came from the " "committed table")
         print(f"data/upstream/ not rewritten: {why}")
         return
     path = R.table_path()
@@ -116,4 +122,5 @@ def _write(tl, args) -> None:
     from sglab.tools.fixes import FIXES
 
     hunks = H.generate(FIXES, list(tl.frame["version"]), tl.wheels)
-    print(f"wrote {path} ({len(tl.frame)} releases, {status}) and {len(hunks)} PR hunks under {path.parent}/")
+    print(f"wrote {path} ({len(tl.frame)} releases, {status}) and {len(hunks)} PR hunks under "
+          f"{path.parent}/")

@@ -6,8 +6,9 @@
     sglab verify --live --against           run what this machine's GPUs can run, verify, compare with references
     sglab verify --all --junit out.xml      the same verdicts as JUnit XML
 
-Exit status: 0 when every applicable claim holds, 1 when a claim fails (each named, with why) or an exact value
-differs from a reference of the same GPU model and parameters, 2 for bad input (one line: which file, what is wrong).
+Exit status: 0 when every applicable claim holds, 1 when a claim fails (each named, with why) or an
+exact value differs from a reference of the same GPU model and parameters, 2 for bad input (one
+line: which file, what is wrong).
 """
 
 from __future__ import annotations
@@ -21,15 +22,17 @@ from sglab.tools import fixes
 
 
 class BadInput(Exception):
-    """A missing or unreadable run, or an unknown experiment: reported in one line, exit status 2."""
+    """A missing or unreadable run, or an unknown experiment: reported in one line, exit status
+    2."""
 
 
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # loading runs, with clear errors
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def load_run(path: str | Path, *, live: bool = False) -> runs.Run:
-    """Read a run (CSV + manifest) and check that it is whole: both files parse, the tidy columns are there, the
-    experiment is known and the row count is the one the manifest recorded (a truncated CSV fails here)."""
+    """Read a run (CSV + manifest) and check that it is whole: both files parse, the tidy columns
+    are there, the experiment is known and the row count is the one the manifest recorded (a
+    truncated CSV fails here)."""
     import pandas as pd
 
     path = Path(path)
@@ -49,16 +52,19 @@ def load_run(path: str | Path, *, live: bool = False) -> runs.Run:
     try:
         df = pd.read_csv(path)
     except Exception as e:  # noqa: BLE001 - pandas raises several kinds for a damaged file
-        raise BadInput(f"{path} cannot be read as a run CSV ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+        raise BadInput(f"{path} cannot be read as a run CSV ({type(e).__name__}: "
+                       f"{str(e).splitlines()[0]})") from None
     missing = [c for c in ("experiment", *runs.REQUIRED) if c not in df.columns]
     if missing:
         raise BadInput(f"{path} lacks the column(s) {missing} of a tidy run")
     if "rows" in manifest and int(manifest["rows"]) != len(df):
-        raise BadInput(f"{path} has {len(df)} rows but its manifest recorded {manifest['rows']} (truncated?)")
+        raise BadInput(f"{path} has {len(df)} rows but its manifest recorded {manifest['rows']} "
+                       "(truncated?)")
     if df["value"].isna().any() and not pd.api.types.is_numeric_dtype(df["value"]):
         raise BadInput(f"{path} has non-numeric values in the 'value' column")
     if manifest["experiment"] not in fixes.NAMES:
-        raise BadInput(f"{path}: unknown experiment {manifest['experiment']!r}; known: {', '.join(fixes.NAMES)}")
+        raise BadInput(f"{path}: unknown experiment {manifest['experiment']!r}; known: "
+                       f"{', '.join(fixes.NAMES)}")
     return runs.Run(df, manifest, path, live=live)
 
 
@@ -75,12 +81,14 @@ def targets(names: list[str], all_: bool) -> list[runs.Run]:
         elif name in fixes.NAMES:
             out.extend(load_run(p) for p in runs.list_runs(name))
         else:
-            raise BadInput(f"unknown experiment or run file {name!r}; experiments: {', '.join(fixes.NAMES)}")
+            raise BadInput(f"unknown experiment or run file {name!r}; experiments: "
+                           f"{', '.join(fixes.NAMES)}")
     return out
 
 
 def gpus_for(measure, params: dict) -> int:
-    """GPUs a run of ``measure`` with ``params`` uses: its world / TP size where it has one, else ``GPUS``."""
+    """GPUs a run of ``measure`` with ``params`` uses: its world / TP size where it has one, else
+    ``GPUS``."""
     if hasattr(measure, "gpus"):
         return int(measure.gpus(params))
     for key in ("world_size", "tp_size"):
@@ -89,9 +97,10 @@ def gpus_for(measure, params: dict) -> int:
     return int(getattr(measure, "GPUS", 1))
 
 
-def record(name: str, params: dict | None = None, *, recorded: bool = False, progress: bool = True) -> Path:
-    """Run fix ``name``'s measurement live and save the run (data/runs/, or data/recorded/ with ``recorded``).
-    Raises :class:`BadInput` for unknown parameters or too few GPUs."""
+def record(name: str, params: dict | None = None, *, recorded: bool = False,
+           progress: bool = True) -> Path:
+    """Run fix ``name``'s measurement live and save the run (data/runs/, or data/recorded/ with
+    ``recorded``). Raises :class:`BadInput` for unknown parameters or too few GPUs."""
     import time
 
     from sglab.core import hardware, timing
@@ -100,7 +109,8 @@ def record(name: str, params: dict | None = None, *, recorded: bool = False, pro
     defaults = getattr(mod, "DEFAULT_PARAMS", {})
     unknown = set(params or {}) - set(defaults)
     if unknown:
-        raise BadInput(f"unknown parameter(s) for {name}: {sorted(unknown)}; known: {sorted(defaults)}")
+        raise BadInput(f"unknown parameter(s) for {name}: {sorted(unknown)}; known: "
+                       f"{sorted(defaults)}")
     merged = {**defaults, **(params or {})}
     need = gpus_for(mod, merged)
     ok, why = hardware.meets(need)
@@ -110,15 +120,18 @@ def record(name: str, params: dict | None = None, *, recorded: bool = False, pro
     t0 = time.perf_counter()
     out = runs.Measured.of(mod.run(merged, progress=progress))
     root = runs.data_dir("recorded") if recorded else None
-    extra = {**out.extra, "duration_s": round(time.perf_counter() - t0, 1), "phases_s": timing.take()}
-    path = runs.write_run(out.df, experiment=mod.EXPERIMENT, method_version=mod.METHOD_VERSION, params=merged,
-                          root=root, gpu_count=need, extra=extra, sidecars=out.sidecars)
+    extra = {**out.extra, "duration_s": round(time.perf_counter() - t0, 1),
+             "phases_s": timing.take()}
+    path = runs.write_run(out.df, experiment=mod.EXPERIMENT, method_version=mod.METHOD_VERSION,
+                          params=merged, root=root, gpu_count=need, extra=extra,
+                          sidecars=out.sidecars)
     print(f"[sglab] {name}: {len(out.df)} rows in {time.perf_counter() - t0:.1f} s → {path}")
     return path
 
 
 def live(progress: bool = True) -> tuple[list[runs.Run], list[str]]:
-    """Record every fix this machine's GPUs can run (into data/runs/); (runs, skipped-with-reason)."""
+    """Record every fix this machine's GPUs can run (into data/runs/); (runs,
+    skipped-with-reason)."""
     from sglab.core import hardware
 
     done, skipped = [], []
@@ -132,9 +145,9 @@ def live(progress: bool = True) -> tuple[list[runs.Run], list[str]]:
     return done, skipped
 
 
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # reporting
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 MARK = {claims.PASS: "pass", claims.FAIL: "FAIL", claims.NA: "n/a "}
 
 
@@ -161,7 +174,8 @@ def format_comparison(c: claims.Comparison) -> str:
     ref = c.reference
     lines = [f"  against {ref.path.name} ({c.how})"]
     for e in c.env:
-        lines.append(f"    env  {e['field']}: {e['this run']} here vs {e['reference']} in the reference")
+        lines.append(f"    env  {e['field']}: {e['this run']} here vs {e['reference']} in the "
+                     "reference")
     for d in c.drift:
         drift = "" if d["drift"] is None else f"{d['drift']:+.1%}" if d["drift"] != float("inf") else "inf"
         flag = "  BEYOND" if d["beyond"] else ""
@@ -182,7 +196,8 @@ class Verified:
         return [r for r in self.results if r.status == claims.FAIL]
 
 
-def verify_run(run: runs.Run, *, against: bool = False, reference: runs.Run | None = None) -> Verified:
+def verify_run(run: runs.Run, *, against: bool = False,
+               reference: runs.Run | None = None) -> Verified:
     exp = run.manifest["experiment"]
     mod = fixes.claims(exp)
     v = Verified(run, claims.evaluate(mod, run))
@@ -215,10 +230,11 @@ def report(vs: list[Verified]) -> tuple[str, int]:
         elif getattr(v, "how", None):
             out.append(f"  against: {v.how}")
         for r in v.failed:
-            bad.append(f"FAIL {r.claim.id} in {v.run.path.name}: {r.outcome.reason or r.outcome.measured}")
+            bad.append(f"FAIL {r.claim.id} in {v.run.path.name}: "
+                       f"{r.outcome.reason or r.outcome.measured}")
         if v.exact_mismatch:
-            bad.append(f"FAIL {v.run.path.name}: an exact value differs from a reference of the same GPU model and "
-                       "parameters")
+            bad.append(f"FAIL {v.run.path.name}: an exact value differs from a reference of the "
+                       "same GPU model and " "parameters")
     n_fail = sum(1 for v in vs if v.failed or v.exact_mismatch)
     out.append(f"\n{len(vs)} run(s): {len(vs) - n_fail} hold, {n_fail} fail")
     out.extend(bad)
@@ -226,4 +242,5 @@ def report(vs: list[Verified]) -> tuple[str, int]:
 
 
 def junit(vs: list[Verified]) -> str:
-    return claims.junit_xml([(f"{v.run.manifest['experiment']}.{v.run.path.stem}", v.results) for v in vs])
+    return claims.junit_xml([(f"{v.run.manifest['experiment']}.{v.run.path.stem}",
+                              v.results) for v in vs])
