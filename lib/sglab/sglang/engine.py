@@ -354,6 +354,33 @@ def prepare_model(config: Path, dest: Path) -> Path:
     return dest
 
 
+def probe_model_config(prepared, params: dict) -> list[dict]:
+    """Probe (``sglab.sglang.runner``, any installed release, CPU): the release's own ``ModelConfig`` of the
+    model folder built from ``params["config"]``; rows of what it decided. A config the release cannot parse
+    raises its own error."""
+    from sglang.srt.configs.model_config import ModelConfig
+
+    with tempfile.TemporaryDirectory(prefix="sglab-model-") as tmp:
+        folder = prepare_model(Path(params["config"]), Path(tmp) / "model")
+        mc = ModelConfig(model_path=str(folder), trust_remote_code=False)
+        keys = ("is_multimodal", "is_hybrid_swa", "attention_arch", "num_hidden_layers", "context_len",
+                "vocab_size", "hidden_size", "swa_attention_layer_ids", "full_attention_layer_ids",
+                "sliding_window_size", "kv_lora_rank")
+        out = []
+        for k in keys:
+            v = getattr(mc, k, None)
+            out.append({"metric": k, "value": v if isinstance(v, (int, float, bool, str, list, type(None)))
+                        else str(v)})
+        out.append({"metric": "architecture", "value": mc.hf_config.architectures[0]})
+        if params.get("tokenizer", True):
+            from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+            tok = get_tokenizer(str(folder))
+            out.append({"metric": "tokenizer", "value": f"{type(tok).__name__} {len(tok)}"})
+            out.append({"metric": "tokenizer_ids", "value": tok.encode("t7 t31999 t4", add_special_tokens=False)})
+        return out
+
+
 # -- the release's environment --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ReleaseEnv:
@@ -612,6 +639,7 @@ def patch_params(a: Adjustment) -> dict:
 def prepare(spec: EngineSpec, work: Path, *, python: str = sys.executable, check: bool = True) -> Prepared:
     """Decide the whole launch without starting anything: locate the release, check its torch pin (``check``),
     check the flags against its source, lay out the model folder, the hooks and the environment."""
+    load_config(spec.model)
     env = locate(spec.release)
     found = found_versions(env)
     pins = check_pins(env, found) if check else release_pins(env)
@@ -832,7 +860,7 @@ class Exit:
     seconds: float
     leftovers: list = field(default_factory=list)    # "pid name" of processes found after the exit
     survivors: list = field(default_factory=list)    # those still alive after SIGKILL
-    interrupted: bool = False
+    pid: int = 0                                      # the started process, leader of its group
 
 
 def _group_alive(pgid: int) -> bool:
@@ -950,7 +978,8 @@ def launch(argv: list[str], *, log: Path, timeout: float, env: Optional[dict] = 
     if interrupted:
         raise KeyboardInterrupt
     leftovers = [p for p in found if not p.startswith(f"{proc.pid} ")]
-    return Exit(None if timed_out else proc.returncode, timed_out, time.monotonic() - t0, leftovers, survivors)
+    return Exit(None if timed_out else proc.returncode, timed_out, time.monotonic() - t0, leftovers, survivors,
+                proc.pid)
 
 
 # -- reading the log ------------------------------------------------------------------------------------------
