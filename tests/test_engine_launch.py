@@ -1,5 +1,6 @@
-"""An engine's process group never outlives its run (a scheduler left behind holds ~25 GiB of GPU memory), and
-recording an engine run writes nothing partial when interrupted. CPU only: stand-in process trees."""
+"""An engine's process group never outlives its run (a scheduler left behind holds ~25 GiB of GPU
+memory), and recording an engine run writes nothing partial when interrupted. CPU only: stand-in
+process trees."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ psutil = pytest.importorskip("psutil")
 
 TREE = textwrap.dedent("""
     import os, subprocess, sys, time
-    kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"]) for _ in range(2)]
+    sleep = [sys.executable, "-c", "import time; time.sleep(300)"]
+    kids = [subprocess.Popen(sleep) for _ in range(2)]
     print("pids", os.getpid(), *[k.pid for k in kids], flush=True)
-    if sys.argv[1] == "escape":   # a grandchild in a new session, found by the run's marker variable
+    if sys.argv[1] == "escape":   # a grandchild in a new session, found by the run's marker
         subprocess.Popen([sys.executable, "-c", "import os, time; os.setsid(); time.sleep(300)"])
         time.sleep(1)
     if sys.argv[1] in ("exit", "escape"):
@@ -32,15 +34,19 @@ TREE = textwrap.dedent("""
 
 
 def _gone(pgid: int, timeout: float = 10.0) -> bool:
-    """No process of the group remains (zombies awaiting their reaper hold nothing and are not counted)."""
+    """No process of the group remains (zombies awaiting their reaper hold nothing and are not
+    counted)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
             return True
-        alive = [p for p in psutil.process_iter(["status"]) if _pgid(p.pid) == pgid
-                 and p.info["status"] != psutil.STATUS_ZOMBIE]
+        alive = [
+            p
+            for p in psutil.process_iter(["status"])
+            if _pgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE
+        ]
         if not alive:
             return True
         time.sleep(0.2)
@@ -66,8 +72,14 @@ def _launch(tmp_path, mode: str, timeout: float, marker: str = ""):
     script.write_text(TREE)
     env = dict(os.environ, SGLAB_ENGINE_RUN=marker) if marker else None
     lines = []
-    ex = eng.launch([sys.executable, str(script), mode], log=tmp_path / "engine.log", timeout=timeout,
-                    env=env, marker=marker, on_line=lines.append)
+    ex = eng.launch(
+        [sys.executable, str(script), mode],
+        log=tmp_path / "engine.log",
+        timeout=timeout,
+        env=env,
+        marker=marker,
+        on_line=lines.append,
+    )
     return ex, lines
 
 
@@ -79,8 +91,8 @@ def test_timeout_stops_the_whole_group(tmp_path):
     assert _gone(ex.pid), "a process of the engine's group is still alive"
     for pid in _pids(tmp_path / "engine.log"):
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    assert any(line.startswith("pids ") for line in lines)        # progress saw the streamed log
-    assert len(ex.leftovers) == 2                                 # the two grandchildren, named
+    assert any(line.startswith("pids ") for line in lines)  # progress saw the streamed log
+    assert len(ex.leftovers) == 2  # the two grandchildren, named
 
 
 def test_children_left_after_a_normal_exit_are_reported_and_killed(tmp_path):
@@ -95,8 +107,11 @@ def test_a_process_that_left_the_group_is_found_by_the_run_marker(tmp_path):
     ex, _ = _launch(tmp_path, "escape", timeout=60, marker=marker)
     assert len(ex.leftovers) == 3
     time.sleep(0.5)
-    assert not [p for p in psutil.process_iter() if _environ(p).get("SGLAB_ENGINE_RUN") == marker
-                and p.status() != psutil.STATUS_ZOMBIE]
+    assert not [
+        p
+        for p in psutil.process_iter()
+        if _environ(p).get("SGLAB_ENGINE_RUN") == marker and p.status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 def _environ(p) -> dict:
@@ -110,22 +125,38 @@ def test_crash_gives_sglangs_line_and_nothing_left(tmp_path):
     ex, _ = _launch(tmp_path, "crash", timeout=60)
     assert ex.returncode == 1
     assert eng.first_error((tmp_path / "engine.log").read_text()) == (
-        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.")
+        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."
+    )
     assert _gone(ex.pid)
 
 
 def _result(tmp_path) -> eng.EngineResult:
     cfg = Path(__file__).resolve().parents[1] / "data" / "models" / "llama_32x512" / "config.json"
-    spec = eng.EngineSpec("0.5.13", cfg, input_lens=(128,), repeats=2, case="pcg",
-                          adjustments=(eng.adjustment("kimi-k25-post-load-weights"),))
+    spec = eng.EngineSpec(
+        "0.5.13",
+        cfg,
+        input_lens=(128,),
+        repeats=2,
+        case="pcg",
+        adjustments=(eng.adjustment("kimi-k25-post-load-weights"),),
+    )
     log = tmp_path / "engine.log"
-    log.write_text("Benchmark ...\nPrefill. latency: 0.01320 s, throughput:   9696.97 token/s\n"
-                   "Prefill. latency: 0.01400 s, throughput:   9142.86 token/s\n")
+    log.write_text(
+        "Benchmark ...\nPrefill. latency: 0.01320 s, throughput:   9696.97 token/s\n"
+        "Prefill. latency: 0.01400 s, throughput:   9142.86 token/s\n"
+    )
     d = eng.read_log(log.read_text())
-    return eng.EngineResult(spec, "ok", log=log, decisions=d, bench=eng.bench_results(d, spec),
-                            found={"torch": "2.11.0+cu130", "sglang-kernel": "0.4.3"},
-                            pins={"torch": "2.11.0"}, server_argv=["--model-path", "m"],
-                            sglang_command=["python", "-m", "sglang.bench_one_batch"])
+    return eng.EngineResult(
+        spec,
+        "ok",
+        log=log,
+        decisions=d,
+        bench=eng.bench_results(d, spec),
+        found={"torch": "2.11.0+cu130", "sglang-kernel": "0.4.3"},
+        pins={"torch": "2.11.0"},
+        server_argv=["--model-path", "m"],
+        sglang_command=["python", "-m", "sglang.bench_one_batch"],
+    )
 
 
 def test_record_is_one_run_with_its_manifest(tmp_path):
@@ -134,8 +165,13 @@ def test_record_is_one_run_with_its_manifest(tmp_path):
     assert run.manifest["experiment"] == "engine_pcg_gate"
     er = run.manifest["engine_runs"][0]
     assert er["release"] == "0.5.13" and er["versions"]["sglang-kernel"] == "0.4.3"
-    assert er["adjustments"][0]["name"] == "kimi-k25-post-load-weights" and er["adjustments"][0]["reason"]
-    assert er["model"]["name"] == "llama_32x512" and er["model"]["config"]["num_hidden_layers"] == 32
+    assert (
+        er["adjustments"][0]["name"] == "kimi-k25-post-load-weights"
+        and er["adjustments"][0]["reason"]
+    )
+    assert (
+        er["model"]["name"] == "llama_32x512" and er["model"]["config"]["num_hidden_layers"] == 32
+    )
     assert er["command"].startswith("python -m sglang.bench_one_batch")
     assert set(run.df["variant"]) == {"0.5.13+pcg"}
     assert run.sidecar("log_0").is_file()
@@ -143,8 +179,9 @@ def test_record_is_one_run_with_its_manifest(tmp_path):
 
 @pytest.mark.parametrize("at", [1, 2, 3])
 def test_interrupted_record_leaves_no_run_and_no_temporary_file(tmp_path, monkeypatch, at):
-    """Ctrl-C while the sidecar, the CSV or the manifest is being moved into place: no run appears and no
-    temporary file stays; the files already in place are whole (each one renamed atomically)."""
+    """Ctrl-C while the sidecar, the CSV or the manifest is being moved into place: no run appears
+    and no temporary file stays; the files already in place are whole (each one renamed atomically).
+    """
     real, calls = os.replace, []
 
     def replace(src, dst):
