@@ -149,8 +149,8 @@ def test_pin_mismatch_is_one_line_and_starts_nothing(tmp_path, monkeypatch):
     with pytest.raises(eng.EngineError) as e:
         eng.check_pins(env, {"torch": "2.13.0+cpu"})
     assert str(e.value) == (
-        "sglang 0.5.13 pins torch==2.11.0 (sglang-kernel 0.4.3 is built for it); this machine "
-        "has torch 2.13.0+cpu: nothing started"
+        "sglang 0.5.13 pins torch==2.11.0 (sglang-kernel 0.4.3 is built for it); this machine has "
+        "torch 2.13.0+cpu: nothing started"
     )
     assert eng.check_pins(env, {"torch": "2.11.0+cu130"})["sglang-kernel"] == "0.4.3"
     with pytest.raises(eng.EngineError, match=r"pins torch==2\.9\.1"):
@@ -201,8 +201,8 @@ def _bench_log(pcg: bool) -> str:
         # srt/model_executor/cuda_graph_runner.py: f"Capture cuda graph bs {self.capture_bs}"
         _prefix(f"Capture cuda graph bs {[1, 2, 4]}"),
         _prefix(
-            f"Capture cuda graph end. Time elapsed: {5.123:.2f} s. mem usage={0.3:.2f} GB. "
-            f"avail mem={69.7:.2f} GB."
+            f"Capture cuda graph end. Time elapsed: {5.123:.2f} s. mem usage={0.3:.2f} GB. avail "
+            f"mem={69.7:.2f} GB."
         ),
     ]
     if pcg:
@@ -213,8 +213,7 @@ def _bench_log(pcg: bool) -> str:
             _prefix(f"Capture cuda graph num tokens {[128, 256, 512, 1024]}"),
             _prefix(
                 f"Capture piecewise CUDA graph end. Time elapsed: {6.5:.2f} s. mem usage={0.2:.2f} "
-                f"GB. "
-                f"avail mem={69.5:.2f} GB."
+                f"GB. avail mem={69.5:.2f} GB."
             ),
         ]
     else:
@@ -326,8 +325,8 @@ def _prefill_batch(seqs: int, tokens: int, graph: bool) -> str:
     # srt/observability/scheduler_metrics_mixin.py (0.5.11, 0.5.12.post1) and
     # srt/managers/scheduler_components/metrics_reporter.py (0.5.13): report_prefill_stats
     msg = (
-        f"Prefill batch, #new-seq: {seqs}, #new-token: {tokens}, #cached-token: {0}, "
-        f"full token usage: 0.00, #running-req: {0}, #queue-req: {0}, #pending-token: {0}, "
+        f"Prefill batch, #new-seq: {seqs}, #new-token: {tokens}, #cached-token: {0}, full token "
+        f"usage: 0.00, #running-req: {0}, #queue-req: {0}, #pending-token: {0}, "
     )
     msg += f"cuda graph: {graph}, input throughput (token/s): {1234.5:.2f}"
     return _prefix(msg)
@@ -349,8 +348,8 @@ def test_read_engine_log_prefill_batches_per_call():
             _prefill_batch(n, 128 * n, graph),
             # srt/.../scheduler_metrics_mixin.py report_decode_stats
             _prefix(
-                f"Decode batch, #running-req: {n}, full token usage: 0.00, cuda graph: True, "
-                f"gen throughput (token/s): 1.00, #queue-req: 0"
+                f"Decode batch, #running-req: {n}, full token usage: 0.00, cuda graph: True, gen "
+                f"throughput (token/s): 1.00, #queue-req: 0"
             ),
             f"[sglab-engine] call id={k} requests={n} input_len=128 output_len=1 warmup=0 "
             f"seconds={0.01 * n:.6f}",
@@ -402,7 +401,7 @@ def test_log_strings_are_the_releases_own():
         "prefill": 'f"Prefill. latency: {prefill_latency:6.5f} s, throughput: '
         '{throughput:9.2f} token/s"',
         "decode_median": 'f"Decode.  median latency: {med_decode_latency:6.5f} s, '
-        'median throughput: ',
+        "median throughput: ",
         "skipping": 'f"skipping ({batch_size}, {input_len}, {output_len}) due to max batch '
         'size limit"',
         "max_tokens": 'f"max_total_num_tokens={model_runner.max_total_num_tokens}"',
@@ -431,13 +430,12 @@ def test_first_error_is_sglangs_own_line():
     )
     wrapper = tb + "RuntimeError: Initialization failed. Please see the error messages above.\n"
     assert eng.first_error(oom + wrapper) == (
-        "RuntimeError: Not enough memory. Please try to increase "
-        "--mem-fraction-static. Current value: mem_fraction_static=0.1"
+        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current "
+        "value: mem_fraction_static=0.1"
     )
     gptoss = tb + (
         "AssertionError: GptOssForCausalLM requires one of ['triton'] attention backend, but got "
-        "the "
-        "following backends\n- Prefill: fa3\n"
+        "the following backends\n- Prefill: fa3\n"
     )
     assert eng.first_error(gptoss).startswith("AssertionError: GptOssForCausalLM requires one of")
     assert (
@@ -542,8 +540,7 @@ def test_revert_hunk_applies_in_a_process(tmp_path, monkeypatch):
     mod = tmp_path / "standin_mod.py"
     mod.write_text(
         "from __future__ import annotations\nK = 3\n\nclass R:\n    def f(self, x: Missing) -> "
-        "int:\n"
-        "        y = x + K\n        # preset\n        y += 100\n        return y\n"
+        "int:\n        y = x + K\n        # preset\n        y += 100\n        return y\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     m = importlib.import_module("standin_mod")
@@ -582,11 +579,10 @@ def test_hooks_run_in_spawned_children(tmp_path):
     (tmp_path / "hooks").mkdir()
     (tmp_path / "hooks" / "sitecustomize.py").write_text(eng.SITECUSTOMIZE)
     code = (
-        "import multiprocessing as mp\n"
-        "def child(q):\n    import target_mod\n    q.put(target_mod.value())\n"
-        "if __name__ == '__main__':\n    ctx = mp.get_context('spawn'); q = ctx.Queue()\n"
-        "    p = ctx.Process(target=child, args=(q,)); p.start(); print('child', q.get()); "
-        "p.join()\n"
+        "import multiprocessing as mp\ndef child(q):\n    import target_mod\n    "
+        "q.put(target_mod.value())\nif __name__ == '__main__':\n    ctx = mp.get_context('spawn'); "
+        "q = ctx.Queue()\n    p = ctx.Process(target=child, args=(q,)); p.start(); print('child', "
+        "q.get()); p.join()\n"
     )
     (tmp_path / "main.py").write_text(code)
     env = {

@@ -160,9 +160,8 @@ def _swa_loc_revert() -> Adjustment:
     return Adjustment(
         "revert-pr23552-swa-loc-preset",
         "the 'before' of #23552 never ran as a whole engine on this image (0.5.10.post1 pins torch "
-        "2.9.1): on "
-        "0.5.11 the PR's hunk in CudaGraphRunner.capture_one_batch_size (the set_swa_loc preset "
-        "before capture, "
+        "2.9.1): on 0.5.11 the PR's hunk in CudaGraphRunner.capture_one_batch_size (the "
+        "set_swa_loc preset before capture, "
         f"read from {diff}) is removed, nothing else; labelled 'before (#23552 reverted)'",
         patch="sglab.sglang.engine:revert_hunk",
         params=(
@@ -179,8 +178,7 @@ def _grid_thw_revert() -> Adjustment:
         "revert-pr22858-grid-thw-cpu",
         "the 'before' of #22858 never shipped in a release: on 0.5.11 the PR's line `grid_thws = "
         "grid_thws.cpu()` in KimiGPUProcessorWrapper._gpu_call is removed, so the grid travels to "
-        "the "
-        "scheduler ranks on cuda:0 as it did before the PR; nothing else changes",
+        "the scheduler ranks on cuda:0 as it did before the PR; nothing else changes",
         patch="sglab.sglang.engine:revert_hunk",
         params=(
             ("module", "sglang.srt.multimodal.processors.kimi_k25"),
@@ -194,12 +192,10 @@ ADJUSTMENTS: dict[str, Callable[[], Adjustment]] = {
     "kimi-k25-post-load-weights": lambda: Adjustment(
         "kimi-k25-post-load-weights",
         "with dummy weights 0.5.12.post1's KimiK25ForConditionalGeneration never absorbs the MLA "
-        "weights (it "
-        "has no post_load_weights before 0.5.13; the first decode dies on `w_kc` None): a subclass "
-        "adding only "
-        "0.5.13's post_load_weights (no `model` property, so the released piecewise gate is kept) "
-        "is registered "
-        "through SGLANG_EXTERNAL_MODEL_PACKAGE=sglab.sglang.engine_models",
+        "weights (it has no post_load_weights before 0.5.13; the first decode dies on `w_kc` "
+        "None): a subclass adding only 0.5.13's post_load_weights (no `model` property, so the "
+        "released piecewise gate is kept) is registered through "
+        "SGLANG_EXTERNAL_MODEL_PACKAGE=sglab.sglang.engine_models",
         env=(("SGLANG_EXTERNAL_MODEL_PACKAGE", "sglab.sglang.engine_models"),),
     ),
     "revert-pr23552-swa-loc-preset": _swa_loc_revert,
@@ -365,8 +361,7 @@ def load_config(path: Path) -> dict:
 
 
 def text_config(cfg: dict) -> dict:
-    """The language model's part of a config (``text_config`` of a multimodal one, else the config).
-    """
+    """The language model's part of a config (a multimodal one's ``text_config``, else itself)."""
     inner = cfg.get("text_config")
     return inner if isinstance(inner, dict) else cfg
 
@@ -513,8 +508,8 @@ def locate(release: str) -> ReleaseEnv:
         return ReleaseEnv(release, (rdir, deps_dir(dep_set(release))), "releases")
     where = f"{home}/{release}/site or {rdir}" if home else str(rdir)
     raise EngineError(
-        f"sglang {release} is not installed ({where}; on a GPU box: scripts/engine_gpu.sh, "
-        f"here: sglab real install --releases {release})"
+        f"sglang {release} is not installed ({where}; on a GPU box: scripts/engine_gpu.sh, here: "
+        f"sglab real install --releases {release})"
     )
 
 
@@ -1059,8 +1054,7 @@ def revert_hunk(params: dict, module) -> None:
 
 
 def trace_calls(params: dict, module) -> None:
-    """Patch: print one ``event`` line per call of ``params["qualname"]`` with the named arguments.
-    """
+    """Patch: one ``event`` line per call of ``params["qualname"]``, with the named arguments."""
     import functools
     import inspect
 
@@ -1263,8 +1257,7 @@ LOG_STRINGS = {
     "bcg_eager": (
         "srt/model_executor/breakable_cuda_graph_runner.py (0.5.12+)",
         r"\[BCG\] Could not resolve inner layer_model on (?P<cls>\S+)\. BCG is disabled for this "
-        r"model; "
-        r"prefill will fall back to eager\.",
+        r"model; prefill will fall back to eager\.",
     ),
     "decode_bs": (
         "srt/model_executor/cuda_graph_runner.py",
@@ -1316,13 +1309,13 @@ LOG_STRINGS = {
     "prefill_batch": (
         "srt/observability/scheduler_metrics_mixin.py (0.5.11, 0.5.12.post1), "
         "srt/managers/scheduler_components/metrics_reporter.py (0.5.13)",
-        r"Prefill batch(?: \[\d+\])?, #new-seq: (?P<seqs>\d+), #new-token: (?P<tokens>\d+), .*?"
-        r"(?:cuda|cpu|npu|musa) graph: (?P<graph>True|False)",
+        r"Prefill batch(?: \[\d+\])?, #new-seq: (?P<seqs>\d+), #new-token: (?P<tokens>\d+), "
+        r".*?(?:cuda|cpu|npu|musa) graph: (?P<graph>True|False)",
     ),
     "decode_batch": (
         "same files as prefill_batch",
-        r"Decode batch(?: \[\d+\])?, #running-req: (?P<running>\d+), .*?"
-        r"(?:cuda|cpu|npu|musa) graph: (?P<graph>True|False)",
+        r"Decode batch(?: \[\d+\])?, #running-req: (?P<running>\d+), .*?(?:cuda|cpu|npu|musa) "
+        r"graph: (?P<graph>True|False)",
     ),
     "argparse": (
         "argparse (bench_one_batch's and the Engine's parsers)",
@@ -1696,8 +1689,7 @@ def _progress(echo: Callable[[str], None], spec: EngineSpec) -> Callable[[str], 
             kv = _kv(m.group("rest"))
             echo(
                 f"[sglab] sglang {spec.variant}: {kv.get('requests')} requests x "
-                f"{kv.get('input_len')} tokens: "
-                f"{float(kv.get('seconds', 0)) * 1e3:.1f} ms"
+                f"{kv.get('input_len')} tokens: {float(kv.get('seconds', 0)) * 1e3:.1f} ms"
             )
         if m and m.group("kind") == "hooks":
             echo(f"[sglab] sglang {spec.variant}: {line.strip()}")
@@ -1724,8 +1716,8 @@ def run(
     log = work / "engine.log"
     echo(
         f"[sglab] sglang {spec.variant}: starting "
-        f"{'bench_one_batch' if spec.tool == 'bench' else 'Engine'} "
-        f"(timeout {spec.timeout:.0f} s; log {log})"
+        f"{'bench_one_batch' if spec.tool == 'bench' else 'Engine'} (timeout {spec.timeout:.0f} s; "
+        f"log {log})"
     )
     ex = launch(
         prep.argv,
@@ -1785,8 +1777,7 @@ def run(
     if res.leftovers:
         echo(
             f"[sglab] sglang {spec.variant}: {len(res.leftovers)} process(es) of the engine were "
-            f"left after it "
-            f"exited and were killed: {', '.join(res.leftovers)}"
+            f"left after it exited and were killed: {', '.join(res.leftovers)}"
         )
     if spec.profile and res.ok:
         traces = sorted((work / "profile").glob("*decode*.trace.json*"))
@@ -2192,8 +2183,7 @@ def drive(params_path: str) -> int:
                     dt = time.perf_counter() - t0
                     _say(
                         f"call id={k} requests={n} input_len={il} output_len={p['output_len']} "
-                        f"warmup={warm} "
-                        f"seconds={dt:.6f}"
+                        f"warmup={warm} seconds={dt:.6f}"
                     )
                     k += 1
         if image is not None:

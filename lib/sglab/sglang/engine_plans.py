@@ -25,8 +25,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         fix="pcg_gate",
         name="01-kimi-pcg",
         what="Kimi-K2.5 tiny (2 DeepSeek-V3 layers, MLA, 8 experts; 1-layer vision tower): "
-             "piecewise CUDA graph "
-        "decided by the release, and prefill latency per token count with it on and off",
+        "piecewise CUDA graph decided by the release, and prefill latency per token count "
+        "with it on and off",
         model="kimi_k25_tiny",
         tool="bench",
         releases=("0.5.12.post1", "0.5.13"),
@@ -52,15 +52,14 @@ SCENARIOS: tuple[Scenario, ...] = (
         repeats=5,
         output_len=8,
         expect="default: disabled by ServerArgs (multimodal) on both; enforce: 0.5.12.post1 'the "
-               "model is not a "
-        "language model', 0.5.13 captured for [128, 256, 512, 1024]; pcg-off: the eager baseline",
+        "model is not a language model', 0.5.13 captured for [128, 256, 512, 1024]; "
+        "pcg-off: the eager baseline",
     ),
     Scenario(
         fix="pcg_gate",
         name="01-llama-pcg",
         what="Llama-style 32 layers x hidden 512 (launch-bound prefill): prefill with and without "
-             "piecewise "
-        "CUDA graphs",
+        "piecewise CUDA graphs",
         model="llama_32x512",
         tool="bench",
         releases=("0.5.13",),
@@ -69,17 +68,15 @@ SCENARIOS: tuple[Scenario, ...] = (
         repeats=5,
         output_len=8,
         expect="pcg faster at every size (facts: 13.2/14.3/17.6 ms vs 16.1/21.5/19.6 ms, single "
-               "shots)",
+        "shots)",
     ),
     # 03 breakable_graph (#24662): several requests in one prefill
     Scenario(
         fix="breakable_graph",
         name="03-bcg-requests",
         what="--enable-breakable-cuda-graph with 1 to 8 requests per prefill (Engine API, one "
-             "generate call "
-        "per batch): graph used or eager fallback per prefill batch (the scheduler's 'Prefill "
-        "batch' "
-        "line), and latency",
+        "generate call per batch): graph used or eager fallback per prefill batch (the "
+        "scheduler's 'Prefill batch' line), and latency",
         model="llama_32x512",
         tool="engine",
         releases=("0.5.11", "0.5.12.post1"),
@@ -92,16 +89,15 @@ SCENARIOS: tuple[Scenario, ...] = (
         output_len=1,
         repeats=5,
         expect="0.5.11: graph only with one request (can_run rejects batch_size > 1); "
-               "0.5.12.post1: graph at "
-        "every batch",
+        "0.5.12.post1: graph at every batch",
     ),
     # 04 swa_loc (#23552): kernels per decode-graph replay
     Scenario(
         fix="swa_loc",
         name="04-swa-kernels",
         what="GPT-OSS-style model (8 layers, 4 sliding-window): kernels per decode-graph replay "
-             "and per layer "
-        "from bench_one_batch's own decode trace; 'before' = 0.5.11 with #23552's preset reverted",
+        "and per layer from bench_one_batch's own decode trace; 'before' = 0.5.11 with "
+        "#23552's preset reverted",
         model="gpt_oss_swa",
         tool="bench",
         releases=("0.5.11", "0.5.12.post1", "0.5.13"),
@@ -121,9 +117,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         name="02-ar-fusion",
         gpus=2,
         what="--enable-flashinfer-allreduce-fusion at TP 2 over a short-prompt trace: FlashInfer "
-             "workspace "
-        "creations per forward step (needs the whole FlashInfer package: FLASHINFER_FULL=1 "
-        "bundles)",
+        "workspace creations per forward step (needs the whole FlashInfer package: "
+        "FLASHINFER_FULL=1 bundles)",
         model="deepseek_v3_tiny",
         tool="engine",
         releases=("0.5.12.post1", "0.5.13"),
@@ -140,7 +135,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         repeats=1,
         timeout=1500.0,
         expect="0.5.12.post1 re-creates the workspace as prompts grow; 0.5.13 creates it once "
-               "(max(x, 2048))",
+        "(max(x, 2048))",
     ),
     # 05 grid_thw (#22858): TP 2, an image
     Scenario(
@@ -148,8 +143,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         name="05-grid-thw",
         gpus=2,
         what="Kimi-K2.5 tiny fed one image at TP 2: each process's memory on GPU 0 (nvidia-smi) "
-             "with the grid on "
-        "the CPU (0.5.11) and with #22858's line reverted",
+        "with the grid on the CPU (0.5.11) and with #22858's line reverted",
         model="kimi_k25_tiny",
         tool="engine",
         releases=("0.5.11",),
@@ -174,10 +168,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         name="06-dense-tp1",
         gpus=2,
         what="--moe-dense-tp-size 1 with attention TP 2 on piecewise capture sizes that TP 2 does "
-             "not divide: "
-        "0.5.14 (filter lost) fails at start-up as in the PR, 0.5.11's filter starts, 0.5.23's "
-        "round-up "
-        "starts (needs an image with its torch)",
+        "not divide: 0.5.14 (filter lost) fails at start-up as in the PR, 0.5.11's filter "
+        "starts, 0.5.23's round-up starts (needs an image with its torch)",
         model="deepseek_v3_tiny",
         tool="engine",
         releases=("0.5.14", "0.5.11", "0.5.23"),
@@ -226,10 +218,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         repeats=1,
         timeout=900.0,
         expect="0.5.14: start-up fails in the reduce-scatter of an odd size; 0.5.11: captures the "
-               "even sizes "
-        "[4, 8]; 0.5.23: captures every size rounded up to a multiple of 2 (Engine tool: 0.5.23 "
-        "has no "
-        "bench_one_batch)",
+        "even sizes [4, 8]; 0.5.23: captures every size rounded up to a multiple of 2 "
+        "(Engine tool: 0.5.23 has no bench_one_batch)",
     ),
 )
 
