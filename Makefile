@@ -20,8 +20,8 @@ SGLANG_RELEASES := 0.5.10.post1 0.5.11 0.5.12.post1 0.5.13 0.5.14 0.5.23
 SGLANG_HOME     ?= .sglang
 SGLANG_STAMPS   := $(foreach v,$(SGLANG_RELEASES),$(SGLANG_HOME)/releases/$(v)/.sglab-installed)
 
-.PHONY: workbook test test-gpu lab wheelhouse offline-gpu verify sync env clean sglang-releases wheelhouse-sglang real-gpu \
-        wheelhouse-engine engine-gpu
+.PHONY: workbook test test-gpu lab wheelhouse offline-gpu verify sync env clean sglang-releases wheelhouse-sglang real-gpu
+.PHONY: wheelhouse-engine engine-gpu
 
 $(BIN)/python:
 	@if $(PY) -c "import torch" 2>/dev/null; then \
@@ -89,9 +89,9 @@ wheelhouse:
 wheelhouse-sglang:
 	bash scripts/wheelhouse-sglang.sh .whl-sglang
 
-# per-release bundles of a whole real engine (sglang without .so, slim sglang-kernel, FlashInfer's JIT sources,
-# pinned transformers, light dependencies) as tar.xz layers in .whl-engine/; fails when two releases do not fit
-# one 64 MiB carry (docs/engine.md)
+# per-release bundles of a whole real engine (sglang without .so, slim sglang-kernel, FlashInfer's
+# JIT sources, pinned transformers, light dependencies) as tar.xz layers in .whl-engine/; fails when
+# two releases do not fit one 64 MiB carry (docs/engine.md)
 wheelhouse-engine:
 	bash scripts/wheelhouse-engine.sh .whl-engine
 

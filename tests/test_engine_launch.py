@@ -197,3 +197,27 @@ def test_interrupted_record_leaves_no_run_and_no_temporary_file(tmp_path, monkey
     folder = root / "engine_pcg_gate"
     assert runs.list_runs("engine_pcg_gate", root=root) == []
     assert not [p for p in folder.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_real_release_that_cannot_start_here_gives_one_line(tmp_path):
+    """The whole path with a real release on this CPU box (pin check skipped): it starts, fails
+    at its first import of a GPU package, and the result is SGLang's own line plus the log; nothing
+    is left."""
+    import importlib.util
+
+    from sglab.sglang.releases import release_installed
+
+    if not release_installed("0.5.13"):
+        pytest.skip("sglang 0.5.13 is not installed")
+    if importlib.util.find_spec("triton") is not None:
+        pytest.skip("triton is importable here: the release would get further than its imports")
+    cfg = Path(__file__).resolve().parents[1] / "data" / "models" / "llama_32x512" / "config.json"
+    spec = eng.EngineSpec("0.5.13", cfg, input_lens=(128,), timeout=300)
+    lines = []
+    res = eng.run(spec, work=tmp_path, check=False, echo=lines.append)
+    assert res.status == "error" and not res.leftovers
+    log = tmp_path / "engine.log"
+    assert res.error == f"ModuleNotFoundError: No module named 'triton' (log: {log})"
+    assert lines[0].startswith("[sglab] sglang 0.5.13: starting bench_one_batch")
+    text = "\n".join(eng.summary(res))
+    assert "No module named 'triton'" in text and "piecewise" not in text

@@ -246,6 +246,7 @@ class EngineSpec:
     profile: bool = False
     profile_steps: int = 2
     image_size: Optional[tuple[int, int]] = None
+    prompt: str = ""
     case: str = ""
     adjustments: tuple[Adjustment, ...] = ()
     timeout: float = DEFAULT_TIMEOUT_S
@@ -302,6 +303,7 @@ class Scenario:
     requests: tuple[int, ...] = (1,)
     profile: bool = False
     image_size: Optional[tuple[int, int]] = None
+    prompt: str = ""
     expect: str = ""
     timeout: float = DEFAULT_TIMEOUT_S
 
@@ -334,6 +336,7 @@ class Scenario:
                         requests=self.requests,
                         profile=self.profile,
                         image_size=self.image_size,
+                        prompt=self.prompt,
                         case=c.label,
                         adjustments=tuple(adjustment(a) for a in c.adjustments),
                         timeout=self.timeout,
@@ -705,7 +708,9 @@ def server_argv(spec: EngineSpec, model_dir: Path, flags: Optional[set[str]] = N
     not give (only those the release defines), then the reader's own."""
     given = set(_flag_names(spec.server_args))
     out = ["--model-path", str(model_dir)]
-    defaults = DEFAULT_ARGS + (ENGINE_ONLY_ARGS if spec.tool == "engine" else ())
+    # an image goes through the model's processor: the Engine then needs its tokenizer
+    engine_only = spec.tool == "engine" and not spec.image_size
+    defaults = DEFAULT_ARGS + (ENGINE_ONLY_ARGS if engine_only else ())
     for flag, value in defaults:
         if flag in given or (flags is not None and flag not in flags):
             continue
@@ -753,6 +758,7 @@ def driver_params(spec: EngineSpec, server: list[str]) -> dict:
         "repeats": spec.repeats,
         "warmup": spec.warmup,
         "image_size": list(spec.image_size) if spec.image_size else None,
+        "prompt": spec.prompt,
     }
 
 
@@ -1785,6 +1791,9 @@ def run(
             layers = int(text_config(load_config(spec.model)).get("num_hidden_layers") or 0)
             res.kernels = decode_kernels(traces[-1], layers, spec.profile_steps)
             res.kernels["trace"] = str(traces[-1])
+        else:
+            res.status = "error"
+            res.error = f"bench_one_batch wrote no decode trace in {work / 'profile'} (log: {log})"
     return res
 
 
@@ -2025,7 +2034,9 @@ def summary(res: EngineResult) -> list[str]:
         f"sglang {s.variant} · {'bench_one_batch' if s.tool == 'bench' else 'Engine'} · "
         f"{Path(s.model).parent.name} · {res.status}" + (f" · {res.error}" if not res.ok else "")
     ]
-    if not d:
+    if not res.ok and res.tail:
+        out += [f"  | {line}" for line in res.tail[-4:]]
+    if not d or (d.get("pcg") == "unknown" and d.get("decode_bs") is None and not res.ok):
         return out
     pcg = d.get("pcg")
     if pcg == "captured":
@@ -2169,15 +2180,17 @@ def drive(params_path: str) -> int:
                     warm = int(r < p["warmup"])
                     _say(f"call-begin id={k} requests={n} input_len={il} warmup={warm}")
                     kwargs = {
-                        "input_ids": [_ids(rng, il) for _ in range(n)],
                         "sampling_params": {
                             "max_new_tokens": p["output_len"],
                             "ignore_eos": True,
                             "temperature": 0.0,
                         },
                     }
-                    if image is not None:
+                    if image is not None:  # text through the model's processor, with the image
+                        kwargs["prompt"] = [p["prompt"]] * n
                         kwargs["image_data"] = [image] * n
+                    else:
+                        kwargs["input_ids"] = [_ids(rng, il) for _ in range(n)]
                     t0 = time.perf_counter()
                     engine.generate(**kwargs)
                     dt = time.perf_counter() - t0

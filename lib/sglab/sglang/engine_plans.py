@@ -160,6 +160,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         output_len=1,
         repeats=1,
         image_size=(448, 448),
+        # Kimi-K2.5's chat template for one image (its processor expands the pad token)
+        prompt="<|media_start|>image<|media_content|><|media_pad|><|media_end|> Describe it.",
         expect="before: rank 1 holds memory on GPU 0; released: none",
     ),
     # 06 capture_sizes (#23972): TP 2, dense TP 1
