@@ -114,8 +114,8 @@ def _repo() -> Path:
 
 def hunk_added_lines(diff: Path, contains: str, symbol: str = "") -> str:
     """The ``+`` lines of the one hunk of ``diff`` that adds a line containing ``contains`` (in the
-    section of
-    ``symbol`` where the diff names its symbols), as text without the ``+``: what a revert removes.
+    section of ``symbol`` where the diff names its symbols), as text without the ``+``: what a
+    revert removes.
     """
     hunks, cur, section = [], None, ""
     for line in diff.read_text().splitlines():
@@ -371,8 +371,8 @@ def text_config(cfg: dict) -> dict:
 
 def tokenizer_json(vocab: int = VOCAB) -> dict:
     """A WordLevel tokenizer (``tokenizers``' JSON format) of ``vocab`` tokens: ``<unk> <s> </s>
-    <pad>`` and
-    ``t4 ... t{vocab-1}``, split on whitespace. Enough for SGLang to load a tokenizer offline."""
+    <pad>`` and ``t4 ... t{vocab-1}``, split on whitespace. Enough for SGLang to load a tokenizer
+    offline."""
     special = ["<unk>", "<s>", "</s>", "<pad>"]
     words = {tok: i for i, tok in enumerate(special)}
     words.update({f"t{i}": i for i in range(len(special), vocab)})
@@ -692,9 +692,8 @@ class Prepared:
     work: Path
     model_dir: Path
     argv: list[str]  # what is started
-    sglang_command: list[
-        str
-    ]  # the release's own command line (bench) or the Engine's server arguments
+    # the release's own command line (bench), or "sglang.Engine" and its server arguments
+    sglang_command: list[str]
     server_argv: list[str]
     hooks: Path
     environ: dict
@@ -957,8 +956,7 @@ def _print_resolved(module) -> None:
 
 def install_hooks(path: str) -> None:
     """Inside an engine process (from the run's ``sitecustomize``): print the resolved server
-    arguments once
-    ``ServerArgs`` is built, and apply each patch once its module is imported."""
+    arguments once ``ServerArgs`` is built, and apply each patch once its module is imported."""
     import importlib
 
     spec = json.loads(Path(path).read_text())
@@ -1019,9 +1017,8 @@ def remove_text(source: str, text: str, what: str) -> str:
 
 def reverted_source(params: dict, source: str) -> str:
     """The function's source with the hunk of ``params`` removed (``text``, or the ``+`` lines of
-    the hunk of
-    ``diff`` that adds ``contains``). Refuses functions that a re-definition outside the class would
-    change (zero-argument ``super()``, name-mangled attributes)."""
+    the hunk of ``diff`` that adds ``contains``). Refuses functions that a re-definition outside the
+    class would change (zero-argument ``super()``, name-mangled attributes)."""
     text = params.get("text") or hunk_added_lines(_repo() / params["diff"], params["contains"])
     if "super()" in source or re.search(r"\bself\.__[a-z]\w*", source):
         raise ValueError(f"{params['qualname']}: cannot be redefined outside its class")
@@ -1182,9 +1179,8 @@ def launch(
     on_line: Optional[Callable[[str], None]] = None,
 ) -> Exit:
     """Start ``argv`` in its own session with stdout and stderr streamed to ``log``; stop its whole
-    group at
-    ``timeout``; after any exit, stop whatever of the group (or carrying ``marker``) is left.
-    ``on_line`` sees each new log line (progress)."""
+    group at ``timeout``; after any exit, stop whatever of the group (or carrying ``marker``) is
+    left. ``on_line`` sees each new log line (progress)."""
     t0 = time.monotonic()
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
@@ -2151,10 +2147,9 @@ def _gpu_memory() -> None:
 
 def drive(params_path: str) -> int:
     """The ``engine`` tool inside the release's process: parse the server arguments with the
-    release's own
-    ``ServerArgs`` parser, start ``sglang.Engine``, send each (requests x input length) ``repeats``
-    times as one ``generate`` call (distinct random token ids: no prefix-cache hits), print one line
-    per call, shut down."""
+    release's own ``ServerArgs`` parser, start ``sglang.Engine``, send each (requests x input
+    length) ``repeats`` times as one ``generate`` call (distinct random token ids: no prefix-cache
+    hits), print one line per call, shut down."""
     import argparse
     import random
 
