@@ -5,6 +5,8 @@
 - :mod:`~sglab.sglang.bootstrap`, :mod:`~sglab.sglang.bootstrap`  the stand-ins a release needs on this machine
 - :mod:`~sglab.sglang.runner`, :mod:`~sglab.sglang.runner`  one subprocess per release: :func:`run_probe`
 - :mod:`~sglab.sglang.probes`   the real code of each fix, driven on the CPU; rows for the tests and notebooks
+- :mod:`~sglab.sglang.engine`   a release's whole engine on a GPU (``sglab engine``; scenarios in
+  :mod:`~sglab.sglang.engine_plans`)
 
 Nothing here imports SGLang into the calling process.
 """

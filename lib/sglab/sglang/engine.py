@@ -1653,6 +1653,7 @@ class EngineResult:
     pins: dict = field(default_factory=dict)
     found: dict = field(default_factory=dict)
     tail: list = field(default_factory=list)
+    marker: str = ""  # SGLAB_ENGINE_RUN of the engine's processes
 
     @property
     def ok(self) -> bool:
@@ -1745,6 +1746,7 @@ def run(
         found=prep.found,
         leftovers=ex.leftovers + [f"{p} (survived SIGKILL)" for p in ex.survivors],
         tail=_tail(text),
+        marker=prep.marker,
     )
     if spec.tool == "bench":
         res.bench = bench_results(d, spec, work / "result.jsonl")
