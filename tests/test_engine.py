@@ -762,3 +762,13 @@ def test_model_package_for_the_kimi_adjustment_is_importable_by_name():
     )
     ours = eng.function_source(src, "KimiK25ForConditionalGeneration.post_load_weights")
     assert ours == released
+
+
+@pytest.mark.parametrize("v", ["0.5.12.post1", "0.5.13"])
+def test_traced_workspace_initialize_exists_with_its_arguments(v):
+    adj = eng.adjustment("trace-flashinfer-workspace")
+    params = adj.param_dict()
+    path = _pkg(v) / (params["module"].replace("sglang.", "", 1).replace(".", "/") + ".py")
+    src = eng.function_source(path.read_text(), params["qualname"])
+    head = src.split(")", 1)[0]
+    assert all(a in head for a in params["args"])
