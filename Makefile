@@ -21,6 +21,7 @@ SGLANG_HOME     ?= .sglang
 SGLANG_STAMPS   := $(foreach v,$(SGLANG_RELEASES),$(SGLANG_HOME)/releases/$(v)/.sglab-installed)
 
 .PHONY: workbook test test-gpu lab wheelhouse offline-gpu verify sync env clean sglang-releases wheelhouse-sglang real-gpu
+.PHONY: wheelhouse-engine engine-gpu
 
 $(BIN)/python:
 	@if $(PY) -c "import torch" 2>/dev/null; then \
@@ -87,6 +88,16 @@ wheelhouse:
 # wheels of SGLang 0.5.11, 0.5.12.post1 and 0.5.23 and what the GPU image lacks to run them, into .whl-sglang/
 wheelhouse-sglang:
 	bash scripts/wheelhouse-sglang.sh .whl-sglang
+
+# per-release bundles of a whole real engine (sglang without .so, slim sglang-kernel, FlashInfer's
+# JIT sources, pinned transformers, light dependencies) as tar.xz layers in .whl-engine/; fails when
+# two releases do not fit one 64 MiB carry (docs/engine.md)
+wheelhouse-engine:
+	bash scripts/wheelhouse-engine.sh .whl-engine
+
+# on a GPU box with .whl-engine/: real engines per scenario, e.g. `make engine-gpu ARGS="--plan 01"`
+engine-gpu:
+	bash scripts/engine_gpu.sh $(ARGS)
 
 # on a GPU box with .whl-sglang/: real SGLang recorded per fix (sglab real gpu), checked, packed
 # into OUT/real.tgz (default real-gpu-out/); `bash scripts/real_gpu.sh --dry-run` lists what would run

@@ -7,6 +7,8 @@
   this machine
 - :mod:`~sglab.sglang.runner`  one worker per release, for all its calls: :func:`run_probes`
 - :mod:`~sglab.sglang.probes`   the real code of each fix, driven on the CPU; rows for the tests and notebooks
+- :mod:`~sglab.sglang.engine`   a release's whole engine on a GPU (``sglab engine``; scenarios in
+  :mod:`~sglab.sglang.engine_plans`)
 
 Nothing here imports SGLang into the calling process.
 """

@@ -19,6 +19,8 @@
                                     a verdict per claim on recorded, live or given runs (see sglab.tools.verify)
     sglab real install [--releases V ...]
                                     install the pinned SGLang releases side by side under .sglang/
+    sglab engine --release V --model CONFIG.json [--tool bench|engine] [--record] [-- SERVER ARGS]
+                                    a release's real engine on this GPU: its decisions and latencies
 """
 
 from __future__ import annotations
@@ -315,6 +317,9 @@ def _evidence_commands(sub) -> None:
     from sglab.investigate import capture_sizes as capture_sizes_command
 
     capture_sizes_command.add_parser(sub)
+    from sglab.tools import engine_cmd
+
+    engine_cmd.add_parser(sub)
     p = sub.add_parser("swa-cost",
                        help="what the SWA location preset saves for a model's sliding-window layout")
     p.add_argument("config", help="a Hugging Face config.json, or the model folder that holds it")

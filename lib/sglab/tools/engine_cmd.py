@@ -1,0 +1,193 @@
+"""``sglab engine``: a release's real engine on this GPU, for your model config and flags, with
+dummy weights.
+
+    sglab engine --release 0.5.13 --model CONFIG.json [--tool bench|engine] [--input-len N ...]
+                 [--batch-size N ...] [--requests N ...] [--repeats N] [--profile] [--adjust NAME
+                 ...] [--record [--fix NAME] [--out DIR]] [--dry-run] [-- SERVER ARGS]
+    sglab engine --scenario NAME | --plan NN [--release V ...] [--record] [--dry-run]
+    sglab engine --list
+
+Prints what the release's engine decided (piecewise CUDA graph on or off and SGLang's reason,
+capture sizes, breakable graph, decode graph batch sizes, attention backend) and its latencies;
+``--record`` writes the run (``data/runs/engine_<fix>/``, or under ``--out``). Errors are one line,
+``sglab engine: <message>``, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "engine",
+        help="a release's real engine on this GPU: its decisions and latencies for your "
+        "model config and flags (dummy weights)",
+        description="sglab engine --release V --model CONFIG.json [options] [-- SERVER ARGS]",
+    )
+    p.add_argument("--release", nargs="+", action="extend", metavar="V", help="release(s) to start")
+    p.add_argument("--model", type=Path, help="a Hugging Face config.json (or its folder)")
+    p.add_argument(
+        "--tool",
+        choices=["bench", "engine"],
+        default="bench",
+        help="bench: python -m sglang.bench_one_batch; engine: sglang.Engine(...).generate(...)",
+    )
+    p.add_argument("--input-len", type=int, nargs="+", default=[1024], metavar="N")
+    p.add_argument(
+        "--batch-size", type=int, nargs="+", default=[1], metavar="N", help="bench: batch sizes"
+    )
+    p.add_argument(
+        "--requests",
+        type=int,
+        nargs="+",
+        default=[1],
+        metavar="N",
+        help="engine: requests per generate call (one prefill batch)",
+    )
+    p.add_argument("--output-len", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="bench: torch.profiler decode trace, kernels per replay",
+    )
+    p.add_argument(
+        "--adjust", action="append", default=[], metavar="NAME", help="a named harness adjustment"
+    )
+    p.add_argument("--case", default="", help="label of this run (variant release+case)")
+    p.add_argument(
+        "--timeout", type=float, default=900.0, help="seconds before the whole engine is stopped"
+    )
+    p.add_argument(
+        "--scenario", action="append", default=[], metavar="NAME", help="a scenario of engine_plans"
+    )
+    p.add_argument("--plan", metavar="NN", help="every scenario of notebook NN")
+    p.add_argument("--list", action="store_true", help="list the scenarios")
+    p.add_argument("--record", action="store_true", help="write the run (data/runs/engine_<fix>/)")
+    p.add_argument(
+        "--fix", default="custom", help="experiment engine_<fix> of a recorded run without scenario"
+    )
+    p.add_argument("--out", type=Path, help="runs root for --record (default data/runs)")
+    p.add_argument(
+        "--work", type=Path, help="folder for each engine's log, model folder and traces"
+    )
+    p.add_argument("--dry-run", action="store_true", help="print each command; start nothing")
+    p.add_argument("server_args", nargs=argparse.REMAINDER, help="-- then SGLang server arguments")
+    p.set_defaults(fn=main)
+
+
+def _fail(msg: str) -> int:
+    print(f"sglab engine: {msg}", file=sys.stderr)
+    return 2
+
+
+def _groups(args):
+    """[(fix, [EngineSpec])] from the scenario options or the single-run options."""
+    from sglab.sglang import engine as eng
+    from sglab.sglang import engine_plans
+
+    picked = [engine_plans.scenario(n) for n in args.scenario]
+    if args.plan:
+        found = engine_plans.plan(args.plan)
+        if not found:
+            raise KeyError(f"no scenario for notebook {args.plan}")
+        picked += found
+    if picked:
+        return [(s.fix, s.name, s.specs(args.release)) for s in picked]
+    if not args.release or not args.model:
+        raise eng.EngineError("give --release and --model (or --scenario / --plan / --list)")
+    argv = list(args.server_args)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    specs = [
+        eng.EngineSpec(
+            release=v,
+            model=args.model,
+            tool=args.tool,
+            server_args=tuple(argv),
+            batch_sizes=tuple(args.batch_size),
+            input_lens=tuple(args.input_len),
+            output_len=args.output_len,
+            repeats=args.repeats,
+            requests=tuple(args.requests),
+            profile=args.profile,
+            case=args.case,
+            timeout=args.timeout,
+            adjustments=tuple(eng.adjustment(a) for a in args.adjust),
+        )
+        for v in args.release
+    ]
+    return [(args.fix, "", specs)]
+
+
+def _dry_run(spec, work) -> None:
+    """Print the command a spec would start (and why it would stop), starting nothing."""
+    import tempfile
+
+    from sglab.sglang import engine as eng
+
+    with tempfile.TemporaryDirectory(prefix="sglab-engine-") as tmp:
+        try:
+            prep = eng.prepare(spec, work or Path(tmp), check=False)
+        except eng.EngineError as e:
+            print(f"# sglang {spec.variant}: would stop: {e}")
+            return
+        print(f"# sglang {spec.variant}: {shlex.join(prep.sglang_command)}")
+        for a in spec.adjustments:
+            print(f"#   harness adjustment {a.name}: {a.reason}")
+        try:
+            eng.check_pins(prep.env, prep.found)
+        except eng.EngineError as e:
+            print(f"#   would stop: {e}")
+
+
+def main(args) -> int:
+    from sglab.sglang import engine as eng
+    from sglab.sglang import engine_plans
+
+    if args.list:
+        for s in engine_plans.SCENARIOS:
+            print(f"{s.name:18} {s.experiment:24} {s.gpus} GPU  {s.tool:6} {' '.join(s.releases)}")
+            print(f"{'':18} {s.what}")
+        return 0
+    try:
+        groups = _groups(args)
+        for _, name, specs in groups:
+            if not specs:
+                raise eng.EngineError(
+                    f"scenario {name}: no run for releases {' '.join(args.release or [])}"
+                )
+        status = 0
+        for fix, name, specs in groups:
+            results = []
+            for spec in specs:
+                work = (args.work / f"{name or 'engine'}-{spec.variant}") if args.work else None
+                if args.dry_run:
+                    _dry_run(spec, work)
+                    continue
+                try:
+                    res = eng.run(spec, work=work)
+                except eng.EngineError as e:
+                    if len(specs) == 1 and len(groups) == 1:
+                        raise
+                    print(f"sglab engine: {e}", file=sys.stderr)
+                    res = eng.EngineResult(spec, "not-started", error=str(e))
+                    status = 2
+                results.append(res)
+                print("\n".join(eng.summary(res)))
+                if not res.ok:
+                    status = max(status, 1)
+            if args.record and results:
+                path = eng.record(results, fix, root=args.out)
+                print(f"recorded: {path}")
+        if len(groups) == 1 and len(groups[0][2]) == 1 and not args.dry_run and status == 1:
+            res = results[0]
+            print(f"sglab engine: {res.error}", file=sys.stderr)
+            return 2
+        return status
+    except (eng.EngineError, KeyError) as e:
+        return _fail(str(e).strip("'\""))

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Real SGLang engines on a GPU box, from the engine bundles (built elsewhere by
+# `make wheelhouse-engine`): each release's layers are unpacked into its own temporary folder
+# ($ENGINE_HOME/<V>/site; never into the image's site-packages, whose torch, triton and numpy stay
+# the ones used), then `sglab engine` runs what is asked, one invocation per scenario, each engine
+# in its own process group with a timeout.
+#
+#   bash scripts/engine_gpu.sh --scenario 01-kimi-pcg [--scenario NAME ...] [--release V ...]
+#   bash scripts/engine_gpu.sh --plan 01                 every scenario of notebook 01
+#   bash scripts/engine_gpu.sh -- --release 0.5.13 --model data/models/llama_32x512/config.json
+#   bash scripts/engine_gpu.sh --dry-run --plan 04       unpack nothing, print the commands
+#
+# Environment: OUT (default engine-gpu-out), BUNDLES (default .whl-engine), ENGINE_HOME (default
+# /tmp/sglab-engine-home), RELEASES (releases to unpack; default every one of bundles.json whose
+# layers are here). The JIT caches (FlashInfer's norm kernel, SGLang's tvm-ffi kernels, Triton)
+# stay in $HOME/.cache and $HOME/.triton between engine starts: the first capture on a fresh
+# machine takes 66-90 s, later ones about 2 s. Writes $OUT/engine.tgz (runs/engine_<fix>/, logs/,
+# summary.txt) and $OUT/summary.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-engine-gpu-out}
+BUNDLES=${BUNDLES:-.whl-engine}
+ENGINE_HOME=${ENGINE_HOME:-/tmp/sglab-engine-home}
+py=${PYTHON:-python3}
+export PYTHONPATH="$PWD/lib${PYTHONPATH:+:$PYTHONPATH}" SGLAB_ENGINE_HOME="$ENGINE_HOME"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TOKENIZERS_PARALLELISM=false
+sha=${SGLAB_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null)}
+if [ -n "$sha" ]; then export SGLAB_GIT_SHA=$sha; fi
+
+scenarios=() releases=() free=() dry=0 plan=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --scenario) scenarios+=("$2"); shift 2 ;;
+    --plan) plan=$2; shift 2 ;;
+    --release) releases+=("$2"); shift 2 ;;
+    --dry-run) dry=1; shift ;;
+    --) shift; free=("$@"); break ;;
+    *) echo "error: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+rel_args=()
+for v in "${releases[@]}"; do rel_args+=(--release "$v"); done
+
+if [ ! -f "$BUNDLES/bundles.json" ]; then
+  echo "error: $BUNDLES/bundles.json not found: build the bundles with \`make wheelhouse-engine\`" \
+       "and carry bundles.json, common.tar.xz and the release-<V> and transformers-<T> layers" >&2
+  exit 2
+fi
+layers_of() {  # layers_of V: the layer files of release V, from bundles.json
+  "$py" -c 'import json, sys; print(" ".join(json.load(open(sys.argv[1]))[sys.argv[2]]))' \
+    "$BUNDLES/bundles.json" "$1"
+}
+unpack() {  # unpack V: its layers into $ENGINE_HOME/V/site, once
+  local v=$1 site=$ENGINE_HOME/$1/site layers f t0=$SECONDS
+  layers=$(layers_of "$v")
+  for f in $layers; do
+    [ -f "$BUNDLES/$f" ] || { echo "skip sglang $v: $BUNDLES/$f not carried"; return 1; }
+  done
+  if [ -f "$site/.sglab-layers" ] && [ "$(cat "$site/.sglab-layers")" = "$layers" ]; then
+    echo "sglang $v: already unpacked in $site"; return 0
+  fi
+  rm -rf "$site.tmp"; mkdir -p "$site.tmp"
+  for f in $layers; do tar -xJf "$BUNDLES/$f" -C "$site.tmp" || return 1; done
+  echo "$layers" > "$site.tmp/.sglab-layers"
+  rm -rf "$site"; mv "$site.tmp" "$site"
+  echo "sglang $v: unpacked $(echo "$layers" | wc -w) layers into $site in $((SECONDS - t0)) s"
+}
+
+mkdir -p "$OUT/logs" "$OUT/runs" "$HOME/.cache"
+summary=()
+if [ $dry = 0 ]; then
+  all=$("$py" -c 'import json, sys; print(" ".join(json.load(open(sys.argv[1]))))' \
+        "$BUNDLES/bundles.json")
+  for v in ${RELEASES:-$all}; do unpack "$v"; done
+  "$py" -c 'import torch, triton
+print("torch", torch.__version__, "triton", triton.__version__, "GPUs", torch.cuda.device_count())'
+fi
+
+step() {  # step NAME ARGS...: one `sglab engine` invocation, its output in logs/NAME.log
+  local name=$1 t0=$SECONDS rc
+  shift
+  echo "=== $name: sglab engine $*"
+  "$py" -m sglab.tools.cli engine "$@" > >(tee "$OUT/logs/$name.log") 2>&1
+  rc=$?
+  summary+=("$name rc=$rc $((SECONDS - t0))s")
+  echo "--- $name rc=$rc $((SECONDS - t0))s"
+}
+common=(--record --out "$OUT/runs" --work "$OUT/work")
+if [ $dry = 1 ]; then common=(--dry-run); fi
+if [ -n "$plan" ]; then
+  mapfile -t more < <("$py" -c 'import sys; from sglab.sglang.engine_plans import plan
+print("\n".join(s.name for s in plan(sys.argv[1])))' "$plan")
+  scenarios+=("${more[@]}")
+fi
+for s in "${scenarios[@]}"; do step "$s" --scenario "$s" "${rel_args[@]}" "${common[@]}"; done
+if [ ${#free[@]} -gt 0 ]; then step engine "${common[@]}" "${free[@]}"; fi
+if [ $dry = 1 ]; then exit 0; fi
+
+# every engine's own log beside the command logs, then one archive and the summary (at most 8 files
+# come back from a GPU box)
+for d in "$OUT"/work/*/; do
+  [ -f "$d/engine.log" ] || continue
+  gzip -c "$d/engine.log" > "$OUT/logs/$(basename "$d" | tr '+' '_').engine.log.gz"
+done
+printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
+tar czf "$OUT/engine.tgz" -C "$OUT" summary.txt logs runs
+rm -rf "$OUT/work" "$OUT/logs" "$OUT/runs"
+echo "packed $OUT/engine.tgz ($(du -k "$OUT/engine.tgz" | cut -f1) KiB)"
+! grep -q "rc=[1-9]" "$OUT/summary.txt"

@@ -1,0 +1,774 @@
+"""sglab.sglang.engine on the CPU: arguments per tool and release, log reading, one-line errors,
+model configs, the #23552 revert, scenarios. The log lines are built from the format strings of the
+releases' sources (the file is named at each); real GPU logs join them later."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from sglab.sglang import engine as eng
+from sglab.sglang import engine_plans
+from sglab.sglang.releases import package_dir, release_installed
+
+REPO = Path(__file__).resolve().parents[2]
+MODELS = REPO / "data" / "models"
+LLAMA = MODELS / "llama_32x512" / "config.json"
+
+
+def _pkg(v: str) -> Path:
+    if not release_installed(v):
+        pytest.skip(f"sglang {v} is not installed (sglab real install)")
+    return package_dir(v)
+
+
+# -- arguments -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("v", ["0.5.11", "0.5.12.post1", "0.5.13"])
+def test_bench_command_per_release(tmp_path, v):
+    _pkg(v)
+    spec = eng.EngineSpec(
+        v,
+        LLAMA,
+        "bench",
+        ("--disable-piecewise-cuda-graph",),
+        batch_sizes=(1, 4),
+        input_lens=(128, 256),
+        repeats=2,
+        output_len=8,
+    )
+    prep = eng.prepare(spec, tmp_path, check=False)
+    cmd = prep.argv
+    assert cmd[1:3] == ["-m", "sglang.bench_one_batch"] and cmd == prep.sglang_command
+    i = cmd.index("--input-len")
+    assert cmd[i + 1 : i + 5] == ["128", "256", "128", "256"]  # repeats: one sweep after another
+    assert cmd[cmd.index("--batch-size") + 1 : cmd.index("--batch-size") + 3] == ["1", "4"]
+    for flag, value in (
+        ("--load-format", "dummy"),
+        ("--attention-backend", "triton"),
+        ("--sampling-backend", "pytorch"),
+        ("--output-len", "8"),
+        ("--result-filename", str(tmp_path / "result.jsonl")),
+    ):
+        assert cmd[cmd.index(flag) + 1] == value
+    assert "--skip-tokenizer-init" not in cmd  # bench_one_batch loads a tokenizer anyway
+    assert "--disable-piecewise-cuda-graph" in cmd
+    # every flag of the command is one the release's own source defines
+    flags = eng.release_flags(prep.env.package, "bench")
+    assert all(f in flags for f in eng._flag_names(cmd[3:]))
+    model = Path(cmd[cmd.index("--model-path") + 1])
+    assert json.loads((model / "config.json").read_text()) == json.loads(LLAMA.read_text())
+    assert len(json.loads((model / "tokenizer.json").read_text())["model"]["vocab"]) == eng.VOCAB
+
+
+@pytest.mark.parametrize("v", ["0.5.11", "0.5.12.post1", "0.5.13"])
+def test_engine_tool_runs_the_driver_with_server_args(tmp_path, v):
+    _pkg(v)
+    spec = eng.EngineSpec(
+        v,
+        LLAMA,
+        "engine",
+        ("--enable-breakable-cuda-graph", "--attention-backend", "flashinfer"),
+        requests=(1, 8),
+        input_lens=(128,),
+        repeats=3,
+        output_len=1,
+    )
+    prep = eng.prepare(spec, tmp_path, check=False)
+    assert prep.argv[1:4] == ["-m", "sglab.sglang.engine", "drive"]
+    drive = json.loads((tmp_path / "drive.json").read_text())
+    assert drive["requests"] == [1, 8] and drive["repeats"] == 3
+    argv = drive["server_argv"]
+    assert "--skip-tokenizer-init" in argv
+    assert (
+        argv.count("--attention-backend") == 1
+        and argv[argv.index("--attention-backend") + 1] == "flashinfer"
+    )
+    env = prep.environ
+    paths = env["PYTHONPATH"].split(":")
+    assert (
+        paths[0] == str(tmp_path / "hooks") and (tmp_path / "hooks" / "sitecustomize.py").is_file()
+    )
+    assert str(prep.env.paths[0]) in paths
+    assert env["SGLAB_ENGINE_RUN"] and env["SGLANG_TORCH_PROFILER_DIR"] == str(tmp_path / "profile")
+
+
+def test_profile_arguments(tmp_path):
+    spec = eng.EngineSpec("0.5.11", LLAMA, profile=True, profile_steps=3)
+    argv = eng.bench_argv(spec, tmp_path)
+    assert argv[argv.index("--profile-stage") + 1] == "decode"
+    assert argv[argv.index("--profile-steps") + 1] == "3"
+
+
+def test_flags_differ_between_releases_and_are_read_from_the_source():
+    f11, f13 = (
+        eng.release_flags(_pkg("0.5.11"), "bench"),
+        eng.release_flags(_pkg("0.5.13"), "bench"),
+    )
+    for f in (
+        "--enable-breakable-cuda-graph",
+        "--disable-piecewise-cuda-graph",
+        "--enforce-piecewise-cuda-graph",
+        "--moe-dense-tp-size",
+        "--result-filename",
+        "--profile-stage",
+        "--skip-tokenizer-init",
+    ):
+        assert f in f11 and f in f13
+    # 0.5.14 derives most flags from annotated ServerArgs fields, 0.5.23 from srt/arg_groups/fields
+    f14 = eng.release_flags(_pkg("0.5.14"), "engine")
+    assert {
+        "--moe-dense-tp-size",
+        "--tp-size",
+        "--model-path",
+        "--piecewise-cuda-graph-tokens",
+    } <= f14
+    f23 = eng.release_flags(_pkg("0.5.23"), "engine")
+    assert "--cuda-graph-bs-prefill" in f23 and "--piecewise-cuda-graph-tokens" not in f23
+    with pytest.raises(eng.EngineError, match="no bench_one_batch"):
+        eng.release_flags(_pkg("0.5.23"), "bench")
+
+
+def test_unknown_flag_is_one_line_naming_the_release(tmp_path):
+    _pkg("0.5.13")
+    spec = eng.EngineSpec("0.5.13", LLAMA, server_args=("--no-such-flag", "1"))
+    with pytest.raises(eng.EngineError) as e:
+        eng.prepare(spec, tmp_path, check=False)
+    assert "\n" not in str(e.value) and "sglang 0.5.13 does not accept --no-such-flag" in str(
+        e.value
+    )
+
+
+def test_pin_mismatch_is_one_line_and_starts_nothing(tmp_path, monkeypatch):
+    _pkg("0.5.13")
+    started = []
+    monkeypatch.setattr(eng.subprocess, "Popen", lambda *a, **k: started.append(a))
+    env = eng.locate("0.5.13")
+    with pytest.raises(eng.EngineError) as e:
+        eng.check_pins(env, {"torch": "2.13.0+cpu"})
+    assert str(e.value) == (
+        "sglang 0.5.13 pins torch==2.11.0 (sglang-kernel 0.4.3 is built for it); this machine has "
+        "torch 2.13.0+cpu: nothing started"
+    )
+    assert eng.check_pins(env, {"torch": "2.11.0+cu130"})["sglang-kernel"] == "0.4.3"
+    with pytest.raises(eng.EngineError, match=r"pins torch==2\.9\.1"):
+        eng.check_pins(eng.locate(_pkg("0.5.10.post1").parent.name), {"torch": "2.11.0+cu130"})
+    with pytest.raises(eng.EngineError, match="nothing started"):
+        eng.run(eng.EngineSpec("0.5.13", LLAMA), work=tmp_path / "w", echo=lambda s: None)
+    assert not started
+
+
+def test_cli_errors_are_one_line_with_status_2(tmp_path, capsys):
+    from sglab.tools.cli import main
+
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    assert main(["engine", "--release", "0.5.13", "--model", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sglab engine: ") and "\n" not in err and "not JSON" in err, err
+    assert main(["engine", "--release", "0.5.13"]) == 2
+    assert main(["engine", "--release", "0.5.13x", "--model", str(LLAMA)]) == 2
+    assert "not a release version" in capsys.readouterr().err
+
+
+def test_bad_config_is_one_line(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    with pytest.raises(eng.EngineError, match="architectures"):
+        eng.prepare_model(tmp_path / "a" / "config.json", tmp_path / "m")
+    small = {"architectures": ["LlamaForCausalLM"], "vocab_size": 1000}
+    (tmp_path / "a" / "config.json").write_text(json.dumps(small))
+    with pytest.raises(eng.EngineError, match="vocab_size 1000"):
+        eng.prepare_model(tmp_path / "a" / "config.json", tmp_path / "m")
+
+
+# -- log reading -----------------------------------------------------------------------------------
+def _prefix(msg: str) -> str:
+    # SGLang's configure_logger format: "[%(asctime)s TP0] %(message)s"
+    return f"[2026-11-25 10:00:00 TP0] {msg}"
+
+
+def _bench_log(pcg: bool) -> str:
+    lines = [
+        # srt/model_executor/model_runner.py (load_model, init_device_graphs)
+        _prefix(f"Load weight begin. avail mem={78.5:.2f} GB"),
+        _prefix(
+            f"Capture cuda graph begin. This can take up to several minutes. avail mem={70.0:.2f} "
+            f"GB"
+        ),
+        # srt/model_executor/cuda_graph_runner.py: f"Capture cuda graph bs {self.capture_bs}"
+        _prefix(f"Capture cuda graph bs {[1, 2, 4]}"),
+        _prefix(
+            f"Capture cuda graph end. Time elapsed: {5.123:.2f} s. mem usage={0.3:.2f} GB. avail "
+            f"mem={69.7:.2f} GB."
+        ),
+    ]
+    if pcg:
+        lines += [
+            # srt/model_executor/model_runner.py (init_piecewise_cuda_graphs)
+            _prefix(f"Capture piecewise CUDA graph begin. avail mem={69.7:.2f} GB"),
+            # srt/model_executor/piecewise_cuda_graph_runner.py
+            _prefix(f"Capture cuda graph num tokens {[128, 256, 512, 1024]}"),
+            _prefix(
+                f"Capture piecewise CUDA graph end. Time elapsed: {6.5:.2f} s. mem usage={0.2:.2f} "
+                f"GB. avail mem={69.5:.2f} GB."
+            ),
+        ]
+    else:
+        lines.append(
+            _prefix("Disable piecewise CUDA graph because the model is not a language model")
+        )
+    # bench_one_batch.py (load_model, latency_test, latency_test_run_once)
+    lines += ["max_total_num_tokens=123456", "Warmup ..."]
+    runs = [(0.0200, 8)] + [(0.0132, 128), (0.0143, 256), (0.0140, 128), (0.0150, 256)]
+    for i, (lat, il) in enumerate(runs):
+        if i == 1:
+            lines.append("Benchmark ...")
+        lines.append(f"Prefill. latency: {lat:6.5f} s, throughput: {il / lat:9.2f} token/s")
+        for j, dl in enumerate((0.003, 0.0029, 0.0031)):
+            lines.append(
+                f"Decode {j}. Batch size: {1}, latency: {dl:6.5f} s, throughput: {1 / dl:9.2f} "
+                f"token/s"
+            )
+        med = 0.003
+        lines.append(
+            f"Decode.  median latency: {med:6.5f} s, median throughput: {1 / med:9.2f} token/s"
+        )
+        lines.append(f"Total. latency: {lat + 0.009:6.3f} s, throughput: {il / lat:9.2f} token/s")
+    return "\n".join(lines) + "\n"
+
+
+def test_read_bench_log_with_piecewise_graph():
+    d = eng.read_log(_bench_log(pcg=True))
+    assert (
+        d["pcg"] == "captured"
+        and d["pcg_tokens"] == [128, 256, 512, 1024]
+        and d["pcg_capture_s"] == 6.5
+    )
+    assert d["decode_bs"] == [1, 2, 4] and d["decode_capture_s"] == 5.12
+    assert d["max_total_num_tokens"] == 123456
+    assert d["warmup"]["prefill_latency"] == 0.02
+    assert [b["prefill_latency"] for b in d["bench"]] == [0.0132, 0.0143, 0.014, 0.015]
+    assert all(b["median_decode_latency"] == 0.003 for b in d["bench"])
+    assert any("Capture piecewise CUDA graph end" in x for x in d["excerpts"])
+
+
+def test_read_bench_log_pcg_disabled_and_rows():
+    spec = eng.EngineSpec(
+        "0.5.12.post1", LLAMA, input_lens=(128, 256), repeats=2, output_len=4, case="enforce"
+    )
+    d = eng.read_log(_bench_log(pcg=False))
+    assert d["pcg"] == "disabled" and d["pcg_reason"] == "the model is not a language model"
+    res = eng.EngineResult(spec, "ok", decisions=d, bench=eng.bench_results(d, spec))
+    assert [(b["input_len"], b["prefill_latency"]) for b in res.bench] == [
+        (128, 0.0132),
+        (256, 0.0143),
+        (128, 0.014),
+        (256, 0.015),
+    ]
+    rows = {(r["metric"], r.get("input_len")): r for r in eng.rows(res)}
+    assert (
+        rows[("prefill", 128)]["value"] == pytest.approx(13.6)
+        and rows[("prefill", 128)]["unit"] == "ms"
+    )
+    assert rows[("prefill_min", 128)]["value"] == pytest.approx(13.2)
+    assert rows[("prefill_max", 256)]["value"] == pytest.approx(15.0)
+    assert rows[("repeats", 256)]["value"] == 2
+    assert rows[("pcg", None)]["value"] == "disabled"
+    assert rows[("status", None)]["variant"] == "0.5.12.post1+enforce"
+    assert "piecewise CUDA graph: disabled (the model is not a language model)" in "\n".join(
+        eng.summary(res)
+    )
+
+
+def test_bench_results_prefer_the_jsonl_file(tmp_path):
+    spec = eng.EngineSpec("0.5.13", LLAMA, input_lens=(128,))
+    f = tmp_path / "result.jsonl"
+    # bench_one_batch.py writes json.dumps(measurement_results) per run
+    f.write_text(
+        json.dumps(
+            {
+                "run_name": "x",
+                "batch_size": 1,
+                "input_len": 128,
+                "output_len": 16,
+                "prefill_latency": 0.01,
+                "prefill_throughput": 12800.0,
+                "median_decode_latency": 0.002,
+                "median_decode_throughput": 500.0,
+                "total_latency": 0.04,
+                "overall_throughput": 3600.0,
+            }
+        )
+        + "\n"
+    )
+    assert eng.bench_results(eng.read_log(""), spec, f)[0]["prefill_latency"] == 0.01
+
+
+def test_skipped_runs_keep_the_order():
+    spec = eng.EngineSpec("0.5.13", LLAMA, batch_sizes=(1, 64), input_lens=(128,), output_len=4)
+    text = "\n".join(
+        [
+            "Benchmark ...",
+            "Prefill. latency: 0.01000 s, throughput:  12800.00 token/s",
+            # bench_one_batch.py: f"skipping ({batch_size}, {input_len}, {output_len}) due to ..."
+            "skipping (64, 128, 4) due to max batch size limit",
+        ]
+    )
+    out = eng.bench_results(eng.read_log(text), spec)
+    assert [(b["batch_size"], b["prefill_latency"]) for b in out] == [(1, 0.01)]
+
+
+def _prefill_batch(seqs: int, tokens: int, graph: bool) -> str:
+    # srt/observability/scheduler_metrics_mixin.py (0.5.11, 0.5.12.post1) and
+    # srt/managers/scheduler_components/metrics_reporter.py (0.5.13): report_prefill_stats
+    msg = (
+        f"Prefill batch, #new-seq: {seqs}, #new-token: {tokens}, #cached-token: {0}, full token "
+        f"usage: 0.00, #running-req: {0}, #queue-req: {0}, #pending-token: {0}, "
+    )
+    msg += f"cuda graph: {graph}, input throughput (token/s): {1234.5:.2f}"
+    return _prefix(msg)
+
+
+def test_read_engine_log_prefill_batches_per_call():
+    lines = [
+        # srt/model_executor/breakable_cuda_graph_runner.py: f"[BCG] Capture num tokens:
+        # {self.capture_num_tokens}"
+        _prefix(f"[BCG] Capture num tokens: {[128, 256, 512, 1024]}"),
+        "[sglab-engine] call-begin id=0 requests=1 input_len=128 warmup=1",
+        _prefill_batch(1, 128, True),
+        "[sglab-engine] call id=0 requests=1 input_len=128 output_len=1 warmup=1 seconds=0.020000",
+    ]
+    k = 1
+    for n, graph in ((1, True), (4, False), (4, False)):
+        lines += [
+            f"[sglab-engine] call-begin id={k} requests={n} input_len=128 warmup=0",
+            _prefill_batch(n, 128 * n, graph),
+            # srt/.../scheduler_metrics_mixin.py report_decode_stats
+            _prefix(
+                f"Decode batch, #running-req: {n}, full token usage: 0.00, cuda graph: True, gen "
+                f"throughput (token/s): 1.00, #queue-req: 0"
+            ),
+            f"[sglab-engine] call id={k} requests={n} input_len=128 output_len=1 warmup=0 "
+            f"seconds={0.01 * n:.6f}",
+        ]
+        k += 1
+    d = eng.read_log("\n".join(lines))
+    assert d["bcg"] == "captured" and d["bcg_tokens"] == [128, 256, 512, 1024]
+    assert [c["requests"] for c in d["calls"]] == [1, 1, 4, 4]
+    assert d["calls"][2]["prefill_batches"] == [{"seqs": 4, "tokens": 512, "graph": False}]
+    assert d["decode_batches"][0] == {"running": 1, "graph": True}
+    spec = eng.EngineSpec("0.5.11", LLAMA, "engine", requests=(1, 4), input_lens=(128,))
+    rows = {
+        (r["metric"], r.get("requests")): r["value"]
+        for r in eng.rows(eng.EngineResult(spec, "ok", decisions=d))
+    }
+    assert rows[("prefill_graph", 1)] == 1.0 and rows[("prefill_graph", 4)] == 0.0
+    assert rows[("prefill_seqs", 4)] == 4 and rows[("latency", 4)] == pytest.approx(40.0)
+    assert rows[("repeats", 1)] == 1  # the warm-up call is not counted
+
+
+def test_read_log_breakable_eager_fallback_and_resolved_args():
+    lines = [
+        # srt/model_executor/breakable_cuda_graph_runner.py (0.5.12+), logger.warning with %s
+        _prefix(
+            "[BCG] Could not resolve inner layer_model on %s. BCG is disabled for this model; "
+            "prefill will "
+            "fall back to eager." % "KimiK25ForConditionalGeneration"
+        ),
+        "[sglab-engine] resolved "
+        + json.dumps({"attention_backend": "triton", "disable_piecewise_cuda_graph": True}),
+        _prefix("Disable piecewise CUDA graph because --disable-piecewise-cuda-graph is set"),
+    ]
+    d = eng.read_log("\n".join(lines))
+    assert d["bcg"] == "eager fallback" and d["bcg_eager"] == "KimiK25ForConditionalGeneration"
+    assert d["attention_backend"] == "triton"
+    assert d["pcg"] == "disabled" and "auto-disable" in d["pcg_reason"]
+
+
+def test_log_strings_are_the_releases_own():
+    """Each parsed string's fixed text occurs in the file LOG_STRINGS names, in every release that
+    runs here."""
+    fixed = {
+        "pcg_disabled": "Disable piecewise CUDA graph because ",
+        "pcg_begin": "Capture piecewise CUDA graph begin. avail mem=",
+        "pcg_end": "Capture piecewise CUDA graph end. Time elapsed: ",
+        "pcg_tokens": 'f"Capture cuda graph num tokens {self.capture_num_tokens}"',
+        "bcg_tokens": 'f"[BCG] Capture num tokens: {self.capture_num_tokens}"',
+        "decode_bs": 'f"Capture cuda graph bs {self.capture_bs}"',
+        "prefill": 'f"Prefill. latency: {prefill_latency:6.5f} s, throughput: '
+        '{throughput:9.2f} token/s"',
+        "decode_median": 'f"Decode.  median latency: {med_decode_latency:6.5f} s, '
+        "median throughput: ",
+        "skipping": 'f"skipping ({batch_size}, {input_len}, {output_len}) due to max batch '
+        'size limit"',
+        "max_tokens": 'f"max_total_num_tokens={model_runner.max_total_num_tokens}"',
+    }
+    for v in ("0.5.11", "0.5.12.post1", "0.5.13"):
+        pkg = _pkg(v)
+        for key, text in fixed.items():
+            where = eng.LOG_STRINGS[key][0].split(" ")[0]
+            assert text in (pkg / where).read_text(), (v, key, where)
+        metrics = (
+            (pkg / "srt/observability/scheduler_metrics_mixin.py")
+            if v != "0.5.13"
+            else (pkg / "srt/managers/scheduler_components/metrics_reporter.py")
+        )
+        src = metrics.read_text()
+        assert 'f"#new-seq: {prefill_stats.num_new_seqs}, "' in src
+        assert 'msg += f"{self._graph_backend_label}: {can_run_cuda_graph}, "' in src
+
+
+def test_first_error_is_sglangs_own_line():
+    tb = 'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\n    raise x\n'
+    oom = (
+        _prefix("Scheduler hit an exception: " + tb)
+        + "\nRuntimeError: Not enough memory. Please try to "
+        "increase --mem-fraction-static. Current value: mem_fraction_static=0.1\n"
+    )
+    wrapper = tb + "RuntimeError: Initialization failed. Please see the error messages above.\n"
+    assert eng.first_error(oom + wrapper) == (
+        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current "
+        "value: mem_fraction_static=0.1"
+    )
+    gptoss = tb + (
+        "AssertionError: GptOssForCausalLM requires one of ['triton'] attention backend, but got "
+        "the following backends\n- Prefill: fa3\n"
+    )
+    assert eng.first_error(gptoss).startswith("AssertionError: GptOssForCausalLM requires one of")
+    assert (
+        eng.first_error(
+            "usage: bench_one_batch.py [-h]\nbench_one_batch.py: error: unrecognized arguments: "
+            "--foo\n"
+        )
+        == "error: unrecognized arguments: --foo"
+    )
+    assert (
+        eng.first_error(
+            tb + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+        )
+        == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    )
+    assert eng.first_error("all fine\n") is None
+
+
+# -- the profiler trace ----------------------------------------------------------------------------
+def test_decode_kernels_per_replay_and_layer(tmp_path):
+    import gzip
+
+    events, corr = [], 100
+    for step in range(2):
+        corr += 1
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaGraphLaunch",
+                "ts": step * 1000,
+                "args": {"correlation": corr},
+            }
+        )
+        for i in range(10):
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": "kernel",
+                    "name": "gather" if i < 4 else f"k{i}",
+                    "ts": step * 1000 + 10 + i,
+                    "args": {"correlation": corr},
+                }
+            )
+        events.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "sampling",
+                "ts": step * 1000 + 500,
+                "args": {"correlation": corr + 50},
+            }
+        )
+    path = tmp_path / "profile_batch32_input256_output16_decode.trace.json.gz"
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    k = eng.decode_kernels(path, layers=8, steps=2)
+    assert k["replays"] == 2 and k["replays_per_step"] == 1.0
+    assert k["kernels_per_replay"] == 10 and k["kernels_per_layer"] == 1.25
+    assert k["table"][0] == ("gather", 4.0)
+
+
+# -- the #23552 revert -----------------------------------------------------------------------------
+def test_swa_loc_revert_removes_exactly_the_prs_hunk():
+    src_file = _pkg("0.5.11") / "srt/model_executor/cuda_graph_runner.py"
+    adj = eng.adjustment("revert-pr23552-swa-loc-preset")
+    params = eng.patch_params(adj)
+    text = params["text"]
+    assert "set_swa_loc" in text and text.startswith("    # swa_loc must be set before capture")
+    fn = eng.function_source(src_file.read_text(), "CudaGraphRunner.capture_one_batch_size")
+    new = eng.reverted_source({**params, "name": adj.name}, fn)
+    assert "set_swa_loc" not in new and len(fn.splitlines()) - len(new.splitlines()) == len(
+        text.splitlines()
+    )
+    compile(new, "reverted", "exec")
+    # 0.5.12.post1 has the hunk too (changed by #24743), 0.5.13 has none: the revert refuses instead
+    # of guessing
+    with pytest.raises(ValueError, match="0 times"):
+        eng.remove_text(
+            eng.function_source(
+                (_pkg("0.5.13") / "srt/model_executor/cuda_graph_runner.py").read_text(),
+                "CudaGraphRunner.capture_one_batch_size",
+            ),
+            text,
+            "x",
+        )
+
+
+def test_grid_thw_revert_line_is_in_0_5_11():
+    src = (_pkg("0.5.11") / "srt/multimodal/processors/kimi_k25.py").read_text()
+    adj = eng.adjustment("revert-pr22858-grid-thw-cpu")
+    fn = eng.function_source(src, "KimiGPUProcessorWrapper._gpu_call")
+    new = eng.reverted_source({**adj.param_dict(), "name": adj.name}, fn)
+    assert ".cpu()" not in new and "grid_thws" in new
+
+
+def test_revert_hunk_applies_in_a_process(tmp_path, monkeypatch):
+    """The patch machinery on a stand-in module: redefined from its own source minus the hunk, same
+    globals."""
+    import importlib
+    import sys
+
+    mod = tmp_path / "standin_mod.py"
+    mod.write_text(
+        "from __future__ import annotations\nK = 3\n\nclass R:\n    def f(self, x: Missing) -> "
+        "int:\n        y = x + K\n        # preset\n        y += 100\n        return y\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    m = importlib.import_module("standin_mod")
+    assert m.R().f(1) == 104
+    eng.revert_hunk({"name": "t", "qualname": "R.f", "text": "    # preset\n    y += 100\n"}, m)
+    assert m.R().f(1) == 4
+    del sys.modules["standin_mod"]
+
+
+def test_hooks_run_in_spawned_children(tmp_path):
+    """sitecustomize installs the hooks in every process: a patch on a module imported in a spawned
+    child."""
+    import subprocess
+    import sys
+
+    (tmp_path / "target_mod.py").write_text("def value():\n    # hunk\n    return 1 + 1\n")
+    hooks = {
+        "resolved": False,
+        "patches": [
+            {
+                "name": "t",
+                "patch": "sglab.sglang.engine:revert_hunk",
+                "params": {
+                    "module": "target_mod",
+                    "qualname": "value",
+                    "text": "    # hunk\n    return 1 + 1\n",
+                },
+            }
+        ],
+    }
+    # the stand-in hunk leaves an empty body: give the function a fallback line after it
+    (tmp_path / "target_mod.py").write_text(
+        "def value():\n    # hunk\n    return 1 + 1\n    return 0\n"
+    )
+    (tmp_path / "hooks.json").write_text(json.dumps(hooks))
+    (tmp_path / "hooks").mkdir()
+    (tmp_path / "hooks" / "sitecustomize.py").write_text(eng.SITECUSTOMIZE)
+    code = (
+        "import multiprocessing as mp\ndef child(q):\n    import target_mod\n    "
+        "q.put(target_mod.value())\nif __name__ == '__main__':\n    ctx = mp.get_context('spawn'); "
+        "q = ctx.Queue()\n    p = ctx.Process(target=child, args=(q,)); p.start(); print('child', "
+        "q.get()); p.join()\n"
+    )
+    (tmp_path / "main.py").write_text(code)
+    env = {
+        "PYTHONPATH": f"{tmp_path / 'hooks'}:{REPO / 'lib'}:{tmp_path}",
+        "SGLAB_ENGINE_HOOKS": str(tmp_path / "hooks.json"),
+        "PATH": "/usr/bin:/bin",
+    }
+    out = subprocess.run(
+        [sys.executable, str(tmp_path / "main.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert "child 0" in out.stdout, out.stdout + out.stderr
+    assert "[sglab-engine] applied t pid=" in out.stdout
+
+
+# -- model configs ---------------------------------------------------------------------------------
+FRAMEWORK = {
+    "__class__",
+    "dtype",
+    "rope_parameters",
+    "quantization_config",
+    "original_max_position_embeddings",
+    "target_hidden_size",
+    "encoder_only",
+    "language_only",
+    "json",
+    "text_config",
+    "vision_config",
+    "architectures",
+    "rope_scaling",
+    "get_name",
+    "torch_dtype",
+}
+READS = {  # model folder -> (source under srt/models of 0.5.13, the part of the config it reads)
+    "llama_32x512": [("llama.py", None)],
+    "gpt_oss_swa": [("gpt_oss.py", None)],
+    "deepseek_v3_tiny": [("deepseek_v2.py", None)],
+    "kimi_k25_tiny": [("deepseek_v2.py", "text_config"), ("kimi_k25.py", "vision_config")],
+}
+
+
+@pytest.mark.parametrize("name", sorted(READS))
+def test_model_config_has_the_fields_the_model_class_reads(name):
+    cfg = json.loads((MODELS / name / "config.json").read_text())
+    assert cfg["architectures"]
+    models = _pkg("0.5.13") / "srt" / "models"
+    for source, part in READS[name]:
+        text = (models / source).read_text()
+        reads = set(re.findall(r"\bconfig\.([a-z_][a-z_0-9]*)", text)) - FRAMEWORK
+        have = cfg[part] if part else cfg
+        missing = sorted(reads - set(have))
+        assert not missing, f"{name}: {source} reads {missing}"
+
+
+def test_model_configs_shape():
+    llama = json.loads(LLAMA.read_text())
+    assert llama["num_hidden_layers"] == 32 and llama["hidden_size"] == 512
+    oss = json.loads((MODELS / "gpt_oss_swa" / "config.json").read_text())
+    assert "sliding_attention" in oss["layer_types"] and "full_attention" in oss["layer_types"]
+    assert len(oss["layer_types"]) == oss["num_hidden_layers"] and oss["sliding_window"]
+    kimi = json.loads((MODELS / "kimi_k25_tiny" / "config.json").read_text())
+    t, vis = kimi["text_config"], kimi["vision_config"]
+    assert t["num_hidden_layers"] == 2 and t["n_routed_experts"] == 8 and t["kv_lora_rank"]
+    assert vis["vt_num_hidden_layers"] == vis["num_hidden_layers"] == 1
+    assert (
+        vis["text_hidden_size"] == t["hidden_size"]
+        and kimi["media_placeholder_token_id"] < t["vocab_size"]
+    )
+
+
+@pytest.mark.parametrize("v", ["0.5.12.post1", "0.5.13"])
+def test_configs_parse_with_the_releases_own_model_config(v):
+    """Each config through the release's ModelConfig and get_tokenizer (a worker process, CPU
+    shims)."""
+    from sglab.sglang import run_probe
+
+    _pkg(v)
+    want = {
+        "llama_32x512": (False, False),
+        "gpt_oss_swa": (False, True),
+        "kimi_k25_tiny": (True, False),
+        "deepseek_v3_tiny": (False, False),
+    }
+    for name, (mm, swa) in want.items():
+        r = run_probe(
+            v,
+            "sglab.sglang.engine:probe_model_config",
+            {"config": str(MODELS / name / "config.json")},
+            timeout=600,
+        )
+        assert r.ok, (name, r.reason, r.traceback[-800:])
+        got = dict(zip(r.rows.metric, r.rows.value))
+        assert (got["is_multimodal"], got["is_hybrid_swa"]) == (mm, swa), name
+        assert got["tokenizer"].endswith(" 32000")
+        if swa:
+            assert got["swa_attention_layer_ids"] == [0, 2, 4, 6]
+
+
+# -- scenarios -------------------------------------------------------------------------------------
+def test_scenarios_build_their_specs():
+    names = {s.name for s in engine_plans.SCENARIOS}
+    assert {
+        "01-kimi-pcg",
+        "01-llama-pcg",
+        "03-bcg-requests",
+        "04-swa-kernels",
+        "02-ar-fusion",
+        "05-grid-thw",
+        "06-dense-tp1",
+    } <= names
+    kimi = engine_plans.scenario("01-kimi-pcg").specs()
+    by = {s.variant: s for s in kimi}
+    assert set(by) == {
+        f"{v}+{c}" for v in ("0.5.12.post1", "0.5.13") for c in ("default", "enforce", "pcg-off")
+    }
+    assert [a.name for a in by["0.5.12.post1+enforce"].adjustments] == [
+        "kimi-k25-post-load-weights"
+    ]
+    assert not by["0.5.13+enforce"].adjustments
+    assert "--enforce-piecewise-cuda-graph" in by["0.5.13+enforce"].server_args
+    assert (
+        by["0.5.13+default"].input_lens == (128, 256, 512, 1024)
+        and by["0.5.13+default"].repeats > 1
+    )
+    swa = {s.variant: s for s in engine_plans.scenario("04-swa-kernels").specs()}
+    assert set(swa) == {
+        "0.5.11+released",
+        "0.5.11+before",
+        "0.5.12.post1+released",
+        "0.5.13+released",
+    }
+    assert swa["0.5.11+before"].profile and swa["0.5.11+before"].adjustments[0].patch
+    assert [s.release for s in engine_plans.scenario("04-swa-kernels").specs(["0.5.13"])] == [
+        "0.5.13"
+    ]
+    for s in engine_plans.SCENARIOS:
+        assert s.model_config().is_file() and s.experiment == f"engine_{s.fix}"
+        assert s.specs(), s.name
+
+
+@pytest.mark.parametrize("name", ["02-ar-fusion", "05-grid-thw", "06-dense-tp1", "03-bcg-requests"])
+def test_multi_gpu_scenarios_build_arguments_each_release_accepts(tmp_path, name):
+    sc = engine_plans.scenario(name)
+    for spec in sc.specs():
+        if not release_installed(spec.release):
+            continue
+        prep = eng.prepare(spec, tmp_path / spec.variant, check=False)
+        if sc.gpus > 1:
+            assert spec.tp_size == sc.gpus
+        argv = prep.server_argv
+        assert argv[:2] == ["--model-path", str(prep.model_dir)]
+        flags = eng.release_flags(prep.env.package, spec.tool)
+        assert all(f in flags for f in eng._flag_names(argv)), spec.variant
+
+
+def test_model_package_for_the_kimi_adjustment_is_importable_by_name():
+    adj = eng.adjustment("kimi-k25-post-load-weights")
+    pkg = dict(adj.env)["SGLANG_EXTERNAL_MODEL_PACKAGE"]
+    folder = REPO / "lib" / Path(*pkg.split("."))
+    assert (folder / "__init__.py").is_file()
+    src = (folder / "kimi_k25.py").read_text()
+    assert "class KimiK25ForConditionalGeneration(_Released)" in src and "EntryClass" in src
+    import ast
+
+    cls = next(n for n in ast.parse(src).body if isinstance(n, ast.ClassDef))
+    assert [n.name for n in cls.body if isinstance(n, ast.FunctionDef)] == [
+        "post_load_weights"
+    ]  # gate kept
+    # the method equals 0.5.13's own
+    released = eng.function_source(
+        (_pkg("0.5.13") / "srt/models/kimi_k25.py").read_text(),
+        "KimiK25ForConditionalGeneration.post_load_weights",
+    )
+    ours = eng.function_source(src, "KimiK25ForConditionalGeneration.post_load_weights")
+    assert ours == released
+
+
+@pytest.mark.parametrize("v", ["0.5.12.post1", "0.5.13"])
+def test_traced_workspace_initialize_exists_with_its_arguments(v):
+    adj = eng.adjustment("trace-flashinfer-workspace")
+    params = adj.param_dict()
+    path = _pkg(v) / (params["module"].replace("sglang.", "", 1).replace(".", "/") + ".py")
+    src = eng.function_source(path.read_text(), params["qualname"])
+    head = src.split(")", 1)[0]
+    assert all(a in head for a in params["args"])

@@ -1,0 +1,187 @@
+"""The engine bundles' file selection (sglab.sglang.wheelhouse) on small stand-in wheels, and the
+size check."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from sglab.sglang import wheelhouse as wh
+
+
+def _wheel(path: Path, files: dict) -> Path:
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    return path
+
+
+def _members(tar_xz: Path) -> dict:
+    with lzma.open(tar_xz) as xz, tarfile.open(fileobj=xz) as t:
+        return {m.name: t.extractfile(m).read() for m in t.getmembers()}
+
+
+KERNEL = {
+    "sgl_kernel/__init__.py": b"x",
+    "sgl_kernel/load_utils.py": b"x",
+    "sgl_kernel/quantization/gguf.py": b"x",
+    "sgl_kernel/flash_ops.abi3.so": b"big",
+    "sgl_kernel/sm100/common_ops.abi3.so": b"blackwell",
+    "sgl_kernel/sm90/common_ops.abi3.so": b"hopper",
+    "sgl_kernel/flashmla_ops.abi3.so": b"small",
+    "sgl_kernel/spatial_ops.abi3.so": b"small",
+    "lib/mscclpp.so.0.6.0": b"x",
+    "lib/libmscclpp_static.a": b"x",
+    "lib64/cmake/dlpack/dlpackConfig.cmake": b"x",
+    "include/mscclpp/core.hpp": b"x",
+    "_mscclpp.cpython-310-x86_64-linux-gnu.so": b"x",
+    "deep_gemm/__init__.py": b"x",
+    "deep_gemm/deep_gemm_cpp.abi3.so": b"x",
+    "deep_gemm/include/cute/arch/mma_sm90.hpp": b"x",
+    "triton_kernels/matmul_ogs.py": b"x",
+    "sglang_kernel-0.4.3.dist-info/METADATA": b"Name: sglang-kernel\n",
+}
+FLASHINFER = {
+    "flashinfer/__init__.py": b"x",
+    "flashinfer/norm/__init__.py": b"x",
+    "flashinfer/data/include/a.cuh": b"x",
+    "flashinfer/data/csrc/norm.cu": b"x",
+    "flashinfer/data/spdlog/include/spdlog.h": b"x",
+    "flashinfer/data/cutlass/include/cutlass.h": b"x",
+    "flashinfer/data/cccl/cub/cub.cuh": b"x",
+    "build_backend.py": b"x",
+    "flashinfer_python-0.6.12.dist-info/METADATA": b"Name: flashinfer-python\n",
+}
+SGLANG = {
+    "sglang/__init__.py": b"x",
+    "sglang/srt/server_args.py": b"x",
+    "sglang/srt/grpc/_core.cpython-312-x86_64-linux-gnu.so": b"x",
+    "sglang/srt/x.so.1": b"x",
+    "sglang-0.5.13.dist-info/METADATA": (
+        b"Name: sglang\nVersion: 0.5.13\nRequires-Dist: torch==2.11.0\nRequires-Dist: "
+        b"sglang-kernel==0.4.3\n"
+        b"Requires-Dist: flashinfer_python[cu13]==0.6.12\nRequires-Dist: transformers==5.8.1\n"
+        b'Requires-Dist: numpy\nRequires-Dist: pytest==8.0; extra == "test"\n'
+    ),
+}
+
+
+def test_kernel_layer_keeps_python_sm90_and_small_ops(tmp_path):
+    out = tmp_path / "k.tar.xz"
+    n, _ = wh.layer(out, [("kernel", _wheel(tmp_path / "k.whl", KERNEL))])
+    got = set(_members(out))
+    assert got == {
+        "sgl_kernel/__init__.py",
+        "sgl_kernel/load_utils.py",
+        "sgl_kernel/quantization/gguf.py",
+        "sgl_kernel/sm90/common_ops.abi3.so",
+        "sgl_kernel/flashmla_ops.abi3.so",
+        "sgl_kernel/spatial_ops.abi3.so",
+        "deep_gemm/__init__.py",
+        "deep_gemm/deep_gemm_cpp.abi3.so",
+        "triton_kernels/matmul_ogs.py",
+        "sglang_kernel-0.4.3.dist-info/METADATA",
+    }
+    assert n == len(got)
+
+
+def test_flashinfer_layer_keeps_the_norm_jit_sources(tmp_path):
+    slim, full = tmp_path / "f.tar.xz", tmp_path / "full.tar.xz"
+    w = _wheel(tmp_path / "f.whl", FLASHINFER)
+    wh.layer(slim, [("flashinfer", w)])
+    wh.layer(full, [("flashinfer-full", w)])
+    got = set(_members(slim))
+    assert {
+        "flashinfer/data/include/a.cuh",
+        "flashinfer/data/csrc/norm.cu",
+        "flashinfer/data/spdlog/include/spdlog.h",
+        "flashinfer/norm/__init__.py",
+    } <= got
+    assert not any("cutlass" in n or "cccl" in n or n == "build_backend.py" for n in got)
+    assert {"flashinfer/data/cutlass/include/cutlass.h", "flashinfer/data/cccl/cub/cub.cuh"} <= set(
+        _members(full)
+    )
+
+
+def test_release_layer_drops_sglangs_compiled_files_and_reads_its_pins(tmp_path):
+    sg = _wheel(tmp_path / "sglang-0.5.13-cp312-cp312-manylinux_2_34_x86_64.whl", SGLANG)
+    assert wh.wheel_pins(sg) == {
+        "torch": "2.11.0",
+        "sglang-kernel": "0.4.3",
+        "flashinfer-python": "0.6.12",
+        "transformers": "5.8.1",
+    }
+    out = tmp_path / "release.tar.xz"
+    wh.layer(
+        out,
+        [
+            ("sglang", sg),
+            ("kernel", _wheel(tmp_path / "k.whl", KERNEL)),
+            ("flashinfer", _wheel(tmp_path / "f.whl", FLASHINFER)),
+        ],
+    )
+    got = _members(out)
+    assert "sglang/srt/server_args.py" in got and "sglang-0.5.13.dist-info/METADATA" in got
+    assert not any(n.startswith("sglang/") and ".so" in n for n in got)
+    assert "sgl_kernel/sm90/common_ops.abi3.so" in got and "flashinfer/data/csrc/norm.cu" in got
+
+
+def test_plain_layer_never_carries_the_images_torch_stack(tmp_path):
+    w = _wheel(
+        tmp_path / "d.whl",
+        {
+            "numpy/__init__.py": b"x",
+            "torch/__init__.py": b"x",
+            "orjson/__init__.py": b"x",
+            "pkg-1.0.data/purelib/pkg/__init__.py": b"x",
+            "pkg-1.0.data/scripts/tool": b"x",
+        },
+    )
+    out = tmp_path / "d.tar.xz"
+    wh.layer(out, [("plain", w)])
+    assert set(_members(out)) == {"orjson/__init__.py", "pkg/__init__.py"}
+    with pytest.raises(ValueError, match="unknown layer kind"):
+        wh.layer(out, [("nope", w)])
+
+
+def test_layers_are_reproducible(tmp_path):
+    w = _wheel(tmp_path / "k.whl", KERNEL)
+    a, b = tmp_path / "a.tar.xz", tmp_path / "b.tar.xz"
+    wh.layer(a, [("kernel", w)])
+    wh.layer(b, [("kernel", w)])
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_size_check_fails_when_two_releases_do_not_fit(tmp_path):
+    for name, mib in (
+        ("release-A.tar.xz", 20),
+        ("release-B.tar.xz", 21),
+        ("common.tar.xz", 8),
+        ("transformers-1.tar.xz", 3),
+        ("transformers-2.tar.xz", 3),
+    ):
+        (tmp_path / name).write_bytes(b"\0" * (mib * 2**20))
+    (tmp_path / "bundles.json").write_text(
+        json.dumps(
+            {
+                "A": ["release-A.tar.xz", "transformers-1.tar.xz", "common.tar.xz"],
+                "B": ["release-B.tar.xz", "transformers-2.tar.xz", "common.tar.xz"],
+            }
+        )
+    )
+    lines, ok = wh.check_bundles(tmp_path, 56)
+    assert ok and "sglang A + B: 55.0 MiB fits (56 MiB for two)" in lines
+    assert "sglang A: 31.0 MiB (release-A.tar.xz + transformers-1.tar.xz + common.tar.xz)" in lines
+    lines, ok = wh.check_bundles(tmp_path, 50)
+    assert not ok and any("DOES NOT FIT" in ln for ln in lines)
+
+
+def test_the_script_names_the_pieces_and_the_limit():
+    text = (Path(__file__).resolve().parents[2] / "scripts" / "wheelhouse-engine.sh").read_text()
+    assert "engine-layer" in text and "engine-check" in text and "PAIR_LIMIT_MIB" in text
+    assert "fastapi<0.142" in wh.ENGINE_DEPS and "apache-tvm-ffi==0.1.9" in wh.ENGINE_DEPS

@@ -1,0 +1,223 @@
+"""An engine's process group never outlives its run (a scheduler left behind holds ~25 GiB of GPU
+memory), and recording an engine run writes nothing partial when interrupted. CPU only: stand-in
+process trees."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from sglab.core import runs
+from sglab.sglang import engine as eng
+
+psutil = pytest.importorskip("psutil")
+
+TREE = textwrap.dedent("""
+    import os, subprocess, sys, time
+    sleep = [sys.executable, "-c", "import time; time.sleep(300)"]
+    kids = [subprocess.Popen(sleep) for _ in range(2)]
+    print("pids", os.getpid(), *[k.pid for k in kids], flush=True)
+    if sys.argv[1] == "escape":   # a grandchild in a new session, found by the run's marker
+        subprocess.Popen([sys.executable, "-c", "import os, time; os.setsid(); time.sleep(300)"])
+        time.sleep(1)
+    if sys.argv[1] in ("exit", "escape"):
+        sys.exit(0)                # the leader exits, its children stay in the group
+    if sys.argv[1] == "crash":
+        raise RuntimeError("Not enough memory. Please try to increase --mem-fraction-static.")
+    time.sleep(300)                # a hang
+""")
+
+
+def _gone(pgid: int, timeout: float = 10.0) -> bool:
+    """No process of the group remains (zombies awaiting their reaper hold nothing and are not
+    counted)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        alive = [
+            p
+            for p in psutil.process_iter(["status"])
+            if _pgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE
+        ]
+        if not alive:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _pgid(pid: int):
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+def _pids(log: Path) -> list[int]:
+    for line in log.read_text().splitlines():
+        if line.startswith("pids "):
+            return [int(x) for x in line.split()[1:]]
+    return []
+
+
+def _launch(tmp_path, mode: str, timeout: float, marker: str = ""):
+    script = tmp_path / "tree.py"
+    script.write_text(TREE)
+    env = dict(os.environ, SGLAB_ENGINE_RUN=marker) if marker else None
+    lines = []
+    ex = eng.launch(
+        [sys.executable, str(script), mode],
+        log=tmp_path / "engine.log",
+        timeout=timeout,
+        env=env,
+        marker=marker,
+        on_line=lines.append,
+    )
+    return ex, lines
+
+
+def test_timeout_stops_the_whole_group(tmp_path):
+    t0 = time.monotonic()
+    ex, lines = _launch(tmp_path, "hang", timeout=3)
+    assert ex.timed_out and ex.returncode is None
+    assert time.monotonic() - t0 < 30
+    assert _gone(ex.pid), "a process of the engine's group is still alive"
+    for pid in _pids(tmp_path / "engine.log"):
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert any(line.startswith("pids ") for line in lines)  # progress saw the streamed log
+    assert len(ex.leftovers) == 2  # the two grandchildren, named
+
+
+def test_children_left_after_a_normal_exit_are_reported_and_killed(tmp_path):
+    ex, _ = _launch(tmp_path, "exit", timeout=60)
+    assert ex.returncode == 0 and not ex.timed_out
+    assert len(ex.leftovers) == 2 and not ex.survivors
+    assert _gone(ex.pid)
+
+
+def test_a_process_that_left_the_group_is_found_by_the_run_marker(tmp_path):
+    marker = "test-" + os.urandom(6).hex()
+    ex, _ = _launch(tmp_path, "escape", timeout=60, marker=marker)
+    assert len(ex.leftovers) == 3
+    time.sleep(0.5)
+    assert not [
+        p
+        for p in psutil.process_iter()
+        if _environ(p).get("SGLAB_ENGINE_RUN") == marker and p.status() != psutil.STATUS_ZOMBIE
+    ]
+
+
+def _environ(p) -> dict:
+    try:
+        return p.environ()
+    except psutil.Error:
+        return {}
+
+
+def test_crash_gives_sglangs_line_and_nothing_left(tmp_path):
+    ex, _ = _launch(tmp_path, "crash", timeout=60)
+    assert ex.returncode == 1
+    assert eng.first_error((tmp_path / "engine.log").read_text()) == (
+        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."
+    )
+    assert _gone(ex.pid)
+
+
+def _result(tmp_path) -> eng.EngineResult:
+    cfg = Path(__file__).resolve().parents[2] / "data" / "models" / "llama_32x512" / "config.json"
+    spec = eng.EngineSpec(
+        "0.5.13",
+        cfg,
+        input_lens=(128,),
+        repeats=2,
+        case="pcg",
+        adjustments=(eng.adjustment("kimi-k25-post-load-weights"),),
+    )
+    log = tmp_path / "engine.log"
+    log.write_text(
+        "Benchmark ...\nPrefill. latency: 0.01320 s, throughput:   9696.97 token/s\n"
+        "Prefill. latency: 0.01400 s, throughput:   9142.86 token/s\n"
+    )
+    d = eng.read_log(log.read_text())
+    return eng.EngineResult(
+        spec,
+        "ok",
+        log=log,
+        decisions=d,
+        bench=eng.bench_results(d, spec),
+        found={"torch": "2.11.0+cu130", "sglang-kernel": "0.4.3"},
+        pins={"torch": "2.11.0"},
+        server_argv=["--model-path", "m"],
+        sglang_command=["python", "-m", "sglang.bench_one_batch"],
+    )
+
+
+def test_record_is_one_run_with_its_manifest(tmp_path):
+    path = eng.record([_result(tmp_path)], "pcg_gate", root=tmp_path / "runs")
+    run = runs.read_run(path)
+    assert run.manifest["experiment"] == "engine_pcg_gate"
+    er = run.manifest["engine_runs"][0]
+    assert er["release"] == "0.5.13" and er["versions"]["sglang-kernel"] == "0.4.3"
+    assert (
+        er["adjustments"][0]["name"] == "kimi-k25-post-load-weights"
+        and er["adjustments"][0]["reason"]
+    )
+    assert (
+        er["model"]["name"] == "llama_32x512" and er["model"]["config"]["num_hidden_layers"] == 32
+    )
+    assert er["command"].startswith("python -m sglang.bench_one_batch")
+    assert set(run.df["variant"]) == {"0.5.13+pcg"}
+    assert run.sidecar("log_0").is_file()
+
+
+@pytest.mark.parametrize("at", [1, 2, 3])
+def test_interrupted_record_leaves_no_run_and_no_temporary_file(tmp_path, monkeypatch, at):
+    """Ctrl-C while the sidecar, the CSV or the manifest is being moved into place: no run appears
+    and no temporary file stays; the files already in place are whole (each one renamed atomically).
+    """
+    real, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == at:
+            raise KeyboardInterrupt
+        return real(src, dst)
+
+    monkeypatch.setattr(runs.os, "replace", replace)
+    root = tmp_path / "runs"
+    with pytest.raises(KeyboardInterrupt):
+        eng.record([_result(tmp_path)], "pcg_gate", root=root)
+    folder = root / "engine_pcg_gate"
+    assert runs.list_runs("engine_pcg_gate", root=root) == []
+    assert not [p for p in folder.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_real_release_that_cannot_start_here_gives_one_line(tmp_path):
+    """The whole path with a real release on this CPU box (pin check skipped): it starts, fails
+    at its first import of a GPU package, and the result is SGLang's own line plus the log; nothing
+    is left."""
+    import importlib.util
+
+    from sglab.sglang.releases import release_installed
+
+    if not release_installed("0.5.13"):
+        pytest.skip("sglang 0.5.13 is not installed")
+    if importlib.util.find_spec("triton") is not None:
+        pytest.skip("triton is importable here: the release would get further than its imports")
+    cfg = Path(__file__).resolve().parents[2] / "data" / "models" / "llama_32x512" / "config.json"
+    spec = eng.EngineSpec("0.5.13", cfg, input_lens=(128,), timeout=300)
+    lines = []
+    res = eng.run(spec, work=tmp_path, check=False, echo=lines.append)
+    assert res.status == "error" and not res.leftovers
+    log = tmp_path / "engine.log"
+    assert res.error == f"ModuleNotFoundError: No module named 'triton' (log: {log})"
+    assert lines[0].startswith("[sglab] sglang 0.5.13: starting bench_one_batch")
+    text = "\n".join(eng.summary(res))
+    assert "No module named 'triton'" in text and "piecewise" not in text
