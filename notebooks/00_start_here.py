@@ -11,12 +11,14 @@
 # %% [markdown]
 # # sglab — start here
 #
-# **sglab rebuilds real SGLang fixes with plain PyTorch, runs each one before and after on GPUs, and shows
-# the difference.** Each notebook takes one upstream change, rebuilds the mechanism small enough to read side by
-# side with the diff (`lib/sglab/fixes/`), measures it (`lib/sglab/experiments/`), and explains what the numbers
-# say.
+# **sglab rebuilds real SGLang fixes with plain PyTorch, runs each one before and after on GPUs, and
+# checks the rebuild against real SGLang.** Each notebook takes one upstream change: the mechanism
+# rebuilt small enough to read beside the released hunk, the lesson run in cells, the real releases'
+# code (and engines) beside it, the measurement on GPUs, the profiler's picture, and a verdict over
+# claims written as code.
 #
-# This notebook checks what this machine can do, lists the notebooks, and explains live and recorded modes.
+# This notebook checks what this machine can do, lists the notebooks, and explains live and
+# recorded modes.
 
 # %% tags=["parameters"]
 MODE = "auto"  # "auto" | "live" | "recorded"
@@ -24,34 +26,32 @@ MODE = "auto"  # "auto" | "live" | "recorded"
 # %%
 import pandas as pd
 
-from sglab.core import runs
-from sglab.core import notebook as nb
-from sglab.tools import fixes
-from sglab.tools.report import env_report
+from sglab.core.notebook import Workbook
+from sglab.tools import fixes, report
 
-wb = nb.Workbook(experiment="start_here", gpus=0, mode=MODE)
+wb = Workbook(experiment="start_here", gpus=0, mode=MODE)
 
 # %% [markdown]
 # ## This machine
 #
-# The report below is what `sglab env` prints: GPUs, driver, the tools the measurements use (NVML for
-# per-process memory, cuda-bindings for counting the kernel nodes of a captured CUDA graph, the nsight-python
-# backend for kernel timing), and whether the real SGLang package is installed for the upstream cross-checks.
+# What `sglab env` prints: GPUs, driver, the tools the measurements use (NVML for per-process
+# memory, cuda-bindings for counting the kernel nodes of a captured CUDA graph, the nsight-python
+# backend for kernel timing), and the real SGLang releases installed beside the workbook.
 
 # %%
-pd.DataFrame(env_report(), columns=["item", "value"]).style.hide(axis="index")
+pd.DataFrame(report.env_report(), columns=["item", "value"]).style.hide(axis="index")
 
 # %% [markdown]
 # ## The notebooks
 #
-# "Live here" says whether this machine has the GPUs a notebook's measurements need. Where it does not, the
-# notebook shows the committed recorded run instead (its GPU, count, driver, torch and date are printed with
-# every result), and still runs every CPU part live. "Live time" is how long the notebook takes when it measures
-# live, from the newest committed `sglab run --timings` record per GPU model (`data/recorded/workbook/`).
+# "Live here" says whether this machine has the GPUs a notebook's measurements need. Where it does
+# not, the notebook shows the committed recorded run instead (its GPU, count, driver, torch and date
+# are printed with every result), and still runs every CPU part live. "Live time" is how long the
+# notebook takes when it measures live, from the newest committed `sglab run --timings` record per
+# GPU model (`data/recorded/workbook/`).
 
 # %%
-index = fixes.overview()
-index
+fixes.overview()
 
 # %% [markdown]
 # ## Live and recorded
@@ -60,36 +60,31 @@ index
 #
 # | MODE | enough GPUs here | not enough GPUs |
 # |---|---|---|
-# | `auto` | measures live, saves the run under `data/runs/` | shows the newest committed run from `data/recorded/` |
+# | `auto` | measures live, saves the run under `data/runs/` | shows the newest committed run |
 # | `live` | measures live | stops with a clear error |
 # | `recorded` | shows the committed run | shows the committed run |
 #
-# Cells that need a GPU are tagged `needs-gpu`; a headless run without CUDA skips them
-# (`sglab run`, `make workbook`). Nothing is ever invented: without a GPU and without a recorded run, a notebook
-# says that it has nothing to show.
+# Nothing is ever invented: without a GPU and without a recorded run, a GPU section says "no GPU run
+# to show" and why. A run is a tidy CSV (`experiment, variant, <parameters>, metric, value, unit`)
+# with a JSON manifest (method version, UTC time, git commit, GPU model and count, driver, CUDA,
+# torch, Python, parameters) and its sidecar files. `sglab publish data/runs/<fix>/<run>.csv` copies a
+# live run with its sidecars into `data/recorded/<fix>/`, where readers without GPUs see it.
 #
-# A run is a tidy CSV (`experiment, variant, <parameters>, metric, value, unit`) with a JSON manifest (method
-# version, UTC time, git commit, GPU model and count, driver, CUDA, torch, Python, parameters). To make a live
-# run the reference that readers without GPUs see, copy its two files from `data/runs/<experiment>/` to
-# `data/recorded/<experiment>/` and commit them (`sglab record EXPERIMENT --recorded` writes there directly).
-
-# %%
-pd.DataFrame([{"folder": f"data/{k}", "what": w, "files": sum(1 for _ in runs.data_dir(k).rglob("*.csv"))}
-              for k, w in [("recorded", "committed reference runs"), ("runs", "this machine's live runs (git-ignored)"),
-                           ("traces", "generated inputs")]])
-
-# %% [markdown]
+# ## One folder per fix
+#
+# Each fix lives in `lib/sglab/<fix>/`: `rebuild.py` (the PR-era mechanism, one section per upstream
+# file), `measure.py` (the GPU run), `show.py` (tables and figures), `claims.py` (what every run must
+# show) and `sglang.py` (the fix's record, its source check and its real-release probes). The
+# notebook imports those five and calls `rebuild` in its cells. `docs/structure.md` draws the house
+# on one page; `docs/operating.md` says how to run it on GPU machines.
+#
 # ## Adding a notebook
 #
-# 1. `lib/sglab/fixes/<name>.py` — the upstream mechanism, PR-era, with a before/after switch; its docstring names
-#    the upstream file and symbol it mirrors. No measuring here.
-# 2. `lib/sglab/experiments/<name>.py` — `EXPERIMENT`, `METHOD_VERSION`, `GPUS`, `DEFAULT_PARAMS`, and
-#    `run(params) -> DataFrame` (tidy rows via `sglab.core.runs.tidy`); register an upstream check with
-#    `sglab.sglang.upstream.register`.
-# 3. `tests/test_<name>.py` (CPU, exact assertions) and `tests/test_<name>_gpu.py` (`@pytest.mark.gpu`).
-# 4. `notebooks/NN_<name>.py` (jupytext percent, the reviewed source), then `sglab sync` writes the `.ipynb`
-#    without outputs. The anatomy: claim and PR link → `parameters` cell → `Workbook(...)` banner → the problem →
-#    rebuild before/after → measure (`needs-gpu`) or load the recorded run → analyse and plot (captions carry GPU
-#    and date) → takeaways.
-# 5. Add the notebook to `sglab.tools.catalog.NOTEBOOKS` and to the README index; record a run on GPUs with
-#    `sglab record <name>` and commit it under `data/recorded/`.
+# 1. `lib/sglab/<fix>/rebuild.py`: the upstream mechanism, PR-era, with a before/after switch; each
+#    section names the upstream file and symbol it mirrors. No measuring.
+# 2. `measure.py` (`EXPERIMENT`, `METHOD_VERSION`, `GPUS`, `DEFAULT_PARAMS`, `run(params)`),
+#    `show.py`, `claims.py` (`CLAIM`, at most five `CLAIMS`, `shown`, `HEADLINE`) and `sglang.py`
+#    (the record `FIX`: PRs, check, hunk specs, probe).
+# 3. Add `FIX` to `sglab.tools.fixes.FIXES`; `sglab upstream --releases` cuts the released hunks.
+# 4. `tests/<fix>/` (CPU, exact assertions; GPU tests marked `gpu`), `notebooks/NN_<fix>.py`, then
+#    `sglab sync`; record a run on GPUs (`sglab record <fix> --recorded`) and `sglab index`.

@@ -15,12 +15,13 @@
 # layers are here). The JIT caches (FlashInfer's norm kernel, SGLang's tvm-ffi kernels, Triton)
 # stay in $HOME/.cache and $HOME/.triton between engine starts: the first capture on a fresh
 # machine takes 66-90 s, later ones about 2 s. Writes $OUT/engine.tgz (runs/engine_<fix>/, logs/,
-# summary.txt) and $OUT/summary.txt.
+# summary.txt; rewritten after every step) and $OUT/summary.txt. ENGINE_TIMEOUT caps each engine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-engine-gpu-out}
 BUNDLES=${BUNDLES:-.whl-engine}
 ENGINE_HOME=${ENGINE_HOME:-/tmp/sglab-engine-home}
+WORK=${WORK:-/tmp/sglab-engine-work}  # model folders and engine logs (outside $OUT: few files come back)
 py=${PYTHON:-python3}
 export PYTHONPATH="$PWD/lib${PYTHONPATH:+:$PYTHONPATH}" SGLAB_ENGINE_HOME="$ENGINE_HOME"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TOKENIZERS_PARALLELISM=false
@@ -84,8 +85,18 @@ step() {  # step NAME ARGS...: one `sglab engine` invocation, its output in logs
   rc=$?
   summary+=("$name rc=$rc $((SECONDS - t0))s")
   echo "--- $name rc=$rc $((SECONDS - t0))s"
+  [ $dry = 1 ] || pack  # after every step: a call cut short still brings back what ran
 }
-common=(--record --out "$OUT/runs" --work "$OUT/work")
+pack() {  # the command logs, every engine's log (gzipped) and the runs so far -> $OUT/engine.tgz
+  for d in "$WORK"/*/; do
+    [ -f "$d/engine.log" ] || continue
+    gzip -c "$d/engine.log" > "$OUT/logs/$(basename "$d" | tr '+' '_').engine.log.gz"
+  done
+  printf '%s\n' "${summary[@]}" > "$OUT/summary.txt"
+  tar czf "$OUT/engine.tgz.tmp" -C "$OUT" summary.txt logs runs && mv "$OUT/engine.tgz.tmp" "$OUT/engine.tgz"
+}
+common=(--record --out "$OUT/runs" --work "$WORK")
+if [ -n "${ENGINE_TIMEOUT:-}" ]; then common+=(--timeout "$ENGINE_TIMEOUT"); fi
 if [ $dry = 1 ]; then common=(--dry-run); fi
 if [ -n "$plan" ]; then
   mapfile -t more < <("$py" -c 'import sys; from sglab.sglang.engine_plans import plan
@@ -96,14 +107,9 @@ for s in "${scenarios[@]}"; do step "$s" --scenario "$s" "${rel_args[@]}" "${com
 if [ ${#free[@]} -gt 0 ]; then step engine "${common[@]}" "${free[@]}"; fi
 if [ $dry = 1 ]; then exit 0; fi
 
-# every engine's own log beside the command logs, then one archive and the summary (at most 8 files
-# come back from a GPU box)
-for d in "$OUT"/work/*/; do
-  [ -f "$d/engine.log" ] || continue
-  gzip -c "$d/engine.log" > "$OUT/logs/$(basename "$d" | tr '+' '_').engine.log.gz"
-done
-printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
-tar czf "$OUT/engine.tgz" -C "$OUT" summary.txt logs runs
-rm -rf "$OUT/work" "$OUT/logs" "$OUT/runs"
+# one archive and the summary (at most 8 files come back from a GPU box)
+pack
+cat "$OUT/summary.txt"
+rm -rf "$WORK" "$OUT/logs" "$OUT/runs"
 echo "packed $OUT/engine.tgz ($(du -k "$OUT/engine.tgz" | cut -f1) KiB)"
 ! grep -q "rc=[1-9]" "$OUT/summary.txt"

@@ -1,5 +1,5 @@
-"""JupyterLab in a real browser: 00 and 04 open from the file browser's listing (each notebook
-once), run every cell with no error or stderr output, draw their plots, keep wide outputs
+"""JupyterLab in a real browser: every notebook opens from the file browser's listing (each notebook
+once), runs every cell with no error or stderr output, draws its plots, keeps wide outputs
 scrollable, and a save after the session leaves both files of each pair exactly as committed.
 Screenshots go to reports/screenshots/.
 
@@ -23,9 +23,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "reports" / "screenshots"
-NOTEBOOKS = ("00_start_here", "04_swa_loc")
-# a screenshot each
-SECTION_SHOT = {"00_start_here": "The notebooks", "04_swa_loc": "Replay time (GPU)"}
+NOTEBOOKS = tuple(sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
+SHOT_SECTION = "Verdict"  # a screenshot of each notebook there (00: "The notebooks")
 CHROMIUM = next((p for p in (os.environ.get("SGLAB_CHROMIUM"), "/usr/bin/chromium",
                              shutil.which("chromium"),
                              shutil.which("chromium-browser")) if p and Path(p).exists()), None)
@@ -55,8 +54,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """A JupyterLab server with the workbook's settings on a copy of 00 and 04 (a failing test must
-    not leave the checkout's notebooks changed); yields (url, token, folder)."""
+    """A JupyterLab server with the workbook's settings on a copy of the notebooks (a failing test
+    must not leave the checkout's notebooks changed); yields (url, token, folder)."""
     why = _missing()
     if why:
         if IN_CI:
@@ -164,15 +163,13 @@ def test_notebook_runs_in_jupyterlab(lab, browser, stem):
                                ".some(e => e.textContent.trim() === name)", arg=f"{stem}.ipynb",
                                timeout=30_000)
         listed = page.locator(".jp-DirListing-itemText").all_inner_texts()
-        assert sorted(n for n in listed if n.startswith(("00_",
-                                                         "04_"))) == [f"{s}.ipynb"
-                                                                      for s in NOTEBOOKS], listed
+        assert sorted(n for n in listed if n[:2].isdigit()) == [f"{s}.ipynb" for s in NOTEBOOKS]
         page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
         page.wait_for_function(ALL_RAN, timeout=300_000, polling=500)
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.evaluate("name => Array.from(document.querySelectorAll('.jp-MarkdownOutput h2'))"
                       ".find(h => h.textContent.startsWith(name)).scrollIntoView()",
-                      SECTION_SHOT[stem])
+                      "The notebooks" if stem == "00_start_here" else SHOT_SECTION)
         page.screenshot(path=str(SHOTS / f"{stem}-section.png"))
         errors = page.evaluate(ERRORS)
         assert not errors, f"{stem}: a cell shows an error or stderr output:\n" + "\n---\n".join(errors)

@@ -249,8 +249,8 @@ def beside(fix, rebuilt, *, pr: int | None = None, symbol: str | None = None, si
 _STYLE = {"+": "background:#e6ffec;color:#1a7f37", "-": "background:#ffebe9;color:#b42318",
           "@": "background:#eef4fb;color:#4a6fa5", "#": "color:#6e7781;font-weight:bold", " ": ""}
 _PRE = ("font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px;line-height:1.35;"
-        "margin:0;padding:6px 8px;overflow-x:auto;border:1px solid "
-        "#d0d7de;border-radius:4px;background:#fff")
+        "margin:0;padding:6px 8px;overflow-x:auto;border:1px solid #d0d7de;border-radius:4px;"
+        "background:#fff;white-space:pre;word-break:normal;overflow-wrap:normal")
 
 
 class Rendered:
@@ -330,7 +330,8 @@ def render_beside(hunk, rebuilt, *, symbol: str | None = None, side: str = "afte
     left_title = f"sglang {version} · {symbol}"
     right_title, right = _source_of(rebuilt)
     cell = 'style="vertical-align:top;padding:0 6px;width:50%;text-align:left"'
-    html_text = (f"<table style='width:100%;border-collapse:collapse'><tr><th "
+    # fixed layout: each side keeps half the width and scrolls its own long lines (never wraps them)
+    html_text = (f"<table style='width:100%;table-layout:fixed;border-collapse:collapse'><tr><th "
                  f"{cell}>{html.escape(left_title)}</th>"
                  f"<th {cell}>{html.escape('rebuilt: ' + right_title)}</th></tr><tr>"
                  f"<td {cell}>{code_html(blocks[symbol])}</td><td "

@@ -79,6 +79,22 @@ def cmd_real(args) -> int:
 
 # -- record
 # --------------------------------------------------------------------------------------------------
+def cmd_publish(args) -> int:
+    """A live run (its CSV, manifest and every sidecar) copied into data/recorded/<experiment>/."""
+    from sglab.core import runs
+    from sglab.tools import verify
+
+    try:
+        run = verify.load_run(args.run)
+    except verify.BadInput as e:
+        print(f"sglab publish: {e}", file=sys.stderr)
+        return 2
+    dest = runs.promote(run.path)
+    print(f"published {run.path.name} → {dest.parent} ({len(run.manifest.get('sidecars') or {})} "
+          "sidecar(s) with it); `sglab verify` it, then commit that folder")
+    return 0
+
+
 def cmd_record(args) -> int:
     from sglab.tools import fixes, verify
 
@@ -222,7 +238,7 @@ def _resolve_notebooks(names: list[str]) -> list[Path]:
     for n in names:
         match = [p for p in all_nbs if p.stem == Path(n).stem or p.name.startswith(n)]
         if not match:
-            raise SystemExit(f"no notebook matches {n!r}; have: "
+            raise ValueError(f"no notebook matches {n!r}; have: "
                              f"{', '.join(p.stem for p in all_nbs)}")
         picked.extend(match)
     return list(dict.fromkeys(picked))
@@ -236,7 +252,11 @@ def cmd_run(args) -> int:
     if args.record and not args.timings:
         print("sglab run: --record saves the timings; it needs --timings", file=sys.stderr)
         return 2
-    paths = _resolve_notebooks(args.notebooks)
+    try:
+        paths = _resolve_notebooks(args.notebooks)
+    except ValueError as e:
+        print(f"sglab run: {e}", file=sys.stderr)
+        return 2
     out = Path(args.out) if args.out else repo_root() / "reports"
     params = _parse_params(args.param)
     t0 = time.perf_counter()
@@ -284,6 +304,9 @@ def _workbook_commands(sub) -> None:
                    help="write into data/recorded/ instead of data/runs/")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_record)
+    p = sub.add_parser("publish", help="copy a live run with its sidecars into data/recorded/")
+    p.add_argument("run", help="a run's CSV under data/runs/<experiment>/")
+    p.set_defaults(fn=cmd_publish)
     p = sub.add_parser("sync", help="write notebooks' .ipynb from their .py")
     p.add_argument("--check", action="store_true")
     p.set_defaults(fn=cmd_sync)

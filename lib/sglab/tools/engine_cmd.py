@@ -60,7 +60,8 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--case", default="", help="label of this run (variant release+case)")
     p.add_argument(
-        "--timeout", type=float, default=900.0, help="seconds before the whole engine is stopped"
+        "--timeout", type=float, default=None,
+        help="seconds before the whole engine is stopped (default 900, or the scenario's)"
     )
     p.add_argument(
         "--scenario", action="append", default=[], metavar="NAME", help="a scenario of engine_plans"
@@ -97,7 +98,12 @@ def _groups(args):
             raise KeyError(f"no scenario for notebook {args.plan}")
         picked += found
     if picked:
-        return [(s.fix, s.name, s.specs(args.release)) for s in picked]
+        from dataclasses import replace
+
+        def timed(specs):
+            return [replace(sp, timeout=args.timeout) for sp in specs] if args.timeout else specs
+
+        return [(s.fix, s.name, timed(s.specs(args.release))) for s in picked]
     if not args.release or not args.model:
         raise eng.EngineError("give --release and --model (or --scenario / --plan / --list)")
     argv = list(args.server_args)
@@ -116,7 +122,7 @@ def _groups(args):
             requests=tuple(args.requests),
             profile=args.profile,
             case=args.case,
-            timeout=args.timeout,
+            timeout=args.timeout or eng.DEFAULT_TIMEOUT_S,
             adjustments=tuple(eng.adjustment(a) for a in args.adjust),
         )
         for v in args.release

@@ -192,6 +192,12 @@ def _card_status(r) -> str:
             "· " f"{r.seconds:.1f} s{skipped}")
 
 
+def inline_markdown(text: str) -> str:
+    """Escaped text with its `code` spans as <code> (claims are written in markdown)."""
+    parts = html.escape(text).split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+
 def card(r, live_time: str) -> str:
     """The HTML of one notebook's card."""
     from sglab.tools.fixes import by_stem
@@ -205,12 +211,12 @@ def card(r, live_time: str) -> str:
            else "<div class='nofig'>no figure</div>")
     verdicts = "".join(f"<div class='meta'>verdict: {html.escape(v)}</div>"
                        for v in facts["verdicts"])
-    headline = (f"<p class='headline'><b>{html.escape(facts['headline'])}</b> "
+    headline = (f"<p class='headline'><b>{inline_markdown(facts['headline'])}</b> "
                 f"<small>({facts['source']})</small></p>" if facts["headline"] else "")
     err = f"<pre>{html.escape(r.error[-3000:])}</pre>" if r.error else ""
-    return (f"<div class='card'>{fig}<div class='text'><h2><a "
-            f"href='{html.escape(r.path.stem)}.html'>"
-            f"{html.escape(title)}</a></h2><p>{html.escape(facts['claim'])}</p>{headline}{verdicts}"
+    link = f"<h2><a href='{html.escape(r.path.stem)}.html'>{html.escape(title)}</a></h2>"
+    return (f"<div class='card'>{fig}<div class='text'>{link}"
+            f"<p>{inline_markdown(facts['claim'])}</p>{headline}{verdicts}"
             f"<div class='meta'>live time: {html.escape(live_time)}</div>"
             f"<div class='meta'>this run: {_card_status(r)}</div>{err}</div></div>")
 
@@ -369,9 +375,8 @@ def env_report() -> list[tuple[str, str]]:
     backend, why = kernels.nsight_backend()
     rows.append(("nsight timing", f"{backend} — {why}"))
     inst = upstream.installed()
-    rows.append(("sglang",
-                 f"{inst.version} at {inst.root}" if inst
-                 else "not installed (upstream checks skipped)"))
+    rows.append(("sglang", f"{inst.version} at {inst.root}" if inst else
+                 "none in this environment: the notebooks read the releases below instead"))
     rows += real_release_rows()
     for mod in ("nbclient", "jupytext", "ipykernel", "nbconvert"):
         try:
