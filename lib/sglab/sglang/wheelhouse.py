@@ -70,9 +70,10 @@ def repack(wheel: Path, drop=REPACK_DROP) -> tuple[int, int]:
 SGLANG_DROP = (r"\.so(\.\d+)*$",)
 # sglang-kernel: flash_ops (1 GB unpacked; SGLang imports it inside try blocks and only uses it for
 # FA3 attention, never chosen with --attention-backend triton), the sm100 build (Blackwell), mscclpp
-# and its headers / static libraries (only with --enable-mscclpp), DeepGEMM's JIT headers (FP8
-# models only). Kept: every Python file, the sm90 build, the small op libraries (flashmla_ops,
-# spatial_ops, deep_gemm_cpp).
+# and its headers / static libraries (only with --enable-mscclpp), the CUTLASS / CuTe headers of
+# DeepGEMM's JIT (FP8 models only). Kept: every Python file, the sm90 build, the small op libraries
+# (flashmla_ops, spatial_ops, deep_gemm_cpp) and DeepGEMM's own headers (deep_gemm/include/deep_gemm:
+# sgl-kernel 0.4.2 lists that folder at start-up and fails without it; 0.3 MiB).
 KERNEL_DROP = (
     r"^sgl_kernel/flash_ops\.",
     r"^sgl_kernel/sm100/",
@@ -80,7 +81,7 @@ KERNEL_DROP = (
     r"^lib64/",
     r"^include/",
     r"^_mscclpp",
-    r"^deep_gemm/include/",
+    r"^deep_gemm/include/(?!deep_gemm/)",
 )
 # FlashInfer: CUTLASS and CCCL sources are for its GEMM / MoE / communication JIT modules; the norm
 # kernel that the first CUDA-graph capture JIT-builds needs data/include, data/csrc and data/spdlog
