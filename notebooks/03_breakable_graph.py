@@ -165,10 +165,9 @@ rows = []
 for shape in rebuild.MODEL_SHAPES:
     m = rebuild.build_model(shape=shape)
     for rule, walk in measure.RESOLVERS.items():
-        with measure.Warnings() as w:
-            found = rebuild.resolve_layer_model(m, walk=walk)
+        found, warnings = measure.resolve(m, walk=walk)   # resolve_layer_model, warnings kept
         rows.append({"model shape": shape, "rule": rule,
-                     "layer_model": measure.module_path(m, found), "warning": " ".join(w.messages)})
+                     "layer_model": measure.module_path(m, found), "warning": " ".join(warnings)})
 pd.DataFrame(rows).set_index(["model shape", "rule"])
 
 # %% [markdown]
@@ -217,10 +216,11 @@ show.correctness(run)
 # eager otherwise) and the "after" runner: CUDA events, the three timed in alternating rounds,
 # median and p10/p90. At these sizes a prefill is mostly host time: eager issues one kernel launch
 # per op, so its latency measures the host's launch overhead and moves with the host's load. For 2+
-# requests "before" runs the very same eager code as "eager" (a built-in noise check, printed
-# below), and "after" replays the same graph for every request count at a token count: it should be
-# flat. At the largest token count "after" is bound by GPU time; there the speedup is eager's host
-# overhead alone and shrinks on a faster host.
+# requests "before" runs the very same eager code as "eager" (a built-in noise check: the `before vs
+# eager` columns), and "after" replays the same graph for every request count at a token count: it
+# should be flat. At the largest token count "after" is bound by GPU time; there the speedup is
+# eager's host overhead alone and shrinks on a faster host. Last, the hit rate of the mixed stream
+# routed by the run's own runners.
 
 # %%
 show.latency(run)
@@ -230,7 +230,8 @@ show.latency(run)
 #
 # From a traced pass after the timed ones: host kernel launches, graph launches (one per segment
 # replayed) and the kernels that ran on the GPU (inside graphs too), per request count; then the
-# segments and breaks captured per bucket. These counts are exact on any host.
+# segments and breaks captured per bucket. These counts are exact on any host. For one request the
+# two graphs differ only by the logits tail: captured in "before", launched eagerly by "after".
 
 # %%
 show.launches(run)

@@ -42,8 +42,12 @@ def test_every_section_renders_the_committed_runs(capsys):
     for section in (show.correctness, show.latency, show.launches, show.profiler):
         section(run)
     out = capsys.readouterr().out
-    assert "noise check" in out and "graph hit rate on the mixed stream: before 32%" in out
-    assert "kernel launches; after 73 + 17 graph launches for any request count" in out
+    assert "after vs eager ×, min" in out and "token_hit_rate" in out
+    assert "512 tokens per prefill" in out
+    t = show.speedup_table(run.df)
+    assert t["requests"].tolist() == ["3..8"] * 3
+    assert (t["before vs eager ×, min"] > 0.9).all() and (t["before vs eager ×, max"] < 1.1).all()
+    assert round(t["after vs eager ×, min"].min(), 2) == 1.21
     seg = show.segment_table(run.df)
     assert (seg.xs("graph_segments", axis=1, level="metric") == 17).all().all()
 

@@ -26,7 +26,6 @@ host times and the traced pass sees host events only.
 from __future__ import annotations
 
 import gc
-import logging
 import math
 import random
 import re
@@ -41,6 +40,7 @@ import torch
 
 from sglab.breakable_graph import rebuild
 from sglab.core import runs, timing, trace
+from sglab.sglang.probing import captured_logs
 
 EXPERIMENT = "breakable_graph"
 METHOD_VERSION = 3
@@ -163,23 +163,11 @@ def hit_rate_rows(params: Optional[dict] = None, model: Optional[torch.nn.Module
 # --------------------------------------------------------------------------------------------------
 # part e: layer_model resolution, with the warnings it logs
 # --------------------------------------------------------------------------------------------------
-class Warnings(logging.Handler):
-    """The warning messages logged to ``sglab.breakable_graph.rebuild`` while in the block."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-    def __enter__(self):
-        logging.getLogger(rebuild.__name__).addHandler(self)
-        return self
-
-    def __exit__(self, *exc):
-        logging.getLogger(rebuild.__name__).removeHandler(self)
-        return False
+def resolve(model: torch.nn.Module, *, walk: bool) -> tuple[Optional[torch.nn.Module], list]:
+    """``rebuild.resolve_layer_model`` and the warnings it logs."""
+    with captured_logs(rebuild.__name__) as logs:
+        found = rebuild.resolve_layer_model(model, walk=walk)
+    return found, [m for level, m in logs if level == "WARNING"]
 
 
 def module_path(root: torch.nn.Module, module: Optional[torch.nn.Module]) -> str:
@@ -201,12 +189,11 @@ def resolution_table(cfg: rebuild.ModelConfig = rebuild.TINY_CONFIG) -> pd.DataF
     for shape in rebuild.MODEL_SHAPES:
         model = rebuild.build_model(cfg, shape=shape)
         for resolver, walk in RESOLVERS.items():
-            with Warnings() as w:
-                found = rebuild.resolve_layer_model(model, walk=walk)
+            found, warnings = resolve(model, walk=walk)
             out.append({"model_shape": shape, "model_class": type(model).__name__,
                         "resolver": resolver, "layer_model": module_path(model, found),
                         "bcg_enabled": found is not None,
-                        "warning": w.messages[0] if w.messages else ""})
+                        "warning": warnings[0] if warnings else ""})
     return pd.DataFrame(out)
 
 

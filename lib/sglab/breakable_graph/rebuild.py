@@ -1,24 +1,10 @@
 """Breakable CUDA graph for multi-request prefill (SGLang #24662, "Breakable Cuda Graph Support for
-bs > 1"), rebuilt PR-era.
-
-Read it beside the released hunk (``data/upstream/breakable_graph/pr24662.diff``). Each section is
-headed by the upstream file and symbols it mirrors (``python/sglang/srt/...``):
-
-1. ``model_executor/forward_batch_info.py``: the prefill ``ForwardBatch`` (token-major ids and
-   positions, per-request ``extend_seq_lens``), and the attention metadata the breaks read (the
-   backend's ``forward_metadata``, found through ``set_forward_context``; a module global here);
-2. ``model_executor/breakable_cuda_graph/breakable_cuda_graph.py``: ``eager_on_graph``,
-   ``BreakableCUDAGraph``, ``BreakableCUDAGraphCapture``;
-3. no upstream file: the attention break and the models, the shared toy decoder
-   (:mod:`sglab.core.toy_decoder`) in the four wrapper shapes ``layer_model`` resolution meets;
-4. ``model_executor/breakable_cuda_graph_runner.py``: ``BreakableCudaGraphRunner`` with the capture
-   boundary of before and after the PR (:data:`BOUNDARIES`, the switch), and ``layer_model``
-   resolution.
-
-Nothing here measures; :mod:`sglab.breakable_graph.measure` does. Without CUDA every captured graph
-is an :class:`EmulatedReplay` (same static buffers, same capture-time batch object): routing, the
-layer swap and the one-request tail run on a CPU; timings and segment counts only mean something
-on a GPU.
+bs > 1"), rebuilt PR-era, to read beside ``data/upstream/breakable_graph/pr24662.diff``. Sections
+are headed by the upstream file (``python/sglang/srt/...``) and symbols they mirror; section 3 (the
+attention break and the toy models) has none. The before/after switch is the runner's ``boundary``
+(:data:`BOUNDARIES`). Nothing here measures. Without CUDA every captured graph is an
+:class:`EmulatedReplay` (same static buffers, same capture-time batch): routing, the layer swap and
+the one-request tail run on a CPU; timings and segment counts only mean something on a GPU.
 """
 
 from __future__ import annotations

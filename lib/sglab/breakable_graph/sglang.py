@@ -1,24 +1,8 @@
-"""The breakable CUDA graph in real SGLang: the fix's record, its source check, and its real-release
-probes.
-
-- ``FIX``: #24662, the symbols it touched, the probe the notebook shows and the GPU plan;
-- :func:`check`: which state a given SGLang is in, read as source (``sglab upstream``, the release
-  timeline);
-- :func:`probe` (CPU, one release per worker process): the released ``BreakableCudaGraphRunner``
-  (``model_executor/breakable_cuda_graph_runner.py``, 0.5.11 to 0.5.13) built on a stand-in model
-  runner around the rebuild's own tiny models (:data:`rebuild.MODEL_SHAPES`), stopped where it
-  would first ask for the CUDA graph memory pool (after the static buffers in 0.5.11, after the
-  ``layer_model`` resolution in 0.5.12), before any warm-up or capture; then the release's own
-  ``can_run`` on stand-in batches of one and several requests and of more tokens than the largest
-  bucket, and its ``_build_capture_forward_batch``: is the capture batch's ``extend_seq_lens`` a
-  slice of a static ``(max_bs,)`` buffer (what the captured logits tail reads before #24662)?
-  0.5.10.x has no breakable runner and 0.5.14 replaced the file: such a release gives one row;
-- :func:`gpu_probe` (``sglab real gpu``): the release's ``BreakableCUDAGraph`` capturing the toy
-  layer stack, replayed for live multi-request batches, beside the rebuild's capture;
-- :func:`comparison` / :func:`compare`: the real answers beside the rebuild's runner, release by
-  release and model shape by model shape.
-
-Nothing here imports SGLang at module level: the probes run inside a release's worker process.
+"""The breakable CUDA graph in real SGLang: the fix's record ``FIX``, its source check
+(:func:`check`), its real-release probes (:func:`probe` on the CPU, :func:`gpu_probe` for ``sglab
+real gpu``), and the comparison of their answers with the rebuild (:func:`compare`, the notebook's
+real-SGLang section; :func:`gpu_recorded`, the recorded GPU run). Nothing here imports SGLang at
+module level: the probes run inside a release's worker process.
 """
 
 from __future__ import annotations
@@ -102,6 +86,13 @@ def check(read) -> Verdict:
 # --------------------------------------------------------------------------------------------------
 # the CPU probe (inside one release's worker process)
 # --------------------------------------------------------------------------------------------------
+# The released BreakableCudaGraphRunner (0.5.11 to 0.5.13) is built on a stand-in model runner
+# around the rebuild's own tiny models and stopped where it would first ask for the CUDA graph
+# memory pool (after the static buffers in 0.5.11, after the layer_model resolution in 0.5.12),
+# before any warm-up or capture. Then its own can_run on stand-in batches, and its
+# _build_capture_forward_batch: is the capture batch's extend_seq_lens a slice of a static
+# (max_bs,) buffer (what the captured logits tail reads before #24662)? 0.5.10.x has no breakable
+# runner and 0.5.14 replaced the file: such a release gives one row.
 CAPTURE_TOKENS = [16, 32, 64]
 ONE, MULTI = "1 request (30)", "3 requests (10+12+10)"
 BATCHES = {ONE: [30], MULTI: [10, 12, 10], "8 requests (8×6)": [6] * 8,
@@ -398,10 +389,8 @@ def rebuild_facts(boundary: str, shape: str) -> dict:
     for label, lens in BATCHES.items():
         out[f"can_run · {label}"] = bool(r.can_run(rebuild.BatchShape(tuple(lens))))
     if boundary == rebuild.BEFORE or r.layer_model is not None:
-        fb = r._build_capture_forward_batch(CAPTURE_TOKENS[0])
-        static = getattr(r, "static_extend_seq_lens", None)
-        out["capture_reads_static_bs_buffer"] = static is not None and (
-            fb.extend_seq_lens.untyped_storage().data_ptr() == static.untyped_storage().data_ptr())
+        key = "capture_reads_static_bs_buffer"
+        out[key] = _capture_batch_facts(r)[key]   # the probe's own reading, on the rebuild
     return out
 
 

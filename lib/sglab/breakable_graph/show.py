@@ -32,10 +32,6 @@ STYLES = {"eager": ("tab:gray", "o"), "before": ("tab:red", "s"), "after": ("tab
 # --------------------------------------------------------------------------------------------------
 # tables of a run
 # --------------------------------------------------------------------------------------------------
-def _part(df: pd.DataFrame, name: str) -> pd.DataFrame:
-    return df[df["part"] == name]
-
-
 def latency_table(df: pd.DataFrame) -> pd.DataFrame:
     """Median latency per (num_tokens, batch_size) and variant, with speedups over eager."""
     d = df[(df["part"] == "d_latency") & (df["metric"] == "time_median")]
@@ -60,13 +56,13 @@ def hit_rates(df: pd.DataFrame) -> dict:
 
 def bs3_table(df: pd.DataFrame) -> pd.DataFrame:
     """Part a: the before graph replayed for 3 requests, against eager and the after graph."""
-    return _part(df, "a_bs3").pivot_table(index="variant", columns="metric", values="value")
+    return df[df["part"] == "a_bs3"].pivot_table(index="variant", columns="metric", values="value")
 
 
 def match_table(df: pd.DataFrame) -> pd.DataFrame:
     """Part b per token count: did every batch get one logit row per request, and the largest abs
     diff."""
-    b = _part(df, "b_match").pivot_table(index=["num_tokens", "padded", "batch_size"],
+    b = df[df["part"] == "b_match"].pivot_table(index=["num_tokens", "padded", "batch_size"],
                                          columns=["variant", "metric"], values="value")
     rows = []
     for (n, padded), g in b.groupby(level=["num_tokens", "padded"]):
@@ -102,48 +98,18 @@ def hit_table(rows: list[dict]) -> pd.DataFrame:
             [["batches", "graph_batches", "hit_rate", "token_hit_rate"]])
 
 
-# --------------------------------------------------------------------------------------------------
-# the numbers in words (from the run)
-# --------------------------------------------------------------------------------------------------
-def speedup_lines(run) -> str:
-    """Per token count: after vs eager over the multi-request batches, before (= eager), after's
-    own spread; and the noise check (before and eager run the same eager code for 2+ requests)."""
-    lat = latency_table(run.df)
-    multi = lat[lat["batch_size"] > 1]
-    lines = [run.label]
-    for n, g in multi.groupby("num_tokens"):
-        after_all = lat[lat["num_tokens"] == n]["after"]
-        lines.append(f"  {n:>5} tokens, {g['batch_size'].min()}..{g['batch_size'].max()} "
-                     f"requests: after is {g['speedup_after'].min():.2f}–"
-                     f"{g['speedup_after'].max():.2f}× faster than eager; before runs eager "
-                     f"({g['speedup_before'].min():.2f}–{g['speedup_before'].max():.2f}×); "
-                     f"after itself {after_all.min():.2f}–{after_all.max():.2f} ms over "
-                     f"1..{lat['batch_size'].max()} requests")
-    gap = (multi["before"] / multi["eager"] - 1).abs().max()
-    lines.append(f"  noise check: 'before' and 'eager' (same eager code for 2+ requests) differ "
-                 f"by up to {gap:.0%}")
-    return "\n".join(lines)
-
-
-def hit_rate_line(df: pd.DataFrame) -> str:
-    hr = hit_rates(df)
-    return (f"graph hit rate on the mixed stream: before {hr['before']['hit_rate']:.0%}, after "
-            f"{hr['after']['hit_rate']:.0%} of batches ({hr['before']['token_hit_rate']:.0%} → "
-            f"{hr['after']['token_hit_rate']:.0%} of tokens)")
-
-
-def launch_line(run) -> str:
-    lt = launch_table(run.df)
-    bss = sorted(lt.index.get_level_values(0).unique())
-    one, most = lt.loc[bss[0]], lt.loc[bss[-1]]
-    n = int(run.df[(run.df["part"] == "launches") & (run.df["batch_size"] > 0)]
-            ["num_tokens"].iloc[0])
-    extra = one.loc["after", "host_kernel_launches"] - one.loc["before", "host_kernel_launches"]
-    return (f"{run.label}, {n} tokens: eager {most.loc['eager', 'host_kernel_launches']} kernel "
-            f"launches; after {most.loc['after', 'host_kernel_launches']} + "
-            f"{most.loc['after', 'host_graph_launches']} graph launches for any request count; "
-            f"the eager logits tail costs after {extra} more kernel launches than the before "
-            "graph for one request")
+def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per token count: after vs eager over the prefills of 2+ requests; before vs eager there (the
+    same eager code: the noise check); after's own latency over every request count."""
+    lat = latency_table(df)
+    multi, every = lat[lat["batch_size"] > 1].groupby("num_tokens"), lat.groupby("num_tokens")
+    return pd.DataFrame({"requests": multi["batch_size"].agg(lambda s: f"{s.min()}..{s.max()}"),
+                         "after vs eager ×, min": multi["speedup_after"].min(),
+                         "after vs eager ×, max": multi["speedup_after"].max(),
+                         "before vs eager ×, min": multi["speedup_before"].min(),
+                         "before vs eager ×, max": multi["speedup_before"].max(),
+                         "after ms, min (any requests)": every["after"].min(),
+                         "after ms, max (any requests)": every["after"].max()})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -161,21 +127,21 @@ def correctness(run) -> None:
 
 @notebook.needs_run
 def latency(run) -> None:
-    """Per GPU: prefill latency by request count and the speedups over eager, in a figure and in
-    words; the graph hit rate of the mixed stream."""
+    """Per GPU: prefill latency by request count and the speedups over eager (figure, then table);
+    the graph hit rate of the mixed stream, routed by the run's runners."""
     for r in run.shown:
         notebook.show_figure(latency_figure(r))
-        print(speedup_lines(r))
-        print(hit_rate_line(r.df))
+        notebook.show_table(speedup_table(r.df).round(2))
+        notebook.show_table(pd.DataFrame(hit_rates(r.df)).T)
 
 
 @notebook.needs_run
 def launches(run) -> None:
     """Per GPU: host launches and device kernels per prefill, segments and breaks per bucket."""
     for r in run.shown:
+        print(f"{r.label}, {int(r.manifest['params']['launch_token_count'])} tokens per prefill:")
         notebook.show_table(launch_table(r.df))
         notebook.show_table(segment_table(r.df))
-        print(launch_line(r))
 
 
 @notebook.needs_run
