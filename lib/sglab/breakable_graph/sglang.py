@@ -16,9 +16,11 @@ import torch
 from torch import nn
 
 from sglab.breakable_graph import rebuild
+from sglab.sglang import bootstrap
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, GpuPlan, Probe, Spec, Step, symbols_in
+from sglab.sglang.gpu import graphs
 from sglab.sglang.probing import Recorder, Stop, captured_logs, has_file, module_path, patched
 from sglab.sglang.upstream import Verdict
 
@@ -135,6 +137,7 @@ def _build_runner(bcg, model):
 def _forward_batch(lens):
     """A stand-in extend batch with the fields ``can_run`` reads (``ForwardMode.EXTEND``, the token
     ids of the live batch, no input embeddings, no logprobs)."""
+    # the release's own module, importable only inside its worker process
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 
     n = int(sum(lens))
@@ -180,8 +183,6 @@ def _model_rows(bcg, shape: str) -> list[dict]:
 def probe(prepared, params: dict) -> list[dict]:
     """Rows ``model, batch, metric, value`` for each model shape (default: every shape of the
     rebuild)."""
-    from sglab.sglang import bootstrap
-
     if not has_file(prepared, RUNNER_FILE):
         return [{"model": "", "batch": "", "metric": "runner_file", "value": None}]
     bcg = bootstrap.import_release_module(prepared,
@@ -212,8 +213,6 @@ REAL_MODULES = ("sglang.srt.model_executor.breakable_cuda_graph.breakable_cuda_g
 
 def _release_graph_module(prepared):
     """The release's breakable-graph module (it moved in 0.5.14)."""
-    from sglab.sglang import bootstrap
-
     for name in REAL_MODULES:
         if has_file(prepared, name.replace(".", "/").removeprefix("sglang/") + ".py"):
             return bootstrap.import_release_module(prepared, name)
@@ -321,8 +320,6 @@ def _eager_rows(rebuilt, with_release, device: str) -> list[dict]:
 def gpu_probe(prepared, params: dict) -> list[dict]:
     """Rows ``variant`` (``real`` / ``rebuild``), ``case`` (live batch), ``metric``, ``value``,
     ``unit``."""
-    from sglab.sglang.gpu import graphs
-
     device = params.get("device", "cuda")
     layers = int(params.get("layers", 4))
     if device == "cuda":
