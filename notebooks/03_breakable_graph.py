@@ -11,257 +11,285 @@
 # %% [markdown]
 # # 03 · Breakable CUDA graph for multi-request prefill
 #
-# Upstream: [sgl-project/sglang#24662](https://github.com/sgl-project/sglang/pull/24662) ("Breakable Cuda Graph
-# Support for bs > 1"), in `python/sglang/srt/model_executor/breakable_cuda_graph_runner.py`. Rebuilt in
-# `sglab.fixes.breakable_graph` around the shared decoder `sglab.core.toy_decoder`, measured by
-# `sglab.experiments.breakable_graph`.
+# Upstream: [sgl-project/sglang#24662](https://github.com/sgl-project/sglang/pull/24662)
+# ("Breakable Cuda Graph Support for bs > 1"), in
+# `python/sglang/srt/model_executor/breakable_cuda_graph_runner.py`. Rebuilt in
+# `sglab.breakable_graph.rebuild` around the shared decoder `sglab.core.toy_decoder`, measured by
+# `sglab.breakable_graph.measure`.
 
 # %% tags=["parameters"]
-MODE = "auto"  # "auto" | "live" | "recorded"
-PARAMS = {}  # overrides of sglab.experiments.breakable_graph.DEFAULT_PARAMS for a live run
+MODE = "auto"          # "auto" | "live" | "recorded"
+PARAMS = {}            # overrides of measure.DEFAULT_PARAMS for a live run
 
 # %%
 import inspect
 
 import pandas as pd
-from IPython.display import display
 
-from sglab.core import notebook as nb
-from sglab.sglang import upstream
-from sglab.experiments import breakable_graph as experiment
-from sglab.experiments.breakable_graph import figures
-from sglab.experiments.breakable_graph import real
-from sglab.fixes import breakable_graph as bg
-from sglab.sglang import compare_old as compare, compare_old as report
+from sglab.breakable_graph import claims, measure, rebuild, sglang, show
+from sglab.core.notebook import Workbook, slide, verdict
 
 pd.set_option("display.width", 160)
-wb = nb.Workbook(experiment.EXPERIMENT, gpus=experiment.GPUS, mode=MODE)
-
-# %% tags=["needs-gpu"]
-if wb.live:
-    params = {**experiment.DEFAULT_PARAMS, **PARAMS}
-    wb.measure(lambda: experiment.run(params), params=params, method_version=experiment.METHOD_VERSION)
-
-# %%
-shown = wb.shown()  # this session's live run, else the newest recorded run of each GPU model
-nb.slide(experiment.EXPERIMENT, shown, figures.slide_picture(shown[-1] if shown else None))
+wb = Workbook(claims, mode=MODE)
+# live: measured now on this GPU; recorded: the committed run of each GPU
+run = wb.run(measure, PARAMS)
+slide(claims, run, show.mechanism(run))
 
 # %% [markdown]
-# The picture is one captured forward of the measured model (16 layers), recorded through the runner's own
-# capture path: blue boxes are CUDA-graph segments, grey boxes the attention calls that run eagerly between
-# them. Before #24662 the last segment also holds the logits tail (red), captured for one request; after it,
-# the tail runs eagerly outside the graph (green) with the live batch.
+# The picture is one captured forward of the measured model, recorded through the runner's own
+# capture path: blue boxes are CUDA-graph segments, grey boxes the attention calls that run eagerly
+# between them. Before #24662 the last segment also holds the logits tail (red), captured for one
+# request; after it, the tail runs eagerly outside the graph (green) with the live batch.
 #
 # ## The problem
 #
-# Prefill attention needs per-batch metadata (where each request starts and ends), so it cannot sit inside a
-# CUDA graph captured once. SGLang's *breakable* CUDA graph captures a forward as a list of
-# `torch.cuda.CUDAGraph` segments, all allocating from one memory pool, and cuts the capture at every
-# function decorated `@eager_on_graph(True)` (attention, mamba). At replay the segments replay and the cut
-# functions run eagerly in between, reading the live metadata.
+# Prefill attention needs per-batch metadata (where each request starts and ends), so it cannot
+# sit inside a CUDA graph captured once. SGLang's *breakable* CUDA graph captures a forward as a
+# list of `torch.cuda.CUDAGraph` segments, all allocating from one memory pool, and cuts the
+# capture at every function decorated `@eager_on_graph(True)` (attention, mamba). At replay the
+# segments replay and the cut functions run eagerly in between, reading the live metadata.
 #
-# Everything in a segment is token-major: it works on a `(num_tokens, hidden)` tensor and does not care how
-# the tokens split into requests — except the logits tail. For an extend batch `LogitsProcessor` keeps the
-# last token of each request, `hidden[cumsum(extend_seq_lens) - 1]`, then applies the lm_head: a
-# `(batch_size, vocab)` result. Where the capture boundary sits decides whether that tail is in the graph:
+# Everything in a segment is token-major: it works on a `(num_tokens, hidden)` tensor and does not
+# care how the tokens split into requests — except the logits tail. For an extend batch
+# `LogitsProcessor` keeps the last token of each request, `hidden[cumsum(extend_seq_lens) - 1]`,
+# then applies the lm_head: a `(batch_size, vocab)` result. Where the capture boundary sits decides
+# whether that tail is in the graph:
 #
 # | | before #24662 | after #24662 |
 # |---|---|---|
-# | captured | `model.forward` (layers **and** logits tail) | `layer_model.forward` (the layer stack) |
-# | capture batch | bs=1, per-request fields are `[:1]` slices of static `(max_bs,)` buffers | bs=1 as a metadata placeholder only |
-# | at replay | copy live lens into the static buffers, replay | outer `model.forward` runs eagerly; `layer_model.forward` swapped for "replay, return the output buffer" |
+# | captured | `model.forward`: layers **and** logits tail | `layer_model.forward`: the stack |
+# | capture batch | bs=1; fields are `[:1]` of static `(max_bs,)` buffers | bs=1, metadata only |
+# | at replay | live lens into the static buffers, replay | outer forward eager, stack → replay |
 # | `can_run` | `False` when `batch_size > 1` | no batch-size condition |
 # | needs | — | to find `layer_model` on the model object |
 #
-# The model is the shared toy decoder with learned positions: embedding → L × (RMSNorm, qkv, **attention
-# break**, o_proj, RMSNorm, gated MLP) → norm → logits tail. The attention break is a dense SDPA with a
-# block-diagonal causal mask built from the live request lengths, so tokens mix only within their request:
+# The model is the shared toy decoder with learned positions: embedding → L × (RMSNorm, qkv,
+# **attention break**, o_proj, RMSNorm, gated MLP) → norm → logits tail. The attention break is a
+# dense SDPA with a block-diagonal causal mask built from the live request lengths, so tokens mix
+# only within their request:
 
 # %%
-print(inspect.getsource(bg.varlen_attention))
-print(inspect.getsource(bg.LogitsProcessor))
+print(inspect.getsource(rebuild.varlen_attention))
+print(inspect.getsource(rebuild.LogitsProcessor))
 
 # %% [markdown]
-# ## Rebuild: the two capture boundaries
-#
-# `BreakableGraphRunner(model, boundary=...)` mirrors `BreakableCudaGraphRunner`. The parts that differ:
+# Which released SGLang has which runner (read in the released wheels), then #24662's released
+# `can_run` beside the rebuilt one, and the rebuilt capture batch and replay, whose boundary is
+# the one switch `boundary=` (`rebuild.BOUNDARIES`):
 
 # %%
-print(inspect.getsource(bg.BreakableGraphRunner._build_capture_forward_batch))
-print(inspect.getsource(bg.BreakableGraphRunner.can_run))
-print(inspect.getsource(bg.BreakableGraphRunner.replay))
-
-# %% [markdown]
-# ### Live on this machine: what the "before" graph returns for three requests
-#
-# On a machine without CUDA the runner keeps every code path but replaces each captured graph by an
-# *emulated* replay: the captured closure is re-run over the same static buffers and the same capture-time
-# batch object — exactly what a real graph reads (the GPU run below does the same with real segments). A tiny
-# model, buckets of 16/32/64 tokens, a batch of three requests with 10 + 12 + 10 tokens:
+sglang.released(rebuild.BreakableGraphRunner.can_run, symbol="BreakableCudaGraphRunner.can_run")
 
 # %%
-experiment.three_requests()
+print(inspect.getsource(rebuild.BreakableGraphRunner._build_capture_forward_batch))
+print(inspect.getsource(rebuild.BreakableGraphRunner.replay))
 
 # %% [markdown]
-# The captured tail computed `cumsum(static_extend_seq_lens[:1]) - 1`: replay copies the three live lengths
-# into `static_extend_seq_lens[:3]`, but the graph reads only element 0, so it returns the logits of request
-# 0's last token and nothing for requests 1 and 2. Downstream, the sampler would produce one token for three
-# requests — hence the `batch_size > 1` rejection, and the eager fallback for every multi-request prefill.
+# ## The lesson, on the CPU: capture, replay for three requests, count
 #
-# ### Live on this machine: graph hit rate on a mixed prefill stream
-#
-# `can_run` only; nothing is captured. The stream is seeded: one request with probability 0.35, otherwise
-# 2..8 requests; request lengths log-uniform in 16..2048 tokens; buckets up to 4096 tokens (a batch with more
-# tokens runs eagerly with either runner).
+# Without CUDA each captured graph is *emulated*: replay re-runs the captured closure over the same
+# static buffers and the same capture-time batch object, exactly what a real graph reads (the GPU
+# run below does the same with real segments). A tiny model, buckets of 16/32/64 tokens, a batch of
+# three requests with 10 + 12 + 10 tokens, each graph replayed whatever `can_run` says:
 
 # %%
-experiment.hit_table(experiment.hit_rate_rows())
+model = rebuild.build_model(rebuild.TINY_CONFIG)
+runners = {b: rebuild.BreakableGraphRunner(model, boundary=b, capture_num_tokens=[16, 32, 64])
+           for b in rebuild.BOUNDARIES}
+batch = rebuild.make_batch([10, 12, 10], vocab_size=rebuild.TINY_CONFIG.vocab_size, seed=1)
+eager = rebuild.run_eager(model, batch)
+rows = [{"path": "eager", "logits shape": tuple(eager.shape), "max |diff| vs eager": 0.0}]
+for b, r in runners.items():
+    out = r.replay(batch)
+    rows.append({"path": f"{b} graph", "logits shape": tuple(out.shape),
+                 "can_run": r.can_run(batch),
+                 "max |diff| vs eager": (out - eager[:len(out)]).abs().max().item(),
+                 "requests without logits": len(eager) - len(out)})
+pd.DataFrame(rows).set_index("path")
 
 # %% [markdown]
-# ### Live on this machine: resolving `layer_model`
+# The captured tail computed `cumsum(static_extend_seq_lens[:1]) - 1`: replay copies the three live
+# lengths into `static_extend_seq_lens[:3]`, but the graph reads only element 0, so it returns the
+# logits of request 0's last token and nothing for requests 1 and 2. Downstream the sampler would
+# produce one token for three requests — hence the `batch_size > 1` rejection, and the eager
+# fallback for every multi-request prefill.
+#
+# What one capture consists of: the runner's own capture path, run inside a capture that records
+# module names where the real one opens a CUDA graph (`show.capture_structure`), for a model of a
+# few layers:
+
+# %%
+rows = []
+for b in rebuild.BOUNDARIES:
+    s = show.capture_structure(b, num_layers=4)
+    rows.append({"boundary": b, "graph segments": len(s.segments), "eager breaks": len(s.breaks),
+                 "logits tail in a segment": s.tail_in_graph,
+                 "first segment": show.segment_label(s.segments[0]),
+                 "last segment": show.segment_label(s.segments[-1])})
+pd.DataFrame(rows).set_index("boundary")
+
+# %% [markdown]
+# One segment more than the layers and one break per layer, for either boundary: moving the
+# boundary changes only what the last segment holds.
+#
+# ### How often each runner uses its graph
+#
+# `can_run` only; nothing is captured. A seeded stream of prefill batches (`measure.prefill_stream`:
+# one request with probability `p_single`, otherwise 2..`max_bs` requests; request lengths
+# log-uniform; the run's buckets, a batch with more tokens than the largest runs eagerly with
+# either runner):
+
+# %%
+p = measure.DEFAULT_PARAMS
+print({k: v for k, v in p.items() if k.startswith("stream_") or k == "capture_num_tokens"})
+stream = measure.stream(p)
+rows = []
+for b in rebuild.BOUNDARIES:
+    r = rebuild.BreakableGraphRunner(model, boundary=b, capture_num_tokens=p["capture_num_tokens"],
+                                     capture=False)
+    rows.append({"runner": b, **measure.graph_hit_rate(r, stream)})
+pd.DataFrame(rows).set_index("runner")
+
+# %% [markdown]
+# ### Resolving `layer_model`
 #
 # The "after" runner must find the inner stack on the model object. #24662 resolves
-# `getattr(model, "language_model", model).model` when it has `.layers`; otherwise it sets `layer_model =
-# None`, logs a warning and disables itself (prefill runs eagerly). The reviewer's point was that attribute
-# names are fragile and a failure must at least say so. Later SGLang (cf. #30006) walks the `.model` chain to
-# any depth. Four model shapes:
+# `getattr(model, "language_model", model).model` when it has `.layers`; otherwise it sets
+# `layer_model = None`, logs a warning and disables itself (prefill runs eagerly). The reviewer's
+# point was that attribute names are fragile and a failure must at least say so. Later SGLang
+# walks the `.model` chain to any depth (cf. #30006). Four model shapes, both rules:
 
 # %%
-print(inspect.getsource(bg.resolve_layer_model))
-experiment.resolution_table()
+print(inspect.getsource(rebuild.resolve_layer_model))
+rows = []
+for shape in rebuild.MODEL_SHAPES:
+    m = rebuild.build_model(shape=shape)
+    for rule, walk in measure.RESOLVERS.items():
+        found, warnings = measure.resolve(m, walk=walk)   # resolve_layer_model, warnings kept
+        rows.append({"model shape": shape, "rule": rule,
+                     "layer_model": measure.module_path(m, found), "warning": " ".join(warnings)})
+pd.DataFrame(rows).set_index(["model shape", "rule"])
 
 # %% [markdown]
-# A GPT-style model that keeps its stack under `.transformer` is not found by either rule; an extra wrapper
-# level (`.model.model.layers`, e.g. an OCR model around a whole causal LM) is found only by the later walk.
-# Falling back to the whole model instead of `None` would not be safe: the runner would capture the logits
-# tail again — the "before" bug without the `can_run` guard.
+# A GPT-style model that keeps its stack under `.transformer` is not found by either rule; an extra
+# wrapper level (`.model.model.layers`, e.g. an OCR model around a whole causal LM) is found only by
+# the later walk. Falling back to the whole model instead of `None` would not be safe: the runner
+# would capture the logits tail again — the "before" bug without the `can_run` guard.
 #
 # ## The real SGLang, before and after
 #
-# Which releases carry the change (read from the released wheels), and the released `can_run` of the first
-# release with it beside the rebuilt one:
+# The released runner itself, run on the CPU: `BreakableCudaGraphRunner.__init__` of each release,
+# in its own process, on a stand-in model runner around the rebuild's four model shapes, stopped
+# where it would ask for the CUDA graph memory pool (nothing is captured); then the release's
+# `can_run` on 1, 3 and 8 requests and on more tokens than the largest bucket, and its
+# `_build_capture_forward_batch`. The rebuild's runner answers the same questions on the same
+# models; `agrees` compares every fact, and a difference prints a banner with the facts that differ.
+# Recorded mode shows the answers recorded on the CPU box (`SGLAB_REAL=live` runs the installed
+# releases here instead).
 
 # %%
-compare.show_as_released(experiment.EXPERIMENT, bg.BreakableGraphRunner.can_run,
-                         symbol="BreakableCudaGraphRunner.can_run")
+sglang.compare();
 
 # %% [markdown]
-# The released runner itself, run on the CPU: `BreakableCudaGraphRunner.__init__` of each release, in its
-# own process, on a stand-in model runner around the rebuild's four model shapes, stopped where it would ask for
-# the CUDA graph memory pool (nothing is captured); then the release's `can_run` on 1, 3 and 8 requests and on
-# more tokens than the largest bucket, and its `_build_capture_forward_batch`. The rebuild's runner answers the
-# same questions on the same models; `agrees` compares every fact, and a single difference prints `MISMATCH`
-# with the facts that differ.
+# The release's own `BreakableCUDAGraph` capturing and replaying the toy layer stack on a GPU
+# (`sglab real gpu`): replay against eager for live batches of several requests, and the segments
+# and breaks of the capture, beside the rebuild's capture of the same weights:
+
+# %%
+sglang.gpu_recorded();
+
+# %% [markdown]
+# ## Measured on the GPU: correctness
 #
-# Recorded mode shows the answers recorded on the CPU box (`data/recorded/real_cpu/`, written by `sglab real record`;
-# the tests check that they still equal a live run); `SGLAB_REAL=live` runs the installed releases here instead,
-# about 8 s a release.
+# One run (`sglab record breakable_graph`, `measure.DEFAULT_PARAMS`): the toy decoder at a real
+# model's widths in bf16, token buckets captured for both boundaries into one shared graph pool;
+# then (a) the "before" graph replayed for 3 requests, (b) "after" against eager logits for every
+# request count at bucket-sized token counts and at one that is padded to the next bucket. Per GPU:
 
 # %%
-real_results = real.probe()  # recorded answers where they exist (SGLAB_REAL=live: run the releases now)
-print(report.source_line(real_results))
-real_checks = real.checks(real_results)
-compare.show(real_checks, real.CLAIM)
-
-# %% [markdown]
-# The real breakable graph capturing and replaying on a GPU (`BreakableCUDAGraph`, outputs against eager):
-
-# %%
-compare.show_recorded(experiment.EXPERIMENT);
-
-# %% [markdown]
-# ## Measured on the GPU
-#
-# One run (`sglab record breakable_graph`, default parameters): the 16-layer model (hidden 1024, 8 heads × 128,
-# MLP 2816, vocab 32000, bf16), token buckets 128..4096 captured for both boundaries into one shared graph pool;
-# then (a) the "before" graph replayed for 3 requests, (b) "after" vs eager logits for 1, 3 and 8 requests at
-# 128, 512 and 2048 tokens (and 1000 tokens, padded to the 1024 bucket), (c) the hit rate of the same stream
-# with the real runners, (d) prefill latency of eager, the "before" runner (graph for one request, eager
-# otherwise) and the "after" runner — CUDA events, 15 timed calls each in three alternating rounds, median and
-# p10/p90 — and a traced pass for the launches per prefill. Runs recorded before method 3 swept 1..8 requests.
-
-# %%
-for r in shown:
-    print(r.label)
-    display(experiment.bs3_table(r.df), experiment.match_table(r.df))
-if not shown:
-    print("No GPU run to show: record one with `sglab record breakable_graph`.")
+show.correctness(run)
 
 # %% [markdown]
 # ### Prefill latency by request count
 #
-# At these sizes a prefill is mostly host time: eager issues one kernel launch per op, so its latency measures
-# host launch overhead and moves with the host's load. For 2+ requests the "before" runner runs the very same
-# eager code as "eager" (a built-in noise check, printed below), and "after" replays the same graph for every
-# request count at a token count: it should be flat. At the largest token count "after" is bound by GPU time
-# (flat, tight p10–p90); there the speedup is eager's host overhead alone.
+# Whole prefill (forward and logits tail) of eager, the "before" runner (graph for one request,
+# eager otherwise) and the "after" runner: CUDA events, the three timed in alternating rounds,
+# median and p10/p90. At these sizes a prefill is mostly host time: eager issues one kernel launch
+# per op, so its latency measures the host's launch overhead and moves with the host's load. For 2+
+# requests "before" runs the very same eager code as "eager" (a built-in noise check: the `before vs
+# eager` columns), and "after" replays the same graph for every request count at a token count: it
+# should be flat. At the largest token count "after" is bound by GPU time; there the speedup is
+# eager's host overhead alone and shrinks on a faster host. Last, the hit rate of the mixed stream
+# routed by the run's own runners.
 
 # %%
-for r in shown:
-    display(figures.latency(r))
-    print(experiment.speedup_lines(r))
-    print(experiment.hit_rate_line(r.df))
+show.latency(run)
 
 # %% [markdown]
 # ### Launches per prefill
 #
-# Host kernel launches, graph launches (one per segment replayed) and the kernels that ran on the GPU (inside
-# graphs too), per request count; and the segments and breaks captured per bucket.
+# From a traced pass after the timed ones: host kernel launches, graph launches (one per segment
+# replayed) and the kernels that ran on the GPU (inside graphs too), per request count; then the
+# segments and breaks captured per bucket. These counts are exact on any host. For one request the
+# two graphs differ only by the logits tail: captured in "before", launched eagerly by "after".
 
 # %%
-for r in shown:
-    display(experiment.launch_table(r.df), experiment.segment_table(r.df))
-    print(experiment.launch_line(r))
+show.launches(run)
 
 # %% [markdown]
 # ## See it in the profiler
 #
-# One 3-request prefill of 512 tokens per runner, from a traced pass after the timed ones. "before" rejects the
-# batch, so every kernel is launched from Python (the runtime lane is dense with launches); "after" launches 17
-# graphs (highlighted) with the eager attention kernels between them and the logits tail at the end.
+# One 3-request prefill per runner from the traced pass. "before" rejects the batch, so every
+# kernel is launched from Python (the runtime lane is dense with launches); "after" launches one
+# graph per segment (highlighted) with the eager attention kernels between them and the logits tail
+# at the end.
 
 # %%
-for r in shown:
-    if r.sidecar("events") is None:
-        print(f"{r.label}: this run predates profiler traces; a new recording (`sglab record breakable_graph`) "
-              "adds them.")
-        continue
-    display(figures.timeline(r))
+show.profiler(run)
 
 # %% [markdown]
-# ## The installed SGLang
+# ## Your own setup
+#
+# Your prefill traffic — how often a batch holds one request, how many at most, how long a request
+# gets, the largest captured bucket — and the share of batches (and tokens) each runner serves from
+# its graph, routed by the rebuilt `can_run` (exact, no GPU). Latency on your own GPU and sizes:
+# `sglab record breakable_graph --param token_counts=[...] --param batch_sizes=[...]` (any key of
+# `measure.DEFAULT_PARAMS`).
 
 # %%
-print(upstream.check(__import__("sglab.breakable_graph.sglang", fromlist=["FIX"]).FIX))
+show.your_setup()
 
 # %% [markdown]
 # ## Verdict
 #
-# Every claim of `sglab.experiments.breakable_graph.claims`, checked on each run shown (`sglab verify
-# breakable_graph` does the same from the command line).
+# Every claim, checked on each run shown, the checks it rests on folded under it (`sglab verify
+# breakable_graph` does the same on the command line).
 
 # %%
-nb.verdict(experiment.EXPERIMENT, shown)
+verdict(claims, run)
 
 # %% [markdown]
 # ## Takeaways
 #
-# - The capture boundary is the fix. Everything between attention breaks is token-major, so one graph per
-#   token bucket serves any number of requests; only the tail (`cumsum(extend_seq_lens) - 1`, lm_head) is
-#   batch-shaped, and #24662 moves it out of the graph instead of guarding it.
-# - The swap is a monkey-patch of `layer_model.forward` for the duration of the outer forward; it must be
-#   undone on every path (here and upstream in a `finally`), and anything the outer forward does before
-#   `self.model(...)` runs eagerly on the padded static batch.
-# - Padding: a batch that is not exactly a bucket replays the next bucket up; padding tokens must not attend
-#   to, or be attended by, real tokens (here: their own mask segment; upstream: the attention backend only
-#   sees the real tokens).
+# - The capture boundary is the fix. Everything between attention breaks is token-major, so one
+#   graph per token bucket serves any number of requests; only the tail (`cumsum(extend_seq_lens) -
+#   1`, lm_head) is batch-shaped, and #24662 moves it out of the graph instead of guarding it.
+# - The swap is a monkey-patch of `layer_model.forward` for the duration of the outer forward; it
+#   must be undone on every path (here and upstream in a `finally`), and anything the outer forward
+#   does before `self.model(...)` runs eagerly on the padded static batch.
+# - Padding: a batch that is not exactly a bucket replays the next bucket up; padding tokens must
+#   not attend to, or be attended by, real tokens (here: their own mask segment; upstream: the
+#   attention backend only sees the real tokens).
 #
 # Review points worth discussing:
 #
-# - `layer_model` is found by attribute names (`language_model`, `.model`, `.layers`). #24662 disables the
-#   runner with a warning when that fails; later code walks the `.model` chain (#30006) and the prefill graph
-#   runner raises instead. Would an explicit model hook be more robust?
-# - The eager tail costs host launches (cumsum, gather, lm_head) on every prefill: a handful next to the
-#   eager forward's (count above); for one request, compare "before" and "after" at 128 tokens in (d).
-# - Break-point tensors: the PR-era code kept them with weak references, relying on the pool's use count.
-#   SGLang later found that unsafe across buckets (#30584, #37606); this rebuild holds strong references.
+# - `layer_model` is found by attribute names (`language_model`, `.model`, `.layers`). #24662
+#   disables the runner with a warning when that fails; later code walks the `.model` chain
+#   (#30006) and the prefill graph runner raises instead. Would an explicit model hook be more
+#   robust?
+# - The eager tail costs host launches (cumsum, gather, lm_head) on every prefill: a handful next to
+#   the eager forward's (counted above); for one request, compare "before" and "after" at the
+#   smallest token count in the latency table.
+# - Break-point tensors: the PR-era code kept them with weak references, relying on the pool's use
+#   count. SGLang later found that unsafe across buckets (#30584, #37606); this rebuild holds strong
+#   references.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglab.fixes import breakable_graph as bg
+from sglab.breakable_graph import rebuild as bg
 from sglab.fixes import pcg_gate as pg
 from sglab.core import toy_decoder as td
 

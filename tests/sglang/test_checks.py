@@ -85,43 +85,6 @@ def test_workspace_floor_absent():
     assert state(checks.workspace_floor, {checks.LAYERNORM: "def broken(:\n"}).status == "unknown"
 
 
-# -- #24662
-# --------------------------------------------------------------------------------------------------
-SWAP = """
-    def __init__(self, model_runner):
-        language_model = getattr(model_runner.model, "language_model", model_runner.model)
-        self.layer_model = language_model.model
-
-    def replay(self, forward_batch):
-        def replay_layer_forward(*args, **kwargs):
-            return self.graph.replay()
-        self.layer_model.forward = replay_layer_forward
-"""
-REJECT = """
-    def can_run(self, forward_batch):
-        if forward_batch.batch_size > 1:
-            return False
-        return True
-"""
-
-
-@pytest.mark.parametrize("files,status",
-                         [({}, "absent"),
-                          ({checks.BREAKABLE_RUNNER: "class BreakableCudaGraphRunner:" + REJECT},
-                           "before"),
-                          ({checks.BREAKABLE_RUNNER: "class BreakableCudaGraphRunner:" + SWAP},
-                           "pr-era"),
-                          ({checks.PREFILL_RUNNER: "class PrefillCudaGraphRunner:" + SWAP},
-                           "changed"),
-                          ({checks.PREFILL_RUNNER: "class PrefillCudaGraphRunner:"
-                            + REJECT.replace("can_run", "can_run_graph")}, "regressed"),
-                          ({checks.BREAKABLE_RUNNER: "class BreakableCudaGraphRunner:\n    pass\n"},
-                           "unknown"),
-                          ({checks.BREAKABLE_RUNNER: "class Other:\n    pass\n"}, "unknown")])
-def test_breakable_graph_states(files, status):
-    assert state(checks.breakable_graph, files).status == status
-
-
 # -- #22858 -----------------------------------------------------------------------------------------------------
 def _processor(build: str, ret: str, move: bool) -> dict:
     moved = "        grid_thws = grid_thws.cpu()\n" if move else ""

@@ -1,19 +1,451 @@
-"""The record of breakable_graph: the upstream PR(s), the source check, the hunks, the real-release probes."""
+"""The breakable CUDA graph in real SGLang: the fix's record ``FIX``, its source check
+(:func:`check`), its real-release probes (:func:`probe` on the CPU, :func:`gpu_probe` for ``sglab
+real gpu``), and the comparison of their answers with the rebuild (:func:`compare`, the notebook's
+real-SGLang section; :func:`gpu_recorded`, the recorded GPU run). Nothing here imports SGLang at
+module level: the probes run inside a release's worker process.
+"""
 
 from __future__ import annotations
 
-from sglab.sglang import checks as C
+import ast
+import copy
+import dataclasses
+import types
+
+import torch
+from torch import nn
+
+from sglab.breakable_graph import rebuild
+from sglab.sglang import bootstrap
+from sglab.sglang import compare as real
+from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, GpuPlan, Probe, Spec, Step, symbols_in
+from sglab.sglang.gpu import graphs
+from sglab.sglang.probing import Recorder, Stop, captured_logs, has_file, module_path, patched
+from sglab.sglang.upstream import Verdict
+
+RUNNER_FILE = "srt/model_executor/breakable_cuda_graph_runner.py"
+PREFILL_RUNNER = "srt/model_executor/runner/prefill_cuda_graph_runner.py"
+PROBE_RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13")
+VARIANT_OF = {"0.5.11": rebuild.BEFORE, "0.5.12.post1": rebuild.AFTER, "0.5.13": rebuild.AFTER}
 
 
-FIX = Fix(
-    name="breakable_graph", number="03", part="", prs=(24662,), gpus=1,
-    title="Breakable CUDA graph captures only the layer stack (#24662)",
-    check=C.breakable_graph,
-    hunks=(Spec(24662, symbols_in(C.BREAKABLE_RUNNER, *(f"BreakableCudaGraphRunner.{m}" for m in (
-        "__init__", "_run_forward", "_build_capture_forward_batch", "can_run", "replay")))),),
-    probe=Probe("breakable_graph:run", ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13")),
-    gpu=GpuPlan(1, 1, (Step("0.5.12.post1", "sglab.sglang.gpu.breakable_graph:run"),
-                 Step("0.5.23", "sglab.sglang.gpu.breakable_graph:run")),
-                "real BreakableCUDAGraph capturing the toy layer stack: segments, breaks, replay vs eager"),
-)
+# --------------------------------------------------------------------------------------------------
+# the source check (the release timeline, `sglab upstream`)
+# --------------------------------------------------------------------------------------------------
+def _swaps_layer_forward(cls) -> bool:
+    """The after-#24662 shape: ``self.layer_model`` is resolved and its ``forward`` swapped for the
+    graph at replay."""
+    return bool(S.assignments(cls, "self.layer_model")) and bool(
+        S.assignments(cls, "self.layer_model.forward"))
+
+
+def _rejects_multi_request(can_run) -> bool:
+    return any(isinstance(n, ast.Compare) and ast.unparse(n.left) == "forward_batch.batch_size"
+               for n in ast.walk(can_run)) if can_run is not None else False
+
+
+def check(read) -> Verdict:
+    """The state of #24662 in one SGLang, read from the breakable runner (or its successor)."""
+    text = read(RUNNER_FILE)
+    if text is not None:
+        cls = S.find(S.parse(text), "BreakableCudaGraphRunner")
+        if cls is None:
+            return Verdict("unknown",
+                           "breakable_cuda_graph_runner.py has no BreakableCudaGraphRunner class")
+        if _swaps_layer_forward(cls):
+            return Verdict("pr-era",
+                           "BreakableCudaGraphRunner captures self.layer_model and swaps its "
+                           "forward for the graph at replay; the logits tail runs eagerly for "
+                           "any request count")
+        if _rejects_multi_request(S.find(cls, "can_run")):
+            return Verdict("before",
+                           "BreakableCudaGraphRunner captures model.forward (logits tail included) "
+                           "at bs=1, so can_run refuses every batch of more than one request")
+        return Verdict("unknown",
+                       "BreakableCudaGraphRunner neither swaps layer_model.forward nor refuses bs "
+                       "> 1")
+    text = read(PREFILL_RUNNER)
+    if text is not None:
+        cls = S.find(S.parse(text), "PrefillCudaGraphRunner")
+        if cls is not None and _swaps_layer_forward(cls):
+            return Verdict("changed",
+                           "breakable_cuda_graph_runner.py is gone; the unified "
+                           "PrefillCudaGraphRunner captures self.layer_model and swaps its "
+                           "forward at replay (multi-request)")
+        if cls is not None and _rejects_multi_request(S.find(cls, "can_run_graph")
+                                                      or S.find(cls, "can_run")):
+            return Verdict("regressed",
+                           "PrefillCudaGraphRunner refuses batches of more than one request again")
+        return Verdict("unknown",
+                       "runner/prefill_cuda_graph_runner.py found, but no layer_model swap "
+                       "recognised")
+    return Verdict("absent",
+                   "no breakable CUDA graph runner in this SGLang (neither "
+                   "breakable_cuda_graph_runner.py nor runner/prefill_cuda_graph_runner.py)")
+
+
+# --------------------------------------------------------------------------------------------------
+# the CPU probe (inside one release's worker process)
+# --------------------------------------------------------------------------------------------------
+# The released BreakableCudaGraphRunner (0.5.11 to 0.5.13) is built on a stand-in model runner
+# around the rebuild's own tiny models and stopped where it would first ask for the CUDA graph
+# memory pool (after the static buffers in 0.5.11, after the layer_model resolution in 0.5.12),
+# before any warm-up or capture. Then its own can_run on stand-in batches, and its
+# _build_capture_forward_batch: is the capture batch's extend_seq_lens a slice of a static
+# (max_bs,) buffer (what the captured logits tail reads before #24662)? 0.5.10.x has no breakable
+# runner and 0.5.14 replaced the file: such a release gives one row.
+CAPTURE_TOKENS = [16, 32, 64]
+ONE, MULTI = "1 request (30)", "3 requests (10+12+10)"
+BATCHES = {ONE: [30], MULTI: [10, 12, 10], "8 requests (8×6)": [6] * 8,
+           "over the largest bucket (50+50)": [50, 50]}
+MAX_BS = 8
+
+
+def _stand_in_runner(model):
+    """The attributes of ``ModelRunner`` that the runner's ``__init__`` and
+    ``_build_capture_forward_batch`` read."""
+    return types.SimpleNamespace(
+        device="cpu", gpu_id=0, model=model, is_multimodal=False, is_generation=True,
+        is_hybrid_swa=False, dtype=torch.float32, model_config=types.SimpleNamespace(hidden_size=8),
+        server_args=types.SimpleNamespace(piecewise_cuda_graph_tokens=list(CAPTURE_TOKENS),
+                                          enable_cudagraph_gc=False,
+                                          enable_return_hidden_states=False),
+        req_to_token_pool=types.SimpleNamespace(size=MAX_BS), token_to_kv_pool=None,
+        attn_backend=types.SimpleNamespace(
+            use_captured_forward_metadata_for_breakable_cuda_graph=False),
+        spec_algorithm=None, is_draft_worker=False, attention_layers=[], moe_layers=[],
+        moe_fusions=[])
+
+
+def _build_runner(bcg, model):
+    """(runner, log messages): the release's ``__init__`` up to the memory-pool request."""
+    def stop(*a, **k):
+        raise Stop()
+
+    cls = bcg.BreakableCudaGraphRunner
+    runner = cls.__new__(cls)
+    with patched(bcg, get_global_graph_memory_pool=stop, log_info_on_rank0=Recorder()), \
+            captured_logs(bcg.__name__) as logs:
+        try:
+            cls.__init__(runner, _stand_in_runner(model))
+        except Stop:
+            pass
+    return runner, [m for _, m in logs]
+
+
+def _forward_batch(lens):
+    """A stand-in extend batch with the fields ``can_run`` reads (``ForwardMode.EXTEND``, the token
+    ids of the live batch, no input embeddings, no logprobs)."""
+    # the release's own module, importable only inside its worker process
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+
+    n = int(sum(lens))
+    return types.SimpleNamespace(
+        forward_mode=ForwardMode.EXTEND, batch_size=len(lens),
+        input_ids=torch.zeros(n, dtype=torch.int64), input_embeds=None, replace_embeds=None,
+        return_logprob=False, capture_hidden_mode=CaptureHiddenMode.NULL,
+        global_num_tokens_cpu=None, extend_seq_lens_cpu=list(lens),
+        extend_logprob_start_lens_cpu=[n] * len(lens))
+
+
+def _capture_batch_facts(runner) -> dict:
+    """Does the bs=1 capture batch read a static per-request buffer (the pre-#24662 tail's
+    source)?"""
+    fb = runner._build_capture_forward_batch(CAPTURE_TOKENS[0])
+    static = getattr(runner, "static_extend_seq_lens", None)
+    shares = static is not None and fb.extend_seq_lens.untyped_storage().data_ptr() == \
+        static.untyped_storage().data_ptr()
+    return {"capture_batch_size": int(fb.batch_size),
+            "capture_reads_static_bs_buffer": bool(shares),
+            "static_bs_buffer_len": int(static.shape[0]) if static is not None else None}
+
+
+def _model_rows(bcg, shape: str) -> list[dict]:
+    model = rebuild.build_model(shape=shape)
+    runner, logs = _build_runner(bcg, model)
+    has_attr = hasattr(runner, "layer_model")
+    layer = getattr(runner, "layer_model", None)
+    facts = {"resolves_layer_model": has_attr,
+             "layer_model": (module_path(model, layer) if layer is not None else None),
+             "warnings": [m for m in logs if "[BCG]" in m],
+             "max_num_tokens": int(runner.max_num_tokens)}
+    rows = [{"model": shape, "batch": "", "metric": k, "value": v} for k, v in facts.items()]
+    for label, lens in BATCHES.items():
+        rows.append({"model": shape, "batch": label, "metric": "can_run",
+                     "value": bool(runner.can_run(_forward_batch(lens)))})
+    if layer is not None or not has_attr:     # a disabled runner returns before its buffers exist
+        rows += [{"model": shape, "batch": "", "metric": k, "value": v}
+                 for k, v in _capture_batch_facts(runner).items()]
+    return rows
+
+
+def probe(prepared, params: dict) -> list[dict]:
+    """Rows ``model, batch, metric, value`` for each model shape (default: every shape of the
+    rebuild)."""
+    if not has_file(prepared, RUNNER_FILE):
+        return [{"model": "", "batch": "", "metric": "runner_file", "value": None}]
+    bcg = bootstrap.import_release_module(prepared,
+                                          "sglang.srt.model_executor.breakable_cuda_graph_runner")
+    rows = [{"model": "", "batch": "", "metric": "runner_file", "value": "sglang/" + RUNNER_FILE}]
+    for shape in (params or {}).get("shapes") or list(rebuild.MODEL_SHAPES):
+        rows += _model_rows(bcg, shape)
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# the GPU probe (`sglab real gpu`): the release's BreakableCUDAGraph capturing the toy layer stack
+# --------------------------------------------------------------------------------------------------
+# Real code: BreakableCUDAGraph, BreakableCUDAGraphCapture and eager_on_graph of the release; each
+# layer's attention op (the varlen attention that reads the live request boundaries) decorated with
+# the release's own eager_on_graph(True) instead of the rebuild's. As the runner does after #24662,
+# only the layer stack (model.model) is captured, once, for a token bucket with a one-request
+# placeholder batch, then replayed for live batches of several requests (the break reads their
+# boundaries at replay) and compared with eager over the live tokens. The rebuild's capture of the
+# same weights runs beside it.
+BUCKET = 64
+LIVE_BATCHES = {"capture_batch": [BUCKET], "three_requests": [20, 30, 14],
+                "two_requests_padded": [10, 20]}
+REAL_MODULES = ("sglang.srt.model_executor.breakable_cuda_graph.breakable_cuda_graph",
+                "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph."
+                "breakable_cuda_graph")
+
+
+def _release_graph_module(prepared):
+    """The release's breakable-graph module (it moved in 0.5.14)."""
+    for name in REAL_MODULES:
+        if has_file(prepared, name.replace(".", "/").removeprefix("sglang/") + ".py"):
+            return bootstrap.import_release_module(prepared, name)
+    raise bootstrap.NotRunnable(f"sglang {prepared.release}: no breakable_cuda_graph module")
+
+
+class _ReleaseBreakAttention(nn.Module):
+    """The attention op with the release's decorator around the rebuild's varlen attention body."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, q, k, v):
+        return self.fn(q.contiguous(), k.contiguous(), v.contiguous())
+
+
+def _models(graph_mod, layers: int, device: str):
+    """(rebuild model, the same weights with the release's ``eager_on_graph`` on every attention
+    break)."""
+    cfg = dataclasses.replace(rebuild.TINY_CONFIG, num_layers=layers)
+    rebuilt = rebuild.build_model(cfg, device=device, dtype=torch.float32,
+                                  seed=0).requires_grad_(False)
+    with_release = copy.deepcopy(rebuilt)
+    release_break = graph_mod.eager_on_graph(True)(rebuild.varlen_attention.__wrapped__)
+    for layer in with_release.model.layers:
+        layer.self_attn.attn = _ReleaseBreakAttention(release_break)
+    return rebuilt, with_release
+
+
+def _capture(graph_mod, stack, device: str):
+    """(graph, static ids, static positions, output buffer): ``stack`` captured once for
+    :data:`BUCKET` tokens with a one-request placeholder batch, after two eager warm-ups on the
+    capture stream."""
+    ids = torch.zeros(BUCKET, dtype=torch.int64, device=device)
+    pos = torch.arange(BUCKET, dtype=torch.int64, device=device)
+    meta = rebuild.build_attn_metadata([BUCKET], BUCKET, device)
+    stream, graph = torch.cuda.Stream(), graph_mod.BreakableCUDAGraph()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), rebuild.set_forward_context(meta):
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                stack(ids, pos)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        with graph_mod.BreakableCUDAGraphCapture(graph, pool=torch.cuda.graph_pool_handle(),
+                                                 stream=stream):
+            out = stack(ids, pos)
+    torch.cuda.synchronize()
+    return graph, ids, pos, out
+
+
+def _replay_rows(label: str, captured, stack, device: str) -> tuple[list[dict], dict]:
+    """Replay for every live batch vs eager; rows plus the replay outputs (to compare real with
+    rebuild)."""
+    graph, ids, pos, out = captured
+    rows, outs = [], {}
+    for name, lens in LIVE_BATCHES.items():
+        batch = rebuild.make_batch(lens, vocab_size=rebuild.TINY_CONFIG.vocab_size, device=device,
+                                   seed=1)
+        n = batch.num_tokens
+        ids.zero_()
+        pos.zero_()
+        ids[:n].copy_(batch.input_ids)
+        pos[:n].copy_(batch.positions)
+        meta = rebuild.build_attn_metadata(lens, BUCKET, device)
+        with torch.no_grad():
+            with rebuild.set_forward_context(meta):
+                graph.replay()
+                torch.cuda.synchronize()
+                replayed = out[:n].clone()
+                eager_bucket = stack(ids, pos)[:n]       # same shapes as the graph: same kernels
+            with rebuild.set_forward_context(rebuild.build_attn_metadata(lens, n, device)):
+                eager_live = stack(batch.input_ids, batch.positions)   # the live tokens alone
+        outs[name] = replayed
+        for what, eager in (("bucket", eager_bucket), ("live", eager_live)):
+            rows.append({"variant": label, "case": name, "metric": f"max_abs_diff_vs_eager_{what}",
+                         "value": float((replayed - eager).abs().max()), "unit": ""})
+        rows.append({"variant": label, "case": name, "metric": "requests", "value": len(lens),
+                     "unit": "requests"})
+    rows.append({"variant": label, "metric": "segments", "value": len(graph._segments),
+                 "unit": "segments"})
+    rows.append({"variant": label, "metric": "breaks", "value": len(graph._break_fns),
+                 "unit": "breaks"})
+    return rows, outs
+
+
+def _eager_rows(rebuilt, with_release, device: str) -> list[dict]:
+    """Without CUDA (a dry run): the release's decorator outside a capture is a pass-through, so
+    both models must agree exactly."""
+    rows = []
+    for name, lens in LIVE_BATCHES.items():
+        batch = rebuild.make_batch(lens, vocab_size=rebuild.TINY_CONFIG.vocab_size, device=device,
+                                   seed=1)
+        meta = rebuild.build_attn_metadata(lens, batch.num_tokens, device)
+        with torch.no_grad(), rebuild.set_forward_context(meta):
+            a = rebuilt.model(batch.input_ids, batch.positions)
+            b = with_release.model(batch.input_ids, batch.positions)
+        rows.append({"variant": "real_eager", "case": name,
+                     "metric": "max_abs_diff_vs_rebuild_eager", "value": float((a - b).abs().max()),
+                     "unit": ""})
+    return rows
+
+
+def gpu_probe(prepared, params: dict) -> list[dict]:
+    """Rows ``variant`` (``real`` / ``rebuild``), ``case`` (live batch), ``metric``, ``value``,
+    ``unit``."""
+    device = params.get("device", "cuda")
+    layers = int(params.get("layers", 4))
+    if device == "cuda":
+        graphs.require_cuda(prepared)
+    graph_mod = _release_graph_module(prepared)
+    rebuilt, with_release = _models(graph_mod, layers, device)
+    rows = graphs.device_rows() + [
+        {"variant": "setup", "metric": "layers", "value": layers, "unit": "layers"},
+        {"variant": "setup", "metric": "bucket_tokens", "value": BUCKET, "unit": "tokens"},
+        {"variant": "setup", "metric": "module", "value": graph_mod.__name__, "unit": ""}]
+    if device != "cuda":
+        return rows + _eager_rows(rebuilt, with_release, device)
+    real_rows, real_out = _replay_rows("real", _capture(graph_mod, with_release.model, device),
+                                       with_release.model, device)
+    bg_rows, bg_out = _replay_rows("rebuild", _capture(rebuild, rebuilt.model, device),
+                                   rebuilt.model, device)
+    rows += real_rows + bg_rows
+    for name in LIVE_BATCHES:
+        rows.append({"variant": "real-rebuild", "case": name, "metric": "max_abs_diff",
+                     "value": float((real_out[name] - bg_out[name]).abs().max()), "unit": ""})
+    return rows
+
+
+def gpu_tables(df) -> dict:
+    """A recorded GPU run as a reader compares it: per release × side (real / rebuild) × live batch
+    the requests and max |replay − eager|; per release × side the graph segments and breaks."""
+    sides = df["variant"].isin(["real", "rebuild"])
+    return {"replay vs eager": real.pivot(df[sides & df["case"].notna()],
+                                          ["release", "variant", "case"],
+                                          ["requests", "max_abs_diff_vs_eager_live",
+                                           "max_abs_diff_vs_eager_bucket"]),
+            "graph shape": real.pivot(df[sides & df["case"].isna()], ["release", "variant"],
+                                      ["segments", "breaks"])}
+
+
+# --------------------------------------------------------------------------------------------------
+# the record
+# --------------------------------------------------------------------------------------------------
+_GPU = "sglab.breakable_graph.sglang:gpu_probe"
+FIX = Fix(name="breakable_graph", number="03", prs=(24662,), gpus=1,
+          title="Breakable CUDA graph captures only the layer stack (#24662)", check=check,
+          hunks=(Spec(24662, symbols_in(RUNNER_FILE, *(f"BreakableCudaGraphRunner.{m}" for m in (
+              "__init__", "_run_forward", "_build_capture_forward_batch", "can_run",
+              "replay")))),),
+          probe=Probe("sglab.breakable_graph.sglang:probe", PROBE_RELEASES),
+          gpu=GpuPlan(1, 1, (Step("0.5.12.post1", _GPU), Step("0.5.23", _GPU)),
+                      "real BreakableCUDAGraph capturing the toy layer stack: segments, breaks, "
+                      "replay vs eager"))
+
+
+# --------------------------------------------------------------------------------------------------
+# the real answers beside the rebuild's (the notebook's real-SGLang section)
+# --------------------------------------------------------------------------------------------------
+def rebuild_facts(boundary: str, shape: str) -> dict:
+    """What the rebuild's runner decides on one model shape, named as the probe names the release's
+    facts."""
+    model = rebuild.build_model(shape=shape)
+    with captured_logs(rebuild.__name__) as logs:
+        r = rebuild.BreakableGraphRunner(model, boundary=boundary,
+                                         capture_num_tokens=CAPTURE_TOKENS, max_bs=MAX_BS,
+                                         capture=False)
+    out = {"layer_model": module_path(model, r.layer_model) if r.layer_model else None,
+           "warnings": [m for _, m in logs if "[BCG]" in m], "max_num_tokens": r.max_num_tokens}
+    for label, lens in BATCHES.items():
+        out[f"can_run · {label}"] = bool(r.can_run(rebuild.BatchShape(tuple(lens))))
+    if boundary == rebuild.BEFORE or r.layer_model is not None:
+        key = "capture_reads_static_bs_buffer"
+        out[key] = _capture_batch_facts(r)[key]   # the probe's own reading, on the rebuild
+    return out
+
+
+def real_facts(result, shape: str) -> dict:
+    """The release's facts on one model shape, from the probe's rows."""
+    f = real.facts(result, model=shape, batch="")
+    out = {k: f.get(k) for k in ("layer_model", "warnings", "max_num_tokens")}
+    rows = result.rows[(result.rows["model"] == shape) & (result.rows["metric"] == "can_run")]
+    out.update({f"can_run · {b}": v for b, v in zip(rows["batch"], rows["value"])})
+    if "capture_reads_static_bs_buffer" in f:
+        out["capture_reads_static_bs_buffer"] = f["capture_reads_static_bs_buffer"]
+    return out
+
+
+def describe(f: dict) -> str:
+    """One side's facts on one model shape in words: the multi-request decision, the layer stack."""
+    stack = f.get("layer_model") or ("none: disabled with a warning" if f.get("warnings")
+                                     else "not resolved (captures model.forward)")
+    return (f"{MULTI}: "
+            f"{'served by the graph' if f.get(f'can_run · {MULTI}') else 'rejected → eager'}"
+            f"; 1 request: {'graph' if f.get(f'can_run · {ONE}') else 'eager'}; layer stack: "
+            f"{stack}")
+
+
+def release_rows(release: str, result, variant_of: dict = VARIANT_OF) -> list:
+    """The comparable behaviours of one release: per model shape every fact of the runner beside
+    the rebuild's variant for the release; a release without the runner file says so."""
+    has_runner = real.facts(result).get("runner_file") is not None
+    if not has_runner or release not in variant_of:
+        return [real.row(release, "has breakable_cuda_graph_runner.py", has_runner,
+                         "rebuild: a runner from 0.5.11 on", release in variant_of)]
+    rows = []
+    for shape in rebuild.MODEL_SHAPES:
+        got, want = real_facts(result, shape), rebuild_facts(variant_of[release], shape)
+        rows.append(real.facts_row(release, f"{shape}: routing and layer stack", got,
+                                   variant_of[release], want, sorted(set(got) | set(want)),
+                                   describe))
+    return rows
+
+
+def comparison(results: dict, variant_of: dict = VARIANT_OF):
+    """One row per (release, model shape) of the releases that ran."""
+    return real.table([r for v, res in results.items() if res.ok
+                       for r in release_rows(v, res, variant_of)])
+
+
+def compare():
+    """The notebook's real-SGLang section: each release's runner beside the rebuild's, whether they
+    agree."""
+    return real.section(FIX, comparison, what="(release, model shape) rows")
+
+
+def released(rebuilt=None, *, symbol=None, pr=None) -> None:
+    """The fix across the releases, then the released ``symbol`` beside the rebuilt one."""
+    real.released(FIX, rebuilt, symbol=symbol, pr=pr)
+
+
+def gpu_recorded():
+    """The newest recorded run of the release's breakable graph on a GPU, as tables (or that none is
+    recorded)."""
+    return real.show_recorded(FIX.name, gpu_tables)

@@ -20,7 +20,6 @@ from sglab.sglang import source as S
 KIMI_MODEL = "srt/models/kimi_k25.py"
 KIMI_PROCESSOR = "srt/multimodal/processors/kimi_k25.py"
 LAYERNORM = "srt/layers/layernorm.py"
-BREAKABLE_RUNNER = "srt/model_executor/breakable_cuda_graph_runner.py"
 PREFILL_RUNNER = "srt/model_executor/runner/prefill_cuda_graph_runner.py"
 PIECEWISE_RUNNER = "srt/model_executor/piecewise_cuda_graph_runner.py"
 ROUND_UP_HOMES = ("srt/utils/common.py", "srt/model_executor/runner/base_cuda_graph_runner.py")
@@ -133,59 +132,6 @@ def workspace_floor(read) -> Verdict:
     return Verdict("unknown",
                    f"layernorm.py passes max_token_num={sorted(spelled)[0]}, not a floor this "
                    "check " "recognises")
-
-
-# -- #24662
-# --------------------------------------------------------------------------------------------------
-def _swaps_layer_forward(cls) -> bool:
-    """The after-#24662 shape: ``self.layer_model`` is resolved and its ``forward`` swapped for the
-    graph at replay."""
-    return bool(S.assignments(cls, "self.layer_model")) and bool(S.assignments(cls,
-            "self.layer_model.forward"))
-
-
-def _rejects_multi_request(can_run) -> bool:
-    return any(isinstance(n, ast.Compare) and ast.unparse(n.left) == "forward_batch.batch_size"
-               for n in ast.walk(can_run)) if can_run is not None else False
-
-
-def breakable_graph(read) -> Verdict:
-    src, tree = _parsed(read, BREAKABLE_RUNNER)
-    if src is not None:
-        cls = S.find(tree, "BreakableCudaGraphRunner")
-        if cls is None:
-            return Verdict("unknown",
-                           "breakable_cuda_graph_runner.py has no BreakableCudaGraphRunner class")
-        if _swaps_layer_forward(cls):
-            return Verdict("pr-era",
-                           "BreakableCudaGraphRunner captures self.layer_model and swaps its "
-                           "forward " "for the graph at replay; the logits tail runs eagerly for "
-                           "any request count")
-        if _rejects_multi_request(S.find(cls, "can_run")):
-            return Verdict("before",
-                           "BreakableCudaGraphRunner captures model.forward (logits tail included) "
-                           "at " "bs=1, so can_run refuses every batch of more than one request")
-        return Verdict("unknown",
-                       "BreakableCudaGraphRunner neither swaps layer_model.forward nor refuses bs "
-                       "> 1")
-    src, tree = _parsed(read, PREFILL_RUNNER)
-    if src is not None:
-        cls = S.find(tree, "PrefillCudaGraphRunner")
-        if cls is not None and _swaps_layer_forward(cls):
-            return Verdict("changed",
-                           "breakable_cuda_graph_runner.py is gone; the unified "
-                           "PrefillCudaGraphRunner " "captures self.layer_model and swaps its "
-                           "forward at replay (multi-request)")
-        if cls is not None and _rejects_multi_request(S.find(cls, "can_run_graph") or S.find(cls,
-                "can_run")):
-            return Verdict("regressed",
-                           "PrefillCudaGraphRunner refuses batches of more than one request again")
-        return Verdict("unknown",
-                       "runner/prefill_cuda_graph_runner.py found, but no layer_model swap "
-                       "recognised")
-    return Verdict("absent",
-                   "no breakable CUDA graph runner in this SGLang (neither "
-                   "breakable_cuda_graph_runner.py " "nor runner/prefill_cuda_graph_runner.py)")
 
 
 # -- #22858

@@ -278,21 +278,7 @@ def recorded_summary(fix: str) -> tuple[Optional[str], object]:
 # --------------------------------------------------------------------------------------------------
 
 
-from sglab.sglang.compare import pivot as _pivot  # noqa: E402
-
-
-def breakable_graph(df):
-    """Per release × side (real / rebuild) × case: requests and max |replay − eager|; graph segments
-    and breaks."""
-    cases = _pivot(df[df["variant"].isin(["real", "rebuild"]) & df["case"].notna()],
-                   ["release", "variant", "case"],
-                   ["requests", "max_abs_diff_vs_eager_live", "max_abs_diff_vs_eager_bucket"])
-    shape = _pivot(df[df["variant"].isin(["real", "rebuild"]) & df["case"].isna()],
-                   ["release", "variant"], ["segments", "breaks"])
-    return {"replay vs eager": cases, "graph shape": shape}
-
-
-SUMMARIES = {"breakable_graph": breakable_graph}
+SUMMARIES: dict = {}
 
 
 def tables(fix: str, df) -> dict:

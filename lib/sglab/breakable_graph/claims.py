@@ -1,0 +1,188 @@
+"""What every breakable_graph run must show (see :mod:`sglab.core.claims`): four claims a reader
+checks, each with the checks it rests on folded under it.
+
+The timing claim is host-bound: up to :data:`LAUNCH_BOUND` tokens a prefill of this model is mostly
+kernel launches, so eager's latency (and the speedup) moves with the host's per-launch cost and
+load; above it the gain is eager's host overhead alone and shrinks on a faster host. The launch
+counts folded under it are exact and hold on any host.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from sglab.breakable_graph import show
+from sglab.breakable_graph.measure import EXPERIMENT, GPUS, launch_numbers, stream
+from sglab.core import runs
+from sglab.core.claims import Claim, Headline, holds, not_applicable
+
+CLAIM = ("Capturing only the layer stack lets one breakable CUDA graph serve prefill batches of "
+         "any request count.")
+# after vs eager, every timed prefill of 2+ requests: launch-bound up to LAUNCH_BOUND tokens; above,
+# the gain is eager's host overhead alone and shrinks on a faster host
+LAUNCH_BOUND = 512
+MIN_LAUNCH_BOUND_SPEEDUP = 1.8
+MIN_SPEEDUP = 1.1
+PADDED_TOL = 0.0          # padded token counts: the recorded runs show bit-equal logits there too
+
+
+def _layers(run) -> int:
+    return int(run.manifest.get("params", {}).get("num_layers", 16))
+
+
+# --------------------------------------------------------------------------------------------------
+# the claims a reader checks
+# --------------------------------------------------------------------------------------------------
+def _bs3(run):
+    a = show.bs3_table(run.df)
+    rows = {v: int(a.loc[v, "logit_rows"]) for v in ("eager", "before", "after")}
+    can = {v: int(a.loc[v, "can_run"]) for v in ("before", "after")}
+    ok = rows == {"eager": 3, "before": 1, "after": 3} and can == {"before": 0, "after": 1}
+    return holds(ok, f"3 requests: before graph returns {rows['before']} row, can_run "
+                     f"{bool(can['before'])}; after {rows['after']} rows, can_run "
+                     f"{bool(can['after'])}",
+                 {**rows, **{f"can_run_{k}": v for k, v in can.items()}})
+
+
+def _matches(run):
+    m = show.match_table(run.df)
+    exact, padded = m[~m["padded"]], m[m["padded"]]
+    worst_exact = float(exact["max abs diff"].max())
+    worst_padded = float(padded["max abs diff"].max()) if len(padded) else 0.0
+    ok = bool(m["rows == requests"].all()) and worst_exact == 0.0 and worst_padded <= PADDED_TOL
+    return holds(ok, f"one row per request in every batch; max abs diff {worst_exact:g} at "
+                     f"bucket-sized token counts, {worst_padded:g} padded",
+                 {"exact": worst_exact, "padded": worst_padded,
+                  "worst": max(worst_exact, worst_padded)})
+
+
+def _hit_rate(run):
+    """The graph batches of each runner against the stream recomputed from the run's parameters
+    (the stream is seeded)."""
+    h = show.hit_rates(run.df)
+    p = run.manifest.get("params", {})
+    shapes = stream(p)
+    fits = [s for s in shapes if s.num_tokens <= max(int(n) for n in p["capture_num_tokens"])]
+    want = {"before": sum(s.batch_size == 1 for s in fits), "after": len(fits)}
+    got = {v: int(h[v]["graph_batches"]) for v in ("before", "after")}
+    ok = got == want and got["before"] < got["after"]
+    hb, ha = h["before"]["hit_rate"], h["after"]["hit_rate"]
+    return holds(ok, f"{got['before']} → {got['after']} of {len(shapes)} batches ({hb:.1%} → "
+                     f"{ha:.1%}); the stream predicts {want['before']} → {want['after']}",
+                 {"before": hb, "after": ha})
+
+
+def _speedup(run):
+    t = show.latency_table(run.df)
+    t = t[t["batch_size"] > 1]
+    if t.empty:
+        return not_applicable("no prefill with 2+ requests was timed")
+    s, small = t["speedup_after"], t[t["num_tokens"] <= LAUNCH_BOUND]["speedup_after"]
+    ok = bool((s > MIN_SPEEDUP).all() and (small >= MIN_LAUNCH_BOUND_SPEEDUP).all())
+    return holds(ok, f"after vs eager, 2+ requests: {s.min():.2f}–{s.max():.2f}× (median "
+                     f"{s.median():.2f}×; ≥{small.min():.2f}× up to {LAUNCH_BOUND} tok)",
+                 {"min": float(s.min()), "max": float(s.max()),
+                  "median": float(statistics.median(s)),
+                  "min_launch_bound": float(small.min()) if len(small) else None,
+                  "requests_min": int(t["batch_size"].min()),
+                  "requests_max": int(t["batch_size"].max()),
+                  "tokens_min": int(t["num_tokens"].min()),
+                  "tokens_max": int(t["num_tokens"].max())})
+
+
+# --------------------------------------------------------------------------------------------------
+# the checks folded under them
+# --------------------------------------------------------------------------------------------------
+def _routing(run):
+    d = run.df[(run.df["part"] == "d_latency") & (run.df["metric"] == "used_graph")]
+    before = {int(r.batch_size): int(r.value) for r in d[d.variant == "before"].itertuples()}
+    after = {int(r.batch_size): int(r.value) for r in d[d.variant == "after"].itertuples()}
+    ok = all(v == int(bs == 1) for bs, v in before.items()) and all(v == 1 for v in after.values())
+    return holds(ok, f"before uses its graph for {sorted(b for b, v in before.items() if v)} "
+                     f"request(s), after for {sorted(b for b, v in after.items() if v)}",
+                 {"before": before, "after": after})
+
+
+def _segments(run):
+    seg, layers = show.segment_table(run.df), _layers(run)
+    ok = all((seg[(b, "graph_segments")] == layers + 1).all()
+             and (seg[(b, "eager_breaks")] == layers).all() for b in ("before", "after"))
+    return holds(ok, f"{len(seg)} buckets × 2 boundaries: {layers + 1} segments, {layers} breaks "
+                     "each" if ok else f"segments/breaks per bucket: {seg.to_dict()}",
+                 {"buckets": len(seg)})
+
+
+def _launches(run):
+    lt, layers = show.launch_table(run.df), _layers(run)
+    after = lt.xs("after", level="variant")
+    multi = lt[lt.index.get_level_values("batch_size") > 1].xs("before", level="variant")
+    ok = (after["host_graph_launches"] == layers + 1).all() and \
+        after["host_kernel_launches"].nunique() == 1 and (multi["host_graph_launches"] == 0).all()
+    return holds(bool(ok), f"after: {int(after['host_graph_launches'].iloc[0])} graph + "
+                           f"{int(after['host_kernel_launches'].iloc[0])} kernel launches at every "
+                           "request count; before with 2+ requests: "
+                           f"{int(multi['host_graph_launches'].max())} graph launches, "
+                           f"{int(multi['host_kernel_launches'].min())} kernel launches",
+                 {"after_kernel_launches": int(after["host_kernel_launches"].iloc[0])})
+
+
+def _trace(run):
+    ev = run.sidecar("events")
+    if ev is None:
+        return not_applicable("this run has no events sidecar (it predates profiler traces)")
+    layers = _layers(run)
+    n = {v: launch_numbers(g) for v, g in ev.groupby("variant")}
+    ok = n["before"]["host_graph_launches"] == 0 and n["after"]["host_graph_launches"] == layers + 1
+    ok = ok and n["after"]["host_kernel_launches"] < n["before"]["host_kernel_launches"]
+    return holds(ok, f"3-request prefill: before {n['before']['host_graph_launches']} graph / "
+                     f"{n['before']['host_kernel_launches']} kernel launches, after "
+                     f"{n['after']['host_graph_launches']} / {n['after']['host_kernel_launches']}",
+                 n)
+
+
+_ID = EXPERIMENT + "."
+CLAIMS = [
+    Claim(_ID + "before_bs3_one_row", "The graph captured with the logits tail returns one logit "
+          "row for 3 requests, so can_run rejects the batch",
+          "before: 1 row, can_run False; after and eager: 3 rows (exact)", _bs3,
+          folded=(Claim(_ID + "routing", "The before runner replays only one-request batches; the "
+                        "after runner every batch", "used_graph: before iff 1 request; after "
+                        "always (exact)", _routing),)),
+    Claim(_ID + "after_equals_eager",
+          "The layer-stack graph's logits equal eager prefill for every "
+          "request count", "one row per request; max abs diff 0 (bucket-sized and padded token "
+          "counts)", _matches,
+          folded=(Claim(_ID + "segments_per_bucket", "Every capture is one segment more than the "
+                        "layers, one break per layer", "segments == layers + 1, breaks == layers, "
+                        "every bucket, both boundaries (exact)", _segments),)),
+    Claim(_ID + "hit_rate", "On the seeded mixed stream only single-request batches hit the before "
+          "graph; every batch that fits a bucket hits the after graph", "graph batches == "
+          "recomputed from the stream (exact), before < after", _hit_rate),
+    Claim(_ID + "multi_request_speedup", "Prefills of 2+ requests run faster through the after "
+          "graph than eagerly", f"eager/after > {MIN_SPEEDUP}× for every timed batch of 2+ "
+          f"requests, ≥ {MIN_LAUNCH_BOUND_SPEEDUP}× up to {LAUNCH_BOUND} tokens", _speedup,
+          drift=0.25,
+          folded=(Claim(_ID + "launches", "The after runner launches the same graphs and kernels "
+                        "for any request count", "after: layers + 1 graph launches and equal "
+                        "kernel launches at every request count; before with 2+ requests: 0 graph "
+                        "launches (exact)", _launches),
+                  Claim(_ID + "trace_3_requests", "In the profiler, the 3-request prefill is eager "
+                        "before and graph segments after", "before: 0 graph launches; after: "
+                        "layers + 1, fewer kernel launches (exact)", _trace, methods=(3, None)))),
+]
+
+
+def shown(runs_: list) -> list:
+    """The newest run of each GPU model, ordered by GPU name."""
+    return list(runs.newest_by(runs_, runs.gpu_short).values())
+
+
+_H, _S, _M = _ID + "hit_rate", _ID + "multi_request_speedup", _ID + "after_equals_eager"
+HEADLINE = Headline(parts=(f"Graph hit rate {{v[{_H}][before]:.0%}} → {{v[{_H}][after]:.0%}} of a "
+                           "mixed prefill stream",
+                           f"{{lo[{_S}][requests_min]}}–{{hi[{_S}][requests_max]}}-request "
+                           f"prefills of {{lo[{_S}][tokens_min]}}–{{hi[{_S}][tokens_max]}} tokens "
+                           "vs eager: {runs}",
+                           f"logits max abs diff vs eager {{hi[{_M}][worst]:.3g}}."),
+                    per_run=f"{{gpu}} {{v[{_S}][min]:.2f}}–{{v[{_S}][max]:.2f}}× (median "
+                            f"{{v[{_S}][median]:.2f}}×)")

@@ -1,0 +1,385 @@
+"""Measure the breakable CUDA graph before and after SGLang #24662 on one GPU.
+
+Parts of one run (column ``part``):
+
+- ``a_bs3``: the "before" graph (whole forward, captured with one request) replayed for a 3-request
+  batch: how many logit rows come back, and how far the one row is from eager;
+- ``b_match``: the "after" graph (layer stack only, logits tail eager) against eager prefill for
+  every request count at equal token counts (``padded=0``: the token count is a capture bucket;
+  ``padded=1``: it is not, the next bucket up runs with padding); max abs diff of the logits;
+- ``c_hit_rate``: share of a seeded mixed stream of prefill batches each runner sends to its graph
+  (``can_run`` only; runs on the CPU);
+- ``d_latency``: prefill latency (CUDA events, median and p10/p90) of eager, the "before" runner
+  (graph for one request, eager otherwise) and the "after" runner, per request count at several
+  token counts, the three timed in interleaved rounds (:func:`sglab.core.timing.interleaved`);
+- ``launches``: graph segments and eager breaks per bucket; host kernel launches, host graph
+  launches and device kernels per prefill, from the traced pass (:func:`profile_pass`);
+- ``e_resolution``: ``layer_model`` resolution on four model shapes with the #24662 rule and the
+  later walk-the-chain rule (runs on the CPU).
+
+Method versions: 2 -- eager/before/after timed in interleaved rounds; 3 -- the lean sweep (request
+counts 1, 3, 8; 5 buckets; 15 samples), weights drawn on the GPU, the traced pass, phase times.
+On the CPU (``run(device="cpu")``, the tests of the row plumbing) graphs are emulated, times are
+host times and the traced pass sees host events only.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import random
+import re
+import tempfile
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import pandas as pd
+import torch
+
+from sglab.breakable_graph import rebuild
+from sglab.core import runs, timing, trace
+from sglab.sglang.probing import captured_logs
+
+EXPERIMENT = "breakable_graph"
+METHOD_VERSION = 3
+GPUS = 1
+DEFAULT_PARAMS = {
+    # model (bf16 on the GPU)
+    "vocab_size": 32000, "hidden_size": 1024, "num_heads": 8, "head_dim": 128,
+    "intermediate_size": 2816, "num_layers": 16, "dtype": "bfloat16",
+    # graph buckets (tokens): those the sweep runs in, and 4096, the largest, which decides what
+    # the routing accepts
+    "capture_num_tokens": [128, 512, 1024, 2048, 4096],
+    "token_counts": [128, 512, 2048],
+    "padded_token_counts": [1000],
+    "batch_sizes": [1, 3, 8],
+    "warmup": 3,
+    "repeat": 15,      # samples per variant and configuration, taken in `rounds` alternating rounds
+    "rounds": 3,
+    "launch_token_count": 512,
+    "launch_batch_sizes": [1, 3, 8],  # the traced pass; its 3-request prefill is the events sidecar
+    # mixed prefill stream for the hit rate
+    "stream_batches": 1000, "stream_max_bs": 8, "stream_p_single": 0.35, "stream_min_len": 16,
+    "stream_max_len": 2048,
+    "seed": 0,
+}
+PARTS = ("a_bs3", "b_match", "c_hit_rate", "d_latency", "launches", "e_resolution")
+_DEFAULTS = {"part": "", "num_tokens": -1, "batch_size": -1, "padded": -1, "model_shape": "",
+             "resolver": "", "layer_model": ""}
+
+
+def gpus(params: dict) -> int:
+    return GPUS
+
+
+def _row(part: str, variant: str, metric: str, value: float, unit: str, **kw) -> dict:
+    row = {"variant": variant, **_DEFAULTS, "part": part}
+    row.update(kw)
+    row.update(metric=metric, value=float(value), unit=unit)
+    return row
+
+
+def model_config(params: dict) -> rebuild.ModelConfig:
+    return rebuild.ModelConfig(vocab_size=int(params["vocab_size"]),
+                               hidden_size=int(params["hidden_size"]),
+                               num_heads=int(params["num_heads"]), head_dim=int(params["head_dim"]),
+                               intermediate_size=int(params["intermediate_size"]),
+                               num_layers=int(params["num_layers"]),
+                               max_position=max(8192, max(int(n)
+                                                          for n in params["capture_num_tokens"])))
+
+
+# --------------------------------------------------------------------------------------------------
+# batches: a fixed token count split into requests, and a seeded mixed stream; the hit rate
+# --------------------------------------------------------------------------------------------------
+def split_tokens(num_tokens: int, batch_size: int, seed: int) -> list[int]:
+    """Split ``num_tokens`` into ``batch_size`` request lengths (each >= 1), seeded."""
+    if not 1 <= batch_size <= num_tokens:
+        raise ValueError(f"cannot split {num_tokens} tokens into {batch_size} requests")
+    rng = random.Random(seed * 7919 + num_tokens * 31 + batch_size)
+    edges = [0, *sorted(rng.sample(range(1, num_tokens), batch_size - 1)), num_tokens]
+    return [b - a for a, b in zip(edges, edges[1:])]
+
+
+def prefill_stream(n_batches: int, *, seed: int = 0, max_bs: int = 8, p_single: float = 0.35,
+                   min_len: int = 16, max_len: int = 2048) -> list[rebuild.BatchShape]:
+    """A seeded stream of prefill batch shapes: one request with probability ``p_single``, else
+    2..max_bs requests; request lengths log-uniform in [min_len, max_len]."""
+    rng = random.Random(seed)
+    out, lo, hi = [], math.log(min_len), math.log(max_len)
+    for _ in range(n_batches):
+        bs = 1 if (max_bs == 1 or rng.random() < p_single) else rng.randint(2, max_bs)
+        out.append(rebuild.BatchShape(tuple(int(round(math.exp(rng.uniform(lo, hi))))
+                                            for _ in range(bs))))
+    return out
+
+
+def stream(p: dict) -> list[rebuild.BatchShape]:
+    """The mixed stream of parameters ``p`` (``stream_*`` and ``seed``)."""
+    return prefill_stream(int(p["stream_batches"]), seed=int(p["seed"]),
+                          max_bs=int(p["stream_max_bs"]), p_single=float(p["stream_p_single"]),
+                          min_len=int(p["stream_min_len"]), max_len=int(p["stream_max_len"]))
+
+
+def graph_hit_rate(runner: Any, shapes: Iterable[rebuild.BatchShape]) -> dict:
+    """How many batches (and tokens) of ``shapes`` the runner's ``can_run`` sends to the graph."""
+    batches = hits = tokens = hit_tokens = 0
+    for s in shapes:
+        batches += 1
+        tokens += s.num_tokens
+        if runner.can_run(s):
+            hits += 1
+            hit_tokens += s.num_tokens
+    return {"batches": batches, "graph_batches": hits,
+            "hit_rate": hits / batches if batches else float("nan"),
+            "token_hit_rate": hit_tokens / tokens if tokens else float("nan")}
+
+
+def hit_rate_rows(params: Optional[dict] = None, model: Optional[torch.nn.Module] = None) -> list:
+    """Part c: routing only (``can_run``), nothing captured; runs on the CPU."""
+    p = {**DEFAULT_PARAMS, **(params or {})}
+    model = model if model is not None else rebuild.build_model(rebuild.TINY_CONFIG)
+    shapes = stream(p)
+    rows = []
+    for boundary in rebuild.BOUNDARIES:
+        runner = rebuild.BreakableGraphRunner(model, boundary=boundary,
+                                              capture_num_tokens=p["capture_num_tokens"],
+                                              capture=False)
+        h = graph_hit_rate(runner, shapes)
+        rows += [_row("c_hit_rate", boundary, "hit_rate", h["hit_rate"], "fraction"),
+                 _row("c_hit_rate", boundary, "token_hit_rate", h["token_hit_rate"], "fraction"),
+                 _row("c_hit_rate", boundary, "graph_batches", h["graph_batches"], "batches"),
+                 _row("c_hit_rate", boundary, "batches", h["batches"], "batches")]
+    for bs in range(1, int(p["stream_max_bs"]) + 1):  # the stream's make-up
+        rows.append(_row("c_hit_rate", "stream", "batches_with_bs",
+                         sum(1 for s in shapes if s.batch_size == bs), "batches", batch_size=bs))
+    too_big = sum(1 for s in shapes if s.num_tokens > max(p["capture_num_tokens"]))
+    rows.append(_row("c_hit_rate", "stream", "batches_over_max_tokens", too_big, "batches"))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# part e: layer_model resolution, with the warnings it logs
+# --------------------------------------------------------------------------------------------------
+def resolve(model: torch.nn.Module, *, walk: bool) -> tuple[Optional[torch.nn.Module], list]:
+    """``rebuild.resolve_layer_model`` and the warnings it logs."""
+    with captured_logs(rebuild.__name__) as logs:
+        found = rebuild.resolve_layer_model(model, walk=walk)
+    return found, [m for level, m in logs if level == "WARNING"]
+
+
+def module_path(root: torch.nn.Module, module: Optional[torch.nn.Module]) -> str:
+    if module is None:
+        return "None"
+    for name, m in root.named_modules():
+        if m is module:
+            return name or "<the model itself>"
+    return "<not a submodule>"
+
+
+RESOLVERS = {"pr24662": False, "walk_chain": True}   # resolver name: walk=
+
+
+def resolution_table(cfg: rebuild.ModelConfig = rebuild.TINY_CONFIG) -> pd.DataFrame:
+    """One row per (model shape, resolver): what is found, whether a warning was logged, its
+    text."""
+    out = []
+    for shape in rebuild.MODEL_SHAPES:
+        model = rebuild.build_model(cfg, shape=shape)
+        for resolver, walk in RESOLVERS.items():
+            found, warnings = resolve(model, walk=walk)
+            out.append({"model_shape": shape, "model_class": type(model).__name__,
+                        "resolver": resolver, "layer_model": module_path(model, found),
+                        "bcg_enabled": found is not None,
+                        "warning": warnings[0] if warnings else ""})
+    return pd.DataFrame(out)
+
+
+def resolution_rows() -> list[dict]:
+    rows = []
+    for r in resolution_table().itertuples():
+        kw = dict(model_shape=r.model_shape, resolver=r.resolver, layer_model=r.layer_model)
+        rows.append(_row("e_resolution", r.resolver, "resolved", int(r.bcg_enabled), "bool", **kw))
+        rows.append(_row("e_resolution", r.resolver, "warned", int(bool(r.warning)), "bool", **kw))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# the traced pass: one prefill per runner and request count under torch.profiler
+# --------------------------------------------------------------------------------------------------
+# Runs after the timed passes and never feeds them. Phase ranges "<variant> <requests>" at
+# launch_token_count tokens, the device synchronised between phases. Kept as the run's events
+# sidecar: the 3-request prefill of the "before" runner (rejected by can_run: every kernel launched
+# eagerly) and of the "after" runner (graph segments with eager attention, the logits tail eager).
+PHASE = re.compile(r"^(eager|before|after) (\d+)$")
+SHOWN_REQUESTS, SHOWN_VARIANTS = 3, ("before", "after")
+
+
+@dataclass
+class Profiled:
+    rows: list = field(default_factory=list)
+    sidecars: dict = field(default_factory=dict)
+
+
+def launch_numbers(ev: pd.DataFrame) -> dict:
+    """Host launches and device kernels of one prefill (``ev``: the events of one phase)."""
+    device = ev.lane.str.startswith("stream") | (ev.lane == "device")
+    rt = ev[ev.category == "runtime"]
+    return {"host_kernel_launches": int(rt.name.str.contains("LaunchKernel").sum()),
+            "host_graph_launches": int(rt.name.str.contains("GraphLaunch").sum()),
+            "device_kernels": int((device & (ev.category == "kernel")).sum())}
+
+
+def profile_pass(p: dict, model, before, after, batch_for, on_gpu: bool) -> Profiled:
+    """The traced pass: launch rows, the events sidecar, the Perfetto file."""
+    n = int(p["launch_token_count"])
+    fns = {}
+    for bs in (int(b) for b in p["launch_batch_sizes"]):
+        batch = batch_for(n, bs)
+        fns.update({f"eager {bs}": partial(rebuild.run_eager, model, batch),
+                    f"before {bs}": partial(before.forward, batch),
+                    f"after {bs}": partial(after.forward, batch)})
+    for fn in fns.values():  # every path warm before the profiler starts
+        fn()
+    perfetto = Path(tempfile.mkdtemp(prefix="sglab-bcg-")) / "trace.json.gz" if on_gpu else None
+    events = trace.phase_columns(trace.trace_phases(fns, perfetto=perfetto, cuda=on_gpu),
+                                 PHASE.pattern, ("variant", "batch_size"), {"batch_size": int})
+    out = Profiled()
+    for (variant, bs), ev in events.groupby(["variant", "batch_size"], sort=False):
+        out.rows += [_row("launches", variant, metric, value, "count", num_tokens=n,
+                          batch_size=int(bs)) for metric, value in launch_numbers(ev).items()]
+    keep = (events.batch_size == SHOWN_REQUESTS) & events.variant.isin(SHOWN_VARIANTS)
+    out.sidecars["events"] = events[keep].reset_index(drop=True)
+    if perfetto is not None and perfetto.exists():
+        out.sidecars["trace"] = perfetto
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------------------------------
+def three_requests(model, before, after, batch, on_gpu: bool = False) -> list:
+    """Part a: the before graph replayed for a 3-request batch (what ``can_run`` prevents), the
+    after graph for the same, and eager."""
+    eager3 = rebuild.run_eager(model, batch)
+    got, aft3 = before.replay(batch).clone(), after.replay(batch).clone()
+    if on_gpu:
+        torch.cuda.synchronize()
+    kw = dict(num_tokens=batch.num_tokens, batch_size=batch.batch_size)
+    return [_row("a_bs3", "eager", "logit_rows", eager3.shape[0], "rows", **kw),
+            _row("a_bs3", "before", "logit_rows", got.shape[0], "rows", **kw),
+            _row("a_bs3", "after", "logit_rows", aft3.shape[0], "rows", **kw),
+            _row("a_bs3", "before", "row0_max_abs_diff",
+                 (got[0].float() - eager3[0].float()).abs().max().item(), "logit", **kw),
+            _row("a_bs3", "after", "max_abs_diff",
+                 (aft3.float() - eager3.float()).abs().max().item(), "logit", **kw),
+            _row("a_bs3", "before", "can_run", int(before.can_run(batch)), "bool", **kw),
+            _row("a_bs3", "after", "can_run", int(after.can_run(batch)), "bool", **kw)]
+
+
+def _matches(model, after, p: dict, batch_for) -> list:
+    """Part b: the after graph against eager at bucket-sized and padded token counts."""
+    rows = []
+    sweep = [(n, 0) for n in p["token_counts"]] + [(n, 1) for n in p["padded_token_counts"]]
+    for n, padded in sweep:
+        for bs in p["batch_sizes"]:
+            batch = batch_for(n, bs)
+            ref = rebuild.run_eager(model, batch).float()
+            out = after.replay(batch).float()
+            kw = dict(num_tokens=n, batch_size=bs, padded=padded)
+            rows += [_row("b_match", "after", "logit_rows", out.shape[0], "rows", **kw),
+                     _row("b_match", "after", "max_abs_diff", (out - ref).abs().max().item(),
+                          "logit", **kw),
+                     _row("b_match", "eager", "max_abs_logit", ref.abs().max().item(), "logit",
+                          **kw)]
+    return rows
+
+
+def _latency(model, before, after, p: dict, batch_for, timer) -> list:
+    """Part d: eager, before and after prefill latency in interleaved rounds, per token count and
+    request count."""
+    rows = []
+    for n, bs in [(n, bs) for n in p["token_counts"] for bs in p["batch_sizes"]]:
+        batch = batch_for(n, bs)
+        fns = {"eager": partial(rebuild.run_eager, model, batch),
+               "before": partial(before.forward, batch), "after": partial(after.forward, batch)}
+        kw = dict(num_tokens=n, batch_size=bs)
+        timed = timing.interleaved(fns, rounds=int(p["rounds"]), warmup=int(p["warmup"]),
+                                   repeat=int(p["repeat"]), timer=timer)
+        for name, t in timed.items():
+            rows += t.rows(**{**_DEFAULTS, **kw, "part": "d_latency", "variant": name})
+        rows.append(_row("d_latency", "before", "used_graph", int(before.can_run(batch)), "bool",
+                         **kw))
+        rows.append(_row("d_latency", "after", "used_graph", int(after.can_run(batch)), "bool",
+                         **kw))
+    return rows
+
+
+def run(params: Optional[dict] = None, *, progress: bool = True,
+        device: Optional[torch.device | str] = None) -> runs.Measured:
+    """The run on one GPU (``device=None``: the current CUDA device; ``"cpu"``: the row plumbing
+    with emulated graphs and host times, for the tests)."""
+    if device is None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("the breakable_graph experiment needs a CUDA GPU")
+        device = torch.device("cuda", torch.cuda.current_device())
+    p = {**DEFAULT_PARAMS, **(params or {})}
+    dev = torch.device(device)
+    on_gpu = dev.type == "cuda"
+    dtype = getattr(torch, p["dtype"]) if on_gpu else torch.float32
+    cfg, seed = model_config(p), int(p["seed"])
+    caps = sorted(int(n) for n in p["capture_num_tokens"])
+    say = print if progress else (lambda *a, **k: None)
+    where = torch.cuda.get_device_name(dev) if on_gpu else "cpu"
+    say(f"[breakable_graph] model {asdict(cfg)} {dtype} on {where}")
+    with timing.phase("build"):
+        # weights drawn on the GPU (method 3; method 2 drew the same distributions on the CPU)
+        model = rebuild.build_model(cfg, device=dev, dtype=dtype, seed=seed,
+                                    draw_on="device" if on_gpu else "cpu")
+    with timing.phase("capture"):
+        say(f"[breakable_graph] capturing {len(caps)} buckets {caps}, boundary=before and after")
+        pool = torch.cuda.graph_pool_handle() if on_gpu else None  # one pool for both runners
+        before = rebuild.BreakableGraphRunner(model, boundary=rebuild.BEFORE,
+                                              capture_num_tokens=caps, pool=pool)
+        after = rebuild.BreakableGraphRunner(model, boundary=rebuild.AFTER,
+                                             capture_num_tokens=caps, pool=pool)
+    rows: list[dict] = []
+    for n in caps:
+        for name, r in (("before", before), ("after", after)):
+            segs, breaks = r.segments(n)
+            rows.append(_row("launches", name, "graph_segments", segs, "count", num_tokens=n))
+            rows.append(_row("launches", name, "eager_breaks", breaks, "count", num_tokens=n))
+
+    def batch_for(n_tokens: int, bs: int) -> rebuild.PrefillBatch:
+        return rebuild.make_batch(split_tokens(n_tokens, bs, seed), vocab_size=cfg.vocab_size,
+                                  device=dev, seed=seed + n_tokens + bs)
+
+    with timing.phase("correctness"):
+        say("[breakable_graph] (a) 3 requests through the before and after graphs; (b) after vs "
+            "eager")
+        rows += three_requests(model, before, after, batch_for(p["token_counts"][0], 3), on_gpu)
+        rows += _matches(model, after, p, batch_for)
+    with timing.phase("hit rate"):
+        say("[breakable_graph] (c) hit rate of the mixed prefill stream")
+        rows += hit_rate_rows(p, model=model)
+    timer = partial(timing.cuda_time, device=dev) if on_gpu else partial(timing.host_time,
+                                                                          sync=False)
+    with timing.phase("timing"):
+        say("[breakable_graph] (d) latency of eager, before and after, interleaved")
+        rows += _latency(model, before, after, p, batch_for, timer)
+    with timing.phase("profile"):
+        say("[breakable_graph] traced pass (torch.profiler)")
+        prof = profile_pass(p, model, before, after, batch_for, on_gpu)
+    rows += prof.rows
+    with timing.phase("resolution"):
+        say("[breakable_graph] (e) layer_model resolution on four model shapes")
+        rows += resolution_rows()
+    del before, after, model, pool
+    gc.collect()
+    if on_gpu:
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
+    say("[breakable_graph] done")
+    return runs.Measured(runs.tidy(EXPERIMENT, rows), sidecars=prof.sidecars)

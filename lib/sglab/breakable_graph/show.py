@@ -1,0 +1,437 @@
+"""Tables and figures of notebook 03, from the rebuild (CPU) or a run (recorded or live), and "your
+own setup".
+
+Every function that takes a run accepts a :class:`~sglab.core.runs.NoRun` too and then prints its
+one line instead of a table or a figure.
+
+- tables of a run (what the claims read): 3 requests through each graph, after vs eager, latency,
+  hit rate, launches and segments;
+- the GPU sections of the notebook: :func:`correctness`, :func:`latency`, :func:`launches`,
+  :func:`profiler`, each over the runs shown (the newest of each GPU model);
+- :func:`mechanism` (the slide): one captured forward as graph segments and eager breaks, recorded
+  through the runner's own capture path (:func:`capture_structure`);
+- your own setup: a prefill traffic mix -> the graph hit rate of each runner (:func:`your_setup`).
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+
+from sglab.breakable_graph import measure, rebuild
+from sglab.core import notebook, plots, runs
+
+gpu_short = runs.gpu_short
+STYLES = {"eager": ("tab:gray", "o"), "before": ("tab:red", "s"), "after": ("tab:blue", "^")}
+
+
+# --------------------------------------------------------------------------------------------------
+# tables of a run
+# --------------------------------------------------------------------------------------------------
+def latency_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Median latency per (num_tokens, batch_size) and variant, with speedups over eager."""
+    d = df[(df["part"] == "d_latency") & (df["metric"] == "time_median")]
+    t = d.pivot_table(index=["num_tokens", "batch_size"], columns="variant",
+                      values="value").reset_index()
+    t["speedup_after"] = t["eager"] / t["after"]
+    t["speedup_before"] = t["eager"] / t["before"]
+    return t
+
+
+def spread(df: pd.DataFrame, variant: str) -> pd.DataFrame:
+    d = df[(df["part"] == "d_latency") & (df["variant"] == variant)]
+    return d.pivot_table(index=["num_tokens", "batch_size"], columns="metric",
+                         values="value").reset_index()
+
+
+def hit_rates(df: pd.DataFrame) -> dict:
+    """{variant: {"hit_rate", "token_hit_rate", "graph_batches", "batches"}} of part c."""
+    c = df[(df["part"] == "c_hit_rate") & df["variant"].isin(["before", "after"])]
+    return {v: dict(zip(g["metric"], g["value"])) for v, g in c.groupby("variant")}
+
+
+def bs3_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Part a: the before graph replayed for 3 requests, against eager and the after graph."""
+    return df[df["part"] == "a_bs3"].pivot_table(index="variant", columns="metric", values="value")
+
+
+def match_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Part b per token count: did every batch get one logit row per request, and the largest abs
+    diff."""
+    b = df[df["part"] == "b_match"].pivot_table(index=["num_tokens", "padded", "batch_size"],
+                                         columns=["variant", "metric"], values="value")
+    rows = []
+    for (n, padded), g in b.groupby(level=["num_tokens", "padded"]):
+        bs = g.index.get_level_values("batch_size")
+        rows.append({"num_tokens": int(n), "padded": bool(padded),
+                     "requests": f"{bs.min()}..{bs.max()}",
+                     "rows == requests": bool((g[("after", "logit_rows")] == bs).all()),
+                     "max abs diff": float(g[("after", "max_abs_diff")].max()),
+                     "max abs logit (eager)": float(g[("eager", "max_abs_logit")].max())})
+    return pd.DataFrame(rows)
+
+
+def launch_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Host launches and device kernels per prefill, by request count and variant."""
+    ln = df[(df["part"] == "launches") & (df["batch_size"] > 0)]
+    return ln.pivot_table(index=["batch_size", "variant"], columns="metric",
+                          values="value").astype(int)
+
+
+def segment_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Graph segments and eager breaks per captured bucket, per boundary."""
+    seg = df[(df["part"] == "launches") & df["metric"].isin(["graph_segments", "eager_breaks"])]
+    return seg.pivot_table(index="num_tokens", columns=["variant", "metric"],
+                           values="value").astype(int)
+
+
+def hit_table(rows: list[dict]) -> pd.DataFrame:
+    """The hit-rate rows of :func:`sglab.breakable_graph.measure.hit_rate_rows`, one row per
+    runner."""
+    hit = pd.DataFrame(rows)
+    return (hit[hit["variant"].isin(["before", "after"])]
+            .pivot_table(index="variant", columns="metric", values="value")
+            [["batches", "graph_batches", "hit_rate", "token_hit_rate"]])
+
+
+def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per token count: after vs eager over the prefills of 2+ requests; before vs eager there (the
+    same eager code: the noise check); after's own latency over every request count."""
+    lat = latency_table(df)
+    multi, every = lat[lat["batch_size"] > 1].groupby("num_tokens"), lat.groupby("num_tokens")
+    return pd.DataFrame({"requests": multi["batch_size"].agg(lambda s: f"{s.min()}..{s.max()}"),
+                         "after vs eager ×, min": multi["speedup_after"].min(),
+                         "after vs eager ×, max": multi["speedup_after"].max(),
+                         "before vs eager ×, min": multi["speedup_before"].min(),
+                         "before vs eager ×, max": multi["speedup_before"].max(),
+                         "after ms, min (any requests)": every["after"].min(),
+                         "after ms, max (any requests)": every["after"].max()})
+
+
+# --------------------------------------------------------------------------------------------------
+# the GPU sections of the notebook, each shown from the run (or its NoRun line)
+# --------------------------------------------------------------------------------------------------
+@notebook.needs_run
+def correctness(run) -> None:
+    """Per GPU: 3 requests through each graph (part a), then the after graph against eager at every
+    token count and request count (part b)."""
+    for r in run.shown:
+        print(r.label)
+        notebook.show_table(bs3_table(r.df))
+        notebook.show_table(match_table(r.df))
+
+
+@notebook.needs_run
+def latency(run) -> None:
+    """Per GPU: prefill latency by request count and the speedups over eager (figure, then table);
+    the graph hit rate of the mixed stream, routed by the run's runners."""
+    for r in run.shown:
+        notebook.show_figure(latency_figure(r))
+        notebook.show_table(speedup_table(r.df).round(2))
+        notebook.show_table(pd.DataFrame(hit_rates(r.df)).T)
+
+
+@notebook.needs_run
+def launches(run) -> None:
+    """Per GPU: host launches and device kernels per prefill, segments and breaks per bucket."""
+    for r in run.shown:
+        print(f"{r.label}, {int(r.manifest['params']['launch_token_count'])} tokens per prefill:")
+        notebook.show_table(launch_table(r.df))
+        notebook.show_table(segment_table(r.df))
+
+
+@notebook.needs_run
+def profiler(run) -> None:
+    """Per GPU: the traced 3-request prefill of the before and after runners on one time axis."""
+    for r in run.shown:
+        if r.sidecar("events") is None:
+            print(f"{r.label}: this run predates profiler traces; a new recording (`sglab record "
+                  "breakable_graph`) adds them.")
+            continue
+        notebook.show_figure(timeline(r))
+
+
+# --------------------------------------------------------------------------------------------------
+# the structure of one capture (the slide's picture)
+# --------------------------------------------------------------------------------------------------
+class StructureCapture(rebuild.BreakableCUDAGraphCapture):
+    """A capture that records module names per segment where the real one opens a CUDA graph: the
+    runner's own capture path (``_build_capture_forward_batch``, ``_run_forward``, the model's
+    ``@eager_on_graph`` attention) on any device; on a GPU the segment and break counts equal the
+    real capture's (tested)."""
+
+    def __init__(self):
+        super().__init__(rebuild.BreakableCUDAGraph())
+        self.segments: list[list[str]] = []
+        self.breaks: list[str] = []
+        self.stack: list[str] = []
+
+    def _begin_new_segment(self) -> None:
+        if self.segments:  # called right after an eager break ran, inside the module that broke
+            self.breaks.append(self.stack[-1] if self.stack else "?")
+        self.segments.append([])
+
+    def _end_current_segment(self) -> None:
+        pass
+
+    @contextmanager
+    def hooks(self, model: torch.nn.Module):
+        """Record every module entered (into the open segment) while the capture runs."""
+        handles = []
+        for name, mod in model.named_modules():
+            if not name:
+                continue
+
+            def pre(_m, _args, name=name):
+                self.stack.append(name)
+                if self.segments:
+                    self.segments[-1].append(name)
+
+            def post(_m, _args, _out):
+                self.stack.pop()
+
+            handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+
+@dataclass
+class Structure:
+    boundary: str
+    segments: list = field(default_factory=list)   # per segment: module names, in call order
+    breaks: list = field(default_factory=list)     # per break: the module that broke
+
+    @property
+    def tail_in_graph(self) -> bool:
+        """Does a captured segment contain the logits tail (the one-request gather)?"""
+        return any("logits_processor" in n for seg in self.segments for n in seg)
+
+
+CAPTURE_TOKENS = 16
+
+
+def capture_structure(boundary: str, num_layers: int = 16, model=None) -> Structure:
+    """The segments and breaks of one capture with the given boundary ("before" or "after"), on a
+    model of ``num_layers`` layers at widths a CPU builds in milliseconds (or on ``model``)."""
+    if model is None:
+        model = rebuild.build_model(rebuild.ModelConfig(
+            vocab_size=64, hidden_size=32, num_heads=2, head_dim=16, intermediate_size=64,
+            num_layers=int(num_layers), max_position=64))
+    runner = rebuild.BreakableGraphRunner(model, boundary=boundary,
+                                          capture_num_tokens=[CAPTURE_TOKENS], capture=False)
+    if boundary == rebuild.AFTER and runner.layer_model is None:
+        return Structure(boundary)
+    batch = runner._build_capture_forward_batch(CAPTURE_TOKENS)
+    meta = rebuild.build_attn_metadata(batch.extend_seq_lens_cpu, CAPTURE_TOKENS, runner.device)
+    cap = StructureCapture()
+    with cap.hooks(model), rebuild.set_forward_context(meta), torch.no_grad(), cap:
+        runner._run_forward(batch, CAPTURE_TOKENS)
+    return Structure(boundary, cap.segments, cap.breaks)
+
+
+_LAYER = re.compile(r"layers\.(\d+)\.(.*)")
+_WORDS = {"input_layernorm": "norm", "self_attn.qkv_proj": "qkv", "self_attn.o_proj": "o_proj",
+          "post_attention_layernorm": "norm", "mlp": "MLP"}
+_LEAVES = {"embed_tokens": "embed", "embed_positions": None, "norm": "final norm",
+           "logits_processor": "logits tail"}
+
+
+def segment_label(names: list[str]) -> str:
+    """A short description of one segment, e.g. ``"L0 o_proj·norm·MLP | L1 norm·qkv"``."""
+    parts: list[tuple[str, list[str]]] = []
+    for n in names:
+        n = n.removeprefix("model.").removeprefix("language_model.model.")
+        m = _LAYER.search(n)
+        word, where = (_WORDS.get(m.group(2)), f"L{m.group(1)}") if m else \
+            (_LEAVES.get(n.split(".")[-1]), "")
+        if word is None:
+            continue
+        if parts and parts[-1][0] == where:
+            if word not in parts[-1][1]:
+                parts[-1][1].append(word)
+        else:
+            parts.append((where, [word]))
+    return " | ".join((f"{w} " if w else "") + "·".join(ws) for w, ws in parts)
+
+
+# --------------------------------------------------------------------------------------------------
+# figures
+# --------------------------------------------------------------------------------------------------
+EDGE = 2  # segments drawn at each end of a row; the middle is summarised
+
+
+def _row_items(s: Structure) -> list[tuple[str, str, str]]:
+    """(kind, text, colour) left to right: segments and breaks, the middle collapsed into one
+    gap."""
+    full = []
+    for i, label in enumerate(segment_label(seg) for seg in s.segments):
+        full.append(("segment", f"graph {i}\n" + label.replace(" | ", "\n"),
+                     "before" if "logits tail" in label else "after"))
+        if i < len(s.breaks):
+            layer = s.breaks[i].split("layers.")[-1].split(".")[0] if "layers." in s.breaks[i] \
+                else "?"
+            full.append(("break", f"attn\nL{layer}\neager", "neutral"))
+    head, tail = 2 * EDGE, 2 * EDGE - 1
+    if len(full) <= head + tail + 1:
+        return full
+    hidden = full[head:-tail]
+    n_seg = sum(k == "segment" for k, _, _ in hidden)
+    gap = ("gap", f"… {n_seg} more segments\nand {len(hidden) - n_seg} breaks …", "none")
+    return full[:head] + [gap] + full[-tail:]
+
+
+def _draw_row(ax, y: float, s: Structure) -> float:
+    x, widths = 0.1, {"segment": 1.55, "break": 0.55, "gap": 1.6}
+    for kind, text, color in _row_items(s):
+        w = widths[kind]
+        if kind == "gap":
+            ax.text(x + w / 2, y + 0.4, text, ha="center", va="center", fontsize=7.5,
+                    color="#555555")
+        else:
+            plots.box(ax, x, y, w, 0.8, text, color=color, fontsize=6.8)
+        x += w + 0.08
+    return x
+
+
+def _bs3(run) -> dict:
+    """Rows and ``can_run`` of the 3-request batch per runner: from the run, else from the rebuild
+    on the CPU (emulated replay, the tiny model, buckets of 16/32/64 tokens)."""
+    if run:
+        df = run.df
+    else:
+        model = rebuild.build_model(rebuild.TINY_CONFIG)
+        before, after = (rebuild.BreakableGraphRunner(model, boundary=b,
+                                                      capture_num_tokens=[16, 32, 64])
+                         for b in rebuild.BOUNDARIES)
+        batch = rebuild.make_batch([10, 12, 10], vocab_size=rebuild.TINY_CONFIG.vocab_size,
+                                   seed=1)
+        df = pd.DataFrame(measure.three_requests(model, before, after, batch))
+    a = bs3_table(df)
+    return {"before": int(a.loc["before", "logit_rows"]),
+            "after": int(a.loc["after", "logit_rows"]),
+            "can_run_before": int(a.loc["before", "can_run"]),
+            "can_run_after": int(a.loc["after", "can_run"])}
+
+
+def mechanism(run=None):
+    """One captured forward as graph segments and eager breaks: before #24662 (whole forward, logits
+    tail inside the last segment, captured for one request) and after (layer stack only, the tail
+    eager), for the run's layer count and its 3-request outcome (the default parameters and the
+    CPU rebuild without a run)."""
+    params = (run.manifest.get("params") or {}) if run else {}
+    layers = int(params.get("num_layers", measure.DEFAULT_PARAMS["num_layers"]))
+    before, after = (capture_structure(b, layers) for b in rebuild.BOUNDARIES)
+    bs3 = _bs3(run)
+    fig, ax = plots.canvas(12.5, 4.3, xlim=(0, 12.5), ylim=(0, 4.3))
+    for s, y, title in ((before, 2.55, "before #24662: capture model.forward (bs=1)"),
+                        (after, 0.75, "after #24662: capture layer_model.forward")):
+        plots.label(ax, 0.1, y + 1.15, f"{title} — {len(s.segments)} graph segments, "
+                    f"{len(s.breaks)} eager breaks", fontsize=9)
+        x = _draw_row(ax, y, s)
+        if s.boundary == rebuild.AFTER:
+            plots.arrow(ax, (x - 0.05, y + 0.4), (x + 0.3, y + 0.4))
+            plots.box(ax, x + 0.32, y, 1.7, 0.8,
+                      "logits tail, eager:\nlast token of each\nrequest, lm_head", color="kept",
+                      fontsize=6.8)
+    ax.text(0.1, 2.2, f"3-request batch: can_run = {bool(bs3['can_run_before'])} → runs eagerly "
+            f"(replayed anyway: {bs3['before']} logit row)", fontsize=8,
+            color=plots.PALETTE["before"])
+    ax.text(0.1, 0.4, f"3-request batch: can_run = {bool(bs3['can_run_after'])} → replays the "
+            f"segments, {bs3['after']} logit rows", fontsize=8, color=plots.PALETTE["after"])
+    ax.text(0.1, 0.05, "Segments and breaks recorded from the runner's own capture path (model of "
+            "the run's layer count); red: the segment that bakes in the one-request gather.",
+            fontsize=7.5, color="#555555")
+    return fig
+
+
+def latency_figure(run):
+    """Per token count: latency of eager / before / after over request counts (median, p10–p90),
+    and the speed-ups over eager."""
+    lat = latency_table(run.df)
+    token_counts = sorted(lat["num_tokens"].unique())
+    fig, axes = plots.figure(ncols=len(token_counts) + 1, width=4.2 * (len(token_counts) + 1))
+    axes = list(axes.ravel())
+    for ax, n in zip(axes, token_counts):
+        for variant, (color, marker) in STYLES.items():
+            s = spread(run.df, variant)
+            s = s[s["num_tokens"] == n]
+            ax.errorbar(s["batch_size"], s["time_median"],
+                        yerr=[s["time_median"] - s["time_p10"], s["time_p90"] - s["time_median"]],
+                        color=color, marker=marker, capsize=2, label=variant)
+        ax.set_title(f"{gpu_short(run.manifest)}: {n} tokens per prefill")
+        ax.set_ylim(bottom=0)
+    axes[0].set_ylabel("prefill latency, ms (median, p10–p90)")
+    axes[0].legend()
+    ax = axes[-1]
+    for n, g in lat.groupby("num_tokens"):
+        line, = ax.plot(g["batch_size"], g["speedup_after"], marker="^", label=f"after, {n} tok")
+        ax.plot(g["batch_size"], g["speedup_before"], marker="s", ls="--",
+                color=line.get_color(), alpha=0.6, label=f"before, {n} tok")
+    ax.axhline(1.0, color="#999999", lw=1)
+    ax.set_title(f"{gpu_short(run.manifest)}: speedup over eager")
+    ax.set_ylabel("eager / runner latency, × (medians)")
+    ax.set_ylim(bottom=0)
+    ax.legend(ncol=2, fontsize=7)
+    for ax in axes:
+        ax.set_xlabel("requests in the batch")
+        ax.set_xticks(sorted(lat["batch_size"].unique()))
+    plots.caption(fig, run, extra="before = graph only for 1 request, eager otherwise")
+    return fig
+
+
+def timeline(run):
+    """The 3-request prefill in the profiler: before (rejected, every kernel launched eagerly) vs
+    after (graph launches with eager attention between them)."""
+    ev = run.sidecar("events")
+    tables = {f"{v} (3 req)": plots.window(ev[ev.variant == v]) for v in ("before", "after")
+              if (ev.variant == v).any()}
+    fig = plots.timeline(tables, highlight="GraphLaunch", highlight_label="graph launch",
+                         categories=("kernel", "memcpy", "memset", "runtime"),
+                         title=f"One 3-request prefill of "
+                               f"{int(run.manifest['params']['launch_token_count'])} tokens "
+                               f"({gpu_short(run)})")
+    plots.caption(fig, run, extra="torch.profiler; each runner from its own first event")
+    return fig
+
+
+# --------------------------------------------------------------------------------------------------
+# your own setup: a prefill traffic mix -> the graph hit rate of each runner
+# --------------------------------------------------------------------------------------------------
+def traffic_table(p_single: float, max_requests: int, max_len: int,
+                  largest_bucket: int) -> pd.DataFrame:
+    """The seeded stream of 1000 prefill batches with this mix (one request with probability
+    ``p_single``, else 2..``max_requests``; request lengths log-uniform in 16..``max_len``) routed
+    by each runner's ``can_run`` with buckets up to ``largest_bucket`` tokens: exact, no GPU."""
+    p = {**measure.DEFAULT_PARAMS, "stream_p_single": p_single, "stream_max_bs": max_requests,
+         "stream_max_len": max_len, "capture_num_tokens": [largest_bucket]}
+    rows = measure.hit_rate_rows(p)
+    t = hit_table(rows).astype({"batches": int, "graph_batches": int})
+    t = t.rename_axis(index="runner", columns=None).reset_index()
+    t["batches over the largest bucket"] = int(next(r["value"] for r in rows
+                                                    if r["metric"] == "batches_over_max_tokens"))
+    return t
+
+
+def your_setup():
+    """Your prefill traffic -> the share of batches (and tokens) each runner serves from its graph
+    (controls in JupyterLab, a static table elsewhere)."""
+    return notebook.explore(traffic_table,
+                            {"p_single": [0.0, 0.1, 0.35, 0.6, 0.9],
+                             "max_requests": [2, 4, 8, 16, 32],
+                             "max_len": [256, 512, 1024, 2048, 4096, 8192],
+                             "largest_bucket": [1024, 2048, 4096, 8192, 16384]},
+                            static=[{"p_single": 0.35, "max_requests": 8, "max_len": 2048,
+                                     "largest_bucket": 4096},
+                                    {"p_single": 0.8, "max_requests": 4, "max_len": 1024,
+                                     "largest_bucket": 4096},
+                                    {"p_single": 0.2, "max_requests": 16, "max_len": 8192,
+                                     "largest_bucket": 8192}],
+                            title="Your traffic: prefill batches served by the graph, before and "
+                                  "after #24662")

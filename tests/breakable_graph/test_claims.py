@@ -1,0 +1,147 @@
+"""breakable_graph claims on the committed runs (all hold or are n/a with a reason), on damaged
+copies of them (the right claim fails, by name, with the claim it is folded under), and the README
+headline from the committed runs."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import shutil
+from pathlib import Path
+from statistics import median
+
+import pandas as pd
+import pytest
+
+from sglab.breakable_graph import claims
+from sglab.core import claims as C
+from sglab.core import runs
+from sglab.tools import cli
+
+EXP = "breakable_graph"
+RECORDED = runs.list_runs(EXP)
+M3 = [p for p in RECORDED
+      if json.loads(p.with_suffix(".json").read_text()).get("method_version", 1) >= 3]
+PARENT = {f.id: c.id for c in claims.CLAIMS for f in c.folded}
+
+pytestmark = pytest.mark.skipif(not RECORDED, reason="no recorded breakable_graph run")
+
+
+def _copy(src, tmp_path, edit):
+    """A copy of a recorded run (CSV, manifest, sidecars) with its rows edited; the manifest's row
+    count kept."""
+    dst = tmp_path / src.name
+    for f in src.parent.glob(src.stem + ".*"):
+        shutil.copy2(f, tmp_path / f.name)
+    df = edit(pd.read_csv(dst))
+    df.to_csv(dst, index=False)
+    m = json.loads(dst.with_suffix(".json").read_text())
+    m["rows"] = len(df)
+    dst.with_suffix(".json").write_text(json.dumps(m))
+    return dst
+
+
+def _set(df, value, **where):
+    sel = pd.Series(True, index=df.index)
+    for k, v in where.items():
+        sel &= df[k] == v
+    assert sel.any(), where
+    df.loc[sel, "value"] = value
+    return df
+
+
+def _failed(out: str) -> set:
+    return {line.split()[1] for line in out.splitlines() if line.startswith("FAIL ")}
+
+
+def test_every_recorded_run_verifies(capsys):
+    assert cli.main(["verify", EXP]) == 0
+    out = capsys.readouterr().out
+    assert "FAIL" not in out and f"{len(RECORDED)} run(s): {len(RECORDED)} hold" in out
+    assert "4/4 claims hold on H100" in out and "4/4 claims hold on H200" in out
+    assert len(claims.CLAIMS) <= C.MAX_READER_CLAIMS
+    assert all(f"└ {c.id}" in out for c in C.all_claims(claims) if c.id in PARENT)
+
+
+DAMAGE = {
+    "breakable_graph.before_bs3_one_row": lambda df: _set(df, 3.0, part="a_bs3", variant="before",
+                                                          metric="logit_rows"),
+    "breakable_graph.after_equals_eager": lambda df: _set(df, 0.125, part="b_match",
+                                                          variant="after", metric="max_abs_diff",
+                                                          batch_size=3),
+    "breakable_graph.hit_rate": lambda df: _set(df, 325.0, part="c_hit_rate", variant="before",
+                                                metric="graph_batches"),
+    "breakable_graph.multi_request_speedup": lambda df: _set(df, 100.0, part="d_latency",
+                                                             variant="after",
+                                                             metric="time_median", batch_size=8),
+    "breakable_graph.segments_per_bucket": lambda df: _set(df, 16.0, part="launches",
+                                                           variant="after",
+                                                           metric="graph_segments",
+                                                           num_tokens=512),
+    "breakable_graph.routing": lambda df: _set(df, 1.0, part="d_latency", variant="before",
+                                               metric="used_graph", batch_size=8),
+    "breakable_graph.launches": lambda df: _set(df, 16.0, part="launches", variant="after",
+                                                metric="host_graph_launches", batch_size=8),
+}
+
+
+@pytest.mark.parametrize("claim", sorted(DAMAGE))
+def test_a_damaged_copy_fails_the_right_claim(claim, tmp_path, capsys):
+    path = _copy(RECORDED[-1], tmp_path, DAMAGE[claim])
+    assert cli.main(["verify", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert _failed(out) == {claim} | ({PARENT[claim]} if claim in PARENT else set()), out
+
+
+def test_a_dropped_variant_is_a_failure_not_a_pass(tmp_path, capsys):
+    path = _copy(RECORDED[-1], tmp_path,
+                 lambda df: df[~((df.part == "c_hit_rate") & (df.variant == "after"))])
+    assert cli.main(["verify", str(path)]) == 1
+    assert "could not evaluate" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not M3, reason="no recorded breakable_graph run of method 3 yet")
+def test_the_trace_claim_reads_the_events_sidecar(tmp_path, capsys):
+    path = _copy(M3[-1], tmp_path, lambda df: df)
+    m = json.loads(path.with_suffix(".json").read_text())
+    ev_path = tmp_path / m["sidecars"]["events"]
+    lines = gzip.decompress(ev_path.read_bytes()).decode().splitlines()
+    kept = [ln for ln in lines if not ("cudaGraphLaunch" in ln and ",after," in ln)]
+    ev_path.write_bytes(gzip.compress(("\n".join(kept) + "\n").encode()))
+    assert cli.main(["verify", str(path)]) == 1
+    assert _failed(capsys.readouterr().out) == {"breakable_graph.trace_3_requests",
+                                                "breakable_graph.multi_request_speedup"}
+
+
+# -- the README headline from the committed recorded runs
+# --------------------------------------------------------------------------------------------------
+def test_headline_from_recorded_runs():
+    newest: dict[str, Path] = {}
+    for js in sorted(RECORDED[0].parent.glob("*.json")):
+        m = json.loads(js.read_text())
+        gpu = m["gpu_name"].replace("NVIDIA", "").split()[0]
+        if gpu not in newest or m["created_utc"] > json.loads(newest[gpu].read_text())[
+                "created_utc"]:
+            newest[gpu] = js
+    text = C.headline(claims, C.shown(claims, runs.load_all_recorded(EXP)))
+    assert "|" not in text and len(text) < 350
+    for gpu, js in newest.items():
+        rows = list(csv.DictReader(js.with_suffix(".csv").open()))
+        med = {}
+        for r in rows:
+            if r["part"] == "d_latency" and r["metric"] == "time_median":
+                med[(int(float(r["num_tokens"])), int(float(r["batch_size"])),
+                     r["variant"])] = float(r["value"])
+        sp = [med[(n, b, "eager")] / med[(n, b, "after")] for (n, b, v) in med
+              if v == "after" and b > 1]
+        params = json.loads(js.read_text())["params"]
+        assert len(sp) == len(params["token_counts"]) * sum(b > 1 for b in params["batch_sizes"])
+        assert f"{gpu} {min(sp):.2f}–{max(sp):.2f}× (median {median(sp):.2f}×)" in text
+        hit = {(r["variant"], r["metric"]): float(r["value"]) for r in rows
+               if r["part"] == "c_hit_rate"}
+        assert (f"Graph hit rate {hit[('before', 'hit_rate')]:.0%} → "
+                f"{hit[('after', 'hit_rate')]:.0%}") in text
+    # the committed runs: H100 and H200, one each
+    assert sorted(newest) == ["H100", "H200"]
+    assert "-request prefills of " in text and text.endswith("logits max abs diff vs eager 0.")
