@@ -535,29 +535,30 @@ def memory_series(run, *, repeat: int = 0, variants=("before", "after"), rank: i
 # your own setup: a TP size and a request stream -> GPU-0 waste before the fix, vision cache hits
 # --------------------------------------------------------------------------------------------------
 def stray_mib() -> dict:
-    """Per GPU model: MiB one rank >= 1 holds on GPU 0 after a kernel before the fix (median over
-    the recorded runs shown of that GPU)."""
-    shown = list(runs.newest_by(runs.load_all_recorded(measure.EXPERIMENT),
-                                lambda r: (runs.gpu_short(r), int(r.df.tp_size.max()))).values())
+    """Per GPU model: MiB a rank >= 1 holds on GPU 0 after a kernel, ``(before, after)`` the fix
+    (median over the recorded runs of that GPU)."""
     out: dict = {}
-    for r in shown:
+    for r in runs.load_all_recorded(measure.EXPERIMENT):
         per = gpu0_per_rank(r.df)
-        per = per[(per.variant == "before") & (per.phase == "kernel")]
-        out.setdefault(runs.gpu_short(r), []).extend(per.median_mib)
-    return {gpu: float(np.median(v)) for gpu, v in out.items() if v}
+        per = per[per.phase == "kernel"]
+        got = out.setdefault(runs.gpu_short(r), ([], []))
+        for v, into in zip(("before", "after"), got):
+            into.extend(per[per.variant == v].median_mib)
+    return {gpu: (float(np.median(b)), float(np.median(a))) for gpu, (b, a) in out.items()
+            if b and a}
 
 
 def setup_table(tp_size: int, requests: int, image_pool: int, max_images: int):
-    """Per GPU model with a recorded run: the GPU-0 memory N − 1 ranks hold before the fix (one
-    stray context each, as measured), 0 after; and the vision cache on a seeded stream of
+    """Per GPU model with a recorded run: the GPU-0 memory N − 1 ranks hold before and after the
+    fix (one stray context each before, as measured); and the vision cache on a seeded stream of
     ``requests`` requests of 1..``max_images`` images from a pool of ``image_pool`` (run now)."""
     stream = rebuild.request_stream(int(requests), int(image_pool), int(max_images), 0)
     before, after = (measure.simulate_cache(stream, fixed=f) for f in (False, True))
     cache = {"images requested": after.images, "encoded per request (before)":
              before.images_encoded, "encoded per image (after)": after.images_encoded}
-    rows = [{"GPU": gpu, "stray MiB per rank ≥ 1": round(mib),
-             "GPU-0 MiB before": round((int(tp_size) - 1) * mib), "GPU-0 MiB after": 0, **cache}
-            for gpu, mib in stray_mib().items()]
+    n = int(tp_size) - 1
+    rows = [{"GPU": gpu, "stray MiB per rank ≥ 1": round(b), "GPU-0 MiB before": round(n * b),
+             "GPU-0 MiB after": round(n * a), **cache} for gpu, (b, a) in stray_mib().items()]
     return pd.DataFrame(rows or [{"GPU": "no recorded run", **cache}])
 
 
