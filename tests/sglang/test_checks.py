@@ -85,37 +85,6 @@ def test_workspace_floor_absent():
     assert state(checks.workspace_floor, {checks.LAYERNORM: "def broken(:\n"}).status == "unknown"
 
 
-# -- #22858 -----------------------------------------------------------------------------------------------------
-def _processor(build: str, ret: str, move: bool) -> dict:
-    moved = "        grid_thws = grid_thws.cpu()\n" if move else ""
-    return {checks.KIMI_PROCESSOR: f"""
-def _gpu_preprocess_images(images):
-    all_grids = [image_grid(im) for im in images]
-    grid_thws = {build}
-    return pixels(images), grid_thws
-
-class KimiGPUProcessorWrapper:
-    def _gpu_call(self, text, images):
-        pixel_values, grid_thws = _gpu_preprocess_images(images)
-{moved}        return {{"input_ids": ids(text), "pixel_values": pixel_values, "{ret}": grid_thws}}
-"""}
-
-
-@pytest.mark.parametrize("build,ret,move,status", [
-    ("torch.stack(all_grids, dim=0)", "grid_thws", False, "before"),
-    ("torch.stack(all_grids, dim=0)", "image_grid_thw", True, "pr-era"),
-    ("torch.tensor(all_grids, dtype=torch.int64)", "image_grid_thw", False, "changed"),
-    ("torch.stack(all_grids, dim=0)", "image_grid_thw", False, "regressed"),
-    ("torch.stack(all_grids, dim=0)", "grids", False, "unknown")])
-def test_grid_thw_states(build, ret, move, status):
-    assert state(checks.grid_thw, _processor(build, ret, move)).status == status
-
-
-def test_grid_thw_absent():
-    assert state(checks.grid_thw, {}).status == "absent"
-    v = state(checks.grid_thw,
-              {checks.KIMI_PROCESSOR: "class KimiK2_5VLImageProcessor:\n    pass\n"})
-    assert v.status == "absent" and "KimiGPUProcessorWrapper._gpu_call" in v.detail
 
 
 # -- #23972 -----------------------------------------------------------------------------------------------------

@@ -1,19 +1,504 @@
-"""The record of grid_thw: the upstream PR(s), the source check, the hunks, the real-release probes."""
+"""The Kimi-K2.5 grid in real SGLang: the fix's record, its source check, its real-release probes
+and the comparison with the rebuild.
+
+- ``FIX``: #22858, the symbols it touched, the probe the notebook shows, the GPU plan;
+- :func:`check`: the state of a given SGLang, read as source (``sglab upstream``, the timeline);
+- :func:`probe` (CPU, one release per worker process), each part the release's own code: which key
+  the model's ``get_image_feature`` reads the grid from, what ``KimiGPUProcessorWrapper._gpu_call``
+  returns on the rebuild's images, and what the release's wire (pickle in 0.5.1x, msgpack in
+  0.5.2x) does to the grid;
+- :func:`gpu_probe` (``sglab real gpu``, 2 GPUs): a real item over 0.5.23's msgpack wire to a
+  second worker on GPU 1 (:func:`receive`), and what that process then holds on GPU 0;
+- :func:`comparison` / :func:`compare`: the real answers beside the rebuild's, release by release.
+
+Nothing here imports SGLang at module level: the probes run inside a release's worker process.
+"""
 
 from __future__ import annotations
 
-from sglab.sglang import checks as C
+import ast
+import inspect
+import os
+import pickle
+import tempfile
+import types
+from array import array
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from sglab.core.memory import all_processes, explain_no_match
+from sglab.grid_thw import rebuild
+from sglab.sglang import bootstrap
+from sglab.sglang import compare as real
+from sglab.sglang import source as S
+from sglab.sglang.gpu import graphs
+from sglab.sglang.gpu.record import records
 from sglab.sglang.fix import Fix, GpuPlan, Probe, Spec, Step, symbols_in
+from sglab.sglang.probing import Stop, has_file
+from sglab.sglang.runner import run_probe
+from sglab.sglang.upstream import Verdict
+
+KIMI_MODEL = "srt/models/kimi_k25.py"
+KIMI_PROCESSOR = "srt/multimodal/processors/kimi_k25.py"
+PROBE_RELEASES = ("0.5.10.post1", "0.5.11", "0.5.23")
+# 0.5.10.post1 is matched with `before` on the key only: its grid came from the CPU HF processor
+# (the GPU "before" never shipped in a release)
+VARIANT_OF = {"0.5.10.post1": "before", "0.5.11": "after", "0.5.23": "after"}
 
 
-FIX = Fix(
-    name="grid_thw", number="05", part="", prs=(22858,), gpus=2,
-    title="Kimi-K2.5 grid on the CPU under image_grid_thw (#22858)",
-    check=C.grid_thw,
-    hunks=(Spec(22858, symbols_in(C.KIMI_PROCESSOR, "KimiGPUProcessorWrapper._gpu_call",
-                                    "KimiGPUProcessorWrapper._cpu_call")
-                 + symbols_in(C.KIMI_MODEL, "KimiK25ForConditionalGeneration.get_image_feature")),),
-    probe=Probe("grid_thw:run", ("0.5.10.post1", "0.5.11", "0.5.23")),
-    gpu=GpuPlan(2, 1, (Step("0.5.23", "sglab.sglang.gpu.grid_thw:run", {"receiver_gpu": 1}, timeout=540.0),),
-                "real MultimodalDataItem over SGLang's msgpack wire to a process on GPU 1: its memory on GPU 0"),
-)
+# --------------------------------------------------------------------------------------------------
+# the source check (the release timeline, `sglab upstream`)
+# --------------------------------------------------------------------------------------------------
+def _dict_keys(node) -> set[str]:
+    return {k.value for n in ast.walk(node) if isinstance(n, ast.Dict)
+            for k in n.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+
+
+def _grid_built_on_cpu(tree) -> bool:
+    """``_gpu_preprocess_images`` makes ``grid_thws`` with ``torch.tensor(...)`` and no
+    ``device=``: a CPU tensor."""
+    fn = S.find(tree, "_gpu_preprocess_images")
+    return any(isinstance(v, ast.Call) and S.callee_name(v) == "tensor"
+               and S.keyword(v, "device") is None for v in S.assignments(fn, "grid_thws"))
+
+
+def check(read) -> Verdict:
+    """The state of #22858 in one SGLang, read from ``multimodal/processors/kimi_k25.py``."""
+    src = read(KIMI_PROCESSOR)
+    if src is None:
+        return Verdict("absent",
+                       "no multimodal/processors/kimi_k25.py: no Kimi-K2.5 image processor")
+    tree = S.parse(src)
+    gpu_call = S.find(tree, "KimiGPUProcessorWrapper._gpu_call")
+    if gpu_call is None:
+        return Verdict("absent",
+                       "no KimiGPUProcessorWrapper._gpu_call: Kimi-K2.5 images are not "
+                       "preprocessed on a GPU here, so no grid is built on cuda:0")
+    keys = _dict_keys(gpu_call)
+    moved = S.mentions(gpu_call, "grid_thws.cpu()")
+    on_cpu = _grid_built_on_cpu(tree)
+    if "image_grid_thw" in keys and moved:
+        return Verdict("pr-era",
+                       "_gpu_call moves grid_thws to the CPU (.cpu()) and returns it as "
+                       "image_grid_thw")
+    if "image_grid_thw" in keys and on_cpu:
+        return Verdict("changed",
+                       "_gpu_preprocess_images builds grid_thws on the CPU (torch.tensor, no "
+                       "device) and _gpu_call returns it as image_grid_thw; no .cpu() needed")
+    if "image_grid_thw" in keys:
+        return Verdict("regressed",
+                       "_gpu_call returns image_grid_thw built on the GPU without .cpu(): a cuda:0 "
+                       "tensor reaches every TP rank again")
+    if "grid_thws" in keys and not (moved or on_cpu):
+        return Verdict("before",
+                       "_gpu_call returns grid_thws as built on the preprocessing GPU (not a "
+                       "FEATURE_NAMES key, so it reaches every TP rank as a cuda:0 tensor)")
+    return Verdict("unknown",
+                   f"_gpu_call returns keys {sorted(keys)}: not a shape this check recognises")
+
+
+# --------------------------------------------------------------------------------------------------
+# the CPU probe (inside one release's worker process)
+# --------------------------------------------------------------------------------------------------
+KEYS = ("grid_thws", "image_grid_thw")
+IMAGE_TOKEN = "<|media_pad|>"
+N_IMAGES = 3
+
+
+def _images() -> list:
+    return [rebuild.synthetic_image(i) for i in range(N_IMAGES)]
+
+
+def _rebuilt_after() -> dict:
+    return rebuild.gpu_call(rebuild.prompt_for(N_IMAGES), _images(), fixed=True, device="cpu")
+
+
+def make_item(sb, key: str, grid, pixels):
+    """A real ``MultimodalDataItem`` (image) with the grid under ``key``."""
+    return sb.MultimodalDataItem(modality=sb.Modality.IMAGE, feature=pixels,
+                                 model_specific_data={key: grid})
+
+
+class _Tower:
+    """Stand-in vision tower: the attributes ``get_image_feature`` reads; a call stops with the
+    grid."""
+
+    def __init__(self):
+        self.dtype, self.device = torch.float32, torch.device("cpu")
+        self.patch_embed = types.SimpleNamespace(proj=types.SimpleNamespace(weight=torch.zeros(1)))
+
+    def __call__(self, pixel_values, grid_thws, *a, **k):
+        raise Stop(grid_thws)
+
+
+def model_rows(prepared, sb, grid, pixels) -> list[dict]:
+    """Which key ``KimiK25ForConditionalGeneration.get_image_feature`` reads the grid from: the
+    class built without its heavy ``__init__``, an item carrying the grid under one key at a
+    time."""
+    kimi = bootstrap.import_release_module(prepared, "sglang.srt.models.kimi_k25")
+    cls = kimi.KimiK25ForConditionalGeneration
+    rows = []
+    for key in KEYS:
+        m = cls.__new__(cls)
+        nn.Module.__init__(m)
+        object.__setattr__(m, "vision_tower", _Tower())
+        object.__setattr__(m, "mm_projector", lambda x: x)
+        object.__setattr__(m, "use_data_parallel", False)
+        seen, error = None, None
+        try:
+            cls.get_image_feature(m, [make_item(sb, key, grid, pixels)])
+        except Stop as stop:
+            seen = stop.payload
+        except Exception as exc:  # noqa: BLE001 - which key the release cannot read is the finding
+            error = f"{type(exc).__name__}: {exc}"[:160]
+        reads = seen is not None and seen.tolist() == grid.tolist()
+        rows += [{"part": "model", "case": key, "metric": "reads_grid", "value": reads},
+                 {"part": "model", "case": key, "metric": "error", "value": error}]
+    return rows
+
+
+def _tokenizer(text, return_tensors="pt"):
+    """Stand-in tokenizer: the image token -> Kimi's id, every other character -> its code point."""
+    ids, parts = [], text.split(IMAGE_TOKEN)
+    for i, part in enumerate(parts):
+        ids += [ord(c) for c in part] + ([rebuild.IMAGE_TOKEN_ID] if i < len(parts) - 1 else [])
+    return {"input_ids": torch.tensor([ids], dtype=torch.int64)}
+
+
+def processor_rows(prepared) -> list[dict]:
+    """``KimiGPUProcessorWrapper._gpu_call`` on the CPU (the norm tensors the release builds put on
+    the CPU, a stand-in tokenizer); empty where the release has no GPU preprocessor file."""
+    if not has_file(prepared, KIMI_PROCESSOR):
+        return []
+    proc = bootstrap.import_release_module(prepared, "sglang.srt.multimodal.processors.kimi_k25")
+    W = getattr(proc, "KimiGPUProcessorWrapper", None)
+
+    def rows(**facts):
+        return [{"part": "processor", "case": "_gpu_call", "metric": k, "value": v}
+                for k, v in facts.items()]
+
+    if W is None:
+        return rows(exists=False)
+    hf = types.SimpleNamespace(image_processor=None, tokenizer=_tokenizer, media_processor=None)
+    values = dict(hf_processor=hf, image_token=IMAGE_TOKEN, image_token_id=rebuild.IMAGE_TOKEN_ID,
+                  patch_size=rebuild.PATCH_SIZE, merge_kernel_size=rebuild.MERGE_KERNEL_SIZE,
+                  in_patch_limit=rebuild.IN_PATCH_LIMIT,
+                  patch_limit_on_one_side=rebuild.PATCH_LIMIT_ON_ONE_SIDE,
+                  fixed_output_tokens=None, image_mean=list(rebuild.IMAGE_MEAN),
+                  image_std=list(rebuild.IMAGE_STD))
+    params = inspect.signature(W.__init__).parameters
+    w = W(**{k: v for k, v in values.items() if k in params})
+    w._get_gpu_norm_tensors(device="cpu")
+    try:
+        out = w._gpu_call("abc" + (IMAGE_TOKEN + "d") * N_IMAGES + "e", _images())
+    except Exception as exc:  # noqa: BLE001 - 0.5.2x moves the image to CUDA itself
+        text = str(exc).strip()
+        cause = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+        return rows(exists=True, not_driven=cause[:160])
+    want = _rebuilt_after()
+    key = next((k for k in KEYS if k in out), None)
+    grid = out.get(key) if key else None
+    return rows(exists=True, keys=sorted(out), grid_key=key,
+                grid_device=str(grid.device) if grid is not None else None,
+                grid_dtype=str(grid.dtype).replace("torch.", "") if grid is not None else None,
+                grid=grid.tolist() if grid is not None else None,
+                pixel_values_match_rebuild=bool(torch.allclose(out["pixel_values"],
+                                                               want["pixel_values"], atol=1e-5)),
+                image_tokens=int((out["input_ids"] == rebuild.IMAGE_TOKEN_ID).sum()))
+
+
+def _send_msgpack(prepared, item):
+    """``TokenizedGenerateReqInput`` through ``io_struct.msgpack_encode`` / ``msgpack_decode``."""
+    io = bootstrap.import_release_module(prepared, "sglang.srt.managers.io_struct")
+    sb = bootstrap.import_release_module(prepared, "sglang.srt.managers.schedule_batch")
+    from sglang.srt.sampling.sampling_params import SamplingParams  # the release's own
+
+    req = io.TokenizedGenerateReqInput(
+        input_text="x", input_ids=array("i", [1, 2, 3]), input_embeds=None,
+        mm_inputs=sb.MultimodalProcessorOutput(mm_items=[item]), token_type_ids=None,
+        sampling_params=SamplingParams(), return_logprob=False, logprob_start_len=-1,
+        top_logprobs_num=0, token_ids_logprob=None, stream=False)
+    data = io.msgpack_encode(req)
+    return io.msgpack_decode(data).mm_inputs.mm_items[0], "msgpack (io_struct.msgpack_encode)", \
+        len(data)
+
+
+def _send_pickle(item):
+    """What ZMQ ``send_pyobj`` / ``recv_pyobj`` do with the processor output: pickle."""
+    data = pickle.dumps({"mm_items": [item]}, protocol=pickle.HIGHEST_PROTOCOL)
+    return pickle.loads(data)["mm_items"][0], "pickle (zmq send_pyobj)", len(data)
+
+
+def _recorded_device(grid, msgpack: bool) -> str | None:
+    """The device string the wire stores with the tensor."""
+    if msgpack:
+        from sglang.srt.utils import msgpack_utils as mu
+
+        meta, _ = mu._unpack_buffer_ext(memoryview(mu.enc_hook(grid).data))
+        return str(meta[2])
+    blob = pickle.dumps(grid)
+    return next((t for t in ("cuda:0", "cuda:1", "cpu") if t.encode() in blob), None)
+
+
+def wire_rows(prepared, sb, key, grid, pixels) -> list[dict]:
+    """The item through the release's transport (0.5.2x: msgpack of a ``TokenizedGenerateReqInput``,
+    whose metadata records the device; 0.5.1x: pickle, whose storage carries a location tag)."""
+    msgpack = has_file(prepared, "srt/utils/msgpack_utils.py")
+    item = make_item(sb, key, grid, pixels)
+    back, how, nbytes = _send_msgpack(prepared, item) if msgpack else _send_pickle(item)
+    g = back.model_specific_data.get(key)
+    facts = {"wire": how, "bytes": nbytes, "item_class": type(back).__name__,
+             "key_kept": g is not None, "device_sent": str(grid.device),
+             "device_received": str(g.device) if g is not None else None,
+             "device_recorded_on_wire": _recorded_device(grid, msgpack),
+             "dtype_kept": g is not None and g.dtype == grid.dtype,
+             "shape_kept": g is not None and tuple(g.shape) == tuple(grid.shape),
+             "values_kept": g is not None and g.cpu().tolist() == grid.cpu().tolist()}
+    return [{"part": "wire", "case": key, "metric": k, "value": v} for k, v in facts.items()]
+
+
+def probe(prepared, params: dict) -> list[dict]:
+    """Rows ``part, case, metric, value``."""
+    sb = bootstrap.import_release_module(prepared, "sglang.srt.managers.schedule_batch")
+    out = _rebuilt_after()
+    grid, pixels = out["image_grid_thw"].to(params.get("device") or "cpu"), out["pixel_values"]
+    rows = [{"part": "item", "case": "class", "metric": "module",
+             "value": sb.MultimodalDataItem.__module__}]
+    rows += model_rows(prepared, sb, grid, pixels) + processor_rows(prepared)
+    for key in KEYS:
+        rows += wire_rows(prepared, sb, key, grid, pixels)
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# the GPU probe (`sglab real gpu`): the item over 0.5.23's msgpack wire to a worker on GPU 1
+# --------------------------------------------------------------------------------------------------
+# Real code: `MultimodalDataItem` with `image_grid_thw`, encoded and decoded by io_struct's msgpack
+# hooks (utils/msgpack_utils.py record the tensor's device and restore it there). The sender (this
+# worker, GPU 0) writes the bytes to a file; the receiver, a second worker of the same release,
+# takes GPU 1 first, as a rank on GPU 1 would, then decodes. A grid on cuda:0 must open a context on
+# GPU 0 in the receiver; a grid on the CPU must not.
+CASES = {"grid_on_cuda0": "cuda:0", "grid_on_cpu": "cpu"}
+RECEIVER = "sglab.grid_thw.sglang:receive"
+
+
+def msgpack_wire(prepared):
+    """(encode, decode, description) of the release's msgpack IPC for what carries the item to the
+    scheduler: ``TokenizedGenerateReqInput.mm_inputs``, a ``MultimodalProcessorOutput``, encoded by
+    ``io_struct.msgpack_encode`` and decoded with ``msgpack_utils`` ``dec_hook`` / ``ext_hook``
+    typed as that field."""
+    import msgspec  # in the release's worker: its own environment
+
+    io = bootstrap.import_release_module(prepared, "sglang.srt.managers.io_struct")
+    sb = bootstrap.import_release_module(prepared, "sglang.srt.managers.schedule_batch")
+    mu = bootstrap.import_release_module(prepared, "sglang.srt.utils.msgpack_utils")
+    decoder = msgspec.msgpack.Decoder(sb.MultimodalProcessorOutput, dec_hook=mu.dec_hook,
+                                      ext_hook=mu.ext_hook)
+    return (lambda item: io.msgpack_encode(sb.MultimodalProcessorOutput(mm_items=[item])),
+            lambda data: decoder.decode(data).mm_items[0],
+            "io_struct.msgpack_encode of MultimodalProcessorOutput(mm_items=[item]); decoded with "
+            "msgpack_utils dec_hook/ext_hook")
+
+
+def make_gpu_item(prepared, grid_device: str):
+    """One image item: CPU pixel features, ``image_grid_thw`` (1 image, 1 x 28 x 42 patches) on
+    ``grid_device``."""
+    sb = bootstrap.import_release_module(prepared, "sglang.srt.managers.schedule_batch")
+    modality = bootstrap.import_release_module(prepared, "sglang.srt.multimodal.modality").Modality
+    item = sb.MultimodalDataItem(modality=modality.IMAGE, feature=torch.zeros(28 * 42, 16),
+                                 offsets=[(0, 294)])
+    item.set("image_grid_thw", torch.tensor([[1, 28, 42]], dtype=torch.int64, device=grid_device))
+    return item
+
+
+def _memory_rows(case: str, who: str, pid: int) -> list[dict]:
+    """NVML memory of ``pid`` on every GPU (0 where it holds nothing), or a row saying why none."""
+    try:
+        seen = all_processes()
+    except RuntimeError as exc:
+        return [{"variant": case, "process": who, "metric": "nvml", "value": str(exc), "unit": ""}]
+    mine = {r["gpu"]: r["used_mib"] for r in seen if r["pid"] == pid}
+    rows = [{"variant": case, "process": who, "gpu": g, "metric": "gpu_memory",
+             "value": round(mine.get(g, 0.0), 1), "unit": "MiB"}
+            for g in range(torch.cuda.device_count())]
+    if not mine:
+        rows.append({"variant": case, "process": who, "metric": "nvml",
+                     "value": explain_no_match([pid]), "unit": ""})
+    return rows
+
+
+def receive(prepared, params: dict) -> list[dict]:
+    """The receiving worker: take ``params["gpu"]`` (None: no CUDA, a dry run), decode the payload
+    file, report where the grid landed and this process's memory per GPU."""
+    _, decode, _ = msgpack_wire(prepared)
+    gpu, case = params.get("gpu"), params["case"]
+    if gpu is not None:
+        torch.cuda.set_device(int(gpu))
+        torch.ones(1, device=f"cuda:{int(gpu)}")  # this rank's own context, on its own GPU
+    grid = decode(Path(params["payload"]).read_bytes()).image_grid_thw
+    rows = [{"variant": case, "process": "receiver", "metric": "grid_device_after_decode",
+             "value": str(grid.device), "unit": ""},
+            {"variant": case, "process": "receiver", "metric": "grid_values",
+             "value": grid.tolist(), "unit": ""}]
+    if gpu is not None:
+        torch.cuda.synchronize()
+        rows += _memory_rows(case, "receiver", os.getpid())
+    return rows
+
+
+def _send(prepared, case: str, device: str, gpu, timeout: float) -> list[dict]:
+    encode, _, how = msgpack_wire(prepared)
+    data = encode(make_gpu_item(prepared, device))
+    rows = [{"variant": case, "process": "sender", "metric": "grid_device_sent", "value": device,
+             "unit": ""},
+            {"variant": case, "process": "sender", "metric": "payload_bytes", "value": len(data),
+             "unit": "bytes"},
+            {"variant": case, "process": "sender", "metric": "wire", "value": how, "unit": ""}]
+    with tempfile.TemporaryDirectory(prefix="sglab-grid-") as tmp:
+        payload = Path(tmp) / "item.msgpack"
+        payload.write_bytes(data)
+        r = run_probe(prepared.release, RECEIVER, {"payload": str(payload), "gpu": gpu,
+                                                   "case": case}, timeout=timeout)
+    if not r.ok:
+        return rows + [{"variant": case, "process": "receiver", "metric": "status",
+                        "value": r.reason, "unit": ""}]
+    return rows + records(r.rows, drop=("release", "probe"))
+
+
+def gpu_probe(prepared, params: dict) -> list[dict]:
+    """Rows ``variant`` (case), ``process``, ``gpu``, ``metric``, ``value``, ``unit``; the sender's
+    own memory too. ``params["device"] == "cpu"``: a dry run of the wire and the receiver."""
+    receiver_gpu = params.get("receiver_gpu", 1)
+    timeout = float(params.get("receiver_timeout", 240.0))
+    if params.get("device") == "cpu":
+        return _send(prepared, "grid_on_cpu", "cpu", None, timeout)
+    graphs.require_cuda(prepared)
+    if torch.cuda.device_count() <= receiver_gpu:
+        raise bootstrap.NotRunnable(f"sglang {prepared.release}: needs {receiver_gpu + 1} GPUs, "
+                                    f"have {torch.cuda.device_count()}")
+    rows = graphs.device_rows()
+    for case, device in CASES.items():
+        rows += _send(prepared, case, device, receiver_gpu, timeout)
+        rows += _memory_rows(case, "sender", os.getpid())
+    return rows
+
+
+def gpu_tables(df) -> dict:
+    """A recorded GPU run as a reader compares it: where the grid landed per case, and the MiB each
+    process holds on each GPU."""
+    out = {"where the grid landed": real.pivot(df, ["release", "variant"],
+                                               ["grid_device_sent", "grid_device_after_decode",
+                                                "payload_bytes"])}
+    mem = df[df["metric"] == "gpu_memory"]
+    if len(mem):
+        out["MiB per process and GPU (NVML)"] = real.pivot(mem, ["release", "variant", "process",
+                                                                 "gpu"], ["gpu_memory"])
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# the record
+# --------------------------------------------------------------------------------------------------
+FIX = Fix(name="grid_thw", number="05", prs=(22858,), gpus=2,
+          title="Kimi-K2.5 grid on the CPU under image_grid_thw (#22858)", check=check,
+          hunks=(Spec(22858, symbols_in(KIMI_PROCESSOR, "KimiGPUProcessorWrapper._gpu_call",
+                                        "KimiGPUProcessorWrapper._cpu_call")
+                      + symbols_in(KIMI_MODEL,
+                                   "KimiK25ForConditionalGeneration.get_image_feature")),),
+          probe=Probe("sglab.grid_thw.sglang:probe", PROBE_RELEASES),
+          gpu=GpuPlan(2, 1, (Step("0.5.23", "sglab.grid_thw.sglang:gpu_probe", {"receiver_gpu": 1},
+                                  timeout=540.0),),
+                      "real MultimodalDataItem over SGLang's msgpack wire to a process on GPU 1: "
+                      "its memory on GPU 0"))
+
+
+# --------------------------------------------------------------------------------------------------
+# the real answers beside the rebuild's (the notebook's real-SGLang section)
+# --------------------------------------------------------------------------------------------------
+WIRE_FACTS = ("device_kept", "dtype_kept", "shape_kept", "values_kept")
+
+
+def rebuild_facts(variant: str, with_processor: bool) -> dict:
+    """The rebuild's answers for ``variant``: the key its ``gpu_call`` emits, its
+    ``send_pyobj`` / ``recv_pyobj`` round trip, and (``with_processor``) its processor output."""
+    out = rebuild.gpu_call(rebuild.prompt_for(N_IMAGES), _images(), fixed=variant == "after",
+                           device="cpu")
+    key = rebuild.grid_key(out)
+    grid = out[key]
+    item = rebuild.MMItem(modality="image", feature=out["pixel_values"],
+                          model_specific_data={key: grid})
+    back = rebuild.recv_pyobj(rebuild.send_pyobj(item)).model_specific_data[key]
+    facts = {"grid key": key, "model reads it": True, "device_kept": back.device == grid.device,
+             "dtype_kept": back.dtype == grid.dtype,
+             "shape_kept": tuple(back.shape) == tuple(grid.shape),
+             "values_kept": back.tolist() == grid.tolist()}
+    if with_processor:
+        facts.update({"processor key": key, "processor grid": grid.tolist(),
+                      "processor grid dtype": str(grid.dtype).replace("torch.", ""),
+                      "pixel_values equal": True})
+    text = {"before": "gpu_call returns grid_thws, left on the device it was built on (cuda:0 on "
+                      "a GPU)",
+            "after": "gpu_call returns image_grid_thw, moved to the CPU (.cpu())"}[variant]
+    return {**facts, "text": text + "; send_pyobj/recv_pyobj keep device, dtype, shape"}
+
+
+def real_facts(result, key: str) -> dict:
+    """The release's answers for the grid under ``key`` (the key of its rebuild variant), and how
+    they read in words."""
+    model = real.facts(result, part="model", case=key)
+    wire = real.facts(result, part="wire", case=key)
+    proc = real.facts(result, part="processor")
+    facts = {"grid key": key, "model reads it": model.get("reads_grid"),
+             "device_kept": wire.get("device_received") == wire.get("device_sent"),
+             **{k: wire.get(k) for k in WIRE_FACTS[1:]}}
+    if proc.get("grid_key") is not None:
+        facts.update({"processor key": proc["grid_key"], "processor grid": proc["grid"],
+                      "processor grid dtype": proc["grid_dtype"],
+                      "pixel_values equal": proc["pixel_values_match_rebuild"]})
+    reads = " and ".join(k for k in KEYS if real.facts(result, part="model",
+                                                       case=k).get("reads_grid")) or "neither key"
+    text = (f"model reads {reads}; {wire.get('wire')}: grid sent on {wire.get('device_sent')}, "
+            f"arrives on {wire.get('device_received')} (wire records "
+            f"{wire.get('device_recorded_on_wire')!r})")
+    if not proc.get("exists"):
+        text += "; no GPU preprocessor (CPU HF processor)"
+    elif proc.get("not_driven"):
+        text += f"; GPU preprocessor not driven here ({proc['not_driven']})"
+    else:
+        text += f"; GPU preprocessor returns {proc['grid_key']} on {proc['grid_device']}"
+    return {**facts, "text": text}
+
+
+def release_row(release: str, result, variant: str) -> dict:
+    """The release's grid key, model, processor and wire beside the rebuild's ``variant``, fact for
+    fact."""
+    got = real_facts(result, "image_grid_thw" if variant == "after" else "grid_thws")
+    want = rebuild_facts(variant, with_processor="processor key" in got)
+    keys = sorted((set(got) | set(want)) - {"text"})
+    return real.facts_row(release, "grid key, model, processor and wire", got, variant, want,
+                          keys, lambda f: f["text"])
+
+
+def comparison(results: dict, variant_of: dict | None = None):
+    """One row per release that ran."""
+    variant_of = VARIANT_OF if variant_of is None else variant_of
+    return real.table([release_row(v, r, variant_of[v]) for v, r in results.items()
+                       if r.ok and v in variant_of])
+
+
+def compare():
+    """The notebook's real-SGLang section: each release's answers beside the rebuild's, and
+    whether they agree."""
+    return real.section(FIX, comparison, what="releases")
+
+
+def released(rebuilt=None, *, symbol=None, pr=None) -> None:
+    """The fix across the releases, then the released ``symbol`` beside the rebuilt one."""
+    real.released(FIX, rebuilt, symbol=symbol, pr=pr)
+
+
+def gpu_recorded():
+    """The newest recorded run of the item over the msgpack wire to GPU 1 (or that none is)."""
+    return real.show_recorded(FIX.name, gpu_tables)

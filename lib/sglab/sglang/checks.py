@@ -18,7 +18,6 @@ from sglab.sglang.upstream import Verdict
 from sglab.sglang import source as S
 
 KIMI_MODEL = "srt/models/kimi_k25.py"
-KIMI_PROCESSOR = "srt/multimodal/processors/kimi_k25.py"
 LAYERNORM = "srt/layers/layernorm.py"
 PREFILL_RUNNER = "srt/model_executor/runner/prefill_cuda_graph_runner.py"
 PIECEWISE_RUNNER = "srt/model_executor/piecewise_cuda_graph_runner.py"
@@ -132,55 +131,6 @@ def workspace_floor(read) -> Verdict:
     return Verdict("unknown",
                    f"layernorm.py passes max_token_num={sorted(spelled)[0]}, not a floor this "
                    "check " "recognises")
-
-
-# -- #22858
-# --------------------------------------------------------------------------------------------------
-def _dict_keys(node) -> set[str]:
-    return {k.value for n in ast.walk(node) if isinstance(n, ast.Dict)
-            for k in n.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
-
-
-def _grid_built_on_cpu(tree) -> bool:
-    """``_gpu_preprocess_images`` makes ``grid_thws`` with ``torch.tensor(...)`` and no ``device=``:
-    a CPU tensor."""
-    fn = S.find(tree, "_gpu_preprocess_images")
-    return any(isinstance(v, ast.Call) and S.callee_name(v) == "tensor" and S.keyword(v,
-            "device") is None for v in S.assignments(fn, "grid_thws"))
-
-
-def grid_thw(read) -> Verdict:
-    src, tree = _parsed(read, KIMI_PROCESSOR)
-    if src is None:
-        return Verdict("absent",
-                       "no multimodal/processors/kimi_k25.py: no Kimi-K2.5 image processor")
-    gpu_call = S.find(tree, "KimiGPUProcessorWrapper._gpu_call")
-    if gpu_call is None:
-        return Verdict("absent",
-                       "no KimiGPUProcessorWrapper._gpu_call: Kimi-K2.5 images are not "
-                       "preprocessed on " "a GPU here, so no grid is built on cuda:0")
-    keys = _dict_keys(gpu_call)
-    moved = S.mentions(gpu_call, "grid_thws.cpu()")
-    on_cpu = _grid_built_on_cpu(tree)
-    if "image_grid_thw" in keys and moved:
-        return Verdict("pr-era",
-                       "_gpu_call moves grid_thws to the CPU (.cpu()) and returns it as "
-                       "image_grid_thw")
-    if "image_grid_thw" in keys and on_cpu:
-        return Verdict("changed",
-                       "_gpu_preprocess_images builds grid_thws on the CPU (torch.tensor, no "
-                       "device) " "and _gpu_call returns it as image_grid_thw; no .cpu() needed")
-    if "image_grid_thw" in keys:
-        return Verdict("regressed",
-                       "_gpu_call returns image_grid_thw built on the GPU without .cpu(): a cuda:0 "
-                                    "tensor reaches every TP rank again")
-    if "grid_thws" in keys and not (moved or on_cpu):
-        return Verdict("before",
-                       "_gpu_call returns grid_thws as built on the preprocessing GPU (not a "
-                                 "FEATURE_NAMES key, so it reaches every TP rank as a cuda:0 "
-                       "tensor)")
-    return Verdict("unknown",
-                   f"_gpu_call returns keys {sorted(keys)}: not a shape this check recognises")
 
 
 # -- #23972

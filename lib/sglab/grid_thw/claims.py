@@ -1,0 +1,343 @@
+"""What every grid_thw run must show (``sglab verify grid_thw``): five claims a reader checks, and
+the instrument and hygiene checks folded under them.
+
+Numbers are NVML's per-process MiB on one GPU, read by each group's rank 0 at a barrier. A CUDA
+context is hundreds of MiB, the grid a few dozen bytes: the claims compare with 0 exactly where the
+fix promises nothing, and only ask for "more than 0" where a context's size depends on the GPU and
+driver. Checks that need the memory time series, the concurrent groups or the ``eager`` variant
+cover method 2; checks about more than one rank >= 1, or about GPUs other than GPU 0 and the rank's
+own, are n/a (with the reason) on runs that cannot show them.
+"""
+
+from __future__ import annotations
+
+from sglab.core.claims import Claim, Headline, holds
+from sglab.core.runs import gpu_short, newest_by
+from sglab.grid_thw import show
+from sglab.grid_thw.measure import EXPERIMENT, GPUS, KERNEL_STEPS  # noqa: F401 (GPUS: Workbook)
+
+CLAIM = ("A `grid_thws` tensor left on cuda:0 makes every TP rank ≥ 1 open a CUDA context on GPU "
+         "0; `.cpu()` removes it, and the `image_grid_thw` rename lets the vision cache hit per "
+         "image.")
+# four allocator segments: what repeats may differ by before "repeatable" fails
+SPREAD_TOLERANCE_MIB = 8.0
+
+
+def _span(values) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.0f}" if lo == hi else f"{lo:.0f}–{hi:.0f}"
+
+
+def _gpu0(run, variant: str, phase: str | None = None) -> list[float]:
+    """MiB every rank >= 1 held on GPU 0 (every repeat) in one variant and phase (all phases when
+    None). A rank or a repeat missing from the run is an error: "every rank" cannot hold over
+    readings that are not there."""
+    s = show.stray(run.df)
+    s = s[s.variant == variant]
+    s = s if phase is None else s[s.phase == phase]
+    if len(s):
+        repeats = int(run.manifest.get("params", {}).get("repeats", run.df.repeat.max() + 1))
+        want = (_tp(run) - 1) * repeats * (1 if phase else s.phase.nunique())
+        if len(s) != want:
+            raise ValueError(f"`{variant}` has {len(s)} GPU-0 readings of ranks ≥ 1, expected "
+                             f"{want} ({_tp(run) - 1} ranks × {repeats} repeats)")
+    return list(s.value)
+
+
+def _tp(run) -> int:
+    return int(run.manifest.get("params", {}).get("tp_size", run.df.tp_size.max()))
+
+
+def _has_variant(name: str):
+    def applies(run):
+        return None if name in set(run.df.variant) else f"the run has no `{name}` variant"
+    return applies
+
+
+# --------------------------------------------------------------------------------------------------
+# the stray context and the fix
+# --------------------------------------------------------------------------------------------------
+def _before_stray(run):
+    got = _gpu0(run, "before", "received")
+    if not got:
+        raise ValueError("no `received` reading of a rank >= 1 on GPU 0 in `before`")
+    return holds(min(got) > 0, f"{_span(got)} MiB per rank ≥ 1 at `received` ({len(got)} readings)",
+                 {"received_min_mib": min(got), "received_max_mib": max(got)})
+
+
+def _before_grows(run):
+    rec, ker = _gpu0(run, "before", "received"), _gpu0(run, "before", "kernel")
+    if len(rec) != len(ker) or not ker:
+        raise ValueError(f"{len(rec)} `received` vs {len(ker)} `kernel` readings")
+    s = show.stray(run.df)
+    s = s[(s.variant == "before") & (s.phase == "kernel")]
+    total = float(s.groupby("repeat").value.sum().median())
+    growth = min(k - r for r, k in zip(rec, ker))
+    return holds(growth > 0,
+                 f"{_span(rec)} → {_span(ker)} MiB (+{growth:.0f} at least); GPU-0 total "
+                 f"{total:.0f} MiB",
+                 {"kernel_min_mib": min(ker), "kernel_max_mib": max(ker), "growth_mib": growth,
+                  "gpu0_total_mib": total})
+
+
+def _after_zero(run):
+    got = _gpu0(run, "after")
+    if not got:
+        raise ValueError("no reading of a rank >= 1 on GPU 0 in `after`")
+    return holds(max(got) == 0, f"max {max(got):.0f} MiB over {len(got)} readings (every phase)",
+                 {"max_mib": max(got)})
+
+
+def _ipc(run):
+    d = run.df[(run.df.variant == "ipc") & (run.df.metric == "grid_device")]
+    got, ker = _gpu0(run, "ipc", "received"), _gpu0(run, "ipc", "kernel")
+    if d.empty or not got:
+        raise ValueError("no `ipc` landing or GPU-0 reading")
+    on0 = bool((d.value == 0).all())
+    return holds(on0 and min(got) > 0,
+                 f"grid on {'cuda:0' if on0 else 'not only cuda:0'} in every rank; {_span(got)} "
+                 f"MiB per rank ≥ 1 at `received`, {_span(ker)} after a kernel",
+                 {"received_min_mib": min(got), "kernel_min_mib": min(ker),
+                  "kernel_max_mib": max(ker)})
+
+
+def _landing(run):
+    d = run.df[run.df.metric.isin(["grid_device", "grid_key_is_image_grid_thw"])]
+    bad = []
+    for variant, device, key in (("before", 0, 0), ("after", -1, 1)):
+        v = d[d.variant == variant]
+        if v.empty:
+            raise ValueError(f"no landing rows for `{variant}`")
+        dev = v[v.metric == "grid_device"].value
+        k = v[v.metric == "grid_key_is_image_grid_thw"].value
+        if not ((dev == device).all() and (k == key).all()):
+            bad.append(variant)
+    n = int((d.metric == "grid_device").sum())
+    return holds(not bad, f"{n} landings: before cuda:0 / grid_thws, after cpu / image_grid_thw"
+                 + (f"; wrong in {bad}" if bad else ""), {"landings": n})
+
+
+def _no_process_left(run):
+    d = run.df[run.df.metric.isin(["processes_alive", "nvml_processes_listed"])]
+    alive = d[d.metric == "processes_alive"].value
+    listed = d[d.metric == "nvml_processes_listed"].value
+    if alive.empty:
+        raise ValueError("no leftover check in the run")
+    nvml = float(listed.max()) if len(listed) else -1.0
+    ok = alive.max() == 0 and nvml <= 0  # -1: not checked (a CPU run)
+    return holds(ok,
+                 f"{len(alive)} groups: max {alive.max():.0f} alive, max {nvml:.0f} listed by NVML",
+                 {"alive": float(alive.max()), "listed": nvml, "groups": len(alive)})
+
+
+def _cache(run):
+    t = show.cache_table(run.df)
+    b, a = t.loc["before"], t.loc["after"]
+    return holds(a.cache_item_hit_rate > b.cache_item_hit_rate,
+                 f"item hit rate {b.cache_item_hit_rate:.1%} per request → "
+                 f"{a.cache_item_hit_rate:.1%} per image; images encoded "
+                 f"{b.images_encoded:.0f} → {a.images_encoded:.0f} of {a.images_requested:.0f}",
+                 {"hit_rate_before": round(float(b.cache_item_hit_rate), 6),
+                  "hit_rate_after": round(float(a.cache_item_hit_rate), 6),
+                  "encoded_before": float(b.images_encoded),
+                  "encoded_after": float(a.images_encoded)})
+
+
+def _spread(run):
+    spread = show.spread_mib(run.df)
+    reps = int(run.df.repeat.max()) + 1
+    return holds(spread <= SPREAD_TOLERANCE_MIB, f"{spread:.0f} MiB over {reps} repeats",
+                 {"spread_mib": spread})
+
+
+# --------------------------------------------------------------------------------------------------
+# more GPUs, more ranks
+# --------------------------------------------------------------------------------------------------
+def _needs_other_gpus(run):
+    n = show.visible_gpus(run.df)
+    return None if n > 2 else (f"the ranks saw {n} GPUs: no GPU is neither GPU 0 nor a rank's own "
+                               "(needs a machine with more than 2 GPUs)")
+
+
+def _other_gpus(run):
+    s = show.stray(run.df, gpu0_only=False)
+    s = s[(s.gpu != 0) & (s.phase == "kernel")]
+    before, after = s[s.variant == "before"], s[s.variant == "after"]
+    if before.empty or after.empty:
+        raise ValueError("no readings on other GPUs")
+    held = before.groupby(["rank", "gpu"]).value.min()
+    ok = bool((held > 0).all()) and float(after.value.max()) == 0
+    return holds(ok,
+                 f"before: {int((held > 0).sum())}/{len(held)} (rank, GPU) pairs hold "
+                 f"{_span(held)} MiB; after: max {after.value.max():.0f} MiB",
+                 {"pairs_holding": int((held > 0).sum()), "pairs": len(held),
+                  "min_mib": float(held.min())})
+
+
+def _needs_tp3(run):
+    return None if _tp(run) >= 3 else (f"TP {_tp(run)} has a single rank ≥ 1: the GPU-0 total "
+                                       "cannot grow with it")
+
+
+def _scales(run):
+    s = show.stray(run.df)
+    s = s[(s.variant == "before") & (s.phase == "kernel")]
+    n = _tp(run) - 1
+    totals = s.groupby("repeat").value.sum()
+    per = float(s.value.median())
+    off = float((totals - n * per).abs().max())
+    return holds(off <= SPREAD_TOLERANCE_MIB * n,
+                 f"{_span(totals)} MiB on GPU 0 = {n} × {per:.0f} MiB (off by {off:.0f})",
+                 {"total_mib": float(totals.median()), "per_rank_mib": per, "ranks": n})
+
+
+# --------------------------------------------------------------------------------------------------
+# method 2: concurrent groups, the time series, eager module loading
+# --------------------------------------------------------------------------------------------------
+def _no_mixing(run):
+    c = show.concurrency(run.df)
+    if c.empty:
+        raise ValueError("no `other_processes` readings")
+    others, mine = int(c.others_on_gpu0.max()), float(c.ranks_ge1_on_gpu0_mib.max())
+    return holds(others >= 1 and mine == 0,
+                 f"up to {others} other processes on GPU 0 at `init`; ranks ≥ 1 held {mine:.0f} "
+                 "MiB there", {"others_on_gpu0": others, "ranks_ge1_init_mib": mine},
+                 why_not="" if others >= 1
+                 else "no other group's process was on GPU 0 at any `init`: not shown")
+
+
+def _rate(run):
+    d = run.df[run.df.metric.isin(["sampler_hz", "sampler_errors"])].set_index("metric").value
+    if "sampler_hz" not in d:
+        raise ValueError("no sampler rows (a CPU run has no NVML)")
+    hz, errors = float(d["sampler_hz"]), float(d.get("sampler_errors", 0))
+    return holds(hz >= 50 and errors == 0, f"{hz:.0f} Hz, {errors:.0f} failed reads",
+                 {"hz": round(hz, 1)})
+
+
+def _deltas(run, variant: str):
+    d = show.step_deltas(run)
+    if d is None:
+        raise ValueError("the run has no `memory` / `marks` sidecars")
+    return d[(d.variant == variant) & (d["rank"] >= 1)]
+
+
+def _needs_series(run):
+    return None if run.sidecar("memory") is not None else ("the run has no memory time series "
+                                                            "(sidecar `memory`)")
+
+
+def _during_unpickle(run):
+    d = _deltas(run, "before")
+    u = d[d["mark"] == "unpickle"]
+    if u.empty:
+        raise ValueError("no `unpickle` mark of a rank >= 1 in `before`")
+    ok = bool(((u.before_mib == 0) & (u.after_mib > 0)).all())
+    return holds(ok, f"{len(u)} ranks: {_span(u.before_mib)} MiB on GPU 0 when unpickling began, "
+                     f"{_span(u.after_mib)} MiB when the next step began",
+                 {"ranks": len(u), "after_min_mib": float(u.after_mib.min())})
+
+
+def _growth_step(run):
+    d = _deltas(run, "before")
+    k = d[d["mark"].isin(KERNEL_STEPS)]
+    if k.empty:
+        raise ValueError("no kernel-step marks of a rank >= 1 in `before`")
+    big = k[k.delta_mib >= 32]
+    per_rank = big.groupby(["repeat", "process"]).size()
+    ranks = k.groupby(["repeat", "process"]).ngroups
+    marks = sorted(set(big["mark"]))
+    ok = len(marks) == 1 and len(per_rank) == ranks and bool((per_rank == 1).all())
+    return holds(ok,
+                 f"+{_span(big.delta_mib) if len(big) else '0'} MiB during "
+                 f"`{'`/`'.join(marks) or '—'}` ({len(per_rank)}/{ranks} ranks, one step each)",
+                 {"step_mib": float(big.delta_mib.median()) if len(big) else 0.0,
+                  "mark": marks[0] if len(marks) == 1 else "/".join(marks)})
+
+
+def _eager(run):
+    rec, ker = _gpu0(run, "eager", "received"), _gpu0(run, "eager", "kernel")
+    lazy = _gpu0(run, "before", "kernel")
+    if not rec or not ker or not lazy:
+        raise ValueError("missing `eager` or `before` readings")
+    growth = max(k - r for r, k in zip(rec, ker))
+    ok = growth <= 2 and min(rec) > max(lazy)
+    return holds(ok, f"eager: {_span(rec)} MiB at `received`, +{growth:.0f} after the kernel steps "
+                     f"(lazy: {_span(lazy)} after them)",
+                 {"eager_received_mib": min(rec), "eager_growth_mib": growth,
+                  "lazy_kernel_mib": max(lazy)})
+
+
+M2 = (2, None)
+_STRAY, _GROWS = "grid_thw.before.stray_context_gpu0", "grid_thw.before.context_grows"
+_IPC, _AFTER = "grid_thw.ipc.lands_on_cuda0", "grid_thw.after.gpu0_untouched"
+_CACHE, _SPREAD = "grid_thw.cache.per_image_hits", "grid_thw.repeatable"
+CLAIMS = [
+    Claim(_STRAY, "Before the fix, every rank ≥ 1 holds memory on GPU 0 once it has unpickled the "
+          "grid (a CUDA context for a few dozen bytes)", "> 0 MiB for every rank ≥ 1 and repeat",
+          _before_stray, drift=0.05,
+          folded=(Claim("grid_thw.landing", "Before, every rank's grid lands on cuda:0 under "
+                        "`grid_thws`; after, on the CPU under `image_grid_thw`",
+                        "every rank and repeat", _landing),
+                  Claim("grid_thw.series.context_at_unpickle", "The stray GPU-0 context appears "
+                        "while a rank unpickles the request, not before and not later",
+                        "0 MiB when `unpickle` begins, > 0 MiB when the next step begins",
+                        _during_unpickle, methods=M2, applies=_needs_series, drift=1.0),
+                  Claim("grid_thw.tp_scaling", "The GPU-0 waste grows by one context per extra "
+                        "rank", f"total = (N − 1) × per-rank, ± {SPREAD_TOLERANCE_MIB:.0f} MiB per "
+                        "rank", _scales, applies=_needs_tp3, drift=0.05),
+                  Claim("grid_thw.other_gpus", "With more GPUs than GPU 0 and its own, every rank "
+                        "≥ 1 also holds a context on each other GPU after the kernel steps before "
+                        "the fix; none after", "every pair > 0 before; 0 after", _other_gpus,
+                        applies=_needs_other_gpus, drift=0.05),
+                  Claim(_SPREAD, "Repeats (and ranks ≥ 1) of one run read the same GPU-0 memory",
+                        f"spread ≤ {SPREAD_TOLERANCE_MIB:.0f} MiB", _spread, drift=1.0))),
+    Claim(_GROWS, "Before the fix, that GPU-0 context grows once kernels have run on the grid",
+          "`kernel` > `received` for every rank ≥ 1 and repeat", _before_grows, drift=0.05,
+          folded=(Claim("grid_thw.series.rate", "The NVML sampler followed every process often "
+                        "enough to separate the steps", "≥ 50 Hz, no failed read", _rate,
+                        methods=M2, applies=_needs_series, drift=0.25),
+                  Claim("grid_thw.series.growth_step", "The stray context's growth comes in one "
+                        "step of tens of MiB during one kernel step",
+                        "≥ 32 MiB, the same step in every rank and repeat", _growth_step,
+                        methods=M2, applies=_needs_series, drift=0.05),
+                  Claim("grid_thw.eager.no_growth", "With every module loaded at context creation "
+                        "(CUDA_MODULE_LOADING=EAGER) the stray context is whole at unpickling and "
+                        "larger, and the kernel steps do not grow it",
+                        "growth ≤ 2 MiB; eager `received` > lazy `kernel`", _eager, methods=M2,
+                        applies=_has_variant("eager"), drift=0.05))),
+    Claim(_IPC,
+          "Through CUDA IPC (a torch.multiprocessing queue) the grid lands on cuda:0 too, and "
+          "every rank ≥ 1 holds memory on GPU 0", "every rank on cuda:0; > 0 MiB", _ipc,
+          applies=_has_variant("ipc"), drift=0.05),
+    Claim(_AFTER, "After `.cpu()`, no rank ≥ 1 holds anything on GPU 0, in any phase",
+          "== 0 MiB exactly", _after_zero,
+          folded=(Claim("grid_thw.concurrent.no_mixing", "Groups measured side by side do not "
+                        "mix: ranks ≥ 1 read exactly 0 MiB on GPU 0 at `init` while other groups' "
+                        "processes held memory there", "≥ 1 other process; 0 MiB", _no_mixing,
+                        methods=M2, drift=1.0),
+                  Claim("grid_thw.no_process_left", "After every group, none of its processes is "
+                        "alive or listed by NVML", "0 alive, 0 listed", _no_process_left,
+                        drift=1.0))),
+    Claim(_CACHE, "On the seeded request stream, per-image items hit the vision cache more often "
+          "than per-request items", "item hit rate after > before (exact values)", _cache),
+]
+
+
+def shown(runs: list) -> list:
+    """The newest run per GPU model and TP size."""
+    return list(newest_by(runs, key=lambda r: (gpu_short(r), _tp(r))).values())
+
+
+HEADLINE = Headline(
+    parts=(f"Each rank ≥ 1 holds {{lo[{_STRAY}][received_min_mib]:.0f}}–"
+           f"{{hi[{_STRAY}][received_max_mib]:.0f}} MiB on GPU 0 once it unpickles the grid and "
+           f"{{lo[{_GROWS}][kernel_min_mib]:.0f}}–{{hi[{_GROWS}][kernel_max_mib]:.0f}} MiB after a "
+           f"kernel → {{hi[{_AFTER}][max_mib]:.0f}} MiB with `.cpu()`; GPU-0 total {{runs}}",
+           f"Via CUDA IPC: {{lo[{_IPC}][kernel_min_mib]:.0f}}–{{hi[{_IPC}][kernel_max_mib]:.0f}} "
+           "MiB after a kernel",
+           f"Vision cache: {{v[{_CACHE}][hit_rate_after]:.0%}} of items hit per image vs "
+           f"{{v[{_CACHE}][hit_rate_before]:.0%}} per request",
+           f"Spread within a run: {{hi[{_SPREAD}][spread_mib]:.0f}} MiB."),
+    per_run=f"{{gpu}} TP {{count}}: {{v[{_GROWS}][gpu0_total_mib]:.0f}} MiB", sep=". ",
+    run_sep=", ")

@@ -1,0 +1,654 @@
+"""Measure where the grid lands and what each process then holds on each GPU (NVML), per variant.
+
+Variants (:data:`VARIANTS`): ``before`` (grid on ``cuda:0`` under ``grid_thws``; tokenizer -> rank 0
+as pickled bytes, rank 0 -> the rest with ``broadcast_pyobj``), ``after`` (``.cpu()`` under
+``image_grid_thw``, same path), ``ipc`` (the ``before`` output sent to every rank as a CUDA IPC
+handle) and ``eager`` (``before`` with ``CUDA_MODULE_LOADING=EAGER`` in the ranks: is the growth
+at the first kernel steps lazy module loading?).
+
+A *group* is one variant × repeat: a tokenizer process that builds the request on ``cuda:0`` and
+``tp_size`` ranks (:func:`sglab.core.dist.launch`, rank r on GPU r, every GPU visible). A CUDA
+context goes away only with its process, so every group is fresh processes. All groups run at once
+(started one after the other, start-up dominated: 170 s for 4 GPUs); NVML attributes memory per
+process and GPU, so side-by-side groups cannot mix their numbers, and each group's rank 0 counts
+the other groups' processes it sees (the claims check that ranks >= 1 still read 0 at ``init``).
+
+Rank 0 of a group reads NVML for every process of its group on every GPU at four barriers
+(:data:`PHASES`). Every process takes *marks* (``time.monotonic()`` ranges, the clock the parent's
+NVML sampler uses) around the steps that can open or grow a context; a pause between kernel steps
+keeps them apart at 100 Hz. The sampler's series and the marks become the sidecars ``memory``,
+``marks`` and ``trace`` (Perfetto). The per-image cache point runs on the CPU meanwhile.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import gzip
+import json
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.connection import Client, Listener
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.distributed as tdist
+
+from sglab.core import dist, hardware, memory, runs
+from sglab.core import timing as phases
+from sglab.grid_thw import rebuild
+
+EXPERIMENT = "grid_thw"
+METHOD_VERSION = 2  # 1: groups one after the other, no time series; 2: at once, NVML series, marks
+GPUS = 2
+DEFAULT_PARAMS = {
+    "tp_size": 2,
+    "variants": ["before", "after", "ipc", "eager"],
+    "repeats": 2,  # method 1 read the same MiB in every repeat (spread 0): two still show a spread
+    "n_images": 4,
+    "settle_s": 0.1,  # barrier -> NVML reading (NVML shows a change within one 10 ms tick)
+    "step_pause_s": 0.1,  # between kernel steps, so that a 100 Hz series tells them apart
+    "sample_hz": 100,
+    "timeout_s": 120,  # per group (its ranks' run deadline)
+    # processes fork from a server that imported torch once (sglab.core.dist.forkserver)
+    "start_method": "forkserver",
+    # the per-image cache point (CPU)
+    "cache_requests": 200,
+    "cache_pool": 24,
+    "cache_max_images": 4,
+    "seed": 0,
+}
+# the rank and tokenizer functions below are pickled by name: the server imports this module
+FORKSERVER_PRELOAD = ("torch", "sglab.grid_thw.measure")
+PHASES = ("init", "received", "kernel", "released")
+KERNEL_STEPS = ("first kernel", "reduce", "item", "copy to own GPU", "own-GPU kernel")
+CONNECT_TIMEOUT_S = 120.0
+TOKENIZER_DEADLINE_S = 300.0  # a tokenizer process ends itself after this long, whatever happens
+
+
+def gpus(params: dict) -> int:
+    return int(params.get("tp_size", DEFAULT_PARAMS["tp_size"]))
+
+
+def tp_sizes(sizes) -> list[int]:
+    """The TP sizes this machine has the GPUs for (none without CUDA)."""
+    return [int(n) for n in sizes if hardware.meets(int(n))[0]]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The PR's switch, the wire of the first hop, the ranks' environment."""
+
+    name: str
+    fixed: bool  # _gpu_call after the PR (grid .cpu(), key image_grid_thw)
+    wire: str  # rebuild.WIRES key of the tokenizer -> scheduler hop
+    rank_env: tuple = ()  # (key, value) pairs set in the ranks before CUDA starts
+
+    @property
+    def fanout(self) -> str:
+        """How ranks >= 1 get the request: from rank 0 (``broadcast``) or from the tokenizer."""
+        return "tokenizer" if rebuild.wire(self.wire).per_receiver else "broadcast"
+
+
+VARIANTS = {
+    "before": Variant("before", False, "pickle"),
+    "after": Variant("after", True, "pickle"),
+    "ipc": Variant("ipc", False, "cuda_ipc"),
+    # every module of the ranks loaded when their contexts are created
+    "eager": Variant("eager", False, "pickle", (("CUDA_MODULE_LOADING", "EAGER"),)),
+}
+
+
+def _row(variant: str, metric: str, value: float, unit: str, **kw) -> dict:
+    row = {"variant": variant, "tp_size": -1, "repeat": -1, "process": "", "rank": -1, "gpu": -1,
+           "phase": ""}
+    row.update(kw)
+    row.update(metric=metric, value=float(value), unit=unit)
+    return row
+
+
+class Marks:
+    """``(name, start, end)`` ranges on the machine-wide monotonic clock."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, float, float]] = []
+
+    @contextmanager
+    def mark(self, name: str):
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.items.append((name, t0, time.monotonic()))
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --------------------------------------------------------------------------------------------------
+# the processes of a group (forked from the server, which imported this module once)
+# --------------------------------------------------------------------------------------------------
+def tokenizer_main(variant: str, n_clients: int, address: str, n_images: int, device: str,
+                   marks_path: str) -> None:
+    """Build one multi-image request on ``device``, send it to ``n_clients`` connections, keep it
+    alive until every receiver is done (CUDA IPC needs that), write the marks to ``marks_path``."""
+    # never outlive a dead parent: a tokenizer no rank connects to would wait in accept() forever
+    deadline = threading.Timer(TOKENIZER_DEADLINE_S, os._exit, args=(3,))
+    deadline.daemon = True
+    deadline.start()
+    v, marks = VARIANTS[variant], Marks()
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        with marks.mark("cuda init"):
+            torch.cuda.set_device(dev)
+    listener = Listener(address, family="AF_UNIX")
+    try:
+        images = [rebuild.synthetic_image(i) for i in range(n_images)]
+        with marks.mark("preprocess"):  # includes grid_thws.cpu() in `after`
+            out = rebuild.process_mm_data(rebuild.prompt_for(n_images), images, fixed=v.fixed,
+                                          device=dev)
+            _sync(dev)
+        w = rebuild.wire(v.wire)
+        data = None if w.per_receiver else w.dumps(out)
+        conns = [listener.accept() for _ in range(n_clients)]
+        with marks.mark("send"):
+            for c in conns:  # one dump per receiver where the wire counts references (CUDA IPC)
+                c.send_bytes(w.dumps(out) if w.per_receiver else data)
+        for c in conns:
+            if c.poll(CONNECT_TIMEOUT_S):
+                c.recv()
+            c.close()
+        del out
+    finally:
+        listener.close()
+        with open(marks_path, "w") as f:
+            json.dump({"pid": os.getpid(), "marks": marks.items}, f)
+
+
+def _connect(address: str):
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    while True:
+        try:
+            return Client(address, family="AF_UNIX")
+        except (FileNotFoundError, ConnectionRefusedError):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"tokenizer socket {address} did not open within "
+                                   f"{CONNECT_TIMEOUT_S:g} s")
+            time.sleep(0.02)
+
+
+class Snapshots:
+    """Rank 0's NVML readings at the barriers, for this group's processes on every GPU, plus the
+    number of other processes (of concurrent groups) listed on each GPU."""
+
+    def __init__(self, ctx, variant: str, labels: dict[int, str], settle_s: float):
+        self.ctx, self.variant, self.labels, self.settle_s = ctx, variant, labels, settle_s
+        self.reads = ctx.device.type == "cuda" and ctx.rank == 0  # NVML opens no CUDA context
+        self.n_gpus = torch.cuda.device_count() if self.reads else 0
+        self.rows: list[dict] = []
+
+    def __call__(self, phase: str) -> None:
+        with phases.phase("snapshots"):
+            self.ctx.barrier()
+            if self.reads:
+                time.sleep(self.settle_s)
+                self._read(phase)
+            self.ctx.barrier()
+
+    def _read(self, phase: str) -> None:
+        every = memory.all_processes()
+        for pid, who in self.labels.items():
+            rank = -1 if who == "tokenizer" else int(who.split()[1])
+            for gpu in range(self.n_gpus):
+                used = sum(r["used_mib"] for r in every if r["pid"] == pid and r["gpu"] == gpu)
+                self.rows.append(_row(self.variant, "gpu_memory", used, "MiB", process=who,
+                                      rank=rank, gpu=gpu, phase=phase))
+        for gpu in range(self.n_gpus):
+            others = {r["pid"] for r in every if r["gpu"] == gpu and r["pid"] not in self.labels}
+            self.rows.append(_row(self.variant, "other_processes", len(others), "count",
+                                  process="others", gpu=gpu, phase=phase))
+
+
+def _labels(ctx, tokenizer_pid: int) -> dict[int, str]:
+    pids: list = [None] * ctx.world_size
+    tdist.all_gather_object(pids, os.getpid(), group=ctx.cpu_group)
+    return {**{pid: f"rank {r}" for r, pid in enumerate(pids)}, tokenizer_pid: "tokenizer"}
+
+
+def _receive(ctx, v: Variant, address: str, marks: Marks):
+    """Rank 0 (every rank on a per-receiver wire) reads the tokenizer's bytes; the rest get
+    ``broadcast_pyobj``."""
+    w = rebuild.wire(v.wire)
+    conn = _connect(address) if (ctx.rank == 0 or v.fanout == "tokenizer") else None
+    data = conn.recv_bytes() if conn is not None else None
+    if v.fanout == "broadcast":
+        ctx.barrier()  # rank 0 holds the bytes: the mark spans the broadcast and the unpickling
+    with marks.mark("unpickle"):
+        if v.fanout == "tokenizer":
+            return w.loads(data), conn
+        req = w.loads(data) if ctx.rank == 0 else None
+        req = rebuild.broadcast_pyobj([req] if ctx.rank == 0 else [], ctx.rank, ctx.cpu_group)[0]
+    return req, conn
+
+
+def stack_limit(device) -> int:
+    """``CU_LIMIT_STACK_SIZE`` of ``device``'s primary context, bytes per thread (-1 off CUDA or on
+    error). The driver raises it when a kernel needs more local memory per thread and reserves that
+    much for every resident thread: reading it after each step tells such a resize apart."""
+    if device.type != "cuda":
+        return -1
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return -1
+    value = ctypes.c_size_t(0)
+    with torch.cuda.device(device):
+        rc = lib.cuCtxGetLimit(ctypes.byref(value), 0)  # 0 = CU_LIMIT_STACK_SIZE
+    return int(value.value) if rc == 0 else -1
+
+
+def _kernel_steps(ctx, grid, n_rows: int, marks: Marks, pause_s: float) -> dict[str, int]:
+    """What a model does with the grid, one mark each and a pause between: a kernel where it
+    landed, a reduction, ``.item()``, a copy to the rank's own GPU and a kernel there. Returns the
+    stack limit of the grid's device after each step (only meaningful after a launch)."""
+    held: dict = {}
+    stack: dict[str, int] = {}
+
+    def step(name: str, fn) -> None:
+        with marks.mark(name):
+            fn()
+        stack[name] = stack_limit(grid.device)
+        time.sleep(pause_s)
+
+    def first():
+        held["p"] = torch.prod(grid, dim=-1)
+        _sync(grid.device)
+
+    def reduce():
+        held["s"] = held["p"].sum()
+        _sync(grid.device)
+
+    def copy():
+        held["own"] = grid.to(ctx.device)
+        _sync(ctx.device)
+
+    step("first kernel", first)
+    step("reduce", reduce)
+    step("item", lambda: held.__setitem__("n", int(held["s"].item())))
+    step("copy to own GPU", copy)
+    step("own-GPU kernel",
+         lambda: held.__setitem__("n_own", int(torch.prod(held["own"], dim=-1).sum().item())))
+    assert held["n"] == held["n_own"] == n_rows, (held["n"], held["n_own"], n_rows)
+    return stack
+
+
+def rank_main(ctx, spec: dict) -> dict:
+    """One scheduler rank; ``spec``: variant, address, tokenizer_pid, settle_s, step_pause_s."""
+    t_entry = time.monotonic()
+    v, marks = VARIANTS[spec["variant"]], Marks()
+    # the rank's own context on its own GPU (NCCL init by the launcher is already done)
+    with phases.phase("own context"), marks.mark("own context"):
+        if ctx.device.type == "cuda":
+            torch.ones(1, device=ctx.device).add_(1).sum().item()
+            torch.cuda.synchronize(ctx.device)
+    snap = Snapshots(ctx, v.name, _labels(ctx, spec["tokenizer_pid"]), float(spec["settle_s"]))
+    snap("init")
+    with phases.phase("receive"):
+        req, conn = _receive(ctx, v, spec["address"], marks)
+    key = rebuild.grid_key(req)
+    grid = req[key]
+    landed = {"rank": ctx.rank, "pid": os.getpid(), "grid_key": key,
+              "grid_device": str(grid.device),
+              "pixel_values_device": str(req["pixel_values"].device)}
+    snap("received")
+    with phases.phase("kernel steps"):
+        landed["stack"] = _kernel_steps(ctx, grid, int(req["pixel_values"].shape[0]), marks,
+                                        float(spec["step_pause_s"]))
+    if grid.device.type == "cuda":
+        props = torch.cuda.get_device_properties(grid.device)
+        landed["resident_threads"] = (props.multi_processor_count
+                                      * props.max_threads_per_multi_processor)
+    snap("kernel")
+    with phases.phase("release"), marks.mark("release"):
+        del grid, req
+        gc.collect()
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+            torch.cuda.empty_cache()
+        if conn is not None:
+            conn.send("done")
+            conn.close()
+    snap("released")
+    return {"landed": landed, "memory_rows": snap.rows, "marks": marks.items, "t_entry": t_entry,
+            "phases": phases.take()}
+
+
+# --------------------------------------------------------------------------------------------------
+# one group, from the parent
+# --------------------------------------------------------------------------------------------------
+def _device_index(dev: str) -> int:
+    """-1 for the CPU, k for cuda:k."""
+    return -1 if dev == "cpu" else int(dev.split(":")[1]) if ":" in dev else 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def _stop(proc, wait_s: float = 60.0):
+    """Join within ``wait_s``, then terminate, then kill; the exit code (None if it never ended)."""
+    proc.join(timeout=wait_s)
+    for end in (proc.terminate, proc.kill):
+        if not proc.is_alive():
+            break
+        end()
+        proc.join(timeout=5)
+    return proc.exitcode
+
+
+def _read_marks(path: str) -> list:
+    """The tokenizer's marks (none when it died first: the group's other checks say why)."""
+    try:
+        with open(path) as f:
+            return json.load(f)["marks"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def _exit_rows(variant: str, pids: list[int], nccl: bool, common: dict) -> list[dict]:
+    """Every process of the group must be gone and no longer listed by NVML (within 10 s)."""
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive, listed = sum(_alive(p) for p in pids), -1
+    while nccl:
+        listed = len(memory.process_gpu_memory(pids))
+        if listed == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    kw = dict(common, process="all", phase="exited")
+    return [_row(variant, "processes_alive", alive, "count", **kw),
+            _row(variant, "nvml_processes_listed", listed, "count (-1 = not checked)", **kw)]
+
+
+def _landing_rows(variant: str, results: list[dict], common: dict) -> list[dict]:
+    rows = []
+    for r in results:
+        rows += [{**m, **common} for m in r["memory_rows"]]
+        land = r["landed"]
+        base = dict(common, process=f"rank {land['rank']}", rank=land["rank"], phase="received")
+        gpu = _device_index(land["grid_device"])
+        rows += [_row(variant, "grid_device", gpu, "device index (-1 = cpu)", **base),
+                 _row(variant, "pixel_values_device",
+                      _device_index(land["pixel_values_device"]), "device index (-1 = cpu)",
+                      **base),
+                 _row(variant, "grid_key_is_image_grid_thw", land["grid_key"] == "image_grid_thw",
+                      "bool", **base)]
+        for step, value in (land.get("stack") or {}).items():
+            if value >= 0:  # the grid's device is a GPU: its context's stack after each step
+                rows.append(_row(variant, "stack_limit_bytes", value, "bytes per thread",
+                                 **dict(base, gpu=gpu, phase=step)))
+        if "resident_threads" in land:
+            rows.append(_row(variant, "resident_threads", land["resident_threads"],
+                             "threads (SMs × per SM)", **dict(base, gpu=gpu)))
+    return rows
+
+
+def run_group(variant: str, tp_size: int, *, repeat: int = 0, n_images: int = 4,
+              settle_s: float = 0.3, step_pause_s: float = 0.1, backend: str = "nccl",
+              timeout_s: float = 120.0, start_method: str = "spawn") -> dict:
+    """One group: a tokenizer and ``tp_size`` ranks, measured and torn down. Returns ``rows`` and
+    what the time series needs (``t_start``, ``t_end``, ``procs`` pid -> (process, rank),
+    ``marks``, the ranks' ``phases``). ``forkserver`` needs :func:`sglab.core.dist.forkserver`
+    first."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {tuple(VARIANTS)}, got {variant!r}")
+    v = VARIANTS[variant]
+    tmp = tempfile.mkdtemp(prefix="sglab-grid-")
+    address, marks_path = os.path.join(tmp, "tokenizer.sock"), os.path.join(tmp, "tokenizer.json")
+    t_start = time.monotonic()
+    tok = mp.get_context(start_method).Process(
+        target=tokenizer_main, name=f"sglab-tokenizer-{variant}-{repeat}",
+        args=(variant, tp_size if v.fanout == "tokenizer" else 1, address, n_images,
+              "cuda:0" if backend == "nccl" else "cpu", marks_path))
+    tok.start()
+    try:
+        spec = {"variant": variant, "address": address, "tokenizer_pid": tok.pid,
+                "settle_s": settle_s, "step_pause_s": step_pause_s}
+        results = dist.launch(rank_main, tp_size, args=(spec,), backend=backend,
+                              timeout_s=timeout_s, collective_timeout_s=min(120.0, timeout_s),
+                              env=dict(v.rank_env), start_method=start_method)
+        tok_exit = _stop(tok)
+        tok_marks = _read_marks(marks_path)
+    finally:
+        _stop(tok, wait_s=0)
+        shutil.rmtree(tmp, ignore_errors=True)
+    common = {"tp_size": tp_size, "repeat": repeat}
+    pids = [r["landed"]["pid"] for r in results] + [tok.pid]
+    rows = _landing_rows(variant, results, common) + _exit_rows(variant, pids, backend == "nccl",
+                                                                common)
+    rows.append(_row(variant, "tokenizer_exitcode", -99 if tok_exit is None else tok_exit, "code",
+                     **dict(common, process="all", phase="exited")))
+    ranks = {r["landed"]["pid"]: (f"rank {r['landed']['rank']}", r["landed"]["rank"])
+             for r in results}
+    marks = [("tokenizer", -1, *m) for m in tok_marks]
+    marks += [(*ranks[r["landed"]["pid"]], *m) for r in results for m in r["marks"]]
+    return {"variant": variant, "repeat": repeat, "rows": rows, "t_start": t_start,
+            "t_end": time.monotonic(), "procs": {tok.pid: ("tokenizer", -1), **ranks},
+            "marks": marks, "phases": [r["phases"] for r in results],
+            "t_entry": [r["t_entry"] - t_start for r in results]}
+
+
+def run_variant(variant: str, tp_size: int, **kw) -> list[dict]:
+    """One group's tidy rows (the method-1 entry point; tests and quick checks)."""
+    return run_group(variant, tp_size, **kw)["rows"]
+
+
+# --------------------------------------------------------------------------------------------------
+# the time series: NVML samples and marks reduced to sidecars (times from each group's start)
+# --------------------------------------------------------------------------------------------------
+MEMORY_COLUMNS = ["variant", "repeat", "process", "rank", "gpu", "t_s", "mib"]
+MARK_COLUMNS = ["variant", "repeat", "process", "rank", "mark", "t_s", "dur_s"]
+
+
+def sampler_rows(sampler: memory.Sampler, tp_size: int) -> list[dict]:
+    kw = {"tp_size": tp_size, "process": "sampler", "phase": "series"}
+    return [_row("all", "sampler_hz", sampler.achieved_hz(), "Hz", **kw),
+            _row("all", "sampler_ticks", len(sampler.ticks), "count", **kw),
+            _row("all", "sampler_errors", sampler.errors, "count", **kw)]
+
+
+def group_tables(groups: list[dict], samples, ticks: list[float]):
+    """``memory`` (the change points of each (process, GPU) series,
+    :func:`sglab.core.memory.step_series`: exactly the sampled series drawn as steps) and ``marks``
+    of every group, each on its own time axis (0 = the group's start)."""
+    mem, marks = [], []
+    for g in groups:
+        t0 = g["t_start"]
+        window = [t for t in ticks if t0 <= t <= g["t_end"]]
+        for s in memory.step_series(samples, window, pids=list(g["procs"])).itertuples():
+            process, rank = g["procs"][s.pid]
+            mem.append((g["variant"], g["repeat"], process, rank, s.gpu, round(s.t - t0, 4),
+                        s.used_mib))
+        for process, rank, name, a, b in g["marks"]:
+            marks.append((g["variant"], g["repeat"], process, rank, name, round(a - t0, 4),
+                          round(b - a, 4)))
+    return pd.DataFrame(mem, columns=MEMORY_COLUMNS), pd.DataFrame(marks, columns=MARK_COLUMNS)
+
+
+def write_perfetto(mem, marks, path) -> Path:
+    """Chrome trace JSON (https://ui.perfetto.dev): one trace process per group, a counter track
+    per (process, GPU) in MiB, one thread per process with its marks as slices."""
+    events = []
+    keys = sorted(set(map(tuple, mem[["variant", "repeat"]].values.tolist()))
+                  | set(map(tuple, marks[["variant", "repeat"]].values.tolist())), key=str)
+    gid = {k: i + 1 for i, k in enumerate(keys)}
+    tid: dict = {}
+    for (variant, repeat), i in gid.items():
+        events.append({"name": "process_name", "ph": "M", "pid": i,
+                       "args": {"name": f"{variant} · repeat {repeat}"}})
+    for r in marks.itertuples():
+        k = (r.variant, r.repeat)
+        t = tid.setdefault((k, r.process), len(tid) + 1)
+        events.append({"name": "thread_name", "ph": "M", "pid": gid[k], "tid": t,
+                       "args": {"name": r.process}})
+        events.append({"name": r.mark, "ph": "X", "pid": gid[k], "tid": t, "ts": r.t_s * 1e6,
+                       "dur": max(r.dur_s * 1e6, 1.0)})
+    for r in mem.itertuples():
+        events.append({"name": f"{r.process} · GPU {r.gpu} (MiB)", "ph": "C",
+                       "pid": gid[(r.variant, r.repeat)], "ts": r.t_s * 1e6,
+                       "args": {"MiB": r.mib}})
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+    return path
+
+
+def sidecars(groups: list[dict], samples, ticks: list[float]) -> dict:
+    mem, marks = group_tables(groups, samples, ticks)
+    trace = Path(tempfile.mkdtemp(prefix="sglab-grid-trace-")) / "grid_thw.trace.json.gz"
+    write_perfetto(mem, marks, trace)
+    return {"memory": mem, "marks": marks, "trace": trace}
+
+
+# --------------------------------------------------------------------------------------------------
+# the cache point (CPU)
+# --------------------------------------------------------------------------------------------------
+def simulate_cache(stream: list[list[int]], *, fixed: bool) -> rebuild.CacheStats:
+    """Each request of ``stream`` through the processor path (CPU) and the embedding cache."""
+    cache, images = rebuild.EmbeddingCache(), {}
+    for image_ids in stream:
+        imgs = [images.setdefault(i, rebuild.synthetic_image(i)) for i in image_ids]
+        result = rebuild.process_mm_data(rebuild.prompt_for(len(imgs)), imgs, fixed=fixed,
+                                         device="cpu")
+        cache.lookup_request(rebuild.items_for_request(result))
+    return cache.stats
+
+
+def cache_rows(*, n_requests: int = 200, pool: int = 24, max_images: int = 4,
+               seed: int = 0) -> list[dict]:
+    """Embedding-cache hits of one seeded stream, bundled (before) vs split per image (after)."""
+    stream = rebuild.request_stream(n_requests, pool, max_images, seed)
+    rows = []
+    for variant, fixed in (("before", False), ("after", True)):
+        s = simulate_cache(stream, fixed=fixed)
+        kw = {"process": "cache", "phase": "cache"}
+        rows += [_row(variant, "cache_item_hit_rate", s.hit_rate, "fraction", **kw),
+                 _row(variant, "cache_image_hit_rate", s.image_hit_rate, "fraction", **kw),
+                 _row(variant, "cache_lookups", s.lookups, "count", **kw),
+                 _row(variant, "images_encoded", s.images_encoded, "count", **kw),
+                 _row(variant, "images_requested", s.images, "count", **kw)]
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# run()
+# --------------------------------------------------------------------------------------------------
+def check_params(p: dict) -> None:
+    unknown = [v for v in p["variants"] if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variant(s) {unknown}; known: {', '.join(VARIANTS)}")
+    if int(p["tp_size"]) < 2:
+        raise ValueError(f"tp_size must be >= 2 (the effect is on ranks >= 1), got {p['tp_size']}")
+    if p["start_method"] not in ("spawn", "forkserver"):
+        raise ValueError(f"start_method must be 'spawn' or 'forkserver', got "
+                         f"{p['start_method']!r}")
+    if int(p["repeats"]) < 1:
+        raise ValueError(f"repeats must be >= 1, got {p['repeats']}")
+
+
+def _run_groups(plan: list[tuple[str, int]], p: dict, backend: str, progress: bool,
+                cache_job) -> tuple:
+    """All groups and the CPU cache point at once, in threads that each wait on their own
+    processes; each group is bounded by its own timeouts; a failure is raised once all ended."""
+    kw = dict(n_images=int(p["n_images"]), settle_s=float(p["settle_s"]),
+              step_pause_s=float(p["step_pause_s"]), backend=backend,
+              timeout_s=float(p["timeout_s"]), start_method=p["start_method"])
+    groups, errors = [], []
+    if progress:
+        print(f"grid_thw tp={p['tp_size']}: {len(plan)} groups at once")
+    with ThreadPoolExecutor(max_workers=len(plan) + 1, thread_name_prefix="sglab-group") as pool:
+        cache = pool.submit(cache_job)
+        futures = {pool.submit(run_group, v, int(p["tp_size"]), repeat=rep, **kw): (v, rep)
+                   for v, rep in plan}
+        for fut in as_completed(futures):
+            v, rep = futures[fut]
+            try:
+                groups.append(fut.result())
+                status = "done"
+            except Exception as e:  # noqa: BLE001 - collected, raised below
+                errors.append(((v, rep), e))
+                status = "failed"
+            if progress:
+                print(f"  group {v} · repeat {rep}: {status} "
+                      f"({len(groups) + len(errors)}/{len(plan)})")
+        cache_rows_ = cache.result()
+    if errors:
+        (v, rep), e = errors[0]
+        raise RuntimeError(f"grid_thw group {v} (repeat {rep}) failed: {e}") from e
+    return sorted(groups, key=lambda g: plan.index((g["variant"], g["repeat"]))), cache_rows_
+
+
+def _merge_rank_phases(groups: list[dict]) -> None:
+    """Rank phases as the mean over the groups (side by side: a sum would not be wall time)."""
+    per: dict[str, list[float]] = {}
+    for g in groups:
+        for r, (d, t_entry) in enumerate(zip(g["phases"], g["t_entry"])):
+            for k, val in {**d, "start (process, CUDA, NCCL init)": t_entry}.items():
+                per.setdefault(f"rank{r}/{k}", []).append(val)
+    phases.merge({k: sum(v) / len(v) for k, v in per.items()})
+
+
+def run(params: dict | None = None, *, progress: bool = True,
+        backend: str = "nccl") -> runs.Measured:
+    """Every variant × repeat at one TP size as concurrent groups, plus the cache point. ``gloo``
+    runs the same path on the CPU (no NVML). Returns the tidy rows with the sidecars ``memory``,
+    ``marks`` and ``trace`` when NVML is available (``nccl``)."""
+    p = {**DEFAULT_PARAMS, **(params or {})}
+    check_params(p)
+    tp = int(p["tp_size"])
+    plan = [(v, rep) for rep in range(int(p["repeats"])) for v in p["variants"]]
+
+    def cache_job():
+        with phases.phase("cache point (CPU)"):
+            return cache_rows(n_requests=int(p["cache_requests"]), pool=int(p["cache_pool"]),
+                              max_images=int(p["cache_max_images"]), seed=int(p["seed"]))
+
+    if p["start_method"] == "forkserver":
+        with phases.phase("fork server"):  # torch imported once, in the server
+            dist.forkserver(FORKSERVER_PRELOAD)
+    sampler = memory.Sampler(float(p["sample_hz"])).start() if backend == "nccl" else None
+    try:
+        with phases.phase("groups (all at once)"):
+            groups, cache = _run_groups(plan, p, backend, progress, cache_job)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        if p["start_method"] == "forkserver":
+            dist.stop_forkserver()
+    _merge_rank_phases(groups)
+    rows = [r for g in groups for r in g["rows"]] + [dict(r, tp_size=tp) for r in cache]
+    extra = {}
+    if sampler is not None:
+        with phases.phase("time series"):
+            rows += sampler_rows(sampler, tp)
+            extra = sidecars(groups, sampler.samples(), sampler.ticks)
+    if progress:
+        print(f"grid_thw tp={tp}: {len(rows)} rows")
+    return runs.Measured(runs.tidy(EXPERIMENT, rows), sidecars=extra,
+                         extra={"concurrent_groups": len(plan)})
