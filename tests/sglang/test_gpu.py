@@ -14,7 +14,6 @@ receiver holds memory on GPU 0 only with the grid on cuda:0.
 """
 
 import ast
-import json
 import os
 from pathlib import Path
 
@@ -345,17 +344,3 @@ def test_gpu_grid_on_cuda0_puts_the_receiver_on_gpu0(tmp_path_factory):
                  metric="grid_device_after_decode") == "cpu"
     assert mem("grid_on_cuda0", 0) > 100 and mem("grid_on_cpu", 0) == 0
     assert mem("grid_on_cuda0", 1) > 100 and mem("grid_on_cpu", 1) > 100
-
-
-@pytest.mark.gpu
-@pytest.mark.gpus(2)
-def test_gpu_workspace_floor_ran_or_says_why(tmp_path_factory):
-    run = _gpu_run("workspace_floor", tmp_path_factory)
-    status = run.df[run.df["metric"] == "status"]["value"].tolist()
-    if status and all(str(s).startswith("not run: flashinfer") for s in status):
-        pytest.skip(status[0])
-    assert not status, status
-    created = run.df[(run.df["metric"] == "created")]
-    before = created[created["variant"] == "before_floor"]["value"].map(_parse).sum()
-    after = created[created["variant"] == "after_floor"]["value"].map(_parse).sum()
-    assert after < before, json.dumps({"before": int(before), "after": int(after)})
