@@ -133,8 +133,28 @@ def test_simulation_section_draws_and_closes():
 
 # -- your own setup
 # -------------------------------------------------------------------------------------------
+def example_log_lines(steps: int = 1500, decode_log_interval: int = 40) -> list[str]:
+    """The shipped example: scheduler lines in SGLang's format for the first ``steps`` forward steps
+    of the stored ``short_ramp`` trace, every prefill batch and every ``decode_log_interval``-th
+    decode step, as a server logs them."""
+    lines, decodes = [], 0
+    for r in measure.load_trace("short_ramp", verify=False)[0].head(steps).itertuples():
+        ts = f"[2026-11-20 10:{r.step // 60:02d}:{r.step % 60:02d}]"
+        if r.kind != "decode":
+            lines.append(f"{ts} Prefill batch, #new-seq: 1, #new-token: {r.tokens_raw}, "
+                         f"#cached-token: 0, token usage: 0.01, #running-req: {r.running}, "
+                         f"#queue-req: {r.waiting}, ")
+        else:
+            decodes += 1
+            if decodes % decode_log_interval == 0:
+                lines.append(f"{ts} Decode batch, #running-req: {r.tokens_raw}, #token: "
+                             f"{r.tokens_raw * 64}, token usage: 0.01, cuda graph: True, gen "
+                             f"throughput (token/s): 0.00, #queue-req: {r.waiting}, ")
+    return lines
+
+
 def test_example_log_is_the_stored_trace_written_as_a_server_log():
-    assert show.EXAMPLE_LOG.read_text() == "\n".join(show.example_log_lines()) + "\n"
+    assert show.EXAMPLE_LOG.read_text() == "\n".join(example_log_lines()) + "\n"
 
 
 def test_log_lines_become_forward_steps():

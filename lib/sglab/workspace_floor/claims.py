@@ -14,7 +14,7 @@ from typing import Optional
 from sglab.core import runs
 from sglab.core.claims import Claim, Headline, holds
 from sglab.workspace_floor import measure, rebuild, show
-from sglab.workspace_floor.measure import COST_VARIANT, EXPERIMENT, GPUS
+from sglab.workspace_floor.measure import COST_VARIANT, EXPERIMENT, GPUS  # noqa: F401 (interface)
 from sglab.workspace_floor.rebuild import MiB
 from sglab.workspace_floor.show import run_hidden, run_world_size
 

@@ -1,24 +1,13 @@
 """The allreduce-fusion workspace and its ``max_token_num`` floor (SGLang #26382, part B), rebuilt
-PR-era.
+PR-era, one section per upstream file and symbol; read it beside the released hunk
+(``data/upstream/workspace_floor/pr26382.diff``).
 
-Read it beside the released hunk (``data/upstream/workspace_floor/pr26382.diff``). Each section is
-headed by the upstream file and symbols it mirrors:
-
-1. FlashInfer ``comm/trtllm_ar.py``: the three buffers' sizes and the sufficiency rule;
-2. SGLang ``layers/flashinfer_comm_fusion.py``: ``FlashInferWorkspaceManager``,
-   ``ensure_workspace_initialized`` and the callee's ``assert`` (the re-create rule);
-3. SGLang ``layers/layernorm.py``: the ``max_token_num`` the call site passes, before and after the
-   PR (:data:`POLICIES`, the before/after switch: ``before_pr`` and ``floor_2048``);
-4. creators: what the manager calls instead of FlashInfer's ``create_allreduce_fusion_workspace``
-   (a fake one that allocates nothing, for the CPU);
-5. FlashInfer ``comm/cuda_ipc.py``: the CUDA IPC calls (through ``cuda.bindings``, or a host
-   stand-in);
-6. FlashInfer ``comm/trtllm_ar.py``: ``trtllm_create_ipc_workspace_for_all_reduce_fusion`` over
-   CUDA IPC and a gloo group;
-7. FlashInfer ``comm/allreduce.py``: FlashInfer's own creation, where it is installed;
-8. no upstream file: the trace driver (:func:`replay`) and the CPU simulation (:func:`simulate`).
-
-Nothing here measures; ``sglab.workspace_floor.measure`` does.
+The manager (section 2) never allocates: it calls a creator, so one manager runs against a fake
+creator (exact counts and sizes on the CPU), FlashInfer's IPC creation rebuilt over
+``cuda.bindings`` (on the GPUs, or over host stand-ins on the CPU) and FlashInfer's own creation.
+The before/after switch is the call site's :class:`Policy` (:data:`POLICIES`: ``before_pr``,
+``floor_2048`` and the alternatives the notebook weighs). Nothing here measures;
+``sglab.workspace_floor.measure`` does.
 """
 
 from __future__ import annotations

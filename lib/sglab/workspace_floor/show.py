@@ -318,15 +318,6 @@ def first_open(events) -> str:
 # --------------------------------------------------------------------------------------------------
 # figures
 # --------------------------------------------------------------------------------------------------
-def schedule(trace_name: str, policies, *, world_size: int, hidden_dim: int) -> pd.DataFrame:
-    """One row per creation of each policy over a trace, cold start (simulated)."""
-    rows = [{"policy": name, "step": e.step, "tokens": e.max_token_num,
-             "MiB": e.bytes_per_rank / MiB, "reason": e.reason}
-            for name in policies
-            for e in measure.simulated(trace_name, name, world_size, hidden_dim, 0)[0].events]
-    return pd.DataFrame(rows, columns=["policy", "step", "tokens", "MiB", "reason"])
-
-
 def mechanism(run=None, *, trace_name: str = "short_ramp", policies=("floor_0", "floor_2048"),
               hidden_dim: int = 7168):
     """The slide: the workspace size each policy holds along the trace (a staircase), a mark at
@@ -334,7 +325,9 @@ def mechanism(run=None, *, trace_name: str = "short_ramp", policies=("floor_0", 
     the first shown run, its GPU ms."""
     run = run if run else None
     W = run_world_size(run) if run is not None else 2
-    sched = schedule(trace_name, policies, world_size=W, hidden_dim=hidden_dim)
+    sched = pd.DataFrame([{"policy": name, "step": e.step, "tokens": e.max_token_num,
+                           "MiB": e.bytes_per_rank / MiB} for name in policies for e in
+                          measure.simulated(trace_name, name, W, hidden_dim)[0].events])
     tokens = measure.trace_tokens(trace_name)
     xmax = int(int(sched.step.max()) * 1.15) + 5
     fig, ax = plots.figure(width=11, height=4.6)
@@ -622,7 +615,7 @@ def profiler(run) -> None:
 # --------------------------------------------------------------------------------------------------
 PREFILL = re.compile(r"Prefill batch\b.*?#new-token:\s*(\d+)")
 DECODE = re.compile(r"Decode batch\b.*?#running-req:\s*(\d+)")
-EXAMPLE_LOG = runs.repo_root() / "data" / "examples" / "sglang_server_short_prompts.log"
+EXAMPLE_LOG = runs.repo_root() / "data" / "examples" / "sglang_server_short_prompts.log"  # tests
 
 
 class TraceError(ValueError):
@@ -800,23 +793,3 @@ def your_setup():
                                     {"floor": 2048, "world_size": 4, "prompt_length": 1200}],
                             title="Your traffic: workspace re-creations per policy on a generated "
                                   "cold start")
-
-
-def example_log_lines(steps: int = 1500, decode_log_interval: int = 40) -> list[str]:
-    """The shipped example (:data:`EXAMPLE_LOG`): scheduler lines in SGLang's format for the first
-    ``steps`` forward steps of the stored ``short_ramp`` trace, every prefill batch and every
-    ``decode_log_interval``-th decode step, as a server logs them."""
-    lines, decodes = [], 0
-    for r in measure.load_trace("short_ramp", verify=False)[0].head(steps).itertuples():
-        ts = f"[2026-11-20 10:{r.step // 60:02d}:{r.step % 60:02d}]"
-        if r.kind != "decode":
-            lines.append(f"{ts} Prefill batch, #new-seq: 1, #new-token: {r.tokens_raw}, "
-                         f"#cached-token: 0, token usage: 0.01, #running-req: {r.running}, "
-                         f"#queue-req: {r.waiting}, ")
-        else:
-            decodes += 1
-            if decodes % decode_log_interval == 0:
-                lines.append(f"{ts} Decode batch, #running-req: {r.tokens_raw}, #token: "
-                             f"{r.tokens_raw * 64}, token usage: 0.01, cuda graph: True, gen "
-                             f"throughput (token/s): 0.00, #queue-req: {r.waiting}, ")
-    return lines
