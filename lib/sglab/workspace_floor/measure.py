@@ -42,8 +42,10 @@ import pandas as pd
 import torch
 import torch.distributed as tdist
 
-from sglab.core import runs
+from sglab.core import dist, memory, runs
+from sglab.core import trace as prof
 from sglab.core import timing as phases
+from sglab.core.kernels import _warm_profiler
 from sglab.workspace_floor import rebuild
 from sglab.workspace_floor.rebuild import MiB
 
@@ -327,8 +329,6 @@ class RankState:
 
 
 def _nvml_rank_mib(pid: int) -> dict:
-    from sglab.core import memory  # NVML: only on the GPU path
-
     df = memory.process_gpu_memory([pid])
     return {int(g): float(v) for g, v in zip(df["gpu"], df["used_mib"])}
 
@@ -480,14 +480,11 @@ TRIVIAL_CALLS = (r"^(cudaGetDevice|cudaGetLastError|cudaPeekAtLastError|cudaStre
 
 
 def traced_pass(st) -> dict:
-    """Inside one ``trace.Recorder`` session: each profiled policy replays the profiled trace with
-    the IPC creator, the manager opening a ``recreate workspace`` range per creation and the creator
-    a sub-range per phase; then one ``create workspace`` range per cost size. Returns ``{"table":
-    the reduced events (:func:`reduce_events`), "perfetto": path}``; adds this pass's own leak rows
-    (against a baseline taken once the profiler holds its device memory)."""
-    from sglab.core import trace  # the profiler: only in the traced pass
-    from sglab.core.kernels import _warm_profiler
-
+    """Inside one ``sglab.core.trace.Recorder`` session: each profiled policy replays the profiled
+    trace with the IPC creator, the manager opening a ``recreate workspace`` range per creation and
+    the creator a sub-range per phase; then one ``create workspace`` range per cost size. Returns
+    ``{"table": the reduced events (:func:`reduce_events`), "perfetto": path}``; adds this pass's
+    own leak rows (against a baseline taken once the profiler holds its device memory)."""
     cfg, ctx = st.cfg, st.ctx
     path = Path(cfg["trace_dir"]) / f"rank{ctx.rank}.trace.json.gz"
     schedule: dict[str, list[tuple[int, int]]] = {}
@@ -495,26 +492,26 @@ def traced_pass(st) -> dict:
         with phases.phase("profile: profiler start-up"):
             _warm_profiler()
     with phases.phase("profile: session + export"):
-        with trace.Recorder(perfetto=path) as rec:
+        with prof.Recorder(perfetto=path) as rec:
             st.empty_cache()
             st.barrier()
             base = st.ops.free_bytes()
             for name in cfg["profile_policies"]:
-                with trace.phase(VARIANT_PREFIX + name):
+                with prof.phase(VARIANT_PREFIX + name):
                     pol = rebuild.POLICIES[name]
-                    creator = make_creator(cfg["creator"], st.ops, trace.phase)
+                    creator = make_creator(cfg["creator"], st.ops, prof.phase)
                     mgr = rebuild.WorkspaceManager(creator, high_water=pol.high_water,
-                                                   mark=trace.phase)
+                                                   mark=prof.phase)
                     rebuild.replay(mgr, pol, cfg["profile_trace"], world_size=ctx.world_size,
                                    rank=ctx.rank, hidden_dim=cfg["hidden_dim"],
                                    group=ctx.cpu_group, before_create=st.barrier)
                     mgr.cleanup()
                     schedule[name] = [(e.step, e.max_token_num) for e in mgr.events]
-            with trace.phase(VARIANT_PREFIX + COST_VARIANT):
-                creator = make_creator(cfg["creator"], st.ops, trace.phase)
+            with prof.phase(VARIANT_PREFIX + COST_VARIANT):
+                creator = make_creator(cfg["creator"], st.ops, prof.phase)
                 for T in cfg["cost_tokens"]:
                     st.barrier()
-                    with trace.phase(COST_RANGE):
+                    with prof.phase(COST_RANGE):
                         ws = creator.create(world_size=ctx.world_size, rank=ctx.rank,
                                             max_token_num=T, hidden_dim=cfg["hidden_dim"],
                                             group=ctx.cpu_group)
@@ -533,10 +530,8 @@ def traced_pass(st) -> dict:
 
 
 def _host_ranges(events, names):
-    from sglab.core.trace import PHASE_PREFIX
-
     r = events[(events.category == "range") & ~events.lane.str.startswith(("stream", "device"))]
-    r = r.assign(bare=r.name.str.replace(PHASE_PREFIX, "", regex=False))
+    r = r.assign(bare=r.name.str.replace(prof.PHASE_PREFIX, "", regex=False))
     return r[r.bare.isin(names)].sort_values("start_us", kind="stable")
 
 
@@ -545,12 +540,10 @@ def reduce_events(events, schedule: dict, *, rank: int):
     ... within the variant), trace ``step`` and workspace ``tokens`` (``schedule``: per variant,
     the ``(step, tokens)`` of its creations in order); device copies of ranges and trivial host
     queries dropped. A few hundred rows per rank: the run's ``events`` sidecar."""
-    from sglab.core.trace import COLUMNS
-
     variants = _host_ranges(events, [VARIANT_PREFIX + v for v in schedule])
     creations = _host_ranges(events, [rebuild.RECREATE_RANGE, COST_RANGE])
     if creations.empty:
-        return pd.DataFrame(columns=COLUMNS + EXTRA_COLUMNS)
+        return pd.DataFrame(columns=prof.COLUMNS + EXTRA_COLUMNS)
     labels, seen = [], {}
     for c in creations.itertuples():
         inside = variants[(variants.start_us <= c.start_us)
@@ -572,7 +565,7 @@ def reduce_events(events, schedule: dict, *, rank: int):
     for j, col in enumerate(("variant", "creation", "step", "tokens")):
         out[col] = [x[j] for x in lab]
     out["rank"] = rank
-    return out[COLUMNS + EXTRA_COLUMNS].reset_index(drop=True)
+    return out[prof.COLUMNS + EXTRA_COLUMNS].reset_index(drop=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -610,14 +603,12 @@ def rank_config(p: dict, *, progress: bool, trace_dir: str) -> dict:
 
 
 def _parent_leak_rows(pids: list[int], world_size: int) -> list[dict]:
-    import psutil
+    import psutil  # the parent leak check: only on the GPU path
 
     time.sleep(0.5)
     alive = [p for p in pids
              if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     try:
-        from sglab.core import memory
-
         left_mib = float(memory.process_gpu_memory(pids)["used_mib"].sum())
     except Exception:  # no NVML: cannot say
         left_mib = float("nan")
@@ -629,8 +620,6 @@ def _parent_leak_rows(pids: list[int], world_size: int) -> list[dict]:
 def run(params: Optional[dict] = None, *, progress: bool = True) -> runs.Measured:
     """The simulation on the full traces, then the live replay on ``world_size`` GPUs: the tidy
     rows, the profiler's event table (sidecar ``events``) and one Perfetto file per rank."""
-    from sglab.core import dist
-
     p = {**DEFAULT_PARAMS, **(params or {})}
     check_params(p)
     W = int(p["world_size"])
