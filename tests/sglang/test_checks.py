@@ -54,37 +54,6 @@ def test_pcg_gate_absent_and_unknown():
                  {checks.KIMI_MODEL: "class Other:\n    pass\n"}).status == "unknown"
 
 
-# -- #26382 B
-# --------------------------------------------------------------------------------------------------
-def _layernorm(kwarg: str) -> dict:
-    return {checks.LAYERNORM: f"""
-def _forward_with_allreduce_fusion(norm_module, x, residual, weight):
-    fused_result = flashinfer_allreduce_residual_rmsnorm(
-        input_tensor=x, residual=residual, weight=weight, {kwarg}use_attn_tp_group=True)
-    return fused_result
-""", "srt/layers/flashinfer_comm_fusion.py": """
-def flashinfer_allreduce_residual_rmsnorm(input_tensor, residual, weight, eps=1e-6, max_token_num: int = 2048):
-    assert input_tensor.shape[0] <= max_token_num
-"""}
-
-
-@pytest.mark.parametrize("kwarg,status,words", [
-    ("", "before", "default max_token_num=2048 applies and it asserts"),
-    ("max_token_num=max(x.shape[0], 2048), ", "pr-era", "max(x.shape[0], 2048)"),
-    ("max_token_num=max(x.shape[0], 4096), ", "changed", "other than the PR's 2048"),
-    ("max_token_num=x.shape[0], ", "unknown", "x.shape[0]")])
-def test_workspace_floor_states(kwarg, status, words):
-    v = state(checks.workspace_floor, _layernorm(kwarg))
-    assert v.status == status and words in v.detail
-
-
-def test_workspace_floor_absent():
-    assert state(checks.workspace_floor, {}).status == "absent"
-    v = state(checks.workspace_floor, {checks.LAYERNORM: "def rms_norm(x):\n    return x\n"})
-    assert v.status == "absent" and "does not call" in v.detail
-    assert state(checks.workspace_floor, {checks.LAYERNORM: "def broken(:\n"}).status == "unknown"
-
-
 
 
 # -- #23972 -----------------------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ receiver's probes are tested in tests/breakable_graph and tests/grid_thw.
 """
 
 import ast
-import json
 import os
 from pathlib import Path
 
@@ -293,17 +292,3 @@ def test_gpu_decode_buffers_int32_and_zeroed_padding_from_0_5_12(tmp_path_factor
     assert get("0.5.11", "dtype") == "int64" and get("0.5.12.post1", "dtype") == "int32"
     assert get("0.5.12.post1", "padded_tail_after_padded_populate") == [0, 0]
     assert get("0.5.11", "padded_tail_after_padded_populate") != [0, 0]
-
-
-@pytest.mark.gpu
-@pytest.mark.gpus(2)
-def test_gpu_workspace_floor_ran_or_says_why(tmp_path_factory):
-    run = _gpu_run("workspace_floor", tmp_path_factory)
-    status = run.df[run.df["metric"] == "status"]["value"].tolist()
-    if status and all(str(s).startswith("not run: flashinfer") for s in status):
-        pytest.skip(status[0])
-    assert not status, status
-    created = run.df[(run.df["metric"] == "created")]
-    before = created[created["variant"] == "before_floor"]["value"].map(_parse).sum()
-    after = created[created["variant"] == "after_floor"]["value"].map(_parse).sum()
-    assert after < before, json.dumps({"before": int(before), "after": int(after)})

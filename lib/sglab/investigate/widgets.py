@@ -16,21 +16,8 @@ from sglab.core.notebook import explore, interactive_here, static_table  # noqa:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# the three "your own setup" controls of notebooks 02, 04 and 06
+# the "your own setup" controls of notebook 06
 # --------------------------------------------------------------------------------------------------------------
-def workspace_floor():
-    """02: a floor, a world size and a prompt length -> re-creations, time and MiB per policy on a generated cold
-    start (:func:`sglab.investigate.workspace.floor_table`)."""
-    from sglab.investigate.workspace import floor_table
-
-    return explore(floor_table, {"floor": [0, 256, 512, 1024, 2048, 4096], "world_size": [2, 4, 8],
-                                 "prompt_length": [16, 48, 128, 512, 1200, 4096]},
-                   static=[{"floor": 2048, "world_size": 4, "prompt_length": 48},
-                           {"floor": 512, "world_size": 8, "prompt_length": 48},
-                           {"floor": 2048, "world_size": 4, "prompt_length": 1200}],
-                   title="Your traffic: workspace re-creations per policy on a generated cold start")
-
-
 def capture_rules():
     """06: attention TP, CP, dense TP 1 and two-batch overlap -> the piecewise sizes per rule and the refused ones
     (:func:`sglab.investigate.capture_sizes.rule_table`)."""

@@ -18,7 +18,6 @@ from sglab.sglang.upstream import Verdict
 from sglab.sglang import source as S
 
 KIMI_MODEL = "srt/models/kimi_k25.py"
-LAYERNORM = "srt/layers/layernorm.py"
 PREFILL_RUNNER = "srt/model_executor/runner/prefill_cuda_graph_runner.py"
 PIECEWISE_RUNNER = "srt/model_executor/piecewise_cuda_graph_runner.py"
 ROUND_UP_HOMES = ("srt/utils/common.py", "srt/model_executor/runner/base_cuda_graph_runner.py")
@@ -75,62 +74,6 @@ def pcg_gate(read) -> Verdict:
                              "(hasattr(model, 'model')) refuses it as 'not a language model'")
 
 
-# -- #26382 part B
-# ----------------------------------------------------------------------------------------------
-_PR_FLOOR = "max(x.shape[0], 2048)"
-
-
-def _callee_default(read) -> str:
-    """The end of the "before" reason: the callee's default and its assert, read from
-    flashinfer_comm_fusion.py."""
-    _, tree = _parsed(read, "srt/layers/flashinfer_comm_fusion.py")
-    fn = S.find(tree, "flashinfer_allreduce_residual_rmsnorm")
-    if fn is None:
-        return ""
-    args = fn.args.args[len(fn.args.args) - len(fn.args.defaults):]
-    default = next((ast.unparse(d) for a,
-                    d in zip(args, fn.args.defaults) if a.arg == "max_token_num"), None)
-    if default is None:
-        return ""
-    guard = any(isinstance(n,
-                           ast.Assert) and "max_token_num" in ast.unparse(n.test)
-                for n in ast.walk(fn))
-    return f": the callee's default max_token_num={default} applies" + (
-        f" and it asserts the batch has at most {default} tokens" if guard else "")
-
-
-def workspace_floor(read) -> Verdict:
-    src, tree = _parsed(read, LAYERNORM)
-    if src is None:
-        return Verdict("absent", "no layers/layernorm.py in this SGLang")
-    if tree is None:
-        return Verdict("unknown", "layers/layernorm.py does not parse")
-    scope = S.find(tree, "_forward_with_allreduce_fusion") or tree
-    fused = S.calls(scope, "flashinfer_allreduce_residual_rmsnorm")
-    if not fused:
-        return Verdict("absent", "layernorm.py does not call flashinfer_allreduce_residual_rmsnorm "
-                                 "(no fused all-reduce + RMSNorm, no workspace to size)")
-    passed = [S.keyword(c, "max_token_num") for c in fused]
-    if all(e is None for e in passed):
-        return Verdict("before",
-                       "layernorm.py calls flashinfer_allreduce_residual_rmsnorm without "
-                       "max_token_num" + _callee_default(read))
-    spelled = {ast.unparse(e) for e in passed if e is not None}
-    if _PR_FLOOR in spelled:
-        return Verdict("pr-era", f"layernorm.py passes max_token_num={_PR_FLOOR} to "
-                                 "flashinfer_allreduce_residual_rmsnorm")
-    floors = [e for e in passed if isinstance(e,
-                                              ast.Call) and S.callee_name(e) == "max"
-              and len(e.args) == 2 and isinstance(e.args[1],
-                                                  ast.Constant) and isinstance(e.args[1].value,
-                                                          int)]
-    if floors:
-        return Verdict("changed",
-                       f"layernorm.py passes max_token_num={ast.unparse(floors[0])}: a floor other "
-                                  "than the PR's 2048")
-    return Verdict("unknown",
-                   f"layernorm.py passes max_token_num={sorted(spelled)[0]}, not a floor this "
-                   "check " "recognises")
 
 
 # -- #23972

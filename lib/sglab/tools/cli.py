@@ -180,7 +180,7 @@ def cmd_verify(args) -> int:
 # -- investigate your own setup
 # -------------------------------------------------------------------------------
 def cmd_workspace(args) -> int:
-    from sglab.investigate import workspace as ws
+    from sglab.workspace_floor import show as ws
 
     if args.world_size < 2:
         print("sglab workspace: the fused all-reduce needs --world-size >= 2", file=sys.stderr)
@@ -194,8 +194,8 @@ def cmd_workspace(args) -> int:
         print(f"sglab workspace: {args.trace}: no forward step with tokens", file=sys.stderr)
         return 2
     print(ws.describe(trace))
-    df = ws.simulate(trace.tokens, world_size=args.world_size, hidden_dim=args.hidden,
-                     pre_initialize=args.pre_initialize)
+    df = ws.traffic_table(trace.tokens, world_size=args.world_size, hidden_dim=args.hidden,
+                          pre_initialize=args.pre_initialize)
     print(f"world size {args.world_size}, hidden {args.hidden}, "
           + ("cold start" if not args.pre_initialize
              else f"pre-initialised at {args.pre_initialize} tokens"))

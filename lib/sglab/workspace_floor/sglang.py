@@ -1,23 +1,490 @@
-"""The record of workspace_floor: the upstream PR(s), the source check, the hunks, the real-release probes."""
+"""The workspace floor in real SGLang: the fix's record, its source check, its real-release probes
+and the comparison with the rebuild.
+
+- ``FIX``: #26382 part B, the symbol it touched, the probe the notebook shows and the GPU plan;
+- :func:`check`: which state a given SGLang is in, read as source (``sglab upstream``);
+- :func:`probe` (CPU, one release per worker process): the workbook's traces through the released
+  code: the call site ``layers/layernorm.py::_forward_with_allreduce_fusion`` (0.5.12.post1: no
+  ``max_token_num``, so the callee's 2048 and its assert; 0.5.13: ``max(x.shape[0], 2048)``), and
+  ``layers/flashinfer_comm_fusion.py`` (``flashinfer_allreduce_residual_rmsnorm``,
+  ``ensure_workspace_initialized``, ``FlashInferWorkspaceManager``,
+  ``pre_initialize_workspaces``). Replaced for the call: FlashInfer's comm module by a recorder
+  that answers the size check with FlashInfer's rule (:func:`~.rebuild.size_sufficient`, the only
+  rebuilt piece on the real side), the GPU preflight vote by "proceed", the parallel getters by the
+  trace's world size (rank 0). The callee is a CUDA-only torch op (``@register_custom_op``), so the
+  probe calls the same function compiled from the release's file without that decorator. Besides
+  its own call site (``site=release``) the real callee runs the floors the notebook weighs
+  (``site=floor_<F>``);
+- :func:`gpu_probe` (``sglab real gpu``): the real ``FlashInferWorkspaceManager`` creating
+  FlashInfer's workspace on 2 GPUs, only where FlashInfer is importable;
+- :func:`comparison` / :func:`compare`: the real decisions beside the rebuild's simulation.
+
+Nothing here imports SGLang at module level: the probes run inside a release's worker process.
+"""
 
 from __future__ import annotations
 
-from sglab.sglang import checks as C
+import ast
+import contextlib
+import dataclasses
+import importlib.util
+import inspect
+import os
+import tempfile
+import time
+import types
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
+
+import torch
+
+from sglab.sglang import compare as real
+from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, GpuPlan, Probe, Spec, Step, symbols_in
+from sglab.sglang.probing import patched
+from sglab.sglang.upstream import Verdict
+from sglab.workspace_floor import measure, rebuild
+
+LAYERNORM = "srt/layers/layernorm.py"
+FUSION = "srt/layers/flashinfer_comm_fusion.py"
+_PR_FLOOR = "max(x.shape[0], 2048)"
+RELEASES = ("0.5.12.post1", "0.5.13")
+OWN_POLICY = {"0.5.12.post1": "before_pr", "0.5.13": "floor_2048"}  # the rebuild's call sites
+ALT_SITES = ("floor_0", "floor_1024")
+SCENARIOS = (0, 2048)
+WORLD_SIZE, HIDDEN = 2, 7168
 
 
-def _probe_params() -> dict:
-    from sglab.experiments.workspace_floor import real
+# --------------------------------------------------------------------------------------------------
+# the source check (the release timeline, `sglab upstream`)
+# --------------------------------------------------------------------------------------------------
+def _parsed(read, rel):
+    text = read(rel)
+    return text, (S.parse(text) if text is not None else None)
 
-    return real.params()
+
+def _callee_default(read) -> str:
+    """The end of the "before" reason: the callee's default and its assert."""
+    fn = S.find(_parsed(read, FUSION)[1], "flashinfer_allreduce_residual_rmsnorm")
+    if fn is None:
+        return ""
+    args = fn.args.args[len(fn.args.args) - len(fn.args.defaults):]
+    default = next((ast.unparse(d) for a, d in zip(args, fn.args.defaults)
+                    if a.arg == "max_token_num"), None)
+    if default is None:
+        return ""
+    guard = any(isinstance(n, ast.Assert) and "max_token_num" in ast.unparse(n.test)
+                for n in ast.walk(fn))
+    return f": the callee's default max_token_num={default} applies" + (
+        f" and it asserts the batch has at most {default} tokens" if guard else "")
 
 
+def check(read) -> Verdict:
+    """The state of #26382 part B in one SGLang, read from ``layers/layernorm.py``."""
+    src, tree = _parsed(read, LAYERNORM)
+    if src is None:
+        return Verdict("absent", "no layers/layernorm.py in this SGLang")
+    if tree is None:
+        return Verdict("unknown", "layers/layernorm.py does not parse")
+    fused = S.calls(S.find(tree, "_forward_with_allreduce_fusion") or tree,
+                    "flashinfer_allreduce_residual_rmsnorm")
+    if not fused:
+        return Verdict("absent", "layernorm.py does not call flashinfer_allreduce_residual_rmsnorm "
+                                 "(no fused all-reduce + RMSNorm, no workspace to size)")
+    passed = [S.keyword(c, "max_token_num") for c in fused]
+    if all(e is None for e in passed):
+        return Verdict("before", "layernorm.py calls flashinfer_allreduce_residual_rmsnorm without "
+                                 "max_token_num" + _callee_default(read))
+    spelled = {ast.unparse(e) for e in passed if e is not None}
+    if _PR_FLOOR in spelled:
+        return Verdict("pr-era", f"layernorm.py passes max_token_num={_PR_FLOOR} to "
+                                 "flashinfer_allreduce_residual_rmsnorm")
+    floors = [e for e in passed if isinstance(e, ast.Call) and S.callee_name(e) == "max"
+              and len(e.args) == 2 and isinstance(e.args[1], ast.Constant)
+              and isinstance(e.args[1].value, int)]
+    if floors:
+        return Verdict("changed", f"layernorm.py passes max_token_num={ast.unparse(floors[0])}: a "
+                                  "floor other than the PR's 2048")
+    return Verdict("unknown",
+                   f"layernorm.py passes max_token_num={sorted(spelled)[0]}, not a floor "
+                              "this check recognises")
+
+
+# --------------------------------------------------------------------------------------------------
+# the CPU probe (inside one release's worker process)
+# --------------------------------------------------------------------------------------------------
+class RecordedWorkspace:
+    """What ``create_allreduce_fusion_workspace`` would have returned: its metadata, FlashInfer's
+    size rule."""
+
+    def __init__(self, comm, kwargs: dict):
+        self.comm, self.kwargs, self.backend = comm, kwargs, kwargs.get("backend", "trtllm")
+        self.metadata = {"tp_size": kwargs["world_size"], "max_token_num": kwargs["max_token_num"],
+                         "hidden_dim": kwargs["hidden_dim"], "use_fp32_lamport": False}
+
+    def is_buffer_size_sufficient(self, tp_size, num_tokens, hidden_dim, dtype=None,
+                                  use_oneshot=None):
+        return rebuild.size_sufficient(self.metadata, num_tokens, hidden_dim, tp_size)
+
+    def destroy(self):
+        self.comm.destroyed += 1
+
+
+class RecordingComm:
+    """Stands in for ``flashinfer.comm``: records every creation with the trace step it fell on."""
+
+    def __init__(self):
+        self.step, self.created, self.destroyed, self.fused_calls = -1, [], 0, 0
+        self.AllReduceFusionPattern = types.SimpleNamespace(kARResidualRMSNorm="kARResidualRMSNorm")
+
+    def create_allreduce_fusion_workspace(self, **kwargs):
+        self.created.append({"step": self.step, "max_token_num": int(kwargs["max_token_num"])})
+        return RecordedWorkspace(self, kwargs)
+
+    def allreduce_fusion(self, **kwargs):
+        self.fused_calls += 1
+
+
+def undecorated(module, name: str):
+    """``module.name`` compiled from the module's own source without its decorators, with the
+    module's globals (what the decorator registers as a CUDA-only torch op is this very
+    function)."""
+    tree = ast.parse(inspect.getsource(module))
+    node = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    if node is None:
+        raise AttributeError(f"{module.__name__} defines no function {name} in this release")
+    node.decorator_list = []
+    code = compile(ast.Module([node], type_ignores=[]), inspect.getsourcefile(module), "exec")
+    namespace = module.__dict__  # the function reads (patched) module globals at call time
+    saved = namespace.get(name)
+    exec(code, namespace)
+    fn, namespace[name] = namespace[name], saved
+    return fn
+
+
+@contextlib.contextmanager
+def _wired(prepared, comm: RecordingComm, world_size: int):
+    """The release's modules with FlashInfer, the preflight and the parallel state replaced; fresh
+    managers, so every (trace, site, scenario) starts from a cold server."""
+    from sglab.sglang import bootstrap
+
+    fc = bootstrap.import_release_module(prepared, "sglang.srt.layers.flashinfer_comm_fusion")
+    dist = bootstrap.import_release_module(prepared, "sglang.srt.distributed")
+    group = types.SimpleNamespace(device_group="device_group", cpu_group="cpu_group",
+                                  world_size=world_size)
+    sizes = {"get_attn_tensor_model_parallel_world_size": lambda: world_size,
+             "get_moe_tensor_parallel_world_size": lambda: world_size,
+             "get_moe_expert_parallel_world_size": lambda: 1}
+    others = {"get_attn_tensor_model_parallel_rank": lambda: 0,
+              "get_moe_tensor_parallel_rank": lambda: 0, "get_moe_expert_parallel_rank": lambda: 0,
+              "get_attn_tp_group": lambda: group, "get_moe_tp_group": lambda: group,
+              "get_moe_ep_group": lambda: group,
+              "get_tp_group": lambda: types.SimpleNamespace(world_size=1),  # no vote to sync
+              "is_flashinfer_available": lambda: True, "_flashinfer_comm": comm,
+              "_flashinfer_allreduce_unavailable": False,
+              "_preflight_check_workspace_memory": lambda **k: True,
+              "flashinfer_allreduce_residual_rmsnorm":
+                  undecorated(fc, "flashinfer_allreduce_residual_rmsnorm"),
+              "_attn_tp_workspace_manager": fc.FlashInferWorkspaceManager(),
+              "_moe_tp_workspace_manager": fc.FlashInferWorkspaceManager()}
+    with patched(fc, **sizes, **others), patched(dist, **sizes):  # the call site imports per call
+        yield fc
+
+
+class _Norm:
+    """The norm module the call site reads; its unfused ``forward`` must not run."""
+
+    variance_epsilon = 1e-6
+
+    def forward(self, x, residual, post_residual_addition=None):
+        raise AssertionError("the call site fell back to the unfused norm: the fused path was not "
+                             "taken")
+
+
+def _call(prepared, fc, site: str, tokens: int, hidden: int):
+    """One forward step's workspace decision: the release's call site, or the real callee at a
+    chosen floor."""
+    from sglab.sglang import bootstrap
+
+    x = torch.empty((tokens, hidden), dtype=torch.bfloat16)
+    residual, weight = torch.empty_like(x), torch.empty(hidden, dtype=torch.bfloat16)
+    if site == "release":
+        ln = bootstrap.import_release_module(prepared, "sglang.srt.layers.layernorm")
+        return ln._forward_with_allreduce_fusion(_Norm(), x, residual, None, weight)
+    return fc.flashinfer_allreduce_residual_rmsnorm(
+        input_tensor=x, residual=residual, weight=weight,
+        max_token_num=max(tokens, int(site.removeprefix("floor_"))))
+
+
+def replay_release(prepared, trace: list, site: str, *, pre_initialize: int = 0,
+                   world_size: int = WORLD_SIZE, hidden: int = HIDDEN) -> dict:
+    """The trace through the real code: the creations it asked for, the calls the callee
+    refused."""
+    comm, refused = RecordingComm(), 0
+    with _wired(prepared, comm, world_size) as fc:
+        if pre_initialize:
+            fc.pre_initialize_workspaces(max_token_num=pre_initialize, hidden_dim=hidden,
+                                         dtype=torch.bfloat16)
+        for step, tokens in enumerate(trace):
+            comm.step = step
+            try:
+                _call(prepared, fc, site, int(tokens), hidden)
+            except AssertionError as exc:
+                if "unfused" in str(exc):
+                    raise
+                refused += 1  # the callee's `assert input_tensor.shape[0] <= max_token_num`
+        high_water = hasattr(fc._attn_tp_workspace_manager, "_max_token_num_seen")
+    at = [c for c in comm.created if c["step"] >= 0]
+    return {"recreations": len(at), "sizes": [c["max_token_num"] for c in at],
+            "steps": [c["step"] for c in at], "preinit_creations": len(comm.created) - len(at),
+            "refused_calls": refused, "fused_calls": comm.fused_calls,
+            "manager_high_water_mark": high_water}
+
+
+def call_site_text(prepared) -> str:
+    """The ``max_token_num=`` argument the release's call site passes (its own line), or
+    ``(none)``."""
+    from sglab.sglang import bootstrap
+
+    layernorm = bootstrap.import_release_module(prepared, "sglang.srt.layers.layernorm")
+    lines = [ln.strip().rstrip(",") for ln in
+             inspect.getsource(layernorm._forward_with_allreduce_fusion).splitlines()
+             if "max_token_num=" in ln]
+    return lines[0] if lines else "(none)"
+
+
+def probe(prepared, params: dict) -> list[dict]:
+    """Rows ``trace, site, scenario, metric, value``. ``params``: ``traces`` ({name: token
+    counts}), ``sites`` (default ``["release"]``), ``pre_initialize`` (default ``[0, 2048]``),
+    ``world_size``, ``hidden``."""
+    rows = [{"trace": "", "site": "release", "scenario": "", "metric": "call_site",
+             "value": call_site_text(prepared)}]
+    for name, trace in params["traces"].items():
+        for site in params.get("sites", ["release"]):
+            for pre in params.get("pre_initialize", [0, 2048]):
+                got = replay_release(prepared, trace, site, pre_initialize=int(pre),
+                                     world_size=int(params.get("world_size", WORLD_SIZE)),
+                                     hidden=int(params.get("hidden", HIDDEN)))
+                rows += [{"trace": name, "site": site,
+                          "scenario": f"preinit_{pre}" if pre else "cold", "metric": k,
+                          "value": v} for k, v in got.items()]
+    return rows
+
+
+def probe_params(traces=None) -> dict:
+    """What the notebook asks each release: both stored traces, the release's own call site and the
+    alternative floors, cold and pre-initialised."""
+    return {"traces": {t: measure.trace_tokens(t) for t in traces or measure.TRACES},
+            "sites": ["release", *ALT_SITES], "pre_initialize": list(SCENARIOS),
+            "world_size": WORLD_SIZE, "hidden": HIDDEN}
+
+
+# --------------------------------------------------------------------------------------------------
+# the GPU probe: the real manager creating FlashInfer's workspace on 2 GPUs (`sglab real gpu`).
+# The GPU carry does not hold FlashInfer (its sources do not fit beside SGLang in one call), so
+# there it gives one "not run: flashinfer not installed" row per case; where FlashInfer is present
+# the first creation JIT-builds its trtllm_comm module (about 4 minutes once).
+# --------------------------------------------------------------------------------------------------
+GPU_TRACE = (512, 1024, 4096, 256, 2048)
+
+
+def gpu_traces() -> dict[str, list[int]]:
+    return {"before_floor": list(GPU_TRACE),
+            "after_floor": [max(t, rebuild.PR_FLOOR) for t in GPU_TRACE]}
+
+
+def gpu_rank(prepared, params: dict) -> list[dict]:
+    """One rank (its own worker, its own GPU, NCCL + a gloo CPU group over a file store): the real
+    manager's ``initialize`` along each trace; per call its ms and whether it created, then the
+    rank's NVML memory."""
+    import torch.distributed as dist
+
+    from sglab.core.memory import process_gpu_memory
+    from sglab.sglang import bootstrap
+
+    r, world = int(params["rank"]), int(params["world_size"])
+    torch.cuda.set_device(r)
+    dist.init_process_group("nccl", init_method=f"file://{params['store']}", rank=r,
+                            world_size=world, device_id=torch.device("cuda", r))
+    cpu_group = dist.new_group(backend="gloo")
+    mod = bootstrap.import_release_module(prepared, "sglang.srt.layers.flashinfer_comm_fusion")
+    rows = []
+    try:
+        for case, trace in gpu_traces().items():
+            mgr = mod.FlashInferWorkspaceManager()
+            for i, tokens in enumerate(trace):
+                before = id(mgr.workspace) if mgr.workspace is not None else None
+                dist.barrier(group=cpu_group)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                mgr.initialize(world_size=world, rank=r, max_token_num=tokens, hidden_dim=HIDDEN,
+                               group=dist.group.WORLD, dtype=torch.bfloat16,
+                               device_group=dist.group.WORLD, cpu_group=cpu_group)
+                torch.cuda.synchronize()
+                ms = (time.perf_counter() - t0) * 1e3
+                created = mgr.workspace is not None and id(mgr.workspace) != before
+                base = {"variant": case, "rank": r, "step": i, "tokens": tokens}
+                rows += [{**base, "metric": "initialize_ms", "value": round(ms, 3), "unit": "ms"},
+                         {**base, "metric": "created", "value": bool(created), "unit": ""}]
+            mem = process_gpu_memory([os.getpid()])
+            rows.append({"variant": case, "rank": r, "metric": "gpu_memory_own_gpu",
+                         "value": float(mem[mem["gpu"] == r]["used_mib"].sum()), "unit": "MiB"})
+            mgr.cleanup()
+    finally:
+        dist.destroy_process_group()
+    return rows
+
+
+def gpu_probe(prepared, params: dict) -> list[dict]:
+    """Not-run rows without FlashInfer or without the GPUs; otherwise both ranks' rows."""
+    from sglab.sglang.gpu import graphs
+    from sglab.sglang.gpu.record import records
+    from sglab.sglang.runner import run_probe
+
+    world = int(params.get("world_size", 2))
+    why = ("not run: flashinfer not installed" if importlib.util.find_spec("flashinfer") is None
+           else None)
+    if why is None:
+        graphs.require_cuda(prepared)
+        if torch.cuda.device_count() < world:
+            why = f"not run: needs {world} GPUs, have {torch.cuda.device_count()}"
+    if why:
+        return [{"variant": case, "metric": "status", "value": why, "unit": ""}
+                for case in gpu_traces()]
+    with tempfile.TemporaryDirectory(prefix="sglab-wsfloor-") as tmp:
+        with ThreadPoolExecutor(max_workers=world) as pool:
+            futures = [pool.submit(run_probe, prepared.release,
+                                   "sglab.workspace_floor.sglang:gpu_rank",
+                                   {"rank": r, "world_size": world,
+                                    "store": os.path.join(tmp, "store")},
+                                   timeout=float(params.get("rank_timeout",
+                                                            480.0))) for r in range(world)]
+            results = [f.result() for f in futures]
+    rows = graphs.device_rows()
+    for r, res in enumerate(results):
+        rows += (records(res.rows, drop=("release", "probe")) if res.ok else
+                 [{"variant": "rank", "rank": r, "metric": "status", "value": res.reason,
+                   "unit": ""}])
+    return rows
+
+
+def gpu_tables(df) -> dict:
+    """A recorded GPU run: per case, rank and call, the ms of ``initialize`` and whether it
+    created."""
+    return {"per call": real.pivot(df[df["metric"].isin(["initialize_ms", "created"])],
+                                   ["variant", "rank", "step", "tokens"],
+                                   ["initialize_ms", "created"])}
+
+
+# --------------------------------------------------------------------------------------------------
+# the record
+# --------------------------------------------------------------------------------------------------
 FIX = Fix(
     name="workspace_floor", number="02", part="part B", prs=(26382,), gpus=2,
     title="layernorm passes max_token_num=max(x.shape[0], 2048) to the fused AR+norm (#26382)",
-    check=C.workspace_floor,
-    hunks=(Spec(26382, symbols_in(C.LAYERNORM, "_forward_with_allreduce_fusion")),),
-    probe=Probe("workspace_floor:run", ("0.5.12.post1", "0.5.13"), _probe_params),
-    gpu=GpuPlan(2, 1, (Step("0.5.23", "sglab.sglang.gpu.workspace_floor:run"),),
-                "real FlashInfer workspace on 2 GPUs (only where FlashInfer is importable)"),
-)
+    check=check, hunks=(Spec(26382, symbols_in(LAYERNORM, "_forward_with_allreduce_fusion")),),
+    probe=Probe("sglab.workspace_floor.sglang:probe", RELEASES, probe_params),
+    gpu=GpuPlan(2, 1, (Step("0.5.23", "sglab.workspace_floor.sglang:gpu_probe"),),
+                "real FlashInfer workspace on 2 GPUs (only where FlashInfer is importable)"))
+
+
+# --------------------------------------------------------------------------------------------------
+# the real decisions beside the rebuild's (the notebook's real-SGLang section)
+# --------------------------------------------------------------------------------------------------
+def rebuild_policy(release: str, site: str, high_water: bool) -> rebuild.Policy:
+    """The rebuild's policy for a real call site, with the release's manager (``high_water`` as it
+    has)."""
+    if site == "release":
+        return dataclasses.replace(rebuild.POLICIES[OWN_POLICY[release]], high_water=high_water)
+    floor = int(site.removeprefix("floor_"))
+    named = next((p for p in rebuild.POLICIES.values() if p.floor == floor and p.high_water), None)
+    return dataclasses.replace(named or rebuild.Policy(site, floor), high_water=high_water)
+
+
+def rebuild_cell(policy: rebuild.Policy, trace: str, pre: int) -> dict:
+    mgr, refused = rebuild.simulate(policy, measure.trace_tokens(trace), world_size=WORLD_SIZE,
+                                    hidden_dim=HIDDEN, pre_initialize=pre or None)
+    events = [e for e in mgr.events if e.step >= 0]
+    return {"recreations": len(events), "sizes": [e.max_token_num for e in events],
+            "steps": [e.step for e in events], "refused_calls": refused}
+
+
+def _describe(d: dict) -> str:
+    return f"{d['recreations']}× at T={d['sizes']}, {d['refused_calls']} refused"
+
+
+def comparison(results: dict):
+    """One row per (release, call site, trace, scenario): the real re-creations, sizes and refused
+    calls beside the rebuild's (same call site, a manager like the release's); it agrees when the
+    steps, sizes and refused calls are all equal."""
+    rows = []
+    for release, result in real.ran(results).items():
+        d = result.rows
+        own = d.loc[d.metric == "call_site", "value"].iloc[0]
+        cells: dict = {}
+        for r in d[d.trace != ""].itertuples():
+            cells.setdefault((r.trace, r.site, r.scenario), {})[r.metric] = r.value
+        for (trace, site, scenario), got in cells.items():
+            hwm = bool(got["manager_high_water_mark"])
+            policy = rebuild_policy(release, site, hwm)
+            pre = 0 if scenario == "cold" else int(scenario.split("_")[1])
+            where = (f"its own call ({'no max_token_num' if own == '(none)' else own})"
+                     if site == "release" else f"max_token_num=max(x.shape[0], "
+                                               f"{site.removeprefix('floor_')})")
+            rows.append(real.facts_row(release, f"{where}, '{trace}', {scenario}", got,
+                                       policy.name + ("" if hwm else ", no high-water mark"),
+                                       rebuild_cell(policy, trace, pre),
+                                       ("steps", "sizes", "refused_calls"), _describe))
+    return real.table(rows)
+
+
+def first_high_water_release() -> Optional[str]:
+    """The oldest installed release whose manager keeps ``_max_token_num_seen`` (read in its
+    source, not imported), or None."""
+    from sglab.sglang.releases import installed_releases, package_dir
+
+    for v in installed_releases():
+        path = package_dir(v) / FUSION
+        if path.is_file() and "_max_token_num_seen" in path.read_text():
+            return v
+    return None
+
+
+def high_water_note(results: dict) -> str:
+    """Which real managers keep a high-water mark, and whether the rebuild's (which keeps one)
+    counts the same on every cell: computed, not asserted."""
+    have = {v: bool(r.rows.loc[r.rows.metric == "manager_high_water_mark", "value"].iloc[0])
+            for v, r in real.ran(results).items()}
+    if not have:
+        return "no release ran: nothing to say about the high-water mark"
+    same = all(rebuild_cell(rebuild_policy(v, s, True), t, p)
+               == rebuild_cell(rebuild_policy(v, s, False), t, p)
+               for v in have for s in ("release", *ALT_SITES) for t in measure.TRACES
+               for p in SCENARIOS)
+    first = first_high_water_release()
+    return (f"real manager keeps a high-water mark (_max_token_num_seen)? "
+            f"{', '.join(f'{v}: ' + ('yes' if h else 'no') for v, h in have.items())}. The "
+            f"rebuild's manager keeps one by default"
+            f"{f' (the manager of {first} on)' if first else ''}; with it on, every cell above "
+            f"counts {'the same' if same else 'DIFFERENTLY'}.")
+
+
+def compare():
+    """The notebook's real-SGLang section: each release's decisions beside the rebuild's, whether
+    they agree, and what the high-water mark changes."""
+    results = real.answers(FIX)
+    table = real.section(FIX, comparison, what="(release, call site, trace, scenario) cells",
+                         results=results)
+    print(high_water_note(results))
+    return table
+
+
+def released(rebuilt=None, *, symbol=None, pr=None) -> None:
+    """The fix across the releases (the timeline, drawn once), then the released ``symbol`` beside
+    the rebuilt one."""
+    real.released(FIX, rebuilt, symbol=symbol, pr=pr)
+
+
+def gpu_recorded():
+    """The newest recorded run of the real manager on 2 GPUs, or that none is recorded."""
+    return real.show_recorded(FIX.name, gpu_tables)

@@ -1,0 +1,678 @@
+"""Measure the workspace floor: workspace re-creations along a serving trace, per ``max_token_num``
+policy, on the CPU (exact) and on 2 or 4 GPUs (real creations).
+
+- the traces: the ``x.shape[0]`` the call site sees per forward step of a seeded serving simulation,
+  stored in ``data/traces/`` (:func:`generate_trace`, :func:`load_trace`);
+- the simulation (parent process, any machine): every trace through every policy on the fake
+  creator, cold and pre-initialised, rows ``source=simulated``;
+- on the GPUs, one rank per GPU (``dist.launch``), in named phases: CUDA up and one warm-up creation
+  (the driver's one-time IPC set-up, reported on its own) before the memory baseline; each trace
+  through each policy with ``IpcWorkspaceCreator`` creating for real (re-creations, ms, peak
+  workspace computed and measured with ``cudaMemGetInfo``, refused calls, memory after the final
+  destroy); the creation-cost sweep over the workspace size T (sizes alternate in rounds,
+  :func:`sglab.core.timing.interleaved`), per creation phase; every rank's memory back to its
+  baseline (cudaMemGetInfo and NVML, own GPU and others); then the traced pass under torch.profiler
+  (:func:`traced_pass`), after every timed pass so that profiling changes no reported time;
+- the parent checks that no rank process and none of their GPU memory is left.
+
+Times are host wall-clock ms per rank. Method versions: 1 - replay, cost sweep, leak check; 2 - the
+cost sweep alternates sizes in rounds, the IPC handle export is timed apart from the exchange, and
+the traced pass adds the ``events`` sidecar and one Perfetto file per rank. The CPU tests run the
+ranks' logic over gloo with host stand-ins (:func:`gloo_rank_selftest`,
+:func:`gloo_profile_selftest`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import hashlib
+import io
+import json
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.distributed as tdist
+
+from sglab.core import dist, memory, runs
+from sglab.core import trace as prof
+from sglab.core import timing as phases
+from sglab.core.kernels import _warm_profiler
+from sglab.workspace_floor import rebuild
+from sglab.workspace_floor.rebuild import MiB
+
+EXPERIMENT = "workspace_floor"
+METHOD_VERSION = 2
+GPUS = 2
+CREATORS = ("ipc", "flashinfer")
+
+
+# --------------------------------------------------------------------------------------------------
+# the traces
+# --------------------------------------------------------------------------------------------------
+TRACE_PARAMS = {
+    "seed": 0,
+    "steps": 3000,  # forward steps recorded (idle steps are not calls and are skipped)
+    "max_running": 256,  # max concurrent decode requests
+    "chunked_prefill_size": 4096,
+    # extend batches up to this many tokens are padded to a piecewise bucket
+    "pcg_max_tokens": 4096,
+    "prompt_median": 1200, "prompt_sigma": 1.0, "prompt_max": 32768,
+    "output_median": 300, "output_sigma": 0.8, "output_max": 4096,
+    "base_rate": 0.15,  # mean arrivals per step outside bursts
+    "burst_rate": 2.0,  # mean arrivals per step inside bursts
+    "burst_every": 700, "burst_len": 60,
+    "ramp_steps": 0,  # arrival rate grows linearly from 0 over this many simulated steps (0: none)
+}
+# a mixed serving load, and a cold server warming up on short prompts
+TRACES = {"mixed": {},
+          "short_ramp": {"seed": 1, "prompt_median": 48, "prompt_sigma": 0.6,
+                         "output_median": 600, "base_rate": 0.4, "burst_rate": 3.0,
+                         "ramp_steps": 1500}}
+TRACE_DIR = runs.repo_root() / "data" / "traces"
+TRACE_PREFIX = "workspace_floor_"
+GENERATOR = "sglab.workspace_floor.measure.generate_trace"  # as stored in the traces' JSON
+
+DEFAULT_PARAMS = {
+    "world_size": 2,
+    "hidden_dim": 7168,  # Kimi-K2.5
+    "policies": list(rebuild.POLICIES),
+    "pre_initialize": 0,  # 0 = cold start (the first call creates); 2048 = SGLang's pre-init
+    "gpu_trace_steps": 0,  # 0 = replay the whole trace on GPU
+    # sizes where the creation cost is flat (64-2048 at W=2) and both sides of its step (Lamport
+    # 336 -> 672 MiB)
+    "cost_tokens": [64, 1024, 2048, 4096, 8192, 16384],
+    "cost_warmup": 1,
+    "cost_repeats": 6,  # p10-p90 within ~15% of the median in the method-1 runs (7 repeats)
+    "cost_rounds": 3,
+    "creator": "ipc",  # "ipc" (this rebuild) or "flashinfer" (FlashInfer's own, where installed)
+    "traces": list(TRACES),
+    "profile": True,  # the traced pass (after the timed ones)
+    "profile_trace": "short_ramp",
+    "profile_policies": ["floor_0", "floor_2048"],
+}
+
+
+def gpus(params: dict) -> int:
+    return int(params.get("world_size", GPUS))
+
+
+def pcg_buckets(max_tokens: int = 4096) -> list[int]:
+    """The piecewise-CUDA-graph token buckets up to ``max_tokens`` (``ServerArgs``' default list:
+    4..32 step 4, 48..256 step 16, 288..512 step 32, 576..1024 step 64, 1280..4096 step 256, then
+    step 512)."""
+    b = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
+         + list(range(576, 1025, 64)) + list(range(1280, 4097, 256))
+         + list(range(4608, max_tokens + 1, 512)))
+    return [x for x in b if x <= max_tokens]
+
+
+def generate_trace(**overrides) -> pd.DataFrame:
+    """``step, kind, tokens_raw, tokens, running, waiting`` per forward step (``tokens`` =
+    x.shape[0]): Poisson arrivals with bursts; a step either prefills (chunks of waiting prompts up
+    to ``chunked_prefill_size`` tokens, prefill first as in SGLang's default scheduler; padded to
+    the next piecewise bucket when <= ``pcg_max_tokens``) or decodes one token per running request.
+    Deterministic for a given parameter set."""
+    p = {**TRACE_PARAMS, **overrides}
+    rng = np.random.default_rng(p["seed"])
+    buckets = pcg_buckets(p["pcg_max_tokens"])
+    waiting: list[list[int]] = []  # [remaining prompt tokens, output tokens]
+    running: list[int] = []  # remaining output tokens
+    rows, t_sim = [], 0
+    while len(rows) < p["steps"]:
+        in_burst = (t_sim % p["burst_every"]) < p["burst_len"] and t_sim >= p["burst_every"] // 2
+        ramp = min(1.0, (t_sim + 1) / p["ramp_steps"]) if p["ramp_steps"] else 1.0
+        for _ in range(int(rng.poisson(ramp * (p["burst_rate"] if in_burst else p["base_rate"])))):
+            L = int(np.clip(round(rng.lognormal(np.log(p["prompt_median"]), p["prompt_sigma"])),
+                            16, p["prompt_max"]))
+            O = int(np.clip(round(rng.lognormal(np.log(p["output_median"]), p["output_sigma"])),
+                            1, p["output_max"]))
+            waiting.append([L, O])
+        t_sim += 1
+        if waiting and len(running) < p["max_running"]:
+            budget, raw, chunked = p["chunked_prefill_size"], 0, False
+            while waiting and budget > 0 and len(running) < p["max_running"]:
+                req = waiting[0]
+                take = min(req[0], budget)
+                req[0] -= take
+                budget -= take
+                raw += take
+                if req[0] == 0:
+                    running.append(req[1])
+                    waiting.pop(0)
+                else:
+                    chunked = True
+                    break
+            tokens = buckets[bisect.bisect_left(buckets, raw)] if raw <= p["pcg_max_tokens"] \
+                else raw
+            kind = "chunked_prefill" if chunked else "prefill"
+        elif running:
+            raw = tokens = len(running)
+            running = [r - 1 for r in running if r > 1]
+            kind = "decode"
+        else:
+            continue  # idle: no forward, no call
+        rows.append({"step": len(rows), "kind": kind, "tokens_raw": raw, "tokens": tokens,
+                     "running": len(running), "waiting": len(waiting)})
+    return pd.DataFrame(rows)
+
+
+def _csv_bytes(df) -> bytes:
+    return df.to_csv(index=False, lineterminator="\n").encode()
+
+
+def trace_params(name: str) -> dict:
+    return {**TRACE_PARAMS, **TRACES[name]}
+
+
+def write_trace(name: str = "mixed", directory: Optional[Path] = None) -> Path:
+    """``workspace_floor_<name>.csv`` and ``.json`` (parameters, generator, sha256 of the CSV)."""
+    d = Path(directory or TRACE_DIR)
+    d.mkdir(parents=True, exist_ok=True)
+    df = generate_trace(**trace_params(name))
+    data = _csv_bytes(df)
+    (d / f"{TRACE_PREFIX}{name}.csv").write_bytes(data)
+    meta = {"generator": GENERATOR, "params": trace_params(name), "rows": len(df),
+            "sha256": hashlib.sha256(data).hexdigest(), "columns": list(df.columns),
+            "meaning": "tokens = x.shape[0] seen by _forward_with_allreduce_fusion per forward "
+                       "step; tokens_raw = before piecewise-bucket padding"}
+    (d / f"{TRACE_PREFIX}{name}.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return d / f"{TRACE_PREFIX}{name}.csv"
+
+
+def load_trace(name: str = "mixed", directory: Optional[Path] = None, *, verify: bool = True):
+    """``(frame, meta)`` of a stored trace; with ``verify`` it is regenerated from its stored
+    parameters and must match byte for byte, so the file and the generator cannot drift apart."""
+    stem = Path(directory or TRACE_DIR) / f"{TRACE_PREFIX}{name}"
+    meta = json.loads(stem.with_suffix(".json").read_text())
+    data = stem.with_suffix(".csv").read_bytes()
+    if verify and (_csv_bytes(generate_trace(**meta["params"])) != data
+                   or hashlib.sha256(data).hexdigest() != meta["sha256"]):
+        raise ValueError(f"{stem}.csv does not match generate_trace({meta['params']})")
+    return pd.read_csv(io.BytesIO(data)), meta
+
+
+@functools.lru_cache(maxsize=None)
+def _tokens(name: str) -> tuple:
+    return tuple(int(x) for x in generate_trace(**trace_params(name))["tokens"])
+
+
+def trace_tokens(name: str) -> list[int]:
+    """``x.shape[0]`` per step of a named trace (regenerated from its parameters; cached)."""
+    return list(_tokens(name))
+
+
+def calls_over(name: str, max_token_num: int) -> int:
+    """Calls of a trace with more tokens than ``max_token_num`` (what the callee's assert
+    refuses)."""
+    return sum(t > max_token_num for t in _tokens(name))
+
+
+def summary() -> pd.DataFrame:
+    """One row per stored trace, each regenerated from its stored parameters and compared byte for
+    byte."""
+    rows = []
+    for name in TRACES:
+        tr, meta = load_trace(name)
+        rows.append({"trace": name, "steps": meta["rows"], "sha256": meta["sha256"][:12] + "…",
+                     **{f"{k} steps": v for k, v in tr.kind.value_counts().sort_index().items()},
+                     "max x.shape[0]": int(tr.tokens.max()),
+                     "calls over 2048": int((tr.tokens > 2048).sum())})
+    return pd.DataFrame(rows).set_index("trace").fillna(0)
+
+
+# --------------------------------------------------------------------------------------------------
+# the simulation: exact counts and sizes over the full traces, on the fake creator
+# --------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=256)
+def simulated(trace_name: str, policy: str, world_size: int, hidden_dim: int,
+              pre_initialize: int = 0):
+    """``(manager, refused)`` of one policy over one stored trace (cached: the claims and the
+    figures ask for the same cells)."""
+    return rebuild.simulate(rebuild.POLICIES[policy], trace_tokens(trace_name),
+                            world_size=world_size, hidden_dim=hidden_dim,
+                            pre_initialize=pre_initialize or None)
+
+
+def recreations(trace_name: str, policy: str, world_size: int, hidden_dim: int,
+                pre_initialize: int = 0) -> int:
+    """How many trace calls create a workspace (the pre-initialisation itself not counted)."""
+    mgr, _ = simulated(trace_name, policy, world_size, hidden_dim, pre_initialize)
+    return sum(e.step >= 0 for e in mgr.events)
+
+
+def simulate_rows(params: Optional[dict] = None, *, world_sizes=None,
+                  scenarios=(0, 2048)) -> list[dict]:
+    """Rows per trace x world size x scenario (cold / pre-initialised) x policy: re-creations
+    (trace calls that created), creations in all, peak MiB per rank, the final size, refused calls,
+    and one ``event_workspace`` row per creation (its step and size)."""
+    p = {**DEFAULT_PARAMS, **(params or {})}
+    rows = []
+    for tname in p["traces"]:
+        for W in (world_sizes or [p["world_size"]]):
+            for pre in scenarios:
+                for name in p["policies"]:
+                    mgr, refused = simulated(tname, name, W, p["hidden_dim"], pre)
+                    base = {"variant": name, "trace": tname, "world_size": W,
+                            "scenario": "cold" if not pre else f"preinit_{pre}",
+                            "source": "simulated"}
+                    for metric, value, unit in (
+                            ("recreations", sum(e.step >= 0 for e in mgr.events), "count"),
+                            ("creations_total", mgr.recreations, "count"),
+                            ("peak_workspace", mgr.peak_bytes_per_rank / MiB, "MiB"),
+                            ("final_max_token_num", mgr.max_token_num or 0, "tokens"),
+                            ("refused_calls", refused, "count")):
+                        rows.append({**base, "metric": metric, "value": value, "unit": unit})
+                    rows += [{**base, "step": e.step, "tokens": e.max_token_num,
+                              "metric": "event_workspace", "value": e.bytes_per_rank / MiB,
+                              "unit": "MiB"} for e in mgr.events]
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# one rank on the GPUs
+# --------------------------------------------------------------------------------------------------
+def make_creator(kind: str, ops, mark=None):
+    """``ipc``: the rebuild of FlashInfer's creation; ``flashinfer``: FlashInfer's own."""
+    if kind == "flashinfer":
+        return rebuild.FlashInferCreator(mark=mark)
+    return rebuild.IpcWorkspaceCreator(ops, mark=mark)
+
+
+class _MeasuredCreator:
+    """A creator that, after each creation, records the device memory this rank holds above its
+    baseline."""
+
+    def __init__(self, inner, ops, base_free):
+        self.inner, self.ops, self.base_free = inner, ops, base_free
+        self.mark = getattr(inner, "mark", None)
+        self.peak_measured = 0
+
+    def create(self, **kw):
+        ws = self.inner.create(**kw)
+        self.peak_measured = max(self.peak_measured, self.base_free - self.ops.free_bytes())
+        return ws
+
+
+@dataclass
+class RankState:
+    """What the phases of one rank share."""
+
+    ctx: object
+    cfg: dict
+    ops: object
+    barrier: Callable[[], None]
+    base_free: int = 0
+    base_nvml: dict = field(default_factory=dict)
+    rows: list = field(default_factory=list)
+
+    @property
+    def base(self) -> dict:
+        return {"rank": self.ctx.rank, "world_size": self.ctx.world_size, "source": "gpu"}
+
+    def log(self, msg: str) -> None:
+        if self.ctx.rank == 0 and self.cfg.get("progress", True):
+            print(f"[workspace_floor W={self.ctx.world_size}] {msg}", flush=True)
+
+    def empty_cache(self) -> None:
+        if torch.cuda.is_available():  # the CPU self-tests run the same phases over gloo
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+
+def _nvml_rank_mib(pid: int) -> dict:
+    df = memory.process_gpu_memory([pid])
+    return {int(g): float(v) for g, v in zip(df["gpu"], df["used_mib"])}
+
+
+def _rank_main(ctx, cfg):
+    """One rank: set-up, trace replay, cost sweep, leak check, traced pass; returns rows, phase
+    times and the traced events."""
+    t_enter = time.time()
+    with phases.phase("cuda init"):
+        torch.cuda.init()
+        torch.zeros(1, device=ctx.device)  # context + allocator up before the baseline
+        ops = rebuild.CudartOps(ctx.device.index)
+        torch.cuda.synchronize()
+        ops.synchronize()
+    st = RankState(ctx, cfg, ops, lambda: tdist.barrier(group=ctx.cpu_group))
+    with phases.phase("warm-up creation"):
+        st.barrier()
+        first_free = ops.free_bytes()
+        # The driver sets up peer access and IPC bookkeeping once per process: that cost is
+        # reported on its own, and the leak checks compare against the state after it.
+        make_creator(cfg["creator"], ops).create(world_size=ctx.world_size, rank=ctx.rank,
+                                                 max_token_num=64, hidden_dim=cfg["hidden_dim"],
+                                                 group=ctx.cpu_group).destroy()
+        st.empty_cache()
+        st.barrier()
+        st.base_free, st.base_nvml = ops.free_bytes(), _nvml_rank_mib(os.getpid())
+    st.rows.append({"variant": "leak_check", **st.base, "metric": "one_time_driver_setup",
+                    "value": (first_free - st.base_free) / MiB, "unit": "MiB"})
+    with phases.phase("trace replay"):
+        for tname, trace in cfg["traces"].items():
+            for name in cfg["policies"]:
+                _replay_one(st, tname, trace, name)
+    with phases.phase("cost sweep"):
+        _cost_sweep(st)
+    with phases.phase("leak check"):  # before the traced pass: the profiler keeps device memory
+        _leak_rows(st)
+    events = None
+    if cfg["profile"]:
+        with phases.phase("profile"):
+            events = traced_pass(st)
+    st.barrier()
+    return {"rank": ctx.rank, "pid": os.getpid(), "rows": st.rows, "phases": phases.take(),
+            "t_enter": t_enter, "events": events}
+
+
+def _replay_one(st: RankState, tname: str, trace: list, name: str) -> None:
+    """One trace through one policy with real creations: that cell's rows on this rank."""
+    cfg, ctx, pol = st.cfg, st.ctx, rebuild.POLICIES[name]
+    creator = _MeasuredCreator(make_creator(cfg["creator"], st.ops), st.ops, st.base_free)
+    mgr = rebuild.WorkspaceManager(creator, high_water=pol.high_water)
+    t0 = time.perf_counter()
+    refused = rebuild.replay(mgr, pol, trace, world_size=ctx.world_size, rank=ctx.rank,
+                             hidden_dim=cfg["hidden_dim"], group=ctx.cpu_group,
+                             pre_initialize=cfg["pre_initialize"] or None,
+                             before_create=st.barrier)
+    wall = (time.perf_counter() - t0) * 1e3
+    mgr.cleanup()
+    st.empty_cache()
+    ev = [e for e in mgr.events if e.step >= 0]
+    base = {"variant": name, "trace": tname, **st.base,
+            "scenario": f"preinit_{cfg['pre_initialize']}" if cfg["pre_initialize"] else "cold"}
+    create, recreate = [e.create_ms for e in ev], [e.create_ms + e.destroy_ms for e in ev]
+    for metric, value, unit in (
+            ("recreations", len(ev), "count"), ("create_time_total", sum(create), "ms"),
+            ("recreate_time_total", sum(recreate), "ms"), ("replay_wall", wall, "ms"),
+            ("peak_workspace", mgr.peak_bytes_per_rank / MiB, "MiB"),
+            ("peak_workspace_measured", creator.peak_measured / MiB, "MiB"),
+            ("refused_calls", refused, "count"),
+            ("mem_after_cleanup", (st.base_free - st.ops.free_bytes()) / MiB, "MiB")):
+        st.rows.append({**base, "metric": metric, "value": value, "unit": unit})
+    if create:
+        st.rows.append({**base, "metric": "create_time_median", "value": statistics.median(create),
+                        "unit": "ms"})
+    for e in mgr.events:
+        ebase = {**base, "step": e.step, "tokens": e.max_token_num}
+        st.rows += [{**ebase, "metric": "event_create", "value": e.create_ms, "unit": "ms"},
+                    {**ebase, "metric": "event_destroy", "value": e.destroy_ms, "unit": "ms"}]
+    st.log(f"{tname:>10} {name:>13}: {len(ev):4d} re-creations, {sum(recreate):9.1f} ms on rank "
+           f"0, peak {mgr.peak_bytes_per_rank / MiB:7.0f} MiB/rank")
+
+
+def _cost_sweep(st: RankState) -> None:
+    """Creation and destruction ms per workspace size T, and per creation phase; the sizes alternate
+    in rounds so that drift lands on all of them alike; every sample starts after a barrier."""
+    cfg, ctx, H = st.cfg, st.ctx, st.cfg["hidden_dim"]
+    creator = make_creator(cfg["creator"], st.ops)
+    kept: dict[int, dict] = {T: {"destroy": [], "phases": {}} for T in cfg["cost_tokens"]}
+
+    def cycle(T):
+        st.barrier()
+        t0 = time.perf_counter()
+        ws = creator.create(world_size=ctx.world_size, rank=ctx.rank, max_token_num=T,
+                            hidden_dim=H, group=ctx.cpu_group)
+        t1 = time.perf_counter()
+        st.barrier()
+        t2 = time.perf_counter()
+        ws.destroy()
+        return T, (t1 - t0) * 1e3, (time.perf_counter() - t2) * 1e3, dict(ws.phases_ms)
+
+    def timer(fn, *, warmup, repeat):
+        for _ in range(warmup):
+            fn()
+        samples = []
+        for _ in range(repeat):
+            T, c_ms, d_ms, ph = fn()
+            samples.append(c_ms)
+            kept[T]["destroy"].append(d_ms)
+            for k, v in ph.items():
+                kept[T]["phases"].setdefault(k, []).append(v)
+        return phases.Timing(samples, clock="host-perf-counter")
+
+    timings = phases.interleaved({T: (lambda T=T: cycle(T)) for T in cfg["cost_tokens"]},
+                                 rounds=cfg["cost_rounds"], warmup=cfg["cost_warmup"],
+                                 repeat=cfg["cost_repeats"], timer=timer)
+    for T, t in timings.items():
+        base = {"variant": "cost_sweep", **st.base, "tokens": T}
+        destroy = phases.Timing(kept[T]["destroy"])
+        st.rows += t.rows(**base, phase="create") + destroy.rows(**base, phase="destroy")
+        for k, v in kept[T]["phases"].items():
+            st.rows += phases.Timing(v).rows(**base, phase=k)
+        st.rows.append({**base, "phase": "create", "metric": "workspace", "unit": "MiB",
+                        "value": rebuild.workspace_bytes_per_rank(ctx.world_size, T, H) / MiB})
+        st.log(f"cost T={T:6d}: create {t.median_ms:8.2f} ms, destroy {destroy.median_ms:7.2f} ms")
+
+
+def _leak_rows(st: RankState) -> None:
+    st.empty_cache()
+    st.barrier()
+    end_free, end_nvml, own = st.ops.free_bytes(), _nvml_rank_mib(os.getpid()), st.ctx.device.index
+    base = {"variant": "leak_check", **st.base, "unit": "MiB"}
+    st.rows += [{**base, "metric": "rank_mem_delta_cudart",
+                 "value": (st.base_free - end_free) / MiB},
+                {**base, "metric": "rank_mem_delta_nvml",
+                 "value": end_nvml.get(own, 0.0) - st.base_nvml.get(own, 0.0)},
+                {**base, "metric": "rank_nvml_other_gpus_end",
+                 "value": sum(v for g, v in end_nvml.items() if g != own)}]
+
+
+# --------------------------------------------------------------------------------------------------
+# the traced pass: the profiled trace under torch.profiler, per rank
+# --------------------------------------------------------------------------------------------------
+COST_RANGE = "create workspace"  # one per size of the traced cost sweep
+VARIANT_PREFIX = "variant "  # outer range per variant: "variant floor_0", "variant cost_sweep"
+COST_VARIANT = "cost_sweep"
+EXTRA_COLUMNS = ["variant", "rank", "creation", "step", "tokens"]
+# host queries torch makes around every op: sub-microsecond, numerous, no part of the mechanism
+TRIVIAL_CALLS = (r"^(cudaGetDevice|cudaGetLastError|cudaPeekAtLastError|cudaStreamIsCapturing|"
+                 r"cudaGetDeviceCount|cuCtxGetCurrent|cudaDeviceGetAttribute)(_v\d+)?$")
+
+
+def traced_pass(st) -> dict:
+    """Inside one ``sglab.core.trace.Recorder`` session: each profiled policy replays the profiled
+    trace with the IPC creator, the manager opening a ``recreate workspace`` range per creation and
+    the creator a sub-range per phase; then one ``create workspace`` range per cost size. Returns
+    ``{"table": the reduced events (:func:`reduce_events`), "perfetto": path}``; adds this pass's
+    own leak rows (against a baseline taken once the profiler holds its device memory)."""
+    cfg, ctx = st.cfg, st.ctx
+    path = Path(cfg["trace_dir"]) / f"rank{ctx.rank}.trace.json.gz"
+    schedule: dict[str, list[tuple[int, int]]] = {}
+    if torch.cuda.is_available():
+        with phases.phase("profile: profiler start-up"):
+            _warm_profiler()
+    with phases.phase("profile: session + export"):
+        with prof.Recorder(perfetto=path) as rec:
+            st.empty_cache()
+            st.barrier()
+            base = st.ops.free_bytes()
+            for name in cfg["profile_policies"]:
+                with prof.phase(VARIANT_PREFIX + name):
+                    pol = rebuild.POLICIES[name]
+                    creator = make_creator(cfg["creator"], st.ops, prof.phase)
+                    mgr = rebuild.WorkspaceManager(creator, high_water=pol.high_water,
+                                                   mark=prof.phase)
+                    rebuild.replay(mgr, pol, cfg["profile_trace"], world_size=ctx.world_size,
+                                   rank=ctx.rank, hidden_dim=cfg["hidden_dim"],
+                                   group=ctx.cpu_group, before_create=st.barrier)
+                    mgr.cleanup()
+                    schedule[name] = [(e.step, e.max_token_num) for e in mgr.events]
+            with prof.phase(VARIANT_PREFIX + COST_VARIANT):
+                creator = make_creator(cfg["creator"], st.ops, prof.phase)
+                for T in cfg["cost_tokens"]:
+                    st.barrier()
+                    with prof.phase(COST_RANGE):
+                        ws = creator.create(world_size=ctx.world_size, rank=ctx.rank,
+                                            max_token_num=T, hidden_dim=cfg["hidden_dim"],
+                                            group=ctx.cpu_group)
+                    st.barrier()
+                    ws.destroy()
+                schedule[COST_VARIANT] = [(-1, T) for T in cfg["cost_tokens"]]
+            st.empty_cache()
+            left = base - st.ops.free_bytes()
+    st.empty_cache()
+    st.rows += [{"variant": "traced_pass", **st.base, "metric": k, "value": v, "unit": "MiB"}
+                for k, v in (("mem_after_cleanup", left / MiB),
+                             ("profiler_device_mib", (st.base_free - st.ops.free_bytes()) / MiB))]
+    with phases.phase("profile: reduce"):
+        table = reduce_events(rec.events, schedule, rank=ctx.rank)
+    return {"table": table, "perfetto": str(path)}
+
+
+def _host_ranges(events, names):
+    r = events[(events.category == "range") & ~events.lane.str.startswith(("stream", "device"))]
+    r = r.assign(bare=r.name.str.replace(prof.PHASE_PREFIX, "", regex=False))
+    return r[r.bare.isin(names)].sort_values("start_us", kind="stable")
+
+
+def reduce_events(events, schedule: dict, *, rank: int):
+    """The events inside creation ranges, labelled with ``variant``, ``rank``, ``creation`` (0, 1,
+    ... within the variant), trace ``step`` and workspace ``tokens`` (``schedule``: per variant,
+    the ``(step, tokens)`` of its creations in order); device copies of ranges and trivial host
+    queries dropped. A few hundred rows per rank: the run's ``events`` sidecar."""
+    variants = _host_ranges(events, [VARIANT_PREFIX + v for v in schedule])
+    creations = _host_ranges(events, [rebuild.RECREATE_RANGE, COST_RANGE])
+    if creations.empty:
+        return pd.DataFrame(columns=prof.COLUMNS + EXTRA_COLUMNS)
+    labels, seen = [], {}
+    for c in creations.itertuples():
+        inside = variants[(variants.start_us <= c.start_us)
+                          & (c.start_us <= variants.start_us + variants.dur_us)]
+        variant = inside.bare.iloc[-1][len(VARIANT_PREFIX):] if len(inside) else ""
+        k = seen[variant] = seen.get(variant, -1) + 1
+        sched = schedule.get(variant, [])
+        labels.append((variant, k, *(sched[k] if k < len(sched) else (-1, -1))))
+    starts = creations.start_us.to_numpy()
+    ends = starts + creations.dur_us.to_numpy()
+    t = events.start_us.to_numpy()
+    idx = np.searchsorted(starts, t, side="right") - 1
+    keep = (idx >= 0) & (t <= ends[np.clip(idx, 0, None)])
+    keep &= ~(events.category.eq("range")
+              & events.lane.str.startswith(("stream", "device"))).to_numpy()
+    keep &= ~events.name.str.match(TRIVIAL_CALLS).to_numpy()
+    out = events[keep].copy()
+    lab = [labels[i] for i in idx[keep]]
+    for j, col in enumerate(("variant", "creation", "step", "tokens")):
+        out[col] = [x[j] for x in lab]
+    out["rank"] = rank
+    return out[prof.COLUMNS + EXTRA_COLUMNS].reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# the parent
+# --------------------------------------------------------------------------------------------------
+def check_params(p: dict) -> None:
+    """Bad parameters fail here, in one line, before any process starts."""
+    bad = [n for n in p["policies"] if n not in rebuild.POLICIES]
+    if bad:
+        raise ValueError(f"unknown policies {bad}; known: {list(rebuild.POLICIES)}")
+    bad = [t for t in p["traces"] if t not in TRACES]
+    if bad:
+        raise ValueError(f"unknown traces {bad}; known: {list(TRACES)}")
+    if p["creator"] not in CREATORS:
+        raise ValueError(f"creator must be one of {CREATORS}, got {p['creator']!r}")
+    if int(p["world_size"]) < 2:
+        raise ValueError("world_size must be >= 2 (the fused allreduce needs peers), got "
+                         f"{p['world_size']}")
+    if p.get("profile") and p["profile_trace"] not in TRACES:
+        raise ValueError(f"profile_trace must be one of {list(TRACES)}, got "
+                         f"{p['profile_trace']!r}")
+
+
+def rank_config(p: dict, *, progress: bool, trace_dir: str) -> dict:
+    """What every rank gets: the traces' token lists (cut to ``gpu_trace_steps`` when set) and the
+    settings."""
+    steps = int(p["gpu_trace_steps"])
+    keys = ("hidden_dim", "policies", "pre_initialize", "cost_tokens", "cost_warmup",
+            "cost_repeats", "cost_rounds", "creator", "profile_policies")
+    return {**{k: p[k] for k in keys}, "progress": progress, "profile": bool(p["profile"]),
+            "traces": {t: trace_tokens(t)[:steps] if steps else trace_tokens(t)
+                       for t in p["traces"]},
+            "profile_trace": trace_tokens(p["profile_trace"]),
+            "profile_trace_name": p["profile_trace"], "trace_dir": trace_dir}
+
+
+def _parent_leak_rows(pids: list[int], world_size: int) -> list[dict]:
+    import psutil  # the parent leak check: only on the GPU path
+
+    time.sleep(0.5)
+    alive = [p for p in pids
+             if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    try:
+        left_mib = float(memory.process_gpu_memory(pids)["used_mib"].sum())
+    except Exception:  # no NVML: cannot say
+        left_mib = float("nan")
+    base = {"variant": "leak_check", "world_size": world_size, "source": "gpu"}
+    return [{**base, "metric": "rank_processes_left", "value": len(alive), "unit": "count"},
+            {**base, "metric": "gpu_mem_of_rank_pids_after", "value": left_mib, "unit": "MiB"}]
+
+
+def run(params: Optional[dict] = None, *, progress: bool = True) -> runs.Measured:
+    """The simulation on the full traces, then the live replay on ``world_size`` GPUs: the tidy
+    rows, the profiler's event table (sidecar ``events``) and one Perfetto file per rank."""
+    p = {**DEFAULT_PARAMS, **(params or {})}
+    check_params(p)
+    W = int(p["world_size"])
+    with phases.phase("simulation"):
+        rows = simulate_rows(p, world_sizes=[W])
+    cfg = rank_config(p, progress=progress,
+                      trace_dir=tempfile.mkdtemp(prefix="sglab-workspace-floor-"))
+    if progress:
+        print(f"[workspace_floor] {W} ranks, traces "
+              f"{[(k, len(v)) for k, v in cfg['traces'].items()]}, {len(p['policies'])} policies, "
+              f"cost sweep T={p['cost_tokens']}", flush=True)
+    t0, t_launch = time.perf_counter(), time.time()
+    with phases.phase("ranks (spawn to return)"):
+        out = dist.launch(_rank_main, W, args=(cfg,), backend="nccl", timeout_s=300,
+                          collective_timeout_s=120)
+    phases.add("spawn + nccl init", max(0.0, min(o["t_enter"] for o in out) - t_launch))
+    for o in out:
+        rows += o["rows"]
+        phases.merge(o["phases"], prefix=f"rank{o['rank']}/")
+    with phases.phase("parent leak check"):
+        rows += _parent_leak_rows([o["pid"] for o in out], W)
+    if progress:
+        print(f"[workspace_floor] done in {time.perf_counter() - t0:.1f} s", flush=True)
+    sidecars = {}
+    if p["profile"]:
+        sidecars["events"] = pd.concat([o["events"]["table"] for o in out], ignore_index=True)
+        sidecars.update({f"trace_rank{o['rank']}": o["events"]["perfetto"] for o in out})
+    return runs.Measured(runs.tidy(EXPERIMENT, rows), sidecars=sidecars)
+
+
+# --------------------------------------------------------------------------------------------------
+# CPU self-tests of the rank logic (``dist.launch(..., backend="gloo")``), host stand-ins
+# --------------------------------------------------------------------------------------------------
+def gloo_rank_selftest(ctx, policy_name: str, trace: list[int], hidden_dim: int = 7168) -> dict:
+    """The IPC creator's rank logic (handle all-gather, opens, barriers, destroy order): this rank's
+    sizes and what is left allocated and opened."""
+    ops, pol = rebuild.HostOps(), rebuild.POLICIES[policy_name]
+    mgr = rebuild.WorkspaceManager(rebuild.IpcWorkspaceCreator(ops), high_water=pol.high_water)
+    rebuild.replay(mgr, pol, trace, world_size=ctx.world_size, rank=ctx.rank,
+                   hidden_dim=hidden_dim, group=ctx.cpu_group,
+                   before_create=lambda: tdist.barrier(group=ctx.cpu_group))
+    out = {"rank": ctx.rank, "sizes": [e.max_token_num for e in mgr.events],
+           "live_before_cleanup": len(ops.live), "opened_before_cleanup": len(ops.opened)}
+    mgr.cleanup()
+    return {**out, "live_after": len(ops.live), "opened_after": len(ops.opened),
+            "fills": len(ops.filled)}
+
+
+def gloo_profile_selftest(ctx, trace: list[int], policies: list[str], cost_tokens: list[int],
+                          trace_dir: str, hidden_dim: int = 7168) -> dict:
+    """The traced pass over gloo with host stand-ins, under the same Recorder: this rank's reduced
+    event table and Perfetto file."""
+    cfg = {"creator": "ipc", "hidden_dim": hidden_dim, "profile_trace": list(trace),
+           "profile_policies": list(policies), "cost_tokens": list(cost_tokens),
+           "trace_dir": trace_dir, "progress": False}
+    return traced_pass(RankState(ctx, cfg, rebuild.HostOps(), ctx.barrier))

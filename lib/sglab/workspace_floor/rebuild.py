@@ -1,0 +1,621 @@
+"""The allreduce-fusion workspace and its ``max_token_num`` floor (SGLang #26382, part B), rebuilt
+PR-era, one section per upstream file and symbol; read it beside the released hunk
+(``data/upstream/workspace_floor/pr26382.diff``).
+
+The manager (section 2) never allocates: it calls a creator, so one manager runs against a fake
+creator (exact counts and sizes on the CPU), FlashInfer's IPC creation rebuilt over
+``cuda.bindings`` (on the GPUs, or over host stand-ins on the CPU) and FlashInfer's own creation.
+The before/after switch is the call site's :class:`Policy` (:data:`POLICIES`: ``before_pr``,
+``floor_2048`` and the alternatives the notebook weighs). Nothing here measures;
+``sglab.workspace_floor.measure`` does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import pickle
+import time
+from contextlib import contextmanager, nullcontext
+from typing import Callable, ContextManager, Optional
+
+import torch
+import torch.distributed as tdist
+
+MiB = 2**20
+
+
+# --------------------------------------------------------------------------------------------------
+# 1. flashinfer/comm/trtllm_ar.py · trtllm_create_ipc_workspace_for_all_reduce_fusion (sizes),
+#    check_trtllm_allreduce_fusion_workspace_metadata
+# --------------------------------------------------------------------------------------------------
+ALIGN = 1 << 21  # FlashInfer rounds every workspace buffer up to 2 MiB
+BARRIER_FLAG_COUNT = 256  # flashinfer.comm.trtllm_ar.BarrierFlagCount
+MAX_COMM_SIZE = 2147483647 & ~((1 << 21) - 1)  # INT32_MAX rounded down to 2 MiB
+LAMPORT_NEG_ZERO_FP16 = 0x8000  # trtllm_lamport_initialize fills with -0.0
+BUFFER_NAMES = ("data", "flags", "lamport")  # the order of the buffers (and of the pointer table)
+
+
+def round_up(x: int, a: int = ALIGN) -> int:
+    return (x + a - 1) // a * a
+
+
+def workspace_sizes(world_size: int, max_token_num: int, hidden_dim: int,
+                    use_fp32_lamport: bool = False) -> dict:
+    """The three per-rank buffers: ``W*T*H*2`` bytes (data), ``W*256*4`` (barrier flags) and
+    ``3*W*T*H*2`` (Lamport, its comm size capped at :data:`MAX_COMM_SIZE`), each rounded up to
+    2 MiB. W = world size, T = the workspace's ``max_token_num``, H = hidden size."""
+    elem = 4 if use_fp32_lamport else 2
+    buffer_size = world_size * max_token_num * hidden_dim * 2
+    flag_size = world_size * BARRIER_FLAG_COUNT * 4
+    lamport_comm_size = min(world_size * max_token_num * hidden_dim * elem, MAX_COMM_SIZE)
+    aligned = [round_up(s) for s in (buffer_size, flag_size, lamport_comm_size * 3)]
+    return {"buffer_size": buffer_size, "flag_size": flag_size,
+            "lamport_comm_size": lamport_comm_size, "lamport_buffer_size": lamport_comm_size * 3,
+            "aligned": aligned, "bytes_per_rank": sum(aligned)}
+
+
+def workspace_bytes_per_rank(world_size: int, max_token_num: int, hidden_dim: int) -> int:
+    return workspace_sizes(world_size, max_token_num, hidden_dim)["bytes_per_rank"]
+
+
+def size_sufficient(metadata: dict, token_num: int, hidden_dim: int, world_size: int) -> bool:
+    """``check_trtllm_allreduce_fusion_workspace_metadata`` as a boolean (bf16): same world size,
+    ``token_num * hidden_dim`` within the workspace's."""
+    return (world_size == metadata["tp_size"]
+            and token_num * hidden_dim <= metadata["max_token_num"] * metadata["hidden_dim"])
+
+
+# --------------------------------------------------------------------------------------------------
+# 2. sglang/srt/layers/flashinfer_comm_fusion.py · FlashInferWorkspaceManager,
+#    ensure_workspace_initialized, flashinfer_allreduce_residual_rmsnorm
+# --------------------------------------------------------------------------------------------------
+CALLEE_DEFAULT_MAX_TOKEN_NUM = 2048  # flashinfer_allreduce_residual_rmsnorm(max_token_num=2048)
+RECREATE_RANGE = "recreate workspace"  # the profiler range around each creation
+DESTROY_RANGE = "destroy old workspace"
+Mark = Callable[[str], ContextManager]
+
+
+def marker(mark: Optional[Mark], name: str) -> ContextManager:
+    """``mark(name)``, or nothing when no marker is set."""
+    return mark(name) if mark is not None else nullcontext()
+
+
+@dataclasses.dataclass
+class CreationEvent:
+    """One creation (bookkeeping for the experiment, not upstream)."""
+
+    step: int
+    max_token_num: int
+    bytes_per_rank: int
+    create_ms: float
+    destroy_ms: float  # of the workspace it replaced (0 when there was none)
+    reason: str
+    phases_ms: dict = dataclasses.field(default_factory=dict)
+
+
+class WorkspaceManager:
+    """``FlashInferWorkspaceManager``, creation delegated to ``creator.create(...)``.
+
+    ``initialize`` keeps the high-water mark ``_max_token_num_seen``, returns early when the
+    existing workspace covers the request, cleans up a too-small one, then creates at ``max(
+    max_token_num, high-water mark)``. The high-water mark is SGLang's from 0.5.14 on: the released
+    managers around the fix (0.5.12.post1, 0.5.13) keep none and create at ``max_token_num``
+    itself, which is ``high_water=False`` here (on the workbook's traces the counts are the same
+    either way). Two additions, neither changing a decision: one :class:`CreationEvent` per
+    creation, and with a ``mark`` a :data:`RECREATE_RANGE` around each creation for the profiler.
+    """
+
+    def __init__(self, creator, *, high_water: bool = True,
+                 clock: Callable[[], float] = time.perf_counter, mark: Optional[Mark] = None):
+        self.creator, self.high_water, self.clock, self.mark = creator, high_water, clock, mark
+        self.workspace = self.world_size = self.rank = self.group = None
+        self.max_token_num = self.hidden_dim = None
+        self.initialized = False
+        self._max_token_num_seen: Optional[int] = None
+        self._max_hidden_dim_seen: Optional[int] = None
+        self.events: list[CreationEvent] = []  # bookkeeping (not upstream) from here on
+        self.step = -1
+        self.peak_bytes_per_rank = 0
+        self._pending_destroy_ms = 0.0
+
+    def initialize(self, world_size: int, rank: int, max_token_num: int, hidden_dim: int,
+                   group=None, reason: str = "") -> None:
+        if self.high_water:
+            # Track the high-water mark so allocations only grow
+            self._max_token_num_seen = max(max_token_num, self._max_token_num_seen or 0)
+            self._max_hidden_dim_seen = max(hidden_dim, self._max_hidden_dim_seen or 0)
+        # Reuse existing workspace if it already covers this problem size
+        if (self.initialized and self.world_size == world_size
+                and self.is_buffer_size_sufficient(max_token_num, hidden_dim)):
+            return
+        with marker(self.mark, RECREATE_RANGE):
+            self._pending_destroy_ms = 0.0
+            # Same world_size but buffer too small: free old workspace before creating new one
+            if self.initialized and self.world_size == world_size:
+                with marker(self.mark, DESTROY_RANGE):
+                    self.cleanup()
+            if self.high_water:
+                max_token_num = max(max_token_num, self._max_token_num_seen or 0)
+                hidden_dim = max(hidden_dim, self._max_hidden_dim_seen or 0)
+            t0 = self.clock()
+            self.workspace = self.creator.create(world_size=world_size, rank=rank,
+                                                 max_token_num=max_token_num,
+                                                 hidden_dim=hidden_dim, group=group)
+            create_ms = (self.clock() - t0) * 1e3
+            self.world_size, self.rank, self.group = world_size, rank, group
+            self.max_token_num, self.hidden_dim = max_token_num, hidden_dim
+            self.initialized = True
+            nbytes = workspace_bytes_per_rank(world_size, max_token_num, hidden_dim)
+            self.peak_bytes_per_rank = max(self.peak_bytes_per_rank, nbytes)
+            self.events.append(CreationEvent(self.step, max_token_num, nbytes, create_ms,
+                                             self._pending_destroy_ms, reason,
+                                             dict(getattr(self.workspace, "phases_ms", {}))))
+
+    def is_buffer_size_sufficient(self, token_num: int, hidden_dim: int) -> bool:
+        if not self.initialized or self.workspace is None:
+            return False
+        return size_sufficient(self.workspace.metadata, token_num, hidden_dim, self.world_size)
+
+    def cleanup(self) -> None:
+        if self.workspace is not None:
+            t0 = self.clock()
+            try:
+                self.workspace.destroy()
+            finally:
+                self._pending_destroy_ms = (self.clock() - t0) * 1e3
+                self.workspace = self.world_size = self.rank = self.group = None
+                self.max_token_num = self.hidden_dim = None
+                self.initialized = False
+
+    @property
+    def recreations(self) -> int:
+        return len(self.events)
+
+
+def _recreate_reason(manager: WorkspaceManager, world_size: int, rank: int, token_num: int,
+                     hidden_dim: int, group) -> Optional[str]:
+    """Why ``ensure_workspace_initialized`` calls ``initialize``, or None."""
+    if not manager.initialized:
+        return "uninitialised"
+    if manager.world_size != world_size or manager.rank != rank:
+        return "world/rank changed"
+    if manager.group is not group:
+        return "group changed"
+    if not manager.is_buffer_size_sufficient(token_num, hidden_dim):
+        return "too small"
+    return None
+
+
+def ensure_workspace_initialized(manager: WorkspaceManager, *, world_size: int, rank: int,
+                                 max_token_num: int, hidden_dim: int,
+                                 token_num: Optional[int] = None, group=None) -> bool:
+    """``ensure_workspace_initialized`` (PR-era): re-create when uninitialised, when the world
+    size, rank or group change, or when the buffer is too small for ``token_num``
+    (``x.shape[0]``)."""
+    if world_size <= 1:
+        return False
+    reason = _recreate_reason(manager, world_size, rank, token_num or max_token_num, hidden_dim,
+                              group)
+    if reason is not None:
+        manager.initialize(world_size, rank, max_token_num, hidden_dim, group=group, reason=reason)
+    return manager.initialized
+
+
+def allreduce_residual_rmsnorm_workspace(manager: WorkspaceManager, token_num: int,
+                                         max_token_num: int, *, world_size: int, rank: int,
+                                         hidden_dim: int, group=None) -> bool:
+    """The workspace part of ``flashinfer_allreduce_residual_rmsnorm``: False where the callee
+    refuses the shape (its ``assert input_tensor.shape[0] <= max_token_num``), else
+    ``ensure_workspace_initialized``."""
+    if token_num > max_token_num:
+        return False
+    return ensure_workspace_initialized(manager, world_size=world_size, rank=rank,
+                                        max_token_num=max_token_num, hidden_dim=hidden_dim,
+                                        token_num=token_num, group=group)
+
+
+def would_recreate(manager: WorkspaceManager, max_token_num: int, token_num: int, world_size: int,
+                   rank: int, hidden_dim: int, group=None) -> bool:
+    """Would :func:`allreduce_residual_rmsnorm_workspace` create a workspace? (pure)"""
+    if token_num > max_token_num or world_size <= 1:
+        return False
+    if _recreate_reason(manager, world_size, rank, token_num, hidden_dim, group) is None:
+        return False
+    return not (manager.initialized and manager.world_size == world_size
+                and manager.is_buffer_size_sufficient(max_token_num, hidden_dim))
+
+
+# --------------------------------------------------------------------------------------------------
+# 3. sglang/srt/layers/layernorm.py · RMSNorm._forward_with_allreduce_fusion (the call site)
+# --------------------------------------------------------------------------------------------------
+PR_FLOOR = 2048  # after the PR: max_token_num=max(x.shape[0], 2048)
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """What the call site passes as ``max_token_num``, and whether the manager keeps a high-water
+    mark. Before the PR the call passed none (``floor=None``: the callee's default, 2048, and its
+    assert); after it, ``max(x.shape[0], 2048)``. The others are the alternatives the notebook
+    weighs."""
+
+    name: str
+    floor: Optional[int]
+    high_water: bool = True
+    label: str = ""
+
+    def max_token_num(self, token_num: int) -> int:
+        if self.floor is None:
+            return CALLEE_DEFAULT_MAX_TOKEN_NUM
+        return max(token_num, self.floor)
+
+
+POLICIES: dict[str, Policy] = {
+    "before_pr": Policy("before_pr", None,
+                        label="no max_token_num (callee default 2048): before the PR"),
+    "shape_no_hwm": Policy("shape_no_hwm", 0, high_water=False,
+                           label="x.shape[0], no high-water mark"),
+    "floor_0": Policy("floor_0", 0, label="x.shape[0] (with high-water mark)"),
+    "floor_512": Policy("floor_512", 512, label="max(x.shape[0], 512)"),
+    "floor_1024": Policy("floor_1024", 1024, label="max(x.shape[0], 1024)"),
+    "floor_2048": Policy("floor_2048", PR_FLOOR, label="max(x.shape[0], 2048)  (the PR)"),
+    "floor_4096": Policy("floor_4096", 4096, label="max(x.shape[0], 4096)"),
+}
+
+
+def fused_norm_call(manager: WorkspaceManager, policy: Policy, token_num: int, *, world_size: int,
+                    rank: int, hidden_dim: int, group=None) -> bool:
+    """One ``_forward_with_allreduce_fusion`` -> ``flashinfer_allreduce_residual_rmsnorm`` call,
+    workspace part; False where the callee refuses the shape."""
+    return allreduce_residual_rmsnorm_workspace(manager, token_num, policy.max_token_num(token_num),
+                                                world_size=world_size, rank=rank,
+                                                hidden_dim=hidden_dim, group=group)
+
+
+def will_recreate(manager: WorkspaceManager, policy: Policy, token_num: int, world_size: int,
+                  rank: int, hidden_dim: int, group=None) -> bool:
+    """Would this call re-create the workspace? (pure)"""
+    return would_recreate(manager, policy.max_token_num(token_num), token_num, world_size, rank,
+                          hidden_dim, group)
+
+
+# --------------------------------------------------------------------------------------------------
+# 4. creators: ``creator.create(world_size=, rank=, max_token_num=, hidden_dim=, group=)`` returns a
+#    workspace with ``metadata``, ``bytes_per_rank``, ``phases_ms`` and ``destroy()``
+# --------------------------------------------------------------------------------------------------
+class PhaseClock:
+    """Milliseconds per phase of one creation (``ms``), each phase inside ``mark(label)`` when a
+    marker is set. A phase entered several times (one alloc per buffer) accumulates; ``label`` names
+    the marker range (``"ipc open lamport"``), ``key`` the timed phase (``"open"``)."""
+
+    def __init__(self, mark: Optional[Mark] = None):
+        self.mark = mark
+        self.ms: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, key: str, label: Optional[str] = None):
+        with marker(self.mark, label or key):
+            t0 = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.ms[key] = self.ms.get(key, 0.0) + (time.perf_counter() - t0) * 1e3
+
+
+class FakeWorkspace:
+    def __init__(self, creator, world_size, rank, max_token_num, hidden_dim):
+        self.creator = creator
+        self.metadata = {"tp_rank": rank, "tp_size": world_size, "max_token_num": max_token_num,
+                         "hidden_dim": hidden_dim, "use_fp32_lamport": False}
+        self.bytes_per_rank = workspace_bytes_per_rank(world_size, max_token_num, hidden_dim)
+        self.phases_ms: dict = {}
+        self.destroyed = False
+
+    def destroy(self) -> None:
+        if not self.destroyed:
+            self.destroyed = True
+            self.creator.live_bytes -= self.bytes_per_rank
+            self.creator.destroyed += 1
+
+
+class FakeCreator:
+    """Counts creations and live bytes; allocates nothing (the CPU simulation)."""
+
+    def __init__(self, mark: Optional[Mark] = None):
+        self.mark = mark
+        self.created = self.destroyed = self.live_bytes = self.peak_live_bytes = 0
+        self.sizes: list[int] = []
+
+    def create(self, *, world_size, rank, max_token_num, hidden_dim, group=None):
+        ws = FakeWorkspace(self, world_size, rank, max_token_num, hidden_dim)
+        self.created += 1
+        self.sizes.append(max_token_num)
+        self.live_bytes += ws.bytes_per_rank
+        self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
+        return ws
+
+
+# --------------------------------------------------------------------------------------------------
+# 5. flashinfer/comm/cuda_ipc.py · CudaRTLibrary, create_shared_buffer / free_shared_buffer
+# --------------------------------------------------------------------------------------------------
+class CudartOps:
+    """``cudaMalloc``, ``cudaIpcGetMemHandle`` (64 bytes), ``cudaIpcOpenMemHandle`` with lazy peer
+    access, ``cudaIpcCloseMemHandle``, ``cudaFree``, the Lamport fill of
+    ``trtllm_lamport_initialize`` (one ``cuMemsetD16`` of -0.0), the 5-int flag word and the int64
+    pointer table, through ``cuda.bindings`` (the profiler sees CUDA runtime / driver calls)."""
+
+    def __init__(self, device: Optional[int] = None):
+        from cuda.bindings import driver, runtime  # optional: only where the GPU path runs
+
+        self.rt, self.drv = runtime, driver
+        if device is not None:  # bind this library's runtime to the rank's GPU too
+            self._ok(runtime.cudaSetDevice(int(device)), "cudaSetDevice")
+
+    def _ok(self, res, what):
+        if int(res[0]) != 0:
+            raise RuntimeError(f"{what} failed: {res[0]}")
+        return res[1] if len(res) > 1 else None
+
+    def malloc(self, nbytes: int) -> int:
+        return int(self._ok(self.rt.cudaMalloc(nbytes), "cudaMalloc"))
+
+    def free(self, ptr: int) -> None:
+        self._ok(self.rt.cudaFree(ptr), "cudaFree")
+
+    def export(self, ptr: int) -> bytes:
+        h = self._ok(self.rt.cudaIpcGetMemHandle(ptr), "cudaIpcGetMemHandle")
+        return ctypes.string_at(h.getPtr(), 64)  # cudaIpcMemHandle_t is 64 opaque bytes
+
+    def open(self, handle: bytes) -> int:
+        h = self.rt.cudaIpcMemHandle_t()
+        ctypes.memmove(h.getPtr(), handle, 64)
+        return int(self._ok(self.rt.cudaIpcOpenMemHandle(h, self.rt.cudaIpcMemLazyEnablePeerAccess),
+                            "cudaIpcOpenMemHandle"))
+
+    def close(self, ptr: int) -> None:
+        self._ok(self.rt.cudaIpcCloseMemHandle(ptr), "cudaIpcCloseMemHandle")
+
+    def fill_lamport(self, ptr: int, nbytes: int) -> None:
+        self._ok(self.drv.cuMemsetD16(ptr, LAMPORT_NEG_ZERO_FP16, nbytes // 2), "cuMemsetD16")
+
+    def flag_word(self, lamport_comm_size: int) -> int:
+        ptr = self.malloc(5 * 4)
+        self._ok(self.rt.cudaMemset(ptr, 0, 5 * 4), "cudaMemset")
+        buf = ctypes.create_string_buffer(int(lamport_comm_size).to_bytes(4, "little"), 4)
+        self._ok(self.rt.cudaMemcpy(ptr + 12, ctypes.addressof(buf), 4,
+                                    self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice), "cudaMemcpy")
+        return ptr
+
+    def pointer_table(self, pointers: list[int]):
+        return torch.tensor(pointers, dtype=torch.int64, device=torch.device("cuda"))
+
+    def synchronize(self) -> None:
+        self._ok(self.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+
+    def free_bytes(self) -> int:
+        return int(self._ok(self.rt.cudaMemGetInfo(), "cudaMemGetInfo"))
+
+
+class HostOps:
+    """:class:`CudartOps` on the CPU: live 'allocations' and open mappings by id, so the IPC
+    creator's rank logic (handle exchange, opens, destroy order) runs over gloo without a GPU."""
+
+    def __init__(self, capacity: int = 1 << 50):
+        self.pid, self.next, self.capacity = os.getpid(), 1, capacity
+        self.live: dict[int, int] = {}
+        self.opened: dict[int, bytes] = {}
+        self.filled: list[int] = []
+
+    def _new(self) -> int:
+        self.next += 1
+        return self.next - 1
+
+    def malloc(self, nbytes):
+        p = self._new()
+        self.live[p] = nbytes
+        return p
+
+    def free(self, ptr):
+        del self.live[ptr]
+
+    def export(self, ptr):
+        return pickle.dumps((self.pid, ptr)).ljust(64, b"\0")[:64]
+
+    def open(self, handle):
+        p = self._new()
+        self.opened[p] = handle
+        return p
+
+    def close(self, ptr):
+        del self.opened[ptr]
+
+    def fill_lamport(self, ptr, nbytes):
+        self.filled.append(ptr)
+
+    def flag_word(self, lamport_comm_size):
+        return self.malloc(20)
+
+    def pointer_table(self, pointers):
+        return list(pointers)
+
+    def synchronize(self):
+        pass
+
+    def free_bytes(self):
+        return self.capacity - sum(self.live.values())
+
+
+# --------------------------------------------------------------------------------------------------
+# 6. flashinfer/comm/trtllm_ar.py · trtllm_create_ipc_workspace_for_all_reduce_fusion,
+#    trtllm_destroy_ipc_workspace_for_all_reduce_fusion (+ what SGLang wraps around them)
+# --------------------------------------------------------------------------------------------------
+class IpcWorkspace:
+    def __init__(self, ops, group, rank, world_size, metadata, ipc_ptrs, table, flag_ptr,
+                 phases_ms, mark: Optional[Mark] = None):
+        self.ops, self.group, self.rank, self.world_size = ops, group, rank, world_size
+        self.metadata, self.ipc_ptrs = metadata, ipc_ptrs  # ipc_ptrs[buffer][peer]: this process's
+        self.workspace_tensor, self.flag_ptr = table, flag_ptr
+        self.phases_ms, self.mark = phases_ms, mark
+        self.bytes_per_rank = workspace_bytes_per_rank(world_size, metadata["max_token_num"],
+                                                       metadata["hidden_dim"])
+        self._destroyed = False
+
+    def destroy(self) -> None:
+        """Close the peers' mappings, barrier, free our own buffers, barrier. (FlashInfer's
+        ``free_shared_buffer`` only frees and barriers; closing first makes the leak check
+        exact.)"""
+        if self._destroyed:
+            return
+        self._destroyed = True
+        ph = PhaseClock(self.mark)
+        self.ops.synchronize()
+        self.workspace_tensor = None
+        with ph("close", "ipc close"):
+            for ptrs in self.ipc_ptrs:
+                for r, p in enumerate(ptrs):
+                    if r != self.rank:
+                        self.ops.close(p)
+        with ph("barrier", "destroy barrier"):
+            tdist.barrier(group=self.group)
+        with ph("free", "free"):
+            for ptrs in self.ipc_ptrs:
+                self.ops.free(ptrs[self.rank])
+            self.ops.free(self.flag_ptr)
+        with ph("barrier", "destroy barrier"):
+            tdist.barrier(group=self.group)
+
+
+class IpcWorkspaceCreator:
+    """Per rank, per creation: (1) a collective go / no-go before anyone allocates (SGLang's
+    ``_preflight_check_workspace_memory``; here a free-memory vote, ``cudaMemGetInfo`` + a gloo
+    all-reduce); (2) per buffer: allocate, export its IPC handle, all-gather the handles over the
+    gloo group, open every peer's; (3) the Lamport fill, the flag word, the pointer table; (4) a
+    barrier ("must sync after create_workspace") and SGLang's
+    ``_sync_allreduce_unavailable_across_tp`` (a CPU all-reduce). Each phase is timed and, with a
+    ``mark``, wrapped in a named range (``alloc lamport``, ``ipc open lamport``, ...)."""
+
+    def __init__(self, ops=None, *, preflight: bool = True, post_sync: bool = True,
+                 mark: Optional[Mark] = None):
+        self.ops = ops if ops is not None else CudartOps()
+        self.preflight, self.post_sync, self.mark = preflight, post_sync, mark
+
+    def create(self, *, world_size, rank, max_token_num, hidden_dim, group=None):
+        sizes = workspace_sizes(world_size, max_token_num, hidden_dim)
+        ph = PhaseClock(self.mark)
+        with ph("preflight"):
+            if self.preflight:
+                flag = torch.tensor([int(self.ops.free_bytes() >= sizes["bytes_per_rank"])],
+                                    dtype=torch.int32)
+                tdist.all_reduce(flag, op=tdist.ReduceOp.MIN, group=group)
+                if int(flag.item()) == 0:
+                    raise MemoryError(f"workspace of {sizes['bytes_per_rank'] / MiB:.0f} MiB/rank "
+                                      "does not fit on every rank")
+        ipc_ptrs = [self._shared_buffer(ph, name, nbytes, group, world_size, rank)
+                    for name, nbytes in zip(BUFFER_NAMES, sizes["aligned"])]
+        with ph("fill", "lamport fill"):
+            self.ops.fill_lamport(ipc_ptrs[2][rank], sizes["aligned"][2])
+        with ph("metadata"):
+            flag_ptr = self.ops.flag_word(sizes["lamport_comm_size"])
+            table = self.ops.pointer_table([p for ptrs in ipc_ptrs for p in ptrs] + [flag_ptr])
+            self.ops.synchronize()
+        with ph("barrier"):
+            tdist.barrier(group=group)
+            if self.post_sync:
+                tdist.all_reduce(torch.tensor([0], dtype=torch.int32), op=tdist.ReduceOp.MAX,
+                                 group=group)
+        metadata = {"tp_rank": rank, "tp_size": world_size, "max_token_num": max_token_num,
+                    "hidden_dim": hidden_dim, "use_fp32_lamport": False,
+                    **{k: sizes[k] for k in ("buffer_size", "flag_size", "lamport_comm_size",
+                                             "lamport_buffer_size")}}
+        return IpcWorkspace(self.ops, group, rank, world_size, metadata, ipc_ptrs, table, flag_ptr,
+                            ph.ms, self.mark)
+
+    def _shared_buffer(self, ph: PhaseClock, name: str, nbytes: int, group, world_size: int,
+                       rank: int) -> list:
+        """``create_shared_buffer``: allocate, export, all-gather the handles, open every peer's."""
+        with ph("alloc", f"alloc {name}"):
+            own = self.ops.malloc(nbytes)
+        with ph("export", f"ipc get handle {name}"):
+            handle = self.ops.export(own)
+        with ph("exchange", f"exchange handles {name}"):
+            handles = [None] * world_size
+            tdist.all_gather_object(handles, handle, group=group)
+        with ph("open", f"ipc open {name}"):
+            return [own if r == rank else self.ops.open(h) for r, h in enumerate(handles)]
+
+
+# --------------------------------------------------------------------------------------------------
+# 7. flashinfer/comm/allreduce.py · create_allreduce_fusion_workspace (FlashInfer's own creation)
+# --------------------------------------------------------------------------------------------------
+class FlashInferWorkspace:
+    def __init__(self, inner, metadata: dict, phases_ms: dict):
+        self.inner, self.metadata, self.phases_ms = inner, metadata, phases_ms
+        # FlashInfer's sizes; the experiment measures the real footprint beside them
+        self.bytes_per_rank = workspace_bytes_per_rank(metadata["tp_size"],
+                                                       metadata["max_token_num"],
+                                                       metadata["hidden_dim"])
+
+    def destroy(self) -> None:
+        if self.inner is not None and hasattr(self.inner, "destroy"):
+            self.inner.destroy()
+        self.inner = None
+
+
+class FlashInferCreator:
+    """``create_allreduce_fusion_workspace`` (trtllm backend) as a creator, so FlashInfer's real
+    creation runs through the same manager and replay (rows ``creator=flashinfer``)."""
+
+    def __init__(self, backend: str = "trtllm", mark: Optional[Mark] = None):
+        import flashinfer.comm as comm  # optional: fails fast where FlashInfer is absent
+
+        self.comm, self.backend, self.mark = comm, backend, mark
+
+    def create(self, *, world_size, rank, max_token_num, hidden_dim, group=None):
+        ph = PhaseClock(self.mark)
+        with ph("create", "flashinfer create"):
+            ws = self.comm.create_allreduce_fusion_workspace(
+                backend=self.backend, world_size=world_size, rank=rank,
+                max_token_num=max_token_num, hidden_dim=hidden_dim, dtype=torch.bfloat16)
+        metadata = {**dict(getattr(ws, "metadata", None) or {}), "tp_rank": rank,
+                    "tp_size": world_size, "max_token_num": max_token_num,
+                    "hidden_dim": hidden_dim}
+        return FlashInferWorkspace(ws, metadata, ph.ms)
+
+
+# --------------------------------------------------------------------------------------------------
+# 8. the driver (not upstream): a token-count trace through the call site
+# --------------------------------------------------------------------------------------------------
+def replay(manager: WorkspaceManager, policy: Policy, trace, *, world_size: int, rank: int,
+           hidden_dim: int, group=None, pre_initialize: Optional[int] = None,
+           before_create: Optional[Callable[[], None]] = None) -> int:
+    """Feed a trace (``x.shape[0]`` per forward step; one call stands for every layer of a step)
+    through the call site; returns the number of refused calls. ``pre_initialize``: create at that
+    size first (SGLang's ``pre_initialize_workspaces(max_token_num=2048)`` before CUDA-graph
+    capture), as step -1. ``before_create``: called on every rank just before a step that will
+    create (a barrier, so the ranks start a creation together)."""
+    refused = 0
+    if pre_initialize:
+        manager.step = -1
+        if before_create is not None:
+            before_create()
+        ensure_workspace_initialized(manager, world_size=world_size, rank=rank,
+                                     max_token_num=pre_initialize, hidden_dim=hidden_dim,
+                                     group=group)
+    for i, t in enumerate(trace):
+        t, manager.step = int(t), i
+        if before_create is not None and will_recreate(manager, policy, t, world_size, rank,
+                                                       hidden_dim, group):
+            before_create()
+        refused += not fused_norm_call(manager, policy, t, world_size=world_size, rank=rank,
+                                       hidden_dim=hidden_dim, group=group)
+    return refused
+
+
+def simulate(policy: Policy, trace, *, world_size: int, hidden_dim: int,
+             pre_initialize: Optional[int] = None):
+    """The whole trace on the fake creator: ``(manager, refused)`` (exact counts and sizes)."""
+    manager = WorkspaceManager(FakeCreator(), high_water=policy.high_water, clock=lambda: 0.0)
+    refused = replay(manager, policy, trace, world_size=world_size, rank=0, hidden_dim=hidden_dim,
+                     pre_initialize=pre_initialize)
+    return manager, refused

@@ -1,0 +1,183 @@
+"""The source check on synthetic trees; the real workspace decisions of 0.5.12.post1 (no floor) and
+0.5.13 (the floor) against ``sglab.workspace_floor.rebuild``'s simulation along the workbook's
+traces; the real manager on 2 GPUs (GPU)."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from sglab.sglang import compare
+from sglab.sglang.runner import ProbeResult
+from sglab.sglang.testing import require
+from sglab.sglang.upstream import RELEASE_STATES, Verdict
+from sglab.workspace_floor import measure, sglang
+
+REAL_CALLS = ["workspace_floor"]  # the notebook's call (conftest)
+
+
+def state(files: dict) -> Verdict:
+    v = sglang.check(files.get)
+    assert v.status in RELEASE_STATES and v.detail and "\n" not in v.detail
+    return v
+
+
+# -- the source check
+# -----------------------------------------------------------------------------------------
+def _layernorm(kwarg: str) -> dict:
+    return {sglang.LAYERNORM: f"""
+def _forward_with_allreduce_fusion(norm_module, x, residual, weight):
+    fused_result = flashinfer_allreduce_residual_rmsnorm(
+        input_tensor=x, residual=residual, weight=weight, {kwarg}use_attn_tp_group=True)
+    return fused_result
+""", sglang.FUSION: """
+def flashinfer_allreduce_residual_rmsnorm(input_tensor, residual, weight, eps=1e-6,
+                                          max_token_num: int = 2048):
+    assert input_tensor.shape[0] <= max_token_num
+"""}
+
+
+@pytest.mark.parametrize("kwarg,status,words", [
+    ("", "before", "default max_token_num=2048 applies and it asserts"),
+    ("max_token_num=max(x.shape[0], 2048), ", "pr-era", "max(x.shape[0], 2048)"),
+    ("max_token_num=max(x.shape[0], 4096), ", "changed", "other than the PR's 2048"),
+    ("max_token_num=x.shape[0], ", "unknown", "x.shape[0]")])
+def test_check_states(kwarg, status, words):
+    v = state(_layernorm(kwarg))
+    assert v.status == status and words in v.detail
+
+
+def test_check_absent_and_unknown():
+    assert state({}).status == "absent"
+    v = state({sglang.LAYERNORM: "def rms_norm(x):\n    return x\n"})
+    assert v.status == "absent" and "does not call" in v.detail
+    assert state({sglang.LAYERNORM: "def broken(:\n"}).status == "unknown"
+
+
+# -- the real releases on the CPU
+# -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def results():
+    return compare.answers(sglang.FIX)
+
+
+def _value(result, **where):
+    df = result.rows
+    for k, v in where.items():
+        df = df[df[k] == v]
+    assert len(df) == 1, where
+    return df["value"].iloc[0]
+
+
+def test_each_release_has_its_own_call_site(results):
+    assert _value(require(results["0.5.12.post1"]), metric="call_site") == "(none)"
+    assert _value(require(results["0.5.13"]),
+                  metric="call_site") == "max_token_num=max(x.shape[0], 2048)"
+
+
+def test_real_recreations_equal_the_rebuild_in_every_cell(results):
+    for v in sglang.RELEASES:
+        require(results[v])
+    table = sglang.comparison(results)
+    n_cells = (len(sglang.RELEASES) * (1 + len(sglang.ALT_SITES)) * len(measure.TRACES)
+               * len(sglang.SCENARIOS))
+    assert len(table) == n_cells
+    assert compare.check_table(table), table[~table.agrees].to_string()
+
+
+def test_before_the_floor_the_callee_refuses_every_batch_over_2048(results):
+    r = require(results["0.5.12.post1"])
+    over = measure.calls_over("mixed", 2048)
+    assert over > 0
+    assert _value(r, trace="mixed", site="release", scenario="cold",
+                  metric="refused_calls") == over
+    assert _value(require(results["0.5.13"]), trace="mixed", site="release", scenario="cold",
+                  metric="refused_calls") == 0
+
+
+def test_the_floor_removes_the_short_prompt_churn(results):
+    r = require(results["0.5.13"])
+    assert _value(r, trace="short_ramp", site="floor_0", scenario="cold", metric="recreations") > 1
+    assert _value(r, trace="short_ramp", site="release", scenario="cold",
+                  metric="sizes") == [2048]
+
+
+def test_neither_release_keeps_a_high_water_mark(results):
+    for v in sglang.RELEASES:
+        r = require(results[v])
+        assert set(r.rows.loc[r.rows.metric == "manager_high_water_mark", "value"]) == {False}
+    note = sglang.high_water_note(results)
+    assert "counts the same" in note and "(the manager of 0.5.14 on)" in note
+
+
+def test_a_disagreement_is_loud(results, capsys):
+    table = sglang.comparison(results)
+    bad = table.copy()
+    bad.loc[0, "agrees"] = False
+    assert compare.check_table(bad) is False
+    assert compare.MISMATCH in capsys.readouterr().out
+
+
+def test_a_release_that_did_not_run_is_one_line_and_no_row():
+    missing = ProbeResult("0.5.9", sglang.FIX.probe.fn, "not-run", None,
+                          reason="sglang 0.5.9: not installed (run `sglab real install "
+                                 "--releases 0.5.9`)")
+    assert compare.status_lines({"0.5.9": missing}).splitlines()[1] == (
+        "sglang 0.5.9: not run: not installed (run `sglab real install --releases 0.5.9`)")
+    assert sglang.comparison({"0.5.9": missing}).empty
+    assert "no release ran" in sglang.high_water_note({"0.5.9": missing})
+
+
+def test_without_installed_releases_the_section_says_not_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path))
+    monkeypatch.setenv("SGLAB_REAL", "live")
+    table = sglang.compare()
+    out = capsys.readouterr().out
+    assert "real SGLang: run here now:" in out and "not run: not installed" in out
+    assert table.empty and "nothing was compared" in out and "no release ran" in out
+
+
+def test_recorded_gpu_run_says_not_recorded_then_shows_the_newest(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SGLAB_DATA", str(tmp_path))
+    assert sglang.gpu_recorded() is None and "not recorded yet" in capsys.readouterr().out
+    folder = tmp_path / "recorded" / "real_workspace_floor"
+    folder.mkdir(parents=True)
+    for stamp, ms in (("20260101T000000Z", 1.0), ("20260102T000000Z", 2.0)):
+        pd.DataFrame([{"experiment": "real_workspace_floor", "variant": "before_floor",
+                       "release": "0.5.23", "rank": 0, "step": 0, "tokens": 512,
+                       "metric": m, "value": v, "unit": ""}
+                      for m, v in (("initialize_ms", ms), ("created", True))]).to_csv(
+            folder / f"{stamp}.csv", index=False)
+        (folder / f"{stamp}.json").write_text(json.dumps({
+            "experiment": "real_workspace_floor", "created_utc": stamp, "gpu_name": "NVIDIA H200",
+            "gpu_count": 2, "params": {"releases": ["0.5.23"]}}))
+    run = sglang.gpu_recorded()
+    out = capsys.readouterr().out
+    assert run.path.stem == "20260102T000000Z" and "0.5.23" in out and "per call" in out
+
+
+def test_recorded_answers_equal_the_live_ones(results):
+    """The notebook's recorded mode shows data/recorded/real_cpu/: it must say what the releases
+    say now."""
+    from sglab.sglang.testing import assert_recording_matches
+
+    assert assert_recording_matches(results, sglang.FIX.probe.fn,
+                                    sglang.FIX.probe.resolved_params()) == len(sglang.RELEASES)
+
+
+# -- the real manager on 2 GPUs
+# -------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.gpus(2)
+def test_gpu_workspace_floor_ran_or_says_why(tmp_path_factory):
+    from tests.sglang.test_gpu import _gpu_run, _parse
+
+    run = _gpu_run("workspace_floor", tmp_path_factory)
+    status = run.df[run.df["metric"] == "status"]["value"].tolist()
+    if status and all(str(s).startswith("not run: flashinfer") for s in status):
+        pytest.skip(status[0])
+    assert not status, status
+    created = run.df[(run.df["metric"] == "created")]
+    before = created[created["variant"] == "before_floor"]["value"].map(_parse).sum()
+    after = created[created["variant"] == "after_floor"]["value"].map(_parse).sum()
+    assert after < before, json.dumps({"before": int(before), "after": int(after)})

@@ -1,0 +1,237 @@
+"""The tables, sentences and figures of notebook 02 on recorded and made-up data, its GPU sections
+on recorded runs and on a NoRun, and "your own setup" (``sglab workspace``) on shipped and bad
+inputs (CPU)."""
+
+import warnings
+
+import matplotlib
+import matplotlib.pyplot as plt
+import pytest
+
+from sglab.core import runs
+from sglab.tools import cli
+from sglab.workspace_floor import claims, measure, show
+from sglab.workspace_floor import rebuild as wf
+
+from tests.workspace_floor import wsfloor_events
+
+matplotlib.use("Agg")
+H = 7168
+
+
+def _recorded():
+    """The runs as the notebook has them: ``run.shown`` and every recorded run, loaded apart (so
+    the same run is two different objects)."""
+    every = runs.load_all_recorded("workspace_floor")
+    shown = claims.shown(runs.load_all_recorded("workspace_floor"))
+    run = shown[0]
+    run.shown = shown
+    return run, every
+
+
+# -- the profiler trace
+# ---------------------------------------------------------------------------------------
+def test_trace_tables_and_sentences_on_a_made_up_trace():
+    ev = wsfloor_events.events()
+    t = show.trace_recreation_table(ev)
+    assert list(t.index) == ["floor_0", "floor_2048"]
+    assert (t.ranges_min == t.ranges_max).all() and list(t.ranges_max) == [9, 1]
+    calls = show.ipc_calls_per_creation(ev)
+    assert (calls["ipc get handle"] == 3).all() and (calls["ipc open"] == 3).all()
+    assert len(calls) == 2 * 12
+    ob = show.open_by_buffer(ev)
+    assert ob.loc[8192, "lamport"] == pytest.approx(17.0)
+    assert ob.loc[4096, "lamport"] == pytest.approx(0.12)
+    ct = show.call_table(ev, rank=0)
+    assert ct.loc[("floor_0", "ipc open", "cudaIpcOpenMemHandle"), "per creation"] == 3
+    lines = show.trace_step(ev, world_size=2, hidden_dim=H)
+    assert "T=4096 (Lamport 336 MiB)" in lines[0] and "T=8192 (672 MiB)" in lines[0]
+    assert "largest growth: 'ipc open lamport'" in lines[1]
+    assert "data buffer" in show.first_open(ev) and "2.00 ms" in show.first_open(ev)
+
+
+def test_profile_figures_on_a_made_up_trace():
+    ev = wsfloor_events.events()
+    fig = show.profile_overview(ev)
+    notes = [t.get_text() for t in fig.axes[0].texts if "IPC handle open" in t.get_text()]
+    assert any("IPC handle open: 27" in n for n in notes)
+    assert any("IPC handle open: 3" in n for n in notes)
+    plt.close(fig)
+    plt.close(show.profile_step(ev, world_size=2, hidden_dim=H))
+
+
+# -- figures and sections of the recorded runs
+# ------------------------------------------------------------------------
+def test_mechanism_with_and_without_a_run():
+    run, _ = _recorded()
+    fig = show.mechanism(run)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert any(lab.startswith("x.shape[0]: 9 re-creations") and "ms" in lab for lab in labels)
+    assert any(lab.startswith("max(x.shape[0], 2048) — the PR: 1 re-creation,")
+               for lab in labels)
+    plt.close(fig)
+    fig = show.mechanism(runs.NoRun("workspace_floor", "none"))  # counts from the simulation
+    assert not any("ms" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
+    plt.close(fig)
+
+
+def test_cost_figure_picks_the_shown_runs_by_path(capsys):
+    """``run.shown`` and every recorded run are separate copies: the shown runs are still drawn
+    solid with an IPC-open panel, and matplotlib has nothing to complain about."""
+    run, every = _recorded()
+    assert not any(r is s for r in every for s in run.shown)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fig = show.cost_figure(every, run.shown)
+    ax_create, ax_open = fig.axes[:2]
+    assert len(ax_open.get_lines()) == len(run.shown) == 2
+    assert [t.get_text() for t in ax_open.get_legend().get_texts()] == ["W=2", "W=4"]
+    styles = [c.lines[0].get_linestyle() for c in ax_create.containers]
+    assert styles.count("-") == len(run.shown) and styles.count("--") == len(every) - 2
+    plt.close(fig)
+    assert not [str(w.message) for w in caught]
+    assert capsys.readouterr().err == ""
+
+
+def test_repeatability_says_why_a_cell_is_blank():
+    _, every = _recorded()
+    t = show.repeatability_table(every, 2)
+    runs_w2 = [c for c in t.columns if c.startswith("2026")]
+    assert len(runs_w2) == 3
+    blank = t[t[runs_w2].isna().any(axis=1)]
+    assert list(blank.index) == ["create T=256"]  # the method-2 sweep dropped T=256
+    assert "20261123T110646Z: its cost sweep has no T=256" in blank.note.iloc[0]
+    assert (t.drop(index=blank.index).note == "").all()
+
+
+def test_gpu_sections_on_the_recorded_runs(capsys):
+    run, _ = _recorded()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for section in (show.replay, show.cost, show.leaks, show.profiler):
+            section(run)
+    out = capsys.readouterr()
+    assert "GPU re-creations and sizes == simulation in 14 (trace, policy) cells: True" in out.out
+    assert "leak check: every rank back to 0 MiB" in out.out and "in all 4 runs" in out.out
+    assert "largest growth: 'ipc open lamport'" in out.out
+    assert "NaN" not in out.out.split("W=2, every run")[1].split("W=4")[0]
+    assert out.err == "" and not [str(w.message) for w in caught]
+    assert not plt.get_fignums()  # every figure shown once and closed
+
+
+def test_gpu_sections_print_the_no_run_line(capsys):
+    no = runs.NoRun("workspace_floor", "no recorded run here")
+    for section in (show.replay, show.cost, show.leaks, show.profiler):
+        assert section(no) is None
+    assert capsys.readouterr().out.count("no GPU run to show (no recorded run here)") == 4
+
+
+def test_simulation_section_draws_and_closes():
+    show.simulation()
+    assert not plt.get_fignums()
+
+
+# -- your own setup
+# -------------------------------------------------------------------------------------------
+def example_log_lines(steps: int = 1500, decode_log_interval: int = 40) -> list[str]:
+    """The shipped example: scheduler lines in SGLang's format for the first ``steps`` forward steps
+    of the stored ``short_ramp`` trace, every prefill batch and every ``decode_log_interval``-th
+    decode step, as a server logs them."""
+    lines, decodes = [], 0
+    for r in measure.load_trace("short_ramp", verify=False)[0].head(steps).itertuples():
+        ts = f"[2026-11-20 10:{r.step // 60:02d}:{r.step % 60:02d}]"
+        if r.kind != "decode":
+            lines.append(f"{ts} Prefill batch, #new-seq: 1, #new-token: {r.tokens_raw}, "
+                         f"#cached-token: 0, token usage: 0.01, #running-req: {r.running}, "
+                         f"#queue-req: {r.waiting}, ")
+        else:
+            decodes += 1
+            if decodes % decode_log_interval == 0:
+                lines.append(f"{ts} Decode batch, #running-req: {r.tokens_raw}, #token: "
+                             f"{r.tokens_raw * 64}, token usage: 0.01, cuda graph: True, gen "
+                             f"throughput (token/s): 0.00, #queue-req: {r.waiting}, ")
+    return lines
+
+
+def test_example_log_is_the_stored_trace_written_as_a_server_log():
+    assert show.EXAMPLE_LOG.read_text() == "\n".join(example_log_lines()) + "\n"
+
+
+def test_log_lines_become_forward_steps():
+    trace = show.read_trace(show.EXAMPLE_LOG, pcg_max_tokens=0)
+    lines = show.EXAMPLE_LOG.read_text().splitlines()
+    assert trace.prefill_lines == sum("Prefill batch" in ln for ln in lines) > 0
+    assert trace.decode_lines == sum("Decode batch" in ln for ln in lines) > 0
+    assert len(trace.tokens) == trace.prefill_lines + trace.decode_lines
+    first = next(ln for ln in lines if "Prefill batch" in ln)
+    assert trace.tokens[0] == int(first.split("#new-token: ")[1].split(",")[0])
+    padded = show.read_trace(show.EXAMPLE_LOG, pcg_max_tokens=4096)
+    assert padded.tokens[0] == min(b for b in measure.pcg_buckets(4096) if b >= trace.tokens[0])
+
+
+def test_traffic_counts_are_the_managers(tmp_path):
+    csv = tmp_path / "t.csv"
+    csv.write_text("tokens\n64\n128\n100\n3000\n16\n")
+    df = show.traffic_table(show.read_trace(csv).tokens, world_size=2, hidden_dim=H)
+    # x.shape[0]: grows at 64, 128 and 3000; the 2048 floor creates once, then grows for 3000
+    assert df.loc["floor_0", "re-creations"] == 3
+    assert df.loc["floor_2048", "re-creations"] == 2
+    assert df.loc["before_pr", "refused calls"] == 1  # 3000 > 2048 trips the callee's assert
+    mgr, _ = wf.simulate(wf.POLICIES["floor_512"], [64, 128, 100, 3000, 16], world_size=2,
+                         hidden_dim=H)
+    assert df.loc["floor_512", "peak MiB/rank"] == mgr.peak_bytes_per_rank / 2**20
+    assert "interpolated by workspace bytes" in df.attrs["cost_model"]
+
+
+def test_plain_number_per_line_csv(tmp_path):
+    f = tmp_path / "t.csv"
+    f.write_text("48\n1\n1\n96\n")
+    assert show.read_trace(f).tokens == [48, 1, 1, 96]
+
+
+@pytest.mark.parametrize("text, where, what", [
+    ("tokens\n64\nabc\n", ":3:", "positive integer"),
+    ("tokens\n64\n-5\n", ":3:", "positive integer"),
+    ("count\n64\n", ":1:", "named 'tokens'"),
+    ("", "", "empty file"),
+    ("[2026-11-20 10:00:00] INFO server started\n", "", "no 'Prefill batch' or 'Decode batch'"),
+    ("Prefill batch, #new-seq: 1, #cached-token: 0\n", ":1:", "without '#new-token"),
+])
+def test_bad_trace_names_file_and_line(tmp_path, capsys, text, where, what):
+    f = tmp_path / "bad.txt"
+    f.write_text(text)
+    assert cli.main(["workspace", "--trace", str(f)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert str(f) + where in err and what in err and len(err.splitlines()) == 1
+
+
+def test_workspace_command_prints_every_policy(capsys):
+    assert cli.main(["workspace", "--trace", str(show.EXAMPLE_LOG), "--world-size", "2"]) == 0
+    out = capsys.readouterr().out
+    for name in wf.POLICIES:
+        assert name in out
+    assert "lower bound" in out and "times: " in out
+
+
+def test_floor_table_runs_the_simulator_on_the_stored_cold_start():
+    # prompt length 48 is the stored short_ramp scenario: the generated trace is its first 1500
+    # steps
+    stored = [int(t) for t in measure.load_trace("short_ramp")[0].tokens]
+    assert show.generated_trace(48) == stored[:1500]
+    df = show.floor_table(512, 8, 48)
+    assert list(df.index) == ["before_pr", "floor_0", "floor_512", "floor_2048"]
+    mgr, refused = wf.simulate(wf.Policy("floor_512", 512), stored[:1500], world_size=8,
+                               hidden_dim=H)
+    assert df.loc["floor_512", "re-creations"] == len([e for e in mgr.events if e.step >= 0])
+    assert df.loc["floor_512", "refused calls"] == refused == 0
+    assert df.loc["floor_512", "peak MiB/rank"] == round(mgr.peak_bytes_per_rank / 2**20, 1)
+    # a floor of no policy's name gets its own row, labelled with the floor
+    assert show.floor_table(300, 2, 48).loc["floor_300", "what"] == "max(x.shape[0], 300)"
+
+
+def test_your_setup_is_a_static_table_headless(monkeypatch, capsys):
+    monkeypatch.setenv("SGLAB_HEADLESS", "1")
+    table = show.your_setup()
+    assert len(table) == 4 + 3 + 3 and "index" not in table.columns  # 2048 is the PR's row
+    assert list(table.columns[:4]) == ["floor", "world_size", "prompt_length", "policy"]
+    assert "static table" in capsys.readouterr().out
