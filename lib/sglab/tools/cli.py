@@ -136,13 +136,14 @@ def cmd_index(args) -> int:
     from sglab.tools import readme
 
     if args.check:
-        text = readme.readme_path().read_text()
-        if readme.current_block(text) != readme.index_block():
-            print("README index is out of date with data/recorded/: run `sglab index`")
-            return 1
-        print("README index matches the recorded runs")
-        return 0
-    print("README index " + ("updated" if readme.write_index() else "already up to date"))
+        stale = readme.stale()
+        for what in stale:
+            print(f"out of date: {what}: run `sglab index`")
+        if not stale:
+            print("README index and docs/structure.md match the recorded runs and the tree")
+        return 1 if stale else 0
+    print("README index and house map " + ("updated" if readme.write_index() else
+                                           "already up to date"))
     return 0
 
 

@@ -1,14 +1,16 @@
-"""The README's notebook index, generated from the notebooks (:mod:`sglab.tools.fixes`) and the
-committed recorded runs.
+"""The two generated blocks of the docs: the README's notebook index and the house map of
+``docs/structure.md``.
 
-Each row is the catalog's claim followed by the experiment's headline over the runs a reader is
-shown, both from :mod:`sglab.core.claims` (the same sentence a notebook's first screen shows;
-numbers computed, never typed in). ``sglab index`` rewrites the block between the markers in
-README.md; a test checks that the committed README matches what the committed runs say.
+Index: each row is the notebook's claim followed by its headline over the runs a reader is shown,
+both from :mod:`sglab.core.claims` (the sentence a notebook's first screen shows; numbers computed,
+never typed in). House map: every module of ``lib/sglab`` with the first line of its docstring, in
+layer order. ``sglab index`` rewrites both blocks between their markers; tests check that the
+committed files equal what the runs and the tree say.
 """
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 from sglab.core import claims, runs
@@ -17,6 +19,8 @@ from sglab.tools import fixes
 START, END = "<!-- index:start -->", "<!-- index:end -->"
 HEADER = ("| notebook | upstream | claim · headline (computed from data/recorded/) | GPUs |\n"
           "|---|---|---|---|")
+MAP_START, MAP_END = "<!-- house:start -->", "<!-- house:end -->"
+LAYERS = ("tools", *fixes.NAMES, "sglang", "core")  # top to bottom: imports only go down
 
 
 def _gpus(e: fixes.Notebook) -> str:
@@ -28,7 +32,7 @@ def row(e: fixes.Notebook) -> str:
     if e.experiment:
         mod = fixes.claims(e.experiment)
         shown = claims.shown(mod, runs.load_all_recorded(e.experiment))
-        text = f"{e.claim} {claims.headline(mod, shown)}" if shown else text + " (no recorded run yet)"
+        text = f"{e.claim} {claims.headline(mod, shown)}" if shown else text + " (no run yet)"
     text = " ".join(str(text).split()).replace("|", "\\|")
     return f"| `{e.stem}` | {e.upstream} | {text} | {_gpus(e)} |"
 
@@ -37,26 +41,73 @@ def index_block() -> str:
     return "\n".join([START, HEADER, *(row(e) for e in fixes.NOTEBOOKS), END])
 
 
+def _summary(path: Path) -> str:
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    first = " ".join(doc.split("\n\n")[0].split())
+    return first.split(". ")[0].rstrip(".")
+
+
+def house_block(root: Path | None = None) -> str:
+    """``lib/sglab`` as a tree: one line per module, its lines of code and what it is for."""
+    root = root or runs.repo_root() / "lib" / "sglab"
+    lines = [MAP_START, "```"]
+    for layer in LAYERS:
+        folder = root / layer
+        if not folder.is_dir():
+            continue
+        mods = sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
+        init = folder / "__init__.py"
+        lines.append(f"{layer}/  {_summary(init) if init.exists() else ''}".rstrip())
+        for p in mods:
+            if p.name == "__init__.py" and p.parent == folder:
+                continue
+            rel = p.relative_to(folder).as_posix()
+            n = len(p.read_text().splitlines())
+            lines.append(f"  {rel:<26} {n:>5}  {_summary(p)}")
+    lines += ["```", MAP_END]
+    return "\n".join(lines)
+
+
 def readme_path() -> Path:
     return runs.repo_root() / "README.md"
 
 
-def current_block(text: str) -> str | None:
-    if START not in text or END not in text:
+def structure_path() -> Path:
+    return runs.repo_root() / "docs" / "structure.md"
+
+
+def current_block(text: str, start: str = START, end: str = END) -> str | None:
+    if start not in text or end not in text:
         return None
-    a = text.index(START)
-    return text[a:text.index(END) + len(END)]
+    a = text.index(start)
+    return text[a:text.index(end) + len(end)]
 
 
-def write_index() -> bool:
-    """Rewrite the README index; return True when it changed."""
-    path = readme_path()
+def _rewrite(path: Path, start: str, end: str, new: str) -> bool:
     text = path.read_text()
-    old = current_block(text)
+    old = current_block(text, start, end)
     if old is None:
-        raise RuntimeError(f"README.md has no {START} … {END} block")
-    new = index_block()
+        raise RuntimeError(f"{path.name} has no {start} … {end} block")
     if new == old:
         return False
     path.write_text(text.replace(old, new))
     return True
+
+
+def write_index() -> bool:
+    """Rewrite the README index and the house map; True when either changed."""
+    a = _rewrite(readme_path(), START, END, index_block())
+    b = _rewrite(structure_path(), MAP_START, MAP_END, house_block())
+    return a or b
+
+
+def stale() -> list[str]:
+    """What ``sglab index --check`` reports: the blocks that differ from what they should say."""
+    out = []
+    if current_block(readme_path().read_text()) != index_block():
+        out.append("README.md index (from data/recorded/)")
+    path = structure_path()
+    text = path.read_text() if path.exists() else ""
+    if current_block(text, MAP_START, MAP_END) != house_block():
+        out.append("docs/structure.md house map (from lib/sglab)")
+    return out
