@@ -12,7 +12,7 @@ import pytest
 from sglab.tools import cli
 from sglab.core import runs
 
-from tests.pcg_gate.test_pcg_gate_claims import _copy, _set  # noqa: E402
+from tests.pcg_gate.test_claims import _copy, _set  # noqa: E402
 
 EXP = "breakable_graph"
 RECORDED = runs.list_runs(EXP)
