@@ -11,291 +11,322 @@
 # %% [markdown]
 # # 01 · Let a VLM wrapper through the piecewise-CUDA-graph gate without registering its LLM twice
 #
-# Upstream: [sgl-project/sglang#26382](https://github.com/sgl-project/sglang/pull/26382) (part A: the `.model`
-# alias; part B, the allreduce-fusion workspace floor, is notebook 02). Rebuilt in `sglab.fixes.pcg_gate` around
-# the shared decoder `sglab.core.toy_decoder`, measured by `sglab.experiments.pcg_gate`.
+# Upstream: [sgl-project/sglang#26382](https://github.com/sgl-project/sglang/pull/26382) (part A:
+# the `.model` alias; part B, the allreduce-fusion workspace floor, is notebook 02). Rebuilt in
+# `sglab.pcg_gate.rebuild` around the shared decoder `sglab.core.toy_decoder`, measured by
+# `sglab.pcg_gate.measure`.
 
 # %% tags=["parameters"]
 MODE = "auto"   # "auto" | "live" | "recorded"
-PARAMS = {}     # overrides of sglab.experiments.pcg_gate.DEFAULT_PARAMS for a live run
+PARAMS = {}     # overrides of measure.DEFAULT_PARAMS for a live run
 
 # %%
 import inspect
 
 import pandas as pd
-from IPython.display import display
+import torch
 
-from sglab.core import notebook as nb
-from sglab.sglang import upstream
-from sglab.experiments import pcg_gate as experiment
-from sglab.experiments.pcg_gate import figures, real
-from sglab.fixes import pcg_gate as fx
-from sglab.sglang import compare_old as compare, compare_old as report
+from sglab.core.notebook import Workbook, slide, verdict
+from sglab.pcg_gate import claims, measure, rebuild, sglang, show
 
 pd.set_option("display.width", 160)
 pd.set_option("display.max_colwidth", 80)
-wb = nb.Workbook(experiment.EXPERIMENT, gpus=experiment.GPUS, mode=MODE)
-
-# %% tags=["needs-gpu"]
-if wb.live:
-    wb.measure(lambda: experiment.run(PARAMS), params={**experiment.DEFAULT_PARAMS, **PARAMS},
-               method_version=experiment.METHOD_VERSION)
-
-# %%
-shown = wb.shown()  # this session's live run, else the newest recorded run of each GPU model
-nb.slide(experiment.EXPERIMENT, shown, figures.mechanism(figures.mechanism_facts(shown[-1] if shown else None)))
+wb = Workbook(claims, mode=MODE)
+# live: measured now on this GPU; recorded: the committed run of each GPU
+run = wb.run(measure, PARAMS)
+slide(claims, run, show.mechanism(run))
 
 # %% [markdown]
-# The picture reads left to right: how each wrapper defines `.model`, what the gate's `hasattr` test answers,
-# what the gate's write-back does to the wrapper, and which keys `state_dict()` holds afterwards. The PR's
-# KimiK25 wrapper is the last row.
+# The picture reads left to right: how each wrapper defines `.model`, what the gate's `hasattr` test
+# answers, what the gate's write-back does to the wrapper, and which keys `state_dict()` holds
+# afterwards. The PR's KimiK25 wrapper is the last row.
 #
 # ## The problem
 #
-# At startup `ModelRunner.init_piecewise_cuda_graphs` decides whether prefill gets piecewise CUDA graphs (PCG).
-# The PR-era gate, rebuilt line by line (the attention-layer scan is shortened to the shapes used here):
+# At startup `ModelRunner.init_piecewise_cuda_graphs` decides whether prefill gets piecewise CUDA
+# graphs (PCG). The PR-era gate, rebuilt line by line (the attention-layer scan shortened to the
+# shapes used here):
 
 # %%
-print(inspect.getsource(fx.init_piecewise_cuda_graphs))
+print(inspect.getsource(rebuild.init_piecewise_cuda_graphs))
 
 # %% [markdown]
 # Three things in it matter for a vision-language wrapper:
 #
 # | step | code | for `KimiK25ForConditionalGeneration` |
 # |---|---|---|
-# | gate | `hasattr(model, "model")` | the LLM is under `language_model` → **False** → "not a language model", PCG off |
-# | write-back | `model.model = resolve_language_model(model)` | runs on every model that passed the gate |
-# | layer stack | `getattr(model, "language_model", model)` then `.model.layers` | `language_model.model.layers` |
+# | gate | `hasattr(model, "model")` | **False** (the LLM is `language_model`): PCG off |
+# | write-back | `model.model = resolve_language_model(model)` | runs on every model that passed |
+# | layer stack | `getattr(model, "language_model", model)`, `.model.layers` | found |
 #
-# The write-back is the trap. `torch.nn.Module.__setattr__` looks at the *value* first: a `Module` goes
-# straight into `self._modules[name]`, before (instead of) any class attribute of that name is consulted. A
-# `@property` — even one with a setter — never sees the assignment:
+# The write-back is the trap. `torch.nn.Module.__setattr__` looks at the *value* first: a `Module`
+# goes straight into `self._modules[name]`, before (instead of) any class attribute of that name is
+# consulted. A `@property`, even one with a setter, never sees the assignment:
 
 # %%
-print(inspect.getsource(fx.KimiPropertySetter))
-w = fx.build_wrapper("property_setter")
-fx.KimiPropertySetter.setter_calls = 0
+print(inspect.getsource(rebuild.KimiPropertySetter))
+w = rebuild.build_wrapper("property_setter")
+rebuild.KimiPropertySetter.setter_calls = 0
 print("before:", len(w.state_dict()), "keys; _modules:", list(w._modules))
 w.model = w.language_model                  # what the runner's write-back does
 print("after: ", len(w.state_dict()), "keys; _modules:", list(w._modules),
-      "| setter calls:", fx.KimiPropertySetter.setter_calls)
+      "| setter calls:", rebuild.KimiPropertySetter.setter_calls)
 
 # %% [markdown]
-# ## Rebuild: the wrappers through the gate (CPU, live)
-#
-# A Kimi-shaped wrapper (`vision_tower`, `mm_projector`, and the shared decoder as a 2-layer CausalLM under
-# `language_model`, with `.model.layers[i].self_attn.attn`) in the variants of `sglab.fixes.pcg_gate`:
-# `no_alias` (0.5.11 to 0.5.12.post1, just before the PR), `plain_alias` (`self.model =
-# self.language_model.model` in `__init__`, as released in 0.5.10.x: the text model, not the whole CausalLM),
-# `property_only`, `property_guard` (the PR), and `property_setter` (a property with a setter, which the PR author
-# reports did not help either). The `plain_alias` variant once aliased the whole CausalLM (`self.language_model`);
-# running the released 0.5.10.post1 class (next section) showed the release aliases its `.model`, so the rebuild
-# now does the same and its `model.*` keys are the text model's (no `lm_head`), name for name.
-#
-# Each runs through the gate; then its `state_dict()` is saved and loaded strictly into a fresh instance (built,
-# not yet gated: the state at weight-loading time), and a checkpoint with the HF naming (`language_model.*`
-# only) is loaded strictly into the gated instance. Look at the `of which model.*` row and the two load rows.
+# The PR puts a guard in front of `nn.Module.__setattr__`. Which releases carry the alias and the
+# guard (read in the released wheels), and the released guard of the first release with it (0.5.13)
+# beside the rebuilt wrapper:
 
 # %%
-experiment.variant_table().T
+sglang.released(rebuild.KimiPropertyGuard, symbol="KimiK25ForConditionalGeneration.__setattr__")
 
 # %% [markdown]
-# What the duplicate looks like: the key list of `property_only` after the gate. The LLM's keys appear under
-# `language_model.*` and again under `model.*`; `named_parameters()` with its default de-duplication hides it,
-# `state_dict()` and `named_parameters(remove_duplicate=False)` do not.
+# ## The lesson, on the CPU: each wrapper through the gate
+#
+# A Kimi-shaped wrapper (`vision_tower`, `mm_projector`, and the shared decoder as a 2-layer
+# CausalLM under `language_model`, with `.model.layers[i].self_attn.attn`) in the variants of
+# `rebuild.VARIANTS`: `no_alias` (0.5.11 to 0.5.12.post1, just before the PR), `plain_alias`
+# (`self.model = self.language_model.model` in `__init__`, as released in 0.5.10.x: the text model,
+# not the whole CausalLM), `property_only`, `property_guard` (the PR), and `property_setter` (a
+# property with a setter, which the PR author reports did not help either).
+#
+# Each goes through the gate; then its `state_dict()` is saved and loaded strictly into a fresh
+# instance (built, not yet gated: the state at weight-loading time), and a checkpoint with the HF
+# naming (`language_model.*` only) is loaded strictly into the gated instance.
 
 # %%
-keys = experiment.state_dict_keys("property_only")
-guarded = experiment.state_dict_keys("property_guard")
-print(f"property_only : {len(keys)} keys, of which under 'model.': {sum(k.startswith('model.') for k in keys)}")
-print(f"property_guard: {len(guarded)} keys, of which under 'model.': {sum(k.startswith('model.') for k in guarded)}")
+def gated(variant):
+    """A wrapper of ``variant`` after the gate ran on it, the gate's result, its keys when built."""
+    w = rebuild.build_wrapper(variant)
+    built = list(w.state_dict())
+    with rebuild.quiet_gate():
+        res = rebuild.init_piecewise_cuda_graphs(
+            rebuild.ModelRunnerState(w, num_hidden_layers=rebuild.TINY_LM.num_layers))
+    return w, res, built
+
+
+# %%
+hf_checkpoint = rebuild.build_wrapper("no_alias").state_dict()   # language_model.* only
+rows = {}
+for v in rebuild.ALL_VARIANTS:
+    w, res, built = gated(v)
+    keys = list(w.state_dict())
+    fresh = rebuild.build_wrapper(v, seed=1)
+    rows[v] = {"gate": "PCG on" if res.enabled else "PCG off", "gate message": res.message,
+               "layer stack": res.layer_model_path or "-", "keys (built)": len(built),
+               "keys (after gate)": len(keys),
+               "of which model.*": sum(k.startswith("model.") for k in keys),
+               "'model' in _modules": rebuild.has_duplicate_registration(w),
+               "save -> fresh load (strict)": rebuild.strict_load(fresh, w.state_dict()).summary,
+               "HF checkpoint -> load (strict)": rebuild.strict_load(w, hf_checkpoint).summary}
+pd.DataFrame(rows)
+
+# %% [markdown]
+# What the duplicate looks like: the key list of `property_only` after the gate. The LLM's keys
+# appear under `language_model.*` and again under `model.*`; `named_parameters()` with its default
+# de-duplication hides it, `state_dict()` and `named_parameters(remove_duplicate=False)` do not.
+
+# %%
+w, _, _ = gated("property_only")
+keys = list(w.state_dict())
+print(f"property_only: {len(keys)} keys, {sum(k.startswith('model.') for k in keys)} under "
+      f"'model.'; named_parameters(): {len(list(w.named_parameters()))}, with duplicates: "
+      f"{len(list(w.named_parameters(remove_duplicate=False)))}")
 print("\n".join(keys))
 
 # %% [markdown]
 # ### The guard's side effects
 #
-# Overriding `nn.Module.__setattr__` was the review's worry. Parameters, buffers, submodules and plain
-# attributes still go through `super().__setattr__` and register as usual; swapping the LLM through
-# `language_model` works and the alias follows. The cost is one name: a *legitimate* `wrapper.model = x` is
-# dropped without an error.
+# Overriding `nn.Module.__setattr__` was the review's worry. Parameters, buffers, submodules and
+# plain attributes still go through `super().__setattr__` and register as usual; swapping the LLM
+# through `language_model` works and the alias follows. The cost is one name: a *legitimate*
+# `wrapper.model = x` is dropped without an error.
 
 # %%
-experiment.guard_table()
+w, rows = rebuild.build_wrapper("property_guard"), []
+w.logit_scale = torch.nn.Parameter(torch.ones(1))
+rows.append(("w.logit_scale = Parameter(...)", "logit_scale" in dict(w.named_parameters())))
+w.register_buffer("pos_table", torch.zeros(3))
+w.pos_table = torch.arange(3.0)               # reassigning a buffer goes through __setattr__
+rows.append(("w.pos_table = tensor (a buffer)", torch.equal(w._buffers["pos_table"],
+                                                            torch.arange(3.0))))
+w.adapter = torch.nn.Linear(4, 4)
+rows.append(("w.adapter = Linear(...)", "adapter.weight" in w.state_dict()))
+w.language_model = new_lm = rebuild.tiny_language_model()
+rows.append(("w.language_model = new_lm", w.language_model is new_lm and w.model is new_lm))
+w.model = other_lm = rebuild.tiny_language_model()  # a legitimate swap: no error, no effect
+rows.append(("w.model = other_lm", w.model is other_lm))
+pd.DataFrame(rows, columns=["assignment", "took effect"]).set_index("assignment")
+
+# %% [markdown]
+# ### What the gate switches on: piecewise prefill
+#
+# The wrapper that passes gets `rebuild.PiecewiseRunner`: one CUDA graph per piece between two
+# attention calls, attention eager on the real token count, one set of graphs per token-count bucket
+# of the upstream list, a prefill padded up to the smallest bucket that holds it. The buckets, and
+# the padding of the measured token counts:
+
+# %%
+buckets = rebuild.piecewise_cuda_graph_tokens(measure.DEFAULT_PARAMS["max_tokens"])
+print(f"{len(buckets)} buckets: {buckets}")
+{n: rebuild.bucket_for(n, buckets) for n in measure.DEFAULT_PARAMS["token_counts"]}
+
+# %% [markdown]
+# On the CPU the runner runs the same pieces eagerly on the same padded buffers. Padded rows never
+# mix with real ones (every op but attention works row by row, and attention sees the real tokens
+# only), so a padded prefill equals the plain forward:
+
+# %%
+tiny = {**measure.DEFAULT_PARAMS, "hidden": 64, "num_layers": 3, "num_heads": 4,
+        "intermediate": 96, "vocab": 50, "max_tokens": 256}
+lm = measure.language_model(measure.model_config(tiny), "cpu", torch.float32)
+state = rebuild.ModelRunnerState(rebuild.build_wrapper("property_guard", language_model=lm), 3,
+                                 rebuild.piecewise_cuda_graph_tokens(256))
+res = rebuild.init_piecewise_cuda_graphs(state)
+runner = rebuild.PiecewiseRunner(res.layer_model, state.attention_layers,
+                                 state.piecewise_cuda_graph_tokens, use_graphs=False)
+
+# %%
+rows = []
+with torch.no_grad():
+    for n in (5, 17, 100, 256):
+        ids = torch.randint(0, tiny["vocab"], (n,))
+        diff = measure.compare(runner.forward(ids).clone(), lm.model(ids, torch.arange(n)))
+        rows.append({"tokens": n, "bucket": runner.bucket(n),
+                     "max |piecewise − eager|": diff["max_abs_diff"]})
+pd.DataFrame(rows)
 
 # %% [markdown]
 # ## The real SGLang, before and after
 #
-# Which releases carry the alias and the guard (read from the released wheels), and the released guard of the
-# first release with it (0.5.13) beside the rebuilt wrapper:
+# The released class itself, on the CPU, one process per release: each release's
+# `KimiK25ForConditionalGeneration.__init__` around the rebuild's own 2-layer LLM (its vision tower
+# and projector replaced by tiny modules), then the release's own gate on a stand-in model runner:
+# `init_piecewise_cuda_graphs` up to 0.5.13, `cuda_graph_setup.capture_prefill_graph` in 0.5.23.
+# "guard removed" is the real class with `nn.Module.__setattr__` put back: the property alone. Each
+# row is checked name for name against the rebuild's variant for that release (the gate's decision,
+# every `state_dict` key before and after the gate, `model` in `_modules`, the layer stack found).
+# Recorded mode shows the answers recorded on the CPU box (`SGLAB_REAL=live` runs the installed
+# releases here instead, about 8 s a release).
 
 # %%
-compare.show_as_released(experiment.EXPERIMENT, fx.KimiPropertyGuard,
-                         symbol="KimiK25ForConditionalGeneration.__setattr__")
+sglang.compare();
 
 # %% [markdown]
-# The released class itself, run on the CPU, one process per release: each release's
-# `KimiK25ForConditionalGeneration.__init__` around the rebuild's own 2-layer LLM (its vision tower and projector
-# replaced by tiny modules), then the release's own gate on a stand-in model runner — `init_piecewise_cuda_graphs`
-# up to 0.5.13, `cuda_graph_setup.capture_prefill_graph` in 0.5.23. "guard removed" is the real class with
-# `nn.Module.__setattr__` put back: the property alone. Each row is checked name for name against the rebuild's
-# variant for that release (gate decision, every `state_dict` key before and after the gate, `model` in
-# `_modules`, the layer stack found); a single difference prints `MISMATCH` with the facts that differ.
+# ## The payoff: eager prefill against piecewise CUDA graphs (GPU)
 #
-# Recorded mode shows the answers recorded on the CPU box (`data/recorded/real_cpu/`, written by `sglab real record`;
-# the tests check that they still equal a live run); `SGLAB_REAL=live` runs the installed releases here instead,
-# about 8 s a release.
-
-# %%
-real_results = real.probe()  # recorded answers where they exist (SGLAB_REAL=live: run the releases now)
-print(report.source_line(real_results))
-real_checks = real.checks(real_results)
-compare.show(real_checks, real.CLAIM)
-
-# %%
-compare.show_recorded(experiment.EXPERIMENT);
-
-# %% [markdown]
-# ## The payoff: eager prefill vs piecewise CUDA graphs (GPU)
+# What the gate switches on, on one GPU: the shared decoder in bf16 (hidden 2048, 16 layers, 16
+# heads, MLP 5632, rotary positions: `measure.DEFAULT_PARAMS`) wrapped the Kimi way. The `no_alias`
+# wrapper fails the gate, so its prefill is the plain forward, every op launched from Python. The
+# `property_guard` wrapper passes, so its prefill runs through the piecewise runner: 17 graphs for
+# 16 layers per bucket, 50 buckets from 4 to 4096 tokens, one graph memory pool, the pieces handing
+# activations over through fixed buffers.
 #
-# What the gate switches on, on one GPU: the shared decoder in bf16 (hidden 2048, 16 layers, 16 heads, MLP 5632,
-# rotary positions — `experiment.DEFAULT_PARAMS`) wrapped the Kimi way. The `no_alias` wrapper fails the gate →
-# prefill runs the plain forward, every op launched from Python. The `property_guard` wrapper passes → prefill
-# runs through `fx.PiecewiseRunner`: one CUDA graph per segment between two attention calls (17 for 16 layers),
-# attention eager on the real token count; one set of graphs per token-count bucket of the upstream list (50
-# buckets from 4 to 4096 tokens), a prefill padded to the smallest bucket that holds it; every capture in one
-# graph memory pool, the segments handing activations over through fixed buffers.
-#
-# Latency is the device time of one prefill (CUDA events; warm-up, then 15 samples per point in three rounds
-# that alternate the variants). The buckets and the padding of the measured token counts:
+# Latency is the device time of one prefill, forward only (CUDA events; warm-up, then 15 samples per
+# point in three rounds that alternate the variants).
 
 # %%
-bucket_list = fx.piecewise_cuda_graph_tokens(experiment.DEFAULT_PARAMS["max_tokens"])
-print(f"{len(bucket_list)} buckets: {bucket_list}")
-print({n: fx.bucket_for(n, bucket_list) for n in experiment.DEFAULT_PARAMS["token_counts"]})
-
-# %%
-for r in shown:
-    print(experiment.run_summary(r))
-    lat = experiment.latency_table(r.df)
-    display(lat[[c for c in lat.columns if c.endswith(" ms") or c in ("bucket", "speedup", "speedup_direct")]].round(3))
-if not shown:
-    print("No run to show: the latency comparison needs a GPU run (`sglab record pcg_gate`).")
-
-# %%
-if shown:
-    display(figures.latency(shown))
+show.latency(run)
 
 # %% [markdown]
 # Reading the curves:
 #
-# - **Small prefills are launch-bound.** The eager median barely moves from 16 to 1024 tokens: the GPU waits for
-#   Python to launch the next kernel, so eager latency here measures the host. The piecewise path launches 17
-#   graphs and the attention calls per prefill, so it too is flat at small counts, several times lower.
-# - **Large prefills are GEMM-bound**, and graphs have little left to remove. From 2048 tokens the piecewise path
-#   is a few percent *slower*, a gap that grows with the token count, as a copy would. The printout below
-#   converts the copy hand-off's traffic (`buffer_copy_bytes`) and the gap into the bandwidth the copies would
-#   need to explain it all; runs from method 2 on also time pieces that hand over their own tensors (no copies:
-#   `speedup_direct`), which settles it — see the profiler section.
+# - **Small prefills are launch-bound.** The eager median barely moves from 16 to 1024 tokens: the
+#   GPU waits for Python to launch the next kernel, so eager latency there measures the host. The
+#   piecewise path launches 17 graphs and the attention calls per prefill, so it too is flat at
+#   small counts, several times lower.
+# - **Large prefills are GEMM-bound**, and graphs have little left to remove. From 2048 tokens the
+#   piecewise path is a few percent *slower*, a gap that grows with the token count, as a copy
+#   would. The printout converts the copy hand-off's traffic into the bandwidth the copies would
+#   need to explain it all; the pieces that hand over their own tensors (`speedup_direct`) settle
+#   it, in the profiler section.
+#
+# ### Host-bound figures travel with their host
+#
+# Because eager time at small prefills is the host launching kernels, the same GPU model behind a
+# slower or busier host gives a longer eager time and a larger speed-up. So the run also measures
+# the host: a burst of tiny kernels launched back to back and synchronised once, timed with
+# `time.perf_counter` and with CUDA events, in the same interleaved rounds as the prefills; and one
+# prefill per variant counted under the profiler (launches: kernel and graph launches, memcpy and
+# memset calls; device time). Relative to these, the small-prefill figures hold from one machine to
+# the next: eager time is its launches at a few times the host's per-launch cost (`eager ÷ host
+# cost`), and piecewise gains what the launches it removes cost, down to its own device time (`gain
+# explained`, near 1). Runs recorded before this measurement say so.
 
 # %%
-for r in shown:
-    print(experiment.reading(r))
+show.launches(run)
 
 # %% [markdown]
 # ### Does the piecewise path compute the same thing?
 #
-# `max_abs_diff` is the largest element-wise difference of the final hidden states against the eager forward
-# on the real tokens; `tolerance` is 8 bf16 units in the last place at the output's largest magnitude;
-# `rel_rms_diff` is the RMS of the difference over the RMS of the eager output. `max_abs_diff_same_shape`
-# compares against the same padded segments run eagerly: it separates what graph replay changes from what
-# padding changes (a GEMM over 112 rows may pick a different kernel, and so a different summation order, than
-# one over 100).
+# `max_abs_diff` is the largest element-wise difference of the final hidden states against the eager
+# forward on the real tokens; `tolerance` is 8 bf16 units in the last place at the output's largest
+# magnitude; `rel_rms_diff` is the RMS of the difference over the RMS of the eager output.
+# `max_abs_diff_same_shape` compares against the same padded pieces run eagerly: it separates what
+# graph replay changes from what padding changes (a GEMM over 112 rows may pick another kernel, and
+# so another summation order, than one over 100).
 
 # %%
-if shown:
-    cols = ["bucket", "max_abs_diff", "rel_rms_diff", "max_abs_diff_same_shape", "tolerance", "within_tol"]
-    display(pd.concat({c: experiment.by_gpu(shown, c) for c in cols}, axis=1))
-for r in shown:
-    print(experiment.correctness(r))
+show.correctness(run)
 
 # %% [markdown]
 # ## See it in the profiler
 #
-# A separate traced pass after the timed ones (torch.profiler; it never feeds the timings): one prefill per
-# variant at 64 tokens (launch-bound) and at 4096 tokens (GEMM-bound). At 64 tokens, look at the gaps between
-# the eager kernels on the stream lane — the GPU idles while Python launches the next op — and at the
-# piecewise lanes, where graph launches pack the kernels together. At 4096 tokens the highlighted kernels are
-# the hand-off copies: present in `piecewise`, absent from `piecewise_direct`.
+# A separate traced pass after the timed ones (torch.profiler; it never feeds the timings): one
+# prefill per variant at 64 tokens (launch-bound) and at 4096 tokens (GEMM-bound). At 64 tokens,
+# look at the gaps between the eager kernels on the stream lane, where the GPU idles while Python
+# launches the next op, and at the piecewise lanes, where graph launches pack the kernels together.
+# At 4096 tokens the highlighted kernels are the hand-off copies: present in `piecewise`, absent
+# from `piecewise_direct`. Under the timelines: kernels on the device and launches on the host,
+# device busy time against the device-side span (`busy`), the copies against piecewise's extra
+# device time, and the per-kernel table of the eager prefill (nsight-python's CUPTI backend where it
+# runs; it cannot attribute the kernels of a graph replay, so only eager work is in it).
 
 # %%
-for r in shown:
-    if r.sidecar("events") is None:
-        print(f"{r.label}: this run predates profiler traces; a new recording (`sglab record pcg_gate`) adds them.")
-        continue
-    for n in sorted(experiment.trace_table(r.df).index.get_level_values(0).unique()):
-        display(figures.timeline(r, int(n)))
-    display(experiment.trace_table(r.df).round(1), experiment.copy_explanation(r.df).round(3))
+show.profiler(run)
 
 # %% [markdown]
-# The tables under the timelines count, per prefill: kernels on the device and launches on the host, device
-# busy time against the device-side span of the forward (`busy`: the share the GPU was working), and the copy
-# kernels and memcpys. `copy_explanation` compares the extra device time of piecewise over eager with the extra
-# copy time: where the second is most of the first, the slowdown is the hand-off through fixed buffers — a cost
-# of this rebuild's runner, which upstream's torch.compile pieces avoid by handing over their own outputs.
+# ## Your own setup
 #
-# ### Per kernel: the eager prefill
-#
-# nsight-python (CUPTI) times every kernel of the eager prefill at 4096 tokens, and of the same pieces run
-# eagerly with their copies; it cannot attribute the kernels of a graph replay, so only eager work is measured
-# here. The kernel counts are checked against torch.profiler's (claim `kernel_counts_agree`).
+# A prefill length and `--piecewise-cuda-graph-max-tokens` → the bucket it pads to (or eager above
+# the largest capture) and what the recorded runs measured nearby, with the host's per-launch cost
+# where the run has it. Your own sizes on your own GPU: `sglab record pcg_gate --param
+# token_counts=[...] --param max_tokens=N`.
 
 # %%
-for r in shown:
-    table, kt = r.sidecar("kernels"), r.manifest.get("kernel_table") or {}
-    if table is None:
-        print(f"{r.label}: no per-kernel table in this run (it predates them).")
-        continue
-    print(f"{r.label}: measured with {kt.get('backend')} — {kt.get('reason')}")
-    display(experiment.kernel_summary(table).round(3))
-
-# %% [markdown]
-# ## The installed SGLang
-#
-# Read as source (not imported): does `models/kimi_k25.py` of the installed SGLang carry the `model` property
-# and the `__setattr__` guard? (SGLang has moved on since the PR: later versions resolve the language model
-# without requiring `.model`, but the Kimi wrapper kept the alias.)
-
-# %%
-v = upstream.check(__import__("sglab.pcg_gate.sglang", fromlist=["FIX"]).FIX)
-print(f"{v.status}: {v.detail}")
+show.your_setup()
 
 # %% [markdown]
 # ## Verdict
 #
-# Every claim of `sglab.experiments.pcg_gate.claims`, checked on each run shown (`sglab verify pcg_gate` does
-# the same from the command line).
+# Every claim, checked on each run shown, the checks it rests on folded under it (`sglab verify
+# pcg_gate` does the same on the command line).
 
 # %%
-nb.verdict(experiment.EXPERIMENT, shown)
+verdict(claims, run)
 
 # %% [markdown]
 # ## Takeaways and review points
 #
-# - The gate is a duck-typing check (`hasattr(model, "model")`), and its failure is a warning at startup, not an
-#   error: a wrapper that names its LLM differently loses PCG without anyone noticing except in TTFT.
+# - The gate is a duck-typing check (`hasattr(model, "model")`), and its failure is a warning at
+#   startup, not an error: a wrapper that names its LLM differently loses PCG without anyone
+#   noticing except in TTFT.
 # - Any alias that `nn.Module` sees as a `Module` value registers the LLM twice: `state_dict()` and
-#   `named_parameters(remove_duplicate=False)` double, a strict load of an HF-named checkpoint reports the
-#   alias keys missing, and a checkpoint saved after the gate no longer loads into a fresh instance. A class
-#   property avoids it only until someone assigns the name — which the gate itself does.
-# - The guard works because it sits in front of `nn.Module.__setattr__`; a property setter sits behind it and is
-#   never reached for a `Module` value.
-# - Review point: the guard silently drops every write to `model`, including a deliberate one. A narrower
-#   alternative is to skip the write-back in the runner when `model.model is resolve_language_model(model)`
-#   (later SGLang versions no longer require `.model` in the gate and only write it back when it exists).
-# - The payoff is largest where prefill is launch-bound (small token counts) and falls as GEMMs take over. The
-#   eager path here launches plain PyTorch ops (no fused RoPE / residual-RMSNorm kernels), so its kernel count
-#   per layer is higher than SGLang's, which puts this measurement at the generous end for small prefills; the
-#   small-prefill ratio also depends on the host CPU, since eager latency there is launch time.
-# - Large prefills: this runner's copy hand-off costs a few percent from 2048 tokens (the profiler section and
-#   the `copies_explain_slowdown` claim measure how much of the gap the copies are); it is not a cost of piecewise
-#   graphs as such.
+#   `named_parameters(remove_duplicate=False)` double, a strict load of an HF-named checkpoint
+#   reports the alias keys missing, and a checkpoint saved after the gate no longer loads into a
+#   fresh instance. A class property avoids it only until someone assigns the name, which the gate
+#   itself does.
+# - The guard works because it sits in front of `nn.Module.__setattr__`; a property setter sits
+#   behind it and is never reached for a `Module` value.
+# - Review point: the guard silently drops every write to `model`, including a deliberate one. A
+#   narrower alternative is to skip the write-back in the runner when `model.model is
+#   resolve_language_model(model)` (later SGLang versions no longer require `.model` in the gate and
+#   only write it back when it exists).
+# - The payoff is largest where prefill is launch-bound (small token counts) and falls as GEMMs
+#   take over. The eager path here launches plain PyTorch ops (no fused RoPE / residual-RMSNorm
+#   kernels), so it launches more kernels per layer than SGLang, which puts this measurement at the
+#   generous end for small prefills; and there the speed-up is the host's: quote it with the host's
+#   per-launch cost, or as the share of the removed launches' cost it recovers.
+# - Large prefills: this runner's copy hand-off costs a few percent from 2048 tokens (the profiler
+#   section and the `copies_explain_slowdown` claim measure how much of the gap the copies are); it
+#   is not a cost of piecewise graphs as such.

@@ -21,39 +21,6 @@ def state(check, files: dict) -> Verdict:
     return v
 
 
-# -- #26382 A
-# --------------------------------------------------------------------------------------------------
-KIMI_HEAD = """
-class KimiK25ForConditionalGeneration(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.language_model = DeepseekV3ForCausalLM(config.text_config)
-"""
-KIMI = {"no_alias": KIMI_HEAD,
-        "plain_alias": KIMI_HEAD + "        self.model = self.language_model.model\n",
-        "property": KIMI_HEAD
-        + "\n    @property\n    def model(self):\n        return self.language_model\n",}
-KIMI["guard"] = KIMI["property"] + ("\n    def __setattr__(self, name, value):\n        if name == "
-                                    "\"model\":\n" "            return\n        "
-                                    "super().__setattr__(name, value)\n")
-
-
-@pytest.mark.parametrize("shape,status,words",
-                         [("no_alias", "before", "not a language model"),
-                          ("plain_alias", "before", "self.language_model.model"),
-                          ("property", "before", "without the __setattr__ guard"),
-                          ("guard", "pr-era", "registered once")])
-def test_pcg_gate_states(shape, status, words):
-    v = state(checks.pcg_gate, {checks.KIMI_MODEL: KIMI[shape]})
-    assert v.status == status and words in v.detail
-
-
-def test_pcg_gate_absent_and_unknown():
-    assert state(checks.pcg_gate, {}).status == "absent"
-    assert state(checks.pcg_gate,
-                 {checks.KIMI_MODEL: "class Other:\n    pass\n"}).status == "unknown"
-
-
 
 
 # -- #23972 -----------------------------------------------------------------------------------------------------
@@ -105,23 +72,28 @@ def test_round_up_helper_without_ceil_align_is_not_a_round_up():
 
 # -- every state reachable; the folder path; the verdict contract -----------------------------------------------
 def test_every_release_state_is_reached_by_some_check():
+    from sglab.pcg_gate import sglang as pcg
     from sglab.swa_loc import sglang as swa
+    from tests.pcg_gate.test_sglang import KIMI
     from tests.swa_loc.test_sglang import POOL_LATER
 
-    reached = {state(checks.pcg_gate, {}).status,
-               state(checks.pcg_gate, {checks.KIMI_MODEL: KIMI["guard"]}).status,
-               state(checks.pcg_gate, {checks.KIMI_MODEL: KIMI["no_alias"]}).status,
+    reached = {state(pcg.check, {}).status,
+               state(pcg.check, {pcg.KIMI_MODEL: KIMI["guard"]}).status,
+               state(pcg.check, {pcg.KIMI_MODEL: KIMI["no_alias"]}).status,
                state(swa.check, {swa.SWA_POOL: POOL_LATER}).status,
                state(checks.capture_sizes,
                      {checks.PREFILL_RUNNER: PREFILL.replace("CAPTURE",
                                                              "sorted(capture_tokens)")}).status,
-               state(checks.pcg_gate, {checks.KIMI_MODEL: "class Other:\n    pass\n"}).status,}
+               state(pcg.check, {pcg.KIMI_MODEL: "class Other:\n    pass\n"}).status,}
     assert reached == set(RELEASE_STATES)
     assert set(STATES) == set(RELEASE_STATES) | {"not-installed"}
 
 
 def test_checks_read_a_folder_on_disk(tmp_path):
-    for rel, text in {checks.KIMI_MODEL: KIMI["guard"], checks.PIECEWISE_RUNNER: PCG_PR}.items():
+    from sglab.pcg_gate import sglang as pcg
+    from tests.pcg_gate.test_sglang import KIMI
+
+    for rel, text in {pcg.KIMI_MODEL: KIMI["guard"], checks.PIECEWISE_RUNNER: PCG_PR}.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     assert upstream.check(get("pcg_gate"), root=tmp_path).status == "pr-era"

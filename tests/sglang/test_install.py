@@ -38,7 +38,7 @@ def test_every_pinned_release_has_a_dependency_set():
 
 def test_release_that_is_not_installed_is_not_run(tmp_path, monkeypatch):
     monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path))
-    r = run_probe("0.5.11", "pcg_gate:run")
+    r = run_probe("0.5.11", "sglab.pcg_gate.sglang:probe")
     assert r.status == "not-run" and not r.ok
     assert r.reason == "sglang 0.5.11: not installed (run `sglab real install --releases 0.5.11`)"
     assert r.rows.empty

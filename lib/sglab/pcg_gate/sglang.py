@@ -1,17 +1,254 @@
-"""The record of pcg_gate: the upstream PR(s), the source check, the hunks, the real-release probes."""
+"""The Kimi-K2.5 ``.model`` alias in real SGLang: the fix's record, its source check, its
+real-release probe and the comparison with the rebuild.
+
+- ``FIX``: #26382 part A, the symbols it touched, the probe the notebook shows;
+- :func:`check`: which state a given SGLang is in, read as source (``sglab upstream``, the release
+  timeline);
+- :func:`probe` (CPU, one release per worker process): the release's
+  ``KimiK25ForConditionalGeneration.__init__`` runs as released, its vision tower, projector and
+  ``DeepseekV3ForCausalLM`` swapped for tiny modules (the rebuild's own 2-layer LLM), then the
+  release's own gate on a stand-in runner: ``ModelRunner.init_piecewise_cuda_graphs`` (0.5.1x, the
+  runner class it would build recorded instead) or ``cuda_graph_setup.capture_prefill_graph``
+  (0.5.16 on, breakable prefill backend). Cases: ``as_released`` and, where the release has the
+  property, ``property_without_guard`` (the real class with ``nn.Module.__setattr__`` back);
+- :func:`comparison` / :func:`compare`: the real answers beside the rebuild's variant for each
+  release, fact by fact (the gate's decision, every ``state_dict`` key before and after the gate,
+  ``model`` in ``_modules``, the layer stack found).
+"""
 
 from __future__ import annotations
 
-from sglab.sglang import checks as C
+import ast
+import types
+
+from torch import nn
+
+from sglab.sglang import compare as real
+from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
+from sglab.sglang.probing import Recorder, captured_logs, has_file, module_path, patched
+from sglab.sglang.upstream import Verdict
+from sglab.pcg_gate import rebuild
+
+KIMI_MODEL = "srt/models/kimi_k25.py"
+PROBE_RELEASES = ("0.5.10.post1", "0.5.12.post1", "0.5.13", "0.5.23")
+VARIANT_OF = {"0.5.10.post1": "plain_alias", "0.5.12.post1": "no_alias",
+              "0.5.13": "property_guard", "0.5.23": "property_guard"}
+# the real class with nn.Module.__setattr__ restored (where the release has the guard): the property
+CASE_VARIANT = {"as_released": None, "property_without_guard": "property_only"}
+KEYS = ("gate_enabled", "keys_before_gate", "keys_after_gate", "model_in_modules_after_gate",
+        "layer_model_path")
+TOKENS = [4, 8, 16]  # any non-empty capture list: the gate only checks that one is set
+
+
+# --------------------------------------------------------------------------------------------------
+# the source check (the release timeline, `sglab upstream`)
+# --------------------------------------------------------------------------------------------------
+def inspect_kimi_wrapper(source: str, class_name: str = "KimiK25ForConditionalGeneration") -> dict:
+    """Static reading of ``models/kimi_k25.py``: property ``model``, a ``__setattr__`` that tests
+    ``name == "model"``, or a plain ``self.model = ...`` in ``__init__`` (and what it aliases)."""
+    cls = S.find(S.parse(source), class_name)
+    found = {"class": isinstance(cls, ast.ClassDef), "property": False, "guard": False,
+             "plain_alias": None}
+    if not found["class"]:
+        return found
+    prop = S.find(cls, "model")
+    found["property"] = prop is not None and "property" in {ast.unparse(d)
+                                                            for d in prop.decorator_list}
+    found["guard"] = "model" in S.string_constants(S.find(cls, "__setattr__"))
+    alias = S.assignments(S.find(cls, "__init__"), "self.model")
+    found["plain_alias"] = ast.unparse(alias[0]) if alias else None
+    return found
+
+
+def check(read) -> Verdict:
+    src = read(KIMI_MODEL)
+    if src is None:
+        return Verdict("absent", "no models/kimi_k25.py: Kimi-K2.5 is not in this SGLang")
+    f = inspect_kimi_wrapper(src)
+    if not f["class"]:
+        return Verdict("unknown", "models/kimi_k25.py has no KimiK25ForConditionalGeneration class")
+    if f["property"] and f["guard"]:
+        return Verdict("pr-era", "`model` property returns language_model and __setattr__ drops "
+                       "writes to `model`: the PCG gate passes, the LLM is registered once")
+    if f["property"]:
+        return Verdict("before", "`model` property without the __setattr__ guard: the gate "
+                       "passes, but the runner's write to `.model` registers the LLM a second time")
+    if f["plain_alias"]:
+        return Verdict("before", f"plain `self.model = {f['plain_alias']}` in __init__: the gate "
+                       "passes, but nn.Module registers it twice (duplicate model.* keys)")
+    return Verdict("before", "no `.model` on KimiK25ForConditionalGeneration: the piecewise-CUDA-"
+                   "graph gate (hasattr(model, 'model')) refuses it as 'not a language model'")
+
+
+# --------------------------------------------------------------------------------------------------
+# the CPU probe (inside one release's worker process)
+# --------------------------------------------------------------------------------------------------
+def build_kimi(kimi, cls=None):
+    """Run the release's ``KimiK25ForConditionalGeneration.__init__`` (or ``cls``'s) with tiny
+    parts: a 2-layer language model whose layers carry ``self_attn.attn``, so that the real class
+    and the rebuild's wrappers hold the same parameter names."""
+    cls = cls or kimi.KimiK25ForConditionalGeneration
+    mm_args = types.SimpleNamespace(mm_enable_dp_encoder=False)
+    getter = "get_mm" if hasattr(kimi, "get_mm") else "get_global_server_args"
+    config = types.SimpleNamespace(vision_config=None, text_config=None, encoder_only=False)
+    with patched(kimi, **{getter: lambda: mm_args,
+                          "MoonViT3dPretrainedModel": lambda *a, **k: nn.Linear(4, 4),
+                          "K2VLMultiModalProjector": lambda *a, **k: nn.Linear(4, 4),
+                          "DeepseekV3ForCausalLM": lambda *a, **k: rebuild.tiny_language_model()}):
+        return cls(config, quant_config=None)
+
+
+def _gate_pr_era(prepared, wrapper) -> dict:
+    """``ModelRunner.init_piecewise_cuda_graphs`` of 0.5.1x on a stand-in runner."""
+    from sglab.sglang import bootstrap  # the worker path
+
+    mr = bootstrap.import_release_module(prepared, "sglang.srt.model_executor.model_runner")
+    runner = types.SimpleNamespace(
+        server_args=types.SimpleNamespace(disable_piecewise_cuda_graph=False,
+                                          piecewise_cuda_graph_tokens=TOKENS,
+                                          enable_breakable_cuda_graph=False),
+        is_draft_worker=False, model=wrapper,
+        model_config=types.SimpleNamespace(num_hidden_layers=2), device="cpu", gpu_id=0)
+    rec = Recorder()
+    names = {"PiecewiseCudaGraphRunner": rec, "get_available_gpu_memory": lambda *a, **k: 0.0}
+    if hasattr(mr, "BreakableCudaGraphRunner"):
+        names["BreakableCudaGraphRunner"] = rec
+    with patched(mr, **names), captured_logs(mr.__name__) as logs:
+        mr.ModelRunner.init_piecewise_cuda_graphs(runner)
+    return {"gate": "ModelRunner.init_piecewise_cuda_graphs", "enabled": bool(rec.calls),
+            "logs": logs, "attention_layers": getattr(runner, "attention_layers", [])}
+
+
+def _gate_cuda_graph_setup(prepared, wrapper) -> dict:
+    """``capture_prefill_graph`` of 0.5.16 on, on a stand-in runner, breakable prefill backend."""
+    from sglab.sglang import bootstrap  # the worker path
+
+    cgs = bootstrap.import_release_module(
+        prepared, "sglang.srt.model_executor.model_runner_components.cuda_graph_setup")
+    mr = bootstrap.import_release_module(prepared, "sglang.srt.model_executor.model_runner")
+    cfgmod = bootstrap.import_release_module(prepared,
+                                             "sglang.srt.model_executor.cuda_graph_config")
+    from sglang.srt.runtime_context import get_context  # the release's own module
+
+    ns = types.SimpleNamespace
+    runner = ns(is_draft_worker=False, spec_algorithm=ns(is_eagle=lambda: False),
+                lora_manager=None, model=wrapper,
+                model_config=ns(context_len=4096, num_hidden_layers=2),
+                req_to_token_pool=ns(size=64), layer_info=ns(start_layer=0, end_layer=2),
+                device="cpu", gpu_id=0)
+    runner.get_cuda_graph_layers = types.MethodType(mr.ModelRunner.get_cuda_graph_layers, runner)
+    cfg = cfgmod.CudaGraphConfig(prefill=cfgmod.PhaseConfig(backend=cfgmod.Backend.BREAKABLE,
+                                                            bs=list(TOKENS)))
+    rec, eager = Recorder(), object()
+    with get_context().override_server_args(cuda_graph_config=cfg), \
+            patched(cgs, PrefillCudaGraphRunner=rec,
+                    get_available_gpu_memory=lambda *a, **k: 0.0), \
+            captured_logs(cgs.__name__) as logs:
+        result = cgs.capture_prefill_graph(model_runner=runner, eager_runner=eager)
+    return {"gate": "cuda_graph_setup.capture_prefill_graph", "enabled": result.runner is rec,
+            "logs": logs, "attention_layers": list(getattr(runner, "attention_layers", []))}
+
+
+def _case_rows(case: str, wrapper, gate_fn, prepared) -> list[dict]:
+    in_modules, keys_before = "model" in wrapper._modules, sorted(wrapper.state_dict())
+    alias = getattr(wrapper, "model", None)
+    out = gate_fn(prepared, wrapper)
+    attn = [a for a in out["attention_layers"] if a is not None]
+    layers_path = None
+    if attn:
+        p = module_path(wrapper, attn[0])  # e.g. language_model.model.layers.0.self_attn.attn
+        layers_path = p.rsplit(".layers.", 1)[0] if p and ".layers." in p else p
+    facts = {"gate": out["gate"], "has_model_attr": alias is not None,
+             "alias_target": module_path(wrapper, alias) if alias is not None else None,
+             "model_in_modules_before_gate": in_modules, "gate_enabled": out["enabled"],
+             "messages": [m for _, m in out["logs"]], "keys_before_gate": keys_before,
+             "keys_after_gate": sorted(wrapper.state_dict()),
+             "model_in_modules_after_gate": "model" in wrapper._modules,
+             "layer_model_path": layers_path, "num_attention_layers": len(attn)}
+    return [{"case": case, "metric": k, "value": v} for k, v in facts.items()]
+
+
+def probe(prepared, params) -> list[dict]:
+    """Rows ``case, metric, value``: the release's Kimi class through its own gate."""
+    from sglab.sglang import bootstrap  # the worker path: the release is importable from here
+
+    kimi = bootstrap.import_release_module(prepared, "sglang.srt.models.kimi_k25")
+    moved = has_file(prepared, "srt/model_executor/model_runner_components/cuda_graph_setup.py")
+    gate_fn = _gate_cuda_graph_setup if moved else _gate_pr_era
+    cls = kimi.KimiK25ForConditionalGeneration
+    cases = [("as_released", cls)]
+    if isinstance(cls.__dict__.get("model"), property) and "__setattr__" in cls.__dict__:
+        cases.append(("property_without_guard", type("KimiPropertyWithoutGuard", (cls,),
+                                                     {"__setattr__": nn.Module.__setattr__})))
+    return [row for case, klass in cases
+            for row in _case_rows(case, build_kimi(kimi, klass), gate_fn, prepared)]
+
+
+# --------------------------------------------------------------------------------------------------
+# the comparison: the releases beside the rebuild
+# --------------------------------------------------------------------------------------------------
+def rebuild_facts(variant: str) -> dict:
+    """The rebuild's wrapper through the rebuild's gate: the facts the probe reports for a
+    release."""
+    w = rebuild.build_wrapper(variant)
+    before = sorted(w.state_dict())
+    with rebuild.quiet_gate():
+        res = rebuild.init_piecewise_cuda_graphs(
+            rebuild.ModelRunnerState(w, num_hidden_layers=rebuild.TINY_LM.num_layers))
+    return {"gate_enabled": res.enabled, "keys_before_gate": before,
+            "keys_after_gate": sorted(w.state_dict()),
+            "model_in_modules_after_gate": "model" in w._modules,
+            "layer_model_path": res.layer_model_path if res.enabled else None}
+
+
+def real_facts(result, case: str = "as_released") -> dict:
+    f = real.facts(result, case=case)
+    out = {k: f.get(k) for k in KEYS}
+    out["layer_model_path"] = f.get("layer_model_path") if f.get("gate_enabled") else None
+    return out
+
+
+def describe(f: dict) -> str:
+    if not f.get("gate_enabled"):
+        return f"gate refuses (not a language model); {len(f.get('keys_after_gate') or [])} keys"
+    before, after = f.get("keys_before_gate") or [], f.get("keys_after_gate") or []
+    dup = sum(k.startswith("model.") for k in after)
+    return (f"gate passes; keys {len(before)} → {len(after)} after the gate, {dup} under model.*; "
+            f"layer stack {f.get('layer_model_path')}")
+
+
+def comparison(results: dict, variant_of: dict = VARIANT_OF):
+    """One row per (release, case) of the releases that ran: the real class through the real gate
+    beside the rebuild's variant for that release."""
+    rows = []
+    for release, r in results.items():
+        if not r.ok:
+            continue
+        for case in [c for c in CASE_VARIANT if c in set(r.rows["case"])]:
+            v = CASE_VARIANT[case] or variant_of[release]
+            what = "the Kimi wrapper through the gate" + (", guard removed"
+                                                          if case != "as_released" else "")
+            rows.append(real.facts_row(release, what, real_facts(r, case), v, rebuild_facts(v),
+                                       KEYS, describe))
+    return real.table(rows)
+
+
+def compare():
+    """The notebook's real-SGLang section: each release's answers beside the rebuild's."""
+    return real.section(FIX, comparison, what="(release, case) rows")
+
+
+def released(rebuilt=None, *, symbol=None, pr=None) -> None:
+    """The fix across the releases, then the released ``symbol`` beside the rebuilt one."""
+    real.released(FIX, rebuilt, symbol=symbol, pr=pr)
 
 
 FIX = Fix(
     name="pcg_gate", number="01", part="part A", prs=(26382,), gpus=1,
     title="Kimi-K2.5 wrapper: `.model` property + __setattr__ guard (#26382)",
-    check=C.pcg_gate,
-    hunks=(Spec(26382, symbols_in(C.KIMI_MODEL, "KimiK25ForConditionalGeneration.model",
-                                    "KimiK25ForConditionalGeneration.__setattr__")),),
-    probe=Probe("pcg_gate:run", ("0.5.10.post1", "0.5.12.post1", "0.5.13", "0.5.23")),
-    gpu=None,
+    check=check,
+    hunks=(Spec(26382, symbols_in(KIMI_MODEL, "KimiK25ForConditionalGeneration.model",
+                                  "KimiK25ForConditionalGeneration.__setattr__")),),
+    probe=Probe("sglab.pcg_gate.sglang:probe", PROBE_RELEASES),
 )

@@ -29,51 +29,6 @@ def _parsed(read, rel):
     return text, (S.parse(text) if text is not None else None)
 
 
-# -- #26382 part A
-# ----------------------------------------------------------------------------------------------
-def inspect_kimi_wrapper(source: str, class_name: str = "KimiK25ForConditionalGeneration") -> dict:
-    """Static reading of ``models/kimi_k25.py``: property ``model``, a ``__setattr__`` that tests
-    ``name == "model"``, or a plain ``self.model = ...`` assignment in ``__init__`` (with what it
-    aliases)."""
-    cls = S.find(S.parse(source), class_name)
-    found = {"class": isinstance(cls, ast.ClassDef), "property": False, "guard": False,
-             "plain_alias": None}
-    if not found["class"]:
-        return found
-    prop = S.find(cls, "model")
-    found["property"] = prop is not None and "property" in {ast.unparse(d)
-                                                            for d in prop.decorator_list}
-    setattr_fn = S.find(cls, "__setattr__")
-    found["guard"] = "model" in S.string_constants(setattr_fn)
-    alias = S.assignments(S.find(cls, "__init__"), "self.model")
-    found["plain_alias"] = ast.unparse(alias[0]) if alias else None
-    return found
-
-
-def pcg_gate(read) -> Verdict:
-    src = read(KIMI_MODEL)
-    if src is None:
-        return Verdict("absent", "no models/kimi_k25.py: Kimi-K2.5 is not in this SGLang")
-    f = inspect_kimi_wrapper(src)
-    if not f["class"]:
-        return Verdict("unknown", "models/kimi_k25.py has no KimiK25ForConditionalGeneration class")
-    if f["property"] and f["guard"]:
-        return Verdict("pr-era",
-                       "`model` property returns language_model and __setattr__ drops writes to "
-                                 "`model`: the PCG gate passes, the LLM is registered once")
-    if f["property"]:
-        return Verdict("before",
-                       "`model` property without the __setattr__ guard: the gate passes, but the "
-                                 "runner's write to `.model` registers the LLM a second time")
-    if f["plain_alias"]:
-        return Verdict("before",
-                       f"plain `self.model = {f['plain_alias']}` in __init__: the gate passes, but "
-                                 "nn.Module registers it twice (duplicate model.* keys)")
-    return Verdict("before",
-                   "no `.model` on KimiK25ForConditionalGeneration: the piecewise-CUDA-graph gate "
-                             "(hasattr(model, 'model')) refuses it as 'not a language model'")
-
-
 
 
 # -- #23972

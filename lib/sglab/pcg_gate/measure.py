@@ -1,0 +1,426 @@
+"""Notebook 01 on one GPU: eager prefill (the wrapper the gate refuses) against piecewise-CUDA-graph
+prefill (the one it lets through), per token count, and what the host pays per launch.
+
+Phases of :func:`run`: ``build`` (the bf16 LLM in Kimi-shaped wrappers); ``gate`` (every wrapper
+variant through the PR-era gate: ``no_alias`` fails, so its prefill is the plain eager forward,
+``property_guard`` passes, so its prefill runs through the piecewise runner); ``capture`` (one graph
+per piece per bucket, one pool; a second runner whose pieces hand over their own tensors);
+``correctness``; ``timing`` (the prefills in interleaved rounds, and in the same rounds a burst of
+tiny kernels: the host's per-launch cost, :class:`Burst`); ``profile`` (the per-kernel table, a
+traced pass at a launch-bound and a GEMM-bound count, a counting pass at every timed count).
+
+Method versions: 1, a private timing loop; 2, interleaved timing, per-variant gate rows, the direct
+hand-off, the traced pass and the per-kernel table; 3, the host's per-launch cost (``host`` rows:
+``launch_us`` and its p10/p90 by ``time.perf_counter``, ``launch_event_us`` by CUDA events) and the
+counting pass (``launches``, ``device_us``) at every timed count. :func:`sweep` takes its timer
+and device, so the CPU tests run the same loop without graphs.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+import torch
+from torch import nn
+
+from sglab.core import kernel_table, runs, timing, trace
+from sglab.core.toy_decoder import CausalLM, DecoderConfig, build_on_device
+from sglab.pcg_gate import rebuild
+
+EXPERIMENT = "pcg_gate"
+METHOD_VERSION = 3
+GPUS = 1
+DEFAULT_PARAMS = {
+    "hidden": 2048,
+    "num_layers": 16,
+    "num_heads": 16,           # head_dim = hidden / num_heads = 128
+    "intermediate": 5632,
+    "vocab": 32000,
+    "max_tokens": 4096,        # --piecewise-cuda-graph-max-tokens: buckets up to this
+    "token_counts": [16, 64, 100, 256, 1024, 2048, 4096],  # 100 is padded to 112
+    "direct_token_counts": [2048, 4096],  # also timed with pieces handing over their own tensors
+    # the traced pass: one launch-bound, one GEMM-bound prefill
+    "trace_token_counts": [64, 4096],
+    "kernel_table_tokens": 4096,          # the per-kernel table of the eager prefill
+    "kernel_table_runs": 3,
+    "launch_burst": 256,       # tiny kernels per burst of the host's per-launch cost
+    "warmup": 3,
+    "repeat": 15,              # samples per variant and token count, in `rounds` alternating rounds
+    "rounds": 3,
+    "seed": 0,
+}
+TOL_ULPS = 8  # accepted max |piecewise - eager|: 8 bf16 units in the last place at the output's max
+HOST = "host"  # the variant of the per-launch cost rows
+
+
+def gpus(params: dict) -> int:
+    return GPUS
+
+
+def bf16_ulp(x: float) -> float:
+    """Spacing of bf16 numbers at magnitude ``x`` (8 significant bits)."""
+    return 2.0 ** (math.floor(math.log2(x)) - 7) if x > 0 else 2.0 ** -133
+
+
+def bf16_tolerance(ref_max_abs: float) -> float:
+    return TOL_ULPS * bf16_ulp(ref_max_abs)
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor) -> dict:
+    """Max abs difference, relative RMS difference, the reference's max magnitude, the verdict."""
+    a, b = out.float(), ref.float()
+    max_diff, ref_max = float((a - b).abs().max()), float(b.abs().max())
+    rel_rms = float(torch.linalg.vector_norm(a - b)
+                    / torch.linalg.vector_norm(b).clamp_min(1e-30))
+    tol = bf16_tolerance(ref_max)
+    return {"max_abs_diff": max_diff, "rel_rms_diff": rel_rms, "ref_max_abs": ref_max,
+            "tolerance": tol, "within_tol": bool(max_diff <= tol)}
+
+
+def model_config(p: dict) -> DecoderConfig:
+    return DecoderConfig(vocab_size=int(p["vocab"]), hidden_size=int(p["hidden"]),
+                         num_layers=int(p["num_layers"]), num_heads=int(p["num_heads"]),
+                         intermediate_size=int(p["intermediate"]),
+                         max_position=int(p["max_tokens"]), positions="rotary")
+
+
+def language_model(cfg: DecoderConfig, device, dtype=torch.bfloat16, *, seed: int = 0) -> CausalLM:
+    """The measured LLM (``DeepseekV3ForCausalLM``'s attribute shape), built on ``device``. No
+    lm_head: prefill latency stops at the final norm (upstream's capture stops there too)."""
+    return build_on_device(lambda: CausalLM(cfg, lm_head=False), device, dtype, seed=seed,
+                           num_layers=cfg.num_layers)
+
+
+def _row(variant, metric, value, unit, n=None, bucket=None) -> dict:
+    return {"variant": variant, "num_tokens": n, "bucket": bucket, "metric": metric,
+            "value": float(value), "unit": unit}
+
+
+# --------------------------------------------------------------------------------------------------
+# the gate on every wrapper variant around the measured LLM
+# --------------------------------------------------------------------------------------------------
+GATE_METRICS = (("gate_enabled", "bool"), ("lm_keys", "count"), ("state_dict_keys_built", "count"),
+                ("state_dict_keys_after_gate", "count"), ("model_keys_after_gate", "count"),
+                ("named_parameters_dup", "count"))
+
+
+def gate_facts(wrapper: nn.Module, num_hidden_layers: int, capture_tokens=None) -> dict:
+    """Run the gate on ``wrapper`` and count what it left registered."""
+    lm_keys, built = len(wrapper.language_model.state_dict()), list(wrapper.state_dict())
+    kw = {} if capture_tokens is None else {"piecewise_cuda_graph_tokens": capture_tokens}
+    state = rebuild.ModelRunnerState(wrapper, num_hidden_layers=num_hidden_layers, **kw)
+    with rebuild.quiet_gate():
+        res = rebuild.init_piecewise_cuda_graphs(state)
+    after = list(wrapper.state_dict())
+    return {"result": res, "state": state, "gate_enabled": int(res.enabled), "lm_keys": lm_keys,
+            "state_dict_keys_built": len(built), "state_dict_keys_after_gate": len(after),
+            "model_keys_after_gate": sum(k.startswith("model.") for k in after),
+            "named_parameters_dup": len(list(wrapper.named_parameters(remove_duplicate=False)))}
+
+
+def gate_rows(lm: nn.Module, num_hidden_layers: int, capture_tokens) -> tuple:
+    """Rows of :func:`gate_facts` for every wrapper variant around ``lm`` (references, no copy),
+    and the facts by variant."""
+    facts = {v: gate_facts(rebuild.build_wrapper(v, language_model=lm), num_hidden_layers,
+                           capture_tokens) for v in rebuild.ALL_VARIANTS}
+    return [_row(v, m, f[m], u) for v, f in facts.items() for m, u in GATE_METRICS], facts
+
+
+# --------------------------------------------------------------------------------------------------
+# the host's per-launch cost
+# --------------------------------------------------------------------------------------------------
+class Burst:
+    """``n`` tiny kernels (``x.add_(1)`` on one element) launched back to back and synchronised
+    once. Each call appends its ``time.perf_counter`` time to :attr:`host_ms`; the timing loop's
+    CUDA events around the same call give the device's view of it. Timed in the same interleaved
+    rounds as the prefills, so a host that slows down slows both."""
+
+    def __init__(self, device, n: int):
+        self.x, self.n, self.host_ms = torch.zeros(1, device=device), int(n), []
+        cuda = torch.device(device).type == "cuda"
+        self.sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    def __call__(self) -> None:
+        self.sync()
+        t0 = time.perf_counter()
+        for _ in range(self.n):
+            self.x.add_(1)
+        self.sync()
+        self.host_ms.append((time.perf_counter() - t0) * 1e3)
+
+    def rows(self, events: timing.Timing, warmup: int, n=None, bucket=None) -> list:
+        """µs per launch: median, p10, p90 by ``time.perf_counter`` (warm-up calls dropped), and
+        the median by CUDA events where ``events`` came from them."""
+        host = timing.Timing(self.host_ms[warmup:], clock="host-perf-counter")
+        rows = [_row(HOST, m, t * 1e3 / self.n, "us", n, bucket) for m, t in
+                (("launch_us", host.median_ms), ("launch_us_p10", host.p10_ms),
+                 ("launch_us_p90", host.p90_ms))]
+        if events.clock.startswith("cuda-events"):
+            rows.append(_row(HOST, "launch_event_us", events.median_ms * 1e3 / self.n, "us", n,
+                             bucket))
+        return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# the profiler passes: traced prefills, the counting pass, the per-kernel table
+# --------------------------------------------------------------------------------------------------
+# the copies that hand activations between pieces: a copy kernel for a strided source (q, k from the
+# rotary output, v from qkv), a device-to-device memcpy for a contiguous one launched eagerly (the
+# attention output), a graph memcpy node shown as a "memcpy<bits>" kernel (the residual)
+COPY = r"direct_copy_kernel|Memcpy DtoD|^memcpy\d+$"
+# the host calls that start device work: kernel and graph launches, memcpy and memset calls
+LAUNCH = r"LaunchKernel|GraphLaunch|Memcpy|Memset"
+PHASE = re.compile(r"^(eager|piecewise|piecewise_direct|pieces_eager) (\d+)$")
+DEVICE_CATEGORIES = ("kernel", "memcpy", "memset")
+TRACE_METRICS = (("trace_kernels", "count"), ("trace_device_us", "us"), ("trace_span_us", "us"),
+                 ("trace_busy", "fraction"), ("trace_copy_us", "us"), ("trace_copy_ops", "count"),
+                 ("trace_graph_launches", "count"), ("trace_kernel_launches", "count"),
+                 ("trace_host_us", "us"))
+
+
+def _is_device(lanes: pd.Series) -> pd.Series:
+    return lanes.str.startswith("stream") | (lanes == "device")
+
+
+def reduce_events(events: pd.DataFrame) -> pd.DataFrame:
+    """The events of the prefill phases only, with ``variant`` and ``num_tokens`` columns."""
+    return trace.phase_columns(events, PHASE.pattern, ("variant", "num_tokens"),
+                               {"num_tokens": int})
+
+
+def phase_numbers(ev: pd.DataFrame) -> dict:
+    """What one prefill's events say (``ev``: one phase of :func:`reduce_events`)."""
+    dev = ev[_is_device(ev.lane) & ev.category.isin(DEVICE_CATEGORIES)]
+    span = float((dev.start_us + dev.dur_us).max() - dev.start_us.min()) if len(dev) else 0.0
+    device_us, copies = float(dev.dur_us.sum()), dev[dev.name.str.contains(COPY, regex=True)]
+    rt, host = ev[ev.category == "runtime"], ev[(ev.category == "range") & ~_is_device(ev.lane)]
+    return {"trace_kernels": int((dev.category == "kernel").sum()), "trace_device_us": device_us,
+            "trace_span_us": span, "trace_busy": device_us / span if span else 0.0,
+            "trace_copy_us": float(copies.dur_us.sum()), "trace_copy_ops": int(len(copies)),
+            "trace_graph_launches": int(rt.name.str.contains("GraphLaunch").sum()),
+            "trace_kernel_launches": int(rt.name.str.contains("LaunchKernel").sum()),
+            "trace_host_us": float(host.dur_us.max()) if len(host) else 0.0,
+            "launches": int(rt.name.str.contains(LAUNCH, regex=True).sum())}
+
+
+def trace_rows(events: pd.DataFrame, metrics=TRACE_METRICS) -> list:
+    """One row per prefill phase and metric of :func:`phase_numbers`."""
+    rows = []
+    for (variant, n), ev in events.groupby(["variant", "num_tokens"], sort=False):
+        nums = phase_numbers(ev)
+        rows += [_row(variant, m, nums[m], u, int(n)) for m, u in metrics]
+    return rows
+
+
+def count_rows(events: pd.DataFrame) -> list:
+    """Method 3's counting pass: host launch calls and device µs of one prefill per phase."""
+    rows = trace_rows(events, (("launches", "count"), ("trace_device_us", "us")))
+    for r in rows:
+        r["metric"] = r["metric"].replace("trace_device_us", "device_us")
+    return rows
+
+
+def _kernel_table(p, eager_fwd, ref_runner, inputs, sidecars: dict, extra: dict) -> list:
+    """Per-kernel table of the eager prefill and of the same pieces run eagerly (with their
+    copies); nsight-python's collector does not attribute the kernels of a graph replay."""
+    n = int(p["kernel_table_tokens"])
+    ids, pos = inputs[n]
+    fns = {f"eager {n}": partial(eager_fwd, ids, pos),
+           f"pieces_eager {n}": partial(ref_runner.forward, ids)}
+    table = kernel_table.kernel_table(fns, runs=int(p["kernel_table_runs"]), warmup=2)
+    sidecars["kernels"] = table
+    extra["kernel_table"] = {"backend": table.attrs["backend"], "reason": table.attrs["reason"]}
+    return [_row(label.split(" ")[0], "kernel_table_calls", c, "count", n)
+            for label, c in kernel_table.calls_per_run(table).items()]
+
+
+def profile_pass(p: dict, dev, fns_at, eager_fwd, ref_runner, inputs: dict) -> tuple:
+    """The per-kernel table (first: nsight's CUPTI collector cannot subscribe once torch.profiler
+    has), the traced pass at ``trace_token_counts`` and the counting pass at every timed count;
+    ``fns_at(n)``: the prefills of one token count by variant. Returns rows, sidecars, extra."""
+    cuda = dev.type == "cuda"
+    rows, sidecars, extra = [], {}, {}
+    if cuda and p.get("kernel_table_tokens"):
+        rows += _kernel_table(p, eager_fwd, ref_runner, inputs, sidecars, extra)
+    traced = {f"{v} {n}": fn for n in p["trace_token_counts"] for v, fn in fns_at(int(n)).items()}
+    for fn in traced.values():  # every path warm before the profiler starts
+        fn()
+    perfetto = Path(tempfile.mkdtemp(prefix="sglab-pcg-")) / "trace.json.gz" if cuda else None
+    events = reduce_events(trace.trace_phases(traced, perfetto=perfetto, cuda=cuda))
+    rows += trace_rows(events)
+    sidecars["events"] = events
+    if perfetto is not None and perfetto.exists():
+        sidecars["trace"] = perfetto
+    counted = {f"{v} {n}": fns_at(int(n))[v] for n in p["token_counts"]
+               for v in ("eager", "piecewise")}
+    rows += count_rows(reduce_events(trace.trace_phases(counted, cuda=cuda)))
+    return rows, sidecars, extra
+
+
+# --------------------------------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------------------------------
+def _sdpa_backends():
+    """Flash / memory-efficient attention only (never the O(n^2)-memory math fallback)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])
+
+
+def run(params: Optional[dict] = None, *, progress: bool = True) -> runs.Measured:
+    """Eager prefill (gate off) against piecewise-graph prefill (gate on) per token count, on one
+    GPU."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("the pcg_gate measurement captures CUDA graphs: it needs a CUDA GPU")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    with _sdpa_backends():
+        return sweep({**DEFAULT_PARAMS, **(params or {})}, dev, use_graphs=True,
+                     timer=timing.cuda_time, progress=progress)
+
+
+def _mib_reserved(dev) -> float:
+    if dev.type != "cuda":
+        return 0.0
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_reserved() / 2**20
+
+
+def _runners(lm, p: dict, capture_tokens: list, use_graphs: bool, say) -> tuple:
+    """The gate on every wrapper variant (rows), and the runners the passing wrapper gets."""
+    rows, decided = gate_rows(lm, int(p["num_layers"]), capture_tokens)
+    off, on = decided["no_alias"]["result"], decided["property_guard"]["result"]
+    say(f"gate: no_alias → {off.message}; property_guard → {on.message}")
+    if off.enabled or not on.enabled:
+        raise RuntimeError("gate outcome not as expected: no_alias must be off, property_guard on")
+    rows += [_row("eager", "gate_enabled", off.enabled, "bool"),
+             _row("piecewise", "gate_enabled", on.enabled, "bool")]
+    make = partial(rebuild.PiecewiseRunner, on.layer_model,
+                   decided["property_guard"]["state"].attention_layers)
+    runner, ref_runner = make(capture_tokens, use_graphs=use_graphs), make(capture_tokens,
+                                                                           use_graphs=False)
+    direct = None
+    if use_graphs and p["direct_token_counts"]:
+        direct = make(sorted({rebuild.bucket_for(int(n), capture_tokens)
+                              for n in p["direct_token_counts"]}), handoff="direct")
+    return rows, runner, ref_runner, direct
+
+
+def _correctness_rows(n, N, eager_fwd, ids, pos, runner, ref_runner, direct) -> list:
+    """Piecewise against the eager forward and against the same padded pieces run eagerly (and
+    direct against eager where ``direct`` runs this count)."""
+    ref, pcg = eager_fwd(ids, pos).clone(), runner.forward(ids).clone()
+    c, same = compare(pcg, ref), compare(pcg, ref_runner.forward(ids).clone())
+    rows = [_row("piecewise", m, c[m], u, n, N)
+            for m, u in (("max_abs_diff", "abs"), ("rel_rms_diff", "ratio"), ("ref_max_abs", "abs"),
+                         ("tolerance", "abs"), ("within_tol", "bool"))]
+    rows.append(_row("piecewise", "max_abs_diff_same_shape", same["max_abs_diff"], "abs", n, N))
+    if direct is not None:
+        rows.append(_row("piecewise_direct", "max_abs_diff",
+                         compare(direct.forward(ids).clone(), ref)["max_abs_diff"], "abs", n, N))
+    return rows
+
+
+def _timing_rows(n, N, fns: dict, burst: Burst, p: dict, timer) -> list:
+    """The prefills and the launch burst in interleaved rounds; the burst's rows per launch."""
+    burst.host_ms.clear()
+    timed = timing.interleaved({**fns, HOST: burst}, rounds=max(1, int(p["rounds"])),
+                               warmup=int(p["warmup"]), repeat=int(p["repeat"]), timer=timer)
+    rows = [r for v, t in timed.items() if v != HOST
+            for r in t.rows(variant=v, num_tokens=n, bucket=N)]
+    return rows + burst.rows(timed[HOST], int(p["warmup"]), n, N)
+
+
+def check_params(p: dict, capture_tokens: list) -> list:
+    """The timed token counts; one-line errors for counts the run cannot use."""
+    counts = [int(n) for n in p["token_counts"]]
+    too_big = [n for n in counts + [int(x) for x in p["trace_token_counts"]]
+               if n > capture_tokens[-1]]
+    if too_big:
+        raise ValueError(f"token count(s) {too_big} above the largest bucket {capture_tokens[-1]}")
+    if not {int(n) for n in p["direct_token_counts"]} <= set(counts):
+        raise ValueError("direct_token_counts must be a subset of token_counts (timed together)")
+    return counts
+
+
+def sweep(p: dict, dev: torch.device, *, use_graphs: bool, timer,
+          progress: bool = False) -> runs.Measured:
+    """The measurement on ``dev``. On the CPU (the tests) there are no graphs, no direct runner, no
+    kernel table and no CUDA-event clock; the profiler passes record host events only."""
+    p = {**DEFAULT_PARAMS, **p}
+    torch.manual_seed(int(p["seed"]))
+    capture_tokens = rebuild.piecewise_cuda_graph_tokens(int(p["max_tokens"]))
+    counts = check_params(p, capture_tokens)
+    say = (lambda text: print(f"[pcg_gate] {text}", flush=True)) if progress else (lambda _: None)
+    cuda = dev.type == "cuda"
+    with torch.no_grad():
+        with timing.phase("build"):
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            mem0 = torch.cuda.memory_allocated() if cuda else 0
+            lm = language_model(model_config(p), dev, seed=int(p["seed"]),
+                                dtype=torch.bfloat16 if cuda else torch.float32)
+            weights = ((torch.cuda.memory_allocated() if cuda else 0) - mem0) / 2**20
+        say(f"model: {p['num_layers']} layers, hidden {p['hidden']}, {weights:.0f} MiB of weights")
+        with timing.phase("gate"):
+            rows, runner, ref_runner, direct = _runners(lm, p, capture_tokens, use_graphs, say)
+        rows.append(_row("eager", "weights", weights, "MiB"))
+        with timing.phase("capture"):
+            reserved0 = _mib_reserved(dev)
+            runner.capture()
+            pool = _mib_reserved(dev) - reserved0
+            if direct is not None:
+                direct.capture()
+        say(f"captured {runner.num_graphs} graphs in {runner.capture_s:.1f} s, pool {pool:.0f} MiB")
+        rows += [_row("piecewise", "capture_time", runner.capture_s, "s"),
+                 _row("piecewise", "graphs", runner.num_graphs, "count"),
+                 _row("piecewise", "buckets", len(capture_tokens), "count"),
+                 _row("piecewise", "graph_pool", pool, "MiB"),
+                 _row("piecewise", "static_buffers", runner.static_bytes / 2**20, "MiB")]
+        direct_counts = {int(n) for n in p["direct_token_counts"]} if direct is not None else set()
+        eager_fwd = lm.model.forward  # gate off: the plain forward, launched op by op
+        gen, inputs = torch.Generator().manual_seed(int(p["seed"])), {}
+        for n in sorted(set(counts) | {int(x) for x in p["trace_token_counts"]}
+                        | {int(p["kernel_table_tokens"] or counts[0])}):
+            inputs[n] = (torch.randint(0, int(p["vocab"]), (n,), generator=gen).to(dev),
+                         torch.arange(n, device=dev))
+
+        def fns_at(n: int) -> dict:
+            ids, pos = inputs[n]
+            fns = {"eager": partial(eager_fwd, ids, pos), "piecewise": partial(runner.forward, ids)}
+            if n in direct_counts:
+                fns["piecewise_direct"] = partial(direct.forward, ids)
+            return fns
+
+        burst = Burst(dev, int(p["launch_burst"]))
+        for n in counts:
+            N, (ids, pos) = runner.bucket(n), inputs[n]
+            with timing.phase("correctness"):
+                rows += _correctness_rows(n, N, eager_fwd, ids, pos, runner, ref_runner,
+                                          direct if n in direct_counts else None)
+            with timing.phase("timing"):
+                timed = _timing_rows(n, N, fns_at(n), burst, p, timer)
+            rows += timed
+            med = {(r["variant"], r["metric"]): r["value"] for r in timed}
+            say(f"{n} tokens: eager {med[('eager', 'time_median')]:.2f} ms, piecewise "
+                f"{med[('piecewise', 'time_median')]:.2f} ms; host "
+                f"{med[(HOST, 'launch_us')]:.1f} µs per launch")
+        with timing.phase("profile"):
+            prof_rows, sidecars, extra = profile_pass(p, dev, fns_at, eager_fwd, ref_runner, inputs)
+        say("profiled: traced pass, launch counts" + (", kernel table" if cuda else ""))
+        rows += prof_rows
+        if cuda:
+            rows.append(_row("process", "peak_allocated", torch.cuda.max_memory_allocated() / 2**20,
+                             "MiB"))
+        del runner, ref_runner, direct, lm, eager_fwd, inputs
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+    return runs.Measured(runs.tidy(EXPERIMENT, rows), sidecars=sidecars, extra=extra)

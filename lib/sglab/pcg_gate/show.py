@@ -1,0 +1,460 @@
+"""Tables and figures of notebook 01, from the rebuild (CPU) or a run (recorded or live), and "your
+own setup".
+
+Every ``@notebook.needs_run`` function takes a :class:`~sglab.core.runs.Run` or a
+:class:`~sglab.core.runs.NoRun` and shows its one line for the latter.
+
+- tables of a run: latency per token count, correctness, the gate per wrapper variant, launches and
+  the host's per-launch cost (method 3), what the traced pass saw, the per-kernel table;
+- figures: :func:`mechanism` (the slide: wrapper → gate → write-back → keys),
+  :func:`latency_figure`, :func:`timeline`;
+- your own setup: a prefill length and ``--piecewise-cuda-graph-max-tokens`` → the bucket, the
+  padding and the recorded times nearest to it (:func:`your_setup`).
+
+Small prefills are host-bound: their eager times and speed-ups hold for the host they were
+measured on. Method-3 runs carry that host's per-launch cost, shown beside them.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from sglab.core import kernel_table, notebook, plots, runs
+from sglab.pcg_gate import rebuild
+from sglab.pcg_gate.measure import COPY, DEFAULT_PARAMS, GATE_METRICS, HOST, gate_facts
+
+TIMES = (("time_median", "median"), ("time_p10", "p10"), ("time_p90", "p90"))
+CHECKS = ("max_abs_diff", "rel_rms_diff", "tolerance", "within_tol", "max_abs_diff_same_shape")
+LAUNCH_BOUND = 128  # token counts up to here: eager prefill is its launches
+short_gpu = runs.gpu_short
+
+
+# --------------------------------------------------------------------------------------------------
+# tables of a run
+# --------------------------------------------------------------------------------------------------
+def _per_token(df: pd.DataFrame) -> pd.DataFrame:
+    d = df.dropna(subset=["num_tokens"]).copy()
+    d["num_tokens"] = d["num_tokens"].astype(int)
+    return d
+
+
+def latency_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per timed token count: eager and piecewise median/p10/p90 (ms), ``speedup`` (eager /
+    piecewise median), the correctness columns, and the direct hand-off where measured."""
+    d = _per_token(df)
+    wide = d[d.metric.isin([m for m, _ in TIMES])].pivot_table(
+        index="num_tokens", columns=["variant", "metric"], values="value")
+    out = pd.DataFrame(index=wide.index)
+    for mode in ("eager", "piecewise"):
+        for m, lab in TIMES:
+            out[f"{mode} {lab} ms"] = wide[(mode, m)]
+    out["speedup"] = out["eager median ms"] / out["piecewise median ms"]
+    if ("piecewise_direct", "time_median") in wide.columns:
+        out["direct median ms"] = wide[("piecewise_direct", "time_median")]
+        out["speedup_direct"] = out["eager median ms"] / out["direct median ms"]
+    c = d[d.metric.isin(CHECKS) & (d.variant == "piecewise")]
+    cw = c.pivot_table(index="num_tokens", columns="metric", values="value").reindex(out.index)
+    buckets = d.dropna(subset=["bucket"]).groupby("num_tokens")["bucket"].first()
+    out.insert(0, "bucket", buckets.reindex(out.index).astype(int))
+    for col in ("max_abs_diff", "rel_rms_diff", "tolerance", "max_abs_diff_same_shape"):
+        out[col] = cw[col]
+    out["within_tol"] = cw["within_tol"].astype(bool)
+    return out
+
+
+def launch_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Method 3, per timed token count: launches of one prefill, the host's µs per launch (by
+    ``time.perf_counter`` and by CUDA events), eager µs per launch and its multiple of the host's
+    cost, piecewise's device time, and ``gain explained``: the measured gain over what the launches
+    piecewise removes cost, eager time minus piecewise's floor (its device time, or its own launches
+    at eager's µs per launch where that is longer). Empty for older runs."""
+    d = _per_token(df)
+    w = d[d.metric.isin(["launches", "device_us", "time_median", "launch_us",
+                         "launch_event_us"])].pivot_table(index="num_tokens",
+                                                          columns=["variant", "metric"],
+                                                          values="value")
+    if (HOST, "launch_us") not in w.columns or ("eager", "launches") not in w.columns:
+        return pd.DataFrame()
+    te, tp = w[("eager", "time_median")] * 1e3, w[("piecewise", "time_median")] * 1e3
+    le, lp, c = w[("eager", "launches")], w[("piecewise", "launches")], w[(HOST, "launch_us")]
+    floor = np.maximum(w[("piecewise", "device_us")], lp * te / le)
+    return pd.DataFrame({
+        "eager launches": le, "piecewise launches": lp, "host µs/launch": c,
+        "host µs/launch (CUDA events)": w.get((HOST, "launch_event_us")),
+        "eager ms": te / 1e3, "eager µs/launch": te / le, "eager ÷ host cost": te / (le * c),
+        "piecewise ms": tp / 1e3, "piecewise device ms": w[("piecewise", "device_us")] / 1e3,
+        "gain explained": (te - tp) / (te - floor)})
+
+
+def run_facts(df: pd.DataFrame) -> dict:
+    """The run-level numbers (capture time, graphs, pool, weights, ...): ``(variant, metric) ->
+    value``."""
+    g = df[df["num_tokens"].isna()]
+    return {(r.variant, r.metric): r.value for r in g.itertuples()}
+
+
+def by_gpu(shown: list, column: str) -> pd.DataFrame:
+    """One column of :func:`latency_table` side by side: token counts × GPU."""
+    return pd.DataFrame({short_gpu(r): latency_table(r.df)[column] for r in shown})
+
+
+def slowdown_start(speedup: pd.Series) -> Optional[int]:
+    """The smallest token count from which every ratio is below 1 (None if the last is not)."""
+    start = None
+    for n, s in speedup.sort_index(ascending=False).items():
+        if s >= 1.0:
+            break
+        start = int(n)
+    return start
+
+
+def buffer_copy_bytes(params: dict, num_tokens: int) -> int:
+    """Bytes the copy hand-off moves on top of the eager forward, per prefill: per layer the
+    residual, q, k, v and the attention output once more (5 ``tokens × hidden`` bf16 tensors, each
+    written and read back), plus the final output."""
+    p = {**DEFAULT_PARAMS, **params}
+    return 2 * int(num_tokens) * int(p["hidden"]) * 2 * (5 * int(p["num_layers"]) + 1)
+
+
+def gate_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Method 2 on: the gate per wrapper variant around the measured LLM (decision, key counts)."""
+    g = df[df.variant.isin(rebuild.ALL_VARIANTS) & df.metric.isin([m for m, _ in GATE_METRICS])]
+    if g.empty:
+        return pd.DataFrame()
+    t = g.pivot_table(index="variant", columns="metric", values="value").reindex(
+        [v for v in rebuild.ALL_VARIANTS if v in set(g.variant)])
+    return t[[m for m, _ in GATE_METRICS]].astype(int)
+
+
+def trace_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Method 2 on: what the traced pass saw, per token count and variant (rows ``trace_*``)."""
+    t = _per_token(df)
+    t = t[t.metric.str.startswith("trace_")]
+    if t.empty:
+        return pd.DataFrame()
+    w = t.pivot_table(index=["num_tokens", "variant"], columns="metric", values="value")
+    w.columns = [c.replace("trace_", "") for c in w.columns]
+    return w[["kernels", "kernel_launches", "graph_launches", "device_us", "span_us", "busy",
+              "copy_ops", "copy_us", "host_us"]]
+
+
+def copy_explanation(df: pd.DataFrame) -> pd.DataFrame:
+    """Per traced token count: piecewise − eager device time, the part of it the extra copies take,
+    and the timed gap (medians), in µs."""
+    tr = trace_table(df)
+    if tr.empty:
+        return pd.DataFrame()
+    lat, rows = latency_table(df), []
+    for n in sorted({i[0] for i in tr.index}):
+        e, pw = tr.loc[(n, "eager")], tr.loc[(n, "piecewise")]
+        extra_dev, extra_copy = pw.device_us - e.device_us, pw.copy_us - e.copy_us
+        gap = ((lat.loc[n, "piecewise median ms"] - lat.loc[n, "eager median ms"]) * 1e3
+               if n in lat.index else None)
+        rows.append({"num_tokens": n, "extra device µs": extra_dev, "extra copy µs": extra_copy,
+                     "copy share of extra device time":
+                         extra_copy / extra_dev if extra_dev > 0 else float("nan"),
+                     "extra copy ops": pw.copy_ops - e.copy_ops, "timed gap µs (medians)": gap})
+    return pd.DataFrame(rows).set_index("num_tokens")
+
+
+def kernel_summary(table: pd.DataFrame, top: int = 8) -> pd.DataFrame:
+    """The per-kernel sidecar for reading: per label the ``top`` kernels by time, the rest
+    summed."""
+    out, table = [], table.assign(short=table.kernel.map(kernel_table.short_name))
+    for label, g in table.groupby("label", sort=False):
+        g = g.sort_values("total_us", ascending=False)
+        out.append(g.head(top)[["label", "short", "calls", "median_us", "total_us", "share"]])
+        rest = g.iloc[top:]
+        if len(rest):
+            out.append(pd.DataFrame([{"label": label, "short": f"({len(rest)} more)",
+                                      "calls": rest.calls.sum(), "median_us": float("nan"),
+                                      "total_us": rest.total_us.sum(),
+                                      "share": rest.share.sum()}]))
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+
+
+def host_line(run) -> str:
+    """The host's per-launch cost of a run, beside which its small-prefill figures stand."""
+    lt = launch_table(run.df)
+    if lt.empty:
+        return (f"{run.label}: host per-launch cost not measured (method "
+                f"{run.manifest.get('method_version')}); its small-prefill times and speed-ups "
+                "hold for the host that ran it")
+    ev = lt["host µs/launch (CUDA events)"].median()
+    return (f"{run.label}: host per-launch cost {lt['host µs/launch'].median():.1f} µs "
+            f"(time.perf_counter; {ev:.1f} µs by CUDA events), median over the timed counts: the "
+            "small-prefill times and speed-ups scale with it and hold for this host")
+
+
+# --------------------------------------------------------------------------------------------------
+# the GPU sections of the notebook
+# --------------------------------------------------------------------------------------------------
+def summary(run) -> str:
+    """What the gate decided and what the capture cost, from one run."""
+    f = run_facts(run.df)
+    on_off = {1.0: "PCG on", 0.0: "PCG off"}
+    text = (f"{run.label}: gate for no_alias → {on_off[f[('eager', 'gate_enabled')]]} (eager "
+            f"prefill), for property_guard → {on_off[f[('piecewise', 'gate_enabled')]]} "
+            f"(piecewise prefill)\n  capture: {f[('piecewise', 'graphs')]:.0f} graphs "
+            f"({f[('piecewise', 'buckets')]:.0f} buckets) in {f[('piecewise', 'capture_time')]:.1f}"
+            f" s; graph pool {f[('piecewise', 'graph_pool')]:.0f} MiB, fixed buffers "
+            f"{f[('piecewise', 'static_buffers')]:.0f} MiB, weights {f[('eager', 'weights')]:.0f}"
+            " MiB")
+    if ("process", "peak_allocated") in f:
+        text += f", peak allocated {f[('process', 'peak_allocated')]:.0f} MiB"
+    tr = trace_table(run.df)
+    if not tr.empty:
+        n = min(i[0] for i in tr.index)
+        e, p = tr.loc[(n, "eager")], tr.loc[(n, "piecewise")]
+        text += (f"\n  one prefill of {n} tokens (traced): eager {e.kernels:.0f} kernels, each "
+                 f"launched from Python; piecewise {p.kernels:.0f} kernels from "
+                 f"{p.graph_launches:.0f} graph launches + {p.kernel_launches:.0f} eager kernel "
+                 "launches (attention)")
+    return text
+
+
+def reading(run) -> str:
+    """Small prefills (launch-bound) and large ones (where piecewise loses), one run."""
+    lat = latency_table(run.df)
+    sp, small = lat["speedup"], lat[lat.index <= 1024]
+    lines = [f"{short_gpu(run)}: eager/piecewise {sp.min():.2f}x to {sp.max():.2f}x (max at "
+             f"{sp.idxmax()} tokens); eager median {small['eager median ms'].min():.2f}-"
+             f"{small['eager median ms'].max():.2f} ms over {small.index.min()}-"
+             f"{small.index.max()} tokens, piecewise {small['piecewise median ms'].min():.2f}-"
+             f"{small['piecewise median ms'].max():.2f} ms"]
+    start = slowdown_start(sp)
+    for n in (lat.index[lat.index >= start] if start is not None else []):
+        gap_ms = lat.loc[n, "piecewise median ms"] - lat.loc[n, "eager median ms"]
+        moved = buffer_copy_bytes(run.manifest["params"], lat.loc[n, "bucket"])
+        line = (f"    {n:5d} tokens: piecewise {gap_ms:+.2f} ms ({sp[n]:.2f}x); the copies move "
+                f"{moved / 1e9:.2f} GB = {moved / 1e12 / (gap_ms / 1e3):.1f} TB/s if they were the "
+                "whole gap")
+        if "speedup_direct" in lat and lat.loc[n, "speedup_direct"] == lat.loc[n,
+                                                                                "speedup_direct"]:
+            line += f"; without them: {lat.loc[n, 'speedup_direct']:.3f}x"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+@notebook.needs_run
+def latency(run) -> None:
+    """Per GPU shown: what the gate decided, the latency table beside the host's per-launch cost,
+    the figure, and the reading of small and large prefills."""
+    for r in run.shown:
+        print(summary(r))
+        print(host_line(r))
+        lat = latency_table(r.df)
+        notebook.show_table(lat[[c for c in lat.columns if c.endswith(" ms")
+                                 or c in ("bucket", "speedup", "speedup_direct")]].round(3))
+    notebook.show_figure(latency_figure(run.shown))
+    for r in run.shown:
+        print(reading(r))
+
+
+@notebook.needs_run
+def launches(run) -> None:
+    """Method 3: the launch-bound figures relative to the host's per-launch cost, per GPU."""
+    for r in run.shown:
+        lt = launch_table(r.df)
+        print(host_line(r))
+        if not lt.empty:
+            notebook.show_table(lt.round(2))
+
+
+@notebook.needs_run
+def correctness(run) -> None:
+    """Piecewise against eager on every GPU shown, and one line per run."""
+    cols = ["bucket", "max_abs_diff", "rel_rms_diff", "max_abs_diff_same_shape", "tolerance",
+            "within_tol"]
+    notebook.show_table(pd.concat({c: by_gpu(run.shown, c) for c in cols}, axis=1))
+    for r in run.shown:
+        lat = latency_table(r.df)
+        nonzero = lat.index[lat["max_abs_diff"] > 0].tolist()
+        print(f"{short_gpu(r)}: piecewise vs eager "
+              f"{'within' if lat['within_tol'].all() else 'NOT within'} bf16 tolerance at all "
+              f"{len(lat)} token counts; largest difference {lat['max_abs_diff'].max():.3g} "
+              f"(tolerance {lat['tolerance'].min():.3g}); "
+              + (f"bit-identical except at {nonzero} tokens" if nonzero
+                 else "bit-identical at every count")
+              + f"; vs the same padded shape: largest {lat['max_abs_diff_same_shape'].max():.3g}")
+
+
+@notebook.needs_run
+def profiler(run) -> None:
+    """Per GPU shown: the traced prefills on one time axis, what the trace counted, the copies
+    against the large-prefill slowdown, and the per-kernel table of the eager prefill."""
+    for r in run.shown:
+        if r.sidecar("events") is None:
+            print(f"{r.label}: this run predates profiler traces; a new recording (`sglab record "
+                  "pcg_gate`) adds them.")
+            continue
+        for n in sorted(trace_table(r.df).index.get_level_values(0).unique()):
+            notebook.show_figure(timeline(r, int(n)))
+        notebook.show_table(trace_table(r.df).round(1))
+        notebook.show_table(copy_explanation(r.df).round(3))
+        table, kt = r.sidecar("kernels"), r.manifest.get("kernel_table") or {}
+        if table is not None:
+            print(f"{r.label}: per-kernel table by {kt.get('backend')} — {kt.get('reason')}")
+            notebook.show_table(kernel_summary(table).round(3))
+
+
+# --------------------------------------------------------------------------------------------------
+# CPU tables and figures
+# --------------------------------------------------------------------------------------------------
+SHOWN = ("no_alias", "plain_alias", "property_only", "property_guard")
+HOW = {"no_alias": "no .model", "plain_alias": "self.model =\nself.language_model.model",
+       "property_only": "@property model", "property_guard": "@property model\n+ __setattr__ guard"}
+
+
+def mechanism_facts(run=None) -> pd.DataFrame:
+    """Per wrapper variant: the gate's decision and what ends up registered, from the run's gate
+    rows (the measured LLM) where it has them, else from the CPU rebuild (the tiny LLM)."""
+    if run:
+        g = gate_table(run.df)
+        if not g.empty:
+            return g.assign(source="the measured LLM")
+    rows = {v: gate_facts(rebuild.build_wrapper(v), rebuild.TINY_LM.num_layers) for v in SHOWN}
+    return pd.DataFrame({v: {m: f[m] for m, _ in GATE_METRICS} for v, f in rows.items()}).T.assign(
+        source="the CPU rebuild (2-layer LLM)")
+
+
+def _write_back(v: str, on: bool, dup: int) -> tuple[str, str]:
+    if not on:
+        return "not reached", "neutral"
+    if v == "plain_alias":
+        return "text model already in _modules['model']\n(registered in __init__)", "before"
+    if v == "property_guard":
+        return "dropped by __setattr__\n(nothing registered)", "kept"
+    return (("nn.Module.__setattr__ puts the LLM\nin _modules['model']", "before") if dup
+            else ("no duplicate", "kept"))
+
+
+def mechanism(run=None):
+    """Kimi-shaped wrapper → the gate's ``hasattr(model, "model")`` → its write-back ``model.model
+    = ...`` → where the LLM's weights are registered, one row per variant."""
+    facts = mechanism_facts(run)
+    fig, ax = plots.canvas(12.0, 5.0, xlim=(0, 12), ylim=(0, 5.0))
+    for x, title in ((0.05, "wrapper (.model is …)"), (2.75, "gate: hasattr(wrapper, 'model')"),
+                     (5.35, "write-back: wrapper.model = LLM"),
+                     (8.45, "state_dict() after the gate")):
+        plots.label(ax, x, 4.75, title, fontsize=9)
+    for i, v in enumerate(v for v in SHOWN if v in facts.index):
+        y, f = 3.85 - i * 1.1, facts.loc[v]
+        on, lm, dup = bool(int(f.gate_enabled)), int(f.lm_keys), int(f.model_keys_after_gate)
+        plots.box(ax, 0.05, y, 2.3, 0.75, f"{v}\n{HOW[v]}", color="neutral", fontsize=7.5)
+        plots.arrow(ax, (2.4, y + 0.37), (2.75, y + 0.37))
+        plots.box(ax, 2.75, y, 2.2, 0.75, "True → PCG on\n(piecewise prefill)" if on else
+                  "False → 'not a language model'\nPCG off (eager prefill)",
+                  color="after" if on else "removed", fontsize=7.5)
+        plots.arrow(ax, (5.0, y + 0.37), (5.35, y + 0.37))
+        text, color = _write_back(v, on, dup)
+        plots.box(ax, 5.35, y, 2.7, 0.75, text, color=color, fontsize=7.5)
+        plots.arrow(ax, (8.1, y + 0.37), (8.45, y + 0.37))
+        plots.box(ax, 8.45, y + 0.4, 3.4, 0.33, f"language_model.*  {lm} keys", color="kept",
+                  fontsize=7.5)
+        if dup:
+            what = "its text model" if v == "plain_alias" else "the LLM"
+            plots.box(ax, 8.45, y + 0.02, 3.4, 0.33, f"model.*  {dup} keys ({what} again)",
+                      color="before", fontsize=7.5)
+        else:
+            ax.text(8.5, y + 0.18, "model.*  none", fontsize=7.5, color="#555555", va="center")
+    ax.text(0.05, 0.1, f"Key counts from {facts['source'].iloc[0]}. Only the PR's variant (property"
+            " + guard) passes the gate and registers the LLM once.", fontsize=8, color="#555555")
+    return fig
+
+
+def latency_figure(shown: list):
+    """Prefill latency (median, p10–p90 band) and eager/piecewise per token count, a colour per
+    GPU."""
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    lats = {short_gpu(r): latency_table(r.df) for r in shown}
+    fig, axes = plots.figure(ncols=2, width=11.5)
+    ax, ax2 = axes.flat
+    for (gpu, lat), color in zip(lats.items(), plots.CYCLE):
+        x = lat.index.values
+        for mode, style in (("eager", "s--"), ("piecewise", "o-")):
+            ax.plot(x, lat[f"{mode} median ms"], style, color=color, label=f"{gpu} {mode}",
+                    mfc="white" if mode == "eager" else color)
+            ax.fill_between(x, lat[f"{mode} p10 ms"], lat[f"{mode} p90 ms"], color=color,
+                            alpha=0.12)
+        ax2.plot(x, lat["speedup"], "o-", color=color, label=f"{gpu} piecewise")
+        if "speedup_direct" in lat:
+            d = lat["speedup_direct"].dropna()
+            ax2.plot(d.index, d.values, "D", color=color, mfc="white",
+                     label=f"{gpu} without the copies")
+    top = pd.concat([lat["speedup"] for lat in lats.values()], axis=1).max(axis=1)
+    for n, b in next(iter(lats.values()))["bucket"].items():
+        if b != n:  # padded token counts
+            ax2.annotate(f"pad→{b}", (n, top[n]), textcoords="offset points", xytext=(0, 6),
+                         ha="center", fontsize=7, color="#555555")
+    ax.set(xscale="log", yscale="log", xlabel="prefill tokens (one sequence)",
+           ylabel="prefill latency (ms)", title="Prefill latency: eager (dashed) vs piecewise")
+    ax.legend(ncol=2)
+    ax2.axhline(1.0, color="#999999", lw=1)
+    ax2.set(xscale="log", xlabel="prefill tokens (one sequence)",
+            ylabel="eager / piecewise (median latency)", title="Speed-up from passing the gate")
+    ax2.legend()
+    for a in (ax, ax2):
+        a.xaxis.set_major_formatter(ScalarFormatter())
+        a.yaxis.set_major_formatter(ScalarFormatter())
+        a.yaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    plots.caption(fig, shown[0], extra="; ".join([plots.provenance_text(r) for r in shown[1:]]
+                                                 + ["bands: p10–p90; small prefills: host-bound"]))
+    return fig
+
+
+def timeline(run, num_tokens: int, variants=("eager", "piecewise", "piecewise_direct")):
+    """The traced prefill at ``num_tokens``: one swim-lane group per variant, the hand-off copies
+    highlighted."""
+    ev = run.sidecar("events")
+    ev = ev[ev.num_tokens == num_tokens]
+    tables = {v: plots.window(ev[ev.variant == v]) for v in variants if (ev.variant == v).any()}
+    fig = plots.timeline(tables, highlight=COPY, highlight_label="hand-off copies",
+                         categories=("kernel", "memcpy", "memset", "runtime"),
+                         title=f"One prefill of {num_tokens} tokens ({short_gpu(run)})")
+    plots.caption(fig, run, extra="torch.profiler; each variant from its own first event")
+    return fig
+
+
+# --------------------------------------------------------------------------------------------------
+# your own setup: a prefill length and --piecewise-cuda-graph-max-tokens
+# --------------------------------------------------------------------------------------------------
+def setup_table(tokens: int, max_tokens: int = 4096, shown: Optional[list] = None):
+    """One row per recorded GPU run: the bucket a prefill of ``tokens`` pads to under
+    ``--piecewise-cuda-graph-max-tokens`` = ``max_tokens`` (or eager above the largest capture),
+    the padded share, and the recorded medians at the nearest measured count, with the host's
+    per-launch cost where the run measured it."""
+    sizes = rebuild.piecewise_cuda_graph_tokens(int(max_tokens))
+    bucket = rebuild.bucket_for(int(tokens), sizes)
+    shown = (runs.newest_by(runs.load_all_recorded("pcg_gate"), short_gpu).values()
+             if shown is None else shown)
+    rows = []
+    for r in shown:
+        lat, lt = latency_table(r.df), launch_table(r.df)
+        near = min(lat.index, key=lambda n: (abs(n - int(tokens)), n))
+        rows.append({"GPU": short_gpu(r), "runs as": f"piecewise, {len(sizes)} buckets"
+                     if bucket else "eager (above the largest capture)",
+                     "bucket": bucket or "-",
+                     "padded share": round(1 - int(tokens) / bucket, 3) if bucket else 0.0,
+                     "measured at": near, "eager ms": round(lat.loc[near, "eager median ms"], 3),
+                     "piecewise ms": round(lat.loc[near, "piecewise median ms"], 3),
+                     "host µs/launch": round(lt["host µs/launch"].median(), 1) if len(lt)
+                     else "not measured", "run": r.path.name})
+    return pd.DataFrame(rows)
+
+
+def your_setup():
+    """Prefill tokens and ``--piecewise-cuda-graph-max-tokens`` → the bucket and what the recorded
+    runs measured nearby (controls in JupyterLab, a static table elsewhere)."""
+    return notebook.explore(setup_table,
+                            {"tokens": [1, 16, 100, 300, 1000, 3000, 5000],
+                             "max_tokens": [512, 2048, 4096, 8192]},
+                            static=[{"tokens": 100, "max_tokens": 4096},
+                                    {"tokens": 3000, "max_tokens": 4096},
+                                    {"tokens": 3000, "max_tokens": 2048}],
+                            title="Your prefill: its bucket and the recorded times nearby")

@@ -1,0 +1,86 @@
+"""The tables and figures of notebook 01: from the CPU rebuild, from the committed runs, from a
+synthetic method-3 run, and the one line a NoRun prints."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from sglab.core import runs
+from sglab.pcg_gate import claims, show
+from tests.pcg_gate.test_claims import LE, LP, method3_run
+
+RECORDED = runs.load_all_recorded("pcg_gate")
+
+
+def test_mechanism_facts_from_the_rebuild_and_from_a_run():
+    cpu = show.mechanism_facts(runs.NoRun("pcg_gate", "none"))
+    assert list(cpu.index) == list(show.SHOWN)
+    assert list(cpu["model_keys_after_gate"]) == [0, 14, 15, 0]  # plain alias: the text model
+    assert cpu["source"].iloc[0].startswith("the CPU rebuild")
+    m2 = [r for r in RECORDED if r.manifest.get("method_version", 1) >= 2]
+    if m2:
+        facts = show.mechanism_facts(m2[-1])
+        assert facts.loc["property_only", "model_keys_after_gate"] == facts.loc["no_alias",
+                                                                                "lm_keys"]
+    show.mechanism(None).clf()
+
+
+def test_slowdown_start_and_copy_bytes():
+    assert show.slowdown_start(pd.Series({16: 3.0, 2048: 0.9, 4096: 0.95})) == 2048
+    assert show.slowdown_start(pd.Series({16: 3.0, 2048: 0.9, 4096: 1.1})) is None
+    assert show.slowdown_start(pd.Series({16: 0.9, 2048: 1.2, 4096: 0.95})) == 4096
+    # 16 layers x 5 tensors + the output, 4096 x 2048 bf16, written and read
+    assert show.buffer_copy_bytes({}, 4096) == 2 * 4096 * 2048 * 2 * 81
+
+
+def test_launch_table_of_a_method3_run(tmp_path):
+    lt = show.launch_table(method3_run(tmp_path, 12.0).df)
+    assert list(lt.index) == [16, 64, 100, 256, 1024, 2048, 4096]
+    small = lt.loc[[16, 64, 100]]
+    assert (small["eager launches"] == LE).all() and (small["piecewise launches"] == LP).all()
+    assert small["eager ÷ host cost"].tolist() == pytest.approx([3.5] * 3)
+    assert small["eager µs/launch"].tolist() == pytest.approx([42.0] * 3)
+    assert small["gain explained"].between(0.9, 1.1).all()
+
+
+def test_old_runs_say_the_host_cost_was_not_measured(capsys):
+    if not RECORDED:
+        pytest.skip("no recorded pcg_gate run")
+    assert show.launch_table(RECORDED[-1].df).empty
+    assert "not measured (method" in show.host_line(RECORDED[-1])
+    run = RECORDED[-1]
+    run.shown = [run]
+    show.launches(run)
+    assert "not measured" in capsys.readouterr().out
+
+
+def test_sections_print_the_norun_line(capsys):
+    no = runs.NoRun("pcg_gate", "no recorded pcg_gate run yet")
+    for section in (show.latency, show.launches, show.correctness, show.profiler):
+        assert section(no) is None
+    assert capsys.readouterr().out.count("no GPU run to show (no recorded pcg_gate run yet)") == 4
+
+
+def test_sections_of_the_recorded_runs(capsys):
+    shown = claims.shown(RECORDED)
+    if not shown:
+        pytest.skip("no recorded pcg_gate run")
+    run = shown[0]
+    run.shown = shown
+    show.latency(run)
+    show.correctness(run)
+    out = capsys.readouterr().out
+    assert "host per-launch cost not measured" in out and "bf16 tolerance at all" in out
+
+
+def test_your_setup_buckets_and_recorded_times(tmp_path):
+    fake = [method3_run(tmp_path, 12.0)]
+    t = show.setup_table(100, 4096, shown=fake)
+    assert t.loc[0, "bucket"] == 112 and t.loc[0, "measured at"] == 100
+    assert t.loc[0, "padded share"] == pytest.approx(1 - 100 / 112, abs=1e-3)
+    assert t.loc[0, "host µs/launch"] == 12.0
+    above = show.setup_table(5000, 4096, shown=fake)
+    assert above.loc[0, "runs as"].startswith("eager") and above.loc[0, "bucket"] == "-"
+    table = show.your_setup()  # headless: the static table over the recorded runs
+    assert table is None or {"tokens", "max_tokens", "bucket"} <= set(table.columns)
