@@ -121,7 +121,7 @@ def test_floor_table_runs_the_simulator_on_the_stored_cold_start():
     assert ws.floor_table(300, 2, 48).loc["floor_300", "what"] == "max(x.shape[0], 300)"
 
 
-@pytest.mark.parametrize("name", ["workspace_floor", "capture_rules"])
+@pytest.mark.parametrize("name", ["workspace_floor"])
 def test_notebook_widgets_are_static_tables_headless(monkeypatch, capsys, name):
     monkeypatch.setenv("SGLAB_HEADLESS", "1")
     table = getattr(widgets, name)()

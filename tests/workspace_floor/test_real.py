@@ -101,18 +101,15 @@ def test_recorded_hook_says_not_recorded_then_shows_the_newest(tmp_path, monkeyp
 
 
 def test_every_section_says_not_run_when_no_release_is_installed(tmp_path, monkeypatch, capsys):
-    """With no release installed, the three sections' cells print "not run" lines and raise nothing."""
-    from sglab.experiments.capture_sizes import real as cs
-
+    """With no release installed, the section's cells print "not run" lines and raise nothing."""
     monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path))
-    for section in (real, cs):
+    for section in (real,):
         results = section.probe()
         source, *lines = report.status_lines(results).splitlines()
         assert source.startswith("real SGLang: run here now:")
         assert lines and all(line.split(": ", 1)[1].startswith("not run: not installed") for line in lines)
         assert report.check_table(section.comparison(results)) is False
     assert "no release ran" in real.high_water_note(real.probe())
-    assert "did not run" in cs.round_up_note(cs.probe())
     assert "nothing was compared" in capsys.readouterr().out
 
 

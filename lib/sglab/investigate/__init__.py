@@ -2,7 +2,5 @@
 
 - :mod:`.workspace`      your traffic → allreduce-fusion workspace re-creations per ``max_token_num`` policy (02)
 - :mod:`.swa_cost`       your model's sliding-window layout → what the SWA location preset saves per decode step (04)
-- :mod:`.capture_sizes`  your server arguments → the capture sizes each release uses, and which the reduce-scatter
-                         refuses (06); :mod:`.capture_probe` is its half that runs inside each release's worker
 - :mod:`.widgets`        the same questions as notebook controls, with a static table where nothing is interactive
 """

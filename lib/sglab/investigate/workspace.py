@@ -45,7 +45,7 @@ class Trace:
 
 def pcg_buckets(max_tokens: int) -> list[int]:
     """The piecewise-CUDA-graph token buckets up to ``max_tokens`` (ServerArgs' default list)."""
-    from sglab.fixes.capture_sizes import default_piecewise_capture_sizes
+    from sglab.capture_sizes.rebuild import default_piecewise_capture_sizes
 
     return default_piecewise_capture_sizes(max_tokens)
 

@@ -17,8 +17,8 @@ from typing import Optional
 def piecewise_cuda_graph_tokens(max_tokens: int = 4096) -> list[int]:
     """Token counts that get one piecewise capture each (``--piecewise-cuda-graph-max-tokens`` = max_tokens):
     SGLang's default list, the same one #23972 filters
-    (:func:`sglab.fixes.capture_sizes.default_piecewise_capture_sizes`)."""
-    from sglab.fixes.capture_sizes import default_piecewise_capture_sizes
+    (:func:`sglab.capture_sizes.rebuild.default_piecewise_capture_sizes`)."""
+    from sglab.capture_sizes.rebuild import default_piecewise_capture_sizes
 
     return default_piecewise_capture_sizes(max_tokens)
 
