@@ -165,22 +165,18 @@ tbo[["attn_tp", "attn_cp", "mul_base_pr", "mul_base_decode", "n_pr", "n_decode_s
 # ## Review findings, each computed on the default list
 
 # %%
-def kept(base):
-    return len([n for n in default if n % base == 0])
-
-
-findings = [("comment vs code, tp 4 cp 2: the comment says tp × cp", 4, 2,
-             rebuild.comment_base(4, 2)),
-            ("common multiple, not least, tp 4 cp 6: the lcm", 4, 6, rebuild.lcm_base(4, 6)),
-            ("two-batch overlap not folded in, tp 8: the decode runner's base", 8, 1,
-             rebuild.decode_mul_base(8, 1, two_batch_overlap=True))]
-rows = [{"finding: the other base": f, "code's mul_base": rebuild.piecewise_mul_base(t, c),
-         "sizes kept": kept(rebuild.piecewise_mul_base(t, c)), "other base": other,
-         "sizes kept by it": kept(other)} for f, t, c, other in findings]
-rows.append({"finding: the other base": "drop vs round up, tp 3: rounding up", "code's mul_base": 3,
-             "sizes kept": kept(3), "other base": 3,
-             "sizes kept by it": len(rebuild.round_up_capture_sizes(default, 3))})
-pd.DataFrame(rows).set_index("finding: the other base")
+kept = {base: len([n for n in default if n % base == 0]) for base in range(1, 25)}
+findings = {"comment vs code, tp 4 cp 2: the comment's tp × cp": (4, 2, rebuild.comment_base(4, 2)),
+            "common multiple, not least, tp 4 cp 6: the lcm": (4, 6, rebuild.lcm_base(4, 6)),
+            "two-batch overlap not folded in, tp 8: the decode runner's base":
+                (8, 1, rebuild.decode_mul_base(8, 1, two_batch_overlap=True))}
+rows = {f: {"code's mul_base": rebuild.piecewise_mul_base(t, c),
+            "sizes it keeps": kept[rebuild.piecewise_mul_base(t, c)], "other base": other,
+            "sizes kept by the other": kept[other]} for f, (t, c, other) in findings.items()}
+rows["drop vs round up, tp 3: rounding up to 3"] = {
+    "code's mul_base": 3, "sizes it keeps": kept[3], "other base": 3,
+    "sizes kept by the other": len(rebuild.round_up_capture_sizes(default, 3))}
+pd.DataFrame.from_dict(rows, orient="index")
 
 # %% [markdown]
 # ## The real SGLang, before and after

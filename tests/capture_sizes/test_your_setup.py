@@ -190,7 +190,7 @@ def test_resolved_releases_report_the_model_and_what_sglang_derived(rows):
     for release, max_tokens in (("0.5.14", 2048), ("0.5.23", 8192)):
         d = rows[(rows.case == "tp8_dense1") & (rows.release == release)]
         f = dict(zip(d.metric, d.value))
-        assert f["model"] == "deepseek_v3_tiny/config.json" and f["chunked_prefill_size"] == 8192
+        assert f["model"] == cs.MODEL and f["chunked_prefill_size"] == 8192
         assert (f["piecewise_max_tokens"], f["decode_max_bs"]) == (max_tokens, 512)
 
 
@@ -227,6 +227,24 @@ def test_command_bad_arguments_one_line(capsys, case):
     code, out, err = _cli(capsys, "--release", "0.5.11", "--", *CASES[case].split())
     assert code == 2 and out == ""
     assert err.splitlines() == [f"sglab capture-sizes: {ERRORS[case]} (sglang 0.5.11)"]
+
+
+def test_command_with_a_model_config_of_another_name(capsys, tmp_path):
+    """``--model`` takes any JSON file (copied as config.json for SGLang) or a folder; a model
+    without MLA moves 0.5.14's prefill maximum to the chunked prefill size (8192 here)."""
+    _need(("0.5.14",))
+    import json
+
+    cfg = json.loads((cs.repo_root() / cs.MODEL).read_text())
+    cfg = {k: v for k, v in cfg.items() if "lora" not in k and "rope" not in k}
+    (tmp_path / "llama.json").write_text(json.dumps({**cfg, "architectures": ["LlamaForCausalLM"],
+                                                     "model_type": "llama"}))
+    code, out, _ = _cli(capsys, "--release", "0.5.14", "--model", str(tmp_path / "llama.json"),
+                        "--", *CASES["tp8_dense1"].split())
+    assert code == 0 and "piecewise max tokens 8192" in out
+    code, out, err = _cli(capsys, "--release", "0.5.14", "--model", str(tmp_path / "none.json"),
+                          "--", "--tp", "2")
+    assert code == 2 and "no model config at" in err
 
 
 def test_command_missing_release_and_no_arguments(capsys):

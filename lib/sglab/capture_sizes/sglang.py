@@ -30,13 +30,16 @@ import dataclasses
 import inspect
 import linecache
 import re
+import shutil
 import sys
+import tempfile
 import types
 from pathlib import Path
 
 import pandas as pd
 
 from sglab.capture_sizes import rebuild as fx
+from sglab.core.runs import repo_root
 from sglab.sglang import bootstrap
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
@@ -326,18 +329,11 @@ def generated_defaults(prepared, max_tokens: int) -> list | None:
     return None
 
 
-def _code_path(prepared) -> str:
-    if has_file(prepared, PIECEWISE_RUNNER):
-        return "sizes_pr_era"
-    return "sizes_published" if has_file(prepared, PUBLISHED) else "sizes_unified_context_free"
-
-
 def setting_rows(prepared, params: dict) -> list[dict]:
     """Rows ``setting, metric, value`` (``piecewise``, ``decode`` or ``error``) per setting, and the
-    release's own default piecewise list and code path as setting ``defaults``."""
+    release's own default piecewise list as setting ``defaults``."""
     rows = [{"setting": "defaults", "metric": "generated_piecewise",
-             "value": generated_defaults(prepared, int(params.get("max_tokens", 2048)))},
-            {"setting": "defaults", "metric": "code_path", "value": _code_path(prepared)}]
+             "value": generated_defaults(prepared, int(params.get("max_tokens", 2048)))}]
     defaults = _release_defaults(prepared)
     for name, setting in (params.get("settings") or SETTINGS).items():
         setting = dict(setting)
@@ -461,14 +457,18 @@ def _cuda_host(prepared, gpu_mem_gb: float):
 
 
 def _model_dir(model: str) -> str:
-    """The folder of a model's ``config.json`` (a relative path is the checkout's)."""
-    from sglab.core.runs import repo_root  # only the worker resolves the model path
-
+    """A folder holding the model's config as ``config.json``, what SGLang loads a model config
+    from: the file's own folder, or a fresh one with a copy (a relative path is the checkout's)."""
     path = Path(model)
     path = path if path.is_absolute() else repo_root() / path
-    folder = path.parent if path.name.endswith(".json") else path
-    if not (folder / "config.json").is_file():
-        raise ValueError(f"no config.json at {path}")
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ValueError(f"no model config at {path}")
+    if path.name == "config.json":
+        return str(path.parent)
+    folder = Path(tempfile.mkdtemp(prefix="sglab-model-"))
+    shutil.copy(path, folder / "config.json")
     return str(folder)
 
 
@@ -537,7 +537,7 @@ def configure(prepared, argv: list[str], p: dict) -> dict:
         facts = {"configured_piecewise": list(cfg.prefill.bs or []),
                  "configured_decode": list(cfg.decode.bs or []),
                  "piecewise_max_tokens": cfg.prefill.max_bs, "decode_max_bs": cfg.decode.max_bs,
-                 "model": f"{Path(ns.model_path).name}/config.json",
+                 "model": p["model"],
                  "attention_backend": view.attention_backend}
     flag = {"prefill": "--disable-piecewise-cuda-graph" if pr_era else "off by default here",
             "decode": "--disable-cuda-graph"}
@@ -675,41 +675,16 @@ def defaults_line(results: dict, max_tokens: int = fx.MLA_MAX_TOKENS) -> str:
         got = real.facts(r, setting="defaults").get("generated_piecewise")
         parts.append(f"{v}: " + ("same" if got == want else "DIFFERENT" if got is not None
                                  else "not reachable"))
-    return f"default piecewise list for max {max_tokens} tokens vs the rebuilt one: " + \
-        "; ".join(parts)
-
-
-def round_up_note(results: dict, max_tokens: int = fx.MLA_MAX_TOKENS) -> str:
-    """Whether the rebuild's ``round_up`` policy is 0.5.23's real list in every gathered setting,
-    and where rounding to the PR's ``mul_base`` alone (two-batch overlap ignored) would not be."""
-    r = results.get("0.5.23")
-    if r is None or not r.ok:
-        return ("sglang 0.5.23 did not run: the rebuild's round-up policy is not checked against "
-                "it here")
-    configured, lines = fx.default_piecewise_capture_sizes(max_tokens), []
-    for name, setting in SETTINGS.items():
-        tp, cp, gathered, tbo = widths(setting)
-        if not gathered or "piecewise" in setting:
-            continue
-        got = real.facts(r, setting=name).get("piecewise")
-        ours = fx.policy_lists(configured, tp, cp, tbo)["round_up"]
-        pr_base = fx.round_up_capture_sizes(configured, fx.piecewise_mul_base(tp, cp))
-        line = (f"{name}: 0.5.23 captures {got[:4]}…; the rebuild's round-up "
-                + ("agrees" if got == ours else f"DIFFERS: {ours[:4]}…"))
-        if pr_base != got:
-            line += (f"; rounding to the PR's mul_base {fx.piecewise_mul_base(tp, cp)} alone "
-                     f"gives {pr_base[:4]}…")
-        lines.append(line)
-    return "\n".join(lines)
+    return (f"default piecewise list for max {max_tokens} tokens vs the rebuilt one: "
+            + ("; ".join(parts) or "no release ran"))
 
 
 def compare():
-    """The notebook's real-SGLang section: each release's lists beside the rebuilt rule's, the
-    default list, and the round-up policy against 0.5.23."""
+    """The notebook's real-SGLang section: each release's lists beside the rebuilt rule's, and its
+    default list beside the rebuilt one."""
     results = real.answers(FIX)
     table = real.section(FIX, comparison, what="(release, setting) rows", results=results)
     print(defaults_line(results))
-    print(round_up_note(results))
     return table
 
 

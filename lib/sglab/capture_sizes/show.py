@@ -20,8 +20,10 @@ import sys
 import textwrap
 from typing import Sequence
 
+import matplotlib.ticker
 import numpy as np
 import pandas as pd
+from matplotlib.patches import Patch
 
 from sglab.capture_sizes import rebuild as fx
 from sglab.capture_sizes import sglang
@@ -320,8 +322,6 @@ def _rest_column(ax, x, top, yb, rest, tp, lists, rh) -> None:
 
 
 def _mechanism_title(ax, height, sizes, tp, cp, lists) -> None:
-    from matplotlib.patches import Patch
-
     dropped = [n for n in sizes if n not in lists["pr_filter"]]
     moved = [n for n in sizes if n not in lists["round_up"]]
     merged = [n for n in moved if fx.ceil_align(n, fx.piecewise_mul_base(tp, cp)) in sizes]
@@ -348,8 +348,6 @@ STATUS_COLORS = dict(zip(STATUSES, (plots.PALETTE["after"], plots.PALETTE["graph
 
 def size_status_plot(run):
     """One dot per (variant, size), coloured by what happened to it; failed sizes labelled."""
-    import matplotlib.ticker
-
     st = size_status(run.df)
     fig, ax = plots.figure(width=10, height=2.8)
     for y, v in enumerate(VARIANTS):
