@@ -490,7 +490,7 @@ def profiler(run) -> None:
         events = r.sidecar("events")
         if events is None:
             print(f"{r.label}: this run predates profiler traces; a new recording adds them "
-                  "(`sglab record capture_sizes` on 2 GPUs).")
+                  f"(`sglab record capture_sizes` on {r.manifest['params']['world_size']} GPUs).")
             continue
         notebook.show_figure(capture_timeline(events, rank=0, run=r))
         notebook.show_table(trace_summary(events))
