@@ -17,6 +17,7 @@ from sglab.tools.fixes import FIXES, NAMES, get
 from sglab.core import runs
 from sglab.sglang import upstream
 from sglab.sglang.upstream import RELEASE_STATES
+from sglab.capture_sizes import sglang as capture_sizes
 from sglab.sglang import checks
 from sglab.sglang import wheels as R
 
@@ -126,7 +127,7 @@ def make_wheel(folder: Path, version: str, files: dict, when=(2026, 5, 7, 0, 5, 
 
 def test_wheel_reader_facts_and_classification(tmp_path):
     path = make_wheel(tmp_path, "0.5.11",
-                      {checks.KIMI_MODEL: KIMI_FIXED, checks.PIECEWISE_RUNNER: PCG_FILTER})
+                      {checks.KIMI_MODEL: KIMI_FIXED, capture_sizes.PIECEWISE_RUNNER: PCG_FILTER})
     with R.WheelReader(path) as read:
         assert read(checks.KIMI_MODEL) == KIMI_FIXED and read("srt/nothing.py") is None
     facts = R.wheel_facts(path)

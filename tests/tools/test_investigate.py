@@ -18,7 +18,6 @@ def test_widgets_fall_back_to_a_static_table(monkeypatch, capsys):
     assert "static table" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", ["capture_rules"])
 def test_notebook_widgets_are_static_tables_headless(monkeypatch, capsys, name):
     monkeypatch.setenv("SGLAB_HEADLESS", "1")
     table = getattr(widgets, name)()

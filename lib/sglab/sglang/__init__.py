@@ -48,27 +48,6 @@ def real_release_rows() -> list[tuple[str, str]]:
                                           for v in have]
 
 
-def capture_sizes_for_args(argv: list[str], releases=PINNED, *, mla: bool = True,
-                           gpu_mem_gb: float = 141.0, timeout: float = 300.0):
-    """SGLang server arguments -> per release, the piecewise and decode capture sizes it would use
-    (parsed by that release's own parser; SGLang's one-line message on bad or contradictory
-    arguments). One subprocess per release; see :mod:`sglab.sglang.probes.server_args` for what is
-    assumed about the model and the GPU.
-
-    Returns a DataFrame ``release, case, metric, value`` (metric ``piecewise`` / ``decode`` /
-    ``error`` / ``unsupported`` / the settings that led there), plus a ``not-run`` row for a release
-    that could not run."""
-    import pandas as pd
-
-    params = {"argv": list(argv), "mla": mla, "gpu_mem_gb": gpu_mem_gb}
-    frames = []
-    for v, r in run_probes(releases, "server_args:run", params, timeout=timeout).items():
-        frames.append(r.rows if r.ok else pd.DataFrame([{"release": v, "probe": r.probe,
-                                                         "case": "args", "metric": r.status,
-                                                         "value": r.reason}]))
-    return pd.concat(frames, ignore_index=True).drop(columns=["probe"])
-
-
-__all__ = ["capture_sizes_for_args", "PINNED", "real_release_rows", "ProbeResult", "home",
+__all__ = ["PINNED", "real_release_rows", "ProbeResult", "home",
            "installed_releases", "package_dir", "release_dir", "run_batch", "run_probe",
            "run_probes", "run_release", "shims_needed"]

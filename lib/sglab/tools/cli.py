@@ -12,7 +12,8 @@
     sglab index [--check]           rewrite (or check) the README's notebook index from the recorded runs
     sglab workspace --trace FILE [--world-size W] [--hidden H]
                                     your traffic (CSV or SGLang log) → workspace re-creations per policy
-    sglab capture-sizes [--release V ...] -- <SGLang server arguments>   capture sizes per release, refused sizes
+    sglab capture-sizes [--release V ...] [--model CONFIG.json] -- <SGLang server arguments>
+                                    capture sizes per release, refused sizes
     sglab swa-cost CONFIG.json [--batch-size B]
                                     your model's sliding-window layout → what the SWA location preset saves
     sglab verify [EXP|RUN.csv ...] [--all] [--live] [--against [REF]] [--junit FILE]
@@ -205,6 +206,14 @@ def cmd_workspace(args) -> int:
     return 0
 
 
+def cmd_capture_sizes(args) -> int:
+    from sglab.capture_sizes import show
+
+    model = str(Path(args.model).resolve()) if args.model else show.sglang.MODEL
+    return show.command(list(args.server_args), releases=args.release, mla=args.mla,
+                        gpu_mem_gb=args.gpu_mem_gb, model=model, csv=args.csv)
+
+
 def cmd_swa_cost(args) -> int:
     from sglab.swa_loc import show as sc
 
@@ -338,9 +347,25 @@ def _evidence_commands(sub) -> None:
     p.add_argument("--pre-initialize", type=int, default=0,
                    help="tokens of a workspace created before the first call")
     p.set_defaults(fn=cmd_workspace)
-    from sglab.investigate import capture_sizes as capture_sizes_command
-
-    capture_sizes_command.add_parser(sub)
+    p = sub.add_parser("capture-sizes",
+                       help="your SGLang server arguments → capture sizes per release, and which "
+                       "the attention-TP reduce-scatter refuses",
+                       description="sglab capture-sizes [--release V ...] [--model CONFIG.json] "
+                       "-- <SGLang server arguments>")
+    p.add_argument("--release", nargs="+", action="extend", metavar="V",
+                   help="releases to ask (default: the installed pinned ones)")
+    p.add_argument("--model", metavar="CONFIG.json", default=None,
+                   help="the model's config.json (or its folder) that 0.5.14 on resolve their "
+                   "configuration with (default: a shipped tiny DeepSeek-V3 config)")
+    p.add_argument("--csv", metavar="FILE", help="also write the table as CSV")
+    p.add_argument("--no-mla", dest="mla", action="store_false",
+                   help="0.5.10.post1-0.5.13: the model has no MLA attention (the piecewise "
+                   "maximum is then the chunked prefill size)")
+    p.add_argument("--gpu-mem-gb", type=float, default=141.0,
+                   help="GPU memory per GPU (sets SGLang's defaults)")
+    p.add_argument("server_args", nargs=argparse.REMAINDER,
+                   help="-- then the arguments of sglang.launch_server")
+    p.set_defaults(fn=cmd_capture_sizes)
     from sglab.tools import engine_cmd
 
     engine_cmd.add_parser(sub)

@@ -1,5 +1,6 @@
-"""capture_sizes claims: every committed recorded run verifies; damaged copies fail naming the claim; a gloo run on
-the CPU (method 2, with the traced pass) exercises the run and trace claims; the headline comes from the claims."""
+"""capture_sizes claims: every committed recorded run verifies; damaged copies fail naming the
+claim; a gloo run on the CPU (method 2, with the traced pass) exercises the run and trace claims;
+the headline comes from the claims."""
 
 from __future__ import annotations
 
@@ -11,12 +12,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from sglab.capture_sizes import claims as cc
+from sglab.capture_sizes import measure as ex
+from sglab.capture_sizes import show
 from sglab.core import claims, runs
-from sglab.tools import fixes
 from sglab.tools import cli, verify
-from sglab.experiments import capture_sizes as ex
-from sglab.experiments.capture_sizes import claims as cc
-from sglab.experiments.capture_sizes import figures
 
 EXP = "capture_sizes"
 
@@ -37,7 +37,8 @@ def _rewrite(path: Path, df) -> None:
 
 
 def _w2_recorded() -> Path:
-    paths = [p for p in runs.list_runs(EXP) if runs.read_run(p).manifest["params"]["world_size"] == 2]
+    paths = [p for p in runs.list_runs(EXP)
+             if runs.read_run(p).manifest["params"]["world_size"] == 2]
     assert paths, "a recorded world-size-2 run is committed"
     return paths[-1]
 
@@ -48,21 +49,23 @@ def _verify_fails(path: Path, claim_id: str, capsys) -> None:
     assert f"FAIL {claim_id} in {path.name}" in out, out
 
 
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # committed recorded runs (method 1)
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def test_every_recorded_run_verifies(capsys):
     assert cli.main(["verify", EXP]) == 0
     out = capsys.readouterr().out
     recorded = runs.load_all_recorded(EXP)
     assert f"{len(recorded)} run(s): {len(recorded)} hold, 0 fail" in out
-    for run in recorded:  # the trace claims are n/a on method-1 runs, with why; method 2 runs have all ten
+    # the trace claims are n/a on method-1 runs, with why; method 2 runs have every claim
+    for run in recorded:
         if run.manifest["method_version"] >= 2:
-            assert all(r.status == "pass" for r in claims.evaluate(fixes.claims(EXP), run))
+            assert all(r.status == "pass" for r in claims.evaluate(cc, run))
             continue
-        na = [r for r in claims.evaluate(fixes.claims(EXP), run) if r.status == "n/a"]
-        assert {r.claim.id.split(".")[1] for r in na} == {"trace_refused_marked", "trace_refused_no_collective",
-                                                         "trace_capture_launches_nothing"}
+        na = [r for r in claims.evaluate(cc, run) if r.status == "n/a"]
+        assert {r.claim.id.split(".")[1] for r in na} == {"trace_refused_marked",
+                                                          "trace_refused_no_collective",
+                                                          "trace_capture_launches_nothing"}
         assert all("covers method version 2+" in r.outcome.reason for r in na)
 
 
@@ -73,7 +76,8 @@ def _probe_accepts_3(df):
 
 
 def _replay_error(df):
-    df.loc[(df.variant == "pr_filter") & (df["size"] == 8) & (df.metric == "replay_max_abs_err"), "value"] = 0.5
+    df.loc[(df.variant == "pr_filter") & (df["size"] == 8) & (df.metric == "replay_max_abs_err"),
+           "value"] = 0.5
     return df
 
 
@@ -119,27 +123,33 @@ def test_a_truncated_copy_is_bad_input(tmp_path, capsys):
 def test_headline_from_the_runs_shown():
     """Per run shown (newest per GPU model and world size), the numbers recomputed from its CSV."""
     shown = cc.shown(runs.load_all_recorded(EXP))
-    assert [(runs.gpu_short(r), r.manifest["params"]["world_size"]) for r in shown] == [("H200", 2), ("H200", 4)]
-    line = claims.headline(fixes.claims(EXP), shown)
+    assert [(runs.gpu_short(r), r.manifest["params"]["world_size"]) for r in shown] == [("H200", 2),
+            ("H200", 4)]
+    line = claims.headline(cc, shown)
     assert "|" not in line and len(line) < 400
     for r in shown:
         df, w = r.df, r.manifest["params"]["world_size"]
-        refused = sorted(df[(df.variant == "before_probe") & (df.metric == "failed")]["size"].astype(int))
+        probe = df[(df.variant == "before_probe") & (df.metric == "failed")]
+        refused = sorted(probe["size"].astype(int))
         raw = df[df.variant == "before"]["size"].nunique()
         stop = int(df[(df.variant == "before") & (df.metric == "failed")]["size"].iloc[0])
         good = {v: int(df[(df.variant == v) & (df.metric == "replay_ok")].value.sum())
                 for v in ("pr_filter", "round_up")}
         n = {v: df[df.variant == v]["size"].nunique() for v in ("pr_filter", "round_up")}
         assert good == n
-        assert (f"H200 TP {w}: refused {', '.join(map(str, refused))} of {raw} sizes, the unfiltered loop stopped at "
-                f"{stop}; PR filter and round-up {good['pr_filter']}/{n['pr_filter']} buckets captured + replayed, "
-                "max abs err 0") in line
+        assert (f"H200 TP {w}: refused {', '.join(map(str, refused))} of {raw} sizes, the "
+                "unfiltered loop stopped at "
+                f"{stop}; PR filter {good['pr_filter']}/{n['pr_filter']} and round-up "
+                f"{good['round_up']}/"
+                f"{n['round_up']} buckets captured + replayed, max abs err 0") in line
     assert "1, 3, 5, 7 of 42" in line and "2, 6, 10, 14 of 42" in line
+    assert line.startswith("On the default list scaled by W/8 (so TP 8's bad sizes recur): H200 TP "
+                           "2")
 
 
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # a method-2 run on the CPU: two gloo ranks, with the traced pass
-# --------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 GLOO = {**ex.DEFAULT_PARAMS, "world_size": 2, "backend": "gloo", "hidden": 16, "max_tokens": 128}
 
 
@@ -153,8 +163,9 @@ def gloo_run(tmp_path_factory) -> Path:
 
 def test_boundary_on_two_gloo_ranks(gloo_run):
     df = runs.read_run(gloo_run).df
-    s = ex.summary(df).set_index("variant")
-    # before: the runner's warm-up at the smallest size (1 token on 2 ranks) fails, nothing is captured
+    s = show.summary(df).set_index("variant")
+    # before: the runner's warm-up at the smallest size (1 token on 2 ranks) fails, nothing is
+    # captured
     assert s.loc["before", "failed"] == 1 and s.loc["before", "first_failure"] == 1
     assert s.loc["before", "captured_or_ok"] == 0
     assert s.loc["before", "not_reached"] == s.loc["before", "sizes"] - 1
@@ -167,27 +178,31 @@ def test_boundary_on_two_gloo_ranks(gloo_run):
         assert s.loc[v, "failed"] == 0
         assert s.loc[v, "captured_or_ok"] == s.loc[v, "sizes"] == s.loc[v, "replayed_ok"]
         assert s.loc[v, "worst_replay_err"] <= ex.TOL
-    assert set(df.columns) >= {"experiment", "variant", "world_size", "size", "metric", "value", "unit"}
+    assert set(df.columns) >= {"experiment", "variant", "world_size", "size", "metric", "value",
+                               "unit"}
 
 
 def test_gloo_trace_marks_every_refused_size_on_every_rank(gloo_run):
-    cr = ex.capture_ranges(runs.read_run(gloo_run).sidecar("events"))
+    cr = show.capture_ranges(runs.read_run(gloo_run).sidecar("events"))
     for rank in (0, 1):
         before = cr[(cr["rank"] == rank) & (cr.variant == "before")]
         assert sorted(set(before.loc[before.refused, "size"])) == [1, 3, 5, 7]
-        assert before.stage.iloc[0] == "warmup" and bool(before.refused.iloc[0])  # the warm-up at 1 is refused too
+        # the warm-up at 1 is refused too
+        assert before.stage.iloc[0] == "warmup" and bool(before.refused.iloc[0])
         assert not cr[(cr["rank"] == rank) & (cr.variant == "after")].refused.any()
     acc = cr[~cr.refused & (cr.stage == "capture")]
-    assert (acc.reduce_scatters == 2).all() and (acc.all_gathers == 2).all()  # two eager runs, no graph on gloo
+    # two eager runs, no graph on gloo
+    assert (acc.reduce_scatters == 2).all() and (acc.all_gathers == 2).all()
     assert (cr[cr.refused][["reduce_scatters", "all_gathers"]] == 0).all().all()
 
 
 def test_gloo_run_claims(gloo_run):
-    res = {r.claim.id: r.outcome for r in claims.evaluate(fixes.claims(EXP), verify.load_run(gloo_run))}
+    res = {r.claim.id: r.outcome for r in claims.evaluate(cc, verify.load_run(gloo_run))}
     na = {k for k, o in res.items() if o.status == "n/a"}
     assert na == {"capture_sizes.trace_capture_launches_nothing"}
     assert "gloo" in res["capture_sizes.trace_capture_launches_nothing"].reason
-    assert all(o.status == "pass" for k, o in res.items() if k not in na), {k: o.reason for k, o in res.items()}
+    assert all(o.status == "pass" for k, o in res.items() if k not in na), {k: o.reason for k,
+            o in res.items()}
 
 
 def _damage_events(gloo_run: Path, tmp_path: Path, damage) -> Path:
@@ -221,12 +236,13 @@ def test_capture_timeline_marks_the_refused_sizes(gloo_run):
 
     run = runs.read_run(gloo_run)
     events = run.sidecar("events")
-    windows = figures.tail_window(events, rank=0)
+    windows = show.tail_window(events, rank=0)
     assert set(windows) == {"before · rank 0", "after · rank 0"}
     before, marks = windows["before · rank 0"]
-    assert sorted(marks.name) == ["phase::refused 1", "phase::refused 3", "phase::refused 5", "phase::refused 7"]
+    assert sorted(marks.name) == ["phase::refused 1", "phase::refused 3", "phase::refused 5",
+                                  "phase::refused 7"]
     assert set(before.lane) <= {"host", "runtime", "device"}
-    fig = figures.capture_timeline(events, rank=0, run=run)
+    fig = show.capture_timeline(events, rank=0, run=run)
     crosses = [c for c in fig.axes[0].collections if isinstance(c, PathCollection)]
     assert sum(len(c.get_offsets()) for c in crosses) == 4
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
@@ -234,22 +250,26 @@ def test_capture_timeline_marks_the_refused_sizes(gloo_run):
     plt.close(fig)
 
 
-# --------------------------------------------------------------------------------------------------------------
-# a real run with its trace: H200 x2, NCCL, the default parameters (tests/data, a copy without the Perfetto file)
-# --------------------------------------------------------------------------------------------------------------
-H200_RUN = Path(__file__).resolve().parents[1] / "data" / EXP / "20261123T110758Z_nvidia-h200-x2.csv"
+# --------------------------------------------------------------------------------------------------
+# a real run with its trace: H200 x2, NCCL, the default parameters (tests/data, a copy without the
+# Perfetto file)
+# --------------------------------------------------------------------------------------------------
+H200_RUN = (Path(__file__).resolve().parents[1] / "data" / EXP
+            / "20261123T110758Z_nvidia-h200-x2.csv")
 
 
 def test_a_real_h200_run_with_its_trace_verifies(capsys):
     assert cli.main(["verify", str(H200_RUN)]) == 0
-    assert "10/10 claims hold on H200 ×2, 2026-11-23" in capsys.readouterr().out
+    assert "4/4 claims hold on H200 ×2, 2026-11-23" in capsys.readouterr().out
 
 
 def test_the_real_trace_in_numbers():
-    t = ex.trace_summary(runs.read_run(H200_RUN).sidecar("events")).set_index(["rank", "variant", "kind"])
+    t = show.trace_summary(runs.read_run(H200_RUN).sidecar("events")).set_index(["rank", "variant",
+            "kind"])
     for rank in (0, 1):
-        # 38 accepted sizes: 3 reduce-scatters and 3 all-gathers issued (2 eager runs + the captured call), 4 NCCL
-        # kernels run (the eager runs'); the 4 refused sizes and the refused warm-up: nothing at all
+        # 38 accepted sizes: 3 reduce-scatters and 3 all-gathers issued (2 eager runs + the captured
+        # call), 4 NCCL kernels run (the eager runs'); the 4 refused sizes and the refused warm-up:
+        # nothing at all
         assert t.loc[(rank, "before", "capture")].tolist() == [38, "3", "3", "4", "20"]
         assert t.loc[(rank, "after", "capture")].tolist() == [38, "3", "3", "4", "20"]
         assert t.loc[(rank, "before", "capture (refused)")].tolist() == [4, "0", "0", "0", "0"]
@@ -259,14 +279,15 @@ def test_the_real_trace_in_numbers():
 
 def test_an_nccl_kernel_run_under_capture_fails_the_claim(tmp_path, capsys):
     def extra_kernel(ev):
-        r = ev[(ev["rank"] == 1) & (ev.name == "phase::capture 64") & (ev.variant == "after")].iloc[0]
+        at = (ev["rank"] == 1) & (ev.name == "phase::capture 64") & (ev.variant == "after")
+        r = ev[at].iloc[0]
         k = r.copy()
         k["lane"], k["name"], k["category"] = "device", "ncclDevKernel_AllGather_RING_LL", "kernel"
         k["start_us"], k["dur_us"] = r.start_us + r.dur_us / 2, 1.0
         return pd.concat([ev, k.to_frame().T], ignore_index=True)
 
-    _verify_fails(_damage_events(H200_RUN, tmp_path, extra_kernel), "capture_sizes.trace_capture_launches_nothing",
-                  capsys)
+    _verify_fails(_damage_events(H200_RUN, tmp_path, extra_kernel),
+                  "capture_sizes.trace_capture_launches_nothing", capsys)
 
 
 def test_capture_timeline_on_the_real_trace():
@@ -274,11 +295,12 @@ def test_capture_timeline_on_the_real_trace():
     from matplotlib.collections import PathCollection
 
     run = runs.read_run(H200_RUN)
-    windows = figures.tail_window(run.sidecar("events"), rank=1)
+    windows = show.tail_window(run.sidecar("events"), rank=1)
     after, _ = windows["after · rank 1"]
-    assert sorted(after.loc[after.category == "range", "name"]) == ["phase::2", "phase::4", "phase::6", "phase::8"]
+    assert sorted(after.loc[after.category == "range", "name"]) == ["phase::2", "phase::4",
+                                                                    "phase::6", "phase::8"]
     assert (after.name.str.contains("nccl") & (after.lane == "device")).sum() == 4 * 4
-    fig = figures.capture_timeline(run.sidecar("events"), rank=1, run=run)
+    fig = show.capture_timeline(run.sidecar("events"), rank=1, run=run)
     crosses = [c for c in fig.axes[0].collections if isinstance(c, PathCollection)]
     assert sum(len(c.get_offsets()) for c in crosses) == 4
     plt.close(fig)

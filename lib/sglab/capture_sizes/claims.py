@@ -1,0 +1,263 @@
+"""What every capture_sizes run must show (see :mod:`sglab.core.claims`): four claims a reader
+checks, the checks they rest on folded under them.
+
+Run claims read the tidy rows; trace checks read the ``events`` sidecar of the traced pass (method
+2+); the two ``cpu_*`` checks are computed from the rebuild and hold for any run (labelled as
+computed). Expectations that depend on the world size W are derived from the run's W, so one claim
+serves TP 2 and TP 4 runs.
+"""
+
+from __future__ import annotations
+
+from sglab.capture_sizes import rebuild as fx
+from sglab.capture_sizes import show
+from sglab.capture_sizes.measure import EXPERIMENT, GPUS, loop_order, size_lists
+from sglab.core.claims import Claim, Headline, holds
+
+CLAIM = ("With `--moe-dense-tp-size 1`, a piecewise capture size not divisible by the attention-TP "
+         "size splits into unequal shards that the reduce-scatter refuses, which crashed start-up; "
+         "dropping those sizes (the PR) or rounding them up (SGLang today) leaves only sizes that "
+         "capture and replay exactly.")
+SCALED = "the default list scaled by W/8 (so TP 8's bad sizes recur)"
+
+
+def _w(run) -> int:
+    return int(run.manifest["params"]["world_size"])
+
+
+def _lists(run) -> dict:
+    p = run.manifest["params"]
+    return size_lists(_w(run), p.get("sizes", "scaled"), int(p.get("max_tokens", 2048)))
+
+
+def _join(sizes) -> str:
+    return ", ".join(str(n) for n in sizes) or "none"
+
+
+def _probe_sizes(run, metric: str | None = None) -> list[int]:
+    d = run.df[run.df.variant == "before_probe"]
+    if metric:
+        d = d[d.metric == metric]
+    return sorted(d["size"].astype(int).unique())
+
+
+# --------------------------------------------------------------------------------------------------
+# the claims a reader checks
+# --------------------------------------------------------------------------------------------------
+def _refused(run):
+    w, f = _w(run), show.run_facts(run)
+    raw, accepted, refused = _probe_sizes(run), _probe_sizes(run, "ok"), sorted(f["refused_sizes"])
+    want = [n for n in raw if n % w]
+    scaled = run.manifest["params"].get("sizes", "scaled") == "scaled"
+    return holds(refused == want and accepted == [n for n in raw if n % w == 0],
+                 f"refused {_join(refused)} of {len(raw)} sizes at W={w}",
+                 {"refused": _join(refused), "n_refused": len(refused),
+                  "n_accepted": len(accepted), "sizes": len(raw),
+                  "list": SCALED if scaled else "the default list"},
+                 why_not=f"refused {_join(refused)}, accepted {len(accepted)}; expected refused = "
+                         f"{_join(want)}")
+
+
+def _not_reached(run) -> int:
+    d = run.df
+    return int(d.loc[(d.variant == "before") & (d.metric == "not_reached"), "value"].sum())
+
+
+def _stops_first_bad(run):
+    w, f = _w(run), show.run_facts(run)
+    raw = _lists(run)["before"]
+    order = loop_order(raw)
+    first = next(i for i, (_, n) in enumerate(order) if n % w)
+    stage, n = order[first]
+    captured = [m for s, m in order[:first] if s == "capture"]
+    d = run.df
+    err = str(d.loc[(d.variant == "before") & (d.metric == "failed"), "error"].iloc[0])
+    ok = (f["before_stopped_at"] == n and f["before_stage"] == stage
+          and err.startswith("UnequalShards") and f["before_captured"] == len(captured)
+          and f["before_captured"] + 1 + _not_reached(run) == len(raw))
+    return holds(ok, f"stopped at {f['before_stopped_at']} ({f['before_stage']}), "
+                     f"{err.split(':')[0]}; {f['before_captured']} captured before it",
+                 {"stopped_at": f["before_stopped_at"], "stage": f["before_stage"],
+                  "captured": f["before_captured"]},
+                 why_not=f"expected a stop at {n} ({stage}) with UnequalShards after "
+                         f"{len(captured)} captures")
+
+
+def _has_bad(run) -> str | None:
+    w = _w(run)
+    if all(n % w == 0 for n in _lists(run)["before"]):
+        return (f"no raw size is indivisible by W={w} here "
+                f"(sizes={run.manifest['params'].get('sizes')!r}): nothing to stop at")
+    return None
+
+
+def _replays(variant: str):
+    def check(run):
+        f = show.run_facts(run)
+        n, cap, ok, err = (f[f"{variant}_buckets"], f[f"{variant}_captured"],
+                           f[f"{variant}_replayed_ok"], f[f"{variant}_max_abs_err"])
+        return holds(n == cap == ok == len(_lists(run)[variant]) and err == 0.0,
+                     f"{min(cap, ok)}/{n} buckets captured + replayed "
+                     f"({f[f'{variant}_replays']} replays), max abs err {err:g}",
+                     {"buckets": n, "replayed_ok": ok, "max_abs_err": err})
+    return check
+
+
+# --------------------------------------------------------------------------------------------------
+# the checks folded under them
+# --------------------------------------------------------------------------------------------------
+def _pr_keeps_accepted(run):
+    accepted = _probe_sizes(run, "ok")
+    kept = sorted(run.df.loc[run.df.variant == "pr_filter", "size"].astype(int).unique())
+    return holds(kept == accepted, f"PR list {len(kept)} sizes, accepted {len(accepted)}",
+                 {"kept": len(kept)}, why_not="PR list differs from the accepted sizes: "
+                                              f"{sorted(set(kept) ^ set(accepted))}")
+
+
+def _cpu_tp8(run):
+    d = fx.default_piecewise_capture_sizes(2048)
+    kept = fx.policy_lists(d, 8)["pr_filter"]
+    dropped = [n for n in d if n not in kept]
+    return holds(dropped == [4, 12, 20, 28],
+                 f"computed: drops {_join(dropped)}; keeps {len(kept)} of {len(d)}",
+                 {"dropped": _join(dropped), "kept": len(kept)})
+
+
+def _cpu_mul_base(run):
+    base, lcm = fx.piecewise_mul_base(4, 6), fx.lcm_base(4, 6)
+    return holds((base, lcm) == (24, 12), f"computed: mul_base {base}, lcm {lcm}",
+                 {"mul_base": base, "lcm": lcm})
+
+
+def _traced(run) -> str | None:
+    if run.manifest.get("params", {}).get("profile") is False:
+        return "run without the traced pass (profile=False)"
+    return None
+
+
+def _graphs(run) -> bool:
+    """CUDA-graph capture happened (NCCL on GPUs); gloo runs on the CPU capture nothing."""
+    return run.manifest.get("params", {}).get("backend", "nccl") == "nccl"
+
+
+def _needs_graphs(run) -> str | None:
+    return _traced(run) or (None if _graphs(run)
+                            else "gloo run on the CPU: no CUDA graph, no NCCL kernel")
+
+
+def _ranges(run):
+    ev = run.sidecar("events")
+    if ev is None:
+        raise ValueError("the run has no `events` sidecar (the traced pass's event table)")
+    return show.capture_ranges(ev)
+
+
+def _trace_marks(run):
+    w, lists, cr = _w(run), _lists(run), _ranges(run)
+    bad = []
+    for rank in range(w):
+        for variant, sizes in {"before": lists["before"], "after": lists["pr_filter"]}.items():
+            got = cr[(cr["rank"] == rank) & (cr.variant == variant)]
+            if [(s, int(n)) for s,
+                n in zip(got.stage, got["size"])] != [("warmup" if s == "jit_warmup" else "capture",
+                                                       n) for s, n in loop_order(sizes)]:
+                bad.append(f"rank {rank} {variant}: ranges differ from the loop order")
+            marks = sorted(set(got.loc[got.refused, "size"].astype(int)))
+            if marks != sorted({n for n in sizes if n % w}):
+                bad.append(f"rank {rank} {variant}: refused {_join(marks)}")
+    marks = sorted(set(cr.loc[(cr["rank"] == 0) & (cr.variant == "before") & cr.refused,
+                              "size"].astype(int)))
+    text = "; ".join(bad) or f"{w} ranks; refused marks before: {_join(marks)}; after: none"
+    return holds(not bad, text, {"refused_marks": _join(marks), "ranks": int(cr["rank"].nunique())})
+
+
+def _trace_no_collective(run):
+    cr = _ranges(run)
+    refused, accepted = cr[cr.refused], cr[~cr.refused & (cr.stage == "capture")]
+    calls = int(refused.reduce_scatters.sum() + refused.all_gathers.sum())
+    kernels = int(refused.kernels.sum())
+    want = 2 + int(_graphs(run))  # two eager runs, plus the call made under capture
+    got = sorted(set(accepted.reduce_scatters) | set(accepted.all_gathers))
+    return holds(calls == 0 and kernels == 0 and len(accepted) > 0 and got == [want],
+                 f"refused: {calls} collective calls, {kernels} kernels; accepted captures: "
+                 f"{_join(got)} reduce-scatters / all-gathers each",
+                 {"refused_collectives": calls, "refused_kernels": kernels,
+                  "calls_per_capture": _join(got)},
+                 why_not=f"expected 0 in refused ranges and {want} of each per accepted capture")
+
+
+def _trace_capture_runs_nothing(run):
+    cr = _ranges(run)
+    accepted = cr[~cr.refused & (cr.stage == "capture")]
+    got = sorted(set(accepted.nccl_kernels))
+    return holds(len(accepted) > 0 and got == [4],
+                 f"{_join(got)} NCCL kernels per accepted capture ({len(accepted)} ranges)",
+                 {"nccl_kernels": _join(got)})
+
+
+CLAIMS = [
+    Claim("capture_sizes.refused_iff_indivisible",
+          "Without the shard check, the reduce-scatter refuses exactly the raw capture sizes not "
+          "divisible by the world size W (attention TP) and accepts every other",
+          "refused == {n : n % W ≠ 0} (exact; W=2: 1, 3, 5, 7; W=4: 2, 6, 10, 14 on the scaled "
+          "list)", _refused,
+          folded=(Claim("capture_sizes.trace_refused_marked",
+                        "In the traced capture loop, every rank has one range per size in the "
+                        "runner's order, and the refused marks are exactly the sizes not "
+                        "divisible by W before the filter, and none after",
+                        "ranges == loop order; marks == {n : n % W ≠ 0} before, none after "
+                        "(exact)", _trace_marks, methods=(2, None), applies=_traced),)),
+    Claim("capture_sizes.before_stops_at_first_bad",
+          "The unfiltered capture loop (warm-up at the smallest size, then largest first) stops at "
+          "the first size not divisible by W, with UnequalShards raised before any collective; "
+          "the rest is never reached",
+          "stop size, stage and captures before it == the loop order's first indivisible size "
+          "(exact)", _stops_first_bad, applies=_has_bad,
+          folded=(Claim("capture_sizes.trace_refused_no_collective",
+                        "A refused size's range issues no collective and runs no kernel; every "
+                        "accepted capture issues the boundary's reduce-scatter and all-gather for "
+                        "each eager run and for the call under capture",
+                        "refused: 0 calls, 0 kernels; accepted: 3 of each (2 on gloo, no capture) "
+                        "(exact)", _trace_no_collective, methods=(2, None), applies=_traced),)),
+    Claim("capture_sizes.pr_filter_replays_exactly",
+          "Every bucket of the PR-filtered list captures, and replays real token counts padded to "
+          "it exactly", "captured = replayed = buckets; max abs err == 0 (exact)",
+          _replays("pr_filter"),
+          folded=(Claim("capture_sizes.pr_filter_keeps_accepted",
+                        "The PR's filter keeps exactly the raw sizes the reduce-scatter accepts",
+                        "PR list == accepted (exact)", _pr_keeps_accepted),
+                  Claim("capture_sizes.cpu_tp8_drops_4_12_20_28",
+                        "Computed from the rebuild: at attention TP 8 the PR's filter drops "
+                        "exactly 4, 12, 20 and 28 of the 42 default sizes (max 2048)",
+                        "== 4, 12, 20, 28 (exact; holds on any run)", _cpu_tp8),
+                  Claim("capture_sizes.cpu_mul_base_not_lcm",
+                        "Computed from the rebuild: at attention TP 4, CP 6 the PR's mul_base is "
+                        "24, twice the least common multiple 12",
+                        "mul_base 24, lcm 12 (exact; holds on any run)", _cpu_mul_base),
+                  Claim("capture_sizes.trace_capture_launches_nothing",
+                        "On the GPU, each accepted capture runs the NCCL kernels of its two eager "
+                        "runs only: the collectives called under graph capture are recorded into "
+                        "the graph, not run", "== 4 NCCL kernels per accepted capture (exact)",
+                        _trace_capture_runs_nothing, methods=(2, None),
+                        applies=_needs_graphs))),
+    Claim("capture_sizes.round_up_replays_exactly",
+          "Every bucket of the rounded-up list captures, and replays real token counts padded to "
+          "it exactly", "captured = replayed = buckets; max abs err == 0 (exact)",
+          _replays("round_up")),
+]
+
+
+def shown(runs_: list) -> list:
+    """The newest run per GPU model and world size."""
+    return show.newest_per_world_size(runs_)
+
+
+_R, _S = "capture_sizes.refused_iff_indivisible", "capture_sizes.before_stops_at_first_bad"
+_P, _U = "capture_sizes.pr_filter_replays_exactly", "capture_sizes.round_up_replays_exactly"
+HEADLINE = Headline(parts=(f"On {{v[{_R}][list]}}: {{runs}}.",),
+                    per_run=(f"{{gpu}} TP {{world}}: refused {{v[{_R}][refused]}} of "
+                             f"{{v[{_R}][sizes]}} sizes, the unfiltered loop stopped at "
+                             f"{{v[{_S}][stopped_at]}}; PR filter {{v[{_P}][replayed_ok]}}/"
+                             f"{{v[{_P}][buckets]}} and round-up {{v[{_U}][replayed_ok]}}/"
+                             f"{{v[{_U}][buckets]}} buckets captured + replayed, max abs err "
+                             f"{{v[{_P}][max_abs_err]:g}}"))

@@ -1,0 +1,424 @@
+"""Measure the dense-TP1 boundary over each variant's capture sizes on ``world_size`` ranks.
+
+One rank per GPU (NCCL; ``gloo`` runs the same logic on the CPU, without graphs, for the tests and
+the notebook's CPU cell); the ranks form the attention-TP group. Each rank runs the boundary of
+:mod:`sglab.capture_sizes.rebuild` (``tensor_split`` shard + ``reduce_scatter_tensor`` into it, a
+per-token stand-in for the dense MLP, ``all_gather_into_tensor`` back) the way the piecewise runner
+does: a warm-up at the smallest size, then per size, largest first, two eager runs and a CUDA-graph
+capture (:func:`loop_order`). Variants:
+
+``before``        the PR-era list, unfiltered, with a shard check before the collective: the loop
+                  stops at the first bad size with ``UnequalShards`` (the server crashed at start-up
+                  the same way).
+``before_probe``  every size of that list on its own, eager, *without* the shard check: what the
+                  collective library says about unequal shards (torch's NCCL backend refuses them on
+                  every rank before calling NCCL, so this cannot hang; :func:`_probe_is_safe`).
+``pr_filter``     the PR's filter; every bucket captured, then replayed.
+``round_up``      SGLang today: sizes rounded up; every bucket captured, then replayed.
+
+Replay check: for every captured bucket ``b`` and real token counts ``t`` in ``{prev+1, b-1, b}``,
+the static input holds ``t`` real rows and ``b - t`` zero rows; after ``graph.replay()`` the first
+``t`` output rows must equal an eager all-reduce reference. Then, unless ``profile`` is off, a
+separate traced pass runs the capture loop once more under torch.profiler (:func:`traced_pass`), so
+profiling never touches the rows above.
+
+Sizes: attention TP 8 (the crash report) breaks the default list at 4, 12, 20, 28; with fewer GPUs
+the default list is scaled by ``world_size / 8`` so the same four sizes break (4 ranks: 2, 6, 10,
+14; 2 ranks: 1, 3, 5, 7). ``sizes="default"`` uses the unscaled list.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.distributed as tdist
+
+from sglab.capture_sizes import rebuild as fx
+from sglab.core import dist, runs, trace
+from sglab.core import timing as phases
+
+EXPERIMENT = "capture_sizes"
+# 1: capture loop, replay check and probe rows. 2: the same rows, plus per-phase wall times and a
+# traced pass of the capture loop (before: the raw list; after: the PR's list): the `events` and
+# `trace` sidecars.
+METHOD_VERSION = 2
+GPUS = 2
+DEFAULT_PARAMS = {
+    "world_size": 2,        # ranks = attention-TP group size (one GPU each)
+    "sizes": "scaled",      # "scaled": default list x world_size/8 (the tp-8 failures); "default"
+    "max_tokens": 2048,     # piecewise_cuda_graph_max_tokens (2048 = the MLA default)
+    "hidden": 1024,
+    "dtype": "bfloat16",
+    "seed": 0,
+    "backend": "nccl",      # "gloo" runs the same logic on the CPU (no graphs)
+    "timeout_s": 420,       # the whole multi-rank run
+    "collective_timeout_s": 60,
+    "profile": True,        # a separate traced pass of the capture loop
+}
+VARIANTS = ("before", "before_probe", "pr_filter", "round_up")
+TOL = 1e-4  # max abs error accepted per replay (float32 per-token op on exact integer sums)
+# the traced pass: (variant, size list, keep going after a refusal)
+TRACED = (("before", "before", True), ("after", "pr_filter", False))
+EVENT_COLUMNS = [*trace.COLUMNS, "variant", "rank"]
+COLLECTIVE_OP = r"^c10d::.*(?:reduce_scatter|allgather|all_gather)"  # the boundary's two
+CAPTURE_RUNTIME = r"BeginCapture|EndCapture|GraphInstantiate"
+DEVICE = ("kernel", "memcpy", "memset")
+
+
+def gpus(params: dict) -> int:
+    return int(params["world_size"])
+
+
+# --------------------------------------------------------------------------------------------------
+# size lists
+# --------------------------------------------------------------------------------------------------
+def scaled_default_sizes(world_size: int, max_tokens: int = fx.MLA_MAX_TOKENS,
+                         reference_tp: int = 8) -> list[int]:
+    """The default list scaled by ``world_size / reference_tp``: at attention TP ``world_size``
+    exactly the sizes that break at ``reference_tp`` break (the residues are what matter)."""
+    if reference_tp % world_size != 0:
+        raise ValueError(f"world_size {world_size} must divide {reference_tp}")
+    f = reference_tp // world_size
+    return [s // f for s in fx.default_piecewise_capture_sizes(max_tokens) if s % f == 0]
+
+
+def raw_sizes(world_size: int, sizes: str = "scaled", max_tokens: int = 2048) -> list[int]:
+    if sizes == "default" or (sizes == "scaled" and 8 % world_size):
+        return fx.default_piecewise_capture_sizes(max_tokens)  # e.g. 3 ranks: breaks as is
+    if sizes == "scaled":
+        return scaled_default_sizes(world_size, max_tokens, reference_tp=8)
+    raise ValueError(f"sizes must be 'scaled' or 'default', got {sizes!r}")
+
+
+def size_lists(world_size: int, sizes: str = "scaled",
+               max_tokens: int = 2048) -> dict[str, list[int]]:
+    """The capture list of each variant (attention TP = ``world_size``, attention CP 1)."""
+    raw = raw_sizes(world_size, sizes, max_tokens)
+    return {"before": raw, "before_probe": raw,
+            "pr_filter": fx.filter_piecewise_capture_sizes(raw, world_size, 1),
+            "round_up": fx.round_up_capture_sizes(raw, fx.piecewise_mul_base(world_size, 1))}
+
+
+def loop_order(sizes: list[int]) -> list[tuple[str, int]]:
+    """The piecewise runner's order: a JIT warm-up at the smallest size, then largest first."""
+    return [("jit_warmup", sizes[0])] + [("capture", n) for n in reversed(sizes)]
+
+
+def replay_token_counts(buckets: list[int]) -> dict[int, list[int]]:
+    """Real token counts checked per bucket: the smallest mapping to it, one below it, the
+    bucket."""
+    out, prev = {}, 0
+    for b in sorted(buckets):
+        out[b] = sorted({prev + 1, max(prev + 1, b - 1), b})
+        prev = b
+    return out
+
+
+def _probe_is_safe(n: int, world_size: int) -> bool:
+    """Calling the collective on unequal shards is safe only if *every* rank fails torch's local
+    size check (``input.numel() == output.numel() * world_size``) before NCCL is called: true
+    whenever n % w != 0, since each shard is floor(n/w) or ceil(n/w) rows."""
+    return all(s * world_size != n for s in fx.shard_sizes(n, world_size)) or n % world_size == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# one rank's work
+# --------------------------------------------------------------------------------------------------
+def _real_rows(seed: int, rank: int, b: int, t: int, hidden: int, dtype, device):
+    g = torch.Generator(device=device).manual_seed(
+        (((seed * 131 + rank) * 65537 + b) * 8191 + t) % (2**31))
+    # small integers: every sum over ranks is exact in bfloat16, so reduce-scatter and all-reduce
+    # agree bitwise; drawn on the device (on the host that was most of the check's time)
+    return torch.randint(-3, 4, (t, hidden), generator=g, device=device).to(dtype=dtype)
+
+
+def _range(name: str, traced: bool):
+    """A profiler phase range in the traced pass; nothing otherwise."""
+    return trace.phase(name) if traced else contextlib.nullcontext()
+
+
+class RankWork:
+    """One rank's side of the boundary, with the static buffers a piecewise runner captures into,
+    and the rows it reports (one per variant, size and metric)."""
+
+    def __init__(self, ctx, params: dict):
+        self.ctx, self.rank, self.w, self.dev = ctx, ctx.rank, ctx.world_size, ctx.device
+        self.hidden, self.seed = int(params["hidden"]), int(params["seed"])
+        self.dtype = getattr(torch, params["dtype"])
+        torch.manual_seed(self.seed)
+        self.lists = size_lists(self.w, params["sizes"], int(params["max_tokens"]))
+        max_n = max(max(v) for v in self.lists.values())
+        self.use_graphs = self.dev.type == "cuda"
+        self.static_in = torch.zeros(max_n, self.hidden, dtype=self.dtype, device=self.dev)
+        self.static_out = torch.zeros(max_n, self.hidden, dtype=torch.float32, device=self.dev)
+        self.weight = ((torch.arange(self.hidden, device=self.dev) % 7) + 1).float() / 4
+        self.rows: list[dict] = []
+
+    def sync(self, barrier: bool = True) -> None:
+        """Device synchronisation, then (as the runner's ``tp_group.barrier()``) a barrier."""
+        if self.use_graphs:
+            torch.cuda.synchronize(self.dev)
+        if barrier:
+            self.ctx.barrier()
+
+    def boundary(self, n: int, check: bool = True) -> None:
+        local = fx.scatter_to_attn_tp(self.static_in[:n], self.rank, self.w, self.ctx.group,
+                                      check=check)
+        y = fx.dense_tp1_stand_in(local, self.weight)
+        fx.gather_from_attn_tp(self.static_out[:n], y, self.ctx.group)
+
+    def row(self, variant, size, metric, value, unit="", **extra) -> None:
+        self.rows.append({"variant": variant, "world_size": self.w, "size": int(size),
+                          "metric": metric, "value": float(value), "unit": unit, **extra})
+
+    def release(self, graphs: dict) -> None:
+        graphs.clear()
+        if self.use_graphs:
+            torch.cuda.synchronize(self.dev)
+            torch.cuda.empty_cache()
+
+    def _capture_one(self, n: int, pool):
+        """Two eager runs, then a CUDA-graph capture of the boundary at ``n`` tokens (None without
+        CUDA)."""
+        for _ in range(2):
+            self.boundary(n)
+            self.sync()
+        if not self.use_graphs:
+            return None
+        g = torch.cuda.CUDAGraph()
+        # thread_local: a CUDA call from another thread (the NCCL watchdog polling events of
+        # finished work) must not invalidate this capture
+        with torch.cuda.graph(g, pool=pool, capture_error_mode="thread_local"):
+            self.boundary(n)
+        return g
+
+    def capture_all(self, variant: str, sizes: list[int], *, record: bool = True,
+                    traced: bool = False, keep_going: bool = False) -> dict:
+        """The runner's loop (:func:`loop_order`). A size with unequal shards raises before any
+        collective; the loop stops there (as the server did) unless ``keep_going`` (the traced pass,
+        to show every refused size). ``record``: rows (captured / failed with its stage /
+        not_reached). ``traced``: a ``warmup n`` / ``capture n`` range per size, and a
+        ``refused n`` range where the error is caught."""
+        graphs: dict = {}
+        pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        for stage, n in loop_order(sizes):
+            with _range(f"{'warmup' if stage == 'jit_warmup' else 'capture'} {n}", traced):
+                try:
+                    self.sync()
+                    if stage == "jit_warmup":
+                        self.boundary(n)
+                        self.sync()  # its kernels end inside its own range
+                        continue
+                    graphs[n] = self._capture_one(n, pool)
+                    self.sync()
+                except fx.UnequalShards as e:
+                    with _range(f"refused {n}", traced):
+                        if record:
+                            self._failed(variant, sizes, n, e, stage, done=set(graphs))
+                    if keep_going:
+                        continue
+                    return graphs
+            if record:
+                self.row(variant, n, "captured", 1)
+        return graphs
+
+    def _failed(self, variant, sizes, n, e, stage, done) -> None:
+        self.row(variant, n, "failed", 1, error=f"{type(e).__name__}: {e}", stage=stage)
+        for m in sizes:
+            if m not in done and m != n:
+                self.row(variant, m, "not_reached", 1)
+
+    def replay_check(self, variant: str, graphs: dict) -> None:
+        """Replay each bucket with real token counts padded to it; compare with an eager all-reduce
+        reference. No barrier between replays: the collectives pair up in issue order on every
+        rank, and each output is read back before the next input is written."""
+        for b, ts in replay_token_counts(sorted(graphs)).items():
+            worst, ok = 0.0, True
+            for t in ts:
+                x = _real_rows(self.seed, self.rank, b, t, self.hidden, self.dtype, self.dev)
+                self.static_in[:t].copy_(x)
+                self.static_in[t:b].zero_()
+                graphs[b].replay() if self.use_graphs else self.boundary(b)
+                self.sync(barrier=False)
+                got, ref = self.static_out[:t].clone(), x.clone()
+                tdist.all_reduce(ref, group=self.ctx.group)
+                ref = fx.dense_tp1_stand_in(ref, self.weight)
+                err = (got - ref).abs().max().item() if t else 0.0
+                worst = max(worst, err)
+                ok = ok and bool(torch.isfinite(got).all().item()) and err <= TOL
+            self.row(variant, b, "replay_max_abs_err", worst, "abs")
+            self.row(variant, b, "replay_ok", int(ok))
+            self.row(variant, b, "replay_checks", len(ts))
+
+    def probe(self, variant: str, sizes: list[int]) -> None:
+        """Each size on its own, eager, without the shard check: the collective's own answer."""
+        for n in sizes:
+            if not _probe_is_safe(n, self.w):  # never true; kept as the stated precondition
+                self.row(variant, n, "skipped_unsafe", 1)
+                continue
+            self.sync()
+            try:
+                self.boundary(n, check=False)
+                self.sync()
+                self.row(variant, n, "ok", 1)
+            except Exception as e:  # noqa: BLE001 - the collective's complaint is the measurement
+                msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                self.row(variant, n, "failed", 1, error=f"{type(e).__name__}: {msg}"[:300],
+                         stage="eager")
+                self.sync()
+
+    def close(self) -> None:
+        del self.static_in, self.static_out
+        if self.use_graphs:
+            torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------------------------------
+# the traced pass: the capture loop once more under torch.profiler, before and after the filter
+# --------------------------------------------------------------------------------------------------
+def traced_pass(work: RankWork, *, perfetto=None):
+    """The loops of :data:`TRACED` on ``work`` under one :class:`sglab.core.trace.Recorder`
+    (``before`` goes on after a refusal, so every refused size shows); this rank's reduced
+    events."""
+    with contextlib.ExitStack() as stack:
+        with phases.phase("profile: start"):  # the profiler's own warm-up session, then this one
+            rec = stack.enter_context(trace.Recorder(perfetto=perfetto, keep_ops=True,
+                                                     cuda=work.use_graphs))
+        with phases.phase("profile: traced loops"):
+            for variant, key, keep_going in TRACED:
+                with trace.phase(variant):
+                    graphs = work.capture_all(variant, work.lists[key], record=False, traced=True,
+                                              keep_going=keep_going)
+                work.release(graphs)
+        t0 = time.perf_counter()
+    phases.add("profile: collect", time.perf_counter() - t0)  # torch's events, the Perfetto file
+    with phases.phase("profile: reduce"):
+        return reduce_events(rec.events, rank=work.rank)
+
+
+def reduce_events(events, *, rank: int, variants=tuple(v for v, _, _ in TRACED)):
+    """What the pictures and claims use (:data:`EVENT_COLUMNS`): phase ranges, the boundary's
+    collective calls on the host, device activity and the runtime's graph-capture calls, each
+    tagged with its variant (the top-level range it falls in, by start time) and ``rank``; times
+    re-zeroed to each variant's start. Kernel launches, barriers and other host ops are dropped."""
+    ev = events
+    device_lane = ev.lane.str.startswith("stream") | (ev.lane == "device")
+    names = ev.name.str.replace(trace.PHASE_PREFIX, "", regex=False)
+    is_range = (ev.category == "range") & ev.name.str.startswith(trace.PHASE_PREFIX)
+    tops = ev[is_range & ~device_lane & names.isin(variants)]
+    starts = sorted((float(r.start_us), names[i]) for i, r in tops.iterrows())
+    if not starts:
+        return pd.DataFrame(columns=EVENT_COLUMNS)
+    keep = ((is_range & ~names.isin(variants))
+            | ((ev.category == "op") & ev.name.str.contains(COLLECTIVE_OP))
+            | ev.category.isin(DEVICE)
+            | ((ev.category == "runtime") & ev.name.str.contains(CAPTURE_RUNTIME)))
+    out = ev[keep].copy()
+    out["variant"] = ""
+    for t0, variant in starts:  # each event gets the last variant started before it
+        out.loc[out.start_us >= t0, "variant"] = variant
+    out = out[out.variant != ""]
+    for t0, variant in starts:
+        out.loc[out.variant == variant, "start_us"] -= t0
+    out["rank"] = int(rank)
+    return out[EVENT_COLUMNS].sort_values(["variant", "start_us"],
+                                          kind="stable").reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------------------------------
+def _rank_main(ctx, params: dict, trace_dir: str | None = None,
+               launched_at: float | None = None) -> dict:
+    """One rank: capture + replay the fixed lists, stop on the raw list, probe the collective, then
+    the traced pass. Returns ``{"rows", "phases", "events", "trace"}``."""
+    warnings.filterwarnings("ignore", category=FutureWarning)  # reduce_scatter_tensor's rename
+    phases.take()
+    if launched_at is not None:
+        phases.add("spawn + init", time.time() - launched_at)  # start, imports, CUDA, NCCL
+    work = RankWork(ctx, params)
+    for variant in ("before", "pr_filter", "round_up"):
+        with phases.phase("capture"):
+            graphs = work.capture_all(variant, work.lists[variant])
+        if variant != "before":
+            with phases.phase("correctness"):
+                work.replay_check(variant, graphs)
+        work.release(graphs)
+    with phases.phase("probe"):
+        work.probe("before_probe", work.lists["before_probe"])  # the unguarded collectives last
+    events, perfetto = None, None
+    if trace_dir is not None:
+        with phases.phase("profile"):
+            perfetto = (Path(trace_dir) / "capture_sizes.rank0.trace.json.gz" if ctx.rank == 0
+                        else None)
+            events = traced_pass(work, perfetto=perfetto)
+    work.close()
+    return {"rows": work.rows, "phases": phases.take(), "events": events,
+            "trace": str(perfetto) if perfetto else None}
+
+
+def _merge(per_rank: list[list[dict]]) -> list[dict]:
+    """One row per (variant, size, metric): flags must agree on every rank, errors are the max."""
+    keyed: dict = {}
+    for rows in per_rank:
+        for x in rows:
+            k = (x["variant"], x["size"], x["metric"])
+            if k not in keyed:
+                keyed[k] = dict(x, ranks=1)
+                continue
+            y = keyed[k]
+            y["ranks"] += 1
+            if x["metric"] == "replay_max_abs_err":
+                y["value"] = max(y["value"], x["value"])
+            elif x["metric"] == "replay_ok":
+                y["value"] = min(y["value"], x["value"])
+            elif y["value"] != x["value"]:
+                raise RuntimeError(f"ranks disagree on {k}: {y['value']} vs {x['value']}")
+    out = []
+    for y in keyed.values():
+        if y.pop("ranks") != len(per_rank):
+            raise RuntimeError(f"row {y} came from fewer than {len(per_rank)} ranks")
+        out.append(y)
+    return out
+
+
+def run(params: dict | None = None, *, progress: bool = True) -> runs.Measured:
+    """Measure on ``world_size`` ranks: the tidy rows, plus the ``events`` table (every rank) and
+    rank 0's Perfetto ``trace`` of the traced pass when ``profile`` is on."""
+    p = {**DEFAULT_PARAMS, **(params or {})}
+    w = int(p["world_size"])
+    if w < 2:
+        raise ValueError("the boundary needs at least 2 ranks (world_size >= 2)")
+    lists = size_lists(w, p["sizes"], int(p["max_tokens"]))
+    if progress:
+        bad = [n for n in lists["before"] if n % w]
+        print(f"[capture_sizes] {w} ranks ({p['backend']}): {len(lists['before'])} PR-era sizes "
+              f"({len(bad)} not divisible by {w}: {bad}), {len(lists['pr_filter'])} after the "
+              f"PR's filter, {len(lists['round_up'])} rounded up", flush=True)
+        print("[capture_sizes] capturing, replaying, probing"
+              + (", then a traced pass" if p["profile"] else "") + " ...", flush=True)
+    t0 = time.perf_counter()
+    trace_dir = tempfile.mkdtemp(prefix="sglab-capture-sizes-") if p["profile"] else None
+    with phases.phase("ranks"):
+        per_rank = dist.launch(_rank_main, w, args=(p, trace_dir, time.time()),
+                               backend=p["backend"], timeout_s=float(p["timeout_s"]),
+                               collective_timeout_s=float(p["collective_timeout_s"]))
+    for r, out in enumerate(per_rank):
+        phases.merge(out["phases"], prefix=f"rank{r}/")
+    rows = _merge([out["rows"] for out in per_rank])
+    for r in rows:
+        r.setdefault("error", "")
+        r.setdefault("stage", "")
+    df = runs.tidy(EXPERIMENT, rows)
+    if progress:
+        print(f"[capture_sizes] done in {time.perf_counter() - t0:.1f} s", flush=True)
+    if not p["profile"]:
+        return runs.Measured(df)
+    events = pd.concat([out["events"] for out in per_rank], ignore_index=True)
+    return runs.Measured(df, sidecars={"events": events, "trace": per_rank[0]["trace"]})

@@ -1,0 +1,277 @@
+"""Piecewise-CUDA-graph capture sizes against the attention-TP reduce-scatter (SGLang #23972),
+rebuilt PR-era (May 2026).
+
+Read it beside the released hunk (``data/upstream/capture_sizes/pr23972.diff``). Each section is
+headed by the upstream file and symbols it mirrors (``python/sglang/srt/...``):
+
+1. ``server_args.py``: the default piecewise capture sizes and their maximum;
+2. ``utils/common.py``: does the layer communicator scatter tokens over attention TP?
+3. ``layers/dp_attention.py``: the attention-TP size;
+4. ``model_executor/piecewise_cuda_graph_runner.py``: the PR's ``mul_base`` filter;
+5. ``model_executor/cuda_graph_runner.py``: the decode runner's older filter the PR copies;
+6. ``model_executor/runner/prefill_cuda_graph_runner.py`` (0.5.22+): rounding up instead;
+7. ``layers/communicator.py``: the dense-TP1 boundary (``tensor_split`` + reduce-scatter).
+
+The before/after switch is :func:`policy_lists` (``before``, ``pr_filter``, ``round_up``). Also
+here, for the design review: :func:`lcm_base` (the least common multiple of attention TP and CP,
+which ``mul_base`` is not always) and :func:`comment_base` (``attn_tp_size * attn_cp_size``, which
+the PR's comment promises and its code does not enforce). Nothing here measures;
+``sglab.capture_sizes.measure`` does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+
+PR = 23972
+# the MLA default of piecewise_cuda_graph_max_tokens (the crash report's model is MLA)
+MLA_MAX_TOKENS = 2048
+
+
+# --------------------------------------------------------------------------------------------------
+# 1. server_args.py · ServerArgs._generate_piecewise_cuda_graph_tokens
+# --------------------------------------------------------------------------------------------------
+def default_piecewise_capture_sizes(max_tokens: int = MLA_MAX_TOKENS) -> list[int]:
+    """4..32 step 4, 48..256 step 16, 288..512 step 32, 576..1024 step 64, 1280..4096 step 256,
+    then 4608.. step 512, cut at ``max_tokens``."""
+    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
+             + list(range(576, 1025, 64)) + list(range(1280, 4097, 256))
+             + list(range(4608, max_tokens + 1, 512)))
+    return [s for s in sizes if s <= max_tokens]
+
+
+def default_piecewise_max_tokens(chunked_prefill_size: int, use_mla_backend: bool) -> int:
+    """``piecewise_cuda_graph_max_tokens`` when unset: the chunked prefill size, or 2048 for MLA."""
+    return MLA_MAX_TOKENS if use_mla_backend else chunked_prefill_size
+
+
+# --------------------------------------------------------------------------------------------------
+# 2. utils/common.py · require_mlp_tp_gather, require_attn_tp_gather, require_gathered_buffer
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ParallelArgs:
+    """The ``ServerArgs`` fields the decision reads (names as upstream)."""
+
+    tp_size: int
+    dp_size: int = 1
+    enable_dp_attention: bool = False
+    moe_dense_tp_size: int | None = None
+    enable_dp_lm_head: bool = False
+    moe_a2a_backend: str = "none"  # "none" | "deepep" | ...
+    attn_cp_size: int = 1
+    enable_two_batch_overlap: bool = False
+
+
+def require_mlp_tp_gather(a: ParallelArgs) -> bool:
+    """The MLP input is all-gathered: each MLP TP group spans several attention-DP groups."""
+    if a.enable_dp_attention:
+        assert a.dp_size > 1, "dp_size must be greater than 1"
+        if a.moe_dense_tp_size is None or not a.enable_dp_lm_head:
+            return True
+        if a.moe_a2a_backend == "none":
+            return True
+        return a.moe_dense_tp_size > a.tp_size // a.dp_size
+    return False
+
+
+def require_attn_tp_gather(a: ParallelArgs) -> bool:
+    """The attention input is scattered over attention TP (``--moe-dense-tp-size 1``, A2A MoE)."""
+    assert a.moe_dense_tp_size in (1, None)
+    if a.moe_a2a_backend != "none" or a.moe_dense_tp_size == 1:
+        return a.dp_size < a.tp_size if a.enable_dp_attention else True
+    return False
+
+
+def require_gathered_buffer(a: ParallelArgs) -> bool:
+    return require_mlp_tp_gather(a) or require_attn_tp_gather(a)
+
+
+def ceil_align(x: int, y: int) -> int:
+    return (x + y - 1) // y * y
+
+
+# --------------------------------------------------------------------------------------------------
+# 3. layers/dp_attention.py · compute_dp_attention_world_info
+# --------------------------------------------------------------------------------------------------
+def attention_tp_size(a: ParallelArgs) -> int:
+    """``tp_size // attn_dp_size // attn_cp_size``."""
+    return a.tp_size // (a.dp_size if a.enable_dp_attention else 1) // a.attn_cp_size
+
+
+# --------------------------------------------------------------------------------------------------
+# 4. model_executor/piecewise_cuda_graph_runner.py · PiecewiseCudaGraphRunner.__init__
+# --------------------------------------------------------------------------------------------------
+class NoCaptureSizes(AssertionError):
+    """The PR's assertion: nothing survives the filter."""
+
+
+def piecewise_mul_base(attn_tp_size: int, attn_cp_size: int = 1) -> int:
+    """``mul_base = attn_tp_size``, times ``attn_cp_size`` when that does not divide it."""
+    mul_base = attn_tp_size
+    if mul_base % attn_cp_size != 0:
+        mul_base *= attn_cp_size
+    return mul_base
+
+
+def filter_piecewise_capture_sizes(sizes: Sequence[int], attn_tp_size: int, attn_cp_size: int = 1,
+                                   *, gathered: bool = True) -> list[int]:
+    """After the PR: when ``require_gathered_buffer`` holds, keep only the sizes divisible by
+    :func:`piecewise_mul_base`; assert that one is left. Before the PR: ``sizes`` as given."""
+    sizes = list(sizes)
+    if not gathered:
+        return sizes
+    mul_base = piecewise_mul_base(attn_tp_size, attn_cp_size)
+    filtered = [n for n in sizes if n % mul_base == 0]
+    if not filtered:
+        raise NoCaptureSizes(f"No piecewise CUDA graph capture sizes are multiples of {mul_base}")
+    return filtered
+
+
+def lcm_base(attn_tp_size: int, attn_cp_size: int = 1) -> int:
+    """The least common multiple (``mul_base`` is a common multiple, e.g. tp 4, cp 6: 24 vs 12)."""
+    return math.lcm(attn_tp_size, attn_cp_size)
+
+
+def comment_base(attn_tp_size: int, attn_cp_size: int = 1) -> int:
+    """What the PR's comment says the code requires: ``attn_tp_size * attn_cp_size``."""
+    return attn_tp_size * attn_cp_size
+
+
+# --------------------------------------------------------------------------------------------------
+# 5. model_executor/cuda_graph_runner.py · get_batch_sizes_to_capture
+# --------------------------------------------------------------------------------------------------
+def decode_mul_base(attn_tp_size: int, attn_cp_size: int = 1, *, gathered: bool = True,
+                    two_batch_overlap: bool = False) -> int:
+    """x2 under two-batch overlap, x attention TP when gathered, x CP when CP does not divide it."""
+    mul_base = (2 if two_batch_overlap else 1) * (attn_tp_size if gathered else 1)
+    if mul_base % attn_cp_size != 0:
+        mul_base *= attn_cp_size
+    return mul_base
+
+
+def filter_decode_batch_sizes(batch_sizes: Sequence[int], attn_tp_size: int,
+                              attn_cp_size: int = 1, *, gathered: bool = True,
+                              two_batch_overlap: bool = False, num_max_requests: int | None = None,
+                              num_tokens_per_bs: int = 1) -> list[int]:
+    """Pad ``num_max_requests`` up to ``mul_base`` (and add it when the list goes past it), keep
+    ``bs * num_tokens_per_bs`` divisible by ``mul_base``, clamp, sort, de-duplicate."""
+    capture_bs = list(batch_sizes)
+    mul_base = decode_mul_base(attn_tp_size, attn_cp_size, gathered=gathered,
+                               two_batch_overlap=two_batch_overlap)
+    if two_batch_overlap:
+        num_tokens_per_bs = 1
+    if num_max_requests is None:
+        num_max_requests = max(capture_bs)
+    num_max_requests = ceil_align(num_max_requests, mul_base)
+    if max(capture_bs) > num_max_requests:
+        capture_bs += [num_max_requests]
+    capture_bs = [bs for bs in capture_bs if bs * num_tokens_per_bs % mul_base == 0]
+    capture_bs = sorted({bs for bs in capture_bs if bs <= num_max_requests})
+    assert len(capture_bs) > 0 and capture_bs[0] > 0, f"{capture_bs=}"
+    return capture_bs
+
+
+# --------------------------------------------------------------------------------------------------
+# 6. model_executor/runner/prefill_cuda_graph_runner.py · get_prefill_num_tokens_to_capture
+#    (0.5.22+)
+# --------------------------------------------------------------------------------------------------
+def round_up_capture_sizes(sizes: Iterable[int], alignment: int) -> list[int]:
+    """Round every size up to a multiple of ``alignment``, sort, de-duplicate."""
+    return sorted({ceil_align(n, alignment) for n in sizes})
+
+
+def today_alignment(attn_tp_size: int, attn_cp_size: int = 1, *, gathered: bool = True,
+                    two_batch_overlap: bool = False) -> int:
+    """``get_cuda_graph_batch_size_alignment`` (utils/common.py of 0.5.23): the decode runner's
+    ``mul_base``, two-batch overlap included."""
+    return decode_mul_base(attn_tp_size, attn_cp_size, gathered=gathered,
+                           two_batch_overlap=two_batch_overlap)
+
+
+def today_capture_sizes(sizes: Iterable[int], attn_tp_size: int, attn_cp_size: int = 1, *,
+                        gathered: bool = True, two_batch_overlap: bool = False) -> list[int]:
+    """``sorted({ceil_align(n, alignment) for n in sizes})`` with :func:`today_alignment`."""
+    return round_up_capture_sizes(sizes, today_alignment(attn_tp_size, attn_cp_size,
+                                                         gathered=gathered,
+                                                         two_batch_overlap=two_batch_overlap))
+
+
+def pick_bucket(num_tokens: int, buckets: Sequence[int]) -> int | None:
+    """The replay's pick: the smallest bucket >= ``num_tokens``; None above them (eager)."""
+    return next((b for b in sorted(buckets) if b >= num_tokens), None)
+
+
+VARIANTS = ("before", "pr_filter", "round_up")
+
+
+def policy_lists(sizes: Sequence[int], attn_tp: int, attn_cp: int = 1,
+                 two_batch_overlap: bool = False) -> dict[str, list[int]]:
+    """The switch: what each variant captures from ``sizes`` at attention TP/CP with the tokens
+    scattered: ``before`` (as given), ``pr_filter`` (empty where the PR's assertion fires),
+    ``round_up`` (as SGLang 0.5.23: :func:`today_capture_sizes`)."""
+    try:
+        kept = filter_piecewise_capture_sizes(sizes, attn_tp, attn_cp)
+    except NoCaptureSizes:
+        kept = []
+    return {"before": list(sizes), "pr_filter": kept,
+            "round_up": today_capture_sizes(sizes, attn_tp, attn_cp,
+                                            two_batch_overlap=two_batch_overlap)}
+
+
+# --------------------------------------------------------------------------------------------------
+# 7. layers/communicator.py · _scatter_hidden_states_and_residual,
+#    _gather_hidden_states_and_residual
+# --------------------------------------------------------------------------------------------------
+def shard_sizes(num_tokens: int, attn_tp_size: int) -> list[int]:
+    """Rows per rank under ``tensor_split(attn_tp_size)``: the first ``n % w`` get one more."""
+    q, r = divmod(num_tokens, attn_tp_size)
+    return [q + 1 if i < r else q for i in range(attn_tp_size)]
+
+
+class UnequalShards(ValueError):
+    """``tensor_split`` gave ranks different shard sizes; a reduce-scatter cannot run on them."""
+
+    def __init__(self, num_tokens: int, attn_tp_size: int):
+        self.num_tokens, self.attn_tp_size = num_tokens, attn_tp_size
+        self.shards = shard_sizes(num_tokens, attn_tp_size)
+        super().__init__(f"{num_tokens} tokens over attention TP {attn_tp_size}: tensor_split "
+                         f"gives shards {self.shards}; reduce_scatter_tensor needs every rank's "
+                         f"output to be input/{attn_tp_size} rows ({num_tokens} % {attn_tp_size} "
+                         f"= {num_tokens % attn_tp_size})")
+
+
+def check_equal_shards(num_tokens: int, attn_tp_size: int) -> None:
+    """Raise :class:`UnequalShards` before any collective when ``num_tokens`` does not split."""
+    if num_tokens % attn_tp_size != 0:
+        raise UnequalShards(num_tokens, attn_tp_size)
+
+
+def scatter_to_attn_tp(hidden, attn_tp_rank: int, attn_tp_size: int, group=None, *,
+                       check: bool = True):
+    """This rank's ``tensor_split`` shard of the (partial-sum) ``hidden``, overwritten in place with
+    the reduce-scatter of ``hidden`` over the attention-TP group. With ``check`` the shard sizes are
+    verified first, so a bad token count fails on every rank before any collective; without it the
+    collective library sees the unequal shards."""
+    if check:
+        check_equal_shards(hidden.shape[0], attn_tp_size)
+    local = hidden.tensor_split(attn_tp_size)[attn_tp_rank]
+    dist.reduce_scatter_tensor(local, hidden, group=group)
+    return local
+
+
+def gather_from_attn_tp(out, local, group=None):
+    """All-gather the per-rank shards into ``out``."""
+    dist.all_gather_into_tensor(out, local, group=group)
+    return out
+
+
+def dense_tp1_stand_in(x, weight, eps: float = 1e-6):
+    """What runs between scatter and gather here: a per-token RMSNorm (float32) with a weight,
+    standing in for the layernorm + dense MLP at TP 1. Row-wise: padding never changes real rows."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)) * weight

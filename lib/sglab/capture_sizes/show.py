@@ -1,0 +1,758 @@
+"""Tables and figures of notebook 06, from the rebuild (CPU) or a run (recorded or live), and "your
+own setup".
+
+Every function that takes a run accepts a :class:`~sglab.core.runs.NoRun` too and then shows its one
+line instead of a table or a figure.
+
+- tables of a run: per variant and size (:func:`summary`, :func:`run_facts`, :func:`size_status`),
+  per traced capture range (:func:`capture_ranges`, :func:`trace_summary`); the CPU tables of the
+  rebuild (:func:`size_table`, :func:`alignment_table`), for any list of sizes;
+- figures: :func:`mechanism` (the slide: the sizes split over the attention-TP ranks),
+  :func:`size_status_plot`, :func:`alignment_heatmaps`, :func:`capture_timeline`;
+- your own setup: :func:`rule_table` (a parallel layout -> the sizes per rule, a notebook control)
+  and :func:`command` (``sglab capture-sizes -- <server arguments>``: each release's own answer).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import textwrap
+from typing import Sequence
+
+import matplotlib.ticker
+import numpy as np
+import pandas as pd
+from matplotlib.patches import Patch
+
+from sglab.capture_sizes import rebuild as fx
+from sglab.capture_sizes import sglang
+from sglab.capture_sizes.measure import VARIANTS
+from sglab.core import notebook, plots, runs
+from sglab.sglang import PINNED, installed_releases
+from sglab.sglang.releases import parse_version
+
+
+# --------------------------------------------------------------------------------------------------
+# tables of a run
+# --------------------------------------------------------------------------------------------------
+def summary(df):
+    """Per variant and world size: sizes in the list, captured, failed (every failed size; the
+    first one and its stage), not reached, replayed correctly, worst replay error."""
+    out = []
+    for (variant, w), g in df.groupby(["variant", "world_size"], sort=False):
+        def count(metric):
+            return int(g.loc[g.metric == metric, "value"].sum())
+
+        failed = g[g.metric == "failed"]
+        errs = g.loc[g.metric == "replay_max_abs_err", "value"]
+        stage = failed["stage"].iloc[0] if len(failed) and "stage" in failed else ""
+        out.append({"variant": variant, "world_size": int(w), "sizes": int(g["size"].nunique()),
+                    "captured_or_ok": count("captured") + count("ok"), "failed": len(failed),
+                    "failed_sizes": [int(n) for n in failed["size"]],
+                    "first_failure": int(failed["size"].iloc[0]) if len(failed) else None,
+                    "failed_at": "" if pd.isna(stage) else str(stage),
+                    "not_reached": count("not_reached"), "replayed_ok": count("replay_ok"),
+                    "replay_checks": count("replay_checks"),
+                    "worst_replay_err": float(errs.max()) if len(errs) else None,
+                    "error": failed["error"].iloc[0] if len(failed) else ""})
+    out = pd.DataFrame(out)
+    if len(out):
+        rank = {v: i for i, v in enumerate(VARIANTS)}
+        out = out.sort_values(["world_size", "variant"], kind="stable",
+                              key=lambda c: c.map(rank) if c.name == "variant" else c)
+        out = out.reset_index(drop=True)
+        out["first_failure"] = out["first_failure"].astype("Int64")
+    return out
+
+
+def run_facts(run) -> dict:
+    """One run: world size, machine, the sizes torch refused, where the unfiltered loop stopped,
+    and per fixed list how many buckets captured and replayed, with the worst replay error."""
+    s, m = summary(run.df).set_index("variant"), run.manifest
+    stopped = s.loc["before", "first_failure"]
+    facts = {"run": run.path.name, "gpu": runs.gpu_short(m),
+             "world_size": int(m["params"]["world_size"]),
+             "gpus_on_machine": int(m.get("gpu_count_machine", m.get("gpu_count", 0))),
+             "date": str(m.get("created_utc", ""))[:10], "raw_sizes": int(s.loc["before", "sizes"]),
+             "before_captured": int(s.loc["before", "captured_or_ok"]),
+             "before_stopped_at": None if str(stopped) == "<NA>" else int(stopped),
+             "before_stage": s.loc["before", "failed_at"],
+             "refused_sizes": list(s.loc["before_probe", "failed_sizes"]),
+             "refused_error": s.loc["before_probe", "error"]}
+    for v in ("pr_filter", "round_up"):
+        facts.update({f"{v}_buckets": int(s.loc[v, "sizes"]),
+                      f"{v}_captured": int(s.loc[v, "captured_or_ok"]),
+                      f"{v}_replayed_ok": int(s.loc[v, "replayed_ok"]),
+                      f"{v}_replays": int(s.loc[v, "replay_checks"]),
+                      f"{v}_max_abs_err": float(s.loc[v, "worst_replay_err"])})
+    return facts
+
+
+def newest_per_world_size(runs_: list) -> list:
+    """The newest run of each (GPU model, world size), ordered by GPU model then world size."""
+    return list(runs.newest_by(runs_, lambda r: (runs.gpu_short(r),
+                                                 int(r.manifest["params"]["world_size"]))).values())
+
+
+STATUSES = ("captured + replayed", "captured", "ok (eager)", "failed", "not reached")
+
+
+def size_status(df):
+    """One status per (variant, size)."""
+    out = []
+    for (v, n), g in df.groupby(["variant", "size"]):
+        m = dict(zip(g.metric, g.value))
+        s = next((st for key, st in (("failed", "failed"), ("not_reached", "not reached"),
+                                     ("replay_ok", "captured + replayed"), ("captured", "captured"),
+                                     ("ok", "ok (eager)")) if m.get(key)), "?")
+        out.append({"variant": v, "size": int(n), "status": s})
+    return pd.DataFrame(out)
+
+
+def describe_run(run) -> str:
+    """Before vs after in a few sentences, every number from the run."""
+    f, w = run_facts(run), int(run.manifest["params"]["world_size"])
+    lines = [f"world size {f['world_size']} ({run.label}):",
+             f"  before: {f['before_captured']} of {f['raw_sizes']} sizes captured; the loop "
+             f"stopped at size {f['before_stopped_at']} in its {f['before_stage']} stage "
+             "(UnequalShards, before any collective)",
+             f"  without the shard check the collective refused {len(f['refused_sizes'])} of "
+             f"{f['raw_sizes']} sizes {f['refused_sizes']}: {f['refused_error'][:110]}"]
+    for v in ("pr_filter", "round_up"):
+        lines.append(f"  {v}: {f[f'{v}_captured']} of {f[f'{v}_buckets']} buckets captured, "
+                     f"{f[f'{v}_replayed_ok']} replayed correctly over {f[f'{v}_replays']} padded "
+                     f"replays (worst |error| {f[f'{v}_max_abs_err']:.2e})")
+    raw = sorted(run.df.loc[run.df.variant == "before", "size"].astype(int).unique())
+    lists = fx.policy_lists(raw, w)
+    if lists["pr_filter"] == lists["round_up"]:
+        lines.append("  the PR's list and the rounded-up list are identical here (every dropped "
+                     "size rounds onto a bucket already in the list): this run shows that both "
+                     "work, not which is better")
+    return "\n".join(lines)
+
+
+_SIZE_RANGE = re.compile(r"^phase::(warmup|capture|refused) (\d+)$")
+
+
+def capture_ranges(events):
+    """One row per traced ``warmup n`` / ``capture n`` range, per rank and variant: whether a
+    ``refused n`` mark lies inside it, the collective calls the host issued in it and the device
+    kernels that ran in it (NCCL ones and all). Device work is placed by time: each size's range
+    ends with a synchronisation, so what it launched ran inside it."""
+    cols = ["rank", "variant", "stage", "size", "refused", "reduce_scatters", "all_gathers",
+            "nccl_kernels", "kernels", "start_us", "dur_us"]
+    if events is None or not len(events):
+        return pd.DataFrame(columns=cols)
+    host = ~(events.lane.str.startswith("stream") | (events.lane == "device"))
+    rows = []
+    for (rank, variant), ev in events.groupby(["rank", "variant"], sort=True):
+        h = host.loc[ev.index].to_numpy()
+        start, end = ev.start_us.to_numpy(), (ev.start_us + ev.dur_us).to_numpy()
+        parsed = ev.name.map(lambda s: _SIZE_RANGE.match(s))
+        is_range = (ev.category == "range").to_numpy() & h & parsed.notna().to_numpy()
+        kind = np.array([m.group(1) if m else "" for m in parsed])
+        ops, kern = (ev.category == "op").to_numpy() & h, (ev.category == "kernel").to_numpy()
+        rs = ops & ev.name.str.contains("reduce_scatter").to_numpy()
+        ag = ops & ev.name.str.contains("allgather|all_gather").to_numpy()
+        nccl = kern & ev.name.str.contains("nccl", case=False).to_numpy()
+        for i in np.flatnonzero(is_range & (kind != "refused")):
+            inside = (start >= start[i]) & (start <= end[i])
+            rows.append({"rank": int(rank), "variant": variant, "stage": kind[i],
+                         "size": int(parsed.iloc[i].group(2)),
+                         "refused": bool((inside & is_range & (kind == "refused")).any()),
+                         "reduce_scatters": int((inside & rs).sum()),
+                         "all_gathers": int((inside & ag).sum()),
+                         "nccl_kernels": int((inside & nccl).sum()),
+                         "kernels": int((inside & kern).sum()), "start_us": float(start[i]),
+                         "dur_us": float(end[i] - start[i])})
+    return pd.DataFrame(rows, columns=cols).sort_values(["rank", "variant", "start_us"]) \
+        .reset_index(drop=True)
+
+
+def trace_summary(events):
+    """Per rank, variant and kind of range: how many, and the collective calls and NCCL kernels in
+    each (min–max)."""
+    cr = capture_ranges(events)
+    if not len(cr):
+        return cr
+    cr = cr.assign(kind=cr.stage.where(~cr.refused, cr.stage + " (refused)"))
+    g = cr.groupby(["rank", "variant", "kind"], sort=True)
+    out = g.size().rename("ranges").to_frame()
+    for col in ("reduce_scatters", "all_gathers", "nccl_kernels", "kernels"):
+        out[col] = g[col].agg(lambda x: f"{x.min()}" if x.min() == x.max()
+                              else f"{x.min()}–{x.max()}")
+    return out.reset_index()
+
+
+# --------------------------------------------------------------------------------------------------
+# CPU tables of the rebuild
+# --------------------------------------------------------------------------------------------------
+def size_table(attn_tp: int, max_tokens: int = 2048, sizes: list[int] | None = None,
+               attn_cp: int = 1):
+    """One row per capture size (default: the PR-era default list): its shards at ``attn_tp``,
+    whether the reduce-scatter accepts them, whether the PR keeps it, where rounding up sends it."""
+    sizes = sizes if sizes is not None else fx.default_piecewise_capture_sizes(max_tokens)
+    base = fx.piecewise_mul_base(attn_tp, attn_cp)
+    kept = set(fx.policy_lists(sizes, attn_tp, attn_cp)["pr_filter"])
+    return pd.DataFrame([{"size": n, "shards": fx.shard_sizes(n, attn_tp) if attn_tp <= 8 else None,
+                          "equal_shards": n % attn_tp == 0, "kept_by_pr": n in kept,
+                          "rounded_up_to": fx.ceil_align(n, base)} for n in sizes])
+
+
+def padding_waste(buckets: Sequence[int], max_tokens: int) -> dict:
+    """Padding of replaying token counts 1..``max_tokens`` (equally likely) on ``buckets``:
+    ``covered``, ``eager`` (above the largest bucket), ``pad_tokens``, ``pad_frac`` (per real
+    token)."""
+    bs, pad, real_, covered, i = sorted(buckets), 0, 0, 0, 0
+    for t in range(1, max_tokens + 1):
+        while i < len(bs) and bs[i] < t:
+            i += 1
+        if i == len(bs):
+            continue
+        covered, real_, pad = covered + 1, real_ + t, pad + bs[i] - t
+    return {"covered": covered, "eager": max_tokens - covered, "pad_tokens": pad,
+            "pad_frac": pad / real_ if real_ else float("nan")}
+
+
+def alignment_table(max_tokens: int = 2048, attn_tps=range(1, 9), attn_cps=range(1, 5),
+                    sizes: Sequence[int] | None = None):
+    """For attention TP x CP x two-batch overlap: the bases, the buckets each policy keeps and
+    their padding (every token count 1..max_tokens equally likely: a stated model, not a trace;
+    ``eager_*``: the token counts above the largest bucket)."""
+    default = list(sizes) if sizes is not None else fx.default_piecewise_capture_sizes(max_tokens)
+    base_waste = padding_waste(default, max_tokens)
+    out = []
+    for tp in attn_tps:
+        for cp in attn_cps:
+            for tbo in (False, True):
+                pr, lcm = fx.piecewise_mul_base(tp, cp), fx.lcm_base(tp, cp)
+                dec = fx.decode_mul_base(tp, cp, two_batch_overlap=tbo)
+                kept_pr = [n for n in default if n % pr == 0]
+                rounded = fx.today_capture_sizes(default, tp, cp, two_batch_overlap=tbo)
+                w_pr = padding_waste(kept_pr, max_tokens) if kept_pr else None
+                w_rd = padding_waste(rounded, max_tokens)
+                out.append({"attn_tp": tp, "attn_cp": cp, "two_batch_overlap": tbo,
+                            "mul_base_pr": pr, "mul_base_decode": dec, "lcm": lcm,
+                            "tp_x_cp": tp * cp, "n_default": len(default), "n_pr": len(kept_pr),
+                            "n_decode_style": len([n for n in default if n % dec == 0]),
+                            "n_lcm": len([n for n in default if n % lcm == 0]),
+                            "n_round_up": len(rounded), "lost_pr": len(default) - len(kept_pr),
+                            "lost_round_up": len(default) - len(rounded),
+                            "pr_below_decode_base": len([n for n in kept_pr if n % dec]),
+                            "pad_frac_default": base_waste["pad_frac"],
+                            "pad_frac_pr": w_pr["pad_frac"] if w_pr else None,
+                            "pad_frac_round_up": w_rd["pad_frac"],
+                            "eager_pr": w_pr["eager"] if w_pr else max_tokens,
+                            "eager_round_up": w_rd["eager"], "pr_asserts": not kept_pr})
+    return pd.DataFrame(out)
+
+
+# --------------------------------------------------------------------------------------------------
+# figures
+# --------------------------------------------------------------------------------------------------
+_SHARD_COLORS = {"equal": "#aed6f1", "more": "#e6b0aa", "fewer": "#fadbd8"}
+
+
+def mechanism(attn_tp: int = 8, max_tokens: int = 2048, sizes: Sequence[int] | None = None, *,
+              attn_cp: int = 1, max_cols: int = 12):
+    """The capture sizes against the attention-TP ranks: each size's ``tensor_split`` shard per
+    rank (rows), the sizes with unequal shards (which the reduce-scatter refuses) marked, and below
+    them what the PR's filter keeps and what rounding up to ``mul_base`` makes of each size."""
+    sizes = list(sizes) if sizes is not None else fx.default_piecewise_capture_sizes(max_tokens)
+    lists = fx.policy_lists(sizes, attn_tp, attn_cp)
+    base = fx.piecewise_mul_base(attn_tp, attn_cp)
+    bad = [i for i, n in enumerate(sizes[:max_cols]) if n % attn_tp]
+    cols = sizes[:min(len(sizes), (bad[-1] + 2) if bad else 4, max_cols)]
+    rest = sizes[len(cols):]
+    cw, x0, rh = 0.98, 1.7, 0.42
+    width = x0 + cw * (len(cols) + (1.6 if rest else 0)) + 0.2
+    height = rh * (attn_tp + 2) + 2.35
+    fig, ax = plots.canvas(min(13.0, 1.0 + width * 0.95), 1.2 + height * 0.62, xlim=(0, width),
+                           ylim=(0, height))
+    top = height - 1.05
+    yb = top - rh * attn_tp
+    for j, n in enumerate(cols):
+        _size_column(ax, x0 + j * cw, top, n, attn_tp, rh, lists, base, set(sizes))
+    for i in range(attn_tp):
+        plots.label(ax, 0.05, top - rh * (i + 0.5), f"rank {i}", fontsize=8, weight="normal")
+    plots.label(ax, 0.05, yb - 0.45, "PR filter", fontsize=8)
+    plots.label(ax, 0.05, yb - 0.45 - rh - 0.04, f"round up (×{base})", fontsize=8)
+    if rest:
+        _rest_column(ax, x0 + len(cols) * cw, top, yb, rest, attn_tp, lists, rh)
+    _mechanism_title(ax, height, sizes, attn_tp, attn_cp, lists)
+    return fig
+
+
+def _size_column(ax, x, top, n, tp, rh, lists, base, original) -> None:
+    refused = n % tp != 0
+    ax.text(x + 0.44, top + 0.12, str(n), ha="center", va="bottom", fontsize=9, fontweight="bold",
+            color=plots.PALETTE["before"] if refused else plots.PALETTE["neutral"])
+    if refused:
+        ax.text(x + 0.44, top + 0.42, "✗ refused", ha="center", va="bottom", fontsize=7,
+                color=plots.PALETTE["before"])
+    shards = fx.shard_sizes(n, tp)
+    for i, s in enumerate(shards):
+        color = "equal" if not refused else ("more" if s > min(shards) else "fewer")
+        plots.box(ax, x, top - rh * (i + 1) + 0.04, 0.88, rh - 0.08, str(s),
+                  color=_SHARD_COLORS[color], fontsize=7.5)
+    yb = top - rh * tp
+    kept = n in lists["pr_filter"]
+    plots.box(ax, x, yb - 0.45 - rh / 2 + 0.04, 0.88, rh - 0.08, str(n) if kept else "dropped",
+              color="kept" if kept else "neutral", fontsize=7)
+    up = fx.ceil_align(n, base)
+    text = str(up) if up == n else f"→ {up}" + (", merged" if up in original else "")
+    plots.box(ax, x, yb - 0.45 - rh * 1.5, 0.88, rh - 0.08, text,
+              color="kept" if up == n else "accent", fontsize=7)
+
+
+def _rest_column(ax, x, top, yb, rest, tp, lists, rh) -> None:
+    bad = [n for n in rest if n % tp]
+    kept = [n for n in rest if n in lists["pr_filter"]]
+    plots.box(ax, x + 0.1, yb + 0.04, 1.3, top - yb - 0.08,
+              f"{rest[0]} … {rest[-1]}\n{len(rest)} more sizes\n"
+              + (f"{len(bad)} refused" if bad else "all split equally"),
+              color="removed" if bad else _SHARD_COLORS["equal"], fontsize=7.5)
+    plots.box(ax, x + 0.1, yb - 0.45 - rh / 2 + 0.04, 1.3, rh - 0.08, f"{len(kept)} kept",
+              color="kept", fontsize=7)
+    moved = [n for n in rest if n not in lists["round_up"]]
+    plots.box(ax, x + 0.1, yb - 0.45 - rh * 1.5, 1.3, rh - 0.08,
+              f"{len(moved)} rounded up" if moved else "unchanged",
+              color="accent" if moved else "kept", fontsize=7)
+
+
+def _mechanism_title(ax, height, sizes, tp, cp, lists) -> None:
+    dropped = [n for n in sizes if n not in lists["pr_filter"]]
+    moved = [n for n in sizes if n not in lists["round_up"]]
+    merged = [n for n in moved if fx.ceil_align(n, fx.piecewise_mul_base(tp, cp)) in sizes]
+    ax.text(0.05, height - 0.12, f"{len(sizes)} capture sizes split over attention TP {tp}"
+                                 + (f", attention CP {cp}" if cp != 1 else "")
+                                 + " (tensor_split: the first n % TP ranks get one row more)",
+            fontsize=10, fontweight="bold", va="top", color=plots.PALETTE["neutral"])
+    drops = ", ".join(map(str, dropped[:8])) + (" …" if len(dropped) > 8 else "")
+    note = (f"PR filter keeps {len(lists['pr_filter'])} of {len(sizes)}"
+            + (f" (drops {drops})" if dropped else "")
+            + f"; rounding up gives {len(lists['round_up'])} buckets"
+            + (f" ({len(merged)} of the {len(moved)} rounded sizes land on a size already in the "
+               "list)" if moved else ""))
+    ax.text(0.05, 0.42, note, fontsize=8, va="bottom", color="#555555")
+    legend = [Patch(facecolor=_SHARD_COLORS[k], edgecolor="#566573", label=text) for k, text in
+              (("equal", "rows per rank, equal shards"), ("more", "unequal: one row more"),
+               ("fewer", "unequal: one row fewer"))]
+    ax.legend(handles=legend, loc="lower left", ncol=3, fontsize=7.5, bbox_to_anchor=(0.0, -0.03))
+
+
+STATUS_COLORS = dict(zip(STATUSES, (plots.PALETTE["after"], plots.PALETTE["graph"],
+                                    plots.PALETTE["eager"], plots.PALETTE["before"], "#d5d8dc")))
+
+
+def size_status_plot(run):
+    """One dot per (variant, size), coloured by what happened to it; failed sizes labelled."""
+    st = size_status(run.df)
+    fig, ax = plots.figure(width=10, height=2.8)
+    for y, v in enumerate(VARIANTS):
+        sub = st[st.variant == v]
+        for status, color in STATUS_COLORS.items():
+            pts = sub[sub.status == status]
+            if len(pts):
+                ax.scatter(pts["size"], [y] * len(pts), color=color, s=28, label=status)
+        for n in sub[sub.status == "failed"]["size"]:
+            ax.annotate(str(n), (n, y), textcoords="offset points", xytext=(0, 6), ha="center",
+                        fontsize=7, color=STATUS_COLORS["failed"])
+    handles, labels = ax.get_legend_handles_labels()
+    uniq = dict(zip(labels, handles))
+    ax.legend(uniq.values(), uniq.keys(), loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_yticks(range(len(VARIANTS)), VARIANTS)
+    ax.set_ylim(-0.5, len(VARIANTS) - 0.3)
+    ax.set_xlabel("capture size (tokens, log scale)")
+    w = run.manifest["params"]["world_size"]
+    ax.set_title(f"capture sizes at attention TP {w}")
+    plots.caption(fig, run, f"world size {w}")
+    return fig
+
+
+def alignment_heatmaps(table, max_tokens: int, n_default: int):
+    """Buckets kept by the PR filter and by rounding up, and the PR filter's padding, per
+    (attention TP, CP), two-batch overlap off; ``assert`` where the PR's assertion fires."""
+    off = table[~table.two_batch_overlap]
+    off = off.assign(n_pr=off.n_pr.where(~off.pr_asserts))  # no bucket: the assertion fires
+    fig, axes = plots.figure(ncols=3, width=13.5, height=3.6)
+    axes = np.ravel(axes)
+    for ax, col, title in [(axes[0], "n_pr", "buckets kept: PR filter"),
+                           (axes[1], "n_round_up", "buckets kept: rounded up"),
+                           (axes[2], "pad_frac_pr",
+                            "padding overhead: PR filter\n(token counts ≤ largest bucket)")]:
+        grid = off.pivot(index="attn_cp", columns="attn_tp", values=col).astype(float)
+        ax.imshow(grid.values, cmap="viridis", aspect="auto", origin="lower")
+        ax.set_xticks(range(grid.shape[1]), grid.columns)
+        ax.set_yticks(range(grid.shape[0]), grid.index)
+        ax.set(xlabel="attention TP", ylabel="attention CP", title=title)
+        ax.grid(False)
+        for (i, j), v in np.ndenumerate(grid.values):
+            txt = "assert" if np.isnan(v) else (f"{v:.0%}" if col.startswith("pad") else f"{v:.0f}")
+            ax.text(j, i, txt, ha="center", va="center", fontsize=7,
+                    color="red" if np.isnan(v) else "white")
+    plots.caption(fig, None, f"default list of {n_default} sizes up to {max_tokens}; two-batch "
+                             f"overlap off; padding = padded / real tokens, token counts "
+                             f"1..{max_tokens} equally likely")
+    return fig
+
+
+def _window_limit(cr, rank: int) -> int:
+    """The largest size drawn: the first accepted size above the largest refused one."""
+    before = cr[(cr["rank"] == rank) & (cr.variant == "before") & (cr.stage == "capture")]
+    refused = before.loc[before.refused, "size"]
+    if not len(refused):
+        return int(before["size"].nsmallest(6).max()) if len(before) else 0
+    above = before.loc[~before.refused & (before["size"] > refused.max()), "size"]
+    return int(above.min()) if len(above) else int(refused.max())
+
+
+def tail_window(events, rank: int = 0, up_to: int | None = None) -> dict:
+    """One rank's capture ranges of sizes <= ``up_to`` (default: the first accepted size above the
+    largest refused one), per variant, for :func:`sglab.core.plots.timeline`: host ranges named by
+    their size, refused sizes' ranges left out (the figure marks them), all CUDA streams on one
+    ``device`` lane; times re-zeroed per variant. ``{name: (events, refused marks)}``."""
+    cr = capture_ranges(events)
+    up_to = _window_limit(cr, rank) if up_to is None else up_to
+    out = {}
+    for variant in ("before", "after"):
+        rs = cr[(cr["rank"] == rank) & (cr.variant == variant) & (cr.stage == "capture")
+                & (cr["size"] <= up_to)]
+        if not len(rs):
+            continue
+        t0, t1 = rs.start_us.min(), (rs.start_us + rs.dur_us).max()
+        ev = events[(events["rank"] == rank) & (events.variant == variant)
+                    & (events.start_us >= t0) & (events.start_us <= t1)].copy()
+        device = ev.lane.str.startswith("stream") | (ev.lane == "device")
+        ev = ev[~(device & (ev.category == "range"))]
+        ev.loc[device, "lane"] = "device"
+        bad = rs.loc[rs.refused, "size"]
+        marks = ev[ev.name.isin({f"phase::refused {n}" for n in bad})]
+        ev = ev[~ev.name.isin({f"phase::{k} {n}" for n in bad for k in ("capture", "refused")})]
+        ev["name"] = ev.name.str.replace(r"^phase::capture ", "phase::", regex=True)
+        out[f"{variant} · rank {rank}"] = (ev.assign(start_us=ev.start_us - t0),
+                                           marks.assign(start_us=marks.start_us - t0))
+    return out
+
+
+def capture_timeline(events, rank: int = 0, up_to: int | None = None, run=None):
+    """Before and after swim-lanes of one rank's small capture sizes (where the refusals are): each
+    size's range on the host, the collective calls and NCCL kernels highlighted, and a red ✗ where
+    a size was refused (the error caught before any collective)."""
+    windows = tail_window(events, rank, up_to)
+    fig = plots.timeline({k: ev for k, (ev, _) in windows.items()}, highlight=r"c10d::|nccl",
+                         highlight_label="collective (host call / NCCL kernel)",
+                         categories=("kernel", "runtime", "range", "op"),
+                         title=f"capture loop, small sizes, rank {rank}: before (raw list) vs "
+                               "after (PR filter)")
+    ax = fig.axes[0]
+    rows = {t.get_text(): t.get_position()[1] for t in ax.get_yticklabels()}
+    for name, (_, marks) in windows.items():
+        y = rows.get(f"{name} · host")
+        if y is None or not len(marks):
+            continue
+        ax.scatter(marks.start_us, [y] * len(marks), marker="x", color=plots.PALETTE["before"],
+                   s=60, zorder=5)
+        for r in marks.itertuples():
+            ax.annotate(r.name.replace("phase::", ""), (r.start_us, y), textcoords="offset points",
+                        xytext=(0, -16), ha="center", fontsize=7, color=plots.PALETTE["before"])
+    if run is not None:
+        plots.caption(fig, run, "traced pass, separate from the measured one; range labels: "
+                                "capture size")
+    return fig
+
+
+# --------------------------------------------------------------------------------------------------
+# the GPU sections of the notebook, each shown from the run (or its NoRun line)
+# --------------------------------------------------------------------------------------------------
+@notebook.needs_run
+def measured(run) -> None:
+    """Every recorded run in one table, then per run shown: its summary, the status of each size,
+    and before vs after in words."""
+    every = run.shown if run.live else runs.load_all_recorded(run.manifest["experiment"])
+    notebook.show_table(pd.DataFrame([run_facts(r) for r in every])
+                        .drop(columns=["refused_error"]).T)
+    for r in run.shown:
+        print(f"\n— {r.label} (world size {r.manifest['params']['world_size']}) —")
+        notebook.show_table(summary(r.df).drop(columns=["error"]))
+        notebook.show_figure(size_status_plot(r))
+        print(describe_run(r))
+
+
+@notebook.needs_run
+def profiler(run) -> None:
+    """Per run shown: the traced capture loop's small sizes on one time axis, and the collective
+    calls and kernels per kind of range."""
+    for r in run.shown:
+        events = r.sidecar("events")
+        if events is None:
+            print(f"{r.label}: this run predates profiler traces; a new recording adds them "
+                  f"(`sglab record capture_sizes` on {r.manifest['params']['world_size']} GPUs).")
+            continue
+        notebook.show_figure(capture_timeline(events, rank=0, run=r))
+        notebook.show_table(trace_summary(events))
+        if r.sidecar("trace") is not None:
+            print(f"Perfetto trace of rank 0 (https://ui.perfetto.dev): {r.sidecar('trace')}")
+
+
+# --------------------------------------------------------------------------------------------------
+# your own setup: a parallel layout (notebook control), your server arguments (command)
+# --------------------------------------------------------------------------------------------------
+def _few(sizes, head: int = 5) -> str:
+    return ", ".join(map(str, sizes[:head])) + (", …" if len(sizes) > head else "")
+
+
+def rule_table(attn_tp: int, attn_cp: int, dense_tp1: bool, tbo: bool,
+               max_tokens: int = fx.MLA_MAX_TOKENS):
+    """Per rule, the piecewise sizes of the default list for attention TP ``attn_tp`` x CP
+    ``attn_cp`` (no DP attention), dense MLP at TP 1 or not, two-batch overlap or not, and which of
+    them the reduce-scatter refuses. Releases per rule as found in the released wheels."""
+    a = fx.ParallelArgs(tp_size=int(attn_tp) * int(attn_cp), attn_cp_size=int(attn_cp),
+                        moe_dense_tp_size=1 if dense_tp1 else None,
+                        enable_two_batch_overlap=bool(tbo))
+    tp, cp, g = fx.attention_tp_size(a), a.attn_cp_size, fx.require_gathered_buffer(a)
+    default = fx.default_piecewise_capture_sizes(max_tokens)
+    align = fx.decode_mul_base(tp, cp, gathered=g, two_batch_overlap=a.enable_two_batch_overlap)
+    try:
+        pr = fx.filter_piecewise_capture_sizes(default, tp, cp, gathered=g)
+    except fx.NoCaptureSizes:
+        pr = None
+    rules = [("before #23972", "0.5.10.post1", 1, default),
+             ("#23972 filter", "0.5.11 – 0.5.13", fx.piecewise_mul_base(tp, cp) if g else 1, pr),
+             ("no alignment", "0.5.14 – 0.5.21", 1, default),
+             ("round-up", "0.5.22 +", align, fx.round_up_capture_sizes(default, align)),
+             ("decode runner's rule on this list", "decode, every release", align,
+              fx.filter_decode_batch_sizes(default, tp, cp, gathered=g,
+                                           two_batch_overlap=a.enable_two_batch_overlap))]
+    rows = []
+    for rule, releases, base, sizes in rules:
+        row = {"rule": rule, "releases": releases, "multiple of": base}
+        if sizes is None:
+            rows.append({**row, "captures": 0, "refused": "the PR's assertion: no size is a "
+                                                          "multiple, the server does not start"})
+            continue
+        refused = [n for n in sizes if g and n % tp]
+        rows.append({**row, "captures": len(sizes),
+                     "refused": f"{len(refused)}: {_few(refused)}" if refused else "none",
+                     "smallest sizes": _few(sizes, 6)})
+    df = pd.DataFrame(rows)
+    df.attrs["setting"] = (f"attention TP {tp}, CP {cp}, "
+                           + ("tokens scattered over attention TP (dense TP 1)" if g
+                              else "no token scatter (all-reduce): nothing to refuse"))
+    if cp > 1:
+        df.attrs["setting"] += ("; 0.5.10.post1 to 0.5.13 turn the piecewise runner off under "
+                                "context parallelism unless --enforce-piecewise-cuda-graph "
+                                "(ServerArgs._handle_piecewise_cuda_graph)")
+    return df
+
+
+def your_setup():
+    """Attention TP, CP, dense TP 1 and two-batch overlap -> the piecewise sizes per rule and the
+    refused ones (controls in JupyterLab, a static table elsewhere)."""
+    return notebook.explore(rule_table, {"attn_tp": [1, 2, 3, 4, 5, 6, 7, 8],
+                                         "attn_cp": [1, 2, 3, 4], "dense_tp1": [True, False],
+                                         "tbo": [False, True]},
+                            static=[{"attn_tp": 8, "attn_cp": 1, "dense_tp1": True, "tbo": False},
+                                    {"attn_tp": 8, "attn_cp": 1, "dense_tp1": True, "tbo": True},
+                                    {"attn_tp": 3, "attn_cp": 1, "dense_tp1": True, "tbo": False}],
+                            title="Your parallel layout: piecewise capture sizes per rule, and "
+                                  "the refused ones")
+
+
+LISTS = ("piecewise", "decode")
+FAILED = ("error", "unsupported", "not-run", "probe-error")
+
+
+def _rebuild(kind: str, configured: list[int], f: dict) -> dict:
+    """The rebuild's rules on the list the release configured: #23972's filter (decode: the
+    runner's own rule, which the PR copied) and the 0.5.22+ round-up."""
+    tp, cp, g = f["attn_tp_size"], f["attn_cp_size"], f["gathered_buffer"]
+    tbo = f["enable_two_batch_overlap"]
+    align = fx.decode_mul_base(tp, cp, gathered=g, two_batch_overlap=tbo)
+    if kind == "decode":
+        return {"filter_base": align, "round_up_alignment": None, "round_up": None,
+                "filter_keeps": fx.filter_decode_batch_sizes(configured, tp, cp, gathered=g,
+                                                             two_batch_overlap=tbo,
+                                                             num_max_requests=f["pool_size"])}
+    try:
+        kept = fx.filter_piecewise_capture_sizes(configured, tp, cp, gathered=g)
+    except fx.NoCaptureSizes:
+        kept = None  # the PR's assertion fires: the server does not start
+    return {"filter_base": fx.piecewise_mul_base(tp, cp) if g else 1, "filter_keeps": kept,
+            "round_up_alignment": align, "round_up": fx.round_up_capture_sizes(configured, align)}
+
+
+def sizes_table(rows, case: str = "args"):
+    """One row per release x list (``piecewise`` / ``decode``): what the release captures (or why
+    the list is off), which captured sizes the attention-TP reduce-scatter refuses (with the tokens
+    scattered, ``n % attn_tp != 0``; a decode size counts one token per request), and the rebuild's
+    rules on the configured list; or one row per release that did not answer (``status``
+    ``error``, ``unsupported``, ``not-run`` or ``probe-error``, the reason in ``note``)."""
+    out = []
+    for release, d in rows[rows.case == case].groupby("release", sort=False):
+        f = dict(zip(d.metric, d.value))
+        bad = next((m for m in FAILED if m in f), None)
+        if bad:
+            out.append({"release": release, "list": "", "status": bad, "note": str(f[bad])})
+            continue
+        for kind in LISTS:
+            off = f.get(f"{kind}_off")
+            captured = [] if off else list(f[kind])
+            tp, g = f["attn_tp_size"], f["gathered_buffer"]
+            row = {"release": release, "list": kind, "status": "off" if off else "captured",
+                   "note": off or "", "attn_tp": tp, "attn_cp": f["attn_cp_size"], "gathered": g,
+                   "two_batch_overlap": f["enable_two_batch_overlap"],
+                   "configured": list(f[f"configured_{kind}"]), "captured": captured,
+                   "refused": [n for n in captured if g and n % tp != 0]}
+            out.append({**row, **(dict.fromkeys(("filter_base", "filter_keeps",
+                                                 "round_up_alignment", "round_up")) if off
+                                  else _rebuild(kind, row["configured"], f))})
+    return pd.DataFrame(out, dtype=object)
+
+
+def _cells(r) -> list[str]:
+    if r.status not in ("captured", "off"):
+        return [r.release, "", "", f"{r.status}: {r.note}"]
+    where = f"{r.list}, attn TP {r.attn_tp}" + (f" × CP {r.attn_cp}" if r.attn_cp > 1 else "")
+    if r.status == "off":
+        return [r.release, where, "off", f"not captured ({r.note})"]
+    c = r.captured
+    refused = ("none (no token scatter)" if not r.gathered
+               else f"{len(r.refused)}: {_few(r.refused)}" if r.refused else "none")
+    what = "PR filter" if r.list == "piecewise" else "decode rule"
+    tail = [f"{what}: asserts, no size is a multiple of {r.filter_base}"
+            if r.filter_keeps is None else f"{what} keeps {len(r.filter_keeps)} of "
+            f"{len(r.configured)} (multiples of {r.filter_base})"]
+    if r.round_up is not None:
+        a = r.round_up_alignment
+        moved = [f"{n}→{fx.ceil_align(n, a)}" for n in r.configured if n % a]
+        tail.append(f"round-up to multiples of {a}: {len(r.round_up)}"
+                    + (f" ({_few(moved, 3)})" if moved else ""))
+    return [r.release, where, f"{len(c)}: {c[0]}–{c[-1]}" if c else "none",
+            f"refused {refused}; " + "; ".join(tail)]
+
+
+def render(table) -> str:
+    """The table as text: release, list, captured sizes, what is refused, the rebuild's rules."""
+    head = ["release", "list", "captured",
+            "refused by the reduce-scatter; rebuild (#23972 filter, 0.5.22+ round-up)"]
+    cells = [head] + [_cells(r) for r in table.itertuples()]
+    widths = [max(len(c[i]) for c in cells) for i in range(3)]
+    return "\n".join("  ".join(c[i].ljust(widths[i]) for i in range(3)) + "  " + c[3]
+                     for c in cells)
+
+
+def captured_lists(table, width: int = 100) -> str:
+    """Each distinct captured list once, with the releases that capture it."""
+    ok, out = table[table.status == "captured"], []
+    for kind in LISTS:
+        groups: dict[tuple, list[str]] = {}
+        for r in ok[ok.list == kind].itertuples():
+            groups.setdefault(tuple(r.captured), []).append(r.release)
+        for sizes, releases in groups.items():
+            out.append(f"{kind}, sglang {', '.join(releases)} ({len(sizes)} sizes):")
+            out.append(textwrap.fill(" ".join(map(str, sizes)), width, initial_indent="  ",
+                                     subsequent_indent="  "))
+    return "\n".join(out)
+
+
+def notes(table) -> list[str]:
+    """The two-batch-overlap gap between the PR's filter and the rules that double the base."""
+    pw = table[(table.status == "captured") & (table.list == "piecewise")]
+    for r in pw.itertuples():
+        if r.two_batch_overlap and r.filter_keeps and r.filter_base != r.round_up_alignment:
+            gap = [n for n in r.filter_keeps if n % r.round_up_alignment]
+            return [f"two-batch overlap: the decode rule and the 0.5.22+ round-up align to "
+                    f"{r.round_up_alignment}, the PR's filter to {r.filter_base}; it keeps "
+                    f"{len(gap)} sizes that are not multiples of {r.round_up_alignment} "
+                    f"({_few(gap)})"]
+    return []
+
+
+def assumptions(rows, *, mla: bool, gpu_mem_gb: float, model: str, case: str = "args") -> str:
+    """What the table assumes about the model and the machine, and what SGLang derived from it."""
+    d = rows[rows.case == case]
+    lines = [f"assumed: {gpu_mem_gb:g} GB per GPU (a CUDA host), a request pool of 4096 unless "
+             f"--max-running-requests; 0.5.10.post1–0.5.13: {'an MLA' if mla else 'a non-MLA'} "
+             f"text model; 0.5.14 on: the model config {model}"]
+    for release, g in d.groupby("release", sort=False):
+        f = dict(zip(g.metric, g.value))
+        if "piecewise_max_tokens" in f:
+            lines.append(f"  sglang {release}: piecewise max tokens {f['piecewise_max_tokens']}, "
+                         f"decode max bs {f['decode_max_bs']}, request pool {f['pool_size']}"
+                         + (f", attention backend {f['attention_backend']} (chosen without a GPU)"
+                            if f.get("attention_backend") else ""))
+    return "\n".join(lines)
+
+
+def to_csv(table, path) -> None:
+    """The table with each list written as space-separated sizes."""
+    flat = table.copy()
+    for col in ("configured", "captured", "refused", "filter_keeps", "round_up"):
+        if col in flat:
+            flat[col] = [" ".join(map(str, v)) if isinstance(v, list) else "" for v in flat[col]]
+    flat.to_csv(path, index=False)
+
+
+def _fail(msg: str, code: int = 2) -> int:
+    print(f"sglab capture-sizes: {msg}", file=sys.stderr)
+    return code
+
+
+def pick_releases(requested: list[str] | None) -> list[str]:
+    """The installed pinned releases, or the ``requested`` ones (each must be installed); a
+    one-line ``ValueError`` otherwise."""
+    installed = installed_releases()
+    if not requested:
+        picked = [v for v in PINNED if v in installed]
+        if not picked:
+            raise ValueError("no SGLang release is installed under .sglang/ (run `sglab real "
+                             "install`)")
+        return picked
+    for v in requested:
+        parse_version(v)
+        if v not in installed:
+            raise ValueError(f"sglang {v} is not installed (installed: "
+                             f"{', '.join(installed) or 'none'}; run `sglab real install "
+                             f"--releases {v}`)")
+    return list(dict.fromkeys(requested))
+
+
+def command(argv: list[str], *, releases: list[str] | None = None, mla: bool = True,
+            gpu_mem_gb: float = 141.0, model: str = sglang.MODEL, csv: str | None = None) -> int:
+    """``sglab capture-sizes [--release V ...] [--model CONFIG.json] -- <server arguments>``: each
+    release parses the arguments with its own ``ServerArgs`` and resolves its configuration
+    (:func:`sglab.capture_sizes.sglang.configure`); the table of :func:`sizes_table`. Exit status:
+    0 when a release answered, 2 when every release that parsed the arguments refused them
+    (SGLang's own one-line message), 1 when no release could answer at all."""
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        return _fail("give SGLang server arguments after --, e.g. `sglab capture-sizes -- --tp 8 "
+                     "--moe-dense-tp-size 1`")
+    try:
+        picked = pick_releases(releases)
+    except ValueError as e:
+        return _fail(str(e))
+    rows = sglang.ask({"args": argv}, picked, mla=mla, gpu_mem_gb=gpu_mem_gb, model=model)
+    table = sizes_table(rows)
+    answered = table[table.status.isin(["captured", "off"])]
+    errors = table[table.status == "error"]
+    if answered.empty and not errors.empty:
+        for msg, d in errors.groupby("note", sort=False):
+            _fail(f"{msg} (sglang {', '.join(d.release)})")
+        return 2
+    print(f"SGLang server arguments: {' '.join(argv)}")
+    print(assumptions(rows, mla=mla, gpu_mem_gb=gpu_mem_gb, model=model))
+    print(render(table))
+    for line in notes(table):
+        print(line)
+    if not answered.empty:
+        print("\ncaptured sizes:\n" + captured_lists(table))
+    if csv:
+        to_csv(table, csv)
+        print(f"CSV: {csv}")
+    return 0 if not answered.empty else 1
