@@ -83,3 +83,13 @@ def real_session(request, tmp_path_factory):
     folder = runner.start_session(shared / "real-answers", calls)
     yield folder
     os.environ.pop(runner.SESSION_ENV, None)
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Figures a test builds to inspect are closed after it, so the next test on this worker starts
+    with none open (tests of the notebook sections check that those close their own)."""
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")

@@ -11,7 +11,8 @@ import pytest
 
 from sglab.breakable_graph import rebuild as bg
 from sglab.breakable_graph import sglang
-from sglab.sglang import compare, run_probe
+from sglab.sglang import compare
+from sglab.sglang.runner import run_probe
 from sglab.sglang.testing import require
 from sglab.sglang.upstream import RELEASE_STATES, Verdict
 

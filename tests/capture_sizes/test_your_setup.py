@@ -24,7 +24,7 @@ import pytest
 
 from sglab.capture_sizes import show
 from sglab.capture_sizes import sglang as cs
-from sglab.sglang import installed_releases
+from sglab.sglang.releases import installed_releases
 from sglab.tools import cli
 
 RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13", "0.5.14", "0.5.23")

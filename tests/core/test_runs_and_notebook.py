@@ -177,3 +177,19 @@ def test_sidecars_are_written_listed_read_back_and_promoted(data_root, tmp_path)
     with pytest.raises(ValueError, match="lower-case"):
         runs.write_run(_frame(), experiment="demo", method_version=1, params={},
                        sidecars={"Bad Name": events})
+
+
+def test_explore_falls_back_to_a_static_table_headless(monkeypatch, capsys):
+    import pandas as pd
+
+    from sglab.core.notebook import explore
+
+    monkeypatch.setenv("SGLAB_HEADLESS", "1")
+
+    def fn(a, b):
+        return pd.DataFrame({"sum": [a + b]})
+
+    table = explore(fn, {"a": [1, 2], "b": [10, 20]},
+                    static=[{"a": 1, "b": 10}, {"a": 2, "b": 20}], title="demo")
+    assert list(table.columns) == ["a", "b", "sum"] and list(table["sum"]) == [11, 22]
+    assert "static table" in capsys.readouterr().out

@@ -13,7 +13,8 @@ import pytest
 
 from sglab.grid_thw import rebuild as fx
 from sglab.grid_thw import sglang
-from sglab.sglang import compare, run_probe
+from sglab.sglang import compare
+from sglab.sglang.runner import run_probe
 from sglab.sglang.fix import GpuPlan, Step
 from sglab.sglang.testing import probe_one, require
 from sglab.sglang.upstream import RELEASE_STATES, Verdict

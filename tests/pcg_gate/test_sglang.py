@@ -125,7 +125,7 @@ def test_notebook_comparison_agrees_and_a_wrong_variant_fails(real, capsys):
 
 
 def test_a_missing_release_runs_nowhere():
-    from sglab.sglang import run_probe
+    from sglab.sglang.runner import run_probe
 
     result = run_probe("0.5.9", sglang.FIX.probe.fn)
     assert not result.ok and "not installed" in result.reason

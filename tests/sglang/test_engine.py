@@ -661,7 +661,7 @@ def test_model_configs_shape():
 def test_configs_parse_with_the_releases_own_model_config(v):
     """Each config through the release's ModelConfig and get_tokenizer (a worker process, CPU
     shims)."""
-    from sglab.sglang import run_probe
+    from sglab.sglang.runner import run_probe
 
     _pkg(v)
     want = {

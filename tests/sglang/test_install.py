@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from sglab.sglang import PINNED, install, releases, run_probe, shims_needed
+from sglab.sglang import install, releases
+from sglab.sglang.bootstrap import shims_needed
+from sglab.sglang.releases import PINNED
+from sglab.sglang.runner import run_probe
 from sglab.sglang.bootstrap import plan
 from sglab.sglang.runner import _env, _spawn
 

@@ -18,7 +18,7 @@ from sglab.core import runs
 from sglab.sglang import upstream
 from sglab.sglang.upstream import RELEASE_STATES
 from sglab.capture_sizes import sglang as capture_sizes
-from sglab.sglang import checks
+from sglab.pcg_gate import sglang as checks
 from sglab.sglang import wheels as R
 
 # first release whose state is "pr-era", as read from the wheels (the notebooks and the README rely

@@ -8,6 +8,7 @@ import torch
 
 from sglab.swa_loc import measure as ex, show
 from sglab.swa_loc import rebuild as fx
+from sglab.swa_loc import claims as SWA
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -117,7 +118,7 @@ def test_run_small(data_root):
     assert {"events", "trace", "graph_kernels", "eager_kernels"} <= set(out.sidecars)
     path = runs.write_run(df, experiment="swa_loc", method_version=ex.METHOD_VERSION, params=params,
                           extra=out.extra, sidecars=out.sidecars)
-    res = {r.claim.id: r.outcome for r in claims.evaluate("swa_loc", runs.read_run(path))}
+    res = {r.claim.id: r.outcome for r in claims.evaluate(SWA, runs.read_run(path))}
     failed = {k: o for k, o in res.items() if o.status == "fail"}
     assert not failed, failed
     assert res["swa_loc.trace_equals_static"].status == "pass"

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from sglab.swa_loc import rebuild as fx
+from sglab.swa_loc import claims as SWA
 
 SMALL = dict(size=64, size_swa=32, head_num=2, head_dim=4)
 
@@ -314,7 +315,7 @@ def test_headline_from_recorded_runs():
     newest = _recorded_csvs()
     if not newest:
         pytest.skip("no recorded swa_loc run")
-    text = claims.headline("swa_loc", claims.shown("swa_loc", runs.load_all_recorded("swa_loc")))
+    text = claims.headline(SWA, claims.shown(SWA, runs.load_all_recorded("swa_loc")))
     assert "|" not in text and len(text) < 350
     L, ratio, bs = 48, 5, 32
     all_ratios = []
@@ -343,7 +344,7 @@ def test_shown_and_tables_on_recorded():
     rs = runs.load_all_recorded("swa_loc")
     if not rs:
         pytest.skip("no recorded swa_loc run")
-    shown = claims.shown("swa_loc", rs)
+    shown = claims.shown(SWA, rs)
     assert len({r.manifest["gpu_name"]
                 for r in shown}) == len(shown) == len({r.manifest["gpu_name"] for r in rs})
     for r in shown:

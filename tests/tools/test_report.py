@@ -12,6 +12,7 @@ import pytest
 
 from sglab.tools import fixes as catalog, nbtools
 from sglab.core import claims, runs
+from sglab.swa_loc import claims as SWA
 from sglab.tools import report as index, report as pages, timings
 
 
@@ -95,14 +96,14 @@ def test_index_cards(tmp_path):
                              live_times={"04_swa_loc": "H100 ×1: 12.5 s"})
     text = path.read_text()
     entry = catalog.by_stem("04_swa_loc")
-    shown = claims.shown("swa_loc", runs.load_all_recorded("swa_loc"))
+    shown = claims.shown(SWA, runs.load_all_recorded("swa_loc"))
     assert shown, "the checkout has recorded swa_loc runs"
     import html
 
     assert html.escape(entry.claim) in text
-    assert html.escape(claims.headline("swa_loc", shown)) in text
+    assert html.escape(claims.headline(SWA, shown)) in text
     for r in shown:
-        assert html.escape(claims.verdict_line(claims.evaluate("swa_loc", r), r)) in text
+        assert html.escape(claims.verdict_line(claims.evaluate(SWA, r), r)) in text
     assert "live time: H100 ×1: 12.5 s" in text
     assert f"live time: {timings.NOT_RECORDED}" in text  # 00 has no record
     assert text.count("data:image/png;base64,") == 1 and "no figure" in text

@@ -76,11 +76,6 @@ ASSUMED = {"mla": True, "gpu_mem_gb": 141.0, "max_running_requests": 4096, "mode
 # --------------------------------------------------------------------------------------------------
 # the source check (the release timeline, `sglab upstream`)
 # --------------------------------------------------------------------------------------------------
-def _parsed(read, rel):
-    text = read(rel)
-    return text, (S.parse(text) if text is not None else None)
-
-
 def _mod_filter(node) -> bool:
     """A ``% mul_base == 0`` / ``% attn_tp_size == 0`` comprehension filter under ``node``."""
     for comp in (n for n in ast.walk(node) if isinstance(n, ast.comprehension)):
@@ -106,7 +101,7 @@ def _rounds_up(read, tree, values) -> str | None:
     if not chain:
         return None
     for rel in ROUND_UP_HOMES:
-        _, home = _parsed(read, rel)
+        _, home = S.parsed(read, rel)
         fn = S.find(home, "get_cuda_graph_max_batch_size")
         if fn is not None and S.calls(fn, "ceil_align"):
             return (f"{chain[0]} → get_cuda_graph_max_batch_size → ceil_align "
@@ -119,7 +114,7 @@ def _rounds_up(read, tree, values) -> str | None:
 def check(read) -> Verdict:
     """The state of #23972 in one SGLang: the PR-era piecewise runner, or the unified prefill
     runner that replaced it (filtering, rounding up, or neither)."""
-    src, tree = _parsed(read, PIECEWISE_RUNNER)
+    src, tree = S.parsed(read, PIECEWISE_RUNNER)
     if src is not None:
         init = S.find(tree, "PiecewiseCudaGraphRunner.__init__")
         if init is None:
@@ -132,7 +127,7 @@ def check(read) -> Verdict:
         return Verdict("before", "PiecewiseCudaGraphRunner.__init__ captures every configured "
                                  "size: sizes not divisible by attention TP reach the dense-TP1 "
                                  "reduce-scatter")
-    src, tree = _parsed(read, PREFILL_RUNNER)
+    src, tree = S.parsed(read, PREFILL_RUNNER)
     if src is None:
         return Verdict("absent", "no piecewise or prefill CUDA-graph runner in this SGLang")
     values = S.assignments(S.find(tree, "PrefillCudaGraphRunner.__init__"),

@@ -29,7 +29,7 @@ from sglab.capture_sizes import rebuild as fx
 from sglab.capture_sizes import sglang
 from sglab.capture_sizes.measure import VARIANTS
 from sglab.core import notebook, plots, runs
-from sglab.sglang import PINNED, installed_releases
+from sglab.sglang.releases import PINNED, installed_releases
 from sglab.sglang.releases import parse_version
 
 

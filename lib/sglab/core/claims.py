@@ -97,19 +97,6 @@ class ClaimsError(RuntimeError):
     """A run or a fix the claims cannot be evaluated on (one-line message for the command line)."""
 
 
-def _mod(mod):
-    """TRANSITION: a fix name resolves to its already-loaded claims module (removed once every fix
-    has moved)."""
-    if isinstance(mod, str):
-        import importlib
-
-        try:
-            return importlib.import_module(f"sglab.{mod}.claims")
-        except ModuleNotFoundError:
-            return importlib.import_module(f"sglab.experiments.{mod}.claims")
-    return mod
-
-
 def all_claims(mod) -> list[Claim]:
     """Every claim of a claims module, each reader-facing one followed by its folded checks."""
     out = []
@@ -152,7 +139,6 @@ def evaluate_claim(claim: Claim, run) -> Outcome:
 def evaluate(mod, run) -> list[Result]:
     """Every claim of the claims module ``mod`` on ``run``: each reader-facing claim, then its
     folded checks. A reader-facing claim whose folded check fails fails too, naming the check."""
-    mod = _mod(mod)
     name = getattr(mod, "EXPERIMENT", None)
     if name and run.manifest.get("experiment") not in (None, name):
         raise ClaimsError(f"{getattr(run, 'path', 'run')} is a {run.manifest.get('experiment')!r} "
@@ -217,7 +203,7 @@ def table(results: list[Result]):
 # what readers see: the README index, the notebooks' first screens and the report use these
 # --------------------------------------------------------------------------------------------------
 def shown(mod, runs_: list) -> list:
-    return list(_mod(mod).shown(runs_)) if runs_ else []
+    return list(mod.shown(runs_)) if runs_ else []
 
 
 class _Missing(Exception):
@@ -313,9 +299,6 @@ def headline(mod, runs_: list) -> str:
     ``mod.HEADLINE``."""
     if not runs_:
         return "no recorded run yet"
-    mod = _mod(mod)
-    if not hasattr(mod, "HEADLINE"):  # TRANSITION
-        return mod.headline(runs_)
     return mod.HEADLINE.render([(r, values(mod, r)) for r in runs_])
 
 

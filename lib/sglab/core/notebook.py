@@ -163,18 +163,6 @@ def explore(fn: Callable, controls: dict, *, static: Sequence[dict], title: str 
     return None
 
 
-def _resolve(claims_mod):
-    """TRANSITION: a fix name resolves to its claims module (removed once every fix has moved)."""
-    if isinstance(claims_mod, str):
-        import importlib
-
-        try:
-            return importlib.import_module(f"sglab.{claims_mod}.claims")
-        except ModuleNotFoundError:
-            return importlib.import_module(f"sglab.experiments.{claims_mod}.claims")
-    return claims_mod
-
-
 class Workbook:
     """One notebook's fix: whether it measures here, and the run it shows."""
 
@@ -182,7 +170,7 @@ class Workbook:
                  show: bool = True, experiment: str | None = None):
         if mode not in MODES:
             raise ValueError(f"MODE must be one of {MODES}, got {mode!r}")
-        self.claims = _resolve(claims)
+        self.claims = claims
         self.experiment = experiment or (claims if isinstance(claims,
                                                               str) else self.claims.EXPERIMENT)
         self.gpus = int(gpus if gpus is not None else getattr(self.claims, "GPUS", 1))
@@ -272,13 +260,6 @@ class Workbook:
         size)."""
         return list(self._live) or runs.load_all_recorded(self.experiment)
 
-    def result(self, **where):
-        """TRANSITION: the newest live run matching ``where``, else the newest matching recorded
-        run, else None."""
-        for run in reversed(self._live):
-            if runs._matches(run.manifest, where):
-                return run
-        return runs.load_recorded(self.experiment, **where)
 
 
 def _source(runs_: list) -> str:
@@ -289,7 +270,6 @@ def _source(runs_: list) -> str:
 def slide_markdown(claims, run) -> str:
     """The text of a notebook's first screen: the claim, the headline of the runs shown, their
     verdict lines."""
-    claims = _resolve(claims)
     shown = run.shown if run else []
     lines = [f"**Claim.** {claims.CLAIM}", ""]
     if shown:
@@ -304,19 +284,9 @@ def slide_markdown(claims, run) -> str:
 
 def slide(claims, run, picture=None) -> None:
     """A notebook's first screen: claim, headline, verdict line, then the mechanism picture."""
-    if isinstance(run, list):  # TRANSITION: the list of shown runs
-        run = _from_list(claims, run)
     md = slide_markdown(claims, run)
     display(None, md.replace("**", ""), md)
     show_figure(picture)
-
-
-def _from_list(claims, shown: list):
-    if not shown:
-        return runs.NoRun(claims if isinstance(claims, str) else claims.EXPERIMENT,
-                          "no recorded run yet")
-    shown[0].shown = list(shown)
-    return shown[0]
 
 
 _STATUS_STYLE = {C.PASS: "color:#1e8449;font-weight:600", C.FAIL: "color:#c0392b;font-weight:600",
@@ -326,7 +296,7 @@ _STATUS_STYLE = {C.PASS: "color:#1e8449;font-weight:600", C.FAIL: "color:#c0392b
 def verdict_html(claims, run) -> str:
     """One run's claims as an HTML table (status coloured), headed by its verdict line; each claim's
     folded checks fold out under it."""
-    results = C.evaluate(_resolve(claims), run)
+    results = C.evaluate(claims, run)
     rows = []
     for r in results:
         if r.parent is not None:
@@ -360,12 +330,10 @@ def _row_html(r, folded) -> str:
 
 def verdict(claims, run) -> None:
     """The Verdict section: each shown run's claims table (live or recorded), or the NoRun line."""
-    if isinstance(run, list):  # TRANSITION
-        run = _from_list(claims, run)
     if not run:
         print(getattr(run, "line", "no run to verify yet"))
         return
-    mod = _resolve(claims)
+    mod = claims
     for r in run.shown:
         if in_notebook():
             from IPython.display import HTML

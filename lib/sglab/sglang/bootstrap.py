@@ -10,12 +10,14 @@ for the reasons), and returns what it applied. Nothing here is reversible: one p
 from __future__ import annotations
 
 import importlib
+from functools import lru_cache
 import importlib.util
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from sglab.sglang.releases import (
-    dep_set, deps_dir, package_dir, parse_version, release_dir, release_installed,
+    PINNED, dep_set, deps_dir, home, installed_releases, package_dir, parse_version, release_dir,
+    release_installed,
 )
 import importlib.abc
 import importlib.machinery
@@ -427,3 +429,27 @@ def install_sgl_kernel_stub(cause: str) -> Shim:
                 f"{why}: functions raise when called, weak_ref_tensor returns its argument, "
                               "fake registrations of its missing torch ops skipped, "
                               "sgl_kernel.scalar_type left to SGLang's fallback")
+
+
+# -- `sglab env` rows
+@lru_cache(maxsize=1)
+def _facts() -> dict:
+    return facts_in_subprocess()
+
+
+def shims_needed(release: str) -> list[str]:
+    """Names of the shims ``release`` needs on this machine (decided by a fresh interpreter, as a
+    worker would)."""
+    return plan(release, _facts())
+
+
+def real_release_rows() -> list[tuple[str, str]]:
+    """``sglab env`` rows: the installed releases (``.sglang/releases``) and the shims each needs on
+    this machine."""
+    have = installed_releases()
+    missing = [v for v in PINNED if v not in have]
+    head = f"{len(have)} in {home()}" + (f"; missing {', '.join(missing)} (`sglab real install`)"
+                                         if missing else "")
+    return [("sglang releases", head)] + [(f"  {v}",
+                                           "shims: " + (", ".join(shims_needed(v)) or "none"))
+                                          for v in have]

@@ -220,8 +220,8 @@ def _run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]],
 
 def run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]], *,
                 timeout: float = DEFAULT_TIMEOUT_S) -> dict[tuple[str, str], ProbeResult]:
-    """Answer ``calls`` (``(probe, params)``; a probe is ``module:function``, a bare module is under
-    ``sglab.sglang.probes``) on ``release`` in one worker subprocess, in order: ``{(probe, params
+    """Answer ``calls`` (``(probe, params)``; a probe is ``module:function``, e.g.
+    ``sglab.swa_loc.sglang:probe``) on ``release`` in one worker subprocess, in order: ``{(probe, params
     key): result}`` (:func:`call_key`; a call asked twice is answered once). ``timeout``: seconds
     one call may take (the first call's clock also runs through the worker's start-up). Never raises
     for a release that cannot run: every result says why."""
@@ -258,7 +258,7 @@ def run_batch(calls: Iterable[tuple[str, Optional[dict], Iterable[str]]], *, job
 
 def run_probe(release: str, probe: str, params: Optional[dict] = None, *,
               timeout: float = DEFAULT_TIMEOUT_S) -> ProbeResult:
-    """Run ``probe`` (``module:function``; a bare module is under ``sglab.sglang.probes``) on
+    """Run ``probe`` (``module:function``, e.g. ``sglab.swa_loc.sglang:probe``) on
     ``release`` in a fresh worker, now, and return its rows. Never raises for a release that cannot
     run: the result says why."""
     return run_release(release, [(probe, params)], timeout=timeout)[call_key(probe, params)]
@@ -383,7 +383,7 @@ def _resolve(probe: str):
     if not func:
         raise ValueError(f"probe must be MODULE:FUNCTION, got {probe!r}")
     if "." not in module:
-        module = f"sglab.sglang.probes.{module}"
+        raise ValueError(f"probe module must be dotted (sglab.<fix>.sglang), got {module!r}")
     return getattr(importlib.import_module(module), func)
 
 
@@ -448,8 +448,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sglab.sglang.runner")
     ap.add_argument("--release", required=True)
     ap.add_argument("--calls", required=True,
-                    help='JSON list of {"probe": MODULE:FUNCTION, "params": {...}} (a bare MODULE '
-                         "is under sglab.sglang.probes), or @FILE holding it")
+                    help='JSON list of {"probe": MODULE:FUNCTION, "params": {...}}, or @FILE '
+                         "holding it")
     ap.add_argument("--out", required=True, type=Path,
                     help="one JSON line per answer is appended here")
     args = ap.parse_args(argv)

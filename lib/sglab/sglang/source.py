@@ -5,6 +5,10 @@ The checks and the PR hunks both name code the way a reviewer does
 (``CudaGraphRunner.capture_one_batch_size``), never by line numbers, so the same name finds the
 symbol in every release however much the file around it moved. Nothing here imports the code it
 reads.
+
+Each fix's ``check(read)`` is built from these: given ``read(relpath)`` over an SGLang package
+folder (installed, unpacked wheel, zip, checkout), it answers one of
+:data:`sglab.sglang.upstream.STATES` with a one-line reason, never looking at a version number.
 """
 
 from __future__ import annotations
@@ -24,6 +28,13 @@ def parse(source: str) -> ast.Module | None:
         return ast.parse(source)
     except SyntaxError:
         return None
+
+
+def parsed(read, rel: str) -> tuple[str | None, ast.Module | None]:
+    """(text, tree) of ``rel`` through ``read``; tree is None when the file is missing or does not
+    parse."""
+    text = read(rel)
+    return text, (parse(text) if text is not None else None)
 
 
 def find(tree: ast.AST | None, qualname: str) -> ast.AST | None:

@@ -46,11 +46,6 @@ KERNELS_PER_TRANSLATION_TODAY = 1                               # 0.5.13 on: one
 # --------------------------------------------------------------------------------------------------
 # the source check (the release timeline, `sglab upstream`)
 # --------------------------------------------------------------------------------------------------
-def _parsed(read, rel):
-    text = read(rel)
-    return text, (S.parse(text) if text is not None else None)
-
-
 def _swa_buffer_facts(tree) -> tuple:
     """(dtype of DecodeInputBuffers.out_cache_loc_swa, whether a padded populate zeroes it) —
     #24743's pair."""
@@ -68,14 +63,14 @@ def _swa_buffer_facts(tree) -> tuple:
 
 def swa_padding_zeroed(read) -> bool:
     """Whether the decode buffers zero ``out_cache_loc_swa`` on a padded populate (#24743's fix)."""
-    _, tree = _parsed(read, DECODE_RUNNER)
+    _, tree = S.parsed(read, DECODE_RUNNER)
     return tree is not None and _swa_buffer_facts(tree)[1]
 
 
 def check(read) -> Verdict:
     """The state of #23552 (and #24743) in one SGLang, read from ``swa_memory_pool.py`` and the
     decode runner."""
-    src, tree = _parsed(read, SWA_POOL)
+    src, tree = S.parsed(read, SWA_POOL)
     if src is None:
         return Verdict("absent",
                        "no mem_cache/swa_memory_pool.py: no hybrid SWA KV pool in this SGLang")
@@ -89,7 +84,7 @@ def check(read) -> Verdict:
                            "location " "translated once per forward (set_swa_loc is gone, nothing "
                            "to preset)")
         return Verdict("unknown", "SWAKVPool.set_kv_buffer neither translates nor takes a swa_loc")
-    _, runner = _parsed(read, DECODE_RUNNER)
+    _, runner = S.parsed(read, DECODE_RUNNER)
     capture = S.find(runner, "CudaGraphRunner.capture_one_batch_size")
     if capture is None:
         return Verdict("unknown",

@@ -38,14 +38,7 @@ def get(name: str) -> Fix:
 
 def _module(name: str, part: str):
     get(name)
-    try:
-        return importlib.import_module(f"sglab.{name}.{part}")
-    except ModuleNotFoundError as e:
-        if e.name != f"sglab.{name}.{part}":
-            raise
-    # TRANSITION: fixes not yet moved keep their claims and measure under sglab.experiments
-    return importlib.import_module(f"sglab.experiments.{name}"
-                                   + (".claims" if part == "claims" else ""))
+    return importlib.import_module(f"sglab.{name}.{part}")
 
 
 def claims(name: str):

@@ -41,14 +41,16 @@ def index_block() -> str:
     return "\n".join([START, HEADER, *(row(e) for e in fixes.NOTEBOOKS), END])
 
 
-def _summary(path: Path) -> str:
+def _summary(path: Path, width: int = 72) -> str:
     doc = ast.get_docstring(ast.parse(path.read_text())) or ""
     first = " ".join(doc.split("\n\n")[0].split())
-    return first.split(". ")[0].rstrip(".")
+    first = first.split(". ")[0].rstrip(".").replace("``", "`")
+    return first if len(first) <= width else first[:width - 1].rsplit(" ", 1)[0] + " …"
 
 
 def house_block(root: Path | None = None) -> str:
-    """``lib/sglab`` as a tree: one line per module, its lines of code and what it is for."""
+    """``lib/sglab`` as a tree: one line per module and what it is for (its docstring's first
+    sentence)."""
     root = root or runs.repo_root() / "lib" / "sglab"
     lines = [MAP_START, "```"]
     for layer in LAYERS:
@@ -57,13 +59,12 @@ def house_block(root: Path | None = None) -> str:
             continue
         mods = sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
         init = folder / "__init__.py"
-        lines.append(f"{layer}/  {_summary(init) if init.exists() else ''}".rstrip())
+        lines.append(f"{layer}/  {_summary(init, 96 - len(layer)) if init.exists() else ''}".rstrip())
         for p in mods:
             if p.name == "__init__.py" and p.parent == folder:
                 continue
             rel = p.relative_to(folder).as_posix()
-            n = len(p.read_text().splitlines())
-            lines.append(f"  {rel:<26} {n:>5}  {_summary(p)}")
+            lines.append(f"  {rel:<24} {_summary(p)}")
     lines += ["```", MAP_END]
     return "\n".join(lines)
 

@@ -344,7 +344,7 @@ def env_report() -> list[tuple[str, str]]:
     from sglab.core import bytecode, hardware
     from sglab.sglang import upstream
     from sglab.core import kernels
-    from sglab.sglang import real_release_rows
+    from sglab.sglang.bootstrap import real_release_rows
 
     rows = []
     sw = hardware.software()

@@ -58,14 +58,9 @@ WORLD_SIZE, HIDDEN = 2, 7168
 # --------------------------------------------------------------------------------------------------
 # the source check (the release timeline, `sglab upstream`)
 # --------------------------------------------------------------------------------------------------
-def _parsed(read, rel):
-    text = read(rel)
-    return text, (S.parse(text) if text is not None else None)
-
-
 def _callee_default(read) -> str:
     """The end of the "before" reason: the callee's default and its assert."""
-    fn = S.find(_parsed(read, FUSION)[1], "flashinfer_allreduce_residual_rmsnorm")
+    fn = S.find(S.parsed(read, FUSION)[1], "flashinfer_allreduce_residual_rmsnorm")
     if fn is None:
         return ""
     args = fn.args.args[len(fn.args.args) - len(fn.args.defaults):]
@@ -81,7 +76,7 @@ def _callee_default(read) -> str:
 
 def check(read) -> Verdict:
     """The state of #26382 part B in one SGLang, read from ``layers/layernorm.py``."""
-    src, tree = _parsed(read, LAYERNORM)
+    src, tree = S.parsed(read, LAYERNORM)
     if src is None:
         return Verdict("absent", "no layers/layernorm.py in this SGLang")
     if tree is None:

@@ -11,7 +11,6 @@ import pytest
 from sglab.sglang import upstream
 from sglab.tools.fixes import FIXES, NAMES, get
 from sglab.sglang.upstream import RELEASE_STATES, STATES, Verdict
-from sglab.sglang import checks
 from sglab.sglang import source as S
 
 
@@ -21,11 +20,12 @@ def state(check, files: dict) -> Verdict:
     return v
 
 
-
-
-# -- every state reachable; the folder path; the verdict contract -----------------------------------------------
+# -- every state reachable; the folder path; the verdict contract ---------------------------------
 def test_every_release_state_is_reached_by_some_check():
+    from sglab.capture_sizes import sglang as cs
+    from sglab.pcg_gate import sglang as pcg
     from sglab.swa_loc import sglang as swa
+    from tests.capture_sizes.test_sglang import PREFILL
     from tests.pcg_gate.test_sglang import KIMI
     from tests.swa_loc.test_sglang import POOL_LATER
 
@@ -33,11 +33,20 @@ def test_every_release_state_is_reached_by_some_check():
                state(pcg.check, {pcg.KIMI_MODEL: KIMI["guard"]}).status,
                state(pcg.check, {pcg.KIMI_MODEL: KIMI["no_alias"]}).status,
                state(swa.check, {swa.SWA_POOL: POOL_LATER}).status,
+               state(cs.check, {cs.PREFILL_RUNNER: PREFILL.replace("CAPTURE",
+                                                                   "sorted(capture_tokens)")}).status,
+               state(pcg.check, {pcg.KIMI_MODEL: "class Other:\n    pass\n"}).status}
     assert reached == set(RELEASE_STATES)
     assert set(STATES) == set(RELEASE_STATES) | {"not-installed"}
 
 
 def test_checks_read_a_folder_on_disk(tmp_path):
+    from sglab.capture_sizes import sglang as cs
+    from sglab.pcg_gate import sglang as pcg
+    from tests.capture_sizes.test_sglang import PCG_PR
+    from tests.pcg_gate.test_sglang import KIMI
+
+    for rel, text in {pcg.KIMI_MODEL: KIMI["guard"], cs.PIECEWISE_RUNNER: PCG_PR}.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     assert upstream.check(get("pcg_gate"), root=tmp_path).status == "pr-era"
@@ -45,7 +54,8 @@ def test_checks_read_a_folder_on_disk(tmp_path):
     assert upstream.check(get("grid_thw"), root=tmp_path).status == "absent"
     frame = upstream.check_all(FIXES, root=tmp_path)
     assert list(frame["check"]) == list(NAMES) and frame["detail"].str.len().min() > 0
-    v = upstream.check(get("pcg_gate"), root=tmp_path / "srt")  # a folder without srt/ in it: not an SGLang tree
+    # a folder without srt/ in it is not an SGLang tree
+    v = upstream.check(get("pcg_gate"), root=tmp_path / "srt")
     assert v.status == "unknown" and "not an SGLang package folder" in v.detail
 
 

@@ -1,1 +1,0 @@
-"""One module per notebook: ``run(params) -> tidy DataFrame``, used by notebooks, the CLI and the tests."""
