@@ -51,7 +51,7 @@ pd.DataFrame(report.env_report(), columns=["item", "value"]).style.hide(axis="in
 # GPU model (`data/recorded/workbook/`).
 
 # %%
-fixes.overview()
+report.overview()
 
 # %% [markdown]
 # ## Live and recorded

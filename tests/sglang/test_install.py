@@ -14,7 +14,8 @@ from sglab.sglang.bootstrap import shims_needed
 from sglab.sglang.releases import PINNED
 from sglab.sglang.runner import run_probe
 from sglab.sglang.bootstrap import plan
-from sglab.sglang.runner import _env, _spawn
+from sglab.sglang.releases import worker_env as _env
+from sglab.sglang.runner import _spawn
 
 REPO = Path(__file__).resolve().parents[2]
 

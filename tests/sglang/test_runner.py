@@ -177,7 +177,7 @@ def test_the_worker_command_writes_one_line_per_call(fake_home, tmp_path):
     calls = json.dumps([{"probe": PID, "params": {"tag": 1}}, {"probe": BOOM}])
     proc = subprocess.run([sys.executable, "-m", "sglab.sglang.runner", "--release", RELEASE,
                            "--calls", calls, "--out", str(out)], capture_output=True, text=True,
-                          timeout=120, env=runner._env())
+                          timeout=120, env=releases.worker_env())
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(d["index"], d["probe"], d["error"]) for d in lines] == [
@@ -233,7 +233,7 @@ def test_the_session_is_one_run_for_every_process(fake_home, tmp_path):
     code = ("import json; from sglab.sglang import runner; "
             f"(r,) = runner.run_probes([{RELEASE!r}], {PID!r}, {{'tag': 1}}).values(); "
             "print(json.dumps([r.status, int(r.rows.value.iloc[0])]))")
-    env = {**runner._env(), runner.SESSION_ENV: str(folder), "SGLAB_REAL": "live"}
+    env = {**releases.worker_env(), runner.SESSION_ENV: str(folder), "SGLAB_REAL": "live"}
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
     outs = [p.communicate(timeout=180) for p in procs]
@@ -257,7 +257,7 @@ def test_the_committed_recording_still_answers_every_notebook_call():
 def test_record_asks_each_release_once_for_all_its_calls(data_root, monkeypatch):
     """``sglab real record``: one batch of every notebook call, written as a recording that answers
     each of them (the committed one is never touched: ``$SGLAB_DATA`` is a temporary folder)."""
-    from sglab.sglang.runner import ProbeResult, _frame
+    from sglab.sglang.store import ProbeResult, frame as _frame
     from sglab.tools import real_record
 
     batches = []

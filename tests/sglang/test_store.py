@@ -5,7 +5,7 @@ by run_probes where it holds the probe, parameters and release (``auto``), never
 import pytest
 
 from sglab.sglang import runner, store
-from sglab.sglang.runner import ProbeResult, _frame
+from sglab.sglang.store import ProbeResult, frame as _frame
 
 
 def _answer(release, probe="swa_loc:run"):

@@ -3,27 +3,28 @@ needs.
 
 Call :func:`prepare` once, first thing in a fresh process (the worker does), before anything imports
 ``sglang``, ``triton``, ``torchvision`` or ``sgl_kernel``. It puts the release and its dependency
-set on ``sys.path``, decides each shim from what this machine has (see :mod:`sglab.sglang.bootstrap`
-for the reasons), and returns what it applied. Nothing here is reversible: one process, one release.
+set on ``sys.path``, decides each shim from what this machine has (each shim's docstring says
+why), and returns what it applied. Nothing here is reversible: one process, one release.
 """
 
 from __future__ import annotations
 
 import importlib
-from functools import lru_cache
-import importlib.util
-import sys
-from dataclasses import dataclass, field
-from pathlib import Path
-from sglab.sglang.releases import (
-    PINNED, dep_set, deps_dir, home, installed_releases, package_dir, parse_version, release_dir,
-    release_installed,
-)
 import importlib.abc
 import importlib.machinery
+import importlib.util
+import subprocess
+import sys
 import types
-from dataclasses import asdict, dataclass
-from typing import Callable, Optional
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+from sglab.sglang.releases import (
+    PINNED, dep_set, deps_dir, home, installed_releases, package_dir, parse_version, release_dir,
+    release_installed, worker_env,
+)
 
 
 class NotRunnable(RuntimeError):
@@ -125,13 +126,11 @@ def facts_in_subprocess(timeout: float = 120.0) -> dict:
     """:func:`machine_facts` of a fresh interpreter (what a worker will see), without importing
     anything here."""
     import json
-    import subprocess
 
     code = "import json; from sglab.sglang.bootstrap import machine_facts; print(json.dumps(machine_facts()))"
-    from sglab.sglang.runner import _env
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=timeout, env=_env(), stdin=subprocess.DEVNULL)
+                         timeout=timeout, env=worker_env(), stdin=subprocess.DEVNULL)
     if out.returncode != 0:
         raise RuntimeError(f"could not inspect this machine: {out.stderr.strip().splitlines()[-1:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -15,7 +15,6 @@ import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 from sglab.sglang import source as S
 from sglab.sglang.fix import Spec
 from sglab.sglang.upstream import data_dir, run_check

@@ -21,8 +21,12 @@ path, where the image already has torch, triton and transformers.
 from __future__ import annotations
 
 import argparse
+import csv
+import importlib.metadata as md
 import json
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,15 +34,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
+
 from sglab.sglang.releases import (
     DEP_SETS, PINNED, STAMP, dep_set, deps_dir, home, package_dir, parse_version, read_stamp,
     release_dir,
 )
-import csv
-import importlib.metadata as md
-import re
-import subprocess
-from typing import Iterable, Optional
 
 
 JOBS = 3

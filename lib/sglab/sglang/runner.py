@@ -36,76 +36,22 @@ import time
 import traceback
 import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from sglab.sglang import store
-from sglab.sglang.releases import home, parse_version, release_installed
+from sglab.sglang.store import ProbeResult, frame
+from sglab.sglang.releases import (
+    SESSION_ENV, home, parse_version, release_installed, worker_env,
+)
 
 DEFAULT_TIMEOUT_S = 300.0
 POLL_S = 0.2                            # how often a waiting parent looks at its worker's answers
-SESSION_ENV = "SGLAB_REAL_SESSION"      # a test session's shared answer folder (start_session)
-
-
-@dataclass
-class ProbeResult:
-    """What one release answered to one call. ``status``: ``ok``, ``error`` (the probe raised, or
-    its worker died or was killed before answering) or ``not-run`` (the release is not installed or
-    does not import here; ``reason`` says which module and why)."""
-
-    release: str
-    probe: str
-    status: str
-    rows: "object" = None           # pandas.DataFrame: release, probe, then the probe's columns
-    shims: list = field(default_factory=list)   # [{"name", "reason"}]
-    seconds: float = 0.0            # wall time this call added to its worker (the first: start-up)
-    prepare_seconds: float = 0.0    # path set-up + shims (no sglang import); the first call only
-    reason: str = ""                # error or not-run reason, one line
-    traceback: str = ""
-    recorded: str = ""              # where the answer came from when not run now (store)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    def shim_names(self) -> list[str]:
-        return [s["name"] for s in self.shims]
-
-    def summary(self, with_source: bool = True) -> str:
-        when = f" [{self.recorded}]" if self.recorded and with_source else ""
-        if self.ok:
-            return (f"sglang {self.release}: {len(self.rows)} rows in {self.seconds:.1f} s"
-                    f" (shims: {', '.join(self.shim_names()) or 'none'}){when}")
-        return f"sglang {self.release}: {self.status}: {self.reason}{when}"
-
-
-def _frame(release: str, probe: str, rows: list[dict]):
-    # pandas is imported here, not at the top: the worker's start-up path imports this module
-    import pandas as pd
-
-    df = pd.DataFrame(rows)
-    df.insert(0, "probe", probe)
-    df.insert(0, "release", release)
-    return df
 
 
 def call_key(probe: str, params: Optional[dict]) -> tuple[str, str]:
     """``(probe, params key)``: one call, the same for its parameters in any key order."""
     return probe, store.params_key(probe, params)
-
-
-def _env() -> dict:
-    """The caller's environment, with this package importable in the child whether or not it is
-    installed. A worker never reads a test session's answers (its parent may hold their lock while
-    it waits)."""
-    env = dict(os.environ)
-    lib = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = lib + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("NCCL_NVLS_ENABLE", "0")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.pop(SESSION_ENV, None)
-    return env
 
 
 def _spawn(cmd: list[str], timeout: float,
@@ -116,7 +62,7 @@ def _spawn(cmd: list[str], timeout: float,
     run."""
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=err, text=True, env=_env(), start_new_session=True)
+                                stderr=err, text=True, env=worker_env(), start_new_session=True)
         deadline, seen = time.monotonic() + timeout, 0
         code: Optional[int] = None
         while True:
@@ -146,7 +92,7 @@ def _not_installed(release: str) -> str:
 
 def _answered(release: str, probe: str, data: dict, seconds: float) -> ProbeResult:
     status = "not-run" if data["not_run"] else ("error" if data["error"] else "ok")
-    return ProbeResult(release, probe, status, _frame(release, probe, data["rows"]), data["shims"],
+    return ProbeResult(release, probe, status, frame(release, probe, data["rows"]), data["shims"],
                        seconds, data["seconds"].get("prepare", 0.0),
                        data["not_run"] or data["error"] or "", data.get("traceback", ""))
 
@@ -178,7 +124,7 @@ def _run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]],
         todo.setdefault(call_key(probe, params), (probe, params or {}))
     if not release_installed(release):
         reason = _not_installed(release)
-        return {k: ProbeResult(release, k[0], "not-run", _frame(release, k[0], []), reason=reason)
+        return {k: ProbeResult(release, k[0], "not-run", frame(release, k[0], []), reason=reason)
                 for k in todo}, set()
     if not todo:
         return {}, set()
@@ -206,13 +152,13 @@ def _run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]],
             else:
                 tail = [ln for ln in err.strip().splitlines() if ln.strip()] or ["no output"]
                 reason = f"sglang {release}: worker exited {code}: {tail[-1]}"
-            results[key] = ProbeResult(release, probe, "error", _frame(release, probe, []),
+            results[key] = ProbeResult(release, probe, "error", frame(release, probe, []),
                                        seconds=max(0.0, ended - last), reason=reason,
                                        traceback="" if code is None else err)
         else:
             how = f"was killed after {timeout:.0f} s" if code is None else f"exited {code}"
             reason = f"sglang {release}: {probe} not answered: the worker {how} while {running} ran"
-            results[key] = ProbeResult(release, probe, "error", _frame(release, probe, []),
+            results[key] = ProbeResult(release, probe, "error", frame(release, probe, []),
                                        reason=reason)
     answered = {k for i, k in enumerate(todo) if i in answers}
     return results, answered
@@ -282,7 +228,7 @@ def run_probes(releases: Iterable[str], probe: str, params: Optional[dict] = Non
             if hit is not None:
                 found[v] = hit
             elif src == "recorded":
-                found[v] = ProbeResult(v, probe, "not-run", _frame(v, probe, []),
+                found[v] = ProbeResult(v, probe, "not-run", frame(v, probe, []),
                                        reason=f"sglang {v}: {probe} with these parameters is not "
                                               "in the recording")
     todo = [v for v in releases if v not in found]

@@ -25,7 +25,7 @@ import hashlib
 import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Optional
@@ -60,6 +60,49 @@ def _result_dict(r) -> dict:
 
 
 @dataclass
+class ProbeResult:
+    """What one release answered to one call. ``status``: ``ok``, ``error`` (the probe raised, or
+    its worker died or was killed before answering) or ``not-run`` (the release is not installed or
+    does not import here; ``reason`` says which module and why)."""
+
+    release: str
+    probe: str
+    status: str
+    rows: "object" = None           # pandas.DataFrame: release, probe, then the probe's columns
+    shims: list = field(default_factory=list)   # [{"name", "reason"}]
+    seconds: float = 0.0            # wall time this call added to its worker (the first: start-up)
+    prepare_seconds: float = 0.0    # path set-up + shims (no sglang import); the first call only
+    reason: str = ""                # error or not-run reason, one line
+    traceback: str = ""
+    recorded: str = ""              # where the answer came from when not run now (store)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def shim_names(self) -> list[str]:
+        return [s["name"] for s in self.shims]
+
+    def summary(self, with_source: bool = True) -> str:
+        when = f" [{self.recorded}]" if self.recorded and with_source else ""
+        if self.ok:
+            return (f"sglang {self.release}: {len(self.rows)} rows in {self.seconds:.1f} s"
+                    f" (shims: {', '.join(self.shim_names()) or 'none'}){when}")
+        return f"sglang {self.release}: {self.status}: {self.reason}{when}"
+
+
+def frame(release: str, probe: str, rows: list[dict]):
+    # pandas is imported here, not at the top: the worker's start-up path imports this module
+    # (through the runner)
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    df.insert(0, "probe", probe)
+    df.insert(0, "release", release)
+    return df
+
+
+@dataclass
 class Recording:
     results: dict          # {(params_key, release): result dict}
     label: str             # "recorded 2026-11-24 on cpu, git 1a2b3c4"
@@ -67,12 +110,10 @@ class Recording:
     sglang_home: str = ""  # the releases' folder where the manifest names it (a session's answers)
 
     def lookup(self, release: str, probe: str, params: Optional[dict]):
-        from sglab.sglang.runner import ProbeResult, _frame
-
         d = self.results.get((params_key(probe, params), release))
         if d is None:
             return None
-        return ProbeResult(release, probe, d["status"], _frame(release, probe, d["rows"]),
+        return ProbeResult(release, probe, d["status"], frame(release, probe, d["rows"]),
                            d["shims"], d["seconds"], d["prepare_seconds"], d["reason"],
                            d["traceback"], recorded=self.label)
 

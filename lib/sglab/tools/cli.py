@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib
 import sys
 import time
 from pathlib import Path

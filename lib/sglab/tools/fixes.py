@@ -83,25 +83,3 @@ NOTEBOOKS: tuple[Notebook, ...] = (Notebook("00", START, None),
 
 def by_stem(stem: str) -> Optional[Notebook]:
     return next((e for e in NOTEBOOKS if e.stem == stem), None)
-
-
-def overview():
-    """00's reading-order table: per notebook its claim, the GPUs it needs, whether this machine
-    runs it live, its live time (newest committed ``sglab run --timings`` record per GPU model) and
-    the recorded runs it can show. One source with the README index and the report."""
-    import pandas as pd
-
-    from sglab.core import hardware, runs
-    from sglab.tools import timings
-
-    live_times = timings.live_times()
-    rows = []
-    for e in NOTEBOOKS:
-        ok, _ = hardware.meets(e.gpus)
-        recorded = runs.load_all_recorded(e.experiment) if e.experiment else []
-        rows.append({"notebook": e.stem, "upstream": e.upstream, "claim": e.claim, "GPUs": e.gpus,
-                     "live here": "yes" if ok else "no",
-                     "live time": live_times.get(e.stem, timings.NOT_RECORDED),
-                     "recorded runs": "; ".join(r.label for r in recorded) or
-                                      ("—" if e.experiment is None else "none yet")})
-    return pd.DataFrame(rows)

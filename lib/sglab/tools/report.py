@@ -11,24 +11,32 @@
 
 from __future__ import annotations
 
+import base64
+import html
+import io
+import importlib
+import json
+import os
+import re
+from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
-from sglab.tools import timings
-import importlib
-import html
-import json
-from datetime import datetime, timezone
-import base64
-import re
+
+from sglab.core import bytecode, claims, hardware, kernels, runs
+from sglab.sglang import upstream
+from sglab.sglang.bootstrap import real_release_rows
+from sglab.tools import fixes, nbtools, timings
+from sglab.tools.fixes import by_stem
+from sglab.tools.nbtools import Result
+
+# nbformat, pandas and multiprocessing are imported where used: `sglab` starts without them
 
 
 def default_jobs() -> int:
     """Notebooks run at a time: one where a GPU is visible (live timings must not share the
     machine), else up to two (recorded mode only reads files and draws; the CPU box has two
     cores)."""
-    import os
 
-    from sglab.core import hardware
 
     return 1 if hardware.has_cuda() else max(1, min(2, os.cpu_count() or 1))
 
@@ -43,7 +51,6 @@ def _one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pages:
     1)."""
     import nbformat
 
-    from sglab.tools import nbtools
 
     r = nbtools.execute(p, cell_timeout=cell_timeout, params=params, partial_dir=out)
     nbformat.write(r.nb, out / p.name)
@@ -72,7 +79,6 @@ def _result_of(future, path: Path):
     except BrokenProcessPool as e:
         import nbformat
 
-        from sglab.tools.nbtools import Result
 
         return Result(path, "failed", "?", 0.0, f"the worker process running it died: {e}",
                       nb=nbformat.v4.new_notebook())
@@ -133,9 +139,6 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None,
     return results
 
 
-__all__ = ["default_jobs", "index", "pages", "timings", "run_notebooks", "write_index"]
-
-
 # --------------------------------------------------------------------------------------------------
 # report_index: ``reports/index.html``: one card per notebook, then the environment (collapsed).
 # --------------------------------------------------------------------------------------------------
@@ -156,8 +159,6 @@ def claim_facts(entry, result=None) -> dict:
     """Claim, headline and verdict lines of a catalog entry: over this report's live runs when the
     notebook ran live (runs written since it started), else over the recorded runs a reader is
     shown."""
-    from sglab.core import claims, runs
-    from sglab.tools import fixes
 
     facts = {"claim": entry.claim if entry else "", "headline": "", "verdicts": [], "source": ""}
     if entry is None or not entry.experiment:
@@ -177,7 +178,6 @@ def claim_facts(entry, result=None) -> dict:
 
 
 def _live_runs(experiment: str, result) -> list:
-    from sglab.core import runs
 
     started = getattr(result, "started", None)
     if result is None or result.mode != "live" or started is None:
@@ -200,7 +200,6 @@ def inline_markdown(text: str) -> str:
 
 def card(r, live_time: str) -> str:
     """The HTML of one notebook's card."""
-    from sglab.tools.fixes import by_stem
 
     entry = by_stem(r.path.stem)
     facts = claim_facts(entry, r)
@@ -319,7 +318,6 @@ def thumbnail(png: bytes, width: int = 360) -> bytes:
     """``png`` scaled down to ``width`` pixels (the index embeds it; full figures would make it
     megabytes). Pillow comes with matplotlib; without it the figure is embedded as it is."""
     try:
-        import io
 
         from PIL import Image
     except ImportError:
@@ -341,10 +339,6 @@ def data_uri(png: bytes) -> str:
 # --------------------------------------------------------------------------------------------------
 def env_report() -> list[tuple[str, str]]:
     """(item, value) pairs describing this machine for the workbook."""
-    from sglab.core import bytecode, hardware
-    from sglab.sglang import upstream
-    from sglab.core import kernels
-    from sglab.sglang.bootstrap import real_release_rows
 
     rows = []
     sw = hardware.software()
@@ -387,3 +381,21 @@ def env_report() -> list[tuple[str, str]]:
     return rows
 
 
+def overview():
+    """00's reading-order table: per notebook its claim, the GPUs it needs, whether this machine
+    runs it live, its live time (newest committed ``sglab run --timings`` record per GPU model) and
+    the recorded runs it can show. One source with the README index and the report."""
+    import pandas as pd
+
+
+    live_times = timings.live_times()
+    rows = []
+    for e in fixes.NOTEBOOKS:
+        ok, _ = hardware.meets(e.gpus)
+        recorded = runs.load_all_recorded(e.experiment) if e.experiment else []
+        rows.append({"notebook": e.stem, "upstream": e.upstream, "claim": e.claim, "GPUs": e.gpus,
+                     "live here": "yes" if ok else "no",
+                     "live time": live_times.get(e.stem, timings.NOT_RECORDED),
+                     "recorded runs": "; ".join(r.label for r in recorded) or
+                                      ("—" if e.experiment is None else "none yet")})
+    return pd.DataFrame(rows)
