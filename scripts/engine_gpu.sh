@@ -99,7 +99,7 @@ common=(--record --out "$OUT/runs" --work "$WORK")
 if [ -n "${ENGINE_TIMEOUT:-}" ]; then common+=(--timeout "$ENGINE_TIMEOUT"); fi
 if [ $dry = 1 ]; then common=(--dry-run); fi
 if [ -n "$plan" ]; then
-  mapfile -t more < <("$py" -c 'import sys; from sglab.sglang.engine_plans import plan
+  mapfile -t more < <("$py" -c 'import sys; from sglab.tools.fixes import plan
 print("\n".join(s.name for s in plan(sys.argv[1])))' "$plan")
   scenarios+=("${more[@]}")
 fi

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sglab.sglang import engine as eng
-from sglab.sglang import engine_plans
+from sglab.tools import fixes
 from sglab.sglang.releases import package_dir, release_installed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -687,7 +687,7 @@ def test_configs_parse_with_the_releases_own_model_config(v):
 
 # -- scenarios -------------------------------------------------------------------------------------
 def test_scenarios_build_their_specs():
-    names = {s.name for s in engine_plans.SCENARIOS}
+    names = {s.name for s in fixes.scenarios()}
     assert {
         "01-kimi-pcg",
         "01-llama-pcg",
@@ -697,7 +697,11 @@ def test_scenarios_build_their_specs():
         "05-grid-thw",
         "06-dense-tp1",
     } <= names
-    kimi = engine_plans.scenario("01-kimi-pcg").specs()
+    for f in fixes.FIXES:  # each fix's record holds its own scenarios, named by its notebook
+        assert all(s.fix == f.name and s.name.startswith(f.number + "-") for s in f.engine or ())
+    with pytest.raises(KeyError, match="unknown scenario 'nope'"):
+        fixes.scenario("nope")
+    kimi = fixes.scenario("01-kimi-pcg").specs()
     by = {s.variant: s for s in kimi}
     assert set(by) == {
         f"{v}+{c}" for v in ("0.5.12.post1", "0.5.13") for c in ("default", "enforce", "pcg-off")
@@ -711,7 +715,7 @@ def test_scenarios_build_their_specs():
         by["0.5.13+default"].input_lens == (128, 256, 512, 1024)
         and by["0.5.13+default"].repeats > 1
     )
-    swa = {s.variant: s for s in engine_plans.scenario("04-swa-kernels").specs()}
+    swa = {s.variant: s for s in fixes.scenario("04-swa-kernels").specs()}
     assert set(swa) == {
         "0.5.11+released",
         "0.5.11+before",
@@ -719,17 +723,17 @@ def test_scenarios_build_their_specs():
         "0.5.13+released",
     }
     assert swa["0.5.11+before"].profile and swa["0.5.11+before"].adjustments[0].patch
-    assert [s.release for s in engine_plans.scenario("04-swa-kernels").specs(["0.5.13"])] == [
+    assert [s.release for s in fixes.scenario("04-swa-kernels").specs(["0.5.13"])] == [
         "0.5.13"
     ]
-    for s in engine_plans.SCENARIOS:
+    for s in fixes.scenarios():
         assert s.model_config().is_file() and s.experiment == f"engine_{s.fix}"
         assert s.specs(), s.name
 
 
 @pytest.mark.parametrize("name", ["02-ar-fusion", "05-grid-thw", "06-dense-tp1", "03-bcg-requests"])
 def test_multi_gpu_scenarios_build_arguments_each_release_accepts(tmp_path, name):
-    sc = engine_plans.scenario(name)
+    sc = fixes.scenario(name)
     for spec in sc.specs():
         if not release_installed(spec.release):
             continue

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sglab.sglang import engine as eng
-from sglab.sglang import engine_plans
+from sglab.tools import fixes
 
 
 def _runnable(release: str) -> None:
@@ -19,7 +19,7 @@ def _runnable(release: str) -> None:
 @pytest.mark.gpu
 def test_llama_piecewise_graph_on_and_off(tmp_path):
     _runnable("0.5.13")
-    specs = {s.case: s for s in engine_plans.scenario("01-llama-pcg").specs(["0.5.13"])}
+    specs = {s.case: s for s in fixes.scenario("01-llama-pcg").specs(["0.5.13"])}
     on = eng.run(specs["pcg"], work=tmp_path / "on")
     assert on.ok, on.error
     assert on.decisions["pcg"] == "captured"
@@ -34,7 +34,7 @@ def test_llama_piecewise_graph_on_and_off(tmp_path):
 @pytest.mark.gpu
 def test_timeout_leaves_no_scheduler_behind(tmp_path):
     _runnable("0.5.13")
-    cfg = engine_plans.scenario("01-llama-pcg").model_config()
+    cfg = fixes.scenario("01-llama-pcg").model_config()
     spec = eng.EngineSpec("0.5.13", cfg, "engine", requests=(1,), input_lens=(16,),
                           timeout=10)
     res = eng.run(spec, work=tmp_path)

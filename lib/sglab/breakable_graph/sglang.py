@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from sglab.breakable_graph import rebuild
+from sglab.sglang.engine import Case, Scenario, PCG_FLAGS
 from sglab.sglang import bootstrap
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
@@ -359,6 +360,31 @@ def gpu_tables(df) -> dict:
 # the record
 # --------------------------------------------------------------------------------------------------
 _GPU = "sglab.breakable_graph.sglang:gpu_probe"
+# -- the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_breakable_graph/
+ENGINE = (
+    Scenario(
+        fix="breakable_graph",
+        name="03-bcg-requests",
+        what="--enable-breakable-cuda-graph with 1 to 8 requests per prefill (Engine API, one "
+        "generate call per batch): graph used or eager fallback per prefill batch (the "
+        "scheduler's 'Prefill batch' line), and latency",
+        model="llama_32x512",
+        tool="engine",
+        releases=("0.5.11", "0.5.12.post1"),
+        cases=(
+            Case("bcg", ("--enable-breakable-cuda-graph", *PCG_FLAGS, "--disable-radix-cache")),
+            Case("eager", ("--disable-piecewise-cuda-graph", "--disable-radix-cache")),
+        ),
+        requests=(1, 2, 4, 8),
+        input_lens=(128,),
+        output_len=1,
+        repeats=5,
+        expect="0.5.11: graph only with one request (can_run rejects batch_size > 1); "
+        "0.5.12.post1: graph at every batch",
+    ),
+)
+
+
 FIX = Fix(name="breakable_graph", number="03", prs=(24662,), gpus=1,
           title="Breakable CUDA graph captures only the layer stack (#24662)", check=check,
           hunks=(Spec(24662, symbols_in(RUNNER_FILE, *(f"BreakableCudaGraphRunner.{m}" for m in (
@@ -367,7 +393,7 @@ FIX = Fix(name="breakable_graph", number="03", prs=(24662,), gpus=1,
           probe=Probe("sglab.breakable_graph.sglang:probe", PROBE_RELEASES),
           gpu=GpuPlan(1, 1, (Step("0.5.12.post1", _GPU), Step("0.5.23", _GPU)),
                       "real BreakableCUDAGraph capturing the toy layer stack: segments, breaks, "
-                      "replay vs eager"))
+                      "replay vs eager"), engine=ENGINE)
 
 
 # --------------------------------------------------------------------------------------------------

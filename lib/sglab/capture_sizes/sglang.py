@@ -40,6 +40,7 @@ import pandas as pd
 
 from sglab.capture_sizes import rebuild as fx
 from sglab.core.runs import repo_root
+from sglab.sglang.engine import Case, Scenario
 from sglab.sglang import bootstrap
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
@@ -593,10 +594,73 @@ def params(max_tokens: int = fx.MLA_MAX_TOKENS) -> dict:
             "max_tokens": max_tokens, "settings": SETTINGS}
 
 
+# -- the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_capture_sizes/
+ENGINE = (
+    Scenario(
+        fix="capture_sizes",
+        name="06-dense-tp1",
+        gpus=2,
+        what="--moe-dense-tp-size 1 with attention TP 2 on piecewise capture sizes that TP 2 does "
+        "not divide: 0.5.14 (filter lost) fails at start-up as in the PR, 0.5.11's filter "
+        "starts, 0.5.23's round-up starts (needs an image with its torch)",
+        model="deepseek_v3_tiny",
+        tool="engine",
+        releases=("0.5.14", "0.5.11", "0.5.23"),
+        cases=(
+            Case(
+                "odd-sizes",
+                (
+                    "--tp-size",
+                    "2",
+                    "--moe-dense-tp-size",
+                    "1",
+                    "--piecewise-cuda-graph-tokens",
+                    "3",
+                    "4",
+                    "5",
+                    "8",
+                    "--cuda-graph-max-bs",
+                    "8",
+                    "--disable-radix-cache",
+                ),
+                releases=("0.5.14", "0.5.11"),
+            ),
+            # 0.5.2x renamed the capture-size flags (read from its srt/arg_groups/fields/)
+            Case(
+                "odd-sizes",
+                (
+                    "--tp-size",
+                    "2",
+                    "--moe-dense-tp-size",
+                    "1",
+                    "--cuda-graph-bs-prefill",
+                    "3",
+                    "4",
+                    "5",
+                    "8",
+                    "--cuda-graph-max-bs-decode",
+                    "8",
+                    "--disable-radix-cache",
+                ),
+                releases=("0.5.23",),
+            ),
+        ),
+        requests=(1,),
+        input_lens=(64,),
+        output_len=4,
+        repeats=1,
+        timeout=900.0,
+        expect="0.5.14: start-up fails in the reduce-scatter of an odd size; 0.5.11: captures the "
+        "even sizes [4, 8]; 0.5.23: captures every size rounded up to a multiple of 2 "
+        "(Engine tool: 0.5.23 has no bench_one_batch)",
+    ),
+)
+
+
 FIX = Fix(name="capture_sizes", number="06", prs=(23972,), gpus=2,
           title="Piecewise capture sizes aligned to the attention-TP group (#23972)", check=check,
           hunks=(Spec(23972, symbols_in(PIECEWISE_RUNNER, "PiecewiseCudaGraphRunner.__init__")),),
-          probe=Probe("sglab.capture_sizes.sglang:probe", PROBE_RELEASES, params))
+          probe=Probe("sglab.capture_sizes.sglang:probe", PROBE_RELEASES, params), engine=ENGINE)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from torch import nn
 
 from sglab.core.memory import all_processes, explain_no_match
 from sglab.grid_thw import rebuild
+from sglab.sglang.engine import Case, Scenario
 from sglab.sglang import bootstrap
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
@@ -401,6 +402,37 @@ def gpu_tables(df) -> dict:
 # --------------------------------------------------------------------------------------------------
 # the record
 # --------------------------------------------------------------------------------------------------
+# -- the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_grid_thw/
+ENGINE = (
+    Scenario(
+        fix="grid_thw",
+        name="05-grid-thw",
+        gpus=2,
+        what="Kimi-K2.5 tiny fed one image at TP 2: each process's memory on GPU 0 (nvidia-smi) "
+        "with the grid on the CPU (0.5.11) and with #22858's line reverted",
+        model="kimi_k25_tiny",
+        tool="engine",
+        releases=("0.5.11",),
+        cases=(
+            Case("released", ("--tp-size", "2", "--mm-attention-backend", "triton_attn")),
+            Case(
+                "before",
+                ("--tp-size", "2", "--mm-attention-backend", "triton_attn"),
+                ("revert-pr22858-grid-thw-cpu",),
+            ),
+        ),
+        requests=(1,),
+        input_lens=(16,),
+        output_len=1,
+        repeats=1,
+        image_size=(448, 448),
+        # Kimi-K2.5's chat template for one image (its processor expands the pad token)
+        prompt="<|media_start|>image<|media_content|><|media_pad|><|media_end|> Describe it.",
+        expect="before: rank 1 holds memory on GPU 0; released: none",
+    ),
+)
+
+
 FIX = Fix(name="grid_thw", number="05", prs=(22858,), gpus=2,
           title="Kimi-K2.5 grid on the CPU under image_grid_thw (#22858)", check=check,
           hunks=(Spec(22858, symbols_in(KIMI_PROCESSOR, "KimiGPUProcessorWrapper._gpu_call",
@@ -411,7 +443,7 @@ FIX = Fix(name="grid_thw", number="05", prs=(22858,), gpus=2,
           gpu=GpuPlan(2, 1, (Step("0.5.23", "sglab.grid_thw.sglang:gpu_probe", {"receiver_gpu": 1},
                                   timeout=540.0),),
                       "real MultimodalDataItem over SGLang's msgpack wire to a process on GPU 1: "
-                      "its memory on GPU 0"))
+                      "its memory on GPU 0"), engine=ENGINE)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import types
 
 from torch import nn
 
+from sglab.sglang.engine import Case, Scenario, PCG_FLAGS
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
@@ -244,6 +245,60 @@ def released(rebuilt=None, *, symbol=None, pr=None) -> None:
     real.released(FIX, rebuilt, symbol=symbol, pr=pr)
 
 
+# -- the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_pcg_gate/
+ENGINE = (
+    Scenario(
+        fix="pcg_gate",
+        name="01-kimi-pcg",
+        what="Kimi-K2.5 tiny (2 DeepSeek-V3 layers, MLA, 8 experts; 1-layer vision tower): "
+        "piecewise CUDA graph decided by the release, and prefill latency per token count "
+        "with it on and off",
+        model="kimi_k25_tiny",
+        tool="bench",
+        releases=("0.5.12.post1", "0.5.13"),
+        cases=(
+            Case("default", PCG_FLAGS, releases=("0.5.13",)),
+            Case("default", PCG_FLAGS, ("kimi-k25-post-load-weights",), releases=("0.5.12.post1",)),
+            Case("enforce", ("--enforce-piecewise-cuda-graph", *PCG_FLAGS), releases=("0.5.13",)),
+            Case(
+                "enforce",
+                ("--enforce-piecewise-cuda-graph", *PCG_FLAGS),
+                ("kimi-k25-post-load-weights",),
+                releases=("0.5.12.post1",),
+            ),
+            Case("pcg-off", ("--disable-piecewise-cuda-graph",), releases=("0.5.13",)),
+            Case(
+                "pcg-off",
+                ("--disable-piecewise-cuda-graph",),
+                ("kimi-k25-post-load-weights",),
+                releases=("0.5.12.post1",),
+            ),
+        ),
+        input_lens=(128, 256, 512, 1024),
+        repeats=5,
+        output_len=8,
+        expect="default: disabled by ServerArgs (multimodal) on both; enforce: 0.5.12.post1 'the "
+        "model is not a language model', 0.5.13 captured for [128, 256, 512, 1024]; "
+        "pcg-off: the eager baseline",
+    ),
+    Scenario(
+        fix="pcg_gate",
+        name="01-llama-pcg",
+        what="Llama-style 32 layers x hidden 512 (launch-bound prefill): prefill with and without "
+        "piecewise CUDA graphs",
+        model="llama_32x512",
+        tool="bench",
+        releases=("0.5.13",),
+        cases=(Case("pcg", PCG_FLAGS), Case("pcg-off", ("--disable-piecewise-cuda-graph",))),
+        input_lens=(128, 256, 512, 1024),
+        repeats=5,
+        output_len=8,
+        expect="pcg faster at every size (facts: 13.2/14.3/17.6 ms vs 16.1/21.5/19.6 ms, single "
+        "shots)",
+    ),
+)
+
+
 FIX = Fix(
     name="pcg_gate", number="01", part="part A", prs=(26382,), gpus=1,
     title="Kimi-K2.5 wrapper: `.model` property + __setattr__ guard (#26382)",
@@ -251,4 +306,5 @@ FIX = Fix(
     hunks=(Spec(26382, symbols_in(KIMI_MODEL, "KimiK25ForConditionalGeneration.model",
                                   "KimiK25ForConditionalGeneration.__setattr__")),),
     probe=Probe("sglab.pcg_gate.sglang:probe", PROBE_RELEASES),
+    engine=ENGINE,
 )

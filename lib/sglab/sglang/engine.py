@@ -70,6 +70,11 @@ KILL_GRACE_S = 10.0
 DEFAULT_TIMEOUT_S = 900.0
 
 
+# piecewise capture sizes every scenario that turns piecewise CUDA graphs on passes
+PCG_TOKENS = ("128", "256", "512", "1024")
+PCG_FLAGS = ("--piecewise-cuda-graph-tokens", *PCG_TOKENS)
+
+
 class EngineError(RuntimeError):
     """One line for the reader (``sglab engine: <message>``, exit status 2); ``log`` is the full
     log, if any."""

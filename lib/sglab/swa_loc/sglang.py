@@ -26,6 +26,7 @@ import types
 
 import torch
 
+from sglab.sglang.engine import Case, Scenario
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, GpuPlan, Probe, Spec, Step, symbols_in
@@ -531,6 +532,30 @@ def gpu_tables(df) -> dict:
 # the record
 # --------------------------------------------------------------------------------------------------
 _GPU = "sglab.swa_loc.sglang:gpu_probe"
+# -- the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_swa_loc/
+ENGINE = (
+    Scenario(
+        fix="swa_loc",
+        name="04-swa-kernels",
+        what="GPT-OSS-style model (8 layers, 4 sliding-window): kernels per decode-graph replay "
+        "and per layer from bench_one_batch's own decode trace; 'before' = 0.5.11 with "
+        "#23552's preset reverted",
+        model="gpt_oss_swa",
+        tool="bench",
+        releases=("0.5.11", "0.5.12.post1", "0.5.13"),
+        cases=(
+            Case("released"),
+            Case("before", (), ("revert-pr23552-swa-loc-preset",), releases=("0.5.11",)),
+        ),
+        batch_sizes=(32,),
+        input_lens=(256,),
+        output_len=16,
+        profile=True,
+        expect="before: one translation gather per SWA layer more per replay than 0.5.11 released",
+    ),
+)
+
+
 FIX = Fix(name="swa_loc", number="04", prs=(23552, 24743), gpus=1,
           title="SWA location preset before decode-graph capture (#23552, #24743)", check=check,
           hunks=(Spec(23552,
@@ -547,7 +572,7 @@ FIX = Fix(name="swa_loc", number="04", prs=(23552, 24743), gpus=1,
                        Step("0.5.12.post1", _GPU, {"pool": True, "buffers": True}),
                        Step("0.5.23", _GPU, {"pool": True, "buffers": False})),
                       "real SWAKVPool.set_kv_buffer in a CUDA graph: kernel nodes per SWA layer, "
-                      "replay time; decode " "buffers"),)
+                      "replay time; decode " "buffers"), engine=ENGINE)
 
 
 # --------------------------------------------------------------------------------------------------

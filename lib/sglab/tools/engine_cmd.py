@@ -20,6 +20,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from sglab.tools import fixes
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -64,7 +66,7 @@ def add_parser(sub) -> None:
         help="seconds before the whole engine is stopped (default 900, or the scenario's)"
     )
     p.add_argument(
-        "--scenario", action="append", default=[], metavar="NAME", help="a scenario of engine_plans"
+        "--scenario", action="append", default=[], metavar="NAME", help="a real-engine scenario (sglab engine --list)"
     )
     p.add_argument("--plan", metavar="NN", help="every scenario of notebook NN")
     p.add_argument("--list", action="store_true", help="list the scenarios")
@@ -89,11 +91,10 @@ def _fail(msg: str) -> int:
 def _groups(args):
     """[(fix, [EngineSpec])] from the scenario options or the single-run options."""
     from sglab.sglang import engine as eng
-    from sglab.sglang import engine_plans
 
-    picked = [engine_plans.scenario(n) for n in args.scenario]
+    picked = [fixes.scenario(n) for n in args.scenario]
     if args.plan:
-        found = engine_plans.plan(args.plan)
+        found = fixes.plan(args.plan)
         if not found:
             raise KeyError(f"no scenario for notebook {args.plan}")
         picked += found
@@ -153,10 +154,9 @@ def _dry_run(spec, work) -> None:
 
 def main(args) -> int:
     from sglab.sglang import engine as eng
-    from sglab.sglang import engine_plans
 
     if args.list:
-        for s in engine_plans.SCENARIOS:
+        for s in fixes.scenarios():
             print(f"{s.name:18} {s.experiment:24} {s.gpus} GPU  {s.tool:6} {' '.join(s.releases)}")
             print(f"{'':18} {s.what}")
         return 0

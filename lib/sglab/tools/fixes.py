@@ -83,3 +83,22 @@ NOTEBOOKS: tuple[Notebook, ...] = (Notebook("00", START, None),
 
 def by_stem(stem: str) -> Optional[Notebook]:
     return next((e for e in NOTEBOOKS if e.stem == stem), None)
+
+
+# -- the real-engine scenarios, from each fix's record (``FIX.engine``)
+def scenarios() -> tuple:
+    """Every fix's real-engine scenarios (:class:`sglab.sglang.engine.Scenario`), in notebook
+    order."""
+    return tuple(s for f in sorted(FIXES, key=lambda f: f.number) for s in (f.engine or ()))
+
+
+def scenario(name: str):
+    found = {s.name: s for s in scenarios()}
+    if name not in found:
+        raise KeyError(f"unknown scenario {name!r} (known: {', '.join(found)})")
+    return found[name]
+
+
+def plan(number: str) -> list:
+    """The scenarios of one notebook (``"01"``)."""
+    return [s for s in scenarios() if s.name.startswith(f"{number}-")]

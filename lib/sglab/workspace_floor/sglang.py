@@ -38,6 +38,7 @@ from typing import Optional
 
 import torch
 
+from sglab.sglang.engine import Case, Scenario
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, GpuPlan, Probe, Spec, Step, symbols_in
@@ -374,13 +375,43 @@ def gpu_tables(df) -> dict:
 # --------------------------------------------------------------------------------------------------
 # the record
 # --------------------------------------------------------------------------------------------------
+# -- the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_workspace_floor/
+ENGINE = (
+    Scenario(
+        fix="workspace_floor",
+        name="02-ar-fusion",
+        gpus=2,
+        what="--enable-flashinfer-allreduce-fusion at TP 2 over a short-prompt trace: FlashInfer "
+        "workspace creations per forward step (needs the whole FlashInfer package: "
+        "FLASHINFER_FULL=1 bundles)",
+        model="deepseek_v3_tiny",
+        tool="engine",
+        releases=("0.5.12.post1", "0.5.13"),
+        cases=(
+            Case(
+                "fusion",
+                ("--tp-size", "2", "--enable-flashinfer-allreduce-fusion", "--disable-radix-cache"),
+                ("trace-flashinfer-workspace",),
+            ),
+        ),
+        requests=(1,),
+        input_lens=(4, 16, 64, 200, 700, 1500, 2100, 3000),
+        output_len=4,
+        repeats=1,
+        timeout=1500.0,
+        expect="0.5.12.post1 re-creates the workspace as prompts grow; 0.5.13 creates it once "
+        "(max(x, 2048))",
+    ),
+)
+
+
 FIX = Fix(
     name="workspace_floor", number="02", part="part B", prs=(26382,), gpus=2,
     title="layernorm passes max_token_num=max(x.shape[0], 2048) to the fused AR+norm (#26382)",
     check=check, hunks=(Spec(26382, symbols_in(LAYERNORM, "_forward_with_allreduce_fusion")),),
     probe=Probe("sglab.workspace_floor.sglang:probe", RELEASES, probe_params),
     gpu=GpuPlan(2, 1, (Step("0.5.23", "sglab.workspace_floor.sglang:gpu_probe"),),
-                "real FlashInfer workspace on 2 GPUs (only where FlashInfer is importable)"))
+                "real FlashInfer workspace on 2 GPUs (only where FlashInfer is importable)"), engine=ENGINE)
 
 
 # --------------------------------------------------------------------------------------------------
