@@ -213,6 +213,23 @@ pd.DataFrame(rows)
 sglang.compare();
 
 # %% [markdown]
+# ### The real engine, before and after
+#
+# SGLang's whole engine with dummy weights (`sglab engine --plan 01` on a GPU box),
+# `bench_one_batch` prefill at 128–1024 tokens: a tiny Kimi-K2.5 (2 DeepSeek-V3 layers and a
+# 1-layer vision tower) with default flags, with `--enforce-piecewise-cuda-graph`, and with
+# piecewise graphs off, on 0.5.12.post1 (before the PR) and 0.5.13 (after); and a text-only
+# Llama-style model for comparison. The `pcg_reason` column is the release's own reason. Two things
+# to read from it: with default flags the gate is never asked for Kimi-K2.5 (ServerArgs turns
+# piecewise graphs off first), so the PR matters to those who ask for them; and 0.5.12.post1 needs
+# one named harness adjustment to start at all with dummy weights (printed with the table).
+
+# %%
+engine = sglang.engine_recorded()
+show.engine(engine)
+verdict(claims.ENGINE, engine)
+
+# %% [markdown]
 # ## The payoff: eager prefill against piecewise CUDA graphs (GPU)
 #
 # What the gate switches on, on one GPU: the shared decoder in bf16 (hidden 2048, 16 layers, 16

@@ -199,6 +199,21 @@ sglang.compare();
 sglang.gpu_recorded();
 
 # %% [markdown]
+# ### The real engine, before and after
+#
+# SGLang's whole engine with `--enable-breakable-cuda-graph` (and without, for the eager
+# baseline): a Llama-style model of 32 layers x hidden 512 with dummy weights, `Engine.generate`
+# on 1, 2, 4 and 8 prompts of 128 tokens at once (`sglab engine --plan 03` on a GPU box). Whether a
+# prefill batch ran on the graph comes from the scheduler's own "Prefill batch" log line; the time
+# is the whole `generate` call (prefill and one output token), median of 5. 0.5.11 is the last
+# release before #24662, 0.5.12.post1 the first with it.
+
+# %%
+engine = sglang.engine_recorded()
+show.engine(engine)
+verdict(claims.ENGINE, engine)
+
+# %% [markdown]
 # ## Measured on the GPU: correctness
 #
 # One run (`sglab record breakable_graph`, `measure.DEFAULT_PARAMS`): the toy decoder at a real

@@ -10,11 +10,14 @@ counts folded under it are exact and hold on any host.
 from __future__ import annotations
 
 import statistics
+from types import SimpleNamespace
 
 from sglab.breakable_graph import show
 from sglab.breakable_graph.measure import EXPERIMENT, GPUS, launch_numbers, stream
 from sglab.core import runs
 from sglab.core.claims import Claim, Headline, holds, not_applicable
+from sglab.sglang import engine_runs
+from sglab.sglang.releases import parse_version
 
 CLAIM = ("Capturing only the layer stack lets one breakable CUDA graph serve prefill batches of "
          "any request count.")
@@ -186,3 +189,70 @@ HEADLINE = Headline(parts=(f"Graph hit rate {{v[{_H}][before]:.0%}} → {{v[{_H}
                            f"logits max abs diff vs eager {{hi[{_M}][worst]:.3g}}."),
                     per_run=f"{{gpu}} {{v[{_S}][min]:.2f}}–{{v[{_S}][max]:.2f}}× (median "
                             f"{{v[{_S}][median]:.2f}}×)")
+
+
+# --------------------------------------------------------------------------------------------------
+# the real engine (``sglab engine --plan 03``: data/recorded/engine_breakable_graph/)
+# --------------------------------------------------------------------------------------------------
+AFTER_RELEASE = "0.5.12.post1"  # the first release with #24662
+
+
+def _on_graph(run) -> dict:
+    """``{release: {requests: fraction of prefill batches on the graph}}`` of the bcg case."""
+    d = engine_runs.number(engine_runs.latest([run]), "prefill_graph", started=True)
+    d = d[d.case == "bcg"]
+    return {rel: {int(n): float(x) for n, x in zip(g.requests, g.value)}
+            for rel, g in d.groupby("release")}
+
+
+def _engine_graph_applies(run):
+    return None if _on_graph(run) else "no bcg case of this run started"
+
+
+def _engine_graph(run):
+    found = _on_graph(run)
+    expect = {rel: {n: float(n == 1 or parse_version(rel) >= parse_version(AFTER_RELEASE))
+                    for n in per} for rel, per in found.items()}
+    text = "; ".join(f"{rel}: on the graph for {', '.join(str(n) for n, x in per.items() if x == 1)}"
+                     f" of {', '.join(str(n) for n in per)} requests"
+                     for rel, per in found.items())
+    return holds(found == expect, text, {rel: sum(x == 1 for x in per.values())
+                                         for rel, per in found.items()})
+
+
+def _latency(run, release: str) -> dict:
+    d = engine_runs.number(engine_runs.latest([run]), "latency", started=True)
+    d = d[d.release == release]
+    return {case: dict(zip(g.requests.astype(int), g.value)) for case, g in d.groupby("case")}
+
+
+def _engine_faster_applies(run):
+    lat = _latency(run, AFTER_RELEASE)
+    return None if {"bcg", "eager"} <= set(lat) else f"no {AFTER_RELEASE} bcg and eager cases"
+
+
+def _engine_faster(run):
+    lat = _latency(run, AFTER_RELEASE)
+    ratios = {n: lat["eager"][n] / lat["bcg"][n] for n in lat["bcg"] if n in lat["eager"]}
+    lo, hi = min(ratios.values()), max(ratios.values())
+    return holds(lo > 1.0, f"{AFTER_RELEASE}: eager / breakable graph {lo:.2f}–{hi:.2f}× over "
+                           f"{', '.join(map(str, ratios))} requests (Engine.generate, 1 output "
+                           "token, median of the repeats)", {"min": lo, "max": hi})
+
+
+ENGINE = SimpleNamespace(
+    EXPERIMENT="engine_breakable_graph",
+    CLAIM="In SGLang's own engine (Llama-style 32 x 512, dummy weights), "
+          "--enable-breakable-cuda-graph runs a prefill of several requests on the graph only "
+          "from #24662 on.",
+    CLAIMS=[Claim("engine_breakable_graph.graph_per_request_count",
+                  "With the breakable CUDA graph on, 0.5.11 puts a prefill on the graph only when "
+                  "it holds one request; 0.5.12.post1 (with #24662) for every request count",
+                  "before #24662: 1 request only; after: all (exact, the scheduler's own "
+                  "'Prefill batch' log)", _engine_graph, applies=_engine_graph_applies),
+            Claim("engine_breakable_graph.faster_than_eager",
+                  f"On {AFTER_RELEASE}, the breakable graph beats eager prefill at every request "
+                  "count", "eager / graph > 1 at every count", _engine_faster,
+                  applies=_engine_faster_applies, drift=0.25)],
+    shown=lambda runs_: list(runs_),
+)

@@ -17,6 +17,7 @@ from torch import nn
 
 from sglab.breakable_graph import rebuild
 from sglab.sglang.engine import Case, Scenario, PCG_FLAGS
+from sglab.sglang import engine_runs
 from sglab.sglang import bootstrap
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
@@ -475,3 +476,8 @@ def gpu_recorded():
     """The newest recorded run of the release's breakable graph on a GPU, as tables (or that none is
     recorded)."""
     return real.show_recorded(FIX.name, gpu_tables)
+
+
+def engine_recorded():
+    """The recorded real-engine runs of this fix (:func:`sglab.sglang.engine_runs.recorded`)."""
+    return engine_runs.recorded(FIX.name, FIX.number)

@@ -24,6 +24,7 @@ import torch
 
 from sglab.breakable_graph import measure, rebuild
 from sglab.core import notebook, plots, runs
+from sglab.sglang import engine_runs
 
 gpu_short = runs.gpu_short
 STYLES = {"eager": ("tab:gray", "o"), "before": ("tab:red", "s"), "after": ("tab:blue", "^")}
@@ -435,3 +436,38 @@ def your_setup():
                                      "largest_bucket": 8192}],
                             title="Your traffic: prefill batches served by the graph, before and "
                                   "after #24662")
+
+
+# --------------------------------------------------------------------------------------------------
+# the real engine, before and after
+# --------------------------------------------------------------------------------------------------
+def engine(run) -> None:
+    """SGLang's own engine with --enable-breakable-cuda-graph and without: the share of prefill
+    batches the scheduler ran on the graph, and the Engine.generate time, per request count."""
+    engine_runs.section(run, ["bcg", "pcg"], [("prefill_graph", "requests", "{:.0%}"),
+                                              ("latency", "requests", "{:.1f}")])
+    if run:
+        notebook.show_figure(engine_figure(engine_runs.latest(run.shown)))
+
+
+def engine_figure(df):
+    """Latency per request count, one line per release and case; a filled marker where the prefill
+    ran on the graph, an open one where it fell back to eager."""
+    import matplotlib.pyplot as plt
+
+    lat = engine_runs.number(df, "latency", started=True)
+    graph = engine_runs.number(df, "prefill_graph", started=True)
+    on = {(r.release, r.case, int(r.requests)): r.value == 1 for r in graph.itertuples()}
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    for (rel, case), g in lat.groupby(["release", "case"]):
+        g = g.sort_values("requests")
+        line, = ax.plot(g.requests, g.value, ls="-" if case == "bcg" else ":",
+                        label=f"{rel} {case}")
+        for n, v in zip(g.requests, g.value):
+            filled = on.get((rel, case, int(n)), False)
+            ax.plot(n, v, "o", color=line.get_color(), mfc=line.get_color() if filled else "white")
+    ax.set(xlabel="requests in the prefill batch", ylabel="Engine.generate, ms (median)",
+           xscale="log", xticks=[1, 2, 4, 8], xticklabels=["1", "2", "4", "8"])
+    ax.legend(fontsize=8, title="filled: on the graph", title_fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -13,10 +13,13 @@ original checks.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 from sglab.core import runs
 from sglab.core.claims import NA, Claim, Headline, Outcome, holds, not_applicable
 from sglab.pcg_gate import show
+from sglab.sglang import engine_runs
+from sglab.sglang.releases import parse_version
 from sglab.pcg_gate.measure import EXPERIMENT, GPUS  # noqa: F401 (GPUS: read by Workbook)
 
 CLAIM = ("A `model` property + `__setattr__` guard lets the Kimi-shaped wrapper pass the PCG gate "
@@ -283,3 +286,94 @@ HEADLINE = Headline(
            f"piecewise = eager within bf16 tolerance at {{lo[{_Q}][within]}}/{{hi[{_Q}][points]}}"
            f" token counts on each GPU (max abs diff {{hi[{_Q}][max_abs_diff]:.3f}})."),
     per_run=f"{{gpu}} {{v[{_H}][min]:.2f}}–{{v[{_H}][max]:.2f}}× (max at {{v[{_H}][max_at]}} tok)")
+
+
+# --------------------------------------------------------------------------------------------------
+# the real engine (``sglab engine --plan 01``: data/recorded/engine_pcg_gate/)
+# --------------------------------------------------------------------------------------------------
+KIMI, FIXED_RELEASE = "kimi_k25_tiny", "0.5.13"  # the first release with #26382 part A
+
+
+def _kimi(run) -> dict:
+    """``{(release, case): (pcg, reason)}`` of the Kimi-K2.5 variants that started."""
+    df = engine_runs.latest([run])
+    ok, pcg = engine_runs.releases_ok(df, KIMI), engine_runs.text(df, "pcg")
+    why = engine_runs.text(df, "pcg_reason")
+    return {k[1:]: (pcg.get(k, ""), why.get(k, "")) for k, started in ok.items() if started}
+
+
+def _kimi_applies(run):
+    return None if any(case == "enforce" for _, case in _kimi(run)) else \
+        "no Kimi-K2.5 'enforce' case in this run"
+
+
+def _kimi_gate(run):
+    found = {rel: v for (rel, case), v in _kimi(run).items() if case == "enforce"}
+    good = all((pcg == "captured") if parse_version(rel) >= parse_version(FIXED_RELEASE)
+               else (pcg == "disabled" and "not a language model" in why)
+               for rel, (pcg, why) in found.items())
+    text = "; ".join(f"{rel}: {pcg}" + (f" ({why})" if why else "")
+                     for rel, (pcg, why) in sorted(found.items()))
+    return holds(good, f"--enforce-piecewise-cuda-graph on Kimi-K2.5: {text}",
+                 {rel: pcg for rel, (pcg, _) in found.items()})
+
+
+def _default_applies(run):
+    return None if any(case == "default" for _, case in _kimi(run)) else \
+        "no Kimi-K2.5 'default' case in this run"
+
+
+def _default_off(run):
+    found = {rel: v for (rel, case), v in _kimi(run).items() if case == "default"}
+    text = "; ".join(f"{rel}: {pcg}" for rel, (pcg, _) in sorted(found.items()))
+    return holds(all(pcg == "disabled" for pcg, _ in found.values()),
+                 f"default flags on Kimi-K2.5: {text} (no flag asked for it: ServerArgs' own rules "
+                 "turned piecewise graphs off)", {rel: pcg for rel, (pcg, _) in found.items()})
+
+
+def _pairs(run) -> dict:
+    """``{(model, release, on-case): {input_len: off / on}}`` where a captured case and 'pcg-off'
+    both ran."""
+    df = engine_runs.latest([run])
+    pcg = engine_runs.text(df, "pcg")
+    d = engine_runs.number(df, "prefill", started=True)
+    per = {k: dict(zip(g.input_len.astype(int), g.value))
+           for k, g in d.groupby(engine_runs.KEYS)}
+    out = {}
+    for (model, rel, case), times in per.items():
+        off = per.get((model, rel, "pcg-off"))
+        if case != "pcg-off" and off and pcg.get((model, rel, case)) == "captured":
+            out[(model, rel, case)] = {n: off[n] / t for n, t in times.items() if n in off}
+    return out
+
+
+def _speedup(run):
+    pairs = _pairs(run)
+    lo = min(min(r.values()) for r in pairs.values())
+    text = "; ".join(f"{m} {rel} {case}: {min(r.values()):.2f}–{max(r.values()):.2f}×"
+                     for (m, rel, case), r in pairs.items())
+    return holds(lo > 1.0, f"prefill pcg-off / piecewise over 128–1024 tokens (bench_one_batch, "
+                           f"median of 5): {text}", {"min": lo})
+
+
+ENGINE = SimpleNamespace(
+    EXPERIMENT="engine_pcg_gate",
+    CLAIM="In SGLang's own engine (dummy weights), Kimi-K2.5's wrapper passes the piecewise gate "
+          "from #26382 on when piecewise graphs are asked for, and the captured prefill beats "
+          "eager prefill.",
+    CLAIMS=[Claim("engine_pcg_gate.kimi_gate",
+                  "With --enforce-piecewise-cuda-graph, 0.5.12.post1 refuses Kimi-K2.5 ('not a "
+                  "language model') and 0.5.13 captures it",
+                  "before: disabled, 'not a language model'; after: captured (exact)", _kimi_gate,
+                  applies=_kimi_applies),
+            Claim("engine_pcg_gate.kimi_default_off",
+                  "With default flags neither release uses piecewise graphs for Kimi-K2.5: "
+                  "ServerArgs' own rules turn them off before the gate is asked",
+                  "disabled on every release (exact)", _default_off, applies=_default_applies),
+            Claim("engine_pcg_gate.captured_prefill_faster",
+                  "Where piecewise graphs are captured, prefill is faster than with them off at "
+                  "every input length (128–1024 tokens)", "pcg-off / piecewise > 1 everywhere",
+                  _speedup, applies=lambda r: None if _pairs(r) else "no captured + pcg-off pair",
+                  drift=0.25)],
+    shown=lambda runs_: list(runs_),
+)

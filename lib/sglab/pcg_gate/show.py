@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from sglab.core import kernel_table, notebook, plots, runs
+from sglab.sglang import engine_runs
 from sglab.pcg_gate import rebuild
 from sglab.pcg_gate.measure import COPY, DEFAULT_PARAMS, GATE_METRICS, HOST, gate_facts
 
@@ -458,3 +459,13 @@ def your_setup():
                                     {"tokens": 3000, "max_tokens": 4096},
                                     {"tokens": 3000, "max_tokens": 2048}],
                             title="Your prefill: its bucket and the recorded times nearby")
+
+
+# --------------------------------------------------------------------------------------------------
+# the real engine, before and after
+# --------------------------------------------------------------------------------------------------
+def engine(run) -> None:
+    """SGLang's own engine: whether each release captures piecewise graphs for Kimi-K2.5 (default
+    flags, --enforce-piecewise-cuda-graph, off) and for a text-only Llama, and bench_one_batch's
+    prefill time per input length."""
+    engine_runs.section(run, ["pcg", "pcg_reason"], [("prefill", "input_len", "{:.2f}")])

@@ -11,10 +11,12 @@ where the location is also translated once per forward and passed to each write.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Optional
 
 from sglab.core import runs
 from sglab.core.claims import Claim, Headline, holds
+from sglab.sglang import engine_runs
 from sglab.swa_loc import show
 from sglab.swa_loc.measure import EXPERIMENT, GPUS, HEADLINE_CONFIG
 from sglab.swa_loc.rebuild import hybrid_layer_ids
@@ -264,3 +266,54 @@ HEADLINE = Headline(parts=(f"{_LAYERS} layers ({len(hybrid_layer_ids(_LAYERS, _R
                            "#24743."),
                     per_run=f"{{v[{_R}][before_us]:.0f}} → {{v[{_R}][after_us]:.0f}} µs "
                     f"({{v[{_R}][ratio]:.2f}}×) on {{gpu}}", run_sep=", ")
+
+
+# --------------------------------------------------------------------------------------------------
+# the real engine (``sglab engine --plan 04``: data/recorded/engine_swa_loc/)
+# --------------------------------------------------------------------------------------------------
+def _swa_layers(run, variant: str) -> int:
+    for e in run.manifest.get("engine_runs", []):
+        if e["variant"] == variant:
+            kinds = e["model"]["config"].get("layer_types", [])
+            return sum(k == "sliding_attention" for k in kinds)
+    return 0
+
+
+def _engine_pair(run):
+    df = engine_runs.latest([run])
+    ok = engine_runs.releases_ok(df)
+    per = {k[2]: v for k, v in engine_runs.text(df, "decode_kernels_per_replay").items()
+           if k[1] == "0.5.11" and ok.get(k)}
+    return per if {"before", "released"} <= set(per) else None
+
+
+def _engine_applies(run):
+    return None if _engine_pair(run) else ("this run has no 0.5.11 'before' and 'released' decode "
+                                           "replays that both started")
+
+
+def _engine_extra(run):
+    per = _engine_pair(run)
+    n_swa = _swa_layers(run, "0.5.11+before")
+    extra = float(per["before"]) - float(per["released"])
+    value = {"released": int(float(per["released"])), "before": int(float(per["before"])),
+             "extra": int(extra), "swa_layers": n_swa,
+             "per_swa_layer": extra / n_swa if n_swa else float("nan")}
+    return holds(n_swa > 0 and extra == EXTRA_PER_SWA_LAYER * n_swa,
+                 f"0.5.11 decode replay: {value['released']} kernels as released, "
+                 f"{value['before']} with #23552's preset reverted (+{value['extra']} over "
+                 f"{n_swa} SWA layers)", value)
+
+
+ENGINE = SimpleNamespace(
+    EXPERIMENT="engine_swa_loc",
+    CLAIM="In SGLang's own engine (bench_one_batch, GPT-OSS-style 8 layers, 4 sliding-window, dummy "
+          "weights), reverting #23552's preset adds the rebuild's 2 kernels per SWA layer to every "
+          "decode-graph replay.",
+    CLAIMS=[Claim("engine_swa_loc.reverted_preset_extra_kernels",
+                  "0.5.11 with #23552's preset reverted replays 2 more kernels per SWA layer than "
+                  "0.5.11 as released (kernels counted in bench_one_batch's own decode trace)",
+                  f"before − released == {EXTRA_PER_SWA_LAYER} × SWA layers (exact)",
+                  _engine_extra, applies=_engine_applies)],
+    shown=lambda runs_: list(runs_),
+)

@@ -27,6 +27,7 @@ import types
 import torch
 
 from sglab.sglang.engine import Case, Scenario
+from sglab.sglang import engine_runs
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, GpuPlan, Probe, Spec, Step, symbols_in
@@ -705,3 +706,8 @@ def gpu_recorded():
     """The newest recorded run of the released pool in a CUDA graph, as tables (or that none is
     recorded)."""
     return real.show_recorded(FIX.name, gpu_tables)
+
+
+def engine_recorded():
+    """The recorded real-engine runs of this fix (:func:`sglab.sglang.engine_runs.recorded`)."""
+    return engine_runs.recorded(FIX.name, FIX.number)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 from sglab.core import notebook, plots, runs
+from sglab.sglang import engine_runs
 from sglab.swa_loc import rebuild
 from sglab.swa_loc.measure import HEADLINE_CONFIG, SWA_WRITE, kv_write_ops
 
@@ -585,3 +586,14 @@ def your_setup():
                                     {"layers": 24, "swa_per_full": 1, "batch_size": 1,
                                      "max_bs": 256}],
                             title="Your model: what the SWA location preset saves per decode step")
+
+
+# --------------------------------------------------------------------------------------------------
+# the real engine, before and after
+# --------------------------------------------------------------------------------------------------
+def engine(run) -> None:
+    """SGLang's own engine on a GPT-OSS-style model: kernels per decode-graph replay from
+    bench_one_batch's decode trace, 0.5.11 as released and with #23552's preset reverted, and the
+    later releases; decode time per step (batch 32) beside it."""
+    engine_runs.section(run, ["decode_kernels_per_replay", "decode_kernels_per_layer"],
+                        [("decode", "batch_size", "{:.2f}")])

@@ -21,6 +21,8 @@ from sglab.workspace_floor.sglang import FIX as _workspace_floor
 FIXES: tuple[Fix, ...] = (_pcg_gate, _workspace_floor, _breakable_graph, _swa_loc, _grid_thw,
                           _capture_sizes)
 NAMES = tuple(f.name for f in FIXES)
+# what `sglab verify` checks: each fix's rebuild runs, and its real-engine runs where it has some
+EXPERIMENTS = NAMES + tuple(f"engine_{f.name}" for f in FIXES if f.engine)
 START = "00_start_here"
 START_CLAIM = "What the workbook is, what this machine can run live, and how recorded runs stand in for GPUs."
 
@@ -42,7 +44,10 @@ def _module(name: str, part: str):
 
 
 def claims(name: str):
-    """``sglab.<name>.claims``: CLAIM, CLAIMS, shown, HEADLINE."""
+    """``sglab.<name>.claims``: CLAIM, CLAIMS, shown, HEADLINE; for ``engine_<name>`` (the real
+    engine's runs) its ``ENGINE``: CLAIM, CLAIMS, shown."""
+    if name.startswith("engine_"):
+        return _module(name.removeprefix("engine_"), "claims").ENGINE
     return _module(name, "claims")
 
 

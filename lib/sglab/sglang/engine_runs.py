@@ -1,0 +1,137 @@
+"""The real engine beside the rebuild: the recorded ``sglab engine`` runs of one fix
+(``data/recorded/engine_<fix>/``), read as one table per release and case.
+
+A scenario is recorded one release batch at a time, so one variant (``0.5.11+before``) may have
+errored in an early run (a missing kernel header) and run in a later one: :func:`latest` keeps,
+per model and variant, the newest run in which it started, and says which run each row came from.
+Every number is what SGLang's own tool printed (``bench_one_batch`` or ``Engine.generate`` timed
+around the call), read from its log by :mod:`sglab.sglang.engine`.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from sglab.core import runs
+
+KEYS = ["model", "release", "case"]
+
+
+def _model_of(run) -> dict:
+    """``{variant: model name}`` from the run's manifest."""
+    return {e["variant"]: (e.get("model") or {}).get("name", "?")
+            for e in run.manifest.get("engine_runs", [])}
+
+
+def _label(run) -> str:
+    return f"{runs.gpu_short(run.manifest)}, {run.manifest.get('created_utc', '')[:10]}"
+
+
+def latest(runs_: list) -> pd.DataFrame:
+    """All rows of the newest answer per (model, variant), oldest run first; columns of the run
+    CSVs plus ``model`` and ``run`` (GPU and date)."""
+    frames = []
+    for order, run in enumerate(sorted(runs_, key=lambda r: r.manifest.get("created_utc", ""))):
+        df = run.df.copy()
+        df["model"] = df["variant"].map(_model_of(run)).fillna("?")
+        df["run"], df["_order"] = _label(run), order
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame(columns=[*KEYS, "metric", "value", "run"])
+    rows = pd.concat(frames, ignore_index=True)
+    status = rows[rows.metric == "status"].assign(ok=lambda d: d.value == "ok")
+    pick = (status.sort_values(["ok", "_order"]).groupby(["model", "variant"]).tail(1)
+            [["model", "variant", "_order"]])
+    out = rows.merge(pick, on=["model", "variant", "_order"])
+    return out.drop(columns="_order")
+
+
+def number(df: pd.DataFrame, metric: str, *, started: bool = False) -> pd.DataFrame:
+    """The rows of ``metric`` with ``value`` as a float (``started``: of variants that started)."""
+    d = df[df.metric == metric].copy()
+    d["value"] = pd.to_numeric(d["value"], errors="coerce")
+    if started:
+        ok = releases_ok(df)
+        d = d[[ok.get(tuple(k), False) for k in d[KEYS].itertuples(index=False)]]
+    return d
+
+
+def text(df: pd.DataFrame, metric: str) -> dict:
+    """``{(model, release, case): value}`` of a text metric (``status``, ``pcg``,
+    ``pcg_reason``)."""
+    d = df[df.metric == metric]
+    return {tuple(k): v for k, v in zip(d[KEYS].itertuples(index=False), d["value"])}
+
+
+def table(df: pd.DataFrame, metric: str, across: str, fmt: str = "{:.2f}") -> pd.DataFrame:
+    """``metric`` per (model, release, case) and per value of ``across`` (``input_len``,
+    ``batch_size``), as text cells; a variant that did not start shows its status instead."""
+    d = number(df, metric)
+    if d.empty:
+        return pd.DataFrame()
+    d[across] = d[across].astype(int)
+    wide = d.pivot_table(index=KEYS, columns=across, values="value", aggfunc="first")
+    wide = wide.map(lambda x: "" if pd.isna(x) else fmt.format(x))
+    unit = str(d["unit"].dropna().iloc[0]) if d["unit"].notna().any() else ""
+    unit = "" if unit in ("", "fraction") else f" ({unit})"
+    wide.columns = pd.Index(list(wide.columns), name=f"{metric}{unit} by {across}")
+    return wide
+
+
+def facts(df: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
+    """One row per (model, release, case) with the status, the run it came from and each of
+    ``metrics`` (the first value of each, text as recorded)."""
+    d = df[df.metric.isin(["status", *metrics])]
+    wide = d.pivot_table(index=KEYS, columns="metric", values="value", aggfunc="first")
+    wide = wide.reindex(columns=["status", *metrics])
+    wide["run"] = d.groupby(KEYS)["run"].first()
+    return wide.fillna("")
+
+
+def recorded(fix: str, number: str = "NN"):
+    """The fix's recorded engine runs as one :class:`~sglab.core.runs.Run` (the newest, with every
+    run in ``shown``, oldest first), or a NoRun saying how to make one."""
+    found = sorted(runs.load_all_recorded(f"engine_{fix}"),
+                   key=lambda r: r.manifest.get("created_utc", ""))
+    if not found:
+        return runs.NoRun(f"engine_{fix}", "no recorded real-engine run; on a GPU box: "
+                                           f"bash scripts/engine_gpu.sh --plan {number}")
+    newest = found[-1]
+    newest.shown = found
+    return newest
+
+
+def releases_ok(df: pd.DataFrame, model: str | None = None) -> dict:
+    """``{(model, release, case): True/False}``: whether each variant started and answered."""
+    return {k: v == "ok" for k, v in text(df, "status").items() if model in (None, k[0])}
+
+
+def adjustments(run) -> list[str]:
+    """The harness adjustments of the shown runs, one line each (name: reason), once each."""
+    seen = {}
+    for r in run.shown:
+        for e in r.manifest.get("engine_runs", []):
+            for a in e.get("adjustments", []):
+                seen.setdefault(a["name"], a["reason"])
+    return [f"{k}: {v}" for k, v in seen.items()]
+
+
+def section(run, facts_of: list[str], tables: list[tuple[str, str, str]]) -> None:
+    """A notebook's real-engine section: where the numbers come from, the harness adjustments, one
+    row of facts per (model, release, case), then each ``(metric, across, fmt)`` table."""
+    from sglab.core.notebook import show_table
+
+    if not run:
+        print(getattr(run, "line", "no real-engine run to show"))
+        return
+    df = latest(run.shown)
+    names = {"bench": "bench_one_batch", "engine": "Engine.generate"}
+    tools = sorted({names.get(e.get("tool"), str(e.get("tool")))
+                    for r in run.shown for e in r.manifest.get("engine_runs", [])})
+    print(f"real SGLang engines, dummy weights, measured by SGLang's own {' and '.join(tools)} "
+          f"(recorded: {'; '.join(sorted({_label(r) for r in run.shown}))})")
+    for line in adjustments(run):
+        print(f"harness adjustment {line}")
+    show_table(facts(df, facts_of))
+    for metric, across, fmt in tables:
+        show_table(table(df, metric, across, fmt))
