@@ -91,7 +91,7 @@ wheelhouse-sglang:
 
 # per-release bundles of a whole real engine (sglang without .so, slim sglang-kernel, FlashInfer's
 # JIT sources, pinned transformers, light dependencies) as tar.xz layers in .whl-engine/; fails when
-# two releases do not fit one 64 MiB carry (docs/engine.md)
+# two releases do not fit one 64 MiB carry (docs/operating.md, real SGLang engines)
 wheelhouse-engine:
 	bash scripts/wheelhouse-engine.sh .whl-engine
 

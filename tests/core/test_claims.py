@@ -157,3 +157,17 @@ def test_all_uses_every_recorded_run(demo, capsys):
     _write()
     assert cli.main(["verify", "--all"]) == 0
     assert "2 run(s): 2 hold, 0 fail" in capsys.readouterr().out
+
+
+def test_headline_says_one_value_where_a_range_collapses():
+    from types import SimpleNamespace
+
+    from sglab.core.claims import Headline, Outcome
+
+    h = Headline(parts=("{lo[c]:.1f}–{hi[c]:.1f} µs", "{lo[d]}–{hi[d]} runs"))
+    run = SimpleNamespace(manifest={})
+    one = h.render([(run, {"c": Outcome("pass", "", 11.5), "d": Outcome("pass", "", 3)})])
+    assert one == "11.5 µs; 3 runs"
+    two = h.render([(run, {"c": Outcome("pass", "", 11.5), "d": Outcome("pass", "", 13)}),
+                    (run, {"c": Outcome("pass", "", 11.52), "d": Outcome("pass", "", 3)})])
+    assert two == "11.5 µs; 3–13 runs"  # 11.50 and 11.52 print alike at one decimal

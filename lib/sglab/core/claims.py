@@ -20,6 +20,7 @@ module itself (``mod``); nothing in ``sglab.core`` imports a fix.
 from __future__ import annotations
 
 import math
+import re
 import string
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -224,6 +225,10 @@ class _Formatter(string.Formatter):
         return obj, used
 
 
+# "11.5–11.5 µs" where the smallest and largest value agree (one run shown) reads "11.5 µs"
+_SAME_RANGE = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)–\1(?![\d.])")
+
+
 @dataclass(frozen=True)
 class Headline:
     """The numbers sentence of a fix, as a template over its claims' values.
@@ -266,7 +271,7 @@ class Headline:
             if "{runs}" in part and not run_texts:
                 continue
             kept.append(text)
-        return self.sep.join(kept)
+        return _SAME_RANGE.sub(r"\1", self.sep.join(kept))
 
 
 def _short(manifest) -> str:

@@ -62,27 +62,27 @@ def load_run(path: str | Path, *, live: bool = False) -> runs.Run:
                        "(truncated?)")
     if df["value"].isna().any() and not pd.api.types.is_numeric_dtype(df["value"]):
         raise BadInput(f"{path} has non-numeric values in the 'value' column")
-    if manifest["experiment"] not in fixes.EXPERIMENTS:
+    if manifest["experiment"] not in fixes.experiments():
         raise BadInput(f"{path}: unknown experiment {manifest['experiment']!r}; known: "
-                       f"{', '.join(fixes.EXPERIMENTS)}")
+                       f"{', '.join(fixes.experiments())}")
     return runs.Run(df, manifest, path, live=live)
 
 
 def targets(names: list[str], all_: bool) -> list[runs.Run]:
     """Runs named on the command line: experiments (all their recorded runs) or run files."""
     if all_:
-        names = [*names, *fixes.EXPERIMENTS]
+        names = [*names, *fixes.experiments()]
     if not names:
         raise BadInput("say what to verify: an experiment, a run file, --all or --live")
     out: list[runs.Run] = []
     for name in dict.fromkeys(names):
         if name.endswith((".csv", ".json")) or "/" in name:
             out.append(load_run(name))
-        elif name in fixes.EXPERIMENTS:
+        elif name in fixes.experiments():
             out.extend(load_run(p) for p in runs.list_runs(name))
         else:
             raise BadInput(f"unknown experiment or run file {name!r}; experiments: "
-                           f"{', '.join(fixes.EXPERIMENTS)}")
+                           f"{', '.join(fixes.experiments())}")
     return out
 
 

@@ -1,0 +1,114 @@
+"""The real-engine sections and claims on the committed engine runs (data/recorded/engine_<fix>/):
+the newest answer per variant wins, the tables hold what SGLang's tools printed, and each engine
+claim fails when the run says otherwise."""
+
+from __future__ import annotations
+
+import copy
+
+import pandas as pd
+import pytest
+
+from sglab.breakable_graph import claims as bg
+from sglab.core import claims as C
+from sglab.core import runs
+from sglab.pcg_gate import claims as pg
+from sglab.sglang import engine_runs as E
+from sglab.swa_loc import claims as swa
+from sglab.tools import cli
+
+
+def _run(exp: str, contains: str):
+    """The committed engine run of ``exp`` in which variant ``contains`` started."""
+    for r in runs.load_all_recorded(exp):
+        st = r.df[(r.df.metric == "status") & (r.df.variant == contains)]
+        if (st.value == "ok").any():
+            return r
+    pytest.skip(f"no committed {exp} run with {contains}")
+
+
+def _edit(run, variant: str, metric: str, value, requests=None):
+    df = run.df.copy()
+    sel = (df.variant == variant) & (df.metric == metric)
+    if requests is not None:
+        sel &= df.requests == requests
+    assert sel.any(), (variant, metric)
+    df.loc[sel, "value"] = value
+    return runs.Run(df, copy.deepcopy(run.manifest), run.path)
+
+
+def _status(mod, run) -> dict:
+    return {r.claim.id: r.status for r in C.evaluate(mod, run)}
+
+
+def test_every_engine_run_verifies(capsys):
+    assert cli.main(["verify", "engine_pcg_gate", "engine_breakable_graph", "engine_swa_loc"]) == 0
+    assert "FAIL" not in capsys.readouterr().out
+
+
+def test_latest_keeps_the_newest_run_in_which_a_variant_started():
+    found = runs.load_all_recorded("engine_swa_loc")
+    failed = [r for r in found if (r.df[(r.df.metric == "status")
+                                        & (r.df.variant == "0.5.11+before")].value != "ok").any()]
+    if not failed:
+        pytest.skip("no committed run in which 0.5.11 failed to start")
+    df = E.latest(found)
+    status = E.text(df, "status")
+    assert status[("gpt_oss_swa", "0.5.11", "before")] == "ok"
+    assert set(df.groupby(E.KEYS)["run"].nunique()) == {1}  # one run per variant
+    assert {k[1] for k in status} >= {"0.5.11", "0.5.12.post1", "0.5.13"}
+
+
+def test_swa_engine_claim_is_the_rebuilds_two_kernels_per_swa_layer():
+    run = _run("engine_swa_loc", "0.5.11+before")
+    out = C.evaluate(swa.ENGINE, run)[0].outcome
+    assert out.status == "pass" and out.value["per_swa_layer"] == swa.EXTRA_PER_SWA_LAYER
+    assert out.value["before"] - out.value["released"] == 2 * out.value["swa_layers"]
+    one_more = out.value["before"] + 1
+    bad = _edit(run, "0.5.11+before", "decode_kernels_per_replay", str(float(one_more)))
+    assert _status(swa.ENGINE, bad)["engine_swa_loc.reverted_preset_extra_kernels"] == "fail"
+    gone = _edit(run, "0.5.11+before", "status", "error")
+    assert _status(swa.ENGINE, gone)["engine_swa_loc.reverted_preset_extra_kernels"] == "n/a"
+
+
+def test_breakable_engine_claims_need_the_graph_for_one_request_only_before_the_pr():
+    before = _run("engine_breakable_graph", "0.5.11+bcg")
+    assert _status(bg.ENGINE, before)["engine_breakable_graph.graph_per_request_count"] == "pass"
+    # a 0.5.11 that ran two requests on the graph would contradict the release's can_run
+    bad = _edit(before, "0.5.11+bcg", "prefill_graph", "1.0", requests=2.0)
+    assert _status(bg.ENGINE, bad)["engine_breakable_graph.graph_per_request_count"] == "fail"
+    after = _run("engine_breakable_graph", "0.5.12.post1+bcg")
+    st = _status(bg.ENGINE, after)
+    assert st == {"engine_breakable_graph.graph_per_request_count": "pass",
+                  "engine_breakable_graph.faster_than_eager": "pass"}
+    slow = _edit(after, "0.5.12.post1+bcg", "latency", "99.0", requests=8.0)
+    assert _status(bg.ENGINE, slow)["engine_breakable_graph.faster_than_eager"] == "fail"
+
+
+def test_pcg_engine_claims_read_the_releases_own_decision():
+    before = _run("engine_pcg_gate", "0.5.12.post1+enforce")
+    assert _status(pg.ENGINE, before)["engine_pcg_gate.kimi_gate"] == "pass"
+    captured = _edit(before, "0.5.12.post1+enforce", "pcg", "captured")
+    assert _status(pg.ENGINE, captured)["engine_pcg_gate.kimi_gate"] == "fail"
+    after = _run("engine_pcg_gate", "0.5.13+enforce")
+    st = _status(pg.ENGINE, after)
+    assert set(st.values()) == {"pass"}
+    refused = _edit(after, "0.5.13+enforce", "pcg", "disabled")
+    assert _status(pg.ENGINE, refused)["engine_pcg_gate.kimi_gate"] == "fail"
+    on_by_default = _edit(after, "0.5.13+default", "pcg", "captured")
+    assert _status(pg.ENGINE, on_by_default)["engine_pcg_gate.kimi_default_off"] == "fail"
+
+
+def test_engine_sections_show_tables_or_say_how_to_record(capsys):
+    from sglab.breakable_graph import show as bg_show
+    from sglab.breakable_graph import sglang as bg_sglang
+
+    bg_show.engine(bg_sglang.engine_recorded())
+    out = capsys.readouterr().out
+    assert "measured by SGLang's own Engine.generate" in out and "prefill_graph by requests" in out
+    table = E.table(E.latest(bg_sglang.engine_recorded().shown), "prefill_graph", "requests",
+                    "{:.0%}")
+    assert table.loc[("llama_32x512", "0.5.11", "bcg")].tolist() == ["100%", "0%", "0%", "0%"]
+    assert E.recorded("no_such_fix", "09").line.endswith("bash scripts/engine_gpu.sh --plan 09)")
+    bg_show.engine(E.recorded("no_such_fix", "09"))
+    assert "no GPU run to show" in capsys.readouterr().out
