@@ -225,7 +225,7 @@ sglang.compare();
 # one named harness adjustment to start at all with dummy weights (printed with the table).
 
 # %%
-engine = sglang.engine_recorded()
+engine = sglang.FIX.recorded_engine()
 show.engine(engine)
 verdict(claims.ENGINE, engine)
 
@@ -272,6 +272,20 @@ show.latency(run)
 
 # %%
 show.launches(run)
+
+# %% [markdown]
+# ### The rebuild beside the real engine and the PR
+#
+# Three instruments answer "how much do piecewise graphs buy", and each times something else. The
+# rebuild times the forward alone of a 16-layer decoder that launches every op from Python, so its
+# small-prefill ratio is mostly the host's launch cost. SGLang's `bench_one_batch` times a whole
+# prefill step (scheduling, sampling, the KV cache's bookkeeping) around a forward built from fewer,
+# fused kernels, on the two dummy-weight models above. The PR's own figure is the mean TTFT of the
+# real Kimi-K2.5 (61 layers) at TP 4 under serving load. Read the rows for the direction (every
+# instrument gains) and for what scales the size: how launch-bound the measured span is.
+
+# %%
+show.beside(run, engine)
 
 # %% [markdown]
 # ### Does the piecewise path compute the same thing?

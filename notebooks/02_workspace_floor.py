@@ -183,6 +183,19 @@ sglang.compare();
 sglang.gpu_recorded();
 
 # %% [markdown]
+# ### The real engine at TP 2
+#
+# SGLang's whole engine with `--enable-flashinfer-allreduce-fusion` on a 2-layer DeepSeek-V3-style
+# model (dummy weights), fed the short-prompt trace one request at a time: 0.5.12.post1 (before the
+# floor) against 0.5.13. The only harness adjustment records each FlashInfer workspace creation
+# with its size; the count per forward step is the engine's own answer to the simulation above.
+# It needs 2 GPUs (`bash scripts/engine_gpu.sh --plan 02`); until such a run is recorded, the cell
+# shows what it runs and what it expects.
+
+# %%
+sglang.FIX.show_engine()
+
+# %% [markdown]
 # ## Measured: the same replay with real workspaces on the GPUs
 #
 # Each rank runs the manager with `IpcWorkspaceCreator`: `cudaMalloc` of the three buffers,

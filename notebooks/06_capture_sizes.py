@@ -196,6 +196,18 @@ pd.DataFrame.from_dict(rows, orient="index")
 sglang.compare();
 
 # %% [markdown]
+# ### The real engine at TP 2
+#
+# The PR's failure as SGLang's whole engine meets it: `--moe-dense-tp-size 1` with attention TP 2
+# and piecewise capture sizes that 2 does not divide, on a 2-layer DeepSeek-V3-style model (dummy
+# weights). 0.5.14 (the filter lost) should fail at start-up, 0.5.11 (the filter) and 0.5.23 (the
+# round-up) start. It needs 2 GPUs (`bash scripts/engine_gpu.sh --plan 06`); until such a run is
+# recorded, the cell shows what it runs and what it expects.
+
+# %%
+sglang.FIX.show_engine()
+
+# %% [markdown]
 # ## Measured: capture-style runs on 2–4 GPUs with NCCL
 #
 # One rank per GPU; the ranks form the attention-TP group. Each variant runs the runner's loop — a

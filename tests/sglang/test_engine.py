@@ -43,7 +43,8 @@ def test_bench_command_per_release(tmp_path, v):
     cmd = prep.argv
     assert cmd[1:3] == ["-m", "sglang.bench_one_batch"] and cmd == prep.sglang_command
     i = cmd.index("--input-len")
-    assert cmd[i + 1 : i + 5] == ["128", "256", "128", "256"]  # repeats: one sweep after another
+    # one untimed sweep (warmup=1), then the repeats: one sweep after another
+    assert cmd[i + 1 : i + 7] == ["128", "256"] * 3 and cmd[i + 7] == "--output-len"
     assert cmd[cmd.index("--batch-size") + 1 : cmd.index("--batch-size") + 3] == ["1", "4"]
     for flag, value in (
         ("--load-format", "dummy"),
@@ -222,7 +223,10 @@ def _bench_log(pcg: bool) -> str:
         )
     # bench_one_batch.py (load_model, latency_test, latency_test_run_once)
     lines += ["max_total_num_tokens=123456", "Warmup ..."]
-    runs = [(0.0200, 8)] + [(0.0132, 128), (0.0143, 256), (0.0140, 128), (0.0150, 256)]
+    # bench_one_batch's own warm-up (its first shape only), an untimed sweep whose 256-token run
+    # holds a JIT build, then two timed sweeps
+    runs = [(0.0200, 8), (0.0135, 128), (2.5, 256)]
+    runs += [(0.0132, 128), (0.0143, 256), (0.0140, 128), (0.0150, 256)]
     for i, (lat, il) in enumerate(runs):
         if i == 1:
             lines.append("Benchmark ...")
@@ -250,7 +254,8 @@ def test_read_bench_log_with_piecewise_graph():
     assert d["decode_bs"] == [1, 2, 4] and d["decode_capture_s"] == 5.12
     assert d["max_total_num_tokens"] == 123456
     assert d["warmup"]["prefill_latency"] == 0.02
-    assert [b["prefill_latency"] for b in d["bench"]] == [0.0132, 0.0143, 0.014, 0.015]
+    assert [b["prefill_latency"] for b in d["bench"]] == [0.0135, 2.5, 0.0132, 0.0143, 0.014,
+                                                          0.015]
     assert all(b["median_decode_latency"] == 0.003 for b in d["bench"])
     assert any("Capture piecewise CUDA graph end" in x for x in d["excerpts"])
 
@@ -262,7 +267,15 @@ def test_read_bench_log_pcg_disabled_and_rows():
     d = eng.read_log(_bench_log(pcg=False))
     assert d["pcg"] == "disabled" and d["pcg_reason"] == "the model is not a language model"
     res = eng.EngineResult(spec, "ok", decisions=d, bench=eng.bench_results(d, spec))
-    assert [(b["input_len"], b["prefill_latency"]) for b in res.bench] == [
+    assert [(b["input_len"], b["prefill_latency"], b["warmup"]) for b in res.bench] == [
+        (128, 0.0135, True),
+        (256, 2.5, True),
+        (128, 0.0132, False),
+        (256, 0.0143, False),
+        (128, 0.014, False),
+        (256, 0.015, False),
+    ]
+    assert [(b["input_len"], b["prefill_latency"]) for b in res.bench][2:] == [
         (128, 0.0132),
         (256, 0.0143),
         (128, 0.014),
@@ -275,7 +288,8 @@ def test_read_bench_log_pcg_disabled_and_rows():
     )
     assert rows[("prefill_min", 128)]["value"] == pytest.approx(13.2)
     assert rows[("prefill_max", 256)]["value"] == pytest.approx(15.0)
-    assert rows[("repeats", 256)]["value"] == 2
+    assert rows[("repeats", 256)]["value"] == 2  # the untimed sweep's 2.5 s is in no row
+    assert rows[("prefill_iqr", 256)]["value"] == pytest.approx(0.35)  # inclusive quartiles
     assert rows[("pcg", None)]["value"] == "disabled"
     assert rows[("status", None)]["variant"] == "0.5.12.post1+enforce"
     assert "piecewise CUDA graph: disabled (the model is not a language model)" in "\n".join(

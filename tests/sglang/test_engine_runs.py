@@ -103,12 +103,84 @@ def test_engine_sections_show_tables_or_say_how_to_record(capsys):
     from sglab.breakable_graph import show as bg_show
     from sglab.breakable_graph import sglang as bg_sglang
 
-    bg_show.engine(bg_sglang.engine_recorded())
+    bg_show.engine(bg_sglang.FIX.recorded_engine())
     out = capsys.readouterr().out
     assert "measured by SGLang's own Engine.generate" in out and "prefill_graph by requests" in out
-    table = E.table(E.latest(bg_sglang.engine_recorded().shown), "prefill_graph", "requests",
+    table = E.table(E.latest(bg_sglang.FIX.recorded_engine().shown), "prefill_graph", "requests",
                     "{:.0%}")
     assert table.loc[("llama_32x512", "0.5.11", "bcg")].tolist() == ["100%", "0%", "0%", "0%"]
     assert E.recorded("no_such_fix", "09").line.endswith("bash scripts/engine_gpu.sh --plan 09)")
     bg_show.engine(E.recorded("no_such_fix", "09"))
     assert "no GPU run to show" in capsys.readouterr().out
+
+
+def test_tables_show_the_spread_and_say_when_first_repeats_were_cold(capsys):
+    from sglab.pcg_gate import show as pg_show
+    from sglab.pcg_gate import sglang as pg_sglang
+
+    run = pg_sglang.FIX.recorded_engine()
+    t = E.table(E.latest(run.shown), "prefill", "input_len")
+    assert t.columns.name == "prefill (ms), median (IQR) by input_len"
+    assert t.loc[("llama_32x512", "0.5.13", "pcg"), 128].startswith("15.30 (")
+    assert E.cold_first_repeat(run)  # recorded before the untimed sweep of every length
+    pg_show.engine(run)
+    assert E.COLD_NOTE in capsys.readouterr().out
+    run.shown = [runs.Run(r.df, copy.deepcopy(r.manifest), r.path) for r in run.shown]
+    for r in run.shown:
+        for e in r.manifest["params"]["specs"]:
+            e["warmup_sweeps"] = 1
+    assert not E.cold_first_repeat(run)
+
+
+def test_the_rebuild_sits_beside_the_engine_and_says_what_each_measures():
+    from sglab.breakable_graph import show as bg_show
+    from sglab.breakable_graph import sglang as bg_sglang
+    from sglab.pcg_gate import show as pg_show
+    from sglab.pcg_gate import sglang as pg_sglang
+    from sglab.swa_loc import show as swa_show
+    from sglab.swa_loc import sglang as swa_sglang
+
+    def rebuild(exp):
+        return max(runs.load_all_recorded(exp), key=lambda r: r.manifest.get("created_utc", ""))
+
+    rows = {r["source"]: r for r in pg_show.beside_rows(rebuild("pcg_gate"),
+                                                        pg_sglang.FIX.recorded_engine())}
+    engine = rows["SGLang 0.5.13 engine (kimi_k25_tiny, enforce)"]
+    assert "whole prefill step" in engine["measures"] and engine["figure"].endswith("×")
+    assert rows["#26382's description (B200, TP 4)"]["figure"] == "3.26×"
+    assert any(k.startswith("rebuild") and "forward only" in v["measures"]
+               for k, v in rows.items())
+
+    rows = {r["source"]: r["figure"] for r in bg_show.beside_rows(
+        rebuild("breakable_graph"), bg_sglang.FIX.recorded_engine())}
+    one, several = rows["SGLang 0.5.11 engine (llama_32x512)"].split(" | ")
+    assert float(one.rstrip("×")) > 1.1 and float(several.split("–")[-1].rstrip("×")) < 1.1
+    lo = rows["SGLang 0.5.12.post1 engine (llama_32x512)"].split(" | ")[1].split("–")[0]
+    assert float(lo.rstrip("×")) > 1.2
+
+    rows = swa_show.beside_rows(rebuild("swa_loc"), swa_sglang.FIX.recorded_engine())
+    assert [r["figure"] for r in rows if "per SWA layer" in r["measures"]
+            and "kernel" in r["measures"]] == ["2", "2"]
+
+    missing = runs.NoRun("pcg_gate", "test")
+    assert pg_show.beside_rows(missing, missing)[0]["measures"] == "no GPU run to show (test)"
+
+
+def test_a_fix_without_engine_runs_shows_its_plan_and_one_with_runs_its_numbers(capsys):
+    from sglab.pcg_gate import sglang as pg_sglang
+    from sglab.workspace_floor import sglang as wf_sglang
+
+    wf_sglang.FIX.show_engine()
+    out = capsys.readouterr().out
+    assert "bash scripts/engine_gpu.sh --plan 02" in out
+    assert "--enable-flashinfer-allreduce-fusion" in out and "trace-flashinfer-workspace" in out
+    assert "0.5.13 creates it once" in out  # the scenario's expectation
+    plan = E.plan_table(wf_sglang.ENGINE)
+    assert list(plan.index) == [("02-ar-fusion", "0.5.12.post1", "fusion"),
+                                ("02-ar-fusion", "0.5.13", "fusion")]
+    assert set(plan["GPUs"]) == {2}
+
+    E.planned(pg_sglang.FIX.recorded_engine(), pg_sglang.ENGINE)
+    out = capsys.readouterr().out
+    assert "the model is not a language model" in out and "prefill_iqr" in out
+    assert "01-kimi-pcg" in out and "no GPU run" not in out

@@ -17,7 +17,6 @@ from torch import nn
 
 from sglab.breakable_graph import rebuild
 from sglab.sglang.engine import Case, Scenario, PCG_FLAGS
-from sglab.sglang import engine_runs
 from sglab.sglang import bootstrap
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
@@ -477,7 +476,3 @@ def gpu_recorded():
     recorded)."""
     return real.show_recorded(FIX.name, gpu_tables)
 
-
-def engine_recorded():
-    """The recorded real-engine runs of this fix (:func:`sglab.sglang.engine_runs.recorded`)."""
-    return engine_runs.recorded(FIX.name, FIX.number)

@@ -441,6 +441,53 @@ def your_setup():
 # --------------------------------------------------------------------------------------------------
 # the real engine, before and after
 # --------------------------------------------------------------------------------------------------
+def _span(values) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.2f}×" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}×"
+
+
+def beside_rows(run, engine_run) -> list[dict]:
+    """Eager over graph for prefills of several requests, as the rebuild (forward only) and SGLang's
+    engine (a whole Engine.generate call) measure it, before and after #24662."""
+    rows = []
+    if run:
+        lat = latency_table(run.df)
+        multi = lat[lat["batch_size"] > 1]
+        where = (f"{multi.batch_size.min()}–{multi.batch_size.max()} requests, "
+                 f"{', '.join(str(n) for n in sorted(multi.num_tokens.unique()))} tokens")
+        gpu = runs.gpu_short(run.manifest)
+        for variant, label in (("after", "with #24662"), ("before", "before #24662")):
+            rows.append({"source": f"rebuild {label} ({gpu})",
+                         "measures": f"eager ÷ graph, prefill forward only (CUDA events), {where}",
+                         "figure": _span(multi[f"speedup_{variant}"])})
+    else:
+        rows.append({"source": "rebuild", "measures": getattr(run, "line", "no GPU run"),
+                     "figure": ""})
+    if engine_run:
+        df = engine_runs.latest(engine_run.shown)
+        lat = engine_runs.number(df, "latency", started=True)
+        for rel, g in lat.groupby("release"):
+            per = {c: dict(zip(h.requests.astype(int), h.value)) for c, h in g.groupby("case")}
+            if not {"bcg", "eager"} <= set(per):
+                continue
+            ratio = {n: per["eager"][n] / t for n, t in per["bcg"].items() if n in per["eager"]}
+            several = [x for n, x in ratio.items() if n > 1]
+            rows.append({"source": f"SGLang {rel} engine (llama_32x512)",
+                         "measures": "eager ÷ --enable-breakable-cuda-graph, whole "
+                                     "Engine.generate call, 1 output token: 1 request | "
+                                     f"{min(n for n in ratio if n > 1)}–{max(ratio)} requests",
+                         "figure": f"{_span([ratio.get(1, float('nan'))])} | {_span(several)}"})
+    else:
+        rows.append({"source": "SGLang engine", "figure": "",
+                     "measures": getattr(engine_run, "line", "no engine run")})
+    return rows
+
+
+def beside(run, engine_run) -> None:
+    """The rebuild's gain beside the real engine's (see :func:`beside_rows`)."""
+    engine_runs.beside(beside_rows(run, engine_run))
+
+
 def engine(run) -> None:
     """SGLang's own engine with --enable-breakable-cuda-graph and without: the share of prefill
     batches the scheduler ran on the graph, and the Engine.generate time, per request count."""

@@ -332,19 +332,7 @@ def _default_off(run):
 
 
 def _pairs(run) -> dict:
-    """``{(model, release, on-case): {input_len: off / on}}`` where a captured case and 'pcg-off'
-    both ran."""
-    df = engine_runs.latest([run])
-    pcg = engine_runs.text(df, "pcg")
-    d = engine_runs.number(df, "prefill", started=True)
-    per = {k: dict(zip(g.input_len.astype(int), g.value))
-           for k, g in d.groupby(engine_runs.KEYS)}
-    out = {}
-    for (model, rel, case), times in per.items():
-        off = per.get((model, rel, "pcg-off"))
-        if case != "pcg-off" and off and pcg.get((model, rel, case)) == "captured":
-            out[(model, rel, case)] = {n: off[n] / t for n, t in times.items() if n in off}
-    return out
+    return show.engine_ratios(engine_runs.latest([run]))
 
 
 def _speedup(run):

@@ -24,7 +24,6 @@ import types
 from torch import nn
 
 from sglab.sglang.engine import Case, Scenario, PCG_FLAGS
-from sglab.sglang import engine_runs
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
@@ -310,7 +309,3 @@ FIX = Fix(
     engine=ENGINE,
 )
 
-
-def engine_recorded():
-    """The recorded real-engine runs of this fix (:func:`sglab.sglang.engine_runs.recorded`)."""
-    return engine_runs.recorded(FIX.name, FIX.number)

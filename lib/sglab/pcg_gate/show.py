@@ -464,6 +464,72 @@ def your_setup():
 # --------------------------------------------------------------------------------------------------
 # the real engine, before and after
 # --------------------------------------------------------------------------------------------------
+def engine_ratios(df: pd.DataFrame) -> dict:
+    """``{(model, release, on-case): {input_len: off / on}}`` of an engine table where a captured
+    case and 'pcg-off' both ran: prefill with piecewise graphs off over prefill with them on."""
+    pcg = engine_runs.text(df, "pcg")
+    d = engine_runs.number(df, "prefill", started=True)
+    per = {k: dict(zip(g.input_len.astype(int), g.value))
+           for k, g in d.groupby(engine_runs.KEYS)}
+    out = {}
+    for (model, rel, case), times in per.items():
+        off = per.get((model, rel, "pcg-off"))
+        if case != "pcg-off" and off and pcg.get((model, rel, case)) == "captured":
+            out[(model, rel, case)] = {n: off[n] / t for n, t in times.items() if n in off}
+    return out
+
+
+# #26382's own figure (its description: B200, TP 4, Kimi-K2.5 with real weights, mean TTFT)
+PR_TTFT_S = (0.479, 0.147)
+
+
+def _span(values) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.2f}×" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}×"
+
+
+def beside_rows(run, engine_run) -> list[dict]:
+    """The speed-up piecewise graphs give, as the rebuild, the real engine and the PR measure it,
+    over the engine's token range (128–1024)."""
+    rows = []
+    if engine_run:
+        ratios = engine_ratios(engine_runs.latest(engine_run.shown))
+        lo = min((min(r) for r in ratios.values()), default=128)
+        hi = max((max(r) for r in ratios.values()), default=1024)
+    else:
+        ratios, lo, hi = {}, 128, 1024
+    if run:
+        sp = latency_table(run.df)["speedup"]
+        sp = sp[(sp.index >= lo) & (sp.index <= hi)]
+        if not sp.empty:
+            rows.append({"source": f"rebuild ({runs.gpu_short(run.manifest)})",
+                         "measures": f"eager ÷ piecewise, forward only (CUDA events), 16-layer "
+                                     f"bf16 decoder, {lo}–{hi} tokens",
+                         "figure": _span(sp.values)})
+    else:
+        rows.append({"source": "rebuild", "measures": getattr(run, "line", "no GPU run"),
+                     "figure": ""})
+    for (model, rel, case), r in ratios.items():
+        rows.append({"source": f"SGLang {rel} engine ({model}, {case})",
+                     "measures": f"pcg-off ÷ piecewise, whole prefill step (bench_one_batch, "
+                                 f"dummy weights), {min(r)}–{max(r)} tokens",
+                     "figure": _span(r.values())})
+    if not ratios:
+        rows.append({"source": "SGLang engine", "figure": "",
+                     "measures": getattr(engine_run, "line", "no captured + pcg-off pair")})
+    before, after = PR_TTFT_S
+    rows.append({"source": "#26382's description (B200, TP 4)",
+                 "measures": f"TTFT before ÷ after on Kimi-K2.5, real weights "
+                             f"({before} s → {after} s)",
+                 "figure": f"{before / after:.2f}×"})
+    return rows
+
+
+def beside(run, engine_run) -> None:
+    """The rebuild's speed-up beside the real engine's and the PR's (see :func:`beside_rows`)."""
+    engine_runs.beside(beside_rows(run, engine_run))
+
+
 def engine(run) -> None:
     """SGLang's own engine: whether each release captures piecewise graphs for Kimi-K2.5 (default
     flags, --enforce-piecewise-cuda-graph, off) and for a text-only Llama, and bench_one_batch's

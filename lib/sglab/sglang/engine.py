@@ -235,8 +235,10 @@ def adjustment(name: str) -> Adjustment:
 class EngineSpec:
     """One engine run. ``server_args``: the reader's flags (after ``--``); the defaults of
     :data:`DEFAULT_ARGS` are added for flags not given. ``bench``: ``batch_sizes`` x ``input_lens``,
-    each repeated ``repeats`` times in one process; ``engine``: ``requests`` requests of
-    ``input_lens`` tokens per generate call."""
+    each repeated ``repeats`` times in one process after ``warmup`` untimed sweeps of every input
+    length (bench_one_batch's own warm-up covers only its first shape, so the first timed run of
+    each other length would hold its JIT builds); ``engine``: ``requests`` requests of
+    ``input_lens`` tokens per generate call, after ``warmup`` untimed calls."""
 
     release: str
     model: Path
@@ -723,10 +725,10 @@ def server_argv(spec: EngineSpec, model_dir: Path, flags: Optional[set[str]] = N
 
 
 def bench_argv(spec: EngineSpec, work: Path) -> list[str]:
-    """``bench_one_batch``'s own arguments: the batch sizes, the input lengths repeated ``repeats``
-    times (one sweep after another, in one process), the output length, the jsonl result file, and
-    the profile."""
-    lens = [str(n) for _ in range(spec.repeats) for n in spec.input_lens]
+    """``bench_one_batch``'s own arguments: the batch sizes, the input lengths repeated ``warmup +
+    repeats`` times (one sweep after another, in one process), the output length, the jsonl result
+    file, and the profile."""
+    lens = [str(n) for _ in range(spec.warmup + spec.repeats) for n in spec.input_lens]
     out = [
         "--batch-size",
         *[str(b) for b in spec.batch_sizes],
@@ -1555,16 +1557,17 @@ def _strip_prefix(line: str) -> str:
 
 def bench_results(d: dict, spec: EngineSpec, result_file: Optional[Path] = None) -> list[dict]:
     """One dict per benchmark run, in ``bench_one_batch``'s order (product of batch sizes, input
-    lengths as passed, output length): its jsonl file where it wrote one, else the log's lines."""
+    lengths as passed, output length): its jsonl file where it wrote one, else the log's lines.
+    The first ``spec.warmup`` runs of each shape are marked ``warmup`` (untimed sweeps)."""
     order = [
         (bs, il, spec.output_len)
         for bs in spec.batch_sizes
-        for il in [n for _ in range(spec.repeats) for n in spec.input_lens]
+        for il in [n for _ in range(spec.warmup + spec.repeats) for n in spec.input_lens]
     ]
     if result_file is not None and result_file.is_file():
         rows = [json.loads(ln) for ln in result_file.read_text().splitlines() if ln.strip()]
         if rows:
-            return rows
+            return _mark_warmup(rows, spec.warmup)
     out = []
     skipped = {
         (b["batch_size"], b["input_len"], b["output_len"]) for b in d["bench"] if b.get("skipped")
@@ -1585,7 +1588,16 @@ def bench_results(d: dict, spec: EngineSpec, result_file: Optional[Path] = None)
                 **{k: v for k, v in got.items() if k != "decode_latencies"},
             }
         )
-    return out
+    return _mark_warmup(out, spec.warmup)
+
+
+def _mark_warmup(results: list[dict], warmup: int) -> list[dict]:
+    seen: dict[tuple, int] = {}
+    for r in results:
+        shape = (r.get("batch_size"), r.get("input_len"), r.get("output_len"))
+        seen[shape] = seen.get(shape, 0) + 1
+        r["warmup"] = seen[shape] <= warmup
+    return results
 
 
 # -- the profiler's traces -------------------------------------------------------------------------
@@ -1803,7 +1815,9 @@ def run(
 # -- rows and the record ---------------------------------------------------------------------------
 def _spread(xs: list[float]) -> dict:
     xs = sorted(xs)
-    q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0], xs[0], xs[0]]
+    # inclusive quartiles: with 5 repeats the exclusive method extrapolates past the 4th value, so
+    # one slow repeat alone would set the IQR
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) >= 2 else [xs[0]] * 3
     return {
         "median": statistics.median(xs),
         "min": xs[0],
@@ -1852,7 +1866,7 @@ def rows(res: EngineResult) -> list[dict]:
     add("attention_backend", d.get("attention_backend"))
     groups: dict[tuple, list] = {}
     for b in res.bench:
-        if b.get("skipped"):
+        if b.get("skipped") or b.get("warmup"):
             continue
         groups.setdefault((b["batch_size"], b["input_len"], b["output_len"]), []).append(b)
     for (bs, il, ol), runs_ in sorted(groups.items()):
@@ -2027,6 +2041,8 @@ def _spec_params(s: EngineSpec) -> dict:
     d = asdict(s)
     d["model"] = Path(s.model).parent.name
     d["adjustments"] = [a.name for a in s.adjustments]
+    if s.tool == "bench":
+        d["warmup_sweeps"] = s.warmup  # untimed sweeps of every input length
     return d
 
 

@@ -65,16 +65,26 @@ def text(df: pd.DataFrame, metric: str) -> dict:
 
 def table(df: pd.DataFrame, metric: str, across: str, fmt: str = "{:.2f}") -> pd.DataFrame:
     """``metric`` per (model, release, case) and per value of ``across`` (``input_len``,
-    ``batch_size``), as text cells; a variant that did not start shows its status instead."""
+    ``batch_size``), as text cells: the median, with the interquartile range of the repeats in
+    brackets where the run recorded one (``{metric}_iqr``)."""
     d = number(df, metric)
     if d.empty:
         return pd.DataFrame()
+    idx = [*KEYS, across]
     d[across] = d[across].astype(int)
-    wide = d.pivot_table(index=KEYS, columns=across, values="value", aggfunc="first")
-    wide = wide.map(lambda x: "" if pd.isna(x) else fmt.format(x))
+    iqr = number(df, f"{metric}_iqr")
+    spread = {}
+    if not iqr.empty:
+        iqr[across] = iqr[across].astype(int)
+        spread = {tuple(k): v for k, v in zip(iqr[idx].itertuples(index=False), iqr["value"])}
+    d["cell"] = [fmt.format(v) + (f" ({fmt.format(spread[tuple(k)])})"
+                                  if tuple(k) in spread else "")
+                 for k, v in zip(d[idx].itertuples(index=False), d["value"])]
+    wide = d.pivot_table(index=KEYS, columns=across, values="cell", aggfunc="first").fillna("")
     unit = str(d["unit"].dropna().iloc[0]) if d["unit"].notna().any() else ""
     unit = "" if unit in ("", "fraction") else f" ({unit})"
-    wide.columns = pd.Index(list(wide.columns), name=f"{metric}{unit} by {across}")
+    kind = ", median (IQR)" if spread else ""
+    wide.columns = pd.Index(list(wide.columns), name=f"{metric}{unit}{kind} by {across}")
     return wide
 
 
@@ -106,6 +116,52 @@ def releases_ok(df: pd.DataFrame, model: str | None = None) -> dict:
     return {k: v == "ok" for k, v in text(df, "status").items() if model in (None, k[0])}
 
 
+def beside(rows: list[dict]) -> None:
+    """The rebuild's figure beside the real engine's (and the PR's own, where it gave one): one row
+    per source with what it measures, since each times something different."""
+    from sglab.core.notebook import show_table
+
+    with pd.option_context("display.max_colwidth", None):
+        show_table(pd.DataFrame(rows, columns=["source", "measures", "figure"])
+                   .set_index("source"))
+
+
+def plan_table(scenarios) -> pd.DataFrame:
+    """What ``scripts/engine_gpu.sh --plan NN`` runs for these scenarios: one row per release and
+    case, with the GPUs, the tool, the model, the server arguments and the harness adjustments."""
+    rows = []
+    for sc in scenarios:
+        for v in sc.releases:
+            for c in sc.cases:
+                if c.releases and v not in c.releases:
+                    continue
+                rows.append({"scenario": sc.name, "release": v, "case": c.label, "GPUs": sc.gpus,
+                             "tool": sc.tool, "model": sc.model, "server args": " ".join(c.args),
+                             "harness adjustments": ", ".join(c.adjustments)})
+    return pd.DataFrame(rows).set_index(["scenario", "release", "case"])
+
+
+def planned(run, scenarios) -> None:
+    """A real-engine section for a fix whose scenarios may not have run yet: the recorded runs'
+    facts and numbers where there are some, else the NoRun line; then the plan and what each
+    scenario expects."""
+    from sglab.core.notebook import show_table
+
+    if run:
+        df = latest(run.shown)
+        numeric = pd.to_numeric(df["value"], errors="coerce").notna() & (df.metric != "status")
+        section(run, sorted(set(df.metric[~numeric]) - {"status"}), [])
+        shape = [c for c in ("requests", "batch_size", "input_len")
+                 if c in df and df[c].notna().any()]
+        show_table(df[numeric].set_index([*KEYS, "metric", *shape])[["value", "unit"]])
+    else:
+        print(getattr(run, "line", "no real-engine run to show"))
+    with pd.option_context("display.max_colwidth", None):
+        show_table(plan_table(scenarios))
+    for sc in scenarios:
+        print(f"{sc.name} ({sc.gpus} GPUs): {sc.what}. Expected: {sc.expect}")
+
+
 def adjustments(run) -> list[str]:
     """The harness adjustments of the shown runs, one line each (name: reason), once each."""
     seen = {}
@@ -135,3 +191,18 @@ def section(run, facts_of: list[str], tables: list[tuple[str, str, str]]) -> Non
     show_table(facts(df, facts_of))
     for metric, across, fmt in tables:
         show_table(table(df, metric, across, fmt))
+    if cold_first_repeat(run):
+        print(COLD_NOTE)
+
+
+COLD_NOTE = ("bench_one_batch warms up its first shape only; the runs shown were recorded before "
+             "sglab added an untimed sweep of every input length, so each other length's first "
+             "timed repeat can hold a JIT build: it widens the IQR, not the median")
+
+
+def cold_first_repeat(run) -> bool:
+    """Whether a shown bench run timed each input length's first run cold (recorded before
+    ``warmup_sweeps``)."""
+    return any(e.get("tool") == "bench" and "warmup_sweeps" not in e
+               and len(e.get("input_lens") or []) > 1
+               for r in run.shown for e in r.manifest.get("params", {}).get("specs", []))

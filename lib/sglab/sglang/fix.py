@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from sglab.sglang import engine_runs
+
 REPO = "sgl-project/sglang"
 
 
@@ -104,6 +106,16 @@ class Fix:
     @property
     def experiment(self) -> str:
         return self.name
+
+    def recorded_engine(self):
+        """This fix's recorded real-engine runs (newest first in ``shown``), or a NoRun saying how
+        to record them (:func:`sglab.sglang.engine_runs.recorded`)."""
+        return engine_runs.recorded(self.name, self.number)
+
+    def show_engine(self) -> None:
+        """The real-engine section of a fix without a show function of its own: recorded runs if
+        any, and the scenarios as data (:func:`sglab.sglang.engine_runs.planned`)."""
+        engine_runs.planned(self.recorded_engine(), self.engine or ())
 
     @property
     def gpu_experiment(self) -> str:

@@ -271,14 +271,6 @@ HEADLINE = Headline(parts=(f"{_LAYERS} layers ({len(hybrid_layer_ids(_LAYERS, _R
 # --------------------------------------------------------------------------------------------------
 # the real engine (``sglab engine --plan 04``: data/recorded/engine_swa_loc/)
 # --------------------------------------------------------------------------------------------------
-def _swa_layers(run, variant: str) -> int:
-    for e in run.manifest.get("engine_runs", []):
-        if e["variant"] == variant:
-            kinds = e["model"]["config"].get("layer_types", [])
-            return sum(k == "sliding_attention" for k in kinds)
-    return 0
-
-
 def _engine_pair(run):
     df = engine_runs.latest([run])
     ok = engine_runs.releases_ok(df)
@@ -294,7 +286,7 @@ def _engine_applies(run):
 
 def _engine_extra(run):
     per = _engine_pair(run)
-    n_swa = _swa_layers(run, "0.5.11+before")
+    n_swa = show.engine_swa_layers([run])
     extra = float(per["before"]) - float(per["released"])
     value = {"released": int(float(per["released"])), "before": int(float(per["before"])),
              "extra": int(extra), "swa_layers": n_swa,

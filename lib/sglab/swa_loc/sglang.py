@@ -27,7 +27,6 @@ import types
 import torch
 
 from sglab.sglang.engine import Case, Scenario
-from sglab.sglang import engine_runs
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, GpuPlan, Probe, Spec, Step, symbols_in
@@ -707,7 +706,3 @@ def gpu_recorded():
     recorded)."""
     return real.show_recorded(FIX.name, gpu_tables)
 
-
-def engine_recorded():
-    """The recorded real-engine runs of this fix (:func:`sglab.sglang.engine_runs.recorded`)."""
-    return engine_runs.recorded(FIX.name, FIX.number)

@@ -591,6 +591,59 @@ def your_setup():
 # --------------------------------------------------------------------------------------------------
 # the real engine, before and after
 # --------------------------------------------------------------------------------------------------
+def beside_rows(run, engine_run) -> list[dict]:
+    """Kernels a decode-graph replay gains per SWA layer without #23552's preset, as the rebuild
+    (graph nodes of its own layers) and SGLang's engine (its bench_one_batch decode trace) count
+    them; the rebuild's time per replay saved beside it."""
+    rows = []
+    if run:
+        gpu = runs.gpu_short(run.manifest)
+        extra = extra_per_swa_layer(run.df)
+        rows.append({"source": f"rebuild ({gpu})",
+                     "measures": f"kernel nodes per decode-graph replay, before − with #24743, "
+                                 f"per SWA layer ({len(extra)} layouts × batch sizes)",
+                     "figure": ", ".join(f"{x:g}" for x in sorted(set(extra)))})
+        saved = time_table(run.df)["µs saved per SWA layer"]
+        rows.append({"source": f"rebuild ({gpu})",
+                     "measures": "replay time saved per SWA layer (CUDA events, median)",
+                     "figure": f"{saved.min():.1f}–{saved.max():.1f} µs"})
+    else:
+        rows.append({"source": "rebuild", "measures": getattr(run, "line", "no GPU run"),
+                     "figure": ""})
+    if engine_run:
+        df = engine_runs.latest(engine_run.shown)
+        per = engine_runs.text(df, "decode_kernels_per_replay")
+        n_swa = engine_swa_layers(engine_run.shown)
+        for model, rel in sorted({(m, r) for m, r, c in per if c == "before"}):
+            before, released = per[(model, rel, "before")], per.get((model, rel, "released"))
+            if released is None or not n_swa:
+                continue
+            extra = (float(before) - float(released)) / n_swa
+            rows.append({"source": f"SGLang {rel} engine ({model})",
+                         "measures": f"kernels per decode-graph replay (bench_one_batch's trace), "
+                                     f"#23552 reverted − released, per SWA layer "
+                                     f"(({float(before):g} − {float(released):g}) / {n_swa})",
+                         "figure": f"{extra:g}"})
+    else:
+        rows.append({"source": "SGLang engine", "figure": "",
+                     "measures": getattr(engine_run, "line", "no engine run")})
+    return rows
+
+
+def engine_swa_layers(shown: list) -> int:
+    for r in shown:
+        for e in r.manifest.get("engine_runs", []):
+            kinds = (e.get("model") or {}).get("config", {}).get("layer_types", [])
+            if kinds:
+                return sum(k == "sliding_attention" for k in kinds)
+    return 0
+
+
+def beside(run, engine_run) -> None:
+    """The rebuild's count beside the real engine's (see :func:`beside_rows`)."""
+    engine_runs.beside(beside_rows(run, engine_run))
+
+
 def engine(run) -> None:
     """SGLang's own engine on a GPT-OSS-style model: kernels per decode-graph replay from
     bench_one_batch's decode trace, 0.5.11 as released and with #23552's preset reverted, and the
