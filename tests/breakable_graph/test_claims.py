@@ -7,17 +7,16 @@ from __future__ import annotations
 import csv
 import gzip
 import json
-import shutil
 from pathlib import Path
 from statistics import median
 
-import pandas as pd
 import pytest
 
 from sglab.breakable_graph import claims
 from sglab.core import claims as C
 from sglab.core import runs
 from sglab.tools import cli
+from tests.edits import copy_run, set_value
 
 EXP = "breakable_graph"
 RECORDED = runs.list_runs(EXP)
@@ -26,29 +25,6 @@ M3 = [p for p in RECORDED
 PARENT = {f.id: c.id for c in claims.CLAIMS for f in c.folded}
 
 pytestmark = pytest.mark.skipif(not RECORDED, reason="no recorded breakable_graph run")
-
-
-def _copy(src, tmp_path, edit):
-    """A copy of a recorded run (CSV, manifest, sidecars) with its rows edited; the manifest's row
-    count kept."""
-    dst = tmp_path / src.name
-    for f in src.parent.glob(src.stem + ".*"):
-        shutil.copy2(f, tmp_path / f.name)
-    df = edit(pd.read_csv(dst))
-    df.to_csv(dst, index=False)
-    m = json.loads(dst.with_suffix(".json").read_text())
-    m["rows"] = len(df)
-    dst.with_suffix(".json").write_text(json.dumps(m))
-    return dst
-
-
-def _set(df, value, **where):
-    sel = pd.Series(True, index=df.index)
-    for k, v in where.items():
-        sel &= df[k] == v
-    assert sel.any(), where
-    df.loc[sel, "value"] = value
-    return df
 
 
 def _failed(out: str) -> set:
@@ -65,37 +41,37 @@ def test_every_recorded_run_verifies(capsys):
 
 
 DAMAGE = {
-    "breakable_graph.before_bs3_one_row": lambda df: _set(df, 3.0, part="a_bs3", variant="before",
+    "breakable_graph.before_bs3_one_row": lambda df: set_value(df, 3.0, part="a_bs3", variant="before",
                                                           metric="logit_rows"),
-    "breakable_graph.after_equals_eager": lambda df: _set(df, 0.125, part="b_match",
+    "breakable_graph.after_equals_eager": lambda df: set_value(df, 0.125, part="b_match",
                                                           variant="after", metric="max_abs_diff",
                                                           batch_size=3),
-    "breakable_graph.hit_rate": lambda df: _set(df, 325.0, part="c_hit_rate", variant="before",
+    "breakable_graph.hit_rate": lambda df: set_value(df, 325.0, part="c_hit_rate", variant="before",
                                                 metric="graph_batches"),
-    "breakable_graph.multi_request_speedup": lambda df: _set(df, 100.0, part="d_latency",
+    "breakable_graph.multi_request_speedup": lambda df: set_value(df, 100.0, part="d_latency",
                                                              variant="after",
                                                              metric="time_median", batch_size=8),
-    "breakable_graph.segments_per_bucket": lambda df: _set(df, 16.0, part="launches",
+    "breakable_graph.segments_per_bucket": lambda df: set_value(df, 16.0, part="launches",
                                                            variant="after",
                                                            metric="graph_segments",
                                                            num_tokens=512),
-    "breakable_graph.routing": lambda df: _set(df, 1.0, part="d_latency", variant="before",
+    "breakable_graph.routing": lambda df: set_value(df, 1.0, part="d_latency", variant="before",
                                                metric="used_graph", batch_size=8),
-    "breakable_graph.launches": lambda df: _set(df, 16.0, part="launches", variant="after",
+    "breakable_graph.launches": lambda df: set_value(df, 16.0, part="launches", variant="after",
                                                 metric="host_graph_launches", batch_size=8),
 }
 
 
 @pytest.mark.parametrize("claim", sorted(DAMAGE))
 def test_a_damaged_copy_fails_the_right_claim(claim, tmp_path, capsys):
-    path = _copy(RECORDED[-1], tmp_path, DAMAGE[claim])
+    path = copy_run(RECORDED[-1], tmp_path, DAMAGE[claim])
     assert cli.main(["verify", str(path)]) == 1
     out = capsys.readouterr().out
     assert _failed(out) == {claim} | ({PARENT[claim]} if claim in PARENT else set()), out
 
 
 def test_a_dropped_variant_is_a_failure_not_a_pass(tmp_path, capsys):
-    path = _copy(RECORDED[-1], tmp_path,
+    path = copy_run(RECORDED[-1], tmp_path,
                  lambda df: df[~((df.part == "c_hit_rate") & (df.variant == "after"))])
     assert cli.main(["verify", str(path)]) == 1
     assert "could not evaluate" in capsys.readouterr().out
@@ -103,7 +79,7 @@ def test_a_dropped_variant_is_a_failure_not_a_pass(tmp_path, capsys):
 
 @pytest.mark.skipif(not M3, reason="no recorded breakable_graph run of method 3 yet")
 def test_the_trace_claim_reads_the_events_sidecar(tmp_path, capsys):
-    path = _copy(M3[-1], tmp_path, lambda df: df)
+    path = copy_run(M3[-1], tmp_path, lambda df: df)
     m = json.loads(path.with_suffix(".json").read_text())
     ev_path = tmp_path / m["sidecars"]["events"]
     lines = gzip.decompress(ev_path.read_bytes()).decode().splitlines()

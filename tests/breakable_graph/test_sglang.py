@@ -99,20 +99,6 @@ def test_a_missing_release_is_not_run_with_its_reason():
     assert len(sglang.comparison({"0.5.9": result})) == 0
 
 
-def test_the_section_says_not_run_when_no_release_is_installed(tmp_path, monkeypatch, capsys):
-    """With no release installed the notebook's real section prints one "not run" line per release,
-    compares nothing (and says so) and raises nothing."""
-    monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path))
-    monkeypatch.setenv("SGLAB_REAL", "live")
-    table = sglang.compare()
-    out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("real SGLang: run here now:") and len(table) == 0
-    lines = [ln for ln in out if ln.startswith("sglang ")]
-    assert len(lines) == len(RELEASES)
-    assert all(ln.split(": ", 1)[1].startswith("not run: not installed") for ln in lines)
-    assert any("nothing was compared" in ln for ln in out)
-
-
 def test_recorded_answers_equal_the_live_ones(real):
     """The notebook's recorded mode shows data/recorded/real_cpu/: it must say what the releases say
     now."""

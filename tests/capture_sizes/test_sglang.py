@@ -138,21 +138,6 @@ def test_recorded_answers_equal_the_live_ones(real):
                                     keep=notebook_rows) == len(RELEASES)
 
 
-def test_the_section_says_not_run_when_no_release_is_installed(tmp_path, monkeypatch, capsys):
-    """With no release installed the notebook's real section prints one "not run" line per
-    release, compares nothing (and says so) and raises nothing."""
-    monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path))
-    monkeypatch.setenv("SGLAB_REAL", "live")
-    table = sglang.compare()
-    out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("real SGLang: run here now:") and len(table) == 0
-    lines = [ln for ln in out if ln.startswith("sglang ")]
-    assert len(lines) == len(RELEASES)
-    assert all(ln.split(": ", 1)[1].startswith("not run: not installed") for ln in lines)
-    assert any("nothing was compared" in ln for ln in out)
-    assert out[-1].endswith("vs the rebuilt one: no release ran")
-
-
 # -- the source check, on small synthetic SGLang trees shaped like the releases
 # --------------------------------------------------------------------------------------------------
 def state(files: dict) -> Verdict:

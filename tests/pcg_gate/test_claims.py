@@ -6,15 +6,14 @@ the raw speed-ups do not."""
 from __future__ import annotations
 
 import json
-import shutil
 
-import pandas as pd
 import pytest
 
 from sglab.core import claims as C
 from sglab.core import runs
 from sglab.pcg_gate import claims, measure, show
 from sglab.tools import cli
+from tests.edits import copy_run, set_value
 
 EXP = "pcg_gate"
 RECORDED = runs.list_runs(EXP)
@@ -32,52 +31,29 @@ def test_every_recorded_run_verifies(capsys):
     assert all(f"  {c.id}" in out or f"└ {c.id}" in out for c in C.all_claims(claims))
 
 
-def _copy(src, tmp_path, edit, method=None):
-    """A copy of a recorded run (CSV, manifest, sidecars) with its rows edited; the manifest's row
-    count kept."""
-    dst = tmp_path / src.name
-    for f in src.parent.glob(src.stem + ".*"):
-        shutil.copy2(f, tmp_path / f.name)
-    df = edit(pd.read_csv(dst))
-    df.to_csv(dst, index=False)
-    m = json.loads(dst.with_suffix(".json").read_text())
-    m["rows"] = len(df)
-    dst.with_suffix(".json").write_text(json.dumps(m))
-    return dst
-
-
-def _set(df, value, **where):
-    sel = pd.Series(True, index=df.index)
-    for k, v in where.items():
-        sel &= df[k] == v
-    assert sel.any(), where
-    df.loc[sel, "value"] = value
-    return df
-
-
 def _smallest_traced(df):
     return int(df[df.metric == "trace_busy"].num_tokens.min())
 
 
 DAMAGE = {
-    "pcg_gate.gate_decision": lambda df: _set(df, 1.0, variant="eager", metric="gate_enabled"),
-    "pcg_gate.piecewise_equals_eager": lambda df: _set(df, 0.5, variant="piecewise",
+    "pcg_gate.gate_decision": lambda df: set_value(df, 1.0, variant="eager", metric="gate_enabled"),
+    "pcg_gate.piecewise_equals_eager": lambda df: set_value(df, 0.5, variant="piecewise",
                                                        metric="max_abs_diff", num_tokens=64),
-    "pcg_gate.small_prefill_speedup": lambda df: _set(df, 50.0, variant="piecewise",
+    "pcg_gate.small_prefill_speedup": lambda df: set_value(df, 50.0, variant="piecewise",
                                                       metric="time_median", num_tokens=64),
 }
 DAMAGE_M2 = {
-    "pcg_gate.duplicate_keys": lambda df: _set(df, 97.0, variant="property_guard",
+    "pcg_gate.duplicate_keys": lambda df: set_value(df, 97.0, variant="property_guard",
                                                metric="model_keys_after_gate"),
-    "pcg_gate.copies_explain_slowdown": lambda df: _set(df, 0.0, variant="piecewise",
+    "pcg_gate.copies_explain_slowdown": lambda df: set_value(df, 0.0, variant="piecewise",
                                                         metric="trace_copy_us"),
 }
 # a folded check that fails fails the claim it is folded under
 FOLDED_M2 = {
     ("pcg_gate.piecewise_equals_eager", "pcg_gate.graph_count"):
-        lambda df: _set(df, 849.0, variant="piecewise", metric="graphs"),
+        lambda df: set_value(df, 849.0, variant="piecewise", metric="graphs"),
     ("pcg_gate.small_prefill_speedup", "pcg_gate.trace_launch_gaps"):
-        lambda df: _set(df, 0.9, variant="eager", metric="trace_busy",
+        lambda df: set_value(df, 0.9, variant="eager", metric="trace_busy",
                         num_tokens=_smallest_traced(df)),
     ("pcg_gate.copies_explain_slowdown", "pcg_gate.kernel_counts_agree"):
         lambda df: df.assign(value=df.value.where(~((df.metric == "kernel_table_calls")
@@ -93,7 +69,7 @@ def _failed(out: str) -> set:
 def test_a_damaged_copy_fails_the_right_claim(claim, tmp_path, capsys):
     if not RECORDED:
         pytest.skip("no recorded pcg_gate run")
-    assert cli.main(["verify", str(_copy(RECORDED[-1], tmp_path, DAMAGE[claim]))]) == 1
+    assert cli.main(["verify", str(copy_run(RECORDED[-1], tmp_path, DAMAGE[claim]))]) == 1
     out = capsys.readouterr().out
     assert _failed(out) == {claim}, out
 
@@ -102,7 +78,7 @@ def test_a_damaged_copy_fails_the_right_claim(claim, tmp_path, capsys):
 def test_a_damaged_method2_copy_fails_the_right_claim(claim, tmp_path, capsys):
     if not M2:
         pytest.skip("no recorded pcg_gate run of method 2 yet")
-    assert cli.main(["verify", str(_copy(M2[-1], tmp_path, DAMAGE_M2[claim]))]) == 1
+    assert cli.main(["verify", str(copy_run(M2[-1], tmp_path, DAMAGE_M2[claim]))]) == 1
     out = capsys.readouterr().out
     assert _failed(out) == {claim}, out
 
@@ -111,7 +87,7 @@ def test_a_damaged_method2_copy_fails_the_right_claim(claim, tmp_path, capsys):
 def test_a_failing_folded_check_fails_its_claim(parent, check, tmp_path, capsys):
     if not M2:
         pytest.skip("no recorded pcg_gate run of method 2 yet")
-    assert cli.main(["verify", str(_copy(M2[-1], tmp_path, FOLDED_M2[(parent, check)]))]) == 1
+    assert cli.main(["verify", str(copy_run(M2[-1], tmp_path, FOLDED_M2[(parent, check)]))]) == 1
     out = capsys.readouterr().out
     if "n/a   └ pcg_gate.kernel_counts_agree" in out and check.endswith("kernel_counts_agree"):
         pytest.skip("the committed run's kernel table came from torch.profiler (check n/a)")
@@ -295,13 +271,13 @@ def test_method3_keeps_the_old_checks_for_old_runs():
 
 @pytest.mark.parametrize("claim, edit", [
     ("pcg_gate.small_prefill_speedup",   # eager far slower than its launches at the host's cost
-     lambda df: _set(df, 400.0, variant="eager", metric="time_median", num_tokens=16)),
+     lambda df: set_value(df, 400.0, variant="eager", metric="time_median", num_tokens=16)),
     ("pcg_gate.small_prefill_speedup",   # piecewise keeps most of the removed launches' cost
-     lambda df: _set(df, 8.0, variant="piecewise", metric="time_median", num_tokens=64)),
+     lambda df: set_value(df, 8.0, variant="piecewise", metric="time_median", num_tokens=64)),
     ("pcg_gate.host_launch_cost",        # the two clocks disagree
-     lambda df: _set(df, 30.0, variant="host", metric="launch_event_us")),
+     lambda df: set_value(df, 30.0, variant="host", metric="launch_event_us")),
     ("pcg_gate.trace_launch_gaps",       # the GPU busy through the eager forward
-     lambda df: _set(df, 0.8, variant="eager", metric="trace_busy", num_tokens=64)),
+     lambda df: set_value(df, 0.8, variant="eager", metric="trace_busy", num_tokens=64)),
 ])
 def test_method3_damage_fails_the_right_check(tmp_path, claim, edit):
     status = _status(method3_run(tmp_path, 12.0, edit=edit))

@@ -16,6 +16,7 @@ from sglab.sglang.runner import run_probe
 from sglab.sglang.bootstrap import plan
 from sglab.sglang.releases import worker_env as _env
 from sglab.sglang.runner import _spawn
+from tests.sglang import TRITON_STUB
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,25 +76,11 @@ def _fake_release(home: Path, version: str, init: str) -> None:
 def test_release_that_does_not_import_is_not_run_with_the_cause(tmp_path, monkeypatch):
     monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path))
     _fake_release(tmp_path, "9.9.9", "import sglang_missing_dependency\n")
-    (tmp_path / "releases" / "9.9.9" / "sglang" / "_triton_stub.py").write_text(_MINI_TRITON_STUB)
+    (tmp_path / "releases" / "9.9.9" / "sglang" / "_triton_stub.py").write_text(TRITON_STUB)
     r = run_probe("9.9.9", "sglab.swa_loc.sglang:probe", timeout=120)
     assert r.status == "not-run"
     assert r.reason.startswith("sglang 9.9.9: import sglang.srt.mem_cache.swa_memory_pool failed: "
                                "ModuleNotFoundError: No module named 'sglang_missing_dependency'")
-
-
-# the smallest stub with the interface of SGLang's sglang/_triton_stub.py (install(), _StubBase, _make_mock)
-_MINI_TRITON_STUB = '''
-import sys, types
-class _StubBase:
-    pass
-def _make_mock(name):
-    mod = types.ModuleType(name)
-    sys.modules[name] = mod
-    return mod
-def install():
-    _make_mock("triton")
-'''
 
 
 def test_plan_per_machine():

@@ -15,24 +15,12 @@ from pathlib import Path
 import pytest
 
 from sglab.sglang import releases, runner, store
+from tests.sglang import TRITON_STUB
 
 RELEASE = "9.9.9"
 # importable in the worker: the release's folder is on its path
 PID, BOOM, SLEEP, CHILD, LEAVE = (f"sglab_fake_probes.calls:{name}"
                                   for name in ("pid", "boom", "sleep", "child", "leave"))
-
-# the smallest stub with the interface of SGLang's sglang/_triton_stub.py
-TRITON_STUB = '''
-import sys, types
-class _StubBase:
-    pass
-def _make_mock(name):
-    mod = types.ModuleType(name)
-    sys.modules[name] = mod
-    return mod
-def install():
-    _make_mock("triton")
-'''
 
 CALLS = '''
 import os, time

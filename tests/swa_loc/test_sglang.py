@@ -234,18 +234,3 @@ def test_swa_padding_zeroed_marks_the_follow_up():
     assert sglang.swa_padding_zeroed({sglang.DECODE_RUNNER: _runner(True, True)}.get)
     assert not sglang.swa_padding_zeroed({sglang.DECODE_RUNNER: _runner(True, False)}.get)
     assert not sglang.swa_padding_zeroed({}.get)
-
-
-def test_the_section_says_not_run_when_no_release_is_installed(tmp_path, monkeypatch, capsys):
-    """With no release installed the notebook's real section prints one "not run" line per release,
-    compares nothing (and says so) and raises nothing."""
-    monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path))
-    monkeypatch.setenv("SGLAB_REAL", "live")
-    table = sglang.compare()
-    out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("real SGLang: run here now:") and len(table) == 0
-    lines = [ln for ln in out if ln.startswith("sglang ")]
-    assert len(lines) == len(sglang.PROBE_RELEASES)
-    assert all(ln.split(": ", 1)[1].startswith("not run: not installed") for ln in lines)
-    assert any("nothing was compared" in ln for ln in out)
-    assert out[-1] == "no release ran: the kernels per translation of the real code are not known here"

@@ -2078,28 +2078,11 @@ def summary(res: EngineResult) -> list[str]:
     for a in s.adjustments:
         out.append(f"  harness adjustment {a.name}: {a.reason}")
     bench = [r for r in rows(res) if r["metric"] in ("prefill", "prefill_iqr", "decode")]
+    by = {(x["metric"], x.get("batch_size"), x.get("input_len")): x["value"] for x in bench}
     for r in bench:
         if r["metric"] == "prefill":
-            iqr = next(
-                (
-                    x["value"]
-                    for x in bench
-                    if x["metric"] == "prefill_iqr"
-                    and x.get("batch_size") == r.get("batch_size")
-                    and x.get("input_len") == r.get("input_len")
-                ),
-                None,
-            )
-            dec = next(
-                (
-                    x["value"]
-                    for x in bench
-                    if x["metric"] == "decode"
-                    and x.get("batch_size") == r.get("batch_size")
-                    and x.get("input_len") == r.get("input_len")
-                ),
-                None,
-            )
+            iqr = by.get(("prefill_iqr", r.get("batch_size"), r.get("input_len")))
+            dec = by.get(("decode", r.get("batch_size"), r.get("input_len")))
             out.append(
                 f"  batch {r['batch_size']} x {r['input_len']} tokens: prefill {r['value']:.2f} ms"
                 + (f" (IQR {iqr:.2f})" if iqr is not None else "")
