@@ -67,14 +67,14 @@ report.overview()
 # Nothing is ever invented: without a GPU and without a recorded run, a GPU section says "no GPU run
 # to show" and why. A run is a tidy CSV (`experiment, variant, <parameters>, metric, value, unit`)
 # with a JSON manifest (method version, UTC time, git commit, GPU model and count, driver, CUDA,
-# torch, Python, parameters) and its sidecar files. `sglab publish data/runs/<fix>/<run>.csv` copies a
-# live run with its sidecars into `data/recorded/<fix>/`, where readers without GPUs see it.
+# torch, Python, parameters) and its sidecar files. `sglab publish data/runs/<fix>/<run>.csv` copies
+# a live run with its sidecars into `data/recorded/<fix>/`, where readers without GPUs see it.
 #
 # ## One folder per fix
 #
 # Each fix lives in `lib/sglab/<fix>/`: `rebuild.py` (the PR-era mechanism, one section per upstream
-# file), `measure.py` (the GPU run), `show.py` (tables and figures), `claims.py` (what every run must
-# show) and `sglang.py` (the fix's record, its source check and its real-release probes). The
+# file), `measure.py` (the GPU run), `show.py` (tables and figures), `claims.py` (what every run
+# must show) and `sglang.py` (the fix's record, its source check and its real-release probes). The
 # notebook imports those five and calls `rebuild` in its cells. `docs/structure.md` draws the house
 # on one page; `docs/operating.md` says how to run it on GPU machines.
 #

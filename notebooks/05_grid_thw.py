@@ -174,9 +174,9 @@ sglang.gpu_recorded();
 # ### The real engine at TP 2
 #
 # SGLang's whole engine on the tiny Kimi-K2.5 at TP 2, fed one 448×448 image: each process's memory
-# on GPU 0 (nvidia-smi) with 0.5.11 as released (grid on the CPU) and with #22858's one line reverted.
-# It needs 2 GPUs (`bash scripts/engine_gpu.sh --plan 05`); until such a run is recorded, the cell
-# shows what it runs and what it expects.
+# on GPU 0 (nvidia-smi) with 0.5.11 as released (grid on the CPU) and with #22858's one line
+# reverted. It needs 2 GPUs (`bash scripts/engine_gpu.sh --plan 05`); until such a run is recorded,
+# the cell shows what it runs and what it expects.
 
 # %%
 sglang.FIX.show_engine()

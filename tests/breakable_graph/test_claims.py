@@ -41,8 +41,8 @@ def test_every_recorded_run_verifies(capsys):
 
 
 DAMAGE = {
-    "breakable_graph.before_bs3_one_row": lambda df: set_value(df, 3.0, part="a_bs3", variant="before",
-                                                          metric="logit_rows"),
+    "breakable_graph.before_bs3_one_row": lambda df: set_value(df, 3.0, part="a_bs3",
+                                                          variant="before", metric="logit_rows"),
     "breakable_graph.after_equals_eager": lambda df: set_value(df, 0.125, part="b_match",
                                                           variant="after", metric="max_abs_diff",
                                                           batch_size=3),

@@ -67,10 +67,12 @@ def _write(kernels=(10, 8), times=(2.0, 1.0), gpu_count=1, folder="recorded"):
 def test_statuses_na_reasons_and_method_versions(demo):
     run = verify.load_run(_write())
     res = {r.claim.id: r.outcome for r in claims.evaluate(DEMO, run)}
-    assert res["demo.extra_kernels"].status == "pass" and res["demo.extra_kernels"].value == {"extra": 2, "before": 10}
+    assert (res["demo.extra_kernels"].status == "pass"
+            and res["demo.extra_kernels"].value == {"extra": 2, "before": 10})
     assert res["demo.ratio"].status == "pass"
     assert res["demo.ranks"].status == "n/a" and "2 GPUs" in res["demo.ranks"].reason
-    assert res["demo.new_metric"].status == "n/a" and "method version 1" in res["demo.new_metric"].reason
+    assert (res["demo.new_metric"].status == "n/a"
+            and "method version 1" in res["demo.new_metric"].reason)
     line = claims.verdict_line(claims.evaluate(DEMO, run), run)
     assert line.startswith("2/2 claims hold, 2 n/a on ")
 
@@ -147,7 +149,8 @@ def test_junit(demo, tmp_path):
     out = tmp_path / "v.xml"
     assert cli.main(["verify", str(path), "--junit", str(out)]) == 1
     suite = ET.parse(out).getroot().find("testsuite")
-    assert suite.get("failures") == "1" and suite.get("skipped") == "2" and suite.get("tests") == "4"
+    assert (suite.get("failures") == "1" and suite.get("skipped") == "2"
+            and suite.get("tests") == "4")
     failed = [c.get("name") for c in suite.iter("testcase") if c.find("failure") is not None]
     assert failed == ["demo.extra_kernels"]
 

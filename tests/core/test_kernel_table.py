@@ -38,9 +38,11 @@ def test_reduce_records_counts_calls_per_run_and_shares():
 
 def test_short_names():
     assert kt.short_name(COPY) == "elementwise_kernel [direct_copy]"
-    mangled = "_ZN2at6native18elementwise_kernelILi128ELi4EZNS0_22gpu_kernel_impl_nocastIZZZNS0_23direct_copy_kernel"
+    mangled = ("_ZN2at6native18elementwise_kernelILi128ELi4EZNS0_22gpu_kernel_impl_nocastIZZZNS0_"
+               "23direct_copy_kernel")
     assert kt.short_name(mangled) == "elementwise_kernel [direct_copy]"
-    assert kt.short_name("_ZN13pytorch_flash16flash_fwd_kernelI23Flash_fwd_kernel_traits") == "flash_fwd_kernel"
+    assert (kt.short_name("_ZN13pytorch_flash16flash_fwd_kernelI23Flash_fwd_kernel_traits")
+            == "flash_fwd_kernel")
     assert kt.short_name(GEMM) == GEMM
     assert len(kt.short_name("x" * 100)) == 48
 
@@ -81,7 +83,8 @@ def fake_nsight(kernels_per_call):
                 for label in current:
                     data.setdefault(label, []).extend(_ActionData(n, d) for n,
                                                       d in kernels_per_call[label])
-                return types.SimpleNamespace(to_dataframe=lambda: ns.extraction.extract_df_from_data(data))
+                return types.SimpleNamespace(
+                    to_dataframe=lambda: ns.extraction.extract_df_from_data(data))
             return bench
         return deco
 

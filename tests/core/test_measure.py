@@ -205,7 +205,8 @@ def test_sampler_follows_processes_over_time():
     steps = memory.step_series(df, s.ticks, pids=[11])
     # first tick, the two changes, the last tick
     assert list(steps.used_mib) == [0.0, 520.0, 612.0, 612.0]
-    assert steps.t.tolist() == sorted(steps.t) and steps.t.iloc[1] == s.ticks[4] and steps.t.iloc[2] == s.ticks[9]
+    assert (steps.t.tolist() == sorted(steps.t) and steps.t.iloc[1] == s.ticks[4]
+            and steps.t.iloc[2] == s.ticks[9])
     window = s.ticks[6:8]  # a window inside the 520 MiB stretch: one value, first and last tick
     assert list(memory.step_series(df, window, pids=[11]).used_mib) == [520.0, 520.0]
 

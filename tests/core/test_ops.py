@@ -58,8 +58,8 @@ def test_record_with_setup_and_undo():
 
 
 def test_demangle():
-    assert ops.demangle("_ZN2at6native24vectorized_gather_kernelILi16ElEEvPcS2_PT0_illllb").startswith(
-        "void at::native::vectorized_gather_kernel<16, long>(")
+    assert ops.demangle("_ZN2at6native24vectorized_gather_kernelILi16ElEEvPcS2_PT0_illllb") \
+        .startswith("void at::native::vectorized_gather_kernel<16, long>(")
     assert ops.demangle("not mangled") == "not mangled"
     assert ops.demangle("_Znot_valid_at_all") == "_Znot_valid_at_all"
 

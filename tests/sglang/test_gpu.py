@@ -101,7 +101,8 @@ def test_dry_run_lists_steps_and_skips_and_runs_nothing(capsys, monkeypatch):
     monkeypatch.setattr(record, "record_fix", lambda *a, **k: pytest.fail("dry run recorded"))
     assert cli.main(["real", "gpu", "--dry-run", "--gpus", "1"]) == 0
     out = capsys.readouterr().out
-    assert "swa_loc -> real_swa_loc" in out and "sglang 0.5.12.post1: sglab.swa_loc.sglang:gpu_probe" in out
+    assert ("swa_loc -> real_swa_loc" in out
+            and "sglang 0.5.12.post1: sglab.swa_loc.sglang:gpu_probe" in out)
     assert "grid_thw: skipped, needs 2 GPUs, have 1" in out
 
 
@@ -186,7 +187,8 @@ def test_kernels_per_translation_read_from_the_release(release, k):
 
 
 def test_kernels_per_translation_rules():
-    assert swa_loc.kernels_per_translation("return m.full_to_swa_index_mapping[i].to(torch.int32)") == 2
+    assert swa_loc.kernels_per_translation(
+        "return m.full_to_swa_index_mapping[i].to(torch.int32)") == 2
     assert swa_loc.kernels_per_translation("return m.full_to_swa_index_mapping[i].to(torch.int32)",
                                            "int32") == 1
     assert swa_loc.kernels_per_translation("return self.full_to_swa_index_mapping[kv_indices]") == 1
@@ -233,7 +235,8 @@ def test_swa_loc_cpu_path_translates_per_layer_once_or_never(cpu_runs):
             assert value(run, release=release, variant=v, metric="rows_landed") is True
         assert value(run, release=release, metric="expected_nodes_per_swa_layer") == k
     assert value(run, release="0.5.12.post1", variant="decode_buffers", metric="dtype") == "int32"
-    assert run.manifest["params"]["shims"]["0.5.23"] == run.manifest["params"]["shims"]["0.5.12.post1"]
+    assert (run.manifest["params"]["shims"]["0.5.23"]
+            == run.manifest["params"]["shims"]["0.5.12.post1"])
 
 
 

@@ -28,8 +28,8 @@ ADDED = {("pcg_gate", 26382): '+    if name == "model":',
          ("swa_loc", 23552): "+        self.model_runner.token_to_kv_pool.set_swa_loc(",
          ("swa_loc", 24743): "+            self.out_cache_loc_swa.zero_()",
          ("grid_thw", 22858): "+    grid_thws = grid_thws.cpu()",
-         ("capture_sizes",
-          23972): '+        ), f"No piecewise CUDA graph capture sizes are multiples of {mul_base}"'}
+         ("capture_sizes", 23972): '+        ), f"No piecewise CUDA graph capture sizes are '
+                                   'multiples of {mul_base}"'}
 
 
 @pytest.fixture(scope="module")
@@ -137,10 +137,11 @@ def test_show_renders_html_with_plain_text_fallback():
     html = shown._repr_html_()
     added = re.findall(r'<span style="background:#e6ffec[^"]*">([^<]*)</span>', html)
     assert "+            self.out_cache_loc_swa.zero_()" in added
-    assert "torch.int64" in " ".join(re.findall(r'<span style="background:#ffebe9[^"]*">([^<]*)</span>', html))
+    assert "torch.int64" in " ".join(
+        re.findall(r'<span style="background:#ffebe9[^"]*">([^<]*)</span>', html))
     assert str(H.load("pcg_gate")).splitlines()[1] == "--- sglang 0.5.12.post1"
-    assert repr(H.load("pcg_gate")) == "<Hunk pcg_gate sgl-project/sglang#26382 · 0.5.12.post1 → 0.5.13: " \
-                                      "2 symbols, +11 -2 lines>"
+    assert repr(H.load("pcg_gate")) == "<Hunk pcg_gate sgl-project/sglang#26382 · 0.5.12.post1 " \
+                                      "→ 0.5.13: 2 symbols, +11 -2 lines>"
 
 
 def test_diff_html_escapes_and_colours_each_line():

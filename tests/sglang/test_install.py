@@ -55,11 +55,12 @@ def test_failed_install_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
     (wheelhouse / "releases").mkdir(parents=True)
     lines = []
     outcomes = install.install(["0.5.11"], wheelhouse=wheelhouse, echo=lines.append)
-    assert [o.status for o in outcomes] == ["failed", "failed"]          # its dependency set, the release
+    assert [o.status for o in outcomes] == ["failed", "failed"]  # its dependency set, the release
     assert lines[1].startswith("sglang 0.5.11: install failed: no sglang-0.5.11-*.whl in ")
     assert "\n" not in "".join(lines)
     assert not releases.release_dir("0.5.11").exists()
-    assert not any((tmp_path / "home" / "releases").iterdir())            # no half-installed temporary folder
+    # no half-installed temporary folder
+    assert not any((tmp_path / "home" / "releases").iterdir())
 
 
 def _fake_release(home: Path, version: str, init: str) -> None:
@@ -221,7 +222,8 @@ def test_repack_drops_files_and_their_record_lines(tmp_path):
         names = z.namelist()
         record = z.read("sglang-9.9.9.dist-info/RECORD").decode()
     assert dropped == 2
-    assert "sglang/__init__.py" in names and not any("rust_extensions" in n or "multimodal_gen" in n for n in names)
+    assert "sglang/__init__.py" in names and not any("rust_extensions" in n or "multimodal_gen" in n
+                                                     for n in names)
     assert "rust_extensions" not in record and "multimodal_gen" not in record
 
 
@@ -232,12 +234,15 @@ def test_offline_install_from_a_wheelhouse_lays_out_release_and_deps(tmp_path, m
     for sub in ("releases", "deps/0.5.1x", "deps/common"):
         (wh / sub).mkdir(parents=True)
     _wheel(wh / "releases", "sglang", "0.5.11", {"sglang/__init__.py": "VERSION = '0.5.11'\n"})
-    _wheel(wh / "deps" / "0.5.1x", "sglab_fake_only_in_set", "1.0", {"sglab_fake_only_in_set.py": ""})
+    _wheel(wh / "deps" / "0.5.1x", "sglab_fake_only_in_set", "1.0",
+           {"sglab_fake_only_in_set.py": ""})
     _wheel(wh / "deps" / "common", "sglab_fake_common", "1.0", {"sglab_fake_common.py": ""})
     outcomes = install.install(["0.5.11"], wheelhouse=wh, echo=lambda _: None)
     assert [o.status for o in outcomes] == ["installed", "installed"], [o.reason for o in outcomes]
     assert releases.release_installed("0.5.11")
     assert (releases.package_dir("0.5.11") / "__init__.py").read_text() == "VERSION = '0.5.11'\n"
     deps = releases.deps_dir("0.5.1x")
-    assert (deps / "sglab_fake_only_in_set.py").exists() and (deps / "sglab_fake_common.py").exists()
-    assert [o.status for o in install.install(["0.5.11"], wheelhouse=wh, echo=lambda _: None)] == ["present"] * 2
+    assert ((deps / "sglab_fake_only_in_set.py").exists()
+            and (deps / "sglab_fake_common.py").exists())
+    assert ([o.status for o in install.install(["0.5.11"], wheelhouse=wh, echo=lambda _: None)]
+            == ["present"] * 2)

@@ -30,9 +30,8 @@ def test_written_as_a_run_and_read_back(recording):
     rec = store.newest()
     hit = rec.lookup("0.5.11", "swa_loc:run", {"a": [1, 2], "b": 1})  # key order does not matter
     assert hit.ok and hit.recorded.startswith("recorded ") and "on cpu" in hit.recorded
-    assert hit.rows.value.tolist() == [2,
-                                       [1, 2,
-                                        4]] and hit.shim_names() == ["triton"] and hit.seconds == 7.5
+    assert (hit.rows.value.tolist() == [2, [1, 2, 4]] and hit.shim_names() == ["triton"]
+            and hit.seconds == 7.5)
     assert rec.lookup("0.5.11", "swa_loc:run", {"a": [1, 2], "b": 2}) is None
     assert rec.lookup("0.5.23", "swa_loc:run", {"a": [1, 2], "b": 1}) is None
 

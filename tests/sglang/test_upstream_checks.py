@@ -33,8 +33,9 @@ def test_every_release_state_is_reached_by_some_check():
                state(pcg.check, {pcg.KIMI_MODEL: KIMI["guard"]}).status,
                state(pcg.check, {pcg.KIMI_MODEL: KIMI["no_alias"]}).status,
                state(swa.check, {swa.SWA_POOL: POOL_LATER}).status,
-               state(cs.check, {cs.PREFILL_RUNNER: PREFILL.replace("CAPTURE",
-                                                                   "sorted(capture_tokens)")}).status,
+               state(cs.check,
+                     {cs.PREFILL_RUNNER: PREFILL.replace("CAPTURE",
+                                                         "sorted(capture_tokens)")}).status,
                state(pcg.check, {pcg.KIMI_MODEL: "class Other:\n    pass\n"}).status}
     assert reached == set(RELEASE_STATES)
     assert set(STATES) == set(RELEASE_STATES) | {"not-installed"}

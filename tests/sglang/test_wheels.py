@@ -37,7 +37,8 @@ def table():
 # ----------------------------------------------------------------------------------------
 def test_table_has_every_release_from_0_5_10(table):
     versions = list(table["version"])
-    assert versions[0] == R.FIRST and versions == R.select(versions) and len(set(versions)) == len(versions)
+    assert (versions[0] == R.FIRST and versions == R.select(versions)
+            and len(set(versions)) == len(versions))
     minors = sorted({int(v.split(".")[2]) for v in versions})
     assert minors == list(range(10, minors[-1] + 1)), "a 0.5.N release is missing"
     assert {"0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13", "0.5.14", "0.5.23"} <= set(versions)
@@ -134,7 +135,8 @@ def test_wheel_reader_facts_and_classification(tmp_path):
     assert facts["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert facts["build_date"] == "2026-05-07T00:05:08" and facts["wheel"] == path.name
     row = R.classify_wheel("0.5.11", path, FIXES)
-    assert row["pcg_gate"] == "pr-era" and row["capture_sizes"] == "pr-era" and row["grid_thw"] == "absent"
+    assert (row["pcg_gate"] == "pr-era" and row["capture_sizes"] == "pr-era"
+            and row["grid_thw"] == "absent")
     assert set(row) == set(R.columns(FIXES))
 
 
@@ -164,8 +166,8 @@ def test_timeline_downloads_once_and_is_complete(tmp_path):
     assert any("1 downloaded now, 1 from the cache" in n for n in tl.notes)
     R.write_table(tl.frame, tmp_path / "t.csv")
     back = R.load_table(tmp_path / "t.csv")
-    assert list(back["version"]) == ["0.5.10",
-                                     "0.5.11"] and back["pcg_gate_reason"][1] == tl.frame["pcg_gate_reason"][1]
+    assert (list(back["version"]) == ["0.5.10", "0.5.11"]
+            and back["pcg_gate_reason"][1] == tl.frame["pcg_gate_reason"][1])
     tl = R.timeline(FIXES, lister=lambda: ["0.5.10", "0.5.11"], fetch=fetch, cache=cache,
                     progress=False)
     assert fetched == ["0.5.11"], "a cached wheel is not downloaded again"
@@ -203,7 +205,8 @@ def test_cli_without_network_says_where_each_state_came_from(tmp_path, monkeypat
     out = capsys.readouterr().out
     assert "no network (pip index failed: no route to the package index)" in out
     assert "release list: committed table + cached wheels" in out
-    assert "classified from wheels: 0" in out and "taken from the committed table (no wheel here): 0.5.10," in out
+    assert ("classified from wheels: 0" in out
+            and "taken from the committed table (no wheel here): 0.5.10," in out)
     assert "read_from" in out and "data/upstream/ not rewritten" in out
     assert R.table_path().read_bytes() == committed
     assert cli.main(["upstream", "--releases", "0.5.13", "--offline", "--figure", ""]) == 0
@@ -231,5 +234,6 @@ def test_cli_says_when_a_release_does_not_exist(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(R, "cache_dir", lambda: tmp_path / "empty-cache")
     assert cli.main(["upstream", "--releases", "9.9.9", "--figure", ""]) == 2
     captured = capsys.readouterr()
-    assert captured.err.strip() == "sglab upstream: no such SGLang release on the package index: 9.9.9"
+    assert captured.err.strip() == ("sglab upstream: no such SGLang release on the package index: "
+                                    "9.9.9")
     assert captured.out == ""

@@ -50,8 +50,8 @@ def _copy(tmp_path: Path, edit=None, manifest_edit=None) -> Path:
 
 
 def _sel(df, variant, metric, layers=48, ratio=5, bs=32):
-    return ((df.variant == variant) & (df.metric == metric) & (df.num_layers == layers) & (df.swa_per_full == ratio)
-            & (df.batch_size == bs))
+    return ((df.variant == variant) & (df.metric == metric) & (df.num_layers == layers)
+            & (df.swa_per_full == ratio) & (df.batch_size == bs))
 
 
 def _add(df, mask, delta):
@@ -79,10 +79,12 @@ CORRUPTIONS = {
                                                               "translate_calls_capture", 6, 5, 1),
                                                          1),
     "swa_loc.kv_matches_eager": lambda d: _set(d,
-                                               (d.metric == "kv_mismatch_slots") & (d.variant == "pr23552")
+                                               (d.metric == "kv_mismatch_slots")
+                                               & (d.variant == "pr23552")
                                                & (d.num_layers == 24) & (d.swa_per_full == 1), 3),
     "swa_loc.pad_bug_exact": lambda d: _set(d,
-                                            (d.metric == "pad_corrupted_slots") & (d.variant == "pr24743"), 2),
+                                            (d.metric == "pad_corrupted_slots")
+                                            & (d.variant == "pr24743"), 2),
     "swa_loc.replay_ratio": lambda d: _set(d, _sel(d, "before", "time_median"),
                                            float(d[_sel(d, "pr24743",
                                                         "time_median")].value.iloc[0]) * 1.05),
@@ -106,7 +108,8 @@ def test_a_dropped_variant_fails_and_a_missing_headline_cell_is_not_applicable(t
     (tmp_path / "b").mkdir()
     path = _copy(tmp_path / "b", lambda d: d[~((d.num_layers == 48) & (d.swa_per_full == 5))])
     res = {r.claim.id: r.outcome for r in verify.verify_run(verify.load_run(path)).results}
-    assert res["swa_loc.replay_ratio"].status == "n/a" and "headline" in res["swa_loc.replay_ratio"].reason
+    assert (res["swa_loc.replay_ratio"].status == "n/a"
+            and "headline" in res["swa_loc.replay_ratio"].reason)
     assert res["swa_loc.extra_kernels_per_swa_layer"].status == "pass"
 
 
@@ -122,11 +125,13 @@ def test_a_truncated_copy_is_bad_input(tmp_path, capsys):
 # --------------------------------------------------------------------------------------------------
 # a method-2 run: the recorded rows plus profiler sidecars consistent with them
 # --------------------------------------------------------------------------------------------------
-GATHER = "void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<at::native::" \
-         "index_kernel_impl<at::native::OpaqueType<8> >(...)"
-CAST = "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)" \
-       "::{lambda()#3}::operator()() const::{lambda()#7}::operator()() const::{lambda(int)#1}, ...>"
-OTHER = "void at::native::vectorized_elementwise_kernel<8, at::native::AUnaryFunctor<MulFunctor<float> > >"
+GATHER = "void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<" \
+         "at::native::index_kernel_impl<at::native::OpaqueType<8> >(...)"
+CAST = "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(" \
+       "at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#7}::" \
+       "operator()() const::{lambda(int)#1}, ...>"
+OTHER = "void at::native::vectorized_elementwise_kernel<8, " \
+        "at::native::AUnaryFunctor<MulFunctor<float> > >"
 
 
 def _sidecars(n_swa=40, static=None):
@@ -182,7 +187,8 @@ def test_method2_sidecar_claims_hold(data_root):
 @pytest.mark.parametrize("claim,edit", [
     ("swa_loc.trace_equals_static", lambda s: s["events"].drop(index=s["events"].index[-1])),
     ("swa_loc.trace_translation_kernels", lambda s: s["events"].assign(
-        name=s["events"].name.where(~((s["events"].variant == "pr24743") & (s["events"].index % 50 == 0)), CAST))),
+        name=s["events"].name.where(~((s["events"].variant == "pr24743")
+                                      & (s["events"].index % 50 == 0)), CAST))),
 ])
 def test_method2_trace_corruptions(data_root, claim, edit):
     side = _sidecars()

@@ -138,7 +138,8 @@ def test_traced_replay_kernel_count_equals_static_node_count():
     runners, static, n_swa = {}, {}, None
     for v in fx.VARIANTS:
         s, r = captured(12, 5, v, [8])
-        runners[v], static[v], n_swa = r, graph_kernel_nodes(r.graphs[8]).kernels, len(s.swa_layer_ids)
+        runners[v], static[v], n_swa = (r, graph_kernel_nodes(r.graphs[8]).kernels,
+                                        len(s.swa_layer_ids))
     side = measure.traced_pass(runners, 8)
     counts = show.trace_counts(side["events"])
     assert {v: c["kernels"] for v, c in counts.items()} == static
@@ -151,7 +152,8 @@ def test_traced_replay_kernel_count_equals_static_node_count():
     assert traced["before"]["matching"] == 2 * n_swa and traced["pr24743"]["matching"] == 0
     # in the trace they sit where the static graph has them: the names of the traced kernels, in
     # order
-    ev = side["events"][(side["events"].variant == "before") & (side["events"].category == "kernel")]
+    ev = side["events"][(side["events"].variant == "before")
+                        & (side["events"].category == "kernel")]
     names = Counter(ev.name)
     assert names == Counter(dict(zip(*side["graph_kernels"].query("variant == 'before'")[["kernel",
             "nodes"]] .to_numpy().T)))

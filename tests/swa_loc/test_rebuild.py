@@ -261,7 +261,8 @@ def test_sweep_rows_eager():
         assert r.value == (r.n_swa_layers if r.variant == "before" else 0)
     assert set(df[df.metric == "kv_mismatch_slots"].value) == {0.0}
     assert len(df[df.metric == "time_median"]) == 3 * 4 * 3
-    assert (df[df.metric == "time_p90"].value.to_numpy() >= df[df.metric == "time_p10"].value.to_numpy()).all()
+    assert (df[df.metric == "time_p90"].value.to_numpy()
+            >= df[df.metric == "time_p10"].value.to_numpy()).all()
     pad = df[df.metric.str.startswith("pad_")].pivot_table(index="variant", columns="metric",
                                                            values="value")
     assert pad.loc["pr23552", "pad_corrupted_slots"] == pad.loc["pr23552",
@@ -296,7 +297,8 @@ def _recorded_csvs():
     newest = {}
     for path in sorted(folder.glob("*.csv")):
         man = json.loads(path.with_suffix(".json").read_text())
-        if man["gpu_name"] not in newest or man["created_utc"] > newest[man["gpu_name"]][0]["created_utc"]:
+        if (man["gpu_name"] not in newest
+                or man["created_utc"] > newest[man["gpu_name"]][0]["created_utc"]):
             newest[man["gpu_name"]] = (man, list(csv.DictReader(path.open())))
     return newest
 

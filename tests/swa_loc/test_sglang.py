@@ -115,9 +115,11 @@ def test_the_section_table_agrees_everywhere(real):
     assert set(table.release) == set(RELEASES)
     assert report.check_table(table), table[~table.agrees].to_string()
     statement = real_section.kernels_statement(real)
-    assert "0.5.10.post1, 0.5.11, 0.5.12.post1: `return self.full_to_swa_index_mapping[kv_indices].to(torch.int32)` " \
+    assert "0.5.10.post1, 0.5.11, 0.5.12.post1: " \
+           "`return self.full_to_swa_index_mapping[kv_indices].to(torch.int32)` " \
            "-> 2 kernels" in statement
-    assert "0.5.13, 0.5.23: `return self.full_to_swa_index_mapping[kv_indices]` -> 1 kernel " in statement
+    assert "0.5.13, 0.5.23: `return self.full_to_swa_index_mapping[kv_indices]` -> 1 kernel " \
+           in statement
 
 
 def test_a_doctored_release_disagrees(real):
@@ -194,7 +196,8 @@ class SWAKVPool:
 
 def _runner(preset: bool, follow_up: bool) -> str:
     dtype = "torch.int32" if follow_up else "torch.int64"
-    zero = "\n        if self.out_cache_loc_swa is not None:\n            self.out_cache_loc_swa.zero_()" \
+    zero = "\n        if self.out_cache_loc_swa is not None:\n" \
+           "            self.out_cache_loc_swa.zero_()" \
         if follow_up else ""
     call = ("        if self.buffers.out_cache_loc_swa is not None:\n            "
             "self.model_runner.token_to_kv_pool"

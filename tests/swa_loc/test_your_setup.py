@@ -48,7 +48,8 @@ def test_no_layout_keys_lists_what_was_looked_for(tmp_path, capsys):
     f = tmp_path / "config.json"
     f.write_text('{"num_hidden_layers": 4}')
     assert cli.main(["swa-cost", str(f)]) == 2
-    assert "layer_types, sliding_window_pattern, use_sliding_window + max_window_layers" in capsys.readouterr().err
+    assert ("layer_types, sliding_window_pattern, use_sliding_window + max_window_layers"
+            in capsys.readouterr().err)
 
 
 def test_prediction_scales_the_measured_per_layer_cost():

@@ -125,13 +125,17 @@ def browser(lab):
         b.close()
 
 
-KERNEL_IDLE = "() => window.jupyterapp?.shell?.currentWidget?.sessionContext?.session?.kernel?.status === 'idle'"
+KERNEL_IDLE = ("() => window.jupyterapp?.shell?.currentWidget?.sessionContext?.session?.kernel"
+               "?.status === 'idle'")
 ALL_RAN = """() => { const nb = window.jupyterapp.shell.currentWidget;
   const code = nb.content.widgets.filter(c => c.model.type === 'code');
-  return code.every(c => c.model.executionCount !== null) && nb.sessionContext.session.kernel.status === 'idle'; }"""
+  return code.every(c => c.model.executionCount !== null)
+    && nb.sessionContext.session.kernel.status === 'idle'; }"""
 IMAGES = """() => Array.from(document.querySelectorAll('.jp-OutputArea-output img')).map(i => {
-  const r = i.getBoundingClientRect(); return [i.naturalWidth, i.naturalHeight, r.width, r.height]; })"""
-CUT_OFF = """() => { const cut = [];  // outputs wider than their area with nothing that scrolls them
+  const r = i.getBoundingClientRect();
+  return [i.naturalWidth, i.naturalHeight, r.width, r.height]; })"""
+CUT_OFF = """() => { const cut = [];
+  // outputs wider than their area with nothing that scrolls them
   for (const area of document.querySelectorAll('.jp-OutputArea-output')) {
     const right = area.getBoundingClientRect().right;
     for (const el of area.querySelectorAll('table, pre, img')) {
@@ -143,7 +147,8 @@ CUT_OFF = """() => { const cut = [];  // outputs wider than their area with noth
     } }
   return cut; }"""
 ERRORS = """() => Array.from(document.querySelectorAll(
-  '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"], .jp-OutputArea-output.jp-mod-error'
+  '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"], '
+  + '.jp-OutputArea-output.jp-mod-error'
 )).map(e => e.textContent.slice(0, 1500))"""
 
 
@@ -172,7 +177,8 @@ def test_notebook_runs_in_jupyterlab(lab, browser, stem):
                       "The notebooks" if stem == "00_start_here" else SHOT_SECTION)
         page.screenshot(path=str(SHOTS / f"{stem}-section.png"))
         errors = page.evaluate(ERRORS)
-        assert not errors, f"{stem}: a cell shows an error or stderr output:\n" + "\n---\n".join(errors)
+        assert not errors, (f"{stem}: a cell shows an error or stderr output:\n"
+                            + "\n---\n".join(errors))
         images = page.evaluate(IMAGES)
         if stem != "00_start_here":  # 00 is tables only
             assert images, f"{stem}: no plot rendered"

@@ -99,11 +99,13 @@ def test_sigint_stops_the_notebook_and_its_kernel(tmp_path):
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
-    assert out.startswith("interrupted True\ninterrupted: cell 1 (import os, time…) after "), out + err
+    assert out.startswith("interrupted True\ninterrupted: cell 1 (import os, time…) after "), \
+        out + err
     assert "(stopped by a signal); partial output in" in out
     kernel = int(marker.read_text())
     for _ in range(50):
-        if not Path(f"/proc/{kernel}").exists() or "Z" in Path(f"/proc/{kernel}/stat").read_text().split()[2]:
+        if (not Path(f"/proc/{kernel}").exists()
+                or "Z" in Path(f"/proc/{kernel}/stat").read_text().split()[2]):
             break
         time.sleep(0.1)
     else:

@@ -27,7 +27,8 @@ def test_clean_and_paired(ipynb):
 def test_listed_in_catalog_and_readme(ipynb):
     entry = catalog.by_stem(ipynb.stem)
     assert entry is not None, f"{ipynb.stem} is missing from sglab.tools.fixes.NOTEBOOKS"
-    assert ipynb.stem in (ROOT / "README.md").read_text(), f"{ipynb.stem} is missing from the README index"
+    assert ipynb.stem in (ROOT / "README.md").read_text(), \
+        f"{ipynb.stem} is missing from the README index"
 
 
 def test_catalog_entries_have_notebooks():
@@ -41,8 +42,8 @@ def test_parameters_cell_first_code_cell():
     for ipynb in NOTEBOOKS:
         nb = nbformat.read(ipynb, as_version=4)
         code = [c for c in nb.cells if c.cell_type == "code"]
-        assert "parameters" in code[0].metadata.get("tags",
-                                                    []), f"{ipynb.stem}: first code cell is not `parameters`"
+        assert "parameters" in code[0].metadata.get("tags", []), \
+            f"{ipynb.stem}: first code cell is not `parameters`"
         assert "MODE" in code[0].source
 
 
@@ -64,4 +65,5 @@ def test_readme_index_matches_recorded_runs():
 
     block = readme.current_block((ROOT / "README.md").read_text())
     assert block is not None, "README.md lost its index markers"
-    assert block == readme.index_block(), "README index is stale: run `sglab index` and commit README.md"
+    assert block == readme.index_block(), \
+        "README index is stale: run `sglab index` and commit README.md"

@@ -213,7 +213,8 @@ def _engine_graph(run):
     found = _on_graph(run)
     expect = {rel: {n: float(n == 1 or parse_version(rel) >= parse_version(AFTER_RELEASE))
                     for n in per} for rel, per in found.items()}
-    text = "; ".join(f"{rel}: on the graph for {', '.join(str(n) for n, x in per.items() if x == 1)}"
+    text = "; ".join(f"{rel}: on the graph for "
+                     f"{', '.join(str(n) for n, x in per.items() if x == 1)}"
                      f" of {', '.join(str(n) for n in per)} requests"
                      for rel, per in found.items())
     return holds(found == expect, text, {rel: sum(x == 1 for x in per.values())

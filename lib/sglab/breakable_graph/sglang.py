@@ -360,7 +360,8 @@ def gpu_tables(df) -> dict:
 # the record
 # --------------------------------------------------------------------------------------------------
 _GPU = "sglab.breakable_graph.sglang:gpu_probe"
-# -- the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_breakable_graph/
+# -- the real engine: `sglab engine --scenario NAME`, recorded under
+# data/recorded/engine_breakable_graph/
 ENGINE = (
     Scenario(
         fix="breakable_graph",

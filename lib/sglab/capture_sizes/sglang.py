@@ -594,7 +594,8 @@ def params(max_tokens: int = fx.MLA_MAX_TOKENS) -> dict:
             "max_tokens": max_tokens, "settings": SETTINGS}
 
 
-# -- the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_capture_sizes/
+# -- the real engine: `sglab engine --scenario NAME`, recorded under
+# data/recorded/engine_capture_sizes/
 ENGINE = (
     Scenario(
         fix="capture_sizes",

@@ -393,7 +393,8 @@ def pick_reference(run, candidates: list) -> tuple[Any, str]:
     same = [c for c in others if gpu_short(c.manifest) == gpu_short(run.manifest)
             and key(c) == key(run)]
     if same:
-        return same[-1], f"newest recorded run of the same GPU model ({gpu_short(run.manifest)}) and size"
+        return same[-1], (f"newest recorded run of the same GPU model ({gpu_short(run.manifest)}) "
+                          "and size")
     near = [c for c in others if key(c) == key(run)]
     if near:
         r = near[-1]

@@ -151,7 +151,8 @@ def kernel_table(fns: Mapping[str, Callable[[], object]], *, runs: int = 5, warm
         except Exception as e:
             if backend != "auto":
                 raise
-            reason = f"nsight-python ({chosen}) failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            reason = (f"nsight-python ({chosen}) failed: {type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:200]}")
             chosen, records = "torch-profiler", []
     else:
         reason = f"nsight-python cannot run here: {reason}"

@@ -170,7 +170,8 @@ def profiled_kernels(fn: Callable[[], object]) -> list[str]:
         torch.cuda.synchronize()
     names = []
     for ev in sorted(prof.events(), key=lambda e: e.time_range.start):
-        if ev.device_type == torch.autograd.DeviceType.CUDA and not ev.name.startswith(_NON_KERNEL_PREFIXES):
+        if (ev.device_type == torch.autograd.DeviceType.CUDA
+                and not ev.name.startswith(_NON_KERNEL_PREFIXES)):
             names.append(ev.name)
     return names
 

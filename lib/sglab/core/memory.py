@@ -104,7 +104,8 @@ class Sampler:
 
         with memory.Sampler(hz=100) as s:
             ...                         # the work whose processes are followed
-        s.samples()                     # t, pid, gpu, used_mib — one row per listed (pid, GPU) per tick
+        s.samples()                     # t, pid, gpu, used_mib — one row per listed (pid, GPU) per
+                                        # tick
         s.ticks, s.achieved_hz()
 
     ``t`` is ``clock()`` (default ``time.monotonic``: CLOCK_MONOTONIC on Linux, the same clock in

@@ -2,7 +2,8 @@
 the verdict.
 
     wb = Workbook(claims, mode=MODE)        # banner; claims is the fix's claims module
-    run = wb.run(measure, PARAMS)           # measured now (live), else the committed run: a Run or a NoRun
+    run = wb.run(measure, PARAMS)           # measured now (live), else the committed run: a Run or
+                                            # a NoRun
     slide(claims, run, picture)             # claim, headline, verdict line, mechanism picture
     ...
     verdict(claims, run)                    # the claims table of each run shown
@@ -313,8 +314,10 @@ def verdict_html(claims, run) -> str:
 def _row_html(r, folded) -> str:
     detail = r.outcome.measured if r.status != C.NA else ""
     why = r.outcome.reason if r.status != C.PASS else ""
-    cells = (f"<td><code>{html.escape(r.claim.id)}</code></td><td>{html.escape(r.claim.statement)}</td>"
-             f"<td style='{_STATUS_STYLE[r.status]}'>{r.status}</td><td>{html.escape(str(detail))}</td>"
+    cells = (f"<td><code>{html.escape(r.claim.id)}</code></td>"
+             f"<td>{html.escape(r.claim.statement)}</td>"
+             f"<td style='{_STATUS_STYLE[r.status]}'>{r.status}</td>"
+             f"<td>{html.escape(str(detail))}</td>"
              f"<td>{html.escape(r.claim.expected)}</td><td>{html.escape(why)}</td>")
     if not folded:
         return f"<tr>{cells}</tr>"

@@ -207,7 +207,8 @@ def _draw_lane(ax, y: float, ev, pattern) -> None:
                 ax.text(r.start_us, y + 0.46, r.name.replace("phase::", ""), fontsize=7,
                         va="bottom", color="#555555", clip_on=True)
             continue
-        hit = g.name.map(lambda n: bool(pattern.search(n))) if pattern else g.name.map(lambda n: False)
+        hit = (g.name.map(lambda n: bool(pattern.search(n))) if pattern
+               else g.name.map(lambda n: False))
         for sel, color in ((~hit, CATEGORY_COLORS.get(cat, "#999999")), (hit, PALETTE["accent"])):
             part = g[sel]
             if len(part):

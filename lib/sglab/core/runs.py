@@ -187,7 +187,8 @@ def write_run(df, *, experiment: str, method_version: int, params: dict, root: P
         "rows": int(len(df)),
         **(extra or {}),
     }
-    stem = f"{now.strftime('%Y%m%dT%H%M%SZ')}_{_slug(manifest['gpu_name'])}-x{manifest['gpu_count']}"
+    stem = (f"{now.strftime('%Y%m%dT%H%M%SZ')}_{_slug(manifest['gpu_name'])}"
+            f"-x{manifest['gpu_count']}")
     csv_path, json_path = folder / f"{stem}.csv", folder / f"{stem}.json"
     n = 1
     while csv_path.exists() or json_path.exists():

@@ -1,7 +1,8 @@
 """A profiler picture of one piece of work: torch.profiler events reduced to a small, tidy event
 table.
 
-    with trace.Recorder(perfetto="run.trace.json.gz") as rec:     # CPU + CUDA activities where CUDA is here
+    with trace.Recorder(perfetto="run.trace.json.gz") as rec:     # CPU + CUDA activities where
+                                                                  # CUDA is here
         with trace.phase("recreate workspace"):
             ...
     rec.events          # lane, name, category, start_us, dur_us, phase

@@ -127,12 +127,14 @@ def facts_in_subprocess(timeout: float = 120.0) -> dict:
     anything here."""
     import json
 
-    code = "import json; from sglab.sglang.bootstrap import machine_facts; print(json.dumps(machine_facts()))"
+    code = ("import json; from sglab.sglang.bootstrap import machine_facts; "
+            "print(json.dumps(machine_facts()))")
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=timeout, env=worker_env(), stdin=subprocess.DEVNULL)
     if out.returncode != 0:
-        raise RuntimeError(f"could not inspect this machine: {out.stderr.strip().splitlines()[-1:]}")
+        raise RuntimeError("could not inspect this machine: "
+                           f"{out.stderr.strip().splitlines()[-1:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -155,7 +157,8 @@ def import_release_module(prepared: Prepared, module: str):
     except Exception as exc:  # noqa: BLE001
         missing = getattr(exc, "name", None)
         extra = f" (missing module {missing})" if isinstance(exc, ImportError) and missing else ""
-        raise NotRunnable(f"sglang {prepared.release}: import {module} failed: {_cause(exc)}{extra}") from exc
+        raise NotRunnable(f"sglang {prepared.release}: import {module} failed: "
+                          f"{_cause(exc)}{extra}") from exc
 
 
 # --------------------------------------------------------------------------------------------------
@@ -331,7 +334,8 @@ def _install_platform_stub_triton(stub: types.ModuleType) -> None:
     sys.meta_path.insert(0, stub._TritonFinder())
     triton = stub._make_mock("triton")
     triton.__version__ = "3.0.0"
-    triton.cdiv, triton.next_power_of_2, triton.Config = stub._cdiv, stub._next_power_of_2, stub._Config
+    triton.cdiv, triton.next_power_of_2, triton.Config = (stub._cdiv, stub._next_power_of_2,
+                                                          stub._Config)
 
     class _constexpr:
         def __init__(self, value=None):
@@ -342,7 +346,8 @@ def _install_platform_stub_triton(stub: types.ModuleType) -> None:
 
 def install_triton_stub(release_root: Path) -> Shim:
     """The release's own triton stub, completed for torch 2.13."""
-    old, new = release_root / "sglang" / "_triton_stub.py", release_root / "sglang" / "_platform_stubs.py"
+    old, new = (release_root / "sglang" / "_triton_stub.py",
+                release_root / "sglang" / "_platform_stubs.py")
     if old.exists():
         stub = _load_file(old, "_sglab_sglang_triton_stub")
         stub.install()
@@ -421,8 +426,9 @@ def install_sgl_kernel_stub(cause: str) -> Shim:
     called."""
     _forget("sgl_kernel")
     why = f"the real sgl_kernel does not load here ({cause})"
-    sys.meta_path.insert(0, _StubFinder("sgl_kernel", why, exclude=("sgl_kernel.scalar_type",),
-                                        overrides={"sgl_kernel": {"weak_ref_tensor": _weak_ref_tensor}}))
+    sys.meta_path.insert(0, _StubFinder(
+        "sgl_kernel", why, exclude=("sgl_kernel.scalar_type",),
+        overrides={"sgl_kernel": {"weak_ref_tensor": _weak_ref_tensor}}))
     _skip_fakes_of_missing_sgl_kernel_ops()
     return Shim("sgl_kernel",
                 f"{why}: functions raise when called, weak_ref_tensor returns its argument, "

@@ -6,7 +6,8 @@ comparison table, one row per (release, behaviour): what the real code did, what
 match, what that gives, and whether the two agree (computed by comparing, never typed in).
 :func:`section` is the notebook cell:
 
-    sglang.compare()    # = section(FIX, comparison): where the answers come from, the table, the agreement line
+    sglang.compare()    # = section(FIX, comparison): where the answers come from, the table,
+                        # the agreement line
 
 A release that did not run says so and counts neither way; a disagreement is printed under a banner
 a reader cannot miss, and :func:`check_table` returns False for it so a test fails too.

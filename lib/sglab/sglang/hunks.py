@@ -77,7 +77,8 @@ class Hunk:
                    and not ln.startswith("+++"))
         minus = sum(1 for ln in self.diff.splitlines() if ln.startswith("-")
                     and not ln.startswith("---"))
-        return f"<Hunk {self.fix} {self.title}: {len(self.symbols)} symbols, +{plus} -{minus} lines>"
+        return (f"<Hunk {self.fix} {self.title}: {len(self.symbols)} symbols, +{plus} -{minus} "
+                "lines>")
 
     def __str__(self) -> str:
         from sglab.sglang.hunks import hunk_text
@@ -137,7 +138,8 @@ def find_window(spec: Spec, fix, versions: list[str], reader_for) -> tuple[str, 
     for i, v in enumerate(versions):
         if has_change(spec, fix, reader_for(v)):
             if i == 0:
-                raise ValueError(f"{_name(fix)} #{spec.pr}: already in {v}, the oldest release read")
+                raise ValueError(f"{_name(fix)} #{spec.pr}: already in {v}, the oldest release "
+                                 "read")
             return versions[i - 1], v
     raise ValueError(f"{_name(fix)} #{spec.pr}: no release among {versions[0]}..{versions[-1]} has "
                      "it")

@@ -152,7 +152,8 @@ def _release_wheel(version: str, wheelhouse: Optional[Path]) -> tuple[list[str],
 
 
 def install_release(version: str, *, wheelhouse: Optional[Path] = None) -> Outcome:
-    if read_stamp(release_dir(version)) is not None and (package_dir(version) / "__init__.py").exists():
+    if (read_stamp(release_dir(version)) is not None
+            and (package_dir(version) / "__init__.py").exists()):
         return Outcome("release", version, "present")
 
     def fill(tmp: Path) -> dict:
@@ -224,7 +225,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 PIP_TIMEOUT_S = 1200
 # Never installed into a release or dependency folder: the interpreter's torch stack is the one
 # used.
-FORBIDDEN = re.compile(r"^(torch|triton|nvidia-.*|torchvision|torchaudio|sglang-kernel|sgl-kernel)$")
+FORBIDDEN = re.compile(r"^(torch|triton|nvidia-.*|torchvision|torchaudio|sglang-kernel|"
+                       r"sgl-kernel)$")
 
 
 class PipError(RuntimeError):

@@ -5,7 +5,8 @@ Layout (all under ``.sglang/`` of the checkout, git-ignored; ``$SGLAB_SGLANG_HOM
     .sglang/releases/<V>/sglang/          the release's package (``pip install --no-deps --target``)
     .sglang/releases/<V>/.sglab-installed  stamp (JSON): wheel, seconds, dependency set
     .sglang/deps/<set>/                    light dependencies shared by releases that agree on them
-    .sglang/deps/<set>/.sglab-installed    stamp (JSON): requirement list, what the interpreter provides
+    .sglang/deps/<set>/.sglab-installed    stamp (JSON): requirement list, what the interpreter
+                                           provides
 
 Releases are never installed into the interpreter's own site-packages: two releases must be
 importable side by side (one per worker process), and the interpreter's torch must never be

@@ -167,10 +167,10 @@ def _run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]],
 def run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]], *,
                 timeout: float = DEFAULT_TIMEOUT_S) -> dict[tuple[str, str], ProbeResult]:
     """Answer ``calls`` (``(probe, params)``; a probe is ``module:function``, e.g.
-    ``sglab.swa_loc.sglang:probe``) on ``release`` in one worker subprocess, in order: ``{(probe, params
-    key): result}`` (:func:`call_key`; a call asked twice is answered once). ``timeout``: seconds
-    one call may take (the first call's clock also runs through the worker's start-up). Never raises
-    for a release that cannot run: every result says why."""
+    ``sglab.swa_loc.sglang:probe``) on ``release`` in one worker subprocess, in order: ``{(probe,
+    params key): result}`` (:func:`call_key`; a call asked twice is answered once). ``timeout``:
+    seconds one call may take (the first call's clock also runs through the worker's start-up).
+    Never raises for a release that cannot run: every result says why."""
     return _run_release(release, calls, timeout)[0]
 
 

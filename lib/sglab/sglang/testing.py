@@ -88,9 +88,11 @@ def assert_recording_matches(live: dict[str, ProbeResult], probe: str, params=No
             continue
         require(result)
         rows = keep(result.rows) if keep else result.rows
-        assert hit.status == result.status, f"{release}: recorded {hit.status}, live {result.status}"
+        assert hit.status == result.status, (f"{release}: recorded {hit.status}, live "
+                                             f"{result.status}")
         pd.testing.assert_frame_equal(_records(hit.rows), _records(rows), check_dtype=False,
                                       obj=f"{probe} on sglang {release}: recorded vs live rows")
         compared += 1
-    assert compared, f"the recording ({rec.path.name}) holds {probe} for none of {sorted(live)}: re-record it"
+    assert compared, (f"the recording ({rec.path.name}) holds {probe} for none of "
+                      f"{sorted(live)}: re-record it")
     return compared

@@ -1,10 +1,14 @@
 """Helpers of ``scripts/wheelhouse-sglang.sh`` (the offline GPU carry): requirement lists and wheel
 repacking.
 
-    python -m sglab.sglang.wheelhouse requirements SET [--no-deps]   one requirement a line (GPU lists)
-    python -m sglab.sglang.wheelhouse releases                         the releases the GPU carry holds
-    python -m sglab.sglang.wheelhouse skip                             dependencies left out of the carry
-    python -m sglab.sglang.wheelhouse repack WHEEL                     drop REPACK_DROP files, fix RECORD, in place
+    python -m sglab.sglang.wheelhouse requirements SET [--no-deps]
+        one requirement a line (GPU lists)
+    python -m sglab.sglang.wheelhouse releases
+        the releases the GPU carry holds
+    python -m sglab.sglang.wheelhouse skip
+        dependencies left out of the carry
+    python -m sglab.sglang.wheelhouse repack WHEEL
+        drop REPACK_DROP files, fix RECORD, in place
 
 Repacking keeps the wheel installable by pip: the dropped files leave the archive and their RECORD
 lines go with them (RECORD lists every file with its hash; pip checks what it installs against it).
@@ -72,8 +76,9 @@ SGLANG_DROP = (r"\.so(\.\d+)*$",)
 # FA3 attention, never chosen with --attention-backend triton), the sm100 build (Blackwell), mscclpp
 # and its headers / static libraries (only with --enable-mscclpp), the CUTLASS / CuTe headers of
 # DeepGEMM's JIT (FP8 models only). Kept: every Python file, the sm90 build, the small op libraries
-# (flashmla_ops, spatial_ops, deep_gemm_cpp) and DeepGEMM's own headers (deep_gemm/include/deep_gemm:
-# sgl-kernel 0.4.2 lists that folder at start-up and fails without it; 0.3 MiB).
+# (flashmla_ops, spatial_ops, deep_gemm_cpp) and DeepGEMM's own headers
+# (deep_gemm/include/deep_gemm: sgl-kernel 0.4.2 lists that folder at start-up and fails without
+# it; 0.3 MiB).
 KERNEL_DROP = (
     r"^sgl_kernel/flash_ops\.",
     r"^sgl_kernel/sm100/",

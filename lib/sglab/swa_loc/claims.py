@@ -299,9 +299,9 @@ def _engine_extra(run):
 
 ENGINE = SimpleNamespace(
     EXPERIMENT="engine_swa_loc",
-    CLAIM="In SGLang's own engine (bench_one_batch, GPT-OSS-style 8 layers, 4 sliding-window, dummy "
-          "weights), reverting #23552's preset adds the rebuild's 2 kernels per SWA layer to every "
-          "decode-graph replay.",
+    CLAIM="In SGLang's own engine (bench_one_batch, GPT-OSS-style 8 layers, 4 sliding-window, "
+          "dummy weights), reverting #23552's preset adds the rebuild's 2 kernels per SWA layer to "
+          "every decode-graph replay.",
     CLAIMS=[Claim("engine_swa_loc.reverted_preset_extra_kernels",
                   "0.5.11 with #23552's preset reverted replays 2 more kernels per SWA layer than "
                   "0.5.11 as released (kernels counted in bench_one_batch's own decode trace)",

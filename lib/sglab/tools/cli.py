@@ -1,23 +1,34 @@
 """``sglab`` on the command line.
 
-    sglab env                       GPUs, driver, tools found (NVML, cuda-bindings, nsight backend, sglang)
+    sglab env                       GPUs, driver, tools found (NVML, cuda-bindings, nsight
+                                    backend, sglang)
     sglab run [NOTEBOOK ...] [--timings [--record]]
-                                    execute notebooks headless → reports/ (executed .ipynb, .html, index.html);
-                                    --timings: per-phase wall times → data/runs/workbook/ (--record: recorded/)
+                                    execute notebooks headless → reports/ (executed .ipynb,
+                                    .html, index.html);
+                                    --timings: per-phase wall times → data/runs/workbook/
+                                    (--record: recorded/)
     sglab record EXPERIMENT [--param k=v ...] [--recorded]
-                                    run an experiment live → data/runs/ (or data/recorded/ with --recorded)
-    sglab sync [--check]            write each notebooks/NN_*.ipynb from its .py (or only check the pairs)
-    sglab upstream [--root DIR]     which fixes the installed SGLang (or the source tree DIR) contains
-    sglab upstream --releases [V..] the state of each fix in every release from 0.5.10, read from the wheels
-    sglab index [--check]           rewrite (or check) the README's notebook index from the recorded runs
+                                    run an experiment live → data/runs/ (or data/recorded/ with
+                                    --recorded)
+    sglab sync [--check]            write each notebooks/NN_*.ipynb from its .py (or only check
+                                    the pairs)
+    sglab upstream [--root DIR]     which fixes the installed SGLang (or the source tree DIR)
+                                    contains
+    sglab upstream --releases [V..] the state of each fix in every release from 0.5.10, read
+                                    from the wheels
+    sglab index [--check]           rewrite (or check) the README's notebook index from the
+                                    recorded runs
     sglab workspace --trace FILE [--world-size W] [--hidden H]
-                                    your traffic (CSV or SGLang log) → workspace re-creations per policy
+                                    your traffic (CSV or SGLang log) → workspace re-creations
+                                    per policy
     sglab capture-sizes [--release V ...] [--model CONFIG.json] -- <SGLang server arguments>
                                     capture sizes per release, refused sizes
     sglab swa-cost CONFIG.json [--batch-size B]
-                                    your model's sliding-window layout → what the SWA location preset saves
+                                    your model's sliding-window layout → what the SWA location
+                                    preset saves
     sglab verify [EXP|RUN.csv ...] [--all] [--live] [--against [REF]] [--junit FILE]
-                                    a verdict per claim on recorded, live or given runs (see sglab.tools.verify)
+                                    a verdict per claim on recorded, live or given runs (see
+                                    sglab.tools.verify)
     sglab real install [--releases V ...]
                                     install the pinned SGLang releases side by side under .sglang/
     sglab engine --release V --model CONFIG.json [--tool bench|engine] [--record] [-- SERVER ARGS]
@@ -276,7 +287,8 @@ def cmd_run(args) -> int:
     if args.timings:
         print(timings.summary(timings.frame(results)))
         jobs = args.jobs or default_jobs()
-        print(f"wall: {time.perf_counter() - t0:.1f} s ({jobs} at a time; pages and index included)")
+        print(f"wall: {time.perf_counter() - t0:.1f} s ({jobs} at a time; pages and index "
+              "included)")
         record = args.record and not failed and len(results) == len(paths)
         if args.record and not record:
             print("[sglab] not every notebook ran cleanly: timings saved under data/runs/, not "
@@ -369,7 +381,8 @@ def _evidence_commands(sub) -> None:
 
     engine_cmd.add_parser(sub)
     p = sub.add_parser("swa-cost",
-                       help="what the SWA location preset saves for a model's sliding-window layout")
+                       help="what the SWA location preset saves for a model's sliding-window "
+                            "layout")
     p.add_argument("config", help="a Hugging Face config.json, or the model folder that holds it")
     p.add_argument("--batch-size", type=int, default=32,
                    help="decode batch size for the µs estimate")

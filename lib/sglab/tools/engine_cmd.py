@@ -66,7 +66,8 @@ def add_parser(sub) -> None:
         help="seconds before the whole engine is stopped (default 900, or the scenario's)"
     )
     p.add_argument(
-        "--scenario", action="append", default=[], metavar="NAME", help="a real-engine scenario (sglab engine --list)"
+        "--scenario", action="append", default=[], metavar="NAME",
+        help="a real-engine scenario (sglab engine --list)"
     )
     p.add_argument("--plan", metavar="NN", help="every scenario of notebook NN")
     p.add_argument("--list", action="store_true", help="list the scenarios")

@@ -22,7 +22,8 @@ FIXES: tuple[Fix, ...] = (_pcg_gate, _workspace_floor, _breakable_graph, _swa_lo
                           _capture_sizes)
 NAMES = tuple(f.name for f in FIXES)
 START = "00_start_here"
-START_CLAIM = "What the workbook is, what this machine can run live, and how recorded runs stand in for GPUs."
+START_CLAIM = ("What the workbook is, what this machine can run live, and how recorded runs stand "
+               "in for GPUs.")
 
 
 class UnknownFix(ValueError):

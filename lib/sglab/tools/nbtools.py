@@ -256,13 +256,14 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
                 why = f"cell timeout {cell_timeout} s"
             else:
                 why = "stopped by a signal" if by_signal else f"{type(e).__name__}: {e}".strip(": ")
-            status, error = "interrupted", f"interrupted: {progress.where()}{progress.elapsed()} ({why})"
+            status, error = "interrupted", (f"interrupted: {progress.where()}{progress.elapsed()} "
+                                            f"({why})")
     finally:
         _stop_kernel(client, km, folder)
     seconds = time.perf_counter() - t0
     if status != "ok":
-        error = _ANSI.sub("",
-                          error).rstrip() + f"; partial output in {_write_partial(nb, ipynb, partial_dir)}"
+        error = (_ANSI.sub("", error).rstrip()
+                 + f"; partial output in {_write_partial(nb, ipynb, partial_dir)}")
     marker = read_mode(nb)
     mode = marker["mode"] if marker else "cpu"
     return Result(ipynb, status, mode, seconds, error, n_gpu if skip_gpu else 0, nb, started,

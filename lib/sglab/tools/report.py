@@ -144,15 +144,19 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None,
 # --------------------------------------------------------------------------------------------------
 
 
-STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
-.card{display:flex;gap:1.2em;border-bottom:1px solid #ddd;padding:1em 0}.card .text{flex:1;min-width:0}
-.card h2{font-size:1.15em;margin:0 0 .3em}.card img{width:360px;max-width:40vw;height:auto;border:1px solid #eee}
+STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;
+padding:0 1em}
+.card{display:flex;gap:1.2em;border-bottom:1px solid #ddd;padding:1em 0}
+.card .text{flex:1;min-width:0}
+.card h2{font-size:1.15em;margin:0 0 .3em}
+.card img{width:360px;max-width:40vw;height:auto;border:1px solid #eee}
 .headline{margin:.3em 0}.meta{color:#555;font-size:13px}.ok{color:#1e8449;font-weight:600}
 .failed,.interrupted{color:#c0392b;font-weight:600}.live{color:#1f618d;font-weight:600}
 .recorded{color:#7d6608;font-weight:600}pre{white-space:pre-wrap;font-size:12px;background:#fbfcfc;
 border:1px solid #eee;padding:.5em;max-height:12em;overflow:auto}table{border-collapse:collapse}
 td,th{border-bottom:1px solid #eee;padding:.3em .6em;text-align:left;vertical-align:top}
-details{margin-top:2em}summary{cursor:pointer;font-weight:600}.nofig{width:360px;color:#999;font-size:12px}"""
+details{margin-top:2em}summary{cursor:pointer;font-weight:600}
+.nofig{width:360px;color:#999;font-size:12px}"""
 
 
 def claim_facts(entry, result=None) -> dict:

@@ -3,7 +3,8 @@
     sglab verify --all                      every recorded run of every experiment
     sglab verify swa_loc                    every recorded run of one experiment
     sglab verify data/runs/swa_loc/X.csv    one run file
-    sglab verify --live --against           run what this machine's GPUs can run, verify, compare with references
+    sglab verify --live --against           run what this machine's GPUs can run, verify, compare
+                                            with references
     sglab verify --all --junit out.xml      the same verdicts as JUnit XML
 
 Exit status: 0 when every applicable claim holds, 1 when a claim fails (each named, with why) or an
@@ -177,7 +178,8 @@ def format_comparison(c: claims.Comparison) -> str:
         lines.append(f"    env  {e['field']}: {e['this run']} here vs {e['reference']} in the "
                      "reference")
     for d in c.drift:
-        drift = "" if d["drift"] is None else f"{d['drift']:+.1%}" if d["drift"] != float("inf") else "inf"
+        drift = ("" if d["drift"] is None
+                 else f"{d['drift']:+.1%}" if d["drift"] != float("inf") else "inf")
         flag = "  BEYOND" if d["beyond"] else ""
         lines.append(f"    {d['claim']}.{d['value']}: {d['this run']} vs {d['reference']} "
                      f"(drift {drift or 'n/a'}, tolerance {d['tolerance']}){flag}")

@@ -375,7 +375,8 @@ def gpu_tables(df) -> dict:
 # --------------------------------------------------------------------------------------------------
 # the record
 # --------------------------------------------------------------------------------------------------
-# -- the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_workspace_floor/
+# -- the real engine: `sglab engine --scenario NAME`, recorded under
+# data/recorded/engine_workspace_floor/
 ENGINE = (
     Scenario(
         fix="workspace_floor",
@@ -411,7 +412,8 @@ FIX = Fix(
     check=check, hunks=(Spec(26382, symbols_in(LAYERNORM, "_forward_with_allreduce_fusion")),),
     probe=Probe("sglab.workspace_floor.sglang:probe", RELEASES, probe_params),
     gpu=GpuPlan(2, 1, (Step("0.5.23", "sglab.workspace_floor.sglang:gpu_probe"),),
-                "real FlashInfer workspace on 2 GPUs (only where FlashInfer is importable)"), engine=ENGINE)
+                "real FlashInfer workspace on 2 GPUs (only where FlashInfer is importable)"),
+    engine=ENGINE)
 
 
 # --------------------------------------------------------------------------------------------------
