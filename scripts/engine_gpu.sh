@@ -9,6 +9,9 @@
 #   bash scripts/engine_gpu.sh --plan 01                 every scenario of notebook 01
 #   bash scripts/engine_gpu.sh -- --release 0.5.13 --model data/models/llama_32x512/config.json
 #   bash scripts/engine_gpu.sh --dry-run --plan 04       unpack nothing, print the commands
+#   bash scripts/engine_gpu.sh --verify --plan 04        `sglab verify --live --against` on the
+#                                                        plan's engine experiments (their runs go
+#                                                        back in engine.tgz too)
 #
 # Environment: OUT (default engine-gpu-out), BUNDLES (default .whl-engine), ENGINE_HOME (default
 # /tmp/sglab-engine-home), RELEASES (releases to unpack; default every one of bundles.json whose
@@ -28,13 +31,14 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TOKENIZERS_PAR
 sha=${SGLAB_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null)}
 if [ -n "$sha" ]; then export SGLAB_GIT_SHA=$sha; fi
 
-scenarios=() releases=() free=() dry=0 plan=""
+scenarios=() releases=() free=() dry=0 plan="" verify=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --scenario) scenarios+=("$2"); shift 2 ;;
     --plan) plan=$2; shift 2 ;;
     --release) releases+=("$2"); shift 2 ;;
     --dry-run) dry=1; shift ;;
+    --verify) verify=1; shift ;;
     --) shift; free=("$@"); break ;;
     *) echo "error: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
@@ -102,6 +106,24 @@ if [ -n "$plan" ]; then
   mapfile -t more < <("$py" -c 'import sys; from sglab.tools.fixes import plan
 print("\n".join(s.name for s in plan(sys.argv[1])))' "$plan")
   scenarios+=("${more[@]}")
+fi
+if [ $verify = 1 ]; then
+  # the plan's (or every) engine experiment with claims, run live and compared with the record
+  mapfile -t exps < <("$py" -c 'import sys; from sglab.tools import fixes
+checked = [e for e in fixes.experiments() if e.startswith("engine_")]
+picked = {s.experiment for s in fixes.plan(sys.argv[1])} if sys.argv[1] else set(checked)
+print("\n".join(e for e in checked if e in picked))' "$plan")
+  [ -n "${exps[0]:-}" ] || { echo "error: no engine experiment with claims in plan $plan" >&2; exit 2; }
+  echo "=== verify: sglab verify --live --against ${exps[*]}"
+  if [ $dry = 1 ]; then exit 0; fi
+  t0=$SECONDS
+  "$py" -m sglab.tools.cli verify --live --against "${exps[@]}" > >(tee "$OUT/logs/verify.log") 2>&1
+  rc=$?
+  summary+=("verify rc=$rc $((SECONDS - t0))s")
+  for e in "${exps[@]}"; do
+    [ -d "data/runs/$e" ] && mkdir -p "$OUT/runs/$e" && cp data/runs/"$e"/* "$OUT/runs/$e/"
+  done
+  scenarios=()
 fi
 for s in "${scenarios[@]}"; do step "$s" --scenario "$s" "${rel_args[@]}" "${common[@]}"; done
 if [ ${#free[@]} -gt 0 ]; then step engine "${common[@]}" "${free[@]}"; fi

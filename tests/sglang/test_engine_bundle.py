@@ -185,3 +185,21 @@ def test_the_script_names_the_pieces_and_the_limit():
     text = (Path(__file__).resolve().parents[2] / "scripts" / "wheelhouse-engine.sh").read_text()
     assert "engine-layer" in text and "engine-check" in text and "PAIR_LIMIT_MIB" in text
     assert "fastapi<0.142" in wh.ENGINE_DEPS and "apache-tvm-ffi==0.1.9" in wh.ENGINE_DEPS
+
+
+@pytest.mark.parametrize("plan, rc, says", [
+    ("04", 0, "sglab verify --live --against engine_swa_loc"),
+    ("02", 2, "no engine experiment with claims in plan 02"),
+])
+def test_the_gpu_script_verifies_a_plans_engine_experiments(tmp_path, plan, rc, says):
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "bundles.json").write_text("{}")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHON": sys.executable, "BUNDLES": str(tmp_path),
+           "OUT": str(tmp_path / "out")}
+    p = subprocess.run(["bash", str(root / "scripts" / "engine_gpu.sh"), "--dry-run", "--verify",
+                        "--plan", plan], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == rc and says in p.stdout + p.stderr

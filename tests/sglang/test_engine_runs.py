@@ -184,3 +184,60 @@ def test_a_fix_without_engine_runs_shows_its_plan_and_one_with_runs_its_numbers(
     out = capsys.readouterr().out
     assert "the model is not a language model" in out and "prefill_iqr" in out
     assert "01-kimi-pcg" in out and "no GPU run" not in out
+
+
+def test_a_live_engine_run_is_compared_with_the_recorded_runs_merged(capsys):
+    from sglab.tools import verify
+
+    recorded = runs.load_all_recorded("engine_pcg_gate")
+    ref, how = E.reference(recorded[0], recorded)
+    assert ref is not None and "newest answer per variant" in how
+    assert len(ref.manifest["merged_from"]) == len(recorded) - 1
+    # one engine run, as `sglab verify --live` would record it, against the others merged
+    newest = max(recorded, key=lambda r: r.manifest["created_utc"])
+    v = verify.verify_run(recorded[0], against=True)
+    assert v.comparison is not None and not v.exact_mismatch
+    assert v.comparison.how.startswith("the recorded H100 engine runs")
+    merged = E.merged(recorded)
+    assert merged.path == newest.path and len(merged.df) == merged.manifest["rows"]
+    assert {r.status for r in C.evaluate(pg.ENGINE, merged)} == {C.PASS}  # every claim applies
+
+
+def test_verify_live_runs_the_engine_scenarios_this_machine_can(monkeypatch):
+    from sglab.core import hardware
+    from sglab.tools import verify
+
+    done, skipped = verify.live_engines(progress=False)  # this box: no GPU
+    names = {s.split(":")[0] for s in skipped}
+    assert done == [] and names == {"01-kimi-pcg", "01-llama-pcg", "03-bcg-requests",
+                                     "04-swa-kernels"}  # 02, 05, 06 state no engine claims yet
+
+    monkeypatch.setattr(hardware, "meets", lambda n: (True, "stand-in"))
+
+    def not_here(spec, echo):
+        raise verify.eng.EngineError(f"sglang {spec.release} is not unpacked for engines here")
+
+    done, skipped = verify.live_engines(progress=False, run_one=not_here)
+    assert done == [] and "04-swa-kernels 0.5.11+before: sglang 0.5.11 is not unpacked" in " ".join(
+        skipped)
+
+
+def test_verify_live_runs_only_the_named_experiments(monkeypatch, capsys):
+    from sglab.tools import verify
+
+    asked = {}
+
+    def live(progress, only):
+        asked["rebuilds"] = only
+        return [], ["stand-in"]
+
+    def live_engines(progress, only):
+        asked["engines"] = only
+        return [], []
+
+    monkeypatch.setattr(verify, "live", live)
+    monkeypatch.setattr(verify, "live_engines", live_engines)
+    assert cli.main(["verify", "--live", "engine_swa_loc"]) == 0
+    assert asked == {"rebuilds": {"engine_swa_loc"}, "engines": {"engine_swa_loc"}}
+    assert "can run none of the experiments" in capsys.readouterr().out
+    assert cli.main(["verify", "--live"]) == 0 and asked["engines"] is None

@@ -46,6 +46,40 @@ def latest(runs_: list) -> pd.DataFrame:
     return out.drop(columns="_order")
 
 
+def merged(runs_: list):
+    """The runs of one engine experiment as one :class:`~sglab.core.runs.Run`: the rows of the
+    newest answer per (model, variant) (:func:`latest`), every run's engine entries and specs in
+    the manifest (oldest first), the newest run's manifest and path otherwise."""
+    import copy
+
+    ordered = sorted(runs_, key=lambda r: r.manifest.get("created_utc", ""))
+    newest = ordered[-1]
+    manifest = copy.deepcopy(newest.manifest)
+    manifest["engine_runs"] = [e for r in ordered for e in r.manifest.get("engine_runs", [])]
+    manifest.setdefault("params", {})["specs"] = [
+        e for r in ordered for e in (r.manifest.get("params") or {}).get("specs", [])]
+    manifest["merged_from"] = [r.path.name for r in ordered]
+    df = latest(ordered).drop(columns=["model", "run"])
+    manifest["rows"] = len(df)
+    return runs.Run(df, manifest, newest.path)
+
+
+def reference(run, candidates: list) -> tuple:
+    """What a live engine run is compared with: the recorded runs of the same GPU model merged
+    (:func:`merged`), else those of the nearest GPU, said explicitly; ``(None, reason)`` when there
+    are none."""
+    others = [c for c in candidates if c.path != getattr(run, "path", None)]
+    gpu = runs.gpu_short(run.manifest)
+    same = [c for c in others if runs.gpu_short(c.manifest) == gpu]
+    if same:
+        return merged(same), (f"the recorded {gpu} engine runs ({len(same)}), newest answer per "
+                              "variant")
+    if others:
+        return merged(others), (f"no recorded {gpu} engine run: the recorded runs of other GPUs "
+                                f"({len(others)}), newest answer per variant")
+    return None, "no recorded engine run of this experiment to compare with"
+
+
 def number(df: pd.DataFrame, metric: str, *, started: bool = False) -> pd.DataFrame:
     """The rows of ``metric`` with ``value`` as a float (``started``: of variants that started)."""
     d = df[df.metric == metric].copy()

@@ -162,14 +162,19 @@ def cmd_index(args) -> int:
 # --------------------------------------------------------------------------------------------------
 def cmd_verify(args) -> int:
     from sglab.core import claims
-    from sglab.tools import verify
+    from sglab.tools import fixes, verify
 
     try:
-        picked = verify.targets(args.targets,
-                                args.all) if (args.targets or args.all or not args.live) else []
+        names = [t for t in args.targets if t in fixes.experiments()] if args.live else []
+        given = [t for t in args.targets if t not in names]
+        picked = verify.targets(given, args.all) if (given or args.all or not args.live) else []
         reference = verify.load_run(args.against) if args.against not in (None, "auto") else None
         if args.live:
-            done, skipped = verify.live(progress=not args.quiet)
+            # experiments named with --live are what runs live (default: all this machine can)
+            only = set(names) or None
+            done, skipped = verify.live(progress=not args.quiet, only=only)
+            engines, skipped_engines = verify.live_engines(progress=not args.quiet, only=only)
+            done, skipped = done + engines, skipped + skipped_engines
             for s in skipped:
                 print(f"[sglab] not run live: {s}")
             if not done and not picked:
@@ -393,7 +398,8 @@ def _evidence_commands(sub) -> None:
     p.add_argument("targets", nargs="*", help="experiment names or run CSV files")
     p.add_argument("--all", action="store_true", help="every recorded run of every experiment")
     p.add_argument("--live", action="store_true",
-                   help="first run the experiments this machine's GPUs can run")
+                   help="first run the experiments this machine's GPUs can run (the named "
+                   "ones only, where experiments are named), real engines included")
     p.add_argument("--against", nargs="?", const="auto", default=None, metavar="REF",
                    help="compare with a reference run (default: the newest recorded run of the "
                    "same GPU model)")

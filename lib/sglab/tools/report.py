@@ -105,6 +105,11 @@ def _in_parallel(paths, out, params, cell_timeout, html_pages, jobs, progress) -
         finally:
             for f in futures:
                 f.cancel()
+    # the spawn context's resource tracker: stopped and waited for here, so no process of ours
+    # outlives the command (left to exit at interpreter shutdown, it ends as an orphan)
+    from multiprocessing import resource_tracker
+
+    resource_tracker._resource_tracker._stop()
     return [done[p] for p in paths if p in done]
 
 

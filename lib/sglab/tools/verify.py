@@ -3,8 +3,9 @@
     sglab verify --all                      every recorded run of every experiment
     sglab verify swa_loc                    every recorded run of one experiment
     sglab verify data/runs/swa_loc/X.csv    one run file
-    sglab verify --live --against           run what this machine's GPUs can run, verify, compare
-                                            with references
+    sglab verify --live --against           run what this machine's GPUs can run (the rebuilds,
+                                            and the real engines where their releases are
+                                            unpacked), verify, compare with references
     sglab verify --all --junit out.xml      the same verdicts as JUnit XML
 
 Exit status: 0 when every applicable claim holds, 1 when a claim fails (each named, with why) or an
@@ -18,7 +19,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglab.core import claims, runs
+from sglab.core import claims, hardware, runs
+from sglab.sglang import engine as eng
+from sglab.sglang import engine_runs
 from sglab.tools import fixes
 
 
@@ -130,19 +133,49 @@ def record(name: str, params: dict | None = None, *, recorded: bool = False,
     return path
 
 
-def live(progress: bool = True) -> tuple[list[runs.Run], list[str]]:
-    """Record every fix this machine's GPUs can run (into data/runs/); (runs,
+def live(progress: bool = True, only=None) -> tuple[list[runs.Run], list[str]]:
+    """Record every fix this machine's GPUs can run (into data/runs/), or those of ``only``; (runs,
     skipped-with-reason)."""
-    from sglab.core import hardware
-
     done, skipped = [], []
     for name in fixes.NAMES:
+        if only is not None and name not in only:
+            continue
         mod = fixes.measure(name)
         ok, why = hardware.meets(gpus_for(mod, getattr(mod, "DEFAULT_PARAMS", {})))
         if not ok:
             skipped.append(f"{name}: {why}")
             continue
         done.append(load_run(record(name, progress=progress), live=True))
+    return done, skipped
+
+
+def live_engines(progress: bool = True, only=None, *,
+                 run_one=None) -> tuple[list[runs.Run], list[str]]:
+    """Run each real-engine scenario whose fix states engine claims (``claims.ENGINE``) and that
+    this machine can run: enough GPUs, and each release unpacked for engines with this machine's
+    torch (``scripts/engine_gpu.sh`` does both). One run per scenario, recorded under data/runs/;
+    (runs, skipped-with-reason). A release that cannot start here is skipped with SGLang's or the
+    pin check's one line; the scenario runs with the releases that can. ``only``: the engine
+    experiments to run (``engine_swa_loc``, ...)."""
+    run_one = run_one or eng.run
+    echo = print if progress else (lambda _line: None)
+    checked = {e.removeprefix("engine_") for e in fixes.experiments() if e.startswith("engine_")}
+    done, skipped = [], []
+    for sc in fixes.scenarios():
+        if sc.fix not in checked or (only is not None and sc.experiment not in only):
+            continue
+        ok, why = hardware.meets(sc.gpus)
+        if not ok:
+            skipped.append(f"{sc.name}: {why}")
+            continue
+        results = []
+        for spec in sc.specs():
+            try:
+                results.append(run_one(spec, echo=echo))
+            except eng.EngineError as e:
+                skipped.append(f"{sc.name} {spec.variant}: {e}")
+        if results:
+            done.append(load_run(eng.record(results, sc.fix), live=True))
     return done, skipped
 
 
@@ -206,7 +239,8 @@ def verify_run(run: runs.Run, *, against: bool = False,
     if against:
         how = "given on the command line"
         if reference is None:
-            reference, how = claims.pick_reference(run, runs.load_all_recorded(exp))
+            pick = engine_runs.reference if exp.startswith("engine_") else claims.pick_reference
+            reference, how = pick(run, runs.load_all_recorded(exp))
         if reference is not None:
             v.comparison = claims.compare(mod, run, reference)
             v.comparison.how = how
