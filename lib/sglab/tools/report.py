@@ -37,7 +37,6 @@ def default_jobs() -> int:
     machine), else up to two (recorded mode only reads files and draws; the CPU box has two
     cores)."""
 
-
     return 1 if hardware.has_cuda() else max(1, min(2, os.cpu_count() or 1))
 
 
@@ -50,7 +49,6 @@ def _one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pages:
     """Execute one notebook and write its executed copy and page (in a worker process when jobs >
     1)."""
     import nbformat
-
 
     r = nbtools.execute(p, cell_timeout=cell_timeout, params=params, partial_dir=out)
     nbformat.write(r.nb, out / p.name)
@@ -78,7 +76,6 @@ def _result_of(future, path: Path):
         return future.result()
     except BrokenProcessPool as e:
         import nbformat
-
 
         return Result(path, "failed", "?", 0.0, f"the worker process running it died: {e}",
                       nb=nbformat.v4.new_notebook())
@@ -395,7 +392,6 @@ def overview():
     runs it live, its live time (newest committed ``sglab run --timings`` record per GPU model) and
     the recorded runs it can show. One source with the README index and the report."""
     import pandas as pd
-
 
     live_times = timings.live_times()
     rows = []
