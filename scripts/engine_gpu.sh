@@ -85,7 +85,7 @@ step() {  # step NAME ARGS...: one `sglab engine` invocation, its output in logs
   local name=$1 t0=$SECONDS rc
   shift
   echo "=== $name: sglab engine $*"
-  "$py" -m sglab.tools.cli engine "$@" > >(tee "$OUT/logs/$name.log") 2>&1
+  sg "$OUT/logs/$name.log" engine "$@"
   rc=$?
   summary+=("$name rc=$rc $((SECONDS - t0))s")
   echo "--- $name rc=$rc $((SECONDS - t0))s"
@@ -99,6 +99,32 @@ pack() {  # the command logs, every engine's log (gzipped) and the runs so far -
   printf '%s\n' "${summary[@]}" > "$OUT/summary.txt"
   tar czf "$OUT/engine.tgz.tmp" -C "$OUT" summary.txt logs runs && mv "$OUT/engine.tgz.tmp" "$OUT/engine.tgz"
 }
+# Ended by a signal (an outer timeout, Ctrl-C): the running `sglab` stops its engine's whole
+# process group before it exits (sglab.core.procs), and this script waits for it, packs what ran
+# and exits; were this script killed outright, that `sglab` still finishes and stops its engine.
+child=0
+on_signal() {
+  trap '' TERM INT HUP
+  echo "engine_gpu.sh: $1: stopping the running engine" >&2
+  if [ "$child" -gt 0 ]; then kill -TERM "$child" 2>/dev/null; wait "$child"; fi
+  summary+=("stopped by $1")
+  [ $dry = 1 ] || pack
+  exit 143
+}
+trap 'on_signal SIGTERM' TERM
+trap 'on_signal SIGINT' INT
+trap 'on_signal SIGHUP' HUP
+sg() {  # sg LOG ARGS...: `sglab ARGS` in the background (so a signal reaches the trap at once)
+  local log=$1
+  shift
+  "$py" -m sglab.tools.cli "$@" > >(tee "$log") 2>&1 &
+  child=$!
+  wait "$child"
+  local rc=$?
+  child=0
+  return $rc
+}
+
 common=(--record --out "$OUT/runs" --work "$WORK")
 if [ -n "${ENGINE_TIMEOUT:-}" ]; then common+=(--timeout "$ENGINE_TIMEOUT"); fi
 if [ $dry = 1 ]; then common=(--dry-run); fi
@@ -117,7 +143,7 @@ print("\n".join(e for e in checked if e in picked))' "$plan")
   echo "=== verify: sglab verify --live --against ${exps[*]}"
   if [ $dry = 1 ]; then exit 0; fi
   t0=$SECONDS
-  "$py" -m sglab.tools.cli verify --live --against "${exps[@]}" > >(tee "$OUT/logs/verify.log") 2>&1
+  sg "$OUT/logs/verify.log" verify --live --against "${exps[@]}"
   rc=$?
   summary+=("verify rc=$rc $((SECONDS - t0))s")
   for e in "${exps[@]}"; do

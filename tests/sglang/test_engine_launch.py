@@ -221,3 +221,41 @@ def test_a_real_release_that_cannot_start_here_gives_one_line(tmp_path):
     assert lines[0].startswith("[sglab] sglang 0.5.13: starting bench_one_batch")
     text = "\n".join(eng.summary(res))
     assert "No module named 'triton'" in text and "piecewise" not in text
+
+
+def test_the_gpu_script_stopped_by_a_signal_stops_its_sglab_and_packs_what_ran(tmp_path):
+    """`scripts/engine_gpu.sh` under an outer timeout: its running `sglab engine` is stopped and
+    waited for, and engine.tgz holds the summary so far."""
+    import signal
+    import subprocess
+    import tarfile
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "bundles.json").write_text("{}")
+    pidfile = tmp_path / "sglab.pid"
+    fake = tmp_path / "python"
+    # `python -m sglab.tools.cli engine ...` stands in for a long engine run; the rest is Python
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$1 $2 $3" = "-m sglab.tools.cli engine" ]; then\n'
+        f"  echo $$ > {pidfile}; echo started; exec sleep 300\n"
+        "fi\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake), "BUNDLES": str(tmp_path),
+           "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work")}
+    p = subprocess.Popen(["bash", str(root / "scripts" / "engine_gpu.sh"), "--scenario",
+                          "04-swa-kernels"], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child = int(pidfile.read_text())
+    p.send_signal(signal.SIGTERM)  # the script alone, not its group
+    out, _ = p.communicate(timeout=30)
+    assert p.returncode == 143 and "SIGTERM: stopping the running engine" in out
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    with tarfile.open(tmp_path / "out" / "engine.tgz") as tar:
+        summary = tar.extractfile("summary.txt").read().decode()
+    assert "stopped by SIGTERM" in summary

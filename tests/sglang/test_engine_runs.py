@@ -237,7 +237,38 @@ def test_verify_live_runs_only_the_named_experiments(monkeypatch, capsys):
 
     monkeypatch.setattr(verify, "live", live)
     monkeypatch.setattr(verify, "live_engines", live_engines)
-    assert cli.main(["verify", "--live", "engine_swa_loc"]) == 0
+    # a verify that verified nothing is not a pass
+    assert cli.main(["verify", "--live", "engine_swa_loc"]) == 1
     assert asked == {"rebuilds": {"engine_swa_loc"}, "engines": {"engine_swa_loc"}}
-    assert "can run none of the experiments" in capsys.readouterr().out
-    assert cli.main(["verify", "--live"]) == 0 and asked["engines"] is None
+    err = capsys.readouterr().err
+    assert "can run none of engine_swa_loc" in err and "nothing verified" in err
+    assert cli.main(["verify", "--live"]) == 1 and asked["engines"] is None
+
+
+def test_verify_live_against_an_experiment_runs_it_and_compares_with_the_record(monkeypatch,
+                                                                                capsys):
+    """`--against EXP` names what to run here, not a reference file (argparse hands the name to
+    the option's optional value): EXP runs live and is compared with its recorded reference."""
+    from sglab.tools import verify
+
+    recorded = runs.load_all_recorded("engine_swa_loc")
+    asked = {}
+
+    def live(progress, only):
+        asked["rebuilds"] = only
+        return [], []
+
+    def live_engines(progress, only):
+        asked["engines"] = only
+        return [runs.Run(recorded[0].df, recorded[0].manifest, recorded[0].path, live=True)], []
+
+    monkeypatch.setattr(verify, "live", live)
+    monkeypatch.setattr(verify, "live_engines", live_engines)
+    assert cli.main(["verify", "--live", "--against", "engine_swa_loc"]) == 0
+    out = capsys.readouterr()
+    assert asked == {"rebuilds": {"engine_swa_loc"}, "engines": {"engine_swa_loc"}}
+    assert "no such run file" not in out.err and "== engine_swa_loc" in out.out
+    assert "against " in out.out and "1 run(s): 1 hold, 0 fail" in out.out
+    # several experiments after --against: the first is the option's value, the rest targets
+    assert cli.main(["verify", "--live", "--against", "engine_swa_loc", "engine_pcg_gate"]) == 0
+    assert asked["engines"] == {"engine_swa_loc", "engine_pcg_gate"}

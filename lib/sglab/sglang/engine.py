@@ -38,7 +38,6 @@ import json
 import os
 import re
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
@@ -49,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from sglab.core import procs
 from sglab.sglang.releases import dep_set, deps_dir, parse_version, release_dir
 
 TOOLS = ("bench", "engine")
@@ -1096,85 +1096,6 @@ class Exit:
     pid: int = 0  # the started process, leader of its group
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
-def _members(pgid: int, marker: str) -> list:
-    """Live (non-zombie) processes of group ``pgid`` or carrying ``SGLAB_ENGINE_RUN=marker``."""
-    try:
-        import psutil
-    except ImportError:
-        return []
-    out = []
-    for p in psutil.process_iter(["pid", "name", "status"]):
-        try:
-            if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
-                continue
-            if os.getpgid(p.pid) == pgid or (
-                marker and p.environ().get("SGLAB_ENGINE_RUN") == marker
-            ):
-                out.append(p)
-        except (psutil.Error, ProcessLookupError, PermissionError, OSError):
-            continue
-    return out
-
-
-def stop_group(pgid: int, marker: str = "", grace: float = KILL_GRACE_S) -> tuple[list, list]:
-    """SIGTERM the group (and the marked processes), wait ``grace``, SIGKILL what is left;
-    (processes found, processes still alive afterwards) as ``"pid name"`` strings."""
-    found = [_describe(p) for p in _members(pgid, marker)]
-    if not found and _live_group(pgid):
-        found = [f"group {pgid}"]
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for p in _members(pgid, marker):
-            try:
-                p.send_signal(sig)
-            except Exception:  # noqa: BLE001 - gone already
-                pass
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if not _members(pgid, marker) and not _live_group(pgid):
-                return found, []
-            time.sleep(0.1)
-    return found, [_describe(p) for p in _members(pgid, marker)]
-
-
-def _describe(p) -> str:
-    try:
-        return f"{p.pid} {p.name()}"
-    except Exception:  # noqa: BLE001 - gone meanwhile
-        return str(p.pid)
-
-
-def _live_group(pgid: int) -> bool:
-    """The group has a member that is not a zombie (zombies hold no memory; their parent reaps
-    them)."""
-    if not _group_alive(pgid):
-        return False
-    try:
-        import psutil
-    except ImportError:
-        return True
-    for p in psutil.process_iter(["pid", "status"]):
-        try:
-            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
-                return True
-        except (ProcessLookupError, PermissionError, OSError):
-            continue
-    return False
-
-
 def launch(
     argv: list[str],
     *,
@@ -1190,51 +1111,59 @@ def launch(
     left. ``on_line`` sees each new log line (progress)."""
     t0 = time.monotonic()
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=cwd,
-            start_new_session=True,
-        )
-    pgid, timed_out, interrupted, pending = proc.pid, False, False, b""
-    try:
-        with open(log, "rb") as reader:
-            while True:
-                code = proc.poll()
-                pending += reader.read()
-                *done, pending = pending.split(b"\n")
-                if on_line is not None:
-                    for line in done:
-                        on_line(line.decode(errors="replace"))
-                if code is not None:
-                    if pending and on_line is not None:
-                        on_line(pending.decode(errors="replace"))
-                    break
-                if time.monotonic() - t0 > timeout:
-                    timed_out = True
-                    break
-                time.sleep(0.2)
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        found, survivors = stop_group(pgid, marker)
+    with procs.Guard() as guard:
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        guard.watch(proc.pid, marker)
+        timed_out, pending, cut = False, b"", None
         try:
-            proc.wait(timeout=KILL_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    if interrupted:
-        raise KeyboardInterrupt
-    leftovers = [p for p in found if not p.startswith(f"{proc.pid} ")]
+            with open(log, "rb") as reader:
+                while True:
+                    code = proc.poll()
+                    pending += reader.read()
+                    *done, pending = pending.split(b"\n")
+                    if on_line is not None:
+                        for line in done:
+                            on_line(line.decode(errors="replace"))
+                    if code is not None:
+                        if pending and on_line is not None:
+                            on_line(pending.decode(errors="replace"))
+                        break
+                    if time.monotonic() - t0 > timeout:
+                        timed_out = True
+                        break
+                    time.sleep(0.2)
+        except BaseException as exc:  # interrupted, terminated, or a failing on_line
+            cut = exc
+            raise
+        finally:
+            stopped = procs.stop(proc.pid, marker=marker, grace=KILL_GRACE_S)
+            try:
+                proc.wait(timeout=KILL_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            if cut is not None:
+                print(
+                    f"[sglab] {type(cut).__name__}: "
+                    + (stopped.line(f"engine group {proc.pid}") or "the engine had exited"),
+                    file=sys.stderr,
+                    flush=True,
+                )
+    leftovers = [p for p in stopped.found if not p.startswith(f"{proc.pid} ")]
     return Exit(
         None if timed_out else proc.returncode,
         timed_out,
         time.monotonic() - t0,
         leftovers,
-        survivors,
+        stopped.survivors,
         proc.pid,
     )
 

@@ -165,6 +165,10 @@ def cmd_verify(args) -> int:
     from sglab.tools import fixes, verify
 
     try:
+        if args.against in fixes.experiments() and not Path(args.against).exists():
+            # `--against EXP`: EXP is what to verify (with --live: what to run here), compared
+            # with its recorded reference; argparse hands the name to --against's optional value
+            args.targets, args.against = [args.against, *args.targets], "auto"
         names = [t for t in args.targets if t in fixes.experiments()] if args.live else []
         given = [t for t in args.targets if t not in names]
         picked = verify.targets(given, args.all) if (given or args.all or not args.live) else []
@@ -178,8 +182,11 @@ def cmd_verify(args) -> int:
             for s in skipped:
                 print(f"[sglab] not run live: {s}")
             if not done and not picked:
-                print("[sglab] verify --live: this machine's GPUs can run none of the experiments")
-                return 0
+                # nothing was verified: that must not read as a pass
+                print("sglab verify --live: this machine can run none of "
+                      + (", ".join(sorted(names)) if names else "the experiments")
+                      + " (see above); nothing verified", file=sys.stderr)
+                return 1
             picked += done
         verified = [verify.verify_run(r, against=args.against is not None,
                                       reference=reference) for r in picked]

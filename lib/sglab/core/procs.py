@@ -1,0 +1,209 @@
+"""Stopping what the workbook starts: one way for every process group it launches.
+
+A real engine (a scheduler per GPU, compile workers) or a release's probe worker runs in its own
+process group, so that one signal reaches all of it, and carries a marker variable, so that a
+process which left the group is still found. :func:`stop` ends such a group: SIGTERM, a grace
+period, SIGKILL, each step waited for with psutil, and it says what it had to kill.
+
+:class:`Guard` keeps that promise whichever way the harness ends:
+
+- an exception, or Ctrl-C / a notebook kernel interrupt (KeyboardInterrupt): the caller's
+  ``finally`` stops the group;
+- SIGTERM or SIGHUP (an outer ``timeout``, a closed terminal): inside the guard they raise
+  :class:`Terminated` in the main thread, so the same ``finally`` runs;
+- the harness killed outright (SIGKILL, ``os._exit``): a watchdog process in its own session holds
+  a pipe from the harness; when the pipe closes it stops every group still registered.
+
+    with procs.Guard() as guard:
+        proc = subprocess.Popen(argv, start_new_session=True, env={..., "SGLAB_RUN": marker})
+        guard.watch(proc.pid, marker)
+        try:
+            ...
+        finally:
+            stopped = procs.stop(proc.pid, marker=marker)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import psutil
+
+MARKER_VAR = "SGLAB_ENGINE_RUN"
+GRACE_S = 10.0
+KILL_WAIT_S = 5.0
+
+
+@dataclass
+class Stopped:
+    """What :func:`stop` found alive (``"pid name"``) and what outlived SIGKILL."""
+
+    found: list = field(default_factory=list)
+    survivors: list = field(default_factory=list)
+
+    def line(self, what: str = "process group") -> str:
+        """One line for the reader; empty when nothing was left."""
+        if not self.found:
+            return ""
+        out = f"{what}: stopped {len(self.found)} process(es) left running: {', '.join(self.found)}"
+        if self.survivors:
+            out += f"; STILL ALIVE after SIGKILL: {', '.join(self.survivors)}"
+        return out
+
+
+def _describe(p: psutil.Process) -> str:
+    try:
+        return f"{p.pid} {p.name()}"
+    except psutil.Error:
+        return str(p.pid)
+
+
+def members(pgid: Optional[int] = None, marker: str = "") -> list[psutil.Process]:
+    """Live (not zombie) processes of group ``pgid``, or carrying ``MARKER_VAR=marker`` in their
+    environment; never this process."""
+    out = []
+    for p in psutil.process_iter(["pid", "status"]):
+        if p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            if (pgid is not None and os.getpgid(p.pid) == pgid) or (
+                marker and p.environ().get(MARKER_VAR) == marker
+            ):
+                out.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+def _signal(pgid: Optional[int], procs: list[psutil.Process], sig: int) -> None:
+    if pgid is not None:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.Error:
+            pass
+
+
+def stop(pgid: Optional[int] = None, *, marker: str = "", grace: float = GRACE_S) -> Stopped:
+    """Stop group ``pgid`` and every process carrying ``marker``: SIGTERM, wait up to ``grace``
+    seconds, SIGKILL what is left, wait again. Returns what was found and what survived."""
+    live = members(pgid, marker)
+    done = Stopped(found=[_describe(p) for p in live])
+    if not live:
+        return done
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_WAIT_S)):
+        _signal(pgid, live, sig)
+        _, live = psutil.wait_procs(live, timeout=wait)
+        live = [p for p in live if _alive(p)] + [
+            p for p in members(pgid, marker) if p not in live
+        ]  # children forked meanwhile
+        if not live:
+            return done
+    done.survivors = [_describe(p) for p in live]
+    return done
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+# -- the harness's end, whichever way it comes -----------------------------------------------------
+class Terminated(SystemExit):
+    """SIGTERM or SIGHUP arrived while a :class:`Guard` was held (exit status 128 + signal)."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum, _frame):
+    # once: a second signal during the clean-up must not cut it short (SIGKILL still can, and
+    # then the watchdog finishes it)
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)
+    raise Terminated(signum)
+
+
+class Guard:
+    """Hold while process groups run (see the module docstring): SIGTERM/SIGHUP become
+    :class:`Terminated` (only in the main thread, and only where no handler of the program's own is
+    set), and a watchdog stops every group given to :meth:`watch` if this process dies first."""
+
+    def __init__(self, watchdog: bool = True):
+        self.watchdog = watchdog
+        self._dog: Optional[subprocess.Popen] = None
+        self._saved: dict = {}
+
+    def __enter__(self) -> "Guard":
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGTERM, signal.SIGHUP):
+                if signal.getsignal(s) in (signal.SIG_DFL, None):
+                    self._saved[s] = signal.signal(s, _raise_terminated)
+        if self.watchdog:
+            lib = str(Path(__file__).resolve().parents[2])
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                [lib, *filter(None, [os.environ.get("PYTHONPATH")])])}
+            env.pop(MARKER_VAR, None)
+            self._dog = subprocess.Popen(
+                [sys.executable, "-m", "sglab.core.procs", "watch", str(os.getpid())],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
+                start_new_session=True, text=True,
+            )
+        return self
+
+    def watch(self, pgid: int, marker: str = "") -> None:
+        """Have the watchdog stop group ``pgid`` (and ``marker``'s processes) if this process dies
+        without doing it."""
+        if self._dog is not None and self._dog.stdin is not None:
+            self._dog.stdin.write(f"{pgid} {marker or '-'}\n")
+            self._dog.stdin.flush()
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._saved.items():
+            signal.signal(s, handler)
+        self._saved = {}
+        if self._dog is not None:
+            try:
+                self._dog.stdin.close()  # the watchdog sweeps (nothing, by now) and exits
+                self._dog.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self._dog.kill()
+            self._dog = None
+
+
+def watch(parent: int) -> int:
+    """The watchdog (``python -m sglab.core.procs watch PID``): read ``pgid marker`` lines from
+    stdin until it closes (the harness closed it, or died), then stop every group it was given."""
+    groups = []
+    for line in sys.stdin:
+        pgid, marker = line.split()
+        groups.append((int(pgid), "" if marker == "-" else marker))
+    for pgid, marker in groups:
+        done = stop(pgid, marker=marker)
+        if done.found:
+            print(f"[sglab] harness {parent} ended without stopping its engine: "
+                  + done.line(f"group {pgid}"), file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "watch":
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        sys.exit(watch(int(sys.argv[2])))
+    print("usage: python -m sglab.core.procs watch PARENT_PID", file=sys.stderr)
+    sys.exit(2)

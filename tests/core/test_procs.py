@@ -1,0 +1,180 @@
+"""No engine outlives its harness, whichever way the harness ends: SIGTERM (an outer `timeout`),
+SIGINT (Ctrl-C, a notebook kernel interrupt), an exception, or the harness killed outright. CPU
+only: a stand-in engine whose processes ignore their parent's death (as SGLang's schedulers do)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sglab.core import procs
+
+LIB = Path(__file__).resolve().parents[2] / "lib"
+
+# the stand-in engine: a leader, two children and a grandchild that left the group (found by the
+# run's marker); all ignore SIGHUP and keep running when their parent dies
+STAND_IN = textwrap.dedent("""
+    import os, signal, subprocess, sys, time
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    stubborn = sys.argv[1] == "stubborn"
+    body = "import signal, time; signal.signal(signal.SIGHUP, signal.SIG_IGN); "
+    if stubborn:
+        body += "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    sleep = [sys.executable, "-c", body + "time.sleep(600)"]
+    kids = [subprocess.Popen(sleep) for _ in range(2)]
+    away = subprocess.Popen([sys.executable, "-c", "import os; os.setsid(); " + body
+                             + "time.sleep(600)"])
+    if stubborn:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(0.5)
+    print("pids", os.getpid(), *[k.pid for k in kids], away.pid, flush=True)
+    time.sleep(600)
+""")
+
+# the harness: sglab's own launch() of the stand-in, as `sglab engine` runs a real one
+HARNESS = textwrap.dedent("""
+    import sys, uuid
+    from pathlib import Path
+    sys.path.insert(0, {lib!r})
+    from sglab.sglang import engine as eng
+    eng.KILL_GRACE_S = 1.0
+    how, tmp = sys.argv[1], Path(sys.argv[2])
+    marker = uuid.uuid4().hex
+
+    def on_line(line):
+        if line.startswith("pids"):
+            print("ready", flush=True)
+            if how == "raise":
+                raise RuntimeError("a harness bug while the engine runs")
+
+    import os
+    env = dict(os.environ, SGLAB_ENGINE_RUN=marker)
+    eng.launch([sys.executable, str(tmp / "stand_in.py"),
+                "stubborn" if how == "stubborn" else "plain"],
+               log=tmp / "engine.log", timeout=600, env=env, marker=marker, on_line=on_line)
+""")
+
+
+def _pids(log: Path) -> list[int]:
+    for line in log.read_text().splitlines():
+        if line.startswith("pids "):
+            return [int(x) for x in line.split()[1:]]
+    return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _wait_gone(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [p for p in pids if _alive(p)]
+        if not left:
+            return []
+        time.sleep(0.1)
+    return [p for p in pids if _alive(p)]
+
+
+def _start_harness(tmp_path, how: str):
+    (tmp_path / "stand_in.py").write_text(STAND_IN)
+    (tmp_path / "harness.py").write_text(HARNESS.format(lib=str(LIB)))
+    # its own session, as under `timeout` or a shell script: a group signal reaches the harness
+    # (and what it started in that group), not the engine's own group
+    h = subprocess.Popen([sys.executable, str(tmp_path / "harness.py"), how, str(tmp_path)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    assert h.stdout.readline().strip() == "ready", h.stderr.read()
+    pids = _pids(tmp_path / "engine.log")
+    assert len(pids) == 4 and all(_alive(p) for p in pids)
+    return h, pids
+
+
+def _kill_all(pids):
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.parametrize("how, send, status", [
+    ("plain", "SIGTERM to the harness's group (an outer timeout)", 128 + signal.SIGTERM),
+    ("plain", "SIGINT (Ctrl-C, a kernel interrupt)", -signal.SIGINT),
+    ("plain", "SIGHUP (the terminal closed)", 128 + signal.SIGHUP),
+    ("raise", "an exception inside the harness", 1),
+])
+def test_the_harness_stops_its_engine_however_it_ends(tmp_path, how, send, status):
+    h, pids = _start_harness(tmp_path, how)
+    try:
+        if send.startswith("SIGTERM"):
+            os.killpg(h.pid, signal.SIGTERM)
+        elif send.startswith("SIGINT"):
+            h.send_signal(signal.SIGINT)
+        elif send.startswith("SIGHUP"):
+            h.send_signal(signal.SIGHUP)
+        out, err = h.communicate(timeout=30)
+        assert h.returncode == status, err
+        assert _wait_gone(pids, 5) == [], f"{send}: the engine outlived its harness"
+        # it says what it had to stop, in one line
+        said = [ln for ln in err.splitlines() if "[sglab]" in ln]
+        assert len(said) == 1 and "stopped 4 process(es)" in said[0], err
+    finally:
+        _kill_all(pids)
+
+
+def test_a_killed_harness_leaves_nothing_the_watchdog_stops_it(tmp_path):
+    h, pids = _start_harness(tmp_path, "plain")
+    try:
+        h.kill()  # SIGKILL: no handler, no finally
+        h.wait(timeout=10)
+        assert _wait_gone(pids, 20) == [], "the engine outlived a killed harness"
+        assert "ended without stopping its engine" in h.stderr.read()
+    finally:
+        _kill_all(pids)
+
+
+def test_an_engine_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+    h, pids = _start_harness(tmp_path, "stubborn")
+    try:
+        os.killpg(h.pid, signal.SIGTERM)
+        h.communicate(timeout=30)
+        assert _wait_gone(pids, 5) == []
+    finally:
+        _kill_all(pids)
+
+
+def test_stop_reports_what_it_found_and_nothing_for_an_empty_group():
+    p = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                          "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"],
+                         start_new_session=True)
+    try:
+        time.sleep(0.3)
+        done = procs.stop(p.pid, grace=0.5)
+        assert len(done.found) == 1 and done.found[0].startswith(f"{p.pid} ")
+        assert done.survivors == [] and not _alive(p.pid)  # it ignored SIGTERM: SIGKILL took it
+        assert "stopped 1 process(es) left running" in done.line("group")
+        again = procs.stop(p.pid, grace=0.5)
+        assert again.found == [] and again.line() == ""
+    finally:
+        p.kill()
+
+
+def test_the_guard_restores_the_handlers_and_ends_its_watchdog():
+    before = signal.getsignal(signal.SIGTERM)
+    with procs.Guard() as g:
+        dog = g._dog.pid
+        assert signal.getsignal(signal.SIGTERM) is not before
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert not _alive(dog)
