@@ -13,7 +13,9 @@
 #                                                        plan's engine experiments (their runs go
 #                                                        back in engine.tgz too)
 #
-# Environment: OUT (default engine-gpu-out), BUNDLES (default .whl-engine), ENGINE_HOME (default
+# Environment: OUT (default engine-gpu-out), BUNDLES (default .whl-engine; jit-cache*.tar.xz there
+# are unpacked into $HOME first), PACK_JIT=1 (pack the JIT caches into $OUT/jit-cache.tar.xz for
+# the next fresh machine), ENGINE_HOME (default
 # /tmp/sglab-engine-home), RELEASES (releases to unpack; default every one of bundles.json whose
 # layers are here). The JIT caches (FlashInfer's norm kernel, SGLang's tvm-ffi kernels, Triton)
 # stay in $HOME/.cache and $HOME/.triton between engine starts: the first capture on a fresh
@@ -29,6 +31,10 @@ py=${PYTHON:-python3}
 export PYTHONPATH="$PWD/lib${PYTHONPATH:+:$PYTHONPATH}" SGLAB_ENGINE_HOME="$ENGINE_HOME"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TOKENIZERS_PARALLELISM=false
 sha=${SGLAB_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null)}
+# a tree with uncommitted changes says so in every manifest
+if [ -z "${SGLAB_GIT_SHA:-}" ] && [ -n "$sha" ] && [ -n "$(git status --porcelain -uno 2>/dev/null)" ]; then
+  sha="$sha+dirty"
+fi
 if [ -n "$sha" ]; then export SGLAB_GIT_SHA=$sha; fi
 
 scenarios=() releases=() free=() dry=0 plan="" verify=0
@@ -77,6 +83,11 @@ if [ $dry = 0 ]; then
   all=$("$py" -c 'import json, sys; print(" ".join(json.load(open(sys.argv[1]))))' \
         "$BUNDLES/bundles.json")
   for v in ${RELEASES:-$all}; do unpack "$v"; done
+  # JIT caches of an earlier GPU run (PACK_JIT=1 writes them): the first capture then skips its
+  # kernel builds (minutes per release on a fresh machine)
+  for f in "$BUNDLES"/jit-cache*.tar.xz; do
+    [ -f "$f" ] && tar -xJf "$f" -C "$HOME" && echo "JIT cache: unpacked $f into $HOME"
+  done
   "$py" -c 'import torch, triton
 print("torch", torch.__version__, "triton", triton.__version__, "GPUs", torch.cuda.device_count())'
 fi
@@ -157,6 +168,12 @@ if [ $dry = 1 ]; then exit 0; fi
 
 # one archive and the summary (at most 8 files come back from a GPU box)
 pack
+if [ "${PACK_JIT:-0}" = 1 ]; then
+  jit=$(cd "$HOME" && ls -d .cache/flashinfer .cache/tvm-ffi .triton 2>/dev/null)
+  du -sh $(printf "$HOME/%s " $jit) 2>/dev/null
+  XZ_OPT="-T0 -6" tar -cJf "$OUT/jit-cache.tar.xz" -C "$HOME" $jit &&
+    echo "JIT cache: $OUT/jit-cache.tar.xz ($(du -k "$OUT/jit-cache.tar.xz" | cut -f1) KiB)"
+fi
 cat "$OUT/summary.txt"
 rm -rf "$WORK" "$OUT/logs" "$OUT/runs"
 echo "packed $OUT/engine.tgz ($(du -k "$OUT/engine.tgz" | cut -f1) KiB)"

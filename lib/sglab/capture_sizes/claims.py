@@ -9,10 +9,15 @@ serves TP 2 and TP 4 runs.
 
 from __future__ import annotations
 
+import re
+from types import SimpleNamespace
+
 from sglab.capture_sizes import rebuild as fx
 from sglab.capture_sizes import show
 from sglab.capture_sizes.measure import EXPERIMENT, GPUS, loop_order, size_lists
+from sglab.capture_sizes.sglang import VARIANT
 from sglab.core.claims import Claim, Headline, holds
+from sglab.sglang import engine_runs
 
 CLAIM = ("With `--moe-dense-tp-size 1`, a piecewise capture size not divisible by the attention-TP "
          "size splits into unequal shards that the reduce-scatter refuses, which crashed start-up; "
@@ -261,3 +266,112 @@ HEADLINE = Headline(parts=(f"On {{v[{_R}][list]}}: {{runs}}.",),
                              f"{{v[{_P}][buckets]}} and round-up {{v[{_U}][replayed_ok]}}/"
                              f"{{v[{_U}][buckets]}} buckets captured + replayed, max abs err "
                              f"{{v[{_P}][max_abs_err]:g}}"))
+
+
+# --------------------------------------------------------------------------------------------------
+# the real engine (``scripts/engine_gpu.sh --plan 06``: data/recorded/engine_capture_sizes/)
+# --------------------------------------------------------------------------------------------------
+# SGLang's own words for a reduce-scatter handed a size that does not split evenly over the ranks
+UNEQUAL = re.compile(r"same size|world size|divisib|unequal|shard|multiple of", re.I)
+
+
+def _engine_facts(run) -> list[dict]:
+    """Per variant of the run: release, the rule its source follows (``VARIANT``), the capture
+    sizes asked for, the attention-TP size, what it did (status, SGLang's one line) and the sizes
+    it captured."""
+    df = engine_runs.latest([run])
+    status, tokens = engine_runs.text(df, "status"), engine_runs.text(df, "pcg_tokens")
+    out, seen = [], set()
+    for e in run.manifest.get("engine_runs", []):
+        key = next((k for k in status if k[1] == e["release"] and k[2] == e["case"]), None)
+        # a variant the harness cut off (timeout) gave no answer of SGLang's: not a fact
+        if key is None or key in seen or str(status[key]).startswith("timeout"):
+            continue
+        seen.add(key)
+        argv = e["server_args"]
+        asked = flag_list(argv, ("--piecewise-cuda-graph-tokens", "--cuda-graph-bs-prefill"))
+        tp = (flag_list(argv, ("--tp-size", "--tp")) or [1])[0]
+        got = tokens.get(key)
+        out.append({"release": e["release"], "case": e["case"], "rule": VARIANT.get(e["release"]),
+                    "asked": asked, "attn_tp": tp, "status": str(status[key]),
+                    "captured": sorted(int(x) for x in str(got).split()) if got else None})
+    return out
+
+
+def flag_list(argv, names) -> list[int]:
+    """The integers after the first of ``names`` in ``argv``, up to the next flag."""
+    argv = list(argv)
+    for i, a in enumerate(argv):
+        if a in names:
+            vals = []
+            for v in argv[i + 1:]:
+                if v.startswith("--"):
+                    break
+                vals.append(int(v))
+            return vals
+    return []
+
+
+def _unfiltered(run) -> list[dict]:
+    return [f for f in _engine_facts(run) if f["rule"] == "before"
+            and any(n % f["attn_tp"] for n in f["asked"])]
+
+
+def _filtered(run) -> list[dict]:
+    return [f for f in _engine_facts(run) if f["rule"] == "pr_filter"]
+
+
+def _engine_fails(run):
+    facts = _unfiltered(run)
+    bad = [f for f in facts if f["status"] == "ok" or not UNEQUAL.search(f["status"])]
+    first = facts[0]["status"].removeprefix("error: ").split(" (log:")[0] if facts else ""
+    return holds(not bad, f"{', '.join(f['release'] for f in facts)} at attention TP "
+                 f"{facts[0]['attn_tp'] if facts else '?'}: {first}",
+                 {"releases": ", ".join(f["release"] for f in facts), "message": first,
+                  "asked": _join(facts[0]["asked"]) if facts else ""},
+                 why_not="; ".join(f"{f['release']}: {f['status'][:120]}" for f in bad))
+
+
+def _engine_fails_applies(run):
+    return None if _unfiltered(run) else ("no release without the filter was asked for sizes "
+                                          "the attention-TP size does not divide")
+
+
+def _engine_filter(run):
+    facts = _filtered(run)
+    want = {f["release"]: fx.filter_piecewise_capture_sizes(f["asked"], f["attn_tp"])
+            for f in facts}
+    bad = [f for f in facts if f["status"] != "ok" or f["captured"] != want[f["release"]]]
+    f0 = facts[0] if facts else {}
+    return holds(not bad, f"{f0.get('release')} asked {_join(f0.get('asked', []))} at attention "
+                 f"TP {f0.get('attn_tp')}: captured {_join(f0.get('captured') or [])}",
+                 {"release": f0.get("release"), "asked": _join(f0.get("asked", [])),
+                  "captured": _join(f0.get("captured") or []),
+                  "rebuild": _join(want.get(f0.get("release"), []))},
+                 why_not="; ".join(f"{f['release']}: {f['status'][:80]}, captured "
+                                   f"{f['captured']}, the rebuild's filter keeps "
+                                   f"{want[f['release']]}" for f in bad))
+
+
+def _engine_filter_applies(run):
+    return None if _filtered(run) else "no release with the PR's filter in this run"
+
+
+ENGINE = SimpleNamespace(
+    EXPERIMENT="engine_capture_sizes",
+    CLAIM="In SGLang's own engine (DeepSeek-style tiny model, dummy weights, --moe-dense-tp-size 1 "
+          "at TP 2), a release without #23972's filter fails at start-up on capture sizes the "
+          "attention TP does not divide, and a release with it starts and captures exactly the "
+          "sizes the rebuild's filter keeps.",
+    CLAIMS=[Claim("engine_capture_sizes.unfiltered_release_fails",
+                  "A release without the filter, asked for piecewise sizes the attention-TP size "
+                  "does not divide, stops at start-up with SGLang's own message about unequal "
+                  "sizes", "status == error naming unequal shards or sizes (exact)",
+                  _engine_fails, applies=_engine_fails_applies),
+            Claim("engine_capture_sizes.filtered_release_captures_pr_filter",
+                  "A release with the filter starts and captures exactly the sizes the rebuild's "
+                  "PR filter keeps of the same list at the same attention-TP size",
+                  "captured == filter_piecewise_capture_sizes(asked, attn TP) (exact)",
+                  _engine_filter, applies=_engine_filter_applies)],
+    shown=lambda runs_: list(runs_),
+)

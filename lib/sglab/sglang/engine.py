@@ -280,8 +280,9 @@ class EngineSpec:
 
 @dataclass(frozen=True)
 class Case:
-    """One arm of a scenario: a label, server arguments, harness adjustments (names), and optionally
-    the releases it applies to (default: the scenario's)."""
+    """One arm of a scenario: a label, server arguments, harness adjustments (an
+    :class:`Adjustment`, built in the fix's own folder, or the name of a shared one), and
+    optionally the releases it applies to (default: the scenario's)."""
 
     label: str
     args: tuple[str, ...] = ()
@@ -345,7 +346,10 @@ class Scenario:
                         image_size=self.image_size,
                         prompt=self.prompt,
                         case=c.label,
-                        adjustments=tuple(adjustment(a) for a in c.adjustments),
+                        adjustments=tuple(
+                            a if isinstance(a, Adjustment) else adjustment(a)
+                            for a in c.adjustments
+                        ),
                         timeout=self.timeout,
                     )
                 )
@@ -1013,13 +1017,13 @@ def function_source(source: str, qualname: str) -> str:
     return textwrap.dedent("".join(lines[start : found.end_lineno]))
 
 
-def remove_text(source: str, text: str, what: str) -> str:
-    """``source`` without the one occurrence of ``text``; ValueError when it occurs zero or several
-    times."""
+def remove_text(source: str, text: str, what: str, replacement: str = "") -> str:
+    """``source`` with the one occurrence of ``text`` removed (or replaced by ``replacement``);
+    ValueError when it occurs zero or several times."""
     n = source.count(text)
     if n != 1:
         raise ValueError(f"{what}: the hunk occurs {n} times (expected exactly once)")
-    return source.replace(text, "", 1)
+    return source.replace(text, replacement, 1)
 
 
 def reverted_source(params: dict, source: str) -> str:
@@ -1029,7 +1033,7 @@ def reverted_source(params: dict, source: str) -> str:
     text = params.get("text") or hunk_added_lines(_repo() / params["diff"], params["contains"])
     if "super()" in source or re.search(r"\bself\.__[a-z]\w*", source):
         raise ValueError(f"{params['qualname']}: cannot be redefined outside its class")
-    return remove_text(source, text, params["qualname"])
+    return remove_text(source, text, params["qualname"], params.get("replacement", ""))
 
 
 def revert_hunk(params: dict, module) -> None:
@@ -1059,7 +1063,11 @@ def revert_hunk(params: dict, module) -> None:
     setattr(owner, attr, namespace[attr])
     _say(
         f"applied {params['name']} pid={os.getpid()} ({module.__name__}.{params['qualname']}: "
-        f"{len(source.splitlines()) - len(new.splitlines())} lines removed)"
+        + (
+            f"{params['text'].strip()!r} -> {params['replacement'].strip()!r})"
+            if params.get("replacement")
+            else f"{len(source.splitlines()) - len(new.splitlines())} lines removed)"
+        )
     )
 
 
@@ -1075,8 +1083,14 @@ def trace_calls(params: dict, module) -> None:
     def wrapper(*a, **kw):
         bound = sig.bind_partial(*a, **kw)
         shown = " ".join(f"{k}={bound.arguments.get(k)}" for k in params.get("args", ()))
-        _say(f"event {params['event']} pid={os.getpid()} {shown}")
-        return fn(*a, **kw)
+        if "self" in bound.arguments:  # which object (two managers per rank, say)
+            shown += f" obj={id(bound.arguments['self']):x}"
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            _say(f"event {params['event']} pid={os.getpid()} {shown} "
+                 f"seconds={time.perf_counter() - t0:.6f}")
 
     setattr(owner, attr, wrapper)
     _say(
@@ -1852,6 +1866,22 @@ def rows(res: EngineResult) -> list[dict]:
                 **cols,
             )
         add("repeats", len(cs), "calls", **cols)
+    by_rank: dict[tuple, list] = {}
+    for e in d.get("events", []):
+        by_rank.setdefault((e["event"], e.get("rank", e.get("pid"))), []).append(e)
+    for (ev, rank), es in sorted(by_rank.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        # every call of the traced function in this rank's processes, start-up included
+        cols = {"rank": rank}
+        add(f"{ev}_count", len(es), "calls", **cols)
+        add(f"{ev}_objects", len({e.get("obj") for e in es}), "objects", **cols)
+        sizes = sorted({e["max_token_num"] for e in es if e.get("max_token_num") is not None})
+        add(f"{ev}_max_token_num", " ".join(map(str, sizes)) or None, "tokens", **cols)
+        secs = [float(e["seconds"]) * 1e3 for e in es if e.get("seconds") is not None]
+        if secs:
+            sp = _spread(secs)
+            for k in ("median", "min", "max"):
+                add(f"{ev}_ms" if k == "median" else f"{ev}_ms_{k}", round(sp[k], 3), "ms",
+                    **cols)
     for m in d.get("gpu_memory", []):
         add("gpu_memory", m.get("mib"), "MiB", gpu=m.get("gpu"), process=m.get("name"))
     if res.kernels:

@@ -281,6 +281,27 @@ def will_recreate(manager: WorkspaceManager, policy: Policy, token_num: int, wor
 
 
 # --------------------------------------------------------------------------------------------------
+# 3b. sglang/srt/layers/communicator.py · apply_flashinfer_allreduce_fusion (the gate before the
+#     call site; the same in 0.5.11-0.5.14) and model_runner.py ·
+#     _pre_initialize_flashinfer_allreduce_workspace (before any CUDA-graph capture)
+# --------------------------------------------------------------------------------------------------
+FUSE_ALLREDUCE_MAX_BATCH_SIZE = 2048  # communicator.py; also the size pre-initialised at start-up
+ENGINE_MANAGERS = 2  # flashinfer_comm_fusion.py keeps one manager for attention TP, one for MoE TP
+
+
+def fusion_applies(token_num: int) -> bool:
+    """Whether a forward step of ``token_num`` tokens takes the fused path at all (the gate's token
+    part; the rest is the server flag, the GPU and no DP attention). Larger steps all-reduce
+    unfused and never reach the call site."""
+    return 0 < token_num <= FUSE_ALLREDUCE_MAX_BATCH_SIZE
+
+
+def fused_steps(trace) -> list[int]:
+    """The steps of ``trace`` that reach the call site in SGLang's engine."""
+    return [int(t) for t in trace if fusion_applies(int(t))]
+
+
+# --------------------------------------------------------------------------------------------------
 # 4. creators: ``creator.create(world_size=, rank=, max_token_num=, hidden_dim=, group=)`` returns a
 #    workspace with ``metadata``, ``bytes_per_rank``, ``phases_ms`` and ``destroy()``
 # --------------------------------------------------------------------------------------------------

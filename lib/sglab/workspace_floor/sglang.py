@@ -38,7 +38,7 @@ from typing import Optional
 
 import torch
 
-from sglab.sglang.engine import Case, Scenario
+from sglab.sglang.engine import Adjustment, Case, Scenario
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, GpuPlan, Probe, Spec, Step, symbols_in
@@ -377,31 +377,47 @@ def gpu_tables(df) -> dict:
 # --------------------------------------------------------------------------------------------------
 # -- the real engine: `sglab engine --scenario NAME`, recorded under
 # data/recorded/engine_workspace_floor/
+FUSION_ARGS = ("--tp-size", "2", "--enable-flashinfer-allreduce-fusion", "--disable-radix-cache")
+# the rebuild's floor_0 policy in the released engine: which keeps the workspace, the floor or
+# SGLang's pre-initialisation at 2048 before capture?
+FLOOR_TO_SHAPE = Adjustment(
+    "pr26382-floor-to-x-shape",
+    "on 0.5.13 the call site's `max_token_num=max(x.shape[0], 2048),` in "
+    "layers/layernorm.py::_forward_with_allreduce_fusion is replaced by `max_token_num="
+    "x.shape[0],` (the rebuild's floor_0 policy, never released); nothing else changes",
+    patch="sglab.sglang.engine:revert_hunk",
+    params=(
+        ("module", "sglang.srt.layers.layernorm"),
+        ("qualname", "_forward_with_allreduce_fusion"),
+        ("text", "max_token_num=max(x.shape[0], 2048),"),
+        ("replacement", "max_token_num=x.shape[0],"),
+    ),
+)
 ENGINE = (
     Scenario(
         fix="workspace_floor",
         name="02-ar-fusion",
         gpus=2,
         what="--enable-flashinfer-allreduce-fusion at TP 2 over a short-prompt trace: FlashInfer "
-        "workspace creations per forward step (needs the whole FlashInfer package: "
+        "workspace creations per rank, their size and time (needs the whole FlashInfer package: "
         "FLASHINFER_FULL=1 bundles)",
         model="deepseek_v3_tiny",
         tool="engine",
         releases=("0.5.12.post1", "0.5.13"),
         cases=(
-            Case(
-                "fusion",
-                ("--tp-size", "2", "--enable-flashinfer-allreduce-fusion", "--disable-radix-cache"),
-                ("trace-flashinfer-workspace",),
-            ),
+            Case("fusion", FUSION_ARGS, ("trace-flashinfer-workspace",)),
+            Case("x-shape", FUSION_ARGS, ("trace-flashinfer-workspace", FLOOR_TO_SHAPE),
+                 releases=("0.5.13",)),
         ),
         requests=(1,),
         input_lens=(4, 16, 64, 200, 700, 1500, 2100, 3000),
         output_len=4,
         repeats=1,
         timeout=1500.0,
-        expect="0.5.12.post1 re-creates the workspace as prompts grow; 0.5.13 creates it once "
-        "(max(x, 2048))",
+        expect="both releases create two workspaces per rank (attention TP and MoE TP) at 2048 "
+        "tokens before graph capture (pre_initialize_workspaces) and none per forward step: the "
+        "fusion runs only up to 2048 tokens (communicator.apply_flashinfer_allreduce_fusion); "
+        "the same with the floor replaced by x.shape[0]",
     ),
 )
 
