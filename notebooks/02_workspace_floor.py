@@ -186,14 +186,33 @@ sglang.gpu_recorded();
 # ### The real engine at TP 2
 #
 # SGLang's whole engine with `--enable-flashinfer-allreduce-fusion` on a 2-layer DeepSeek-V3-style
-# model (dummy weights), fed the short-prompt trace one request at a time: 0.5.12.post1 (before the
-# floor) against 0.5.13. The only harness adjustment records each FlashInfer workspace creation
-# with its size; the count per forward step is the engine's own answer to the simulation above.
-# It needs 2 GPUs (`bash scripts/engine_gpu.sh --plan 02`); until such a run is recorded, the cell
-# shows what it runs and what it expects.
+# model (dummy weights, `bash scripts/engine_gpu.sh --plan 02` on a 2-GPU box), fed the
+# short-prompt trace one request at a time: 0.5.12.post1 (no `max_token_num`: the callee's
+# default), 0.5.13 (the floor), and 0.5.13 with the floor replaced by `x.shape[0]` (the rebuild's
+# policy without a floor; a named harness adjustment). A second adjustment prints one line per
+# `FlashInferWorkspaceManager.initialize` call with its size, rank and time. The first table counts
+# the creations per rank beside the rebuild's simulation of the same trace with SGLang's
+# pre-initialisation; the second sets each prompt length's first call beside its timed one; the
+# lines under them read the numbers out.
 
 # %%
-sglang.FIX.show_engine()
+engine = sglang.FIX.recorded_engine()
+show.engine(engine)
+verdict(claims.ENGINE, engine)
+
+# %% [markdown]
+# **What the engine says about the floor.** Every rank creates its two workspaces (attention TP
+# and MoE TP) in `pre_initialize_workspaces`, before graph capture, at
+# `FUSE_ALLREDUCE_MAX_BATCH_SIZE` tokens, and never again: with the floor, without it, and with
+# `x.shape[0]`. A step that fits the gate fits that workspace whatever `max_token_num` says (the
+# size check asks for `x.shape[0]` tokens), and a larger step never reaches the call site:
+# `communicator.apply_flashinfer_allreduce_fusion` sends it to the unfused all-reduce, so the two
+# prompts above the gate print no creation. Their first call is slow because that eager path
+# builds its kernels on first use (the x-shape engine, started with those caches warm, pays far
+# less); it is not a workspace creation, and the floor could not remove it. Likewise the first
+# creation on a fresh machine holds FlashInfer's kernel build, and the second is the creation
+# itself. In the shipped engine the floor therefore guarantees again what the pre-initialisation
+# already gives; the cold-start churn above is what a path without that pre-initialisation sees.
 
 # %% [markdown]
 # ## Measured: the same replay with real workspaces on the GPUs
@@ -208,6 +227,16 @@ sglang.FIX.show_engine()
 
 # %%
 show.replay(run)
+
+# %% [markdown]
+# ### The rebuild beside the real engine
+#
+# The rebuild counts creations on a cold start (no pre-initialisation), the engine after its own
+# pre-initialisation; each row says which. They agree where they measure the same thing: the
+# rebuild's simulation of the engine's trace with the pre-initialisation gives the engine's count.
+
+# %%
+show.beside(run, engine)
 
 # %% [markdown]
 # **What one creation costs.** A sweep over the workspace size T (sizes alternate in rounds, median
@@ -284,16 +313,18 @@ verdict(claims, run)
 #   size from the first call (the sizes table; SGLang keeps two, attention-TP and MoE-TP). On
 #   `mixed`, whose first batch is already above 2048, it removes none.
 # - With `pre_initialize_workspaces(2048)` before graph capture, the floor changes nothing on these
-#   traces: the pre-initialisation already holds that memory. The floor protects paths that skip
-#   the pre-initialisation, and batches above 2048 still re-create under every policy.
+#   traces: the pre-initialisation already holds that memory. The real engine at TP 2 agrees: two
+#   creations per rank at start-up in 0.5.12.post1, 0.5.13 and 0.5.13 with `x.shape[0]`, none per
+#   forward step. The floor protects paths that skip the pre-initialisation.
 # - One creation costs milliseconds per rank, host-blocking on all ranks at once, and grows with
 #   the world size. It steps up once the Lamport buffer passes a size between the two the profiler
 #   section names (the IPC open of that one allocation); a floor that lands a workspace above it
 #   pays the step on every creation.
 # - Review: before the PR, calls above 2048 tokens trip the callee's assert in this replay (the
-#   `refused` column); whether such calls reach the fused path in SGLang depends on the caller's own
-#   batch-size gate, which this notebook does not model. Whether the 2048 figure should follow
-#   `FUSE_ALLREDUCE_MAX_BATCH_SIZE` / the largest piecewise bucket instead of being a literal.
+#   `refused` column); in SGLang they never reach the fused path: the communicator's gate
+#   (`FUSE_ALLREDUCE_MAX_BATCH_SIZE`) sends them to the unfused all-reduce, as the engine shows.
+#   The replay keeps them to show what the call site alone would do. Whether the floor's 2048
+#   should be `FUSE_ALLREDUCE_MAX_BATCH_SIZE` itself instead of a literal that equals it.
 #   FlashInfer releases after the legacy `cudaIpc` path create the workspace through other
 #   transports (symmetric memory); the creator interface (`measure.DEFAULT_PARAMS["creator"]`)
 #   lets FlashInfer's own creation run along the same trace beside this rebuild.

@@ -199,13 +199,17 @@ sglang.compare();
 # ### The real engine at TP 2
 #
 # The PR's failure as SGLang's whole engine meets it: `--moe-dense-tp-size 1` with attention TP 2
-# and piecewise capture sizes that 2 does not divide, on a 2-layer DeepSeek-V3-style model (dummy
-# weights). 0.5.14 (the filter lost) should fail at start-up, 0.5.11 (the filter) and 0.5.23 (the
-# round-up) start. It needs 2 GPUs (`bash scripts/engine_gpu.sh --plan 06`); until such a run is
-# recorded, the cell shows what it runs and what it expects.
+# and piecewise capture sizes that 2 does not divide (`--piecewise-cuda-graph-tokens 3 4 5 8`), on
+# a 2-layer DeepSeek-V3-style model (dummy weights; `bash scripts/engine_gpu.sh --plan 06` on a
+# 2-GPU box). Each release's rule is read from its own source (the table above); the engine column
+# is what it did at start-up, SGLang's own first error line where it stopped; the last column is
+# what the rebuild's rule of that release keeps of the same list. (0.5.23, the round-up, needs a
+# newer torch than the GPU image has.)
 
 # %%
-sglang.FIX.show_engine()
+engine = sglang.FIX.recorded_engine()
+show.engine(engine)
+verdict(claims.ENGINE, engine)
 
 # %% [markdown]
 # ## Measured: capture-style runs on 2–4 GPUs with NCCL
@@ -224,6 +228,16 @@ sglang.FIX.show_engine()
 
 # %%
 show.measured(run)
+
+# %% [markdown]
+# ### The rebuild beside the real engine
+#
+# The rebuild's NCCL runs find which sizes the reduce-scatter refuses; the engine shows the same
+# refusal as the start-up failure of the release without the filter, in the same words torch's NCCL
+# group uses, and the release with the filter capturing exactly what the rebuild's filter keeps.
+
+# %%
+show.beside(run, engine)
 
 # %% [markdown]
 # ### What NCCL itself would do

@@ -167,17 +167,18 @@ def test_the_rebuild_sits_beside_the_engine_and_says_what_each_measures():
 
 
 def test_a_fix_without_engine_runs_shows_its_plan_and_one_with_runs_its_numbers(capsys):
+    from sglab.grid_thw import sglang as gt_sglang
     from sglab.pcg_gate import sglang as pg_sglang
     from sglab.workspace_floor import sglang as wf_sglang
 
-    wf_sglang.FIX.show_engine()
+    gt_sglang.FIX.show_engine()
     out = capsys.readouterr().out
-    assert "bash scripts/engine_gpu.sh --plan 02" in out
-    assert "--enable-flashinfer-allreduce-fusion" in out and "trace-flashinfer-workspace" in out
-    assert "0.5.13 creates it once" in out  # the scenario's expectation
+    assert "bash scripts/engine_gpu.sh --plan 05" in out
+    assert "revert-pr22858-grid-thw-cpu" in out and "before: rank 1 holds memory" in out
     plan = E.plan_table(wf_sglang.ENGINE)
     assert list(plan.index) == [("02-ar-fusion", "0.5.12.post1", "fusion"),
-                                ("02-ar-fusion", "0.5.13", "fusion")]
+                                ("02-ar-fusion", "0.5.13", "fusion"),
+                                ("02-ar-fusion", "0.5.13", "x-shape")]
     assert set(plan["GPUs"]) == {2}
 
     E.planned(pg_sglang.FIX.recorded_engine(), pg_sglang.ENGINE)
@@ -210,7 +211,8 @@ def test_verify_live_runs_the_engine_scenarios_this_machine_can(monkeypatch):
     done, skipped = verify.live_engines(progress=False)  # this box: no GPU
     names = {s.split(":")[0] for s in skipped}
     assert done == [] and names == {"01-kimi-pcg", "01-llama-pcg", "03-bcg-requests",
-                                     "04-swa-kernels"}  # 02, 05, 06 state no engine claims yet
+                                     "04-swa-kernels", "02-ar-fusion",
+                                     "06-dense-tp1"}  # 05 states no engine claims yet
 
     monkeypatch.setattr(hardware, "meets", lambda n: (True, "stand-in"))
 

@@ -9,15 +9,12 @@ serves TP 2 and TP 4 runs.
 
 from __future__ import annotations
 
-import re
 from types import SimpleNamespace
 
 from sglab.capture_sizes import rebuild as fx
 from sglab.capture_sizes import show
 from sglab.capture_sizes.measure import EXPERIMENT, GPUS, loop_order, size_lists
-from sglab.capture_sizes.sglang import VARIANT
 from sglab.core.claims import Claim, Headline, holds
-from sglab.sglang import engine_runs
 
 CLAIM = ("With `--moe-dense-tp-size 1`, a piecewise capture size not divisible by the attention-TP "
          "size splits into unequal shards that the reduce-scatter refuses, which crashed start-up; "
@@ -271,59 +268,18 @@ HEADLINE = Headline(parts=(f"On {{v[{_R}][list]}}: {{runs}}.",),
 # --------------------------------------------------------------------------------------------------
 # the real engine (``scripts/engine_gpu.sh --plan 06``: data/recorded/engine_capture_sizes/)
 # --------------------------------------------------------------------------------------------------
-# SGLang's own words for a reduce-scatter handed a size that does not split evenly over the ranks
-UNEQUAL = re.compile(r"same size|world size|divisib|unequal|shard|multiple of", re.I)
-
-
-def _engine_facts(run) -> list[dict]:
-    """Per variant of the run: release, the rule its source follows (``VARIANT``), the capture
-    sizes asked for, the attention-TP size, what it did (status, SGLang's one line) and the sizes
-    it captured."""
-    df = engine_runs.latest([run])
-    status, tokens = engine_runs.text(df, "status"), engine_runs.text(df, "pcg_tokens")
-    out, seen = [], set()
-    for e in run.manifest.get("engine_runs", []):
-        key = next((k for k in status if k[1] == e["release"] and k[2] == e["case"]), None)
-        # a variant the harness cut off (timeout) gave no answer of SGLang's: not a fact
-        if key is None or key in seen or str(status[key]).startswith("timeout"):
-            continue
-        seen.add(key)
-        argv = e["server_args"]
-        asked = flag_list(argv, ("--piecewise-cuda-graph-tokens", "--cuda-graph-bs-prefill"))
-        tp = (flag_list(argv, ("--tp-size", "--tp")) or [1])[0]
-        got = tokens.get(key)
-        out.append({"release": e["release"], "case": e["case"], "rule": VARIANT.get(e["release"]),
-                    "asked": asked, "attn_tp": tp, "status": str(status[key]),
-                    "captured": sorted(int(x) for x in str(got).split()) if got else None})
-    return out
-
-
-def flag_list(argv, names) -> list[int]:
-    """The integers after the first of ``names`` in ``argv``, up to the next flag."""
-    argv = list(argv)
-    for i, a in enumerate(argv):
-        if a in names:
-            vals = []
-            for v in argv[i + 1:]:
-                if v.startswith("--"):
-                    break
-                vals.append(int(v))
-            return vals
-    return []
-
-
 def _unfiltered(run) -> list[dict]:
-    return [f for f in _engine_facts(run) if f["rule"] == "before"
+    return [f for f in show.engine_facts(run) if f["rule"] == "before"
             and any(n % f["attn_tp"] for n in f["asked"])]
 
 
 def _filtered(run) -> list[dict]:
-    return [f for f in _engine_facts(run) if f["rule"] == "pr_filter"]
+    return [f for f in show.engine_facts(run) if f["rule"] == "pr_filter"]
 
 
 def _engine_fails(run):
     facts = _unfiltered(run)
-    bad = [f for f in facts if f["status"] == "ok" or not UNEQUAL.search(f["status"])]
+    bad = [f for f in facts if f["status"] == "ok" or not show.UNEQUAL.search(f["status"])]
     first = facts[0]["status"].removeprefix("error: ").split(" (log:")[0] if facts else ""
     return holds(not bad, f"{', '.join(f['release'] for f in facts)} at attention TP "
                  f"{facts[0]['attn_tp'] if facts else '?'}: {first}",

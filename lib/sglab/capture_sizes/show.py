@@ -29,6 +29,7 @@ from sglab.capture_sizes import rebuild as fx
 from sglab.capture_sizes import sglang
 from sglab.capture_sizes.measure import VARIANTS
 from sglab.core import notebook, plots, runs
+from sglab.sglang import engine_runs
 from sglab.sglang.releases import PINNED, installed_releases
 from sglab.sglang.releases import parse_version
 
@@ -756,3 +757,116 @@ def command(argv: list[str], *, releases: list[str] | None = None, mla: bool = T
         to_csv(table, csv)
         print(f"CSV: {csv}")
     return 0 if not answered.empty else 1
+
+
+# --------------------------------------------------------------------------------------------------
+# the real engine at TP 2 (data/recorded/engine_capture_sizes/)
+# --------------------------------------------------------------------------------------------------
+# SGLang's own words for a reduce-scatter handed a size that does not split evenly over the ranks
+UNEQUAL = re.compile(r"same size|world size|divisib|unequal|shard|multiple of", re.I)
+
+
+def engine_facts(run) -> list[dict]:
+    """Per variant of the run: release, the rule its source follows (``VARIANT``), the capture
+    sizes asked for, the attention-TP size, what it did (status, SGLang's one line) and the sizes
+    it captured."""
+    df = engine_runs.latest([run])
+    status, tokens = engine_runs.text(df, "status"), engine_runs.text(df, "pcg_tokens")
+    out, seen = [], set()
+    for e in run.manifest.get("engine_runs", []):
+        key = next((k for k in status if k[1] == e["release"] and k[2] == e["case"]), None)
+        # a variant the harness cut off (timeout) gave no answer of SGLang's: not a fact
+        if key is None or key in seen or str(status[key]).startswith("timeout"):
+            continue
+        seen.add(key)
+        argv = e["server_args"]
+        asked = flag_list(argv, ("--piecewise-cuda-graph-tokens", "--cuda-graph-bs-prefill"))
+        tp = (flag_list(argv, ("--tp-size", "--tp")) or [1])[0]
+        got = tokens.get(key)
+        out.append({"release": e["release"], "case": e["case"], "rule": sglang.VARIANT.get(e["release"]),
+                    "asked": asked, "attn_tp": tp, "status": str(status[key]),
+                    "captured": sorted(int(x) for x in str(got).split()) if got else None})
+    return out
+
+
+def flag_list(argv, names) -> list[int]:
+    """The integers after the first of ``names`` in ``argv``, up to the next flag."""
+    argv = list(argv)
+    for i, a in enumerate(argv):
+        if a in names:
+            vals = []
+            for v in argv[i + 1:]:
+                if v.startswith("--"):
+                    break
+                vals.append(int(v))
+            return vals
+    return []
+
+
+RULE = {"before": "no filter (before #23972, or lost)", "pr_filter": "#23972's filter",
+        "today": "rounded up"}
+
+
+def engine_table(run) -> pd.DataFrame:
+    """One row per release that answered: the rule its source follows (the release check), the
+    sizes asked for, what the engine did (SGLang's own first error line, or the sizes it
+    captured), and what the rebuild's rule keeps of the same list."""
+    rows = []
+    for f in engine_facts(run):
+        keep = (fx.filter_piecewise_capture_sizes(f["asked"], f["attn_tp"])
+                if f["rule"] == "pr_filter" else
+                fx.today_capture_sizes(f["asked"], f["attn_tp"]) if f["rule"] == "today"
+                else f["asked"])
+        did = ("started" if f["status"] == "ok"
+               else "stopped at start-up: " + f["status"].removeprefix("error: ").split(" (log:")[0])
+        rows.append({"release": f["release"], "rule (read from its source)": RULE.get(
+                         f["rule"], str(f["rule"])),
+                     "attention TP": f["attn_tp"], "asked": " ".join(map(str, f["asked"])),
+                     "engine": did, "captured": " ".join(map(str, f["captured"] or [])) or "-",
+                     "rebuild keeps": " ".join(map(str, keep))})
+    return pd.DataFrame(rows).set_index("release") if rows else pd.DataFrame()
+
+
+def engine(run) -> None:
+    """SGLang's own engine at TP 2 with `--moe-dense-tp-size 1`: what each release did with
+    capture sizes that attention TP does not divide (SGLang's log, read by sglab engine)."""
+    if not run:
+        print(getattr(run, "line", "no real-engine run to show"))
+        return
+    print("real SGLang engines (Engine, dummy weights, DeepSeek-V3-style 2 layers), recorded: "
+          + "; ".join(sorted({engine_runs.label(r) for r in run.shown})))
+    for line in engine_runs.adjustments(run):
+        print(f"harness adjustment {line}")
+    notebook.show_table(engine_table(engine_runs.merged(run.shown)))
+
+
+def beside_rows(run, engine_run) -> list[dict]:
+    """The capture sizes at attention TP 2 as the rebuild's NCCL runs and SGLang's engine see
+    them."""
+    rows = []
+    if run:
+        two = [r for r in (run.shown if hasattr(run, "shown") else [run])
+               if int(r.manifest["params"]["world_size"]) == 2] or [run]
+        f = run_facts(two[0])
+        rows.append({"source": f"rebuild ({runs.gpu_short(two[0].manifest)} ×2, NCCL)",
+                     "measures": "sizes the reduce-scatter refuses without the filter, on "
+                                 "the default list scaled by W/8",
+                     "figure": ", ".join(map(str, sorted(f["refused_sizes"]))) or "none"})
+    if engine_run:
+        for f in engine_facts(engine_runs.merged(engine_run.shown)):
+            if f["rule"] == "before":
+                fig = f["status"].removeprefix("error: ").split(" (log:")[0]
+                what = f"start-up with sizes {' '.join(map(str, f['asked']))}: the PR's failure"
+            else:
+                fig = "captured " + " ".join(map(str, f["captured"] or []))
+                what = (f"start-up with sizes {' '.join(map(str, f['asked']))}: the sizes it "
+                        f"captures (the rebuild's filter keeps "
+                        f"{' '.join(map(str, fx.filter_piecewise_capture_sizes(f['asked'], f['attn_tp'])))})")
+            rows.append({"source": f"SGLang {f['release']} engine (TP {f['attn_tp']})",
+                         "measures": what, "figure": fig})
+    return rows
+
+
+def beside(run, engine_run) -> None:
+    """The rebuild beside the real engine (see :func:`beside_rows`)."""
+    engine_runs.beside(beside_rows(run, engine_run))

@@ -286,8 +286,12 @@ class Case:
 
     label: str
     args: tuple[str, ...] = ()
-    adjustments: tuple[str, ...] = ()
+    adjustments: tuple = ()  # Adjustment or name
     releases: tuple[str, ...] = ()
+
+    @property
+    def adjustment_names(self) -> tuple[str, ...]:
+        return tuple(a.name if isinstance(a, Adjustment) else a for a in self.adjustments)
 
 
 @dataclass(frozen=True)

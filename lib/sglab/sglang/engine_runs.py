@@ -23,7 +23,7 @@ def _model_of(run) -> dict:
             for e in run.manifest.get("engine_runs", [])}
 
 
-def _label(run) -> str:
+def label(run) -> str:
     return f"{runs.gpu_short(run.manifest)}, {run.manifest.get('created_utc', '')[:10]}"
 
 
@@ -34,7 +34,7 @@ def latest(runs_: list) -> pd.DataFrame:
     for order, run in enumerate(sorted(runs_, key=lambda r: r.manifest.get("created_utc", ""))):
         df = run.df.copy()
         df["model"] = df["variant"].map(_model_of(run)).fillna("?")
-        df["run"], df["_order"] = _label(run), order
+        df["run"], df["_order"] = label(run), order
         frames.append(df)
     if not frames:
         return pd.DataFrame(columns=[*KEYS, "metric", "value", "run"])
@@ -171,7 +171,7 @@ def plan_table(scenarios) -> pd.DataFrame:
                     continue
                 rows.append({"scenario": sc.name, "release": v, "case": c.label, "GPUs": sc.gpus,
                              "tool": sc.tool, "model": sc.model, "server args": " ".join(c.args),
-                             "harness adjustments": ", ".join(c.adjustments)})
+                             "harness adjustments": ", ".join(c.adjustment_names)})
     return pd.DataFrame(rows).set_index(["scenario", "release", "case"])
 
 
@@ -219,7 +219,7 @@ def section(run, facts_of: list[str], tables: list[tuple[str, str, str]]) -> Non
     tools = sorted({names.get(e.get("tool"), str(e.get("tool")))
                     for r in run.shown for e in r.manifest.get("engine_runs", [])})
     print(f"real SGLang engines, dummy weights, measured by SGLang's own {' and '.join(tools)} "
-          f"(recorded: {'; '.join(sorted({_label(r) for r in run.shown}))})")
+          f"(recorded: {'; '.join(sorted({label(r) for r in run.shown}))})")
     for line in adjustments(run):
         print(f"harness adjustment {line}")
     show_table(facts(df, facts_of))

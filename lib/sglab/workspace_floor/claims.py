@@ -9,14 +9,11 @@ creator's CUDA calls inside it) cover method version 2 on; the TP-4 claim says n
 
 from __future__ import annotations
 
-import dataclasses
-import gzip
 from types import SimpleNamespace
 from typing import Optional
 
 from sglab.core import runs
 from sglab.core.claims import Claim, Headline, holds
-from sglab.sglang import engine as eng
 from sglab.workspace_floor import measure, rebuild, show
 from sglab.workspace_floor.measure import COST_VARIANT, EXPERIMENT, GPUS  # noqa: F401 (interface)
 from sglab.workspace_floor.rebuild import MiB
@@ -368,66 +365,12 @@ HEADLINE = Headline(
 # --------------------------------------------------------------------------------------------------
 # the real engine (``scripts/engine_gpu.sh --plan 02``: data/recorded/engine_workspace_floor/)
 # --------------------------------------------------------------------------------------------------
-# the call site each engine variant runs, as the rebuild's policy (the released managers keep no
-# high-water mark)
-ENGINE_POLICY = {("0.5.12.post1", "fusion"): "before_pr", ("0.5.13", "fusion"): "floor_2048",
-                 ("0.5.13", "x-shape"): "floor_0"}
-
-
-def engine_trace(entry: dict, spec: dict, decisions: dict) -> list[int]:
-    """Every token count the call site can see in one engine run, in the engine's order: the
-    decode-graph and piecewise captures (largest first), then each call's prefill and decode steps
-    (warm-up calls included), kept where the fusion gate lets them through."""
-    caps = sorted(decisions.get("decode_bs") or [], reverse=True) + sorted(
-        decisions.get("pcg_tokens") or [], reverse=True)
-    steps = []
-    for il in spec.get("input_lens", []):
-        for _ in range(int(spec.get("warmup", 0)) + int(spec.get("repeats", 1))):
-            for n in spec.get("requests", [1]):
-                steps += [il * n] + [n] * (int(spec.get("output_len", 1)) - 1)
-    return rebuild.fused_steps(caps + steps)
-
-
-def engine_facts(run) -> list[dict]:
-    """Per engine variant of the run that started: its policy, the creations per rank and per
-    manager and their sizes (the trace adjustment's lines), the creations inside the timed calls
-    (forward steps), and the rebuild's simulation of the same trace with SGLang's pre-initialisation
-    at 2048 tokens."""
-    specs = {(s["release"], s["case"]): s for s in run.manifest.get("params", {}).get("specs", [])}
-    out = []
-    for i, e in enumerate(run.manifest.get("engine_runs", [])):
-        key = (e["release"], e["case"])
-        log = run.sidecar(f"log_{i}")
-        if e.get("status") != "ok" or key not in ENGINE_POLICY or log is None:
-            continue
-        d = eng.read_log(gzip.decompress(log.read_bytes()).decode(errors="replace"))
-        hidden = int(eng.text_config(e["model"]["config"])["hidden_size"])
-        world = int(d["resolved"].get("tp_size", 2)) if d.get("resolved") else 2
-        policy = dataclasses.replace(rebuild.POLICIES[ENGINE_POLICY[key]], high_water=False)
-        trace = engine_trace(e, specs.get(key, {}), d)
-        mgr, _ = rebuild.simulate(policy, trace, world_size=world, hidden_dim=hidden,
-                                  pre_initialize=rebuild.FUSE_ALLREDUCE_MAX_BATCH_SIZE)
-        ev = [x for x in d["events"] if x.get("event") == "workspace"]
-        ranks = sorted({int(x["rank"]) for x in ev})
-        per_rank = {r: [x for x in ev if int(x["rank"]) == r] for r in ranks}
-        out.append({
-            "variant": f"{key[0]}+{key[1]}", "policy": policy.name, "world": world,
-            "per_rank": {r: len(v) for r, v in per_rank.items()},
-            "managers": {r: len({x.get("obj") for x in v}) for r, v in per_rank.items()},
-            "sizes": sorted({int(x["max_token_num"]) for x in ev}),
-            "in_calls": sum(c.get("events", 0) for c in d["calls"]),
-            "calls": len(d["calls"]), "steps": len(trace),
-            "sim": len(mgr.events), "sim_sizes": sorted({x.max_token_num for x in mgr.events}),
-            "ms": sorted(float(x["seconds"]) * 1e3 for x in ev if "seconds" in x)})
-    return out
-
-
 def _engine_applies(run):
-    return None if engine_facts(run) else "no engine variant with the workspace trace started"
+    return None if show.engine_facts(run) else "no engine variant with the workspace trace started"
 
 
 def _engine_equal(run):
-    facts = engine_facts(run)
+    facts = show.engine_facts(run)
     good = [f for f in facts
             if f["per_rank"] and set(f["managers"].values()) == {rebuild.ENGINE_MANAGERS}
             and all(n == f["sim"] * f["managers"][r] for r, n in f["per_rank"].items())
@@ -444,7 +387,7 @@ def _engine_equal(run):
 
 
 def _engine_none_per_step(run):
-    facts = engine_facts(run)
+    facts = show.engine_facts(run)
     n = sum(f["in_calls"] for f in facts)
     return holds(n == 0, f"{n} creations during {sum(f['calls'] for f in facts)} generate calls "
                  f"({len(facts)} variants)", {"in_calls": n,

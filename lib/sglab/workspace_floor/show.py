@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import bisect
 import csv
+import dataclasses
+import gzip
 import math
 import re
 from dataclasses import dataclass
@@ -29,6 +31,8 @@ import pandas as pd
 
 from sglab.core import notebook, plots, runs
 from sglab.core.trace import PHASE_PREFIX
+from sglab.sglang import engine as eng
+from sglab.sglang import engine_runs
 from sglab.workspace_floor import measure, rebuild
 from sglab.workspace_floor.measure import COST_VARIANT, EXPERIMENT
 from sglab.workspace_floor.rebuild import MiB
@@ -793,3 +797,200 @@ def your_setup():
                                     {"floor": 2048, "world_size": 4, "prompt_length": 1200}],
                             title="Your traffic: workspace re-creations per policy on a generated "
                                   "cold start")
+
+
+# --------------------------------------------------------------------------------------------------
+# the real engine at TP 2 (data/recorded/engine_workspace_floor/)
+# --------------------------------------------------------------------------------------------------
+# the call site each engine variant runs, as the rebuild's policy (the released managers keep no
+# high-water mark)
+ENGINE_POLICY = {("0.5.12.post1", "fusion"): "before_pr", ("0.5.13", "fusion"): "floor_2048",
+                 ("0.5.13", "x-shape"): "shape_no_hwm"}
+
+
+def engine_trace(entry: dict, spec: dict, decisions: dict) -> list[int]:
+    """Every token count the call site can see in one engine run, in the engine's order: the
+    decode-graph and piecewise captures (largest first), then each call's prefill and decode steps
+    (warm-up calls included), kept where the fusion gate lets them through."""
+    caps = sorted(decisions.get("decode_bs") or [], reverse=True) + sorted(
+        decisions.get("pcg_tokens") or [], reverse=True)
+    steps = []
+    for il in spec.get("input_lens", []):
+        for _ in range(int(spec.get("warmup", 0)) + int(spec.get("repeats", 1))):
+            for n in spec.get("requests", [1]):
+                steps += [il * n] + [n] * (int(spec.get("output_len", 1)) - 1)
+    return rebuild.fused_steps(caps + steps)
+
+
+def engine_facts(run) -> list[dict]:
+    """Per engine variant of the run that started: its policy, the creations per rank and per
+    manager and their sizes (the trace adjustment's lines), the creations inside the timed calls
+    (forward steps), and the rebuild's simulation of the same trace with SGLang's pre-initialisation
+    at 2048 tokens."""
+    specs = {(s["release"], s["case"]): s for s in run.manifest.get("params", {}).get("specs", [])}
+    out = []
+    for i, e in enumerate(run.manifest.get("engine_runs", [])):
+        key = (e["release"], e["case"])
+        log = run.sidecar(f"log_{i}")
+        if e.get("status") != "ok" or key not in ENGINE_POLICY or log is None:
+            continue
+        d = eng.read_log(gzip.decompress(log.read_bytes()).decode(errors="replace"))
+        hidden = int(eng.text_config(e["model"]["config"])["hidden_size"])
+        world = int(d["resolved"].get("tp_size", 2)) if d.get("resolved") else 2
+        policy = dataclasses.replace(rebuild.POLICIES[ENGINE_POLICY[key]], high_water=False)
+        trace = engine_trace(e, specs.get(key, {}), d)
+        mgr, _ = rebuild.simulate(policy, trace, world_size=world, hidden_dim=hidden,
+                                  pre_initialize=rebuild.FUSE_ALLREDUCE_MAX_BATCH_SIZE)
+        ev = [x for x in d["events"] if x.get("event") == "workspace"]
+        ranks = sorted({int(x["rank"]) for x in ev})
+        per_rank = {r: [x for x in ev if int(x["rank"]) == r] for r in ranks}
+        out.append({
+            "variant": f"{key[0]}+{key[1]}", "policy": policy.name, "world": world,
+            "per_rank": {r: len(v) for r, v in per_rank.items()},
+            "managers": {r: len({x.get("obj") for x in v}) for r, v in per_rank.items()},
+            "sizes": sorted({int(x["max_token_num"]) for x in ev}),
+            "in_calls": sum(c.get("events", 0) for c in d["calls"]),
+            "calls": len(d["calls"]), "steps": len(trace),
+            "sim": len(mgr.events), "sim_sizes": sorted({x.max_token_num for x in mgr.events}),
+            "ms": sorted(float(x["seconds"]) * 1e3 for x in ev if "seconds" in x),
+            "ms_by_rank": {r: [float(x["seconds"]) * 1e3 for x in v if "seconds" in x]
+                           for r, v in per_rank.items()},
+            "first_call_ms": {int(c["input_len"]): float(c["seconds"]) * 1e3
+                              for c in d["calls"] if int(c.get("warmup", 0))},
+            "call_ms": {int(c["input_len"]): float(c["seconds"]) * 1e3
+                        for c in d["calls"] if not int(c.get("warmup", 0))}})
+    return out
+
+
+def engine_facts_of(runs_: list) -> list[dict]:
+    """:func:`engine_facts` over several runs (each read with its own log sidecars), the newest
+    answer per variant."""
+    best = {}
+    for r in sorted(runs_, key=lambda r: r.manifest.get("created_utc", "")):
+        best.update({f["variant"]: f for f in engine_facts(r)})
+    return [best[k] for k in sorted(best)]
+
+
+def engine_table(facts: list[dict]) -> pd.DataFrame:
+    """One row per engine variant: its call site (the rebuild's policy), the workspace creations
+    per rank and their size, how many of them fell inside the forward steps, the rebuild's
+    simulation of the same trace, and the time of each rank's first and second creation (the first
+    on a fresh machine holds FlashInfer's kernel build)."""
+    rows = []
+    for f in facts:
+        nth = [[v[i] for _, v in sorted(f["ms_by_rank"].items()) if len(v) > i] for i in (0, 1)]
+        rows.append({"variant": f["variant"],
+                     "call site": rebuild.POLICIES[f["policy"]].label,
+                     "creations per rank": "/".join(str(f["per_rank"][r])
+                                                    for r in sorted(f["per_rank"])),
+                     "max_token_num": "/".join(map(str, f["sizes"])),
+                     "in forward steps": f"{f['in_calls']} in {f['calls']} calls",
+                     "simulated, per manager": f"{f['sim']} at "
+                                               f"{'/'.join(map(str, f['sim_sizes']))}",
+                     "1st creation (ms)": "/".join(f"{m:,.1f}" for m in nth[0]),
+                     "2nd creation (ms)": "/".join(f"{m:,.1f}" for m in nth[1])})
+    return pd.DataFrame(rows).set_index("variant") if rows else pd.DataFrame()
+
+
+def first_call_table(facts: list[dict]) -> pd.DataFrame:
+    """Per prompt length, each variant's first generate call (untimed warm-up) beside its timed
+    one, in ms: where a first call is slow, something was built or loaded then."""
+    rows = []
+    for f in facts:
+        for n, ms in sorted(f["first_call_ms"].items()):
+            rows.append({"variant": f["variant"], "prompt tokens": n, "first call": ms,
+                         "timed call": f["call_ms"].get(n)})
+    if not rows:
+        return pd.DataFrame()
+    df = pd.DataFrame(rows)
+    return (df.pivot_table(index="variant", columns="prompt tokens",
+                           values=["first call", "timed call"], aggfunc="first")
+            .round(1).stack(level=0, future_stack=True))
+
+
+def engine_reading(facts: list[dict]) -> list[str]:
+    """What the engine runs say, in numbers read from them: creations per rank and when, and the
+    first call of each prompt length above the fusion gate beside its timed call."""
+    if not facts:
+        return []
+    per = sorted({n for f in facts for n in f["per_rank"].values()})
+    sizes = sorted({s for f in facts for s in f["sizes"]})
+    inside = sum(f["in_calls"] for f in facts)
+    out = [f"every variant: {'/'.join(map(str, per))} creations per rank, all at "
+           f"{'/'.join(map(str, sizes))} tokens, {inside} of them during the "
+           f"{sum(f['calls'] for f in facts)} generate calls; the rebuild's simulation with "
+           f"pre-initialisation: {'/'.join(str(f['sim']) for f in facts)} per manager"]
+    big = sorted({n for f in facts for n in f["first_call_ms"]
+                  if not rebuild.fusion_applies(n)})
+    for n in big:
+        first = [f["first_call_ms"][n] for f in facts if n in f["first_call_ms"]]
+        timed = [f["call_ms"][n] for f in facts if n in f["call_ms"]]
+        out.append(f"{n} tokens (above the fusion gate, no creation printed): first call "
+                   f"{_ms_span(first)}, timed call {_ms_span(timed)}")
+    first_create = [v[0] for f in facts for v in f["ms_by_rank"].values() if v]
+    second = [v[1] for f in facts for v in f["ms_by_rank"].values() if len(v) > 1]
+    if first_create and second:
+        out.append(f"a rank's first creation {_ms_span(first_create)} (holding FlashInfer's "
+                   f"kernel build where its cache was cold), its second {_ms_span(second)}")
+    return out
+
+
+def _ms_span(ms: list[float]) -> str:
+    """``lo–hi`` in ms, or in s where the largest is a second or more."""
+    lo, hi = min(ms), max(ms)
+    if hi >= 1000:
+        return f"{lo / 1e3:.1f}–{hi / 1e3:.1f} s"
+    return f"{lo:.1f}–{hi:.1f} ms" if hi < 100 else f"{lo:.0f}–{hi:.0f} ms"
+
+
+def engine(run) -> None:
+    """SGLang's own engine at TP 2 with `--enable-flashinfer-allreduce-fusion`: the workspace
+    creations per rank (the trace adjustment's lines), beside the rebuild's simulation of the same
+    trace, then each prompt length's first and timed call."""
+    if not run:
+        print(getattr(run, "line", "no real-engine run to show"))
+        return
+    print("real SGLang engines (Engine.generate, dummy weights, DeepSeek-V3-style 2 layers, "
+          "TP 2), recorded: " + "; ".join(sorted({engine_runs.label(r) for r in run.shown})))
+    for line in engine_runs.adjustments(run):
+        print(f"harness adjustment {line}")
+    facts = engine_facts_of(run.shown)
+    notebook.show_table(engine_table(facts))
+    notebook.show_table(first_call_table(facts))
+    for line in engine_reading(facts):
+        print(line)
+
+
+def beside_rows(run, engine_run) -> list[dict]:
+    """Workspace creations as the rebuild (cold start, on real workspaces) and SGLang's engine
+    (pre-initialised) count them, and what a creation costs in each."""
+    rows = []
+    if run:
+        gpu, w = runs.gpu_short(run.manifest), run_world_size(run)
+        stats = policy_stats(run)
+        for pol in ("floor_0", "floor_2048"):
+            try:
+                n = int(stats.loc[("short_ramp", pol), "recreations"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            rows.append({"source": f"rebuild ({gpu} TP {w}), cold start",
+                         "measures": f"creations along the short-prompt trace, "
+                                     f"{rebuild.POLICIES[pol].label}",
+                         "figure": f"{n}"})
+    else:
+        rows.append({"source": "rebuild", "measures": getattr(run, "line", "no GPU run"),
+                     "figure": ""})
+    if engine_run:
+        for f in engine_facts_of(engine_run.shown):
+            rows.append({"source": f"SGLang {f['variant']} engine (TP {f['world']})",
+                         "measures": f"creations per rank, {rebuild.POLICIES[f['policy']].label} "
+                                     "(pre-initialised at 2048 before capture; the rebuild "
+                                     f"simulates {f['sim']} per manager)",
+                         "figure": f"{max(f['per_rank'].values())} ({f['in_calls']} in forward "
+                                   "steps)"})
+    return rows
+
+
+def beside(run, engine_run) -> None:
+    """The rebuild beside the real engine (see :func:`beside_rows`)."""
+    engine_runs.beside(beside_rows(run, engine_run))

@@ -1,0 +1,62 @@
+"""06's real-engine claims on the committed TP-2 engine runs (data/recorded/engine_capture_sizes/):
+they hold, and each fails by name when a damaged copy says otherwise."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglab.capture_sizes import claims as C
+from sglab.core import claims as core
+from sglab.core import runs
+from tests.edits import copy_run, set_value
+
+FAILS, FILTER = ("engine_capture_sizes.unfiltered_release_fails",
+                 "engine_capture_sizes.filtered_release_captures_pr_filter")
+
+
+def _both():
+    """The committed run in which both 0.5.14 and 0.5.11 answered."""
+    for r in runs.load_all_recorded("engine_capture_sizes"):
+        if {f["release"] for f in C._engine_facts(r)} == {"0.5.14", "0.5.11"}:
+            return r
+    pytest.skip("no committed engine_capture_sizes run with both releases")
+
+
+def _status(run) -> dict:
+    return {r.claim.id: r.status for r in core.evaluate(C.ENGINE, run)}
+
+
+def test_the_committed_engine_runs_hold():
+    for r in runs.load_all_recorded("engine_capture_sizes"):
+        assert core.FAIL not in _status(r).values(), r.path.name
+    run = _both()
+    assert _status(run) == {FAILS: core.PASS, FILTER: core.PASS}
+    facts = {f["release"]: f for f in C._engine_facts(run)}
+    assert facts["0.5.11"]["asked"] == [3, 4, 5, 8] and facts["0.5.11"]["captured"] == [4, 8]
+    assert "same size as output size times world size" in facts["0.5.14"]["status"]
+
+
+@pytest.mark.parametrize("edit, claim", [
+    (dict(value="3 4 5 8", variant="0.5.11+odd-sizes", metric="pcg_tokens"), FILTER),
+    (dict(value="error: RuntimeError: CUDA out of memory", variant="0.5.11+odd-sizes",
+          metric="status"), FILTER),
+    (dict(value="ok", variant="0.5.14+odd-sizes", metric="status"), FAILS),
+    (dict(value="error: RuntimeError: CUDA out of memory", variant="0.5.14+odd-sizes",
+          metric="status"), FAILS),
+])
+def test_a_damaged_copy_fails_naming_the_claim(tmp_path, edit, claim):
+    value = edit.pop("value")
+    dst = copy_run(_both().path, tmp_path, lambda df: set_value(df, value, **edit))
+    assert _status(runs.read_run(dst))[claim] == core.FAIL
+
+
+def test_a_variant_the_harness_cut_off_is_no_answer(tmp_path):
+    dst = copy_run(_both().path, tmp_path, lambda df: set_value(
+        df, "timeout: no exit in 300 s", variant="0.5.14+odd-sizes", metric="status"))
+    assert _status(runs.read_run(dst))[FAILS] == core.NA
+
+
+def test_flag_lists_read_up_to_the_next_flag():
+    argv = ["--tp-size", "2", "--piecewise-cuda-graph-tokens", "3", "4", "--cuda-graph-max-bs", "8"]
+    assert C.flag_list(argv, ("--piecewise-cuda-graph-tokens",)) == [3, 4]
+    assert C.flag_list(argv, ("--tp-size",)) == [2] and C.flag_list(argv, ("--nope",)) == []

@@ -1,0 +1,57 @@
+"""02's real-engine claims on the committed TP-2 engine runs (data/recorded/engine_workspace_floor/):
+they hold, the engine's creations equal the rebuild's simulation with SGLang's pre-initialisation,
+and a log with one creation more fails by name."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+from sglab.core import claims as core
+from sglab.core import runs
+from sglab.workspace_floor import claims as C
+from sglab.workspace_floor import rebuild
+from sglab.workspace_floor import show as S
+from tests.edits import copy_run
+
+EQUAL, NONE = ("engine_workspace_floor.creations_equal_simulation",
+               "engine_workspace_floor.no_creation_per_forward_step")
+
+
+def _status(run) -> dict:
+    return {r.claim.id: r.status for r in core.evaluate(C.ENGINE, run)}
+
+
+def test_every_variant_creates_two_workspaces_per_rank_at_2048_as_simulated():
+    recorded = runs.load_all_recorded("engine_workspace_floor")
+    facts = [f for r in recorded for f in S.engine_facts(r)]
+    assert {f["variant"] for f in facts} == {"0.5.12.post1+fusion", "0.5.13+fusion",
+                                             "0.5.13+x-shape"}
+    for f in facts:
+        assert f["per_rank"] == {0: 2, 1: 2} and f["sizes"] == [2048] and f["in_calls"] == 0
+        assert f["sim"] == 1 and f["sim_sizes"] == [2048]
+    for r in recorded:
+        assert _status(r) == {EQUAL: core.PASS, NONE: core.PASS}
+
+
+def test_the_fusion_gate_keeps_larger_steps_off_the_call_site():
+    assert rebuild.fused_steps([4, 2048, 2049, 3000, 0]) == [4, 2048]
+    # without SGLang's pre-initialisation, x.shape[0] would re-create on the same trace
+    trace = [1, 4, 64, 700, 1500]
+    cold, _ = rebuild.simulate(rebuild.POLICIES["floor_0"], trace, world_size=2, hidden_dim=1024)
+    warm, _ = rebuild.simulate(rebuild.POLICIES["floor_0"], trace, world_size=2, hidden_dim=1024,
+                               pre_initialize=rebuild.FUSE_ALLREDUCE_MAX_BATCH_SIZE)
+    assert len(cold.events) == len(trace) and len(warm.events) == 1
+
+
+def test_a_creation_during_a_forward_step_fails_both_claims(tmp_path):
+    src = next(r for r in runs.load_all_recorded("engine_workspace_floor")
+               if r.manifest["releases"] == ["0.5.12.post1"])
+    dst = copy_run(src.path, tmp_path, lambda df: df)
+    log = dst.with_name(json.loads(dst.with_suffix(".json").read_text())["sidecars"]["log_0"])
+    lines = gzip.decompress(log.read_bytes()).decode().splitlines()
+    at = next(i for i, ln in enumerate(lines) if "call-begin" in ln and "input_len=200" in ln)
+    lines.insert(at + 1, "[sglab-engine] event workspace pid=1 max_token_num=4096 world_size=2 "
+                         "rank=0 obj=abc seconds=0.02")
+    log.write_bytes(gzip.compress("\n".join(lines).encode()))
+    assert _status(runs.read_run(dst)) == {EQUAL: core.FAIL, NONE: core.FAIL}
