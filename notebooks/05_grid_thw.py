@@ -174,12 +174,18 @@ sglang.gpu_recorded();
 # ### The real engine at TP 2
 #
 # SGLang's whole engine on the tiny Kimi-K2.5 at TP 2, fed one 448×448 image: each process's memory
-# on GPU 0 (nvidia-smi) with 0.5.11 as released (grid on the CPU) and with #22858's one line
-# reverted. It needs 2 GPUs (`bash scripts/engine_gpu.sh --plan 05`); until such a run is recorded,
-# the cell shows what it runs and what it expects.
+# on each GPU (NVML, after the request) with 0.5.11 as released (grid on the CPU) and with the one
+# line of #22858 reverted. A machine without network has no Kimi-K2.5 processor files, so the
+# release's `get_processor` is handed a processor made here (`sglab.grid_thw.stand_in`: the
+# harness's tokenizer with Kimi's media tokens, Kimi-K2.5's patch settings); the preprocessing on
+# GPU 0, the grid and its trip to the ranks are the release's own. It needs 2 GPUs (`bash
+# scripts/engine_gpu.sh --plan 05`); until such a run is recorded, the cell shows what it runs and
+# what it expects.
 
 # %%
-sglang.FIX.show_engine()
+engine = sglang.FIX.recorded_engine()
+show.engine(engine)
+verdict(claims.ENGINE, engine)
 
 # %% [markdown]
 # ## Measured: where the grid lands (GPU)

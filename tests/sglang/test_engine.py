@@ -12,7 +12,7 @@ import pytest
 
 from sglab.sglang import engine as eng
 from sglab.tools import fixes
-from sglab.sglang.releases import package_dir, release_installed
+from sglab.sglang import testing
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "data" / "models"
@@ -20,9 +20,7 @@ LLAMA = MODELS / "llama_32x512" / "config.json"
 
 
 def _pkg(v: str) -> Path:
-    if not release_installed(v):
-        pytest.skip(f"sglang {v} is not installed (sglab real install)")
-    return package_dir(v)
+    return testing.package(v)
 
 
 # -- arguments -------------------------------------------------------------------------------------
@@ -511,40 +509,6 @@ def test_decode_kernels_per_replay_and_layer(tmp_path):
     assert k["table"][0] == ("gather", 4.0)
 
 
-# -- the #23552 revert -----------------------------------------------------------------------------
-def test_swa_loc_revert_removes_exactly_the_prs_hunk():
-    src_file = _pkg("0.5.11") / "srt/model_executor/cuda_graph_runner.py"
-    adj = eng.adjustment("revert-pr23552-swa-loc-preset")
-    params = eng.patch_params(adj)
-    text = params["text"]
-    assert "set_swa_loc" in text and text.startswith("    # swa_loc must be set before capture")
-    fn = eng.function_source(src_file.read_text(), "CudaGraphRunner.capture_one_batch_size")
-    new = eng.reverted_source({**params, "name": adj.name}, fn)
-    assert "set_swa_loc" not in new and len(fn.splitlines()) - len(new.splitlines()) == len(
-        text.splitlines()
-    )
-    compile(new, "reverted", "exec")
-    # 0.5.12.post1 has the hunk too (changed by #24743), 0.5.13 has none: the revert refuses instead
-    # of guessing
-    with pytest.raises(ValueError, match="0 times"):
-        eng.remove_text(
-            eng.function_source(
-                (_pkg("0.5.13") / "srt/model_executor/cuda_graph_runner.py").read_text(),
-                "CudaGraphRunner.capture_one_batch_size",
-            ),
-            text,
-            "x",
-        )
-
-
-def test_grid_thw_revert_line_is_in_0_5_11():
-    src = (_pkg("0.5.11") / "srt/multimodal/processors/kimi_k25.py").read_text()
-    adj = eng.adjustment("revert-pr22858-grid-thw-cpu")
-    fn = eng.function_source(src, "KimiGPUProcessorWrapper._gpu_call")
-    new = eng.reverted_source({**adj.param_dict(), "name": adj.name}, fn)
-    assert ".cpu()" not in new and "grid_thws" in new
-
-
 def test_revert_hunk_applies_in_a_process(tmp_path, monkeypatch):
     """The patch machinery on a stand-in module: redefined from its own source minus the hunk, same
     globals."""
@@ -749,7 +713,7 @@ def test_scenarios_build_their_specs():
 def test_multi_gpu_scenarios_build_arguments_each_release_accepts(tmp_path, name):
     sc = fixes.scenario(name)
     for spec in sc.specs():
-        if not release_installed(spec.release):
+        if not testing.release_installed(spec.release):
             continue
         prep = eng.prepare(spec, tmp_path / spec.variant, check=False)
         if sc.gpus > 1:
@@ -782,11 +746,3 @@ def test_model_package_for_the_kimi_adjustment_is_importable_by_name():
     assert ours == released
 
 
-@pytest.mark.parametrize("v", ["0.5.12.post1", "0.5.13"])
-def test_traced_workspace_initialize_exists_with_its_arguments(v):
-    adj = eng.adjustment("trace-flashinfer-workspace")
-    params = adj.param_dict()
-    path = _pkg(v) / (params["module"].replace("sglang.", "", 1).replace(".", "/") + ".py")
-    src = eng.function_source(path.read_text(), params["qualname"])
-    head = src.split(")", 1)[0]
-    assert all(a in head for a in params["args"])

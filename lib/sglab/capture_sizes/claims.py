@@ -280,7 +280,7 @@ def _filtered(run) -> list[dict]:
 def _engine_fails(run):
     facts = _unfiltered(run)
     bad = [f for f in facts if f["status"] == "ok" or not show.UNEQUAL.search(f["status"])]
-    first = facts[0]["status"].removeprefix("error: ").split(" (log:")[0] if facts else ""
+    first = show.first_line(facts[0]) if facts else ""
     return holds(not bad, f"{', '.join(f['release'] for f in facts)} at attention TP "
                  f"{facts[0]['attn_tp'] if facts else '?'}: {first}",
                  {"releases": ", ".join(f["release"] for f in facts), "message": first,

@@ -783,7 +783,8 @@ def engine_facts(run) -> list[dict]:
         asked = flag_list(argv, ("--piecewise-cuda-graph-tokens", "--cuda-graph-bs-prefill"))
         tp = (flag_list(argv, ("--tp-size", "--tp")) or [1])[0]
         got = tokens.get(key)
-        out.append({"release": e["release"], "case": e["case"], "rule": sglang.VARIANT.get(e["release"]),
+        out.append({"release": e["release"], "case": e["case"],
+                    "rule": sglang.VARIANT.get(e["release"]),
                     "asked": asked, "attn_tp": tp, "status": str(status[key]),
                     "captured": sorted(int(x) for x in str(got).split()) if got else None})
     return out
@@ -803,6 +804,11 @@ def flag_list(argv, names) -> list[int]:
     return []
 
 
+def first_line(fact: dict) -> str:
+    """SGLang's own first error line of a variant that stopped (its status, without the log)."""
+    return fact["status"].removeprefix("error: ").split(" (log:")[0]
+
+
 RULE = {"before": "no filter (before #23972, or lost)", "pr_filter": "#23972's filter",
         "today": "rounded up"}
 
@@ -817,8 +823,7 @@ def engine_table(run) -> pd.DataFrame:
                 if f["rule"] == "pr_filter" else
                 fx.today_capture_sizes(f["asked"], f["attn_tp"]) if f["rule"] == "today"
                 else f["asked"])
-        did = ("started" if f["status"] == "ok"
-               else "stopped at start-up: " + f["status"].removeprefix("error: ").split(" (log:")[0])
+        did = ("started" if f["status"] == "ok" else "stopped at start-up: " + first_line(f))
         rows.append({"release": f["release"], "rule (read from its source)": RULE.get(
                          f["rule"], str(f["rule"])),
                      "attention TP": f["attn_tp"], "asked": " ".join(map(str, f["asked"])),
@@ -855,13 +860,13 @@ def beside_rows(run, engine_run) -> list[dict]:
     if engine_run:
         for f in engine_facts(engine_runs.merged(engine_run.shown)):
             if f["rule"] == "before":
-                fig = f["status"].removeprefix("error: ").split(" (log:")[0]
+                fig = first_line(f)
                 what = f"start-up with sizes {' '.join(map(str, f['asked']))}: the PR's failure"
             else:
                 fig = "captured " + " ".join(map(str, f["captured"] or []))
+                keep = fx.filter_piecewise_capture_sizes(f["asked"], f["attn_tp"])
                 what = (f"start-up with sizes {' '.join(map(str, f['asked']))}: the sizes it "
-                        f"captures (the rebuild's filter keeps "
-                        f"{' '.join(map(str, fx.filter_piecewise_capture_sizes(f['asked'], f['attn_tp'])))})")
+                        f"captures (the rebuild's filter keeps {' '.join(map(str, keep))})")
             rows.append({"source": f"SGLang {f['release']} engine (TP {f['attn_tp']})",
                          "measures": what, "figure": fig})
     return rows

@@ -11,6 +11,8 @@ own, are n/a (with the reason) on runs that cannot show them.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from sglab.core.claims import Claim, Headline, holds
 from sglab.core.runs import gpu_short, newest_by
 from sglab.grid_thw import show
@@ -341,3 +343,48 @@ HEADLINE = Headline(
            f"Spread within a run: {{hi[{_SPREAD}][spread_mib]:.0f}} MiB."),
     per_run=f"{{gpu}} TP {{count}}: {{v[{_GROWS}][gpu0_total_mib]:.0f}} MiB", sep=". ",
     run_sep=", ")
+
+
+# --------------------------------------------------------------------------------------------------
+# the real engine (``scripts/engine_gpu.sh --plan 05``: data/recorded/engine_grid_thw/)
+# --------------------------------------------------------------------------------------------------
+def _engine_gpu0(run) -> dict:
+    """``{case: {rank: MiB on GPU 0}}`` of the scheduler ranks ≥ 1 of each variant that started
+    (0 where NVML lists no such process there)."""
+    return show.engine_gpu0(run)
+
+
+def _engine_applies(run):
+    got = _engine_gpu0(run)
+    return None if {"released", "before"} <= set(got) else (
+        "this run has no 'released' and 'before' Kimi-K2.5 engines that both started and "
+        "recorded their GPU memory")
+
+
+def _engine_before(run):
+    got = _engine_gpu0(run)
+    before, after = got["before"], got["released"]
+    ok = bool(before) and all(m > 0 for m in before.values()) and all(
+        m == 0 for m in after.values()) and set(before) == set(after)
+    value = {"before_min_mib": min(before.values(), default=0),
+             "before_max_mib": max(before.values(), default=0),
+             "after_max_mib": max(after.values(), default=0), "ranks": len(before)}
+    return holds(ok, "GPU 0 held by ranks ≥ 1: "
+                 + ", ".join(f"TP{r} {m:.0f} MiB" for r, m in sorted(before.items()))
+                 + " with #22858 reverted; "
+                 + ", ".join(f"TP{r} {m:.0f} MiB" for r, m in sorted(after.items()))
+                 + " as released", value)
+
+
+ENGINE = SimpleNamespace(
+    EXPERIMENT="engine_grid_thw",
+    CLAIM="In SGLang's own engine (Kimi-K2.5 tiny, dummy weights, one image, TP 2), every "
+          "scheduler rank ≥ 1 holds memory on GPU 0 when #22858's `.cpu()` is reverted, and none "
+          "as released.",
+    CLAIMS=[Claim("engine_grid_thw.rank_contexts_on_gpu0",
+                  "With #22858's line reverted, every scheduler rank ≥ 1 holds a CUDA context on "
+                  "GPU 0 (NVML, after the image request); with it, no rank ≥ 1 holds anything there",
+                  "before: > 0 MiB per rank ≥ 1; released: 0 MiB (exact)", _engine_before,
+                  applies=_engine_applies)],
+    shown=lambda runs_: list(runs_),
+)

@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from sglab.core.memory import all_processes, explain_no_match
-from sglab.grid_thw import rebuild
-from sglab.sglang.engine import Case, Scenario
+from sglab.grid_thw import rebuild, stand_in
+from sglab.sglang.engine import Adjustment, Case, Scenario
 from sglab.sglang import bootstrap
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
@@ -403,23 +403,35 @@ def gpu_tables(df) -> dict:
 # the record
 # --------------------------------------------------------------------------------------------------
 # -- the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_grid_thw/
+GRID_ON_CUDA0 = Adjustment(
+    "revert-pr22858-grid-thw-cpu",
+    "the 'before' of #22858 never shipped in a release: on 0.5.11 the PR's line `grid_thws = "
+    "grid_thws.cpu()` in KimiGPUProcessorWrapper._gpu_call is removed, so the grid travels to the "
+    "scheduler ranks on cuda:0 as it did before the PR; nothing else changes",
+    patch="sglab.sglang.engine:revert_hunk",
+    params=(
+        ("module", "sglang.srt.multimodal.processors.kimi_k25"),
+        ("qualname", "KimiGPUProcessorWrapper._gpu_call"),
+        ("text", "    grid_thws = grid_thws.cpu()\n"),
+    ),
+)
+KIMI_TP2 = ("--tp-size", "2", "--mm-attention-backend", "triton_attn")
+# what any Kimi-K2.5 tiny engine fed an image needs here: the processor made offline, and the MLA
+# weights absorbed after the dummy load (0.5.11 has no post_load_weights)
+KIMI_IMAGE = (stand_in.PROCESSOR, "kimi-k25-post-load-weights")
 ENGINE = (
     Scenario(
         fix="grid_thw",
         name="05-grid-thw",
         gpus=2,
-        what="Kimi-K2.5 tiny fed one image at TP 2: each process's memory on GPU 0 (nvidia-smi) "
-        "with the grid on the CPU (0.5.11) and with #22858's line reverted",
+        what="Kimi-K2.5 tiny fed one image at TP 2: each process's memory on each GPU (NVML) "
+        "with the grid on the CPU (0.5.11 as released) and with #22858's line reverted",
         model="kimi_k25_tiny",
         tool="engine",
         releases=("0.5.11",),
         cases=(
-            Case("released", ("--tp-size", "2", "--mm-attention-backend", "triton_attn")),
-            Case(
-                "before",
-                ("--tp-size", "2", "--mm-attention-backend", "triton_attn"),
-                ("revert-pr22858-grid-thw-cpu",),
-            ),
+            Case("released", KIMI_TP2, KIMI_IMAGE),
+            Case("before", KIMI_TP2, (*KIMI_IMAGE, GRID_ON_CUDA0)),
         ),
         requests=(1,),
         input_lens=(16,),
@@ -428,7 +440,7 @@ ENGINE = (
         image_size=(448, 448),
         # Kimi-K2.5's chat template for one image (its processor expands the pad token)
         prompt="<|media_start|>image<|media_content|><|media_pad|><|media_end|> Describe it.",
-        expect="before: rank 1 holds memory on GPU 0; released: none",
+        expect="before: every rank >= 1 holds memory on GPU 0; released: none",
     ),
 )
 

@@ -15,12 +15,15 @@ added up.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
 from sglab.core import notebook, plots, runs
-from sglab.grid_thw import measure, rebuild
+from sglab.grid_thw import measure, rebuild, sglang
 from sglab.grid_thw.measure import KERNEL_STEPS, PHASES
+from sglab.sglang import engine_runs
 
 STRAY = "#c0392b"
 VARIANT_ORDER = ("before", "ipc", "eager", "after")
@@ -574,3 +577,64 @@ def your_setup():
                                      "max_images": 1}],
                             title="Your deployment: what the grid on cuda:0 and the bundled "
                                   "items cost")
+
+
+# --------------------------------------------------------------------------------------------------
+# the real engine at TP 2 (data/recorded/engine_grid_thw/)
+# --------------------------------------------------------------------------------------------------
+def _tp_of(run) -> dict:
+    """``{case: TP size}`` from each engine entry's server arguments."""
+    out = {}
+    for e in run.manifest.get("engine_runs", []):
+        argv = list(e.get("server_args", []))
+        tp = int(argv[argv.index("--tp-size") + 1]) if "--tp-size" in argv else 1
+        out[e["case"]] = tp
+    return out
+
+
+def engine_memory(run) -> pd.DataFrame:
+    """Each process's memory on each GPU after the image request, per case that started: rows
+    ``case, process, rank, gpu, MiB`` (rank: the scheduler's TP rank, None for other processes)."""
+    df = engine_runs.latest([run])
+    ok = {k[2] for k, v in engine_runs.releases_ok(df).items() if v}
+    d = df[(df.metric == "gpu_memory") & df.case.isin(ok)]
+    rows = []
+    for case, proc, gpu, mib in zip(d.case, d.process, d.gpu, d.value):
+        m = re.search(r"scheduler_TP(\d+)", str(proc))
+        rows.append({"case": case, "process": str(proc), "rank": int(m.group(1)) if m else None,
+                     "gpu": int(float(gpu)), "MiB": float(mib)})
+    return pd.DataFrame(rows, columns=["case", "process", "rank", "gpu", "MiB"])
+
+
+def engine_gpu0(run) -> dict:
+    """``{case: {rank: MiB on GPU 0}}`` for every scheduler rank ≥ 1 of each case that started and
+    recorded memory (0 where NVML lists that rank on GPU 0 with nothing)."""
+    mem, tps = engine_memory(run), _tp_of(run)
+    out = {}
+    for case, g in mem.groupby("case"):
+        on0 = {}
+        for r in range(1, tps.get(case, 1)):
+            hit = g[(g["rank"] == r) & (g["gpu"] == 0)]
+            on0[r] = float(hit["MiB"].sum()) if len(hit) else 0.0
+        out[case] = on0
+    return out
+
+
+def engine(run) -> None:
+    """SGLang's own engine at TP 2 fed one image: each process's memory on each GPU (NVML, after
+    the request), 0.5.11 as released beside #22858 reverted."""
+    if not run:
+        engine_runs.planned(run, sglang.ENGINE)
+        return
+    print("real SGLang engines (Engine.generate with one image, dummy weights, Kimi-K2.5 tiny), "
+          "recorded: " + "; ".join(sorted({engine_runs.label(r) for r in run.shown})))
+    for line in engine_runs.adjustments(run):
+        print(f"harness adjustment {line}")
+    mem = pd.concat([engine_memory(r) for r in run.shown], ignore_index=True)
+    if mem.empty:
+        print("no process memory recorded")
+        return
+    wide = mem.pivot_table(index=["case", "process"], columns="gpu", values="MiB",
+                           aggfunc="sum").fillna(0).round(0)
+    wide.columns = [f"GPU {c} (MiB)" for c in wide.columns]
+    notebook.show_table(wide)

@@ -160,39 +160,6 @@ def hunk_added_lines(diff: Path, contains: str, symbol: str = "") -> str:
     return "\n".join(block) + "\n"
 
 
-def _swa_loc_revert() -> Adjustment:
-    diff = "data/upstream/swa_loc/pr23552.diff"
-    return Adjustment(
-        "revert-pr23552-swa-loc-preset",
-        "the 'before' of #23552 never ran as a whole engine on this image (0.5.10.post1 pins torch "
-        "2.9.1): on 0.5.11 the PR's hunk in CudaGraphRunner.capture_one_batch_size (the "
-        "set_swa_loc preset before capture, "
-        f"read from {diff}) is removed, nothing else; labelled 'before (#23552 reverted)'",
-        patch="sglab.sglang.engine:revert_hunk",
-        params=(
-            ("module", "sglang.srt.model_executor.cuda_graph_runner"),
-            ("qualname", "CudaGraphRunner.capture_one_batch_size"),
-            ("diff", diff),
-            ("contains", "set_swa_loc"),
-        ),
-    )
-
-
-def _grid_thw_revert() -> Adjustment:
-    return Adjustment(
-        "revert-pr22858-grid-thw-cpu",
-        "the 'before' of #22858 never shipped in a release: on 0.5.11 the PR's line `grid_thws = "
-        "grid_thws.cpu()` in KimiGPUProcessorWrapper._gpu_call is removed, so the grid travels to "
-        "the scheduler ranks on cuda:0 as it did before the PR; nothing else changes",
-        patch="sglab.sglang.engine:revert_hunk",
-        params=(
-            ("module", "sglang.srt.multimodal.processors.kimi_k25"),
-            ("qualname", "KimiGPUProcessorWrapper._gpu_call"),
-            ("text", "    grid_thws = grid_thws.cpu()\n"),
-        ),
-    )
-
-
 ADJUSTMENTS: dict[str, Callable[[], Adjustment]] = {
     "kimi-k25-post-load-weights": lambda: Adjustment(
         "kimi-k25-post-load-weights",
@@ -203,31 +170,30 @@ ADJUSTMENTS: dict[str, Callable[[], Adjustment]] = {
         "SGLANG_EXTERNAL_MODEL_PACKAGE=sglab.sglang.engine_models",
         env=(("SGLANG_EXTERNAL_MODEL_PACKAGE", "sglab.sglang.engine_models"),),
     ),
-    "revert-pr23552-swa-loc-preset": _swa_loc_revert,
-    "revert-pr22858-grid-thw-cpu": _grid_thw_revert,
-    "trace-flashinfer-workspace": lambda: Adjustment(
-        "trace-flashinfer-workspace",
-        "SGLang logs nothing when it creates a FlashInfer all-reduce workspace: each call of "
-        "FlashInferWorkspaceManager.initialize prints one line with its max_token_num (behaviour "
-        "unchanged)",
-        patch="sglab.sglang.engine:trace_calls",
-        params=(
-            ("module", "sglang.srt.layers.flashinfer_comm_fusion"),
-            ("qualname", "FlashInferWorkspaceManager.initialize"),
-            ("event", "workspace"),
-            ("args", ("max_token_num", "world_size", "rank")),
-        ),
-    ),
 }
 
 
-def adjustment(name: str) -> Adjustment:
+def adjustment(name: str, known: Iterable[Adjustment] = ()) -> Adjustment:
+    """The shared adjustment ``name`` (a model's, not a fix's), or one of ``known`` (each fix
+    builds its own in its folder: ``sglab engine --adjust`` passes them all)."""
+    found = {a.name: a for a in known}
+    if name in found:
+        return found[name]
     try:
         return ADJUSTMENTS[name]()
     except KeyError:
         raise EngineError(
-            f"unknown harness adjustment {name!r} (known: {', '.join(ADJUSTMENTS)})"
+            f"unknown harness adjustment {name!r} (known: {', '.join([*ADJUSTMENTS, *found])})"
         ) from None
+
+
+def trace_adjustment(name: str, reason: str, module: str, qualname: str, event: str,
+                     args: tuple[str, ...]) -> Adjustment:
+    """An adjustment that prints one ``event`` line per call of ``module.qualname`` with the named
+    arguments, the object it was called on and the call's time (:func:`trace_calls`)."""
+    return Adjustment(name, reason, patch="sglab.sglang.engine:trace_calls",
+                      params=(("module", module), ("qualname", qualname), ("event", event),
+                              ("args", args)))
 
 
 # -- what to run -----------------------------------------------------------------------------------
@@ -879,7 +845,7 @@ def prepare(
 
 
 # -- hooks inside the engine's processes -----------------------------------------------------------
-def _say(text: str) -> None:
+def say(text: str) -> None:
     print(f"{MARK} {text}", flush=True)
 
 
@@ -963,7 +929,7 @@ def _print_resolved(module) -> None:
             if v == "<absent>":
                 continue
             out[k] = v if isinstance(v, (str, int, float, bool, list, type(None))) else str(v)
-        _say("resolved " + json.dumps(out, default=str))
+        say("resolved " + json.dumps(out, default=str))
 
     __post_init__._sglab = True
     cls.__post_init__ = __post_init__
@@ -1065,7 +1031,7 @@ def revert_hunk(params: dict, module) -> None:
     namespace: dict = {}
     exec(code, module.__dict__, namespace)
     setattr(owner, attr, namespace[attr])
-    _say(
+    say(
         f"applied {params['name']} pid={os.getpid()} ({module.__name__}.{params['qualname']}: "
         + (
             f"{params['text'].strip()!r} -> {params['replacement'].strip()!r})"
@@ -1093,11 +1059,11 @@ def trace_calls(params: dict, module) -> None:
         try:
             return fn(*a, **kw)
         finally:
-            _say(f"event {params['event']} pid={os.getpid()} {shown} "
+            say(f"event {params['event']} pid={os.getpid()} {shown} "
                  f"seconds={time.perf_counter() - t0:.6f}")
 
     setattr(owner, attr, wrapper)
-    _say(
+    say(
         f"applied {params['name']} pid={os.getpid()} ({module.__name__}.{params['qualname']}: "
         f"traced)"
     )
@@ -2074,44 +2040,24 @@ def _ids(rng, n: int) -> list[int]:
 
 
 def _gpu_memory() -> None:
-    try:
-        out = subprocess.run(
-            [
-                "nvidia-smi",
-                "--query-compute-apps=pid,gpu_uuid,used_memory",
-                "--format=csv,noheader,nounits",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        gpus = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return
-    index = {
-        u.strip(): i.strip()
-        for i, u in (ln.split(",") for ln in gpus.stdout.splitlines() if "," in ln)
-    }
-    for ln in out.stdout.splitlines():
-        parts = [x.strip() for x in ln.split(",")]
-        if len(parts) != 3:
-            continue
-        pid, uuid_, mib = parts
-        try:
-            import psutil
+    """One line per (process, GPU) that NVML reports: the memory each process holds on each GPU,
+    named by its process title (``sglang::scheduler_TP1``)."""
+    import psutil
 
-            name = psutil.Process(int(pid)).name()
-        except Exception:  # noqa: BLE001 - the process may be gone
+    from sglab.core import memory
+
+    try:
+        rows = memory.all_processes()
+    except Exception as exc:  # noqa: BLE001 - no NVML here: say so in the log
+        say(f"gpu-memory-error {type(exc).__name__}: {exc}")
+        return
+    for r in rows:
+        try:
+            name = psutil.Process(r["pid"]).name()
+        except psutil.Error:
             name = "?"
-        _say(
-            f"gpu-memory pid={pid} gpu={index.get(uuid_, uuid_)} mib={mib} "
-            f"name={name.replace(' ', '_')}"
-        )
+        say(f"gpu-memory pid={r['pid']} gpu={r['gpu']} mib={r['used_mib']:.0f} "
+            f"name={name.replace(' ', '_')}")
 
 
 def drive(params_path: str) -> int:
@@ -2142,7 +2088,7 @@ def drive(params_path: str) -> int:
             for n in p["requests"]:
                 for r in range(p["warmup"] + p["repeats"]):
                     warm = int(r < p["warmup"])
-                    _say(f"call-begin id={k} requests={n} input_len={il} warmup={warm}")
+                    say(f"call-begin id={k} requests={n} input_len={il} warmup={warm}")
                     kwargs = {
                         "sampling_params": {
                             "max_new_tokens": p["output_len"],
@@ -2158,7 +2104,7 @@ def drive(params_path: str) -> int:
                     t0 = time.perf_counter()
                     engine.generate(**kwargs)
                     dt = time.perf_counter() - t0
-                    _say(
+                    say(
                         f"call id={k} requests={n} input_len={il} output_len={p['output_len']} "
                         f"warmup={warm} seconds={dt:.6f}"
                     )

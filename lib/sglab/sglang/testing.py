@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 
+from sglab.sglang.releases import package_dir, release_installed  # noqa: F401 (for tests)
 from sglab.sglang.runner import DEFAULT_TIMEOUT_S, ProbeResult, run_probes
 
 
@@ -28,6 +29,19 @@ def require(result: ProbeResult) -> ProbeResult:
     if os.environ.get("CI"):
         pytest.fail(f"real SGLang did not run: {reason}", pytrace=False)
     pytest.skip(f"real SGLang did not run: {reason}")
+
+
+def package(release: str):
+    """The installed release's ``sglang`` folder (its source, read as text); fail (CI) or skip
+    (elsewhere) when it is not installed."""
+    import pytest
+
+    if release_installed(release):
+        return package_dir(release)
+    reason = f"sglang {release} is not installed (sglab real install --releases {release})"
+    if os.environ.get("CI"):
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
 
 
 def probe_all(releases, probe: str, params=None) -> dict[str, ProbeResult]:

@@ -125,7 +125,7 @@ def _groups(args):
             profile=args.profile,
             case=args.case,
             timeout=args.timeout or eng.DEFAULT_TIMEOUT_S,
-            adjustments=tuple(eng.adjustment(a) for a in args.adjust),
+            adjustments=tuple(eng.adjustment(a, fixes.adjustments()) for a in args.adjust),
         )
         for v in args.release
     ]

@@ -104,6 +104,18 @@ def scenarios() -> tuple:
     return tuple(s for f in sorted(FIXES, key=lambda f: f.number) for s in (f.engine or ()))
 
 
+def adjustments() -> tuple:
+    """Every harness adjustment a fix builds in its own folder for its scenarios, once each (what
+    ``sglab engine --adjust NAME`` can name besides the shared ones)."""
+    seen = {}
+    for sc in scenarios():
+        for c in sc.cases:
+            for a in c.adjustments:
+                if not isinstance(a, str):
+                    seen.setdefault(a.name, a)
+    return tuple(seen.values())
+
+
 def scenario(name: str):
     found = {s.name: s for s in scenarios()}
     if name not in found:

@@ -38,7 +38,7 @@ from typing import Optional
 
 import torch
 
-from sglab.sglang.engine import Adjustment, Case, Scenario
+from sglab.sglang.engine import Adjustment, Case, Scenario, trace_adjustment
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, GpuPlan, Probe, Spec, Step, symbols_in
@@ -377,6 +377,13 @@ def gpu_tables(df) -> dict:
 # --------------------------------------------------------------------------------------------------
 # -- the real engine: `sglab engine --scenario NAME`, recorded under
 # data/recorded/engine_workspace_floor/
+WORKSPACE_TRACE = trace_adjustment(
+    "trace-flashinfer-workspace",
+    "SGLang logs nothing when it creates a FlashInfer all-reduce workspace: each call of "
+    "FlashInferWorkspaceManager.initialize prints one line with its max_token_num (behaviour "
+    "unchanged)",
+    "sglang.srt.layers.flashinfer_comm_fusion", "FlashInferWorkspaceManager.initialize",
+    "workspace", ("max_token_num", "world_size", "rank"))
 FUSION_ARGS = ("--tp-size", "2", "--enable-flashinfer-allreduce-fusion", "--disable-radix-cache")
 # the rebuild's floor_0 policy in the released engine: which keeps the workspace, the floor or
 # SGLang's pre-initialisation at 2048 before capture?
@@ -405,8 +412,8 @@ ENGINE = (
         tool="engine",
         releases=("0.5.12.post1", "0.5.13"),
         cases=(
-            Case("fusion", FUSION_ARGS, ("trace-flashinfer-workspace",)),
-            Case("x-shape", FUSION_ARGS, ("trace-flashinfer-workspace", FLOOR_TO_SHAPE),
+            Case("fusion", FUSION_ARGS, (WORKSPACE_TRACE,)),
+            Case("x-shape", FUSION_ARGS, (WORKSPACE_TRACE, FLOOR_TO_SHAPE),
                  releases=("0.5.13",)),
         ),
         requests=(1,),

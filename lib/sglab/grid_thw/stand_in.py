@@ -1,0 +1,200 @@
+"""Kimi-K2.5's Hugging Face processor, made here, so that 05's real engine runs offline.
+
+SGLang's Kimi-K2.5 image path (``srt/multimodal/processors/kimi_k25.py``,
+``KimiK2_5VLImageProcessor`` and ``KimiGPUProcessorWrapper``) takes the processor that
+``get_processor(model_path)`` loads (Kimi's remote code on the Hub) and uses four things of it:
+
+- ``tokenizer``: to tokenize the prompt once the image token is expanded;
+- ``image_processor``: only type-checked;
+- ``media_processor.media_proc_cfg``: patch size, merge kernel, patch limits, mean and std;
+- on a machine without CUDA only: ``media_processor.media_tokens_calculator`` and ``__call__``.
+
+:func:`processor` builds exactly those from the model folder that ``sglab engine`` writes: its
+WordLevel tokenizer with Kimi's four media tokens at the ids below the config's
+``media_placeholder_token_id`` (``<|media_pad|>`` is that id), and Kimi-K2.5's ``media_proc_cfg``
+values (:mod:`sglab.grid_thw.rebuild`). :data:`PROCESSOR` is the harness adjustment that hands it to
+the release: its ``get_processor`` returns the stand-in for a ``kimi_k25`` folder and is unchanged
+for every other. The GPU preprocessing, the grid, its ``.cpu()`` and everything after are the
+release's own code.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+from sglab.grid_thw import rebuild
+from sglab.sglang.engine import Adjustment
+
+# Kimi's media tokens, in id order, ending at the config's media_placeholder_token_id
+MEDIA_TOKENS = ("<|media_start|>", "<|media_content|>", "<|media_end|>", "<|media_pad|>")
+MEDIA_PROC_CFG = {
+    "patch_size": rebuild.PATCH_SIZE,
+    "merge_kernel_size": rebuild.MERGE_KERNEL_SIZE,
+    "in_patch_limit": rebuild.IN_PATCH_LIMIT,
+    "patch_limit_on_one_side": rebuild.PATCH_LIMIT_ON_ONE_SIDE,
+    "fixed_output_tokens": None,
+    "image_mean": list(rebuild.IMAGE_MEAN),
+    "image_std": list(rebuild.IMAGE_STD),
+}
+
+
+def media_token_ids(config: dict) -> dict[str, int]:
+    """``{token: id}`` of the four media tokens: ``<|media_pad|>`` at the config's
+    ``media_placeholder_token_id``, the other three just below it."""
+    pad = int(config["media_placeholder_token_id"])
+    return {t: pad - len(MEDIA_TOKENS) + 1 + i for i, t in enumerate(MEDIA_TOKENS)}
+
+
+def tokenizer_json(folder: Path, config: dict) -> dict:
+    """The folder's ``tokenizer.json`` with the media tokens in place of the words at their ids,
+    as special tokens (matched before the whitespace split)."""
+    tok = json.loads((Path(folder) / "tokenizer.json").read_text())
+    ids = media_token_ids(config)
+    vocab = tok["model"]["vocab"]
+    by_id = {i: w for w, i in vocab.items()}
+    for t, i in ids.items():
+        if by_id.get(i) is None:
+            raise ValueError(f"{folder}: the tokenizer has no id {i} for {t}")
+        del vocab[by_id[i]]
+        vocab[t] = i
+        tok["added_tokens"].append({"id": i, "content": t, "single_word": False, "lstrip": False,
+                                    "rstrip": False, "normalized": False, "special": True})
+    return tok
+
+
+class MediaProcessor:
+    """``media_processor`` of Kimi's processor: its config, and the token count of one image."""
+
+    def __init__(self, cfg: dict):
+        self.media_proc_cfg = dict(cfg)
+
+    def media_tokens_calculator(self, media: dict) -> int:
+        w, h = media["image"].size
+        return rebuild.navit_resize_config(w, h)["num_tokens"]
+
+
+class Processor:
+    """The stand-in for Kimi-K2.5's ``KimiK25Processor`` (see the module docstring)."""
+
+    def __init__(self, tokenizer, cfg: dict = MEDIA_PROC_CFG):
+        from transformers.image_processing_utils import BaseImageProcessor
+
+        self.tokenizer = tokenizer
+        self.image_processor = BaseImageProcessor()
+        self.media_processor = MediaProcessor(cfg)
+
+    def __call__(self, text=None, medias=None, **kwargs):
+        """The path SGLang takes without CUDA: tokens, and the rebuild's preprocessing on the
+        CPU (``grid_thws`` as Kimi's processor names it)."""
+        import numpy as np
+        import torch
+
+        out = dict(self.tokenizer(text, return_tensors="pt"))
+        if medias:
+            images = [torch.from_numpy(np.asarray(m["image"].convert("RGB"))).permute(2, 0, 1)
+                      for m in medias]
+            pixels, grid, _ = rebuild.gpu_preprocess_images(images, "cpu")
+            out.update(pixel_values=pixels, grid_thws=grid)
+        return out
+
+
+def processor(folder, config: dict | None = None) -> Processor:
+    """The stand-in processor of a model folder written by ``sglab engine``."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    folder = Path(folder)
+    config = config or json.loads((folder / "config.json").read_text())
+    tok = Tokenizer.from_str(json.dumps(tokenizer_json(folder, config)))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>", pad_token="<pad>")
+    return Processor(fast)
+
+
+def use_stand_in(params: dict, module) -> None:
+    """Patch (inside the engine's processes, once ``module`` is imported): its ``get_processor``
+    returns :func:`processor` for a folder whose config is ``kimi_k25``, and the release's own
+    processor otherwise."""
+    from sglab.sglang.engine import say
+
+    original = module.get_processor
+
+    @functools.wraps(original)
+    def get_processor(tokenizer_name, *args, **kwargs):
+        cfg_path = Path(str(tokenizer_name)) / "config.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        if cfg.get("model_type") != "kimi_k25":
+            return original(tokenizer_name, *args, **kwargs)
+        return processor(tokenizer_name, cfg)
+
+    module.get_processor = get_processor
+    say(f"applied {params['name']} pid={os.getpid()} ({module.__name__}.get_processor: "
+        "kimi_k25 folders get sglab's stand-in processor)")
+
+
+PROCESSOR = Adjustment(
+    "kimi-k25-processor-stand-in",
+    "no network on the GPU box, so no Kimi-K2.5 processor files (Hub remote code): "
+    "get_processor (srt/utils/hf_transformers/processor.py) returns a processor made by "
+    "sglab.grid_thw.stand_in from the model folder: the harness's WordLevel tokenizer with Kimi's "
+    "media tokens at ids 31996-31999 (<|media_pad|> = media_placeholder_token_id), a plain "
+    "BaseImageProcessor, and Kimi-K2.5's media_proc_cfg (patch 14, merge 2, mean/std 0.5); the "
+    "release's own GPU preprocessing, grid and transport run unchanged",
+    patch="sglab.grid_thw.stand_in:use_stand_in",
+    params=(("module", "sglang.srt.utils.hf_transformers.processor"),),
+)
+
+
+def probe(prepared, params: dict) -> list[dict]:
+    """Probe (``sglab.sglang.runner``, one release, CPU): the release's own ``get_processor`` with
+    :data:`PROCESSOR` applied, on a model folder written as ``sglab engine`` writes it, then its
+    ``MultimodalSpecialTokens`` and ``KimiGPUProcessorWrapper._gpu_call`` on that processor (the
+    normalisation tensors on the CPU, a synthetic image). Rows ``metric, value``."""
+    import tempfile
+
+    import torch
+
+    from sglab.sglang import bootstrap
+    from sglab.sglang import engine as eng
+
+    mod = bootstrap.import_release_module(prepared, PROCESSOR.param_dict()["module"])
+    use_stand_in({"name": PROCESSOR.name}, mod)
+    base = bootstrap.import_release_module(
+        prepared, "sglang.srt.multimodal.processors.base_processor")
+    kimi = bootstrap.import_release_module(prepared, "sglang.srt.multimodal.processors.kimi_k25")
+    with tempfile.TemporaryDirectory(prefix="sglab-kimi-") as tmp:
+        folder = eng.prepare_model(Path(params["config"]), Path(tmp) / "model")
+        proc = mod.get_processor(str(folder), trust_remote_code=False)
+    cfg = json.loads(Path(params["config"]).read_text())
+    tokens = base.MultimodalSpecialTokens(
+        image_token="<|media_pad|>", image_token_id=cfg["media_placeholder_token_id"]).build(proc)
+    m = proc.media_processor.media_proc_cfg
+    w = kimi.KimiGPUProcessorWrapper(
+        proc, image_token=tokens.image_token, patch_size=m["patch_size"],
+        merge_kernel_size=m["merge_kernel_size"], in_patch_limit=m["in_patch_limit"],
+        patch_limit_on_one_side=m["patch_limit_on_one_side"],
+        fixed_output_tokens=m.get("fixed_output_tokens"), image_mean=m["image_mean"],
+        image_std=m["image_std"])
+    w._get_gpu_norm_tensors(device="cpu")
+    image = rebuild.synthetic_image(0)
+    out = w._gpu_call(params["prompt"], [image])
+    ids = out["input_ids"][0].tolist()
+    pad = cfg["media_placeholder_token_id"]
+    facts = {"processor": type(proc).__name__, "image_token_id": tokens.image_token_id,
+             "media_token_ids": [ids[i] for i in range(len(ids)) if ids[i] in
+                                 media_token_ids(cfg).values() and ids[i] != pad],
+             "image_tokens": ids.count(pad),
+             "expected_image_tokens": rebuild.navit_resize_config(
+                 image.shape[2], image.shape[1])["num_tokens"],
+             "max_id": max(ids), "vocab_size": cfg["text_config"]["vocab_size"],
+             "grid": out["image_grid_thw"].tolist(),
+             "grid_device": str(out["image_grid_thw"].device),
+             "pixel_values": list(out["pixel_values"].shape),
+             "pixel_values_finite": bool(torch.isfinite(out["pixel_values"]).all()),
+             "tokenized": proc.tokenizer(
+                 "<|media_start|>image<|media_content|><|media_pad|><|media_end|> t7")["input_ids"],
+             "tokenizer_size": len(proc.tokenizer)}
+    return [{"metric": k, "value": v} for k, v in facts.items()]
