@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sglab.capture_sizes import claims as C
+from sglab.capture_sizes import show as S
 from sglab.core import claims as core
 from sglab.core import runs
 from tests.edits import copy_run, set_value
@@ -17,7 +18,7 @@ FAILS, FILTER = ("engine_capture_sizes.unfiltered_release_fails",
 def _both():
     """The committed run in which both 0.5.14 and 0.5.11 answered."""
     for r in runs.load_all_recorded("engine_capture_sizes"):
-        if {f["release"] for f in C._engine_facts(r)} == {"0.5.14", "0.5.11"}:
+        if {f["release"] for f in S.engine_facts(r)} == {"0.5.14", "0.5.11"}:
             return r
     pytest.skip("no committed engine_capture_sizes run with both releases")
 
@@ -31,7 +32,7 @@ def test_the_committed_engine_runs_hold():
         assert core.FAIL not in _status(r).values(), r.path.name
     run = _both()
     assert _status(run) == {FAILS: core.PASS, FILTER: core.PASS}
-    facts = {f["release"]: f for f in C._engine_facts(run)}
+    facts = {f["release"]: f for f in S.engine_facts(run)}
     assert facts["0.5.11"]["asked"] == [3, 4, 5, 8] and facts["0.5.11"]["captured"] == [4, 8]
     assert "same size as output size times world size" in facts["0.5.14"]["status"]
 
@@ -58,5 +59,5 @@ def test_a_variant_the_harness_cut_off_is_no_answer(tmp_path):
 
 def test_flag_lists_read_up_to_the_next_flag():
     argv = ["--tp-size", "2", "--piecewise-cuda-graph-tokens", "3", "4", "--cuda-graph-max-bs", "8"]
-    assert C.flag_list(argv, ("--piecewise-cuda-graph-tokens",)) == [3, 4]
-    assert C.flag_list(argv, ("--tp-size",)) == [2] and C.flag_list(argv, ("--nope",)) == []
+    assert S.flag_list(argv, ("--piecewise-cuda-graph-tokens",)) == [3, 4]
+    assert S.flag_list(argv, ("--tp-size",)) == [2] and S.flag_list(argv, ("--nope",)) == []

@@ -45,7 +45,8 @@ HARNESS = textwrap.dedent("""
     from pathlib import Path
     sys.path.insert(0, {lib!r})
     from sglab.sglang import engine as eng
-    eng.KILL_GRACE_S = 1.0
+    from sglab.sglang.engine import launching
+    launching.KILL_GRACE_S = 1.0
     how, tmp = sys.argv[1], Path(sys.argv[2])
     marker = uuid.uuid4().hex
 

@@ -56,7 +56,7 @@ def test_bench_command_per_release(tmp_path, v):
     assert "--disable-piecewise-cuda-graph" in cmd
     # every flag of the command is one the release's own source defines
     flags = eng.release_flags(prep.env.package, "bench")
-    assert all(f in flags for f in eng._flag_names(cmd[3:]))
+    assert all(f in flags for f in eng.flag_names(cmd[3:]))
     model = Path(cmd[cmd.index("--model-path") + 1])
     assert json.loads((model / "config.json").read_text()) == json.loads(LLAMA.read_text())
     assert len(json.loads((model / "tokenizer.json").read_text())["model"]["vocab"]) == eng.VOCAB
@@ -76,7 +76,7 @@ def test_engine_tool_runs_the_driver_with_server_args(tmp_path, v):
         output_len=1,
     )
     prep = eng.prepare(spec, tmp_path, check=False)
-    assert prep.argv[1:4] == ["-m", "sglab.sglang.engine", "drive"]
+    assert prep.argv[1:4] == ["-m", "sglab.sglang.engine.driver", "drive"]
     drive = json.loads((tmp_path / "drive.json").read_text())
     assert drive["requests"] == [1, 8] and drive["repeats"] == 3
     argv = drive["server_argv"]
@@ -143,7 +143,7 @@ def test_unknown_flag_is_one_line_naming_the_release(tmp_path):
 def test_pin_mismatch_is_one_line_and_starts_nothing(tmp_path, monkeypatch):
     _pkg("0.5.13")
     started = []
-    monkeypatch.setattr(eng.subprocess, "Popen", lambda *a, **k: started.append(a))
+    monkeypatch.setattr("subprocess.Popen", lambda *a, **k: started.append(a))
     env = eng.locate("0.5.13")
     with pytest.raises(eng.EngineError) as e:
         eng.check_pins(env, {"torch": "2.13.0+cpu"})
@@ -651,7 +651,7 @@ def test_configs_parse_with_the_releases_own_model_config(v):
     for name, (mm, swa) in want.items():
         r = run_probe(
             v,
-            "sglab.sglang.engine:probe_model_config",
+            "sglab.sglang.engine.model:probe_model_config",
             {"config": str(MODELS / name / "config.json")},
             timeout=600,
         )
@@ -721,7 +721,7 @@ def test_multi_gpu_scenarios_build_arguments_each_release_accepts(tmp_path, name
         argv = prep.server_argv
         assert argv[:2] == ["--model-path", str(prep.model_dir)]
         flags = eng.release_flags(prep.env.package, spec.tool)
-        assert all(f in flags for f in eng._flag_names(argv)), spec.variant
+        assert all(f in flags for f in eng.flag_names(argv)), spec.variant
 
 
 def test_model_package_for_the_kimi_adjustment_is_importable_by_name():

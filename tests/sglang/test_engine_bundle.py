@@ -189,7 +189,8 @@ def test_the_script_names_the_pieces_and_the_limit():
 
 @pytest.mark.parametrize("plan, rc, says", [
     ("04", 0, "sglab verify --live --against engine_swa_loc"),
-    ("02", 2, "no engine experiment with claims in plan 02"),
+    ("06", 0, "sglab verify --live --against engine_capture_sizes"),
+    ("07", 2, "no engine experiment with claims in plan 07"),
 ])
 def test_the_gpu_script_verifies_a_plans_engine_experiments(tmp_path, plan, rc, says):
     import os

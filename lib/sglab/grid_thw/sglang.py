@@ -408,7 +408,7 @@ GRID_ON_CUDA0 = Adjustment(
     "the 'before' of #22858 never shipped in a release: on 0.5.11 the PR's line `grid_thws = "
     "grid_thws.cpu()` in KimiGPUProcessorWrapper._gpu_call is removed, so the grid travels to the "
     "scheduler ranks on cuda:0 as it did before the PR; nothing else changes",
-    patch="sglab.sglang.engine:revert_hunk",
+    patch="sglab.sglang.engine.hooks:revert_hunk",
     params=(
         ("module", "sglang.srt.multimodal.processors.kimi_k25"),
         ("qualname", "KimiGPUProcessorWrapper._gpu_call"),

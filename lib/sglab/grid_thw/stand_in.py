@@ -118,7 +118,7 @@ def use_stand_in(params: dict, module) -> None:
     """Patch (inside the engine's processes, once ``module`` is imported): its ``get_processor``
     returns :func:`processor` for a folder whose config is ``kimi_k25``, and the release's own
     processor otherwise."""
-    from sglab.sglang.engine import say
+    from sglab.sglang.engine.hooks import say
 
     original = module.get_processor
 

@@ -540,7 +540,7 @@ PRESET_REVERTED = Adjustment(
     "2.9.1): on 0.5.11 the PR's hunk in CudaGraphRunner.capture_one_batch_size (the set_swa_loc "
     f"preset before capture, read from {PR_DIFF}) is removed, nothing else; labelled 'before "
     "(#23552 reverted)'",
-    patch="sglab.sglang.engine:revert_hunk",
+    patch="sglab.sglang.engine.hooks:revert_hunk",
     params=(
         ("module", "sglang.srt.model_executor.cuda_graph_runner"),
         ("qualname", "CudaGraphRunner.capture_one_batch_size"),

@@ -358,9 +358,7 @@ HEADLINE = Headline(
            f"{{v[{_C}][short_ramp/floor_512]}}×, {_span(_P, 'floor 512 MiB', 'MiB')}).",
            f"With 4096-token chunks both re-create {{v[{_C}][mixed/floor_2048]}}× "
            f"({_span(_T, 'mixed/floor_2048', 'ms')}); before the PR, the {{v[{_R}][mixed]}} "
-           "calls over 2048 tokens would trip the callee's assert, but SGLang's own gate keeps "
-           "them off the fused path, and its engine at TP 2 creates both workspaces once, at "
-           "2048, before capture, with or without the floor."),
+           "calls over 2048 tokens trip the callee's assert."),
     per_run="{gpu} TP {world}", sep=" ", run_sep=", ")
 
 

@@ -392,7 +392,7 @@ FLOOR_TO_SHAPE = Adjustment(
     "on 0.5.13 the call site's `max_token_num=max(x.shape[0], 2048),` in "
     "layers/layernorm.py::_forward_with_allreduce_fusion is replaced by `max_token_num="
     "x.shape[0],` (the rebuild's floor_0 policy, never released); nothing else changes",
-    patch="sglab.sglang.engine:revert_hunk",
+    patch="sglab.sglang.engine.hooks:revert_hunk",
     params=(
         ("module", "sglang.srt.layers.layernorm"),
         ("qualname", "_forward_with_allreduce_fusion"),

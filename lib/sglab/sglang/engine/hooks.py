@@ -1,0 +1,326 @@
+"""What runs inside the engine's own processes: the run's ``sitecustomize`` installs the hooks
+in every Python process of the engine (spawned children too), which print the resolved server
+arguments and apply each adjustment's patch once its module is imported.
+
+Two patches: :func:`revert_hunk` (a function redefined from its own source with a PR's hunk removed
+or one line replaced) and :func:`trace_calls` (one line per call, with its arguments and time).
+Each application prints one ``[sglab-engine] applied`` line, so a run proves what it changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from sglab.sglang.engine.spec import Adjustment, repo
+
+
+MARK = "[sglab-engine]"
+
+
+def say(text: str) -> None:
+    print(f"{MARK} {text}", flush=True)
+
+
+SITECUSTOMIZE = """\
+# Written by sglab.sglang.engine for one engine run: installs the run's hooks in every Python
+# process of the engine (spawned children too), then hands over to the next sitecustomize on the
+# path, if any.
+import os, sys
+def _next_sitecustomize():
+    import importlib.machinery, importlib.util
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is not None and spec.loader is not None:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+try:
+    _next_sitecustomize()
+except Exception:
+    pass
+if os.environ.get("SGLAB_ENGINE_HOOKS"):
+    try:
+        from sglab.sglang.engine.hooks import install_hooks
+        install_hooks(os.environ["SGLAB_ENGINE_HOOKS"])
+    except Exception as exc:
+        msg = "[sglab-engine] hooks failed: %s: %s" % (type(exc).__name__, exc)
+        print(msg, file=sys.stderr, flush=True)
+"""
+
+
+def hunk_added_lines(diff: Path, contains: str, symbol: str = "") -> str:
+    """The ``+`` lines of the one hunk of ``diff`` that adds a line containing ``contains`` (in the
+    section of ``symbol`` where the diff names its symbols), as text without the ``+``: what a
+    revert removes.
+    """
+    hunks, cur, section = [], None, ""
+    for line in diff.read_text().splitlines():
+        if line.startswith("# ──") or line.startswith("--- ") or line.startswith("+++ "):
+            section = line
+            continue
+        if line.startswith("@@"):
+            cur = {"section": section, "lines": []}
+            hunks.append(cur)
+            continue
+        if cur is not None:
+            cur["lines"].append(line)
+    picked = [
+        h
+        for h in hunks
+        if (not symbol or symbol in h["section"])
+        and any(ln.startswith("+") and contains in ln for ln in h["lines"])
+    ]
+    if len(picked) != 1:
+        raise ValueError(
+            f"{diff.name}: {len(picked)} hunks add a line with {contains!r} (expected one)"
+        )
+    lines = picked[0]["lines"]
+    idx = [i for i, ln in enumerate(lines) if ln.startswith("+")]
+    # the contiguous run of added lines around the one that matches
+    hit = next(i for i in idx if contains in lines[i])
+    lo = hi = hit
+    while lo - 1 in idx:
+        lo -= 1
+    while hi + 1 in idx:
+        hi += 1
+    block = [ln[1:] for ln in lines[lo : hi + 1]]
+    while block and not block[0].strip():
+        block.pop(0)
+    while block and not block[-1].strip():
+        block.pop()
+    return "\n".join(block) + "\n"
+
+
+def patch_params(a: Adjustment) -> dict:
+    """An adjustment's patch parameters as the engine's processes get them: a hunk named by its diff
+    file is resolved here to the exact text the revert removes."""
+    params = a.param_dict()
+    if params.get("diff") and not params.get("text"):
+        params["text"] = hunk_added_lines(repo() / params["diff"], params["contains"])
+    return params
+
+
+class _AfterImport:
+    """A meta-path finder that runs callbacks right after the named modules finish executing."""
+
+    def __init__(self):
+        self.callbacks: dict[str, list[Callable]] = {}
+
+    def add(self, module: str, fn: Callable) -> None:
+        if module in sys.modules:
+            fn(sys.modules[module])
+        else:
+            self.callbacks.setdefault(module, []).append(fn)
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.callbacks:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        loader, callbacks = spec.loader, self.callbacks.pop(name)
+        original = loader.exec_module
+
+        def exec_module(module):
+            original(module)
+            for fn in callbacks:
+                fn(module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+RESOLVED_KEYS = (
+    "attention_backend",
+    "prefill_attention_backend",
+    "decode_attention_backend",
+    "sampling_backend",
+    "disable_piecewise_cuda_graph",
+    "enforce_piecewise_cuda_graph",
+    "piecewise_cuda_graph_tokens",
+    "piecewise_cuda_graph_max_tokens",
+    "enable_breakable_cuda_graph",
+    "disable_cuda_graph",
+    "cuda_graph_bs",
+    "cuda_graph_max_bs",
+    "tp_size",
+    "moe_dense_tp_size",
+    "enable_flashinfer_allreduce_fusion",
+    "mem_fraction_static",
+    "chunked_prefill_size",
+    "max_total_tokens",
+    "load_format",
+    "dtype",
+    "kv_cache_dtype",
+    "enable_multimodal",
+    "skip_tokenizer_init",
+    "disable_radix_cache",
+    "moe_runner_backend",
+)
+
+
+def _print_resolved(module) -> None:
+    cls = getattr(module, "ServerArgs", None)
+    if cls is None or getattr(cls.__post_init__, "_sglab", False):
+        return
+    original = cls.__post_init__
+
+    def __post_init__(self, *a, **kw):
+        original(self, *a, **kw)
+        out = {}
+        for k in RESOLVED_KEYS:
+            v = getattr(self, k, "<absent>")
+            if v == "<absent>":
+                continue
+            out[k] = v if isinstance(v, (str, int, float, bool, list, type(None))) else str(v)
+        say("resolved " + json.dumps(out, default=str))
+
+    __post_init__._sglab = True
+    cls.__post_init__ = __post_init__
+
+
+def install_hooks(path: str) -> None:
+    """Inside an engine process (from the run's ``sitecustomize``): print the resolved server
+    arguments once ``ServerArgs`` is built, and apply each patch once its module is imported."""
+    import importlib
+
+    spec = json.loads(Path(path).read_text())
+    finder = _AfterImport()
+    sys.meta_path.insert(0, finder)
+    if spec.get("resolved"):
+        finder.add("sglang.srt.server_args", _print_resolved)
+    for p in spec.get("patches", []):
+        mod, _, fn = p["patch"].partition(":")
+        target = getattr(importlib.import_module(mod), fn)
+        params = dict(p["params"], name=p["name"])
+        finder.add(
+            params["module"], lambda module, target=target, params=params: target(params, module)
+        )
+
+
+def _resolve(module, qualname: str):
+    owner, obj = None, module
+    for part in qualname.split("."):
+        owner, obj = obj, getattr(obj, part)
+    return owner, qualname.split(".")[-1], obj
+
+
+def function_source(source: str, qualname: str) -> str:
+    """The dedented source of ``qualname`` (``Class.method`` or ``function``) in a module's source
+    text, decorators included (read with ``ast``, nothing imported)."""
+    import ast
+    import textwrap
+
+    tree = ast.parse(source)
+    nodes, found = tree.body, None
+    for part in qualname.split("."):
+        found = next(
+            (
+                n
+                for n in nodes
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                and n.name == part
+            ),
+            None,
+        )
+        if found is None:
+            raise ValueError(f"{qualname}: {part} not found")
+        nodes = found.body
+    lines = source.splitlines(keepends=True)
+    start = min([found.lineno] + [d.lineno for d in found.decorator_list]) - 1
+    return textwrap.dedent("".join(lines[start : found.end_lineno]))
+
+
+def remove_text(source: str, text: str, what: str, replacement: str = "") -> str:
+    """``source`` with the one occurrence of ``text`` removed (or replaced by ``replacement``);
+    ValueError when it occurs zero or several times."""
+    n = source.count(text)
+    if n != 1:
+        raise ValueError(f"{what}: the hunk occurs {n} times (expected exactly once)")
+    return source.replace(text, replacement, 1)
+
+
+def reverted_source(params: dict, source: str) -> str:
+    """The function's source with the hunk of ``params`` removed (``text``, or the ``+`` lines of
+    the hunk of ``diff`` that adds ``contains``). Refuses functions that a re-definition outside the
+    class would change (zero-argument ``super()``, name-mangled attributes)."""
+    text = params.get("text") or hunk_added_lines(repo() / params["diff"], params["contains"])
+    if "super()" in source or re.search(r"\bself\.__[a-z]\w*", source):
+        raise ValueError(f"{params['qualname']}: cannot be redefined outside its class")
+    return remove_text(source, text, params["qualname"], params.get("replacement", ""))
+
+
+def revert_hunk(params: dict, module) -> None:
+    """Patch: redefine ``params["qualname"]`` of ``module`` from its own source minus the PR's hunk,
+    in the module's globals (same imports, same decorators)."""
+    import __future__
+    import inspect
+    import textwrap
+
+    owner, attr, fn = _resolve(module, params["qualname"])
+    source = textwrap.dedent(inspect.getsource(fn))
+    new = reverted_source(params, source)
+    flags = (
+        __future__.annotations.compiler_flag
+        if getattr(module, "annotations", None) is __future__.annotations
+        else 0
+    )
+    code = compile(
+        new,
+        f"<{params['name']}: {module.__name__}.{params['qualname']}>",
+        "exec",
+        flags=flags,
+        dont_inherit=True,
+    )
+    namespace: dict = {}
+    exec(code, module.__dict__, namespace)
+    setattr(owner, attr, namespace[attr])
+    say(
+        f"applied {params['name']} pid={os.getpid()} ({module.__name__}.{params['qualname']}: "
+        + (
+            f"{params['text'].strip()!r} -> {params['replacement'].strip()!r})"
+            if params.get("replacement")
+            else f"{len(source.splitlines()) - len(new.splitlines())} lines removed)"
+        )
+    )
+
+
+def trace_calls(params: dict, module) -> None:
+    """Patch: one ``event`` line per call of ``params["qualname"]``, with the named arguments."""
+    import functools
+    import inspect
+
+    owner, attr, fn = _resolve(module, params["qualname"])
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        bound = sig.bind_partial(*a, **kw)
+        shown = " ".join(f"{k}={bound.arguments.get(k)}" for k in params.get("args", ()))
+        if "self" in bound.arguments:  # which object (two managers per rank, say)
+            shown += f" obj={id(bound.arguments['self']):x}"
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            say(f"event {params['event']} pid={os.getpid()} {shown} "
+                 f"seconds={time.perf_counter() - t0:.6f}")
+
+    setattr(owner, attr, wrapper)
+    say(
+        f"applied {params['name']} pid={os.getpid()} ({module.__name__}.{params['qualname']}: "
+        f"traced)"
+    )

@@ -1,0 +1,255 @@
+"""Launching and stopping one engine.
+
+:func:`prepare` decides the whole launch before anything starts (release, pins, flags, model
+folder, hooks, environment). :func:`launch` starts it in its own process group with a marker
+variable, streams its log, and stops the whole group (:mod:`sglab.core.procs`) at the timeout, on
+any exit of its own, and however the harness itself ends: a scheduler left behind holds its GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from sglab.core import procs
+from sglab.sglang.engine.hooks import SITECUSTOMIZE, patch_params
+from sglab.sglang.engine.model import prepare_model
+from sglab.sglang.engine.release import (ReleaseEnv, check_flags, check_pins, found_versions,
+                                          locate, release_flags, release_pins)
+from sglab.sglang.engine.spec import (DEFAULT_ARGS, ENGINE_ONLY_ARGS, EngineError, EngineSpec,
+                                      flag_names, lib_dir, load_config)
+
+KILL_GRACE_S = 10.0  # between SIGTERM and SIGKILL when an engine is stopped
+
+
+@dataclass
+class Prepared:
+    """Everything a launch needs, decided before anything starts."""
+
+    spec: EngineSpec
+    env: ReleaseEnv
+    work: Path
+    model_dir: Path
+    argv: list[str]  # what is started
+    # the release's own command line (bench), or "sglang.Engine" and its server arguments
+    sglang_command: list[str]
+    server_argv: list[str]
+    hooks: Path
+    environ: dict
+    pins: dict = field(default_factory=dict)
+    found: dict = field(default_factory=dict)
+    marker: str = ""
+
+
+def server_argv(spec: EngineSpec, model_dir: Path, flags: Optional[set[str]] = None) -> list[str]:
+    """The server arguments: ``--model-path`` first, the harness defaults for flags the reader did
+    not give (only those the release defines), then the reader's own."""
+    given = set(flag_names(spec.server_args))
+    out = ["--model-path", str(model_dir)]
+    # an image goes through the model's processor: the Engine then needs its tokenizer
+    engine_only = spec.tool == "engine" and not spec.image_size
+    defaults = DEFAULT_ARGS + (ENGINE_ONLY_ARGS if engine_only else ())
+    for flag, value in defaults:
+        if flag in given or (flags is not None and flag not in flags):
+            continue
+        out += [flag] if value is None else [flag, value]
+    return out + list(spec.server_args)
+
+
+def bench_argv(spec: EngineSpec, work: Path) -> list[str]:
+    """``bench_one_batch``'s own arguments: the batch sizes, the input lengths repeated ``warmup +
+    repeats`` times (one sweep after another, in one process), the output length, the jsonl result
+    file, and the profile."""
+    lens = [str(n) for _ in range(spec.warmup + spec.repeats) for n in spec.input_lens]
+    out = [
+        "--batch-size",
+        *[str(b) for b in spec.batch_sizes],
+        "--input-len",
+        *lens,
+        "--output-len",
+        str(spec.output_len),
+        "--run-name",
+        spec.variant,
+        "--result-filename",
+        str(work / "result.jsonl"),
+    ]
+    if spec.profile:
+        out += [
+            "--profile",
+            "--profile-stage",
+            "decode",
+            "--profile-steps",
+            str(spec.profile_steps),
+            "--profile-filename-prefix",
+            "profile",
+        ]
+    return out
+
+
+def driver_params(spec: EngineSpec, server: list[str]) -> dict:
+    """What :func:`drive` reads (written as ``drive.json`` in the run's folder)."""
+    return {
+        "server_argv": server,
+        "requests": list(spec.requests),
+        "input_lens": list(spec.input_lens),
+        "output_len": spec.output_len,
+        "repeats": spec.repeats,
+        "warmup": spec.warmup,
+        "image_size": list(spec.image_size) if spec.image_size else None,
+        "prompt": spec.prompt,
+    }
+
+
+def prepare(
+    spec: EngineSpec, work: Path, *, python: str = sys.executable, check: bool = True
+) -> Prepared:
+    """Decide the whole launch without starting anything: locate the release, check its torch pin
+    (``check``), check the flags against its source, lay out the model folder, the hooks and the
+    environment."""
+    load_config(spec.model)
+    env = locate(spec.release)
+    found = found_versions(env)
+    pins = check_pins(env, found) if check else release_pins(env)
+    flags = release_flags(env.package, spec.tool)
+    check_flags(spec.server_args, flags, spec.release, spec.tool)
+    if spec.tool == "bench" and spec.image_size:
+        raise EngineError("an image needs the engine tool (--tool engine)")
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = prepare_model(spec.model, work / "model")
+    server = server_argv(spec, model_dir, flags)
+    hooks_dir = work / "hooks"
+    hooks_dir.mkdir(exist_ok=True)
+    (hooks_dir / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    hooks = work / "hooks.json"
+    hooks.write_text(
+        json.dumps(
+            {
+                "resolved": True,
+                "patches": [
+                    {"name": a.name, "patch": a.patch, "params": patch_params(a)}
+                    for a in spec.adjustments
+                    if a.patch
+                ],
+            },
+            indent=1,
+        )
+    )
+    if spec.tool == "bench":
+        sglang_cmd = [python, "-m", "sglang.bench_one_batch", *server, *bench_argv(spec, work)]
+        argv = list(sglang_cmd)
+    else:
+        (work / "drive.json").write_text(json.dumps(driver_params(spec, server), indent=1))
+        sglang_cmd = ["sglang.Engine", *server]
+        argv = [python, "-m", "sglab.sglang.engine.driver", "drive", str(work / "drive.json")]
+    marker = uuid.uuid4().hex
+    environ = dict(os.environ)
+    path = [str(hooks_dir), str(lib_dir()), *[str(p) for p in env.paths]]
+    if environ.get("PYTHONPATH"):
+        path.append(environ["PYTHONPATH"])
+    environ.update(
+        {
+            "PYTHONPATH": os.pathsep.join(path),
+            "SGLAB_ENGINE_HOOKS": str(hooks),
+            "SGLAB_ENGINE_RUN": marker,
+            "SGLANG_TORCH_PROFILER_DIR": str(work / "profile"),
+            "PYTHONUNBUFFERED": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
+    )
+    environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    for a in spec.adjustments:
+        environ.update({k: v.format(lib=lib_dir()) for k, v in a.env})
+    return Prepared(
+        spec, env, work, model_dir, argv, sglang_cmd, server, hooks, environ, pins, found, marker
+    )
+
+
+@dataclass
+class Exit:
+    returncode: Optional[int]
+    timed_out: bool
+    seconds: float
+    leftovers: list = field(default_factory=list)  # "pid name" of processes found after the exit
+    survivors: list = field(default_factory=list)  # those still alive after SIGKILL
+    pid: int = 0  # the started process, leader of its group
+
+
+def launch(
+    argv: list[str],
+    *,
+    log: Path,
+    timeout: float,
+    env: Optional[dict] = None,
+    cwd: Optional[Path] = None,
+    marker: str = "",
+    on_line: Optional[Callable[[str], None]] = None,
+) -> Exit:
+    """Start ``argv`` in its own session with stdout and stderr streamed to ``log``; stop its whole
+    group at ``timeout``; after any exit, stop whatever of the group (or carrying ``marker``) is
+    left. ``on_line`` sees each new log line (progress)."""
+    t0 = time.monotonic()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with procs.Guard() as guard:
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        guard.watch(proc.pid, marker)
+        timed_out, pending, cut = False, b"", None
+        try:
+            with open(log, "rb") as reader:
+                while True:
+                    code = proc.poll()
+                    pending += reader.read()
+                    *done, pending = pending.split(b"\n")
+                    if on_line is not None:
+                        for line in done:
+                            on_line(line.decode(errors="replace"))
+                    if code is not None:
+                        if pending and on_line is not None:
+                            on_line(pending.decode(errors="replace"))
+                        break
+                    if time.monotonic() - t0 > timeout:
+                        timed_out = True
+                        break
+                    time.sleep(0.2)
+        except BaseException as exc:  # interrupted, terminated, or a failing on_line
+            cut = exc
+            raise
+        finally:
+            stopped = procs.stop(proc.pid, marker=marker, grace=KILL_GRACE_S)
+            try:
+                proc.wait(timeout=KILL_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            if cut is not None:
+                print(
+                    f"[sglab] {type(cut).__name__}: "
+                    + (stopped.line(f"engine group {proc.pid}") or "the engine had exited"),
+                    file=sys.stderr,
+                    flush=True,
+                )
+    leftovers = [p for p in stopped.found if not p.startswith(f"{proc.pid} ")]
+    return Exit(
+        None if timed_out else proc.returncode,
+        timed_out,
+        time.monotonic() - t0,
+        leftovers,
+        stopped.survivors,
+        proc.pid,
+    )

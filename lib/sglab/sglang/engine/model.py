@@ -1,0 +1,124 @@
+"""The model folder an engine loads offline: the shipped ``config.json``, a 32,000-token
+WordLevel tokenizer written here, and no weights (``--load-format dummy``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+
+from sglab.sglang.engine.spec import EngineError, VOCAB, load_config, text_config
+
+
+def tokenizer_json(vocab: int = VOCAB) -> dict:
+    """A WordLevel tokenizer (``tokenizers``' JSON format) of ``vocab`` tokens: ``<unk> <s> </s>
+    <pad>`` and ``t4 ... t{vocab-1}``, split on whitespace. Enough for SGLang to load a tokenizer
+    offline."""
+    special = ["<unk>", "<s>", "</s>", "<pad>"]
+    words = {tok: i for i, tok in enumerate(special)}
+    words.update({f"t{i}": i for i in range(len(special), vocab)})
+    added = [
+        {
+            "id": i,
+            "content": tok,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for i, tok in enumerate(special)
+    ]
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": None,
+        "decoder": None,
+        "model": {"type": "WordLevel", "vocab": words, "unk_token": "<unk>"},
+    }
+
+
+TOKENIZER_CONFIG = {
+    "tokenizer_class": "PreTrainedTokenizerFast",
+    "unk_token": "<unk>",
+    "bos_token": "<s>",
+    "eos_token": "</s>",
+    "pad_token": "<pad>",
+    "model_max_length": 131072,
+    "clean_up_tokenization_spaces": False,
+}
+
+
+def config_digest(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def prepare_model(config: Path, dest: Path) -> Path:
+    """``dest`` as a model folder SGLang loads offline with dummy weights: ``config.json`` (a copy),
+    the tokenizer of :func:`tokenizer_json` and its ``tokenizer_config.json``. The tokenizer's size
+    must not exceed the model's vocabulary."""
+    cfg = load_config(config)
+    vocab = int(text_config(cfg).get("vocab_size") or cfg.get("vocab_size") or VOCAB)
+    if vocab < VOCAB:
+        raise EngineError(
+            f"{config}: vocab_size {vocab} is below the harness tokenizer's {VOCAB} tokens"
+        )
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "config.json").write_bytes(Path(config).read_bytes())
+    (dest / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
+    (dest / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG, indent=1))
+    return dest
+
+
+def probe_model_config(prepared, params: dict) -> list[dict]:
+    """Probe (``sglab.sglang.runner``, any installed release, CPU): the release's own
+    ``ModelConfig`` of the model folder built from ``params["config"]``; rows of what it decided. A
+    config the release cannot parse raises its own error."""
+    from sglang.srt.configs.model_config import ModelConfig
+
+    with tempfile.TemporaryDirectory(prefix="sglab-model-") as tmp:
+        folder = prepare_model(Path(params["config"]), Path(tmp) / "model")
+        mc = ModelConfig(model_path=str(folder), trust_remote_code=False)
+        keys = (
+            "is_multimodal",
+            "is_hybrid_swa",
+            "attention_arch",
+            "num_hidden_layers",
+            "context_len",
+            "vocab_size",
+            "hidden_size",
+            "swa_attention_layer_ids",
+            "full_attention_layer_ids",
+            "sliding_window_size",
+            "kv_lora_rank",
+        )
+        out = []
+        for k in keys:
+            v = getattr(mc, k, None)
+            out.append(
+                {
+                    "metric": k,
+                    "value": v
+                    if isinstance(v, (int, float, bool, str, list, type(None)))
+                    else str(v),
+                }
+            )
+        out.append({"metric": "architecture", "value": mc.hf_config.architectures[0]})
+        if params.get("tokenizer", True):
+            from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+            tok = get_tokenizer(str(folder))
+            out.append({"metric": "tokenizer", "value": f"{type(tok).__name__} {len(tok)}"})
+            out.append(
+                {
+                    "metric": "tokenizer_ids",
+                    "value": tok.encode("t7 t31999 t4", add_special_tokens=False),
+                }
+            )
+        return out

@@ -1,0 +1,324 @@
+"""A run's tidy rows, its manifest (release, versions, flags, model config, every harness
+adjustment with its reason, the log lines behind each decision) and what a reader sees.
+"""
+
+from __future__ import annotations
+
+import shlex
+import statistics
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
+
+from sglab.sglang.releases import parse_version
+from sglab.sglang.engine.model import config_digest
+from sglab.sglang.engine.running import EngineResult
+from sglab.sglang.engine.spec import EngineSpec, METHOD_VERSION, load_config, repo
+
+
+def spread(xs: list[float]) -> dict:
+    xs = sorted(xs)
+    # inclusive quartiles: with 5 repeats the exclusive method extrapolates past the 4th value, so
+    # one slow repeat alone would set the IQR
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) >= 2 else [xs[0]] * 3
+    return {
+        "median": statistics.median(xs),
+        "min": xs[0],
+        "max": xs[-1],
+        "iqr": q[2] - q[0],
+        "n": len(xs),
+    }
+
+
+def rows(res: EngineResult) -> list[dict]:
+    """Tidy rows of one run: variant (release or release+case), tool and shape columns, metric,
+    value, unit."""
+    s, d = res.spec, res.decisions
+    base = {"variant": s.variant, "release": s.release, "case": s.case, "tool": s.tool}
+    out = [
+        {
+            **base,
+            "metric": "status",
+            "value": res.status if res.ok else f"{res.status}: {res.error}",
+            "unit": "",
+        }
+    ]
+    if not d:
+        return out
+
+    def add(metric, value, unit="", **cols):
+        if value is not None:
+            out.append({**base, **cols, "metric": metric, "value": value, "unit": unit})
+
+    add("pcg", d.get("pcg"))
+    add("pcg_reason", d.get("pcg_reason"))
+    add(
+        "pcg_tokens", " ".join(map(str, d["pcg_tokens"])) if d.get("pcg_tokens") else None, "tokens"
+    )
+    add("pcg_capture", d.get("pcg_capture_s"), "s")
+    add("bcg", d.get("bcg"))
+    add(
+        "bcg_tokens", " ".join(map(str, d["bcg_tokens"])) if d.get("bcg_tokens") else None, "tokens"
+    )
+    add(
+        "decode_graph_bs",
+        " ".join(map(str, d["decode_bs"])) if d.get("decode_bs") else None,
+        "requests",
+    )
+    add("decode_capture", d.get("decode_capture_s"), "s")
+    add("attention_backend", d.get("attention_backend"))
+    groups: dict[tuple, list] = {}
+    for b in res.bench:
+        if b.get("skipped") or b.get("warmup"):
+            continue
+        groups.setdefault((b["batch_size"], b["input_len"], b["output_len"]), []).append(b)
+    for (bs, il, ol), runs_ in sorted(groups.items()):
+        cols = {"batch_size": bs, "input_len": il, "output_len": ol}
+        pre = spread([r["prefill_latency"] * 1e3 for r in runs_])
+        for k in ("median", "min", "max", "iqr"):
+            add("prefill" if k == "median" else f"prefill_{k}", round(pre[k], 4), "ms", **cols)
+        add(
+            "prefill_throughput",
+            round(statistics.median(r["prefill_throughput"] for r in runs_), 1),
+            "token/s",
+            **cols,
+        )
+        dec = [
+            r["median_decode_latency"] * 1e3
+            for r in runs_
+            if r.get("median_decode_latency") is not None
+        ]
+        if dec:
+            dsp = spread(dec)
+            for k in ("median", "min", "max"):
+                add("decode" if k == "median" else f"decode_{k}", round(dsp[k], 4), "ms", **cols)
+        add("repeats", pre["n"], "runs", **cols)
+    calls: dict[tuple, list] = {}
+    for c in d.get("calls", []):
+        if c.get("warmup"):
+            continue
+        calls.setdefault((c.get("requests"), c.get("input_len"), c.get("output_len")), []).append(c)
+    for (n, il, ol), cs in sorted(calls.items(), key=lambda kv: tuple(x or 0 for x in kv[0])):
+        cols = {"requests": n, "input_len": il, "output_len": ol}
+        lat = spread([float(c["seconds"]) * 1e3 for c in cs])
+        for k in ("median", "min", "max", "iqr"):
+            add("latency" if k == "median" else f"latency_{k}", round(lat[k], 4), "ms", **cols)
+        batches = [b for c in cs for b in c["prefill_batches"]]
+        add("prefill_batches", round(len(batches) / len(cs), 3), "per call", **cols)
+        if batches:
+            add(
+                "prefill_graph",
+                round(sum(b["graph"] for b in batches) / len(batches), 3),
+                "fraction",
+                **cols,
+            )
+            add(
+                "prefill_seqs",
+                statistics.median(b["seqs"] for b in batches),
+                "requests per batch",
+                **cols,
+            )
+        if any(c.get("events") for c in cs):
+            add(
+                "events",
+                round(statistics.mean(c.get("events", 0) for c in cs), 3),
+                "per call",
+                **cols,
+            )
+        add("repeats", len(cs), "calls", **cols)
+    by_rank: dict[tuple, list] = {}
+    for e in d.get("events", []):
+        by_rank.setdefault((e["event"], e.get("rank", e.get("pid"))), []).append(e)
+    for (ev, rank), es in sorted(by_rank.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        # every call of the traced function in this rank's processes, start-up included
+        cols = {"rank": rank}
+        add(f"{ev}_count", len(es), "calls", **cols)
+        add(f"{ev}_objects", len({e.get("obj") for e in es}), "objects", **cols)
+        sizes = sorted({e["max_token_num"] for e in es if e.get("max_token_num") is not None})
+        add(f"{ev}_max_token_num", " ".join(map(str, sizes)) or None, "tokens", **cols)
+        secs = [float(e["seconds"]) * 1e3 for e in es if e.get("seconds") is not None]
+        if secs:
+            sp = spread(secs)
+            for k in ("median", "min", "max"):
+                add(f"{ev}_ms" if k == "median" else f"{ev}_ms_{k}", round(sp[k], 3), "ms",
+                    **cols)
+    for m in d.get("gpu_memory", []):
+        add("gpu_memory", m.get("mib"), "MiB", gpu=m.get("gpu"), process=m.get("name"))
+    if res.kernels:
+        k = res.kernels
+        add("decode_replays_per_step", k["replays_per_step"], "replays")
+        add("decode_kernels_per_replay", k["kernels_per_replay"], "kernels")
+        add("decode_kernels_per_layer", k["kernels_per_layer"], "kernels")
+    if res.leftovers:
+        add("leftover_processes", len(res.leftovers), "processes")
+    return out
+
+
+def model_record(path: Path) -> dict:
+    path = Path(path)
+    cfg = load_config(path)
+    try:
+        shown = str(path.resolve().relative_to(repo()))
+    except ValueError:
+        shown = str(path)
+    return {
+        "path": shown,
+        "name": path.parent.name,
+        "sha256_16": config_digest(path),
+        "config": cfg,
+    }
+
+
+def manifest_extra(results: list[EngineResult]) -> dict:
+    """What the manifest carries besides the machine: per run the release, the versions found in its
+    environment, the flags, the model config, every harness adjustment with its reason, and the log
+    lines that carry the engine's decisions."""
+    out = []
+    for r in results:
+        s = r.spec
+        out.append(
+            {
+                "variant": s.variant,
+                "release": s.release,
+                "case": s.case,
+                "tool": s.tool,
+                "status": r.status,
+                "error": r.error,
+                "versions": {"sglang": s.release, **r.found},
+                "pins": {
+                    k: r.pins.get(k)
+                    for k in ("torch", "sglang-kernel", "flashinfer-python", "transformers")
+                },
+                "server_args": list(s.server_args),
+                "server_argv": r.server_argv,
+                "command": shlex.join(r.sglang_command),
+                "model": model_record(s.model),
+                "adjustments": [{"name": a.name, "reason": a.reason} for a in s.adjustments],
+                "applied": r.decisions.get("applied", []),
+                "resolved": r.decisions.get("resolved"),
+                "excerpts": r.decisions.get("excerpts", [])[:40],
+                "leftovers": r.leftovers,
+                "seconds": round(r.seconds, 1),
+                "log_tail": r.tail if not r.ok else [],
+            }
+        )
+    return {
+        "engine_runs": out,
+        "releases": sorted({r.spec.release for r in results}, key=parse_version),
+    }
+
+
+def record(
+    results: list[EngineResult],
+    fix: str,
+    *,
+    params: Optional[dict] = None,
+    root: Optional[Path] = None,
+    gpu_count: Optional[int] = None,
+) -> Path:
+    """One run ``engine_<fix>`` of these results (:func:`sglab.core.runs.write_run`, atomic: nothing
+    half written). Sidecars: each run's log (gzipped) and, for profiled runs, the decode kernel
+    table."""
+    import gzip
+    import shutil
+
+    import pandas as pd
+
+    from sglab.core.runs import tidy, write_run
+
+    experiment = f"engine_{fix}"
+    frame = tidy(experiment, [row for r in results for row in rows(r)])
+    sidecars = {}
+    with tempfile.TemporaryDirectory(prefix="sglab-engine-record-") as tmp:
+        for i, r in enumerate(results):
+            if r.log is not None and r.log.is_file():
+                gz = Path(tmp) / f"log{i}.log.gz"
+                with open(r.log, "rb") as src, gzip.GzipFile(gz, "wb", mtime=0) as dst:
+                    shutil.copyfileobj(src, dst)
+                sidecars[f"log_{i}"] = gz
+            if r.kernels and r.kernels.get("table"):
+                sidecars[f"kernels_{i}"] = pd.DataFrame(
+                    [
+                        {"variant": r.spec.variant, "kernel": k, "per_replay": v}
+                        for k, v in r.kernels["table"]
+                    ]
+                )
+        tp = max((r.spec.tp_size for r in results), default=1)
+        return write_run(
+            frame,
+            experiment=experiment,
+            method_version=METHOD_VERSION,
+            params=params or {"specs": [_spec_params(r.spec) for r in results]},
+            root=root,
+            gpu_count=gpu_count if gpu_count is not None else tp,
+            extra=manifest_extra(results),
+            sidecars=sidecars,
+        )
+
+
+def _spec_params(s: EngineSpec) -> dict:
+    d = asdict(s)
+    d["model"] = Path(s.model).parent.name
+    d["adjustments"] = [a.name for a in s.adjustments]
+    if s.tool == "bench":
+        d["warmup_sweeps"] = s.warmup  # untimed sweeps of every input length
+    return d
+
+
+def summary(res: EngineResult) -> list[str]:
+    s, d = res.spec, res.decisions
+    out = [
+        f"sglang {s.variant} · {'bench_one_batch' if s.tool == 'bench' else 'Engine'} · "
+        f"{Path(s.model).parent.name} · {res.status}" + (f" · {res.error}" if not res.ok else "")
+    ]
+    if not res.ok and res.tail:
+        out += [f"  | {line}" for line in res.tail[-4:]]
+    if not d or (d.get("pcg") == "unknown" and d.get("decode_bs") is None and not res.ok):
+        return out
+    pcg = d.get("pcg")
+    if pcg == "captured":
+        out.append(
+            f"  piecewise CUDA graph: captured for tokens {d.get('pcg_tokens')} in "
+            f"{d.get('pcg_capture_s')} s"
+        )
+    else:
+        out.append(
+            f"  piecewise CUDA graph: {pcg}"
+            + (f" ({d['pcg_reason']})" if d.get("pcg_reason") else "")
+        )
+    if d.get("bcg") != "not used":
+        out.append(
+            f"  breakable CUDA graph: {d['bcg']}"
+            + (f" for tokens {d['bcg_tokens']}" if d.get("bcg_tokens") else "")
+        )
+    out.append(f"  decode CUDA graph batch sizes: {d.get('decode_bs')}")
+    out.append(f"  attention backend: {d.get('attention_backend')}")
+    for a in s.adjustments:
+        out.append(f"  harness adjustment {a.name}: {a.reason}")
+    bench = [r for r in rows(res) if r["metric"] in ("prefill", "prefill_iqr", "decode")]
+    by = {(x["metric"], x.get("batch_size"), x.get("input_len")): x["value"] for x in bench}
+    for r in bench:
+        if r["metric"] == "prefill":
+            iqr = by.get(("prefill_iqr", r.get("batch_size"), r.get("input_len")))
+            dec = by.get(("decode", r.get("batch_size"), r.get("input_len")))
+            out.append(
+                f"  batch {r['batch_size']} x {r['input_len']} tokens: prefill {r['value']:.2f} ms"
+                + (f" (IQR {iqr:.2f})" if iqr is not None else "")
+                + (f", decode {dec:.2f} ms/step" if dec is not None else "")
+            )
+    for r in rows(res):
+        if r["metric"] == "latency":
+            out.append(f"  {r['requests']} requests x {r['input_len']} tokens: {r['value']:.2f} ms")
+        elif r["metric"] == "prefill_graph":
+            out.append(f"    prefill batches on the graph: {r['value']:.0%}")
+    if res.kernels:
+        k = res.kernels
+        out.append(
+            f"  decode graph replay: {k['kernels_per_replay']} kernels "
+            f"({k['kernels_per_layer']:.2f} per layer), {k['replays_per_step']:.1f} replays per "
+            f"step"
+        )
+    if res.leftovers:
+        out.append(f"  left behind and killed: {', '.join(res.leftovers)}")
+    return out

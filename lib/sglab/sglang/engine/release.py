@@ -1,0 +1,204 @@
+"""Where a release is importable from, what it pins, and which flags its parsers accept.
+
+A release runs from its own folders: ``$SGLAB_ENGINE_HOME/<V>/site`` on a GPU box (unpacked from
+the engine bundles by ``scripts/engine_gpu.sh``), else the side-by-side layout of
+:mod:`sglab.sglang.releases`. Nothing is started before its torch pin and the reader's flags are
+checked: each error is one line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional
+
+from sglab.sglang.releases import dep_set, deps_dir, release_dir
+from sglab.sglang.engine.spec import EngineError, flag_names
+
+
+@dataclass(frozen=True)
+class ReleaseEnv:
+    """Where one release is importable from: ``paths`` go first on ``PYTHONPATH``."""
+
+    release: str
+    paths: tuple[Path, ...]
+    source: str  # "gpu-install" | "releases"
+
+    @property
+    def package(self) -> Path:
+        return self.paths[0] / "sglang"
+
+
+def engine_home() -> Optional[Path]:
+    env = os.environ.get("SGLAB_ENGINE_HOME")
+    return Path(env) if env else None
+
+
+def locate(release: str) -> ReleaseEnv:
+    """The release's environment: ``$SGLAB_ENGINE_HOME/<V>/site`` (a GPU install from the engine
+    bundles), else the side-by-side layout of :mod:`sglab.sglang.releases`."""
+    home = engine_home()
+    if home is not None and (home / release / "site" / "sglang" / "__init__.py").is_file():
+        return ReleaseEnv(release, (home / release / "site",), "gpu-install")
+    rdir = release_dir(release)
+    if (rdir / "sglang" / "__init__.py").is_file():
+        return ReleaseEnv(release, (rdir, deps_dir(dep_set(release))), "releases")
+    where = f"{home}/{release}/site or {rdir}" if home else str(rdir)
+    raise EngineError(
+        f"sglang {release} is not installed ({where}; on a GPU box: scripts/engine_gpu.sh, here: "
+        f"sglab real install --releases {release})"
+    )
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def release_pins(env: ReleaseEnv) -> dict[str, str]:
+    """``{normalized name: version}`` of the ``==`` pins in the release's own dist-info
+    (Requires-Dist)."""
+    metas = sorted(env.paths[0].glob("sglang-*.dist-info/METADATA"))
+    if not metas:
+        return {}
+    pins = {}
+    for line in metas[0].read_text().splitlines():
+        if not line.startswith("Requires-Dist:") or "extra ==" in line:
+            continue
+        m = re.match(r"Requires-Dist:\s*([A-Za-z0-9_.\-]+)(\[[^\]]*\])?\s*==\s*([^;\s]+)", line)
+        if m:
+            pins[_norm(m.group(1))] = m.group(3)
+    return pins
+
+
+def found_versions(
+    env: ReleaseEnv,
+    names=(
+        "torch",
+        "sglang-kernel",
+        "flashinfer-python",
+        "transformers",
+        "triton",
+        "apache-tvm-ffi",
+        "tokenizers",
+    ),
+) -> dict[str, Optional[str]]:
+    """Versions the engine's processes will import: the release's folders first, then this
+    interpreter."""
+    import importlib.metadata as md
+
+    out: dict[str, Optional[str]] = {}
+    want = {_norm(n): n for n in names}
+    for dist in md.distributions(path=[str(p) for p in env.paths]):
+        n = _norm(dist.metadata.get("Name") or "")
+        if n in want and n not in out:
+            out[n] = dist.version
+    for n in want:
+        if n not in out:
+            try:
+                out[n] = md.version(want[n])
+            except md.PackageNotFoundError:
+                out[n] = None
+    return out
+
+
+def _base(version: Optional[str]) -> str:
+    return (version or "").split("+", 1)[0]
+
+
+def check_pins(env: ReleaseEnv, found: Optional[dict] = None) -> dict[str, str]:
+    """The release's pins; :class:`EngineError` (one line, nothing started) when its torch pin is
+    not this interpreter's torch: its compiled kernels (sglang-kernel, FlashInfer's JIT) are built
+    for that torch."""
+    pins = release_pins(env)
+    found = found if found is not None else found_versions(env)
+    want, have = pins.get("torch"), found.get("torch")
+    if want and _base(have) != want:
+        kernel = pins.get("sglang-kernel")
+        raise EngineError(
+            f"sglang {env.release} pins torch=={want}"
+            + (f" (sglang-kernel {kernel} is built for it)" if kernel else "")
+            + f"; this machine has torch {have or 'none'}: nothing started"
+        )
+    return pins
+
+
+def release_flags(package: Path, tool: str) -> set[str]:
+    """Every ``--flag`` the release's parsers accept for ``tool``: ``add_argument`` strings of
+    ``srt/server_args.py`` (and ``bench_one_batch.py`` for the bench), plus the flags that 0.5.14+
+    derive from fields annotated ``A[T, "help"]`` / ``A[T, Arg(...)]`` (``cli_name``, ``aliases``)
+    of ``ServerArgs`` and, from 0.5.2x, of the field groups under ``srt/arg_groups/``."""
+    import ast
+
+    name = package.parent.name
+    files = [package / "srt" / "server_args.py"]
+    if tool == "bench":
+        files.append(package / "bench_one_batch.py")
+    for f in files:
+        if not f.is_file():
+            raise EngineError(
+                f"sglang {name}: {f.relative_to(package.parent)} not found"
+                + (
+                    " (this release has no bench_one_batch: use --tool engine)"
+                    if f.name == "bench_one_batch.py"
+                    else ""
+                )
+            )
+    files += sorted((package / "srt" / "arg_groups").rglob("*.py"))
+    flags: set[str] = set()
+    for f in files:
+        tree = ast.parse(f.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+                flags.update(
+                    a.value
+                    for a in node.args
+                    if isinstance(a, ast.Constant)
+                    and isinstance(a.value, str)
+                    and a.value.startswith("--")
+                )
+            if isinstance(node, ast.ClassDef):
+                flags.update(_annotated_flags(node))
+    return flags
+
+
+def _annotated_flags(cls) -> set[str]:
+    import ast
+
+    out = set()
+    for stmt in cls.body:
+        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+            continue
+        ann = stmt.annotation
+        if not (
+            isinstance(ann, ast.Subscript) and getattr(ann.value, "id", "") in ("A", "Annotated")
+        ):
+            continue
+        elts = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else []
+        if len(elts) < 2:
+            continue
+        meta = elts[1]
+        name = "--" + stmt.target.id.replace("_", "-")
+        if isinstance(meta, ast.Constant) and isinstance(meta.value, str):
+            out.add(name)
+        elif isinstance(meta, ast.Call) and getattr(meta.func, "id", "") == "Arg":
+            kw = {k.arg: k.value for k in meta.keywords}
+            if isinstance(kw.get("no_cli"), ast.Constant) and kw["no_cli"].value:
+                continue
+            cli = kw.get("cli_name")
+            out.add(cli.value if isinstance(cli, ast.Constant) else name)
+            if isinstance(kw.get("aliases"), (ast.List, ast.Tuple)):
+                out.update(e.value for e in kw["aliases"].elts if isinstance(e, ast.Constant))
+    return out
+
+
+def check_flags(argv: Iterable[str], flags: set[str], release: str, tool: str) -> None:
+    """:class:`EngineError` naming the flags this release's parsers do not define (read from its
+    source)."""
+    unknown = [f for f in flag_names(argv) if f not in flags]
+    if unknown:
+        where = "srt/server_args.py" + (" and bench_one_batch.py" if tool == "bench" else "")
+        raise EngineError(
+            f"sglang {release} does not accept {' '.join(unknown)} (not defined in its {where})"
+        )

@@ -1,0 +1,175 @@
+"""One engine run from start to result: prepare, launch with progress lines, read the log, and
+turn what happened into a status and SGLang's own one-line error.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from sglab.sglang.engine.launching import launch, prepare
+from sglab.sglang.engine.log import OURS, RX, bench_results, first_error, key_values, read_log
+from sglab.sglang.engine.spec import EngineSpec, load_config, text_config
+from sglab.sglang.engine.trace import decode_kernels
+
+
+@dataclass
+class EngineResult:
+    spec: EngineSpec
+    status: str  # ok | error | timeout | not-started
+    error: str = ""
+    log: Optional[Path] = None
+    seconds: float = 0.0
+    decisions: dict = field(default_factory=dict)
+    bench: list = field(default_factory=list)
+    kernels: Optional[dict] = None
+    leftovers: list = field(default_factory=list)
+    command: list = field(default_factory=list)
+    sglang_command: list = field(default_factory=list)
+    server_argv: list = field(default_factory=list)
+    pins: dict = field(default_factory=dict)
+    found: dict = field(default_factory=dict)
+    tail: list = field(default_factory=list)
+    marker: str = ""  # SGLAB_ENGINE_RUN of the engine's processes
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def line(self) -> str:
+        head = f"sglang {self.spec.variant}"
+        if self.ok:
+            return f"{head}: ok in {self.seconds:.0f} s"
+        return f"{head}: {self.error}"
+
+
+PROGRESS = (
+    ("load_begin", "loading dummy weights"),
+    ("decode_begin", "capturing decode CUDA graphs"),
+    ("pcg_begin", "capturing piecewise CUDA graphs"),
+    ("warmup", "warm-up run"),
+    ("benchmark", "benchmark runs"),
+)
+
+
+def _progress(echo: Callable[[str], None], spec: EngineSpec) -> Callable[[str], None]:
+    seen: set[str] = set()
+    t0 = time.monotonic()
+
+    def on_line(line: str) -> None:
+        for key, what in PROGRESS:
+            if key not in seen and RX[key].search(line.strip()):
+                seen.add(key)
+                echo(f"[sglab] sglang {spec.variant}: {what} ({time.monotonic() - t0:.0f} s)")
+        m = RX["prefill"].search(line)
+        if m and "benchmark" in seen:
+            echo(f"[sglab] sglang {spec.variant}: prefill {float(m.group('s')) * 1e3:.2f} ms")
+        m = OURS.search(line)
+        if m and m.group("kind") == "call":
+            kv = key_values(m.group("rest"))
+            echo(
+                f"[sglab] sglang {spec.variant}: {kv.get('requests')} requests x "
+                f"{kv.get('input_len')} tokens: {float(kv.get('seconds', 0)) * 1e3:.1f} ms"
+            )
+        if m and m.group("kind") == "hooks":
+            echo(f"[sglab] sglang {spec.variant}: {line.strip()}")
+
+    return on_line
+
+
+def tail_lines(text: str, n: int = 12) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.strip()][-n:]
+
+
+def run(
+    spec: EngineSpec,
+    *,
+    work: Optional[Path] = None,
+    echo: Callable[[str], None] = print,
+    check: bool = True,
+) -> EngineResult:
+    """Run one engine (see the module docstring). Raises :class:`EngineError` for what stops it
+    before it starts (release missing, pin mismatch, flags the release does not define, a bad
+    config); everything after the start comes back as the result's status and one-line error."""
+    work = Path(work) if work else Path(tempfile.mkdtemp(prefix=f"sglab-engine-{spec.release}-"))
+    prep = prepare(spec, work, check=check)
+    log = work / "engine.log"
+    echo(
+        f"[sglab] sglang {spec.variant}: starting "
+        f"{'bench_one_batch' if spec.tool == 'bench' else 'Engine'} (timeout {spec.timeout:.0f} s; "
+        f"log {log})"
+    )
+    ex = launch(
+        prep.argv,
+        log=log,
+        timeout=spec.timeout,
+        env=prep.environ,
+        cwd=work,
+        marker=prep.marker,
+        on_line=_progress(echo, spec),
+    )
+    text = log.read_text(errors="replace")
+    d = read_log(text)
+    res = EngineResult(
+        spec,
+        "ok",
+        log=log,
+        seconds=ex.seconds,
+        decisions=d,
+        command=prep.argv,
+        sglang_command=prep.sglang_command,
+        server_argv=prep.server_argv,
+        pins=prep.pins,
+        found=prep.found,
+        leftovers=ex.leftovers + [f"{p} (survived SIGKILL)" for p in ex.survivors],
+        tail=tail_lines(text),
+        marker=prep.marker,
+    )
+    if spec.tool == "bench":
+        res.bench = bench_results(d, spec, work / "result.jsonl")
+    if ex.timed_out:
+        res.status = "timeout"
+        res.error = (
+            f"no exit in {spec.timeout:.0f} s: stopped with its whole process group; last lines: "
+            + " | ".join(res.tail[-3:])
+        )
+    elif ex.returncode != 0:
+        res.status = "error"
+        msg = first_error(text) or f"exited with status {ex.returncode}"
+        res.error = f"{msg} (log: {log})"
+    elif d["hooks_failed"]:
+        res.status, res.error = (
+            "error",
+            f"harness hooks failed: {d['hooks_failed'][0]} (log: {log})",
+        )
+    else:
+        missing = [
+            a.name
+            for a in spec.adjustments
+            if a.patch and not any(a.name in x for x in d["applied"])
+        ]
+        if missing:
+            res.status, res.error = (
+                "error",
+                f"adjustment {', '.join(missing)} was never applied (log: {log})",
+            )
+        elif spec.tool == "bench" and not res.bench:
+            res.status, res.error = "error", f"bench_one_batch printed no result (log: {log})"
+    if res.leftovers:
+        echo(
+            f"[sglab] sglang {spec.variant}: {len(res.leftovers)} process(es) of the engine were "
+            f"left after it exited and were killed: {', '.join(res.leftovers)}"
+        )
+    if spec.profile and res.ok:
+        traces = sorted((work / "profile").glob("*decode*.trace.json*"))
+        if traces:
+            layers = int(text_config(load_config(spec.model)).get("num_hidden_layers") or 0)
+            res.kernels = decode_kernels(traces[-1], layers, spec.profile_steps)
+            res.kernels["trace"] = str(traces[-1])
+        else:
+            res.status = "error"
+            res.error = f"bench_one_batch wrote no decode trace in {work / 'profile'} (log: {log})"
+    return res

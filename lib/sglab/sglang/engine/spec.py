@@ -1,0 +1,300 @@
+"""What an engine run is, as data: a release, a model config, a tool and server arguments
+(:class:`EngineSpec`), and a notebook's scenarios of them (:class:`Scenario` of :class:`Case`).
+
+- ``bench``: ``python -m sglang.bench_one_batch``, the release's real ``ModelRunner`` without a
+  scheduler (prefill and decode latency per batch size and input length; ``--profile``:
+  torch.profiler traces);
+- ``engine``: ``sglang.Engine(...).generate(...)`` (the scheduler and its logs) for several
+  requests sharing one prefill batch, driven by :mod:`~sglab.sglang.engine.drive`.
+
+Harness adjustments (:class:`Adjustment`) are named, each with its reason, and recorded with every
+run. A fix builds its own in its folder; :data:`ADJUSTMENTS` holds only the model's own (what a
+model needs to run with dummy weights).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+from sglab.sglang.releases import parse_version
+
+
+TOOLS = ("bench", "engine")
+
+
+METHOD_VERSION = 1
+
+
+VOCAB = 32000
+
+
+# The defaults every run gets unless the server arguments name the flag themselves (the facts of
+# real engines on one GPU): dummy weights, Triton attention (no FA3 build carried), PyTorch sampling
+# (no FlashInfer sampling JIT).
+DEFAULT_ARGS = (
+    ("--load-format", "dummy"),
+    ("--attention-backend", "triton"),
+    ("--sampling-backend", "pytorch"),
+)
+
+
+# bench_one_batch loads a tokenizer whatever --skip-tokenizer-init says (load_model ->
+# get_tokenizer); the Engine does not with it, and takes token ids.
+ENGINE_ONLY_ARGS = (("--skip-tokenizer-init", None),)
+
+
+
+
+DEFAULT_TIMEOUT_S = 900.0
+
+
+# piecewise capture sizes every scenario that turns piecewise CUDA graphs on passes
+PCG_TOKENS = ("128", "256", "512", "1024")
+
+
+PCG_FLAGS = ("--piecewise-cuda-graph-tokens", *PCG_TOKENS)
+
+
+class EngineError(RuntimeError):
+    """One line for the reader (``sglab engine: <message>``, exit status 2); ``log`` is the full
+    log, if any."""
+
+    def __init__(self, message: str, log: Optional[Path] = None):
+        super().__init__(message + (f" (log: {log})" if log else ""))
+        self.log = log
+
+
+@dataclass(frozen=True)
+class Adjustment:
+    """A change the harness makes to a release's run, named and justified in every manifest.
+
+    ``env``: variables set for the engine's processes; ``patch``: ``module:function`` called as
+    ``function(params)`` in every engine process once the release module ``params["module"]`` is
+    imported."""
+
+    name: str
+    reason: str
+    env: tuple = ()  # ((name, value), ...); a value may hold {lib} (this package's lib folder)
+    patch: str = ""
+    params: tuple = ()  # ((key, value), ...) handed to the patch as a dict
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        return (self.name, self.reason)
+
+    def param_dict(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.params}
+
+
+def lib_dir() -> Path:
+    return Path(__file__).resolve().parents[3]
+
+
+def repo() -> Path:
+    from sglab.core.runs import repo_root
+
+    return repo_root()
+
+
+ADJUSTMENTS: dict[str, Callable[[], Adjustment]] = {
+    "kimi-k25-post-load-weights": lambda: Adjustment(
+        "kimi-k25-post-load-weights",
+        "with dummy weights 0.5.12.post1's KimiK25ForConditionalGeneration never absorbs the MLA "
+        "weights (it has no post_load_weights before 0.5.13; the first decode dies on `w_kc` "
+        "None): a subclass adding only 0.5.13's post_load_weights (no `model` property, so the "
+        "released piecewise gate is kept) is registered through "
+        "SGLANG_EXTERNAL_MODEL_PACKAGE=sglab.sglang.engine_models",
+        env=(("SGLANG_EXTERNAL_MODEL_PACKAGE", "sglab.sglang.engine_models"),),
+    ),
+}
+
+
+def adjustment(name: str, known: Iterable[Adjustment] = ()) -> Adjustment:
+    """The shared adjustment ``name`` (a model's, not a fix's), or one of ``known`` (each fix
+    builds its own in its folder: ``sglab engine --adjust`` passes them all)."""
+    found = {a.name: a for a in known}
+    if name in found:
+        return found[name]
+    try:
+        return ADJUSTMENTS[name]()
+    except KeyError:
+        raise EngineError(
+            f"unknown harness adjustment {name!r} (known: {', '.join([*ADJUSTMENTS, *found])})"
+        ) from None
+
+
+def trace_adjustment(name: str, reason: str, module: str, qualname: str, event: str,
+                     args: tuple[str, ...]) -> Adjustment:
+    """An adjustment that prints one ``event`` line per call of ``module.qualname`` with the named
+    arguments, the object it was called on and the call's time (:func:`trace_calls`)."""
+    return Adjustment(name, reason, patch="sglab.sglang.engine.hooks:trace_calls",
+                      params=(("module", module), ("qualname", qualname), ("event", event),
+                              ("args", args)))
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine run. ``server_args``: the reader's flags (after ``--``); the defaults of
+    :data:`DEFAULT_ARGS` are added for flags not given. ``bench``: ``batch_sizes`` x ``input_lens``,
+    each repeated ``repeats`` times in one process after ``warmup`` untimed sweeps of every input
+    length (bench_one_batch's own warm-up covers only its first shape, so the first timed run of
+    each other length would hold its JIT builds); ``engine``: ``requests`` requests of
+    ``input_lens`` tokens per generate call, after ``warmup`` untimed calls."""
+
+    release: str
+    model: Path
+    tool: str = "bench"
+    server_args: tuple[str, ...] = ()
+    batch_sizes: tuple[int, ...] = (1,)
+    input_lens: tuple[int, ...] = (1024,)
+    output_len: int = 16
+    repeats: int = 1
+    requests: tuple[int, ...] = (1,)
+    warmup: int = 1
+    profile: bool = False
+    profile_steps: int = 2
+    image_size: Optional[tuple[int, int]] = None
+    prompt: str = ""
+    case: str = ""
+    adjustments: tuple[Adjustment, ...] = ()
+    timeout: float = DEFAULT_TIMEOUT_S
+
+    def __post_init__(self):
+        if self.tool not in TOOLS:
+            raise EngineError(f"unknown tool {self.tool!r} (known: {', '.join(TOOLS)})")
+        try:
+            parse_version(self.release)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+        if self.repeats < 1:
+            raise EngineError(f"--repeats must be at least 1, got {self.repeats}")
+
+    @property
+    def variant(self) -> str:
+        return f"{self.release}+{self.case}" if self.case else self.release
+
+    @property
+    def tp_size(self) -> int:
+        got = flag_value(self.server_args, ("--tp-size", "--tp", "--tensor-parallel-size"))
+        return int(got) if got else 1
+
+
+@dataclass(frozen=True)
+class Case:
+    """One arm of a scenario: a label, server arguments, harness adjustments (an
+    :class:`Adjustment`, built in the fix's own folder, or the name of a shared one), and
+    optionally the releases it applies to (default: the scenario's)."""
+
+    label: str
+    args: tuple[str, ...] = ()
+    adjustments: tuple = ()  # Adjustment or name
+    releases: tuple[str, ...] = ()
+
+    @property
+    def adjustment_names(self) -> tuple[str, ...]:
+        return tuple(a.name if isinstance(a, Adjustment) else a for a in self.adjustments)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """What a notebook runs on real engines, as data: the fix, a model folder under ``data/models``,
+    a tool, releases, cases and the measurement's shape. :meth:`specs` gives the runs, one per
+    release and case."""
+
+    fix: str
+    name: str
+    what: str
+    model: str
+    tool: str
+    releases: tuple[str, ...]
+    cases: tuple[Case, ...]
+    gpus: int = 1
+    batch_sizes: tuple[int, ...] = (1,)
+    input_lens: tuple[int, ...] = (1024,)
+    output_len: int = 16
+    repeats: int = 1
+    requests: tuple[int, ...] = (1,)
+    profile: bool = False
+    image_size: Optional[tuple[int, int]] = None
+    prompt: str = ""
+    expect: str = ""
+    timeout: float = DEFAULT_TIMEOUT_S
+
+    @property
+    def experiment(self) -> str:
+        return f"engine_{self.fix}"
+
+    def model_config(self) -> Path:
+        return repo() / "data" / "models" / self.model / "config.json"
+
+    def specs(self, releases: Optional[Iterable[str]] = None) -> list[EngineSpec]:
+        pick = list(releases) if releases else None
+        out = []
+        for v in self.releases:
+            if pick is not None and v not in pick:
+                continue
+            for c in self.cases:
+                if c.releases and v not in c.releases:
+                    continue
+                out.append(
+                    EngineSpec(
+                        release=v,
+                        model=self.model_config(),
+                        tool=self.tool,
+                        server_args=c.args,
+                        batch_sizes=self.batch_sizes,
+                        input_lens=self.input_lens,
+                        output_len=self.output_len,
+                        repeats=self.repeats,
+                        requests=self.requests,
+                        profile=self.profile,
+                        image_size=self.image_size,
+                        prompt=self.prompt,
+                        case=c.label,
+                        adjustments=tuple(
+                            a if isinstance(a, Adjustment) else adjustment(a)
+                            for a in c.adjustments
+                        ),
+                        timeout=self.timeout,
+                    )
+                )
+        return out
+
+
+def load_config(path: Path) -> dict:
+    """The model's ``config.json`` as a dict; one-line :class:`EngineError` when it is missing or
+    not JSON."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise EngineError(f"{path}: no such model config") from None
+    except ValueError as exc:
+        raise EngineError(f"{path}: not JSON: {exc}") from None
+    if not isinstance(cfg, dict) or not cfg.get("architectures"):
+        raise EngineError(f"{path}: a model config needs an 'architectures' list")
+    return cfg
+
+
+def text_config(cfg: dict) -> dict:
+    """The language model's part of a config (a multimodal one's ``text_config``, else itself)."""
+    inner = cfg.get("text_config")
+    return inner if isinstance(inner, dict) else cfg
+
+
+def flag_names(argv: Iterable[str]) -> list[str]:
+    return [a.split("=", 1)[0] for a in argv if a.startswith("--")]
+
+
+def flag_value(argv: Iterable[str], names: Iterable[str]) -> Optional[str]:
+    argv, names = list(argv), set(names)
+    for i, a in enumerate(argv):
+        key, eq, val = a.partition("=")
+        if key in names:
+            return val if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return None

@@ -1,0 +1,61 @@
+"""The profiler's traces of ``bench_one_batch --profile``: the kernels of each CUDA-graph
+replay (by the ``cudaGraphLaunch`` they correlate with), per replay and per layer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+
+def read_trace(path: Path) -> dict:
+    import gzip
+
+    raw = Path(path).read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    return json.loads(raw)
+
+
+def graph_replays(trace: dict) -> list[list[str]]:
+    """Kernels of each CUDA-graph launch in a torch.profiler chrome trace: the kernel events whose
+    ``correlation`` is that of a ``cudaGraphLaunch`` (runtime or driver) event, in launch order."""
+    events = trace.get("traceEvents", trace if isinstance(trace, list) else [])
+    launches, kernels = [], {}
+    for ev in events:
+        cat, name = str(ev.get("cat", "")).lower(), str(ev.get("name", ""))
+        corr = (ev.get("args") or {}).get("correlation")
+        if corr is None:
+            continue
+        if cat in ("cuda_runtime", "cuda_driver", "runtime") and re.match(
+            r"cu(da)?GraphLaunch", name
+        ):
+            launches.append((float(ev.get("ts", 0)), corr))
+        elif cat == "kernel":
+            kernels.setdefault(corr, []).append((float(ev.get("ts", 0)), name))
+    return [[n for _, n in sorted(kernels.get(corr, []))] for _, corr in sorted(launches)]
+
+
+def decode_kernels(trace_path: Path, layers: int, steps: int) -> dict:
+    """Kernels per decode-graph replay and per layer from ``bench_one_batch --profile``'s decode
+    trace, and a table of kernel names with their count per replay. ``steps``: decode steps the
+    trace covers."""
+    replays = graph_replays(read_trace(trace_path))
+    counts = [len(r) for r in replays]
+    table: dict[str, float] = {}
+    for r in replays:
+        for name in r:
+            table[name] = table.get(name, 0) + 1
+    n = max(1, len(replays))
+    per_replay = statistics.median(counts) if counts else 0
+    return {
+        "replays": len(replays),
+        "replays_per_step": len(replays) / max(1, steps),
+        "kernels_per_replay": per_replay,
+        "kernels_per_replay_min": min(counts, default=0),
+        "kernels_per_replay_max": max(counts, default=0),
+        "kernels_per_layer": per_replay / layers if layers else None,
+        "table": sorted(((k, v / n) for k, v in table.items()), key=lambda kv: (-kv[1], kv[0])),
+    }
