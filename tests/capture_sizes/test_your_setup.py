@@ -294,3 +294,14 @@ def test_the_notebook_control_is_a_static_table_headless(monkeypatch, capsys):
     table = show.your_setup()
     assert len(table) > 0 and "index" not in table.columns
     assert "static table" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--tp-size", "0"], "--tp-size 0: a parallel size must be a positive integer"),
+    (["--tp", "8", "--moe-dense-tp-size=-1"], "--moe-dense-tp-size -1: a parallel size"),
+    (["--tp-size"], "--tp-size (no value): a parallel size"),
+])
+def test_a_parallel_size_below_one_is_one_line_before_any_release_runs(capsys, argv, says):
+    code, out, err = _cli(capsys, "--", *argv)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+    assert err.startswith("sglab capture-sizes: ") and says in err

@@ -155,6 +155,19 @@ def test_junit(demo, tmp_path):
     assert failed == ["demo.extra_kernels"]
 
 
+def test_junit_into_a_missing_folder_is_refused_before_any_check(demo, tmp_path, capsys,
+                                                                  monkeypatch):
+    from sglab.tools import verify
+
+    checked = []
+    monkeypatch.setattr(verify, "verify_run", lambda *a, **k: checked.append(a))
+    path = _write()
+    assert cli.main(["verify", str(path), "--junit", str(tmp_path / "nope" / "v.xml")]) == 2
+    err = capsys.readouterr().err
+    assert checked == [] and err.startswith("sglab verify: --junit ") and "no such folder" in err
+    assert len(err.splitlines()) == 1
+
+
 def test_all_uses_every_recorded_run(demo, capsys):
     _write()
     _write()

@@ -274,3 +274,13 @@ def test_verify_live_against_an_experiment_runs_it_and_compares_with_the_record(
     # several experiments after --against: the first is the option's value, the rest targets
     assert cli.main(["verify", "--live", "--against", "engine_swa_loc", "engine_pcg_gate"]) == 0
     assert asked["engines"] == {"engine_swa_loc", "engine_pcg_gate"}
+
+
+def test_kernel_counts_read_as_whole_numbers():
+    from sglab.swa_loc import sglang as swa_sglang
+
+    df = E.latest(swa_sglang.FIX.recorded_engine().shown)
+    got = E.facts(df, ["decode_kernels_per_replay", "decode_kernels_per_layer"])
+    assert set(got["decode_kernels_per_replay"]) == {"140", "148", "196"}
+    assert "18.5" in set(got["decode_kernels_per_layer"]) and "ok" in set(got["status"])
+    assert E.count_text("36.0") == "36" and E.count_text("1e3") == "1e3" and E.count_text("") == ""

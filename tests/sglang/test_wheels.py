@@ -237,3 +237,23 @@ def test_cli_says_when_a_release_does_not_exist(tmp_path, monkeypatch, capsys):
     assert captured.err.strip() == ("sglab upstream: no such SGLang release on the package index: "
                                     "9.9.9")
     assert captured.out == ""
+
+
+def test_released_draws_a_fixs_timeline_row_once_per_session(monkeypatch):
+    """A notebook shows several released hunks of one fix (04: #23552 and #24743); the release
+    timeline strip above them is drawn once."""
+    from sglab.core import notebook
+    from sglab.sglang import compare, hunks
+
+    drawn, shown = [], []
+    monkeypatch.setattr(compare, "_TIMELINE_DRAWN", set())
+    monkeypatch.setattr(R, "timeline_row_figure", lambda fix: f"strip {fix.name}")
+    monkeypatch.setattr(notebook, "show_figure", drawn.append)
+    monkeypatch.setattr(notebook, "display_object", shown.append)
+    monkeypatch.setattr(hunks, "beside", lambda fix, rebuilt, **kw: ("beside", kw.get("pr")))
+    fix = get("swa_loc")
+    compare.released(fix, object, symbol="x")
+    compare.released(fix, object, symbol="y", pr=24743)
+    assert drawn == ["strip swa_loc"] and shown == [("beside", None), ("beside", 24743)]
+    compare.released(get("grid_thw"), object)
+    assert drawn == ["strip swa_loc", "strip grid_thw"]

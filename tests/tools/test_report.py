@@ -117,3 +117,14 @@ def test_index_shows_errors(tmp_path, status):
     r.status, r.error = status, f"{status}: cell 3 (x = 1) after 2.0 s"
     text = index.write_index([r], tmp_path, [], live_times={}).read_text()
     assert f"class='{status}'" in text and f"{status}: cell 3" in text
+
+
+@pytest.mark.parametrize("argv", [["record", "swa_loc", "--param", "oops"],
+                                  ["run", "04_swa_loc", "--param", "=3"]])
+def test_a_param_without_a_name_is_one_line_and_exit_2(argv, capsys):
+    from sglab.tools import cli
+
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sglab {argv[0]}: --param needs NAME=VALUE") and len(
+        err.splitlines()) == 1

@@ -235,3 +235,28 @@ def test_your_setup_is_a_static_table_headless(monkeypatch, capsys):
     assert len(table) == 4 + 3 + 3 and "index" not in table.columns  # 2048 is the PR's row
     assert list(table.columns[:4]) == ["floor", "world_size", "prompt_length", "policy"]
     assert "static table" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--hidden", "-5"], "--hidden -5: must be at least 1"),
+    (["--hidden", "0"], "--hidden 0: must be at least 1"),
+    (["--pre-initialize", "-1"], "--pre-initialize -1: must be at least 0"),
+    (["--pcg-max-tokens", "-4"], "--pcg-max-tokens -4: must be at least 0"),
+])
+def test_workspace_refuses_sizes_below_their_minimum(capsys, args, says):
+    assert cli.main(["workspace", "--trace", str(show.EXAMPLE_LOG), *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.strip() == f"sglab workspace: {says}"
+
+
+@pytest.mark.parametrize("world", [3, 8])
+def test_workspace_at_a_world_size_without_a_run_says_whose_times_it_uses(capsys, world):
+    recorded = sorted({show.run_world_size(r) for r in runs.load_all_recorded("workspace_floor")})
+    assert world not in recorded
+    assert cli.main(["workspace", "--trace", str(show.EXAMPLE_LOG), "--world-size",
+                     str(world)]) == 0
+    out = capsys.readouterr().out
+    assert f"NO recorded run at world size {world}" in out and "run's times)" in out
+    assert cli.main(["workspace", "--trace", str(show.EXAMPLE_LOG), "--world-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "NO recorded run" not in out and "est. ms" in out

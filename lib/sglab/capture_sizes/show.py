@@ -698,6 +698,24 @@ def to_csv(table, path) -> None:
     flat.to_csv(path, index=False)
 
 
+# the parallel widths the capture sizes depend on: each a positive integer (SGLang's own parsers
+# take 0 or -1 and fail later with a modulo by zero, or print sizes for "attention TP 0")
+PARALLEL_FLAGS = ("--tp-size", "--tp", "--dp-size", "--dp", "--pp-size", "--ep-size", "--ep",
+                  "--moe-dense-tp-size", "--attn-cp-size", "--attention-context-parallel-size")
+
+
+def bad_parallel_size(argv: list[str]) -> str | None:
+    """One line naming the first parallel width in ``argv`` that is not a positive integer."""
+    for i, a in enumerate(argv):
+        flag, eq, val = a.partition("=")
+        if flag not in PARALLEL_FLAGS:
+            continue
+        val = val if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        if not (val.isdigit() and int(val) > 0):
+            return f"{flag} {val or '(no value)'}: a parallel size must be a positive integer"
+    return None
+
+
 def _fail(msg: str, code: int = 2) -> int:
     print(f"sglab capture-sizes: {msg}", file=sys.stderr)
     return code
@@ -734,6 +752,9 @@ def command(argv: list[str], *, releases: list[str] | None = None, mla: bool = T
     if not argv:
         return _fail("give SGLang server arguments after --, e.g. `sglab capture-sizes -- --tp 8 "
                      "--moe-dense-tp-size 1`")
+    bad = bad_parallel_size(argv)
+    if bad:
+        return _fail(bad)
     try:
         picked = pick_releases(releases)
     except ValueError as e:

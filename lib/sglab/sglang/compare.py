@@ -143,6 +143,9 @@ def section(fix, comparison: Callable[[dict], object], *, what: str = "rows",
 # --------------------------------------------------------------------------------------------------
 # the release a fix shipped in, beside the rebuild
 # --------------------------------------------------------------------------------------------------
+_TIMELINE_DRAWN: set = set()  # fixes whose timeline row this process has shown
+
+
 def released(fix, rebuilt=None, *, symbol: Optional[str] = None, pr: Optional[int] = None) -> None:
     """The fix's row of the release timeline (drawn once), then the released ``symbol`` of the PR's
     hunk beside the rebuilt function or class (or the whole released hunk when ``rebuilt`` is
@@ -150,7 +153,9 @@ def released(fix, rebuilt=None, *, symbol: Optional[str] = None, pr: Optional[in
     from sglab.core.notebook import display_object, show_figure
     from sglab.sglang import hunks, wheels
 
-    show_figure(wheels.timeline_row_figure(fix))
+    if fix.name not in _TIMELINE_DRAWN:  # a notebook shows several hunks of one fix
+        _TIMELINE_DRAWN.add(fix.name)
+        show_figure(wheels.timeline_row_figure(fix))
     if rebuilt is None:
         display_object(hunks.show(fix, pr))
     else:

@@ -129,7 +129,16 @@ def facts(df: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
     wide = d.pivot_table(index=KEYS, columns="metric", values="value", aggfunc="first")
     wide = wide.reindex(columns=["status", *metrics])
     wide["run"] = d.groupby(KEYS)["run"].first()
-    return wide.fillna("")
+    return wide.fillna("").map(count_text)
+
+
+def count_text(value) -> str:
+    """A recorded value as text, a whole number without its ``.0`` (``148.0`` -> ``148``)."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return value
+    return str(int(f)) if f.is_integer() and "e" not in str(value).lower() else str(value)
 
 
 def recorded(fix: str, number: str = "NN"):

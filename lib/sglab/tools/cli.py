@@ -45,10 +45,12 @@ from pathlib import Path
 
 
 def _parse_params(items: list[str]) -> dict:
+    """``--param NAME=VALUE`` items as a dict (values read as Python literals where they parse);
+    ValueError for an item without ``=`` or a name."""
     out = {}
     for item in items or []:
-        if "=" not in item:
-            raise SystemExit(f"--param needs key=value, got {item!r}")
+        if "=" not in item or not item.split("=", 1)[0].strip():
+            raise ValueError(f"--param needs NAME=VALUE, got {item!r}")
         k, v = item.split("=", 1)
         try:
             out[k.strip()] = ast.literal_eval(v)
@@ -112,7 +114,7 @@ def cmd_record(args) -> int:
     try:
         verify.record(args.experiment, _parse_params(args.param), recorded=args.recorded,
                       progress=not args.quiet)
-    except (fixes.UnknownFix, verify.BadInput) as e:
+    except (fixes.UnknownFix, verify.BadInput, ValueError) as e:
         print(f"sglab record: {e}", file=sys.stderr)
         return 2
     return 0
@@ -164,6 +166,10 @@ def cmd_verify(args) -> int:
     from sglab.core import claims
     from sglab.tools import fixes, verify
 
+    if args.junit and not Path(args.junit).resolve().parent.is_dir():
+        print(f"sglab verify: --junit {args.junit}: no such folder "
+              f"{Path(args.junit).resolve().parent}", file=sys.stderr)
+        return 2
     try:
         if args.against in fixes.experiments() and not Path(args.against).exists():
             # `--against EXP`: EXP is what to verify (with --live: what to run here), compared
@@ -209,6 +215,11 @@ def cmd_workspace(args) -> int:
     if args.world_size < 2:
         print("sglab workspace: the fused all-reduce needs --world-size >= 2", file=sys.stderr)
         return 2
+    for flag, value, low in (("--hidden", args.hidden, 1), ("--pcg-max-tokens",
+                             args.pcg_max_tokens, 0), ("--pre-initialize", args.pre_initialize, 0)):
+        if value < low:
+            print(f"sglab workspace: {flag} {value}: must be at least {low}", file=sys.stderr)
+            return 2
     try:
         trace = ws.read_trace(args.trace, pcg_max_tokens=args.pcg_max_tokens)
     except ws.TraceError as e:
@@ -286,11 +297,11 @@ def cmd_run(args) -> int:
         return 2
     try:
         paths = _resolve_notebooks(args.notebooks)
+        params = _parse_params(args.param)
     except ValueError as e:
         print(f"sglab run: {e}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else repo_root() / "reports"
-    params = _parse_params(args.param)
     t0 = time.perf_counter()
     results = run_notebooks(paths, out, params=params, cell_timeout=args.cell_timeout,
                             jobs=args.jobs)
@@ -378,8 +389,9 @@ def _evidence_commands(sub) -> None:
     p.add_argument("--release", nargs="+", action="extend", metavar="V",
                    help="releases to ask (default: the installed pinned ones)")
     p.add_argument("--model", metavar="CONFIG.json", default=None,
-                   help="the model's config.json (or its folder) that 0.5.14 on resolve their "
-                   "configuration with (default: a shipped tiny DeepSeek-V3 config)")
+                   help="a model's config.json, or its folder: releases from 0.5.14 on resolve "
+                   "their configuration from it (default: the tiny DeepSeek-V3 config shipped in "
+                   "data/models)")
     p.add_argument("--csv", metavar="FILE", help="also write the table as CSV")
     p.add_argument("--no-mla", dest="mla", action="store_false",
                    help="0.5.10.post1-0.5.13: the model has no MLA attention (the piecewise "

@@ -713,6 +713,7 @@ class CostModel:
 
     points: list  # (bytes per rank, create + destroy ms), sorted by bytes
     label: str
+    world_size: int = 0  # of the run the times come from
 
     def ms(self, nbytes: float) -> float:
         """Log-log interpolation between the measured points; the end segments extend beyond."""
@@ -739,9 +740,11 @@ def cost_model(world_size: int) -> Optional[CostModel]:
     W, H = run_world_size(run), run_hidden(run)
     points = sorted((rebuild.workspace_bytes_per_rank(W, int(T), H), float(ms))
                     for T, ms in per.items())
+    borrowed = (f"; NO recorded run at world size {world_size}: these are the ×{W} run's times "
+                f"(a creation's cost grows with the world size)" if W != world_size else "")
     return CostModel(points, f"{run.path.name} ({runs.gpu_short(run.manifest)} ×{W}, "
                              f"{str(run.manifest.get('created_utc'))[:10]}), interpolated by "
-                             "workspace bytes")
+                             f"workspace bytes{borrowed}", W)
 
 
 def traffic_table(tokens: list[int], *, world_size: int, hidden_dim: int, policies=None,
@@ -761,6 +764,8 @@ def traffic_table(tokens: list[int], *, world_size: int, hidden_dim: int, polici
                      "est. ms": sum(model.ms(e.bytes_per_rank) for e in events) if model
                      else float("nan")})
     df = pd.DataFrame(rows).set_index("policy")
+    if model and model.world_size != world_size:  # the column says whose times these are
+        df = df.rename(columns={"est. ms": f"est. ms (×{model.world_size} run's times)"})
     df.attrs["cost_model"] = model.label if model else "no recorded GPU run: times not estimated"
     return df
 

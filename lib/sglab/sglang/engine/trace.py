@@ -50,6 +50,7 @@ def decode_kernels(trace_path: Path, layers: int, steps: int) -> dict:
             table[name] = table.get(name, 0) + 1
     n = max(1, len(replays))
     per_replay = statistics.median(counts) if counts else 0
+    per_replay = int(per_replay) if float(per_replay).is_integer() else per_replay  # a count
     return {
         "replays": len(replays),
         "replays_per_step": len(replays) / max(1, steps),
