@@ -179,3 +179,27 @@ def test_the_guard_restores_the_handlers_and_ends_its_watchdog():
         assert signal.getsignal(signal.SIGTERM) is not before
     assert signal.getsignal(signal.SIGTERM) is before
     assert not _alive(dog)
+
+
+def test_a_tracked_group_is_stopped_when_the_interpreter_exits(tmp_path):
+    """What the release runner and the rank launcher start is tracked: an interpreter that exits
+    (here sys.exit inside the wait) stops it and says so in one line."""
+    script = tmp_path / "exits.py"
+    script.write_text(textwrap.dedent(f"""
+        import subprocess, sys
+        sys.path.insert(0, {str(LIB)!r})
+        from sglab.core import procs
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                             start_new_session=True)
+        procs.track(p.pid)
+        print(p.pid, flush=True)
+        sys.exit(3)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    pid = int(out.stdout.split()[0])
+    try:
+        assert out.returncode == 3 and _wait_gone([pid], 5) == []
+        said = [ln for ln in out.stderr.splitlines() if ln.startswith("[sglab] at exit:")]
+        assert len(said) == 1 and f"group {pid}: stopped 1 process(es)" in said[0]
+    finally:
+        _kill_all([pid])

@@ -27,7 +27,6 @@ import multiprocessing as mp
 import os
 import pickle
 import queue as queue_mod
-import signal
 import socket
 import tempfile
 import time
@@ -36,6 +35,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+from sglab.core import procs
 
 
 class DistError(RuntimeError):
@@ -148,17 +149,7 @@ def _kill(proc) -> None:
     """Stop a rank and everything in its process group (a finished rank's group is swept too)."""
     if proc.pid is None:
         return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.join(timeout=3)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    if proc.is_alive():
-        proc.kill()
+    procs.stop(proc.pid, grace=3.0)
     proc.join(timeout=3)
 
 
@@ -270,6 +261,12 @@ class _Ranks:
         return DistTimeout(f"run exceeded {timeout_s:g} s; rank(s) {', '.join(map(str, waiting))} "
                            "had not " f"finished and were killed.{hint}\n{tails}")
 
+    def __enter__(self) -> "_Ranks":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cleanup()
+
     def cleanup(self) -> None:
         for p in self.procs:
             _kill(p)
@@ -300,7 +297,8 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
     ranks = _Ranks(pickle.dumps((fn, tuple(args))), world_size, backend, collective_timeout_s,
                    env or {}, start_method)
     deadline = time.monotonic() + timeout_s
-    try:
+    # SIGTERM/SIGHUP become an exception here, so the clean-up below runs for them too
+    with procs.Guard(watchdog=False), ranks:
         ranks.start()
         while len(ranks.out) < world_size:
             ranks.receive()
@@ -310,8 +308,6 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
         for p in ranks.procs:
             p.join(timeout=max(1.0, min(30.0, deadline - time.monotonic())))
         return [ranks.out[r] for r in range(world_size)]
-    finally:
-        ranks.cleanup()
 
 
 def forkserver(preload: Sequence[str] = ("torch",)):

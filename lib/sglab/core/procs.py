@@ -25,6 +25,7 @@ period, SIGKILL, each step waited for with psutil, and it says what it had to ki
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
@@ -105,14 +106,24 @@ def stop(pgid: Optional[int] = None, *, marker: str = "", grace: float = GRACE_S
         return done
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_WAIT_S)):
         _signal(pgid, live, sig)
-        _, live = psutil.wait_procs(live, timeout=wait)
-        live = [p for p in live if _alive(p)] + [
-            p for p in members(pgid, marker) if p not in live
-        ]  # children forked meanwhile
+        live = _wait_gone(live, wait)
+        live += [p for p in members(pgid, marker) if p not in live]  # forked meanwhile
         if not live:
             return done
     done.survivors = [_describe(p) for p in live]
     return done
+
+
+def _wait_gone(live: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Those of ``live`` still running after up to ``timeout`` seconds. A process that exited
+    counts as gone as a zombie already: its parent (``subprocess``, ``multiprocessing``) reaps it
+    and keeps its exit status, which ``psutil.wait_procs`` would take from it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        live = [p for p in live if _alive(p)]
+        if not live or time.monotonic() >= deadline:
+            return live
+        time.sleep(0.05)
 
 
 def _alive(p: psutil.Process) -> bool:
@@ -120,6 +131,29 @@ def _alive(p: psutil.Process) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+# -- groups this process started, stopped at its exit -----------------------------------------------
+_TRACKED: dict[int, str] = {}  # pgid -> marker, while the group may be running
+
+
+def track(pgid: int, marker: str = "") -> None:
+    """Remember group ``pgid`` until :func:`untrack`: if this interpreter exits first (an uncaught
+    exception, ``sys.exit``), it is stopped then, and what was left is reported in one line."""
+    _TRACKED[pgid] = marker
+
+
+def untrack(pgid: int) -> None:
+    _TRACKED.pop(pgid, None)
+
+
+@atexit.register
+def _stop_tracked() -> None:
+    for pgid, marker in list(_TRACKED.items()):
+        done = stop(pgid, marker=marker, grace=2.0)
+        if done.found:
+            print("[sglab] at exit: " + done.line(f"group {pgid}"), file=sys.stderr, flush=True)
+    _TRACKED.clear()
 
 
 # -- the harness's end, whichever way it comes -----------------------------------------------------

@@ -28,7 +28,6 @@ import importlib
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from sglab.core import procs
 from sglab.sglang import store
 from sglab.sglang.store import ProbeResult, frame
 from sglab.sglang.releases import (
@@ -63,25 +63,25 @@ def _spawn(cmd: list[str], timeout: float,
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=err, text=True, env=worker_env(), start_new_session=True)
+        procs.track(proc.pid)
         deadline, seen = time.monotonic() + timeout, 0
         code: Optional[int] = None
-        while True:
-            try:
-                code = proc.wait(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            grown = progress() if progress is not None else seen
-            if grown > seen:
-                seen, deadline = grown, time.monotonic() + timeout
-            elif time.monotonic() >= deadline:
+        try:
+            while True:
                 try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
+                    code = proc.wait(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
+                    break
+                except subprocess.TimeoutExpired:
                     pass
-                proc.wait()
-                code = None
-                break
+                grown = progress() if progress is not None else seen
+                if grown > seen:
+                    seen, deadline = grown, time.monotonic() + timeout
+                elif time.monotonic() >= deadline:
+                    break
+        finally:  # timed out, interrupted, or done: nothing of the worker's group stays
+            procs.stop(proc.pid, grace=0.0)
+            proc.wait()
+            procs.untrack(proc.pid)
         err.seek(0)
         return code, err.read()[-4000:]
 
