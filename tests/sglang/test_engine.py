@@ -684,10 +684,13 @@ def test_scenarios_build_their_specs():
     assert set(by) == {
         f"{v}+{c}" for v in ("0.5.12.post1", "0.5.13") for c in ("default", "enforce", "pcg-off")
     }
-    assert [a.name for a in by["0.5.12.post1+enforce"].adjustments] == [
-        "kimi-k25-post-load-weights"
-    ]
-    assert not by["0.5.13+enforce"].adjustments
+    # the scenario names no adjustment: sglab engine adds the model's where the release needs it
+    assert not by["0.5.12.post1+enforce"].adjustments and not by["0.5.13+enforce"].adjustments
+    if testing.release_installed("0.5.12.post1") and testing.release_installed("0.5.13"):
+        need = {v: [a.name for a in eng.with_model_needs(s, lambda _: None).adjustments]
+                for v, s in by.items() if v.endswith("+enforce")}
+        assert need == {"0.5.12.post1+enforce": ["kimi-k25-post-load-weights"],
+                        "0.5.13+enforce": []}
     assert "--enforce-piecewise-cuda-graph" in by["0.5.13+enforce"].server_args
     assert (
         by["0.5.13+default"].input_lens == (128, 256, 512, 1024)
@@ -746,3 +749,23 @@ def test_model_package_for_the_kimi_adjustment_is_importable_by_name():
     assert ours == released
 
 
+
+
+@pytest.mark.parametrize("release, model, added", [
+    ("0.5.12.post1", "kimi_k25_tiny", True),   # no post_load_weights before 0.5.13
+    ("0.5.11", "kimi_k25_tiny", True),
+    ("0.5.13", "kimi_k25_tiny", False),
+    ("0.5.12.post1", "llama_32x512", False),
+])
+def test_a_model_that_needs_an_adjustment_gets_it_by_itself_and_says_so(release, model, added):
+    _pkg(release)
+    cfg = REPO / "data" / "models" / model / "config.json"
+    spec = eng.EngineSpec(release, cfg, server_args=("--enforce-piecewise-cuda-graph",))
+    said = []
+    got = eng.with_model_needs(spec, said.append)
+    names = [a.name for a in got.adjustments]
+    assert names == (["kimi-k25-post-load-weights"] if added else [])
+    assert len(said) == int(added) and all("added (this model needs it" in s for s in said)
+    # carried already: not twice
+    again = eng.with_model_needs(got, said.append)
+    assert [a.name for a in again.adjustments] == names and len(said) == int(added)

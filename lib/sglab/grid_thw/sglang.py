@@ -416,9 +416,9 @@ GRID_ON_CUDA0 = Adjustment(
     ),
 )
 KIMI_TP2 = ("--tp-size", "2", "--mm-attention-backend", "triton_attn")
-# what any Kimi-K2.5 tiny engine fed an image needs here: the processor made offline, and the MLA
-# weights absorbed after the dummy load (0.5.11 has no post_load_weights)
-KIMI_IMAGE = (stand_in.PROCESSOR, "kimi-k25-post-load-weights")
+# what any Kimi-K2.5 tiny engine fed an image needs here: the processor made offline (sglab engine
+# adds the MLA weights' post-load step 0.5.11 lacks by itself: engine.spec.MODEL_NEEDS)
+KIMI_IMAGE = (stand_in.PROCESSOR,)
 ENGINE = (
     Scenario(
         fix="grid_thw",

@@ -256,23 +256,12 @@ ENGINE = (
         model="kimi_k25_tiny",
         tool="bench",
         releases=("0.5.12.post1", "0.5.13"),
+        # 0.5.12.post1 also gets kimi-k25-post-load-weights: sglab engine adds what the model
+        # needs with dummy weights by itself (sglab.sglang.engine.spec.MODEL_NEEDS)
         cases=(
-            Case("default", PCG_FLAGS, releases=("0.5.13",)),
-            Case("default", PCG_FLAGS, ("kimi-k25-post-load-weights",), releases=("0.5.12.post1",)),
-            Case("enforce", ("--enforce-piecewise-cuda-graph", *PCG_FLAGS), releases=("0.5.13",)),
-            Case(
-                "enforce",
-                ("--enforce-piecewise-cuda-graph", *PCG_FLAGS),
-                ("kimi-k25-post-load-weights",),
-                releases=("0.5.12.post1",),
-            ),
-            Case("pcg-off", ("--disable-piecewise-cuda-graph",), releases=("0.5.13",)),
-            Case(
-                "pcg-off",
-                ("--disable-piecewise-cuda-graph",),
-                ("kimi-k25-post-load-weights",),
-                releases=("0.5.12.post1",),
-            ),
+            Case("default", PCG_FLAGS),
+            Case("enforce", ("--enforce-piecewise-cuda-graph", *PCG_FLAGS)),
+            Case("pcg-off", ("--disable-piecewise-cuda-graph",)),
         ),
         input_lens=(128, 256, 512, 1024),
         repeats=5,

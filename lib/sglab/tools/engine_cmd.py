@@ -140,6 +140,7 @@ def _dry_run(spec, work) -> None:
 
     with tempfile.TemporaryDirectory(prefix="sglab-engine-") as tmp:
         try:
+            spec = eng.with_model_needs(spec, lambda line: print(f"# {line}"))
             prep = eng.prepare(spec, work or Path(tmp), check=False)
         except eng.EngineError as e:
             print(f"# sglang {spec.variant}: would stop: {e}")

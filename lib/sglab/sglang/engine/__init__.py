@@ -9,7 +9,8 @@ The names below are the package's face, for callers that need several of its par
 
 from sglab.sglang.engine.hooks import (SITECUSTOMIZE, function_source, patch_params, remove_text,
                                        revert_hunk, reverted_source, say)
-from sglab.sglang.engine.launching import KILL_GRACE_S, bench_argv, launch, prepare
+from sglab.sglang.engine.launching import (KILL_GRACE_S, bench_argv, launch, prepare,
+                                           with_model_needs)
 from sglab.sglang.engine.log import LOG_STRINGS, bench_results, first_error, read_log
 from sglab.sglang.engine.model import prepare_model
 from sglab.sglang.engine.recording import record, rows, summary
@@ -22,6 +23,7 @@ from sglab.sglang.engine.trace import decode_kernels
 
 __all__ = ["SITECUSTOMIZE", "function_source", "patch_params", "remove_text", "revert_hunk",
            "reverted_source", "say", "KILL_GRACE_S", "bench_argv", "launch", "prepare",
+           "with_model_needs",
            "LOG_STRINGS", "bench_results", "first_error", "read_log", "prepare_model", "record",
            "rows", "summary", "check_pins", "locate", "release_flags", "EngineResult", "run",
            "DEFAULT_TIMEOUT_S", "PCG_FLAGS", "VOCAB", "Adjustment", "Case", "EngineError",

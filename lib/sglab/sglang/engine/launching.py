@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -23,8 +23,9 @@ from sglab.sglang.engine.hooks import SITECUSTOMIZE, patch_params
 from sglab.sglang.engine.model import prepare_model
 from sglab.sglang.engine.release import (ReleaseEnv, check_flags, check_pins, found_versions,
                                           locate, release_flags, release_pins)
-from sglab.sglang.engine.spec import (DEFAULT_ARGS, ENGINE_ONLY_ARGS, EngineError, EngineSpec,
-                                      flag_names, lib_dir, load_config)
+from sglab.sglang.engine.spec import (DEFAULT_ARGS, ENGINE_ONLY_ARGS, MODEL_NEEDS, Adjustment,
+                                      EngineError, EngineSpec, adjustment, flag_names, lib_dir,
+                                      load_config)
 
 KILL_GRACE_S = 10.0  # between SIGTERM and SIGKILL when an engine is stopped
 
@@ -105,6 +106,30 @@ def driver_params(spec: EngineSpec, server: list[str]) -> dict:
         "image_size": list(spec.image_size) if spec.image_size else None,
         "prompt": spec.prompt,
     }
+
+
+def model_needs(spec: EngineSpec) -> tuple[Adjustment, ...]:
+    """The adjustments the spec's model needs on its release to run with dummy weights and does
+    not carry yet (:data:`~sglab.sglang.engine.spec.MODEL_NEEDS`, checked in the release's own
+    source): ``sglab engine`` adds them by itself and says so."""
+    arch = (load_config(spec.model).get("architectures") or [""])[0]
+    need = MODEL_NEEDS.get(arch)
+    if need is None or need[0] in {a.name for a in spec.adjustments}:
+        return ()
+    name, path, text = need
+    source = locate(spec.release).package / path
+    if source.is_file() and text in source.read_text():
+        return ()
+    return (adjustment(name),)
+
+
+def with_model_needs(spec: EngineSpec, echo: Callable[[str], None] = print) -> EngineSpec:
+    """``spec`` with :func:`model_needs` added, each said in one line."""
+    extra = model_needs(spec)
+    for a in extra:
+        echo(f"[sglab] sglang {spec.variant}: harness adjustment {a.name} added (this model "
+             f"needs it on this release with dummy weights): {a.reason}")
+    return replace(spec, adjustments=spec.adjustments + extra) if extra else spec
 
 
 def prepare(

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from sglab.sglang.engine.launching import launch, prepare
+from sglab.sglang.engine.launching import launch, prepare, with_model_needs
 from sglab.sglang.engine.log import OURS, RX, bench_results, first_error, key_values, read_log
 from sglab.sglang.engine.spec import EngineSpec, load_config, text_config
 from sglab.sglang.engine.trace import decode_kernels
@@ -95,6 +95,7 @@ def run(
     before it starts (release missing, pin mismatch, flags the release does not define, a bad
     config); everything after the start comes back as the result's status and one-line error."""
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix=f"sglab-engine-{spec.release}-"))
+    spec = with_model_needs(spec, echo)
     prep = prepare(spec, work, check=check)
     log = work / "engine.log"
     echo(

@@ -102,13 +102,21 @@ def repo() -> Path:
 ADJUSTMENTS: dict[str, Callable[[], Adjustment]] = {
     "kimi-k25-post-load-weights": lambda: Adjustment(
         "kimi-k25-post-load-weights",
-        "with dummy weights 0.5.12.post1's KimiK25ForConditionalGeneration never absorbs the MLA "
-        "weights (it has no post_load_weights before 0.5.13; the first decode dies on `w_kc` "
+        "with dummy weights the KimiK25ForConditionalGeneration of releases before 0.5.13 never "
+        "absorbs the MLA weights (it has no post_load_weights; the first decode dies on `w_kc` "
         "None): a subclass adding only 0.5.13's post_load_weights (no `model` property, so the "
         "released piecewise gate is kept) is registered through "
         "SGLANG_EXTERNAL_MODEL_PACKAGE=sglab.sglang.engine_models",
         env=(("SGLANG_EXTERNAL_MODEL_PACKAGE", "sglab.sglang.engine_models"),),
     ),
+}
+
+
+# what a model needs to run with dummy weights on a release: architecture -> (adjustment, the
+# release file whose text says it is not needed, that text)
+MODEL_NEEDS = {
+    "KimiK25ForConditionalGeneration": ("kimi-k25-post-load-weights", "srt/models/kimi_k25.py",
+                                        "def post_load_weights"),
 }
 
 
