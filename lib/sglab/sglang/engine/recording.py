@@ -11,6 +11,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
+import pandas as pd
+
 from sglab.sglang.releases import parse_version
 from sglab.sglang.engine.model import config_digest
 from sglab.sglang.engine.running import EngineResult
@@ -18,17 +20,12 @@ from sglab.sglang.engine.spec import EngineSpec, METHOD_VERSION, load_config, re
 
 
 def spread(xs: list[float]) -> dict:
-    xs = sorted(xs)
-    # inclusive quartiles: with 5 repeats the exclusive method extrapolates past the 4th value, so
-    # one slow repeat alone would set the IQR
-    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) >= 2 else [xs[0]] * 3
-    return {
-        "median": statistics.median(xs),
-        "min": xs[0],
-        "max": xs[-1],
-        "iqr": q[2] - q[0],
-        "n": len(xs),
-    }
+    """Median, min, max, interquartile range and count of repeated measurements. The quartiles
+    interpolate between the values (the inclusive method): with 5 repeats the exclusive method
+    extrapolates past the 4th value, so one slow repeat alone would set the IQR."""
+    s = pd.Series(xs, dtype=float)
+    q1, q3 = s.quantile([0.25, 0.75])
+    return {"median": s.median(), "min": s.min(), "max": s.max(), "iqr": q3 - q1, "n": len(s)}
 
 
 def rows(res: EngineResult) -> list[dict]:
@@ -222,8 +219,6 @@ def record(
     table."""
     import gzip
     import shutil
-
-    import pandas as pd
 
     from sglab.core.runs import tidy, write_run
 
