@@ -133,7 +133,7 @@ def test_upstream_checks_read_source_without_import(tmp_path, monkeypatch):
 def test_cli_params_and_errors():
     assert cli._parse_params(["world_size=4", "name=abc", "sizes=[1, 2]"]) == {
         "world_size": 4, "name": "abc", "sizes": [1, 2]}
-    with pytest.raises(SystemExit, match="key=value"):
+    with pytest.raises(ValueError, match="NAME=VALUE"):
         cli._parse_params(["oops"])
     assert cli.main(["record", "no_such_experiment"]) == 2
     items = dict(report.env_report())
