@@ -856,14 +856,8 @@ def engine_table(run) -> pd.DataFrame:
 def engine(run) -> None:
     """SGLang's own engine at TP 2 with `--moe-dense-tp-size 1`: what each release did with
     capture sizes that attention TP does not divide (SGLang's log, read by sglab engine)."""
-    if not run:
-        print(getattr(run, "line", "no real-engine run to show"))
-        return
-    print("real SGLang engines (Engine, dummy weights, DeepSeek-V3-style 2 layers), recorded: "
-          + "; ".join(sorted({engine_runs.label(r) for r in run.shown})))
-    for line in engine_runs.adjustments(run):
-        print(f"harness adjustment {line}")
-    notebook.show_table(engine_table(engine_runs.merged(run.shown)))
+    if engine_runs.header(run, "DeepSeek-V3-style 2 layers, TP 2"):
+        notebook.show_table(engine_table(engine_runs.merged(run.shown)))
 
 
 def beside_rows(run, engine_run) -> list[dict]:

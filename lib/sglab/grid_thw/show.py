@@ -626,10 +626,7 @@ def engine(run) -> None:
     if not run:
         engine_runs.planned(run, sglang.ENGINE)
         return
-    print("real SGLang engines (Engine.generate with one image, dummy weights, Kimi-K2.5 tiny), "
-          "recorded: " + "; ".join(sorted({engine_runs.label(r) for r in run.shown})))
-    for line in engine_runs.adjustments(run):
-        print(f"harness adjustment {line}")
+    engine_runs.header(run, "Kimi-K2.5 tiny fed one image, TP 2")
     mem = pd.concat([engine_memory(r) for r in run.shown], ignore_index=True)
     if mem.empty:
         print("no process memory recorded")

@@ -215,22 +215,32 @@ def adjustments(run) -> list[str]:
     return [f"{k}: {v}" for k, v in seen.items()]
 
 
-def section(run, facts_of: list[str], tables: list[tuple[str, str, str]]) -> None:
-    """A notebook's real-engine section: where the numbers come from, the harness adjustments, one
-    row of facts per (model, release, case), then each ``(metric, across, fmt)`` table."""
-    from sglab.core.notebook import show_table
-
+def header(run, what: str = "") -> bool:
+    """Where a section's engine numbers come from: SGLang's own tools, ``what`` ran, the GPU and
+    date of each run, each harness adjustment with its reason; False (and the NoRun line) when
+    there is no run."""
     if not run:
         print(getattr(run, "line", "no real-engine run to show"))
-        return
-    df = latest(run.shown)
+        return False
     names = {"bench": "bench_one_batch", "engine": "Engine.generate"}
     tools = sorted({names.get(e.get("tool"), str(e.get("tool")))
                     for r in run.shown for e in r.manifest.get("engine_runs", [])})
-    print(f"real SGLang engines, dummy weights, measured by SGLang's own {' and '.join(tools)} "
-          f"(recorded: {'; '.join(sorted({label(r) for r in run.shown}))})")
+    print(f"real SGLang engines, dummy weights{', ' + what if what else ''}, measured by SGLang's "
+          f"own {' and '.join(tools)} (recorded: "
+          f"{'; '.join(sorted({label(r) for r in run.shown}))})")
     for line in adjustments(run):
         print(f"harness adjustment {line}")
+    return True
+
+
+def section(run, facts_of: list[str], tables: list[tuple[str, str, str]]) -> None:
+    """A notebook's real-engine section: the :func:`header`, one row of facts per (model,
+    release, case), then each ``(metric, across, fmt)`` table."""
+    from sglab.core.notebook import show_table
+
+    if not header(run):
+        return
+    df = latest(run.shown)
     show_table(facts(df, facts_of))
     for metric, across, fmt in tables:
         show_table(table(df, metric, across, fmt))

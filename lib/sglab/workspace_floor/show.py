@@ -952,13 +952,8 @@ def engine(run) -> None:
     """SGLang's own engine at TP 2 with `--enable-flashinfer-allreduce-fusion`: the workspace
     creations per rank (the trace adjustment's lines), beside the rebuild's simulation of the same
     trace, then each prompt length's first and timed call."""
-    if not run:
-        print(getattr(run, "line", "no real-engine run to show"))
+    if not engine_runs.header(run, "DeepSeek-V3-style 2 layers, TP 2"):
         return
-    print("real SGLang engines (Engine.generate, dummy weights, DeepSeek-V3-style 2 layers, "
-          "TP 2), recorded: " + "; ".join(sorted({engine_runs.label(r) for r in run.shown})))
-    for line in engine_runs.adjustments(run):
-        print(f"harness adjustment {line}")
     facts = engine_facts_of(run.shown)
     notebook.show_table(engine_table(facts))
     notebook.show_table(first_call_table(facts))
