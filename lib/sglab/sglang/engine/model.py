@@ -13,18 +13,20 @@ from sglab.sglang.engine.spec import EngineError, VOCAB, load_config, text_confi
 
 
 def tokenizer_json(vocab: int = VOCAB) -> dict:
-    """A WordLevel tokenizer of ``vocab`` tokens, built with ``tokenizers`` (its JSON form):
-    ``<unk> <s> </s> <pad>`` as special tokens and ``t4 ... t{vocab-1}``, split on whitespace.
-    Enough for SGLang to load a tokenizer offline."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
+    """A WordLevel tokenizer (``tokenizers``' JSON format) of ``vocab`` tokens: ``<unk> <s> </s>
+    <pad>`` and ``t4 ... t{vocab-1}``, split on whitespace. Enough for SGLang to load a tokenizer
+    offline. Written as JSON rather than built with ``tokenizers``: as a dependency of this package
+    its version would pin every release's dependency set, and 0.5.1x's transformers refuses the
+    newest."""
     special = ["<unk>", "<s>", "</s>", "<pad>"]
     words = {tok: i for i, tok in enumerate(special)}
     words.update({f"t{i}": i for i in range(len(special), vocab)})
-    tok = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_special_tokens(special)
-    return json.loads(tok.to_str())
+    added = [{"id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for i, tok in enumerate(special)]
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": None, "pre_tokenizer": {"type": "WhitespaceSplit"},
+            "post_processor": None, "decoder": None,
+            "model": {"type": "WordLevel", "vocab": words, "unk_token": "<unk>"}}
 
 
 TOKENIZER_CONFIG = {
