@@ -62,6 +62,18 @@ def test_bench_command_per_release(tmp_path, v):
     assert len(json.loads((model / "tokenizer.json").read_text())["model"]["vocab"]) == eng.VOCAB
 
 
+def test_the_driver_module_runs_as_a_program():
+    """The engine tool starts ``python -m sglab.sglang.engine.driver drive PARAMS.json``: the module
+    must act when run (here: its usage, exit 2, without arguments)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "sglab.sglang.engine.driver"], capture_output=True,
+                         text=True, timeout=60, env={"PYTHONPATH": str(REPO / "lib"),
+                                                     "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 2 and "usage: python -m sglab.sglang.engine.driver drive" in out.stderr
+
+
 @pytest.mark.parametrize("v", ["0.5.11", "0.5.12.post1", "0.5.13"])
 def test_engine_tool_runs_the_driver_with_server_args(tmp_path, v):
     _pkg(v)
@@ -540,7 +552,7 @@ def test_hooks_run_in_spawned_children(tmp_path):
         "patches": [
             {
                 "name": "t",
-                "patch": "sglab.sglang.engine:revert_hunk",
+                "patch": "sglab.sglang.engine.hooks:revert_hunk",
                 "params": {
                     "module": "target_mod",
                     "qualname": "value",

@@ -100,7 +100,11 @@ def main(argv=None) -> int:
     if len(argv) == 2 and argv[0] == "drive":
         return drive(argv[1])
     print(
-        "usage: python -m sglab.sglang.engine drive PARAMS.json (the engine tool's driver)",
+        "usage: python -m sglab.sglang.engine.driver drive PARAMS.json (the engine tool's driver)",
         file=sys.stderr,
     )
     return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
