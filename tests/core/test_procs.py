@@ -203,3 +203,20 @@ def test_a_tracked_group_is_stopped_when_the_interpreter_exits(tmp_path):
         assert len(said) == 1 and f"group {pid}: stopped 1 process(es)" in said[0]
     finally:
         _kill_all([pid])
+
+
+def test_stop_tree_ends_a_process_and_its_descendants_outside_any_group_of_theirs():
+    """A Jupyter kernel is not a group leader: its tree is stopped by parentage."""
+    p = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                          "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                          "time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 10
+        while not psutil.Process(p.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        kids = [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
+        done = procs.stop_tree(p.pid, grace=1.0)
+        assert len(done.found) == 2 and _wait_gone([p.pid, *kids], 5) == []
+        assert os.getpgid(os.getpid()) == os.getpgrp()  # this test's own group untouched
+    finally:
+        p.kill()

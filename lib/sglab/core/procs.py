@@ -100,14 +100,30 @@ def _signal(pgid: Optional[int], procs: list[psutil.Process], sig: int) -> None:
 def stop(pgid: Optional[int] = None, *, marker: str = "", grace: float = GRACE_S) -> Stopped:
     """Stop group ``pgid`` and every process carrying ``marker``: SIGTERM, wait up to ``grace``
     seconds, SIGKILL what is left, wait again. Returns what was found and what survived."""
-    live = members(pgid, marker)
+    return _stop(members(pgid, marker), lambda: members(pgid, marker), pgid, grace)
+
+
+def stop_tree(pid: int, *, grace: float = GRACE_S) -> Stopped:
+    """Stop process ``pid`` and all its descendants (for a process that is not a group leader,
+    such as a Jupyter kernel)."""
+    def tree() -> list[psutil.Process]:
+        try:
+            root = psutil.Process(pid)
+            return [p for p in (root, *root.children(recursive=True)) if _alive(p)]
+        except psutil.Error:
+            return []
+
+    return _stop(tree(), tree, None, grace)
+
+
+def _stop(live: list, again, pgid: Optional[int], grace: float) -> Stopped:
     done = Stopped(found=[_describe(p) for p in live])
     if not live:
         return done
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_WAIT_S)):
         _signal(pgid, live, sig)
         live = _wait_gone(live, wait)
-        live += [p for p in members(pgid, marker) if p not in live]  # forked meanwhile
+        live += [p for p in again() if p not in live]  # forked meanwhile
         if not live:
             return done
     done.survivors = [_describe(p) for p in live]

@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sglab.core import procs
+
 GPU_TAG = "needs-gpu"
 # colours of IPython tracebacks: noise in a report or a log
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -183,6 +185,7 @@ def _kernel_manager(kernel_name: str):
 def _stop_kernel(client, km, folder: str) -> None:
     """Stop the kernel whatever happened (nbclient leaves a kernel it does not own running), close
     the client's channels and remove the connection and socket files."""
+    import asyncio
     import shutil
 
     from jupyter_core.utils import run_sync
@@ -192,7 +195,13 @@ def _stop_kernel(client, km, folder: str) -> None:
             client.kc.stop_channels()
             client.kc = None
         if km.has_kernel:
-            run_sync(km.shutdown_kernel)(now=True)
+            try:
+                run_sync(km.shutdown_kernel)(now=True)
+            except (asyncio.InvalidStateError, RuntimeError):
+                # nbclient's own signal handler was shutting the same kernel down: end it here
+                pid = getattr(getattr(km, "provisioner", None), "pid", None)
+                if pid:
+                    procs.stop_tree(pid, grace=2.0)
     finally:
         km.cleanup_connection_file()
         km.cleanup_ipc_files()
