@@ -30,6 +30,7 @@ from sglab.capture_sizes import sglang
 from sglab.capture_sizes.measure import VARIANTS
 from sglab.core import notebook, plots, runs
 from sglab.sglang import engine_runs
+from sglab.sglang.engine import tp_size
 from sglab.sglang.releases import PINNED, installed_releases
 from sglab.sglang.releases import parse_version
 
@@ -802,7 +803,7 @@ def engine_facts(run) -> list[dict]:
         seen.add(key)
         argv = e["server_args"]
         asked = flag_list(argv, ("--piecewise-cuda-graph-tokens", "--cuda-graph-bs-prefill"))
-        tp = (flag_list(argv, ("--tp-size", "--tp")) or [1])[0]
+        tp = tp_size(argv)
         got = tokens.get(key)
         out.append({"release": e["release"], "case": e["case"],
                     "rule": sglang.VARIANT.get(e["release"]),

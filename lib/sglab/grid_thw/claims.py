@@ -348,21 +348,15 @@ HEADLINE = Headline(
 # --------------------------------------------------------------------------------------------------
 # the real engine (``scripts/engine_gpu.sh --plan 05``: data/recorded/engine_grid_thw/)
 # --------------------------------------------------------------------------------------------------
-def _engine_gpu0(run) -> dict:
-    """``{case: {rank: MiB on GPU 0}}`` of the scheduler ranks ≥ 1 of each variant that started
-    (0 where NVML lists no such process there)."""
-    return show.engine_gpu0(run)
-
-
 def _engine_applies(run):
-    got = _engine_gpu0(run)
+    got = show.engine_gpu0(run)
     return None if {"released", "before"} <= set(got) else (
         "this run has no 'released' and 'before' Kimi-K2.5 engines that both started and "
         "recorded their GPU memory")
 
 
 def _engine_before(run):
-    got = _engine_gpu0(run)
+    got = show.engine_gpu0(run)
     before, after = got["before"], got["released"]
     ok = bool(before) and all(m > 0 for m in before.values()) and all(
         m == 0 for m in after.values()) and set(before) == set(after)

@@ -30,7 +30,7 @@ from torch import nn
 
 from sglab.core.memory import all_processes, explain_no_match
 from sglab.grid_thw import rebuild, stand_in
-from sglab.sglang.engine import Adjustment, Case, Scenario
+from sglab.sglang.engine import Case, Scenario, revert_adjustment
 from sglab.sglang import bootstrap
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
@@ -403,18 +403,13 @@ def gpu_tables(df) -> dict:
 # the record
 # --------------------------------------------------------------------------------------------------
 # -- the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_grid_thw/
-GRID_ON_CUDA0 = Adjustment(
+GRID_ON_CUDA0 = revert_adjustment(
     "revert-pr22858-grid-thw-cpu",
     "the 'before' of #22858 never shipped in a release: on 0.5.11 the PR's line `grid_thws = "
     "grid_thws.cpu()` in KimiGPUProcessorWrapper._gpu_call is removed, so the grid travels to the "
     "scheduler ranks on cuda:0 as it did before the PR; nothing else changes",
-    patch="sglab.sglang.engine.hooks:revert_hunk",
-    params=(
-        ("module", "sglang.srt.multimodal.processors.kimi_k25"),
-        ("qualname", "KimiGPUProcessorWrapper._gpu_call"),
-        ("text", "    grid_thws = grid_thws.cpu()\n"),
-    ),
-)
+    "sglang.srt.multimodal.processors.kimi_k25", "KimiGPUProcessorWrapper._gpu_call",
+    text="    grid_thws = grid_thws.cpu()\n")
 KIMI_TP2 = ("--tp-size", "2", "--mm-attention-backend", "triton_attn")
 # what any Kimi-K2.5 tiny engine fed an image needs here: the processor made offline (sglab engine
 # adds the MLA weights' post-load step 0.5.11 lacks by itself: engine.spec.MODEL_NEEDS)

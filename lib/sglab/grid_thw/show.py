@@ -24,6 +24,7 @@ from sglab.core import notebook, plots, runs
 from sglab.grid_thw import measure, rebuild, sglang
 from sglab.grid_thw.measure import KERNEL_STEPS, PHASES
 from sglab.sglang import engine_runs
+from sglab.sglang.engine import tp_size
 
 STRAY = "#c0392b"
 VARIANT_ORDER = ("before", "ipc", "eager", "after")
@@ -584,12 +585,8 @@ def your_setup():
 # --------------------------------------------------------------------------------------------------
 def _tp_of(run) -> dict:
     """``{case: TP size}`` from each engine entry's server arguments."""
-    out = {}
-    for e in run.manifest.get("engine_runs", []):
-        argv = list(e.get("server_args", []))
-        tp = int(argv[argv.index("--tp-size") + 1]) if "--tp-size" in argv else 1
-        out[e["case"]] = tp
-    return out
+    return {e["case"]: tp_size(e.get("server_args", []))
+            for e in run.manifest.get("engine_runs", [])}
 
 
 def engine_memory(run) -> pd.DataFrame:

@@ -26,7 +26,7 @@ import types
 
 import torch
 
-from sglab.sglang.engine import Adjustment, Case, Scenario
+from sglab.sglang.engine import Case, Scenario, revert_adjustment
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, GpuPlan, Probe, Spec, Step, symbols_in
@@ -534,20 +534,14 @@ def gpu_tables(df) -> dict:
 _GPU = "sglab.swa_loc.sglang:gpu_probe"
 # -- the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_swa_loc/
 PR_DIFF = "data/upstream/swa_loc/pr23552.diff"
-PRESET_REVERTED = Adjustment(
+PRESET_REVERTED = revert_adjustment(
     "revert-pr23552-swa-loc-preset",
     "the 'before' of #23552 never ran as a whole engine on this image (0.5.10.post1 pins torch "
     "2.9.1): on 0.5.11 the PR's hunk in CudaGraphRunner.capture_one_batch_size (the set_swa_loc "
     f"preset before capture, read from {PR_DIFF}) is removed, nothing else; labelled 'before "
     "(#23552 reverted)'",
-    patch="sglab.sglang.engine.hooks:revert_hunk",
-    params=(
-        ("module", "sglang.srt.model_executor.cuda_graph_runner"),
-        ("qualname", "CudaGraphRunner.capture_one_batch_size"),
-        ("diff", PR_DIFF),
-        ("contains", "set_swa_loc"),
-    ),
-)
+    "sglang.srt.model_executor.cuda_graph_runner", "CudaGraphRunner.capture_one_batch_size",
+    diff=PR_DIFF, contains="set_swa_loc")
 ENGINE = (
     Scenario(
         fix="swa_loc",

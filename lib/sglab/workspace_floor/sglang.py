@@ -38,7 +38,7 @@ from typing import Optional
 
 import torch
 
-from sglab.sglang.engine import Adjustment, Case, Scenario, trace_adjustment
+from sglab.sglang.engine import Case, Scenario, revert_adjustment, trace_adjustment
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, GpuPlan, Probe, Spec, Step, symbols_in
@@ -387,19 +387,13 @@ WORKSPACE_TRACE = trace_adjustment(
 FUSION_ARGS = ("--tp-size", "2", "--enable-flashinfer-allreduce-fusion", "--disable-radix-cache")
 # the rebuild's floor_0 policy in the released engine: which keeps the workspace, the floor or
 # SGLang's pre-initialisation at 2048 before capture?
-FLOOR_TO_SHAPE = Adjustment(
+FLOOR_TO_SHAPE = revert_adjustment(
     "pr26382-floor-to-x-shape",
     "on 0.5.13 the call site's `max_token_num=max(x.shape[0], 2048),` in "
     "layers/layernorm.py::_forward_with_allreduce_fusion is replaced by `max_token_num="
     "x.shape[0],` (the rebuild's floor_0 policy, never released); nothing else changes",
-    patch="sglab.sglang.engine.hooks:revert_hunk",
-    params=(
-        ("module", "sglang.srt.layers.layernorm"),
-        ("qualname", "_forward_with_allreduce_fusion"),
-        ("text", "max_token_num=max(x.shape[0], 2048),"),
-        ("replacement", "max_token_num=x.shape[0],"),
-    ),
-)
+    "sglang.srt.layers.layernorm", "_forward_with_allreduce_fusion",
+    text="max_token_num=max(x.shape[0], 2048),", replacement="max_token_num=x.shape[0],")
 ENGINE = (
     Scenario(
         fix="workspace_floor",

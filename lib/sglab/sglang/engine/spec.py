@@ -134,6 +134,14 @@ def adjustment(name: str, known: Iterable[Adjustment] = ()) -> Adjustment:
         ) from None
 
 
+def revert_adjustment(name: str, reason: str, module: str, qualname: str, **hunk) -> Adjustment:
+    """An adjustment that redefines ``module.qualname`` from its own source with a PR's hunk
+    removed or one text replaced (:func:`~sglab.sglang.engine.hooks.revert_hunk`); ``hunk``:
+    ``text`` (and ``replacement``), or ``diff`` and ``contains``."""
+    return Adjustment(name, reason, patch="sglab.sglang.engine.hooks:revert_hunk",
+                      params=(("module", module), ("qualname", qualname), *hunk.items()))
+
+
 def trace_adjustment(name: str, reason: str, module: str, qualname: str, event: str,
                      args: tuple[str, ...]) -> Adjustment:
     """An adjustment that prints one ``event`` line per call of ``module.qualname`` with the named
@@ -186,8 +194,7 @@ class EngineSpec:
 
     @property
     def tp_size(self) -> int:
-        got = flag_value(self.server_args, ("--tp-size", "--tp", "--tensor-parallel-size"))
-        return int(got) if got else 1
+        return tp_size(self.server_args)
 
 
 @dataclass(frozen=True)
@@ -306,3 +313,9 @@ def flag_value(argv: Iterable[str], names: Iterable[str]) -> Optional[str]:
         if key in names:
             return val if eq else (argv[i + 1] if i + 1 < len(argv) else None)
     return None
+
+
+def tp_size(argv: Iterable[str]) -> int:
+    """The tensor-parallel size server arguments ask for (1 when they name none)."""
+    got = flag_value(argv, ("--tp-size", "--tp", "--tensor-parallel-size"))
+    return int(got) if got else 1
