@@ -67,3 +67,10 @@ def test_readme_index_matches_recorded_runs():
     assert block is not None, "README.md lost its index markers"
     assert block == readme.index_block(), \
         "README index is stale: run `sglab index` and commit README.md"
+
+
+def test_house_map_matches_the_tree():
+    """docs/structure.md's module list is generated from lib/sglab's docstrings."""
+    from sglab.tools import readme
+
+    assert readme.stale() == [], "stale: run `sglab index` and commit docs/structure.md"
