@@ -140,8 +140,12 @@ common=(--record --out "$OUT/runs" --work "$WORK")
 if [ -n "${ENGINE_TIMEOUT:-}" ]; then common+=(--timeout "$ENGINE_TIMEOUT"); fi
 if [ $dry = 1 ]; then common=(--dry-run); fi
 if [ -n "$plan" ]; then
-  mapfile -t more < <("$py" -c 'import sys; from sglab.tools.fixes import plan
-print("\n".join(s.name for s in plan(sys.argv[1])))' "$plan")
+  # a scenario needing more GPUs than this machine has is skipped with one line (a dry run lists all)
+  mapfile -t more < <("$py" -c 'import sys; from sglab.core import hardware; from sglab.tools import fixes
+gpus = None if sys.argv[2] == "1" else (hardware.gpu_count() if hardware.has_cuda() else 0)
+picked, skipped = fixes.plan_for(sys.argv[1], gpus)
+print("\n".join(skipped), file=sys.stderr) if skipped else None
+print("\n".join(s.name for s in picked))' "$plan" "$dry")
   scenarios+=("${more[@]}")
 fi
 if [ $verify = 1 ]; then

@@ -647,6 +647,23 @@ def test_model_configs_shape():
     )
 
 
+def test_every_scenarios_model_splits_evenly_at_its_tp_size():
+    """Attention heads (the text model's and the vision tower's, which SGLang shards over the same
+    TP group) and MoE widths divide by each case's TP size: Kimi's 2 vision heads would not at
+    TP 4."""
+    for sc in fixes.scenarios():
+        cfg = json.loads(sc.model_config().read_text())
+        text, vis = cfg.get("text_config", cfg), cfg.get("vision_config") or {}
+        for spec in sc.specs():
+            tp = spec.tp_size
+            widths = {"heads": text["num_attention_heads"],
+                      "vision heads": vis.get("num_attention_heads", tp),
+                      "moe width": text.get("moe_intermediate_size", tp)}
+            bad = {k: w for k, w in widths.items() if w % tp}
+            assert not bad, (sc.name, spec.variant, tp, bad)
+    assert any(s.gpus == 4 for s in fixes.scenarios())
+
+
 @pytest.mark.parametrize("v", ["0.5.12.post1", "0.5.13"])
 def test_configs_parse_with_the_releases_own_model_config(v):
     """Each config through the release's ModelConfig and get_tokenizer (a worker process, CPU
@@ -781,3 +798,32 @@ def test_a_model_that_needs_an_adjustment_gets_it_by_itself_and_says_so(release,
     # carried already: not twice
     again = eng.with_model_needs(got, said.append)
     assert [a.name for a in again.adjustments] == names and len(said) == int(added)
+
+
+def test_too_few_gpus_skips_a_plans_scenario_and_stops_a_named_one(monkeypatch, capsys):
+    """On a 2-GPU machine a TP-4 scenario is skipped by its plan with one line, and named alone it
+    stops with one line and status 2; nothing starts either way."""
+    from sglab.core import hardware
+    from sglab.sglang import engine as engine_pkg
+    from sglab.tools import fixes
+    from sglab.tools.cli import main
+
+    tp4 = [s for s in fixes.scenarios() if s.gpus == 4]
+    assert tp4, "no TP-4 scenario"
+    monkeypatch.setattr(hardware, "has_cuda", lambda: True)
+    monkeypatch.setattr(hardware, "gpu_count", lambda: 2)
+    monkeypatch.setattr(hardware, "gpus", lambda: ())
+    started = []
+    monkeypatch.setattr(engine_pkg, "run", lambda spec, work=None: started.append(spec))
+    plan = tp4[0].name.split("-")[0]
+    only_tp4 = all(s.gpus == 4 for s in fixes.plan(plan))
+    status = main(["engine", "--plan", plan, "--scenario", tp4[0].name])
+    assert status == 2 and not started
+    assert capsys.readouterr().err.strip() == (
+        f"sglab engine: {tp4[0].name} needs 4 GPUs at --tp-size 4: only 2 GPU(s) here; needs 4")
+    monkeypatch.setattr(engine_pkg, "run", lambda spec, work=None: (_ for _ in ()).throw(
+        engine_pkg.EngineError("stand-in: not started")))
+    main(["engine", "--plan", plan])
+    out = capsys.readouterr()
+    assert f"sglab engine: skipped {tp4[0].name} needs 4 GPUs" in out.out
+    assert only_tp4 or "stand-in: not started" in out.err

@@ -204,3 +204,29 @@ def test_the_gpu_script_verifies_a_plans_engine_experiments(tmp_path, plan, rc, 
     p = subprocess.run(["bash", str(root / "scripts" / "engine_gpu.sh"), "--dry-run", "--verify",
                         "--plan", plan], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == rc and says in p.stdout + p.stderr
+
+
+def test_a_plan_runs_only_what_this_machines_gpus_allow():
+    """`--plan 05` on a 2-GPU machine runs the TP-2 scenario and skips the TP-4 one with one line;
+    a dry run lists both."""
+    from sglab.tools import fixes
+
+    picked, skipped = fixes.plan_for("05", 2)
+    assert [s.name for s in picked] == ["05-grid-thw"]
+    assert skipped == ["skip 05-grid-thw-tp4: needs 4 GPUs, this machine has 2"]
+    assert [s.name for s in fixes.plan_for("05", None)[0]] == ["05-grid-thw", "05-grid-thw-tp4"]
+    assert fixes.plan_for("06", 0)[0] == []
+
+
+def test_the_gpu_scripts_dry_plan_lists_every_scenario(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "bundles.json").write_text("{}")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHON": sys.executable, "BUNDLES": str(tmp_path),
+           "OUT": str(tmp_path / "out")}
+    p = subprocess.run(["bash", str(root / "scripts" / "engine_gpu.sh"), "--dry-run", "--plan",
+                        "06"], env=env, capture_output=True, text=True, timeout=300)
+    assert "=== 06-dense-tp1:" in p.stdout and "=== 06-dense-tp4:" in p.stdout, p.stdout[-2000:]

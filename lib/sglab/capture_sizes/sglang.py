@@ -655,6 +655,28 @@ ENGINE = (
         "even sizes [4, 8]; 0.5.23: captures every size rounded up to a multiple of 2 "
         "(Engine tool: 0.5.23 has no bench_one_batch)",
     ),
+    # the same at TP 4, on sizes TP 2 divides and TP 4 does not (2 and 6): a filter that kept
+    # multiples of 2 would pass at TP 2 and fail here
+    Scenario(
+        fix="capture_sizes",
+        name="06-dense-tp4",
+        gpus=4,
+        what="--moe-dense-tp-size 1 with attention TP 4 on sizes 2 4 6 8: 0.5.14 fails at "
+        "start-up, 0.5.11's filter keeps the multiples of 4",
+        model="deepseek_v3_tiny",
+        tool="engine",
+        releases=("0.5.14", "0.5.11"),
+        cases=(Case("tp4-sizes", ("--tp-size", "4", "--moe-dense-tp-size", "1",
+                                  "--piecewise-cuda-graph-tokens", "2", "4", "6", "8",
+                                  "--cuda-graph-max-bs", "8", "--disable-radix-cache")),),
+        requests=(1,),
+        input_lens=(64,),
+        output_len=4,
+        repeats=1,
+        timeout=900.0,
+        expect="0.5.14: start-up fails in the reduce-scatter of size 2 or 6; 0.5.11: captures "
+        "[4, 8]",
+    ),
 )
 
 

@@ -410,7 +410,12 @@ GRID_ON_CUDA0 = revert_adjustment(
     "scheduler ranks on cuda:0 as it did before the PR; nothing else changes",
     "sglang.srt.multimodal.processors.kimi_k25", "KimiGPUProcessorWrapper._gpu_call",
     text="    grid_thws = grid_thws.cpu()\n")
-KIMI_TP2 = ("--tp-size", "2", "--mm-attention-backend", "triton_attn")
+# decode graphs for batch sizes up to 4 only: the one-request run needs no more, and each rank's
+# graphs live on its own GPU (what GPU 0 holds does not depend on them); the default 36 sizes cost
+# minutes of capture
+KIMI_ARGS = ("--mm-attention-backend", "triton_attn", "--cuda-graph-max-bs", "4")
+KIMI_TP2 = ("--tp-size", "2", *KIMI_ARGS)
+KIMI_TP4 = ("--tp-size", "4", *KIMI_ARGS)
 # what any Kimi-K2.5 tiny engine fed an image needs here: the processor made offline (sglab engine
 # adds the MLA weights' post-load step 0.5.11 lacks by itself: engine.spec.MODEL_NEEDS)
 KIMI_IMAGE = (stand_in.PROCESSOR,)
@@ -436,6 +441,28 @@ ENGINE = (
         # Kimi-K2.5's chat template for one image (its processor expands the pad token)
         prompt="<|media_start|>image<|media_content|><|media_pad|><|media_end|> Describe it.",
         expect="before: every rank >= 1 holds memory on GPU 0; released: none",
+    ),
+    # the same at TP 4: three ranks >= 1, so GPU 0's total grows with the rank count
+    Scenario(
+        fix="grid_thw",
+        name="05-grid-thw-tp4",
+        gpus=4,
+        what="Kimi-K2.5 tiny fed one image at TP 4: each process's memory on each GPU (NVML), "
+        "released and with #22858's line reverted",
+        model="kimi_k25_tiny",
+        tool="engine",
+        releases=("0.5.11",),
+        cases=(
+            Case("released", KIMI_TP4, KIMI_IMAGE),
+            Case("before", KIMI_TP4, (*KIMI_IMAGE, GRID_ON_CUDA0)),
+        ),
+        requests=(1,),
+        input_lens=(16,),
+        output_len=1,
+        repeats=1,
+        image_size=(448, 448),
+        prompt="<|media_start|>image<|media_content|><|media_pad|><|media_end|> Describe it.",
+        expect="before: each of ranks 1-3 holds memory on GPU 0; released: none",
     ),
 )
 

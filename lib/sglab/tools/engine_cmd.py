@@ -154,6 +154,18 @@ def _dry_run(spec, work) -> None:
             print(f"#   would stop: {e}")
 
 
+def _too_few_gpus(name: str, specs) -> str:
+    """Why this GPU machine cannot start these specs ('' when it can): each needs its TP size in
+    GPUs. A machine without CUDA is left to the release's pin check (its torch says more)."""
+    from sglab.core import hardware
+
+    need = max((sp.tp_size for sp in specs), default=0)
+    if need < 2 or not hardware.has_cuda():
+        return ""
+    ok, why = hardware.meets(need)
+    return "" if ok else f"{name or 'engine'} needs {need} GPUs at --tp-size {need}: {why}"
+
+
 def main(args) -> int:
     from sglab.sglang import engine as eng
 
@@ -170,6 +182,17 @@ def main(args) -> int:
                     f"scenario {name}: no run for releases {' '.join(args.release or [])}"
                 )
         status = 0
+        if not args.dry_run:
+            # a plan skips the scenarios this machine has too few GPUs for (the TP-4 ones on 2
+            # GPUs); a run named alone stops with one line
+            why = {name: _too_few_gpus(name, specs) for _, name, specs in groups}
+            if args.plan and not args.scenario:
+                for name, line in why.items():
+                    if line:
+                        print(f"sglab engine: skipped {line}")
+                groups = [g for g in groups if not why[g[1]]]
+            elif any(why.values()):
+                raise eng.EngineError(next(w for w in why.values() if w))
         for fix, name, specs in groups:
             results = []
             for spec in specs:

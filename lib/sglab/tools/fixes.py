@@ -126,3 +126,15 @@ def scenario(name: str):
 def plan(number: str) -> list:
     """The scenarios of one notebook (``"01"``)."""
     return [s for s in scenarios() if s.name.startswith(f"{number}-")]
+
+
+def plan_for(number: str, gpus: int | None) -> tuple[list, list[str]]:
+    """The scenarios of one notebook a machine of ``gpus`` GPUs can run (all when None), and one
+    line per scenario it skips."""
+    picked, skipped = [], []
+    for s in plan(number):
+        if gpus is None or s.gpus <= gpus:
+            picked.append(s)
+        else:
+            skipped.append(f"skip {s.name}: needs {s.gpus} GPUs, this machine has {gpus}")
+    return picked, skipped
