@@ -410,10 +410,14 @@ GRID_ON_CUDA0 = revert_adjustment(
     "scheduler ranks on cuda:0 as it did before the PR; nothing else changes",
     "sglang.srt.multimodal.processors.kimi_k25", "KimiGPUProcessorWrapper._gpu_call",
     text="    grid_thws = grid_thws.cpu()\n")
-# decode graphs for batch sizes up to 4 only: the one-request run needs no more, and each rank's
-# graphs live on its own GPU (what GPU 0 holds does not depend on them); the default 36 sizes cost
-# minutes of capture
-KIMI_ARGS = ("--mm-attention-backend", "triton_attn", "--cuda-graph-max-bs", "4")
+# - decode graphs for batch sizes up to 4 only: the one-request run needs no more, and each rank's
+#   graphs live on its own GPU (what GPU 0 holds does not depend on them);
+# - no FlashInfer all-reduce fusion (ServerArgs turns it on at TP > 1 on Hopper): its kernels are
+#   built on the first capture (minutes on a fresh machine), and it touches no grid;
+# - no grammar backend: a request with a tokenizer makes each scheduler import xgrammar, which the
+#   engine bundles do not carry; the run asks for no constrained output
+KIMI_ARGS = ("--mm-attention-backend", "triton_attn", "--cuda-graph-max-bs", "4",
+             "--enforce-disable-flashinfer-allreduce-fusion", "--grammar-backend", "none")
 KIMI_TP2 = ("--tp-size", "2", *KIMI_ARGS)
 KIMI_TP4 = ("--tp-size", "4", *KIMI_ARGS)
 # what any Kimi-K2.5 tiny engine fed an image needs here: the processor made offline (sglab engine
