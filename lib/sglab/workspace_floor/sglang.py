@@ -385,6 +385,7 @@ WORKSPACE_TRACE = trace_adjustment(
     "sglang.srt.layers.flashinfer_comm_fusion", "FlashInferWorkspaceManager.initialize",
     "workspace", ("max_token_num", "world_size", "rank"))
 FUSION_ARGS = ("--tp-size", "2", "--enable-flashinfer-allreduce-fusion", "--disable-radix-cache")
+FUSION_ARGS_TP4 = ("--tp-size", "4", *FUSION_ARGS[2:])
 # the rebuild's floor_0 policy in the released engine: which keeps the workspace, the floor or
 # SGLang's pre-initialisation at 2048 before capture?
 FLOOR_TO_SHAPE = revert_adjustment(
@@ -419,6 +420,28 @@ ENGINE = (
         "tokens before graph capture (pre_initialize_workspaces) and none per forward step: the "
         "fusion runs only up to 2048 tokens (communicator.apply_flashinfer_allreduce_fusion); "
         "the same with the floor replaced by x.shape[0]",
+    ),
+    # the same at TP 4 on 0.5.13 (fusion and x-shape): the count per rank does not depend on TP
+    Scenario(
+        fix="workspace_floor",
+        name="02-ar-fusion-tp4",
+        gpus=4,
+        what="--enable-flashinfer-allreduce-fusion at TP 4 over the same trace: workspace "
+        "creations per rank (FLASHINFER_FULL=1 bundles)",
+        model="deepseek_v3_tiny",
+        tool="engine",
+        releases=("0.5.13",),
+        cases=(
+            Case("fusion", FUSION_ARGS_TP4, (WORKSPACE_TRACE,)),
+            Case("x-shape", FUSION_ARGS_TP4, (WORKSPACE_TRACE, FLOOR_TO_SHAPE)),
+        ),
+        requests=(1,),
+        input_lens=(4, 16, 64, 200, 700, 1500, 2100, 3000),
+        output_len=4,
+        repeats=1,
+        timeout=1500.0,
+        expect="two workspaces per rank at 2048 tokens before capture and none per forward step, "
+        "with and without the floor",
     ),
 )
 
