@@ -421,7 +421,7 @@ ENGINE = (
         "fusion runs only up to 2048 tokens (communicator.apply_flashinfer_allreduce_fusion); "
         "the same with the floor replaced by x.shape[0]",
     ),
-    # the same at TP 4 on 0.5.13 (fusion and x-shape): the count per rank does not depend on TP
+    # the same at TP 4: the count per rank does not depend on TP
     Scenario(
         fix="workspace_floor",
         name="02-ar-fusion-tp4",
@@ -430,10 +430,11 @@ ENGINE = (
         "creations per rank (FLASHINFER_FULL=1 bundles)",
         model="deepseek_v3_tiny",
         tool="engine",
-        releases=("0.5.13",),
+        releases=("0.5.12.post1", "0.5.13"),
         cases=(
             Case("fusion", FUSION_ARGS_TP4, (WORKSPACE_TRACE,)),
-            Case("x-shape", FUSION_ARGS_TP4, (WORKSPACE_TRACE, FLOOR_TO_SHAPE)),
+            Case("x-shape", FUSION_ARGS_TP4, (WORKSPACE_TRACE, FLOOR_TO_SHAPE),
+                 releases=("0.5.13",)),
         ),
         requests=(1,),
         input_lens=(4, 16, 64, 200, 700, 1500, 2100, 3000),
