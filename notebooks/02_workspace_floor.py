@@ -183,10 +183,10 @@ sglang.compare();
 sglang.gpu_recorded();
 
 # %% [markdown]
-# ### The real engine at TP 2
+# ### The real engine at TP 2 and TP 4
 #
 # SGLang's whole engine with `--enable-flashinfer-allreduce-fusion` on a 2-layer DeepSeek-V3-style
-# model (dummy weights, `bash scripts/engine_gpu.sh --plan 02` on a 2-GPU box), fed the
+# model (dummy weights, `bash scripts/engine_gpu.sh --plan 02` on a 2- or 4-GPU box), fed the
 # short-prompt trace one request at a time: 0.5.12.post1 (no `max_token_num`: the callee's
 # default), 0.5.13 (the floor), and 0.5.13 with the floor replaced by `x.shape[0]` (the rebuild's
 # policy without a floor; a named harness adjustment). A second adjustment prints one line per
@@ -313,9 +313,10 @@ verdict(claims, run)
 #   size from the first call (the sizes table; SGLang keeps two, attention-TP and MoE-TP). On
 #   `mixed`, whose first batch is already above 2048, it removes none.
 # - With `pre_initialize_workspaces(2048)` before graph capture, the floor changes nothing on these
-#   traces: the pre-initialisation already holds that memory. The real engine at TP 2 agrees: two
-#   creations per rank at start-up in 0.5.12.post1, 0.5.13 and 0.5.13 with `x.shape[0]`, none per
-#   forward step. The floor protects paths that skip the pre-initialisation.
+#   traces: the pre-initialisation already holds that memory. The real engine agrees: two
+#   creations per rank at start-up, none per forward step, at TP 2 (0.5.12.post1, 0.5.13 and 0.5.13
+#   with `x.shape[0]`) and at TP 4 (0.5.13 with and without the floor). The floor protects paths
+#   that skip the pre-initialisation.
 # - One creation costs milliseconds per rank, host-blocking on all ranks at once, and grows with
 #   the world size. It steps up once the Lamport buffer passes a size between the two the profiler
 #   section names (the IPC open of that one allocation); a floor that lands a workspace above it

@@ -196,15 +196,17 @@ pd.DataFrame.from_dict(rows, orient="index")
 sglang.compare();
 
 # %% [markdown]
-# ### The real engine at TP 2
+# ### The real engine at TP 2 and TP 4
 #
-# The PR's failure as SGLang's whole engine meets it: `--moe-dense-tp-size 1` with attention TP 2
-# and piecewise capture sizes that 2 does not divide (`--piecewise-cuda-graph-tokens 3 4 5 8`), on
-# a 2-layer DeepSeek-V3-style model (dummy weights; `bash scripts/engine_gpu.sh --plan 06` on a
-# 2-GPU box). Each release's rule is read from its own source (the table above); the engine column
-# is what it did at start-up, SGLang's own first error line where it stopped; the last column is
-# what the rebuild's rule of that release keeps of the same list. (0.5.23, the round-up, needs a
-# newer torch than the GPU image has.)
+# The PR's failure as SGLang's whole engine meets it: `--moe-dense-tp-size 1` on a 2-layer
+# DeepSeek-V3-style model (dummy weights; `bash scripts/engine_gpu.sh --plan 06` on a 2- or 4-GPU
+# box), with piecewise capture sizes the attention-TP size does not divide: `3 4 5 8` at TP 2, and
+# `2 4 6 8` at TP 4 (sizes TP 2 divides and TP 4 does not; the TP-4 case runs without the
+# all-reduce fusion, whose kernel builds cost minutes and which does not replace the
+# reduce-scatter). Each release's rule is read from its own source (the table above); the engine
+# column is what it did at start-up, SGLang's own first error line where it stopped; the last
+# column is what the rebuild's rule of that release keeps of the same list. (0.5.23, the round-up,
+# needs a newer torch than the GPU image has.)
 
 # %%
 engine = sglang.FIX.recorded_engine()

@@ -53,7 +53,7 @@ for spec in $RECORD; do
 done
 if [ "$NOTEBOOKS" != none ]; then
   # shellcheck disable=SC2086
-  step notebooks "$py" -m sglab.tools.cli run $NOTEBOOKS --out "$OUT/reports"
+  step notebooks "$py" -m sglab.tools.cli run $NOTEBOOKS --out "$OUT/reports" --timings
 fi
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
 tar czf "$OUT/sglab-results.tgz" -C "$OUT" --exclude sglab-results.tgz . -C "$PWD" data/runs 2>/dev/null

@@ -1,6 +1,6 @@
-"""05's real-engine claim, on engine runs made by the harness's own reader and recorder from
-stand-in logs (the TP-2 engine has not been recorded yet): it holds when every rank >= 1 holds GPU 0
-memory only with #22858 reverted, and fails by name otherwise."""
+"""05's real-engine claims, on engine runs made by the harness's own reader and recorder from
+stand-in logs: they hold when every rank >= 1 holds GPU 0 memory only with #22858 reverted (and at
+TP 4 GPU 0's total is one context per rank >= 1), and fail by name otherwise."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from sglab.grid_thw.sglang import ENGINE
 from sglab.sglang import engine as eng
 
 CLAIM = "engine_grid_thw.rank_contexts_on_gpu0"
+TOTAL = "engine_grid_thw.gpu0_total_per_rank"
 
 
 def _log(lines: list[tuple]) -> str:
@@ -22,15 +23,21 @@ def _log(lines: list[tuple]) -> str:
                      for p, g, m, n in lines)
 
 
-def _run(tmp_path, before_gpu0: list[float], released_gpu0: list[float]):
+def _run(tmp_path, before_gpu0: list[float], released_gpu0: list[float], scenario: int = 0):
+    """The scenario's engines (0: TP 2, 1: TP 4); entry i of a list: what rank i + 1 holds on GPU
+    0."""
     results = []
-    for spec in ENGINE[0].specs():
+    for spec in ENGINE[scenario].specs():
         on0 = before_gpu0 if spec.case == "before" else released_gpu0
-        lines = [(10, 0, 900, "python3"), (11, 0, 20000, "sglang::scheduler_TP0"),
-                 (12, 1, 20000, "sglang::scheduler_TP1")]
-        lines += [(12, 0, m, "sglang::scheduler_TP1") for m in on0]
+        lines = [(10, 0, 900, "python3")]
+        lines += [(11 + r, r, 20000, f"sglang::scheduler_TP{r}") for r in range(spec.tp_size)]
+        lines += [(12 + r, 0, m, f"sglang::scheduler_TP{r + 1}") for r, m in enumerate(on0)]
         results.append(eng.EngineResult(spec, "ok", decisions=eng.read_log(_log(lines))))
     return runs.read_run(eng.record(results, "grid_thw", root=tmp_path))
+
+
+def _status(run) -> dict:
+    return {r.claim.id: r.status for r in core.evaluate(C.ENGINE, run)}
 
 
 def test_each_process_memory_per_gpu_is_read_back_from_the_run(tmp_path):
@@ -38,10 +45,22 @@ def test_each_process_memory_per_gpu_is_read_back_from_the_run(tmp_path):
     assert show.engine_gpu0(run) == {"before": {1: 612.0}, "released": {1: 0.0}}
     mem = show.engine_memory(run)
     assert set(mem["process"]) == {"python3", "sglang::scheduler_TP0", "sglang::scheduler_TP1"}
-    assert {r.claim.id: r.status for r in core.evaluate(C.ENGINE, run)} == {CLAIM: core.PASS}
+    assert _status(run) == {CLAIM: core.PASS, TOTAL: core.NA}  # TP 2: one rank >= 1
 
 
 @pytest.mark.parametrize("before, released", [([], []), ([612.0], [612.0])])
 def test_no_context_before_or_one_after_fails_by_name(tmp_path, before, released):
     run = _run(tmp_path, before, released)
-    assert {r.claim.id: r.status for r in core.evaluate(C.ENGINE, run)} == {CLAIM: core.FAIL}
+    assert _status(run)[CLAIM] == core.FAIL
+
+
+def test_at_tp4_gpu0_holds_one_context_per_rank_and_a_missing_one_fails_both():
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run = _run(Path(tmp) / "a", [522.0, 522.0, 522.0], [], scenario=1)
+        assert show.engine_gpu0(run)["before"] == {1: 522.0, 2: 522.0, 3: 522.0}
+        assert _status(run) == {CLAIM: core.PASS, TOTAL: core.PASS}
+        run = _run(Path(tmp) / "b", [522.0, 522.0], [], scenario=1)  # rank 3 never touched GPU 0
+        assert _status(run) == {CLAIM: core.FAIL, TOTAL: core.FAIL}

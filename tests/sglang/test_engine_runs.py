@@ -166,20 +166,28 @@ def test_the_rebuild_sits_beside_the_engine_and_says_what_each_measures():
     assert pg_show.beside_rows(missing, missing)[0]["measures"] == "no GPU run to show (test)"
 
 
-def test_a_fix_without_engine_runs_shows_its_plan_and_one_with_runs_its_numbers(capsys):
+def test_a_fix_without_engine_runs_shows_its_plan_and_one_with_runs_its_numbers(
+        capsys, monkeypatch, tmp_path):
     from sglab.grid_thw import sglang as gt_sglang
     from sglab.pcg_gate import sglang as pg_sglang
     from sglab.workspace_floor import sglang as wf_sglang
 
+    for k in ("runs", "recorded", "traces"):  # a checkout with no engine run recorded
+        (tmp_path / k).mkdir()
+    monkeypatch.setenv("SGLAB_DATA", str(tmp_path))
     gt_sglang.FIX.show_engine()
     out = capsys.readouterr().out
     assert "bash scripts/engine_gpu.sh --plan 05" in out
     assert "revert-pr22858-grid-thw-cpu" in out and "before: every rank >= 1 holds memory" in out
+    monkeypatch.delenv("SGLAB_DATA")
     plan = E.plan_table(wf_sglang.ENGINE)
     assert list(plan.index) == [("02-ar-fusion", "0.5.12.post1", "fusion"),
                                 ("02-ar-fusion", "0.5.13", "fusion"),
-                                ("02-ar-fusion", "0.5.13", "x-shape")]
-    assert set(plan["GPUs"]) == {2}
+                                ("02-ar-fusion", "0.5.13", "x-shape"),
+                                ("02-ar-fusion-tp4", "0.5.12.post1", "fusion"),
+                                ("02-ar-fusion-tp4", "0.5.13", "fusion"),
+                                ("02-ar-fusion-tp4", "0.5.13", "x-shape")]
+    assert list(plan["GPUs"]) == [2, 2, 2, 4, 4, 4]
 
     E.planned(pg_sglang.FIX.recorded_engine(), pg_sglang.ENGINE)
     out = capsys.readouterr().out
@@ -211,8 +219,9 @@ def test_verify_live_runs_the_engine_scenarios_this_machine_can(monkeypatch):
     done, skipped = verify.live_engines(progress=False)  # this box: no GPU
     names = {s.split(":")[0] for s in skipped}
     assert done == [] and names == {"01-kimi-pcg", "01-llama-pcg", "03-bcg-requests",
-                                     "04-swa-kernels", "02-ar-fusion",
-                                     "06-dense-tp1", "05-grid-thw"}
+                                     "04-swa-kernels", "02-ar-fusion", "02-ar-fusion-tp4",
+                                     "06-dense-tp1", "06-dense-tp4", "05-grid-thw",
+                                     "05-grid-thw-tp4"}
 
     monkeypatch.setattr(hardware, "meets", lambda n: (True, "stand-in"))
 

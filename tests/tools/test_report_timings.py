@@ -133,3 +133,64 @@ def test_a_dead_worker_is_a_failed_notebook_not_a_lost_run():
     r = _result_of(f, Path("05_x.ipynb"))
     assert (r.status, r.path.name) == ("failed",
                                        "05_x.ipynb") and "worker process running it died" in r.error
+
+
+def _stamp(t: float) -> str:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def test_timings_of_notebooks_run_elsewhere_carry_that_machine(tmp_path, data_root, capsys):
+    """`sglab timings REPORTS --runs RUNS --record`: the cells' times from the executed notebook,
+    the measurement phases and the machine (GPU, count, driver, commit) from the live run it wrote
+    there, the date when it ran; a run from another machine beside it is refused."""
+    import os
+    import time
+
+    import pandas as pd
+
+    from sglab.tools.fixes import by_stem
+
+    t0 = time.time() - 3600
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("MODE = 'live'"), nbformat.v4.new_markdown_cell("## Go"),
+                nbformat.v4.new_code_cell("run = measure()")]
+    for cell, (a, b) in zip([nb.cells[0], nb.cells[2]], [(0.5, 0.6), (1.0, 13.0)]):
+        cell.metadata["execution"] = {"iopub.status.busy": _stamp(t0 + a),
+                                      "iopub.status.idle": _stamp(t0 + b)}
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    nbformat.write(nb, reports / "06_capture_sizes.ipynb")
+    (reports / "index.json").write_text(json.dumps([{"notebook": "06_capture_sizes.ipynb",
+                                                     "status": "ok", "mode": "live",
+                                                     "seconds": 15.0, "error": ""}]))
+    exp = by_stem("06_capture_sizes").experiment
+    there = {"gpu_name": "NVIDIA H200", "gpu_count": 2, "gpu_count_machine": 4, "driver": "580",
+             "gpu_memory_mib": 143771, "cuda": "13.0", "torch": "2.11.0+cu130",
+             "python": "3.12.3", "platform": "linux", "git_sha": "abc1234",
+             "phases_s": {"ranks": 7.0}}
+    folder = tmp_path / "runs" / exp
+    folder.mkdir(parents=True)
+    pd.DataFrame([{"experiment": exp, "variant": "a", "metric": "m", "value": 1.0,
+                   "unit": "s"}]).to_csv(folder / "r.csv", index=False)
+    (folder / "r.json").write_text(json.dumps({"experiment": exp, **there}))
+    for f in folder.iterdir():
+        os.utime(f, (t0 + 5, t0 + 5))
+    assert cli.main(["timings", str(reports), "--runs", str(tmp_path / "runs"), "--record"]) == 0
+    (rec,) = runs.load_all_recorded(timings.EXPERIMENT)
+    m = rec.manifest
+    assert (m["gpu_name"], m["gpu_count"], m["git_sha"]) == ("NVIDIA H200", 2, "abc1234")
+    assert m["created_utc"] == _stamp(t0)[:19] + "Z"  # first cell's start, less the kernel's 0.5 s
+    assert timings.live_seconds(rec) == {"06_capture_sizes": pytest.approx(15.0)}
+    inner = rec.df[rec.df.metric == "measure_s"]
+    assert list(inner.phase) == ["measure: ranks"] and list(inner.value) == [7.0]
+    # a second live run from another machine in the same window: which machine is unknowable
+    (folder / "s.json").write_text(json.dumps({"experiment": exp, **there, "gpu_count": 4}))
+    (folder / "s.csv").write_bytes((folder / "r.csv").read_bytes())
+    for f in folder.iterdir():
+        os.utime(f, (t0 + 5, t0 + 5))
+    capsys.readouterr()
+    assert cli.main(["timings", str(reports), "--runs", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sglab timings: ") and "2 machines" in err and "\n" not in err

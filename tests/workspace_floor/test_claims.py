@@ -18,12 +18,12 @@ from tests.workspace_floor import wsfloor_events
 
 RECORDED = runs.repo_root() / "data" / "recorded" / "workspace_floor"
 W2 = "20261121T222715Z_nvidia-h200-x2"
-W4 = "20261121T221535Z_nvidia-h200-x4"
+W4 = "20261127T162853Z_nvidia-h200-x4"
 
 
 def _copy(tmp_path, stem=W2) -> Path:
-    for suffix in (".csv", ".json"):
-        shutil.copy(RECORDED / f"{stem}{suffix}", tmp_path / f"{stem}{suffix}")
+    for f in RECORDED.glob(f"{stem}.*"):  # the run with its sidecars
+        shutil.copy(f, tmp_path / f.name)
     return tmp_path / f"{stem}.csv"
 
 
@@ -211,7 +211,7 @@ def test_headline_from_recorded_runs():
     assert gpu(2, "short_ramp", "floor_0", "recreations") == 9
     assert gpu(4, "short_ramp", "floor_0", "recreations") == 9
     assert f"`x.shape[0]` re-creates the workspace 9× ({span('short_ramp', 'floor_0')} ms)" in h
-    assert span("short_ramp", "floor_0") == "74–238"
+    assert span("short_ramp", "floor_0") == "74–224"
     assert gpu(4, "short_ramp", "floor_2048", "recreations") == 1
     assert (f"`max(x.shape[0], 2048)` 1× ({span('short_ramp', 'floor_2048')} ms) at "
             f"{span('short_ramp', 'floor_2048', 'peak_workspace')} MiB/rank") in h
@@ -219,6 +219,6 @@ def test_headline_from_recorded_runs():
     assert "(floor 512: 1×, 58–114 MiB)" in h
     assert gpu(2, "mixed", "floor_2048", "recreations") == 2
     assert f"both re-create 2× ({span('mixed', 'floor_2048')} ms)" in h
-    assert span("mixed", "floor_2048") == "16–132"
+    assert span("mixed", "floor_2048") == "16–134"
     assert gpu(4, "mixed", "before_pr", "refused_calls") == 385 and "the 385 calls over 2048" in h
     assert "|" not in h and len(h) < 360

@@ -27,8 +27,10 @@ def test_every_variant_creates_two_workspaces_per_rank_at_2048_as_simulated():
     facts = [f for r in recorded for f in S.engine_facts(r)]
     assert {f["variant"] for f in facts} == {"0.5.12.post1+fusion", "0.5.13+fusion",
                                              "0.5.13+x-shape"}
+    assert sorted({f["world"] for f in facts}) == [2, 4]
     for f in facts:
-        assert f["per_rank"] == {0: 2, 1: 2} and f["sizes"] == [2048] and f["in_calls"] == 0
+        assert f["per_rank"] == {r: 2 for r in range(f["world"])}, (f["variant"], f["world"])
+        assert f["sizes"] == [2048] and f["in_calls"] == 0
         assert f["sim"] == 1 and f["sim_sizes"] == [2048]
     for r in recorded:
         assert _status(r) == {EQUAL: core.PASS, NONE: core.PASS}

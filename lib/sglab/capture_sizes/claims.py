@@ -316,7 +316,7 @@ def _engine_filter_applies(run):
 ENGINE = SimpleNamespace(
     EXPERIMENT="engine_capture_sizes",
     CLAIM="In SGLang's own engine (DeepSeek-style tiny model, dummy weights, --moe-dense-tp-size 1 "
-          "at TP 2), a release without #23972's filter fails at start-up on capture sizes the "
+          "at TP 2 and 4), a release without #23972's filter fails at start-up on capture sizes the "
           "attention TP does not divide, and a release with it starts and captures exactly the "
           "sizes the rebuild's filter keeps.",
     CLAIMS=[Claim("engine_capture_sizes.unfiltered_release_fails",

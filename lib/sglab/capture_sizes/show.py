@@ -782,7 +782,7 @@ def command(argv: list[str], *, releases: list[str] | None = None, mla: bool = T
 
 
 # --------------------------------------------------------------------------------------------------
-# the real engine at TP 2 (data/recorded/engine_capture_sizes/)
+# the real engine at TP 2 and 4 (data/recorded/engine_capture_sizes/)
 # --------------------------------------------------------------------------------------------------
 # SGLang's own words for a reduce-scatter handed a size that does not split evenly over the ranks
 UNEQUAL = re.compile(r"same size|world size|divisib|unequal|shard|multiple of", re.I)
@@ -855,10 +855,15 @@ def engine_table(run) -> pd.DataFrame:
 
 
 def engine(run) -> None:
-    """SGLang's own engine at TP 2 with `--moe-dense-tp-size 1`: what each release did with
-    capture sizes that attention TP does not divide (SGLang's log, read by sglab engine)."""
-    if engine_runs.header(run, "DeepSeek-V3-style 2 layers, TP 2"):
-        notebook.show_table(engine_table(engine_runs.merged(run.shown)))
+    """SGLang's own engine at each recorded TP size with `--moe-dense-tp-size 1`: what each
+    release did with capture sizes that attention TP does not divide (SGLang's log, read by sglab
+    engine)."""
+    merged = engine_runs.merged(run.shown) if run else None
+    tps = sorted({f["attn_tp"] for f in engine_facts(merged)}) if merged is not None else [2]
+    if engine_runs.header(run, "DeepSeek-V3-style 2 layers, TP " + " and ".join(map(str, tps))):
+        table = engine_table(merged)
+        notebook.show_table(table.sort_values("attention TP", kind="stable")
+                            if "attention TP" in table else table)
 
 
 def beside_rows(run, engine_run) -> list[dict]:

@@ -370,15 +370,42 @@ def _engine_before(run):
                  + " as released", value)
 
 
+def _engine_tp(run) -> int:
+    return max(show._tp_of(run).values(), default=1)
+
+
+def _engine_needs_tp3(run):
+    if _engine_applies(run):
+        return _engine_applies(run)
+    return None if _engine_tp(run) >= 3 else (f"TP {_engine_tp(run)} has a single rank ≥ 1: "
+                                              "GPU 0's total cannot grow with the rank count")
+
+
+def _engine_scales(run):
+    before = show.engine_gpu0(run)["before"]
+    n, total = len(before), sum(before.values())
+    per = sorted(before.values())[len(before) // 2]
+    off = abs(total - n * per)
+    return holds(n == _engine_tp(run) - 1 and off <= SPREAD_TOLERANCE_MIB * n,
+                 f"TP {_engine_tp(run)}: {total:.0f} MiB on GPU 0 = {n} ranks × {per:.0f} MiB "
+                 f"(off by {off:.0f})",
+                 {"total_mib": float(total), "per_rank_mib": float(per), "ranks": n})
+
+
 ENGINE = SimpleNamespace(
     EXPERIMENT="engine_grid_thw",
-    CLAIM="In SGLang's own engine (Kimi-K2.5 tiny, dummy weights, one image, TP 2), every "
+    CLAIM="In SGLang's own engine (Kimi-K2.5 tiny, dummy weights, one image, TP 2 and 4), every "
           "scheduler rank ≥ 1 holds memory on GPU 0 when #22858's `.cpu()` is reverted, and none "
           "as released.",
     CLAIMS=[Claim("engine_grid_thw.rank_contexts_on_gpu0",
                   "With #22858's line reverted, every scheduler rank ≥ 1 holds a CUDA context on "
                   "GPU 0 (NVML, after the image request); with it, no rank ≥ 1 holds anything there",
                   "before: > 0 MiB per rank ≥ 1; released: 0 MiB (exact)", _engine_before,
-                  applies=_engine_applies)],
+                  applies=_engine_applies),
+            Claim("engine_grid_thw.gpu0_total_per_rank",
+                  "With #22858's line reverted, GPU 0's total grows with the rank count: one "
+                  "context per rank ≥ 1 (TP 4: three)",
+                  f"total = (TP − 1) × per-rank, ± {SPREAD_TOLERANCE_MIB:.0f} MiB per rank",
+                  _engine_scales, applies=_engine_needs_tp3)],
     shown=lambda runs_: list(runs_),
 )

@@ -618,17 +618,29 @@ def engine_gpu0(run) -> dict:
 
 
 def engine(run) -> None:
-    """SGLang's own engine at TP 2 fed one image: each process's memory on each GPU (NVML, after
-    the request), 0.5.11 as released beside #22858 reverted."""
+    """SGLang's own engine at each recorded TP size fed one image: each process's memory on each
+    GPU (NVML, after the request), 0.5.11 as released beside #22858 reverted; then GPU 0's total
+    held by ranks >= 1 per TP size."""
     if not run:
         engine_runs.planned(run, sglang.ENGINE)
         return
-    engine_runs.header(run, "Kimi-K2.5 tiny fed one image, TP 2")
-    mem = pd.concat([engine_memory(r) for r in run.shown], ignore_index=True)
+    parts = []
+    for r in run.shown:
+        m = engine_memory(r)
+        parts.append(m.assign(TP=m["case"].map(_tp_of(r))))
+    mem = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    tps = sorted({int(t) for t in mem.get("TP", [])})
+    engine_runs.header(run, "Kimi-K2.5 tiny fed one image, TP " + " and ".join(map(str, tps)))
     if mem.empty:
         print("no process memory recorded")
         return
-    wide = mem.pivot_table(index=["case", "process"], columns="gpu", values="MiB",
+    wide = mem.pivot_table(index=["TP", "case", "process"], columns="gpu", values="MiB",
                            aggfunc="sum").fillna(0).round(0)
     wide.columns = [f"GPU {c} (MiB)" for c in wide.columns]
     notebook.show_table(wide)
+    on0 = mem[(mem["gpu"] == 0) & (mem["rank"].fillna(0) >= 1)]
+    cases = sorted(set(mem["case"]))
+    total = (on0.groupby(["TP", "case"])["MiB"].sum().unstack("case")
+             .reindex(index=tps, columns=cases).fillna(0))
+    print("GPU 0 held by scheduler ranks ≥ 1 (MiB), by TP size:")
+    notebook.show_table(total.round(0))

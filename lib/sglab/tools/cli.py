@@ -325,6 +325,29 @@ def cmd_run(args) -> int:
     return 1 if failed else 0
 
 
+def cmd_timings(args) -> int:
+    """Timings of notebooks executed on another machine (its ``sglab run --out`` folder and the
+    live runs they wrote), saved as a workbook run with that machine's fields."""
+    from sglab.tools import timings
+
+    try:
+        results, machine = timings.from_reports(Path(args.reports), Path(args.runs))
+    except ValueError as e:
+        print(f"sglab timings: {e}", file=sys.stderr)
+        return 2
+    print(timings.summary(timings.frame(results, Path(args.runs))))
+    failed = [r for r in results if r.status != "ok"]
+    record = args.record and not failed
+    if args.record and failed:
+        print("[sglab] not every notebook ran cleanly: timings saved under data/runs/, not "
+              "recorded")
+    path = timings.write(results, record=record, runs_root=Path(args.runs), machine=machine,
+                         params={"notebooks": [r.path.stem for r in results],
+                                 "from_reports": True})
+    print(f"timings: {path}")
+    return 1 if failed else 0
+
+
 def _workbook_commands(sub) -> None:
     """env, run, record, sync: the commands that run the workbook and its experiments."""
     sub.add_parser("env", help="describe this machine").set_defaults(fn=cmd_env)
@@ -341,6 +364,14 @@ def _workbook_commands(sub) -> None:
     p.add_argument("--record", action="store_true",
                    help="with --timings: save under data/recorded/workbook/")
     p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("timings", help="save the timings of notebooks run on another machine "
+                       "(its `sglab run --out` folder) as a workbook run")
+    p.add_argument("reports", help="the folder `sglab run --out` wrote there (index.json, .ipynb)")
+    p.add_argument("--runs", required=True,
+                   help="the live runs those notebooks wrote (their data/runs/), for the "
+                   "measurement phases and the machine")
+    p.add_argument("--record", action="store_true", help="save under data/recorded/workbook/")
+    p.set_defaults(fn=cmd_timings)
     p = sub.add_parser("record", help="run an experiment live and save the run")
     p.add_argument("experiment")
     p.add_argument("--param", action="append")

@@ -15,7 +15,7 @@ recorded record per GPU model.
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import datetime, timezone
 
 EXPERIMENT = "workbook"
 METHOD_VERSION = 1
@@ -70,10 +70,9 @@ def cell_rows(nb, stem: str, mode: str, total_s: float) -> list[dict]:
     return rows
 
 
-def measure_rows(result) -> list[dict]:
-    """The finer phases (process spawn, CUDA init, capture, timing loops, …) of the live runs a
-    notebook wrote, from their manifests' ``phases_s``, as ``measure_s`` rows: they happen inside
-    the cells' wall time, so they are a breakdown of it, not more of it."""
+def _live_runs(result, runs_root=None) -> list:
+    """CSV paths of the runs a live notebook wrote while it ran (under ``runs_root``, default
+    data/runs/)."""
     from sglab.core import runs
     from sglab.tools.fixes import by_stem
 
@@ -81,17 +80,26 @@ def measure_rows(result) -> list[dict]:
     if result.mode != "live" or entry is None or not entry.experiment or result.started is None:
         return []
     end = result.started + result.seconds + 1.0
+    return [p for p in runs.list_runs(entry.experiment, kind="runs", root=runs_root)
+            if result.started <= p.stat().st_mtime <= end]
+
+
+def measure_rows(result, runs_root=None) -> list[dict]:
+    """The finer phases (process spawn, CUDA init, capture, timing loops, …) of the live runs a
+    notebook wrote, from their manifests' ``phases_s``, as ``measure_s`` rows: they happen inside
+    the cells' wall time, so they are a breakdown of it, not more of it."""
+    from sglab.core import runs
+
     rows = []
-    for path in runs.list_runs(entry.experiment, kind="runs"):
-        if result.started <= path.stat().st_mtime <= end:
-            for name, s in (runs.read_run(path).manifest.get("phases_s") or {}).items():
-                rows.append({"variant": result.path.stem, "mode": result.mode,
-                             "phase": f"measure: {name}", "cell": -1, "first_line": path.name,
-                             "metric": "measure_s", "value": float(s), "unit": "s"})
+    for path in _live_runs(result, runs_root):
+        for name, s in (runs.read_run(path).manifest.get("phases_s") or {}).items():
+            rows.append({"variant": result.path.stem, "mode": result.mode,
+                         "phase": f"measure: {name}", "cell": -1, "first_line": path.name,
+                         "metric": "measure_s", "value": float(s), "unit": "s"})
     return rows
 
 
-def frame(results):
+def frame(results, runs_root=None):
     """The tidy frame of a whole ``sglab run``: the cell rows of every notebook result, then the
     measure rows."""
     from sglab.core import runs
@@ -99,7 +107,7 @@ def frame(results):
     rows = []
     for r in results:
         if r.nb is not None:
-            rows += cell_rows(r.nb, r.path.stem, r.mode, r.seconds) + measure_rows(r)
+            rows += cell_rows(r.nb, r.path.stem, r.mode, r.seconds) + measure_rows(r, runs_root)
     return runs.tidy(EXPERIMENT, rows)
 
 
@@ -129,16 +137,72 @@ def summary(df) -> str:
     return "\n".join(lines)
 
 
-def write(results, *, record: bool = False, params: dict | None = None):
-    """Save the timings of ``results`` as a ``workbook`` run; return the CSV path."""
+def write(results, *, record: bool = False, params: dict | None = None, runs_root=None,
+          machine: dict | None = None):
+    """Save the timings of ``results`` as a ``workbook`` run; return the CSV path. ``machine``:
+    the manifest's machine fields when the notebooks ran elsewhere (:func:`from_reports`)."""
     from sglab.core import runs
 
-    df = frame(results)
+    df = frame(results, runs_root)
     totals = {r.path.stem: {"seconds": round(r.seconds, 1), "status": r.status,
                             "mode": r.mode} for r in results}
     root = runs.data_dir("recorded") if record else None
     return runs.write_run(df, experiment=EXPERIMENT, method_version=METHOD_VERSION,
-                          params=params or {}, root=root, extra={"notebooks": totals})
+                          params=params or {}, root=root,
+                          extra={"notebooks": totals, **(machine or {})})
+
+
+MACHINE_KEYS = ("gpu_name", "gpu_count", "gpu_count_machine", "gpu_memory_mib", "driver", "cuda",
+                "torch", "python", "platform", "git_sha")
+
+
+def from_reports(reports, runs_root) -> tuple[list, dict]:
+    """The results of notebooks executed on another machine (``sglab run --out REPORTS`` there),
+    read back from REPORTS' executed notebooks and ``index.json``, and that machine's manifest
+    fields, taken from the live runs the notebooks wrote (copied to ``runs_root``, one folder per
+    experiment). ValueError when a notebook is missing, or when the live runs disagree on the
+    machine or name none."""
+    import json
+    from pathlib import Path
+
+    import nbformat
+
+    from sglab.core import runs
+    from sglab.tools.nbtools import Result
+
+    reports = Path(reports)
+    try:
+        index = json.loads((reports / "index.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{reports}: no readable index.json ({e})") from None
+    results = []
+    for entry in index:
+        path = reports / entry["notebook"]
+        if not path.exists():
+            raise ValueError(f"{path}: listed in index.json but not there")
+        nb = nbformat.read(path, as_version=4)
+        stamps = [cell.get("metadata", {}).get("execution", {}).get("iopub.status.busy")
+                  for cell in nb.cells if cell.cell_type == "code"]
+        stamps = [_when(s) for s in stamps if s]
+        started = min(stamps) - 0.5 if stamps else None  # the kernel starts before its first cell
+        results.append(Result(path, entry["status"], entry["mode"], float(entry["seconds"]),
+                              entry.get("error", ""), nb=nb, started=started))
+    machines = {}
+    for r in results:
+        for csv in _live_runs(r, runs_root):
+            m = runs.read_run(csv).manifest
+            machines[csv.name] = {k: m.get(k) for k in MACHINE_KEYS}
+    distinct = {json.dumps(m, sort_keys=True) for m in machines.values()}
+    if len(distinct) != 1:
+        raise ValueError(f"the live runs under {runs_root} name {len(distinct)} machines "
+                         f"({', '.join(sorted(machines)) or 'no live run found'}): cannot tell "
+                         "where the notebooks ran")
+    machine = json.loads(distinct.pop())
+    first = min((r.started for r in results if r.started is not None), default=None)
+    if first is not None:  # when the notebooks ran, not when their timings were saved here
+        machine["created_utc"] = datetime.fromtimestamp(first, timezone.utc).strftime(
+            "%Y-%m-%dT%H:%M:%SZ")
+    return results, machine
 
 
 def live_seconds(run) -> dict[str, float]:

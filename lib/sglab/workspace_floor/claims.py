@@ -396,7 +396,7 @@ def _engine_none_per_step(run):
 
 ENGINE = SimpleNamespace(
     EXPERIMENT="engine_workspace_floor",
-    CLAIM="In SGLang's own engine (DeepSeek-style tiny model, dummy weights, TP 2, "
+    CLAIM="In SGLang's own engine (DeepSeek-style tiny model, dummy weights, TP 2 and 4, "
           "--enable-flashinfer-allreduce-fusion), each rank creates its two workspaces once, at "
           "2048 tokens before graph capture, with or without the floor: the rebuild's simulation "
           "of the same trace with that pre-initialisation says the same.",

@@ -805,7 +805,7 @@ def your_setup():
 
 
 # --------------------------------------------------------------------------------------------------
-# the real engine at TP 2 (data/recorded/engine_workspace_floor/)
+# the real engine at TP 2 and 4 (data/recorded/engine_workspace_floor/)
 # --------------------------------------------------------------------------------------------------
 # the call site each engine variant runs, as the rebuild's policy (the released managers keep no
 # high-water mark)
@@ -869,11 +869,15 @@ def engine_facts(run) -> list[dict]:
 
 def engine_facts_of(runs_: list) -> list[dict]:
     """:func:`engine_facts` over several runs (each read with its own log sidecars), the newest
-    answer per variant."""
+    answer per TP size and variant."""
     best = {}
     for r in sorted(runs_, key=lambda r: r.manifest.get("created_utc", "")):
-        best.update({f["variant"]: f for f in engine_facts(r)})
+        best.update({(f["world"], f["variant"]): f for f in engine_facts(r)})
     return [best[k] for k in sorted(best)]
+
+
+def _label(f: dict) -> str:
+    return f"TP {f['world']} · {f['variant']}"
 
 
 def engine_table(facts: list[dict]) -> pd.DataFrame:
@@ -884,7 +888,7 @@ def engine_table(facts: list[dict]) -> pd.DataFrame:
     rows = []
     for f in facts:
         nth = [[v[i] for _, v in sorted(f["ms_by_rank"].items()) if len(v) > i] for i in (0, 1)]
-        rows.append({"variant": f["variant"],
+        rows.append({"variant": _label(f),
                      "call site": rebuild.POLICIES[f["policy"]].label,
                      "creations per rank": "/".join(str(f["per_rank"][r])
                                                     for r in sorted(f["per_rank"])),
@@ -903,7 +907,7 @@ def first_call_table(facts: list[dict]) -> pd.DataFrame:
     rows = []
     for f in facts:
         for n, ms in sorted(f["first_call_ms"].items()):
-            rows.append({"variant": f["variant"], "prompt tokens": n, "first call": ms,
+            rows.append({"variant": _label(f), "prompt tokens": n, "first call": ms,
                          "timed call": f["call_ms"].get(n)})
     if not rows:
         return pd.DataFrame()
@@ -949,12 +953,13 @@ def _ms_span(ms: list[float]) -> str:
 
 
 def engine(run) -> None:
-    """SGLang's own engine at TP 2 with `--enable-flashinfer-allreduce-fusion`: the workspace
-    creations per rank (the trace adjustment's lines), beside the rebuild's simulation of the same
-    trace, then each prompt length's first and timed call."""
-    if not engine_runs.header(run, "DeepSeek-V3-style 2 layers, TP 2"):
+    """SGLang's own engine at each recorded TP size with `--enable-flashinfer-allreduce-fusion`:
+    the workspace creations per rank (the trace adjustment's lines), beside the rebuild's
+    simulation of the same trace, then each prompt length's first and timed call."""
+    facts = engine_facts_of(run.shown) if run else []
+    tps = " and ".join(str(w) for w in sorted({f["world"] for f in facts})) or "2"
+    if not engine_runs.header(run, f"DeepSeek-V3-style 2 layers, TP {tps}"):
         return
-    facts = engine_facts_of(run.shown)
     notebook.show_table(engine_table(facts))
     notebook.show_table(first_call_table(facts))
     for line in engine_reading(facts):

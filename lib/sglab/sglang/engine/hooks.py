@@ -24,7 +24,14 @@ MARK = "[sglab-engine]"
 
 
 def say(text: str) -> None:
-    print(f"{MARK} {text}", flush=True)
+    """One line of ours in the engine's log, in one write: the ranks of a TP engine share the log,
+    and a line written in pieces can end up joined to another rank's."""
+    line = f"{MARK} {text}\n"
+    try:
+        sys.stdout.flush()
+        os.write(sys.stdout.fileno(), line.encode())
+    except (AttributeError, OSError, ValueError):  # a stdout without a file (captured, closed)
+        print(line, end="", flush=True)
 
 
 SITECUSTOMIZE = """\

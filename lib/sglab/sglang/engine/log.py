@@ -204,12 +204,22 @@ OURS_READ = {
 }
 
 
+_JOINED = re.compile(r"(?<=\S)(?=" + re.escape(MARK) + r" )")
+
+
+def _lines(text: str):
+    """The log's lines, a line of ours that another process's write joined to the end of a line
+    split off again (ranks share the log; releases of the harness before one-write lines let two
+    events meet on one line)."""
+    for raw in text.splitlines():
+        yield from (part.rstrip() for part in _JOINED.split(raw))
+
+
 def read_log(text: str) -> dict:
     """The engine's decisions and measurements from its log: each line through the handler of the
     pattern of :data:`LINES` it matches, or, for our own lines, of its kind (:data:`OURS_READ`)."""
     r = _Reading()
-    for raw in text.splitlines():
-        line = raw.rstrip()
+    for line in _lines(text):
         m = OURS.search(line)
         if m:
             handle = OURS_READ.get(m["kind"])

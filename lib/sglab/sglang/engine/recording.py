@@ -124,22 +124,7 @@ def rows(res: EngineResult) -> list[dict]:
                 **cols,
             )
         add("repeats", len(cs), "calls", **cols)
-    by_rank: dict[tuple, list] = {}
-    for e in d.get("events", []):
-        by_rank.setdefault((e["event"], e.get("rank", e.get("pid"))), []).append(e)
-    for (ev, rank), es in sorted(by_rank.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
-        # every call of the traced function in this rank's processes, start-up included
-        cols = {"rank": rank}
-        add(f"{ev}_count", len(es), "calls", **cols)
-        add(f"{ev}_objects", len({e.get("obj") for e in es}), "objects", **cols)
-        sizes = sorted({e["max_token_num"] for e in es if e.get("max_token_num") is not None})
-        add(f"{ev}_max_token_num", " ".join(map(str, sizes)) or None, "tokens", **cols)
-        secs = [float(e["seconds"]) * 1e3 for e in es if e.get("seconds") is not None]
-        if secs:
-            sp = spread(secs)
-            for k in ("median", "min", "max"):
-                add(f"{ev}_ms" if k == "median" else f"{ev}_ms_{k}", round(sp[k], 3), "ms",
-                    **cols)
+    out += event_rows(base, d.get("events", []))
     for m in d.get("gpu_memory", []):
         add("gpu_memory", m.get("mib"), "MiB", gpu=m.get("gpu"), process=m.get("name"))
     if res.kernels:
@@ -150,6 +135,79 @@ def rows(res: EngineResult) -> list[dict]:
     if res.leftovers:
         add("leftover_processes", len(res.leftovers), "processes")
     return out
+
+
+def event_rows(base: dict, events: list[dict]) -> list[dict]:
+    """Per traced event and rank: every call of the traced function in that rank's processes
+    (start-up included), the distinct objects it was called on, the sizes asked for and the time
+    per call."""
+    out = []
+
+    def add(metric, value, unit, rank):
+        if value is not None:
+            out.append({**base, "rank": rank, "metric": metric, "value": value, "unit": unit})
+
+    by_rank: dict[tuple, list] = {}
+    for e in events:
+        by_rank.setdefault((e["event"], e.get("rank", e.get("pid"))), []).append(e)
+    for (ev, rank), es in sorted(by_rank.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        add(f"{ev}_count", len(es), "calls", rank)
+        add(f"{ev}_objects", len({e.get("obj") for e in es}), "objects", rank)
+        sizes = sorted({e["max_token_num"] for e in es if e.get("max_token_num") is not None})
+        add(f"{ev}_max_token_num", " ".join(map(str, sizes)) or None, "tokens", rank)
+        secs = [float(e["seconds"]) * 1e3 for e in es if e.get("seconds") is not None]
+        if secs:
+            sp = spread(secs)
+            for k in ("median", "min", "max"):
+                add(f"{ev}_ms" if k == "median" else f"{ev}_ms_{k}", round(sp[k], 3), "ms",
+                    rank)
+    return out
+
+
+def reread_events(csv: Path, note: str) -> int:
+    """Rewrite a recorded engine run's event rows from its own log sidecars, read again (after a
+    fix of the log reader), and say so in its manifest (``reread``: ``note``). Returns how many
+    event rows changed. The other rows, and the logs, stay as they were."""
+    import gzip
+    import json
+
+    from sglab.sglang.engine.log import read_log
+
+    csv, man = Path(csv), Path(csv).with_suffix(".json")
+    m = json.loads(man.read_text())
+    df = pd.read_csv(csv)
+    entries, cars = m.get("engine_runs", []), m.get("sidecars", {})
+    logs = [cars.get(f"log_{i}") for i in range(len(entries))]
+    if not entries or None in logs:
+        raise ValueError(f"{csv.name}: needs one log sidecar per engine run to read again")
+    names: set[str] = set()
+    new_rows = []
+    for e, log in zip(entries, logs):
+        events = read_log(gzip.decompress((csv.parent / log).read_bytes()).decode())["events"]
+        names |= {ev["event"] for ev in events}
+        base = {"experiment": m["experiment"], "variant": e["variant"], "release": e["release"],
+                "case": e["case"], "tool": e["tool"]}
+        new_rows += event_rows(base, events)
+    prefixes = tuple(f"{n}_" for n in names)
+    old = df["metric"].astype(str).str.startswith(prefixes) if prefixes else df["metric"].isna()
+    old_n = int(old.sum())
+    fresh = pd.DataFrame(new_rows, columns=list(df.columns))
+
+    def cell(x) -> str:
+        try:
+            return repr(round(float(x), 2))  # ms recorded to 3 places: a last-digit tie
+        except (TypeError, ValueError):
+            return str(x)
+
+    def rows_of(frame) -> list:
+        return sorted(tuple(cell(x) for x in row) for row in frame.itertuples(index=False))
+
+    changed = 0 if rows_of(df[old]) == rows_of(fresh) else max(old_n, len(fresh))
+    if changed:
+        pd.concat([df[~old], fresh], ignore_index=True).to_csv(csv, index=False)
+        m["reread"] = note
+        man.write_text(json.dumps(m, indent=2, sort_keys=True, default=str))
+    return changed
 
 
 def model_record(path: Path) -> dict:
