@@ -711,9 +711,11 @@ def test_scenarios_build_their_specs():
         fixes.scenario("nope")
     kimi = fixes.scenario("01-kimi-pcg").specs()
     by = {s.variant: s for s in kimi}
-    assert set(by) == {
-        f"{v}+{c}" for v in ("0.5.12.post1", "0.5.13") for c in ("default", "enforce", "pcg-off")
+    assert set(by) == {  # pcg-off-again: the A/A control
+        f"{v}+{c}" for v in ("0.5.12.post1", "0.5.13")
+        for c in ("default", "enforce", "pcg-off", "pcg-off-again")
     }
+    assert len(kimi) == 3 * len(by)  # three engine starts of each
     # the scenario names no adjustment: sglab engine adds the model's where the release needs it
     assert not by["0.5.12.post1+enforce"].adjustments and not by["0.5.13+enforce"].adjustments
     if testing.release_installed("0.5.12.post1") and testing.release_installed("0.5.13"):

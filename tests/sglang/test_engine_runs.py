@@ -293,3 +293,99 @@ def test_kernel_counts_read_as_whole_numbers():
     assert set(got["decode_kernels_per_replay"]) == {"140", "148", "196"}
     assert "18.5" in set(got["decode_kernels_per_layer"]) and "ok" in set(got["status"])
     assert E.count_text("36.0") == "36" and E.count_text("1e3") == "1e3" and E.count_text("") == ""
+
+
+# -- several engine starts per variant, the A/A control ---------------------------------------
+def test_a_scenarios_starts_interleave_and_its_control_repeats_a_case():
+    from sglab.sglang.engine import spec as S
+    from sglab.tools import fixes
+
+    sc = fixes.scenario("01-llama-pcg")
+    assert (sc.starts, sc.control) == (3, "pcg-off")
+    order = [(sp.start, sp.case) for sp in sc.specs()]
+    assert order == [(i, c) for i in range(3) for c in ("pcg", "pcg-off", "pcg-off-again")]
+    again = [sp for sp in sc.specs() if sp.case == "pcg-off-again"][0]
+    off = [sp for sp in sc.specs() if sp.case == "pcg-off"][0]
+    assert again.server_args == off.server_args  # A/A: the same flags under a second label
+    from dataclasses import replace
+
+    with pytest.raises(S.EngineError, match="control 'nope' is not a case"):
+        replace(sc, control="nope").specs()
+
+
+def _starts_run(times: dict, status: dict | None = None):
+    """A bench run of 01's Llama cases: ``times[(case, start)] = {input_len: ms}``."""
+    rows, entries = [], []
+    for (case, start), per in times.items():
+        variant = f"0.5.13+{case}"
+        base = {"experiment": "engine_pcg_gate", "variant": variant, "release": "0.5.13",
+                "case": case, "tool": "bench", "start": start}
+        st = (status or {}).get((case, start), "ok")
+        rows.append({**base, "metric": "status", "value": st, "unit": ""})
+        rows.append({**base, "metric": "pcg", "value": "captured" if case == "pcg" else
+                     "disabled", "unit": ""})
+        rows += [{**base, "batch_size": 1, "input_len": n, "metric": "prefill", "value": ms,
+                  "unit": "ms"} for n, ms in per.items()]
+        entries.append({"variant": variant, "release": "0.5.13", "case": case,
+                        "model": {"name": "llama_32x512"}})
+    df = runs.tidy("engine_pcg_gate", rows)
+    manifest = {"created_utc": "2026-11-28T00:00:00Z", "gpu_name": "NVIDIA H100 80GB HBM3",
+                "gpu_count": 1, "engine_runs": entries, "method_version": 1}
+    return runs.Run(df, manifest, runs.repo_root() / "x.csv")
+
+
+def test_starts_fold_into_their_median_with_the_spread_between_them():
+    t = {("pcg", 0): {128: 10.0}, ("pcg", 1): {128: 12.0}, ("pcg", 2): {128: 11.0},
+         ("pcg-off", 0): {128: 20.0}, ("pcg-off", 1): {128: 30.0}, ("pcg-off", 2): {128: 22.0}}
+    df = E.latest([_starts_run(t)])
+    d = E.number(df, "prefill").set_index("case")
+    assert (d.loc["pcg", "value"], d.loc["pcg", "lo"], d.loc["pcg", "hi"]) == (11.0, 10.0, 12.0)
+    assert d.loc["pcg-off", "starts"] == 3 and d.loc["pcg-off", "value"] == 22.0
+    cells = E.table(df, "prefill", "input_len")
+    assert cells.loc[("llama_32x512", "0.5.13", "pcg"), 128] == "11.00 [10.00–12.00]"
+    assert "median [lowest–highest] of 3 engine starts" in cells.columns.name
+    # one start that did not answer: the variant did not
+    bad = E.latest([_starts_run(t, {("pcg", 1): "timeout: no exit"})])
+    assert E.releases_ok(bad)[("llama_32x512", "0.5.13", "pcg")] is False
+
+
+@pytest.mark.parametrize("again, status", [(21.0, C.PASS), (8.0, C.FAIL)])
+def test_a_speedup_must_clear_the_aa_controls_gap(again, status):
+    """pcg-off / pcg = 2× here. The control (pcg-off started again) lies 5% from pcg-off, or 150%:
+    the claim holds only above 1 + that gap, and its value states the margin."""
+    t = {}
+    for s in range(3):
+        t[("pcg", s)] = {128: 10.0}
+        t[("pcg-off", s)] = {128: 20.0}
+        t[("pcg-off-again", s)] = {128: again}
+    run = _starts_run(t)
+    noise = abs(20.0 / again - 1)
+    assert E.aa_noise(E.latest([run]), "prefill", "input_len") == {
+        ("llama_32x512", "0.5.13"): pytest.approx(noise)}
+    res = {r.claim.id: r for r in C.evaluate(pg.ENGINE, run)}
+    got = res["engine_pcg_gate.captured_prefill_faster"]
+    assert got.status == status
+    assert "median of 3 interleaved engine starts" in got.outcome.measured
+    assert got.outcome.value["min"] == pytest.approx(2.0)
+    assert got.outcome.value["margin"] == pytest.approx(1.0 - noise)
+
+
+def test_the_host_launch_cost_is_measured_in_its_own_process(monkeypatch):
+    from sglab.tools import engine_cmd
+
+    monkeypatch.setattr(engine_cmd, "HOST_COST", engine_cmd.HOST_COST.replace(
+        "launch_cost_us()", "launch_cost_us('cpu', n=50, repeat=3)"))
+    got = engine_cmd.host_launch_cost()
+    assert got["median"] > 0 and got["launches_per_burst"] == 50 and got["device"] == "cpu"
+    monkeypatch.setattr(engine_cmd, "HOST_COST", "raise SystemExit('no CUDA here')")
+    assert engine_cmd.host_launch_cost() == {"error": "no CUDA here"}
+
+
+def test_the_header_names_the_hosts_per_launch_cost_where_a_run_measured_it(capsys):
+    run = _starts_run({("pcg", 0): {128: 10.0}})
+    run.manifest["host_launch_us"] = {"before": {"median": 2.41}, "after": {"error": "x"}}
+    run.shown = [run]
+    assert E.header(run, "Llama")
+    out = capsys.readouterr().out
+    assert "host per-launch cost (H100, 2026-11-28): 2.41 µs before the engines" in out
+    assert "after" not in out  # a failed measurement is not shown as a number

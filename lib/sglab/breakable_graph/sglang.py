@@ -377,6 +377,8 @@ ENGINE = (
             Case("eager", ("--disable-piecewise-cuda-graph", "--disable-radix-cache")),
         ),
         requests=(1, 2, 4, 8),
+        starts=3,
+        control="eager",
         input_lens=(128,),
         output_len=1,
         repeats=5,

@@ -192,3 +192,45 @@ def take() -> dict:
     out = {k: round(v, 3) for k, v in _totals.items()}
     _totals.clear()
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# the host's per-launch cost
+# --------------------------------------------------------------------------------------------------
+class Burst:
+    """``n`` tiny kernels (``x.add_(1)`` on one element) launched back to back and synchronised
+    once. Each call appends its ``time.perf_counter`` time to :attr:`host_ms`: on a GPU this is
+    the host's time per kernel launch, which an eager, launch-bound step pays per kernel."""
+
+    def __init__(self, device, n: int):
+        import torch
+
+        self.x, self.n, self.host_ms = torch.zeros(1, device=device), int(n), []
+        cuda = torch.device(device).type == "cuda"
+        self.sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    def __call__(self) -> None:
+        self.sync()
+        t0 = time.perf_counter()
+        for _ in range(self.n):
+            self.x.add_(1)
+        self.sync()
+        self.host_ms.append((time.perf_counter() - t0) * 1e3)
+
+    def per_launch_us(self, warmup: int) -> dict:
+        """µs per launch over the calls after ``warmup``: median, p10, p90."""
+        t = Timing(self.host_ms[warmup:], clock="host-perf-counter")
+        return {"median": t.median_ms * 1e3 / self.n, "p10": t.p10_ms * 1e3 / self.n,
+                "p90": t.p90_ms * 1e3 / self.n}
+
+
+def launch_cost_us(device: str = "cuda:0", *, n: int = 1000, warmup: int = 5,
+                   repeat: int = 30) -> dict:
+    """The host's per-launch cost on ``device`` (:class:`Burst`): ``{"median", "p10", "p90"}`` in
+    µs, with the burst size and count."""
+    _check_counts(warmup, repeat)
+    burst = Burst(device, n)
+    for _ in range(warmup + repeat):
+        burst()
+    return {**{k: round(v, 3) for k, v in burst.per_launch_us(warmup).items()},
+            "launches_per_burst": n, "bursts": repeat, "device": str(device)}

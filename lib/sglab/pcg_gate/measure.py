@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import re
 import tempfile
-import time
 from functools import partial
 from pathlib import Path
 from typing import Optional
@@ -136,24 +135,10 @@ def gate_rows(lm: nn.Module, num_hidden_layers: int, capture_tokens) -> tuple:
 # --------------------------------------------------------------------------------------------------
 # the host's per-launch cost
 # --------------------------------------------------------------------------------------------------
-class Burst:
-    """``n`` tiny kernels (``x.add_(1)`` on one element) launched back to back and synchronised
-    once. Each call appends its ``time.perf_counter`` time to :attr:`host_ms`; the timing loop's
-    CUDA events around the same call give the device's view of it. Timed in the same interleaved
-    rounds as the prefills, so a host that slows down slows both."""
-
-    def __init__(self, device, n: int):
-        self.x, self.n, self.host_ms = torch.zeros(1, device=device), int(n), []
-        cuda = torch.device(device).type == "cuda"
-        self.sync = torch.cuda.synchronize if cuda else (lambda: None)
-
-    def __call__(self) -> None:
-        self.sync()
-        t0 = time.perf_counter()
-        for _ in range(self.n):
-            self.x.add_(1)
-        self.sync()
-        self.host_ms.append((time.perf_counter() - t0) * 1e3)
+class Burst(timing.Burst):
+    """:class:`sglab.core.timing.Burst`, timed in the same interleaved rounds as the prefills (so a
+    host that slows down slows both); the timing loop's CUDA events around the same call give the
+    device's view of it."""
 
     def rows(self, events: timing.Timing, warmup: int, n=None, bucket=None) -> list:
         """µs per launch: median, p10, p90 by ``time.perf_counter`` (warm-up calls dropped), and

@@ -81,19 +81,58 @@ def reference(run, candidates: list) -> tuple:
 
 
 def number(df: pd.DataFrame, metric: str, *, started: bool = False) -> pd.DataFrame:
-    """The rows of ``metric`` with ``value`` as a float (``started``: of variants that started)."""
+    """The rows of ``metric`` with ``value`` as a float (``started``: of variants that started).
+    Where a variant ran as several engine starts, one row per shape: the median over the starts,
+    with the lowest and highest start in ``lo`` and ``hi`` and their count in ``starts``."""
     d = df[df.metric == metric].copy()
     d["value"] = pd.to_numeric(d["value"], errors="coerce")
     if started:
         ok = releases_ok(df)
         d = d[[ok.get(tuple(k), False) for k in d[KEYS].itertuples(index=False)]]
-    return d
+    return over_starts(d)
+
+
+def over_starts(d: pd.DataFrame) -> pd.DataFrame:
+    """Numeric rows of one metric, the engine starts of each variant and shape folded into one row
+    (the median; ``lo``, ``hi``, ``starts``). Rows without a ``start`` column (runs recorded before
+    starts were) count as one start."""
+    if d.empty or "start" not in d or d["start"].nunique(dropna=True) < 2:
+        return d.assign(lo=d["value"], hi=d["value"], starts=1) if not d.empty else d
+    keys = [c for c in d.columns if c not in ("start", "value", "_order")]
+    g = d.groupby(keys, dropna=False, sort=False)["value"]
+    out = g.agg(value="median", lo="min", hi="max", starts="count").reset_index()
+    return out
+
+
+def aa_noise(df: pd.DataFrame, metric: str, across: str) -> dict:
+    """The A/A control's verdict on ``metric``: per (model, release), the largest relative gap
+    between a case and its control copy ``<case>-again`` (the same flags, started in the same
+    interleaved rounds) over the values of ``across``, each side the median of its starts.
+    ``{}`` where the run has no control."""
+    from sglab.sglang.engine.spec import AGAIN
+
+    d = number(df, metric, started=True)
+    if d.empty:
+        return {}
+    per = {tuple(k): dict(zip(g[across].astype(int), g["value"]))
+           for k, g in d.groupby(KEYS)}
+    out = {}
+    for (model, rel, case), again in per.items():
+        base = per.get((model, rel, case.removesuffix(AGAIN)))
+        if case.endswith(AGAIN) and base:
+            gaps = [abs(base[n] / v - 1) for n, v in again.items() if n in base and v]
+            if gaps:
+                out[(model, rel)] = max(gaps)
+    return out
 
 
 def text(df: pd.DataFrame, metric: str) -> dict:
     """``{(model, release, case): value}`` of a text metric (``status``, ``pcg``,
-    ``pcg_reason``)."""
+    ``pcg_reason``); of several starts, a status other than ``ok`` wins (a variant answered only
+    where every start did)."""
     d = df[df.metric == metric]
+    if metric == "status":
+        d = d.assign(_ok=d["value"] == "ok").sort_values("_ok", ascending=False, kind="stable")
     return {tuple(k): v for k, v in zip(d[KEYS].itertuples(index=False), d["value"])}
 
 
@@ -111,13 +150,19 @@ def table(df: pd.DataFrame, metric: str, across: str, fmt: str = "{:.2f}") -> pd
     if not iqr.empty:
         iqr[across] = iqr[across].astype(int)
         spread = {tuple(k): v for k, v in zip(iqr[idx].itertuples(index=False), iqr["value"])}
-    d["cell"] = [fmt.format(v) + (f" ({fmt.format(spread[tuple(k)])})"
-                                  if tuple(k) in spread else "")
-                 for k, v in zip(d[idx].itertuples(index=False), d["value"])]
+    starts = int(d["starts"].max()) if "starts" in d else 1
+    if starts > 1:  # the spread that matters: between engine starts, not within one
+        d["cell"] = [f"{fmt.format(v)} [{fmt.format(lo)}–{fmt.format(hi)}]"
+                     for v, lo, hi in zip(d["value"], d["lo"], d["hi"])]
+    else:
+        d["cell"] = [fmt.format(v) + (f" ({fmt.format(spread[tuple(k)])})"
+                                      if tuple(k) in spread else "")
+                     for k, v in zip(d[idx].itertuples(index=False), d["value"])]
     wide = d.pivot_table(index=KEYS, columns=across, values="cell", aggfunc="first").fillna("")
     unit = str(d["unit"].dropna().iloc[0]) if d["unit"].notna().any() else ""
     unit = "" if unit in ("", "fraction") else f" ({unit})"
-    kind = ", median (IQR)" if spread else ""
+    kind = (f", median [lowest–highest] of {starts} engine starts" if starts > 1 else
+            ", median (IQR)" if spread else "")
     wide.columns = pd.Index(list(wide.columns), name=f"{metric}{unit}{kind} by {across}")
     return wide
 
@@ -230,7 +275,23 @@ def header(run, what: str = "") -> bool:
           f"{'; '.join(sorted({label(r) for r in run.shown}))})")
     for line in adjustments(run):
         print(f"harness adjustment {line}")
+    for line in host_costs(run):
+        print(line)
     return True
+
+
+def host_costs(run) -> list[str]:
+    """One line per run that measured the host's per-launch cost beside its engines: an eager,
+    launch-bound step costs about its kernel launches times this, so a reader with another host
+    can scale the timings."""
+    out = []
+    for r in run.shown:
+        cost = r.manifest.get("host_launch_us") or {}
+        got = {k: v["median"] for k, v in cost.items() if isinstance(v, dict) and "median" in v}
+        if got:
+            out.append(f"host per-launch cost ({label(r)}): "
+                       + ", ".join(f"{v:.2f} µs {k} the engines" for k, v in got.items()))
+    return out
 
 
 def section(run, facts_of: list[str], tables: list[tuple[str, str, str]]) -> None:

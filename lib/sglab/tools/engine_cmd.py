@@ -166,6 +166,27 @@ def _too_few_gpus(name: str, specs) -> str:
     return "" if ok else f"{name or 'engine'} needs {need} GPUs at --tp-size {need}: {why}"
 
 
+HOST_COST = ("import json; from sglab.core.timing import launch_cost_us; "
+             "print(json.dumps(launch_cost_us()))")
+
+
+def host_launch_cost(timeout: float = 120.0) -> dict:
+    """The host's per-launch cost (µs, :func:`sglab.core.timing.launch_cost_us`), measured in a
+    process of its own so that this one never holds a CUDA context beside the engines (05 reads
+    every process's memory on GPU 0); ``{"error": ...}`` where it could not run."""
+    import json
+    import subprocess
+
+    try:
+        p = subprocess.run([sys.executable, "-c", HOST_COST], capture_output=True, text=True,
+                           timeout=timeout)
+        if p.returncode == 0:
+            return json.loads(p.stdout.strip().splitlines()[-1])
+        return {"error": (p.stderr.strip().splitlines() or ["no output"])[-1][:200]}
+    except (subprocess.TimeoutExpired, ValueError, IndexError) as e:
+        return {"error": f"{type(e).__name__}: {e}"[:200]}
+
+
 def main(args) -> int:
     from sglab.sglang import engine as eng
 
@@ -195,8 +216,13 @@ def main(args) -> int:
                 raise eng.EngineError(next(w for w in why.values() if w))
         for fix, name, specs in groups:
             results = []
+            # the host's cost per kernel launch before and after the engines: a launch-bound
+            # timing means little without it, and a drift between the two says the host changed
+            host = {} if args.dry_run else {"before": host_launch_cost()}
             for spec in specs:
-                work = (args.work / f"{name or 'engine'}-{spec.variant}") if args.work else None
+                folder = f"{name or 'engine'}-{spec.variant}" + (f"-start{spec.start}"
+                                                                    if spec.start else "")
+                work = (args.work / folder) if args.work else None
                 if args.dry_run:
                     _dry_run(spec, work)
                     continue
@@ -212,8 +238,14 @@ def main(args) -> int:
                 print("\n".join(eng.summary(res)))
                 if not res.ok:
                     status = max(status, 1)
+            if host:
+                host["after"] = host_launch_cost()
+                print("[sglab] host per-launch cost: "
+                      + ", ".join(f"{k} {v.get('median', v.get('error'))}"
+                                  + (" µs" if "median" in v else "") for k, v in host.items()))
             if args.record and results:
-                path = eng.record(results, fix, root=args.out)
+                path = eng.record(results, fix, root=args.out,
+                                  extra={"host_launch_us": host} if host else None)
                 print(f"recorded: {path}")
         if len(groups) == 1 and len(groups[0][2]) == 1 and not args.dry_run and status == 1:
             res = results[0]

@@ -32,7 +32,8 @@ def rows(res: EngineResult) -> list[dict]:
     """Tidy rows of one run: variant (release or release+case), tool and shape columns, metric,
     value, unit."""
     s, d = res.spec, res.decisions
-    base = {"variant": s.variant, "release": s.release, "case": s.case, "tool": s.tool}
+    base = {"variant": s.variant, "release": s.release, "case": s.case, "tool": s.tool,
+            "start": s.start}
     out = [
         {
             **base,
@@ -238,6 +239,7 @@ def manifest_extra(results: list[EngineResult]) -> dict:
                 "release": s.release,
                 "case": s.case,
                 "tool": s.tool,
+                "start": s.start,
                 "status": r.status,
                 "error": r.error,
                 "versions": {"sglang": s.release, **r.found},
@@ -271,6 +273,7 @@ def record(
     params: Optional[dict] = None,
     root: Optional[Path] = None,
     gpu_count: Optional[int] = None,
+    extra: Optional[dict] = None,
 ) -> Path:
     """One run ``engine_<fix>`` of these results (:func:`sglab.core.runs.write_run`, atomic: nothing
     half written). Sidecars: each run's log (gzipped) and, for profiled runs, the decode kernel
@@ -305,7 +308,7 @@ def record(
             params=params or {"specs": [_spec_params(r.spec) for r in results]},
             root=root,
             gpu_count=gpu_count if gpu_count is not None else tp,
-            extra=manifest_extra(results),
+            extra={**manifest_extra(results), **(extra or {})},
             sidecars=sidecars,
         )
 

@@ -15,7 +15,7 @@ model needs to run with dummy weights).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
@@ -49,6 +49,10 @@ ENGINE_ONLY_ARGS = (("--skip-tokenizer-init", None),)
 
 
 DEFAULT_TIMEOUT_S = 900.0
+
+
+# the label suffix of a scenario's A/A control (Scenario.control)
+AGAIN = "-again"
 
 
 # piecewise capture sizes every scenario that turns piecewise CUDA graphs on passes
@@ -177,6 +181,7 @@ class EngineSpec:
     case: str = ""
     adjustments: tuple[Adjustment, ...] = ()
     timeout: float = DEFAULT_TIMEOUT_S
+    start: int = 0  # which engine start of this variant (a scenario's starts are interleaved)
 
     def __post_init__(self):
         if self.tool not in TOOLS:
@@ -237,6 +242,12 @@ class Scenario:
     prompt: str = ""
     expect: str = ""
     timeout: float = DEFAULT_TIMEOUT_S
+    # separate engine starts per variant, interleaved (A B A B A B): the spread between starts
+    # (host, allocator, kernel choice at start-up) is measured, not only the repeats within one
+    starts: int = 1
+    # the A/A control: this case's flags started again under the label "<case>-again", in the same
+    # interleaved rounds; how far two identical variants differ is the noise a timing must exceed
+    control: str = ""
 
     @property
     def experiment(self) -> str:
@@ -245,13 +256,29 @@ class Scenario:
     def model_config(self) -> Path:
         return repo() / "data" / "models" / self.model / "config.json"
 
+    def all_cases(self) -> tuple[Case, ...]:
+        """The cases, and the A/A control's copy of :attr:`control` right after it."""
+        out = []
+        for c in self.cases:
+            out.append(c)
+            if self.control and c.label == self.control:
+                out.append(Case(f"{c.label}{AGAIN}", c.args, c.adjustments, c.releases))
+        if self.control and not any(c.label == self.control for c in self.cases):
+            raise EngineError(f"scenario {self.name}: control {self.control!r} is not a case")
+        return tuple(out)
+
     def specs(self, releases: Optional[Iterable[str]] = None) -> list[EngineSpec]:
+        """One spec per start, release and case, the starts outermost: every variant's first
+        start, then every variant's second, and so on."""
+        return [replace(sp, start=i) for i in range(self.starts) for sp in self._specs(releases)]
+
+    def _specs(self, releases: Optional[Iterable[str]] = None) -> list[EngineSpec]:
         pick = list(releases) if releases else None
         out = []
         for v in self.releases:
             if pick is not None and v not in pick:
                 continue
-            for c in self.cases:
+            for c in self.all_cases():
                 if c.releases and v not in c.releases:
                     continue
                 out.append(
