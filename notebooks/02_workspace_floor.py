@@ -176,13 +176,8 @@ sglang.compare();
 # %% [markdown]
 # The rebuild's manager keeps a high-water mark by default: the line above says whether these
 # releases' managers have it, from which installed release on SGLang's manager keeps one, and
-# whether it changes any count here. On GPUs, the real FlashInfer workspace created along a short
-# trace, where such a run is recorded:
-
-# %%
-sglang.gpu_recorded();
-
-# %% [markdown]
+# whether it changes any count here.
+#
 # ### The real engine at TP 2 and TP 4
 #
 # SGLang's whole engine with `--enable-flashinfer-allreduce-fusion` on a 2-layer DeepSeek-V3-style

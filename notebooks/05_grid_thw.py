@@ -164,13 +164,6 @@ show.cache_point(stats, f"{len(stream)} requests, pool {p['cache_pool']}, "
 sglang.compare();
 
 # %% [markdown]
-# On GPUs (`sglab real gpu`, 2 GPUs), a real item with the grid on `cuda:0` sent over 0.5.23's
-# msgpack wire to a process on GPU 1, and the memory that process then holds on GPU 0:
-
-# %%
-sglang.gpu_recorded();
-
-# %% [markdown]
 # ### The real engine at TP 2 and TP 4
 #
 # SGLang's whole engine on the tiny Kimi-K2.5, fed one 448×448 image: each process's memory on each

@@ -1,13 +1,11 @@
 """The Kimi-K2.5 grid in real SGLang (#22858), against ``sglab.grid_thw.rebuild``: the source check
-on synthetic trees, the released model, GPU preprocessor and wire, the notebook's comparison, and
-the GPU probe's path through a second worker (without a GPU, and on two GPUs).
+on synthetic trees, the released model, GPU preprocessor and wire, and the notebook's comparison.
+(What a rank holds on GPU 0 is the real engine's record, ``engine_grid_thw``: no GPU probe.)
 
 Releases: 0.5.10.post1 (the model reads ``grid_thws``; CPU HF processor only), 0.5.11 (the PR:
 ``image_grid_thw``, ``.cpu()`` in the GPU preprocessor; pickle wire), 0.5.23 (reads either key;
 msgpack wire that records the device).
 """
-
-import os
 
 import pytest
 
@@ -15,17 +13,11 @@ from sglab.grid_thw import rebuild as fx
 from sglab.grid_thw import sglang
 from sglab.sglang import compare
 from sglab.sglang.runner import run_probe
-from sglab.sglang.fix import GpuPlan, Step
-from sglab.sglang.testing import probe_one, require
+from sglab.sglang.testing import require
 from sglab.sglang.upstream import RELEASE_STATES, Verdict
-from tests.sglang.test_gpu import _gpu_run, ran, value
 
 RELEASES = sglang.PROBE_RELEASES
-# the GPU probe's dry run: the wire and the receiver in a second worker, no GPU
-CPU_PLAN = GpuPlan(0, 1, (Step("0.5.23", "sglab.grid_thw.sglang:gpu_probe", {"device": "cpu"}),),
-                   "cpu path")
-# the notebook's call, then the dry run's (conftest)
-REAL_CALLS = ["grid_thw", *[(s.probe, s.params, (s.release,)) for s in CPU_PLAN.steps]]
+REAL_CALLS = ["grid_thw"]  # the notebook's call (conftest)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -73,8 +65,9 @@ def test_the_record():
 
     assert "grid_thw" in NAMES and get("grid_thw") is sglang.FIX
     assert sglang.FIX.probe.fn == "sglab.grid_thw.sglang:probe"
-    assert [s.probe for s in sglang.FIX.gpu.steps] == ["sglab.grid_thw.sglang:gpu_probe"]
-    assert sglang.RECEIVER == "sglab.grid_thw.sglang:receive"
+    # no GPU probe: the engine scenarios record each process's memory on GPU 0
+    assert sglang.FIX.gpu is None
+    assert [s.name for s in sglang.FIX.engine] == ["05-grid-thw", "05-grid-thw-tp4"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -166,47 +159,3 @@ def test_recorded_answers_equal_the_live_ones(real):
     from sglab.sglang.testing import assert_recording_matches
 
     assert assert_recording_matches(real, sglang.FIX.probe.fn) == len(RELEASES)
-
-
-# --------------------------------------------------------------------------------------------------
-# the GPU probe: through real workers and record_fix (its CPU path), and on two GPUs
-# --------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def cpu_run(tmp_path_factory):
-    from sglab.core.runs import read_run
-    from sglab.sglang.gpu import record
-    from sglab.sglang.releases import release_installed
-
-    if not release_installed("0.5.23"):
-        if os.environ.get("CI"):
-            pytest.fail("sglang 0.5.23 not installed", pytrace=False)
-        pytest.skip("sglang 0.5.23 not installed")
-    path, _ = record.record_fix("grid_thw", CPU_PLAN, out=tmp_path_factory.mktemp("runs"),
-                                echo=lambda *_: None, runner=probe_one)
-    return read_run(path)
-
-
-def test_gpu_probe_cpu_path_crosses_the_wire_to_a_second_worker(cpu_run):
-    ran(cpu_run, "0.5.23")
-    assert value(cpu_run, process="receiver", metric="grid_device_after_decode") == "cpu"
-    assert value(cpu_run, process="receiver", metric="grid_values") == [[1, 28, 42]]
-    assert value(cpu_run, process="sender", metric="payload_bytes") > 0
-    tables = sglang.gpu_tables(cpu_run.df)
-    assert list(tables) == ["where the grid landed"]
-
-
-@pytest.mark.gpu
-@pytest.mark.gpus(2)
-def test_gpu_grid_on_cuda0_puts_the_receiver_on_gpu0(tmp_path_factory):
-    run = _gpu_run("grid_thw", tmp_path_factory)
-    ran(run, "0.5.23")
-
-    def mem(case, gpu):
-        return value(run, variant=case, process="receiver", gpu=gpu, metric="gpu_memory")
-
-    assert value(run, variant="grid_on_cuda0", process="receiver",
-                  metric="grid_device_after_decode") == "cuda:0"
-    assert value(run, variant="grid_on_cpu", process="receiver",
-                  metric="grid_device_after_decode") == "cpu"
-    assert mem("grid_on_cuda0", 0) > 100 and mem("grid_on_cpu", 0) == 0
-    assert mem("grid_on_cuda0", 1) > 100 and mem("grid_on_cpu", 1) > 100

@@ -4,16 +4,18 @@ SGLang must show.
 CPU tests: planning and skip lines, ``--dry-run``, row shaping and manifest labels (a fake runner),
 the kernels one translation launches as read from each installed release's code, and every GPU
 probe's CPU path through real workers (the same pool writes and the release's ``eager_on_graph``,
-without a GPU; grid_thw's msgpack wire is tested in ``tests/grid_thw/test_sglang.py``).
+without a GPU). 02 and 05 have no GPU probe: their real engine records the same numbers
+(``engine_workspace_floor``, ``engine_grid_thw``).
 
 GPU tests (``gpu`` / ``gpus(2)``): on the runs under ``$SGLAB_REAL_GPU_RUNS`` (what
 ``scripts/real_gpu.sh`` just recorded), else on a fresh recording, real SGLang must show: graph
 nodes == profiled kernels; nodes per SWA layer == kernels per translation read from the release's
-code (2 for the ``.to(torch.int32)`` releases, 1 for 0.5.23). The breakable graph's and the
-receiver's probes are tested in tests/breakable_graph and tests/grid_thw.
+code (2 for the ``.to(torch.int32)`` releases, 1 for 0.5.23). The breakable graph's probe is
+tested in tests/breakable_graph.
 """
 
 import ast
+import dataclasses
 import os
 from pathlib import Path
 
@@ -79,21 +81,29 @@ def fake(release, status="ok", rows=None, reason=""):
 # -----------------------------------------------------------------------------------------
 def test_plan_skips_what_needs_more_gpus_with_one_line():
     names = [f.name for f in FIXES if f.gpu is not None]
+    assert names == ["breakable_graph", "swa_loc"]
     run, skipped = record.plan_for(FIXES, names, 1)
-    assert [f.name for f in run] == ["breakable_graph", "swa_loc"]
-    assert skipped == ["workspace_floor: skipped, needs 2 GPUs, have 1",
-                       "grid_thw: skipped, needs 2 GPUs, have 1"]
-    picked = record.plan_for(FIXES, ["grid_thw", "swa_loc", "swa_loc"], 2)[0]
-    assert [f.name for f in picked] == ["grid_thw", "swa_loc"]
+    assert [f.name for f in run] == ["breakable_graph", "swa_loc"] and skipped == []
+    run, skipped = record.plan_for(FIXES, names, 0)
+    assert run == [] and skipped == ["breakable_graph: skipped, needs 1 GPU, have 0",
+                                     "swa_loc: skipped, needs 1 GPU, have 0"]
+    two = GpuPlan(2, 1, (Step("0.5.23", "p:run"),), "demo")
+    wide = dataclasses.replace(get("swa_loc"), name="wide", gpu=two)
+    assert record.plan_for([*FIXES, wide], ["wide"], 1) == ([],
+                                                           ["wide: skipped, needs 2 GPUs, have 1"])
+    picked = record.plan_for(FIXES, ["swa_loc", "breakable_graph", "swa_loc"], 2)[0]
+    assert [f.name for f in picked] == ["swa_loc", "breakable_graph"]
     with pytest.raises(ValueError, match="unknown fix nope"):
         record.plan_for(FIXES, ["nope"], 8)
+    # 02's and 05's probes were retired: their real engine records the same numbers
+    with pytest.raises(ValueError, match="unknown fix grid_thw, workspace_floor"):
+        record.plan_for(FIXES, ["grid_thw", "workspace_floor"], 8)
 
 
 def test_every_step_uses_a_release_of_the_gpu_carry_and_names_its_experiment():
     planned = [f for f in FIXES if f.gpu is not None]
     record.check_releases(planned, GPU_RELEASES)
-    assert {f.gpu_experiment for f in planned} == {
-        "real_swa_loc", "real_breakable_graph", "real_grid_thw", "real_workspace_floor"}
+    assert {f.gpu_experiment for f in planned} == {"real_swa_loc", "real_breakable_graph"}
     assert get("swa_loc").gpu.releases == ["0.5.11", "0.5.12.post1", "0.5.23"]
 
 
@@ -103,14 +113,16 @@ def test_dry_run_lists_steps_and_skips_and_runs_nothing(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert ("swa_loc -> real_swa_loc" in out
             and "sglang 0.5.12.post1: sglab.swa_loc.sglang:gpu_probe" in out)
-    assert "grid_thw: skipped, needs 2 GPUs, have 1" in out
+    assert "breakable_graph -> real_breakable_graph" in out and "would run 2 fix(es)" in out
+    assert "grid_thw" not in out and "workspace_floor" not in out and "skipped" not in out
+    assert cli.main(["real", "gpu", "--dry-run", "--gpus", "0"]) == 0
+    assert "swa_loc: skipped, needs 1 GPU, have 0" in capsys.readouterr().out
 
 
 def test_unknown_fix_is_one_line_and_exit_2(capsys):
     assert cli.main(["real", "gpu", "--fix", "nope", "--gpus", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["sglab real gpu: unknown fix nope (known: workspace_floor, breakable_graph, "
-                   "swa_loc, grid_thw)"]
+    assert err == ["sglab real gpu: unknown fix nope (known: breakable_graph, swa_loc)"]
 
 
 # -- rows and manifest

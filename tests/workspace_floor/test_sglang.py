@@ -1,10 +1,7 @@
 """The source check on synthetic trees; the real workspace decisions of 0.5.12.post1 (no floor) and
 0.5.13 (the floor) against ``sglab.workspace_floor.rebuild``'s simulation along the workbook's
-traces; the real manager on 2 GPUs (GPU)."""
+traces."""
 
-import json
-
-import pandas as pd
 import pytest
 
 from sglab.sglang import compare
@@ -137,23 +134,11 @@ def test_without_installed_releases_the_section_says_not_run(tmp_path, monkeypat
     assert table.empty and "nothing was compared" in out and "no release ran" in out
 
 
-def test_recorded_gpu_run_says_not_recorded_then_shows_the_newest(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("SGLAB_DATA", str(tmp_path))
-    assert sglang.gpu_recorded() is None and "not recorded yet" in capsys.readouterr().out
-    folder = tmp_path / "recorded" / "real_workspace_floor"
-    folder.mkdir(parents=True)
-    for stamp, ms in (("20260101T000000Z", 1.0), ("20260102T000000Z", 2.0)):
-        pd.DataFrame([{"experiment": "real_workspace_floor", "variant": "before_floor",
-                       "release": "0.5.23", "rank": 0, "step": 0, "tokens": 512,
-                       "metric": m, "value": v, "unit": ""}
-                      for m, v in (("initialize_ms", ms), ("created", True))]).to_csv(
-            folder / f"{stamp}.csv", index=False)
-        (folder / f"{stamp}.json").write_text(json.dumps({
-            "experiment": "real_workspace_floor", "created_utc": stamp, "gpu_name": "NVIDIA H200",
-            "gpu_count": 2, "params": {"releases": ["0.5.23"]}}))
-    run = sglang.gpu_recorded()
-    out = capsys.readouterr().out
-    assert run.path.stem == "20260102T000000Z" and "0.5.23" in out and "per call" in out
+def test_the_record_has_no_gpu_probe():
+    """The workspace creations per rank are the real engine's record (``engine_workspace_floor``),
+    not a GPU probe's."""
+    assert sglang.FIX.gpu is None
+    assert [s.name for s in sglang.FIX.engine] == ["02-ar-fusion", "02-ar-fusion-tp4"]
 
 
 def test_recorded_answers_equal_the_live_ones(results):
@@ -163,21 +148,3 @@ def test_recorded_answers_equal_the_live_ones(results):
 
     assert assert_recording_matches(results, sglang.FIX.probe.fn,
                                     sglang.FIX.probe.resolved_params()) == len(sglang.RELEASES)
-
-
-# -- the real manager on 2 GPUs
-# -------------------------------------------------------------------------------
-@pytest.mark.gpu
-@pytest.mark.gpus(2)
-def test_gpu_workspace_floor_ran_or_says_why(tmp_path_factory):
-    from tests.sglang.test_gpu import _gpu_run, _parse
-
-    run = _gpu_run("workspace_floor", tmp_path_factory)
-    status = run.df[run.df["metric"] == "status"]["value"].tolist()
-    if status and all(str(s).startswith("not run: flashinfer") for s in status):
-        pytest.skip(status[0])
-    assert not status, status
-    created = run.df[(run.df["metric"] == "created")]
-    before = created[created["variant"] == "before_floor"]["value"].map(_parse).sum()
-    after = created[created["variant"] == "after_floor"]["value"].map(_parse).sum()
-    assert after < before, json.dumps({"before": int(before), "after": int(after)})

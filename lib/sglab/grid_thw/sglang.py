@@ -1,14 +1,15 @@
 """The Kimi-K2.5 grid in real SGLang: the fix's record, its source check, its real-release probes
 and the comparison with the rebuild.
 
-- ``FIX``: #22858, the symbols it touched, the probe the notebook shows, the GPU plan;
+- ``FIX``: #22858, the symbols it touched, the probe the notebook shows, the engine scenarios;
 - :func:`check`: the state of a given SGLang, read as source (``sglab upstream``, the timeline);
 - :func:`probe` (CPU, one release per worker process), each part the release's own code: which key
   the model's ``get_image_feature`` reads the grid from, what ``KimiGPUProcessorWrapper._gpu_call``
   returns on the rebuild's images, and what the release's wire (pickle in 0.5.1x, msgpack in
   0.5.2x) does to the grid;
-- :func:`gpu_probe` (``sglab real gpu``, 2 GPUs): a real item over 0.5.23's msgpack wire to a
-  second worker on GPU 1 (:func:`receive`), and what that process then holds on GPU 0;
+- ``ENGINE``: the whole engine fed one image at TP 2 and TP 4 (``sglab engine``,
+  ``data/recorded/engine_grid_thw/``): each process's memory on GPU 0, released and with #22858's
+  line reverted;
 - :func:`comparison` / :func:`compare`: the real answers beside the rebuild's, release by release.
 
 Nothing here imports SGLang at module level: the probes run inside a release's worker process.
@@ -18,27 +19,20 @@ from __future__ import annotations
 
 import ast
 import inspect
-import os
 import pickle
-import tempfile
 import types
 from array import array
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from sglab.core.memory import all_processes, explain_no_match
 from sglab.grid_thw import rebuild, stand_in
 from sglab.sglang.engine import Case, Scenario, revert_adjustment
 from sglab.sglang import bootstrap
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
-from sglab.sglang.gpu import graphs
-from sglab.sglang.gpu.record import records
-from sglab.sglang.fix import Fix, GpuPlan, Probe, Spec, Step, symbols_in
+from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
 from sglab.sglang.probing import Stop, has_file
-from sglab.sglang.runner import run_probe
 from sglab.sglang.upstream import Verdict
 
 KIMI_MODEL = "srt/models/kimi_k25.py"
@@ -274,132 +268,6 @@ def probe(prepared, params: dict) -> list[dict]:
 
 
 # --------------------------------------------------------------------------------------------------
-# the GPU probe (`sglab real gpu`): the item over 0.5.23's msgpack wire to a worker on GPU 1
-# --------------------------------------------------------------------------------------------------
-# Real code: `MultimodalDataItem` with `image_grid_thw`, encoded and decoded by io_struct's msgpack
-# hooks (utils/msgpack_utils.py record the tensor's device and restore it there). The sender (this
-# worker, GPU 0) writes the bytes to a file; the receiver, a second worker of the same release,
-# takes GPU 1 first, as a rank on GPU 1 would, then decodes. A grid on cuda:0 must open a context on
-# GPU 0 in the receiver; a grid on the CPU must not.
-CASES = {"grid_on_cuda0": "cuda:0", "grid_on_cpu": "cpu"}
-RECEIVER = "sglab.grid_thw.sglang:receive"
-
-
-def msgpack_wire(prepared):
-    """(encode, decode, description) of the release's msgpack IPC for what carries the item to the
-    scheduler: ``TokenizedGenerateReqInput.mm_inputs``, a ``MultimodalProcessorOutput``, encoded by
-    ``io_struct.msgpack_encode`` and decoded with ``msgpack_utils`` ``dec_hook`` / ``ext_hook``
-    typed as that field."""
-    import msgspec  # in the release's worker: its own environment
-
-    io = bootstrap.import_release_module(prepared, "sglang.srt.managers.io_struct")
-    sb = bootstrap.import_release_module(prepared, "sglang.srt.managers.schedule_batch")
-    mu = bootstrap.import_release_module(prepared, "sglang.srt.utils.msgpack_utils")
-    decoder = msgspec.msgpack.Decoder(sb.MultimodalProcessorOutput, dec_hook=mu.dec_hook,
-                                      ext_hook=mu.ext_hook)
-    return (lambda item: io.msgpack_encode(sb.MultimodalProcessorOutput(mm_items=[item])),
-            lambda data: decoder.decode(data).mm_items[0],
-            "io_struct.msgpack_encode of MultimodalProcessorOutput(mm_items=[item]); decoded with "
-            "msgpack_utils dec_hook/ext_hook")
-
-
-def make_gpu_item(prepared, grid_device: str):
-    """One image item: CPU pixel features, ``image_grid_thw`` (1 image, 1 x 28 x 42 patches) on
-    ``grid_device``."""
-    sb = bootstrap.import_release_module(prepared, "sglang.srt.managers.schedule_batch")
-    modality = bootstrap.import_release_module(prepared, "sglang.srt.multimodal.modality").Modality
-    item = sb.MultimodalDataItem(modality=modality.IMAGE, feature=torch.zeros(28 * 42, 16),
-                                 offsets=[(0, 294)])
-    item.set("image_grid_thw", torch.tensor([[1, 28, 42]], dtype=torch.int64, device=grid_device))
-    return item
-
-
-def _memory_rows(case: str, who: str, pid: int) -> list[dict]:
-    """NVML memory of ``pid`` on every GPU (0 where it holds nothing), or a row saying why none."""
-    try:
-        seen = all_processes()
-    except RuntimeError as exc:
-        return [{"variant": case, "process": who, "metric": "nvml", "value": str(exc), "unit": ""}]
-    mine = {r["gpu"]: r["used_mib"] for r in seen if r["pid"] == pid}
-    rows = [{"variant": case, "process": who, "gpu": g, "metric": "gpu_memory",
-             "value": round(mine.get(g, 0.0), 1), "unit": "MiB"}
-            for g in range(torch.cuda.device_count())]
-    if not mine:
-        rows.append({"variant": case, "process": who, "metric": "nvml",
-                     "value": explain_no_match([pid]), "unit": ""})
-    return rows
-
-
-def receive(prepared, params: dict) -> list[dict]:
-    """The receiving worker: take ``params["gpu"]`` (None: no CUDA, a dry run), decode the payload
-    file, report where the grid landed and this process's memory per GPU."""
-    _, decode, _ = msgpack_wire(prepared)
-    gpu, case = params.get("gpu"), params["case"]
-    if gpu is not None:
-        torch.cuda.set_device(int(gpu))
-        torch.ones(1, device=f"cuda:{int(gpu)}")  # this rank's own context, on its own GPU
-    grid = decode(Path(params["payload"]).read_bytes()).image_grid_thw
-    rows = [{"variant": case, "process": "receiver", "metric": "grid_device_after_decode",
-             "value": str(grid.device), "unit": ""},
-            {"variant": case, "process": "receiver", "metric": "grid_values",
-             "value": grid.tolist(), "unit": ""}]
-    if gpu is not None:
-        torch.cuda.synchronize()
-        rows += _memory_rows(case, "receiver", os.getpid())
-    return rows
-
-
-def _send(prepared, case: str, device: str, gpu, timeout: float) -> list[dict]:
-    encode, _, how = msgpack_wire(prepared)
-    data = encode(make_gpu_item(prepared, device))
-    rows = [{"variant": case, "process": "sender", "metric": "grid_device_sent", "value": device,
-             "unit": ""},
-            {"variant": case, "process": "sender", "metric": "payload_bytes", "value": len(data),
-             "unit": "bytes"},
-            {"variant": case, "process": "sender", "metric": "wire", "value": how, "unit": ""}]
-    with tempfile.TemporaryDirectory(prefix="sglab-grid-") as tmp:
-        payload = Path(tmp) / "item.msgpack"
-        payload.write_bytes(data)
-        r = run_probe(prepared.release, RECEIVER, {"payload": str(payload), "gpu": gpu,
-                                                   "case": case}, timeout=timeout)
-    if not r.ok:
-        return rows + [{"variant": case, "process": "receiver", "metric": "status",
-                        "value": r.reason, "unit": ""}]
-    return rows + records(r.rows, drop=("release", "probe"))
-
-
-def gpu_probe(prepared, params: dict) -> list[dict]:
-    """Rows ``variant`` (case), ``process``, ``gpu``, ``metric``, ``value``, ``unit``; the sender's
-    own memory too. ``params["device"] == "cpu"``: a dry run of the wire and the receiver."""
-    receiver_gpu = params.get("receiver_gpu", 1)
-    timeout = float(params.get("receiver_timeout", 240.0))
-    if params.get("device") == "cpu":
-        return _send(prepared, "grid_on_cpu", "cpu", None, timeout)
-    graphs.require_cuda(prepared)
-    if torch.cuda.device_count() <= receiver_gpu:
-        raise bootstrap.NotRunnable(f"sglang {prepared.release}: needs {receiver_gpu + 1} GPUs, "
-                                    f"have {torch.cuda.device_count()}")
-    rows = graphs.device_rows()
-    for case, device in CASES.items():
-        rows += _send(prepared, case, device, receiver_gpu, timeout)
-        rows += _memory_rows(case, "sender", os.getpid())
-    return rows
-
-
-def gpu_tables(df) -> dict:
-    """A recorded GPU run as a reader compares it: where the grid landed per case, and the MiB each
-    process holds on each GPU."""
-    out = {"where the grid landed": real.pivot(df, ["release", "variant"],
-                                               ["grid_device_sent", "grid_device_after_decode",
-                                                "payload_bytes"])}
-    mem = df[df["metric"] == "gpu_memory"]
-    if len(mem):
-        out["MiB per process and GPU (NVML)"] = real.pivot(mem, ["release", "variant", "process",
-                                                                 "gpu"], ["gpu_memory"])
-    return out
-
-
-# --------------------------------------------------------------------------------------------------
 # the record
 # --------------------------------------------------------------------------------------------------
 # -- the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_grid_thw/
@@ -477,11 +345,7 @@ FIX = Fix(name="grid_thw", number="05", prs=(22858,), gpus=2,
                                         "KimiGPUProcessorWrapper._cpu_call")
                       + symbols_in(KIMI_MODEL,
                                    "KimiK25ForConditionalGeneration.get_image_feature")),),
-          probe=Probe("sglab.grid_thw.sglang:probe", PROBE_RELEASES),
-          gpu=GpuPlan(2, 1, (Step("0.5.23", "sglab.grid_thw.sglang:gpu_probe", {"receiver_gpu": 1},
-                                  timeout=540.0),),
-                      "real MultimodalDataItem over SGLang's msgpack wire to a process on GPU 1: "
-                      "its memory on GPU 0"), engine=ENGINE)
+          probe=Probe("sglab.grid_thw.sglang:probe", PROBE_RELEASES), engine=ENGINE)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -567,8 +431,3 @@ def compare():
 def released(rebuilt=None, *, symbol=None, pr=None) -> None:
     """The fix across the releases, then the released ``symbol`` beside the rebuilt one."""
     real.released(FIX, rebuilt, symbol=symbol, pr=pr)
-
-
-def gpu_recorded():
-    """The newest recorded run of the item over the msgpack wire to GPU 1 (or that none is)."""
-    return real.show_recorded(FIX.name, gpu_tables)

@@ -1,7 +1,8 @@
 """The workspace floor in real SGLang: the fix's record, its source check, its real-release probes
 and the comparison with the rebuild.
 
-- ``FIX``: #26382 part B, the symbol it touched, the probe the notebook shows and the GPU plan;
+- ``FIX``: #26382 part B, the symbol it touched, the probe the notebook shows and the engine
+  scenarios;
 - :func:`check`: which state a given SGLang is in, read as source (``sglab upstream``);
 - :func:`probe` (CPU, one release per worker process): the workbook's traces through the released
   code: the call site ``layers/layernorm.py::_forward_with_allreduce_fusion`` (0.5.12.post1: no
@@ -15,8 +16,9 @@ and the comparison with the rebuild.
   probe calls the same function compiled from the release's file without that decorator. Besides
   its own call site (``site=release``) the real callee runs the floors the notebook weighs
   (``site=floor_<F>``);
-- :func:`gpu_probe` (``sglab real gpu``): the real ``FlashInferWorkspaceManager`` creating
-  FlashInfer's workspace on 2 GPUs, only where FlashInfer is importable;
+- ``ENGINE``: the whole engine with ``--enable-flashinfer-allreduce-fusion`` at TP 2 and TP 4
+  (``sglab engine``, ``data/recorded/engine_workspace_floor/``): the workspace creations per rank,
+  with the floor, without it and with ``x.shape[0]``;
 - :func:`comparison` / :func:`compare`: the real decisions beside the rebuild's simulation.
 
 Nothing here imports SGLang at module level: the probes run inside a release's worker process.
@@ -27,13 +29,8 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
-import importlib.util
 import inspect
-import os
-import tempfile
-import time
 import types
-from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import torch
@@ -41,7 +38,7 @@ import torch
 from sglab.sglang.engine import Case, Scenario, revert_adjustment, trace_adjustment
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
-from sglab.sglang.fix import Fix, GpuPlan, Probe, Spec, Step, symbols_in
+from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
 from sglab.sglang.probing import patched
 from sglab.sglang.upstream import Verdict
 from sglab.workspace_floor import measure, rebuild
@@ -276,103 +273,6 @@ def probe_params(traces=None) -> dict:
 
 
 # --------------------------------------------------------------------------------------------------
-# the GPU probe: the real manager creating FlashInfer's workspace on 2 GPUs (`sglab real gpu`).
-# The GPU carry does not hold FlashInfer (its sources do not fit beside SGLang in one call), so
-# there it gives one "not run: flashinfer not installed" row per case; where FlashInfer is present
-# the first creation JIT-builds its trtllm_comm module (about 4 minutes once).
-# --------------------------------------------------------------------------------------------------
-GPU_TRACE = (512, 1024, 4096, 256, 2048)
-
-
-def gpu_traces() -> dict[str, list[int]]:
-    return {"before_floor": list(GPU_TRACE),
-            "after_floor": [max(t, rebuild.PR_FLOOR) for t in GPU_TRACE]}
-
-
-def gpu_rank(prepared, params: dict) -> list[dict]:
-    """One rank (its own worker, its own GPU, NCCL + a gloo CPU group over a file store): the real
-    manager's ``initialize`` along each trace; per call its ms and whether it created, then the
-    rank's NVML memory."""
-    import torch.distributed as dist
-
-    from sglab.core.memory import process_gpu_memory
-    from sglab.sglang import bootstrap
-
-    r, world = int(params["rank"]), int(params["world_size"])
-    torch.cuda.set_device(r)
-    dist.init_process_group("nccl", init_method=f"file://{params['store']}", rank=r,
-                            world_size=world, device_id=torch.device("cuda", r))
-    cpu_group = dist.new_group(backend="gloo")
-    mod = bootstrap.import_release_module(prepared, "sglang.srt.layers.flashinfer_comm_fusion")
-    rows = []
-    try:
-        for case, trace in gpu_traces().items():
-            mgr = mod.FlashInferWorkspaceManager()
-            for i, tokens in enumerate(trace):
-                before = id(mgr.workspace) if mgr.workspace is not None else None
-                dist.barrier(group=cpu_group)
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                mgr.initialize(world_size=world, rank=r, max_token_num=tokens, hidden_dim=HIDDEN,
-                               group=dist.group.WORLD, dtype=torch.bfloat16,
-                               device_group=dist.group.WORLD, cpu_group=cpu_group)
-                torch.cuda.synchronize()
-                ms = (time.perf_counter() - t0) * 1e3
-                created = mgr.workspace is not None and id(mgr.workspace) != before
-                base = {"variant": case, "rank": r, "step": i, "tokens": tokens}
-                rows += [{**base, "metric": "initialize_ms", "value": round(ms, 3), "unit": "ms"},
-                         {**base, "metric": "created", "value": bool(created), "unit": ""}]
-            mem = process_gpu_memory([os.getpid()])
-            rows.append({"variant": case, "rank": r, "metric": "gpu_memory_own_gpu",
-                         "value": float(mem[mem["gpu"] == r]["used_mib"].sum()), "unit": "MiB"})
-            mgr.cleanup()
-    finally:
-        dist.destroy_process_group()
-    return rows
-
-
-def gpu_probe(prepared, params: dict) -> list[dict]:
-    """Not-run rows without FlashInfer or without the GPUs; otherwise both ranks' rows."""
-    from sglab.sglang.gpu import graphs
-    from sglab.sglang.gpu.record import records
-    from sglab.sglang.runner import run_probe
-
-    world = int(params.get("world_size", 2))
-    why = ("not run: flashinfer not installed" if importlib.util.find_spec("flashinfer") is None
-           else None)
-    if why is None:
-        graphs.require_cuda(prepared)
-        if torch.cuda.device_count() < world:
-            why = f"not run: needs {world} GPUs, have {torch.cuda.device_count()}"
-    if why:
-        return [{"variant": case, "metric": "status", "value": why, "unit": ""}
-                for case in gpu_traces()]
-    with tempfile.TemporaryDirectory(prefix="sglab-wsfloor-") as tmp:
-        with ThreadPoolExecutor(max_workers=world) as pool:
-            futures = [pool.submit(run_probe, prepared.release,
-                                   "sglab.workspace_floor.sglang:gpu_rank",
-                                   {"rank": r, "world_size": world,
-                                    "store": os.path.join(tmp, "store")},
-                                   timeout=float(params.get("rank_timeout",
-                                                            480.0))) for r in range(world)]
-            results = [f.result() for f in futures]
-    rows = graphs.device_rows()
-    for r, res in enumerate(results):
-        rows += (records(res.rows, drop=("release", "probe")) if res.ok else
-                 [{"variant": "rank", "rank": r, "metric": "status", "value": res.reason,
-                   "unit": ""}])
-    return rows
-
-
-def gpu_tables(df) -> dict:
-    """A recorded GPU run: per case, rank and call, the ms of ``initialize`` and whether it
-    created."""
-    return {"per call": real.pivot(df[df["metric"].isin(["initialize_ms", "created"])],
-                                   ["variant", "rank", "step", "tokens"],
-                                   ["initialize_ms", "created"])}
-
-
-# --------------------------------------------------------------------------------------------------
 # the record
 # --------------------------------------------------------------------------------------------------
 # -- the real engine: `sglab engine --scenario NAME`, recorded under
@@ -451,10 +351,7 @@ FIX = Fix(
     name="workspace_floor", number="02", part="part B", prs=(26382,), gpus=2,
     title="layernorm passes max_token_num=max(x.shape[0], 2048) to the fused AR+norm (#26382)",
     check=check, hunks=(Spec(26382, symbols_in(LAYERNORM, "_forward_with_allreduce_fusion")),),
-    probe=Probe("sglab.workspace_floor.sglang:probe", RELEASES, probe_params),
-    gpu=GpuPlan(2, 1, (Step("0.5.23", "sglab.workspace_floor.sglang:gpu_probe"),),
-                "real FlashInfer workspace on 2 GPUs (only where FlashInfer is importable)"),
-    engine=ENGINE)
+    probe=Probe("sglab.workspace_floor.sglang:probe", RELEASES, probe_params), engine=ENGINE)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -552,8 +449,3 @@ def released(rebuilt=None, *, symbol=None, pr=None) -> None:
     """The fix across the releases (the timeline, drawn once), then the released ``symbol`` beside
     the rebuilt one."""
     real.released(FIX, rebuilt, symbol=symbol, pr=pr)
-
-
-def gpu_recorded():
-    """The newest recorded run of the real manager on 2 GPUs, or that none is recorded."""
-    return real.show_recorded(FIX.name, gpu_tables)
