@@ -596,91 +596,53 @@ def params(max_tokens: int = fx.MLA_MAX_TOKENS) -> dict:
 
 # -- the real engine: `sglab engine --scenario NAME`, recorded under
 # data/recorded/engine_capture_sizes/
-ENGINE = (
-    Scenario(
-        fix="capture_sizes",
-        name="06-dense-tp1",
-        gpus=2,
-        what="--moe-dense-tp-size 1 with attention TP 2 on piecewise capture sizes that TP 2 does "
-        "not divide: 0.5.14 (filter lost) fails at start-up as in the PR, 0.5.11's filter "
-        "starts, 0.5.23's round-up starts (needs an image with its torch)",
-        model="deepseek_v3_tiny",
-        tool="engine",
-        releases=("0.5.14", "0.5.11", "0.5.23"),
-        cases=(
-            Case(
-                "odd-sizes",
-                (
-                    "--tp-size",
-                    "2",
-                    "--moe-dense-tp-size",
-                    "1",
-                    "--piecewise-cuda-graph-tokens",
-                    "3",
-                    "4",
-                    "5",
-                    "8",
-                    "--cuda-graph-max-bs",
-                    "8",
-                    "--disable-radix-cache",
-                ),
-                releases=("0.5.14", "0.5.11"),
-            ),
-            # 0.5.2x renamed the capture-size flags (read from its srt/arg_groups/fields/)
-            Case(
-                "odd-sizes",
-                (
-                    "--tp-size",
-                    "2",
-                    "--moe-dense-tp-size",
-                    "1",
-                    "--cuda-graph-bs-prefill",
-                    "3",
-                    "4",
-                    "5",
-                    "8",
-                    "--cuda-graph-max-bs-decode",
-                    "8",
-                    "--disable-radix-cache",
-                ),
-                releases=("0.5.23",),
-            ),
-        ),
-        requests=(1,),
-        input_lens=(64,),
-        output_len=4,
-        repeats=1,
-        timeout=900.0,
-        expect="0.5.14: start-up fails in the reduce-scatter of an odd size; 0.5.11: captures the "
-        "even sizes [4, 8]; 0.5.23: captures every size rounded up to a multiple of 2 "
-        "(Engine tool: 0.5.23 has no bench_one_batch)",
+def _dense_args(tp: int, sizes: tuple, *, renamed: bool = False) -> tuple:
+    """`--moe-dense-tp-size 1` at attention TP ``tp`` with piecewise capture ``sizes`` and decode
+    graphs up to batch 8 (0.5.2x: the renamed capture-size flags)."""
+    sizes_flag, max_bs = (("--cuda-graph-bs-prefill", "--cuda-graph-max-bs-decode") if renamed
+                          else ("--piecewise-cuda-graph-tokens", "--cuda-graph-max-bs"))
+    return ("--tp-size", str(tp), "--moe-dense-tp-size", "1", sizes_flag, *map(str, sizes),
+            max_bs, "8", "--disable-radix-cache")
+
+
+_TP2 = Scenario(
+    fix="capture_sizes",
+    name="06-dense-tp1",
+    gpus=2,
+    what="--moe-dense-tp-size 1 with attention TP 2 on piecewise capture sizes that TP 2 does "
+    "not divide: 0.5.14 (filter lost) fails at start-up as in the PR, 0.5.11's filter "
+    "starts, 0.5.23's round-up starts (needs an image with its torch)",
+    model="deepseek_v3_tiny",
+    tool="engine",
+    releases=("0.5.14", "0.5.11", "0.5.23"),
+    cases=(
+        Case("odd-sizes", _dense_args(2, (3, 4, 5, 8)), releases=("0.5.14", "0.5.11")),
+        # 0.5.2x renamed the capture-size flags (read from its srt/arg_groups/fields/)
+        Case("odd-sizes", _dense_args(2, (3, 4, 5, 8), renamed=True), releases=("0.5.23",)),
     ),
-    # the same at TP 4, on sizes TP 2 divides and TP 4 does not (2 and 6): a filter that kept
-    # multiples of 2 would pass at TP 2 and fail here
-    Scenario(
-        fix="capture_sizes",
-        name="06-dense-tp4",
-        gpus=4,
+    requests=(1,),
+    input_lens=(64,),
+    output_len=4,
+    repeats=1,
+    timeout=900.0,
+    expect="0.5.14: start-up fails in the reduce-scatter of an odd size; 0.5.11: captures the "
+    "even sizes [4, 8]; 0.5.23: captures every size rounded up to a multiple of 2 "
+    "(Engine tool: 0.5.23 has no bench_one_batch)",
+)
+# the same at TP 4, on sizes TP 2 divides and TP 4 does not (2 and 6): a filter that kept multiples
+# of 2 would pass at TP 2 and fail here. No FlashInfer all-reduce fusion (ServerArgs turns it on at
+# TP > 1 on Hopper): its kernels take minutes to build on a fresh machine, and the failure is in the
+# reduce-scatter, which the fusion does not replace
+_TP4_ARGS = (*_dense_args(4, (2, 4, 6, 8)), "--enforce-disable-flashinfer-allreduce-fusion")
+ENGINE = (
+    _TP2,
+    dataclasses.replace(
+        _TP2, name="06-dense-tp4", gpus=4, releases=("0.5.14", "0.5.11"),
+        cases=(Case("tp4-sizes", _TP4_ARGS),),
         what="--moe-dense-tp-size 1 with attention TP 4 on sizes 2 4 6 8: 0.5.14 fails at "
         "start-up, 0.5.11's filter keeps the multiples of 4",
-        model="deepseek_v3_tiny",
-        tool="engine",
-        releases=("0.5.14", "0.5.11"),
-        # no FlashInfer all-reduce fusion (ServerArgs turns it on at TP > 1 on Hopper): its
-        # kernels take minutes to build on a fresh machine, and the failure is in the
-        # reduce-scatter, which the fusion does not replace
-        cases=(Case("tp4-sizes", ("--tp-size", "4", "--moe-dense-tp-size", "1",
-                                  "--piecewise-cuda-graph-tokens", "2", "4", "6", "8",
-                                  "--cuda-graph-max-bs", "8", "--disable-radix-cache",
-                                  "--enforce-disable-flashinfer-allreduce-fusion")),),
-        requests=(1,),
-        input_lens=(64,),
-        output_len=4,
-        repeats=1,
-        timeout=900.0,
         expect="0.5.14: start-up fails in the reduce-scatter of size 2 or 6; 0.5.11: captures "
-        "[4, 8]",
-    ),
+        "[4, 8]"),
 )
 
 

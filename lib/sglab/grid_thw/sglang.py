@@ -22,6 +22,7 @@ import inspect
 import pickle
 import types
 from array import array
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -291,51 +292,36 @@ KIMI_TP4 = ("--tp-size", "4", *KIMI_ARGS)
 # what any Kimi-K2.5 tiny engine fed an image needs here: the processor made offline (sglab engine
 # adds the MLA weights' post-load step 0.5.11 lacks by itself: engine.spec.MODEL_NEEDS)
 KIMI_IMAGE = (stand_in.PROCESSOR,)
+def _kimi_cases(args: tuple) -> tuple:
+    return (Case("released", args, KIMI_IMAGE), Case("before", args, (*KIMI_IMAGE, GRID_ON_CUDA0)))
+
+
+_TP2 = Scenario(
+    fix="grid_thw",
+    name="05-grid-thw",
+    gpus=2,
+    what="Kimi-K2.5 tiny fed one image at TP 2: each process's memory on each GPU (NVML) "
+    "with the grid on the CPU (0.5.11 as released) and with #22858's line reverted",
+    model="kimi_k25_tiny",
+    tool="engine",
+    releases=("0.5.11",),
+    cases=_kimi_cases(KIMI_TP2),
+    requests=(1,),
+    input_lens=(16,),
+    output_len=1,
+    repeats=1,
+    image_size=(448, 448),
+    # Kimi-K2.5's chat template for one image (its processor expands the pad token)
+    prompt="<|media_start|>image<|media_content|><|media_pad|><|media_end|> Describe it.",
+    expect="before: every rank >= 1 holds memory on GPU 0; released: none",
+)
 ENGINE = (
-    Scenario(
-        fix="grid_thw",
-        name="05-grid-thw",
-        gpus=2,
-        what="Kimi-K2.5 tiny fed one image at TP 2: each process's memory on each GPU (NVML) "
-        "with the grid on the CPU (0.5.11 as released) and with #22858's line reverted",
-        model="kimi_k25_tiny",
-        tool="engine",
-        releases=("0.5.11",),
-        cases=(
-            Case("released", KIMI_TP2, KIMI_IMAGE),
-            Case("before", KIMI_TP2, (*KIMI_IMAGE, GRID_ON_CUDA0)),
-        ),
-        requests=(1,),
-        input_lens=(16,),
-        output_len=1,
-        repeats=1,
-        image_size=(448, 448),
-        # Kimi-K2.5's chat template for one image (its processor expands the pad token)
-        prompt="<|media_start|>image<|media_content|><|media_pad|><|media_end|> Describe it.",
-        expect="before: every rank >= 1 holds memory on GPU 0; released: none",
-    ),
+    _TP2,
     # the same at TP 4: three ranks >= 1, so GPU 0's total grows with the rank count
-    Scenario(
-        fix="grid_thw",
-        name="05-grid-thw-tp4",
-        gpus=4,
-        what="Kimi-K2.5 tiny fed one image at TP 4: each process's memory on each GPU (NVML), "
-        "released and with #22858's line reverted",
-        model="kimi_k25_tiny",
-        tool="engine",
-        releases=("0.5.11",),
-        cases=(
-            Case("released", KIMI_TP4, KIMI_IMAGE),
-            Case("before", KIMI_TP4, (*KIMI_IMAGE, GRID_ON_CUDA0)),
-        ),
-        requests=(1,),
-        input_lens=(16,),
-        output_len=1,
-        repeats=1,
-        image_size=(448, 448),
-        prompt="<|media_start|>image<|media_content|><|media_pad|><|media_end|> Describe it.",
-        expect="before: each of ranks 1-3 holds memory on GPU 0; released: none",
-    ),
+    replace(_TP2, name="05-grid-thw-tp4", gpus=4, cases=_kimi_cases(KIMI_TP4),
+            what="Kimi-K2.5 tiny fed one image at TP 4: each process's memory on each GPU "
+            "(NVML), released and with #22858's line reverted",
+            expect="before: each of ranks 1-3 holds memory on GPU 0; released: none"),
 )
 
 

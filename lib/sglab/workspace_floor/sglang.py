@@ -295,55 +295,41 @@ FLOOR_TO_SHAPE = revert_adjustment(
     "x.shape[0],` (the rebuild's floor_0 policy, never released); nothing else changes",
     "sglang.srt.layers.layernorm", "_forward_with_allreduce_fusion",
     text="max_token_num=max(x.shape[0], 2048),", replacement="max_token_num=x.shape[0],")
+def _fusion_cases(args: tuple) -> tuple:
+    return (Case("fusion", args, (WORKSPACE_TRACE,)),
+            Case("x-shape", args, (WORKSPACE_TRACE, FLOOR_TO_SHAPE), releases=("0.5.13",)))
+
+
+_TP2 = Scenario(
+    fix="workspace_floor",
+    name="02-ar-fusion",
+    gpus=2,
+    what="--enable-flashinfer-allreduce-fusion at TP 2 over a short-prompt trace: FlashInfer "
+    "workspace creations per rank, their size and time (needs the whole FlashInfer package: "
+    "FLASHINFER_FULL=1 bundles)",
+    model="deepseek_v3_tiny",
+    tool="engine",
+    releases=("0.5.12.post1", "0.5.13"),
+    cases=_fusion_cases(FUSION_ARGS),
+    requests=(1,),
+    input_lens=(4, 16, 64, 200, 700, 1500, 2100, 3000),
+    output_len=4,
+    repeats=1,
+    timeout=1500.0,
+    expect="both releases create two workspaces per rank (attention TP and MoE TP) at 2048 "
+    "tokens before graph capture (pre_initialize_workspaces) and none per forward step: the "
+    "fusion runs only up to 2048 tokens (communicator.apply_flashinfer_allreduce_fusion); "
+    "the same with the floor replaced by x.shape[0]",
+)
 ENGINE = (
-    Scenario(
-        fix="workspace_floor",
-        name="02-ar-fusion",
-        gpus=2,
-        what="--enable-flashinfer-allreduce-fusion at TP 2 over a short-prompt trace: FlashInfer "
-        "workspace creations per rank, their size and time (needs the whole FlashInfer package: "
-        "FLASHINFER_FULL=1 bundles)",
-        model="deepseek_v3_tiny",
-        tool="engine",
-        releases=("0.5.12.post1", "0.5.13"),
-        cases=(
-            Case("fusion", FUSION_ARGS, (WORKSPACE_TRACE,)),
-            Case("x-shape", FUSION_ARGS, (WORKSPACE_TRACE, FLOOR_TO_SHAPE),
-                 releases=("0.5.13",)),
-        ),
-        requests=(1,),
-        input_lens=(4, 16, 64, 200, 700, 1500, 2100, 3000),
-        output_len=4,
-        repeats=1,
-        timeout=1500.0,
-        expect="both releases create two workspaces per rank (attention TP and MoE TP) at 2048 "
-        "tokens before graph capture (pre_initialize_workspaces) and none per forward step: the "
-        "fusion runs only up to 2048 tokens (communicator.apply_flashinfer_allreduce_fusion); "
-        "the same with the floor replaced by x.shape[0]",
-    ),
+    _TP2,
     # the same at TP 4: the count per rank does not depend on TP
-    Scenario(
-        fix="workspace_floor",
-        name="02-ar-fusion-tp4",
-        gpus=4,
+    dataclasses.replace(
+        _TP2, name="02-ar-fusion-tp4", gpus=4, cases=_fusion_cases(FUSION_ARGS_TP4),
         what="--enable-flashinfer-allreduce-fusion at TP 4 over the same trace: workspace "
         "creations per rank (FLASHINFER_FULL=1 bundles)",
-        model="deepseek_v3_tiny",
-        tool="engine",
-        releases=("0.5.12.post1", "0.5.13"),
-        cases=(
-            Case("fusion", FUSION_ARGS_TP4, (WORKSPACE_TRACE,)),
-            Case("x-shape", FUSION_ARGS_TP4, (WORKSPACE_TRACE, FLOOR_TO_SHAPE),
-                 releases=("0.5.13",)),
-        ),
-        requests=(1,),
-        input_lens=(4, 16, 64, 200, 700, 1500, 2100, 3000),
-        output_len=4,
-        repeats=1,
-        timeout=1500.0,
         expect="two workspaces per rank at 2048 tokens before capture and none per forward step, "
-        "with and without the floor",
-    ),
+        "with and without the floor"),
 )
 
 
