@@ -710,12 +710,14 @@ def test_scenarios_build_their_specs():
     with pytest.raises(KeyError, match="unknown scenario 'nope'"):
         fixes.scenario("nope")
     kimi = fixes.scenario("01-kimi-pcg").specs()
-    by = {s.variant: s for s in kimi}
+    by = {s.variant: s for s in kimi if not s.profile}  # the timed starts
     assert set(by) == {  # pcg-off-again: the A/A control
         f"{v}+{c}" for v in ("0.5.12.post1", "0.5.13")
         for c in ("default", "enforce", "pcg-off", "pcg-off-again")
     }
-    assert len(kimi) == 3 * len(by)  # three engine starts of each
+    timed = [s for s in kimi if not s.profile]
+    assert len(timed) == 3 * len(by)  # three engine starts of each
+    assert len(kimi) - len(timed) == len(by) - 2  # one launch pass per variant but the A/A copy
     # the scenario names no adjustment: sglab engine adds the model's where the release needs it
     assert not by["0.5.12.post1+enforce"].adjustments and not by["0.5.13+enforce"].adjustments
     if testing.release_installed("0.5.12.post1") and testing.release_installed("0.5.13"):
@@ -875,3 +877,58 @@ def test_event_lines_joined_by_two_ranks_are_both_read(tmp_path):
                          env={**__import__("os").environ, "PYTHONPATH": str(REPO / "lib")},
                          timeout=60).stdout
     assert out == "partial[sglab-engine] event x pid=1\n"
+
+
+def _ev(cat: str, name: str, corr: int, ts: float) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "args": {"correlation": corr}}
+
+
+def test_a_prefill_steps_launches_are_counted_exactly(tmp_path):
+    """Eager: every kernel is a host launch. Piecewise: graph launches run most kernels, and the
+    pieces between the graphs (attention, say) are launched one by one."""
+    import gzip
+
+    from sglab.sglang.engine.trace import prefill_launches, step_launches
+
+    eager = [_ev("cuda_runtime", "cudaLaunchKernel", c, c) for c in range(12)]
+    eager += [_ev("kernel", f"k{c}", c, c + 0.5) for c in range(12)]
+    eager += [_ev("cuda_runtime", "cudaMemcpyAsync", 99, 99)]  # a copy is not a kernel launch
+    assert step_launches({"traceEvents": eager}) == {
+        "kernel_launches": 12, "graph_launches": 0, "kernels_in_graphs": 0}
+    pw = []
+    for g, corr in enumerate((200, 201)):  # two pieces, five kernels each
+        pw.append(_ev("cuda_runtime", "cudaGraphLaunch", corr, g * 100))
+        pw += [_ev("kernel", f"g{g}k{i}", corr, g * 100 + i + 1) for i in range(5)]
+    pw += [_ev("cuda_driver", "cuLaunchKernelEx", 300, 50), _ev("kernel", "attn", 300, 51)]
+    assert step_launches({"traceEvents": pw}) == {
+        "kernel_launches": 1, "graph_launches": 2, "kernels_in_graphs": 10}
+    for n, evs in ((128, eager), (256, pw)):
+        (tmp_path / f"profile_batch1_input{n}_output8_prefill.trace.json.gz").write_bytes(
+            gzip.compress(json.dumps({"traceEvents": evs}).encode()))
+    (tmp_path / "profile_batch1_input128_output8_decode.trace.json.gz").write_bytes(b"")
+    got = prefill_launches(tmp_path)
+    assert sorted(got) == [128, 256] and got[256]["graph_launches"] == 2
+
+
+def test_a_launch_pass_follows_the_timed_starts_and_records_counts_not_times(tmp_path):
+    from sglab.sglang.engine.recording import rows
+    from sglab.sglang.engine.running import EngineResult
+
+    sc = fixes.scenario("01-llama-pcg")
+    specs = sc.specs()
+    counted = [sp for sp in specs if sp.profile]
+    assert [(sp.start, sp.case) for sp in counted] == [(3, "pcg"), (3, "pcg-off")]  # no A/A copy
+    assert all(sp.profile_stage == "prefill" and sp.repeats == 1 for sp in counted)
+    assert all(not sp.profile for sp in specs[: len(specs) - len(counted)])
+    argv = eng.bench_argv(counted[0], tmp_path)
+    assert argv[argv.index("--profile-stage") + 1] == "prefill"
+    bench = [{"batch_size": 1, "input_len": 128, "output_len": 8, "prefill_latency": 0.05,
+              "prefill_throughput": 1.0}]
+    res = EngineResult(counted[0], "ok", decisions={"pcg": "captured", "bcg": "not used"},
+                       bench=bench,
+                       launches={128: {"kernel_launches": 3, "graph_launches": 2,
+                                       "kernels_in_graphs": 300}})
+    got = {r["metric"]: r["value"] for r in rows(res)}
+    assert got["prefill_graph_launches"] == 2 and got["prefill_kernels_in_graphs"] == 300
+    assert "prefill" not in got  # timed under the profiler: not a timing
+    assert any("2 graph launches running 300 kernels" in ln for ln in eng.summary(res))

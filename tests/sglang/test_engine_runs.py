@@ -389,3 +389,28 @@ def test_the_header_names_the_hosts_per_launch_cost_where_a_run_measured_it(caps
     out = capsys.readouterr().out
     assert "host per-launch cost (H100, 2026-11-28): 2.41 µs before the engines" in out
     assert "after" not in out  # a failed measurement is not shown as a number
+
+
+def test_the_launches_removed_times_the_hosts_cost_predict_a_saving_beside_the_measured_one():
+    from sglab.pcg_gate import show as pg_show
+
+    t = {("pcg", s): {128: 10.0} for s in range(3)} | {("pcg-off", s): {128: 16.0}
+                                                      for s in range(3)}
+    run = _starts_run(t)
+    counts = []
+    for case, kernels, graphs in (("pcg", 40, 3), ("pcg-off", 1040, 0)):
+        base = {"experiment": "engine_pcg_gate", "variant": f"0.5.13+{case}", "release": "0.5.13",
+                "case": case, "tool": "bench", "start": 3, "batch_size": 1, "input_len": 128}
+        counts += [{**base, "metric": "status", "value": "ok", "unit": ""},
+                   {**base, "metric": "prefill_kernel_launches", "value": kernels, "unit": ""},
+                   {**base, "metric": "prefill_graph_launches", "value": graphs, "unit": ""}]
+    run = runs.Run(pd.concat([run.df, runs.tidy("engine_pcg_gate", counts)], ignore_index=True),
+                   run.manifest, run.path)
+    run.manifest["host_launch_us"] = {"before": {"median": 5.0}, "after": {"median": 7.0}}
+    run.shown = [run]
+    assert pg_show.host_launch_us(run) == 6.0
+    t = pg_show.launch_savings(E.latest([run]), pg_show.host_launch_us(run))
+    row = t.loc[("llama_32x512", "0.5.13", "pcg", 128)]
+    assert (row["launches, pcg-off"], row["launches, piecewise"], row["removed"]) == (1040, 43, 997)
+    assert row["predicted saving (ms)"] == pytest.approx(997 * 6.0 / 1e3)
+    assert row["measured saving (ms)"] == pytest.approx(6.0)

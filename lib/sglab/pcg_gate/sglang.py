@@ -267,6 +267,7 @@ ENGINE = (
         repeats=5,
         starts=3,
         control="pcg-off",
+        launch_pass=True,
         output_len=8,
         expect="default: disabled by ServerArgs (multimodal) on both; enforce: 0.5.12.post1 'the "
         "model is not a language model', 0.5.13 captured for [128, 256, 512, 1024]; "
@@ -285,6 +286,7 @@ ENGINE = (
         repeats=5,
         starts=3,
         control="pcg-off",
+        launch_pass=True,
         output_len=8,
         expect="pcg faster at every size (facts: 13.2/14.3/17.6 ms vs 16.1/21.5/19.6 ms, single "
         "shots)",

@@ -532,6 +532,57 @@ def beside(run, engine_run) -> None:
 
 def engine(run) -> None:
     """SGLang's own engine: whether each release captures piecewise graphs for Kimi-K2.5 (default
-    flags, --enforce-piecewise-cuda-graph, off) and for a text-only Llama, and bench_one_batch's
-    prefill time per input length."""
+    flags, --enforce-piecewise-cuda-graph, off) and for a text-only Llama, bench_one_batch's
+    prefill time per input length, and where the run counted them, the launches per prefill step
+    with the saving they predict on this host beside the measured one."""
     engine_runs.section(run, ["pcg", "pcg_reason"], [("prefill", "input_len", "{:.2f}")])
+    if run:
+        table = launch_savings(engine_runs.latest(run.shown), host_launch_us(run))
+        if not table.empty:
+            print("Launches per prefill step (launch pass, exact) and the saving they predict: "
+                  "launches removed × this host's per-launch cost, beside the measured saving")
+            notebook.show_table(table)
+
+
+def host_launch_us(run) -> float | None:
+    """The host's per-launch cost (µs) the newest run measured beside its engines (the median of
+    its before and after), None where no run did."""
+    for r in sorted(run.shown, key=lambda r: r.manifest.get("created_utc", ""), reverse=True):
+        got = [v["median"] for v in (r.manifest.get("host_launch_us") or {}).values()
+               if isinstance(v, dict) and "median" in v]
+        if got:
+            return sum(got) / len(got)
+    return None
+
+
+def launch_savings(df: pd.DataFrame, host_us: float | None) -> pd.DataFrame:
+    """Per captured case and input length: the host's launches per prefill step with piecewise
+    graphs and with them off, the launches removed, the saving they predict at ``host_us`` per
+    launch and the measured saving (pcg-off prefill − piecewise prefill, medians over starts)."""
+    counts = {}
+    for metric in ("prefill_kernel_launches", "prefill_graph_launches"):
+        d = engine_runs.number(df, metric)
+        for k, n, v in zip(d[engine_runs.KEYS].itertuples(index=False), d["input_len"],
+                           d["value"]):
+            counts.setdefault((*k, int(n)), 0)
+            counts[(*k, int(n))] += int(v)
+    ms = engine_runs.number(df, "prefill", started=True)
+    prefill = {(*k, int(n)): v for k, n, v in zip(ms[engine_runs.KEYS].itertuples(index=False),
+                                                  ms["input_len"], ms["value"])}
+    pcg = engine_runs.text(df, "pcg")
+    rows = []
+    for (model, rel, case, n), launches in sorted(counts.items()):
+        off = counts.get((model, rel, "pcg-off", n))
+        if case == "pcg-off" or off is None or pcg.get((model, rel, case)) != "captured":
+            continue
+        removed = off - launches
+        measured = (prefill.get((model, rel, "pcg-off", n), float("nan"))
+                    - prefill.get((model, rel, case, n), float("nan")))
+        rows.append({"model": model, "release": rel, "case": case, "tokens": n,
+                     "launches, pcg-off": off, "launches, piecewise": launches,
+                     "removed": removed,
+                     "predicted saving (ms)": (round(removed * host_us / 1e3, 3)
+                                               if host_us else None),
+                     "measured saving (ms)": round(measured, 3)})
+    return (pd.DataFrame(rows).set_index(["model", "release", "case", "tokens"]) if rows
+            else pd.DataFrame())

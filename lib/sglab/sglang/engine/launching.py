@@ -85,7 +85,7 @@ def bench_argv(spec: EngineSpec, work: Path) -> list[str]:
         out += [
             "--profile",
             "--profile-stage",
-            "decode",
+            spec.profile_stage,
             "--profile-steps",
             str(spec.profile_steps),
             "--profile-filename-prefix",

@@ -67,7 +67,9 @@ def rows(res: EngineResult) -> list[dict]:
     add("decode_capture", d.get("decode_capture_s"), "s")
     add("attention_backend", d.get("attention_backend"))
     groups: dict[tuple, list] = {}
-    for b in res.bench:
+    # a launch pass ran under the profiler: its counts are exact, its timings are not kept
+    counting = s.profile and s.profile_stage == "prefill"
+    for b in [] if counting else res.bench:
         if b.get("skipped") or b.get("warmup"):
             continue
         groups.setdefault((b["batch_size"], b["input_len"], b["output_len"]), []).append(b)
@@ -128,6 +130,11 @@ def rows(res: EngineResult) -> list[dict]:
     out += event_rows(base, d.get("events", []))
     for m in d.get("gpu_memory", []):
         add("gpu_memory", m.get("mib"), "MiB", gpu=m.get("gpu"), process=m.get("name"))
+    for n, got in sorted((res.launches or {}).items()):
+        cols = {"batch_size": s.batch_sizes[0], "input_len": n}
+        add("prefill_kernel_launches", got["kernel_launches"], "launches", **cols)
+        add("prefill_graph_launches", got["graph_launches"], "launches", **cols)
+        add("prefill_kernels_in_graphs", got["kernels_in_graphs"], "kernels", **cols)
     if res.kernels:
         k = res.kernels
         add("decode_replays_per_step", k["replays_per_step"], "replays")
@@ -375,6 +382,10 @@ def summary(res: EngineResult) -> list[str]:
             f"({k['kernels_per_layer']:.2f} per layer), {k['replays_per_step']:.1f} replays per "
             f"step"
         )
+    for n, got in sorted((res.launches or {}).items()):
+        out.append(f"  prefill of {n} tokens: {got['kernel_launches']} kernel launches, "
+                   f"{got['graph_launches']} graph launches running {got['kernels_in_graphs']} "
+                   "kernels (launch pass, under the profiler)")
     if res.leftovers:
         out.append(f"  left behind and killed: {', '.join(res.leftovers)}")
     return out

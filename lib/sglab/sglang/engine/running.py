@@ -13,7 +13,7 @@ from typing import Callable, Optional
 from sglab.sglang.engine.launching import launch, prepare, with_model_needs
 from sglab.sglang.engine.log import OURS, RX, bench_results, first_error, key_values, read_log
 from sglab.sglang.engine.spec import EngineSpec, load_config, text_config
-from sglab.sglang.engine.trace import decode_kernels
+from sglab.sglang.engine.trace import decode_kernels, prefill_launches
 
 
 @dataclass
@@ -26,6 +26,7 @@ class EngineResult:
     decisions: dict = field(default_factory=dict)
     bench: list = field(default_factory=list)
     kernels: Optional[dict] = None
+    launches: Optional[dict] = None  # {input_len: step_launches} of a launch pass
     leftovers: list = field(default_factory=list)
     command: list = field(default_factory=list)
     sglang_command: list = field(default_factory=list)
@@ -164,7 +165,12 @@ def run(
             f"[sglab] sglang {spec.variant}: {len(res.leftovers)} process(es) of the engine were "
             f"left after it exited and were killed: {', '.join(res.leftovers)}"
         )
-    if spec.profile and res.ok:
+    if spec.profile and spec.profile_stage == "prefill" and res.ok:
+        res.launches = prefill_launches(work / "profile")
+        if not res.launches:
+            res.status = "error"
+            res.error = f"bench_one_batch wrote no prefill trace in {work / 'profile'} (log: {log})"
+    elif spec.profile and res.ok:
         traces = sorted((work / "profile").glob("*decode*.trace.json*"))
         if traces:
             layers = int(text_config(load_config(spec.model)).get("num_hidden_layers") or 0)

@@ -176,6 +176,9 @@ class EngineSpec:
     warmup: int = 1
     profile: bool = False
     profile_steps: int = 2
+    # "decode": kernels per decode-graph replay; "prefill": the launch pass (launches per prefill
+    # step, counted; its timings, taken under the profiler, are not recorded)
+    profile_stage: str = "decode"
     image_size: Optional[tuple[int, int]] = None
     prompt: str = ""
     case: str = ""
@@ -248,6 +251,9 @@ class Scenario:
     # the A/A control: this case's flags started again under the label "<case>-again", in the same
     # interleaved rounds; how far two identical variants differ is the noise a timing must exceed
     control: str = ""
+    # one more start per variant after the timed ones, under the profiler: kernel and graph
+    # launches per prefill step (bench tool), exact counts that do not depend on the host
+    launch_pass: bool = False
 
     @property
     def experiment(self) -> str:
@@ -270,7 +276,11 @@ class Scenario:
     def specs(self, releases: Optional[Iterable[str]] = None) -> list[EngineSpec]:
         """One spec per start, release and case, the starts outermost: every variant's first
         start, then every variant's second, and so on."""
-        return [replace(sp, start=i) for i in range(self.starts) for sp in self._specs(releases)]
+        timed = [replace(sp, start=i) for i in range(self.starts) for sp in self._specs(releases)]
+        counted = [replace(sp, start=self.starts, profile=True, profile_stage="prefill", repeats=1)
+                   for sp in self._specs(releases) if self.launch_pass and sp.tool == "bench"
+                   and not sp.case.endswith(AGAIN)]
+        return timed + counted
 
     def _specs(self, releases: Optional[Iterable[str]] = None) -> list[EngineSpec]:
         pick = list(releases) if releases else None

@@ -1,5 +1,6 @@
 """The profiler's traces of ``bench_one_batch --profile``: the kernels of each CUDA-graph
-replay (by the ``cudaGraphLaunch`` they correlate with), per replay and per layer.
+replay (by the ``cudaGraphLaunch`` they correlate with), per replay and per layer; and the host's
+launches in one prefill step (kernel launches, graph launches, the kernels the graphs replayed).
 """
 
 from __future__ import annotations
@@ -60,3 +61,31 @@ def decode_kernels(trace_path: Path, layers: int, steps: int) -> dict:
         "kernels_per_layer": per_replay / layers if layers else None,
         "table": sorted(((k, v / n) for k, v in table.items()), key=lambda kv: (-kv[1], kv[0])),
     }
+
+
+KERNEL_LAUNCH = re.compile(r"^cu(da)?LaunchKernel(Ex)?(C)?$|^cudaLaunchCooperativeKernel")
+GRAPH_LAUNCH = re.compile(r"^cu(da)?GraphLaunch")
+
+
+def step_launches(trace: dict) -> dict:
+    """What the host launched in a traced step (counts, exact): ``kernel_launches`` (each a
+    runtime or driver launch call), ``graph_launches`` (``cudaGraphLaunch``) and
+    ``kernels_in_graphs`` (the kernels those graphs ran). An eager step is all kernel launches; a
+    piecewise one trades most of them for a few graph launches."""
+    events = trace.get("traceEvents", trace if isinstance(trace, list) else [])
+    host = [str(ev.get("name", "")) for ev in events
+            if str(ev.get("cat", "")).lower() in ("cuda_runtime", "cuda_driver", "runtime")]
+    return {"kernel_launches": sum(bool(KERNEL_LAUNCH.match(n)) for n in host),
+            "graph_launches": sum(bool(GRAPH_LAUNCH.match(n)) for n in host),
+            "kernels_in_graphs": sum(len(r) for r in graph_replays(trace))}
+
+
+def prefill_launches(folder: Path) -> dict:
+    """``{input_len: step_launches}`` of the prefill traces ``bench_one_batch --profile
+    --profile-stage prefill`` wrote in ``folder`` (``…_input{N}_…_prefill.trace.json.gz``)."""
+    out = {}
+    for path in sorted(Path(folder).glob("*prefill*.trace.json*")):
+        m = re.search(r"_input(\d+)_", path.name)
+        if m:
+            out[int(m.group(1))] = step_launches(read_trace(path))
+    return out
