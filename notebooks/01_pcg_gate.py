@@ -230,6 +230,17 @@ show.engine(engine)
 verdict(claims.ENGINE, engine)
 
 # %% [markdown]
+# Where do piecewise graphs stop paying? A launch-bound prefill gains what the host spends
+# launching kernels one by one; as each kernel carries more work, that share shrinks. The sweep runs
+# the same 32 Llama layers at hidden 512, 1024, 2048 and 4096 (`--json-model-override-args`, 0.5.13,
+# `bash scripts/engine_gpu.sh --scenario 01-llama-width`) and draws the gain against the prefill's
+# tokens: read off your own model's width and batch. The gain depends on this host's per-launch
+# cost too (the engine header prints it where the run measured it).
+
+# %%
+show.width_sweep(engine)
+
+# %% [markdown]
 # ## The payoff: eager prefill against piecewise CUDA graphs (GPU)
 #
 # What the gate switches on, on one GPU: the shared decoder in bf16 (hidden 2048, 16 layers, 16

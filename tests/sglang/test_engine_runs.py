@@ -218,10 +218,10 @@ def test_verify_live_runs_the_engine_scenarios_this_machine_can(monkeypatch):
 
     done, skipped = verify.live_engines(progress=False)  # this box: no GPU
     names = {s.split(":")[0] for s in skipped}
-    assert done == [] and names == {"01-kimi-pcg", "01-llama-pcg", "03-bcg-requests",
-                                     "04-swa-kernels", "02-ar-fusion", "02-ar-fusion-tp4",
-                                     "06-dense-tp1", "06-dense-tp4", "05-grid-thw",
-                                     "05-grid-thw-tp4"}
+    assert done == [] and names == {"01-kimi-pcg", "01-llama-pcg", "01-llama-width",
+                                     "03-bcg-requests", "04-swa-kernels", "02-ar-fusion",
+                                     "02-ar-fusion-tp4", "06-dense-tp1", "06-dense-tp4",
+                                     "05-grid-thw", "05-grid-thw-tp4"}
 
     monkeypatch.setattr(hardware, "meets", lambda n: (True, "stand-in"))
 
@@ -302,7 +302,7 @@ def test_a_scenarios_starts_interleave_and_its_control_repeats_a_case():
 
     sc = fixes.scenario("01-llama-pcg")
     assert (sc.starts, sc.control) == (3, "pcg-off")
-    order = [(sp.start, sp.case) for sp in sc.specs()]
+    order = [(sp.start, sp.case) for sp in sc.specs() if not sp.profile]  # the timed starts
     assert order == [(i, c) for i in range(3) for c in ("pcg", "pcg-off", "pcg-off-again")]
     again = [sp for sp in sc.specs() if sp.case == "pcg-off-again"][0]
     off = [sp for sp in sc.specs() if sp.case == "pcg-off"][0]
@@ -414,3 +414,23 @@ def test_the_launches_removed_times_the_hosts_cost_predict_a_saving_beside_the_m
     assert (row["launches, pcg-off"], row["launches, piecewise"], row["removed"]) == (1040, 43, 997)
     assert row["predicted saving (ms)"] == pytest.approx(997 * 6.0 / 1e3)
     assert row["measured saving (ms)"] == pytest.approx(6.0)
+
+
+def test_the_width_sweep_pairs_its_own_cases_and_not_pcg_off(capsys):
+    """w<hidden>-pcg over w<hidden>-off per width; 01's speed-up pairs (pcg against pcg-off) leave
+    the sweep's cases alone, and without a sweep the section says how to record one."""
+    from sglab.pcg_gate import show as pg_show
+
+    t = {("pcg-off", 0): {128: 20.0}, ("pcg", 0): {128: 10.0}}
+    for h, (on, off) in {512: (10.0, 20.0), 4096: (50.0, 52.0)}.items():
+        t[(f"w{h}-pcg", 0)] = {128: on}
+        t[(f"w{h}-off", 0)] = {128: off}
+    run = _starts_run(t)
+    df = E.latest([run])
+    for case in ("w512-pcg", "w4096-pcg"):  # _starts_run marks only "pcg" captured
+        df.loc[(df.case == case) & (df.metric == "pcg"), "value"] = "captured"
+    gains = pg_show.width_gains(df).set_index("hidden")["gain"].to_dict()
+    assert gains == {512: 2.0, 4096: pytest.approx(52 / 50)}
+    assert set(pg_show.engine_ratios(df)) == {("llama_32x512", "0.5.13", "pcg")}
+    pg_show.width_sweep(runs.NoRun("engine_pcg_gate", "none"))
+    assert "bash scripts/engine_gpu.sh --scenario 01-llama-width" in capsys.readouterr().out

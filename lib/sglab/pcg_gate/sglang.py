@@ -19,11 +19,29 @@ real-release probe and the comparison with the rebuild.
 from __future__ import annotations
 
 import ast
+import json
+import re
 import types
 
 from torch import nn
 
 from sglab.sglang.engine import Case, Scenario, PCG_FLAGS
+
+# the width sweep: the Llama config's 32 layers at these hidden sizes (head_dim 64, the MLP 2.75×
+# as in the 512 config), each case named w<hidden>-pcg / w<hidden>-off
+WIDTHS = (512, 1024, 2048, 4096)
+WIDTH_CASE = re.compile(r"^w(?P<hidden>\d+)-(?P<arm>pcg|off)$")
+
+
+def width_args(hidden: int) -> tuple[str, ...]:
+    """Server arguments that build the Llama config at ``hidden`` (SGLang's own
+    ``--json-model-override-args``, applied to the config before the model is built)."""
+    if hidden == 512:
+        return ()
+    heads = hidden // 64
+    return ("--json-model-override-args", json.dumps(
+        {"hidden_size": hidden, "intermediate_size": hidden * 11 // 4,
+         "num_attention_heads": heads, "num_key_value_heads": heads}, separators=(",", ":")))
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
@@ -290,6 +308,23 @@ ENGINE = (
         output_len=8,
         expect="pcg faster at every size (facts: 13.2/14.3/17.6 ms vs 16.1/21.5/19.6 ms, single "
         "shots)",
+    ),
+    Scenario(
+        fix="pcg_gate",
+        name="01-llama-width",
+        what="where piecewise graphs stop paying: the same 32 Llama layers at hidden 512 to 4096 "
+        "(--json-model-override-args), prefill with and without piecewise graphs, 128 to 2048 "
+        "tokens",
+        model="llama_32x512",
+        tool="bench",
+        releases=("0.5.13",),
+        cases=tuple(Case(f"w{h}-{arm}", (*flags, *width_args(h)))
+                    for h in WIDTHS for arm, flags in
+                    (("pcg", PCG_FLAGS + ("2048",)), ("off", ("--disable-piecewise-cuda-graph",)))),
+        input_lens=(128, 512, 1024, 2048),
+        repeats=3,
+        output_len=4,
+        expect="the gain off / pcg falls as the width (compute per launch) grows",
     ),
 )
 

@@ -24,7 +24,7 @@ import pandas as pd
 
 from sglab.core import kernel_table, notebook, plots, runs
 from sglab.sglang import engine_runs
-from sglab.pcg_gate import rebuild
+from sglab.pcg_gate import rebuild, sglang
 from sglab.pcg_gate.measure import COPY, DEFAULT_PARAMS, GATE_METRICS, HOST, gate_facts
 
 TIMES = (("time_median", "median"), ("time_p10", "p10"), ("time_p90", "p90"))
@@ -474,9 +474,48 @@ def engine_ratios(df: pd.DataFrame) -> dict:
     out = {}
     for (model, rel, case), times in per.items():
         off = per.get((model, rel, "pcg-off"))
+        if sglang.WIDTH_CASE.match(case):  # the width sweep pairs its own cases (width_gains)
+            continue
         if case != "pcg-off" and off and pcg.get((model, rel, case)) == "captured":
             out[(model, rel, case)] = {n: off[n] / t for n, t in times.items() if n in off}
     return out
+
+
+def width_gains(df: pd.DataFrame) -> pd.DataFrame:
+    """The width sweep (``01-llama-width``): per hidden size and input length, prefill with
+    piecewise graphs off over prefill with them captured (medians over starts); rows ``hidden,
+    tokens, gain``."""
+    d = engine_runs.number(df, "prefill", started=True)
+    pcg = engine_runs.text(df, "pcg")
+    arms: dict = {}
+    for k, n, v in zip(d[engine_runs.KEYS].itertuples(index=False), d["input_len"], d["value"]):
+        m = sglang.WIDTH_CASE.match(k[2])
+        if m and (m["arm"] == "off" or pcg.get(tuple(k)) == "captured"):
+            arms[(int(m["hidden"]), int(n), m["arm"])] = v
+    rows = [{"hidden": h, "tokens": n, "gain": arms[(h, n, "off")] / v}
+            for (h, n, arm), v in sorted(arms.items()) if arm == "pcg" and (h, n, "off") in arms]
+    return pd.DataFrame(rows, columns=["hidden", "tokens", "gain"])
+
+
+def width_sweep(run) -> None:
+    """Where piecewise graphs stop paying: the gain (off / captured prefill) against the prefill's
+    tokens, one line per hidden size of the same 32 Llama layers. Where the lines fall towards 1,
+    each launch carries enough work that launching it from the host no longer matters."""
+    gains = width_gains(engine_runs.latest(run.shown)) if run else pd.DataFrame()
+    if gains.empty:
+        print("no width sweep recorded yet: on a GPU box, bash scripts/engine_gpu.sh --scenario "
+              "01-llama-width")
+        return
+    fig, ax = plots.figure()
+    for h, g in gains.groupby("hidden"):
+        ax.plot(g["tokens"], g["gain"], marker="o", label=f"hidden {h}")
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("prefill tokens (batch 1)")
+    ax.set_ylabel("pcg-off / piecewise prefill")
+    ax.set_title("SGLang 0.5.13, Llama 32 layers: the gain by width (bench_one_batch)")
+    ax.legend(fontsize=8)
+    notebook.show_figure(fig)
 
 
 # #26382's own figure (its description: B200, TP 4, Kimi-K2.5 with real weights, mean TTFT)
