@@ -294,6 +294,12 @@ show.launches(run)
 # fused kernels, on the two dummy-weight models above. The PR's own figure is the mean TTFT of the
 # real Kimi-K2.5 (61 layers) at TP 4 under serving load. Read the rows for the direction (every
 # instrument gains) and for what scales the size: how launch-bound the measured span is.
+#
+# On your own hardware: the launch counts per step (the launch pass) do not change with the host;
+# the saving does, by about launches removed × your host's per-launch cost, which the engine header
+# prints for the run it measured. A faster host, or a wider model (the sweep above), shrinks the
+# gain; a slower host or a smaller batch grows it. Timings from several engine starts carry the
+# spread between starts, and the speed-up claim holds only above the A/A control's gap.
 
 # %%
 show.beside(run, engine)

@@ -246,6 +246,9 @@ show.times(run)
 # layers, the engine the kernels in its own decode trace, and both find the same extra kernels per
 # SWA layer without the preset. The time each saves depends on the GPU's per-kernel cost in a
 # replay, which is what the rebuild's µs per SWA layer measures.
+#
+# On your own hardware: the kernel count per SWA layer is the same on any GPU and host; the time it
+# costs is your GPU's per-kernel cost inside a replay, so count first and time second.
 
 # %%
 show.beside(run, engine)
