@@ -239,10 +239,7 @@ def _engine_faster(run):
     # the A/A control (eager started twice): the gain must clear the gap between the two
     df = engine_runs.latest([run])
     df = df[df.release == AFTER_RELEASE]
-    noise = max(engine_runs.aa_noise(df, "latency", "requests").values(), default=0.0)
-    starts = int(engine_runs.number(df, "latency")["starts"].max())
-    how = (f"median of {starts} interleaved engine starts; A/A control within {noise:.1%}"
-           if starts > 1 else "one engine start, median of its repeats; no A/A control")
+    noise, starts, how = engine_runs.timing_bar(df, "latency", "requests")
     return holds(lo > 1.0 + noise, f"{AFTER_RELEASE}: eager / breakable graph {lo:.2f}–{hi:.2f}× "
                                    f"over {', '.join(map(str, ratios))} requests (Engine.generate, "
                                    f"1 output token, {how})",

@@ -835,12 +835,13 @@ RULE = {"before": "no filter (before #23972, or lost)", "pr_filter": "#23972's f
         "today": "rounded up"}
 
 
-def engine_table(run) -> pd.DataFrame:
+def engine_table(run, facts: list[dict] | None = None) -> pd.DataFrame:
     """One row per release that answered: the rule its source follows (the release check), the
     sizes asked for, what the engine did (SGLang's own first error line, or the sizes it
-    captured), and what the rebuild's rule keeps of the same list."""
+    captured), and what the rebuild's rule keeps of the same list (``facts``: the run's
+    :func:`engine_facts`, where the caller has them)."""
     rows = []
-    for f in engine_facts(run):
+    for f in engine_facts(run) if facts is None else facts:
         keep = (fx.filter_piecewise_capture_sizes(f["asked"], f["attn_tp"])
                 if f["rule"] == "pr_filter" else
                 fx.today_capture_sizes(f["asked"], f["attn_tp"]) if f["rule"] == "today"
@@ -859,9 +860,10 @@ def engine(run) -> None:
     release did with capture sizes that attention TP does not divide (SGLang's log, read by sglab
     engine)."""
     merged = engine_runs.merged(run.shown) if run else None
-    tps = sorted({f["attn_tp"] for f in engine_facts(merged)}) if merged is not None else [2]
+    facts = engine_facts(merged) if merged is not None else []
+    tps = sorted({f["attn_tp"] for f in facts}) or [2]
     if engine_runs.header(run, "DeepSeek-V3-style 2 layers, TP " + " and ".join(map(str, tps))):
-        table = engine_table(merged)
+        table = engine_table(merged, facts)
         notebook.show_table(table.sort_values("attention TP", kind="stable")
                             if "attention TP" in table else table)
 

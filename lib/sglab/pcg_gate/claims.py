@@ -342,11 +342,7 @@ def _speedup(run):
                      for (m, rel, case), r in pairs.items())
     # the A/A control (pcg-off started twice): a speed-up must clear the gap between the two
     df = engine_runs.latest([run])
-    noise = max(engine_runs.aa_noise(df, "prefill", "input_len").values(), default=0.0)
-    starts = int(engine_runs.number(df, "prefill")["starts"].max())
-    how = (f"median of {starts} interleaved engine starts; A/A control: pcg-off against itself "
-           f"within {noise:.1%}, so the bar is {1 + noise:.2f}×" if starts > 1 else
-           "one engine start, median of its repeats; no A/A control")
+    noise, starts, how = engine_runs.timing_bar(df, "prefill", "input_len")
     return holds(lo > 1.0 + noise, f"prefill pcg-off / piecewise over 128–1024 tokens "
                                    f"(bench_one_batch, {how}): {text}",
                  {"min": lo, "aa_noise": noise, "margin": lo - 1.0 - noise, "starts": starts})

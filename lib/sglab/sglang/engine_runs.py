@@ -97,7 +97,7 @@ def over_starts(d: pd.DataFrame) -> pd.DataFrame:
     (the median; ``lo``, ``hi``, ``starts``). Rows without a ``start`` column (runs recorded before
     starts were) count as one start."""
     if d.empty or "start" not in d or d["start"].nunique(dropna=True) < 2:
-        return d.assign(lo=d["value"], hi=d["value"], starts=1) if not d.empty else d
+        return d.assign(lo=d["value"], hi=d["value"], starts=1)
     keys = [c for c in d.columns if c not in ("start", "value", "_order")]
     g = d.groupby(keys, dropna=False, sort=False)["value"]
     out = g.agg(value="median", lo="min", hi="max", starts="count").reset_index()
@@ -124,6 +124,17 @@ def aa_noise(df: pd.DataFrame, metric: str, across: str) -> dict:
             if gaps:
                 out[(model, rel)] = max(gaps)
     return out
+
+
+def timing_bar(df: pd.DataFrame, metric: str, across: str) -> tuple[float, int, str]:
+    """What a timing claim on ``metric`` must clear: ``(A/A gap, starts, how)``, the gap the
+    largest of :func:`aa_noise` (0 without a control), ``how`` the sentence that says so."""
+    noise = max(aa_noise(df, metric, across).values(), default=0.0)
+    starts = int(number(df, metric)["starts"].max())
+    how = (f"median of {starts} interleaved engine starts; A/A control within {noise:.1%}, so the "
+           f"bar is {1 + noise:.2f}×" if starts > 1 else
+           "one engine start, median of its repeats; no A/A control")
+    return noise, starts, how
 
 
 def text(df: pd.DataFrame, metric: str) -> dict:

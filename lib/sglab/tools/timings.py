@@ -28,13 +28,16 @@ def _when(stamp: str) -> float:
     return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
 
 
+def _start_stamp(execution: dict):
+    return execution.get("iopub.status.busy") or execution.get("iopub.execute_input")
+
+
 def cell_seconds(cell) -> float | None:
     """Wall time of an executed code cell (busy → idle), None for a cell that did not run (skipped,
     or never reached); a cell interrupted while running has no idle stamp and counts up to its last
     reply, if any."""
     ex = cell.get("metadata", {}).get("execution") or {}
-    start = ex.get("iopub.status.busy") or ex.get("iopub.execute_input")
-    end = ex.get("iopub.status.idle") or ex.get("shell.execute_reply")
+    start, end = _start_stamp(ex), ex.get("iopub.status.idle") or ex.get("shell.execute_reply")
     if not start or not end:
         return None
     return max(0.0, _when(end) - _when(start))
@@ -181,7 +184,7 @@ def from_reports(reports, runs_root) -> tuple[list, dict]:
         if not path.exists():
             raise ValueError(f"{path}: listed in index.json but not there")
         nb = nbformat.read(path, as_version=4)
-        stamps = [cell.get("metadata", {}).get("execution", {}).get("iopub.status.busy")
+        stamps = [_start_stamp(cell.get("metadata", {}).get("execution") or {})
                   for cell in nb.cells if cell.cell_type == "code"]
         stamps = [_when(s) for s in stamps if s]
         started = min(stamps) - 0.5 if stamps else None  # the kernel starts before its first cell
