@@ -825,12 +825,12 @@ def test_too_few_gpus_skips_a_plans_scenario_and_stops_a_named_one(monkeypatch, 
     status = main(["engine", "--plan", plan, "--scenario", tp4[0].name])
     assert status == 2 and not started
     assert capsys.readouterr().err.strip() == (
-        f"sglab engine: {tp4[0].name} needs 4 GPUs at --tp-size 4: only 2 GPU(s) here; needs 4")
+        f"sglab engine: {tp4[0].name} needs 4 GPUs, this machine has 2")
     monkeypatch.setattr(engine_pkg, "run", lambda spec, work=None: (_ for _ in ()).throw(
         engine_pkg.EngineError("stand-in: not started")))
     main(["engine", "--plan", plan])
     out = capsys.readouterr()
-    assert f"sglab engine: skipped {tp4[0].name} needs 4 GPUs" in out.out
+    assert f"sglab engine: skipped {tp4[0].name} needs 4 GPUs, this machine has 2" in out.out
     assert only_tp4 or "stand-in: not started" in out.err
 
 

@@ -213,7 +213,7 @@ def test_a_plan_runs_only_what_this_machines_gpus_allow():
 
     picked, skipped = fixes.plan_for("05", 2)
     assert [s.name for s in picked] == ["05-grid-thw"]
-    assert skipped == ["skip 05-grid-thw-tp4: needs 4 GPUs, this machine has 2"]
+    assert skipped == ["skipped 05-grid-thw-tp4 needs 4 GPUs, this machine has 2"]
     assert [s.name for s in fixes.plan_for("05", None)[0]] == ["05-grid-thw", "05-grid-thw-tp4"]
     assert fixes.plan_for("06", 0)[0] == []
 

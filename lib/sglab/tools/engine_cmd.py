@@ -156,14 +156,14 @@ def _dry_run(spec, work) -> None:
 
 def _too_few_gpus(name: str, specs) -> str:
     """Why this GPU machine cannot start these specs ('' when it can): each needs its TP size in
-    GPUs. A machine without CUDA is left to the release's pin check (its torch says more)."""
+    GPUs (:func:`fixes.short_of`). A machine without CUDA is left to the release's pin check (its
+    torch says more)."""
     from sglab.core import hardware
 
     need = max((sp.tp_size for sp in specs), default=0)
     if need < 2 or not hardware.has_cuda():
         return ""
-    ok, why = hardware.meets(need)
-    return "" if ok else f"{name or 'engine'} needs {need} GPUs at --tp-size {need}: {why}"
+    return fixes.short_of(name or "engine", need, hardware.gpu_count())
 
 
 HOST_COST = ("import json; from sglab.core.timing import launch_cost_us; "

@@ -128,13 +128,20 @@ def plan(number: str) -> list:
     return [s for s in scenarios() if s.name.startswith(f"{number}-")]
 
 
+def short_of(name: str, need: int, have: int | None) -> str:
+    """The one line saying a machine of ``have`` GPUs cannot run ``name``, which needs ``need``
+    ('' when it can; ``have`` None: any machine can). ``sglab engine`` and ``engine_gpu.sh --plan``
+    both decide here."""
+    if have is None or need <= have:
+        return ""
+    return f"{name} needs {need} GPUs, this machine has {have}"
+
+
 def plan_for(number: str, gpus: int | None) -> tuple[list, list[str]]:
     """The scenarios of one notebook a machine of ``gpus`` GPUs can run (all when None), and one
     line per scenario it skips."""
     picked, skipped = [], []
     for s in plan(number):
-        if gpus is None or s.gpus <= gpus:
-            picked.append(s)
-        else:
-            skipped.append(f"skip {s.name}: needs {s.gpus} GPUs, this machine has {gpus}")
+        line = short_of(s.name, s.gpus, gpus)
+        (skipped.append(f"skipped {line}") if line else picked.append(s))
     return picked, skipped

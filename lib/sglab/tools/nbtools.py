@@ -255,9 +255,12 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
         client.execute(env={**os.environ, "SGLAB_HEADLESS": "1"})  # widgets become static tables
     # noqa: BLE001 - all reported
     except (Exception, KeyboardInterrupt, asyncio.CancelledError) as e:
-        # nbclient's SIGINT/SIGTERM handler shuts the kernel down and lets go of it (km None); a
-        # signal during the kernel's start cancels the start instead
-        by_signal = client.km is None or not isinstance(e, Exception)
+        # nbclient's SIGINT/SIGTERM handler starts the kernel's shutdown (the future it keeps is
+        # set at once, so a cell that sees its kernel die first is still known to be stopped by
+        # the signal) and lets go of it (km None); a signal during the kernel's start cancels
+        # the start instead
+        by_signal = (client.km is None or not isinstance(e, Exception)
+                     or getattr(client, "_async_cleanup_kernel_future", None) is not None)
         if isinstance(e, CellExecutionError) and not by_signal:
             status, error = "failed", f"{progress.where()}: {type(e).__name__}: {e}"
         else:
