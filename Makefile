@@ -21,7 +21,7 @@ SGLANG_HOME     ?= .sglang
 SGLANG_STAMPS   := $(foreach v,$(SGLANG_RELEASES),$(SGLANG_HOME)/releases/$(v)/.sglab-installed)
 
 .PHONY: workbook test test-gpu lab wheelhouse offline-gpu verify sync env clean sglang-releases wheelhouse-sglang real-gpu
-.PHONY: wheelhouse-engine engine-gpu
+.PHONY: wheelhouse-engine engine-gpu format lint
 
 $(BIN)/python:
 	@if $(PY) -c "import torch" 2>/dev/null; then \
@@ -52,6 +52,18 @@ workbook: $(STAMP) $(SGLANG_STAMPS)
 # in parallel (pytest-xdist, see pyproject.toml); the browser test skips without Chromium, except in CI
 test: $(TEST_STAMP) $(SGLANG_STAMPS)
 	$(BIN)/python -m pytest -q
+
+# one layout for every Python file ([tool.yapf] in pyproject.toml): string literals split across lines are
+# rejoined where that saves a line, then yapf lays the code out; `lint` only checks (the tests check it too)
+LAYOUT := lib tests scripts notebooks jupyter_server_config.py
+format: $(TEST_STAMP)
+	$(BIN)/python scripts/join_strings.py $(LAYOUT)
+	$(BIN)/python -m yapf -i -r -p $(LAYOUT)
+	$(BIN)/sglab sync
+
+lint: $(TEST_STAMP)
+	$(BIN)/python scripts/join_strings.py --check $(LAYOUT)
+	$(BIN)/python -m yapf --diff -r -p $(LAYOUT)
 
 # every claim on the committed runs; where GPUs are present, also run what they can run and compare it with the
 # recorded reference of the same GPU model

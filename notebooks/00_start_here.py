@@ -29,6 +29,7 @@ import pandas as pd
 from sglab.core.notebook import Workbook
 from sglab.tools import fixes, report
 
+
 wb = Workbook(experiment="start_here", gpus=0, mode=MODE)
 
 # %% [markdown]

@@ -17,8 +17,8 @@
 # `sglab.pcg_gate.measure`.
 
 # %% tags=["parameters"]
-MODE = "auto"   # "auto" | "live" | "recorded"
-PARAMS = {}     # overrides of measure.DEFAULT_PARAMS for a live run
+MODE = "auto"  # "auto" | "live" | "recorded"
+PARAMS = {}  # overrides of measure.DEFAULT_PARAMS for a live run
 
 # %%
 import inspect
@@ -28,6 +28,7 @@ import torch
 
 from sglab.core.notebook import Workbook, slide, verdict
 from sglab.pcg_gate import claims, measure, rebuild, sglang, show
+
 
 pd.set_option("display.width", 160)
 pd.set_option("display.max_colwidth", 80)
@@ -68,9 +69,9 @@ print(inspect.getsource(rebuild.KimiPropertySetter))
 w = rebuild.build_wrapper("property_setter")
 rebuild.KimiPropertySetter.setter_calls = 0
 print("before:", len(w.state_dict()), "keys; _modules:", list(w._modules))
-w.model = w.language_model                  # what the runner's write-back does
-print("after: ", len(w.state_dict()), "keys; _modules:", list(w._modules),
-      "| setter calls:", rebuild.KimiPropertySetter.setter_calls)
+w.model = w.language_model  # what the runner's write-back does
+print("after: ", len(w.state_dict()), "keys; _modules:", list(w._modules), "| setter calls:",
+      rebuild.KimiPropertySetter.setter_calls)
 
 # %% [markdown]
 # The PR puts a guard in front of `nn.Module.__setattr__`. Which releases carry the alias and the
@@ -94,6 +95,7 @@ sglang.released(rebuild.KimiPropertyGuard, symbol="KimiK25ForConditionalGenerati
 # instance (built, not yet gated: the state at weight-loading time), and a checkpoint with the HF
 # naming (`language_model.*` only) is loaded strictly into the gated instance.
 
+
 # %%
 def gated(variant):
     """A wrapper of ``variant`` after the gate ran on it, the gate's result, its keys when built."""
@@ -106,19 +108,21 @@ def gated(variant):
 
 
 # %%
-hf_checkpoint = rebuild.build_wrapper("no_alias").state_dict()   # language_model.* only
+hf_checkpoint = rebuild.build_wrapper("no_alias").state_dict()  # language_model.* only
 rows = {}
 for v in rebuild.ALL_VARIANTS:
     w, res, built = gated(v)
     keys = list(w.state_dict())
     fresh = rebuild.build_wrapper(v, seed=1)
-    rows[v] = {"gate": "PCG on" if res.enabled else "PCG off", "gate message": res.message,
-               "layer stack": res.layer_model_path or "-", "keys (built)": len(built),
-               "keys (after gate)": len(keys),
-               "of which model.*": sum(k.startswith("model.") for k in keys),
-               "'model' in _modules": rebuild.has_duplicate_registration(w),
-               "save -> fresh load (strict)": rebuild.strict_load(fresh, w.state_dict()).summary,
-               "HF checkpoint -> load (strict)": rebuild.strict_load(w, hf_checkpoint).summary}
+    rows[v] = {
+        "gate": "PCG on" if res.enabled else "PCG off", "gate message": res.message,
+        "layer stack": res.layer_model_path or "-", "keys (built)": len(built),
+        "keys (after gate)": len(keys), "of which model.*": sum(
+            k.startswith("model.") for k in keys),
+        "'model' in _modules": rebuild.has_duplicate_registration(w),
+        "save -> fresh load (strict)": rebuild.strict_load(fresh, w.state_dict()).summary,
+        "HF checkpoint -> load (strict)": rebuild.strict_load(w, hf_checkpoint).summary
+    }
 pd.DataFrame(rows)
 
 # %% [markdown]
@@ -147,9 +151,9 @@ w, rows = rebuild.build_wrapper("property_guard"), []
 w.logit_scale = torch.nn.Parameter(torch.ones(1))
 rows.append(("w.logit_scale = Parameter(...)", "logit_scale" in dict(w.named_parameters())))
 w.register_buffer("pos_table", torch.zeros(3))
-w.pos_table = torch.arange(3.0)               # reassigning a buffer goes through __setattr__
-rows.append(("w.pos_table = tensor (a buffer)", torch.equal(w._buffers["pos_table"],
-                                                            torch.arange(3.0))))
+w.pos_table = torch.arange(3.0)  # reassigning a buffer goes through __setattr__
+rows.append(("w.pos_table = tensor (a buffer)",
+             torch.equal(w._buffers["pos_table"], torch.arange(3.0))))
 w.adapter = torch.nn.Linear(4, 4)
 rows.append(("w.adapter = Linear(...)", "adapter.weight" in w.state_dict()))
 w.language_model = new_lm = rebuild.tiny_language_model()
@@ -177,8 +181,10 @@ print(f"{len(buckets)} buckets: {buckets}")
 # only), so a padded prefill equals the plain forward:
 
 # %%
-tiny = {**measure.DEFAULT_PARAMS, "hidden": 64, "num_layers": 3, "num_heads": 4,
-        "intermediate": 96, "vocab": 50, "max_tokens": 256}
+tiny = {
+    **measure.DEFAULT_PARAMS, "hidden": 64, "num_layers": 3, "num_heads": 4, "intermediate": 96,
+    "vocab": 50, "max_tokens": 256
+}
 lm = measure.language_model(measure.model_config(tiny), "cpu", torch.float32)
 state = rebuild.ModelRunnerState(rebuild.build_wrapper("property_guard", language_model=lm), 3,
                                  rebuild.piecewise_cuda_graph_tokens(256))
@@ -192,8 +198,9 @@ with torch.no_grad():
     for n in (5, 17, 100, 256):
         ids = torch.randint(0, tiny["vocab"], (n,))
         diff = measure.compare(runner.forward(ids).clone(), lm.model(ids, torch.arange(n)))
-        rows.append({"tokens": n, "bucket": runner.bucket(n),
-                     "max |piecewise − eager|": diff["max_abs_diff"]})
+        rows.append({
+            "tokens": n, "bucket": runner.bucket(n), "max |piecewise − eager|": diff["max_abs_diff"]
+        })
 pd.DataFrame(rows)
 
 # %% [markdown]
@@ -210,7 +217,7 @@ pd.DataFrame(rows)
 # releases here instead, about 8 s a release).
 
 # %%
-sglang.compare();
+sglang.compare()
 
 # %% [markdown]
 # ### The real engine, before and after

@@ -17,7 +17,7 @@
 # trace).
 
 # %% tags=["parameters"]
-MODE = "auto"          # "auto" | "live" | "recorded"
+MODE = "auto"  # "auto" | "live" | "recorded"
 # overrides of measure.DEFAULT_PARAMS for a live run, e.g. {"world_size": 4}
 PARAMS = {}
 
@@ -26,6 +26,7 @@ import pandas as pd
 
 from sglab.core.notebook import Workbook, slide, verdict
 from sglab.workspace_floor import claims, measure, rebuild, sglang, show
+
 
 pd.set_option("display.width", 160)
 wb = Workbook(claims, mode=MODE, gpus=measure.gpus(PARAMS))
@@ -71,9 +72,12 @@ rows = []
 for W in (2, 4):
     for T in (1, 512, 2048, 4096):
         aligned = rebuild.workspace_sizes(W, T, H)["aligned"]
-        rows.append({"W": W, "T": T, **{f"{name} MiB": b / rebuild.MiB
-                                        for name, b in zip(rebuild.BUFFER_NAMES, aligned)},
-                     "per rank MiB": sum(aligned) / rebuild.MiB})
+        rows.append({
+            "W": W, "T": T, **{
+                f"{name} MiB": b / rebuild.MiB
+                for name, b in zip(rebuild.BUFFER_NAMES, aligned)
+            }, "per rank MiB": sum(aligned) / rebuild.MiB
+        })
 pd.DataFrame(rows)
 
 # %% [markdown]
@@ -93,10 +97,12 @@ for name in ("floor_0", "floor_2048", "before_pr"):
         manager.step = step
         ok = rebuild.fused_norm_call(manager, policy, tokens, world_size=4, rank=0, hidden_dim=H)
         created = manager.events[-1] if manager.events and manager.events[-1].step == step else None
-        rows.append({"policy": name, "step": step, "x.shape[0]": tokens,
-                     "max_token_num": policy.max_token_num(tokens),
-                     "created": f"{created.max_token_num} ({created.reason})" if created else "",
-                     "refused (assert)": not ok})
+        rows.append({
+            "policy": name, "step": step, "x.shape[0]": tokens,
+            "max_token_num": policy.max_token_num(tokens),
+            "created": f"{created.max_token_num} ({created.reason})" if created else "",
+            "refused (assert)": not ok
+        })
 pd.DataFrame(rows).pivot(index=["step", "x.shape[0]"], columns="policy",
                          values=["max_token_num", "created", "refused (assert)"])
 
@@ -108,9 +114,11 @@ pd.DataFrame(rows).pivot(index=["step", "x.shape[0]"], columns="policy",
 rows = []
 for policy in rebuild.POLICIES.values():
     manager, refused = rebuild.simulate(policy, SEQ, world_size=4, hidden_dim=H)
-    rows.append({"policy": policy.label, "created at T": [e.max_token_num for e in manager.events],
-                 "creations": manager.recreations, "refused (assert)": refused,
-                 "peak MiB/rank": manager.peak_bytes_per_rank / rebuild.MiB})
+    rows.append({
+        "policy": policy.label, "created at T": [e.max_token_num for e in manager.events],
+        "creations": manager.recreations, "refused (assert)": refused,
+        "peak MiB/rank": manager.peak_bytes_per_rank / rebuild.MiB
+    })
 pd.DataFrame(rows)
 
 # %% [markdown]
@@ -143,10 +151,11 @@ for trace in measure.TRACES:
     for pre in (0, 2048):
         for name in rebuild.POLICIES:
             manager, refused = measure.simulated(trace, name, 4, H, pre)
-            rows.append({"trace": trace, "scenario": f"preinit_{pre}" if pre else "cold",
-                         "policy": name, "recreations": sum(e.step >= 0 for e in manager.events),
-                         "peak MiB/rank (W=4)": manager.peak_bytes_per_rank / rebuild.MiB,
-                         "refused": refused})
+            rows.append({
+                "trace": trace, "scenario": f"preinit_{pre}" if pre else "cold", "policy": name,
+                "recreations": sum(e.step >= 0 for e in manager.events),
+                "peak MiB/rank (W=4)": manager.peak_bytes_per_rank / rebuild.MiB, "refused": refused
+            })
 pd.DataFrame(rows).set_index(["trace", "scenario", "policy"]).unstack("scenario")
 
 # %% [markdown]
@@ -171,7 +180,7 @@ show.simulation()
 # (`SGLAB_REAL=live` runs the installed releases here instead).
 
 # %%
-sglang.compare();
+sglang.compare()
 
 # %% [markdown]
 # The rebuild's manager keeps a high-water mark by default: the line above says whether these

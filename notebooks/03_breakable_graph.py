@@ -18,8 +18,8 @@
 # `sglab.breakable_graph.measure`.
 
 # %% tags=["parameters"]
-MODE = "auto"          # "auto" | "live" | "recorded"
-PARAMS = {}            # overrides of measure.DEFAULT_PARAMS for a live run
+MODE = "auto"  # "auto" | "live" | "recorded"
+PARAMS = {}  # overrides of measure.DEFAULT_PARAMS for a live run
 
 # %%
 import inspect
@@ -28,6 +28,7 @@ import pandas as pd
 
 from sglab.breakable_graph import claims, measure, rebuild, sglang, show
 from sglab.core.notebook import Workbook, slide, verdict
+
 
 pd.set_option("display.width", 160)
 wb = Workbook(claims, mode=MODE)
@@ -94,17 +95,20 @@ print(inspect.getsource(rebuild.BreakableGraphRunner.replay))
 
 # %%
 model = rebuild.build_model(rebuild.TINY_CONFIG)
-runners = {b: rebuild.BreakableGraphRunner(model, boundary=b, capture_num_tokens=[16, 32, 64])
-           for b in rebuild.BOUNDARIES}
+runners = {
+    b: rebuild.BreakableGraphRunner(model, boundary=b, capture_num_tokens=[16, 32, 64])
+    for b in rebuild.BOUNDARIES
+}
 batch = rebuild.make_batch([10, 12, 10], vocab_size=rebuild.TINY_CONFIG.vocab_size, seed=1)
 eager = rebuild.run_eager(model, batch)
 rows = [{"path": "eager", "logits shape": tuple(eager.shape), "max |diff| vs eager": 0.0}]
 for b, r in runners.items():
     out = r.replay(batch)
-    rows.append({"path": f"{b} graph", "logits shape": tuple(out.shape),
-                 "can_run": r.can_run(batch),
-                 "max |diff| vs eager": (out - eager[:len(out)]).abs().max().item(),
-                 "requests without logits": len(eager) - len(out)})
+    rows.append({
+        "path": f"{b} graph", "logits shape": tuple(out.shape), "can_run": r.can_run(batch),
+        "max |diff| vs eager": (out - eager[:len(out)]).abs().max().item(),
+        "requests without logits": len(eager) - len(out)
+    })
 pd.DataFrame(rows).set_index("path")
 
 # %% [markdown]
@@ -122,10 +126,11 @@ pd.DataFrame(rows).set_index("path")
 rows = []
 for b in rebuild.BOUNDARIES:
     s = show.capture_structure(b, num_layers=4)
-    rows.append({"boundary": b, "graph segments": len(s.segments), "eager breaks": len(s.breaks),
-                 "logits tail in a segment": s.tail_in_graph,
-                 "first segment": show.segment_label(s.segments[0]),
-                 "last segment": show.segment_label(s.segments[-1])})
+    rows.append({
+        "boundary": b, "graph segments": len(s.segments), "eager breaks": len(s.breaks),
+        "logits tail in a segment": s.tail_in_graph, "first segment": show.segment_label(
+            s.segments[0]), "last segment": show.segment_label(s.segments[-1])
+    })
 pd.DataFrame(rows).set_index("boundary")
 
 # %% [markdown]
@@ -165,9 +170,11 @@ rows = []
 for shape in rebuild.MODEL_SHAPES:
     m = rebuild.build_model(shape=shape)
     for rule, walk in measure.RESOLVERS.items():
-        found, warnings = measure.resolve(m, walk=walk)   # resolve_layer_model, warnings kept
-        rows.append({"model shape": shape, "rule": rule,
-                     "layer_model": measure.module_path(m, found), "warning": " ".join(warnings)})
+        found, warnings = measure.resolve(m, walk=walk)  # resolve_layer_model, warnings kept
+        rows.append({
+            "model shape": shape, "rule": rule, "layer_model": measure.module_path(m, found),
+            "warning": " ".join(warnings)
+        })
 pd.DataFrame(rows).set_index(["model shape", "rule"])
 
 # %% [markdown]
@@ -188,7 +195,7 @@ pd.DataFrame(rows).set_index(["model shape", "rule"])
 # releases here instead).
 
 # %%
-sglang.compare();
+sglang.compare()
 
 # %% [markdown]
 # The release's own `BreakableCUDAGraph` capturing and replaying the toy layer stack on a GPU
@@ -196,7 +203,7 @@ sglang.compare();
 # and breaks of the capture, beside the rebuild's capture of the same weights:
 
 # %%
-sglang.gpu_recorded();
+sglang.gpu_recorded()
 
 # %% [markdown]
 # ### The real engine, before and after

@@ -17,7 +17,7 @@
 # int32). Rebuilt in `sglab.swa_loc.rebuild`, measured by `sglab.swa_loc.measure`.
 
 # %% tags=["parameters"]
-MODE = "auto"          # "auto" | "live" | "recorded"
+MODE = "auto"  # "auto" | "live" | "recorded"
 # overrides of measure.DEFAULT_PARAMS; measure.FULL_SWEEP is the method-1 sweep
 PARAMS = {}
 
@@ -29,6 +29,7 @@ import torch
 
 from sglab.core.notebook import Workbook, slide, verdict
 from sglab.swa_loc import claims, measure, rebuild, sglang, show
+
 
 pd.set_option("display.width", 160)
 wb = Workbook(claims, mode=MODE)
@@ -61,8 +62,8 @@ print(inspect.getsource(rebuild.SWAKVPool.translate_loc_from_full_to_swa))
 # states rebuilt here, from the one switch `rebuild.runner_config`:
 
 # %%
-pd.DataFrame([{"variant": v,
-               **vars(rebuild.runner_config(v))} for v in rebuild.VARIANTS]).set_index("variant")
+pd.DataFrame([{"variant": v, **vars(rebuild.runner_config(v))} for v in rebuild.VARIANTS
+              ]).set_index("variant")
 
 # %% [markdown]
 # Which released SGLang has which state (read in the released wheels), then #23552's released hunk
@@ -89,8 +90,10 @@ SMALL = dict(size=64, size_swa=32, head_num=1, head_dim=8)
 rows = []
 for swa_per_full in (5, 1):
     for layers in (6, 12, 24, 48):
-        row = {"layers": layers, "SWA:full": f"{swa_per_full}:1",
-               "SWA layers": len(rebuild.hybrid_layer_ids(layers, swa_per_full)[0])}
+        row = {
+            "layers": layers, "SWA:full": f"{swa_per_full}:1",
+            "SWA layers": len(rebuild.hybrid_layer_ids(layers, swa_per_full)[0])
+        }
         for variant in rebuild.VARIANTS:
             s = rebuild.build_setup(num_layers=layers, swa_per_full=swa_per_full, **SMALL)
             runner = rebuild.DecodeGraphRunner.for_variant(s.model, [8], variant)
@@ -105,15 +108,17 @@ pd.DataFrame(rows)
 # 0.5.13 SGLang's is one gather). Eagerly, the pool writes the same K/V either way:
 
 # %%
-a, b = (rebuild.build_setup(num_layers=12, swa_per_full=5,
-                            **{**SMALL, "head_num": 2}) for _ in range(2))
+a, b = (rebuild.build_setup(num_layers=12, swa_per_full=5, **{**SMALL, "head_num": 2})
+        for _ in range(2))
 batch_a, batch_b = (rebuild.decode_batch(s, [3, 9, 27], [4, 5, 6]) for s in (a, b))
 a.pool.translate_calls = b.pool.translate_calls = 0
 rebuild.forward_eager(a.model, batch_a, use_precomputed_swa_loc=False)
 rebuild.forward_eager(b.model, batch_b, use_precomputed_swa_loc=True)
-{"translations, per-layer path": a.pool.translate_calls,
- "translations, preset path": b.pool.translate_calls,
- "pools identical": rebuild.pool_diff(a.pool, b.pool, skip_padding_slot=False) == {}}
+{
+    "translations, per-layer path": a.pool.translate_calls,
+    "translations, preset path": b.pool.translate_calls,
+    "pools identical": rebuild.pool_diff(a.pool, b.pool, skip_padding_slot=False) == {}
+}
 
 # %% [markdown]
 # ## The #24743 padding bug (CPU)
@@ -135,10 +140,12 @@ for variant in rebuild.VARIANTS:
     r = measure.pad_bug_scenario(variant, num_layers=12)
     hit = [layer for layer in r["swa_layer_ids"] if layer in r["corrupted"]]
     slots = sorted({tuple(x) for x in r["corrupted"].values()}) or "none"
-    rows.append({"variant": variant, "stale tail slots (SWA)": r["stale_tail_swa_slots"],
-                 "their owners, still running": r["owners_still_running"],
-                 "SWA layers corrupted": f"{len(hit)} of {len(r['swa_layer_ids'])}",
-                 "slots per SWA layer": slots, "exactly as predicted": r["matches_prediction"]})
+    rows.append({
+        "variant": variant, "stale tail slots (SWA)": r["stale_tail_swa_slots"],
+        "their owners, still running": r["owners_still_running"],
+        "SWA layers corrupted": f"{len(hit)} of {len(r['swa_layer_ids'])}",
+        "slots per SWA layer": slots, "exactly as predicted": r["matches_prediction"]
+    })
 pd.DataFrame(rows).set_index("variant")
 
 # %% [markdown]
@@ -160,9 +167,12 @@ for variant in rebuild.VARIANTS:
     runner.capture()
     buf = runner.buffers.out_cache_loc_swa
     eager = rebuild.decode_batch(s, [1], [2]).out_cache_loc_swa
-    rows.append({"variant": variant, "eager batch": str(eager.dtype),
-                 "graph buffer": str(getattr(buf, "dtype", "—")),  # the "before" has no buffer
-                 "buffer bytes / token": buf.element_size() if torch.is_tensor(buf) else 0})
+    rows.append({
+        "variant": variant,
+        "eager batch": str(eager.dtype),
+        "graph buffer": str(getattr(buf, "dtype", "—")),  # the "before" has no buffer
+        "buffer bytes / token": buf.element_size() if torch.is_tensor(buf) else 0
+    })
 pd.DataFrame(rows).set_index("variant")
 
 # %% [markdown]
@@ -182,7 +192,7 @@ pd.DataFrame(rows).set_index("variant")
 # 8 s a release).
 
 # %%
-sglang.compare();
+sglang.compare()
 
 # %% [markdown]
 # So the 2 kernels per SWA layer hold for the releases #23552 and #24743 shipped in (0.5.11,
@@ -192,7 +202,7 @@ sglang.compare();
 # 0.5.12.post1, translated once or per layer on 0.5.23:
 
 # %%
-sglang.gpu_recorded();
+sglang.gpu_recorded()
 
 # %% [markdown]
 # Without the preset **0.5.12.post1's pool adds 2 kernel nodes per SWA layer** (the gather and the

@@ -16,8 +16,8 @@
 # `sglab.grid_thw.rebuild`, measured by `sglab.grid_thw.measure`.
 
 # %% tags=["parameters"]
-MODE = "auto"      # "auto" | "live" | "recorded"
-PARAMS = {}        # overrides of measure.DEFAULT_PARAMS for a live run
+MODE = "auto"  # "auto" | "live" | "recorded"
+PARAMS = {}  # overrides of measure.DEFAULT_PARAMS for a live run
 TP_SIZES = [2, 4]  # measured live where this machine has that many GPUs
 
 # %%
@@ -27,6 +27,7 @@ import pandas as pd
 
 from sglab.core.notebook import Workbook, slide, verdict
 from sglab.grid_thw import claims, measure, rebuild, sglang, show
+
 
 pd.set_option("display.width", 160)
 wb = Workbook(claims, mode=MODE)
@@ -79,10 +80,12 @@ for variant, fixed in (("before", False), ("after", True)):
     out = rebuild.process_mm_data(rebuild.prompt_for(len(images)), images, fixed=fixed,
                                   device="cpu")
     key = rebuild.grid_key(out)
-    rows.append({"variant": variant, "grid key": key, "grid": out[key].tolist(),
-                 "pixel_values": tuple(out["pixel_values"].shape),
-                 "moved to CPU by FEATURE_NAMES": [k for k in out if k in rebuild.FEATURE_NAMES],
-                 "grid moved by .cpu() in _gpu_call": fixed})
+    rows.append({
+        "variant": variant, "grid key": key, "grid": out[key].tolist(),
+        "pixel_values": tuple(out["pixel_values"].shape), "moved to CPU by FEATURE_NAMES": [
+            k for k in out if k in rebuild.FEATURE_NAMES
+        ], "grid moved by .cpu() in _gpu_call": fixed
+    })
 pd.DataFrame(rows).set_index("variant")
 
 # %% [markdown]
@@ -99,8 +102,7 @@ tag = next(t for t in (b"cuda:0", b"cpu") if t in blob)
 print(f"grid of {len(images)} images: {grid.nelement() * grid.element_size()} bytes of int64; "
       f"pickle.dumps(grid): {len(blob)} bytes; storage location tag inside: {tag.decode()!r}; "
       f"the same as pickle: {blob == pickle.dumps(grid)}")
-pd.DataFrame([{"wire": name, "a CUDA tensor": w.cuda_tensor}
-              for name, w in rebuild.WIRES.items()])
+pd.DataFrame([{"wire": name, "a CUDA tensor": w.cuda_tensor} for name, w in rebuild.WIRES.items()])
 
 # %% [markdown]
 # ## The second half of the fix: per-image items
@@ -116,9 +118,10 @@ rows = []
 for variant, fixed in (("before", False), ("after", True)):
     out = rebuild.process_mm_data(rebuild.prompt_for(3), images, fixed=fixed, device="cpu")
     for item in rebuild.items_for_request(out):
-        rows.append({"variant": variant, "offsets": item.offsets,
-                     "feature rows": int(item.feature.shape[0]),
-                     "model data": list(item.model_specific_data), "hash": f"{item.hash:016x}"})
+        rows.append({
+            "variant": variant, "offsets": item.offsets, "feature rows": int(item.feature.shape[0]),
+            "model data": list(item.model_specific_data), "hash": f"{item.hash:016x}"
+        })
 pd.DataFrame(rows)
 
 # %% [markdown]
@@ -140,8 +143,9 @@ for variant, fixed in (("before", False), ("after", True)):
                                       device="cpu")
         cache.lookup_request(rebuild.items_for_request(out))
     stats[variant] = cache.stats
-show.cache_point(stats, f"{len(stream)} requests, pool {p['cache_pool']}, "
-                        f"≤{p['cache_max_images']} images, seed {p['seed']}")
+show.cache_point(
+    stats, f"{len(stream)} requests, pool {p['cache_pool']}, "
+    f"≤{p['cache_max_images']} images, seed {p['seed']}")
 
 # %% [markdown]
 # ## The real SGLang, before and after
@@ -161,7 +165,7 @@ show.cache_point(stats, f"{len(stream)} requests, pool {p['cache_pool']}, "
 # installed releases here instead, about 8 s a release.
 
 # %%
-sglang.compare();
+sglang.compare()
 
 # %% [markdown]
 # ### The real engine at TP 2 and TP 4

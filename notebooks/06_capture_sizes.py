@@ -16,16 +16,17 @@
 # `sglab.capture_sizes.rebuild`, measured by `sglab.capture_sizes.measure` on 2–4 GPUs with NCCL.
 
 # %% tags=["parameters"]
-MODE = "auto"          # "auto" | "live" | "recorded"
-PARAMS = {}            # overrides of measure.DEFAULT_PARAMS, e.g. {"world_size": 4}
-ATTN_TP = 8            # attention-TP size of the CPU tables and the picture (8: the crash report)
-MAX_TOKENS = 2048      # piecewise_cuda_graph_max_tokens (2048 is the default for MLA models)
+MODE = "auto"  # "auto" | "live" | "recorded"
+PARAMS = {}  # overrides of measure.DEFAULT_PARAMS, e.g. {"world_size": 4}
+ATTN_TP = 8  # attention-TP size of the CPU tables and the picture (8: the crash report)
+MAX_TOKENS = 2048  # piecewise_cuda_graph_max_tokens (2048 is the default for MLA models)
 
 # %%
 import pandas as pd
 
 from sglab.capture_sizes import claims, measure, rebuild, sglang, show
 from sglab.core.notebook import Workbook, show_figure, slide, verdict
+
 
 pd.set_option("display.width", 160)
 pd.set_option("display.max_colwidth", 110)
@@ -59,8 +60,7 @@ slide(claims, run, show.mechanism(ATTN_TP, MAX_TOKENS))
 # filter:
 
 # %%
-sglang.released(rebuild.filter_piecewise_capture_sizes,
-                symbol="PiecewiseCudaGraphRunner.__init__")
+sglang.released(rebuild.filter_piecewise_capture_sizes, symbol="PiecewiseCudaGraphRunner.__init__")
 
 # %% [markdown]
 # ## The lesson, on the CPU: which sizes split unevenly
@@ -97,14 +97,15 @@ rows = []
 for attn_tp, attn_cp, tbo in ((8, 1, False), (8, 1, True), (4, 6, False), (3, 1, False)):
     lists = rebuild.policy_lists(default, attn_tp, attn_cp, tbo)
     decode = rebuild.filter_decode_batch_sizes(default, attn_tp, attn_cp, two_batch_overlap=tbo)
-    rows.append({"attn TP": attn_tp, "attn CP": attn_cp, "TBO": tbo,
-                 "PR mul_base": rebuild.piecewise_mul_base(attn_tp, attn_cp),
-                 "PR keeps": len(lists["pr_filter"]),
-                 "PR drops": [n for n in default if n not in lists["pr_filter"]][:6],
-                 "decode mul_base": rebuild.decode_mul_base(attn_tp, attn_cp,
-                                                            two_batch_overlap=tbo),
-                 "decode rule keeps": len(decode), "rounded up": len(lists["round_up"]),
-                 "first rounded": lists["round_up"][:6]})
+    rows.append({
+        "attn TP": attn_tp, "attn CP": attn_cp, "TBO": tbo,
+        "PR mul_base": rebuild.piecewise_mul_base(attn_tp,
+                                                  attn_cp), "PR keeps": len(lists["pr_filter"]),
+        "PR drops": [n for n in default if n not in lists["pr_filter"]
+                     ][:6], "decode mul_base": rebuild.decode_mul_base(
+                         attn_tp, attn_cp, two_batch_overlap=tbo), "decode rule keeps": len(decode),
+        "rounded up": len(lists["round_up"]), "first rounded": lists["round_up"][:6]
+    })
 pd.DataFrame(rows)
 
 # %% [markdown]
@@ -114,8 +115,9 @@ pd.DataFrame(rows)
 # not the measurement.
 
 # %%
-cpu = measure.run({"world_size": 2, "backend": "gloo", "hidden": 16, "max_tokens": 64,
-                   "profile": False})
+cpu = measure.run({
+    "world_size": 2, "backend": "gloo", "hidden": 16, "max_tokens": 64, "profile": False
+})
 show.summary(cpu.df).drop(columns=["error"])
 
 # %% [markdown]
@@ -130,9 +132,10 @@ show.summary(cpu.df).drop(columns=["error"])
 # %%
 table = show.alignment_table(MAX_TOKENS)
 off = table[~table.two_batch_overlap]
-off[["attn_tp", "attn_cp", "mul_base_pr", "lcm", "tp_x_cp", "n_pr", "n_lcm", "n_round_up",
-     "lost_pr", "lost_round_up", "pad_frac_pr", "pad_frac_round_up", "eager_pr",
-     "pr_asserts"]].round(3)
+off[[
+    "attn_tp", "attn_cp", "mul_base_pr", "lcm", "tp_x_cp", "n_pr", "n_lcm", "n_round_up", "lost_pr",
+    "lost_round_up", "pad_frac_pr", "pad_frac_round_up", "eager_pr", "pr_asserts"
+]].round(3)
 
 # %% [markdown]
 # The same as heatmaps, then the extremes: the buckets lost for non-power-of-two TP, the PR's
@@ -141,16 +144,16 @@ off[["attn_tp", "attn_cp", "mul_base_pr", "lcm", "tp_x_cp", "n_pr", "n_lcm", "n_
 # %%
 show_figure(show.alignment_heatmaps(table, MAX_TOKENS, len(default)))
 ok = off[~off.pr_asserts]
-pd.Series({"(attn TP, CP) pairs": len(off),
-           "PR filter: buckets kept, median (min)": f"{ok.n_pr.median():.0f} ({ok.n_pr.min()})",
-           "PR filter: pairs where it asserts": int(off.pr_asserts.sum()),
-           "PR filter: most token counts left eager": int(ok.eager_pr.max()),
-           "round-up: buckets kept, median (min)":
-               f"{off.n_round_up.median():.0f} ({off.n_round_up.min()})",
-           "round-up: most token counts left eager": int(off.eager_round_up.max()),
-           "padding, PR filter": f"{ok.pad_frac_pr.min():.1%}–{ok.pad_frac_pr.max():.1%}",
-           "padding, round-up": f"{off.pad_frac_round_up.min():.1%}–"
-                                f"{off.pad_frac_round_up.max():.1%}"}).to_frame("")
+pd.Series({
+    "(attn TP, CP) pairs": len(off),
+    "PR filter: buckets kept, median (min)": f"{ok.n_pr.median():.0f} ({ok.n_pr.min()})",
+    "PR filter: pairs where it asserts": int(
+        off.pr_asserts.sum()), "PR filter: most token counts left eager": int(ok.eager_pr.max()),
+    "round-up: buckets kept, median (min)": f"{off.n_round_up.median():.0f} ({off.n_round_up.min()})",
+    "round-up: most token counts left eager": int(off.eager_round_up.max()),
+    "padding, PR filter": f"{ok.pad_frac_pr.min():.1%}–{ok.pad_frac_pr.max():.1%}",
+    "padding, round-up": f"{off.pad_frac_round_up.min():.1%}–{off.pad_frac_round_up.max():.1%}"
+}).to_frame("")
 
 # %% [markdown]
 # With two-batch overlap the decode runner doubles its base; the piecewise filter keeps sizes the
@@ -158,24 +161,36 @@ pd.Series({"(attn TP, CP) pairs": len(off),
 
 # %%
 tbo = table[table.two_batch_overlap & (table.pr_below_decode_base > 0)]
-tbo[["attn_tp", "attn_cp", "mul_base_pr", "mul_base_decode", "n_pr", "n_decode_style",
-     "pr_below_decode_base"]]
+tbo[[
+    "attn_tp", "attn_cp", "mul_base_pr", "mul_base_decode", "n_pr", "n_decode_style",
+    "pr_below_decode_base"
+]]
 
 # %% [markdown]
 # ## Review findings, each computed on the default list
 
 # %%
 kept = {base: len([n for n in default if n % base == 0]) for base in range(1, 25)}
-findings = {"comment vs code, tp 4 cp 2: the comment's tp × cp": (4, 2, rebuild.comment_base(4, 2)),
-            "common multiple, not least, tp 4 cp 6: the lcm": (4, 6, rebuild.lcm_base(4, 6)),
-            "two-batch overlap not folded in, tp 8: the decode runner's base":
-                (8, 1, rebuild.decode_mul_base(8, 1, two_batch_overlap=True))}
-rows = {f: {"code's mul_base": rebuild.piecewise_mul_base(t, c),
-            "sizes it keeps": kept[rebuild.piecewise_mul_base(t, c)], "other base": other,
-            "sizes kept by the other": kept[other]} for f, (t, c, other) in findings.items()}
+findings = {
+    "comment vs code, tp 4 cp 2: the comment's tp × cp": (4, 2, rebuild.comment_base(4, 2)),
+    "common multiple, not least, tp 4 cp 6: the lcm": (4, 6, rebuild.lcm_base(4, 6)),
+    "two-batch overlap not folded in, tp 8: the decode runner's base": (8, 1,
+                                                                        rebuild.decode_mul_base(
+                                                                            8, 1,
+                                                                            two_batch_overlap=True))
+}
+rows = {
+    f: {
+        "code's mul_base": rebuild.piecewise_mul_base(t, c),
+        "sizes it keeps": kept[rebuild.piecewise_mul_base(t, c)], "other base": other,
+        "sizes kept by the other": kept[other]
+    }
+    for f, (t, c, other) in findings.items()
+}
 rows["drop vs round up, tp 3: rounding up to 3"] = {
     "code's mul_base": 3, "sizes it keeps": kept[3], "other base": 3,
-    "sizes kept by the other": len(rebuild.round_up_capture_sizes(default, 3))}
+    "sizes kept by the other": len(rebuild.round_up_capture_sizes(default, 3))
+}
 pd.DataFrame.from_dict(rows, orient="index")
 
 # %% [markdown]
@@ -193,7 +208,7 @@ pd.DataFrame.from_dict(rows, orient="index")
 # instead, about 8 s a release).
 
 # %%
-sglang.compare();
+sglang.compare()
 
 # %% [markdown]
 # ### The real engine at TP 2 and TP 4

@@ -4,7 +4,9 @@ Real releases: a test module that asks the installed releases live names its cal
 (a fix's name stands for its notebook's call, the fix record's probe; else ``(probe, params,
 releases)``). The session answers all the calls of the collected modules with one worker per
 release, run by the first process that needs an answer and read by the others (xdist workers) from a
-folder they share (:mod:`sglab.sglang.runner`).
+folder they share (:mod:`sglab.sglang.runner`). That folder is kept under ``.sglang/answers``, keyed
+by the code, the releases and the calls (:func:`~sglab.sglang.runner.answers_folder`), so a second
+``make test`` with nothing changed reads the answers; ``SGLAB_FRESH_ANSWERS=1`` runs them again.
 """
 
 import os
@@ -14,6 +16,7 @@ import pytest
 from sglab.core import bytecode
 from sglab.sglang import runner
 from sglab.tools import fixes
+
 
 bytecode.enable()  # every worker and subprocess below keeps its bytecode (see sglab.core.bytecode)
 os.environ.setdefault("MPLBACKEND", "Agg")
@@ -78,9 +81,12 @@ def real_session(request, tmp_path_factory):
     if not calls:
         yield None
         return
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    folder = runner.start_session(shared / "real-answers", calls)
+    if os.environ.get("SGLAB_FRESH_ANSWERS") == "1":  # run the releases again, whatever is kept
+        base = tmp_path_factory.getbasetemp()
+        shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "real-answers"
+    else:  # the answers of an earlier session with the same code, releases and calls
+        shared = runner.answers_folder(calls)
+    folder = runner.start_session(shared, calls)
     yield folder
     os.environ.pop(runner.SESSION_ENV, None)
 

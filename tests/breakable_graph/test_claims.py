@@ -18,10 +18,13 @@ from sglab.core import runs
 from sglab.tools import cli
 from tests.edits import copy_run, set_value
 
+
 EXP = "breakable_graph"
 RECORDED = runs.list_runs(EXP)
-M3 = [p for p in RECORDED
-      if json.loads(p.with_suffix(".json").read_text()).get("method_version", 1) >= 3]
+M3 = [
+    p for p in RECORDED
+    if json.loads(p.with_suffix(".json").read_text()).get("method_version", 1) >= 3
+]
 PARENT = {f.id: c.id for c in claims.CLAIMS for f in c.folded}
 
 pytestmark = pytest.mark.skipif(not RECORDED, reason="no recorded breakable_graph run")
@@ -41,24 +44,20 @@ def test_every_recorded_run_verifies(capsys):
 
 
 DAMAGE = {
-    "breakable_graph.before_bs3_one_row": lambda df: set_value(df, 3.0, part="a_bs3",
-                                                          variant="before", metric="logit_rows"),
-    "breakable_graph.after_equals_eager": lambda df: set_value(df, 0.125, part="b_match",
-                                                          variant="after", metric="max_abs_diff",
-                                                          batch_size=3),
+    "breakable_graph.before_bs3_one_row": lambda df: set_value(df, 3.0, part="a_bs3", variant=
+                                                               "before", metric="logit_rows"),
+    "breakable_graph.after_equals_eager": lambda df: set_value(
+        df, 0.125, part="b_match", variant="after", metric="max_abs_diff", batch_size=3),
     "breakable_graph.hit_rate": lambda df: set_value(df, 325.0, part="c_hit_rate", variant="before",
-                                                metric="graph_batches"),
-    "breakable_graph.multi_request_speedup": lambda df: set_value(df, 100.0, part="d_latency",
-                                                             variant="after",
-                                                             metric="time_median", batch_size=8),
-    "breakable_graph.segments_per_bucket": lambda df: set_value(df, 16.0, part="launches",
-                                                           variant="after",
-                                                           metric="graph_segments",
-                                                           num_tokens=512),
+                                                     metric="graph_batches"),
+    "breakable_graph.multi_request_speedup": lambda df: set_value(
+        df, 100.0, part="d_latency", variant="after", metric="time_median", batch_size=8),
+    "breakable_graph.segments_per_bucket": lambda df: set_value(
+        df, 16.0, part="launches", variant="after", metric="graph_segments", num_tokens=512),
     "breakable_graph.routing": lambda df: set_value(df, 1.0, part="d_latency", variant="before",
-                                               metric="used_graph", batch_size=8),
+                                                    metric="used_graph", batch_size=8),
     "breakable_graph.launches": lambda df: set_value(df, 16.0, part="launches", variant="after",
-                                                metric="host_graph_launches", batch_size=8),
+                                                     metric="host_graph_launches", batch_size=8),
 }
 
 
@@ -72,7 +71,7 @@ def test_a_damaged_copy_fails_the_right_claim(claim, tmp_path, capsys):
 
 def test_a_dropped_variant_is_a_failure_not_a_pass(tmp_path, capsys):
     path = copy_run(RECORDED[-1], tmp_path,
-                 lambda df: df[~((df.part == "c_hit_rate") & (df.variant == "after"))])
+                    lambda df: df[~((df.part == "c_hit_rate") & (df.variant == "after"))])
     assert cli.main(["verify", str(path)]) == 1
     assert "could not evaluate" in capsys.readouterr().out
 
@@ -86,8 +85,9 @@ def test_the_trace_claim_reads_the_events_sidecar(tmp_path, capsys):
     kept = [ln for ln in lines if not ("cudaGraphLaunch" in ln and ",after," in ln)]
     ev_path.write_bytes(gzip.compress(("\n".join(kept) + "\n").encode()))
     assert cli.main(["verify", str(path)]) == 1
-    assert _failed(capsys.readouterr().out) == {"breakable_graph.trace_3_requests",
-                                                "breakable_graph.multi_request_speedup"}
+    assert _failed(capsys.readouterr().out) == {
+        "breakable_graph.trace_3_requests", "breakable_graph.multi_request_speedup"
+    }
 
 
 # -- the README headline from the committed recorded runs
@@ -97,8 +97,8 @@ def test_headline_from_recorded_runs():
     for js in sorted(RECORDED[0].parent.glob("*.json")):
         m = json.loads(js.read_text())
         gpu = m["gpu_name"].replace("NVIDIA", "").split()[0]
-        if gpu not in newest or m["created_utc"] > json.loads(newest[gpu].read_text())[
-                "created_utc"]:
+        if gpu not in newest or m["created_utc"] > json.loads(
+                newest[gpu].read_text())["created_utc"]:
             newest[gpu] = js
     text = C.headline(claims, C.shown(claims, runs.load_all_recorded(EXP)))
     assert "|" not in text and len(text) < 350
@@ -109,13 +109,15 @@ def test_headline_from_recorded_runs():
             if r["part"] == "d_latency" and r["metric"] == "time_median":
                 med[(int(float(r["num_tokens"])), int(float(r["batch_size"])),
                      r["variant"])] = float(r["value"])
-        sp = [med[(n, b, "eager")] / med[(n, b, "after")] for (n, b, v) in med
-              if v == "after" and b > 1]
+        sp = [
+            med[(n, b, "eager")] / med[(n, b, "after")]
+            for (n, b, v) in med if v == "after" and b > 1
+        ]
         params = json.loads(js.read_text())["params"]
         assert len(sp) == len(params["token_counts"]) * sum(b > 1 for b in params["batch_sizes"])
         assert f"{gpu} {min(sp):.2f}–{max(sp):.2f}× (median {median(sp):.2f}×)" in text
-        hit = {(r["variant"], r["metric"]): float(r["value"]) for r in rows
-               if r["part"] == "c_hit_rate"}
+        hit = {(r["variant"], r["metric"]): float(r["value"])
+               for r in rows if r["part"] == "c_hit_rate"}
         assert (f"Graph hit rate {hit[('before', 'hit_rate')]:.0%} → "
                 f"{hit[('after', 'hit_rate')]:.0%}") in text
     # the committed runs: H100 and H200, one each

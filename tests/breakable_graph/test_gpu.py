@@ -20,6 +20,7 @@ from sglab.sglang.gpu import record
 from sglab.sglang.testing import probe_one
 from tests.sglang.test_gpu import _gpu_run, _parse, ran, value
 
+
 CFG = bg.ModelConfig(vocab_size=1000, hidden_size=256, num_heads=4, head_dim=64,
                      intermediate_size=512, num_layers=4, max_position=1024)
 CAPS = [64, 128, 256]
@@ -112,10 +113,10 @@ def test_structure_capture_matches_the_real_capture(setup):
 
 @pytest.mark.gpu
 def test_measurement_small_run():
-    params = dict(vocab_size=1000, hidden_size=256, num_heads=4, head_dim=64,
-                  intermediate_size=512, num_layers=2, capture_num_tokens=[64, 128],
-                  token_counts=[64, 128], padded_token_counts=[100], batch_sizes=[1, 3], warmup=1,
-                  repeat=3, launch_token_count=64, launch_batch_sizes=[1, 3], stream_batches=50)
+    params = dict(vocab_size=1000, hidden_size=256, num_heads=4, head_dim=64, intermediate_size=512,
+                  num_layers=2, capture_num_tokens=[64, 128], token_counts=[64, 128],
+                  padded_token_counts=[100], batch_sizes=[1, 3], warmup=1, repeat=3,
+                  launch_token_count=64, launch_batch_sizes=[1, 3], stream_batches=50)
     out = measure.run(params, progress=False)
     df = out.df
     ev = out.sidecars["events"]
@@ -145,8 +146,9 @@ def test_gpu_probe_cpu_path_real_decorator_is_a_pass_through(tmp_path):
         if os.environ.get("CI"):
             pytest.fail("sglang 0.5.23 not installed", pytrace=False)
         pytest.skip("sglang 0.5.23 not installed")
-    run = read_run(record.record_fix("breakable_graph", CPU_PLAN, out=tmp_path,
-                                     echo=lambda *_: None, runner=probe_one)[0])
+    run = read_run(
+        record.record_fix("breakable_graph", CPU_PLAN, out=tmp_path, echo=lambda *_: None,
+                          runner=probe_one)[0])
     ran(run, "0.5.23")
     df = run.df[run.df["metric"] == "max_abs_diff_vs_rebuild_eager"]
     assert len(df) == 3 and all(_parse(v) == 0.0 for v in df["value"])

@@ -14,16 +14,18 @@ def test_resolution_table_and_rows():
     assert len(t) == 8
     assert t["bcg_enabled"].sum() == 5
     miss = t[~t["bcg_enabled"]]
-    assert set(zip(miss["model_shape"], miss["resolver"])) == {
-        ("no_model_layers", "pr24662"), ("no_model_layers", "walk_chain"),
-        ("nested_wrapper", "pr24662")}
+    assert set(zip(miss["model_shape"], miss["resolver"])) == {("no_model_layers", "pr24662"),
+                                                               ("no_model_layers", "walk_chain"),
+                                                               ("nested_wrapper", "pr24662")}
     assert (miss["warning"].str.contains("TinyGPTStyleLM|TinyNestedWrapper")).all()
     rows = measure.resolution_rows()
     assert len(rows) == 16 and {r["metric"] for r in rows} == {"resolved", "warned"}
 
 
 def test_hit_rate_exact():
+
     class Stub:
+
         def __init__(self, before):
             self.before = before
 
@@ -41,11 +43,11 @@ def test_prefill_stream_seeded_and_hit_rates():
     s1 = measure.prefill_stream(300, seed=3)
     assert s1 == measure.prefill_stream(300, seed=3)
     assert s1 != measure.prefill_stream(300, seed=4)
-    assert all(1 <= s.batch_size <= 8 and all(16 <= n <= 2048 for n in s.extend_seq_lens_cpu)
-               for s in s1)
+    assert all(
+        1 <= s.batch_size <= 8 and all(16 <= n <= 2048 for n in s.extend_seq_lens_cpu) for s in s1)
     rows = measure.hit_rate_rows({"stream_batches": 300, "seed": 3})
-    get = {(r["variant"], r["metric"]): r["value"] for r in rows
-           if r["variant"] in ("before", "after")}
+    get = {(r["variant"], r["metric"]): r["value"]
+           for r in rows if r["variant"] in ("before", "after")}
     singles = sum(1 for s in s1 if s.batch_size == 1)
     fits = [s for s in s1 if s.num_tokens <= 4096]
     assert get[("before", "graph_batches")] == sum(1 for s in fits if s.batch_size == 1) == singles
@@ -67,27 +69,29 @@ def test_split_tokens():
 def test_run_rows_on_cpu(capsys):
     params = dict(vocab_size=128, hidden_size=64, num_heads=4, head_dim=16, intermediate_size=128,
                   num_layers=2, capture_num_tokens=[16, 32, 64], token_counts=[32, 64],
-                  padded_token_counts=[40], batch_sizes=[1, 3], warmup=0, repeat=2,
-                  stream_batches=40)
+                  padded_token_counts=[40], batch_sizes=[1,
+                                                         3], warmup=0, repeat=2, stream_batches=40)
     out = measure.run(params, progress=True, device="cpu")
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln]
     assert all(ln.startswith("[breakable_graph] ") for ln in lines) and len(lines) <= 10
     df = out.df
     assert set(df["part"]) == set(measure.PARTS)
-    assert list(df.columns) == ["experiment", "variant", "part", "num_tokens", "batch_size",
-                                "padded", "model_shape", "resolver", "layer_model", "metric",
-                                "value", "unit"]
+    assert list(df.columns) == [
+        "experiment", "variant", "part", "num_tokens", "batch_size", "padded", "model_shape",
+        "resolver", "layer_model", "metric", "value", "unit"
+    ]
     a = df[df["part"] == "a_bs3"].set_index(["variant", "metric"])["value"]
-    assert (a[("eager", "logit_rows")], a[("before", "logit_rows")],
-            a[("after", "logit_rows")]) == (3, 1, 3)
+    assert (a[("eager", "logit_rows")], a[("before", "logit_rows")], a[("after",
+                                                                        "logit_rows")]) == (3, 1, 3)
     assert a[("before", "can_run")] == 0 and a[("after", "can_run")] == 1
     assert a[("before", "row0_max_abs_diff")] < 1e-4 and a[("after", "max_abs_diff")] < 1e-4
     b = df[(df["part"] == "b_match") & (df["metric"] == "max_abs_diff")]
     assert len(b) == 6 and (b["value"] < 1e-4).all()
     lat = show.latency_table(df)
     assert len(lat) == 4 and {"speedup_after", "speedup_before"} <= set(lat.columns)
-    used = df[(df["part"] == "d_latency") & (df["metric"] == "used_graph")].set_index(
-        ["variant", "batch_size"])
+    used = df[(df["part"] == "d_latency") & (df["metric"] == "used_graph")].set_index([
+        "variant", "batch_size"
+    ])
     assert used.loc[("before", 1), "value"].tolist() == [1, 1]
     assert used.loc[("before", 3), "value"].tolist() == [0, 0]
     assert (used.loc["after", "value"] == 1).all()

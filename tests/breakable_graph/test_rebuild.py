@@ -11,6 +11,7 @@ import torch
 from sglab.breakable_graph import rebuild as bg
 from sglab.breakable_graph.measure import module_path
 
+
 CAPS = [16, 32, 64]
 V = bg.TINY_CONFIG.vocab_size
 
@@ -68,8 +69,7 @@ def test_unresolved_runner_is_disabled_and_falls_back(caplog):
 def test_can_run(model):
     before = bg.BreakableGraphRunner(model, boundary="before", capture_num_tokens=CAPS,
                                      capture=False)
-    after = bg.BreakableGraphRunner(model, boundary="after", capture_num_tokens=CAPS,
-                                    capture=False)
+    after = bg.BreakableGraphRunner(model, boundary="after", capture_num_tokens=CAPS, capture=False)
     cases = {(64,): (True, True), (30, 34): (False, True), (65,): (False, False),
              (1,) * 8: (False, True), (40, 40): (False, False), (1,): (True, True)}
     for lens, (b, a) in cases.items():
@@ -118,8 +118,8 @@ def test_before_replay_for_three_requests_returns_one_row(model, runners):
     assert used is False and logits.shape == (3, V)
 
 
-@pytest.mark.parametrize("lens", [[32], [10, 12, 10], [5, 7, 9, 11], [3, 4, 5], [20, 30, 14],
-                                  [1] * 8])
+@pytest.mark.parametrize("lens",
+                         [[32], [10, 12, 10], [5, 7, 9, 11], [3, 4, 5], [20, 30, 14], [1] * 8])
 def test_after_replay_matches_eager(model, runners, lens):
     _, after = runners
     batch = bg.make_batch(lens, vocab_size=V, seed=len(lens))

@@ -16,6 +16,7 @@ from sglab.sglang.runner import run_probe
 from sglab.sglang.testing import require
 from sglab.sglang.upstream import RELEASE_STATES, Verdict
 
+
 RELEASES = sglang.PROBE_RELEASES
 REAL_CALLS = ["breakable_graph"]  # the notebook's call (conftest)
 
@@ -37,8 +38,8 @@ def test_0511_rejects_a_multi_request_prefill_like_the_rebuild_before(real):
     assert can_run(r, "causal_lm", sglang.MULTI) is False
     assert can_run(r, "causal_lm", sglang.ONE) is True
     runner = bg.BreakableGraphRunner(bg.build_model(), boundary=bg.BEFORE,
-                                     capture_num_tokens=sglang.CAPTURE_TOKENS,
-                                     max_bs=sglang.MAX_BS, capture=False)
+                                     capture_num_tokens=sglang.CAPTURE_TOKENS, max_bs=sglang.MAX_BS,
+                                     capture=False)
     assert runner.can_run(bg.BatchShape((10, 12, 10))) is False
     for shape in bg.MODEL_SHAPES:
         assert sglang.real_facts(r, shape) == sglang.rebuild_facts(bg.BEFORE, shape), shape
@@ -70,8 +71,8 @@ def test_capture_batch_reads_a_static_per_request_buffer_only_before(real, relea
     r = require(real[release])
     assert compare.facts(r, model="causal_lm",
                          batch="")["capture_reads_static_bs_buffer"] is reads_static
-    assert sglang.rebuild_facts(sglang.VARIANT_OF[release], "causal_lm")[
-        "capture_reads_static_bs_buffer"] is reads_static
+    assert sglang.rebuild_facts(sglang.VARIANT_OF[release],
+                                "causal_lm")["capture_reads_static_bs_buffer"] is reads_static
 
 
 def test_0510_has_no_breakable_runner(real):
@@ -140,15 +141,14 @@ REJECT = """
 RUNNER, PREFILL = sglang.RUNNER_FILE, sglang.PREFILL_RUNNER
 
 
-@pytest.mark.parametrize("files,status",
-                         [({}, "absent"),
-                          ({RUNNER: "class BreakableCudaGraphRunner:" + REJECT}, "before"),
-                          ({RUNNER: "class BreakableCudaGraphRunner:" + SWAP}, "pr-era"),
-                          ({PREFILL: "class PrefillCudaGraphRunner:" + SWAP}, "changed"),
-                          ({PREFILL: "class PrefillCudaGraphRunner:"
-                            + REJECT.replace("can_run", "can_run_graph")}, "regressed"),
-                          ({RUNNER: "class BreakableCudaGraphRunner:\n    pass\n"}, "unknown"),
-                          ({RUNNER: "class Other:\n    pass\n"}, "unknown")])
+@pytest.mark.parametrize("files,status", [
+    ({}, "absent"), ({RUNNER: "class BreakableCudaGraphRunner:" + REJECT}, "before"),
+    ({RUNNER: "class BreakableCudaGraphRunner:" + SWAP}, "pr-era"),
+    ({PREFILL: "class PrefillCudaGraphRunner:" + SWAP}, "changed"),
+    ({PREFILL: "class PrefillCudaGraphRunner:" + REJECT.replace("can_run", "can_run_graph")
+      }, "regressed"), ({RUNNER: "class BreakableCudaGraphRunner:\n    pass\n"}, "unknown"),
+    ({RUNNER: "class Other:\n    pass\n"}, "unknown")
+])
 def test_breakable_graph_states(files, status):
     v = sglang.check(files.get)
     assert v.status in RELEASE_STATES and v.detail and "\n" not in v.detail

@@ -9,6 +9,7 @@ import pytest
 from sglab.breakable_graph import claims, measure, show
 from sglab.core import runs
 
+
 matplotlib.use("Agg")
 
 RECORDED = runs.load_all_recorded("breakable_graph")
@@ -65,5 +66,5 @@ def test_your_setup_is_the_hit_rate_of_your_traffic(monkeypatch):
     want = show.hit_table(measure.hit_rate_rows())
     assert default.loc["before", "hit_rate"] == want.loc["before", "hit_rate"]
     assert default.loc["after", "graph_batches"] == want.loc["after", "graph_batches"]
-    assert (t.groupby(["p_single", "max_requests"]).hit_rate.apply(
-        lambda s: s.iloc[0] != s.iloc[1])).all()
+    assert (t.groupby(["p_single",
+                       "max_requests"]).hit_rate.apply(lambda s: s.iloc[0] != s.iloc[1])).all()

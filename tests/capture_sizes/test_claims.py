@@ -18,6 +18,7 @@ from sglab.capture_sizes import show
 from sglab.core import claims, runs
 from sglab.tools import cli, verify
 
+
 EXP = "capture_sizes"
 
 
@@ -37,8 +38,9 @@ def _rewrite(path: Path, df) -> None:
 
 
 def _w2_recorded() -> Path:
-    paths = [p for p in runs.list_runs(EXP)
-             if runs.read_run(p).manifest["params"]["world_size"] == 2]
+    paths = [
+        p for p in runs.list_runs(EXP) if runs.read_run(p).manifest["params"]["world_size"] == 2
+    ]
     assert paths, "a recorded world-size-2 run is committed"
     return paths[-1]
 
@@ -63,9 +65,11 @@ def test_every_recorded_run_verifies(capsys):
             assert all(r.status == "pass" for r in claims.evaluate(cc, run))
             continue
         na = [r for r in claims.evaluate(cc, run) if r.status == "n/a"]
-        assert {r.claim.id.split(".")[1] for r in na} == {"trace_refused_marked",
-                                                          "trace_refused_no_collective",
-                                                          "trace_capture_launches_nothing"}
+        assert {r.claim.id.split(".")[1]
+                for r in na} == {
+                    "trace_refused_marked", "trace_refused_no_collective",
+                    "trace_capture_launches_nothing"
+                }
         assert all("covers method version 2+" in r.outcome.reason for r in na)
 
 
@@ -124,7 +128,7 @@ def test_headline_from_the_runs_shown():
     """Per run shown (newest per GPU model and world size), the numbers recomputed from its CSV."""
     shown = cc.shown(runs.load_all_recorded(EXP))
     assert [(runs.gpu_short(r), r.manifest["params"]["world_size"]) for r in shown] == [("H200", 2),
-            ("H200", 4)]
+                                                                                        ("H200", 4)]
     line = claims.headline(cc, shown)
     assert "|" not in line and len(line) < 400
     for r in shown:
@@ -133,8 +137,10 @@ def test_headline_from_the_runs_shown():
         refused = sorted(probe["size"].astype(int))
         raw = df[df.variant == "before"]["size"].nunique()
         stop = int(df[(df.variant == "before") & (df.metric == "failed")]["size"].iloc[0])
-        good = {v: int(df[(df.variant == v) & (df.metric == "replay_ok")].value.sum())
-                for v in ("pr_filter", "round_up")}
+        good = {
+            v: int(df[(df.variant == v) & (df.metric == "replay_ok")].value.sum())
+            for v in ("pr_filter", "round_up")
+        }
         n = {v: df[df.variant == v]["size"].nunique() for v in ("pr_filter", "round_up")}
         assert good == n
         assert (f"H200 TP {w}: refused {', '.join(map(str, refused))} of {raw} sizes, the "
@@ -178,8 +184,9 @@ def test_boundary_on_two_gloo_ranks(gloo_run):
         assert s.loc[v, "failed"] == 0
         assert s.loc[v, "captured_or_ok"] == s.loc[v, "sizes"] == s.loc[v, "replayed_ok"]
         assert s.loc[v, "worst_replay_err"] <= ex.TOL
-    assert set(df.columns) >= {"experiment", "variant", "world_size", "size", "metric", "value",
-                               "unit"}
+    assert set(df.columns) >= {
+        "experiment", "variant", "world_size", "size", "metric", "value", "unit"
+    }
 
 
 def test_gloo_trace_marks_every_refused_size_on_every_rank(gloo_run):
@@ -201,8 +208,10 @@ def test_gloo_run_claims(gloo_run):
     na = {k for k, o in res.items() if o.status == "n/a"}
     assert na == {"capture_sizes.trace_capture_launches_nothing"}
     assert "gloo" in res["capture_sizes.trace_capture_launches_nothing"].reason
-    assert all(o.status == "pass" for k, o in res.items() if k not in na), {k: o.reason for k,
-            o in res.items()}
+    assert all(o.status == "pass" for k, o in res.items() if k not in na), {
+        k: o.reason
+        for k, o in res.items()
+    }
 
 
 def _damage_events(gloo_run: Path, tmp_path: Path, damage) -> Path:
@@ -239,8 +248,9 @@ def test_capture_timeline_marks_the_refused_sizes(gloo_run):
     windows = show.tail_window(events, rank=0)
     assert set(windows) == {"before · rank 0", "after · rank 0"}
     before, marks = windows["before · rank 0"]
-    assert sorted(marks.name) == ["phase::refused 1", "phase::refused 3", "phase::refused 5",
-                                  "phase::refused 7"]
+    assert sorted(marks.name) == [
+        "phase::refused 1", "phase::refused 3", "phase::refused 5", "phase::refused 7"
+    ]
     assert set(before.lane) <= {"host", "runtime", "device"}
     fig = show.capture_timeline(events, rank=0, run=run)
     crosses = [c for c in fig.axes[0].collections if isinstance(c, PathCollection)]
@@ -254,8 +264,8 @@ def test_capture_timeline_marks_the_refused_sizes(gloo_run):
 # a real run with its trace: H200 x2, NCCL, the default parameters (tests/data, a copy without the
 # Perfetto file)
 # --------------------------------------------------------------------------------------------------
-H200_RUN = (Path(__file__).resolve().parents[1] / "data" / EXP
-            / "20261123T110758Z_nvidia-h200-x2.csv")
+H200_RUN = (
+    Path(__file__).resolve().parents[1] / "data" / EXP / "20261123T110758Z_nvidia-h200-x2.csv")
 
 
 def test_a_real_h200_run_with_its_trace_verifies(capsys):
@@ -264,8 +274,9 @@ def test_a_real_h200_run_with_its_trace_verifies(capsys):
 
 
 def test_the_real_trace_in_numbers():
-    t = show.trace_summary(runs.read_run(H200_RUN).sidecar("events")).set_index(["rank", "variant",
-            "kind"])
+    t = show.trace_summary(runs.read_run(H200_RUN).sidecar("events")).set_index([
+        "rank", "variant", "kind"
+    ])
     for rank in (0, 1):
         # 38 accepted sizes: 3 reduce-scatters and 3 all-gathers issued (2 eager runs + the captured
         # call), 4 NCCL kernels run (the eager runs'); the 4 refused sizes and the refused warm-up:
@@ -278,6 +289,7 @@ def test_the_real_trace_in_numbers():
 
 
 def test_an_nccl_kernel_run_under_capture_fails_the_claim(tmp_path, capsys):
+
     def extra_kernel(ev):
         at = (ev["rank"] == 1) & (ev.name == "phase::capture 64") & (ev.variant == "after")
         r = ev[at].iloc[0]
@@ -297,8 +309,8 @@ def test_capture_timeline_on_the_real_trace():
     run = runs.read_run(H200_RUN)
     windows = show.tail_window(run.sidecar("events"), rank=1)
     after, _ = windows["after · rank 1"]
-    assert sorted(after.loc[after.category == "range", "name"]) == ["phase::2", "phase::4",
-                                                                    "phase::6", "phase::8"]
+    assert sorted(after.loc[after.category == "range",
+                            "name"]) == ["phase::2", "phase::4", "phase::6", "phase::8"]
     assert (after.name.str.contains("nccl") & (after.lane == "device")).sum() == 4 * 4
     fig = show.capture_timeline(run.sidecar("events"), rank=1, run=run)
     crosses = [c for c in fig.axes[0].collections if isinstance(c, PathCollection)]

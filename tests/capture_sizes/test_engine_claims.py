@@ -11,6 +11,7 @@ from sglab.core import claims as core
 from sglab.core import runs
 from tests.edits import copy_run, set_value
 
+
 FAILS, FILTER = ("engine_capture_sizes.unfiltered_release_fails",
                  "engine_capture_sizes.filtered_release_captures_pr_filter")
 
@@ -52,8 +53,9 @@ def test_a_damaged_copy_fails_naming_the_claim(tmp_path, edit, claim):
 
 
 def test_a_variant_the_harness_cut_off_is_no_answer(tmp_path):
-    dst = copy_run(_both().path, tmp_path, lambda df: set_value(
-        df, "timeout: no exit in 300 s", variant="0.5.14+odd-sizes", metric="status"))
+    dst = copy_run(
+        _both().path, tmp_path, lambda df: set_value(df, "timeout: no exit in 300 s", variant=
+                                                     "0.5.14+odd-sizes", metric="status"))
     assert _status(runs.read_run(dst))[FAILS] == core.NA
 
 

@@ -13,6 +13,7 @@ from sglab.capture_sizes import show
 from sglab.core import claims, hardware, runs
 from sglab.tools import verify
 
+
 SMALL = {"world_size": 2, "hidden": 256, "max_tokens": 512}
 
 
@@ -60,8 +61,10 @@ def test_two_ranks_nccl_capture_replay_and_trace(tmp_path):
     assert Path(out.sidecars["trace"]).stat().st_size > 1000
 
     res = _verdicts(out, SMALL, tmp_path)
-    assert all(o.status == "pass" for o in res.values()), {k: o.reason for k,
-                                                           o in res.items() if o.status != "pass"}
+    assert all(o.status == "pass" for o in res.values()), {
+        k: o.reason
+        for k, o in res.items() if o.status != "pass"
+    }
 
 
 @pytest.mark.skipif(not hardware.meets(2)[0], reason="needs 2 CUDA GPUs")
@@ -89,5 +92,7 @@ def test_four_ranks_scaled_sizes(tmp_path):
     assert s.loc["pr_filter", "replayed_ok"] == s.loc["pr_filter", "sizes"]
     assert set(show.capture_ranges(out.sidecars["events"])["rank"]) == {0, 1, 2, 3}
     res = _verdicts(out, params, tmp_path)
-    assert all(o.status == "pass" for o in res.values()), {k: o.reason for k,
-                                                           o in res.items() if o.status != "pass"}
+    assert all(o.status == "pass" for o in res.values()), {
+        k: o.reason
+        for k, o in res.items() if o.status != "pass"
+    }

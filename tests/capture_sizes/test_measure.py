@@ -10,6 +10,7 @@ from sglab.capture_sizes import measure as ex
 from sglab.capture_sizes import rebuild as cs
 from sglab.capture_sizes import show
 
+
 DEFAULT_2048 = cs.default_piecewise_capture_sizes(2048)
 
 
@@ -50,15 +51,21 @@ def test_replay_token_counts():
 
 
 def test_merge_requires_agreement():
-    a = [{"variant": "v", "world_size": 2, "size": 4, "metric": "replay_max_abs_err", "value": 0.5,
-          "unit": "abs"}]
-    b = [{"variant": "v", "world_size": 2, "size": 4, "metric": "replay_max_abs_err", "value": 1.0,
-          "unit": "abs"}]
+    a = [{
+        "variant": "v", "world_size": 2, "size": 4, "metric": "replay_max_abs_err", "value": 0.5,
+        "unit": "abs"
+    }]
+    b = [{
+        "variant": "v", "world_size": 2, "size": 4, "metric": "replay_max_abs_err", "value": 1.0,
+        "unit": "abs"
+    }]
     assert ex._merge([a, b])[0]["value"] == 1.0
-    c = [{"variant": "v", "world_size": 2, "size": 4, "metric": "captured", "value": 1.0,
-          "unit": ""}]
-    d = [{"variant": "v", "world_size": 2, "size": 4, "metric": "captured", "value": 0.0,
-          "unit": ""}]
+    c = [{
+        "variant": "v", "world_size": 2, "size": 4, "metric": "captured", "value": 1.0, "unit": ""
+    }]
+    d = [{
+        "variant": "v", "world_size": 2, "size": 4, "metric": "captured", "value": 0.0, "unit": ""
+    }]
     with pytest.raises(RuntimeError, match="disagree"):
         ex._merge([c, d])
     with pytest.raises(RuntimeError, match="fewer"):
@@ -122,13 +129,14 @@ def test_capture_loop_order_and_every_size_ends_synchronised():
     work.boundary = boundary
     graphs = work.capture_all("v", [2, 3, 4], record=True)
     # warm-up at 2; capture 4: two eager runs and the capture; 3 refused before any collective: stop
-    assert sorted(graphs) == [4] and calls == ["sync", 2, "sync", "sync", 4, "sync", 4, "sync",
-                                               "sync", "sync"]
+    assert sorted(graphs) == [4] and calls == [
+        "sync", 2, "sync", "sync", 4, "sync", 4, "sync", "sync", "sync"
+    ]
     rows = {(r["size"], r["metric"]): r for r in work.rows}
-    assert rows[(3, "failed")]["stage"] == "capture" and (2, "not_reached") in rows and (4,
-            "captured") in rows
+    assert rows[(3, "failed")]["stage"] == "capture" and (2, "not_reached") in rows and (
+        4, "captured") in rows
     calls.clear()
     graphs = work.capture_all("v", [2, 3, 4], record=False, keep_going=True)
     assert sorted(graphs) == [2, 4] and [c for c in calls if c != "sync"] == [2, 4, 4, 2, 2]
-    assert all(calls[i + 1] == "sync" for i,
-               c in enumerate(calls) if c != "sync" and i + 1 < len(calls))
+    assert all(
+        calls[i + 1] == "sync" for i, c in enumerate(calls) if c != "sync" and i + 1 < len(calls))

@@ -9,16 +9,21 @@ import pytest
 
 from sglab.capture_sizes import rebuild as cs
 
-DEFAULT_2048 = [4, 8, 12, 16, 20, 24, 28, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208,
-                224, 240, 256, 288, 320, 352, 384, 416, 448, 480, 512, 576, 640, 704, 768, 832, 896,
-                960, 1024, 1280, 1536, 1792, 2048]
+
+DEFAULT_2048 = [
+    4, 8, 12, 16, 20, 24, 28, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256,
+    288, 320, 352, 384, 416, 448, 480, 512, 576, 640, 704, 768, 832, 896, 960, 1024, 1280, 1536,
+    1792, 2048
+]
 
 
 def test_default_sizes_pr_era():
     assert cs.default_piecewise_capture_sizes(2048) == DEFAULT_2048
     big = cs.default_piecewise_capture_sizes(8192)
-    assert big[len(DEFAULT_2048):] == [2304, 2560, 2816, 3072, 3328, 3584, 3840, 4096, 4608, 5120,
-                                       5632, 6144, 6656, 7168, 7680, 8192]
+    assert big[len(DEFAULT_2048):] == [
+        2304, 2560, 2816, 3072, 3328, 3584, 3840, 4096, 4608, 5120, 5632, 6144, 6656, 7168, 7680,
+        8192
+    ]
     assert cs.default_piecewise_max_tokens(8192, use_mla_backend=True) == 2048
     assert cs.default_piecewise_max_tokens(8192, use_mla_backend=False) == 8192
 
@@ -115,8 +120,8 @@ def test_pick_bucket():
 
 def test_policy_lists():
     p = cs.policy_lists(DEFAULT_2048, 8)
-    assert p["before"] == DEFAULT_2048 and [n for n in DEFAULT_2048
-                                            if n not in p["pr_filter"]] == [4, 12, 20, 28]
+    assert p["before"] == DEFAULT_2048 and [n for n in DEFAULT_2048 if n not in p["pr_filter"]
+                                            ] == [4, 12, 20, 28]
     assert p["round_up"] == p["pr_filter"]
     assert cs.policy_lists([4, 8, 16], 4, 6)["pr_filter"] == []  # where the PR's assertion fires
     # two-batch overlap: the round-up follows the decode runner's doubled base, the PR's filter does
@@ -129,6 +134,7 @@ def test_review_findings():
     """The design-review findings on the default list: the comment promises tp*cp, the code keeps
     a common multiple that is not always the least one, two-batch overlap is not folded in, and
     dropping loses buckets that rounding up keeps."""
+
     def kept(base):
         return [n for n in DEFAULT_2048 if n % base == 0]
 

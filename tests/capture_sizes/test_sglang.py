@@ -14,14 +14,18 @@ from sglab.sglang import compare as report
 from sglab.sglang.testing import probe_all, require, value
 from sglab.sglang.upstream import RELEASE_STATES, Verdict
 
+
 RELEASES = sglang.PROBE_RELEASES
 SETTINGS = sglang.SETTINGS
 PIECEWISE = fix.default_piecewise_capture_sizes(2048)
 PARAMS = sglang.params(2048)
-ARGS = {"tp8_dense_tp1": ["--model-path", "m", "--tp-size", "8", "--moe-dense-tp-size", "1"],
-        "unaligned": ["--model-path", "m", "--tp-size", "8", "--moe-dense-tp-size", "1",
-                      "--piecewise-cuda-graph-tokens", "4", "12", "20"],
-        "misspelt": ["--model-path", "m", "--tp-sise", "8"]}
+ARGS = {
+    "tp8_dense_tp1": ["--model-path", "m", "--tp-size", "8", "--moe-dense-tp-size", "1"],
+    "unaligned": [
+        "--model-path", "m", "--tp-size", "8", "--moe-dense-tp-size", "1",
+        "--piecewise-cuda-graph-tokens", "4", "12", "20"
+    ], "misspelt": ["--model-path", "m", "--tp-sise", "8"]
+}
 # the notebook's call, and the same probe with server-argument cases (one process per release)
 REAL_CALLS = ["capture_sizes", (sglang.FIX.probe.fn, {**PARAMS, "cases": ARGS}, RELEASES)]
 
@@ -175,25 +179,29 @@ ROUNDED = "get_prefill_num_tokens_to_capture(capture_tokens)"
     ({}, "absent", "no piecewise or prefill"),
     ({sglang.PIECEWISE_RUNNER: PCG_BEFORE}, "before", "every configured size"),
     ({sglang.PIECEWISE_RUNNER: PCG_PR}, "pr-era", "divisible by mul_base"),
-    ({sglang.PREFILL_RUNNER: PREFILL.replace("CAPTURE", "sorted(capture_tokens)")}, "regressed",
-     "sorted(capture_tokens) with no TP/CP alignment"),
-    ({sglang.PREFILL_RUNNER: PREFILL.replace("CAPTURE", ROUNDED),
-      "srt/utils/common.py": ROUND_UP}, "changed", "get_cuda_graph_max_batch_size → ceil_align"),
-    ({sglang.PREFILL_RUNNER: PREFILL.replace("CAPTURE",
-                                             "[n for n in capture_tokens if n % mul_base == 0]")},
-     "changed", "filters"),
-    ({sglang.PREFILL_RUNNER: PREFILL.replace("self.capture_num_tokens = CAPTURE", "pass")},
-     "unknown", "does not set"),
-    ({sglang.PIECEWISE_RUNNER: "class Other:\n    pass\n"}, "unknown",
-     "no PiecewiseCudaGraphRunner.__init__")])
+    ({sglang.PREFILL_RUNNER: PREFILL.replace("CAPTURE", "sorted(capture_tokens)")
+      }, "regressed", "sorted(capture_tokens) with no TP/CP alignment"),
+    ({sglang.PREFILL_RUNNER: PREFILL.replace("CAPTURE", ROUNDED), "srt/utils/common.py": ROUND_UP
+      }, "changed", "get_cuda_graph_max_batch_size → ceil_align"),
+    ({
+        sglang.PREFILL_RUNNER: PREFILL.replace("CAPTURE",
+                                               "[n for n in capture_tokens if n % mul_base == 0]")
+    }, "changed", "filters"),
+    ({sglang.PREFILL_RUNNER: PREFILL.replace("self.capture_num_tokens = CAPTURE", "pass")
+      }, "unknown", "does not set"),
+    ({sglang.PIECEWISE_RUNNER: "class Other:\n    pass\n"
+      }, "unknown", "no PiecewiseCudaGraphRunner.__init__")
+])
 def test_capture_sizes_states(files, status, words):
     v = state(files)
     assert v.status == status and words in v.detail, v
 
 
 def test_round_up_helper_without_ceil_align_is_not_a_round_up():
-    files = {sglang.PREFILL_RUNNER: PREFILL.replace("CAPTURE", ROUNDED),
-             "srt/utils/common.py": "def get_cuda_graph_max_batch_size(n):\n    return n\n"}
+    files = {
+        sglang.PREFILL_RUNNER: PREFILL.replace("CAPTURE", ROUNDED),
+        "srt/utils/common.py": "def get_cuda_graph_max_batch_size(n):\n    return n\n"
+    }
     assert state(files).status == "regressed"
 
 
@@ -201,8 +209,10 @@ def test_the_check_reads_a_folder_on_disk(tmp_path):
     """The layout of SGLang 0.5.14+: one prefill runner; 0.5.22+ rounds each size up."""
     from sglab.sglang import upstream
 
-    for rel, text in {sglang.PREFILL_RUNNER: PREFILL.replace("CAPTURE", ROUNDED),
-                      "srt/utils/common.py": ROUND_UP}.items():
+    for rel, text in {
+            sglang.PREFILL_RUNNER: PREFILL.replace("CAPTURE", ROUNDED),
+            "srt/utils/common.py": ROUND_UP
+    }.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     assert upstream.check(sglang.FIX, root=tmp_path).status == "changed"

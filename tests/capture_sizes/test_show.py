@@ -8,6 +8,7 @@ from sglab.capture_sizes import measure as ex
 from sglab.capture_sizes import rebuild as cs
 from sglab.capture_sizes import show
 
+
 DEFAULT_2048 = cs.default_piecewise_capture_sizes(2048)
 
 
@@ -17,8 +18,10 @@ def _texts(fig):
 
 def test_padding():
     w = show.padding_waste([4, 8], 10)
-    assert w == {"covered": 8, "eager": 2, "pad_tokens": (3 + 2 + 1 + 0) + (3 + 2 + 1 + 0),
-                 "pad_frac": 12 / 36}
+    assert w == {
+        "covered": 8, "eager": 2, "pad_tokens": (3 + 2 + 1 + 0) + (3 + 2 + 1 + 0),
+        "pad_frac": 12 / 36
+    }
 
 
 def test_alignment_table_exact():

@@ -27,12 +27,15 @@ from sglab.capture_sizes import sglang as cs
 from sglab.sglang.releases import installed_releases
 from sglab.tools import cli
 
+
 RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13", "0.5.14", "0.5.23")
 FILTERED = ("0.5.11", "0.5.12.post1", "0.5.13")  # #23972's filter is in these runners
 
-PIECEWISE = [4, 8, 12, 16, 20, 24, 28, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224,
-             240, 256, 288, 320, 352, 384, 416, 448, 480, 512, 576, 640, 704, 768, 832, 896, 960,
-             1024, 1280, 1536, 1792, 2048]
+PIECEWISE = [
+    4, 8, 12, 16, 20, 24, 28, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256,
+    288, 320, 352, 384, 416, 448, 480, 512, 576, 640, 704, 768, 832, 896, 960, 1024, 1280, 1536,
+    1792, 2048
+]
 # the sizes of PIECEWISE that are 4 mod 8 (every size from 48 on is a multiple of 16)
 ODD_FOURS = [4, 12, 20, 28]
 # PIECEWISE without ODD_FOURS: 38 sizes, all multiples of 8 (rounding up to 8 merges the four)
@@ -43,12 +46,12 @@ PIECEWISE_8192 = PIECEWISE_4096 + list(range(4608, 8193, 512))
 PIECEWISE_8192_X8 = [n for n in PIECEWISE_8192 if n not in ODD_FOURS]
 # the decode list at cuda_graph_max_bs 512: 5 + 31 + 16 = 52 sizes
 DECODE_512 = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 513, 16))
-DECODE_256 = DECODE_512[:36]                          # at max bs 256 (tp < 4): 5 + 31
-DECODE_512_X8 = [n for n in DECODE_512 if n % 8 == 0]      # drop 1, 2, 4, 12: 48 sizes
-DECODE_512_X16 = [n for n in DECODE_512 if n % 16 == 0]    # two-batch overlap doubles 8: 32
-DECODE_512_X4 = DECODE_512[2:]                        # drop 1, 2: 50 sizes
-DECODE_512_X2 = DECODE_512[1:]                        # drop 1: 51 sizes
-DECODE_256_X4 = DECODE_256[2:]                        # drop 1, 2: 34 sizes
+DECODE_256 = DECODE_512[:36]  # at max bs 256 (tp < 4): 5 + 31
+DECODE_512_X8 = [n for n in DECODE_512 if n % 8 == 0]  # drop 1, 2, 4, 12: 48 sizes
+DECODE_512_X16 = [n for n in DECODE_512 if n % 16 == 0]  # two-batch overlap doubles 8: 32
+DECODE_512_X4 = DECODE_512[2:]  # drop 1, 2: 50 sizes
+DECODE_512_X2 = DECODE_512[1:]  # drop 1: 51 sizes
+DECODE_256_X4 = DECODE_256[2:]  # drop 1, 2: 34 sizes
 
 CASES = {
     # the crash report: attention TP 8 (no DP attention, CP 1), dense MLP at TP 1 -> tokens
@@ -62,7 +65,7 @@ CASES = {
     # ... unless enforced (a flag 0.5.23 no longer has); mul_base = 4 (4 % 2 == 0): every default
     # size is a multiple of 4
     "tp8_cp2_dense1_enforced": "--tp 8 --attn-cp-size 2 --moe-dense-tp-size 1 "
-                               "--enforce-piecewise-cuda-graph",
+    "--enforce-piecewise-cuda-graph",
     # attention TP 2, max bs 256; two-batch overlap doubles the decode base (and the round-up's)
     "tp2_dense1_tbo": "--tp 2 --moe-dense-tp-size 1 --enable-two-batch-overlap",
     # the crash report with two-batch overlap: decode and round-up align to 16, the PR to 8
@@ -98,20 +101,23 @@ ERRORS = {
     "misspelt": "sglang.launch_server: error: unrecognized arguments: --tpp 8",
     "cp_not_dividing": "AssertionError: tp_size must be divisible by attn_cp_size",
     "lm_head_without_dp_attention": "AssertionError: Please enable dp attention when setting "
-                                    "enable_dp_lm_head.",
+    "enable_dp_lm_head.",
 }
 ERRORS_0523 = {
     "tp8_cp2_dense1_enforced": "sglang.launch_server: error: unrecognized arguments: "
-                               "--enforce-piecewise-cuda-graph",
+    "--enforce-piecewise-cuda-graph",
     "lm_head_without_dp_attention": "AssertionError: --enable-dp-lm-head requires attention DP "
-                                    "(--attn-dp-size).",
+    "(--attn-dp-size).",
 }
 
 # the calls of the module fixture and of the command's tests, answered with the session's (conftest)
-REAL_CALLS = [cs.probe_call({k: v.split() for k, v in CASES.items()}, RELEASES),
-              cs.probe_call({"args": CASES["tp8_dense1"].split()}, ("0.5.10.post1", "0.5.11")),
-              *(cs.probe_call({"args": CASES[case].split()}, ("0.5.11",))
-                for case in ("misspelt", "cp_not_dividing"))]
+REAL_CALLS = [
+    cs.probe_call({k: v.split()
+                   for k, v in CASES.items()}, RELEASES),
+    cs.probe_call({"args": CASES["tp8_dense1"].split()}, ("0.5.10.post1", "0.5.11")),
+    *(cs.probe_call({"args": CASES[case].split()}, ("0.5.11",))
+      for case in ("misspelt", "cp_not_dividing"))
+]
 
 
 def _need(releases):
@@ -145,8 +151,8 @@ def test_captured_sizes_match_the_hand_tables(rows, case, release):
         assert pw.status == "off" and pw.captured == [] and piecewise in pw.note, pw.note
     else:
         assert pw.status == "captured" and pw.captured == piecewise
-        assert pw.configured == (PIECEWISE_8192 if release == "0.5.23" and case != "tp4_dp2"
-                                 else PIECEWISE_4096 if release == "0.5.23" else PIECEWISE)
+        assert pw.configured == (PIECEWISE_8192 if release == "0.5.23" and case != "tp4_dp2" else
+                                 PIECEWISE_4096 if release == "0.5.23" else PIECEWISE)
     assert pw.refused == refused
     assert dec.status == "captured" and dec.captured == decode and dec.refused == []
 
@@ -179,8 +185,8 @@ def test_rebuild_columns(rows):
     tbo = tbo.loc[("0.5.11", "piecewise")]
     assert (tbo.filter_base, tbo.filter_keeps) == (8, PIECEWISE_X8)
     assert (tbo.round_up_alignment, tbo.round_up[:2]) == (16, [16, 32])
-    plain = show.sizes_table(rows, "tp2").set_index(["release", "list"]).loc[("0.5.11",
-                                                                               "piecewise")]
+    plain = show.sizes_table(rows, "tp2").set_index(["release",
+                                                     "list"]).loc[("0.5.11", "piecewise")]
     assert not plain.gathered
     assert (plain.filter_base, plain.filter_keeps, plain.round_up) == (1, PIECEWISE, PIECEWISE)
 
@@ -237,8 +243,8 @@ def test_command_with_a_model_config_of_another_name(capsys, tmp_path):
 
     cfg = json.loads((cs.repo_root() / cs.MODEL).read_text())
     cfg = {k: v for k, v in cfg.items() if "lora" not in k and "rope" not in k}
-    (tmp_path / "llama.json").write_text(json.dumps({**cfg, "architectures": ["LlamaForCausalLM"],
-                                                     "model_type": "llama"}))
+    (tmp_path / "llama.json").write_text(
+        json.dumps({**cfg, "architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
     code, out, _ = _cli(capsys, "--release", "0.5.14", "--model", str(tmp_path / "llama.json"),
                         "--", *CASES["tp8_dense1"].split())
     assert code == 0 and "piecewise max tokens 8192" in out

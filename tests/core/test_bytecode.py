@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+
 LIB = Path(__file__).resolve().parents[2] / "lib"
 
 PARENT = """

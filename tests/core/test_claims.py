@@ -29,13 +29,14 @@ def _two_gpus(run):
     return None if run.manifest.get("gpu_count", 0) >= 2 else "needs a run on 2 GPUs"
 
 
-CLAIMS = [Claim("demo.extra_kernels", "without the fix, exactly 2 more kernels", "== 2", _kernels),
-          Claim("demo.ratio", "before/after time ratio", ">= 1.10", _ratio, drift=0.25),
-          Claim("demo.ranks", "both ranks report", "2 ranks", lambda r: holds(True, "2"),
-                applies=_two_gpus),
-          Claim("demo.new_metric", "a metric only method 2 records", "present",
-                lambda r: holds(True, "yes"), methods=(2, None)),]
-
+CLAIMS = [
+    Claim("demo.extra_kernels", "without the fix, exactly 2 more kernels", "== 2", _kernels),
+    Claim("demo.ratio", "before/after time ratio", ">= 1.10", _ratio, drift=0.25),
+    Claim("demo.ranks", "both ranks report", "2 ranks", lambda r: holds(True, "2"),
+          applies=_two_gpus),
+    Claim("demo.new_metric", "a metric only method 2 records", "present",
+          lambda r: holds(True, "yes"), methods=(2, None)),
+]
 
 DEMO = types.ModuleType("sglab.demo.claims")
 DEMO.EXPERIMENT, DEMO.GPUS, DEMO.CLAIM = "demo", 1, "without the fix, two more kernels"
@@ -156,7 +157,7 @@ def test_junit(demo, tmp_path):
 
 
 def test_junit_into_a_missing_folder_is_refused_before_any_check(demo, tmp_path, capsys,
-                                                                  monkeypatch):
+                                                                 monkeypatch):
     from sglab.tools import verify
 
     checked = []

@@ -11,6 +11,7 @@ from sglab.core import kernels, memory, timing
 
 from tests.core import dist_fns
 
+
 pytestmark = pytest.mark.gpu
 
 

@@ -12,6 +12,7 @@ import pytest
 from sglab.core import kernel_table as kt
 from sglab.core import kernels
 
+
 GEMM = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT"
 COPY = ("void at::native::elementwise_kernel<128, 4, "
         "at::native::gpu_kernel_impl_nocast<at::native::direct_copy_"
@@ -41,13 +42,14 @@ def test_short_names():
     mangled = ("_ZN2at6native18elementwise_kernelILi128ELi4EZNS0_22gpu_kernel_impl_nocastIZZZNS0_"
                "23direct_copy_kernel")
     assert kt.short_name(mangled) == "elementwise_kernel [direct_copy]"
-    assert (kt.short_name("_ZN13pytorch_flash16flash_fwd_kernelI23Flash_fwd_kernel_traits")
-            == "flash_fwd_kernel")
+    assert (kt.short_name("_ZN13pytorch_flash16flash_fwd_kernelI23Flash_fwd_kernel_traits") ==
+            "flash_fwd_kernel")
     assert kt.short_name(GEMM) == GEMM
     assert len(kt.short_name("x" * 100)) == 48
 
 
 class _ActionData:
+
     def __init__(self, name, ns):
         import numpy as np
 
@@ -62,8 +64,9 @@ def fake_nsight(kernels_per_call):
 
     ns = types.ModuleType("nsight")
     extraction = types.ModuleType("nsight.extraction")
-    extraction.extract_df_from_data = lambda data, *a, **k: pd.DataFrame([{"Annotation": label,
-            "AvgValue": 1.0, "MinValue": 1.0, "MaxValue": 1.0, "NumRuns": 2} for label in data])
+    extraction.extract_df_from_data = lambda data, *a, **k: pd.DataFrame(
+        [{"Annotation": label, "AvgValue": 1.0, "MinValue": 1.0, "MaxValue": 1.0, "NumRuns": 2}
+         for label in data])
     ns.extraction = extraction
     ns.Tool = types.SimpleNamespace(CUPTI="cupti", NCU="ncu")
     ns.activate = ns.deactivate = lambda *a: None
@@ -75,17 +78,21 @@ def fake_nsight(kernels_per_call):
         yield
 
     def kernel(configs, runs, **kw):
+
         def deco(fn):
+
             def bench():
                 for _ in range(runs):
                     fn(0)
                 data = {}
                 for label in current:
-                    data.setdefault(label, []).extend(_ActionData(n, d) for n,
-                                                      d in kernels_per_call[label])
+                    data.setdefault(label, []).extend(
+                        _ActionData(n, d) for n, d in kernels_per_call[label])
                 return types.SimpleNamespace(
                     to_dataframe=lambda: ns.extraction.extract_df_from_data(data))
+
             return bench
+
         return deco
 
     ns.annotate = annotate
@@ -124,10 +131,10 @@ def test_kernel_table_from_nsight_records(monkeypatch):
 
 
 def test_kernel_table_says_why_nsight_did_not_run(monkeypatch):
-    monkeypatch.setattr(kernels, "nsight_backend",
-                        lambda: ("cuda-events", "nsight-python is not installed"))
-    monkeypatch.setattr(kt, "profiler_records", lambda fns, runs,
-                        warmup: [("x", GEMM, 1000.0)] * runs)
+    monkeypatch.setattr(kernels, "nsight_backend", lambda:
+                        ("cuda-events", "nsight-python is not installed"))
+    monkeypatch.setattr(kt, "profiler_records",
+                        lambda fns, runs, warmup: [("x", GEMM, 1000.0)] * runs)
     t = kt.kernel_table({"x": lambda: None}, runs=3, warmup=0)
     assert t.attrs["backend"] == "torch-profiler" and "not installed" in t.attrs["reason"]
     assert kt.calls_per_run(t) == {"x": 1.0}

@@ -44,6 +44,7 @@ class FakeDriver:
     ("memset",)."""
 
     class CUgraph:
+
         def __init__(self, ptr):
             self.ptr = ptr
 
@@ -74,6 +75,7 @@ class FakeDriver:
 
 
 class FakeGraph:
+
     def __init__(self, ptr):
         self.ptr = ptr
 
@@ -90,8 +92,9 @@ def test_counts_exactly_n_kernel_nodes(n):
 
 def test_recurses_into_child_graphs_and_counts_types():
     child = [("kernel", "gather"), ("memset",), ("kernel", "cast")]
-    drv = FakeDriver({1: [("kernel", "gemm"), ("graph", child), ("memcpy",),
-                          ("graph", [("graph", child)])]})
+    drv = FakeDriver({
+        1: [("kernel", "gemm"), ("graph", child), ("memcpy",), ("graph", [("graph", child)])]
+    })
     out = kernels.graph_kernel_nodes(FakeGraph(1), driver=drv)
     assert out.kernels == 5 and out.child_graphs == 3
     assert out.name_counts() == {"gemm": 1, "gather": 2, "cast": 2}
@@ -114,6 +117,7 @@ def test_nsight_backend_on_this_machine_is_explained():
 # -- NVML tables through a fake NVML
 # ------------------------------------------------------------------------
 class FakeNVML:
+
     def __init__(self, per_gpu):
         self.per_gpu = per_gpu  # list (per GPU) of {pid: bytes}
 
@@ -158,8 +162,9 @@ def test_no_match_is_explained():
 def test_interleaved_alternates_variants_and_pools_samples():
     order = []
     fns = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
-    out = timing.interleaved(fns, rounds=3, warmup=2, repeat=9, timer=lambda fn, warmup,
-                             repeat: timing.host_time(fn, warmup=warmup, repeat=repeat, sync=False))
+    out = timing.interleaved(
+        fns, rounds=3, warmup=2, repeat=9, timer=lambda fn, warmup, repeat: timing.host_time(
+            fn, warmup=warmup, repeat=repeat, sync=False))
     assert {k: v.n for k, v in out.items()} == {"a": 9, "b": 9}
     # warm-up (2) + 3 samples of a, then b, then a again: the variants alternate round by round
     assert order == ["a"] * 5 + ["b"] * 5 + ["a"] * 3 + ["b"] * 3 + ["a"] * 3 + ["b"] * 3

@@ -27,8 +27,10 @@ def test_op_ranges_label_ops_with_scope_and_step():
             x = m[loc].to(torch.int32)
             kc[x.to(torch.int64)] = h
         h.unsqueeze(0)  # a view: not wrapped
-    assert [c.label for c in mode.calls] == ["||mul", "write|0|index", "write|1|_to_copy->int32",
-                                             "write|2|_to_copy->int64", "write|3|index_put_"]
+    assert [c.label for c in mode.calls] == [
+        "||mul", "write|0|index", "write|1|_to_copy->int32", "write|2|_to_copy->int64",
+        "write|3|index_put_"
+    ]
     assert entered == [c.label for c in mode.calls]
     assert torch.equal(kc[1:3], torch.full((2, 3), 2.0))  # the ops still ran
 
@@ -88,8 +90,9 @@ def test_cross_check_names_the_differences():
     rows = [("||mul", "mulk", 1.0), ("w|0|index", "gather", 2.0)]
     a = op_kernels.aggregate(_samples("v", rows), runs=2, backend="a")
     b = op_kernels.aggregate(_samples("v", rows), runs=2, backend="b")
-    assert op_kernels.cross_check(a, b) == {"rows": 2, "equal": 2, "only_in_a": [], "only_in_b": [],
-                                            "differ": []}
+    assert op_kernels.cross_check(a, b) == {
+        "rows": 2, "equal": 2, "only_in_a": [], "only_in_b": [], "differ": []
+    }
     c = op_kernels.aggregate(_samples("v", rows + [("w|0|index", "gather", 2.0)]), runs=2,
                              backend="c")
     res = op_kernels.cross_check(a, c)

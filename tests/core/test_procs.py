@@ -17,6 +17,7 @@ import pytest
 
 from sglab.core import procs
 
+
 LIB = Path(__file__).resolve().parents[2] / "lib"
 
 # the stand-in engine: a leader, two children and a grandchild that left the group (found by the
@@ -93,8 +94,9 @@ def _start_harness(tmp_path, how: str):
     (tmp_path / "harness.py").write_text(HARNESS.format(lib=str(LIB)))
     # its own session, as under `timeout` or a shell script: a group signal reaches the harness
     # (and what it started in that group), not the engine's own group
-    h = subprocess.Popen([sys.executable, str(tmp_path / "harness.py"), how, str(tmp_path)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    h = subprocess.Popen([sys.executable,
+                          str(tmp_path / "harness.py"), how,
+                          str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     assert h.stdout.readline().strip() == "ready", h.stderr.read()
     pids = _pids(tmp_path / "engine.log")
@@ -157,9 +159,10 @@ def test_an_engine_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
 
 
 def test_stop_reports_what_it_found_and_nothing_for_an_empty_group():
-    p = subprocess.Popen([sys.executable, "-c", "import signal, time; "
-                          "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"],
-                         start_new_session=True)
+    p = subprocess.Popen([
+        sys.executable, "-c", "import signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    ], start_new_session=True)
     try:
         time.sleep(0.3)
         done = procs.stop(p.pid, grace=0.5)
@@ -185,7 +188,8 @@ def test_a_tracked_group_is_stopped_when_the_interpreter_exits(tmp_path):
     """What the release runner and the rank launcher start is tracked: an interpreter that exits
     (here sys.exit inside the wait) stops it and says so in one line."""
     script = tmp_path / "exits.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import subprocess, sys
         sys.path.insert(0, {str(LIB)!r})
         from sglab.core import procs
@@ -207,9 +211,10 @@ def test_a_tracked_group_is_stopped_when_the_interpreter_exits(tmp_path):
 
 def test_stop_tree_ends_a_process_and_its_descendants_outside_any_group_of_theirs():
     """A Jupyter kernel is not a group leader: its tree is stopped by parentage."""
-    p = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
-                          "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-                          "time.sleep(60)"])
+    p = subprocess.Popen([
+        sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, "
+        "'-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    ])
     try:
         deadline = time.monotonic() + 10
         while not psutil.Process(p.pid).children() and time.monotonic() < deadline:

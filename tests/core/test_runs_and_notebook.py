@@ -131,8 +131,8 @@ def test_upstream_checks_read_source_without_import(tmp_path, monkeypatch):
 
 
 def test_cli_params_and_errors():
-    assert cli._parse_params(["world_size=4", "name=abc", "sizes=[1, 2]"]) == {
-        "world_size": 4, "name": "abc", "sizes": [1, 2]}
+    assert cli._parse_params(["world_size=4", "name=abc",
+                              "sizes=[1, 2]"]) == {"world_size": 4, "name": "abc", "sizes": [1, 2]}
     with pytest.raises(ValueError, match="NAME=VALUE"):
         cli._parse_params(["oops"])
     assert cli.main(["record", "no_such_experiment"]) == 2
@@ -159,15 +159,18 @@ def test_cli_upstream_rejects_a_folder_that_is_not_sglang(tmp_path, capsys):
 
 
 def test_sidecars_are_written_listed_read_back_and_promoted(data_root, tmp_path):
-    events = pd.DataFrame({"lane": ["host"], "name": ["phase::replay"], "category": ["range"],
-                           "start_us": [0.0], "dur_us": [5.0], "phase": ["replay"]})
+    events = pd.DataFrame({
+        "lane": ["host"], "name": ["phase::replay"], "category": ["range"], "start_us": [0.0],
+        "dur_us": [5.0], "phase": ["replay"]
+    })
     trace_file = tmp_path / "x.trace.json.gz"
     trace_file.write_bytes(b"\x1f\x8b fake")
     path = runs.write_run(_frame(), experiment="demo", method_version=1, params={},
                           sidecars={"events": events, "trace": trace_file})
     run = runs.read_run(path)
-    assert run.manifest["sidecars"] == {"events": f"{path.stem}.events.csv.gz",
-                                        "trace": f"{path.stem}.trace.json.gz"}
+    assert run.manifest["sidecars"] == {
+        "events": f"{path.stem}.events.csv.gz", "trace": f"{path.stem}.trace.json.gz"
+    }
     assert run.sidecar("events").equals(events)
     assert run.sidecar("trace").read_bytes() == trace_file.read_bytes()
     assert run.sidecar("missing") is None
@@ -189,7 +192,7 @@ def test_explore_falls_back_to_a_static_table_headless(monkeypatch, capsys):
     def fn(a, b):
         return pd.DataFrame({"sum": [a + b]})
 
-    table = explore(fn, {"a": [1, 2], "b": [10, 20]},
-                    static=[{"a": 1, "b": 10}, {"a": 2, "b": 20}], title="demo")
+    table = explore(fn, {"a": [1, 2], "b": [10, 20]}, static=[{"a": 1, "b": 10}, {"a": 2, "b": 20}],
+                    title="demo")
     assert list(table.columns) == ["a", "b", "sum"] and list(table["sum"]) == [11, 22]
     assert "static table" in capsys.readouterr().out

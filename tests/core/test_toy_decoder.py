@@ -10,6 +10,7 @@ import torch
 from sglab.breakable_graph import rebuild as bg
 from sglab.core import toy_decoder as td
 
+
 ROTARY = td.DecoderConfig(vocab_size=50, hidden_size=64, num_layers=3, num_heads=4,
                           intermediate_size=96, max_position=256, positions="rotary")
 
@@ -20,9 +21,11 @@ def test_breakable_graph_model_is_the_one_measured_before():
     assert out.shape == (3, 128)
     assert out.sum().item() == pytest.approx(31.155790328979492, rel=1e-4)
     assert out.abs().sum().item() == pytest.approx(308.9445495605469, rel=1e-5)
-    torch.testing.assert_close(out[:, :3].flatten(), torch.tensor(
-        [0.08325, 0.731706, 0.347535, 1.337636, 0.138698, 0.420355, -0.398387, 0.716425, 0.181491]),
-        atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        out[:, :3].flatten(),
+        torch.tensor([
+            0.08325, 0.731706, 0.347535, 1.337636, 0.138698, 0.420355, -0.398387, 0.716425, 0.181491
+        ]), atol=1e-5, rtol=1e-4)
 
 
 def test_one_decoder_two_attention_ops_same_layers():

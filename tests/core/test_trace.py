@@ -49,12 +49,16 @@ def test_ops_dropped_by_default_and_summary():
 
 
 def _table(kernels):
-    rows = [{"lane": "host", "name": "phase::replay", "category": "range", "start_us": 0.0,
-             "dur_us": 50.0, "phase": "replay"}]
+    rows = [{
+        "lane": "host", "name": "phase::replay", "category": "range", "start_us": 0.0,
+        "dur_us": 50.0, "phase": "replay"
+    }]
     t = 1.0
     for name in kernels:
-        rows.append({"lane": "stream 7", "name": name, "category": "kernel", "start_us": t,
-                     "dur_us": 2.0, "phase": "replay"})
+        rows.append({
+            "lane": "stream 7", "name": name, "category": "kernel", "start_us": t, "dur_us": 2.0,
+            "phase": "replay"
+        })
         t += 3.0
     return pd.DataFrame(rows, columns=trace.COLUMNS)
 
@@ -70,8 +74,8 @@ def test_timeline_totals_and_plot():
     labels = [x.get_text() for x in ax.get_yticklabels()]
     assert labels == ["after · stream 7", "after · host", "before · stream 7", "before · host"]
     notes = [c.get_text() for c in ax.texts if "kernels" in c.get_text()]
-    assert any("6 kernels · translate: 4" in n
-               for n in notes) and any("2 kernels · translate: 0" in n for n in notes)
+    assert any("6 kernels · translate: 4" in n for n in notes) and any(
+        "2 kernels · translate: 0" in n for n in notes)
     import matplotlib.pyplot as plt
 
     plt.close(fig)

@@ -13,6 +13,7 @@ import pytest
 from sglab.tools import cli
 from sglab.core import runs
 
+
 RECORDED = runs.data_dir("recorded") / "grid_thw"
 
 
@@ -66,21 +67,23 @@ def _set(mask, value):
 
 
 DAMAGE = {
-    "after_holds_gpu0": (_set(lambda df: _mem(df, "after", 1, 0, "kernel"), 2.0),
-                         "grid_thw.after.gpu0_untouched"),
-    "no_stray_context": (_set(lambda df: _mem(df, "before", 1, 0, "received"), 0.0),
-                         "grid_thw.before.stray_context_gpu0"),
-    "process_left": (_set(lambda df: (df.metric == "processes_alive") & (df.variant == "ipc"), 1.0),
-                     "grid_thw.no_process_left"),
-    "after_lands_on_cuda0": (_set(lambda df: (df.metric == "grid_device") & (df.variant == "after")
-                                  & (df["rank"] == 1), 0.0), "grid_thw.landing"),
+    "after_holds_gpu0": (_set(lambda df: _mem(df, "after", 1, 0, "kernel"),
+                              2.0), "grid_thw.after.gpu0_untouched"),
+    "no_stray_context": (_set(lambda df: _mem(df, "before", 1, 0, "received"),
+                              0.0), "grid_thw.before.stray_context_gpu0"),
+    "process_left": (_set(lambda df: (df.metric == "processes_alive") & (df.variant == "ipc"),
+                          1.0), "grid_thw.no_process_left"),
+    "after_lands_on_cuda0": (_set(
+        lambda df: (df.metric == "grid_device") & (df.variant == "after")
+        & (df["rank"] == 1), 0.0), "grid_thw.landing"),
     "gpu_labels_swapped": (lambda df: df.assign(gpu=df.gpu.mask(_mem(df, "before", 1, 0), -2).mask(
         _mem(df, "before", 1, 1), 0).replace(-2, 1)), "grid_thw.before.context_grows"),
     "after_dropped": (lambda df: df[df.variant != "after"], "grid_thw.after.gpu0_untouched"),
-    "rank1_dropped": (lambda df: df[~((df.variant == "before") & (df["rank"] == 1))],
-                      "grid_thw.before.stray_context_gpu0"),
-    "cache_worse_after": (_set(lambda df: (df.metric == "cache_item_hit_rate")
-                               & (df.variant == "after"), 0.01), "grid_thw.cache.per_image_hits"),
+    "rank1_dropped": (lambda df: df[~(
+        (df.variant == "before") & (df["rank"] == 1))], "grid_thw.before.stray_context_gpu0"),
+    "cache_worse_after": (_set(
+        lambda df: (df.metric == "cache_item_hit_rate")
+        & (df.variant == "after"), 0.01), "grid_thw.cache.per_image_hits"),
 }
 
 
@@ -168,10 +171,11 @@ def test_headline_numbers_from_recorded_runs():
     assert len(rows_of) == len(shown) >= 1
 
     def gpu0(rows, variant, phase=None):  # MiB of every rank >= 1 on GPU 0
-        return [float(r["value"]) for r in rows
-                if r["metric"] == "gpu_memory" and r["variant"] == variant
-                and (phase is None or r["phase"] == phase) and int(r["rank"]) >= 1
-                and int(r["gpu"]) == 0]
+        return [
+            float(r["value"])
+            for r in rows if r["metric"] == "gpu_memory" and r["variant"] == variant and (
+                phase is None or r["phase"] == phase) and int(r["rank"]) >= 1 and int(r["gpu"]) == 0
+        ]
 
     def span(values):
         return f"{min(values):.0f}–{max(values):.0f}"

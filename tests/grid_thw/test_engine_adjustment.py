@@ -15,6 +15,7 @@ from sglab.sglang import engine as eng
 from sglab.sglang import testing
 from sglab.core.runs import repo_root
 
+
 CONFIG = repo_root() / "data" / "models" / "kimi_k25_tiny" / "config.json"
 
 
@@ -46,9 +47,9 @@ def test_both_cases_start_the_stand_in_and_the_dummy_weight_fix():
 
 @pytest.fixture(scope="module")
 def answer():
-    return testing.require(testing.probe_one(
-        "0.5.11", "sglab.grid_thw.stand_in:probe",
-        {"config": str(CONFIG), "prompt": ENGINE[0].prompt}))
+    return testing.require(
+        testing.probe_one("0.5.11", "sglab.grid_thw.stand_in:probe",
+                          {"config": str(CONFIG), "prompt": ENGINE[0].prompt}))
 
 
 def test_the_release_takes_the_stand_in_through_its_own_get_processor(answer):
@@ -62,4 +63,4 @@ def test_the_release_takes_the_stand_in_through_its_own_get_processor(answer):
     image = rebuild.synthetic_image(0)
     want = rebuild.navit_resize_config(image.shape[2], image.shape[1])
     assert v("grid")[0][0] == 1 and v("grid_device") == "cpu" and v("pixel_values_finite")
-    assert v("grid")[0][1] * v("grid")[0][2] == want["num_tokens"] * rebuild.MERGE_KERNEL_SIZE ** 2
+    assert v("grid")[0][1] * v("grid")[0][2] == want["num_tokens"] * rebuild.MERGE_KERNEL_SIZE**2

@@ -13,14 +13,15 @@ from sglab.grid_thw import show
 from sglab.grid_thw.sglang import ENGINE
 from sglab.sglang import engine as eng
 
+
 CLAIM = "engine_grid_thw.rank_contexts_on_gpu0"
 TOTAL = "engine_grid_thw.gpu0_total_per_rank"
 
 
 def _log(lines: list[tuple]) -> str:
     """A log with one gpu-memory line per (pid, gpu, MiB, process)."""
-    return "\n".join(f"[sglab-engine] gpu-memory pid={p} gpu={g} mib={m} name={n}"
-                     for p, g, m, n in lines)
+    return "\n".join(
+        f"[sglab-engine] gpu-memory pid={p} gpu={g} mib={m} name={n}" for p, g, m, n in lines)
 
 
 def _run(tmp_path, before_gpu0: list[float], released_gpu0: list[float], scenario: int = 0):

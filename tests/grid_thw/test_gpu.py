@@ -9,8 +9,11 @@ from sglab.core import claims, dist, hardware, runs
 from sglab.grid_thw import claims as grid_claims
 from sglab.grid_thw import measure
 
-pytestmark = [pytest.mark.skipif(not hardware.meets(2)[0], reason="needs 2 CUDA GPUs"),
-              pytest.mark.gpu, pytest.mark.gpus(2)]
+
+pytestmark = [
+    pytest.mark.skipif(not hardware.meets(2)[0], reason="needs 2 CUDA GPUs"), pytest.mark.gpu,
+    pytest.mark.gpus(2)
+]
 
 
 def _gpu0_mib(rows, rank, phase):
@@ -26,10 +29,10 @@ def _value(rows, metric, rank=-1):
 @pytest.mark.parametrize("variant", ["before", "ipc"])
 def test_cuda0_grid_opens_a_context_on_gpu0(variant):
     rows = measure.run_variant(variant, 2)
-    assert _value(rows, "grid_device", 1) == 0           # rank 1's grid landed on cuda:0
+    assert _value(rows, "grid_device", 1) == 0  # rank 1's grid landed on cuda:0
     assert _value(rows, "pixel_values_device", 1) == -1  # the feature itself was offloaded
     assert _gpu0_mib(rows, 1, "init") == 0
-    assert _gpu0_mib(rows, 1, "received") > 100          # a whole CUDA context, not 32 bytes
+    assert _gpu0_mib(rows, 1, "received") > 100  # a whole CUDA context, not 32 bytes
     assert _gpu0_mib(rows, 1, "kernel") >= _gpu0_mib(rows, 1, "received")
     assert _value(rows, "processes_alive") == 0
     assert _value(rows, "nvml_processes_listed") == 0
@@ -49,8 +52,8 @@ def test_concurrent_run_holds_every_claim_and_leaves_nothing(tmp_path):
     out = measure.run({"repeats": 1}, progress=False)
     path = runs.write_run(out.df, experiment=measure.EXPERIMENT,
                           method_version=measure.METHOD_VERSION,
-                          params={**measure.DEFAULT_PARAMS, "repeats": 1}, root=tmp_path,
-                          gpu_count=2, sidecars=out.sidecars)
+                          params={**measure.DEFAULT_PARAMS, "repeats": 1
+                                  }, root=tmp_path, gpu_count=2, sidecars=out.sidecars)
     run = runs.read_run(path)
     results = {r.claim.id: r.outcome for r in claims.evaluate(grid_claims, run)}
     failed = {k: o.reason or o.measured for k, o in results.items() if o.status == claims.FAIL}
@@ -63,8 +66,10 @@ def test_concurrent_run_holds_every_claim_and_leaves_nothing(tmp_path):
     assert set(mem.variant) >= {"before", "after"} and len(mem) < 20000  # change points only
     assert dist.alive_children() == []
     me = os.getpid()
-    assert not [p for p in os.listdir("/proc")
-                if p.isdigit() and _parent(int(p)) == me and _is_python(int(p))]
+    assert not [
+        p
+        for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == me and _is_python(int(p))
+    ]
 
 
 def _parent(pid: int) -> int:

@@ -26,7 +26,7 @@ def test_cache_hits_handmade_stream():
     assert before.hit_rate == 1 / 5 and before.image_hit_rate == 2 / 8
 
 
-EXPECTED_SEEDED_BEFORE = (60, 7, 143)   # (lookups, hits, images encoded) of 151 images
+EXPECTED_SEEDED_BEFORE = (60, 7, 143)  # (lookups, hits, images encoded) of 151 images
 EXPECTED_SEEDED_AFTER = (151, 139, 12)
 
 
@@ -91,7 +91,7 @@ def test_transport_on_gloo_lands_and_cleans_up(gloo_run, variant):
     rows = out.df[out.df.variant == variant]
     by = {(r.metric, r.rank): r.value for r in rows.itertuples()}
     for rank in (0, 1):
-        assert by[("grid_device", rank)] == -1          # CPU run: everything on the CPU
+        assert by[("grid_device", rank)] == -1  # CPU run: everything on the CPU
         assert by[("pixel_values_device", rank)] == -1
         assert by[("grid_key_is_image_grid_thw", rank)] == (1.0 if variant == "after" else 0.0)
     assert by[("processes_alive", -1)] == 0
@@ -146,9 +146,10 @@ def synthetic_group():
              ("rank 1", 1, "unpickle", 10.5, 10.61), ("rank 1", 1, "first kernel", 10.7, 10.71),
              ("rank 1", 1, "reduce", 10.8, 10.86), ("rank 1", 1, "item", 11.0, 11.01),
              ("rank 1", 1, "release", 11.2, 11.25)]
-    group = {"variant": "before", "repeat": 0, "t_start": 10.0, "t_end": 11.45,
-             "procs": {TOK: ("tokenizer", -1), R0: ("rank 0", 0), R1: ("rank 1", 1)},
-             "marks": marks}
+    group = {
+        "variant": "before", "repeat": 0, "t_start": 10.0, "t_end": 11.45,
+        "procs": {TOK: ("tokenizer", -1), R0: ("rank 0", 0), R1: ("rank 1", 1)}, "marks": marks
+    }
     return group, samples, ticks
 
 

@@ -16,6 +16,7 @@ from sglab.sglang.runner import run_probe
 from sglab.sglang.testing import require
 from sglab.sglang.upstream import RELEASE_STATES, Verdict
 
+
 RELEASES = sglang.PROBE_RELEASES
 REAL_CALLS = ["grid_thw"]  # the notebook's call (conftest)
 
@@ -31,7 +32,8 @@ def state(files: dict) -> Verdict:
 
 def _processor(build: str, ret: str, move: bool) -> dict:
     moved = "        grid_thws = grid_thws.cpu()\n" if move else ""
-    return {sglang.KIMI_PROCESSOR: f"""
+    return {
+        sglang.KIMI_PROCESSOR: f"""
 def _gpu_preprocess_images(images):
     all_grids = [image_grid(im) for im in images]
     grid_thws = {build}
@@ -41,7 +43,8 @@ class KimiGPUProcessorWrapper:
     def _gpu_call(self, text, images):
         pixel_values, grid_thws = _gpu_preprocess_images(images)
 {moved}        return {{"input_ids": ids(text), "pixel_values": pixel_values, "{ret}": grid_thws}}
-"""}
+"""
+    }
 
 
 @pytest.mark.parametrize("build,ret,move,status", [
@@ -49,7 +52,8 @@ class KimiGPUProcessorWrapper:
     ("torch.stack(all_grids, dim=0)", "image_grid_thw", True, "pr-era"),
     ("torch.tensor(all_grids, dtype=torch.int64)", "image_grid_thw", False, "changed"),
     ("torch.stack(all_grids, dim=0)", "image_grid_thw", False, "regressed"),
-    ("torch.stack(all_grids, dim=0)", "grids", False, "unknown")])
+    ("torch.stack(all_grids, dim=0)", "grids", False, "unknown")
+])
 def test_check_states(build, ret, move, status):
     assert state(_processor(build, ret, move)).status == status
 

@@ -4,6 +4,7 @@ section printing its one line without a run, and "your own setup"."""
 
 import matplotlib
 
+
 matplotlib.use("Agg")
 
 import pytest  # noqa: E402
@@ -24,16 +25,18 @@ def test_mark_deltas_attribute_growth_to_the_right_mark():
 
 
 def _recorded(method):
-    out = [r for r in runs.load_all_recorded("grid_thw")
-           if r.manifest.get("method_version") == method]
+    out = [
+        r for r in runs.load_all_recorded("grid_thw") if r.manifest.get("method_version") == method
+    ]
     if not out:
         pytest.skip(f"no method-{method} recorded run")
     return out
 
 
 def test_mechanism_picture_marks_every_stray_context():
-    tp4 = [r for r in runs.load_all_recorded("grid_thw")
-           if int(r.manifest["params"]["tp_size"]) == 4]
+    tp4 = [
+        r for r in runs.load_all_recorded("grid_thw") if int(r.manifest["params"]["tp_size"]) == 4
+    ]
     assert tp4, "the TP-4 run is committed"
     cells = show.cells(tp4[-1].df)
     assert int(cells.stray.sum()) == 9  # 3 ranks × (GPU 0 + 2 other GPUs)
@@ -84,8 +87,8 @@ def test_analysis_keeps_runs_apart():
     assert (left.processes_alive == 0).all() and (left.nvml_processes_listed == 0).all()
 
 
-@pytest.mark.parametrize("section", [show.landed, show.repeats, show.waste, show.hygiene,
-                                     show.profiler])
+@pytest.mark.parametrize("section",
+                         [show.landed, show.repeats, show.waste, show.hygiene, show.profiler])
 def test_gpu_sections_print_the_no_run_line(section, capsys):
     assert section(runs.NoRun("grid_thw", "no recorded run")) is None
     assert capsys.readouterr().out.strip() == "no GPU run to show (no recorded run)"

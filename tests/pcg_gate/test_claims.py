@@ -15,10 +15,13 @@ from sglab.pcg_gate import claims, measure, show
 from sglab.tools import cli
 from tests.edits import copy_run, set_value
 
+
 EXP = "pcg_gate"
 RECORDED = runs.list_runs(EXP)
-M2 = [p for p in RECORDED
-      if json.loads(p.with_suffix(".json").read_text()).get("method_version", 1) == 2]
+M2 = [
+    p for p in RECORDED
+    if json.loads(p.with_suffix(".json").read_text()).get("method_version", 1) == 2
+]
 
 
 def test_every_recorded_run_verifies(capsys):
@@ -37,27 +40,26 @@ def _smallest_traced(df):
 
 DAMAGE = {
     "pcg_gate.gate_decision": lambda df: set_value(df, 1.0, variant="eager", metric="gate_enabled"),
-    "pcg_gate.piecewise_equals_eager": lambda df: set_value(df, 0.5, variant="piecewise",
-                                                       metric="max_abs_diff", num_tokens=64),
-    "pcg_gate.small_prefill_speedup": lambda df: set_value(df, 50.0, variant="piecewise",
-                                                      metric="time_median", num_tokens=64),
+    "pcg_gate.piecewise_equals_eager": lambda df: set_value(df, 0.5, variant="piecewise", metric=
+                                                            "max_abs_diff", num_tokens=64),
+    "pcg_gate.small_prefill_speedup": lambda df: set_value(df, 50.0, variant="piecewise", metric=
+                                                           "time_median", num_tokens=64),
 }
 DAMAGE_M2 = {
-    "pcg_gate.duplicate_keys": lambda df: set_value(df, 97.0, variant="property_guard",
-                                               metric="model_keys_after_gate"),
-    "pcg_gate.copies_explain_slowdown": lambda df: set_value(df, 0.0, variant="piecewise",
-                                                        metric="trace_copy_us"),
+    "pcg_gate.duplicate_keys": lambda df: set_value(df, 97.0, variant="property_guard", metric=
+                                                    "model_keys_after_gate"),
+    "pcg_gate.copies_explain_slowdown": lambda df: set_value(df, 0.0, variant="piecewise", metric=
+                                                             "trace_copy_us"),
 }
 # a folded check that fails fails the claim it is folded under
 FOLDED_M2 = {
-    ("pcg_gate.piecewise_equals_eager", "pcg_gate.graph_count"):
-        lambda df: set_value(df, 849.0, variant="piecewise", metric="graphs"),
-    ("pcg_gate.small_prefill_speedup", "pcg_gate.trace_launch_gaps"):
-        lambda df: set_value(df, 0.9, variant="eager", metric="trace_busy",
-                        num_tokens=_smallest_traced(df)),
-    ("pcg_gate.copies_explain_slowdown", "pcg_gate.kernel_counts_agree"):
-        lambda df: df.assign(value=df.value.where(~((df.metric == "kernel_table_calls")
-                                                    & (df.variant == "eager")), df.value + 1)),
+    ("pcg_gate.piecewise_equals_eager", "pcg_gate.graph_count"): lambda df: set_value(
+        df, 849.0, variant="piecewise", metric="graphs"),
+    ("pcg_gate.small_prefill_speedup", "pcg_gate.trace_launch_gaps"): lambda df: set_value(
+        df, 0.9, variant="eager", metric="trace_busy", num_tokens=_smallest_traced(df)),
+    ("pcg_gate.copies_explain_slowdown", "pcg_gate.kernel_counts_agree"): lambda df: df.assign(
+        value=df.value.where(~((df.metric == "kernel_table_calls")
+                               & (df.variant == "eager")), df.value + 1)),
 }
 
 
@@ -100,10 +102,11 @@ def test_a_cpu_run_has_the_gate_rows_the_claims_read():
 
     from sglab.core.timing import host_time
 
-    tiny = {"hidden": 64, "num_layers": 2, "num_heads": 4, "intermediate": 96, "vocab": 50,
-            "max_tokens": 64, "token_counts": [16, 64], "direct_token_counts": [],
-            "trace_token_counts": [16], "repeat": 1, "rounds": 1, "warmup": 0,
-            "launch_burst": 4}
+    tiny = {
+        "hidden": 64, "num_layers": 2, "num_heads": 4, "intermediate": 96, "vocab": 50,
+        "max_tokens": 64, "token_counts": [16, 64], "direct_token_counts": [],
+        "trace_token_counts": [16], "repeat": 1, "rounds": 1, "warmup": 0, "launch_burst": 4
+    }
     p = {**measure.DEFAULT_PARAMS, **tiny}
     out = measure.sweep(p, torch.device("cpu"), use_graphs=False,
                         timer=lambda f, warmup, repeat: host_time(f, warmup=warmup, repeat=repeat))
@@ -145,8 +148,8 @@ def test_headline_numbers_from_committed_csvs():
         in text
     assert text.startswith("Prefill eager/piecewise (median, 16–4096 tok): ")
     # the host's per-launch cost is in the headline exactly where a shown run measured it
-    assert ("per launch on the host" in text) == any(
-        r.manifest.get("method_version", 1) >= 3 for r in shown)
+    assert ("per launch on the host"
+            in text) == any(r.manifest.get("method_version", 1) >= 3 for r in shown)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -164,8 +167,10 @@ def method3_run(tmp_path, host_us: float, *, eager_x: float = 3.5, name: str = "
     rows = []
 
     def row(variant, metric, value, unit="count", n=None, bucket=None):
-        rows.append({"variant": variant, "num_tokens": n, "bucket": bucket, "metric": metric,
-                     "value": float(value), "unit": unit})
+        rows.append({
+            "variant": variant, "num_tokens": n, "bucket": bucket, "metric": metric,
+            "value": float(value), "unit": unit
+        })
 
     per_launch_ms = host_us * eager_x / 1e3
     row("eager", "gate_enabled", 0, "bool")
@@ -183,8 +188,10 @@ def method3_run(tmp_path, host_us: float, *, eager_x: float = 3.5, name: str = "
     for n in COUNTS:
         dev_e = 1.5 + n * 0.005  # ms of GPU work
         dev_p = dev_e * 1.08
-        t = {"eager": max(LE * per_launch_ms, dev_e),
-             "piecewise": max(dev_p, LP * per_launch_ms) * 1.05}
+        t = {
+            "eager": max(LE * per_launch_ms, dev_e),
+            "piecewise": max(dev_p, LP * per_launch_ms) * 1.05
+        }
         if n >= 2048:
             t["piecewise_direct"] = t["eager"] / 0.995
         for v, ms in t.items():
@@ -208,19 +215,20 @@ def method3_run(tmp_path, host_us: float, *, eager_x: float = 3.5, name: str = "
                 continue
             span = max(dev, (LE if v == "eager" else LP) * per_launch_ms * 1.2e3)
             for m, x in (("trace_kernels", kernels), ("trace_device_us", dev),
-                         ("trace_span_us", span), ("trace_busy", dev / span),
-                         ("trace_copy_us", copy), ("trace_copy_ops", 82 if copy else 0),
-                         ("trace_graph_launches", graphs),
-                         ("trace_kernel_launches", LE if v == "eager" else 16),
-                         ("trace_host_us", span)):
+                         ("trace_span_us", span), ("trace_busy", dev / span), ("trace_copy_us",
+                                                                               copy),
+                         ("trace_copy_ops", 82 if copy else 0), ("trace_graph_launches", graphs),
+                         ("trace_kernel_launches", LE if v == "eager" else 16), ("trace_host_us",
+                                                                                 span)):
                 row(v, m, x, "us", n)
     row("eager", "kernel_table_calls", LE, "count", 4096)
     df = runs.tidy(EXP, rows)
     df = edit(df) if edit else df
-    manifest = {"experiment": EXP, "method_version": 3, "gpu_name": "NVIDIA H100 80GB HBM3",
-                "gpu_count": 1, "created_utc": "2026-12-01T00:00:00Z",
-                "params": {**measure.DEFAULT_PARAMS},
-                "kernel_table": {"backend": "cupti", "reason": "synthetic"}}
+    manifest = {
+        "experiment": EXP, "method_version": 3, "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 1,
+        "created_utc": "2026-12-01T00:00:00Z", "params": {**measure.DEFAULT_PARAMS},
+        "kernel_table": {"backend": "cupti", "reason": "synthetic"}
+    }
     return runs.Run(df, manifest, tmp_path / f"{name}.csv")
 
 
@@ -247,10 +255,12 @@ def test_method3_values_travel_where_raw_speedups_do_not(tmp_path):
     sp = {r.path.stem: show.latency_table(r.df).loc[64, "speedup"] for r in (slow, fast)}
     assert sp["slow"] / sp["fast"] - 1 > 0.25
     drift = C.compare(claims, fast, slow).drift
-    travelling = [d for d in drift if d["claim"] in ("pcg_gate.small_prefill_speedup",
-                                                     "pcg_gate.trace_launch_gaps")]
-    assert {d["value"] for d in travelling} >= {"explained", "launches_eager", "kernel_us",
-                                                "device_ratio"}
+    travelling = [
+        d for d in drift if d["claim"] in ("pcg_gate.small_prefill_speedup",
+                                           "pcg_gate.trace_launch_gaps")
+    ]
+    assert {d["value"]
+            for d in travelling} >= {"explained", "launches_eager", "kernel_us", "device_ratio"}
     assert not [d for d in travelling if d["beyond"]], travelling
     host = [d for d in drift if d["claim"] == "pcg_gate.host_launch_cost"]
     assert {"max", "eager_busy", "launch_us"} <= {d["value"] for d in host}
@@ -269,21 +279,30 @@ def test_method3_keeps_the_old_checks_for_old_runs():
     assert host.status == "n/a" and host.value["max_at"] == 64 and "predates" in host.reason
 
 
-@pytest.mark.parametrize("claim, edit", [
-    ("pcg_gate.small_prefill_speedup",   # eager far slower than its launches at the host's cost
-     lambda df: set_value(df, 400.0, variant="eager", metric="time_median", num_tokens=16)),
-    ("pcg_gate.small_prefill_speedup",   # piecewise keeps most of the removed launches' cost
-     lambda df: set_value(df, 8.0, variant="piecewise", metric="time_median", num_tokens=64)),
-    ("pcg_gate.host_launch_cost",        # the two clocks disagree
-     lambda df: set_value(df, 30.0, variant="host", metric="launch_event_us")),
-    ("pcg_gate.trace_launch_gaps",       # the GPU busy through the eager forward
-     lambda df: set_value(df, 0.8, variant="eager", metric="trace_busy", num_tokens=64)),
-])
+@pytest.mark.parametrize(
+    "claim, edit",
+    [
+        (
+            "pcg_gate.small_prefill_speedup",  # eager far slower than its launches at the host's cost
+            lambda df: set_value(df, 400.0, variant="eager", metric="time_median", num_tokens=16)),
+        (
+            "pcg_gate.small_prefill_speedup",  # piecewise keeps most of the removed launches' cost
+            lambda df: set_value(df, 8.0, variant="piecewise", metric="time_median", num_tokens=64)
+        ),
+        (
+            "pcg_gate.host_launch_cost",  # the two clocks disagree
+            lambda df: set_value(df, 30.0, variant="host", metric="launch_event_us")),
+        (
+            "pcg_gate.trace_launch_gaps",  # the GPU busy through the eager forward
+            lambda df: set_value(df, 0.8, variant="eager", metric="trace_busy", num_tokens=64)),
+    ])
 def test_method3_damage_fails_the_right_check(tmp_path, claim, edit):
     status = _status(method3_run(tmp_path, 12.0, edit=edit))
     failed = {c for c, s in status.items() if s == "fail"}
-    parent = {"pcg_gate.host_launch_cost": "pcg_gate.small_prefill_speedup",
-              "pcg_gate.trace_launch_gaps": "pcg_gate.small_prefill_speedup"}.get(claim)
+    parent = {
+        "pcg_gate.host_launch_cost": "pcg_gate.small_prefill_speedup",
+        "pcg_gate.trace_launch_gaps": "pcg_gate.small_prefill_speedup"
+    }.get(claim)
     assert failed == {claim} | ({parent} if parent else set()), status
 
 

@@ -11,11 +11,14 @@ from sglab.core import claims as C
 from sglab.core import runs
 from sglab.pcg_gate import claims, measure, show
 
+
 pytestmark = pytest.mark.gpu
 
-PARAMS = {"num_layers": 8, "token_counts": [16, 100, 1000, 4096], "direct_token_counts": [4096],
-          "trace_token_counts": [16, 4096], "kernel_table_tokens": 4096, "kernel_table_runs": 2,
-          "repeat": 3, "rounds": 1, "warmup": 1}
+PARAMS = {
+    "num_layers": 8, "token_counts": [16, 100, 1000, 4096], "direct_token_counts": [4096],
+    "trace_token_counts": [16, 4096], "kernel_table_tokens": 4096, "kernel_table_runs": 2,
+    "repeat": 3, "rounds": 1, "warmup": 1
+}
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +51,14 @@ def test_gate_rows_count_the_duplicate(measured):
     g = show.gate_table(measured.df)
     lm = 1 + 8 * 6 + 1  # embed, 6 tensors per layer, final norm (no lm_head)
     assert (g["lm_keys"] == lm).all()
-    assert dict(g["model_keys_after_gate"]) == {"no_alias": 0, "plain_alias": lm,
-                                                 "property_only": lm, "property_guard": 0,
-                                                 "property_setter": lm}
-    assert dict(g["gate_enabled"]) == {"no_alias": 0, "plain_alias": 1, "property_only": 1,
-                                        "property_guard": 1, "property_setter": 1}
+    assert dict(g["model_keys_after_gate"]) == {
+        "no_alias": 0, "plain_alias": lm, "property_only": lm, "property_guard": 0,
+        "property_setter": lm
+    }
+    assert dict(g["gate_enabled"]) == {
+        "no_alias": 0, "plain_alias": 1, "property_only": 1, "property_guard": 1,
+        "property_setter": 1
+    }
 
 
 def test_trace_sees_launch_gaps_and_copies(measured):
@@ -99,10 +105,13 @@ def test_method3_host_cost_and_launch_counts(measured):
     # 9 graph launches, per layer the attention kernel and its output copy, the ids copy
     assert lt.loc[16, "piecewise launches"] >= 9 + 2 * 8 + 1
     assert lt.loc[16, "piecewise launches"] < lt.loc[16, "eager launches"] / 3
-    run = runs.Run(measured.df, {"experiment": "pcg_gate", "method_version": 3,
-                                 "params": {**measure.DEFAULT_PARAMS, **PARAMS},
-                                 "kernel_table": measured.extra["kernel_table"]},
-                   runs.repo_root() / "gpu.csv")
+    run = runs.Run(
+        measured.df, {
+            "experiment": "pcg_gate", "method_version": 3, "params": {
+                **measure.DEFAULT_PARAMS, **PARAMS
+            }, "kernel_table": measured.extra["kernel_table"]
+        },
+        runs.repo_root() / "gpu.csv")
     v = C.values(claims, run)
     assert v["pcg_gate.host_launch_cost"].status == "pass", v["pcg_gate.host_launch_cost"]
     assert v["pcg_gate.small_prefill_speedup"].value["launches_eager"] == lt.loc[16,

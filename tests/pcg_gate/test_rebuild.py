@@ -28,8 +28,10 @@ LM_KEYS = [
     "model.norm.weight",
     "lm_head.weight",
 ]
-BASE_KEYS = {"vision_tower.weight", "vision_tower.bias", "mm_projector.weight",
-             "mm_projector.bias"} | {"language_model." + k for k in LM_KEYS}
+BASE_KEYS = {
+    "vision_tower.weight", "vision_tower.bias", "mm_projector.weight", "mm_projector.bias"
+} | {"language_model." + k
+     for k in LM_KEYS}
 ALIAS_KEYS = {"model." + k for k in LM_KEYS}
 # 0.5.10.x's plain alias is the text model (``self.language_model.model``): its keys, without
 # lm_head
@@ -99,8 +101,8 @@ def test_round_trips():
         if v == "property_only":
             assert set(rt.unexpected) == ALIAS_KEYS and not rt.missing
         if v in ("plain_alias", "property_only"):
-            assert set(cn.missing) == (TEXT_ALIAS_KEYS if v == "plain_alias"
-                                       else ALIAS_KEYS) and not cn.unexpected
+            assert set(cn.missing) == (TEXT_ALIAS_KEYS
+                                       if v == "plain_alias" else ALIAS_KEYS) and not cn.unexpected
 
 
 def test_round_trip_restores_values():
@@ -169,14 +171,16 @@ def test_the_gates_llm_is_the_shared_decoder():
     assert isinstance(b.layers[0].self_attn.attn, td.CausalAttention) and b.rotary is not None
 
 
-TINY = {**measure.DEFAULT_PARAMS, "hidden": 64, "num_layers": 3, "num_heads": 4,
-        "intermediate": 96, "vocab": 50, "max_tokens": 256}
+TINY = {
+    **measure.DEFAULT_PARAMS, "hidden": 64, "num_layers": 3, "num_heads": 4, "intermediate": 96,
+    "vocab": 50, "max_tokens": 256
+}
 
 
 def _tiny_runner(dtype):
     lm = measure.language_model(measure.model_config(TINY), torch.device("cpu"), dtype=dtype)
-    st = g.ModelRunnerState(g.build_wrapper("property_guard", language_model=lm),
-                            num_hidden_layers=3,
+    st = g.ModelRunnerState(g.build_wrapper("property_guard",
+                                            language_model=lm), num_hidden_layers=3,
                             piecewise_cuda_graph_tokens=g.piecewise_cuda_graph_tokens(256))
     res = g.init_piecewise_cuda_graphs(st)
     assert res.enabled and res.layer_model is lm.model and len(st.attention_layers) == 3

@@ -14,6 +14,7 @@ from sglab.sglang.testing import probe_all, require, value
 from sglab.sglang.upstream import RELEASE_STATES, Verdict
 from sglab.tools.fixes import get
 
+
 RELEASES = sglang.PROBE_RELEASES
 REAL_CALLS = ["pcg_gate"]  # the notebook's call (conftest)
 
@@ -28,10 +29,11 @@ def rebuild(variant: str) -> dict:
     w = gate.build_wrapper(variant)
     before = sorted(w.state_dict())
     res = gate.init_piecewise_cuda_graphs(gate.ModelRunnerState(w, num_hidden_layers=2))
-    return {"gate_enabled": res.enabled, "message": res.message, "keys_before_gate": before,
-            "keys_after_gate": sorted(w.state_dict()),
-            "model_in_modules_after_gate": "model" in w._modules,
-            "layer_model_path": res.layer_model_path}
+    return {
+        "gate_enabled": res.enabled, "message": res.message, "keys_before_gate": before,
+        "keys_after_gate": sorted(w.state_dict()), "model_in_modules_after_gate": "model"
+        in w._modules, "layer_model_path": res.layer_model_path
+    }
 
 
 def facts(result, case="as_released") -> dict:
@@ -47,9 +49,12 @@ def test_0512_no_alias_is_refused_like_the_rebuild_before(real):
     assert r["keys_after_gate"] == want["keys_after_gate"] == r["keys_before_gate"]
 
 
-@pytest.mark.parametrize("release, first_log",
-                         [("0.5.13", gate.ENABLED),   # the PR-era runner's words
-                          ("0.5.23", "Capture target prefill CUDA graph begin")])
+@pytest.mark.parametrize(
+    "release, first_log",
+    [
+        ("0.5.13", gate.ENABLED),  # the PR-era runner's words
+        ("0.5.23", "Capture target prefill CUDA graph begin")
+    ])
 def test_property_and_guard_pass_without_duplicates_like_the_pr(real, release, first_log):
     r, want = facts(require(real[release])), rebuild("property_guard")
     assert r["alias_target"] == "language_model"
@@ -70,8 +75,9 @@ def test_real_property_without_the_guard_duplicates_like_property_only(real, rel
     assert r["model_in_modules_before_gate"] is False
     assert r["gate_enabled"] is want["gate_enabled"] is True
     assert r["keys_after_gate"] == want["keys_after_gate"]
-    llm_keys = [k for k in rebuild("no_alias")["keys_after_gate"]
-                if k.startswith("language_model.")]
+    llm_keys = [
+        k for k in rebuild("no_alias")["keys_after_gate"] if k.startswith("language_model.")
+    ]
     # model.* = the whole LLM
     assert len(r["keys_after_gate"]) - len(r["keys_before_gate"]) == len(llm_keys)
 
@@ -91,31 +97,37 @@ def test_0510_alias_is_the_text_model_key_for_key_like_the_rebuild(real):
     ``lm_head``); the rebuild's ``plain_alias`` does the same, so the two key lists are equal."""
     r, want = facts(require(real["0.5.10.post1"])), rebuild("plain_alias")
     canonical = rebuild("no_alias")["keys_after_gate"]
-    text_model_keys = {"model." + k[len("language_model.model."):] for k in canonical
-                       if k.startswith("language_model.model.")}
+    text_model_keys = {
+        "model." + k[len("language_model.model."):]
+        for k in canonical if k.startswith("language_model.model.")
+    }
     assert r["alias_target"] == "language_model.model"
     assert set(r["keys_after_gate"]) == set(canonical) | text_model_keys
-    assert (r["keys_before_gate"] == r["keys_after_gate"] == want["keys_before_gate"]
-            == want["keys_after_gate"])
+    assert (r["keys_before_gate"] == r["keys_after_gate"] == want["keys_before_gate"] ==
+            want["keys_after_gate"])
 
 
 def test_gate_code_path_per_release(real):
     got = {v: value(require(real[v]), case="as_released", metric="gate") for v in RELEASES}
-    assert got == {"0.5.10.post1": "ModelRunner.init_piecewise_cuda_graphs",
-                   "0.5.12.post1": "ModelRunner.init_piecewise_cuda_graphs",
-                   "0.5.13": "ModelRunner.init_piecewise_cuda_graphs",
-                   "0.5.23": "cuda_graph_setup.capture_prefill_graph"}
+    assert got == {
+        "0.5.10.post1": "ModelRunner.init_piecewise_cuda_graphs",
+        "0.5.12.post1": "ModelRunner.init_piecewise_cuda_graphs",
+        "0.5.13": "ModelRunner.init_piecewise_cuda_graphs",
+        "0.5.23": "cuda_graph_setup.capture_prefill_graph"
+    }
 
 
 def test_notebook_comparison_agrees_and_a_wrong_variant_fails(real, capsys):
     results = {v: require(real[v]) for v in RELEASES}
     table = sglang.comparison(results)
     assert compare.check_table(table)
-    assert list(table.release) == ["0.5.10.post1", "0.5.12.post1", "0.5.13", "0.5.13", "0.5.23",
-                                   "0.5.23"]
-    assert list(table["must match"]) == [f"rebuild: {v}" for v in (
-        "plain_alias", "no_alias", "property_guard", "property_only", "property_guard",
-        "property_only")]
+    assert list(table.release) == [
+        "0.5.10.post1", "0.5.12.post1", "0.5.13", "0.5.13", "0.5.23", "0.5.23"
+    ]
+    assert list(table["must match"]) == [
+        f"rebuild: {v}" for v in ("plain_alias", "no_alias", "property_guard", "property_only",
+                                  "property_guard", "property_only")
+    ]
     # a release matched with the wrong variant must be caught, fact by fact
     bad = sglang.comparison({"0.5.12.post1": results["0.5.12.post1"]},
                             variant_of={"0.5.12.post1": "property_guard"})
@@ -149,10 +161,12 @@ class KimiK25ForConditionalGeneration(nn.Module):
         super().__init__()
         self.language_model = DeepseekV3ForCausalLM(config.text_config)
 """
-KIMI = {"no_alias": KIMI_HEAD,
-        "plain_alias": KIMI_HEAD + "        self.model = self.language_model.model\n",
-        "property": KIMI_HEAD
-        + "\n    @property\n    def model(self):\n        return self.language_model\n"}
+KIMI = {
+    "no_alias": KIMI_HEAD,
+    "plain_alias": KIMI_HEAD + "        self.model = self.language_model.model\n",
+    "property": KIMI_HEAD
+    + "\n    @property\n    def model(self):\n        return self.language_model\n"
+}
 KIMI["guard"] = KIMI["property"] + ("\n    def __setattr__(self, name, value):\n"
                                     "        if name == \"model\":\n            return\n"
                                     "        super().__setattr__(name, value)\n")

@@ -10,6 +10,7 @@ from sglab.core import runs
 from sglab.pcg_gate import claims, show
 from tests.pcg_gate.test_claims import LE, LP, method3_run
 
+
 RECORDED = runs.load_all_recorded("pcg_gate")
 
 

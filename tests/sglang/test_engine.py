@@ -15,6 +15,7 @@ from sglab.sglang import engine as eng
 from sglab.tools import fixes
 from sglab.sglang import testing
 
+
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "data" / "models"
 LLAMA = MODELS / "llama_32x512" / "config.json"
@@ -43,8 +44,8 @@ def test_bench_command_per_release(tmp_path, v):
     assert cmd[1:3] == ["-m", "sglang.bench_one_batch"] and cmd == prep.sglang_command
     i = cmd.index("--input-len")
     # one untimed sweep (warmup=1), then the repeats: one sweep after another
-    assert cmd[i + 1 : i + 7] == ["128", "256"] * 3 and cmd[i + 7] == "--output-len"
-    assert cmd[cmd.index("--batch-size") + 1 : cmd.index("--batch-size") + 3] == ["1", "4"]
+    assert cmd[i + 1:i + 7] == ["128", "256"] * 3 and cmd[i + 7] == "--output-len"
+    assert cmd[cmd.index("--batch-size") + 1:cmd.index("--batch-size") + 3] == ["1", "4"]
     for flag, value in (
         ("--load-format", "dummy"),
         ("--attention-backend", "triton"),
@@ -70,8 +71,8 @@ def test_the_driver_module_runs_as_a_program():
     import sys
 
     out = subprocess.run([sys.executable, "-m", "sglab.sglang.engine.driver"], capture_output=True,
-                         text=True, timeout=60, env={"PYTHONPATH": str(REPO / "lib"),
-                                                     "PATH": "/usr/bin:/bin"})
+                         text=True, timeout=60,
+                         env={"PYTHONPATH": str(REPO / "lib"), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 2 and "usage: python -m sglab.sglang.engine.driver drive" in out.stderr
 
 
@@ -94,15 +95,12 @@ def test_engine_tool_runs_the_driver_with_server_args(tmp_path, v):
     assert drive["requests"] == [1, 8] and drive["repeats"] == 3
     argv = drive["server_argv"]
     assert "--skip-tokenizer-init" in argv
-    assert (
-        argv.count("--attention-backend") == 1
-        and argv[argv.index("--attention-backend") + 1] == "flashinfer"
-    )
+    assert (argv.count("--attention-backend") == 1
+            and argv[argv.index("--attention-backend") + 1] == "flashinfer")
     env = prep.environ
     paths = env["PYTHONPATH"].split(":")
-    assert (
-        paths[0] == str(tmp_path / "hooks") and (tmp_path / "hooks" / "sitecustomize.py").is_file()
-    )
+    assert (paths[0] == str(tmp_path / "hooks")
+            and (tmp_path / "hooks" / "sitecustomize.py").is_file())
     assert str(prep.env.paths[0]) in paths
     assert env["SGLAB_ENGINE_RUN"] and env["SGLANG_TORCH_PROFILER_DIR"] == str(tmp_path / "profile")
 
@@ -120,13 +118,13 @@ def test_flags_differ_between_releases_and_are_read_from_the_source():
         eng.release_flags(_pkg("0.5.13"), "bench"),
     )
     for f in (
-        "--enable-breakable-cuda-graph",
-        "--disable-piecewise-cuda-graph",
-        "--enforce-piecewise-cuda-graph",
-        "--moe-dense-tp-size",
-        "--result-filename",
-        "--profile-stage",
-        "--skip-tokenizer-init",
+            "--enable-breakable-cuda-graph",
+            "--disable-piecewise-cuda-graph",
+            "--enforce-piecewise-cuda-graph",
+            "--moe-dense-tp-size",
+            "--result-filename",
+            "--profile-stage",
+            "--skip-tokenizer-init",
     ):
         assert f in f11 and f in f13
     # 0.5.14 derives most flags from annotated ServerArgs fields, 0.5.23 from srt/arg_groups/fields
@@ -149,8 +147,7 @@ def test_unknown_flag_is_one_line_naming_the_release(tmp_path):
     with pytest.raises(eng.EngineError) as e:
         eng.prepare(spec, tmp_path, check=False)
     assert "\n" not in str(e.value) and "sglang 0.5.13 does not accept --no-such-flag" in str(
-        e.value
-    )
+        e.value)
 
 
 def test_pin_mismatch_is_one_line_and_starts_nothing(tmp_path, monkeypatch):
@@ -162,8 +159,7 @@ def test_pin_mismatch_is_one_line_and_starts_nothing(tmp_path, monkeypatch):
         eng.check_pins(env, {"torch": "2.13.0+cpu"})
     assert str(e.value) == (
         "sglang 0.5.13 pins torch==2.11.0 (sglang-kernel 0.4.3 is built for it); this machine has "
-        "torch 2.13.0+cpu: nothing started"
-    )
+        "torch 2.13.0+cpu: nothing started")
     assert eng.check_pins(env, {"torch": "2.11.0+cu130"})["sglang-kernel"] == "0.4.3"
     with pytest.raises(eng.EngineError, match=r"pins torch==2\.9\.1"):
         eng.check_pins(eng.locate(_pkg("0.5.10.post1").parent.name), {"torch": "2.11.0+cu130"})
@@ -208,14 +204,12 @@ def _bench_log(pcg: bool) -> str:
         _prefix(f"Load weight begin. avail mem={78.5:.2f} GB"),
         _prefix(
             f"Capture cuda graph begin. This can take up to several minutes. avail mem={70.0:.2f} "
-            f"GB"
-        ),
+            f"GB"),
         # srt/model_executor/cuda_graph_runner.py: f"Capture cuda graph bs {self.capture_bs}"
         _prefix(f"Capture cuda graph bs {[1, 2, 4]}"),
         _prefix(
             f"Capture cuda graph end. Time elapsed: {5.123:.2f} s. mem usage={0.3:.2f} GB. avail "
-            f"mem={69.7:.2f} GB."
-        ),
+            f"mem={69.7:.2f} GB."),
     ]
     if pcg:
         lines += [
@@ -225,13 +219,11 @@ def _bench_log(pcg: bool) -> str:
             _prefix(f"Capture cuda graph num tokens {[128, 256, 512, 1024]}"),
             _prefix(
                 f"Capture piecewise CUDA graph end. Time elapsed: {6.5:.2f} s. mem usage={0.2:.2f} "
-                f"GB. avail mem={69.5:.2f} GB."
-            ),
+                f"GB. avail mem={69.5:.2f} GB."),
         ]
     else:
         lines.append(
-            _prefix("Disable piecewise CUDA graph because the model is not a language model")
-        )
+            _prefix("Disable piecewise CUDA graph because the model is not a language model"))
     # bench_one_batch.py (load_model, latency_test, latency_test_run_once)
     lines += ["max_total_num_tokens=123456", "Warmup ..."]
     # bench_one_batch's own warm-up (its first shape only), an untimed sweep whose 256-token run
@@ -245,36 +237,29 @@ def _bench_log(pcg: bool) -> str:
         for j, dl in enumerate((0.003, 0.0029, 0.0031)):
             lines.append(
                 f"Decode {j}. Batch size: {1}, latency: {dl:6.5f} s, throughput: {1 / dl:9.2f} "
-                f"token/s"
-            )
+                f"token/s")
         med = 0.003
         lines.append(
-            f"Decode.  median latency: {med:6.5f} s, median throughput: {1 / med:9.2f} token/s"
-        )
+            f"Decode.  median latency: {med:6.5f} s, median throughput: {1 / med:9.2f} token/s")
         lines.append(f"Total. latency: {lat + 0.009:6.3f} s, throughput: {il / lat:9.2f} token/s")
     return "\n".join(lines) + "\n"
 
 
 def test_read_bench_log_with_piecewise_graph():
     d = eng.read_log(_bench_log(pcg=True))
-    assert (
-        d["pcg"] == "captured"
-        and d["pcg_tokens"] == [128, 256, 512, 1024]
-        and d["pcg_capture_s"] == 6.5
-    )
+    assert (d["pcg"] == "captured" and d["pcg_tokens"] == [128, 256, 512, 1024]
+            and d["pcg_capture_s"] == 6.5)
     assert d["decode_bs"] == [1, 2, 4] and d["decode_capture_s"] == 5.12
     assert d["max_total_num_tokens"] == 123456
     assert d["warmup"]["prefill_latency"] == 0.02
-    assert [b["prefill_latency"] for b in d["bench"]] == [0.0135, 2.5, 0.0132, 0.0143, 0.014,
-                                                          0.015]
+    assert [b["prefill_latency"] for b in d["bench"]] == [0.0135, 2.5, 0.0132, 0.0143, 0.014, 0.015]
     assert all(b["median_decode_latency"] == 0.003 for b in d["bench"])
     assert any("Capture piecewise CUDA graph end" in x for x in d["excerpts"])
 
 
 def test_read_bench_log_pcg_disabled_and_rows():
-    spec = eng.EngineSpec(
-        "0.5.12.post1", LLAMA, input_lens=(128, 256), repeats=2, output_len=4, case="enforce"
-    )
+    spec = eng.EngineSpec("0.5.12.post1", LLAMA, input_lens=(128, 256), repeats=2, output_len=4,
+                          case="enforce")
     d = eng.read_log(_bench_log(pcg=False))
     assert d["pcg"] == "disabled" and d["pcg_reason"] == "the model is not a language model"
     res = eng.EngineResult(spec, "ok", decisions=d, bench=eng.bench_results(d, spec))
@@ -293,10 +278,8 @@ def test_read_bench_log_pcg_disabled_and_rows():
         (256, 0.015),
     ]
     rows = {(r["metric"], r.get("input_len")): r for r in eng.rows(res)}
-    assert (
-        rows[("prefill", 128)]["value"] == pytest.approx(13.6)
-        and rows[("prefill", 128)]["unit"] == "ms"
-    )
+    assert (rows[("prefill", 128)]["value"] == pytest.approx(13.6)
+            and rows[("prefill", 128)]["unit"] == "ms")
     assert rows[("prefill_min", 128)]["value"] == pytest.approx(13.2)
     assert rows[("prefill_max", 256)]["value"] == pytest.approx(15.0)
     assert rows[("repeats", 256)]["value"] == 2  # the untimed sweep's 2.5 s is in no row
@@ -304,8 +287,7 @@ def test_read_bench_log_pcg_disabled_and_rows():
     assert rows[("pcg", None)]["value"] == "disabled"
     assert rows[("status", None)]["variant"] == "0.5.12.post1+enforce"
     assert "piecewise CUDA graph: disabled (the model is not a language model)" in "\n".join(
-        eng.summary(res)
-    )
+        eng.summary(res))
 
 
 def test_bench_results_prefer_the_jsonl_file(tmp_path):
@@ -313,35 +295,29 @@ def test_bench_results_prefer_the_jsonl_file(tmp_path):
     f = tmp_path / "result.jsonl"
     # bench_one_batch.py writes json.dumps(measurement_results) per run
     f.write_text(
-        json.dumps(
-            {
-                "run_name": "x",
-                "batch_size": 1,
-                "input_len": 128,
-                "output_len": 16,
-                "prefill_latency": 0.01,
-                "prefill_throughput": 12800.0,
-                "median_decode_latency": 0.002,
-                "median_decode_throughput": 500.0,
-                "total_latency": 0.04,
-                "overall_throughput": 3600.0,
-            }
-        )
-        + "\n"
-    )
+        json.dumps({
+            "run_name": "x",
+            "batch_size": 1,
+            "input_len": 128,
+            "output_len": 16,
+            "prefill_latency": 0.01,
+            "prefill_throughput": 12800.0,
+            "median_decode_latency": 0.002,
+            "median_decode_throughput": 500.0,
+            "total_latency": 0.04,
+            "overall_throughput": 3600.0,
+        }) + "\n")
     assert eng.bench_results(eng.read_log(""), spec, f)[0]["prefill_latency"] == 0.01
 
 
 def test_skipped_runs_keep_the_order():
     spec = eng.EngineSpec("0.5.13", LLAMA, batch_sizes=(1, 64), input_lens=(128,), output_len=4)
-    text = "\n".join(
-        [
-            "Benchmark ...",
-            "Prefill. latency: 0.01000 s, throughput:  12800.00 token/s",
-            # bench_one_batch.py: f"skipping ({batch_size}, {input_len}, {output_len}) due to ..."
-            "skipping (64, 128, 4) due to max batch size limit",
-        ]
-    )
+    text = "\n".join([
+        "Benchmark ...",
+        "Prefill. latency: 0.01000 s, throughput:  12800.00 token/s",
+        # bench_one_batch.py: f"skipping ({batch_size}, {input_len}, {output_len}) due to ..."
+        "skipping (64, 128, 4) due to max batch size limit",
+    ])
     out = eng.bench_results(eng.read_log(text), spec)
     assert [(b["batch_size"], b["prefill_latency"]) for b in out] == [(1, 0.01)]
 
@@ -349,10 +325,8 @@ def test_skipped_runs_keep_the_order():
 def _prefill_batch(seqs: int, tokens: int, graph: bool) -> str:
     # srt/observability/scheduler_metrics_mixin.py (0.5.11, 0.5.12.post1) and
     # srt/managers/scheduler_components/metrics_reporter.py (0.5.13): report_prefill_stats
-    msg = (
-        f"Prefill batch, #new-seq: {seqs}, #new-token: {tokens}, #cached-token: {0}, full token "
-        f"usage: 0.00, #running-req: {0}, #queue-req: {0}, #pending-token: {0}, "
-    )
+    msg = (f"Prefill batch, #new-seq: {seqs}, #new-token: {tokens}, #cached-token: {0}, full token "
+           f"usage: 0.00, #running-req: {0}, #queue-req: {0}, #pending-token: {0}, ")
     msg += f"cuda graph: {graph}, input throughput (token/s): {1234.5:.2f}"
     return _prefix(msg)
 
@@ -374,8 +348,7 @@ def test_read_engine_log_prefill_batches_per_call():
             # srt/.../scheduler_metrics_mixin.py report_decode_stats
             _prefix(
                 f"Decode batch, #running-req: {n}, full token usage: 0.00, cuda graph: True, gen "
-                f"throughput (token/s): 1.00, #queue-req: 0"
-            ),
+                f"throughput (token/s): 1.00, #queue-req: 0"),
             f"[sglab-engine] call id={k} requests={n} input_len=128 output_len=1 warmup=0 "
             f"seconds={0.01 * n:.6f}",
         ]
@@ -386,10 +359,8 @@ def test_read_engine_log_prefill_batches_per_call():
     assert d["calls"][2]["prefill_batches"] == [{"seqs": 4, "tokens": 512, "graph": False}]
     assert d["decode_batches"][0] == {"running": 1, "graph": True}
     spec = eng.EngineSpec("0.5.11", LLAMA, "engine", requests=(1, 4), input_lens=(128,))
-    rows = {
-        (r["metric"], r.get("requests")): r["value"]
-        for r in eng.rows(eng.EngineResult(spec, "ok", decisions=d))
-    }
+    rows = {(r["metric"], r.get("requests")): r["value"]
+            for r in eng.rows(eng.EngineResult(spec, "ok", decisions=d))}
     assert rows[("prefill_graph", 1)] == 1.0 and rows[("prefill_graph", 4)] == 0.0
     assert rows[("prefill_seqs", 4)] == 4 and rows[("latency", 4)] == pytest.approx(40.0)
     assert rows[("repeats", 1)] == 1  # the warm-up call is not counted
@@ -398,13 +369,10 @@ def test_read_engine_log_prefill_batches_per_call():
 def test_read_log_breakable_eager_fallback_and_resolved_args():
     lines = [
         # srt/model_executor/breakable_cuda_graph_runner.py (0.5.12+), logger.warning with %s
-        _prefix(
-            "[BCG] Could not resolve inner layer_model on %s. BCG is disabled for this model; "
-            "prefill will "
-            "fall back to eager." % "KimiK25ForConditionalGeneration"
-        ),
-        "[sglab-engine] resolved "
-        + json.dumps({"attention_backend": "triton", "disable_piecewise_cuda_graph": True}),
+        _prefix("[BCG] Could not resolve inner layer_model on %s. BCG is disabled for this model; "
+                "prefill will fall back to eager." % "KimiK25ForConditionalGeneration"),
+        "[sglab-engine] resolved " + json.dumps(
+            {"attention_backend": "triton", "disable_piecewise_cuda_graph": True}),
         _prefix("Disable piecewise CUDA graph because --disable-piecewise-cuda-graph is set"),
     ]
     d = eng.read_log("\n".join(lines))
@@ -436,11 +404,8 @@ def test_log_strings_are_the_releases_own():
         for key, text in fixed.items():
             where = eng.LOG_STRINGS[key][0].split(" ")[0]
             assert text in (pkg / where).read_text(), (v, key, where)
-        metrics = (
-            (pkg / "srt/observability/scheduler_metrics_mixin.py")
-            if v != "0.5.13"
-            else (pkg / "srt/managers/scheduler_components/metrics_reporter.py")
-        )
+        metrics = ((pkg / "srt/observability/scheduler_metrics_mixin.py") if v != "0.5.13" else
+                   (pkg / "srt/managers/scheduler_components/metrics_reporter.py"))
         src = metrics.read_text()
         assert 'f"#new-seq: {prefill_stats.num_new_seqs}, "' in src
         assert 'msg += f"{self._graph_backend_label}: {can_run_cuda_graph}, "' in src
@@ -448,34 +413,23 @@ def test_log_strings_are_the_releases_own():
 
 def test_first_error_is_sglangs_own_line():
     tb = 'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\n    raise x\n'
-    oom = (
-        _prefix("Scheduler hit an exception: " + tb)
-        + "\nRuntimeError: Not enough memory. Please try to "
-        "increase --mem-fraction-static. Current value: mem_fraction_static=0.1\n"
-    )
+    oom = (_prefix("Scheduler hit an exception: " + tb)
+           + "\nRuntimeError: Not enough memory. Please try to "
+           "increase --mem-fraction-static. Current value: mem_fraction_static=0.1\n")
     wrapper = tb + "RuntimeError: Initialization failed. Please see the error messages above.\n"
     assert eng.first_error(oom + wrapper) == (
         "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current "
-        "value: mem_fraction_static=0.1"
-    )
+        "value: mem_fraction_static=0.1")
     gptoss = tb + (
         "AssertionError: GptOssForCausalLM requires one of ['triton'] attention backend, but got "
-        "the following backends\n- Prefill: fa3\n"
-    )
+        "the following backends\n- Prefill: fa3\n")
     assert eng.first_error(gptoss).startswith("AssertionError: GptOssForCausalLM requires one of")
-    assert (
-        eng.first_error(
-            "usage: bench_one_batch.py [-h]\nbench_one_batch.py: error: unrecognized arguments: "
-            "--foo\n"
-        )
-        == "error: unrecognized arguments: --foo"
-    )
-    assert (
-        eng.first_error(
-            tb + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
-        )
-        == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
-    )
+    assert (eng.first_error(
+        "usage: bench_one_batch.py [-h]\nbench_one_batch.py: error: unrecognized arguments: "
+        "--foo\n") == "error: unrecognized arguments: --foo")
+    assert (eng.first_error(
+        tb + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n") ==
+            "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
     assert eng.first_error("all fine\n") is None
 
 
@@ -486,34 +440,28 @@ def test_decode_kernels_per_replay_and_layer(tmp_path):
     events, corr = [], 100
     for step in range(2):
         corr += 1
-        events.append(
-            {
-                "ph": "X",
-                "cat": "cuda_runtime",
-                "name": "cudaGraphLaunch",
-                "ts": step * 1000,
-                "args": {"correlation": corr},
-            }
-        )
+        events.append({
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaGraphLaunch",
+            "ts": step * 1000,
+            "args": {"correlation": corr},
+        })
         for i in range(10):
-            events.append(
-                {
-                    "ph": "X",
-                    "cat": "kernel",
-                    "name": "gather" if i < 4 else f"k{i}",
-                    "ts": step * 1000 + 10 + i,
-                    "args": {"correlation": corr},
-                }
-            )
-        events.append(
-            {
+            events.append({
                 "ph": "X",
                 "cat": "kernel",
-                "name": "sampling",
-                "ts": step * 1000 + 500,
-                "args": {"correlation": corr + 50},
-            }
-        )
+                "name": "gather" if i < 4 else f"k{i}",
+                "ts": step * 1000 + 10 + i,
+                "args": {"correlation": corr},
+            })
+        events.append({
+            "ph": "X",
+            "cat": "kernel",
+            "name": "sampling",
+            "ts": step * 1000 + 500,
+            "args": {"correlation": corr + 50},
+        })
     path = tmp_path / "profile_batch32_input256_output16_decode.trace.json.gz"
     path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
     k = eng.decode_kernels(path, layers=8, steps=2)
@@ -531,8 +479,7 @@ def test_revert_hunk_applies_in_a_process(tmp_path, monkeypatch):
     mod = tmp_path / "standin_mod.py"
     mod.write_text(
         "from __future__ import annotations\nK = 3\n\nclass R:\n    def f(self, x: Missing) -> "
-        "int:\n        y = x + K\n        # preset\n        y += 100\n        return y\n"
-    )
+        "int:\n        y = x + K\n        # preset\n        y += 100\n        return y\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     m = importlib.import_module("standin_mod")
     assert m.R().f(1) == 104
@@ -550,22 +497,19 @@ def test_hooks_run_in_spawned_children(tmp_path):
     (tmp_path / "target_mod.py").write_text("def value():\n    # hunk\n    return 1 + 1\n")
     hooks = {
         "resolved": False,
-        "patches": [
-            {
-                "name": "t",
-                "patch": "sglab.sglang.engine.hooks:revert_hunk",
-                "params": {
-                    "module": "target_mod",
-                    "qualname": "value",
-                    "text": "    # hunk\n    return 1 + 1\n",
-                },
-            }
-        ],
+        "patches": [{
+            "name": "t",
+            "patch": "sglab.sglang.engine.hooks:revert_hunk",
+            "params": {
+                "module": "target_mod",
+                "qualname": "value",
+                "text": "    # hunk\n    return 1 + 1\n",
+            },
+        }],
     }
     # the stand-in hunk leaves an empty body: give the function a fallback line after it
-    (tmp_path / "target_mod.py").write_text(
-        "def value():\n    # hunk\n    return 1 + 1\n    return 0\n"
-    )
+    (tmp_path
+     / "target_mod.py").write_text("def value():\n    # hunk\n    return 1 + 1\n    return 0\n")
     (tmp_path / "hooks.json").write_text(json.dumps(hooks))
     (tmp_path / "hooks").mkdir()
     (tmp_path / "hooks" / "sitecustomize.py").write_text(eng.SITECUSTOMIZE)
@@ -573,8 +517,7 @@ def test_hooks_run_in_spawned_children(tmp_path):
         "import multiprocessing as mp\ndef child(q):\n    import target_mod\n    "
         "q.put(target_mod.value())\nif __name__ == '__main__':\n    ctx = mp.get_context('spawn'); "
         "q = ctx.Queue()\n    p = ctx.Process(target=child, args=(q,)); p.start(); print('child', "
-        "q.get()); p.join()\n"
-    )
+        "q.get()); p.join()\n")
     (tmp_path / "main.py").write_text(code)
     env = {
         "PYTHONPATH": f"{tmp_path / 'hooks'}:{REPO / 'lib'}:{tmp_path}",
@@ -642,10 +585,8 @@ def test_model_configs_shape():
     t, vis = kimi["text_config"], kimi["vision_config"]
     assert t["num_hidden_layers"] == 2 and t["n_routed_experts"] == 8 and t["kv_lora_rank"]
     assert vis["vt_num_hidden_layers"] == vis["num_hidden_layers"] == 1
-    assert (
-        vis["text_hidden_size"] == t["hidden_size"]
-        and kimi["media_placeholder_token_id"] < t["vocab_size"]
-    )
+    assert (vis["text_hidden_size"] == t["hidden_size"]
+            and kimi["media_placeholder_token_id"] < t["vocab_size"])
 
 
 def test_every_scenarios_model_splits_evenly_at_its_tp_size():
@@ -657,9 +598,11 @@ def test_every_scenarios_model_splits_evenly_at_its_tp_size():
         text, vis = cfg.get("text_config", cfg), cfg.get("vision_config") or {}
         for spec in sc.specs():
             tp = spec.tp_size
-            widths = {"heads": text["num_attention_heads"],
-                      "vision heads": vis.get("num_attention_heads", tp),
-                      "moe width": text.get("moe_intermediate_size", tp)}
+            widths = {
+                "heads": text["num_attention_heads"],
+                "vision heads": vis.get("num_attention_heads",
+                                        tp), "moe width": text.get("moe_intermediate_size", tp)
+            }
             bad = {k: w for k, w in widths.items() if w % tp}
             assert not bad, (sc.name, spec.variant, tp, bad)
     assert any(s.gpus == 4 for s in fixes.scenarios())
@@ -669,7 +612,7 @@ def test_every_scenarios_model_splits_evenly_at_its_tp_size():
 def test_configs_parse_with_the_releases_own_model_config(v):
     """Each config through the release's ModelConfig and get_tokenizer (a worker process, CPU
     shims)."""
-    from sglab.sglang.runner import run_probe
+    from sglab.sglang import runner
 
     _pkg(v)
     want = {
@@ -678,13 +621,11 @@ def test_configs_parse_with_the_releases_own_model_config(v):
         "kimi_k25_tiny": (True, False),
         "deepseek_v3_tiny": (False, False),
     }
+    probe = "sglab.sglang.engine.model:probe_model_config"
+    calls = {name: (probe, {"config": str(MODELS / name / "config.json")}) for name in want}
+    got_all = runner.run_release(v, list(calls.values()), timeout=600)  # one worker, one import
     for name, (mm, swa) in want.items():
-        r = run_probe(
-            v,
-            "sglab.sglang.engine.model:probe_model_config",
-            {"config": str(MODELS / name / "config.json")},
-            timeout=600,
-        )
+        r = got_all[runner.call_key(*calls[name])]
         assert r.ok, (name, r.reason, r.traceback[-800:])
         got = dict(zip(r.rows.metric, r.rows.value))
         assert (got["is_multimodal"], got["is_hybrid_swa"]) == (mm, swa), name
@@ -712,7 +653,8 @@ def test_scenarios_build_their_specs():
     kimi = fixes.scenario("01-kimi-pcg").specs()
     by = {s.variant: s for s in kimi if not s.profile}  # the timed starts
     assert set(by) == {  # pcg-off-again: the A/A control
-        f"{v}+{c}" for v in ("0.5.12.post1", "0.5.13")
+        f"{v}+{c}"
+        for v in ("0.5.12.post1", "0.5.13")
         for c in ("default", "enforce", "pcg-off", "pcg-off-again")
     }
     timed = [s for s in kimi if not s.profile]
@@ -721,15 +663,16 @@ def test_scenarios_build_their_specs():
     # the scenario names no adjustment: sglab engine adds the model's where the release needs it
     assert not by["0.5.12.post1+enforce"].adjustments and not by["0.5.13+enforce"].adjustments
     if testing.release_installed("0.5.12.post1") and testing.release_installed("0.5.13"):
-        need = {v: [a.name for a in eng.with_model_needs(s, lambda _: None).adjustments]
-                for v, s in by.items() if v.endswith("+enforce")}
-        assert need == {"0.5.12.post1+enforce": ["kimi-k25-post-load-weights"],
-                        "0.5.13+enforce": []}
+        need = {
+            v: [a.name for a in eng.with_model_needs(s, lambda _: None).adjustments]
+            for v, s in by.items() if v.endswith("+enforce")
+        }
+        assert need == {
+            "0.5.12.post1+enforce": ["kimi-k25-post-load-weights"], "0.5.13+enforce": []
+        }
     assert "--enforce-piecewise-cuda-graph" in by["0.5.13+enforce"].server_args
-    assert (
-        by["0.5.13+default"].input_lens == (128, 256, 512, 1024)
-        and by["0.5.13+default"].repeats > 1
-    )
+    assert (by["0.5.13+default"].input_lens == (128, 256, 512, 1024)
+            and by["0.5.13+default"].repeats > 1)
     swa = {s.variant: s for s in fixes.scenario("04-swa-kernels").specs()}
     assert set(swa) == {
         "0.5.11+released",
@@ -738,9 +681,7 @@ def test_scenarios_build_their_specs():
         "0.5.13+released",
     }
     assert swa["0.5.11+before"].profile and swa["0.5.11+before"].adjustments[0].patch
-    assert [s.release for s in fixes.scenario("04-swa-kernels").specs(["0.5.13"])] == [
-        "0.5.13"
-    ]
+    assert [s.release for s in fixes.scenario("04-swa-kernels").specs(["0.5.13"])] == ["0.5.13"]
     for s in fixes.scenarios():
         assert s.model_config().is_file() and s.experiment == f"engine_{s.fix}"
         assert s.specs(), s.name
@@ -771,9 +712,8 @@ def test_model_package_for_the_kimi_adjustment_is_importable_by_name():
     import ast
 
     cls = next(n for n in ast.parse(src).body if isinstance(n, ast.ClassDef))
-    assert [n.name for n in cls.body if isinstance(n, ast.FunctionDef)] == [
-        "post_load_weights"
-    ]  # gate kept
+    assert [n.name for n in cls.body if isinstance(n, ast.FunctionDef)] == ["post_load_weights"
+                                                                            ]  # gate kept
     # the method equals 0.5.13's own
     released = eng.function_source(
         (_pkg("0.5.13") / "srt/models/kimi_k25.py").read_text(),
@@ -783,14 +723,14 @@ def test_model_package_for_the_kimi_adjustment_is_importable_by_name():
     assert ours == released
 
 
-
-
-@pytest.mark.parametrize("release, model, added", [
-    ("0.5.12.post1", "kimi_k25_tiny", True),   # no post_load_weights before 0.5.13
-    ("0.5.11", "kimi_k25_tiny", True),
-    ("0.5.13", "kimi_k25_tiny", False),
-    ("0.5.12.post1", "llama_32x512", False),
-])
+@pytest.mark.parametrize(
+    "release, model, added",
+    [
+        ("0.5.12.post1", "kimi_k25_tiny", True),  # no post_load_weights before 0.5.13
+        ("0.5.11", "kimi_k25_tiny", True),
+        ("0.5.13", "kimi_k25_tiny", False),
+        ("0.5.12.post1", "llama_32x512", False),
+    ])
 def test_a_model_that_needs_an_adjustment_gets_it_by_itself_and_says_so(release, model, added):
     _pkg(release)
     cfg = REPO / "data" / "models" / model / "config.json"
@@ -826,8 +766,9 @@ def test_too_few_gpus_skips_a_plans_scenario_and_stops_a_named_one(monkeypatch, 
     assert status == 2 and not started
     assert capsys.readouterr().err.strip() == (
         f"sglab engine: {tp4[0].name} needs 4 GPUs, this machine has 2")
-    monkeypatch.setattr(engine_pkg, "run", lambda spec, work=None: (_ for _ in ()).throw(
-        engine_pkg.EngineError("stand-in: not started")))
+    monkeypatch.setattr(
+        engine_pkg, "run", lambda spec, work=None:
+        (_ for _ in ()).throw(engine_pkg.EngineError("stand-in: not started")))
     main(["engine", "--plan", plan])
     out = capsys.readouterr()
     assert f"sglab engine: skipped {tp4[0].name} needs 4 GPUs, this machine has 2" in out.out
@@ -848,22 +789,30 @@ def test_event_lines_joined_by_two_ranks_are_both_read(tmp_path):
         return (f"[sglab-engine] event workspace pid={pid} max_token_num=2048 world_size=4 "
                 f"rank={rank} obj={obj} seconds=0.04")
 
-    text = "\n".join([line(1, 0, "a"), line(2, 1, "b") + line(3, 2, "c"), line(1, 0, "d"),
-                      "[2026-11-27 16:13:20 TP2] Load weight end."]) + "\n"
+    text = "\n".join([
+        line(1, 0, "a"),
+        line(2, 1, "b") + line(3, 2, "c"),
+        line(1, 0, "d"), "[2026-11-27 16:13:20 TP2] Load weight end."
+    ]) + "\n"
     events = eng.read_log(text)["events"]
     assert [(e["rank"], e["obj"]) for e in events] == [(0, "a"), (1, "b"), (2, "c"), (0, "d")]
     # a recorded run whose rows the reader of the time made: read again from its own log
     folder = tmp_path / "engine_workspace_floor"
     folder.mkdir()
     (folder / "r.log_0.log.gz").write_bytes(gzip.compress(text.encode()))
-    base = {"experiment": "engine_workspace_floor", "variant": "0.5.13+fusion",
-            "release": "0.5.13", "case": "fusion", "tool": "engine"}
+    base = {
+        "experiment": "engine_workspace_floor", "variant": "0.5.13+fusion", "release": "0.5.13",
+        "case": "fusion", "tool": "engine"
+    }
     pd.DataFrame([{**base, "rank": 0, "metric": "status", "value": "ok", "unit": ""},
-                  {**base, "rank": 1, "metric": "workspace_count", "value": 1, "unit": "calls"}]
-                 ).to_csv(folder / "r.csv", index=False)
-    (folder / "r.json").write_text(json.dumps({
-        "experiment": "engine_workspace_floor", "sidecars": {"log_0": "r.log_0.log.gz"},
-        "engine_runs": [{k: base[k] for k in ("variant", "release", "case", "tool")}]}))
+                  {**base, "rank": 1, "metric": "workspace_count", "value": 1,
+                   "unit": "calls"}]).to_csv(folder / "r.csv", index=False)
+    (folder / "r.json").write_text(
+        json.dumps({
+            "experiment": "engine_workspace_floor", "sidecars": {"log_0": "r.log_0.log.gz"},
+            "engine_runs": [{k: base[k]
+                             for k in ("variant", "release", "case", "tool")}]
+        }))
     assert reread_events(folder / "r.csv", "read again") > 0
     df = pd.read_csv(folder / "r.csv")
     counts = df[df.metric == "workspace_count"].set_index("rank")["value"].astype(int).to_dict()
@@ -894,14 +843,16 @@ def test_a_prefill_steps_launches_are_counted_exactly(tmp_path):
     eager += [_ev("kernel", f"k{c}", c, c + 0.5) for c in range(12)]
     eager += [_ev("cuda_runtime", "cudaMemcpyAsync", 99, 99)]  # a copy is not a kernel launch
     assert step_launches({"traceEvents": eager}) == {
-        "kernel_launches": 12, "graph_launches": 0, "kernels_in_graphs": 0}
+        "kernel_launches": 12, "graph_launches": 0, "kernels_in_graphs": 0
+    }
     pw = []
     for g, corr in enumerate((200, 201)):  # two pieces, five kernels each
         pw.append(_ev("cuda_runtime", "cudaGraphLaunch", corr, g * 100))
         pw += [_ev("kernel", f"g{g}k{i}", corr, g * 100 + i + 1) for i in range(5)]
     pw += [_ev("cuda_driver", "cuLaunchKernelEx", 300, 50), _ev("kernel", "attn", 300, 51)]
     assert step_launches({"traceEvents": pw}) == {
-        "kernel_launches": 1, "graph_launches": 2, "kernels_in_graphs": 10}
+        "kernel_launches": 1, "graph_launches": 2, "kernels_in_graphs": 10
+    }
     for n, evs in ((128, eager), (256, pw)):
         (tmp_path / f"profile_batch1_input{n}_output8_prefill.trace.json.gz").write_bytes(
             gzip.compress(json.dumps({"traceEvents": evs}).encode()))
@@ -919,15 +870,16 @@ def test_a_launch_pass_follows_the_timed_starts_and_records_counts_not_times(tmp
     counted = [sp for sp in specs if sp.profile]
     assert [(sp.start, sp.case) for sp in counted] == [(3, "pcg"), (3, "pcg-off")]  # no A/A copy
     assert all(sp.profile_stage == "prefill" and sp.repeats == 1 for sp in counted)
-    assert all(not sp.profile for sp in specs[: len(specs) - len(counted)])
+    assert all(not sp.profile for sp in specs[:len(specs) - len(counted)])
     argv = eng.bench_argv(counted[0], tmp_path)
     assert argv[argv.index("--profile-stage") + 1] == "prefill"
-    bench = [{"batch_size": 1, "input_len": 128, "output_len": 8, "prefill_latency": 0.05,
-              "prefill_throughput": 1.0}]
-    res = EngineResult(counted[0], "ok", decisions={"pcg": "captured", "bcg": "not used"},
-                       bench=bench,
-                       launches={128: {"kernel_launches": 3, "graph_launches": 2,
-                                       "kernels_in_graphs": 300}})
+    bench = [{
+        "batch_size": 1, "input_len": 128, "output_len": 8, "prefill_latency": 0.05,
+        "prefill_throughput": 1.0
+    }]
+    res = EngineResult(
+        counted[0], "ok", decisions={"pcg": "captured", "bcg": "not used"}, bench=bench,
+        launches={128: {"kernel_launches": 3, "graph_launches": 2, "kernels_in_graphs": 300}})
     got = {r["metric"]: r["value"] for r in rows(res)}
     assert got["prefill_graph_launches"] == 2 and got["prefill_kernels_in_graphs"] == 300
     assert "prefill" not in got  # timed under the profiler: not a timing

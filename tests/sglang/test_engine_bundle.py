@@ -66,8 +66,7 @@ SGLANG = {
         b"Name: sglang\nVersion: 0.5.13\nRequires-Dist: torch==2.11.0\nRequires-Dist: "
         b"sglang-kernel==0.4.3\n"
         b"Requires-Dist: flashinfer_python[cu13]==0.6.12\nRequires-Dist: transformers==5.8.1\n"
-        b'Requires-Dist: numpy\nRequires-Dist: pytest==8.0; extra == "test"\n'
-    ),
+        b'Requires-Dist: numpy\nRequires-Dist: pytest==8.0; extra == "test"\n'),
 }
 
 
@@ -103,9 +102,8 @@ def test_flashinfer_layer_keeps_the_norm_jit_sources(tmp_path):
         "flashinfer/norm/__init__.py",
     } <= got
     assert not any("cutlass" in n or "cccl" in n or n == "build_backend.py" for n in got)
-    assert {"flashinfer/data/cutlass/include/cutlass.h", "flashinfer/data/cccl/cub/cub.cuh"} <= set(
-        _members(full)
-    )
+    assert {"flashinfer/data/cutlass/include/cutlass.h",
+            "flashinfer/data/cccl/cub/cub.cuh"} <= set(_members(full))
 
 
 def test_release_layer_drops_sglangs_compiled_files_and_reads_its_pins(tmp_path):
@@ -167,13 +165,10 @@ def test_size_check_fails_when_two_releases_do_not_fit(tmp_path):
     ):
         (tmp_path / name).write_bytes(b"\0" * (mib * 2**20))
     (tmp_path / "bundles.json").write_text(
-        json.dumps(
-            {
-                "A": ["release-A.tar.xz", "transformers-1.tar.xz", "common.tar.xz"],
-                "B": ["release-B.tar.xz", "transformers-2.tar.xz", "common.tar.xz"],
-            }
-        )
-    )
+        json.dumps({
+            "A": ["release-A.tar.xz", "transformers-1.tar.xz", "common.tar.xz"],
+            "B": ["release-B.tar.xz", "transformers-2.tar.xz", "common.tar.xz"],
+        }))
     lines, ok = wh.check_bundles(tmp_path, 56)
     assert ok and "sglang A + B: 55.0 MiB fits (56 MiB for two)" in lines
     assert "sglang A: 31.0 MiB (release-A.tar.xz + transformers-1.tar.xz + common.tar.xz)" in lines
@@ -199,10 +194,14 @@ def test_the_gpu_script_verifies_a_plans_engine_experiments(tmp_path, plan, rc, 
 
     (tmp_path / "bundles.json").write_text("{}")
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHON": sys.executable, "BUNDLES": str(tmp_path),
-           "OUT": str(tmp_path / "out")}
-    p = subprocess.run(["bash", str(root / "scripts" / "engine_gpu.sh"), "--dry-run", "--verify",
-                        "--plan", plan], env=env, capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ, "PYTHON": sys.executable, "BUNDLES": str(tmp_path),
+        "OUT": str(tmp_path / "out")
+    }
+    p = subprocess.run(
+        ["bash",
+         str(root / "scripts" / "engine_gpu.sh"), "--dry-run", "--verify", "--plan", plan], env=env,
+        capture_output=True, text=True, timeout=120)
     assert p.returncode == rc and says in p.stdout + p.stderr
 
 
@@ -225,8 +224,11 @@ def test_the_gpu_scripts_dry_plan_lists_every_scenario(tmp_path):
 
     (tmp_path / "bundles.json").write_text("{}")
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHON": sys.executable, "BUNDLES": str(tmp_path),
-           "OUT": str(tmp_path / "out")}
-    p = subprocess.run(["bash", str(root / "scripts" / "engine_gpu.sh"), "--dry-run", "--plan",
-                        "06"], env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ, "PYTHON": sys.executable, "BUNDLES": str(tmp_path),
+        "OUT": str(tmp_path / "out")
+    }
+    p = subprocess.run(
+        ["bash", str(root / "scripts" / "engine_gpu.sh"), "--dry-run", "--plan", "06"], env=env,
+        capture_output=True, text=True, timeout=300)
     assert "=== 06-dense-tp1:" in p.stdout and "=== 06-dense-tp4:" in p.stdout, p.stdout[-2000:]

@@ -35,8 +35,7 @@ def test_llama_piecewise_graph_on_and_off(tmp_path):
 def test_timeout_leaves_no_scheduler_behind(tmp_path):
     _runnable("0.5.13")
     cfg = fixes.scenario("01-llama-pcg").model_config()
-    spec = eng.EngineSpec("0.5.13", cfg, "engine", requests=(1,), input_lens=(16,),
-                          timeout=10)
+    spec = eng.EngineSpec("0.5.13", cfg, "engine", requests=(1,), input_lens=(16,), timeout=10)
     res = eng.run(spec, work=tmp_path)
     assert res.status == "timeout" and "stopped with its whole process group" in res.error
     psutil = pytest.importorskip("psutil")

@@ -15,6 +15,7 @@ import pytest
 from sglab.core import runs
 from sglab.sglang import engine as eng
 
+
 psutil = pytest.importorskip("psutil")
 
 TREE = textwrap.dedent("""
@@ -43,8 +44,7 @@ def _gone(pgid: int, timeout: float = 10.0) -> bool:
         except ProcessLookupError:
             return True
         alive = [
-            p
-            for p in psutil.process_iter(["status"])
+            p for p in psutil.process_iter(["status"])
             if _pgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE
         ]
         if not alive:
@@ -108,8 +108,7 @@ def test_a_process_that_left_the_group_is_found_by_the_run_marker(tmp_path):
     assert len(ex.leftovers) == 3
     time.sleep(0.5)
     assert not [
-        p
-        for p in psutil.process_iter()
+        p for p in psutil.process_iter()
         if _environ(p).get("SGLAB_ENGINE_RUN") == marker and p.status() != psutil.STATUS_ZOMBIE
     ]
 
@@ -125,8 +124,7 @@ def test_crash_gives_sglangs_line_and_nothing_left(tmp_path):
     ex, _ = _launch(tmp_path, "crash", timeout=60)
     assert ex.returncode == 1
     assert eng.first_error((tmp_path / "engine.log").read_text()) == (
-        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."
-    )
+        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.")
     assert _gone(ex.pid)
 
 
@@ -141,10 +139,8 @@ def _result(tmp_path) -> eng.EngineResult:
         adjustments=(eng.adjustment("kimi-k25-post-load-weights"),),
     )
     log = tmp_path / "engine.log"
-    log.write_text(
-        "Benchmark ...\nPrefill. latency: 0.01320 s, throughput:   9696.97 token/s\n"
-        "Prefill. latency: 0.01400 s, throughput:   9142.86 token/s\n"
-    )
+    log.write_text("Benchmark ...\nPrefill. latency: 0.01320 s, throughput:   9696.97 token/s\n"
+                   "Prefill. latency: 0.01400 s, throughput:   9142.86 token/s\n")
     d = eng.read_log(log.read_text())
     return eng.EngineResult(
         spec,
@@ -165,13 +161,10 @@ def test_record_is_one_run_with_its_manifest(tmp_path):
     assert run.manifest["experiment"] == "engine_pcg_gate"
     er = run.manifest["engine_runs"][0]
     assert er["release"] == "0.5.13" and er["versions"]["sglang-kernel"] == "0.4.3"
-    assert (
-        er["adjustments"][0]["name"] == "kimi-k25-post-load-weights"
-        and er["adjustments"][0]["reason"]
-    )
-    assert (
-        er["model"]["name"] == "llama_32x512" and er["model"]["config"]["num_hidden_layers"] == 32
-    )
+    assert (er["adjustments"][0]["name"] == "kimi-k25-post-load-weights"
+            and er["adjustments"][0]["reason"])
+    assert (er["model"]["name"] == "llama_32x512"
+            and er["model"]["config"]["num_hidden_layers"] == 32)
     assert er["command"].startswith("python -m sglang.bench_one_batch")
     assert set(run.df["variant"]) == {"0.5.13+pcg"}
     assert run.sidecar("log_0").is_file()
@@ -235,19 +228,18 @@ def test_the_gpu_script_stopped_by_a_signal_stops_its_sglab_and_packs_what_ran(t
     pidfile = tmp_path / "sglab.pid"
     fake = tmp_path / "python"
     # `python -m sglab.tools.cli engine ...` stands in for a long engine run; the rest is Python
-    fake.write_text(
-        "#!/usr/bin/env bash\n"
-        'if [ "$1 $2 $3" = "-m sglab.tools.cli engine" ]; then\n'
-        f"  echo $$ > {pidfile}; echo started; exec sleep 300\n"
-        "fi\n"
-        f'exec {sys.executable} "$@"\n'
-    )
+    fake.write_text("#!/usr/bin/env bash\n"
+                    'if [ "$1 $2 $3" = "-m sglab.tools.cli engine" ]; then\n'
+                    f"  echo $$ > {pidfile}; echo started; exec sleep 300\nfi\n"
+                    f'exec {sys.executable} "$@"\n')
     fake.chmod(0o755)
-    env = {**os.environ, "PYTHON": str(fake), "BUNDLES": str(tmp_path),
-           "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work")}
-    p = subprocess.Popen(["bash", str(root / "scripts" / "engine_gpu.sh"), "--scenario",
-                          "04-swa-kernels"], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    env = {
+        **os.environ, "PYTHON": str(fake), "BUNDLES": str(tmp_path), "OUT": str(tmp_path / "out"),
+        "WORK": str(tmp_path / "work")
+    }
+    p = subprocess.Popen(
+        ["bash", str(root / "scripts" / "engine_gpu.sh"), "--scenario", "04-swa-kernels"], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     deadline = time.monotonic() + 60
     while not pidfile.exists() and time.monotonic() < deadline:
         time.sleep(0.1)

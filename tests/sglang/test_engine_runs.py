@@ -48,8 +48,10 @@ def test_every_engine_run_verifies(capsys):
 
 def test_latest_keeps_the_newest_run_in_which_a_variant_started():
     found = runs.load_all_recorded("engine_swa_loc")
-    failed = [r for r in found if (r.df[(r.df.metric == "status")
-                                        & (r.df.variant == "0.5.11+before")].value != "ok").any()]
+    failed = [
+        r for r in found if (r.df[(r.df.metric == "status")
+                                  & (r.df.variant == "0.5.11+before")].value != "ok").any()
+    ]
     if not failed:
         pytest.skip("no committed run in which 0.5.11 failed to start")
     df = E.latest(found)
@@ -79,8 +81,10 @@ def test_breakable_engine_claims_need_the_graph_for_one_request_only_before_the_
     assert _status(bg.ENGINE, bad)["engine_breakable_graph.graph_per_request_count"] == "fail"
     after = _run("engine_breakable_graph", "0.5.12.post1+bcg")
     st = _status(bg.ENGINE, after)
-    assert st == {"engine_breakable_graph.graph_per_request_count": "pass",
-                  "engine_breakable_graph.faster_than_eager": "pass"}
+    assert st == {
+        "engine_breakable_graph.graph_per_request_count": "pass",
+        "engine_breakable_graph.faster_than_eager": "pass"
+    }
     slow = _edit(after, "0.5.12.post1+bcg", "latency", "99.0", requests=8.0)
     assert _status(bg.ENGINE, slow)["engine_breakable_graph.faster_than_eager"] == "fail"
 
@@ -143,24 +147,28 @@ def test_the_rebuild_sits_beside_the_engine_and_says_what_each_measures():
     def rebuild(exp):
         return max(runs.load_all_recorded(exp), key=lambda r: r.manifest.get("created_utc", ""))
 
-    rows = {r["source"]: r for r in pg_show.beside_rows(rebuild("pcg_gate"),
-                                                        pg_sglang.FIX.recorded_engine())}
+    rows = {
+        r["source"]: r
+        for r in pg_show.beside_rows(rebuild("pcg_gate"), pg_sglang.FIX.recorded_engine())
+    }
     engine = rows["SGLang 0.5.13 engine (kimi_k25_tiny, enforce)"]
     assert "whole prefill step" in engine["measures"] and engine["figure"].endswith("×")
     assert rows["#26382's description (B200, TP 4)"]["figure"] == "3.26×"
-    assert any(k.startswith("rebuild") and "forward only" in v["measures"]
-               for k, v in rows.items())
+    assert any(k.startswith("rebuild") and "forward only" in v["measures"] for k, v in rows.items())
 
-    rows = {r["source"]: r["figure"] for r in bg_show.beside_rows(
-        rebuild("breakable_graph"), bg_sglang.FIX.recorded_engine())}
+    rows = {
+        r["source"]: r["figure"]
+        for r in bg_show.beside_rows(rebuild("breakable_graph"), bg_sglang.FIX.recorded_engine())
+    }
     one, several = rows["SGLang 0.5.11 engine (llama_32x512)"].split(" | ")
     assert float(one.rstrip("×")) > 1.1 and float(several.split("–")[-1].rstrip("×")) < 1.1
     lo = rows["SGLang 0.5.12.post1 engine (llama_32x512)"].split(" | ")[1].split("–")[0]
     assert float(lo.rstrip("×")) > 1.2
 
     rows = swa_show.beside_rows(rebuild("swa_loc"), swa_sglang.FIX.recorded_engine())
-    assert [r["figure"] for r in rows if "per SWA layer" in r["measures"]
-            and "kernel" in r["measures"]] == ["2", "2"]
+    assert [
+        r["figure"] for r in rows if "per SWA layer" in r["measures"] and "kernel" in r["measures"]
+    ] == ["2", "2"]
 
     missing = runs.NoRun("pcg_gate", "test")
     assert pg_show.beside_rows(missing, missing)[0]["measures"] == "no GPU run to show (test)"
@@ -218,10 +226,11 @@ def test_verify_live_runs_the_engine_scenarios_this_machine_can(monkeypatch):
 
     done, skipped = verify.live_engines(progress=False)  # this box: no GPU
     names = {s.split(":")[0] for s in skipped}
-    assert done == [] and names == {"01-kimi-pcg", "01-llama-pcg", "01-llama-width",
-                                     "03-bcg-requests", "04-swa-kernels", "02-ar-fusion",
-                                     "02-ar-fusion-tp4", "06-dense-tp1", "06-dense-tp4",
-                                     "05-grid-thw", "05-grid-thw-tp4"}
+    assert done == [] and names == {
+        "01-kimi-pcg", "01-llama-pcg", "01-llama-width", "03-bcg-requests", "04-swa-kernels",
+        "02-ar-fusion", "02-ar-fusion-tp4", "06-dense-tp1", "06-dense-tp4", "05-grid-thw",
+        "05-grid-thw-tp4"
+    }
 
     monkeypatch.setattr(hardware, "meets", lambda n: (True, "stand-in"))
 
@@ -256,8 +265,8 @@ def test_verify_live_runs_only_the_named_experiments(monkeypatch, capsys):
     assert cli.main(["verify", "--live"]) == 1 and asked["engines"] is None
 
 
-def test_verify_live_against_an_experiment_runs_it_and_compares_with_the_record(monkeypatch,
-                                                                                capsys):
+def test_verify_live_against_an_experiment_runs_it_and_compares_with_the_record(
+        monkeypatch, capsys):
     """`--against EXP` names what to run here, not a reference file (argparse hands the name to
     the option's optional value): EXP runs live and is compared with its recorded reference."""
     from sglab.tools import verify
@@ -318,19 +327,28 @@ def _starts_run(times: dict, status: dict | None = None):
     rows, entries = [], []
     for (case, start), per in times.items():
         variant = f"0.5.13+{case}"
-        base = {"experiment": "engine_pcg_gate", "variant": variant, "release": "0.5.13",
-                "case": case, "tool": "bench", "start": start}
+        base = {
+            "experiment": "engine_pcg_gate", "variant": variant, "release": "0.5.13", "case": case,
+            "tool": "bench", "start": start
+        }
         st = (status or {}).get((case, start), "ok")
         rows.append({**base, "metric": "status", "value": st, "unit": ""})
-        rows.append({**base, "metric": "pcg", "value": "captured" if case == "pcg" else
-                     "disabled", "unit": ""})
-        rows += [{**base, "batch_size": 1, "input_len": n, "metric": "prefill", "value": ms,
-                  "unit": "ms"} for n, ms in per.items()]
-        entries.append({"variant": variant, "release": "0.5.13", "case": case,
-                        "model": {"name": "llama_32x512"}})
+        rows.append({
+            **base, "metric": "pcg", "value": "captured" if case == "pcg" else "disabled",
+            "unit": ""
+        })
+        rows += [{
+            **base, "batch_size": 1, "input_len": n, "metric": "prefill", "value": ms, "unit": "ms"
+        } for n, ms in per.items()]
+        entries.append({
+            "variant": variant, "release": "0.5.13", "case": case,
+            "model": {"name": "llama_32x512"}
+        })
     df = runs.tidy("engine_pcg_gate", rows)
-    manifest = {"created_utc": "2026-11-28T00:00:00Z", "gpu_name": "NVIDIA H100 80GB HBM3",
-                "gpu_count": 1, "engine_runs": entries, "method_version": 1}
+    manifest = {
+        "created_utc": "2026-11-28T00:00:00Z", "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 1,
+        "engine_runs": entries, "method_version": 1
+    }
     return runs.Run(df, manifest, runs.repo_root() / "x.csv")
 
 
@@ -360,8 +378,8 @@ def test_a_speedup_must_clear_the_aa_controls_gap(again, status):
         t[("pcg-off-again", s)] = {128: again}
     run = _starts_run(t)
     noise = abs(20.0 / again - 1)
-    assert E.aa_noise(E.latest([run]), "prefill", "input_len") == {
-        ("llama_32x512", "0.5.13"): pytest.approx(noise)}
+    assert E.aa_noise(E.latest([run]), "prefill",
+                      "input_len") == {("llama_32x512", "0.5.13"): pytest.approx(noise)}
     res = {r.claim.id: r for r in C.evaluate(pg.ENGINE, run)}
     got = res["engine_pcg_gate.captured_prefill_faster"]
     assert got.status == status
@@ -373,8 +391,9 @@ def test_a_speedup_must_clear_the_aa_controls_gap(again, status):
 def test_the_host_launch_cost_is_measured_in_its_own_process(monkeypatch):
     from sglab.tools import engine_cmd
 
-    monkeypatch.setattr(engine_cmd, "HOST_COST", engine_cmd.HOST_COST.replace(
-        "launch_cost_us()", "launch_cost_us('cpu', n=50, repeat=3)"))
+    monkeypatch.setattr(
+        engine_cmd, "HOST_COST",
+        engine_cmd.HOST_COST.replace("launch_cost_us()", "launch_cost_us('cpu', n=50, repeat=3)"))
     got = engine_cmd.host_launch_cost()
     assert got["median"] > 0 and got["launches_per_burst"] == 50 and got["device"] == "cpu"
     monkeypatch.setattr(engine_cmd, "HOST_COST", "raise SystemExit('no CUDA here')")
@@ -394,13 +413,16 @@ def test_the_header_names_the_hosts_per_launch_cost_where_a_run_measured_it(caps
 def test_the_launches_removed_times_the_hosts_cost_predict_a_saving_beside_the_measured_one():
     from sglab.pcg_gate import show as pg_show
 
-    t = {("pcg", s): {128: 10.0} for s in range(3)} | {("pcg-off", s): {128: 16.0}
-                                                      for s in range(3)}
+    t = {("pcg", s): {128: 10.0}
+         for s in range(3)} | {("pcg-off", s): {128: 16.0}
+                               for s in range(3)}
     run = _starts_run(t)
     counts = []
     for case, kernels, graphs in (("pcg", 40, 3), ("pcg-off", 1040, 0)):
-        base = {"experiment": "engine_pcg_gate", "variant": f"0.5.13+{case}", "release": "0.5.13",
-                "case": case, "tool": "bench", "start": 3, "batch_size": 1, "input_len": 128}
+        base = {
+            "experiment": "engine_pcg_gate", "variant": f"0.5.13+{case}", "release": "0.5.13",
+            "case": case, "tool": "bench", "start": 3, "batch_size": 1, "input_len": 128
+        }
         counts += [{**base, "metric": "status", "value": "ok", "unit": ""},
                    {**base, "metric": "prefill_kernel_launches", "value": kernels, "unit": ""},
                    {**base, "metric": "prefill_graph_launches", "value": graphs, "unit": ""}]

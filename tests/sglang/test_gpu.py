@@ -85,12 +85,13 @@ def test_plan_skips_what_needs_more_gpus_with_one_line():
     run, skipped = record.plan_for(FIXES, names, 1)
     assert [f.name for f in run] == ["breakable_graph", "swa_loc"] and skipped == []
     run, skipped = record.plan_for(FIXES, names, 0)
-    assert run == [] and skipped == ["breakable_graph: skipped, needs 1 GPU, have 0",
-                                     "swa_loc: skipped, needs 1 GPU, have 0"]
+    assert run == [] and skipped == [
+        "breakable_graph: skipped, needs 1 GPU, have 0", "swa_loc: skipped, needs 1 GPU, have 0"
+    ]
     two = GpuPlan(2, 1, (Step("0.5.23", "p:run"),), "demo")
     wide = dataclasses.replace(get("swa_loc"), name="wide", gpu=two)
-    assert record.plan_for([*FIXES, wide], ["wide"], 1) == ([],
-                                                           ["wide: skipped, needs 2 GPUs, have 1"])
+    assert record.plan_for([*FIXES, wide], ["wide"],
+                           1) == ([], ["wide: skipped, needs 2 GPUs, have 1"])
     picked = record.plan_for(FIXES, ["swa_loc", "breakable_graph", "swa_loc"], 2)[0]
     assert [f.name for f in picked] == ["swa_loc", "breakable_graph"]
     with pytest.raises(ValueError, match="unknown fix nope"):
@@ -128,16 +129,18 @@ def test_unknown_fix_is_one_line_and_exit_2(capsys):
 # -- rows and manifest
 # --------------------------------------------------------------------------------------------
 def test_step_rows_keep_the_probe_rows_and_turn_failures_into_one_status_row():
-    ok = fake("0.5.23",
-              rows=[{"variant": "a", "metric": "m", "value": 3, "unit": "n"},
-                    {"variant": "a", "metric": "node_kernel", "kernel": "k1", "value": 2,
-                     "unit": "nodes"}])
+    ok = fake(
+        "0.5.23", rows=[{"variant": "a", "metric": "m", "value": 3, "unit": "n"}, {
+            "variant": "a", "metric": "node_kernel", "kernel": "k1", "value": 2, "unit": "nodes"
+        }])
     rows = record.step_rows(ok)
     assert rows[0] == {"release": "0.5.23", "variant": "a", "metric": "m", "value": 3, "unit": "n"}
     assert rows[1]["kernel"] == "k1"
     bad = fake("0.5.11", status="not-run", reason="sglang 0.5.11: import x failed: boom")
-    assert record.step_rows(bad) == [{"release": "0.5.11", "variant": "not-run", "metric": "status",
-                                      "value": "sglang 0.5.11: import x failed: boom", "unit": ""}]
+    assert record.step_rows(bad) == [{
+        "release": "0.5.11", "variant": "not-run", "metric": "status",
+        "value": "sglang 0.5.11: import x failed: boom", "unit": ""
+    }]
 
 
 def test_record_fix_writes_one_run_with_releases_and_shims(tmp_path):
@@ -168,8 +171,8 @@ def test_a_spent_budget_starts_no_worker_and_still_writes_the_run(tmp_path):
 
     plan = GpuPlan(1, 1, (Step("0.5.23", "p:run"),), "demo")
     path, complete = record.record_fix("demo", plan, out=tmp_path, echo=lambda *_: None,
-                                       deadline=time.monotonic() + 5, runner=lambda *a,
-                                       **k: pytest.fail("a worker was started"))
+                                       deadline=time.monotonic() + 5,
+                                       runner=lambda *a, **k: pytest.fail("a worker was started"))
     assert not complete
     assert "record budget was spent" in value(read_run(path), release="0.5.23", metric="status")
 
@@ -179,11 +182,10 @@ def test_timeouts_are_cut_to_the_budget(tmp_path):
 
     seen = []
     plan = GpuPlan(1, 1, (Step("0.5.23", "p:run", timeout=400.0),), "demo")
-    record.record_fix("demo", plan, out=tmp_path, echo=lambda *_: None,
-                      deadline=time.monotonic() + 100, runner=lambda v, p, prm,
-                      timeout: seen.append(timeout) or fake(v,
-                                                            rows=[{"variant": "a", "metric": "m",
-                                                                   "value": 1, "unit": ""}]))
+    record.record_fix(
+        "demo", plan, out=tmp_path, echo=lambda *_: None, deadline=time.monotonic() + 100,
+        runner=lambda v, p, prm, timeout: seen.append(timeout) or fake(
+            v, rows=[{"variant": "a", "metric": "m", "value": 1, "unit": ""}]))
     assert 90 < seen[0] <= 100
 
 
@@ -210,11 +212,11 @@ def test_kernels_per_translation_rules():
 
 # -- the GPU probes' CPU path, through real workers and record_fix
 # ------------------------------------------------
-CPU_FIXES = {"swa_loc": GpuPlan(0, 1,
-                                (Step("0.5.12.post1", "sglab.swa_loc.sglang:gpu_probe",
-                                      {"device": "cpu"}),
-                                 Step("0.5.23", "sglab.swa_loc.sglang:gpu_probe",
-                                      {"device": "cpu", "buffers": False})), "cpu path"),
+CPU_FIXES = {
+    "swa_loc": GpuPlan(0, 1,
+                       (Step("0.5.12.post1", "sglab.swa_loc.sglang:gpu_probe", {"device": "cpu"}),
+                        Step("0.5.23", "sglab.swa_loc.sglang:gpu_probe",
+                             {"device": "cpu", "buffers": False})), "cpu path"),
 }
 # the session answers these with its other calls (conftest)
 REAL_CALLS = [(s.probe, s.params, (s.release,)) for plan in CPU_FIXES.values() for s in plan.steps]
@@ -224,33 +226,36 @@ REAL_CALLS = [(s.probe, s.params, (s.release,)) for plan in CPU_FIXES.values() f
 def cpu_runs(tmp_path_factory):
     from sglab.sglang.releases import release_installed
 
-    missing = [s.release for p in CPU_FIXES.values() for s in p.steps
-               if not release_installed(s.release)]
+    missing = [
+        s.release for p in CPU_FIXES.values() for s in p.steps if not release_installed(s.release)
+    ]
     if missing:
         if os.environ.get("CI"):
             pytest.fail(f"sglang {', '.join(missing)} not installed", pytrace=False)
         pytest.skip(f"sglang {', '.join(missing)} not installed")
     root = tmp_path_factory.mktemp("runs")
-    return {name: read_run(record.record_fix(name, plan, out=root, echo=lambda *_: None,
-                                             runner=probe_one)[0])
-            for name, plan in CPU_FIXES.items()}
+    return {
+        name: read_run(
+            record.record_fix(name, plan, out=root, echo=lambda *_: None, runner=probe_one)[0])
+        for name, plan in CPU_FIXES.items()
+    }
 
 
 def test_swa_loc_cpu_path_translates_per_layer_once_or_never(cpu_runs):
     run = cpu_runs["swa_loc"]
     for release, k in (("0.5.12.post1", 2), ("0.5.23", 1)):
         ran(run, release)
-        calls = {v: value(run, release=release, variant=v,
-                          metric="translate_calls") for v in swa_loc.GPU_VARIANTS}
+        calls = {
+            v: value(run, release=release, variant=v, metric="translate_calls")
+            for v in swa_loc.GPU_VARIANTS
+        }
         assert calls == {"per_layer": len(swa_loc.GPU_SWA_LAYERS), "once_in_graph": 1, "preset": 0}
         for v in swa_loc.GPU_VARIANTS:
             assert value(run, release=release, variant=v, metric="rows_landed") is True
         assert value(run, release=release, metric="expected_nodes_per_swa_layer") == k
     assert value(run, release="0.5.12.post1", variant="decode_buffers", metric="dtype") == "int32"
-    assert (run.manifest["params"]["shims"]["0.5.23"]
-            == run.manifest["params"]["shims"]["0.5.12.post1"])
-
-
+    assert (run.manifest["params"]["shims"]["0.5.23"] == run.manifest["params"]["shims"]
+            ["0.5.12.post1"])
 
 
 # -- on a GPU
@@ -270,8 +275,9 @@ def _gpu_run(name: str, tmp_path_factory):
     if missing:
         pytest.skip(f"sglang {', '.join(missing)} not installed here (scripts/real_gpu.sh installs "
                     "them)")
-    return read_run(record.record_fix(name, fix.gpu, out=tmp_path_factory.mktemp(name),
-                                      echo=lambda *_: None)[0])
+    return read_run(
+        record.record_fix(name, fix.gpu, out=tmp_path_factory.mktemp(name),
+                          echo=lambda *_: None)[0])
 
 
 @pytest.mark.gpu
@@ -282,13 +288,15 @@ def test_gpu_swa_loc_nodes_per_swa_layer_equal_the_release_translation(tmp_path_
         ran(run, release)
         k = swa_loc.kernels_per_translation(swa_loc.release_translation(release),
                                             value(run, release=release, metric="mapping_dtype"))
-        nodes = {v: value(run, release=release, variant=v,
-                          metric="kernel_nodes") for v in swa_loc.GPU_VARIANTS}
+        nodes = {
+            v: value(run, release=release, variant=v, metric="kernel_nodes")
+            for v in swa_loc.GPU_VARIANTS
+        }
         for v in swa_loc.GPU_VARIANTS:
             assert value(run, release=release, variant=v,
                          metric="replay_kernels") == nodes[v], (release, v)
-            assert value(run, release=release, variant=v, metric="rows_landed") is True, (release,
-                    v)
+            assert value(run, release=release, variant=v,
+                         metric="rows_landed") is True, (release, v)
         assert nodes["per_layer"] - nodes["preset"] == k * n_swa, (release, nodes, k)
         assert nodes["once_in_graph"] - nodes["preset"] == k, (release, nodes, k)
         assert value(run, release=release, metric="nodes_per_swa_layer") == k

@@ -18,6 +18,7 @@ from sglab.sglang.hunks import Rendered, diff_html, render_beside
 from sglab.sglang.wheels import STATE_COLOURS, timeline_figure, timeline_row_figure
 from sglab.tools.fixes import FIXES, NAMES, get
 
+
 SPECS = [(f, s) for f in FIXES for s in f.hunks]
 
 INSTALLED = runs.repo_root() / ".sglang" / "releases"
@@ -29,7 +30,7 @@ ADDED = {("pcg_gate", 26382): '+    if name == "model":',
          ("swa_loc", 24743): "+            self.out_cache_loc_swa.zero_()",
          ("grid_thw", 22858): "+    grid_thws = grid_thws.cpu()",
          ("capture_sizes", 23972): '+        ), f"No piecewise CUDA graph capture sizes are '
-                                   'multiples of {mul_base}"'}
+         'multiples of {mul_base}"'}
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +73,10 @@ def test_hunk_text_is_consistent_and_shows_the_change(pair):
 
 def test_symbols_new_in_the_pr_are_marked_absent_before():
     pcg = H.load("pcg_gate")
-    assert pcg.blocks("before") == {"KimiK25ForConditionalGeneration.model": None,
-                                    "KimiK25ForConditionalGeneration.__setattr__": None}
+    assert pcg.blocks("before") == {
+        "KimiK25ForConditionalGeneration.model": None,
+        "KimiK25ForConditionalGeneration.__setattr__": None
+    }
     grid = H.load("grid_thw").blocks("before")  # the GPU processor arrived together with the fix
     assert grid["KimiGPUProcessorWrapper._gpu_call"] is None
     assert "item.grid_thws" in grid["KimiK25ForConditionalGeneration.get_image_feature"]
@@ -108,8 +111,9 @@ def test_find_window_and_its_errors():
         H.find_window(spec, "demo", ["0.1", "0.2"], reader)
     hunk = H.build(spec, "demo", ("0.2", reader("0.2"), {}),
                    ("0.3", reader("0.3"), {"wheel": "w", "sha256": "s"}))
-    assert hunk.blocks("before") == {"f": None} and hunk.blocks("after") == {"f": "def f():\n    "
-                                                                             "return 1\n"}
+    assert hunk.blocks("before") == {"f": None} and hunk.blocks("after") == {
+        "f": "def f():\n    return 1\n"
+    }
 
 
 def test_write_then_load_round_trip(tmp_path):
@@ -168,8 +172,9 @@ def test_beside_puts_the_released_symbol_next_to_the_rebuild():
     assert f"== rebuilt: {__name__}.rebuilt_setattr" in text and "<table" in shown._repr_html_()
     # first symbol present by default
     assert "def model(self)" in repr(render_beside(hunk, ("mine", "x = 1\n")))
-    assert repr(H.beside("pcg_gate", rebuilt_setattr,
-                         symbol="KimiK25ForConditionalGeneration.__setattr__")) == text
+    assert repr(
+        H.beside("pcg_gate", rebuilt_setattr,
+                 symbol="KimiK25ForConditionalGeneration.__setattr__")) == text
     with pytest.raises(ValueError, match="no symbol exists on the 'before' side"):
         render_beside(hunk, ("mine", ""), side="before")
     with pytest.raises(KeyError, match="not on the 'after' side"):
@@ -190,8 +195,9 @@ def test_timeline_figure_colours_each_cell_by_state(table):
     assert [to_hex(c.get_facecolor()) for c in cells] == want
     assert [t.get_text() for t in ax.get_yticklabels()] == fixes
     assert [t.get_text() for t in ax.get_xticklabels()] == list(table["version"])
-    assert {t.get_text() for t in ax.get_legend().get_texts()} == {"absent", "before", "pr-era",
-                                                                   "changed", "regressed"}
+    assert {t.get_text()
+            for t in ax.get_legend().get_texts()
+            } == {"absent", "before", "pr-era", "changed", "regressed"}
 
 
 def test_timeline_row_figure_labels_each_run_of_states(table):
@@ -199,8 +205,8 @@ def test_timeline_row_figure_labels_each_run_of_states(table):
 
     fig = timeline_row_figure("capture_sizes", table)
     ax = fig.axes[0]
-    assert [to_hex(b.get_facecolor()) for b in ax.patches] == [STATE_COLOURS[s]
-                                                               for s in table["capture_sizes"]]
+    assert [to_hex(b.get_facecolor()) for b in ax.patches
+            ] == [STATE_COLOURS[s] for s in table["capture_sizes"]]
     assert [t.get_text() for t in ax.texts] == ["before", "pr-era", "regressed", "changed"]
     with pytest.raises(KeyError):
         timeline_row_figure("no_such_fix", table)
@@ -232,10 +238,10 @@ def test_hunks_match_the_installed_releases():
         hunk = H.load(fix, spec.pr)
         if not (release_installed(hunk.before_version) and release_installed(hunk.after_version)):
             continue
-        assert H.side_text(reader(hunk.before_version), spec.symbols) == hunk.before, (fix.name,
-                "before")
-        assert H.side_text(reader(hunk.after_version), spec.symbols) == hunk.after, (fix.name,
-                "after")
+        assert H.side_text(reader(hunk.before_version),
+                           spec.symbols) == hunk.before, (fix.name, "before")
+        assert H.side_text(reader(hunk.after_version),
+                           spec.symbols) == hunk.after, (fix.name, "after")
         compared += 1
     if os.environ.get("CI"):
         assert compared == 5

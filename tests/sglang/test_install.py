@@ -18,6 +18,7 @@ from sglab.sglang.releases import worker_env as _env
 from sglab.sglang.runner import _spawn
 from tests.sglang import TRITON_STUB
 
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -28,8 +29,10 @@ def test_makefile_installs_exactly_the_pinned_releases():
 
 
 def test_cpu_constraints_pin_torch():
-    lines = [ln.strip() for ln in (REPO / "constraints" / "cpu.txt").read_text().splitlines()
-             if ln.strip() and not ln.startswith("#")]
+    lines = [
+        ln.strip() for ln in (REPO / "constraints" / "cpu.txt").read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
     assert lines == ["torch==2.13.0"]
 
 
@@ -85,12 +88,16 @@ def test_release_that_does_not_import_is_not_run_with_the_cause(tmp_path, monkey
 
 
 def test_plan_per_machine():
-    cpu = {"triton": "not installed", "torchvision": "ModuleNotFoundError",
-           "sgl_kernel": "ModuleNotFoundError", "cuda": False}
+    cpu = {
+        "triton": "not installed", "torchvision": "ModuleNotFoundError",
+        "sgl_kernel": "ModuleNotFoundError", "cuda": False
+    }
     assert plan("0.5.10.post1", cpu) == ["triton", "torchvision", "sgl_kernel.kvcacheio"]
     assert plan("0.5.11", cpu) == ["triton", "torchvision"]
-    gpu = {"triton": None, "torchvision": None, "sgl_kernel": "ImportError: undefined symbol",
-           "cuda": True}
+    gpu = {
+        "triton": None, "torchvision": None, "sgl_kernel": "ImportError: undefined symbol",
+        "cuda": True
+    }
     assert plan("0.5.10.post1", gpu) == plan("0.5.23", gpu) == ["sgl_kernel"]
     assert plan("0.5.23", {**gpu, "sgl_kernel": None}) == []
 
@@ -154,8 +161,10 @@ except ImportError:
     out["rmsnorm"] = "ImportError"
 print(json.dumps(out))
 """)
-    assert got == {"sgl_kernel.elementwise": "ImportError", "sgl_kernel.scalar_type": "ImportError",
-                   "rmsnorm": "ImportError"}
+    assert got == {
+        "sgl_kernel.elementwise": "ImportError", "sgl_kernel.scalar_type": "ImportError",
+        "rmsnorm": "ImportError"
+    }
 
 
 def test_torchvision_stand_in_has_constants_and_raises_on_use():
@@ -174,16 +183,17 @@ for name, fn in (("decode_jpeg", lambda: decode_jpeg(b"")), ("class", lambda: In
         out[name] = "StubCalled"
 print(json.dumps(out))
 """)
-    assert got == {"version": "0.0+sglab.stub",
-                   "constant": "<stub torchvision.transforms.InterpolationMode.BILINEAR>",
-                   "decode_jpeg": "StubCalled", "class": "StubCalled"}
+    assert got == {
+        "version": "0.0+sglab.stub",
+        "constant": "<stub torchvision.transforms.InterpolationMode.BILINEAR>",
+        "decode_jpeg": "StubCalled", "class": "StubCalled"
+    }
 
 
 def test_timeout_kills_the_whole_process_group():
     t0 = time.perf_counter()
-    code = ("import subprocess, sys, time; "
-            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-            "print(p.pid, flush=True); time.sleep(60)")
+    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import "
+            "time; time.sleep(60)']); print(p.pid, flush=True); time.sleep(60)")
     rc, _ = _spawn([sys.executable, "-c", f"import sys; sys.stderr.write('x'); {code}"], timeout=3)
     assert rc is None and time.perf_counter() - t0 < 20
     left = subprocess.run(["pgrep", "-f", "time.sleep\\(60\\)"], capture_output=True,
@@ -196,10 +206,11 @@ def _wheel(path: Path, name: str, version: str, files: dict) -> Path:
     import zipfile
 
     info = f"{name}-{version}.dist-info"
-    files = {**files,
-             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: "
-             "py3-none-any\n"}
+    files = {
+        **files, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: "
+        "py3-none-any\n"
+    }
     record = "".join(f"{p},,\n" for p in files) + f"{info}/RECORD,,\n"
     whl = path / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(whl, "w") as z:
@@ -214,9 +225,11 @@ def test_repack_drops_files_and_their_record_lines(tmp_path):
 
     from sglab.sglang.wheelhouse import repack
 
-    whl = _wheel(tmp_path, "sglang", "9.9.9",
-                 {"sglang/__init__.py": "", "sglang/srt/rust_extensions/_x.so": "b" * 999,
-                  "sglang/multimodal_gen/a.py": ""})
+    whl = _wheel(
+        tmp_path, "sglang", "9.9.9", {
+            "sglang/__init__.py": "", "sglang/srt/rust_extensions/_x.so": "b" * 999,
+            "sglang/multimodal_gen/a.py": ""
+        })
     dropped, _ = repack(whl)
     with zipfile.ZipFile(whl) as z:
         names = z.namelist()
@@ -244,5 +257,5 @@ def test_offline_install_from_a_wheelhouse_lays_out_release_and_deps(tmp_path, m
     deps = releases.deps_dir("0.5.1x")
     assert ((deps / "sglab_fake_only_in_set.py").exists()
             and (deps / "sglab_fake_common.py").exists())
-    assert ([o.status for o in install.install(["0.5.11"], wheelhouse=wh, echo=lambda _: None)]
-            == ["present"] * 2)
+    assert ([o.status for o in install.install(["0.5.11"], wheelhouse=wh, echo=lambda _: None)
+             ] == ["present"] * 2)

@@ -17,10 +17,11 @@ import pytest
 from sglab.sglang import releases, runner, store
 from tests.sglang import TRITON_STUB
 
+
 RELEASE = "9.9.9"
 # importable in the worker: the release's folder is on its path
-PID, BOOM, SLEEP, CHILD, LEAVE = (f"sglab_fake_probes.calls:{name}"
-                                  for name in ("pid", "boom", "sleep", "child", "leave"))
+PID, BOOM, SLEEP, CHILD, LEAVE = (
+    f"sglab_fake_probes.calls:{name}" for name in ("pid", "boom", "sleep", "child", "leave"))
 
 CALLS = '''
 import os, time
@@ -98,7 +99,7 @@ def test_a_release_answers_all_its_calls_in_one_worker(fake_home, spawned):
     assert list(got) == [runner.call_key(PID, {"tag": 1}), runner.call_key(PID, {"tag": 2})]
     first, second = got.values()
     assert first.ok and second.ok, (first.reason, second.reason)
-    assert _pid(first) == _pid(second) != os.getpid()              # one process answered both
+    assert _pid(first) == _pid(second) != os.getpid()  # one process answered both
     assert list(second.rows.tag) == [2] and list(second.rows.release) == [RELEASE]
     assert first.shim_names() == second.shim_names() and "triton" in first.shim_names()
     assert first.seconds > second.seconds >= 0.0 and second.prepare_seconds == 0.0
@@ -126,7 +127,8 @@ def test_a_timeout_kills_the_group_and_reports_every_unanswered_call(fake_home, 
     assert hung.reason == f"sglang {RELEASE}: {CHILD} did not finish in 8 s (killed)"
     assert [r.reason for r in never] == [
         f"sglang {RELEASE}: {p} not answered: the worker was killed after 8 s while {CHILD} ran"
-        for p in (PID, BOOM)]
+        for p in (PID, BOOM)
+    ]
     assert all(r.status == "error" for r in never)
     grandchild = int(pid_file.read_text())
     time.sleep(0.5)
@@ -159,19 +161,21 @@ def test_run_probe_is_one_call_of_the_same_worker(fake_home, spawned):
     assert r.ok and list(r.rows.tag) == [5] and r.probe == PID
     assert len(spawned) == 1 and "--calls" in spawned[0]
     missing = runner.run_probe("0.5.9", PID)
-    assert missing.status == "not-run" and len(spawned) == 1       # nothing to start
+    assert missing.status == "not-run" and len(spawned) == 1  # nothing to start
 
 
 def test_the_worker_command_writes_one_line_per_call(fake_home, tmp_path):
     out = tmp_path / "answers.jsonl"
     calls = json.dumps([{"probe": PID, "params": {"tag": 1}}, {"probe": BOOM}])
-    proc = subprocess.run([sys.executable, "-m", "sglab.sglang.runner", "--release", RELEASE,
-                           "--calls", calls, "--out", str(out)], capture_output=True, text=True,
-                          timeout=120, env=releases.worker_env())
+    proc = subprocess.run([
+        sys.executable, "-m", "sglab.sglang.runner", "--release", RELEASE, "--calls", calls,
+        "--out",
+        str(out)
+    ], capture_output=True, text=True, timeout=120, env=releases.worker_env())
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(d["index"], d["probe"], d["error"]) for d in lines] == [
-        (0, PID, None), (1, BOOM, "ValueError: the probe failed on purpose")]
+    assert [(d["index"], d["probe"], d["error"]) for d in lines
+            ] == [(0, PID, None), (1, BOOM, "ValueError: the probe failed on purpose")]
     assert lines[0]["rows"][0]["tag"] == 1 and "prepare" in lines[0]["seconds"]
 
 
@@ -187,15 +191,15 @@ def test_the_session_runs_its_calls_once_and_then_answers_from_them(fake_home, t
     folder = runner.start_session(tmp_path / "session", [(PID, {"tag": 1}, [RELEASE]),
                                                          (PID, {"tag": 2}, [RELEASE])])
     assert os.environ[runner.SESSION_ENV] == str(folder)
-    assert spawned == []                                           # nothing runs until it is needed
+    assert spawned == []  # nothing runs until it is needed
     first = _live({"tag": 2})
     assert len(spawned) == 1 and first.ok and not first.recorded  # both calls, one worker: live
     again = _live({"tag": 1})
-    assert len(spawned) == 1 and again.ok and _pid(again) == _pid(first)   # no worker started
-    rec = store.newest(root=folder)                                # a recording, as store reads one
+    assert len(spawned) == 1 and again.ok and _pid(again) == _pid(first)  # no worker started
+    rec = store.newest(root=folder)  # a recording, as store reads one
     assert rec.lookup(RELEASE, PID, {"tag": 1}).ok and rec.sglang_home == str(fake_home.resolve())
     other = _live({"tag": 3})
-    assert len(spawned) == 2 and other.ok                          # not named: run when asked
+    assert len(spawned) == 2 and other.ok  # not named: run when asked
 
 
 def test_the_session_keeps_no_answer_that_a_crash_cut_short(fake_home, tmp_path, spawned):
@@ -203,9 +207,9 @@ def test_the_session_keeps_no_answer_that_a_crash_cut_short(fake_home, tmp_path,
     error."""
     folder = runner.start_session(tmp_path / "session", [(LEAVE, None, [RELEASE]),
                                                          (PID, {"tag": 1}, [RELEASE])])
-    assert _live({"tag": 1}).ok and len(spawned) == 2   # the session's worker died, then this call
-    assert store.newest(root=folder) is None            # nothing the worker answered itself to keep
-    assert _live({"tag": 1}).ok and len(spawned) == 3   # the session's calls are not run again
+    assert _live({"tag": 1}).ok and len(spawned) == 2  # the session's worker died, then this call
+    assert store.newest(root=folder) is None  # nothing the worker answered itself to keep
+    assert _live({"tag": 1}).ok and len(spawned) == 3  # the session's calls are not run again
 
 
 def test_a_session_of_other_releases_is_not_used(fake_home, tmp_path, spawned, monkeypatch):
@@ -224,8 +228,10 @@ def test_the_session_is_one_run_for_every_process(fake_home, tmp_path):
             f"(r,) = runner.run_probes([{RELEASE!r}], {PID!r}, {{'tag': 1}}).values(); "
             "print(json.dumps([r.status, int(r.rows.value.iloc[0])]))")
     env = {**releases.worker_env(), runner.SESSION_ENV: str(folder), "SGLAB_REAL": "live"}
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)
+    ]
     outs = [p.communicate(timeout=180) for p in procs]
     answers = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
     assert answers[0] == answers[1] and answers[0][0] == "ok", outs
@@ -267,8 +273,25 @@ def test_record_asks_each_release_once_for_all_its_calls(data_root, monkeypatch)
     lines = []
     path = real_record.record(progress=lines.append)
     assert len(batches) == 1 and batches[0] == real_record.calls()
-    assert len(lines) == 6 and all(line.startswith("sglang ") for line in lines)   # one per release
+    assert len(lines) == 6 and all(line.startswith("sglang ") for line in lines)  # one per release
     rec = store.newest()
     assert rec.path == path
     for probe, params, names in real_record.calls():
         assert all(rec.lookup(v, probe, params).ok for v in names), probe
+
+
+def test_a_later_session_reads_the_answers_of_the_same_code_releases_and_calls(fake_home):
+    """The answers folder is the same for the same calls and install stamps, another for other
+    calls or a re-installed release, and only the newest few folders are kept."""
+    calls = [(PID, {"tag": 1}, [RELEASE])]
+    first = runner.answers_folder(calls)
+    assert runner.answers_folder(calls) == first
+    assert runner.answers_folder([(PID, {"tag": 2}, [RELEASE])]) != first
+    stamp = Path(os.environ["SGLAB_SGLANG_HOME"]) / "releases" / RELEASE / releases.STAMP
+    stamp.write_text('{"again": 1}')
+    assert runner.answers_folder(calls) != first
+    for i in range(runner.KEPT_ANSWERS + 3):
+        runner.answers_folder([(PID, {"tag": i}, [RELEASE])]).mkdir(parents=True)
+    runner.answers_folder(calls)
+    kept = list((Path(os.environ["SGLAB_SGLANG_HOME"]) / "answers").iterdir())
+    assert len(kept) == runner.KEPT_ANSWERS - 1

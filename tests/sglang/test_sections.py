@@ -14,10 +14,10 @@ LAST_LINE = {
 }
 
 
-@pytest.mark.parametrize("name", ["breakable_graph", "capture_sizes", "grid_thw", "pcg_gate",
-                                  "swa_loc", "workspace_floor"])
-def test_the_section_says_not_run_when_no_release_is_installed(name, tmp_path, monkeypatch,
-                                                               capsys):
+@pytest.mark.parametrize(
+    "name",
+    ["breakable_graph", "capture_sizes", "grid_thw", "pcg_gate", "swa_loc", "workspace_floor"])
+def test_the_section_says_not_run_when_no_release_is_installed(name, tmp_path, monkeypatch, capsys):
     sglang = importlib.import_module(f"sglab.{name}.sglang")
     monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path))
     monkeypatch.setenv("SGLAB_REAL", "live")

@@ -4,6 +4,7 @@ others are not."""
 import subprocess
 import sys
 
+
 CODE = r"""
 import torch
 from sglab.sglang.bootstrap import _skip_fakes_of_missing_sgl_kernel_ops

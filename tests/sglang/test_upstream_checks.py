@@ -29,14 +29,15 @@ def test_every_release_state_is_reached_by_some_check():
     from tests.pcg_gate.test_sglang import KIMI
     from tests.swa_loc.test_sglang import POOL_LATER
 
-    reached = {state(pcg.check, {}).status,
-               state(pcg.check, {pcg.KIMI_MODEL: KIMI["guard"]}).status,
-               state(pcg.check, {pcg.KIMI_MODEL: KIMI["no_alias"]}).status,
-               state(swa.check, {swa.SWA_POOL: POOL_LATER}).status,
-               state(cs.check,
-                     {cs.PREFILL_RUNNER: PREFILL.replace("CAPTURE",
-                                                         "sorted(capture_tokens)")}).status,
-               state(pcg.check, {pcg.KIMI_MODEL: "class Other:\n    pass\n"}).status}
+    reached = {
+        state(pcg.check, {}).status,
+        state(pcg.check, {pcg.KIMI_MODEL: KIMI["guard"]}).status,
+        state(pcg.check, {pcg.KIMI_MODEL: KIMI["no_alias"]}).status,
+        state(swa.check, {swa.SWA_POOL: POOL_LATER}).status,
+        state(cs.check,
+              {cs.PREFILL_RUNNER: PREFILL.replace("CAPTURE", "sorted(capture_tokens)")}).status,
+        state(pcg.check, {pcg.KIMI_MODEL: "class Other:\n    pass\n"}).status
+    }
     assert reached == set(RELEASE_STATES)
     assert set(STATES) == set(RELEASE_STATES) | {"not-installed"}
 
@@ -71,6 +72,7 @@ def test_verdict_needs_a_known_state_and_a_one_line_reason():
 
 
 def test_a_raising_check_answers_unknown_with_the_error(monkeypatch):
+
     def boom(read):
         raise RuntimeError("cannot read\nthis")
 

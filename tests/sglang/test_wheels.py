@@ -23,8 +23,10 @@ from sglab.sglang import wheels as R
 
 # first release whose state is "pr-era", as read from the wheels (the notebooks and the README rely
 # on these)
-FIRST_WITH_FIX = {"pcg_gate": "0.5.13", "workspace_floor": "0.5.13", "breakable_graph": "0.5.12",
-                  "swa_loc": "0.5.11", "grid_thw": "0.5.11", "capture_sizes": "0.5.11"}
+FIRST_WITH_FIX = {
+    "pcg_gate": "0.5.13", "workspace_floor": "0.5.13", "breakable_graph": "0.5.12",
+    "swa_loc": "0.5.11", "grid_thw": "0.5.11", "capture_sizes": "0.5.11"
+}
 INSTALLED = runs.repo_root() / ".sglang" / "releases"
 
 
@@ -109,9 +111,9 @@ def test_table_agrees_with_the_installed_releases(table):
 
 # -- wheels: reading, facts, the timeline
 # -----------------------------------------------------------------------
-KIMI_FIXED = ("class KimiK25ForConditionalGeneration:\n    @property\n    def model(self):\n       "
-              " return 1\n\n" "    def __setattr__(self, name, value):\n        if name == "
-              "'model':\n            return\n")
+KIMI_FIXED = ("class KimiK25ForConditionalGeneration:\n    @property\n    def "
+              "model(self):\n        return 1\n\n    def __setattr__(self, name, value):\n        "
+              "if name == 'model':\n            return\n")
 PCG_FILTER = ("class PiecewiseCudaGraphRunner:\n    def __init__(self, r):\n"
               "        self.capture_num_tokens = [n for n in sizes if n % mul_base == 0]\n")
 
@@ -121,8 +123,9 @@ def make_wheel(folder: Path, version: str, files: dict, when=(2026, 5, 7, 0, 5, 
     with zipfile.ZipFile(path, "w") as z:
         for rel, text in {"version.py": f"__version__ = '{version}'\n", **files}.items():
             z.writestr(zipfile.ZipInfo(f"sglang/{rel}", date_time=when), text)
-        z.writestr(zipfile.ZipInfo(f"sglang-{version}.dist-info/RECORD",
-                                   date_time=(2026, 5, 6, 1, 2, 3)), "")
+        z.writestr(
+            zipfile.ZipInfo(f"sglang-{version}.dist-info/RECORD", date_time=(2026, 5, 6, 1, 2, 3)),
+            "")
     return path
 
 
@@ -161,8 +164,8 @@ def test_timeline_downloads_once_and_is_complete(tmp_path):
     tl = R.timeline(FIXES, lister=lambda: ["0.5.10", "0.5.11"], fetch=fetch, cache=cache,
                     table=tmp_path / "none.csv", progress=False)
     assert fetched == ["0.5.11"] and tl.complete and list(tl.frame["source"]) == ["wheel", "wheel"]
-    assert list(tl.frame["pcg_gate"]) == ["absent", "pr-era"] and set(tl.wheels) == {"0.5.10",
-            "0.5.11"}
+    assert list(tl.frame["pcg_gate"]) == ["absent", "pr-era"] and set(
+        tl.wheels) == {"0.5.10", "0.5.11"}
     assert any("1 downloaded now, 1 from the cache" in n for n in tl.notes)
     R.write_table(tl.frame, tmp_path / "t.csv")
     back = R.load_table(tmp_path / "t.csv")
@@ -193,8 +196,8 @@ def test_without_network_the_cache_then_the_committed_table(tmp_path, monkeypatc
                for n in tl.notes)
     # a listed release that is neither cached nor committed is reported, not invented
     tl = R.timeline(FIXES, ["0.5.11", "0.5.99"], cache=cache, progress=False)
-    assert list(tl.frame["version"]) == ["0.5.11"] and any("not shown" in n and "0.5.99" in n
-                                                           for n in tl.notes)
+    assert list(tl.frame["version"]) == ["0.5.11"] and any(
+        "not shown" in n and "0.5.99" in n for n in tl.notes)
 
 
 def test_cli_without_network_says_where_each_state_came_from(tmp_path, monkeypatch, capsys, table):
@@ -217,8 +220,8 @@ def test_cli_without_network_says_where_each_state_came_from(tmp_path, monkeypat
 
 def test_cli_errors_are_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(R, "_pip", _no_network)
-    for argv, message in ((["--releases", "0.5.12rc1", "--offline"],
-                           "not a release version: '0.5.12rc1'"),
+    for argv, message in ((["--releases", "0.5.12rc1",
+                            "--offline"], "not a release version: '0.5.12rc1'"),
                           (["--releases", "--root", str(tmp_path)], "do not go together"),
                           (["--root", str(tmp_path)], "not an SGLang package folder")):
         assert cli.main(["upstream", *argv]) == 2
@@ -227,6 +230,7 @@ def test_cli_errors_are_one_line(tmp_path, monkeypatch, capsys):
 
 
 def test_cli_says_when_a_release_does_not_exist(tmp_path, monkeypatch, capsys):
+
     def pip(args, timeout):
         raise R.NoSuchRelease("No matching distribution found for sglang==9.9.9")
 

@@ -15,6 +15,7 @@ from sglab.core import runs
 from sglab.swa_loc import claims
 from sglab.tools import cli, verify
 
+
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = sorted((ROOT / "data" / "recorded" / "swa_loc").glob("*.csv"))
 H100 = next((p for p in RECORDED if "h100" in p.name), None)
@@ -29,8 +30,8 @@ def test_every_recorded_run_holds(capsys):
     from sglab.core.claims import all_claims
     from sglab.swa_loc import claims
 
-    assert len(claims.CLAIMS) <= 5 and all(f"  {c.id}" in out or f"└ {c.id}" in out
-                                           for c in all_claims(claims))
+    assert len(claims.CLAIMS) <= 5 and all(
+        f"  {c.id}" in out or f"└ {c.id}" in out for c in all_claims(claims))
 
 
 def _copy(tmp_path: Path, edit=None, manifest_edit=None) -> Path:
@@ -67,27 +68,21 @@ def _set(df, mask, value):
 # a failing folded check fails its claim too
 PARENT = {f.id: c.id for c in claims.CLAIMS for f in c.folded}
 CORRUPTIONS = {
-    "swa_loc.extra_kernels_per_swa_layer": lambda d: _add(_add(d,
-                                                               _sel(d, "before",
-                                                                    "graph_kernel_nodes"), 1),
-                                                          _sel(d, "before", "profiled_kernels"), 1),
-    "swa_loc.profiler_equals_static": lambda d: _add(d,
-                                                     _sel(d, "pr23552", "profiled_kernels", 12, 1,
-                                                          8), -1),
-    "swa_loc.translate_calls_in_capture": lambda d: _set(d,
-                                                         _sel(d, "pr24743",
-                                                              "translate_calls_capture", 6, 5, 1),
-                                                         1),
-    "swa_loc.kv_matches_eager": lambda d: _set(d,
-                                               (d.metric == "kv_mismatch_slots")
+    "swa_loc.extra_kernels_per_swa_layer": lambda d: _add(
+        _add(d, _sel(d, "before", "graph_kernel_nodes"), 1), _sel(d, "before", "profiled_kernels"),
+        1),
+    "swa_loc.profiler_equals_static": lambda d: _add(
+        d, _sel(d, "pr23552", "profiled_kernels", 12, 1, 8), -1),
+    "swa_loc.translate_calls_in_capture": lambda d: _set(
+        d, _sel(d, "pr24743", "translate_calls_capture", 6, 5, 1), 1),
+    "swa_loc.kv_matches_eager": lambda d: _set(d, (d.metric == "kv_mismatch_slots")
                                                & (d.variant == "pr23552")
                                                & (d.num_layers == 24) & (d.swa_per_full == 1), 3),
-    "swa_loc.pad_bug_exact": lambda d: _set(d,
-                                            (d.metric == "pad_corrupted_slots")
+    "swa_loc.pad_bug_exact": lambda d: _set(d, (d.metric == "pad_corrupted_slots")
                                             & (d.variant == "pr24743"), 2),
-    "swa_loc.replay_ratio": lambda d: _set(d, _sel(d, "before", "time_median"),
-                                           float(d[_sel(d, "pr24743",
-                                                        "time_median")].value.iloc[0]) * 1.05),
+    "swa_loc.replay_ratio": lambda d: _set(
+        d, _sel(d, "before", "time_median"),
+        float(d[_sel(d, "pr24743", "time_median")].value.iloc[0]) * 1.05),
 }
 
 
@@ -138,38 +133,49 @@ def _sidecars(n_swa=40, static=None):
     static = static or {"before": 315, "pr23552": 195, "pr24743": 235}
     gk = [{"variant": "before", "kernel": GATHER, "nodes": n_swa},
           {"variant": "before", "kernel": CAST, "nodes": n_swa}]
-    gk += [{"variant": v, "kernel": OTHER, "nodes": n - (2 * n_swa if v == "before" else 0)} for v,
-           n in static.items()]
+    gk += [{"variant": v, "kernel": OTHER, "nodes": n - (2 * n_swa if v == "before" else 0)}
+           for v, n in static.items()]
     events = []
     for row in gk:
         for i in range(row["nodes"]):
-            events.append({"lane": "stream 7", "name": row["kernel"], "category": "kernel",
-                           "start_us": float(i), "dur_us": 1.0, "phase": f"replay {row['variant']}",
-                           "variant": row["variant"]})
+            events.append({
+                "lane": "stream 7", "name": row["kernel"], "category": "kernel",
+                "start_us": float(i), "dur_us": 1.0, "phase": f"replay {row['variant']}",
+                "variant": row["variant"]
+            })
     eager = []
     for backend in ("nsight-python (CUPTI)", "torch.profiler"):
-        eager += [{"variant": "before", "scope": "SWA layer KV write", "step": 0, "op": "index",
-                   "kernel": GATHER, "calls": n_swa, "median_us": 2.0, "backend": backend},
-                  {"variant": "before", "scope": "SWA layer KV write", "step": 1,
-                   "op": "_to_copy->int32", "kernel": CAST, "calls": n_swa, "median_us": 1.5,
-                   "backend": backend},
-                  {"variant": "pr24743", "scope": "", "step": -1, "op": "mul", "kernel": OTHER,
-                   "calls": 96, "median_us": 1.0, "backend": backend}]
-    return {"events": pd.DataFrame(events), "graph_kernels": pd.DataFrame(gk),
-            "eager_kernels": pd.DataFrame(eager)}
+        eager += [{
+            "variant": "before", "scope": "SWA layer KV write", "step": 0, "op": "index",
+            "kernel": GATHER, "calls": n_swa, "median_us": 2.0, "backend": backend
+        }, {
+            "variant": "before", "scope": "SWA layer KV write", "step": 1, "op": "_to_copy->int32",
+            "kernel": CAST, "calls": n_swa, "median_us": 1.5, "backend": backend
+        }, {
+            "variant": "pr24743", "scope": "", "step": -1, "op": "mul", "kernel": OTHER,
+            "calls": 96, "median_us": 1.0, "backend": backend
+        }]
+    return {
+        "events": pd.DataFrame(events), "graph_kernels": pd.DataFrame(gk),
+        "eager_kernels": pd.DataFrame(eager)
+    }
 
 
 def _method2(data_root, sidecars=None, nsight="ran"):
     src = runs.read_run(H100)
-    params = {**src.manifest["params"],
-              "trace_config": {"num_layers": 48, "swa_per_full": 5, "batch_size": 32}}
-    path = runs.write_run(src.df, experiment="swa_loc", method_version=2, params=params,
-                          root=runs.data_dir("runs"), extra={"eager_kernels": {
-                              "nsight": nsight,
-                                      "nsight_reason": "nsight-python 1.1.0 with CUPTI"
-                                              if nsight == "ran"
-                              else "nsight-python is not installed"}},
-                          sidecars=sidecars if sidecars is not None else _sidecars())
+    params = {
+        **src.manifest["params"], "trace_config": {
+            "num_layers": 48, "swa_per_full": 5, "batch_size": 32
+        }
+    }
+    path = runs.write_run(
+        src.df, experiment="swa_loc", method_version=2, params=params, root=runs.data_dir("runs"),
+        extra={
+            "eager_kernels": {
+                "nsight": nsight, "nsight_reason": "nsight-python 1.1.0 with CUPTI"
+                if nsight == "ran" else "nsight-python is not installed"
+            }
+        }, sidecars=sidecars if sidecars is not None else _sidecars())
     return verify.load_run(path)
 
 
@@ -186,9 +192,9 @@ def test_method2_sidecar_claims_hold(data_root):
 
 @pytest.mark.parametrize("claim,edit", [
     ("swa_loc.trace_equals_static", lambda s: s["events"].drop(index=s["events"].index[-1])),
-    ("swa_loc.trace_translation_kernels", lambda s: s["events"].assign(
-        name=s["events"].name.where(~((s["events"].variant == "pr24743")
-                                      & (s["events"].index % 50 == 0)), CAST))),
+    ("swa_loc.trace_translation_kernels", lambda s: s["events"].assign(name=s["events"].name.where(
+        ~((s["events"].variant == "pr24743")
+          & (s["events"].index % 50 == 0)), CAST))),
 ])
 def test_method2_trace_corruptions(data_root, claim, edit):
     side = _sidecars()

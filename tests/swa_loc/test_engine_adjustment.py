@@ -9,6 +9,7 @@ from sglab.sglang import engine as eng
 from sglab.sglang import testing
 from sglab.swa_loc.sglang import PRESET_REVERTED
 
+
 RUNNER = "srt/model_executor/cuda_graph_runner.py"
 
 
@@ -26,5 +27,6 @@ def test_the_revert_removes_exactly_the_prs_hunk():
     # 0.5.12.post1 has the hunk too (changed by #24743), 0.5.13 has none: the revert refuses
     # instead of guessing
     with pytest.raises(ValueError, match="0 times"):
-        eng.remove_text(eng.function_source((testing.package("0.5.13") / RUNNER).read_text(),
-                                            "CudaGraphRunner.capture_one_batch_size"), text, "x")
+        eng.remove_text(
+            eng.function_source((testing.package("0.5.13") / RUNNER).read_text(),
+                                "CudaGraphRunner.capture_one_batch_size"), text, "x")

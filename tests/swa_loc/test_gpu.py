@@ -10,8 +10,11 @@ from sglab.swa_loc import measure as ex, show
 from sglab.swa_loc import rebuild as fx
 from sglab.swa_loc import claims as SWA
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+]
 
 BATCH_SIZES = [1, 8, 32]
 SIZES = dict(size=512, size_swa=256, head_num=8, head_dim=128)
@@ -102,11 +105,12 @@ def test_pad_bug_corrupts_exactly_the_predicted_slots_on_graphs(num_layers, rati
 def test_run_small(data_root):
     from sglab.core import claims, runs
 
-    params = {**ex.DEFAULT_PARAMS, "layer_counts": [6], "swa_per_full": [5], "batch_sizes": [1, 8],
-              "rounds": 1, "warmup": 2, "repeat": 5, "size": 256, "size_swa": 128,
-              "pad_num_layers": 6,
-              "trace_config": {"num_layers": 6, "swa_per_full": 5, "batch_size": 8},
-              "kernel_table_runs": 2}
+    params = {
+        **ex.DEFAULT_PARAMS, "layer_counts": [6], "swa_per_full": [5], "batch_sizes": [1, 8],
+        "rounds": 1, "warmup": 2, "repeat": 5, "size": 256, "size_swa": 128, "pad_num_layers": 6,
+        "trace_config": {"num_layers": 6, "swa_per_full": 5,
+                         "batch_size": 8}, "kernel_table_runs": 2
+    }
     out = ex.run(params, progress=False)
     df = out.df
     nodes = df[df.metric == "graph_kernel_nodes"].pivot_table(index="batch_size", columns="variant",
@@ -155,8 +159,10 @@ def test_traced_replay_kernel_count_equals_static_node_count():
     ev = side["events"][(side["events"].variant == "before")
                         & (side["events"].category == "kernel")]
     names = Counter(ev.name)
-    assert names == Counter(dict(zip(*side["graph_kernels"].query("variant == 'before'")[["kernel",
-            "nodes"]] .to_numpy().T)))
+    assert names == Counter(
+        dict(
+            zip(*side["graph_kernels"].query("variant == 'before'")[["kernel", "nodes"
+                                                                     ]].to_numpy().T)))
 
 
 NSIGHT_SCRIPT = """
@@ -187,8 +193,8 @@ def test_eager_kernel_table_nsight_matches_torch_profiler(tmp_path):
     if not ok:
         pytest.skip(why)
     out = tmp_path / "eager.csv"
-    proc = subprocess.run([sys.executable, "-c", NSIGHT_SCRIPT, str(out)], capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", NSIGHT_SCRIPT,
+                           str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["nsight"] == "ran", info

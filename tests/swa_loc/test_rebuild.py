@@ -10,6 +10,7 @@ import torch
 from sglab.swa_loc import rebuild as fx
 from sglab.swa_loc import claims as SWA
 
+
 SMALL = dict(size=64, size_swa=32, head_num=2, head_dim=4)
 
 
@@ -130,26 +131,29 @@ def test_eager_paths_write_the_same_kv():
 
 def test_buffers_per_variant():
     s = setup()
-    dtypes = {v: None if fx.DecodeGraphRunner.for_variant(s.model, [4],
-                                                          v).buffers.out_cache_loc_swa is None
-              else fx.DecodeGraphRunner.for_variant(s.model, [4],
-                                                    v).buffers.out_cache_loc_swa.dtype
-              for v in fx.VARIANTS}
-    assert dtypes == fx.SWA_LOC_BUFFER_DTYPE == {"before": None, "pr23552": torch.int64,
-                                                 "pr24743": torch.int32}
+    dtypes = {
+        v: None
+        if fx.DecodeGraphRunner.for_variant(s.model, [4], v).buffers.out_cache_loc_swa is None else
+        fx.DecodeGraphRunner.for_variant(s.model, [4], v).buffers.out_cache_loc_swa.dtype
+        for v in fx.VARIANTS
+    }
+    assert dtypes == fx.SWA_LOC_BUFFER_DTYPE == {
+        "before": None, "pr23552": torch.int64, "pr24743": torch.int32
+    }
 
 
 @pytest.mark.parametrize("zero", [False, True])
 def test_populate_padding(zero):
     bufs = fx.DecodeInputBuffers.create(device="cpu", max_bs=4, is_hybrid_swa=True,
                                         swa_loc_dtype=torch.int64)
-    full = fx.ForwardBatch(torch.tensor([1, 2, 3, 4]),
-                           torch.tensor([9, 9, 9, 9], dtype=torch.int32),
+    full = fx.ForwardBatch(torch.tensor([1, 2, 3, 4]), torch.tensor([9, 9, 9, 9],
+                                                                    dtype=torch.int32),
                            torch.tensor([11, 12, 13, 14]),
                            torch.tensor([21, 22, 23, 24], dtype=torch.int32))
     bufs.populate_from_forward_batch(forward_batch=full, raw_bs=4, bs=4, zero_swa_on_pad=zero)
-    assert bufs.out_cache_loc_swa.dtype == torch.int64 and bufs.out_cache_loc_swa.tolist() == [21,
-            22, 23, 24]
+    assert bufs.out_cache_loc_swa.dtype == torch.int64 and bufs.out_cache_loc_swa.tolist() == [
+        21, 22, 23, 24
+    ]
     small = fx.ForwardBatch(torch.tensor([5, 6]), torch.tensor([3, 3], dtype=torch.int32),
                             torch.tensor([15, 16]), torch.tensor([25, 26], dtype=torch.int32))
     bufs.populate_from_forward_batch(forward_batch=small, raw_bs=2, bs=4, zero_swa_on_pad=zero)
@@ -243,18 +247,23 @@ def test_sweep_rows_eager():
     from sglab.core import runs
     from sglab.core.timing import host_time
 
-    p = {**ex.DEFAULT_PARAMS, "layer_counts": [6, 12], "swa_per_full": [5, 1],
-         "batch_sizes": [1, 4, 8], "size": 128, "size_swa": 64, "head_num": 2, "head_dim": 8,
-         "rounds": 2, "repeat": 4, "warmup": 0, "pad_num_layers": 6,
-         "trace_config": {"num_layers": 12, "swa_per_full": 1, "batch_size": 4}}
+    p = {
+        **ex.DEFAULT_PARAMS, "layer_counts": [6, 12], "swa_per_full": [5, 1],
+        "batch_sizes": [1, 4, 8], "size": 128, "size_swa": 64, "head_num": 2, "head_dim": 8,
+        "rounds": 2, "repeat": 4, "warmup": 0, "pad_num_layers": 6,
+        "trace_config": {"num_layers": 12, "swa_per_full": 1, "batch_size": 4}
+    }
     probes = {"graph_kernel_nodes": lambda r, bs: -1, "profiled_kernels": lambda r, bs: -1}
     traced = []
-    rows = ex.sweep(p, device="cpu", use_cuda_graph=False, probes=probes,
-                    timer=partial(host_time, sync=False), progress=False, on_trace=lambda runners,
-                    labels, bs: traced.append((sorted(runners), labels, bs)))
+    rows = ex.sweep(
+        p, device="cpu", use_cuda_graph=False, probes=probes, timer=partial(host_time, sync=False),
+        progress=False, on_trace=lambda runners, labels, bs: traced.append(
+            (sorted(runners), labels, bs)))
     df = runs.tidy(ex.EXPERIMENT, rows)
-    assert list(df.columns) == ["experiment", "variant", "num_layers", "swa_per_full",
-                                "n_swa_layers", "batch_size", "metric", "value", "unit"]
+    assert list(df.columns) == [
+        "experiment", "variant", "num_layers", "swa_per_full", "n_swa_layers", "batch_size",
+        "metric", "value", "unit"
+    ]
     tc = df[df.metric == "translate_calls_capture"]
     assert len(tc) == 3 * 4 * 3
     for _, r in tc.iterrows():
@@ -271,8 +280,8 @@ def test_sweep_rows_eager():
                                                                "pad_corrupted_slots"] == 0
     assert set(pad["pad_matches_prediction"]) == {1.0}
     # the traced pass runs once, on the layout of trace_config, with every variant's runner
-    assert traced == [(["before", "pr23552", "pr24743"],
-                       {"num_layers": 12, "swa_per_full": 1, "n_swa_layers": 6}, 4)]
+    assert traced == [(["before", "pr23552",
+                        "pr24743"], {"num_layers": 12, "swa_per_full": 1, "n_swa_layers": 6}, 4)]
 
 
 def test_check_params_rejects_bad_input():
@@ -304,9 +313,11 @@ def _recorded_csvs():
 
 
 def _value(rows, variant, metric, layers, ratio, bs):
-    hits = [float(r["value"]) for r in rows if r["variant"] == variant and r["metric"] == metric
-            and int(r["num_layers"]) == layers and int(r["swa_per_full"]) == ratio
-            and int(r["batch_size"]) == bs]
+    hits = [
+        float(r["value"]) for r in rows
+        if r["variant"] == variant and r["metric"] == metric and int(r["num_layers"]) == layers
+        and int(r["swa_per_full"]) == ratio and int(r["batch_size"]) == bs
+    ]
     assert len(hits) == 1
     return hits[0]
 
@@ -348,7 +359,8 @@ def test_shown_and_tables_on_recorded():
         pytest.skip("no recorded swa_loc run")
     shown = claims.shown(SWA, rs)
     assert len({r.manifest["gpu_name"]
-                for r in shown}) == len(shown) == len({r.manifest["gpu_name"] for r in rs})
+                for r in shown}) == len(shown) == len({r.manifest["gpu_name"]
+                                                       for r in rs})
     for r in shown:
         kt = show.kernel_table(r.df)
         assert set(kt["+ per SWA layer: before vs #24743"]) == {2.0}

@@ -18,6 +18,7 @@ from sglab.sglang import compare as report
 from sglab.sglang import compare
 from sglab.sglang.testing import require, value
 
+
 RELEASES = real_section.PROBE_RELEASES
 VARIANT_OF = real_section.BUFFER_VARIANT
 REAL_CALLS = ["swa_loc"]  # the notebook's call (conftest)
@@ -150,7 +151,7 @@ def test_swa_pool_summary_shows_the_kernels_each_translation_costs():
     per = t["per SWA layer"]
     # gather + .to(torch.int32)
     assert float(per.loc["0.5.12.post1", "nodes_per_swa_layer"]) == 2.0
-    assert float(per.loc["0.5.23", "nodes_per_swa_layer"]) == 1.0         # gather only
+    assert float(per.loc["0.5.23", "nodes_per_swa_layer"]) == 1.0  # gather only
     g = t["graphs"]
     for release in ("0.5.12.post1", "0.5.23"):
         assert float(g.loc[(release, "preset"),

@@ -12,6 +12,7 @@ from sglab.core import runs
 from sglab.swa_loc import measure, show
 from sglab.swa_loc import rebuild as fx
 
+
 matplotlib.use("Agg")
 
 from tests.swa_loc.test_claims import CAST, GATHER, OTHER, _method2, _sidecars  # noqa: E402
@@ -19,8 +20,9 @@ from tests.swa_loc.test_claims import CAST, GATHER, OTHER, _method2, _sidecars  
 
 def test_kv_write_ops_per_variant():
     first = {v: show.one_layer_ops(v) for v in fx.VARIANTS}
-    assert first["before"] == ["index", "_to_copy->int32", "_to_copy->int64", "index_put_",
-                               "index_put_"]
+    assert first["before"] == [
+        "index", "_to_copy->int32", "_to_copy->int64", "index_put_", "index_put_"
+    ]
     # int64 buffer: torch's index_put_ takes it as it is
     assert first["pr23552"] == ["index_put_", "index_put_"]
     assert first["pr24743"] == ["_to_copy->int64", "index_put_", "index_put_"]
@@ -41,21 +43,33 @@ def test_kv_write_scopes_restore_the_pool():
     assert len(swa) == 5 * 5 and s.pool.translate_calls >= 5
     with ops.OpRanges() as mode:
         steps["pr24743"](mode)
-    assert [c.op for c in mode.calls if c.scope == measure.SWA_WRITE][:3] == ["_to_copy->int64",
-            "index_put_", "index_put_"]
+    assert [c.op for c in mode.calls if c.scope == measure.SWA_WRITE
+            ][:3] == ["_to_copy->int64", "index_put_", "index_put_"]
 
 
 def test_reduce_events_keeps_the_replay_phases():
-    ev = pd.DataFrame([{"lane": "host", "name": "phase::replay before", "category": "range",
-                        "start_us": 0, "dur_us": 9, "phase": "replay before"},
-                       {"lane": "stream 7", "name": "k", "category": "kernel", "start_us": 1,
-                        "dur_us": 1, "phase": "replay before"},
-                       {"lane": "host", "name": "aten::mul", "category": "op", "start_us": 1,
-                        "dur_us": 1, "phase": "replay before"},
-                       {"lane": "stream 7", "name": "warm", "category": "kernel", "start_us": 0,
-                        "dur_us": 1, "phase": ""},
-                       {"lane": "stream 7", "name": "k", "category": "kernel", "start_us": 11,
-                        "dur_us": 1, "phase": "replay pr24743"},])
+    ev = pd.DataFrame([
+        {
+            "lane": "host", "name": "phase::replay before", "category": "range", "start_us": 0,
+            "dur_us": 9, "phase": "replay before"
+        },
+        {
+            "lane": "stream 7", "name": "k", "category": "kernel", "start_us": 1, "dur_us": 1,
+            "phase": "replay before"
+        },
+        {
+            "lane": "host", "name": "aten::mul", "category": "op", "start_us": 1, "dur_us": 1,
+            "phase": "replay before"
+        },
+        {
+            "lane": "stream 7", "name": "warm", "category": "kernel", "start_us": 0, "dur_us": 1,
+            "phase": ""
+        },
+        {
+            "lane": "stream 7", "name": "k", "category": "kernel", "start_us": 11, "dur_us": 1,
+            "phase": "replay pr24743"
+        },
+    ])
     out = measure.reduce_events(ev)
     assert list(out.name) == ["phase::replay before", "k", "k"]
     assert list(out.variant) == ["before", "before", "pr24743"]
@@ -67,7 +81,8 @@ def test_sidecar_tables(data_root):
     pattern = show.name_pattern([GATHER, CAST])
     assert show.trace_counts(side["events"], pattern) == {
         "before": {"kernels": 315, "matching": 80}, "pr23552": {"kernels": 195, "matching": 0},
-        "pr24743": {"kernels": 235, "matching": 0}}
+        "pr24743": {"kernels": 235, "matching": 0}
+    }
     assert show.name_pattern([]) is None
     kw = show.kv_write_kernels(side["eager_kernels"], "before")
     assert list(kw.op) == ["index", "_to_copy->int32"] and list(kw.calls) == [40, 40]
@@ -75,13 +90,14 @@ def test_sidecar_tables(data_root):
     assert {"calls · torch.profiler", "calls · nsight-python (CUPTI)"} <= set(wide.columns)
 
 
-@pytest.mark.parametrize("name,short",
-                         [(GATHER, "index_elementwise_kernel · index gather<8B>"),
-                          (CAST, "unrolled_elementwise_kernel · copy -> int"),
-                          (OTHER, "vectorized_elementwise_kernel · MulFunctor"),
-                          ("void at::native::vectorized_gather_kernel<16, long>(char*, char*, "
-                           "long*, int, long, long, long, long, bool)", "vectorized_gather_kernel"),
-                          ("my_kernel", "my_kernel"),])
+@pytest.mark.parametrize("name,short", [
+    (GATHER, "index_elementwise_kernel · index gather<8B>"),
+    (CAST, "unrolled_elementwise_kernel · copy -> int"),
+    (OTHER, "vectorized_elementwise_kernel · MulFunctor"),
+    ("void at::native::vectorized_gather_kernel<16, long>(char*, char*, "
+     "long*, int, long, long, long, long, bool)", "vectorized_gather_kernel"),
+    ("my_kernel", "my_kernel"),
+])
 def test_short_kernel(name, short):
     assert show.short_kernel(name) == short
 

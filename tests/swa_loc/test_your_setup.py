@@ -8,14 +8,17 @@ import pytest
 from sglab.swa_loc import show as sc
 from sglab.tools import cli
 
+
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 
 
-@pytest.mark.parametrize("name, n_layers, n_swa", [
-    ("gemma3_text.json", 26, 22),        # 5 sliding : 1 full; 26 layers -> 4 full (5, 11, 17, 23)
-    ("gemma3_multimodal.json", 26, 22),  # the same layout under text_config
-    ("gpt_oss.json", 36, 18),            # alternating
-])
+@pytest.mark.parametrize(
+    "name, n_layers, n_swa",
+    [
+        ("gemma3_text.json", 26, 22),  # 5 sliding : 1 full; 26 layers -> 4 full (5, 11, 17, 23)
+        ("gemma3_multimodal.json", 26, 22),  # the same layout under text_config
+        ("gpt_oss.json", 36, 18),  # alternating
+    ])
 def test_layouts_of_real_configs(name, n_layers, n_swa):
     lay = sc.read_config(CONFIGS / name)
     assert (lay.num_layers, lay.n_swa) == (n_layers, n_swa)

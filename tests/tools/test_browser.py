@@ -21,13 +21,14 @@ from pathlib import Path
 
 import pytest
 
+
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "reports" / "screenshots"
 NOTEBOOKS = tuple(sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
 SHOT_SECTION = "Verdict"  # a screenshot of each notebook there (00: "The notebooks")
-CHROMIUM = next((p for p in (os.environ.get("SGLAB_CHROMIUM"), "/usr/bin/chromium",
-                             shutil.which("chromium"),
-                             shutil.which("chromium-browser")) if p and Path(p).exists()), None)
+CHROMIUM = next(
+    (p for p in (os.environ.get("SGLAB_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
+                 shutil.which("chromium-browser")) if p and Path(p).exists()), None)
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 LAB_SETTINGS = {  # every cell rendered (no virtual scrolling), no news pop-up over the screenshots
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": '{"windowingMode": "none"}',
@@ -75,16 +76,18 @@ def lab(tmp_path_factory):
     # the kernel's own inline backend, as a user
     env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
     env["SGLAB_REAL"] = "auto"  # the real sections as a reader sees them: the recording
-    env.update(PYTHONPATH=os.pathsep.join([str(ROOT / "lib"),
-                                           env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-               JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
-               JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"),
-               JUPYTER_RUNTIME_DIR=str(tmp / "runtime"))
-    cmd = [sys.executable, "-m", "jupyterlab", f"--config={ROOT / 'jupyter_server_config.py'}",
-           "--ip=127.0.0.1", f"--port={port}", "--no-browser", f"--IdentityProvider.token={token}",
-           "--LabApp.expose_app_in_browser=True",
-           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-           str(folder)] + (["--allow-root"] if os.geteuid() == 0 else [])
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(ROOT / "lib"), env.get("PYTHONPATH",
+                                                               "")]).rstrip(os.pathsep),
+        JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
+        JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"))
+    cmd = [
+        sys.executable, "-m", "jupyterlab", f"--config={ROOT / 'jupyter_server_config.py'}",
+        "--ip=127.0.0.1", f"--port={port}", "--no-browser", f"--IdentityProvider.token={token}",
+        "--LabApp.expose_app_in_browser=True",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        str(folder)
+    ] + (["--allow-root"] if os.geteuid() == 0 else [])
     log = open(tmp / "lab.log", "w")
     server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                               start_new_session=True)
@@ -163,22 +166,22 @@ def test_notebook_runs_in_jupyterlab(lab, browser, stem):
         # a fresh workspace each
         page.goto(f"{url}/lab/workspaces/{stem}/tree/{stem}.ipynb?token={token}")
         page.wait_for_function(KERNEL_IDLE, timeout=120_000)
-        page.wait_for_function("name => "
-                               "Array.from(document.querySelectorAll('.jp-DirListing-itemText'))"
-                               ".some(e => e.textContent.trim() === name)", arg=f"{stem}.ipynb",
-                               timeout=30_000)
+        page.wait_for_function(
+            "name => Array.from(document.querySelectorAll('.jp-DirListing-itemText')).some(e => "
+            "e.textContent.trim() === name)", arg=f"{stem}.ipynb", timeout=30_000)
         listed = page.locator(".jp-DirListing-itemText").all_inner_texts()
         assert sorted(n for n in listed if n[:2].isdigit()) == [f"{s}.ipynb" for s in NOTEBOOKS]
         page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
         page.wait_for_function(ALL_RAN, timeout=300_000, polling=500)
         SHOTS.mkdir(parents=True, exist_ok=True)
-        page.evaluate("name => Array.from(document.querySelectorAll('.jp-MarkdownOutput h2'))"
-                      ".find(h => h.textContent.startsWith(name)).scrollIntoView()",
-                      "The notebooks" if stem == "00_start_here" else SHOT_SECTION)
+        page.evaluate(
+            "name => Array.from(document.querySelectorAll('.jp-MarkdownOutput h2'))"
+            ".find(h => h.textContent.startsWith(name)).scrollIntoView()",
+            "The notebooks" if stem == "00_start_here" else SHOT_SECTION)
         page.screenshot(path=str(SHOTS / f"{stem}-section.png"))
         errors = page.evaluate(ERRORS)
-        assert not errors, (f"{stem}: a cell shows an error or stderr output:\n"
-                            + "\n---\n".join(errors))
+        assert not errors, (
+            f"{stem}: a cell shows an error or stderr output:\n" + "\n---\n".join(errors))
         images = page.evaluate(IMAGES)
         if stem != "00_start_here":  # 00 is tables only
             assert images, f"{stem}: no plot rendered"

@@ -15,6 +15,7 @@ import pytest
 
 from sglab.tools import nbtools
 
+
 LIB = Path(__file__).resolve().parents[2] / "lib"
 
 
@@ -60,8 +61,10 @@ def test_cell_timeout_is_reported_as_interrupted(tmp_path):
     r = nbtools.execute(path, cell_timeout=2, skip_gpu=True, partial_dir=tmp_path / "report")
     assert time.perf_counter() - t0 < 25, "the timeout did not stop the cell"
     assert r.status == "interrupted"
-    m = re.fullmatch(r"interrupted: cell 2 \(import time…\) after (\d+\.\d) s \(cell timeout 2 "
-                     r"s\); " r"partial output in (.+)", r.error)
+    m = re.fullmatch(
+        r"interrupted: cell 2 \(import time…\) after (\d+\.\d) s \(cell timeout 2 "
+        r"s\); "
+        r"partial output in (.+)", r.error)
     assert m, r.error
     assert 2.0 <= float(m.group(1)) < 20
     partial = Path(m.group(2))
@@ -83,9 +86,9 @@ def test_failing_cell_names_the_cell(tmp_path):
 
 def test_sigint_stops_the_notebook_and_its_kernel(tmp_path):
     marker = tmp_path / "kernel.pid"
-    path = _notebook(tmp_path,
-                     f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n"
-                               "time.sleep(60)")
+    path = _notebook(
+        tmp_path, f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+        "time.sleep(60)")
     code = (f"import sys; sys.path.insert(0, {str(LIB)!r}); from pathlib import Path; from "
             "sglab.tools import nbtools\n"
             f"r = nbtools.execute(Path({str(path)!r}), cell_timeout=120, skip_gpu=True, "

@@ -12,8 +12,10 @@ import pytest
 
 from sglab.tools import nbtools
 
+
 pytest.importorskip("jupyter_server")
 from sglab.tools.lab import ContentsManager  # noqa: E402
+
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
@@ -53,8 +55,9 @@ def _session(content: dict) -> dict:
 def test_listing_shows_each_notebook_once(lab_dir):
     model = asyncio.run(ContentsManager(root_dir=str(lab_dir)).get(""))
     names = sorted(item["name"] for item in model["content"])
-    assert names == ["00_start_here.ipynb", "04_swa_loc.ipynb", "helper.py", "jupytext.toml",
-                     "scratch.ipynb"]
+    assert names == [
+        "00_start_here.ipynb", "04_swa_loc.ipynb", "helper.py", "jupytext.toml", "scratch.ipynb"
+    ]
 
 
 @pytest.mark.parametrize("name", ["00_start_here.ipynb", "04_swa_loc.ipynb"])
@@ -73,11 +76,12 @@ def test_session_save_leaves_files_as_committed(lab_dir, name):
 
 
 def test_edit_lands_in_both_files_without_outputs(lab_dir):
+
     async def run():
         cm = ContentsManager(root_dir=str(lab_dir))
         content = _session((await cm.get("04_swa_loc.ipynb"))["content"])
-        code = next(c for c in content["cells"] if c["cell_type"] == "code"
-                    and "MODE" in "".join(c["source"]))
+        code = next(c for c in content["cells"]
+                    if c["cell_type"] == "code" and "MODE" in "".join(c["source"]))
         code["source"] = "MODE = 'recorded'  # edited in the lab"
         await cm.save({"type": "notebook", "content": content}, "04_swa_loc.ipynb")
 
@@ -88,11 +92,13 @@ def test_edit_lands_in_both_files_without_outputs(lab_dir):
 
 
 def test_other_notebooks_keep_their_outputs(lab_dir):
+
     async def run():
         cm = ContentsManager(root_dir=str(lab_dir))
         content = (await cm.get("scratch.ipynb"))["content"]
-        content["cells"][0]["outputs"] = [{"output_type": "stream", "name": "stdout",
-                                           "text": "2\n"}]
+        content["cells"][0]["outputs"] = [{
+            "output_type": "stream", "name": "stdout", "text": "2\n"
+        }]
         await cm.save({"type": "notebook", "content": content}, "scratch.ipynb")
 
     asyncio.run(run())

@@ -9,6 +9,7 @@ import pytest
 
 from sglab.tools import fixes as catalog, nbtools
 
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 CELL_TIMEOUT = int(os.environ.get("SGLAB_CELL_TIMEOUT", "900"))
@@ -55,8 +56,9 @@ def test_executes(ipynb, monkeypatch):
     monkeypatch.setenv("SGLAB_REAL", "auto")
     result = nbtools.execute(ipynb, cell_timeout=CELL_TIMEOUT)
     if result.status != "ok":
-        pytest.fail(f"{ipynb.name} failed: {result.error}\n\n--- all cell outputs ---\n"
-                    f"{nbtools.outputs_text(result.nb)}", pytrace=False)
+        pytest.fail(
+            f"{ipynb.name} failed: {result.error}\n\n--- all cell outputs ---\n"
+            f"{nbtools.outputs_text(result.nb)}", pytrace=False)
     assert result.mode in {"live", "recorded"}, f"{ipynb.name} shows no Workbook banner"
 
 

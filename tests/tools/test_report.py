@@ -35,24 +35,30 @@ def _executed(stem: str, title: str, wide: bool = True):
     nb = nbformat.v4.new_notebook()
     nb.cells.append(nbformat.v4.new_markdown_cell(f"# {title}\n\nIntro."))
     code = nbformat.v4.new_code_cell("plot()")
-    code.outputs = [nbformat.v4.new_output("display_data", data={
-        "image/png": base64.b64encode(_png()).decode(), "text/plain": "<Figure>"})]
+    code.outputs = [
+        nbformat.v4.new_output(
+            "display_data",
+            data={"image/png": base64.b64encode(_png()).decode(), "text/plain": "<Figure>"})
+    ]
     nb.cells.append(code)
     if wide:
-        table = "<table>" + "<tr>" + "".join(f"<td>column {i}</td>"
-                                             for i in range(60)) + "</tr></table>"
+        table = "<table>" + "<tr>" + "".join(
+            f"<td>column {i}</td>" for i in range(60)) + "</tr></table>"
         out = nbformat.v4.new_code_cell("df")
-        out.outputs = [nbformat.v4.new_output("execute_result",
-                                              data={"text/html": table, "text/plain": "df"},
-                                              execution_count=2)]
+        out.outputs = [
+            nbformat.v4.new_output("execute_result", data={"text/html": table, "text/plain": "df"},
+                                   execution_count=2)
+        ]
         nb.cells.append(out)
     return nbtools.Result(Path(f"notebooks/{stem}.ipynb"), "ok", "recorded", 3.25, nb=nb)
 
 
 def test_title_is_the_first_heading():
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("x = 1"),
-                nbformat.v4.new_markdown_cell("# 04 · `swa_loc` *fix*\ntext")]
+    nb.cells = [
+        nbformat.v4.new_code_cell("x = 1"),
+        nbformat.v4.new_markdown_cell("# 04 · `swa_loc` *fix*\ntext")
+    ]
     assert pages.notebook_title(nb, "fallback") == "04 · swa_loc fix"
     assert pages.notebook_title(nbformat.v4.new_notebook(), "fallback") == "fallback"
 
@@ -71,6 +77,7 @@ def test_page_offline_titled_linked_and_scrolling(tmp_path):
 
 
 def test_broken_page_still_says_why(tmp_path, monkeypatch):
+
     def boom(*a, **k):
         raise ValueError("cannot render")
 
@@ -119,8 +126,8 @@ def test_index_shows_errors(tmp_path, status):
     assert f"class='{status}'" in text and f"{status}: cell 3" in text
 
 
-@pytest.mark.parametrize("argv", [["record", "swa_loc", "--param", "oops"],
-                                  ["run", "04_swa_loc", "--param", "=3"]])
+@pytest.mark.parametrize(
+    "argv", [["record", "swa_loc", "--param", "oops"], ["run", "04_swa_loc", "--param", "=3"]])
 def test_a_param_without_a_name_is_one_line_and_exit_2(argv, capsys):
     from sglab.tools import cli
 

@@ -15,6 +15,7 @@ from sglab.tools import fixes
 from sglab.core import claims, runs
 from sglab.core import notebook as nbmod
 
+
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
 HASH_LINE = re.compile(r"^ {0,3}#")
@@ -57,8 +58,10 @@ def test_notebook_markdown_has_no_stray_headings(py):
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "markdown":
             continue
-        problems += [f"{py.name} markdown cell {i}: {p}" for p in stray_headings(cell.source,
-                title_allowed=first)]
+        problems += [
+            f"{py.name} markdown cell {i}: {p}"
+            for p in stray_headings(cell.source, title_allowed=first)
+        ]
         first = False
     assert not problems, "\n".join(problems)
 

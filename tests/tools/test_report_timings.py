@@ -18,11 +18,18 @@ from sglab.tools import timings
 def tiny(tmp_path) -> Path:
     nb = nbformat.v4.new_notebook()
     md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
-    nb.cells = [md("# Tiny\n\nNo section yet."), code("MODE = 'recorded'"),
-                md("## Load the data"), code("import time\ntime.sleep(0.6)"), code("x = 1"),
-                md("Some words, no heading."), code("y = 2"),
-                md("## Plot"), code("time.sleep(0.3)", metadata={"tags": ["phase:plotting"]}),
-                code("print('done')")]
+    nb.cells = [
+        md("# Tiny\n\nNo section yet."),
+        code("MODE = 'recorded'"),
+        md("## Load the data"),
+        code("import time\ntime.sleep(0.6)"),
+        code("x = 1"),
+        md("Some words, no heading."),
+        code("y = 2"),
+        md("## Plot"),
+        code("time.sleep(0.3)", metadata={"tags": ["phase:plotting"]}),
+        code("print('done')")
+    ]
     path = tmp_path / "nb" / "99_tiny.ipynb"
     path.parent.mkdir()
     nbformat.write(nb, path)
@@ -39,8 +46,9 @@ def test_phases_add_up_to_the_notebook(tiny, tmp_path, data_root):
     assert r.status == "ok", r.error
     df = timings.frame([r])
     table = timings.phase_table(df)
-    assert list(table["phase"]) == ["setup", "Load the data", "plotting", "Plot",
-                                    timings.KERNEL_PHASE]
+    assert list(table["phase"]) == [
+        "setup", "Load the data", "plotting", "Plot", timings.KERNEL_PHASE
+    ]
     secs = dict(zip(table["phase"], table["seconds"]))
     assert secs["Load the data"] >= 0.6 and secs["plotting"] >= 0.3
     assert df["value"].sum() == pytest.approx(r.seconds, abs=0.01)
@@ -61,10 +69,11 @@ def test_record_and_live_times(tiny, tmp_path, data_root):
     gpu = path.with_name("20990101T000000Z_nvidia-h100-x1.csv")
     df = run.df.assign(mode="live")
     df.to_csv(gpu, index=False)
-    gpu.with_suffix(".json").write_text(json.dumps({**run.manifest,
-                                                    "gpu_name": "NVIDIA H100 80GB HBM3",
-                                                    "gpu_count": 1,
-                                                    "created_utc": "2099-01-01T00:00:00Z"}))
+    gpu.with_suffix(".json").write_text(
+        json.dumps({
+            **run.manifest, "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 1,
+            "created_utc": "2099-01-01T00:00:00Z"
+        }))
     expected = df.loc[df["metric"] == "wall_s", "value"].sum()
     assert timings.live_times() == {"99_tiny": f"H100 ×1: {expected:.1f} s"}
 
@@ -154,22 +163,29 @@ def test_timings_of_notebooks_run_elsewhere_carry_that_machine(tmp_path, data_ro
 
     t0 = time.time() - 3600
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("MODE = 'live'"), nbformat.v4.new_markdown_cell("## Go"),
-                nbformat.v4.new_code_cell("run = measure()")]
+    nb.cells = [
+        nbformat.v4.new_code_cell("MODE = 'live'"),
+        nbformat.v4.new_markdown_cell("## Go"),
+        nbformat.v4.new_code_cell("run = measure()")
+    ]
     for cell, (a, b) in zip([nb.cells[0], nb.cells[2]], [(0.5, 0.6), (1.0, 13.0)]):
-        cell.metadata["execution"] = {"iopub.status.busy": _stamp(t0 + a),
-                                      "iopub.status.idle": _stamp(t0 + b)}
+        cell.metadata["execution"] = {
+            "iopub.status.busy": _stamp(t0 + a), "iopub.status.idle": _stamp(t0 + b)
+        }
     reports = tmp_path / "reports"
     reports.mkdir()
     nbformat.write(nb, reports / "06_capture_sizes.ipynb")
-    (reports / "index.json").write_text(json.dumps([{"notebook": "06_capture_sizes.ipynb",
-                                                     "status": "ok", "mode": "live",
-                                                     "seconds": 15.0, "error": ""}]))
+    (reports / "index.json").write_text(
+        json.dumps([{
+            "notebook": "06_capture_sizes.ipynb", "status": "ok", "mode": "live", "seconds": 15.0,
+            "error": ""
+        }]))
     exp = by_stem("06_capture_sizes").experiment
-    there = {"gpu_name": "NVIDIA H200", "gpu_count": 2, "gpu_count_machine": 4, "driver": "580",
-             "gpu_memory_mib": 143771, "cuda": "13.0", "torch": "2.11.0+cu130",
-             "python": "3.12.3", "platform": "linux", "git_sha": "abc1234",
-             "phases_s": {"ranks": 7.0}}
+    there = {
+        "gpu_name": "NVIDIA H200", "gpu_count": 2, "gpu_count_machine": 4, "driver": "580",
+        "gpu_memory_mib": 143771, "cuda": "13.0", "torch": "2.11.0+cu130", "python": "3.12.3",
+        "platform": "linux", "git_sha": "abc1234", "phases_s": {"ranks": 7.0}
+    }
     folder = tmp_path / "runs" / exp
     folder.mkdir(parents=True)
     pd.DataFrame([{"experiment": exp, "variant": "a", "metric": "m", "value": 1.0,

@@ -16,6 +16,7 @@ from sglab.workspace_floor import claims, measure
 
 from tests.workspace_floor import wsfloor_events
 
+
 RECORDED = runs.repo_root() / "data" / "recorded" / "workspace_floor"
 W2 = "20261121T222715Z_nvidia-h200-x2"
 W4 = "20261127T162853Z_nvidia-h200-x4"
@@ -52,18 +53,18 @@ def _gpu(df, trace, variant, metric, rank=None):
     return sel & (df["rank"] == rank) if rank is not None else sel
 
 
-@pytest.mark.parametrize("where, delta, claim",
-                         [(lambda d: _gpu(d, "short_ramp", "floor_0", "recreations", 1), -1,
-                           "gpu_counts_equal_simulation"),
-                          (lambda d: _gpu(d, "short_ramp", "floor_2048", "peak_workspace_measured",
-                                          0), 4, "peak_memory_as_computed"),
-                          (lambda d: _gpu(d, "mixed", "floor_512", "mem_after_cleanup", 1), 2,
-                           "memory_back_to_baseline"),
-                          (lambda d: _gpu(d, "mixed", "before_pr", "refused_calls", 0), -1,
-                           "before_pr_refuses_over_2048"),
-                          (lambda d: d.metric == "rank_processes_left", 1, "no_rank_left"),
-                          (lambda d: _gpu(d, "short_ramp", "floor_2048", "recreate_time_total"),
-                           500, "floor_saves_recreation_time"),])
+@pytest.mark.parametrize("where, delta, claim", [
+    (lambda d: _gpu(d, "short_ramp", "floor_0", "recreations", 1), -1,
+     "gpu_counts_equal_simulation"),
+    (lambda d: _gpu(d, "short_ramp", "floor_2048", "peak_workspace_measured", 0), 4,
+     "peak_memory_as_computed"),
+    (lambda d: _gpu(d, "mixed", "floor_512", "mem_after_cleanup", 1), 2, "memory_back_to_baseline"),
+    (lambda d: _gpu(d, "mixed", "before_pr", "refused_calls", 0), -1,
+     "before_pr_refuses_over_2048"),
+    (lambda d: d.metric == "rank_processes_left", 1, "no_rank_left"),
+    (lambda d: _gpu(d, "short_ramp", "floor_2048", "recreate_time_total"), 500,
+     "floor_saves_recreation_time"),
+])
 def test_damaged_copy_fails_naming_the_claim(tmp_path, capsys, where, delta, claim):
     path = _copy(tmp_path)
     df = pd.read_csv(path)
@@ -131,16 +132,18 @@ def test_trace_claims_hold_on_a_matching_trace(tmp_path, capsys):
         assert f"pass  └ workspace_floor.{cid}" in out
 
 
-@pytest.mark.parametrize("events, claim", [
-    (wsfloor_events.events(counts={"floor_0": 8, "floor_2048": 1}),
-     "trace_ranges_equal_simulation"),
-    (wsfloor_events.events(ranks=[0]), "trace_ranges_equal_simulation"),
-    # 2 opens per buffer: not W=2's one
-    (wsfloor_events.events(world_size=3), "trace_ipc_calls_per_creation"),
-    (wsfloor_events.events(counts={"floor_0": 9, "floor_2048": 1}).pipe(
-        lambda e: e.assign(dur_us=e.dur_us.where(e.variant != "floor_2048", e.dur_us * 100))),
-     "trace_time_in_recreation"),
-])
+@pytest.mark.parametrize(
+    "events, claim",
+    [
+        (wsfloor_events.events(counts={"floor_0": 8, "floor_2048": 1}),
+         "trace_ranges_equal_simulation"),
+        (wsfloor_events.events(ranks=[0]), "trace_ranges_equal_simulation"),
+        # 2 opens per buffer: not W=2's one
+        (wsfloor_events.events(world_size=3), "trace_ipc_calls_per_creation"),
+        (wsfloor_events.events(counts={"floor_0": 9, "floor_2048": 1}).pipe(
+            lambda e: e.assign(dur_us=e.dur_us.where(e.variant != "floor_2048", e.dur_us * 100))),
+         "trace_time_in_recreation"),
+    ])
 def test_damaged_trace_fails_naming_the_claim(tmp_path, capsys, events, claim):
     code, out = _verify(capsys, _method2(tmp_path, events))
     assert code == 1 and f"FAIL workspace_floor.{claim}" in out

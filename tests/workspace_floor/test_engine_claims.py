@@ -14,6 +14,7 @@ from sglab.workspace_floor import rebuild
 from sglab.workspace_floor import show as S
 from tests.edits import copy_run
 
+
 EQUAL, NONE = ("engine_workspace_floor.creations_equal_simulation",
                "engine_workspace_floor.no_creation_per_forward_step")
 
@@ -25,8 +26,8 @@ def _status(run) -> dict:
 def test_every_variant_creates_two_workspaces_per_rank_at_2048_as_simulated():
     recorded = runs.load_all_recorded("engine_workspace_floor")
     facts = [f for r in recorded for f in S.engine_facts(r)]
-    assert {f["variant"] for f in facts} == {"0.5.12.post1+fusion", "0.5.13+fusion",
-                                             "0.5.13+x-shape"}
+    assert {f["variant"]
+            for f in facts} == {"0.5.12.post1+fusion", "0.5.13+fusion", "0.5.13+x-shape"}
     assert sorted({f["world"] for f in facts}) == [2, 4]
     for f in facts:
         assert f["per_rank"] == {r: 2 for r in range(f["world"])}, (f["variant"], f["world"])
@@ -53,7 +54,8 @@ def test_a_creation_during_a_forward_step_fails_both_claims(tmp_path):
     log = dst.with_name(json.loads(dst.with_suffix(".json").read_text())["sidecars"]["log_0"])
     lines = gzip.decompress(log.read_bytes()).decode().splitlines()
     at = next(i for i, ln in enumerate(lines) if "call-begin" in ln and "input_len=200" in ln)
-    lines.insert(at + 1, "[sglab-engine] event workspace pid=1 max_token_num=4096 world_size=2 "
-                         "rank=0 obj=abc seconds=0.02")
+    lines.insert(
+        at + 1, "[sglab-engine] event workspace pid=1 max_token_num=4096 world_size=2 "
+        "rank=0 obj=abc seconds=0.02")
     log.write_bytes(gzip.compress("\n".join(lines).encode()))
     assert _status(runs.read_run(dst)) == {EQUAL: core.FAIL, NONE: core.FAIL}

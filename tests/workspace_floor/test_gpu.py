@@ -7,8 +7,11 @@ import pytest
 from sglab.core import hardware
 from sglab.workspace_floor import claims, measure, show
 
-PARAMS = {"world_size": 2, "policies": ["floor_0", "floor_2048"], "cost_tokens": [64, 4096, 8192],
-          "cost_warmup": 1, "cost_repeats": 3, "cost_rounds": 3}
+
+PARAMS = {
+    "world_size": 2, "policies": ["floor_0", "floor_2048"], "cost_tokens": [64, 4096, 8192],
+    "cost_warmup": 1, "cost_repeats": 3, "cost_rounds": 3
+}
 
 
 @pytest.fixture(scope="module")
@@ -22,17 +25,18 @@ def measured():
 def test_live_replay_matches_simulation_and_leaves_nothing(measured):
     df = measured.df
     rec = df[df.metric == "recreations"]
-    sim = rec[(rec.source == "simulated") & (rec.scenario == "cold")].set_index(["trace",
-            "variant"])["value"]
+    sim = rec[(rec.source == "simulated") & (rec.scenario == "cold")].set_index([
+        "trace", "variant"
+    ])["value"]
     gpu = rec[rec.source == "gpu"]
     assert len(gpu) == 2 * 2 * 2  # traces x policies x ranks
     for _, row in gpu.iterrows():
         assert row.value == sim[row.trace, row.variant]
-    peak = df[(df.source == "gpu") & (df.metric.isin(["peak_workspace",
-                                                      "peak_workspace_measured"]))]
+    peak = df[(df.source == "gpu")
+              & (df.metric.isin(["peak_workspace", "peak_workspace_measured"]))]
     for (_, _, _), g in peak.groupby(["trace", "variant", "rank"]):
-        planned, measured_ = (g.set_index("metric")["value"][k] for k in ("peak_workspace",
-                "peak_workspace_measured"))
+        planned, measured_ = (g.set_index("metric")["value"][k]
+                              for k in ("peak_workspace", "peak_workspace_measured"))
         assert planned <= measured_ <= planned + 2  # + the pointer table's allocator segment
     assert (df[df.metric == "mem_after_cleanup"].value.abs() < 1e-9).all()
     for m in ("rank_mem_delta_cudart", "rank_mem_delta_nvml"):

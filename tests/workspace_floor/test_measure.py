@@ -52,8 +52,8 @@ def test_trace_seed_changes_trace():
 
 
 def test_bad_parameters_fail_in_one_line_before_any_process():
-    for bad, words in (({"policies": ["floor_3"]}, "unknown policies"),
-                       ({"traces": ["nope"]}, "unknown traces"),
+    for bad, words in (({"policies": ["floor_3"]}, "unknown policies"), ({"traces": ["nope"]},
+                                                                         "unknown traces"),
                        ({"creator": "x"}, "creator must be"), ({"world_size": 1}, ">= 2")):
         with pytest.raises(ValueError, match=words):
             measure.run(bad, progress=False)
@@ -71,10 +71,14 @@ def _rank_phases(ctx, cfg):
 
 
 def test_rank_replay_and_cost_sweep_over_gloo():
-    cfg = {**measure.rank_config({**measure.DEFAULT_PARAMS, "traces": ["short_ramp"],
-                                  "gpu_trace_steps": 200, "cost_tokens": [64, 4096],
-                                  "cost_repeats": 3}, progress=False, trace_dir=""),
-           "traces": {"fixed": FIXED}, "policies": ["floor_0", "floor_2048", "before_pr"]}
+    cfg = {
+        **measure.rank_config(
+            {
+                **measure.DEFAULT_PARAMS, "traces": ["short_ramp"], "gpu_trace_steps": 200,
+                "cost_tokens": [64, 4096], "cost_repeats": 3
+            }, progress=False, trace_dir=""), "traces": {"fixed": FIXED},
+        "policies": ["floor_0", "floor_2048", "before_pr"]
+    }
     out = dist.launch(_rank_phases, 2, args=(cfg,), backend="gloo", timeout_s=120,
                       collective_timeout_s=30)
     df = runs.tidy(measure.EXPERIMENT, [row for rows in out for row in rows])
@@ -100,9 +104,10 @@ def test_rank_replay_and_cost_sweep_over_gloo():
 def test_traced_pass_over_gloo_has_one_range_per_creation(tmp_path):
     """The real profiler on the CPU: the IPC creator's rank logic with host stand-ins, reduced as on
     the GPU."""
-    out = dist.launch(measure.gloo_profile_selftest, 2,
-                      args=(FIXED, ["floor_0", "floor_2048"], [64, 4096], str(tmp_path)),
-                      backend="gloo", timeout_s=120, collective_timeout_s=30)
+    out = dist.launch(measure.gloo_profile_selftest, 2, args=(FIXED, ["floor_0",
+                                                                      "floor_2048"], [64, 4096],
+                                                              str(tmp_path)), backend="gloo",
+                      timeout_s=120, collective_timeout_s=30)
     ev = pd.concat([o["table"] for o in out], ignore_index=True)
     from sglab.core.trace import COLUMNS
 
@@ -125,24 +130,27 @@ def test_traced_pass_over_gloo_has_one_range_per_creation(tmp_path):
 
 
 def test_reduce_keeps_only_what_is_inside_creations():
-    raw = pd.DataFrame([
-        ("host", "phase::variant floor_0", "range", 0.0, 100.0),
-        ("host", "phase::recreate workspace", "range", 10.0, 20.0),
-        ("runtime", "cudaIpcOpenMemHandle", "runtime", 12.0, 5.0),
-        ("runtime", "cudaGetDevice", "runtime", 13.0, 0.1),  # trivial query: dropped
-        ("stream 7", "phase::recreate workspace", "range", 11.0, 3.0),  # device copy: dropped
-        ("runtime", "cudaMalloc", "runtime", 40.0, 5.0),  # between creations: dropped
-        ("host", "phase::recreate workspace", "range", 50.0, 20.0),
-        ("stream 7", "Memset (Device)", "memset", 55.0, 1.0),
-        ("host", "phase::variant cost_sweep", "range", 200.0, 50.0),
-        ("host", "phase::create workspace", "range", 210.0, 10.0),
-        ("runtime", "cudaMalloc", "runtime", 211.0, 1.0),
-    ], columns=["lane", "name", "category", "start_us", "dur_us"]).assign(phase="")
-    out = measure.reduce_events(raw, {"floor_0": [(0, 48), (21, 64)],
-                                      "cost_sweep": [(-1, 4096)]}, rank=1)
-    assert list(out.name) == ["phase::recreate workspace", "cudaIpcOpenMemHandle",
-                              "phase::recreate workspace", "Memset (Device)",
-                              "phase::create workspace", "cudaMalloc"]
+    raw = pd.DataFrame(
+        [
+            ("host", "phase::variant floor_0", "range", 0.0, 100.0),
+            ("host", "phase::recreate workspace", "range", 10.0, 20.0),
+            ("runtime", "cudaIpcOpenMemHandle", "runtime", 12.0, 5.0),
+            ("runtime", "cudaGetDevice", "runtime", 13.0, 0.1),  # trivial query: dropped
+            ("stream 7", "phase::recreate workspace", "range", 11.0, 3.0),  # device copy: dropped
+            ("runtime", "cudaMalloc", "runtime", 40.0, 5.0),  # between creations: dropped
+            ("host", "phase::recreate workspace", "range", 50.0, 20.0),
+            ("stream 7", "Memset (Device)", "memset", 55.0, 1.0),
+            ("host", "phase::variant cost_sweep", "range", 200.0, 50.0),
+            ("host", "phase::create workspace", "range", 210.0, 10.0),
+            ("runtime", "cudaMalloc", "runtime", 211.0, 1.0),
+        ],
+        columns=["lane", "name", "category", "start_us", "dur_us"]).assign(phase="")
+    out = measure.reduce_events(raw, {"floor_0": [(0, 48), (21, 64)], "cost_sweep": [(-1, 4096)]},
+                                rank=1)
+    assert list(out.name) == [
+        "phase::recreate workspace", "cudaIpcOpenMemHandle", "phase::recreate workspace",
+        "Memset (Device)", "phase::create workspace", "cudaMalloc"
+    ]
     assert list(out.creation) == [0, 0, 1, 1, 0, 0]
     assert list(out.step) == [0, 0, 21, 21, -1, -1]
     assert list(out.tokens) == [48, 48, 64, 64, 4096, 4096]

@@ -7,6 +7,7 @@ from sglab.core import dist
 from sglab.workspace_floor import measure
 from sglab.workspace_floor import rebuild as wf
 
+
 H = 7168
 MiB = 2**20
 FIXED = [1, 2, 1, 4, 3, 300, 2048, 2049, 100, 4096, 5000]
@@ -25,15 +26,17 @@ def test_flashinfer_sizes():
     assert big["lamport_comm_size"] == wf.MAX_COMM_SIZE  # capped as upstream
 
 
-@pytest.mark.parametrize("name,sizes,refused", [
-    ("floor_0", [1, 2, 4, 300, 2048, 2049, 4096, 5000], 0),
-    ("shape_no_hwm", [1, 2, 4, 300, 2048, 2049, 4096, 5000], 0),
-    ("floor_512", [512, 2048, 2049, 4096, 5000], 0),
-    ("floor_1024", [1024, 2048, 2049, 4096, 5000], 0),
-    ("floor_2048", [2048, 2049, 4096, 5000], 0),
-    ("floor_4096", [4096, 5000], 0),
-    ("before_pr", [2048], 3),  # 2049, 4096, 5000 trip the callee's assert
-])
+@pytest.mark.parametrize(
+    "name,sizes,refused",
+    [
+        ("floor_0", [1, 2, 4, 300, 2048, 2049, 4096, 5000], 0),
+        ("shape_no_hwm", [1, 2, 4, 300, 2048, 2049, 4096, 5000], 0),
+        ("floor_512", [512, 2048, 2049, 4096, 5000], 0),
+        ("floor_1024", [1024, 2048, 2049, 4096, 5000], 0),
+        ("floor_2048", [2048, 2049, 4096, 5000], 0),
+        ("floor_4096", [4096, 5000], 0),
+        ("before_pr", [2048], 3),  # 2049, 4096, 5000 trip the callee's assert
+    ])
 def test_recreations_per_policy_on_fixed_trace(name, sizes, refused):
     mgr, n_refused = wf.simulate(wf.POLICIES[name], FIXED, world_size=2, hidden_dim=H)
     assert [e.max_token_num for e in mgr.events] == sizes

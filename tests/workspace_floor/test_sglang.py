@@ -10,6 +10,7 @@ from sglab.sglang.testing import require
 from sglab.sglang.upstream import RELEASE_STATES, Verdict
 from sglab.workspace_floor import measure, sglang
 
+
 REAL_CALLS = ["workspace_floor"]  # the notebook's call (conftest)
 
 
@@ -22,7 +23,8 @@ def state(files: dict) -> Verdict:
 # -- the source check
 # -----------------------------------------------------------------------------------------
 def _layernorm(kwarg: str) -> dict:
-    return {sglang.LAYERNORM: f"""
+    return {
+        sglang.LAYERNORM: f"""
 def _forward_with_allreduce_fusion(norm_module, x, residual, weight):
     fused_result = flashinfer_allreduce_residual_rmsnorm(
         input_tensor=x, residual=residual, weight=weight, {kwarg}use_attn_tp_group=True)
@@ -31,14 +33,16 @@ def _forward_with_allreduce_fusion(norm_module, x, residual, weight):
 def flashinfer_allreduce_residual_rmsnorm(input_tensor, residual, weight, eps=1e-6,
                                           max_token_num: int = 2048):
     assert input_tensor.shape[0] <= max_token_num
-"""}
+"""
+    }
 
 
 @pytest.mark.parametrize("kwarg,status,words", [
     ("", "before", "default max_token_num=2048 applies and it asserts"),
     ("max_token_num=max(x.shape[0], 2048), ", "pr-era", "max(x.shape[0], 2048)"),
     ("max_token_num=max(x.shape[0], 4096), ", "changed", "other than the PR's 2048"),
-    ("max_token_num=x.shape[0], ", "unknown", "x.shape[0]")])
+    ("max_token_num=x.shape[0], ", "unknown", "x.shape[0]")
+])
 def test_check_states(kwarg, status, words):
     v = state(_layernorm(kwarg))
     assert v.status == status and words in v.detail
@@ -76,8 +80,8 @@ def test_real_recreations_equal_the_rebuild_in_every_cell(results):
     for v in sglang.RELEASES:
         require(results[v])
     table = sglang.comparison(results)
-    n_cells = (len(sglang.RELEASES) * (1 + len(sglang.ALT_SITES)) * len(measure.TRACES)
-               * len(sglang.SCENARIOS))
+    n_cells = (len(sglang.RELEASES) * (1 + len(sglang.ALT_SITES)) * len(measure.TRACES) * len(
+        sglang.SCENARIOS))
     assert len(table) == n_cells
     assert compare.check_table(table), table[~table.agrees].to_string()
 
@@ -86,8 +90,7 @@ def test_before_the_floor_the_callee_refuses_every_batch_over_2048(results):
     r = require(results["0.5.12.post1"])
     over = measure.calls_over("mixed", 2048)
     assert over > 0
-    assert _value(r, trace="mixed", site="release", scenario="cold",
-                  metric="refused_calls") == over
+    assert _value(r, trace="mixed", site="release", scenario="cold", metric="refused_calls") == over
     assert _value(require(results["0.5.13"]), trace="mixed", site="release", scenario="cold",
                   metric="refused_calls") == 0
 
@@ -95,8 +98,7 @@ def test_before_the_floor_the_callee_refuses_every_batch_over_2048(results):
 def test_the_floor_removes_the_short_prompt_churn(results):
     r = require(results["0.5.13"])
     assert _value(r, trace="short_ramp", site="floor_0", scenario="cold", metric="recreations") > 1
-    assert _value(r, trace="short_ramp", site="release", scenario="cold",
-                  metric="sizes") == [2048]
+    assert _value(r, trace="short_ramp", site="release", scenario="cold", metric="sizes") == [2048]
 
 
 def test_neither_release_keeps_a_high_water_mark(results):
@@ -116,9 +118,9 @@ def test_a_disagreement_is_loud(results, capsys):
 
 
 def test_a_release_that_did_not_run_is_one_line_and_no_row():
-    missing = ProbeResult("0.5.9", sglang.FIX.probe.fn, "not-run", None,
-                          reason="sglang 0.5.9: not installed (run `sglab real install "
-                                 "--releases 0.5.9`)")
+    missing = ProbeResult(
+        "0.5.9", sglang.FIX.probe.fn, "not-run", None,
+        reason="sglang 0.5.9: not installed (run `sglab real install --releases 0.5.9`)")
     assert compare.status_lines({"0.5.9": missing}).splitlines()[1] == (
         "sglang 0.5.9: not run: not installed (run `sglab real install --releases 0.5.9`)")
     assert sglang.comparison({"0.5.9": missing}).empty

@@ -15,6 +15,7 @@ from sglab.workspace_floor import rebuild as wf
 
 from tests.workspace_floor import wsfloor_events
 
+
 matplotlib.use("Agg")
 H = 7168
 
@@ -67,8 +68,7 @@ def test_mechanism_with_and_without_a_run():
     fig = show.mechanism(run)
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert any(lab.startswith("x.shape[0]: 9 re-creations") and "ms" in lab for lab in labels)
-    assert any(lab.startswith("max(x.shape[0], 2048) — the PR: 1 re-creation,")
-               for lab in labels)
+    assert any(lab.startswith("max(x.shape[0], 2048) — the PR: 1 re-creation,") for lab in labels)
     plt.close(fig)
     fig = show.mechanism(runs.NoRun("workspace_floor", "none"))  # counts from the simulation
     assert not any("ms" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
@@ -253,7 +253,8 @@ def test_workspace_refuses_sizes_below_their_minimum(capsys, args, says):
 def test_workspace_at_a_world_size_without_a_run_says_whose_times_it_uses(capsys, world):
     recorded = sorted({show.run_world_size(r) for r in runs.load_all_recorded("workspace_floor")})
     assert world not in recorded
-    assert cli.main(["workspace", "--trace", str(show.EXAMPLE_LOG), "--world-size",
+    assert cli.main(["workspace", "--trace",
+                     str(show.EXAMPLE_LOG), "--world-size",
                      str(world)]) == 0
     out = capsys.readouterr().out
     assert f"NO recorded run at world size {world}" in out and "run's times)" in out

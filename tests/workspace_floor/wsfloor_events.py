@@ -7,6 +7,7 @@ from sglab.core.trace import COLUMNS
 from sglab.workspace_floor import measure as profile
 from sglab.workspace_floor.rebuild import RECREATE_RANGE
 
+
 BUFFERS = ("data", "flags", "lamport")
 
 
@@ -18,8 +19,10 @@ def _creation(rows, *, variant, rank, k, step, tokens, t0, world_size, open_ms, 
     t, start = t0 + 5.0, t0
 
     def add(lane, name, cat, s, d, phase):
-        rows.append({"lane": lane, "name": name, "category": cat, "start_us": s, "dur_us": d,
-                     "phase": phase, **lab})
+        rows.append({
+            "lane": lane, "name": name, "category": cat, "start_us": s, "dur_us": d, "phase": phase,
+            **lab
+        })
 
     if with_destroy:
         add("host", "phase::destroy old workspace", "range", t, 300.0, "destroy old workspace")
@@ -46,8 +49,10 @@ def _creation(rows, *, variant, rank, k, step, tokens, t0, world_size, open_ms, 
     t += 55.0
     add("host", "phase::barrier", "range", t, 300.0, "barrier")
     t += 305.0
-    rows.append({"lane": "host", "name": f"phase::{outer}", "category": "range", "start_us": start,
-                 "dur_us": t - start, "phase": outer, **lab})
+    rows.append({
+        "lane": "host", "name": f"phase::{outer}", "category": "range", "start_us": start,
+        "dur_us": t - start, "phase": outer, **lab
+    })
     return t
 
 
@@ -62,14 +67,14 @@ def events(world_size=2, counts=None, cost_tokens=(4096, 8192), step_tokens=8192
         for variant, n in counts.items():
             for k in range(n):
                 t = _creation(rows, variant=variant, rank=rank, k=k, step=10 * k,
-                              tokens=64 * (k + 1), t0=t, world_size=world_size,
-                              open_ms={"data": 2.0, "flags": 0.1, "lamport": 0.1},
-                              with_destroy=k > 0) + 1000.0
+                              tokens=64 * (k + 1), t0=t, world_size=world_size, open_ms={
+                                  "data": 2.0, "flags": 0.1, "lamport": 0.1
+                              }, with_destroy=k > 0) + 1000.0
         for k, T in enumerate(cost_tokens):
             slow = 17.0 if T >= step_tokens else 0.12
             t = _creation(rows, variant=profile.COST_VARIANT, rank=rank, k=k, step=-1, tokens=T,
-                          t0=t, world_size=world_size,
-                          open_ms={"data": 2.0, "flags": 0.1, "lamport": slow},
-                          with_destroy=False) + 1000.0
+                          t0=t, world_size=world_size, open_ms={
+                              "data": 2.0, "flags": 0.1, "lamport": slow
+                          }, with_destroy=False) + 1000.0
     df = pd.DataFrame(rows, columns=COLUMNS + profile.EXTRA_COLUMNS)
     return df.sort_values(["rank", "start_us"], kind="stable").reset_index(drop=True)

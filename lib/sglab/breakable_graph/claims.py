@@ -19,6 +19,7 @@ from sglab.core.claims import Claim, Headline, holds, not_applicable
 from sglab.sglang import engine_runs
 from sglab.sglang.releases import parse_version
 
+
 CLAIM = ("Capturing only the layer stack lets one breakable CUDA graph serve prefill batches of "
          "any request count.")
 # after vs eager, every timed prefill of 2+ requests: launch-bound up to LAUNCH_BOUND tokens; above,
@@ -26,7 +27,7 @@ CLAIM = ("Capturing only the layer stack lets one breakable CUDA graph serve pre
 LAUNCH_BOUND = 512
 MIN_LAUNCH_BOUND_SPEEDUP = 1.8
 MIN_SPEEDUP = 1.1
-PADDED_TOL = 0.0          # padded token counts: the recorded runs show bit-equal logits there too
+PADDED_TOL = 0.0  # padded token counts: the recorded runs show bit-equal logits there too
 
 
 def _layers(run) -> int:
@@ -41,10 +42,11 @@ def _bs3(run):
     rows = {v: int(a.loc[v, "logit_rows"]) for v in ("eager", "before", "after")}
     can = {v: int(a.loc[v, "can_run"]) for v in ("before", "after")}
     ok = rows == {"eager": 3, "before": 1, "after": 3} and can == {"before": 0, "after": 1}
-    return holds(ok, f"3 requests: before graph returns {rows['before']} row, can_run "
-                     f"{bool(can['before'])}; after {rows['after']} rows, can_run "
-                     f"{bool(can['after'])}",
-                 {**rows, **{f"can_run_{k}": v for k, v in can.items()}})
+    return holds(
+        ok, f"3 requests: before graph returns {rows['before']} row, can_run "
+        f"{bool(can['before'])}; after {rows['after']} rows, can_run "
+        f"{bool(can['after'])}", {**rows, **{f"can_run_{k}": v
+                                             for k, v in can.items()}})
 
 
 def _matches(run):
@@ -53,10 +55,10 @@ def _matches(run):
     worst_exact = float(exact["max abs diff"].max())
     worst_padded = float(padded["max abs diff"].max()) if len(padded) else 0.0
     ok = bool(m["rows == requests"].all()) and worst_exact == 0.0 and worst_padded <= PADDED_TOL
-    return holds(ok, f"one row per request in every batch; max abs diff {worst_exact:g} at "
-                     f"bucket-sized token counts, {worst_padded:g} padded",
-                 {"exact": worst_exact, "padded": worst_padded,
-                  "worst": max(worst_exact, worst_padded)})
+    return holds(
+        ok, f"one row per request in every batch; max abs diff {worst_exact:g} at "
+        f"bucket-sized token counts, {worst_padded:g} padded",
+        {"exact": worst_exact, "padded": worst_padded, "worst": max(worst_exact, worst_padded)})
 
 
 def _hit_rate(run):
@@ -70,9 +72,10 @@ def _hit_rate(run):
     got = {v: int(h[v]["graph_batches"]) for v in ("before", "after")}
     ok = got == want and got["before"] < got["after"]
     hb, ha = h["before"]["hit_rate"], h["after"]["hit_rate"]
-    return holds(ok, f"{got['before']} → {got['after']} of {len(shapes)} batches ({hb:.1%} → "
-                     f"{ha:.1%}); the stream predicts {want['before']} → {want['after']}",
-                 {"before": hb, "after": ha})
+    return holds(
+        ok, f"{got['before']} → {got['after']} of {len(shapes)} batches ({hb:.1%} → "
+        f"{ha:.1%}); the stream predicts {want['before']} → {want['after']}",
+        {"before": hb, "after": ha})
 
 
 def _speedup(run):
@@ -82,15 +85,14 @@ def _speedup(run):
         return not_applicable("no prefill with 2+ requests was timed")
     s, small = t["speedup_after"], t[t["num_tokens"] <= LAUNCH_BOUND]["speedup_after"]
     ok = bool((s > MIN_SPEEDUP).all() and (small >= MIN_LAUNCH_BOUND_SPEEDUP).all())
-    return holds(ok, f"after vs eager, 2+ requests: {s.min():.2f}–{s.max():.2f}× (median "
-                     f"{s.median():.2f}×; ≥{small.min():.2f}× up to {LAUNCH_BOUND} tok)",
-                 {"min": float(s.min()), "max": float(s.max()),
-                  "median": float(statistics.median(s)),
-                  "min_launch_bound": float(small.min()) if len(small) else None,
-                  "requests_min": int(t["batch_size"].min()),
-                  "requests_max": int(t["batch_size"].max()),
-                  "tokens_min": int(t["num_tokens"].min()),
-                  "tokens_max": int(t["num_tokens"].max())})
+    return holds(
+        ok, f"after vs eager, 2+ requests: {s.min():.2f}–{s.max():.2f}× (median "
+        f"{s.median():.2f}×; ≥{small.min():.2f}× up to {LAUNCH_BOUND} tok)", {
+            "min": float(s.min()), "max": float(s.max()), "median": float(statistics.median(s)),
+            "min_launch_bound": float(small.min()) if len(small) else None, "requests_min": int(
+                t["batch_size"].min()), "requests_max": int(t["batch_size"].max()),
+            "tokens_min": int(t["num_tokens"].min()), "tokens_max": int(t["num_tokens"].max())
+        })
 
 
 # --------------------------------------------------------------------------------------------------
@@ -101,18 +103,19 @@ def _routing(run):
     before = {int(r.batch_size): int(r.value) for r in d[d.variant == "before"].itertuples()}
     after = {int(r.batch_size): int(r.value) for r in d[d.variant == "after"].itertuples()}
     ok = all(v == int(bs == 1) for bs, v in before.items()) and all(v == 1 for v in after.values())
-    return holds(ok, f"before uses its graph for {sorted(b for b, v in before.items() if v)} "
-                     f"request(s), after for {sorted(b for b, v in after.items() if v)}",
-                 {"before": before, "after": after})
+    return holds(
+        ok, f"before uses its graph for {sorted(b for b, v in before.items() if v)} "
+        f"request(s), after for {sorted(b for b, v in after.items() if v)}",
+        {"before": before, "after": after})
 
 
 def _segments(run):
     seg, layers = show.segment_table(run.df), _layers(run)
-    ok = all((seg[(b, "graph_segments")] == layers + 1).all()
-             and (seg[(b, "eager_breaks")] == layers).all() for b in ("before", "after"))
-    return holds(ok, f"{len(seg)} buckets × 2 boundaries: {layers + 1} segments, {layers} breaks "
-                     "each" if ok else f"segments/breaks per bucket: {seg.to_dict()}",
-                 {"buckets": len(seg)})
+    ok = all((seg[(b, "graph_segments")] == layers + 1).all() and (seg[(
+        b, "eager_breaks")] == layers).all() for b in ("before", "after"))
+    return holds(
+        ok, f"{len(seg)} buckets × 2 boundaries: {layers + 1} segments, {layers} breaks "
+        "each" if ok else f"segments/breaks per bucket: {seg.to_dict()}", {"buckets": len(seg)})
 
 
 def _launches(run):
@@ -121,12 +124,12 @@ def _launches(run):
     multi = lt[lt.index.get_level_values("batch_size") > 1].xs("before", level="variant")
     ok = (after["host_graph_launches"] == layers + 1).all() and \
         after["host_kernel_launches"].nunique() == 1 and (multi["host_graph_launches"] == 0).all()
-    return holds(bool(ok), f"after: {int(after['host_graph_launches'].iloc[0])} graph + "
-                           f"{int(after['host_kernel_launches'].iloc[0])} kernel launches at every "
-                           "request count; before with 2+ requests: "
-                           f"{int(multi['host_graph_launches'].max())} graph launches, "
-                           f"{int(multi['host_kernel_launches'].min())} kernel launches",
-                 {"after_kernel_launches": int(after["host_kernel_launches"].iloc[0])})
+    return holds(
+        bool(ok), f"after: {int(after['host_graph_launches'].iloc[0])} graph + "
+        f"{int(after['host_kernel_launches'].iloc[0])} kernel launches at every request count; "
+        f"before with 2+ requests: {int(multi['host_graph_launches'].max())} graph launches, "
+        f"{int(multi['host_kernel_launches'].min())} kernel launches",
+        {"after_kernel_launches": int(after["host_kernel_launches"].iloc[0])})
 
 
 def _trace(run):
@@ -137,41 +140,45 @@ def _trace(run):
     n = {v: launch_numbers(g) for v, g in ev.groupby("variant")}
     ok = n["before"]["host_graph_launches"] == 0 and n["after"]["host_graph_launches"] == layers + 1
     ok = ok and n["after"]["host_kernel_launches"] < n["before"]["host_kernel_launches"]
-    return holds(ok, f"3-request prefill: before {n['before']['host_graph_launches']} graph / "
-                     f"{n['before']['host_kernel_launches']} kernel launches, after "
-                     f"{n['after']['host_graph_launches']} / {n['after']['host_kernel_launches']}",
-                 n)
+    return holds(
+        ok, f"3-request prefill: before {n['before']['host_graph_launches']} graph / "
+        f"{n['before']['host_kernel_launches']} kernel launches, after "
+        f"{n['after']['host_graph_launches']} / {n['after']['host_kernel_launches']}", n)
 
 
 _ID = EXPERIMENT + "."
 CLAIMS = [
-    Claim(_ID + "before_bs3_one_row", "The graph captured with the logits tail returns one logit "
-          "row for 3 requests, so can_run rejects the batch",
-          "before: 1 row, can_run False; after and eager: 3 rows (exact)", _bs3,
-          folded=(Claim(_ID + "routing", "The before runner replays only one-request batches; the "
-                        "after runner every batch", "used_graph: before iff 1 request; after "
-                        "always (exact)", _routing),)),
-    Claim(_ID + "after_equals_eager",
-          "The layer-stack graph's logits equal eager prefill for every "
-          "request count", "one row per request; max abs diff 0 (bucket-sized and padded token "
-          "counts)", _matches,
-          folded=(Claim(_ID + "segments_per_bucket", "Every capture is one segment more than the "
-                        "layers, one break per layer", "segments == layers + 1, breaks == layers, "
-                        "every bucket, both boundaries (exact)", _segments),)),
-    Claim(_ID + "hit_rate", "On the seeded mixed stream only single-request batches hit the before "
-          "graph; every batch that fits a bucket hits the after graph", "graph batches == "
-          "recomputed from the stream (exact), before < after", _hit_rate),
-    Claim(_ID + "multi_request_speedup", "Prefills of 2+ requests run faster through the after "
-          "graph than eagerly", f"eager/after > {MIN_SPEEDUP}× for every timed batch of 2+ "
-          f"requests, ≥ {MIN_LAUNCH_BOUND_SPEEDUP}× up to {LAUNCH_BOUND} tokens", _speedup,
-          drift=0.25,
-          folded=(Claim(_ID + "launches", "The after runner launches the same graphs and kernels "
-                        "for any request count", "after: layers + 1 graph launches and equal "
-                        "kernel launches at every request count; before with 2+ requests: 0 graph "
-                        "launches (exact)", _launches),
-                  Claim(_ID + "trace_3_requests", "In the profiler, the 3-request prefill is eager "
-                        "before and graph segments after", "before: 0 graph launches; after: "
-                        "layers + 1, fewer kernel launches (exact)", _trace, methods=(3, None)))),
+    Claim(
+        _ID + "before_bs3_one_row", "The graph captured with the logits tail returns one logit "
+        "row for 3 requests, so can_run rejects the batch",
+        "before: 1 row, can_run False; after and eager: 3 rows (exact)", _bs3, folded=(Claim(
+            _ID + "routing", "The before runner replays only one-request batches; the "
+            "after runner every batch", "used_graph: before iff 1 request; after "
+            "always (exact)", _routing),)),
+    Claim(
+        _ID + "after_equals_eager", "The layer-stack graph's logits equal eager prefill for every "
+        "request count", "one row per request; max abs diff 0 (bucket-sized and padded token "
+        "counts)", _matches, folded=(Claim(
+            _ID + "segments_per_bucket", "Every capture is one segment more than the "
+            "layers, one break per layer", "segments == layers + 1, breaks == layers, "
+            "every bucket, both boundaries (exact)", _segments),)),
+    Claim(
+        _ID + "hit_rate", "On the seeded mixed stream only single-request batches hit the before "
+        "graph; every batch that fits a bucket hits the after graph", "graph batches == "
+        "recomputed from the stream (exact), before < after", _hit_rate),
+    Claim(
+        _ID + "multi_request_speedup", "Prefills of 2+ requests run faster through the after "
+        "graph than eagerly", f"eager/after > {MIN_SPEEDUP}× for every timed batch of 2+ "
+        f"requests, ≥ {MIN_LAUNCH_BOUND_SPEEDUP}× up to {LAUNCH_BOUND} tokens", _speedup,
+        drift=0.25,
+        folded=(Claim(
+            _ID + "launches", "The after runner launches the same graphs and kernels "
+            "for any request count", "after: layers + 1 graph launches and equal kernel launches "
+            "at every request count; before with 2+ requests: 0 graph launches (exact)", _launches),
+                Claim(
+                    _ID + "trace_3_requests", "In the profiler, the 3-request prefill is eager "
+                    "before and graph segments after", "before: 0 graph launches; after: "
+                    "layers + 1, fewer kernel launches (exact)", _trace, methods=(3, None)))),
 ]
 
 
@@ -181,15 +188,12 @@ def shown(runs_: list) -> list:
 
 
 _H, _S, _M = _ID + "hit_rate", _ID + "multi_request_speedup", _ID + "after_equals_eager"
-HEADLINE = Headline(parts=(f"Graph hit rate {{v[{_H}][before]:.0%}} → {{v[{_H}][after]:.0%}} of a "
-                           "mixed prefill stream",
-                           f"{{lo[{_S}][requests_min]}}–{{hi[{_S}][requests_max]}}-request "
-                           f"prefills of {{lo[{_S}][tokens_min]}}–{{hi[{_S}][tokens_max]}} tokens "
-                           "vs eager: {runs}",
-                           f"logits max abs diff vs eager {{hi[{_M}][worst]:.3g}}."),
-                    per_run=f"{{gpu}} {{v[{_S}][min]:.2f}}–{{v[{_S}][max]:.2f}}× (median "
-                            f"{{v[{_S}][median]:.2f}}×)")
-
+HEADLINE = Headline(
+    parts=(f"Graph hit rate {{v[{_H}][before]:.0%}} → {{v[{_H}][after]:.0%}} of a "
+           "mixed prefill stream", f"{{lo[{_S}][requests_min]}}–{{hi[{_S}][requests_max]}}-request "
+           f"prefills of {{lo[{_S}][tokens_min]}}–{{hi[{_S}][tokens_max]}} tokens "
+           "vs eager: {runs}", f"logits max abs diff vs eager {{hi[{_M}][worst]:.3g}}."),
+    per_run=f"{{gpu}} {{v[{_S}][min]:.2f}}–{{v[{_S}][max]:.2f}}× (median {{v[{_S}][median]:.2f}}×)")
 
 # --------------------------------------------------------------------------------------------------
 # the real engine (``sglab engine --plan 03``: data/recorded/engine_breakable_graph/)
@@ -201,8 +205,11 @@ def _on_graph(run) -> dict:
     """``{release: {requests: fraction of prefill batches on the graph}}`` of the bcg case."""
     d = engine_runs.number(engine_runs.latest([run]), "prefill_graph", started=True)
     d = d[d.case == "bcg"]
-    return {rel: {int(n): float(x) for n, x in zip(g.requests, g.value)}
-            for rel, g in d.groupby("release")}
+    return {
+        rel: {int(n): float(x)
+              for n, x in zip(g.requests, g.value)}
+        for rel, g in d.groupby("release")
+    }
 
 
 def _engine_graph_applies(run):
@@ -211,14 +218,17 @@ def _engine_graph_applies(run):
 
 def _engine_graph(run):
     found = _on_graph(run)
-    expect = {rel: {n: float(n == 1 or parse_version(rel) >= parse_version(AFTER_RELEASE))
-                    for n in per} for rel, per in found.items()}
+    expect = {
+        rel: {n: float(n == 1 or parse_version(rel) >= parse_version(AFTER_RELEASE))
+              for n in per}
+        for rel, per in found.items()
+    }
     text = "; ".join(f"{rel}: on the graph for "
                      f"{', '.join(str(n) for n, x in per.items() if x == 1)}"
-                     f" of {', '.join(str(n) for n in per)} requests"
-                     for rel, per in found.items())
-    return holds(found == expect, text, {rel: sum(x == 1 for x in per.values())
-                                         for rel, per in found.items()})
+                     f" of {', '.join(str(n) for n in per)} requests" for rel, per in found.items())
+    return holds(found == expect, text,
+                 {rel: sum(x == 1 for x in per.values())
+                  for rel, per in found.items()})
 
 
 def _latency(run, release: str) -> dict:
@@ -240,26 +250,29 @@ def _engine_faster(run):
     df = engine_runs.latest([run])
     df = df[df.release == AFTER_RELEASE]
     noise, starts, how = engine_runs.timing_bar(df, "latency", "requests")
-    return holds(lo > 1.0 + noise, f"{AFTER_RELEASE}: eager / breakable graph {lo:.2f}–{hi:.2f}× "
-                                   f"over {', '.join(map(str, ratios))} requests (Engine.generate, "
-                                   f"1 output token, {how})",
-                 {"min": lo, "max": hi, "aa_noise": noise, "margin": lo - 1.0 - noise,
-                  "starts": starts})
+    return holds(
+        lo > 1.0 + noise, f"{AFTER_RELEASE}: eager / breakable graph {lo:.2f}–{hi:.2f}× over "
+        f"{', '.join(map(str, ratios))} requests (Engine.generate, 1 output token, {how})",
+        {"min": lo, "max": hi, "aa_noise": noise, "margin": lo - 1.0 - noise, "starts": starts})
 
 
 ENGINE = SimpleNamespace(
     EXPERIMENT="engine_breakable_graph",
     CLAIM="In SGLang's own engine (Llama-style 32 x 512, dummy weights), "
-          "--enable-breakable-cuda-graph runs a prefill of several requests on the graph only "
-          "from #24662 on.",
-    CLAIMS=[Claim("engine_breakable_graph.graph_per_request_count",
-                  "With the breakable CUDA graph on, 0.5.11 puts a prefill on the graph only when "
-                  "it holds one request; 0.5.12.post1 (with #24662) for every request count",
-                  "before #24662: 1 request only; after: all (exact, the scheduler's own "
-                  "'Prefill batch' log)", _engine_graph, applies=_engine_graph_applies),
-            Claim("engine_breakable_graph.faster_than_eager",
-                  f"On {AFTER_RELEASE}, the breakable graph beats eager prefill at every request "
-                  "count", "eager / graph > 1 at every count", _engine_faster,
-                  applies=_engine_faster_applies, drift=0.25)],
+    "--enable-breakable-cuda-graph runs a prefill of several requests on the graph only "
+    "from #24662 on.",
+    CLAIMS=[
+        Claim(
+            "engine_breakable_graph.graph_per_request_count",
+            "With the breakable CUDA graph on, 0.5.11 puts a prefill on the graph only when "
+            "it holds one request; 0.5.12.post1 (with #24662) for every request count",
+            "before #24662: 1 request only; after: all (exact, the scheduler's own "
+            "'Prefill batch' log)", _engine_graph, applies=_engine_graph_applies),
+        Claim(
+            "engine_breakable_graph.faster_than_eager",
+            f"On {AFTER_RELEASE}, the breakable graph beats eager prefill at every request "
+            "count", "eager / graph > 1 at every count", _engine_faster,
+            applies=_engine_faster_applies, drift=0.25)
+    ],
     shown=lambda runs_: list(runs_),
 )

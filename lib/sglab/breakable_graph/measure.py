@@ -42,13 +42,19 @@ from sglab.breakable_graph import rebuild
 from sglab.core import runs, timing, trace
 from sglab.sglang.probing import captured_logs
 
+
 EXPERIMENT = "breakable_graph"
 METHOD_VERSION = 3
 GPUS = 1
 DEFAULT_PARAMS = {
     # model (bf16 on the GPU)
-    "vocab_size": 32000, "hidden_size": 1024, "num_heads": 8, "head_dim": 128,
-    "intermediate_size": 2816, "num_layers": 16, "dtype": "bfloat16",
+    "vocab_size": 32000,
+    "hidden_size": 1024,
+    "num_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 2816,
+    "num_layers": 16,
+    "dtype": "bfloat16",
     # graph buckets (tokens): those the sweep runs in, and 4096, the largest, which decides what
     # the routing accepts
     "capture_num_tokens": [128, 512, 1024, 2048, 4096],
@@ -56,18 +62,23 @@ DEFAULT_PARAMS = {
     "padded_token_counts": [1000],
     "batch_sizes": [1, 3, 8],
     "warmup": 3,
-    "repeat": 15,      # samples per variant and configuration, taken in `rounds` alternating rounds
+    "repeat": 15,  # samples per variant and configuration, taken in `rounds` alternating rounds
     "rounds": 3,
     "launch_token_count": 512,
     "launch_batch_sizes": [1, 3, 8],  # the traced pass; its 3-request prefill is the events sidecar
     # mixed prefill stream for the hit rate
-    "stream_batches": 1000, "stream_max_bs": 8, "stream_p_single": 0.35, "stream_min_len": 16,
+    "stream_batches": 1000,
+    "stream_max_bs": 8,
+    "stream_p_single": 0.35,
+    "stream_min_len": 16,
     "stream_max_len": 2048,
     "seed": 0,
 }
 PARTS = ("a_bs3", "b_match", "c_hit_rate", "d_latency", "launches", "e_resolution")
-_DEFAULTS = {"part": "", "num_tokens": -1, "batch_size": -1, "padded": -1, "model_shape": "",
-             "resolver": "", "layer_model": ""}
+_DEFAULTS = {
+    "part": "", "num_tokens": -1, "batch_size": -1, "padded": -1, "model_shape": "", "resolver": "",
+    "layer_model": ""
+}
 
 
 def gpus(params: dict) -> int:
@@ -82,13 +93,11 @@ def _row(part: str, variant: str, metric: str, value: float, unit: str, **kw) ->
 
 
 def model_config(params: dict) -> rebuild.ModelConfig:
-    return rebuild.ModelConfig(vocab_size=int(params["vocab_size"]),
-                               hidden_size=int(params["hidden_size"]),
-                               num_heads=int(params["num_heads"]), head_dim=int(params["head_dim"]),
-                               intermediate_size=int(params["intermediate_size"]),
-                               num_layers=int(params["num_layers"]),
-                               max_position=max(8192, max(int(n)
-                                                          for n in params["capture_num_tokens"])))
+    return rebuild.ModelConfig(
+        vocab_size=int(params["vocab_size"]), hidden_size=int(params["hidden_size"]),
+        num_heads=int(params["num_heads"]), head_dim=int(params["head_dim"]),
+        intermediate_size=int(params["intermediate_size"]), num_layers=int(params["num_layers"]),
+        max_position=max(8192, max(int(n) for n in params["capture_num_tokens"])))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -111,8 +120,8 @@ def prefill_stream(n_batches: int, *, seed: int = 0, max_bs: int = 8, p_single: 
     out, lo, hi = [], math.log(min_len), math.log(max_len)
     for _ in range(n_batches):
         bs = 1 if (max_bs == 1 or rng.random() < p_single) else rng.randint(2, max_bs)
-        out.append(rebuild.BatchShape(tuple(int(round(math.exp(rng.uniform(lo, hi))))
-                                            for _ in range(bs))))
+        out.append(
+            rebuild.BatchShape(tuple(int(round(math.exp(rng.uniform(lo, hi)))) for _ in range(bs))))
     return out
 
 
@@ -132,9 +141,11 @@ def graph_hit_rate(runner: Any, shapes: Iterable[rebuild.BatchShape]) -> dict:
         if runner.can_run(s):
             hits += 1
             hit_tokens += s.num_tokens
-    return {"batches": batches, "graph_batches": hits,
-            "hit_rate": hits / batches if batches else float("nan"),
-            "token_hit_rate": hit_tokens / tokens if tokens else float("nan")}
+    return {
+        "batches": batches, "graph_batches": hits,
+        "hit_rate": hits / batches if batches else float("nan"),
+        "token_hit_rate": hit_tokens / tokens if tokens else float("nan")
+    }
 
 
 def hit_rate_rows(params: Optional[dict] = None, model: Optional[torch.nn.Module] = None) -> list:
@@ -148,13 +159,16 @@ def hit_rate_rows(params: Optional[dict] = None, model: Optional[torch.nn.Module
                                               capture_num_tokens=p["capture_num_tokens"],
                                               capture=False)
         h = graph_hit_rate(runner, shapes)
-        rows += [_row("c_hit_rate", boundary, "hit_rate", h["hit_rate"], "fraction"),
-                 _row("c_hit_rate", boundary, "token_hit_rate", h["token_hit_rate"], "fraction"),
-                 _row("c_hit_rate", boundary, "graph_batches", h["graph_batches"], "batches"),
-                 _row("c_hit_rate", boundary, "batches", h["batches"], "batches")]
+        rows += [
+            _row("c_hit_rate", boundary, "hit_rate", h["hit_rate"], "fraction"),
+            _row("c_hit_rate", boundary, "token_hit_rate", h["token_hit_rate"], "fraction"),
+            _row("c_hit_rate", boundary, "graph_batches", h["graph_batches"], "batches"),
+            _row("c_hit_rate", boundary, "batches", h["batches"], "batches")
+        ]
     for bs in range(1, int(p["stream_max_bs"]) + 1):  # the stream's make-up
-        rows.append(_row("c_hit_rate", "stream", "batches_with_bs",
-                         sum(1 for s in shapes if s.batch_size == bs), "batches", batch_size=bs))
+        rows.append(
+            _row("c_hit_rate", "stream", "batches_with_bs",
+                 sum(1 for s in shapes if s.batch_size == bs), "batches", batch_size=bs))
     too_big = sum(1 for s in shapes if s.num_tokens > max(p["capture_num_tokens"]))
     rows.append(_row("c_hit_rate", "stream", "batches_over_max_tokens", too_big, "batches"))
     return rows
@@ -179,7 +193,7 @@ def module_path(root: torch.nn.Module, module: Optional[torch.nn.Module]) -> str
     return "<not a submodule>"
 
 
-RESOLVERS = {"pr24662": False, "walk_chain": True}   # resolver name: walk=
+RESOLVERS = {"pr24662": False, "walk_chain": True}  # resolver name: walk=
 
 
 def resolution_table(cfg: rebuild.ModelConfig = rebuild.TINY_CONFIG) -> pd.DataFrame:
@@ -190,10 +204,11 @@ def resolution_table(cfg: rebuild.ModelConfig = rebuild.TINY_CONFIG) -> pd.DataF
         model = rebuild.build_model(cfg, shape=shape)
         for resolver, walk in RESOLVERS.items():
             found, warnings = resolve(model, walk=walk)
-            out.append({"model_shape": shape, "model_class": type(model).__name__,
-                        "resolver": resolver, "layer_model": module_path(model, found),
-                        "bcg_enabled": found is not None,
-                        "warning": warnings[0] if warnings else ""})
+            out.append({
+                "model_shape": shape, "model_class": type(model).__name__, "resolver": resolver,
+                "layer_model": module_path(model, found), "bcg_enabled": found is not None,
+                "warning": warnings[0] if warnings else ""
+            })
     return pd.DataFrame(out)
 
 
@@ -227,9 +242,11 @@ def launch_numbers(ev: pd.DataFrame) -> dict:
     """Host launches and device kernels of one prefill (``ev``: the events of one phase)."""
     device = ev.lane.str.startswith("stream") | (ev.lane == "device")
     rt = ev[ev.category == "runtime"]
-    return {"host_kernel_launches": int(rt.name.str.contains("LaunchKernel").sum()),
-            "host_graph_launches": int(rt.name.str.contains("GraphLaunch").sum()),
-            "device_kernels": int((device & (ev.category == "kernel")).sum())}
+    return {
+        "host_kernel_launches": int(rt.name.str.contains("LaunchKernel").sum()),
+        "host_graph_launches": int(rt.name.str.contains("GraphLaunch").sum()),
+        "device_kernels": int((device & (ev.category == "kernel")).sum())
+    }
 
 
 def profile_pass(p: dict, model, before, after, batch_for, on_gpu: bool) -> Profiled:
@@ -238,9 +255,11 @@ def profile_pass(p: dict, model, before, after, batch_for, on_gpu: bool) -> Prof
     fns = {}
     for bs in (int(b) for b in p["launch_batch_sizes"]):
         batch = batch_for(n, bs)
-        fns.update({f"eager {bs}": partial(rebuild.run_eager, model, batch),
-                    f"before {bs}": partial(before.forward, batch),
-                    f"after {bs}": partial(after.forward, batch)})
+        fns.update({
+            f"eager {bs}": partial(rebuild.run_eager, model,
+                                   batch), f"before {bs}": partial(before.forward, batch),
+            f"after {bs}": partial(after.forward, batch)
+        })
     for fn in fns.values():  # every path warm before the profiler starts
         fn()
     perfetto = Path(tempfile.mkdtemp(prefix="sglab-bcg-")) / "trace.json.gz" if on_gpu else None
@@ -248,8 +267,10 @@ def profile_pass(p: dict, model, before, after, batch_for, on_gpu: bool) -> Prof
                                  PHASE.pattern, ("variant", "batch_size"), {"batch_size": int})
     out = Profiled()
     for (variant, bs), ev in events.groupby(["variant", "batch_size"], sort=False):
-        out.rows += [_row("launches", variant, metric, value, "count", num_tokens=n,
-                          batch_size=int(bs)) for metric, value in launch_numbers(ev).items()]
+        out.rows += [
+            _row("launches", variant, metric, value, "count", num_tokens=n, batch_size=int(bs))
+            for metric, value in launch_numbers(ev).items()
+        ]
     keep = (events.batch_size == SHOWN_REQUESTS) & events.variant.isin(SHOWN_VARIANTS)
     out.sidecars["events"] = events[keep].reset_index(drop=True)
     if perfetto is not None and perfetto.exists():
@@ -268,15 +289,17 @@ def three_requests(model, before, after, batch, on_gpu: bool = False) -> list:
     if on_gpu:
         torch.cuda.synchronize()
     kw = dict(num_tokens=batch.num_tokens, batch_size=batch.batch_size)
-    return [_row("a_bs3", "eager", "logit_rows", eager3.shape[0], "rows", **kw),
-            _row("a_bs3", "before", "logit_rows", got.shape[0], "rows", **kw),
-            _row("a_bs3", "after", "logit_rows", aft3.shape[0], "rows", **kw),
-            _row("a_bs3", "before", "row0_max_abs_diff",
-                 (got[0].float() - eager3[0].float()).abs().max().item(), "logit", **kw),
-            _row("a_bs3", "after", "max_abs_diff",
-                 (aft3.float() - eager3.float()).abs().max().item(), "logit", **kw),
-            _row("a_bs3", "before", "can_run", int(before.can_run(batch)), "bool", **kw),
-            _row("a_bs3", "after", "can_run", int(after.can_run(batch)), "bool", **kw)]
+    return [
+        _row("a_bs3", "eager", "logit_rows", eager3.shape[0], "rows", **kw),
+        _row("a_bs3", "before", "logit_rows", got.shape[0], "rows", **kw),
+        _row("a_bs3", "after", "logit_rows", aft3.shape[0], "rows", **kw),
+        _row("a_bs3", "before", "row0_max_abs_diff",
+             (got[0].float() - eager3[0].float()).abs().max().item(), "logit", **kw),
+        _row("a_bs3", "after", "max_abs_diff", (aft3.float() - eager3.float()).abs().max().item(),
+             "logit", **kw),
+        _row("a_bs3", "before", "can_run", int(before.can_run(batch)), "bool", **kw),
+        _row("a_bs3", "after", "can_run", int(after.can_run(batch)), "bool", **kw)
+    ]
 
 
 def _matches(model, after, p: dict, batch_for) -> list:
@@ -289,11 +312,13 @@ def _matches(model, after, p: dict, batch_for) -> list:
             ref = rebuild.run_eager(model, batch).float()
             out = after.replay(batch).float()
             kw = dict(num_tokens=n, batch_size=bs, padded=padded)
-            rows += [_row("b_match", "after", "logit_rows", out.shape[0], "rows", **kw),
-                     _row("b_match", "after", "max_abs_diff", (out - ref).abs().max().item(),
-                          "logit", **kw),
-                     _row("b_match", "eager", "max_abs_logit", ref.abs().max().item(), "logit",
-                          **kw)]
+            rows += [
+                _row("b_match", "after", "logit_rows", out.shape[0], "rows", **kw),
+                _row("b_match", "after", "max_abs_diff", (out - ref).abs().max().item(), "logit",
+                     **kw),
+                _row("b_match", "eager", "max_abs_logit",
+                     ref.abs().max().item(), "logit", **kw)
+            ]
     return rows
 
 
@@ -303,17 +328,19 @@ def _latency(model, before, after, p: dict, batch_for, timer) -> list:
     rows = []
     for n, bs in [(n, bs) for n in p["token_counts"] for bs in p["batch_sizes"]]:
         batch = batch_for(n, bs)
-        fns = {"eager": partial(rebuild.run_eager, model, batch),
-               "before": partial(before.forward, batch), "after": partial(after.forward, batch)}
+        fns = {
+            "eager": partial(rebuild.run_eager, model, batch),
+            "before": partial(before.forward, batch), "after": partial(after.forward, batch)
+        }
         kw = dict(num_tokens=n, batch_size=bs)
         timed = timing.interleaved(fns, rounds=int(p["rounds"]), warmup=int(p["warmup"]),
                                    repeat=int(p["repeat"]), timer=timer)
         for name, t in timed.items():
             rows += t.rows(**{**_DEFAULTS, **kw, "part": "d_latency", "variant": name})
-        rows.append(_row("d_latency", "before", "used_graph", int(before.can_run(batch)), "bool",
-                         **kw))
-        rows.append(_row("d_latency", "after", "used_graph", int(after.can_run(batch)), "bool",
-                         **kw))
+        rows.append(
+            _row("d_latency", "before", "used_graph", int(before.can_run(batch)), "bool", **kw))
+        rows.append(
+            _row("d_latency", "after", "used_graph", int(after.can_run(batch)), "bool", **kw))
     return rows
 
 
@@ -343,8 +370,8 @@ def run(params: Optional[dict] = None, *, progress: bool = True,
         pool = torch.cuda.graph_pool_handle() if on_gpu else None  # one pool for both runners
         before = rebuild.BreakableGraphRunner(model, boundary=rebuild.BEFORE,
                                               capture_num_tokens=caps, pool=pool)
-        after = rebuild.BreakableGraphRunner(model, boundary=rebuild.AFTER,
-                                             capture_num_tokens=caps, pool=pool)
+        after = rebuild.BreakableGraphRunner(model, boundary=rebuild.AFTER, capture_num_tokens=caps,
+                                             pool=pool)
     rows: list[dict] = []
     for n in caps:
         for name, r in (("before", before), ("after", after)):
@@ -364,8 +391,8 @@ def run(params: Optional[dict] = None, *, progress: bool = True,
     with timing.phase("hit rate"):
         say("[breakable_graph] (c) hit rate of the mixed prefill stream")
         rows += hit_rate_rows(p, model=model)
-    timer = partial(timing.cuda_time, device=dev) if on_gpu else partial(timing.host_time,
-                                                                          sync=False)
+    timer = partial(timing.cuda_time, device=dev) if on_gpu else partial(
+        timing.host_time, sync=False)
     with timing.phase("timing"):
         say("[breakable_graph] (d) latency of eager, before and after, interleaved")
         rows += _latency(model, before, after, p, batch_for, timer)

@@ -22,6 +22,7 @@ from torch import nn
 from sglab.core.toy_decoder import (CausalLM, DecoderConfig, DecoderStack, LogitsProcessor,
                                     init_normal_)
 
+
 logger = logging.getLogger(__name__)
 
 
@@ -32,9 +33,9 @@ logger = logging.getLogger(__name__)
 class PrefillBatch:
     """Token-major prefill batch: the tokens of all requests concatenated."""
 
-    input_ids: torch.Tensor         # (num_tokens,) int64
-    positions: torch.Tensor         # (num_tokens,) int64, restart at 0 for every request
-    extend_seq_lens: torch.Tensor   # (batch_size,) int64, on the model's device
+    input_ids: torch.Tensor  # (num_tokens,) int64
+    positions: torch.Tensor  # (num_tokens,) int64, restart at 0 for every request
+    extend_seq_lens: torch.Tensor  # (batch_size,) int64, on the model's device
     extend_seq_lens_cpu: list[int]
 
     @property
@@ -282,9 +283,10 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     n = q.shape[0]
     if n != meta.num_tokens:
         raise RuntimeError(f"attention got {n} tokens, metadata was built for {meta.num_tokens}")
-    out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0),
-                                         k.transpose(0, 1).unsqueeze(0),
-                                         v.transpose(0, 1).unsqueeze(0), attn_mask=meta.mask)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),
+        k.transpose(0, 1).unsqueeze(0),
+        v.transpose(0, 1).unsqueeze(0), attn_mask=meta.mask)
     return out.squeeze(0).transpose(0, 1).reshape(n, -1)
 
 
@@ -352,10 +354,10 @@ class TinyNestedWrapper(nn.Module):
         return self.model(input_ids, positions, forward_batch)
 
 
-MODEL_SHAPES: dict[str, type[nn.Module]] = {"causal_lm": TinyCausalLM,
-                                            "vlm_language_model": TinyVLM,
-                                            "no_model_layers": TinyGPTStyleLM,
-                                            "nested_wrapper": TinyNestedWrapper}
+MODEL_SHAPES: dict[str, type[nn.Module]] = {
+    "causal_lm": TinyCausalLM, "vlm_language_model": TinyVLM, "no_model_layers": TinyGPTStyleLM,
+    "nested_wrapper": TinyNestedWrapper
+}
 
 
 def build_model(cfg: ModelConfig = TINY_CONFIG, *, shape: str = "causal_lm",
@@ -388,8 +390,7 @@ def build_model(cfg: ModelConfig = TINY_CONFIG, *, shape: str = "causal_lm",
 @torch.no_grad()
 def run_eager(model: nn.Module, batch: PrefillBatch) -> torch.Tensor:
     """Plain eager prefill with the live batch: logits of shape (batch_size, vocab)."""
-    meta = build_attn_metadata(batch.extend_seq_lens_cpu, batch.num_tokens,
-                               batch.input_ids.device)
+    meta = build_attn_metadata(batch.extend_seq_lens_cpu, batch.num_tokens, batch.input_ids.device)
     with set_forward_context(meta):
         return model.forward(batch.input_ids, batch.positions, batch)
 
@@ -420,8 +421,10 @@ def resolve_layer_model(model: nn.Module, *, walk: bool = False) -> nn.Module | 
                 return node
             seen.add(id(node))
             node = getattr(node, "model", None)
-    logger.warning("[BCG] Could not resolve inner layer_model on %s. BCG is disabled for this "
-                   "model; prefill will fall back to eager.", type(language_model).__name__)
+    logger.warning(
+        "[BCG] Could not resolve inner layer_model on %s. BCG is disabled for this "
+        "model; prefill will fall back to eager.",
+        type(language_model).__name__)
     return None
 
 
@@ -429,7 +432,7 @@ def resolve_layer_model(model: nn.Module, *, walk: bool = False) -> nn.Module | 
 class _Captured:
     graph: Any
     output: torch.Tensor
-    capture_batch: PrefillBatch   # kept alive: the captured graph reads its tensors' addresses
+    capture_batch: PrefillBatch  # kept alive: the captured graph reads its tensors' addresses
 
 
 class BreakableGraphRunner:
@@ -451,8 +454,7 @@ class BreakableGraphRunner:
     """
 
     def __init__(self, model: nn.Module, *, boundary: str, capture_num_tokens: Sequence[int],
-                 max_bs: int = 64, capture: bool = True, walk_layer_model: bool = False,
-                 pool=None):
+                 max_bs: int = 64, capture: bool = True, walk_layer_model: bool = False, pool=None):
         if boundary not in BOUNDARIES:
             raise ValueError(f"boundary must be one of {BOUNDARIES}, got {boundary!r}")
         self.model, self.boundary = model, boundary

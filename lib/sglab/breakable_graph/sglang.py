@@ -25,6 +25,7 @@ from sglab.sglang.gpu import graphs
 from sglab.sglang.probing import Recorder, Stop, captured_logs, has_file, module_path, patched
 from sglab.sglang.upstream import Verdict
 
+
 RUNNER_FILE = "srt/model_executor/breakable_cuda_graph_runner.py"
 PREFILL_RUNNER = "srt/model_executor/runner/prefill_cuda_graph_runner.py"
 PROBE_RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13")
@@ -42,8 +43,9 @@ def _swaps_layer_forward(cls) -> bool:
 
 
 def _rejects_multi_request(can_run) -> bool:
-    return any(isinstance(n, ast.Compare) and ast.unparse(n.left) == "forward_batch.batch_size"
-               for n in ast.walk(can_run)) if can_run is not None else False
+    return any(
+        isinstance(n, ast.Compare) and ast.unparse(n.left) == "forward_batch.batch_size"
+        for n in ast.walk(can_run)) if can_run is not None else False
 
 
 def check(read) -> Verdict:
@@ -55,35 +57,35 @@ def check(read) -> Verdict:
             return Verdict("unknown",
                            "breakable_cuda_graph_runner.py has no BreakableCudaGraphRunner class")
         if _swaps_layer_forward(cls):
-            return Verdict("pr-era",
-                           "BreakableCudaGraphRunner captures self.layer_model and swaps its "
-                           "forward for the graph at replay; the logits tail runs eagerly for "
-                           "any request count")
+            return Verdict(
+                "pr-era", "BreakableCudaGraphRunner captures self.layer_model and swaps its "
+                "forward for the graph at replay; the logits tail runs eagerly for "
+                "any request count")
         if _rejects_multi_request(S.find(cls, "can_run")):
-            return Verdict("before",
-                           "BreakableCudaGraphRunner captures model.forward (logits tail included) "
-                           "at bs=1, so can_run refuses every batch of more than one request")
-        return Verdict("unknown",
-                       "BreakableCudaGraphRunner neither swaps layer_model.forward nor refuses bs "
-                       "> 1")
+            return Verdict(
+                "before", "BreakableCudaGraphRunner captures model.forward (logits tail included) "
+                "at bs=1, so can_run refuses every batch of more than one request")
+        return Verdict(
+            "unknown", "BreakableCudaGraphRunner neither swaps layer_model.forward nor refuses bs "
+            "> 1")
     text = read(PREFILL_RUNNER)
     if text is not None:
         cls = S.find(S.parse(text), "PrefillCudaGraphRunner")
         if cls is not None and _swaps_layer_forward(cls):
-            return Verdict("changed",
-                           "breakable_cuda_graph_runner.py is gone; the unified "
-                           "PrefillCudaGraphRunner captures self.layer_model and swaps its "
-                           "forward at replay (multi-request)")
-        if cls is not None and _rejects_multi_request(S.find(cls, "can_run_graph")
-                                                      or S.find(cls, "can_run")):
+            return Verdict(
+                "changed", "breakable_cuda_graph_runner.py is gone; the unified "
+                "PrefillCudaGraphRunner captures self.layer_model and swaps its "
+                "forward at replay (multi-request)")
+        if cls is not None and _rejects_multi_request(
+                S.find(cls, "can_run_graph") or S.find(cls, "can_run")):
             return Verdict("regressed",
                            "PrefillCudaGraphRunner refuses batches of more than one request again")
-        return Verdict("unknown",
-                       "runner/prefill_cuda_graph_runner.py found, but no layer_model swap "
-                       "recognised")
-    return Verdict("absent",
-                   "no breakable CUDA graph runner in this SGLang (neither "
-                   "breakable_cuda_graph_runner.py nor runner/prefill_cuda_graph_runner.py)")
+        return Verdict(
+            "unknown", "runner/prefill_cuda_graph_runner.py found, but no layer_model swap "
+            "recognised")
+    return Verdict(
+        "absent", "no breakable CUDA graph runner in this SGLang (neither "
+        "breakable_cuda_graph_runner.py nor runner/prefill_cuda_graph_runner.py)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -98,8 +100,10 @@ def check(read) -> Verdict:
 # runner and 0.5.14 replaced the file: such a release gives one row.
 CAPTURE_TOKENS = [16, 32, 64]
 ONE, MULTI = "1 request (30)", "3 requests (10+12+10)"
-BATCHES = {ONE: [30], MULTI: [10, 12, 10], "8 requests (8×6)": [6] * 8,
-           "over the largest bucket (50+50)": [50, 50]}
+BATCHES = {
+    ONE: [30], MULTI: [10, 12, 10], "8 requests (8×6)": [6] * 8,
+    "over the largest bucket (50+50)": [50, 50]
+}
 MAX_BS = 8
 
 
@@ -114,13 +118,13 @@ def _stand_in_runner(model):
                                           enable_return_hidden_states=False),
         req_to_token_pool=types.SimpleNamespace(size=MAX_BS), token_to_kv_pool=None,
         attn_backend=types.SimpleNamespace(
-            use_captured_forward_metadata_for_breakable_cuda_graph=False),
-        spec_algorithm=None, is_draft_worker=False, attention_layers=[], moe_layers=[],
-        moe_fusions=[])
+            use_captured_forward_metadata_for_breakable_cuda_graph=False), spec_algorithm=None,
+        is_draft_worker=False, attention_layers=[], moe_layers=[], moe_fusions=[])
 
 
 def _build_runner(bcg, model):
     """(runner, log messages): the release's ``__init__`` up to the memory-pool request."""
+
     def stop(*a, **k):
         raise Stop()
 
@@ -143,11 +147,10 @@ def _forward_batch(lens):
 
     n = int(sum(lens))
     return types.SimpleNamespace(
-        forward_mode=ForwardMode.EXTEND, batch_size=len(lens),
-        input_ids=torch.zeros(n, dtype=torch.int64), input_embeds=None, replace_embeds=None,
-        return_logprob=False, capture_hidden_mode=CaptureHiddenMode.NULL,
-        global_num_tokens_cpu=None, extend_seq_lens_cpu=list(lens),
-        extend_logprob_start_lens_cpu=[n] * len(lens))
+        forward_mode=ForwardMode.EXTEND, batch_size=len(lens), input_ids=torch.zeros(
+            n, dtype=torch.int64), input_embeds=None, replace_embeds=None, return_logprob=False,
+        capture_hidden_mode=CaptureHiddenMode.NULL, global_num_tokens_cpu=None,
+        extend_seq_lens_cpu=list(lens), extend_logprob_start_lens_cpu=[n] * len(lens))
 
 
 def _capture_batch_facts(runner) -> dict:
@@ -157,9 +160,10 @@ def _capture_batch_facts(runner) -> dict:
     static = getattr(runner, "static_extend_seq_lens", None)
     shares = static is not None and fb.extend_seq_lens.untyped_storage().data_ptr() == \
         static.untyped_storage().data_ptr()
-    return {"capture_batch_size": int(fb.batch_size),
-            "capture_reads_static_bs_buffer": bool(shares),
-            "static_bs_buffer_len": int(static.shape[0]) if static is not None else None}
+    return {
+        "capture_batch_size": int(fb.batch_size), "capture_reads_static_bs_buffer": bool(shares),
+        "static_bs_buffer_len": int(static.shape[0]) if static is not None else None
+    }
 
 
 def _model_rows(bcg, shape: str) -> list[dict]:
@@ -167,15 +171,18 @@ def _model_rows(bcg, shape: str) -> list[dict]:
     runner, logs = _build_runner(bcg, model)
     has_attr = hasattr(runner, "layer_model")
     layer = getattr(runner, "layer_model", None)
-    facts = {"resolves_layer_model": has_attr,
-             "layer_model": (module_path(model, layer) if layer is not None else None),
-             "warnings": [m for m in logs if "[BCG]" in m],
-             "max_num_tokens": int(runner.max_num_tokens)}
+    facts = {
+        "resolves_layer_model": has_attr,
+        "layer_model": (module_path(model, layer) if layer is not None else None),
+        "warnings": [m for m in logs if "[BCG]" in m], "max_num_tokens": int(runner.max_num_tokens)
+    }
     rows = [{"model": shape, "batch": "", "metric": k, "value": v} for k, v in facts.items()]
     for label, lens in BATCHES.items():
-        rows.append({"model": shape, "batch": label, "metric": "can_run",
-                     "value": bool(runner.can_run(_forward_batch(lens)))})
-    if layer is not None or not has_attr:     # a disabled runner returns before its buffers exist
+        rows.append({
+            "model": shape, "batch": label, "metric": "can_run",
+            "value": bool(runner.can_run(_forward_batch(lens)))
+        })
+    if layer is not None or not has_attr:  # a disabled runner returns before its buffers exist
         rows += [{"model": shape, "batch": "", "metric": k, "value": v}
                  for k, v in _capture_batch_facts(runner).items()]
     return rows
@@ -205,8 +212,9 @@ def probe(prepared, params: dict) -> list[dict]:
 # boundaries at replay) and compared with eager over the live tokens. The rebuild's capture of the
 # same weights runs beside it.
 BUCKET = 64
-LIVE_BATCHES = {"capture_batch": [BUCKET], "three_requests": [20, 30, 14],
-                "two_requests_padded": [10, 20]}
+LIVE_BATCHES = {
+    "capture_batch": [BUCKET], "three_requests": [20, 30, 14], "two_requests_padded": [10, 20]
+}
 REAL_MODULES = ("sglang.srt.model_executor.breakable_cuda_graph.breakable_cuda_graph",
                 "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph."
                 "breakable_cuda_graph")
@@ -285,19 +293,25 @@ def _replay_rows(label: str, captured, stack, device: str) -> tuple[list[dict], 
                 graph.replay()
                 torch.cuda.synchronize()
                 replayed = out[:n].clone()
-                eager_bucket = stack(ids, pos)[:n]       # same shapes as the graph: same kernels
+                eager_bucket = stack(ids, pos)[:n]  # same shapes as the graph: same kernels
             with rebuild.set_forward_context(rebuild.build_attn_metadata(lens, n, device)):
-                eager_live = stack(batch.input_ids, batch.positions)   # the live tokens alone
+                eager_live = stack(batch.input_ids, batch.positions)  # the live tokens alone
         outs[name] = replayed
         for what, eager in (("bucket", eager_bucket), ("live", eager_live)):
-            rows.append({"variant": label, "case": name, "metric": f"max_abs_diff_vs_eager_{what}",
-                         "value": float((replayed - eager).abs().max()), "unit": ""})
-        rows.append({"variant": label, "case": name, "metric": "requests", "value": len(lens),
-                     "unit": "requests"})
-    rows.append({"variant": label, "metric": "segments", "value": len(graph._segments),
-                 "unit": "segments"})
-    rows.append({"variant": label, "metric": "breaks", "value": len(graph._break_fns),
-                 "unit": "breaks"})
+            rows.append({
+                "variant": label, "case": name, "metric": f"max_abs_diff_vs_eager_{what}",
+                "value": float((replayed - eager).abs().max()), "unit": ""
+            })
+        rows.append({
+            "variant": label, "case": name, "metric": "requests", "value": len(lens),
+            "unit": "requests"
+        })
+    rows.append({
+        "variant": label, "metric": "segments", "value": len(graph._segments), "unit": "segments"
+    })
+    rows.append({
+        "variant": label, "metric": "breaks", "value": len(graph._break_fns), "unit": "breaks"
+    })
     return rows, outs
 
 
@@ -312,9 +326,10 @@ def _eager_rows(rebuilt, with_release, device: str) -> list[dict]:
         with torch.no_grad(), rebuild.set_forward_context(meta):
             a = rebuilt.model(batch.input_ids, batch.positions)
             b = with_release.model(batch.input_ids, batch.positions)
-        rows.append({"variant": "real_eager", "case": name,
-                     "metric": "max_abs_diff_vs_rebuild_eager", "value": float((a - b).abs().max()),
-                     "unit": ""})
+        rows.append({
+            "variant": "real_eager", "case": name, "metric": "max_abs_diff_vs_rebuild_eager",
+            "value": float((a - b).abs().max()), "unit": ""
+        })
     return rows
 
 
@@ -327,10 +342,10 @@ def gpu_probe(prepared, params: dict) -> list[dict]:
         graphs.require_cuda(prepared)
     graph_mod = _release_graph_module(prepared)
     rebuilt, with_release = _models(graph_mod, layers, device)
-    rows = graphs.device_rows() + [
-        {"variant": "setup", "metric": "layers", "value": layers, "unit": "layers"},
-        {"variant": "setup", "metric": "bucket_tokens", "value": BUCKET, "unit": "tokens"},
-        {"variant": "setup", "metric": "module", "value": graph_mod.__name__, "unit": ""}]
+    rows = graphs.device_rows() + [{
+        "variant": "setup", "metric": "layers", "value": layers, "unit": "layers"
+    }, {"variant": "setup", "metric": "bucket_tokens", "value": BUCKET, "unit": "tokens"
+        }, {"variant": "setup", "metric": "module", "value": graph_mod.__name__, "unit": ""}]
     if device != "cuda":
         return rows + _eager_rows(rebuilt, with_release, device)
     real_rows, real_out = _replay_rows("real", _capture(graph_mod, with_release.model, device),
@@ -339,8 +354,10 @@ def gpu_probe(prepared, params: dict) -> list[dict]:
                                    rebuilt.model, device)
     rows += real_rows + bg_rows
     for name in LIVE_BATCHES:
-        rows.append({"variant": "real-rebuild", "case": name, "metric": "max_abs_diff",
-                     "value": float((real_out[name] - bg_out[name]).abs().max()), "unit": ""})
+        rows.append({
+            "variant": "real-rebuild", "case": name, "metric": "max_abs_diff", "value": float(
+                (real_out[name] - bg_out[name]).abs().max()), "unit": ""
+        })
     return rows
 
 
@@ -348,12 +365,13 @@ def gpu_tables(df) -> dict:
     """A recorded GPU run as a reader compares it: per release × side (real / rebuild) × live batch
     the requests and max |replay − eager|; per release × side the graph segments and breaks."""
     sides = df["variant"].isin(["real", "rebuild"])
-    return {"replay vs eager": real.pivot(df[sides & df["case"].notna()],
-                                          ["release", "variant", "case"],
-                                          ["requests", "max_abs_diff_vs_eager_live",
-                                           "max_abs_diff_vs_eager_bucket"]),
-            "graph shape": real.pivot(df[sides & df["case"].isna()], ["release", "variant"],
-                                      ["segments", "breaks"])}
+    return {
+        "replay vs eager": real.pivot(
+            df[sides & df["case"].notna()], ["release", "variant", "case"],
+            ["requests", "max_abs_diff_vs_eager_live", "max_abs_diff_vs_eager_bucket"]),
+        "graph shape": real.pivot(df[sides & df["case"].isna()], ["release", "variant"],
+                                  ["segments", "breaks"])
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -362,41 +380,42 @@ def gpu_tables(df) -> dict:
 _GPU = "sglab.breakable_graph.sglang:gpu_probe"
 # -- the real engine: `sglab engine --scenario NAME`, recorded under
 # data/recorded/engine_breakable_graph/
-ENGINE = (
-    Scenario(
-        fix="breakable_graph",
-        name="03-bcg-requests",
-        what="--enable-breakable-cuda-graph with 1 to 8 requests per prefill (Engine API, one "
-        "generate call per batch): graph used or eager fallback per prefill batch (the "
-        "scheduler's 'Prefill batch' line), and latency",
-        model="llama_32x512",
-        tool="engine",
-        releases=("0.5.11", "0.5.12.post1"),
-        cases=(
-            Case("bcg", ("--enable-breakable-cuda-graph", *PCG_FLAGS, "--disable-radix-cache")),
-            Case("eager", ("--disable-piecewise-cuda-graph", "--disable-radix-cache")),
-        ),
-        requests=(1, 2, 4, 8),
-        starts=3,
-        control="eager",
-        input_lens=(128,),
-        output_len=1,
-        repeats=5,
-        expect="0.5.11: graph only with one request (can_run rejects batch_size > 1); "
-        "0.5.12.post1: graph at every batch",
+ENGINE = (Scenario(
+    fix="breakable_graph",
+    name="03-bcg-requests",
+    what="--enable-breakable-cuda-graph with 1 to 8 requests per prefill (Engine API, one "
+    "generate call per batch): graph used or eager fallback per prefill batch (the "
+    "scheduler's 'Prefill batch' line), and latency",
+    model="llama_32x512",
+    tool="engine",
+    releases=("0.5.11", "0.5.12.post1"),
+    cases=(
+        Case("bcg", ("--enable-breakable-cuda-graph", *PCG_FLAGS, "--disable-radix-cache")),
+        Case("eager", ("--disable-piecewise-cuda-graph", "--disable-radix-cache")),
     ),
-)
+    requests=(1, 2, 4, 8),
+    starts=3,
+    control="eager",
+    input_lens=(128,),
+    output_len=1,
+    repeats=5,
+    expect="0.5.11: graph only with one request (can_run rejects batch_size > 1); "
+    "0.5.12.post1: graph at every batch",
+),)
 
-
-FIX = Fix(name="breakable_graph", number="03", prs=(24662,), gpus=1,
-          title="Breakable CUDA graph captures only the layer stack (#24662)", check=check,
-          hunks=(Spec(24662, symbols_in(RUNNER_FILE, *(f"BreakableCudaGraphRunner.{m}" for m in (
-              "__init__", "_run_forward", "_build_capture_forward_batch", "can_run",
-              "replay")))),),
-          probe=Probe("sglab.breakable_graph.sglang:probe", PROBE_RELEASES),
-          gpu=GpuPlan(1, 1, (Step("0.5.12.post1", _GPU), Step("0.5.23", _GPU)),
-                      "real BreakableCUDAGraph capturing the toy layer stack: segments, breaks, "
-                      "replay vs eager"), engine=ENGINE)
+FIX = Fix(
+    name="breakable_graph", number="03", prs=(24662,), gpus=1,
+    title="Breakable CUDA graph captures only the layer stack (#24662)", check=check, hunks=(Spec(
+        24662,
+        symbols_in(
+            RUNNER_FILE,
+            *(f"BreakableCudaGraphRunner.{m}"
+              for m in ("__init__", "_run_forward", "_build_capture_forward_batch", "can_run",
+                        "replay")))),),
+    probe=Probe("sglab.breakable_graph.sglang:probe", PROBE_RELEASES), gpu=GpuPlan(
+        1, 1, (Step("0.5.12.post1", _GPU), Step("0.5.23", _GPU)),
+        "real BreakableCUDAGraph capturing the toy layer stack: segments, breaks, "
+        "replay vs eager"), engine=ENGINE)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -410,13 +429,15 @@ def rebuild_facts(boundary: str, shape: str) -> dict:
         r = rebuild.BreakableGraphRunner(model, boundary=boundary,
                                          capture_num_tokens=CAPTURE_TOKENS, max_bs=MAX_BS,
                                          capture=False)
-    out = {"layer_model": module_path(model, r.layer_model) if r.layer_model else None,
-           "warnings": [m for _, m in logs if "[BCG]" in m], "max_num_tokens": r.max_num_tokens}
+    out = {
+        "layer_model": module_path(model, r.layer_model) if r.layer_model else None,
+        "warnings": [m for _, m in logs if "[BCG]" in m], "max_num_tokens": r.max_num_tokens
+    }
     for label, lens in BATCHES.items():
         out[f"can_run · {label}"] = bool(r.can_run(rebuild.BatchShape(tuple(lens))))
     if boundary == rebuild.BEFORE or r.layer_model is not None:
         key = "capture_reads_static_bs_buffer"
-        out[key] = _capture_batch_facts(r)[key]   # the probe's own reading, on the rebuild
+        out[key] = _capture_batch_facts(r)[key]  # the probe's own reading, on the rebuild
     return out
 
 
@@ -433,12 +454,11 @@ def real_facts(result, shape: str) -> dict:
 
 def describe(f: dict) -> str:
     """One side's facts on one model shape in words: the multi-request decision, the layer stack."""
-    stack = f.get("layer_model") or ("none: disabled with a warning" if f.get("warnings")
-                                     else "not resolved (captures model.forward)")
+    stack = f.get("layer_model") or ("none: disabled with a warning" if f.get("warnings") else
+                                     "not resolved (captures model.forward)")
     return (f"{MULTI}: "
-            f"{'served by the graph' if f.get(f'can_run · {MULTI}') else 'rejected → eager'}"
-            f"; 1 request: {'graph' if f.get(f'can_run · {ONE}') else 'eager'}; layer stack: "
-            f"{stack}")
+            f"{'served by the graph' if f.get(f'can_run · {MULTI}') else 'rejected → eager'}; 1 "
+            f"request: {'graph' if f.get(f'can_run · {ONE}') else 'eager'}; layer stack: {stack}")
 
 
 def release_rows(release: str, result, variant_of: dict = VARIANT_OF) -> list:
@@ -446,21 +466,24 @@ def release_rows(release: str, result, variant_of: dict = VARIANT_OF) -> list:
     the rebuild's variant for the release; a release without the runner file says so."""
     has_runner = real.facts(result).get("runner_file") is not None
     if not has_runner or release not in variant_of:
-        return [real.row(release, "has breakable_cuda_graph_runner.py", has_runner,
-                         "rebuild: a runner from 0.5.11 on", release in variant_of)]
+        return [
+            real.row(release, "has breakable_cuda_graph_runner.py", has_runner,
+                     "rebuild: a runner from 0.5.11 on", release in variant_of)
+        ]
     rows = []
     for shape in rebuild.MODEL_SHAPES:
         got, want = real_facts(result, shape), rebuild_facts(variant_of[release], shape)
-        rows.append(real.facts_row(release, f"{shape}: routing and layer stack", got,
-                                   variant_of[release], want, sorted(set(got) | set(want)),
-                                   describe))
+        rows.append(
+            real.facts_row(release, f"{shape}: routing and layer stack", got, variant_of[release],
+                           want, sorted(set(got) | set(want)), describe))
     return rows
 
 
 def comparison(results: dict, variant_of: dict = VARIANT_OF):
     """One row per (release, model shape) of the releases that ran."""
-    return real.table([r for v, res in results.items() if res.ok
-                       for r in release_rows(v, res, variant_of)])
+    return real.table([
+        r for v, res in results.items() if res.ok for r in release_rows(v, res, variant_of)
+    ])
 
 
 def compare():
@@ -478,4 +501,3 @@ def gpu_recorded():
     """The newest recorded run of the release's breakable graph on a GPU, as tables (or that none is
     recorded)."""
     return real.show_recorded(FIX.name, gpu_tables)
-

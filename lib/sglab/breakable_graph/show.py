@@ -26,6 +26,7 @@ from sglab.breakable_graph import measure, rebuild
 from sglab.core import notebook, plots, runs
 from sglab.sglang import engine_runs
 
+
 gpu_short = runs.gpu_short
 STYLES = {"eager": ("tab:gray", "o"), "before": ("tab:red", "s"), "after": ("tab:blue", "^")}
 
@@ -64,15 +65,16 @@ def match_table(df: pd.DataFrame) -> pd.DataFrame:
     """Part b per token count: did every batch get one logit row per request, and the largest abs
     diff."""
     b = df[df["part"] == "b_match"].pivot_table(index=["num_tokens", "padded", "batch_size"],
-                                         columns=["variant", "metric"], values="value")
+                                                columns=["variant", "metric"], values="value")
     rows = []
     for (n, padded), g in b.groupby(level=["num_tokens", "padded"]):
         bs = g.index.get_level_values("batch_size")
-        rows.append({"num_tokens": int(n), "padded": bool(padded),
-                     "requests": f"{bs.min()}..{bs.max()}",
-                     "rows == requests": bool((g[("after", "logit_rows")] == bs).all()),
-                     "max abs diff": float(g[("after", "max_abs_diff")].max()),
-                     "max abs logit (eager)": float(g[("eager", "max_abs_logit")].max())})
+        rows.append({
+            "num_tokens": int(n), "padded": bool(padded), "requests": f"{bs.min()}..{bs.max()}",
+            "rows == requests": bool((g[("after", "logit_rows")] == bs).all()),
+            "max abs diff": float(g[("after", "max_abs_diff")].max()),
+            "max abs logit (eager)": float(g[("eager", "max_abs_logit")].max())
+        })
     return pd.DataFrame(rows)
 
 
@@ -94,9 +96,9 @@ def hit_table(rows: list[dict]) -> pd.DataFrame:
     """The hit-rate rows of :func:`sglab.breakable_graph.measure.hit_rate_rows`, one row per
     runner."""
     hit = pd.DataFrame(rows)
-    return (hit[hit["variant"].isin(["before", "after"])]
-            .pivot_table(index="variant", columns="metric", values="value")
-            [["batches", "graph_batches", "hit_rate", "token_hit_rate"]])
+    return (hit[hit["variant"].isin(["before", "after"])].pivot_table(
+        index="variant", columns="metric",
+        values="value")[["batches", "graph_batches", "hit_rate", "token_hit_rate"]])
 
 
 def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -104,13 +106,15 @@ def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
     same eager code: the noise check); after's own latency over every request count."""
     lat = latency_table(df)
     multi, every = lat[lat["batch_size"] > 1].groupby("num_tokens"), lat.groupby("num_tokens")
-    return pd.DataFrame({"requests": multi["batch_size"].agg(lambda s: f"{s.min()}..{s.max()}"),
-                         "after vs eager ×, min": multi["speedup_after"].min(),
-                         "after vs eager ×, max": multi["speedup_after"].max(),
-                         "before vs eager ×, min": multi["speedup_before"].min(),
-                         "before vs eager ×, max": multi["speedup_before"].max(),
-                         "after ms, min (any requests)": every["after"].min(),
-                         "after ms, max (any requests)": every["after"].max()})
+    return pd.DataFrame({
+        "requests": multi["batch_size"].agg(lambda s: f"{s.min()}..{s.max()}"),
+        "after vs eager ×, min": multi["speedup_after"].min(),
+        "after vs eager ×, max": multi["speedup_after"].max(),
+        "before vs eager ×, min": multi["speedup_before"].min(),
+        "before vs eager ×, max": multi["speedup_before"].max(),
+        "after ms, min (any requests)": every["after"].min(),
+        "after ms, max (any requests)": every["after"].max()
+    })
 
 
 # --------------------------------------------------------------------------------------------------
@@ -206,8 +210,8 @@ class StructureCapture(rebuild.BreakableCUDAGraphCapture):
 @dataclass
 class Structure:
     boundary: str
-    segments: list = field(default_factory=list)   # per segment: module names, in call order
-    breaks: list = field(default_factory=list)     # per break: the module that broke
+    segments: list = field(default_factory=list)  # per segment: module names, in call order
+    breaks: list = field(default_factory=list)  # per break: the module that broke
 
     @property
     def tail_in_graph(self) -> bool:
@@ -222,9 +226,9 @@ def capture_structure(boundary: str, num_layers: int = 16, model=None) -> Struct
     """The segments and breaks of one capture with the given boundary ("before" or "after"), on a
     model of ``num_layers`` layers at widths a CPU builds in milliseconds (or on ``model``)."""
     if model is None:
-        model = rebuild.build_model(rebuild.ModelConfig(
-            vocab_size=64, hidden_size=32, num_heads=2, head_dim=16, intermediate_size=64,
-            num_layers=int(num_layers), max_position=64))
+        model = rebuild.build_model(
+            rebuild.ModelConfig(vocab_size=64, hidden_size=32, num_heads=2, head_dim=16,
+                                intermediate_size=64, num_layers=int(num_layers), max_position=64))
     runner = rebuild.BreakableGraphRunner(model, boundary=boundary,
                                           capture_num_tokens=[CAPTURE_TOKENS], capture=False)
     if boundary == rebuild.AFTER and runner.layer_model is None:
@@ -238,10 +242,14 @@ def capture_structure(boundary: str, num_layers: int = 16, model=None) -> Struct
 
 
 _LAYER = re.compile(r"layers\.(\d+)\.(.*)")
-_WORDS = {"input_layernorm": "norm", "self_attn.qkv_proj": "qkv", "self_attn.o_proj": "o_proj",
-          "post_attention_layernorm": "norm", "mlp": "MLP"}
-_LEAVES = {"embed_tokens": "embed", "embed_positions": None, "norm": "final norm",
-           "logits_processor": "logits tail"}
+_WORDS = {
+    "input_layernorm": "norm", "self_attn.qkv_proj": "qkv", "self_attn.o_proj": "o_proj",
+    "post_attention_layernorm": "norm", "mlp": "MLP"
+}
+_LEAVES = {
+    "embed_tokens": "embed", "embed_positions": None, "norm": "final norm",
+    "logits_processor": "logits tail"
+}
 
 
 def segment_label(names: list[str]) -> str:
@@ -311,14 +319,14 @@ def _bs3(run) -> dict:
         before, after = (rebuild.BreakableGraphRunner(model, boundary=b,
                                                       capture_num_tokens=[16, 32, 64])
                          for b in rebuild.BOUNDARIES)
-        batch = rebuild.make_batch([10, 12, 10], vocab_size=rebuild.TINY_CONFIG.vocab_size,
-                                   seed=1)
+        batch = rebuild.make_batch([10, 12, 10], vocab_size=rebuild.TINY_CONFIG.vocab_size, seed=1)
         df = pd.DataFrame(measure.three_requests(model, before, after, batch))
     a = bs3_table(df)
-    return {"before": int(a.loc["before", "logit_rows"]),
-            "after": int(a.loc["after", "logit_rows"]),
-            "can_run_before": int(a.loc["before", "can_run"]),
-            "can_run_after": int(a.loc["after", "can_run"])}
+    return {
+        "before": int(a.loc["before", "logit_rows"]), "after": int(a.loc["after", "logit_rows"]),
+        "can_run_before": int(a.loc["before", "can_run"]), "can_run_after": int(a.loc["after",
+                                                                                      "can_run"])
+    }
 
 
 def mechanism(run=None):
@@ -341,14 +349,16 @@ def mechanism(run=None):
             plots.box(ax, x + 0.32, y, 1.7, 0.8,
                       "logits tail, eager:\nlast token of each\nrequest, lm_head", color="kept",
                       fontsize=6.8)
-    ax.text(0.1, 2.2, f"3-request batch: can_run = {bool(bs3['can_run_before'])} → runs eagerly "
-            f"(replayed anyway: {bs3['before']} logit row)", fontsize=8,
-            color=plots.PALETTE["before"])
-    ax.text(0.1, 0.4, f"3-request batch: can_run = {bool(bs3['can_run_after'])} → replays the "
-            f"segments, {bs3['after']} logit rows", fontsize=8, color=plots.PALETTE["after"])
-    ax.text(0.1, 0.05, "Segments and breaks recorded from the runner's own capture path (model of "
-            "the run's layer count); red: the segment that bakes in the one-request gather.",
-            fontsize=7.5, color="#555555")
+    ax.text(
+        0.1, 2.2, f"3-request batch: can_run = {bool(bs3['can_run_before'])} → runs eagerly "
+        f"(replayed anyway: {bs3['before']} logit row)", fontsize=8, color=plots.PALETTE["before"])
+    ax.text(
+        0.1, 0.4, f"3-request batch: can_run = {bool(bs3['can_run_after'])} → replays the "
+        f"segments, {bs3['after']} logit rows", fontsize=8, color=plots.PALETTE["after"])
+    ax.text(
+        0.1, 0.05, "Segments and breaks recorded from the runner's own capture path (model of "
+        "the run's layer count); red: the segment that bakes in the one-request gather.",
+        fontsize=7.5, color="#555555")
     return fig
 
 
@@ -373,8 +383,8 @@ def latency_figure(run):
     ax = axes[-1]
     for n, g in lat.groupby("num_tokens"):
         line, = ax.plot(g["batch_size"], g["speedup_after"], marker="^", label=f"after, {n} tok")
-        ax.plot(g["batch_size"], g["speedup_before"], marker="s", ls="--",
-                color=line.get_color(), alpha=0.6, label=f"before, {n} tok")
+        ax.plot(g["batch_size"], g["speedup_before"], marker="s", ls="--", color=line.get_color(),
+                alpha=0.6, label=f"before, {n} tok")
     ax.axhline(1.0, color="#999999", lw=1)
     ax.set_title(f"{gpu_short(run.manifest)}: speedup over eager")
     ax.set_ylabel("eager / runner latency, × (medians)")
@@ -391,13 +401,14 @@ def timeline(run):
     """The 3-request prefill in the profiler: before (rejected, every kernel launched eagerly) vs
     after (graph launches with eager attention between them)."""
     ev = run.sidecar("events")
-    tables = {f"{v} (3 req)": plots.window(ev[ev.variant == v]) for v in ("before", "after")
-              if (ev.variant == v).any()}
-    fig = plots.timeline(tables, highlight="GraphLaunch", highlight_label="graph launch",
-                         categories=("kernel", "memcpy", "memset", "runtime"),
-                         title=f"One 3-request prefill of "
-                               f"{int(run.manifest['params']['launch_token_count'])} tokens "
-                               f"({gpu_short(run)})")
+    tables = {
+        f"{v} (3 req)": plots.window(ev[ev.variant == v])
+        for v in ("before", "after") if (ev.variant == v).any()
+    }
+    fig = plots.timeline(
+        tables, highlight="GraphLaunch", highlight_label="graph launch",
+        categories=("kernel", "memcpy", "memset", "runtime"), title=f"One 3-request prefill of "
+        f"{int(run.manifest['params']['launch_token_count'])} tokens ({gpu_short(run)})")
     plots.caption(fig, run, extra="torch.profiler; each runner from its own first event")
     return fig
 
@@ -410,32 +421,30 @@ def traffic_table(p_single: float, max_requests: int, max_len: int,
     """The seeded stream of 1000 prefill batches with this mix (one request with probability
     ``p_single``, else 2..``max_requests``; request lengths log-uniform in 16..``max_len``) routed
     by each runner's ``can_run`` with buckets up to ``largest_bucket`` tokens: exact, no GPU."""
-    p = {**measure.DEFAULT_PARAMS, "stream_p_single": p_single, "stream_max_bs": max_requests,
-         "stream_max_len": max_len, "capture_num_tokens": [largest_bucket]}
+    p = {
+        **measure.DEFAULT_PARAMS, "stream_p_single": p_single, "stream_max_bs": max_requests,
+        "stream_max_len": max_len, "capture_num_tokens": [largest_bucket]
+    }
     rows = measure.hit_rate_rows(p)
     t = hit_table(rows).astype({"batches": int, "graph_batches": int})
     t = t.rename_axis(index="runner", columns=None).reset_index()
-    t["batches over the largest bucket"] = int(next(r["value"] for r in rows
-                                                    if r["metric"] == "batches_over_max_tokens"))
+    t["batches over the largest bucket"] = int(
+        next(r["value"] for r in rows if r["metric"] == "batches_over_max_tokens"))
     return t
 
 
 def your_setup():
     """Your prefill traffic -> the share of batches (and tokens) each runner serves from its graph
     (controls in JupyterLab, a static table elsewhere)."""
-    return notebook.explore(traffic_table,
-                            {"p_single": [0.0, 0.1, 0.35, 0.6, 0.9],
-                             "max_requests": [2, 4, 8, 16, 32],
-                             "max_len": [256, 512, 1024, 2048, 4096, 8192],
-                             "largest_bucket": [1024, 2048, 4096, 8192, 16384]},
-                            static=[{"p_single": 0.35, "max_requests": 8, "max_len": 2048,
-                                     "largest_bucket": 4096},
-                                    {"p_single": 0.8, "max_requests": 4, "max_len": 1024,
-                                     "largest_bucket": 4096},
-                                    {"p_single": 0.2, "max_requests": 16, "max_len": 8192,
-                                     "largest_bucket": 8192}],
-                            title="Your traffic: prefill batches served by the graph, before and "
-                                  "after #24662")
+    return notebook.explore(
+        traffic_table, {
+            "p_single": [0.0, 0.1, 0.35, 0.6, 0.9], "max_requests": [2, 4, 8, 16, 32], "max_len": [
+                256, 512, 1024, 2048, 4096, 8192
+            ], "largest_bucket": [1024, 2048, 4096, 8192, 16384]
+        }, static=[{"p_single": 0.35, "max_requests": 8, "max_len": 2048, "largest_bucket": 4096},
+                   {"p_single": 0.8, "max_requests": 4, "max_len": 1024, "largest_bucket": 4096},
+                   {"p_single": 0.2, "max_requests": 16, "max_len": 8192, "largest_bucket": 8192}],
+        title="Your traffic: prefill batches served by the graph, before and after #24662")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -457,12 +466,15 @@ def beside_rows(run, engine_run) -> list[dict]:
                  f"{', '.join(str(n) for n in sorted(multi.num_tokens.unique()))} tokens")
         gpu = runs.gpu_short(run.manifest)
         for variant, label in (("after", "with #24662"), ("before", "before #24662")):
-            rows.append({"source": f"rebuild {label} ({gpu})",
-                         "measures": f"eager ÷ graph, prefill forward only (CUDA events), {where}",
-                         "figure": _span(multi[f"speedup_{variant}"])})
+            rows.append({
+                "source": f"rebuild {label} ({gpu})",
+                "measures": f"eager ÷ graph, prefill forward only (CUDA events), {where}",
+                "figure": _span(multi[f"speedup_{variant}"])
+            })
     else:
-        rows.append({"source": "rebuild", "measures": getattr(run, "line", "no GPU run"),
-                     "figure": ""})
+        rows.append({
+            "source": "rebuild", "measures": getattr(run, "line", "no GPU run"), "figure": ""
+        })
     if engine_run:
         df = engine_runs.latest(engine_run.shown)
         lat = engine_runs.number(df, "latency", started=True)
@@ -472,14 +484,17 @@ def beside_rows(run, engine_run) -> list[dict]:
                 continue
             ratio = {n: per["eager"][n] / t for n, t in per["bcg"].items() if n in per["eager"]}
             several = [x for n, x in ratio.items() if n > 1]
-            rows.append({"source": f"SGLang {rel} engine (llama_32x512)",
-                         "measures": "eager ÷ --enable-breakable-cuda-graph, whole "
-                                     "Engine.generate call, 1 output token: 1 request | "
-                                     f"{min(n for n in ratio if n > 1)}–{max(ratio)} requests",
-                         "figure": f"{_span([ratio.get(1, float('nan'))])} | {_span(several)}"})
+            rows.append({
+                "source": f"SGLang {rel} engine (llama_32x512)",
+                "measures": f"eager ÷ --enable-breakable-cuda-graph, whole Engine.generate call, 1 "
+                f"output token: 1 request | {min(n for n in ratio if n > 1)}–{max(ratio)} requests",
+                "figure": f"{_span([ratio.get(1, float('nan'))])} | {_span(several)}"
+            })
     else:
-        rows.append({"source": "SGLang engine", "figure": "",
-                     "measures": getattr(engine_run, "line", "no engine run")})
+        rows.append({
+            "source": "SGLang engine", "figure": "",
+            "measures": getattr(engine_run, "line", "no engine run")
+        })
     return rows
 
 

@@ -16,6 +16,7 @@ from sglab.capture_sizes import show
 from sglab.capture_sizes.measure import EXPERIMENT, GPUS, loop_order, size_lists
 from sglab.core.claims import Claim, Headline, holds
 
+
 CLAIM = ("With `--moe-dense-tp-size 1`, a piecewise capture size not divisible by the attention-TP "
          "size splits into unequal shards that the reduce-scatter refuses, which crashed start-up; "
          "dropping those sizes (the PR) or rounding them up (SGLang today) leaves only sizes that "
@@ -51,13 +52,13 @@ def _refused(run):
     raw, accepted, refused = _probe_sizes(run), _probe_sizes(run, "ok"), sorted(f["refused_sizes"])
     want = [n for n in raw if n % w]
     scaled = run.manifest["params"].get("sizes", "scaled") == "scaled"
-    return holds(refused == want and accepted == [n for n in raw if n % w == 0],
-                 f"refused {_join(refused)} of {len(raw)} sizes at W={w}",
-                 {"refused": _join(refused), "n_refused": len(refused),
-                  "n_accepted": len(accepted), "sizes": len(raw),
-                  "list": SCALED if scaled else "the default list"},
-                 why_not=f"refused {_join(refused)}, accepted {len(accepted)}; expected refused = "
-                         f"{_join(want)}")
+    return holds(
+        refused == want and accepted == [n for n in raw if n % w == 0],
+        f"refused {_join(refused)} of {len(raw)} sizes at W={w}", {
+            "refused": _join(refused), "n_refused": len(refused), "n_accepted": len(accepted),
+            "sizes": len(raw), "list": SCALED if scaled else "the default list"
+        }, why_not=f"refused {_join(refused)}, accepted {len(accepted)}; expected refused = "
+        f"{_join(want)}")
 
 
 def _not_reached(run) -> int:
@@ -77,12 +78,13 @@ def _stops_first_bad(run):
     ok = (f["before_stopped_at"] == n and f["before_stage"] == stage
           and err.startswith("UnequalShards") and f["before_captured"] == len(captured)
           and f["before_captured"] + 1 + _not_reached(run) == len(raw))
-    return holds(ok, f"stopped at {f['before_stopped_at']} ({f['before_stage']}), "
-                     f"{err.split(':')[0]}; {f['before_captured']} captured before it",
-                 {"stopped_at": f["before_stopped_at"], "stage": f["before_stage"],
-                  "captured": f["before_captured"]},
-                 why_not=f"expected a stop at {n} ({stage}) with UnequalShards after "
-                         f"{len(captured)} captures")
+    return holds(
+        ok, f"stopped at {f['before_stopped_at']} ({f['before_stage']}), "
+        f"{err.split(':')[0]}; {f['before_captured']} captured before it", {
+            "stopped_at": f["before_stopped_at"], "stage": f["before_stage"],
+            "captured": f["before_captured"]
+        }, why_not=f"expected a stop at {n} ({stage}) with UnequalShards after "
+        f"{len(captured)} captures")
 
 
 def _has_bad(run) -> str | None:
@@ -94,14 +96,17 @@ def _has_bad(run) -> str | None:
 
 
 def _replays(variant: str):
+
     def check(run):
         f = show.run_facts(run)
         n, cap, ok, err = (f[f"{variant}_buckets"], f[f"{variant}_captured"],
                            f[f"{variant}_replayed_ok"], f[f"{variant}_max_abs_err"])
-        return holds(n == cap == ok == len(_lists(run)[variant]) and err == 0.0,
-                     f"{min(cap, ok)}/{n} buckets captured + replayed "
-                     f"({f[f'{variant}_replays']} replays), max abs err {err:g}",
-                     {"buckets": n, "replayed_ok": ok, "max_abs_err": err})
+        return holds(
+            n == cap == ok == len(_lists(run)[variant]) and err == 0.0,
+            f"{min(cap, ok)}/{n} buckets captured + replayed "
+            f"({f[f'{variant}_replays']} replays), max abs err {err:g}",
+            {"buckets": n, "replayed_ok": ok, "max_abs_err": err})
+
     return check
 
 
@@ -111,9 +116,10 @@ def _replays(variant: str):
 def _pr_keeps_accepted(run):
     accepted = _probe_sizes(run, "ok")
     kept = sorted(run.df.loc[run.df.variant == "pr_filter", "size"].astype(int).unique())
-    return holds(kept == accepted, f"PR list {len(kept)} sizes, accepted {len(accepted)}",
-                 {"kept": len(kept)}, why_not="PR list differs from the accepted sizes: "
-                                              f"{sorted(set(kept) ^ set(accepted))}")
+    return holds(
+        kept == accepted, f"PR list {len(kept)} sizes, accepted {len(accepted)}",
+        {"kept": len(kept)}, why_not="PR list differs from the accepted sizes: "
+        f"{sorted(set(kept) ^ set(accepted))}")
 
 
 def _cpu_tp8(run):
@@ -143,8 +149,8 @@ def _graphs(run) -> bool:
 
 
 def _needs_graphs(run) -> str | None:
-    return _traced(run) or (None if _graphs(run)
-                            else "gloo run on the CPU: no CUDA graph, no NCCL kernel")
+    return _traced(run) or (None if _graphs(run) else
+                            "gloo run on the CPU: no CUDA graph, no NCCL kernel")
 
 
 def _ranges(run):
@@ -160,15 +166,15 @@ def _trace_marks(run):
     for rank in range(w):
         for variant, sizes in {"before": lists["before"], "after": lists["pr_filter"]}.items():
             got = cr[(cr["rank"] == rank) & (cr.variant == variant)]
-            if [(s, int(n)) for s,
-                n in zip(got.stage, got["size"])] != [("warmup" if s == "jit_warmup" else "capture",
-                                                       n) for s, n in loop_order(sizes)]:
+            if [(s, int(n)) for s, n in zip(got.stage, got["size"])] != [
+                ("warmup" if s == "jit_warmup" else "capture", n) for s, n in loop_order(sizes)
+            ]:
                 bad.append(f"rank {rank} {variant}: ranges differ from the loop order")
             marks = sorted(set(got.loc[got.refused, "size"].astype(int)))
             if marks != sorted({n for n in sizes if n % w}):
                 bad.append(f"rank {rank} {variant}: refused {_join(marks)}")
-    marks = sorted(set(cr.loc[(cr["rank"] == 0) & (cr.variant == "before") & cr.refused,
-                              "size"].astype(int)))
+    marks = sorted(
+        set(cr.loc[(cr["rank"] == 0) & (cr.variant == "before") & cr.refused, "size"].astype(int)))
     text = "; ".join(bad) or f"{w} ranks; refused marks before: {_join(marks)}; after: none"
     return holds(not bad, text, {"refused_marks": _join(marks), "ranks": int(cr["rank"].nunique())})
 
@@ -180,72 +186,79 @@ def _trace_no_collective(run):
     kernels = int(refused.kernels.sum())
     want = 2 + int(_graphs(run))  # two eager runs, plus the call made under capture
     got = sorted(set(accepted.reduce_scatters) | set(accepted.all_gathers))
-    return holds(calls == 0 and kernels == 0 and len(accepted) > 0 and got == [want],
-                 f"refused: {calls} collective calls, {kernels} kernels; accepted captures: "
-                 f"{_join(got)} reduce-scatters / all-gathers each",
-                 {"refused_collectives": calls, "refused_kernels": kernels,
-                  "calls_per_capture": _join(got)},
-                 why_not=f"expected 0 in refused ranges and {want} of each per accepted capture")
+    return holds(
+        calls == 0 and kernels == 0 and len(accepted) > 0 and got == [want],
+        f"refused: {calls} collective calls, {kernels} kernels; accepted captures: "
+        f"{_join(got)} reduce-scatters / all-gathers each",
+        {"refused_collectives": calls, "refused_kernels": kernels, "calls_per_capture": _join(got)},
+        why_not=f"expected 0 in refused ranges and {want} of each per accepted capture")
 
 
 def _trace_capture_runs_nothing(run):
     cr = _ranges(run)
     accepted = cr[~cr.refused & (cr.stage == "capture")]
     got = sorted(set(accepted.nccl_kernels))
-    return holds(len(accepted) > 0 and got == [4],
-                 f"{_join(got)} NCCL kernels per accepted capture ({len(accepted)} ranges)",
-                 {"nccl_kernels": _join(got)})
+    return holds(
+        len(accepted) > 0 and got == [4],
+        f"{_join(got)} NCCL kernels per accepted capture ({len(accepted)} ranges)",
+        {"nccl_kernels": _join(got)})
 
 
 CLAIMS = [
-    Claim("capture_sizes.refused_iff_indivisible",
-          "Without the shard check, the reduce-scatter refuses exactly the raw capture sizes not "
-          "divisible by the world size W (attention TP) and accepts every other",
-          "refused == {n : n % W ≠ 0} (exact; W=2: 1, 3, 5, 7; W=4: 2, 6, 10, 14 on the scaled "
-          "list)", _refused,
-          folded=(Claim("capture_sizes.trace_refused_marked",
-                        "In the traced capture loop, every rank has one range per size in the "
-                        "runner's order, and the refused marks are exactly the sizes not "
-                        "divisible by W before the filter, and none after",
-                        "ranges == loop order; marks == {n : n % W ≠ 0} before, none after "
-                        "(exact)", _trace_marks, methods=(2, None), applies=_traced),)),
-    Claim("capture_sizes.before_stops_at_first_bad",
-          "The unfiltered capture loop (warm-up at the smallest size, then largest first) stops at "
-          "the first size not divisible by W, with UnequalShards raised before any collective; "
-          "the rest is never reached",
-          "stop size, stage and captures before it == the loop order's first indivisible size "
-          "(exact)", _stops_first_bad, applies=_has_bad,
-          folded=(Claim("capture_sizes.trace_refused_no_collective",
-                        "A refused size's range issues no collective and runs no kernel; every "
-                        "accepted capture issues the boundary's reduce-scatter and all-gather for "
-                        "each eager run and for the call under capture",
-                        "refused: 0 calls, 0 kernels; accepted: 3 of each (2 on gloo, no capture) "
-                        "(exact)", _trace_no_collective, methods=(2, None), applies=_traced),)),
-    Claim("capture_sizes.pr_filter_replays_exactly",
-          "Every bucket of the PR-filtered list captures, and replays real token counts padded to "
-          "it exactly", "captured = replayed = buckets; max abs err == 0 (exact)",
-          _replays("pr_filter"),
-          folded=(Claim("capture_sizes.pr_filter_keeps_accepted",
-                        "The PR's filter keeps exactly the raw sizes the reduce-scatter accepts",
-                        "PR list == accepted (exact)", _pr_keeps_accepted),
-                  Claim("capture_sizes.cpu_tp8_drops_4_12_20_28",
-                        "Computed from the rebuild: at attention TP 8 the PR's filter drops "
-                        "exactly 4, 12, 20 and 28 of the 42 default sizes (max 2048)",
-                        "== 4, 12, 20, 28 (exact; holds on any run)", _cpu_tp8),
-                  Claim("capture_sizes.cpu_mul_base_not_lcm",
-                        "Computed from the rebuild: at attention TP 4, CP 6 the PR's mul_base is "
-                        "24, twice the least common multiple 12",
-                        "mul_base 24, lcm 12 (exact; holds on any run)", _cpu_mul_base),
-                  Claim("capture_sizes.trace_capture_launches_nothing",
-                        "On the GPU, each accepted capture runs the NCCL kernels of its two eager "
-                        "runs only: the collectives called under graph capture are recorded into "
-                        "the graph, not run", "== 4 NCCL kernels per accepted capture (exact)",
-                        _trace_capture_runs_nothing, methods=(2, None),
-                        applies=_needs_graphs))),
-    Claim("capture_sizes.round_up_replays_exactly",
-          "Every bucket of the rounded-up list captures, and replays real token counts padded to "
-          "it exactly", "captured = replayed = buckets; max abs err == 0 (exact)",
-          _replays("round_up")),
+    Claim(
+        "capture_sizes.refused_iff_indivisible",
+        "Without the shard check, the reduce-scatter refuses exactly the raw capture sizes not "
+        "divisible by the world size W (attention TP) and accepts every other",
+        "refused == {n : n % W ≠ 0} (exact; W=2: 1, 3, 5, 7; W=4: 2, 6, 10, 14 on the scaled "
+        "list)", _refused, folded=(Claim(
+            "capture_sizes.trace_refused_marked",
+            "In the traced capture loop, every rank has one range per size in the "
+            "runner's order, and the refused marks are exactly the sizes not "
+            "divisible by W before the filter, and none after",
+            "ranges == loop order; marks == {n : n % W ≠ 0} before, none after "
+            "(exact)", _trace_marks, methods=(2, None), applies=_traced),)),
+    Claim(
+        "capture_sizes.before_stops_at_first_bad",
+        "The unfiltered capture loop (warm-up at the smallest size, then largest first) stops at "
+        "the first size not divisible by W, with UnequalShards raised before any collective; "
+        "the rest is never reached",
+        "stop size, stage and captures before it == the loop order's first indivisible size "
+        "(exact)", _stops_first_bad, applies=_has_bad, folded=(Claim(
+            "capture_sizes.trace_refused_no_collective",
+            "A refused size's range issues no collective and runs no kernel; every "
+            "accepted capture issues the boundary's reduce-scatter and all-gather for "
+            "each eager run and for the call under capture",
+            "refused: 0 calls, 0 kernels; accepted: 3 of each (2 on gloo, no capture) "
+            "(exact)", _trace_no_collective, methods=(2, None), applies=_traced),)),
+    Claim(
+        "capture_sizes.pr_filter_replays_exactly",
+        "Every bucket of the PR-filtered list captures, and replays real token counts padded to "
+        "it exactly", "captured = replayed = buckets; max abs err == 0 (exact)",
+        _replays("pr_filter"),
+        folded=(Claim("capture_sizes.pr_filter_keeps_accepted",
+                      "The PR's filter keeps exactly the raw sizes the reduce-scatter accepts",
+                      "PR list == accepted (exact)", _pr_keeps_accepted),
+                Claim(
+                    "capture_sizes.cpu_tp8_drops_4_12_20_28",
+                    "Computed from the rebuild: at attention TP 8 the PR's filter drops "
+                    "exactly 4, 12, 20 and 28 of the 42 default sizes (max 2048)",
+                    "== 4, 12, 20, 28 (exact; holds on any run)", _cpu_tp8),
+                Claim(
+                    "capture_sizes.cpu_mul_base_not_lcm",
+                    "Computed from the rebuild: at attention TP 4, CP 6 the PR's mul_base is "
+                    "24, twice the least common multiple 12",
+                    "mul_base 24, lcm 12 (exact; holds on any run)", _cpu_mul_base),
+                Claim(
+                    "capture_sizes.trace_capture_launches_nothing",
+                    "On the GPU, each accepted capture runs the NCCL kernels of its two eager "
+                    "runs only: the collectives called under graph capture are recorded into "
+                    "the graph, not run", "== 4 NCCL kernels per accepted capture (exact)",
+                    _trace_capture_runs_nothing, methods=(2, None), applies=_needs_graphs))),
+    Claim(
+        "capture_sizes.round_up_replays_exactly",
+        "Every bucket of the rounded-up list captures, and replays real token counts padded to "
+        "it exactly", "captured = replayed = buckets; max abs err == 0 (exact)",
+        _replays("round_up")),
 ]
 
 
@@ -256,21 +269,23 @@ def shown(runs_: list) -> list:
 
 _R, _S = "capture_sizes.refused_iff_indivisible", "capture_sizes.before_stops_at_first_bad"
 _P, _U = "capture_sizes.pr_filter_replays_exactly", "capture_sizes.round_up_replays_exactly"
-HEADLINE = Headline(parts=(f"On {{v[{_R}][list]}}: {{runs}}.",),
-                    per_run=(f"{{gpu}} TP {{world}}: refused {{v[{_R}][refused]}} of "
-                             f"{{v[{_R}][sizes]}} sizes, the unfiltered loop stopped at "
-                             f"{{v[{_S}][stopped_at]}}; PR filter {{v[{_P}][replayed_ok]}}/"
-                             f"{{v[{_P}][buckets]}} and round-up {{v[{_U}][replayed_ok]}}/"
-                             f"{{v[{_U}][buckets]}} buckets captured + replayed, max abs err "
-                             f"{{v[{_P}][max_abs_err]:g}}"))
+HEADLINE = Headline(
+    parts=(f"On {{v[{_R}][list]}}: {{runs}}.",),
+    per_run=(f"{{gpu}} TP {{world}}: refused {{v[{_R}][refused]}} of {{v[{_R}][sizes]}} sizes, the "
+             f"unfiltered loop stopped at {{v[{_S}][stopped_at]}}; PR filter "
+             f"{{v[{_P}][replayed_ok]}}/{{v[{_P}][buckets]}} and round-up "
+             f"{{v[{_U}][replayed_ok]}}/{{v[{_U}][buckets]}} buckets captured + replayed, max abs "
+             f"err {{v[{_P}][max_abs_err]:g}}"))
 
 
 # --------------------------------------------------------------------------------------------------
 # the real engine (``scripts/engine_gpu.sh --plan 06``: data/recorded/engine_capture_sizes/)
 # --------------------------------------------------------------------------------------------------
 def _unfiltered(run) -> list[dict]:
-    return [f for f in show.engine_facts(run) if f["rule"] == "before"
-            and any(n % f["attn_tp"] for n in f["asked"])]
+    return [
+        f for f in show.engine_facts(run) if f["rule"] == "before" and any(n % f["attn_tp"]
+                                                                           for n in f["asked"])
+    ]
 
 
 def _filtered(run) -> list[dict]:
@@ -281,11 +296,12 @@ def _engine_fails(run):
     facts = _unfiltered(run)
     bad = [f for f in facts if f["status"] == "ok" or not show.UNEQUAL.search(f["status"])]
     first = show.first_line(facts[0]) if facts else ""
-    return holds(not bad, f"{', '.join(f['release'] for f in facts)} at attention TP "
-                 f"{facts[0]['attn_tp'] if facts else '?'}: {first}",
-                 {"releases": ", ".join(f["release"] for f in facts), "message": first,
-                  "asked": _join(facts[0]["asked"]) if facts else ""},
-                 why_not="; ".join(f"{f['release']}: {f['status'][:120]}" for f in bad))
+    return holds(
+        not bad, f"{', '.join(f['release'] for f in facts)} at attention TP "
+        f"{facts[0]['attn_tp'] if facts else '?'}: {first}", {
+            "releases": ", ".join(f["release"] for f in facts), "message": first,
+            "asked": _join(facts[0]["asked"]) if facts else ""
+        }, why_not="; ".join(f"{f['release']}: {f['status'][:120]}" for f in bad))
 
 
 def _engine_fails_applies(run):
@@ -295,18 +311,19 @@ def _engine_fails_applies(run):
 
 def _engine_filter(run):
     facts = _filtered(run)
-    want = {f["release"]: fx.filter_piecewise_capture_sizes(f["asked"], f["attn_tp"])
-            for f in facts}
+    want = {
+        f["release"]: fx.filter_piecewise_capture_sizes(f["asked"], f["attn_tp"])
+        for f in facts
+    }
     bad = [f for f in facts if f["status"] != "ok" or f["captured"] != want[f["release"]]]
     f0 = facts[0] if facts else {}
-    return holds(not bad, f"{f0.get('release')} asked {_join(f0.get('asked', []))} at attention "
-                 f"TP {f0.get('attn_tp')}: captured {_join(f0.get('captured') or [])}",
-                 {"release": f0.get("release"), "asked": _join(f0.get("asked", [])),
-                  "captured": _join(f0.get("captured") or []),
-                  "rebuild": _join(want.get(f0.get("release"), []))},
-                 why_not="; ".join(f"{f['release']}: {f['status'][:80]}, captured "
-                                   f"{f['captured']}, the rebuild's filter keeps "
-                                   f"{want[f['release']]}" for f in bad))
+    return holds(
+        not bad, f"{f0.get('release')} asked {_join(f0.get('asked', []))} at attention "
+        f"TP {f0.get('attn_tp')}: captured {_join(f0.get('captured') or [])}", {
+            "release": f0.get("release"), "asked": _join(f0.get("asked", [])), "captured": _join(
+                f0.get("captured") or []), "rebuild": _join(want.get(f0.get("release"), []))
+        }, why_not="; ".join(f"{f['release']}: {f['status'][:80]}, captured {f['captured']}, "
+                             f"the rebuild's filter keeps {want[f['release']]}" for f in bad))
 
 
 def _engine_filter_applies(run):
@@ -316,18 +333,22 @@ def _engine_filter_applies(run):
 ENGINE = SimpleNamespace(
     EXPERIMENT="engine_capture_sizes",
     CLAIM="In SGLang's own engine (DeepSeek-style tiny model, dummy weights, --moe-dense-tp-size 1 "
-          "at TP 2 and 4), a release without #23972's filter fails at start-up on capture sizes the "
-          "attention TP does not divide, and a release with it starts and captures exactly the "
-          "sizes the rebuild's filter keeps.",
-    CLAIMS=[Claim("engine_capture_sizes.unfiltered_release_fails",
-                  "A release without the filter, asked for piecewise sizes the attention-TP size "
-                  "does not divide, stops at start-up with SGLang's own message about unequal "
-                  "sizes", "status == error naming unequal shards or sizes (exact)",
-                  _engine_fails, applies=_engine_fails_applies),
-            Claim("engine_capture_sizes.filtered_release_captures_pr_filter",
-                  "A release with the filter starts and captures exactly the sizes the rebuild's "
-                  "PR filter keeps of the same list at the same attention-TP size",
-                  "captured == filter_piecewise_capture_sizes(asked, attn TP) (exact)",
-                  _engine_filter, applies=_engine_filter_applies)],
+    "at TP 2 and 4), a release without #23972's filter fails at start-up on capture sizes the "
+    "attention TP does not divide, and a release with it starts and captures exactly the "
+    "sizes the rebuild's filter keeps.",
+    CLAIMS=[
+        Claim(
+            "engine_capture_sizes.unfiltered_release_fails",
+            "A release without the filter, asked for piecewise sizes the attention-TP size "
+            "does not divide, stops at start-up with SGLang's own message about unequal "
+            "sizes", "status == error naming unequal shards or sizes (exact)", _engine_fails,
+            applies=_engine_fails_applies),
+        Claim(
+            "engine_capture_sizes.filtered_release_captures_pr_filter",
+            "A release with the filter starts and captures exactly the sizes the rebuild's "
+            "PR filter keeps of the same list at the same attention-TP size",
+            "captured == filter_piecewise_capture_sizes(asked, attn TP) (exact)", _engine_filter,
+            applies=_engine_filter_applies)
+    ],
     shown=lambda runs_: list(runs_),
 )

@@ -43,6 +43,7 @@ from sglab.capture_sizes import rebuild as fx
 from sglab.core import dist, runs, trace
 from sglab.core import timing as phases
 
+
 EXPERIMENT = "capture_sizes"
 # 1: capture loop, replay check and probe rows. 2: the same rows, plus per-phase wall times and a
 # traced pass of the capture loop (before: the raw list; after: the PR's list): the `events` and
@@ -50,16 +51,16 @@ EXPERIMENT = "capture_sizes"
 METHOD_VERSION = 2
 GPUS = 2
 DEFAULT_PARAMS = {
-    "world_size": 2,        # ranks = attention-TP group size (one GPU each)
-    "sizes": "scaled",      # "scaled": default list x world_size/8 (the tp-8 failures); "default"
-    "max_tokens": 2048,     # piecewise_cuda_graph_max_tokens (2048 = the MLA default)
+    "world_size": 2,  # ranks = attention-TP group size (one GPU each)
+    "sizes": "scaled",  # "scaled": default list x world_size/8 (the tp-8 failures); "default"
+    "max_tokens": 2048,  # piecewise_cuda_graph_max_tokens (2048 = the MLA default)
     "hidden": 1024,
     "dtype": "bfloat16",
     "seed": 0,
-    "backend": "nccl",      # "gloo" runs the same logic on the CPU (no graphs)
-    "timeout_s": 420,       # the whole multi-rank run
+    "backend": "nccl",  # "gloo" runs the same logic on the CPU (no graphs)
+    "timeout_s": 420,  # the whole multi-rank run
     "collective_timeout_s": 60,
-    "profile": True,        # a separate traced pass of the capture loop
+    "profile": True,  # a separate traced pass of the capture loop
 }
 VARIANTS = ("before", "before_probe", "pr_filter", "round_up")
 TOL = 1e-4  # max abs error accepted per replay (float32 per-token op on exact integer sums)
@@ -100,9 +101,11 @@ def size_lists(world_size: int, sizes: str = "scaled",
                max_tokens: int = 2048) -> dict[str, list[int]]:
     """The capture list of each variant (attention TP = ``world_size``, attention CP 1)."""
     raw = raw_sizes(world_size, sizes, max_tokens)
-    return {"before": raw, "before_probe": raw,
-            "pr_filter": fx.filter_piecewise_capture_sizes(raw, world_size, 1),
-            "round_up": fx.round_up_capture_sizes(raw, fx.piecewise_mul_base(world_size, 1))}
+    return {
+        "before": raw, "before_probe": raw,
+        "pr_filter": fx.filter_piecewise_capture_sizes(raw, world_size, 1),
+        "round_up": fx.round_up_capture_sizes(raw, fx.piecewise_mul_base(world_size, 1))
+    }
 
 
 def loop_order(sizes: list[int]) -> list[tuple[str, int]]:
@@ -174,8 +177,10 @@ class RankWork:
         fx.gather_from_attn_tp(self.static_out[:n], y, self.ctx.group)
 
     def row(self, variant, size, metric, value, unit="", **extra) -> None:
-        self.rows.append({"variant": variant, "world_size": self.w, "size": int(size),
-                          "metric": metric, "value": float(value), "unit": unit, **extra})
+        self.rows.append({
+            "variant": variant, "world_size": self.w, "size": int(size), "metric": metric,
+            "value": float(value), "unit": unit, **extra
+        })
 
     def release(self, graphs: dict) -> None:
         graphs.clear()
@@ -288,8 +293,8 @@ def traced_pass(work: RankWork, *, perfetto=None):
     events."""
     with contextlib.ExitStack() as stack:
         with phases.phase("profile: start"):  # the profiler's own warm-up session, then this one
-            rec = stack.enter_context(trace.Recorder(perfetto=perfetto, keep_ops=True,
-                                                     cuda=work.use_graphs))
+            rec = stack.enter_context(
+                trace.Recorder(perfetto=perfetto, keep_ops=True, cuda=work.use_graphs))
         with phases.phase("profile: traced loops"):
             for variant, key, keep_going in TRACED:
                 with trace.phase(variant):
@@ -355,12 +360,14 @@ def _rank_main(ctx, params: dict, trace_dir: str | None = None,
     events, perfetto = None, None
     if trace_dir is not None:
         with phases.phase("profile"):
-            perfetto = (Path(trace_dir) / "capture_sizes.rank0.trace.json.gz" if ctx.rank == 0
-                        else None)
+            perfetto = (Path(trace_dir) / "capture_sizes.rank0.trace.json.gz"
+                        if ctx.rank == 0 else None)
             events = traced_pass(work, perfetto=perfetto)
     work.close()
-    return {"rows": work.rows, "phases": phases.take(), "events": events,
-            "trace": str(perfetto) if perfetto else None}
+    return {
+        "rows": work.rows, "phases": phases.take(), "events": events,
+        "trace": str(perfetto) if perfetto else None
+    }
 
 
 def _merge(per_rank: list[list[dict]]) -> list[dict]:
@@ -398,11 +405,13 @@ def run(params: dict | None = None, *, progress: bool = True) -> runs.Measured:
     lists = size_lists(w, p["sizes"], int(p["max_tokens"]))
     if progress:
         bad = [n for n in lists["before"] if n % w]
-        print(f"[capture_sizes] {w} ranks ({p['backend']}): {len(lists['before'])} PR-era sizes "
-              f"({len(bad)} not divisible by {w}: {bad}), {len(lists['pr_filter'])} after the "
-              f"PR's filter, {len(lists['round_up'])} rounded up", flush=True)
-        print("[capture_sizes] capturing, replaying, probing"
-              + (", then a traced pass" if p["profile"] else "") + " ...", flush=True)
+        print(
+            f"[capture_sizes] {w} ranks ({p['backend']}): {len(lists['before'])} PR-era sizes "
+            f"({len(bad)} not divisible by {w}: {bad}), {len(lists['pr_filter'])} after the "
+            f"PR's filter, {len(lists['round_up'])} rounded up", flush=True)
+        print(
+            "[capture_sizes] capturing, replaying, probing"
+            + (", then a traced pass" if p["profile"] else "") + " ...", flush=True)
     t0 = time.perf_counter()
     trace_dir = tempfile.mkdtemp(prefix="sglab-capture-sizes-") if p["profile"] else None
     with phases.phase("ranks"):

@@ -28,6 +28,7 @@ from typing import Iterable, Sequence
 import torch
 import torch.distributed as dist
 
+
 PR = 23972
 # the MLA default of piecewise_cuda_graph_max_tokens (the crash report's model is MLA)
 MLA_MAX_TOKENS = 2048
@@ -39,9 +40,9 @@ MLA_MAX_TOKENS = 2048
 def default_piecewise_capture_sizes(max_tokens: int = MLA_MAX_TOKENS) -> list[int]:
     """4..32 step 4, 48..256 step 16, 288..512 step 32, 576..1024 step 64, 1280..4096 step 256,
     then 4608.. step 512, cut at ``max_tokens``."""
-    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
-             + list(range(576, 1025, 64)) + list(range(1280, 4097, 256))
-             + list(range(4608, max_tokens + 1, 512)))
+    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32)) + list(
+        range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(
+            4608, max_tokens + 1, 512)))
     return [s for s in sizes if s <= max_tokens]
 
 
@@ -154,9 +155,9 @@ def decode_mul_base(attn_tp_size: int, attn_cp_size: int = 1, *, gathered: bool 
     return mul_base
 
 
-def filter_decode_batch_sizes(batch_sizes: Sequence[int], attn_tp_size: int,
-                              attn_cp_size: int = 1, *, gathered: bool = True,
-                              two_batch_overlap: bool = False, num_max_requests: int | None = None,
+def filter_decode_batch_sizes(batch_sizes: Sequence[int], attn_tp_size: int, attn_cp_size: int = 1,
+                              *, gathered: bool = True, two_batch_overlap: bool = False,
+                              num_max_requests: int | None = None,
                               num_tokens_per_bs: int = 1) -> list[int]:
     """Pad ``num_max_requests`` up to ``mul_base`` (and add it when the list goes past it), keep
     ``bs * num_tokens_per_bs`` divisible by ``mul_base``, clamp, sort, de-duplicate."""
@@ -196,9 +197,10 @@ def today_alignment(attn_tp_size: int, attn_cp_size: int = 1, *, gathered: bool 
 def today_capture_sizes(sizes: Iterable[int], attn_tp_size: int, attn_cp_size: int = 1, *,
                         gathered: bool = True, two_batch_overlap: bool = False) -> list[int]:
     """``sorted({ceil_align(n, alignment) for n in sizes})`` with :func:`today_alignment`."""
-    return round_up_capture_sizes(sizes, today_alignment(attn_tp_size, attn_cp_size,
-                                                         gathered=gathered,
-                                                         two_batch_overlap=two_batch_overlap))
+    return round_up_capture_sizes(
+        sizes,
+        today_alignment(attn_tp_size, attn_cp_size, gathered=gathered,
+                        two_batch_overlap=two_batch_overlap))
 
 
 def pick_bucket(num_tokens: int, buckets: Sequence[int]) -> int | None:
@@ -218,9 +220,11 @@ def policy_lists(sizes: Sequence[int], attn_tp: int, attn_cp: int = 1,
         kept = filter_piecewise_capture_sizes(sizes, attn_tp, attn_cp)
     except NoCaptureSizes:
         kept = []
-    return {"before": list(sizes), "pr_filter": kept,
-            "round_up": today_capture_sizes(sizes, attn_tp, attn_cp,
-                                            two_batch_overlap=two_batch_overlap)}
+    return {
+        "before": list(sizes), "pr_filter": kept,
+        "round_up": today_capture_sizes(sizes, attn_tp, attn_cp,
+                                        two_batch_overlap=two_batch_overlap)
+    }
 
 
 # --------------------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from sglab.sglang.probing import Stop, has_file, patched
 from sglab.sglang.runner import run_probes
 from sglab.sglang.upstream import Verdict
 
+
 PIECEWISE_RUNNER = "srt/model_executor/piecewise_cuda_graph_runner.py"
 PREFILL_RUNNER = "srt/model_executor/runner/prefill_cuda_graph_runner.py"
 ROUND_UP_HOMES = ("srt/utils/common.py", "srt/model_executor/runner/base_cuda_graph_runner.py")
@@ -95,8 +96,8 @@ def _rounds_up(read, tree, values) -> str | None:
     chain = []
     for name in sorted(names):  # one level into this module's own helpers
         helper = S.find(tree, name)
-        inner = ({S.callee_name(c) for c in ast.walk(helper) if isinstance(c, ast.Call)}
-                 if helper else set())
+        inner = ({S.callee_name(c)
+                  for c in ast.walk(helper) if isinstance(c, ast.Call)} if helper else set())
         if "get_cuda_graph_max_batch_size" in inner or "ceil_align" in inner:
             chain.append(name)
     if not chain:
@@ -119,15 +120,16 @@ def check(read) -> Verdict:
     if src is not None:
         init = S.find(tree, "PiecewiseCudaGraphRunner.__init__")
         if init is None:
-            return Verdict("unknown", "piecewise_cuda_graph_runner.py has no "
-                                      "PiecewiseCudaGraphRunner.__init__")
+            return Verdict(
+                "unknown", "piecewise_cuda_graph_runner.py has no "
+                "PiecewiseCudaGraphRunner.__init__")
         if _mod_filter(init):
-            return Verdict("pr-era", "PiecewiseCudaGraphRunner.__init__ keeps only capture sizes "
-                                     "divisible by mul_base (attention TP, x CP) when the gathered "
-                                     "buffer is required")
-        return Verdict("before", "PiecewiseCudaGraphRunner.__init__ captures every configured "
-                                 "size: sizes not divisible by attention TP reach the dense-TP1 "
-                                 "reduce-scatter")
+            return Verdict(
+                "pr-era", "PiecewiseCudaGraphRunner.__init__ keeps only capture sizes divisible by "
+                "mul_base (attention TP, x CP) when the gathered buffer is required")
+        return Verdict(
+            "before", "PiecewiseCudaGraphRunner.__init__ captures every configured size: sizes not "
+            "divisible by attention TP reach the dense-TP1 reduce-scatter")
     src, tree = S.parsed(read, PREFILL_RUNNER)
     if src is None:
         return Verdict("absent", "no piecewise or prefill CUDA-graph runner in this SGLang")
@@ -138,14 +140,15 @@ def check(read) -> Verdict:
                        "PrefillCudaGraphRunner.__init__ does not set self.capture_num_tokens")
     chain = _rounds_up(read, tree, values)
     if chain:
-        return Verdict("changed", f"PrefillCudaGraphRunner rounds each capture size up to the "
-                                  f"TP/CP alignment ({chain}) instead of dropping it")
+        return Verdict(
+            "changed", f"PrefillCudaGraphRunner rounds each capture size up to the "
+            f"TP/CP alignment ({chain}) instead of dropping it")
     if any(_mod_filter(v) for v in values):
-        return Verdict("changed",
-                       "PrefillCudaGraphRunner filters capture sizes by the attention-TP alignment")
-    return Verdict("regressed", f"piecewise_cuda_graph_runner.py is gone; PrefillCudaGraphRunner "
-                                f"captures {ast.unparse(values[0])} with no TP/CP alignment (the "
-                                "PR's filter was lost)")
+        return Verdict(
+            "changed", "PrefillCudaGraphRunner filters capture sizes by the attention-TP alignment")
+    return Verdict(
+        "regressed", f"piecewise_cuda_graph_runner.py is gone; PrefillCudaGraphRunner captures "
+        f"{ast.unparse(values[0])} with no TP/CP alignment (the PR's filter was lost)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -194,16 +197,18 @@ def _sizes_pr_era(prepared, sa, pool_size: int) -> tuple[list, list]:
     pw = _module(prepared, "model_executor.piecewise_cuda_graph_runner")
     cg = _module(prepared, "model_executor.cuda_graph_runner")
     tp, cp = _attn_widths(prepared, sa)
-    names = {"get_attention_tp_size": lambda: tp, "get_attention_tp_rank": lambda: 0,
-             "log_info_on_rank0": lambda *a, **k: (_ for _ in ()).throw(Stop())}
+    names = {
+        "get_attention_tp_size": lambda: tp, "get_attention_tp_rank": lambda: 0,
+        "log_info_on_rank0": lambda *a, **k: (_ for _ in ()).throw(Stop())
+    }
     if hasattr(pw, "get_attention_cp_size"):
         names["get_attention_cp_size"] = lambda: cp
     with patched(pw, **names):
         piecewise = _run_until_stop(pw.PiecewiseCudaGraphRunner,
                                     _PoolStandIn(sa, stop_at_pool=True))
     with patched(cg, get_attention_tp_size=lambda: tp, get_attention_cp_size=lambda: cp):
-        decode, _ = cg.get_batch_sizes_to_capture(_PoolStandIn(sa, stop_at_pool=False,
-                                                               pool_size=pool_size))
+        decode, _ = cg.get_batch_sizes_to_capture(
+            _PoolStandIn(sa, stop_at_pool=False, pool_size=pool_size))
     return list(piecewise.capture_num_tokens), list(decode)
 
 
@@ -219,8 +224,8 @@ def _sizes_unified(prepared, sa, pool_size: int) -> tuple[list, list]:
     with parallel.override(attn_tp_size=tp, attn_tp_rank=0, attn_cp_size=cp), \
             patched(base_runner, TboCudaGraphRunnerPlugin=lambda: None):
         prefill = _run_until_stop(pre.PrefillCudaGraphRunner, _PoolStandIn(sa, stop_at_pool=True))
-        decode, _ = base.get_batch_sizes_to_capture(_PoolStandIn(sa, stop_at_pool=False,
-                                                                 pool_size=pool_size))
+        decode, _ = base.get_batch_sizes_to_capture(
+            _PoolStandIn(sa, stop_at_pool=False, pool_size=pool_size))
     return list(prefill.capture_num_tokens), list(decode)
 
 
@@ -243,9 +248,11 @@ def _publish_fields(prepared, sa):
         decode=cfgmod.PhaseConfig(backend=cfgmod.Backend.FULL, bs=list(sa.cuda_graph_bs)),
         prefill=cfgmod.PhaseConfig(backend=cfgmod.Backend.BREAKABLE,
                                    bs=list(sa.piecewise_cuda_graph_tokens)))
-    fields = {k: getattr(sa, k) for k in ("tp_size", "dp_size", "enable_dp_attention",
-                                          "moe_dense_tp_size", "attn_cp_size",
-                                          "enable_two_batch_overlap", "enable_dp_lm_head")}
+    fields = {
+        k: getattr(sa, k)
+        for k in ("tp_size", "dp_size", "enable_dp_attention", "moe_dense_tp_size", "attn_cp_size",
+                  "enable_two_batch_overlap", "enable_dp_lm_head")
+    }
     # 0.5.2x resolves the deprecated `--dp-size N --enable-dp-attention` into attn_dp_size = N;
     # publishing skips resolution, so the resolved field is set here the same way
     fields["attn_dp_size"] = sa.dp_size if sa.enable_dp_attention else 1
@@ -273,8 +280,8 @@ def runner_sizes(prepared, sa, pool_size: int = MAX_RUNNING_REQUESTS, *,
     if not has_file(prepared, PUBLISHED):
         return _sizes_unified(prepared, sa, pool_size)
     if resolved:  # already published by configure()
-        return _sizes_published(prepared, _view(prepared, sa).cuda_graph_config.prefill.bs or [],
-                                pool_size)
+        return _sizes_published(prepared,
+                                _view(prepared, sa).cuda_graph_config.prefill.bs or [], pool_size)
     with _publish_fields(prepared, sa):
         return _sizes_published(prepared, sa.piecewise_cuda_graph_tokens, pool_size)
 
@@ -328,8 +335,10 @@ def generated_defaults(prepared, max_tokens: int) -> list | None:
 def setting_rows(prepared, params: dict) -> list[dict]:
     """Rows ``setting, metric, value`` (``piecewise``, ``decode`` or ``error``) per setting, and the
     release's own default piecewise list as setting ``defaults``."""
-    rows = [{"setting": "defaults", "metric": "generated_piecewise",
-             "value": generated_defaults(prepared, int(params.get("max_tokens", 2048)))}]
+    rows = [{
+        "setting": "defaults", "metric": "generated_piecewise",
+        "value": generated_defaults(prepared, int(params.get("max_tokens", 2048)))
+    }]
     defaults = _release_defaults(prepared)
     for name, setting in (params.get("settings") or SETTINGS).items():
         setting = dict(setting)
@@ -362,17 +371,19 @@ def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     if isinstance(exc, _ArgError):
         return text
-    return (f"{type(exc).__name__}: {text}" if text
-            else f"{type(exc).__name__} (SGLang's check gives no message)")
+    return (f"{type(exc).__name__}: {text}"
+            if text else f"{type(exc).__name__} (SGLang's check gives no message)")
 
 
 PLATFORM_CHECKS = ("is_hip", "is_npu", "is_cpu", "is_mps", "is_xpu")  # False: a CUDA host
 RULE_COMMENT = re.compile(r"^\s*#\s*\d+[a-z]?\.\s*(.+?)\s*$")
 # a line of the release's configuration code that turns one phase's CUDA graph off
-_OFF = {"prefill": re.compile(r"disable_piecewise_cuda_graph = True|(?i:prefill)[^=!\n]*?"
-                              r"(?:backend\s*=|['\"]backend['\"]\s*,)\s*Backend\.DISABLED"),
-        "decode": re.compile(r"(?i)decode[^=!\n]*?(?:backend\s*=|['\"]backend['\"]\s*,)\s*"
-                             r"Backend\.DISABLED")}
+_OFF = {
+    "prefill": re.compile(r"disable_piecewise_cuda_graph = True|(?i:prefill)[^=!\n]*?"
+                          r"(?:backend\s*=|['\"]backend['\"]\s*,)\s*Backend\.DISABLED"),
+    "decode": re.compile(r"(?i)decode[^=!\n]*?(?:backend\s*=|['\"]backend['\"]\s*,)\s*"
+                         r"Backend\.DISABLED")
+}
 
 
 def _rule(frame) -> str | None:
@@ -398,8 +409,8 @@ def _switched_off():
     def lines(frame, event, arg):
         if event == "line":
             text = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
-            hits.extend((ph, frame.f_code.co_qualname, _rule(frame)) for ph, rx in _OFF.items()
-                        if rx.search(text))
+            hits.extend((ph, frame.f_code.co_qualname, _rule(frame))
+                        for ph, rx in _OFF.items() if rx.search(text))
         return lines
 
     def calls(frame, event, arg):
@@ -433,13 +444,16 @@ def _cuda_host(prepared, gpu_mem_gb: float):
         return gpu_mem_gb * 1024
 
     def bound(value):
-        return [m for m in list(sys.modules.values()) if getattr(m, "__name__", "").startswith(
-            "sglang.") and getattr(m, "get_device_memory_capacity", None) is value]
+        return [
+            m
+            for m in list(sys.modules.values()) if getattr(m, "__name__", "").startswith("sglang.")
+            and getattr(m, "get_device_memory_capacity", None) is value
+        ]
 
     for m in bound(real_query):
         m.get_device_memory_capacity = query
-    cgc = (_module(prepared, "model_executor.cuda_graph_config")
-           if has_file(prepared, "srt/model_executor/cuda_graph_config.py") else None)
+    cgc = (_module(prepared, "model_executor.cuda_graph_config") if has_file(
+        prepared, "srt/model_executor/cuda_graph_config.py") else None)
     default = getattr(cgc, "default_prefill_backend", None)
     if default is not None:
         cgc.default_prefill_backend = lambda: cgc.Backend.BREAKABLE
@@ -515,11 +529,12 @@ def configure(prepared, argv: list[str], p: dict) -> dict:
                 getattr(sa, handler)()
         view = sa
         off = {"prefill": sa.disable_piecewise_cuda_graph, "decode": sa.disable_cuda_graph}
-        facts = {"configured_piecewise": list(sa.piecewise_cuda_graph_tokens),
-                 "configured_decode": list(sa.cuda_graph_bs),
-                 "piecewise_max_tokens": sa.piecewise_cuda_graph_max_tokens,
-                 "decode_max_bs": sa.cuda_graph_max_bs,
-                 "model": f"assumed: {'an MLA' if p['mla'] else 'a non-MLA'} text model"}
+        facts = {
+            "configured_piecewise": list(sa.piecewise_cuda_graph_tokens), "configured_decode": list(
+                sa.cuda_graph_bs), "piecewise_max_tokens": sa.piecewise_cuda_graph_max_tokens,
+            "decode_max_bs": sa.cuda_graph_max_bs,
+            "model": f"assumed: {'an MLA' if p['mla'] else 'a non-MLA'} text model"
+        }
     else:
         ns.model_path, ns.device = _model_dir(p["model"]), ns.device or "cuda"
         with _cuda_host(prepared, p["gpu_mem_gb"]), _switched_off() as hits:
@@ -528,17 +543,24 @@ def configure(prepared, argv: list[str], p: dict) -> dict:
                 sa.resolve_once()
         view = _view(prepared, sa)
         cfg = view.cuda_graph_config
-        off = {"prefill": cfg.prefill.backend == "disabled",
-               "decode": cfg.decode.backend == "disabled"}
-        facts = {"configured_piecewise": list(cfg.prefill.bs or []),
-                 "configured_decode": list(cfg.decode.bs or []),
-                 "piecewise_max_tokens": cfg.prefill.max_bs, "decode_max_bs": cfg.decode.max_bs,
-                 "model": p["model"],
-                 "attention_backend": view.attention_backend}
-    flag = {"prefill": "--disable-piecewise-cuda-graph" if pr_era else "off by default here",
-            "decode": "--disable-cuda-graph"}
-    facts.update({f"{'piecewise' if ph == 'prefill' else ph}_off":
-                  _off_reason(hits, ph, flag[ph]) if off[ph] else None for ph in off})
+        off = {
+            "prefill": cfg.prefill.backend == "disabled", "decode": cfg.decode.backend == "disabled"
+        }
+        facts = {
+            "configured_piecewise": list(cfg.prefill.bs
+                                         or []), "configured_decode": list(cfg.decode.bs or []),
+            "piecewise_max_tokens": cfg.prefill.max_bs, "decode_max_bs": cfg.decode.max_bs,
+            "model": p["model"], "attention_backend": view.attention_backend
+        }
+    flag = {
+        "prefill": "--disable-piecewise-cuda-graph" if pr_era else "off by default here",
+        "decode": "--disable-cuda-graph"
+    }
+    facts.update({
+        f"{'piecewise' if ph == 'prefill' else ph}_off": _off_reason(hits, ph, flag[ph])
+        if off[ph] else None
+        for ph in off
+    })
     pool = view.max_running_requests or p["max_running_requests"]
     common = _module(prepared, "utils.common")
     with _publish_resolved(prepared, sa) if published else contextlib.nullcontext():
@@ -579,8 +601,10 @@ def probe(prepared, params: dict) -> list[dict]:
     :func:`case_rows` for ``params["cases"]`` ({name: argv}; the assumptions of :data:`ASSUMED`
     may be given too)."""
     if not (has_file(prepared, PIECEWISE_RUNNER) or has_file(prepared, PREFILL_RUNNER)):
-        return [{"case": c, "metric": "unsupported", "value": f"sglang {prepared.release} has no "
-                 "piecewise or prefill CUDA-graph runner"} for c in params.get("cases", {})]
+        return [{
+            "case": c, "metric": "unsupported", "value": f"sglang {prepared.release} has no "
+            "piecewise or prefill CUDA-graph runner"
+        } for c in params.get("cases", {})]
     rows = setting_rows(prepared, params) if "piecewise" in params else []
     return rows + (case_rows(prepared, params) if params.get("cases") else [])
 
@@ -590,8 +614,10 @@ def probe(prepared, params: dict) -> list[dict]:
 # --------------------------------------------------------------------------------------------------
 def params(max_tokens: int = fx.MLA_MAX_TOKENS) -> dict:
     """The notebook's probe call: the default piecewise list, the decode list, every setting."""
-    return {"piecewise": fx.default_piecewise_capture_sizes(max_tokens), "decode": DECODE,
-            "max_tokens": max_tokens, "settings": SETTINGS}
+    return {
+        "piecewise": fx.default_piecewise_capture_sizes(max_tokens), "decode": DECODE,
+        "max_tokens": max_tokens, "settings": SETTINGS
+    }
 
 
 # -- the real engine: `sglab engine --scenario NAME`, recorded under
@@ -599,10 +625,10 @@ def params(max_tokens: int = fx.MLA_MAX_TOKENS) -> dict:
 def _dense_args(tp: int, sizes: tuple, *, renamed: bool = False) -> tuple:
     """`--moe-dense-tp-size 1` at attention TP ``tp`` with piecewise capture ``sizes`` and decode
     graphs up to batch 8 (0.5.2x: the renamed capture-size flags)."""
-    sizes_flag, max_bs = (("--cuda-graph-bs-prefill", "--cuda-graph-max-bs-decode") if renamed
-                          else ("--piecewise-cuda-graph-tokens", "--cuda-graph-max-bs"))
-    return ("--tp-size", str(tp), "--moe-dense-tp-size", "1", sizes_flag, *map(str, sizes),
-            max_bs, "8", "--disable-radix-cache")
+    sizes_flag, max_bs = (("--cuda-graph-bs-prefill", "--cuda-graph-max-bs-decode") if renamed else
+                          ("--piecewise-cuda-graph-tokens", "--cuda-graph-max-bs"))
+    return ("--tp-size", str(tp), "--moe-dense-tp-size", "1", sizes_flag, *map(str, sizes), max_bs,
+            "8", "--disable-radix-cache")
 
 
 _TP2 = Scenario(
@@ -637,14 +663,13 @@ _TP4_ARGS = (*_dense_args(4, (2, 4, 6, 8)), "--enforce-disable-flashinfer-allred
 ENGINE = (
     _TP2,
     dataclasses.replace(
-        _TP2, name="06-dense-tp4", gpus=4, releases=("0.5.14", "0.5.11"),
-        cases=(Case("tp4-sizes", _TP4_ARGS),),
+        _TP2, name="06-dense-tp4", gpus=4, releases=("0.5.14", "0.5.11"), cases=(Case(
+            "tp4-sizes", _TP4_ARGS),),
         what="--moe-dense-tp-size 1 with attention TP 4 on sizes 2 4 6 8: 0.5.14 fails at "
         "start-up, 0.5.11's filter keeps the multiples of 4",
         expect="0.5.14: start-up fails in the reduce-scatter of size 2 or 6; 0.5.11: captures "
         "[4, 8]"),
 )
-
 
 FIX = Fix(name="capture_sizes", number="06", prs=(23972,), gpus=2,
           title="Piecewise capture sizes aligned to the attention-TP group (#23972)", check=check,
@@ -704,14 +729,19 @@ def comparison(results: dict, max_tokens: int = fx.MLA_MAX_TOKENS):
         for name, setting in SETTINGS.items():
             got = real.facts(result, setting=name)
             base = setting.get("piecewise", configured)
-            want = {"piecewise": rebuild_piecewise(VARIANT[release], setting, configured),
-                    "decode": rebuild_decode(setting)}
-            have = {"piecewise": got.get("piecewise", got.get("error")),
-                    "decode": want["decode"] if "error" in got else got.get("decode")}
+            want = {
+                "piecewise": rebuild_piecewise(VARIANT[release], setting, configured),
+                "decode": rebuild_decode(setting)
+            }
+            have = {
+                "piecewise": got.get("piecewise", got.get("error")),
+                "decode": want["decode"] if "error" in got else got.get("decode")
+            }
             tp, cp = widths(setting)[:2]
-            rows.append(real.facts_row(release, f"{name} (attention TP/CP {tp}/{cp})", have,
-                                       VARIANT[release], want, ("piecewise", "decode"),
-                                       lambda f, b=base: describe(f["piecewise"], b)))
+            rows.append(
+                real.facts_row(release, f"{name} (attention TP/CP {tp}/{cp})", have,
+                               VARIANT[release], want, ("piecewise", "decode"),
+                               lambda f, b=base: describe(f["piecewise"], b)))
     return real.table(rows)
 
 
@@ -721,8 +751,8 @@ def defaults_line(results: dict, max_tokens: int = fx.MLA_MAX_TOKENS) -> str:
     parts = []
     for v, r in real.ran(results).items():
         got = real.facts(r, setting="defaults").get("generated_piecewise")
-        parts.append(f"{v}: " + ("same" if got == want else "DIFFERENT" if got is not None
-                                 else "not reachable"))
+        parts.append(f"{v}: " + (
+            "same" if got == want else "DIFFERENT" if got is not None else "not reachable"))
     return (f"default piecewise list for max {max_tokens} tokens vs the rebuilt one: "
             + ("; ".join(parts) or "no release ran"))
 
@@ -750,8 +780,10 @@ MODEL_PLACEHOLDER = "model-not-loaded"  # --model-path is required by the parser
 def probe_call(cases: dict[str, list[str]], releases, **assumed) -> tuple[str, dict, list[str]]:
     """``(probe, params, releases)`` of :func:`ask`: ``--model-path`` put first in every argument
     list (a later one given by the user parses, and is replaced by the model config)."""
-    p = {"cases": {k: ["--model-path", MODEL_PLACEHOLDER, *argv] for k, argv in cases.items()},
-         **ASSUMED, **assumed}
+    p = {
+        "cases": {k: ["--model-path", MODEL_PLACEHOLDER, *argv]
+                  for k, argv in cases.items()}, **ASSUMED, **assumed
+    }
     return FIX.probe.fn, p, list(releases)
 
 
@@ -765,6 +797,8 @@ def ask(cases: dict[str, list[str]], releases, *, timeout: float = 300.0, **assu
             frames.append(r.rows.drop(columns=["probe"]))
         else:
             status = "not-run" if r.status == "not-run" else "probe-error"
-            frames.append(pd.DataFrame([{"release": v, "case": c, "metric": status,
-                                         "value": r.reason} for c in cases]))
+            frames.append(
+                pd.DataFrame([
+                    {"release": v, "case": c, "metric": status, "value": r.reason} for c in cases
+                ]))
     return pd.concat(frames, ignore_index=True)

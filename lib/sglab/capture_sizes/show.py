@@ -43,26 +43,29 @@ def summary(df):
     first one and its stage), not reached, replayed correctly, worst replay error."""
     out = []
     for (variant, w), g in df.groupby(["variant", "world_size"], sort=False):
+
         def count(metric):
             return int(g.loc[g.metric == metric, "value"].sum())
 
         failed = g[g.metric == "failed"]
         errs = g.loc[g.metric == "replay_max_abs_err", "value"]
         stage = failed["stage"].iloc[0] if len(failed) and "stage" in failed else ""
-        out.append({"variant": variant, "world_size": int(w), "sizes": int(g["size"].nunique()),
-                    "captured_or_ok": count("captured") + count("ok"), "failed": len(failed),
-                    "failed_sizes": [int(n) for n in failed["size"]],
-                    "first_failure": int(failed["size"].iloc[0]) if len(failed) else None,
-                    "failed_at": "" if pd.isna(stage) else str(stage),
-                    "not_reached": count("not_reached"), "replayed_ok": count("replay_ok"),
-                    "replay_checks": count("replay_checks"),
-                    "worst_replay_err": float(errs.max()) if len(errs) else None,
-                    "error": failed["error"].iloc[0] if len(failed) else ""})
+        out.append({
+            "variant": variant, "world_size": int(w), "sizes": int(
+                g["size"].nunique()), "captured_or_ok": count("captured") + count("ok"),
+            "failed": len(failed), "failed_sizes": [
+                int(n) for n in failed["size"]
+            ], "first_failure": int(failed["size"].iloc[0]) if len(failed) else None,
+            "failed_at": "" if pd.isna(stage) else str(stage), "not_reached": count("not_reached"),
+            "replayed_ok": count("replay_ok"), "replay_checks": count("replay_checks"),
+            "worst_replay_err": float(errs.max()) if len(errs) else None,
+            "error": failed["error"].iloc[0] if len(failed) else ""
+        })
     out = pd.DataFrame(out)
     if len(out):
         rank = {v: i for i, v in enumerate(VARIANTS)}
-        out = out.sort_values(["world_size", "variant"], kind="stable",
-                              key=lambda c: c.map(rank) if c.name == "variant" else c)
+        out = out.sort_values(["world_size", "variant"], kind="stable", key=lambda c: c.map(rank)
+                              if c.name == "variant" else c)
         out = out.reset_index(drop=True)
         out["first_failure"] = out["first_failure"].astype("Int64")
     return out
@@ -73,28 +76,32 @@ def run_facts(run) -> dict:
     and per fixed list how many buckets captured and replayed, with the worst replay error."""
     s, m = summary(run.df).set_index("variant"), run.manifest
     stopped = s.loc["before", "first_failure"]
-    facts = {"run": run.path.name, "gpu": runs.gpu_short(m),
-             "world_size": int(m["params"]["world_size"]),
-             "gpus_on_machine": int(m.get("gpu_count_machine", m.get("gpu_count", 0))),
-             "date": str(m.get("created_utc", ""))[:10], "raw_sizes": int(s.loc["before", "sizes"]),
-             "before_captured": int(s.loc["before", "captured_or_ok"]),
-             "before_stopped_at": None if str(stopped) == "<NA>" else int(stopped),
-             "before_stage": s.loc["before", "failed_at"],
-             "refused_sizes": list(s.loc["before_probe", "failed_sizes"]),
-             "refused_error": s.loc["before_probe", "error"]}
+    facts = {
+        "run": run.path.name, "gpu": runs.gpu_short(m),
+        "world_size": int(m["params"]["world_size"]), "gpus_on_machine": int(
+            m.get("gpu_count_machine", m.get("gpu_count",
+                                             0))), "date": str(m.get("created_utc", ""))[:10],
+        "raw_sizes": int(s.loc["before", "sizes"]), "before_captured": int(s.loc["before",
+                                                                                 "captured_or_ok"]),
+        "before_stopped_at": None if str(stopped) == "<NA>" else int(stopped),
+        "before_stage": s.loc["before", "failed_at"], "refused_sizes": list(
+            s.loc["before_probe", "failed_sizes"]), "refused_error": s.loc["before_probe", "error"]
+    }
     for v in ("pr_filter", "round_up"):
-        facts.update({f"{v}_buckets": int(s.loc[v, "sizes"]),
-                      f"{v}_captured": int(s.loc[v, "captured_or_ok"]),
-                      f"{v}_replayed_ok": int(s.loc[v, "replayed_ok"]),
-                      f"{v}_replays": int(s.loc[v, "replay_checks"]),
-                      f"{v}_max_abs_err": float(s.loc[v, "worst_replay_err"])})
+        facts.update({
+            f"{v}_buckets": int(s.loc[v, "sizes"]), f"{v}_captured": int(s.loc[v,
+                                                                               "captured_or_ok"]),
+            f"{v}_replayed_ok": int(s.loc[v, "replayed_ok"]), f"{v}_replays": int(
+                s.loc[v, "replay_checks"]), f"{v}_max_abs_err": float(s.loc[v, "worst_replay_err"])
+        })
     return facts
 
 
 def newest_per_world_size(runs_: list) -> list:
     """The newest run of each (GPU model, world size), ordered by GPU model then world size."""
-    return list(runs.newest_by(runs_, lambda r: (runs.gpu_short(r),
-                                                 int(r.manifest["params"]["world_size"]))).values())
+    return list(
+        runs.newest_by(runs_, lambda r:
+                       (runs.gpu_short(r), int(r.manifest["params"]["world_size"]))).values())
 
 
 STATUSES = ("captured + replayed", "captured", "ok (eager)", "failed", "not reached")
@@ -115,12 +122,14 @@ def size_status(df):
 def describe_run(run) -> str:
     """Before vs after in a few sentences, every number from the run."""
     f, w = run_facts(run), int(run.manifest["params"]["world_size"])
-    lines = [f"world size {f['world_size']} ({run.label}):",
-             f"  before: {f['before_captured']} of {f['raw_sizes']} sizes captured; the loop "
-             f"stopped at size {f['before_stopped_at']} in its {f['before_stage']} stage "
-             "(UnequalShards, before any collective)",
-             f"  without the shard check the collective refused {len(f['refused_sizes'])} of "
-             f"{f['raw_sizes']} sizes {f['refused_sizes']}: {f['refused_error'][:110]}"]
+    lines = [
+        f"world size {f['world_size']} ({run.label}):",
+        f"  before: {f['before_captured']} of {f['raw_sizes']} sizes captured; the loop "
+        f"stopped at size {f['before_stopped_at']} in its {f['before_stage']} stage "
+        "(UnequalShards, before any collective)",
+        f"  without the shard check the collective refused {len(f['refused_sizes'])} of "
+        f"{f['raw_sizes']} sizes {f['refused_sizes']}: {f['refused_error'][:110]}"
+    ]
     for v in ("pr_filter", "round_up"):
         lines.append(f"  {v}: {f[f'{v}_captured']} of {f[f'{v}_buckets']} buckets captured, "
                      f"{f[f'{v}_replayed_ok']} replayed correctly over {f[f'{v}_replays']} padded "
@@ -142,8 +151,10 @@ def capture_ranges(events):
     ``refused n`` mark lies inside it, the collective calls the host issued in it and the device
     kernels that ran in it (NCCL ones and all). Device work is placed by time: each size's range
     ends with a synchronisation, so what it launched ran inside it."""
-    cols = ["rank", "variant", "stage", "size", "refused", "reduce_scatters", "all_gathers",
-            "nccl_kernels", "kernels", "start_us", "dur_us"]
+    cols = [
+        "rank", "variant", "stage", "size", "refused", "reduce_scatters", "all_gathers",
+        "nccl_kernels", "kernels", "start_us", "dur_us"
+    ]
     if events is None or not len(events):
         return pd.DataFrame(columns=cols)
     host = ~(events.lane.str.startswith("stream") | (events.lane == "device"))
@@ -160,14 +171,15 @@ def capture_ranges(events):
         nccl = kern & ev.name.str.contains("nccl", case=False).to_numpy()
         for i in np.flatnonzero(is_range & (kind != "refused")):
             inside = (start >= start[i]) & (start <= end[i])
-            rows.append({"rank": int(rank), "variant": variant, "stage": kind[i],
-                         "size": int(parsed.iloc[i].group(2)),
-                         "refused": bool((inside & is_range & (kind == "refused")).any()),
-                         "reduce_scatters": int((inside & rs).sum()),
-                         "all_gathers": int((inside & ag).sum()),
-                         "nccl_kernels": int((inside & nccl).sum()),
-                         "kernels": int((inside & kern).sum()), "start_us": float(start[i]),
-                         "dur_us": float(end[i] - start[i])})
+            rows.append({
+                "rank": int(rank), "variant": variant, "stage": kind[i],
+                "size": int(parsed.iloc[i].group(2)), "refused": bool(
+                    (inside & is_range & (kind == "refused")).any()), "reduce_scatters": int(
+                        (inside & rs).sum()), "all_gathers": int(
+                            (inside & ag).sum()), "nccl_kernels": int(
+                                (inside & nccl).sum()), "kernels": int((inside & kern).sum()),
+                "start_us": float(start[i]), "dur_us": float(end[i] - start[i])
+            })
     return pd.DataFrame(rows, columns=cols).sort_values(["rank", "variant", "start_us"]) \
         .reset_index(drop=True)
 
@@ -182,8 +194,8 @@ def trace_summary(events):
     g = cr.groupby(["rank", "variant", "kind"], sort=True)
     out = g.size().rename("ranges").to_frame()
     for col in ("reduce_scatters", "all_gathers", "nccl_kernels", "kernels"):
-        out[col] = g[col].agg(lambda x: f"{x.min()}" if x.min() == x.max()
-                              else f"{x.min()}–{x.max()}")
+        out[col] = g[col].agg(lambda x: f"{x.min()}"
+                              if x.min() == x.max() else f"{x.min()}–{x.max()}")
     return out.reset_index()
 
 
@@ -197,9 +209,11 @@ def size_table(attn_tp: int, max_tokens: int = 2048, sizes: list[int] | None = N
     sizes = sizes if sizes is not None else fx.default_piecewise_capture_sizes(max_tokens)
     base = fx.piecewise_mul_base(attn_tp, attn_cp)
     kept = set(fx.policy_lists(sizes, attn_tp, attn_cp)["pr_filter"])
-    return pd.DataFrame([{"size": n, "shards": fx.shard_sizes(n, attn_tp) if attn_tp <= 8 else None,
-                          "equal_shards": n % attn_tp == 0, "kept_by_pr": n in kept,
-                          "rounded_up_to": fx.ceil_align(n, base)} for n in sizes])
+    return pd.DataFrame([{
+        "size": n, "shards": fx.shard_sizes(n, attn_tp) if attn_tp <= 8 else None,
+        "equal_shards": n % attn_tp == 0, "kept_by_pr": n in kept,
+        "rounded_up_to": fx.ceil_align(n, base)
+    } for n in sizes])
 
 
 def padding_waste(buckets: Sequence[int], max_tokens: int) -> dict:
@@ -213,8 +227,10 @@ def padding_waste(buckets: Sequence[int], max_tokens: int) -> dict:
         if i == len(bs):
             continue
         covered, real_, pad = covered + 1, real_ + t, pad + bs[i] - t
-    return {"covered": covered, "eager": max_tokens - covered, "pad_tokens": pad,
-            "pad_frac": pad / real_ if real_ else float("nan")}
+    return {
+        "covered": covered, "eager": max_tokens - covered, "pad_tokens": pad,
+        "pad_frac": pad / real_ if real_ else float("nan")
+    }
 
 
 def alignment_table(max_tokens: int = 2048, attn_tps=range(1, 9), attn_cps=range(1, 5),
@@ -234,19 +250,20 @@ def alignment_table(max_tokens: int = 2048, attn_tps=range(1, 9), attn_cps=range
                 rounded = fx.today_capture_sizes(default, tp, cp, two_batch_overlap=tbo)
                 w_pr = padding_waste(kept_pr, max_tokens) if kept_pr else None
                 w_rd = padding_waste(rounded, max_tokens)
-                out.append({"attn_tp": tp, "attn_cp": cp, "two_batch_overlap": tbo,
-                            "mul_base_pr": pr, "mul_base_decode": dec, "lcm": lcm,
-                            "tp_x_cp": tp * cp, "n_default": len(default), "n_pr": len(kept_pr),
-                            "n_decode_style": len([n for n in default if n % dec == 0]),
-                            "n_lcm": len([n for n in default if n % lcm == 0]),
-                            "n_round_up": len(rounded), "lost_pr": len(default) - len(kept_pr),
-                            "lost_round_up": len(default) - len(rounded),
-                            "pr_below_decode_base": len([n for n in kept_pr if n % dec]),
-                            "pad_frac_default": base_waste["pad_frac"],
-                            "pad_frac_pr": w_pr["pad_frac"] if w_pr else None,
-                            "pad_frac_round_up": w_rd["pad_frac"],
-                            "eager_pr": w_pr["eager"] if w_pr else max_tokens,
-                            "eager_round_up": w_rd["eager"], "pr_asserts": not kept_pr})
+                out.append({
+                    "attn_tp": tp, "attn_cp": cp, "two_batch_overlap": tbo, "mul_base_pr": pr,
+                    "mul_base_decode": dec, "lcm": lcm, "tp_x_cp": tp * cp,
+                    "n_default": len(default), "n_pr": len(kept_pr), "n_decode_style": len([
+                        n for n in default if n % dec == 0
+                    ]), "n_lcm": len([n for n in default if n % lcm == 0]),
+                    "n_round_up": len(rounded), "lost_pr": len(default) - len(kept_pr),
+                    "lost_round_up": len(default) - len(rounded), "pr_below_decode_base": len([
+                        n for n in kept_pr if n % dec
+                    ]), "pad_frac_default": base_waste["pad_frac"], "pad_frac_pr": w_pr["pad_frac"]
+                    if w_pr else None, "pad_frac_round_up": w_rd["pad_frac"],
+                    "eager_pr": w_pr["eager"] if w_pr else max_tokens,
+                    "eager_round_up": w_rd["eager"], "pr_asserts": not kept_pr
+                })
     return pd.DataFrame(out)
 
 
@@ -300,8 +317,8 @@ def _size_column(ax, x, top, n, tp, rh, lists, base, original) -> None:
                   color=_SHARD_COLORS[color], fontsize=7.5)
     yb = top - rh * tp
     kept = n in lists["pr_filter"]
-    plots.box(ax, x, yb - 0.45 - rh / 2 + 0.04, 0.88, rh - 0.08, str(n) if kept else "dropped",
-              color="kept" if kept else "neutral", fontsize=7)
+    plots.box(ax, x, yb - 0.45 - rh / 2 + 0.04, 0.88, rh - 0.08,
+              str(n) if kept else "dropped", color="kept" if kept else "neutral", fontsize=7)
     up = fx.ceil_align(n, base)
     text = str(up) if up == n else f"→ {up}" + (", merged" if up in original else "")
     plots.box(ax, x, yb - 0.45 - rh * 1.5, 0.88, rh - 0.08, text,
@@ -311,10 +328,11 @@ def _size_column(ax, x, top, n, tp, rh, lists, base, original) -> None:
 def _rest_column(ax, x, top, yb, rest, tp, lists, rh) -> None:
     bad = [n for n in rest if n % tp]
     kept = [n for n in rest if n in lists["pr_filter"]]
-    plots.box(ax, x + 0.1, yb + 0.04, 1.3, top - yb - 0.08,
-              f"{rest[0]} … {rest[-1]}\n{len(rest)} more sizes\n"
-              + (f"{len(bad)} refused" if bad else "all split equally"),
-              color="removed" if bad else _SHARD_COLORS["equal"], fontsize=7.5)
+    plots.box(
+        ax, x + 0.1, yb + 0.04, 1.3, top - yb - 0.08,
+        f"{rest[0]} … {rest[-1]}\n{len(rest)} more sizes\n"
+        + (f"{len(bad)} refused" if bad else "all split equally"),
+        color="removed" if bad else _SHARD_COLORS["equal"], fontsize=7.5)
     plots.box(ax, x + 0.1, yb - 0.45 - rh / 2 + 0.04, 1.3, rh - 0.08, f"{len(kept)} kept",
               color="kept", fontsize=7)
     moved = [n for n in rest if n not in lists["round_up"]]
@@ -327,10 +345,11 @@ def _mechanism_title(ax, height, sizes, tp, cp, lists) -> None:
     dropped = [n for n in sizes if n not in lists["pr_filter"]]
     moved = [n for n in sizes if n not in lists["round_up"]]
     merged = [n for n in moved if fx.ceil_align(n, fx.piecewise_mul_base(tp, cp)) in sizes]
-    ax.text(0.05, height - 0.12, f"{len(sizes)} capture sizes split over attention TP {tp}"
-                                 + (f", attention CP {cp}" if cp != 1 else "")
-                                 + " (tensor_split: the first n % TP ranks get one row more)",
-            fontsize=10, fontweight="bold", va="top", color=plots.PALETTE["neutral"])
+    ax.text(
+        0.05, height - 0.12, f"{len(sizes)} capture sizes split over attention TP {tp}"
+        + (f", attention CP {cp}" if cp != 1 else "")
+        + " (tensor_split: the first n % TP ranks get one row more)", fontsize=10,
+        fontweight="bold", va="top", color=plots.PALETTE["neutral"])
     drops = ", ".join(map(str, dropped[:8])) + (" …" if len(dropped) > 8 else "")
     note = (f"PR filter keeps {len(lists['pr_filter'])} of {len(sizes)}"
             + (f" (drops {drops})" if dropped else "")
@@ -338,14 +357,17 @@ def _mechanism_title(ax, height, sizes, tp, cp, lists) -> None:
             + (f" ({len(merged)} of the {len(moved)} rounded sizes land on a size already in the "
                "list)" if moved else ""))
     ax.text(0.05, 0.42, note, fontsize=8, va="bottom", color="#555555")
-    legend = [Patch(facecolor=_SHARD_COLORS[k], edgecolor="#566573", label=text) for k, text in
-              (("equal", "rows per rank, equal shards"), ("more", "unequal: one row more"),
-               ("fewer", "unequal: one row fewer"))]
+    legend = [
+        Patch(facecolor=_SHARD_COLORS[k], edgecolor="#566573", label=text)
+        for k, text in (("equal", "rows per rank, equal shards"), ("more", "unequal: one row more"),
+                        ("fewer", "unequal: one row fewer"))
+    ]
     ax.legend(handles=legend, loc="lower left", ncol=3, fontsize=7.5, bbox_to_anchor=(0.0, -0.03))
 
 
-STATUS_COLORS = dict(zip(STATUSES, (plots.PALETTE["after"], plots.PALETTE["graph"],
-                                    plots.PALETTE["eager"], plots.PALETTE["before"], "#d5d8dc")))
+STATUS_COLORS = dict(
+    zip(STATUSES, (plots.PALETTE["after"], plots.PALETTE["graph"], plots.PALETTE["eager"],
+                   plots.PALETTE["before"], "#d5d8dc")))
 
 
 def size_status_plot(run):
@@ -396,9 +418,9 @@ def alignment_heatmaps(table, max_tokens: int, n_default: int):
             txt = "assert" if np.isnan(v) else (f"{v:.0%}" if col.startswith("pad") else f"{v:.0f}")
             ax.text(j, i, txt, ha="center", va="center", fontsize=7,
                     color="red" if np.isnan(v) else "white")
-    plots.caption(fig, None, f"default list of {n_default} sizes up to {max_tokens}; two-batch "
-                             f"overlap off; padding = padded / real tokens, token counts "
-                             f"1..{max_tokens} equally likely")
+    plots.caption(
+        fig, None, f"default list of {n_default} sizes up to {max_tokens}; two-batch overlap off; "
+        f"padding = padded / real tokens, token counts 1..{max_tokens} equally likely")
     return fig
 
 
@@ -445,11 +467,12 @@ def capture_timeline(events, rank: int = 0, up_to: int | None = None, run=None):
     size's range on the host, the collective calls and NCCL kernels highlighted, and a red ✗ where
     a size was refused (the error caught before any collective)."""
     windows = tail_window(events, rank, up_to)
-    fig = plots.timeline({k: ev for k, (ev, _) in windows.items()}, highlight=r"c10d::|nccl",
+    fig = plots.timeline({k: ev
+                          for k, (ev, _) in windows.items()}, highlight=r"c10d::|nccl",
                          highlight_label="collective (host call / NCCL kernel)",
                          categories=("kernel", "runtime", "range", "op"),
                          title=f"capture loop, small sizes, rank {rank}: before (raw list) vs "
-                               "after (PR filter)")
+                         "after (PR filter)")
     ax = fig.axes[0]
     rows = {t.get_text(): t.get_position()[1] for t in ax.get_yticklabels()}
     for name, (_, marks) in windows.items():
@@ -463,7 +486,7 @@ def capture_timeline(events, rank: int = 0, up_to: int | None = None, run=None):
                         xytext=(0, -16), ha="center", fontsize=7, color=plots.PALETTE["before"])
     if run is not None:
         plots.caption(fig, run, "traced pass, separate from the measured one; range labels: "
-                                "capture size")
+                      "capture size")
     return fig
 
 
@@ -475,8 +498,8 @@ def measured(run) -> None:
     """Every recorded run in one table, then per run shown: its summary, the status of each size,
     and before vs after in words."""
     every = run.shown if run.live else runs.load_all_recorded(run.manifest["experiment"])
-    notebook.show_table(pd.DataFrame([run_facts(r) for r in every])
-                        .drop(columns=["refused_error"]).T)
+    notebook.show_table(
+        pd.DataFrame([run_facts(r) for r in every]).drop(columns=["refused_error"]).T)
     for r in run.shown:
         print(f"\n— {r.label} (world size {r.manifest['params']['world_size']}) —")
         notebook.show_table(summary(r.df).drop(columns=["error"]))
@@ -533,17 +556,21 @@ def rule_table(attn_tp: int, attn_cp: int, dense_tp1: bool, tbo: bool,
     for rule, releases, base, sizes in rules:
         row = {"rule": rule, "releases": releases, "multiple of": base}
         if sizes is None:
-            rows.append({**row, "captures": 0, "refused": "the PR's assertion: no size is a "
-                                                          "multiple, the server does not start"})
+            rows.append({
+                **row, "captures": 0, "refused": "the PR's assertion: no size is a "
+                "multiple, the server does not start"
+            })
             continue
         refused = [n for n in sizes if g and n % tp]
-        rows.append({**row, "captures": len(sizes),
-                     "refused": f"{len(refused)}: {_few(refused)}" if refused else "none",
-                     "smallest sizes": _few(sizes, 6)})
+        rows.append({
+            **row, "captures": len(sizes),
+            "refused": f"{len(refused)}: {_few(refused)}" if refused else "none",
+            "smallest sizes": _few(sizes, 6)
+        })
     df = pd.DataFrame(rows)
-    df.attrs["setting"] = (f"attention TP {tp}, CP {cp}, "
-                           + ("tokens scattered over attention TP (dense TP 1)" if g
-                              else "no token scatter (all-reduce): nothing to refuse"))
+    df.attrs["setting"] = (
+        f"attention TP {tp}, CP {cp}, " + ("tokens scattered over attention TP (dense TP 1)" if g
+                                           else "no token scatter (all-reduce): nothing to refuse"))
     if cp > 1:
         df.attrs["setting"] += ("; 0.5.10.post1 to 0.5.13 turn the piecewise runner off under "
                                 "context parallelism unless --enforce-piecewise-cuda-graph "
@@ -554,14 +581,14 @@ def rule_table(attn_tp: int, attn_cp: int, dense_tp1: bool, tbo: bool,
 def your_setup():
     """Attention TP, CP, dense TP 1 and two-batch overlap -> the piecewise sizes per rule and the
     refused ones (controls in JupyterLab, a static table elsewhere)."""
-    return notebook.explore(rule_table, {"attn_tp": [1, 2, 3, 4, 5, 6, 7, 8],
-                                         "attn_cp": [1, 2, 3, 4], "dense_tp1": [True, False],
-                                         "tbo": [False, True]},
-                            static=[{"attn_tp": 8, "attn_cp": 1, "dense_tp1": True, "tbo": False},
-                                    {"attn_tp": 8, "attn_cp": 1, "dense_tp1": True, "tbo": True},
-                                    {"attn_tp": 3, "attn_cp": 1, "dense_tp1": True, "tbo": False}],
-                            title="Your parallel layout: piecewise capture sizes per rule, and "
-                                  "the refused ones")
+    return notebook.explore(
+        rule_table, {
+            "attn_tp": [1, 2, 3, 4, 5, 6, 7, 8], "attn_cp": [1, 2, 3, 4],
+            "dense_tp1": [True, False], "tbo": [False, True]
+        }, static=[{"attn_tp": 8, "attn_cp": 1, "dense_tp1": True,
+                    "tbo": False}, {"attn_tp": 8, "attn_cp": 1, "dense_tp1": True, "tbo": True},
+                   {"attn_tp": 3, "attn_cp": 1, "dense_tp1": True, "tbo": False}],
+        title="Your parallel layout: piecewise capture sizes per rule, and the refused ones")
 
 
 LISTS = ("piecewise", "decode")
@@ -575,16 +602,20 @@ def _rebuild(kind: str, configured: list[int], f: dict) -> dict:
     tbo = f["enable_two_batch_overlap"]
     align = fx.decode_mul_base(tp, cp, gathered=g, two_batch_overlap=tbo)
     if kind == "decode":
-        return {"filter_base": align, "round_up_alignment": None, "round_up": None,
-                "filter_keeps": fx.filter_decode_batch_sizes(configured, tp, cp, gathered=g,
-                                                             two_batch_overlap=tbo,
-                                                             num_max_requests=f["pool_size"])}
+        return {
+            "filter_base": align, "round_up_alignment": None, "round_up": None,
+            "filter_keeps": fx.filter_decode_batch_sizes(configured, tp, cp, gathered=g,
+                                                         two_batch_overlap=tbo,
+                                                         num_max_requests=f["pool_size"])
+        }
     try:
         kept = fx.filter_piecewise_capture_sizes(configured, tp, cp, gathered=g)
     except fx.NoCaptureSizes:
         kept = None  # the PR's assertion fires: the server does not start
-    return {"filter_base": fx.piecewise_mul_base(tp, cp) if g else 1, "filter_keeps": kept,
-            "round_up_alignment": align, "round_up": fx.round_up_capture_sizes(configured, align)}
+    return {
+        "filter_base": fx.piecewise_mul_base(tp, cp) if g else 1, "filter_keeps": kept,
+        "round_up_alignment": align, "round_up": fx.round_up_capture_sizes(configured, align)
+    }
 
 
 def sizes_table(rows, case: str = "args"):
@@ -604,14 +635,19 @@ def sizes_table(rows, case: str = "args"):
             off = f.get(f"{kind}_off")
             captured = [] if off else list(f[kind])
             tp, g = f["attn_tp_size"], f["gathered_buffer"]
-            row = {"release": release, "list": kind, "status": "off" if off else "captured",
-                   "note": off or "", "attn_tp": tp, "attn_cp": f["attn_cp_size"], "gathered": g,
-                   "two_batch_overlap": f["enable_two_batch_overlap"],
-                   "configured": list(f[f"configured_{kind}"]), "captured": captured,
-                   "refused": [n for n in captured if g and n % tp != 0]}
-            out.append({**row, **(dict.fromkeys(("filter_base", "filter_keeps",
-                                                 "round_up_alignment", "round_up")) if off
-                                  else _rebuild(kind, row["configured"], f))})
+            row = {
+                "release": release, "list": kind, "status": "off" if off else "captured",
+                "note": off or "", "attn_tp": tp, "attn_cp": f["attn_cp_size"], "gathered": g,
+                "two_batch_overlap": f["enable_two_batch_overlap"],
+                "configured": list(f[f"configured_{kind}"]), "captured": captured, "refused": [
+                    n for n in captured if g and n % tp != 0
+                ]
+            }
+            out.append({
+                **row,
+                **(dict.fromkeys(("filter_base", "filter_keeps", "round_up_alignment", "round_up")) if off else _rebuild(
+                       kind, row["configured"], f))
+            })
     return pd.DataFrame(out, dtype=object)
 
 
@@ -622,29 +658,35 @@ def _cells(r) -> list[str]:
     if r.status == "off":
         return [r.release, where, "off", f"not captured ({r.note})"]
     c = r.captured
-    refused = ("none (no token scatter)" if not r.gathered
-               else f"{len(r.refused)}: {_few(r.refused)}" if r.refused else "none")
+    refused = ("none (no token scatter)" if not r.gathered else
+               f"{len(r.refused)}: {_few(r.refused)}" if r.refused else "none")
     what = "PR filter" if r.list == "piecewise" else "decode rule"
-    tail = [f"{what}: asserts, no size is a multiple of {r.filter_base}"
-            if r.filter_keeps is None else f"{what} keeps {len(r.filter_keeps)} of "
-            f"{len(r.configured)} (multiples of {r.filter_base})"]
+    tail = [
+        f"{what}: asserts, no size is a multiple of {r.filter_base}"
+        if r.filter_keeps is None else f"{what} keeps {len(r.filter_keeps)} of "
+        f"{len(r.configured)} (multiples of {r.filter_base})"
+    ]
     if r.round_up is not None:
         a = r.round_up_alignment
         moved = [f"{n}→{fx.ceil_align(n, a)}" for n in r.configured if n % a]
-        tail.append(f"round-up to multiples of {a}: {len(r.round_up)}"
-                    + (f" ({_few(moved, 3)})" if moved else ""))
-    return [r.release, where, f"{len(c)}: {c[0]}–{c[-1]}" if c else "none",
-            f"refused {refused}; " + "; ".join(tail)]
+        tail.append(f"round-up to multiples of {a}: {len(r.round_up)}" +
+                    (f" ({_few(moved, 3)})" if moved else ""))
+    return [
+        r.release, where, f"{len(c)}: {c[0]}–{c[-1]}" if c else "none",
+        f"refused {refused}; " + "; ".join(tail)
+    ]
 
 
 def render(table) -> str:
     """The table as text: release, list, captured sizes, what is refused, the rebuild's rules."""
-    head = ["release", "list", "captured",
-            "refused by the reduce-scatter; rebuild (#23972 filter, 0.5.22+ round-up)"]
+    head = [
+        "release", "list", "captured",
+        "refused by the reduce-scatter; rebuild (#23972 filter, 0.5.22+ round-up)"
+    ]
     cells = [head] + [_cells(r) for r in table.itertuples()]
     widths = [max(len(c[i]) for c in cells) for i in range(3)]
-    return "\n".join("  ".join(c[i].ljust(widths[i]) for i in range(3)) + "  " + c[3]
-                     for c in cells)
+    return "\n".join(
+        "  ".join(c[i].ljust(widths[i]) for i in range(3)) + "  " + c[3] for c in cells)
 
 
 def captured_lists(table, width: int = 100) -> str:
@@ -656,8 +698,9 @@ def captured_lists(table, width: int = 100) -> str:
             groups.setdefault(tuple(r.captured), []).append(r.release)
         for sizes, releases in groups.items():
             out.append(f"{kind}, sglang {', '.join(releases)} ({len(sizes)} sizes):")
-            out.append(textwrap.fill(" ".join(map(str, sizes)), width, initial_indent="  ",
-                                     subsequent_indent="  "))
+            out.append(
+                textwrap.fill(" ".join(map(str, sizes)), width, initial_indent="  ",
+                              subsequent_indent="  "))
     return "\n".join(out)
 
 
@@ -667,26 +710,29 @@ def notes(table) -> list[str]:
     for r in pw.itertuples():
         if r.two_batch_overlap and r.filter_keeps and r.filter_base != r.round_up_alignment:
             gap = [n for n in r.filter_keeps if n % r.round_up_alignment]
-            return [f"two-batch overlap: the decode rule and the 0.5.22+ round-up align to "
-                    f"{r.round_up_alignment}, the PR's filter to {r.filter_base}; it keeps "
-                    f"{len(gap)} sizes that are not multiples of {r.round_up_alignment} "
-                    f"({_few(gap)})"]
+            return [
+                f"two-batch overlap: the decode rule and the 0.5.22+ round-up align to "
+                f"{r.round_up_alignment}, the PR's filter to {r.filter_base}; it keeps {len(gap)} "
+                f"sizes that are not multiples of {r.round_up_alignment} ({_few(gap)})"
+            ]
     return []
 
 
 def assumptions(rows, *, mla: bool, gpu_mem_gb: float, model: str, case: str = "args") -> str:
     """What the table assumes about the model and the machine, and what SGLang derived from it."""
     d = rows[rows.case == case]
-    lines = [f"assumed: {gpu_mem_gb:g} GB per GPU (a CUDA host), a request pool of 4096 unless "
-             f"--max-running-requests; 0.5.10.post1–0.5.13: {'an MLA' if mla else 'a non-MLA'} "
-             f"text model; 0.5.14 on: the model config {model}"]
+    lines = [
+        f"assumed: {gpu_mem_gb:g} GB per GPU (a CUDA host), a request pool of 4096 unless "
+        f"--max-running-requests; 0.5.10.post1–0.5.13: {'an MLA' if mla else 'a non-MLA'} "
+        f"text model; 0.5.14 on: the model config {model}"
+    ]
     for release, g in d.groupby("release", sort=False):
         f = dict(zip(g.metric, g.value))
         if "piecewise_max_tokens" in f:
             lines.append(f"  sglang {release}: piecewise max tokens {f['piecewise_max_tokens']}, "
-                         f"decode max bs {f['decode_max_bs']}, request pool {f['pool_size']}"
-                         + (f", attention backend {f['attention_backend']} (chosen without a GPU)"
-                            if f.get("attention_backend") else ""))
+                         f"decode max bs {f['decode_max_bs']}, request pool {f['pool_size']}" +
+                         (f", attention backend {f['attention_backend']} (chosen without a GPU)"
+                          if f.get("attention_backend") else ""))
     return "\n".join(lines)
 
 
@@ -805,10 +851,11 @@ def engine_facts(run) -> list[dict]:
         asked = flag_list(argv, ("--piecewise-cuda-graph-tokens", "--cuda-graph-bs-prefill"))
         tp = tp_size(argv)
         got = tokens.get(key)
-        out.append({"release": e["release"], "case": e["case"],
-                    "rule": sglang.VARIANT.get(e["release"]),
-                    "asked": asked, "attn_tp": tp, "status": str(status[key]),
-                    "captured": sorted(int(x) for x in str(got).split()) if got else None})
+        out.append({
+            "release": e["release"], "case": e["case"], "rule": sglang.VARIANT.get(e["release"]),
+            "asked": asked, "attn_tp": tp, "status": str(status[key]),
+            "captured": sorted(int(x) for x in str(got).split()) if got else None
+        })
     return out
 
 
@@ -831,8 +878,10 @@ def first_line(fact: dict) -> str:
     return fact["status"].removeprefix("error: ").split(" (log:")[0]
 
 
-RULE = {"before": "no filter (before #23972, or lost)", "pr_filter": "#23972's filter",
-        "today": "rounded up"}
+RULE = {
+    "before": "no filter (before #23972, or lost)", "pr_filter": "#23972's filter",
+    "today": "rounded up"
+}
 
 
 def engine_table(run, facts: list[dict] | None = None) -> pd.DataFrame:
@@ -843,15 +892,16 @@ def engine_table(run, facts: list[dict] | None = None) -> pd.DataFrame:
     rows = []
     for f in engine_facts(run) if facts is None else facts:
         keep = (fx.filter_piecewise_capture_sizes(f["asked"], f["attn_tp"])
-                if f["rule"] == "pr_filter" else
-                fx.today_capture_sizes(f["asked"], f["attn_tp"]) if f["rule"] == "today"
-                else f["asked"])
+                if f["rule"] == "pr_filter" else fx.today_capture_sizes(f["asked"], f["attn_tp"])
+                if f["rule"] == "today" else f["asked"])
         did = ("started" if f["status"] == "ok" else "stopped at start-up: " + first_line(f))
-        rows.append({"release": f["release"], "rule (read from its source)": RULE.get(
-                         f["rule"], str(f["rule"])),
-                     "attention TP": f["attn_tp"], "asked": " ".join(map(str, f["asked"])),
-                     "engine": did, "captured": " ".join(map(str, f["captured"] or [])) or "-",
-                     "rebuild keeps": " ".join(map(str, keep))})
+        rows.append({
+            "release": f["release"], "rule (read from its source)": RULE.get(
+                f["rule"], str(f["rule"])), "attention TP": f["attn_tp"],
+            "asked": " ".join(map(str, f["asked"])), "engine": did,
+            "captured": " ".join(map(str, f["captured"] or [])) or "-", "rebuild keeps": " ".join(
+                map(str, keep))
+        })
     return pd.DataFrame(rows).set_index("release") if rows else pd.DataFrame()
 
 
@@ -864,8 +914,8 @@ def engine(run) -> None:
     tps = sorted({f["attn_tp"] for f in facts}) or [2]
     if engine_runs.header(run, "DeepSeek-V3-style 2 layers, TP " + " and ".join(map(str, tps))):
         table = engine_table(merged, facts)
-        notebook.show_table(table.sort_values("attention TP", kind="stable")
-                            if "attention TP" in table else table)
+        notebook.show_table(
+            table.sort_values("attention TP", kind="stable") if "attention TP" in table else table)
 
 
 def beside_rows(run, engine_run) -> list[dict]:
@@ -873,13 +923,17 @@ def beside_rows(run, engine_run) -> list[dict]:
     them."""
     rows = []
     if run:
-        two = [r for r in (run.shown if hasattr(run, "shown") else [run])
-               if int(r.manifest["params"]["world_size"]) == 2] or [run]
+        two = [
+            r for r in (run.shown if hasattr(run, "shown") else [run])
+            if int(r.manifest["params"]["world_size"]) == 2
+        ] or [run]
         f = run_facts(two[0])
-        rows.append({"source": f"rebuild ({runs.gpu_short(two[0].manifest)} ×2, NCCL)",
-                     "measures": "sizes the reduce-scatter refuses without the filter, on "
-                                 "the default list scaled by W/8",
-                     "figure": ", ".join(map(str, sorted(f["refused_sizes"]))) or "none"})
+        rows.append({
+            "source": f"rebuild ({runs.gpu_short(two[0].manifest)} ×2, NCCL)",
+            "measures": "sizes the reduce-scatter refuses without the filter, on "
+            "the default list scaled by W/8",
+            "figure": ", ".join(map(str, sorted(f["refused_sizes"]))) or "none"
+        })
     if engine_run:
         for f in engine_facts(engine_runs.merged(engine_run.shown)):
             if f["rule"] == "before":
@@ -890,8 +944,10 @@ def beside_rows(run, engine_run) -> list[dict]:
                 keep = fx.filter_piecewise_capture_sizes(f["asked"], f["attn_tp"])
                 what = (f"start-up with sizes {' '.join(map(str, f['asked']))}: the sizes it "
                         f"captures (the rebuild's filter keeps {' '.join(map(str, keep))})")
-            rows.append({"source": f"SGLang {f['release']} engine (TP {f['attn_tp']})",
-                         "measures": what, "figure": fig})
+            rows.append({
+                "source": f"SGLang {f['release']} engine (TP {f['attn_tp']})", "measures": what,
+                "figure": fig
+            })
     return rows
 
 

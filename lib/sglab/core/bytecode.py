@@ -21,6 +21,7 @@ import os
 import sys
 from pathlib import Path
 
+
 ENV = "SGLAB_PYCACHE"
 
 
@@ -73,5 +74,5 @@ def describe() -> str:
     """Where this process keeps its bytecode, in a few words (for ``sglab env``)."""
     if sys.pycache_prefix:
         return f"cache in {sys.pycache_prefix}"
-    return ("not written (PYTHONDONTWRITEBYTECODE)" if sys.dont_write_bytecode
-            else "written beside the sources")
+    return ("not written (PYTHONDONTWRITEBYTECODE)"
+            if sys.dont_write_bytecode else "written beside the sources")

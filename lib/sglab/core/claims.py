@@ -25,6 +25,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+
 PASS, FAIL, NA = "pass", "fail", "n/a"
 STATUSES = (PASS, FAIL, NA)
 MAX_READER_CLAIMS = 5
@@ -143,7 +144,7 @@ def evaluate(mod, run) -> list[Result]:
     name = getattr(mod, "EXPERIMENT", None)
     if name and run.manifest.get("experiment") not in (None, name):
         raise ClaimsError(f"{getattr(run, 'path', 'run')} is a {run.manifest.get('experiment')!r} "
-                          "run, " f"not {name!r}")
+                          f"run, not {name!r}")
     out = []
     for c in mod.CLAIMS:
         top = Result(c, evaluate_claim(c, run))
@@ -151,9 +152,8 @@ def evaluate(mod, run) -> list[Result]:
         bad = [f.claim.id for f in folded if f.status == FAIL]
         if bad and top.status != FAIL:
             o = top.outcome
-            top = Result(c,
-                         Outcome(FAIL, o.measured, o.value,
-                                 f"folded check fails: {', '.join(bad)}"))
+            top = Result(
+                c, Outcome(FAIL, o.measured, o.value, f"folded check fails: {', '.join(bad)}"))
         out += [top, *folded]
     return out
 
@@ -194,10 +194,11 @@ def table(results: list[Result]):
     folded check's id is indented under its claim)."""
     import pandas as pd
 
-    return pd.DataFrame([{"claim": ("  └ " if r.parent else "") + r.claim.id,
-                          "statement": r.claim.statement, "status": r.status,
-                          "measured": r.outcome.measured, "expected": r.claim.expected,
-                          "reason": r.outcome.reason} for r in results])
+    return pd.DataFrame([{
+        "claim": ("  └ " if r.parent else "") + r.claim.id, "statement": r.claim.statement,
+        "status": r.status, "measured": r.outcome.measured, "expected": r.claim.expected,
+        "reason": r.outcome.reason
+    } for r in results])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -254,14 +255,18 @@ class Headline:
         run_texts = []
         for (run, _), v in zip(per_run_values, plain):
             m = run.manifest
-            ns = {**self.consts, "v": v, "gpu": _short(m), "count": m.get("gpu_count"),
-                  "world": (m.get("params") or {}).get("world_size", m.get("gpu_count"))}
+            ns = {
+                **self.consts, "v": v, "gpu": _short(m), "count": m.get("gpu_count"),
+                "world": (m.get("params") or {}).get("world_size", m.get("gpu_count"))
+            }
             try:
                 run_texts.append(fmt.vformat(self.per_run, (), ns))
             except _Missing:
                 continue
-        ns = {**self.consts, "v": plain[0] if plain else {}, "lo": lo, "hi": hi,
-              "runs": self.run_sep.join(run_texts)}
+        ns = {
+            **self.consts, "v": plain[0] if plain else {}, "lo": lo, "hi": hi,
+            "runs": self.run_sep.join(run_texts)
+        }
         kept = []
         for part in self.parts:
             try:
@@ -349,10 +354,12 @@ def drift_rows(results: list[Result], ref_results: list[Result]) -> list[dict]:
                 rel = 0.0 if a == b else (abs(a - b) / abs(b) if b else math.inf)
                 tol = r.claim.drift
                 beyond = (a != b) if tol is None else rel > tol
-            rows.append({"claim": r.claim.id, "value": key or "value", "this run": mine[key],
-                         "reference": theirs[key], "drift": rel,
-                         "tolerance": "exact" if r.claim.drift is None else f"±{r.claim.drift:.0%}",
-                         "beyond": bool(beyond)})
+            rows.append({
+                "claim": r.claim.id, "value": key or "value", "this run": mine[key],
+                "reference": theirs[key], "drift": rel,
+                "tolerance": "exact" if r.claim.drift is None else f"±{r.claim.drift:.0%}",
+                "beyond": bool(beyond)
+            })
     return rows
 
 
@@ -390,8 +397,9 @@ def pick_reference(run, candidates: list) -> tuple[Any, str]:
 
     others = [c for c in candidates if getattr(c, "path", None) != getattr(run, "path", None)]
     others.sort(key=lambda r: str(r.manifest.get("created_utc", "")))
-    same = [c for c in others if gpu_short(c.manifest) == gpu_short(run.manifest)
-            and key(c) == key(run)]
+    same = [
+        c for c in others if gpu_short(c.manifest) == gpu_short(run.manifest) and key(c) == key(run)
+    ]
     if same:
         return same[-1], (f"newest recorded run of the same GPU model ({gpu_short(run.manifest)}) "
                           "and size")
@@ -423,10 +431,9 @@ def junit_xml(suites: list[tuple[str, list[Result]]]) -> str:
                               failures=str(c[FAIL]), skipped=str(c[NA]), errors="0")
         for r in results:
             case = ET.SubElement(suite, "testcase", classname=name, name=r.claim.id)
-            ET.SubElement(case,
-                          "system-out").text = (f"{r.claim.statement}\nmeasured: "
-                                                f"{r.outcome.measured}\n" f"expected: "
-                                                f"{r.claim.expected}")
+            ET.SubElement(case, "system-out").text = (f"{r.claim.statement}\nmeasured: "
+                                                      f"{r.outcome.measured}\nexpected: "
+                                                      f"{r.claim.expected}")
             if r.status == FAIL:
                 ET.SubElement(case, "failure",
                               message=r.outcome.reason or "claim does not hold").text = \

@@ -101,8 +101,10 @@ def _worker(rank: int, world_size: int, payload: bytes, backend: str, port: int,
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.environ.update({k: str(v) for k, v in env.items()})
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                       "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)})
+    os.environ.update({
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+        "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)
+    })
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     try:
@@ -176,11 +178,11 @@ def _check_launch(fn, world_size: int, backend: str, timeout_s: float, collectiv
         raise ValueError("timeouts must be positive")
     if start_method not in ("spawn", "forkserver"):
         raise ValueError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
-    if getattr(fn, "__module__", None) == "__main__" or "<locals>" in getattr(fn, "__qualname__",
-            ""):
+    if getattr(fn, "__module__", None) == "__main__" or "<locals>" in getattr(
+            fn, "__qualname__", ""):
         raise ValueError(f"{getattr(fn, '__qualname__', fn)!r} must be a module-level function of "
-                         "an importable " "module (ranks are spawned and import it); move it into "
-                         "lib/sglab")
+                         f"an importable module (ranks are spawned and import it); move it into "
+                         f"lib/sglab")
     if backend == "nccl":
         from sglab.core import hardware
 
@@ -201,10 +203,12 @@ class _Ranks:
         port = free_port()
         self.logdir = Path(tempfile.mkdtemp(prefix="sglab-dist-"))
         self.logs = [self.logdir / f"rank{r}.log" for r in range(world_size)]
-        self.procs = [ctx.Process(target=_worker, name=f"sglab-rank{r}",
-                                  args=(r, world_size, payload, backend, port, collective_timeout_s,
-                                        self.results, dict(env or {}), str(self.logs[r])),
-                                  daemon=False) for r in range(world_size)]
+        self.procs = [
+            ctx.Process(
+                target=_worker, name=f"sglab-rank{r}",
+                args=(r, world_size, payload, backend, port, collective_timeout_s, self.results,
+                      dict(env or {}), str(self.logs[r])), daemon=False) for r in range(world_size)
+        ]
         self.out: dict[int, Any] = {}
         self._gone_since: dict[int, float] = {}
 
@@ -225,8 +229,8 @@ class _Ranks:
         timed_out = _looks_like_timeout(data)
         last = next((ln for ln in reversed(data.strip().splitlines()) if ln.strip()), "")
         msg = (f"rank {rank} of {self.world_size} failed: {last.strip()}"
-               + (f" (a collective timed out after {self.collective_timeout_s:g} s)" if timed_out
-                  else "") + f"\n--- rank {rank} traceback:\n{data}")
+               + (f" (a collective timed out after {self.collective_timeout_s:g} s)"
+                  if timed_out else "") + f"\n--- rank {rank} traceback:\n{data}")
         if timed_out:
             raise DistTimeout(msg)
         raise RankError(msg, rank=rank, rank_traceback=data)
@@ -244,22 +248,23 @@ class _Ranks:
             tail = _tail(self.logs[r])
             if _looks_like_timeout(tail):
                 raise DistTimeout(f"rank {r} of {self.world_size} died after a collective timed "
-                                  "out " f"(limit {self.collective_timeout_s:g} s; did another "
-                                  "rank never join?). " f"Its log ends:\n{tail}")
+                                  f"out (limit {self.collective_timeout_s:g} s; did another rank "
+                                  f"never join?). Its log ends:\n{tail}")
             if not tail:
                 tail = ("(empty: the rank died before it started; a script that calls launch() "
-                        "must guard " "its entry point with `if __name__ == '__main__':`)")
-            raise RankError(f"rank {r} of {self.world_size} exited with code {p.exitcode} without "
-                            "a result. " f"Its log ends:\n{tail}", rank=r)
+                        "must guard its entry point with `if __name__ == '__main__':`)")
+            raise RankError(
+                f"rank {r} of {self.world_size} exited with code {p.exitcode} without a result. "
+                f"Its log ends:\n{tail}", rank=r)
 
     def deadline_error(self, timeout_s: float) -> DistTimeout:
         waiting = [r for r in range(self.world_size) if r not in self.out]
         done = sorted(self.out)
         tails = "\n".join(f"--- rank {r} log:\n{_tail(self.logs[r], 8)}" for r in waiting)
         hint = (f" Ranks {done} had returned: a rank still waiting is likely blocked in a "
-                "collective " "that another rank never joined." if done else "")
+                f"collective that another rank never joined." if done else "")
         return DistTimeout(f"run exceeded {timeout_s:g} s; rank(s) {', '.join(map(str, waiting))} "
-                           "had not " f"finished and were killed.{hint}\n{tails}")
+                           f"had not finished and were killed.{hint}\n{tails}")
 
     def __enter__(self) -> "_Ranks":
         return self
@@ -294,8 +299,8 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
     returns or raises.
     """
     _check_launch(fn, world_size, backend, timeout_s, collective_timeout_s, start_method)
-    ranks = _Ranks(pickle.dumps((fn, tuple(args))), world_size, backend, collective_timeout_s,
-                   env or {}, start_method)
+    ranks = _Ranks(pickle.dumps((fn, tuple(args))), world_size, backend, collective_timeout_s, env
+                   or {}, start_method)
     deadline = time.monotonic() + timeout_s
     # SIGTERM/SIGHUP become an exception here, so the clean-up below runs for them too
     with procs.Guard(watchdog=False), ranks:

@@ -69,8 +69,9 @@ def gpus() -> tuple[GPU, ...]:
             for cuda_index, phys in enumerate(_visible_indices(total)):
                 h = nv.nvmlDeviceGetHandleByIndex(phys)
                 mem = nv.nvmlDeviceGetMemoryInfo(h)
-                found.append(GPU(cuda_index, _text(nv.nvmlDeviceGetName(h)),
-                                 _text(nv.nvmlDeviceGetUUID(h)), int(mem.total // 2**20)))
+                found.append(
+                    GPU(cuda_index, _text(nv.nvmlDeviceGetName(h)), _text(nv.nvmlDeviceGetUUID(h)),
+                        int(mem.total // 2**20)))
             return tuple(found)
         except Exception:
             pass
@@ -127,8 +128,10 @@ def driver_version() -> str | None:
 
 def software() -> dict:
     """Versions that go into every run manifest."""
-    info = {"python": platform.python_version(), "torch": None, "cuda": None,
-            "driver": driver_version()}
+    info = {
+        "python": platform.python_version(), "torch": None, "cuda": None,
+        "driver": driver_version()
+    }
     try:
         import torch
 

@@ -25,8 +25,10 @@ import os
 from typing import Callable, Mapping
 
 
-COLUMNS = ["label", "kernel", "short", "calls", "median_us", "p10_us", "p90_us", "total_us",
-           "share", "backend"]
+COLUMNS = [
+    "label", "kernel", "short", "calls", "median_us", "p10_us", "p90_us", "total_us", "share",
+    "backend"
+]
 _NON_KERNEL = ("Memcpy", "Memset")
 # words that say what an (otherwise templated, unreadable) kernel name does, first match wins
 _HINTS = ("direct_copy", "CatArrayBatchedCopy", "index_select", "indexSelect", "embedding",
@@ -57,10 +59,10 @@ def short_name(kernel: str, width: int = 48) -> str:
     base = re.sub(r"^void\s+", "", kernel)
     head = _mangled_head(kernel) or re.split(r"[<(]", base,
                                              maxsplit=1)[0].split("::")[-1] or base[:width]
-    hint = next((h for h in _HINTS if h.lower() in kernel.lower()
-                 and h.lower() not in head.lower()), "")
+    hint = next(
+        (h for h in _HINTS if h.lower() in kernel.lower() and h.lower() not in head.lower()), "")
     text = f"{head} [{hint}]" if hint else head
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -89,11 +91,12 @@ def reduce_records(records: Iterable[tuple], runs: int, backend: str):
     for (label, kernel), us in groups.items():
         ok = [u for u in us if u == u]
         med = statistics.median(ok) if ok else float("nan")
-        rows.append({"label": label, "kernel": kernel, "short": short_name(kernel),
-                     "calls": len(us) / runs, "median_us": med,
-                     "p10_us": _quantile(ok, 0.1) if ok else med,
-                     "p90_us": _quantile(ok, 0.9) if ok else med, "total_us": sum(ok) / runs,
-                     "backend": backend})
+        rows.append({
+            "label": label, "kernel": kernel, "short": short_name(kernel), "calls": len(us) / runs,
+            "median_us": med, "p10_us": _quantile(ok, 0.1) if ok else med,
+            "p90_us": _quantile(ok, 0.9) if ok else med, "total_us": sum(ok) / runs,
+            "backend": backend
+        })
     df = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "share"])
     if df.empty:
         return pd.DataFrame(columns=COLUMNS)
@@ -124,9 +127,8 @@ def profiler_records(fns: Mapping[str, Callable[[], object]], *, runs: int,
                 fn()
             torch.cuda.synchronize()
         evs = sorted(prof.events(), key=lambda e: e.time_range.start)
-        out += [(label, e.name,
-                 (e.time_range.end - e.time_range.start) * 1e3) for e in evs
-                if e.device_type == torch.autograd.DeviceType.CUDA
+        out += [(label, e.name, (e.time_range.end - e.time_range.start) * 1e3)
+                for e in evs if e.device_type == torch.autograd.DeviceType.CUDA
                 and not e.name.startswith(_NON_KERNEL)]
     return out
 
@@ -172,7 +174,6 @@ def calls_per_run(table) -> dict:
 # --------------------------------------------------------------------------------------------------
 # ops: Which aten ops a piece of torch code runs, each inside a named range a profiler can attrib
 # --------------------------------------------------------------------------------------------------
-
 
 SEP = "|"
 
@@ -258,8 +259,8 @@ def op_name(func, kwargs: dict) -> str:
     return name
 
 
-def record(fn: Callable[[], object], *,
-           setup: Optional[Callable[[OpRanges], object]] = None) -> list[OpCall]:
+def record(fn: Callable[[], object], *, setup: Optional[Callable[[OpRanges],
+                                                                 object]] = None) -> list[OpCall]:
     """The ops ``fn()`` runs (CPU or GPU), with scopes set by ``setup(mode)`` if given (e.g.
     wrapping a method in ``mode.scope``); ``setup`` may return a callable that undoes it."""
     mode = OpRanges()
@@ -316,8 +317,10 @@ def _cxa_demangle():
                 continue
         if fn is not None:
             fn.restype = ctypes.c_void_p
-            fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
-                           ctypes.POINTER(ctypes.c_int)]
+            fn.argtypes = [
+                ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
+                ctypes.POINTER(ctypes.c_int)
+            ]
         _DEMANGLER.append(fn)
     return _DEMANGLER[0]
 
@@ -325,7 +328,6 @@ def _cxa_demangle():
 # --------------------------------------------------------------------------------------------------
 # op_kernels: A per-kernel table of one eager step: which op launched which kernel, how often, an
 # --------------------------------------------------------------------------------------------------
-
 
 OP_COLUMNS = ["variant", "scope", "step", "op", "kernel", "calls", "median_us", "backend"]
 TORCH, NSIGHT = "torch.profiler", "nsight-python (CUPTI)"
@@ -383,8 +385,11 @@ def torch_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
             _run_steps(step, trace.phase, runs)
         ev = rec.events
         k = ev[(ev.category == "kernel") & (ev.phase != "")]
-        parts.append(pd.DataFrame({"variant": variant, "label": k.phase.to_numpy(),
-                                   "kernel": k.name.to_numpy(), "dur_us": k.dur_us.to_numpy()}))
+        parts.append(
+            pd.DataFrame({
+                "variant": variant, "label": k.phase.to_numpy(), "kernel": k.name.to_numpy(),
+                "dur_us": k.dur_us.to_numpy()
+            }))
     return aggregate(pd.concat(parts, ignore_index=True), runs=runs, backend=TORCH)
 
 
@@ -439,9 +444,10 @@ def _nsight_raw(nsight, steps: Mapping[str, Step], runs: int):
     parts = []
     for variant, step in steps.items():
         with tempfile.TemporaryDirectory() as tmp:
-            @nsight.analyze.kernel(configs=[(0,)], runs=runs, output_prefix=tmp + "/",
-                                   output_csv=True, thermal_mode="off",
-                                   verbosity=nsight.VerbosityLevel.SILENT,
+
+            @nsight.analyze.kernel(configs=[(0,)
+                                            ], runs=runs, output_prefix=tmp + "/", output_csv=True,
+                                   thermal_mode="off", verbosity=nsight.VerbosityLevel.SILENT,
                                    combine_kernel_metrics=lambda a, b: a + b)
             def eager_step(_unused, step=step):
                 _run_steps(step, nsight.annotate, 1, unique=True)
@@ -449,9 +455,11 @@ def _nsight_raw(nsight, steps: Mapping[str, Step], runs: int):
             eager_step()
             raw = pd.concat([pd.read_csv(f) for f in glob.glob(f"{tmp}/profiled_data-*.csv")])
         kernels = [" + ".join(demangle(k) for k in str(name).split("|")) for name in raw["Kernel"]]
-        parts.append(pd.DataFrame({"variant": variant, "label": raw["Annotation"].to_numpy(),
-                                   "kernel": kernels,
-                                   "dur_us": raw["Value"].astype(float).to_numpy() / 1e3}))
+        parts.append(
+            pd.DataFrame({
+                "variant": variant, "label": raw["Annotation"].to_numpy(), "kernel": kernels,
+                "dur_us": raw["Value"].astype(float).to_numpy() / 1e3
+            }))
     return pd.concat(parts, ignore_index=True)
 
 
@@ -461,6 +469,8 @@ def cross_check(a, b) -> dict:
     ca = {tuple(r[k] for k in KEY): float(r["calls"]) for _, r in a.iterrows()}
     cb = {tuple(r[k] for k in KEY): float(r["calls"]) for _, r in b.iterrows()}
     both = set(ca) & set(cb)
-    return {"rows": len(set(ca) | set(cb)), "equal": sum(ca[k] == cb[k] for k in both),
-            "only_in_a": sorted(set(ca) - set(cb)), "only_in_b": sorted(set(cb) - set(ca)),
-            "differ": sorted(k for k in both if ca[k] != cb[k])}
+    return {
+        "rows": len(set(ca) | set(cb)), "equal": sum(ca[k] == cb[k] for k in both),
+        "only_in_a": sorted(set(ca) - set(cb)), "only_in_b": sorted(set(cb) - set(ca)),
+        "differ": sorted(k for k in both if ca[k] != cb[k])
+    }

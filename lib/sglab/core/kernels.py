@@ -22,9 +22,11 @@ from typing import Callable, Mapping
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 # CUgraphNodeType values (stable across CUDA 12/13); names used when the driver module gives none.
-_NODE_TYPE_NAMES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty",
-                    6: "wait_event", 7: "event_record", 8: "ext_semas_signal", 9: "ext_semas_wait",
-                    10: "mem_alloc", 11: "mem_free", 12: "batch_mem_op", 13: "conditional"}
+_NODE_TYPE_NAMES = {
+    0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait_event",
+    7: "event_record", 8: "ext_semas_signal", 9: "ext_semas_wait", 10: "mem_alloc", 11: "mem_free",
+    12: "batch_mem_op", 13: "conditional"
+}
 KERNEL, CHILD_GRAPH = 0, 4
 
 
@@ -81,7 +83,7 @@ def _walk(driver, graph, out: GraphNodes, depth: int = 0) -> None:
     if int(n) == 0:
         return
     nodes, _ = _check(driver.cuGraphGetNodes(graph, int(n)), "cuGraphGetNodes")
-    for node in nodes[: int(n)]:
+    for node in nodes[:int(n)]:
         code = _type_code(_check(driver.cuGraphNodeGetType(node), "cuGraphNodeGetType"))
         tname = _NODE_TYPE_NAMES.get(code, f"type_{code}")
         out.by_type[tname] = out.by_type.get(tname, 0) + 1
@@ -136,7 +138,6 @@ def capture_graph(fn: Callable[[], object], *, warmup: int = 2, pool=None, strea
 
 _NON_KERNEL_PREFIXES = ("Memcpy", "Memset", "cudaMemcpy", "cudaMemset")
 
-
 _PROFILER_WARM = False
 
 
@@ -179,8 +180,9 @@ def profiled_kernels(fn: Callable[[], object]) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 # nsight-python, with a CUDA-event fallback
 
-NSIGHT_COLUMNS = ["label", "backend", "n", "median_ms", "p10_ms", "p90_ms", "mean_ms", "min_ms",
-                  "max_ms"]
+NSIGHT_COLUMNS = [
+    "label", "backend", "n", "median_ms", "p10_ms", "p90_ms", "mean_ms", "min_ms", "max_ms"
+]
 NCU_MIN_VERSION = (2026, 2, 1)
 
 
@@ -218,8 +220,7 @@ def nsight_backend() -> tuple[str, str]:
     v = ncu_version()
     if v is not None and v >= NCU_MIN_VERSION:
         return "ncu", f"nsight-python with Nsight Compute {'.'.join(map(str, v))}"
-    ncu_reason = ("no ncu on PATH" if v is None
-                  else f"ncu {'.'.join(map(str, v))} is older than "
+    ncu_reason = ("no ncu on PATH" if v is None else f"ncu {'.'.join(map(str, v))} is older than "
                   f"{'.'.join(map(str, NCU_MIN_VERSION))}")
     return "cuda-events", f"{cupti_reason}; {ncu_reason}"
 
@@ -233,9 +234,11 @@ def _events_frame(fns: Mapping[str, Callable[[], object]], runs: int, warmup: in
     for label, fn in fns.items():
         t = cuda_time(fn, warmup=warmup, repeat=runs)
         s = t.samples_ms
-        rows.append({"label": label, "backend": "cuda-events", "n": t.n, "median_ms": t.median_ms,
-                     "p10_ms": t.p10_ms, "p90_ms": t.p90_ms, "mean_ms": sum(s) / len(s),
-                     "min_ms": min(s), "max_ms": max(s)})
+        rows.append({
+            "label": label, "backend": "cuda-events", "n": t.n, "median_ms": t.median_ms,
+            "p10_ms": t.p10_ms, "p90_ms": t.p90_ms, "mean_ms": sum(s) / len(s), "min_ms": min(s),
+            "max_ms": max(s)
+        })
     df = pd.DataFrame(rows, columns=NSIGHT_COLUMNS)
     df.attrs["backend"] = "cuda-events"
     df.attrs["reason"] = reason
@@ -272,10 +275,12 @@ def nsight_time(fns: Mapping[str, Callable[[], object]], *, runs: int = 20, warm
     rows = []
     for _, r in raw.iterrows():
         ns = 1e-6
-        rows.append({"label": r["Annotation"], "backend": chosen, "n": int(r.get("NumRuns", runs)),
-                     "median_ms": math.nan, "p10_ms": math.nan, "p90_ms": math.nan,
-                     "mean_ms": float(r["AvgValue"]) * ns, "min_ms": float(r["MinValue"]) * ns,
-                     "max_ms": float(r["MaxValue"]) * ns})
+        rows.append({
+            "label": r["Annotation"], "backend": chosen, "n": int(r.get("NumRuns", runs)),
+            "median_ms": math.nan, "p10_ms": math.nan, "p90_ms": math.nan,
+            "mean_ms": float(r["AvgValue"]) * ns, "min_ms": float(r["MinValue"]) * ns,
+            "max_ms": float(r["MaxValue"]) * ns
+        })
     df = pd.DataFrame(rows, columns=NSIGHT_COLUMNS)
     df.attrs["backend"] = chosen
     df.attrs["reason"] = reason
@@ -316,6 +321,7 @@ def nsight_session(fns: Mapping[str, Callable[[], object]], *, runs: int, warmup
     try:
         nsight.activate(nsight.Tool.CUPTI if tool == "cupti" else nsight.Tool.NCU)
         with tempfile.TemporaryDirectory() as tmp:
+
             @nsight.analyze.kernel(configs=[(0,)], runs=runs, output_prefix=tmp + "/",
                                    combine_kernel_metrics=lambda a, b: a + b, thermal_mode="off")
             def bench(_unused):

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Callable, Iterable
 
+
 COLUMNS = ["pid", "gpu", "gpu_name", "used_mib"]
 
 
@@ -49,8 +50,9 @@ def all_processes(*, nvml=None) -> list[dict]:
             used = p.usedGpuMemory
             if used is None:  # NVML_VALUE_NOT_AVAILABLE on some setups
                 used = 0
-            rows.append({"pid": int(p.pid), "gpu": gpu, "gpu_name": name,
-                         "used_mib": float(used) / 2**20})
+            rows.append({
+                "pid": int(p.pid), "gpu": gpu, "gpu_name": name, "used_mib": float(used) / 2**20
+            })
     return rows
 
 
@@ -70,9 +72,9 @@ def explain_no_match(pids: Iterable[int], *, nvml=None) -> str:
     wanted = sorted(int(p) for p in pids)
     if not seen:
         return (f"NVML lists no compute process on any GPU (looked for pids {wanted}); the "
-                "processes may not " "have created a CUDA context yet.")
+                f"processes may not have created a CUDA context yet.")
     return (f"NVML lists pids {seen} but none of {wanted}: NVML may be reporting pids from another "
-            "pid namespace " "(containers); match by memory deltas instead.")
+            f"pid namespace (containers); match by memory deltas instead.")
 
 
 def memory_matrix(df, labels: dict[int, str] | None = None, gpus: Iterable[int] | None = None):
@@ -133,8 +135,9 @@ class Sampler:
         if self._thread is not None:
             raise RuntimeError("a Sampler is started once")
         self._nv = _nvml(self._nv)
-        self._handles = [self._nv.nvmlDeviceGetHandleByIndex(i)
-                         for i in range(self._nv.nvmlDeviceGetCount())]
+        self._handles = [
+            self._nv.nvmlDeviceGetHandleByIndex(i) for i in range(self._nv.nvmlDeviceGetCount())
+        ]
         self._thread = threading.Thread(target=self._loop, name="sglab-nvml-sampler", daemon=True)
         self._thread.start()
         return self

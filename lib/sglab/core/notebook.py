@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 from sglab.core import claims as C
 from sglab.core import hardware, runs
 
+
 MODES = ("auto", "live", "recorded")
 MODE_MIME = "application/vnd.sglab.mode+json"
 
@@ -88,6 +89,7 @@ def show_table(df) -> None:
 def needs_run(fn):
     """For show functions that take a run first: given a :class:`~sglab.core.runs.NoRun`, print its
     one line ("no GPU run to show (…)") and return None instead of calling ``fn``."""
+
     @functools.wraps(fn)
     def wrapper(run, *args, **kwargs):
         if not run:
@@ -146,10 +148,8 @@ def explore(fn: Callable, controls: dict, *, static: Sequence[dict], title: str 
     widgets = {}
     for name, spec in controls.items():
         first = static[0].get(name, list(spec)[0])
-        if isinstance(spec,
-                      (list, tuple)) and all(isinstance(x,
-                                                        (int,
-                                                         float)) for x in spec) and len(spec) > 3:
+        if isinstance(spec, (list, tuple)) and all(
+                isinstance(x, (int, float)) for x in spec) and len(spec) > 3:
             widgets[name] = w.SelectionSlider(options=list(spec), value=first, description=name,
                                               continuous_update=False,
                                               style={"description_width": "initial"})
@@ -159,8 +159,8 @@ def explore(fn: Callable, controls: dict, *, static: Sequence[dict], title: str 
     out = w.interactive_output(lambda **kw: ipy_display(fn(**kw)), widgets)
     if title:
         ipy_display(w.HTML(f"<b>{title}</b>"))
-    ipy_display(w.VBox([w.HBox(list(widgets.values())[i:i + 3]) for i in range(0, len(widgets),
-            3)]), out)
+    ipy_display(
+        w.VBox([w.HBox(list(widgets.values())[i:i + 3]) for i in range(0, len(widgets), 3)]), out)
     return None
 
 
@@ -172,15 +172,15 @@ class Workbook:
         if mode not in MODES:
             raise ValueError(f"MODE must be one of {MODES}, got {mode!r}")
         self.claims = claims
-        self.experiment = experiment or (claims if isinstance(claims,
-                                                              str) else self.claims.EXPERIMENT)
+        self.experiment = experiment or (claims
+                                         if isinstance(claims, str) else self.claims.EXPERIMENT)
         self.gpus = int(gpus if gpus is not None else getattr(self.claims, "GPUS", 1))
         self.requested = mode
         ok, self.reason = hardware.meets(self.gpus)
         if mode == "live" and not ok:
             raise RuntimeError(f"MODE='live' for {self.experiment!r} but {self.reason}. Use "
-                               "MODE='auto' or " "'recorded' to show the committed recorded run "
-                               "instead.")
+                               f"MODE='auto' or 'recorded' to show the committed recorded run "
+                               f"instead.")
         self.live = ok if mode == "auto" else mode == "live"
         self.mode = "live" if self.live else "recorded"
         self._live: list[runs.Run] = []
@@ -196,14 +196,16 @@ class Workbook:
             what = f"LIVE — measuring on this machine ({self.reason})."
         else:
             what = (f"RECORDED — {self.reason}: GPU results below come from the committed recorded "
-                    "run(s), " "not from this machine. CPU parts still run live.")
-        text = (f"[sglab] {self.experiment}: mode {self.mode} (MODE={self.requested!r})\n"
-                f"  GPUs here: {here}\n  needs: {self.gpus} GPU(s)\n  {what}\n  recorded runs: "
-                f"{rec}")
+                    f"run(s), not from this machine. CPU parts still run live.")
+        text = (f"[sglab] {self.experiment}: mode {self.mode} (MODE={self.requested!r})\n  GPUs "
+                f"here: {here}\n  needs: {self.gpus} GPU(s)\n  {what}\n  recorded runs: {rec}")
         md = (f"**{self.experiment}** — mode **{self.mode}** (`MODE={self.requested!r}`)  \n"
               f"GPUs here: {here} · needs {self.gpus}  \n{what}  \nRecorded runs: {rec}")
-        display({"experiment": self.experiment, "mode": self.mode, "gpus_needed": self.gpus,
-                 "gpus_here": len(gpus), "recorded": [r.label for r in recorded]}, text, md)
+        display(
+            {
+                "experiment": self.experiment, "mode": self.mode, "gpus_needed": self.gpus,
+                "gpus_here": len(gpus), "recorded": [r.label for r in recorded]
+            }, text, md)
 
     def run(self, measure=None, params: dict | None = None, *, progress: bool = False):
         """Live: measure now with ``measure.run`` (``measure``: the fix's measure module) and save
@@ -217,9 +219,9 @@ class Workbook:
                          method_version=measure.METHOD_VERSION, gpu_count=gpus)
         shown = self.shown()
         if not shown:
-            return runs.NoRun(self.experiment,
-                              f"no recorded {self.experiment} run yet: `sglab record "
-                              f"{self.experiment}` on a machine with {self.gpus} GPU(s) makes one")
+            return runs.NoRun(
+                self.experiment, f"no recorded {self.experiment} run yet: `sglab record "
+                f"{self.experiment}` on a machine with {self.gpus} GPU(s) makes one")
         first = shown[0]
         first.shown = shown
         return first
@@ -236,8 +238,10 @@ class Workbook:
         timing.take()
         t0 = time.perf_counter()
         out = runs.Measured.of(fn())
-        extra = {**out.extra, "duration_s": round(time.perf_counter() - t0, 1),
-                 "phases_s": timing.take()}
+        extra = {
+            **out.extra, "duration_s": round(time.perf_counter() - t0, 1),
+            "phases_s": timing.take()
+        }
         path = runs.write_run(out.df, experiment=self.experiment, method_version=method_version,
                               params=params, gpu_count=gpu_count, extra=extra,
                               sidecars=out.sidecars)
@@ -262,7 +266,6 @@ class Workbook:
         return list(self._live) or runs.load_all_recorded(self.experiment)
 
 
-
 def _source(runs_: list) -> str:
     kind = "measured live here" if any(r.live for r in runs_) else "recorded"
     return f"{kind}: " + "; ".join(r.label for r in runs_)
@@ -278,8 +281,9 @@ def slide_markdown(claims, run) -> str:
         verdicts = [C.verdict_line(C.evaluate(claims, r), r) for r in shown]
         lines += ["**Verdict.** " + "; ".join(verdicts) + ".", ""]
     else:
-        lines += [f"**Measured.** {run.line if isinstance(run, runs.NoRun) else 'no run to show'}.",
-                  ""]
+        lines += [
+            f"**Measured.** {run.line if isinstance(run, runs.NoRun) else 'no run to show'}.", ""
+        ]
     return "\n".join(lines)
 
 
@@ -290,8 +294,10 @@ def slide(claims, run, picture=None) -> None:
     show_figure(picture)
 
 
-_STATUS_STYLE = {C.PASS: "color:#1e8449;font-weight:600", C.FAIL: "color:#c0392b;font-weight:600",
-                 C.NA: "color:#7f8c8d"}
+_STATUS_STYLE = {
+    C.PASS: "color:#1e8449;font-weight:600", C.FAIL: "color:#c0392b;font-weight:600",
+    C.NA: "color:#7f8c8d"
+}
 
 
 def verdict_html(claims, run) -> str:
@@ -304,10 +310,10 @@ def verdict_html(claims, run) -> str:
             continue
         folded = [f for f in results if f.parent == r.claim.id]
         rows.append(_row_html(r, folded))
-    head = "".join(f"<th>{h}</th>" for h in ("claim", "statement", "status", "measured", "expected",
-                                             "why"))
+    head = "".join(
+        f"<th>{h}</th>" for h in ("claim", "statement", "status", "measured", "expected", "why"))
     return (f"<p><b>{html.escape(C.verdict_line(results, run))}</b> · "
-            f"<small>{html.escape(run.path.name)}" f"</small></p><div "
+            f"<small>{html.escape(run.path.name)}</small></p><div "
             f"style='overflow-x:auto'><table><tr>{head}</tr>{''.join(rows)}</table></div>")
 
 
@@ -327,7 +333,7 @@ def _row_html(r, folded) -> str:
                     f"{f.status}</span> — {html.escape(f.claim.statement)}: "
                     f"{html.escape(f.outcome.measured or f.outcome.reason)}</li>" for f in folded)
     sub = (f"<tr><td></td><td colspan='5'><details><summary>checks under it: {ok}/{len(folded)} "
-           "hold" f"</summary><ul>{items}</ul></details></td></tr>")
+           f"hold</summary><ul>{items}</ul></details></td></tr>")
     return f"<tr>{cells}</tr>{sub}"
 
 

@@ -9,21 +9,35 @@ import re
 from typing import Mapping, Sequence
 
 
-PALETTE = {"before": "#c0392b", "after": "#2471a3", "eager": "#7f8c8d", "graph": "#2471a3",
-           "neutral": "#34495e", "accent": "#d68910"}
+PALETTE = {
+    "before": "#c0392b", "after": "#2471a3", "eager": "#7f8c8d", "graph": "#2471a3",
+    "neutral": "#34495e", "accent": "#d68910"
+}
 CYCLE = ["#2471a3", "#c0392b", "#229954", "#d68910", "#7d3c98", "#17a589", "#5d6d7e", "#a04000"]
 
 
 def apply_style() -> None:
     import matplotlib as mpl
 
-    mpl.rcParams.update({"figure.dpi": 110, "savefig.dpi": 150, "figure.facecolor": "white",
-                         "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False,
-                         "axes.spines.right": False, "axes.titlesize": 11,
-                         "axes.titleweight": "bold", "axes.labelsize": 10, "legend.fontsize": 9,
-                         "legend.frameon": False, "xtick.labelsize": 9, "ytick.labelsize": 9,
-                         "axes.prop_cycle": mpl.cycler(color=CYCLE), "lines.linewidth": 1.8,
-                         "lines.markersize": 5,})
+    mpl.rcParams.update({
+        "figure.dpi": 110,
+        "savefig.dpi": 150,
+        "figure.facecolor": "white",
+        "axes.grid": True,
+        "grid.alpha": 0.3,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "axes.titlesize": 11,
+        "axes.titleweight": "bold",
+        "axes.labelsize": 10,
+        "legend.fontsize": 9,
+        "legend.frameon": False,
+        "xtick.labelsize": 9,
+        "ytick.labelsize": 9,
+        "axes.prop_cycle": mpl.cycler(color=CYCLE),
+        "lines.linewidth": 1.8,
+        "lines.markersize": 5,
+    })
 
 
 def figure(ncols: int = 1, nrows: int = 1, *, width: float | None = None,
@@ -61,9 +75,10 @@ def caption(fig, source: Any = None, extra: str = "") -> str:
 # diagram: Small drawing primitives for the mechanism pictures on each notebook's first screen.
 # --------------------------------------------------------------------------------------------------
 
-
-BOX_COLORS = {"before": "#f5b7b1", "after": "#aed6f1", "neutral": "#e5e8e8", "accent": "#f9e79f",
-              "removed": "#f5b7b1", "kept": "#d5f5e3"}
+BOX_COLORS = {
+    "before": "#f5b7b1", "after": "#aed6f1", "neutral": "#e5e8e8", "accent": "#f9e79f",
+    "removed": "#f5b7b1", "kept": "#d5f5e3"
+}
 
 
 def canvas(width: float = 10.0, height: float = 3.0, *, xlim=(0, 10), ylim=(0, 3)):
@@ -85,8 +100,9 @@ def box(ax, x: float, y: float, w: float, h: float, text: str = "", *, color: st
     from matplotlib.patches import FancyBboxPatch
 
     face = BOX_COLORS.get(color, color)
-    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02,rounding_size=0.06",
-                                facecolor=face, edgecolor=edge, linewidth=0.9, hatch=hatch))
+    ax.add_patch(
+        FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02,rounding_size=0.06", facecolor=face,
+                       edgecolor=edge, linewidth=0.9, hatch=hatch))
     if text:
         ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize, **text_kw)
 
@@ -121,9 +137,10 @@ def label(ax, x: float, y: float, text: str, *, fontsize: float = 9, weight: str
 # timeline: Before and after as aligned swim-lanes on one time axis: what a profiler shows, drawn
 # --------------------------------------------------------------------------------------------------
 
-
-CATEGORY_COLORS = {"kernel": "#5d6d7e", "memcpy": "#17a589", "memset": "#48c9b0",
-                   "runtime": "#a9cce3", "op": "#d5d8dc", "range": "none"}
+CATEGORY_COLORS = {
+    "kernel": "#5d6d7e", "memcpy": "#17a589", "memset": "#48c9b0", "runtime": "#a9cce3",
+    "op": "#d5d8dc", "range": "none"
+}
 LANE_ORDER = ("host", "runtime", "stream", "device")
 
 
@@ -156,11 +173,13 @@ def totals(events, highlight: str | None = None) -> dict:
     dev = events[events.category.isin(["kernel", "memcpy", "memset"])]
     hit = events[_matches(events.name, highlight)] if highlight else events.iloc[0:0]
     hit = hit[hit.category != "range"]
-    span = float((events.start_us
-                  + events.dur_us).max() - events.start_us.min()) if len(events) else 0.0
-    return {"span_us": span, "kernels": int((dev.category == "kernel").sum()),
-            "device_us": float(dev.dur_us.sum()), "highlighted": int(len(hit)),
-            "highlighted_us": float(hit.dur_us.sum())}
+    span = float((events.start_us + events.dur_us).max() - events.start_us.min()) if len(
+        events) else 0.0
+    return {
+        "span_us": span, "kernels": int(
+            (dev.category == "kernel").sum()), "device_us": float(dev.dur_us.sum()),
+        "highlighted": int(len(hit)), "highlighted_us": float(hit.dur_us.sum())
+    }
 
 
 def timeline(tables: Mapping[str, object], *, highlight: str | None = None,
@@ -207,8 +226,8 @@ def _draw_lane(ax, y: float, ev, pattern) -> None:
                 ax.text(r.start_us, y + 0.46, r.name.replace("phase::", ""), fontsize=7,
                         va="bottom", color="#555555", clip_on=True)
             continue
-        hit = (g.name.map(lambda n: bool(pattern.search(n))) if pattern
-               else g.name.map(lambda n: False))
+        hit = (g.name.map(lambda n: bool(pattern.search(n)))
+               if pattern else g.name.map(lambda n: False))
         for sel, color in ((~hit, CATEGORY_COLORS.get(cat, "#999999")), (hit, PALETTE["accent"])):
             part = g[sel]
             if len(part):
@@ -235,9 +254,10 @@ def _annotate(ax, tables, rows, highlight, label) -> None:
 def _legend(ax, categories, highlight_label) -> None:
     from matplotlib.patches import Patch
 
-    handles = [Patch(facecolor=CATEGORY_COLORS[c],
-                     label=c) for c in categories if c in CATEGORY_COLORS
-               and CATEGORY_COLORS[c] != "none"]
+    handles = [
+        Patch(facecolor=CATEGORY_COLORS[c], label=c)
+        for c in categories if c in CATEGORY_COLORS and CATEGORY_COLORS[c] != "none"
+    ]
     if highlight_label:
         handles.append(Patch(facecolor=PALETTE["accent"], label=highlight_label))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=len(handles),

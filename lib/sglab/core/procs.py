@@ -38,6 +38,7 @@ from typing import Optional
 
 import psutil
 
+
 MARKER_VAR = "SGLAB_ENGINE_RUN"
 GRACE_S = 10.0
 KILL_WAIT_S = 5.0
@@ -75,9 +76,8 @@ def members(pgid: Optional[int] = None, marker: str = "") -> list[psutil.Process
         if p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
             continue
         try:
-            if (pgid is not None and os.getpgid(p.pid) == pgid) or (
-                marker and p.environ().get(MARKER_VAR) == marker
-            ):
+            if (pgid is not None and os.getpgid(p.pid)
+                    == pgid) or (marker and p.environ().get(MARKER_VAR) == marker):
                 out.append(p)
         except (psutil.Error, OSError):
             continue
@@ -106,6 +106,7 @@ def stop(pgid: Optional[int] = None, *, marker: str = "", grace: float = GRACE_S
 def stop_tree(pid: int, *, grace: float = GRACE_S) -> Stopped:
     """Stop process ``pid`` and all its descendants (for a process that is not a group leader,
     such as a Jupyter kernel)."""
+
     def tree() -> list[psutil.Process]:
         try:
             root = psutil.Process(pid)
@@ -206,13 +207,20 @@ class Guard:
                     self._saved[s] = signal.signal(s, _raise_terminated)
         if self.watchdog:
             lib = str(Path(__file__).resolve().parents[2])
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-                [lib, *filter(None, [os.environ.get("PYTHONPATH")])])}
+            env = {
+                **os.environ, "PYTHONPATH": os.pathsep.join([
+                    lib, *filter(None, [os.environ.get("PYTHONPATH")])
+                ])
+            }
             env.pop(MARKER_VAR, None)
             self._dog = subprocess.Popen(
-                [sys.executable, "-m", "sglab.core.procs", "watch", str(os.getpid())],
-                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
-                start_new_session=True, text=True,
+                [sys.executable, "-m", "sglab.core.procs", "watch",
+                 str(os.getpid())],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                text=True,
             )
         return self
 
@@ -246,8 +254,9 @@ def watch(parent: int) -> int:
     for pgid, marker in groups:
         done = stop(pgid, marker=marker)
         if done.found:
-            print(f"[sglab] harness {parent} ended without stopping its engine: "
-                  + done.line(f"group {pgid}"), file=sys.stderr, flush=True)
+            print(
+                f"[sglab] harness {parent} ended without stopping its engine: "
+                + done.line(f"group {pgid}"), file=sys.stderr, flush=True)
     return 0
 
 

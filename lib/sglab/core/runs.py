@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+
 REQUIRED = ("variant", "metric", "value", "unit")
 MANIFEST_KEYS = ("experiment", "method_version", "created_utc", "git_sha", "gpu_name", "gpu_count",
                  "driver", "cuda", "torch", "python", "params")
@@ -84,9 +85,9 @@ def _git_sha(root: Path) -> str | None:
     sha = out.stdout.strip()
     if out.returncode != 0 or not sha:
         return None
-    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
-                            "--untracked-files=no"], capture_output=True, text=True,
-                           timeout=10).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True, text=True, timeout=10).stdout.strip()
     return sha + ("+dirty" if dirty else "")
 
 
@@ -154,6 +155,7 @@ def _write_sidecars(folder: Path, stem: str, sidecars: dict) -> dict:
             def write(f, src=src):
                 with open(src, "rb") as s:
                     shutil.copyfileobj(s, f)
+
         _atomic(folder, target, write)
         names[name] = target.name
     return names
@@ -261,8 +263,7 @@ class Run:
     def provenance(self) -> str:
         m = self.manifest
         return (f"{m.get('gpu_name')} ×{m.get('gpu_count')} · driver {m.get('driver')} · CUDA "
-                f"{m.get('cuda')} · " f"torch {m.get('torch')} · "
-                f"{str(m.get('created_utc', ''))[:10]}")
+                f"{m.get('cuda')} · torch {m.get('torch')} · {str(m.get('created_utc', ''))[:10]}")
 
 
 @dataclass(frozen=True)
@@ -335,8 +336,10 @@ def list_runs(experiment: str, *, kind: str = "recorded", root: Path | None = No
     folder = (root or data_dir(kind)) / experiment
     if not folder.is_dir():
         return []
-    found = [p for p in folder.glob("*.csv") if not p.name.startswith(".")
-             and p.with_suffix(".json").exists()]
+    found = [
+        p for p in folder.glob("*.csv")
+        if not p.name.startswith(".") and p.with_suffix(".json").exists()
+    ]
 
     def key(p: Path):
         try:

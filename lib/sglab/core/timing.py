@@ -60,7 +60,7 @@ class Timing:
         if not self.samples_ms:
             return "Timing(no samples)"
         return (f"Timing(median={self.median_ms:.4f} ms, p10={self.p10_ms:.4f}, "
-                f"p90={self.p90_ms:.4f}, " f"n={self.n}, clock={self.clock})")
+                f"p90={self.p90_ms:.4f}, n={self.n}, clock={self.clock})")
 
 
 def _check_counts(warmup: int, repeat: int) -> None:
@@ -82,8 +82,8 @@ def cuda_time(fn: Callable[[], object], *, warmup: int = 10, repeat: int = 50,
     _check_counts(warmup, repeat)
     if not torch.cuda.is_available():
         raise RuntimeError("cuda_time needs a CUDA device; use host_time for host-side work")
-    dev = torch.device(device) if device is not None else torch.device("cuda",
-                                                                       torch.cuda.current_device())
+    dev = torch.device(device) if device is not None else torch.device(
+        "cuda", torch.cuda.current_device())
     with torch.cuda.device(dev):
         for _ in range(warmup):
             fn()
@@ -160,9 +160,8 @@ def interleaved(fns: "dict[str, Callable[[], object]]", *, rounds: int = 3, warm
 
 
 # --------------------------------------------------------------------------------------------------
-# phases: Where live time goes: wall seconds per named phase of a run (process spawn, CUDA init, 
+# phases: Where live time goes: wall seconds per named phase of a run (process spawn, CUDA init,
 # --------------------------------------------------------------------------------------------------
-
 
 _totals: dict[str, float] = {}
 
@@ -220,8 +219,10 @@ class Burst:
     def per_launch_us(self, warmup: int) -> dict:
         """µs per launch over the calls after ``warmup``: median, p10, p90."""
         t = Timing(self.host_ms[warmup:], clock="host-perf-counter")
-        return {"median": t.median_ms * 1e3 / self.n, "p10": t.p10_ms * 1e3 / self.n,
-                "p90": t.p90_ms * 1e3 / self.n}
+        return {
+            "median": t.median_ms * 1e3 / self.n, "p10": t.p10_ms * 1e3 / self.n,
+            "p90": t.p90_ms * 1e3 / self.n
+        }
 
 
 def launch_cost_us(device: str = "cuda:0", *, n: int = 1000, warmup: int = 5,
@@ -232,5 +233,8 @@ def launch_cost_us(device: str = "cuda:0", *, n: int = 1000, warmup: int = 5,
     burst = Burst(device, n)
     for _ in range(warmup + repeat):
         burst()
-    return {**{k: round(v, 3) for k, v in burst.per_launch_us(warmup).items()},
-            "launches_per_burst": n, "bursts": repeat, "device": str(device)}
+    return {
+        **{k: round(v, 3)
+           for k, v in burst.per_launch_us(warmup).items()}, "launches_per_burst": n,
+        "bursts": repeat, "device": str(device)
+    }

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+
 POSITIONS = ("rotary", "learned")
 
 
@@ -63,6 +64,7 @@ class DecoderConfig:
 
 
 class RMSNorm(nn.Module):
+
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
@@ -83,7 +85,7 @@ class Rotary(nn.Module):
     def reset(self, device=None, dtype=torch.float32) -> None:
         """(Re)compute the tables in fp32 on ``device``, stored as ``dtype``."""
         d = self.head_dim
-        inv = 1.0 / (self.base ** (torch.arange(0, d, 2, dtype=torch.float32, device=device) / d))
+        inv = 1.0 / (self.base**(torch.arange(0, d, 2, dtype=torch.float32, device=device) / d))
         ang = torch.outer(torch.arange(self.max_pos, dtype=torch.float32, device=device), inv)
         ang = torch.cat([ang, ang], dim=-1)
         self.register_buffer("cos", ang.cos().to(dtype), persistent=False)
@@ -107,9 +109,10 @@ class CausalAttention(nn.Module):
 
     def forward(self, q, k, v):  # (n, heads, d) each -> (n, heads * d)
         n = q.shape[0]
-        o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0),
-                                           k.transpose(0, 1).unsqueeze(0),
-                                           v.transpose(0, 1).unsqueeze(0), is_causal=True)
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0),
+            k.transpose(0, 1).unsqueeze(0),
+            v.transpose(0, 1).unsqueeze(0), is_causal=True)
         return o.squeeze(0).transpose(0, 1).reshape(n, self.num_heads * self.head_dim)
 
 
@@ -117,6 +120,7 @@ AttentionFactory = Callable[[int, int], nn.Module]  # (num_heads, head_dim) -> a
 
 
 class SelfAttention(nn.Module):
+
     def __init__(self, cfg: DecoderConfig, attention: AttentionFactory = CausalAttention):
         super().__init__()
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_size
@@ -127,6 +131,7 @@ class SelfAttention(nn.Module):
 
 
 class GatedMLP(nn.Module):
+
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
@@ -138,6 +143,7 @@ class GatedMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+
     def __init__(self, cfg: DecoderConfig, attention: AttentionFactory = CausalAttention):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
@@ -236,7 +242,7 @@ def init_normal_(model: nn.Module) -> nn.Module:
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
-                p.normal_(0.0, 0.02 if "embed" in name else 1.0 / p.shape[-1] ** 0.5)
+                p.normal_(0.0, 0.02 if "embed" in name else 1.0 / p.shape[-1]**0.5)
     return model
 
 

@@ -42,9 +42,11 @@ CATEGORIES = ("kernel", "memcpy", "memset", "runtime", "range", "op")
 
 # FunctionEvent.activity_type (torch >= 2.12) -> category; older torch falls back to names (see
 # _category)
-_ACTIVITY = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset",
-             "cuda_runtime": "runtime", "cuda_driver": "runtime", "user_annotation": "range",
-             "gpu_user_annotation": "range", "cpu_op": "op", "python_function": "op"}
+_ACTIVITY = {
+    "kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset", "cuda_runtime": "runtime",
+    "cuda_driver": "runtime", "user_annotation": "range", "gpu_user_annotation": "range",
+    "cpu_op": "op", "python_function": "op"
+}
 
 
 @contextmanager
@@ -100,8 +102,8 @@ def _assign_phases(df):
     # innermost wins
     for i in ranges.sort_values("dur_us", ascending=False, kind="stable").index:
         r = df.loc[i]
-        inside = (start >= r.start_us) & (start <= r.start_us
-                                          + r.dur_us) & (is_dev == is_dev[df.index.get_loc(i)])
+        inside = (start >= r.start_us) & (start <= r.start_us + r.dur_us) & (
+            is_dev == is_dev[df.index.get_loc(i)])
         phases[inside] = r["name"][len(PHASE_PREFIX):]
     out = df.copy()
     out["phase"] = phases
@@ -125,9 +127,11 @@ def event_table(events, *, keep_ops: bool = False):
     rows = []
     for ev in events:
         cat = _category(ev)
-        rows.append({"lane": _lane(ev, cat, main_thread), "name": ev.name, "category": cat,
-                     "start_us": float(ev.time_range.start),
-                     "dur_us": float(ev.time_range.end - ev.time_range.start)})
+        rows.append({
+            "lane": _lane(ev, cat, main_thread), "name": ev.name, "category": cat,
+            "start_us": float(ev.time_range.start),
+            "dur_us": float(ev.time_range.end - ev.time_range.start)
+        })
     df = pd.DataFrame(rows)
     df["start_us"] -= df.start_us.min()
     df = _assign_phases(df.sort_values("start_us", kind="stable").reset_index(drop=True))

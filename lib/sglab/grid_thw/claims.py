@@ -18,6 +18,7 @@ from sglab.core.runs import gpu_short, newest_by
 from sglab.grid_thw import show
 from sglab.grid_thw.measure import EXPERIMENT, GPUS, KERNEL_STEPS  # noqa: F401 (GPUS: Workbook)
 
+
 CLAIM = ("A `grid_thws` tensor left on cuda:0 makes every TP rank ≥ 1 open a CUDA context on GPU "
          "0; `.cpu()` removes it, and the `image_grid_thw` rename lets the vision cache hit per "
          "image.")
@@ -51,8 +52,10 @@ def _tp(run) -> int:
 
 
 def _has_variant(name: str):
+
     def applies(run):
         return None if name in set(run.df.variant) else f"the run has no `{name}` variant"
+
     return applies
 
 
@@ -63,8 +66,9 @@ def _before_stray(run):
     got = _gpu0(run, "before", "received")
     if not got:
         raise ValueError("no `received` reading of a rank >= 1 on GPU 0 in `before`")
-    return holds(min(got) > 0, f"{_span(got)} MiB per rank ≥ 1 at `received` ({len(got)} readings)",
-                 {"received_min_mib": min(got), "received_max_mib": max(got)})
+    return holds(
+        min(got) > 0, f"{_span(got)} MiB per rank ≥ 1 at `received` ({len(got)} readings)",
+        {"received_min_mib": min(got), "received_max_mib": max(got)})
 
 
 def _before_grows(run):
@@ -75,19 +79,21 @@ def _before_grows(run):
     s = s[(s.variant == "before") & (s.phase == "kernel")]
     total = float(s.groupby("repeat").value.sum().median())
     growth = min(k - r for r, k in zip(rec, ker))
-    return holds(growth > 0,
-                 f"{_span(rec)} → {_span(ker)} MiB (+{growth:.0f} at least); GPU-0 total "
-                 f"{total:.0f} MiB",
-                 {"kernel_min_mib": min(ker), "kernel_max_mib": max(ker), "growth_mib": growth,
-                  "gpu0_total_mib": total})
+    return holds(
+        growth > 0, f"{_span(rec)} → {_span(ker)} MiB (+{growth:.0f} at least); GPU-0 total "
+        f"{total:.0f} MiB", {
+            "kernel_min_mib": min(ker), "kernel_max_mib": max(ker), "growth_mib": growth,
+            "gpu0_total_mib": total
+        })
 
 
 def _after_zero(run):
     got = _gpu0(run, "after")
     if not got:
         raise ValueError("no reading of a rank >= 1 on GPU 0 in `after`")
-    return holds(max(got) == 0, f"max {max(got):.0f} MiB over {len(got)} readings (every phase)",
-                 {"max_mib": max(got)})
+    return holds(
+        max(got) == 0, f"max {max(got):.0f} MiB over {len(got)} readings (every phase)",
+        {"max_mib": max(got)})
 
 
 def _ipc(run):
@@ -96,11 +102,11 @@ def _ipc(run):
     if d.empty or not got:
         raise ValueError("no `ipc` landing or GPU-0 reading")
     on0 = bool((d.value == 0).all())
-    return holds(on0 and min(got) > 0,
-                 f"grid on {'cuda:0' if on0 else 'not only cuda:0'} in every rank; {_span(got)} "
-                 f"MiB per rank ≥ 1 at `received`, {_span(ker)} after a kernel",
-                 {"received_min_mib": min(got), "kernel_min_mib": min(ker),
-                  "kernel_max_mib": max(ker)})
+    return holds(
+        on0 and min(got) > 0,
+        f"grid on {'cuda:0' if on0 else 'not only cuda:0'} in every rank; {_span(got)} "
+        f"MiB per rank ≥ 1 at `received`, {_span(ker)} after a kernel",
+        {"received_min_mib": min(got), "kernel_min_mib": min(ker), "kernel_max_mib": max(ker)})
 
 
 def _landing(run):
@@ -115,8 +121,9 @@ def _landing(run):
         if not ((dev == device).all() and (k == key).all()):
             bad.append(variant)
     n = int((d.metric == "grid_device").sum())
-    return holds(not bad, f"{n} landings: before cuda:0 / grid_thws, after cpu / image_grid_thw"
-                 + (f"; wrong in {bad}" if bad else ""), {"landings": n})
+    return holds(
+        not bad, f"{n} landings: before cuda:0 / grid_thws, after cpu / image_grid_thw"
+        + (f"; wrong in {bad}" if bad else ""), {"landings": n})
 
 
 def _no_process_left(run):
@@ -127,22 +134,23 @@ def _no_process_left(run):
         raise ValueError("no leftover check in the run")
     nvml = float(listed.max()) if len(listed) else -1.0
     ok = alive.max() == 0 and nvml <= 0  # -1: not checked (a CPU run)
-    return holds(ok,
-                 f"{len(alive)} groups: max {alive.max():.0f} alive, max {nvml:.0f} listed by NVML",
-                 {"alive": float(alive.max()), "listed": nvml, "groups": len(alive)})
+    return holds(
+        ok, f"{len(alive)} groups: max {alive.max():.0f} alive, max {nvml:.0f} listed by NVML",
+        {"alive": float(alive.max()), "listed": nvml, "groups": len(alive)})
 
 
 def _cache(run):
     t = show.cache_table(run.df)
     b, a = t.loc["before"], t.loc["after"]
-    return holds(a.cache_item_hit_rate > b.cache_item_hit_rate,
-                 f"item hit rate {b.cache_item_hit_rate:.1%} per request → "
-                 f"{a.cache_item_hit_rate:.1%} per image; images encoded "
-                 f"{b.images_encoded:.0f} → {a.images_encoded:.0f} of {a.images_requested:.0f}",
-                 {"hit_rate_before": round(float(b.cache_item_hit_rate), 6),
-                  "hit_rate_after": round(float(a.cache_item_hit_rate), 6),
-                  "encoded_before": float(b.images_encoded),
-                  "encoded_after": float(a.images_encoded)})
+    return holds(
+        a.cache_item_hit_rate > b.cache_item_hit_rate,
+        f"item hit rate {b.cache_item_hit_rate:.1%} per request → "
+        f"{a.cache_item_hit_rate:.1%} per image; images encoded "
+        f"{b.images_encoded:.0f} → {a.images_encoded:.0f} of {a.images_requested:.0f}", {
+            "hit_rate_before": round(float(b.cache_item_hit_rate), 6), "hit_rate_after": round(
+                float(a.cache_item_hit_rate), 6), "encoded_before": float(b.images_encoded),
+            "encoded_after": float(a.images_encoded)
+        })
 
 
 def _spread(run):
@@ -169,11 +177,10 @@ def _other_gpus(run):
         raise ValueError("no readings on other GPUs")
     held = before.groupby(["rank", "gpu"]).value.min()
     ok = bool((held > 0).all()) and float(after.value.max()) == 0
-    return holds(ok,
-                 f"before: {int((held > 0).sum())}/{len(held)} (rank, GPU) pairs hold "
-                 f"{_span(held)} MiB; after: max {after.value.max():.0f} MiB",
-                 {"pairs_holding": int((held > 0).sum()), "pairs": len(held),
-                  "min_mib": float(held.min())})
+    return holds(
+        ok, f"before: {int((held > 0).sum())}/{len(held)} (rank, GPU) pairs hold "
+        f"{_span(held)} MiB; after: max {after.value.max():.0f} MiB",
+        {"pairs_holding": int((held > 0).sum()), "pairs": len(held), "min_mib": float(held.min())})
 
 
 def _needs_tp3(run):
@@ -201,11 +208,11 @@ def _no_mixing(run):
     if c.empty:
         raise ValueError("no `other_processes` readings")
     others, mine = int(c.others_on_gpu0.max()), float(c.ranks_ge1_on_gpu0_mib.max())
-    return holds(others >= 1 and mine == 0,
-                 f"up to {others} other processes on GPU 0 at `init`; ranks ≥ 1 held {mine:.0f} "
-                 "MiB there", {"others_on_gpu0": others, "ranks_ge1_init_mib": mine},
-                 why_not="" if others >= 1
-                 else "no other group's process was on GPU 0 at any `init`: not shown")
+    return holds(
+        others >= 1 and mine == 0,
+        f"up to {others} other processes on GPU 0 at `init`; ranks ≥ 1 held {mine:.0f} "
+        "MiB there", {"others_on_gpu0": others, "ranks_ge1_init_mib": mine}, why_not=""
+        if others >= 1 else "no other group's process was on GPU 0 at any `init`: not shown")
 
 
 def _rate(run):
@@ -226,7 +233,7 @@ def _deltas(run, variant: str):
 
 def _needs_series(run):
     return None if run.sidecar("memory") is not None else ("the run has no memory time series "
-                                                            "(sidecar `memory`)")
+                                                           "(sidecar `memory`)")
 
 
 def _during_unpickle(run):
@@ -235,9 +242,10 @@ def _during_unpickle(run):
     if u.empty:
         raise ValueError("no `unpickle` mark of a rank >= 1 in `before`")
     ok = bool(((u.before_mib == 0) & (u.after_mib > 0)).all())
-    return holds(ok, f"{len(u)} ranks: {_span(u.before_mib)} MiB on GPU 0 when unpickling began, "
-                     f"{_span(u.after_mib)} MiB when the next step began",
-                 {"ranks": len(u), "after_min_mib": float(u.after_mib.min())})
+    return holds(
+        ok, f"{len(u)} ranks: {_span(u.before_mib)} MiB on GPU 0 when unpickling began, "
+        f"{_span(u.after_mib)} MiB when the next step began",
+        {"ranks": len(u), "after_min_mib": float(u.after_mib.min())})
 
 
 def _growth_step(run):
@@ -250,11 +258,12 @@ def _growth_step(run):
     ranks = k.groupby(["repeat", "process"]).ngroups
     marks = sorted(set(big["mark"]))
     ok = len(marks) == 1 and len(per_rank) == ranks and bool((per_rank == 1).all())
-    return holds(ok,
-                 f"+{_span(big.delta_mib) if len(big) else '0'} MiB during "
-                 f"`{'`/`'.join(marks) or '—'}` ({len(per_rank)}/{ranks} ranks, one step each)",
-                 {"step_mib": float(big.delta_mib.median()) if len(big) else 0.0,
-                  "mark": marks[0] if len(marks) == 1 else "/".join(marks)})
+    return holds(
+        ok, f"+{_span(big.delta_mib) if len(big) else '0'} MiB during "
+        f"`{'`/`'.join(marks) or '—'}` ({len(per_rank)}/{ranks} ranks, one step each)", {
+            "step_mib": float(big.delta_mib.median()) if len(big) else 0.0,
+            "mark": marks[0] if len(marks) == 1 else "/".join(marks)
+        })
 
 
 def _eager(run):
@@ -264,10 +273,10 @@ def _eager(run):
         raise ValueError("missing `eager` or `before` readings")
     growth = max(k - r for r, k in zip(rec, ker))
     ok = growth <= 2 and min(rec) > max(lazy)
-    return holds(ok, f"eager: {_span(rec)} MiB at `received`, +{growth:.0f} after the kernel steps "
-                     f"(lazy: {_span(lazy)} after them)",
-                 {"eager_received_mib": min(rec), "eager_growth_mib": growth,
-                  "lazy_kernel_mib": max(lazy)})
+    return holds(
+        ok, f"eager: {_span(rec)} MiB at `received`, +{growth:.0f} after the kernel steps "
+        f"(lazy: {_span(lazy)} after them)",
+        {"eager_received_mib": min(rec), "eager_growth_mib": growth, "lazy_kernel_mib": max(lazy)})
 
 
 M2 = (2, None)
@@ -275,54 +284,66 @@ _STRAY, _GROWS = "grid_thw.before.stray_context_gpu0", "grid_thw.before.context_
 _IPC, _AFTER = "grid_thw.ipc.lands_on_cuda0", "grid_thw.after.gpu0_untouched"
 _CACHE, _SPREAD = "grid_thw.cache.per_image_hits", "grid_thw.repeatable"
 CLAIMS = [
-    Claim(_STRAY, "Before the fix, every rank ≥ 1 holds memory on GPU 0 once it has unpickled the "
-          "grid (a CUDA context for a few dozen bytes)", "> 0 MiB for every rank ≥ 1 and repeat",
-          _before_stray, drift=0.05,
-          folded=(Claim("grid_thw.landing", "Before, every rank's grid lands on cuda:0 under "
-                        "`grid_thws`; after, on the CPU under `image_grid_thw`",
-                        "every rank and repeat", _landing),
-                  Claim("grid_thw.series.context_at_unpickle", "The stray GPU-0 context appears "
-                        "while a rank unpickles the request, not before and not later",
-                        "0 MiB when `unpickle` begins, > 0 MiB when the next step begins",
-                        _during_unpickle, methods=M2, applies=_needs_series, drift=1.0),
-                  Claim("grid_thw.tp_scaling", "The GPU-0 waste grows by one context per extra "
-                        "rank", f"total = (N − 1) × per-rank, ± {SPREAD_TOLERANCE_MIB:.0f} MiB per "
-                        "rank", _scales, applies=_needs_tp3, drift=0.05),
-                  Claim("grid_thw.other_gpus", "With more GPUs than GPU 0 and its own, every rank "
-                        "≥ 1 also holds a context on each other GPU after the kernel steps before "
-                        "the fix; none after", "every pair > 0 before; 0 after", _other_gpus,
-                        applies=_needs_other_gpus, drift=0.05),
-                  Claim(_SPREAD, "Repeats (and ranks ≥ 1) of one run read the same GPU-0 memory",
-                        f"spread ≤ {SPREAD_TOLERANCE_MIB:.0f} MiB", _spread, drift=1.0))),
-    Claim(_GROWS, "Before the fix, that GPU-0 context grows once kernels have run on the grid",
-          "`kernel` > `received` for every rank ≥ 1 and repeat", _before_grows, drift=0.05,
-          folded=(Claim("grid_thw.series.rate", "The NVML sampler followed every process often "
-                        "enough to separate the steps", "≥ 50 Hz, no failed read", _rate,
-                        methods=M2, applies=_needs_series, drift=0.25),
-                  Claim("grid_thw.series.growth_step", "The stray context's growth comes in one "
-                        "step of tens of MiB during one kernel step",
-                        "≥ 32 MiB, the same step in every rank and repeat", _growth_step,
-                        methods=M2, applies=_needs_series, drift=0.05),
-                  Claim("grid_thw.eager.no_growth", "With every module loaded at context creation "
-                        "(CUDA_MODULE_LOADING=EAGER) the stray context is whole at unpickling and "
-                        "larger, and the kernel steps do not grow it",
-                        "growth ≤ 2 MiB; eager `received` > lazy `kernel`", _eager, methods=M2,
-                        applies=_has_variant("eager"), drift=0.05))),
-    Claim(_IPC,
-          "Through CUDA IPC (a torch.multiprocessing queue) the grid lands on cuda:0 too, and "
-          "every rank ≥ 1 holds memory on GPU 0", "every rank on cuda:0; > 0 MiB", _ipc,
-          applies=_has_variant("ipc"), drift=0.05),
-    Claim(_AFTER, "After `.cpu()`, no rank ≥ 1 holds anything on GPU 0, in any phase",
-          "== 0 MiB exactly", _after_zero,
-          folded=(Claim("grid_thw.concurrent.no_mixing", "Groups measured side by side do not "
-                        "mix: ranks ≥ 1 read exactly 0 MiB on GPU 0 at `init` while other groups' "
-                        "processes held memory there", "≥ 1 other process; 0 MiB", _no_mixing,
-                        methods=M2, drift=1.0),
-                  Claim("grid_thw.no_process_left", "After every group, none of its processes is "
-                        "alive or listed by NVML", "0 alive, 0 listed", _no_process_left,
-                        drift=1.0))),
-    Claim(_CACHE, "On the seeded request stream, per-image items hit the vision cache more often "
-          "than per-request items", "item hit rate after > before (exact values)", _cache),
+    Claim(
+        _STRAY, "Before the fix, every rank ≥ 1 holds memory on GPU 0 once it has unpickled the "
+        "grid (a CUDA context for a few dozen bytes)", "> 0 MiB for every rank ≥ 1 and repeat",
+        _before_stray, drift=0.05,
+        folded=(Claim(
+            "grid_thw.landing", "Before, every rank's grid lands on cuda:0 under "
+            "`grid_thws`; after, on the CPU under `image_grid_thw`", "every rank and repeat",
+            _landing),
+                Claim(
+                    "grid_thw.series.context_at_unpickle", "The stray GPU-0 context appears "
+                    "while a rank unpickles the request, not before and not later",
+                    "0 MiB when `unpickle` begins, > 0 MiB when the next step begins",
+                    _during_unpickle, methods=M2, applies=_needs_series, drift=1.0),
+                Claim("grid_thw.tp_scaling", "The GPU-0 waste grows by one context per extra "
+                      "rank", f"total = (N − 1) × per-rank, ± {SPREAD_TOLERANCE_MIB:.0f} MiB per "
+                      "rank", _scales, applies=_needs_tp3, drift=0.05),
+                Claim(
+                    "grid_thw.other_gpus", "With more GPUs than GPU 0 and its own, every rank "
+                    "≥ 1 also holds a context on each other GPU after the kernel steps before "
+                    "the fix; none after", "every pair > 0 before; 0 after", _other_gpus,
+                    applies=_needs_other_gpus, drift=0.05),
+                Claim(_SPREAD, "Repeats (and ranks ≥ 1) of one run read the same GPU-0 memory",
+                      f"spread ≤ {SPREAD_TOLERANCE_MIB:.0f} MiB", _spread, drift=1.0))),
+    Claim(
+        _GROWS, "Before the fix, that GPU-0 context grows once kernels have run on the grid",
+        "`kernel` > `received` for every rank ≥ 1 and repeat", _before_grows, drift=0.05,
+        folded=(Claim(
+            "grid_thw.series.rate", "The NVML sampler followed every process often "
+            "enough to separate the steps", "≥ 50 Hz, no failed read", _rate, methods=M2,
+            applies=_needs_series, drift=0.25),
+                Claim(
+                    "grid_thw.series.growth_step", "The stray context's growth comes in one "
+                    "step of tens of MiB during one kernel step",
+                    "≥ 32 MiB, the same step in every rank and repeat", _growth_step, methods=M2,
+                    applies=_needs_series, drift=0.05),
+                Claim(
+                    "grid_thw.eager.no_growth", "With every module loaded at context creation "
+                    "(CUDA_MODULE_LOADING=EAGER) the stray context is whole at unpickling and "
+                    "larger, and the kernel steps do not grow it",
+                    "growth ≤ 2 MiB; eager `received` > lazy `kernel`", _eager, methods=M2,
+                    applies=_has_variant("eager"), drift=0.05))),
+    Claim(
+        _IPC, "Through CUDA IPC (a torch.multiprocessing queue) the grid lands on cuda:0 too, and "
+        "every rank ≥ 1 holds memory on GPU 0", "every rank on cuda:0; > 0 MiB", _ipc,
+        applies=_has_variant("ipc"), drift=0.05),
+    Claim(
+        _AFTER, "After `.cpu()`, no rank ≥ 1 holds anything on GPU 0, in any phase",
+        "== 0 MiB exactly", _after_zero, folded=(Claim(
+            "grid_thw.concurrent.no_mixing", "Groups measured side by side do not "
+            "mix: ranks ≥ 1 read exactly 0 MiB on GPU 0 at `init` while other groups' "
+            "processes held memory there", "≥ 1 other process; 0 MiB", _no_mixing, methods=M2,
+            drift=1.0),
+                                                 Claim(
+                                                     "grid_thw.no_process_left",
+                                                     "After every group, none of its processes is "
+                                                     "alive or listed by NVML", "0 alive, 0 listed",
+                                                     _no_process_left, drift=1.0))),
+    Claim(
+        _CACHE, "On the seeded request stream, per-image items hit the vision cache more often "
+        "than per-request items", "item hit rate after > before (exact values)", _cache),
 ]
 
 
@@ -360,14 +381,15 @@ def _engine_before(run):
     before, after = got["before"], got["released"]
     ok = bool(before) and all(m > 0 for m in before.values()) and all(
         m == 0 for m in after.values()) and set(before) == set(after)
-    value = {"before_min_mib": min(before.values(), default=0),
-             "before_max_mib": max(before.values(), default=0),
-             "after_max_mib": max(after.values(), default=0), "ranks": len(before)}
-    return holds(ok, "GPU 0 held by ranks ≥ 1: "
-                 + ", ".join(f"TP{r} {m:.0f} MiB" for r, m in sorted(before.items()))
-                 + " with #22858 reverted; "
-                 + ", ".join(f"TP{r} {m:.0f} MiB" for r, m in sorted(after.items()))
-                 + " as released", value)
+    value = {
+        "before_min_mib": min(before.values(),
+                              default=0), "before_max_mib": max(before.values(), default=0),
+        "after_max_mib": max(after.values(), default=0), "ranks": len(before)
+    }
+    return holds(
+        ok, "GPU 0 held by ranks ≥ 1: " + ", ".join(
+            f"TP{r} {m:.0f} MiB" for r, m in sorted(before.items())) + " with #22858 reverted; "
+        + ", ".join(f"TP{r} {m:.0f} MiB" for r, m in sorted(after.items())) + " as released", value)
 
 
 def _engine_tp(run) -> int:
@@ -386,26 +408,30 @@ def _engine_scales(run):
     n, total = len(before), sum(before.values())
     per = sorted(before.values())[len(before) // 2]
     off = abs(total - n * per)
-    return holds(n == _engine_tp(run) - 1 and off <= SPREAD_TOLERANCE_MIB * n,
-                 f"TP {_engine_tp(run)}: {total:.0f} MiB on GPU 0 = {n} ranks × {per:.0f} MiB "
-                 f"(off by {off:.0f})",
-                 {"total_mib": float(total), "per_rank_mib": float(per), "ranks": n})
+    return holds(
+        n == _engine_tp(run) - 1 and off <= SPREAD_TOLERANCE_MIB * n,
+        f"TP {_engine_tp(run)}: {total:.0f} MiB on GPU 0 = {n} ranks × {per:.0f} MiB "
+        f"(off by {off:.0f})", {"total_mib": float(total), "per_rank_mib": float(per), "ranks": n})
 
 
 ENGINE = SimpleNamespace(
     EXPERIMENT="engine_grid_thw",
     CLAIM="In SGLang's own engine (Kimi-K2.5 tiny, dummy weights, one image, TP 2 and 4), every "
-          "scheduler rank ≥ 1 holds memory on GPU 0 when #22858's `.cpu()` is reverted, and none "
-          "as released.",
-    CLAIMS=[Claim("engine_grid_thw.rank_contexts_on_gpu0",
-                  "With #22858's line reverted, every scheduler rank ≥ 1 holds a CUDA context on "
-                  "GPU 0 (NVML, after the image request); with it, no rank ≥ 1 holds anything there",
-                  "before: > 0 MiB per rank ≥ 1; released: 0 MiB (exact)", _engine_before,
-                  applies=_engine_applies),
-            Claim("engine_grid_thw.gpu0_total_per_rank",
-                  "With #22858's line reverted, GPU 0's total grows with the rank count: one "
-                  "context per rank ≥ 1 (TP 4: three)",
-                  f"total = (TP − 1) × per-rank, ± {SPREAD_TOLERANCE_MIB:.0f} MiB per rank",
-                  _engine_scales, applies=_engine_needs_tp3)],
+    "scheduler rank ≥ 1 holds memory on GPU 0 when #22858's `.cpu()` is reverted, and none "
+    "as released.",
+    CLAIMS=[
+        Claim(
+            "engine_grid_thw.rank_contexts_on_gpu0",
+            "With #22858's line reverted, every scheduler rank ≥ 1 holds a CUDA context on "
+            "GPU 0 (NVML, after the image request); with it, no rank ≥ 1 holds anything there",
+            "before: > 0 MiB per rank ≥ 1; released: 0 MiB (exact)", _engine_before,
+            applies=_engine_applies),
+        Claim(
+            "engine_grid_thw.gpu0_total_per_rank",
+            "With #22858's line reverted, GPU 0's total grows with the rank count: one "
+            "context per rank ≥ 1 (TP 4: three)",
+            f"total = (TP − 1) × per-rank, ± {SPREAD_TOLERANCE_MIB:.0f} MiB per rank",
+            _engine_scales, applies=_engine_needs_tp3)
+    ],
     shown=lambda runs_: list(runs_),
 )

@@ -46,6 +46,7 @@ from sglab.core import dist, hardware, memory, runs
 from sglab.core import timing as phases
 from sglab.grid_thw import rebuild
 
+
 EXPERIMENT = "grid_thw"
 METHOD_VERSION = 2  # 1: groups one after the other, no time series; 2: at once, NVML series, marks
 GPUS = 2
@@ -108,8 +109,10 @@ VARIANTS = {
 
 
 def _row(variant: str, metric: str, value: float, unit: str, **kw) -> dict:
-    row = {"variant": variant, "tp_size": -1, "repeat": -1, "process": "", "rank": -1, "gpu": -1,
-           "phase": ""}
+    row = {
+        "variant": variant, "tp_size": -1, "repeat": -1, "process": "", "rank": -1, "gpu": -1,
+        "phase": ""
+    }
     row.update(kw)
     row.update(metric=metric, value=float(value), unit=unit)
     return row
@@ -211,12 +214,14 @@ class Snapshots:
             rank = -1 if who == "tokenizer" else int(who.split()[1])
             for gpu in range(self.n_gpus):
                 used = sum(r["used_mib"] for r in every if r["pid"] == pid and r["gpu"] == gpu)
-                self.rows.append(_row(self.variant, "gpu_memory", used, "MiB", process=who,
-                                      rank=rank, gpu=gpu, phase=phase))
+                self.rows.append(
+                    _row(self.variant, "gpu_memory", used, "MiB", process=who, rank=rank, gpu=gpu,
+                         phase=phase))
         for gpu in range(self.n_gpus):
             others = {r["pid"] for r in every if r["gpu"] == gpu and r["pid"] not in self.labels}
-            self.rows.append(_row(self.variant, "other_processes", len(others), "count",
-                                  process="others", gpu=gpu, phase=phase))
+            self.rows.append(
+                _row(self.variant, "other_processes", len(others), "count", process="others",
+                     gpu=gpu, phase=phase))
 
 
 def _labels(ctx, tokenizer_pid: int) -> dict[int, str]:
@@ -307,17 +312,18 @@ def rank_main(ctx, spec: dict) -> dict:
         req, conn = _receive(ctx, v, spec["address"], marks)
     key = rebuild.grid_key(req)
     grid = req[key]
-    landed = {"rank": ctx.rank, "pid": os.getpid(), "grid_key": key,
-              "grid_device": str(grid.device),
-              "pixel_values_device": str(req["pixel_values"].device)}
+    landed = {
+        "rank": ctx.rank, "pid": os.getpid(), "grid_key": key, "grid_device": str(grid.device),
+        "pixel_values_device": str(req["pixel_values"].device)
+    }
     snap("received")
     with phases.phase("kernel steps"):
         landed["stack"] = _kernel_steps(ctx, grid, int(req["pixel_values"].shape[0]), marks,
                                         float(spec["step_pause_s"]))
     if grid.device.type == "cuda":
         props = torch.cuda.get_device_properties(grid.device)
-        landed["resident_threads"] = (props.multi_processor_count
-                                      * props.max_threads_per_multi_processor)
+        landed["resident_threads"] = (
+            props.multi_processor_count * props.max_threads_per_multi_processor)
     snap("kernel")
     with phases.phase("release"), marks.mark("release"):
         del grid, req
@@ -329,8 +335,10 @@ def rank_main(ctx, spec: dict) -> dict:
             conn.send("done")
             conn.close()
     snap("released")
-    return {"landed": landed, "memory_rows": snap.rows, "marks": marks.items, "t_entry": t_entry,
-            "phases": phases.take()}
+    return {
+        "landed": landed, "memory_rows": snap.rows, "marks": marks.items, "t_entry": t_entry,
+        "phases": phases.take()
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -381,8 +389,10 @@ def _exit_rows(variant: str, pids: list[int], nccl: bool, common: dict) -> list[
             break
         time.sleep(0.05)
     kw = dict(common, process="all", phase="exited")
-    return [_row(variant, "processes_alive", alive, "count", **kw),
-            _row(variant, "nvml_processes_listed", listed, "count (-1 = not checked)", **kw)]
+    return [
+        _row(variant, "processes_alive", alive, "count", **kw),
+        _row(variant, "nvml_processes_listed", listed, "count (-1 = not checked)", **kw)
+    ]
 
 
 def _landing_rows(variant: str, results: list[dict], common: dict) -> list[dict]:
@@ -392,19 +402,22 @@ def _landing_rows(variant: str, results: list[dict], common: dict) -> list[dict]
         land = r["landed"]
         base = dict(common, process=f"rank {land['rank']}", rank=land["rank"], phase="received")
         gpu = _device_index(land["grid_device"])
-        rows += [_row(variant, "grid_device", gpu, "device index (-1 = cpu)", **base),
-                 _row(variant, "pixel_values_device",
-                      _device_index(land["pixel_values_device"]), "device index (-1 = cpu)",
-                      **base),
-                 _row(variant, "grid_key_is_image_grid_thw", land["grid_key"] == "image_grid_thw",
-                      "bool", **base)]
+        rows += [
+            _row(variant, "grid_device", gpu, "device index (-1 = cpu)", **base),
+            _row(variant, "pixel_values_device", _device_index(land["pixel_values_device"]),
+                 "device index (-1 = cpu)", **base),
+            _row(variant, "grid_key_is_image_grid_thw", land["grid_key"] == "image_grid_thw",
+                 "bool", **base)
+        ]
         for step, value in (land.get("stack") or {}).items():
             if value >= 0:  # the grid's device is a GPU: its context's stack after each step
-                rows.append(_row(variant, "stack_limit_bytes", value, "bytes per thread",
-                                 **dict(base, gpu=gpu, phase=step)))
+                rows.append(
+                    _row(variant, "stack_limit_bytes", value, "bytes per thread",
+                         **dict(base, gpu=gpu, phase=step)))
         if "resident_threads" in land:
-            rows.append(_row(variant, "resident_threads", land["resident_threads"],
-                             "threads (SMs × per SM)", **dict(base, gpu=gpu)))
+            rows.append(
+                _row(variant, "resident_threads", land["resident_threads"],
+                     "threads (SMs × per SM)", **dict(base, gpu=gpu)))
     return rows
 
 
@@ -427,8 +440,10 @@ def run_group(variant: str, tp_size: int, *, repeat: int = 0, n_images: int = 4,
               "cuda:0" if backend == "nccl" else "cpu", marks_path))
     tok.start()
     try:
-        spec = {"variant": variant, "address": address, "tokenizer_pid": tok.pid,
-                "settle_s": settle_s, "step_pause_s": step_pause_s}
+        spec = {
+            "variant": variant, "address": address, "tokenizer_pid": tok.pid, "settle_s": settle_s,
+            "step_pause_s": step_pause_s
+        }
         results = dist.launch(rank_main, tp_size, args=(spec,), backend=backend,
                               timeout_s=timeout_s, collective_timeout_s=min(120.0, timeout_s),
                               env=dict(v.rank_env), start_method=start_method)
@@ -441,16 +456,21 @@ def run_group(variant: str, tp_size: int, *, repeat: int = 0, n_images: int = 4,
     pids = [r["landed"]["pid"] for r in results] + [tok.pid]
     rows = _landing_rows(variant, results, common) + _exit_rows(variant, pids, backend == "nccl",
                                                                 common)
-    rows.append(_row(variant, "tokenizer_exitcode", -99 if tok_exit is None else tok_exit, "code",
-                     **dict(common, process="all", phase="exited")))
-    ranks = {r["landed"]["pid"]: (f"rank {r['landed']['rank']}", r["landed"]["rank"])
-             for r in results}
+    rows.append(
+        _row(variant, "tokenizer_exitcode", -99 if tok_exit is None else tok_exit, "code",
+             **dict(common, process="all", phase="exited")))
+    ranks = {
+        r["landed"]["pid"]: (f"rank {r['landed']['rank']}", r["landed"]["rank"])
+        for r in results
+    }
     marks = [("tokenizer", -1, *m) for m in tok_marks]
     marks += [(*ranks[r["landed"]["pid"]], *m) for r in results for m in r["marks"]]
-    return {"variant": variant, "repeat": repeat, "rows": rows, "t_start": t_start,
-            "t_end": time.monotonic(), "procs": {tok.pid: ("tokenizer", -1), **ranks},
-            "marks": marks, "phases": [r["phases"] for r in results],
-            "t_entry": [r["t_entry"] - t_start for r in results]}
+    return {
+        "variant": variant, "repeat": repeat, "rows": rows, "t_start": t_start,
+        "t_end": time.monotonic(), "procs": {tok.pid: ("tokenizer", -1), **ranks}, "marks": marks,
+        "phases": [r["phases"] for r in results
+                   ], "t_entry": [r["t_entry"] - t_start for r in results]
+    }
 
 
 def run_variant(variant: str, tp_size: int, **kw) -> list[dict]:
@@ -467,9 +487,11 @@ MARK_COLUMNS = ["variant", "repeat", "process", "rank", "mark", "t_s", "dur_s"]
 
 def sampler_rows(sampler: memory.Sampler, tp_size: int) -> list[dict]:
     kw = {"tp_size": tp_size, "process": "sampler", "phase": "series"}
-    return [_row("all", "sampler_hz", sampler.achieved_hz(), "Hz", **kw),
-            _row("all", "sampler_ticks", len(sampler.ticks), "count", **kw),
-            _row("all", "sampler_errors", sampler.errors, "count", **kw)]
+    return [
+        _row("all", "sampler_hz", sampler.achieved_hz(), "Hz", **kw),
+        _row("all", "sampler_ticks", len(sampler.ticks), "count", **kw),
+        _row("all", "sampler_errors", sampler.errors, "count", **kw)
+    ]
 
 
 def group_tables(groups: list[dict], samples, ticks: list[float]):
@@ -482,8 +504,8 @@ def group_tables(groups: list[dict], samples, ticks: list[float]):
         window = [t for t in ticks if t0 <= t <= g["t_end"]]
         for s in memory.step_series(samples, window, pids=list(g["procs"])).itertuples():
             process, rank = g["procs"][s.pid]
-            mem.append((g["variant"], g["repeat"], process, rank, s.gpu, round(s.t - t0, 4),
-                        s.used_mib))
+            mem.append((g["variant"], g["repeat"], process, rank, s.gpu, round(s.t - t0,
+                                                                               4), s.used_mib))
         for process, rank, name, a, b in g["marks"]:
             marks.append((g["variant"], g["repeat"], process, rank, name, round(a - t0, 4),
                           round(b - a, 4)))
@@ -494,24 +516,31 @@ def write_perfetto(mem, marks, path) -> Path:
     """Chrome trace JSON (https://ui.perfetto.dev): one trace process per group, a counter track
     per (process, GPU) in MiB, one thread per process with its marks as slices."""
     events = []
-    keys = sorted(set(map(tuple, mem[["variant", "repeat"]].values.tolist()))
-                  | set(map(tuple, marks[["variant", "repeat"]].values.tolist())), key=str)
+    keys = sorted(
+        set(map(tuple, mem[["variant", "repeat"]].values.tolist()))
+        | set(map(tuple, marks[["variant", "repeat"]].values.tolist())), key=str)
     gid = {k: i + 1 for i, k in enumerate(keys)}
     tid: dict = {}
     for (variant, repeat), i in gid.items():
-        events.append({"name": "process_name", "ph": "M", "pid": i,
-                       "args": {"name": f"{variant} · repeat {repeat}"}})
+        events.append({
+            "name": "process_name", "ph": "M", "pid": i,
+            "args": {"name": f"{variant} · repeat {repeat}"}
+        })
     for r in marks.itertuples():
         k = (r.variant, r.repeat)
         t = tid.setdefault((k, r.process), len(tid) + 1)
-        events.append({"name": "thread_name", "ph": "M", "pid": gid[k], "tid": t,
-                       "args": {"name": r.process}})
-        events.append({"name": r.mark, "ph": "X", "pid": gid[k], "tid": t, "ts": r.t_s * 1e6,
-                       "dur": max(r.dur_s * 1e6, 1.0)})
+        events.append({
+            "name": "thread_name", "ph": "M", "pid": gid[k], "tid": t, "args": {"name": r.process}
+        })
+        events.append({
+            "name": r.mark, "ph": "X", "pid": gid[k], "tid": t, "ts": r.t_s * 1e6,
+            "dur": max(r.dur_s * 1e6, 1.0)
+        })
     for r in mem.itertuples():
-        events.append({"name": f"{r.process} · GPU {r.gpu} (MiB)", "ph": "C",
-                       "pid": gid[(r.variant, r.repeat)], "ts": r.t_s * 1e6,
-                       "args": {"MiB": r.mib}})
+        events.append({
+            "name": f"{r.process} · GPU {r.gpu} (MiB)", "ph": "C",
+            "pid": gid[(r.variant, r.repeat)], "ts": r.t_s * 1e6, "args": {"MiB": r.mib}
+        })
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wt") as f:
@@ -548,11 +577,13 @@ def cache_rows(*, n_requests: int = 200, pool: int = 24, max_images: int = 4,
     for variant, fixed in (("before", False), ("after", True)):
         s = simulate_cache(stream, fixed=fixed)
         kw = {"process": "cache", "phase": "cache"}
-        rows += [_row(variant, "cache_item_hit_rate", s.hit_rate, "fraction", **kw),
-                 _row(variant, "cache_image_hit_rate", s.image_hit_rate, "fraction", **kw),
-                 _row(variant, "cache_lookups", s.lookups, "count", **kw),
-                 _row(variant, "images_encoded", s.images_encoded, "count", **kw),
-                 _row(variant, "images_requested", s.images, "count", **kw)]
+        rows += [
+            _row(variant, "cache_item_hit_rate", s.hit_rate, "fraction", **kw),
+            _row(variant, "cache_image_hit_rate", s.image_hit_rate, "fraction", **kw),
+            _row(variant, "cache_lookups", s.lookups, "count", **kw),
+            _row(variant, "images_encoded", s.images_encoded, "count", **kw),
+            _row(variant, "images_requested", s.images, "count", **kw)
+        ]
     return rows
 
 
@@ -566,8 +597,7 @@ def check_params(p: dict) -> None:
     if int(p["tp_size"]) < 2:
         raise ValueError(f"tp_size must be >= 2 (the effect is on ranks >= 1), got {p['tp_size']}")
     if p["start_method"] not in ("spawn", "forkserver"):
-        raise ValueError(f"start_method must be 'spawn' or 'forkserver', got "
-                         f"{p['start_method']!r}")
+        raise ValueError(f"start_method must be 'spawn' or 'forkserver', got {p['start_method']!r}")
     if int(p["repeats"]) < 1:
         raise ValueError(f"repeats must be >= 1, got {p['repeats']}")
 
@@ -584,8 +614,10 @@ def _run_groups(plan: list[tuple[str, int]], p: dict, backend: str, progress: bo
         print(f"grid_thw tp={p['tp_size']}: {len(plan)} groups at once")
     with ThreadPoolExecutor(max_workers=len(plan) + 1, thread_name_prefix="sglab-group") as pool:
         cache = pool.submit(cache_job)
-        futures = {pool.submit(run_group, v, int(p["tp_size"]), repeat=rep, **kw): (v, rep)
-                   for v, rep in plan}
+        futures = {
+            pool.submit(run_group, v, int(p["tp_size"]), repeat=rep, **kw): (v, rep)
+            for v, rep in plan
+        }
         for fut in as_completed(futures):
             v, rep = futures[fut]
             try:

@@ -44,7 +44,7 @@ def navit_resize_config(width: int, height: int, patch_size: int = PATCH_SIZE,
                         in_patch_limit: int = IN_PATCH_LIMIT,
                         patch_limit_on_one_side: int = PATCH_LIMIT_ON_ONE_SIDE) -> dict:
     """NaViT target size and token count (pure math)."""
-    s1 = (in_patch_limit / (max(1.0, width // patch_size) * max(1.0, height // patch_size))) ** 0.5
+    s1 = (in_patch_limit / (max(1.0, width // patch_size) * max(1.0, height // patch_size)))**0.5
     s2 = patch_limit_on_one_side * patch_size / width
     s3 = patch_limit_on_one_side * patch_size / height
     scale = min(1.0, s1, s2, s3)
@@ -54,8 +54,10 @@ def navit_resize_config(width: int, height: int, patch_size: int = PATCH_SIZE,
     pad_h = (factor - new_h % factor) % factor
     pad_w = (factor - new_w % factor) % factor
     num_tokens = ((new_h + pad_h) // factor) * ((new_w + pad_w) // factor)
-    return {"num_tokens": num_tokens, "new_width": new_w, "new_height": new_h,
-            "pad_width": pad_w, "pad_height": pad_h}
+    return {
+        "num_tokens": num_tokens, "new_width": new_w, "new_height": new_h, "pad_width": pad_w,
+        "pad_height": pad_h
+    }
 
 
 def _process_single_image(image, config: dict, image_mean, image_std_inv, patch_size: int):
@@ -99,8 +101,8 @@ def gpu_call(prompt_ids: list[int], images: list, *, fixed: bool, device="cuda:0
     input_ids: list[int] = []
     it = iter(configs)
     for tok in prompt_ids:
-        input_ids.extend([IMAGE_TOKEN_ID] * next(it)["num_tokens"] if tok == IMAGE_TOKEN_ID
-                         else [tok])
+        input_ids.extend([IMAGE_TOKEN_ID] * next(it)["num_tokens"] if tok ==
+                         IMAGE_TOKEN_ID else [tok])
     input_ids_t = torch.tensor([input_ids], dtype=torch.int64)
     if not fixed:
         # before: the grid stays where it was built, under Kimi's own key
@@ -155,9 +157,8 @@ def _sliced_item(item: MMItem, i: int, start: int, end: int, num_items: int,
     data = {}
     for key, value in item.model_specific_data.items():
         length = _get_length(value)
-        data[key] = (value[i:i + 1] if length == num_items else
-                     value[start:end] if feature_len is not None and length == feature_len
-                     else value)
+        data[key] = (value[i:i + 1] if length == num_items else value[start:end]
+                     if feature_len is not None and length == feature_len else value)
     new.model_specific_data = data
     return new
 
@@ -173,14 +174,17 @@ def _try_simple_split(item: MMItem, num_items: int, out: list) -> bool:
 def _split_by_grid(item: MMItem, image_grid_thw, num_items: int) -> list | None:
     """Slice the feature by each image's t·h·w patches (None when they do not add up to the
     feature's rows)."""
-    per_item = [int(torch.prod(torch.as_tensor(g, dtype=torch.long)).item())
-                for g in image_grid_thw]
+    per_item = [
+        int(torch.prod(torch.as_tensor(g, dtype=torch.long)).item()) for g in image_grid_thw
+    ]
     bounds = [0] + torch.cumsum(torch.tensor(per_item, dtype=torch.long), dim=0).tolist()
     feature_len = _get_length(item.feature)
     if feature_len is None or bounds[-1] != feature_len:
         return None
-    return [_sliced_item(item, i, bounds[i], bounds[i + 1], num_items, feature_len)
-            for i in range(num_items)]
+    return [
+        _sliced_item(item, i, bounds[i], bounds[i + 1], num_items, feature_len)
+        for i in range(num_items)
+    ]
 
 
 def get_new_expanded_mm_items(original_mm_items: list) -> list:
@@ -221,10 +225,15 @@ def hash_feature(feature: torch.Tensor) -> int:
 # FEATURE_NAMES is an allow-list: a model-specific processor that returns another tensor escapes
 # it, which is how a 32-byte grid reached every TP rank on cuda:0.
 FEATURE_NAMES = ["pixel_values", "pixel_values_videos", "audio_features", "input_features"]
-ATTR_NAME_TO_MODALITY = {"pixel_values": "image", "image_grid_thw": "image",
-                         "grid_thws": "image",  # for kimi k2.5
-                         "pixel_values_videos": "video", "video_grid_thw": "video",
-                         "audio_features": "audio", "input_features": "audio"}
+ATTR_NAME_TO_MODALITY = {
+    "pixel_values": "image",
+    "image_grid_thw": "image",
+    "grid_thws": "image",  # for kimi k2.5
+    "pixel_values_videos": "video",
+    "video_grid_thw": "video",
+    "audio_features": "audio",
+    "input_features": "audio"
+}
 
 
 def offload_features(result: dict, feature_names=FEATURE_NAMES) -> dict:
@@ -285,10 +294,10 @@ def items_for_request(result: dict) -> list[MMItem]:
 # request up by the combined hash of its items. Here: unbounded (no LRU), one lookup per item.
 @dataclass
 class CacheStats:
-    lookups: int = 0          # items looked up in the cache
-    hits: int = 0             # items found
-    images: int = 0           # images in all requests
-    images_encoded: int = 0   # images the vision tower had to encode (those of missed items)
+    lookups: int = 0  # items looked up in the cache
+    hits: int = 0  # items found
+    images: int = 0  # images in all requests
+    images_encoded: int = 0  # images the vision tower had to encode (those of missed items)
 
     @property
     def hit_rate(self) -> float:
@@ -425,5 +434,7 @@ def request_stream(n_requests: int, pool_size: int, max_images: int, seed: int) 
     """Seeded multi-image requests, each 1..``max_images`` distinct images of a pool of
     ``pool_size``: images repeat across requests while whole image sets rarely do."""
     rng = np.random.default_rng(seed)
-    return [[int(i) for i in rng.choice(pool_size, size=int(rng.integers(1, max_images + 1)),
-                                        replace=False)] for _ in range(n_requests)]
+    return [[
+        int(i)
+        for i in rng.choice(pool_size, size=int(rng.integers(1, max_images + 1)), replace=False)
+    ] for _ in range(n_requests)]

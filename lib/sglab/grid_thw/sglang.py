@@ -36,6 +36,7 @@ from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
 from sglab.sglang.probing import Stop, has_file
 from sglab.sglang.upstream import Verdict
 
+
 KIMI_MODEL = "srt/models/kimi_k25.py"
 KIMI_PROCESSOR = "srt/multimodal/processors/kimi_k25.py"
 PROBE_RELEASES = ("0.5.10.post1", "0.5.11", "0.5.23")
@@ -48,16 +49,20 @@ VARIANT_OF = {"0.5.10.post1": "before", "0.5.11": "after", "0.5.23": "after"}
 # the source check (the release timeline, `sglab upstream`)
 # --------------------------------------------------------------------------------------------------
 def _dict_keys(node) -> set[str]:
-    return {k.value for n in ast.walk(node) if isinstance(n, ast.Dict)
-            for k in n.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+    return {
+        k.value
+        for n in ast.walk(node) if isinstance(n, ast.Dict)
+        for k in n.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)
+    }
 
 
 def _grid_built_on_cpu(tree) -> bool:
     """``_gpu_preprocess_images`` makes ``grid_thws`` with ``torch.tensor(...)`` and no
     ``device=``: a CPU tensor."""
     fn = S.find(tree, "_gpu_preprocess_images")
-    return any(isinstance(v, ast.Call) and S.callee_name(v) == "tensor"
-               and S.keyword(v, "device") is None for v in S.assignments(fn, "grid_thws"))
+    return any(
+        isinstance(v, ast.Call) and S.callee_name(v) == "tensor" and S.keyword(v, "device") is None
+        for v in S.assignments(fn, "grid_thws"))
 
 
 def check(read) -> Verdict:
@@ -69,28 +74,29 @@ def check(read) -> Verdict:
     tree = S.parse(src)
     gpu_call = S.find(tree, "KimiGPUProcessorWrapper._gpu_call")
     if gpu_call is None:
-        return Verdict("absent",
-                       "no KimiGPUProcessorWrapper._gpu_call: Kimi-K2.5 images are not "
-                       "preprocessed on a GPU here, so no grid is built on cuda:0")
+        return Verdict(
+            "absent", "no KimiGPUProcessorWrapper._gpu_call: Kimi-K2.5 images are not "
+            "preprocessed on a GPU here, so no grid is built on cuda:0")
     keys = _dict_keys(gpu_call)
     moved = S.mentions(gpu_call, "grid_thws.cpu()")
     on_cpu = _grid_built_on_cpu(tree)
     if "image_grid_thw" in keys and moved:
-        return Verdict("pr-era",
-                       "_gpu_call moves grid_thws to the CPU (.cpu()) and returns it as "
-                       "image_grid_thw")
+        return Verdict(
+            "pr-era", "_gpu_call moves grid_thws to the CPU (.cpu()) and returns it as "
+            "image_grid_thw")
     if "image_grid_thw" in keys and on_cpu:
-        return Verdict("changed",
-                       "_gpu_preprocess_images builds grid_thws on the CPU (torch.tensor, no "
-                       "device) and _gpu_call returns it as image_grid_thw; no .cpu() needed")
+        return Verdict(
+            "changed", "_gpu_preprocess_images builds grid_thws on the CPU (torch.tensor, no "
+            "device) and _gpu_call returns it as image_grid_thw; no .cpu() needed")
     if "image_grid_thw" in keys:
-        return Verdict("regressed",
-                       "_gpu_call returns image_grid_thw built on the GPU without .cpu(): a cuda:0 "
-                       "tensor reaches every TP rank again")
+        return Verdict(
+            "regressed",
+            "_gpu_call returns image_grid_thw built on the GPU without .cpu(): a cuda:0 "
+            "tensor reaches every TP rank again")
     if "grid_thws" in keys and not (moved or on_cpu):
-        return Verdict("before",
-                       "_gpu_call returns grid_thws as built on the preprocessing GPU (not a "
-                       "FEATURE_NAMES key, so it reaches every TP rank as a cuda:0 tensor)")
+        return Verdict(
+            "before", "_gpu_call returns grid_thws as built on the preprocessing GPU (not a "
+            "FEATURE_NAMES key, so it reaches every TP rank as a cuda:0 tensor)")
     return Verdict("unknown",
                    f"_gpu_call returns keys {sorted(keys)}: not a shape this check recognises")
 
@@ -181,9 +187,8 @@ def processor_rows(prepared) -> list[dict]:
     values = dict(hf_processor=hf, image_token=IMAGE_TOKEN, image_token_id=rebuild.IMAGE_TOKEN_ID,
                   patch_size=rebuild.PATCH_SIZE, merge_kernel_size=rebuild.MERGE_KERNEL_SIZE,
                   in_patch_limit=rebuild.IN_PATCH_LIMIT,
-                  patch_limit_on_one_side=rebuild.PATCH_LIMIT_ON_ONE_SIDE,
-                  fixed_output_tokens=None, image_mean=list(rebuild.IMAGE_MEAN),
-                  image_std=list(rebuild.IMAGE_STD))
+                  patch_limit_on_one_side=rebuild.PATCH_LIMIT_ON_ONE_SIDE, fixed_output_tokens=None,
+                  image_mean=list(rebuild.IMAGE_MEAN), image_std=list(rebuild.IMAGE_STD))
     params = inspect.signature(W.__init__).parameters
     w = W(**{k: v for k, v in values.items() if k in params})
     w._get_gpu_norm_tensors(device="cpu")
@@ -196,13 +201,13 @@ def processor_rows(prepared) -> list[dict]:
     want = _rebuilt_after()
     key = next((k for k in KEYS if k in out), None)
     grid = out.get(key) if key else None
-    return rows(exists=True, keys=sorted(out), grid_key=key,
-                grid_device=str(grid.device) if grid is not None else None,
-                grid_dtype=str(grid.dtype).replace("torch.", "") if grid is not None else None,
-                grid=grid.tolist() if grid is not None else None,
-                pixel_values_match_rebuild=bool(torch.allclose(out["pixel_values"],
-                                                               want["pixel_values"], atol=1e-5)),
-                image_tokens=int((out["input_ids"] == rebuild.IMAGE_TOKEN_ID).sum()))
+    return rows(
+        exists=True, keys=sorted(out), grid_key=key,
+        grid_device=str(grid.device) if grid is not None else None,
+        grid_dtype=str(grid.dtype).replace("torch.", "") if grid is not None else None,
+        grid=grid.tolist() if grid is not None else None, pixel_values_match_rebuild=bool(
+            torch.allclose(out["pixel_values"], want["pixel_values"], atol=1e-5)), image_tokens=int(
+                (out["input_ids"] == rebuild.IMAGE_TOKEN_ID).sum()))
 
 
 def _send_msgpack(prepared, item):
@@ -211,11 +216,11 @@ def _send_msgpack(prepared, item):
     sb = bootstrap.import_release_module(prepared, "sglang.srt.managers.schedule_batch")
     from sglang.srt.sampling.sampling_params import SamplingParams  # the release's own
 
-    req = io.TokenizedGenerateReqInput(
-        input_text="x", input_ids=array("i", [1, 2, 3]), input_embeds=None,
-        mm_inputs=sb.MultimodalProcessorOutput(mm_items=[item]), token_type_ids=None,
-        sampling_params=SamplingParams(), return_logprob=False, logprob_start_len=-1,
-        top_logprobs_num=0, token_ids_logprob=None, stream=False)
+    req = io.TokenizedGenerateReqInput(input_text="x", input_ids=array(
+        "i", [1, 2, 3]), input_embeds=None, mm_inputs=sb.MultimodalProcessorOutput(mm_items=[item]),
+                                       token_type_ids=None, sampling_params=SamplingParams(),
+                                       return_logprob=False, logprob_start_len=-1,
+                                       top_logprobs_num=0, token_ids_logprob=None, stream=False)
     data = io.msgpack_encode(req)
     return io.msgpack_decode(data).mm_inputs.mm_items[0], "msgpack (io_struct.msgpack_encode)", \
         len(data)
@@ -245,13 +250,15 @@ def wire_rows(prepared, sb, key, grid, pixels) -> list[dict]:
     item = make_item(sb, key, grid, pixels)
     back, how, nbytes = _send_msgpack(prepared, item) if msgpack else _send_pickle(item)
     g = back.model_specific_data.get(key)
-    facts = {"wire": how, "bytes": nbytes, "item_class": type(back).__name__,
-             "key_kept": g is not None, "device_sent": str(grid.device),
-             "device_received": str(g.device) if g is not None else None,
-             "device_recorded_on_wire": _recorded_device(grid, msgpack),
-             "dtype_kept": g is not None and g.dtype == grid.dtype,
-             "shape_kept": g is not None and tuple(g.shape) == tuple(grid.shape),
-             "values_kept": g is not None and g.cpu().tolist() == grid.cpu().tolist()}
+    facts = {
+        "wire": how, "bytes": nbytes, "item_class": type(back).__name__, "key_kept": g is not None,
+        "device_sent": str(
+            grid.device), "device_received": str(g.device) if g is not None else None,
+        "device_recorded_on_wire": _recorded_device(
+            grid, msgpack), "dtype_kept": g is not None and g.dtype == grid.dtype,
+        "shape_kept": g is not None and tuple(g.shape) == tuple(grid.shape),
+        "values_kept": g is not None and g.cpu().tolist() == grid.cpu().tolist()
+    }
     return [{"part": "wire", "case": key, "metric": k, "value": v} for k, v in facts.items()]
 
 
@@ -260,8 +267,10 @@ def probe(prepared, params: dict) -> list[dict]:
     sb = bootstrap.import_release_module(prepared, "sglang.srt.managers.schedule_batch")
     out = _rebuilt_after()
     grid, pixels = out["image_grid_thw"].to(params.get("device") or "cpu"), out["pixel_values"]
-    rows = [{"part": "item", "case": "class", "metric": "module",
-             "value": sb.MultimodalDataItem.__module__}]
+    rows = [{
+        "part": "item", "case": "class", "metric": "module",
+        "value": sb.MultimodalDataItem.__module__
+    }]
     rows += model_rows(prepared, sb, grid, pixels) + processor_rows(prepared)
     for key in KEYS:
         rows += wire_rows(prepared, sb, key, grid, pixels)
@@ -292,6 +301,8 @@ KIMI_TP4 = ("--tp-size", "4", *KIMI_ARGS)
 # what any Kimi-K2.5 tiny engine fed an image needs here: the processor made offline (sglab engine
 # adds the MLA weights' post-load step 0.5.11 lacks by itself: engine.spec.MODEL_NEEDS)
 KIMI_IMAGE = (stand_in.PROCESSOR,)
+
+
 def _kimi_cases(args: tuple) -> tuple:
     return (Case("released", args, KIMI_IMAGE), Case("before", args, (*KIMI_IMAGE, GRID_ON_CUDA0)))
 
@@ -318,21 +329,21 @@ _TP2 = Scenario(
 ENGINE = (
     _TP2,
     # the same at TP 4: three ranks >= 1, so GPU 0's total grows with the rank count
-    replace(_TP2, name="05-grid-thw-tp4", gpus=4, cases=_kimi_cases(KIMI_TP4),
-            what="Kimi-K2.5 tiny fed one image at TP 4: each process's memory on each GPU "
-            "(NVML), released and with #22858's line reverted",
-            expect="before: each of ranks 1-3 holds memory on GPU 0; released: none"),
+    replace(
+        _TP2, name="05-grid-thw-tp4", gpus=4, cases=_kimi_cases(KIMI_TP4),
+        what="Kimi-K2.5 tiny fed one image at TP 4: each process's memory on each GPU "
+        "(NVML), released and with #22858's line reverted",
+        expect="before: each of ranks 1-3 holds memory on GPU 0; released: none"),
 )
 
-
-FIX = Fix(name="grid_thw", number="05", prs=(22858,), gpus=2,
-          title="Kimi-K2.5 grid on the CPU under image_grid_thw (#22858)", check=check,
-          hunks=(Spec(22858, symbols_in(KIMI_PROCESSOR, "KimiGPUProcessorWrapper._gpu_call",
-                                        "KimiGPUProcessorWrapper._cpu_call")
-                      + symbols_in(KIMI_MODEL,
-                                   "KimiK25ForConditionalGeneration.get_image_feature")),),
-          probe=Probe("sglab.grid_thw.sglang:probe", PROBE_RELEASES), engine=ENGINE)
-
+FIX = Fix(
+    name="grid_thw", number="05", prs=(22858,), gpus=2,
+    title="Kimi-K2.5 grid on the CPU under image_grid_thw (#22858)", check=check, hunks=(Spec(
+        22858,
+        symbols_in(KIMI_PROCESSOR, "KimiGPUProcessorWrapper._gpu_call",
+                   "KimiGPUProcessorWrapper._cpu_call") + symbols_in(
+                       KIMI_MODEL, "KimiK25ForConditionalGeneration.get_image_feature")),),
+    probe=Probe("sglab.grid_thw.sglang:probe", PROBE_RELEASES), engine=ENGINE)
 
 # --------------------------------------------------------------------------------------------------
 # the real answers beside the rebuild's (the notebook's real-SGLang section)
@@ -350,17 +361,21 @@ def rebuild_facts(variant: str, with_processor: bool) -> dict:
     item = rebuild.MMItem(modality="image", feature=out["pixel_values"],
                           model_specific_data={key: grid})
     back = rebuild.recv_pyobj(rebuild.send_pyobj(item)).model_specific_data[key]
-    facts = {"grid key": key, "model reads it": True, "device_kept": back.device == grid.device,
-             "dtype_kept": back.dtype == grid.dtype,
-             "shape_kept": tuple(back.shape) == tuple(grid.shape),
-             "values_kept": back.tolist() == grid.tolist()}
+    facts = {
+        "grid key": key, "model reads it": True, "device_kept": back.device == grid.device,
+        "dtype_kept": back.dtype == grid.dtype, "shape_kept": tuple(back.shape) == tuple(
+            grid.shape), "values_kept": back.tolist() == grid.tolist()
+    }
     if with_processor:
-        facts.update({"processor key": key, "processor grid": grid.tolist(),
-                      "processor grid dtype": str(grid.dtype).replace("torch.", ""),
-                      "pixel_values equal": True})
-    text = {"before": "gpu_call returns grid_thws, left on the device it was built on (cuda:0 on "
-                      "a GPU)",
-            "after": "gpu_call returns image_grid_thw, moved to the CPU (.cpu())"}[variant]
+        facts.update({
+            "processor key": key, "processor grid": grid.tolist(),
+            "processor grid dtype": str(grid.dtype).replace("torch.",
+                                                            ""), "pixel_values equal": True
+        })
+    text = {
+        "before": "gpu_call returns grid_thws, left on the device it was built on (cuda:0 on "
+        "a GPU)", "after": "gpu_call returns image_grid_thw, moved to the CPU (.cpu())"
+    }[variant]
     return {**facts, "text": text + "; send_pyobj/recv_pyobj keep device, dtype, shape"}
 
 
@@ -370,15 +385,21 @@ def real_facts(result, key: str) -> dict:
     model = real.facts(result, part="model", case=key)
     wire = real.facts(result, part="wire", case=key)
     proc = real.facts(result, part="processor")
-    facts = {"grid key": key, "model reads it": model.get("reads_grid"),
-             "device_kept": wire.get("device_received") == wire.get("device_sent"),
-             **{k: wire.get(k) for k in WIRE_FACTS[1:]}}
+    facts = {
+        "grid key": key, "model reads it": model.get("reads_grid"),
+        "device_kept": wire.get("device_received") == wire.get("device_sent"),
+        **{k: wire.get(k)
+           for k in WIRE_FACTS[1:]}
+    }
     if proc.get("grid_key") is not None:
-        facts.update({"processor key": proc["grid_key"], "processor grid": proc["grid"],
-                      "processor grid dtype": proc["grid_dtype"],
-                      "pixel_values equal": proc["pixel_values_match_rebuild"]})
-    reads = " and ".join(k for k in KEYS if real.facts(result, part="model",
-                                                       case=k).get("reads_grid")) or "neither key"
+        facts.update({
+            "processor key": proc["grid_key"], "processor grid": proc["grid"],
+            "processor grid dtype": proc["grid_dtype"],
+            "pixel_values equal": proc["pixel_values_match_rebuild"]
+        })
+    reads = " and ".join(
+        k for k in KEYS
+        if real.facts(result, part="model", case=k).get("reads_grid")) or "neither key"
     text = (f"model reads {reads}; {wire.get('wire')}: grid sent on {wire.get('device_sent')}, "
             f"arrives on {wire.get('device_received')} (wire records "
             f"{wire.get('device_recorded_on_wire')!r})")
@@ -397,15 +418,16 @@ def release_row(release: str, result, variant: str) -> dict:
     got = real_facts(result, "image_grid_thw" if variant == "after" else "grid_thws")
     want = rebuild_facts(variant, with_processor="processor key" in got)
     keys = sorted((set(got) | set(want)) - {"text"})
-    return real.facts_row(release, "grid key, model, processor and wire", got, variant, want,
-                          keys, lambda f: f["text"])
+    return real.facts_row(release, "grid key, model, processor and wire", got, variant, want, keys,
+                          lambda f: f["text"])
 
 
 def comparison(results: dict, variant_of: dict | None = None):
     """One row per release that ran."""
     variant_of = VARIANT_OF if variant_of is None else variant_of
-    return real.table([release_row(v, r, variant_of[v]) for v, r in results.items()
-                       if r.ok and v in variant_of])
+    return real.table([
+        release_row(v, r, variant_of[v]) for v, r in results.items() if r.ok and v in variant_of
+    ])
 
 
 def compare():

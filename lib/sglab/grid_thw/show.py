@@ -26,6 +26,7 @@ from sglab.grid_thw.measure import KERNEL_STEPS, PHASES
 from sglab.sglang import engine_runs
 from sglab.sglang.engine import tp_size
 
+
 STRAY = "#c0392b"
 VARIANT_ORDER = ("before", "ipc", "eager", "after")
 
@@ -75,8 +76,9 @@ def gpu0_per_rank(df):
     repeats and ranks, and how many values."""
     m = stray(df)
     g = m.groupby(_by_run(m) + ["variant", "tp_size", "phase"]).value
-    return pd.DataFrame({"median_mib": g.median(), "min_mib": g.min(), "max_mib": g.max(),
-                         "n": g.size()}).reset_index()
+    return pd.DataFrame({
+        "median_mib": g.median(), "min_mib": g.min(), "max_mib": g.max(), "n": g.size()
+    }).reset_index()
 
 
 def waste_vs_tp(df, phase: str = "kernel"):
@@ -86,8 +88,9 @@ def waste_vs_tp(df, phase: str = "kernel"):
     m = m[m.phase == phase]
     keys = _by_run(m) + ["variant", "tp_size"]
     g = m.groupby(keys + ["repeat"]).value.sum().reset_index().groupby(keys).value
-    return pd.DataFrame({"median_mib": g.median(), "min_mib": g.min(), "max_mib": g.max(),
-                         "repeats": g.size()}).reset_index()
+    return pd.DataFrame({
+        "median_mib": g.median(), "min_mib": g.min(), "max_mib": g.max(), "repeats": g.size()
+    }).reset_index()
 
 
 def off_rank_gpus(df):
@@ -99,11 +102,12 @@ def off_rank_gpus(df):
     rows = []
     for key, g in m.groupby(keys):
         held = g[g.value > 0]
-        rows.append(dict(zip(keys, key), gpus_per_run=int(m.gpu.max()) + 1,
-                         pairs_holding=held.groupby(["rank", "gpu"]).ngroups,
-                         pairs=g.groupby(["rank", "gpu"]).ngroups,
-                         median_mib_per_pair=float(held.value.median()) if len(held) else 0.0,
-                         total_mib=float(g.groupby("repeat").value.sum().median())))
+        rows.append(
+            dict(zip(keys, key), gpus_per_run=int(m.gpu.max()) + 1, pairs_holding=held.groupby([
+                "rank", "gpu"
+            ]).ngroups, pairs=g.groupby(["rank", "gpu"]).ngroups,
+                 median_mib_per_pair=float(held.value.median()) if len(held) else 0.0,
+                 total_mib=float(g.groupby("repeat").value.sum().median())))
     return pd.DataFrame(rows)
 
 
@@ -111,8 +115,10 @@ def repeatability(df, variants=VARIANT_ORDER):
     """MiB per rank >= 1 on GPU 0, a column per run, a row per variant and phase: the value when
     every repeat and rank agree, "lo–hi" when not; ``n`` values per cell."""
     per = gpu0_per_rank(df)
-    cell = [f"{lo:.0f}" if lo == hi else f"{lo:.0f}–{hi:.0f}"
-            for lo, hi in zip(per.min_mib, per.max_mib)]
+    cell = [
+        f"{lo:.0f}" if lo == hi else f"{lo:.0f}–{hi:.0f}"
+        for lo, hi in zip(per.min_mib, per.max_mib)
+    ]
     per = per.assign(mib=[f"{c} (n={n})" for c, n in zip(cell, per.n)])
     t = per.pivot_table(index=["variant", "phase"], columns=_by_run(per) or ["tp_size"],
                         values="mib", aggfunc="first")
@@ -134,13 +140,14 @@ def landing(df):
     idx = _by_run(d) + ["variant", "tp_size", "rank", "repeat"]
     out = d.pivot_table(index=idx, columns="metric", values="value").reset_index()
     out["grid_device"] = ["cpu" if v < 0 else f"cuda:{int(v)}" for v in out["grid_device"]]
-    out["grid_key"] = ["image_grid_thw" if v else "grid_thws"
-                       for v in out["grid_key_is_image_grid_thw"]]
+    out["grid_key"] = [
+        "image_grid_thw" if v else "grid_thws" for v in out["grid_key_is_image_grid_thw"]
+    ]
     out["repeat_id"] = out[_by_run(out) + ["repeat"]].astype(str).agg("/".join, axis=1)
-    return out.groupby(["variant", "tp_size", "rank"]).agg(
-        grid_key=("grid_key", lambda s: "/".join(sorted(set(s)))),
-        grid_device=("grid_device", lambda s: "/".join(sorted(set(s)))),
-        repeats=("repeat_id", "nunique")).reset_index()
+    return out.groupby(["variant", "tp_size", "rank"
+                        ]).agg(grid_key=("grid_key", lambda s: "/".join(sorted(set(s)))),
+                               grid_device=("grid_device", lambda s: "/".join(sorted(set(s)))),
+                               repeats=("repeat_id", "nunique")).reset_index()
 
 
 def leftovers(df):
@@ -211,8 +218,11 @@ def mark_deltas(mem, marks, *, gpu: int = 0):
         for r, end in zip(ms.itertuples(), ends):
             a, b = _value_at(s, r.t_s), _value_at(s, end)
             out.append((variant, repeat, process, int(r.rank), gpu, r.mark, a, b, b - a))
-    return pd.DataFrame(out, columns=["variant", "repeat", "process", "rank", "gpu", "mark",
-                                      "before_mib", "after_mib", "delta_mib"])
+    return pd.DataFrame(
+        out, columns=[
+            "variant", "repeat", "process", "rank", "gpu", "mark", "before_mib", "after_mib",
+            "delta_mib"
+        ])
 
 
 def step_deltas(run, gpu: int = 0):
@@ -282,8 +292,8 @@ def explain_growth(run) -> str:
 # --------------------------------------------------------------------------------------------------
 def slide_run(shown: list):
     """The run the slide draws: the one with the most ranks (then the newest)."""
-    return max(shown, key=lambda r: (int(r.df.tp_size.max()),
-                                     str(r.manifest.get("created_utc", ""))), default=None)
+    return max(shown, key=lambda r:
+               (int(r.df.tp_size.max()), str(r.manifest.get("created_utc", ""))), default=None)
 
 
 @notebook.needs_run
@@ -391,10 +401,12 @@ def mechanism(run, phase: str = "kernel"):
             if len(row):
                 _cell(ax, 2.0 + j * (w + gx), y, w, h, row.iloc[0])
     s = t[t.stray]
-    ax.set_title("MiB per process and GPU after a kernel on the grid — before | after `.cpu()` "
-                 f"({run_name(run)})", fontsize=10)
-    ax.text(0.1, 0.15, f"{len(s)} stray context(s), {s.before.sum():.0f} MiB before; "
-                       f"{s.after.sum():.0f} MiB after", fontsize=8.5, color=STRAY)
+    ax.set_title(
+        "MiB per process and GPU after a kernel on the grid — before | after `.cpu()` "
+        f"({run_name(run)})", fontsize=10)
+    ax.text(
+        0.1, 0.15, f"{len(s)} stray context(s), {s.before.sum():.0f} MiB before; "
+        f"{s.after.sum():.0f} MiB after", fontsize=8.5, color=STRAY)
     return fig
 
 
@@ -431,10 +443,12 @@ def heatmaps(run, phase: str = "kernel"):
 
 def waste_figure(df, runs_: list):
     """GPU-0 MiB held by ranks 1..N−1 against the TP size, one marker per run (never summed)."""
-    styles = {"before": dict(marker="o", ls="-", color=plots.PALETTE["before"]),
-              "ipc": dict(marker="x", ls="--", color=plots.PALETTE["accent"], markersize=8),
-              "eager": dict(marker="^", ls=":", color="#7d3c98"),
-              "after": dict(marker="s", ls="-", color=plots.PALETTE["after"])}
+    styles = {
+        "before": dict(marker="o", ls="-", color=plots.PALETTE["before"]),
+        "ipc": dict(marker="x", ls="--", color=plots.PALETTE["accent"],
+                    markersize=8), "eager": dict(marker="^", ls=":", color="#7d3c98"),
+        "after": dict(marker="s", ls="-", color=plots.PALETTE["after"])
+    }
     w = waste_vs_tp(df)
     w = w.assign(machine=[name.split(", ")[1] for name in w.run])
     fig, ax = plots.figure(width=6.4)
@@ -454,7 +468,7 @@ def waste_figure(df, runs_: list):
     ax.set_ylim(bottom=-50)
     ax.legend(loc="upper left", fontsize=8)
     plots.caption(fig, runs_[-1], extra=f"{len(runs_)} runs, each plotted on its own · phase "
-                                        "'kernel' · median")
+                  "'kernel' · median")
     return fig
 
 
@@ -472,11 +486,12 @@ def cache_bars(image_hit_rates, extra: str = ""):
 def cache_point(stats: dict, extra: str = "") -> None:
     """The lesson's cache point (``{"before": CacheStats, "after": CacheStats}``): lookups, hits
     and images encoded per variant, the bars, and how many fewer encodes per image."""
-    notebook.show_table(pd.DataFrame(
-        [{"variant": v, "lookups": s.lookups, "hits": s.hits, "item hit rate": round(s.hit_rate, 3),
-          "images": s.images, "images encoded": s.images_encoded,
-          "image hit rate": round(s.image_hit_rate, 3)} for v, s in stats.items()]
-    ).set_index("variant"))
+    notebook.show_table(
+        pd.DataFrame([{
+            "variant": v, "lookups": s.lookups, "hits": s.hits,
+            "item hit rate": round(s.hit_rate, 3), "images": s.images,
+            "images encoded": s.images_encoded, "image hit rate": round(s.image_hit_rate, 3)
+        } for v, s in stats.items()]).set_index("variant"))
     b, a = stats["before"], stats["after"]
     notebook.show_figure(cache_bars([b.image_hit_rate, a.image_hit_rate], extra))
     print(f"The vision tower encodes {a.images_encoded} of {a.images} images per image vs "
@@ -485,8 +500,10 @@ def cache_point(stats: dict, extra: str = "") -> None:
 
 
 SERIES_MARKS = ("unpickle", *KERNEL_STEPS, "release")
-LINE_COLORS = {"tokenizer": "#7f8c8d", "rank 0": "#2471a3", "rank 1": "#229954",
-               "rank 2": "#d68910", "rank 3": "#7d3c98"}
+LINE_COLORS = {
+    "tokenizer": "#7f8c8d", "rank 0": "#2471a3", "rank 1": "#229954", "rank 2": "#d68910",
+    "rank 3": "#7d3c98"
+}
 
 
 def _series_panel(ax, mem, marks, variant: str, rank: int) -> None:
@@ -526,8 +543,10 @@ def memory_series(run, *, repeat: int = 0, variants=("before", "after"), rank: i
     fig, axes = plots.figure(nrows=len(variants), width=11.0, height=3.3 * len(variants))
     axes = np.ravel(np.atleast_1d(axes))
     for ax, v in zip(axes, variants):
+
         def sel(d):
             return d[(d.variant == v) & (d.repeat == repeat)]
+
         _series_panel(ax, sel(mem), sel(marks), v, rank)
     axes[-1].set_xlabel("seconds from the group's start")
     hz = float(run.df[run.df.metric == "sampler_hz"].value.max())
@@ -548,8 +567,10 @@ def stray_mib() -> dict:
         got = out.setdefault(runs.gpu_short(r), ([], []))
         for v, into in zip(("before", "after"), got):
             into.extend(per[per.variant == v].median_mib)
-    return {gpu: (float(np.median(b)), float(np.median(a))) for gpu, (b, a) in out.items()
-            if b and a}
+    return {
+        gpu: (float(np.median(b)), float(np.median(a)))
+        for gpu, (b, a) in out.items() if b and a
+    }
 
 
 def setup_table(tp_size: int, requests: int, image_pool: int, max_images: int):
@@ -558,26 +579,28 @@ def setup_table(tp_size: int, requests: int, image_pool: int, max_images: int):
     ``requests`` requests of 1..``max_images`` images from a pool of ``image_pool`` (run now)."""
     stream = rebuild.request_stream(int(requests), int(image_pool), int(max_images), 0)
     before, after = (measure.simulate_cache(stream, fixed=f) for f in (False, True))
-    cache = {"images requested": after.images, "encoded per request (before)":
-             before.images_encoded, "encoded per image (after)": after.images_encoded}
+    cache = {
+        "images requested": after.images, "encoded per request (before)": before.images_encoded,
+        "encoded per image (after)": after.images_encoded
+    }
     n = int(tp_size) - 1
-    rows = [{"GPU": gpu, "stray MiB per rank ≥ 1": round(b), "GPU-0 MiB before": round(n * b),
-             "GPU-0 MiB after": round(n * a), **cache} for gpu, (b, a) in stray_mib().items()]
+    rows = [{
+        "GPU": gpu, "stray MiB per rank ≥ 1": round(b), "GPU-0 MiB before": round(n * b),
+        "GPU-0 MiB after": round(n * a), **cache
+    } for gpu, (b, a) in stray_mib().items()]
     return pd.DataFrame(rows or [{"GPU": "no recorded run", **cache}])
 
 
 def your_setup():
     """TP size and a request stream -> GPU-0 MiB before / after the fix and images the vision
     tower encodes (controls in JupyterLab, a static table elsewhere)."""
-    return notebook.explore(setup_table,
-                            {"tp_size": [2, 4, 8, 16], "requests": [50, 200, 1000],
-                             "image_pool": [8, 24, 100, 1000], "max_images": [1, 2, 4, 8]},
-                            static=[{"tp_size": 8, "requests": 200, "image_pool": 24,
-                                     "max_images": 4},
-                                    {"tp_size": 4, "requests": 200, "image_pool": 1000,
-                                     "max_images": 1}],
-                            title="Your deployment: what the grid on cuda:0 and the bundled "
-                                  "items cost")
+    return notebook.explore(
+        setup_table, {
+            "tp_size": [2, 4, 8, 16], "requests": [50, 200, 1000], "image_pool": [8, 24, 100, 1000],
+            "max_images": [1, 2, 4, 8]
+        }, static=[{"tp_size": 8, "requests": 200, "image_pool": 24, "max_images": 4},
+                   {"tp_size": 4, "requests": 200, "image_pool": 1000, "max_images": 1}],
+        title="Your deployment: what the grid on cuda:0 and the bundled items cost")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -585,8 +608,10 @@ def your_setup():
 # --------------------------------------------------------------------------------------------------
 def _tp_of(run) -> dict:
     """``{case: TP size}`` from each engine entry's server arguments."""
-    return {e["case"]: tp_size(e.get("server_args", []))
-            for e in run.manifest.get("engine_runs", [])}
+    return {
+        e["case"]: tp_size(e.get("server_args", []))
+        for e in run.manifest.get("engine_runs", [])
+    }
 
 
 def engine_memory(run) -> pd.DataFrame:
@@ -598,8 +623,10 @@ def engine_memory(run) -> pd.DataFrame:
     rows = []
     for case, proc, gpu, mib in zip(d.case, d.process, d.gpu, d.value):
         m = re.search(r"scheduler_TP(\d+)", str(proc))
-        rows.append({"case": case, "process": str(proc), "rank": int(m.group(1)) if m else None,
-                     "gpu": int(float(gpu)), "MiB": float(mib)})
+        rows.append({
+            "case": case, "process": str(proc), "rank": int(m.group(1)) if m else None,
+            "gpu": int(float(gpu)), "MiB": float(mib)
+        })
     return pd.DataFrame(rows, columns=["case", "process", "rank", "gpu", "MiB"])
 
 
@@ -640,7 +667,8 @@ def engine(run) -> None:
     notebook.show_table(wide)
     on0 = mem[(mem["gpu"] == 0) & (mem["rank"].fillna(0) >= 1)]
     cases = sorted(set(mem["case"]))
-    total = (on0.groupby(["TP", "case"])["MiB"].sum().unstack("case")
-             .reindex(index=tps, columns=cases).fillna(0))
+    total = (on0.groupby(["TP",
+                          "case"])["MiB"].sum().unstack("case").reindex(index=tps,
+                                                                        columns=cases).fillna(0))
     print("GPU 0 held by scheduler ranks ≥ 1 (MiB), by TP size:")
     notebook.show_table(total.round(0))

@@ -60,8 +60,10 @@ def tokenizer_json(folder: Path, config: dict) -> dict:
             raise ValueError(f"{folder}: the tokenizer has no id {i} for {t}")
         del vocab[by_id[i]]
         vocab[t] = i
-        tok["added_tokens"].append({"id": i, "content": t, "single_word": False, "lstrip": False,
-                                    "rstrip": False, "normalized": False, "special": True})
+        tok["added_tokens"].append({
+            "id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+            "normalized": False, "special": True
+        })
     return tok
 
 
@@ -94,8 +96,10 @@ class Processor:
 
         out = dict(self.tokenizer(text, return_tensors="pt"))
         if medias:
-            images = [torch.from_numpy(np.asarray(m["image"].convert("RGB"))).permute(2, 0, 1)
-                      for m in medias]
+            images = [
+                torch.from_numpy(np.asarray(m["image"].convert("RGB"))).permute(2, 0, 1)
+                for m in medias
+            ]
             pixels, grid, _ = rebuild.gpu_preprocess_images(images, "cpu")
             out.update(pixel_values=pixels, grid_thws=grid)
         return out
@@ -162,8 +166,8 @@ def probe(prepared, params: dict) -> list[dict]:
 
     mod = bootstrap.import_release_module(prepared, PROCESSOR.param_dict()["module"])
     use_stand_in({"name": PROCESSOR.name}, mod)
-    base = bootstrap.import_release_module(
-        prepared, "sglang.srt.multimodal.processors.base_processor")
+    base = bootstrap.import_release_module(prepared,
+                                           "sglang.srt.multimodal.processors.base_processor")
     kimi = bootstrap.import_release_module(prepared, "sglang.srt.multimodal.processors.kimi_k25")
     with tempfile.TemporaryDirectory(prefix="sglab-kimi-") as tmp:
         folder = eng.prepare_model(Path(params["config"]), Path(tmp) / "model")
@@ -183,18 +187,18 @@ def probe(prepared, params: dict) -> list[dict]:
     out = w._gpu_call(params["prompt"], [image])
     ids = out["input_ids"][0].tolist()
     pad = cfg["media_placeholder_token_id"]
-    facts = {"processor": type(proc).__name__, "image_token_id": tokens.image_token_id,
-             "media_token_ids": [ids[i] for i in range(len(ids)) if ids[i] in
-                                 media_token_ids(cfg).values() and ids[i] != pad],
-             "image_tokens": ids.count(pad),
-             "expected_image_tokens": rebuild.navit_resize_config(
-                 image.shape[2], image.shape[1])["num_tokens"],
-             "max_id": max(ids), "vocab_size": cfg["text_config"]["vocab_size"],
-             "grid": out["image_grid_thw"].tolist(),
-             "grid_device": str(out["image_grid_thw"].device),
-             "pixel_values": list(out["pixel_values"].shape),
-             "pixel_values_finite": bool(torch.isfinite(out["pixel_values"]).all()),
-             "tokenized": proc.tokenizer(
-                 "<|media_start|>image<|media_content|><|media_pad|><|media_end|> t7")["input_ids"],
-             "tokenizer_size": len(proc.tokenizer)}
+    facts = {
+        "processor": type(proc).__name__, "image_token_id": tokens.image_token_id,
+        "media_token_ids": [
+            ids[i]
+            for i in range(len(ids)) if ids[i] in media_token_ids(cfg).values() and ids[i] != pad
+        ], "image_tokens": ids.count(pad), "expected_image_tokens": rebuild.navit_resize_config(
+            image.shape[2], image.shape[1])["num_tokens"], "max_id": max(ids),
+        "vocab_size": cfg["text_config"]["vocab_size"], "grid": out["image_grid_thw"].tolist(),
+        "grid_device": str(out["image_grid_thw"].device),
+        "pixel_values": list(out["pixel_values"].shape), "pixel_values_finite": bool(
+            torch.isfinite(out["pixel_values"]).all()), "tokenized": proc.tokenizer(
+                "<|media_start|>image<|media_content|><|media_pad|><|media_end|> t7")["input_ids"],
+        "tokenizer_size": len(proc.tokenizer)
+    }
     return [{"metric": k, "value": v} for k, v in facts.items()]

@@ -22,12 +22,13 @@ from sglab.sglang import engine_runs
 from sglab.sglang.releases import parse_version
 from sglab.pcg_gate.measure import EXPERIMENT, GPUS  # noqa: F401 (GPUS: read by Workbook)
 
+
 CLAIM = ("A `model` property + `__setattr__` guard lets the Kimi-shaped wrapper pass the PCG gate "
          "with no duplicate `model.*` weights.")
-SMALL = 512            # "small" prefills: every timed count up to here gains from piecewise graphs
+SMALL = 512  # "small" prefills: every timed count up to here gains from piecewise graphs
 LAUNCH_BOUND = show.LAUNCH_BOUND  # ... and up to here eager is its launches
 MIN_SMALL_RATIO = 2.0  # methods 1-2: eager/piecewise at <= LAUNCH_BOUND (moves with the host)
-EAGER_X = (1.5, 8.0)   # method 3: eager µs per launch over the host's per-launch cost
+EAGER_X = (1.5, 8.0)  # method 3: eager µs per launch over the host's per-launch cost
 EXPLAINED = (0.8, 1.2)  # method 3: piecewise's gain over what its removed launches cost
 DUPLICATING = ("plain_alias", "property_only", "property_setter")
 CLEAN = ("no_alias", "property_guard")
@@ -50,8 +51,10 @@ def _gate_decision(run):
     g = show.gate_table(run.df)
     if not g.empty:  # method 2 on: every wrapper variant around the measured LLM
         decided = {v: int(g.loc[v, "gate_enabled"]) for v in g.index}
-        ok = ok and decided == {v: int(v != "no_alias") for v in decided} and set(decided) >= {
-            "no_alias", "plain_alias", "property_only", "property_guard"}
+        ok = ok and decided == {v: int(v != "no_alias")
+                                for v in decided} and set(decided) >= {
+                                    "no_alias", "plain_alias", "property_only", "property_guard"
+                                }
         text = ", ".join(f"{v}: {'on' if d else 'off'}" for v, d in decided.items())
         value = decided
     return holds(ok, text, value)
@@ -69,8 +72,9 @@ def _duplicate_keys(run):
     base = int(g.loc["no_alias", "state_dict_keys_after_gate"])
     ok = (all(dup[v] == lm for v in DUPLICATING) and all(dup[v] == 0 for v in CLEAN)
           and all(int(g.loc[v, "state_dict_keys_after_gate"]) == base + dup[v] for v in g.index))
-    return holds(ok, f"LLM has {lm} keys; model.* keys after the gate: "
-                 + ", ".join(f"{v} {n}" for v, n in dup.items()), {"lm_keys": lm, **dup})
+    return holds(
+        ok, f"LLM has {lm} keys; model.* keys after the gate: " + ", ".join(
+            f"{v} {n}" for v, n in dup.items()), {"lm_keys": lm, **dup})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -90,8 +94,9 @@ def _graph_count(run):
     layers = int(run.manifest.get("params", {}).get("num_layers", 16))
     buckets, got = int(f[("piecewise", "buckets")]), int(f[("piecewise", "graphs")])
     want = buckets * (layers + 1)
-    return holds(got == want, f"{got} graphs = {buckets} buckets × {layers + 1} pieces"
-                 if got == want else f"{got} graphs, expected {want}", {"graphs": got})
+    return holds(
+        got == want, f"{got} graphs = {buckets} buckets × {layers + 1} pieces"
+        if got == want else f"{got} graphs, expected {want}", {"graphs": got})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -101,13 +106,15 @@ def _speedup_v1(run, sp):
     """Methods 1-2: raw ratios (they move with the host)."""
     small, launch = sp[sp.index <= SMALL], sp[sp.index <= LAUNCH_BOUND]
     ok = bool((small > 1.0).all() and (launch >= MIN_SMALL_RATIO).all())
-    value = {"min_small": float(small.min()), "min_launch_bound": float(launch.min()),
-             "max": float(sp.max()), "max_at": int(sp.idxmax()), "min": float(sp.min()),
-             "slowdown_from": show.slowdown_start(sp), "tokens_lo": int(sp.index.min()),
-             "tokens_hi": int(sp.index.max())}
-    return holds(ok, f"eager/piecewise {small.min():.2f}–{small.max():.2f}× up to {SMALL} tok "
-                     f"(≥{launch.min():.2f}× up to {LAUNCH_BOUND}); {sp.min():.2f}× at worst",
-                 value)
+    value = {
+        "min_small": float(small.min()), "min_launch_bound": float(launch.min()),
+        "max": float(sp.max()), "max_at": int(sp.idxmax()), "min": float(sp.min()),
+        "slowdown_from": show.slowdown_start(sp), "tokens_lo": int(sp.index.min()),
+        "tokens_hi": int(sp.index.max())
+    }
+    return holds(
+        ok, f"eager/piecewise {small.min():.2f}–{small.max():.2f}× up to {SMALL} tok "
+        f"(≥{launch.min():.2f}× up to {LAUNCH_BOUND}); {sp.min():.2f}× at worst", value)
 
 
 def _speedup_v3(run, sp):
@@ -121,15 +128,16 @@ def _speedup_v3(run, sp):
     ok = bool((small > 1.0).all() and x.between(*EAGER_X).all()
               and explained.between(*EXPLAINED).all())
     first = lb.iloc[0]
-    value = {"explained": float(explained.median()),
-             "launches_eager": int(first["eager launches"]),
-             "launches_piecewise": int(first["piecewise launches"])}
-    return holds(ok, f"eager/piecewise > 1 at {int((small > 1).sum())}/{len(small)} counts ≤ "
-                     f"{SMALL} tok; at ≤ {LAUNCH_BOUND} tok eager = {value['launches_eager']} "
-                     f"launches × {x.min():.1f}–{x.max():.1f}× the host's per-launch cost, and "
-                     f"piecewise ({value['launches_piecewise']} launches) gains "
-                     f"{explained.min():.2f}–{explained.max():.2f} of what the removed launches "
-                     "cost", value)
+    value = {
+        "explained": float(explained.median()), "launches_eager": int(first["eager launches"]),
+        "launches_piecewise": int(first["piecewise launches"])
+    }
+    return holds(
+        ok, f"eager/piecewise > 1 at {int((small > 1).sum())}/{len(small)} counts ≤ {SMALL} tok; "
+        f"at ≤ {LAUNCH_BOUND} tok eager = {value['launches_eager']} launches × "
+        f"{x.min():.1f}–{x.max():.1f}× the host's per-launch cost, and piecewise "
+        f"({value['launches_piecewise']} launches) gains "
+        f"{explained.min():.2f}–{explained.max():.2f} of what the removed launches cost", value)
 
 
 def _small_speedup(run):
@@ -149,8 +157,9 @@ def _launch_gaps(run):
     text = (f"at {n} tok the GPU is busy {e.busy:.0%} of the eager forward, {p.busy:.0%} of the "
             "piecewise one")
     if _method(run) < 3:
-        return holds(ok, text, {"tokens": int(n), "eager_busy": float(e.busy),
-                                "piecewise_busy": float(p.busy)})
+        return holds(
+            ok, text,
+            {"tokens": int(n), "eager_busy": float(e.busy), "piecewise_busy": float(p.busy)})
     # method 3: the device work per eager launch against the host's time per launch (GPU figures
     # travel; the busy shares stay with the host, in host_launch_cost)
     lt = show.launch_table(run.df)
@@ -158,19 +167,24 @@ def _launch_gaps(run):
         raise KeyError(f"no eager kernels in the trace at {n} tok")
     kernel_us = e.device_us / e.kernel_launches
     # timed where the count was timed, else as traced (under the profiler)
-    host_us = float(lt.loc[n, "eager µs/launch"] if n in lt.index
-                    else e.host_us / e.kernel_launches)
+    host_us = float(lt.loc[n,
+                           "eager µs/launch"] if n in lt.index else e.host_us / e.kernel_launches)
     ok = ok and kernel_us < host_us
-    return holds(ok, f"{text}: {kernel_us:.1f} µs of GPU work per eager launch, {host_us:.1f} µs "
-                     "of host time", {"tokens": int(n), "kernel_us": float(kernel_us),
-                                      "device_ratio": float(p.device_us / e.device_us)})
+    return holds(
+        ok, f"{text}: {kernel_us:.1f} µs of GPU work per eager launch, {host_us:.1f} µs "
+        "of host time", {
+            "tokens": int(n), "kernel_us": float(kernel_us), "device_ratio": float(
+                p.device_us / e.device_us)
+        })
 
 
 def _host_figures(run) -> dict:
     sp = show.latency_table(run.df)["speedup"]
-    value = {"min": float(sp.min()), "max": float(sp.max()), "max_at": int(sp.idxmax()),
-             "slowdown_from": show.slowdown_start(sp), "tokens_lo": int(sp.index.min()),
-             "tokens_hi": int(sp.index.max())}
+    value = {
+        "min": float(sp.min()), "max": float(sp.max()), "max_at": int(sp.idxmax()),
+        "slowdown_from": show.slowdown_start(sp), "tokens_lo": int(sp.index.min()),
+        "tokens_hi": int(sp.index.max())
+    }
     t = show.trace_table(run.df)
     if not t.empty:
         n = min(i[0] for i in t.index)
@@ -185,18 +199,19 @@ def _host_launch_cost(run):
             "tok)")
     lt = show.launch_table(run.df)
     if lt.empty:
-        return Outcome(NA, text, value, f"this run (method {_method(run)}) predates the "
-                       "host's per-launch cost: its host-bound figures stand without it")
+        return Outcome(
+            NA, text, value, f"this run (method {_method(run)}) predates the "
+            "host's per-launch cost: its host-bound figures stand without it")
     lb = lt[lt.index <= LAUNCH_BOUND]
     host, events = float(lt["host µs/launch"].median()), lt["host µs/launch (CUDA events)"]
     value.update(launch_us=host, launch_event_us=float(events.median()),
                  eager_x=float(lb["eager ÷ host cost"].median()),
                  eager_ms=float(lb["eager ms"].median()))
     ok = host > 0 and abs(value["launch_event_us"] / host - 1) <= 0.25
-    return holds(ok, f"{host:.1f} µs per launch by time.perf_counter, "
-                     f"{value['launch_event_us']:.1f} by CUDA events; {text}; eager at ≤ "
-                     f"{LAUNCH_BOUND} tok {value['eager_ms']:.2f} ms, {value['eager_x']:.1f}× that "
-                     "cost per launch", value)
+    return holds(
+        ok, f"{host:.1f} µs per launch by time.perf_counter, {value['launch_event_us']:.1f} by "
+        f"CUDA events; {text}; eager at ≤ {LAUNCH_BOUND} tok {value['eager_ms']:.2f} ms, "
+        f"{value['eager_x']:.1f}× that cost per launch", value)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -210,10 +225,11 @@ def _copies(run):
         raise KeyError("no piecewise_direct timings")
     direct = lat["speedup_direct"].dropna()
     ok = share >= 0.5 and bool((direct >= 0.99).all())
-    return holds(ok, f"at {n} tok the extra copies take {share:.0%} of piecewise's extra device "
-                     f"time; without them eager/piecewise is {direct.min():.3f}–"
-                     f"{direct.max():.3f}× at {list(direct.index)} tok",
-                 {"share": share, "direct_min": float(direct.min())})
+    return holds(
+        ok, f"at {n} tok the extra copies take {share:.0%} of piecewise's extra device "
+        f"time; without them eager/piecewise is {direct.min():.3f}–"
+        f"{direct.max():.3f}× at {list(direct.index)} tok",
+        {"share": share, "direct_min": float(direct.min())})
 
 
 def _kernel_counts(run):
@@ -226,47 +242,55 @@ def _kernel_counts(run):
     n = int(calls.num_tokens.iloc[0])
     traced = d[(d.metric == "trace_kernels") & (d.variant == "eager") & (d.num_tokens == n)]
     a, b = float(calls.value.iloc[0]), float(traced.value.iloc[0])
-    return holds(a == b,
-                 f"eager prefill at {n} tok: nsight-python {a:.0f} kernels, torch.profiler {b:.0f}",
-                 {"nsight": a, "profiler": b})
+    return holds(
+        a == b, f"eager prefill at {n} tok: nsight-python {a:.0f} kernels, torch.profiler {b:.0f}",
+        {"nsight": a, "profiler": b})
 
 
 _E = f"{EXPERIMENT}."
 CLAIMS = [
-    Claim(_E + "gate_decision", "The gate keeps the wrapper without `.model` on eager prefill and "
-          "lets every aliased wrapper through", "no_alias off, every alias variant on (exact)",
-          _gate_decision),
-    Claim(_E + "duplicate_keys", "`model.*` keys appear only for the plain alias and the property "
-          "without guard, each the LLM's whole key list again", "model.* keys == LLM keys for "
-          "plain_alias / property_only (/ property_setter), 0 for no_alias / property_guard "
-          "(exact)", _duplicate_keys, methods=(2, None)),
-    Claim(_E + "piecewise_equals_eager", "Piecewise prefill computes the eager result at every "
-          "token count", "max |piecewise − eager| ≤ 8 bf16 ulps of the output's max, every token "
-          "count", _equals_eager, drift=None,
-          folded=(Claim(_E + "graph_count", "One graph per piece and bucket",
-                        "graphs == buckets × (layers + 1)", _graph_count),)),
-    Claim(_E + "small_prefill_speedup", f"Piecewise graphs speed up every prefill up to {SMALL} "
-          "tokens: at small ones eager is its launches, and piecewise gains what the launches it "
-          "removes cost", f"eager/piecewise > 1 at every count ≤ {SMALL} tok; at ≤ {LAUNCH_BOUND} "
-          f"tok (method 3) eager ms / (launches × host µs per launch) in {EAGER_X[0]}–{EAGER_X[1]} "
-          f"and the gain {EXPLAINED[0]}–{EXPLAINED[1]} of the removed launches' cost (methods "
-          f"1–2: ≥ {MIN_SMALL_RATIO}×)", _small_speedup, drift=0.25,
-          folded=(Claim(_E + "trace_launch_gaps", "A small eager prefill leaves the GPU idle "
-                        "between launches; piecewise replays keep it busier", "eager busy < 50% of "
-                        "the forward at the smallest traced count, piecewise busier (method 3: "
-                        "each eager launch's GPU work shorter than its host time)", _launch_gaps,
-                        methods=(2, None), drift=0.25),
-                  Claim(_E + "host_launch_cost", "The host-bound figures (small-prefill times, "
-                        "speed-ups, busy shares) with the host's per-launch cost measured in the "
-                        "same run: they scale with it and are not compared across machines",
-                        "> 0 µs, CUDA events within 25% of time.perf_counter (method 3 on)",
-                        _host_launch_cost, drift=math.inf))),
-    Claim(_E + "copies_explain_slowdown", "The large-prefill slowdown is the copy hand-off between "
-          "pieces", "copies ≥ 50% of piecewise's extra device time at the largest traced count; "
-          "without them eager/piecewise ≥ 0.99", _copies, methods=(2, None), drift=0.25,
-          folded=(Claim(_E + "kernel_counts_agree", "nsight-python and torch.profiler count the "
-                        "same kernels in the eager prefill", "equal (exact)", _kernel_counts,
-                        methods=(2, None)),)),
+    Claim(
+        _E + "gate_decision", "The gate keeps the wrapper without `.model` on eager prefill and "
+        "lets every aliased wrapper through", "no_alias off, every alias variant on (exact)",
+        _gate_decision),
+    Claim(
+        _E + "duplicate_keys", "`model.*` keys appear only for the plain alias and the property "
+        "without guard, each the LLM's whole key list again", "model.* keys == LLM keys for "
+        "plain_alias / property_only (/ property_setter), 0 for no_alias / property_guard "
+        "(exact)", _duplicate_keys, methods=(2, None)),
+    Claim(
+        _E + "piecewise_equals_eager", "Piecewise prefill computes the eager result at every "
+        "token count", "max |piecewise − eager| ≤ 8 bf16 ulps of the output's max, every token "
+        "count", _equals_eager, drift=None,
+        folded=(Claim(_E + "graph_count", "One graph per piece and bucket",
+                      "graphs == buckets × (layers + 1)", _graph_count),)),
+    Claim(
+        _E + "small_prefill_speedup", f"Piecewise graphs speed up every prefill up to {SMALL} "
+        "tokens: at small ones eager is its launches, and piecewise gains what the launches it "
+        "removes cost", f"eager/piecewise > 1 at every count ≤ {SMALL} tok; at ≤ {LAUNCH_BOUND} "
+        f"tok (method 3) eager ms / (launches × host µs per launch) in {EAGER_X[0]}–{EAGER_X[1]} "
+        f"and the gain {EXPLAINED[0]}–{EXPLAINED[1]} of the removed launches' cost (methods "
+        f"1–2: ≥ {MIN_SMALL_RATIO}×)", _small_speedup, drift=0.25,
+        folded=(Claim(
+            _E + "trace_launch_gaps", "A small eager prefill leaves the GPU idle "
+            "between launches; piecewise replays keep it busier", "eager busy < 50% of "
+            "the forward at the smallest traced count, piecewise busier (method 3: "
+            "each eager launch's GPU work shorter than its host time)", _launch_gaps,
+            methods=(2, None), drift=0.25),
+                Claim(
+                    _E + "host_launch_cost", "The host-bound figures (small-prefill times, "
+                    "speed-ups, busy shares) with the host's per-launch cost measured in the "
+                    "same run: they scale with it and are not compared across machines",
+                    "> 0 µs, CUDA events within 25% of time.perf_counter (method 3 on)",
+                    _host_launch_cost, drift=math.inf))),
+    Claim(
+        _E + "copies_explain_slowdown", "The large-prefill slowdown is the copy hand-off between "
+        "pieces", "copies ≥ 50% of piecewise's extra device time at the largest traced count; "
+        "without them eager/piecewise ≥ 0.99", _copies, methods=(2, None), drift=0.25,
+        folded=(Claim(
+            _E + "kernel_counts_agree", "nsight-python and torch.profiler count the "
+            "same kernels in the eager prefill", "equal (exact)", _kernel_counts,
+            methods=(2, None)),)),
 ]
 
 
@@ -278,15 +302,13 @@ def shown(runs_: list) -> list:
 _H, _S, _Q = _E + "host_launch_cost", _E + "small_prefill_speedup", _E + "piecewise_equals_eager"
 HEADLINE = Headline(
     parts=(f"Prefill eager/piecewise (median, {{lo[{_H}][tokens_lo]}}–{{hi[{_H}][tokens_hi]}} "
-           "tok): {runs}",
-           f"below 1× from {{lo[{_H}][slowdown_from]}} tok",
+           "tok): {runs}", f"below 1× from {{lo[{_H}][slowdown_from]}} tok",
            f"at ≤ {LAUNCH_BOUND} tok the gain is {{lo[{_S}][explained]:.2f}}–"
            f"{{hi[{_S}][explained]:.2f}} of what the removed launches cost, at "
            f"{{lo[{_H}][launch_us]:.1f}}–{{hi[{_H}][launch_us]:.1f}} µs per launch on the host",
            f"piecewise = eager within bf16 tolerance at {{lo[{_Q}][within]}}/{{hi[{_Q}][points]}}"
            f" token counts on each GPU (max abs diff {{hi[{_Q}][max_abs_diff]:.3f}})."),
     per_run=f"{{gpu}} {{v[{_H}][min]:.2f}}–{{v[{_H}][max]:.2f}}× (max at {{v[{_H}][max_at]}} tok)")
-
 
 # --------------------------------------------------------------------------------------------------
 # the real engine (``sglab engine --plan 01``: data/recorded/engine_pcg_gate/)
@@ -309,13 +331,13 @@ def _kimi_applies(run):
 
 def _kimi_gate(run):
     found = {rel: v for (rel, case), v in _kimi(run).items() if case == "enforce"}
-    good = all((pcg == "captured") if parse_version(rel) >= parse_version(FIXED_RELEASE)
-               else (pcg == "disabled" and "not a language model" in why)
-               for rel, (pcg, why) in found.items())
-    text = "; ".join(f"{rel}: {pcg}" + (f" ({why})" if why else "")
-                     for rel, (pcg, why) in sorted(found.items()))
+    good = all((pcg == "captured") if parse_version(rel) >= parse_version(FIXED_RELEASE) else (
+        pcg == "disabled" and "not a language model" in why) for rel, (pcg, why) in found.items())
+    text = "; ".join(
+        f"{rel}: {pcg}" + (f" ({why})" if why else "") for rel, (pcg, why) in sorted(found.items()))
     return holds(good, f"--enforce-piecewise-cuda-graph on Kimi-K2.5: {text}",
-                 {rel: pcg for rel, (pcg, _) in found.items()})
+                 {rel: pcg
+                  for rel, (pcg, _) in found.items()})
 
 
 def _default_applies(run):
@@ -326,9 +348,11 @@ def _default_applies(run):
 def _default_off(run):
     found = {rel: v for (rel, case), v in _kimi(run).items() if case == "default"}
     text = "; ".join(f"{rel}: {pcg}" for rel, (pcg, _) in sorted(found.items()))
-    return holds(all(pcg == "disabled" for pcg, _ in found.values()),
-                 f"default flags on Kimi-K2.5: {text} (no flag asked for it: ServerArgs' own rules "
-                 "turned piecewise graphs off)", {rel: pcg for rel, (pcg, _) in found.items()})
+    return holds(
+        all(pcg == "disabled" for pcg, _ in found.values()),
+        f"default flags on Kimi-K2.5: {text} (no flag asked for it: ServerArgs' own rules "
+        "turned piecewise graphs off)", {rel: pcg
+                                         for rel, (pcg, _) in found.items()})
 
 
 def _pairs(run) -> dict:
@@ -343,29 +367,34 @@ def _speedup(run):
     # the A/A control (pcg-off started twice): a speed-up must clear the gap between the two
     df = engine_runs.latest([run])
     noise, starts, how = engine_runs.timing_bar(df, "prefill", "input_len")
-    return holds(lo > 1.0 + noise, f"prefill pcg-off / piecewise over 128–1024 tokens "
-                                   f"(bench_one_batch, {how}): {text}",
-                 {"min": lo, "aa_noise": noise, "margin": lo - 1.0 - noise, "starts": starts})
+    return holds(
+        lo > 1.0 + noise, f"prefill pcg-off / piecewise over 128–1024 tokens "
+        f"(bench_one_batch, {how}): {text}",
+        {"min": lo, "aa_noise": noise, "margin": lo - 1.0 - noise, "starts": starts})
 
 
 ENGINE = SimpleNamespace(
     EXPERIMENT="engine_pcg_gate",
     CLAIM="In SGLang's own engine (dummy weights), Kimi-K2.5's wrapper passes the piecewise gate "
-          "from #26382 on when piecewise graphs are asked for, and the captured prefill beats "
-          "eager prefill.",
-    CLAIMS=[Claim("engine_pcg_gate.kimi_gate",
-                  "With --enforce-piecewise-cuda-graph, 0.5.12.post1 refuses Kimi-K2.5 ('not a "
-                  "language model') and 0.5.13 captures it",
-                  "before: disabled, 'not a language model'; after: captured (exact)", _kimi_gate,
-                  applies=_kimi_applies),
-            Claim("engine_pcg_gate.kimi_default_off",
-                  "With default flags neither release uses piecewise graphs for Kimi-K2.5: "
-                  "ServerArgs' own rules turn them off before the gate is asked",
-                  "disabled on every release (exact)", _default_off, applies=_default_applies),
-            Claim("engine_pcg_gate.captured_prefill_faster",
-                  "Where piecewise graphs are captured, prefill is faster than with them off at "
-                  "every input length (128–1024 tokens)", "pcg-off / piecewise > 1 everywhere",
-                  _speedup, applies=lambda r: None if _pairs(r) else "no captured + pcg-off pair",
-                  drift=0.25)],
+    "from #26382 on when piecewise graphs are asked for, and the captured prefill beats "
+    "eager prefill.",
+    CLAIMS=[
+        Claim(
+            "engine_pcg_gate.kimi_gate",
+            "With --enforce-piecewise-cuda-graph, 0.5.12.post1 refuses Kimi-K2.5 ('not a "
+            "language model') and 0.5.13 captures it",
+            "before: disabled, 'not a language model'; after: captured (exact)", _kimi_gate,
+            applies=_kimi_applies),
+        Claim(
+            "engine_pcg_gate.kimi_default_off",
+            "With default flags neither release uses piecewise graphs for Kimi-K2.5: "
+            "ServerArgs' own rules turn them off before the gate is asked",
+            "disabled on every release (exact)", _default_off, applies=_default_applies),
+        Claim(
+            "engine_pcg_gate.captured_prefill_faster",
+            "Where piecewise graphs are captured, prefill is faster than with them off at "
+            "every input length (128–1024 tokens)", "pcg-off / piecewise > 1 everywhere", _speedup,
+            applies=lambda r: None if _pairs(r) else "no captured + pcg-off pair", drift=0.25)
+    ],
     shown=lambda runs_: list(runs_),
 )

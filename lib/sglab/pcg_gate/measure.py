@@ -33,25 +33,26 @@ from sglab.core import kernel_table, runs, timing, trace
 from sglab.core.toy_decoder import CausalLM, DecoderConfig, build_on_device
 from sglab.pcg_gate import rebuild
 
+
 EXPERIMENT = "pcg_gate"
 METHOD_VERSION = 3
 GPUS = 1
 DEFAULT_PARAMS = {
     "hidden": 2048,
     "num_layers": 16,
-    "num_heads": 16,           # head_dim = hidden / num_heads = 128
+    "num_heads": 16,  # head_dim = hidden / num_heads = 128
     "intermediate": 5632,
     "vocab": 32000,
-    "max_tokens": 4096,        # --piecewise-cuda-graph-max-tokens: buckets up to this
+    "max_tokens": 4096,  # --piecewise-cuda-graph-max-tokens: buckets up to this
     "token_counts": [16, 64, 100, 256, 1024, 2048, 4096],  # 100 is padded to 112
     "direct_token_counts": [2048, 4096],  # also timed with pieces handing over their own tensors
     # the traced pass: one launch-bound, one GEMM-bound prefill
     "trace_token_counts": [64, 4096],
-    "kernel_table_tokens": 4096,          # the per-kernel table of the eager prefill
+    "kernel_table_tokens": 4096,  # the per-kernel table of the eager prefill
     "kernel_table_runs": 3,
-    "launch_burst": 256,       # tiny kernels per burst of the host's per-launch cost
+    "launch_burst": 256,  # tiny kernels per burst of the host's per-launch cost
     "warmup": 3,
-    "repeat": 15,              # samples per variant and token count, in `rounds` alternating rounds
+    "repeat": 15,  # samples per variant and token count, in `rounds` alternating rounds
     "rounds": 3,
     "seed": 0,
 }
@@ -65,7 +66,7 @@ def gpus(params: dict) -> int:
 
 def bf16_ulp(x: float) -> float:
     """Spacing of bf16 numbers at magnitude ``x`` (8 significant bits)."""
-    return 2.0 ** (math.floor(math.log2(x)) - 7) if x > 0 else 2.0 ** -133
+    return 2.0**(math.floor(math.log2(x)) - 7) if x > 0 else 2.0**-133
 
 
 def bf16_tolerance(ref_max_abs: float) -> float:
@@ -76,17 +77,17 @@ def compare(out: torch.Tensor, ref: torch.Tensor) -> dict:
     """Max abs difference, relative RMS difference, the reference's max magnitude, the verdict."""
     a, b = out.float(), ref.float()
     max_diff, ref_max = float((a - b).abs().max()), float(b.abs().max())
-    rel_rms = float(torch.linalg.vector_norm(a - b)
-                    / torch.linalg.vector_norm(b).clamp_min(1e-30))
+    rel_rms = float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
     tol = bf16_tolerance(ref_max)
-    return {"max_abs_diff": max_diff, "rel_rms_diff": rel_rms, "ref_max_abs": ref_max,
-            "tolerance": tol, "within_tol": bool(max_diff <= tol)}
+    return {
+        "max_abs_diff": max_diff, "rel_rms_diff": rel_rms, "ref_max_abs": ref_max, "tolerance": tol,
+        "within_tol": bool(max_diff <= tol)
+    }
 
 
 def model_config(p: dict) -> DecoderConfig:
-    return DecoderConfig(vocab_size=int(p["vocab"]), hidden_size=int(p["hidden"]),
-                         num_layers=int(p["num_layers"]), num_heads=int(p["num_heads"]),
-                         intermediate_size=int(p["intermediate"]),
+    return DecoderConfig(vocab_size=int(p["vocab"]), hidden_size=int(p["hidden"]), num_layers=int(
+        p["num_layers"]), num_heads=int(p["num_heads"]), intermediate_size=int(p["intermediate"]),
                          max_position=int(p["max_tokens"]), positions="rotary")
 
 
@@ -98,16 +99,18 @@ def language_model(cfg: DecoderConfig, device, dtype=torch.bfloat16, *, seed: in
 
 
 def _row(variant, metric, value, unit, n=None, bucket=None) -> dict:
-    return {"variant": variant, "num_tokens": n, "bucket": bucket, "metric": metric,
-            "value": float(value), "unit": unit}
+    return {
+        "variant": variant, "num_tokens": n, "bucket": bucket, "metric": metric,
+        "value": float(value), "unit": unit
+    }
 
 
 # --------------------------------------------------------------------------------------------------
 # the gate on every wrapper variant around the measured LLM
 # --------------------------------------------------------------------------------------------------
 GATE_METRICS = (("gate_enabled", "bool"), ("lm_keys", "count"), ("state_dict_keys_built", "count"),
-                ("state_dict_keys_after_gate", "count"), ("model_keys_after_gate", "count"),
-                ("named_parameters_dup", "count"))
+                ("state_dict_keys_after_gate",
+                 "count"), ("model_keys_after_gate", "count"), ("named_parameters_dup", "count"))
 
 
 def gate_facts(wrapper: nn.Module, num_hidden_layers: int, capture_tokens=None) -> dict:
@@ -118,17 +121,22 @@ def gate_facts(wrapper: nn.Module, num_hidden_layers: int, capture_tokens=None) 
     with rebuild.quiet_gate():
         res = rebuild.init_piecewise_cuda_graphs(state)
     after = list(wrapper.state_dict())
-    return {"result": res, "state": state, "gate_enabled": int(res.enabled), "lm_keys": lm_keys,
-            "state_dict_keys_built": len(built), "state_dict_keys_after_gate": len(after),
-            "model_keys_after_gate": sum(k.startswith("model.") for k in after),
-            "named_parameters_dup": len(list(wrapper.named_parameters(remove_duplicate=False)))}
+    return {
+        "result": res, "state": state, "gate_enabled": int(res.enabled), "lm_keys": lm_keys,
+        "state_dict_keys_built": len(built), "state_dict_keys_after_gate": len(after),
+        "model_keys_after_gate": sum(k.startswith("model.") for k in after),
+        "named_parameters_dup": len(list(wrapper.named_parameters(remove_duplicate=False)))
+    }
 
 
 def gate_rows(lm: nn.Module, num_hidden_layers: int, capture_tokens) -> tuple:
     """Rows of :func:`gate_facts` for every wrapper variant around ``lm`` (references, no copy),
     and the facts by variant."""
-    facts = {v: gate_facts(rebuild.build_wrapper(v, language_model=lm), num_hidden_layers,
-                           capture_tokens) for v in rebuild.ALL_VARIANTS}
+    facts = {
+        v: gate_facts(rebuild.build_wrapper(v, language_model=lm), num_hidden_layers,
+                      capture_tokens)
+        for v in rebuild.ALL_VARIANTS
+    }
     return [_row(v, m, f[m], u) for v, f in facts.items() for m, u in GATE_METRICS], facts
 
 
@@ -144,12 +152,14 @@ class Burst(timing.Burst):
         """µs per launch: median, p10, p90 by ``time.perf_counter`` (warm-up calls dropped), and
         the median by CUDA events where ``events`` came from them."""
         host = timing.Timing(self.host_ms[warmup:], clock="host-perf-counter")
-        rows = [_row(HOST, m, t * 1e3 / self.n, "us", n, bucket) for m, t in
-                (("launch_us", host.median_ms), ("launch_us_p10", host.p10_ms),
-                 ("launch_us_p90", host.p90_ms))]
+        rows = [
+            _row(HOST, m, t * 1e3 / self.n, "us", n, bucket)
+            for m, t in (("launch_us", host.median_ms), ("launch_us_p10", host.p10_ms),
+                         ("launch_us_p90", host.p90_ms))
+        ]
         if events.clock.startswith("cuda-events"):
-            rows.append(_row(HOST, "launch_event_us", events.median_ms * 1e3 / self.n, "us", n,
-                             bucket))
+            rows.append(
+                _row(HOST, "launch_event_us", events.median_ms * 1e3 / self.n, "us", n, bucket))
         return rows
 
 
@@ -166,8 +176,8 @@ PHASE = re.compile(r"^(eager|piecewise|piecewise_direct|pieces_eager) (\d+)$")
 DEVICE_CATEGORIES = ("kernel", "memcpy", "memset")
 TRACE_METRICS = (("trace_kernels", "count"), ("trace_device_us", "us"), ("trace_span_us", "us"),
                  ("trace_busy", "fraction"), ("trace_copy_us", "us"), ("trace_copy_ops", "count"),
-                 ("trace_graph_launches", "count"), ("trace_kernel_launches", "count"),
-                 ("trace_host_us", "us"))
+                 ("trace_graph_launches", "count"), ("trace_kernel_launches",
+                                                     "count"), ("trace_host_us", "us"))
 
 
 def _is_device(lanes: pd.Series) -> pd.Series:
@@ -186,13 +196,16 @@ def phase_numbers(ev: pd.DataFrame) -> dict:
     span = float((dev.start_us + dev.dur_us).max() - dev.start_us.min()) if len(dev) else 0.0
     device_us, copies = float(dev.dur_us.sum()), dev[dev.name.str.contains(COPY, regex=True)]
     rt, host = ev[ev.category == "runtime"], ev[(ev.category == "range") & ~_is_device(ev.lane)]
-    return {"trace_kernels": int((dev.category == "kernel").sum()), "trace_device_us": device_us,
-            "trace_span_us": span, "trace_busy": device_us / span if span else 0.0,
-            "trace_copy_us": float(copies.dur_us.sum()), "trace_copy_ops": int(len(copies)),
-            "trace_graph_launches": int(rt.name.str.contains("GraphLaunch").sum()),
-            "trace_kernel_launches": int(rt.name.str.contains("LaunchKernel").sum()),
-            "trace_host_us": float(host.dur_us.max()) if len(host) else 0.0,
-            "launches": int(rt.name.str.contains(LAUNCH, regex=True).sum())}
+    return {
+        "trace_kernels": int(
+            (dev.category == "kernel").sum()), "trace_device_us": device_us, "trace_span_us": span,
+        "trace_busy": device_us / span if span else 0.0, "trace_copy_us": float(
+            copies.dur_us.sum()), "trace_copy_ops": int(len(copies)), "trace_graph_launches": int(
+                rt.name.str.contains("GraphLaunch").sum()), "trace_kernel_launches": int(
+                    rt.name.str.contains("LaunchKernel").sum()),
+        "trace_host_us": float(host.dur_us.max()) if len(host) else 0.0, "launches": int(
+            rt.name.str.contains(LAUNCH, regex=True).sum())
+    }
 
 
 def trace_rows(events: pd.DataFrame, metrics=TRACE_METRICS) -> list:
@@ -217,13 +230,17 @@ def _kernel_table(p, eager_fwd, ref_runner, inputs, sidecars: dict, extra: dict)
     copies); nsight-python's collector does not attribute the kernels of a graph replay."""
     n = int(p["kernel_table_tokens"])
     ids, pos = inputs[n]
-    fns = {f"eager {n}": partial(eager_fwd, ids, pos),
-           f"pieces_eager {n}": partial(ref_runner.forward, ids)}
+    fns = {
+        f"eager {n}": partial(eager_fwd, ids, pos),
+        f"pieces_eager {n}": partial(ref_runner.forward, ids)
+    }
     table = kernel_table.kernel_table(fns, runs=int(p["kernel_table_runs"]), warmup=2)
     sidecars["kernels"] = table
     extra["kernel_table"] = {"backend": table.attrs["backend"], "reason": table.attrs["reason"]}
-    return [_row(label.split(" ")[0], "kernel_table_calls", c, "count", n)
-            for label, c in kernel_table.calls_per_run(table).items()]
+    return [
+        _row(label.split(" ")[0], "kernel_table_calls", c, "count", n)
+        for label, c in kernel_table.calls_per_run(table).items()
+    ]
 
 
 def profile_pass(p: dict, dev, fns_at, eager_fwd, ref_runner, inputs: dict) -> tuple:
@@ -243,8 +260,11 @@ def profile_pass(p: dict, dev, fns_at, eager_fwd, ref_runner, inputs: dict) -> t
     sidecars["events"] = events
     if perfetto is not None and perfetto.exists():
         sidecars["trace"] = perfetto
-    counted = {f"{v} {n}": fns_at(int(n))[v] for n in p["token_counts"]
-               for v in ("eager", "piecewise")}
+    counted = {
+        f"{v} {n}": fns_at(int(n))[v]
+        for n in p["token_counts"]
+        for v in ("eager", "piecewise")
+    }
     rows += count_rows(reduce_events(trace.trace_phases(counted, cuda=cuda)))
     return rows, sidecars, extra
 
@@ -285,16 +305,19 @@ def _runners(lm, p: dict, capture_tokens: list, use_graphs: bool, say) -> tuple:
     say(f"gate: no_alias → {off.message}; property_guard → {on.message}")
     if off.enabled or not on.enabled:
         raise RuntimeError("gate outcome not as expected: no_alias must be off, property_guard on")
-    rows += [_row("eager", "gate_enabled", off.enabled, "bool"),
-             _row("piecewise", "gate_enabled", on.enabled, "bool")]
+    rows += [
+        _row("eager", "gate_enabled", off.enabled, "bool"),
+        _row("piecewise", "gate_enabled", on.enabled, "bool")
+    ]
     make = partial(rebuild.PiecewiseRunner, on.layer_model,
                    decided["property_guard"]["state"].attention_layers)
-    runner, ref_runner = make(capture_tokens, use_graphs=use_graphs), make(capture_tokens,
-                                                                           use_graphs=False)
+    runner, ref_runner = make(capture_tokens,
+                              use_graphs=use_graphs), make(capture_tokens, use_graphs=False)
     direct = None
     if use_graphs and p["direct_token_counts"]:
-        direct = make(sorted({rebuild.bucket_for(int(n), capture_tokens)
-                              for n in p["direct_token_counts"]}), handoff="direct")
+        direct = make(
+            sorted({rebuild.bucket_for(int(n), capture_tokens)
+                    for n in p["direct_token_counts"]}), handoff="direct")
     return rows, runner, ref_runner, direct
 
 
@@ -303,13 +326,16 @@ def _correctness_rows(n, N, eager_fwd, ids, pos, runner, ref_runner, direct) -> 
     direct against eager where ``direct`` runs this count)."""
     ref, pcg = eager_fwd(ids, pos).clone(), runner.forward(ids).clone()
     c, same = compare(pcg, ref), compare(pcg, ref_runner.forward(ids).clone())
-    rows = [_row("piecewise", m, c[m], u, n, N)
-            for m, u in (("max_abs_diff", "abs"), ("rel_rms_diff", "ratio"), ("ref_max_abs", "abs"),
-                         ("tolerance", "abs"), ("within_tol", "bool"))]
+    rows = [
+        _row("piecewise", m, c[m], u, n, N)
+        for m, u in (("max_abs_diff", "abs"), ("rel_rms_diff", "ratio"), ("ref_max_abs", "abs"),
+                     ("tolerance", "abs"), ("within_tol", "bool"))
+    ]
     rows.append(_row("piecewise", "max_abs_diff_same_shape", same["max_abs_diff"], "abs", n, N))
     if direct is not None:
-        rows.append(_row("piecewise_direct", "max_abs_diff",
-                         compare(direct.forward(ids).clone(), ref)["max_abs_diff"], "abs", n, N))
+        rows.append(
+            _row("piecewise_direct", "max_abs_diff",
+                 compare(direct.forward(ids).clone(), ref)["max_abs_diff"], "abs", n, N))
     return rows
 
 
@@ -318,16 +344,18 @@ def _timing_rows(n, N, fns: dict, burst: Burst, p: dict, timer) -> list:
     burst.host_ms.clear()
     timed = timing.interleaved({**fns, HOST: burst}, rounds=max(1, int(p["rounds"])),
                                warmup=int(p["warmup"]), repeat=int(p["repeat"]), timer=timer)
-    rows = [r for v, t in timed.items() if v != HOST
-            for r in t.rows(variant=v, num_tokens=n, bucket=N)]
+    rows = [
+        r for v, t in timed.items() if v != HOST for r in t.rows(variant=v, num_tokens=n, bucket=N)
+    ]
     return rows + burst.rows(timed[HOST], int(p["warmup"]), n, N)
 
 
 def check_params(p: dict, capture_tokens: list) -> list:
     """The timed token counts; one-line errors for counts the run cannot use."""
     counts = [int(n) for n in p["token_counts"]]
-    too_big = [n for n in counts + [int(x) for x in p["trace_token_counts"]]
-               if n > capture_tokens[-1]]
+    too_big = [
+        n for n in counts + [int(x) for x in p["trace_token_counts"]] if n > capture_tokens[-1]
+    ]
     if too_big:
         raise ValueError(f"token count(s) {too_big} above the largest bucket {capture_tokens[-1]}")
     if not {int(n) for n in p["direct_token_counts"]} <= set(counts):
@@ -364,16 +392,20 @@ def sweep(p: dict, dev: torch.device, *, use_graphs: bool, timer,
             if direct is not None:
                 direct.capture()
         say(f"captured {runner.num_graphs} graphs in {runner.capture_s:.1f} s, pool {pool:.0f} MiB")
-        rows += [_row("piecewise", "capture_time", runner.capture_s, "s"),
-                 _row("piecewise", "graphs", runner.num_graphs, "count"),
-                 _row("piecewise", "buckets", len(capture_tokens), "count"),
-                 _row("piecewise", "graph_pool", pool, "MiB"),
-                 _row("piecewise", "static_buffers", runner.static_bytes / 2**20, "MiB")]
+        rows += [
+            _row("piecewise", "capture_time", runner.capture_s, "s"),
+            _row("piecewise", "graphs", runner.num_graphs, "count"),
+            _row("piecewise", "buckets", len(capture_tokens), "count"),
+            _row("piecewise", "graph_pool", pool, "MiB"),
+            _row("piecewise", "static_buffers", runner.static_bytes / 2**20, "MiB")
+        ]
         direct_counts = {int(n) for n in p["direct_token_counts"]} if direct is not None else set()
         eager_fwd = lm.model.forward  # gate off: the plain forward, launched op by op
         gen, inputs = torch.Generator().manual_seed(int(p["seed"])), {}
-        for n in sorted(set(counts) | {int(x) for x in p["trace_token_counts"]}
-                        | {int(p["kernel_table_tokens"] or counts[0])}):
+        for n in sorted(
+                set(counts) | {int(x)
+                               for x in p["trace_token_counts"]}
+                | {int(p["kernel_table_tokens"] or counts[0])}):
             inputs[n] = (torch.randint(0, int(p["vocab"]), (n,), generator=gen).to(dev),
                          torch.arange(n, device=dev))
 
@@ -402,8 +434,9 @@ def sweep(p: dict, dev: torch.device, *, use_graphs: bool, timer,
         say("profiled: traced pass, launch counts" + (", kernel table" if cuda else ""))
         rows += prof_rows
         if cuda:
-            rows.append(_row("process", "peak_allocated", torch.cuda.max_memory_allocated() / 2**20,
-                             "MiB"))
+            rows.append(
+                _row("process", "peak_allocated",
+                     torch.cuda.max_memory_allocated() / 2**20, "MiB"))
         del runner, ref_runner, direct, lm, eager_fwd, inputs
         if cuda:
             torch.cuda.synchronize()

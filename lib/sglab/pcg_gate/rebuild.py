@@ -39,9 +39,9 @@ def piecewise_cuda_graph_tokens(max_tokens: int = 4096) -> list[int]:
     """Token counts that get one piecewise capture each (``--piecewise-cuda-graph-max-tokens``):
     4..32 step 4, 48..256 step 16, 288..512 step 32, 576..1024 step 64, 1280..4096 step 256, then
     step 512, cut at ``max_tokens``."""
-    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
-             + list(range(576, 1025, 64)) + list(range(1280, 4097, 256))
-             + list(range(4608, max_tokens + 1, 512)))
+    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32)) + list(
+        range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(
+            4608, max_tokens + 1, 512)))
     return [s for s in sizes if s <= max_tokens]
 
 
@@ -100,12 +100,14 @@ class KimiPlainAlias(_KimiK25Shape):
 
 
 class KimiPropertyOnly(_KimiK25Shape):
+
     @property
     def model(self):
         return self.language_model
 
 
 class KimiPropertyGuard(_KimiK25Shape):
+
     @property
     def model(self):
         # Alias .model to .language_model so this class satisfies the piecewise
@@ -132,8 +134,9 @@ class KimiPropertySetter(_KimiK25Shape):
         type(self).setter_calls += 1
 
 
-WRAPPERS: dict[str, type] = dict(zip(ALL_VARIANTS, (KimiNoAlias, KimiPlainAlias, KimiPropertyOnly,
-                                                    KimiPropertyGuard, KimiPropertySetter)))
+WRAPPERS: dict[str, type] = dict(
+    zip(ALL_VARIANTS,
+        (KimiNoAlias, KimiPlainAlias, KimiPropertyOnly, KimiPropertyGuard, KimiPropertySetter)))
 
 
 def build_wrapper(variant: str, language_model: Optional[nn.Module] = None, *,
@@ -161,9 +164,10 @@ class LoadOutcome:
     def summary(self) -> str:
         if self.ok:
             return "clean"
-        parts = [f"{len(keys)} {what} ({keys[0]}, ...)"
-                 for what, keys in (("missing", self.missing), ("unexpected", self.unexpected))
-                 if keys]
+        parts = [
+            f"{len(keys)} {what} ({keys[0]}, ...)"
+            for what, keys in (("missing", self.missing), ("unexpected", self.unexpected)) if keys
+        ]
         return "; ".join(parts) or self.error
 
 
@@ -218,7 +222,7 @@ class GateResult:
 
     enabled: bool
     message: str
-    wrote_model: bool = False             # the write-back ``model_runner.model.model = ...`` ran
+    wrote_model: bool = False  # the write-back ``model_runner.model.model = ...`` ran
     layer_model: Optional[nn.Module] = None
     layer_model_path: Optional[str] = None  # e.g. "language_model.model"
     num_attention_layers: int = 0
@@ -228,8 +232,8 @@ def init_piecewise_cuda_graphs(runner: ModelRunnerState) -> GateResult:
     """The PR-era gate, in upstream order (the attention-layer scan shortened to the shapes used
     here). Returns instead of building the runner."""
     if runner.disable_piecewise_cuda_graph:
-        return GateResult(False, "Disable piecewise CUDA graph because "
-                                 "--disable-piecewise-cuda-graph is set")
+        return GateResult(
+            False, "Disable piecewise CUDA graph because --disable-piecewise-cuda-graph is set")
     if runner.is_draft_worker:
         return GateResult(False, "Draft models use decode CUDA graphs, not PCG")
 
@@ -344,8 +348,8 @@ class PiecewiseRunner:
 
     @property
     def static_bytes(self) -> int:
-        names = ("ids", "pos", "attn_out") + (("res", "q", "k", "v", "out")
-                                              if self.handoff == "copy" else ())
+        names = ("ids", "pos", "attn_out") + (
+            ("res", "q", "k", "v", "out") if self.handoff == "copy" else ())
         return sum(getattr(self, n).numel() * getattr(self, n).element_size() for n in names)
 
     @property

@@ -39,9 +39,14 @@ def width_args(hidden: int) -> tuple[str, ...]:
     if hidden == 512:
         return ()
     heads = hidden // 64
-    return ("--json-model-override-args", json.dumps(
-        {"hidden_size": hidden, "intermediate_size": hidden * 11 // 4,
-         "num_attention_heads": heads, "num_key_value_heads": heads}, separators=(",", ":")))
+    return ("--json-model-override-args",
+            json.dumps(
+                {
+                    "hidden_size": hidden, "intermediate_size": hidden * 11 // 4,
+                    "num_attention_heads": heads, "num_key_value_heads": heads
+                }, separators=(",", ":")))
+
+
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
@@ -49,10 +54,13 @@ from sglab.sglang.probing import Recorder, captured_logs, has_file, module_path,
 from sglab.sglang.upstream import Verdict
 from sglab.pcg_gate import rebuild
 
+
 KIMI_MODEL = "srt/models/kimi_k25.py"
 PROBE_RELEASES = ("0.5.10.post1", "0.5.12.post1", "0.5.13", "0.5.23")
-VARIANT_OF = {"0.5.10.post1": "plain_alias", "0.5.12.post1": "no_alias",
-              "0.5.13": "property_guard", "0.5.23": "property_guard"}
+VARIANT_OF = {
+    "0.5.10.post1": "plain_alias", "0.5.12.post1": "no_alias", "0.5.13": "property_guard",
+    "0.5.23": "property_guard"
+}
 # the real class with nn.Module.__setattr__ restored (where the release has the guard): the property
 CASE_VARIANT = {"as_released": None, "property_without_guard": "property_only"}
 KEYS = ("gate_enabled", "keys_before_gate", "keys_after_gate", "model_in_modules_after_gate",
@@ -67,13 +75,17 @@ def inspect_kimi_wrapper(source: str, class_name: str = "KimiK25ForConditionalGe
     """Static reading of ``models/kimi_k25.py``: property ``model``, a ``__setattr__`` that tests
     ``name == "model"``, or a plain ``self.model = ...`` in ``__init__`` (and what it aliases)."""
     cls = S.find(S.parse(source), class_name)
-    found = {"class": isinstance(cls, ast.ClassDef), "property": False, "guard": False,
-             "plain_alias": None}
+    found = {
+        "class": isinstance(cls, ast.ClassDef), "property": False, "guard": False,
+        "plain_alias": None
+    }
     if not found["class"]:
         return found
     prop = S.find(cls, "model")
-    found["property"] = prop is not None and "property" in {ast.unparse(d)
-                                                            for d in prop.decorator_list}
+    found["property"] = prop is not None and "property" in {
+        ast.unparse(d)
+        for d in prop.decorator_list
+    }
     found["guard"] = "model" in S.string_constants(S.find(cls, "__setattr__"))
     alias = S.assignments(S.find(cls, "__init__"), "self.model")
     found["plain_alias"] = ast.unparse(alias[0]) if alias else None
@@ -88,16 +100,20 @@ def check(read) -> Verdict:
     if not f["class"]:
         return Verdict("unknown", "models/kimi_k25.py has no KimiK25ForConditionalGeneration class")
     if f["property"] and f["guard"]:
-        return Verdict("pr-era", "`model` property returns language_model and __setattr__ drops "
-                       "writes to `model`: the PCG gate passes, the LLM is registered once")
+        return Verdict(
+            "pr-era", "`model` property returns language_model and __setattr__ drops "
+            "writes to `model`: the PCG gate passes, the LLM is registered once")
     if f["property"]:
-        return Verdict("before", "`model` property without the __setattr__ guard: the gate "
-                       "passes, but the runner's write to `.model` registers the LLM a second time")
+        return Verdict(
+            "before", "`model` property without the __setattr__ guard: the gate "
+            "passes, but the runner's write to `.model` registers the LLM a second time")
     if f["plain_alias"]:
-        return Verdict("before", f"plain `self.model = {f['plain_alias']}` in __init__: the gate "
-                       "passes, but nn.Module registers it twice (duplicate model.* keys)")
-    return Verdict("before", "no `.model` on KimiK25ForConditionalGeneration: the piecewise-CUDA-"
-                   "graph gate (hasattr(model, 'model')) refuses it as 'not a language model'")
+        return Verdict(
+            "before", f"plain `self.model = {f['plain_alias']}` in __init__: the gate "
+            "passes, but nn.Module registers it twice (duplicate model.* keys)")
+    return Verdict(
+        "before", "no `.model` on KimiK25ForConditionalGeneration: the piecewise-CUDA-"
+        "graph gate (hasattr(model, 'model')) refuses it as 'not a language model'")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -111,10 +127,13 @@ def build_kimi(kimi, cls=None):
     mm_args = types.SimpleNamespace(mm_enable_dp_encoder=False)
     getter = "get_mm" if hasattr(kimi, "get_mm") else "get_global_server_args"
     config = types.SimpleNamespace(vision_config=None, text_config=None, encoder_only=False)
-    with patched(kimi, **{getter: lambda: mm_args,
-                          "MoonViT3dPretrainedModel": lambda *a, **k: nn.Linear(4, 4),
-                          "K2VLMultiModalProjector": lambda *a, **k: nn.Linear(4, 4),
-                          "DeepseekV3ForCausalLM": lambda *a, **k: rebuild.tiny_language_model()}):
+    with patched(
+            kimi, **{
+                getter: lambda: mm_args,
+                "MoonViT3dPretrainedModel": lambda *a, **k: nn.Linear(4, 4),
+                "K2VLMultiModalProjector": lambda *a, **k: nn.Linear(4, 4),
+                "DeepseekV3ForCausalLM": lambda *a, **k: rebuild.tiny_language_model()
+            }):
         return cls(config, quant_config=None)
 
 
@@ -126,17 +145,19 @@ def _gate_pr_era(prepared, wrapper) -> dict:
     runner = types.SimpleNamespace(
         server_args=types.SimpleNamespace(disable_piecewise_cuda_graph=False,
                                           piecewise_cuda_graph_tokens=TOKENS,
-                                          enable_breakable_cuda_graph=False),
-        is_draft_worker=False, model=wrapper,
-        model_config=types.SimpleNamespace(num_hidden_layers=2), device="cpu", gpu_id=0)
+                                          enable_breakable_cuda_graph=False), is_draft_worker=False,
+        model=wrapper, model_config=types.SimpleNamespace(num_hidden_layers=2), device="cpu",
+        gpu_id=0)
     rec = Recorder()
     names = {"PiecewiseCudaGraphRunner": rec, "get_available_gpu_memory": lambda *a, **k: 0.0}
     if hasattr(mr, "BreakableCudaGraphRunner"):
         names["BreakableCudaGraphRunner"] = rec
     with patched(mr, **names), captured_logs(mr.__name__) as logs:
         mr.ModelRunner.init_piecewise_cuda_graphs(runner)
-    return {"gate": "ModelRunner.init_piecewise_cuda_graphs", "enabled": bool(rec.calls),
-            "logs": logs, "attention_layers": getattr(runner, "attention_layers", [])}
+    return {
+        "gate": "ModelRunner.init_piecewise_cuda_graphs", "enabled": bool(rec.calls), "logs": logs,
+        "attention_layers": getattr(runner, "attention_layers", [])
+    }
 
 
 def _gate_cuda_graph_setup(prepared, wrapper) -> dict:
@@ -151,22 +172,23 @@ def _gate_cuda_graph_setup(prepared, wrapper) -> dict:
     from sglang.srt.runtime_context import get_context  # the release's own module
 
     ns = types.SimpleNamespace
-    runner = ns(is_draft_worker=False, spec_algorithm=ns(is_eagle=lambda: False),
-                lora_manager=None, model=wrapper,
-                model_config=ns(context_len=4096, num_hidden_layers=2),
-                req_to_token_pool=ns(size=64), layer_info=ns(start_layer=0, end_layer=2),
-                device="cpu", gpu_id=0)
+    runner = ns(is_draft_worker=False, spec_algorithm=ns(is_eagle=lambda: False), lora_manager=None,
+                model=wrapper, model_config=ns(context_len=4096, num_hidden_layers=2),
+                req_to_token_pool=ns(size=64), layer_info=ns(start_layer=0,
+                                                             end_layer=2), device="cpu", gpu_id=0)
     runner.get_cuda_graph_layers = types.MethodType(mr.ModelRunner.get_cuda_graph_layers, runner)
-    cfg = cfgmod.CudaGraphConfig(prefill=cfgmod.PhaseConfig(backend=cfgmod.Backend.BREAKABLE,
-                                                            bs=list(TOKENS)))
+    cfg = cfgmod.CudaGraphConfig(
+        prefill=cfgmod.PhaseConfig(backend=cfgmod.Backend.BREAKABLE, bs=list(TOKENS)))
     rec, eager = Recorder(), object()
     with get_context().override_server_args(cuda_graph_config=cfg), \
             patched(cgs, PrefillCudaGraphRunner=rec,
                     get_available_gpu_memory=lambda *a, **k: 0.0), \
             captured_logs(cgs.__name__) as logs:
         result = cgs.capture_prefill_graph(model_runner=runner, eager_runner=eager)
-    return {"gate": "cuda_graph_setup.capture_prefill_graph", "enabled": result.runner is rec,
-            "logs": logs, "attention_layers": list(getattr(runner, "attention_layers", []))}
+    return {
+        "gate": "cuda_graph_setup.capture_prefill_graph", "enabled": result.runner is rec,
+        "logs": logs, "attention_layers": list(getattr(runner, "attention_layers", []))
+    }
 
 
 def _case_rows(case: str, wrapper, gate_fn, prepared) -> list[dict]:
@@ -178,13 +200,15 @@ def _case_rows(case: str, wrapper, gate_fn, prepared) -> list[dict]:
     if attn:
         p = module_path(wrapper, attn[0])  # e.g. language_model.model.layers.0.self_attn.attn
         layers_path = p.rsplit(".layers.", 1)[0] if p and ".layers." in p else p
-    facts = {"gate": out["gate"], "has_model_attr": alias is not None,
-             "alias_target": module_path(wrapper, alias) if alias is not None else None,
-             "model_in_modules_before_gate": in_modules, "gate_enabled": out["enabled"],
-             "messages": [m for _, m in out["logs"]], "keys_before_gate": keys_before,
-             "keys_after_gate": sorted(wrapper.state_dict()),
-             "model_in_modules_after_gate": "model" in wrapper._modules,
-             "layer_model_path": layers_path, "num_attention_layers": len(attn)}
+    facts = {
+        "gate": out["gate"], "has_model_attr": alias is not None,
+        "alias_target": module_path(wrapper, alias) if alias is not None else None,
+        "model_in_modules_before_gate": in_modules, "gate_enabled": out["enabled"], "messages": [
+            m for _, m in out["logs"]
+        ], "keys_before_gate": keys_before, "keys_after_gate": sorted(wrapper.state_dict()),
+        "model_in_modules_after_gate": "model" in wrapper._modules, "layer_model_path": layers_path,
+        "num_attention_layers": len(attn)
+    }
     return [{"case": case, "metric": k, "value": v} for k, v in facts.items()]
 
 
@@ -198,10 +222,13 @@ def probe(prepared, params) -> list[dict]:
     cls = kimi.KimiK25ForConditionalGeneration
     cases = [("as_released", cls)]
     if isinstance(cls.__dict__.get("model"), property) and "__setattr__" in cls.__dict__:
-        cases.append(("property_without_guard", type("KimiPropertyWithoutGuard", (cls,),
-                                                     {"__setattr__": nn.Module.__setattr__})))
-    return [row for case, klass in cases
-            for row in _case_rows(case, build_kimi(kimi, klass), gate_fn, prepared)]
+        cases.append(("property_without_guard",
+                      type("KimiPropertyWithoutGuard", (cls,),
+                           {"__setattr__": nn.Module.__setattr__})))
+    return [
+        row for case, klass in cases
+        for row in _case_rows(case, build_kimi(kimi, klass), gate_fn, prepared)
+    ]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -215,10 +242,11 @@ def rebuild_facts(variant: str) -> dict:
     with rebuild.quiet_gate():
         res = rebuild.init_piecewise_cuda_graphs(
             rebuild.ModelRunnerState(w, num_hidden_layers=rebuild.TINY_LM.num_layers))
-    return {"gate_enabled": res.enabled, "keys_before_gate": before,
-            "keys_after_gate": sorted(w.state_dict()),
-            "model_in_modules_after_gate": "model" in w._modules,
-            "layer_model_path": res.layer_model_path if res.enabled else None}
+    return {
+        "gate_enabled": res.enabled, "keys_before_gate": before,
+        "keys_after_gate": sorted(w.state_dict()), "model_in_modules_after_gate": "model"
+        in w._modules, "layer_model_path": res.layer_model_path if res.enabled else None
+    }
 
 
 def real_facts(result, case: str = "as_released") -> dict:
@@ -248,8 +276,9 @@ def comparison(results: dict, variant_of: dict = VARIANT_OF):
             v = CASE_VARIANT[case] or variant_of[release]
             what = "the Kimi wrapper through the gate" + (", guard removed"
                                                           if case != "as_released" else "")
-            rows.append(real.facts_row(release, what, real_facts(r, case), v, rebuild_facts(v),
-                                       KEYS, describe))
+            rows.append(
+                real.facts_row(release, what, real_facts(r, case), v, rebuild_facts(v), KEYS,
+                               describe))
     return real.table(rows)
 
 
@@ -318,9 +347,10 @@ ENGINE = (
         model="llama_32x512",
         tool="bench",
         releases=("0.5.13",),
-        cases=tuple(Case(f"w{h}-{arm}", (*flags, *width_args(h)))
-                    for h in WIDTHS for arm, flags in
-                    (("pcg", PCG_FLAGS + ("2048",)), ("off", ("--disable-piecewise-cuda-graph",)))),
+        cases=tuple(
+            Case(f"w{h}-{arm}", (*flags, *width_args(h))) for h in WIDTHS
+            for arm, flags in (("pcg", PCG_FLAGS + ("2048",)),
+                               ("off", ("--disable-piecewise-cuda-graph",)))),
         input_lens=(128, 512, 1024, 2048),
         repeats=3,
         output_len=4,
@@ -328,14 +358,18 @@ ENGINE = (
     ),
 )
 
-
 FIX = Fix(
-    name="pcg_gate", number="01", part="part A", prs=(26382,), gpus=1,
+    name="pcg_gate",
+    number="01",
+    part="part A",
+    prs=(26382,),
+    gpus=1,
     title="Kimi-K2.5 wrapper: `.model` property + __setattr__ guard (#26382)",
     check=check,
-    hunks=(Spec(26382, symbols_in(KIMI_MODEL, "KimiK25ForConditionalGeneration.model",
-                                  "KimiK25ForConditionalGeneration.__setattr__")),),
+    hunks=(Spec(
+        26382,
+        symbols_in(KIMI_MODEL, "KimiK25ForConditionalGeneration.model",
+                   "KimiK25ForConditionalGeneration.__setattr__")),),
     probe=Probe("sglab.pcg_gate.sglang:probe", PROBE_RELEASES),
     engine=ENGINE,
 )
-

@@ -27,6 +27,7 @@ from sglab.sglang import engine_runs
 from sglab.pcg_gate import rebuild, sglang
 from sglab.pcg_gate.measure import COPY, DEFAULT_PARAMS, GATE_METRICS, HOST, gate_facts
 
+
 TIMES = (("time_median", "median"), ("time_p10", "p10"), ("time_p90", "p90"))
 CHECKS = ("max_abs_diff", "rel_rms_diff", "tolerance", "within_tol", "max_abs_diff_same_shape")
 LAUNCH_BOUND = 128  # token counts up to here: eager prefill is its launches
@@ -46,8 +47,9 @@ def latency_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per timed token count: eager and piecewise median/p10/p90 (ms), ``speedup`` (eager /
     piecewise median), the correctness columns, and the direct hand-off where measured."""
     d = _per_token(df)
-    wide = d[d.metric.isin([m for m, _ in TIMES])].pivot_table(
-        index="num_tokens", columns=["variant", "metric"], values="value")
+    wide = d[d.metric.isin([m for m, _ in TIMES])].pivot_table(index="num_tokens",
+                                                               columns=["variant",
+                                                                        "metric"], values="value")
     out = pd.DataFrame(index=wide.index)
     for mode in ("eager", "piecewise"):
         for m, lab in TIMES:
@@ -73,10 +75,9 @@ def launch_table(df: pd.DataFrame) -> pd.DataFrame:
     piecewise removes cost, eager time minus piecewise's floor (its device time, or its own launches
     at eager's µs per launch where that is longer). Empty for older runs."""
     d = _per_token(df)
-    w = d[d.metric.isin(["launches", "device_us", "time_median", "launch_us",
-                         "launch_event_us"])].pivot_table(index="num_tokens",
-                                                          columns=["variant", "metric"],
-                                                          values="value")
+    w = d[d.metric.isin(["launches", "device_us", "time_median", "launch_us", "launch_event_us"
+                         ])].pivot_table(index="num_tokens", columns=["variant", "metric"],
+                                         values="value")
     if (HOST, "launch_us") not in w.columns or ("eager", "launches") not in w.columns:
         return pd.DataFrame()
     te, tp = w[("eager", "time_median")] * 1e3, w[("piecewise", "time_median")] * 1e3
@@ -84,10 +85,11 @@ def launch_table(df: pd.DataFrame) -> pd.DataFrame:
     floor = np.maximum(w[("piecewise", "device_us")], lp * te / le)
     return pd.DataFrame({
         "eager launches": le, "piecewise launches": lp, "host µs/launch": c,
-        "host µs/launch (CUDA events)": w.get((HOST, "launch_event_us")),
-        "eager ms": te / 1e3, "eager µs/launch": te / le, "eager ÷ host cost": te / (le * c),
-        "piecewise ms": tp / 1e3, "piecewise device ms": w[("piecewise", "device_us")] / 1e3,
-        "gain explained": (te - tp) / (te - floor)})
+        "host µs/launch (CUDA events)": w.get((HOST, "launch_event_us")), "eager ms": te / 1e3,
+        "eager µs/launch": te / le, "eager ÷ host cost": te / (le * c), "piecewise ms": tp / 1e3,
+        "piecewise device ms": w[("piecewise", "device_us")] / 1e3,
+        "gain explained": (te - tp) / (te - floor)
+    })
 
 
 def run_facts(df: pd.DataFrame) -> dict:
@@ -125,8 +127,9 @@ def gate_table(df: pd.DataFrame) -> pd.DataFrame:
     g = df[df.variant.isin(rebuild.ALL_VARIANTS) & df.metric.isin([m for m, _ in GATE_METRICS])]
     if g.empty:
         return pd.DataFrame()
-    t = g.pivot_table(index="variant", columns="metric", values="value").reindex(
-        [v for v in rebuild.ALL_VARIANTS if v in set(g.variant)])
+    t = g.pivot_table(index="variant", columns="metric", values="value").reindex([
+        v for v in rebuild.ALL_VARIANTS if v in set(g.variant)
+    ])
     return t[[m for m, _ in GATE_METRICS]].astype(int)
 
 
@@ -138,8 +141,10 @@ def trace_table(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     w = t.pivot_table(index=["num_tokens", "variant"], columns="metric", values="value")
     w.columns = [c.replace("trace_", "") for c in w.columns]
-    return w[["kernels", "kernel_launches", "graph_launches", "device_us", "span_us", "busy",
-              "copy_ops", "copy_us", "host_us"]]
+    return w[[
+        "kernels", "kernel_launches", "graph_launches", "device_us", "span_us", "busy", "copy_ops",
+        "copy_us", "host_us"
+    ]]
 
 
 def copy_explanation(df: pd.DataFrame) -> pd.DataFrame:
@@ -154,10 +159,11 @@ def copy_explanation(df: pd.DataFrame) -> pd.DataFrame:
         extra_dev, extra_copy = pw.device_us - e.device_us, pw.copy_us - e.copy_us
         gap = ((lat.loc[n, "piecewise median ms"] - lat.loc[n, "eager median ms"]) * 1e3
                if n in lat.index else None)
-        rows.append({"num_tokens": n, "extra device µs": extra_dev, "extra copy µs": extra_copy,
-                     "copy share of extra device time":
-                         extra_copy / extra_dev if extra_dev > 0 else float("nan"),
-                     "extra copy ops": pw.copy_ops - e.copy_ops, "timed gap µs (medians)": gap})
+        rows.append({
+            "num_tokens": n, "extra device µs": extra_dev, "extra copy µs": extra_copy,
+            "copy share of extra device time": extra_copy / extra_dev if extra_dev > 0 else
+            float("nan"), "extra copy ops": pw.copy_ops - e.copy_ops, "timed gap µs (medians)": gap
+        })
     return pd.DataFrame(rows).set_index("num_tokens")
 
 
@@ -170,10 +176,12 @@ def kernel_summary(table: pd.DataFrame, top: int = 8) -> pd.DataFrame:
         out.append(g.head(top)[["label", "short", "calls", "median_us", "total_us", "share"]])
         rest = g.iloc[top:]
         if len(rest):
-            out.append(pd.DataFrame([{"label": label, "short": f"({len(rest)} more)",
-                                      "calls": rest.calls.sum(), "median_us": float("nan"),
-                                      "total_us": rest.total_us.sum(),
-                                      "share": rest.share.sum()}]))
+            out.append(
+                pd.DataFrame([{
+                    "label": label, "short": f"({len(rest)} more)", "calls": rest.calls.sum(),
+                    "median_us": float("nan"), "total_us": rest.total_us.sum(),
+                    "share": rest.share.sum()
+                }]))
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 
@@ -221,11 +229,13 @@ def reading(run) -> str:
     """Small prefills (launch-bound) and large ones (where piecewise loses), one run."""
     lat = latency_table(run.df)
     sp, small = lat["speedup"], lat[lat.index <= 1024]
-    lines = [f"{short_gpu(run)}: eager/piecewise {sp.min():.2f}x to {sp.max():.2f}x (max at "
-             f"{sp.idxmax()} tokens); eager median {small['eager median ms'].min():.2f}-"
-             f"{small['eager median ms'].max():.2f} ms over {small.index.min()}-"
-             f"{small.index.max()} tokens, piecewise {small['piecewise median ms'].min():.2f}-"
-             f"{small['piecewise median ms'].max():.2f} ms"]
+    lines = [
+        f"{short_gpu(run)}: eager/piecewise {sp.min():.2f}x to {sp.max():.2f}x (max at "
+        f"{sp.idxmax()} tokens); eager median {small['eager median ms'].min():.2f}-"
+        f"{small['eager median ms'].max():.2f} ms over {small.index.min()}-"
+        f"{small.index.max()} tokens, piecewise {small['piecewise median ms'].min():.2f}-"
+        f"{small['piecewise median ms'].max():.2f} ms"
+    ]
     start = slowdown_start(sp)
     for n in (lat.index[lat.index >= start] if start is not None else []):
         gap_ms = lat.loc[n, "piecewise median ms"] - lat.loc[n, "eager median ms"]
@@ -233,8 +243,7 @@ def reading(run) -> str:
         line = (f"    {n:5d} tokens: piecewise {gap_ms:+.2f} ms ({sp[n]:.2f}x); the copies move "
                 f"{moved / 1e9:.2f} GB = {moved / 1e12 / (gap_ms / 1e3):.1f} TB/s if they were the "
                 "whole gap")
-        if "speedup_direct" in lat and lat.loc[n, "speedup_direct"] == lat.loc[n,
-                                                                                "speedup_direct"]:
+        if "speedup_direct" in lat and lat.loc[n, "speedup_direct"] == lat.loc[n, "speedup_direct"]:
             line += f"; without them: {lat.loc[n, 'speedup_direct']:.3f}x"
         lines.append(line)
     return "\n".join(lines)
@@ -248,8 +257,10 @@ def latency(run) -> None:
         print(summary(r))
         print(host_line(r))
         lat = latency_table(r.df)
-        notebook.show_table(lat[[c for c in lat.columns if c.endswith(" ms")
-                                 or c in ("bucket", "speedup", "speedup_direct")]].round(3))
+        notebook.show_table(lat[[
+            c for c in lat.columns
+            if c.endswith(" ms") or c in ("bucket", "speedup", "speedup_direct")
+        ]].round(3))
     notebook.show_figure(latency_figure(run.shown))
     for r in run.shown:
         print(reading(r))
@@ -268,8 +279,10 @@ def launches(run) -> None:
 @notebook.needs_run
 def correctness(run) -> None:
     """Piecewise against eager on every GPU shown, and one line per run."""
-    cols = ["bucket", "max_abs_diff", "rel_rms_diff", "max_abs_diff_same_shape", "tolerance",
-            "within_tol"]
+    cols = [
+        "bucket", "max_abs_diff", "rel_rms_diff", "max_abs_diff_same_shape", "tolerance",
+        "within_tol"
+    ]
     notebook.show_table(pd.concat({c: by_gpu(run.shown, c) for c in cols}, axis=1))
     for r in run.shown:
         lat = latency_table(r.df)
@@ -277,10 +290,10 @@ def correctness(run) -> None:
         print(f"{short_gpu(r)}: piecewise vs eager "
               f"{'within' if lat['within_tol'].all() else 'NOT within'} bf16 tolerance at all "
               f"{len(lat)} token counts; largest difference {lat['max_abs_diff'].max():.3g} "
-              f"(tolerance {lat['tolerance'].min():.3g}); "
-              + (f"bit-identical except at {nonzero} tokens" if nonzero
-                 else "bit-identical at every count")
-              + f"; vs the same padded shape: largest {lat['max_abs_diff_same_shape'].max():.3g}")
+              f"(tolerance {lat['tolerance'].min():.3g}); " +
+              (f"bit-identical except at {nonzero} tokens"
+               if nonzero else "bit-identical at every count") +
+              f"; vs the same padded shape: largest {lat['max_abs_diff_same_shape'].max():.3g}")
 
 
 @notebook.needs_run
@@ -306,8 +319,10 @@ def profiler(run) -> None:
 # CPU tables and figures
 # --------------------------------------------------------------------------------------------------
 SHOWN = ("no_alias", "plain_alias", "property_only", "property_guard")
-HOW = {"no_alias": "no .model", "plain_alias": "self.model =\nself.language_model.model",
-       "property_only": "@property model", "property_guard": "@property model\n+ __setattr__ guard"}
+HOW = {
+    "no_alias": "no .model", "plain_alias": "self.model =\nself.language_model.model",
+    "property_only": "@property model", "property_guard": "@property model\n+ __setattr__ guard"
+}
 
 
 def mechanism_facts(run=None) -> pd.DataFrame:
@@ -318,8 +333,9 @@ def mechanism_facts(run=None) -> pd.DataFrame:
         if not g.empty:
             return g.assign(source="the measured LLM")
     rows = {v: gate_facts(rebuild.build_wrapper(v), rebuild.TINY_LM.num_layers) for v in SHOWN}
-    return pd.DataFrame({v: {m: f[m] for m, _ in GATE_METRICS} for v, f in rows.items()}).T.assign(
-        source="the CPU rebuild (2-layer LLM)")
+    return pd.DataFrame({v: {m: f[m]
+                             for m, _ in GATE_METRICS}
+                         for v, f in rows.items()}).T.assign(source="the CPU rebuild (2-layer LLM)")
 
 
 def _write_back(v: str, on: bool, dup: int) -> tuple[str, str]:
@@ -329,8 +345,8 @@ def _write_back(v: str, on: bool, dup: int) -> tuple[str, str]:
         return "text model already in _modules['model']\n(registered in __init__)", "before"
     if v == "property_guard":
         return "dropped by __setattr__\n(nothing registered)", "kept"
-    return (("nn.Module.__setattr__ puts the LLM\nin _modules['model']", "before") if dup
-            else ("no duplicate", "kept"))
+    return (("nn.Module.__setattr__ puts the LLM\nin _modules['model']", "before") if dup else
+            ("no duplicate", "kept"))
 
 
 def mechanism(run=None):
@@ -339,17 +355,18 @@ def mechanism(run=None):
     facts = mechanism_facts(run)
     fig, ax = plots.canvas(12.0, 5.0, xlim=(0, 12), ylim=(0, 5.0))
     for x, title in ((0.05, "wrapper (.model is …)"), (2.75, "gate: hasattr(wrapper, 'model')"),
-                     (5.35, "write-back: wrapper.model = LLM"),
-                     (8.45, "state_dict() after the gate")):
+                     (5.35, "write-back: wrapper.model = LLM"), (8.45,
+                                                                 "state_dict() after the gate")):
         plots.label(ax, x, 4.75, title, fontsize=9)
     for i, v in enumerate(v for v in SHOWN if v in facts.index):
         y, f = 3.85 - i * 1.1, facts.loc[v]
         on, lm, dup = bool(int(f.gate_enabled)), int(f.lm_keys), int(f.model_keys_after_gate)
         plots.box(ax, 0.05, y, 2.3, 0.75, f"{v}\n{HOW[v]}", color="neutral", fontsize=7.5)
         plots.arrow(ax, (2.4, y + 0.37), (2.75, y + 0.37))
-        plots.box(ax, 2.75, y, 2.2, 0.75, "True → PCG on\n(piecewise prefill)" if on else
-                  "False → 'not a language model'\nPCG off (eager prefill)",
-                  color="after" if on else "removed", fontsize=7.5)
+        plots.box(
+            ax, 2.75, y, 2.2, 0.75, "True → PCG on\n(piecewise prefill)"
+            if on else "False → 'not a language model'\nPCG off (eager prefill)",
+            color="after" if on else "removed", fontsize=7.5)
         plots.arrow(ax, (5.0, y + 0.37), (5.35, y + 0.37))
         text, color = _write_back(v, on, dup)
         plots.box(ax, 5.35, y, 2.7, 0.75, text, color=color, fontsize=7.5)
@@ -362,8 +379,9 @@ def mechanism(run=None):
                       color="before", fontsize=7.5)
         else:
             ax.text(8.5, y + 0.18, "model.*  none", fontsize=7.5, color="#555555", va="center")
-    ax.text(0.05, 0.1, f"Key counts from {facts['source'].iloc[0]}. Only the PR's variant (property"
-            " + guard) passes the gate and registers the LLM once.", fontsize=8, color="#555555")
+    ax.text(
+        0.05, 0.1, f"Key counts from {facts['source'].iloc[0]}. Only the PR's variant (property"
+        " + guard) passes the gate and registers the LLM once.", fontsize=8, color="#555555")
     return fig
 
 
@@ -404,8 +422,10 @@ def latency_figure(shown: list):
         a.yaxis.set_major_formatter(ScalarFormatter())
         a.yaxis.set_minor_formatter(NullFormatter())
     ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    plots.caption(fig, shown[0], extra="; ".join([plots.provenance_text(r) for r in shown[1:]]
-                                                 + ["bands: p10–p90; small prefills: host-bound"]))
+    plots.caption(
+        fig, shown[0],
+        extra="; ".join([plots.provenance_text(r)
+                         for r in shown[1:]] + ["bands: p10–p90; small prefills: host-bound"]))
     return fig
 
 
@@ -438,27 +458,26 @@ def setup_table(tokens: int, max_tokens: int = 4096, shown: Optional[list] = Non
     for r in shown:
         lat, lt = latency_table(r.df), launch_table(r.df)
         near = min(lat.index, key=lambda n: (abs(n - int(tokens)), n))
-        rows.append({"GPU": short_gpu(r), "runs as": f"piecewise, {len(sizes)} buckets"
-                     if bucket else "eager (above the largest capture)",
-                     "bucket": bucket or "-",
-                     "padded share": round(1 - int(tokens) / bucket, 3) if bucket else 0.0,
-                     "measured at": near, "eager ms": round(lat.loc[near, "eager median ms"], 3),
-                     "piecewise ms": round(lat.loc[near, "piecewise median ms"], 3),
-                     "host µs/launch": round(lt["host µs/launch"].median(), 1) if len(lt)
-                     else "not measured", "run": r.path.name})
+        rows.append({
+            "GPU": short_gpu(r), "runs as": f"piecewise, {len(sizes)} buckets"
+            if bucket else "eager (above the largest capture)", "bucket": bucket or "-",
+            "padded share": round(1 - int(tokens) / bucket, 3) if bucket else 0.0,
+            "measured at": near, "eager ms": round(lat.loc[near, "eager median ms"], 3),
+            "piecewise ms": round(lat.loc[near, "piecewise median ms"], 3), "host µs/launch": round(
+                lt["host µs/launch"].median(), 1) if len(lt) else "not measured", "run": r.path.name
+        })
     return pd.DataFrame(rows)
 
 
 def your_setup():
     """Prefill tokens and ``--piecewise-cuda-graph-max-tokens`` → the bucket and what the recorded
     runs measured nearby (controls in JupyterLab, a static table elsewhere)."""
-    return notebook.explore(setup_table,
-                            {"tokens": [1, 16, 100, 300, 1000, 3000, 5000],
-                             "max_tokens": [512, 2048, 4096, 8192]},
-                            static=[{"tokens": 100, "max_tokens": 4096},
-                                    {"tokens": 3000, "max_tokens": 4096},
-                                    {"tokens": 3000, "max_tokens": 2048}],
-                            title="Your prefill: its bucket and the recorded times nearby")
+    return notebook.explore(
+        setup_table,
+        {"tokens": [1, 16, 100, 300, 1000, 3000, 5000], "max_tokens": [512, 2048, 4096, 8192]},
+        static=[{"tokens": 100, "max_tokens": 4096}, {"tokens": 3000, "max_tokens": 4096},
+                {"tokens": 3000, "max_tokens": 2048
+                 }], title="Your prefill: its bucket and the recorded times nearby")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -469,8 +488,7 @@ def engine_ratios(df: pd.DataFrame) -> dict:
     case and 'pcg-off' both ran: prefill with piecewise graphs off over prefill with them on."""
     pcg = engine_runs.text(df, "pcg")
     d = engine_runs.number(df, "prefill", started=True)
-    per = {k: dict(zip(g.input_len.astype(int), g.value))
-           for k, g in d.groupby(engine_runs.KEYS)}
+    per = {k: dict(zip(g.input_len.astype(int), g.value)) for k, g in d.groupby(engine_runs.KEYS)}
     out = {}
     for (model, rel, case), times in per.items():
         off = per.get((model, rel, "pcg-off"))
@@ -541,26 +559,32 @@ def beside_rows(run, engine_run) -> list[dict]:
         sp = latency_table(run.df)["speedup"]
         sp = sp[(sp.index >= lo) & (sp.index <= hi)]
         if not sp.empty:
-            rows.append({"source": f"rebuild ({runs.gpu_short(run.manifest)})",
-                         "measures": f"eager ÷ piecewise, forward only (CUDA events), 16-layer "
-                                     f"bf16 decoder, {lo}–{hi} tokens",
-                         "figure": _span(sp.values)})
+            rows.append({
+                "source": f"rebuild ({runs.gpu_short(run.manifest)})",
+                "measures": f"eager ÷ piecewise, forward only (CUDA events), 16-layer "
+                f"bf16 decoder, {lo}–{hi} tokens", "figure": _span(sp.values)
+            })
     else:
-        rows.append({"source": "rebuild", "measures": getattr(run, "line", "no GPU run"),
-                     "figure": ""})
+        rows.append({
+            "source": "rebuild", "measures": getattr(run, "line", "no GPU run"), "figure": ""
+        })
     for (model, rel, case), r in ratios.items():
-        rows.append({"source": f"SGLang {rel} engine ({model}, {case})",
-                     "measures": f"pcg-off ÷ piecewise, whole prefill step (bench_one_batch, "
-                                 f"dummy weights), {min(r)}–{max(r)} tokens",
-                     "figure": _span(r.values())})
+        rows.append({
+            "source": f"SGLang {rel} engine ({model}, {case})",
+            "measures": f"pcg-off ÷ piecewise, whole prefill step (bench_one_batch, "
+            f"dummy weights), {min(r)}–{max(r)} tokens", "figure": _span(r.values())
+        })
     if not ratios:
-        rows.append({"source": "SGLang engine", "figure": "",
-                     "measures": getattr(engine_run, "line", "no captured + pcg-off pair")})
+        rows.append({
+            "source": "SGLang engine", "figure": "",
+            "measures": getattr(engine_run, "line", "no captured + pcg-off pair")
+        })
     before, after = PR_TTFT_S
-    rows.append({"source": "#26382's description (B200, TP 4)",
-                 "measures": f"TTFT before ÷ after on Kimi-K2.5, real weights "
-                             f"({before} s → {after} s)",
-                 "figure": f"{before / after:.2f}×"})
+    rows.append({
+        "source": "#26382's description (B200, TP 4)",
+        "measures": f"TTFT before ÷ after on Kimi-K2.5, real weights "
+        f"({before} s → {after} s)", "figure": f"{before / after:.2f}×"
+    })
     return rows
 
 
@@ -587,8 +611,10 @@ def host_launch_us(run) -> float | None:
     """The host's per-launch cost (µs) the newest run measured beside its engines (the median of
     its before and after), None where no run did."""
     for r in sorted(run.shown, key=lambda r: r.manifest.get("created_utc", ""), reverse=True):
-        got = [v["median"] for v in (r.manifest.get("host_launch_us") or {}).values()
-               if isinstance(v, dict) and "median" in v]
+        got = [
+            v["median"] for v in (r.manifest.get("host_launch_us") or {}).values()
+            if isinstance(v, dict) and "median" in v
+        ]
         if got:
             return sum(got) / len(got)
     return None
@@ -601,13 +627,13 @@ def launch_savings(df: pd.DataFrame, host_us: float | None) -> pd.DataFrame:
     counts = {}
     for metric in ("prefill_kernel_launches", "prefill_graph_launches"):
         d = engine_runs.number(df, metric)
-        for k, n, v in zip(d[engine_runs.KEYS].itertuples(index=False), d["input_len"],
-                           d["value"]):
+        for k, n, v in zip(d[engine_runs.KEYS].itertuples(index=False), d["input_len"], d["value"]):
             counts.setdefault((*k, int(n)), 0)
             counts[(*k, int(n))] += int(v)
     ms = engine_runs.number(df, "prefill", started=True)
-    prefill = {(*k, int(n)): v for k, n, v in zip(ms[engine_runs.KEYS].itertuples(index=False),
-                                                  ms["input_len"], ms["value"])}
+    prefill = {(*k, int(n)): v
+               for k, n, v in zip(ms[engine_runs.KEYS].itertuples(
+                   index=False), ms["input_len"], ms["value"])}
     pcg = engine_runs.text(df, "pcg")
     rows = []
     for (model, rel, case, n), launches in sorted(counts.items()):
@@ -615,13 +641,13 @@ def launch_savings(df: pd.DataFrame, host_us: float | None) -> pd.DataFrame:
         if case == "pcg-off" or off is None or pcg.get((model, rel, case)) != "captured":
             continue
         removed = off - launches
-        measured = (prefill.get((model, rel, "pcg-off", n), float("nan"))
-                    - prefill.get((model, rel, case, n), float("nan")))
-        rows.append({"model": model, "release": rel, "case": case, "tokens": n,
-                     "launches, pcg-off": off, "launches, piecewise": launches,
-                     "removed": removed,
-                     "predicted saving (ms)": (round(removed * host_us / 1e3, 3)
-                                               if host_us else None),
-                     "measured saving (ms)": round(measured, 3)})
-    return (pd.DataFrame(rows).set_index(["model", "release", "case", "tokens"]) if rows
-            else pd.DataFrame())
+        measured = (prefill.get((model, rel, "pcg-off", n), float("nan")) - prefill.get(
+            (model, rel, case, n), float("nan")))
+        rows.append({
+            "model": model, "release": rel, "case": case, "tokens": n, "launches, pcg-off": off,
+            "launches, piecewise": launches, "removed": removed,
+            "predicted saving (ms)": (round(removed * host_us / 1e3, 3) if host_us else None),
+            "measured saving (ms)": round(measured, 3)
+        })
+    return (pd.DataFrame(rows).set_index(["model", "release", "case", "tokens"])
+            if rows else pd.DataFrame())

@@ -22,8 +22,16 @@ from pathlib import Path
 from typing import Optional
 
 from sglab.sglang.releases import (
-    PINNED, dep_set, deps_dir, home, installed_releases, package_dir, parse_version, release_dir,
-    release_installed, worker_env,
+    PINNED,
+    dep_set,
+    deps_dir,
+    home,
+    installed_releases,
+    package_dir,
+    parse_version,
+    release_dir,
+    release_installed,
+    worker_env,
 )
 
 
@@ -36,7 +44,7 @@ class NotRunnable(RuntimeError):
 class Prepared:
     release: str
     root: Path
-    shims: list = field(default_factory=list)   # [Shim]
+    shims: list = field(default_factory=list)  # [Shim]
 
     def shim_names(self) -> list[str]:
         return [s.name for s in self.shims]
@@ -88,10 +96,11 @@ def machine_facts() -> dict:
     cause. Importing ``torchvision`` / ``sgl_kernel`` to find out is the only reliable test (a wheel
     built for another torch is found but fails to load); nothing of a failed import is left in
     ``sys.modules``."""
-    return {"triton": None if importlib.util.find_spec("triton") is not None else "not installed",
-            "torchvision": _try_import("torchvision"),
-            "sgl_kernel": _try_import("sgl_kernel"),
-            "cuda": _cuda_available()}
+    return {
+        "triton": None if importlib.util.find_spec("triton") is not None else "not installed",
+        "torchvision": _try_import("torchvision"), "sgl_kernel": _try_import("sgl_kernel"),
+        "cuda": _cuda_available()
+    }
 
 
 def plan(release: str, facts: dict) -> list[str]:
@@ -201,7 +210,8 @@ class _StubMeta(type):
 
     def __call__(cls, *_args, **_kwargs):
         raise StubCalled(f"{cls.__module__}.{cls.__qualname__} is a stub class installed by "
-                         "sglab.sglang.bootstrap " f"({cls.__sglab_stub__}); it cannot be "
+                         "sglab.sglang.bootstrap "
+                         f"({cls.__sglab_stub__}); it cannot be "
                          "instantiated")
 
 
@@ -233,7 +243,7 @@ class RaisingModule(types.ModuleType):
 
     def __call__(self, *_args, **_kwargs):
         raise StubCalled(f"{self.__name__} is a stub installed by sglab.sglang.bootstrap "
-                         f"({self.__sglab_stub__}); " "it has no implementation")
+                         f"({self.__sglab_stub__}); it has no implementation")
 
 
 class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -295,21 +305,20 @@ def _mock(stub: types.ModuleType, name: str) -> types.ModuleType:
 
 
 # (module, attribute) -> what 0.5.2x's stub puts there; ``None``: a mock module only
-_TRITON_TREE = {("triton.language.extra.libdevice", None): None,
-                ("triton.runtime.jit", "JITFunction"): lambda base: type("_JITFunction", (), {}),
-                ("triton.runtime.jit", "KernelInterface"): lambda base: type("_KernelInterface",
-                        (base,), {}),
-                ("triton.runtime.autotuner", "OutOfResources"): lambda base: type("_OutOfResources",
-                        (Exception,), {}),
-                ("triton.runtime.autotuner", "PTXASError"): lambda base: type("_PTXASError",
-                        (Exception,), {}),
-                ("triton.compiler", "CompiledKernel"): lambda base: type("_CompiledKernel", (base,),
-                        {}),
-                ("triton.compiler.compiler", "ASTSource"): lambda base: type("_ASTSource", (base,),
-                        {}), ("triton.runtime.driver", None): None, ("triton.testing", None): None,
-                ("triton.tools.tensor_descriptor", None): None,
-                ("triton.backends.compiler", "GPUTarget"): lambda base: type("_GPUTarget", (base,),
-                        {}),}
+_TRITON_TREE = {
+    ("triton.language.extra.libdevice", None): None,
+    ("triton.runtime.jit", "JITFunction"): lambda base: type("_JITFunction", (), {}),
+    ("triton.runtime.jit", "KernelInterface"): lambda base: type("_KernelInterface", (base,), {}),
+    ("triton.runtime.autotuner", "OutOfResources"): lambda base: type("_OutOfResources",
+                                                                      (Exception,), {}),
+    ("triton.runtime.autotuner", "PTXASError"): lambda base: type("_PTXASError", (Exception,), {}),
+    ("triton.compiler", "CompiledKernel"): lambda base: type("_CompiledKernel", (base,), {}),
+    ("triton.compiler.compiler", "ASTSource"): lambda base: type("_ASTSource", (base,), {}),
+    ("triton.runtime.driver", None): None,
+    ("triton.testing", None): None,
+    ("triton.tools.tensor_descriptor", None): None,
+    ("triton.backends.compiler", "GPUTarget"): lambda base: type("_GPUTarget", (base,), {}),
+}
 
 
 def _complete_triton_stub(stub: types.ModuleType) -> None:
@@ -338,6 +347,7 @@ def _install_platform_stub_triton(stub: types.ModuleType) -> None:
                                                           stub._Config)
 
     class _constexpr:
+
         def __init__(self, value=None):
             self.value = value
 
@@ -359,9 +369,9 @@ def install_triton_stub(release_root: Path) -> Shim:
     else:
         raise ImportError("no triton here and the release ships no triton stub")
     _complete_triton_stub(stub)
-    return Shim("triton",
-                f"no triton on this machine: the release's own stub ({source}), with the classes "
-                          "torch 2.13's inductor imports")
+    return Shim(
+        "triton", f"no triton on this machine: the release's own stub ({source}), with the classes "
+        "torch 2.13's inductor imports")
 
 
 # -- torchvision
@@ -373,9 +383,10 @@ def install_torchvision_absent(cause: str) -> Shim:
     # transformers reads the version to choose between torchvision and PIL image processors; 0.0
     # makes it keep the PIL ones wherever it can, and the local label shows where the number comes
     # from
-    sys.meta_path.insert(0,
-                         _StubFinder("torchvision", why,
-                                     overrides={"torchvision": {"__version__": "0.0+sglab.stub"}}))
+    sys.meta_path.insert(
+        0,
+        _StubFinder("torchvision", why,
+                    overrides={"torchvision": {"__version__": "0.0+sglab.stub"}}))
     return Shim("torchvision",
                 f"{why}: modules whose functions raise when called stand in (version 0.0)")
 
@@ -386,13 +397,14 @@ def install_kvcacheio_stub(cause: str) -> Shim:
     """An empty ``sgl_kernel`` package with an inert ``kvcacheio`` (0.5.10.x imports it on every
     GPU-less path)."""
     why = f"sgl_kernel cannot be imported here ({cause})"
-    sys.meta_path.insert(0,
-                         _StubFinder("sgl_kernel", why, only=("sgl_kernel", "sgl_kernel.kvcacheio"),
-                                     raising_root=False))
-    return Shim("sgl_kernel.kvcacheio",
-                f"{why}; memory_pool_host.py imports sgl_kernel.kvcacheio at module level: "
-                                        "an empty sgl_kernel with a kvcacheio whose functions "
-                "raise when called")
+    sys.meta_path.insert(
+        0,
+        _StubFinder("sgl_kernel", why, only=("sgl_kernel", "sgl_kernel.kvcacheio"),
+                    raising_root=False))
+    return Shim(
+        "sgl_kernel.kvcacheio",
+        f"{why}; memory_pool_host.py imports sgl_kernel.kvcacheio at module level: an empty "
+        f"sgl_kernel with a kvcacheio whose functions raise when called")
 
 
 def _weak_ref_tensor(tensor):
@@ -426,14 +438,15 @@ def install_sgl_kernel_stub(cause: str) -> Shim:
     called."""
     _forget("sgl_kernel")
     why = f"the real sgl_kernel does not load here ({cause})"
-    sys.meta_path.insert(0, _StubFinder(
-        "sgl_kernel", why, exclude=("sgl_kernel.scalar_type",),
-        overrides={"sgl_kernel": {"weak_ref_tensor": _weak_ref_tensor}}))
+    sys.meta_path.insert(
+        0,
+        _StubFinder("sgl_kernel", why, exclude=("sgl_kernel.scalar_type",),
+                    overrides={"sgl_kernel": {"weak_ref_tensor": _weak_ref_tensor}}))
     _skip_fakes_of_missing_sgl_kernel_ops()
-    return Shim("sgl_kernel",
-                f"{why}: functions raise when called, weak_ref_tensor returns its argument, "
-                              "fake registrations of its missing torch ops skipped, "
-                              "sgl_kernel.scalar_type left to SGLang's fallback")
+    return Shim(
+        "sgl_kernel", f"{why}: functions raise when called, weak_ref_tensor returns its argument, "
+        "fake registrations of its missing torch ops skipped, "
+        "sgl_kernel.scalar_type left to SGLang's fallback")
 
 
 # -- `sglab env` rows
@@ -455,6 +468,5 @@ def real_release_rows() -> list[tuple[str, str]]:
     missing = [v for v in PINNED if v not in have]
     head = f"{len(have)} in {home()}" + (f"; missing {', '.join(missing)} (`sglab real install`)"
                                          if missing else "")
-    return [("sglang releases", head)] + [(f"  {v}",
-                                           "shims: " + (", ".join(shims_needed(v)) or "none"))
-                                          for v in have]
+    return [("sglang releases", head)
+            ] + [(f"  {v}", "shims: " + (", ".join(shims_needed(v)) or "none")) for v in have]

@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Optional
 
 from sglab.sglang.runner import ProbeResult, run_probes
 
+
 COLUMNS = ["release", "behaviour", "real", "must match", "expected", "agrees"]
 MISMATCH = "!!! REAL SGLANG AND THE REBUILD DISAGREE"
 
@@ -32,15 +33,18 @@ MISMATCH = "!!! REAL SGLANG AND THE REBUILD DISAGREE"
 def row(release: str, behaviour: str, real, must_match: str, expected,
         agrees: Optional[bool] = None) -> dict:
     """One row; ``agrees`` defaults to ``real == expected``."""
-    return {"release": release, "behaviour": behaviour, "real": real, "must match": must_match,
-            "expected": expected,
-            "agrees": bool(real == expected) if agrees is None else bool(agrees)}
+    return {
+        "release": release, "behaviour": behaviour, "real": real, "must match": must_match,
+        "expected": expected, "agrees": bool(real == expected) if agrees is None else bool(agrees)
+    }
 
 
 def differences(real: dict, rebuilt: dict, keys: Iterable[str]) -> list[str]:
     """The facts among ``keys`` on which ``real`` and ``rebuilt`` differ, one line each."""
-    return [f"{k}: real {real.get(k)!r}, rebuild {rebuilt.get(k)!r}" for k in keys
-            if real.get(k) != rebuilt.get(k)]
+    return [
+        f"{k}: real {real.get(k)!r}, rebuild {rebuilt.get(k)!r}"
+        for k in keys if real.get(k) != rebuilt.get(k)
+    ]
 
 
 def facts_row(release: str, behaviour: str, real: dict, variant: str, rebuilt: dict,
@@ -93,9 +97,11 @@ def source_line(results: dict[str, ProbeResult]) -> str:
 def status_lines(results: dict[str, ProbeResult]) -> str:
     """Where the answers come from, then one line per release: how long it ran and with which shims,
     or why it did not run."""
-    lines = [r.summary(with_source=False) if r.ok
-             else f"sglang {v}: not run: {r.reason.removeprefix(f'sglang {v}: ')}" for v,
-             r in results.items()]
+    lines = [
+        r.summary(with_source=False)
+        if r.ok else f"sglang {v}: not run: {r.reason.removeprefix(f'sglang {v}: ')}"
+        for v, r in results.items()
+    ]
     return "\n".join([source_line(results), *lines])
 
 
@@ -109,8 +115,9 @@ def check_table(df, *, what: str = "rows") -> bool:
     if len(bad):
         lines = [f"{MISMATCH}: {len(bad)} of {len(df)} {what}", bad[COLUMNS].to_string(index=False)]
         if "differences" in bad.columns:
-            lines += [f"  {r.release}: {d}" for r in bad.itertuples()
-                      for d in (r.differences or [])]
+            lines += [
+                f"  {r.release}: {d}" for r in bad.itertuples() for d in (r.differences or [])
+            ]
         print("\n".join(lines))
         return False
     print(f"real SGLang and the rebuild agree on all {len(df)} {what}")
@@ -182,8 +189,10 @@ def recorded_lines(run) -> list[str]:
     if releases:
         lines.append("releases: " + ", ".join(map(str, releases)))
     if isinstance(shims, dict) and shims:
-        lines += [f"  shims {v}: {', '.join(map(str, s)) if isinstance(s, list) else s}" for v,
-                  s in shims.items()]
+        lines += [
+            f"  shims {v}: {', '.join(map(str, s)) if isinstance(s, list) else s}"
+            for v, s in shims.items()
+        ]
     return lines
 
 
@@ -212,8 +221,8 @@ def show_recorded(name: str, tables: Optional[Callable] = None):
             shaped = tables(run.df)
         except (KeyError, ValueError):
             shaped = None
-    for title, t in (shaped or {"rows": run.df.drop(columns=["experiment"],
-                                                    errors="ignore")}).items():
+    for title, t in (shaped
+                     or {"rows": run.df.drop(columns=["experiment"], errors="ignore")}).items():
         print(title)
         show_table(t)
     return run

@@ -14,13 +14,16 @@ import pandas as pd
 
 from sglab.core import runs
 
+
 KEYS = ["model", "release", "case"]
 
 
 def _model_of(run) -> dict:
     """``{variant: model name}`` from the run's manifest."""
-    return {e["variant"]: (e.get("model") or {}).get("name", "?")
-            for e in run.manifest.get("engine_runs", [])}
+    return {
+        e["variant"]: (e.get("model") or {}).get("name", "?")
+        for e in run.manifest.get("engine_runs", [])
+    }
 
 
 def label(run) -> str:
@@ -40,8 +43,9 @@ def latest(runs_: list) -> pd.DataFrame:
         return pd.DataFrame(columns=[*KEYS, "metric", "value", "run"])
     rows = pd.concat(frames, ignore_index=True)
     status = rows[rows.metric == "status"].assign(ok=lambda d: d.value == "ok")
-    pick = (status.sort_values(["ok", "_order"]).groupby(["model", "variant"]).tail(1)
-            [["model", "variant", "_order"]])
+    pick = (status.sort_values(["ok", "_order"]).groupby(["model", "variant"
+                                                          ]).tail(1)[["model", "variant",
+                                                                      "_order"]])
     out = rows.merge(pick, on=["model", "variant", "_order"])
     return out.drop(columns="_order")
 
@@ -57,7 +61,8 @@ def merged(runs_: list):
     manifest = copy.deepcopy(newest.manifest)
     manifest["engine_runs"] = [e for r in ordered for e in r.manifest.get("engine_runs", [])]
     manifest.setdefault("params", {})["specs"] = [
-        e for r in ordered for e in (r.manifest.get("params") or {}).get("specs", [])]
+        e for r in ordered for e in (r.manifest.get("params") or {}).get("specs", [])
+    ]
     manifest["merged_from"] = [r.path.name for r in ordered]
     df = latest(ordered).drop(columns=["model", "run"])
     manifest["rows"] = len(df)
@@ -114,8 +119,7 @@ def aa_noise(df: pd.DataFrame, metric: str, across: str) -> dict:
     d = number(df, metric, started=True)
     if d.empty:
         return {}
-    per = {tuple(k): dict(zip(g[across].astype(int), g["value"]))
-           for k, g in d.groupby(KEYS)}
+    per = {tuple(k): dict(zip(g[across].astype(int), g["value"])) for k, g in d.groupby(KEYS)}
     out = {}
     for (model, rel, case), again in per.items():
         base = per.get((model, rel, case.removesuffix(AGAIN)))
@@ -132,8 +136,8 @@ def timing_bar(df: pd.DataFrame, metric: str, across: str) -> tuple[float, int, 
     noise = max(aa_noise(df, metric, across).values(), default=0.0)
     starts = int(number(df, metric)["starts"].max())
     how = (f"median of {starts} interleaved engine starts; A/A control within {noise:.1%}, so the "
-           f"bar is {1 + noise:.2f}×" if starts > 1 else
-           "one engine start, median of its repeats; no A/A control")
+           f"bar is {1 + noise:.2f}×"
+           if starts > 1 else "one engine start, median of its repeats; no A/A control")
     return noise, starts, how
 
 
@@ -163,17 +167,20 @@ def table(df: pd.DataFrame, metric: str, across: str, fmt: str = "{:.2f}") -> pd
         spread = {tuple(k): v for k, v in zip(iqr[idx].itertuples(index=False), iqr["value"])}
     starts = int(d["starts"].max()) if "starts" in d else 1
     if starts > 1:  # the spread that matters: between engine starts, not within one
-        d["cell"] = [f"{fmt.format(v)} [{fmt.format(lo)}–{fmt.format(hi)}]"
-                     for v, lo, hi in zip(d["value"], d["lo"], d["hi"])]
+        d["cell"] = [
+            f"{fmt.format(v)} [{fmt.format(lo)}–{fmt.format(hi)}]"
+            for v, lo, hi in zip(d["value"], d["lo"], d["hi"])
+        ]
     else:
-        d["cell"] = [fmt.format(v) + (f" ({fmt.format(spread[tuple(k)])})"
-                                      if tuple(k) in spread else "")
-                     for k, v in zip(d[idx].itertuples(index=False), d["value"])]
+        d["cell"] = [
+            fmt.format(v) + (f" ({fmt.format(spread[tuple(k)])})" if tuple(k) in spread else "")
+            for k, v in zip(d[idx].itertuples(index=False), d["value"])
+        ]
     wide = d.pivot_table(index=KEYS, columns=across, values="cell", aggfunc="first").fillna("")
     unit = str(d["unit"].dropna().iloc[0]) if d["unit"].notna().any() else ""
     unit = "" if unit in ("", "fraction") else f" ({unit})"
-    kind = (f", median [lowest–highest] of {starts} engine starts" if starts > 1 else
-            ", median (IQR)" if spread else "")
+    kind = (f", median [lowest–highest] of {starts} engine starts"
+            if starts > 1 else ", median (IQR)" if spread else "")
     wide.columns = pd.Index(list(wide.columns), name=f"{metric}{unit}{kind} by {across}")
     return wide
 
@@ -203,8 +210,9 @@ def recorded(fix: str, number: str = "NN"):
     found = sorted(runs.load_all_recorded(f"engine_{fix}"),
                    key=lambda r: r.manifest.get("created_utc", ""))
     if not found:
-        return runs.NoRun(f"engine_{fix}", "no recorded real-engine run; on a GPU box: "
-                                           f"bash scripts/engine_gpu.sh --plan {number}")
+        return runs.NoRun(
+            f"engine_{fix}", "no recorded real-engine run; on a GPU box: "
+            f"bash scripts/engine_gpu.sh --plan {number}")
     newest = found[-1]
     newest.shown = found
     return newest
@@ -221,8 +229,7 @@ def beside(rows: list[dict]) -> None:
     from sglab.core.notebook import show_table
 
     with pd.option_context("display.max_colwidth", None):
-        show_table(pd.DataFrame(rows, columns=["source", "measures", "figure"])
-                   .set_index("source"))
+        show_table(pd.DataFrame(rows, columns=["source", "measures", "figure"]).set_index("source"))
 
 
 def plan_table(scenarios) -> pd.DataFrame:
@@ -234,9 +241,11 @@ def plan_table(scenarios) -> pd.DataFrame:
             for c in sc.cases:
                 if c.releases and v not in c.releases:
                     continue
-                rows.append({"scenario": sc.name, "release": v, "case": c.label, "GPUs": sc.gpus,
-                             "tool": sc.tool, "model": sc.model, "server args": " ".join(c.args),
-                             "harness adjustments": ", ".join(c.adjustment_names)})
+                rows.append({
+                    "scenario": sc.name, "release": v, "case": c.label, "GPUs": sc.gpus,
+                    "tool": sc.tool, "model": sc.model, "server args": " ".join(c.args),
+                    "harness adjustments": ", ".join(c.adjustment_names)
+                })
     return pd.DataFrame(rows).set_index(["scenario", "release", "case"])
 
 
@@ -250,8 +259,9 @@ def planned(run, scenarios) -> None:
         df = latest(run.shown)
         numeric = pd.to_numeric(df["value"], errors="coerce").notna() & (df.metric != "status")
         section(run, sorted(set(df.metric[~numeric]) - {"status"}), [])
-        shape = [c for c in ("requests", "batch_size", "input_len")
-                 if c in df and df[c].notna().any()]
+        shape = [
+            c for c in ("requests", "batch_size", "input_len") if c in df and df[c].notna().any()
+        ]
         show_table(df[numeric].set_index([*KEYS, "metric", *shape])[["value", "unit"]])
     else:
         print(getattr(run, "line", "no real-engine run to show"))
@@ -279,8 +289,11 @@ def header(run, what: str = "") -> bool:
         print(getattr(run, "line", "no real-engine run to show"))
         return False
     names = {"bench": "bench_one_batch", "engine": "Engine.generate"}
-    tools = sorted({names.get(e.get("tool"), str(e.get("tool")))
-                    for r in run.shown for e in r.manifest.get("engine_runs", [])})
+    tools = sorted({
+        names.get(e.get("tool"), str(e.get("tool")))
+        for r in run.shown
+        for e in r.manifest.get("engine_runs", [])
+    })
     print(f"real SGLang engines, dummy weights{', ' + what if what else ''}, measured by SGLang's "
           f"own {' and '.join(tools)} (recorded: "
           f"{'; '.join(sorted({label(r) for r in run.shown}))})")
@@ -300,8 +313,8 @@ def host_costs(run) -> list[str]:
         cost = r.manifest.get("host_launch_us") or {}
         got = {k: v["median"] for k, v in cost.items() if isinstance(v, dict) and "median" in v}
         if got:
-            out.append(f"host per-launch cost ({label(r)}): "
-                       + ", ".join(f"{v:.2f} µs {k} the engines" for k, v in got.items()))
+            out.append(f"host per-launch cost ({label(r)}): " + ", ".join(
+                f"{v:.2f} µs {k} the engines" for k, v in got.items()))
     return out
 
 
@@ -328,6 +341,6 @@ COLD_NOTE = ("bench_one_batch warms up its first shape only; the runs shown were
 def cold_first_repeat(run) -> bool:
     """Whether a shown bench run timed each input length's first run cold (recorded before
     ``warmup_sweeps``)."""
-    return any(e.get("tool") == "bench" and "warmup_sweeps" not in e
-               and len(e.get("input_lens") or []) > 1
-               for r in run.shown for e in r.manifest.get("params", {}).get("specs", []))
+    return any(
+        e.get("tool") == "bench" and "warmup_sweeps" not in e and len(e.get("input_lens") or []) > 1
+        for r in run.shown for e in r.manifest.get("params", {}).get("specs", []))

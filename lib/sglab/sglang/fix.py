@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 from sglab.sglang import engine_runs
 
+
 REPO = "sgl-project/sglang"
 
 
@@ -82,16 +83,16 @@ class Fix:
 
     # folder, experiment, data/recorded/<name>/, data/upstream/<name>/
     name: str
-    number: str                     # the notebook's number ("04")
-    title: str                      # what the check decides, in a line
-    prs: tuple[int, ...]            # the upstream PRs, the main one first
-    gpus: int                       # GPUs the live measurement needs
-    check: Callable                 # read -> Verdict (sglab.sglang.upstream)
+    number: str  # the notebook's number ("04")
+    title: str  # what the check decides, in a line
+    prs: tuple[int, ...]  # the upstream PRs, the main one first
+    gpus: int  # GPUs the live measurement needs
+    check: Callable  # read -> Verdict (sglab.sglang.upstream)
     hunks: tuple[Spec, ...] = ()
     probe: Optional[Probe] = None
     gpu: Optional[GpuPlan] = None
     engine: object = None
-    part: str = ""                  # "part A" where one PR holds two fixes
+    part: str = ""  # "part A" where one PR holds two fixes
 
     @property
     def stem(self) -> str:

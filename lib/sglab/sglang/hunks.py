@@ -73,10 +73,10 @@ class Hunk:
         return split_blocks(self.after if side == "after" else self.before)
 
     def __repr__(self) -> str:
-        plus = sum(1 for ln in self.diff.splitlines() if ln.startswith("+")
-                   and not ln.startswith("+++"))
-        minus = sum(1 for ln in self.diff.splitlines() if ln.startswith("-")
-                    and not ln.startswith("---"))
+        plus = sum(
+            1 for ln in self.diff.splitlines() if ln.startswith("+") and not ln.startswith("+++"))
+        minus = sum(
+            1 for ln in self.diff.splitlines() if ln.startswith("-") and not ln.startswith("---"))
         return (f"<Hunk {self.fix} {self.title}: {len(self.symbols)} symbols, +{plus} -{minus} "
                 "lines>")
 
@@ -126,10 +126,10 @@ def split_blocks(text: str) -> dict[str, str | None]:
 
 
 def unified(before: str, after: str, before_version: str, after_version: str) -> str:
-    return "".join(difflib.unified_diff(before.splitlines(keepends=True),
-                                        after.splitlines(keepends=True),
-                                        fromfile=f"sglang {before_version}",
-                                        tofile=f"sglang {after_version}", n=3))
+    return "".join(
+        difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
+                             fromfile=f"sglang {before_version}", tofile=f"sglang {after_version}",
+                             n=3))
 
 
 def find_window(spec: Spec, fix, versions: list[str], reader_for) -> tuple[str, str]:
@@ -163,10 +163,11 @@ def _stem(fix: str, pr: int, root: Path | None) -> Path:
 def write(hunk: Hunk, root: Path | None = None) -> Path:
     stem = _stem(hunk.fix, hunk.pr, root)
     stem.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"fix": hunk.fix, "pr": hunk.pr, "paths": list(hunk.paths),
-            "symbols": list(hunk.symbols), "before_version": hunk.before_version,
-            "after_version": hunk.after_version, "before_wheel": hunk.before_wheel,
-            "after_wheel": hunk.after_wheel}
+    meta = {
+        "fix": hunk.fix, "pr": hunk.pr, "paths": list(hunk.paths), "symbols": list(hunk.symbols),
+        "before_version": hunk.before_version, "after_version": hunk.after_version,
+        "before_wheel": hunk.before_wheel, "after_wheel": hunk.after_wheel
+    }
     stem.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
     Path(f"{stem}.before.txt").write_text(hunk.before)
     Path(f"{stem}.after.txt").write_text(hunk.after)
@@ -185,9 +186,10 @@ def load(fix, pr: int | None = None, *, root: Path | None = None) -> Hunk:
                                 "it)")
     meta = json.loads(meta_path.read_text())
     return Hunk(meta["fix"], meta["pr"], tuple(meta["symbols"]), meta["before_version"],
-                meta["after_version"], Path(f"{stem}.before.txt").read_text(),
-                Path(f"{stem}.after.txt").read_text(), Path(f"{stem}.diff").read_text(),
-                meta["before_wheel"], meta["after_wheel"])
+                meta["after_version"],
+                Path(f"{stem}.before.txt").read_text(),
+                Path(f"{stem}.after.txt").read_text(),
+                Path(f"{stem}.diff").read_text(), meta["before_wheel"], meta["after_wheel"])
 
 
 def _main_pr(name: str, root: Path | None) -> int:
@@ -246,9 +248,10 @@ def beside(fix, rebuilt, *, pr: int | None = None, symbol: str | None = None, si
 # display: A released hunk for a reader: a coloured unified diff in a notebook, the same text any
 # --------------------------------------------------------------------------------------------------
 
-
-_STYLE = {"+": "background:#e6ffec;color:#1a7f37", "-": "background:#ffebe9;color:#b42318",
-          "@": "background:#eef4fb;color:#4a6fa5", "#": "color:#6e7781;font-weight:bold", " ": ""}
+_STYLE = {
+    "+": "background:#e6ffec;color:#1a7f37", "-": "background:#ffebe9;color:#b42318",
+    "@": "background:#eef4fb;color:#4a6fa5", "#": "color:#6e7781;font-weight:bold", " ": ""
+}
 _PRE = ("font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px;line-height:1.35;"
         "margin:0;padding:6px 8px;overflow-x:auto;border:1px solid #d0d7de;border-radius:4px;"
         "background:#fff;white-space:pre;word-break:normal;overflow-wrap:normal")

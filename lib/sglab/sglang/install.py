@@ -36,7 +36,15 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from sglab.sglang.releases import (
-    DEP_SETS, PINNED, STAMP, dep_set, deps_dir, home, package_dir, parse_version, read_stamp,
+    DEP_SETS,
+    PINNED,
+    STAMP,
+    dep_set,
+    deps_dir,
+    home,
+    package_dir,
+    parse_version,
+    read_stamp,
     release_dir,
 )
 
@@ -49,7 +57,7 @@ class Outcome:
     """One release or dependency set: ``installed`` now, ``present`` already, or ``failed`` with a
     reason."""
 
-    kind: str        # "release" | "deps"
+    kind: str  # "release" | "deps"
     name: str
     status: str
     seconds: float = 0.0
@@ -134,8 +142,10 @@ def install_deps(name: str, *, wheelhouse: Optional[Path] = None) -> Outcome:
                 if nodeps:
                     pip_install(tmp, nodeps, constraints=constraints, no_deps=True)
         check_no_forbidden(tmp)
-        return {**_deps_spec(name), "set": name, "provided_by_interpreter": prune_provided(tmp),
-                "source": "wheelhouse" if wheelhouse is not None else "index"}
+        return {
+            **_deps_spec(name), "set": name, "provided_by_interpreter": prune_provided(tmp),
+            "source": "wheelhouse" if wheelhouse is not None else "index"
+        }
 
     home().mkdir(parents=True, exist_ok=True)
     return _install_into("deps", name, deps_dir(name), fill)
@@ -166,8 +176,10 @@ def install_release(version: str, *, wheelhouse: Optional[Path] = None) -> Outco
                         find_links=links)
         if not (tmp / "sglang" / "__init__.py").exists():
             raise PipError("the wheel has no sglang/__init__.py")
-        return {"version": version, "wheel": wheel_of(tmp), "deps": dep_set(version),
-                "source": "wheelhouse" if offline else "index"}
+        return {
+            "version": version, "wheel": wheel_of(tmp), "deps": dep_set(version),
+            "source": "wheelhouse" if offline else "index"
+        }
 
     return _install_into("release", version, release_dir(version), fill)
 
@@ -221,7 +233,6 @@ def main(argv: Optional[list[str]] = None) -> int:
 # pip: pip, called the one way this project allows: into a target folder, under constraints, neve
 # --------------------------------------------------------------------------------------------------
 
-
 PIP_TIMEOUT_S = 1200
 # Never installed into a release or dependency folder: the interpreter's torch stack is the one
 # used.
@@ -269,11 +280,13 @@ def constraint_files(repo: Path, workdir: Path) -> list[Path]:
 
 def _error_line(stderr: str) -> str:
     """pip's most telling line: the last ``ERROR:`` line, else the last non-empty one."""
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()
-             and not ln.startswith("WARNING: Location")]
+    lines = [
+        ln.strip()
+        for ln in stderr.splitlines() if ln.strip() and not ln.startswith("WARNING: Location")
+    ]
     errors = [ln for ln in lines if ln.startswith("ERROR:")]
-    return (errors[-1] if errors
-            else (lines[-1] if lines else "pip failed without a message"))[:300]
+    return (errors[-1] if errors else
+            (lines[-1] if lines else "pip failed without a message"))[:300]
 
 
 def pip_install(target: Path, requirements: Iterable[str], *, constraints: Iterable[Path] = (),
@@ -281,9 +294,11 @@ def pip_install(target: Path, requirements: Iterable[str], *, constraints: Itera
                 timeout: float = PIP_TIMEOUT_S) -> None:
     """``pip install --target`` one batch of requirements (names, pins or wheel paths); raises
     :class:`PipError`."""
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-           "--no-warn-script-location", "--no-input", "--no-compile", "--upgrade", "--target",
-           str(target)]
+    cmd = [
+        sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+        "--no-warn-script-location", "--no-input", "--no-compile", "--upgrade", "--target",
+        str(target)
+    ]
     for c in constraints:
         cmd += ["-c", str(c)]
     for f in find_links:

@@ -41,6 +41,7 @@ def patched(module: types.ModuleType, **names: Any) -> Iterator[None]:
 
 
 class _ListHandler(logging.Handler):
+
     def __init__(self):
         super().__init__(logging.DEBUG)
         self.messages: list[tuple[str, str]] = []

@@ -43,22 +43,15 @@ _COMMON = ("numpy", "orjson", "psutil", "pybase64", "requests", "packaging", "pi
 # name -> (releases, requirements resolved with dependencies, requirements installed with
 # --no-deps). --no-deps: compressed-tensors declares torch, and a resolver that ignores the
 # interpreter (pip --target does) would fetch a second torch for it.
-DEP_SETS: dict[str,
-               tuple[tuple[str, ...], tuple[str, ...],
-                     tuple[str, ...]]] = {"0.5.1x": (("0.5.10.post1", "0.5.11", "0.5.12.post1",
-                                                      "0.5.13", "0.5.14"),
-                                                     _COMMON + ("transformers==5.6.0",
-                                                                "apache-tvm-ffi==0.1.9",
-                                                                "openai==2.6.1", "sentencepiece"),
-                                                     ("compressed-tensors==0.18.0",)),
-                                          "0.5.2x": (("0.5.23",),
-                                                     _COMMON + ("transformers==5.19.0",
-                                                                "apache-tvm-ffi==0.1.11",
-                                                                "openai==2.8.0",
-                                                                "sentencepiece==0.2.1", "uvicorn",
-                                                                "fastapi"),
-                                                     ("compressed-tensors==0.18.0",)),}
-
+DEP_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+    "0.5.1x": (("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13", "0.5.14"), _COMMON
+               + ("transformers==5.6.0", "apache-tvm-ffi==0.1.9", "openai==2.6.1", "sentencepiece"),
+               ("compressed-tensors==0.18.0",)),
+    "0.5.2x": (("0.5.23",),
+               _COMMON + ("transformers==5.19.0", "apache-tvm-ffi==0.1.11", "openai==2.8.0",
+                          "sentencepiece==0.2.1", "uvicorn", "fastapi"),
+               ("compressed-tensors==0.18.0",)),
+}
 
 # The GPU image (scripts/gpu-image-packages.txt: Python 3.12, torch 2.11+cu130, triton, transformers
 # 5.17, torchvision) keeps its own numpy, and its transformers for 0.5.2x: only what it lacks goes
@@ -68,17 +61,12 @@ DEP_SETS: dict[str,
 # import stops with "'qwen3_asr' is already used"; and 5.6.0 refuses the image's tokenizers 0.23.2
 # (it wants <= 0.23.0; 0.22.2 is what the CPU set resolves to).
 GPU_RELEASES = ("0.5.11", "0.5.12.post1", "0.5.23")
-GPU_DEP_SETS: dict[str,
-                   tuple[tuple[str, ...],
-                         tuple[str, ...]]] = {"0.5.1x": (_COMMON + ("transformers==5.6.0",
-                                                                    "tokenizers==0.22.2",
-                                                                    "apache-tvm-ffi==0.1.9",
-                                                                    "openai==2.6.1"),
-                                                         ("compressed-tensors==0.18.0",)),
-                                              "0.5.2x": (_COMMON + ("apache-tvm-ffi==0.1.11",
-                                                                    "openai==2.8.0", "uvicorn",
-                                                                    "fastapi"),
-                                                         ("compressed-tensors==0.18.0",)),}
+GPU_DEP_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "0.5.1x": (_COMMON + ("transformers==5.6.0", "tokenizers==0.22.2", "apache-tvm-ffi==0.1.9",
+                          "openai==2.6.1"), ("compressed-tensors==0.18.0",)),
+    "0.5.2x": (_COMMON + ("apache-tvm-ffi==0.1.11", "openai==2.8.0", "uvicorn", "fastapi"),
+               ("compressed-tensors==0.18.0",)),
+}
 # Dependencies left out of the GPU carry: IPython's completion engine (jedi, and parso under it),
 # which IPython imports only when it completes code; SGLang imports ``IPython.display`` only. 5 MB
 # of the carry.

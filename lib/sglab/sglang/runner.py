@@ -42,11 +42,20 @@ from sglab.core import procs
 from sglab.sglang import store
 from sglab.sglang.store import ProbeResult, frame
 from sglab.sglang.releases import (
-    SESSION_ENV, home, parse_version, release_installed, worker_env,
+    SESSION_ENV,
+    STAMP,
+    dep_set,
+    deps_dir,
+    home,
+    parse_version,
+    release_dir,
+    release_installed,
+    worker_env,
 )
 
+
 DEFAULT_TIMEOUT_S = 300.0
-POLL_S = 0.2                            # how often a waiting parent looks at its worker's answers
+POLL_S = 0.2  # how often a waiting parent looks at its worker's answers
 
 
 def call_key(probe: str, params: Optional[dict]) -> tuple[str, str]:
@@ -93,8 +102,9 @@ def _not_installed(release: str) -> str:
 def _answered(release: str, probe: str, data: dict, seconds: float) -> ProbeResult:
     status = "not-run" if data["not_run"] else ("error" if data["error"] else "ok")
     return ProbeResult(release, probe, status, frame(release, probe, data["rows"]), data["shims"],
-                       seconds, data["seconds"].get("prepare", 0.0),
-                       data["not_run"] or data["error"] or "", data.get("traceback", ""))
+                       seconds, data["seconds"].get("prepare",
+                                                    0.0), data["not_run"] or data["error"] or "",
+                       data.get("traceback", ""))
 
 
 def _read_answers(out: Path) -> dict[int, dict]:
@@ -124,8 +134,10 @@ def _run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]],
         todo.setdefault(call_key(probe, params), (probe, params or {}))
     if not release_installed(release):
         reason = _not_installed(release)
-        return {k: ProbeResult(release, k[0], "not-run", frame(release, k[0], []), reason=reason)
-                for k in todo}, set()
+        return {
+            k: ProbeResult(release, k[0], "not-run", frame(release, k[0], []), reason=reason)
+            for k in todo
+        }, set()
     if not todo:
         return {}, set()
     started = time.time()
@@ -133,8 +145,11 @@ def _run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]],
         asked, out = Path(tmp) / "calls.json", Path(tmp) / "answers.jsonl"
         asked.write_text(json.dumps([{"probe": p, "params": prm} for p, prm in todo.values()]))
         # -W: runpy's warning that the package imported the runner before ``-m`` ran it is noise
-        cmd = [sys.executable, "-W", "ignore::RuntimeWarning:runpy", "-m", "sglab.sglang.runner",
-               "--release", release, "--calls", f"@{asked}", "--out", str(out)]
+        cmd = [
+            sys.executable, "-W", "ignore::RuntimeWarning:runpy", "-m", "sglab.sglang.runner",
+            "--release", release, "--calls", f"@{asked}", "--out",
+            str(out)
+        ]
         code, err = _spawn(cmd, timeout, progress=lambda: out.stat().st_size if out.exists() else 0)
         ended, answers = time.time(), _read_answers(out)
     results: dict[tuple[str, str], ProbeResult] = {}
@@ -210,8 +225,8 @@ def run_probe(release: str, probe: str, params: Optional[dict] = None, *,
     return run_release(release, [(probe, params)], timeout=timeout)[call_key(probe, params)]
 
 
-def run_probes(releases: Iterable[str], probe: str, params: Optional[dict] = None, *,
-               jobs: int = 2, timeout: float = DEFAULT_TIMEOUT_S,
+def run_probes(releases: Iterable[str], probe: str, params: Optional[dict] = None, *, jobs: int = 2,
+               timeout: float = DEFAULT_TIMEOUT_S,
                source: Optional[str] = None) -> dict[str, ProbeResult]:
     """``probe`` with ``params`` on several releases: {release: result}, in order.
 
@@ -228,9 +243,9 @@ def run_probes(releases: Iterable[str], probe: str, params: Optional[dict] = Non
             if hit is not None:
                 found[v] = hit
             elif src == "recorded":
-                found[v] = ProbeResult(v, probe, "not-run", frame(v, probe, []),
-                                       reason=f"sglang {v}: {probe} with these parameters is not "
-                                              "in the recording")
+                found[v] = ProbeResult(
+                    v, probe, "not-run", frame(v, probe, []),
+                    reason=f"sglang {v}: {probe} with these parameters is not in the recording")
     todo = [v for v in releases if v not in found]
     if todo and any(release_installed(v) for v in todo):
         session = session_answers()
@@ -250,8 +265,8 @@ def run_probes(releases: Iterable[str], probe: str, params: Optional[dict] = Non
 # --------------------------------------------------------------------------------------------------
 # a test session's answers: one run of each release for every call its test modules name
 # --------------------------------------------------------------------------------------------------
-SESSION_CALLS = "calls.json"    # {"sglang_home", "calls": [{"probe", "params", "releases"}]}
-SESSION_DONE = "answered"       # written once the session's calls were run (even if none could be)
+SESSION_CALLS = "calls.json"  # {"sglang_home", "calls": [{"probe", "params", "releases"}]}
+SESSION_DONE = "answered"  # written once the session's calls were run (even if none could be)
 SESSION_LOCK = "lock"
 
 
@@ -272,10 +287,42 @@ def start_session(folder: Path, calls: Iterable[tuple[str, Optional[dict], Itera
         if not (folder / SESSION_CALLS).exists():
             asked = [{"probe": p, "params": prm, "releases": list(vs)} for p, prm, vs in calls]
             tmp = folder / f".{SESSION_CALLS}.tmp"
-            tmp.write_text(json.dumps({"sglang_home": str(home().resolve()), "calls": asked},
-                                      default=str))
+            tmp.write_text(
+                json.dumps({"sglang_home": str(home().resolve()), "calls": asked}, default=str))
             tmp.replace(folder / SESSION_CALLS)
     os.environ[SESSION_ENV] = str(folder)
+    return folder
+
+
+KEPT_ANSWERS = 4  # answer folders kept under .sglang/answers (the newest)
+
+
+def answers_folder(calls: Iterable[tuple[str, Optional[dict], Iterable[str]]]) -> Path:
+    """Where a test session keeps its answers to ``calls``: ``.sglang/answers/<key>``, the key
+    a digest of the calls, every file of this package, the interpreter and each release's and its
+    dependency set's install stamps. A later session with the same key reads the answers instead
+    of starting six releases again; any change to the code, the releases or the calls makes a new
+    folder (the oldest beyond :data:`KEPT_ANSWERS` are removed)."""
+    import hashlib
+    import shutil
+
+    calls = [(p, prm, list(vs)) for p, prm, vs in calls]
+    h = hashlib.sha256(
+        json.dumps([[p, store.params_key(p, prm), vs] for p, prm, vs in calls],
+                   sort_keys=True).encode())
+    h.update(sys.version.encode() + str(home().resolve()).encode())
+    pkg = Path(__file__).resolve().parents[1]
+    for f in sorted(pkg.rglob("*.py")):
+        h.update(str(f.relative_to(pkg)).encode() + f.read_bytes())
+    for v in sorted({v for _, _, vs in calls for v in vs}):
+        for stamp in (release_dir(v) / STAMP, deps_dir(dep_set(v)) / STAMP):
+            h.update(stamp.read_bytes() if stamp.exists() else b"-")
+    root = home() / "answers"
+    folder = root / h.hexdigest()[:16]
+    old = sorted((d for d in root.glob("*") if d.is_dir() and d != folder),
+                 key=lambda d: d.stat().st_mtime)
+    for d in old[:max(0, len(old) - (KEPT_ANSWERS - 1))]:
+        shutil.rmtree(d, ignore_errors=True)
     return folder
 
 
@@ -283,8 +330,9 @@ def _answer_session(folder: Path, asked: list[dict]) -> None:
     """Run every call of the session, one worker per release, two at a time (the box has two cores);
     write what the workers answered (never a call cut short by a kill or a crash) as a recording in
     ``folder``."""
-    calls = [(c["probe"], c["params"], [v for v in c["releases"] if release_installed(v)])
-             for c in asked]
+    calls = [
+        (c["probe"], c["params"], [v for v in c["releases"] if release_installed(v)]) for c in asked
+    ]
     done = _run_batch(calls, 2, DEFAULT_TIMEOUT_S)
     answers: dict[tuple[str, str], tuple[str, Optional[dict], dict]] = {}
     for probe, params, releases in calls:
@@ -349,9 +397,11 @@ def answer(prepared, probe: str, params: dict) -> dict:
     # imported late: the worker's path, the only one that needs bootstrap
     from sglab.sglang import bootstrap
 
-    out = {"release": prepared.release, "probe": probe, "rows": [],
-           "shims": [s.as_dict() for s in prepared.shims], "seconds": {}, "error": None,
-           "not_run": None}
+    out = {
+        "release": prepared.release, "probe": probe, "rows": [],
+        "shims": [s.as_dict() for s in prepared.shims], "seconds": {}, "error": None,
+        "not_run": None
+    }
     t0 = time.perf_counter()
     try:
         rows = _resolve(probe)(prepared, params)
@@ -381,8 +431,10 @@ def run(release: str, calls: list[dict], emit: Callable[[dict], None]) -> None:
     prepare_s = round(time.perf_counter() - t0, 3)
     for i, call in enumerate(calls):
         if prepared is None:
-            out = {"release": release, "probe": call["probe"], "rows": [], "shims": [],
-                   "seconds": {}, "error": None, "not_run": cause}
+            out = {
+                "release": release, "probe": call["probe"], "rows": [], "shims": [], "seconds": {},
+                "error": None, "not_run": cause
+            }
         else:
             out = answer(prepared, call["probe"], call.get("params") or {})
         if i == 0:
@@ -393,9 +445,10 @@ def run(release: str, calls: list[dict], emit: Callable[[dict], None]) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sglab.sglang.runner")
     ap.add_argument("--release", required=True)
-    ap.add_argument("--calls", required=True,
-                    help='JSON list of {"probe": MODULE:FUNCTION, "params": {...}}, or @FILE '
-                         "holding it")
+    ap.add_argument(
+        "--calls", required=True,
+        help='JSON list of {"probe": MODULE:FUNCTION, "params": {...}}, or @FILE '
+        "holding it")
     ap.add_argument("--out", required=True, type=Path,
                     help="one JSON line per answer is appended here")
     args = ap.parse_args(argv)
@@ -405,6 +458,7 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR)
     with open(args.out, "a") as f:
+
         def emit(data: dict) -> None:
             f.write(json.dumps(data) + "\n")  # a line per answer, flushed: the parent's progress
             f.flush()

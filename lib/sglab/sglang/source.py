@@ -17,6 +17,7 @@ import ast
 import textwrap
 from functools import lru_cache
 
+
 _DEFS = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
@@ -119,5 +120,6 @@ def string_constants(node: ast.AST | None) -> list[str]:
     """Every string literal under ``node``, f-string pieces included."""
     if node is None:
         return []
-    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value,
-            str)]
+    return [
+        n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    ]

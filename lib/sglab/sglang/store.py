@@ -30,6 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Optional
 
+
 EXPERIMENT = "real_cpu"
 METHOD_VERSION = 1
 SOURCES = ("auto", "live", "recorded")
@@ -53,10 +54,11 @@ def params_key(probe: str, params: Optional[dict]) -> str:
 def _result_dict(r) -> dict:
     rows = r.rows.drop(columns=["release", "probe"],
                        errors="ignore").to_dict("records") if r.rows is not None else []
-    return {"release": r.release, "probe": r.probe, "status": r.status, "rows": rows,
-            "shims": r.shims, "seconds": round(r.seconds, 3),
-            "prepare_seconds": round(r.prepare_seconds, 3), "reason": r.reason,
-            "traceback": r.traceback}
+    return {
+        "release": r.release, "probe": r.probe, "status": r.status, "rows": rows, "shims": r.shims,
+        "seconds": round(r.seconds, 3), "prepare_seconds": round(r.prepare_seconds, 3),
+        "reason": r.reason, "traceback": r.traceback
+    }
 
 
 @dataclass
@@ -68,13 +70,13 @@ class ProbeResult:
     release: str
     probe: str
     status: str
-    rows: "object" = None           # pandas.DataFrame: release, probe, then the probe's columns
-    shims: list = field(default_factory=list)   # [{"name", "reason"}]
-    seconds: float = 0.0            # wall time this call added to its worker (the first: start-up)
-    prepare_seconds: float = 0.0    # path set-up + shims (no sglang import); the first call only
-    reason: str = ""                # error or not-run reason, one line
+    rows: "object" = None  # pandas.DataFrame: release, probe, then the probe's columns
+    shims: list = field(default_factory=list)  # [{"name", "reason"}]
+    seconds: float = 0.0  # wall time this call added to its worker (the first: start-up)
+    prepare_seconds: float = 0.0  # path set-up + shims (no sglang import); the first call only
+    reason: str = ""  # error or not-run reason, one line
     traceback: str = ""
-    recorded: str = ""              # where the answer came from when not run now (store)
+    recorded: str = ""  # where the answer came from when not run now (store)
 
     @property
     def ok(self) -> bool:
@@ -104,8 +106,8 @@ def frame(release: str, probe: str, rows: list[dict]):
 
 @dataclass
 class Recording:
-    results: dict          # {(params_key, release): result dict}
-    label: str             # "recorded 2026-11-24 on cpu, git 1a2b3c4"
+    results: dict  # {(params_key, release): result dict}
+    label: str  # "recorded 2026-11-24 on cpu, git 1a2b3c4"
     path: Path
     sglang_home: str = ""  # the releases' folder where the manifest names it (a session's answers)
 
@@ -113,9 +115,9 @@ class Recording:
         d = self.results.get((params_key(probe, params), release))
         if d is None:
             return None
-        return ProbeResult(release, probe, d["status"], frame(release, probe, d["rows"]),
-                           d["shims"], d["seconds"], d["prepare_seconds"], d["reason"],
-                           d["traceback"], recorded=self.label)
+        return ProbeResult(release, probe, d["status"], frame(release, probe,
+                                                              d["rows"]), d["shims"], d["seconds"],
+                           d["prepare_seconds"], d["reason"], d["traceback"], recorded=self.label)
 
 
 def write(calls: Iterable[tuple[str, Optional[dict], dict]], *, root: Optional[Path] = None,
@@ -130,21 +132,22 @@ def write(calls: Iterable[tuple[str, Optional[dict], dict]], *, root: Optional[P
         for release, r in results.items():
             releases.add(release)
             stored.append({"key": key, **_result_dict(r)})
-            rows.append({"variant": release, "probe": probe, "params_key": key, "status": r.status,
-                         "metric": "rows", "value": 0 if r.rows is None else len(r.rows),
-                         "unit": "count"})
+            rows.append({
+                "variant": release, "probe": probe, "params_key": key, "status": r.status,
+                "metric": "rows", "value": 0 if r.rows is None else len(r.rows), "unit": "count"
+            })
     with tempfile.TemporaryDirectory() as tmp:
         sidecar = Path(tmp) / "results.json.gz"
         with gzip.open(sidecar, "wt") as f:
             json.dump(stored, f, default=str)
         from sglab.sglang.releases import parse_version
 
-        return runs.write_run(runs.tidy(EXPERIMENT, rows), experiment=EXPERIMENT,
-                              method_version=METHOD_VERSION,
-                              params={"probes": sorted({r["probe"] for r in rows})},
-                              root=root or runs.data_dir("recorded"), gpu_count=0,
-                              extra={"releases": sorted(releases, key=parse_version),
-                                     **(extra or {})}, sidecars={"results": sidecar})
+        return runs.write_run(
+            runs.tidy(EXPERIMENT, rows), experiment=EXPERIMENT, method_version=METHOD_VERSION,
+            params={"probes": sorted({r["probe"]
+                                      for r in rows})}, root=root or runs.data_dir("recorded"),
+            gpu_count=0, extra={"releases": sorted(releases, key=parse_version),
+                                **(extra or {})}, sidecars={"results": sidecar})
 
 
 @lru_cache(maxsize=4)
@@ -157,8 +160,8 @@ def _read(path: str, mtime: float) -> Recording:
     m = run.manifest
     label = (f"recorded {str(m.get('created_utc', ''))[:10]} on {m.get('gpu_name')}, "
              f"git {str(m.get('git_sha'))[:7]}")
-    return Recording({(d["key"], d["release"]): d for d in stored}, label, Path(path),
-                     str(m.get("sglang_home", "")))
+    return Recording({(d["key"], d["release"]): d
+                      for d in stored}, label, Path(path), str(m.get("sglang_home", "")))
 
 
 def newest(root: Optional[Path] = None) -> Optional[Recording]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+
 Reader = Callable[[str], "str | None"]
 
 # The states a fix can be in, in a given SGLang. The order is the legend's order.
@@ -130,6 +131,8 @@ def check_all(fixes, *, root: Path | None = None):
     rows = []
     for f in fixes:
         v = check(f, root=root)
-        rows.append({"check": f.name, "title": f.title, "status": v.status, "detail": v.detail,
-                     "sglang": inst.version if inst else (str(root) if root else None)})
+        rows.append({
+            "check": f.name, "title": f.title, "status": v.status, "detail": v.detail,
+            "sglang": inst.version if inst else (str(root) if root else None)
+        })
     return pd.DataFrame(rows, columns=["check", "title", "status", "detail", "sglang"])

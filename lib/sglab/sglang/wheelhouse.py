@@ -60,8 +60,9 @@ def repack(wheel: Path, drop=REPACK_DROP) -> tuple[int, int]:
             data = src.read(name)
             if name.endswith(".dist-info/RECORD"):
                 lines = data.decode().splitlines(keepends=True)
-                data = "".join(ln for ln in lines if not any(p.search(ln.split(",",
-                        1)[0]) for p in pats)).encode()
+                data = "".join(
+                    ln for ln in lines if not any(p.search(ln.split(",", 1)[0])
+                                                  for p in pats)).encode()
             info.compress_type = zipfile.ZIP_DEFLATED
             dst.writestr(info, data, compresslevel=9)
     tmp.replace(wheel)
@@ -190,8 +191,8 @@ def layer(out: Path, parts: list[tuple[str, Path]]) -> tuple[int, int]:
                     members[target] = z.read(info)
     tmp = out.with_name(out.name + ".tmp")
     with (
-        lzma.open(tmp, "wb", preset=9 | lzma.PRESET_EXTREME) as xz,
-        tarfile.open(fileobj=xz, mode="w") as tar,
+            lzma.open(tmp, "wb", preset=9 | lzma.PRESET_EXTREME) as xz,
+            tarfile.open(fileobj=xz, mode="w") as tar,
     ):
         for name in sorted(members):
             data = members[name]
@@ -219,19 +220,18 @@ def check_bundles(folder: Path, pair_limit_mib: float = PAIR_LIMIT_MIB) -> tuple
         total = sum(size[f] for f in plan[v])
         lines.append(f"sglang {v}: {total:.1f} MiB ({' + '.join(plan[v])})")
     for i, a in enumerate(releases):
-        for b in releases[i + 1 :]:
+        for b in releases[i + 1:]:
             files = set(plan[a]) | set(plan[b])
             total = sum(size[f] for f in files)
             fits = total <= pair_limit_mib
             ok &= fits
-            lines.append(
-                f"sglang {a} + {b}: {total:.1f} MiB {'fits' if fits else 'DOES NOT FIT'} "
-                f"({pair_limit_mib:.0f} MiB for two)"
-            )
+            lines.append(f"sglang {a} + {b}: {total:.1f} MiB {'fits' if fits else 'DOES NOT FIT'} "
+                         f"({pair_limit_mib:.0f} MiB for two)")
     if len(releases) == 1:
         total = sum(size[f] for f in plan[releases[0]])
         ok = total <= pair_limit_mib
     return lines, ok
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sglab.sglang.wheelhouse")

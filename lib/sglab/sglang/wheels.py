@@ -82,8 +82,8 @@ def _pip(args: list[str], timeout: float) -> str:
     except (OSError, subprocess.TimeoutExpired) as e:
         raise NoNetwork(f"pip {args[0]}: {type(e).__name__}: {e}".splitlines()[0]) from None
     if out.returncode != 0:
-        lines = [ln for ln in out.stderr.splitlines()
-                 if ln.startswith("ERROR")] or out.stderr.splitlines() or ["?"]
+        lines = [ln for ln in out.stderr.splitlines() if ln.startswith("ERROR")
+                 ] or out.stderr.splitlines() or ["?"]
         if "No matching distribution found" in out.stderr:
             raise NoSuchRelease(lines[-1].removeprefix("ERROR: ").strip())
         raise NoNetwork(f"pip {args[0]} failed: {lines[-1].strip()}")
@@ -103,8 +103,8 @@ def download(version: str, dest: Path) -> Path:
     """Fetch the release's wheel into ``dest`` (no dependencies, nothing installed) and return its
     path."""
     dest.mkdir(parents=True, exist_ok=True)
-    _pip(["download", "--no-deps", *PIP_TAGS, "-d", str(dest), "-q", f"{PACKAGE}=={version}"],
-         timeout=600)
+    _pip(["download", "--no-deps", *PIP_TAGS, "-d",
+          str(dest), "-q", f"{PACKAGE}=={version}"], timeout=600)
     path = cached(version, dest)
     if path is None:
         raise NoNetwork(f"pip download {PACKAGE}=={version} left no wheel in {dest}")
@@ -155,8 +155,10 @@ def wheel_facts(path: Path) -> dict:
             digest.update(block)
     with zipfile.ZipFile(path) as z:
         newest = max(i.date_time for i in z.infolist())
-    return {"wheel": path.name, "sha256": digest.hexdigest(),
-            "build_date": datetime(*newest).isoformat()}
+    return {
+        "wheel": path.name, "sha256": digest.hexdigest(),
+        "build_date": datetime(*newest).isoformat()
+    }
 
 
 def classify_wheel(version: str, path: Path, fixes) -> dict:
@@ -248,10 +250,11 @@ def timeline(fixes, versions=None, *, offline: bool = False, cache: Path | None 
     committed = _committed(table, notes, fixes)
     wanted, from_index, network = _release_list(versions, offline, lister, notes)
     if not wanted:
-        wanted = select(set(committed) | {p.name.split("-")[1]
-                                          for p in cache.glob(f"{PACKAGE}-*.whl")})
+        wanted = select(
+            set(committed) | {p.name.split("-")[1]
+                              for p in cache.glob(f"{PACKAGE}-*.whl")})
         notes.append(f"release list: committed table + cached wheels ({len(wanted)} releases; "
-                     "newer releases " "on the index are not seen without network)")
+                     f"newer releases on the index are not seen without network)")
     rows, wheels = [], {}
     fetched, from_table, missing, unknown = [], [], [], []
     for v in tqdm(wanted, desc="SGLang wheels", unit="release", disable=not progress, leave=False):
@@ -276,7 +279,7 @@ def timeline(fixes, versions=None, *, offline: bool = False, cache: Path | None 
             missing.append(v)
     n_wheel = len(rows) - len(from_table)
     notes.append(f"classified from wheels: {n_wheel} ({len(fetched)} downloaded now, "
-                 f"{n_wheel - len(fetched)} " f"from the cache {cache})")
+                 f"{n_wheel - len(fetched)} from the cache {cache})")
     if from_table:
         notes.append(f"taken from the committed table (no wheel here): {', '.join(from_table)}")
     if missing:
@@ -323,8 +326,9 @@ def timeline_row(fix: str, frame=None):
     frame = load_table() if frame is None else frame
     if fix not in fix_names(frame):
         raise KeyError(f"no fix {fix!r} in the release table; known: {fix_names(frame)}")
-    return (frame[["version", "build_date", fix, f"{fix}_reason"]]
-            .rename(columns={fix: "state", f"{fix}_reason": "reason"}).reset_index(drop=True))
+    return (frame[[
+        "version", "build_date", fix, f"{fix}_reason"
+    ]].rename(columns={fix: "state", f"{fix}_reason": "reason"}).reset_index(drop=True))
 
 
 def first_release(fix: str, states=("pr-era",), frame=None) -> str | None:
@@ -339,9 +343,10 @@ def first_release(fix: str, states=("pr-era",), frame=None) -> str | None:
 # figures: Release × fix timeline figures, one colour per state, drawn from the release table.
 # --------------------------------------------------------------------------------------------------
 
-
-STATE_COLOURS = {"absent": "#d5d8dc", "before": "#c0392b", "pr-era": "#2471a3",
-                 "changed": "#229954", "regressed": "#d68910", "unknown": "#ffffff"}
+STATE_COLOURS = {
+    "absent": "#d5d8dc", "before": "#c0392b", "pr-era": "#2471a3", "changed": "#229954",
+    "regressed": "#d68910", "unknown": "#ffffff"
+}
 assert set(STATE_COLOURS) == set(RELEASE_STATES)
 
 
@@ -385,10 +390,10 @@ def timeline_figure(frame=None, *, fixes=None, ax=None):
     fig = ax.figure
     for y, fix in enumerate(fixes):
         for x, state in enumerate(frame[fix]):
-            ax.add_patch(Rectangle((x, y), 0.94, 0.86,
-                                   facecolor=STATE_COLOURS.get(state, "#ffffff"),
-                                   edgecolor="#7f8c8d" if state == "unknown" else "none",
-                                   hatch="//" if state == "unknown" else None))
+            ax.add_patch(
+                Rectangle((x, y), 0.94, 0.86, facecolor=STATE_COLOURS.get(state, "#ffffff"),
+                          edgecolor="#7f8c8d" if state == "unknown" else "none",
+                          hatch="//" if state == "unknown" else None))
     ax.set_xlim(-0.1, len(frame))
     ax.set_ylim(len(fixes), -0.15)
     ax.set_xticks([x + 0.47 for x in range(len(frame))], frame["version"], rotation=60, ha="right")

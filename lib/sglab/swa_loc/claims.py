@@ -23,9 +23,10 @@ from sglab.swa_loc.rebuild import hybrid_layer_ids
 # noqa: F401 (read by tests)
 from sglab.swa_loc.sglang import KERNELS_PER_TRANSLATION_TODAY, PR_ERA_RELEASES
 
+
 CLAIM = ("Presetting the SWA cache location before decode-graph capture removes the full→SWA slot "
-         "translation " "(an index gather and an int32 cast) from every SWA layer of every replay; "
-         "#24743's zeroing of the " "padded tail keeps padded tokens out of live SWA slots.")
+         "translation (an index gather and an int32 cast) from every SWA layer of every replay; "
+         "#24743's zeroing of the padded tail keeps padded tokens out of live SWA slots.")
 # the rebuild's translation: full_to_swa_index_mapping[loc] and .to(torch.int32)
 EXTRA_PER_SWA_LAYER = 2
 MIN_RATIO = 1.10
@@ -58,12 +59,13 @@ def _extra_kernels(run):
     extra = show.extra_per_swa_layer(run.df)
     values = sorted({float(x) for x in extra})
     ok = int((extra == EXTRA_PER_SWA_LAYER).sum())
-    value = {"per_swa_layer_min": values[0], "per_swa_layer_max": values[-1],
-             "cells": int(len(extra))}
+    value = {
+        "per_swa_layer_min": values[0], "per_swa_layer_max": values[-1], "cells": int(len(extra))
+    }
     nodes, _ = show.kernel_counts(run.df)
     row = _at(nodes, _cell()) if _has_headline_cell(run) is None else None
-    text = (f"{values[0]:g}" if values[0] == values[-1]
-            else f"{values[0]:g}–{values[-1]:g}") + " per SWA layer"
+    text = (f"{values[0]:g}"
+            if values[0] == values[-1] else f"{values[0]:g}–{values[-1]:g}") + " per SWA layer"
     if row is not None:
         value.update(before=int(row["before"]), after=int(row["pr24743"]))
         text += f"; {row['before']} → {row['pr24743']} at the headline cell"
@@ -77,35 +79,38 @@ def _pad_bug(run):
     ok = (bug.pad_matches_prediction == 1 and bug.pad_corrupted_slots == bug.pad_predicted_slots > 0
           and all(t.loc[v, "pad_corrupted_slots"] == 0 and t.loc[v, "pad_matches_prediction"] == 1
                   for v in ("before", "pr24743")))
-    value = {"pr23552_corrupted": int(bug.pad_corrupted_slots),
-             "pr23552_predicted": int(bug.pad_predicted_slots),
-             "before_corrupted": int(t.loc["before", "pad_corrupted_slots"]),
-             "pr24743_corrupted": int(t.loc["pr24743", "pad_corrupted_slots"])}
-    return holds(ok,
-                 f"#23552 corrupted {value['pr23552_corrupted']} of {value['pr23552_predicted']} "
-                 "predicted "
-                     f"pairs (exactly those); before {value['before_corrupted']}, #24743 "
-                     f"{value['pr24743_corrupted']}", value)
+    value = {
+        "pr23552_corrupted": int(bug.pad_corrupted_slots),
+        "pr23552_predicted": int(bug.pad_predicted_slots),
+        "before_corrupted": int(t.loc["before", "pad_corrupted_slots"]),
+        "pr24743_corrupted": int(t.loc["pr24743", "pad_corrupted_slots"])
+    }
+    return holds(
+        ok, f"#23552 corrupted {value['pr23552_corrupted']} of {value['pr23552_predicted']} "
+        f"predicted pairs (exactly those); before {value['before_corrupted']}, #24743 "
+        f"{value['pr24743_corrupted']}", value)
 
 
 def _kv_matches(run):
     d = run.df[run.df.metric == "kv_mismatch_slots"]
     n = int(d.value.sum())
     return holds(n == 0 and len(d) > 0,
-                 f"{n} differing (layer, slot) pairs over {len(d)} (variant, layout) " "checks",
-                 {"differing": n, "checks": int(len(d))})
+                 f"{n} differing (layer, slot) pairs over {len(d)} (variant, layout) "
+                 "checks", {"differing": n, "checks": int(len(d))})
 
 
 def _ratio(run):
     t = show.time_table(run.df)
     row = _at(t, _cell())
     r = float(row["before / #24743"])
-    value = {"ratio": r, "before_us": float(row["before µs"]), "after_us": float(row["pr24743 µs"]),
-             "ratio_min": float(t["before / #24743"].min()),
-             "ratio_max": float(t["before / #24743"].max())}
-    return holds(r >= MIN_RATIO,
-                 f"{value['before_us']:.0f} → {value['after_us']:.0f} µs ({r:.2f}×); sweep "
-                                 f"{value['ratio_min']:.2f}–{value['ratio_max']:.2f}×", value)
+    value = {
+        "ratio": r, "before_us": float(row["before µs"]), "after_us": float(row["pr24743 µs"]),
+        "ratio_min": float(t["before / #24743"].min()),
+        "ratio_max": float(t["before / #24743"].max())
+    }
+    return holds(
+        r >= MIN_RATIO, f"{value['before_us']:.0f} → {value['after_us']:.0f} µs ({r:.2f}×); sweep "
+        f"{value['ratio_min']:.2f}–{value['ratio_max']:.2f}×", value)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -124,9 +129,9 @@ def _translate_calls(run):
 
 def _profiler_equals_static(run):
     a = show.profiler_agreement(run.df)
-    return holds(a["max_abs_diff"] == 0 and a["cells"] > 0,
-                 f"{a['equal']}/{a['cells']} cells equal, max |profiler − static| = "
-                 f"{a['max_abs_diff']}", a)
+    return holds(
+        a["max_abs_diff"] == 0 and a["cells"] > 0,
+        f"{a['equal']}/{a['cells']} cells equal, max |profiler − static| = {a['max_abs_diff']}", a)
 
 
 def _trace_config(run) -> dict:
@@ -155,8 +160,10 @@ def _trace_equals_static(run):
     nodes, _ = show.kernel_counts(run.df)
     row = _at(nodes, _cell(_trace_config(run)))
     traced = show.trace_counts(events)
-    value = {v: {"trace": traced.get(v, {}).get("kernels", 0),
-                 "static": int(row[v])} for v in nodes.columns}
+    value = {
+        v: {"trace": traced.get(v, {}).get("kernels", 0), "static": int(row[v])}
+        for v in nodes.columns
+    }
     ok = all(x["trace"] == x["static"] for x in value.values())
     return holds(ok,
                  "; ".join(f"{v} {x['trace']} (static {x['static']})" for v, x in value.items()),
@@ -166,19 +173,23 @@ def _trace_equals_static(run):
 def _trace_translation(run):
     events, gk = _sidecar(run, "events"), _sidecar(run, "graph_kernels")
     names = show.translation_kernels(gk)
-    n_swa = int(show.kernel_counts(run.df)[0].xs(_cell(_trace_config(run))[:2], level=(
-        "swa_per_full", "num_layers")).index.get_level_values("n_swa_layers")[0])
+    n_swa = int(
+        show.kernel_counts(run.df)[0].xs(
+            _cell(_trace_config(run))[:2],
+            level=("swa_per_full", "num_layers")).index.get_level_values("n_swa_layers")[0])
     traced = show.trace_counts(events, show.name_pattern(names))
-    before, after = traced.get("before", {}).get("matching", -1), traced.get("pr24743",
-            {}).get("matching", -1)
-    value = {"kernels_per_swa_layer": len(names), "nodes_each": sorted(set(names.values())),
-             "trace_before": before, "trace_after": after, "n_swa_layers": n_swa}
+    before, after = traced.get("before", {}).get("matching",
+                                                 -1), traced.get("pr24743", {}).get("matching", -1)
+    value = {
+        "kernels_per_swa_layer": len(names), "nodes_each": sorted(set(names.values())),
+        "trace_before": before, "trace_after": after, "n_swa_layers": n_swa
+    }
     ok = (len(names) == EXTRA_PER_SWA_LAYER and set(names.values()) == {n_swa}
           and before == len(names) * n_swa and after == 0)
     short = ", ".join(show.short_kernel(n) for n in sorted(names))
-    return holds(ok,
-                 f"{len(names)} kernels × {n_swa} SWA layers ({short}); in the traced replay "
-                 "before " f"{before}, #24743 {after}", value)
+    return holds(
+        ok, f"{len(names)} kernels × {n_swa} SWA layers ({short}); in the traced replay before "
+        f"{before}, #24743 {after}", value)
 
 
 def _nsight_ran(run) -> Optional[str]:
@@ -196,54 +207,63 @@ def _nsight_matches(run):
     c = kernel_table.cross_check(t[t.backend == kernel_table.NSIGHT],
                                  t[t.backend == kernel_table.TORCH])
     ok = c["rows"] > 0 and c["equal"] == c["rows"]
-    return holds(ok,
-                 f"{c['equal']}/{c['rows']} (variant, op, kernel) rows with equal calls per step",
-                 {"rows": c["rows"], "equal": c["equal"]},
-                 why_not=f"only nsight: {c['only_in_a'][:2]}; only torch: {c['only_in_b'][:2]}; "
-                         f"differ: {c['differ'][:2]}")
+    return holds(
+        ok, f"{c['equal']}/{c['rows']} (variant, op, kernel) rows with equal calls per step",
+        {"rows": c["rows"], "equal": c["equal"]},
+        why_not=f"only nsight: {c['only_in_a'][:2]}; only torch: {c['only_in_b'][:2]}; "
+        f"differ: {c['differ'][:2]}")
 
 
-CLAIMS = [Claim("swa_loc.extra_kernels_per_swa_layer",
-                "Without the preset, each captured decode graph holds exactly 2 more kernel nodes "
-                "per SWA layer than " "#24743's (the translation's gather and cast, as in SGLang "
-                "0.5.10.post1-0.5.12.post1; from 0.5.13 a " "translation is one gather)",
-                f"== {EXTRA_PER_SWA_LAYER} per SWA layer in every (layout, batch size) cell",
-                _extra_kernels,
-                folded=(Claim("swa_loc.translate_calls_in_capture",
-                              "Capturing without the preset calls translate_loc_from_full_to_swa "
-                              "once per SWA layer; " "with it, never",
-                              "n_swa calls (before), 0 (#23552, #24743), every cell",
-                              _translate_calls),
-                        Claim("swa_loc.profiler_equals_static",
-                              "torch.profiler sees as many kernels in one replay as the graph has "
-                              "kernel nodes", "equal in every (layout, batch size, variant) cell",
-                              _profiler_equals_static),
-                        Claim("swa_loc.trace_equals_static",
-                              "The traced replay of each variant has as many kernels as its graph "
-                              "has kernel nodes", "equal for every variant", _trace_equals_static,
-                              methods=(2, None), applies=_traced),
-                        Claim("swa_loc.trace_translation_kernels",
-                              "The kernels the preset removes are the translation's, once per SWA "
-                              "layer, and the traced " "replay without the preset runs them in "
-                              "every SWA layer",
-                              f"{EXTRA_PER_SWA_LAYER} kernel names × n_swa nodes; traced: n_swa × "
-                              f"{EXTRA_PER_SWA_LAYER} " "before, 0 after", _trace_translation,
-                              methods=(2, None), applies=_traced),
-                        Claim("swa_loc.nsight_matches_profiler",
-                              "nsight-python and torch.profiler count the same kernels per op in "
-                              "the eager decode step", "equal calls per (variant, op, kernel)",
-                              _nsight_matches, methods=(2, None), applies=_nsight_ran),)),
-          Claim("swa_loc.pad_bug_exact",
-                "On a padded batch #23552 overwrites exactly the predicted live SWA slots in every "
-                "SWA layer; before " "and #24743 overwrite none",
-                "#23552: corrupted == predicted > 0; before, #24743: 0", _pad_bug),
-          Claim("swa_loc.kv_matches_eager",
-                "After one populated replay, the KV pool equals an eager reference that ran the "
-                "same batches", "0 differing (layer, slot) pairs", _kv_matches),
-          Claim("swa_loc.replay_ratio",
-                "Removing the translation makes the headline replay (48 layers, 5:1, bs 32) faster",
-                f"before / #24743 >= {MIN_RATIO:.2f}", _ratio, applies=_has_headline_cell,
-                drift=0.25),]
+CLAIMS = [
+    Claim(
+        "swa_loc.extra_kernels_per_swa_layer",
+        "Without the preset, each captured decode graph holds exactly 2 more kernel nodes per SWA "
+        "layer than #24743's (the translation's gather and cast, as in SGLang "
+        "0.5.10.post1-0.5.12.post1; from 0.5.13 a translation is one gather)",
+        f"== {EXTRA_PER_SWA_LAYER} per SWA layer in every (layout, batch size) cell",
+        _extra_kernels, folded=(
+            Claim(
+                "swa_loc.translate_calls_in_capture",
+                "Capturing without the preset calls translate_loc_from_full_to_swa once per SWA "
+                "layer; with it, never", "n_swa calls (before), 0 (#23552, #24743), every cell",
+                _translate_calls),
+            Claim(
+                "swa_loc.profiler_equals_static",
+                "torch.profiler sees as many kernels in one replay as the graph has "
+                "kernel nodes", "equal in every (layout, batch size, variant) cell",
+                _profiler_equals_static),
+            Claim(
+                "swa_loc.trace_equals_static",
+                "The traced replay of each variant has as many kernels as its graph "
+                "has kernel nodes", "equal for every variant", _trace_equals_static,
+                methods=(2, None), applies=_traced),
+            Claim(
+                "swa_loc.trace_translation_kernels",
+                "The kernels the preset removes are the translation's, once per SWA layer, and the "
+                "traced replay without the preset runs them in every SWA layer",
+                f"{EXTRA_PER_SWA_LAYER} kernel names × n_swa nodes; traced: n_swa × "
+                f"{EXTRA_PER_SWA_LAYER} "
+                "before, 0 after", _trace_translation, methods=(2, None), applies=_traced),
+            Claim(
+                "swa_loc.nsight_matches_profiler",
+                "nsight-python and torch.profiler count the same kernels per op in "
+                "the eager decode step", "equal calls per (variant, op, kernel)", _nsight_matches,
+                methods=(2, None), applies=_nsight_ran),
+        )),
+    Claim(
+        "swa_loc.pad_bug_exact",
+        "On a padded batch #23552 overwrites exactly the predicted live SWA slots in every "
+        "SWA layer; before "
+        "and #24743 overwrite none", "#23552: corrupted == predicted > 0; before, #24743: 0",
+        _pad_bug),
+    Claim(
+        "swa_loc.kv_matches_eager",
+        "After one populated replay, the KV pool equals an eager reference that ran the "
+        "same batches", "0 differing (layer, slot) pairs", _kv_matches),
+    Claim("swa_loc.replay_ratio",
+          "Removing the translation makes the headline replay (48 layers, 5:1, bs 32) faster",
+          f"before / #24743 >= {MIN_RATIO:.2f}", _ratio, applies=_has_headline_cell, drift=0.25),
+]
 
 
 def shown(runs_: list) -> list:
@@ -254,18 +274,16 @@ def shown(runs_: list) -> list:
 
 _RATIO, _LAYERS, _BS = _cell()
 _K, _R, _P = "swa_loc.extra_kernels_per_swa_layer", "swa_loc.replay_ratio", "swa_loc.pad_bug_exact"
-HEADLINE = Headline(parts=(f"{_LAYERS} layers ({len(hybrid_layer_ids(_LAYERS, _RATIO)[0])} SWA, "
-                           f"{_RATIO}:1), bs {_BS}: " f"{{v[{_K}][before]}} → {{v[{_K}][after]}} "
-                           f"kernels per replay, +{{v[{_K}][per_swa_layer_min]:g}} " "per SWA "
-                           "layer in every cell",
-                           f"replay {{runs}}; "
-                           f"{{lo[{_R}][ratio_min]:.2f}}–{{hi[{_R}][ratio_max]:.2f}}× over the "
-                           "sweep",
-                           f"padded batches: {{v[{_P}][pr23552_corrupted]}} live (layer, slot) "
-                           "pairs overwritten by #23552, " f"{{v[{_P}][pr24743_corrupted]}} by "
-                           "#24743."),
-                    per_run=f"{{v[{_R}][before_us]:.0f}} → {{v[{_R}][after_us]:.0f}} µs "
-                    f"({{v[{_R}][ratio]:.2f}}×) on {{gpu}}", run_sep=", ")
+HEADLINE = Headline(
+    parts=(f"{_LAYERS} layers ({len(hybrid_layer_ids(_LAYERS, _RATIO)[0])} SWA, {_RATIO}:1), bs "
+           f"{_BS}: {{v[{_K}][before]}} → {{v[{_K}][after]}} kernels per replay, "
+           f"+{{v[{_K}][per_swa_layer_min]:g}} per SWA layer in every cell", f"replay {{runs}}; "
+           f"{{lo[{_R}][ratio_min]:.2f}}–{{hi[{_R}][ratio_max]:.2f}}× over the "
+           "sweep", f"padded batches: {{v[{_P}][pr23552_corrupted]}} live (layer, slot) "
+           "pairs overwritten by #23552, "
+           f"{{v[{_P}][pr24743_corrupted]}} by "
+           "#24743."), per_run=f"{{v[{_R}][before_us]:.0f}} → {{v[{_R}][after_us]:.0f}} µs "
+    f"({{v[{_R}][ratio]:.2f}}×) on {{gpu}}", run_sep=", ")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -274,8 +292,11 @@ HEADLINE = Headline(parts=(f"{_LAYERS} layers ({len(hybrid_layer_ids(_LAYERS, _R
 def _engine_pair(run):
     df = engine_runs.latest([run])
     ok = engine_runs.releases_ok(df)
-    per = {k[2]: v for k, v in engine_runs.text(df, "decode_kernels_per_replay").items()
-           if k[1] == "0.5.11" and ok.get(k)}
+    per = {
+        k[2]: v
+        for k, v in engine_runs.text(df, "decode_kernels_per_replay").items()
+        if k[1] == "0.5.11" and ok.get(k)
+    }
     return per if {"before", "released"} <= set(per) else None
 
 
@@ -288,24 +309,29 @@ def _engine_extra(run):
     per = _engine_pair(run)
     n_swa = show.engine_swa_layers([run])
     extra = float(per["before"]) - float(per["released"])
-    value = {"released": int(float(per["released"])), "before": int(float(per["before"])),
-             "extra": int(extra), "swa_layers": n_swa,
-             "per_swa_layer": extra / n_swa if n_swa else float("nan")}
-    return holds(n_swa > 0 and extra == EXTRA_PER_SWA_LAYER * n_swa,
-                 f"0.5.11 decode replay: {value['released']} kernels as released, "
-                 f"{value['before']} with #23552's preset reverted (+{value['extra']} over "
-                 f"{n_swa} SWA layers)", value)
+    value = {
+        "released": int(float(per["released"])), "before": int(float(per["before"])),
+        "extra": int(extra), "swa_layers": n_swa,
+        "per_swa_layer": extra / n_swa if n_swa else float("nan")
+    }
+    return holds(
+        n_swa > 0 and extra == EXTRA_PER_SWA_LAYER * n_swa,
+        f"0.5.11 decode replay: {value['released']} kernels as released, {value['before']} with "
+        f"#23552's preset reverted (+{value['extra']} over {n_swa} SWA layers)", value)
 
 
 ENGINE = SimpleNamespace(
     EXPERIMENT="engine_swa_loc",
     CLAIM="In SGLang's own engine (bench_one_batch, GPT-OSS-style 8 layers, 4 sliding-window, "
-          "dummy weights), reverting #23552's preset adds the rebuild's 2 kernels per SWA layer to "
-          "every decode-graph replay.",
-    CLAIMS=[Claim("engine_swa_loc.reverted_preset_extra_kernels",
-                  "0.5.11 with #23552's preset reverted replays 2 more kernels per SWA layer than "
-                  "0.5.11 as released (kernels counted in bench_one_batch's own decode trace)",
-                  f"before − released == {EXTRA_PER_SWA_LAYER} × SWA layers (exact)",
-                  _engine_extra, applies=_engine_applies)],
+    "dummy weights), reverting #23552's preset adds the rebuild's 2 kernels per SWA layer to "
+    "every decode-graph replay.",
+    CLAIMS=[
+        Claim(
+            "engine_swa_loc.reverted_preset_extra_kernels",
+            "0.5.11 with #23552's preset reverted replays 2 more kernels per SWA layer than "
+            "0.5.11 as released (kernels counted in bench_one_batch's own decode trace)",
+            f"before − released == {EXTRA_PER_SWA_LAYER} × SWA layers (exact)", _engine_extra,
+            applies=_engine_applies)
+    ],
     shown=lambda runs_: list(runs_),
 )

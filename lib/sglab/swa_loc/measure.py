@@ -39,6 +39,7 @@ import torch
 from sglab.core import kernel_table, runs, timing, trace
 from sglab.swa_loc import rebuild
 
+
 EXPERIMENT = "swa_loc"
 METHOD_VERSION = 2
 GPUS = 1
@@ -67,8 +68,9 @@ DEFAULT_PARAMS: Dict[str, Any] = {
 # The sweep the method-1 runs recorded (4 layer counts x 4 batch sizes): PARAMS = FULL_SWEEP in the
 # notebook or `sglab record swa_loc --param layer_counts=[6,12,24,48] --param
 # batch_sizes=[1,8,32,128]`.
-FULL_SWEEP: Dict[str, Any] = {**DEFAULT_PARAMS, "layer_counts": [6, 12, 24, 48],
-                              "batch_sizes": [1, 8, 32, 128], "repeat": 150}
+FULL_SWEEP: Dict[str, Any] = {
+    **DEFAULT_PARAMS, "layer_counts": [6, 12, 24, 48], "batch_sizes": [1, 8, 32, 128], "repeat": 150
+}
 TRACE_PHASE = "replay "  # + variant
 SWA_WRITE, FULL_WRITE = "SWA layer KV write", "full layer KV write"
 EAGER_VARIANTS = ("before", "pr24743")  # per-layer translation / preset int32 location
@@ -177,15 +179,24 @@ def pad_bug_scenario(variant: str, *, device="cpu", use_cuda_graph: Optional[boo
     predicted = sorted(stale) if (cfg.preset_swa_loc and not cfg.zero_swa_on_pad) else []
     diff = rebuild.pool_diff(graph_side.pool, ref.pool)
     swa_ids, full_ids = graph_side.swa_layer_ids, graph_side.full_layer_ids
-    matches = all(diff.get(lyr,
-                           []) == predicted for lyr in swa_ids) and not any(lyr in diff
-                                   for lyr in full_ids)
-    return {"variant": variant, "bs_step1": bs1, "raw_bs_step2": raw_bs2, "bs_step2": bs2,
-            "stale_tail_swa_slots": stale, "stale_tail_owners": owners,
-            "owners_still_running": [r for r in owners if r in alive], "predicted_slots": predicted,
-            "corrupted": diff, "swa_layer_ids": swa_ids, "full_layer_ids": full_ids,
-            "matches_prediction": bool(matches), "n_corrupted": kv_mismatch_count(diff),
-            "n_predicted": len(predicted) * len(swa_ids),}
+    matches = all(diff.get(lyr, []) == predicted
+                  for lyr in swa_ids) and not any(lyr in diff for lyr in full_ids)
+    return {
+        "variant": variant,
+        "bs_step1": bs1,
+        "raw_bs_step2": raw_bs2,
+        "bs_step2": bs2,
+        "stale_tail_swa_slots": stale,
+        "stale_tail_owners": owners,
+        "owners_still_running": [r for r in owners if r in alive],
+        "predicted_slots": predicted,
+        "corrupted": diff,
+        "swa_layer_ids": swa_ids,
+        "full_layer_ids": full_ids,
+        "matches_prediction": bool(matches),
+        "n_corrupted": kv_mismatch_count(diff),
+        "n_predicted": len(predicted) * len(swa_ids),
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -215,10 +226,12 @@ def _capture_and_check(p: dict, kw: dict, labels: dict, batch_sizes: List[int], 
                                                            use_cuda_graph=use_cuda_graph)
             runner.capture()
             for bs in batch_sizes:
-                rows.append(_row(v, "translate_calls_capture", runner.capture_translate_calls[bs],
-                                 "calls", batch_size=bs, **labels))
-                rows.append(_row(v, "graph_kernel_nodes", probes["graph_kernel_nodes"](runner, bs),
-                                 "kernels", batch_size=bs, **labels))
+                rows.append(
+                    _row(v, "translate_calls_capture", runner.capture_translate_calls[bs], "calls",
+                         batch_size=bs, **labels))
+                rows.append(
+                    _row(v, "graph_kernel_nodes", probes["graph_kernel_nodes"](runner, bs),
+                         "kernels", batch_size=bs, **labels))
         with timing.phase("correctness"):
             batches = make_batches(s, batch_sizes, seed=p["seed"])
             # one populated replay per batch, same order as the eager reference
@@ -246,8 +259,9 @@ def _time_and_count(p: dict, runners: dict, labels: dict, batch_sizes: List[int]
     with timing.phase("profile"):
         for v, runner in runners.items():
             for bs in batch_sizes:
-                rows.append(_row(v, "profiled_kernels", probes["profiled_kernels"](runner, bs),
-                                 "kernels", batch_size=bs, **labels))
+                rows.append(
+                    _row(v, "profiled_kernels", probes["profiled_kernels"](runner, bs), "kernels",
+                         batch_size=bs, **labels))
 
 
 def _pad_rows(p: dict, *, device, use_cuda_graph: bool) -> List[dict]:
@@ -261,15 +275,15 @@ def _pad_rows(p: dict, *, device, use_cuda_graph: bool) -> List[dict]:
                       n_swa_layers=len(res["swa_layer_ids"]), batch_size=res["bs_step2"])
         rows.append(_row(v, "pad_corrupted_slots", res["n_corrupted"], "slots", **labels))
         rows.append(_row(v, "pad_predicted_slots", res["n_predicted"], "slots", **labels))
-        rows.append(_row(v, "pad_matches_prediction", int(res["matches_prediction"]), "bool",
-                         **labels))
+        rows.append(
+            _row(v, "pad_matches_prediction", int(res["matches_prediction"]), "bool", **labels))
         _cleanup(device)
     return rows
 
 
 def sweep(p: dict, *, device, use_cuda_graph: bool, probes: Dict[str, Callable], timer,
-          progress: bool = True,
-          on_trace: Optional[Callable[[dict, dict, int], None]] = None) -> List[dict]:
+          progress: bool = True, on_trace: Optional[Callable[[dict, dict, int],
+                                                             None]] = None) -> List[dict]:
     """Rows of the sweep and of the padding scenario.
 
     ``probes``: {metric: fn(runner, bs) -> kernel count} for ``graph_kernel_nodes`` and
@@ -306,9 +320,11 @@ def sweep(p: dict, *, device, use_cuda_graph: bool, probes: Dict[str, Callable],
 def gpu_probes() -> dict:
     from sglab.core.kernels import graph_kernel_nodes, profiled_kernels
 
-    return {"graph_kernel_nodes": lambda runner, bs: graph_kernel_nodes(runner.graphs[bs]).kernels,
-            "profiled_kernels": lambda runner,
-            bs: len(profiled_kernels(lambda: runner.replay_graph(bs)))}
+    return {
+        "graph_kernel_nodes": lambda runner, bs: graph_kernel_nodes(runner.graphs[bs]).kernels,
+        "profiled_kernels": lambda runner, bs: len(profiled_kernels(lambda: runner.replay_graph(bs))
+                                                   )
+    }
 
 
 def reduce_events(events):
@@ -347,8 +363,10 @@ def traced_pass(runners: dict, bs: int) -> dict:
                 with trace.phase(TRACE_PHASE + v):
                     r.replay_graph(bs)
                     torch.cuda.synchronize()
-        return {"events": reduce_events(rec.events), "trace": path,
-                "graph_kernels": graph_kernel_names(runners, bs)}
+        return {
+            "events": reduce_events(rec.events), "trace": path,
+            "graph_kernels": graph_kernel_names(runners, bs)
+        }
 
 
 @contextmanager
@@ -371,6 +389,7 @@ def kv_write_scopes(pool: rebuild.SWAKVPool, mode: kernel_table.OpRanges):
 def eager_steps(setup: rebuild.Setup, batch: rebuild.ForwardBatch) -> dict:
     """{variant: step(mode)} for the two eager decode steps; ``before`` clears the location an
     earlier step left."""
+
     def before(mode):
         setup.pool.set_swa_loc(None)
         with kv_write_scopes(setup.pool, mode):
@@ -403,8 +422,8 @@ def eager_kernel_tables(p: dict, device) -> tuple:
     import pandas as pd
 
     tc = p["eager_config"]
-    s = rebuild.build_setup(**setup_kwargs(p, int(tc["num_layers"]), int(tc["swa_per_full"]),
-                                           device))
+    s = rebuild.build_setup(
+        **setup_kwargs(p, int(tc["num_layers"]), int(tc["swa_per_full"]), device))
     bs = int(tc["batch_size"])
     steps = eager_steps(s, make_batches(s, [bs], seed=p["seed"])[bs])
     runs_ = int(p["kernel_table_runs"])
@@ -413,8 +432,10 @@ def eager_kernel_tables(p: dict, device) -> tuple:
     with timing.phase("eager kernel table: torch.profiler"):
         tp = kernel_table.torch_table(steps, runs=runs_)
     table = pd.concat([t for t in (ns, tp) if t is not None], ignore_index=True)
-    info = {"config": dict(tc), "runs": runs_, "backends": sorted(set(table.backend)),
-            "nsight": "ran" if ns is not None else "did not run", "nsight_reason": reason}
+    info = {
+        "config": dict(tc), "runs": runs_, "backends": sorted(set(table.backend)),
+        "nsight": "ran" if ns is not None else "did not run", "nsight_reason": reason
+    }
     return table, info
 
 
@@ -435,7 +456,7 @@ def check_params(p: dict) -> dict:
     need = sum(int(b) for b in p["batch_sizes"])
     if need > min(int(p["size"]), int(p["size_swa"])):
         raise ValueError(f"size / size_swa ({p['size']} / {p['size_swa']}) hold fewer slots than "
-                         "the batches " f"allocate ({need})")
+                         f"the batches allocate ({need})")
     return p
 
 
@@ -453,8 +474,8 @@ def run(params: Optional[dict] = None, *, progress: bool = True) -> runs.Measure
         eager, eager_info = eager_kernel_tables(p, device)
     traced: dict = {}
     rows = sweep(p, device=device, use_cuda_graph=True, probes=gpu_probes(), timer=None,
-                 progress=progress, on_trace=lambda r, labels,
-                 bs: traced.update(traced_pass(r, bs)))
+                 progress=progress,
+                 on_trace=lambda r, labels, bs: traced.update(traced_pass(r, bs)))
     sidecars = {"eager_kernels": eager, **traced}
     return runs.Measured(runs.tidy(EXPERIMENT, rows), sidecars=sidecars,
                          extra={"eager_kernels": eager_info})

@@ -271,8 +271,8 @@ class DecodeInputBuffers:
             input_ids = torch.zeros((max_bs,), dtype=torch.int64)
             seq_lens = torch.full((max_bs,), seq_len_fill_value, dtype=torch.int32)
             out_cache_loc = torch.zeros((max_bs,), dtype=torch.int64)
-            out_cache_loc_swa = torch.zeros((max_bs,),
-                                            dtype=swa_loc_dtype) if is_hybrid_swa else None
+            out_cache_loc_swa = torch.zeros(
+                (max_bs,), dtype=swa_loc_dtype) if is_hybrid_swa else None
         return cls(input_ids, seq_lens, out_cache_loc, out_cache_loc_swa)
 
     def populate_from_forward_batch(self, *, forward_batch: ForwardBatch, raw_bs: int, bs: int,
@@ -338,7 +338,7 @@ class DecodeGraphRunner:
         """Capture every batch size, largest first (as upstream)."""
         if not self.preset_swa_loc and self.pool.swa_loc is not None:
             raise ValueError("pool.swa_loc is already set: a graph captured now would read that "
-                             "tensor. " "Build a fresh pool for the runner without the preset.")
+                             "tensor. Build a fresh pool for the runner without the preset.")
         if self.use_cuda_graph:
             self._mempool = torch.cuda.graph_pool_handle()
             self._stream = torch.cuda.Stream(device=self.device)
@@ -494,8 +494,8 @@ def decode_batch(setup: Setup, input_ids: List[int], seq_lens: List[int]) -> For
                                  setup.allocator.alloc(len(input_ids)), setup.allocator)
 
 
-def pool_diff(a: SWAKVPool, b: SWAKVPool, *, skip_padding_slot: bool = True) -> Dict[int,
-        List[int]]:
+def pool_diff(a: SWAKVPool, b: SWAKVPool, *,
+              skip_padding_slot: bool = True) -> Dict[int, List[int]]:
     """{global layer id: sorted slots of that layer's sub-pool where K or V differ}, layers with a
     difference only. Slot 0 (the padding slot) is skipped by default."""
     out: Dict[int, List[int]] = {}

@@ -35,13 +35,14 @@ from sglab.sglang.releases import parse_version
 from sglab.sglang.upstream import Verdict
 from sglab.swa_loc import rebuild
 
+
 SWA_POOL = "srt/mem_cache/swa_memory_pool.py"
 DECODE_RUNNER = "srt/model_executor/cuda_graph_runner.py"
 PROBE_RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13", "0.5.23")
 BUFFER_VARIANT = {"0.5.10.post1": "before", "0.5.11": "pr23552", "0.5.12.post1": "pr24743"}
 # translate with a gather and an int32 cast
 PR_ERA_RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1")
-KERNELS_PER_TRANSLATION_TODAY = 1                               # 0.5.13 on: one gather
+KERNELS_PER_TRANSLATION_TODAY = 1  # 0.5.13 on: one gather
 
 
 # --------------------------------------------------------------------------------------------------
@@ -57,8 +58,8 @@ def _swa_buffer_facts(tree) -> tuple:
             kw = S.keyword(call, "dtype")
             dtype = ast.unparse(kw) if kw is not None else dtype
     populate = S.find(tree, "DecodeInputBuffers.populate_from_forward_batch")
-    zeroed = any(ast.unparse(c.func).endswith("out_cache_loc_swa.zero_") for c in S.calls(populate,
-            "zero_"))
+    zeroed = any(
+        ast.unparse(c.func).endswith("out_cache_loc_swa.zero_") for c in S.calls(populate, "zero_"))
     return dtype, zeroed
 
 
@@ -80,29 +81,27 @@ def check(read) -> Verdict:
         return Verdict("unknown", "mem_cache/swa_memory_pool.py has no SWAKVPool.set_kv_buffer")
     if not S.calls(set_kv, "translate_loc_from_full_to_swa"):
         if S.find(tree, "SWAKVPool.set_swa_loc") is None and S.mentions(set_kv, "swa_loc"):
-            return Verdict("changed",
-                           "SWAKVPool.set_kv_buffer never translates: it is handed the SWA "
-                           "location " "translated once per forward (set_swa_loc is gone, nothing "
-                           "to preset)")
+            return Verdict(
+                "changed", "SWAKVPool.set_kv_buffer never translates: it is handed the SWA "
+                "location translated once per forward (set_swa_loc is gone, nothing to preset)")
         return Verdict("unknown", "SWAKVPool.set_kv_buffer neither translates nor takes a swa_loc")
     _, runner = S.parsed(read, DECODE_RUNNER)
     capture = S.find(runner, "CudaGraphRunner.capture_one_batch_size")
     if capture is None:
-        return Verdict("unknown",
-                       "set_kv_buffer translates unless swa_loc is set, but the decode runner's "
-                                  "CudaGraphRunner.capture_one_batch_size was not found")
+        return Verdict(
+            "unknown", "set_kv_buffer translates unless swa_loc is set, but the decode runner's "
+            "CudaGraphRunner.capture_one_batch_size was not found")
     presets = [c for c in S.calls(capture, "set_swa_loc") if "out_cache_loc_swa" in ast.unparse(c)]
     if not presets:
-        return Verdict("before",
-                       "set_kv_buffer translates unless swa_loc is set, and capture_one_batch_size "
-                                 "sets none: every SWA layer's translation is captured into the "
-                       "decode graph")
+        return Verdict(
+            "before", "set_kv_buffer translates unless swa_loc is set, and capture_one_batch_size "
+            "sets none: every SWA layer's translation is captured into the decode graph")
     dtype, zeroed = _swa_buffer_facts(runner)
-    tail = (f"#24743: padded tail zeroed, {dtype} buffer" if zeroed
-            else f"#24743 not yet: padded tail not zeroed, {dtype} buffer")
-    return Verdict("pr-era",
-                   f"capture_one_batch_size presets set_swa_loc(out_cache_loc_swa) before capture "
-                             f"(#23552); {tail}")
+    tail = (f"#24743: padded tail zeroed, {dtype} buffer"
+            if zeroed else f"#24743 not yet: padded tail not zeroed, {dtype} buffer")
+    return Verdict(
+        "pr-era", f"capture_one_batch_size presets set_swa_loc(out_cache_loc_swa) before capture "
+        f"(#23552); {tail}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -110,16 +109,19 @@ def check(read) -> Verdict:
 # --------------------------------------------------------------------------------------------------
 SWA_LAYERS, FULL_LAYERS = [0, 2], [1, 3]
 HEAD_NUM, HEAD_DIM = 2, 4
-PRESET_CASE = {"set_swa_loc": "set_swa_loc() before the layers",
-               "swa_loc_arg": "swa_loc= passed to each write",
-               "write_loc": "KVWriteLoc carrying swa_loc"}
+PRESET_CASE = {
+    "set_swa_loc": "set_swa_loc() before the layers",
+    "swa_loc_arg": "swa_loc= passed to each write", "write_loc": "KVWriteLoc carrying swa_loc"
+}
 
 
 def kwargs_for(fn, values: dict) -> dict:
     """The subset of ``values`` that ``fn`` accepts (signatures differ between releases)."""
     params = inspect.signature(fn).parameters
-    missing = [n for n, p in params.items() if p.default is p.empty and p.kind is p.KEYWORD_ONLY
-               and n not in values]
+    missing = [
+        n for n, p in params.items()
+        if p.default is p.empty and p.kind is p.KEYWORD_ONLY and n not in values
+    ]
     if missing:
         raise TypeError(f"{fn.__qualname__} needs {missing}, which this probe does not know")
     return {k: v for k, v in values.items() if k in params}
@@ -139,16 +141,16 @@ def build_pool(prepared, device: str = "cpu", *, size: int = 16, size_swa: int =
                swa_layers=SWA_LAYERS, full_layers=FULL_LAYERS):
     """(pool, allocator) of the release on ``device`` (page size 1)."""
     swa, alloc_mod = _pool_modules(prepared)
-    pool = swa.SWAKVPool(**kwargs_for(swa.SWAKVPool.__init__, dict(
-        size=size, size_swa=size_swa, page_size=1, dtype=dtype, head_num=heads, head_dim=head_dim,
-        swa_attention_layer_ids=list(swa_layers), full_attention_layer_ids=list(full_layers),
-        enable_kvcache_transpose=False, device=device, enable_memory_saver=False)))
+    pool = swa.SWAKVPool(**kwargs_for(
+        swa.SWAKVPool.__init__,
+        dict(size=size, size_swa=size_swa, page_size=1, dtype=dtype, head_num=heads,
+             head_dim=head_dim, swa_attention_layer_ids=list(
+                 swa_layers), full_attention_layer_ids=list(full_layers),
+             enable_kvcache_transpose=False, device=device, enable_memory_saver=False)))
     allocator = alloc_mod.SWATokenToKVPoolAllocator(**kwargs_for(
         alloc_mod.SWATokenToKVPoolAllocator.__init__,
-                                                                 dict(size=size, size_swa=size_swa,
-                                                                      page_size=1, dtype=dtype,
-                                                           device=device, kvcache=pool,
-                                                                      need_sort=False)))
+        dict(size=size, size_swa=size_swa, page_size=1, dtype=dtype, device=device, kvcache=pool,
+             need_sort=False)))
     return pool, allocator
 
 
@@ -174,8 +176,8 @@ def _write_step(prepared, mode: str, device: str) -> dict:
     loc = allocator.alloc(3)
     swa_slots = allocator.full_to_swa_index_mapping[loc].to(torch.int64)
     calls, _ = count_translations(pool)
-    k = torch.arange(3 * HEAD_NUM * HEAD_DIM, dtype=torch.float32, device=device).reshape(3,
-            HEAD_NUM, HEAD_DIM) + 1
+    k = torch.arange(3 * HEAD_NUM * HEAD_DIM, dtype=torch.float32, device=device).reshape(
+        3, HEAD_NUM, HEAD_DIM) + 1
     target, error, extra = loc, None, {}
     # the caller translates once and passes swa_loc= to every layer
     if mode == "swa_loc_arg":
@@ -197,8 +199,10 @@ def _write_step(prepared, mode: str, device: str) -> dict:
     landed = None if error else bool(torch.equal(pool.swa_kv_pool.k_buffer[0][swa_slots], k))
     n_calls = len(calls)  # before the translation below, which only reads the dtype
     dtype = allocator.translate_loc_from_full_to_swa(loc).dtype
-    return {"translate_calls": n_calls, "error": error, "swa_rows_at_paired_slots": landed,
-            "translate_dtype": str(dtype).replace("torch.", "")}
+    return {
+        "translate_calls": n_calls, "error": error, "swa_rows_at_paired_slots": landed,
+        "translate_dtype": str(dtype).replace("torch.", "")
+    }
 
 
 def pool_rows(prepared, device: str) -> list:
@@ -207,8 +211,10 @@ def pool_rows(prepared, device: str) -> list:
     write_params = inspect.signature(pool.set_kv_buffer).parameters
     modes += (["swa_loc_arg"] if "swa_loc" in write_params else []) + \
              (["write_loc"] if "loc_info" in write_params else [])
-    rows = [{"part": "pool", "case": "has_set_swa_loc", "metric": "value",
-             "value": hasattr(pool, "set_swa_loc")}]
+    rows = [{
+        "part": "pool", "case": "has_set_swa_loc", "metric": "value",
+        "value": hasattr(pool, "set_swa_loc")
+    }]
     for mode in modes:
         rows += [{"part": "pool", "case": mode, "metric": m, "value": v}
                  for m, v in _write_step(prepared, mode, device).items()]
@@ -223,6 +229,7 @@ def dispatched_ops(fn, *args) -> list:
     ops: list = []
 
     class _Record(TorchDispatchMode):
+
         def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
             if not func.is_view:
                 ops.append(func._schema.name)
@@ -239,30 +246,32 @@ def translation_rows(prepared, device: str) -> list:
     pool, allocator = build_pool(prepared, device)
     loc = allocator.alloc(3)
     fn = pool.translate_loc_from_full_to_swa
-    source = [ln.strip() for ln in inspect.getsource(fn).splitlines()
-              if ln.strip().startswith("return ")]
+    source = [
+        ln.strip() for ln in inspect.getsource(fn).splitlines() if ln.strip().startswith("return ")
+    ]
     mapping = getattr(pool, "full_to_swa_index_mapping", None)
-    return [{"part": "translation", "case": "pool", "metric": "ops",
-             "value": dispatched_ops(fn, loc)},
-            {"part": "translation", "case": "pool", "metric": "mapping_dtype",
-             "value": str(mapping.dtype).replace("torch.", "") if mapping is not None else None},
-            {"part": "translation", "case": "pool", "metric": "source",
-             "value": source[-1] if source else None}]
+    return [{
+        "part": "translation", "case": "pool", "metric": "ops", "value": dispatched_ops(fn, loc)
+    }, {
+        "part": "translation", "case": "pool", "metric": "mapping_dtype",
+        "value": str(mapping.dtype).replace("torch.", "") if mapping is not None else None
+    }, {
+        "part": "translation", "case": "pool", "metric": "source",
+        "value": source[-1] if source else None
+    }]
 
 
 def _forward_batch(out_cache_loc_swa, n: int, device: str):
     z = torch.zeros(n, dtype=torch.int64, device=device)
-    return types.SimpleNamespace(input_ids=z.clone(), req_pool_indices=z.clone(),
-                                 seq_lens=torch.full((n,), 5, dtype=torch.int32, device=device),
-                                 seq_lens_cpu=torch.full((n,), 5, dtype=torch.int32),
-                                 out_cache_loc=torch.arange(1, n + 1, device=device),
-                                 positions=z.clone(),
-                                 out_cache_loc_swa=torch.tensor(out_cache_loc_swa,
-                                                                dtype=torch.int32, device=device),
-                                 mrope_positions=None, encoder_lens=None, mamba_track_indices=None,
-                                 mamba_track_mask=None, ngram_embedding_info=None,
-                                 num_token_non_padded=torch.tensor([n], dtype=torch.int32,
-                                                                   device=device))
+    return types.SimpleNamespace(
+        input_ids=z.clone(), req_pool_indices=z.clone(), seq_lens=torch.full(
+            (n,), 5, dtype=torch.int32, device=device), seq_lens_cpu=torch.full(
+                (n,), 5, dtype=torch.int32), out_cache_loc=torch.arange(1, n + 1, device=device),
+        positions=z.clone(), out_cache_loc_swa=torch.tensor(out_cache_loc_swa, dtype=torch.int32,
+                                                            device=device), mrope_positions=None,
+        encoder_lens=None, mamba_track_indices=None, mamba_track_mask=None,
+        ngram_embedding_info=None, num_token_non_padded=torch.tensor([n], dtype=torch.int32,
+                                                                     device=device))
 
 
 def buffer_rows(prepared, device: str) -> list:
@@ -273,32 +282,37 @@ def buffer_rows(prepared, device: str) -> list:
     cgr = bootstrap.import_release_module(prepared, "sglang.srt.model_executor.cuda_graph_runner")
     dib = getattr(cgr, "DecodeInputBuffers", None)
     has_field = dib is not None and "out_cache_loc_swa" in getattr(dib, "__annotations__", {})
-    rows = [{"part": "buffers", "case": "decode", "metric": "has_out_cache_loc_swa",
-             "value": has_field}]
+    rows = [{
+        "part": "buffers", "case": "decode", "metric": "has_out_cache_loc_swa", "value": has_field
+    }]
     if not has_field:
         return rows
-    buf = dib.create(**kwargs_for(dib.create,
-                                  dict(device=device, max_bs=4, max_num_token=4, hidden_size=8,
-                                       vocab_size=16, dtype=torch.float32, dp_size=1, pp_size=1,
-                                       is_encoder_decoder=False, require_mlp_tp_gather=False,
-                                       seq_len_fill_value=1, encoder_len_fill_value=0,
-                                       num_tokens_per_bs=1, cache_loc_dtype=torch.int64,
-                                       enable_mamba_track=False, ne_token_table=None,
-                                       is_hybrid_swa=True)))
+    buf = dib.create(**kwargs_for(
+        dib.create,
+        dict(device=device, max_bs=4, max_num_token=4, hidden_size=8, vocab_size=16,
+             dtype=torch.float32, dp_size=1, pp_size=1, is_encoder_decoder=False,
+             require_mlp_tp_gather=False, seq_len_fill_value=1, encoder_len_fill_value=0,
+             num_tokens_per_bs=1, cache_loc_dtype=torch.int64, enable_mamba_track=False,
+             ne_token_table=None, is_hybrid_swa=True)))
     populate = dict(raw_num_token=None, seq_len_fill_value=1, require_gathered_buffer=False,
                     num_tokens_per_bs=1, nsa_enable_prefill_cp=False,
                     enable_num_token_non_padded_flag=False, pp_proxy_tensors=None)
     for swa, raw_bs in (([11, 12, 13, 14], 4), ([21, 22], 2)):
-        args = {**populate, "forward_batch": _forward_batch(swa, raw_bs, device), "raw_bs": raw_bs,
-                "raw_num_token": raw_bs, "bs": 4}
+        args = {
+            **populate, "forward_batch": _forward_batch(swa, raw_bs, device), "raw_bs": raw_bs,
+            "raw_num_token": raw_bs, "bs": 4
+        }
         buf.populate_from_forward_batch(**kwargs_for(buf.populate_from_forward_batch, args))
-    return rows + [
-        {"part": "buffers", "case": "decode", "metric": "dtype",
-         "value": str(buf.out_cache_loc_swa.dtype).replace("torch.", "")},
-        {"part": "buffers", "case": "decode", "metric": "padded_tail_after_padded_populate",
-         "value": buf.out_cache_loc_swa[2:4].tolist()},
-        {"part": "buffers", "case": "decode", "metric": "real_part_after_padded_populate",
-         "value": buf.out_cache_loc_swa[:2].tolist()}]
+    return rows + [{
+        "part": "buffers", "case": "decode", "metric": "dtype", "value": str(
+            buf.out_cache_loc_swa.dtype).replace("torch.", "")
+    }, {
+        "part": "buffers", "case": "decode", "metric": "padded_tail_after_padded_populate",
+        "value": buf.out_cache_loc_swa[2:4].tolist()
+    }, {
+        "part": "buffers", "case": "decode", "metric": "real_part_after_padded_populate",
+        "value": buf.out_cache_loc_swa[:2].tolist()
+    }]
 
 
 def device_of(params: dict) -> str:
@@ -312,8 +326,8 @@ def probe(prepared, params: dict) -> list:
     buffers (releases with the PR-era ``model_executor/cuda_graph_runner.py``: 0.5.14 moved the
     runner)."""
     device = device_of(params)
-    rows = [{"part": "pool", "case": "device", "metric": "value",
-             "value": device}] + pool_rows(prepared, device)
+    rows = [{"part": "pool", "case": "device", "metric": "value", "value": device}] + pool_rows(
+        prepared, device)
     rows += translation_rows(prepared, device)
     if not params.get("pool_only") and has_file(prepared,
                                                 "srt/model_executor/cuda_graph_runner.py"):
@@ -379,7 +393,8 @@ def _writers(pool, loc, ks, vs, write_loc_cls):
         for i, layer in enumerate(layers):
             pool.set_kv_buffer(layer, locs[i], ks[i], vs[i])
 
-    if write_loc_cls is None:             # 0.5.1x: the pool holds the SWA location (set_swa_loc)
+    if write_loc_cls is None:  # 0.5.1x: the pool holds the SWA location (set_swa_loc)
+
         def setup(variant):
             pool.set_swa_loc(translate(loc) if variant == "preset" else None)
 
@@ -387,23 +402,29 @@ def _writers(pool, loc, ks, vs, write_loc_cls):
             pool.set_swa_loc(translate(loc))
             write([loc] * GPU_LAYERS)
 
-        return setup, {"per_layer": lambda: write([loc] * GPU_LAYERS), "once_in_graph": once,
-                       "preset": lambda: write([loc] * GPU_LAYERS)}
-    w = write_loc_cls                      # 0.5.2x: the caller passes it in a KVWriteLoc
+        return setup, {
+            "per_layer": lambda: write([loc] * GPU_LAYERS), "once_in_graph": once,
+            "preset": lambda: write([loc] * GPU_LAYERS)
+        }
+    w = write_loc_cls  # 0.5.2x: the caller passes it in a KVWriteLoc
 
     def setup(variant):
         static["swa"] = translate(loc) if variant == "preset" else None
 
     def per_layer():
-        write([w(loc=loc, swa_loc=translate(loc)) if i in GPU_SWA_LAYERS else w(loc=loc)
-               for i in range(GPU_LAYERS)])
+        write([
+            w(loc=loc, swa_loc=translate(loc)) if i in GPU_SWA_LAYERS else w(loc=loc)
+            for i in range(GPU_LAYERS)
+        ])
 
     def once():
         one = w(loc=loc, swa_loc=translate(loc))
         write([one] * GPU_LAYERS)
 
-    return setup, {"per_layer": per_layer, "once_in_graph": once,
-                   "preset": lambda: write([w(loc=loc, swa_loc=static["swa"])] * GPU_LAYERS)}
+    return setup, {
+        "per_layer": per_layer, "once_in_graph": once,
+        "preset": lambda: write([w(loc=loc, swa_loc=static["swa"])] * GPU_LAYERS)
+    }
 
 
 def _landed(pool, allocator, loc, ks) -> bool:
@@ -444,8 +465,10 @@ def gpu_pool_rows(prepared, params: dict) -> list:
         write_loc_cls = memory_pool.KVWriteLoc
     loc = allocator.alloc(GPU_BS)
     gen = torch.Generator(device=device).manual_seed(0)
-    ks = [torch.randn(GPU_BS, GPU_HEADS, GPU_HEAD_DIM, device=device, dtype=torch.bfloat16,
-                      generator=gen) for _ in range(GPU_LAYERS)]
+    ks = [
+        torch.randn(GPU_BS, GPU_HEADS, GPU_HEAD_DIM, device=device, dtype=torch.bfloat16,
+                    generator=gen) for _ in range(GPU_LAYERS)
+    ]
     vs = [torch.randn_like(k) for k in ks]
     calls, translate = count_translations(pool)
     setup, fns = _writers(pool, loc, ks, vs, write_loc_cls)
@@ -453,16 +476,18 @@ def gpu_pool_rows(prepared, params: dict) -> list:
     for variant in GPU_VARIANTS:
         setup(variant)
         calls.clear()
-        fns[variant]()                         # one eager forward: the translations it makes
-        rows.append({"variant": variant, "metric": "translate_calls", "value": len(calls),
-                     "unit": "calls"})
+        fns[variant]()  # one eager forward: the translations it makes
+        rows.append({
+            "variant": variant, "metric": "translate_calls", "value": len(calls), "unit": "calls"
+        })
         if device == "cuda":
             captured[variant] = graphs.capture(fns[variant])
         _zero(pool)
         captured[variant].replay() if device == "cuda" else fns[variant]()
-        rows.append({"variant": variant, "metric": "rows_landed",
-                     "value": _landed(pool, allocator, loc, ks),
-                     "unit": "graph replay" if device == "cuda" else "eager"})
+        rows.append({
+            "variant": variant, "metric": "rows_landed", "value": _landed(pool, allocator, loc, ks),
+            "unit": "graph replay" if device == "cuda" else "eager"
+        })
         if device == "cuda":
             rows += graphs.count_rows(variant, captured[variant])
     if hasattr(pool, "set_swa_loc"):
@@ -479,18 +504,22 @@ def _derived(rows: list, translate, allocator) -> list:
     source = translation_source(translate)
     mapping_dtype = str(allocator.full_to_swa_index_mapping.dtype).replace("torch.", "")
     n = len(GPU_SWA_LAYERS)
-    out = [{"variant": "setup", "metric": "layers", "value": GPU_LAYERS, "unit": "layers"},
-           {"variant": "setup", "metric": "swa_layers", "value": n, "unit": "layers"},
-           {"variant": "setup", "metric": "batch_size", "value": GPU_BS, "unit": "tokens"},
+    out = [{"variant": "setup", "metric": "layers", "value": GPU_LAYERS, "unit": "layers"}, {
+        "variant": "setup", "metric": "swa_layers", "value": n, "unit": "layers"
+    }, {"variant": "setup", "metric": "batch_size", "value": GPU_BS, "unit": "tokens"},
            {"variant": "setup", "metric": "translation_source", "value": source, "unit": ""},
-           {"variant": "setup", "metric": "mapping_dtype", "value": mapping_dtype, "unit": ""},
-           {"variant": "per_layer-preset", "metric": "expected_nodes_per_swa_layer",
-            "value": kernels_per_translation(source, mapping_dtype), "unit": "nodes"}]
+           {"variant": "setup", "metric": "mapping_dtype", "value": mapping_dtype, "unit": ""}, {
+               "variant": "per_layer-preset", "metric": "expected_nodes_per_swa_layer",
+               "value": kernels_per_translation(source, mapping_dtype), "unit": "nodes"
+           }]
     if nodes:
-        out += [{"variant": "per_layer-preset", "metric": "nodes_per_swa_layer",
-                 "value": (nodes["per_layer"] - nodes["preset"]) / n, "unit": "nodes"},
-                {"variant": "per_layer-once_in_graph", "metric": "node_difference",
-                 "value": nodes["per_layer"] - nodes["once_in_graph"], "unit": "nodes"}]
+        out += [{
+            "variant": "per_layer-preset", "metric": "nodes_per_swa_layer",
+            "value": (nodes["per_layer"] - nodes["preset"]) / n, "unit": "nodes"
+        }, {
+            "variant": "per_layer-once_in_graph", "metric": "node_difference",
+            "value": nodes["per_layer"] - nodes["once_in_graph"], "unit": "nodes"
+        }]
     return out
 
 
@@ -507,8 +536,9 @@ def gpu_probe(prepared, params: dict) -> list:
         rows += gpu_pool_rows(prepared, params)
     if params.get("buffers", True) and has_file(prepared,
                                                 "srt/model_executor/cuda_graph_runner.py"):
-        rows += [{"variant": "decode_buffers", "metric": r["metric"], "value": r["value"],
-                  "unit": ""} for r in buffer_rows(prepared, device)]
+        rows += [{
+            "variant": "decode_buffers", "metric": r["metric"], "value": r["value"], "unit": ""
+        } for r in buffer_rows(prepared, device)]
     return rows
 
 
@@ -516,16 +546,17 @@ def gpu_tables(df) -> dict:
     """A recorded GPU run as a reader compares it: per release × variant the graphs, per release the
     nodes per SWA layer (measured vs read from the translation code), and the decode buffers
     (#24743)."""
-    metrics = ["translate_calls", "kernel_nodes", "replay_kernels", "replay_us_median",
-               "rows_landed"]
-    return {"graphs": real.pivot(df[df["variant"].isin(GPU_VARIANTS)], ["release", "variant"],
-                                 metrics),
-            "per SWA layer": real.pivot(df[df["variant"] == "per_layer-preset"], ["release"],
-                                        ["nodes_per_swa_layer", "expected_nodes_per_swa_layer"]),
-            "decode buffers (#24743)": real.pivot(df[df["variant"] == "decode_buffers"],
-                                                  ["release"],
-                                                  ["has_out_cache_loc_swa", "dtype",
-                                                   "padded_tail_after_padded_populate"])}
+    metrics = [
+        "translate_calls", "kernel_nodes", "replay_kernels", "replay_us_median", "rows_landed"
+    ]
+    return {
+        "graphs": real.pivot(df[df["variant"].isin(GPU_VARIANTS)], ["release", "variant"], metrics),
+        "per SWA layer": real.pivot(df[df["variant"] == "per_layer-preset"], ["release"],
+                                    ["nodes_per_swa_layer", "expected_nodes_per_swa_layer"]),
+        "decode buffers (#24743)": real.pivot(
+            df[df["variant"] == "decode_buffers"], ["release"],
+            ["has_out_cache_loc_swa", "dtype", "padded_tail_after_padded_populate"])
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -539,49 +570,47 @@ PRESET_REVERTED = revert_adjustment(
     "the 'before' of #23552 never ran as a whole engine on this image (0.5.10.post1 pins torch "
     "2.9.1): on 0.5.11 the PR's hunk in CudaGraphRunner.capture_one_batch_size (the set_swa_loc "
     f"preset before capture, read from {PR_DIFF}) is removed, nothing else; labelled 'before "
-    "(#23552 reverted)'",
-    "sglang.srt.model_executor.cuda_graph_runner", "CudaGraphRunner.capture_one_batch_size",
-    diff=PR_DIFF, contains="set_swa_loc")
-ENGINE = (
-    Scenario(
-        fix="swa_loc",
-        name="04-swa-kernels",
-        what="GPT-OSS-style model (8 layers, 4 sliding-window): kernels per decode-graph replay "
-        "and per layer from bench_one_batch's own decode trace; 'before' = 0.5.11 with "
-        "#23552's preset reverted",
-        model="gpt_oss_swa",
-        tool="bench",
-        releases=("0.5.11", "0.5.12.post1", "0.5.13"),
-        cases=(
-            Case("released"),
-            Case("before", (), (PRESET_REVERTED,), releases=("0.5.11",)),
-        ),
-        batch_sizes=(32,),
-        input_lens=(256,),
-        output_len=16,
-        profile=True,
-        expect="before: one translation gather per SWA layer more per replay than 0.5.11 released",
+    "(#23552 reverted)'", "sglang.srt.model_executor.cuda_graph_runner",
+    "CudaGraphRunner.capture_one_batch_size", diff=PR_DIFF, contains="set_swa_loc")
+ENGINE = (Scenario(
+    fix="swa_loc",
+    name="04-swa-kernels",
+    what="GPT-OSS-style model (8 layers, 4 sliding-window): kernels per decode-graph replay "
+    "and per layer from bench_one_batch's own decode trace; 'before' = 0.5.11 with "
+    "#23552's preset reverted",
+    model="gpt_oss_swa",
+    tool="bench",
+    releases=("0.5.11", "0.5.12.post1", "0.5.13"),
+    cases=(
+        Case("released"),
+        Case("before", (), (PRESET_REVERTED,), releases=("0.5.11",)),
     ),
-)
+    batch_sizes=(32,),
+    input_lens=(256,),
+    output_len=16,
+    profile=True,
+    expect="before: one translation gather per SWA layer more per replay than 0.5.11 released",
+),)
 
-
-FIX = Fix(name="swa_loc", number="04", prs=(23552, 24743), gpus=1,
-          title="SWA location preset before decode-graph capture (#23552, #24743)", check=check,
-          hunks=(Spec(23552,
-                      symbols_in(DECODE_RUNNER, "DecodeInputBuffers.create",
-                                 "DecodeInputBuffers.populate_from_forward_batch",
-                                 "CudaGraphRunner.capture_one_batch_size")),
-                 Spec(24743,
-                      symbols_in(DECODE_RUNNER, "DecodeInputBuffers.create",
-                                 "DecodeInputBuffers.populate_from_forward_batch"),
-                      first_with=swa_padding_zeroed)),
-          probe=Probe("sglab.swa_loc.sglang:probe", PROBE_RELEASES),
-          gpu=GpuPlan(1, 1,
-                      (Step("0.5.11", _GPU, {"pool": False, "buffers": True}),
-                       Step("0.5.12.post1", _GPU, {"pool": True, "buffers": True}),
-                       Step("0.5.23", _GPU, {"pool": True, "buffers": False})),
-                      "real SWAKVPool.set_kv_buffer in a CUDA graph: kernel nodes per SWA layer, "
-                      "replay time; decode " "buffers"), engine=ENGINE)
+FIX = Fix(
+    name="swa_loc", number="04", prs=(23552, 24743), gpus=1,
+    title="SWA location preset before decode-graph capture (#23552, #24743)", check=check,
+    hunks=(Spec(
+        23552,
+        symbols_in(DECODE_RUNNER, "DecodeInputBuffers.create",
+                   "DecodeInputBuffers.populate_from_forward_batch",
+                   "CudaGraphRunner.capture_one_batch_size")),
+           Spec(
+               24743,
+               symbols_in(DECODE_RUNNER, "DecodeInputBuffers.create",
+                          "DecodeInputBuffers.populate_from_forward_batch"),
+               first_with=swa_padding_zeroed)),
+    probe=Probe("sglab.swa_loc.sglang:probe", PROBE_RELEASES), gpu=GpuPlan(
+        1, 1, (Step("0.5.11", _GPU, {"pool": False, "buffers": True}),
+               Step("0.5.12.post1", _GPU, {"pool": True, "buffers": True}),
+               Step("0.5.23", _GPU, {"pool": True, "buffers": False})),
+        "real SWAKVPool.set_kv_buffer in a CUDA graph: kernel nodes per SWA layer, replay time; "
+        "decode buffers"), engine=ENGINE)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -604,8 +633,10 @@ def rebuild_write(preset: bool) -> dict:
     k = torch.arange(3 * 2 * 4, dtype=torch.float32).reshape(3, 2, 4) + 1
     for layer in range(4):
         pool.set_kv_buffer(layer, loc, k * (layer + 1), -k)
-    return {"translate_calls": pool.translate_calls,
-            "landed": bool(torch.equal(pool.buffers(0)[0][swa_slots], k))}
+    return {
+        "translate_calls": pool.translate_calls,
+        "landed": bool(torch.equal(pool.buffers(0)[0][swa_slots], k))
+    }
 
 
 def rebuild_translation_ops() -> list:
@@ -644,35 +675,38 @@ def release_rows(release: str, result) -> list:
     pr_era = release in PR_ERA_RELEASES
     rows = []
     if _get(result, "pool", "no_swa_loc", "error") is None:
-        rows.append(real.row(release,
-                             "translations in one write, location not preset (2 SWA layers)",
-                             _get(result, "pool", "no_swa_loc", "translate_calls"),
-                             "rebuild: before", rebuild_write(False)["translate_calls"]))
+        rows.append(
+            real.row(release, "translations in one write, location not preset (2 SWA layers)",
+                     _get(result, "pool", "no_swa_loc", "translate_calls"), "rebuild: before",
+                     rebuild_write(False)["translate_calls"]))
     for case, how in PRESET_CASE.items():
         if _get(result, "pool", case, "translate_calls") is not None:
-            rows.append(real.row(release, f"translations in the layers, {how}",
-                                 _get(result, "pool", case, "translate_calls"),
-                                 "rebuild: #23552 / #24743",
-                                 rebuild_write(True)["translate_calls"]))
-            rows.append(real.row(release, f"SWA rows at the allocator's paired slots, {how}",
-                                 _get(result, "pool", case, "swa_rows_at_paired_slots"),
-                                 "rebuild: #23552 / #24743", rebuild_write(True)["landed"]))
+            rows.append(
+                real.row(release, f"translations in the layers, {how}",
+                         _get(result, "pool", case, "translate_calls"), "rebuild: #23552 / #24743",
+                         rebuild_write(True)["translate_calls"]))
+            rows.append(
+                real.row(release, f"SWA rows at the allocator's paired slots, {how}",
+                         _get(result, "pool", case, "swa_rows_at_paired_slots"),
+                         "rebuild: #23552 / #24743",
+                         rebuild_write(True)["landed"]))
     ops = _get(result, "translation", "pool", "ops") or []
-    rows.append(real.row(release,
-                         f"kernels per translation "
-                         f"({' + '.join(o.removeprefix('aten::') for o in ops)})", len(ops),
-                         "rebuild's translation" if pr_era else "claims: today's translation",
-                         len(rebuild_translation_ops()) if pr_era
-                         else KERNELS_PER_TRANSLATION_TODAY))
+    rows.append(
+        real.row(
+            release, f"kernels per translation "
+            f"({' + '.join(o.removeprefix('aten::') for o in ops)})", len(ops),
+            "rebuild's translation" if pr_era else "claims: today's translation",
+            len(rebuild_translation_ops()) if pr_era else KERNELS_PER_TRANSLATION_TODAY))
     if release in BUFFER_VARIANT:
         has = _get(result, "buffers", "decode", "has_out_cache_loc_swa")
         got = ((_get(result, "buffers", "decode", "dtype"),
-                _get(result, "buffers", "decode",
-                     "padded_tail_after_padded_populate")) if has else None)
+                _get(result, "buffers", "decode", "padded_tail_after_padded_populate"))
+               if has else None)
         want = rebuild_buffer(BUFFER_VARIANT[release])
-        rows.append(real.row(release, "decode buffer out_cache_loc_swa: (dtype, padded tail)",
-                             tuple(got) if got else None, f"rebuild: {BUFFER_VARIANT[release]}",
-                             tuple(want) if want else None))
+        rows.append(
+            real.row(release, "decode buffer out_cache_loc_swa: (dtype, padded tail)",
+                     tuple(got) if got else None, f"rebuild: {BUFFER_VARIANT[release]}",
+                     tuple(want) if want else None))
     return rows
 
 
@@ -705,13 +739,12 @@ def kernels_statement(results: dict) -> str:
             by_source.setdefault((_get(r, "translation", "pool", "source"), len(ops)), []).append(v)
     if not by_source:
         return "no release ran: the kernels per translation of the real code are not known here"
-    return "\n".join(f"{', '.join(vs)}: `{src}` -> {n} kernel{'s' if n != 1 else ''} per "
-                     "translation" for (src, n),
-                     vs in sorted(by_source.items(), key=lambda kv: parse_version(kv[1][0])))
+    return "\n".join(
+        f"{', '.join(vs)}: `{src}` -> {n} kernel{'s' if n != 1 else ''} per translation"
+        for (src, n), vs in sorted(by_source.items(), key=lambda kv: parse_version(kv[1][0])))
 
 
 def gpu_recorded():
     """The newest recorded run of the released pool in a CUDA graph, as tables (or that none is
     recorded)."""
     return real.show_recorded(FIX.name, gpu_tables)
-

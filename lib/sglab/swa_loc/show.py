@@ -28,11 +28,15 @@ from sglab.sglang import engine_runs
 from sglab.swa_loc import rebuild
 from sglab.swa_loc.measure import HEADLINE_CONFIG, SWA_WRITE, kv_write_ops
 
-VARIANT_LABELS = {"before": "before (translate inside the graph)",
-                  "pr23552": "#23552 (preset, int64 buffer)",
-                  "pr24743": "#24743 (preset, int32, zeroed on pad)"}
-COLORS = {"before": plots.PALETTE["before"], "pr23552": plots.PALETTE["accent"],
-          "pr24743": plots.PALETTE["after"]}
+
+VARIANT_LABELS = {
+    "before": "before (translate inside the graph)", "pr23552": "#23552 (preset, int64 buffer)",
+    "pr24743": "#24743 (preset, int32, zeroed on pad)"
+}
+COLORS = {
+    "before": plots.PALETTE["before"], "pr23552": plots.PALETTE["accent"],
+    "pr24743": plots.PALETTE["after"]
+}
 STYLES = ["-", "--", ":", "-."]
 _CFG = ["swa_per_full", "num_layers", "n_swa_layers"]
 short_gpu = runs.gpu_short
@@ -91,8 +95,10 @@ def profiler_agreement(df) -> Dict[str, int]:
     largest gap."""
     nodes, prof = kernel_counts(df)
     gap = (prof - nodes).abs()
-    return {"cells": int(gap.size), "equal": int((gap == 0).sum().sum()),
-            "max_abs_diff": int(gap.max().max())}
+    return {
+        "cells": int(gap.size), "equal": int((gap == 0).sum().sum()),
+        "max_abs_diff": int(gap.max().max())
+    }
 
 
 def time_table(df):
@@ -121,6 +127,7 @@ def pad_table(df):
 def translation_kernels(graph_kernels, a: str = "before", b: str = "pr24743") -> Dict[str, int]:
     """Kernel names with more nodes in ``a``'s graph than in ``b``'s, and by how many: what the
     preset removes."""
+
     def counts(v):
         rows = graph_kernels[graph_kernels.variant == v]
         return Counter(dict(zip(rows.kernel, rows.nodes.astype(int))))
@@ -140,16 +147,20 @@ def trace_counts(events, pattern: Optional[str] = None) -> Dict[str, Dict[str, i
     rx = re.compile(pattern) if pattern else None
     out = {}
     for v, ev in events[events.category == "kernel"].groupby("variant", sort=False):
-        out[v] = {"kernels": int(len(ev)),
-                  "matching": int(sum(bool(rx.search(n)) for n in ev.name)) if rx else 0}
+        out[v] = {
+            "kernels": int(len(ev)),
+            "matching": int(sum(bool(rx.search(n)) for n in ev.name)) if rx else 0
+        }
     return out
 
 
-_KEY_PARTS = [(r"index_put_kernel_impl<at::native::OpaqueType<(\d+)>", r"index_put<\1B>"),
-              (r"index_kernel_impl<at::native::OpaqueType<(\d+)>", r"index gather<\1B>"),
-              (r"direct_copy_kernel_cuda.*?\{lambda\((?:c10::)?(\w+)\)#1\}", r"copy -> \1"),
-              # the innermost functor: MulFunctor, not AUnaryFunctor
-              (r"(\w+Functor\w*)(?!.*Functor)", r"\1")]
+_KEY_PARTS = [
+    (r"index_put_kernel_impl<at::native::OpaqueType<(\d+)>", r"index_put<\1B>"),
+    (r"index_kernel_impl<at::native::OpaqueType<(\d+)>", r"index gather<\1B>"),
+    (r"direct_copy_kernel_cuda.*?\{lambda\((?:c10::)?(\w+)\)#1\}", r"copy -> \1"),
+    # the innermost functor: MulFunctor, not AUnaryFunctor
+    (r"(\w+Functor\w*)(?!.*Functor)", r"\1")
+]
 
 
 def short_kernel(name: str) -> str:
@@ -212,8 +223,10 @@ def times(run) -> None:
         import pandas as pd
 
         print("before / #24743 on each GPU (newest run per GPU), batch size in the columns:")
-        ratios = {short_gpu(r): time_table(r.df)["before / #24743"].unstack("batch_size")
-                  for r in run.shown}
+        ratios = {
+            short_gpu(r): time_table(r.df)["before / #24743"].unstack("batch_size")
+            for r in run.shown
+        }
         notebook.show_table(pd.concat(ratios, axis=1).round(3))
     notebook.show_figure(replay_times(run.shown))
 
@@ -239,8 +252,8 @@ def profiler(run) -> None:
     else:
         counts = trace_counts(run.sidecar("events"))
         print(f"Perfetto file: {run.sidecar('trace')}")
-        print("; ".join(f"{v}: {c['kernels']} kernels in the traced replay" for v,
-                        c in counts.items()))
+        print("; ".join(
+            f"{v}: {c['kernels']} kernels in the traced replay" for v, c in counts.items()))
         notebook.show_figure(fig)
     eager = run.sidecar("eager_kernels")
     if eager is None:
@@ -255,8 +268,10 @@ def profiler(run) -> None:
 # --------------------------------------------------------------------------------------------------
 # figures
 # --------------------------------------------------------------------------------------------------
-_OP_TEXT = {"index": "gather\nfull_to_swa[loc]", "_to_copy->int32": "cast\nto int32",
-            "_to_copy->int64": "cast\nto int64", "index_put_": "store\n{kv}"}
+_OP_TEXT = {
+    "index": "gather\nfull_to_swa[loc]", "_to_copy->int32": "cast\nto int32",
+    "_to_copy->int64": "cast\nto int64", "index_put_": "store\n{kv}"
+}
 
 
 def one_layer_ops(variant: str) -> list:
@@ -264,7 +279,7 @@ def one_layer_ops(variant: str) -> list:
     CPU)."""
     calls = [c for c in kv_write_ops(variant) if c.scope == SWA_WRITE]
     ends = [i for i, c in enumerate(calls) if i > 0 and c.step == 0]
-    return [c.op for c in calls[: ends[0] if ends else len(calls)]]
+    return [c.op for c in calls[:ends[0] if ends else len(calls)]]
 
 
 def _kernel_names(table, variant: str, n_ops: int) -> list:
@@ -272,15 +287,19 @@ def _kernel_names(table, variant: str, n_ops: int) -> list:
     when absent)."""
     if table is None:
         return [""] * n_ops
-    names = {int(r.step): short_kernel(r.kernel) for r in kv_write_kernels(table,
-            variant).itertuples()}
+    names = {
+        int(r.step): short_kernel(r.kernel)
+        for r in kv_write_kernels(table, variant).itertuples()
+    }
     return [names.get(i, "") for i in range(n_ops)]
 
 
 def _op_boxes(ops: list) -> list:
     stores = iter(["K", "V"] * len(ops))
-    return [_OP_TEXT.get(op, op).format(kv=next(stores)) if op == "index_put_" else _OP_TEXT.get(op,
-            op) for op in ops]
+    return [
+        _OP_TEXT.get(op, op).format(
+            kv=next(stores)) if op == "index_put_" else _OP_TEXT.get(op, op) for op in ops
+    ]
 
 
 def _row_caption(variant: str) -> str:
@@ -299,11 +318,16 @@ def mechanism(run=None, *, variants=("before", "pr24743")):
     a, b = variants
     ops = {v: one_layer_ops(v) for v in variants}
     table = run.sidecar("eager_kernels") if run else None
-    kernels_ = {v: _kernel_names(table, v if v in ("before", "pr24743") else "pr24743", len(ops[v]))
-                for v in variants}
+    kernels_ = {
+        v: _kernel_names(table, v if v in ("before", "pr24743") else "pr24743", len(ops[v]))
+        for v in variants
+    }
     matcher = difflib.SequenceMatcher(a=ops[a], b=ops[b], autojunk=False)
-    removed = {i for tag, i1, i2, _, _ in matcher.get_opcodes() if tag in ("delete", "replace")
-               for i in range(i1, i2)}
+    removed = {
+        i
+        for tag, i1, i2, _, _ in matcher.get_opcodes() if tag in ("delete", "replace")
+        for i in range(i1, i2)
+    }
     # right-align: the store stays under the store
     offset = {a: 0.0, b: float(len(ops[a]) - len(ops[b]))}
     fig, ax = plots.canvas(11.5, 3.6, xlim=(0, 11.5), ylim=(0, 3.6))
@@ -324,10 +348,12 @@ def mechanism(run=None, *, variants=("before", "pr24743")):
         ax.annotate("", xy=(xs[0], 3.12), xytext=(xs[-1] + w, 3.12),
                     arrowprops={"arrowstyle": "-", "color": plots.PALETTE["before"], "lw": 1.2})
         ax.text((xs[0] + xs[-1] + w) / 2, 3.18,
-                f"translate_loc_from_full_to_swa: {len(removed)} kernels, " "in every SWA layer of "
+                f"translate_loc_from_full_to_swa: {len(removed)} kernels, "
+                "in every SWA layer of "
                 "every replay", ha="center", va="bottom", fontsize=8, color=plots.PALETTE["before"])
-    ax.set_title(f"One SWA layer's KV write inside the decode graph: {len(ops[a])} kernel nodes "
-                 "before, " f"{len(ops[b])} with the preset", fontsize=10)
+    ax.set_title(
+        f"One SWA layer's KV write inside the decode graph: {len(ops[a])} kernel nodes before, "
+        f"{len(ops[b])} with the preset", fontsize=10)
     return fig
 
 
@@ -346,12 +372,11 @@ def kernels_per_replay(run):
         ax.legend()
     counts = [kernel_counts(r.df)[0] for r in run.shown]
     same_gpu = len(run.shown) > 1 and all(c.equals(counts[0]) for c in counts)
-    plots.caption(fig, run,
-                  extra="static count via cuda-bindings"
-                  + ("; identical for every captured batch size"
-                     if kt["same for every batch size"].all() else "; smallest batch size shown")
-                  + ("; identical on " + " and ".join(short_gpu(r) for r in run.shown) if same_gpu
-                     else ""))
+    plots.caption(
+        fig, run, extra="static count via cuda-bindings"
+        + ("; identical for every captured batch size"
+           if kt["same for every batch size"].all() else "; smallest batch size shown")
+        + ("; identical on " + " and ".join(short_gpu(r) for r in run.shown) if same_gpu else ""))
     return fig
 
 
@@ -359,9 +384,9 @@ def _time_panels(axes, r, style: str, gpu: str, h: dict) -> None:
     for ax, (xname, fixed) in zip(axes[:2], [("batch_size", ("swa_per_full", "num_layers")),
                                              ("num_layers", ("swa_per_full", "batch_size"))]):
         d = sweep_rows(r.df)
-        d = d[d.metric.str.startswith("time_")].pivot_table(index=["swa_per_full", "num_layers",
-                                                                   "batch_size", "variant"],
-                                                            columns="metric", values="value")
+        d = d[d.metric.str.startswith("time_")].pivot_table(
+            index=["swa_per_full", "num_layers", "batch_size", "variant"], columns="metric",
+            values="value")
         sub = d.xs(tuple(h[k] for k in fixed), level=fixed).reset_index()
         for v in rebuild.VARIANTS:
             s = sub[sub.variant == v].sort_values(xname)
@@ -402,8 +427,9 @@ def replay_times(shown: list, h: Optional[dict] = None):
     axes[2].set_ylabel("µs saved per SWA layer per replay")
     for ax in axes:
         ax.legend(fontsize=7, ncol=2 if ax is not axes[2] else 1)
-    plots.caption(fig, shown[0], extra=" · ".join(plots.provenance_text(r) for r in shown[1:])
-                  + ("; line style = GPU" if len(shown) > 1 else ""))
+    plots.caption(
+        fig, shown[0], extra=" · ".join(plots.provenance_text(r) for r in shown[1:])
+        + ("; line style = GPU" if len(shown) > 1 else ""))
     return fig
 
 
@@ -416,14 +442,17 @@ def replay_timeline(run, variants=("before", "pr24743")):
     pattern = name_pattern(translation_kernels(gk))
     # the replay itself: what one cudaGraphLaunch runs
     device = events[events.lane.str.startswith("stream")]
-    tables = {VARIANT_LABELS[v].split(" (")[0]: plots.window(device[device.variant == v])
-              for v in variants}
+    tables = {
+        VARIANT_LABELS[v].split(" (")[0]: plots.window(device[device.variant == v])
+        for v in variants
+    }
     tc = (run.manifest.get("params") or {}).get("trace_config", {})
     fig, ax = plots.figure(width=11, height=3.0)
-    plots.timeline(tables, highlight=pattern, highlight_label="translation (gather + int32 cast)",
-                   categories=("kernel", "range"), ax=ax,
-                   title=f"One decode-graph replay on the GPU, {tc.get('num_layers')} layers "
-                         f"{tc.get('swa_per_full')}:1, bs {tc.get('batch_size')}")
+    plots.timeline(
+        tables, highlight=pattern, highlight_label="translation (gather + int32 cast)",
+        categories=("kernel", "range"), ax=ax,
+        title=f"One decode-graph replay on the GPU, {tc.get('num_layers')} layers "
+        f"{tc.get('swa_per_full')}:1, bs {tc.get('batch_size')}")
     ax.get_legend().set_bbox_to_anchor((0.5, -0.3))
     plots.caption(fig, run,
                   extra="torch.profiler, times under the profiler; host side in the Perfetto file")
@@ -484,11 +513,11 @@ def layout(cfg: dict, source: str = "config") -> Layout:
                  "(SGLang's SWA "
                  "pool serves models that mix sliding-window and full layers)") if window else ""
         raise ConfigError(f"{source}: no sliding-window layout found (looked for "
-                          f"{', '.join(KEYS_LOOKED_FOR)})" f"{extra}")
+                          f"{', '.join(KEYS_LOOKED_FOR)}){extra}")
     if not swa or len(swa) == n:
         kind = "no sliding-window layer" if not swa else "only sliding-window layers"
         raise ConfigError(f"{source}: {how} gives {kind} out of {n}: not a hybrid SWA model, the "
-                          "preset does " "not apply")
+                          f"preset does not apply")
     return Layout(n, swa, window if isinstance(window, int) else None, how, mtype)
 
 
@@ -529,8 +558,9 @@ def measured_costs() -> list:
         t = d[d.metric == "time_median"].pivot_table(index=idx, columns="variant", values="value")
         saved = (t["before"] - t["pr24743"]) * 1e3 / t.index.get_level_values("n_swa_layers")
         by_bs = saved.groupby(level="batch_size").median()
-        out.append(LayerCost(gpu, run.path.name, float(per),
-                             {int(b): float(v) for b, v in by_bs.items()}))
+        out.append(
+            LayerCost(gpu, run.path.name, float(per), {int(b): float(v)
+                                                       for b, v in by_bs.items()}))
     return out
 
 
@@ -545,10 +575,12 @@ def predict(lay: Layout, *, batch_size: int = 32, max_bs: int = 256, costs: Opti
     for c in costs:
         bs = min(c.us_per_swa_layer, key=lambda b: (abs(b - batch_size), b))
         kernels_, us = c.extra_kernels_per_swa_layer * lay.n_swa, c.us_per_swa_layer[bs] * lay.n_swa
-        rows.append({"GPU": c.gpu, "SWA layers": lay.n_swa, "full layers": lay.n_full,
-                     "extra kernels per decode step": round(kernels_, 1),
-                     f"extra µs per decode step (bs {bs})": round(us, 1),
-                     "int64 buffer bytes wasted": 4 * max_bs, "measured in": c.run})
+        rows.append({
+            "GPU": c.gpu, "SWA layers": lay.n_swa, "full layers": lay.n_full,
+            "extra kernels per decode step": round(kernels_, 1),
+            f"extra µs per decode step (bs {bs})": round(us, 1),
+            "int64 buffer bytes wasted": 4 * max_bs, "measured in": c.run
+        })
     df = pd.DataFrame(rows)
     df.attrs["layout"] = (f"{lay.num_layers} layers, {lay.n_swa} sliding-window ({lay.found_by}"
                           + (f", window {lay.sliding_window}" if lay.sliding_window else "") + ")")
@@ -567,8 +599,8 @@ def pattern_table(layers: int, swa_per_full: int, batch_size: int, max_bs: int =
         return pd.DataFrame([{"note": str(e)}])
     df = predict(lay, batch_size=int(batch_size), max_bs=int(max_bs))
     us = next(c for c in df.columns if c.startswith("extra µs per decode step"))
-    df.insert(df.columns.get_loc(us) + 1, "µs measured at bs",
-              int(us.rsplit("bs ", 1)[1].rstrip(")")))
+    df.insert(
+        df.columns.get_loc(us) + 1, "µs measured at bs", int(us.rsplit("bs ", 1)[1].rstrip(")")))
     return df.rename(columns={us: "extra µs per decode step"})
 
 
@@ -576,16 +608,14 @@ def your_setup():
     """Layers, SWA layers per full layer, decode batch size and captured slots -> extra kernels and
     µs per decode step without the preset, int64 bytes wasted (controls in JupyterLab, a static
     table elsewhere)."""
-    return notebook.explore(pattern_table,
-                            {"layers": [8, 16, 24, 32, 48, 62, 80], "swa_per_full": [1, 2, 3, 5, 7],
-                             "batch_size": [1, 8, 32, 128, 256], "max_bs": [64, 128, 256, 512]},
-                            static=[{"layers": 62, "swa_per_full": 5, "batch_size": 32,
-                                     "max_bs": 256},
-                                    {"layers": 48, "swa_per_full": 3, "batch_size": 32,
-                                     "max_bs": 256},
-                                    {"layers": 24, "swa_per_full": 1, "batch_size": 1,
-                                     "max_bs": 256}],
-                            title="Your model: what the SWA location preset saves per decode step")
+    return notebook.explore(
+        pattern_table, {
+            "layers": [8, 16, 24, 32, 48, 62, 80], "swa_per_full": [1, 2, 3, 5, 7],
+            "batch_size": [1, 8, 32, 128, 256], "max_bs": [64, 128, 256, 512]
+        }, static=[{"layers": 62, "swa_per_full": 5, "batch_size": 32, "max_bs": 256},
+                   {"layers": 48, "swa_per_full": 3, "batch_size": 32, "max_bs": 256},
+                   {"layers": 24, "swa_per_full": 1, "batch_size": 1, "max_bs": 256}],
+        title="Your model: what the SWA location preset saves per decode step")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -599,17 +629,22 @@ def beside_rows(run, engine_run) -> list[dict]:
     if run:
         gpu = runs.gpu_short(run.manifest)
         extra = extra_per_swa_layer(run.df)
-        rows.append({"source": f"rebuild ({gpu})",
-                     "measures": f"kernel nodes per decode-graph replay, before − with #24743, "
-                                 f"per SWA layer ({len(extra)} layouts × batch sizes)",
-                     "figure": ", ".join(f"{x:g}" for x in sorted(set(extra)))})
+        rows.append({
+            "source": f"rebuild ({gpu})",
+            "measures": f"kernel nodes per decode-graph replay, before − with #24743, "
+            f"per SWA layer ({len(extra)} layouts × batch sizes)",
+            "figure": ", ".join(f"{x:g}" for x in sorted(set(extra)))
+        })
         saved = time_table(run.df)["µs saved per SWA layer"]
-        rows.append({"source": f"rebuild ({gpu})",
-                     "measures": "replay time saved per SWA layer (CUDA events, median)",
-                     "figure": f"{saved.min():.1f}–{saved.max():.1f} µs"})
+        rows.append({
+            "source": f"rebuild ({gpu})",
+            "measures": "replay time saved per SWA layer (CUDA events, median)",
+            "figure": f"{saved.min():.1f}–{saved.max():.1f} µs"
+        })
     else:
-        rows.append({"source": "rebuild", "measures": getattr(run, "line", "no GPU run"),
-                     "figure": ""})
+        rows.append({
+            "source": "rebuild", "measures": getattr(run, "line", "no GPU run"), "figure": ""
+        })
     if engine_run:
         df = engine_runs.latest(engine_run.shown)
         per = engine_runs.text(df, "decode_kernels_per_replay")
@@ -619,14 +654,17 @@ def beside_rows(run, engine_run) -> list[dict]:
             if released is None or not n_swa:
                 continue
             extra = (float(before) - float(released)) / n_swa
-            rows.append({"source": f"SGLang {rel} engine ({model})",
-                         "measures": f"kernels per decode-graph replay (bench_one_batch's trace), "
-                                     f"#23552 reverted − released, per SWA layer "
-                                     f"(({float(before):g} − {float(released):g}) / {n_swa})",
-                         "figure": f"{extra:g}"})
+            rows.append({
+                "source": f"SGLang {rel} engine ({model})",
+                "measures": f"kernels per decode-graph replay (bench_one_batch's trace), "
+                f"#23552 reverted − released, per SWA layer "
+                f"(({float(before):g} − {float(released):g}) / {n_swa})", "figure": f"{extra:g}"
+            })
     else:
-        rows.append({"source": "SGLang engine", "figure": "",
-                     "measures": getattr(engine_run, "line", "no engine run")})
+        rows.append({
+            "source": "SGLang engine", "figure": "",
+            "measures": getattr(engine_run, "line", "no engine run")
+        })
     return rows
 
 

@@ -80,9 +80,9 @@ def cmd_real(args) -> int:
         from sglab.tools.fixes import FIXES
 
         enable()  # the probe processes import torch and a release each: keep their bytecode
-        p = argparse.ArgumentParser(prog="sglab real gpu",
-                                    description="real SGLang code on this machine's " "GPUs, one "
-                                    "run per fix (data/runs/real_<fix>/)")
+        p = argparse.ArgumentParser(
+            prog="sglab real gpu", description="real SGLang code on this machine's GPUs, one run "
+            "per fix (data/runs/real_<fix>/)")
         record.add_arguments(p)
         return record.record(FIXES, p.parse_args(args.rest))
     from sglab.sglang import install
@@ -155,8 +155,8 @@ def cmd_index(args) -> int:
         if not stale:
             print("README index and docs/structure.md match the recorded runs and the tree")
         return 1 if stale else 0
-    print("README index and house map " + ("updated" if readme.write_index() else
-                                           "already up to date"))
+    print("README index and house map " +
+          ("updated" if readme.write_index() else "already up to date"))
     return 0
 
 
@@ -167,8 +167,9 @@ def cmd_verify(args) -> int:
     from sglab.tools import fixes, verify
 
     if args.junit and not Path(args.junit).resolve().parent.is_dir():
-        print(f"sglab verify: --junit {args.junit}: no such folder "
-              f"{Path(args.junit).resolve().parent}", file=sys.stderr)
+        print(
+            f"sglab verify: --junit {args.junit}: no such folder "
+            f"{Path(args.junit).resolve().parent}", file=sys.stderr)
         return 2
     try:
         if args.against in fixes.experiments() and not Path(args.against).exists():
@@ -189,13 +190,16 @@ def cmd_verify(args) -> int:
                 print(f"[sglab] not run live: {s}")
             if not done and not picked:
                 # nothing was verified: that must not read as a pass
-                print("sglab verify --live: this machine can run none of "
-                      + (", ".join(sorted(names)) if names else "the experiments")
-                      + " (see above); nothing verified", file=sys.stderr)
+                print(
+                    "sglab verify --live: this machine can run none of "
+                    + (", ".join(sorted(names)) if names else "the experiments")
+                    + " (see above); nothing verified", file=sys.stderr)
                 return 1
             picked += done
-        verified = [verify.verify_run(r, against=args.against is not None,
-                                      reference=reference) for r in picked]
+        verified = [
+            verify.verify_run(r, against=args.against is not None, reference=reference)
+            for r in picked
+        ]
     except (verify.BadInput, claims.ClaimsError) as e:
         print(f"sglab verify: {e}", file=sys.stderr)
         return 2
@@ -215,8 +219,9 @@ def cmd_workspace(args) -> int:
     if args.world_size < 2:
         print("sglab workspace: the fused all-reduce needs --world-size >= 2", file=sys.stderr)
         return 2
-    for flag, value, low in (("--hidden", args.hidden, 1), ("--pcg-max-tokens",
-                             args.pcg_max_tokens, 0), ("--pre-initialize", args.pre_initialize, 0)):
+    for flag, value, low in (("--hidden", args.hidden, 1), ("--pcg-max-tokens", args.pcg_max_tokens,
+                                                            0), ("--pre-initialize",
+                                                                 args.pre_initialize, 0)):
         if value < low:
             print(f"sglab workspace: {flag} {value}: must be at least {low}", file=sys.stderr)
             return 2
@@ -231,9 +236,9 @@ def cmd_workspace(args) -> int:
     print(ws.describe(trace))
     df = ws.traffic_table(trace.tokens, world_size=args.world_size, hidden_dim=args.hidden,
                           pre_initialize=args.pre_initialize)
-    print(f"world size {args.world_size}, hidden {args.hidden}, "
-          + ("cold start" if not args.pre_initialize
-             else f"pre-initialised at {args.pre_initialize} tokens"))
+    print(f"world size {args.world_size}, hidden {args.hidden}, " +
+          ("cold start"
+           if not args.pre_initialize else f"pre-initialised at {args.pre_initialize} tokens"))
     print(df.round(1).to_string())
     print(f"times: {df.attrs['cost_model']}")
     return 0
@@ -263,7 +268,7 @@ def cmd_swa_cost(args) -> int:
     else:
         print(df.to_string(index=False))
         print(f"without the preset (before #23552) each decode step pays the extra kernels and µs "
-              "above; the int64 " f"buffer of #23552 wastes 4 bytes per captured slot (--max-bs "
+              f"above; the int64 buffer of #23552 wastes 4 bytes per captured slot (--max-bs "
               f"{args.max_bs}) until #24743")
     return 0
 
@@ -316,9 +321,10 @@ def cmd_run(args) -> int:
         if args.record and not record:
             print("[sglab] not every notebook ran cleanly: timings saved under data/runs/, not "
                   "recorded")
-        path = timings.write(results, record=record,
-                             params={"notebooks": [p.stem for p in paths],
-                                     "cell_timeout": args.cell_timeout, **params})
+        path = timings.write(
+            results, record=record, params={
+                "notebooks": [p.stem for p in paths], "cell_timeout": args.cell_timeout, **params
+            })
         print(f"timings: {path}")
     if any(r.stopped_by_signal for r in results):
         return 130
@@ -342,8 +348,7 @@ def cmd_timings(args) -> int:
         print("[sglab] not every notebook ran cleanly: timings saved under data/runs/, not "
               "recorded")
     path = timings.write(results, record=record, runs_root=Path(args.runs), machine=machine,
-                         params={"notebooks": [r.path.stem for r in results],
-                                 "from_reports": True})
+                         params={"notebooks": [r.path.stem for r in results], "from_reports": True})
     print(f"timings: {path}")
     return 1 if failed else 0
 
@@ -358,18 +363,20 @@ def _workbook_commands(sub) -> None:
     p.add_argument("--cell-timeout", type=int, default=900)
     p.add_argument("--jobs", type=int,
                    help="notebooks at a time (default: 1 where a GPU is visible, else 2)")
-    p.add_argument("--timings", action="store_true",
-                   help="print where each notebook's time goes (phases) and save it as a workbook "
-                   "run")
+    p.add_argument(
+        "--timings", action="store_true",
+        help="print where each notebook's time goes (phases) and save it as a workbook run")
     p.add_argument("--record", action="store_true",
                    help="with --timings: save under data/recorded/workbook/")
     p.set_defaults(fn=cmd_run)
-    p = sub.add_parser("timings", help="save the timings of notebooks run on another machine "
-                       "(its `sglab run --out` folder) as a workbook run")
+    p = sub.add_parser(
+        "timings", help="save the timings of notebooks run on another machine "
+        "(its `sglab run --out` folder) as a workbook run")
     p.add_argument("reports", help="the folder `sglab run --out` wrote there (index.json, .ipynb)")
-    p.add_argument("--runs", required=True,
-                   help="the live runs those notebooks wrote (their data/runs/), for the "
-                   "measurement phases and the machine")
+    p.add_argument(
+        "--runs", required=True,
+        help="the live runs those notebooks wrote (their data/runs/), for the "
+        "measurement phases and the machine")
     p.add_argument("--record", action="store_true", help="save under data/recorded/workbook/")
     p.set_defaults(fn=cmd_timings)
     p = sub.add_parser("record", help="run an experiment live and save the run")
@@ -406,27 +413,28 @@ def _evidence_commands(sub) -> None:
     p.add_argument("--world-size", type=int, default=8)
     p.add_argument("--hidden", type=int, default=7168,
                    help="hidden size of the model (7168: Kimi-K2.5/DeepSeek-V3)")
-    p.add_argument("--pcg-max-tokens", type=int, default=4096,
-                   help="pad prefill batches to piecewise-CUDA-graph buckets up to this size (0: "
-                   "no padding)")
+    p.add_argument(
+        "--pcg-max-tokens", type=int, default=4096,
+        help="pad prefill batches to piecewise-CUDA-graph buckets up to this size (0: no padding)")
     p.add_argument("--pre-initialize", type=int, default=0,
                    help="tokens of a workspace created before the first call")
     p.set_defaults(fn=cmd_workspace)
-    p = sub.add_parser("capture-sizes",
-                       help="your SGLang server arguments → capture sizes per release, and which "
-                       "the attention-TP reduce-scatter refuses",
-                       description="sglab capture-sizes [--release V ...] [--model CONFIG.json] "
-                       "-- <SGLang server arguments>")
+    p = sub.add_parser(
+        "capture-sizes", help="your SGLang server arguments → capture sizes per release, and which "
+        "the attention-TP reduce-scatter refuses",
+        description="sglab capture-sizes [--release V ...] [--model CONFIG.json] "
+        "-- <SGLang server arguments>")
     p.add_argument("--release", nargs="+", action="extend", metavar="V",
                    help="releases to ask (default: the installed pinned ones)")
-    p.add_argument("--model", metavar="CONFIG.json", default=None,
-                   help="a model's config.json, or its folder: releases from 0.5.14 on resolve "
-                   "their configuration from it (default: the tiny DeepSeek-V3 config shipped in "
-                   "data/models)")
+    p.add_argument(
+        "--model", metavar="CONFIG.json", default=None,
+        help="a model's config.json, or its folder: releases from 0.5.14 on resolve their "
+        "configuration from it (default: the tiny DeepSeek-V3 config shipped in data/models)")
     p.add_argument("--csv", metavar="FILE", help="also write the table as CSV")
-    p.add_argument("--no-mla", dest="mla", action="store_false",
-                   help="0.5.10.post1-0.5.13: the model has no MLA attention (the piecewise "
-                   "maximum is then the chunked prefill size)")
+    p.add_argument(
+        "--no-mla", dest="mla", action="store_false",
+        help="0.5.10.post1-0.5.13: the model has no MLA attention (the piecewise "
+        "maximum is then the chunked prefill size)")
     p.add_argument("--gpu-mem-gb", type=float, default=141.0,
                    help="GPU memory per GPU (sets SGLang's defaults)")
     p.add_argument("server_args", nargs=argparse.REMAINDER,
@@ -435,9 +443,8 @@ def _evidence_commands(sub) -> None:
     from sglab.tools import engine_cmd
 
     engine_cmd.add_parser(sub)
-    p = sub.add_parser("swa-cost",
-                       help="what the SWA location preset saves for a model's sliding-window "
-                            "layout")
+    p = sub.add_parser(
+        "swa-cost", help="what the SWA location preset saves for a model's sliding-window layout")
     p.add_argument("config", help="a Hugging Face config.json, or the model folder that holds it")
     p.add_argument("--batch-size", type=int, default=32,
                    help="decode batch size for the µs estimate")
@@ -447,19 +454,21 @@ def _evidence_commands(sub) -> None:
     p = sub.add_parser("verify", help="check every claim on recorded, live or given runs")
     p.add_argument("targets", nargs="*", help="experiment names or run CSV files")
     p.add_argument("--all", action="store_true", help="every recorded run of every experiment")
-    p.add_argument("--live", action="store_true",
-                   help="first run the experiments this machine's GPUs can run (the named "
-                   "ones only, where experiments are named), real engines included")
-    p.add_argument("--against", nargs="?", const="auto", default=None, metavar="REF",
-                   help="compare with a reference run (default: the newest recorded run of the "
-                   "same GPU model)")
+    p.add_argument(
+        "--live", action="store_true",
+        help="first run the experiments this machine's GPUs can run (the named "
+        "ones only, where experiments are named), real engines included")
+    p.add_argument(
+        "--against", nargs="?", const="auto", default=None, metavar="REF",
+        help="compare with a reference run (default: the newest recorded run of the "
+        "same GPU model)")
     p.add_argument("--junit", metavar="FILE", help="also write the verdicts as JUnit XML")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_verify)
-    p = sub.add_parser("real",
-                       help="real SGLang releases side by side: `sglab real install [--releases V "
-                       "...]`, " "`sglab real record` (the notebooks' probe answers, for recorded "
-                       "mode), `sglab real gpu` (real code " "on this machine's GPUs)")
+    p = sub.add_parser(
+        "real", help="real SGLang releases side by side: `sglab real install [--releases V ...]`, "
+        "`sglab real record` (the notebooks' probe answers, for recorded mode), `sglab real gpu` "
+        "(real code on this machine's GPUs)")
     p.add_argument("action", choices=["install", "record", "gpu"])
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_real)

@@ -39,9 +39,8 @@ def add_parser(sub) -> None:
         help="bench: python -m sglang.bench_one_batch; engine: sglang.Engine(...).generate(...)",
     )
     p.add_argument("--input-len", type=int, nargs="+", default=[1024], metavar="N")
-    p.add_argument(
-        "--batch-size", type=int, nargs="+", default=[1], metavar="N", help="bench: batch sizes"
-    )
+    p.add_argument("--batch-size", type=int, nargs="+", default=[1], metavar="N",
+                   help="bench: batch sizes")
     p.add_argument(
         "--requests",
         type=int,
@@ -57,28 +56,22 @@ def add_parser(sub) -> None:
         action="store_true",
         help="bench: torch.profiler decode trace, kernels per replay",
     )
-    p.add_argument(
-        "--adjust", action="append", default=[], metavar="NAME", help="a named harness adjustment"
-    )
+    p.add_argument("--adjust", action="append", default=[], metavar="NAME",
+                   help="a named harness adjustment")
     p.add_argument("--case", default="", help="label of this run (variant release+case)")
     p.add_argument(
         "--timeout", type=float, default=None,
-        help="seconds before the whole engine is stopped (default 900, or the scenario's)"
-    )
-    p.add_argument(
-        "--scenario", action="append", default=[], metavar="NAME",
-        help="a real-engine scenario (sglab engine --list)"
-    )
+        help="seconds before the whole engine is stopped (default 900, or the scenario's)")
+    p.add_argument("--scenario", action="append", default=[], metavar="NAME",
+                   help="a real-engine scenario (sglab engine --list)")
     p.add_argument("--plan", metavar="NN", help="every scenario of notebook NN")
     p.add_argument("--list", action="store_true", help="list the scenarios")
     p.add_argument("--record", action="store_true", help="write the run (data/runs/engine_<fix>/)")
-    p.add_argument(
-        "--fix", default="custom", help="experiment engine_<fix> of a recorded run without scenario"
-    )
+    p.add_argument("--fix", default="custom",
+                   help="experiment engine_<fix> of a recorded run without scenario")
     p.add_argument("--out", type=Path, help="runs root for --record (default data/runs)")
-    p.add_argument(
-        "--work", type=Path, help="folder for each engine's log, model folder and traces"
-    )
+    p.add_argument("--work", type=Path,
+                   help="folder for each engine's log, model folder and traces")
     p.add_argument("--dry-run", action="store_true", help="print each command; start nothing")
     p.add_argument("server_args", nargs=argparse.REMAINDER, help="-- then SGLang server arguments")
     p.set_defaults(fn=main)
@@ -126,8 +119,7 @@ def _groups(args):
             case=args.case,
             timeout=args.timeout or eng.DEFAULT_TIMEOUT_S,
             adjustments=tuple(eng.adjustment(a, fixes.adjustments()) for a in args.adjust),
-        )
-        for v in args.release
+        ) for v in args.release
     ]
     return [(args.fix, "", specs)]
 
@@ -200,8 +192,7 @@ def main(args) -> int:
         for _, name, specs in groups:
             if not specs:
                 raise eng.EngineError(
-                    f"scenario {name}: no run for releases {' '.join(args.release or [])}"
-                )
+                    f"scenario {name}: no run for releases {' '.join(args.release or [])}")
         status = 0
         if not args.dry_run:
             # a plan skips the scenarios this machine has too few GPUs for (the TP-4 ones on 2
@@ -221,7 +212,7 @@ def main(args) -> int:
             host = {} if args.dry_run else {"before": host_launch_cost()}
             for spec in specs:
                 folder = f"{name or 'engine'}-{spec.variant}" + (f"-start{spec.start}"
-                                                                    if spec.start else "")
+                                                                 if spec.start else "")
                 work = (args.work / folder) if args.work else None
                 if args.dry_run:
                     _dry_run(spec, work)
@@ -240,9 +231,9 @@ def main(args) -> int:
                     status = max(status, 1)
             if host:
                 host["after"] = host_launch_cost()
-                print("[sglab] host per-launch cost: "
-                      + ", ".join(f"{k} {v.get('median', v.get('error'))}"
-                                  + (" µs" if "median" in v else "") for k, v in host.items()))
+                print("[sglab] host per-launch cost: " + ", ".join(
+                    f"{k} {v.get('median', v.get('error'))}" + (" µs" if "median" in v else "")
+                    for k, v in host.items()))
             if args.record and results:
                 path = eng.record(results, fix, root=args.out,
                                   extra={"host_launch_us": host} if host else None)

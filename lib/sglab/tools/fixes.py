@@ -18,6 +18,7 @@ from sglab.sglang.fix import Fix
 from sglab.swa_loc.sglang import FIX as _swa_loc
 from sglab.workspace_floor.sglang import FIX as _workspace_floor
 
+
 FIXES: tuple[Fix, ...] = (_pcg_gate, _workspace_floor, _breakable_graph, _swa_loc, _grid_thw,
                           _capture_sizes)
 NAMES = tuple(f.name for f in FIXES)
@@ -53,8 +54,9 @@ def claims(name: str):
 def experiments() -> tuple[str, ...]:
     """What ``sglab verify`` checks: each fix's rebuild runs, then the real-engine runs of each fix
     whose claims state what the engine must show (``claims.ENGINE``)."""
-    engine = tuple(f"engine_{n}" for n in NAMES
-                   if n in {f.name for f in FIXES} and hasattr(claims(n), "ENGINE"))
+    engine = tuple(
+        f"engine_{n}" for n in NAMES if n in {f.name
+                                              for f in FIXES} and hasattr(claims(n), "ENGINE"))
     return NAMES + engine
 
 
@@ -89,8 +91,8 @@ class Notebook:
         return claims(self.fix.name).CLAIM if self.fix else START_CLAIM
 
 
-NOTEBOOKS: tuple[Notebook, ...] = (Notebook("00", START, None),
-                                   *(Notebook(f.number, f.stem, f) for f in FIXES))
+NOTEBOOKS: tuple[Notebook, ...] = (Notebook("00", START,
+                                            None), *(Notebook(f.number, f.stem, f) for f in FIXES))
 
 
 def by_stem(stem: str) -> Optional[Notebook]:

@@ -24,6 +24,7 @@ from pathlib import PurePosixPath
 from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
 from jupytext.async_contentsmanager import build_async_jupytext_contents_manager_class
 
+
 WORKBOOK = re.compile(r"^\d\d_[A-Za-z0-9_]+\.(ipynb|py)$")
 # what running and looking adds to a cell's metadata
 VIEW_STATE = ("execution", "scrolled", "collapsed")
@@ -53,9 +54,11 @@ def strip_session(content: dict, committed_metadata: dict | None) -> dict:
 
 def _listing_without_pairs(model: dict) -> dict:
     names = {item["name"] for item in model.get("content") or []}
-    model["content"] = [item for item in model["content"]
-                        if not (item["name"].endswith(".py") and is_workbook(item["name"])
-                                and item["name"][:-3] + ".ipynb" in names)]
+    model["content"] = [
+        item for item in model["content"]
+        if not (item["name"].endswith(".py") and is_workbook(item["name"])
+                and item["name"][:-3] + ".ipynb" in names)
+    ]
     return model
 
 

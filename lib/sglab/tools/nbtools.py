@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sglab.core import procs
 
+
 GPU_TAG = "needs-gpu"
 # colours of IPython tracebacks: noise in a report or a log
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -126,8 +127,9 @@ def inject_parameters(nb, params: dict) -> None:
         return
     src = "# injected parameters\n" + "\n".join(f"{k} = {v!r}" for k, v in params.items())
     cell = nbformat.v4.new_code_cell(src, metadata={"tags": ["injected-parameters"]})
-    idx = next((i for i,
-                c in enumerate(nb.cells) if PARAM_TAG in c.get("metadata", {}).get("tags", [])), -1)
+    idx = next(
+        (i for i, c in enumerate(nb.cells) if PARAM_TAG in c.get("metadata", {}).get("tags", [])),
+        -1)
     nb.cells.insert(idx + 1, cell)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from sglab.core import claims, runs
 from sglab.tools import fixes
 
+
 START, END = "<!-- index:start -->", "<!-- index:end -->"
 HEADER = ("| notebook | upstream | claim · headline (computed from data/recorded/) | GPUs |\n"
           "|---|---|---|---|")
@@ -59,8 +60,8 @@ def house_block(root: Path | None = None) -> str:
             continue
         mods = sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
         init = folder / "__init__.py"
-        lines.append(f"{layer}/  {_summary(init, 96 - len(layer)) if init.exists() else ''}"
-                     .rstrip())
+        lines.append(
+            f"{layer}/  {_summary(init, 96 - len(layer)) if init.exists() else ''}".rstrip())
         for p in mods:
             if p.name == "__init__.py" and p.parent == folder:
                 continue

@@ -22,8 +22,8 @@ def calls() -> list[tuple[str, Optional[dict], tuple]]:
     record)."""
     from sglab.tools.fixes import FIXES
 
-    return [(f.probe.fn, f.probe.resolved_params(),
-             f.probe.releases) for f in FIXES if f.probe is not None]
+    return [(f.probe.fn, f.probe.resolved_params(), f.probe.releases)
+            for f in FIXES if f.probe is not None]
 
 
 def record(*, jobs: int = 2, progress=print):
@@ -45,16 +45,16 @@ def record(*, jobs: int = 2, progress=print):
         results = {v: answers[v][key] for v in releases}
         bad = [r.summary() for r in results.values() if not r.ok]
         if bad:
-            raise RuntimeError(f"{probe}: not every release ran, nothing recorded:\n  "
-                               + "\n  ".join(bad))
+            raise RuntimeError(f"{probe}: not every release ran, nothing recorded:\n  " +
+                               "\n  ".join(bad))
         done.append((probe, params, results))
     return store.write(done)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="sglab real record",
-                                 description="record what the notebooks' real-release " "probes "
-                                 "answer here (data/recorded/real_cpu/)")
+    ap = argparse.ArgumentParser(
+        prog="sglab real record", description="record what the notebooks' real-release probes "
+        "answer here (data/recorded/real_cpu/)")
     ap.add_argument("--jobs", type=int, default=2, help="releases run at a time")
     args = ap.parse_args(argv)
     try:

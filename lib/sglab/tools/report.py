@@ -145,7 +145,6 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None,
 # report_index: ``reports/index.html``: one card per notebook, then the environment (collapsed).
 # --------------------------------------------------------------------------------------------------
 
-
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;
 padding:0 1em}
 .card{display:flex;gap:1.2em;border-bottom:1px solid #ddd;padding:1em 0}
@@ -195,7 +194,7 @@ def _live_runs(experiment: str, result) -> list:
 def _card_status(r) -> str:
     skipped = f" · {r.skipped_gpu_cells} GPU cell(s) skipped" if r.skipped_gpu_cells else ""
     return (f"<span class='{r.status}'>{r.status}</span> · <span class='{r.mode}'>{r.mode}</span> "
-            "· " f"{r.seconds:.1f} s{skipped}")
+            f"· {r.seconds:.1f} s{skipped}")
 
 
 def inline_markdown(text: str) -> str:
@@ -212,10 +211,10 @@ def card(r, live_time: str) -> str:
     title = notebook_title(r.nb, r.path.stem) if r.nb is not None else r.path.stem
     png = first_figure(r.nb) if r.nb is not None else None
     fig = (f"<a href='{html.escape(r.path.stem)}.html'><img alt='first figure of "
-           f"{html.escape(r.path.stem)}' " f"src='{data_uri(thumbnail(png))}'></a>" if png
-           else "<div class='nofig'>no figure</div>")
-    verdicts = "".join(f"<div class='meta'>verdict: {html.escape(v)}</div>"
-                       for v in facts["verdicts"])
+           f"{html.escape(r.path.stem)}' src='{data_uri(thumbnail(png))}'></a>"
+           if png else "<div class='nofig'>no figure</div>")
+    verdicts = "".join(
+        f"<div class='meta'>verdict: {html.escape(v)}</div>" for v in facts["verdicts"])
     headline = (f"<p class='headline'><b>{inline_markdown(facts['headline'])}</b> "
                 f"<small>({facts['source']})</small></p>" if facts["headline"] else "")
     err = f"<pre>{html.escape(r.error[-3000:])}</pre>" if r.error else ""
@@ -234,33 +233,30 @@ def write_index(results, out: Path, env_rows: list[tuple[str, str]],
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     n_ok = sum(r.status == "ok" for r in results)
     cards = "".join(card(r, live_times.get(r.path.stem, timings.NOT_RECORDED)) for r in results)
-    env = "".join(f"<tr><th>{html.escape(k)}</th><td><pre>{html.escape(v)}</pre></td></tr>" for k,
-                  v in env_rows)
-    page = (f"<!doctype html><html lang='en'><meta charset='utf-8'><title>sglab report</title>"
-            f"<style>{STYLE}</style><h1>sglab workbook report</h1><p>{now} · {n_ok}/{len(results)} "
-            "notebooks ran "
-            "cleanly. Mode <b>live</b>: measured on this machine; <b>recorded</b>: GPU results "
-            "shown from committed "
-            "runs in data/recorded/. <i>Live time</i> is each notebook's wall time when run live, "
-            "from the "
-            "committed workbook timing records (newest per GPU model).</p>"
-            + cards + f"<details><summary>Environment of this "
+    env = "".join(f"<tr><th>{html.escape(k)}</th><td><pre>{html.escape(v)}</pre></td></tr>"
+                  for k, v in env_rows)
+    page = (f"<!doctype html><html lang='en'><meta charset='utf-8'><title>sglab "
+            f"report</title><style>{STYLE}</style><h1>sglab workbook report</h1><p>{now} · "
+            f"{n_ok}/{len(results)} notebooks ran cleanly. Mode <b>live</b>: measured on this "
+            f"machine; <b>recorded</b>: GPU results shown from committed runs in data/recorded/. "
+            f"<i>Live time</i> is each notebook's wall time when run live, from the committed "
+            f"workbook timing records (newest per GPU model).</p>" + cards
+            + f"<details><summary>Environment of this "
             f"run</summary><table>{env}</table></details></html>")
     path = out / "index.html"
     path.write_text(page, encoding="utf-8")
-    (out / "index.json").write_text(json.dumps([{"notebook": r.path.name, "status": r.status,
-                                                 "mode": r.mode, "seconds": round(r.seconds, 1),
-                                                 "live_time": live_times.get(r.path.stem,
-                                                         timings.NOT_RECORDED),
-                                                 "error": r.error[-2000:]} for r in results],
-                                               indent=2))
+    (out / "index.json").write_text(
+        json.dumps([{
+            "notebook": r.path.name, "status": r.status, "mode": r.mode, "seconds": round(
+                r.seconds, 1), "live_time": live_times.get(r.path.stem, timings.NOT_RECORDED),
+            "error": r.error[-2000:]
+        } for r in results], indent=2))
     return path
 
 
 # --------------------------------------------------------------------------------------------------
 # report_pages: One executed notebook → one HTML page of the report.
 # --------------------------------------------------------------------------------------------------
-
 
 TEMPLATES = Path(__file__).with_name("templates")
 _H1 = re.compile(r"^#\s+(.+?)\s*#*\s*$", re.M)
@@ -290,9 +286,8 @@ def render(nb, *, title: str, status: str = "", html_exporter=None) -> str:
     """The page of an executed notebook; ``status`` (e.g. "ok · recorded · 7.8 s") goes into the top
     bar."""
     exp = html_exporter or exporter()
-    body, _ = exp.from_notebook_node(nb,
-                                     resources={"metadata": {"name": title}, "sglab_title": title,
-                                                "sglab_status": status})
+    body, _ = exp.from_notebook_node(
+        nb, resources={"metadata": {"name": title}, "sglab_title": title, "sglab_status": status})
     return body
 
 
@@ -349,9 +344,8 @@ def env_report() -> list[tuple[str, str]]:
     rows = []
     sw = hardware.software()
     gpus = hardware.gpus() if hardware.has_cuda() else ()
-    rows.append(("GPUs",
-                 f"{len(gpus)}"
-                 + "".join(f"\n  {g.index}: {g.name} {g.memory_mib} MiB {g.uuid}" for g in gpus)))
+    rows.append(("GPUs", f"{len(gpus)}" + "".join(
+        f"\n  {g.index}: {g.name} {g.memory_mib} MiB {g.uuid}" for g in gpus)))
     rows.append(("driver", sw["driver"] or "not found (no NVML)"))
     rows.append(("torch / CUDA", f"{sw['torch']} / {sw['cuda'] or 'CPU build'}"))
     rows.append(("python", sw["python"]))
@@ -359,8 +353,8 @@ def env_report() -> list[tuple[str, str]]:
     try:
         import pynvml  # noqa: F401  (is it importable?)
 
-        nvml = "nvidia-ml-py importable" + (", NVML initialised" if hardware._nvml()
-                                            else ", NVML not usable here")
+        nvml = "nvidia-ml-py importable" + (", NVML initialised"
+                                            if hardware._nvml() else ", NVML not usable here")
     except ImportError:
         nvml = "nvidia-ml-py not installed"
     rows.append(("NVML", nvml))
@@ -398,9 +392,10 @@ def overview():
     for e in fixes.NOTEBOOKS:
         ok, _ = hardware.meets(e.gpus)
         recorded = runs.load_all_recorded(e.experiment) if e.experiment else []
-        rows.append({"notebook": e.stem, "upstream": e.upstream, "claim": e.claim, "GPUs": e.gpus,
-                     "live here": "yes" if ok else "no",
-                     "live time": live_times.get(e.stem, timings.NOT_RECORDED),
-                     "recorded runs": "; ".join(r.label for r in recorded) or
-                                      ("—" if e.experiment is None else "none yet")})
+        rows.append({
+            "notebook": e.stem, "upstream": e.upstream, "claim": e.claim, "GPUs": e.gpus,
+            "live here": "yes" if ok else "no", "live time": live_times.get(
+                e.stem, timings.NOT_RECORDED), "recorded runs": "; ".join(r.label for r in recorded)
+            or ("—" if e.experiment is None else "none yet")
+        })
     return pd.DataFrame(rows)

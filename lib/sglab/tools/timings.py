@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from datetime import datetime, timezone
 
+
 EXPERIMENT = "workbook"
 METHOD_VERSION = 1
 KERNEL_PHASE = "kernel start + stop"
@@ -65,11 +66,15 @@ def cell_rows(nb, stem: str, mode: str, total_s: float) -> list[dict]:
         if s is None:
             continue
         first = next((ln for ln in cell.source.splitlines() if ln.strip()), "")[:60]
-        rows.append({"variant": stem, "mode": mode, "phase": _phase_tag(cell) or phase, "cell": i,
-                     "first_line": first, "metric": "wall_s", "value": round(s, 3), "unit": "s"})
+        rows.append({
+            "variant": stem, "mode": mode, "phase": _phase_tag(cell) or phase, "cell": i,
+            "first_line": first, "metric": "wall_s", "value": round(s, 3), "unit": "s"
+        })
     rest = max(0.0, total_s - sum(r["value"] for r in rows))
-    rows.append({"variant": stem, "mode": mode, "phase": KERNEL_PHASE, "cell": -1, "first_line": "",
-                 "metric": "wall_s", "value": round(rest, 3), "unit": "s"})
+    rows.append({
+        "variant": stem, "mode": mode, "phase": KERNEL_PHASE, "cell": -1, "first_line": "",
+        "metric": "wall_s", "value": round(rest, 3), "unit": "s"
+    })
     return rows
 
 
@@ -83,8 +88,10 @@ def _live_runs(result, runs_root=None) -> list:
     if result.mode != "live" or entry is None or not entry.experiment or result.started is None:
         return []
     end = result.started + result.seconds + 1.0
-    return [p for p in runs.list_runs(entry.experiment, kind="runs", root=runs_root)
-            if result.started <= p.stat().st_mtime <= end]
+    return [
+        p for p in runs.list_runs(entry.experiment, kind="runs", root=runs_root)
+        if result.started <= p.stat().st_mtime <= end
+    ]
 
 
 def measure_rows(result, runs_root=None) -> list[dict]:
@@ -96,9 +103,11 @@ def measure_rows(result, runs_root=None) -> list[dict]:
     rows = []
     for path in _live_runs(result, runs_root):
         for name, s in (runs.read_run(path).manifest.get("phases_s") or {}).items():
-            rows.append({"variant": result.path.stem, "mode": result.mode,
-                         "phase": f"measure: {name}", "cell": -1, "first_line": path.name,
-                         "metric": "measure_s", "value": float(s), "unit": "s"})
+            rows.append({
+                "variant": result.path.stem, "mode": result.mode, "phase": f"measure: {name}",
+                "cell": -1, "first_line": path.name, "metric": "measure_s", "value": float(s),
+                "unit": "s"
+            })
     return rows
 
 
@@ -147,12 +156,13 @@ def write(results, *, record: bool = False, params: dict | None = None, runs_roo
     from sglab.core import runs
 
     df = frame(results, runs_root)
-    totals = {r.path.stem: {"seconds": round(r.seconds, 1), "status": r.status,
-                            "mode": r.mode} for r in results}
+    totals = {
+        r.path.stem: {"seconds": round(r.seconds, 1), "status": r.status, "mode": r.mode}
+        for r in results
+    }
     root = runs.data_dir("recorded") if record else None
-    return runs.write_run(df, experiment=EXPERIMENT, method_version=METHOD_VERSION,
-                          params=params or {}, root=root,
-                          extra={"notebooks": totals, **(machine or {})})
+    return runs.write_run(df, experiment=EXPERIMENT, method_version=METHOD_VERSION, params=params
+                          or {}, root=root, extra={"notebooks": totals, **(machine or {})})
 
 
 MACHINE_KEYS = ("gpu_name", "gpu_count", "gpu_count_machine", "gpu_memory_mib", "driver", "cuda",
@@ -184,12 +194,15 @@ def from_reports(reports, runs_root) -> tuple[list, dict]:
         if not path.exists():
             raise ValueError(f"{path}: listed in index.json but not there")
         nb = nbformat.read(path, as_version=4)
-        stamps = [_start_stamp(cell.get("metadata", {}).get("execution") or {})
-                  for cell in nb.cells if cell.cell_type == "code"]
+        stamps = [
+            _start_stamp(cell.get("metadata", {}).get("execution") or {})
+            for cell in nb.cells if cell.cell_type == "code"
+        ]
         stamps = [_when(s) for s in stamps if s]
         started = min(stamps) - 0.5 if stamps else None  # the kernel starts before its first cell
-        results.append(Result(path, entry["status"], entry["mode"], float(entry["seconds"]),
-                              entry.get("error", ""), nb=nb, started=started))
+        results.append(
+            Result(path, entry["status"], entry["mode"], float(entry["seconds"]),
+                   entry.get("error", ""), nb=nb, started=started))
     machines = {}
     for r in results:
         for csv in _live_runs(r, runs_root):
@@ -203,8 +216,8 @@ def from_reports(reports, runs_root) -> tuple[list, dict]:
     machine = json.loads(distinct.pop())
     first = min((r.started for r in results if r.started is not None), default=None)
     if first is not None:  # when the notebooks ran, not when their timings were saved here
-        machine["created_utc"] = datetime.fromtimestamp(first, timezone.utc).strftime(
-            "%Y-%m-%dT%H:%M:%SZ")
+        machine["created_utc"] = datetime.fromtimestamp(first,
+                                                        timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return results, machine
 
 
@@ -220,8 +233,10 @@ def live_times(root=None) -> dict[str, str]:
     per GPU model; notebooks no record ran live are absent (readers show :data:`NOT_RECORDED`)."""
     from sglab.core import runs
 
-    found = [r for r in runs.load_all_recorded(EXPERIMENT,
-                                               root=root) if r.manifest.get("gpu_name") != "cpu"]
+    found = [
+        r for r in runs.load_all_recorded(EXPERIMENT, root=root)
+        if r.manifest.get("gpu_name") != "cpu"
+    ]
     out: dict[str, list[str]] = {}
     for gpu, run in runs.newest_by(found, runs.gpu_short).items():
         for stem, s in live_seconds(run).items():

@@ -18,9 +18,10 @@ from pathlib import Path
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", help="an SGLang package folder to read instead of the installed one")
-    p.add_argument("--releases", nargs="*", metavar="VERSION",
-                   help="classify released wheels: every release from 0.5.10 to the newest, or the "
-                   "ones listed")
+    p.add_argument(
+        "--releases", nargs="*", metavar="VERSION",
+        help="classify released wheels: every release from 0.5.10 to the newest, or the "
+        "ones listed")
     p.add_argument("--offline", action="store_true",
                    help="with --releases: no network; cached wheels, else the committed table")
     p.add_argument("--no-write", action="store_true",
@@ -52,8 +53,8 @@ def _one_tree(args) -> int:
     root = Path(args.root) if args.root else None
     if root is not None and not (root / "srt").is_dir():
         return _fail(f"{root} is not an SGLang package folder (expected {root}/srt/): pass the "
-                     "folder that " "holds srt/, e.g. an unpacked wheel's sglang/ or a checkout's "
-                     "python/sglang/")
+                     f"folder that holds srt/, e.g. an unpacked wheel's sglang/ or a checkout's "
+                     f"python/sglang/")
     print(check_all(FIXES, root=root).to_string(index=False))
     return 0
 
@@ -113,9 +114,9 @@ def _write(tl, args) -> None:
         print("data/upstream/ not rewritten (--no-write)")
         return
     if not tl.complete:
-        why = ("only the listed releases were read" if args.releases
-               else "the release list could not be checked on the package index, or some releases "
-               "came from the " "committed table")
+        why = ("only the listed releases were read" if args.releases else
+               "the release list could not be checked on the package index, or some releases came "
+               "from the committed table")
         print(f"data/upstream/ not rewritten: {why}")
         return
     path = R.table_path()

@@ -124,8 +124,9 @@ def record(name: str, params: dict | None = None, *, recorded: bool = False,
     t0 = time.perf_counter()
     out = runs.Measured.of(mod.run(merged, progress=progress))
     root = runs.data_dir("recorded") if recorded else None
-    extra = {**out.extra, "duration_s": round(time.perf_counter() - t0, 1),
-             "phases_s": timing.take()}
+    extra = {
+        **out.extra, "duration_s": round(time.perf_counter() - t0, 1), "phases_s": timing.take()
+    }
     path = runs.write_run(out.df, experiment=mod.EXPERIMENT, method_version=mod.METHOD_VERSION,
                           params=merged, root=root, gpu_count=need, extra=extra,
                           sidecars=out.sidecars)
@@ -187,7 +188,7 @@ MARK = {claims.PASS: "pass", claims.FAIL: "FAIL", claims.NA: "n/a "}
 
 def _short(text, n: int) -> str:
     text = " ".join(str(text).split())
-    return text if len(text) <= n else text[: n - 1] + "…"
+    return text if len(text) <= n else text[:n - 1] + "…"
 
 
 def format_results(results: list[claims.Result]) -> str:
@@ -211,8 +212,8 @@ def format_comparison(c: claims.Comparison) -> str:
         lines.append(f"    env  {e['field']}: {e['this run']} here vs {e['reference']} in the "
                      "reference")
     for d in c.drift:
-        drift = ("" if d["drift"] is None
-                 else f"{d['drift']:+.1%}" if d["drift"] != float("inf") else "inf")
+        drift = ("" if d["drift"] is None else
+                 f"{d['drift']:+.1%}" if d["drift"] != float("inf") else "inf")
         flag = "  BEYOND" if d["beyond"] else ""
         lines.append(f"    {d['claim']}.{d['value']}: {d['this run']} vs {d['reference']} "
                      f"(drift {drift or 'n/a'}, tolerance {d['tolerance']}){flag}")
@@ -270,7 +271,7 @@ def report(vs: list[Verified]) -> tuple[str, int]:
                        f"{r.outcome.reason or r.outcome.measured}")
         if v.exact_mismatch:
             bad.append(f"FAIL {v.run.path.name}: an exact value differs from a reference of the "
-                       "same GPU model and " "parameters")
+                       f"same GPU model and parameters")
     n_fail = sum(1 for v in vs if v.failed or v.exact_mismatch)
     out.append(f"\n{len(vs)} run(s): {len(vs) - n_fail} hold, {n_fail} fail")
     out.extend(bad)
@@ -278,5 +279,6 @@ def report(vs: list[Verified]) -> tuple[str, int]:
 
 
 def junit(vs: list[Verified]) -> str:
-    return claims.junit_xml([(f"{v.run.manifest['experiment']}.{v.run.path.stem}",
-                              v.results) for v in vs])
+    return claims.junit_xml([
+        (f"{v.run.manifest['experiment']}.{v.run.path.stem}", v.results) for v in vs
+    ])

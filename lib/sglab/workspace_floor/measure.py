@@ -49,11 +49,11 @@ from sglab.core.kernels import _warm_profiler
 from sglab.workspace_floor import rebuild
 from sglab.workspace_floor.rebuild import MiB
 
+
 EXPERIMENT = "workspace_floor"
 METHOD_VERSION = 2
 GPUS = 2
 CREATORS = ("ipc", "flashinfer")
-
 
 # --------------------------------------------------------------------------------------------------
 # the traces
@@ -65,18 +65,25 @@ TRACE_PARAMS = {
     "chunked_prefill_size": 4096,
     # extend batches up to this many tokens are padded to a piecewise bucket
     "pcg_max_tokens": 4096,
-    "prompt_median": 1200, "prompt_sigma": 1.0, "prompt_max": 32768,
-    "output_median": 300, "output_sigma": 0.8, "output_max": 4096,
+    "prompt_median": 1200,
+    "prompt_sigma": 1.0,
+    "prompt_max": 32768,
+    "output_median": 300,
+    "output_sigma": 0.8,
+    "output_max": 4096,
     "base_rate": 0.15,  # mean arrivals per step outside bursts
     "burst_rate": 2.0,  # mean arrivals per step inside bursts
-    "burst_every": 700, "burst_len": 60,
+    "burst_every": 700,
+    "burst_len": 60,
     "ramp_steps": 0,  # arrival rate grows linearly from 0 over this many simulated steps (0: none)
 }
 # a mixed serving load, and a cold server warming up on short prompts
-TRACES = {"mixed": {},
-          "short_ramp": {"seed": 1, "prompt_median": 48, "prompt_sigma": 0.6,
-                         "output_median": 600, "base_rate": 0.4, "burst_rate": 3.0,
-                         "ramp_steps": 1500}}
+TRACES = {
+    "mixed": {}, "short_ramp": {
+        "seed": 1, "prompt_median": 48, "prompt_sigma": 0.6, "output_median": 600, "base_rate": 0.4,
+        "burst_rate": 3.0, "ramp_steps": 1500
+    }
+}
 TRACE_DIR = runs.repo_root() / "data" / "traces"
 TRACE_PREFIX = "workspace_floor_"
 GENERATOR = "sglab.workspace_floor.measure.generate_trace"  # as stored in the traces' JSON
@@ -109,9 +116,9 @@ def pcg_buckets(max_tokens: int = 4096) -> list[int]:
     """The piecewise-CUDA-graph token buckets up to ``max_tokens`` (``ServerArgs``' default list:
     4..32 step 4, 48..256 step 16, 288..512 step 32, 576..1024 step 64, 1280..4096 step 256, then
     step 512)."""
-    b = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
-         + list(range(576, 1025, 64)) + list(range(1280, 4097, 256))
-         + list(range(4608, max_tokens + 1, 512)))
+    b = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32)) + list(
+        range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(
+            4608, max_tokens + 1, 512)))
     return [x for x in b if x <= max_tokens]
 
 
@@ -131,10 +138,12 @@ def generate_trace(**overrides) -> pd.DataFrame:
         in_burst = (t_sim % p["burst_every"]) < p["burst_len"] and t_sim >= p["burst_every"] // 2
         ramp = min(1.0, (t_sim + 1) / p["ramp_steps"]) if p["ramp_steps"] else 1.0
         for _ in range(int(rng.poisson(ramp * (p["burst_rate"] if in_burst else p["base_rate"])))):
-            L = int(np.clip(round(rng.lognormal(np.log(p["prompt_median"]), p["prompt_sigma"])),
-                            16, p["prompt_max"]))
-            O = int(np.clip(round(rng.lognormal(np.log(p["output_median"]), p["output_sigma"])),
-                            1, p["output_max"]))
+            L = int(
+                np.clip(round(rng.lognormal(np.log(p["prompt_median"]), p["prompt_sigma"])), 16,
+                        p["prompt_max"]))
+            O = int(
+                np.clip(round(rng.lognormal(np.log(p["output_median"]), p["output_sigma"])), 1,
+                        p["output_max"]))
             waiting.append([L, O])
         t_sim += 1
         if waiting and len(running) < p["max_running"]:
@@ -160,8 +169,10 @@ def generate_trace(**overrides) -> pd.DataFrame:
             kind = "decode"
         else:
             continue  # idle: no forward, no call
-        rows.append({"step": len(rows), "kind": kind, "tokens_raw": raw, "tokens": tokens,
-                     "running": len(running), "waiting": len(waiting)})
+        rows.append({
+            "step": len(rows), "kind": kind, "tokens_raw": raw, "tokens": tokens,
+            "running": len(running), "waiting": len(waiting)
+        })
     return pd.DataFrame(rows)
 
 
@@ -180,10 +191,12 @@ def write_trace(name: str = "mixed", directory: Optional[Path] = None) -> Path:
     df = generate_trace(**trace_params(name))
     data = _csv_bytes(df)
     (d / f"{TRACE_PREFIX}{name}.csv").write_bytes(data)
-    meta = {"generator": GENERATOR, "params": trace_params(name), "rows": len(df),
-            "sha256": hashlib.sha256(data).hexdigest(), "columns": list(df.columns),
-            "meaning": "tokens = x.shape[0] seen by _forward_with_allreduce_fusion per forward "
-                       "step; tokens_raw = before piecewise-bucket padding"}
+    meta = {
+        "generator": GENERATOR, "params": trace_params(name), "rows": len(df),
+        "sha256": hashlib.sha256(data).hexdigest(), "columns": list(df.columns),
+        "meaning": "tokens = x.shape[0] seen by _forward_with_allreduce_fusion per forward "
+        "step; tokens_raw = before piecewise-bucket padding"
+    }
     (d / f"{TRACE_PREFIX}{name}.json").write_text(json.dumps(meta, indent=1) + "\n")
     return d / f"{TRACE_PREFIX}{name}.csv"
 
@@ -222,10 +235,13 @@ def summary() -> pd.DataFrame:
     rows = []
     for name in TRACES:
         tr, meta = load_trace(name)
-        rows.append({"trace": name, "steps": meta["rows"], "sha256": meta["sha256"][:12] + "…",
-                     **{f"{k} steps": v for k, v in tr.kind.value_counts().sort_index().items()},
-                     "max x.shape[0]": int(tr.tokens.max()),
-                     "calls over 2048": int((tr.tokens > 2048).sum())})
+        rows.append({
+            "trace": name, "steps": meta["rows"], "sha256": meta["sha256"][:12] + "…", **{
+                f"{k} steps": v
+                for k, v in tr.kind.value_counts().sort_index().items()
+            }, "max x.shape[0]": int(tr.tokens.max()), "calls over 2048": int((tr.tokens
+                                                                               > 2048).sum())
+        })
     return pd.DataFrame(rows).set_index("trace").fillna(0)
 
 
@@ -261,19 +277,22 @@ def simulate_rows(params: Optional[dict] = None, *, world_sizes=None,
             for pre in scenarios:
                 for name in p["policies"]:
                     mgr, refused = simulated(tname, name, W, p["hidden_dim"], pre)
-                    base = {"variant": name, "trace": tname, "world_size": W,
-                            "scenario": "cold" if not pre else f"preinit_{pre}",
-                            "source": "simulated"}
-                    for metric, value, unit in (
-                            ("recreations", sum(e.step >= 0 for e in mgr.events), "count"),
-                            ("creations_total", mgr.recreations, "count"),
-                            ("peak_workspace", mgr.peak_bytes_per_rank / MiB, "MiB"),
-                            ("final_max_token_num", mgr.max_token_num or 0, "tokens"),
-                            ("refused_calls", refused, "count")):
+                    base = {
+                        "variant": name, "trace": tname, "world_size": W,
+                        "scenario": "cold" if not pre else f"preinit_{pre}", "source": "simulated"
+                    }
+                    for metric, value, unit in (("recreations",
+                                                 sum(e.step >= 0 for e in mgr.events), "count"),
+                                                ("creations_total", mgr.recreations, "count"),
+                                                ("peak_workspace", mgr.peak_bytes_per_rank / MiB,
+                                                 "MiB"), ("final_max_token_num", mgr.max_token_num
+                                                          or 0, "tokens"), ("refused_calls",
+                                                                            refused, "count")):
                         rows.append({**base, "metric": metric, "value": value, "unit": unit})
-                    rows += [{**base, "step": e.step, "tokens": e.max_token_num,
-                              "metric": "event_workspace", "value": e.bytes_per_rank / MiB,
-                              "unit": "MiB"} for e in mgr.events]
+                    rows += [{
+                        **base, "step": e.step, "tokens": e.max_token_num,
+                        "metric": "event_workspace", "value": e.bytes_per_rank / MiB, "unit": "MiB"
+                    } for e in mgr.events]
     return rows
 
 
@@ -349,14 +368,16 @@ def _rank_main(ctx, cfg):
         first_free = ops.free_bytes()
         # The driver sets up peer access and IPC bookkeeping once per process: that cost is
         # reported on its own, and the leak checks compare against the state after it.
-        make_creator(cfg["creator"], ops).create(world_size=ctx.world_size, rank=ctx.rank,
-                                                 max_token_num=64, hidden_dim=cfg["hidden_dim"],
-                                                 group=ctx.cpu_group).destroy()
+        make_creator(cfg["creator"],
+                     ops).create(world_size=ctx.world_size, rank=ctx.rank, max_token_num=64,
+                                 hidden_dim=cfg["hidden_dim"], group=ctx.cpu_group).destroy()
         st.empty_cache()
         st.barrier()
         st.base_free, st.base_nvml = ops.free_bytes(), _nvml_rank_mib(os.getpid())
-    st.rows.append({"variant": "leak_check", **st.base, "metric": "one_time_driver_setup",
-                    "value": (first_free - st.base_free) / MiB, "unit": "MiB"})
+    st.rows.append({
+        "variant": "leak_check", **st.base, "metric": "one_time_driver_setup",
+        "value": (first_free - st.base_free) / MiB, "unit": "MiB"
+    })
     with phases.phase("trace replay"):
         for tname, trace in cfg["traces"].items():
             for name in cfg["policies"]:
@@ -370,8 +391,10 @@ def _rank_main(ctx, cfg):
         with phases.phase("profile"):
             events = traced_pass(st)
     st.barrier()
-    return {"rank": ctx.rank, "pid": os.getpid(), "rows": st.rows, "phases": phases.take(),
-            "t_enter": t_enter, "events": events}
+    return {
+        "rank": ctx.rank, "pid": os.getpid(), "rows": st.rows, "phases": phases.take(),
+        "t_enter": t_enter, "events": events
+    }
 
 
 def _replay_one(st: RankState, tname: str, trace: list, name: str) -> None:
@@ -382,26 +405,30 @@ def _replay_one(st: RankState, tname: str, trace: list, name: str) -> None:
     t0 = time.perf_counter()
     refused = rebuild.replay(mgr, pol, trace, world_size=ctx.world_size, rank=ctx.rank,
                              hidden_dim=cfg["hidden_dim"], group=ctx.cpu_group,
-                             pre_initialize=cfg["pre_initialize"] or None,
-                             before_create=st.barrier)
+                             pre_initialize=cfg["pre_initialize"] or None, before_create=st.barrier)
     wall = (time.perf_counter() - t0) * 1e3
     mgr.cleanup()
     st.empty_cache()
     ev = [e for e in mgr.events if e.step >= 0]
-    base = {"variant": name, "trace": tname, **st.base,
-            "scenario": f"preinit_{cfg['pre_initialize']}" if cfg["pre_initialize"] else "cold"}
+    base = {
+        "variant": name, "trace": tname, **st.base, "scenario": f"preinit_{cfg['pre_initialize']}"
+        if cfg["pre_initialize"] else "cold"
+    }
     create, recreate = [e.create_ms for e in ev], [e.create_ms + e.destroy_ms for e in ev]
-    for metric, value, unit in (
-            ("recreations", len(ev), "count"), ("create_time_total", sum(create), "ms"),
-            ("recreate_time_total", sum(recreate), "ms"), ("replay_wall", wall, "ms"),
-            ("peak_workspace", mgr.peak_bytes_per_rank / MiB, "MiB"),
-            ("peak_workspace_measured", creator.peak_measured / MiB, "MiB"),
-            ("refused_calls", refused, "count"),
-            ("mem_after_cleanup", (st.base_free - st.ops.free_bytes()) / MiB, "MiB")):
+    for metric, value, unit in (("recreations", len(ev),
+                                 "count"), ("create_time_total", sum(create),
+                                            "ms"), ("recreate_time_total", sum(recreate),
+                                                    "ms"), ("replay_wall", wall, "ms"),
+                                ("peak_workspace", mgr.peak_bytes_per_rank / MiB,
+                                 "MiB"), ("peak_workspace_measured", creator.peak_measured / MiB,
+                                          "MiB"), ("refused_calls", refused, "count"),
+                                ("mem_after_cleanup", (st.base_free - st.ops.free_bytes()) / MiB,
+                                 "MiB")):
         st.rows.append({**base, "metric": metric, "value": value, "unit": unit})
     if create:
-        st.rows.append({**base, "metric": "create_time_median", "value": statistics.median(create),
-                        "unit": "ms"})
+        st.rows.append({
+            **base, "metric": "create_time_median", "value": statistics.median(create), "unit": "ms"
+        })
     for e in mgr.events:
         ebase = {**base, "step": e.step, "tokens": e.max_token_num}
         st.rows += [{**ebase, "metric": "event_create", "value": e.create_ms, "unit": "ms"},
@@ -420,8 +447,8 @@ def _cost_sweep(st: RankState) -> None:
     def cycle(T):
         st.barrier()
         t0 = time.perf_counter()
-        ws = creator.create(world_size=ctx.world_size, rank=ctx.rank, max_token_num=T,
-                            hidden_dim=H, group=ctx.cpu_group)
+        ws = creator.create(world_size=ctx.world_size, rank=ctx.rank, max_token_num=T, hidden_dim=H,
+                            group=ctx.cpu_group)
         t1 = time.perf_counter()
         st.barrier()
         t2 = time.perf_counter()
@@ -440,17 +467,19 @@ def _cost_sweep(st: RankState) -> None:
                 kept[T]["phases"].setdefault(k, []).append(v)
         return phases.Timing(samples, clock="host-perf-counter")
 
-    timings = phases.interleaved({T: (lambda T=T: cycle(T)) for T in cfg["cost_tokens"]},
-                                 rounds=cfg["cost_rounds"], warmup=cfg["cost_warmup"],
-                                 repeat=cfg["cost_repeats"], timer=timer)
+    timings = phases.interleaved({T: (lambda T=T: cycle(T))
+                                  for T in cfg["cost_tokens"]}, rounds=cfg["cost_rounds"],
+                                 warmup=cfg["cost_warmup"], repeat=cfg["cost_repeats"], timer=timer)
     for T, t in timings.items():
         base = {"variant": "cost_sweep", **st.base, "tokens": T}
         destroy = phases.Timing(kept[T]["destroy"])
         st.rows += t.rows(**base, phase="create") + destroy.rows(**base, phase="destroy")
         for k, v in kept[T]["phases"].items():
             st.rows += phases.Timing(v).rows(**base, phase=k)
-        st.rows.append({**base, "phase": "create", "metric": "workspace", "unit": "MiB",
-                        "value": rebuild.workspace_bytes_per_rank(ctx.world_size, T, H) / MiB})
+        st.rows.append({
+            **base, "phase": "create", "metric": "workspace", "unit": "MiB",
+            "value": rebuild.workspace_bytes_per_rank(ctx.world_size, T, H) / MiB
+        })
         st.log(f"cost T={T:6d}: create {t.median_ms:8.2f} ms, destroy {destroy.median_ms:7.2f} ms")
 
 
@@ -459,12 +488,15 @@ def _leak_rows(st: RankState) -> None:
     st.barrier()
     end_free, end_nvml, own = st.ops.free_bytes(), _nvml_rank_mib(os.getpid()), st.ctx.device.index
     base = {"variant": "leak_check", **st.base, "unit": "MiB"}
-    st.rows += [{**base, "metric": "rank_mem_delta_cudart",
-                 "value": (st.base_free - end_free) / MiB},
-                {**base, "metric": "rank_mem_delta_nvml",
-                 "value": end_nvml.get(own, 0.0) - st.base_nvml.get(own, 0.0)},
-                {**base, "metric": "rank_nvml_other_gpus_end",
-                 "value": sum(v for g, v in end_nvml.items() if g != own)}]
+    st.rows += [
+        {**base, "metric": "rank_mem_delta_cudart", "value": (st.base_free - end_free) / MiB}, {
+            **base, "metric": "rank_mem_delta_nvml",
+            "value": end_nvml.get(own, 0.0) - st.base_nvml.get(own, 0.0)
+        }, {
+            **base, "metric": "rank_nvml_other_gpus_end",
+            "value": sum(v for g, v in end_nvml.items() if g != own)
+        }
+    ]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -503,8 +535,8 @@ def traced_pass(st) -> dict:
                     mgr = rebuild.WorkspaceManager(creator, high_water=pol.high_water,
                                                    mark=prof.phase)
                     rebuild.replay(mgr, pol, cfg["profile_trace"], world_size=ctx.world_size,
-                                   rank=ctx.rank, hidden_dim=cfg["hidden_dim"],
-                                   group=ctx.cpu_group, before_create=st.barrier)
+                                   rank=ctx.rank, hidden_dim=cfg["hidden_dim"], group=ctx.cpu_group,
+                                   before_create=st.barrier)
                     mgr.cleanup()
                     schedule[name] = [(e.step, e.max_token_num) for e in mgr.events]
             with prof.phase(VARIANT_PREFIX + COST_VARIANT):
@@ -585,8 +617,7 @@ def check_params(p: dict) -> None:
         raise ValueError("world_size must be >= 2 (the fused allreduce needs peers), got "
                          f"{p['world_size']}")
     if p.get("profile") and p["profile_trace"] not in TRACES:
-        raise ValueError(f"profile_trace must be one of {list(TRACES)}, got "
-                         f"{p['profile_trace']!r}")
+        raise ValueError(f"profile_trace must be one of {list(TRACES)}, got {p['profile_trace']!r}")
 
 
 def rank_config(p: dict, *, progress: bool, trace_dir: str) -> dict:
@@ -595,19 +626,23 @@ def rank_config(p: dict, *, progress: bool, trace_dir: str) -> dict:
     steps = int(p["gpu_trace_steps"])
     keys = ("hidden_dim", "policies", "pre_initialize", "cost_tokens", "cost_warmup",
             "cost_repeats", "cost_rounds", "creator", "profile_policies")
-    return {**{k: p[k] for k in keys}, "progress": progress, "profile": bool(p["profile"]),
-            "traces": {t: trace_tokens(t)[:steps] if steps else trace_tokens(t)
-                       for t in p["traces"]},
-            "profile_trace": trace_tokens(p["profile_trace"]),
-            "profile_trace_name": p["profile_trace"], "trace_dir": trace_dir}
+    return {
+        **{k: p[k]
+           for k in keys}, "progress": progress, "profile": bool(p["profile"]),
+        "traces": {t: trace_tokens(t)[:steps] if steps else trace_tokens(t)
+                   for t in p["traces"]}, "profile_trace": trace_tokens(p["profile_trace"]),
+        "profile_trace_name": p["profile_trace"], "trace_dir": trace_dir
+    }
 
 
 def _parent_leak_rows(pids: list[int], world_size: int) -> list[dict]:
     import psutil  # the parent leak check: only on the GPU path
 
     time.sleep(0.5)
-    alive = [p for p in pids
-             if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    alive = [
+        p
+        for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    ]
     try:
         left_mib = float(memory.process_gpu_memory(pids)["used_mib"].sum())
     except Exception:  # no NVML: cannot say
@@ -628,9 +663,10 @@ def run(params: Optional[dict] = None, *, progress: bool = True) -> runs.Measure
     cfg = rank_config(p, progress=progress,
                       trace_dir=tempfile.mkdtemp(prefix="sglab-workspace-floor-"))
     if progress:
-        print(f"[workspace_floor] {W} ranks, traces "
-              f"{[(k, len(v)) for k, v in cfg['traces'].items()]}, {len(p['policies'])} policies, "
-              f"cost sweep T={p['cost_tokens']}", flush=True)
+        print(
+            f"[workspace_floor] {W} ranks, traces "
+            f"{[(k, len(v)) for k, v in cfg['traces'].items()]}, {len(p['policies'])} policies, "
+            f"cost sweep T={p['cost_tokens']}", flush=True)
     t0, t_launch = time.perf_counter(), time.time()
     with phases.phase("ranks (spawn to return)"):
         out = dist.launch(_rank_main, W, args=(cfg,), backend="nccl", timeout_s=300,
@@ -658,21 +694,26 @@ def gloo_rank_selftest(ctx, policy_name: str, trace: list[int], hidden_dim: int 
     sizes and what is left allocated and opened."""
     ops, pol = rebuild.HostOps(), rebuild.POLICIES[policy_name]
     mgr = rebuild.WorkspaceManager(rebuild.IpcWorkspaceCreator(ops), high_water=pol.high_water)
-    rebuild.replay(mgr, pol, trace, world_size=ctx.world_size, rank=ctx.rank,
-                   hidden_dim=hidden_dim, group=ctx.cpu_group,
-                   before_create=lambda: tdist.barrier(group=ctx.cpu_group))
-    out = {"rank": ctx.rank, "sizes": [e.max_token_num for e in mgr.events],
-           "live_before_cleanup": len(ops.live), "opened_before_cleanup": len(ops.opened)}
+    rebuild.replay(mgr, pol, trace, world_size=ctx.world_size, rank=ctx.rank, hidden_dim=hidden_dim,
+                   group=ctx.cpu_group, before_create=lambda: tdist.barrier(group=ctx.cpu_group))
+    out = {
+        "rank": ctx.rank, "sizes": [e.max_token_num for e in mgr.events],
+        "live_before_cleanup": len(ops.live), "opened_before_cleanup": len(ops.opened)
+    }
     mgr.cleanup()
-    return {**out, "live_after": len(ops.live), "opened_after": len(ops.opened),
-            "fills": len(ops.filled)}
+    return {
+        **out, "live_after": len(ops.live), "opened_after": len(ops.opened),
+        "fills": len(ops.filled)
+    }
 
 
 def gloo_profile_selftest(ctx, trace: list[int], policies: list[str], cost_tokens: list[int],
                           trace_dir: str, hidden_dim: int = 7168) -> dict:
     """The traced pass over gloo with host stand-ins, under the same Recorder: this rank's reduced
     event table and Perfetto file."""
-    cfg = {"creator": "ipc", "hidden_dim": hidden_dim, "profile_trace": list(trace),
-           "profile_policies": list(policies), "cost_tokens": list(cost_tokens),
-           "trace_dir": trace_dir, "progress": False}
+    cfg = {
+        "creator": "ipc", "hidden_dim": hidden_dim, "profile_trace": list(trace),
+        "profile_policies": list(policies), "cost_tokens": list(cost_tokens),
+        "trace_dir": trace_dir, "progress": False
+    }
     return traced_pass(RankState(ctx, cfg, rebuild.HostOps(), ctx.barrier))

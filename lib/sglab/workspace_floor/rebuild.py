@@ -23,8 +23,8 @@ from typing import Callable, ContextManager, Optional
 import torch
 import torch.distributed as tdist
 
-MiB = 2**20
 
+MiB = 2**20
 
 # --------------------------------------------------------------------------------------------------
 # 1. flashinfer/comm/trtllm_ar.py · trtllm_create_ipc_workspace_for_all_reduce_fusion (sizes),
@@ -51,9 +51,11 @@ def workspace_sizes(world_size: int, max_token_num: int, hidden_dim: int,
     flag_size = world_size * BARRIER_FLAG_COUNT * 4
     lamport_comm_size = min(world_size * max_token_num * hidden_dim * elem, MAX_COMM_SIZE)
     aligned = [round_up(s) for s in (buffer_size, flag_size, lamport_comm_size * 3)]
-    return {"buffer_size": buffer_size, "flag_size": flag_size,
-            "lamport_comm_size": lamport_comm_size, "lamport_buffer_size": lamport_comm_size * 3,
-            "aligned": aligned, "bytes_per_rank": sum(aligned)}
+    return {
+        "buffer_size": buffer_size, "flag_size": flag_size, "lamport_comm_size": lamport_comm_size,
+        "lamport_buffer_size": lamport_comm_size * 3, "aligned": aligned,
+        "bytes_per_rank": sum(aligned)
+    }
 
 
 def workspace_bytes_per_rank(world_size: int, max_token_num: int, hidden_dim: int) -> int:
@@ -141,17 +143,17 @@ class WorkspaceManager:
                 hidden_dim = max(hidden_dim, self._max_hidden_dim_seen or 0)
             t0 = self.clock()
             self.workspace = self.creator.create(world_size=world_size, rank=rank,
-                                                 max_token_num=max_token_num,
-                                                 hidden_dim=hidden_dim, group=group)
+                                                 max_token_num=max_token_num, hidden_dim=hidden_dim,
+                                                 group=group)
             create_ms = (self.clock() - t0) * 1e3
             self.world_size, self.rank, self.group = world_size, rank, group
             self.max_token_num, self.hidden_dim = max_token_num, hidden_dim
             self.initialized = True
             nbytes = workspace_bytes_per_rank(world_size, max_token_num, hidden_dim)
             self.peak_bytes_per_rank = max(self.peak_bytes_per_rank, nbytes)
-            self.events.append(CreationEvent(self.step, max_token_num, nbytes, create_ms,
-                                             self._pending_destroy_ms, reason,
-                                             dict(getattr(self.workspace, "phases_ms", {}))))
+            self.events.append(
+                CreationEvent(self.step, max_token_num, nbytes, create_ms, self._pending_destroy_ms,
+                              reason, dict(getattr(self.workspace, "phases_ms", {}))))
 
     def is_buffer_size_sufficient(self, token_num: int, hidden_dim: int) -> bool:
         if not self.initialized or self.workspace is None:
@@ -325,10 +327,13 @@ class PhaseClock:
 
 
 class FakeWorkspace:
+
     def __init__(self, creator, world_size, rank, max_token_num, hidden_dim):
         self.creator = creator
-        self.metadata = {"tp_rank": rank, "tp_size": world_size, "max_token_num": max_token_num,
-                         "hidden_dim": hidden_dim, "use_fp32_lamport": False}
+        self.metadata = {
+            "tp_rank": rank, "tp_size": world_size, "max_token_num": max_token_num,
+            "hidden_dim": hidden_dim, "use_fp32_lamport": False
+        }
         self.bytes_per_rank = workspace_bytes_per_rank(world_size, max_token_num, hidden_dim)
         self.phases_ms: dict = {}
         self.destroyed = False
@@ -391,8 +396,9 @@ class CudartOps:
     def open(self, handle: bytes) -> int:
         h = self.rt.cudaIpcMemHandle_t()
         ctypes.memmove(h.getPtr(), handle, 64)
-        return int(self._ok(self.rt.cudaIpcOpenMemHandle(h, self.rt.cudaIpcMemLazyEnablePeerAccess),
-                            "cudaIpcOpenMemHandle"))
+        return int(
+            self._ok(self.rt.cudaIpcOpenMemHandle(h, self.rt.cudaIpcMemLazyEnablePeerAccess),
+                     "cudaIpcOpenMemHandle"))
 
     def close(self, ptr: int) -> None:
         self._ok(self.rt.cudaIpcCloseMemHandle(ptr), "cudaIpcCloseMemHandle")
@@ -404,8 +410,9 @@ class CudartOps:
         ptr = self.malloc(5 * 4)
         self._ok(self.rt.cudaMemset(ptr, 0, 5 * 4), "cudaMemset")
         buf = ctypes.create_string_buffer(int(lamport_comm_size).to_bytes(4, "little"), 4)
-        self._ok(self.rt.cudaMemcpy(ptr + 12, ctypes.addressof(buf), 4,
-                                    self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice), "cudaMemcpy")
+        self._ok(
+            self.rt.cudaMemcpy(ptr + 12, ctypes.addressof(buf), 4,
+                               self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice), "cudaMemcpy")
         return ptr
 
     def pointer_table(self, pointers: list[int]):
@@ -472,8 +479,9 @@ class HostOps:
 #    trtllm_destroy_ipc_workspace_for_all_reduce_fusion (+ what SGLang wraps around them)
 # --------------------------------------------------------------------------------------------------
 class IpcWorkspace:
-    def __init__(self, ops, group, rank, world_size, metadata, ipc_ptrs, table, flag_ptr,
-                 phases_ms, mark: Optional[Mark] = None):
+
+    def __init__(self, ops, group, rank, world_size, metadata, ipc_ptrs, table, flag_ptr, phases_ms,
+                 mark: Optional[Mark] = None):
         self.ops, self.group, self.rank, self.world_size = ops, group, rank, world_size
         self.metadata, self.ipc_ptrs = metadata, ipc_ptrs  # ipc_ptrs[buffer][peer]: this process's
         self.workspace_tensor, self.flag_ptr = table, flag_ptr
@@ -532,8 +540,10 @@ class IpcWorkspaceCreator:
                 if int(flag.item()) == 0:
                     raise MemoryError(f"workspace of {sizes['bytes_per_rank'] / MiB:.0f} MiB/rank "
                                       "does not fit on every rank")
-        ipc_ptrs = [self._shared_buffer(ph, name, nbytes, group, world_size, rank)
-                    for name, nbytes in zip(BUFFER_NAMES, sizes["aligned"])]
+        ipc_ptrs = [
+            self._shared_buffer(ph, name, nbytes, group, world_size, rank)
+            for name, nbytes in zip(BUFFER_NAMES, sizes["aligned"])
+        ]
         with ph("fill", "lamport fill"):
             self.ops.fill_lamport(ipc_ptrs[2][rank], sizes["aligned"][2])
         with ph("metadata"):
@@ -545,10 +555,13 @@ class IpcWorkspaceCreator:
             if self.post_sync:
                 tdist.all_reduce(torch.tensor([0], dtype=torch.int32), op=tdist.ReduceOp.MAX,
                                  group=group)
-        metadata = {"tp_rank": rank, "tp_size": world_size, "max_token_num": max_token_num,
-                    "hidden_dim": hidden_dim, "use_fp32_lamport": False,
-                    **{k: sizes[k] for k in ("buffer_size", "flag_size", "lamport_comm_size",
-                                             "lamport_buffer_size")}}
+        metadata = {
+            "tp_rank": rank, "tp_size": world_size, "max_token_num": max_token_num,
+            "hidden_dim": hidden_dim, "use_fp32_lamport": False, **{
+                k: sizes[k]
+                for k in ("buffer_size", "flag_size", "lamport_comm_size", "lamport_buffer_size")
+            }
+        }
         return IpcWorkspace(self.ops, group, rank, world_size, metadata, ipc_ptrs, table, flag_ptr,
                             ph.ms, self.mark)
 
@@ -570,6 +583,7 @@ class IpcWorkspaceCreator:
 # 7. flashinfer/comm/allreduce.py · create_allreduce_fusion_workspace (FlashInfer's own creation)
 # --------------------------------------------------------------------------------------------------
 class FlashInferWorkspace:
+
     def __init__(self, inner, metadata: dict, phases_ms: dict):
         self.inner, self.metadata, self.phases_ms = inner, metadata, phases_ms
         # FlashInfer's sizes; the experiment measures the real footprint beside them
@@ -596,11 +610,12 @@ class FlashInferCreator:
         ph = PhaseClock(self.mark)
         with ph("create", "flashinfer create"):
             ws = self.comm.create_allreduce_fusion_workspace(
-                backend=self.backend, world_size=world_size, rank=rank,
-                max_token_num=max_token_num, hidden_dim=hidden_dim, dtype=torch.bfloat16)
-        metadata = {**dict(getattr(ws, "metadata", None) or {}), "tp_rank": rank,
-                    "tp_size": world_size, "max_token_num": max_token_num,
-                    "hidden_dim": hidden_dim}
+                backend=self.backend, world_size=world_size, rank=rank, max_token_num=max_token_num,
+                hidden_dim=hidden_dim, dtype=torch.bfloat16)
+        metadata = {
+            **dict(getattr(ws, "metadata", None) or {}), "tp_rank": rank, "tp_size": world_size,
+            "max_token_num": max_token_num, "hidden_dim": hidden_dim
+        }
         return FlashInferWorkspace(ws, metadata, ph.ms)
 
 

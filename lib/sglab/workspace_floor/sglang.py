@@ -43,6 +43,7 @@ from sglab.sglang.probing import patched
 from sglab.sglang.upstream import Verdict
 from sglab.workspace_floor import measure, rebuild
 
+
 LAYERNORM = "srt/layers/layernorm.py"
 FUSION = "srt/layers/flashinfer_comm_fusion.py"
 _PR_FLOOR = "max(x.shape[0], 2048)"
@@ -62,12 +63,12 @@ def _callee_default(read) -> str:
     if fn is None:
         return ""
     args = fn.args.args[len(fn.args.args) - len(fn.args.defaults):]
-    default = next((ast.unparse(d) for a, d in zip(args, fn.args.defaults)
-                    if a.arg == "max_token_num"), None)
+    default = next(
+        (ast.unparse(d) for a, d in zip(args, fn.args.defaults) if a.arg == "max_token_num"), None)
     if default is None:
         return ""
-    guard = any(isinstance(n, ast.Assert) and "max_token_num" in ast.unparse(n.test)
-                for n in ast.walk(fn))
+    guard = any(
+        isinstance(n, ast.Assert) and "max_token_num" in ast.unparse(n.test) for n in ast.walk(fn))
     return f": the callee's default max_token_num={default} applies" + (
         f" and it asserts the batch has at most {default} tokens" if guard else "")
 
@@ -79,28 +80,35 @@ def check(read) -> Verdict:
         return Verdict("absent", "no layers/layernorm.py in this SGLang")
     if tree is None:
         return Verdict("unknown", "layers/layernorm.py does not parse")
-    fused = S.calls(S.find(tree, "_forward_with_allreduce_fusion") or tree,
-                    "flashinfer_allreduce_residual_rmsnorm")
+    fused = S.calls(
+        S.find(tree, "_forward_with_allreduce_fusion") or tree,
+        "flashinfer_allreduce_residual_rmsnorm")
     if not fused:
-        return Verdict("absent", "layernorm.py does not call flashinfer_allreduce_residual_rmsnorm "
-                                 "(no fused all-reduce + RMSNorm, no workspace to size)")
+        return Verdict(
+            "absent", "layernorm.py does not call flashinfer_allreduce_residual_rmsnorm "
+            "(no fused all-reduce + RMSNorm, no workspace to size)")
     passed = [S.keyword(c, "max_token_num") for c in fused]
     if all(e is None for e in passed):
-        return Verdict("before", "layernorm.py calls flashinfer_allreduce_residual_rmsnorm without "
-                                 "max_token_num" + _callee_default(read))
+        return Verdict(
+            "before", "layernorm.py calls flashinfer_allreduce_residual_rmsnorm without "
+            "max_token_num" + _callee_default(read))
     spelled = {ast.unparse(e) for e in passed if e is not None}
     if _PR_FLOOR in spelled:
-        return Verdict("pr-era", f"layernorm.py passes max_token_num={_PR_FLOOR} to "
-                                 "flashinfer_allreduce_residual_rmsnorm")
-    floors = [e for e in passed if isinstance(e, ast.Call) and S.callee_name(e) == "max"
-              and len(e.args) == 2 and isinstance(e.args[1], ast.Constant)
-              and isinstance(e.args[1].value, int)]
+        return Verdict(
+            "pr-era", f"layernorm.py passes max_token_num={_PR_FLOOR} to "
+            "flashinfer_allreduce_residual_rmsnorm")
+    floors = [
+        e for e in passed
+        if isinstance(e, ast.Call) and S.callee_name(e) == "max" and len(e.args) == 2
+        and isinstance(e.args[1], ast.Constant) and isinstance(e.args[1].value, int)
+    ]
     if floors:
-        return Verdict("changed", f"layernorm.py passes max_token_num={ast.unparse(floors[0])}: a "
-                                  "floor other than the PR's 2048")
-    return Verdict("unknown",
-                   f"layernorm.py passes max_token_num={sorted(spelled)[0]}, not a floor "
-                              "this check recognises")
+        return Verdict(
+            "changed", f"layernorm.py passes max_token_num={ast.unparse(floors[0])}: a "
+            "floor other than the PR's 2048")
+    return Verdict(
+        "unknown", f"layernorm.py passes max_token_num={sorted(spelled)[0]}, not a floor "
+        "this check recognises")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -112,8 +120,10 @@ class RecordedWorkspace:
 
     def __init__(self, comm, kwargs: dict):
         self.comm, self.kwargs, self.backend = comm, kwargs, kwargs.get("backend", "trtllm")
-        self.metadata = {"tp_size": kwargs["world_size"], "max_token_num": kwargs["max_token_num"],
-                         "hidden_dim": kwargs["hidden_dim"], "use_fp32_lamport": False}
+        self.metadata = {
+            "tp_size": kwargs["world_size"], "max_token_num": kwargs["max_token_num"],
+            "hidden_dim": kwargs["hidden_dim"], "use_fp32_lamport": False
+        }
 
     def is_buffer_size_sufficient(self, tp_size, num_tokens, hidden_dim, dtype=None,
                                   use_oneshot=None):
@@ -165,21 +175,28 @@ def _wired(prepared, comm: RecordingComm, world_size: int):
     dist = bootstrap.import_release_module(prepared, "sglang.srt.distributed")
     group = types.SimpleNamespace(device_group="device_group", cpu_group="cpu_group",
                                   world_size=world_size)
-    sizes = {"get_attn_tensor_model_parallel_world_size": lambda: world_size,
-             "get_moe_tensor_parallel_world_size": lambda: world_size,
-             "get_moe_expert_parallel_world_size": lambda: 1}
-    others = {"get_attn_tensor_model_parallel_rank": lambda: 0,
-              "get_moe_tensor_parallel_rank": lambda: 0, "get_moe_expert_parallel_rank": lambda: 0,
-              "get_attn_tp_group": lambda: group, "get_moe_tp_group": lambda: group,
-              "get_moe_ep_group": lambda: group,
-              "get_tp_group": lambda: types.SimpleNamespace(world_size=1),  # no vote to sync
-              "is_flashinfer_available": lambda: True, "_flashinfer_comm": comm,
-              "_flashinfer_allreduce_unavailable": False,
-              "_preflight_check_workspace_memory": lambda **k: True,
-              "flashinfer_allreduce_residual_rmsnorm":
-                  undecorated(fc, "flashinfer_allreduce_residual_rmsnorm"),
-              "_attn_tp_workspace_manager": fc.FlashInferWorkspaceManager(),
-              "_moe_tp_workspace_manager": fc.FlashInferWorkspaceManager()}
+    sizes = {
+        "get_attn_tensor_model_parallel_world_size": lambda: world_size,
+        "get_moe_tensor_parallel_world_size": lambda: world_size,
+        "get_moe_expert_parallel_world_size": lambda: 1
+    }
+    others = {
+        "get_attn_tensor_model_parallel_rank": lambda: 0,
+        "get_moe_tensor_parallel_rank": lambda: 0,
+        "get_moe_expert_parallel_rank": lambda: 0,
+        "get_attn_tp_group": lambda: group,
+        "get_moe_tp_group": lambda: group,
+        "get_moe_ep_group": lambda: group,
+        "get_tp_group": lambda: types.SimpleNamespace(world_size=1),  # no vote to sync
+        "is_flashinfer_available": lambda: True,
+        "_flashinfer_comm": comm,
+        "_flashinfer_allreduce_unavailable": False,
+        "_preflight_check_workspace_memory": lambda **k: True,
+        "flashinfer_allreduce_residual_rmsnorm": undecorated(
+            fc, "flashinfer_allreduce_residual_rmsnorm"),
+        "_attn_tp_workspace_manager": fc.FlashInferWorkspaceManager(),
+        "_moe_tp_workspace_manager": fc.FlashInferWorkspaceManager()
+    }
     with patched(fc, **sizes, **others), patched(dist, **sizes):  # the call site imports per call
         yield fc
 
@@ -228,10 +245,12 @@ def replay_release(prepared, trace: list, site: str, *, pre_initialize: int = 0,
                 refused += 1  # the callee's `assert input_tensor.shape[0] <= max_token_num`
         high_water = hasattr(fc._attn_tp_workspace_manager, "_max_token_num_seen")
     at = [c for c in comm.created if c["step"] >= 0]
-    return {"recreations": len(at), "sizes": [c["max_token_num"] for c in at],
-            "steps": [c["step"] for c in at], "preinit_creations": len(comm.created) - len(at),
-            "refused_calls": refused, "fused_calls": comm.fused_calls,
-            "manager_high_water_mark": high_water}
+    return {
+        "recreations": len(at), "sizes": [c["max_token_num"] for c in at], "steps": [
+            c["step"] for c in at
+        ], "preinit_creations": len(comm.created) - len(at), "refused_calls": refused,
+        "fused_calls": comm.fused_calls, "manager_high_water_mark": high_water
+    }
 
 
 def call_site_text(prepared) -> str:
@@ -240,9 +259,11 @@ def call_site_text(prepared) -> str:
     from sglab.sglang import bootstrap
 
     layernorm = bootstrap.import_release_module(prepared, "sglang.srt.layers.layernorm")
-    lines = [ln.strip().rstrip(",") for ln in
-             inspect.getsource(layernorm._forward_with_allreduce_fusion).splitlines()
-             if "max_token_num=" in ln]
+    lines = [
+        ln.strip().rstrip(",")
+        for ln in inspect.getsource(layernorm._forward_with_allreduce_fusion).splitlines()
+        if "max_token_num=" in ln
+    ]
     return lines[0] if lines else "(none)"
 
 
@@ -250,26 +271,30 @@ def probe(prepared, params: dict) -> list[dict]:
     """Rows ``trace, site, scenario, metric, value``. ``params``: ``traces`` ({name: token
     counts}), ``sites`` (default ``["release"]``), ``pre_initialize`` (default ``[0, 2048]``),
     ``world_size``, ``hidden``."""
-    rows = [{"trace": "", "site": "release", "scenario": "", "metric": "call_site",
-             "value": call_site_text(prepared)}]
+    rows = [{
+        "trace": "", "site": "release", "scenario": "", "metric": "call_site",
+        "value": call_site_text(prepared)
+    }]
     for name, trace in params["traces"].items():
         for site in params.get("sites", ["release"]):
             for pre in params.get("pre_initialize", [0, 2048]):
-                got = replay_release(prepared, trace, site, pre_initialize=int(pre),
-                                     world_size=int(params.get("world_size", WORLD_SIZE)),
-                                     hidden=int(params.get("hidden", HIDDEN)))
-                rows += [{"trace": name, "site": site,
-                          "scenario": f"preinit_{pre}" if pre else "cold", "metric": k,
-                          "value": v} for k, v in got.items()]
+                got = replay_release(prepared, trace, site, pre_initialize=int(pre), world_size=int(
+                    params.get("world_size", WORLD_SIZE)), hidden=int(params.get("hidden", HIDDEN)))
+                rows += [{
+                    "trace": name, "site": site, "scenario": f"preinit_{pre}" if pre else "cold",
+                    "metric": k, "value": v
+                } for k, v in got.items()]
     return rows
 
 
 def probe_params(traces=None) -> dict:
     """What the notebook asks each release: both stored traces, the release's own call site and the
     alternative floors, cold and pre-initialised."""
-    return {"traces": {t: measure.trace_tokens(t) for t in traces or measure.TRACES},
-            "sites": ["release", *ALT_SITES], "pre_initialize": list(SCENARIOS),
-            "world_size": WORLD_SIZE, "hidden": HIDDEN}
+    return {
+        "traces": {t: measure.trace_tokens(t)
+                   for t in traces or measure.TRACES}, "sites": ["release", *ALT_SITES],
+        "pre_initialize": list(SCENARIOS), "world_size": WORLD_SIZE, "hidden": HIDDEN
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -281,9 +306,8 @@ WORKSPACE_TRACE = trace_adjustment(
     "trace-flashinfer-workspace",
     "SGLang logs nothing when it creates a FlashInfer all-reduce workspace: each call of "
     "FlashInferWorkspaceManager.initialize prints one line with its max_token_num (behaviour "
-    "unchanged)",
-    "sglang.srt.layers.flashinfer_comm_fusion", "FlashInferWorkspaceManager.initialize",
-    "workspace", ("max_token_num", "world_size", "rank"))
+    "unchanged)", "sglang.srt.layers.flashinfer_comm_fusion",
+    "FlashInferWorkspaceManager.initialize", "workspace", ("max_token_num", "world_size", "rank"))
 FUSION_ARGS = ("--tp-size", "2", "--enable-flashinfer-allreduce-fusion", "--disable-radix-cache")
 FUSION_ARGS_TP4 = ("--tp-size", "4", *FUSION_ARGS[2:])
 # the rebuild's floor_0 policy in the released engine: which keeps the workspace, the floor or
@@ -295,6 +319,8 @@ FLOOR_TO_SHAPE = revert_adjustment(
     "x.shape[0],` (the rebuild's floor_0 policy, never released); nothing else changes",
     "sglang.srt.layers.layernorm", "_forward_with_allreduce_fusion",
     text="max_token_num=max(x.shape[0], 2048),", replacement="max_token_num=x.shape[0],")
+
+
 def _fusion_cases(args: tuple) -> tuple:
     return (Case("fusion", args, (WORKSPACE_TRACE,)),
             Case("x-shape", args, (WORKSPACE_TRACE, FLOOR_TO_SHAPE), releases=("0.5.13",)))
@@ -332,7 +358,6 @@ ENGINE = (
         "with and without the floor"),
 )
 
-
 FIX = Fix(
     name="workspace_floor", number="02", part="part B", prs=(26382,), gpus=2,
     title="layernorm passes max_token_num=max(x.shape[0], 2048) to the fused AR+norm (#26382)",
@@ -357,8 +382,10 @@ def rebuild_cell(policy: rebuild.Policy, trace: str, pre: int) -> dict:
     mgr, refused = rebuild.simulate(policy, measure.trace_tokens(trace), world_size=WORLD_SIZE,
                                     hidden_dim=HIDDEN, pre_initialize=pre or None)
     events = [e for e in mgr.events if e.step >= 0]
-    return {"recreations": len(events), "sizes": [e.max_token_num for e in events],
-            "steps": [e.step for e in events], "refused_calls": refused}
+    return {
+        "recreations": len(events), "sizes": [e.max_token_num for e in events],
+        "steps": [e.step for e in events], "refused_calls": refused
+    }
 
 
 def _describe(d: dict) -> str:
@@ -382,11 +409,12 @@ def comparison(results: dict):
             pre = 0 if scenario == "cold" else int(scenario.split("_")[1])
             where = (f"its own call ({'no max_token_num' if own == '(none)' else own})"
                      if site == "release" else f"max_token_num=max(x.shape[0], "
-                                               f"{site.removeprefix('floor_')})")
-            rows.append(real.facts_row(release, f"{where}, '{trace}', {scenario}", got,
-                                       policy.name + ("" if hwm else ", no high-water mark"),
-                                       rebuild_cell(policy, trace, pre),
-                                       ("steps", "sizes", "refused_calls"), _describe))
+                     f"{site.removeprefix('floor_')})")
+            rows.append(
+                real.facts_row(release, f"{where}, '{trace}', {scenario}", got,
+                               policy.name + ("" if hwm else ", no high-water mark"),
+                               rebuild_cell(policy, trace,
+                                            pre), ("steps", "sizes", "refused_calls"), _describe))
     return real.table(rows)
 
 
@@ -405,14 +433,16 @@ def first_high_water_release() -> Optional[str]:
 def high_water_note(results: dict) -> str:
     """Which real managers keep a high-water mark, and whether the rebuild's (which keeps one)
     counts the same on every cell: computed, not asserted."""
-    have = {v: bool(r.rows.loc[r.rows.metric == "manager_high_water_mark", "value"].iloc[0])
-            for v, r in real.ran(results).items()}
+    have = {
+        v: bool(r.rows.loc[r.rows.metric == "manager_high_water_mark", "value"].iloc[0])
+        for v, r in real.ran(results).items()
+    }
     if not have:
         return "no release ran: nothing to say about the high-water mark"
-    same = all(rebuild_cell(rebuild_policy(v, s, True), t, p)
-               == rebuild_cell(rebuild_policy(v, s, False), t, p)
-               for v in have for s in ("release", *ALT_SITES) for t in measure.TRACES
-               for p in SCENARIOS)
+    same = all(
+        rebuild_cell(rebuild_policy(v, s, True), t, p) == rebuild_cell(
+            rebuild_policy(v, s, False), t, p) for v in have for s in ("release", *ALT_SITES)
+        for t in measure.TRACES for p in SCENARIOS)
     first = first_high_water_release()
     return (f"real manager keeps a high-water mark (_max_token_num_seen)? "
             f"{', '.join(f'{v}: ' + ('yes' if h else 'no') for v, h in have.items())}. The "

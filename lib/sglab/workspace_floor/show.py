@@ -37,6 +37,7 @@ from sglab.workspace_floor import measure, rebuild
 from sglab.workspace_floor.measure import COST_VARIANT, EXPERIMENT
 from sglab.workspace_floor.rebuild import MiB
 
+
 POLICY_ORDER = list(rebuild.POLICIES)
 LABEL = {"floor_0": "x.shape[0]", "floor_2048": "max(x.shape[0], 2048)"}
 SHORT = {"before_pr": "before PR", "shape_no_hwm": "shape, no hwm", "floor_0": "shape"}
@@ -71,9 +72,10 @@ def policy_stats(run) -> pd.DataFrame:
     peak MiB, slowest rank."""
     d = run.df[(run.df.source == "gpu") & run.df.variant.isin(POLICY_ORDER)]
     t = d.pivot_table(index=["trace", "variant"], columns="metric", values="value", aggfunc="max")
-    return t[[c for c in ("recreations", "create_time_median", "create_time_total",
-                          "recreate_time_total", "peak_workspace", "peak_workspace_measured",
-                          "refused_calls") if c in t.columns]]
+    return t[[
+        c for c in ("recreations", "create_time_median", "create_time_total", "recreate_time_total",
+                    "peak_workspace", "peak_workspace_measured", "refused_calls") if c in t.columns
+    ]]
 
 
 def consistency(run) -> str:
@@ -108,23 +110,23 @@ def leak_table(runs_: list) -> pd.DataFrame:
         left = lk[lk["rank"].isna()].set_index("metric")["value"]
         for rank, g in d[d["rank"].notna()].groupby("rank"):
             m = g[g.variant == "leak_check"].set_index("metric")["value"]
-            rows.append({"run": r.path.stem, "W": run_world_size(r), "rank": int(rank),
-                         "one-time driver setup": m.get("one_time_driver_setup"),
-                         "after each policy (max)":
-                             g[g.metric == "mem_after_cleanup"]["value"].abs().max(),
-                         "end, cudaMemGetInfo": m.get("rank_mem_delta_cudart"),
-                         "end, NVML own GPU": m.get("rank_mem_delta_nvml"),
-                         "end, NVML other GPUs": m.get("rank_nvml_other_gpus_end"),
-                         "rank processes left": left.get("rank_processes_left"),
-                         "their GPU MiB left": left.get("gpu_mem_of_rank_pids_after")})
+            rows.append({
+                "run": r.path.stem, "W": run_world_size(r), "rank": int(rank),
+                "one-time driver setup": m.get("one_time_driver_setup"),
+                "after each policy (max)": g[g.metric == "mem_after_cleanup"]["value"].abs().max(),
+                "end, cudaMemGetInfo": m.get("rank_mem_delta_cudart"),
+                "end, NVML own GPU": m.get("rank_mem_delta_nvml"),
+                "end, NVML other GPUs": m.get("rank_nvml_other_gpus_end"),
+                "rank processes left": left.get("rank_processes_left"),
+                "their GPU MiB left": left.get("gpu_mem_of_rank_pids_after")
+            })
     return pd.DataFrame(rows).set_index(["run", "W", "rank"])
 
 
 def cost_frame(df) -> pd.DataFrame:
     """Median and p10 / p90 creation (and per-phase) ms per T, slowest rank (GPU cost sweep)."""
     d = df[(df.variant == "cost_sweep") & df.metric.isin(["time_median", "time_p10", "time_p90"])]
-    return d.pivot_table(index=["tokens", "phase"], columns="metric", values="value",
-                         aggfunc="max")
+    return d.pivot_table(index=["tokens", "phase"], columns="metric", values="value", aggfunc="max")
 
 
 def phase_table(run) -> pd.DataFrame:
@@ -132,10 +134,10 @@ def phase_table(run) -> pd.DataFrame:
     them."""
     W, H = run_world_size(run), run_hidden(run)
     t = cost_frame(run.df)["time_median"].unstack("phase")
-    t.insert(0, "Lamport MiB", [rebuild.workspace_sizes(W, int(T), H)["aligned"][2] / MiB
-                                for T in t.index])
-    t.insert(1, "workspace MiB", [rebuild.workspace_bytes_per_rank(W, int(T), H) / MiB
-                                  for T in t.index])
+    t.insert(0, "Lamport MiB",
+             [rebuild.workspace_sizes(W, int(T), H)["aligned"][2] / MiB for T in t.index])
+    t.insert(1, "workspace MiB",
+             [rebuild.workspace_bytes_per_rank(W, int(T), H) / MiB for T in t.index])
     t.index = t.index.astype(int)
     return t
 
@@ -157,8 +159,10 @@ def repeatability_table(runs_: list, world_size: int) -> pd.DataFrame:
     size: the cell stays blank instead of a bare NaN)."""
     same = sorted((r for r in runs_ if run_world_size(r) == world_size),
                   key=lambda r: str(r.manifest.get("created_utc")))
-    cost = pd.DataFrame({r.path.stem: cost_frame(r.df).xs("create", level="phase")["time_median"]
-                         for r in same})
+    cost = pd.DataFrame({
+        r.path.stem: cost_frame(r.df).xs("create", level="phase")["time_median"]
+        for r in same
+    })
     cost.index = [f"create T={int(t)}" for t in cost.index]
     tot = pd.DataFrame({r.path.stem: policy_stats(r)["recreate_time_total"] for r in same})
     tot.index = [f"{a} {b} total" for a, b in tot.index]
@@ -166,8 +170,10 @@ def repeatability_table(runs_: list, world_size: int) -> pd.DataFrame:
     if len(same) >= 2:
         t["ratio newest/oldest"] = t.iloc[:, -1] / t.iloc[:, 0]
     lacking = t.iloc[:, :len(same)].isna()
-    t["note"] = ["; ".join(_not_measured(label, r) for r in same if lacking.at[label, r.path.stem])
-                 for label in t.index]
+    t["note"] = [
+        "; ".join(_not_measured(label, r) for r in same if lacking.at[label, r.path.stem])
+        for label in t.index
+    ]
     return t
 
 
@@ -186,12 +192,16 @@ CALLS = {  # each creation's CUDA runtime or driver calls (cuda.bindings may rea
     "alloc": r"^(cudaMalloc|cuMemAlloc)", "free": r"^(cudaFree|cuMemFree)",
     "ipc get handle": r"^cu(da)?IpcGetMemHandle", "ipc open": r"^cu(da)?IpcOpenMemHandle",
     "ipc close": r"^cu(da)?IpcCloseMemHandle", "lamport fill": r"^cuMemsetD16",
-    "synchronize": r"Synchronize"}
-PHASE_ORDER = ["destroy old workspace", "preflight", "alloc", "ipc get handle", "exchange handles",
-               "ipc open data", "ipc open flags", "ipc open lamport", "lamport fill", "metadata",
-               "barrier"]
-PHASE_COLORS = ["#bdc3c7", "#7f8c8d", "#2471a3", "#76d7c4", "#a9cce3", "#f5b041", "#dc7633",
-                "#a04000", "#229954", "#7d3c98", "#34495e"]
+    "synchronize": r"Synchronize"
+}
+PHASE_ORDER = [
+    "destroy old workspace", "preflight", "alloc", "ipc get handle", "exchange handles",
+    "ipc open data", "ipc open flags", "ipc open lamport", "lamport fill", "metadata", "barrier"
+]
+PHASE_COLORS = [
+    "#bdc3c7", "#7f8c8d", "#2471a3", "#76d7c4", "#a9cce3", "#f5b041", "#dc7633", "#a04000",
+    "#229954", "#7d3c98", "#34495e"
+]
 
 
 def call_group(name: str) -> str:
@@ -211,10 +221,11 @@ def trace_recreation_table(events) -> pd.DataFrame:
     """Per profiled policy: re-creation ranges per rank (they must agree) and the time in them,
     slowest rank."""
     r = creation_ranges(events)
-    per_rank = r[r.variant != COST_VARIANT].groupby(["variant", "rank"]).agg(
-        ranges=("ms", "size"), total_ms=("ms", "sum"))
-    t = per_rank.groupby("variant").agg(ranges_min=("ranges", "min"),
-                                        ranges_max=("ranges", "max"), total_ms=("total_ms", "max"))
+    per_rank = r[r.variant != COST_VARIANT].groupby(["variant",
+                                                     "rank"]).agg(ranges=("ms", "size"),
+                                                                  total_ms=("ms", "sum"))
+    t = per_rank.groupby("variant").agg(ranges_min=("ranges", "min"), ranges_max=("ranges", "max"),
+                                        total_ms=("total_ms", "max"))
     return t.reindex([v for v in POLICY_ORDER if v in t.index])
 
 
@@ -229,9 +240,9 @@ def call_table(events, rank: int = 0) -> pd.DataFrame:
     µs per call, total ms."""
     d = _calls(events[events["rank"] == rank])
     n = events[events["rank"] == rank].groupby("variant").creation.nunique()
-    t = d.groupby(["variant", "call", "name"]).agg(calls=("dur_us", "size"),
-                                                   median_us=("dur_us", "median"),
-                                                   total_ms=("dur_us", lambda s: s.sum() / 1e3))
+    t = d.groupby(["variant", "call",
+                   "name"]).agg(calls=("dur_us", "size"), median_us=("dur_us", "median"),
+                                total_ms=("dur_us", lambda s: s.sum() / 1e3))
     t["per creation"] = t.calls / n.reindex(t.index.get_level_values("variant")).to_numpy()
     return t[["per creation", "median_us", "total_ms"]]
 
@@ -259,8 +270,8 @@ def phase_frame(events) -> pd.DataFrame:
     cr = cr[cr.variant == COST_VARIANT]
     slowest = cr.loc[cr.groupby("tokens").ms.idxmax(), ["tokens", "rank"]]
     d = events[(events.variant == COST_VARIANT) & (events.category == "range")
-               & ~events.lane.str.startswith(("stream", "device"))].merge(slowest,
-                                                                         on=["tokens", "rank"])
+               & ~events.lane.str.startswith(
+                   ("stream", "device"))].merge(slowest, on=["tokens", "rank"])
     sub = d.name.str.replace(PHASE_PREFIX, "", regex=False)
     d = d.assign(sub=sub.where(sub.str.startswith("ipc open"),
                                sub.str.replace(r" (data|flags|lamport)$", "", regex=True)))
@@ -275,10 +286,12 @@ def trace_step(events, *, world_size: int, hidden_dim: int) -> list[str]:
     r = creation_ranges(events)
     cost = r[r.variant == COST_VARIANT].groupby("tokens").ms.max()
     ob, ph = open_by_buffer(events), phase_frame(events)
-    lam = {int(T): rebuild.workspace_sizes(world_size, int(T), hidden_dim)["aligned"][2] / MiB
-           for T in cost.index}
-    lo, hi = [T for T in cost.index if lam[int(T)] <= 336], [T for T in cost.index
-                                                             if lam[int(T)] >= 672]
+    lam = {
+        int(T): rebuild.workspace_sizes(world_size, int(T), hidden_dim)["aligned"][2] / MiB
+        for T in cost.index
+    }
+    lo, hi = [T for T in cost.index if lam[int(T)] <= 336
+              ], [T for T in cost.index if lam[int(T)] >= 672]
     if not lo or not hi:
         return ["the traced sizes do not straddle the 336 -> 672 MiB Lamport step"]
     a, b, top = max(lo), min(hi), max(cost.index)
@@ -288,20 +301,20 @@ def trace_step(events, *, world_size: int, hidden_dim: int) -> list[str]:
     long = events[(events.variant == COST_VARIANT) & (events.tokens == b)
                   & (events.category == "runtime") & (events.dur_us >= 1e3)].sort_values("start_us")
     return [
-        f"traced creation T={int(a)} (Lamport {lam[int(a)]:.0f} MiB): {cost[a]:.1f} ms; "
-        f"T={int(b)} ({lam[int(b)]:.0f} MiB): {cost[b]:.1f} ms ({cost[b] / cost[a]:.1f}×, "
-        f"+{step:.1f} ms)",
+        f"traced creation T={int(a)} (Lamport {lam[int(a)]:.0f} MiB): {cost[a]:.1f} ms; T={int(b)} "
+        f"({lam[int(b)]:.0f} MiB): {cost[b]:.1f} ms ({cost[b] / cost[a]:.1f}×, +{step:.1f} ms)",
         f"largest growth: '{grow.index[0]}' +{grow.iloc[0]:.1f} ms; one cudaIpcOpenMemHandle of "
         f"the Lamport buffer {ob.loc[a, 'lamport']:.2f} -> {ob.loc[b, 'lamport']:.2f} ms, and "
         f"{ob.loc[top, 'lamport']:.2f} ms at T={int(top)} ({lam[int(top)]:.0f} MiB)",
         f"one open of the data buffer: {ob['data'].min():.2f}-{ob['data'].max():.2f} ms at every "
         f"traced size, {data_mib:.0f} MiB (T={int(top)}) included; flags buffer "
         f"{ob['flags'].median():.2f} ms",
-        "each grew by less than a tenth of the step (ruled out as its cause): "
-        + ", ".join(k for k, v in grow.items() if v < 0.1 * step),
+        "each grew by less than a tenth of the step (ruled out as its cause): " + ", ".join(
+            k for k, v in grow.items() if v < 0.1 * step),
         *(f"rank {int(rank)}, T={int(b)}, calls over 1 ms: " + ", ".join(
             f"{c.name} in '{c.phase}' {c.dur_us / 1e3:.1f} ms" for c in g.itertuples())
-          for rank, g in long.groupby("rank"))]
+          for rank, g in long.groupby("rank"))
+    ]
 
 
 def first_open(events) -> str:
@@ -329,9 +342,9 @@ def mechanism(run=None, *, trace_name: str = "short_ramp", policies=("floor_0", 
     the first shown run, its GPU ms."""
     run = run if run else None
     W = run_world_size(run) if run is not None else 2
-    sched = pd.DataFrame([{"policy": name, "step": e.step, "tokens": e.max_token_num,
-                           "MiB": e.bytes_per_rank / MiB} for name in policies for e in
-                          measure.simulated(trace_name, name, W, hidden_dim)[0].events])
+    sched = pd.DataFrame([{
+        "policy": name, "step": e.step, "tokens": e.max_token_num, "MiB": e.bytes_per_rank / MiB
+    } for name in policies for e in measure.simulated(trace_name, name, W, hidden_dim)[0].events])
     tokens = measure.trace_tokens(trace_name)
     xmax = int(int(sched.step.max()) * 1.15) + 5
     fig, ax = plots.figure(width=11, height=4.6)
@@ -345,8 +358,9 @@ def mechanism(run=None, *, trace_name: str = "short_ramp", policies=("floor_0", 
         color = {"floor_0": plots.PALETTE["before"],
                  "floor_2048": plots.PALETTE["after"]}.get(name, plots.PALETTE["neutral"])
         steps = s.step.clip(lower=0)
-        ax.step(list(steps) + [xmax], list(s.tokens) + [list(s.tokens)[-1]], where="post",
-                color=color, lw=1.6)
+        ax.step(
+            list(steps) + [xmax],
+            list(s.tokens) + [list(s.tokens)[-1]], where="post", color=color, lw=1.6)
         label = (f"{LABEL.get(name, name)}{' — the PR' if name == 'floor_2048' else ''}: {len(s)} "
                  f"re-creation{'s' if len(s) != 1 else ''}, peak {s.MiB.max():.0f} MiB/rank"
                  + (f", {sum(ms.get(int(x), 0.0) for x in s.step):.0f} ms" if ms else ""))
@@ -358,7 +372,7 @@ def mechanism(run=None, *, trace_name: str = "short_ramp", policies=("floor_0", 
                         rotation=90, fontsize=6.5, ha="center", va="bottom", color=color)
     ax.set_yscale("log", base=2)
     ax.yaxis.set_major_formatter(_ticks())
-    ax.set_ylim(0.8, 2 ** 15)
+    ax.set_ylim(0.8, 2**15)
     ax.set_xlim(-5, xmax)
     ax.set_xlabel(f"forward step of the '{trace_name}' trace (steps {xmax}–{len(tokens)}: no "
                   "re-creation under either policy)")
@@ -366,9 +380,9 @@ def mechanism(run=None, *, trace_name: str = "short_ramp", policies=("floor_0", 
     ax.set_title(f"Cold start on short prompts, W={W}, H={hidden_dim}: the workspace is re-created "
                  "whenever x.shape[0] outgrows it")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8, markerscale=0.5)
-    plots.caption(fig, run,
-                  extra="counts and sizes: simulation of the rebuild (exact); mark area ~ "
-                  "workspace MiB/rank" + ("; ms: destroy + create, slowest rank" if run else ""))
+    plots.caption(
+        fig, run, extra="counts and sizes: simulation of the rebuild (exact); mark area ~ "
+        "workspace MiB/rank" + ("; ms: destroy + create, slowest rank" if run else ""))
     return fig
 
 
@@ -389,8 +403,7 @@ def events_figure(trace_name: str, panels: dict, *, note: str, source=None):
             if len(e):
                 ax.scatter(e.step.clip(lower=0), [i] * len(e), s=e.area, alpha=0.7)
                 ax.annotate(f"{len(e)}×" + (f" {e.ms.sum():.0f} ms" if "ms" in e else ""),
-                            (1.005, i), xycoords=("axes fraction", "data"), va="center",
-                            fontsize=8)
+                            (1.005, i), xycoords=("axes fraction", "data"), va="center", fontsize=8)
         ax.set_yticks(range(len(POLICY_ORDER)), POLICY_ORDER)
         ax.set_ylabel(title)
     for ax in axes:
@@ -411,9 +424,9 @@ def tradeoff_figure(cells: dict, *, x: str, ms: Optional[str] = None, xlabel: st
         ax = axes[traces.index(tname)][worlds.index(W)]
         ax.scatter(t[x], t.recreations, s=40, color=f"C{worlds.index(W)}")
         for (xv, yv), g in t.groupby([x, "recreations"]):
-            text = "\n".join(SHORT.get(n, n.replace("floor_", "floor "))
-                             + (f": {g.loc[n, ms]:.0f} ms" if ms else "")
-                             for n in POLICY_ORDER if n in g.index)
+            text = "\n".join(
+                SHORT.get(n, n.replace("floor_", "floor ")) +
+                (f": {g.loc[n, ms]:.0f} ms" if ms else "") for n in POLICY_ORDER if n in g.index)
             ax.annotate(text, (xv, yv), fontsize=7, xytext=(4, 3), textcoords="offset points",
                         va="bottom", rotation=20)
         ax.set_xscale("log", base=2)
@@ -438,14 +451,15 @@ def cost_figure(every: list, shown: list):
         c = cost_frame(r.df).reset_index()
         g = c[c.phase == "create"]
         mach = r.manifest.get("gpu_count_machine", r.manifest.get("gpu_count"))
-        ax_create.errorbar(g.tokens, g.time_median,
-                           yerr=[g.time_median - g.time_p10, g.time_p90 - g.time_median],
-                           marker="o", capsize=3, ls="-" if newest else "--",
+        ax_create.errorbar(g.tokens, g.time_median, yerr=[
+            g.time_median - g.time_p10, g.time_p90 - g.time_median
+        ], marker="o", capsize=3, ls="-" if newest else "--",
                            label=f"W={W} ({mach}-GPU box, {r.path.stem[9:15]}Z)")
         if newest:
             o = c[c.phase == "open"]
-            ax_open.plot([rebuild.workspace_sizes(W, int(T), H)["aligned"][2] / MiB
-                          for T in o.tokens], o.time_median, marker="o", label=f"W={W}")
+            ax_open.plot(
+                [rebuild.workspace_sizes(W, int(T), H)["aligned"][2] / MiB for T in o.tokens],
+                o.time_median, marker="o", label=f"W={W}")
     ax_create.set(xlabel="workspace T (tokens, log2)",
                   ylabel="creation ms (median, p10-p90, slowest rank)")
     ax_open.set(xlabel="Lamport buffer per rank (MiB, log2)", ylabel="IPC-open phase, ms (median)")
@@ -457,9 +471,10 @@ def cost_figure(every: list, shown: list):
             axis.set_major_formatter(_ticks())
             axis.set_minor_formatter(_ticks())
     p = shown[-1].manifest["params"]
-    plots.caption(fig, shown[-1], extra=f"runs {', '.join(r.path.stem[:16] for r in shown)}; "
-                  f"H={p['hidden_dim']}, bf16, three IPC buffers + fill + barriers; median of "
-                  f"{p['cost_repeats']}; dashed: older repeats")
+    plots.caption(
+        fig, shown[-1], extra=f"runs {', '.join(r.path.stem[:16] for r in shown)}; "
+        f"H={p['hidden_dim']}, bf16, three IPC buffers + fill + barriers; median of "
+        f"{p['cost_repeats']}; dashed: older repeats")
     return fig
 
 
@@ -476,14 +491,15 @@ def profile_overview(events, *, rank: int = 0, variants=("floor_0", "floor_2048"
         for _, g in d.groupby("creation", sort=True):
             parts.append(g.assign(start_us=g.start_us - g.start_us.min() + t))
             t = float((parts[-1].start_us + g.dur_us).max()) + 300.0
-        tables[f"{LABEL.get(v, v)} ({d.creation.nunique()}×)"] = (
-            pd.concat(parts, ignore_index=True) if parts else d)
-    fig = plots.timeline(tables, highlight=r"IpcOpenMemHandle", highlight_label="IPC handle open",
-                         categories=("runtime", "memset", "kernel", "range"),
-                         title=f"rank {rank}: every workspace re-creation of the cold start, back "
-                               "to back")
-    plots.caption(fig, run, extra="torch.profiler; gaps between re-creations cut; outlines: "
-                  "'recreate workspace' ranges, labelled with the workspace T they create")
+        tables[f"{LABEL.get(v, v)} ({d.creation.nunique()}×)"] = (pd.concat(
+            parts, ignore_index=True) if parts else d)
+    fig = plots.timeline(
+        tables, highlight=r"IpcOpenMemHandle", highlight_label="IPC handle open",
+        categories=("runtime", "memset", "kernel", "range"),
+        title=f"rank {rank}: every workspace re-creation of the cold start, back to back")
+    plots.caption(
+        fig, run, extra="torch.profiler; gaps between re-creations cut; outlines: "
+        "'recreate workspace' ranges, labelled with the workspace T they create")
     return fig
 
 
@@ -495,13 +511,13 @@ def profile_step(events, *, world_size: int, hidden_dim: int, run=None):
     t = phase_frame(events)
     x, bottom = np.arange(len(t)), np.zeros(len(t))
     for col in t.columns:
-        ax.bar(x, t[col], bottom=bottom, label=col,
-               color=PHASE_COLORS[PHASE_ORDER.index(col)])
+        ax.bar(x, t[col], bottom=bottom, label=col, color=PHASE_COLORS[PHASE_ORDER.index(col)])
         bottom += t[col].to_numpy()
-    sizes = {int(T): rebuild.workspace_sizes(world_size, int(T), hidden_dim)["aligned"]
-             for T in set(t.index) | set(open_by_buffer(events).index)}
-    ax.set_xticks(x, [f"T={int(T)}\n{sizes[int(T)][2] / MiB:.0f} MiB" for T in t.index],
-                  fontsize=8)
+    sizes = {
+        int(T): rebuild.workspace_sizes(world_size, int(T), hidden_dim)["aligned"]
+        for T in set(t.index) | set(open_by_buffer(events).index)
+    }
+    ax.set_xticks(x, [f"T={int(T)}\n{sizes[int(T)][2] / MiB:.0f} MiB" for T in t.index], fontsize=8)
     ax.set(xlabel="workspace T and its Lamport buffer per rank",
            ylabel="ms per creation phase (traced, slowest rank's creation)")
     ax.legend(fontsize=7, ncol=2)
@@ -525,18 +541,21 @@ def simulation(world_size: int = 4, world_sizes=(2, 4), hidden_dim: int = 7168) 
     workspace T), then memory against re-creations, cold start."""
     for tname in measure.TRACES:
         ev = pd.DataFrame([{"variant": n, "step": e.step, "area": 12 + 60 * e.max_token_num / 4096}
-                           for n in POLICY_ORDER for e in measure.simulated(
-                               tname, n, world_size, hidden_dim)[0].events])
-        notebook.show_figure(events_figure(tname, {f"simulated, W={world_size}": ev},
-                                           note="simulated on the fake creator (no GPU); dot "
-                                                "size ~ workspace T"))
-    d = pd.DataFrame(measure.simulate_rows({"hidden_dim": hidden_dim},
-                                           world_sizes=list(world_sizes), scenarios=(0,)))
+                           for n in POLICY_ORDER
+                           for e in measure.simulated(tname, n, world_size, hidden_dim)[0].events])
+        notebook.show_figure(
+            events_figure(tname, {f"simulated, W={world_size}": ev},
+                          note="simulated on the fake creator (no GPU); dot size ~ workspace T"))
+    d = pd.DataFrame(
+        measure.simulate_rows({"hidden_dim": hidden_dim}, world_sizes=list(world_sizes),
+                              scenarios=(0,)))
     cells = {(t, W): g.pivot_table(index="variant", columns="metric", values="value")
              for (t, W), g in d[d.metric != "event_workspace"].groupby(["trace", "world_size"])}
-    notebook.show_figure(tradeoff_figure(cells, x="peak_workspace", xlabel="peak workspace per rank"
-                                         " (MiB, log2)", note="memory vs re-creations per "
-                                         "policy, cold start, simulated; shape = x.shape[0]"))
+    notebook.show_figure(
+        tradeoff_figure(
+            cells, x="peak_workspace", xlabel="peak workspace per rank"
+            " (MiB, log2)", note="memory vs re-creations per "
+            "policy, cold start, simulated; shape = x.shape[0]"))
 
 
 @notebook.needs_run
@@ -551,15 +570,21 @@ def replay(run) -> None:
     note = (f"runs {', '.join(r.path.stem[:16] for r in run.shown)}; cold start; ms: destroy + "
             "create, slowest rank")
     for tname in measure.TRACES:
-        panels = {f"W={run_world_size(r)}": gpu_event_frame(r.df, tname).assign(
-            area=lambda e: 4 * e.value, ms=lambda e: e.value) for r in run.shown}
+        panels = {
+            f"W={run_world_size(r)}": gpu_event_frame(r.df,
+                                                      tname).assign(area=lambda e: 4 * e.value,
+                                                                    ms=lambda e: e.value)
+            for r in run.shown
+        }
         notebook.show_figure(events_figure(tname, panels, note=note, source=run.shown[-1]))
-    cells = {(t, run_world_size(r)): policy_stats(r).xs(t, level="trace") for r in run.shown
+    cells = {(t, run_world_size(r)): policy_stats(r).xs(t, level="trace")
+             for r in run.shown
              for t in measure.TRACES}
-    notebook.show_figure(tradeoff_figure(
-        cells, x="peak_workspace_measured", ms="recreate_time_total", source=run.shown[-1],
-        xlabel="peak workspace per rank, measured (MiB, log2)",
-        note=note + "; labels: total ms; memory = cudaMemGetInfo above the baseline"))
+    notebook.show_figure(
+        tradeoff_figure(
+            cells, x="peak_workspace_measured", ms="recreate_time_total", source=run.shown[-1],
+            xlabel="peak workspace per rank, measured (MiB, log2)",
+            note=note + "; labels: total ms; memory = cudaMemGetInfo above the baseline"))
 
 
 @notebook.needs_run
@@ -587,8 +612,8 @@ def leaks(run) -> None:
     t = leak_table(every)
     notebook.show_table(t)
     bad = (t.fillna(0).abs() > 0).any(axis=1)
-    print(f"leak check FAILED for {list(t.index[bad])}" if bad.any() else
-          "leak check: every rank back to 0 MiB on its GPU and on the others, no rank process "
+    print(f"leak check FAILED for {list(t.index[bad])}" if bad.any(
+    ) else "leak check: every rank back to 0 MiB on its GPU and on the others, no rank process "
           f"left, in all {len(every)} runs")
 
 
@@ -610,8 +635,8 @@ def profiler(run) -> None:
         notebook.show_figure(profile_step(ev, world_size=W, hidden_dim=H, run=r))
         print("\n".join(trace_step(ev, world_size=W, hidden_dim=H) + [first_open(ev)]))
     if not traced:
-        print("no shown run has a trace; from the phase timings alone: "
-              + "; ".join(cost_step(r) for r in run.shown))
+        print("no shown run has a trace; from the phase timings alone: " + "; ".join(
+            cost_step(r) for r in run.shown))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -653,8 +678,8 @@ def read_trace(path, *, pcg_max_tokens: int = 4096) -> Trace:
         buckets = measure.pcg_buckets(pcg_max_tokens) if pcg_max_tokens else []
         tokens, n = [], {"Prefill": 0, "Decode": 0}
         for i, ln in enumerate(lines, 1):
-            for kind, rx, field in (("Prefill", PREFILL, "#new-token"),
-                                    ("Decode", DECODE, "#running-req")):
+            for kind, rx, field in (("Prefill", PREFILL, "#new-token"), ("Decode", DECODE,
+                                                                         "#running-req")):
                 if f"{kind} batch" not in ln:
                     continue
                 m = rx.search(ln)
@@ -738,13 +763,14 @@ def cost_model(world_size: int) -> Optional[CostModel]:
         return None
     per = c.groupby(["tokens", "phase"]).value.max().unstack("phase").sum(axis=1)  # slowest rank
     W, H = run_world_size(run), run_hidden(run)
-    points = sorted((rebuild.workspace_bytes_per_rank(W, int(T), H), float(ms))
-                    for T, ms in per.items())
+    points = sorted(
+        (rebuild.workspace_bytes_per_rank(W, int(T), H), float(ms)) for T, ms in per.items())
     borrowed = (f"; NO recorded run at world size {world_size}: these are the ×{W} run's times "
                 f"(a creation's cost grows with the world size)" if W != world_size else "")
-    return CostModel(points, f"{run.path.name} ({runs.gpu_short(run.manifest)} ×{W}, "
-                             f"{str(run.manifest.get('created_utc'))[:10]}), interpolated by "
-                             f"workspace bytes{borrowed}", W)
+    return CostModel(
+        points, f"{run.path.name} ({runs.gpu_short(run.manifest)} ×{W}, "
+        f"{str(run.manifest.get('created_utc'))[:10]}), interpolated by "
+        f"workspace bytes{borrowed}", W)
 
 
 def traffic_table(tokens: list[int], *, world_size: int, hidden_dim: int, policies=None,
@@ -759,10 +785,11 @@ def traffic_table(tokens: list[int], *, world_size: int, hidden_dim: int, polici
         mgr, refused = rebuild.simulate(pol, tokens, world_size=world_size, hidden_dim=hidden_dim,
                                         pre_initialize=pre_initialize or None)
         events = [e for e in mgr.events if e.step >= 0]
-        rows.append({"policy": pol.name, "what": pol.label, "re-creations": len(events),
-                     "refused calls": refused, "peak MiB/rank": mgr.peak_bytes_per_rank / MiB,
-                     "est. ms": sum(model.ms(e.bytes_per_rank) for e in events) if model
-                     else float("nan")})
+        rows.append({
+            "policy": pol.name, "what": pol.label, "re-creations": len(events),
+            "refused calls": refused, "peak MiB/rank": mgr.peak_bytes_per_rank / MiB,
+            "est. ms": sum(model.ms(e.bytes_per_rank) for e in events) if model else float("nan")
+        })
     df = pd.DataFrame(rows).set_index("policy")
     if model and model.world_size != world_size:  # the column says whose times these are
         df = df.rename(columns={"est. ms": f"est. ms (×{model.world_size} run's times)"})
@@ -773,8 +800,9 @@ def traffic_table(tokens: list[int], *, world_size: int, hidden_dim: int, polici
 def generated_trace(prompt_length: int, *, steps: int = 1500) -> list[int]:
     """``x.shape[0]`` per forward step of a cold server warming up (the stored ``short_ramp``
     scenario) with a median prompt of ``prompt_length`` tokens."""
-    params = {**measure.TRACES["short_ramp"], "prompt_median": int(prompt_length),
-              "steps": int(steps)}
+    params = {
+        **measure.TRACES["short_ramp"], "prompt_median": int(prompt_length), "steps": int(steps)
+    }
     return [int(t) for t in measure.generate_trace(**params).tokens]
 
 
@@ -794,14 +822,14 @@ def floor_table(floor: int, world_size: int, prompt_length: int, *,
 def your_setup():
     """A floor, a world size and a prompt length -> re-creations, estimated ms and MiB per policy
     on a generated cold start (controls in JupyterLab, a static table elsewhere)."""
-    return notebook.explore(floor_table, {"floor": [0, 256, 512, 1024, 2048, 4096],
-                                          "world_size": [2, 4, 8],
-                                          "prompt_length": [16, 48, 128, 512, 1200, 4096]},
-                            static=[{"floor": 2048, "world_size": 4, "prompt_length": 48},
-                                    {"floor": 512, "world_size": 8, "prompt_length": 48},
-                                    {"floor": 2048, "world_size": 4, "prompt_length": 1200}],
-                            title="Your traffic: workspace re-creations per policy on a generated "
-                                  "cold start")
+    return notebook.explore(
+        floor_table, {
+            "floor": [0, 256, 512, 1024, 2048, 4096], "world_size": [2, 4, 8],
+            "prompt_length": [16, 48, 128, 512, 1200, 4096]
+        }, static=[{"floor": 2048, "world_size": 4,
+                    "prompt_length": 48}, {"floor": 512, "world_size": 8, "prompt_length": 48},
+                   {"floor": 2048, "world_size": 4, "prompt_length": 1200}],
+        title="Your traffic: workspace re-creations per policy on a generated cold start")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -850,20 +878,28 @@ def engine_facts(run) -> list[dict]:
         ranks = sorted({int(x["rank"]) for x in ev})
         per_rank = {r: [x for x in ev if int(x["rank"]) == r] for r in ranks}
         out.append({
-            "variant": f"{key[0]}+{key[1]}", "policy": policy.name, "world": world,
-            "per_rank": {r: len(v) for r, v in per_rank.items()},
-            "managers": {r: len({x.get("obj") for x in v}) for r, v in per_rank.items()},
-            "sizes": sorted({int(x["max_token_num"]) for x in ev}),
-            "in_calls": sum(c.get("events", 0) for c in d["calls"]),
-            "calls": len(d["calls"]), "steps": len(trace),
-            "sim": len(mgr.events), "sim_sizes": sorted({x.max_token_num for x in mgr.events}),
-            "ms": sorted(float(x["seconds"]) * 1e3 for x in ev if "seconds" in x),
-            "ms_by_rank": {r: [float(x["seconds"]) * 1e3 for x in v if "seconds" in x]
-                           for r, v in per_rank.items()},
-            "first_call_ms": {int(c["input_len"]): float(c["seconds"]) * 1e3
-                              for c in d["calls"] if int(c.get("warmup", 0))},
-            "call_ms": {int(c["input_len"]): float(c["seconds"]) * 1e3
-                        for c in d["calls"] if not int(c.get("warmup", 0))}})
+            "variant": f"{key[0]}+{key[1]}", "policy": policy.name, "world": world, "per_rank": {
+                r: len(v)
+                for r, v in per_rank.items()
+            }, "managers": {r: len({x.get("obj")
+                                    for x in v})
+                            for r, v in per_rank.items()},
+            "sizes": sorted({int(x["max_token_num"])
+                             for x in ev}), "in_calls": sum(c.get("events", 0) for c in d["calls"]),
+            "calls": len(d["calls"]), "steps": len(trace), "sim": len(mgr.events),
+            "sim_sizes": sorted({x.max_token_num
+                                 for x in mgr.events}),
+            "ms": sorted(float(x["seconds"]) * 1e3 for x in ev if "seconds" in x), "ms_by_rank": {
+                r: [float(x["seconds"]) * 1e3 for x in v if "seconds" in x]
+                for r, v in per_rank.items()
+            }, "first_call_ms": {
+                int(c["input_len"]): float(c["seconds"]) * 1e3
+                for c in d["calls"] if int(c.get("warmup", 0))
+            }, "call_ms": {
+                int(c["input_len"]): float(c["seconds"]) * 1e3
+                for c in d["calls"] if not int(c.get("warmup", 0))
+            }
+        })
     return out
 
 
@@ -888,16 +924,16 @@ def engine_table(facts: list[dict]) -> pd.DataFrame:
     rows = []
     for f in facts:
         nth = [[v[i] for _, v in sorted(f["ms_by_rank"].items()) if len(v) > i] for i in (0, 1)]
-        rows.append({"variant": _label(f),
-                     "call site": rebuild.POLICIES[f["policy"]].label,
-                     "creations per rank": "/".join(str(f["per_rank"][r])
-                                                    for r in sorted(f["per_rank"])),
-                     "max_token_num": "/".join(map(str, f["sizes"])),
-                     "in forward steps": f"{f['in_calls']} in {f['calls']} calls",
-                     "simulated, per manager": f"{f['sim']} at "
-                                               f"{'/'.join(map(str, f['sim_sizes']))}",
-                     "1st creation (ms)": "/".join(f"{m:,.1f}" for m in nth[0]),
-                     "2nd creation (ms)": "/".join(f"{m:,.1f}" for m in nth[1])})
+        rows.append({
+            "variant": _label(f),
+            "call site": rebuild.POLICIES[f["policy"]].label, "creations per rank": "/".join(
+                str(f["per_rank"][r]) for r in sorted(f["per_rank"])), "max_token_num": "/".join(
+                    map(str,
+                        f["sizes"])), "in forward steps": f"{f['in_calls']} in {f['calls']} calls",
+            "simulated, per manager": f"{f['sim']} at {'/'.join(map(str, f['sim_sizes']))}",
+            "1st creation (ms)": "/".join(f"{m:,.1f}" for m in nth[0]),
+            "2nd creation (ms)": "/".join(f"{m:,.1f}" for m in nth[1])
+        })
     return pd.DataFrame(rows).set_index("variant") if rows else pd.DataFrame()
 
 
@@ -907,14 +943,16 @@ def first_call_table(facts: list[dict]) -> pd.DataFrame:
     rows = []
     for f in facts:
         for n, ms in sorted(f["first_call_ms"].items()):
-            rows.append({"variant": _label(f), "prompt tokens": n, "first call": ms,
-                         "timed call": f["call_ms"].get(n)})
+            rows.append({
+                "variant": _label(f), "prompt tokens": n, "first call": ms,
+                "timed call": f["call_ms"].get(n)
+            })
     if not rows:
         return pd.DataFrame()
     df = pd.DataFrame(rows)
     return (df.pivot_table(index="variant", columns="prompt tokens",
-                           values=["first call", "timed call"], aggfunc="first")
-            .round(1).stack(level=0, future_stack=True))
+                           values=["first call", "timed call"],
+                           aggfunc="first").round(1).stack(level=0, future_stack=True))
 
 
 def engine_reading(facts: list[dict]) -> list[str]:
@@ -925,12 +963,13 @@ def engine_reading(facts: list[dict]) -> list[str]:
     per = sorted({n for f in facts for n in f["per_rank"].values()})
     sizes = sorted({s for f in facts for s in f["sizes"]})
     inside = sum(f["in_calls"] for f in facts)
-    out = [f"every variant: {'/'.join(map(str, per))} creations per rank, all at "
-           f"{'/'.join(map(str, sizes))} tokens, {inside} of them during the "
-           f"{sum(f['calls'] for f in facts)} generate calls; the rebuild's simulation with "
-           f"pre-initialisation: {'/'.join(str(f['sim']) for f in facts)} per manager"]
-    big = sorted({n for f in facts for n in f["first_call_ms"]
-                  if not rebuild.fusion_applies(n)})
+    out = [
+        f"every variant: {'/'.join(map(str, per))} creations per rank, all at "
+        f"{'/'.join(map(str, sizes))} tokens, {inside} of them during the "
+        f"{sum(f['calls'] for f in facts)} generate calls; the rebuild's simulation with "
+        f"pre-initialisation: {'/'.join(str(f['sim']) for f in facts)} per manager"
+    ]
+    big = sorted({n for f in facts for n in f["first_call_ms"] if not rebuild.fusion_applies(n)})
     for n in big:
         first = [f["first_call_ms"][n] for f in facts if n in f["first_call_ms"]]
         timed = [f["call_ms"][n] for f in facts if n in f["call_ms"]]
@@ -978,21 +1017,24 @@ def beside_rows(run, engine_run) -> list[dict]:
                 n = int(stats.loc[("short_ramp", pol), "recreations"])
             except (KeyError, TypeError, ValueError):
                 continue
-            rows.append({"source": f"rebuild ({gpu} TP {w}), cold start",
-                         "measures": f"creations along the short-prompt trace, "
-                                     f"{rebuild.POLICIES[pol].label}",
-                         "figure": f"{n}"})
+            rows.append({
+                "source": f"rebuild ({gpu} TP {w}), cold start",
+                "measures": f"creations along the short-prompt trace, "
+                f"{rebuild.POLICIES[pol].label}", "figure": f"{n}"
+            })
     else:
-        rows.append({"source": "rebuild", "measures": getattr(run, "line", "no GPU run"),
-                     "figure": ""})
+        rows.append({
+            "source": "rebuild", "measures": getattr(run, "line", "no GPU run"), "figure": ""
+        })
     if engine_run:
         for f in engine_facts_of(engine_run.shown):
-            rows.append({"source": f"SGLang {f['variant']} engine (TP {f['world']})",
-                         "measures": f"creations per rank, {rebuild.POLICIES[f['policy']].label} "
-                                     "(pre-initialised at 2048 before capture; the rebuild "
-                                     f"simulates {f['sim']} per manager)",
-                         "figure": f"{max(f['per_rank'].values())} ({f['in_calls']} in forward "
-                                   "steps)"})
+            rows.append({
+                "source": f"SGLang {f['variant']} engine (TP {f['world']})",
+                "measures": f"creations per rank, {rebuild.POLICIES[f['policy']].label} "
+                "(pre-initialised at 2048 before capture; the rebuild "
+                f"simulates {f['sim']} per manager)",
+                "figure": f"{max(f['per_rank'].values())} ({f['in_calls']} in forward steps)"
+            })
     return rows
 
 

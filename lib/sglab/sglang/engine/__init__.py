@@ -10,6 +10,7 @@ The names below are the package's face, imported on first use: the engine's own 
 
 import importlib
 
+
 FACE = {
     "hooks": ("SITECUSTOMIZE", "function_source", "patch_params", "remove_text", "revert_hunk",
               "reverted_source", "say"),

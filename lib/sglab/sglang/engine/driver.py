@@ -83,10 +83,8 @@ def drive(params_path: str) -> int:
                     t0 = time.perf_counter()
                     engine.generate(**kwargs)
                     dt = time.perf_counter() - t0
-                    say(
-                        f"call id={k} requests={n} input_len={il} output_len={p['output_len']} "
-                        f"warmup={warm} seconds={dt:.6f}"
-                    )
+                    say(f"call id={k} requests={n} input_len={il} output_len={p['output_len']} "
+                        f"warmup={warm} seconds={dt:.6f}")
                     k += 1
         if image is not None:
             _gpu_memory()

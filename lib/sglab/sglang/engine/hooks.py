@@ -78,15 +78,12 @@ def hunk_added_lines(diff: Path, contains: str, symbol: str = "") -> str:
         if cur is not None:
             cur["lines"].append(line)
     picked = [
-        h
-        for h in hunks
-        if (not symbol or symbol in h["section"])
-        and any(ln.startswith("+") and contains in ln for ln in h["lines"])
+        h for h in hunks if (not symbol or symbol in h["section"]) and any(
+            ln.startswith("+") and contains in ln for ln in h["lines"])
     ]
     if len(picked) != 1:
         raise ValueError(
-            f"{diff.name}: {len(picked)} hunks add a line with {contains!r} (expected one)"
-        )
+            f"{diff.name}: {len(picked)} hunks add a line with {contains!r} (expected one)")
     lines = picked[0]["lines"]
     idx = [i for i, ln in enumerate(lines) if ln.startswith("+")]
     # the contiguous run of added lines around the one that matches
@@ -96,7 +93,7 @@ def hunk_added_lines(diff: Path, contains: str, symbol: str = "") -> str:
         lo -= 1
     while hi + 1 in idx:
         hi += 1
-    block = [ln[1:] for ln in lines[lo : hi + 1]]
+    block = [ln[1:] for ln in lines[lo:hi + 1]]
     while block and not block[0].strip():
         block.pop(0)
     while block and not block[-1].strip():
@@ -213,9 +210,8 @@ def install_hooks(path: str) -> None:
         mod, _, fn = p["patch"].partition(":")
         target = getattr(importlib.import_module(mod), fn)
         params = dict(p["params"], name=p["name"])
-        finder.add(
-            params["module"], lambda module, target=target, params=params: target(params, module)
-        )
+        finder.add(params["module"],
+                   lambda module, target=target, params=params: target(params, module))
 
 
 def _resolve(module, qualname: str):
@@ -235,12 +231,8 @@ def function_source(source: str, qualname: str) -> str:
     nodes, found = tree.body, None
     for part in qualname.split("."):
         found = next(
-            (
-                n
-                for n in nodes
-                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                and n.name == part
-            ),
+            (n for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                ast.ClassDef)) and n.name == part),
             None,
         )
         if found is None:
@@ -248,7 +240,7 @@ def function_source(source: str, qualname: str) -> str:
         nodes = found.body
     lines = source.splitlines(keepends=True)
     start = min([found.lineno] + [d.lineno for d in found.decorator_list]) - 1
-    return textwrap.dedent("".join(lines[start : found.end_lineno]))
+    return textwrap.dedent("".join(lines[start:found.end_lineno]))
 
 
 def remove_text(source: str, text: str, what: str, replacement: str = "") -> str:
@@ -280,11 +272,8 @@ def revert_hunk(params: dict, module) -> None:
     owner, attr, fn = _resolve(module, params["qualname"])
     source = textwrap.dedent(inspect.getsource(fn))
     new = reverted_source(params, source)
-    flags = (
-        __future__.annotations.compiler_flag
-        if getattr(module, "annotations", None) is __future__.annotations
-        else 0
-    )
+    flags = (__future__.annotations.compiler_flag
+             if getattr(module, "annotations", None) is __future__.annotations else 0)
     code = compile(
         new,
         f"<{params['name']}: {module.__name__}.{params['qualname']}>",
@@ -295,14 +284,10 @@ def revert_hunk(params: dict, module) -> None:
     namespace: dict = {}
     exec(code, module.__dict__, namespace)
     setattr(owner, attr, namespace[attr])
-    say(
-        f"applied {params['name']} pid={os.getpid()} ({module.__name__}.{params['qualname']}: "
-        + (
-            f"{params['text'].strip()!r} -> {params['replacement'].strip()!r})"
-            if params.get("replacement")
-            else f"{len(source.splitlines()) - len(new.splitlines())} lines removed)"
-        )
-    )
+    say(f"applied {params['name']} pid={os.getpid()} ({module.__name__}.{params['qualname']}: " +
+        (f"{params['text'].strip()!r} -> {params['replacement'].strip()!r})" if params.get(
+            "replacement") else f"{len(source.splitlines()) - len(new.splitlines())} lines removed)"
+         ))
 
 
 def trace_calls(params: dict, module) -> None:
@@ -324,10 +309,8 @@ def trace_calls(params: dict, module) -> None:
             return fn(*a, **kw)
         finally:
             say(f"event {params['event']} pid={os.getpid()} {shown} "
-                 f"seconds={time.perf_counter() - t0:.6f}")
+                f"seconds={time.perf_counter() - t0:.6f}")
 
     setattr(owner, attr, wrapper)
-    say(
-        f"applied {params['name']} pid={os.getpid()} ({module.__name__}.{params['qualname']}: "
-        f"traced)"
-    )
+    say(f"applied {params['name']} pid={os.getpid()} ({module.__name__}.{params['qualname']}: "
+        f"traced)")

@@ -22,10 +22,11 @@ from sglab.core import procs
 from sglab.sglang.engine.hooks import SITECUSTOMIZE, patch_params
 from sglab.sglang.engine.model import prepare_model
 from sglab.sglang.engine.release import (ReleaseEnv, check_flags, check_pins, found_versions,
-                                          locate, release_flags, release_pins)
+                                         locate, release_flags, release_pins)
 from sglab.sglang.engine.spec import (DEFAULT_ARGS, ENGINE_ONLY_ARGS, MODEL_NEEDS, Adjustment,
                                       EngineError, EngineSpec, adjustment, flag_names, lib_dir,
                                       load_config)
+
 
 KILL_GRACE_S = 10.0  # between SIGTERM and SIGKILL when an engine is stopped
 
@@ -132,9 +133,8 @@ def with_model_needs(spec: EngineSpec, echo: Callable[[str], None] = print) -> E
     return replace(spec, adjustments=spec.adjustments + extra) if extra else spec
 
 
-def prepare(
-    spec: EngineSpec, work: Path, *, python: str = sys.executable, check: bool = True
-) -> Prepared:
+def prepare(spec: EngineSpec, work: Path, *, python: str = sys.executable,
+            check: bool = True) -> Prepared:
     """Decide the whole launch without starting anything: locate the release, check its torch pin
     (``check``), check the flags against its source, lay out the model folder, the hooks and the
     environment."""
@@ -157,15 +157,11 @@ def prepare(
         json.dumps(
             {
                 "resolved": True,
-                "patches": [
-                    {"name": a.name, "patch": a.patch, "params": patch_params(a)}
-                    for a in spec.adjustments
-                    if a.patch
-                ],
+                "patches": [{"name": a.name, "patch": a.patch, "params": patch_params(a)}
+                            for a in spec.adjustments if a.patch],
             },
             indent=1,
-        )
-    )
+        ))
     if spec.tool == "bench":
         sglang_cmd = [python, "-m", "sglang.bench_one_batch", *server, *bench_argv(spec, work)]
         argv = list(sglang_cmd)
@@ -178,24 +174,21 @@ def prepare(
     path = [str(hooks_dir), str(lib_dir()), *[str(p) for p in env.paths]]
     if environ.get("PYTHONPATH"):
         path.append(environ["PYTHONPATH"])
-    environ.update(
-        {
-            "PYTHONPATH": os.pathsep.join(path),
-            "SGLAB_ENGINE_HOOKS": str(hooks),
-            "SGLAB_ENGINE_RUN": marker,
-            "SGLANG_TORCH_PROFILER_DIR": str(work / "profile"),
-            "PYTHONUNBUFFERED": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-        }
-    )
+    environ.update({
+        "PYTHONPATH": os.pathsep.join(path),
+        "SGLAB_ENGINE_HOOKS": str(hooks),
+        "SGLAB_ENGINE_RUN": marker,
+        "SGLANG_TORCH_PROFILER_DIR": str(work / "profile"),
+        "PYTHONUNBUFFERED": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    })
     environ.setdefault("NCCL_NVLS_ENABLE", "0")
     for a in spec.adjustments:
         environ.update({k: v.format(lib=lib_dir()) for k, v in a.env})
-    return Prepared(
-        spec, env, work, model_dir, argv, sglang_cmd, server, hooks, environ, pins, found, marker
-    )
+    return Prepared(spec, env, work, model_dir, argv, sglang_cmd, server, hooks, environ, pins,
+                    found, marker)
 
 
 @dataclass
@@ -264,8 +257,8 @@ def launch(
                 proc.kill()
             if cut is not None:
                 print(
-                    f"[sglab] {type(cut).__name__}: "
-                    + (stopped.line(f"engine group {proc.pid}") or "the engine had exited"),
+                    f"[sglab] {type(cut).__name__}: " + (stopped.line(f"engine group {proc.pid}")
+                                                         or "the engine had exited"),
                     file=sys.stderr,
                     flush=True,
                 )

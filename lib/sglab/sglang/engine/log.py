@@ -43,34 +43,44 @@ class _Reading:
     read, the generate call being read."""
 
     def __init__(self):
-        self.d: dict = {"pcg": "unknown", "resolved": None, "warmup": None, **{k: None for k in (
-            "pcg_reason", "pcg_tokens", "pcg_capture_s", "bcg_tokens", "bcg_eager", "decode_bs",
-            "decode_capture_s", "attention_backend", "max_total_num_tokens")}, **{k: [] for k in (
-            "bench", "prefill_batches", "decode_batches", "calls", "applied", "events",
-            "hooks_failed", "gpu_memory", "excerpts", "traces")}}
+        self.d: dict = {
+            "pcg": "unknown", "resolved": None, "warmup": None, **{
+                k: None
+                for k in ("pcg_reason", "pcg_tokens", "pcg_capture_s", "bcg_tokens", "bcg_eager", "decode_bs", "decode_capture_s", "attention_backend", "max_total_num_tokens")
+            }, **{
+                k: []
+                for k in ("bench", "prefill_batches", "decode_batches", "calls", "applied", "events", "hooks_failed", "gpu_memory", "excerpts", "traces")
+            }
+        }
         self.phase, self.current, self.call = "start", None, None
 
 
 def _decision(excerpt: bool = True, **fields):
     """A handler that sets result fields: each a constant, or ``(group, convert)`` of the match;
     the line goes to the excerpts a manifest keeps."""
+
     def handle(r: _Reading, m, line: str) -> None:
         for k, v in fields.items():
             r.d[k] = v[1](m.group(v[0])) if isinstance(v, tuple) else v
         if excerpt:
             r.d["excerpts"].append(strip_prefix(line))
+
     return handle
 
 
 def _phase(name: str):
+
     def handle(r: _Reading, m, line: str) -> None:
         r.phase = name
+
     return handle
 
 
 def _prefill(r: _Reading, m, line: str) -> None:
-    r.current = {"prefill_latency": float(m["s"]), "prefill_throughput": float(m["tps"]),
-                 "decode_latencies": []}
+    r.current = {
+        "prefill_latency": float(m["s"]), "prefill_throughput": float(m["tps"]),
+        "decode_latencies": []
+    }
     if r.phase == "benchmark":
         r.d["bench"].append(r.current)
     else:
@@ -89,8 +99,10 @@ def _decode_median(r: _Reading, m, line: str) -> None:
 
 def _skipping(r: _Reading, m, line: str) -> None:
     if r.phase == "benchmark":
-        r.d["bench"].append({"skipped": True, "batch_size": int(m["bs"]),
-                             "input_len": int(m["il"]), "output_len": int(m["ol"])})
+        r.d["bench"].append({
+            "skipped": True, "batch_size": int(m["bs"]), "input_len": int(m["il"]),
+            "output_len": int(m["ol"])
+        })
 
 
 def _prefill_batch(r: _Reading, m, line: str) -> None:
@@ -126,8 +138,7 @@ LINES = {
                   _decision(bcg_eager=("cls", str))),
     "decode_bs": (CGR, r"Capture cuda graph bs \[(?P<bs>[\d,\s]*)\]",
                   _decision(decode_bs=("bs", _ints))),
-    "decode_begin": (MR, r"Capture cuda graph begin\. This can take up to several minutes\.",
-                     None),
+    "decode_begin": (MR, r"Capture cuda graph begin\. This can take up to several minutes\.", None),
     "decode_end": (MR, r"Capture cuda graph end\. Time elapsed: (?P<s>[\d.]+) s\. mem "
                    r"usage=(?P<mem>[\d.]+) GB", _decision(decode_capture_s=("s", float))),
     "attn_default": ("srt/server_args.py", r"Attention backend not specified\. Use "
@@ -203,7 +214,6 @@ OURS_READ = {
     "gpu-memory": lambda r, rest, line: r.d["gpu_memory"].append(key_values(rest)),
 }
 
-
 _JOINED = re.compile(r"(?<=\S)(?=" + re.escape(MARK) + r" )")
 
 
@@ -237,8 +247,8 @@ def read_log(text: str) -> dict:
             d["pcg"] = "disabled"
     if d["pcg"] == "disabled" and d["pcg_reason"] == "--disable-piecewise-cuda-graph is set":
         d["pcg_reason"] += " (by the flag or by ServerArgs' auto-disable rules)"
-    d["bcg"] = ("eager fallback" if d["bcg_eager"] else
-                "captured" if d["bcg_tokens"] is not None else "not used")
+    d["bcg"] = ("eager fallback"
+                if d["bcg_eager"] else "captured" if d["bcg_tokens"] is not None else "not used")
     return d
 
 
@@ -295,8 +305,11 @@ def bench_results(d: dict, spec: EngineSpec, result_file: Optional[Path] = None)
         got = next(printed, None)
         if got is None:
             break
-        out.append({"batch_size": bs, "input_len": il, "output_len": ol,
-                    **{k: v for k, v in got.items() if k != "decode_latencies"}})
+        out.append({
+            "batch_size": bs, "input_len": il, "output_len": ol,
+            **{k: v
+               for k, v in got.items() if k != "decode_latencies"}
+        })
     return _mark_warmup(out, spec.warmup)
 
 

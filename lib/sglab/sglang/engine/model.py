@@ -21,12 +21,15 @@ def tokenizer_json(vocab: int = VOCAB) -> dict:
     special = ["<unk>", "<s>", "</s>", "<pad>"]
     words = {tok: i for i, tok in enumerate(special)}
     words.update({f"t{i}": i for i in range(len(special), vocab)})
-    added = [{"id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": True} for i, tok in enumerate(special)]
-    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-            "normalizer": None, "pre_tokenizer": {"type": "WhitespaceSplit"},
-            "post_processor": None, "decoder": None,
-            "model": {"type": "WordLevel", "vocab": words, "unk_token": "<unk>"}}
+    added = [{
+        "id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
+        "normalized": False, "special": True
+    } for i, tok in enumerate(special)]
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": None, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None,
+        "decoder": None, "model": {"type": "WordLevel", "vocab": words, "unk_token": "<unk>"}
+    }
 
 
 TOKENIZER_CONFIG = {
@@ -52,8 +55,7 @@ def prepare_model(config: Path, dest: Path) -> Path:
     vocab = int(text_config(cfg).get("vocab_size") or cfg.get("vocab_size") or VOCAB)
     if vocab < VOCAB:
         raise EngineError(
-            f"{config}: vocab_size {vocab} is below the harness tokenizer's {VOCAB} tokens"
-        )
+            f"{config}: vocab_size {vocab} is below the harness tokenizer's {VOCAB} tokens")
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "config.json").write_bytes(Path(config).read_bytes())
     (dest / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
@@ -86,24 +88,18 @@ def probe_model_config(prepared, params: dict) -> list[dict]:
         out = []
         for k in keys:
             v = getattr(mc, k, None)
-            out.append(
-                {
-                    "metric": k,
-                    "value": v
-                    if isinstance(v, (int, float, bool, str, list, type(None)))
-                    else str(v),
-                }
-            )
+            out.append({
+                "metric": k,
+                "value": v if isinstance(v, (int, float, bool, str, list, type(None))) else str(v),
+            })
         out.append({"metric": "architecture", "value": mc.hf_config.architectures[0]})
         if params.get("tokenizer", True):
             from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
             tok = get_tokenizer(str(folder))
             out.append({"metric": "tokenizer", "value": f"{type(tok).__name__} {len(tok)}"})
-            out.append(
-                {
-                    "metric": "tokenizer_ids",
-                    "value": tok.encode("t7 t31999 t4", add_special_tokens=False),
-                }
-            )
+            out.append({
+                "metric": "tokenizer_ids",
+                "value": tok.encode("t7 t31999 t4", add_special_tokens=False),
+            })
         return out

@@ -32,16 +32,15 @@ def rows(res: EngineResult) -> list[dict]:
     """Tidy rows of one run: variant (release or release+case), tool and shape columns, metric,
     value, unit."""
     s, d = res.spec, res.decisions
-    base = {"variant": s.variant, "release": s.release, "case": s.case, "tool": s.tool,
-            "start": s.start}
-    out = [
-        {
-            **base,
-            "metric": "status",
-            "value": res.status if res.ok else f"{res.status}: {res.error}",
-            "unit": "",
-        }
-    ]
+    base = {
+        "variant": s.variant, "release": s.release, "case": s.case, "tool": s.tool, "start": s.start
+    }
+    out = [{
+        **base,
+        "metric": "status",
+        "value": res.status if res.ok else f"{res.status}: {res.error}",
+        "unit": "",
+    }]
     if not d:
         return out
 
@@ -51,14 +50,12 @@ def rows(res: EngineResult) -> list[dict]:
 
     add("pcg", d.get("pcg"))
     add("pcg_reason", d.get("pcg_reason"))
-    add(
-        "pcg_tokens", " ".join(map(str, d["pcg_tokens"])) if d.get("pcg_tokens") else None, "tokens"
-    )
+    add("pcg_tokens", " ".join(map(str, d["pcg_tokens"])) if d.get("pcg_tokens") else None,
+        "tokens")
     add("pcg_capture", d.get("pcg_capture_s"), "s")
     add("bcg", d.get("bcg"))
-    add(
-        "bcg_tokens", " ".join(map(str, d["bcg_tokens"])) if d.get("bcg_tokens") else None, "tokens"
-    )
+    add("bcg_tokens", " ".join(map(str, d["bcg_tokens"])) if d.get("bcg_tokens") else None,
+        "tokens")
     add(
         "decode_graph_bs",
         " ".join(map(str, d["decode_bs"])) if d.get("decode_bs") else None,
@@ -86,8 +83,7 @@ def rows(res: EngineResult) -> list[dict]:
         )
         dec = [
             r["median_decode_latency"] * 1e3
-            for r in runs_
-            if r.get("median_decode_latency") is not None
+            for r in runs_ if r.get("median_decode_latency") is not None
         ]
         if dec:
             dsp = spread(dec)
@@ -167,8 +163,7 @@ def event_rows(base: dict, events: list[dict]) -> list[dict]:
         if secs:
             sp = spread(secs)
             for k in ("median", "min", "max"):
-                add(f"{ev}_ms" if k == "median" else f"{ev}_ms_{k}", round(sp[k], 3), "ms",
-                    rank)
+                add(f"{ev}_ms" if k == "median" else f"{ev}_ms_{k}", round(sp[k], 3), "ms", rank)
     return out
 
 
@@ -193,8 +188,10 @@ def reread_events(csv: Path, note: str) -> int:
     for e, log in zip(entries, logs):
         events = read_log(gzip.decompress((csv.parent / log).read_bytes()).decode())["events"]
         names |= {ev["event"] for ev in events}
-        base = {"experiment": m["experiment"], "variant": e["variant"], "release": e["release"],
-                "case": e["case"], "tool": e["tool"]}
+        base = {
+            "experiment": m["experiment"], "variant": e["variant"], "release": e["release"],
+            "case": e["case"], "tool": e["tool"]
+        }
         new_rows += event_rows(base, events)
     prefixes = tuple(f"{n}_" for n in names)
     old = df["metric"].astype(str).str.startswith(prefixes) if prefixes else df["metric"].isna()
@@ -240,36 +237,35 @@ def manifest_extra(results: list[EngineResult]) -> dict:
     out = []
     for r in results:
         s = r.spec
-        out.append(
-            {
-                "variant": s.variant,
-                "release": s.release,
-                "case": s.case,
-                "tool": s.tool,
-                "start": s.start,
-                "status": r.status,
-                "error": r.error,
-                "versions": {"sglang": s.release, **r.found},
-                "pins": {
-                    k: r.pins.get(k)
-                    for k in ("torch", "sglang-kernel", "flashinfer-python", "transformers")
-                },
-                "server_args": list(s.server_args),
-                "server_argv": r.server_argv,
-                "command": shlex.join(r.sglang_command),
-                "model": model_record(s.model),
-                "adjustments": [{"name": a.name, "reason": a.reason} for a in s.adjustments],
-                "applied": r.decisions.get("applied", []),
-                "resolved": r.decisions.get("resolved"),
-                "excerpts": r.decisions.get("excerpts", [])[:40],
-                "leftovers": r.leftovers,
-                "seconds": round(r.seconds, 1),
-                "log_tail": r.tail if not r.ok else [],
-            }
-        )
+        out.append({
+            "variant": s.variant,
+            "release": s.release,
+            "case": s.case,
+            "tool": s.tool,
+            "start": s.start,
+            "status": r.status,
+            "error": r.error,
+            "versions": {"sglang": s.release, **r.found},
+            "pins": {
+                k: r.pins.get(k)
+                for k in ("torch", "sglang-kernel", "flashinfer-python", "transformers")
+            },
+            "server_args": list(s.server_args),
+            "server_argv": r.server_argv,
+            "command": shlex.join(r.sglang_command),
+            "model": model_record(s.model),
+            "adjustments": [{"name": a.name, "reason": a.reason} for a in s.adjustments],
+            "applied": r.decisions.get("applied", []),
+            "resolved": r.decisions.get("resolved"),
+            "excerpts": r.decisions.get("excerpts", [])[:40],
+            "leftovers": r.leftovers,
+            "seconds": round(r.seconds, 1),
+            "log_tail": r.tail if not r.ok else [],
+        })
     return {
         "engine_runs": out,
-        "releases": sorted({r.spec.release for r in results}, key=parse_version),
+        "releases": sorted({r.spec.release
+                            for r in results}, key=parse_version),
     }
 
 
@@ -301,12 +297,9 @@ def record(
                     shutil.copyfileobj(src, dst)
                 sidecars[f"log_{i}"] = gz
             if r.kernels and r.kernels.get("table"):
-                sidecars[f"kernels_{i}"] = pd.DataFrame(
-                    [
-                        {"variant": r.spec.variant, "kernel": k, "per_replay": v}
-                        for k, v in r.kernels["table"]
-                    ]
-                )
+                sidecars[f"kernels_{i}"] = pd.DataFrame([{
+                    "variant": r.spec.variant, "kernel": k, "per_replay": v
+                } for k, v in r.kernels["table"]])
         tp = max((r.spec.tp_size for r in results), default=1)
         return write_run(
             frame,
@@ -341,20 +334,14 @@ def summary(res: EngineResult) -> list[str]:
         return out
     pcg = d.get("pcg")
     if pcg == "captured":
-        out.append(
-            f"  piecewise CUDA graph: captured for tokens {d.get('pcg_tokens')} in "
-            f"{d.get('pcg_capture_s')} s"
-        )
+        out.append(f"  piecewise CUDA graph: captured for tokens {d.get('pcg_tokens')} in "
+                   f"{d.get('pcg_capture_s')} s")
     else:
-        out.append(
-            f"  piecewise CUDA graph: {pcg}"
-            + (f" ({d['pcg_reason']})" if d.get("pcg_reason") else "")
-        )
+        out.append(f"  piecewise CUDA graph: {pcg}" +
+                   (f" ({d['pcg_reason']})" if d.get("pcg_reason") else ""))
     if d.get("bcg") != "not used":
-        out.append(
-            f"  breakable CUDA graph: {d['bcg']}"
-            + (f" for tokens {d['bcg_tokens']}" if d.get("bcg_tokens") else "")
-        )
+        out.append(f"  breakable CUDA graph: {d['bcg']}" +
+                   (f" for tokens {d['bcg_tokens']}" if d.get("bcg_tokens") else ""))
     out.append(f"  decode CUDA graph batch sizes: {d.get('decode_bs')}")
     out.append(f"  attention backend: {d.get('attention_backend')}")
     for a in s.adjustments:
@@ -367,9 +354,8 @@ def summary(res: EngineResult) -> list[str]:
             dec = by.get(("decode", r.get("batch_size"), r.get("input_len")))
             out.append(
                 f"  batch {r['batch_size']} x {r['input_len']} tokens: prefill {r['value']:.2f} ms"
-                + (f" (IQR {iqr:.2f})" if iqr is not None else "")
-                + (f", decode {dec:.2f} ms/step" if dec is not None else "")
-            )
+                + (f" (IQR {iqr:.2f})" if iqr is not None else "") +
+                (f", decode {dec:.2f} ms/step" if dec is not None else ""))
     for r in rows(res):
         if r["metric"] == "latency":
             out.append(f"  {r['requests']} requests x {r['input_len']} tokens: {r['value']:.2f} ms")
@@ -380,8 +366,7 @@ def summary(res: EngineResult) -> list[str]:
         out.append(
             f"  decode graph replay: {k['kernels_per_replay']} kernels "
             f"({k['kernels_per_layer']:.2f} per layer), {k['replays_per_step']:.1f} replays per "
-            f"step"
-        )
+            f"step")
     for n, got in sorted((res.launches or {}).items()):
         out.append(f"  prefill of {n} tokens: {got['kernel_launches']} kernel launches, "
                    f"{got['graph_launches']} graph launches running {got['kernels_in_graphs']} "

@@ -48,8 +48,7 @@ def locate(release: str) -> ReleaseEnv:
     where = f"{home}/{release}/site or {rdir}" if home else str(rdir)
     raise EngineError(
         f"sglang {release} is not installed ({where}; on a GPU box: scripts/engine_gpu.sh, here: "
-        f"sglab real install --releases {release})"
-    )
+        f"sglab real install --releases {release})")
 
 
 def _norm(name: str) -> str:
@@ -116,11 +115,9 @@ def check_pins(env: ReleaseEnv, found: Optional[dict] = None) -> dict[str, str]:
     want, have = pins.get("torch"), found.get("torch")
     if want and _base(have) != want:
         kernel = pins.get("sglang-kernel")
-        raise EngineError(
-            f"sglang {env.release} pins torch=={want}"
-            + (f" (sglang-kernel {kernel} is built for it)" if kernel else "")
-            + f"; this machine has torch {have or 'none'}: nothing started"
-        )
+        raise EngineError(f"sglang {env.release} pins torch=={want}" +
+                          (f" (sglang-kernel {kernel} is built for it)" if kernel else "") +
+                          f"; this machine has torch {have or 'none'}: nothing started")
     return pins
 
 
@@ -137,27 +134,17 @@ def release_flags(package: Path, tool: str) -> set[str]:
         files.append(package / "bench_one_batch.py")
     for f in files:
         if not f.is_file():
-            raise EngineError(
-                f"sglang {name}: {f.relative_to(package.parent)} not found"
-                + (
-                    " (this release has no bench_one_batch: use --tool engine)"
-                    if f.name == "bench_one_batch.py"
-                    else ""
-                )
-            )
+            raise EngineError(f"sglang {name}: {f.relative_to(package.parent)} not found" + (
+                " (this release has no bench_one_batch: use --tool engine)" if f.name ==
+                "bench_one_batch.py" else ""))
     files += sorted((package / "srt" / "arg_groups").rglob("*.py"))
     flags: set[str] = set()
     for f in files:
         tree = ast.parse(f.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
-                flags.update(
-                    a.value
-                    for a in node.args
-                    if isinstance(a, ast.Constant)
-                    and isinstance(a.value, str)
-                    and a.value.startswith("--")
-                )
+                flags.update(a.value for a in node.args if isinstance(a, ast.Constant)
+                             and isinstance(a.value, str) and a.value.startswith("--"))
             if isinstance(node, ast.ClassDef):
                 flags.update(_annotated_flags(node))
     return flags
@@ -171,9 +158,8 @@ def _annotated_flags(cls) -> set[str]:
         if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
             continue
         ann = stmt.annotation
-        if not (
-            isinstance(ann, ast.Subscript) and getattr(ann.value, "id", "") in ("A", "Annotated")
-        ):
+        if not (isinstance(ann, ast.Subscript)
+                and getattr(ann.value, "id", "") in ("A", "Annotated")):
             continue
         elts = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else []
         if len(elts) < 2:
@@ -200,5 +186,4 @@ def check_flags(argv: Iterable[str], flags: set[str], release: str, tool: str) -
     if unknown:
         where = "srt/server_args.py" + (" and bench_one_batch.py" if tool == "bench" else "")
         raise EngineError(
-            f"sglang {release} does not accept {' '.join(unknown)} (not defined in its {where})"
-        )
+            f"sglang {release} does not accept {' '.join(unknown)} (not defined in its {where})")

@@ -71,10 +71,8 @@ def _progress(echo: Callable[[str], None], spec: EngineSpec) -> Callable[[str], 
         m = OURS.search(line)
         if m and m.group("kind") == "call":
             kv = key_values(m.group("rest"))
-            echo(
-                f"[sglab] sglang {spec.variant}: {kv.get('requests')} requests x "
-                f"{kv.get('input_len')} tokens: {float(kv.get('seconds', 0)) * 1e3:.1f} ms"
-            )
+            echo(f"[sglab] sglang {spec.variant}: {kv.get('requests')} requests x "
+                 f"{kv.get('input_len')} tokens: {float(kv.get('seconds', 0)) * 1e3:.1f} ms")
         if m and m.group("kind") == "hooks":
             echo(f"[sglab] sglang {spec.variant}: {line.strip()}")
 
@@ -102,8 +100,7 @@ def run(
     echo(
         f"[sglab] sglang {spec.variant}: starting "
         f"{'bench_one_batch' if spec.tool == 'bench' else 'Engine'} (timeout {spec.timeout:.0f} s; "
-        f"log {log})"
-    )
+        f"log {log})")
     ex = launch(
         prep.argv,
         log=log,
@@ -136,8 +133,7 @@ def run(
         res.status = "timeout"
         res.error = (
             f"no exit in {spec.timeout:.0f} s: stopped with its whole process group; last lines: "
-            + " | ".join(res.tail[-3:])
-        )
+            + " | ".join(res.tail[-3:]))
     elif ex.returncode != 0:
         res.status = "error"
         msg = first_error(text) or f"exited with status {ex.returncode}"
@@ -150,8 +146,7 @@ def run(
     else:
         missing = [
             a.name
-            for a in spec.adjustments
-            if a.patch and not any(a.name in x for x in d["applied"])
+            for a in spec.adjustments if a.patch and not any(a.name in x for x in d["applied"])
         ]
         if missing:
             res.status, res.error = (
@@ -161,10 +156,8 @@ def run(
         elif spec.tool == "bench" and not res.bench:
             res.status, res.error = "error", f"bench_one_batch printed no result (log: {log})"
     if res.leftovers:
-        echo(
-            f"[sglab] sglang {spec.variant}: {len(res.leftovers)} process(es) of the engine were "
-            f"left after it exited and were killed: {', '.join(res.leftovers)}"
-        )
+        echo(f"[sglab] sglang {spec.variant}: {len(res.leftovers)} process(es) of the engine were "
+             f"left after it exited and were killed: {', '.join(res.leftovers)}")
     if spec.profile and spec.profile_stage == "prefill" and res.ok:
         res.launches = prefill_launches(work / "profile")
         if not res.launches:

@@ -24,12 +24,9 @@ from sglab.sglang.releases import parse_version
 
 TOOLS = ("bench", "engine")
 
-
 METHOD_VERSION = 1
 
-
 VOCAB = 32000
-
 
 # The defaults every run gets unless the server arguments name the flag themselves (the facts of
 # real engines on one GPU): dummy weights, Triton attention (no FA3 build carried), PyTorch sampling
@@ -40,24 +37,17 @@ DEFAULT_ARGS = (
     ("--sampling-backend", "pytorch"),
 )
 
-
 # bench_one_batch loads a tokenizer whatever --skip-tokenizer-init says (load_model ->
 # get_tokenizer); the Engine does not with it, and takes token ids.
 ENGINE_ONLY_ARGS = (("--skip-tokenizer-init", None),)
 
-
-
-
 DEFAULT_TIMEOUT_S = 900.0
-
 
 # the label suffix of a scenario's A/A control (Scenario.control)
 AGAIN = "-again"
 
-
 # piecewise capture sizes every scenario that turns piecewise CUDA graphs on passes
 PCG_TOKENS = ("128", "256", "512", "1024")
-
 
 PCG_FLAGS = ("--piecewise-cuda-graph-tokens", *PCG_TOKENS)
 
@@ -115,7 +105,6 @@ ADJUSTMENTS: dict[str, Callable[[], Adjustment]] = {
     ),
 }
 
-
 # what a model needs to run with dummy weights on a release: architecture -> (adjustment, the
 # release file whose text says it is not needed, that text)
 MODEL_NEEDS = {
@@ -150,9 +139,9 @@ def trace_adjustment(name: str, reason: str, module: str, qualname: str, event: 
                      args: tuple[str, ...]) -> Adjustment:
     """An adjustment that prints one ``event`` line per call of ``module.qualname`` with the named
     arguments, the object it was called on and the call's time (:func:`trace_calls`)."""
-    return Adjustment(name, reason, patch="sglab.sglang.engine.hooks:trace_calls",
-                      params=(("module", module), ("qualname", qualname), ("event", event),
-                              ("args", args)))
+    return Adjustment(
+        name, reason, patch="sglab.sglang.engine.hooks:trace_calls",
+        params=(("module", module), ("qualname", qualname), ("event", event), ("args", args)))
 
 
 @dataclass(frozen=True)
@@ -277,9 +266,11 @@ class Scenario:
         """One spec per start, release and case, the starts outermost: every variant's first
         start, then every variant's second, and so on."""
         timed = [replace(sp, start=i) for i in range(self.starts) for sp in self._specs(releases)]
-        counted = [replace(sp, start=self.starts, profile=True, profile_stage="prefill", repeats=1)
-                   for sp in self._specs(releases) if self.launch_pass and sp.tool == "bench"
-                   and not sp.case.endswith(AGAIN)]
+        counted = [
+            replace(sp, start=self.starts, profile=True, profile_stage="prefill", repeats=1)
+            for sp in self._specs(releases)
+            if self.launch_pass and sp.tool == "bench" and not sp.case.endswith(AGAIN)
+        ]
         return timed + counted
 
     def _specs(self, releases: Optional[Iterable[str]] = None) -> list[EngineSpec]:
@@ -306,13 +297,10 @@ class Scenario:
                         image_size=self.image_size,
                         prompt=self.prompt,
                         case=c.label,
-                        adjustments=tuple(
-                            a if isinstance(a, Adjustment) else adjustment(a)
-                            for a in c.adjustments
-                        ),
+                        adjustments=tuple(a if isinstance(a, Adjustment) else adjustment(a)
+                                          for a in c.adjustments),
                         timeout=self.timeout,
-                    )
-                )
+                    ))
         return out
 
 

@@ -31,8 +31,7 @@ def graph_replays(trace: dict) -> list[list[str]]:
         if corr is None:
             continue
         if cat in ("cuda_runtime", "cuda_driver", "runtime") and re.match(
-            r"cu(da)?GraphLaunch", name
-        ):
+                r"cu(da)?GraphLaunch", name):
             launches.append((float(ev.get("ts", 0)), corr))
         elif cat == "kernel":
             kernels.setdefault(corr, []).append((float(ev.get("ts", 0)), name))
@@ -73,11 +72,16 @@ def step_launches(trace: dict) -> dict:
     ``kernels_in_graphs`` (the kernels those graphs ran). An eager step is all kernel launches; a
     piecewise one trades most of them for a few graph launches."""
     events = trace.get("traceEvents", trace if isinstance(trace, list) else [])
-    host = [str(ev.get("name", "")) for ev in events
-            if str(ev.get("cat", "")).lower() in ("cuda_runtime", "cuda_driver", "runtime")]
-    return {"kernel_launches": sum(bool(KERNEL_LAUNCH.match(n)) for n in host),
-            "graph_launches": sum(bool(GRAPH_LAUNCH.match(n)) for n in host),
-            "kernels_in_graphs": sum(len(r) for r in graph_replays(trace))}
+    host = [
+        str(ev.get("name", ""))
+        for ev in events if str(ev.get("cat", "")).lower() in ("cuda_runtime", "cuda_driver",
+                                                               "runtime")
+    ]
+    return {
+        "kernel_launches": sum(bool(KERNEL_LAUNCH.match(n)) for n in host),
+        "graph_launches": sum(bool(GRAPH_LAUNCH.match(n)) for n in host),
+        "kernels_in_graphs": sum(len(r) for r in graph_replays(trace))
+    }
 
 
 def prefill_launches(folder: Path) -> dict:

@@ -13,6 +13,7 @@ from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration as _Relea
 
 
 class KimiK25ForConditionalGeneration(_Released):
+
     def post_load_weights(self):
         if self.language_model is not None:
             self.language_model.post_load_weights()

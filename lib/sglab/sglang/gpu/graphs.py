@@ -29,14 +29,16 @@ def count_rows(label: str, graph) -> list[dict]:
 
     nodes = graph_kernel_nodes(graph)
     replayed = profiled_kernels(lambda: graph.replay())
-    rows = [{"variant": label, "metric": "kernel_nodes", "value": nodes.kernels, "unit": "nodes"},
-            {"variant": label, "metric": "replay_kernels", "value": len(replayed),
-             "unit": "kernels"},
-            {"variant": label, "metric": "graph_nodes_all_types",
-             "value": sum(nodes.by_type.values()), "unit": "nodes"}]
+    rows = [{"variant": label, "metric": "kernel_nodes", "value": nodes.kernels, "unit": "nodes"}, {
+        "variant": label, "metric": "replay_kernels", "value": len(replayed), "unit": "kernels"
+    }, {
+        "variant": label, "metric": "graph_nodes_all_types", "value": sum(nodes.by_type.values()),
+        "unit": "nodes"
+    }]
     for name, n in sorted(Counter(nodes.names).items()):
-        rows.append({"variant": label, "metric": "node_kernel", "kernel": name, "value": n,
-                     "unit": "nodes"})
+        rows.append({
+            "variant": label, "metric": "node_kernel", "kernel": name, "value": n, "unit": "nodes"
+        })
     return rows
 
 
@@ -46,14 +48,16 @@ def timing_rows(graphs: dict, *, rounds: int = 5, warmup: int = 20,
     p90, n."""
     from sglab.core.timing import interleaved
 
-    timings = interleaved({label: g.replay for label, g in graphs.items()}, rounds=rounds,
-                          warmup=warmup, repeat=repeat)
+    timings = interleaved({label: g.replay
+                           for label, g in graphs.items()}, rounds=rounds, warmup=warmup,
+                          repeat=repeat)
     rows = []
     for label, t in timings.items():
         for metric, ms in (("replay_us_median", t.median_ms), ("replay_us_p10", t.p10_ms),
                            ("replay_us_p90", t.p90_ms)):
-            rows.append({"variant": label, "metric": metric, "value": round(ms * 1e3, 3),
-                         "unit": "us"})
+            rows.append({
+                "variant": label, "metric": metric, "value": round(ms * 1e3, 3), "unit": "us"
+            })
         rows.append({"variant": label, "metric": "replay_samples", "value": t.n, "unit": "samples"})
     return rows
 

@@ -23,6 +23,7 @@ from typing import Optional
 
 from sglab.sglang.fix import Fix, GpuPlan
 
+
 INT_COLUMNS = ("gpu", "rank", "step", "tokens")
 
 
@@ -64,7 +65,7 @@ def plan_for(fixes, names: list[str], gpu_count: int) -> tuple[list[Fix], list[s
         fix = known[name]
         if fix.gpu.gpus > gpu_count:
             skipped.append(f"{name}: skipped, needs {fix.gpu.gpus} "
-                           f"GPU{'s' if fix.gpu.gpus > 1 else ''}, " f"have {gpu_count}")
+                           f"GPU{'s' if fix.gpu.gpus > 1 else ''}, have {gpu_count}")
         else:
             run.append(fix)
     return run, skipped
@@ -89,24 +90,29 @@ def step_rows(result) -> list[dict]:
     if result.ok:
         return records(result.rows)
     status = "not-run" if result.status == "not-run" else "error"
-    return [{"release": result.release, "variant": status, "metric": "status",
-             "value": result.reason, "unit": ""}]
+    return [{
+        "release": result.release, "variant": status, "metric": "status", "value": result.reason,
+        "unit": ""
+    }]
 
 
 def manifest_parts(name: str, plan: GpuPlan, results: list) -> tuple[dict, dict]:
     """(``params``, extra manifest fields): releases, probe parameters and shims per release."""
     from sglab.sglang.releases import read_stamp, release_dir
 
-    params = {"releases": plan.releases, "fix": name,
-              "steps": [{"release": s.release, "probe": s.probe,
-                         "params": s.params} for s in plan.steps],
-              "shims": {r.release: r.shim_names() for r in results}}
+    params = {
+        "releases": plan.releases, "fix": name,
+        "steps": [{"release": s.release, "probe": s.probe, "params": s.params} for s in plan.steps],
+        "shims": {r.release: r.shim_names()
+                  for r in results}
+    }
     sglang = {}
     for r in results:
         stamp = read_stamp(release_dir(r.release)) or {}
-        sglang[r.release] = {"status": r.status, "reason": r.reason, "wheel": stamp.get("wheel"),
-                             "shims": r.shims, "seconds": round(r.seconds, 1),
-                             "prepare_seconds": r.prepare_seconds}
+        sglang[r.release] = {
+            "status": r.status, "reason": r.reason, "wheel": stamp.get("wheel"), "shims": r.shims,
+            "seconds": round(r.seconds, 1), "prepare_seconds": r.prepare_seconds
+        }
     return params, {"sglang": sglang, "method": plan.what}
 
 
@@ -116,9 +122,10 @@ MIN_STEP_S = 30.0
 def _out_of_budget(step):
     from sglab.sglang.runner import ProbeResult
 
-    return ProbeResult(step.release, step.probe, "not-run", None,
-                       reason=f"sglang {step.release}: not started, the record budget was spent "
-                              f"(under {MIN_STEP_S:.0f} s left)")
+    return ProbeResult(
+        step.release, step.probe, "not-run", None,
+        reason=f"sglang {step.release}: not started, the record budget was spent "
+        f"(under {MIN_STEP_S:.0f} s left)")
 
 
 def record_fix(name: str, plan: GpuPlan, *, out: Optional[Path] = None, echo=print, runner=None,
@@ -212,7 +219,7 @@ def add_arguments(p) -> None:
     p.add_argument("--dry-run", action="store_true", help="list what would run, run nothing")
     p.add_argument("--gpus", type=int,
                    help="GPU count to plan for (default: the GPUs visible here)")
-    p.add_argument("--budget", type=float,
-                   help="seconds for all steps together: timeouts are cut to fit, and a "
-                                                "step that no longer fits is recorded as not "
-                   "started")
+    p.add_argument(
+        "--budget", type=float,
+        help="seconds for all steps together: timeouts are cut to fit, and a step that "
+        "no longer fits is recorded as not started")

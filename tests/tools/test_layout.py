@@ -1,0 +1,86 @@
+"""One layout for every Python file: the ``[tool.yapf]`` setting in pyproject.toml, and no string
+literal split across lines where joining it would save a line (``make format`` fixes both).
+
+yapf takes about a minute of CPU for the whole tree, so a file whose text passed once is
+remembered by its hash (in the venv, beside the interpreter) and not checked again."""
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+ROOT = Path(__file__).resolve().parents[2]
+LAYOUT = ("lib", "tests", "scripts", "notebooks", "jupyter_server_config.py")
+PASSED = Path(sys.prefix) / ".sglab-layout-passed.json"
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import join_strings  # noqa: E402
+
+
+def _files() -> list[Path]:
+    out = []
+    for name in LAYOUT:
+        p = ROOT / name
+        out += sorted(p.rglob("*.py")) if p.is_dir() else [p]
+    return [f for f in out if "__pycache__" not in f.parts and ".ipynb_checkpoints" not in f.parts]
+
+
+def _digest(f: Path) -> str:
+    return hashlib.sha256(f.read_bytes()).hexdigest()
+
+
+def test_every_python_file_has_the_one_layout():
+    config = _digest(ROOT / "pyproject.toml") + _digest(ROOT / "scripts" / "join_strings.py")
+    try:
+        known = json.loads(PASSED.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if known.get("config") != config:
+        known = {"config": config, "files": []}
+    passed = set(known["files"])
+    todo = [f for f in _files() if _digest(f) not in passed]
+    if todo:
+        split = [
+            str(f.relative_to(ROOT))
+            for f in todo if join_strings.refill(f.read_text()) != f.read_text()
+        ]
+        p = subprocess.run([sys.executable, "-m", "yapf", "--diff", "-p", *map(str, todo)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert p.returncode in (0, 1), p.stderr
+        unlike = sorted({
+            line[4:].split("\t")[0].removesuffix("\t(original)").strip()
+            for line in p.stdout.splitlines() if line.startswith("--- ")
+        })
+        assert not split and not unlike, (
+            f"not in the one layout (run `make format`): strings to rejoin in {split}; yapf would "
+            f"change {unlike}\n{p.stdout[:3000]}")
+        try:
+            PASSED.write_text(
+                json.dumps({"config": config, "files": sorted(passed | {_digest(f)
+                                                                        for f in todo})}))
+        except OSError:
+            pass  # a read-only venv: the next run checks everything again
+
+
+def test_the_joiner_rejoins_a_split_literal_and_keeps_its_meaning():
+    """Two literals on two lines become one where that fits, an ``f`` literal only at a space
+    outside its braces; a run that would need as many lines stays as it is."""
+    src = ('x = ("a b c "\n     "d e")\n'
+           'y = (f"{1 + 2} "\n     f"{3}")\n'
+           'z = ("' + "w " * 45 + '"\n     "' + "v " * 45 + '")\n')
+    out = join_strings.refill(src)
+    assert out.splitlines()[:2] == ['x = ("a b c d e")', 'y = (f"{1 + 2} {3}")']
+    assert out.splitlines()[2:] == src.splitlines()[4:]
+    assert join_strings._pieces("{a b} c d", True) == ["{a b} ", "c ", "d"]
+
+
+def test_the_joiner_refuses_a_change_of_meaning(tmp_path, monkeypatch):
+    f = tmp_path / "m.py"
+    f.write_text('x = ("a "\n     "b")\n')
+    monkeypatch.setattr(join_strings, "refill", lambda text: 'x = "a  b"\n')
+    with pytest.raises(SystemExit, match="would change its meaning"):
+        join_strings.main([str(f)])
