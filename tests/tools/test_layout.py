@@ -52,7 +52,7 @@ def test_every_python_file_has_the_one_layout():
                            cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert p.returncode in (0, 1), p.stderr
         unlike = sorted({
-            line[4:].split("\t")[0].removesuffix("\t(original)").strip()
+            line[4:].split("\t")[0].strip()
             for line in p.stdout.splitlines() if line.startswith("--- ")
         })
         assert not split and not unlike, (

@@ -145,5 +145,8 @@ def plan_for(number: str, gpus: int | None) -> tuple[list, list[str]]:
     picked, skipped = [], []
     for s in plan(number):
         line = short_of(s.name, s.gpus, gpus)
-        (skipped.append(f"skipped {line}") if line else picked.append(s))
+        if line:
+            skipped.append(f"skipped {line}")
+        else:
+            picked.append(s)
     return picked, skipped
