@@ -13,6 +13,7 @@ from sglab.breakable_graph import claims as bg
 from sglab.core import claims as C
 from sglab.core import runs
 from sglab.pcg_gate import claims as pg
+from sglab.pcg_gate import show as pg_show
 from sglab.sglang import engine_runs as E
 from sglab.swa_loc import claims as swa
 from sglab.tools import cli
@@ -109,7 +110,8 @@ def test_engine_sections_show_tables_or_say_how_to_record(capsys):
 
     bg_show.engine(bg_sglang.FIX.recorded_engine())
     out = capsys.readouterr().out
-    assert "measured by SGLang's own Engine.generate" in out and "prefill_graph by requests" in out
+    assert "measured by SGLang's own Engine.generate" in out
+    assert "prefill_graph, median [lowest–highest] of 3 engine starts" in out and "by requests" in out
     table = E.table(E.latest(bg_sglang.FIX.recorded_engine().shown), "prefill_graph", "requests",
                     "{:.0%}")
     assert table.loc[("llama_32x512", "0.5.11", "bcg")].tolist() == ["100%", "0%", "0%", "0%"]
@@ -119,21 +121,23 @@ def test_engine_sections_show_tables_or_say_how_to_record(capsys):
 
 
 def test_tables_show_the_spread_and_say_when_first_repeats_were_cold(capsys):
-    from sglab.pcg_gate import show as pg_show
     from sglab.pcg_gate import sglang as pg_sglang
 
     run = pg_sglang.FIX.recorded_engine()
     t = E.table(E.latest(run.shown), "prefill", "input_len")
-    assert t.columns.name == "prefill (ms), median (IQR) by input_len"
-    assert t.loc[("llama_32x512", "0.5.13", "pcg"), 128].startswith("15.30 (")
-    assert E.cold_first_repeat(run)  # recorded before the untimed sweep of every length
+    assert t.columns.name.startswith("prefill (ms), median [lowest–highest] of 3 engine starts")
+    cell = t.loc[("llama_32x512", "0.5.13", "pcg"), 128]
+    assert " [" in cell and cell.endswith("]")  # the starts differ: their range is shown
+    assert not E.cold_first_repeat(run)  # every length swept untimed before the timed repeats
     pg_show.engine(run)
-    assert E.COLD_NOTE in capsys.readouterr().out
+    assert E.COLD_NOTE not in capsys.readouterr().out
     run.shown = [runs.Run(r.df, copy.deepcopy(r.manifest), r.path) for r in run.shown]
     for r in run.shown:
         for e in r.manifest["params"]["specs"]:
-            e["warmup_sweeps"] = 1
-    assert not E.cold_first_repeat(run)
+            e.pop("warmup_sweeps", None)  # as recorded before the sweep existed
+    assert E.cold_first_repeat(run)
+    pg_show.engine(run)
+    assert E.COLD_NOTE in capsys.readouterr().out
 
 
 def test_the_rebuild_sits_beside_the_engine_and_says_what_each_measures():
@@ -218,6 +222,10 @@ def test_a_live_engine_run_is_compared_with_the_recorded_runs_merged(capsys):
     merged = E.merged(recorded)
     assert merged.path == newest.path and len(merged.df) == merged.manifest["rows"]
     assert {r.status for r in C.evaluate(pg.ENGINE, merged)} == {C.PASS}  # every claim applies
+    # two runs name a variant alike (0.5.13+pcg-off: Kimi-K2.5 and Llama): each row keeps its model
+    prefill = E.number(E.latest([merged]), "prefill").set_index(["model", "case"])
+    assert prefill.loc[("llama_32x512", "pcg-off"), "starts"].max() == 3
+    assert prefill.loc[("kimi_k25_tiny", "pcg-off"), "starts"].max() == 3
 
 
 def test_verify_live_runs_the_engine_scenarios_this_machine_can(monkeypatch):
@@ -410,7 +418,7 @@ def test_the_header_names_the_hosts_per_launch_cost_where_a_run_measured_it(caps
     assert "after" not in out  # a failed measurement is not shown as a number
 
 
-def test_the_launches_removed_times_the_hosts_cost_predict_a_saving_beside_the_measured_one():
+def test_the_launches_removed_times_the_hosts_cost_stand_beside_the_measured_saving():
     from sglab.pcg_gate import show as pg_show
 
     t = {("pcg", s): {128: 10.0}
@@ -434,7 +442,7 @@ def test_the_launches_removed_times_the_hosts_cost_predict_a_saving_beside_the_m
     t = pg_show.launch_savings(E.latest([run]), pg_show.host_launch_us(run))
     row = t.loc[("llama_32x512", "0.5.13", "pcg", 128)]
     assert (row["launches, pcg-off"], row["launches, piecewise"], row["removed"]) == (1040, 43, 997)
-    assert row["predicted saving (ms)"] == pytest.approx(997 * 6.0 / 1e3)
+    assert row["launch cost alone (ms)"] == pytest.approx(997 * 6.0 / 1e3)
     assert row["measured saving (ms)"] == pytest.approx(6.0)
 
 
@@ -456,3 +464,44 @@ def test_the_width_sweep_pairs_its_own_cases_and_not_pcg_off(capsys):
     assert set(pg_show.engine_ratios(df)) == {("llama_32x512", "0.5.13", "pcg")}
     pg_show.width_sweep(runs.NoRun("engine_pcg_gate", "none"))
     assert "bash scripts/engine_gpu.sh --scenario 01-llama-width" in capsys.readouterr().out
+
+
+def _set(run, variant: str, metric: str, value, **where):
+    df = run.df.copy()
+    sel = (df.variant == variant) & (df.metric == metric)
+    for col, v in where.items():
+        sel &= df[col] == v
+    assert sel.any(), (variant, metric, where)
+    df.loc[sel, "value"] = str(value)
+    return runs.Run(df, copy.deepcopy(run.manifest), run.path)
+
+
+def test_the_launch_pass_counts_are_claimed_exactly():
+    """0.5.13 captures Kimi-K2.5 tiny: 2 layers + 1 graphs at every length; 0.5.12.post1 refuses
+    and launches exactly what pcg-off launches. One graph or one kernel off breaks the claim."""
+    cid = "engine_pcg_gate.prefill_launches"
+    after = _run("engine_pcg_gate", "0.5.13+enforce")
+    assert _status(pg.ENGINE, after)[cid] == "pass"
+    counts = pg_show.launch_counts(E.latest([after]))
+    assert set(counts.loc[("kimi_k25_tiny", "0.5.13", "enforce"), "graphs"]) == {3}
+    assert (counts.loc[("kimi_k25_tiny", "0.5.13", "pcg-off"), "graphs"] == 0).all()
+    one_less = _set(after, "0.5.13+enforce", "prefill_graph_launches", 2, input_len=512.0)
+    assert _status(pg.ENGINE, one_less)[cid] == "fail"
+    before = _run("engine_pcg_gate", "0.5.12.post1+enforce")
+    assert _status(pg.ENGINE, before)[cid] == "pass"
+    one_more = _set(before, "0.5.12.post1+enforce", "prefill_kernel_launches", 99, input_len=128.0)
+    assert _status(pg.ENGINE, one_more)[cid] == "fail"
+    no_pass = runs.Run(after.df[~after.df.metric.str.endswith("_launches")], after.manifest,
+                       after.path)
+    assert _status(pg.ENGINE, no_pass)[cid] == C.NA
+
+
+def test_the_saving_per_removed_launch_is_set_against_the_bare_launch_cost():
+    run = _run("engine_pcg_gate", "0.5.13+enforce")
+    run.shown = [run]
+    t = pg_show.launch_savings(E.latest([run]), 10.0)
+    row = t.loc[("kimi_k25_tiny", "0.5.13", "enforce", 128)]
+    assert row["launch cost alone (ms)"] == pytest.approx(row["removed"] * 10.0 / 1e3, abs=1e-3)
+    per = row["measured saving (ms)"] * 1e3 / row["removed"]
+    assert row["host µs per removed launch"] == pytest.approx(per, abs=0.1)
+    assert row["× bare launch cost"] == pytest.approx(per / 10.0, abs=0.1)

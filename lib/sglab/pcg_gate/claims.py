@@ -19,6 +19,7 @@ from sglab.core import runs
 from sglab.core.claims import NA, Claim, Headline, Outcome, holds, not_applicable
 from sglab.pcg_gate import show
 from sglab.sglang import engine_runs
+from sglab.sglang.engine import spec
 from sglab.sglang.releases import parse_version
 from sglab.pcg_gate.measure import EXPERIMENT, GPUS  # noqa: F401 (GPUS: read by Workbook)
 
@@ -373,6 +374,46 @@ def _speedup(run):
         {"min": lo, "aa_noise": noise, "margin": lo - 1.0 - noise, "starts": starts})
 
 
+def _layers(model: str) -> int:
+    """The decoder layers of a committed engine model (data/models/<model>/config.json)."""
+    cfg = spec.text_config(spec.load_config(runs.repo_root() / "data" / "models" / model))
+    return int(cfg["num_hidden_layers"])
+
+
+def _launches_apply(run):
+    return None if not show.launch_counts(engine_runs.latest([run])).empty else \
+        "no launch pass in this run"
+
+
+def _launches(run):
+    """Captured: one graph per piece (layers + 1: SGLang splits the step at each attention) and
+    the same kernels left outside them at every token count. Not captured: no graph, and exactly
+    the launches of pcg-off, whatever the flags asked."""
+    counts = show.launch_counts(engine_runs.latest([run]))
+    plain = {(m, rel, n): r.launches
+             for (m, rel, case, n), r in counts.iterrows() if case == "pcg-off"}
+    bad, text, value = [], [], {}
+    for (model, rel, case), g in counts.groupby(level=[0, 1, 2]):
+        kernels, graphs = sorted(set(g.kernels)), sorted(set(g.graphs))
+        key = f"{model} {rel} {case}"
+        value[key] = {"kernels_min": kernels[0], "kernels_max": kernels[-1], "graphs": graphs[-1]}
+        if g.pcg.iloc[0] == "captured":
+            want = _layers(model) + 1
+            if graphs != [want] or len(kernels) != 1:
+                bad.append(f"{key}: {graphs} graphs, {kernels} kernels (want {want} graphs and "
+                           "one kernel count)")
+            text.append(f"{key}: {kernels[0]} kernels + {want} graphs ({want - 1} layers + 1) at "
+                        "every length")
+        elif case != "pcg-off":
+            same = all(plain.get((model, rel, n)) == r.launches for (_, _, _, n), r in g.iterrows())
+            if graphs != [0] or not same:
+                bad.append(f"{key}: not captured, yet not the pcg-off launches")
+            elif case == "enforce":
+                text.append(f"{key}: no graph, the pcg-off launches ({kernels[0]}–{kernels[-1]})")
+    text = "; ".join(bad or text)
+    return holds(not bad, f"launches per prefill step (the launch pass): {text}", value)
+
+
 ENGINE = SimpleNamespace(
     EXPERIMENT="engine_pcg_gate",
     CLAIM="In SGLang's own engine (dummy weights), Kimi-K2.5's wrapper passes the piecewise gate "
@@ -394,7 +435,15 @@ ENGINE = SimpleNamespace(
             "engine_pcg_gate.captured_prefill_faster",
             "Where piecewise graphs are captured, prefill is faster than with them off at "
             "every input length (128–1024 tokens)", "pcg-off / piecewise > 1 everywhere", _speedup,
-            applies=lambda r: None if _pairs(r) else "no captured + pcg-off pair", drift=0.25)
+            applies=lambda r: None if _pairs(r) else "no captured + pcg-off pair", drift=0.25),
+        Claim(
+            "engine_pcg_gate.prefill_launches",
+            "Counted, not timed: a captured prefill step replays one graph per piece (layers + 1) "
+            "and launches the same kernels outside them at every token count; where the release "
+            "refuses the graphs (0.5.12.post1 with --enforce-piecewise-cuda-graph on Kimi-K2.5) "
+            "the step launches exactly what pcg-off launches", "captured: layers + 1 graphs and "
+            "one kernel count; refused: 0 graphs and the pcg-off launches (exact, the launch "
+            "pass's profiler trace)", _launches, applies=_launches_apply)
     ],
     shown=lambda runs_: list(runs_),
 )

@@ -595,16 +595,29 @@ def beside(run, engine_run) -> None:
 
 def engine(run) -> None:
     """SGLang's own engine: whether each release captures piecewise graphs for Kimi-K2.5 (default
-    flags, --enforce-piecewise-cuda-graph, off) and for a text-only Llama, bench_one_batch's
-    prefill time per input length, and where the run counted them, the launches per prefill step
-    with the saving they predict on this host beside the measured one."""
-    engine_runs.section(run, ["pcg", "pcg_reason"], [("prefill", "input_len", "{:.2f}")])
-    if run:
-        table = launch_savings(engine_runs.latest(run.shown), host_launch_us(run))
-        if not table.empty:
-            print("Launches per prefill step (launch pass, exact) and the saving they predict: "
-                  "launches removed × this host's per-launch cost, beside the measured saving")
-            notebook.show_table(table)
+    flags, --enforce-piecewise-cuda-graph, off) and for a text-only Llama; the counts first (the
+    launches per prefill step, exact), then bench_one_batch's prefill time per input length with
+    the spread between engine starts, then the saving per removed launch against this host's bare
+    per-launch cost."""
+    engine_runs.section(run, ["pcg", "pcg_reason"], [])
+    if not run:
+        return
+    df = engine_runs.latest(run.shown)
+    counts = launch_counts(df)
+    if not counts.empty:
+        cells = counts.assign(cell=[
+            f"{k} + {g} graphs" if g else f"{k}" for k, g in zip(counts.kernels, counts.graphs)
+        ])["cell"].unstack("tokens").fillna("")
+        cells.columns.name = "launches per prefill step (kernels + graph replays; exact) by tokens"
+        notebook.show_table(cells)
+    sweep = df["case"].map(lambda c: bool(sglang.WIDTH_CASE.match(str(c))))  # drawn below
+    notebook.show_table(engine_runs.table(df[~sweep], "prefill", "input_len", "{:.2f}"))
+    table = launch_savings(df, host_launch_us(run))
+    if not table.empty:
+        print("What the removed launches cost at this host's bare per-launch cost, and the saving "
+              "measured: eager spends several times the bare launch cost per kernel (the op's "
+              "Python and dispatch work), and the graphs remove that too")
+        notebook.show_table(table)
 
 
 def host_launch_us(run) -> float | None:
@@ -620,34 +633,57 @@ def host_launch_us(run) -> float | None:
     return None
 
 
-def launch_savings(df: pd.DataFrame, host_us: float | None) -> pd.DataFrame:
-    """Per captured case and input length: the host's launches per prefill step with piecewise
-    graphs and with them off, the launches removed, the saving they predict at ``host_us`` per
-    launch and the measured saving (pcg-off prefill − piecewise prefill, medians over starts)."""
-    counts = {}
-    for metric in ("prefill_kernel_launches", "prefill_graph_launches"):
+def launch_counts(df: pd.DataFrame) -> pd.DataFrame:
+    """The launch pass's counts per prefill step: per (model, release, case, tokens) the kernels
+    launched one by one, the CUDA graphs replayed and their sum (``launches``), with the release's
+    piecewise decision (``pcg``)."""
+    rows: dict = {}
+    for metric, col in (("prefill_kernel_launches", "kernels"), ("prefill_graph_launches",
+                                                                 "graphs")):
         d = engine_runs.number(df, metric)
         for k, n, v in zip(d[engine_runs.KEYS].itertuples(index=False), d["input_len"], d["value"]):
-            counts.setdefault((*k, int(n)), 0)
-            counts[(*k, int(n))] += int(v)
+            rows.setdefault((*k, int(n)), {"kernels": 0, "graphs": 0})[col] = int(v)
+    if not rows:
+        return pd.DataFrame()
+    pcg = engine_runs.text(df, "pcg")
+    out = pd.DataFrame([{
+        "model": m, "release": rel, "case": case, "tokens": n,
+        **c, "launches": c["kernels"] + c["graphs"], "pcg": pcg.get((m, rel, case), "")
+    } for (m, rel, case, n), c in sorted(rows.items())])
+    return out.set_index(["model", "release", "case", "tokens"])
+
+
+def launch_savings(df: pd.DataFrame, host_us: float | None) -> pd.DataFrame:
+    """Per captured case and input length: the host's launches per prefill step with piecewise
+    graphs and with them off, the launches removed, what they cost at the host's bare per-launch
+    cost (``host_us``), the measured saving (pcg-off prefill − piecewise prefill, medians over
+    starts), and that saving per removed launch, also as a multiple of the bare launch cost: eager
+    spends more host time per kernel than the launch itself (the op's Python and dispatch work),
+    and graphs remove that too."""
+    counts = launch_counts(df)
+    if counts.empty:
+        return pd.DataFrame()
     ms = engine_runs.number(df, "prefill", started=True)
     prefill = {(*k, int(n)): v
                for k, n, v in zip(ms[engine_runs.KEYS].itertuples(
                    index=False), ms["input_len"], ms["value"])}
-    pcg = engine_runs.text(df, "pcg")
+    launches = counts["launches"].to_dict()
     rows = []
-    for (model, rel, case, n), launches in sorted(counts.items()):
-        off = counts.get((model, rel, "pcg-off", n))
-        if case == "pcg-off" or off is None or pcg.get((model, rel, case)) != "captured":
+    for (model, rel, case, n), row in counts.iterrows():
+        off = launches.get((model, rel, "pcg-off", n))
+        if case == "pcg-off" or off is None or row["pcg"] != "captured":
             continue
-        removed = off - launches
+        removed = off - row["launches"]
         measured = (prefill.get((model, rel, "pcg-off", n), float("nan")) - prefill.get(
             (model, rel, case, n), float("nan")))
+        per_launch = measured * 1e3 / removed if removed > 0 else float("nan")
         rows.append({
             "model": model, "release": rel, "case": case, "tokens": n, "launches, pcg-off": off,
-            "launches, piecewise": launches, "removed": removed,
-            "predicted saving (ms)": (round(removed * host_us / 1e3, 3) if host_us else None),
-            "measured saving (ms)": round(measured, 3)
+            "launches, piecewise": row["launches"], "removed": removed,
+            "launch cost alone (ms)": (round(removed * host_us / 1e3, 3) if host_us else None),
+            "measured saving (ms)": round(measured, 3), "host µs per removed launch": round(
+                per_launch,
+                1), "× bare launch cost": (round(per_launch / host_us, 1) if host_us else None)
         })
     return (pd.DataFrame(rows).set_index(["model", "release", "case", "tokens"])
             if rows else pd.DataFrame())

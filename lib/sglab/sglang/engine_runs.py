@@ -36,7 +36,8 @@ def latest(runs_: list) -> pd.DataFrame:
     frames = []
     for order, run in enumerate(sorted(runs_, key=lambda r: r.manifest.get("created_utc", ""))):
         df = run.df.copy()
-        df["model"] = df["variant"].map(_model_of(run)).fillna("?")
+        named = df["variant"].map(_model_of(run))  # a merged run keeps its rows' own model
+        df["model"] = (df["model"].fillna(named) if "model" in df else named).fillna("?")
         df["run"], df["_order"] = label(run), order
         frames.append(df)
     if not frames:
@@ -64,7 +65,8 @@ def merged(runs_: list):
         e for r in ordered for e in (r.manifest.get("params") or {}).get("specs", [])
     ]
     manifest["merged_from"] = [r.path.name for r in ordered]
-    df = latest(ordered).drop(columns=["model", "run"])
+    # each row keeps its model: two runs may share a variant name (0.5.13+pcg-off) for two models
+    df = latest(ordered).drop(columns=["run"])
     manifest["rows"] = len(df)
     return runs.Run(df, manifest, newest.path)
 
@@ -167,7 +169,8 @@ def table(df: pd.DataFrame, metric: str, across: str, fmt: str = "{:.2f}") -> pd
         spread = {tuple(k): v for k, v in zip(iqr[idx].itertuples(index=False), iqr["value"])}
     starts = int(d["starts"].max()) if "starts" in d else 1
     if starts > 1:  # the spread that matters: between engine starts, not within one
-        d["cell"] = [
+        d["cell"] = [  # one figure where every start gave it (a count, a decision)
+            fmt.format(v) if fmt.format(lo) == fmt.format(hi) else
             f"{fmt.format(v)} [{fmt.format(lo)}–{fmt.format(hi)}]"
             for v, lo, hi in zip(d["value"], d["lo"], d["hi"])
         ]
@@ -179,7 +182,7 @@ def table(df: pd.DataFrame, metric: str, across: str, fmt: str = "{:.2f}") -> pd
     wide = d.pivot_table(index=KEYS, columns=across, values="cell", aggfunc="first").fillna("")
     unit = str(d["unit"].dropna().iloc[0]) if d["unit"].notna().any() else ""
     unit = "" if unit in ("", "fraction") else f" ({unit})"
-    kind = (f", median [lowest–highest] of {starts} engine starts"
+    kind = (f", median [lowest–highest] of {starts} engine starts (one figure: all the same)"
             if starts > 1 else ", median (IQR)" if spread else "")
     wide.columns = pd.Index(list(wide.columns), name=f"{metric}{unit}{kind} by {across}")
     return wide
