@@ -230,6 +230,14 @@ sglang.compare()
 # to read from it: with default flags the gate is never asked for Kimi-K2.5 (ServerArgs turns
 # piecewise graphs off first), so the PR matters to those who ask for them; and 0.5.12.post1 needs
 # one named harness adjustment to start at all with dummy weights (printed with the table).
+#
+# The counts come before the timings. Launches per prefill step come from one more start of each
+# variant under the profiler (exact, and the same on any host). When captured, a step replays one
+# graph per piece, that is layers + 1, and launches the attention kernels between them. When
+# 0.5.12.post1 refuses the graphs, the step launches exactly what pcg-off launches. The prefill
+# times are the median of three interleaved engine starts, the lowest and highest start in
+# brackets. `pcg-off-again` is the A/A control: the same flags as `pcg-off`, started in the same
+# rounds. How far the two lie apart is the noise a speed-up must clear.
 
 # %%
 engine = sglang.FIX.recorded_engine()
@@ -302,11 +310,18 @@ show.launches(run)
 # real Kimi-K2.5 (61 layers) at TP 4 under serving load. Read the rows for the direction (every
 # instrument gains) and for what scales the size: how launch-bound the measured span is.
 #
-# On your own hardware: the launch counts per step (the launch pass) do not change with the host;
-# the saving does, by about launches removed × your host's per-launch cost, which the engine header
-# prints for the run it measured. A faster host, or a wider model (the sweep above), shrinks the
-# gain; a slower host or a smaller batch grows it. Timings from several engine starts carry the
-# spread between starts, and the speed-up claim holds only above the A/A control's gap.
+# The counts come first: launches per prefill, eager against piecewise, from the rebuild's profiler
+# pass and the engine's launch pass. They do not change with the host. Then the timings: each
+# engine figure is the median of several engine starts, the range of the starts in brackets, with
+# the per-launch cost of the host that ran it.
+#
+# On your own hardware: the saving is not the removed launches × the bare launch cost. The engine
+# section's last table shows eager spending several times that per kernel (the op's Python and
+# dispatch work around the launch), and the graphs remove all of it. So scale by your host's
+# per-launch cost, times the multiple that table shows. A faster host, or a wider model (the sweep
+# above), shrinks the gain; a slower host or a smaller batch grows it. The speed-up claim holds
+# only above the A/A control's gap (pcg-off started twice), and that gap is wide: one host gives
+# start-to-start spreads of tens of percent.
 
 # %%
 show.beside(run, engine)

@@ -7,6 +7,9 @@
 #
 #   bash scripts/engine_gpu.sh --scenario 01-kimi-pcg [--scenario NAME ...] [--release V ...]
 #   bash scripts/engine_gpu.sh --plan 01                 every scenario of notebook 01
+#   bash scripts/engine_gpu.sh --scenario 01-llama-width --cases 'w512-*' 'w1024-*'
+#                                                        only those cases (a long scenario split
+#                                                        over calls: each records its own run)
 #   bash scripts/engine_gpu.sh -- --release 0.5.13 --model data/models/llama_32x512/config.json
 #   bash scripts/engine_gpu.sh --dry-run --plan 04       unpack nothing, print the commands
 #   bash scripts/engine_gpu.sh --verify --plan 04        `sglab verify --live --against` on the
@@ -37,12 +40,13 @@ if [ -z "${SGLAB_GIT_SHA:-}" ] && [ -n "$sha" ] && [ -n "$(git status --porcelai
 fi
 if [ -n "$sha" ]; then export SGLAB_GIT_SHA=$sha; fi
 
-scenarios=() releases=() free=() dry=0 plan="" verify=0
+scenarios=() releases=() cases=() free=() dry=0 plan="" verify=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --scenario) scenarios+=("$2"); shift 2 ;;
     --plan) plan=$2; shift 2 ;;
     --release) releases+=("$2"); shift 2 ;;
+    --cases) shift; while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do cases+=("$1"); shift; done ;;
     --dry-run) dry=1; shift ;;
     --verify) verify=1; shift ;;
     --) shift; free=("$@"); break ;;
@@ -51,6 +55,7 @@ while [ $# -gt 0 ]; do
 done
 rel_args=()
 for v in "${releases[@]}"; do rel_args+=(--release "$v"); done
+if [ ${#cases[@]} -gt 0 ]; then rel_args+=(--cases "${cases[@]}"); fi
 
 if [ ! -f "$BUNDLES/bundles.json" ]; then
   echo "error: $BUNDLES/bundles.json not found: build the bundles with \`make wheelhouse-engine\`" \

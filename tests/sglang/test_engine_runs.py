@@ -151,19 +151,25 @@ def test_the_rebuild_sits_beside_the_engine_and_says_what_each_measures():
     def rebuild(exp):
         return max(runs.load_all_recorded(exp), key=lambda r: r.manifest.get("created_utc", ""))
 
-    rows = {
-        r["source"]: r
-        for r in pg_show.beside_rows(rebuild("pcg_gate"), pg_sglang.FIX.recorded_engine())
-    }
+    listed = pg_show.beside_rows(rebuild("pcg_gate"), pg_sglang.FIX.recorded_engine())
+    # counts first (the same on any host), then the timings with their starts and host
+    kinds = ["count" if "launches per" in r["measures"] else "time" for r in listed]
+    assert kinds == sorted(kinds) and kinds.count("count") == 3
+    counted = {r["source"]: r["figure"] for r in listed if "launches per" in r["measures"]}
+    assert counted["SGLang 0.5.13 engine (kimi_k25_tiny, enforce)"] == "64–65 → 25 + 3 graphs"
+    rows = {r["source"]: r for r in listed if "launches per" not in r["measures"]}
     engine = rows["SGLang 0.5.13 engine (kimi_k25_tiny, enforce)"]
-    assert "whole prefill step" in engine["measures"] and engine["figure"].endswith("×")
+    assert "whole prefill step" in engine["measures"] and "µs per launch" in engine["measures"]
+    assert "median of 3 engine starts" in engine["measures"] and "(starts " in engine["figure"]
     assert rows["#26382's description (B200, TP 4)"]["figure"] == "3.26×"
     assert any(k.startswith("rebuild") and "forward only" in v["measures"] for k, v in rows.items())
 
-    rows = {
-        r["source"]: r["figure"]
-        for r in bg_show.beside_rows(rebuild("breakable_graph"), bg_sglang.FIX.recorded_engine())
-    }
+    listed = bg_show.beside_rows(rebuild("breakable_graph"), bg_sglang.FIX.recorded_engine())
+    counted = {r["source"]: r["figure"] for r in listed if "÷" not in r["measures"]}
+    assert counted["SGLang 0.5.11 engine (llama_32x512)"] == "100% | 0%"
+    assert counted["SGLang 0.5.12.post1 engine (llama_32x512)"] == "100% | 100%"
+    assert all("÷" not in r["measures"] for r in listed[:len(counted)])  # counts first
+    rows = {r["source"]: r["figure"].split(" (starts")[0] for r in listed if "÷" in r["measures"]}
     one, several = rows["SGLang 0.5.11 engine (llama_32x512)"].split(" | ")
     assert float(one.rstrip("×")) > 1.1 and float(several.split("–")[-1].rstrip("×")) < 1.1
     lo = rows["SGLang 0.5.12.post1 engine (llama_32x512)"].split(" | ")[1].split("–")[0]
@@ -505,3 +511,35 @@ def test_the_saving_per_removed_launch_is_set_against_the_bare_launch_cost():
     per = row["measured saving (ms)"] * 1e3 / row["removed"]
     assert row["host µs per removed launch"] == pytest.approx(per, abs=0.1)
     assert row["× bare launch cost"] == pytest.approx(per / 10.0, abs=0.1)
+
+
+def test_the_width_sweeps_gain_spans_its_starts():
+    """Three starts per arm: the gain is median off over median captured, and its bar runs from
+    the slowest captured start against the fastest off start to the reverse."""
+    from sglab.pcg_gate import show as pg_show
+
+    t = {}
+    for s, (on, off) in enumerate(((10.0, 20.0), (8.0, 22.0), (12.0, 18.0))):
+        t[("w512-pcg", s)] = {128: on}
+        t[("w512-off", s)] = {128: off}
+    df = E.latest([_starts_run(t)])
+    df.loc[(df.case == "w512-pcg") & (df.metric == "pcg"), "value"] = "captured"
+    row = pg_show.width_gains(df).iloc[0]
+    assert (row["gain"], row["lo"], row["hi"], row["starts"]) == (2.0, 18.0 / 12.0, 22.0 / 8.0, 3)
+
+
+def test_cases_split_a_scenario_and_a_pattern_that_matches_nothing_is_one_line(capsys):
+    argv = ["engine", "--scenario", "01-llama-width", "--dry-run", "--cases", "w512-*", "w1024-*"]
+    assert cli.main(argv) == 0
+    started = [
+        ln.split(":")[0]
+        for ln in capsys.readouterr().out.splitlines() if ln.startswith("# sglang 0.5.13+")
+    ]
+    assert sorted(set(started)) == [
+        f"# sglang 0.5.13+w{h}-{a}" for h in (1024, 512) for a in ("off", "pcg")
+    ]
+    assert len(started) == 4 * 3  # every start of each case kept
+    assert cli.main(["engine", "--scenario", "01-llama-width", "--cases", "w9-*", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sglab engine: --cases w9-*: no case of 01-llama-width matches")
+    assert len(err.splitlines()) == 1

@@ -458,7 +458,7 @@ def _span(values) -> str:
 def beside_rows(run, engine_run) -> list[dict]:
     """Eager over graph for prefills of several requests, as the rebuild (forward only) and SGLang's
     engine (a whole Engine.generate call) measure it, before and after #24662."""
-    rows = []
+    rows = count_rows(run, engine_run)  # counts first: they do not move with the host
     if run:
         lat = latency_table(run.df)
         multi = lat[lat["batch_size"] > 1]
@@ -478,23 +478,72 @@ def beside_rows(run, engine_run) -> list[dict]:
     if engine_run:
         df = engine_runs.latest(engine_run.shown)
         lat = engine_runs.number(df, "latency", started=True)
+        _, starts, _ = engine_runs.timing_bar(df, "latency", "requests")
         for rel, g in lat.groupby("release"):
-            per = {c: dict(zip(h.requests.astype(int), h.value)) for c, h in g.groupby("case")}
+            cost = engine_runs.host_us(engine_run, rel)  # the host of the run that started rel
+            where = (f"median of {starts} engine starts" if starts > 1 else
+                     "one engine start") + (f", host {cost:.1f} µs per launch" if cost else "")
+            per = {
+                c: {int(n): (v, lo, hi)
+                    for n, v, lo, hi in zip(h.requests, h.value, h.lo, h.hi)}
+                for c, h in g.groupby("case")
+            }
             if not {"bcg", "eager"} <= set(per):
                 continue
-            ratio = {n: per["eager"][n] / t for n, t in per["bcg"].items() if n in per["eager"]}
+            ratio = {
+                n: per["eager"][n][0] / t[0]
+                for n, t in per["bcg"].items() if n in per["eager"]
+            }
             several = [x for n, x in ratio.items() if n > 1]
+            widest = [(per["eager"][n][1] / t[2], per["eager"][n][2] / t[1])
+                      for n, t in per["bcg"].items() if n > 1 and n in per["eager"]]
             rows.append({
                 "source": f"SGLang {rel} engine (llama_32x512)",
                 "measures": f"eager ÷ --enable-breakable-cuda-graph, whole Engine.generate call, 1 "
-                f"output token: 1 request | {min(n for n in ratio if n > 1)}–{max(ratio)} requests",
-                "figure": f"{_span([ratio.get(1, float('nan'))])} | {_span(several)}"
+                f"output token: 1 request | {min(n for n in ratio if n > 1)}–{max(ratio)} requests; "
+                f"{where}", "figure": f"{_span([ratio.get(1, float('nan'))])} | {_span(several)}"
+                + (f" (starts {min(a for a, _ in widest):.2f}–{max(b for _, b in widest):.2f}×)"
+                   if starts > 1 and widest else "")
             })
     else:
         rows.append({
             "source": "SGLang engine", "figure": "",
             "measures": getattr(engine_run, "line", "no engine run")
         })
+    return rows
+
+
+def count_rows(run, engine_run) -> list[dict]:
+    """What is counted, not timed: the rebuild's graph launches per prefill of several requests
+    before and after #24662 (profiler), and the share of the engine's prefill batches of several
+    requests that the scheduler ran on the graph (its own 'Prefill batch' log line)."""
+    rows = []
+    if run:
+        lt = launch_table(run.df)
+        multi = lt[lt.index.get_level_values("batch_size") > 1]
+        got = {
+            v: sorted(set(multi.xs(v, level="variant")["host_graph_launches"]))
+            for v in ("before", "after") if v in multi.index.get_level_values("variant")
+        }
+        if len(got) == 2:
+            rows.append({
+                "source": f"rebuild ({runs.gpu_short(run.manifest)})",
+                "measures": "graph launches per prefill of 2+ requests, before → after #24662 "
+                "(profiler)", "figure": " → ".join(
+                    "–".join(str(x) for x in sorted({v[0], v[-1]})) for v in got.values())
+            })
+    if engine_run:
+        share = engine_runs.number(engine_runs.latest(engine_run.shown), "prefill_graph")
+        for rel, g in share[share.case == "bcg"].groupby("release"):
+            several = g[g.requests > 1]
+            rows.append({
+                "source": f"SGLang {rel} engine (llama_32x512)",
+                "measures": "prefill batches on the breakable graph, 1 request | 2+ requests "
+                "(the scheduler's 'Prefill batch' log)",
+                "figure": f"{g[g.requests == 1].value.min():.0%} | {several.value.min():.0%}"
+                + (""
+                   if several.value.min() == several.value.max() else f"–{several.value.max():.0%}")
+            })
     return rows
 
 

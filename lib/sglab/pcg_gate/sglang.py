@@ -353,6 +353,7 @@ ENGINE = (
                                ("off", ("--disable-piecewise-cuda-graph",)))),
         input_lens=(128, 512, 1024, 2048),
         repeats=3,
+        starts=3,  # 24 starts: split over calls with --cases 'w512-*' 'w1024-*', then the rest
         output_len=4,
         expect="the gain off / pcg falls as the width (compute per launch) grows",
     ),

@@ -501,37 +501,54 @@ def engine_ratios(df: pd.DataFrame) -> dict:
 
 def width_gains(df: pd.DataFrame) -> pd.DataFrame:
     """The width sweep (``01-llama-width``): per hidden size and input length, prefill with
-    piecewise graphs off over prefill with them captured (medians over starts); rows ``hidden,
-    tokens, gain``."""
+    piecewise graphs off over prefill with them captured, medians over starts; rows ``hidden,
+    tokens, gain, lo, hi, starts``, ``lo``–``hi`` the widest the starts allow (slowest off over
+    fastest captured start and the reverse)."""
     d = engine_runs.number(df, "prefill", started=True)
     pcg = engine_runs.text(df, "pcg")
     arms: dict = {}
-    for k, n, v in zip(d[engine_runs.KEYS].itertuples(index=False), d["input_len"], d["value"]):
+    for k, n, v, lo, hi, st in zip(d[engine_runs.KEYS].itertuples(index=False), d["input_len"],
+                                   d["value"], d["lo"], d["hi"], d["starts"]):
         m = sglang.WIDTH_CASE.match(k[2])
         if m and (m["arm"] == "off" or pcg.get(tuple(k)) == "captured"):
-            arms[(int(m["hidden"]), int(n), m["arm"])] = v
-    rows = [{"hidden": h, "tokens": n, "gain": arms[(h, n, "off")] / v}
-            for (h, n, arm), v in sorted(arms.items()) if arm == "pcg" and (h, n, "off") in arms]
-    return pd.DataFrame(rows, columns=["hidden", "tokens", "gain"])
+            arms[(int(m["hidden"]), int(n), m["arm"])] = (v, lo, hi, int(st))
+    rows = []
+    for (h, n, arm), (v, lo, hi, st) in sorted(arms.items()):
+        off = arms.get((h, n, "off"))
+        if arm == "pcg" and off:
+            rows.append({
+                "hidden": h, "tokens": n, "gain": off[0] / v, "lo": off[1] / hi, "hi": off[2] / lo,
+                "starts": min(st, off[3])
+            })
+    return pd.DataFrame(rows, columns=["hidden", "tokens", "gain", "lo", "hi", "starts"])
 
 
 def width_sweep(run) -> None:
     """Where piecewise graphs stop paying: the gain (off / captured prefill) against the prefill's
-    tokens, one line per hidden size of the same 32 Llama layers. Where the lines fall towards 1,
-    each launch carries enough work that launching it from the host no longer matters."""
-    gains = width_gains(engine_runs.latest(run.shown)) if run else pd.DataFrame()
+    tokens, one line per hidden size of the same 32 Llama layers, the bars spanning the engine
+    starts. Where the lines fall towards 1, each launch carries enough work that launching it from
+    the host no longer matters."""
+    df = engine_runs.latest(run.shown) if run else pd.DataFrame()
+    gains = width_gains(df) if run else pd.DataFrame()
     if gains.empty:
         print("no width sweep recorded yet: on a GPU box, bash scripts/engine_gpu.sh --scenario "
               "01-llama-width")
         return
+    starts = int(gains["starts"].min())
     fig, ax = plots.figure()
     for h, g in gains.groupby("hidden"):
-        ax.plot(g["tokens"], g["gain"], marker="o", label=f"hidden {h}")
+        ax.errorbar(g["tokens"], g["gain"], yerr=[g["gain"] - g["lo"], g["hi"] - g["gain"]],
+                    marker="o", capsize=3, label=f"hidden {h}")
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("prefill tokens (batch 1)")
     ax.set_ylabel("pcg-off / piecewise prefill")
-    ax.set_title("SGLang 0.5.13, Llama 32 layers: the gain by width (bench_one_batch)")
+    rel = ", ".join(
+        sorted({r
+                for r, c in zip(df["release"], df["case"]) if sglang.WIDTH_CASE.match(str(c))}))
+    ax.set_title(f"SGLang {rel}, Llama 32 layers: the gain by width (bench_one_batch, " +
+                 (f"median of {starts} starts, bars: their range)" if starts >
+                  1 else "one engine start: no spread measured)"))
     ax.legend(fontsize=8)
     notebook.show_figure(fig)
 
@@ -555,6 +572,7 @@ def beside_rows(run, engine_run) -> list[dict]:
         hi = max((max(r) for r in ratios.values()), default=1024)
     else:
         ratios, lo, hi = {}, 128, 1024
+    rows += count_rows(run, engine_run, lo, hi)  # counts first: they do not move with the host
     if run:
         sp = latency_table(run.df)["speedup"]
         sp = sp[(sp.index >= lo) & (sp.index <= hi)]
@@ -568,11 +586,20 @@ def beside_rows(run, engine_run) -> list[dict]:
         rows.append({
             "source": "rebuild", "measures": getattr(run, "line", "no GPU run"), "figure": ""
         })
+    if engine_run:
+        df = engine_runs.latest(engine_run.shown)
+        _, starts, _ = engine_runs.timing_bar(df, "prefill", "input_len")
+        spread = start_spread(df)
     for (model, rel, case), r in ratios.items():
+        lo_s, hi_s = spread.get((model, rel, case), (None, None))
+        cost = engine_runs.host_us(engine_run, rel)  # the host of the newest run that started rel
+        where = (f"median of {starts} engine starts" if starts > 1 else
+                 "one engine start") + (f", host {cost:.1f} µs per launch" if cost else "")
         rows.append({
             "source": f"SGLang {rel} engine ({model}, {case})",
             "measures": f"pcg-off ÷ piecewise, whole prefill step (bench_one_batch, "
-            f"dummy weights), {min(r)}–{max(r)} tokens", "figure": _span(r.values())
+            f"dummy weights), {min(r)}–{max(r)} tokens; {where}", "figure": _span(r.values())
+            + (f" (starts {lo_s:.2f}–{hi_s:.2f}×)" if lo_s is not None and starts > 1 else "")
         })
     if not ratios:
         rows.append({
@@ -586,6 +613,59 @@ def beside_rows(run, engine_run) -> list[dict]:
         f"({before} s → {after} s)", "figure": f"{before / after:.2f}×"
     })
     return rows
+
+
+def start_spread(df: pd.DataFrame) -> dict:
+    """``{(model, release, case): (lo, hi)}``: the widest pcg-off ÷ piecewise the engine starts
+    allow over the token counts (the slowest captured start against the fastest pcg-off start, and
+    the reverse)."""
+    d = engine_runs.number(df, "prefill", started=True)
+    per = {(*k, int(n)): (lo, hi)
+           for k, n, lo, hi in zip(d[engine_runs.KEYS].itertuples(
+               index=False), d["input_len"], d["lo"], d["hi"])}
+    out: dict = {}
+    for (model, rel, case, n), (lo, hi) in per.items():
+        off = per.get((model, rel, "pcg-off", n))
+        if off and case != "pcg-off":
+            a, b = off[0] / hi, off[1] / lo
+            was = out.get((model, rel, case), (a, b))
+            out[(model, rel, case)] = (min(was[0], a), max(was[1], b))
+    return out
+
+
+def count_rows(run, engine_run, lo: int, hi: int) -> list[dict]:
+    """The launches of one prefill, eager → piecewise, as the rebuild's profiler pass and the
+    engine's launch pass count them (exact; the same on any host)."""
+    rows = []
+    lt = launch_table(run.df) if run else pd.DataFrame()
+    if not lt.empty:
+        lt = lt[(lt.index >= lo) & (lt.index <= hi)]
+    if not lt.empty:
+        e, p = sorted(set(lt["eager launches"].astype(int))), sorted(
+            set(lt["piecewise launches"].astype(int)))
+        rows.append({
+            "source": f"rebuild ({runs.gpu_short(run.manifest)})",
+            "measures": f"launches per prefill forward, eager → piecewise (profiler), {lo}–{hi} "
+            "tokens", "figure": f"{_range(e)} → {_range(p)}"
+        })
+    counts = launch_counts(engine_runs.latest(engine_run.shown)) if engine_run else pd.DataFrame()
+    variants = {k[:3] for k in counts.index}
+    for (model, rel, case), g in (counts.groupby(level=[0, 1, 2]) if variants else []):
+        if g.pcg.iloc[0] != "captured" or (model, rel, "pcg-off") not in variants:
+            continue
+        off = counts.loc[(model, rel, "pcg-off")]
+        rows.append({
+            "source": f"SGLang {rel} engine ({model}, {case})",
+            "measures": "launches per prefill step, pcg-off → piecewise (kernels + graph "
+            "replays; bench_one_batch under the profiler)",
+            "figure": f"{_range(sorted(set(off.launches)))} → {_range(sorted(set(g.kernels)))} + "
+            f"{_range(sorted(set(g.graphs)))} graphs"
+        })
+    return rows
+
+
+def _range(values: list) -> str:
+    return f"{values[0]}" if values[0] == values[-1] else f"{values[0]}–{values[-1]}"
 
 
 def beside(run, engine_run) -> None:
@@ -623,14 +703,7 @@ def engine(run) -> None:
 def host_launch_us(run) -> float | None:
     """The host's per-launch cost (µs) the newest run measured beside its engines (the median of
     its before and after), None where no run did."""
-    for r in sorted(run.shown, key=lambda r: r.manifest.get("created_utc", ""), reverse=True):
-        got = [
-            v["median"] for v in (r.manifest.get("host_launch_us") or {}).values()
-            if isinstance(v, dict) and "median" in v
-        ]
-        if got:
-            return sum(got) / len(got)
-    return None
+    return engine_runs.host_us(run)
 
 
 def launch_counts(df: pd.DataFrame) -> pd.DataFrame:

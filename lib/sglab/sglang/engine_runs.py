@@ -321,6 +321,21 @@ def host_costs(run) -> list[str]:
     return out
 
 
+def host_us(run, release: str | None = None) -> float | None:
+    """The host's per-launch cost (µs, the median of its before and after) measured beside the
+    newest shown run that started ``release`` (any release without one); None where none did."""
+    for r in sorted(run.shown, key=lambda r: r.manifest.get("created_utc", ""), reverse=True):
+        if release and release not in (r.manifest.get("releases") or [release]):
+            continue
+        got = [
+            v["median"] for v in (r.manifest.get("host_launch_us") or {}).values()
+            if isinstance(v, dict) and "median" in v
+        ]
+        if got:
+            return sum(got) / len(got)
+    return None
+
+
 def section(run, facts_of: list[str], tables: list[tuple[str, str, str]]) -> None:
     """A notebook's real-engine section: the :func:`header`, one row of facts per (model,
     release, case), then each ``(metric, across, fmt)`` table."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from fnmatch import fnmatch
 import sys
 from pathlib import Path
 
@@ -65,6 +66,10 @@ def add_parser(sub) -> None:
     p.add_argument("--scenario", action="append", default=[], metavar="NAME",
                    help="a real-engine scenario (sglab engine --list)")
     p.add_argument("--plan", metavar="NN", help="every scenario of notebook NN")
+    p.add_argument(
+        "--cases", nargs="+", action="extend", default=[], metavar="GLOB",
+        help="with --scenario/--plan: only the cases these patterns match ('w512-*'), "
+        "to split a long scenario over several calls")
     p.add_argument("--list", action="store_true", help="list the scenarios")
     p.add_argument("--record", action="store_true", help="write the run (data/runs/engine_<fix>/)")
     p.add_argument("--fix", default="custom",
@@ -80,6 +85,11 @@ def add_parser(sub) -> None:
 def _fail(msg: str) -> int:
     print(f"sglab engine: {msg}", file=sys.stderr)
     return 2
+
+
+def _only(specs: list, patterns: list[str]) -> list:
+    """The specs whose case one of ``patterns`` matches (all of them without patterns)."""
+    return [sp for sp in specs if not patterns or any(fnmatch(sp.case, p) for p in patterns)]
 
 
 def _groups(args):
@@ -98,7 +108,16 @@ def _groups(args):
         def timed(specs):
             return [replace(sp, timeout=args.timeout) for sp in specs] if args.timeout else specs
 
-        return [(s.fix, s.name, timed(s.specs(args.release))) for s in picked]
+        groups = [(s.fix, s.name, _only(timed(s.specs(args.release)), args.cases)) for s in picked]
+        for pattern in args.cases:
+            if not any(fnmatch(sp.case, pattern) for _, _, specs in groups for sp in specs):
+                known = sorted({c.label for s in picked for c in s.all_cases()})
+                raise eng.EngineError(
+                    f"--cases {pattern}: no case of {', '.join(s.name for s in picked)}"
+                    f" matches (cases: {' '.join(known)})")
+        return [g for g in groups if g[2] or not args.cases]  # scenarios left without a case drop
+    if args.cases:
+        raise eng.EngineError("--cases picks cases of a --scenario or --plan")
     if not args.release or not args.model:
         raise eng.EngineError("give --release and --model (or --scenario / --plan / --list)")
     argv = list(args.server_args)
