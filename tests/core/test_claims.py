@@ -188,3 +188,23 @@ def test_headline_says_one_value_where_a_range_collapses():
     two = h.render([(run, {"c": Outcome("pass", "", 11.5), "d": Outcome("pass", "", 13)}),
                     (run, {"c": Outcome("pass", "", 11.52), "d": Outcome("pass", "", 3)})])
     assert two == "11.5 µs; 3–13 runs"  # 11.50 and 11.52 print alike at one decimal
+
+
+@pytest.mark.parametrize("rerun_min, gap, beyond", [(1.40, 0.30, False), (1.40, 0.05, True),
+                                                    (1.30, 0.05, False)])
+def test_a_timing_tolerates_the_aa_gap_and_its_context_is_not_compared(rerun_min, gap, beyond):
+    """A rerun's ratio may move as far as two identical variants lay apart in either run (else
+    the claim's own drift, 25%); the gap itself, the margin and the start count are shown, not
+    compared."""
+    claim = Claim("x.speedup", "s", "e", lambda r: None, drift=0.25,
+                  context=("aa_noise", "margin", "starts"), noise="aa_noise")
+
+    def result(value):
+        return claims.Result(claim, claims.Outcome(claims.PASS, "", value))
+
+    ref = {"min": 1.10, "aa_noise": 0.02, "margin": 0.08, "starts": 1}
+    run = {"min": rerun_min, "aa_noise": gap, "margin": 0.5, "starts": 3}
+    rows = claims.drift_rows([result(run)], [result(ref)])
+    assert [r["value"] for r in rows] == ["min"]
+    assert rows[0]["beyond"] is beyond
+    assert rows[0]["tolerance"] == ("±30% (the A/A gap)" if gap > 0.25 else "±25%")

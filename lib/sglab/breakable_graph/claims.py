@@ -272,7 +272,8 @@ ENGINE = SimpleNamespace(
             "engine_breakable_graph.faster_than_eager",
             f"On {AFTER_RELEASE}, the breakable graph beats eager prefill at every request "
             "count", "eager / graph > 1 at every count", _engine_faster,
-            applies=_engine_faster_applies, drift=0.25)
+            applies=_engine_faster_applies, drift=0.25, context=("aa_noise", "margin",
+                                                                 "starts"), noise="aa_noise")
     ],
     shown=lambda runs_: list(runs_),
 )

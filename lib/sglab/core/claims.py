@@ -67,7 +67,10 @@ class Claim:
     ``drift``: for ``--against``: ``None`` means the value must equal the reference's exactly
     (counts, sizes); a number is the relative difference tolerated (timings, ratios) before the
     drift is reported. ``folded``: the checks this claim rests on (instruments agree, nothing
-    leaked, ...), shown under it.
+    leaked, ...), shown under it. ``context``: keys of the value shown with it but not compared
+    (the noise a timing claim met, its margin, its number of starts). ``noise``: the key of the
+    value holding the run's own A/A gap; ``--against`` then tolerates the larger of ``drift`` and
+    the gap either run measured, since a rerun can move no less than two identical variants did.
     """
 
     id: str
@@ -78,6 +81,8 @@ class Claim:
     applies: Optional[Callable[[Any], Optional[str]]] = None
     drift: Optional[float] = None
     folded: tuple = ()
+    context: tuple = ()
+    noise: str = ""
 
     def covers(self, method_version: int) -> bool:
         lo, hi = self.methods
@@ -345,20 +350,22 @@ def drift_rows(results: list[Result], ref_results: list[Result]) -> list[dict]:
         if rr is None or r.outcome.value is None or rr.outcome.value is None:
             continue
         mine, theirs = _flat(r.outcome.value, ""), _flat(rr.outcome.value, "")
-        for key in sorted(set(mine) & set(theirs)):
+        tol, label = r.claim.drift, "exact" if r.claim.drift is None else f"±{r.claim.drift:.0%}"
+        gap = max((_number(v.get(r.claim.noise)) or 0.0 for v in (mine, theirs)), default=0.0) \
+            if r.claim.noise else 0.0
+        if tol is not None and gap > tol:
+            tol, label = gap, f"±{gap:.0%} (the A/A gap)"
+        for key in sorted(set(mine) & set(theirs) - set(r.claim.context)):
             a, b = _number(mine[key]), _number(theirs[key])
             if a is None or b is None:
                 beyond = mine[key] != theirs[key]
                 rel = None
             else:
                 rel = 0.0 if a == b else (abs(a - b) / abs(b) if b else math.inf)
-                tol = r.claim.drift
                 beyond = (a != b) if tol is None else rel > tol
             rows.append({
                 "claim": r.claim.id, "value": key or "value", "this run": mine[key],
-                "reference": theirs[key], "drift": rel,
-                "tolerance": "exact" if r.claim.drift is None else f"±{r.claim.drift:.0%}",
-                "beyond": bool(beyond)
+                "reference": theirs[key], "drift": rel, "tolerance": label, "beyond": bool(beyond)
             })
     return rows
 

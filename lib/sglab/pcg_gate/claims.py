@@ -435,7 +435,8 @@ ENGINE = SimpleNamespace(
             "engine_pcg_gate.captured_prefill_faster",
             "Where piecewise graphs are captured, prefill is faster than with them off at "
             "every input length (128–1024 tokens)", "pcg-off / piecewise > 1 everywhere", _speedup,
-            applies=lambda r: None if _pairs(r) else "no captured + pcg-off pair", drift=0.25),
+            applies=lambda r: None if _pairs(r) else "no captured + pcg-off pair", drift=0.25,
+            context=("aa_noise", "margin", "starts"), noise="aa_noise"),
         Claim(
             "engine_pcg_gate.prefill_launches",
             "Counted, not timed: a captured prefill step replays one graph per piece (layers + 1) "
