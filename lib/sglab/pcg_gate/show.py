@@ -534,11 +534,13 @@ def width_sweep(run) -> None:
         print("no width sweep recorded yet: on a GPU box, bash scripts/engine_gpu.sh --scenario "
               "01-llama-width")
         return
-    starts = int(gains["starts"].min())
+    starts, mixed = int(gains["starts"].min()), gains["starts"].nunique() > 1
     fig, ax = plots.figure()
     for h, g in gains.groupby("hidden"):
-        ax.errorbar(g["tokens"], g["gain"], yerr=[g["gain"] - g["lo"], g["hi"] - g["gain"]],
-                    marker="o", capsize=3, label=f"hidden {h}")
+        n = int(g["starts"].min())  # widths recorded apart may differ: each says its own
+        ax.errorbar(g["tokens"], g["gain"], yerr=[g["gain"] - g["lo"],
+                                                  g["hi"] - g["gain"]], marker="o", capsize=3,
+                    label=f"hidden {h}" + (f" ({n} start{'s' if n > 1 else ''})" if mixed else ""))
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("prefill tokens (batch 1)")
@@ -546,9 +548,10 @@ def width_sweep(run) -> None:
     rel = ", ".join(
         sorted({r
                 for r, c in zip(df["release"], df["case"]) if sglang.WIDTH_CASE.match(str(c))}))
-    ax.set_title(f"SGLang {rel}, Llama 32 layers: the gain by width (bench_one_batch, " +
-                 (f"median of {starts} starts, bars: their range)" if starts >
-                  1 else "one engine start: no spread measured)"))
+    how = ("median of the starts, bars: their range"
+           if mixed else f"median of {starts} starts, bars: their range"
+           if starts > 1 else "one engine start: no spread measured")
+    ax.set_title(f"SGLang {rel}, Llama 32 layers: the gain by width\n(bench_one_batch, {how})")
     ax.legend(fontsize=8)
     notebook.show_figure(fig)
 
