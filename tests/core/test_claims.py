@@ -208,3 +208,12 @@ def test_a_timing_tolerates_the_aa_gap_and_its_context_is_not_compared(rerun_min
     assert [r["value"] for r in rows] == ["min"]
     assert rows[0]["beyond"] is beyond
     assert rows[0]["tolerance"] == ("±30% (the A/A gap)" if gap > 0.25 else "±25%")
+
+
+def test_verifying_an_experiment_with_no_recorded_run_is_not_a_pass(monkeypatch, capsys):
+    monkeypatch.setattr(runs, "list_runs", lambda *a, **k: [])
+    assert cli.main(["verify", "engine_pcg_gate"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("engine_pcg_gate: no recorded run to verify (record one, or sglab verify "
+                        "--live engine_pcg_gate on a machine that can run it)")
+    assert len(err.splitlines()) == 1

@@ -74,6 +74,7 @@ def load_run(path: str | Path, *, live: bool = False) -> runs.Run:
 
 def targets(names: list[str], all_: bool) -> list[runs.Run]:
     """Runs named on the command line: experiments (all their recorded runs) or run files."""
+    named = set(names)
     if all_:
         names = [*names, *fixes.experiments()]
     if not names:
@@ -83,7 +84,11 @@ def targets(names: list[str], all_: bool) -> list[runs.Run]:
         if name.endswith((".csv", ".json")) or "/" in name:
             out.append(load_run(name))
         elif name in fixes.experiments():
-            out.extend(load_run(p) for p in runs.list_runs(name))
+            found = runs.list_runs(name)
+            if not found and name in named:  # a verify that verified nothing is not a pass
+                raise BadInput(f"{name}: no recorded run to verify (record one, or sglab verify "
+                               f"--live {name} on a machine that can run it)")
+            out.extend(load_run(p) for p in found)
         else:
             raise BadInput(f"unknown experiment or run file {name!r}; experiments: "
                            f"{', '.join(fixes.experiments())}")
