@@ -543,3 +543,24 @@ def test_cases_split_a_scenario_and_a_pattern_that_matches_nothing_is_one_line(c
     err = capsys.readouterr().err.strip()
     assert err.startswith("sglab engine: --cases w9-*: no case of 01-llama-width matches")
     assert len(err.splitlines()) == 1
+
+
+def test_each_variants_timing_carries_the_cost_of_the_host_that_ran_it():
+    from sglab.pcg_gate import sglang as pg_sglang
+
+    engine = pg_sglang.FIX.recorded_engine()
+
+    def cost_of(r):
+        got = [v["median"] for v in r.manifest["host_launch_us"].values()]
+        return sum(got) / len(got)
+
+    def ran(model, case):
+        return max((r for r in engine.shown if any(
+            (e["model"] or {}).get("name") == model and e["case"] == case
+            for e in r.manifest["engine_runs"])), key=lambda r: r.manifest["created_utc"])
+
+    for model, case in (("kimi_k25_tiny", "enforce"), ("llama_32x512", "pcg")):
+        assert E.host_us(engine, "0.5.13", model, case) == pytest.approx(cost_of(ran(model, case)))
+    assert E.host_us(engine, "0.5.13", "kimi_k25_tiny", "no-such-case") is None
+    newest = max(engine.shown, key=lambda r: r.manifest["created_utc"])
+    assert E.host_us(engine) == pytest.approx(cost_of(newest))

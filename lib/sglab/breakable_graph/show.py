@@ -480,7 +480,7 @@ def beside_rows(run, engine_run) -> list[dict]:
         lat = engine_runs.number(df, "latency", started=True)
         _, starts, _ = engine_runs.timing_bar(df, "latency", "requests")
         for rel, g in lat.groupby("release"):
-            cost = engine_runs.host_us(engine_run, rel)  # the host of the run that started rel
+            cost = engine_runs.host_us(engine_run, rel, "llama_32x512")  # the host that ran it
             where = (f"median of {starts} engine starts" if starts > 1 else
                      "one engine start") + (f", host {cost:.1f} µs per launch" if cost else "")
             per = {

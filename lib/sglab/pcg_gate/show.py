@@ -595,7 +595,7 @@ def beside_rows(run, engine_run) -> list[dict]:
         spread = start_spread(df)
     for (model, rel, case), r in ratios.items():
         lo_s, hi_s = spread.get((model, rel, case), (None, None))
-        cost = engine_runs.host_us(engine_run, rel)  # the host of the newest run that started rel
+        cost = engine_runs.host_us(engine_run, rel, model, case)  # the host that ran it
         where = (f"median of {starts} engine starts" if starts > 1 else
                  "one engine start") + (f", host {cost:.1f} µs per launch" if cost else "")
         rows.append({
@@ -695,7 +695,7 @@ def engine(run) -> None:
         notebook.show_table(cells)
     sweep = df["case"].map(lambda c: bool(sglang.WIDTH_CASE.match(str(c))))  # drawn below
     notebook.show_table(engine_runs.table(df[~sweep], "prefill", "input_len", "{:.2f}"))
-    table = launch_savings(df, host_launch_us(run))
+    table = launch_savings(df, lambda *variant: engine_runs.host_us(run, *variant))
     if not table.empty:
         print("What the removed launches cost at this host's bare per-launch cost, and the saving "
               "measured: eager spends several times the bare launch cost per kernel (the op's "
@@ -729,10 +729,11 @@ def launch_counts(df: pd.DataFrame) -> pd.DataFrame:
     return out.set_index(["model", "release", "case", "tokens"])
 
 
-def launch_savings(df: pd.DataFrame, host_us: float | None) -> pd.DataFrame:
+def launch_savings(df: pd.DataFrame, host_us) -> pd.DataFrame:
     """Per captured case and input length: the host's launches per prefill step with piecewise
     graphs and with them off, the launches removed, what they cost at the host's bare per-launch
-    cost (``host_us``), the measured saving (pcg-off prefill − piecewise prefill, medians over
+    cost (``host_us``: µs, or a function of (release, model, case) giving the cost of the host
+    that ran that variant), the measured saving (pcg-off prefill − piecewise prefill, medians over
     starts), and that saving per removed launch, also as a multiple of the bare launch cost: eager
     spends more host time per kernel than the launch itself (the op's Python and dispatch work),
     and graphs remove that too."""
@@ -753,13 +754,14 @@ def launch_savings(df: pd.DataFrame, host_us: float | None) -> pd.DataFrame:
         measured = (prefill.get((model, rel, "pcg-off", n), float("nan")) - prefill.get(
             (model, rel, case, n), float("nan")))
         per_launch = measured * 1e3 / removed if removed > 0 else float("nan")
+        cost = host_us(rel, model, case) if callable(host_us) else host_us
+        alone, times = (removed * cost / 1e3, per_launch / cost) if cost else (None, None)
         rows.append({
             "model": model, "release": rel, "case": case, "tokens": n, "launches, pcg-off": off,
             "launches, piecewise": row["launches"], "removed": removed,
-            "launch cost alone (ms)": (round(removed * host_us / 1e3, 3) if host_us else None),
-            "measured saving (ms)": round(measured, 3), "host µs per removed launch": round(
-                per_launch,
-                1), "× bare launch cost": (round(per_launch / host_us, 1) if host_us else None)
+            "launch cost alone (ms)": alone and round(alone, 3), "measured saving (ms)": round(
+                measured, 3), "host µs per removed launch": round(per_launch, 1),
+            "× bare launch cost": times and round(times, 1)
         })
     return (pd.DataFrame(rows).set_index(["model", "release", "case", "tokens"])
             if rows else pd.DataFrame())

@@ -321,11 +321,14 @@ def host_costs(run) -> list[str]:
     return out
 
 
-def host_us(run, release: str | None = None) -> float | None:
+def host_us(run, *variant: str) -> float | None:
     """The host's per-launch cost (µs, the median of its before and after) measured beside the
-    newest shown run that started ``release`` (any release without one); None where none did."""
+    newest shown run that started ``variant`` (release, then model, then case; a prefix of them,
+    or none for any run); None where none did."""
     for r in sorted(run.shown, key=lambda r: r.manifest.get("created_utc", ""), reverse=True):
-        if release and release not in (r.manifest.get("releases") or [release]):
+        started = {(e.get("release"), (e.get("model") or {}).get("name"), e.get("case"))
+                   for e in r.manifest.get("engine_runs", [])}
+        if variant and not any(v[:len(variant)] == variant for v in started):
             continue
         got = [
             v["median"] for v in (r.manifest.get("host_launch_us") or {}).values()
