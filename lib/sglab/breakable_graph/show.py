@@ -495,8 +495,10 @@ def beside_rows(run, engine_run) -> list[dict]:
                 for n, t in per["bcg"].items() if n in per["eager"]
             }
             several = [x for n, x in ratio.items() if n > 1]
-            widest = [(per["eager"][n][1] / t[2], per["eager"][n][2] / t[1])
-                      for n, t in per["bcg"].items() if n > 1 and n in per["eager"]]
+            widest = [
+                engine_runs.start_range(per["eager"][n][1:], t[1:])
+                for n, t in per["bcg"].items() if n > 1 and n in per["eager"]
+            ]
             rows.append({
                 "source": f"SGLang {rel} engine (llama_32x512)",
                 "measures": f"eager ÷ --enable-breakable-cuda-graph, whole Engine.generate call, 1 "
@@ -522,15 +524,14 @@ def count_rows(run, engine_run) -> list[dict]:
         lt = launch_table(run.df)
         multi = lt[lt.index.get_level_values("batch_size") > 1]
         got = {
-            v: sorted(set(multi.xs(v, level="variant")["host_graph_launches"]))
+            v: engine_runs.count_span(multi.xs(v, level="variant")["host_graph_launches"])
             for v in ("before", "after") if v in multi.index.get_level_values("variant")
         }
         if len(got) == 2:
             rows.append({
                 "source": f"rebuild ({runs.gpu_short(run.manifest)})",
                 "measures": "graph launches per prefill of 2+ requests, before → after #24662 "
-                "(profiler)", "figure": " → ".join(
-                    "–".join(str(x) for x in sorted({v[0], v[-1]})) for v in got.values())
+                "(profiler)", "figure": " → ".join(got.values())
             })
     if engine_run:
         share = engine_runs.number(engine_runs.latest(engine_run.shown), "prefill_graph")

@@ -516,8 +516,9 @@ def width_gains(df: pd.DataFrame) -> pd.DataFrame:
     for (h, n, arm), (v, lo, hi, st) in sorted(arms.items()):
         off = arms.get((h, n, "off"))
         if arm == "pcg" and off:
+            low, high = engine_runs.start_range(off[1:3], (lo, hi))
             rows.append({
-                "hidden": h, "tokens": n, "gain": off[0] / v, "lo": off[1] / hi, "hi": off[2] / lo,
+                "hidden": h, "tokens": n, "gain": off[0] / v, "lo": low, "hi": high,
                 "starts": min(st, off[3])
             })
     return pd.DataFrame(rows, columns=["hidden", "tokens", "gain", "lo", "hi", "starts"])
@@ -630,7 +631,7 @@ def start_spread(df: pd.DataFrame) -> dict:
     for (model, rel, case, n), (lo, hi) in per.items():
         off = per.get((model, rel, "pcg-off", n))
         if off and case != "pcg-off":
-            a, b = off[0] / hi, off[1] / lo
+            a, b = engine_runs.start_range(off, (lo, hi))
             was = out.get((model, rel, case), (a, b))
             out[(model, rel, case)] = (min(was[0], a), max(was[1], b))
     return out
@@ -644,12 +645,11 @@ def count_rows(run, engine_run, lo: int, hi: int) -> list[dict]:
     if not lt.empty:
         lt = lt[(lt.index >= lo) & (lt.index <= hi)]
     if not lt.empty:
-        e, p = sorted(set(lt["eager launches"].astype(int))), sorted(
-            set(lt["piecewise launches"].astype(int)))
+        e, p = lt["eager launches"], lt["piecewise launches"]
         rows.append({
             "source": f"rebuild ({runs.gpu_short(run.manifest)})",
             "measures": f"launches per prefill forward, eager → piecewise (profiler), {lo}–{hi} "
-            "tokens", "figure": f"{_range(e)} → {_range(p)}"
+            "tokens", "figure": f"{engine_runs.count_span(e)} → {engine_runs.count_span(p)}"
         })
     counts = launch_counts(engine_runs.latest(engine_run.shown)) if engine_run else pd.DataFrame()
     variants = {k[:3] for k in counts.index}
@@ -661,14 +661,10 @@ def count_rows(run, engine_run, lo: int, hi: int) -> list[dict]:
             "source": f"SGLang {rel} engine ({model}, {case})",
             "measures": "launches per prefill step, pcg-off → piecewise (kernels + graph "
             "replays; bench_one_batch under the profiler)",
-            "figure": f"{_range(sorted(set(off.launches)))} → {_range(sorted(set(g.kernels)))} + "
-            f"{_range(sorted(set(g.graphs)))} graphs"
+            "figure": f"{engine_runs.count_span(off.launches)} → "
+            f"{engine_runs.count_span(g.kernels)} + {engine_runs.count_span(g.graphs)} graphs"
         })
     return rows
-
-
-def _range(values: list) -> str:
-    return f"{values[0]}" if values[0] == values[-1] else f"{values[0]}–{values[-1]}"
 
 
 def beside(run, engine_run) -> None:

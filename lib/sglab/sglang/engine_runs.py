@@ -111,6 +111,18 @@ def over_starts(d: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def start_range(num: tuple, den: tuple) -> tuple[float, float]:
+    """The widest ``num`` ÷ ``den`` the engine starts allow, each side its ``(lowest, highest)``
+    start: the fastest ``num`` start over the slowest ``den`` start, and the reverse."""
+    return num[0] / den[1], num[1] / den[0]
+
+
+def count_span(values) -> str:
+    """Counts as text: one figure where they all agree, else ``lowest–highest``."""
+    got = sorted({int(v) for v in values})
+    return f"{got[0]}" if len(got) == 1 else f"{got[0]}–{got[-1]}"
+
+
 def aa_noise(df: pd.DataFrame, metric: str, across: str) -> dict:
     """The A/A control's verdict on ``metric``: per (model, release), the largest relative gap
     between a case and its control copy ``<case>-again`` (the same flags, started in the same
