@@ -238,6 +238,13 @@ sglang.compare()
 # times are the median of three interleaved engine starts, the lowest and highest start in
 # brackets. `pcg-off-again` is the A/A control: the same flags as `pcg-off`, started in the same
 # rounds. How far the two lie apart is the noise a speed-up must clear.
+#
+# The last table sets each speed-up beside its reruns: the same scenario recorded on another day,
+# on a fresh machine of the same GPU model. The launch counts do not move between days (their claim
+# is exact). The ratio can move further than one run's A/A gap suggests, because another day brings
+# another host. `sglab verify RUN --against` compares a rerun with the record pair by pair (Kimi
+# with Kimi, Llama with Llama) and fails it where a ratio moved beyond the larger of the claim's
+# drift and the A/A gap that either run measured.
 
 # %%
 engine = sglang.FIX.recorded_engine()

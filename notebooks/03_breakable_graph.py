@@ -213,7 +213,10 @@ sglang.gpu_recorded()
 # on 1, 2, 4 and 8 prompts of 128 tokens at once (`sglab engine --plan 03` on a GPU box). Whether a
 # prefill batch ran on the graph comes from the scheduler's own "Prefill batch" log line; the time
 # is the whole `generate` call (prefill and one output token), median of 5. 0.5.11 is the last
-# release before #24662, 0.5.12.post1 the first with it.
+# release before #24662, 0.5.12.post1 the first with it. Each case ran as three interleaved engine
+# starts, and `eager-again` is the A/A control (eager started twice). The last table sets the
+# speed-up beside its reruns on other days, each on a fresh machine of the same GPU model; `sglab
+# verify RUN --against` fails a rerun whose ratio moved beyond the A/A gap or the claim's drift.
 
 # %%
 engine = sglang.FIX.recorded_engine()

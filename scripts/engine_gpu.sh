@@ -15,6 +15,10 @@
 #   bash scripts/engine_gpu.sh --verify --plan 04        `sglab verify --live --against` on the
 #                                                        plan's engine experiments (their runs go
 #                                                        back in engine.tgz too)
+#   bash scripts/engine_gpu.sh --verify --scenario 01-kimi-pcg --release 0.5.13
+#                                                        the scenario, then `sglab verify RUN
+#                                                        --against` on what it recorded (a rerun
+#                                                        of a plan one call at a time)
 #
 # Environment: OUT (default engine-gpu-out), BUNDLES (default .whl-engine; jit-cache*.tar.xz there
 # are unpacked into $HOME first), PACK_JIT=1 (pack the JIT caches into $OUT/jit-cache.tar.xz for
@@ -153,6 +157,8 @@ print("\n".join(skipped), file=sys.stderr) if skipped else None
 print("\n".join(s.name for s in picked))' "$plan" "$dry")
   scenarios+=("${more[@]}")
 fi
+verify_runs=0  # --verify with named scenarios: verify what they record, after them
+if [ $verify = 1 ] && [ -z "$plan" ] && [ ${#scenarios[@]} -gt 0 ]; then verify_runs=1 verify=0; fi
 if [ $verify = 1 ]; then
   # the plan's (or every) engine experiment with claims, run live and compared with the record
   mapfile -t exps < <("$py" -c 'import sys; from sglab.tools import fixes
@@ -173,6 +179,20 @@ print("\n".join(e for e in checked if e in picked))' "$plan")
 fi
 for s in "${scenarios[@]}"; do step "$s" --scenario "$s" "${rel_args[@]}" "${common[@]}"; done
 if [ ${#free[@]} -gt 0 ]; then step engine "${common[@]}" "${free[@]}"; fi
+if [ $verify_runs = 1 ]; then
+  echo "=== verify: sglab verify RUN --against on the runs recorded above"
+  if [ $dry = 1 ]; then exit 0; fi
+  mapfile -t recorded < <(ls "$OUT"/runs/engine_*/*.csv 2>/dev/null)
+  if [ -n "${recorded[0]:-}" ]; then
+    t0=$SECONDS
+    sg "$OUT/logs/verify.log" verify "${recorded[@]}" --against
+    rc=$?
+  else
+    t0=$SECONDS rc=2
+    echo "error: the scenarios recorded no run to verify" >&2
+  fi
+  summary+=("verify rc=$rc $((SECONDS - t0))s")
+fi
 if [ $dry = 1 ]; then exit 0; fi
 
 # one archive and the summary (at most 8 files come back from a GPU box)

@@ -123,10 +123,17 @@ def test_against_reports_drift_and_environment(demo, capsys):
     m = json.loads(live.with_suffix(".json").read_text())
     m["driver"] = "999.1"
     live.with_suffix(".json").write_text(json.dumps(m))
-    assert cli.main(["verify", str(live), "--against"]) == 0
+    # the ratio holds (> 1) but moved +50% from a reference of the same GPU model: not a rerun
+    assert cli.main(["verify", str(live), "--against"]) == 1
     out = capsys.readouterr().out
-    assert "demo.ratio.ratio: 3.0 vs 2.0" in out and "BEYOND" in out
+    assert "demo.ratio.ratio: 3.0 vs 2.0 (drift +50.0%" in out and "BEYOND" in out
+    assert "demo.ratio.ratio is 3.0 against 2.0 in a reference of the same GPU model" in out
     assert "env  driver: 999.1 here" in out
+    within = _write(times=(2.2, 1.0), folder="runs")  # +10%, inside the claim's drift
+    assert cli.main(["verify", str(within), "--against"]) == 0
+    slower = _write(times=(1.2, 1.0), folder="runs")  # a fall is signed as one
+    assert cli.main(["verify", str(slower), "--against"]) == 1
+    assert "(drift -40.0%" in capsys.readouterr().out
 
 
 def test_exact_value_differing_from_same_gpu_reference_fails(demo, capsys):
@@ -135,7 +142,8 @@ def test_exact_value_differing_from_same_gpu_reference_fails(demo, capsys):
     live = _write(kernels=(12, 10), folder="runs")
     assert cli.main(["verify", str(live), "--against"]) == 1
     out = capsys.readouterr().out
-    assert "demo.extra_kernels.before: 12 vs 10" in out and "an exact value differs" in out
+    assert "demo.extra_kernels.before: 12 vs 10" in out
+    assert "demo.extra_kernels.before is 12 against 10 in a reference of the same GPU" in out
     other_gpu = _write(kernels=(12, 10), folder="runs")
     m = json.loads(other_gpu.with_suffix(".json").read_text())
     m["gpu_name"] = "NVIDIA H200"

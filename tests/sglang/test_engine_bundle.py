@@ -205,6 +205,30 @@ def test_the_gpu_script_verifies_a_plans_engine_experiments(tmp_path, plan, rc, 
     assert p.returncode == rc and says in p.stdout + p.stderr
 
 
+def test_the_gpu_script_verifies_what_named_scenarios_record(tmp_path):
+    """`--verify --scenario S`: S runs (recording), then its runs are verified against the record;
+    the plan's live verify is not started."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "bundles.json").write_text("{}")
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ, "PYTHON": sys.executable, "BUNDLES": str(tmp_path),
+        "OUT": str(tmp_path / "out")
+    }
+    p = subprocess.run([
+        "bash",
+        str(root / "scripts" / "engine_gpu.sh"), "--dry-run", "--verify", "--scenario",
+        "01-kimi-pcg", "--release", "0.5.13"
+    ], env=env, capture_output=True, text=True, timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert out.index("=== 01-kimi-pcg:") < out.index("=== verify: sglab verify RUN --against")
+    assert "--live" not in out
+
+
 def test_a_plan_runs_only_what_this_machines_gpus_allow():
     """`--plan 05` on a 2-GPU machine runs the TP-2 scenario and skips the TP-4 one with one line;
     a dry run lists both."""

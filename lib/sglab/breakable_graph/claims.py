@@ -231,20 +231,17 @@ def _engine_graph(run):
                   for rel, per in found.items()})
 
 
-def _latency(run, release: str) -> dict:
-    d = engine_runs.number(engine_runs.latest([run]), "latency", started=True)
-    d = d[d.release == release]
-    return {case: dict(zip(g.requests.astype(int), g.value)) for case, g in d.groupby("case")}
+def _ratios(run) -> dict:
+    """``{requests: eager / bcg}`` on the release with #24662."""
+    return show.engine_ratios(engine_runs.latest([run])).get(AFTER_RELEASE, {})
 
 
 def _engine_faster_applies(run):
-    lat = _latency(run, AFTER_RELEASE)
-    return None if {"bcg", "eager"} <= set(lat) else f"no {AFTER_RELEASE} bcg and eager cases"
+    return None if _ratios(run) else f"no {AFTER_RELEASE} bcg and eager cases"
 
 
 def _engine_faster(run):
-    lat = _latency(run, AFTER_RELEASE)
-    ratios = {n: lat["eager"][n] / lat["bcg"][n] for n in lat["bcg"] if n in lat["eager"]}
+    ratios = _ratios(run)
     lo, hi = min(ratios.values()), max(ratios.values())
     # the A/A control (eager started twice): the gain must clear the gap between the two
     df = engine_runs.latest([run])

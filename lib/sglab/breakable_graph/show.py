@@ -558,8 +558,27 @@ def engine(run) -> None:
     batches the scheduler ran on the graph, and the Engine.generate time, per request count."""
     engine_runs.section(run, ["bcg", "pcg"], [("prefill_graph", "requests", "{:.0%}"),
                                               ("latency", "requests", "{:.1f}")])
-    if run:
-        notebook.show_figure(engine_figure(engine_runs.latest(run.shown)))
+    if not run:
+        return
+    notebook.show_figure(engine_figure(engine_runs.latest(run.shown)))
+    again = engine_runs.reruns(run, lambda r: engine_ratios(engine_runs.latest([r])))
+    if not again.empty:
+        print("The same speed-up (eager ÷ breakable graph, 1–8 requests) on each day it was "
+              "recorded, each day a fresh machine of the same GPU model:")
+        notebook.show_table(again)
+
+
+def engine_ratios(df: pd.DataFrame) -> dict:
+    """``{release: {requests: eager / bcg}}`` of the Engine.generate medians over starts, where
+    a release ran both cases."""
+    lat = engine_runs.number(df, "latency", started=True)
+    per = {(rel, case): dict(zip(g.requests.astype(int), g.value))
+           for (rel, case), g in lat.groupby(["release", "case"])}
+    return {
+        rel: {n: eager[n] / t
+              for n, t in per[(rel, "bcg")].items() if n in eager}
+        for (rel, case), eager in per.items() if case == "eager" and (rel, "bcg") in per
+    }
 
 
 def engine_figure(df):

@@ -68,9 +68,11 @@ class Claim:
     (counts, sizes); a number is the relative difference tolerated (timings, ratios) before the
     drift is reported. ``folded``: the checks this claim rests on (instruments agree, nothing
     leaked, ...), shown under it. ``context``: keys of the value shown with it but not compared
-    (the noise a timing claim met, its margin, its number of starts). ``noise``: the key of the
-    value holding the run's own A/A gap; ``--against`` then tolerates the larger of ``drift`` and
-    the gap either run measured, since a rerun can move no less than two identical variants did.
+    (the noise a timing claim met, its margin, its number of starts), at any depth of a nested
+    value. ``noise``: the key of the value holding the run's own A/A gap; ``--against`` then
+    tolerates the larger of ``drift`` and the gap either run measured, since a rerun can move no
+    less than two identical variants did. In a nested value (one group per model and release) a
+    group's own ``noise`` key serves its values; the top-level one serves the rest.
     """
 
     id: str
@@ -340,9 +342,30 @@ def _number(v) -> Optional[float]:
     return None
 
 
+def _leaf(key: str) -> str:
+    """The last part of a flattened key (``pairs.llama 0.5.13 pcg.lo`` -> ``lo``)."""
+    return key.rsplit(".", 1)[-1]
+
+
+def _tolerance(claim, key: str, mine: dict, theirs: dict) -> tuple:
+    """``(tolerance, label)`` of one compared value: the claim's ``drift``, widened to the A/A gap
+    that either run measured for this value's group (the ``noise`` key beside it), else for the
+    whole run (the top-level ``noise`` key)."""
+    tol = claim.drift
+    if tol is None:
+        return None, "exact"
+    gap = 0.0
+    if claim.noise:
+        beside = f"{key.rsplit('.', 1)[0]}.{claim.noise}" if "." in key else claim.noise
+        for v in (mine, theirs):
+            got = _number(v.get(beside, v.get(claim.noise)))
+            gap = max(gap, got or 0.0)
+    return (gap, f"±{gap:.0%} (the A/A gap)") if gap > tol else (tol, f"±{tol:.0%}")
+
+
 def drift_rows(results: list[Result], ref_results: list[Result]) -> list[dict]:
-    """Per claim and value: this run, the reference, the relative drift and whether it is beyond
-    tolerance."""
+    """Per claim and value: this run, the reference, the relative drift (signed: below the
+    reference is negative) and whether it is beyond tolerance."""
     ref = {r.claim.id: r for r in ref_results}
     rows = []
     for r in results:
@@ -350,19 +373,15 @@ def drift_rows(results: list[Result], ref_results: list[Result]) -> list[dict]:
         if rr is None or r.outcome.value is None or rr.outcome.value is None:
             continue
         mine, theirs = _flat(r.outcome.value, ""), _flat(rr.outcome.value, "")
-        tol, label = r.claim.drift, "exact" if r.claim.drift is None else f"±{r.claim.drift:.0%}"
-        gap = max((_number(v.get(r.claim.noise)) or 0.0 for v in (mine, theirs)), default=0.0) \
-            if r.claim.noise else 0.0
-        if tol is not None and gap > tol:
-            tol, label = gap, f"±{gap:.0%} (the A/A gap)"
-        for key in sorted(set(mine) & set(theirs) - set(r.claim.context)):
+        for key in sorted(k for k in set(mine) & set(theirs) if _leaf(k) not in r.claim.context):
+            tol, label = _tolerance(r.claim, key, mine, theirs)
             a, b = _number(mine[key]), _number(theirs[key])
             if a is None or b is None:
                 beyond = mine[key] != theirs[key]
                 rel = None
             else:
-                rel = 0.0 if a == b else (abs(a - b) / abs(b) if b else math.inf)
-                beyond = (a != b) if tol is None else rel > tol
+                rel = 0.0 if a == b else ((a - b) / abs(b) if b else math.inf)
+                beyond = (a != b) if tol is None else abs(rel) > tol
             rows.append({
                 "claim": r.claim.id, "value": key or "value", "this run": mine[key],
                 "reference": theirs[key], "drift": rel, "tolerance": label, "beyond": bool(beyond)

@@ -697,6 +697,13 @@ def engine(run) -> None:
               "measured: eager spends several times the bare launch cost per kernel (the op's "
               "Python and dispatch work), and the graphs remove that too")
         notebook.show_table(table)
+    again = engine_runs.reruns(
+        run, lambda r: {" ".join(k): v
+                        for k, v in engine_ratios(engine_runs.latest([r])).items()})
+    if not again.empty:
+        print("The same speed-up (pcg-off ÷ piecewise, 128–1024 tokens) on each day it was "
+              "recorded, each day a fresh machine of the same GPU model:")
+        notebook.show_table(again)
 
 
 def host_launch_us(run) -> float | None:

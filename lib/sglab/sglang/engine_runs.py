@@ -149,10 +149,15 @@ def timing_bar(df: pd.DataFrame, metric: str, across: str) -> tuple[float, int, 
     largest of :func:`aa_noise` (0 without a control), ``how`` the sentence that says so."""
     noise = max(aa_noise(df, metric, across).values(), default=0.0)
     starts = int(number(df, metric)["starts"].max())
-    how = (f"median of {starts} interleaved engine starts; A/A control within {noise:.1%}, so the "
-           f"bar is {1 + noise:.2f}×"
-           if starts > 1 else "one engine start, median of its repeats; no A/A control")
+    how = (f"{starts_how(starts)}; A/A control within {noise:.1%}, so the bar is {1 + noise:.2f}×"
+           if starts > 1 else f"{starts_how(starts)}; no A/A control")
     return noise, starts, how
+
+
+def starts_how(starts: int) -> str:
+    """What one timing is, by the number of engine starts behind it."""
+    return (f"median of {starts} interleaved engine starts"
+            if starts > 1 else "one engine start, median of its repeats")
 
 
 def text(df: pd.DataFrame, metric: str) -> dict:
@@ -342,13 +347,51 @@ def host_us(run, *variant: str) -> float | None:
                    for e in r.manifest.get("engine_runs", [])}
         if variant and not any(v[:len(variant)] == variant for v in started):
             continue
-        got = [
-            v["median"] for v in (r.manifest.get("host_launch_us") or {}).values()
-            if isinstance(v, dict) and "median" in v
-        ]
-        if got:
-            return sum(got) / len(got)
+        got = _host_of(r)
+        if got is not None:
+            return got
     return None
+
+
+def _host_of(r) -> float | None:
+    """One run's per-launch cost: the mean of its before and after medians (µs), else None."""
+    got = [
+        v["median"] for v in (r.manifest.get("host_launch_us") or {}).values()
+        if isinstance(v, dict) and "median" in v
+    ]
+    return sum(got) / len(got) if got else None
+
+
+def reruns(run, ratios) -> pd.DataFrame:
+    """A timed pair on every recorded run that ran it, side by side: another day is another
+    machine. ``ratios(one run) -> {pair: {x: ratio}}`` (each x's ratio of medians over starts);
+    a cell is ``lowest–highest×`` over the x values, with the host's bare per-launch cost of that
+    run; a column per GPU and day (the newest run of a day wins); ``drift``: the newest lowest
+    ratio against the oldest. Only pairs recorded on more than one day."""
+    cells: dict = {}
+    for r in sorted(run.shown, key=lambda r: r.manifest.get("created_utc", "")):
+        host = _host_of(r)
+        for pair, per in ratios(r).items():
+            if per:
+                lo, hi = min(per.values()), max(per.values())
+                at = f" at {host:.1f} µs" if host is not None else ""
+                cells.setdefault(pair, {})[label(r)] = (lo, f"{lo:.2f}–{hi:.2f}×{at}")
+    rows = {}
+    for pair, by_day in cells.items():
+        if len(by_day) < 2:
+            continue
+        days = list(by_day.values())
+        rows[pair] = {
+            **{
+                day: text
+                for day, (_, text) in by_day.items()
+            }, "drift": f"{days[-1][0] / days[0][0] - 1:+.0%}"
+        }
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    if not out.empty:
+        out = out[[c for c in out.columns if c != "drift"] + ["drift"]].fillna("")
+        out.columns.name = "pair (ratio over the x values; the host's µs per bare launch)"
+    return out
 
 
 def section(run, facts_of: list[str], tables: list[tuple[str, str, str]]) -> None:
