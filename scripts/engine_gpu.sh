@@ -10,6 +10,8 @@
 #   bash scripts/engine_gpu.sh --scenario 01-llama-width --cases 'w512-*' 'w1024-*'
 #                                                        only those cases (a long scenario split
 #                                                        over calls: each records its own run)
+#   bash scripts/engine_gpu.sh --scenario 01-kimi-pcg --cpus auto
+#                                                        each engine on the CPUs local to GPU 0
 #   bash scripts/engine_gpu.sh -- --release 0.5.13 --model data/models/llama_32x512/config.json
 #   bash scripts/engine_gpu.sh --dry-run --plan 04       unpack nothing, print the commands
 #   bash scripts/engine_gpu.sh --verify --plan 04        `sglab verify --live --against` on the
@@ -44,12 +46,13 @@ if [ -z "${SGLAB_GIT_SHA:-}" ] && [ -n "$sha" ] && [ -n "$(git status --porcelai
 fi
 if [ -n "$sha" ]; then export SGLAB_GIT_SHA=$sha; fi
 
-scenarios=() releases=() cases=() free=() dry=0 plan="" verify=0
+scenarios=() releases=() cases=() free=() dry=0 plan="" verify=0 cpus=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --scenario) scenarios+=("$2"); shift 2 ;;
     --plan) plan=$2; shift 2 ;;
     --release) releases+=("$2"); shift 2 ;;
+    --cpus) cpus=$2; shift 2 ;;
     --cases) shift; while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do cases+=("$1"); shift; done ;;
     --dry-run) dry=1; shift ;;
     --verify) verify=1; shift ;;
@@ -60,6 +63,7 @@ done
 rel_args=()
 for v in "${releases[@]}"; do rel_args+=(--release "$v"); done
 if [ ${#cases[@]} -gt 0 ]; then rel_args+=(--cases "${cases[@]}"); fi
+if [ -n "$cpus" ]; then rel_args+=(--cpus "$cpus"); fi
 
 if [ ! -f "$BUNDLES/bundles.json" ]; then
   echo "error: $BUNDLES/bundles.json not found: build the bundles with \`make wheelhouse-engine\`" \

@@ -181,6 +181,46 @@ def test_cli_errors_are_one_line_with_status_2(tmp_path, capsys):
     assert "not a release version" in capsys.readouterr().err
 
 
+def test_a_pinned_engine_and_every_process_it_starts_run_on_the_cpus_given(tmp_path):
+    """--cpus: the engine's command is wrapped so that it, and what it spawns, run on those CPUs;
+    the command recorded stays SGLang's own."""
+    import os
+    import subprocess
+    import sys
+
+    from sglab.core import procs
+
+    _pkg("0.5.13")
+    one = min(os.sched_getaffinity(0))
+    spec = eng.EngineSpec("0.5.13", LLAMA, "bench", cpus=(one,))
+    prep = eng.prepare(spec, tmp_path, check=False)
+    assert prep.argv[-len(prep.sglang_command):] == prep.sglang_command
+    assert prep.argv[:2] == [sys.executable, "-c"] and prep.argv[3] == str(one)
+    free = eng.prepare(eng.EngineSpec("0.5.13", LLAMA, "bench"), tmp_path / "free", check=False)
+    assert free.argv == free.sglang_command
+    code = (
+        "import multiprocessing as mp, os\ndef child(q):\n    q.put(sorted(os.sched_getaffinity("
+        "0)))\nif __name__ == '__main__':\n    ctx = mp.get_context('spawn'); q = ctx.Queue()\n"
+        "    p = ctx.Process(target=child, args=(q,)); p.start(); print(q.get()); p.join()\n")
+    (tmp_path / "spawn.py").write_text(code)
+    out = subprocess.run(procs.pinned([sys.executable, str(tmp_path / "spawn.py")], (one,)),
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == f"[{one}]", out.stderr
+
+
+def test_cpu_lists_read_and_print_alike_and_a_bad_one_is_one_line(capsys):
+    from sglab.core import hardware
+    from sglab.tools.cli import main
+
+    assert hardware.parse_cpus("0-3,8,10-11") == (0, 1, 2, 3, 8, 10, 11)
+    assert hardware.cpu_text((11, 0, 1, 2, 3, 8, 10)) == "0-3,8,10-11"
+    assert hardware.cpu_text((5,)) == "5"
+    for bad, says in (("7-3", "not a CPU list: '7-3'"), ("0-99999", "is not allowed to this")):
+        assert main(["engine", "--release", "0.5.13", "--model", str(LLAMA), "--cpus", bad]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("sglab engine: --cpus: ") and says in err and "\n" not in err, err
+
+
 def test_bad_config_is_one_line(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "config.json").write_text(json.dumps({"hidden_size": 8}))

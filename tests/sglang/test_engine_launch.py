@@ -166,6 +166,7 @@ def test_record_is_one_run_with_its_manifest(tmp_path):
     assert (er["model"]["name"] == "llama_32x512"
             and er["model"]["config"]["num_hidden_layers"] == 32)
     assert er["command"].startswith("python -m sglang.bench_one_batch")
+    assert er["cpus"] == []  # not pinned
     assert set(run.df["variant"]) == {"0.5.13+pcg"}
     assert run.sidecar("log_0").is_file()
 

@@ -512,6 +512,10 @@ def test_the_header_names_the_hosts_per_launch_cost_where_a_run_measured_it(caps
     out = capsys.readouterr().out
     assert "host per-launch cost (H100, 2026-11-28): 2.41 µs before the engines" in out
     assert "after" not in out  # a failed measurement is not shown as a number
+    assert "engines on CPUs" not in out
+    run.manifest["engine_runs"][0]["cpus"] = [0, 1, 2, 3, 8]  # engines pinned (--cpus)
+    E.header(run, "Llama")
+    assert "2.41 µs before the engines; engines on CPUs 0-3,8" in capsys.readouterr().out
 
 
 def test_the_launches_removed_times_the_hosts_cost_stand_beside_the_measured_saving():

@@ -116,6 +116,50 @@ def meets(n_gpus: int) -> tuple[bool, str]:
     return False, f"only {have} GPU(s) here; needs {n_gpus}"
 
 
+def parse_cpus(text: str) -> tuple[int, ...]:
+    """``"0-3,8,10-11"`` -> ``(0, 1, 2, 3, 8, 10, 11)``; ValueError with the bad part named."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            first, last = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise ValueError(f"not a CPU list: {text!r} (at {part!r}; want e.g. 0-7,16)") from None
+        if first < 0 or last < first:
+            raise ValueError(f"not a CPU list: {text!r} (at {part!r}; want e.g. 0-7,16)")
+        out.update(range(first, last + 1))
+    return tuple(sorted(out))
+
+
+def cpu_text(cpus) -> str:
+    """``(0, 1, 2, 3, 8)`` -> ``0-3,8``."""
+    spans: list[list[int]] = []
+    for c in sorted(set(cpus)):
+        if spans and c == spans[-1][1] + 1:
+            spans[-1][1] = c
+        else:
+            spans.append([c, c])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
+
+
+def gpu_local_cpus(cuda_index: int = 0) -> tuple[int, ...]:
+    """The CPUs on the NUMA node of GPU ``cuda_index`` (NVML's CPU affinity of that GPU) that
+    this process may run on; ValueError in one line where NVML cannot tell."""
+    nv = _nvml()
+    if nv is None:
+        raise ValueError("NVML is not usable here: give the CPUs as a list (e.g. 0-7)")
+    try:
+        phys = _visible_indices(nv.nvmlDeviceGetCount())[cuda_index]
+        words = nv.nvmlDeviceGetCpuAffinity(nv.nvmlDeviceGetHandleByIndex(phys), 64)
+    except Exception as exc:  # noqa: BLE001 - an NVML error or no such GPU
+        raise ValueError(f"NVML gives no CPU affinity for GPU {cuda_index} ({exc})") from None
+    local = {i * 64 + b for i, w in enumerate(words) for b in range(64) if int(w) >> b & 1}
+    mine = local & os.sched_getaffinity(0)
+    if not mine:
+        raise ValueError(f"none of GPU {cuda_index}'s local CPUs is allowed to this process")
+    return tuple(sorted(mine))
+
+
 def driver_version() -> str | None:
     nv = _nvml()
     if nv is None:

@@ -43,6 +43,19 @@ MARKER_VAR = "SGLAB_ENGINE_RUN"
 GRACE_S = 10.0
 KILL_WAIT_S = 5.0
 
+# run a command on a fixed set of CPUs: the affinity is set, then the command replaces this
+# process (same pid, same group), and every process it starts inherits the set
+_PIN = ("import os, sys; os.sched_setaffinity(0, [int(c) for c in sys.argv[1].split(',')]); "
+        "os.execvp(sys.argv[2], sys.argv[2:])")
+
+
+def pinned(argv: list[str], cpus, python: str = sys.executable) -> list[str]:
+    """``argv`` run on ``cpus`` only (and every process it starts); ``argv`` itself without
+    ``cpus``."""
+    if not cpus:
+        return list(argv)
+    return [python, "-c", _PIN, ",".join(str(c) for c in cpus), *argv]
+
 
 @dataclass
 class Stopped:

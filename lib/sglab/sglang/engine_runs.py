@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from sglab.core import runs
+from sglab.core import hardware, runs
 
 
 KEYS = ["model", "release", "case"]
@@ -332,9 +332,11 @@ def host_costs(run) -> list[str]:
     for r in run.shown:
         cost = r.manifest.get("host_launch_us") or {}
         got = {k: v["median"] for k, v in cost.items() if isinstance(v, dict) and "median" in v}
+        pinned = {tuple(e.get("cpus") or ()) for e in r.manifest.get("engine_runs", [])}
+        where = "".join(f"; engines on CPUs {hardware.cpu_text(c)}" for c in sorted(pinned) if c)
         if got:
             out.append(f"host per-launch cost ({label(r)}): " + ", ".join(
-                f"{v:.2f} µs {k} the engines" for k, v in got.items()))
+                f"{v:.2f} µs {k} the engines" for k, v in got.items()) + where)
     return out
 
 

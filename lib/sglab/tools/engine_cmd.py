@@ -4,7 +4,8 @@ dummy weights.
     sglab engine --release 0.5.13 --model CONFIG.json [--tool bench|engine] [--input-len N ...]
                  [--batch-size N ...] [--requests N ...] [--repeats N] [--profile] [--adjust NAME
                  ...] [--record [--fix NAME] [--out DIR]] [--dry-run] [-- SERVER ARGS]
-    sglab engine --scenario NAME | --plan NN [--release V ...] [--record] [--dry-run]
+    sglab engine --scenario NAME | --plan NN [--release V ...] [--cases GLOB ...] [--cpus auto|LIST]
+                 [--record] [--dry-run]
     sglab engine --list
 
 Prints what the release's engine decided (piecewise CUDA graph on or off and SGLang's reason,
@@ -63,6 +64,10 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--timeout", type=float, default=None,
         help="seconds before the whole engine is stopped (default 900, or the scenario's)")
+    p.add_argument(
+        "--cpus", metavar="auto|LIST", default="",
+        help="run each engine (and the host's launch-cost probe) on these CPUs only: 'auto', "
+        "the CPUs local to GPU 0, or a list such as 0-7,16")
     p.add_argument("--scenario", action="append", default=[], metavar="NAME",
                    help="a real-engine scenario (sglab engine --list)")
     p.add_argument("--plan", metavar="NN", help="every scenario of notebook NN")
@@ -96,6 +101,7 @@ def _groups(args):
     """[(fix, [EngineSpec])] from the scenario options or the single-run options."""
     from sglab.sglang import engine as eng
 
+    cpus = _cpus(args.cpus)
     picked = [fixes.scenario(n) for n in args.scenario]
     if args.plan:
         found = fixes.plan(args.plan)
@@ -106,6 +112,7 @@ def _groups(args):
         from dataclasses import replace
 
         def timed(specs):
+            specs = [replace(sp, cpus=cpus) for sp in specs] if cpus else specs
             return [replace(sp, timeout=args.timeout) for sp in specs] if args.timeout else specs
 
         groups = [(s.fix, s.name, _only(timed(s.specs(args.release)), args.cases)) for s in picked]
@@ -138,9 +145,31 @@ def _groups(args):
             case=args.case,
             timeout=args.timeout or eng.DEFAULT_TIMEOUT_S,
             adjustments=tuple(eng.adjustment(a, fixes.adjustments()) for a in args.adjust),
+            cpus=cpus,
         ) for v in args.release
     ]
     return [(args.fix, "", specs)]
+
+
+def _cpus(text: str) -> tuple[int, ...]:
+    """``--cpus``: () without it; 'auto': the CPUs local to GPU 0; else the list given, each of
+    which this process must be allowed."""
+    import os
+
+    from sglab.core import hardware
+    from sglab.sglang import engine as eng
+
+    if not text:
+        return ()
+    try:
+        cpus = hardware.gpu_local_cpus(0) if text == "auto" else hardware.parse_cpus(text)
+    except ValueError as e:
+        raise eng.EngineError(f"--cpus: {e}") from None
+    barred = sorted(set(cpus) - os.sched_getaffinity(0))
+    if barred:
+        raise eng.EngineError(f"--cpus: CPU {barred[0]} is not allowed to this process "
+                              f"(allowed: {len(os.sched_getaffinity(0))} CPUs)")
+    return cpus
 
 
 def _dry_run(spec, work) -> None:
@@ -159,6 +188,10 @@ def _dry_run(spec, work) -> None:
         print(f"# sglang {spec.variant}: {shlex.join(prep.sglang_command)}")
         for a in spec.adjustments:
             print(f"#   harness adjustment {a.name}: {a.reason}")
+        if spec.cpus:
+            from sglab.core.hardware import cpu_text
+
+            print(f"#   on CPUs {cpu_text(spec.cpus)} only")
         try:
             eng.check_pins(prep.env, prep.found)
         except eng.EngineError as e:
@@ -181,16 +214,19 @@ HOST_COST = ("import json; from sglab.core.timing import launch_cost_us; "
              "print(json.dumps(launch_cost_us()))")
 
 
-def host_launch_cost(timeout: float = 120.0) -> dict:
+def host_launch_cost(timeout: float = 120.0, cpus: tuple = ()) -> dict:
     """The host's per-launch cost (µs, :func:`sglab.core.timing.launch_cost_us`), measured in a
     process of its own so that this one never holds a CUDA context beside the engines (05 reads
-    every process's memory on GPU 0); ``{"error": ...}`` where it could not run."""
+    every process's memory on GPU 0), on the engines' ``cpus`` where they are pinned;
+    ``{"error": ...}`` where it could not run."""
     import json
     import subprocess
 
+    from sglab.core import procs
+
     try:
-        p = subprocess.run([sys.executable, "-c", HOST_COST], capture_output=True, text=True,
-                           timeout=timeout)
+        p = subprocess.run(procs.pinned([sys.executable, "-c", HOST_COST], cpus),
+                           capture_output=True, text=True, timeout=timeout)
         if p.returncode == 0:
             return json.loads(p.stdout.strip().splitlines()[-1])
         return {"error": (p.stderr.strip().splitlines() or ["no output"])[-1][:200]}
@@ -228,7 +264,8 @@ def main(args) -> int:
             results = []
             # the host's cost per kernel launch before and after the engines: a launch-bound
             # timing means little without it, and a drift between the two says the host changed
-            host = {} if args.dry_run else {"before": host_launch_cost()}
+            cpus = specs[0].cpus if specs else ()
+            host = {} if args.dry_run else {"before": host_launch_cost(cpus=cpus)}
             for spec in specs:
                 folder = f"{name or 'engine'}-{spec.variant}" + (f"-start{spec.start}"
                                                                  if spec.start else "")
@@ -249,7 +286,7 @@ def main(args) -> int:
                 if not res.ok:
                     status = max(status, 1)
             if host:
-                host["after"] = host_launch_cost()
+                host["after"] = host_launch_cost(cpus=cpus)
                 print("[sglab] host per-launch cost: " + ", ".join(
                     f"{k} {v.get('median', v.get('error'))}" + (" µs" if "median" in v else "")
                     for k, v in host.items()))

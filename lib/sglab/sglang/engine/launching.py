@@ -169,6 +169,7 @@ def prepare(spec: EngineSpec, work: Path, *, python: str = sys.executable,
         (work / "drive.json").write_text(json.dumps(driver_params(spec, server), indent=1))
         sglang_cmd = ["sglang.Engine", *server]
         argv = [python, "-m", "sglab.sglang.engine.driver", "drive", str(work / "drive.json")]
+    argv = procs.pinned(argv, spec.cpus, python)
     marker = uuid.uuid4().hex
     environ = dict(os.environ)
     path = [str(hooks_dir), str(lib_dir()), *[str(p) for p in env.paths]]

@@ -243,6 +243,7 @@ def manifest_extra(results: list[EngineResult]) -> dict:
             "case": s.case,
             "tool": s.tool,
             "start": s.start,
+            "cpus": list(s.cpus),
             "status": r.status,
             "error": r.error,
             "versions": {"sglang": s.release, **r.found},

@@ -174,6 +174,7 @@ class EngineSpec:
     adjustments: tuple[Adjustment, ...] = ()
     timeout: float = DEFAULT_TIMEOUT_S
     start: int = 0  # which engine start of this variant (a scenario's starts are interleaved)
+    cpus: tuple[int, ...] = ()  # the CPUs its processes may run on; () wherever the OS puts them
 
     def __post_init__(self):
         if self.tool not in TOOLS:
