@@ -368,6 +368,12 @@ def _starts_run(times: dict, status: dict | None = None, model: str = "llama_32x
     return runs.Run(df, manifest, runs.repo_root() / f"{model}-{created[:10]}.csv")
 
 
+def test_a_timing_of_one_engine_start_says_so():
+    one = E.table(E.latest([_starts_run({("pcg", 0): {128: 10.0}})]), "prefill", "input_len")
+    assert one.columns.name == ("prefill (ms), one engine start (the spread between starts is "
+                                "not measured) by input_len")
+
+
 def test_starts_fold_into_their_median_with_the_spread_between_them():
     t = {("pcg", 0): {128: 10.0}, ("pcg", 1): {128: 12.0}, ("pcg", 2): {128: 11.0},
          ("pcg-off", 0): {128: 20.0}, ("pcg-off", 1): {128: 30.0}, ("pcg-off", 2): {128: 22.0}}

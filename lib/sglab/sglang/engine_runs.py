@@ -199,8 +199,13 @@ def table(df: pd.DataFrame, metric: str, across: str, fmt: str = "{:.2f}") -> pd
     wide = d.pivot_table(index=KEYS, columns=across, values="cell", aggfunc="first").fillna("")
     unit = str(d["unit"].dropna().iloc[0]) if d["unit"].notna().any() else ""
     unit = "" if unit in ("", "fraction") else f" ({unit})"
-    kind = (f", median [lowest–highest] of {starts} engine starts (one figure: all the same)"
-            if starts > 1 else ", median (IQR)" if spread else "")
+    if starts > 1:
+        kind = f", median [lowest–highest] of {starts} engine starts (one figure: all the same)"
+    elif unit.strip(" ()") in ("ms", "s", "µs"):  # a timing of one start says how little it is
+        kind = (", median (IQR) of" if spread else ",") + (" one engine start (the spread "
+                                                           "between starts is not measured)")
+    else:
+        kind = ", median (IQR)" if spread else ""
     wide.columns = pd.Index(list(wide.columns), name=f"{metric}{unit}{kind} by {across}")
     return wide
 
