@@ -483,6 +483,17 @@ def test_a_pair_recorded_on_two_days_is_set_side_by_side_with_its_drift():
         "drift": "-25%"
     }
     assert E.reruns(SimpleNamespace(shown=[day1, kimi]), lambda r: {}).empty
+    # the same day again with its engines pinned (--cpus): a column of its own
+    pinned = _ratio_run("llama_32x512", 18.0, 18.5, "2026-11-28T11:00:00Z")
+    for e in pinned.manifest["engine_runs"]:
+        e["cpus"] = [0, 1, 2, 3]
+    got = E.reruns(
+        SimpleNamespace(shown=[day1, day2, pinned]),
+        lambda r: {" ".join(k): v
+                   for k, v in pg_show.engine_ratios(E.latest([r])).items()})
+    assert list(got.columns) == [
+        "H100, 2026-11-27", "H100, 2026-11-28", "H100, 2026-11-28, CPUs 0-3", "drift"
+    ]
 
 
 def test_03s_speedup_is_eager_over_the_graph_per_release_and_request_count():

@@ -337,8 +337,7 @@ def host_costs(run) -> list[str]:
     for r in run.shown:
         cost = r.manifest.get("host_launch_us") or {}
         got = {k: v["median"] for k, v in cost.items() if isinstance(v, dict) and "median" in v}
-        pinned = {tuple(e.get("cpus") or ()) for e in r.manifest.get("engine_runs", [])}
-        where = "".join(f"; engines on CPUs {hardware.cpu_text(c)}" for c in sorted(pinned) if c)
+        where = _pinned(r).replace(", CPUs", "; engines on CPUs")
         if got:
             out.append(f"host per-launch cost ({label(r)}): " + ", ".join(
                 f"{v:.2f} µs {k} the engines" for k, v in got.items()) + where)
@@ -369,12 +368,19 @@ def _host_of(r) -> float | None:
     return sum(got) / len(got) if got else None
 
 
+def _pinned(r) -> str:
+    """``", CPUs 0-7"`` where a run's engines ran pinned (``sglab engine --cpus``), else ``""``."""
+    sets = sorted({tuple(e.get("cpus") or ()) for e in r.manifest.get("engine_runs", [])} - {()})
+    return "".join(f", CPUs {hardware.cpu_text(c)}" for c in sets)
+
+
 def reruns(run, ratios) -> pd.DataFrame:
     """A timed pair on every recorded run that ran it, side by side: another day is another
     machine. ``ratios(one run) -> {pair: {x: ratio}}`` (each x's ratio of medians over starts);
     a cell is ``lowest–highest×`` over the x values, with the host's bare per-launch cost of that
-    run; a column per GPU and day (the newest run of a day wins); ``drift``: the newest lowest
-    ratio against the oldest. Only pairs recorded on more than one day."""
+    run; a column per GPU and day, and per CPU set where the engines were pinned (the newest run
+    of a column wins); ``drift``: the newest lowest ratio against the oldest. Only pairs recorded
+    in more than one column."""
     cells: dict = {}
     for r in sorted(run.shown, key=lambda r: r.manifest.get("created_utc", "")):
         host = _host_of(r)
@@ -382,7 +388,7 @@ def reruns(run, ratios) -> pd.DataFrame:
             if per:
                 lo, hi = min(per.values()), max(per.values())
                 at = f" at {host:.1f} µs" if host is not None else ""
-                cells.setdefault(pair, {})[label(r)] = (lo, f"{lo:.2f}–{hi:.2f}×{at}")
+                cells.setdefault(pair, {})[label(r) + _pinned(r)] = (lo, f"{lo:.2f}–{hi:.2f}×{at}")
     rows = {}
     for pair, by_day in cells.items():
         if len(by_day) < 2:
