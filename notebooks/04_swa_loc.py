@@ -219,8 +219,9 @@ sglang.gpu_recorded()
 # trace read for the kernels of one decode-graph replay. The "before" is 0.5.11 with only #23552's
 # preset removed: the release before the PR pins an older torch and does not start on the GPU image
 # (the harness adjustment is printed with the table). The claim under the table checks that the
-# difference is the rebuild's two kernels per SWA layer, exactly. The decode times are one
-# `bench_one_batch` run each, shown for orientation; no claim rests on them.
+# difference is the rebuild's two kernels per SWA layer, exactly. The decode times are shown for
+# orientation (the table's header says how many engine starts each rests on); no claim rests on
+# them: a few kernels per replay cost microseconds, less than engine starts differ by.
 
 # %%
 engine = sglang.FIX.recorded_engine()
