@@ -555,8 +555,8 @@ def test_the_launches_removed_times_the_hosts_cost_stand_beside_the_measured_sav
                    run.manifest, run.path)
     run.manifest["host_launch_us"] = {"before": {"median": 5.0}, "after": {"median": 7.0}}
     run.shown = [run]
-    assert pg_show.host_launch_us(run) == 6.0
-    t = pg_show.launch_savings(E.latest([run]), pg_show.host_launch_us(run))
+    assert E.host_us(run) == 6.0
+    t = pg_show.launch_savings(E.latest([run]), lambda *variant: E.host_us(run, *variant))
     row = t.loc[("llama_32x512", "0.5.13", "pcg", 128)]
     assert (row["launches, pcg-off"], row["launches, piecewise"], row["removed"]) == (1040, 43, 997)
     assert row["launch cost alone (ms)"] == pytest.approx(997 * 6.0 / 1e3)
@@ -616,7 +616,7 @@ def test_the_launch_pass_counts_are_claimed_exactly():
 def test_the_saving_per_removed_launch_is_set_against_the_bare_launch_cost():
     run = _run("engine_pcg_gate", "0.5.13+enforce")
     run.shown = [run]
-    t = pg_show.launch_savings(E.latest([run]), 10.0)
+    t = pg_show.launch_savings(E.latest([run]), lambda *variant: 10.0)
     row = t.loc[("kimi_k25_tiny", "0.5.13", "enforce", 128)]
     assert row["launch cost alone (ms)"] == pytest.approx(row["removed"] * 10.0 / 1e3, abs=1e-3)
     per = row["measured saving (ms)"] * 1e3 / row["removed"]

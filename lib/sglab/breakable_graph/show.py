@@ -477,33 +477,18 @@ def beside_rows(run, engine_run) -> list[dict]:
         })
     if engine_run:
         df = engine_runs.latest(engine_run.shown)
-        lat = engine_runs.number(df, "latency", started=True)
-        _, starts, _ = engine_runs.timing_bar(df, "latency", "requests")
-        for rel, g in lat.groupby("release"):
+        starts = engine_runs.starts_in(df, "latency")
+        for rel, per in eager_over_graph(df).items():
             cost = engine_runs.host_us(engine_run, rel, "llama_32x512")  # the host that ran it
-            where = (f"median of {starts} engine starts" if starts > 1 else
-                     "one engine start") + (f", host {cost:.1f} µs per launch" if cost else "")
-            per = {
-                c: {int(n): (v, lo, hi)
-                    for n, v, lo, hi in zip(h.requests, h.value, h.lo, h.hi)}
-                for c, h in g.groupby("case")
-            }
-            if not {"bcg", "eager"} <= set(per):
-                continue
-            ratio = {
-                n: per["eager"][n][0] / t[0]
-                for n, t in per["bcg"].items() if n in per["eager"]
-            }
+            ratio = {n: x[0] for n, x in per.items()}
             several = [x for n, x in ratio.items() if n > 1]
-            widest = [
-                engine_runs.start_range(per["eager"][n][1:], t[1:])
-                for n, t in per["bcg"].items() if n > 1 and n in per["eager"]
-            ]
+            widest = [x[1:] for n, x in per.items() if n > 1]
             rows.append({
                 "source": f"SGLang {rel} engine (llama_32x512)",
                 "measures": f"eager ÷ --enable-breakable-cuda-graph, whole Engine.generate call, 1 "
                 f"output token: 1 request | {min(n for n in ratio if n > 1)}–{max(ratio)} requests; "
-                f"{where}", "figure": f"{_span([ratio.get(1, float('nan'))])} | {_span(several)}"
+                f"{engine_runs.timing_source(starts, cost)}",
+                "figure": f"{_span([ratio.get(1, float('nan'))])} | {_span(several)}"
                 + (f" (starts {min(a for a, _ in widest):.2f}–{max(b for _, b in widest):.2f}×)"
                    if starts > 1 and widest else "")
             })
@@ -568,17 +553,16 @@ def engine(run) -> None:
         notebook.show_table(again)
 
 
+def eager_over_graph(df: pd.DataFrame) -> dict:
+    """``{release: {requests: (eager / bcg, lo, hi)}}`` of the Engine.generate medians over starts
+    where a release ran both cases, ``lo``–``hi`` the widest the starts allow."""
+    pairs = engine_runs.over_base(df, "latency", "requests", "eager")
+    return {rel: r for (_, rel, case), r in pairs.items() if case == "bcg"}
+
+
 def engine_ratios(df: pd.DataFrame) -> dict:
-    """``{release: {requests: eager / bcg}}`` of the Engine.generate medians over starts, where
-    a release ran both cases."""
-    lat = engine_runs.number(df, "latency", started=True)
-    per = {(rel, case): dict(zip(g.requests.astype(int), g.value))
-           for (rel, case), g in lat.groupby(["release", "case"])}
-    return {
-        rel: {n: eager[n] / t
-              for n, t in per[(rel, "bcg")].items() if n in eager}
-        for (rel, case), eager in per.items() if case == "eager" and (rel, "bcg") in per
-    }
+    """``{release: {requests: eager / bcg}}`` (:func:`eager_over_graph`)."""
+    return {rel: {n: x[0] for n, x in r.items()} for rel, r in eager_over_graph(df).items()}
 
 
 def engine_figure(df):

@@ -365,7 +365,7 @@ def _speedup(run):
     release's A/A control (pcg-off started twice) measured: the value holds one group per pair
     (``pairs``), so a rerun of one model is compared with the record of that model."""
     df = engine_runs.latest([run])
-    starts = int(engine_runs.number(df, "prefill")["starts"].max())
+    starts = engine_runs.starts_in(df, "prefill")
     gaps = engine_runs.aa_noise(df, "prefill", "input_len")
     worst = max(gaps.values(), default=0.0)  # a pair without its own control: the run's widest
     pairs, text = {}, []

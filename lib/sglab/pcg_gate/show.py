@@ -483,20 +483,21 @@ def your_setup():
 # --------------------------------------------------------------------------------------------------
 # the real engine, before and after
 # --------------------------------------------------------------------------------------------------
-def engine_ratios(df: pd.DataFrame) -> dict:
-    """``{(model, release, on-case): {input_len: off / on}}`` of an engine table where a captured
-    case and 'pcg-off' both ran: prefill with piecewise graphs off over prefill with them on."""
+def captured_over_off(df: pd.DataFrame) -> dict:
+    """``{(model, release, on-case): {input_len: (off / on, lo, hi)}}`` where a captured case and
+    'pcg-off' both ran: prefill with piecewise graphs off over prefill with them on, medians over
+    starts, ``lo``–``hi`` the widest the starts allow (:func:`engine_runs.over_base`)."""
     pcg = engine_runs.text(df, "pcg")
-    d = engine_runs.number(df, "prefill", started=True)
-    per = {k: dict(zip(g.input_len.astype(int), g.value)) for k, g in d.groupby(engine_runs.KEYS)}
-    out = {}
-    for (model, rel, case), times in per.items():
-        off = per.get((model, rel, "pcg-off"))
-        if sglang.WIDTH_CASE.match(case):  # the width sweep pairs its own cases (width_gains)
-            continue
-        if case != "pcg-off" and off and pcg.get((model, rel, case)) == "captured":
-            out[(model, rel, case)] = {n: off[n] / t for n, t in times.items() if n in off}
-    return out
+    return {  # the width sweep pairs its own cases (width_gains)
+        k: r
+        for k, r in engine_runs.over_base(df, "prefill", "input_len", "pcg-off").items()
+        if not sglang.WIDTH_CASE.match(k[2]) and pcg.get(k) == "captured"
+    }
+
+
+def engine_ratios(df: pd.DataFrame) -> dict:
+    """``{(model, release, on-case): {input_len: off / on}}`` (:func:`captured_over_off`)."""
+    return {k: {n: x[0] for n, x in r.items()} for k, r in captured_over_off(df).items()}
 
 
 def width_gains(df: pd.DataFrame) -> pd.DataFrame:
@@ -570,12 +571,10 @@ def beside_rows(run, engine_run) -> list[dict]:
     """The speed-up piecewise graphs give, as the rebuild, the real engine and the PR measure it,
     over the engine's token range (128–1024)."""
     rows = []
-    if engine_run:
-        ratios = engine_ratios(engine_runs.latest(engine_run.shown))
-        lo = min((min(r) for r in ratios.values()), default=128)
-        hi = max((max(r) for r in ratios.values()), default=1024)
-    else:
-        ratios, lo, hi = {}, 128, 1024
+    df = engine_runs.latest(engine_run.shown) if engine_run else pd.DataFrame()
+    pairs = captured_over_off(df) if engine_run else {}
+    lo = min((min(r) for r in pairs.values()), default=128)
+    hi = max((max(r) for r in pairs.values()), default=1024)
     rows += count_rows(run, engine_run, lo, hi)  # counts first: they do not move with the host
     if run:
         sp = latency_table(run.df)["speedup"]
@@ -590,22 +589,18 @@ def beside_rows(run, engine_run) -> list[dict]:
         rows.append({
             "source": "rebuild", "measures": getattr(run, "line", "no GPU run"), "figure": ""
         })
-    if engine_run:
-        df = engine_runs.latest(engine_run.shown)
-        _, starts, _ = engine_runs.timing_bar(df, "prefill", "input_len")
-        spread = start_spread(df)
-    for (model, rel, case), r in ratios.items():
-        lo_s, hi_s = spread.get((model, rel, case), (None, None))
+    starts = engine_runs.starts_in(df, "prefill") if engine_run else 1
+    for (model, rel, case), r in pairs.items():
         cost = engine_runs.host_us(engine_run, rel, model, case)  # the host that ran it
-        where = (f"median of {starts} engine starts" if starts > 1 else
-                 "one engine start") + (f", host {cost:.1f} µs per launch" if cost else "")
+        lo_s, hi_s = min(x[1] for x in r.values()), max(x[2] for x in r.values())
         rows.append({
             "source": f"SGLang {rel} engine ({model}, {case})",
             "measures": f"pcg-off ÷ piecewise, whole prefill step (bench_one_batch, "
-            f"dummy weights), {min(r)}–{max(r)} tokens; {where}", "figure": _span(r.values())
-            + (f" (starts {lo_s:.2f}–{hi_s:.2f}×)" if lo_s is not None and starts > 1 else "")
+            f"dummy weights), {min(r)}–{max(r)} tokens; {engine_runs.timing_source(starts, cost)}",
+            "figure": _span([x[0] for x in r.values()
+                             ]) + (f" (starts {lo_s:.2f}–{hi_s:.2f}×)" if starts > 1 else "")
         })
-    if not ratios:
+    if not pairs:
         rows.append({
             "source": "SGLang engine", "figure": "",
             "measures": getattr(engine_run, "line", "no captured + pcg-off pair")
@@ -617,24 +612,6 @@ def beside_rows(run, engine_run) -> list[dict]:
         f"({before} s → {after} s)", "figure": f"{before / after:.2f}×"
     })
     return rows
-
-
-def start_spread(df: pd.DataFrame) -> dict:
-    """``{(model, release, case): (lo, hi)}``: the widest pcg-off ÷ piecewise the engine starts
-    allow over the token counts (the slowest captured start against the fastest pcg-off start, and
-    the reverse)."""
-    d = engine_runs.number(df, "prefill", started=True)
-    per = {(*k, int(n)): (lo, hi)
-           for k, n, lo, hi in zip(d[engine_runs.KEYS].itertuples(
-               index=False), d["input_len"], d["lo"], d["hi"])}
-    out: dict = {}
-    for (model, rel, case, n), (lo, hi) in per.items():
-        off = per.get((model, rel, "pcg-off", n))
-        if off and case != "pcg-off":
-            a, b = engine_runs.start_range(off, (lo, hi))
-            was = out.get((model, rel, case), (a, b))
-            out[(model, rel, case)] = (min(was[0], a), max(was[1], b))
-    return out
 
 
 def count_rows(run, engine_run, lo: int, hi: int) -> list[dict]:
@@ -706,12 +683,6 @@ def engine(run) -> None:
         notebook.show_table(again)
 
 
-def host_launch_us(run) -> float | None:
-    """The host's per-launch cost (µs) the newest run measured beside its engines (the median of
-    its before and after), None where no run did."""
-    return engine_runs.host_us(run)
-
-
 def launch_counts(df: pd.DataFrame) -> pd.DataFrame:
     """The launch pass's counts per prefill step: per (model, release, case, tokens) the kernels
     launched one by one, the CUDA graphs replayed and their sum (``launches``), with the release's
@@ -735,8 +706,8 @@ def launch_counts(df: pd.DataFrame) -> pd.DataFrame:
 def launch_savings(df: pd.DataFrame, host_us) -> pd.DataFrame:
     """Per captured case and input length: the host's launches per prefill step with piecewise
     graphs and with them off, the launches removed, what they cost at the host's bare per-launch
-    cost (``host_us``: µs, or a function of (release, model, case) giving the cost of the host
-    that ran that variant), the measured saving (pcg-off prefill − piecewise prefill, medians over
+    cost (``host_us(release, model, case)``: µs, the cost of the host that ran that variant), the
+    measured saving (pcg-off prefill − piecewise prefill, medians over
     starts), and that saving per removed launch, also as a multiple of the bare launch cost: eager
     spends more host time per kernel than the launch itself (the op's Python and dispatch work),
     and graphs remove that too."""
@@ -757,7 +728,7 @@ def launch_savings(df: pd.DataFrame, host_us) -> pd.DataFrame:
         measured = (prefill.get((model, rel, "pcg-off", n), float("nan")) - prefill.get(
             (model, rel, case, n), float("nan")))
         per_launch = measured * 1e3 / removed if removed > 0 else float("nan")
-        cost = host_us(rel, model, case) if callable(host_us) else host_us
+        cost = host_us(rel, model, case)
         alone, times = (removed * cost / 1e3, per_launch / cost) if cost else (None, None)
         rows.append({
             "model": model, "release": rel, "case": case, "tokens": n, "launches, pcg-off": off,

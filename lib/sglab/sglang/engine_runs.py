@@ -117,6 +117,41 @@ def start_range(num: tuple, den: tuple) -> tuple[float, float]:
     return num[0] / den[1], num[1] / den[0]
 
 
+def over_base(df: pd.DataFrame, metric: str, across: str, base: str) -> dict:
+    """Each case against ``base`` of its own model and release, the medians over starts of
+    ``metric`` of variants that started: ``{(model, release, case): {x: (base ÷ case, lo, hi)}}``
+    per value ``x`` of ``across``, ``lo``–``hi`` the widest the starts allow
+    (:func:`start_range`)."""
+    d = number(df, metric, started=True)
+    per = {
+        tuple(k): {
+            int(n): (v, lo, hi)
+            for n, v, lo, hi in zip(g[across], g["value"], g["lo"], g["hi"])
+        }
+        for k, g in d.groupby(KEYS)
+    }
+    out = {}
+    for (model, rel, case), times in per.items():
+        ref = per.get((model, rel, base))
+        if case != base and ref:
+            out[(model, rel, case)] = {
+                n: (ref[n][0] / t[0], *start_range(ref[n][1:], t[1:]))
+                for n, t in times.items() if n in ref
+            }
+    return out
+
+
+def starts_in(df: pd.DataFrame, metric: str) -> int:
+    """The most engine starts behind any one value of ``metric``."""
+    return int(number(df, metric)["starts"].max())
+
+
+def timing_source(starts: int, host: float | None) -> str:
+    """Where a ratio of engine timings comes from: how many starts, and the host's cost."""
+    return (f"median of {starts} engine starts" if starts > 1 else
+            "one engine start") + (f", host {host:.1f} µs per launch" if host else "")
+
+
 def count_span(values) -> str:
     """Counts as text: one figure where they all agree, else ``lowest–highest``."""
     got = sorted({int(v) for v in values})
@@ -148,7 +183,7 @@ def timing_bar(df: pd.DataFrame, metric: str, across: str) -> tuple[float, int, 
     """What a timing claim on ``metric`` must clear: ``(A/A gap, starts, how)``, the gap the
     largest of :func:`aa_noise` (0 without a control), ``how`` the sentence that says so."""
     noise = max(aa_noise(df, metric, across).values(), default=0.0)
-    starts = int(number(df, metric)["starts"].max())
+    starts = starts_in(df, metric)
     how = (f"{starts_how(starts)}; A/A control within {noise:.1%}, so the bar is {1 + noise:.2f}×"
            if starts > 1 else f"{starts_how(starts)}; no A/A control")
     return noise, starts, how
