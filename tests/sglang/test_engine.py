@@ -326,6 +326,16 @@ def test_read_bench_log_pcg_disabled_and_rows():
     assert rows[("prefill_iqr", 256)]["value"] == pytest.approx(0.35)  # inclusive quartiles
     assert rows[("pcg", None)]["value"] == "disabled"
     assert rows[("status", None)]["variant"] == "0.5.12.post1+enforce"
+    assert ("host_steal", None) not in rows  # a result without the host's figures
+    res.host = {"steal_pct": 12.5, "busy_pct": 30.0, "engine_cpu_s": 41.2, "preempted": 900}
+    rows = {(r["metric"], r.get("input_len")): r for r in eng.rows(res)}
+    assert {
+        m: (rows[(m, None)]["value"], rows[(m, None)]["unit"])
+        for m in ("host_steal", "host_busy", "engine_cpu", "engine_preempted")
+    } == {
+        "host_steal": (12.5, "%"), "host_busy": (30.0, "%"), "engine_cpu": (41.2, "s"),
+        "engine_preempted": (900, "switches")
+    }
     assert "piecewise CUDA graph: disabled (the model is not a language model)" in "\n".join(
         eng.summary(res))
 

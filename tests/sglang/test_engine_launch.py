@@ -210,6 +210,7 @@ def test_a_real_release_that_cannot_start_here_gives_one_line(tmp_path):
     lines = []
     res = eng.run(spec, work=tmp_path, check=False, echo=lines.append)
     assert res.status == "error" and not res.leftovers
+    assert res.host["engine_cpu_s"] > 0 and "steal_pct" in res.host  # the host over the start
     log = tmp_path / "engine.log"
     assert res.error == f"ModuleNotFoundError: No module named 'triton' (log: {log})"
     assert lines[0].startswith("[sglab] sglang 0.5.13: starting bench_one_batch")

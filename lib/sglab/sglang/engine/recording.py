@@ -138,7 +138,14 @@ def rows(res: EngineResult) -> list[dict]:
         add("decode_kernels_per_layer", k["kernels_per_layer"], "kernels")
     if res.leftovers:
         add("leftover_processes", len(res.leftovers), "processes")
+    # the host over the whole start (load, capture and timed runs): was a slow start crowded?
+    for metric, key, unit in HOST_METRICS:
+        add(metric, res.host.get(key), unit)
     return out
+
+
+HOST_METRICS = (("host_steal", "steal_pct", "%"), ("host_busy", "busy_pct", "%"),
+                ("engine_cpu", "engine_cpu_s", "s"), ("engine_preempted", "preempted", "switches"))
 
 
 def event_rows(base: dict, events: list[dict]) -> list[dict]:
@@ -261,6 +268,7 @@ def manifest_extra(results: list[EngineResult]) -> dict:
             "excerpts": r.decisions.get("excerpts", [])[:40],
             "leftovers": r.leftovers,
             "seconds": round(r.seconds, 1),
+            "host": r.host,
             "log_tail": r.tail if not r.ok else [],
         })
     return {

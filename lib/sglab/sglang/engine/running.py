@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from sglab.core import hoststate
 from sglab.sglang.engine.launching import launch, prepare, with_model_needs
 from sglab.sglang.engine.log import OURS, RX, bench_results, first_error, key_values, read_log
 from sglab.sglang.engine.spec import EngineSpec, load_config, text_config
@@ -35,6 +36,7 @@ class EngineResult:
     found: dict = field(default_factory=dict)
     tail: list = field(default_factory=list)
     marker: str = ""  # SGLAB_ENGINE_RUN of the engine's processes
+    host: dict = field(default_factory=dict)  # what the host did meanwhile (core.hoststate)
 
     @property
     def ok(self) -> bool:
@@ -101,6 +103,7 @@ def run(
         f"[sglab] sglang {spec.variant}: starting "
         f"{'bench_one_batch' if spec.tool == 'bench' else 'Engine'} (timeout {spec.timeout:.0f} s; "
         f"log {log})")
+    window = hoststate.begin()
     ex = launch(
         prep.argv,
         log=log,
@@ -110,6 +113,7 @@ def run(
         marker=prep.marker,
         on_line=_progress(echo, spec),
     )
+    host = hoststate.end(window)
     text = log.read_text(errors="replace")
     d = read_log(text)
     res = EngineResult(
@@ -126,6 +130,7 @@ def run(
         leftovers=ex.leftovers + [f"{p} (survived SIGKILL)" for p in ex.survivors],
         tail=tail_lines(text),
         marker=prep.marker,
+        host=host,
     )
     if spec.tool == "bench":
         res.bench = bench_results(d, spec, work / "result.jsonl")
