@@ -546,28 +546,9 @@ def engine(run) -> None:
     if not run:
         return
     notebook.show_figure(engine_figure(engine_runs.latest(run.shown)))
-    again = engine_runs.reruns(
-        run, {
-            engine_runs.STAT_NAMES[stat]: (
-                lambda r, stat=stat: engine_ratios(engine_runs.latest([r]), stat))
-            for stat in ("median", "fastest")
-        })
-    crowd = engine_runs.starts_and_host(engine_runs.latest(run.shown), "latency")
-    if not crowd.empty:
-        print("Each start beside what the host did while it ran (the whole start): a slow start "
-              "with more CPU stolen or more preemptions shared its machine")
-        notebook.show_table(crowd)
-    aa = engine_runs.aa_statistics(run, "latency", "requests")
-    if not aa.empty:
-        print("The A/A control (eager started twice in the same rounds), its two copies compared "
-              "by their fastest starts and by their medians")
-        notebook.show_table(aa)
-    if not again.empty:
-        print("The same speed-up (eager ÷ breakable graph, 1–8 requests) on every run that "
-              "recorded it (a run of another day ran on another machine of the same GPU model); "
-              "the claim reads the median of the starts, and its drift is the lowest ratio's "
-              "against the first run:")
-        notebook.show_table(again)
+    engine_runs.repeatability(run, engine_runs.latest(run.shown), "latency", "requests",
+                              ratio_of=engine_ratios, stats=("median", "fastest"), control="eager",
+                              pair="eager ÷ breakable graph, 1–8 requests")
 
 
 def eager_over_graph(df: pd.DataFrame, stat: str = "median") -> dict:

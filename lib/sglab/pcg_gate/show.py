@@ -683,30 +683,11 @@ def engine(run) -> None:
               "measured: eager spends several times the bare launch cost per kernel (the op's "
               "Python and dispatch work), and the graphs remove that too")
         notebook.show_table(table)
-    again = engine_runs.reruns(
-        run, {
-            engine_runs.STAT_NAMES[stat]: (
-                lambda r, stat=stat:
-                {" ".join(k): v
-                 for k, v in engine_ratios(engine_runs.latest([r]), stat).items()})
-            for stat in (STAT, "median")
-        })
-    crowd = engine_runs.starts_and_host(df[~sweep], "prefill")
-    if not crowd.empty:
-        print("Each start beside what the host did while it ran (the whole start: load, capture "
-              "and the timed runs): a slow start with more CPU stolen or more preemptions shared "
-              "its machine")
-        notebook.show_table(crowd)
-    aa = engine_runs.aa_statistics(run, "prefill", "input_len")
-    if not aa.empty:
-        print("Which statistic repeats: the A/A control (pcg-off started twice in the same "
-              "rounds), its two copies compared by their fastest starts and by their medians")
-        notebook.show_table(aa)
-    if not again.empty:
-        print("The same speed-up (pcg-off ÷ piecewise, 128–1024 tokens) on every run that recorded "
-              "it (a run of another day ran on another machine of the same GPU model); the claim "
-              "reads the fastest start, and its drift is the lowest ratio's against the first run:")
-        notebook.show_table(again)
+    engine_runs.repeatability(
+        run, df[~sweep], "prefill", "input_len",
+        ratio_of=lambda d, stat: {" ".join(k): v
+                                  for k, v in engine_ratios(d, stat).items()},
+        stats=(STAT, "median"), control="pcg-off", pair="pcg-off ÷ piecewise, 128–1024 tokens")
 
 
 def launch_counts(df: pd.DataFrame) -> pd.DataFrame:

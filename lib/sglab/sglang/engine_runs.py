@@ -510,6 +510,33 @@ def reruns(run, ratios: dict) -> pd.DataFrame:
     return out
 
 
+def repeatability(run, df: pd.DataFrame, metric: str, across: str, *, ratio_of, stats: tuple,
+                  control: str, pair: str) -> None:
+    """Whether a timed speed-up repeats, in three tables: each start beside what the host did
+    meanwhile (:func:`starts_and_host`), the A/A gap by both statistics per run
+    (:func:`aa_statistics`), and the speed-up on every run that recorded it (:func:`reruns`).
+    ``ratio_of(df, stat) -> {pair: {x: ratio}}``; ``stats[0]`` is the statistic the claim reads."""
+    from sglab.core.notebook import show_table
+
+    crowd = starts_and_host(df, metric)
+    if not crowd.empty:
+        print("Each start beside what the host did while it ran (the whole start: load, capture "
+              "and the timed runs): a slow start with more CPU stolen or more preemptions shared "
+              "its machine")
+        show_table(crowd)
+    aa = aa_statistics(run, metric, across)
+    if not aa.empty:
+        print(f"Which statistic repeats: the A/A control ({control} started twice in the same "
+              "rounds), its two copies compared by their fastest starts and by their medians")
+        show_table(aa)
+    again = reruns(run, {STAT_NAMES[s]: (lambda r, s=s: ratio_of(latest([r]), s)) for s in stats})
+    if not again.empty:
+        print(f"The same speed-up ({pair}) on every run that recorded it (a run of another day ran "
+              f"on another machine of the same GPU model); the claim reads the "
+              f"{STAT_NAMES[stats[0]]}, and its drift is the lowest ratio's against the first run:")
+        show_table(again)
+
+
 def section(run, facts_of: list[str], tables: list[tuple[str, str, str]]) -> None:
     """A notebook's real-engine section: the :func:`header`, one row of facts per (model,
     release, case), then each ``(metric, across, fmt)`` table."""
