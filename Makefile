@@ -46,11 +46,18 @@ $(SGLANG_STAMPS) &: $(STAMP) lib/sglab/sglang/releases.py constraints/cpu.txt
 
 sglang-releases: $(SGLANG_STAMPS)
 
+# the released wheels of every committed PR hunk's window (.sglang/wheels/, about 8 MB each): the hunk test
+# rebuilds each hunk from them. Without the package index, one line and the test skips (fails in CI).
+HUNK_WHEELS := $(SGLANG_HOME)/wheels/.sglab-hunk-windows
+$(HUNK_WHEELS): $(STAMP) $(wildcard data/upstream/*/pr*.json)
+	@$(BIN)/python -m sglab.sglang.testing && touch $@ || \
+	  echo "warning: the hunk windows' wheels are not all cached (see above)" >&2
+
 workbook: $(STAMP) $(SGLANG_STAMPS)
 	$(BIN)/sglab run
 
 # in parallel (pytest-xdist, see pyproject.toml); the browser test skips without Chromium, except in CI
-test: $(TEST_STAMP) $(SGLANG_STAMPS)
+test: $(TEST_STAMP) $(SGLANG_STAMPS) $(HUNK_WHEELS)
 	$(BIN)/python -m pytest -q
 
 # one layout for every Python file ([tool.yapf] in pyproject.toml): string literals split across lines are

@@ -110,3 +110,41 @@ def assert_recording_matches(live: dict[str, ProbeResult], probe: str, params=No
     assert compared, (f"the recording ({rec.path.name}) holds {probe} for none of "
                       f"{sorted(live)}: re-record it")
     return compared
+
+
+def hunk_versions() -> list[str]:
+    """Both releases of every committed PR hunk's window (``data/upstream/<fix>/pr<N>.json``)."""
+    import json
+
+    from sglab.core import runs
+
+    got = set()
+    for meta in sorted((runs.repo_root() / "data" / "upstream").glob("*/pr*.json")):
+        d = json.loads(meta.read_text())
+        got |= {d["before_version"], d["after_version"]}
+    return sorted(got)
+
+
+def fetch_hunk_wheels(dest=None) -> int:
+    """Download the wheel of every release a committed hunk's window names into the wheel cache
+    (``.sglang/wheels/``; those already there are kept), so that the hunk test can rebuild every
+    hunk from the released files. Returns 0, or 1 with one line on stderr where a wheel could not
+    be had."""
+    import sys
+    from pathlib import Path
+
+    from sglab.sglang import wheels
+
+    dest = Path(dest or wheels.cache_dir())
+    for v in hunk_versions():
+        if wheels.cached(v, dest) is None:
+            try:
+                wheels.download(v, dest)
+            except wheels.NoNetwork as e:
+                print(f"hunk wheels: sglang {v}: {e}", file=sys.stderr)
+                return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(fetch_hunk_wheels())

@@ -380,6 +380,11 @@ def summary(res: EngineResult) -> list[str]:
         out.append(f"  prefill of {n} tokens: {got['kernel_launches']} kernel launches, "
                    f"{got['graph_launches']} graph launches running {got['kernels_in_graphs']} "
                    "kernels (launch pass, under the profiler)")
+    h = res.host
+    if "steal_pct" in h:
+        out.append(f"  host meanwhile: {h['steal_pct']:.1f}% of CPU time stolen, "
+                   f"{h['busy_pct']:.0f}% busy; the engine used {h['engine_cpu_s']:.0f} CPU s, "
+                   f"preempted {h['preempted']} times")
     if res.leftovers:
         out.append(f"  left behind and killed: {', '.join(res.leftovers)}")
     return out
