@@ -680,20 +680,25 @@ def test_the_saving_per_removed_launch_is_set_against_the_bare_launch_cost():
     assert row["× bare launch cost"] == pytest.approx(per / 10.0, abs=0.1)
 
 
-def test_the_width_sweeps_gain_spans_its_starts():
+def test_the_width_sweeps_gain_spans_its_starts(monkeypatch):
     """Three starts per arm: the gain is the fastest off start over the fastest captured one, and
-    its bar runs from the slowest captured start against the fastest off start to the reverse."""
+    its bar runs from the slowest captured start against the fastest off start to the reverse;
+    the figure's title says which start it reads."""
     from sglab.pcg_gate import show as pg_show
 
     t = {}
     for s, (on, off) in enumerate(((10.0, 20.0), (8.0, 22.0), (12.0, 18.0))):
         t[("w512-pcg", s)] = {128: on}
         t[("w512-off", s)] = {128: off}
-    df = E.latest([_starts_run(t)])
-    df.loc[(df.case == "w512-pcg") & (df.metric == "pcg"), "value"] = "captured"
-    row = pg_show.width_gains(df).iloc[0]
+    run = _starts_run(t)
+    run.df.loc[(run.df.case == "w512-pcg") & (run.df.metric == "pcg"), "value"] = "captured"
+    row = pg_show.width_gains(E.latest([run])).iloc[0]
     assert (row["gain"], row["lo"], row["hi"], row["starts"]) == (18.0 / 8.0, 18.0 / 12.0,
                                                                   22.0 / 8.0, 3)
+    drawn = []
+    monkeypatch.setattr(pg_show.notebook, "show_figure", drawn.append)
+    pg_show.width_sweep(run)
+    assert "fastest of 3 starts, bars: their range" in drawn[0].axes[0].get_title()
 
 
 def test_cases_split_a_scenario_and_a_pattern_that_matches_nothing_is_one_line(capsys):

@@ -559,8 +559,8 @@ def width_sweep(run) -> None:
     rel = ", ".join(
         sorted({r
                 for r, c in zip(df["release"], df["case"]) if sglang.WIDTH_CASE.match(str(c))}))
-    how = ("median of the starts, bars: their range"
-           if mixed else f"median of {starts} starts, bars: their range"
+    how = ("fastest of the starts, bars: their range"
+           if mixed else f"fastest of {starts} starts, bars: their range"
            if starts > 1 else "one engine start: no spread measured")
     ax.set_title(f"SGLang {rel}, Llama 32 layers: the gain by width\n(bench_one_batch, {how})")
     ax.legend(fontsize=8)
