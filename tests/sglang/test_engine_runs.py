@@ -327,7 +327,15 @@ def test_a_scenarios_starts_interleave_and_its_control_repeats_a_case():
     sc = fixes.scenario("01-llama-pcg")
     assert (sc.starts, sc.control) == (3, "pcg-off")
     order = [(sp.start, sp.case) for sp in sc.specs() if not sp.profile]  # the timed starts
-    assert order == [(i, c) for i in range(3) for c in ("pcg", "pcg-off", "pcg-off-again")]
+    cases = ["pcg", "pcg-off", "pcg-off-again"]  # each round rotated: none always opens it
+    assert order == [(i, c) for i in range(3) for c in cases[i:] + cases[:i]]
+    kimi = [(sp.release, sp.start, sp.case)
+            for sp in fixes.scenario("01-kimi-pcg").specs() if not sp.profile]
+    assert kimi[:5] == [("0.5.12.post1", 0, "default"), ("0.5.12.post1", 0, "enforce"),
+                        ("0.5.12.post1", 0, "pcg-off"), ("0.5.12.post1", 0, "pcg-off-again"),
+                        ("0.5.13", 0, "default")]
+    assert [c for v, i, c in kimi if (v, i) == ("0.5.13", 2)
+            ] == ["pcg-off", "pcg-off-again", "default", "enforce"]
     again = [sp for sp in sc.specs() if sp.case == "pcg-off-again"][0]
     off = [sp for sp in sc.specs() if sp.case == "pcg-off"][0]
     assert again.server_args == off.server_args  # A/A: the same flags under a second label

@@ -235,7 +235,7 @@ class Scenario:
     prompt: str = ""
     expect: str = ""
     timeout: float = DEFAULT_TIMEOUT_S
-    # separate engine starts per variant, interleaved (A B A B A B): the spread between starts
+    # separate engine starts per variant, interleaved (A B, B A, A B): the spread between starts
     # (host, allocator, kernel choice at start-up) is measured, not only the repeats within one
     starts: int = 1
     # the A/A control: this case's flags started again under the label "<case>-again", in the same
@@ -264,9 +264,16 @@ class Scenario:
         return tuple(out)
 
     def specs(self, releases: Optional[Iterable[str]] = None) -> list[EngineSpec]:
-        """One spec per start, release and case, the starts outermost: every variant's first
-        start, then every variant's second, and so on."""
-        timed = [replace(sp, start=i) for i in range(self.starts) for sp in self._specs(releases)]
+        """One spec per start, release and case, the starts outermost: round ``i`` starts every
+        variant once, each release's variants rotated by ``i`` (A B C, then B C A, then C A B), so
+        that no variant always opens its round or always follows the same one."""
+        per_release: dict[str, list[EngineSpec]] = {}
+        for sp in self._specs(releases):
+            per_release.setdefault(sp.release, []).append(sp)
+        timed = [
+            replace(sp, start=i) for i in range(self.starts) for group in per_release.values()
+            for sp in group[i % len(group):] + group[:i % len(group)]
+        ]
         counted = [
             replace(sp, start=self.starts, profile=True, profile_stage="prefill", repeats=1)
             for sp in self._specs(releases)
