@@ -87,7 +87,8 @@ def test_breakable_engine_claims_need_the_graph_for_one_request_only_before_the_
         "engine_breakable_graph.graph_per_request_count": "pass",
         "engine_breakable_graph.faster_than_eager": "pass"
     }
-    slow = _edit(after, "0.5.12.post1+bcg", "latency", "99.0", requests=8.0)
+    slow = _edit(_edit(after, "0.5.12.post1+bcg", "latency", "99.0", requests=8.0),
+                 "0.5.12.post1+bcg", "latency_min", "99.0", requests=8.0)
     assert _status(bg.ENGINE, slow)["engine_breakable_graph.faster_than_eager"] == "fail"
 
 
@@ -161,7 +162,8 @@ def test_the_rebuild_sits_beside_the_engine_and_says_what_each_measures():
     rows = {r["source"]: r for r in listed if "launches per" not in r["measures"]}
     engine = rows["SGLang 0.5.13 engine (kimi_k25_tiny, enforce)"]
     assert "whole prefill step" in engine["measures"] and "µs per launch" in engine["measures"]
-    assert "fastest of 3 engine starts" in engine["measures"] and "(starts " in engine["figure"]
+    assert "fastest repeat of 3 interleaved engine starts" in engine["measures"]
+    assert "(starts " in engine["figure"]
     assert rows["#26382's description (B200, TP 4)"]["figure"] == "3.26×"
     assert any(k.startswith("rebuild") and "forward only" in v["measures"] for k, v in rows.items())
 
@@ -348,7 +350,7 @@ def test_a_scenarios_starts_interleave_and_its_control_repeats_a_case():
 def _starts_run(times: dict, status: dict | None = None, model: str = "llama_32x512",
                 created: str = "2026-11-28T00:00:00Z"):
     """A bench run of 01's Llama cases (or of ``model``): ``times[(case, start)] = {input_len:
-    ms}``."""
+    ms}``, ``ms`` the start's median repeat, or ``(median, fastest)`` repeat (else the same)."""
     rows, entries = [], []
     for (case, start), per in times.items():
         variant = f"0.5.13+{case}"
@@ -362,9 +364,12 @@ def _starts_run(times: dict, status: dict | None = None, model: str = "llama_32x
             **base, "metric": "pcg", "value": "captured" if case == "pcg" else "disabled",
             "unit": ""
         })
-        rows += [{
-            **base, "batch_size": 1, "input_len": n, "metric": "prefill", "value": ms, "unit": "ms"
-        } for n, ms in per.items()]
+        for n, ms in per.items():
+            med, low = ms if isinstance(ms, tuple) else (ms, ms)
+            rows += [
+                {**base, "batch_size": 1, "input_len": n, "metric": m, "value": v, "unit": "ms"}
+                for m, v in (("prefill", med), ("prefill_min", low))
+            ]
         entries.append({
             "variant": variant, "release": "0.5.13", "case": case, "model": {"name": model}
         })
@@ -414,7 +419,7 @@ def test_a_speedup_must_clear_the_aa_controls_gap(again, status):
     res = {r.claim.id: r for r in C.evaluate(pg.ENGINE, run)}
     got = res["engine_pcg_gate.captured_prefill_faster"]
     assert got.status == status
-    assert "fastest of 3 interleaved engine starts" in got.outcome.measured
+    assert "fastest repeat of 3 interleaved engine starts" in got.outcome.measured
     assert got.outcome.value["min"] == pytest.approx(2.0)
     assert got.outcome.value["margin"] == pytest.approx(1.0 - noise)
 
@@ -494,8 +499,29 @@ def test_a_speed_up_reads_each_variants_fastest_start_and_its_aa_gap_too():
     }
     aa = E.aa_statistics(SimpleNamespace(shown=[run]), "prefill", "input_len")
     assert aa.loc[("H100, 2026-11-28 0000Z", "llama_32x512 0.5.13")].to_dict() == {
-        "A/A gap, fastest starts": "0.0%", "A/A gap, medians of starts": "100.0%"
+        "A/A gap, median of starts": "100.0%", "A/A gap, fastest start": "0.0%",
+        "A/A gap, fastest repeat of any start": "0.0%"
     }
+
+
+def test_the_claim_reads_the_fastest_repeat_of_any_start():
+    """pcg 10 ms in every repeat. pcg-off's starts have median repeats of 40, 40 and 30 ms, yet
+    each start ran some repeats at 20 ms (a fast window of the host): the fastest start says 3×,
+    the fastest repeat 2×, and the claim reads 2×, the cost of the eager path itself."""
+    t = {}
+    for s, med in enumerate((40.0, 40.0, 30.0)):
+        t[("pcg", s)], t[("pcg-off", s)] = {128: 10.0}, {128: (med, 20.0)}
+        t[("pcg-off-again", s)] = {128: (35.0, 21.0)}
+    run = _starts_run(t)
+    df = E.latest([run])
+    key = (*("llama_32x512", "0.5.13"), "pcg")
+    assert pg_show.engine_ratios(df, "fastest") == {key: {128: 3.0}}
+    assert pg_show.engine_ratios(df) == {key: {128: 2.0}}
+    assert E.reading(df, "prefill", "floor").set_index("case").loc["pcg-off", "value"] == 20.0
+    got = {r.claim.id: r
+           for r in C.evaluate(pg.ENGINE, run)}["engine_pcg_gate.captured_prefill_faster"]
+    assert got.outcome.value["pairs"]["llama_32x512 0.5.13 pcg"]["lo"] == 2.0
+    assert got.outcome.value["aa_noise"] == pytest.approx(1 - 20 / 21)
 
 
 def test_each_start_is_set_beside_what_the_host_did_meanwhile():
@@ -565,11 +591,11 @@ def test_03s_speedup_is_eager_over_the_graph_per_release_and_request_count():
 
     after = _run("engine_breakable_graph", "0.5.12.post1+bcg")
     df = E.latest([after])
-    ratios = bg_show.engine_ratios(df)
-    lat = E.number(df, "latency", started=True).set_index(["release", "case", "requests"])
+    ratios = bg_show.engine_ratios(df)  # the claim's statistic: the fastest repeat of any start
+    lat = E.number(df, "latency_min", started=True).set_index(["release", "case", "requests"])
     for n, r in ratios["0.5.12.post1"].items():
-        assert r == pytest.approx(lat.loc[("0.5.12.post1", "eager", n), "value"]
-                                  / lat.loc[("0.5.12.post1", "bcg", n), "value"])
+        assert r == pytest.approx(
+            lat.loc[("0.5.12.post1", "eager", n), "lo"] / lat.loc[("0.5.12.post1", "bcg", n), "lo"])
     assert sorted(ratios["0.5.12.post1"]) == [1, 2, 4, 8]
 
 
@@ -706,7 +732,8 @@ def test_the_width_sweeps_gain_spans_its_starts(monkeypatch):
     drawn = []
     monkeypatch.setattr(pg_show.notebook, "show_figure", drawn.append)
     pg_show.width_sweep(run)
-    assert "fastest of 3 starts, bars: their range" in drawn[0].axes[0].get_title()
+    assert "fastest repeat of 3 interleaved engine starts, bars: the starts' range" in (
+        drawn[0].axes[0].get_title())
 
 
 def test_cases_split_a_scenario_and_a_pattern_that_matches_nothing_is_one_line(capsys):

@@ -246,7 +246,7 @@ def _engine_faster(run):
     # the A/A control (eager started twice): the gain must clear the gap between the two
     df = engine_runs.latest([run])
     df = df[df.release == AFTER_RELEASE]
-    noise, starts, how = engine_runs.timing_bar(df, "latency", "requests")
+    noise, starts, how = engine_runs.timing_bar(df, "latency", "requests", engine_runs.STAT)
     return holds(
         lo > 1.0 + noise, f"{AFTER_RELEASE}: eager / breakable graph {lo:.2f}–{hi:.2f}× over "
         f"{', '.join(map(str, ratios))} requests (Engine.generate, 1 output token, {how})",

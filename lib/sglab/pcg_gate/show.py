@@ -483,18 +483,16 @@ def your_setup():
 # --------------------------------------------------------------------------------------------------
 # the real engine, before and after
 # --------------------------------------------------------------------------------------------------
-# 01's engine timings read each variant's fastest start (engine_runs.STATS). bench_one_batch's
-# prefill is one Python thread launching kernels; a start is fast or slow as a whole, and the
-# slow ones come and go between starts of the same flags. The A/A control says which statistic
-# repeats: the notebook prints its gap both ways for every recorded run
-# (engine_runs.aa_statistics).
-STAT = "fastest"
+# 01's engine timings read engine_runs.STAT (the fastest repeat of any start: see there why).
+# The A/A control shows how each statistic repeats: the notebook prints its gap every way for every
+# recorded run (engine_runs.aa_statistics).
+STAT = engine_runs.STAT
 
 
 def captured_over_off(df: pd.DataFrame, stat: str = STAT) -> dict:
     """``{(model, release, on-case): {input_len: (off / on, lo, hi)}}`` where a captured case and
     'pcg-off' both ran: prefill with piecewise graphs off over prefill with them on, each side
-    ``stat`` of its starts (01's own: the fastest, :data:`STAT`), ``lo``–``hi`` the widest the
+    ``stat`` of its starts (01's own: :data:`STAT`), ``lo``–``hi`` the widest the
     starts allow (:func:`engine_runs.over_base`)."""
     pcg = engine_runs.text(df, "pcg")
     return {  # the width sweep pairs its own cases (width_gains)
@@ -511,14 +509,14 @@ def engine_ratios(df: pd.DataFrame, stat: str = STAT) -> dict:
 
 def width_gains(df: pd.DataFrame) -> pd.DataFrame:
     """The width sweep (``01-llama-width``): per hidden size and input length, prefill with
-    piecewise graphs off over prefill with them captured, each side's fastest start; rows ``hidden,
-    tokens, gain, lo, hi, starts``, ``lo``–``hi`` the widest the starts allow (slowest off over
-    fastest captured start and the reverse)."""
-    d = engine_runs.number(df, "prefill", started=True)
+    piecewise graphs off over prefill with them captured, each side :data:`STAT` of its starts;
+    rows ``hidden, tokens, gain, lo, hi, starts``, ``lo``–``hi`` the widest the starts allow
+    (slowest off over fastest captured start and the reverse)."""
+    d = engine_runs.reading(df, "prefill", STAT)
     pcg = engine_runs.text(df, "pcg")
     arms: dict = {}
     for k, n, v, lo, hi, st in zip(d[engine_runs.KEYS].itertuples(index=False), d["input_len"],
-                                   d[engine_runs.STATS[STAT]], d["lo"], d["hi"], d["starts"]):
+                                   d["value"], d["lo"], d["hi"], d["starts"]):
         m = sglang.WIDTH_CASE.match(k[2])
         if m and (m["arm"] == "off" or pcg.get(tuple(k)) == "captured"):
             arms[(int(m["hidden"]), int(n), m["arm"])] = (v, lo, hi, int(st))
@@ -559,8 +557,8 @@ def width_sweep(run) -> None:
     rel = ", ".join(
         sorted({r
                 for r, c in zip(df["release"], df["case"]) if sglang.WIDTH_CASE.match(str(c))}))
-    how = ("fastest of the starts, bars: their range"
-           if mixed else f"fastest of {starts} starts, bars: their range"
+    how = ("fastest repeat of any start, bars: the starts' range"
+           if mixed else f"{engine_runs.starts_how(starts, STAT)}, bars: the starts' range"
            if starts > 1 else "one engine start: no spread measured")
     ax.set_title(f"SGLang {rel}, Llama 32 layers: the gain by width\n(bench_one_batch, {how})")
     ax.legend(fontsize=8)
@@ -687,7 +685,8 @@ def engine(run) -> None:
         run, df[~sweep], "prefill", "input_len",
         ratio_of=lambda d, stat: {" ".join(k): v
                                   for k, v in engine_ratios(d, stat).items()},
-        stats=(STAT, "median"), control="pcg-off", pair="pcg-off ÷ piecewise, 128–1024 tokens")
+        stats=(STAT, "fastest",
+               "median"), control="pcg-off", pair="pcg-off ÷ piecewise, 128–1024 tokens")
 
 
 def launch_counts(df: pd.DataFrame) -> pd.DataFrame:
@@ -714,17 +713,17 @@ def launch_savings(df: pd.DataFrame, host_us) -> pd.DataFrame:
     """Per captured case and input length: the host's launches per prefill step with piecewise
     graphs and with them off, the launches removed, what they cost at the host's bare per-launch
     cost (``host_us(release, model, case)``: µs, the cost of the host that ran that variant), the
-    measured saving (pcg-off prefill − piecewise prefill, each side's fastest
-    start), and that saving per removed launch, also as a multiple of the bare launch cost: eager
+    measured saving (pcg-off prefill − piecewise prefill, each side :data:`STAT` of its
+    starts), and that saving per removed launch, also as a multiple of the bare launch cost: eager
     spends more host time per kernel than the launch itself (the op's Python and dispatch work),
     and graphs remove that too."""
     counts = launch_counts(df)
     if counts.empty:
         return pd.DataFrame()
-    ms = engine_runs.number(df, "prefill", started=True)
+    ms = engine_runs.reading(df, "prefill", STAT)
     prefill = {(*k, int(n)): v
                for k, n, v in zip(ms[engine_runs.KEYS].itertuples(
-                   index=False), ms["input_len"], ms[engine_runs.STATS[STAT]])}
+                   index=False), ms["input_len"], ms["value"])}
     launches = counts["launches"].to_dict()
     rows = []
     for (model, rel, case, n), row in counts.iterrows():

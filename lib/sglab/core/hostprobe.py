@@ -1,0 +1,279 @@
+"""Where a launch-bound process's speed comes from on this host: one GPU, the host's CPUs, and the
+per-launch cost (:class:`sglab.core.timing.Burst`) measured three ways.
+
+- ``fresh``: in several fresh processes, unpinned, each on whichever CPU the kernel gave it. Engine
+  starts of the same flags fall into fast and slow ones as a whole; if fresh processes do too, the
+  cause is below SGLang.
+- ``per_cpu``: one process moved from CPU to CPU. A CPU that is slow alone (its clock, its place
+  on the host) shows here.
+- ``beside``: one process on a home CPU while a busy loop runs on each other CPU in turn. A CPU
+  whose busy loop slows the home CPU shares a physical core with it (two hyperthreads), which a
+  guest's own topology files need not say.
+- ``rounds``: ``per_cpu`` again every few seconds. Where a CPU is fast in one round and slow in the
+  next, its speed is the host's doing (another guest on the same physical core, say), not the
+  CPU's: no pinning inside the guest can choose the fast one.
+
+    python -m sglab.core.hostprobe --out probe.json [--fresh 10] [--home 2] [--rounds 6]
+
+Probes that came back from the GPU machines are kept in ``data/recorded/host_probe/``
+(:func:`recorded`); notebook 01 draws them (:func:`figure`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sglab.core.timing import Burst
+
+
+SYS_CPU = Path("/sys/devices/system/cpu")
+
+
+def topology(root: Path = SYS_CPU) -> dict:
+    """Per CPU the guest can see: the CPUs its topology files name as its hyperthread siblings
+    and its core and package ids (None where a file is missing)."""
+
+    def read(p: Path):
+        try:
+            return p.read_text().strip()
+        except OSError:
+            return None
+
+    out = {}
+    for d in sorted(root.glob("cpu[0-9]*"), key=lambda p: int(p.name[3:])):
+        t = d / "topology"
+        out[int(d.name[3:])] = {
+            "siblings": read(t / "thread_siblings_list"), "core": read(t / "core_id"),
+            "package": read(t / "physical_package_id")
+        }
+    return out
+
+
+def burst_us(burst: Burst, repeat: int = 20, warmup: int = 3) -> float:
+    """The median µs per launch of ``repeat`` bursts after ``warmup`` more."""
+    burst.host_ms.clear()
+    for _ in range(warmup + repeat):
+        burst()
+    return burst.per_launch_us(warmup)["median"]
+
+
+def this_cpu() -> int:
+    """The CPU this process last ran on (field 39 of ``/proc/self/stat``); -1 where unknown."""
+    try:
+        return int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[36])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def per_cpu(burst: Burst, cpus: list[int]) -> dict:
+    """µs per launch with this process pinned to each CPU in turn (the affinity restored after)."""
+    home = os.sched_getaffinity(0)
+    out = {}
+    try:
+        for c in cpus:
+            os.sched_setaffinity(0, {c})
+            out[c] = round(burst_us(burst), 3)
+    finally:
+        os.sched_setaffinity(0, home)
+    return out
+
+
+def spinner(cpu: int) -> subprocess.Popen:
+    """A busy loop pinned to ``cpu``, in its own process (stop it with :func:`stop`)."""
+    p = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    os.sched_setaffinity(p.pid, {cpu})
+    return p
+
+
+def stop(p: subprocess.Popen) -> None:
+    p.kill()
+    p.wait(timeout=10)
+
+
+def beside(burst: Burst, home: int, others: list[int], settle_s: float = 0.2) -> dict:
+    """µs per launch on ``home`` while a busy loop runs on each of ``others`` in turn, and with
+    none (key -1) before and after them."""
+    keep = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {home})
+    out = {-1: [burst_us(burst)]}
+    try:
+        for c in others:
+            p = spinner(c)
+            try:
+                time.sleep(settle_s)
+                out[c] = round(burst_us(burst), 3)
+            finally:
+                stop(p)
+        out[-1].append(burst_us(burst))
+    finally:
+        os.sched_setaffinity(0, keep)
+    out[-1] = round(statistics.median(out[-1]), 3)
+    return out
+
+
+FRESH = ("import json; from sglab.core.timing import launch_cost_us; "
+         "from sglab.core.hostprobe import this_cpu; c = launch_cost_us({device!r}); "
+         "print(json.dumps({{'us': c['median'], 'p90': c['p90'], 'cpu': this_cpu()}}))")
+
+
+def fresh(k: int, device: str = "cuda:0", timeout: float = 120.0) -> list[dict]:
+    """``k`` fresh processes, unpinned, one after another: each one's µs per launch (median and
+    p90 of its bursts) and the CPU it ended on."""
+    out = []
+    for _ in range(k):
+        r = subprocess.run([sys.executable, "-c", FRESH.format(device=device)], capture_output=True,
+                           text=True, timeout=timeout, check=True)
+        out.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    return out
+
+
+def rounds(burst: Burst, cpus: list[int], n: int, gap_s: float = 5.0) -> list[dict]:
+    """:func:`per_cpu` ``n`` times, ``gap_s`` apart."""
+    out = []
+    for i in range(n):
+        if i:
+            time.sleep(gap_s)
+        out.append(per_cpu(burst, cpus))
+    return out
+
+
+def siblings_seen(base: float, slowed: dict, factor: float = 1.3) -> list[int]:
+    """The CPUs whose busy loop slowed the home CPU by more than ``factor``."""
+    return sorted(c for c, us in slowed.items() if c >= 0 and us > factor * base)
+
+
+def summary(probe: dict) -> list[str]:
+    """The probe in a few lines."""
+    lines = []
+    f = [r["us"] for r in probe.get("fresh", [])]
+    if f:
+        lines.append(f"fresh processes: {len(f)}, µs per launch {min(f):.2f}–{max(f):.2f} "
+                     f"(median {statistics.median(f):.2f}; " + ", ".join(
+                         f"{r['us']:.2f}@cpu{r['cpu']}" for r in probe['fresh']) + ")")
+    pc = probe.get("per_cpu", {})
+    if pc:
+        v = list(pc.values())
+        lines.append(f"per CPU alone: {min(v):.2f}–{max(v):.2f} µs per launch")
+    rs = probe.get("rounds", [])
+    if rs:
+        flips = sum(max(r[c] for r in rs) > 1.3 * min(r[c] for r in rs) for c in rs[0])
+        lines.append(
+            f"{len(rs)} rounds over every CPU: {flips} of {len(rs[0])} CPUs were over 1.3× "
+            "slower in one round than in another")
+    b = dict(probe.get("beside", {}))
+    if b:
+        base = b.pop(-1)
+        near = siblings_seen(base, b)
+        lines.append(f"home CPU {probe['home']}: {base:.2f} µs alone; a busy loop on " + (
+            f"CPU {near} slows it to " + ", ".join(
+                f"{b[c]:.2f}" for c in near) if near else "no other CPU slows it by more than 1.3×"
+        ) + f" (others {min(v for c, v in b.items() if c not in near):.2f}–"
+                     f"{max(v for c, v in b.items() if c not in near):.2f})")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sglab.core.hostprobe", description=__doc__)
+    ap.add_argument("--out", required=True, help="the JSON file to write")
+    ap.add_argument("--fresh", type=int, default=10, help="fresh processes to time (default 10)")
+    ap.add_argument("--home", type=int, default=2, help="the CPU timed beside busy loops")
+    ap.add_argument("--device", default="cuda:0", help="where the kernels go (default cuda:0)")
+    ap.add_argument("--rounds", type=int, default=0, help="time every CPU this many times more, "
+                    "5 s apart (default 0)")
+    args = ap.parse_args(argv)
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.home not in cpus:
+        ap.error(f"--home {args.home} is not one of this process's CPUs ({cpus[0]}–{cpus[-1]})")
+    from sglab.core import runs
+
+    probe = {
+        "manifest": {
+            **runs.machine_manifest(), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                    time.gmtime()),
+            "git_sha": os.environ.get("SGLAB_GIT_SHA"), "command": " ".join(sys.argv)
+        }, "cpus": cpus, "topology": topology(), "home": args.home
+    }
+    print(f"hostprobe: {len(cpus)} CPUs; {args.fresh} fresh processes ...", flush=True)
+    probe["fresh"] = fresh(args.fresh, args.device)
+    burst = Burst(args.device, 1000)
+    print("hostprobe: each CPU alone ...", flush=True)
+    probe["per_cpu"] = per_cpu(burst, cpus)
+    print(f"hostprobe: CPU {args.home} beside a busy loop on each other CPU ...", flush=True)
+    probe["beside"] = beside(burst, args.home, [c for c in cpus if c != args.home])
+    if args.rounds:
+        print(f"hostprobe: every CPU {args.rounds} more times, 5 s apart ...", flush=True)
+        probe["rounds"] = rounds(burst, cpus, args.rounds)
+    tmp = Path(args.out).with_suffix(".part")
+    tmp.write_text(json.dumps(probe, indent=1))
+    tmp.replace(args.out)
+    print("\n".join(summary(json.loads(Path(args.out).read_text(), object_hook=_int_keys))))
+    return 0
+
+
+def _int_keys(d: dict) -> dict:
+    return {int(k) if k.lstrip("-").isdigit() else k: v for k, v in d.items()}
+
+
+def load(path: Path) -> dict:
+    """A probe written by :func:`main`, CPU numbers as ints."""
+    return json.loads(Path(path).read_text(), object_hook=_int_keys)
+
+
+def recorded(root: Path | None = None) -> list[tuple[str, dict]]:
+    """``[(file name, probe)]`` of the probes kept in ``data/recorded/host_probe/``, oldest first."""
+    from sglab.core import runs
+
+    folder = (root or runs.repo_root()) / "data" / "recorded" / "host_probe"
+    return [(f.name, load(f)) for f in sorted(folder.glob("*.json"))]
+
+
+def figure(probes: list[tuple[str, dict]]):
+    """Each probe's rounds as a grid, CPUs across and rounds down, each cell that CPU's µs per
+    launch in that round: a column that changes colour is a CPU whose speed the host changed."""
+    import matplotlib.pyplot as plt
+
+    grids = [(n, p) for n, p in probes if p.get("rounds")]
+    fig, axes = plt.subplots(len(grids), 1,
+                             figsize=(8.0, 1.2 + 0.45 * sum(len(p["rounds"]) for _, p in grids)),
+                             squeeze=False)
+    for ax, (name, p) in zip(axes[:, 0], grids):
+        cpus = sorted(p["rounds"][0])
+        grid = [[r[c] for c in cpus] for r in p["rounds"]]
+        im = ax.imshow(grid, cmap="viridis_r", aspect="auto")
+        mid = (min(map(min, grid)) + max(map(max, grid))) / 2
+        for i, row in enumerate(grid):
+            for j, v in enumerate(row):
+                ax.text(j, i, f"{v:.1f}", ha="center", va="center", fontsize=7,
+                        color="black" if v < mid else "white")
+        m = p.get("manifest", {})
+        ax.set(
+            xticks=range(len(cpus)), xticklabels=cpus, yticks=range(len(grid)), yticklabels=[
+                f"round {i + 1}" for i in range(len(grid))
+            ], xlabel="vCPU the timing thread was pinned to (rounds 5 s apart)",
+            title=f"µs per kernel launch, {m.get('gpu_name', '?')} host, "
+            f"{m.get('created_utc', '')[:16].replace('T', ' ')} UTC")
+        fig.colorbar(im, ax=ax, label="µs per launch")
+    fig.tight_layout()
+    return fig
+
+
+def show(probes: list[tuple[str, dict]] | None = None) -> None:
+    """A notebook's view of the recorded probes: a few lines each, then the rounds' grid."""
+    from sglab.core import notebook
+
+    probes = recorded() if probes is None else probes
+    if not probes:
+        print("no host probe recorded yet: on a GPU box, python -m sglab.core.hostprobe --out "
+              "probe.json --rounds 6")
+        return
+    for name, p in probes:
+        print(f"{name}:\n  " + "\n  ".join(summary(p)))
+    if any(p.get("rounds") for _, p in probes):
+        notebook.show_figure(figure(probes))

@@ -1,0 +1,99 @@
+"""The host probe: where a launch-bound process's speed comes from (sglab.core.hostprobe)."""
+
+import json
+import os
+
+import matplotlib
+import pytest
+
+from sglab.core import hostprobe as H
+from sglab.core.timing import Burst
+
+
+matplotlib.use("Agg")
+
+
+def test_topology_reads_each_cpus_siblings_and_ids(tmp_path):
+    for cpu, sib in ((0, "0,8"), (1, "1,9"), (10, "2,10"), (2, "2,10")):
+        t = tmp_path / f"cpu{cpu}" / "topology"
+        t.mkdir(parents=True)
+        (t / "thread_siblings_list").write_text(sib + "\n")
+        (t / "core_id").write_text(f"{cpu % 8}\n")
+    (tmp_path / "cpufreq").mkdir()  # not a CPU
+    got = H.topology(tmp_path)
+    assert list(got) == [0, 1, 2, 10]  # by number: as text, cpu10 would come before cpu2
+    assert got[10] == {"siblings": "2,10", "core": "2", "package": None}
+
+
+def test_pinned_timings_cover_every_cpu_asked_and_give_the_affinity_back():
+    cpus = sorted(os.sched_getaffinity(0))
+    burst = Burst("cpu", 50)
+    got = H.per_cpu(burst, cpus)
+    assert sorted(got) == cpus and all(v > 0 for v in got.values())
+    assert sorted(os.sched_getaffinity(0)) == cpus
+    home, others = cpus[-1], cpus[:-1]
+    near = H.beside(burst, home, others, settle_s=0.0)
+    assert sorted(near) == [-1, *others] and near[-1] > 0
+    assert sorted(os.sched_getaffinity(0)) == cpus
+    assert len(H.rounds(burst, cpus, 2, gap_s=0.0)) == 2
+
+
+def test_a_busy_loop_is_stopped_before_the_next_one_starts():
+    p = H.spinner(sorted(os.sched_getaffinity(0))[0])
+    assert p.poll() is None
+    H.stop(p)
+    assert p.poll() is not None
+
+
+def test_a_cpu_whose_busy_loop_slows_the_home_cpu_is_named_as_its_sibling():
+    assert H.siblings_seen(7.0, {0: 7.2, 6: 9.4, 9: 8.9}) == [6]
+    assert H.siblings_seen(7.0, {0: 7.2}) == []
+
+
+def _probe(rounds):
+    return {
+        "manifest": {"gpu_name": "NVIDIA H100 80GB HBM3", "created_utc": "2026-11-28T05:15:37Z"},
+        "home": 0, "fresh": [{"us": 6.7, "cpu": 3}, {"us": 9.7, "cpu": 3}], "rounds": rounds
+    }
+
+
+def test_the_summary_counts_the_cpus_the_host_slowed_between_rounds():
+    """CPU 1 runs 6.9 µs in one round and 10.3 in the next (over 1.3×); CPU 0 holds its speed."""
+    lines = H.summary(_probe([{0: 6.9, 1: 6.9}, {0: 7.0, 1: 10.3}]))
+    assert lines[0].startswith("fresh processes: 2, µs per launch 6.70–9.70")
+    assert lines[1] == ("2 rounds over every CPU: 1 of 2 CPUs were over 1.3× slower in one round "
+                        "than in another")
+
+
+def test_the_figure_draws_a_cell_per_cpu_and_round():
+    fig = H.figure([("a.json", _probe([{0: 6.9, 1: 6.9, 2: 8.0}, {0: 7.0, 1: 10.3, 2: 7.1}])),
+                    ("b.json", {"fresh": []})])  # no rounds: not drawn
+    grid = fig.axes[0]
+    assert [t.get_text() for t in grid.texts] == ["6.9", "6.9", "8.0", "7.0", "10.3", "7.1"]
+    assert "2026-11-28 05:15 UTC" in grid.get_title()
+
+
+def test_the_recorded_probes_load_with_numbered_cpus():
+    probes = H.recorded()
+    assert probes, "data/recorded/host_probe holds the probes the notebook draws"
+    for name, p in probes:
+        assert p["manifest"]["gpu_name"] and name.endswith(".json")
+        for r in p.get("rounds", []):
+            assert all(isinstance(c, int) for c in r)
+    assert any(p.get("rounds") for _, p in probes)
+
+
+def test_the_probe_writes_its_file_whole_with_a_manifest(tmp_path, capsys):
+    out = tmp_path / "probe.json"
+    cpus = sorted(os.sched_getaffinity(0))
+    assert H.main([
+        "--out",
+        str(out), "--fresh", "1", "--home",
+        str(cpus[0]), "--device", "cpu", "--rounds", "1"
+    ]) == 0
+    p = json.loads(out.read_text())
+    assert p["manifest"]["gpu_name"] and p["manifest"]["created_utc"]
+    assert len(p["fresh"]) == 1 and len(p["rounds"]) == 1 and not list(tmp_path.glob("*.part"))
+    assert "1 rounds over every CPU" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        H.main(["--out", str(out), "--home", "999"])
