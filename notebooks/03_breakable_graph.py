@@ -273,11 +273,11 @@ show.launches(run)
 # prefill batches that its scheduler ran on the graph. They are exact and the same on any host.
 # Then the timings. The rebuild times the prefill forward alone; SGLang's engine a whole
 # `Engine.generate` call of one output token (tokenizing, scheduling, the decode step), so its
-# ratios are smaller. Each engine figure reads the fastest repeat of several engine starts, the range
-# of the starts in brackets, with the per-launch cost of the host that ran it. What must agree is the
-# shape: before #24662 a batch of several requests gains nothing from the graph (rebuild "before"
-# ≈ 1×, 0.5.11 at 2–8 requests ≈ 1×, where its scheduler fell back to eager) and only one request
-# does; with #24662 every request count gains.
+# ratios are smaller. Each engine figure reads the fastest repeat of several engine starts, the
+# range of the starts in brackets, with the per-launch cost of the host that ran it. What must agree
+# is the shape: before #24662 a batch of several requests gains nothing from the graph (rebuild
+# "before" ≈ 1×, 0.5.11 at 2–8 requests ≈ 1×, where its scheduler fell back to eager) and only one
+# request does; with #24662 every request count gains.
 #
 # On your own hardware: which batches run on the graph is the scheduler's decision and does not
 # move. The time it saves is the host's work per eager kernel: the launch and the Python and

@@ -553,8 +553,8 @@ def engine(run) -> None:
 
 def eager_over_graph(df: pd.DataFrame, stat: str = engine_runs.STAT) -> dict:
     """``{release: {requests: (eager / bcg, lo, hi)}}`` of Engine.generate, each side ``stat`` of
-    its starts (the claim's: :data:`engine_runs.STAT`), where a release ran both cases, ``lo``–``hi`` the widest
-    the starts allow."""
+    its starts (the claim's: :data:`engine_runs.STAT`), where a release ran both cases,
+    ``lo``–``hi`` the widest the starts allow."""
     pairs = engine_runs.over_base(df, "latency", "requests", "eager", stat)
     return {rel: r for (_, rel, case), r in pairs.items() if case == "bcg"}
 

@@ -227,7 +227,8 @@ def load(path: Path) -> dict:
 
 
 def recorded(root: Path | None = None) -> list[tuple[str, dict]]:
-    """``[(file name, probe)]`` of the probes kept in ``data/recorded/host_probe/``, oldest first."""
+    """``[(file name, probe)]`` of the probes kept in ``data/recorded/host_probe/``, oldest
+    first."""
     from sglab.core import runs
 
     folder = (root or runs.repo_root()) / "data" / "recorded" / "host_probe"

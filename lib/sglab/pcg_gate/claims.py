@@ -362,9 +362,9 @@ def _pairs(run) -> dict:
 
 def _speedup(run):
     """Each captured case against pcg-off of its own model and release, each side its fastest
-    repeat of any start (``show.STAT``), over the gap that release's A/A control (pcg-off started twice) measured
-    on the same statistic: the value holds one group per pair (``pairs``), so a rerun of one model
-    is compared with the record of that model."""
+    repeat of any start (``show.STAT``), over the gap that release's A/A control (pcg-off started
+    twice) measured on the same statistic: the value holds one group per pair (``pairs``), so a
+    rerun of one model is compared with the record of that model."""
     df = engine_runs.latest([run])
     starts = engine_runs.starts_in(df, "prefill")
     gaps = engine_runs.aa_noise(df, "prefill", "input_len", show.STAT)
@@ -446,8 +446,8 @@ ENGINE = SimpleNamespace(
             "disabled on every release (exact)", _default_off, applies=_default_applies),
         Claim(
             "engine_pcg_gate.captured_prefill_faster",
-            "Where piecewise graphs are captured, prefill is faster than with them off at "
-            "every input length (128–1024 tokens), each side its fastest repeat of any engine start",
+            "Where piecewise graphs are captured, prefill is faster than with them off at every "
+            "input length (128–1024 tokens), each side its fastest repeat of any engine start",
             "pcg-off / piecewise > 1 + the A/A gap everywhere", _speedup, applies=lambda r: None
             if _pairs(r) else "no captured + pcg-off pair", drift=0.25,
             context=("min", "aa_noise", "margin", "starts"), noise="aa_noise"),
