@@ -93,7 +93,18 @@ def test_the_probe_writes_its_file_whole_with_a_manifest(tmp_path, capsys):
     ]) == 0
     p = json.loads(out.read_text())
     assert p["manifest"]["gpu_name"] and p["manifest"]["created_utc"]
+    assert p["manifest"]["command"].startswith("python -m sglab.core.hostprobe --out ")
     assert len(p["fresh"]) == 1 and len(p["rounds"]) == 1 and not list(tmp_path.glob("*.part"))
     assert "1 rounds over every CPU" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         H.main(["--out", str(out), "--home", "999"])
+
+
+def test_the_probe_runs_as_a_module(tmp_path):
+    """``python -m sglab.core.hostprobe`` is how a GPU box runs it: the module must start main."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "sglab.core.hostprobe", "--help"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "--rounds" in r.stdout

@@ -197,7 +197,8 @@ def main(argv=None) -> int:
         "manifest": {
             **runs.machine_manifest(), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                     time.gmtime()),
-            "git_sha": os.environ.get("SGLAB_GIT_SHA"), "command": " ".join(sys.argv)
+            "git_sha": os.environ.get("SGLAB_GIT_SHA"),
+            "command": " ".join([ap.prog, *(sys.argv[1:] if argv is None else argv)])
         }, "cpus": cpus, "topology": topology(), "home": args.home
     }
     print(f"hostprobe: {len(cpus)} CPUs; {args.fresh} fresh processes ...", flush=True)
@@ -278,3 +279,7 @@ def show(probes: list[tuple[str, dict]] | None = None) -> None:
         print(f"{name}:\n  " + "\n  ".join(summary(p)))
     if any(p.get("rounds") for _, p in probes):
         notebook.show_figure(figure(probes))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
