@@ -241,7 +241,7 @@ sglang.compare()
 # rounds. How far the two lie apart is the noise a speed-up must clear.
 #
 # Read the brackets before the medians. Starts with the same flags can lie up to 2× apart, and a
-# start is mostly fast or slow as a whole. The cause is the host, not SGLang: the probe below times
+# start is mostly fast or slow as a whole. The probe below points at the host, not SGLang: it times
 # the bare per-launch cost on every vCPU of these machines, six times 5 s apart. A vCPU runs at
 # about 7 µs per launch in one round and 9–13 µs in the next, on 14 of the 16 vCPUs in both probes,
 # with no CPU time stolen (the per-start table shows ~0%). No fixed pair of vCPUs explains it: a
