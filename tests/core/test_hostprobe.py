@@ -63,6 +63,9 @@ def test_the_summary_counts_the_cpus_the_host_slowed_between_rounds():
     assert lines[0].startswith("fresh processes: 2, µs per launch 6.70–9.70")
     assert lines[1] == ("2 rounds over every CPU: 1 of 2 CPUs were over 1.3× slower in one round "
                         "than in another")
+    # every other CPU's busy loop slowed the home CPU (a 2-CPU box under load): no "others"
+    near = H.summary({"home": 0, "beside": {-1: 7.0, 1: 9.8}})
+    assert near == ["home CPU 0: 7.00 µs alone; a busy loop on CPU [1] slows it to 9.80"]
 
 
 def test_the_figure_draws_a_cell_per_cpu_and_round():

@@ -171,11 +171,11 @@ def summary(probe: dict) -> list[str]:
     if b:
         base = b.pop(-1)
         near = siblings_seen(base, b)
-        lines.append(f"home CPU {probe['home']}: {base:.2f} µs alone; a busy loop on " + (
-            f"CPU {near} slows it to " + ", ".join(
-                f"{b[c]:.2f}" for c in near) if near else "no other CPU slows it by more than 1.3×"
-        ) + f" (others {min(v for c, v in b.items() if c not in near):.2f}–"
-                     f"{max(v for c, v in b.items() if c not in near):.2f})")
+        rest = [v for c, v in b.items() if c not in near]
+        slows = (f"CPU {near} slows it to {', '.join(f'{b[c]:.2f}' for c in near)}"
+                 if near else "no other CPU slows it by more than 1.3×")
+        lines.append(f"home CPU {probe['home']}: {base:.2f} µs alone; a busy loop on {slows}" +
+                     (f" (others {min(rest):.2f}–{max(rest):.2f})" if rest else ""))
     return lines
 
 
@@ -245,11 +245,13 @@ def figure(probes: list[tuple[str, dict]]):
     fig, axes = plt.subplots(len(grids), 1,
                              figsize=(8.0, 1.2 + 0.45 * sum(len(p["rounds"]) for _, p in grids)),
                              squeeze=False)
+    every = [v for _, p in grids for r in p["rounds"] for v in r.values()]
+    lo, hi = (min(every), max(every)) if every else (0.0, 1.0)  # one scale for every grid
     for ax, (name, p) in zip(axes[:, 0], grids):
         cpus = sorted(p["rounds"][0])
         grid = [[r[c] for c in cpus] for r in p["rounds"]]
-        im = ax.imshow(grid, cmap="viridis_r", aspect="auto")
-        mid = (min(map(min, grid)) + max(map(max, grid))) / 2
+        im = ax.imshow(grid, cmap="viridis_r", aspect="auto", vmin=lo, vmax=hi)
+        mid = (lo + hi) / 2
         for i, row in enumerate(grid):
             for j, v in enumerate(row):
                 ax.text(j, i, f"{v:.1f}", ha="center", va="center", fontsize=7,
