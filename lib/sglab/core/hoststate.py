@@ -4,7 +4,9 @@ and the CPU time and preemptions of the processes it waited for (``getrusage``).
 Engine starts of the same flags fall into fast and slow ones as a whole. These figures, recorded
 per start, tell whether a slow start shared its machine: ``steal`` is CPU time the hypervisor gave
 to another guest while this one wanted it, ``busy`` how loaded every CPU was, ``preempted`` how
-often the engine's own processes were switched out against their will.
+often the engine's own processes were switched out against their will. On the lent H100 guests
+steal stayed near 0% in slow starts too: the slowdown there is the host's own, invisible to these
+counters (see :mod:`sglab.core.hostprobe`).
 
     window = hoststate.begin()
     ...  # start the engine and wait for it

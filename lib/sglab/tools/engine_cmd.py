@@ -219,19 +219,9 @@ def host_launch_cost(timeout: float = 120.0, cpus: tuple = ()) -> dict:
     process of its own so that this one never holds a CUDA context beside the engines (05 reads
     every process's memory on GPU 0), on the engines' ``cpus`` where they are pinned;
     ``{"error": ...}`` where it could not run."""
-    import json
-    import subprocess
+    from sglab.core import hostprobe
 
-    from sglab.core import procs
-
-    try:
-        p = subprocess.run(procs.pinned([sys.executable, "-c", HOST_COST], cpus),
-                           capture_output=True, text=True, timeout=timeout)
-        if p.returncode == 0:
-            return json.loads(p.stdout.strip().splitlines()[-1])
-        return {"error": (p.stderr.strip().splitlines() or ["no output"])[-1][:200]}
-    except (subprocess.TimeoutExpired, ValueError, IndexError) as e:
-        return {"error": f"{type(e).__name__}: {e}"[:200]}
+    return hostprobe.in_own_process(HOST_COST, timeout, cpus)
 
 
 def main(args) -> int:
