@@ -2,6 +2,7 @@
 
 import json
 import os
+from pathlib import Path
 
 import matplotlib
 import pytest
@@ -111,3 +112,29 @@ def test_the_probe_runs_as_a_module(tmp_path):
     r = subprocess.run([sys.executable, "-m", "sglab.core.hostprobe", "--help"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "--rounds" in r.stdout
+
+
+def test_a_busy_loop_ends_when_the_probe_is_killed_outright():
+    """SIGKILL gives the probe no chance to stop its busy loop: the loop sees its parent go."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = ("import os, sys; from sglab.core import hostprobe as H; "
+            "p = H.spinner(sorted(os.sched_getaffinity(0))[0]); print(p.pid, flush=True); "
+            "import time; time.sleep(60)")
+    probe = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pid = int(probe.stdout.readline())
+    probe.send_signal(signal.SIGKILL)
+    probe.wait(timeout=10)
+    for _ in range(100):
+        try:  # gone, or ended and waiting to be reaped by whoever adopted it
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        time.sleep(0.1)
+    state = Path(f"/proc/{pid}/stat").read_text()[:60]
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail(f"the busy loop outlived the probe: {state}")

@@ -85,9 +85,15 @@ def per_cpu(burst: Burst, cpus: list[int]) -> dict:
     return out
 
 
+# spins while the process that started it (its pid the argument) lives: a probe killed outright,
+# even before the loop began, leaves no busy loop behind
+SPIN = "import os, sys\nparent = int(sys.argv[1])\nwhile os.getppid() == parent: pass"
+
+
 def spinner(cpu: int) -> subprocess.Popen:
-    """A busy loop pinned to ``cpu``, in its own process (stop it with :func:`stop`)."""
-    p = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    """A busy loop pinned to ``cpu``, in its own process, which ends with this one (stop it sooner
+    with :func:`stop`)."""
+    p = subprocess.Popen([sys.executable, "-c", SPIN, str(os.getpid())])
     os.sched_setaffinity(p.pid, {cpu})
     return p
 
