@@ -23,8 +23,9 @@
 #                                                        of a plan one call at a time)
 #
 # Environment: OUT (default engine-gpu-out), BUNDLES (default .whl-engine; jit-cache*.tar.xz there
-# are unpacked into $HOME first), PROBE=1 (run `python -m sglab.core.hostprobe` first), PACK_JIT=1 (pack the JIT caches into $OUT/jit-cache.tar.xz for
-# the next fresh machine), ENGINE_HOME (default
+# are unpacked into $HOME first), PROBE=1 (run `python -m sglab.core.hostprobe` first; its file
+# comes back in runs/host_probe/, named as data/recorded keeps it), PACK_JIT=1 (pack the JIT
+# caches into $OUT/jit-cache.tar.xz for the next fresh machine), ENGINE_HOME (default
 # /tmp/sglab-engine-home), RELEASES (releases to unpack; default every one of bundles.json whose
 # layers are here). The JIT caches (FlashInfer's norm kernel, SGLang's tvm-ffi kernels, Triton)
 # stay in $HOME/.cache and $HOME/.triton between engine starts: the first capture on a fresh
@@ -106,9 +107,8 @@ print("torch", torch.__version__, "triton", triton.__version__, "GPUs", torch.cu
   # PROBE=1: the host probe first (about 60 s): whether this machine's vCPUs change speed between
   # rounds, beside the engine runs it returns with (runs/host_probe/, as data/recorded keeps them)
   if [ "${PROBE:-0}" = 1 ]; then
-    mkdir -p "$OUT/runs/host_probe"
-    "$py" -m sglab.core.hostprobe --out "$OUT/runs/host_probe/$(date -u +%Y%m%dT%H%M%SZ)_probe.json" \
-      --fresh 3 --rounds 3 || echo "host probe failed (the engine runs go on)"
+    "$py" -m sglab.core.hostprobe --out "$OUT/runs/host_probe/" --fresh 3 --rounds 3 \
+      || echo "host probe failed (the engine runs go on)"
   fi
 fi
 

@@ -228,3 +228,15 @@ def test_verifying_an_experiment_with_no_recorded_run_is_not_a_pass(monkeypatch,
     assert err.endswith("engine_pcg_gate: no recorded run to verify (record one, or sglab verify "
                         "--live engine_pcg_gate on a machine that can run it)")
     assert len(err.splitlines()) == 1
+
+
+def test_an_exact_value_must_equal_one_the_record_holds():
+    claim = Claim("x.count", "a count", "= the record", lambda run: holds(True, "", 0), drift=None)
+
+    def result(v):
+        return claims.Result(claim, claims.Outcome(claims.PASS, "", v))
+
+    span = {("x.count", ""): [3.0, 4.0]}
+    rows = [claims.drift_rows([result(v)], [result(4)], span)[0] for v in (3, 4, 5)]
+    assert [r["beyond"] for r in rows] == [False, False, True]
+    assert rows[2]["drift"] == pytest.approx(0.25) and rows[2]["reference"] == "3–4 over 2 runs"

@@ -104,6 +104,23 @@ def test_the_probe_writes_its_file_whole_with_a_manifest(tmp_path, capsys):
         H.main(["--out", str(out), "--home", "999"])
 
 
+def test_a_folder_out_names_the_probe_as_recorded_runs_are_named(tmp_path):
+    """``--out folder/``: the file is named like a recorded run, so it can be copied in as is."""
+    import re
+
+    cpus = sorted(os.sched_getaffinity(0))
+    folder = tmp_path / "host_probe"
+    assert H.main([
+        "--out", f"{folder}/", "--fresh", "1", "--home",
+        str(cpus[0]), "--device", "cpu"
+    ]) == 0
+    (f,) = folder.glob("*.json")
+    p = json.loads(f.read_text())
+    stamp = p["manifest"]["created_utc"].replace("-", "").replace(":", "")
+    assert re.fullmatch(rf"{stamp}_[a-z0-9-]+-x\d+\.json", f.name)
+    assert H.load(f)["cpus"] == cpus
+
+
 def test_the_probe_runs_as_a_module(tmp_path):
     """``python -m sglab.core.hostprobe`` is how a GPU box runs it: the module must start main."""
     import subprocess

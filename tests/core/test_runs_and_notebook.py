@@ -2,6 +2,7 @@
 sglab.core.notebook modes, sglab.core.hardware on the CPU, and the CLI's argument handling."""
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -196,3 +197,14 @@ def test_explore_falls_back_to_a_static_table_headless(monkeypatch, capsys):
                     title="demo")
     assert list(table.columns) == ["a", "b", "sum"] and list(table["sum"]) == [11, 22]
     assert "static table" in capsys.readouterr().out
+
+
+def test_a_run_is_never_its_own_reference_however_its_path_is_spelt(tmp_path, monkeypatch):
+    """``sglab verify data/recorded/X.csv --against`` names the run relatively; the record is read
+    with absolute paths: the run must still be left out of what it is compared with."""
+    from types import SimpleNamespace
+
+    monkeypatch.chdir(tmp_path)
+    me = SimpleNamespace(path=Path("X.csv"))
+    record = [SimpleNamespace(path=tmp_path / "X.csv"), SimpleNamespace(path=tmp_path / "Y.csv")]
+    assert runs.others(me, record) == record[1:]

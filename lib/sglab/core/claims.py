@@ -373,10 +373,33 @@ def _tolerance(claim, key: str, mine: dict, theirs: dict) -> tuple:
     return max(gap, tol), label
 
 
-def drift_rows(results: list[Result], ref_results: list[Result]) -> list[dict]:
+def spans(mod, runs_: list) -> dict:
+    """``{(claim id, value key): [every number the runs gave]}``, each run evaluated alone: the
+    record a rerun is compared with where it is several runs of one GPU model (several machines)."""
+    out: dict = {}
+    for run in runs_:
+        for r in evaluate(mod, run):
+            for key, x in _flat(r.outcome.value, "").items():
+                if _number(x) is not None:
+                    out.setdefault((r.claim.id, key), []).append(_number(x))
+    return out
+
+
+def _off_span(a: float, values: list) -> float:
+    """How far ``a`` lies outside ``values``' range, relative to the nearer end (0 inside)."""
+    lo, hi = min(values), max(values)
+    edge = lo if a < lo else hi if a > hi else a
+    return 0.0 if a == edge else ((a - edge) / abs(edge) if edge else math.inf)
+
+
+def drift_rows(results: list[Result], ref_results: list[Result],
+               span: dict | None = None) -> list[dict]:
     """Per claim and value: this run, the reference, the relative drift (signed: below the
-    reference is negative) and whether it is beyond tolerance."""
+    reference is negative) and whether it is beyond tolerance. With ``span`` (:func:`spans`), a
+    number is compared with the range of the recorded runs instead: its drift is how far it lies
+    outside that range (0 within), an exact one must equal one of them."""
     ref = {r.claim.id: r for r in ref_results}
+    span = span or {}
     rows = []
     for r in results:
         rr = ref.get(r.claim.id)
@@ -386,15 +409,22 @@ def drift_rows(results: list[Result], ref_results: list[Result]) -> list[dict]:
         for key in sorted(k for k in set(mine) & set(theirs) if _leaf(k) not in r.claim.context):
             tol, label = _tolerance(r.claim, key, mine, theirs)
             a, b = _number(mine[key]), _number(theirs[key])
+            seen = span.get((r.claim.id, key), [])
+            shown = theirs[key]
             if a is None or b is None:
                 beyond = mine[key] != theirs[key]
                 rel = None
+            elif len(seen) > 1:
+                rel = _off_span(a, seen)
+                beyond = (a not in seen) if tol is None else abs(rel) > tol
+                lo, hi = min(seen), max(seen)
+                shown = f"{lo:.4g}–{hi:.4g} over {len(seen)} runs" if lo != hi else lo
             else:
                 rel = 0.0 if a == b else ((a - b) / abs(b) if b else math.inf)
                 beyond = (a != b) if tol is None else abs(rel) > tol
             rows.append({
                 "claim": r.claim.id, "value": key or "value", "this run": mine[key],
-                "reference": theirs[key], "drift": rel, "tolerance": label, "beyond": bool(beyond)
+                "reference": shown, "drift": rel, "tolerance": label, "beyond": bool(beyond)
             })
     return rows
 
@@ -425,13 +455,13 @@ def pick_reference(run, candidates: list) -> tuple[Any, str]:
     """The newest candidate of the same GPU model and the same key parameters (world / TP size);
     else the nearest (same key parameters, another GPU), said explicitly. ``(None, reason)`` when
     there is none."""
-    from sglab.core.runs import gpu_short
+    from sglab.core.runs import gpu_short, others as less
 
     def key(r):
         p = r.manifest.get("params", {}) or {}
         return tuple(p.get(k) for k in ("world_size", "tp_size"))
 
-    others = [c for c in candidates if getattr(c, "path", None) != getattr(run, "path", None)]
+    others = less(run, candidates)
     others.sort(key=lambda r: str(r.manifest.get("created_utc", "")))
     same = [
         c for c in others if gpu_short(c.manifest) == gpu_short(run.manifest) and key(c) == key(run)
@@ -447,8 +477,11 @@ def pick_reference(run, candidates: list) -> tuple[Any, str]:
     return None, "no recorded run of this experiment and size to compare with"
 
 
-def compare(mod, run, reference) -> Comparison:
-    return Comparison(reference, "", drift_rows(evaluate(mod, run), evaluate(mod, reference)),
+def compare(mod, run, reference, record: list | None = None) -> Comparison:
+    """``run`` against ``reference``; with ``record`` (the runs it was merged from), each number
+    against the range those runs span (:func:`spans`)."""
+    span = spans(mod, record) if record else None
+    return Comparison(reference, "", drift_rows(evaluate(mod, run), evaluate(mod, reference), span),
                       env_diff(run, reference))
 
 

@@ -203,7 +203,9 @@ def summary(probe: dict) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sglab.core.hostprobe", description=__doc__)
-    ap.add_argument("--out", required=True, help="the JSON file to write")
+    ap.add_argument(
+        "--out", required=True, help="the JSON file to write, or a folder: there, "
+        "named as recorded runs are (<UTC>_<gpu>-x<count>.json)")
     ap.add_argument("--fresh", type=int, default=10, help="fresh processes to time (default 10)")
     ap.add_argument("--home", type=int, default=2, help="the CPU timed beside busy loops")
     ap.add_argument("--device", default="cuda:0", help="where the kernels go (default cuda:0)")
@@ -213,12 +215,19 @@ def main(argv=None) -> int:
     cpus = sorted(os.sched_getaffinity(0))
     if args.home not in cpus:
         ap.error(f"--home {args.home} is not one of this process's CPUs ({cpus[0]}–{cpus[-1]})")
+    from datetime import datetime, timezone
+
     from sglab.core import runs
 
+    now = datetime.now(timezone.utc)
+    machine = runs.machine_manifest()
+    out = Path(args.out)
+    if args.out.endswith("/") or out.is_dir():
+        out.mkdir(parents=True, exist_ok=True)
+        out = out / f"{runs.run_stem(machine, now)}.json"
     probe = {
         "manifest": {
-            **runs.machine_manifest(), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                    time.gmtime()),
+            **machine, "created_utc": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "git_sha": os.environ.get("SGLAB_GIT_SHA"),
             "command": " ".join([ap.prog, *(sys.argv[1:] if argv is None else argv)])
         }, "cpus": cpus, "topology": topology(), "home": args.home
@@ -233,10 +242,11 @@ def main(argv=None) -> int:
     if args.rounds:
         print(f"hostprobe: every CPU {args.rounds} more times, 5 s apart ...", flush=True)
         probe["rounds"] = rounds(burst, cpus, args.rounds)
-    tmp = Path(args.out).with_suffix(".part")
+    tmp = out.with_suffix(".part")
     tmp.write_text(json.dumps(probe, indent=1))
-    tmp.replace(args.out)
-    print("\n".join(summary(json.loads(Path(args.out).read_text(), object_hook=_int_keys))))
+    tmp.replace(out)
+    print(f"hostprobe: wrote {out}")
+    print("\n".join(summary(json.loads(out.read_text(), object_hook=_int_keys))))
     return 0
 
 

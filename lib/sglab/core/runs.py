@@ -119,6 +119,22 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "cpu"
 
 
+def others(run, candidates: list) -> list:
+    """``candidates`` less ``run`` itself, however either path is spelt (relative or absolute): a
+    run is never its own reference."""
+    path = getattr(run, "path", None)
+    me = Path(path).resolve() if path else None
+    return [
+        c for c in candidates if getattr(c, "path", None) is None or Path(c.path).resolve() != me
+    ]
+
+
+def run_stem(manifest: dict, when: datetime) -> str:
+    """A recorded file's name without suffix: ``20261128T072311Z_nvidia-h100-80gb-hbm3-x1``."""
+    return (f"{when.strftime('%Y%m%dT%H%M%SZ')}_{_slug(manifest['gpu_name'])}"
+            f"-x{manifest['gpu_count']}")
+
+
 def _atomic(folder: Path, path: Path, write) -> None:
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=path.suffix)
     try:
@@ -189,8 +205,7 @@ def write_run(df, *, experiment: str, method_version: int, params: dict, root: P
         "rows": int(len(df)),
         **(extra or {}),
     }
-    stem = (f"{now.strftime('%Y%m%dT%H%M%SZ')}_{_slug(manifest['gpu_name'])}"
-            f"-x{manifest['gpu_count']}")
+    stem = run_stem(manifest, now)
     csv_path, json_path = folder / f"{stem}.csv", folder / f"{stem}.json"
     n = 1
     while csv_path.exists() or json_path.exists():

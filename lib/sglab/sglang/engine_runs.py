@@ -71,16 +71,23 @@ def merged(runs_: list):
     return runs.Run(df, manifest, newest.path)
 
 
+def same_gpu(run, candidates: list) -> list:
+    """The recorded runs of ``run``'s GPU model, ``run`` itself left out: several machines' record,
+    whose range a rerun's numbers are compared with (``claims.compare(..., record=)``)."""
+    gpu = runs.gpu_short(run.manifest)
+    return [c for c in runs.others(run, candidates) if runs.gpu_short(c.manifest) == gpu]
+
+
 def reference(run, candidates: list) -> tuple:
     """What a live engine run is compared with: the recorded runs of the same GPU model merged
     (:func:`merged`), else those of the nearest GPU, said explicitly; ``(None, reason)`` when there
     are none."""
-    others = [c for c in candidates if c.path != getattr(run, "path", None)]
+    others = runs.others(run, candidates)
     gpu = runs.gpu_short(run.manifest)
-    same = [c for c in others if runs.gpu_short(c.manifest) == gpu]
+    same = same_gpu(run, others)
     if same:
         return merged(same), (f"the recorded {gpu} engine runs ({len(same)}), newest answer per "
-                              "variant")
+                              "variant; each number against the range they span")
     if others:
         return merged(others), (f"no recorded {gpu} engine run: the recorded runs of other GPUs "
                                 f"({len(others)}), newest answer per variant")
@@ -221,6 +228,17 @@ def aa_statistics(run, metric: str, across: str) -> pd.DataFrame:
     if not out.empty:
         out.index.names = ["run", "model and release"]
     return out
+
+
+def aa_spans(aa: pd.DataFrame) -> str:
+    """The range of each statistic's A/A gap over the rows of :func:`aa_statistics`, as one
+    sentence."""
+    parts = []
+    for col in aa.columns:
+        gaps = [float(v.rstrip("%")) for v in aa[col] if v]
+        if gaps:
+            parts.append(f"{col.removeprefix('A/A gap, ')} {min(gaps):.1f}–{max(gaps):.1f}%")
+    return f"Over {len(aa)} runs: {'; '.join(parts)}." if parts else ""
 
 
 def starts_and_host(df: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -543,13 +561,14 @@ def repeatability(run, df: pd.DataFrame, metric: str, across: str, *, ratio_of, 
     aa = aa_statistics(run, metric, across)
     if not aa.empty:
         print(f"Which statistic repeats: the A/A control ({control} started twice in the same "
-              "rounds), its two copies compared by each statistic of their starts")
+              f"rounds), its two copies compared by each statistic of their starts. {aa_spans(aa)}")
         show_table(aa)
     again = reruns(run, {STAT_NAMES[s]: (lambda r, s=s: ratio_of(latest([r]), s)) for s in stats})
     if not again.empty:
-        print(f"The same speed-up ({pair}) on every run that recorded it (a run of another day ran "
-              f"on another machine of the same GPU model); the claim reads the "
-              f"{STAT_NAMES[stats[0]]}, and its drift is the lowest ratio's against the first run:")
+        print(f"The same speed-up ({pair}) on every run that recorded it (runs hours apart ran on "
+              f"different machines of the same GPU model); the claim reads the "
+              f"{STAT_NAMES[stats[0]]}, and its drift is the lowest ratio's against the first run. "
+              "A rerun is verified against the range of all of them:")
         show_table(again)
 
 

@@ -244,12 +244,16 @@ def verify_run(run: runs.Run, *, against: bool = False,
     mod = fixes.claims(exp)
     v = Verified(run, claims.evaluate(mod, run))
     if against:
-        how = "given on the command line"
+        how, record = "given on the command line", None
         if reference is None:
-            pick = engine_runs.reference if exp.startswith("engine_") else claims.pick_reference
-            reference, how = pick(run, runs.load_all_recorded(exp))
+            engine = exp.startswith("engine_")
+            pick = engine_runs.reference if engine else claims.pick_reference
+            candidates = runs.load_all_recorded(exp)
+            reference, how = pick(run, candidates)
+            # an engine's record is several machines: a rerun is held to the range they span
+            record = engine_runs.same_gpu(run, candidates) if engine else None
         if reference is not None:
-            v.comparison = claims.compare(mod, run, reference)
+            v.comparison = claims.compare(mod, run, reference, record)
             v.comparison.how = how
             # an engine run's values are keyed by model, release and case, so only like is
             # compared with like; a rebuild's reference must also share the run's parameters
