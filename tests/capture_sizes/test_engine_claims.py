@@ -63,3 +63,28 @@ def test_flag_lists_read_up_to_the_next_flag():
     argv = ["--tp-size", "2", "--piecewise-cuda-graph-tokens", "3", "4", "--cuda-graph-max-bs", "8"]
     assert S.flag_list(argv, ("--piecewise-cuda-graph-tokens",)) == [3, 4]
     assert S.flag_list(argv, ("--tp-size",)) == [2] and S.flag_list(argv, ("--nope",)) == []
+
+
+@pytest.mark.parametrize("captured, status", [("kept", core.PASS), ("default", core.FAIL)])
+def test_without_a_size_flag_the_release_default_list_is_what_was_asked(captured, status):
+    """#23972's own start-up (TP 8, no size flag): the sizes asked are the release's default list,
+    so 0.5.14's failure is on it and 0.5.11 must capture what the PR's filter keeps of it, not the
+    whole list."""
+    import copy
+
+    from sglab.capture_sizes import rebuild as fx
+
+    run = _both()
+    manifest = copy.deepcopy(run.manifest)
+    for e in manifest["engine_runs"]:
+        e["server_args"] = ["--tp-size", "8", "--moe-dense-tp-size", "1"]
+        e["resolved"] = {"piecewise_cuda_graph_tokens": None}
+    default = fx.default_piecewise_capture_sizes()
+    kept = fx.filter_piecewise_capture_sizes(default, 8)
+    assert {4, 12, 20, 28}.isdisjoint(kept) and set(default) - set(kept) == {4, 12, 20, 28}
+    df = set_value(run.df.copy(), " ".join(map(str, kept if captured == "kept" else default)),
+                   variant="0.5.11+odd-sizes", metric="pcg_tokens")
+    damaged = runs.Run(df, manifest, run.path)
+    facts = {f["release"]: f for f in S.engine_facts(damaged)}
+    assert facts["0.5.14"]["asked"] == default and facts["0.5.11"]["attn_tp"] == 8
+    assert _status(damaged) == {FAILS: core.PASS, FILTER: status}

@@ -609,6 +609,7 @@ READS = {  # model folder -> (source under srt/models of 0.5.13, the part of the
     "gpt_oss_swa": [("gpt_oss.py", None)],
     "deepseek_v3_tiny": [("deepseek_v2.py", None)],
     "kimi_k25_tiny": [("deepseek_v2.py", "text_config"), ("kimi_k25.py", "vision_config")],
+    "kimi_k25_tiny_tp8": [("deepseek_v2.py", "text_config"), ("kimi_k25.py", "vision_config")],
 }
 
 
@@ -669,6 +670,7 @@ def test_configs_parse_with_the_releases_own_model_config(v):
         "llama_32x512": (False, False),
         "gpt_oss_swa": (False, True),
         "kimi_k25_tiny": (True, False),
+        "kimi_k25_tiny_tp8": (True, False),
         "deepseek_v3_tiny": (False, False),
     }
     probe = "sglab.sglang.engine.model:probe_model_config"

@@ -230,14 +230,18 @@ def test_the_gpu_script_verifies_what_named_scenarios_record(tmp_path):
 
 
 def test_a_plan_runs_only_what_this_machines_gpus_allow():
-    """`--plan 05` on a 2-GPU machine runs the TP-2 scenario and skips the TP-4 one with one line;
-    a dry run lists both."""
+    """`--plan 05` on a 2-GPU machine runs the TP-2 scenario and skips the TP-4 and TP-8 ones
+    with one line each; a dry run lists all three."""
     from sglab.tools import fixes
 
     picked, skipped = fixes.plan_for("05", 2)
     assert [s.name for s in picked] == ["05-grid-thw"]
-    assert skipped == ["skipped 05-grid-thw-tp4 needs 4 GPUs, this machine has 2"]
-    assert [s.name for s in fixes.plan_for("05", None)[0]] == ["05-grid-thw", "05-grid-thw-tp4"]
+    assert skipped == [
+        "skipped 05-grid-thw-tp4 needs 4 GPUs, this machine has 2",
+        "skipped 05-grid-thw-tp8 needs 8 GPUs, this machine has 2"
+    ]
+    assert [s.name for s in fixes.plan_for("05", None)[0]
+            ] == ["05-grid-thw", "05-grid-thw-tp4", "05-grid-thw-tp8"]
     assert fixes.plan_for("06", 0)[0] == []
 
 
@@ -255,4 +259,4 @@ def test_the_gpu_scripts_dry_plan_lists_every_scenario(tmp_path):
     p = subprocess.run(
         ["bash", str(root / "scripts" / "engine_gpu.sh"), "--dry-run", "--plan", "06"], env=env,
         capture_output=True, text=True, timeout=300)
-    assert "=== 06-dense-tp1:" in p.stdout and "=== 06-dense-tp4:" in p.stdout, p.stdout[-2000:]
+    assert all(f"=== 06-dense-tp{n}:" in p.stdout for n in (1, 4, 8)), p.stdout[-2000:]

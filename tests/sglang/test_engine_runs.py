@@ -208,8 +208,11 @@ def test_a_fix_without_engine_runs_shows_its_plan_and_one_with_runs_its_numbers(
                                 ("02-ar-fusion", "0.5.13", "x-shape"),
                                 ("02-ar-fusion-tp4", "0.5.12.post1", "fusion"),
                                 ("02-ar-fusion-tp4", "0.5.13", "fusion"),
-                                ("02-ar-fusion-tp4", "0.5.13", "x-shape")]
-    assert list(plan["GPUs"]) == [2, 2, 2, 4, 4, 4]
+                                ("02-ar-fusion-tp4", "0.5.13", "x-shape"),
+                                ("02-ar-fusion-tp8", "0.5.12.post1", "fusion"),
+                                ("02-ar-fusion-tp8", "0.5.13", "fusion"),
+                                ("02-ar-fusion-tp8", "0.5.13", "x-shape")]
+    assert list(plan["GPUs"]) == [2, 2, 2, 4, 4, 4, 8, 8, 8]
 
     E.planned(pg_sglang.FIX.recorded_engine(), pg_sglang.ENGINE)
     out = capsys.readouterr().out
@@ -246,8 +249,8 @@ def test_verify_live_runs_the_engine_scenarios_this_machine_can(monkeypatch):
     names = {s.split(":")[0] for s in skipped}
     assert done == [] and names == {
         "01-kimi-pcg", "01-llama-pcg", "01-llama-width", "03-bcg-requests", "04-swa-kernels",
-        "02-ar-fusion", "02-ar-fusion-tp4", "06-dense-tp1", "06-dense-tp4", "05-grid-thw",
-        "05-grid-thw-tp4"
+        "02-ar-fusion", "02-ar-fusion-tp4", "02-ar-fusion-tp8", "06-dense-tp1", "06-dense-tp4",
+        "06-dense-tp8", "05-grid-thw", "05-grid-thw-tp4", "05-grid-thw-tp8"
     }
 
     monkeypatch.setattr(hardware, "meets", lambda n: (True, "stand-in"))
@@ -756,7 +759,7 @@ def test_the_width_sweeps_gain_spans_its_starts(monkeypatch):
     drawn = []
     monkeypatch.setattr(pg_show.notebook, "show_figure", drawn.append)
     pg_show.width_sweep(run)
-    assert "fastest repeat of 3 interleaved engine starts, bars: the starts' range" in (
+    assert "fastest repeat of 3 interleaved engine starts;\nbars: the starts' range" in (
         drawn[0].axes[0].get_title())
 
 

@@ -140,7 +140,8 @@ def test_the_record_has_no_gpu_probe():
     """The workspace creations per rank are the real engine's record (``engine_workspace_floor``),
     not a GPU probe's."""
     assert sglang.FIX.gpu is None
-    assert [s.name for s in sglang.FIX.engine] == ["02-ar-fusion", "02-ar-fusion-tp4"]
+    assert [s.name for s in sglang.FIX.engine
+            ] == ["02-ar-fusion", "02-ar-fusion-tp4", "02-ar-fusion-tp8"]
 
 
 def test_recorded_answers_equal_the_live_ones(results):

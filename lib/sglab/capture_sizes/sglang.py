@@ -669,6 +669,17 @@ ENGINE = (
         "start-up, 0.5.11's filter keeps the multiples of 4",
         expect="0.5.14: start-up fails in the reduce-scatter of size 2 or 6; 0.5.11: captures "
         "[4, 8]"),
+    # the PR's own scale: TP 8 with the release's default piecewise sizes (no size flag), whose
+    # 4, 12, 20 and 28 TP 8 does not divide
+    dataclasses.replace(
+        _TP2, name="06-dense-tp8", gpus=8, releases=("0.5.14", "0.5.11"),
+        cases=(Case("tp8-default",
+                    ("--tp-size", "8", "--moe-dense-tp-size", "1", "--cuda-graph-max-bs", "8",
+                     "--disable-radix-cache", "--enforce-disable-flashinfer-allreduce-fusion")),),
+        what="--tp-size 8 --moe-dense-tp-size 1 with the release's default piecewise capture "
+        "sizes, as in #23972: 0.5.14 fails at start-up, 0.5.11's filter keeps the multiples of 8",
+        expect="0.5.14: start-up fails in the reduce-scatter of size 4; 0.5.11: captures the "
+        "default list less 4, 12, 20 and 28"),
 )
 
 FIX = Fix(name="capture_sizes", number="06", prs=(23972,), gpus=2,

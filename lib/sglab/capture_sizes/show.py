@@ -836,8 +836,8 @@ UNEQUAL = re.compile(r"same size|world size|divisib|unequal|shard|multiple of", 
 
 def engine_facts(run) -> list[dict]:
     """Per variant of the run: release, the rule its source follows (``VARIANT``), the capture
-    sizes asked for, the attention-TP size, what it did (status, SGLang's one line) and the sizes
-    it captured."""
+    sizes asked for (without a size flag, the release's default list), the attention-TP size,
+    what it did (status, SGLang's one line) and the sizes it captured."""
     df = engine_runs.latest([run])
     status, tokens = engine_runs.text(df, "status"), engine_runs.text(df, "pcg_tokens")
     out, seen = [], set()
@@ -849,6 +849,11 @@ def engine_facts(run) -> list[dict]:
         seen.add(key)
         argv = e["server_args"]
         asked = flag_list(argv, ("--piecewise-cuda-graph-tokens", "--cuda-graph-bs-prefill"))
+        if not asked:  # no size flag: the release's default list, as its ServerArgs resolved it
+            res = e.get("resolved") or {}
+            asked = list(
+                res.get("piecewise_cuda_graph_tokens") or fx.default_piecewise_capture_sizes(
+                    res.get("piecewise_cuda_graph_max_tokens") or fx.MLA_MAX_TOKENS))
         tp = tp_size(argv)
         got = tokens.get(key)
         out.append({

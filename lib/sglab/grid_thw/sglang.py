@@ -298,6 +298,7 @@ KIMI_ARGS = ("--mm-attention-backend", "triton_attn", "--cuda-graph-max-bs", "4"
              "--enforce-disable-flashinfer-allreduce-fusion", "--grammar-backend", "none")
 KIMI_TP2 = ("--tp-size", "2", *KIMI_ARGS)
 KIMI_TP4 = ("--tp-size", "4", *KIMI_ARGS)
+KIMI_TP8 = ("--tp-size", "8", *KIMI_ARGS)
 # what any Kimi-K2.5 tiny engine fed an image needs here: the processor made offline (sglab engine
 # adds the MLA weights' post-load step 0.5.11 lacks by itself: engine.spec.MODEL_NEEDS)
 KIMI_IMAGE = (stand_in.PROCESSOR,)
@@ -334,6 +335,15 @@ ENGINE = (
         what="Kimi-K2.5 tiny fed one image at TP 4: each process's memory on each GPU "
         "(NVML), released and with #22858's line reverted",
         expect="before: each of ranks 1-3 holds memory on GPU 0; released: none"),
+    # at TP 8, seven ranks beyond rank 0. The vision tower's heads are sharded over the same TP
+    # group (VisionAttention divides them by the attention TP size), and the tiny model's 4 do not
+    # divide by 8: the same model with 8 vision heads of the same width (hidden 128)
+    replace(
+        _TP2, name="05-grid-thw-tp8", gpus=8, model="kimi_k25_tiny_tp8",
+        cases=_kimi_cases(KIMI_TP8),
+        what="Kimi-K2.5 tiny (8 vision heads) fed one image at TP 8: each process's memory on "
+        "each GPU (NVML), released and with #22858's line reverted",
+        expect="before: each of ranks 1-7 holds memory on GPU 0; released: none"),
 )
 
 FIX = Fix(

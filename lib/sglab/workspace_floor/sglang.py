@@ -310,6 +310,7 @@ WORKSPACE_TRACE = trace_adjustment(
     "FlashInferWorkspaceManager.initialize", "workspace", ("max_token_num", "world_size", "rank"))
 FUSION_ARGS = ("--tp-size", "2", "--enable-flashinfer-allreduce-fusion", "--disable-radix-cache")
 FUSION_ARGS_TP4 = ("--tp-size", "4", *FUSION_ARGS[2:])
+FUSION_ARGS_TP8 = ("--tp-size", "8", *FUSION_ARGS[2:])
 # the rebuild's floor_0 policy in the released engine: which keeps the workspace, the floor or
 # SGLang's pre-initialisation at 2048 before capture?
 FLOOR_TO_SHAPE = revert_adjustment(
@@ -353,6 +354,12 @@ ENGINE = (
     dataclasses.replace(
         _TP2, name="02-ar-fusion-tp4", gpus=4, cases=_fusion_cases(FUSION_ARGS_TP4),
         what="--enable-flashinfer-allreduce-fusion at TP 4 over the same trace: workspace "
+        "creations per rank (FLASHINFER_FULL=1 bundles)",
+        expect="two workspaces per rank at 2048 tokens before capture and none per forward step, "
+        "with and without the floor"),
+    dataclasses.replace(
+        _TP2, name="02-ar-fusion-tp8", gpus=8, cases=_fusion_cases(FUSION_ARGS_TP8),
+        what="--enable-flashinfer-allreduce-fusion at TP 8 over the same trace: workspace "
         "creations per rank (FLASHINFER_FULL=1 bundles)",
         expect="two workspaces per rank at 2048 tokens before capture and none per forward step, "
         "with and without the floor"),
