@@ -309,8 +309,6 @@ WORKSPACE_TRACE = trace_adjustment(
     "unchanged)", "sglang.srt.layers.flashinfer_comm_fusion",
     "FlashInferWorkspaceManager.initialize", "workspace", ("max_token_num", "world_size", "rank"))
 FUSION_ARGS = ("--tp-size", "2", "--enable-flashinfer-allreduce-fusion", "--disable-radix-cache")
-FUSION_ARGS_TP4 = ("--tp-size", "4", *FUSION_ARGS[2:])
-FUSION_ARGS_TP8 = ("--tp-size", "8", *FUSION_ARGS[2:])
 # the rebuild's floor_0 policy in the released engine: which keeps the workspace, the floor or
 # SGLang's pre-initialisation at 2048 before capture?
 FLOOR_TO_SHAPE = revert_adjustment(
@@ -348,22 +346,20 @@ _TP2 = Scenario(
     "fusion runs only up to 2048 tokens (communicator.apply_flashinfer_allreduce_fusion); "
     "the same with the floor replaced by x.shape[0]",
 )
-ENGINE = (
-    _TP2,
-    # the same at TP 4: the count per rank does not depend on TP
-    dataclasses.replace(
-        _TP2, name="02-ar-fusion-tp4", gpus=4, cases=_fusion_cases(FUSION_ARGS_TP4),
-        what="--enable-flashinfer-allreduce-fusion at TP 4 over the same trace: workspace "
+
+
+def _at_tp(tp: int) -> Scenario:
+    """The same at TP ``tp``: the count per rank does not depend on TP."""
+    return dataclasses.replace(
+        _TP2, name=f"02-ar-fusion-tp{tp}", gpus=tp, cases=_fusion_cases(
+            ("--tp-size", str(tp), *FUSION_ARGS[2:])),
+        what=f"--enable-flashinfer-allreduce-fusion at TP {tp} over the same trace: workspace "
         "creations per rank (FLASHINFER_FULL=1 bundles)",
         expect="two workspaces per rank at 2048 tokens before capture and none per forward step, "
-        "with and without the floor"),
-    dataclasses.replace(
-        _TP2, name="02-ar-fusion-tp8", gpus=8, cases=_fusion_cases(FUSION_ARGS_TP8),
-        what="--enable-flashinfer-allreduce-fusion at TP 8 over the same trace: workspace "
-        "creations per rank (FLASHINFER_FULL=1 bundles)",
-        expect="two workspaces per rank at 2048 tokens before capture and none per forward step, "
-        "with and without the floor"),
-)
+        "with and without the floor")
+
+
+ENGINE = (_TP2, _at_tp(4), _at_tp(8))
 
 FIX = Fix(
     name="workspace_floor", number="02", part="part B", prs=(26382,), gpus=2,
