@@ -89,6 +89,14 @@ def _wait_gone(pids: list[int], timeout: float) -> list[int]:
     return [p for p in pids if _alive(p)]
 
 
+def _as_from_a_terminal():
+    """The harness starts with default signal dispositions, as from a terminal: under `nohup` (or
+    `cmd &` in a script) the test run inherits SIGHUP (or SIGINT) ignored, and an ignored signal is
+    the caller's choice, which the harness keeps."""
+    for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_DFL)
+
+
 def _start_harness(tmp_path, how: str):
     (tmp_path / "stand_in.py").write_text(STAND_IN)
     (tmp_path / "harness.py").write_text(HARNESS.format(lib=str(LIB)))
@@ -97,7 +105,7 @@ def _start_harness(tmp_path, how: str):
     h = subprocess.Popen([sys.executable,
                           str(tmp_path / "harness.py"), how,
                           str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=_as_from_a_terminal)
     assert h.stdout.readline().strip() == "ready", h.stderr.read()
     pids = _pids(tmp_path / "engine.log")
     assert len(pids) == 4 and all(_alive(p) for p in pids)
