@@ -233,3 +233,14 @@ def test_stop_tree_ends_a_process_and_its_descendants_outside_any_group_of_their
         assert os.getpgid(os.getpid()) == os.getpgrp()  # this test's own group untouched
     finally:
         p.kill()
+
+
+def test_code_in_its_own_process_gives_its_last_json_line_or_one_error():
+    from sglab.core import procs
+
+    got = procs.in_own_process("import os, json; print('noise'); print(json.dumps({'pid': "
+                               "os.getpid()}))")
+    assert got["pid"] != os.getpid()
+    assert procs.in_own_process("raise SystemExit('no device here')") == {"error": "no device here"}
+    late = procs.in_own_process("import time; time.sleep(5)", timeout=0.5)
+    assert late["error"].startswith("TimeoutExpired")

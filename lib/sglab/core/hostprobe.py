@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from sglab.core import procs
 from sglab.core.timing import Burst
 
 
@@ -124,21 +125,6 @@ def beside(burst: Burst, home: int, others: list[int], settle_s: float = 0.2) ->
     return out
 
 
-def in_own_process(code: str, timeout: float = 120.0, cpus=()) -> dict:
-    """The JSON object that ``python -c code`` prints last, run in a fresh process (on ``cpus``
-    where given: :func:`sglab.core.procs.pinned`); ``{"error": ...}`` where it could not run."""
-    from sglab.core import procs
-
-    try:
-        p = subprocess.run(procs.pinned([sys.executable, "-c", code], cpus), capture_output=True,
-                           text=True, timeout=timeout)
-        if p.returncode == 0:
-            return json.loads(p.stdout.strip().splitlines()[-1])
-        return {"error": (p.stderr.strip().splitlines() or ["no output"])[-1][:200]}
-    except (subprocess.TimeoutExpired, ValueError, IndexError) as e:
-        return {"error": f"{type(e).__name__}: {e}"[:200]}
-
-
 FRESH = ("import json; from sglab.core.timing import launch_cost_us; "
          "from sglab.core.hostprobe import this_cpu; c = launch_cost_us({device!r}); "
          "print(json.dumps({{'us': c['median'], 'p90': c['p90'], 'cpu': this_cpu()}}))")
@@ -149,7 +135,7 @@ def fresh(k: int, device: str = "cuda:0", timeout: float = 120.0) -> list[dict]:
     p90 of its bursts) and the CPU it ended on."""
     out = []
     for _ in range(k):
-        r = in_own_process(FRESH.format(device=device), timeout)
+        r = procs.in_own_process(FRESH.format(device=device), timeout)
         if "error" in r:
             raise RuntimeError(f"a fresh process could not time its launches: {r['error']}")
         out.append(r)
@@ -246,7 +232,7 @@ def main(argv=None) -> int:
     tmp.write_text(json.dumps(probe, indent=1))
     tmp.replace(out)
     print(f"hostprobe: wrote {out}")
-    print("\n".join(summary(json.loads(out.read_text(), object_hook=_int_keys))))
+    print("\n".join(summary(load(out))))
     return 0
 
 

@@ -26,6 +26,7 @@ period, SIGKILL, each step waited for with psutil, and it says what it had to ki
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import signal
 import subprocess
@@ -55,6 +56,21 @@ def pinned(argv: list[str], cpus, python: str = sys.executable) -> list[str]:
     if not cpus:
         return list(argv)
     return [python, "-c", _PIN, ",".join(str(c) for c in cpus), *argv]
+
+
+def in_own_process(code: str, timeout: float = 120.0, cpus=()) -> dict:
+    """The JSON object that ``python -c code`` prints last, run in a fresh process (on ``cpus``
+    where given: :func:`pinned`); ``{"error": ...}`` where it could not run. A short-lived
+    helper that must not share this process (a CUDA context beside the engines, a fresh
+    interpreter's launch cost)."""
+    try:
+        p = subprocess.run(pinned([sys.executable, "-c", code], cpus), capture_output=True,
+                           text=True, timeout=timeout)
+        if p.returncode == 0:
+            return json.loads(p.stdout.strip().splitlines()[-1])
+        return {"error": (p.stderr.strip().splitlines() or ["no output"])[-1][:200]}
+    except (subprocess.TimeoutExpired, ValueError, IndexError) as e:
+        return {"error": f"{type(e).__name__}: {e}"[:200]}
 
 
 @dataclass

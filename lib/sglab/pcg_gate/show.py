@@ -545,10 +545,10 @@ def width_sweep(run) -> None:
         return
     starts, mixed = int(gains["starts"].min()), gains["starts"].nunique() > 1
     fig, ax = plots.figure()
-    widths = sorted(gains["hidden"].unique())
+    widths = gains["hidden"].nunique()
     for i, (h, g) in enumerate(gains.groupby("hidden")):
         n = int(g["starts"].min())  # widths recorded apart may differ: each says its own
-        nudge = 2**(0.05 * (i - (len(widths) - 1) / 2))  # side by side, so the bars do not overlap
+        nudge = 2**(0.05 * (i - (widths - 1) / 2))  # side by side, so the bars do not overlap
         ax.errorbar(g["tokens"] * nudge, g["gain"], yerr=[g["gain"] - g["lo"], g["hi"] - g["gain"]],
                     marker="o", capsize=3, elinewidth=0.8,
                     label=f"hidden {h}" + (f" ({n} start{'s' if n > 1 else ''})" if mixed else ""))
@@ -559,13 +559,13 @@ def width_sweep(run) -> None:
     rel = ", ".join(
         sorted({r
                 for r, c in zip(df["release"], df["case"]) if sglang.WIDTH_CASE.match(str(c))}))
-    how = ("fastest repeat of any start;\nbars: the starts' range"
+    how = (f"{engine_runs.STAT_NAMES[STAT]};\nbars: the starts' range"
            if mixed else f"{engine_runs.starts_how(starts, STAT)};\nbars: the starts' range"
            if starts > 1 else "one engine start: no spread measured")
     ax.set_title(f"SGLang {rel}, Llama 32 layers: the gain by width\n(bench_one_batch, {how})",
                  fontsize=10)
-    ax.set_xticks(sorted(gains["tokens"].unique()),
-                  [str(t) for t in sorted(gains["tokens"].unique())])
+    tokens = sorted(gains["tokens"].unique())
+    ax.set_xticks(tokens, [str(t) for t in tokens])
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     notebook.show_figure(fig)
 

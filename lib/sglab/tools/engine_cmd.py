@@ -219,9 +219,9 @@ def host_launch_cost(timeout: float = 120.0, cpus: tuple = ()) -> dict:
     process of its own so that this one never holds a CUDA context beside the engines (05 reads
     every process's memory on GPU 0), on the engines' ``cpus`` where they are pinned;
     ``{"error": ...}`` where it could not run."""
-    from sglab.core import hostprobe
+    from sglab.core import procs
 
-    return hostprobe.in_own_process(HOST_COST, timeout, cpus)
+    return procs.in_own_process(HOST_COST, timeout, cpus)
 
 
 def main(args) -> int:
