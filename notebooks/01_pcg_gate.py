@@ -242,13 +242,16 @@ sglang.compare()
 #
 # Read the brackets before the medians. Starts with the same flags can lie up to 2× apart, and a
 # start is mostly fast or slow as a whole. The probe below points at the host, not SGLang: it times
-# the bare per-launch cost on every vCPU of these machines, six times 5 s apart. A vCPU runs at
-# about 7 µs per launch in one round and 9–13 µs in the next, on 14 of the 16 vCPUs in both probes,
-# with no CPU time stolen (the per-start table shows ~0%). No fixed pair of vCPUs explains it: a
-# busy loop on each other vCPU slowed the timed one once (vCPU 6, first probe) and not at all in
-# the rerun. Most likely the host runs other work on the same physical cores, which the guest
-# cannot see and no pinning inside it can avoid (pinning 8 vCPUs did not help). It only ever adds
-# time, and a launch-bound eager step pays it in full.
+# the bare per-launch cost on every vCPU of these machines, in rounds 5 s apart. In the two
+# six-round probes a vCPU ran at about 7 µs per launch in one round and 9–13 µs in the next, on
+# 14 of the 16 vCPUs, with no CPU time stolen (the per-start table shows ~0%). A third machine's
+# vCPUs held steady but slow (9.4–11.3 µs) through its three rounds, and the engine starts that
+# followed still switched 2× between fast and slow: the flips explain part of the spread, not all
+# of it. No fixed pair of vCPUs explains it either: a busy loop on each other vCPU slowed the timed
+# one once (vCPU 6, first probe) and not at all in the reruns. Most likely the host runs other work
+# on the same physical cores, which the guest cannot see and no pinning inside it can avoid
+# (pinning 8 vCPUs did not help). It only ever adds time, and a launch-bound eager step pays it in
+# full.
 #
 # So the speed-up reads each variant's **fastest repeat of any start**: of its 3 starts × 5
 # repeats, the one most likely to have run in a fast window, the cost of the path itself. The A/A
