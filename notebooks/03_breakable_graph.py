@@ -219,8 +219,8 @@ sglang.gpu_recorded()
 # seconds (notebook 01's host probe), and a launch-bound step pays it in full. So the claim reads,
 # as 01's does, each case's fastest repeat of any start (3 starts × 5 calls), and the A/A table
 # compares the control's two copies by every statistic. The last table sets the speed-up beside
-# its reruns (each run on a machine of its own, of the same GPU model), by each statistic, the
-# claimed one first; `sglab verify RUN --against` fails a rerun whose ratio lies outside the range
+# its reruns (each run on a machine of its own; the H200 runs with their drift against the first
+# H200 run), by each statistic, the claimed one first; `sglab verify RUN --against` fails a rerun whose ratio lies outside the range
 # of the recorded runs of its GPU model by more than the A/A gap or the claim's drift.
 
 # %%

@@ -226,7 +226,8 @@ def test_a_live_engine_run_is_compared_with_the_recorded_runs_merged(capsys):
     recorded = runs.load_all_recorded("engine_pcg_gate")
     ref, how = E.reference(recorded[0], recorded)
     assert ref is not None and "newest answer per variant" in how
-    assert len(ref.manifest["merged_from"]) == len(recorded) - 1
+    h100 = [r for r in recorded if runs.gpu_short(r.manifest) == "H100"]
+    assert len(ref.manifest["merged_from"]) == len(h100) - 1  # its own GPU model's, less itself
     # one engine run, as `sglab verify --live` would record it, against the others merged
     newest = max(recorded, key=lambda r: r.manifest["created_utc"])
     v = verify.verify_run(recorded[0], against=True)
@@ -610,6 +611,35 @@ def test_a_pair_recorded_on_two_days_is_set_side_by_side_with_its_drift():
     got = E.reruns(SimpleNamespace(shown=[day1, day2, pinned]), _both())
     assert [r for _, r in got.index] == [
         "H100, 2026-11-27 1000Z", "H100, 2026-11-28 1000Z", "H100, 2026-11-28 1100Z, CPUs 0-3"
+    ]
+
+
+def test_runs_of_another_gpu_model_get_rows_and_a_drift_of_their_own(monkeypatch):
+    """An H200 run beside two H100 runs: the tables show the model whose runs answer the most
+    variants (H100), the H200 run waits in ``elsewhere``; in the rerun table it has its own row,
+    and its drift is against the first H200 run, never against an H100 run."""
+    h100 = [
+        _ratio_run("llama_32x512", 20.0, 21.0, "2026-11-27T10:00:00Z"),
+        _ratio_run("kimi_k25_tiny", 15.0, 15.5, "2026-11-27T11:00:00Z")
+    ]
+    h200 = [
+        _ratio_run("llama_32x512", 30.0, 30.5, t)
+        for t in ("2026-11-28T10:00:00Z", "2026-11-28T12:00:00Z")
+    ]
+    h200[1] = _ratio_run("llama_32x512", 24.0, 24.5, "2026-11-28T12:00:00Z")
+    for r in h200:
+        r.manifest["gpu_name"] = "NVIDIA H200"
+    monkeypatch.setattr(E.runs, "load_all_recorded", lambda exp: [h200[1], *h100, h200[0]])
+    run = E.recorded("pcg_gate", "01")
+    assert run is h100[1] and run.shown == h100 and run.elsewhere == h200
+    got = E.reruns(run, _both())
+    assert list(got.index) == [("llama_32x512 0.5.13 pcg", "H100, 2026-11-27 1000Z"),
+                               ("llama_32x512 0.5.13 pcg", "H200, 2026-11-28 1000Z"),
+                               ("llama_32x512 0.5.13 pcg", "H200, 2026-11-28 1200Z")]
+    assert list(got["drift"]) == ["+0%", "+0%", "-20%"]  # 2.4× against H200's 3.0×
+    assert list(E.aa_statistics(run, "prefill", "input_len").index.get_level_values("run")) == [
+        "H100, 2026-11-27 1000Z", "H100, 2026-11-27 1100Z", "H200, 2026-11-28 1000Z",
+        "H200, 2026-11-28 1200Z"
     ]
 
 

@@ -213,10 +213,10 @@ def aa_noise(df: pd.DataFrame, metric: str, across: str, stat: str = "median") -
 
 
 def aa_statistics(run, metric: str, across: str) -> pd.DataFrame:
-    """Per shown run and (model, release): the A/A control's gap (:func:`aa_noise`) read by each
+    """Per run (of every GPU model) and (model, release): the A/A control's gap (:func:`aa_noise`) read by each
     statistic of :data:`STATS`, the one with the smaller gap being the one a rerun can repeat."""
     rows = {}
-    for r in sorted(run.shown, key=lambda r: r.manifest.get("created_utc", "")):
+    for r in every_run(run):
         df = latest([r])
         gaps = {s: aa_noise(df, metric, across, s) for s in STATS}
         for key in gaps[STAT]:
@@ -357,17 +357,37 @@ def count_text(value) -> str:
 
 
 def recorded(fix: str, number: str = "NN"):
-    """The fix's recorded engine runs as one :class:`~sglab.core.runs.Run` (the newest, with every
-    run in ``shown``, oldest first), or a NoRun saying how to make one."""
+    """The fix's recorded engine runs of one GPU model as one :class:`~sglab.core.runs.Run`: the
+    newest, with that model's runs in ``shown`` (oldest first) and the other models' in
+    ``elsewhere``; or a NoRun saying how to make one. The model shown is the one whose runs answer
+    the most (model, variant) pairs, then the one with more runs: one table never mixes GPUs."""
     found = sorted(runs.load_all_recorded(f"engine_{fix}"),
                    key=lambda r: r.manifest.get("created_utc", ""))
     if not found:
         return runs.NoRun(
             f"engine_{fix}", "no recorded real-engine run; on a GPU box: "
             f"bash scripts/engine_gpu.sh --plan {number}")
-    newest = found[-1]
-    newest.shown = found
+    by_gpu: dict = {}
+    for r in found:
+        by_gpu.setdefault(runs.gpu_short(r.manifest), []).append(r)
+    gpu = max(by_gpu, key=lambda g: (len(_answers(by_gpu[g])), len(by_gpu[g])))
+    newest = by_gpu[gpu][-1]
+    newest.shown = by_gpu[gpu]
+    newest.elsewhere = [r for r in found if runs.gpu_short(r.manifest) != gpu]
     return newest
+
+
+def _answers(runs_: list) -> set:
+    """The (model, variant) pairs that ``runs_`` answer between them."""
+    return {(m, v) for r in runs_ for v, m in _model_of(r).items()}
+
+
+def every_run(run) -> list:
+    """The shown runs and those of other GPU models (``elsewhere``), by GPU model, then oldest
+    first: the rows of a table where each run is one machine."""
+    every = [*run.shown, *getattr(run, "elsewhere", [])]
+    return sorted(every, key=lambda r:
+                  (runs.gpu_short(r.manifest), r.manifest.get("created_utc", "")))
 
 
 def releases_ok(df: pd.DataFrame, model: str | None = None) -> dict:
@@ -449,6 +469,12 @@ def header(run, what: str = "") -> bool:
     print(f"real SGLang engines, dummy weights{', ' + what if what else ''}, measured by SGLang's "
           f"own {' and '.join(tools)} (recorded: "
           f"{'; '.join(sorted({label(r) for r in run.shown}))})")
+    other = getattr(run, "elsewhere", [])
+    if other:
+        print(
+            f"also recorded: {len(other)} run(s) on {'; '.join(sorted({label(r) for r in other}))}"
+            ". The tables show one GPU model; the A/A and rerun tables list every run, and a "
+            "rerun is held to the runs of its own GPU model")
     for line in adjustments(run):
         print(f"harness adjustment {line}")
     for line in host_costs(run):
@@ -512,30 +538,35 @@ def reruns(run, ratios: dict) -> pd.DataFrame:
     another machine. ``ratios = {name: f(one run) -> {pair: {x: ratio}}}``, one column per name
     (the first is the statistic the claim reads; a cell ``lowest–highest×`` over the x values);
     then the host's bare per-launch cost of that run and ``drift``, the first statistic's lowest
-    ratio against the oldest run's. A run whose engines were pinned says so beside its date. Only
-    pairs recorded in more than one run."""
+    ratio against the oldest run of the same GPU model (runs of other models, ``elsewhere``, get
+    rows of their own). A run whose engines were pinned says so beside its date. Only pairs
+    recorded in more than one run."""
     names = list(ratios)
     cells: dict = {}
-    for r in sorted(run.shown, key=lambda r: r.manifest.get("created_utc", "")):
+    for r in every_run(run):
         row = run_label(r)
         for name in names:
             for pair, per in ratios[name](r).items():
                 if per:
                     lo, hi = min(per.values()), max(per.values())
-                    cells.setdefault(pair, {}).setdefault(
-                        row, {"host": _host_of(r)})[name] = (lo, f"{lo:.2f}–{hi:.2f}×")
+                    cells.setdefault(pair, {}).setdefault(row, {
+                        "host": _host_of(r), "gpu": runs.gpu_short(r.manifest)
+                    })[name] = (lo, f"{lo:.2f}–{hi:.2f}×")
     rows = {}
     for pair, by_run in cells.items():
-        first = [c[names[0]][0] for c in by_run.values() if names[0] in c]
-        if len(by_run) < 2 or not first:
+        if len(by_run) < 2:
             continue
+        first: dict = {}  # per GPU model, its oldest run's lowest ratio
+        for c in by_run.values():
+            if names[0] in c:
+                first.setdefault(c["gpu"], c[names[0]][0])
         for at, c in by_run.items():
             rows[(pair, at)] = {
                 **{
                     n: c[n][1] if n in c else ""
                     for n in names
                 }, "host µs per launch": "" if c["host"] is None else f"{c['host']:.1f}",
-                "drift": f"{c[names[0]][0] / first[0] - 1:+.0%}" if names[0] in c else ""
+                "drift": f"{c[names[0]][0] / first[c['gpu']] - 1:+.0%}" if names[0] in c else ""
             }
     out = pd.DataFrame.from_dict(rows, orient="index")
     if not out.empty:
@@ -565,10 +596,10 @@ def repeatability(run, df: pd.DataFrame, metric: str, across: str, *, ratio_of, 
         show_table(aa)
     again = reruns(run, {STAT_NAMES[s]: (lambda r, s=s: ratio_of(latest([r]), s)) for s in stats})
     if not again.empty:
-        print(f"The same speed-up ({pair}) on every run that recorded it (runs hours apart ran on "
-              f"different machines of the same GPU model); the claim reads the "
-              f"{STAT_NAMES[stats[0]]}, and its drift is the lowest ratio's against the first run. "
-              "A rerun is verified against the range of all of them:")
+        print(f"The same speed-up ({pair}) on every run that recorded it (each run is another "
+              f"machine); the claim reads the {STAT_NAMES[stats[0]]}, and its drift is the lowest "
+              "ratio's against the first run of the same GPU model. A rerun is verified against "
+              "the range of the runs of its own GPU model:")
         show_table(again)
 
 
