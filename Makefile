@@ -1,8 +1,9 @@
-# sglab — the two set-up commands are `make workbook` and `make test`; each creates .venv when missing.
+# sglab — the two set-up commands are `make workbook` and `make test`; each creates .venv when
+# missing.
 #
-# torch: if the Python that creates the venv already has torch (a GPU box with a CUDA build), the venv
-# sees it (--system-site-packages) and nothing replaces it. Otherwise the CPU build $(TORCH_CPU) is installed,
-# pinned so that pip never pulls a CUDA build with gigabytes of wheels.
+# torch: if the Python that creates the venv already has torch (a GPU box with a CUDA build), the
+# venv sees it (--system-site-packages) and nothing replaces it. Otherwise the CPU build
+# $(TORCH_CPU) is installed, pinned so that pip never pulls a CUDA build with gigabytes of wheels.
 
 PY        ?= python3
 VENV      ?= .venv
@@ -11,16 +12,19 @@ TORCH_CPU ?= torch==2.13.0
 comma     := ,
 EXTRAS    ?= exec,test
 STAMP     := $(VENV)/.sglab-$(subst $(comma),-,$(EXTRAS))
-# `make test` also installs the browser test's extra (JupyterLab, Playwright); the browser is the system's Chromium
+# `make test` also installs the browser test's extra (JupyterLab, Playwright); the browser is the
+# system's Chromium
 TEST_EXTRAS ?= $(EXTRAS),browser
 TEST_STAMP  := $(VENV)/.sglab-$(subst $(comma),-,$(TEST_EXTRAS))
 
-# Real SGLang releases, side by side under .sglang/ (git-ignored); must equal sglab.sglang.releases.PINNED
+# Real SGLang releases, side by side under .sglang/ (git-ignored); must equal
+# sglab.sglang.releases.PINNED
 SGLANG_RELEASES := 0.5.10.post1 0.5.11 0.5.12.post1 0.5.13 0.5.14 0.5.23
 SGLANG_HOME     ?= .sglang
 SGLANG_STAMPS   := $(foreach v,$(SGLANG_RELEASES),$(SGLANG_HOME)/releases/$(v)/.sglab-installed)
 
-.PHONY: workbook test test-gpu lab wheelhouse offline-gpu verify sync env clean sglang-releases wheelhouse-sglang real-gpu
+.PHONY: workbook test test-gpu lab wheelhouse offline-gpu verify sync env clean sglang-releases \
+        wheelhouse-sglang real-gpu
 .PHONY: wheelhouse-engine engine-gpu format lint
 
 $(BIN)/python:
@@ -37,8 +41,9 @@ $(VENV)/.sglab-%: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[$(subst -,$(comma),$*)]"
 	@touch $@
 
-# Installs only what is missing (one stamp per release). A release that cannot be installed is reported in one
-# line and left out: the workbook and the tests report it as "not run" (and the tests fail in CI).
+# Installs only what is missing (one stamp per release). A release that cannot be installed is
+# reported in one line and left out: the workbook and the tests report it as "not run" (and the
+# tests fail in CI).
 $(SGLANG_STAMPS) &: $(STAMP) lib/sglab/sglang/releases.py constraints/cpu.txt
 	@$(BIN)/python -m sglab.sglang.install --releases $(SGLANG_RELEASES) || \
 	  echo "warning: some SGLang releases are not installed (see above)" >&2
@@ -46,8 +51,9 @@ $(SGLANG_STAMPS) &: $(STAMP) lib/sglab/sglang/releases.py constraints/cpu.txt
 
 sglang-releases: $(SGLANG_STAMPS)
 
-# the released wheels of every committed PR hunk's window (.sglang/wheels/, about 8 MB each): the hunk test
-# rebuilds each hunk from them. Without the package index, one line and the test skips (fails in CI).
+# the released wheels of every committed PR hunk's window (.sglang/wheels/, about 8 MB each): the
+# hunk test rebuilds each hunk from them. Without the package index, one line and the test skips
+# (fails in CI).
 HUNK_WHEELS := $(SGLANG_HOME)/wheels/.sglab-hunk-windows
 $(HUNK_WHEELS): $(STAMP) $(wildcard data/upstream/*/pr*.json)
 	@$(BIN)/python -m sglab.sglang.testing && touch $@ || \
@@ -56,12 +62,14 @@ $(HUNK_WHEELS): $(STAMP) $(wildcard data/upstream/*/pr*.json)
 workbook: $(STAMP) $(SGLANG_STAMPS)
 	$(BIN)/sglab run
 
-# in parallel (pytest-xdist, see pyproject.toml); the browser test skips without Chromium, except in CI
+# in parallel (pytest-xdist, see pyproject.toml); the browser test skips without Chromium, except in
+# CI
 test: $(TEST_STAMP) $(SGLANG_STAMPS) $(HUNK_WHEELS)
 	$(BIN)/python -m pytest -q
 
-# one layout for every Python file ([tool.yapf] in pyproject.toml): string literals split across lines are
-# rejoined where that saves a line, then yapf lays the code out; `lint` only checks (the tests check it too)
+# one layout for every Python file ([tool.yapf] in pyproject.toml): string literals split across
+# lines are rejoined where that saves a line, then yapf lays the code out; `lint` only checks (the
+# tests check it too)
 LAYOUT := lib tests scripts notebooks jupyter_server_config.py
 format: $(TEST_STAMP)
 	$(BIN)/python scripts/join_strings.py $(LAYOUT)
@@ -72,8 +80,8 @@ lint: $(TEST_STAMP)
 	$(BIN)/python scripts/join_strings.py --check $(LAYOUT)
 	$(BIN)/python -m yapf --diff -r -p $(LAYOUT)
 
-# every claim on the committed runs; where GPUs are present, also run what they can run and compare it with the
-# recorded reference of the same GPU model
+# every claim on the committed runs; where GPUs are present, also run what they can run and compare
+# it with the recorded reference of the same GPU model
 verify: $(STAMP)
 	@if $(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
 	  $(BIN)/sglab verify --all --live --against; else $(BIN)/sglab verify --all; fi
@@ -82,8 +90,9 @@ verify: $(STAMP)
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu
 
-# JupyterLab on the notebooks: bound to 127.0.0.1, token authentication on, each notebook listed once, and a
-# session leaves git status clean (jupyter_server_config.py, sglab.tools.lab). Extra flags through LAB_ARGS, e.g.
+# JupyterLab on the notebooks: bound to 127.0.0.1, token authentication on, each notebook listed
+# once, and a session leaves git status clean (jupyter_server_config.py, sglab.tools.lab). Extra
+# flags through LAB_ARGS, e.g.
 #   make lab LAB_ARGS="--port=8890 --no-browser"
 # As root (containers), --allow-root is added.
 LAB_ARGS ?=
@@ -100,11 +109,13 @@ sync: $(STAMP)
 env: $(STAMP)
 	$(BIN)/sglab env
 
-# Python 3.12 manylinux x86_64 wheels of what a torch-only CUDA image lacks, into .whl/ (for offline GPU boxes)
+# Python 3.12 manylinux x86_64 wheels of what a torch-only CUDA image lacks, into .whl/ (for offline
+# GPU boxes)
 wheelhouse:
 	bash scripts/wheelhouse.sh .whl
 
-# wheels of SGLang 0.5.11, 0.5.12.post1 and 0.5.23 and what the GPU image lacks to run them, into .whl-sglang/
+# wheels of SGLang 0.5.11, 0.5.12.post1 and 0.5.23 and what the GPU image lacks to run them, into
+# .whl-sglang/
 wheelhouse-sglang:
 	bash scripts/wheelhouse-sglang.sh .whl-sglang
 
@@ -119,11 +130,13 @@ engine-gpu:
 	bash scripts/engine_gpu.sh $(ARGS)
 
 # on a GPU box with .whl-sglang/: real SGLang recorded per fix (sglab real gpu), checked, packed
-# into OUT/real.tgz (default real-gpu-out/); `bash scripts/real_gpu.sh --dry-run` lists what would run
+# into OUT/real.tgz (default real-gpu-out/); `bash scripts/real_gpu.sh --dry-run` lists what would
+# run
 real-gpu:
 	bash scripts/real_gpu.sh
 
-# on an offline GPU box, from the wheelhouse: GPU tests, every notebook live, a tarball of the results
+# on an offline GPU box, from the wheelhouse: GPU tests, every notebook live, a tarball of the
+# results
 offline-gpu:
 	bash scripts/offline_gpu.sh
 

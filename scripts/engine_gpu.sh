@@ -36,13 +36,15 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-engine-gpu-out}
 BUNDLES=${BUNDLES:-.whl-engine}
 ENGINE_HOME=${ENGINE_HOME:-/tmp/sglab-engine-home}
-WORK=${WORK:-/tmp/sglab-engine-work}  # model folders and engine logs (outside $OUT: few files come back)
+# model folders and engine logs (outside $OUT: few files come back)
+WORK=${WORK:-/tmp/sglab-engine-work}
 py=${PYTHON:-python3}
 export PYTHONPATH="$PWD/lib${PYTHONPATH:+:$PYTHONPATH}" SGLAB_ENGINE_HOME="$ENGINE_HOME"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TOKENIZERS_PARALLELISM=false
 sha=${SGLAB_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null)}
 # a tree with uncommitted changes says so in every manifest
-if [ -z "${SGLAB_GIT_SHA:-}" ] && [ -n "$sha" ] && [ -n "$(git status --porcelain -uno 2>/dev/null)" ]; then
+if [ -z "${SGLAB_GIT_SHA:-}" ] && [ -n "$sha" ] \
+   && [ -n "$(git status --porcelain -uno 2>/dev/null)" ]; then
   sha="$sha+dirty"
 fi
 if [ -n "$sha" ]; then export SGLAB_GIT_SHA=$sha; fi
@@ -128,7 +130,8 @@ pack() {  # the command logs, every engine's log (gzipped) and the runs so far -
     gzip -c "$d/engine.log" > "$OUT/logs/$(basename "$d" | tr '+' '_').engine.log.gz"
   done
   printf '%s\n' "${summary[@]}" > "$OUT/summary.txt"
-  tar czf "$OUT/engine.tgz.tmp" -C "$OUT" summary.txt logs runs && mv "$OUT/engine.tgz.tmp" "$OUT/engine.tgz"
+  tar czf "$OUT/engine.tgz.tmp" -C "$OUT" summary.txt logs runs \
+    && mv "$OUT/engine.tgz.tmp" "$OUT/engine.tgz"
 }
 # Ended by a signal (an outer timeout, Ctrl-C): the running `sglab` stops its engine's whole
 # process group before it exits (sglab.core.procs), and this script waits for it, packs what ran
@@ -160,8 +163,11 @@ common=(--record --out "$OUT/runs" --work "$WORK")
 if [ -n "${ENGINE_TIMEOUT:-}" ]; then common+=(--timeout "$ENGINE_TIMEOUT"); fi
 if [ $dry = 1 ]; then common=(--dry-run); fi
 if [ -n "$plan" ]; then
-  # a scenario needing more GPUs than this machine has is skipped with one line (a dry run lists all)
-  mapfile -t more < <("$py" -c 'import sys; from sglab.core import hardware; from sglab.tools import fixes
+  # a scenario needing more GPUs than this machine has is skipped with one line (a dry run lists
+  # all)
+  mapfile -t more < <("$py" -c 'import sys
+from sglab.core import hardware
+from sglab.tools import fixes
 gpus = None if sys.argv[2] == "1" else (hardware.gpu_count() if hardware.has_cuda() else 0)
 picked, skipped = fixes.plan_for(sys.argv[1], gpus)
 print("\n".join(skipped), file=sys.stderr) if skipped else None
@@ -176,7 +182,9 @@ if [ $verify = 1 ]; then
 checked = [e for e in fixes.experiments() if e.startswith("engine_")]
 picked = {s.experiment for s in fixes.plan(sys.argv[1])} if sys.argv[1] else set(checked)
 print("\n".join(e for e in checked if e in picked))' "$plan")
-  [ -n "${exps[0]:-}" ] || { echo "error: no engine experiment with claims in plan $plan" >&2; exit 2; }
+  if [ -z "${exps[0]:-}" ]; then
+    echo "error: no engine experiment with claims in plan $plan" >&2; exit 2
+  fi
   echo "=== verify: sglab verify --live --against ${exps[*]}"
   if [ $dry = 1 ]; then exit 0; fi
   t0=$SECONDS

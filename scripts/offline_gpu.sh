@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Run the workbook on an offline GPU box from the wheelhouse (.whl/, built by `make wheelhouse` elsewhere):
-# install the wheels into a private folder, print the environment, run the GPU tests, record experiments, execute
-# the notebooks live, and pack everything into one tarball.
+# Run the workbook on an offline GPU box from the wheelhouse (.whl/, built by `make wheelhouse`
+# elsewhere): install the wheels into a private folder, print the environment, run the GPU tests,
+# record experiments, execute the notebooks live, and pack everything into one tarball.
 #
-#   WHEELS=.whl OUT=offline-out TESTS="-m gpu" RECORD="swa_loc pcg_gate workspace_floor:world_size=2" \
-#   NOTEBOOKS="" scripts/offline_gpu.sh
+#   WHEELS=.whl OUT=offline-out TESTS="-m gpu" \
+#     RECORD="swa_loc pcg_gate workspace_floor:world_size=2" NOTEBOOKS="" scripts/offline_gpu.sh
 #
-# RECORD: experiments to record, one after the other (never concurrently: several experiments are bound by host
-# launch overhead, and a neighbour process on the same host disturbs them), each EXP or EXP:key=value,key=value.
-# NOTEBOOKS: names for `sglab run`
-# (empty: all; "none": skip). TESTS: pytest arguments ("none": skip). Every step runs even if one before it
-# failed; the summary and the exit code say which failed.
+# RECORD: experiments to record, one after the other (never concurrently: several experiments are
+# bound by host launch overhead, and a neighbour process on the same host disturbs them), each EXP
+# or EXP:key=value,key=value. NOTEBOOKS: names for `sglab run` (empty: all; "none": skip). TESTS:
+# pytest arguments ("none": skip). Every step runs even if one before it failed; the summary and the
+# exit code say which failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=${WHEELS:-.whl}
@@ -35,11 +35,13 @@ step() {  # step NAME CMD...
   return $rc
 }
 if compgen -G "$WHEELS/*.whl" > /dev/null; then
-  step install "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl
+  step install "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" "$WHEELS"/*.whl
 fi
 export PYTHONPATH="$SITE:$PWD/lib${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$SITE/bin:$PATH"
-# data files of the wheels (nbconvert's HTML templates, the kernelspec) land in $SITE/share/jupyter with --target
+# data files of the wheels (nbconvert's HTML templates, the kernelspec) land in $SITE/share/jupyter
+# with --target
 export JUPYTER_PATH="$SITE/share/jupyter${JUPYTER_PATH:+:$JUPYTER_PATH}"
 step env "$py" -m sglab.tools.cli env
 if [ "$TESTS" != none ]; then
@@ -48,7 +50,10 @@ if [ "$TESTS" != none ]; then
 fi
 for spec in $RECORD; do
   exp=${spec%%:*}; args=()
-  if [ "$spec" != "$exp" ]; then IFS=, read -ra kv <<< "${spec#*:}"; for p in "${kv[@]}"; do args+=(--param "$p"); done; fi
+  if [ "$spec" != "$exp" ]; then
+    IFS=, read -ra kv <<< "${spec#*:}"
+    for p in "${kv[@]}"; do args+=(--param "$p"); done
+  fi
   step "record-${spec//[:=,]/_}" "$py" -m sglab.tools.cli record "$exp" "${args[@]}"
 done
 if [ "$NOTEBOOKS" != none ]; then
@@ -56,6 +61,7 @@ if [ "$NOTEBOOKS" != none ]; then
   step notebooks "$py" -m sglab.tools.cli run $NOTEBOOKS --out "$OUT/reports" --timings
 fi
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
-tar czf "$OUT/sglab-results.tgz" -C "$OUT" --exclude sglab-results.tgz . -C "$PWD" data/runs 2>/dev/null
+tar czf "$OUT/sglab-results.tgz" -C "$OUT" --exclude sglab-results.tgz . \
+  -C "$PWD" data/runs 2>/dev/null
 echo "packed $OUT/sglab-results.tgz"
 ! grep -q "rc=[1-9]" "$OUT/summary.txt"

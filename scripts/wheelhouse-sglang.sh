@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Build .whl-sglang/ (git-ignored): what the GPU image (Python 3.12, torch 2.11+cu130, triton, transformers,
-# torchvision; scripts/gpu-image-packages.txt) lacks to run SGLang 0.5.11, 0.5.12.post1 and 0.5.23 offline:
+# Build .whl-sglang/ (git-ignored): what the GPU image (Python 3.12, torch 2.11+cu130, triton,
+# transformers, torchvision; scripts/gpu-image-packages.txt) lacks to run SGLang 0.5.11,
+# 0.5.12.post1 and 0.5.23 offline:
 #   releases/sglang-<V>-cp312-*.whl   the release wheels, repacked without what srt never imports
-#                                     (sglab.sglang.releases.REPACK_DROP: Rust extensions, multimodal_gen)
-#   deps/<set>/*.whl                  light dependencies per dependency set (lists: sglab.sglang.releases)
+#                                     (releases.REPACK_DROP: Rust extensions, multimodal_gen)
+#   deps/<set>/*.whl                  light dependencies per set (lists: sglab.sglang.releases)
 #   deps/common/*.whl                 the ones both sets need, once
 # Run where PyPI is reachable; install on the GPU box with scripts/install_sglang_gpu.sh.
 # Usage: scripts/wheelhouse-sglang.sh [DEST=.whl-sglang]
@@ -20,13 +21,19 @@ for p in manylinux_2_34_x86_64 manylinux_2_28_x86_64 manylinux_2_27_x86_64 manyl
          manylinux2014_x86_64 manylinux1_x86_64; do
   plat+=(--platform "$p")
 done
-dl() { "$py" -m pip download -q --disable-pip-version-check --only-binary=:all: --python-version 3.12 \
+dl() { "$py" -m pip download -q --disable-pip-version-check --only-binary=:all: \
+         --python-version 3.12 \
          --implementation cp --abi cp312 --abi abi3 --abi none "${plat[@]}" "$@"; }
 norm() { echo "$1" | tr 'A-Z_.' 'a-z--'; }
 declare -A have
-while read -r name; do [ -n "$name" ] && have[$(norm "$name")]=1; done < <(grep -v '^#' scripts/gpu-image-packages.txt)
-# left out on purpose (sglab.sglang.releases.GPU_WHEEL_SKIP says why): treated as if the image had them
-while read -r name; do [ -n "$name" ] && have[$(norm "$name")]=1; done < <("$py" -m sglab.sglang.wheelhouse skip)
+while read -r name; do
+  [ -n "$name" ] && have[$(norm "$name")]=1
+done < <(grep -v '^#' scripts/gpu-image-packages.txt)
+# left out on purpose (sglab.sglang.releases.GPU_WHEEL_SKIP says why): treated as if the image had
+# them
+while read -r name; do
+  [ -n "$name" ] && have[$(norm "$name")]=1
+done < <("$py" -m sglab.sglang.wheelhouse skip)
 
 rm -rf "$dest"; mkdir -p "$dest/releases"
 for v in $("$py" -m sglab.sglang.wheelhouse releases); do
@@ -43,7 +50,8 @@ for set in 0.5.1x 0.5.2x; do
   dl --no-deps -d "$tmp/$set" "${nodeps[@]}"
   declare -A want=()
   for r in "${reqs[@]}" "${nodeps[@]}"; do
-    case "$r" in *==*) want[$(norm "${r%%==*}")]=1 ;; esac   # pinned: kept even where the image has one
+    # pinned: kept even where the image has one
+    case "$r" in *==*) want[$(norm "${r%%==*}")]=1 ;; esac
   done
   for whl in "$tmp/$set"/*.whl; do
     name=$(norm "$(basename "$whl" | cut -d- -f1)")
@@ -57,7 +65,9 @@ done
 mkdir -p "$dest/deps/common"
 for whl in "$dest"/deps/0.5.1x/*.whl; do
   b=$(basename "$whl")
-  if [ -e "$dest/deps/0.5.2x/$b" ]; then mv "$whl" "$dest/deps/common/"; rm "$dest/deps/0.5.2x/$b"; fi
+  if [ -e "$dest/deps/0.5.2x/$b" ]; then
+    mv "$whl" "$dest/deps/common/"; rm "$dest/deps/0.5.2x/$b"
+  fi
 done
 ls "$dest"/releases "$dest"/deps/* | sed 's/^/  /'
 size=$(du -sm "$dest" | cut -f1)
