@@ -214,7 +214,7 @@ def cmd_verify(args) -> int:
 # -- investigate your own setup
 # -------------------------------------------------------------------------------
 def cmd_workspace(args) -> int:
-    from sglab.workspace_floor import show as ws
+    from sglab.workspace_floor import traffic as ws
 
     if args.world_size < 2:
         print("sglab workspace: the fused all-reduce needs --world-size >= 2", file=sys.stderr)

@@ -112,6 +112,16 @@ def gpus(params: dict) -> int:
     return int(params.get("world_size", GPUS))
 
 
+def run_world_size(run) -> int:
+    """A run's world size: its ``world_size`` parameter, else its GPU count."""
+    return int(run.manifest.get("params", {}).get("world_size", run.manifest.get("gpu_count", 0)))
+
+
+def run_hidden(run) -> int:
+    """A run's model hidden size (7168, DeepSeek-V3's, where the run does not say)."""
+    return int(run.manifest.get("params", {}).get("hidden_dim", 7168))
+
+
 def pcg_buckets(max_tokens: int = 4096) -> list[int]:
     """The piecewise-CUDA-graph token buckets up to ``max_tokens`` (``ServerArgs``' default list:
     4..32 step 4, 48..256 step 16, 288..512 step 32, 576..1024 step 64, 1280..4096 step 256, then

@@ -1,0 +1,220 @@
+"""Your own traffic -> workspace re-creations per policy (``sglab workspace``, notebook 02's last
+cell).
+
+- :func:`read_trace`: the token count of every forward step, from a CSV or the "Prefill batch" /
+  "Decode batch" lines of an SGLang server log (one-line :class:`TraceError` naming file and line);
+- :func:`traffic_table`: each policy's re-creations, refused calls and peak MiB per rank (exact,
+  from the rebuild's managers) and the host-blocking ms estimated from a recorded GPU run's
+  creation cost (:func:`cost_model`, which says whose times it uses);
+- :func:`floor_table` / :func:`your_setup`: the same on a generated cold start, for a floor, a world
+  size and a prompt length of your choosing.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+
+from sglab.core import notebook, runs
+from sglab.workspace_floor import measure, rebuild
+from sglab.workspace_floor.measure import EXPERIMENT, run_hidden, run_world_size
+from sglab.workspace_floor.rebuild import MiB
+
+
+POLICY_ORDER = list(rebuild.POLICIES)
+
+PREFILL = re.compile(r"Prefill batch\b.*?#new-token:\s*(\d+)")
+DECODE = re.compile(r"Decode batch\b.*?#running-req:\s*(\d+)")
+EXAMPLE_LOG = runs.repo_root() / "data" / "examples" / "sglang_server_short_prompts.log"  # tests
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read: the message names the file, the line and what was
+    expected."""
+
+
+@dataclass
+class Trace:
+    tokens: list[int]
+    kind: str  # "csv" | "log"
+    source: str
+    prefill_lines: int = 0
+    decode_lines: int = 0
+
+
+def read_trace(path, *, pcg_max_tokens: int = 4096) -> Trace:
+    """The token count of every forward step, from a CSV (a ``tokens`` column, or one number per
+    line) or from the "Prefill batch" / "Decode batch" lines of an SGLang server log (any such line
+    makes it a log). A prefill line gives the batch's new tokens (``#new-token``), padded to the
+    piecewise-CUDA-graph bucket the runner would replay (``pcg_max_tokens``, 0: no padding); a
+    decode line gives ``#running-req``. SGLang logs decode lines only every
+    ``--decode-log-interval`` steps (40 by default), so decode-driven re-creations are a lower
+    bound."""
+    path = Path(path)
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read ({e.strerror or e})") from None
+    if any("Prefill batch" in ln or "Decode batch" in ln for ln in lines):
+        buckets = measure.pcg_buckets(pcg_max_tokens) if pcg_max_tokens else []
+        tokens, n = [], {"Prefill": 0, "Decode": 0}
+        for i, ln in enumerate(lines, 1):
+            for kind, rx, field in (("Prefill", PREFILL, "#new-token"), ("Decode", DECODE,
+                                                                         "#running-req")):
+                if f"{kind} batch" not in ln:
+                    continue
+                m = rx.search(ln)
+                if not m:
+                    raise TraceError(f"{path}:{i}: a '{kind} batch' line without '{field}: <int>': "
+                                     f"{ln.strip()[:120]}")
+                t, n[kind] = int(m.group(1)), n[kind] + 1
+                j = bisect.bisect_left(buckets, t)
+                if t > 0:
+                    tokens.append(buckets[j] if kind == "Prefill" and j < len(buckets) else t)
+                break
+        return Trace(tokens, "log", str(path), n["Prefill"], n["Decode"])
+    if any(re.search(r"\b(INFO|WARNING|ERROR)\b|\[\d{4}-\d\d-\d\d", ln) for ln in lines[:50]):
+        raise TraceError(f"{path}: looks like a log but has no 'Prefill batch' or 'Decode batch' "
+                         "line (expected SGLang scheduler lines such as 'Prefill batch, #new-seq: "
+                         "1, #new-token: 512, ...'; is the server's log level below INFO?)")
+    rows = list(csv.reader(lines))
+    if not rows:
+        raise TraceError(f"{path}: empty file (expected a 'tokens' column or one token count per "
+                         "line)")
+    header = [h.strip().lower() for h in rows[0]]
+    if "tokens" in header:
+        col, body, first = header.index("tokens"), rows[1:], 2
+    elif len(header) == 1 and not header[0].isdigit():
+        raise TraceError(f"{path}:1: header {rows[0][0]!r}: expected a column named 'tokens' (or "
+                         "no header)")
+    else:
+        col, body, first = 0, rows, 1
+    tokens = []
+    for i, row in enumerate(body, first):
+        if not "".join(row).strip():
+            continue
+        cell = row[col].strip() if col < len(row) else ""
+        if not cell.isdigit() or int(cell) < 1:
+            raise TraceError(f"{path}:{i}: expected a positive integer token count in column "
+                             f"{col + 1}, got {cell!r}")
+        tokens.append(int(cell))
+    if not tokens:
+        raise TraceError(f"{path}: no token counts found")
+    return Trace(tokens, "csv", str(path))
+
+
+def describe(trace: Trace) -> str:
+    most = max(trace.tokens) if trace.tokens else 0
+    if trace.kind == "csv":
+        return f"{trace.source}: {len(trace.tokens)} forward steps (CSV), max {most} tokens"
+    note = ("; decode lines are logged every --decode-log-interval steps, so decode-driven "
+            "re-creations are a lower bound") if trace.decode_lines else ""
+    return (f"{trace.source}: {trace.prefill_lines} prefill and {trace.decode_lines} decode lines "
+            f"→ {len(trace.tokens)} forward steps, max {most} tokens{note}")
+
+
+@dataclass
+class CostModel:
+    """Median creation + destruction ms against workspace bytes per rank, measured on GPUs."""
+
+    points: list  # (bytes per rank, create + destroy ms), sorted by bytes
+    label: str
+    world_size: int = 0  # of the run the times come from
+
+    def ms(self, nbytes: float) -> float:
+        """Log-log interpolation between the measured points; the end segments extend beyond."""
+        xs, ys = ([math.log(b) for b, _ in self.points], [math.log(m) for _, m in self.points])
+        x = math.log(max(nbytes, 1.0))
+        i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+        t = (x - xs[i - 1]) / (xs[i] - xs[i - 1]) if xs[i] != xs[i - 1] else 0.0
+        return math.exp(ys[i - 1] + t * (ys[i] - ys[i - 1]))
+
+
+def cost_model(world_size: int) -> Optional[CostModel]:
+    """From the newest recorded run of this world size (else of the nearest one), or None."""
+    recorded = runs.load_all_recorded(EXPERIMENT)
+    if not recorded:
+        return None
+    dist = {id(r): abs(run_world_size(r) - world_size) for r in recorded}
+    run = max((r for r in recorded if dist[id(r)] == min(dist.values())),
+              key=lambda r: str(r.manifest.get("created_utc", "")))
+    c = run.df[(run.df.variant == "cost_sweep") & (run.df.metric == "time_median")
+               & run.df.phase.isin(["create", "destroy"])]
+    if c.empty:
+        return None
+    per = c.groupby(["tokens", "phase"]).value.max().unstack("phase").sum(axis=1)  # slowest rank
+    W, H = run_world_size(run), run_hidden(run)
+    points = sorted(
+        (rebuild.workspace_bytes_per_rank(W, int(T), H), float(ms)) for T, ms in per.items())
+    borrowed = (f"; NO recorded run at world size {world_size}: these are the ×{W} run's times "
+                f"(a creation's cost grows with the world size)" if W != world_size else "")
+    return CostModel(
+        points, f"{run.path.name} ({runs.gpu_short(run.manifest)} ×{W}, "
+        f"{str(run.manifest.get('created_utc'))[:10]}), interpolated by "
+        f"workspace bytes{borrowed}", W)
+
+
+def traffic_table(tokens: list[int], *, world_size: int, hidden_dim: int, policies=None,
+                  pre_initialize: int = 0) -> pd.DataFrame:
+    """One row per policy (names or :class:`~.rebuild.Policy` objects): re-creations, refused
+    calls, peak workspace MiB/rank (exact), estimated host-blocking ms from the creation cost of the
+    newest recorded run (named in ``attrs["cost_model"]``)."""
+    model = cost_model(world_size)
+    rows = []
+    for pol in policies or POLICY_ORDER:
+        pol = rebuild.POLICIES[pol] if isinstance(pol, str) else pol
+        mgr, refused = rebuild.simulate(pol, tokens, world_size=world_size, hidden_dim=hidden_dim,
+                                        pre_initialize=pre_initialize or None)
+        events = [e for e in mgr.events if e.step >= 0]
+        rows.append({
+            "policy": pol.name, "what": pol.label, "re-creations": len(events),
+            "refused calls": refused, "peak MiB/rank": mgr.peak_bytes_per_rank / MiB,
+            "est. ms": sum(model.ms(e.bytes_per_rank) for e in events) if model else float("nan")
+        })
+    df = pd.DataFrame(rows).set_index("policy")
+    if model and model.world_size != world_size:  # the column says whose times these are
+        df = df.rename(columns={"est. ms": f"est. ms (×{model.world_size} run's times)"})
+    df.attrs["cost_model"] = model.label if model else "no recorded GPU run: times not estimated"
+    return df
+
+
+def generated_trace(prompt_length: int, *, steps: int = 1500) -> list[int]:
+    """``x.shape[0]`` per forward step of a cold server warming up (the stored ``short_ramp``
+    scenario) with a median prompt of ``prompt_length`` tokens."""
+    params = {
+        **measure.TRACES["short_ramp"], "prompt_median": int(prompt_length), "steps": int(steps)
+    }
+    return [int(t) for t in measure.generate_trace(**params).tokens]
+
+
+def floor_table(floor: int, world_size: int, prompt_length: int, *,
+                hidden_dim: int = 7168) -> pd.DataFrame:
+    """On a generated cold start with prompts of ``prompt_length`` tokens: a ``max(x.shape[0],
+    floor)`` policy next to no floor, the PR's 2048 and the call before the PR."""
+    floor = int(floor)
+    mine = rebuild.POLICIES.get(f"floor_{floor}") or rebuild.Policy(
+        f"floor_{floor}", floor, label=f"max(x.shape[0], {floor})")
+    names = list(dict.fromkeys(["before_pr", "floor_0", mine.name, "floor_2048"]))
+    tokens = generated_trace(prompt_length)
+    return traffic_table(tokens, world_size=int(world_size), hidden_dim=hidden_dim,
+                         policies=[mine if n == mine.name else n for n in names]).round(1)
+
+
+def your_setup():
+    """A floor, a world size and a prompt length -> re-creations, estimated ms and MiB per policy
+    on a generated cold start (controls in JupyterLab, a static table elsewhere)."""
+    return notebook.explore(
+        floor_table, {
+            "floor": [0, 256, 512, 1024, 2048, 4096], "world_size": [2, 4, 8],
+            "prompt_length": [16, 48, 128, 512, 1200, 4096]
+        }, static=[{"floor": 2048, "world_size": 4,
+                    "prompt_length": 48}, {"floor": 512, "world_size": 8, "prompt_length": 48},
+                   {"floor": 2048, "world_size": 4, "prompt_length": 1200}],
+        title="Your traffic: workspace re-creations per policy on a generated cold start")
