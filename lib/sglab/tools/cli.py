@@ -245,11 +245,11 @@ def cmd_workspace(args) -> int:
 
 
 def cmd_capture_sizes(args) -> int:
-    from sglab.capture_sizes import show
+    from sglab.capture_sizes import server_args
 
-    model = str(Path(args.model).resolve()) if args.model else show.sglang.MODEL
-    return show.command(list(args.server_args), releases=args.release, mla=args.mla,
-                        gpu_mem_gb=args.gpu_mem_gb, model=model, csv=args.csv)
+    model = str(Path(args.model).resolve()) if args.model else server_args.sglang.MODEL
+    return server_args.command(list(args.server_args), releases=args.release, mla=args.mla,
+                               gpu_mem_gb=args.gpu_mem_gb, model=model, csv=args.csv)
 
 
 def cmd_swa_cost(args) -> int:

@@ -22,7 +22,7 @@ import os
 
 import pytest
 
-from sglab.capture_sizes import show
+from sglab.capture_sizes import server_args, show
 from sglab.capture_sizes import sglang as cs
 from sglab.sglang.releases import installed_releases
 from sglab.tools import cli
@@ -144,7 +144,7 @@ def test_captured_sizes_match_the_hand_tables(rows, case, release):
         return
     _need((release,))
     piecewise, refused, decode = _expected(case, release)
-    t = show.sizes_table(rows, case)
+    t = server_args.sizes_table(rows, case)
     pw = t[(t.release == release) & (t.list == "piecewise")].iloc[0]
     dec = t[(t.release == release) & (t.list == "decode")].iloc[0]
     if isinstance(piecewise, str):
@@ -164,14 +164,14 @@ def test_bad_arguments_get_sglangs_message(rows, case, release):
     want = ERRORS_0523.get(case, ERRORS.get(case)) if release == "0.5.23" else ERRORS.get(case)
     if want is None:
         return
-    t = show.sizes_table(rows, case)
+    t = server_args.sizes_table(rows, case)
     row = t[t.release == release].iloc[0]
     assert (row.status, row.note) == ("error", want)
 
 
 def test_rebuild_columns(rows):
     _need(("0.5.10.post1", "0.5.11", "0.5.23"))
-    t = show.sizes_table(rows, "tp8_dense1").set_index(["release", "list"])
+    t = server_args.sizes_table(rows, "tp8_dense1").set_index(["release", "list"])
     pw = t.loc[("0.5.10.post1", "piecewise")]
     # PR filter: multiples of 8; round-up to 8 moves 4->8, 12->16, 20->24, 28->32, all merge
     assert (pw.filter_base, pw.filter_keeps) == (8, PIECEWISE_X8)
@@ -181,12 +181,12 @@ def test_rebuild_columns(rows):
     # the rebuild's round-up on 0.5.23's own configured list is what 0.5.23 captures
     new = t.loc[("0.5.23", "piecewise")]
     assert new.round_up == new.captured == PIECEWISE_8192_X8
-    tbo = show.sizes_table(rows, "tp8_dense1_tbo").set_index(["release", "list"])
+    tbo = server_args.sizes_table(rows, "tp8_dense1_tbo").set_index(["release", "list"])
     tbo = tbo.loc[("0.5.11", "piecewise")]
     assert (tbo.filter_base, tbo.filter_keeps) == (8, PIECEWISE_X8)
     assert (tbo.round_up_alignment, tbo.round_up[:2]) == (16, [16, 32])
-    plain = show.sizes_table(rows, "tp2").set_index(["release",
-                                                     "list"]).loc[("0.5.11", "piecewise")]
+    plain = server_args.sizes_table(rows, "tp2").set_index(["release",
+                                                            "list"]).loc[("0.5.11", "piecewise")]
     assert not plain.gathered
     assert (plain.filter_base, plain.filter_keeps, plain.round_up) == (1, PIECEWISE, PIECEWISE)
 
@@ -265,7 +265,7 @@ def test_command_missing_release_and_no_arguments(capsys):
 
 # ------------------------------------------------------------------------ the notebook's control
 def test_rule_table_tp8_dense_tp1():
-    t = show.rule_table(8, 1, True, False).set_index("rule")
+    t = server_args.rule_table(8, 1, True, False).set_index("rule")
     assert t.loc["before #23972", "captures"] == 42
     assert t.loc["before #23972", "refused"] == "4: 4, 12, 20, 28"
     assert t.loc["no alignment", "refused"] == "4: 4, 12, 20, 28"
@@ -275,14 +275,14 @@ def test_rule_table_tp8_dense_tp1():
         assert (t.loc[rule, "multiple of"], t.loc[rule, "captures"], t.loc[rule, "refused"]) == \
             (8, 38, "none")
     # with two-batch overlap the round-up aligns to 16 (36 sizes); the PR's filter stays at 8
-    tbo = show.rule_table(8, 1, True, True).set_index("rule")
+    tbo = server_args.rule_table(8, 1, True, True).set_index("rule")
     assert (tbo.loc["round-up", "multiple of"], tbo.loc["round-up", "captures"]) == (16, 36)
     assert (tbo.loc["#23972 filter", "multiple of"], tbo.loc["#23972 filter", "captures"]) == \
         (8, 38)
 
 
 def test_rule_table_non_power_of_two_and_no_scatter():
-    t = show.rule_table(3, 1, True, False).set_index("rule")
+    t = server_args.rule_table(3, 1, True, False).set_index("rule")
     # multiples of 3 in PIECEWISE: 12, 24, 48, 96, 144, 192, 240, 288, 384, 480, 576, 768, 960,
     # 1536 -> 14; the other 28 sizes are refused before the PR
     assert t.loc["#23972 filter", "captures"] == 14
@@ -290,13 +290,14 @@ def test_rule_table_non_power_of_two_and_no_scatter():
     assert t.loc["before #23972", "refused"].startswith("28: 4, 8, 16, 20, 28")
     # rounding up to 3 keeps one bucket per size (4->6, 8->9, 16->18, ...): 42, none merge
     assert t.loc["round-up", "captures"] == 42
-    plain = show.rule_table(2, 1, False, False)
+    plain = server_args.rule_table(2, 1, False, False)
     assert set(plain.refused) == {"none"} and set(plain.captures) == {42}
     assert "nothing to refuse" in plain.attrs["setting"]
 
 
 def test_the_notebook_control_is_a_static_table_headless(monkeypatch, capsys):
     monkeypatch.setenv("SGLAB_HEADLESS", "1")
+    assert show.your_setup is server_args.your_setup  # notebook 06 calls it as show.your_setup()
     table = show.your_setup()
     assert len(table) > 0 and "index" not in table.columns
     assert "static table" in capsys.readouterr().out

@@ -1,0 +1,323 @@
+"""Your own setup for notebook 06: which piecewise capture sizes your parallel layout and your
+server arguments get, release by release.
+
+- :func:`rule_table` / :func:`your_setup`: a parallel layout (attention TP, CP, dense TP 1,
+  two-batch overlap) -> the sizes per rule and the ones the reduce-scatter refuses (the rebuild's
+  rules; a notebook control);
+- :func:`command` (``sglab capture-sizes -- <server arguments>``): each installed release parses
+  the arguments with its own ``ServerArgs`` and answers; :func:`sizes_table` sets the answers
+  beside the rebuild's rules, and bad parallel sizes get one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pandas as pd
+
+from sglab.capture_sizes import rebuild as fx
+from sglab.capture_sizes import sglang
+from sglab.core import notebook
+from sglab.sglang.releases import PINNED, installed_releases, parse_version
+
+
+def _few(sizes, head: int = 5) -> str:
+    return ", ".join(map(str, sizes[:head])) + (", …" if len(sizes) > head else "")
+
+
+def rule_table(attn_tp: int, attn_cp: int, dense_tp1: bool, tbo: bool,
+               max_tokens: int = fx.MLA_MAX_TOKENS):
+    """Per rule, the piecewise sizes of the default list for attention TP ``attn_tp`` x CP
+    ``attn_cp`` (no DP attention), dense MLP at TP 1 or not, two-batch overlap or not, and which of
+    them the reduce-scatter refuses. Releases per rule as found in the released wheels."""
+    a = fx.ParallelArgs(tp_size=int(attn_tp) * int(attn_cp), attn_cp_size=int(attn_cp),
+                        moe_dense_tp_size=1 if dense_tp1 else None,
+                        enable_two_batch_overlap=bool(tbo))
+    tp, cp, g = fx.attention_tp_size(a), a.attn_cp_size, fx.require_gathered_buffer(a)
+    default = fx.default_piecewise_capture_sizes(max_tokens)
+    align = fx.decode_mul_base(tp, cp, gathered=g, two_batch_overlap=a.enable_two_batch_overlap)
+    try:
+        pr = fx.filter_piecewise_capture_sizes(default, tp, cp, gathered=g)
+    except fx.NoCaptureSizes:
+        pr = None
+    rules = [("before #23972", "0.5.10.post1", 1, default),
+             ("#23972 filter", "0.5.11 – 0.5.13", fx.piecewise_mul_base(tp, cp) if g else 1, pr),
+             ("no alignment", "0.5.14 – 0.5.21", 1, default),
+             ("round-up", "0.5.22 +", align, fx.round_up_capture_sizes(default, align)),
+             ("decode runner's rule on this list", "decode, every release", align,
+              fx.filter_decode_batch_sizes(default, tp, cp, gathered=g,
+                                           two_batch_overlap=a.enable_two_batch_overlap))]
+    rows = []
+    for rule, releases, base, sizes in rules:
+        row = {"rule": rule, "releases": releases, "multiple of": base}
+        if sizes is None:
+            rows.append({
+                **row, "captures": 0, "refused": "the PR's assertion: no size is a "
+                "multiple, the server does not start"
+            })
+            continue
+        refused = [n for n in sizes if g and n % tp]
+        rows.append({
+            **row, "captures": len(sizes),
+            "refused": f"{len(refused)}: {_few(refused)}" if refused else "none",
+            "smallest sizes": _few(sizes, 6)
+        })
+    df = pd.DataFrame(rows)
+    df.attrs["setting"] = (
+        f"attention TP {tp}, CP {cp}, " + ("tokens scattered over attention TP (dense TP 1)" if g
+                                           else "no token scatter (all-reduce): nothing to refuse"))
+    if cp > 1:
+        df.attrs["setting"] += ("; 0.5.10.post1 to 0.5.13 turn the piecewise runner off under "
+                                "context parallelism unless --enforce-piecewise-cuda-graph "
+                                "(ServerArgs._handle_piecewise_cuda_graph)")
+    return df
+
+
+def your_setup():
+    """Attention TP, CP, dense TP 1 and two-batch overlap -> the piecewise sizes per rule and the
+    refused ones (controls in JupyterLab, a static table elsewhere)."""
+    return notebook.explore(
+        rule_table, {
+            "attn_tp": [1, 2, 3, 4, 5, 6, 7, 8], "attn_cp": [1, 2, 3, 4],
+            "dense_tp1": [True, False], "tbo": [False, True]
+        }, static=[{"attn_tp": 8, "attn_cp": 1, "dense_tp1": True,
+                    "tbo": False}, {"attn_tp": 8, "attn_cp": 1, "dense_tp1": True, "tbo": True},
+                   {"attn_tp": 3, "attn_cp": 1, "dense_tp1": True, "tbo": False}],
+        title="Your parallel layout: piecewise capture sizes per rule, and the refused ones")
+
+
+LISTS = ("piecewise", "decode")
+FAILED = ("error", "unsupported", "not-run", "probe-error")
+
+
+def _rebuild(kind: str, configured: list[int], f: dict) -> dict:
+    """The rebuild's rules on the list the release configured: #23972's filter (decode: the
+    runner's own rule, which the PR copied) and the 0.5.22+ round-up."""
+    tp, cp, g = f["attn_tp_size"], f["attn_cp_size"], f["gathered_buffer"]
+    tbo = f["enable_two_batch_overlap"]
+    align = fx.decode_mul_base(tp, cp, gathered=g, two_batch_overlap=tbo)
+    if kind == "decode":
+        return {
+            "filter_base": align, "round_up_alignment": None, "round_up": None,
+            "filter_keeps": fx.filter_decode_batch_sizes(configured, tp, cp, gathered=g,
+                                                         two_batch_overlap=tbo,
+                                                         num_max_requests=f["pool_size"])
+        }
+    try:
+        kept = fx.filter_piecewise_capture_sizes(configured, tp, cp, gathered=g)
+    except fx.NoCaptureSizes:
+        kept = None  # the PR's assertion fires: the server does not start
+    return {
+        "filter_base": fx.piecewise_mul_base(tp, cp) if g else 1, "filter_keeps": kept,
+        "round_up_alignment": align, "round_up": fx.round_up_capture_sizes(configured, align)
+    }
+
+
+def sizes_table(rows, case: str = "args"):
+    """One row per release x list (``piecewise`` / ``decode``): what the release captures (or why
+    the list is off), which captured sizes the attention-TP reduce-scatter refuses (with the tokens
+    scattered, ``n % attn_tp != 0``; a decode size counts one token per request), and the rebuild's
+    rules on the configured list; or one row per release that did not answer (``status``
+    ``error``, ``unsupported``, ``not-run`` or ``probe-error``, the reason in ``note``)."""
+    out = []
+    for release, d in rows[rows.case == case].groupby("release", sort=False):
+        f = dict(zip(d.metric, d.value))
+        bad = next((m for m in FAILED if m in f), None)
+        if bad:
+            out.append({"release": release, "list": "", "status": bad, "note": str(f[bad])})
+            continue
+        for kind in LISTS:
+            off = f.get(f"{kind}_off")
+            captured = [] if off else list(f[kind])
+            tp, g = f["attn_tp_size"], f["gathered_buffer"]
+            row = {
+                "release": release, "list": kind, "status": "off" if off else "captured",
+                "note": off or "", "attn_tp": tp, "attn_cp": f["attn_cp_size"], "gathered": g,
+                "two_batch_overlap": f["enable_two_batch_overlap"],
+                "configured": list(f[f"configured_{kind}"]), "captured": captured, "refused": [
+                    n for n in captured if g and n % tp != 0
+                ]
+            }
+            out.append({
+                **row,
+                **(dict.fromkeys(("filter_base", "filter_keeps", "round_up_alignment", "round_up")) if off else _rebuild(
+                       kind, row["configured"], f))
+            })
+    return pd.DataFrame(out, dtype=object)
+
+
+def _cells(r) -> list[str]:
+    if r.status not in ("captured", "off"):
+        return [r.release, "", "", f"{r.status}: {r.note}"]
+    where = f"{r.list}, attn TP {r.attn_tp}" + (f" × CP {r.attn_cp}" if r.attn_cp > 1 else "")
+    if r.status == "off":
+        return [r.release, where, "off", f"not captured ({r.note})"]
+    c = r.captured
+    refused = ("none (no token scatter)" if not r.gathered else
+               f"{len(r.refused)}: {_few(r.refused)}" if r.refused else "none")
+    what = "PR filter" if r.list == "piecewise" else "decode rule"
+    tail = [
+        f"{what}: asserts, no size is a multiple of {r.filter_base}"
+        if r.filter_keeps is None else f"{what} keeps {len(r.filter_keeps)} of "
+        f"{len(r.configured)} (multiples of {r.filter_base})"
+    ]
+    if r.round_up is not None:
+        a = r.round_up_alignment
+        moved = [f"{n}→{fx.ceil_align(n, a)}" for n in r.configured if n % a]
+        tail.append(f"round-up to multiples of {a}: {len(r.round_up)}" +
+                    (f" ({_few(moved, 3)})" if moved else ""))
+    return [
+        r.release, where, f"{len(c)}: {c[0]}–{c[-1]}" if c else "none",
+        f"refused {refused}; " + "; ".join(tail)
+    ]
+
+
+def render(table) -> str:
+    """The table as text: release, list, captured sizes, what is refused, the rebuild's rules."""
+    head = [
+        "release", "list", "captured",
+        "refused by the reduce-scatter; rebuild (#23972 filter, 0.5.22+ round-up)"
+    ]
+    cells = [head] + [_cells(r) for r in table.itertuples()]
+    widths = [max(len(c[i]) for c in cells) for i in range(3)]
+    return "\n".join(
+        "  ".join(c[i].ljust(widths[i]) for i in range(3)) + "  " + c[3] for c in cells)
+
+
+def captured_lists(table, width: int = 100) -> str:
+    """Each distinct captured list once, with the releases that capture it."""
+    ok, out = table[table.status == "captured"], []
+    for kind in LISTS:
+        groups: dict[tuple, list[str]] = {}
+        for r in ok[ok.list == kind].itertuples():
+            groups.setdefault(tuple(r.captured), []).append(r.release)
+        for sizes, releases in groups.items():
+            out.append(f"{kind}, sglang {', '.join(releases)} ({len(sizes)} sizes):")
+            out.append(
+                textwrap.fill(" ".join(map(str, sizes)), width, initial_indent="  ",
+                              subsequent_indent="  "))
+    return "\n".join(out)
+
+
+def notes(table) -> list[str]:
+    """The two-batch-overlap gap between the PR's filter and the rules that double the base."""
+    pw = table[(table.status == "captured") & (table.list == "piecewise")]
+    for r in pw.itertuples():
+        if r.two_batch_overlap and r.filter_keeps and r.filter_base != r.round_up_alignment:
+            gap = [n for n in r.filter_keeps if n % r.round_up_alignment]
+            return [
+                f"two-batch overlap: the decode rule and the 0.5.22+ round-up align to "
+                f"{r.round_up_alignment}, the PR's filter to {r.filter_base}; it keeps {len(gap)} "
+                f"sizes that are not multiples of {r.round_up_alignment} ({_few(gap)})"
+            ]
+    return []
+
+
+def assumptions(rows, *, mla: bool, gpu_mem_gb: float, model: str, case: str = "args") -> str:
+    """What the table assumes about the model and the machine, and what SGLang derived from it."""
+    d = rows[rows.case == case]
+    lines = [
+        f"assumed: {gpu_mem_gb:g} GB per GPU (a CUDA host), a request pool of 4096 unless "
+        f"--max-running-requests; 0.5.10.post1–0.5.13: {'an MLA' if mla else 'a non-MLA'} "
+        f"text model; 0.5.14 on: the model config {model}"
+    ]
+    for release, g in d.groupby("release", sort=False):
+        f = dict(zip(g.metric, g.value))
+        if "piecewise_max_tokens" in f:
+            lines.append(f"  sglang {release}: piecewise max tokens {f['piecewise_max_tokens']}, "
+                         f"decode max bs {f['decode_max_bs']}, request pool {f['pool_size']}" +
+                         (f", attention backend {f['attention_backend']} (chosen without a GPU)"
+                          if f.get("attention_backend") else ""))
+    return "\n".join(lines)
+
+
+def to_csv(table, path) -> None:
+    """The table with each list written as space-separated sizes."""
+    flat = table.copy()
+    for col in ("configured", "captured", "refused", "filter_keeps", "round_up"):
+        if col in flat:
+            flat[col] = [" ".join(map(str, v)) if isinstance(v, list) else "" for v in flat[col]]
+    flat.to_csv(path, index=False)
+
+
+# the parallel widths the capture sizes depend on: each a positive integer (SGLang's own parsers
+# take 0 or -1 and fail later with a modulo by zero, or print sizes for "attention TP 0")
+PARALLEL_FLAGS = ("--tp-size", "--tp", "--dp-size", "--dp", "--pp-size", "--ep-size", "--ep",
+                  "--moe-dense-tp-size", "--attn-cp-size", "--attention-context-parallel-size")
+
+
+def bad_parallel_size(argv: list[str]) -> str | None:
+    """One line naming the first parallel width in ``argv`` that is not a positive integer."""
+    for i, a in enumerate(argv):
+        flag, eq, val = a.partition("=")
+        if flag not in PARALLEL_FLAGS:
+            continue
+        val = val if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        if not (val.isdigit() and int(val) > 0):
+            return f"{flag} {val or '(no value)'}: a parallel size must be a positive integer"
+    return None
+
+
+def _fail(msg: str, code: int = 2) -> int:
+    print(f"sglab capture-sizes: {msg}", file=sys.stderr)
+    return code
+
+
+def pick_releases(requested: list[str] | None) -> list[str]:
+    """The installed pinned releases, or the ``requested`` ones (each must be installed); a
+    one-line ``ValueError`` otherwise."""
+    installed = installed_releases()
+    if not requested:
+        picked = [v for v in PINNED if v in installed]
+        if not picked:
+            raise ValueError("no SGLang release is installed under .sglang/ (run `sglab real "
+                             "install`)")
+        return picked
+    for v in requested:
+        parse_version(v)
+        if v not in installed:
+            raise ValueError(f"sglang {v} is not installed (installed: "
+                             f"{', '.join(installed) or 'none'}; run `sglab real install "
+                             f"--releases {v}`)")
+    return list(dict.fromkeys(requested))
+
+
+def command(argv: list[str], *, releases: list[str] | None = None, mla: bool = True,
+            gpu_mem_gb: float = 141.0, model: str = sglang.MODEL, csv: str | None = None) -> int:
+    """``sglab capture-sizes [--release V ...] [--model CONFIG.json] -- <server arguments>``: each
+    release parses the arguments with its own ``ServerArgs`` and resolves its configuration
+    (:func:`sglab.capture_sizes.sglang.configure`); the table of :func:`sizes_table`. Exit status:
+    0 when a release answered, 2 when every release that parsed the arguments refused them
+    (SGLang's own one-line message), 1 when no release could answer at all."""
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        return _fail("give SGLang server arguments after --, e.g. `sglab capture-sizes -- --tp 8 "
+                     "--moe-dense-tp-size 1`")
+    bad = bad_parallel_size(argv)
+    if bad:
+        return _fail(bad)
+    try:
+        picked = pick_releases(releases)
+    except ValueError as e:
+        return _fail(str(e))
+    rows = sglang.ask({"args": argv}, picked, mla=mla, gpu_mem_gb=gpu_mem_gb, model=model)
+    table = sizes_table(rows)
+    answered = table[table.status.isin(["captured", "off"])]
+    errors = table[table.status == "error"]
+    if answered.empty and not errors.empty:
+        for msg, d in errors.groupby("note", sort=False):
+            _fail(f"{msg} (sglang {', '.join(d.release)})")
+        return 2
+    print(f"SGLang server arguments: {' '.join(argv)}")
+    print(assumptions(rows, mla=mla, gpu_mem_gb=gpu_mem_gb, model=model))
+    print(render(table))
+    for line in notes(table):
+        print(line)
+    if not answered.empty:
+        print("\ncaptured sizes:\n" + captured_lists(table))
+    if csv:
+        to_csv(table, csv)
+        print(f"CSV: {csv}")
+    return 0 if not answered.empty else 1
