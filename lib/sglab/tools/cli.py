@@ -253,7 +253,7 @@ def cmd_capture_sizes(args) -> int:
 
 
 def cmd_swa_cost(args) -> int:
-    from sglab.swa_loc import show as sc
+    from sglab.swa_loc import model_config as sc
 
     try:
         lay = sc.read_config(args.config)

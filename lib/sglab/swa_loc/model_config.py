@@ -1,0 +1,175 @@
+"""Your own model for notebook 04: its sliding-window layout -> what #23552's location preset
+saves per decode step (``sglab swa-cost``, the notebook's last cell).
+
+- :func:`read_config` / :func:`layout`: the layout of a Hugging Face ``config.json``
+  (``layer_types``, ``sliding_window_pattern`` or ``use_sliding_window`` + ``max_window_layers``),
+  or a one-line :class:`ConfigError` saying which keys were looked for;
+- :func:`predict`: extra kernels and µs per decode step without the preset, from the per-SWA-layer
+  costs of the recorded runs (:func:`measured_costs`), and the int64 buffer's waste;
+- :func:`pattern_table` / :func:`your_setup`: the same for a layer pattern of your choosing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from sglab.core import notebook, runs
+
+
+KEYS_LOOKED_FOR = ("layer_types", "sliding_window_pattern",
+                   "use_sliding_window + max_window_layers")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be read, or has no hybrid sliding-window layout (the message says which
+    keys were looked for)."""
+
+
+@dataclass
+class Layout:
+    num_layers: int
+    swa_layers: list
+    sliding_window: Optional[int]
+    found_by: str
+    model_type: str = ""
+
+    @property
+    def n_swa(self) -> int:
+        return len(self.swa_layers)
+
+    @property
+    def n_full(self) -> int:
+        return self.num_layers - self.n_swa
+
+
+def layout(cfg: dict, source: str = "config") -> Layout:
+    """The sliding-window layout of a config dict (a nested ``text_config`` read first):
+    ``layer_types``, ``sliding_window_pattern`` N (every N-th layer full) or ``use_sliding_window``
+    + ``max_window_layers``. :class:`ConfigError` when it has none or only one kind of layer."""
+    c = {**cfg, **cfg["text_config"]} if isinstance(cfg.get("text_config"), dict) else cfg
+    n = c.get("num_hidden_layers")
+    if not isinstance(n, int) or n < 1:
+        raise ConfigError(f"{source}: no positive integer num_hidden_layers")
+    window, mtype = c.get("sliding_window"), str(c.get("model_type", ""))
+    types = c.get("layer_types")
+    if isinstance(types, list) and types:
+        if len(types) != n:
+            raise ConfigError(f"{source}: layer_types has {len(types)} entries for {n} layers")
+        swa, how = [i for i, t in enumerate(types) if "sliding" in str(t)], "layer_types"
+    elif isinstance(c.get("sliding_window_pattern"), int) and c["sliding_window_pattern"] > 0:
+        p = c["sliding_window_pattern"]
+        swa, how = [i for i in range(n) if (i + 1) % p != 0], f"sliding_window_pattern={p}"
+    elif c.get("use_sliding_window") and isinstance(c.get("max_window_layers"), int):
+        swa = list(range(c["max_window_layers"], n))
+        how = f"use_sliding_window, max_window_layers={c['max_window_layers']}"
+    else:
+        extra = (f"; it has sliding_window={window} for every layer, which is not a hybrid layout "
+                 "(SGLang's SWA "
+                 "pool serves models that mix sliding-window and full layers)") if window else ""
+        raise ConfigError(f"{source}: no sliding-window layout found (looked for "
+                          f"{', '.join(KEYS_LOOKED_FOR)}){extra}")
+    if not swa or len(swa) == n:
+        kind = "no sliding-window layer" if not swa else "only sliding-window layers"
+        raise ConfigError(f"{source}: {how} gives {kind} out of {n}: not a hybrid SWA model, the "
+                          f"preset does not apply")
+    return Layout(n, swa, window if isinstance(window, int) else None, how, mtype)
+
+
+def read_config(path) -> Layout:
+    """The layout of a ``config.json``, or of ``DIR/config.json`` when given a model folder."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
+    except ValueError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{path}: a config.json holds a JSON object")
+    return layout(cfg, str(path))
+
+
+@dataclass
+class LayerCost:
+    gpu: str
+    run: str
+    extra_kernels_per_swa_layer: float
+    us_per_swa_layer: dict  # batch size -> µs saved per SWA layer per replay (median over layouts)
+
+
+def measured_costs() -> list:
+    """From the newest recorded swa_loc run of each GPU model: before − #24743 per SWA layer."""
+    out = []
+    for gpu, run in runs.newest_by(runs.load_all_recorded("swa_loc"), runs.gpu_short).items():
+        d = run.df[run.df.n_swa_layers > 0]
+        idx = ["num_layers", "swa_per_full", "n_swa_layers", "batch_size"]
+        nodes = d[d.metric == "graph_kernel_nodes"].pivot_table(index=idx, columns="variant",
+                                                                values="value")
+        n_swa = nodes.index.get_level_values("n_swa_layers")
+        per = ((nodes["before"] - nodes["pr24743"]) / n_swa).median()
+        t = d[d.metric == "time_median"].pivot_table(index=idx, columns="variant", values="value")
+        saved = (t["before"] - t["pr24743"]) * 1e3 / t.index.get_level_values("n_swa_layers")
+        by_bs = saved.groupby(level="batch_size").median()
+        out.append(
+            LayerCost(gpu, run.path.name, float(per), {int(b): float(v)
+                                                       for b, v in by_bs.items()}))
+    return out
+
+
+def predict(lay: Layout, *, batch_size: int = 32, max_bs: int = 256, costs: Optional[list] = None):
+    """One row per GPU model with a recorded run: extra kernels and µs per decode step without the
+    preset (the per-SWA-layer cost at the nearest measured batch size), and the int64 buffer's waste
+    (4 bytes per captured slot, ``max_bs`` slots)."""
+    import pandas as pd
+
+    costs = measured_costs() if costs is None else costs
+    rows = []
+    for c in costs:
+        bs = min(c.us_per_swa_layer, key=lambda b: (abs(b - batch_size), b))
+        kernels_, us = c.extra_kernels_per_swa_layer * lay.n_swa, c.us_per_swa_layer[bs] * lay.n_swa
+        rows.append({
+            "GPU": c.gpu, "SWA layers": lay.n_swa, "full layers": lay.n_full,
+            "extra kernels per decode step": round(kernels_, 1),
+            f"extra µs per decode step (bs {bs})": round(us, 1),
+            "int64 buffer bytes wasted": 4 * max_bs, "measured in": c.run
+        })
+    df = pd.DataFrame(rows)
+    df.attrs["layout"] = (f"{lay.num_layers} layers, {lay.n_swa} sliding-window ({lay.found_by}"
+                          + (f", window {lay.sliding_window}" if lay.sliding_window else "") + ")")
+    return df
+
+
+def pattern_table(layers: int, swa_per_full: int, batch_size: int, max_bs: int = 256):
+    """A model of ``layers`` decoder layers with ``swa_per_full`` sliding-window layers per full
+    layer -> :func:`predict`, through the same path a ``sliding_window_pattern`` config takes."""
+    import pandas as pd
+
+    cfg = {"num_hidden_layers": int(layers), "sliding_window_pattern": int(swa_per_full) + 1}
+    try:
+        lay = layout(cfg, f"{layers} layers, {swa_per_full} SWA per full")
+    except ConfigError as e:
+        return pd.DataFrame([{"note": str(e)}])
+    df = predict(lay, batch_size=int(batch_size), max_bs=int(max_bs))
+    us = next(c for c in df.columns if c.startswith("extra µs per decode step"))
+    df.insert(
+        df.columns.get_loc(us) + 1, "µs measured at bs", int(us.rsplit("bs ", 1)[1].rstrip(")")))
+    return df.rename(columns={us: "extra µs per decode step"})
+
+
+def your_setup():
+    """Layers, SWA layers per full layer, decode batch size and captured slots -> extra kernels and
+    µs per decode step without the preset, int64 bytes wasted (controls in JupyterLab, a static
+    table elsewhere)."""
+    return notebook.explore(
+        pattern_table, {
+            "layers": [8, 16, 24, 32, 48, 62, 80], "swa_per_full": [1, 2, 3, 5, 7],
+            "batch_size": [1, 8, 32, 128, 256], "max_bs": [64, 128, 256, 512]
+        }, static=[{"layers": 62, "swa_per_full": 5, "batch_size": 32, "max_bs": 256},
+                   {"layers": 48, "swa_per_full": 3, "batch_size": 32, "max_bs": 256},
+                   {"layers": 24, "swa_per_full": 1, "batch_size": 1, "max_bs": 256}],
+        title="Your model: what the SWA location preset saves per decode step")
