@@ -298,9 +298,13 @@ def test_rule_table_non_power_of_two_and_no_scatter():
 def test_the_notebook_control_is_a_static_table_headless(monkeypatch, capsys):
     monkeypatch.setenv("SGLAB_HEADLESS", "1")
     assert show.your_setup is server_args.your_setup  # notebook 06 calls it as show.your_setup()
-    table = show.your_setup()
-    assert len(table) > 0 and "index" not in table.columns
-    assert "static table" in capsys.readouterr().out
+    table = show.your_setup().set_index(["attn_tp", "tbo", "rule"])
+    # three layouts x five rules; at attention TP 8 the PR keeps the 38 multiples of 8 of 42, and
+    # with two-batch overlap the round-up aligns to 16 (36 sizes) where the PR's filter kept 38
+    assert len(table) == 3 * 5 and "static table" in capsys.readouterr().out
+    assert table.loc[(8, False, "#23972 filter"), "captures"] == 38
+    assert table.loc[(8, True, "round-up"), "captures"] == 36
+    assert table.loc[(8, True, "#23972 filter"), "captures"] == 38
 
 
 @pytest.mark.parametrize("argv, says", [

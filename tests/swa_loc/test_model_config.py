@@ -91,8 +91,13 @@ def test_the_notebook_control_is_a_static_table_headless(monkeypatch, capsys):
     monkeypatch.setenv("SGLAB_HEADLESS", "1")
     assert show.your_setup is sc.your_setup  # notebook 04 calls it as show.your_setup()
     table = sc.your_setup()
-    assert len(table) > 0 and "index" not in table.columns
     assert "static table" in capsys.readouterr().out
+    gpus = len(sc.measured_costs())  # one row per GPU model with a recorded run, per layout
+    assert len(table) == 3 * gpus
+    # 62 layers at 5 sliding per full: every 6th layer full -> 52 SWA layers, 2 kernels each
+    first = table[table.layers == 62]
+    assert set(first["SWA layers"]) == {52} and set(first["full layers"]) == {10}
+    assert set(first["extra kernels per decode step"]) == {104.0}
 
 
 def test_a_model_folder_reads_its_config_json(tmp_path, capsys):
