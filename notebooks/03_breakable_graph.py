@@ -220,8 +220,9 @@ sglang.gpu_recorded()
 # as 01's does, each case's fastest repeat of any start (3 starts × 5 calls), and the A/A table
 # compares the control's two copies by every statistic. The last table sets the speed-up beside
 # its reruns (each run on a machine of its own; the H200 runs with their drift against the first
-# H200 run), by each statistic, the claimed one first; `sglab verify RUN --against` fails a rerun whose ratio lies outside the range
-# of the recorded runs of its GPU model by more than the A/A gap or the claim's drift.
+# H200 run), by each statistic, the claimed one first; `sglab verify RUN --against` fails a rerun
+# whose ratio lies outside the range of the recorded runs of its GPU model by more than the A/A
+# gap or the claim's drift.
 
 # %%
 engine = sglang.FIX.recorded_engine()

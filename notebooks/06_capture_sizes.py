@@ -144,12 +144,13 @@ off[[
 # %%
 show_figure(show.alignment_heatmaps(table, MAX_TOKENS, len(default)))
 ok = off[~off.pr_asserts]
+rounded = off.n_round_up
 pd.Series({
     "(attn TP, CP) pairs": len(off),
     "PR filter: buckets kept, median (min)": f"{ok.n_pr.median():.0f} ({ok.n_pr.min()})",
     "PR filter: pairs where it asserts": int(
         off.pr_asserts.sum()), "PR filter: most token counts left eager": int(ok.eager_pr.max()),
-    "round-up: buckets kept, median (min)": f"{off.n_round_up.median():.0f} ({off.n_round_up.min()})",
+    "round-up: buckets kept, median (min)": f"{rounded.median():.0f} ({rounded.min()})",
     "round-up: most token counts left eager": int(off.eager_round_up.max()),
     "padding, PR filter": f"{ok.pad_frac_pr.min():.1%}–{ok.pad_frac_pr.max():.1%}",
     "padding, round-up": f"{off.pad_frac_round_up.min():.1%}–{off.pad_frac_round_up.max():.1%}"

@@ -9,8 +9,8 @@ A run is left as it is where refilling would not save a line.
 
 A run is two or more literals with nothing but a line break between them, each on its own line after
 the first, all with the same quote, none triple-quoted, bytes or raw. Plain and ``f`` literals join
-(a plain part with no braces becomes part of the ``f`` literal). An ``f`` literal is broken only at a
-space outside its braces. Usage: ``python scripts/join_strings.py [--check] PATH...``.
+(a plain part with no braces becomes part of the ``f`` literal). An ``f`` literal is broken only at
+a space outside its braces. Usage: ``python scripts/join_strings.py [--check] PATH...``.
 """
 
 from __future__ import annotations

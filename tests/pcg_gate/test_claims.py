@@ -283,7 +283,8 @@ def test_method3_keeps_the_old_checks_for_old_runs():
     "claim, edit",
     [
         (
-            "pcg_gate.small_prefill_speedup",  # eager far slower than its launches at the host's cost
+            # eager far slower than its launches at the host's cost
+            "pcg_gate.small_prefill_speedup",
             lambda df: set_value(df, 400.0, variant="eager", metric="time_median", num_tokens=16)),
         (
             "pcg_gate.small_prefill_speedup",  # piecewise keeps most of the removed launches' cost

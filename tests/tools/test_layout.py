@@ -84,3 +84,26 @@ def test_the_joiner_refuses_a_change_of_meaning(tmp_path, monkeypatch):
     monkeypatch.setattr(join_strings, "refill", lambda text: 'x = "a  b"\n')
     with pytest.raises(SystemExit, match="would change its meaning"):
         join_strings.main([str(f)])
+
+
+COLUMNS = 100
+SCRIPTS = ("Makefile", ".ci/run")  # beside every *.sh under scripts/
+
+
+def _too_long(files, root: Path = ROOT) -> list[str]:
+    """``path:line (N columns)`` for every line of ``files`` wider than :data:`COLUMNS` characters
+    (code, comments and docstrings alike: yapf lays out code only)."""
+    return [
+        f"{f.relative_to(root)}:{i} ({len(line)} columns)" for f in files
+        for i, line in enumerate(f.read_text(
+            encoding="utf-8").splitlines(), 1) if len(line) > COLUMNS
+    ]
+
+
+def test_every_line_fits_100_columns(tmp_path):
+    files = [*_files(), *sorted((ROOT / "scripts").glob("*.sh")), *(ROOT / s for s in SCRIPTS)]
+    assert not _too_long(files)
+    wide = tmp_path / "wide.py"
+    wide.write_text("# " + "µ" * (COLUMNS - 2) + "\n# " + "x" * (COLUMNS - 1) + "\n")
+    # characters, not bytes: the first line's µ are two bytes each
+    assert _too_long([wide], tmp_path) == ["wide.py:2 (101 columns)"]

@@ -1,6 +1,6 @@
 """02's real-engine claims on the committed TP-2 engine runs
-(data/recorded/engine_workspace_floor/): they hold, the engine's creations equal the rebuild's simulation with SGLang's pre-initialisation,
-and a log with one creation more fails by name."""
+(data/recorded/engine_workspace_floor/): they hold, the engine's creations equal the rebuild's
+simulation with SGLang's pre-initialisation, and a log with one creation more fails by name."""
 
 from __future__ import annotations
 

@@ -483,10 +483,11 @@ def beside_rows(run, engine_run) -> list[dict]:
             ratio = {n: x[0] for n, x in per.items()}
             several = [x for n, x in ratio.items() if n > 1]
             widest = [x[1:] for n, x in per.items() if n > 1]
+            counts = f"1 request | {min(n for n in ratio if n > 1)}–{max(ratio)} requests"
             rows.append({
                 "source": f"SGLang {rel} engine (llama_32x512)",
                 "measures": f"eager ÷ --enable-breakable-cuda-graph, whole Engine.generate call, 1 "
-                f"output token: 1 request | {min(n for n in ratio if n > 1)}–{max(ratio)} requests; "
+                f"output token: {counts}; "
                 f"{engine_runs.timing_source(starts, cost, engine_runs.STAT)}",
                 "figure": f"{_span([ratio.get(1, float('nan'))])} | {_span(several)}"
                 + (f" (starts {min(a for a, _ in widest):.2f}–{max(b for _, b in widest):.2f}×)"

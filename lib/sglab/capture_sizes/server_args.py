@@ -88,6 +88,7 @@ def your_setup():
 
 
 LISTS = ("piecewise", "decode")
+REBUILD_COLUMNS = ("filter_base", "filter_keeps", "round_up_alignment", "round_up")  # _rebuild's
 FAILED = ("error", "unsupported", "not-run", "probe-error")
 
 
@@ -139,11 +140,8 @@ def sizes_table(rows, case: str = "args"):
                     n for n in captured if g and n % tp != 0
                 ]
             }
-            out.append({
-                **row,
-                **(dict.fromkeys(("filter_base", "filter_keeps", "round_up_alignment", "round_up")) if off else _rebuild(
-                       kind, row["configured"], f))
-            })
+            rules = dict.fromkeys(REBUILD_COLUMNS) if off else _rebuild(kind, row["configured"], f)
+            out.append({**row, **rules})
     return pd.DataFrame(out, dtype=object)
 
 

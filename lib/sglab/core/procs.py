@@ -179,7 +179,7 @@ def _alive(p: psutil.Process) -> bool:
         return False
 
 
-# -- groups this process started, stopped at its exit -----------------------------------------------
+# -- groups this process started, stopped at its exit ----------------------------------------------
 _TRACKED: dict[int, str] = {}  # pgid -> marker, while the group may be running
 
 

@@ -213,8 +213,9 @@ def aa_noise(df: pd.DataFrame, metric: str, across: str, stat: str = "median") -
 
 
 def aa_statistics(run, metric: str, across: str) -> pd.DataFrame:
-    """Per run (of every GPU model) and (model, release): the A/A control's gap (:func:`aa_noise`) read by each
-    statistic of :data:`STATS`, the one with the smaller gap being the one a rerun can repeat."""
+    """Per run (of every GPU model) and (model, release): the A/A control's gap
+    (:func:`aa_noise`) read by each statistic of :data:`STATS`, the one with the smaller gap being
+    the one a rerun can repeat."""
     rows = {}
     for r in every_run(run):
         df = latest([r])

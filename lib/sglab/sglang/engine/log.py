@@ -38,19 +38,22 @@ def key_values(rest: str) -> dict:
 
 
 # -- what reading a line does ----------------------------------------------------------------------
+# the result's one-value facts (None until a line gives them) and its lists
+_FACTS = ("pcg_reason", "pcg_tokens", "pcg_capture_s", "bcg_tokens", "bcg_eager", "decode_bs",
+          "decode_capture_s", "attention_backend", "max_total_num_tokens")
+_LISTS = ("bench", "prefill_batches", "decode_batches", "calls", "applied", "events",
+          "hooks_failed", "gpu_memory", "excerpts", "traces")
+
+
 class _Reading:
     """The state of one pass over a log: the result ``d``, the bench phase, the bench run being
     read, the generate call being read."""
 
     def __init__(self):
         self.d: dict = {
-            "pcg": "unknown", "resolved": None, "warmup": None, **{
-                k: None
-                for k in ("pcg_reason", "pcg_tokens", "pcg_capture_s", "bcg_tokens", "bcg_eager", "decode_bs", "decode_capture_s", "attention_backend", "max_total_num_tokens")
-            }, **{
-                k: []
-                for k in ("bench", "prefill_batches", "decode_batches", "calls", "applied", "events", "hooks_failed", "gpu_memory", "excerpts", "traces")
-            }
+            "pcg": "unknown", "resolved": None, "warmup": None, **dict.fromkeys(_FACTS),
+            **{k: []
+               for k in _LISTS}
         }
         self.phase, self.current, self.call = "start", None, None
 
