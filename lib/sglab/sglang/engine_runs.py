@@ -84,7 +84,7 @@ def reference(run, candidates: list) -> tuple:
     are none."""
     others = runs.others(run, candidates)
     gpu = runs.gpu_short(run.manifest)
-    same = same_gpu(run, others)
+    same = same_gpu(run, candidates)
     if same:
         return merged(same), (f"the recorded {gpu} engine runs ({len(same)}), newest answer per "
                               "variant; each number against the range they span")

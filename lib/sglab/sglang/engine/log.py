@@ -50,11 +50,8 @@ class _Reading:
     read, the generate call being read."""
 
     def __init__(self):
-        self.d: dict = {
-            "pcg": "unknown", "resolved": None, "warmup": None, **dict.fromkeys(_FACTS),
-            **{k: []
-               for k in _LISTS}
-        }
+        self.d: dict = {"pcg": "unknown", "resolved": None, "warmup": None, **dict.fromkeys(_FACTS)}
+        self.d.update((k, []) for k in _LISTS)
         self.phase, self.current, self.call = "start", None, None
 
 
