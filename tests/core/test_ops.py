@@ -35,6 +35,22 @@ def test_op_ranges_label_ops_with_scope_and_step():
     assert torch.equal(kc[1:3], torch.full((2, 3), 2.0))  # the ops still ran
 
 
+def test_counting_ops_does_not_import_torch_dynamo():
+    """torch would wrap the mode's handler in ``torch._disable_dynamo``, which imports
+    ``torch._dynamo`` (2.5-3 s on a 2-CPU box) at the first op; DispatchMode opts out."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from sglab.core.kernel_table import OpRanges\n"
+            "with OpRanges() as mode:\n"
+            "    torch.ones(2) + 1\n"
+            "print(len(mode.calls), 'torch._dynamo' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         check=True).stdout.split()
+    assert out == ["2", "False"]
+
+
 def test_unique_labels_and_parse():
     with ops.OpRanges(None, unique=True) as mode:
         torch.ones(2) + 1

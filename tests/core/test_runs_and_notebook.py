@@ -208,3 +208,19 @@ def test_a_run_is_never_its_own_reference_however_its_path_is_spelt(tmp_path, mo
     me = SimpleNamespace(path=Path("X.csv"))
     record = [SimpleNamespace(path=tmp_path / "X.csv"), SimpleNamespace(path=tmp_path / "Y.csv")]
     assert runs.others(me, record) == record[1:]
+
+
+def test_a_runs_memo_computes_once_and_hands_out_copies(tmp_path):
+    run = runs.Run(pd.DataFrame({"x": [1, 2]}), {}, tmp_path / "r.csv")
+    made = []
+
+    def make():
+        made.append(1)
+        return {"table": pd.DataFrame({"y": [3]}), "sizes": [1, 2]}
+
+    a = run.memo("facts", make)
+    a["sizes"].append(99)
+    a["table"].loc[0, "y"] = -1
+    b = run.memo("facts", make)
+    assert made == [1] and b["sizes"] == [1, 2] and b["table"].y.tolist() == [3]
+    assert run.memo("other", lambda: 7) == 7 and len(made) == 1

@@ -7,6 +7,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from sglab.core import runs  # noqa: E402
@@ -22,6 +23,29 @@ def test_mark_deltas_attribute_growth_to_the_right_mark():
     # the dip inside `reduce` does not matter: 520 when it began, 612 when the next step began
     assert r1["unpickle"] == 520.0 and r1["reduce"] == 92.0
     assert r1["first kernel"] == 0.0 and r1["item"] == 0.0
+
+
+def test_a_mark_before_the_first_memory_reading_starts_from_zero():
+    group, samples, ticks = synthetic_group()
+    mem, marks = measure.group_tables([group], samples, ticks)
+    first = mem.t_s.min()
+    early = marks.iloc[:1].assign(t_s=first - 10.0, dur_s=1.0, mark="early")
+    d = show.mark_deltas(mem, pd.concat([early, marks]), gpu=0)
+    row = d[d.mark == "early"].iloc[0]
+    assert row.before_mib == 0.0  # it began before the first reading
+    assert row.delta_mib == row.after_mib > 0  # and ends where the next mark begins
+    # a process with no reading on this GPU at all: zeros, no error
+    ghost = marks.iloc[:2].assign(process="rank 9")
+    assert (show.mark_deltas(mem, ghost, gpu=0).delta_mib == 0).all()
+
+
+def test_step_deltas_are_computed_once_per_run_and_gpu():
+    run = _recorded(2)[-1]
+    first = show.step_deltas(run)
+    first.loc[:, "delta_mib"] = -1.0  # a caller's change stays its own
+    again = show.step_deltas(run)
+    assert (again.delta_mib != -1.0).any() and "step_deltas 0" in run._memo
+    assert again.equals(show.mark_deltas(run.sidecar("memory"), run.sidecar("marks"), gpu=0))
 
 
 def _recorded(method):

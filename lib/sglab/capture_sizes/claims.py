@@ -154,10 +154,14 @@ def _needs_graphs(run) -> str | None:
 
 
 def _ranges(run):
-    ev = run.sidecar("events")
-    if ev is None:
-        raise ValueError("the run has no `events` sidecar (the traced pass's event table)")
-    return show.capture_ranges(ev)
+
+    def make():
+        ev = run.sidecar("events")
+        if ev is None:
+            raise ValueError("the run has no `events` sidecar (the traced pass's event table)")
+        return show.capture_ranges(ev)
+
+    return run.memo("capture_ranges", make)
 
 
 def _trace_marks(run):

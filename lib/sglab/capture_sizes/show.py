@@ -71,6 +71,10 @@ def summary(df):
 def run_facts(run) -> dict:
     """One run: world size, machine, the sizes torch refused, where the unfiltered loop stopped,
     and per fixed list how many buckets captured and replayed, with the worst replay error."""
+    return run.memo("run_facts", lambda: _run_facts(run))
+
+
+def _run_facts(run) -> dict:
     s, m = summary(run.df).set_index("variant"), run.manifest
     stopped = s.loc["before", "first_failure"]
     facts = {

@@ -15,6 +15,7 @@ back.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -24,7 +25,7 @@ import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 REQUIRED = ("variant", "metric", "value", "unit")
@@ -244,10 +245,19 @@ class Run:
     path: Path
     live: bool = False
     shown: list = field(default_factory=list, repr=False)
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
         if not self.shown:
             self.shown = [self]
+
+    def memo(self, key: str, make: Callable[[], Any]):
+        """``make()``, computed once per run and key: a notebook's claims, tables and figures derive
+        the same table from one run many times. Each caller gets a deep copy, so that what one
+        changes stays its own."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return copy.deepcopy(self._memo[key])
 
     @property
     def label(self) -> str:

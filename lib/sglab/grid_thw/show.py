@@ -198,10 +198,12 @@ def cells(df, phase: str = "kernel"):
 # --------------------------------------------------------------------------------------------------
 # the memory time series: which mark each step in a process's memory belongs to
 # --------------------------------------------------------------------------------------------------
-def _value_at(series, t: float) -> float:
-    """The step series' value at ``t`` (0 before its first point)."""
-    before = series[series.t_s <= t]
-    return float(before.mib.iloc[-1]) if len(before) else 0.0
+def _values_at(series, ts) -> "np.ndarray":
+    """The step series' values at the times ``ts`` (0 before its first point); ``series`` is sorted
+    by ``t_s``."""
+    i = np.searchsorted(series.t_s.to_numpy(), np.asarray(ts, dtype=float), side="right") - 1
+    mib = series.mib.to_numpy(dtype=float)
+    return np.where(i >= 0, mib[np.maximum(i, 0)] if len(mib) else 0.0, 0.0)
 
 
 def mark_deltas(mem, marks, *, gpu: int = 0):
@@ -209,15 +211,21 @@ def mark_deltas(mem, marks, *, gpu: int = 0):
     mark began (a pause after the last), and the difference; robust to NVML's transient readings
     inside a step (a resize frees, then allocates)."""
     out = []
+    mem = mem[mem.gpu == gpu]
+    series = dict(
+        iter(
+            mem.sort_values("t_s", kind="stable").groupby(["variant", "repeat", "process"],
+                                                          sort=False)))
+    empty = mem.iloc[:0]
     for (variant, repeat, process), ms in marks.groupby(["variant", "repeat", "process"],
                                                         sort=False):
         ms = ms.sort_values("t_s")
-        s = mem[(mem.variant == variant) & (mem.repeat == repeat) & (mem.process == process)
-                & (mem.gpu == gpu)].sort_values("t_s")
+        s = series.get((variant, repeat, process), empty)
         ends = list(ms.t_s.iloc[1:]) + [float(ms.t_s.iloc[-1] + ms.dur_s.iloc[-1]) + 0.05]
-        for r, end in zip(ms.itertuples(), ends):
-            a, b = _value_at(s, r.t_s), _value_at(s, end)
-            out.append((variant, repeat, process, int(r.rank), gpu, r.mark, a, b, b - a))
+        before, after = _values_at(s, ms.t_s), _values_at(s, ends)
+        for r, a, b in zip(ms.itertuples(), before, after):
+            out.append((variant, repeat, process, int(r.rank), gpu, r.mark, float(a), float(b),
+                        float(b - a)))
     return pd.DataFrame(
         out, columns=[
             "variant", "repeat", "process", "rank", "gpu", "mark", "before_mib", "after_mib",
@@ -227,8 +235,12 @@ def mark_deltas(mem, marks, *, gpu: int = 0):
 
 def step_deltas(run, gpu: int = 0):
     """What each marked step added to each process's memory on ``gpu`` (None without a series)."""
-    mem, marks = run.sidecar("memory"), run.sidecar("marks")
-    return None if mem is None or marks is None else mark_deltas(mem, marks, gpu=gpu)
+
+    def make():
+        mem, marks = run.sidecar("memory"), run.sidecar("marks")
+        return None if mem is None or marks is None else mark_deltas(mem, marks, gpu=gpu)
+
+    return run.memo(f"step_deltas {gpu}", make)
 
 
 def growth_by_step(run):

@@ -224,11 +224,11 @@ def pool_rows(prepared, device: str) -> list:
 def dispatched_ops(fn, *args) -> list:
     """The aten ops ``fn(*args)`` dispatches that compute something (views left out): on a GPU each
     one is a kernel launch, and a kernel node when captured in a CUDA graph. Works on the CPU."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from sglab.core.kernel_table import DispatchMode
 
     ops: list = []
 
-    class _Record(TorchDispatchMode):
+    class _Record(DispatchMode):
 
         def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
             if not func.is_view:
