@@ -201,9 +201,8 @@ def cells(df, phase: str = "kernel"):
 def _values_at(series, ts) -> "np.ndarray":
     """The step series' values at the times ``ts`` (0 before its first point); ``series`` is sorted
     by ``t_s``."""
-    i = np.searchsorted(series.t_s.to_numpy(), np.asarray(ts, dtype=float), side="right") - 1
-    mib = series.mib.to_numpy(dtype=float)
-    return np.where(i >= 0, mib[np.maximum(i, 0)] if len(mib) else 0.0, 0.0)
+    i = np.searchsorted(series.t_s.to_numpy(), np.asarray(ts, dtype=float), side="right")
+    return np.concatenate(([0.0], series.mib.to_numpy(dtype=float)))[i]
 
 
 def mark_deltas(mem, marks, *, gpu: int = 0):
@@ -212,10 +211,8 @@ def mark_deltas(mem, marks, *, gpu: int = 0):
     inside a step (a resize frees, then allocates)."""
     out = []
     mem = mem[mem.gpu == gpu]
-    series = dict(
-        iter(
-            mem.sort_values("t_s", kind="stable").groupby(["variant", "repeat", "process"],
-                                                          sort=False)))
+    by = mem.sort_values("t_s", kind="stable").groupby(["variant", "repeat", "process"])
+    series = {key: s for key, s in by}
     empty = mem.iloc[:0]
     for (variant, repeat, process), ms in marks.groupby(["variant", "repeat", "process"],
                                                         sort=False):
