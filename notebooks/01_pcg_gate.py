@@ -262,11 +262,13 @@ sglang.compare()
 # Each run ran on a machine of its own. The tables above show the H100 runs; two H200 machines
 # have rows of their own, each drift against the first run of its GPU model. The launch counts do
 # not move between runs (their claim is exact); the speed-up does, more between machines than the
-# A/A gap of any one run says: each H200 machine kept its A/A copies within 1.7–6.3%, and the two
-# machines' lowest ratios still lay 24% apart. So `sglab verify RUN --against` compares a rerun
-# with the range that every recorded run of its GPU model spans, pair by pair (Kimi with Kimi,
-# Llama with Llama), and fails it where a ratio lies outside that range by more than the larger of
-# the claim's drift and the A/A gap.
+# A/A gap of any one run says (compare the A/A table with the drift column). So `sglab verify RUN
+# --against` compares a rerun with the range that every recorded run of its GPU model spans, pair
+# by pair (Kimi with Kimi, Llama with Llama), and fails it where a ratio lies outside that range
+# by more than the larger of the claim's drift and the A/A gap, judged as the larger number over
+# the smaller, so the verdict does not depend on which machine ran first. Where two machines of a
+# model lie further apart than that, neither holds against the other: the figure has not repeated
+# on that model yet, and the drift column shows by how much.
 
 # %%
 engine = sglang.FIX.recorded_engine()

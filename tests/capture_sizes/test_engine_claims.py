@@ -88,3 +88,18 @@ def test_without_a_size_flag_the_release_default_list_is_what_was_asked(captured
     facts = {f["release"]: f for f in S.engine_facts(damaged)}
     assert facts["0.5.14"]["asked"] == default and facts["0.5.11"]["attn_tp"] == 8
     assert _status(damaged) == {FAILS: core.PASS, FILTER: status}
+
+
+def test_a_release_that_failed_in_two_variants_is_named_once(tmp_path):
+    """The TP-2 and TP-4 record merged holds 0.5.14's failure twice (odd sizes, TP-4 sizes): the
+    claim's value names the release once, so a rerun of one of them reads alike."""
+    from sglab.sglang import engine_runs as E
+
+    found = runs.load_all_recorded("engine_capture_sizes")
+    merged = E.merged(found)
+    fails = [f for f in C._unfiltered(merged) if f["release"] == "0.5.14"]
+    if len(fails) < 2:
+        pytest.skip("no committed 0.5.14 failure in two variants")
+    out = {r.claim.id: r.outcome for r in core.evaluate(C.ENGINE, merged)}[FAILS]
+    assert out.value["releases"] == "0.5.14"
+    assert out.measured.startswith("0.5.14 at attention TP")

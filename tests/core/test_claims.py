@@ -126,14 +126,27 @@ def test_against_reports_drift_and_environment(demo, capsys):
     # the ratio holds (> 1) but moved +50% from a reference of the same GPU model: not a rerun
     assert cli.main(["verify", str(live), "--against"]) == 1
     out = capsys.readouterr().out
-    assert "demo.ratio.ratio: 3.0 vs 2.0 (drift +50.0%" in out and "BEYOND" in out
-    assert "demo.ratio.ratio is 3.0 against 2.0 in a reference of the same GPU model" in out
+    assert "demo.ratio.ratio: 3 vs 2 (drift +50.0%" in out and "BEYOND" in out
+    assert "demo.ratio.ratio is 3 against 2 in a reference of the same GPU model" in out
     assert "env  driver: 999.1 here" in out
     within = _write(times=(2.2, 1.0), folder="runs")  # +10%, inside the claim's drift
     assert cli.main(["verify", str(within), "--against"]) == 0
     slower = _write(times=(1.2, 1.0), folder="runs")  # a fall is signed as one
     assert cli.main(["verify", str(slower), "--against"]) == 1
     assert "(drift -40.0%" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("time, status", [(1.55, 1), (1.65, 0)])
+def test_a_drift_is_judged_alike_whichever_run_is_the_reference(demo, capsys, time, status):
+    """Against a reference ratio of 2, a rerun's 1.55 is -22.5% signed, within ±25% read that way,
+    yet 2 is +29% on 1.55: the two are 29% apart either way round, and the rerun fails. 1.65 is
+    21% apart and holds."""
+    _write(times=(2.0, 1.0))
+    rerun = _write(times=(time, 1.0), folder="runs")
+    assert cli.main(["verify", str(rerun), "--against"]) == status
+    out = capsys.readouterr().out
+    assert f"demo.ratio.ratio: {time:g} vs 2 (drift {time / 2 - 1:+.1%}" in out
+    assert ("BEYOND" in out) is bool(status)
 
 
 def test_exact_value_differing_from_same_gpu_reference_fails(demo, capsys):

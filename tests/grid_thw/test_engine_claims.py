@@ -65,3 +65,22 @@ def test_at_tp4_gpu0_holds_one_context_per_rank_and_a_missing_one_fails_both():
         assert _status(run) == {CLAIM: core.PASS, TOTAL: core.PASS}
         run = _run(Path(tmp) / "b", [522.0, 522.0], [], scenario=1)  # rank 3 never touched GPU 0
         assert _status(run) == {CLAIM: core.FAIL, TOTAL: core.FAIL}
+
+
+@pytest.mark.parametrize("again, beyond", [(520.0, False), (560.0, True)])
+def test_a_rerun_holds_a_contexts_size_to_two_percent_and_the_after_to_zero(
+        tmp_path, again, beyond):
+    """A CUDA context read 522 MiB on one machine and 520 on another (both recorded on H200):
+    0.4% apart, a rerun within the claim's 2%; 560 MiB is 7% and beyond. The rank count and the
+    0 MiB after the fix are compared exactly."""
+    record = _run(tmp_path / "record", [522.0], [])
+    rerun = _run(tmp_path / "rerun", [again], [])
+    rows = {
+        d["value"]: d
+        for d in core.compare(C.ENGINE, rerun, record).drift if d["claim"] == CLAIM
+    }
+    assert rows["before_max_mib"]["tolerance"] == f"±{C.CONTEXT_DRIFT:.0%}"
+    assert rows["before_max_mib"]["beyond"] is beyond
+    assert not rows["after_max_mib"]["beyond"] and not rows["ranks"]["beyond"]
+    moved = _run(tmp_path / "moved", [522.0], [2.0])  # a context after the fix: the claim fails
+    assert _status(moved)[CLAIM] == core.FAIL

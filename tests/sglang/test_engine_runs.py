@@ -43,9 +43,62 @@ def _status(mod, run) -> dict:
     return {r.claim.id: r.status for r in C.evaluate(mod, run)}
 
 
-def test_every_engine_run_verifies(capsys):
-    assert cli.main(["verify", "engine_pcg_gate", "engine_breakable_graph", "engine_swa_loc"]) == 0
-    assert "FAIL" not in capsys.readouterr().out
+# Figures the record does not yet repeat: two machines of one GPU model and count that lie
+# further apart than the claim's tolerance, each failing against the other. (run, claim, value)
+NOT_REPEATED = {
+    (run, "engine_pcg_gate.captured_prefill_faster", "pairs.kimi_k25_tiny 0.5.13 enforce.lo")
+    for run in ("20261128T101815Z_nvidia-h200-x1.csv", "20261128T103151Z_nvidia-h200-x1.csv")
+}
+
+
+def test_every_engine_run_holds_against_the_rest_of_its_record():
+    """Every claim holds on every committed engine run, and each run, verified against the other
+    runs of its GPU model and GPU count, stays within every tolerance, bar the figures named in
+    NOT_REPEATED (which must still be beyond it: a new run that brings them within its range
+    must take them off the list)."""
+    from sglab.tools import fixes, verify
+
+    recorded: dict = {}
+    beyond = set()
+    for exp in (e for e in fixes.experiments() if e.startswith("engine_")):
+        for run in runs.load_all_recorded(exp):
+            v = verify.verify_run(run, against=True, recorded=recorded)
+            assert not v.failed, (run.path.name, [r.claim.id for r in v.failed])
+            beyond |= {(run.path.name, d["claim"], d["value"]) for d in v.drifted}
+    assert beyond == NOT_REPEATED
+
+
+def test_a_rerun_is_held_to_the_runs_of_its_gpu_model_on_as_many_gpus():
+    """A TP-2 rerun on H200 is held to the H200 ×2 runs only (not ×4, not H100 ×2); a TP-4 rerun
+    with no ×4 run recorded has no record to be held to, and a ×4 reference is not held to."""
+
+    def run(name, gpu, count):
+        return SimpleNamespace(path=f"/record/{name}.csv",
+                               manifest={"gpu_name": f"NVIDIA {gpu}", "gpu_count": count})
+
+    x2, x2b, x4, h100 = (run("a", "H200", 2), run("b", "H200", 2), run("c", "H200", 4),
+                         run("d", "H100 80GB HBM3", 2))
+    rerun2, rerun4 = run("e", "H200", 2), run("f", "H200", 4)
+    assert E.same_gpu(rerun2, [x2, x2b, x4, h100, rerun2]) == [x2, x2b]
+    assert E.same_gpu(rerun4, [x2, x2b, h100]) == []
+    assert E.held_to(rerun2, x2b) and E.held_to(rerun4, x4)
+    assert not E.held_to(rerun4, x2) and not E.held_to(rerun2, h100)
+
+
+def test_a_tp4_run_with_no_tp4_record_is_shown_the_tp2_one_and_not_held_to_it():
+    """05's recorded TP-4 engine run read against the TP-2 runs: GPU 0 holds three contexts there
+    and one in them, a difference shown (beyond) but failing nothing, and the reference says so."""
+    from sglab.tools import verify
+
+    found = runs.load_all_recorded("engine_grid_thw")
+    tp4 = [r for r in found if r.manifest.get("gpu_count") == 4]
+    if not tp4 or not [r for r in found if r.manifest.get("gpu_count") == 2]:
+        pytest.skip("no committed engine_grid_thw runs at TP 4 and TP 2")
+    v = verify.verify_run(tp4[0], against=True)
+    assert "no recorded H200 ×4 engine run" in v.comparison.how
+    assert "shown, not held to" in v.comparison.how
+    ranks = [d for d in v.comparison.drift if d["value"] == "ranks"]
+    assert ranks and ranks[0]["beyond"] and v.drifted == []
 
 
 def test_latest_keeps_the_newest_run_in_which_a_variant_started():
@@ -232,7 +285,7 @@ def test_a_live_engine_run_is_compared_with_the_recorded_runs_merged(capsys):
     newest = max(recorded, key=lambda r: r.manifest["created_utc"])
     v = verify.verify_run(recorded[0], against=True)
     assert v.comparison is not None and not v.drifted
-    assert v.comparison.how.startswith("the recorded H100 engine runs")
+    assert v.comparison.how.startswith("the recorded H100 ×1 engine runs")
     merged = E.merged(recorded)
     assert merged.path == newest.path and len(merged.df) == merged.manifest["rows"]
     assert {r.status for r in C.evaluate(pg.ENGINE, merged)} == {C.PASS}  # every claim applies

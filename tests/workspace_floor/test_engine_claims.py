@@ -59,3 +59,30 @@ def test_a_creation_during_a_forward_step_fails_both_claims(tmp_path):
         "rank=0 obj=abc seconds=0.02")
     log.write_bytes(gzip.compress("\n".join(lines).encode()))
     assert _status(runs.read_run(dst)) == {EQUAL: core.FAIL, NONE: core.FAIL}
+
+
+def test_a_rerun_with_other_variants_is_not_compared_on_its_call_count():
+    """0.5.13's run times two variants (32 calls), 0.5.12.post1's one (16): the count of calls is
+    shown beside the claim, not compared; the creations inside them (0) are, exactly."""
+    recorded = runs.load_all_recorded("engine_workspace_floor")
+    two = next(r for r in recorded if r.manifest["releases"] == ["0.5.13"])
+    one = next(r for r in recorded if r.manifest["releases"] == ["0.5.12.post1"])
+    rows = {d["value"]: d for d in core.compare(C.ENGINE, two, one).drift if d["claim"] == NONE}
+    assert set(rows) == {"in_calls"} and rows["in_calls"]["tolerance"] == "exact"
+    values = {r.claim.id: r.outcome.value for r in core.evaluate(C.ENGINE, two)}
+    assert values[NONE]["calls"] == 32
+
+
+def test_the_record_merged_reads_each_engine_with_its_own_log():
+    """A rerun's reference is the record merged into one run: each engine entry there must read
+    the log of the run it came from (the merged manifest's ``log_<i>`` follows the entries), so
+    its facts are those of the runs read one by one."""
+    from sglab.sglang import engine_runs as E
+
+    def facts(run):
+        return sorted((f["variant"], f["world"], tuple(sorted(f["per_rank"].items())),
+                       tuple(f["sizes"]), f["calls"]) for f in S.engine_facts(run))
+
+    recorded = runs.load_all_recorded("engine_workspace_floor")
+    assert len(recorded) > 1
+    assert facts(E.merged(recorded)) == sorted(x for r in recorded for x in facts(r))

@@ -300,12 +300,12 @@ def _engine_fails(run):
     facts = _unfiltered(run)
     bad = [f for f in facts if f["status"] == "ok" or not show.UNEQUAL.search(f["status"])]
     first = show.first_line(facts[0]) if facts else ""
-    return holds(
-        not bad, f"{', '.join(f['release'] for f in facts)} at attention TP "
-        f"{facts[0]['attn_tp'] if facts else '?'}: {first}", {
-            "releases": ", ".join(f["release"] for f in facts), "message": first,
-            "asked": _join(facts[0]["asked"]) if facts else ""
-        }, why_not="; ".join(f"{f['release']}: {f['status'][:120]}" for f in bad))
+    releases = ", ".join(dict.fromkeys(f["release"] for f in facts))  # once each, as asked
+    return holds(not bad,
+                 f"{releases} at attention TP {facts[0]['attn_tp'] if facts else '?'}: {first}", {
+                     "releases": releases, "message": first,
+                     "asked": _join(facts[0]["asked"]) if facts else ""
+                 }, why_not="; ".join(f"{f['release']}: {f['status'][:120]}" for f in bad))
 
 
 def _engine_fails_applies(run):

@@ -378,26 +378,49 @@ def spans(mod, runs_: list) -> dict:
     record a rerun is compared with where it is several runs of one GPU model (several machines)."""
     out: dict = {}
     for run in runs_:
-        for r in evaluate(mod, run):
-            for key, x in _flat(r.outcome.value, "").items():
-                if _number(x) is not None:
-                    out.setdefault((r.claim.id, key), []).append(_number(x))
+        for k, x in _numbers(mod, run).items():
+            out.setdefault(k, []).append(x)
     return out
 
 
-def _off_span(a: float, values: list) -> float:
-    """How far ``a`` lies outside ``values``' range, relative to the nearer end (0 inside)."""
-    lo, hi = min(values), max(values)
-    edge = lo if a < lo else hi if a > hi else a
-    return 0.0 if a == edge else ((a - edge) / abs(edge) if edge else math.inf)
+def _numbers(mod, run) -> dict:
+    """``{(claim id, value key): number}`` of one run, once per run (``Run.memo``): verifying each
+    of a record's runs against the rest evaluates each run once, not once per other run."""
+
+    def make():
+        return {(r.claim.id, key): _number(x)
+                for r in evaluate(mod, run)
+                for key, x in _flat(r.outcome.value, "").items() if _number(x) is not None}
+
+    memo = getattr(run, "memo", None)
+    name = getattr(mod, "EXPERIMENT", None) or getattr(mod, "__name__", "")
+    return memo(f"claim numbers of {name}", make) if memo else make()
+
+
+def _edge(a: float, values: list) -> float:
+    """The end of ``values``' range nearer ``a`` (``a`` itself inside it)."""
+    return min(max(a, min(values)), max(values))
+
+
+def _rel(a: float, b: float) -> float:
+    """``a``'s signed drift from ``b``, relative to ``b``."""
+    return 0.0 if a == b else ((a - b) / abs(b) if b else math.inf)
+
+
+def _excess(a: float, b: float) -> float:
+    """How far apart ``a`` and ``b`` are, whichever is the reference: the larger over the smaller,
+    less 1, for two positive numbers (1.32 against 1.74 and 1.74 against 1.32 are both 32% apart;
+    the signed drift would call them -24% and +32%); else the signed drift's size."""
+    return max(a / b, b / a) - 1 if a > 0 and b > 0 else abs(_rel(a, b))
 
 
 def drift_rows(results: list[Result], ref_results: list[Result],
                span: dict | None = None) -> list[dict]:
     """Per claim and value: this run, the reference, the relative drift (signed: below the
-    reference is negative) and whether it is beyond tolerance. With ``span`` (:func:`spans`), a
-    number is compared with the range of the recorded runs instead: its drift is how far it lies
-    outside that range (0 within), an exact one must equal one of them."""
+    reference is negative) and whether it is beyond tolerance, which does not depend on which of
+    the two is the reference (:func:`_excess`). With ``span`` (:func:`spans`), a number is compared
+    with the range of the recorded runs instead: its drift is how far it lies outside that range
+    (0 within), an exact one must equal one of them."""
     ref = {r.claim.id: r for r in ref_results}
     span = span or {}
     rows = []
@@ -415,13 +438,14 @@ def drift_rows(results: list[Result], ref_results: list[Result],
                 beyond = mine[key] != theirs[key]
                 rel = None
             elif len(seen) > 1:
-                rel = _off_span(a, seen)
-                beyond = (a not in seen) if tol is None else abs(rel) > tol
+                edge = _edge(a, seen)
+                rel = _rel(a, edge)
+                beyond = (a not in seen) if tol is None else _excess(a, edge) > tol
                 lo, hi = min(seen), max(seen)
                 shown = f"{lo:.4g}–{hi:.4g} over {len(seen)} runs" if lo != hi else lo
             else:
-                rel = 0.0 if a == b else ((a - b) / abs(b) if b else math.inf)
-                beyond = (a != b) if tol is None else abs(rel) > tol
+                rel = _rel(a, b)
+                beyond = (a != b) if tol is None else _excess(a, b) > tol
             rows.append({
                 "claim": r.claim.id, "value": key or "value", "this run": mine[key],
                 "reference": shown, "drift": rel, "tolerance": label, "beyond": bool(beyond)

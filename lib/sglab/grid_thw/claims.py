@@ -24,6 +24,10 @@ CLAIM = ("A `grid_thws` tensor left on cuda:0 makes every TP rank ≥ 1 open a C
          "image.")
 # four allocator segments: what repeats may differ by before "repeatable" fails
 SPREAD_TOLERANCE_MIB = 8.0
+# A rerun's CUDA context per rank >= 1 on GPU 0 (the engine, NVML) against the record: one rank's
+# context read 522 MiB on GPU 0 and 520 MiB on its other GPUs in one recorded TP-4 run, and 520 on
+# a second H200 x2 machine. 2 % is 10 MiB; a count (ranks) or a 0 MiB after the fix stays exact.
+CONTEXT_DRIFT = 0.02
 
 
 def _span(values) -> str:
@@ -425,7 +429,7 @@ ENGINE = SimpleNamespace(
             "With #22858's line reverted, every scheduler rank ≥ 1 holds a CUDA context on "
             "GPU 0 (NVML, after the image request); with it, no rank ≥ 1 holds anything there",
             "before: > 0 MiB per rank ≥ 1; released: 0 MiB (exact)", _engine_before,
-            applies=_engine_applies),
+            applies=_engine_applies, drift=CONTEXT_DRIFT),
         Claim(
             "engine_grid_thw.gpu0_total_per_rank",
             "With #22858's line reverted, GPU 0's total grows with the rank count: one "

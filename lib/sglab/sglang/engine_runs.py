@@ -10,6 +10,8 @@ around the call), read from its log by :mod:`sglab.sglang.engine`.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 from sglab.core import hardware, runs
@@ -54,13 +56,25 @@ def latest(runs_: list) -> pd.DataFrame:
 def merged(runs_: list):
     """The runs of one engine experiment as one :class:`~sglab.core.runs.Run`: the rows of the
     newest answer per (model, variant) (:func:`latest`), every run's engine entries and specs in
-    the manifest (oldest first), the newest run's manifest and path otherwise."""
+    the manifest (oldest first), each entry's log sidecar as its own run has it (by path), the
+    newest run's manifest and path otherwise."""
     import copy
 
     ordered = sorted(runs_, key=lambda r: r.manifest.get("created_utc", ""))
     newest = ordered[-1]
     manifest = copy.deepcopy(newest.manifest)
     manifest["engine_runs"] = [e for r in ordered for e in r.manifest.get("engine_runs", [])]
+    # each engine entry keeps its own log (``log_<i>`` follows the entries), read from its own run
+    cars = {n: f for n, f in (newest.manifest.get("sidecars") or {}).items() if n[:4] != "log_"}
+    cars = {n: str(newest.path.parent / f) for n, f in cars.items()}
+    at = 0
+    for r in ordered:
+        own = r.manifest.get("sidecars") or {}
+        for i, _ in enumerate(r.manifest.get("engine_runs", [])):
+            if f"log_{i}" in own:
+                cars[f"log_{at}"] = str(Path(r.path).parent / own[f"log_{i}"])
+            at += 1
+    manifest["sidecars"] = cars
     manifest.setdefault("params", {})["specs"] = [
         e for r in ordered for e in (r.manifest.get("params") or {}).get("specs", [])
     ]
@@ -72,22 +86,43 @@ def merged(runs_: list):
 
 
 def same_gpu(run, candidates: list) -> list:
-    """The recorded runs of ``run``'s GPU model, ``run`` itself left out: several machines' record,
-    whose range a rerun's numbers are compared with (``claims.compare(..., record=)``)."""
+    """The recorded runs of ``run``'s GPU model on as many GPUs, ``run`` itself left out: several
+    machines' record, whose range a rerun's numbers are compared with (``claims.compare(...,
+    record=)``) and held to. A TP-2 rerun is not held to a TP-4 run (other ranks and variants)."""
+    return [c for c in _same_model(run, candidates) if _count(c) == _count(run)]
+
+
+def _same_model(run, candidates: list) -> list:
     gpu = runs.gpu_short(run.manifest)
     return [c for c in runs.others(run, candidates) if runs.gpu_short(c.manifest) == gpu]
 
 
+def _count(run):
+    return run.manifest.get("gpu_count")
+
+
+def held_to(run, reference) -> bool:
+    """Whether a drift of ``run`` from ``reference`` fails it: the same GPU model on as many GPUs.
+    Against another model or count the drift is shown and fails nothing."""
+    return (runs.gpu_short(run.manifest) == runs.gpu_short(reference.manifest)
+            and _count(run) == _count(reference))
+
+
 def reference(run, candidates: list) -> tuple:
-    """What a live engine run is compared with: the recorded runs of the same GPU model merged
-    (:func:`merged`), else those of the nearest GPU, said explicitly; ``(None, reason)`` when there
-    are none."""
+    """What a live engine run is compared with: the recorded runs of the same GPU model on as many
+    GPUs merged (:func:`merged`), else those of the same model on other counts, else those of other
+    GPUs, the last two said explicitly; ``(None, reason)`` when there are none."""
     others = runs.others(run, candidates)
-    gpu = runs.gpu_short(run.manifest)
+    gpu, n = runs.gpu_short(run.manifest), _count(run)
     same = same_gpu(run, candidates)
     if same:
-        return merged(same), (f"the recorded {gpu} engine runs ({len(same)}), newest answer per "
-                              "variant; each number against the range they span")
+        return merged(same), (f"the recorded {gpu} ×{n} engine runs ({len(same)}), newest answer "
+                              "per variant; each number against the range they span")
+    model = _same_model(run, candidates)
+    if model:
+        return merged(model), (f"no recorded {gpu} ×{n} engine run: the recorded {gpu} runs on "
+                               f"other GPU counts ({len(model)}), newest answer per variant; "
+                               "shown, not held to")
     if others:
         return merged(others), (f"no recorded {gpu} engine run: the recorded runs of other GPUs "
                                 f"({len(others)}), newest answer per variant")

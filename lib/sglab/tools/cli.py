@@ -196,9 +196,10 @@ def cmd_verify(args) -> int:
                     + " (see above); nothing verified", file=sys.stderr)
                 return 1
             picked += done
+        recorded: dict = {}  # each experiment's record read once for every run compared with it
         verified = [
-            verify.verify_run(r, against=args.against is not None, reference=reference)
-            for r in picked
+            verify.verify_run(r, against=args.against is not None, reference=reference,
+                              recorded=recorded) for r in picked
         ]
     except (verify.BadInput, claims.ClaimsError) as e:
         print(f"sglab verify: {e}", file=sys.stderr)

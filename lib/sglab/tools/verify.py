@@ -221,9 +221,15 @@ def format_comparison(c: claims.Comparison) -> str:
         drift = ("" if d["drift"] is None else
                  f"{d['drift']:+.1%}" if d["drift"] != float("inf") else "inf")
         flag = "  BEYOND" if d["beyond"] else ""
-        lines.append(f"    {d['claim']}.{d['value']}: {d['this run']} vs {d['reference']} "
-                     f"(drift {drift or 'n/a'}, tolerance {d['tolerance']}){flag}")
+        lines.append(f"    {d['claim']}.{d['value']}: {_num(d['this run'])} vs "
+                     f"{_num(d['reference'])} (drift {drift or 'n/a'}, tolerance "
+                     f"{d['tolerance']}){flag}")
     return "\n".join(lines)
+
+
+def _num(x) -> str:
+    """A compared value as printed: a float to 4 significant digits (1.744, not 1.74362577...)."""
+    return f"{x:.4g}" if isinstance(x, float) else str(x)
 
 
 @dataclass
@@ -238,8 +244,11 @@ class Verified:
         return [r for r in self.results if r.status == claims.FAIL]
 
 
-def verify_run(run: runs.Run, *, against: bool = False,
-               reference: runs.Run | None = None) -> Verified:
+def verify_run(run: runs.Run, *, against: bool = False, reference: runs.Run | None = None,
+               recorded: dict | None = None) -> Verified:
+    """``run``'s claims; with ``against``, compared with ``reference`` or else with the record
+    (``recorded``: ``{experiment: runs}`` already loaded, filled as it goes, so that a record's
+    runs verified one after another are read and evaluated once)."""
     exp = run.manifest["experiment"]
     mod = fixes.claims(exp)
     v = Verified(run, claims.evaluate(mod, run))
@@ -248,7 +257,10 @@ def verify_run(run: runs.Run, *, against: bool = False,
         if reference is None:
             engine = exp.startswith("engine_")
             pick = engine_runs.reference if engine else claims.pick_reference
-            candidates = runs.load_all_recorded(exp)
+            recorded = {} if recorded is None else recorded
+            if exp not in recorded:
+                recorded[exp] = runs.load_all_recorded(exp)
+            candidates = recorded[exp]
             reference, how = pick(run, candidates)
             # an engine's record is several machines: a rerun is held to the range they span
             record = engine_runs.same_gpu(run, candidates) if engine else None
@@ -257,9 +269,10 @@ def verify_run(run: runs.Run, *, against: bool = False,
             v.comparison.how = how
             # an engine run's values are keyed by model, release and case, so only like is
             # compared with like; a rebuild's reference must also share the run's parameters
-            same = (runs.gpu_short(run.manifest) == runs.gpu_short(reference.manifest)
-                    and (exp.startswith("engine_")
-                         or run.manifest.get("params") == reference.manifest.get("params")))
+            # (and an engine's, as many GPUs)
+            same = (engine_runs.held_to(run, reference) if exp.startswith("engine_") else
+                    (runs.gpu_short(run.manifest) == runs.gpu_short(reference.manifest)
+                     and run.manifest.get("params") == reference.manifest.get("params")))
             v.drifted = v.comparison.beyond if same else []
         else:
             v.comparison = None
@@ -283,9 +296,9 @@ def report(vs: list[Verified]) -> tuple[str, int]:
             bad.append(f"FAIL {r.claim.id} in {v.run.path.name}: "
                        f"{r.outcome.reason or r.outcome.measured}")
         for d in v.drifted:
-            bad.append(f"FAIL {v.run.path.name}: {d['claim']}.{d['value']} is {d['this run']} "
-                       f"against {d['reference']} in a reference of the same GPU model, beyond "
-                       f"its tolerance ({d['tolerance']})")
+            bad.append(f"FAIL {v.run.path.name}: {d['claim']}.{d['value']} is "
+                       f"{_num(d['this run'])} against {_num(d['reference'])} in a reference of "
+                       f"the same GPU model, beyond its tolerance ({d['tolerance']})")
     n_fail = sum(1 for v in vs if v.failed or v.drifted)
     out.append(f"\n{len(vs)} run(s): {len(vs) - n_fail} hold, {n_fail} fail")
     out.extend(bad)

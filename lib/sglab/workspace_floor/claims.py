@@ -442,7 +442,7 @@ ENGINE = SimpleNamespace(
             "No workspace is created during a forward step of the short-prompt trace (the "
             "timed generate calls, prompts of 4 to 3000 tokens)",
             "== 0 creations inside the calls (exact)", _engine_none_per_step,
-            applies=_engine_applies)
+            applies=_engine_applies, context=("calls",))
     ],
     shown=lambda runs_: list(runs_),
 )
