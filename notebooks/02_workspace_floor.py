@@ -318,9 +318,8 @@ verdict(claims, run)
 #   `mixed`, whose first batch is already above 2048, it removes none.
 # - With `pre_initialize_workspaces(2048)` before graph capture, the floor changes nothing on these
 #   traces: the pre-initialisation already holds that memory. The real engine agrees: two
-#   creations per rank at start-up, none per forward step, at TP 2 (0.5.12.post1, 0.5.13 and 0.5.13
-#   with `x.shape[0]`) and at TP 4 (0.5.13 with and without the floor). The floor protects paths
-#   that skip the pre-initialisation.
+#   creations per rank at start-up, none per forward step, at TP 2 and TP 4 (0.5.12.post1, 0.5.13
+#   and 0.5.13 with `x.shape[0]`). The floor protects paths that skip the pre-initialisation.
 # - One creation costs milliseconds per rank, host-blocking on all ranks at once, and grows with
 #   the world size. It steps up once the Lamport buffer passes a size between the two the profiler
 #   section names (the IPC open of that one allocation); a floor that lands a workspace above it
