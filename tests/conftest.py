@@ -5,8 +5,9 @@ Real releases: a test module that asks the installed releases live names its cal
 releases)``). The session answers all the calls of the collected modules with one worker per
 release, run by the first process that needs an answer and read by the others (xdist workers) from a
 folder they share (:mod:`sglab.sglang.runner`). That folder is kept under ``.sglang/answers``, keyed
-by the code, the releases and the calls (:func:`~sglab.sglang.runner.answers_folder`), so a second
-``make test`` with nothing changed reads the answers; ``SGLAB_FRESH_ANSWERS=1`` runs them again.
+by the releases and the calls (:func:`~sglab.sglang.runner.answers_folder`), and its answers are
+kept while the package files they ran are unchanged, so a second ``make test`` after an edit
+elsewhere reads them; ``SGLAB_FRESH_ANSWERS=1`` runs them again.
 """
 
 import os

@@ -280,7 +280,7 @@ def test_record_asks_each_release_once_for_all_its_calls(data_root, monkeypatch)
         assert all(rec.lookup(v, probe, params).ok for v in names), probe
 
 
-def test_a_later_session_reads_the_answers_of_the_same_code_releases_and_calls(fake_home):
+def test_a_later_session_reads_the_answers_of_the_same_releases_and_calls(fake_home):
     """The answers folder is the same for the same calls and install stamps, another for other
     calls or a re-installed release, and only the newest few folders are kept."""
     calls = [(PID, {"tag": 1}, [RELEASE])]
@@ -295,3 +295,27 @@ def test_a_later_session_reads_the_answers_of_the_same_code_releases_and_calls(f
     runner.answers_folder(calls)
     kept = list((Path(os.environ["SGLAB_SGLANG_HOME"]) / "answers").iterdir())
     assert len(kept) == runner.KEPT_ANSWERS - 1
+
+
+def test_a_later_session_runs_the_answers_again_once_code_they_ran_changed(
+        fake_home, tmp_path, spawned):
+    """The session's answers keep the digest of every package file their worker had imported: a
+    later session reads them while those files are unchanged (a file they never ran, such as a
+    notebook's tables, does not count) and asks the release again once one of them changed."""
+    calls = [(PID, {"tag": 1}, [RELEASE])]
+    folder = runner.start_session(tmp_path / "session", calls)
+    first = _live({"tag": 1})
+    assert len(spawned) == 1
+    ran = json.loads((folder / runner.SESSION_CODE).read_text())
+    assert {"sglang/runner.py", "sglang/bootstrap.py"} <= set(ran)
+    assert "pcg_gate/show.py" not in ran and all(len(d) == 64 for d in ran.values())
+
+    runner.start_session(folder, calls)  # a later session, nothing changed
+    assert _pid(_live({"tag": 1})) == _pid(first) and len(spawned) == 1
+
+    ran["sglang/bootstrap.py"] = "0" * 64  # as if bootstrap.py had been edited since
+    (folder / runner.SESSION_CODE).write_text(json.dumps(ran))
+    runner.start_session(folder, calls)
+    again = _live({"tag": 1})
+    assert len(spawned) == 2 and _pid(again) != _pid(first)
+    assert json.loads((folder / runner.SESSION_CODE).read_text())["sglang/bootstrap.py"] != "0" * 64

@@ -28,6 +28,7 @@ import importlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -152,6 +153,8 @@ def _run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]],
         ]
         code, err = _spawn(cmd, timeout, progress=lambda: out.stat().st_size if out.exists() else 0)
         ended, answers = time.time(), _read_answers(out)
+    for data in answers.values():
+        _code_ran.update(data.get("code", ()))
     results: dict[tuple[str, str], ProbeResult] = {}
     last, running = started, None
     for i, (key, (probe, _)) in enumerate(todo.items()):
@@ -284,6 +287,11 @@ def start_session(folder: Path, calls: Iterable[tuple[str, Optional[dict], Itera
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     with _locked(folder):
+        if (folder / SESSION_DONE).exists() and not _code_unchanged(folder):
+            # answers of code that has changed since: asked again when a test needs them
+            for name in (SESSION_DONE, SESSION_CODE):
+                (folder / name).unlink(missing_ok=True)
+            shutil.rmtree(folder / store.EXPERIMENT, ignore_errors=True)
         if not (folder / SESSION_CALLS).exists():
             asked = [{"probe": p, "params": prm, "releases": list(vs)} for p, prm, vs in calls]
             tmp = folder / f".{SESSION_CALLS}.tmp"
@@ -295,25 +303,57 @@ def start_session(folder: Path, calls: Iterable[tuple[str, Optional[dict], Itera
 
 
 KEPT_ANSWERS = 4  # answer folders kept under .sglang/answers (the newest)
+SESSION_CODE = "code.json"  # {file of this package the answers ran: its sha256}
+PACKAGE = Path(__file__).resolve().parents[1]
+# what the session's answers always pass through in this process: reading and storing them
+_PARENT_CODE = ("sglang/runner.py", "sglang/store.py", "core/runs.py")
+_code_ran: set = set()  # the package files the workers of this process reported (loaded_code)
+
+
+def loaded_code() -> list[str]:
+    """The files of this package that this process has imported, relative to it: what a worker's
+    answers can depend on beside the release."""
+    out = set()
+    for m in list(sys.modules.values()):
+        f = getattr(m, "__file__", None)
+        if f and Path(f).resolve().is_relative_to(PACKAGE):
+            out.add(Path(f).resolve().relative_to(PACKAGE).as_posix())
+    return sorted(out)
+
+
+def _digests(names: Iterable[str]) -> dict:
+    import hashlib
+
+    return {
+        n: hashlib.sha256((PACKAGE / n).read_bytes()).hexdigest() if (PACKAGE / n).is_file() else ""
+        for n in sorted(names)
+    }
+
+
+def _code_unchanged(folder: Path) -> bool:
+    """Whether every package file that a session's answers ran is as it was then."""
+    try:
+        ran = json.loads((folder / SESSION_CODE).read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(ran) and _digests(ran) == ran
 
 
 def answers_folder(calls: Iterable[tuple[str, Optional[dict], Iterable[str]]]) -> Path:
     """Where a test session keeps its answers to ``calls``: ``.sglang/answers/<key>``, the key
-    a digest of the calls, every file of this package, the interpreter and each release's and its
-    dependency set's install stamps. A later session with the same key reads the answers instead
-    of starting six releases again; any change to the code, the releases or the calls makes a new
-    folder (the oldest beyond :data:`KEPT_ANSWERS` are removed)."""
+    a digest of the calls, the interpreter and each release's and its dependency set's install
+    stamps. A later session with the same key reads the answers instead of starting six releases
+    again, while the files of this package that the answers ran are unchanged
+    (:func:`start_session` checks them, ``code.json``): an edit elsewhere (a notebook's tables, a
+    claim) keeps them. Any change to the releases or the calls makes a new folder (the oldest
+    beyond :data:`KEPT_ANSWERS` are removed)."""
     import hashlib
-    import shutil
 
     calls = [(p, prm, list(vs)) for p, prm, vs in calls]
     h = hashlib.sha256(
         json.dumps([[p, store.params_key(p, prm), vs] for p, prm, vs in calls],
                    sort_keys=True).encode())
     h.update(sys.version.encode() + str(home().resolve()).encode())
-    pkg = Path(__file__).resolve().parents[1]
-    for f in sorted(pkg.rglob("*.py")):
-        h.update(str(f.relative_to(pkg)).encode() + f.read_bytes())
     for v in sorted({v for _, _, vs in calls for v in vs}):
         for stamp in (release_dir(v) / STAMP, deps_dir(dep_set(v)) / STAMP):
             h.update(stamp.read_bytes() if stamp.exists() else b"-")
@@ -333,6 +373,7 @@ def _answer_session(folder: Path, asked: list[dict]) -> None:
     calls = [
         (c["probe"], c["params"], [v for v in c["releases"] if release_installed(v)]) for c in asked
     ]
+    _code_ran.clear()
     done = _run_batch(calls, 2, DEFAULT_TIMEOUT_S)
     answers: dict[tuple[str, str], tuple[str, Optional[dict], dict]] = {}
     for probe, params, releases in calls:
@@ -345,6 +386,8 @@ def _answer_session(folder: Path, asked: list[dict]) -> None:
     kept = [a for a in answers.values() if a[2]]
     if kept:
         store.write(kept, root=folder, extra={"sglang_home": str(home().resolve())})
+    (folder / SESSION_CODE
+     ).write_text(json.dumps(_digests(_code_ran | set(_PARENT_CODE)), indent=0) + "\n")
     (folder / SESSION_DONE).write_text(f"{len(kept)} calls answered\n")
 
 
@@ -439,7 +482,7 @@ def run(release: str, calls: list[dict], emit: Callable[[dict], None]) -> None:
             out = answer(prepared, call["probe"], call.get("params") or {})
         if i == 0:
             out["seconds"]["prepare"] = prepare_s
-        emit({**out, "index": i, "finished": time.time()})
+        emit({**out, "index": i, "finished": time.time(), "code": loaded_code()})
 
 
 def main(argv=None) -> int:
