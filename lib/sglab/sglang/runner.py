@@ -386,8 +386,8 @@ def _answer_session(folder: Path, asked: list[dict]) -> None:
     kept = [a for a in answers.values() if a[2]]
     if kept:
         store.write(kept, root=folder, extra={"sglang_home": str(home().resolve())})
-    (folder / SESSION_CODE
-     ).write_text(json.dumps(_digests(_code_ran | set(_PARENT_CODE)), indent=0) + "\n")
+    ran = _digests(_code_ran | set(_PARENT_CODE))
+    (folder / SESSION_CODE).write_text(json.dumps(ran, indent=0) + "\n")
     (folder / SESSION_DONE).write_text(f"{len(kept)} calls answered\n")
 
 
