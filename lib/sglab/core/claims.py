@@ -392,9 +392,7 @@ def _numbers(mod, run) -> dict:
                 for r in evaluate(mod, run)
                 for key, x in _flat(r.outcome.value, "").items() if _number(x) is not None}
 
-    memo = getattr(run, "memo", None)
-    name = getattr(mod, "EXPERIMENT", None) or getattr(mod, "__name__", "")
-    return memo(f"claim numbers of {name}", make) if memo else make()
+    return run.memo(f"claim numbers of {getattr(mod, 'EXPERIMENT', '')}", make)
 
 
 def _edge(a: float, values: list) -> float:

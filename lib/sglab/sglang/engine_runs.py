@@ -10,8 +10,6 @@ around the call), read from its log by :mod:`sglab.sglang.engine`.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 
 from sglab.core import hardware, runs
@@ -65,14 +63,16 @@ def merged(runs_: list):
     manifest = copy.deepcopy(newest.manifest)
     manifest["engine_runs"] = [e for r in ordered for e in r.manifest.get("engine_runs", [])]
     # each engine entry keeps its own log (``log_<i>`` follows the entries), read from its own run
-    cars = {n: f for n, f in (newest.manifest.get("sidecars") or {}).items() if n[:4] != "log_"}
-    cars = {n: str(newest.path.parent / f) for n, f in cars.items()}
+    cars = {
+        n: str(newest.path.parent / f)
+        for n, f in (newest.manifest.get("sidecars") or {}).items() if not n.startswith("log_")
+    }
     at = 0
     for r in ordered:
         own = r.manifest.get("sidecars") or {}
-        for i, _ in enumerate(r.manifest.get("engine_runs", [])):
+        for i in range(len(r.manifest.get("engine_runs", []))):
             if f"log_{i}" in own:
-                cars[f"log_{at}"] = str(Path(r.path).parent / own[f"log_{i}"])
+                cars[f"log_{at}"] = str(r.path.parent / own[f"log_{i}"])
             at += 1
     manifest["sidecars"] = cars
     manifest.setdefault("params", {})["specs"] = [
@@ -89,7 +89,7 @@ def same_gpu(run, candidates: list) -> list:
     """The recorded runs of ``run``'s GPU model on as many GPUs, ``run`` itself left out: several
     machines' record, whose range a rerun's numbers are compared with (``claims.compare(...,
     record=)``) and held to. A TP-2 rerun is not held to a TP-4 run (other ranks and variants)."""
-    return [c for c in _same_model(run, candidates) if _count(c) == _count(run)]
+    return [c for c in runs.others(run, candidates) if held_to(run, c)]
 
 
 def _same_model(run, candidates: list) -> list:
