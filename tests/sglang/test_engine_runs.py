@@ -44,11 +44,11 @@ def _status(mod, run) -> dict:
 
 
 # Figures the record does not yet repeat: two machines of one GPU model and count that lie
-# further apart than the claim's tolerance, each failing against the other. (run, claim, value)
-NOT_REPEATED = {
-    (run, "engine_pcg_gate.captured_prefill_faster", "pairs.kimi_k25_tiny 0.5.13 enforce.lo")
-    for run in ("20261128T101815Z_nvidia-h200-x1.csv", "20261128T103151Z_nvidia-h200-x1.csv")
-}
+# further apart than the claim's tolerance, each failing against the rest of its record.
+# (run, claim, value). Empty since a third H200 machine (20261128T171514Z) put Kimi 0.5.13's
+# enforce.lo at 1.54x, between the 1.32x and 1.74x of the first two: each of those two is now
+# within the range of the other runs, though still beyond its tolerance against the other alone.
+NOT_REPEATED: set = set()
 
 
 def test_every_engine_run_holds_against_the_rest_of_its_record():
