@@ -29,7 +29,8 @@
 # /tmp/sglab-engine-home), RELEASES (releases to unpack; default every one of bundles.json whose
 # layers are here). The JIT caches (FlashInfer's norm kernel, SGLang's tvm-ffi kernels, Triton)
 # stay in $HOME/.cache and $HOME/.triton between engine starts: the first capture on a fresh
-# machine takes 66-90 s, later ones about 2 s. Writes $OUT/engine.tgz (runs/engine_<fix>/, logs/,
+# machine takes 66-90 s, later ones about 2 s. Writes $OUT/engine.tgz (runs/engine_<fix>/; the
+# engines of a scenario a signal cut short in runs/partial/engine_<fix>/; logs/,
 # summary.txt; rewritten after every step) and $OUT/summary.txt. ENGINE_TIMEOUT caps each engine.
 set -uo pipefail
 cd "$(dirname "$0")/.."

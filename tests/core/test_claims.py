@@ -253,3 +253,15 @@ def test_an_exact_value_must_equal_one_the_record_holds():
     rows = [claims.drift_rows([result(v)], [result(4)], span)[0] for v in (3, 4, 5)]
     assert [r["beyond"] for r in rows] == [False, False, True]
     assert rows[2]["drift"] == pytest.approx(0.25) and rows[2]["reference"] == "3–4 over 2 runs"
+
+
+def test_a_claim_whose_applies_cannot_read_the_run_fails_naming_why():
+    """A run too thin for a claim's own applicability test (a partial engine run) fails that
+    claim with the reason, as a check that cannot read it does, and never raises."""
+
+    def unreadable(run):
+        raise KeyError("value")
+
+    c = Claim("x.thin", "t", "e", check=lambda run: holds(True, "m"), applies=unreadable)
+    out = claims.evaluate_claim(c, types.SimpleNamespace(manifest={}))
+    assert out.status == claims.FAIL and out.reason == "could not evaluate: KeyError: 'value'"

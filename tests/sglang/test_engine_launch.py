@@ -253,3 +253,74 @@ def test_the_gpu_script_stopped_by_a_signal_stops_its_sglab_and_packs_what_ran(t
     with tarfile.open(tmp_path / "out" / "engine.tgz") as tar:
         summary = tar.extractfile("summary.txt").read().decode()
     assert "stopped by SIGTERM" in summary
+
+
+# `sglab engine` with a stand-in for each engine: the third one, or the pause after the second,
+# is ended by a SIGTERM sent to this process alone (as `timeout` or engine_gpu.sh would send it)
+STOPPED_SCENARIO = textwrap.dedent("""
+    import os, signal, sys, time
+    from sglab.sglang import engine as eng
+    from sglab.tools import cli, engine_cmd
+
+    where, ran = sys.argv[1], []
+
+    def run(spec, work=None):
+        if where == "during" and len(ran) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)
+        work.mkdir(parents=True, exist_ok=True)
+        log = work / "engine.log"
+        log.write_text("Prefill. latency: 0.01320 s, throughput:   9696.97 token/s\\n")
+        d = eng.read_log(log.read_text())
+        ran.append(spec)
+        return eng.EngineResult(spec, "ok", log=log, decisions=d, bench=eng.bench_results(d, spec))
+
+    def summary(res):
+        if where == "between" and len(ran) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)
+        return ["done " + res.spec.variant]
+
+    eng.run, eng.summary = run, summary
+    engine_cmd.host_launch_cost = lambda timeout=120.0, cpus=(): {"median": 5.0}
+    sys.exit(cli.main(sys.argv[2:]))
+""")
+
+
+@pytest.mark.parametrize("where", ["during", "between"])
+def test_a_scenario_stopped_by_a_signal_records_the_engines_that_finished_as_partial(
+        tmp_path, capsys, where):
+    """An outer timeout that ends the third of 15 engines (or the pause after the second) keeps
+    the two that finished: a run under partial/ that says what ran, what did not and why;
+    `sglab verify` fails it and `sglab publish` refuses it, so it never stands as a record."""
+    import subprocess
+
+    from sglab.tools import cli
+
+    root = Path(__file__).resolve().parents[2]
+    script = tmp_path / "stopped.py"
+    script.write_text(STOPPED_SCENARIO)
+    out = tmp_path / "runs"
+    p = subprocess.run([
+        sys.executable,
+        str(script), where, "engine", "--scenario", "01-kimi-pcg", "--release", "0.5.13",
+        "--record", "--out",
+        str(out), "--work",
+        str(tmp_path / "work")
+    ], capture_output=True, text=True, timeout=120, cwd=root,
+                       env={**os.environ, "PYTHONPATH": str(root / "lib")})
+    assert p.returncode == 143, p.stderr
+    assert not (out / "engine_pcg_gate").exists()  # no whole run was written
+    (path,) = runs.list_runs("engine_pcg_gate", root=out / "partial")
+    assert f"recorded (partial: 2 of 15 engines, stopped by SIGTERM): {path}" in p.stdout
+    run = runs.read_run(path)
+    part = run.manifest["partial"]
+    assert (part["ran"], part["planned"], part["stopped_by"]) == (2, 15, "SIGTERM")
+    assert len(part["missing"]) == 13 and part["missing"][-1] == "0.5.13+pcg-off start 3"
+    assert len(run.manifest["engine_runs"]) == 2 and run.sidecar("log_1").is_file()
+    assert run.manifest["host_launch_us"] == {"before": {"median": 5.0}}
+    assert cli.main(["verify", str(path)]) == 1
+    said = capsys.readouterr().out
+    assert ("partial: 2 of 15 engines, stopped by SIGTERM; not run: 0.5.13+pcg-off ×4, "
+            "0.5.13+pcg-off-again ×3, 0.5.13+enforce ×3, 0.5.13+default ×3") in said
+    assert cli.main(["publish", str(path)]) == 2

@@ -132,11 +132,10 @@ def evaluate_claim(claim: Claim, run) -> Outcome:
         span = f"{lo}+" if hi is None else (f"{lo}" if lo == hi else f"{lo}–{hi}")
         return not_applicable(f"run has method version {mv}; this claim covers method version "
                               f"{span}")
-    if claim.applies is not None:
-        reason = claim.applies(run)
+    try:
+        reason = claim.applies(run) if claim.applies is not None else ""
         if reason:
             return not_applicable(reason)
-    try:
         out = claim.check(run)
     except Exception as e:  # noqa: BLE001 - a check that cannot read the run fails, naming why
         return Outcome(FAIL, "", None, f"could not evaluate: {type(e).__name__}: {e}")

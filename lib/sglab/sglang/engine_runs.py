@@ -135,7 +135,7 @@ def number(df: pd.DataFrame, metric: str, *, started: bool = False) -> pd.DataFr
     with the lowest and highest start in ``lo`` and ``hi`` and their count in ``starts``."""
     d = df[df.metric == metric].copy()
     d["value"] = pd.to_numeric(d["value"], errors="coerce")
-    if started:
+    if started and not d.empty:  # (an empty list would select no columns, not no rows)
         ok = releases_ok(df)
         d = d[[ok.get(tuple(k), False) for k in d[KEYS].itertuples(index=False)]]
     return over_starts(d)

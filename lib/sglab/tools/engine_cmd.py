@@ -22,6 +22,7 @@ from fnmatch import fnmatch
 import sys
 from pathlib import Path
 
+from sglab.core import procs
 from sglab.tools import fixes
 
 
@@ -224,6 +225,68 @@ def host_launch_cost(timeout: float = 120.0, cpus: tuple = ()) -> dict:
     return procs.in_own_process(HOST_COST, timeout, cpus)
 
 
+def _run_specs(args, name: str, specs: list, alone: bool, results: list) -> int:
+    """Each spec's engine in turn, its result appended to ``results`` as soon as it ends (a dry
+    run prints the commands); the exit status: 2 where one could not start, 1 where one failed.
+    An engine that cannot start stops everything only where it is the only one asked for."""
+    from sglab.sglang import engine as eng
+
+    status = 0
+    for spec in specs:
+        folder = f"{name or 'engine'}-{spec.variant}" + (f"-start{spec.start}"
+                                                         if spec.start else "")
+        work = (args.work / folder) if args.work else None
+        if args.dry_run:
+            _dry_run(spec, work)
+            continue
+        try:
+            res = eng.run(spec, work=work)
+        except eng.EngineError as e:
+            if len(specs) == 1 and alone:
+                raise
+            print(f"sglab engine: {e}", file=sys.stderr)
+            res = eng.EngineResult(spec, "not-started", error=str(e))
+            status = 2
+        results.append(res)
+        print("\n".join(eng.summary(res)))
+        if not res.ok:
+            status = max(status, 1)
+    return status
+
+
+def _record_partial(args, fix: str, results: list, specs: list, host: dict, stop) -> None:
+    """The engines of a scenario that finished before a signal stopped it, recorded under
+    ``<out>/partial/`` with a ``partial`` manifest entry (what ran, what did not, and why), so
+    that an outer timeout costs the engines it cut short, not every one before them. A partial
+    run is never a record: ``sglab verify`` fails it and ``sglab publish`` refuses it."""
+    import signal
+
+    from sglab.core.runs import data_dir
+    from sglab.sglang import engine as eng
+
+    # the handler that raised has set SIGTERM/SIGHUP aside; Ctrl-C must not cut the record short
+    saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        why = ("Ctrl-C"
+               if isinstance(stop, KeyboardInterrupt) else signal.Signals(stop.signum).name)
+        done = {(r.spec.variant, r.spec.start) for r in results}
+        missing = [
+            sp.variant + (f" start {sp.start}" if sp.start else "")
+            for sp in specs if (sp.variant, sp.start) not in done
+        ]
+        partial = {
+            "ran": len(results), "planned": len(specs), "stopped_by": why, "missing": missing
+        }
+        extra = {"partial": partial, **({"host_launch_us": host} if host else {})}
+        path = eng.record(results, fix, root=(args.out or data_dir("runs")) / "partial",
+                          extra=extra)
+        print(
+            f"recorded (partial: {len(results)} of {len(specs)} engines, stopped by {why}): "
+            f"{path}", flush=True)
+    finally:
+        signal.signal(signal.SIGINT, saved)
+
+
 def main(args) -> int:
     from sglab.sglang import engine as eng
 
@@ -256,25 +319,15 @@ def main(args) -> int:
             # timing means little without it, and a drift between the two says the host changed
             cpus = specs[0].cpus if specs else ()
             host = {} if args.dry_run else {"before": host_launch_cost(cpus=cpus)}
-            for spec in specs:
-                folder = f"{name or 'engine'}-{spec.variant}" + (f"-start{spec.start}"
-                                                                 if spec.start else "")
-                work = (args.work / folder) if args.work else None
-                if args.dry_run:
-                    _dry_run(spec, work)
-                    continue
+            # a signal between two engines ends the loop as one during an engine does: the
+            # engines that finished are recorded as a partial run, not lost
+            with procs.Guard(watchdog=False):
                 try:
-                    res = eng.run(spec, work=work)
-                except eng.EngineError as e:
-                    if len(specs) == 1 and len(groups) == 1:
-                        raise
-                    print(f"sglab engine: {e}", file=sys.stderr)
-                    res = eng.EngineResult(spec, "not-started", error=str(e))
-                    status = 2
-                results.append(res)
-                print("\n".join(eng.summary(res)))
-                if not res.ok:
-                    status = max(status, 1)
+                    status = max(status, _run_specs(args, name, specs, len(groups) == 1, results))
+                except (procs.Terminated, KeyboardInterrupt) as stop:
+                    if args.record and results:
+                        _record_partial(args, fix, results, specs, host, stop)
+                    raise
             if host:
                 host["after"] = host_launch_cost(cpus=cpus)
                 print("[sglab] host per-launch cost: " + ", ".join(

@@ -16,6 +16,8 @@ input (one line: which file, what is wrong).
 
 from __future__ import annotations
 
+from collections import Counter
+
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -280,6 +282,18 @@ def verify_run(run: runs.Run, *, against: bool = False, reference: runs.Run | No
     return v
 
 
+def partial(run) -> str:
+    """What a run cut short by a signal ran and missed (``sglab engine`` records the engines
+    that finished before it under ``partial/``), in words; '' for a whole run."""
+    p = run.manifest.get("partial")
+    if not p:
+        return ""
+    starts = Counter(m.split(" start ")[0] for m in p.get("missing") or [])
+    missing = ", ".join(v + (f" ×{n}" if n > 1 else "") for v, n in starts.items()) or "none"
+    return (f"{p.get('ran')} of {p.get('planned')} engines, stopped by {p.get('stopped_by')}; "
+            f"not run: {missing}")
+
+
 def report(vs: list[Verified]) -> tuple[str, int]:
     """The printed report and the exit status."""
     out, bad = [], []
@@ -288,6 +302,10 @@ def report(vs: list[Verified]) -> tuple[str, int]:
         out.append(f"== {m['experiment']} · {v.run.path.name} (method {m.get('method_version')})")
         out.append(format_results(v.results))
         out.append("  → " + claims.verdict_line(v.results, v.run))
+        if partial(v.run):
+            out.append(f"  partial: {partial(v.run)}")
+            bad.append(f"FAIL {v.run.path.name}: a partial run ({partial(v.run)}), not a record: "
+                       "rerun the scenario whole")
         if v.comparison is not None:
             out.append(format_comparison(v.comparison))
         elif getattr(v, "how", None):
@@ -299,7 +317,7 @@ def report(vs: list[Verified]) -> tuple[str, int]:
             bad.append(f"FAIL {v.run.path.name}: {d['claim']}.{d['value']} is "
                        f"{_num(d['this run'])} against {_num(d['reference'])} in a reference of "
                        f"the same GPU model, beyond its tolerance ({d['tolerance']})")
-    n_fail = sum(1 for v in vs if v.failed or v.drifted)
+    n_fail = sum(1 for v in vs if v.failed or v.drifted or partial(v.run))
     out.append(f"\n{len(vs)} run(s): {len(vs) - n_fail} hold, {n_fail} fail")
     out.extend(bad)
     return "\n".join(out), (1 if n_fail else 0)
