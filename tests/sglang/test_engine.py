@@ -155,7 +155,7 @@ def test_pin_mismatch_is_one_line_and_starts_nothing(tmp_path, monkeypatch):
     started = []
     monkeypatch.setattr("subprocess.Popen", lambda *a, **k: started.append(a))
     env = eng.locate("0.5.13")
-    with pytest.raises(eng.EngineError) as e:
+    with pytest.raises(eng.ReleaseError) as e:  # (an EngineError of the whole release)
         eng.check_pins(env, {"torch": "2.13.0+cpu"})
     assert str(e.value) == (
         "sglang 0.5.13 pins torch==2.11.0 (sglang-kernel 0.4.3 is built for it); this machine has "
@@ -166,6 +166,35 @@ def test_pin_mismatch_is_one_line_and_starts_nothing(tmp_path, monkeypatch):
     with pytest.raises(eng.EngineError, match="nothing started"):
         eng.run(eng.EngineSpec("0.5.13", LLAMA), work=tmp_path / "w", echo=lambda s: None)
     assert not started
+
+
+def test_a_release_that_cannot_start_here_is_said_once_per_scenario(monkeypatch, capsys):
+    """A scenario of 15 engines on a machine whose torch the release was not built for: the
+    release's line once and a count of the engines it spared, not 15 alike; no host launch cost
+    is measured without CUDA; an engine error of one case (its flags) is still said per case."""
+    from sglab.core import hardware
+    from sglab.sglang import engine as engine_pkg
+    from sglab.tools import engine_cmd
+    from sglab.tools.cli import main
+
+    tried = []
+
+    def run(spec, work=None):
+        tried.append(spec)
+        if spec.release == "0.5.13":
+            raise engine_pkg.ReleaseError("sglang 0.5.13 pins torch==2.11.0: nothing started")
+        raise engine_pkg.EngineError(f"sglang {spec.release} does not accept a flag of {spec.case}")
+
+    monkeypatch.setattr(engine_pkg, "run", run)
+    monkeypatch.setattr(hardware, "has_cuda", lambda: False)
+    monkeypatch.setattr(engine_cmd, "host_launch_cost", lambda **k: pytest.fail("measured"))
+    assert main(["engine", "--scenario", "01-kimi-pcg"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert [s.release for s in tried].count("0.5.13") == 1
+    assert err.count("sglab engine: sglang 0.5.13 pins torch==2.11.0: nothing started") == 1
+    assert "sglab engine: 14 more engine(s) of sglang 0.5.13 not started (the same reason)" in err
+    others = [s for s in tried if s.release != "0.5.13"]
+    assert len(others) > 1 and sum("does not accept" in line for line in err) == len(others)
 
 
 def test_cli_errors_are_one_line_with_status_2(tmp_path, capsys):

@@ -283,6 +283,7 @@ STOPPED_SCENARIO = textwrap.dedent("""
 
     eng.run, eng.summary = run, summary
     engine_cmd.host_launch_cost = lambda timeout=120.0, cpus=(): {"median": 5.0}
+    engine_cmd.hardware.has_cuda = lambda: True
     sys.exit(cli.main(sys.argv[2:]))
 """)
 

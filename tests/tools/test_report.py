@@ -135,3 +135,16 @@ def test_a_param_without_a_name_is_one_line_and_exit_2(argv, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"sglab {argv[0]}: --param needs NAME=VALUE") and len(
         err.splitlines()) == 1
+
+
+def test_a_param_no_notebook_defines_is_refused_before_anything_runs(capsys):
+    """`sglab run --param` sets only what a notebook's parameters cell assigns: an unknown name
+    (a typo of MODE) would be injected and ignored, so it is one line, exit 2, nothing run."""
+    from sglab.tools import cli, nbtools
+
+    nb = nbtools.notebooks_dir() / "04_swa_loc.ipynb"
+    assert nbtools.parameter_names(nb)[:2] == ["MODE", "PARAMS"]
+    assert cli.main(["run", "04_swa_loc", "--param", "MDOE='live'"]) == 2
+    out = capsys.readouterr()
+    assert out.err == ("sglab run: --param MDOE: not a parameter of 04_swa_loc (its parameters: "
+                       f"{', '.join(nbtools.parameter_names(nb))})\n") and not out.out

@@ -300,7 +300,7 @@ def _resolve_notebooks(names: list[str]) -> list[Path]:
 
 def cmd_run(args) -> int:
     from sglab.tools.report import default_jobs, run_notebooks
-    from sglab.tools import timings
+    from sglab.tools import nbtools, timings
     from sglab.core.runs import repo_root
 
     if args.record and not args.timings:
@@ -309,6 +309,9 @@ def cmd_run(args) -> int:
     try:
         paths = _resolve_notebooks(args.notebooks)
         params = _parse_params(args.param)
+        why = nbtools.unknown_parameters(paths, params)
+        if why:
+            raise ValueError(why)
     except ValueError as e:
         print(f"sglab run: {e}", file=sys.stderr)
         return 2

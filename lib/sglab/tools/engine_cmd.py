@@ -22,7 +22,7 @@ from fnmatch import fnmatch
 import sys
 from pathlib import Path
 
-from sglab.core import procs
+from sglab.core import hardware, procs
 from sglab.tools import fixes
 
 
@@ -228,10 +228,11 @@ def host_launch_cost(timeout: float = 120.0, cpus: tuple = ()) -> dict:
 def _run_specs(args, name: str, specs: list, alone: bool, results: list) -> int:
     """Each spec's engine in turn, its result appended to ``results`` as soon as it ends (a dry
     run prints the commands); the exit status: 2 where one could not start, 1 where one failed.
-    An engine that cannot start stops everything only where it is the only one asked for."""
+    An engine that cannot start stops everything only where it is the only one asked for; a
+    release that cannot start here at all is said once, not once per engine."""
     from sglab.sglang import engine as eng
 
-    status = 0
+    status, refused = 0, {}  # refused: {release: [why it cannot start here, engines skipped]}
     for spec in specs:
         folder = f"{name or 'engine'}-{spec.variant}" + (f"-start{spec.start}"
                                                          if spec.start else "")
@@ -239,18 +240,29 @@ def _run_specs(args, name: str, specs: list, alone: bool, results: list) -> int:
         if args.dry_run:
             _dry_run(spec, work)
             continue
+        if spec.release in refused:  # it would stop as the first did: counted, said below
+            refused[spec.release][1] += 1
+            results.append(eng.EngineResult(spec, "not-started", error=refused[spec.release][0]))
+            continue
         try:
             res = eng.run(spec, work=work)
         except eng.EngineError as e:
             if len(specs) == 1 and alone:
                 raise
             print(f"sglab engine: {e}", file=sys.stderr)
+            if isinstance(e, eng.ReleaseError):
+                refused[spec.release] = [str(e), 0]
             res = eng.EngineResult(spec, "not-started", error=str(e))
             status = 2
         results.append(res)
         print("\n".join(eng.summary(res)))
         if not res.ok:
             status = max(status, 1)
+    for release, (_, skipped) in refused.items():
+        if skipped:
+            print(
+                f"sglab engine: {skipped} more engine(s) of sglang {release} not started "
+                "(the same reason)", file=sys.stderr)
     return status
 
 
@@ -318,7 +330,8 @@ def main(args) -> int:
             # the host's cost per kernel launch before and after the engines: a launch-bound
             # timing means little without it, and a drift between the two says the host changed
             cpus = specs[0].cpus if specs else ()
-            host = {} if args.dry_run else {"before": host_launch_cost(cpus=cpus)}
+            measured = not args.dry_run and hardware.has_cuda()  # (no launches to time without)
+            host = {"before": host_launch_cost(cpus=cpus)} if measured else {}
             # a signal between two engines ends the loop as one during an engine does: the
             # engines that finished are recorded as a partial run, not lost
             with procs.Guard(watchdog=False):

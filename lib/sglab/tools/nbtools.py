@@ -118,6 +118,37 @@ def py_source(nb) -> str:
     return "".join(out)
 
 
+def parameter_names(path: Path) -> list[str]:
+    """The names the notebook's ``parameters`` cell assigns (what ``--param`` may set), in order;
+    [] where it has no such cell."""
+    import ast
+
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    cell = next((c for c in nb.cells if PARAM_TAG in c.get("metadata", {}).get("tags", [])), None)
+    if cell is None:
+        return []
+    tree = ast.parse(cell.source)
+    return [
+        t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(t, ast.Name)
+    ]
+
+
+def unknown_parameters(paths: list[Path], params: dict) -> str:
+    """Why ``params`` cannot go into these notebooks ('' where each name is a parameter of every
+    one): a name no parameters cell assigns would be injected and silently ignored."""
+    for path in paths:
+        names = parameter_names(path)
+        bad = [k for k in params if k not in names]
+        if bad:
+            return (f"--param {', '.join(bad)}: not a parameter of {path.stem} (its parameters: "
+                    f"{', '.join(names) or 'none'})")
+    return ""
+
+
 def inject_parameters(nb, params: dict) -> None:
     """Insert a cell assigning ``params`` right after the cell tagged ``parameters`` (papermill's
     convention)."""

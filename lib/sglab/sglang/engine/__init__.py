@@ -21,8 +21,8 @@ FACE = {
     "release": ("check_pins", "locate", "release_flags"),
     "running": ("EngineResult", "run"),
     "spec": ("DEFAULT_TIMEOUT_S", "PCG_FLAGS", "VOCAB", "Adjustment", "Case", "EngineError",
-             "EngineSpec", "Scenario", "adjustment", "flag_names", "revert_adjustment",
-             "text_config", "tp_size", "trace_adjustment"),
+             "EngineSpec", "ReleaseError", "Scenario", "adjustment", "flag_names",
+             "revert_adjustment", "text_config", "tp_size", "trace_adjustment"),
     "trace": ("decode_kernels",),
 }
 _HOME = {name: module for module, names in FACE.items() for name in names}

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from sglab.sglang.releases import dep_set, deps_dir, release_dir
-from sglab.sglang.engine.spec import EngineError, flag_names
+from sglab.sglang.engine.spec import EngineError, ReleaseError, flag_names
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def locate(release: str) -> ReleaseEnv:
     if (rdir / "sglang" / "__init__.py").is_file():
         return ReleaseEnv(release, (rdir, deps_dir(dep_set(release))), "releases")
     where = f"{home}/{release}/site or {rdir}" if home else str(rdir)
-    raise EngineError(
+    raise ReleaseError(
         f"sglang {release} is not installed ({where}; on a GPU box: scripts/engine_gpu.sh, here: "
         f"sglab real install --releases {release})")
 
@@ -115,9 +115,9 @@ def check_pins(env: ReleaseEnv, found: Optional[dict] = None) -> dict[str, str]:
     want, have = pins.get("torch"), found.get("torch")
     if want and _base(have) != want:
         kernel = pins.get("sglang-kernel")
-        raise EngineError(f"sglang {env.release} pins torch=={want}" +
-                          (f" (sglang-kernel {kernel} is built for it)" if kernel else "") +
-                          f"; this machine has torch {have or 'none'}: nothing started")
+        raise ReleaseError(f"sglang {env.release} pins torch=={want}" +
+                           (f" (sglang-kernel {kernel} is built for it)" if kernel else "") +
+                           f"; this machine has torch {have or 'none'}: nothing started")
     return pins
 
 

@@ -61,6 +61,11 @@ class EngineError(RuntimeError):
         self.log = log
 
 
+class ReleaseError(EngineError):
+    """The release cannot start on this machine at all (not installed, or built for another
+    torch): every engine of it would stop the same way, so a scenario says it once."""
+
+
 @dataclass(frozen=True)
 class Adjustment:
     """A change the harness makes to a release's run, named and justified in every manifest.
