@@ -208,6 +208,9 @@ def test_cli_errors_are_one_line_with_status_2(tmp_path, capsys):
     assert main(["engine", "--release", "0.5.13"]) == 2
     assert main(["engine", "--release", "0.5.13x", "--model", str(LLAMA)]) == 2
     assert "not a release version" in capsys.readouterr().err
+    assert main(["engine", "--scenario", "01-kimi-pcg", "--release", "0.4.0"]) == 2
+    assert capsys.readouterr().err == ("sglab engine: scenario 01-kimi-pcg: no run for releases "
+                                       "0.4.0 (its releases: 0.5.12.post1 0.5.13)\n")
 
 
 def test_a_pinned_engine_and_every_process_it_starts_run_on_the_cpus_given(tmp_path):

@@ -312,7 +312,8 @@ def main(args) -> int:
         for _, name, specs in groups:
             if not specs:
                 raise eng.EngineError(
-                    f"scenario {name}: no run for releases {' '.join(args.release or [])}")
+                    f"scenario {name}: no run for releases {' '.join(args.release or [])} (its "
+                    f"releases: {' '.join(fixes.scenario(name).releases)})")
         status = 0
         if not args.dry_run:
             # a plan skips the scenarios this machine has too few GPUs for (the TP-4 ones on 2
