@@ -240,15 +240,14 @@ sglang.compare()
 # brackets. `pcg-off-again` is the A/A control: the same flags as `pcg-off`, started in the same
 # rounds. How far the two lie apart is the noise a speed-up must clear.
 #
-# Read the brackets before the medians. Starts with the same flags can lie up to 2× apart, and a
-# start is mostly fast or slow as a whole. The probe below points at the host, not SGLang: it times
-# the bare per-launch cost on every vCPU of these machines, in rounds 5 s apart. In the two
-# six-round probes a vCPU ran at about 7 µs per launch in one round and 9–13 µs in the next, on
-# 14 of the 16 vCPUs, with no CPU time stolen (the per-start table shows ~0%). A third machine's
-# vCPUs held steady but slow (9.4–11.3 µs) through its three rounds, and the engine starts that
-# followed still switched 2× between fast and slow: the flips explain part of the spread, not all
-# of it. No fixed pair of vCPUs explains it either: a busy loop on each other vCPU slowed the timed
-# one once (vCPU 6, first probe) and not at all in the reruns. Most likely the host runs other work
+# Read the brackets before the medians. Starts with the same flags can lie far apart (the brackets
+# say how far), and a start is mostly fast or slow as a whole. The probe below points at the host,
+# not SGLang: it times the bare per-launch cost on every vCPU of these machines, in rounds 5 s
+# apart. On most machines most vCPUs ran fast in one round and markedly slower in the next, with no
+# CPU time stolen (the per-start table's steal column); one machine's vCPUs held steady but slow,
+# and the engine starts that followed still switched between fast and slow: the flips explain part
+# of the spread, not all of it. No fixed pair of vCPUs explains it either: a busy loop on each other
+# vCPU slowed the timed one once and not at all in the reruns. Most likely the host runs other work
 # on the same physical cores, which the guest cannot see and no pinning inside it can avoid
 # (pinning 8 vCPUs did not help). It only ever adds time, and a launch-bound eager step pays it in
 # full.
@@ -268,9 +267,10 @@ sglang.compare()
 # by more than the larger of the claim's drift and the A/A gap, judged as the larger number over
 # the smaller, so the verdict does not depend on which machine ran first. Two machines of a model
 # can lie further apart than that and still each hold against the record, because the range is
-# wider than either pair: on H200, Kimi's fastest repeats were 1.74× and 1.32× on the first two
-# machines (each fails against the other alone) and 1.54× on the third. The drift column shows
-# each gap; the spread between machines, not one run, is what a reader's own H200 should expect.
+# wider than either pair: on H200, Kimi's fastest repeats on the first two machines lie further
+# apart than the tolerance (each fails against the other alone), and the third machine's lies
+# between them. The drift column shows each gap; the spread between machines, not one run, is
+# what a reader's own GPU should expect.
 
 # %%
 engine = sglang.FIX.recorded_engine()
