@@ -102,10 +102,10 @@ def cmd_publish(args) -> int:
     except verify.BadInput as e:
         print(f"sglab publish: {e}", file=sys.stderr)
         return 2
-    if verify.partial(run):
-        print(
-            f"sglab publish: {run.path.name} is a partial run ({verify.partial(run)}); "
-            "rerun the scenario whole", file=sys.stderr)
+    cut = verify.partial(run)
+    if cut:
+        print(f"sglab publish: {run.path.name} is a partial run ({cut}); rerun the scenario whole",
+              file=sys.stderr)
         return 2
     dest = runs.promote(run.path)
     print(f"published {run.path.name} → {dest.parent} ({len(run.manifest.get('sidecars') or {})} "

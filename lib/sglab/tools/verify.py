@@ -16,9 +16,8 @@ input (one line: which file, what is wrong).
 
 from __future__ import annotations
 
-from collections import Counter
-
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -302,10 +301,11 @@ def report(vs: list[Verified]) -> tuple[str, int]:
         out.append(f"== {m['experiment']} · {v.run.path.name} (method {m.get('method_version')})")
         out.append(format_results(v.results))
         out.append("  → " + claims.verdict_line(v.results, v.run))
-        if partial(v.run):
-            out.append(f"  partial: {partial(v.run)}")
-            bad.append(f"FAIL {v.run.path.name}: a partial run ({partial(v.run)}), not a record: "
-                       "rerun the scenario whole")
+        cut = partial(v.run)
+        if cut:
+            out.append(f"  partial: {cut}")
+            bad.append(f"FAIL {v.run.path.name}: a partial run ({cut}), not a record: rerun the "
+                       "scenario whole")
         if v.comparison is not None:
             out.append(format_comparison(v.comparison))
         elif getattr(v, "how", None):
