@@ -123,8 +123,17 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None,
     out.mkdir(parents=True, exist_ok=True)
     jobs = default_jobs() if jobs is None else max(1, int(jobs))
     if jobs > 1 and len(paths) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
         progress(f"{len(paths)} notebooks, {jobs} at a time …")
-        results = _in_parallel(paths, out, params, cell_timeout, html_pages, jobs, progress)
+        # while the workers run the notebooks, this process (idle otherwise) reads the machine
+        # and the recorded runs' claims for the index
+        with ThreadPoolExecutor(1) as meanwhile:
+            env_soon = meanwhile.submit(env_report) if env_rows is None else None
+            facts = meanwhile.submit(lambda: [recorded_facts(p.stem) for p in paths])
+            results = _in_parallel(paths, out, params, cell_timeout, html_pages, jobs, progress)
+            env_rows = env_soon.result() if env_soon else env_rows
+            facts.result()
     else:
         results = []
         for i, p in enumerate(paths, 1):
@@ -164,14 +173,24 @@ def claim_facts(entry, result=None) -> dict:
     """Claim, headline and verdict lines of a catalog entry: over this report's live runs when the
     notebook ran live (runs written since it started), else over the recorded runs a reader is
     shown."""
+    live = _live_runs(entry.experiment, result) if entry and entry.experiment else []
+    return _facts(entry, live) if live or entry is None else dict(recorded_facts(entry.stem))
 
+
+@lru_cache(maxsize=None)
+def recorded_facts(stem: str) -> dict:
+    """:func:`claim_facts` of notebook ``stem`` over the recorded runs, read once per process (the
+    index asks for them after the notebooks, or while they run)."""
+    return _facts(by_stem(stem), [])
+
+
+def _facts(entry, live: list) -> dict:
     facts = {"claim": entry.claim if entry else "", "headline": "", "verdicts": [], "source": ""}
     if entry is None or not entry.experiment:
         return facts
     exp = entry.experiment
     try:
         mod = fixes.claims(exp)
-        live = _live_runs(exp, result)
         shown = live or claims.shown(mod, runs.load_all_recorded(exp))
         facts["source"] = "measured live in this run" if live else "recorded runs"
         facts["headline"] = claims.headline(mod, shown) if shown else "no recorded run yet"
