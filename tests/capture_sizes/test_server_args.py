@@ -227,6 +227,22 @@ def test_command_prints_the_table(capsys, tmp_path):
     assert table.loc[0, "refused"] == "4 12 20 28" and len(table) == 4
 
 
+def test_command_on_a_terminal_says_which_release_answered_as_it_answers(capsys, monkeypatch):
+    """Several seconds per release: on a terminal, a line before the releases start and one as
+    each answers (stderr; the table stays on stdout)."""
+    from sglab.capture_sizes import server_args
+
+    _need(("0.5.10.post1", "0.5.11"))
+    monkeypatch.setattr(server_args, "_on_terminal", lambda: True)
+    code, out, err = _cli(capsys, "--release", "0.5.10.post1", "0.5.11", "--", "--tp", "2")
+    lines = err.splitlines()
+    assert code == 0 and out.startswith("SGLang server arguments: --tp 2")
+    assert lines[0] == "asking 2 release(s) to parse the arguments, each in its own process …"
+    assert sorted(ln.split(":")[0] for ln in lines[1:]) == [
+        "  sglang 0.5.10.post1", "  sglang 0.5.11"
+    ]
+
+
 @pytest.mark.parametrize("case", ["misspelt", "cp_not_dividing"])
 def test_command_bad_arguments_one_line(capsys, case):
     _need(("0.5.11",))

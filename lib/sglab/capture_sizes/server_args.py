@@ -281,6 +281,10 @@ def pick_releases(requested: list[str] | None) -> list[str]:
     return list(dict.fromkeys(requested))
 
 
+def _on_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
 def command(argv: list[str], *, releases: list[str] | None = None, mla: bool = True,
             gpu_mem_gb: float = 141.0, model: str = sglang.MODEL, csv: str | None = None) -> int:
     """``sglab capture-sizes [--release V ...] [--model CONFIG.json] -- <server arguments>``: each
@@ -300,7 +304,18 @@ def command(argv: list[str], *, releases: list[str] | None = None, mla: bool = T
         picked = pick_releases(releases)
     except ValueError as e:
         return _fail(str(e))
-    rows = sglang.ask({"args": argv}, picked, mla=mla, gpu_mem_gb=gpu_mem_gb, model=model)
+    # each release parses in a process of its own, several seconds each: on a terminal, say so
+    # while they run (a pipe or a log gets the table and the one-line errors only)
+    tell = _on_terminal()
+    if tell:
+        print(f"asking {len(picked)} release(s) to parse the arguments, each in its own process …",
+              file=sys.stderr, flush=True)
+
+    def answered(v, r):
+        print(f"  sglang {v}: {r.status} ({r.seconds:.1f} s)", file=sys.stderr, flush=True)
+
+    rows = sglang.ask({"args": argv}, picked, mla=mla, gpu_mem_gb=gpu_mem_gb, model=model,
+                      progress=answered if tell else None)
     table = sizes_table(rows)
     answered = table[table.status.isin(["captured", "off"])]
     errors = table[table.status == "error"]

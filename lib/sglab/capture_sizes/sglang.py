@@ -798,12 +798,13 @@ def probe_call(cases: dict[str, list[str]], releases, **assumed) -> tuple[str, d
     return FIX.probe.fn, p, list(releases)
 
 
-def ask(cases: dict[str, list[str]], releases, *, timeout: float = 300.0, **assumed):
+def ask(cases: dict[str, list[str]], releases, *, timeout: float = 300.0, progress=None, **assumed):
     """Rows ``release, case, metric, value`` from each release (a ``not-run`` / ``probe-error`` row
-    where a release could not answer); ``assumed``: the keys of :data:`ASSUMED`."""
+    where a release could not answer); ``assumed``: the keys of :data:`ASSUMED`; ``progress``:
+    :func:`sglab.sglang.runner.run_probes`'."""
     probe_fn, p, releases = probe_call(cases, releases, **assumed)
     frames = []
-    for v, r in run_probes(releases, probe_fn, p, timeout=timeout).items():
+    for v, r in run_probes(releases, probe_fn, p, timeout=timeout, progress=progress).items():
         if r.ok:
             frames.append(r.rows.drop(columns=["probe"]))
         else:

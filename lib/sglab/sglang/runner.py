@@ -228,10 +228,12 @@ def run_probe(release: str, probe: str, params: Optional[dict] = None, *,
     return run_release(release, [(probe, params)], timeout=timeout)[call_key(probe, params)]
 
 
-def run_probes(releases: Iterable[str], probe: str, params: Optional[dict] = None, *, jobs: int = 2,
-               timeout: float = DEFAULT_TIMEOUT_S,
-               source: Optional[str] = None) -> dict[str, ProbeResult]:
-    """``probe`` with ``params`` on several releases: {release: result}, in order.
+def run_probes(
+        releases: Iterable[str], probe: str, params: Optional[dict] = None, *, jobs: int = 2,
+        timeout: float = DEFAULT_TIMEOUT_S, source: Optional[str] = None,
+        progress: Optional[Callable[[str, ProbeResult], None]] = None) -> dict[str, ProbeResult]:
+    """``probe`` with ``params`` on several releases: {release: result}, in order; ``progress``
+    is called with each release a worker answers for, as it answers.
 
     ``source`` (default ``$SGLAB_REAL``, else ``auto``): ``auto`` takes an answer from the newest
     recording where it holds it; ``recorded`` never runs a release (:mod:`sglab.sglang.store`);
@@ -260,8 +262,11 @@ def run_probes(releases: Iterable[str], probe: str, params: Optional[dict] = Non
     todo = [v for v in releases if v not in found]
     key = call_key(probe, params)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {v: pool.submit(run_release, v, [(probe, params)], timeout=timeout) for v in todo}
-        found.update({v: f.result()[key] for v, f in futures.items()})
+        futures = {pool.submit(run_release, v, [(probe, params)], timeout=timeout): v for v in todo}
+        for f in as_completed(futures):
+            found[futures[f]] = f.result()[key]
+            if progress is not None:
+                progress(futures[f], found[futures[f]])
     return {v: found[v] for v in releases}
 
 
