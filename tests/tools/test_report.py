@@ -148,3 +148,18 @@ def test_a_param_no_notebook_defines_is_refused_before_anything_runs(capsys):
     out = capsys.readouterr()
     assert out.err == ("sglab run: --param MDOE: not a parameter of 04_swa_loc (its parameters: "
                        f"{', '.join(nbtools.parameter_names(nb))})\n") and not out.out
+
+
+def test_the_index_takes_recorded_facts_read_while_the_notebooks_ran(tmp_path):
+    """`run_notebooks` reads each recorded notebook's claim facts while its workers run; the index
+    shows those and reads nothing again (a live notebook's facts still come from its live runs)."""
+    r = _executed("04_swa_loc", "04", wide=False)
+    given = {
+        "claim": "c", "headline": "read while the notebooks ran", "verdicts": ["v"],
+        "source": "recorded runs"
+    }
+    text = index.write_index([r], tmp_path, [], live_times={},
+                             recorded={"04_swa_loc": given}).read_text()
+    assert "read while the notebooks ran" in text and "verdict: v" in text
+    assert index.recorded_facts("04_swa_loc")["headline"] in index.write_index(
+        [r], tmp_path, [], live_times={}).read_text()

@@ -311,11 +311,11 @@ def command(argv: list[str], *, releases: list[str] | None = None, mla: bool = T
         print(f"asking {len(picked)} release(s) to parse the arguments, each in its own process …",
               file=sys.stderr, flush=True)
 
-    def answered(v, r):
+    def say(v, r):
         print(f"  sglang {v}: {r.status} ({r.seconds:.1f} s)", file=sys.stderr, flush=True)
 
     rows = sglang.ask({"args": argv}, picked, mla=mla, gpu_mem_gb=gpu_mem_gb, model=model,
-                      progress=answered if tell else None)
+                      progress=say if tell else None)
     table = sizes_table(rows)
     answered = table[table.status.isin(["captured", "off"])]
     errors = table[table.status == "error"]

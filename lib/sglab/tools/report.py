@@ -130,12 +130,12 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None,
         # and the recorded runs' claims for the index
         with ThreadPoolExecutor(1) as meanwhile:
             env_soon = meanwhile.submit(env_report) if env_rows is None else None
-            facts = meanwhile.submit(lambda: [recorded_facts(p.stem) for p in paths])
+            soon = meanwhile.submit(lambda: {p.stem: recorded_facts(p.stem) for p in paths})
             results = _in_parallel(paths, out, params, cell_timeout, html_pages, jobs, progress)
             env_rows = env_soon.result() if env_soon else env_rows
-            facts.result()
+            known = soon.result()
     else:
-        results = []
+        known, results = {}, []
         for i, p in enumerate(paths, 1):
             progress(f"[{i}/{len(paths)}] {p.name} …")
             results.append(_one(p, out, params, cell_timeout, html_pages))
@@ -146,7 +146,7 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None,
                 break
     if env_rows is None:
         env_rows = env_report()
-    write_index(results, out, env_rows)
+    write_index(results, out, env_rows, recorded=known)
     return results
 
 
@@ -169,18 +169,19 @@ details{margin-top:2em}summary{cursor:pointer;font-weight:600}
 .nofig{width:360px;color:#999;font-size:12px}"""
 
 
-def claim_facts(entry, result=None) -> dict:
+def claim_facts(entry, result=None, recorded: dict | None = None) -> dict:
     """Claim, headline and verdict lines of a catalog entry: over this report's live runs when the
     notebook ran live (runs written since it started), else over the recorded runs a reader is
-    shown."""
+    shown (``recorded``: those facts, read already)."""
     live = _live_runs(entry.experiment, result) if entry and entry.experiment else []
-    return _facts(entry, live) if live or entry is None else dict(recorded_facts(entry.stem))
+    if live or entry is None:
+        return _facts(entry, live)
+    return recorded if recorded is not None else recorded_facts(entry.stem)
 
 
-@lru_cache(maxsize=None)
 def recorded_facts(stem: str) -> dict:
-    """:func:`claim_facts` of notebook ``stem`` over the recorded runs, read once per process (the
-    index asks for them after the notebooks, or while they run)."""
+    """:func:`claim_facts` of notebook ``stem`` over the recorded runs (:func:`run_notebooks` reads
+    them while the notebooks run)."""
     return _facts(by_stem(stem), [])
 
 
@@ -222,11 +223,12 @@ def inline_markdown(text: str) -> str:
     return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
 
 
-def card(r, live_time: str) -> str:
-    """The HTML of one notebook's card."""
+def card(r, live_time: str, recorded: dict | None = None) -> str:
+    """The HTML of one notebook's card (``recorded``: its claim facts over the recorded runs, where
+    read already)."""
 
     entry = by_stem(r.path.stem)
-    facts = claim_facts(entry, r)
+    facts = claim_facts(entry, r, recorded)
     title = notebook_title(r.nb, r.path.stem) if r.nb is not None else r.path.stem
     png = first_figure(r.nb) if r.nb is not None else None
     fig = (f"<a href='{html.escape(r.path.stem)}.html'><img alt='first figure of "
@@ -244,14 +246,16 @@ def card(r, live_time: str) -> str:
             f"<div class='meta'>this run: {_card_status(r)}</div>{err}</div></div>")
 
 
-def write_index(results, out: Path, env_rows: list[tuple[str, str]],
-                live_times: dict | None = None) -> Path:
+def write_index(results, out: Path, env_rows: list[tuple[str, str]], live_times: dict | None = None,
+                recorded: dict | None = None) -> Path:
     """Write ``index.html`` and ``index.json`` for ``results`` (nbtools.Result, executed notebooks
-    inside)."""
+    inside); ``recorded``: {stem: :func:`recorded_facts`} read already."""
     live_times = timings.live_times() if live_times is None else live_times
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     n_ok = sum(r.status == "ok" for r in results)
-    cards = "".join(card(r, live_times.get(r.path.stem, timings.NOT_RECORDED)) for r in results)
+    cards = "".join(
+        card(r, live_times.get(r.path.stem, timings.NOT_RECORDED), (
+            recorded or {}).get(r.path.stem)) for r in results)
     env = "".join(f"<tr><th>{html.escape(k)}</th><td><pre>{html.escape(v)}</pre></td></tr>"
                   for k, v in env_rows)
     page = (f"<!doctype html><html lang='en'><meta charset='utf-8'><title>sglab "
