@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections import Counter
 from fnmatch import fnmatch
 import sys
 from pathlib import Path
@@ -232,7 +233,7 @@ def _run_specs(args, name: str, specs: list, alone: bool, results: list) -> int:
     release that cannot start here at all is said once, not once per engine."""
     from sglab.sglang import engine as eng
 
-    status, refused = 0, {}  # refused: {release: [why it cannot start here, engines skipped]}
+    status, refused, skipped = 0, {}, Counter()  # refused: {release: why it cannot start here}
     for spec in specs:
         folder = f"{name or 'engine'}-{spec.variant}" + (f"-start{spec.start}"
                                                          if spec.start else "")
@@ -241,8 +242,8 @@ def _run_specs(args, name: str, specs: list, alone: bool, results: list) -> int:
             _dry_run(spec, work)
             continue
         if spec.release in refused:  # it would stop as the first did: counted, said below
-            refused[spec.release][1] += 1
-            results.append(eng.EngineResult(spec, "not-started", error=refused[spec.release][0]))
+            skipped[spec.release] += 1
+            results.append(eng.EngineResult(spec, "not-started", error=refused[spec.release]))
             continue
         try:
             res = eng.run(spec, work=work)
@@ -251,18 +252,16 @@ def _run_specs(args, name: str, specs: list, alone: bool, results: list) -> int:
                 raise
             print(f"sglab engine: {e}", file=sys.stderr)
             if isinstance(e, eng.ReleaseError):
-                refused[spec.release] = [str(e), 0]
+                refused[spec.release] = str(e)
             res = eng.EngineResult(spec, "not-started", error=str(e))
             status = 2
         results.append(res)
         print("\n".join(eng.summary(res)))
         if not res.ok:
             status = max(status, 1)
-    for release, (_, skipped) in refused.items():
-        if skipped:
-            print(
-                f"sglab engine: {skipped} more engine(s) of sglang {release} not started "
-                "(the same reason)", file=sys.stderr)
+    for release, n in skipped.items():
+        print(f"sglab engine: {n} more engine(s) of sglang {release} not started (the same reason)",
+              file=sys.stderr)
     return status
 
 
