@@ -218,8 +218,10 @@ sglang.gpu_recorded()
 # 4 of them sliding-window, dummy weights; `sglab engine --plan 04` on a GPU box), its own decode
 # trace read for the kernels of one decode-graph replay. The "before" is 0.5.11 with only #23552's
 # preset removed: the release before the PR pins an older torch and does not start on the GPU image
-# (the harness adjustment is printed with the table). The claim under the table checks that the
-# difference is the rebuild's two kernels per SWA layer, exactly. The decode times are shown for
+# (the harness adjustment is printed with the table). The first claim under the table checks that
+# the difference is the rebuild's two kernels per SWA layer, exactly; the second, that each count
+# is one number over a case's engine starts, so a rerun on any machine (H100 and H200 so far) must
+# find it again, not a number near it. The decode times are shown for
 # orientation (the table's header says how many engine starts each rests on); no claim rests on
 # them: a few kernels per replay cost microseconds, less than engine starts differ by.
 

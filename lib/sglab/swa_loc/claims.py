@@ -320,6 +320,30 @@ def _engine_extra(run):
         f"#23552's preset reverted (+{value['extra']} over {n_swa} SWA layers)", value)
 
 
+def _replay_counts(run):
+    """Kernels per decode-graph replay of every variant that started, its engine starts folded
+    (``lo``, ``hi``, ``starts``)."""
+    d = engine_runs.number(engine_runs.latest([run]), "decode_kernels_per_replay", started=True)
+    return d.dropna(subset=["value"])
+
+
+def _counts_apply(run):
+    d = _replay_counts(run)
+    return None if not d.empty and (d["starts"] > 1).all() else (
+        "no variant of this run has decode replays from more than one engine start")
+
+
+def _counts_exact(run):
+    d = _replay_counts(run)
+    value = {f"{r.release}+{r.case}": int(r.value) for r in d.itertuples()}
+    split = [f"{r.release}+{r.case} {r.lo:g}–{r.hi:g}" for r in d.itertuples() if r.lo != r.hi]
+    seen = ", ".join(f"{k} {v}" for k, v in value.items())
+    lo, hi = int(d["starts"].min()), int(d["starts"].max())
+    starts = f"{lo}" if lo == hi else f"{lo}–{hi}"
+    return holds(not split, (f"starts disagree: {', '.join(split)}"
+                             if split else f"{seen} kernels in each of its {starts} starts"), value)
+
+
 ENGINE = SimpleNamespace(
     EXPERIMENT="engine_swa_loc",
     CLAIM="In SGLang's own engine (bench_one_batch, GPT-OSS-style 8 layers, 4 sliding-window, "
@@ -331,7 +355,13 @@ ENGINE = SimpleNamespace(
             "0.5.11 with #23552's preset reverted replays 2 more kernels per SWA layer than "
             "0.5.11 as released (kernels counted in bench_one_batch's own decode trace)",
             f"before − released == {EXTRA_PER_SWA_LAYER} × SWA layers (exact)", _engine_extra,
-            applies=_engine_applies)
+            applies=_engine_applies),
+        Claim(
+            "engine_swa_loc.replay_kernels_exact",
+            "Counted, not timed: every release's decode-graph replay launches one kernel count in "
+            "every engine start, so a rerun on any machine must find the same count",
+            "one count per release and case over its starts (exact; --against: equal)",
+            _counts_exact, applies=_counts_apply),
     ],
     shown=lambda runs_: list(runs_),
 )
