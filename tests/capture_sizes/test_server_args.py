@@ -19,6 +19,7 @@ On the assumed machine (141 GB per GPU, a CUDA host):
 """
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -111,10 +112,13 @@ ERRORS_0523 = {
 }
 
 # the calls of the module fixture and of the command's tests, answered with the session's (conftest)
+AS_LLAMA = Path(__file__).resolve().parents[1] / "data" / "configs" / "deepseek_tiny_as_llama.json"
 REAL_CALLS = [
     cs.probe_call({k: v.split()
                    for k, v in CASES.items()}, RELEASES),
     cs.probe_call({"args": CASES["tp8_dense1"].split()}, ("0.5.10.post1", "0.5.11")),
+    cs.probe_call({"args": CASES["tp8_dense1"].split()}, ("0.5.14",), model=str(AS_LLAMA)),
+    cs.probe_call({"args": ["--tp", "2"]}, ("0.5.10.post1", "0.5.11")),
     *(cs.probe_call({"args": CASES[case].split()}, ("0.5.11",))
       for case in ("misspelt", "cp_not_dividing"))
 ]
@@ -229,7 +233,7 @@ def test_command_prints_the_table(capsys, tmp_path):
 
 def test_command_on_a_terminal_says_which_release_answered_as_it_answers(capsys, monkeypatch):
     """Several seconds per release: on a terminal, a line before the releases start and one as
-    each answers (stderr; the table stays on stdout)."""
+    each answers (stderr; the table stays on stdout), from a worker or from this session."""
     from sglab.capture_sizes import server_args
 
     _need(("0.5.10.post1", "0.5.11"))
@@ -241,6 +245,7 @@ def test_command_on_a_terminal_says_which_release_answered_as_it_answers(capsys,
     assert sorted(ln.split(":")[0] for ln in lines[1:]) == [
         "  sglang 0.5.10.post1", "  sglang 0.5.11"
     ]
+    assert all(ln.endswith(" s)") and ": ok (" in ln for ln in lines[1:]), lines
 
 
 @pytest.mark.parametrize("case", ["misspelt", "cp_not_dividing"])
@@ -251,22 +256,35 @@ def test_command_bad_arguments_one_line(capsys, case):
     assert err.splitlines() == [f"sglab capture-sizes: {ERRORS[case]} (sglang 0.5.11)"]
 
 
-def test_command_with_a_model_config_of_another_name(capsys, tmp_path):
+def test_command_with_a_model_config_of_another_name(capsys):
     """``--model`` takes any JSON file (copied as config.json for SGLang) or a folder; a model
     without MLA moves 0.5.14's prefill maximum to the chunked prefill size (8192 here)."""
     _need(("0.5.14",))
     import json
 
+    # the shipped tiny DeepSeek config without MLA, as a Llama (committed, so that its call is
+    # one of REAL_CALLS: the session answers it)
     cfg = json.loads((cs.repo_root() / cs.MODEL).read_text())
     cfg = {k: v for k, v in cfg.items() if "lora" not in k and "rope" not in k}
-    (tmp_path / "llama.json").write_text(
-        json.dumps({**cfg, "architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
-    code, out, _ = _cli(capsys, "--release", "0.5.14", "--model", str(tmp_path / "llama.json"),
-                        "--", *CASES["tp8_dense1"].split())
+    assert json.loads(AS_LLAMA.read_text()) == {
+        **cfg, "architectures": ["LlamaForCausalLM"], "model_type": "llama"
+    }
+    code, out, _ = _cli(capsys, "--release", "0.5.14", "--model", str(AS_LLAMA), "--",
+                        *CASES["tp8_dense1"].split())
     assert code == 0 and "piecewise max tokens 8192" in out
+
+
+def test_command_with_no_model_config_says_so_before_any_release_starts(
+        capsys, monkeypatch, tmp_path):
+    from sglab.capture_sizes import sglang as cs_sglang
+
+    monkeypatch.setattr(cs_sglang, "run_probes", lambda *a, **k: pytest.fail("a release started"))
     code, out, err = _cli(capsys, "--release", "0.5.14", "--model", str(tmp_path / "none.json"),
                           "--", "--tp", "2")
-    assert code == 2 and "no model config at" in err
+    assert (code, out) == (2, "")
+    assert err == f"sglab capture-sizes: no model config at {tmp_path / 'none.json'}\n"
+    code, _, err = _cli(capsys, "--model", str(tmp_path), "--", "--tp", "2")  # a folder without one
+    assert code == 2 and f"no model config at {tmp_path / 'config.json'}" in err
 
 
 def test_command_missing_release_and_no_arguments(capsys):

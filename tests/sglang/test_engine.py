@@ -691,25 +691,31 @@ def test_every_scenarios_model_splits_evenly_at_its_tp_size():
     assert any(s.gpus == 4 for s in fixes.scenarios())
 
 
-@pytest.mark.parametrize("v", ["0.5.12.post1", "0.5.13"])
+# each shipped model config: (multimodal, hybrid SWA) as the engine's releases read it
+CONFIGS = {
+    "llama_32x512": (False, False),
+    "gpt_oss_swa": (False, True),
+    "kimi_k25_tiny": (True, False),
+    "kimi_k25_tiny_tp8": (True, False),
+    "deepseek_v3_tiny": (False, False),
+}
+CONFIG_RELEASES = ("0.5.12.post1", "0.5.13")
+MODEL_PROBE = "sglab.sglang.engine.model:probe_model_config"
+# answered once per test session (conftest), with the other calls of each release's worker
+REAL_CALLS = [(MODEL_PROBE, {"config": str(MODELS / name / "config.json")}, CONFIG_RELEASES)
+              for name in CONFIGS]
+
+
+@pytest.mark.parametrize("v", CONFIG_RELEASES)
 def test_configs_parse_with_the_releases_own_model_config(v):
     """Each config through the release's ModelConfig and get_tokenizer (a worker process, CPU
     shims)."""
     from sglab.sglang import runner
 
     _pkg(v)
-    want = {
-        "llama_32x512": (False, False),
-        "gpt_oss_swa": (False, True),
-        "kimi_k25_tiny": (True, False),
-        "kimi_k25_tiny_tp8": (True, False),
-        "deepseek_v3_tiny": (False, False),
-    }
-    probe = "sglab.sglang.engine.model:probe_model_config"
-    calls = {name: (probe, {"config": str(MODELS / name / "config.json")}) for name in want}
-    got_all = runner.run_release(v, list(calls.values()), timeout=600)  # one worker, one import
-    for name, (mm, swa) in want.items():
-        r = got_all[runner.call_key(*calls[name])]
+    for name, (mm, swa) in CONFIGS.items():
+        params = {"config": str(MODELS / name / "config.json")}
+        r = runner.run_probes([v], MODEL_PROBE, params, timeout=600)[v]
         assert r.ok, (name, r.reason, r.traceback[-800:])
         got = dict(zip(r.rows.metric, r.rows.value))
         assert (got["is_multimodal"], got["is_hybrid_swa"]) == (mm, swa), name

@@ -319,3 +319,24 @@ def test_a_later_session_runs_the_answers_again_once_code_they_ran_changed(
     again = _live({"tag": 1})
     assert len(spawned) == 2 and _pid(again) != _pid(first)
     assert json.loads((folder / runner.SESSION_CODE).read_text())["sglang/bootstrap.py"] != "0" * 64
+
+
+def test_progress_names_answers_found_in_a_recording(monkeypatch):
+    """``progress`` hears of every release, an answer read from a recording as well as one a
+    worker gives: a command on a terminal then says each release, whatever answered it."""
+
+    class Recording:
+
+        def lookup(self, v, probe, params):
+            if v == "0.5.11":
+                return store.ProbeResult(v, probe, "ok", store.frame(v, probe, []),
+                                         recorded="20261125T000000Z")
+            return None
+
+    monkeypatch.setattr(store, "newest", lambda **k: Recording())
+    heard = []
+    got = runner.run_probes(["0.5.11", "0.5.99"], "sglab.capture_sizes.sglang:probe", {"x": 1},
+                            source="recorded", progress=lambda v, r: heard.append(
+                                (v, r.status, r.recorded)))
+    assert [r.status for r in got.values()] == ["ok", "not-run"]
+    assert heard == [("0.5.11", "ok", "20261125T000000Z"), ("0.5.99", "not-run", "")]

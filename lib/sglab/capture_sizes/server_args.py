@@ -302,6 +302,7 @@ def command(argv: list[str], *, releases: list[str] | None = None, mla: bool = T
         return _fail(bad)
     try:
         picked = pick_releases(releases)
+        sglang.model_config(model)  # a missing config is said before any release starts
     except ValueError as e:
         return _fail(str(e))
     # each release parses in a process of its own, several seconds each: on a terminal, say so
@@ -312,7 +313,9 @@ def command(argv: list[str], *, releases: list[str] | None = None, mla: bool = T
               file=sys.stderr, flush=True)
 
     def say(v, r):
-        print(f"  sglang {v}: {r.status} ({r.seconds:.1f} s)", file=sys.stderr, flush=True)
+        where = (f"recorded: {r.recorded}" if r.recorded else
+                 "not run here" if r.status == "not-run" else f"{r.seconds:.1f} s")
+        print(f"  sglang {v}: {r.status} ({where})", file=sys.stderr, flush=True)
 
     rows = sglang.ask({"args": argv}, picked, mla=mla, gpu_mem_gb=gpu_mem_gb, model=model,
                       progress=say if tell else None)

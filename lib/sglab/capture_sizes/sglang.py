@@ -466,15 +466,24 @@ def _cuda_host(prepared, gpu_mem_gb: float):
             cgc.default_prefill_backend = default
 
 
-def _model_dir(model: str) -> str:
-    """A folder holding the model's config as ``config.json``, what SGLang loads a model config
-    from: the file's own folder, or a fresh one with a copy (a relative path is the checkout's)."""
+def model_config(model: str) -> Path:
+    """The config file ``model`` names: a JSON file, or a folder's ``config.json``; a relative
+    path is the working folder's where it is there, else the checkout's. ValueError when there is
+    none."""
     path = Path(model)
-    path = path if path.is_absolute() else repo_root() / path
+    if not path.is_absolute():
+        path = path.resolve() if path.exists() else repo_root() / path
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
         raise ValueError(f"no model config at {path}")
+    return path
+
+
+def _model_dir(model: str) -> str:
+    """A folder holding the model's config as ``config.json``, what SGLang loads a model config
+    from: the file's own folder, or a fresh one with a copy (:func:`model_config`)."""
+    path = model_config(model)
     if path.name == "config.json":
         return str(path.parent)
     folder = Path(tempfile.mkdtemp(prefix="sglab-model-"))

@@ -233,7 +233,9 @@ def run_probes(
         timeout: float = DEFAULT_TIMEOUT_S, source: Optional[str] = None,
         progress: Optional[Callable[[str, ProbeResult], None]] = None) -> dict[str, ProbeResult]:
     """``probe`` with ``params`` on several releases: {release: result}, in order; ``progress``
-    is called with each release a worker answers for, as it answers.
+    is called with each release as its answer is found: first those of a recording or of this
+    test session (``recorded`` says which recording; '' for the session's), then each a worker
+    answers for, as it answers.
 
     ``source`` (default ``$SGLAB_REAL``, else ``auto``): ``auto`` takes an answer from the newest
     recording where it holds it; ``recorded`` never runs a release (:mod:`sglab.sglang.store`);
@@ -259,6 +261,9 @@ def run_probes(
             if hit is not None and release_installed(v):
                 hit.recorded = ""  # answered in this test session: live
                 found[v] = hit
+    if progress is not None:
+        for v in (v for v in releases if v in found):
+            progress(v, found[v])
     todo = [v for v in releases if v not in found]
     key = call_key(probe, params)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:

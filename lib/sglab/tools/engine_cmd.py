@@ -24,7 +24,6 @@ import sys
 from pathlib import Path
 
 from sglab.core import hardware, procs
-from sglab.tools import fixes
 
 
 def add_parser(sub) -> None:
@@ -102,6 +101,7 @@ def _only(specs: list, patterns: list[str]) -> list:
 def _groups(args):
     """[(fix, [EngineSpec])] from the scenario options or the single-run options."""
     from sglab.sglang import engine as eng
+    from sglab.tools import fixes
 
     cpus = _cpus(args.cpus)
     picked = [fixes.scenario(n) for n in args.scenario]
@@ -205,6 +205,7 @@ def _too_few_gpus(name: str, specs) -> str:
     GPUs (:func:`fixes.short_of`). A machine without CUDA is left to the release's pin check (its
     torch says more)."""
     from sglab.core import hardware
+    from sglab.tools import fixes
 
     need = max((sp.tp_size for sp in specs), default=0)
     if need < 2 or not hardware.has_cuda():
@@ -300,6 +301,7 @@ def _record_partial(args, fix: str, results: list, specs: list, host: dict, stop
 
 def main(args) -> int:
     from sglab.sglang import engine as eng
+    from sglab.tools import fixes
 
     if args.list:
         for s in fixes.scenarios():

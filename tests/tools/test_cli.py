@@ -1,0 +1,55 @@
+"""The `sglab` command itself: its help answers at once, without the numeric stack that the
+commands load when they run."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from sglab.tools import cli
+
+
+HEAVY = ("torch", "pandas", "matplotlib")
+ASK = """
+import sys
+from sglab.tools import cli
+try:
+    cli.main(sys.argv[1:])
+except SystemExit:
+    pass
+print(",".join(m for m in {heavy!r} if m in sys.modules), file=sys.stderr)
+"""
+
+
+def _commands() -> list[str]:
+    sub = argparse.ArgumentParser().add_subparsers()
+    cli._workbook_commands(sub)
+    cli._evidence_commands(sub)
+    return list(sub.choices)
+
+
+def _loaded(*argv: str) -> tuple[str, str]:
+    """(stdout, the heavy modules imported) of ``sglab ARGV`` in a fresh interpreter."""
+    p = subprocess.run([sys.executable, "-c", ASK.format(heavy=HEAVY), *argv], capture_output=True,
+                       text=True, timeout=120)
+    return p.stdout, p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+
+
+def test_help_of_sglab_and_of_every_command_loads_no_numeric_stack():
+    commands = _commands()
+    assert {"engine", "verify", "capture-sizes", "workspace"} <= set(commands)
+    out, heavy = _loaded("--help")
+    assert all(c in out for c in commands) and heavy == ""
+    for c in commands:
+        out, heavy = _loaded(c, "--help")
+        assert out.startswith("usage: "), (c, out)
+        assert heavy == "", f"`sglab {c} --help` imported {heavy}"
+
+
+def test_the_check_sees_a_heavy_import():
+    """The probe above is not blind: a command that does run imports what it needs."""
+    config = Path(__file__).resolve().parents[1] / "data" / "configs" / "gemma3_text.json"
+    _, heavy = _loaded("swa-cost", str(config))
+    assert "pandas" in heavy.split(",")
