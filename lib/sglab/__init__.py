@@ -1,15 +1,14 @@
 """sglab: rebuild SGLang fixes live on GPUs and measure each one before and after.
 
-Layering (imports only go down):
+One folder per fix, a thin shared core; imports only go down (the map: docs/structure.md):
 
-1. ``hardware``, ``upstream``   what is here: GPUs, drivers, the installed SGLang source
-2. ``measure``                  timing, kernel counts, NVML memory
-3. ``dist``                     N ranks, one GPU each, with timeouts
-4. ``fixes``                    the upstream mechanisms, PR-era, before/after switch, no measuring
-5. ``experiments``              one module per notebook: ``run(params) -> tidy DataFrame``
-6. ``runs``                     write a run + manifest, load recorded runs
-7. ``plots``, ``notebook``      house style; what notebook cells call
-8. ``cli``                      ``sglab env | run | record | sync``
+- ``tools/``                the ``sglab`` command, notebooks headless, the report, verify, the
+                            one list of fixes
+- ``<fix>/``                one notebook's rebuild, measurement, tables, claims and real-SGLang
+                            record (``pcg_gate``, ``workspace_floor``, ``breakable_graph``,
+                            ``swa_loc``, ``grid_thw``, ``capture_sizes``)
+- ``sglang/``               real SGLang releases side by side, their probes, the whole engine
+- ``core/``                 runs, claims, timing, kernels, memory, ranks, processes, plots
 """
 
 __version__ = "0.1.0"

@@ -45,11 +45,13 @@ def test_both_cases_start_the_stand_in_and_the_dummy_weight_fix():
         assert (GRID_ON_CUDA0.name in names) == (spec.case == "before")
 
 
+STAND_IN = ("sglab.grid_thw.stand_in:probe", {"config": str(CONFIG), "prompt": ENGINE[0].prompt})
+REAL_CALLS = [(*STAND_IN, ("0.5.11",))]  # answered by the test session (conftest)
+
+
 @pytest.fixture(scope="module")
 def answer():
-    return testing.require(
-        testing.probe_one("0.5.11", "sglab.grid_thw.stand_in:probe",
-                          {"config": str(CONFIG), "prompt": ENGINE[0].prompt}))
+    return testing.require(testing.probe_one("0.5.11", *STAND_IN))
 
 
 def test_the_release_takes_the_stand_in_through_its_own_get_processor(answer):

@@ -53,3 +53,15 @@ def test_the_check_sees_a_heavy_import():
     config = Path(__file__).resolve().parents[1] / "data" / "configs" / "gemma3_text.json"
     _, heavy = _loaded("swa-cost", str(config))
     assert "pandas" in heavy.split(",")
+
+
+def test_the_workbooks_processes_read_notebooks_without_jsonschemas_iri_grammars():
+    """sglab.tools keeps jsonschema's optional IRI check out (its 39 grammars cost 1-3 s per
+    process); notebooks still read and validate."""
+    code = ("import sys, sglab.tools, nbformat; nb = nbformat.read(sys.argv[1], as_version=4); "
+            "nbformat.validate(nb); print(len(nb.cells), sys.modules['rfc3987_syntax'])")
+    nb = Path(__file__).resolve().parents[2] / "notebooks" / "00_start_here.ipynb"
+    p = subprocess.run([sys.executable, "-c", code, str(nb)], capture_output=True, text=True,
+                       timeout=120)
+    cells, loaded = p.stdout.split()
+    assert p.returncode == 0 and int(cells) > 5 and loaded == "None", p.stderr[-500:]

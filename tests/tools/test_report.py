@@ -13,7 +13,7 @@ import pytest
 from sglab.tools import fixes as catalog, nbtools
 from sglab.core import claims, runs
 from sglab.swa_loc import claims as SWA
-from sglab.tools import report as index, report as pages, timings
+from sglab.tools import pages, report as index, timings
 
 
 def _png(width_in=12.0) -> bytes:
@@ -90,10 +90,10 @@ def test_first_figure_and_thumbnail():
     from PIL import Image
 
     r = _executed("04_swa_loc", "t")
-    png = pages.first_figure(r.nb)
+    png = index.first_figure(r.nb)
     assert Image.open(io.BytesIO(png)).width == 1200
-    assert Image.open(io.BytesIO(pages.thumbnail(png))).width == 360
-    assert pages.first_figure(nbformat.v4.new_notebook()) is None
+    assert Image.open(io.BytesIO(index.thumbnail(png))).width == 360
+    assert index.first_figure(nbformat.v4.new_notebook()) is None
 
 
 def test_index_cards(tmp_path):
@@ -163,3 +163,22 @@ def test_the_index_takes_recorded_facts_read_while_the_notebooks_ran(tmp_path):
     assert "read while the notebooks ran" in text and "verdict: v" in text
     assert index.recorded_facts("04_swa_loc")["headline"] in index.write_index(
         [r], tmp_path, [], live_times={}).read_text()
+
+
+def test_a_notebook_worker_starts_without_the_fixes_or_torch():
+    """`sglab run`'s workers import :mod:`sglab.tools.pages` only: the kernel imports what a
+    notebook needs, the worker itself never loads torch (about 2 s a worker on the CPU box)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, sglab.tools.pages as p, sglab.tools.report as r; "
+            "assert r.run_one is p.run_one; print(','.join(m for m in ('torch', 'pandas', "
+            "'sglab.tools.fixes') if m in sys.modules))")
+    light = subprocess.run([
+        sys.executable, "-c",
+        code.replace(", sglab.tools.report as r", "").replace("assert r.run_one is p.run_one; ", "")
+    ], capture_output=True, text=True, timeout=120)
+    assert light.returncode == 0 and light.stdout.strip() == "", light.stderr[-500:]
+    whole = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120)
+    assert whole.returncode == 0 and "sglab.tools.fixes" in whole.stdout, whole.stderr[-500:]

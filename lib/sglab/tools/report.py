@@ -2,9 +2,9 @@
 ``reports/`` folder (executed ``.ipynb``, one offline HTML page per notebook, ``index.html`` and
 ``index.json``).
 
-- :mod:`.pages`: an executed notebook → its HTML page;
-- :mod:`.index`: the index, one card per notebook (claim, headline, verdict, live time, status,
-  first figure);
+- :mod:`.pages`: an executed notebook → its HTML page (what each worker runs);
+- here: the index, one card per notebook (claim, headline, verdict, live time, status, first
+  figure), and the environment;
 - :mod:`.timings`: per-cell wall times grouped into phases, saved as a ``workbook`` run (``sglab run
   --timings``).
 """
@@ -14,12 +14,10 @@ from __future__ import annotations
 import base64
 import html
 import io
-import importlib
+from importlib import metadata
 import json
 import os
-import re
 from datetime import datetime, timezone
-from functools import lru_cache
 from pathlib import Path
 
 from sglab.core import bytecode, claims, hardware, kernels, runs
@@ -27,7 +25,7 @@ from sglab.sglang import upstream
 from sglab.sglang.bootstrap import real_release_rows
 from sglab.tools import fixes, nbtools, timings
 from sglab.tools.fixes import by_stem
-from sglab.tools.nbtools import Result
+from sglab.tools.pages import notebook_title, run_one, status_line
 
 # nbformat, pandas and multiprocessing are imported where used: `sglab` starts without them
 
@@ -40,31 +38,9 @@ def default_jobs() -> int:
     return 1 if hardware.has_cuda() else max(1, min(2, os.cpu_count() or 1))
 
 
-@lru_cache(maxsize=1)
-def _exporter():
-    return exporter()  # reading the templates once per process
-
-
-def _one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pages: bool):
-    """Execute one notebook and write its executed copy and page (in a worker process when jobs >
-    1)."""
-    import nbformat
-
-    r = nbtools.execute(p, cell_timeout=cell_timeout, params=params, partial_dir=out)
-    nbformat.write(r.nb, out / p.name)
-    if html_pages:
-        write_page(r.nb, out / f"{p.stem}.html", title=notebook_title(r.nb, p.stem),
-                   status=_status(r), html_exporter=_exporter())
-    return r
-
-
-def _status(r) -> str:
-    return f"{r.status} · {r.mode} · {r.seconds:.1f} s"
-
-
 def _report(r, progress) -> None:
     err = r.error if len(r.error) < 700 else f"{r.error[:400]} … {r.error[-250:]}"
-    progress(f"      {r.path.name}: {_status(r)}" + (f"\n      {err}" if err else ""))
+    progress(f"      {r.path.name}: {status_line(r)}" + (f"\n      {err}" if err else ""))
 
 
 def _result_of(future, path: Path):
@@ -77,8 +53,8 @@ def _result_of(future, path: Path):
     except BrokenProcessPool as e:
         import nbformat
 
-        return Result(path, "failed", "?", 0.0, f"the worker process running it died: {e}",
-                      nb=nbformat.v4.new_notebook())
+        return nbtools.Result(path, "failed", "?", 0.0, f"the worker process running it died: {e}",
+                              nb=nbformat.v4.new_notebook())
 
 
 def _in_parallel(paths, out, params, cell_timeout, html_pages, jobs, progress) -> list:
@@ -90,7 +66,7 @@ def _in_parallel(paths, out, params, cell_timeout, html_pages, jobs, progress) -
 
     done: dict = {}
     with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-        futures = {pool.submit(_one, p, out, params, cell_timeout, html_pages): p for p in paths}
+        futures = {pool.submit(run_one, p, out, params, cell_timeout, html_pages): p for p in paths}
         try:
             for f, p in futures.items():
                 done[p] = _result_of(f, p)
@@ -138,7 +114,7 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None,
         known, results = {}, []
         for i, p in enumerate(paths, 1):
             progress(f"[{i}/{len(paths)}] {p.name} …")
-            results.append(_one(p, out, params, cell_timeout, html_pages))
+            results.append(run_one(p, out, params, cell_timeout, html_pages))
             _report(results[-1], progress)
             # Ctrl-C or SIGTERM: the report of what ran, then stop
             if results[-1].stopped_by_signal:
@@ -211,7 +187,7 @@ def _live_runs(experiment: str, result) -> list:
     return [runs.read_run(p, live=True) for p in paths if p.stat().st_mtime >= started]
 
 
-def _card_status(r) -> str:
+def _cardstatus_line(r) -> str:
     skipped = f" · {r.skipped_gpu_cells} GPU cell(s) skipped" if r.skipped_gpu_cells else ""
     return (f"<span class='{r.status}'>{r.status}</span> · <span class='{r.mode}'>{r.mode}</span> "
             f"· {r.seconds:.1f} s{skipped}")
@@ -243,7 +219,7 @@ def card(r, live_time: str, recorded: dict | None = None) -> str:
     return (f"<div class='card'>{fig}<div class='text'>{link}"
             f"<p>{inline_markdown(facts['claim'])}</p>{headline}{verdicts}"
             f"<div class='meta'>live time: {html.escape(live_time)}</div>"
-            f"<div class='meta'>this run: {_card_status(r)}</div>{err}</div></div>")
+            f"<div class='meta'>this run: {_cardstatus_line(r)}</div>{err}</div></div>")
 
 
 def write_index(results, out: Path, env_rows: list[tuple[str, str]], live_times: dict | None = None,
@@ -280,51 +256,6 @@ def write_index(results, out: Path, env_rows: list[tuple[str, str]], live_times:
 # --------------------------------------------------------------------------------------------------
 # report_pages: One executed notebook → one HTML page of the report.
 # --------------------------------------------------------------------------------------------------
-
-TEMPLATES = Path(__file__).with_name("templates")
-_H1 = re.compile(r"^#\s+(.+?)\s*#*\s*$", re.M)
-
-
-def notebook_title(nb, fallback: str) -> str:
-    """The first ``# heading`` of the first markdown cell that has one (markdown markup stripped),
-    else ``fallback`` (the file stem)."""
-    for cell in nb.cells:
-        if cell.cell_type != "markdown":
-            continue
-        m = _H1.search(cell.source)
-        if m:
-            return re.sub(r"[`*]", "", m.group(1)).strip()
-    return fallback
-
-
-def exporter():
-    """An HTMLExporter on the ``sglab`` template (built once per report: building it reads the
-    templates)."""
-    from nbconvert import HTMLExporter
-
-    return HTMLExporter(extra_template_basedirs=[str(TEMPLATES)], template_name="sglab")
-
-
-def render(nb, *, title: str, status: str = "", html_exporter=None) -> str:
-    """The page of an executed notebook; ``status`` (e.g. "ok · recorded · 7.8 s") goes into the top
-    bar."""
-    exp = html_exporter or exporter()
-    body, _ = exp.from_notebook_node(
-        nb, resources={"metadata": {"name": title}, "sglab_title": title, "sglab_status": status})
-    return body
-
-
-def write_page(nb, path: Path, *, title: str, status: str = "", html_exporter=None) -> Path:
-    """Write the page; a notebook nbconvert cannot render still gets a page that says why (and links
-    back)."""
-    try:
-        body = render(nb, title=title, status=status, html_exporter=html_exporter)
-    except Exception as e:  # noqa: BLE001 - one broken page must not lose the rest of the report
-        body = (f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"
-                f"<p><a href='index.html'>← sglab report index</a></p><h1>{html.escape(title)}</h1>"
-                f"<p>HTML export failed: {html.escape(f'{type(e).__name__}: {e}')}</p>")
-    path.write_text(body, encoding="utf-8")
-    return path
 
 
 def first_figure(nb) -> bytes | None:
@@ -395,12 +326,11 @@ def env_report() -> list[tuple[str, str]]:
     rows.append(("sglang", f"{inst.version} at {inst.root}" if inst else
                  "none in this environment: the notebooks read the releases below instead"))
     rows += real_release_rows()
-    for mod in ("nbclient", "jupytext", "ipykernel", "nbconvert"):
+    for dist in ("nbclient", "jupytext", "ipykernel", "nbconvert"):  # read, not imported
         try:
-            m = importlib.import_module(mod)
-            rows.append((mod, getattr(m, "__version__", "installed")))
-        except ImportError:
-            rows.append((mod, "not installed"))
+            rows.append((dist, metadata.version(dist)))
+        except metadata.PackageNotFoundError:
+            rows.append((dist, "not installed"))
     return rows
 
 
