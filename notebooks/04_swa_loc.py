@@ -220,10 +220,10 @@ sglang.gpu_recorded()
 # preset removed: the release before the PR pins an older torch and does not start on the GPU image
 # (the harness adjustment is printed with the table). The first claim under the table checks that
 # the difference is the rebuild's two kernels per SWA layer, exactly; the second, that each count
-# is one number over a case's engine starts, so a rerun on any machine (H100 and H200 so far) must
-# find it again, not a number near it. The decode times are shown for
-# orientation (the table's header says how many engine starts each rests on); no claim rests on
-# them: a few kernels per replay cost microseconds, less than engine starts differ by.
+# is one number over a case's engine starts, so a rerun on any machine must find it again, not a
+# number near it (the last table: every recorded run, of every GPU model). The decode times are
+# shown for orientation (the table's header says how many engine starts each rests on); no claim
+# rests on them: a few kernels per replay cost microseconds, less than engine starts differ by.
 
 # %%
 engine = sglang.FIX.recorded_engine()

@@ -951,3 +951,24 @@ def test_swa_replay_counts_are_the_same_on_h100_and_h200():
         if d["claim"] == claim
     ]
     assert any(d["beyond"] for d in rows)
+
+
+def test_counts_by_run_has_a_row_per_run_and_one_count_per_column_in_the_record():
+    rec = E.recorded("swa_loc", "04")
+    t = E.counts_by_run(rec, "decode_kernels_per_replay")
+    assert len(t) == len(runs.load_all_recorded("engine_swa_loc"))
+    assert list(t.columns[:3]) == ["starts", "0.5.11 before", "0.5.11 released"]
+    for col in t.columns[1:]:  # every machine, every GPU model: one count per release and case
+        assert len({v for v in t[col] if v}) == 1, t[col]
+    assert {"148", "140", "196"} == {v for c in t.columns[1:] for v in t[c] if v}
+    # a start that counted one kernel more shows as a span in its run's row
+    several = _several_starts("engine_swa_loc", "0.5.11+before")
+    if several:
+        r = several[0]
+        df = r.df.copy()
+        sel = (df.variant == "0.5.11+before") & (df.metric == "decode_kernels_per_replay")
+        df.loc[df[sel].index[0], "value"] = "149"
+        bad = runs.Run(df, copy.deepcopy(r.manifest), r.path)
+        bad.shown, bad.elsewhere = [bad], []
+        assert E.counts_by_run(bad, "decode_kernels_per_replay")["0.5.11 before"].iloc[0] == \
+            "148–149"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pandas as pd
 
 from sglab.core import hardware, runs
+from sglab.sglang.releases import parse_version
 
 
 KEYS = ["model", "release", "case"]
@@ -424,6 +425,27 @@ def every_run(run) -> list:
     every = [*run.shown, *getattr(run, "elsewhere", [])]
     return sorted(every, key=lambda r:
                   (runs.gpu_short(r.manifest), r.manifest.get("created_utc", "")))
+
+
+def counts_by_run(run, metric: str) -> pd.DataFrame:
+    """A count on every recorded run, GPU models included (:func:`every_run`): one row per run,
+    one column per release and case, each cell the count over its engine starts
+    (:func:`count_span`: ``lowest–highest`` where they disagree) and how many starts it rests on."""
+    rows = []
+    for r in every_run(run):
+        d = number(latest([r]), metric, started=True).dropna(subset=["value"])
+        if not d.empty:
+            rows.append({
+                "run": run_label(r), "starts": count_span(d["starts"]),
+                **{f"{x.release} {x.case}": count_span((x.lo, x.hi))
+                   for x in d.itertuples()}
+            })
+    if not rows:
+        return pd.DataFrame()
+    out = pd.DataFrame(rows).set_index("run").fillna("")
+    cells = sorted((c for c in out.columns if c != "starts"), key=lambda c:
+                   (parse_version(c.split()[0]), c.split()[1]))
+    return out[["starts", *cells]]
 
 
 def releases_ok(df: pd.DataFrame, model: str | None = None) -> dict:

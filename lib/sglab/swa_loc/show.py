@@ -526,3 +526,8 @@ def engine(run) -> None:
     later releases; decode time per step (batch 32) beside it."""
     engine_runs.section(run, ["decode_kernels_per_replay", "decode_kernels_per_layer"],
                         [("decode", "batch_size", "{:.2f}")])
+    counts = engine_runs.counts_by_run(run, "decode_kernels_per_replay")
+    if len(counts) > 1:
+        print("kernels per decode-graph replay in every recorded run, of every GPU model (a "
+              "row per run; one figure per cell where all its starts agree)")
+        notebook.show_table(counts)
