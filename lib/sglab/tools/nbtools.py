@@ -124,7 +124,7 @@ def parameter_names(path: Path) -> list[str]:
     import ast
     import json
 
-    cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]  # (nbformat: 3 s to import)
+    cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]  # (the JSON is enough)
     cell = next((c for c in cells if PARAM_TAG in c.get("metadata", {}).get("tags", [])), None)
     if cell is None:
         return []
