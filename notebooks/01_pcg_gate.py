@@ -290,8 +290,9 @@ hostprobe.show()
 # launching kernels one by one; as each kernel carries more work, that share shrinks. The sweep runs
 # the same 32 Llama layers at hidden 512, 1024, 2048 and 4096 (`--json-model-override-args`, 0.5.13,
 # `bash scripts/engine_gpu.sh --scenario 01-llama-width`) and draws the gain against the prefill's
-# tokens: read off your own model's width and batch. The gain depends on this host's per-launch
-# cost too (the engine header prints it where the run measured it).
+# tokens: read off your own model's width and batch. Each GPU model that recorded the sweep gets
+# its own panel, titled with the bare per-launch cost of the hosts that ran it: the gain depends on
+# that cost as much as on the GPU.
 
 # %%
 show.width_sweep(engine)

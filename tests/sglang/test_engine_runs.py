@@ -848,6 +848,36 @@ def test_the_width_sweeps_gain_spans_its_starts(monkeypatch):
         drawn[0].axes[0].get_title())
 
 
+def test_the_width_sweep_draws_one_panel_per_gpu_model_with_its_launch_cost(monkeypatch):
+    """The shown model's sweep first, then each other GPU model that recorded one, side by side,
+    each titled with its GPU and the bare launch cost of the hosts that ran its sweep; a model
+    without a sweep gets no panel."""
+    from sglab.pcg_gate import show as pg_show
+
+    def sweep(gpu, gain, us, created):
+        run = _starts_run({("w512-pcg", 0): {128: 10.0}, ("w512-off", 0): {128: 10.0 * gain}},
+                          created=created)
+        run.df.loc[(run.df.case == "w512-pcg") & (run.df.metric == "pcg"), "value"] = "captured"
+        run.manifest.update(
+            gpu_name=gpu,
+            host_launch_us={"before": {"median": us - 1}, "after": {"median": us + 1}})
+        return run
+
+    h100 = sweep("NVIDIA H100 80GB HBM3", 2.0, 8.0, "2026-11-27T00:00:00Z")
+    h200 = sweep("NVIDIA H200", 1.5, 11.0, "2026-11-28T00:00:00Z")
+    no_sweep = _starts_run({("pcg", 0): {128: 10.0}}, created="2026-11-28T01:00:00Z")
+    no_sweep.manifest["gpu_name"] = "NVIDIA B200"
+    h100.shown, h100.elsewhere = [h100], [h200, no_sweep]
+    drawn = []
+    monkeypatch.setattr(pg_show.notebook, "show_figure", drawn.append)
+    pg_show.width_sweep(h100)
+    titles = [ax.get_title() for ax in drawn[0].axes if ax.get_title()]
+    assert [t.split("\n")[0] for t in titles
+            ] == ["H100 · a bare launch 8.0 µs", "H200 · a bare launch 11.0 µs"]
+    gains = [ax.lines[0].get_ydata()[0] for ax in drawn[0].axes if ax.lines]
+    assert gains == [pytest.approx(2.0), pytest.approx(1.5)]
+
+
 def test_cases_split_a_scenario_and_a_pattern_that_matches_nothing_is_one_line(capsys):
     argv = ["engine", "--scenario", "01-llama-width", "--dry-run", "--cases", "w512-*", "w1024-*"]
     assert cli.main(argv) == 0

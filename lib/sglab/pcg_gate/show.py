@@ -17,6 +17,7 @@ measured on. Method-3 runs carry that host's per-launch cost, shown beside them.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Optional
 
 import numpy as np
@@ -535,16 +536,50 @@ def width_gains(df: pd.DataFrame) -> pd.DataFrame:
 def width_sweep(run) -> None:
     """Where piecewise graphs stop paying: the gain (off / captured prefill) against the prefill's
     tokens, one line per hidden size of the same 32 Llama layers, the bars spanning the engine
-    starts. Where the lines fall towards 1, each launch carries enough work that launching it from
-    the host no longer matters."""
-    df = engine_runs.latest(run.shown) if run else pd.DataFrame()
-    gains = width_gains(df) if run else pd.DataFrame()
-    if gains.empty:
+    starts; one panel per GPU model that recorded the sweep (the model the section shows first),
+    each with its host's bare per-launch cost. Where the lines fall towards 1, each launch carries
+    enough work that launching it from the host no longer matters."""
+    panels = _width_panels(run) if run else []
+    if not panels:
         print("no width sweep recorded yet: on a GPU box, bash scripts/engine_gpu.sh --scenario "
               "01-llama-width")
         return
+    fig, axes = plots.figure(ncols=len(panels), sharey=True, width=1.6 + 5.6 * len(panels),
+                             height=4.2)
+    axes = axes[0] if len(panels) > 1 else [axes]
+    for i, (ax, (gpu, df, gains, cost)) in enumerate(zip(axes, panels)):
+        _draw_width(ax, df, gains, gpu, cost, legend=i == len(panels) - 1)
+        if i:
+            ax.set_ylabel("")
+    notebook.show_figure(fig)
+
+
+def _width_panels(run) -> list:
+    """``[(gpu, df, gains, (lo, hi) µs per bare launch or None)]``: the shown GPU model's sweep,
+    then each other model's (``run.elsewhere``), those with a sweep only; the launch cost spans the
+    hosts of the runs that recorded the sweep."""
+    by_gpu = {runs.gpu_short(run.manifest): list(run.shown)}
+    for r in getattr(run, "elsewhere", []):
+        by_gpu.setdefault(runs.gpu_short(r.manifest), []).append(r)
+    panels = []
+    for gpu, rs in by_gpu.items():
+        df = engine_runs.latest(rs)
+        gains = width_gains(df)
+        if not gains.empty:
+            swept = [
+                r for r in rs
+                if r.df["case"].map(lambda c: bool(sglang.WIDTH_CASE.match(str(c)))).any()
+            ]
+            costs = [
+                c for c in (engine_runs.host_us(SimpleNamespace(shown=[r]))
+                            for r in swept) if c is not None
+            ]
+            panels.append((gpu, df, gains, (min(costs), max(costs)) if costs else None))
+    return panels
+
+
+def _draw_width(ax, df: pd.DataFrame, gains: pd.DataFrame, gpu: str, cost, *, legend: bool):
     starts, mixed = int(gains["starts"].min()), gains["starts"].nunique() > 1
-    fig, ax = plots.figure()
     widths = gains["hidden"].nunique()
     for i, (h, g) in enumerate(gains.groupby("hidden")):
         n = int(g["starts"].min())  # widths recorded apart may differ: each says its own
@@ -562,12 +597,14 @@ def width_sweep(run) -> None:
     how = (f"{engine_runs.STAT_NAMES[STAT]};\nbars: the starts' range"
            if mixed else f"{engine_runs.starts_how(starts, STAT)};\nbars: the starts' range"
            if starts > 1 else "one engine start: no spread measured")
-    ax.set_title(f"SGLang {rel}, Llama 32 layers: the gain by width\n(bench_one_batch, {how})",
-                 fontsize=10)
+    span = cost and (f"{cost[0]:.1f}"
+                     if f"{cost[0]:.1f}" == f"{cost[1]:.1f}" else f"{cost[0]:.1f}–{cost[1]:.1f}")
+    host = f" · a bare launch {span} µs" if span else ""
+    ax.set_title(f"{gpu}{host}\nSGLang {rel}, Llama 32 layers, bench_one_batch\n{how}", fontsize=9)
     tokens = sorted(gains["tokens"].unique())
     ax.set_xticks(tokens, [str(t) for t in tokens])
-    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    notebook.show_figure(fig)
+    if legend:
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
 
 
 # #26382's own figure (its description: B200, TP 4, Kimi-K2.5 with real weights, mean TTFT)
