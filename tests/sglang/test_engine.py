@@ -186,7 +186,8 @@ def test_a_release_that_cannot_start_here_is_said_once_per_scenario(monkeypatch,
         raise engine_pkg.EngineError(f"sglang {spec.release} does not accept a flag of {spec.case}")
 
     monkeypatch.setattr(engine_pkg, "run", run)
-    monkeypatch.setattr(hardware, "has_cuda", lambda: False)
+    monkeypatch.setattr(hardware, "has_cuda", lambda: False)  # a GPU this torch cannot use
+    monkeypatch.setattr(hardware, "gpu_count", lambda: 1)
     monkeypatch.setattr(engine_cmd, "host_launch_cost", lambda **k: pytest.fail("measured"))
     assert main(["engine", "--scenario", "01-kimi-pcg"]) == 2
     err = capsys.readouterr().err.splitlines()
@@ -865,6 +866,31 @@ def test_too_few_gpus_skips_a_plans_scenario_and_stops_a_named_one(monkeypatch, 
     out = capsys.readouterr()
     assert f"sglab engine: skipped {tp4[0].name} needs 4 GPUs, this machine has 2" in out.out
     assert only_tp4 or "stand-in: not started" in out.err
+
+
+def test_a_machine_without_gpus_says_so_in_one_line_and_starts_nothing(monkeypatch, capsys):
+    """No GPU for torch nor for the driver: a named scenario, a free run and a plan each stop with
+    one line saying so and status 2, not with each release's torch pin."""
+    from sglab.core import hardware
+    from sglab.sglang import engine as engine_pkg
+    from sglab.tools.cli import main
+
+    monkeypatch.setattr(hardware, "has_cuda", lambda: False)
+    monkeypatch.setattr(hardware, "gpu_count", lambda: 0)
+    started = []
+    monkeypatch.setattr(engine_pkg, "run", lambda spec, work=None: started.append(spec))
+    assert main(["engine", "--scenario", "01-kimi-pcg"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "sglab engine: 01-kimi-pcg: no CUDA GPU here; needs 1")
+    argv = ["engine", "--release", "0.5.13", "--model", str(LLAMA), "--", "--tp-size", "2"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        "sglab engine: this engine: no CUDA GPU here; needs 2")
+    assert main(["engine", "--plan", "01"]) == 2
+    out = capsys.readouterr()
+    assert "sglab engine: skipped 01-llama-pcg: no CUDA GPU here; needs 1" in out.out
+    assert out.err.strip() == "sglab engine: plan 01: nothing this machine can start"
+    assert not started
 
 
 def test_event_lines_joined_by_two_ranks_are_both_read(tmp_path):

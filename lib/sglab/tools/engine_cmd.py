@@ -129,6 +129,7 @@ def _groups(args):
         raise eng.EngineError("--cases picks cases of a --scenario or --plan")
     if not args.release or not args.model:
         raise eng.EngineError("give --release and --model (or --scenario / --plan / --list)")
+    eng.load_config(args.model)  # a bad config is said before what the machine lacks
     argv = list(args.server_args)
     if argv[:1] == ["--"]:
         argv = argv[1:]
@@ -201,16 +202,17 @@ def _dry_run(spec, work) -> None:
 
 
 def _too_few_gpus(name: str, specs) -> str:
-    """Why this GPU machine cannot start these specs ('' when it can): each needs its TP size in
-    GPUs (:func:`fixes.short_of`). A machine without CUDA is left to the release's pin check (its
-    torch says more)."""
+    """Why this machine cannot start these specs ('' when it can): each needs its TP size in GPUs
+    (:func:`fixes.short_of`). Where torch sees no CUDA but the driver sees GPUs, the release's pin
+    check says why (this torch); where the driver sees none either, no torch would help."""
     from sglab.core import hardware
     from sglab.tools import fixes
 
-    need = max((sp.tp_size for sp in specs), default=0)
-    if need < 2 or not hardware.has_cuda():
-        return ""
-    return fixes.short_of(name or "engine", need, hardware.gpu_count())
+    need = max((sp.tp_size for sp in specs), default=1)
+    if not hardware.has_cuda():
+        return "" if hardware.gpu_count(
+        ) else f"{name or 'this engine'}: no CUDA GPU here; needs {need}"
+    return fixes.short_of(name or "this engine", need, hardware.gpu_count()) if need > 1 else ""
 
 
 HOST_COST = ("import json; from sglab.core.timing import launch_cost_us; "
@@ -325,6 +327,8 @@ def main(args) -> int:
                     if line:
                         print(f"sglab engine: skipped {line}")
                 groups = [g for g in groups if not why[g[1]]]
+                if not groups:
+                    raise eng.EngineError(f"plan {args.plan}: nothing this machine can start")
             elif any(why.values()):
                 raise eng.EngineError(next(w for w in why.values() if w))
         for fix, name, specs in groups:

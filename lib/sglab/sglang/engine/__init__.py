@@ -21,7 +21,7 @@ FACE = {
     "release": ("check_pins", "locate", "release_flags"),
     "running": ("EngineResult", "run"),
     "spec": ("DEFAULT_TIMEOUT_S", "PCG_FLAGS", "VOCAB", "Adjustment", "Case", "EngineError",
-             "EngineSpec", "ReleaseError", "Scenario", "adjustment", "flag_names",
+             "EngineSpec", "ReleaseError", "Scenario", "adjustment", "flag_names", "load_config",
              "revert_adjustment", "text_config", "tp_size", "trace_adjustment"),
     "trace": ("decode_kernels",),
 }
