@@ -120,6 +120,14 @@ def test_dry_run_lists_steps_and_skips_and_runs_nothing(capsys, monkeypatch):
     assert "swa_loc: skipped, needs 1 GPU, have 0" in capsys.readouterr().out
 
 
+def test_a_machine_that_can_run_no_fix_says_so_and_exits_2(capsys, monkeypatch):
+    monkeypatch.setattr(record, "record_fix", lambda *a, **k: pytest.fail("recorded"))
+    assert cli.main(["real", "gpu", "--gpus", "0"]) == 2
+    out = capsys.readouterr()
+    assert "swa_loc: skipped, needs 1 GPU, have 0" in out.out
+    assert out.err.strip() == "sglab real gpu: nothing this machine can run (0 GPUs)"
+
+
 def test_unknown_fix_is_one_line_and_exit_2(capsys):
     assert cli.main(["real", "gpu", "--fix", "nope", "--gpus", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

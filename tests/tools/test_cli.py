@@ -48,6 +48,20 @@ def test_help_of_sglab_and_of_every_command_loads_no_numeric_stack():
         assert heavy == "", f"`sglab {c} --help` imported {heavy}"
 
 
+def test_every_command_says_what_it_does_and_what_each_argument_means():
+    sub = argparse.ArgumentParser().add_subparsers()
+    cli._workbook_commands(sub)
+    cli._evidence_commands(sub)
+    bare = [
+        f"{name} {a.option_strings[0] if a.option_strings else a.dest}"
+        for name, p in sub.choices.items()
+        for a in p._actions if not a.help and not isinstance(a, argparse._HelpAction)
+    ]
+    assert bare == [], f"arguments without help: {bare}"
+    out, _ = _loaded("env", "--help")
+    assert "describe this machine" in out  # the command's own line, under its usage
+
+
 def test_the_check_sees_a_heavy_import():
     """The probe above is not blind: a command that does run imports what it needs."""
     config = Path(__file__).resolve().parents[1] / "data" / "configs" / "gemma3_text.json"

@@ -207,7 +207,10 @@ def install(releases: Iterable[str] = PINNED, *, wheelhouse: Optional[Path] = No
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="sglab real install", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="sglab real install",
+        description="install the pinned SGLang releases side by side (.sglang/releases/<V>/); "
+        "a release already installed is left alone")
     ap.add_argument("--releases", nargs="+", default=list(PINNED), metavar="V",
                     help=f"releases to install (default: {' '.join(PINNED)})")
     ap.add_argument("--wheelhouse", type=Path, help="install offline from this folder (GPU boxes)")

@@ -366,10 +366,12 @@ def _workbook_commands(sub) -> None:
     """env, run, record, sync: the commands that run the workbook and its experiments."""
     sub.add_parser("env", help="describe this machine").set_defaults(fn=cmd_env)
     p = sub.add_parser("run", help="execute notebooks headless and write reports/")
-    p.add_argument("notebooks", nargs="*")
-    p.add_argument("--out")
+    p.add_argument("notebooks", nargs="*",
+                   help="names or prefixes (01, 04_swa_loc); default: every notebook")
+    p.add_argument("--out", help="the report folder (default reports/)")
     p.add_argument("--param", action="append", help="inject NAME=VALUE after the parameters cell")
-    p.add_argument("--cell-timeout", type=int, default=900)
+    p.add_argument("--cell-timeout", type=int, default=900,
+                   help="seconds a cell may run before it is interrupted (default 900)")
     p.add_argument("--jobs", type=int,
                    help="notebooks at a time (default: 1 where a GPU is visible, else 2)")
     p.add_argument(
@@ -389,17 +391,19 @@ def _workbook_commands(sub) -> None:
     p.add_argument("--record", action="store_true", help="save under data/recorded/workbook/")
     p.set_defaults(fn=cmd_timings)
     p = sub.add_parser("record", help="run an experiment live and save the run")
-    p.add_argument("experiment")
-    p.add_argument("--param", action="append")
+    p.add_argument("experiment", help="a fix's name (pcg_gate, swa_loc, ...): its GPU measurement")
+    p.add_argument("--param", action="append", metavar="NAME=VALUE",
+                   help="override one of the measurement's parameters (repeatable)")
     p.add_argument("--recorded", action="store_true",
                    help="write into data/recorded/ instead of data/runs/")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(fn=cmd_record)
     p = sub.add_parser("publish", help="copy a live run with its sidecars into data/recorded/")
     p.add_argument("run", help="a run's CSV under data/runs/<experiment>/")
     p.set_defaults(fn=cmd_publish)
     p = sub.add_parser("sync", help="write notebooks' .ipynb from their .py")
-    p.add_argument("--check", action="store_true")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 where an .ipynb is out of date")
     p.set_defaults(fn=cmd_sync)
 
 
@@ -413,13 +417,15 @@ def _evidence_commands(sub) -> None:
     upstream_command.add_arguments(p)
     p.set_defaults(fn=cmd_upstream)
     p = sub.add_parser("index", help="rewrite the README's notebook index from the recorded runs")
-    p.add_argument("--check", action="store_true")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 where the index or the house map is out of date")
     p.set_defaults(fn=cmd_index)
     p = sub.add_parser("workspace",
                        help="workspace re-creations per max_token_num policy for your traffic")
     p.add_argument("--trace", required=True,
                    help="CSV of token counts per forward step, or an SGLang server log")
-    p.add_argument("--world-size", type=int, default=8)
+    p.add_argument("--world-size", type=int, default=8,
+                   help="TP ranks sharing the workspace (default 8)")
     p.add_argument("--hidden", type=int, default=7168,
                    help="hidden size of the model (7168: Kimi-K2.5/DeepSeek-V3)")
     p.add_argument(
@@ -472,14 +478,18 @@ def _evidence_commands(sub) -> None:
         help="compare with a reference run (default: the newest recorded run of the "
         "same GPU model)")
     p.add_argument("--junit", metavar="FILE", help="also write the verdicts as JUnit XML")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(fn=cmd_verify)
     p = sub.add_parser(
         "real", help="real SGLang releases side by side: `sglab real install [--releases V ...]`, "
         "`sglab real record` (the notebooks' probe answers, for recorded mode), `sglab real gpu` "
         "(real code on this machine's GPUs)")
-    p.add_argument("action", choices=["install", "record", "gpu"])
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.add_argument(
+        "action", choices=["install", "record", "gpu"],
+        help="install: the pinned releases side by side; record: what the notebooks' probes answer "
+        "here (data/recorded/real_cpu/); gpu: real code on this machine's GPUs (data/runs/)")
+    p.add_argument("rest", nargs=argparse.REMAINDER,
+                   help="the action's own options: sglab real ACTION --help")
     p.set_defaults(fn=cmd_real)
 
 
@@ -492,6 +502,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     _workbook_commands(sub)
     _evidence_commands(sub)
+    for action in sub._choices_actions:  # each command's --help opens with what it does
+        sub.choices[action.dest].description = (sub.choices[action.dest].description or action.help)
     args = ap.parse_args(argv)
     return int(args.fn(args) or 0)
 

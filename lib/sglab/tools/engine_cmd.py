@@ -41,7 +41,8 @@ def add_parser(sub) -> None:
         default="bench",
         help="bench: python -m sglang.bench_one_batch; engine: sglang.Engine(...).generate(...)",
     )
-    p.add_argument("--input-len", type=int, nargs="+", default=[1024], metavar="N")
+    p.add_argument("--input-len", type=int, nargs="+", default=[1024], metavar="N",
+                   help="prompt lengths in tokens (default 1024)")
     p.add_argument("--batch-size", type=int, nargs="+", default=[1], metavar="N",
                    help="bench: batch sizes")
     p.add_argument(
@@ -52,8 +53,8 @@ def add_parser(sub) -> None:
         metavar="N",
         help="engine: requests per generate call (one prefill batch)",
     )
-    p.add_argument("--output-len", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--output-len", type=int, default=16, help="tokens decoded per request")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs of each shape")
     p.add_argument(
         "--profile",
         action="store_true",

@@ -199,6 +199,9 @@ def record(fixes, args) -> int:
         return dry_run(chosen, skipped, gpus)
     for line in skipped:
         print(line)
+    if not chosen:  # a record of nothing must not look like one that passed
+        print(f"sglab real gpu: nothing this machine can run ({gpus} GPUs)", file=sys.stderr)
+        return 2
     ok = True
     deadline = time.monotonic() + args.budget if args.budget else None
     for fix in chosen:
