@@ -150,6 +150,19 @@ def test_a_param_no_notebook_defines_is_refused_before_anything_runs(capsys):
                        f"{', '.join(nbtools.parameter_names(nb))})\n") and not out.out
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["--param", "MODE=lve"], "sglab run: --param MODE=lve: one of auto, live, recorded"),
+    (["--jobs", "0"], "sglab run: --jobs must be at least 1, got 0"),
+])
+def test_a_bad_mode_or_job_count_is_refused_before_anything_runs(argv, said, capsys, monkeypatch):
+    from sglab.tools import cli, report
+
+    monkeypatch.setattr(report, "run_notebooks", lambda *a, **k: pytest.fail("ran"))
+    assert cli.main(["run", "04_swa_loc", *argv]) == 2
+    out = capsys.readouterr()
+    assert out.err == said + "\n" and not out.out
+
+
 def test_the_index_takes_recorded_facts_read_while_the_notebooks_ran(tmp_path):
     """`run_notebooks` reads each recorded notebook's claim facts while its workers run; the index
     shows those and reads nothing again (a live notebook's facts still come from its live runs)."""

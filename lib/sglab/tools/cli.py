@@ -312,6 +312,13 @@ def cmd_run(args) -> int:
         why = nbtools.unknown_parameters(paths, params)
         if why:
             raise ValueError(why)
+        if "MODE" in params:  # said here, not by every notebook's first cell
+            from sglab.core.notebook import MODES
+
+            if params["MODE"] not in MODES:
+                raise ValueError(f"--param MODE={params['MODE']}: one of {', '.join(MODES)}")
+        if args.jobs is not None and args.jobs < 1:
+            raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
     except ValueError as e:
         print(f"sglab run: {e}", file=sys.stderr)
         return 2
