@@ -54,7 +54,8 @@ HARNESS = textwrap.dedent("""
     def on_line(line):
         if line.startswith("pids"):
             print("ready", flush=True)
-            if how == "raise":
+            if how == "raise":  # once the test has seen the engine's processes alive
+                sys.stdin.readline()
                 raise RuntimeError("a harness bug while the engine runs")
 
     import os
@@ -102,10 +103,10 @@ def _start_harness(tmp_path, how: str):
     (tmp_path / "harness.py").write_text(HARNESS.format(lib=str(LIB)))
     # its own session, as under `timeout` or a shell script: a group signal reaches the harness
     # (and what it started in that group), not the engine's own group
-    h = subprocess.Popen([sys.executable,
-                          str(tmp_path / "harness.py"), how,
-                          str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True, preexec_fn=_as_from_a_terminal)
+    h = subprocess.Popen(
+        [sys.executable, str(tmp_path / "harness.py"), how,
+         str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True, preexec_fn=_as_from_a_terminal)
     assert h.stdout.readline().strip() == "ready", h.stderr.read()
     pids = _pids(tmp_path / "engine.log")
     assert len(pids) == 4 and all(_alive(p) for p in pids)
@@ -135,7 +136,7 @@ def test_the_harness_stops_its_engine_however_it_ends(tmp_path, how, send, statu
             h.send_signal(signal.SIGINT)
         elif send.startswith("SIGHUP"):
             h.send_signal(signal.SIGHUP)
-        out, err = h.communicate(timeout=30)
+        out, err = h.communicate("raise now\n" if how == "raise" else None, timeout=30)
         assert h.returncode == status, err
         assert _wait_gone(pids, 5) == [], f"{send}: the engine outlived its harness"
         # it says what it had to stop, in one line
