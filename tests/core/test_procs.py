@@ -109,7 +109,10 @@ def _start_harness(tmp_path, how: str):
         text=True, start_new_session=True, preexec_fn=_as_from_a_terminal)
     assert h.stdout.readline().strip() == "ready", h.stderr.read()
     pids = _pids(tmp_path / "engine.log")
-    assert len(pids) == 4 and all(_alive(p) for p in pids)
+    if not (len(pids) == 4 and all(_alive(p) for p in pids)):
+        _kill_all(pids)  # a failed start leaves nothing behind either
+        h.kill()
+        pytest.fail(f"the stand-in engine did not start whole: {pids}")
     return h, pids
 
 

@@ -211,8 +211,9 @@ def _too_few_gpus(name: str, specs) -> str:
 
     need = max((sp.tp_size for sp in specs), default=1)
     if not hardware.has_cuda():
-        return "" if hardware.gpu_count(
-        ) else f"{name or 'this engine'}: no CUDA GPU here; needs {need}"
+        if hardware.gpu_count():
+            return ""  # GPUs this torch cannot use: the release's pin check says why
+        return f"{name or 'this engine'}: no CUDA GPU here; needs {need}"
     return fixes.short_of(name or "this engine", need, hardware.gpu_count()) if need > 1 else ""
 
 
