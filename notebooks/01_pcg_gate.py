@@ -258,9 +258,10 @@ sglang.compare()
 # above it: the fastest repeat keeps the two copies closest.
 #
 # The last table sets each speed-up beside its reruns, by each statistic (the first is claimed).
-# Each run ran on a machine of its own. The tables above show the H100 runs; the H200 runs (Kimi on
-# three machines, the Llama on two) have rows of their own, each drift against the first run of its
-# GPU model and pair. The launch counts do
+# Each run ran on a machine of its own. The tables above show the H100 runs; the H200 runs (Kimi
+# 0.5.13 on three machines, the Llama on two) have rows of their own, each drift against the first
+# run of its GPU model and pair (Kimi 0.5.12.post1, on two more H200 machines, has no piecewise
+# case and so no speed-up). The launch counts do
 # not move between runs (their claim is exact); the speed-up does, more between machines than the
 # A/A gap of any one run says (compare the A/A table with the drift column). So `sglab verify RUN
 # --against` compares a rerun with the range that every recorded run of its GPU model spans, pair

@@ -669,6 +669,24 @@ def test_a_pair_recorded_on_two_days_is_set_side_by_side_with_its_drift():
     ]
 
 
+def test_a_tie_between_gpu_models_shows_the_model_that_recorded_first(monkeypatch):
+    """Two H200 runs answering what two H100 runs answer: the H100 (recorded first) keeps the
+    tables, in whatever order the runs are found; one H200 run more and the H200 takes them."""
+
+    def make(gpu, *when):
+        made = [_ratio_run("llama_32x512", 20.0, 21.0, t) for t in when]
+        for r in made:
+            r.manifest["gpu_name"] = gpu
+        return made
+
+    h100 = make("NVIDIA H100 80GB HBM3", "2026-11-27T10:00:00Z", "2026-11-29T10:00:00Z")
+    h200 = make("NVIDIA H200", "2026-11-28T10:00:00Z", "2026-11-28T11:00:00Z")
+    monkeypatch.setattr(E.runs, "load_all_recorded", lambda exp: [*h200, *h100])
+    assert E.recorded("pcg_gate", "01").shown == h100
+    h200 += make("NVIDIA H200", "2026-11-28T12:00:00Z")
+    assert E.recorded("pcg_gate", "01").shown == h200
+
+
 def test_runs_of_another_gpu_model_get_rows_and_a_drift_of_their_own(monkeypatch):
     """An H200 run beside two H100 runs: the tables show the model whose runs answer the most
     variants (H100), the H200 run waits in ``elsewhere``; in the rerun table it has its own row,

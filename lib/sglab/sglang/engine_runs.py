@@ -397,7 +397,8 @@ def recorded(fix: str, number: str = "NN"):
     """The fix's recorded engine runs of one GPU model as one :class:`~sglab.core.runs.Run`: the
     newest, with that model's runs in ``shown`` (oldest first) and the other models' in
     ``elsewhere``; or a NoRun saying how to make one. The model shown is the one whose runs answer
-    the most (model, variant) pairs, then the one with more runs: one table never mixes GPUs."""
+    the most (model, variant) pairs, then the one with more runs, then the one that recorded first
+    (so a new model's runs never take the tables over by a tie): one table never mixes GPUs."""
     found = sorted(runs.load_all_recorded(f"engine_{fix}"),
                    key=lambda r: r.manifest.get("created_utc", ""))
     if not found:
@@ -407,7 +408,8 @@ def recorded(fix: str, number: str = "NN"):
     by_gpu: dict = {}
     for r in found:
         by_gpu.setdefault(runs.gpu_short(r.manifest), []).append(r)
-    gpu = max(by_gpu, key=lambda g: (len(_answers(by_gpu[g])), len(by_gpu[g])))
+    # by_gpu is in order of first run, and min keeps the first of equals
+    gpu = min(by_gpu, key=lambda g: (-len(_answers(by_gpu[g])), -len(by_gpu[g])))
     newest = by_gpu[gpu][-1]
     newest.shown = by_gpu[gpu]
     newest.elsewhere = [r for r in found if runs.gpu_short(r.manifest) != gpu]
