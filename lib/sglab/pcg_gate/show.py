@@ -17,7 +17,6 @@ measured on. Method-3 runs carry that host's per-launch cost, shown beside them.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Optional
 
 import numpy as np
@@ -570,10 +569,7 @@ def _width_panels(run) -> list:
                 r for r in rs
                 if r.df["case"].map(lambda c: bool(sglang.WIDTH_CASE.match(str(c)))).any()
             ]
-            costs = [
-                c for c in (engine_runs.host_us(SimpleNamespace(shown=[r]))
-                            for r in swept) if c is not None
-            ]
+            costs = [c for c in map(engine_runs.run_host_us, swept) if c is not None]
             panels.append((gpu, df, gains, (min(costs), max(costs)) if costs else None))
     return panels
 

@@ -566,14 +566,14 @@ def host_us(run, *variant: str) -> float | None:
                    for e in r.manifest.get("engine_runs", [])}
         if variant and not any(v[:len(variant)] == variant for v in started):
             continue
-        got = _host_of(r)
+        got = run_host_us(r)
         if got is not None:
             return got
     return None
 
 
-def _host_of(r) -> float | None:
-    """One run's per-launch cost: the mean of its before and after medians (µs), else None."""
+def run_host_us(r) -> float | None:
+    """One run's host per-launch cost: the mean of its before and after medians (µs), else None."""
     got = [
         v["median"] for v in (r.manifest.get("host_launch_us") or {}).values()
         if isinstance(v, dict) and "median" in v
@@ -610,7 +610,7 @@ def reruns(run, ratios: dict) -> pd.DataFrame:
                 if per:
                     lo, hi = min(per.values()), max(per.values())
                     cells.setdefault(pair, {}).setdefault(row, {
-                        "host": _host_of(r), "gpu": runs.gpu_short(r.manifest)
+                        "host": run_host_us(r), "gpu": runs.gpu_short(r.manifest)
                     })[name] = (lo, f"{lo:.2f}–{hi:.2f}×")
     rows = {}
     for pair, by_run in cells.items():
