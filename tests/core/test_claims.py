@@ -5,6 +5,8 @@ import json
 import sys
 import types
 import xml.etree.ElementTree as ET
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -241,6 +243,28 @@ def test_verifying_an_experiment_with_no_recorded_run_is_not_a_pass(monkeypatch,
     assert err.endswith("engine_pcg_gate: no recorded run to verify (record one, or sglab verify "
                         "--live engine_pcg_gate on a machine that can run it)")
     assert len(err.splitlines()) == 1
+
+
+def test_values_the_reference_lacks_are_said_to_be_held_to_nothing():
+    """A rerun with a release the reference never ran: its values are listed as held to nothing
+    (before, verify printed only the values both had, and a first run looked verified); the
+    context values (the A/A gap) are not claimed, so not listed."""
+
+    claim = Claim("x.count", "a count", "= the record", lambda run: holds(True, "", 0), drift=None,
+                  context=("aa_noise",))
+    other = Claim("x.gate", "a gate", "disabled", lambda run: holds(True, "", 0), drift=None)
+
+    def result(c, v):
+        return claims.Result(c, claims.Outcome(claims.PASS, "", v))
+
+    run = [result(claim, {"0.5.11": 1, "0.5.12": 4, "aa_noise": 0.1}), result(other, "off")]
+    ref = [result(claim, {"0.5.12": 4, "aa_noise": 0.2})]
+    assert claims.unmatched(run, ref) == ["x.count.0.5.11", "x.gate.value"]
+    assert claims.unmatched(ref, run) == []
+    c = claims.Comparison(SimpleNamespace(path=Path("ref.csv")), "given",
+                          claims.drift_rows(run, ref), [], claims.unmatched(run, ref))
+    assert verify.format_comparison(c).splitlines()[-1] == (
+        "    not in the reference, so held to nothing: x.count.0.5.11, x.gate.value")
 
 
 def test_an_exact_value_must_equal_one_the_record_holds():

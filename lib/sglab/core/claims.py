@@ -450,6 +450,25 @@ def drift_rows(results: list[Result], ref_results: list[Result],
     return rows
 
 
+def unmatched(results: list[Result], ref_results: list[Result]) -> list[str]:
+    """This run's claimed values (``claim.value``) that the reference does not answer, so that
+    nothing holds them: a release or model first run on this GPU model, say."""
+    ref = {
+        r.claim.id: _flat(r.outcome.value, "")
+        for r in ref_results if r.outcome.value is not None
+    }
+    out = []
+    for r in results:
+        if r.outcome.value is None:
+            continue
+        theirs = ref.get(r.claim.id, {})
+        out += [
+            f"{r.claim.id}.{k or 'value'}" for k in sorted(_flat(r.outcome.value, ""))
+            if k not in theirs and _leaf(k) not in r.claim.context
+        ]
+    return out
+
+
 def env_diff(run, ref) -> list[dict]:
     """The environment fields that differ between a run and its reference."""
     out = []
@@ -466,6 +485,7 @@ class Comparison:
     how: str  # why this reference: same GPU model, or the nearest
     drift: list = field(default_factory=list)
     env: list = field(default_factory=list)
+    unmatched: list = field(default_factory=list)  # this run's values the reference lacks
 
     @property
     def beyond(self) -> list:
@@ -502,8 +522,9 @@ def compare(mod, run, reference, record: list | None = None) -> Comparison:
     """``run`` against ``reference``; with ``record`` (the runs it was merged from), each number
     against the range those runs span (:func:`spans`)."""
     span = spans(mod, record) if record else None
-    return Comparison(reference, "", drift_rows(evaluate(mod, run), evaluate(mod, reference), span),
-                      env_diff(run, reference))
+    mine, theirs = evaluate(mod, run), evaluate(mod, reference)
+    return Comparison(reference, "", drift_rows(mine, theirs, span), env_diff(run, reference),
+                      unmatched(mine, theirs))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -225,6 +225,10 @@ def format_comparison(c: claims.Comparison) -> str:
         lines.append(f"    {d['claim']}.{d['value']}: {_num(d['this run'])} vs "
                      f"{_num(d['reference'])} (drift {drift or 'n/a'}, tolerance "
                      f"{d['tolerance']}){flag}")
+    if c.unmatched:
+        shown = ", ".join(
+            c.unmatched[:4]) + (f" and {len(c.unmatched) - 4} more" if len(c.unmatched) > 4 else "")
+        lines.append(f"    not in the reference, so held to nothing: {shown}")
     return "\n".join(lines)
 
 
