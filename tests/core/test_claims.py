@@ -55,7 +55,7 @@ def demo(monkeypatch, data_root):
     return data_root
 
 
-def _write(kernels=(10, 8), times=(2.0, 1.0), gpu_count=1, folder="recorded"):
+def _write(kernels=(10, 8), times=(2.0, 1.0), gpu_count=1, folder="recorded", method=1):
     df = runs.tidy("demo", [
         {"variant": "before", "metric": "kernels", "value": kernels[0], "unit": "count"},
         {"variant": "after", "metric": "kernels", "value": kernels[1], "unit": "count"},
@@ -63,7 +63,7 @@ def _write(kernels=(10, 8), times=(2.0, 1.0), gpu_count=1, folder="recorded"):
         {"variant": "after", "metric": "time", "value": times[1], "unit": "ms"},
     ])
     root = runs.data_dir(folder)
-    return runs.write_run(df, experiment="demo", method_version=1, params={}, root=root,
+    return runs.write_run(df, experiment="demo", method_version=method, params={}, root=root,
                           gpu_count=gpu_count)
 
 
@@ -136,6 +136,21 @@ def test_against_reports_drift_and_environment(demo, capsys):
     slower = _write(times=(1.2, 1.0), folder="runs")  # a fall is signed as one
     assert cli.main(["verify", str(slower), "--against"]) == 1
     assert "(drift -40.0%" in capsys.readouterr().out
+
+
+def test_against_prefers_a_reference_of_the_runs_method(demo, capsys):
+    """A method-1 rerun is held to the newest method-1 run, not to a newer run of method 2 (whose
+    ratio here is 3, where method 1 measures 2); with no method-1 run it says which it took."""
+    _write(times=(2.0, 1.0), method=1)
+    newer = _write(times=(3.0, 1.0), method=2)
+    rerun = _write(times=(2.1, 1.0), folder="runs", method=1)
+    assert cli.main(["verify", str(rerun), "--against"]) == 0
+    out = capsys.readouterr().out
+    assert "size and method (1)" in out and "demo.ratio.ratio: 2.1 vs 2 (drift +5.0%" in out
+    third = _write(times=(2.9, 1.0), folder="runs", method=3)
+    assert cli.main(["verify", str(third), "--against"]) == 0
+    out = capsys.readouterr().out
+    assert f"against {newer.name} " in out and "none of this run's method (3): method 2" in out
 
 
 @pytest.mark.parametrize("time, status", [(1.55, 1), (1.65, 0)])

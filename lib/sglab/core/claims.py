@@ -493,9 +493,10 @@ class Comparison:
 
 
 def pick_reference(run, candidates: list) -> tuple[Any, str]:
-    """The newest candidate of the same GPU model and the same key parameters (world / TP size);
-    else the nearest (same key parameters, another GPU), said explicitly. ``(None, reason)`` when
-    there is none."""
+    """The newest candidate of the same GPU model and the same key parameters (world / TP size),
+    of the run's method version where one is (another method's claims report other values); else
+    the nearest (same key parameters, another GPU), said explicitly. ``(None, reason)`` when there
+    is none."""
     from sglab.core.runs import gpu_short, others as less
 
     def key(r):
@@ -507,9 +508,15 @@ def pick_reference(run, candidates: list) -> tuple[Any, str]:
     same = [
         c for c in others if gpu_short(c.manifest) == gpu_short(run.manifest) and key(c) == key(run)
     ]
+    method = run.manifest.get("method_version")
+    alike = [c for c in same if c.manifest.get("method_version") == method]
+    if alike:
+        return alike[-1], (f"newest recorded run of the same GPU model "
+                           f"({gpu_short(run.manifest)}), size and method ({method})")
     if same:
         return same[-1], (f"newest recorded run of the same GPU model ({gpu_short(run.manifest)}) "
-                          "and size")
+                          f"and size; none of this run's method ({method}): method "
+                          f"{same[-1].manifest.get('method_version')}")
     near = [c for c in others if key(c) == key(run)]
     if near:
         r = near[-1]
