@@ -510,12 +510,11 @@ def pick_reference(run, candidates: list) -> tuple[Any, str]:
     ]
     method = run.manifest.get("method_version")
     alike = [c for c in same if c.manifest.get("method_version") == method]
+    newest = f"newest recorded run of the same GPU model ({gpu_short(run.manifest)})"
     if alike:
-        return alike[-1], (f"newest recorded run of the same GPU model "
-                           f"({gpu_short(run.manifest)}), size and method ({method})")
+        return alike[-1], f"{newest}, size and method ({method})"
     if same:
-        return same[-1], (f"newest recorded run of the same GPU model ({gpu_short(run.manifest)}) "
-                          f"and size; none of this run's method ({method}): method "
+        return same[-1], (f"{newest} and size; none of this run's method ({method}): method "
                           f"{same[-1].manifest.get('method_version')}")
     near = [c for c in others if key(c) == key(run)]
     if near:
