@@ -76,6 +76,46 @@ def test_a_dropped_variant_is_a_failure_not_a_pass(tmp_path, capsys):
     assert "could not evaluate" in capsys.readouterr().out
 
 
+def _speedup_drift(path, edit, tmp_path):
+    """The multi_request_speedup rows of ``verify --against``: an edited copy of ``path`` against
+    ``path`` itself."""
+    tmp_path.mkdir()
+    ref = runs.read_run(path)
+    rerun = runs.read_run(copy_run(path, tmp_path, edit))
+    rows = C.drift_rows(C.evaluate(claims, rerun), C.evaluate(claims, ref))
+    return {r["value"]: r for r in rows if r["claim"] == "breakable_graph.multi_request_speedup"}
+
+
+def _eager(new, **where):
+    """An edit: eager's median time replaced by ``new(eager, after)`` in the cells of ``where``."""
+
+    def edit(df):
+        d = (df.part == "d_latency") & (df.metric == "time_median")
+        for k, v in where.items():
+            d &= df[k] == v
+        after = df[d & (df.variant == "after")].set_index(["num_tokens", "batch_size"])["value"]
+        for i in df[d & (df.variant == "eager")].index:
+            cell = (df.at[i, "num_tokens"], df.at[i, "batch_size"])
+            df.loc[i, "value"] = new(df.at[i, "value"], after[cell])
+        return df
+
+    return edit
+
+
+@pytest.mark.skipif(not M3, reason="no recorded breakable_graph run of method 3 yet")
+def test_a_rerun_is_held_to_the_median_speedup_not_to_one_cell(tmp_path):
+    # one cell moved far (a slower host's eager at the largest token count): shown, not held
+    big = int(claims.show.latency_table(runs.read_run(M3[-1]).df)["num_tokens"].max())
+    one = _speedup_drift(M3[-1], _eager(lambda e, a: 1.2 * a, num_tokens=big, batch_size=8),
+                         tmp_path / "one")
+    assert not any(r["beyond"] for r in one.values()), one
+    assert {"median", "median_launch_bound"} <= set(one)
+    assert not set(claims.RERUN_MOVES) & set(one)
+    # every eager prefill 1.5x slower: both medians move by 50%, beyond the claim's drift
+    every = _speedup_drift(M3[-1], _eager(lambda e, a: 1.5 * e), tmp_path / "every")
+    assert {k for k, r in every.items() if r["beyond"]} >= {"median", "median_launch_bound"}
+
+
 @pytest.mark.skipif(not M3, reason="no recorded breakable_graph run of method 3 yet")
 def test_the_trace_claim_reads_the_events_sidecar(tmp_path, capsys):
     path = copy_run(M3[-1], tmp_path, lambda df: df)

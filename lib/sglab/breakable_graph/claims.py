@@ -9,7 +9,6 @@ counts folded under it are exact and hold on any host.
 
 from __future__ import annotations
 
-import statistics
 from types import SimpleNamespace
 
 from sglab.breakable_graph import show
@@ -22,11 +21,14 @@ from sglab.sglang.releases import parse_version
 
 CLAIM = ("Capturing only the layer stack lets one breakable CUDA graph serve prefill batches of "
          "any request count.")
-# after vs eager, every timed prefill of 2+ requests: launch-bound up to LAUNCH_BOUND tokens; above,
-# the gain is eager's host overhead alone and shrinks on a faster host
-LAUNCH_BOUND = 512
+# after vs eager, every timed prefill of 2+ requests: launch-bound up to LAUNCH_BOUND tokens
+LAUNCH_BOUND = show.LAUNCH_BOUND
 MIN_LAUNCH_BOUND_SPEEDUP = 1.8
 MIN_SPEEDUP = 1.1
+# the speedup's extremes, shown and checked but not held against a rerun: one cell each, they move
+# with the host from one machine to the next (one H200 machine gave 1.46× at 2048 tokens where the
+# next gave 3.24×, its eager 2.2× slower there); the medians are held
+RERUN_MOVES = ("min", "max", "min_launch_bound")
 PADDED_TOL = 0.0  # padded token counts: the recorded runs show bit-equal logits there too
 
 
@@ -88,10 +90,9 @@ def _speedup(run):
     return holds(
         ok, f"after vs eager, 2+ requests: {s.min():.2f}–{s.max():.2f}× (median "
         f"{s.median():.2f}×; ≥{small.min():.2f}× up to {LAUNCH_BOUND} tok)", {
-            "min": float(s.min()), "max": float(s.max()), "median": float(statistics.median(s)),
-            "min_launch_bound": float(small.min()) if len(small) else None, "requests_min": int(
-                t["batch_size"].min()), "requests_max": int(t["batch_size"].max()),
-            "tokens_min": int(t["num_tokens"].min()), "tokens_max": int(t["num_tokens"].max())
+            **show.speedups(run.df), "requests_min": int(t["batch_size"].min()),
+            "requests_max": int(t["batch_size"].max()), "tokens_min": int(
+                t["num_tokens"].min()), "tokens_max": int(t["num_tokens"].max())
         })
 
 
@@ -170,7 +171,7 @@ CLAIMS = [
         _ID + "multi_request_speedup", "Prefills of 2+ requests run faster through the after "
         "graph than eagerly", f"eager/after > {MIN_SPEEDUP}× for every timed batch of 2+ "
         f"requests, ≥ {MIN_LAUNCH_BOUND_SPEEDUP}× up to {LAUNCH_BOUND} tokens", _speedup,
-        drift=0.25,
+        drift=0.25, context=RERUN_MOVES,
         folded=(Claim(
             _ID + "launches", "The after runner launches the same graphs and kernels "
             "for any request count", "after: layers + 1 graph launches and equal kernel launches "

@@ -28,6 +28,9 @@ from sglab.sglang import engine_runs
 
 
 gpu_short = runs.gpu_short
+# up to here a prefill of this model is mostly kernel launches (the claims' and the rerun table's
+# launch-bound cells); above, the gain is eager's host overhead alone and shrinks on a faster host
+LAUNCH_BOUND = 512
 STYLES = {"eager": ("tab:gray", "o"), "before": ("tab:red", "s"), "after": ("tab:blue", "^")}
 
 
@@ -117,6 +120,51 @@ def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
     })
 
 
+def speedups(df: pd.DataFrame) -> dict:
+    """After vs eager over the timed prefills of 2+ requests: ``min``, ``max`` and ``median`` over
+    every cell (token count × request count), and over the launch-bound cells (up to
+    :data:`LAUNCH_BOUND` tokens) ``min_launch_bound`` and ``median_launch_bound``; ``{}`` where
+    no prefill of 2+ requests was timed."""
+    t = latency_table(df)
+    s = t[t["batch_size"] > 1]["speedup_after"]
+    small = t[(t["batch_size"] > 1) & (t["num_tokens"] <= LAUNCH_BOUND)]["speedup_after"]
+    if s.empty:
+        return {}
+    return {
+        "min": float(s.min()), "max": float(s.max()), "median": float(s.median()),
+        "min_launch_bound": float(small.min()) if len(small) else None,
+        "median_launch_bound": float(small.median()) if len(small) else None
+    }
+
+
+def reruns_table(runs_: list) -> pd.DataFrame:
+    """One row per run of method 3 on, grouped by GPU model, oldest first: eager and after for one
+    request at the smallest token count (how fast this host launches), then after vs eager over
+    2+ requests: the medians a rerun is held to (``sglab verify --against``), their drift from the
+    GPU model's first run, and the range of single cells, which is shown but not held, beside the
+    run's own noise: "before" ÷ eager over 2+ requests, the same eager code timed twice."""
+    rows, first = [], {}
+    for r in sorted(runs_, key=lambda r: (gpu_short(r), r.manifest.get("created_utc", ""))):
+        s = speedups(r.df) if int(r.manifest.get("method_version", 1)) >= 3 else {}
+        if not s:
+            continue
+        t = latency_table(r.df)
+        multi = t[t["batch_size"] > 1]
+        one = t[t["batch_size"] == 1].sort_values("num_tokens").iloc[0]
+        base = first.setdefault(gpu_short(r), s)
+        rows.append({
+            "GPU": gpu_short(r), "run (UTC)": r.manifest.get("created_utc", "")[:16].replace(
+                "T", " "), f"eager ms, 1 request × {int(one.num_tokens)}": round(one["eager"], 2),
+            "after ms, same": round(one["after"], 2),
+            "median ×": round(s["median"], 2), f"median × ≤ {LAUNCH_BOUND} tok": round(
+                s["median_launch_bound"],
+                2), "median vs the GPU's first run": f"{s['median'] / base['median'] - 1:+.0%}",
+            "cells (not held)": f"{s['min']:.2f}–{s['max']:.2f}×",
+            "same code twice, cells": f"{multi['speedup_before'].min():.2f}–{multi['speedup_before'].max():.2f}×"
+        })
+    return pd.DataFrame(rows)
+
+
 # --------------------------------------------------------------------------------------------------
 # the GPU sections of the notebook, each shown from the run (or its NoRun line)
 # --------------------------------------------------------------------------------------------------
@@ -138,6 +186,15 @@ def latency(run) -> None:
         notebook.show_figure(latency_figure(r))
         notebook.show_table(speedup_table(r.df).round(2))
         notebook.show_table(pd.DataFrame(hit_rates(r.df)).T)
+
+
+@notebook.needs_run
+def reruns(run) -> None:
+    """Every recorded run of method 3 on (and a live one), by GPU model: :func:`reruns_table`."""
+    every = runs.load_all_recorded(measure.EXPERIMENT)
+    if run.live:
+        every = list(run.shown) + every
+    notebook.show_table(reruns_table(every))
 
 
 @notebook.needs_run
