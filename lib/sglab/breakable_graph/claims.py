@@ -26,8 +26,8 @@ LAUNCH_BOUND = show.LAUNCH_BOUND
 MIN_LAUNCH_BOUND_SPEEDUP = 1.8
 MIN_SPEEDUP = 1.1
 # the speedup's extremes, shown and checked but not held against a rerun: one cell each, they move
-# with the host from one machine to the next (one H200 machine gave 1.46× at 2048 tokens where the
-# next gave 3.24×, its eager 2.2× slower there); the medians are held
+# with the host from one machine to the next (one H200 machine gave 1.46× for 3 requests of 2048
+# tokens where the next gave 3.23×, its eager 2.3× slower there); the medians are held
 RERUN_MOVES = ("min", "max", "min_launch_bound")
 PADDED_TOL = 0.0  # padded token counts: the recorded runs show bit-equal logits there too
 
