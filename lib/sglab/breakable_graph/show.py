@@ -152,16 +152,17 @@ def reruns_table(runs_: list) -> pd.DataFrame:
         multi = t[t["batch_size"] > 1]
         one = t[t["batch_size"] == 1].sort_values("num_tokens").iloc[0]
         base = first.setdefault(gpu_short(r), s)
-        rows.append({
-            "GPU": gpu_short(r), "run (UTC)": r.manifest.get("created_utc", "")[:16].replace(
-                "T", " "), f"eager ms, 1 request × {int(one.num_tokens)}": round(one["eager"], 2),
-            "after ms, same": round(one["after"], 2),
-            "median ×": round(s["median"], 2), f"median × ≤ {LAUNCH_BOUND} tok": round(
-                s["median_launch_bound"],
-                2), "median vs the GPU's first run": f"{s['median'] / base['median'] - 1:+.0%}",
-            "cells (not held)": f"{s['min']:.2f}–{s['max']:.2f}×",
-            "same code twice, cells": f"{multi['speedup_before'].min():.2f}–{multi['speedup_before'].max():.2f}×"
-        })
+        when = r.manifest.get("created_utc", "")[:16].replace("T", " ")
+        same, drift = multi["speedup_before"], s["median"] / base["median"] - 1
+        row = {"GPU": gpu_short(r), "run (UTC)": when}
+        row[f"eager ms, 1 request × {int(one.num_tokens)}"] = round(one["eager"], 2)
+        row["after ms, same"] = round(one["after"], 2)
+        row["median ×"] = round(s["median"], 2)
+        row[f"median × ≤ {LAUNCH_BOUND} tok"] = round(s["median_launch_bound"], 2)
+        row["median vs the GPU's first run"] = f"{drift:+.0%}"
+        row["cells (not held)"] = f"{s['min']:.2f}–{s['max']:.2f}×"
+        row["same code twice, cells"] = f"{same.min():.2f}–{same.max():.2f}×"
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
