@@ -294,7 +294,11 @@ hostprobe.show()
 # `bash scripts/engine_gpu.sh --scenario 01-llama-width`) and draws the gain against the prefill's
 # tokens: read off your own model's width and batch. Each GPU model that recorded the sweep gets
 # its own panel, titled with the bare per-launch cost of the hosts that ran it: the gain depends on
-# that cost as much as on the GPU.
+# that cost as much as on the GPU. Where a width was swept on more than one machine, the table under
+# the figure gives each run's gain with its host's cost and starts, and how far apart the runs lie.
+# What repeats is where the gain falls to 1: the widest models at the longest prefills. A width's
+# gain at short prefills moves between machines by as much as the "apart" row shows, so read it as
+# a range, not a point.
 
 # %%
 show.width_sweep(engine)

@@ -896,6 +896,38 @@ def test_the_width_sweep_draws_one_panel_per_gpu_model_with_its_launch_cost(monk
     assert gains == [pytest.approx(2.0), pytest.approx(1.5)]
 
 
+def test_a_width_swept_on_two_machines_gets_a_row_per_run_and_how_far_apart(monkeypatch, capsys):
+    """Two runs of one GPU model sweep hidden 512 (gains 2.0 and 1.5 at 128 tokens; the second at
+    512 tokens only once): a row per run, headed with its date, host cost and starts, then how
+    far apart they lie; hidden 1024, swept once, gets no rows. The section prints the table under
+    its figure."""
+    from sglab.pcg_gate import show as pg_show
+
+    def sweep(gains, created, us):
+        t = {}
+        for h, per in gains.items():
+            t[(f"w{h}-pcg", 0)] = {n: 10.0 for n in per}
+            t[(f"w{h}-off", 0)] = {n: 10.0 * g for n, g in per.items()}
+        run = _starts_run(t, created=created)
+        run.df.loc[run.df.case.str.endswith("-pcg") & (run.df.metric == "pcg"),
+                   "value"] = "captured"
+        run.manifest["host_launch_us"] = {"before": {"median": us}, "after": {"median": us}}
+        return run
+
+    first = sweep({512: {128: 2.0, 512: 1.8}, 1024: {128: 1.2}}, "2026-11-28T01:02:00Z", 10.0)
+    second = sweep({512: {128: 1.5}}, "2026-11-29T03:04:00Z", 7.0)
+    t = pg_show.width_reruns([second, first])
+    assert t.index.tolist() == [("H100", 512, "11-28 01:02, 10.0 µs, 1 start"),
+                                ("H100", 512, "11-29 03:04, 7.0 µs, 1 start"),
+                                ("H100", 512, "apart")]
+    assert t[128].tolist() == ["2.00", "1.50", "33%"] and t[512].tolist() == ["1.80", "", ""]
+    assert pg_show.width_reruns([first]).empty
+    first.shown, first.elsewhere = [first, second], []
+    monkeypatch.setattr(pg_show.notebook, "show_figure", lambda fig: None)
+    pg_show.width_sweep(first)
+    assert "Widths swept on more than one machine" in capsys.readouterr().out
+
+
 def test_cases_split_a_scenario_and_a_pattern_that_matches_nothing_is_one_line(capsys):
     argv = ["engine", "--scenario", "01-llama-width", "--dry-run", "--cases", "w512-*", "w1024-*"]
     assert cli.main(argv) == 0

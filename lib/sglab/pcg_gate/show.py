@@ -551,6 +551,42 @@ def width_sweep(run) -> None:
         if i:
             ax.set_ylabel("")
     notebook.show_figure(fig)
+    again = width_reruns(list(run.shown) + list(getattr(run, "elsewhere", [])))
+    if not again.empty:
+        print("Widths swept on more than one machine of a GPU model: the gain "
+              f"({engine_runs.STAT_NAMES[STAT]}) in each run, headed with its host's bare "
+              "per-launch cost; the figure draws the newest")
+        notebook.show_table(again)
+
+
+def width_reruns(runs_: list) -> pd.DataFrame:
+    """Each width that more than one run swept on a GPU model: a row per run (its date, its host's
+    bare per-launch cost, its starts) with the gain at each token count, then a row of how far
+    apart the runs lie (the larger over the smaller, less 1). The figure draws the newest."""
+    swept: dict = {}
+    for r in sorted(runs_, key=lambda r: r.manifest.get("created_utc", "")):
+        us = engine_runs.run_host_us(r)
+        when = r.manifest.get("created_utc", "")[5:16].replace("T", " ")
+        for h, g in width_gains(engine_runs.latest([r])).groupby("hidden"):
+            st = int(g["starts"].min())
+            label = f"{when}, " + (f"{us:.1f} µs, " if us else "") + f"{st} start" + "s" * (st > 1)
+            swept.setdefault((runs.gpu_short(r.manifest), int(h)), []).append(
+                (label, dict(zip(g["tokens"].astype(int), g["gain"]))))
+    rows = []
+    for (gpu, h), got in sorted(swept.items()):
+        if len(got) < 2:
+            continue
+        rows += [{"GPU": gpu, "hidden": h, "run": label, **gains} for label, gains in got]
+        apart = {}
+        for n in sorted(set().union(*(gains for _, gains in got))):
+            seen = [gains[n] for _, gains in got if n in gains]
+            apart[n] = f"{max(seen) / min(seen) - 1:.0%}" if len(seen) > 1 else ""
+        rows.append({"GPU": gpu, "hidden": h, "run": "apart", **apart})
+    if not rows:
+        return pd.DataFrame()
+    t = pd.DataFrame(rows).set_index(["GPU", "hidden", "run"])
+    return t.apply(lambda c: c.map(lambda v: ""
+                                   if pd.isna(v) else (f"{v:.2f}" if isinstance(v, float) else v)))
 
 
 def _width_panels(run) -> list:
