@@ -897,10 +897,10 @@ def test_the_width_sweep_draws_one_panel_per_gpu_model_with_its_launch_cost(monk
 
 
 def test_a_width_swept_on_two_machines_gets_a_row_per_run_and_how_far_apart(monkeypatch, capsys):
-    """Two runs of one GPU model sweep hidden 512 (gains 2.0 and 1.5 at 128 tokens; the second at
-    512 tokens only once): a row per run, headed with its date, host cost and starts, then how
-    far apart they lie; hidden 1024, swept once, gets no rows. The section prints the table under
-    its figure."""
+    """Two runs of one GPU model sweep hidden 512 (gains 2.0 and 1.5 at 128 tokens; 512 tokens in
+    the first only): a row per run, headed with its date, host cost and starts, then how far
+    apart they lie; hidden 1024, swept once, gets no rows. The section prints the table under its
+    figure."""
     from sglab.pcg_gate import show as pg_show
 
     def sweep(gains, created, us):
