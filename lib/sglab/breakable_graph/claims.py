@@ -81,18 +81,20 @@ def _hit_rate(run):
 
 
 def _speedup(run):
-    t = show.latency_table(run.df)
-    t = t[t["batch_size"] > 1]
-    if t.empty:
+    v = show.speedups(run.df)
+    if not v:
         return not_applicable("no prefill with 2+ requests was timed")
-    s, small = t["speedup_after"], t[t["num_tokens"] <= LAUNCH_BOUND]["speedup_after"]
-    ok = bool((s > MIN_SPEEDUP).all() and (small >= MIN_LAUNCH_BOUND_SPEEDUP).all())
+    t = show.latency_table(run.df)
+    multi = t[t["batch_size"] > 1]  # the cells speedups() reads
+    bs, n = multi["batch_size"], multi["num_tokens"]
+    small = v["min_launch_bound"]
+    ok = v["min"] > MIN_SPEEDUP and (small is None or small >= MIN_LAUNCH_BOUND_SPEEDUP)
+    bound = "none" if small is None else f"≥{small:.2f}×"
     return holds(
-        ok, f"after vs eager, 2+ requests: {s.min():.2f}–{s.max():.2f}× (median "
-        f"{s.median():.2f}×; ≥{small.min():.2f}× up to {LAUNCH_BOUND} tok)", {
-            **show.speedups(run.df), "requests_min": int(t["batch_size"].min()),
-            "requests_max": int(t["batch_size"].max()), "tokens_min": int(
-                t["num_tokens"].min()), "tokens_max": int(t["num_tokens"].max())
+        ok, f"after vs eager, 2+ requests: {v['min']:.2f}–{v['max']:.2f}× (median "
+        f"{v['median']:.2f}×; {bound} up to {LAUNCH_BOUND} tok)", {
+            **v, "requests_min": int(bs.min()), "requests_max": int(bs.max()), "tokens_min": int(
+                n.min()), "tokens_max": int(n.max())
         })
 
 

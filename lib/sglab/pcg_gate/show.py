@@ -576,7 +576,10 @@ def width_reruns(runs_: list) -> pd.DataFrame:
     for (gpu, h), got in sorted(swept.items()):
         if len(got) < 2:
             continue
-        rows += [{"GPU": gpu, "hidden": h, "run": label, **gains} for label, gains in got]
+        rows += [{
+            "GPU": gpu, "hidden": h, "run": label, **{n: f"{g:.2f}"
+                                                      for n, g in gains.items()}
+        } for label, gains in got]
         apart = {}
         for n in sorted(set().union(*(gains for _, gains in got))):
             seen = [gains[n] for _, gains in got if n in gains]
@@ -584,9 +587,7 @@ def width_reruns(runs_: list) -> pd.DataFrame:
         rows.append({"GPU": gpu, "hidden": h, "run": "apart", **apart})
     if not rows:
         return pd.DataFrame()
-    t = pd.DataFrame(rows).set_index(["GPU", "hidden", "run"])
-    return t.apply(lambda c: c.map(lambda v: ""
-                                   if pd.isna(v) else (f"{v:.2f}" if isinstance(v, float) else v)))
+    return pd.DataFrame(rows).set_index(["GPU", "hidden", "run"]).fillna("")
 
 
 def _width_panels(run) -> list:
