@@ -65,6 +65,7 @@ def test_the_rerun_table_has_a_row_per_method_3_run_with_the_held_medians(capsys
         held = C.evaluate_claim(SPEEDUP, r).value
         assert row["median ×"] == round(held["median"], 2)
         assert row["median × ≤ 512 tok"] == round(held["median_launch_bound"], 2)
+        assert 0 < row["least gain − 1 − A/A gap"] == round(held["aa_margin"], 2)
     assert (t.groupby("GPU")["median vs the GPU's first run"].first() == "+0%").all()
     run = claims.shown(RECORDED)[0]
     run.shown = [run]

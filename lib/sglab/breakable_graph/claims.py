@@ -27,8 +27,12 @@ MIN_LAUNCH_BOUND_SPEEDUP = 1.8
 MIN_SPEEDUP = 1.1
 # the speedup's extremes, shown and checked but not held against a rerun: one cell each, they move
 # with the host from one machine to the next (one H200 machine gave 1.46× for 3 requests of 2048
-# tokens where the next gave 3.23×, its eager 2.3× slower there); the medians are held
-RERUN_MOVES = ("min", "max", "min_launch_bound")
+# tokens where the next gave 3.23×, its eager 2.3× slower there); the medians are held. The A/A
+# gap ("before" ÷ eager over 2+ requests: the same eager code timed beside eager) is each cell's
+# own noise: every cell's gain must exceed it, and a rerun's medians are held within the run's
+# largest gap where it exceeds the claim's drift (in one cell on one H100 machine, eager took 50%
+# longer than "before")
+RERUN_MOVES = ("min", "max", "min_launch_bound", "aa_noise", "aa_margin", "margin")
 PADDED_TOL = 0.0  # padded token counts: the recorded runs show bit-equal logits there too
 
 
@@ -87,14 +91,17 @@ def _speedup(run):
     t = show.latency_table(run.df)
     multi = t[t["batch_size"] > 1]  # the cells speedups() reads
     bs, n = multi["batch_size"], multi["num_tokens"]
-    small = v["min_launch_bound"]
-    ok = v["min"] > MIN_SPEEDUP and (small is None or small >= MIN_LAUNCH_BOUND_SPEEDUP)
+    small, aa = v["min_launch_bound"], v["aa_noise"]
+    # every cell clears the bar, and 1 + its own A/A gap (the same eager code timed beside it)
+    margin = min(v["min"] - MIN_SPEEDUP, v["aa_margin"] if aa is not None else float("inf"))
+    ok = margin > 0 and (small is None or small >= MIN_LAUNCH_BOUND_SPEEDUP)
     bound = "none" if small is None else f"≥{small:.2f}×"
+    noise = "no A/A" if aa is None else f"A/A ≤ {aa:.1%}, cleared by {v['aa_margin']:+.2f}×"
     return holds(
         ok, f"after vs eager, 2+ requests: {v['min']:.2f}–{v['max']:.2f}× (median "
-        f"{v['median']:.2f}×; {bound} up to {LAUNCH_BOUND} tok)", {
-            **v, "requests_min": int(bs.min()), "requests_max": int(bs.max()), "tokens_min": int(
-                n.min()), "tokens_max": int(n.max())
+        f"{v['median']:.2f}×; {bound} up to {LAUNCH_BOUND} tok; {noise})", {
+            **v, "margin": margin, "requests_min": int(bs.min()), "requests_max": int(bs.max()),
+            "tokens_min": int(n.min()), "tokens_max": int(n.max())
         })
 
 
@@ -171,9 +178,9 @@ CLAIMS = [
         "recomputed from the stream (exact), before < after", _hit_rate),
     Claim(
         _ID + "multi_request_speedup", "Prefills of 2+ requests run faster through the after "
-        "graph than eagerly", f"eager/after > {MIN_SPEEDUP}× for every timed batch of 2+ "
-        f"requests, ≥ {MIN_LAUNCH_BOUND_SPEEDUP}× up to {LAUNCH_BOUND} tokens", _speedup,
-        drift=0.25, context=RERUN_MOVES,
+        "graph than eagerly", f"eager/after > {MIN_SPEEDUP}× and > 1 + its A/A gap (before ÷ "
+        f"eager) for every timed batch of 2+ requests, ≥ {MIN_LAUNCH_BOUND_SPEEDUP}× up to "
+        f"{LAUNCH_BOUND} tokens", _speedup, drift=0.25, context=RERUN_MOVES, noise="aa_noise",
         folded=(Claim(
             _ID + "launches", "The after runner launches the same graphs and kernels "
             "for any request count", "after: layers + 1 graph launches and equal kernel launches "
