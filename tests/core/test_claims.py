@@ -228,6 +228,21 @@ def test_headline_says_one_value_where_a_range_collapses():
     assert two == "11.5 µs; 3–13 runs"  # 11.50 and 11.52 print alike at one decimal
 
 
+def test_a_headline_gives_the_range_of_a_shown_runs_other_machines(demo):
+    """A number that moves with the host reads as the range over the runs of one GPU model, GPU
+    count and method version; a run of another method or GPU count is not its peer."""
+    h = Headline(("{runs}",), per_run="{v[demo.ratio][ratio]:.2f}× on {gpu}{across}",
+                 across=" ({lo[demo.ratio][ratio]:.2f}–{hi[demo.ratio][ratio]:.2f}× over {n} runs)")
+    mod = types.SimpleNamespace(**{**vars(DEMO), "HEADLINE": h})
+    made = [(2.0, 1, 1), (3.0, 1, 1), (9.0, 1, 2), (9.0, 2, 1), (2.5, 1, 1)]  # ratio, GPUs, method
+    every = [verify.load_run(_write(times=(t, 1.0), gpu_count=g, method=m)) for t, g, m in made]
+    newest = every[-1]
+    assert claims.headline(mod, [newest], []) == "2.50× on cpu"  # no other run: no range
+    assert claims.headline(mod, [newest], every) == "2.50× on cpu (2.00–3.00× over 3 runs)"
+    assert claims.headline(mod, [newest]) == claims.headline(mod, [newest], every)  # the record's
+    assert claims.headline(mod, [every[2]], every) == "9.00× on cpu"  # alone in its method
+
+
 @pytest.mark.parametrize("rerun_min, gap, beyond", [(1.40, 0.30, False), (1.40, 0.05, True),
                                                     (1.30, 0.05, False)])
 def test_a_timing_tolerates_the_aa_gap_and_its_context_is_not_compared(rerun_min, gap, beyond):

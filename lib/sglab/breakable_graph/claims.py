@@ -203,7 +203,9 @@ HEADLINE = Headline(
            "mixed prefill stream", f"{{lo[{_S}][requests_min]}}–{{hi[{_S}][requests_max]}}-request "
            f"prefills of {{lo[{_S}][tokens_min]}}–{{hi[{_S}][tokens_max]}} tokens "
            "vs eager: {runs}", f"logits max abs diff vs eager {{hi[{_M}][worst]:.3g}}."),
-    per_run=f"{{gpu}} {{v[{_S}][min]:.2f}}–{{v[{_S}][max]:.2f}}× (median {{v[{_S}][median]:.2f}}×)")
+    per_run=f"{{gpu}} {{v[{_S}][min]:.2f}}–{{v[{_S}][max]:.2f}}× (median {{v[{_S}][median]:.2f}}×"
+    "{across})", across=f"; medians {{lo[{_S}][median]:.2f}}–{{hi[{_S}][median]:.2f}}× over {{n}} "
+    "runs")
 
 # --------------------------------------------------------------------------------------------------
 # the real engine (``sglab engine --plan 03``: data/recorded/engine_breakable_graph/)

@@ -23,6 +23,7 @@ import math
 import re
 import string
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 
@@ -246,6 +247,11 @@ class Headline:
     / ``hi[...]`` (the smallest and largest value over all shown runs), ``runs`` (``per_run``
     formatted for each shown run, with ``v``, ``gpu``, ``count`` and ``world`` of that run, joined
     with ``run_sep``) and the entries of ``consts``.
+
+    ``across``: where a shown run has peers (the other runs of its GPU model, GPU count and method
+    version: other machines), ``per_run``'s field ``{across}`` is this template formatted with
+    ``lo`` / ``hi`` over the run and its peers and ``n``, their number; else it is empty. A number
+    that moves with the host then reads as the range the machines gave, not as one machine's.
     """
 
     parts: tuple
@@ -253,18 +259,29 @@ class Headline:
     sep: str = "; "
     run_sep: str = "; "
     consts: dict = field(default_factory=dict)
+    across: str = ""
 
-    def render(self, per_run_values: list[tuple[Any, dict]]) -> str:
+    def render(self, per_run_values: list[tuple[Any, dict]], peers: dict | None = None) -> str:
+        """``peers``: ``{index of a shown run: [its peers' values]}`` (:func:`headline`)."""
         fmt = _Formatter()
         plain = [{k: o.value for k, o in vals.items()} for _, vals in per_run_values]
         lo, hi = _extremes(plain)
         run_texts = []
-        for (run, _), v in zip(per_run_values, plain):
+        for i, ((run, _), v) in enumerate(zip(per_run_values, plain)):
             m = run.manifest
             ns = {
                 **self.consts, "v": v, "gpu": _short(m), "count": m.get("gpu_count"),
                 "world": (m.get("params") or {}).get("world_size", m.get("gpu_count"))
             }
+            mine = [v, *[{k: o.value for k, o in p.items()} for p in (peers or {}).get(i, [])]]
+            ns["across"] = ""
+            if self.across and len(mine) > 1:
+                plo, phi = _extremes(mine)
+                try:
+                    ns["across"] = fmt.vformat(self.across, (),
+                                               {**ns, "lo": plo, "hi": phi, "n": len(mine)})
+                except _Missing:
+                    pass
             try:
                 run_texts.append(fmt.vformat(self.per_run, (), ns))
             except _Missing:
@@ -310,12 +327,31 @@ def _extremes(plain: list[dict]) -> tuple[dict, dict]:
     return lo, hi
 
 
-def headline(mod, runs_: list) -> str:
+def headline(mod, runs_: list, every: list | None = None) -> str:
     """The numbers sentence for ``runs_`` (already the runs a reader is shown), from
-    ``mod.HEADLINE``."""
+    ``mod.HEADLINE``; ``every``: the record they were chosen from (by default the recorded runs of
+    ``mod.EXPERIMENT``), whose other runs of a shown run's GPU model, GPU count and method version
+    fill its ``across`` range."""
     if not runs_:
         return "no recorded run yet"
-    return mod.HEADLINE.render([(r, values(mod, r)) for r in runs_])
+    peers = {}
+    if mod.HEADLINE.across:
+        if every is None:
+            from sglab.core.runs import load_all_recorded
+
+            every = load_all_recorded(mod.EXPERIMENT) if hasattr(mod, "EXPERIMENT") else []
+        for i, r in enumerate(runs_):
+            peers[i] = [values(mod, x) for x in every if _peer(x, r)]
+    return mod.HEADLINE.render([(r, values(mod, r)) for r in runs_], peers)
+
+
+def _peer(run, of) -> bool:
+    """Another run (another machine) of ``of``'s GPU model, GPU count and method version."""
+    a, b = run.manifest, of.manifest
+    where = getattr(run, "path", None), getattr(of, "path", None)
+    same = run is of or (None not in where and Path(where[0]).resolve() == Path(where[1]).resolve())
+    return (_short(a), a.get("gpu_count"), _method(run)) == (_short(b), b.get("gpu_count"),
+                                                             _method(of)) and not same
 
 
 # --------------------------------------------------------------------------------------------------

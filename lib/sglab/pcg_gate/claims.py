@@ -309,7 +309,8 @@ HEADLINE = Headline(
            f"{{lo[{_H}][launch_us]:.1f}}–{{hi[{_H}][launch_us]:.1f}} µs per launch on the host",
            f"piecewise = eager within bf16 tolerance at {{lo[{_Q}][within]}}/{{hi[{_Q}][points]}}"
            f" token counts on each GPU (max abs diff {{hi[{_Q}][max_abs_diff]:.3f}})."),
-    per_run=f"{{gpu}} {{v[{_H}][min]:.2f}}–{{v[{_H}][max]:.2f}}× (max at {{v[{_H}][max_at]}} tok)")
+    per_run=f"{{gpu}} {{v[{_H}][min]:.2f}}–{{v[{_H}][max]:.2f}}× (max at {{v[{_H}][max_at]}} tok"
+    "{across})", across=f"; the max {{lo[{_H}][max]:.2f}}–{{hi[{_H}][max]:.2f}}× over {{n}} runs")
 
 # --------------------------------------------------------------------------------------------------
 # the real engine (``sglab engine --plan 01``: data/recorded/engine_pcg_gate/)

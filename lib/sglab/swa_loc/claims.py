@@ -283,7 +283,8 @@ HEADLINE = Headline(
            "pairs overwritten by #23552, "
            f"{{v[{_P}][pr24743_corrupted]}} by "
            "#24743."), per_run=f"{{v[{_R}][before_us]:.0f}} → {{v[{_R}][after_us]:.0f}} µs "
-    f"({{v[{_R}][ratio]:.2f}}×) on {{gpu}}", run_sep=", ")
+    f"({{v[{_R}][ratio]:.2f}}×{{across}}) on {{gpu}}", run_sep=", ",
+    across=f"; {{lo[{_R}][ratio]:.2f}}–{{hi[{_R}][ratio]:.2f}}× over {{n}} runs")
 
 
 # --------------------------------------------------------------------------------------------------
