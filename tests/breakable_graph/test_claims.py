@@ -159,6 +159,10 @@ def test_the_trace_claim_reads_the_events_sidecar(tmp_path, capsys):
 
 # -- the README headline from the committed recorded runs
 # --------------------------------------------------------------------------------------------------
+def _method_of(js: Path) -> int:
+    return json.loads(js.read_text()).get("method_version", 1)
+
+
 def test_headline_from_recorded_runs():
     newest: dict[str, Path] = {}
     for js in sorted(RECORDED[0].parent.glob("*.json")):
@@ -182,7 +186,14 @@ def test_headline_from_recorded_runs():
         ]
         params = json.loads(js.read_text())["params"]
         assert len(sp) == len(params["token_counts"]) * sum(b > 1 for b in params["batch_sizes"])
-        assert f"{gpu} {min(sp):.2f}–{max(sp):.2f}× (median {median(sp):.2f}×)" in text
+        assert f"{gpu} {min(sp):.2f}–{max(sp):.2f}× (median {median(sp):.2f}×" in text
+        # the median's range over the runs of this GPU model and method (other machines)
+        meds = [
+            claims.show.speedups(r.df)["median"] for r in runs.load_all_recorded(EXP)
+            if runs.gpu_short(r) == gpu and r.manifest.get("method_version") == _method_of(js)
+        ]
+        across = f"; medians {min(meds):.2f}–{max(meds):.2f}× over {len(meds)} runs)"
+        assert (across in text) == (len(meds) > 1), (across, text)
         hit = {(r["variant"], r["metric"]): float(r["value"])
                for r in rows if r["part"] == "c_hit_rate"}
         assert (f"Graph hit rate {hit[('before', 'hit_rate')]:.0%} → "

@@ -230,7 +230,9 @@ def test_the_rebuild_sits_beside_the_engine_and_says_what_each_measures():
     assert all("÷" not in r["measures"] for r in listed[:len(counted)])  # counts first
     rows = {r["source"]: r["figure"].split(" (starts")[0] for r in listed if "÷" in r["measures"]}
     one, several = rows["SGLang 0.5.11 engine (llama_32x512)"].split(" | ")
-    assert float(one.rstrip("×")) > 1.1 and float(several.split("–")[-1].rstrip("×")) < 1.1
+    # 0.5.11 runs 2+ requests eagerly in both cases: their ratio is start-to-start noise (up to
+    # 10% on one H200 machine), far below the one request's gain on the graph
+    assert float(one.rstrip("×")) > 1.5 and float(several.split("–")[-1].rstrip("×")) < 1.15
     lo = rows["SGLang 0.5.12.post1 engine (llama_32x512)"].split(" | ")[1].split("–")[0]
     assert float(lo.rstrip("×")) > 1.2
 
