@@ -113,3 +113,67 @@ def test_sigint_stops_the_notebook_and_its_kernel(tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail(f"kernel {kernel} still running after the run was stopped")
+
+
+def _session_processes(sid: int) -> list[str]:
+    """The live processes of session ``sid`` (zombies do not count: they hold nothing)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(f"{d.name} {cmd}")
+    return found
+
+
+@pytest.mark.parametrize("whom", ["group", "parent"])
+def test_sigterm_stops_a_parallel_run_and_leaves_no_process(tmp_path, whom):
+    """Two notebooks at a time, SIGTERM to the whole process group (an outer `timeout`) or to the
+    parent alone: both notebooks report as interrupted, the index is written, and no worker,
+    kernel or resource tracker is left behind (they used to hang on a result no one read)."""
+    started = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        marker = tmp_path / f"{name}.pid"
+        started.append(marker)
+        nb = _notebook(
+            tmp_path / name, f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))"
+            "\ntime.sleep(120)")
+        nb.rename(tmp_path / f"{name}.ipynb")
+    code = (f"import sys; sys.path.insert(0, {str(LIB)!r}); from pathlib import Path; from "
+            "sglab.tools import report\n"
+            f"rs = report.run_notebooks([Path({str(tmp_path / 'a.ipynb')!r}), "
+            f"Path({str(tmp_path / 'b.ipynb')!r})], Path({str(tmp_path / 'out')!r}), jobs=2, "
+            "html_pages=False, env_rows=[])\nprint([r.status for r in rs])")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    kernels: list[int] = []
+    try:
+        deadline = time.time() + 120
+        while not all(m.exists() and m.read_text() for m in started):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.2)
+        kernels = [int(m.read_text()) for m in started]  # each in a session of its own
+        if whom == "group":
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        assert "['interrupted', 'interrupted']" in out, out + err
+        assert (tmp_path / "out" / "index.html").exists()
+        for _ in range(100):
+            left = _session_processes(
+                proc.pid) + [f"kernel {k}" for k in kernels if _session_processes(k)]
+            if not left:
+                break
+            time.sleep(0.2)
+        assert not left, left
+    finally:  # a failing run must not leave its workers and kernels behind
+        for sid in (proc.pid, *kernels):
+            for line in _session_processes(sid):
+                os.kill(int(line.split()[0]), signal.SIGKILL)

@@ -1,11 +1,14 @@
 """An executed notebook and its offline page: what each worker of ``sglab run`` does with one
-notebook (execute it, save the executed copy, render its HTML page). Kept apart from the report's
-index so that a worker process starts without the fixes and their imports (torch)."""
+notebook (execute it, save the executed copy, render its HTML page), and how it stops when its
+parent is gone. Kept apart from the report's index so that a worker process starts without the
+fixes and their imports (torch)."""
 
 from __future__ import annotations
 
 import html
+import os
 import re
+import signal
 from functools import lru_cache
 from pathlib import Path
 
@@ -28,15 +31,52 @@ def _exporter():
 
 def run_one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pages: bool):
     """Execute one notebook and write its executed copy and page (in a worker process when
-    several run at a time)."""
+    several run at a time); ``None`` in a worker whose run was stopped before this one started."""
     import nbformat
 
+    if _FLAGS is not None and (_FLAGS / STOPPED).exists():
+        return None
     r = nbtools.execute(p, cell_timeout=cell_timeout, params=params, partial_dir=out)
     nbformat.write(r.nb, out / p.name)
     if html_pages:
         write_page(r.nb, out / f"{p.stem}.html", title=notebook_title(r.nb, p.stem),
                    status=status_line(r), html_exporter=_exporter())
     return r
+
+
+# a signal that reached the whole group has each worker's notebook stopping at once; this long
+# without a report, the parent tells the workers itself
+STOP_GRACE_S = 5.0
+STOPPED = "stopped"  # a file of this name in the run's flag folder: the run was stopped
+_FLAGS: Path | None = None  # in a worker: the run's flag folder (:func:`worker_init`)
+
+
+def signal_process(pid: int, sig) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def worker_init(parent: int, flags: str) -> None:
+    """A worker's initializer: keep the run's flag folder (a file :data:`STOPPED` there: no further
+    notebook starts here), and watch the parent from a thread: once it is gone, stop this worker's
+    notebook as SIGTERM does (its kernel shut down) and exit, since its result could only block on
+    a pipe that no one reads."""
+    import threading
+    import time
+
+    global _FLAGS
+    _FLAGS = Path(flags)
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        signal_process(os.getpid(), signal.SIGTERM)
+        time.sleep(STOP_GRACE_S)
+        os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=watch, name="sglab-exit-with-parent", daemon=True).start()
 
 
 def notebook_title(nb, fallback: str) -> str:

@@ -17,13 +17,14 @@ import io
 from importlib import metadata
 import json
 import os
+import signal
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sglab.core import bytecode, claims, hardware, kernels, runs
+from sglab.core import bytecode, claims, hardware, kernels, procs, runs
 from sglab.sglang import upstream
 from sglab.sglang.bootstrap import real_release_rows
-from sglab.tools import fixes, nbtools, timings
+from sglab.tools import fixes, nbtools, pages, timings
 from sglab.tools.fixes import by_stem
 from sglab.tools.pages import notebook_title, run_one, status_line
 
@@ -45,11 +46,14 @@ def _report(r, progress) -> None:
 
 def _result_of(future, path: Path):
     """The worker's result; a worker that died (killed, out of memory) becomes a failed notebook,
-    not a lost run."""
+    not a lost run; ``None`` for one a stopped run cancelled before it started."""
+    from concurrent.futures import CancelledError
     from concurrent.futures.process import BrokenProcessPool
 
     try:
         return future.result()
+    except CancelledError:
+        return None
     except BrokenProcessPool as e:
         import nbformat
 
@@ -58,14 +62,23 @@ def _result_of(future, path: Path):
 
 
 def _in_parallel(paths, out, params, cell_timeout, html_pages, jobs, progress) -> list:
-    """``jobs`` worker processes, each notebook in one; results in the order of ``paths``. Ctrl-C
-    reaches the workers too (same process group): each reports its notebook as interrupted, and no
-    further one starts."""
+    """``jobs`` worker processes, each notebook in one; results in the order of ``paths``.
+
+    Ctrl-C or SIGTERM (to the process group, or to this process alone) stops the run: no further
+    notebook starts, the running ones are told to stop (each then reports as interrupted and stops
+    its kernel), and this process waits for their reports and writes the index. A worker whose
+    parent is gone (killed outright) stops its notebook and exits rather than wait forever to send
+    a result that no one will read."""
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
+    import tempfile
+    from concurrent.futures import ProcessPoolExecutor, wait
 
     done: dict = {}
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+    flags = tempfile.TemporaryDirectory(prefix="sglab-run-")
+    stopped = Path(flags.name) / pages.STOPPED  # there: a notebook not yet started does not start
+    with flags, procs.Guard(watchdog=False), ProcessPoolExecutor(
+            max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=pages.worker_init,
+            initargs=(os.getpid(), flags.name)) as pool:
         futures = {pool.submit(run_one, p, out, params, cell_timeout, html_pages): p for p in paths}
         try:
             for f, p in futures.items():
@@ -73,16 +86,29 @@ def _in_parallel(paths, out, params, cell_timeout, html_pages, jobs, progress) -
                 _report(done[p], progress)
                 if done[p].stopped_by_signal:
                     break
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, procs.Terminated):
             progress("stopped: waiting for the running notebooks to report")
         finally:
+            stopped.touch()
+            workers = [w.pid for w in (getattr(pool, "_processes", None) or {}).values()]
             for f in futures:
-                f.cancel()
+                f.cancel()  # those not queued to a worker yet
+        left = {f: p for f, p in futures.items() if p not in done and not f.cancelled()}
+        if wait(left, timeout=pages.STOP_GRACE_S).not_done:  # the signal reached only us
+            for pid in workers:
+                pages.signal_process(pid, signal.SIGTERM)
+        for f, p in left.items():
+            r = _result_of(f, p)
+            if r is not None:  # None: it had not started
+                done[p] = r
+                _report(r, progress)
     # the spawn context's resource tracker: stopped and waited for here, so no process of ours
     # outlives the command (left to exit at interpreter shutdown, it ends as an orphan)
     from multiprocessing import resource_tracker
 
     resource_tracker._resource_tracker._stop()
+    if len(done) < len(paths):
+        progress(f"stopped: {len(paths) - len(done)} notebook(s) not run")
     return [done[p] for p in paths if p in done]
 
 
