@@ -28,20 +28,45 @@ def _notebook(folder: Path, *sources: str) -> Path:
     return path
 
 
-def _kernels_of(pid: int) -> list[int]:
-    """ipykernel processes whose parent is ``pid`` (zombies count: nobody reaped them)."""
-    found = []
+def _sleeping_notebook(folder: Path, marker: Path, seconds: int) -> Path:
+    """A notebook whose one cell writes its kernel's pid to ``marker``, then sleeps."""
+    return _notebook(
+        folder, f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+        f"time.sleep({seconds})")
+
+
+def _started(proc, *markers: Path, within: float = 120) -> list[int]:
+    """Wait until every marker holds its kernel's pid (``proc`` still running); the pids."""
+    deadline = time.time() + within
+    while not all(m.exists() and m.read_text() for m in markers):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.1)
+    return [int(m.read_text()) for m in markers]
+
+
+def _python(code: str, **popen) -> subprocess.Popen:
+    """``code`` in a fresh interpreter that imports sglab from this checkout."""
+    prefix = f"import sys; sys.path.insert(0, {str(LIB)!r}); from pathlib import Path\n"
+    return subprocess.Popen([sys.executable, "-c", prefix + code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen)
+
+
+def _processes():
+    """``(pid, state, ppid, session, command)`` of every process (from /proc)."""
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmd = (d / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
             continue
-        if ppid == pid and b"ipykernel" in cmd:
-            found.append(int(d.name))
-    return found
+        yield int(d.name), fields[0], int(fields[1]), int(fields[3]), cmd
+
+
+def _kernels_of(pid: int) -> list[int]:
+    """ipykernel processes whose parent is ``pid`` (zombies count: nobody reaped them)."""
+    return [p for p, _, ppid, _, cmd in _processes() if ppid == pid and "ipykernel" in cmd]
 
 
 def test_ipc_transport_no_tcp_warning(tmp_path, capfd):
@@ -86,20 +111,12 @@ def test_failing_cell_names_the_cell(tmp_path):
 
 def test_sigint_stops_the_notebook_and_its_kernel(tmp_path):
     marker = tmp_path / "kernel.pid"
-    path = _notebook(
-        tmp_path, f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n"
-        "time.sleep(60)")
-    code = (f"import sys; sys.path.insert(0, {str(LIB)!r}); from pathlib import Path; from "
-            "sglab.tools import nbtools\n"
-            f"r = nbtools.execute(Path({str(path)!r}), cell_timeout=120, skip_gpu=True, "
-            f"partial_dir=Path({str(tmp_path / 'out')!r}))\nprint(r.status, r.stopped_by_signal); "
-            "print(r.error)")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while not marker.exists() or not marker.read_text():
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()
-        time.sleep(0.1)
+    path = _sleeping_notebook(tmp_path, marker, 60)
+    proc = _python("from sglab.tools import nbtools\n"
+                   f"r = nbtools.execute(Path({str(path)!r}), cell_timeout=120, skip_gpu=True, "
+                   f"partial_dir=Path({str(tmp_path / 'out')!r}))\n"
+                   "print(r.status, r.stopped_by_signal); print(r.error)")
+    _started(proc, marker, within=60)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert out.startswith("interrupted True\ninterrupted: cell 1 (import os, time…) after "), \
@@ -117,18 +134,7 @@ def test_sigint_stops_the_notebook_and_its_kernel(tmp_path):
 
 def _session_processes(sid: int) -> list[str]:
     """The live processes of session ``sid`` (zombies do not count: they hold nothing)."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
-        except (OSError, IndexError):
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            found.append(f"{d.name} {cmd}")
-    return found
+    return [f"{p} {cmd[:120]}" for p, state, _, s, cmd in _processes() if s == sid and state != "Z"]
 
 
 @pytest.mark.parametrize("whom", ["group", "parent", "parent killed"])
@@ -142,24 +148,16 @@ def test_sigterm_stops_a_parallel_run_and_leaves_no_process(tmp_path, whom):
         (tmp_path / name).mkdir()
         marker = tmp_path / f"{name}.pid"
         started.append(marker)
-        nb = _notebook(
-            tmp_path / name, f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))"
-            "\ntime.sleep(120)")
-        nb.rename(tmp_path / f"{name}.ipynb")
-    code = (f"import sys; sys.path.insert(0, {str(LIB)!r}); from pathlib import Path; from "
-            "sglab.tools import report\n"
-            f"rs = report.run_notebooks([Path({str(tmp_path / 'a.ipynb')!r}), "
-            f"Path({str(tmp_path / 'b.ipynb')!r})], Path({str(tmp_path / 'out')!r}), jobs=2, "
-            "html_pages=False, env_rows=[])\nprint([r.status for r in rs])")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+        _sleeping_notebook(tmp_path / name, marker, 120).rename(tmp_path / f"{name}.ipynb")
+    proc = _python(
+        "from sglab.tools import report\n"
+        f"rs = report.run_notebooks([Path({str(tmp_path / 'a.ipynb')!r}), "
+        f"Path({str(tmp_path / 'b.ipynb')!r})], Path({str(tmp_path / 'out')!r}), "
+        "jobs=2, html_pages=False, env_rows=[])\nprint([r.status for r in rs])",
+        start_new_session=True)
     kernels: list[int] = []
     try:
-        deadline = time.time() + 120
-        while not all(m.exists() and m.read_text() for m in started):
-            assert proc.poll() is None and time.time() < deadline, proc.communicate()
-            time.sleep(0.2)
-        kernels = [int(m.read_text()) for m in started]  # each in a session of its own
+        kernels = _started(proc, *started)  # each in a session of its own
         if whom == "group":
             os.killpg(proc.pid, signal.SIGTERM)
         else:
