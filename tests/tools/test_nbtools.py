@@ -4,9 +4,11 @@ where the partial output is) with no kernel process left behind."""
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -149,12 +151,14 @@ def test_sigterm_stops_a_parallel_run_and_leaves_no_process(tmp_path, whom):
         marker = tmp_path / f"{name}.pid"
         started.append(marker)
         _sleeping_notebook(tmp_path / name, marker, 120).rename(tmp_path / f"{name}.ipynb")
+    # the run's own temporary folder, where nothing may be left (short: kernels' IPC sockets)
+    tmp = Path(tempfile.mkdtemp(prefix="nb-"))
     proc = _python(
         "from sglab.tools import report\n"
         f"rs = report.run_notebooks([Path({str(tmp_path / 'a.ipynb')!r}), "
         f"Path({str(tmp_path / 'b.ipynb')!r})], Path({str(tmp_path / 'out')!r}), "
         "jobs=2, html_pages=False, env_rows=[])\nprint([r.status for r in rs])",
-        start_new_session=True)
+        start_new_session=True, env={**os.environ, "TMPDIR": str(tmp)})
     kernels: list[int] = []
     try:
         kernels = _started(proc, *started)  # each in a session of its own
@@ -173,7 +177,9 @@ def test_sigterm_stops_a_parallel_run_and_leaves_no_process(tmp_path, whom):
                 break
             time.sleep(0.2)
         assert not left, left
+        assert not list(tmp.glob("sglab-run-*"))  # the run's flag folder
     finally:  # a failing run must not leave its workers and kernels behind
         for sid in (proc.pid, *kernels):
             for line in _session_processes(sid):
                 os.kill(int(line.split()[0]), signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)

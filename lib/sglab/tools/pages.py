@@ -63,6 +63,7 @@ def worker_init(parent: int, flags: str) -> None:
     notebook starts here), and watch the parent from a thread: once it is gone, stop this worker's
     notebook as SIGTERM does (its kernel shut down) and exit, since its result could only block on
     a pipe that no one reads."""
+    import shutil
     import threading
     import time
 
@@ -72,6 +73,7 @@ def worker_init(parent: int, flags: str) -> None:
     def watch():
         while os.getppid() == parent:
             time.sleep(0.5)
+        shutil.rmtree(flags, ignore_errors=True)  # the parent can no longer remove it
         signal_process(os.getpid(), signal.SIGTERM)
         time.sleep(STOP_GRACE_S)
         os._exit(128 + signal.SIGTERM)
