@@ -259,8 +259,8 @@ sglang.compare()
 #
 # The last table sets each speed-up beside its reruns, by each statistic (the first is claimed).
 # Each run ran on a machine of its own. The tables above show the H100 runs; the H200 runs (Kimi
-# 0.5.13 and the Llama on three machines each, the third on a second day) have rows of their own,
-# each drift against the first
+# 0.5.13 on four machines, the Llama on three, the last of each on a second day) have rows of
+# their own, each drift against the first
 # run of its GPU model and pair (Kimi 0.5.12.post1, on two more H200 machines, has no piecewise
 # case and so no speed-up). The launch counts do
 # not move between runs (their claim is exact); the speed-up does, more between machines than the
