@@ -15,6 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from sglab.core import procs
 from sglab.tools import nbtools
 
 
@@ -53,22 +54,20 @@ def _python(code: str, **popen) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, **popen)
 
 
-def _processes():
-    """``(pid, state, ppid, session, command)`` of every process (from /proc)."""
+def _kernels_of(pid: int) -> list[int]:
+    """ipykernel processes whose parent is ``pid`` (zombies count: nobody reaped them)."""
+    found = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError):
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmd = (d / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
             continue
-        yield int(d.name), fields[0], int(fields[1]), int(fields[3]), cmd
-
-
-def _kernels_of(pid: int) -> list[int]:
-    """ipykernel processes whose parent is ``pid`` (zombies count: nobody reaped them)."""
-    return [p for p, _, ppid, _, cmd in _processes() if ppid == pid and "ipykernel" in cmd]
+        if ppid == pid and b"ipykernel" in cmd:
+            found.append(int(d.name))
+    return found
 
 
 def test_ipc_transport_no_tcp_warning(tmp_path, capfd):
@@ -134,11 +133,6 @@ def test_sigint_stops_the_notebook_and_its_kernel(tmp_path):
         pytest.fail(f"kernel {kernel} still running after the run was stopped")
 
 
-def _session_processes(sid: int) -> list[str]:
-    """The live processes of session ``sid`` (zombies do not count: they hold nothing)."""
-    return [f"{p} {cmd[:120]}" for p, state, _, s, cmd in _processes() if s == sid and state != "Z"]
-
-
 @pytest.mark.parametrize("whom", ["group", "parent", "parent killed"])
 def test_sigterm_stops_a_parallel_run_and_leaves_no_process(tmp_path, whom):
     """Two notebooks at a time, SIGTERM to the whole process group (an outer `timeout`) or to the
@@ -171,15 +165,14 @@ def test_sigterm_stops_a_parallel_run_and_leaves_no_process(tmp_path, whom):
             assert "['interrupted', 'interrupted']" in out, out + err
             assert (tmp_path / "out" / "index.html").exists()
         for _ in range(100):
-            left = _session_processes(
-                proc.pid) + [f"kernel {k}" for k in kernels if _session_processes(k)]
+            # the run's group (workers, resource tracker) and each kernel's own
+            left = [x.pid for g in (proc.pid, *kernels) for x in procs.members(g)]
             if not left:
                 break
             time.sleep(0.2)
         assert not left, left
         assert not list(tmp.glob("sglab-run-*"))  # the run's flag folder
     finally:  # a failing run must not leave its workers and kernels behind
-        for sid in (proc.pid, *kernels):
-            for line in _session_processes(sid):
-                os.kill(int(line.split()[0]), signal.SIGKILL)
+        for group in (proc.pid, *kernels):
+            procs.stop(group, grace=0)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -23,7 +23,6 @@ import math
 import re
 import string
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 
@@ -341,17 +340,18 @@ def headline(mod, runs_: list, every: list | None = None) -> str:
 
             every = load_all_recorded(mod.EXPERIMENT) if hasattr(mod, "EXPERIMENT") else []
         for i, r in enumerate(runs_):
-            peers[i] = [values(mod, x) for x in every if _peer(x, r)]
+            peers[i] = [values(mod, x) for x in _peers(r, every)]
     return mod.HEADLINE.render([(r, values(mod, r)) for r in runs_], peers)
 
 
-def _peer(run, of) -> bool:
-    """Another run (another machine) of ``of``'s GPU model, GPU count and method version."""
-    a, b = run.manifest, of.manifest
-    where = getattr(run, "path", None), getattr(of, "path", None)
-    same = run is of or (None not in where and Path(where[0]).resolve() == Path(where[1]).resolve())
-    return (_short(a), a.get("gpu_count"), _method(run)) == (_short(b), b.get("gpu_count"),
-                                                             _method(of)) and not same
+def _peers(run, every: list) -> list:
+    """The other runs (other machines) of ``run``'s GPU model, GPU count and method version."""
+    from sglab.core.runs import others
+
+    def key(r):
+        return _short(r.manifest), r.manifest.get("gpu_count"), _method(r)
+
+    return [x for x in others(run, every) if x is not run and key(x) == key(run)]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -51,13 +51,6 @@ STOPPED = "stopped"  # a file of this name in the run's flag folder: the run was
 _FLAGS: Path | None = None  # in a worker: the run's flag folder (:func:`worker_init`)
 
 
-def signal_process(pid: int, sig) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
 def worker_init(parent: int, flags: str) -> None:
     """A worker's initializer: keep the run's flag folder (a file :data:`STOPPED` there: no further
     notebook starts here), and watch the parent from a thread: once it is gone, stop this worker's
@@ -74,7 +67,7 @@ def worker_init(parent: int, flags: str) -> None:
         while os.getppid() == parent:
             time.sleep(0.5)
         shutil.rmtree(flags, ignore_errors=True)  # the parent can no longer remove it
-        signal_process(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(STOP_GRACE_S)
         os._exit(128 + signal.SIGTERM)
 

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import io
 from importlib import metadata
@@ -96,7 +97,8 @@ def _in_parallel(paths, out, params, cell_timeout, html_pages, jobs, progress) -
         left = {f: p for f, p in futures.items() if p not in done and not f.cancelled()}
         if wait(left, timeout=pages.STOP_GRACE_S).not_done:  # the signal reached only us
             for pid in workers:
-                pages.signal_process(pid, signal.SIGTERM)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
         for f, p in left.items():
             r = _result_of(f, p)
             if r is not None:  # None: it had not started
