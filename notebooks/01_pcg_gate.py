@@ -282,8 +282,11 @@ verdict(claims.ENGINE, engine)
 
 # %% [markdown]
 # Why starts of the same flags differ: the host probe (`python -m sglab.core.hostprobe --rounds 6`
-# on a GPU box). Each cell is one vCPU's bare per-launch cost in one round; a column that changes
-# colour is a vCPU whose speed the host changed between two rounds 5 s apart.
+# on a GPU box), one row per machine. In the figure each short line is one vCPU's bare per-launch
+# cost from its fastest round to its slowest (a tick per round, 5 s apart); orange lines lie over
+# 1.3× apart, a vCPU whose speed the host changed within seconds (their count at the right). On
+# most machines many vCPUs move between a fast and a slow level, so an engine start's eager steps
+# cost what its window costs.
 
 # %%
 hostprobe.show()

@@ -69,12 +69,37 @@ def test_the_summary_counts_the_cpus_the_host_slowed_between_rounds():
     assert near == ["home CPU 0: 7.00 µs alone; a busy loop on CPU [1] slows it to 9.80"]
 
 
-def test_the_figure_draws_a_cell_per_cpu_and_round():
+def test_the_figure_draws_a_line_per_cpu_orange_where_the_host_moved_it():
+    """CPU 1 runs 6.9 µs in one round and 10.3 in the next (over 1.3× apart): its line is orange
+    and spans both rounds; CPUs 0 and 2 hold their speed and are grey. A probe without rounds gets
+    no row."""
+    from matplotlib.colors import to_hex
+
     fig = H.figure([("a.json", _probe([{0: 6.9, 1: 6.9, 2: 8.0}, {0: 7.0, 1: 10.3, 2: 7.1}])),
-                    ("b.json", {"fresh": []})])  # no rounds: not drawn
-    grid = fig.axes[0]
-    assert [t.get_text() for t in grid.texts] == ["6.9", "6.9", "8.0", "7.0", "10.3", "7.1"]
-    assert "2026-11-28 05:15 UTC" in grid.get_title()
+                    ("b.json", {"fresh": []})])
+    (ax,) = fig.axes
+    spans = [line for line in ax.lines if line.get_linestyle() == "-"]
+    assert len(spans) == 3  # one per CPU
+    got = {tuple(s.get_xdata()): to_hex(s.get_color()) for s in spans}
+    assert got[(6.9, 10.3)] == to_hex("tab:orange")
+    assert got[(6.9, 7.0)] == got[(7.1, 8.0)] == to_hex("0.55")
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["H100 11-28 05:15"]
+    assert [t.get_text() for t in ax.texts] == ["1/3"]
+
+
+def test_the_table_has_a_row_per_probe_with_the_cpus_the_host_moved():
+    probes = [
+        ("a.json", _probe([{0: 6.9, 1: 6.9}, {0: 7.0, 1: 10.3}])),
+        ("b.json",
+         {"manifest": {"gpu_name": "NVIDIA H200"}, "home": 0, "beside": {-1: 7.0, 1: 9.8, 2: 7.1}})
+    ]
+    t = H.table(probes)
+    assert list(t.index) == ["H100 11-28 05:15", "H200 b.json"]
+    a, b = t.to_dict("records")
+    assert a["fresh processes, µs per launch"] == "8.20 [6.70–9.70] of 2"
+    assert a["CPUs > 1.3× apart between rounds"] == "1 of 2 over 2 rounds"
+    assert b["home CPU alone / beside a busy loop, µs"] == "7.00 / 7.10–9.80 (slowed by CPU [1])"
+    assert b["fresh processes, µs per launch"] == ""
 
 
 def test_the_recorded_probes_load_with_numbered_cpus():

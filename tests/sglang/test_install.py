@@ -109,6 +109,37 @@ def test_shims_needed_here_match_a_fresh_interpreter():
     assert ("triton" in names) == (importlib.util.find_spec("triton") is None)
 
 
+def test_the_machine_facts_are_asked_once_until_a_package_folder_changes(tmp_path, monkeypatch):
+    """A fresh interpreter imports torch to answer; the answer is kept beside the releases and
+    asked again only when what it rests on changes (here: a package added to a folder it imports
+    from)."""
+    import os
+
+    from sglab.sglang import bootstrap
+
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.setattr(bootstrap, "home", lambda: tmp_path / "home")
+    monkeypatch.setattr("site.getsitepackages", lambda: [str(site)])
+    asked = []
+    monkeypatch.setattr(bootstrap, "facts_in_subprocess",
+                        lambda: asked.append(1) or {"triton": None, "cuda": False})
+
+    def facts():
+        bootstrap._facts.cache_clear()
+        return bootstrap._facts()
+
+    assert facts() == facts() == {"triton": None, "cuda": False}
+    assert len(asked) == 1 and (tmp_path / "home" / bootstrap.FACTS_FILE).is_file()
+    (site / "torchvision").mkdir()
+    os.utime(site, ns=(0, os.stat(site).st_mtime_ns + 10**9))  # (coarse clocks)
+    facts()
+    assert len(asked) == 2
+    (tmp_path / "home" / bootstrap.FACTS_FILE).write_text("{half written")
+    assert facts() == {"triton": None, "cuda": False} and len(asked) == 3
+    bootstrap._facts.cache_clear()
+
+
 def _in_subprocess(code: str) -> dict:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env=_env())

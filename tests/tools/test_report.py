@@ -178,20 +178,33 @@ def test_the_index_takes_recorded_facts_read_while_the_notebooks_ran(tmp_path):
         [r], tmp_path, [], live_times={}).read_text()
 
 
-def test_a_notebook_worker_starts_without_the_fixes_or_torch():
-    """`sglab run`'s workers import :mod:`sglab.tools.pages` only: the kernel imports what a
-    notebook needs, the worker itself never loads torch (about 2 s a worker on the CPU box)."""
+def test_sglab_run_and_its_workers_start_without_the_fixes_or_torch():
+    """`sglab run`'s workers import :mod:`sglab.tools.pages` only, and the command itself (the
+    report module, the choice of how many notebooks run at a time where no GPU device exists)
+    neither: the kernels import what a notebook needs, and the run reads the fixes while the
+    notebooks run (about 2 s of torch a process on the CPU box). The fixes themselves do import
+    torch: the check can see it."""
     import subprocess
     import sys
 
-    code = ("import sys, sglab.tools.pages as p, sglab.tools.report as r; "
-            "assert r.run_one is p.run_one; print(','.join(m for m in ('torch', 'pandas', "
-            "'sglab.tools.fixes') if m in sys.modules))")
-    light = subprocess.run([
-        sys.executable, "-c",
-        code.replace(", sglab.tools.report as r", "").replace("assert r.run_one is p.run_one; ", "")
-    ], capture_output=True, text=True, timeout=120)
-    assert light.returncode == 0 and light.stdout.strip() == "", light.stderr[-500:]
-    whole = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           timeout=120)
-    assert whole.returncode == 0 and "sglab.tools.fixes" in whole.stdout, whole.stderr[-500:]
+    def loaded(code: str) -> str:
+        out = subprocess.run([
+            sys.executable, "-c", f"import sys; {code}; print(','.join(m for m in ('torch', "
+            "'pandas', 'sglab.tools.fixes') if m in sys.modules))"
+        ], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-500:]
+        return out.stdout.strip()
+
+    assert loaded("import sglab.tools.pages") == ""
+    jobs = "; r.default_jobs()" if index.hardware.no_gpu_device() else ""
+    assert loaded(f"import sglab.tools.report as r, sglab.tools.pages as p; "
+                  f"assert r.run_one is p.run_one{jobs}") == ""
+    assert loaded("import sglab.tools.fixes") == "torch,pandas,sglab.tools.fixes"
+
+
+def test_no_gpu_device_reads_the_device_files(tmp_path):
+    assert index.hardware.no_gpu_device(str(tmp_path))
+    (tmp_path / "nvidiactl").touch()  # the driver's control file alone is no GPU
+    assert index.hardware.no_gpu_device(str(tmp_path))
+    (tmp_path / "nvidia0").touch()
+    assert not index.hardware.no_gpu_device(str(tmp_path))

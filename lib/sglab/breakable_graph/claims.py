@@ -88,7 +88,7 @@ def _speedup(run):
     v = show.speedups(run.df)
     if not v:
         return not_applicable("no prefill with 2+ requests was timed")
-    t = show.latency_table(run.df)
+    t = show.latency_of(run)
     multi = t[t["batch_size"] > 1]  # the cells speedups() reads
     bs, n = multi["batch_size"], multi["num_tokens"]
     small, aa = v["min_launch_bound"], v["aa_noise"]

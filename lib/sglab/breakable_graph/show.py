@@ -47,6 +47,12 @@ def latency_table(df: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
+def latency_of(run) -> pd.DataFrame:
+    """:func:`latency_table` of a run, worked out once per run (its claims, tables and figures
+    each read it)."""
+    return run.memo("latency_table", lambda: latency_table(run.df))
+
+
 def spread(df: pd.DataFrame, variant: str) -> pd.DataFrame:
     d = df[(df["part"] == "d_latency") & (df["variant"] == variant)]
     return d.pivot_table(index=["num_tokens", "batch_size"], columns="metric",
@@ -157,7 +163,7 @@ def reruns_table(runs_: list) -> pd.DataFrame:
         s = speedups(r.df) if int(r.manifest.get("method_version", 1)) >= 3 else {}
         if not s:
             continue
-        t = latency_table(r.df)
+        t = latency_of(r)
         multi = t[t["batch_size"] > 1]
         one = t[t["batch_size"] == 1].sort_values("num_tokens").iloc[0]
         base = first.setdefault(gpu_short(r), s)
@@ -433,7 +439,7 @@ def mechanism(run=None):
 def latency_figure(run):
     """Per token count: latency of eager / before / after over request counts (median, p10–p90),
     and the speed-ups over eager."""
-    lat = latency_table(run.df)
+    lat = latency_of(run)
     token_counts = sorted(lat["num_tokens"].unique())
     fig, axes = plots.figure(ncols=len(token_counts) + 1, width=4.2 * (len(token_counts) + 1))
     axes = list(axes.ravel())
@@ -528,7 +534,7 @@ def beside_rows(run, engine_run) -> list[dict]:
     engine (a whole Engine.generate call) measure it, before and after #24662."""
     rows = count_rows(run, engine_run)  # counts first: they do not move with the host
     if run:
-        lat = latency_table(run.df)
+        lat = latency_of(run)
         multi = lat[lat["batch_size"] > 1]
         where = (f"{multi.batch_size.min()}–{multi.batch_size.max()} requests, "
                  f"{', '.join(str(n) for n in sorted(multi.num_tokens.unique()))} tokens")

@@ -61,7 +61,11 @@ DEFAULT_PARAMS = {
     "timeout_s": 420,  # the whole multi-rank run
     "collective_timeout_s": 60,
     "profile": True,  # a separate traced pass of the capture loop
+    # the ranks fork from a server that imported torch and this module once
+    # (sglab.core.dist.forkserver); "spawn": a fresh interpreter per rank
+    "start_method": "forkserver",
 }
+FORKSERVER_PRELOAD = ("torch", "sglab.capture_sizes.measure")
 VARIANTS = ("before", "before_probe", "pr_filter", "round_up")
 TOL = 1e-4  # max abs error accepted per replay (float32 per-token op on exact integer sums)
 # the traced pass: (variant, size list, keep going after a refusal)
@@ -414,10 +418,17 @@ def run(params: dict | None = None, *, progress: bool = True) -> runs.Measured:
             + (", then a traced pass" if p["profile"] else "") + " ...", flush=True)
     t0 = time.perf_counter()
     trace_dir = tempfile.mkdtemp(prefix="sglab-capture-sizes-") if p["profile"] else None
-    with phases.phase("ranks"):
-        per_rank = dist.launch(_rank_main, w, args=(p, trace_dir, time.time()),
-                               backend=p["backend"], timeout_s=float(p["timeout_s"]),
-                               collective_timeout_s=float(p["collective_timeout_s"]))
+    if p["start_method"] == "forkserver":
+        dist.forkserver(FORKSERVER_PRELOAD)
+    try:
+        with phases.phase("ranks"):
+            per_rank = dist.launch(_rank_main, w, args=(p, trace_dir, time.time()),
+                                   backend=p["backend"], timeout_s=float(p["timeout_s"]),
+                                   collective_timeout_s=float(p["collective_timeout_s"]),
+                                   start_method=p["start_method"])
+    finally:
+        if p["start_method"] == "forkserver":
+            dist.stop_forkserver()
     for r, out in enumerate(per_rank):
         phases.merge(out["phases"], prefix=f"rank{r}/")
     rows = _merge([out["rows"] for out in per_rank])

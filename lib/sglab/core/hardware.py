@@ -92,6 +92,17 @@ def gpu_count() -> int:
     return len(gpus())
 
 
+DEVICE_FILES = ("nvidia[0-9]*", "dxg")  # a GPU's device files (Linux; WSL)
+
+
+def no_gpu_device(dev: str = "/dev") -> bool:
+    """True where no GPU device file exists, so that no GPU can be visible: answered without
+    importing torch (a second of start-up) or NVML."""
+    from pathlib import Path
+
+    return not any(next(Path(dev).glob(g), None) for g in DEVICE_FILES)
+
+
 def has_cuda() -> bool:
     """True when torch can use a CUDA device here (the test for running live)."""
     try:

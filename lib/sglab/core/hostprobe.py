@@ -171,7 +171,7 @@ def summary(probe: dict) -> list[str]:
         lines.append(f"per CPU alone: {min(v):.2f}–{max(v):.2f} µs per launch")
     rs = probe.get("rounds", [])
     if rs:
-        flips = sum(max(r[c] for r in rs) > 1.3 * min(r[c] for r in rs) for c in rs[0])
+        flips = len(moved(rs))
         lines.append(
             f"{len(rs)} rounds over every CPU: {flips} of {len(rs[0])} CPUs were over 1.3× "
             "slower in one round than in another")
@@ -254,40 +254,84 @@ def recorded(root: Path | None = None) -> list[tuple[str, dict]]:
     return [(f.name, load(f)) for f in sorted(folder.glob("*.json"))]
 
 
+def moved(rounds: list[dict], factor: float = 1.3) -> list[int]:
+    """The CPUs that ran over ``factor`` slower in one round than in another."""
+    return [c for c in rounds[0] if max(r[c] for r in rounds) > factor * min(r[c] for r in rounds)]
+
+
+def label(name: str, probe: dict) -> str:
+    """A probe as one short label: GPU model, then date and time (UTC)."""
+    from sglab.core import runs
+
+    m = probe.get("manifest", {})
+    when = m.get("created_utc", "")[5:16].replace("T", " ") or name
+    return f"{runs.gpu_short(m)} {when}"
+
+
+def table(probes: list[tuple[str, dict]]):
+    """One row per probe: its fresh processes' per-launch cost, each CPU's alone, how many CPUs
+    the host slowed between rounds, and the home CPU beside a busy loop (empty where not
+    measured)."""
+    import pandas as pd
+
+    rows = []
+    for name, p in probes:
+        f = [r["us"] for r in p.get("fresh", [])]
+        pc = list(p.get("per_cpu", {}).values())
+        rs = p.get("rounds", [])
+        b = dict(p.get("beside", {}))
+        base = b.pop(-1, None)
+        near = siblings_seen(base, b) if base else []
+        rows.append({
+            "probe (GPU, UTC)": label(name, p),
+            "fresh processes, µs per launch": (f"{statistics.median(f):.2f} [{min(f):.2f}–"
+                                               f"{max(f):.2f}] of {len(f)}" if f else ""),
+            "each CPU alone, µs": f"{min(pc):.2f}–{max(pc):.2f}" if pc else "",
+            "CPUs > 1.3× apart between rounds": (f"{len(moved(rs))} of {len(rs[0])} over "
+                                                 f"{len(rs)} rounds" if rs else ""),
+            "home CPU alone / beside a busy loop, µs": (
+                "" if base is None else f"{base:.2f} / {min(b.values()):.2f}–"
+                f"{max(b.values()):.2f}" + (f" (slowed by CPU {near})" if near else ""))
+        })
+    return pd.DataFrame(rows).set_index("probe (GPU, UTC)")
+
+
 def figure(probes: list[tuple[str, dict]]):
-    """Each probe's rounds as a grid, CPUs across and rounds down, each cell that CPU's µs per
-    launch in that round: a column that changes colour is a CPU whose speed the host changed."""
+    """One row per probe that timed every CPU in rounds: each vCPU a short line from its fastest
+    round to its slowest, a tick at each round, orange where the two lie over 1.3× apart (the host
+    changed that CPU's speed within seconds). A row of long orange lines is a machine
+    whose launch cost no pinning inside the guest can fix."""
     import matplotlib.pyplot as plt
 
     grids = [(n, p) for n, p in probes if p.get("rounds")]
-    fig, axes = plt.subplots(len(grids), 1,
-                             figsize=(8.0, 1.2 + 0.45 * sum(len(p["rounds"]) for _, p in grids)),
-                             squeeze=False)
-    every = [v for _, p in grids for r in p["rounds"] for v in r.values()]
-    lo, hi = (min(every), max(every)) if every else (0.0, 1.0)  # one scale for every grid
-    for ax, (name, p) in zip(axes[:, 0], grids):
-        cpus = sorted(p["rounds"][0])
-        grid = [[r[c] for c in cpus] for r in p["rounds"]]
-        im = ax.imshow(grid, cmap="viridis_r", aspect="auto", vmin=lo, vmax=hi)
-        mid = (lo + hi) / 2
-        for i, row in enumerate(grid):
-            for j, v in enumerate(row):
-                ax.text(j, i, f"{v:.1f}", ha="center", va="center", fontsize=7,
-                        color="black" if v < mid else "white")
-        m = p.get("manifest", {})
-        ax.set(
-            xticks=range(len(cpus)), xticklabels=cpus, yticks=range(len(grid)), yticklabels=[
-                f"round {i + 1}" for i in range(len(grid))
-            ], xlabel="vCPU the timing thread was pinned to (rounds 5 s apart)",
-            title=f"µs per kernel launch, {m.get('gpu_name', '?')} host, "
-            f"{m.get('created_utc', '')[:16].replace('T', ' ')} UTC")
-        fig.colorbar(im, ax=ax, label="µs per launch")
+    fig, ax = plt.subplots(figsize=(9.0, 1.0 + 0.42 * len(grids)))
+    for row, (name, p) in enumerate(grids):
+        rs = p["rounds"]
+        cpus = sorted(rs[0])
+        slow = set(moved(rs))
+        for k, c in enumerate(cpus):
+            y = row + (k + 0.5) / len(cpus) * 0.7 - 0.35  # the CPUs spread over the row
+            v = [r[c] for r in rs]
+            colour = "tab:orange" if c in slow else "0.55"
+            ax.plot([min(v), max(v)], [y, y], color=colour, lw=1.6, solid_capstyle="butt")
+            ax.plot(v, [y] * len(v), "|", color=colour, ms=3.5)
+        ax.text(1.005, row, f"{len(slow)}/{len(cpus)}", transform=ax.get_yaxis_transform(),
+                va="center", fontsize=8, color="tab:orange" if slow else "0.4")
+    ax.set_yticks(range(len(grids)), [label(n, p) for n, p in grids], fontsize=8)
+    ax.set_ylim(len(grids) - 0.5, -0.5)
+    ax.set_xlabel("µs per kernel launch (each line: one vCPU, fastest to slowest of its rounds, "
+                  "5 s apart)")
+    ax.set_title(
+        "Host probes: each vCPU's bare launch cost across rounds; orange: over 1.3× apart "
+        "(count at right)", fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig
 
 
 def show(probes: list[tuple[str, dict]] | None = None) -> None:
-    """A notebook's view of the recorded probes: a few lines each, then the rounds' grid."""
+    """A notebook's view of the recorded probes: one row of figures each, then every vCPU's rounds
+    (:func:`figure`)."""
     from sglab.core import notebook
 
     probes = recorded() if probes is None else probes
@@ -295,8 +339,7 @@ def show(probes: list[tuple[str, dict]] | None = None) -> None:
         print("no host probe recorded yet: on a GPU box, python -m sglab.core.hostprobe --out "
               "probe.json --rounds 6")
         return
-    for name, p in probes:
-        print(f"{name}:\n  " + "\n  ".join(summary(p)))
+    notebook.show_table(table(probes))
     if any(p.get("rounds") for _, p in probes):
         notebook.show_figure(figure(probes))
 

@@ -82,7 +82,7 @@ def _duplicate_keys(run):
 # correctness, and the graphs it rests on
 # --------------------------------------------------------------------------------------------------
 def _equals_eager(run):
-    lat = show.latency_table(run.df)
+    lat = show.latency_of(run)
     # recomputed, and as the run recorded it
     within = (lat["max_abs_diff"] <= lat["tolerance"]) & lat["within_tol"]
     ok, n, worst = int(within.sum()), len(lat), float(lat["max_abs_diff"].max())
@@ -142,7 +142,7 @@ def _speedup_v3(run, sp):
 
 
 def _small_speedup(run):
-    sp = show.latency_table(run.df)["speedup"]
+    sp = show.latency_of(run)["speedup"]
     if sp[sp.index <= LAUNCH_BOUND].empty:
         return not_applicable(f"no timed token count at or below {LAUNCH_BOUND}")
     return (_speedup_v3 if _method(run) >= 3 else _speedup_v1)(run, sp)
@@ -180,7 +180,7 @@ def _launch_gaps(run):
 
 
 def _host_figures(run) -> dict:
-    sp = show.latency_table(run.df)["speedup"]
+    sp = show.latency_of(run)["speedup"]
     value = {
         "min": float(sp.min()), "max": float(sp.max()), "max_at": int(sp.idxmax()),
         "slowdown_from": show.slowdown_start(sp), "tokens_lo": int(sp.index.min()),
@@ -219,7 +219,7 @@ def _host_launch_cost(run):
 # large prefills: the copies, and the instrument they are counted with
 # --------------------------------------------------------------------------------------------------
 def _copies(run):
-    x, lat = show.copy_explanation(run.df), show.latency_table(run.df)
+    x, lat = show.copy_explanation(run.df), show.latency_of(run)
     n = int(x.index.max())
     share = float(x.loc[n, "copy share of extra device time"])
     if "speedup_direct" not in lat.columns:

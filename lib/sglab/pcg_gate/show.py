@@ -68,6 +68,12 @@ def latency_table(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def latency_of(run) -> pd.DataFrame:
+    """:func:`latency_table` of a run, worked out once per run (its claims, tables and figures
+    each read it)."""
+    return run.memo("latency_table", lambda: latency_table(run.df))
+
+
 def launch_table(df: pd.DataFrame) -> pd.DataFrame:
     """Method 3, per timed token count: launches of one prefill, the host's µs per launch (by
     ``time.perf_counter`` and by CUDA events), eager µs per launch and its multiple of the host's
@@ -101,7 +107,7 @@ def run_facts(df: pd.DataFrame) -> dict:
 
 def by_gpu(shown: list, column: str) -> pd.DataFrame:
     """One column of :func:`latency_table` side by side: token counts × GPU."""
-    return pd.DataFrame({short_gpu(r): latency_table(r.df)[column] for r in shown})
+    return pd.DataFrame({short_gpu(r): latency_of(r)[column] for r in shown})
 
 
 def slowdown_start(speedup: pd.Series) -> Optional[int]:
@@ -227,7 +233,7 @@ def summary(run) -> str:
 
 def reading(run) -> str:
     """Small prefills (launch-bound) and large ones (where piecewise loses), one run."""
-    lat = latency_table(run.df)
+    lat = latency_of(run)
     sp, small = lat["speedup"], lat[lat.index <= 1024]
     lines = [
         f"{short_gpu(run)}: eager/piecewise {sp.min():.2f}x to {sp.max():.2f}x (max at "
@@ -256,7 +262,7 @@ def latency(run) -> None:
     for r in run.shown:
         print(summary(r))
         print(host_line(r))
-        lat = latency_table(r.df)
+        lat = latency_of(r)
         notebook.show_table(lat[[
             c for c in lat.columns
             if c.endswith(" ms") or c in ("bucket", "speedup", "speedup_direct")
@@ -285,7 +291,7 @@ def correctness(run) -> None:
     ]
     notebook.show_table(pd.concat({c: by_gpu(run.shown, c) for c in cols}, axis=1))
     for r in run.shown:
-        lat = latency_table(r.df)
+        lat = latency_of(r)
         nonzero = lat.index[lat["max_abs_diff"] > 0].tolist()
         print(f"{short_gpu(r)}: piecewise vs eager "
               f"{'within' if lat['within_tol'].all() else 'NOT within'} bf16 tolerance at all "
@@ -390,7 +396,7 @@ def latency_figure(shown: list):
     GPU."""
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
-    lats = {short_gpu(r): latency_table(r.df) for r in shown}
+    lats = {short_gpu(r): latency_of(r) for r in shown}
     fig, axes = plots.figure(ncols=2, width=11.5)
     ax, ax2 = axes.flat
     for (gpu, lat), color in zip(lats.items(), plots.CYCLE):
@@ -456,7 +462,7 @@ def setup_table(tokens: int, max_tokens: int = 4096, shown: Optional[list] = Non
              if shown is None else shown)
     rows = []
     for r in shown:
-        lat, lt = latency_table(r.df), launch_table(r.df)
+        lat, lt = latency_of(r), launch_table(r.df)
         near = min(lat.index, key=lambda n: (abs(n - int(tokens)), n))
         rows.append({
             "GPU": short_gpu(r), "runs as": f"piecewise, {len(sizes)} buckets"
@@ -659,7 +665,7 @@ def beside_rows(run, engine_run) -> list[dict]:
     hi = max((max(r) for r in pairs.values()), default=1024)
     rows += count_rows(run, engine_run, lo, hi)  # counts first: they do not move with the host
     if run:
-        sp = latency_table(run.df)["speedup"]
+        sp = latency_of(run)["speedup"]
         sp = sp[(sp.index >= lo) & (sp.index <= hi)]
         if not sp.empty:
             rows.append({

@@ -9,10 +9,12 @@ why), and returns what it applied. Nothing here is reversible: one process, one 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import subprocess
 import sys
 import types
@@ -450,9 +452,45 @@ def install_sgl_kernel_stub(cause: str) -> Shim:
 
 
 # -- `sglab env` rows
+FACTS_FILE = "machine-facts.json"  # under the releases' home: the last answer and what it rests on
+
+
+def facts_key() -> dict:
+    """What :func:`machine_facts` of a fresh interpreter depends on: the interpreter, the paths it
+    imports from (each folder's modification time changes when a package is added or removed
+    there), the GPUs it may see, and this module."""
+    import site
+
+    env = worker_env()
+    folders = [*env["PYTHONPATH"].split(os.pathsep), *site.getsitepackages()]
+    return {
+        "python": sys.executable, "cuda_visible": env.get("CUDA_VISIBLE_DEVICES"), "paths": {
+            f: os.stat(f).st_mtime_ns
+            for f in dict.fromkeys(folders) if f and os.path.isdir(f)
+        }, "module": os.stat(__file__).st_mtime_ns
+    }
+
+
 @lru_cache(maxsize=1)
 def _facts() -> dict:
-    return facts_in_subprocess()
+    """:func:`facts_in_subprocess`, kept in :data:`FACTS_FILE` with :func:`facts_key`: a fresh
+    interpreter imports torch to answer (seconds), and the workbook asks on every run."""
+    import json
+
+    path, key = home() / FACTS_FILE, facts_key()
+    try:
+        kept = json.loads(path.read_text())
+        if kept["key"] == key:
+            return kept["facts"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    facts = facts_in_subprocess()
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.part")
+        tmp.write_text(json.dumps({"key": key, "facts": facts}))
+        tmp.replace(path)
+    return facts
 
 
 def shims_needed(release: str) -> list[str]:

@@ -33,7 +33,15 @@ def label(run) -> str:
 
 def latest(runs_: list) -> pd.DataFrame:
     """All rows of the newest answer per (model, variant), oldest run first; columns of the run
-    CSVs plus ``model`` and ``run`` (GPU and date)."""
+    CSVs plus ``model`` and ``run`` (GPU and date). One run's rows are worked out once per run
+    (:meth:`~sglab.core.runs.Run.memo`): the tables, claims and reruns of a notebook read each run
+    many times."""
+    if len(runs_) == 1 and hasattr(runs_[0], "memo"):
+        return runs_[0].memo("engine_runs.latest", lambda: _latest(runs_))
+    return _latest(runs_)
+
+
+def _latest(runs_: list) -> pd.DataFrame:
     frames = []
     for order, run in enumerate(sorted(runs_, key=lambda r: r.manifest.get("created_utc", ""))):
         df = run.df.copy()

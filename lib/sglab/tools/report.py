@@ -25,11 +25,11 @@ from pathlib import Path
 from sglab.core import bytecode, claims, hardware, kernels, procs, runs
 from sglab.sglang import upstream
 from sglab.sglang.bootstrap import real_release_rows
-from sglab.tools import fixes, nbtools, pages, timings
-from sglab.tools.fixes import by_stem
+from sglab.tools import nbtools, pages, timings
 from sglab.tools.pages import notebook_title, run_one, status_line
 
-# nbformat, pandas and multiprocessing are imported where used: `sglab` starts without them
+# nbformat, pandas, multiprocessing and the fixes (torch) are imported where used: `sglab run`
+# starts its notebooks without them
 
 
 def default_jobs() -> int:
@@ -37,7 +37,8 @@ def default_jobs() -> int:
     machine), else up to two (recorded mode only reads files and draws; the CPU box has two
     cores)."""
 
-    return 1 if hardware.has_cuda() else max(1, min(2, os.cpu_count() or 1))
+    gpu = not hardware.no_gpu_device() and hardware.has_cuda()
+    return 1 if gpu else max(1, min(2, os.cpu_count() or 1))
 
 
 def _report(r, progress) -> None:
@@ -186,6 +187,8 @@ def claim_facts(entry, result=None, recorded: dict | None = None) -> dict:
 def recorded_facts(stem: str) -> dict:
     """:func:`claim_facts` of notebook ``stem`` over the recorded runs (:func:`run_notebooks` reads
     them while the notebooks run)."""
+    from sglab.tools.fixes import by_stem
+
     return _facts(by_stem(stem), [])
 
 
@@ -195,6 +198,8 @@ def _facts(entry, live: list) -> dict:
         return facts
     exp = entry.experiment
     try:
+        from sglab.tools import fixes
+
         mod = fixes.claims(exp)
         shown = live or claims.shown(mod, runs.load_all_recorded(exp))
         facts["source"] = "measured live in this run" if live else "recorded runs"
@@ -230,6 +235,7 @@ def inline_markdown(text: str) -> str:
 def card(r, live_time: str, recorded: dict | None = None) -> str:
     """The HTML of one notebook's card (``recorded``: its claim facts over the recorded runs, where
     read already)."""
+    from sglab.tools.fixes import by_stem
 
     entry = by_stem(r.path.stem)
     facts = claim_facts(entry, r, recorded)
@@ -367,6 +373,8 @@ def overview():
     runs it live, its live time (newest committed ``sglab run --timings`` record per GPU model) and
     the recorded runs it can show. One source with the README index and the report."""
     import pandas as pd
+
+    from sglab.tools import fixes
 
     live_times = timings.live_times()
     rows = []
