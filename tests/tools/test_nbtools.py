@@ -110,6 +110,23 @@ def test_failing_cell_names_the_cell(tmp_path):
     assert not _kernels_of(os.getpid())
 
 
+def test_a_dead_kernels_last_words_are_in_the_error_not_on_the_terminal(tmp_path, capfd):
+    """What the kernel process itself writes (not a cell's output, which goes to the notebook)
+    lands in a log beside its sockets: where the kernel dies, the error ends with it."""
+    path = _notebook(
+        tmp_path, "print('first')", "from ipykernel.kernelapp import IPKernelApp\n"
+        "IPKernelApp.instance().log.error('the kernel goes now')\nimport os\nos._exit(3)")
+    r = nbtools.execute(path, cell_timeout=60, skip_gpu=True, partial_dir=tmp_path / "out")
+    out, err = capfd.readouterr()
+    assert r.status == "interrupted" and not r.stopped_by_signal
+    assert r.error.startswith("interrupted: cell 2 (from ipykernel.kernelapp import IPKernelApp…) after "), \
+        r.error
+    assert "(DeadKernelError: Kernel died)" in r.error
+    assert r.error.endswith("the kernel process wrote:\n[IPKernelApp] ERROR | the kernel goes now")
+    assert "the kernel goes now" not in out + err
+    assert not _kernels_of(os.getpid())
+
+
 def test_sigint_stops_the_notebook_and_its_kernel(tmp_path):
     marker = tmp_path / "kernel.pid"
     path = _sleeping_notebook(tmp_path, marker, 60)
@@ -123,6 +140,7 @@ def test_sigint_stops_the_notebook_and_its_kernel(tmp_path):
     assert out.startswith("interrupted True\ninterrupted: cell 1 (import os, time…) after "), \
         out + err
     assert "(stopped by a signal); partial output in" in out
+    assert "Traceback" not in err + out, err  # the stopped kernel's own complaints stay in its log
     kernel = int(marker.read_text())
     for _ in range(50):
         if (not Path(f"/proc/{kernel}").exists()
@@ -164,6 +182,7 @@ def test_sigterm_stops_a_parallel_run_and_leaves_no_process(tmp_path, whom):
         if whom != "parent killed":
             assert "['interrupted', 'interrupted']" in out, out + err
             assert (tmp_path / "out" / "index.html").exists()
+            assert "Traceback" not in err, err  # neither a kernel's nor nbclient's
         for _ in range(100):
             # the run's group (workers, resource tracker) and each kernel's own
             left = [x.pid for g in (proc.pid, *kernels) for x in procs.members(g)]

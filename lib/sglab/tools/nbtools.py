@@ -217,14 +217,26 @@ def _kernel_manager(kernel_name: str):
                               connection_file=str(Path(folder) / "kernel.json")), folder
 
 
-def _stop_kernel(client, km, folder: str) -> None:
+KERNEL_LOG = "kernel.log"  # in the kernel's private folder: what its process writes to stdout/stderr
+
+
+def _stop_kernel(client, km, folder: str) -> str:
     """Stop the kernel whatever happened (nbclient leaves a kernel it does not own running), close
-    the client's channels and remove the connection and socket files."""
+    the client's channels and remove the connection and socket files; return the last lines the
+    kernel process (and what it started) wrote to its own stdout and stderr (:data:`KERNEL_LOG`)."""
     import asyncio
     import shutil
 
-    from jupyter_core.utils import run_sync
+    from jupyter_core.utils import ensure_event_loop, run_sync
 
+    # a cell cut short (a signal, a dead kernel) leaves nbclient's pollers pending on this thread's
+    # loop: cancelled here, before the client goes, they end quietly instead of failing later
+    loop = ensure_event_loop()
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in pending:
+        t.cancel()
+    if pending and not loop.is_running():
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     try:
         if getattr(client, "kc", None) is not None:
             client.kc.stop_channels()
@@ -240,7 +252,12 @@ def _stop_kernel(client, km, folder: str) -> None:
     finally:
         km.cleanup_connection_file()
         km.cleanup_ipc_files()
+        try:
+            tail = (Path(folder) / KERNEL_LOG).read_text(errors="replace").splitlines()[-15:]
+        except OSError:
+            tail = []
         shutil.rmtree(folder, ignore_errors=True)
+    return "\n".join(tail)
 
 
 def _write_partial(nb, ipynb: Path, partial_dir: Path | None) -> Path:
@@ -286,8 +303,12 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
                                      on_cell_execute=progress.start)
     started, t0 = time.time(), time.perf_counter()
     status, error, by_signal = "ok", "", False
+    # the kernel process's own output (not the cells': those reach the notebook) goes to a file: a
+    # kernel stopped mid-cell by a signal prints a traceback there, and one that dies says why
+    log = open(Path(folder) / KERNEL_LOG, "wb")
     try:
-        client.execute(env={**os.environ, "SGLAB_HEADLESS": "1"})  # widgets become static tables
+        # widgets become static tables
+        client.execute(env={**os.environ, "SGLAB_HEADLESS": "1"}, stdout=log, stderr=log)
     # noqa: BLE001 - all reported
     except (Exception, KeyboardInterrupt, asyncio.CancelledError) as e:
         # nbclient's SIGINT/SIGTERM handler starts the kernel's shutdown (the future it keeps is
@@ -306,11 +327,13 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
             status, error = "interrupted", (f"interrupted: {progress.where()}{progress.elapsed()} "
                                             f"({why})")
     finally:
-        _stop_kernel(client, km, folder)
+        kernel_said = _stop_kernel(client, km, folder)
+        log.close()
     seconds = time.perf_counter() - t0
     if status != "ok":
+        said = f"\nthe kernel process wrote:\n{kernel_said}" if kernel_said and not by_signal else ""
         error = (_ANSI.sub("", error).rstrip()
-                 + f"; partial output in {_write_partial(nb, ipynb, partial_dir)}")
+                 + f"; partial output in {_write_partial(nb, ipynb, partial_dir)}{said}")
     marker = read_mode(nb)
     mode = marker["mode"] if marker else "cpu"
     return Result(ipynb, status, mode, seconds, error, n_gpu if skip_gpu else 0, nb, started,
