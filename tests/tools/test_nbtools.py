@@ -119,8 +119,8 @@ def test_a_dead_kernels_last_words_are_in_the_error_not_on_the_terminal(tmp_path
     r = nbtools.execute(path, cell_timeout=60, skip_gpu=True, partial_dir=tmp_path / "out")
     out, err = capfd.readouterr()
     assert r.status == "interrupted" and not r.stopped_by_signal
-    assert r.error.startswith("interrupted: cell 2 (from ipykernel.kernelapp import IPKernelApp…) after "), \
-        r.error
+    first = "from ipykernel.kernelapp import IPKernelApp"
+    assert r.error.startswith(f"interrupted: cell 2 ({first}…) after "), r.error
     assert "(DeadKernelError: Kernel died)" in r.error
     assert r.error.endswith("the kernel process wrote:\n[IPKernelApp] ERROR | the kernel goes now")
     assert "the kernel goes now" not in out + err

@@ -217,7 +217,8 @@ def _kernel_manager(kernel_name: str):
                               connection_file=str(Path(folder) / "kernel.json")), folder
 
 
-KERNEL_LOG = "kernel.log"  # in the kernel's private folder: what its process writes to stdout/stderr
+# in the kernel's private folder: what the kernel process writes to its stdout and stderr
+KERNEL_LOG = "kernel.log"
 
 
 def _stop_kernel(client, km, folder: str) -> str:
@@ -331,7 +332,7 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
         log.close()
     seconds = time.perf_counter() - t0
     if status != "ok":
-        said = f"\nthe kernel process wrote:\n{kernel_said}" if kernel_said and not by_signal else ""
+        said = "" if by_signal or not kernel_said else f"\nthe kernel process wrote:\n{kernel_said}"
         error = (_ANSI.sub("", error).rstrip()
                  + f"; partial output in {_write_partial(nb, ipynb, partial_dir)}{said}")
     marker = read_mode(nb)
