@@ -168,10 +168,9 @@ def test_traced_replay_kernel_count_equals_static_node_count():
 NSIGHT_SCRIPT = """
 import json, sys
 import torch
-from sglab.swa_loc import measure as ex, show
-from sglab.swa_loc import measure as profile
-p = {**ex.DEFAULT_PARAMS, "trace_config": {"num_layers": 12, "swa_per_full": 5, "batch_size": 8},
-     "kernel_table_runs": 3}
+from sglab.swa_loc import measure
+p = {**measure.DEFAULT_PARAMS, "kernel_table_runs": 3,
+     "trace_config": {"num_layers": 12, "swa_per_full": 5, "batch_size": 8}}
 table, info = measure.eager_kernel_tables(p, torch.device("cuda"))
 table.to_csv(sys.argv[1], index=False)
 print(json.dumps(info))

@@ -290,7 +290,7 @@ def table(probes: list[tuple[str, dict]]):
             "CPUs > 1.3× apart between rounds": (f"{len(moved(rs))} of {len(rs[0])} over "
                                                  f"{len(rs)} rounds" if rs else ""),
             "home CPU alone / beside a busy loop, µs": (
-                "" if base is None else f"{base:.2f} / {min(b.values()):.2f}–"
+                "" if base is None or not b else f"{base:.2f} / {min(b.values()):.2f}–"
                 f"{max(b.values()):.2f}" + (f" (slowed by CPU {near})" if near else ""))
         })
     return pd.DataFrame(rows).set_index("probe (GPU, UTC)")
@@ -330,8 +330,8 @@ def figure(probes: list[tuple[str, dict]]):
 
 
 def show(probes: list[tuple[str, dict]] | None = None) -> None:
-    """A notebook's view of the recorded probes: one row of figures each, then every vCPU's rounds
-    (:func:`figure`)."""
+    """A notebook's view of the recorded probes: a table row each (:func:`table`), then every
+    vCPU's rounds (:func:`figure`)."""
     from sglab.core import notebook
 
     probes = recorded() if probes is None else probes

@@ -231,13 +231,15 @@ def _stop_kernel(client, km, folder: str) -> str:
     from jupyter_core.utils import ensure_event_loop, run_sync
 
     # a cell cut short (a signal, a dead kernel) leaves nbclient's pollers pending on this thread's
-    # loop: cancelled here, before the client goes, they end quietly instead of failing later
+    # loop: cancelled here, before the client goes, they end quietly instead of failing later (a
+    # loop that runs belongs to the caller: nbclient then ran on a loop of its own)
     loop = ensure_event_loop()
-    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-    for t in pending:
-        t.cancel()
-    if pending and not loop.is_running():
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    if not loop.is_running():
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     try:
         if getattr(client, "kc", None) is not None:
             client.kc.stop_channels()
