@@ -137,8 +137,8 @@ def test_sigint_stops_the_notebook_and_its_kernel(tmp_path):
     _started(proc, marker, within=60)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
-    assert out.startswith("interrupted True\ninterrupted: cell 1 (import os, time…) after "), \
-        out + err
+    assert out.startswith("interrupted 2\ninterrupted: cell 1 (import os, time…) after "), \
+        out + err  # 2: SIGINT
     assert "(stopped by a signal); partial output in" in out
     assert "Traceback" not in err + out, err  # the stopped kernel's own complaints stay in its log
     kernel = int(marker.read_text())
@@ -169,7 +169,7 @@ def test_sigterm_stops_a_parallel_run_and_leaves_no_process(tmp_path, whom):
         "from sglab.tools import report\n"
         f"rs = report.run_notebooks([Path({str(tmp_path / 'a.ipynb')!r}), "
         f"Path({str(tmp_path / 'b.ipynb')!r})], Path({str(tmp_path / 'out')!r}), "
-        "jobs=2, html_pages=False, env_rows=[])\nprint([r.status for r in rs])",
+        "jobs=2, html_pages=False, env_rows=[])\nprint([(r.status, r.stopped_by_signal) for r in rs])",
         start_new_session=True, env={**os.environ, "TMPDIR": str(tmp)})
     kernels: list[int] = []
     try:
@@ -180,7 +180,8 @@ def test_sigterm_stops_a_parallel_run_and_leaves_no_process(tmp_path, whom):
             proc.send_signal(signal.SIGKILL if whom == "parent killed" else signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
         if whom != "parent killed":
-            assert "['interrupted', 'interrupted']" in out, out + err
+            # 15: SIGTERM reached each notebook (from the group, or from the parent after 5 s)
+            assert "[('interrupted', 15), ('interrupted', 15)]" in out, out + err
             assert (tmp_path / "out" / "index.html").exists()
             assert "Traceback" not in err, err  # neither a kernel's nor nbclient's
         for _ in range(100):

@@ -208,3 +208,19 @@ def test_no_gpu_device_reads_the_device_files(tmp_path):
     assert index.hardware.no_gpu_device(str(tmp_path))
     (tmp_path / "nvidia0").touch()
     assert not index.hardware.no_gpu_device(str(tmp_path))
+
+
+@pytest.mark.parametrize("signum, status", [(0, 0), (2, 130), (15, 143)])
+def test_sglab_run_exits_as_a_shell_reports_the_signal_that_stopped_it(
+        signum, status, tmp_path, monkeypatch, capsys):
+    """Ctrl-C 130, SIGTERM 143 (128 + the signal the notebooks were stopped by); 0 when none was."""
+    from sglab.tools import cli, report
+
+    def ran(paths, out, **_):
+        return [
+            nbtools.Result(p, "interrupted" if signum else "ok", "recorded", 1.0,
+                           stopped_by_signal=signum) for p in paths
+        ]
+
+    monkeypatch.setattr(report, "run_notebooks", ran)
+    assert cli.main(["run", "04_swa_loc", "--out", str(tmp_path)]) == status

@@ -342,8 +342,9 @@ def cmd_run(args) -> int:
                 "notebooks": [p.stem for p in paths], "cell_timeout": args.cell_timeout, **params
             })
         print(f"timings: {path}")
-    if any(r.stopped_by_signal for r in results):
-        return 130
+    stopped = [r.stopped_by_signal for r in results if r.stopped_by_signal]
+    if stopped:  # 128 + the signal, as a shell reports it (Ctrl-C 130, SIGTERM 143)
+        return 128 + stopped[0]
     return 1 if failed else 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,8 +180,9 @@ class Result:
     nb: object = field(default=None, repr=False)
     # time.time() when execution began (the report finds the live runs it wrote)
     started: float | None = None
-    # Ctrl-C or SIGTERM: the caller should stop, not go on to the next notebook
-    stopped_by_signal: bool = False
+    # Ctrl-C or SIGTERM: the signal's number (2, 15; 0 where none stopped it), and the caller should
+    # stop, not go on to the next notebook
+    stopped_by_signal: int = 0
 
 
 class _Progress:
@@ -263,6 +265,22 @@ def _stop_kernel(client, km, folder: str) -> str:
     return "\n".join(tail)
 
 
+def _telling_signals(caught: list):
+    """This thread's event loop (where nbclient runs), its ``add_signal_handler`` wrapped for one
+    execution so that nbclient's SIGINT/SIGTERM handler also notes which signal came (its own
+    handler is not told); undone by removing the wrapper from the loop's attributes."""
+    from jupyter_core.utils import ensure_event_loop
+
+    loop = ensure_event_loop()
+    add = loop.add_signal_handler
+
+    def noting(sig, callback, *args):
+        return add(sig, lambda: (caught.append(int(sig)), callback(*args)))
+
+    loop.add_signal_handler = noting
+    return loop
+
+
 def _write_partial(nb, ipynb: Path, partial_dir: Path | None) -> Path:
     import tempfile
 
@@ -309,6 +327,8 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
     # the kernel process's own output (not the cells': those reach the notebook) goes to a file: a
     # kernel stopped mid-cell by a signal prints a traceback there, and one that dies says why
     log = open(Path(folder) / KERNEL_LOG, "wb")
+    caught: list[int] = []
+    loop = _telling_signals(caught)
     try:
         # widgets become static tables
         client.execute(env={**os.environ, "SGLAB_HEADLESS": "1"}, stdout=log, stderr=log)
@@ -330,6 +350,7 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
             status, error = "interrupted", (f"interrupted: {progress.where()}{progress.elapsed()} "
                                             f"({why})")
     finally:
+        vars(loop).pop("add_signal_handler", None)
         kernel_said = _stop_kernel(client, km, folder)
         log.close()
     seconds = time.perf_counter() - t0
@@ -339,8 +360,9 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
                  + f"; partial output in {_write_partial(nb, ipynb, partial_dir)}{said}")
     marker = read_mode(nb)
     mode = marker["mode"] if marker else "cpu"
+    signum = (caught or [signal.SIGINT])[-1] if by_signal else 0  # KeyboardInterrupt: SIGINT
     return Result(ipynb, status, mode, seconds, error, n_gpu if skip_gpu else 0, nb, started,
-                  by_signal)
+                  int(signum))
 
 
 def outputs_text(nb) -> str:
