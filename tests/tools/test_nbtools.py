@@ -166,10 +166,10 @@ def test_sigterm_stops_a_parallel_run_and_leaves_no_process(tmp_path, whom):
     # the run's own temporary folder, where nothing may be left (short: kernels' IPC sockets)
     tmp = Path(tempfile.mkdtemp(prefix="nb-"))
     proc = _python(
-        "from sglab.tools import report\n"
-        f"rs = report.run_notebooks([Path({str(tmp_path / 'a.ipynb')!r}), "
-        f"Path({str(tmp_path / 'b.ipynb')!r})], Path({str(tmp_path / 'out')!r}), "
-        "jobs=2, html_pages=False, env_rows=[])\nprint([(r.status, r.stopped_by_signal) for r in rs])",
+        f"from sglab.tools import report\nrs = "
+        f"report.run_notebooks([Path({str(tmp_path / 'a.ipynb')!r}), "
+        f"Path({str(tmp_path / 'b.ipynb')!r})], Path({str(tmp_path / 'out')!r}), jobs=2, "
+        f"html_pages=False, env_rows=[])\nprint([(r.status, r.stopped_by_signal) for r in rs])",
         start_new_session=True, env={**os.environ, "TMPDIR": str(tmp)})
     kernels: list[int] = []
     try:
