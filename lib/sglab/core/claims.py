@@ -351,7 +351,7 @@ def _peers(run, every: list) -> list:
     def key(r):
         return _short(r.manifest), r.manifest.get("gpu_count"), _method(r)
 
-    return [x for x in others(run, every) if x is not run and key(x) == key(run)]
+    return [x for x in others(run, every) if key(x) == key(run)]
 
 
 # --------------------------------------------------------------------------------------------------

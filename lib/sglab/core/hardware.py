@@ -104,7 +104,10 @@ def no_gpu_device(dev: str = "/dev") -> bool:
 
 
 def has_cuda() -> bool:
-    """True when torch can use a CUDA device here (the test for running live)."""
+    """True when torch can use a CUDA device here (the test for running live); where no GPU device
+    file exists, False without importing torch."""
+    if no_gpu_device():
+        return False
     try:
         import torch
     except ImportError:

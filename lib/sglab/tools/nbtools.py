@@ -223,19 +223,18 @@ def _kernel_manager(kernel_name: str):
 KERNEL_LOG = "kernel.log"
 
 
-def _stop_kernel(client, km, folder: str) -> str:
+def _stop_kernel(client, km, folder: str, loop) -> str:
     """Stop the kernel whatever happened (nbclient leaves a kernel it does not own running), close
     the client's channels and remove the connection and socket files; return the last lines the
     kernel process (and what it started) wrote to its own stdout and stderr (:data:`KERNEL_LOG`)."""
     import asyncio
     import shutil
 
-    from jupyter_core.utils import ensure_event_loop, run_sync
+    from jupyter_core.utils import run_sync
 
-    # a cell cut short (a signal, a dead kernel) leaves nbclient's pollers pending on this thread's
-    # loop: cancelled here, before the client goes, they end quietly instead of failing later (a
-    # loop that runs belongs to the caller: nbclient then ran on a loop of its own)
-    loop = ensure_event_loop()
+    # a cell cut short (a signal, a dead kernel) leaves nbclient's pollers pending on ``loop``, this
+    # thread's: cancelled here, before the client goes, they end quietly instead of failing later
+    # (a loop that runs belongs to the caller: nbclient then ran on a loop of its own)
     if not loop.is_running():
         pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
         for t in pending:
@@ -351,7 +350,7 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
                                             f"({why})")
     finally:
         vars(loop).pop("add_signal_handler", None)
-        kernel_said = _stop_kernel(client, km, folder)
+        kernel_said = _stop_kernel(client, km, folder, loop)
         log.close()
     seconds = time.perf_counter() - t0
     if status != "ok":

@@ -37,8 +37,7 @@ def default_jobs() -> int:
     machine), else up to two (recorded mode only reads files and draws; the CPU box has two
     cores)."""
 
-    gpu = not hardware.no_gpu_device() and hardware.has_cuda()
-    return 1 if gpu else max(1, min(2, os.cpu_count() or 1))
+    return 1 if hardware.has_cuda() else max(1, min(2, os.cpu_count() or 1))
 
 
 def _report(r, progress) -> None:
