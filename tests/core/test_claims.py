@@ -319,3 +319,28 @@ def test_a_claim_whose_applies_cannot_read_the_run_fails_naming_why():
     c = Claim("x.thin", "t", "e", check=lambda run: holds(True, "m"), applies=unreadable)
     out = claims.evaluate_claim(c, types.SimpleNamespace(manifest={}))
     assert out.status == claims.FAIL and out.reason == "could not evaluate: KeyError: 'value'"
+
+
+def test_a_record_verified_run_by_run_evaluates_each_run_once(demo, monkeypatch, capsys):
+    """`verify --all --against` holds each recorded run to the others: each run's claims are
+    evaluated once, for its own verdict and as the reference of the next, not once per use."""
+    paths = [_write(times=(2.0 + i / 10, 1.0)) for i in range(3)]
+    seen = []
+    real = claims.evaluate
+    monkeypatch.setattr(claims, "evaluate",
+                        lambda mod, run: seen.append(run.path.name) or real(mod, run))
+    assert cli.main(["verify", "--all", "--against"]) == 0
+    assert "3 run(s): 3 hold, 0 fail" in capsys.readouterr().out
+    assert sorted(seen) == sorted(p.name for p in paths)
+
+
+def test_a_changed_copy_of_a_recorded_run_is_judged_on_its_own_numbers(demo):
+    """A run read from the record and changed in memory is not the record's copy: its claims are
+    evaluated on what it now holds."""
+    _write(times=(2.0, 1.0))
+    path = _write(times=(2.0, 1.0))
+    run = verify.load_run(path)
+    run.df.loc[(run.df.metric == "time") & (run.df.variant == "before"), "value"] = 1.0
+    v = verify.verify_run(run, against=True)
+    assert {r.claim.id: r.status for r in v.failed} == {"demo.ratio": claims.FAIL}
+    assert verify.verify_run(verify.load_run(path), against=True).failed == []

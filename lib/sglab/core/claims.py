@@ -164,6 +164,14 @@ def evaluate(mod, run) -> list[Result]:
     return out
 
 
+def evaluated(mod, run) -> list[Result]:
+    """:func:`evaluate`, once per run (``Run.memo``): verifying each of a record's runs against the
+    rest reads every run's claims once, for its own verdict and for the range the others span."""
+    if not hasattr(run, "memo"):
+        return evaluate(mod, run)
+    return run.memo(f"claims of {getattr(mod, 'EXPERIMENT', '')}", lambda: evaluate(mod, run))
+
+
 def reader_facing(results: list[Result]) -> list[Result]:
     return [r for r in results if r.parent is None]
 
@@ -419,15 +427,11 @@ def spans(mod, runs_: list) -> dict:
 
 
 def _numbers(mod, run) -> dict:
-    """``{(claim id, value key): number}`` of one run, once per run (``Run.memo``): verifying each
-    of a record's runs against the rest evaluates each run once, not once per other run."""
-
-    def make():
-        return {(r.claim.id, key): _number(x)
-                for r in evaluate(mod, run)
-                for key, x in _flat(r.outcome.value, "").items() if _number(x) is not None}
-
-    return run.memo(f"claim numbers of {getattr(mod, 'EXPERIMENT', '')}", make)
+    """``{(claim id, value key): number}`` of one run, its claims evaluated once per run
+    (:func:`evaluated`)."""
+    return {(r.claim.id, key): _number(x)
+            for r in evaluated(mod, run)
+            for key, x in _flat(r.outcome.value, "").items() if _number(x) is not None}
 
 
 def _edge(a: float, values: list) -> float:
@@ -560,11 +564,14 @@ def pick_reference(run, candidates: list) -> tuple[Any, str]:
     return None, "no recorded run of this experiment and size to compare with"
 
 
-def compare(mod, run, reference, record: list | None = None) -> Comparison:
+def compare(mod, run, reference, record: list | None = None,
+            mine: list[Result] | None = None) -> Comparison:
     """``run`` against ``reference``; with ``record`` (the runs it was merged from), each number
-    against the range those runs span (:func:`spans`)."""
+    against the range those runs span (:func:`spans`). ``mine``: ``run``'s results where the caller
+    has them already."""
     span = spans(mod, record) if record else None
-    mine, theirs = evaluate(mod, run), evaluate(mod, reference)
+    mine = evaluate(mod, run) if mine is None else mine
+    theirs = evaluated(mod, reference)  # a record's run is often the reference of several
     return Comparison(reference, "", drift_rows(mine, theirs, span), env_diff(run, reference),
                       unmatched(mine, theirs))
 

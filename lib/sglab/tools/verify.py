@@ -256,33 +256,43 @@ def verify_run(run: runs.Run, *, against: bool = False, reference: runs.Run | No
     runs verified one after another are read and evaluated once)."""
     exp = run.manifest["experiment"]
     mod = fixes.claims(exp)
-    v = Verified(run, claims.evaluate(mod, run))
-    if against:
-        how, record = "given on the command line", None
-        if reference is None:
-            engine = exp.startswith("engine_")
-            pick = engine_runs.reference if engine else claims.pick_reference
-            recorded = {} if recorded is None else recorded
-            if exp not in recorded:
-                recorded[exp] = runs.load_all_recorded(exp)
-            candidates = recorded[exp]
-            reference, how = pick(run, candidates)
-            # an engine's record is several machines: a rerun is held to the range they span
-            record = engine_runs.same_gpu(run, candidates) if engine else None
-        if reference is not None:
-            v.comparison = claims.compare(mod, run, reference, record)
-            v.comparison.how = how
-            # an engine run's values are keyed by model, release and case, so only like is
-            # compared with like; a rebuild's reference must also share the run's parameters
-            # (and an engine's, as many GPUs)
-            same = (engine_runs.held_to(run, reference) if exp.startswith("engine_") else
-                    (runs.gpu_short(run.manifest) == runs.gpu_short(reference.manifest)
-                     and run.manifest.get("params") == reference.manifest.get("params")))
-            v.drifted = v.comparison.beyond if same else []
-        else:
-            v.comparison = None
-            v.how = how  # type: ignore[attr-defined]
+    if not against:
+        return Verified(run, claims.evaluate(mod, run))
+    how, record = "given on the command line", None
+    recorded = {} if recorded is None else recorded
+    if reference is None and exp not in recorded:
+        recorded[exp] = runs.load_all_recorded(exp)
+    v = Verified(run, claims.evaluated(mod, _twin(run, recorded.get(exp, []))))
+    if reference is None:
+        engine = exp.startswith("engine_")
+        pick = engine_runs.reference if engine else claims.pick_reference
+        candidates = recorded[exp]
+        reference, how = pick(run, candidates)
+        # an engine's record is several machines: a rerun is held to the range they span
+        record = engine_runs.same_gpu(run, candidates) if engine else None
+    if reference is None:
+        v.how = how  # type: ignore[attr-defined]
+        return v
+    v.comparison = claims.compare(mod, run, reference, record, mine=v.results)
+    v.comparison.how = how
+    # an engine run's values are keyed by model, release and case, so only like is compared with
+    # like; a rebuild's reference must also share the run's parameters (and an engine's, as many
+    # GPUs)
+    same = (engine_runs.held_to(run, reference) if exp.startswith("engine_") else
+            (runs.gpu_short(run.manifest) == runs.gpu_short(reference.manifest)
+             and run.manifest.get("params") == reference.manifest.get("params")))
+    v.drifted = v.comparison.beyond if same else []
     return v
+
+
+def _twin(run: runs.Run, record: list) -> runs.Run:
+    """The record's own copy of ``run`` where it is one of the record's runs, unchanged: its claims
+    are then evaluated once, for its verdict and for the range the record spans when the record's
+    other runs are verified. Else ``run``."""
+    for c in record:
+        if (c not in runs.others(run, [c]) and c.manifest == run.manifest and c.df.equals(run.df)):
+            return c
+    return run
 
 
 def partial(run) -> str:
