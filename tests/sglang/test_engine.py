@@ -141,6 +141,19 @@ def test_flags_differ_between_releases_and_are_read_from_the_source():
         eng.release_flags(_pkg("0.5.23"), "bench")
 
 
+def test_flags_are_read_again_once_the_source_changes(tmp_path):
+    """A release's parsers are read once per file version: an edited ``server_args.py`` (a patched
+    checkout) is read again."""
+    package = tmp_path / "9.9.9" / "sglang"
+    (package / "srt").mkdir(parents=True)
+    args = package / "srt" / "server_args.py"
+    args.write_text("p.add_argument('--one')\n")
+    assert eng.release_flags(package, "engine") == {"--one"}
+    assert eng.release_flags(package, "engine") == {"--one"}
+    args.write_text("p.add_argument('--one')\np.add_argument('--two', type=int)\n")
+    assert eng.release_flags(package, "engine") == {"--one", "--two"}
+
+
 def test_unknown_flag_is_one_line_naming_the_release(tmp_path):
     _pkg("0.5.13")
     spec = eng.EngineSpec("0.5.13", LLAMA, server_args=("--no-such-flag", "1"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -126,8 +127,6 @@ def release_flags(package: Path, tool: str) -> set[str]:
     ``srt/server_args.py`` (and ``bench_one_batch.py`` for the bench), plus the flags that 0.5.14+
     derive from fields annotated ``A[T, "help"]`` / ``A[T, Arg(...)]`` (``cli_name``, ``aliases``)
     of ``ServerArgs`` and, from 0.5.2x, of the field groups under ``srt/arg_groups/``."""
-    import ast
-
     name = package.parent.name
     files = [package / "srt" / "server_args.py"]
     if tool == "bench":
@@ -140,14 +139,25 @@ def release_flags(package: Path, tool: str) -> set[str]:
     files += sorted((package / "srt" / "arg_groups").rglob("*.py"))
     flags: set[str] = set()
     for f in files:
-        tree = ast.parse(f.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
-                flags.update(a.value for a in node.args if isinstance(a, ast.Constant)
-                             and isinstance(a.value, str) and a.value.startswith("--"))
-            if isinstance(node, ast.ClassDef):
-                flags.update(_annotated_flags(node))
+        st = f.stat()
+        flags |= _file_flags(str(f), st.st_mtime_ns, st.st_size)
     return flags
+
+
+@lru_cache(maxsize=64)
+def _file_flags(path: str, mtime_ns: int, size: int) -> frozenset[str]:
+    """The ``--flags`` one source file declares, parsed once per file version (``server_args.py``
+    is some 5,000 lines, and every engine spec of a scenario asks)."""
+    import ast
+
+    flags: set[str] = set()
+    for node in ast.walk(ast.parse(Path(path).read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+            flags.update(a.value for a in node.args if isinstance(a, ast.Constant)
+                         and isinstance(a.value, str) and a.value.startswith("--"))
+        if isinstance(node, ast.ClassDef):
+            flags.update(_annotated_flags(node))
+    return frozenset(flags)
 
 
 def _annotated_flags(cls) -> set[str]:
