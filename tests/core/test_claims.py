@@ -344,3 +344,29 @@ def test_a_changed_copy_of_a_recorded_run_is_judged_on_its_own_numbers(demo):
     v = verify.verify_run(run, against=True)
     assert {r.claim.id: r.status for r in v.failed} == {"demo.ratio": claims.FAIL}
     assert verify.verify_run(verify.load_run(path), against=True).failed == []
+
+
+def test_the_claims_table_reads_from_the_left_with_each_status_coloured(demo):
+    """JupyterLab and the report right-align table cells; the claims table is sentences, so every
+    cell of it is set left and to the top, and the status keeps its colour."""
+    from html.parser import HTMLParser
+
+    from sglab.core import notebook
+
+    class Cells(HTMLParser):
+
+        def __init__(self):
+            super().__init__()
+            self.cells = []
+
+        def handle_starttag(self, tag, attrs):
+            if tag in ("td", "th"):
+                self.cells.append(dict(attrs).get("style") or "")
+
+    page = notebook.verdict_html(DEMO, verify.load_run(_write(kernels=(11, 8))))
+    parser = Cells()
+    parser.feed(page)
+    filled = [s for s in parser.cells if s]
+    assert len(filled) == 6 * 5 and all("text-align:left;vertical-align:top" in s for s in filled)
+    assert sum("color:#c0392b" in s for s in filled) == 1  # demo.extra_kernels fails
+    assert len(parser.cells) - len(filled) == 0

@@ -294,6 +294,9 @@ def slide(claims, run, picture=None) -> None:
     show_figure(picture)
 
 
+# JupyterLab and the report right-align table cells (for numbers); a claims table is sentences, read
+# from the left and from the top of each row
+_CELL = "text-align:left;vertical-align:top"
 _STATUS_STYLE = {
     C.PASS: "color:#1e8449;font-weight:600", C.FAIL: "color:#c0392b;font-weight:600",
     C.NA: "color:#7f8c8d"
@@ -310,8 +313,8 @@ def verdict_html(claims, run) -> str:
             continue
         folded = [f for f in results if f.parent == r.claim.id]
         rows.append(_row_html(r, folded))
-    head = "".join(
-        f"<th>{h}</th>" for h in ("claim", "statement", "status", "measured", "expected", "why"))
+    head = "".join(f"<th style='{_CELL}'>{h}</th>"
+                   for h in ("claim", "statement", "status", "measured", "expected", "why"))
     return (f"<p><b>{html.escape(C.verdict_line(results, run))}</b> · "
             f"<small>{html.escape(run.path.name)}</small></p><div "
             f"style='overflow-x:auto'><table><tr>{head}</tr>{''.join(rows)}</table></div>")
@@ -320,11 +323,11 @@ def verdict_html(claims, run) -> str:
 def _row_html(r, folded) -> str:
     detail = r.outcome.measured if r.status != C.NA else ""
     why = r.outcome.reason if r.status != C.PASS else ""
-    cells = (f"<td><code>{html.escape(r.claim.id)}</code></td>"
-             f"<td>{html.escape(r.claim.statement)}</td>"
-             f"<td style='{_STATUS_STYLE[r.status]}'>{r.status}</td>"
-             f"<td>{html.escape(str(detail))}</td>"
-             f"<td>{html.escape(r.claim.expected)}</td><td>{html.escape(why)}</td>")
+    texts = (f"<code>{html.escape(r.claim.id)}</code>", html.escape(r.claim.statement), r.status,
+             html.escape(str(detail)), html.escape(r.claim.expected), html.escape(why))
+    cells = "".join(
+        f"<td style='{_CELL}" + (f";{_STATUS_STYLE[r.status]}" if i == 2 else "") + f"'>{t}</td>"
+        for i, t in enumerate(texts))
     if not folded:
         return f"<tr>{cells}</tr>"
     ok = sum(f.status == C.PASS for f in folded)
@@ -332,8 +335,9 @@ def _row_html(r, folded) -> str:
                     f"style='{_STATUS_STYLE[f.status]}'>"
                     f"{f.status}</span> — {html.escape(f.claim.statement)}: "
                     f"{html.escape(f.outcome.measured or f.outcome.reason)}</li>" for f in folded)
-    sub = (f"<tr><td></td><td colspan='5'><details><summary>checks under it: {ok}/{len(folded)} "
-           f"hold</summary><ul>{items}</ul></details></td></tr>")
+    sub = (
+        f"<tr><td></td><td colspan='5' style='{_CELL}'><details><summary>checks under it: {ok}/{len(folded)} "
+        f"hold</summary><ul>{items}</ul></details></td></tr>")
     return f"<tr>{cells}</tr>{sub}"
 
 
