@@ -335,9 +335,8 @@ def _row_html(r, folded) -> str:
                     f"style='{_STATUS_STYLE[f.status]}'>"
                     f"{f.status}</span> — {html.escape(f.claim.statement)}: "
                     f"{html.escape(f.outcome.measured or f.outcome.reason)}</li>" for f in folded)
-    sub = (
-        f"<tr><td></td><td colspan='5' style='{_CELL}'><details><summary>checks under it: {ok}/{len(folded)} "
-        f"hold</summary><ul>{items}</ul></details></td></tr>")
+    sub = (f"<tr><td></td><td colspan='5' style='{_CELL}'><details><summary>checks under it: "
+           f"{ok}/{len(folded)} hold</summary><ul>{items}</ul></details></td></tr>")
     return f"<tr>{cells}</tr>{sub}"
 
 
