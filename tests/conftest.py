@@ -35,7 +35,16 @@ def _cuda_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def _seconds(item) -> float:
+    m = item.get_closest_marker("long")
+    return float(m.args[0]) if m else 0.0
+
+
 def pytest_collection_modifyitems(config, items):
+    # the files marked `long` first, longest first (the order is kept within a file and among the
+    # rest): xdist hands whole files to its workers in this order (--no-loadscope-reorder), so a
+    # minutes-long file does not start last and leave the other workers idle
+    items.sort(key=lambda item: -_seconds(item))
     n = _cuda_count()
     for item in items:
         need = 0

@@ -11,6 +11,9 @@ from sglab.core import dist
 from tests.core import dist_fns
 
 
+pytestmark = pytest.mark.long(35)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -16,6 +16,8 @@ from sglab.tools import fixes
 from sglab.sglang import testing
 
 
+pytestmark = pytest.mark.long(23)
+
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "data" / "models"
 LLAMA = MODELS / "llama_32x512" / "config.json"

@@ -14,6 +14,9 @@ import pytest
 from sglab.sglang import wheelhouse as wh
 
 
+pytestmark = pytest.mark.long(60)
+
+
 def _wheel(path: Path, files: dict) -> Path:
     with zipfile.ZipFile(path, "w") as z:
         for name, data in files.items():

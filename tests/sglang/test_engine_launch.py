@@ -16,6 +16,8 @@ from sglab.core import runs
 from sglab.sglang import engine as eng
 
 
+pytestmark = pytest.mark.long(20)
+
 psutil = pytest.importorskip("psutil")
 
 TREE = textwrap.dedent("""

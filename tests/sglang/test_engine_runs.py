@@ -20,6 +20,9 @@ from sglab.swa_loc import claims as swa
 from sglab.tools import cli
 
 
+pytestmark = pytest.mark.long(50)
+
+
 def _run(exp: str, contains: str):
     """The committed engine run of ``exp`` in which variant ``contains`` started."""
     for r in runs.load_all_recorded(exp):

@@ -18,6 +18,8 @@ from sglab.sglang import releases, runner, store
 from tests.sglang import TRITON_STUB
 
 
+pytestmark = pytest.mark.long(55)
+
 RELEASE = "9.9.9"
 # importable in the worker: the release's folder is on its path
 PID, BOOM, SLEEP, CHILD, LEAVE = (

@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 
 
+pytestmark = pytest.mark.long(90)
+
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "reports" / "screenshots"
 NOTEBOOKS = tuple(sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))

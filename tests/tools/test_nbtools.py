@@ -19,6 +19,8 @@ from sglab.core import procs
 from sglab.tools import nbtools
 
 
+pytestmark = pytest.mark.long(27)
+
 LIB = Path(__file__).resolve().parents[2] / "lib"
 
 

@@ -10,6 +10,8 @@ import pytest
 from sglab.tools import fixes as catalog, nbtools
 
 
+pytestmark = pytest.mark.long(45)
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 CELL_TIMEOUT = int(os.environ.get("SGLAB_CELL_TIMEOUT", "900"))
