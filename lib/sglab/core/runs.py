@@ -120,14 +120,16 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "cpu"
 
 
+def same_file(a, b) -> bool:
+    """Whether runs ``a`` and ``b`` were read from one file, however either path is spelt (relative
+    or absolute); a run without a path is the same as none."""
+    pa, pb = getattr(a, "path", None), getattr(b, "path", None)
+    return bool(pa and pb) and Path(pa).resolve() == Path(pb).resolve()
+
+
 def others(run, candidates: list) -> list:
-    """``candidates`` less ``run`` itself, however either path is spelt (relative or absolute): a
-    run is never its own reference."""
-    path = getattr(run, "path", None)
-    me = Path(path).resolve() if path else None
-    return [
-        c for c in candidates if getattr(c, "path", None) is None or Path(c.path).resolve() != me
-    ]
+    """``candidates`` less ``run`` itself (:func:`same_file`): a run is never its own reference."""
+    return [c for c in candidates if not same_file(run, c)]
 
 
 def run_stem(manifest: dict, when: datetime) -> str:

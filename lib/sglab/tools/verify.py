@@ -290,7 +290,7 @@ def _twin(run: runs.Run, record: list) -> runs.Run:
     are then evaluated once, for its verdict and for the range the record spans when the record's
     other runs are verified. Else ``run``."""
     for c in record:
-        if (c not in runs.others(run, [c]) and c.manifest == run.manifest and c.df.equals(run.df)):
+        if runs.same_file(c, run) and c.manifest == run.manifest and c.df.equals(run.df):
             return c
     return run
 
