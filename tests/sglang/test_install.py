@@ -140,6 +140,20 @@ def test_the_machine_facts_are_asked_once_until_a_package_folder_changes(tmp_pat
     bootstrap._facts.cache_clear()
 
 
+def test_a_machine_without_gpu_device_files_answers_without_importing_torch():
+    """Each release worker asks these facts first: where no GPU device file exists, CUDA is
+    answered absent without the second or more that importing torch costs."""
+    got = _in_subprocess("""
+import json, sys
+from sglab.core import hardware
+hardware.no_gpu_device = lambda dev="/dev": True
+from sglab.sglang import bootstrap
+facts = bootstrap.machine_facts()
+print(json.dumps({"cuda": facts["cuda"], "torch": "torch" in sys.modules}))
+""")
+    assert got == {"cuda": False, "torch": False}
+
+
 def _in_subprocess(code: str) -> dict:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env=_env())

@@ -71,9 +71,11 @@ def _try_import(name: str) -> str | None:
 
 
 def _cuda_available() -> bool:
-    import torch
+    # where no GPU device file exists, without importing torch (a second or more of a worker's
+    # start-up spent on a fact the device files already give)
+    from sglab.core import hardware
 
-    return bool(torch.cuda.is_available())
+    return hardware.has_cuda()
 
 
 def _put_on_path(release: str) -> Path:
@@ -473,8 +475,9 @@ def facts_key() -> dict:
 
 @lru_cache(maxsize=1)
 def _facts() -> dict:
-    """:func:`facts_in_subprocess`, kept in :data:`FACTS_FILE` with :func:`facts_key`: a fresh
-    interpreter imports torch to answer (seconds), and the workbook asks on every run."""
+    """:func:`facts_in_subprocess`, kept in :data:`FACTS_FILE` with :func:`facts_key`: where a GPU
+    is present a fresh interpreter imports torch to answer (seconds), and the workbook asks on
+    every run."""
     import json
 
     path, key = home() / FACTS_FILE, facts_key()
