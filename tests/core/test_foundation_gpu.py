@@ -78,6 +78,27 @@ def test_nccl_all_reduce_on_two_ranks():
     assert dist.alive_children() == []
 
 
+@pytest.mark.gpus(1)
+def test_nccl_ranks_fork_from_a_server_that_imported_torch_and_the_measurements():
+    """05 and 06 fork their ranks from a server that imported torch and their measurement modules
+    (:func:`sglab.core.dist.forkserver`): those imports initialise no CUDA, so each fork opens its
+    own GPU and joins NCCL. One rank per GPU, up to two."""
+    from sglab.capture_sizes import measure as sizes
+    from sglab.grid_thw import measure as grid
+
+    world = min(2, hardware.gpu_count())
+    dist.forkserver((*sizes.FORKSERVER_PRELOAD, *grid.FORKSERVER_PRELOAD[1:]))
+    try:
+        out = dist.launch(dist_fns.all_reduce_sum, world, timeout_s=180, collective_timeout_s=60,
+                          start_method="forkserver")
+    finally:
+        dist.stop_forkserver()
+    assert [rows[0]["sum"] for rows in out] == [float(sum(range(1, world + 1)))] * world
+    assert [rows[0]["device"] for rows in out] == [f"cuda:{r}" for r in range(world)]
+    assert len({rows[0]["pid"] for rows in out} | {os.getpid()}) == world + 1
+    assert dist.alive_children() == []
+
+
 @pytest.mark.gpus(2)
 def test_nccl_rank_that_never_joins_fails_with_timeout_and_leaves_nothing():
     # Rank 1 stays alive but never enters the all-reduce rank 0 is blocked in. Whichever limit fires
