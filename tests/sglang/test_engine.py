@@ -194,7 +194,7 @@ def test_a_release_that_cannot_start_here_is_said_once_per_scenario(monkeypatch,
 
     tried = []
 
-    def run(spec, work=None):
+    def run(spec, work=None, said=None):
         tried.append(spec)
         if spec.release == "0.5.13":
             raise engine_pkg.ReleaseError("sglang 0.5.13 pins torch==2.11.0: nothing started")
@@ -851,6 +851,13 @@ def test_a_model_that_needs_an_adjustment_gets_it_by_itself_and_says_so(release,
     # carried already: not twice
     again = eng.with_model_needs(got, said.append)
     assert [a.name for a in again.adjustments] == names and len(said) == int(added)
+    # the scenario's later starts of the variant: added again, its reason not said again
+    named: set = set()
+    lines = []
+    for _ in range(2):
+        eng.with_model_needs(spec, lines.append, named)
+    assert named == set(names)
+    assert [ln.endswith("its reason above)") for ln in lines] == ([False, True] if added else [])
 
 
 def test_too_few_gpus_skips_a_plans_scenario_and_stops_a_named_one(monkeypatch, capsys):
@@ -867,7 +874,7 @@ def test_too_few_gpus_skips_a_plans_scenario_and_stops_a_named_one(monkeypatch, 
     monkeypatch.setattr(hardware, "gpu_count", lambda: 2)
     monkeypatch.setattr(hardware, "gpus", lambda: ())
     started = []
-    monkeypatch.setattr(engine_pkg, "run", lambda spec, work=None: started.append(spec))
+    monkeypatch.setattr(engine_pkg, "run", lambda spec, work=None, said=None: started.append(spec))
     plan = tp4[0].name.split("-")[0]
     only_tp4 = all(s.gpus == 4 for s in fixes.plan(plan))
     status = main(["engine", "--plan", plan, "--scenario", tp4[0].name])
@@ -875,7 +882,7 @@ def test_too_few_gpus_skips_a_plans_scenario_and_stops_a_named_one(monkeypatch, 
     assert capsys.readouterr().err.strip() == (
         f"sglab engine: {tp4[0].name} needs 4 GPUs, this machine has 2")
     monkeypatch.setattr(
-        engine_pkg, "run", lambda spec, work=None:
+        engine_pkg, "run", lambda spec, work=None, said=None:
         (_ for _ in ()).throw(engine_pkg.EngineError("stand-in: not started")))
     main(["engine", "--plan", plan])
     out = capsys.readouterr()
@@ -893,7 +900,7 @@ def test_a_machine_without_gpus_says_so_in_one_line_and_starts_nothing(monkeypat
     monkeypatch.setattr(hardware, "has_cuda", lambda: False)
     monkeypatch.setattr(hardware, "gpu_count", lambda: 0)
     started = []
-    monkeypatch.setattr(engine_pkg, "run", lambda spec, work=None: started.append(spec))
+    monkeypatch.setattr(engine_pkg, "run", lambda spec, work=None, said=None: started.append(spec))
     assert main(["engine", "--scenario", "01-kimi-pcg"]) == 2
     assert capsys.readouterr().err.strip() == (
         "sglab engine: 01-kimi-pcg: no CUDA GPU here; needs 1")

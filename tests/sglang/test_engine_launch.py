@@ -266,7 +266,7 @@ STOPPED_SCENARIO = textwrap.dedent("""
 
     where, ran = sys.argv[1], []
 
-    def run(spec, work=None):
+    def run(spec, work=None, said=None):
         if where == "during" and len(ran) == 2:
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(30)

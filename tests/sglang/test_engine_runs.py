@@ -937,7 +937,7 @@ def test_cases_split_a_scenario_and_a_pattern_that_matches_nothing_is_one_line(c
     argv = ["engine", "--scenario", "01-llama-width", "--dry-run", "--cases", "w512-*", "w1024-*"]
     assert cli.main(argv) == 0
     started = [
-        ln.split(":")[0]
+        ln.split(" (")[0]
         for ln in capsys.readouterr().out.splitlines() if ln.startswith("# sglang 0.5.13+")
     ]
     assert sorted(set(started)) == [
@@ -948,6 +948,29 @@ def test_cases_split_a_scenario_and_a_pattern_that_matches_nothing_is_one_line(c
     err = capsys.readouterr().err.strip()
     assert err.startswith("sglab engine: --cases w9-*: no case of 01-llama-width matches")
     assert len(err.splitlines()) == 1
+
+
+def test_a_dry_run_says_each_reason_once_and_which_start_each_command_is(capsys):
+    """01-kimi-pcg starts 0.5.12.post1's Kimi variants 16 times, each with the same harness
+    adjustment: its reason is printed once, and each command says which start it is."""
+    from sglab.sglang import engine as eng
+    from sglab.tools import fixes
+
+    assert cli.main(["engine", "--scenario", "01-kimi-pcg", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    scenario = fixes.scenario("01-kimi-pcg")
+    specs = scenario.specs()
+    reason = eng.adjustment("kimi-k25-post-load-weights").reason
+    assert out.count(reason) == 1
+    assert out.count("kimi-k25-post-load-weights added") == sum(
+        sp.release == "0.5.12.post1" for sp in specs)
+    labels = [ln.split(": ")[0] for ln in out.splitlines() if "bench_one_batch" in ln]
+    assert len(labels) == len(set(labels)) == len(specs)
+    assert "# sglang 0.5.13+enforce (start 3)" in labels
+    assert "# sglang 0.5.13+enforce (the launch-count pass, profiled)" in labels
+    # a release that cannot start here is said in full once, then pointed to
+    full = [ln for ln in out.splitlines() if ln.startswith("#   would stop: sglang")]
+    assert len(full) <= len(scenario.releases)
 
 
 def test_each_variants_timing_carries_the_cost_of_the_host_that_ran_it():

@@ -176,22 +176,27 @@ def _cpus(text: str) -> tuple[int, ...]:
     return cpus
 
 
-def _dry_run(spec, work) -> None:
-    """Print the command a spec would start (and why it would stop), starting nothing."""
+def _dry_run(spec, work, said: set) -> None:
+    """Print the command a spec would start (and why it would stop), starting nothing. ``said``:
+    what was printed already for the scenario's earlier engines (each harness adjustment's reason,
+    each release that would stop), said once."""
     import tempfile
 
     from sglab.sglang import engine as eng
 
     with tempfile.TemporaryDirectory(prefix="sglab-engine-") as tmp:
         try:
-            spec = eng.with_model_needs(spec, lambda line: print(f"# {line}"))
+            spec = eng.with_model_needs(spec, lambda line: print(f"# {line}"), said)
             prep = eng.prepare(spec, work or Path(tmp), check=False)
         except eng.EngineError as e:
             print(f"# sglang {spec.variant}: would stop: {e}")
             return
-        print(f"# sglang {spec.variant}: {shlex.join(prep.sglang_command)}")
+        which = "the launch-count pass, profiled" if spec.profile else f"start {spec.start + 1}"
+        print(f"# sglang {spec.variant} ({which}): {shlex.join(prep.sglang_command)}")
         for a in spec.adjustments:
-            print(f"#   harness adjustment {a.name}: {a.reason}")
+            if a.name not in said:
+                print(f"#   harness adjustment {a.name}: {a.reason}")
+                said.add(a.name)
         if spec.cpus:
             from sglab.core.hardware import cpu_text
 
@@ -199,7 +204,10 @@ def _dry_run(spec, work) -> None:
         try:
             eng.check_pins(prep.env, prep.found)
         except eng.EngineError as e:
-            print(f"#   would stop: {e}")
+            said_before = ("pins", spec.release) in said
+            print(
+                f"#   would stop: {'as above (sglang ' + spec.release + ')' if said_before else e}")
+            said.add(("pins", spec.release))
 
 
 def _too_few_gpus(name: str, specs) -> str:
@@ -239,19 +247,20 @@ def _run_specs(args, name: str, specs: list, alone: bool, results: list) -> int:
     from sglab.sglang import engine as eng
 
     status, refused, skipped = 0, {}, Counter()  # refused: {release: why it cannot start here}
+    said: set = set()  # each harness adjustment's reason is said once (_dry_run, eng.run)
     for spec in specs:
         folder = f"{name or 'engine'}-{spec.variant}" + (f"-start{spec.start}"
                                                          if spec.start else "")
         work = (args.work / folder) if args.work else None
         if args.dry_run:
-            _dry_run(spec, work)
+            _dry_run(spec, work, said)
             continue
         if spec.release in refused:  # it would stop as the first did: counted, said below
             skipped[spec.release] += 1
             results.append(eng.EngineResult(spec, "not-started", error=refused[spec.release]))
             continue
         try:
-            res = eng.run(spec, work=work)
+            res = eng.run(spec, work=work, said=said)
         except eng.EngineError as e:
             if len(specs) == 1 and alone:
                 raise

@@ -124,12 +124,18 @@ def model_needs(spec: EngineSpec) -> tuple[Adjustment, ...]:
     return (adjustment(name),)
 
 
-def with_model_needs(spec: EngineSpec, echo: Callable[[str], None] = print) -> EngineSpec:
-    """``spec`` with :func:`model_needs` added, each said in one line."""
+def with_model_needs(spec: EngineSpec, echo: Callable[[str], None] = print,
+                     said: Optional[set] = None) -> EngineSpec:
+    """``spec`` with :func:`model_needs` added, each said in one line; its reason only the first
+    time where ``said`` (the adjustments named so far, updated here) is given: a scenario starts
+    the same variant many times."""
     extra = model_needs(spec)
     for a in extra:
+        why = "; its reason above)" if said is not None and a.name in said else f"): {a.reason}"
         echo(f"[sglab] sglang {spec.variant}: harness adjustment {a.name} added (this model "
-             f"needs it on this release with dummy weights): {a.reason}")
+             f"needs it on this release with dummy weights{why}")
+        if said is not None:
+            said.add(a.name)
     return replace(spec, adjustments=spec.adjustments + extra) if extra else spec
 
 

@@ -91,12 +91,14 @@ def run(
     work: Optional[Path] = None,
     echo: Callable[[str], None] = print,
     check: bool = True,
+    said: Optional[set] = None,
 ) -> EngineResult:
     """Run one engine (see the module docstring). Raises :class:`EngineError` for what stops it
     before it starts (release missing, pin mismatch, flags the release does not define, a bad
-    config); everything after the start comes back as the result's status and one-line error."""
+    config); everything after the start comes back as the result's status and one-line error.
+    ``said``: the harness adjustments whose reasons were said already (:func:`with_model_needs`)."""
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix=f"sglab-engine-{spec.release}-"))
-    spec = with_model_needs(spec, echo)
+    spec = with_model_needs(spec, echo, said)
     prep = prepare(spec, work, check=check)
     log = work / "engine.log"
     echo(
