@@ -204,10 +204,9 @@ def _dry_run(spec, work, said: set) -> None:
         try:
             eng.check_pins(prep.env, prep.found)
         except eng.EngineError as e:
-            said_before = ("pins", spec.release) in said
-            print(
-                f"#   would stop: {'as above (sglang ' + spec.release + ')' if said_before else e}")
-            said.add(("pins", spec.release))
+            key = ("pins", spec.release)
+            print(f"#   would stop: {f'as above (sglang {spec.release})' if key in said else e}")
+            said.add(key)
 
 
 def _too_few_gpus(name: str, specs) -> str:
