@@ -23,6 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
+from sglab.core import hardware
 from sglab.sglang.releases import (
     PINNED,
     dep_set,
@@ -70,14 +71,6 @@ def _try_import(name: str) -> str | None:
         return _cause(exc)
 
 
-def _cuda_available() -> bool:
-    # where no GPU device file exists, without importing torch (a second or more of a worker's
-    # start-up spent on a fact the device files already give)
-    from sglab.core import hardware
-
-    return hardware.has_cuda()
-
-
 def _put_on_path(release: str) -> Path:
     if "sglang" in sys.modules:
         raise NotRunnable(f"sglang {release}: another sglang is already imported in this process")
@@ -102,8 +95,11 @@ def machine_facts() -> dict:
     ``sys.modules``."""
     return {
         "triton": None if importlib.util.find_spec("triton") is not None else "not installed",
-        "torchvision": _try_import("torchvision"), "sgl_kernel": _try_import("sgl_kernel"),
-        "cuda": _cuda_available()
+        "torchvision": _try_import("torchvision"),
+        "sgl_kernel": _try_import("sgl_kernel"),
+        # where no GPU device file exists, answered without importing torch (a second or more of
+        # each worker's start-up)
+        "cuda": hardware.has_cuda()
     }
 
 
