@@ -77,4 +77,15 @@ def test_house_map_matches_the_tree():
     """docs/structure.md's module list is generated from lib/sglab's docstrings."""
     from sglab.tools import readme
 
-    assert readme.stale() == [], "stale: run `sglab index` and commit docs/structure.md"
+    text = (ROOT / "docs" / "structure.md").read_text()
+    assert readme.current_block(text, readme.MAP_START, readme.MAP_END) == readme.house_block(), \
+        "stale: run `sglab index` and commit docs/structure.md"
+
+
+def test_engine_ledger_matches_the_recorded_runs():
+    """docs/operating.md's ledger of engine runs is generated from data/recorded/engine_*."""
+    from sglab.tools import ledger, readme
+
+    text = (ROOT / "docs" / "operating.md").read_text()
+    assert readme.current_block(text, ledger.START, ledger.END) == ledger.block(), \
+        "stale: run `sglab index` and commit docs/operating.md"

@@ -16,8 +16,8 @@
                                     contains
     sglab upstream --releases [V..] the state of each fix in every release from 0.5.10, read
                                     from the wheels
-    sglab index [--check]           rewrite (or check) the README's notebook index from the
-                                    recorded runs
+    sglab index [--check]           rewrite (or check) the README's notebook index, the house
+                                    map and the engine ledger from the recorded runs and the tree
     sglab workspace --trace FILE [--world-size W] [--hidden H]
                                     your traffic (CSV or SGLang log) → workspace re-creations
                                     per policy
@@ -158,9 +158,10 @@ def cmd_index(args) -> int:
         for what in stale:
             print(f"out of date: {what}: run `sglab index`")
         if not stale:
-            print("README index and docs/structure.md match the recorded runs and the tree")
+            print("README index, docs/structure.md and docs/operating.md's engine ledger match the "
+                  "recorded runs and the tree")
         return 1 if stale else 0
-    print("README index and house map " +
+    print("README index, house map and engine ledger " +
           ("updated" if readme.write_index() else "already up to date"))
     return 0
 
@@ -424,9 +425,11 @@ def _evidence_commands(sub) -> None:
 
     upstream_command.add_arguments(p)
     p.set_defaults(fn=cmd_upstream)
-    p = sub.add_parser("index", help="rewrite the README's notebook index from the recorded runs")
+    p = sub.add_parser(
+        "index", help="rewrite the README's notebook index, the house map (docs/structure.md) and "
+        "the engine ledger (docs/operating.md) from the recorded runs and the tree")
     p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 where the index or the house map is out of date")
+                   help="write nothing; exit 1 where a block is out of date")
     p.set_defaults(fn=cmd_index)
     p = sub.add_parser("workspace",
                        help="workspace re-creations per max_token_num policy for your traffic")

@@ -1,11 +1,11 @@
-"""The two generated blocks of the docs: the README's notebook index and the house map of
-``docs/structure.md``.
+"""The generated blocks of the docs: the README's notebook index, the house map of
+``docs/structure.md`` and the ledger of recorded engine runs in ``docs/operating.md``.
 
 Index: each row is the notebook's claim followed by its headline over the runs a reader is shown,
 both from :mod:`sglab.core.claims` (the sentence a notebook's first screen shows; numbers computed,
 never typed in). House map: every module of ``lib/sglab`` with the first line of its docstring, in
-layer order. ``sglab index`` rewrites both blocks between their markers; tests check that the
-committed files equal what the runs and the tree say.
+layer order. Ledger: :mod:`sglab.tools.ledger`. ``sglab index`` rewrites each block between its
+markers; tests check that the committed files equal what the runs and the tree say.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import ast
 from pathlib import Path
 
 from sglab.core import claims, runs
-from sglab.tools import fixes
+from sglab.tools import fixes, ledger
 
 
 START, END = "<!-- index:start -->", "<!-- index:end -->"
@@ -97,11 +97,16 @@ def _rewrite(path: Path, start: str, end: str, new: str) -> bool:
     return True
 
 
+def operating_path() -> Path:
+    return runs.repo_root() / "docs" / "operating.md"
+
+
 def write_index() -> bool:
-    """Rewrite the README index and the house map; True when either changed."""
+    """Rewrite the README index, the house map and the engine ledger; True when any changed."""
     a = _rewrite(readme_path(), START, END, index_block())
     b = _rewrite(structure_path(), MAP_START, MAP_END, house_block())
-    return a or b
+    c = _rewrite(operating_path(), ledger.START, ledger.END, ledger.block())
+    return a or b or c
 
 
 def stale() -> list[str]:
@@ -113,4 +118,8 @@ def stale() -> list[str]:
     text = path.read_text() if path.exists() else ""
     if current_block(text, MAP_START, MAP_END) != house_block():
         out.append("docs/structure.md house map (from lib/sglab)")
+    path = operating_path()
+    text = path.read_text() if path.exists() else ""
+    if current_block(text, ledger.START, ledger.END) != ledger.block():
+        out.append("docs/operating.md engine ledger (from data/recorded/engine_*)")
     return out

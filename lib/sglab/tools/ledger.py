@@ -1,0 +1,144 @@
+"""Every recorded real-engine run, one row each: the ledger of ``docs/operating.md``.
+
+A row is one machine's call: when and where it ran, which scenario (matched by fix, model, TP size
+and cases), the releases and cases it started, how many interleaved starts and whether a launch pass
+counted kernels, how its engines ended, the host's per-launch cost measured beside it, and its
+claims' verdict. Below the table, each scenario's releases that no recorded run has started yet.
+Everything is read from ``data/recorded/engine_*/``; ``sglab index`` writes the block and the tests
+check it is current.
+"""
+
+from __future__ import annotations
+
+from sglab.core import claims, runs
+from sglab.sglang import engine_runs
+from sglab.tools import fixes
+
+
+START, END = "<!-- engine-runs:start -->", "<!-- engine-runs:end -->"
+HEADER = (
+    "| run (UTC) | scenario | releases: cases | starts | engines | host µs/launch | claims |\n"
+    "|---|---|---|---|---|---|---|")
+
+
+def _tp(spec: dict) -> int:
+    args = list(spec.get("server_args") or ())
+    return int(args[args.index("--tp-size") + 1]) if "--tp-size" in args else 1
+
+
+def scenario_of(run) -> str:
+    """The scenario a run started: the first of its fix's scenarios with the run's model and TP
+    size whose cases (A/A copies included) hold every case the run started; else the model and TP
+    size."""
+    specs = run.manifest.get("params", {}).get("specs", [])
+    fix = run.manifest.get("experiment", "").removeprefix("engine_")
+    models = {s.get("model") for s in specs}
+    tps = {_tp(s) for s in specs}
+    cases = {s.get("case") for s in specs}
+    for sc in fixes.scenarios():
+        labels = {c.label for c in sc.all_cases()}
+        if sc.fix == fix and models == {sc.model} and tps == {sc.gpus} and cases <= labels:
+            return sc.name
+    return f"{', '.join(sorted(map(str, models)))} at TP {', '.join(map(str, sorted(tps)))}"
+
+
+def _cases(specs: list[dict]) -> str:
+    per: dict = {}
+    for s in specs:
+        per.setdefault(s.get("release"), dict())[s.get("case")] = None
+    return "; ".join(
+        f"{v}: {', '.join(c) if len(c) <= 4 else f'{len(c)} cases'}" for v, c in per.items())
+
+
+def _starts(specs: list[dict]) -> str:
+    timed = [s for s in specs if not s.get("profile") or s.get("start") is None]
+    n = 1 + max((s.get("start") or 0 for s in timed), default=0)
+    counted = any(s.get("profile") and s.get("profile_stage") == "prefill" for s in specs)
+    return f"{n}{' + launch pass' if counted else ''}"
+
+
+def _verdict(run) -> str:
+    exp = run.manifest.get("experiment", "")
+    if exp not in fixes.experiments():
+        return "no claims"
+    top = claims.reader_facing(claims.evaluate(fixes.claims(exp), run))
+    c = claims.counts(top)
+    if not c[claims.PASS] + c[claims.FAIL]:
+        return f"none applies ({c[claims.NA]} n/a)"
+    text = f"{c[claims.PASS]}/{c[claims.PASS] + c[claims.FAIL]} hold"
+    if c[claims.FAIL]:
+        text += f", {c[claims.FAIL]} FAIL"
+    return text + (f", {c[claims.NA]} n/a" if c[claims.NA] else "")
+
+
+def _ended(done: list[dict]) -> str:
+    """How the engines ended: their number where all answered, else each status counted (a
+    start-up error can be what a claim expects)."""
+    by: dict = {}
+    for e in done:
+        by[e.get("status", "?")] = by.get(e.get("status", "?"), 0) + 1
+    if set(by) <= {"ok"}:
+        return f"{len(done)} ok"
+    return ", ".join(f"{n} {s}" for s, n in sorted(by.items(), key=lambda x: x[0] != "ok"))
+
+
+def row(run) -> str:
+    m = run.manifest
+    specs = m.get("params", {}).get("specs", [])
+    host = engine_runs.run_host_us(run)
+    when = f"{str(m.get('created_utc', ''))[:16].replace('T', ' ')}"
+    of = m.get("gpu_count_machine")
+    part = f" of {of}" if of and of != m.get("gpu_count") else ""  # a TP-2 run on a 4-GPU machine
+    where = f"{runs.gpu_short(m)} ×{m.get('gpu_count', '?')}{part}{engine_runs.pinned(run)}"
+    cells = [
+        f"{when} {where}",
+        f"`{scenario_of(run)}`",
+        _cases(specs),
+        _starts(specs),
+        _ended(m.get("engine_runs", [])),
+        "" if host is None else f"{host:.1f}",
+        _verdict(run),
+    ]
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+def every_run() -> list:
+    """The recorded engine runs of every fix, oldest first."""
+    found = [r for f in fixes.FIXES if f.engine for r in runs.load_all_recorded(f"engine_{f.name}")]
+    return sorted(found, key=lambda r: str(r.manifest.get("created_utc", "")))
+
+
+def not_recorded(found: list) -> list[str]:
+    """One line per scenario with releases that no recorded run started."""
+    started: dict = {}
+    for r in found:
+        for s in r.manifest.get("params", {}).get("specs", []):
+            started.setdefault(scenario_of(r), set()).add(s.get("release"))
+    out = []
+    for sc in fixes.scenarios():
+        missing = [v for v in sc.releases if v not in started.get(sc.name, set())]
+        if missing:
+            out.append(f"- `{sc.name}` ({sc.gpus} GPU{'s' if sc.gpus > 1 else ''}): "
+                       f"{', '.join(missing)}")
+    return out
+
+
+def block() -> str:
+    found = every_run()
+    gpus = sorted({
+        f"{runs.gpu_short(r.manifest)} ×{r.manifest.get('gpu_count', '?')}"
+        for r in found
+    })
+    days = sorted({str(r.manifest.get("created_utc", ""))[:10] for r in found})
+    lines = [
+        START,
+        f"{len(found)} recorded runs on {', '.join(gpus)}, {days[0]} to {days[-1]}"
+        if found else "No recorded engine run yet.",
+        "",
+        HEADER,
+        *(row(r) for r in found),
+    ]
+    missing = not_recorded(found)
+    if missing:
+        lines += ["", "Releases of a scenario that no recorded run has started:", "", *missing]
+    return "\n".join([*lines, END])

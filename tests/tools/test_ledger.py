@@ -1,0 +1,74 @@
+"""The ledger of recorded engine runs (docs/operating.md): each run named by its scenario, its
+verdict its own, and the releases no run has started listed."""
+
+from __future__ import annotations
+
+import copy
+
+from sglab.core import runs
+from sglab.tools import fixes, ledger
+from tests.edits import copy_run, set_value
+
+
+def _runs(experiment: str) -> list:
+    return runs.load_all_recorded(experiment)
+
+
+def test_every_recorded_run_is_named_by_a_scenario_of_its_fix():
+    names = {s.name: s for s in fixes.scenarios()}
+    for r in ledger.every_run():
+        name = ledger.scenario_of(r)
+        assert name in names, (r.path.name, name)
+        assert names[name].experiment == r.manifest["experiment"], r.path.name
+
+
+def test_the_width_sweep_and_the_pcg_pair_share_a_model_but_not_a_scenario():
+    """01-llama-pcg and 01-llama-width both start llama_32x512 at TP 1: the cases decide."""
+    seen = {ledger.scenario_of(r) for r in _runs("engine_pcg_gate")}
+    assert {"01-kimi-pcg", "01-llama-pcg", "01-llama-width"} <= seen
+
+
+def test_a_run_of_no_scenario_says_its_model_and_tp_size():
+    run = copy.copy(_runs("engine_grid_thw")[0])
+    run.manifest = copy.deepcopy(run.manifest)
+    for s in run.manifest["params"]["specs"]:
+        s["server_args"] = ["--tp-size", "3"]
+    assert ledger.scenario_of(run) == "kimi_k25_tiny at TP 3"
+
+
+def test_a_row_says_how_its_engines_ended_and_a_part_machine():
+    by = {ledger.scenario_of(r): r for r in ledger.every_run()}
+    row = ledger.row(by["06-dense-tp1"])
+    assert "error" in row.split("|")[5]  # 0.5.14's start-up error is what the claim expects
+    tp2_on_4 = [
+        r for r in _runs("engine_grid_thw")
+        if r.manifest.get("gpu_count_machine", 0) > r.manifest["gpu_count"]
+    ]
+    assert tp2_on_4, "the committed TP-2 run on a 4-GPU machine"
+    assert " ×2 of 4" in ledger.row(tp2_on_4[0])
+
+
+def test_a_damaged_copy_shows_its_failing_claim(tmp_path):
+    both = [r for r in _runs("engine_capture_sizes") if ledger.row(r).endswith("| 2/2 hold |")]
+    assert both, "a committed run where 0.5.14 failed at start-up and 0.5.11 captured"
+    both = both[0]
+    dst = copy_run(both.path, tmp_path,
+                   lambda df: set_value(df, "ok", variant="0.5.14+odd-sizes", metric="status"))
+    assert "1/2 hold, 1 FAIL" in ledger.row(runs.read_run(dst))
+
+
+def test_releases_no_run_started_are_listed_by_scenario():
+    found = ledger.every_run()
+    missing = "\n".join(ledger.not_recorded(found))
+    assert "`06-dense-tp1` (2 GPUs): 0.5.23" in missing  # needs torch 2.14: never started
+    assert "`01-kimi-pcg`" not in missing
+    without_05 = [r for r in found if r.manifest["experiment"] != "engine_grid_thw"]
+    assert "- `05-grid-thw` (2 GPUs): 0.5.11" in ledger.not_recorded(without_05)
+
+
+def test_the_block_counts_its_rows():
+    text = ledger.block()
+    rows = [ln for ln in text.splitlines() if ln.startswith("| 20")]
+    assert len(rows) == len(ledger.every_run())
+    assert text.startswith(ledger.START) and text.endswith(ledger.END)
+    assert f"{len(rows)} recorded runs on " in text
