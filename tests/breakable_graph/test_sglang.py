@@ -75,6 +75,11 @@ def test_capture_batch_reads_a_static_per_request_buffer_only_before(real, relea
                                 "causal_lm")["capture_reads_static_bs_buffer"] is reads_static
 
 
+def test_each_release_names_a_variant_of_the_rebuild():
+    assert set(sglang.VARIANT_OF.values()) == {bg.BEFORE, bg.AFTER}
+    assert sglang.VARIANT_OF["0.5.11"] == bg.BEFORE
+
+
 def test_0510_has_no_breakable_runner(real):
     r = require(real["0.5.10.post1"])
     assert compare.facts(r)["runner_file"] is None

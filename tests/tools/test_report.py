@@ -182,8 +182,8 @@ def test_sglab_run_and_its_workers_start_without_the_fixes_or_torch():
     """`sglab run`'s workers import :mod:`sglab.tools.pages` only, and the command itself (the
     report module, the choice of how many notebooks run at a time where no GPU device exists)
     neither: the kernels import what a notebook needs, and the run reads the fixes while the
-    notebooks run (about 2 s of torch a process on the CPU box). The fixes themselves do import
-    torch: the check can see it."""
+    notebooks run (about 2 s of torch a process on the CPU box). The fixes' records import pandas,
+    a rebuild torch: the check can see both."""
     import subprocess
     import sys
 
@@ -199,7 +199,8 @@ def test_sglab_run_and_its_workers_start_without_the_fixes_or_torch():
     jobs = "; r.default_jobs()" if index.hardware.no_gpu_device() else ""
     assert loaded(f"import sglab.tools.report as r, sglab.tools.pages as p; "
                   f"assert r.run_one is p.run_one{jobs}") == ""
-    assert loaded("import sglab.tools.fixes") == "torch,pandas,sglab.tools.fixes"
+    assert loaded("import sglab.tools.fixes") == "pandas,sglab.tools.fixes"
+    assert loaded("import sglab.pcg_gate.rebuild") == "torch"
 
 
 def test_no_gpu_device_reads_the_device_files(tmp_path):

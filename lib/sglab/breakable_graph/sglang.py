@@ -12,10 +12,7 @@ import copy
 import dataclasses
 import types
 
-import torch
-from torch import nn
-
-from sglab.breakable_graph import rebuild
+from sglab.core import lazy
 from sglab.sglang.engine import Case, Scenario, PCG_FLAGS
 from sglab.sglang import bootstrap
 from sglab.sglang import compare as real
@@ -25,11 +22,15 @@ from sglab.sglang.gpu import graphs
 from sglab.sglang.probing import Recorder, Stop, captured_logs, has_file, module_path, patched
 from sglab.sglang.upstream import Verdict
 
+# imported by the probes and the comparison that use them: reading FIX needs neither
+torch = lazy.Module("torch")
+rebuild = lazy.Module("sglab.breakable_graph.rebuild")
 
 RUNNER_FILE = "srt/model_executor/breakable_cuda_graph_runner.py"
 PREFILL_RUNNER = "srt/model_executor/runner/prefill_cuda_graph_runner.py"
 PROBE_RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13")
-VARIANT_OF = {"0.5.11": rebuild.BEFORE, "0.5.12.post1": rebuild.AFTER, "0.5.13": rebuild.AFTER}
+# the rebuild variant each release must match (rebuild.BEFORE, rebuild.AFTER; a test holds them)
+VARIANT_OF = {"0.5.11": "before", "0.5.12.post1": "after", "0.5.13": "after"}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -228,15 +229,16 @@ def _release_graph_module(prepared):
     raise bootstrap.NotRunnable(f"sglang {prepared.release}: no breakable_cuda_graph module")
 
 
-class _ReleaseBreakAttention(nn.Module):
-    """The attention op with the release's decorator around the rebuild's varlen attention body."""
+def _release_break_attention(fn):
+    """The attention op with the release's decorator around the rebuild's varlen attention body
+    (a module: it replaces one)."""
 
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
+    class ReleaseBreakAttention(torch.nn.Module):
 
-    def forward(self, q, k, v):
-        return self.fn(q.contiguous(), k.contiguous(), v.contiguous())
+        def forward(self, q, k, v):
+            return fn(q.contiguous(), k.contiguous(), v.contiguous())
+
+    return ReleaseBreakAttention()
 
 
 def _models(graph_mod, layers: int, device: str):
@@ -248,7 +250,7 @@ def _models(graph_mod, layers: int, device: str):
     with_release = copy.deepcopy(rebuilt)
     release_break = graph_mod.eager_on_graph(True)(rebuild.varlen_attention.__wrapped__)
     for layer in with_release.model.layers:
-        layer.self_attn.attn = _ReleaseBreakAttention(release_break)
+        layer.self_attn.attn = _release_break_attention(release_break)
     return rebuilt, with_release
 
 

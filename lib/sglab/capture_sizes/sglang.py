@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sglab.capture_sizes import rebuild as fx
+from sglab.core import lazy
 from sglab.core.runs import repo_root
 from sglab.sglang.engine import Case, Scenario
 from sglab.sglang import bootstrap
@@ -49,6 +49,8 @@ from sglab.sglang.probing import Stop, has_file, patched
 from sglab.sglang.runner import run_probes
 from sglab.sglang.upstream import Verdict
 
+# the rebuild (torch) is imported by the functions that use it: reading FIX needs none of it
+fx = lazy.Module("sglab.capture_sizes.rebuild")
 
 PIECEWISE_RUNNER = "srt/model_executor/piecewise_cuda_graph_runner.py"
 PREFILL_RUNNER = "srt/model_executor/runner/prefill_cuda_graph_runner.py"
@@ -621,8 +623,9 @@ def probe(prepared, params: dict) -> list[dict]:
 # --------------------------------------------------------------------------------------------------
 # the record
 # --------------------------------------------------------------------------------------------------
-def params(max_tokens: int = fx.MLA_MAX_TOKENS) -> dict:
+def params(max_tokens: int | None = None) -> dict:
     """The notebook's probe call: the default piecewise list, the decode list, every setting."""
+    max_tokens = fx.MLA_MAX_TOKENS if max_tokens is None else max_tokens
     return {
         "piecewise": fx.default_piecewise_capture_sizes(max_tokens), "decode": DECODE,
         "max_tokens": max_tokens, "settings": SETTINGS
@@ -741,9 +744,10 @@ def describe(sizes, configured: list) -> str:
     return text if dropped or added else text + ", as configured"
 
 
-def comparison(results: dict, max_tokens: int = fx.MLA_MAX_TOKENS):
+def comparison(results: dict, max_tokens: int | None = None):
     """One row per (release, setting): the real piecewise list (or the assertion) and decode list
     beside the rebuilt rule's."""
+    max_tokens = fx.MLA_MAX_TOKENS if max_tokens is None else max_tokens
     configured, rows = fx.default_piecewise_capture_sizes(max_tokens), []
     for release, result in real.ran(results).items():
         for name, setting in SETTINGS.items():
@@ -765,8 +769,9 @@ def comparison(results: dict, max_tokens: int = fx.MLA_MAX_TOKENS):
     return real.table(rows)
 
 
-def defaults_line(results: dict, max_tokens: int = fx.MLA_MAX_TOKENS) -> str:
+def defaults_line(results: dict, max_tokens: int | None = None) -> str:
     """Does each release generate the rebuilt default piecewise list?"""
+    max_tokens = fx.MLA_MAX_TOKENS if max_tokens is None else max_tokens
     want = fx.default_piecewise_capture_sizes(max_tokens)
     parts = []
     for v, r in real.ran(results).items():

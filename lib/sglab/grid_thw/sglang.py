@@ -24,10 +24,8 @@ import types
 from array import array
 from dataclasses import replace
 
-import torch
-from torch import nn
-
-from sglab.grid_thw import rebuild, stand_in
+from sglab.core import lazy
+from sglab.grid_thw import stand_in
 from sglab.sglang.engine import Case, Scenario, revert_adjustment
 from sglab.sglang import bootstrap
 from sglab.sglang import compare as real
@@ -36,6 +34,9 @@ from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
 from sglab.sglang.probing import Stop, has_file
 from sglab.sglang.upstream import Verdict
 
+# imported by the probes and the comparison that use them: reading FIX needs neither
+torch = lazy.Module("torch")
+rebuild = lazy.Module("sglab.grid_thw.rebuild")
 
 KIMI_MODEL = "srt/models/kimi_k25.py"
 KIMI_PROCESSOR = "srt/multimodal/processors/kimi_k25.py"
@@ -144,7 +145,7 @@ def model_rows(prepared, sb, grid, pixels) -> list[dict]:
     rows = []
     for key in KEYS:
         m = cls.__new__(cls)
-        nn.Module.__init__(m)
+        torch.nn.Module.__init__(m)
         object.__setattr__(m, "vision_tower", _Tower())
         object.__setattr__(m, "mm_projector", lambda x: x)
         object.__setattr__(m, "use_data_parallel", False)

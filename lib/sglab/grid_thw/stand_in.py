@@ -25,20 +25,26 @@ import json
 import os
 from pathlib import Path
 
-from sglab.grid_thw import rebuild
+from sglab.core import lazy
 from sglab.sglang.engine import Adjustment
 
+
+rebuild = lazy.Module("sglab.grid_thw.rebuild")  # torch: only where a processor is made
 # Kimi's media tokens, in id order, ending at the config's media_placeholder_token_id
 MEDIA_TOKENS = ("<|media_start|>", "<|media_content|>", "<|media_end|>", "<|media_pad|>")
-MEDIA_PROC_CFG = {
-    "patch_size": rebuild.PATCH_SIZE,
-    "merge_kernel_size": rebuild.MERGE_KERNEL_SIZE,
-    "in_patch_limit": rebuild.IN_PATCH_LIMIT,
-    "patch_limit_on_one_side": rebuild.PATCH_LIMIT_ON_ONE_SIDE,
-    "fixed_output_tokens": None,
-    "image_mean": list(rebuild.IMAGE_MEAN),
-    "image_std": list(rebuild.IMAGE_STD),
-}
+
+
+def media_proc_cfg() -> dict:
+    """Kimi-K2.5's ``media_proc_cfg``, the rebuild's values."""
+    return {
+        "patch_size": rebuild.PATCH_SIZE,
+        "merge_kernel_size": rebuild.MERGE_KERNEL_SIZE,
+        "in_patch_limit": rebuild.IN_PATCH_LIMIT,
+        "patch_limit_on_one_side": rebuild.PATCH_LIMIT_ON_ONE_SIDE,
+        "fixed_output_tokens": None,
+        "image_mean": list(rebuild.IMAGE_MEAN),
+        "image_std": list(rebuild.IMAGE_STD),
+    }
 
 
 def media_token_ids(config: dict) -> dict[str, int]:
@@ -81,12 +87,12 @@ class MediaProcessor:
 class Processor:
     """The stand-in for Kimi-K2.5's ``KimiK25Processor`` (see the module docstring)."""
 
-    def __init__(self, tokenizer, cfg: dict = MEDIA_PROC_CFG):
+    def __init__(self, tokenizer, cfg: dict | None = None):
         from transformers.image_processing_utils import BaseImageProcessor
 
         self.tokenizer = tokenizer
         self.image_processor = BaseImageProcessor()
-        self.media_processor = MediaProcessor(cfg)
+        self.media_processor = MediaProcessor(cfg or media_proc_cfg())
 
     def __call__(self, text=None, medias=None, **kwargs):
         """The path SGLang takes without CUDA: tokens, and the rebuild's preprocessing on the

@@ -23,8 +23,7 @@ import json
 import re
 import types
 
-from torch import nn
-
+from sglab.core import lazy
 from sglab.sglang.engine import Case, Scenario, PCG_FLAGS
 
 # the width sweep: the Llama config's 32 layers at these hidden sizes (head_dim 64, the MLP 2.75×
@@ -52,8 +51,10 @@ from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
 from sglab.sglang.probing import Recorder, captured_logs, has_file, module_path, patched
 from sglab.sglang.upstream import Verdict
-from sglab.pcg_gate import rebuild
 
+# imported by the probes and the comparison that use them: reading FIX needs neither
+torch = lazy.Module("torch")
+rebuild = lazy.Module("sglab.pcg_gate.rebuild")
 
 KIMI_MODEL = "srt/models/kimi_k25.py"
 PROBE_RELEASES = ("0.5.10.post1", "0.5.12.post1", "0.5.13", "0.5.23")
@@ -130,8 +131,8 @@ def build_kimi(kimi, cls=None):
     with patched(
             kimi, **{
                 getter: lambda: mm_args,
-                "MoonViT3dPretrainedModel": lambda *a, **k: nn.Linear(4, 4),
-                "K2VLMultiModalProjector": lambda *a, **k: nn.Linear(4, 4),
+                "MoonViT3dPretrainedModel": lambda *a, **k: torch.nn.Linear(4, 4),
+                "K2VLMultiModalProjector": lambda *a, **k: torch.nn.Linear(4, 4),
                 "DeepseekV3ForCausalLM": lambda *a, **k: rebuild.tiny_language_model()
             }):
         return cls(config, quant_config=None)
@@ -224,7 +225,7 @@ def probe(prepared, params) -> list[dict]:
     if isinstance(cls.__dict__.get("model"), property) and "__setattr__" in cls.__dict__:
         cases.append(("property_without_guard",
                       type("KimiPropertyWithoutGuard", (cls,),
-                           {"__setattr__": nn.Module.__setattr__})))
+                           {"__setattr__": torch.nn.Module.__setattr__})))
     return [
         row for case, klass in cases
         for row in _case_rows(case, build_kimi(kimi, klass), gate_fn, prepared)

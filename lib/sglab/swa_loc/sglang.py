@@ -24,8 +24,7 @@ import inspect
 import textwrap
 import types
 
-import torch
-
+from sglab.core import lazy
 from sglab.sglang.engine import Case, Scenario, revert_adjustment
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
@@ -33,8 +32,10 @@ from sglab.sglang.fix import Fix, GpuPlan, Probe, Spec, Step, symbols_in
 from sglab.sglang.probing import has_file
 from sglab.sglang.releases import parse_version
 from sglab.sglang.upstream import Verdict
-from sglab.swa_loc import rebuild
 
+# imported by the probes and the comparison that use them: reading FIX needs neither
+torch = lazy.Module("torch")
+rebuild = lazy.Module("sglab.swa_loc.rebuild")
 
 SWA_POOL = "srt/mem_cache/swa_memory_pool.py"
 DECODE_RUNNER = "srt/model_executor/cuda_graph_runner.py"
@@ -136,10 +137,12 @@ def _pool_modules(prepared):
     return swa, alloc
 
 
-def build_pool(prepared, device: str = "cpu", *, size: int = 16, size_swa: int = 6,
-               dtype=torch.float32, heads: int = HEAD_NUM, head_dim: int = HEAD_DIM,
-               swa_layers=SWA_LAYERS, full_layers=FULL_LAYERS):
-    """(pool, allocator) of the release on ``device`` (page size 1)."""
+def build_pool(prepared, device: str = "cpu", *, size: int = 16, size_swa: int = 6, dtype=None,
+               heads: int = HEAD_NUM, head_dim: int = HEAD_DIM, swa_layers=SWA_LAYERS,
+               full_layers=FULL_LAYERS):
+    """(pool, allocator) of the release on ``device`` (page size 1; ``dtype`` float32 unless
+    given)."""
+    dtype = torch.float32 if dtype is None else dtype
     swa, alloc_mod = _pool_modules(prepared)
     pool = swa.SWAKVPool(**kwargs_for(
         swa.SWAKVPool.__init__,

@@ -1,7 +1,7 @@
 """An executed notebook and its offline page: what each worker of ``sglab run`` does with one
 notebook (execute it, save the executed copy, render its HTML page), and how it stops when its
 parent is gone. Kept apart from the report's index so that a worker process starts without the
-fixes and their imports (torch)."""
+fixes, their claims and their imports (pandas, torch)."""
 
 from __future__ import annotations
 

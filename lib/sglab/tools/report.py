@@ -28,8 +28,8 @@ from sglab.sglang.bootstrap import real_release_rows
 from sglab.tools import nbtools, pages, timings
 from sglab.tools.pages import notebook_title, run_one, status_line
 
-# nbformat, pandas, multiprocessing and the fixes (torch) are imported where used: `sglab run`
-# starts its notebooks without them
+# nbformat, pandas, multiprocessing, the fixes and their claims (torch) are imported where used:
+# `sglab run` starts its notebooks without them
 
 
 def default_jobs() -> int:

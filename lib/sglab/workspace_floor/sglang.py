@@ -33,16 +33,18 @@ import inspect
 import types
 from typing import Optional
 
-import torch
-
+from sglab.core import lazy
 from sglab.sglang.engine import Case, Scenario, revert_adjustment, trace_adjustment
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
 from sglab.sglang.probing import patched
 from sglab.sglang.upstream import Verdict
-from sglab.workspace_floor import measure, rebuild
 
+# imported by the probes and the comparison that use them: reading FIX needs none of them
+torch = lazy.Module("torch")
+measure = lazy.Module("sglab.workspace_floor.measure")
+rebuild = lazy.Module("sglab.workspace_floor.rebuild")
 
 LAYERNORM = "srt/layers/layernorm.py"
 FUSION = "srt/layers/flashinfer_comm_fusion.py"

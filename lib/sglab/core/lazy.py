@@ -1,0 +1,30 @@
+"""A module imported where it is first used, not where it is named.
+
+Each fix's record (``sglab.<fix>.sglang``) names torch and the fix's rebuild for its probes and
+comparisons, which run in a release worker or a notebook; the command line, the engine's scenarios
+and the README index read only the record. ``torch = lazy.Module("torch")`` keeps them from paying
+torch's import (about 1.2 s of CPU) until a probe asks for ``torch.float32``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+
+class Module:
+    """A stand-in for the module ``name``: the first attribute read imports it (Python's own cache,
+    ``sys.modules``, answers every later read)."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str):
+        object.__setattr__(self, "_name", name)
+
+    def __getattr__(self, attr: str):
+        return getattr(importlib.import_module(self._name), attr)
+
+    def __setattr__(self, attr: str, value) -> None:
+        raise AttributeError(f"set {attr} on the module {self._name} itself, not on its stand-in")
+
+    def __repr__(self) -> str:
+        return f"<module {self._name!r}, imported at first use>"
