@@ -86,11 +86,18 @@ def found_versions(
 ) -> dict[str, Optional[str]]:
     """Versions the engine's processes will import: the release's folders first, then this
     interpreter."""
+    return dict(_versions(tuple(str(p) for p in env.paths), tuple(names)))
+
+
+@lru_cache(maxsize=None)
+def _versions(paths: tuple[str, ...], names: tuple[str, ...]) -> dict[str, Optional[str]]:
+    # read once per process and folders: a scenario prepares each release's engines many times
+    # (every start, case and dry-run line), and each read parses every package's METADATA
     import importlib.metadata as md
 
     out: dict[str, Optional[str]] = {}
     want = {_norm(n): n for n in names}
-    for dist in md.distributions(path=[str(p) for p in env.paths]):
+    for dist in md.distributions(path=list(paths)):
         n = _norm(dist.metadata.get("Name") or "")
         if n in want and n not in out:
             out[n] = dist.version
