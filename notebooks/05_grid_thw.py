@@ -178,9 +178,10 @@ sglang.compare()
 # settings); the preprocessing on GPU 0, the grid and its trip to the ranks are the release's own.
 # The engine runs with decode
 # graphs up to batch 4, no all-reduce fusion and no grammar backend (start-up time and what the
-# bundles carry; none of them touches the grid). The last table is the lesson: GPU 0's total
-# grows by one CUDA context per rank ≥ 1. Rerun with `bash scripts/engine_gpu.sh --plan 05` (2 or
-# 4 GPUs; a plan skips what the machine cannot run).
+# bundles carry; none of them touches the grid). The first table is the newest run of each TP
+# size; the second, every run, is the lesson: GPU 0's total grows by one CUDA context per rank ≥ 1.
+# The lines under it name the other GPUs where a rank ≥ 1 picked up a context too. Rerun with
+# `bash scripts/engine_gpu.sh --plan 05` (2 or 4 GPUs; a plan skips what the machine cannot run).
 
 # %%
 engine = sglang.FIX.recorded_engine()

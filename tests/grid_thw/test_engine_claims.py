@@ -98,3 +98,41 @@ def test_at_tp4_a_rerun_holds_gpu0s_total_to_two_percent(tmp_path):
     assert rows["total_mib"]["drift"] == pytest.approx(1560 / 1566 - 1)
     assert rows["total_mib"]["tolerance"] == f"±{C.CONTEXT_DRIFT:.0%}"
     assert not rows["total_mib"]["beyond"] and not rows["ranks"]["beyond"]
+
+
+def _dated(run, stamp: str):
+    run.manifest["created_utc"] = stamp
+    return run
+
+
+def test_the_memory_table_shows_each_tp_sizes_newest_run_and_gpu0_every_run(tmp_path, capsys):
+    """Two TP-2 runs of one GPU model: the per-process table is the newer run's (never their sum),
+    and GPU 0's total has one row per run."""
+    from types import SimpleNamespace
+
+    old = _dated(_run(tmp_path / "a", [522.0], []), "2026-11-27T16:23:56Z")
+    new = _dated(_run(tmp_path / "b", [520.0], []), "2026-11-28T15:07:48Z")
+    show.engine(SimpleNamespace(shown=[old, new], elsewhere=[]))
+    out = capsys.readouterr().out
+    tp1 = [ln for ln in out.splitlines() if "sglang::scheduler_TP1" in ln]
+    assert [ln.split()[-2] for ln in tp1] == ["520.0", "0.0"]  # GPU 0: before, released
+    assert "1042" not in out
+    by_run = show.gpu0_by_run(SimpleNamespace(shown=[new, old]))
+    assert list(by_run["before"]) == [522.0, 520.0] and list(by_run["released"]) == [0.0, 0.0]
+    assert list(by_run.index.get_level_values("TP")) == [2, 2]
+
+
+def test_contexts_on_other_gpus_are_named_per_rank(tmp_path):
+    """A rank ≥ 1 that holds memory on a GPU other than GPU 0 and its own, with #22858 reverted."""
+    results = []
+    for spec in ENGINE[0].specs():
+        lines = [(10, 0, 900, "python3"), (11, 0, 20000, "sglang::scheduler_TP0"),
+                 (12, 1, 20000, "sglang::scheduler_TP1")]
+        if spec.case == "before":
+            lines += [(12, 0, 522, "sglang::scheduler_TP1"), (12, 3, 520, "sglang::scheduler_TP1")]
+        else:  # the released engine: only on its own GPU
+            lines += [(12, 2, 0, "sglang::scheduler_TP1")]
+        results.append(eng.EngineResult(spec, "ok", decisions=eng.read_log(_log(lines))))
+    run = runs.read_run(eng.record(results, "grid_thw", root=tmp_path))
+    assert show.other_gpus(run) == {1: [3]}
+    assert show.engine_gpu0(run) == {"before": {1: 522.0}, "released": {1: 0.0}}

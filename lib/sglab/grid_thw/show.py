@@ -653,31 +653,67 @@ def engine_gpu0(run) -> dict:
     return out
 
 
+def _run_tp(run) -> int:
+    return max(_tp_of(run).values(), default=1)
+
+
+def other_gpus(run) -> dict:
+    """``{rank: [GPU, ...]}``: with #22858 reverted, the GPUs besides GPU 0 and its own where a
+    scheduler rank ≥ 1 holds memory (another GPU's context, as on a machine with more GPUs than
+    the TP size)."""
+    mem = engine_memory(run)
+    d = mem[(mem["case"] == "before") & (mem["rank"].fillna(0) >= 1) & (mem["MiB"] > 0)]
+    out: dict = {}
+    for rank, gpu in zip(d["rank"], d["gpu"]):
+        if gpu not in (0, rank):
+            out.setdefault(int(rank), []).append(int(gpu))
+    return {r: sorted(g) for r, g in sorted(out.items())}
+
+
+def gpu0_by_run(run) -> pd.DataFrame:
+    """GPU 0's total held by scheduler ranks ≥ 1, one row per recorded run (its TP size, machine
+    and date), one column per case: how the figure repeats between machines and days."""
+    rows = []
+    for r in sorted(run.shown, key=lambda r: (_run_tp(r), r.manifest.get("created_utc", ""))):
+        on0 = engine_gpu0(r)
+        rows.append({
+            "TP": _run_tp(r), "run": engine_runs.run_label(r),
+            **{case: sum(ranks.values())
+               for case, ranks in sorted(on0.items())}
+        })
+    return pd.DataFrame(rows).set_index(["TP", "run"]) if rows else pd.DataFrame()
+
+
 def engine(run) -> None:
     """SGLang's own engine at each recorded TP size fed one image: each process's memory on each
-    GPU (NVML, after the request), 0.5.11 as released beside #22858 reverted; then GPU 0's total
-    held by ranks >= 1 per TP size."""
+    GPU (NVML, after the request) in the newest run of each TP size, 0.5.11 as released beside
+    #22858 reverted; then GPU 0's total held by ranks >= 1 in every run."""
     if not run:
         engine_runs.planned(run, sglang.ENGINE)
         return
+    newest = runs.newest_by(run.shown, key=_run_tp)
     parts = []
-    for r in run.shown:
+    for r in newest.values():
         m = engine_memory(r)
         parts.append(m.assign(TP=m["case"].map(_tp_of(r))))
     mem = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-    tps = sorted({int(t) for t in mem.get("TP", [])})
-    engine_runs.header(run, "Kimi-K2.5 tiny fed one image, TP " + " and ".join(map(str, tps)))
+    engine_runs.header(run, "Kimi-K2.5 tiny fed one image, TP " + " and ".join(map(str, newest)))
     if mem.empty:
         print("no process memory recorded")
         return
+    print("Each process's memory on each GPU, the newest run of each TP size (" + "; ".join(
+        f"TP {tp}: {engine_runs.run_label(r)}" for tp, r in newest.items()) + "):")
     wide = mem.pivot_table(index=["TP", "case", "process"], columns="gpu", values="MiB",
                            aggfunc="sum").fillna(0).round(0)
     wide.columns = [f"GPU {c} (MiB)" for c in wide.columns]
     notebook.show_table(wide)
-    on0 = mem[(mem["gpu"] == 0) & (mem["rank"].fillna(0) >= 1)]
-    cases = sorted(set(mem["case"]))
-    total = (on0.groupby(["TP",
-                          "case"])["MiB"].sum().unstack("case").reindex(index=tps,
-                                                                        columns=cases).fillna(0))
-    print("GPU 0 held by scheduler ranks ≥ 1 (MiB), by TP size:")
-    notebook.show_table(total.round(0))
+    print("GPU 0 held by scheduler ranks ≥ 1 (MiB), every recorded run:")
+    notebook.show_table(gpu0_by_run(run).round(0))
+    for r in run.shown:
+        extra = other_gpus(r)
+        if extra:
+            print(f"{engine_runs.run_label(r)} (TP {_run_tp(r)} on "
+                  f"{r.manifest.get('gpu_count_machine', r.manifest.get('gpu_count'))} GPUs): with "
+                  "#22858 reverted, ranks ≥ 1 also hold a context on other GPUs than GPU 0 and "
+                  "their own: " + "; ".join(
+                      f"TP{k} on GPU {', '.join(map(str, v))}" for k, v in extra.items()))
