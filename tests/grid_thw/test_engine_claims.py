@@ -16,6 +16,7 @@ from sglab.sglang import engine as eng
 
 CLAIM = "engine_grid_thw.rank_contexts_on_gpu0"
 TOTAL = "engine_grid_thw.gpu0_total_per_rank"
+EVERY = "engine_grid_thw.contexts_on_every_visible_gpu"
 
 
 def _log(lines: list[tuple]) -> str:
@@ -46,7 +47,8 @@ def test_each_process_memory_per_gpu_is_read_back_from_the_run(tmp_path):
     assert show.engine_gpu0(run) == {"before": {1: 612.0}, "released": {1: 0.0}}
     mem = show.engine_memory(run)
     assert set(mem["process"]) == {"python3", "sglang::scheduler_TP0", "sglang::scheduler_TP1"}
-    assert _status(run) == {CLAIM: core.PASS, TOTAL: core.NA}  # TP 2: one rank >= 1
+    # TP 2: one rank >= 1; a machine without GPUs recorded it: no other GPU to look at
+    assert _status(run) == {CLAIM: core.PASS, TOTAL: core.NA, EVERY: core.NA}
 
 
 @pytest.mark.parametrize("before, released", [([], []), ([612.0], [612.0])])
@@ -62,9 +64,10 @@ def test_at_tp4_gpu0_holds_one_context_per_rank_and_a_missing_one_fails_both():
     with tempfile.TemporaryDirectory() as tmp:
         run = _run(Path(tmp) / "a", [522.0, 522.0, 522.0], [], scenario=1)
         assert show.engine_gpu0(run)["before"] == {1: 522.0, 2: 522.0, 3: 522.0}
-        assert _status(run) == {CLAIM: core.PASS, TOTAL: core.PASS}
+        on0 = (CLAIM, TOTAL)  # (its ranks hold GPU 0 and their own only: EVERY's tests are below)
+        assert {k: _status(run)[k] for k in on0} == {CLAIM: core.PASS, TOTAL: core.PASS}
         run = _run(Path(tmp) / "b", [522.0, 522.0], [], scenario=1)  # rank 3 never touched GPU 0
-        assert _status(run) == {CLAIM: core.FAIL, TOTAL: core.FAIL}
+        assert {k: _status(run)[k] for k in on0} == {CLAIM: core.FAIL, TOTAL: core.FAIL}
 
 
 @pytest.mark.parametrize("again, beyond", [(520.0, False), (560.0, True)])
@@ -136,3 +139,39 @@ def test_contexts_on_other_gpus_are_named_per_rank(tmp_path):
     run = runs.read_run(eng.record(results, "grid_thw", root=tmp_path))
     assert show.other_gpus(run) == {1: [3]}
     assert show.engine_gpu0(run) == {"before": {1: 522.0}, "released": {1: 0.0}}
+
+
+def _tp4_run(tmp_path, before: dict, released: dict, machine: int = 4):
+    """A TP-4 engine run on a machine of ``machine`` GPUs: ``{rank: [GPU, ...]}`` where each rank
+    ≥ 1 holds a context besides its own GPU, per case."""
+    results = []
+    for spec in ENGINE[1].specs():
+        extra = before if spec.case == "before" else released
+        lines = [(10, 0, 900, "python3")]
+        lines += [(11 + r, r, 20000, f"sglang::scheduler_TP{r}") for r in range(4)]
+        lines += [
+            (11 + r, g, 520, f"sglang::scheduler_TP{r}") for r, gpus in extra.items() for g in gpus
+        ]
+        results.append(eng.EngineResult(spec, "ok", decisions=eng.read_log(_log(lines))))
+    run = runs.read_run(eng.record(results, "grid_thw", root=tmp_path))
+    run.manifest["gpu_count_machine"] = machine
+    return run
+
+
+def test_a_rank_on_every_gpu_before_and_on_its_own_after_holds(tmp_path):
+    every = {r: [g for g in range(4) if g != r] for r in (1, 2, 3)}
+    assert _status(_tp4_run(tmp_path / "a", every, {}))[EVERY] == core.PASS
+    # rank 3 never touched GPU 1: not every GPU
+    short = {**every, 3: [0, 2]}
+    assert _status(_tp4_run(tmp_path / "b", short, {}))[EVERY] == core.FAIL
+    # a context beyond its own GPU as released fails too
+    assert _status(_tp4_run(tmp_path / "c", every, {2: [3]}))[EVERY] == core.FAIL
+
+
+def test_on_a_machine_of_two_gpus_there_is_nothing_beyond_gpu0_to_see(tmp_path):
+    assert _status(_run(tmp_path, [522.0], []))[EVERY] == core.NA
+
+
+def test_the_recorded_four_gpu_runs_hold_every_visible_gpu():
+    held = [r for r in runs.load_all_recorded("engine_grid_thw") if _status(r)[EVERY] == core.PASS]
+    assert len(held) >= 2 and all(r.manifest["gpu_count_machine"] == 4 for r in held)

@@ -419,6 +419,46 @@ def _engine_scales(run):
         f"(off by {off:.0f})", {"total_mib": float(total), "per_rank_mib": float(per), "ranks": n})
 
 
+def _visible(run) -> int:
+    m = run.manifest
+    return int(m.get("gpu_count_machine") or m.get("gpu_count") or 0)
+
+
+def _engine_sees_more(run):
+    if _engine_applies(run):
+        return _engine_applies(run)
+    return None if _visible(run) >= 3 else (
+        f"a machine of {_visible(run)} GPUs: no GPU besides GPU 0 and a rank's own to look at")
+
+
+def _engine_every_gpu(run):
+    """Which GPUs each scheduler rank ≥ 1 holds memory on, per case."""
+    mem = show.engine_memory(run)
+    n = _visible(run)
+    held = {
+        case: {
+            int(r): sorted(int(x) for x in g[g["MiB"] > 0]["gpu"])
+            for r, g in d[d["rank"].fillna(0) >= 1].groupby("rank")
+        }
+        for case, d in mem.groupby("case")
+    }
+    before, after = held.get("before", {}), held.get("released", {})
+    ok = bool(before) and all(g == list(range(n)) for g in before.values()) and bool(after) and all(
+        g == [r] for r, g in after.items())
+    others = [
+        float(x) for x in mem[(mem["case"] == "before") & (mem["rank"].fillna(0) >= 1)
+                              & (mem["gpu"] != 0) & (mem["gpu"] != mem["rank"])]["MiB"]
+    ]
+    return holds(
+        ok, f"{n} GPUs; with #22858 reverted: " + ", ".join(
+            f"TP{r} on GPU {', '.join(map(str, g))}" for r, g in sorted(before.items()))
+        + "; as released: " + ", ".join(
+            f"TP{r} on GPU {', '.join(map(str, g))}" for r, g in sorted(after.items())), {
+                "gpus": n, "ranks": len(before), "other_gpu_min_mib": min(others, default=0.0),
+                "other_gpu_max_mib": max(others, default=0.0)
+            })
+
+
 ENGINE = SimpleNamespace(
     EXPERIMENT="engine_grid_thw",
     CLAIM="In SGLang's own engine (Kimi-K2.5 tiny, dummy weights, one image, TP 2 and 4), every "
@@ -436,7 +476,13 @@ ENGINE = SimpleNamespace(
             "With #22858's line reverted, GPU 0's total grows with the rank count: one "
             "context per rank ≥ 1 (TP 4: three)",
             f"total = (TP − 1) × per-rank, ± {SPREAD_TOLERANCE_MIB:.0f} MiB per rank",
-            _engine_scales, applies=_engine_needs_tp3, drift=CONTEXT_DRIFT)
+            _engine_scales, applies=_engine_needs_tp3, drift=CONTEXT_DRIFT),
+        Claim(
+            "engine_grid_thw.contexts_on_every_visible_gpu",
+            "With #22858's line reverted, a scheduler rank ≥ 1 holds a context on every GPU of "
+            "the machine, not only GPU 0 and its own; as released, only on its own",
+            "before: every rank ≥ 1 on GPUs 0…N−1; released: each rank on its own GPU (exact)",
+            _engine_every_gpu, applies=_engine_sees_more, drift=CONTEXT_DRIFT)
     ],
     shown=lambda runs_: list(runs_),
 )
