@@ -480,7 +480,8 @@ ENGINE = SimpleNamespace(
         Claim(
             "engine_grid_thw.contexts_on_every_visible_gpu",
             "With #22858's line reverted, a scheduler rank ≥ 1 holds a context on every GPU of "
-            "the machine, not only GPU 0 and its own; as released, only on its own",
+            "the machine, not only GPU 0 and its own; as released, only on its own (the "
+            "rebuild's grid_thw.other_gpus, in the real engine)",
             "before: every rank ≥ 1 on GPUs 0…N−1; released: each rank on its own GPU (exact)",
             _engine_every_gpu, applies=_engine_sees_more, drift=CONTEXT_DRIFT)
     ],
