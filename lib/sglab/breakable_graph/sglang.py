@@ -488,10 +488,10 @@ def comparison(results: dict, variant_of: dict = VARIANT_OF):
     ])
 
 
-def compare():
+def compare() -> None:
     """The notebook's real-SGLang section: each release's runner beside the rebuild's, whether they
     agree."""
-    return real.section(FIX, comparison, what="(release, model shape) rows")
+    real.section(FIX, comparison, what="(release, model shape) rows")
 
 
 def released(rebuilt=None, *, symbol=None, pr=None) -> None:

@@ -782,13 +782,12 @@ def defaults_line(results: dict, max_tokens: int | None = None) -> str:
             + ("; ".join(parts) or "no release ran"))
 
 
-def compare():
+def compare() -> None:
     """The notebook's real-SGLang section: each release's lists beside the rebuilt rule's, and its
     default list beside the rebuilt one."""
     results = real.answers(FIX)
-    table = real.section(FIX, comparison, what="(release, setting) rows", results=results)
+    real.section(FIX, comparison, what="(release, setting) rows", results=results)
     print(defaults_line(results))
-    return table
 
 
 def released(rebuilt=None, *, symbol=None, pr=None) -> None:

@@ -441,10 +441,10 @@ def comparison(results: dict, variant_of: dict | None = None):
     ])
 
 
-def compare():
+def compare() -> None:
     """The notebook's real-SGLang section: each release's answers beside the rebuild's, and
     whether they agree."""
-    return real.section(FIX, comparison, what="releases")
+    real.section(FIX, comparison, what="releases")
 
 
 def released(rebuilt=None, *, symbol=None, pr=None) -> None:

@@ -283,9 +283,9 @@ def comparison(results: dict, variant_of: dict = VARIANT_OF):
     return real.table(rows)
 
 
-def compare():
+def compare() -> None:
     """The notebook's real-SGLang section: each release's answers beside the rebuild's."""
-    return real.section(FIX, comparison, what="(release, case) rows")
+    real.section(FIX, comparison, what="(release, case) rows")
 
 
 def released(rebuilt=None, *, symbol=None, pr=None) -> None:

@@ -133,10 +133,10 @@ def answers(fix, releases: Optional[Iterable[str]] = None) -> dict[str, ProbeRes
 
 
 def section(fix, comparison: Callable[[dict], object], *, what: str = "rows",
-            results: Optional[dict] = None):
+            results: Optional[dict] = None) -> None:
     """A notebook's real-SGLang section in one call: the answers (:func:`answers`), where they come
-    from, the comparison table ``comparison(results)`` shown, and the agreement line. Returns the
-    table."""
+    from, the comparison table ``comparison(results)`` shown, and the agreement line. It returns
+    nothing: a notebook cell ending in the call would show a returned table a second time."""
     from sglab.core.notebook import show_table
 
     results = answers(fix) if results is None else results
@@ -144,7 +144,6 @@ def section(fix, comparison: Callable[[dict], object], *, what: str = "rows",
     df = comparison(results)
     show_table(df[COLUMNS])
     check_table(df, what=what)
-    return df
 
 
 # --------------------------------------------------------------------------------------------------

@@ -720,13 +720,12 @@ def comparison(results: dict):
     return real.table([r for v, res in results.items() if res.ok for r in release_rows(v, res)])
 
 
-def compare():
+def compare() -> None:
     """The notebook's real-SGLang section: each release's answers beside the rebuild's, whether they
     agree, and which translation each release ships."""
     results = real.answers(FIX)
-    table = real.section(FIX, comparison, what="(release, behaviour) rows", results=results)
+    real.section(FIX, comparison, what="(release, behaviour) rows", results=results)
     print(kernels_statement(results))
-    return table
 
 
 def released(rebuilt=None, *, symbol=None, pr=None) -> None:

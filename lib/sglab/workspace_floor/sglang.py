@@ -456,14 +456,13 @@ def high_water_note(results: dict) -> str:
             f"counts {'the same' if same else 'DIFFERENTLY'}.")
 
 
-def compare():
+def compare() -> None:
     """The notebook's real-SGLang section: each release's decisions beside the rebuild's, whether
     they agree, and what the high-water mark changes."""
     results = real.answers(FIX)
-    table = real.section(FIX, comparison, what="(release, call site, trace, scenario) cells",
-                         results=results)
+    real.section(FIX, comparison, what="(release, call site, trace, scenario) cells",
+                 results=results)
     print(high_water_note(results))
-    return table
 
 
 def released(rebuilt=None, *, symbol=None, pr=None) -> None:
