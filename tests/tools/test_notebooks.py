@@ -3,6 +3,7 @@ executing from top to bottom on this machine (cells tagged needs-gpu skipped wit
 outputs shown on failure."""
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,14 @@ def test_executes(ipynb, monkeypatch):
             f"{ipynb.name} failed: {result.error}\n\n--- all cell outputs ---\n"
             f"{nbtools.outputs_text(result.nb)}", pytrace=False)
     assert result.mode in {"live", "recorded"}, f"{ipynb.name} shows no Workbook banner"
+    # a cell ending in a call that shows its own output must not echo what it returns as well
+    echoed = [
+        i for i, c in enumerate(result.nb.cells) if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "execute_result" and set(o.get("data", {})) == {"text/plain"}
+        and re.match(r"[A-Z]\w*\(", o["data"]["text/plain"])
+    ]
+    assert not echoed, f"{ipynb.name}: cells {echoed} echo an object's raw repr"
 
 
 def test_readme_index_matches_recorded_runs():

@@ -499,7 +499,7 @@ def released(rebuilt=None, *, symbol=None, pr=None) -> None:
     real.released(FIX, rebuilt, symbol=symbol, pr=pr)
 
 
-def gpu_recorded():
+def gpu_recorded() -> None:
     """The newest recorded run of the release's breakable graph on a GPU, as tables (or that none is
     recorded)."""
-    return real.show_recorded(FIX.name, gpu_tables)
+    real.show_recorded(FIX.name, gpu_tables)

@@ -202,17 +202,18 @@ def pivot(df, index: list[str], metrics: list[str]):
     return t[[m for m in metrics if m in t.columns]]
 
 
-def show_recorded(name: str, tables: Optional[Callable] = None):
+def show_recorded(name: str, tables: Optional[Callable] = None) -> None:
     """Show the newest recorded real GPU run of fix ``name`` (``tables(df) -> {title: table}``
-    shapes it; the tidy rows otherwise), or say plainly that there is none. Returns the run or
-    None."""
+    shapes it; the tidy rows otherwise), or say plainly that there is none. It returns nothing: a
+    notebook cell ending in the call would echo the run's raw repr (:func:`recorded` gives the
+    run)."""
     from sglab.core.notebook import show_table
 
     run = recorded(name)
     if run is None:
         print(f"Real SGLang on a GPU ({name}): not recorded yet (no run under "
               f"data/recorded/real_{name}/).")
-        return None
+        return
     print("\n".join(["Real SGLang on a GPU, recorded:"] + recorded_lines(run)))
     shaped = None
     if tables is not None:
@@ -224,4 +225,3 @@ def show_recorded(name: str, tables: Optional[Callable] = None):
                      or {"rows": run.df.drop(columns=["experiment"], errors="ignore")}).items():
         print(title)
         show_table(t)
-    return run

@@ -748,7 +748,7 @@ def kernels_statement(results: dict) -> str:
         for (src, n), vs in sorted(by_source.items(), key=lambda kv: parse_version(kv[1][0])))
 
 
-def gpu_recorded():
+def gpu_recorded() -> None:
     """The newest recorded run of the released pool in a CUDA graph, as tables (or that none is
     recorded)."""
-    return real.show_recorded(FIX.name, gpu_tables)
+    real.show_recorded(FIX.name, gpu_tables)
