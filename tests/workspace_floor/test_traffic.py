@@ -141,7 +141,7 @@ def test_workspace_at_a_world_size_without_a_run_says_whose_times_it_uses(capsys
                      str(traffic.EXAMPLE_LOG), "--world-size",
                      str(world)]) == 0
     out = capsys.readouterr().out
-    assert f"NO recorded run at world size {world}" in out and "run's times)" in out
+    assert f"NO recorded run at world size {world}" in out and f"run (none at ×{world})" in out
     assert cli.main(["workspace", "--trace", str(traffic.EXAMPLE_LOG), "--world-size", "2"]) == 0
     out = capsys.readouterr().out
     assert "NO recorded run" not in out and "est. ms" in out

@@ -165,7 +165,7 @@ def traffic_table(tokens: list[int], *, world_size: int, hidden_dim: int, polici
                   pre_initialize: int = 0) -> pd.DataFrame:
     """One row per policy (names or :class:`~.rebuild.Policy` objects): re-creations, refused
     calls, peak workspace MiB/rank (exact), estimated host-blocking ms from the creation cost of the
-    newest recorded run (named in ``attrs["cost_model"]``)."""
+    newest recorded run (named in ``attrs["cost_model"]``, its world size in ``times of``)."""
     model = cost_model(world_size)
     rows = []
     for pol in policies or POLICY_ORDER:
@@ -179,8 +179,9 @@ def traffic_table(tokens: list[int], *, world_size: int, hidden_dim: int, polici
             "est. ms": sum(model.ms(e.bytes_per_rank) for e in events) if model else float("nan")
         })
     df = pd.DataFrame(rows).set_index("policy")
-    if model and model.world_size != world_size:  # the column says whose times these are
-        df = df.rename(columns={"est. ms": f"est. ms (×{model.world_size} run's times)"})
+    if model:  # whose creation times the estimate uses (another world size's where none is here)
+        df["times of"] = f"the ×{model.world_size} run" + (f" (none at ×{world_size})" if
+                                                           model.world_size != world_size else "")
     df.attrs["cost_model"] = model.label if model else "no recorded GPU run: times not estimated"
     return df
 
