@@ -263,10 +263,14 @@ def latency(run) -> None:
         print(summary(r))
         print(host_line(r))
         lat = latency_of(r)
-        notebook.show_table(lat[[
+        shown = lat[[
             c for c in lat.columns
             if c.endswith(" ms") or c in ("bucket", "speedup", "speedup_direct")
-        ]].round(3))
+        ]].round(3)
+        for c in ("direct median ms", "speedup_direct"):  # timed above the capture sizes only
+            if c in shown:
+                shown[c] = shown[c].astype(object).where(shown[c].notna(), "")
+        notebook.show_table(shown)
     notebook.show_figure(latency_figure(run.shown))
     for r in run.shown:
         print(reading(r))
