@@ -95,3 +95,22 @@ def test_your_setup_buckets_and_recorded_times(tmp_path):
     assert above.loc[0, "runs as"].startswith("eager") and above.loc[0, "bucket"] == "-"
     table = show.your_setup()  # headless: the static table over the recorded runs
     assert table is None or {"tokens", "max_tokens", "bucket"} <= set(table.columns)
+
+
+def test_the_profiler_section_prints_counts_as_whole_numbers_and_no_nan(capsys):
+    """Kernel, launch and copy counts print as ``306``, not ``306.0``; the direct hand-off's cells
+    below the capture sizes, and the "(N more)" row's median, are blank, not NaN."""
+    shown = claims.shown(RECORDED)
+    traced = [r for r in shown if r.sidecar("events") is not None]
+    if not traced:
+        pytest.skip("no recorded pcg_gate run with profiler traces")
+    run = traced[-1]
+    run.shown = [run]
+    show.profiler(run)
+    show.latency(run)
+    out = capsys.readouterr().out
+    assert "NaN" not in out
+    eager = next(ln for ln in out.splitlines() if ln.split()[:2] == ["64", "eager"])
+    assert eager.split()[2:5] == [str(int(float(v))) for v in eager.split()[2:5]]
+    more = next(ln for ln in out.splitlines() if "more)" in ln)
+    assert more.split("more)")[1].split()[0].isdigit()  # the calls of the rest, a whole number

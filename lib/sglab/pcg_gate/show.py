@@ -317,12 +317,21 @@ def profiler(run) -> None:
             continue
         for n in sorted(trace_table(r.df).index.get_level_values(0).unique()):
             notebook.show_figure(timeline(r, int(n)))
-        notebook.show_table(trace_table(r.df).round(1))
-        notebook.show_table(copy_explanation(r.df).round(3))
+        counted = trace_table(r.df).round(1)
+        counts = ["kernels", "kernel_launches", "graph_launches", "copy_ops"]
+        counted[counts] = counted[counts].round().astype("Int64")  # counts, not measurements
+        notebook.show_table(counted)
+        explained = copy_explanation(r.df).round(3)
+        explained["extra copy ops"] = explained["extra copy ops"].round().astype("Int64")
+        notebook.show_table(explained)
         table, kt = r.sidecar("kernels"), r.manifest.get("kernel_table") or {}
         if table is not None:
             print(f"{r.label}: per-kernel table by {kt.get('backend')} — {kt.get('reason')}")
-            notebook.show_table(kernel_summary(table).round(3))
+            top = kernel_summary(table).round(3)
+            top["calls"] = top["calls"].round().astype("Int64")
+            # the "(N more)" row sums kernels of different lengths: no median of its own
+            top["median_us"] = top["median_us"].astype(object).where(top["median_us"].notna(), "")
+            notebook.show_table(top)
 
 
 # --------------------------------------------------------------------------------------------------
