@@ -112,6 +112,9 @@ def test_gpu_sections_on_the_recorded_runs(capsys):
     assert "leak check: every rank back to 0 MiB" in out.out and "in all 4 runs" in out.out
     assert "largest growth: 'ipc open lamport'" in out.out
     assert "NaN" not in out.out.split("W=2, every run")[1].split("W=4")[0]
+    # re-creations and refused calls are counts: `1`, `385`, never `1.0`
+    mixed = next(ln for ln in out.out.splitlines() if ln.split()[:2] == ["mixed", "before_pr"])
+    assert mixed.split()[2] == "1" and mixed.split()[-1] == "385"
     assert out.err == "" and not [str(w.message) for w in caught]
     assert not plt.get_fignums()  # every figure shown once and closed
 
