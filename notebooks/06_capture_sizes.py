@@ -118,7 +118,7 @@ pd.DataFrame(rows)
 cpu = measure.run({
     "world_size": 2, "backend": "gloo", "hidden": 16, "max_tokens": 64, "profile": False
 })
-show.summary(cpu.df).drop(columns=["error"])
+show.summary_view(cpu.df)
 
 # %% [markdown]
 # ## Which buckets survive, for attention TP 1–8 × CP 1–4

@@ -83,3 +83,19 @@ def test_alignment_heatmaps_mark_the_assertion():
     # PR-filter panels at tp 7, cp 3; round-up never asserts
     assert sum(t == "assert" for t in _texts(fig)) == 2
     plt.close(fig)
+
+
+def test_the_summary_view_is_blank_where_nothing_failed_or_replayed():
+    """The recorded runs' summaries, as the notebook shows them: no NaN or <NA>, the numbers of
+    the frame the claims read unchanged."""
+    from sglab.core import runs
+
+    for r in runs.load_all_recorded("capture_sizes"):
+        view, full = show.summary_view(r.df), show.summary(r.df)
+        assert "error" not in view.columns
+        assert not view.isna().any().any(), r.path.name
+        text = view.to_string()
+        assert "NaN" not in text and "<NA>" not in text
+        blank = full["first_failure"].isna()
+        assert (view.loc[blank, "first_failure"] == "").all()
+        assert list(view.loc[~blank, "first_failure"]) == list(full.loc[~blank, "first_failure"])

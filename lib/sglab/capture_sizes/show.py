@@ -68,6 +68,13 @@ def summary(df):
     return out
 
 
+def summary_view(df) -> pd.DataFrame:
+    """:func:`summary` for reading: without the error text (:func:`run_facts` says it), and blank
+    where a variant never failed or replayed nothing (the claims read :func:`summary` itself)."""
+    s = summary(df).drop(columns=["error"], errors="ignore")
+    return s.astype(object).where(s.notna(), "")
+
+
 def run_facts(run) -> dict:
     """One run: world size, machine, the sizes torch refused, where the unfiltered loop stopped,
     and per fixed list how many buckets captured and replayed, with the worst replay error."""
@@ -503,7 +510,7 @@ def measured(run) -> None:
         pd.DataFrame([run_facts(r) for r in every]).drop(columns=["refused_error"]).T)
     for r in run.shown:
         print(f"\n— {r.label} (world size {r.manifest['params']['world_size']}) —")
-        notebook.show_table(summary(r.df).drop(columns=["error"]))
+        notebook.show_table(summary_view(r.df))
         notebook.show_figure(size_status_plot(r))
         print(describe_run(r))
 
