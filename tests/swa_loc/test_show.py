@@ -88,6 +88,8 @@ def test_sidecar_tables(data_root):
     assert list(kw.op) == ["index", "_to_copy->int32"] and list(kw.calls) == [40, 40]
     wide = show.eager_table(side["eager_kernels"])
     assert {"calls · torch.profiler", "calls · nsight-python (CUPTI)"} <= set(wide.columns)
+    assert str(wide["calls · torch.profiler"].dtype) == "Int64"  # shown as 10, not 10.0
+    assert "10.0" not in wide.round(2)[["calls · torch.profiler"]].to_string()
 
 
 @pytest.mark.parametrize("name,short", [
