@@ -88,3 +88,22 @@ def test_your_setup_is_the_hit_rate_of_your_traffic(monkeypatch):
     assert default.loc["after", "graph_batches"] == want.loc["after", "graph_batches"]
     assert (t.groupby(["p_single",
                        "max_requests"]).hit_rate.apply(lambda s: s.iloc[0] != s.iloc[1])).all()
+
+
+def test_the_gpu_tables_read_as_yes_no_and_counts_with_no_nan(capsys):
+    """Part a's table says yes/no for can_run and counts logit rows (eager has no can_run: blank);
+    the hit-rate table counts batches; none prints 1.0, 3.0 or NaN."""
+    shown = claims.shown(RECORDED)
+    if not shown:
+        pytest.skip("no recorded breakable_graph run")
+    run = shown[-1]
+    run.shown = [run]
+    view = show.bs3_view(run.df)
+    assert list(view["can_run"]) == ["yes", "no", ""]  # after, before, eager
+    assert str(view["logit_rows"].dtype) == "Int64"
+    show.correctness(run)
+    show.latency(run)
+    out = capsys.readouterr().out
+    assert "NaN" not in out.split("num_tokens")[0]
+    hits = next(ln for ln in out.splitlines() if ln.startswith("after ") and "0.9" in ln)
+    assert hits.split()[-2:] == [str(int(float(v))) for v in hits.split()[-2:]]

@@ -70,6 +70,18 @@ def bs3_table(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["part"] == "a_bs3"].pivot_table(index="variant", columns="metric", values="value")
 
 
+def bs3_view(df: pd.DataFrame) -> pd.DataFrame:
+    """:func:`bs3_table` for reading: ``can_run`` as yes/no, logit rows as a count, and blank
+    where a variant has no such figure (eager has no ``can_run``; each graph its own diff)."""
+    t = bs3_table(df)
+    out = t.astype(object).where(t.notna(), "")
+    if "can_run" in t:
+        out["can_run"] = t["can_run"].map(lambda v: "" if pd.isna(v) else ("yes" if v else "no"))
+    if "logit_rows" in t:
+        out["logit_rows"] = t["logit_rows"].round().astype("Int64")
+    return out
+
+
 def match_table(df: pd.DataFrame) -> pd.DataFrame:
     """Part b per token count: did every batch get one logit row per request, and the largest abs
     diff."""
@@ -191,7 +203,7 @@ def correctness(run) -> None:
     token count and request count (part b)."""
     for r in run.shown:
         print(r.label)
-        notebook.show_table(bs3_table(r.df))
+        notebook.show_table(bs3_view(r.df))
         notebook.show_table(match_table(r.df))
 
 
@@ -202,7 +214,10 @@ def latency(run) -> None:
     for r in run.shown:
         notebook.show_figure(latency_figure(r))
         notebook.show_table(speedup_table(r.df).round(2))
-        notebook.show_table(pd.DataFrame(hit_rates(r.df)).T)
+        hits = pd.DataFrame(hit_rates(r.df)).T
+        counts = [c for c in ("graph_batches", "batches") if c in hits]
+        hits[counts] = hits[counts].round().astype("Int64")
+        notebook.show_table(hits)
 
 
 @notebook.needs_run
