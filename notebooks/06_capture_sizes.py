@@ -132,10 +132,11 @@ show.summary_view(cpu.df)
 # %%
 table = show.alignment_table(MAX_TOKENS)
 off = table[~table.two_batch_overlap]
-off[[
+shown = off[[
     "attn_tp", "attn_cp", "mul_base_pr", "lcm", "tp_x_cp", "n_pr", "n_lcm", "n_round_up", "lost_pr",
     "lost_round_up", "pad_frac_pr", "pad_frac_round_up", "eager_pr", "pr_asserts"
 ]].round(3)
+shown.astype(object).where(shown.notna(), "")  # blank: the PR's filter asserts, nothing to pad
 
 # %% [markdown]
 # The same as heatmaps, then the extremes: the buckets lost for non-power-of-two TP, the PR's
