@@ -71,6 +71,10 @@ def test_executes(ipynb, monkeypatch):
         and re.match(r"[A-Z]\w*\(", o["data"]["text/plain"])
     ]
     assert not echoed, f"{ipynb.name}: cells {echoed} echo an object's raw repr"
+    # a cell that does not apply is blank, not NaN (checked on the committed runs a reader sees)
+    if result.mode == "recorded":
+        text = nbtools.outputs_text(result.nb)
+        assert "NaN" not in text and "<NA>" not in text, f"{ipynb.name} prints NaN or <NA>"
 
 
 def test_readme_index_matches_recorded_runs():
