@@ -155,3 +155,15 @@ def test_reduce_keeps_only_what_is_inside_creations():
     assert list(out.step) == [0, 0, 21, 21, -1, -1]
     assert list(out.tokens) == [48, 48, 64, 64, 4096, 4096]
     assert set(out["rank"]) == {1} and list(out.variant[:4]) == ["floor_0"] * 4
+
+
+def test_the_trace_summary_counts_steps_as_whole_numbers():
+    """A kind a trace lacks (short_ramp has no chunked prefill) reads 0 steps, and every step
+    count is an integer column (it printed 261.0 and 0.0)."""
+    from sglab.workspace_floor import measure as m
+
+    s = m.summary()
+    steps = [c for c in s.columns if c.endswith("steps")]
+    assert all(str(s[c].dtype) == "int64" for c in steps), s.dtypes
+    assert s.loc["short_ramp", "chunked_prefill steps"] == 0
+    assert (s[[c for c in steps if c != "steps"]].sum(axis=1) == s["steps"]).all()

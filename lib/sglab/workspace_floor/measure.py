@@ -252,7 +252,10 @@ def summary() -> pd.DataFrame:
             }, "max x.shape[0]": int(tr.tokens.max()), "calls over 2048": int((tr.tokens
                                                                                > 2048).sum())
         })
-    return pd.DataFrame(rows).set_index("trace").fillna(0)
+    out = pd.DataFrame(rows).set_index("trace").fillna(0)
+    steps = [c for c in out.columns if c.endswith(" steps")]  # a trace without a kind: 0 steps
+    out[steps] = out[steps].astype(int)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
