@@ -633,6 +633,7 @@ def test_each_start_is_set_beside_what_the_host_did_meanwhile():
         "prefill (ms), median over shapes": 40.0, "engine preempted (switches)": 10.0,
         "CPU stolen (%)": 20.0
     }
+    assert str(got["engine preempted (switches)"].dtype) == "Int64"  # a count: 10, not 10.0
     assert E.starts_and_host(E.latest([_starts_run(t)]), "prefill").empty  # recorded before
 
 
