@@ -25,7 +25,7 @@ MAX_TOKENS = 2048  # piecewise_cuda_graph_max_tokens (2048 is the default for ML
 import pandas as pd
 
 from sglab.capture_sizes import claims, measure, rebuild, sglang, show
-from sglab.core.notebook import Workbook, show_figure, slide, verdict
+from sglab.core.notebook import Workbook, blank_missing, show_figure, slide, verdict
 
 
 pd.set_option("display.width", 160)
@@ -136,7 +136,7 @@ shown = off[[
     "attn_tp", "attn_cp", "mul_base_pr", "lcm", "tp_x_cp", "n_pr", "n_lcm", "n_round_up", "lost_pr",
     "lost_round_up", "pad_frac_pr", "pad_frac_round_up", "eager_pr", "pr_asserts"
 ]].round(3)
-shown.astype(object).where(shown.notna(), "")  # blank: the PR's filter asserts, nothing to pad
+blank_missing(shown)  # blank: the PR's filter asserts, nothing to pad
 
 # %% [markdown]
 # The same as heatmaps, then the extremes: the buckets lost for non-power-of-two TP, the PR's

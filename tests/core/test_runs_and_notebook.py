@@ -224,3 +224,14 @@ def test_a_runs_memo_computes_once_and_hands_out_copies(tmp_path):
     b = run.memo("facts", make)
     assert made == [1] and b["sizes"] == [1, 2] and b["table"].y.tolist() == [3]
     assert run.memo("other", lambda: 7) == 7 and len(made) == 1
+
+
+def test_counts_read_as_whole_numbers_and_missing_cells_blank():
+    df = pd.DataFrame({"calls": [306.0, None], "ms": [1.5, None], "name": ["a", "b"]})
+    counted = nb.as_counts(df, ["calls", "absent"])
+    assert str(counted["calls"].dtype) == "Int64" and "306.0" not in counted.to_string()
+    assert df["calls"].dtype == float  # a copy: the frame the claims read is unchanged
+    shown = nb.blank_missing(counted)
+    assert list(shown["calls"]) == [306, ""] and list(shown["ms"]) == [1.5, ""]
+    assert "NaN" not in shown.to_string() and "<NA>" not in shown.to_string()
+    assert list(nb.blank_missing(df, ["ms"])["calls"].isna()) == [False, True]  # only `cols`

@@ -74,11 +74,10 @@ def bs3_view(df: pd.DataFrame) -> pd.DataFrame:
     """:func:`bs3_table` for reading: ``can_run`` as yes/no, logit rows as a count, and blank
     where a variant has no such figure (eager has no ``can_run``; each graph its own diff)."""
     t = bs3_table(df)
-    out = t.astype(object).where(t.notna(), "")
+    out = notebook.as_counts(notebook.blank_missing(t, [c for c in t if c != "logit_rows"]),
+                             ["logit_rows"])
     if "can_run" in t:
         out["can_run"] = t["can_run"].map(lambda v: "" if pd.isna(v) else ("yes" if v else "no"))
-    if "logit_rows" in t:
-        out["logit_rows"] = t["logit_rows"].round().astype("Int64")
     return out
 
 
@@ -215,9 +214,7 @@ def latency(run) -> None:
         notebook.show_figure(latency_figure(r))
         notebook.show_table(speedup_table(r.df).round(2))
         hits = pd.DataFrame(hit_rates(r.df)).T
-        counts = [c for c in ("graph_batches", "batches") if c in hits]
-        hits[counts] = hits[counts].round().astype("Int64")
-        notebook.show_table(hits)
+        notebook.show_table(notebook.as_counts(hits, ["graph_batches", "batches"]))
 
 
 @notebook.needs_run

@@ -71,8 +71,7 @@ def summary(df):
 def summary_view(df) -> pd.DataFrame:
     """:func:`summary` for reading: without the error text (:func:`run_facts` says it), and blank
     where a variant never failed or replayed nothing (the claims read :func:`summary` itself)."""
-    s = summary(df).drop(columns=["error"], errors="ignore")
-    return s.astype(object).where(s.notna(), "")
+    return notebook.blank_missing(summary(df).drop(columns=["error"], errors="ignore"))
 
 
 def run_facts(run) -> dict:

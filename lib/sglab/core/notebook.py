@@ -86,6 +86,24 @@ def show_table(df) -> None:
         print(df.to_string())
 
 
+def as_counts(df, cols: Sequence[str]):
+    """A copy of ``df`` whose columns ``cols`` (those it has) read as whole numbers: ``306``, not
+    ``306.0``; a missing count stays missing."""
+    out = df.copy()
+    cols = [c for c in cols if c in out]
+    out[cols] = out[cols].round().astype("Int64")
+    return out
+
+
+def blank_missing(df, cols: Sequence[str] | None = None):
+    """A copy of ``df`` for reading, its missing cells (NaN, ``<NA>``) blank, in ``cols`` (those it
+    has) or everywhere: a cell that does not apply, not a number lost."""
+    out = df.copy()
+    for c in (out.columns if cols is None else [c for c in cols if c in out]):
+        out[c] = out[c].astype(object).where(out[c].notna(), "")
+    return out
+
+
 def needs_run(fn):
     """For show functions that take a run first: given a :class:`~sglab.core.runs.NoRun`, print its
     one line ("no GPU run to show (…)") and return None instead of calling ``fn``."""

@@ -419,29 +419,16 @@ def _engine_scales(run):
         f"(off by {off:.0f})", {"total_mib": float(total), "per_rank_mib": float(per), "ranks": n})
 
 
-def _visible(run) -> int:
-    m = run.manifest
-    return int(m.get("gpu_count_machine") or m.get("gpu_count") or 0)
-
-
 def _engine_sees_more(run):
     if _engine_applies(run):
         return _engine_applies(run)
-    return None if _visible(run) >= 3 else (
-        f"a machine of {_visible(run)} GPUs: no GPU besides GPU 0 and a rank's own to look at")
+    n = show.engine_gpus(run)
+    return None if n >= 3 else (
+        f"a machine of {n} GPUs: no GPU besides GPU 0 and a rank's own to look at")
 
 
 def _engine_every_gpu(run):
-    """Which GPUs each scheduler rank ≥ 1 holds memory on, per case."""
-    mem = show.engine_memory(run)
-    n = _visible(run)
-    held = {
-        case: {
-            int(r): sorted(int(x) for x in g[g["MiB"] > 0]["gpu"])
-            for r, g in d[d["rank"].fillna(0) >= 1].groupby("rank")
-        }
-        for case, d in mem.groupby("case")
-    }
+    mem, n, held = show.engine_memory(run), show.engine_gpus(run), show.gpus_held(run)
     before, after = held.get("before", {}), held.get("released", {})
     ok = bool(before) and all(g == list(range(n)) for g in before.values()) and bool(after) and all(
         g == [r] for r, g in after.items())

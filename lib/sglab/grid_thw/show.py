@@ -657,17 +657,33 @@ def _run_tp(run) -> int:
     return max(_tp_of(run).values(), default=1)
 
 
+def engine_gpus(run) -> int:
+    """The GPUs of the machine an engine run's engines saw (a TP-2 engine on a 4-GPU box sees
+    4)."""
+    m = run.manifest
+    return int(m.get("gpu_count_machine") or m.get("gpu_count") or 0)
+
+
+def gpus_held(run) -> dict:
+    """``{case: {rank: [GPU, ...]}}``: the GPUs where each scheduler rank ≥ 1 holds memory (``[]``
+    for a rank NVML lists with nothing)."""
+    mem = engine_memory(run)
+    ranks = mem[mem["rank"].fillna(0) >= 1]
+    return {
+        case: {
+            int(r): sorted(int(x) for x in g[g["MiB"] > 0]["gpu"])
+            for r, g in c.groupby("rank")
+        }
+        for case, c in ranks.groupby("case")
+    }
+
+
 def other_gpus(run) -> dict:
     """``{rank: [GPU, ...]}``: with #22858 reverted, the GPUs besides GPU 0 and its own where a
     scheduler rank ≥ 1 holds memory (another GPU's context, as on a machine with more GPUs than
     the TP size)."""
-    mem = engine_memory(run)
-    d = mem[(mem["case"] == "before") & (mem["rank"].fillna(0) >= 1) & (mem["MiB"] > 0)]
-    out: dict = {}
-    for rank, gpu in zip(d["rank"], d["gpu"]):
-        if gpu not in (0, rank):
-            out.setdefault(int(rank), []).append(int(gpu))
-    return {r: sorted(g) for r, g in sorted(out.items())}
+    before = gpus_held(run).get("before", {})
+    return {r: o for r, g in before.items() if (o := [x for x in g if x not in (0, r)])}
 
 
 def gpu0_by_run(run) -> pd.DataFrame:
@@ -712,8 +728,7 @@ def engine(run) -> None:
     for r in run.shown:
         extra = other_gpus(r)
         if extra:
-            print(f"{engine_runs.run_label(r)} (TP {_run_tp(r)} on "
-                  f"{r.manifest.get('gpu_count_machine', r.manifest.get('gpu_count'))} GPUs): with "
+            print(f"{engine_runs.run_label(r)} (TP {_run_tp(r)} on {engine_gpus(r)} GPUs): with "
                   "#22858 reverted, ranks ≥ 1 also hold a context on other GPUs than GPU 0 and "
                   "their own: " + "; ".join(
                       f"TP{k} on GPU {', '.join(map(str, v))}" for k, v in extra.items()))

@@ -267,10 +267,8 @@ def latency(run) -> None:
             c for c in lat.columns
             if c.endswith(" ms") or c in ("bucket", "speedup", "speedup_direct")
         ]].round(3)
-        for c in ("direct median ms", "speedup_direct"):  # timed above the capture sizes only
-            if c in shown:
-                shown[c] = shown[c].astype(object).where(shown[c].notna(), "")
-        notebook.show_table(shown)
+        # the direct hand-off is timed above the capture sizes only
+        notebook.show_table(notebook.blank_missing(shown, ["direct median ms", "speedup_direct"]))
     notebook.show_figure(latency_figure(run.shown))
     for r in run.shown:
         print(reading(r))
@@ -317,21 +315,17 @@ def profiler(run) -> None:
             continue
         for n in sorted(trace_table(r.df).index.get_level_values(0).unique()):
             notebook.show_figure(timeline(r, int(n)))
-        counted = trace_table(r.df).round(1)
-        counts = ["kernels", "kernel_launches", "graph_launches", "copy_ops"]
-        counted[counts] = counted[counts].round().astype("Int64")  # counts, not measurements
-        notebook.show_table(counted)
-        explained = copy_explanation(r.df).round(3)
-        explained["extra copy ops"] = explained["extra copy ops"].round().astype("Int64")
-        notebook.show_table(explained)
+        notebook.show_table(
+            notebook.as_counts(
+                trace_table(r.df).round(1),
+                ["kernels", "kernel_launches", "graph_launches", "copy_ops"]))
+        notebook.show_table(notebook.as_counts(copy_explanation(r.df).round(3), ["extra copy ops"]))
         table, kt = r.sidecar("kernels"), r.manifest.get("kernel_table") or {}
         if table is not None:
             print(f"{r.label}: per-kernel table by {kt.get('backend')} — {kt.get('reason')}")
-            top = kernel_summary(table).round(3)
-            top["calls"] = top["calls"].round().astype("Int64")
             # the "(N more)" row sums kernels of different lengths: no median of its own
-            top["median_us"] = top["median_us"].astype(object).where(top["median_us"].notna(), "")
-            notebook.show_table(top)
+            top = notebook.as_counts(kernel_summary(table).round(3), ["calls"])
+            notebook.show_table(notebook.blank_missing(top, ["median_us"]))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -307,11 +307,9 @@ def starts_and_host(df: pd.DataFrame, metric: str) -> pd.DataFrame:
             "engine_preempted": "engine preempted (switches)"
         })
     out.index = out.index.set_levels(out.index.levels[-1].astype(int), level=-1)
-    out = out.round(2)
-    if "engine preempted (switches)" in out:  # a count: 418, not 418.0
-        out["engine preempted (switches)"] = out["engine preempted (switches)"].round().astype(
-            "Int64")
-    return out
+    from sglab.core.notebook import as_counts
+
+    return as_counts(out.round(2), ["engine preempted (switches)"])
 
 
 def timing_bar(df: pd.DataFrame, metric: str, across: str,

@@ -182,9 +182,7 @@ def eager_table(table, variant: Optional[str] = None):
     wide = t.pivot_table(index=["variant", "scope", "step", "op", "kernel"], columns="backend",
                          values=["calls", "median_us"], aggfunc="first", sort=False)
     wide.columns = [f"{m} · {b}" for m, b in wide.columns]
-    calls = [c for c in wide.columns if c.startswith("calls · ")]
-    wide[calls] = wide[calls].round().astype("Int64")  # counts: 10, not 10.0
-    return wide
+    return notebook.as_counts(wide, [c for c in wide.columns if c.startswith("calls · ")])
 
 
 def kv_write_kernels(table, variant: str, backend: Optional[str] = None):

@@ -554,11 +554,8 @@ def replay(run) -> None:
     re-creations."""
     for r in run.shown:
         print(f"W={run_world_size(r)}: {r.path.name} ({r.label}) - GPU replay per policy")
-        stats = policy_stats(r).round(1)
-        for c in ("recreations", "refused_calls"):  # counts, not measurements
-            if c in stats:
-                stats[c] = stats[c].round().astype("Int64")
-        notebook.show_table(stats)
+        notebook.show_table(
+            notebook.as_counts(policy_stats(r).round(1), ["recreations", "refused_calls"]))
         print(consistency(r))
     note = (f"runs {', '.join(r.path.stem[:16] for r in run.shown)}; cold start; ms: destroy + "
             "create, slowest rank")
