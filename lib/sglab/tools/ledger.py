@@ -10,6 +10,8 @@ check it is current.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from sglab.core import claims, runs
 from sglab.sglang import engine_runs
 from sglab.tools import fixes
@@ -74,9 +76,7 @@ def _verdict(run) -> str:
 def _ended(done: list[dict]) -> str:
     """How the engines ended: their number where all answered, else each status counted (a
     start-up error can be what a claim expects)."""
-    by: dict = {}
-    for e in done:
-        by[e.get("status", "?")] = by.get(e.get("status", "?"), 0) + 1
+    by = Counter(e.get("status", "?") for e in done)
     if set(by) <= {"ok"}:
         return f"{len(done)} ok"
     return ", ".join(f"{n} {s}" for s, n in sorted(by.items(), key=lambda x: x[0] != "ok"))
@@ -112,8 +112,8 @@ def not_recorded(found: list) -> list[str]:
     """One line per scenario with releases that no recorded run started."""
     started: dict = {}
     for r in found:
-        for s in r.manifest.get("params", {}).get("specs", []):
-            started.setdefault(scenario_of(r), set()).add(s.get("release"))
+        started.setdefault(scenario_of(r), set()).update(
+            s.get("release") for s in r.manifest.get("params", {}).get("specs", []))
     out = []
     for sc in fixes.scenarios():
         missing = [v for v in sc.releases if v not in started.get(sc.name, set())]
