@@ -107,3 +107,27 @@ def test_every_line_fits_100_columns(tmp_path):
     wide.write_text("# " + "µ" * (COLUMNS - 2) + "\n# " + "x" * (COLUMNS - 1) + "\n")
     # characters, not bytes: the first line's µ are two bytes each
     assert _too_long([wide], tmp_path) == ["wide.py:2 (101 columns)"]
+
+
+DOCS = ("README.md", "docs/operating.md")  # docs/structure.md is drawn by `sglab index`
+
+
+def _prose_too_long(text: str) -> list[int]:
+    """The lines of a Markdown text wider than :data:`COLUMNS`, leaving out table rows and
+    ```text blocks (a program's output, shown as it printed it)."""
+    out, verbatim = [], False
+    for i, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            verbatim = line.strip() == "```text"
+            continue
+        if len(line) > COLUMNS and not verbatim and not line.lstrip().startswith("|"):
+            out.append(i)
+    return out
+
+
+def test_the_docs_prose_and_commands_fit_100_columns():
+    wide = {d: _prose_too_long((ROOT / d).read_text(encoding="utf-8")) for d in DOCS}
+    assert not any(wide.values()), wide
+    long = "x" * (COLUMNS + 1)
+    sample = f"{long}\n```bash\n{long}\n```\n```text\n{long}\n```\n| {long} |\n"
+    assert _prose_too_long(sample) == [1, 3]
