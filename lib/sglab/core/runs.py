@@ -286,12 +286,6 @@ class Run:
             return df
         return path
 
-    @property
-    def provenance(self) -> str:
-        m = self.manifest
-        return (f"{m.get('gpu_name')} ×{m.get('gpu_count')} · driver {m.get('driver')} · CUDA "
-                f"{m.get('cuda')} · torch {m.get('torch')} · {str(m.get('created_utc', ''))[:10]}")
-
 
 @dataclass(frozen=True)
 class NoRun:
