@@ -109,7 +109,7 @@ def test_every_line_fits_100_columns(tmp_path):
     assert _too_long([wide], tmp_path) == ["wide.py:2 (101 columns)"]
 
 
-DOCS = ("README.md", "docs/operating.md")  # docs/structure.md is drawn by `sglab index`
+DOCS = ("README.md", "docs/operating.md", "docs/structure.md")
 
 
 def _prose_too_long(text: str) -> list[int]:
