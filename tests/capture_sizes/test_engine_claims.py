@@ -103,3 +103,16 @@ def test_a_release_that_failed_in_two_variants_is_named_once(tmp_path):
     out = {r.claim.id: r.outcome for r in core.evaluate(C.ENGINE, merged)}[FAILS]
     assert out.value["releases"] == "0.5.14"
     assert out.measured.startswith("0.5.14 at attention TP")
+
+
+def test_the_engine_table_reads_by_attention_tp_then_release():
+    """Each TP size's rows together, the older release first (the table of every recorded TP
+    size read 0.5.14, 0.5.11 at TP 2 and 0.5.11, 0.5.14 at TP 4)."""
+    from sglab.sglang import engine_runs
+    from sglab.sglang.releases import parse_version
+
+    merged = engine_runs.merged(runs.load_all_recorded("engine_capture_sizes"))
+    table = S.engine_table(merged)
+    order = list(zip(table["attention TP"], table.index))
+    assert order == sorted(order, key=lambda k: (k[0], parse_version(k[1])))
+    assert {tp for tp, _ in order} >= {2, 4} and len(order) == len(set(order))

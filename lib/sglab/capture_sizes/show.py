@@ -30,6 +30,7 @@ from sglab.capture_sizes.server_args import your_setup  # noqa: F401 (the notebo
 from sglab.core import notebook, plots, runs
 from sglab.sglang import engine_runs
 from sglab.sglang.engine import tp_size
+from sglab.sglang.releases import parse_version
 
 
 # --------------------------------------------------------------------------------------------------
@@ -538,9 +539,10 @@ UNEQUAL = re.compile(r"same size|world size|divisib|unequal|shard|multiple of", 
 
 
 def engine_facts(run) -> list[dict]:
-    """Per variant of the run: release, the rule its source follows (``VARIANT``), the capture
-    sizes asked for (without a size flag, the release's default list), the attention-TP size,
-    what it did (status, SGLang's one line) and the sizes it captured."""
+    """Per variant of the run, by attention-TP size and then release: release, the rule its source
+    follows (``VARIANT``), the capture sizes asked for (without a size flag, the release's default
+    list), the attention-TP size, what it did (status, SGLang's one line) and the sizes it
+    captured."""
     df = engine_runs.latest([run])
     status, tokens = engine_runs.text(df, "status"), engine_runs.text(df, "pcg_tokens")
     out, seen = [], set()
@@ -564,7 +566,7 @@ def engine_facts(run) -> list[dict]:
             "asked": asked, "attn_tp": tp, "status": str(status[key]),
             "captured": sorted(int(x) for x in str(got).split()) if got else None
         })
-    return out
+    return sorted(out, key=lambda f: (f["attn_tp"], parse_version(f["release"])))
 
 
 def flag_list(argv, names) -> list[int]:
@@ -621,9 +623,7 @@ def engine(run) -> None:
     facts = engine_facts(merged) if merged is not None else []
     tps = sorted({f["attn_tp"] for f in facts}) or [2]
     if engine_runs.header(run, "DeepSeek-V3-style 2 layers, TP " + " and ".join(map(str, tps))):
-        table = engine_table(merged, facts)
-        notebook.show_table(
-            table.sort_values("attention TP", kind="stable") if "attention TP" in table else table)
+        notebook.show_table(engine_table(merged, facts))
 
 
 def beside_rows(run, engine_run) -> list[dict]:
