@@ -259,21 +259,19 @@ sglang.compare()
 #
 # The last table sets each speed-up beside its reruns, by each statistic (the first is claimed).
 # Each run ran on a machine of its own. The tables above show the H100 runs; the H200 runs (Kimi
-# 0.5.13 on four machines, the Llama on three, the last of each on a second day) have rows of
-# their own, each drift against the first
-# run of its GPU model and pair (Kimi 0.5.12.post1, on two more H200 machines, has no piecewise
-# case and so no speed-up). The launch counts do
-# not move between runs (their claim is exact); the speed-up does, more between machines than the
-# A/A gap of any one run says (compare the A/A table with the drift column). So `sglab verify RUN
-# --against` compares a rerun with the range that every recorded run of its GPU model spans, pair
-# by pair (Kimi with Kimi, Llama with Llama), and fails it where a ratio lies outside that range
-# by more than the larger of the claim's drift and the A/A gap, judged as the larger number over
-# the smaller, so the verdict does not depend on which machine ran first. Two machines of a model
-# can lie further apart than that and still each hold against the record, because the range is
-# wider than either pair: on H200, Kimi's fastest repeats on the first two machines lie further
-# apart than the tolerance (each fails against the other alone), and the third machine's lies
-# between them. The drift column shows each gap; the spread between machines, not one run, is
-# what a reader's own GPU should expect.
+# 0.5.13 on four machines, the Llama on three, the last of each on a second day) have rows of their
+# own, each drift against the first run of its GPU model and pair (Kimi 0.5.12.post1, on two more
+# H200 machines, has no piecewise case and so no speed-up). The launch counts do not move between
+# runs (their claim is exact); the speed-up does, more between machines than the A/A gap of any one
+# run says (compare the A/A table with the drift column). So `sglab verify RUN --against` compares a
+# rerun with the range that every recorded run of its GPU model spans, pair by pair (Kimi with Kimi,
+# Llama with Llama), and fails it where a ratio lies outside that range by more than the larger of
+# the claim's drift and the A/A gap, judged as the larger number over the smaller, so the verdict
+# does not depend on which machine ran first. Two machines of a model can lie further apart than
+# that and still each hold against the record, because the range is wider than either pair: on H200,
+# Kimi's fastest repeats on the first two machines lie further apart than the tolerance (each fails
+# against the other alone), and the third machine's lies between them. The drift column shows each
+# gap; the spread between machines, not one run, is what a reader's own GPU should expect.
 
 # %%
 engine = sglang.FIX.recorded_engine()

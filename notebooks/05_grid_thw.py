@@ -171,17 +171,17 @@ sglang.compare()
 # ### The real engine at TP 2 and TP 4
 #
 # SGLang's whole engine on the tiny Kimi-K2.5, fed one 448×448 image: each process's memory on each
-# GPU (NVML, after the request) with 0.5.11 as released (grid on the CPU) and with the one line
-# of the PR (#22858) reverted, at TP 2 and at TP 4. A machine without network has no Kimi-K2.5
+# GPU (NVML, after the request) with 0.5.11 as released (grid on the CPU) and with the one line of
+# the PR (#22858) reverted, at TP 2 and at TP 4. A machine without network has no Kimi-K2.5
 # processor files, so the release's `get_processor` is handed a processor made here
 # (`sglab.grid_thw.stand_in`: the harness's tokenizer with Kimi's media tokens, Kimi-K2.5's patch
 # settings); the preprocessing on GPU 0, the grid and its trip to the ranks are the release's own.
-# The engine runs with decode
-# graphs up to batch 4, no all-reduce fusion and no grammar backend (start-up time and what the
-# bundles carry; none of them touches the grid). The first table is the newest run of each TP
-# size; the second, every run, is the lesson: GPU 0's total grows by one CUDA context per rank ≥ 1.
-# The lines under it name the other GPUs where a rank ≥ 1 picked up a context too. Rerun with
-# `bash scripts/engine_gpu.sh --plan 05` (2 or 4 GPUs; a plan skips what the machine cannot run).
+# The engine runs with decode graphs up to batch 4, no all-reduce fusion and no grammar backend
+# (start-up time and what the bundles carry; none of them touches the grid). The first table is the
+# newest run of each TP size; the second, every run, is the lesson: GPU 0's total grows by one CUDA
+# context per rank ≥ 1. The lines under it name the other GPUs where a rank ≥ 1 picked up a context
+# too. Rerun with `bash scripts/engine_gpu.sh --plan 05` (2 or 4 GPUs; a plan skips what the machine
+# cannot run).
 
 # %%
 engine = sglang.FIX.recorded_engine()

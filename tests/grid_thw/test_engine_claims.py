@@ -118,8 +118,8 @@ def test_the_memory_table_shows_each_tp_sizes_newest_run_and_gpu0_every_run(tmp_
     show.engine(SimpleNamespace(shown=[old, new], elsewhere=[]))
     out = capsys.readouterr().out
     tp1 = [ln for ln in out.splitlines() if "sglang::scheduler_TP1" in ln]
-    assert [ln.split()[-2] for ln in tp1] == ["520.0", "0.0"]  # GPU 0: before, released
-    assert "1042" not in out
+    assert [ln.split()[-2] for ln in tp1] == ["520", "0"]  # GPU 0: before, released, whole MiB
+    assert "1042" not in out and ".0 " not in out
     by_run = show.gpu0_by_run(SimpleNamespace(shown=[new, old]))
     assert list(by_run["before"]) == [522.0, 520.0] and list(by_run["released"]) == [0.0, 0.0]
     assert list(by_run.index.get_level_values("TP")) == [2, 2]

@@ -722,9 +722,10 @@ def engine(run) -> None:
     wide = mem.pivot_table(index=["TP", "case", "process"], columns="gpu", values="MiB",
                            aggfunc="sum").fillna(0).round(0)
     wide.columns = [f"GPU {c} (MiB)" for c in wide.columns]
-    notebook.show_table(wide)
+    notebook.show_table(notebook.as_counts(wide, wide.columns))  # NVML counts whole MiB
     print("GPU 0 held by scheduler ranks ≥ 1 (MiB), every recorded run:")
-    notebook.show_table(gpu0_by_run(run).round(0))
+    gpu0 = gpu0_by_run(run)
+    notebook.show_table(notebook.as_counts(gpu0, gpu0.columns))
     for r in run.shown:
         extra = other_gpus(r)
         if extra:
