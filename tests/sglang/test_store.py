@@ -61,3 +61,12 @@ def test_source_line_names_the_recording(recording):
     first, *rest = report.status_lines(results).splitlines()
     assert first.startswith("real SGLang: answers recorded ") and "run here now: 0.5.23" in first
     assert rest[0].startswith("sglang 0.5.11: 2 rows") and "[recorded" not in rest[0]
+
+
+def test_a_summary_counts_one_row_as_one_row():
+    import pandas as pd
+
+    one = ProbeResult("0.5.11", "p", "ok", rows=pd.DataFrame({"a": [1]}), seconds=0.04)
+    two = ProbeResult("0.5.11", "p", "ok", rows=pd.DataFrame({"a": [1, 2]}), shims=[{"name": "x"}])
+    assert one.summary() == "sglang 0.5.11: 1 row in 0.0 s (shims: none)"
+    assert two.summary().startswith("sglang 0.5.11: 2 rows in 0.0 s (shims: x)")

@@ -88,7 +88,8 @@ class ProbeResult:
     def summary(self, with_source: bool = True) -> str:
         when = f" [{self.recorded}]" if self.recorded and with_source else ""
         if self.ok:
-            return (f"sglang {self.release}: {len(self.rows)} rows in {self.seconds:.1f} s"
+            n = len(self.rows)
+            return (f"sglang {self.release}: {n} row{'' if n == 1 else 's'} in {self.seconds:.1f} s"
                     f" (shims: {', '.join(self.shim_names()) or 'none'}){when}")
         return f"sglang {self.release}: {self.status}: {self.reason}{when}"
 

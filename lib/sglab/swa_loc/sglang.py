@@ -545,6 +545,16 @@ def gpu_probe(prepared, params: dict) -> list:
     return rows
 
 
+def _whole(t):
+    """``t`` with its columns as whole numbers where every value in them is one (nodes per layer,
+    measured as a quotient, read ``2`` beside the expected ``2``, not ``2.0``)."""
+    import pandas as pd
+
+    t = t.apply(pd.to_numeric, errors="coerce")
+    whole = [c for c in t if t[c].notna().all() and (t[c] % 1 == 0).all()]
+    return t.astype({c: "Int64" for c in whole})
+
+
 def gpu_tables(df) -> dict:
     """A recorded GPU run as a reader compares it: per release × variant the graphs, per release the
     nodes per SWA layer (measured vs read from the translation code), and the decode buffers
@@ -554,8 +564,9 @@ def gpu_tables(df) -> dict:
     ]
     return {
         "graphs": real.pivot(df[df["variant"].isin(GPU_VARIANTS)], ["release", "variant"], metrics),
-        "per SWA layer": real.pivot(df[df["variant"] == "per_layer-preset"], ["release"],
-                                    ["nodes_per_swa_layer", "expected_nodes_per_swa_layer"]),
+        "per SWA layer": _whole(
+            real.pivot(df[df["variant"] == "per_layer-preset"], ["release"],
+                       ["nodes_per_swa_layer", "expected_nodes_per_swa_layer"])),
         "decode buffers (#24743)": real.pivot(
             df[df["variant"] == "decode_buffers"], ["release"],
             ["has_out_cache_loc_swa", "dtype", "padded_tail_after_padded_populate"])
