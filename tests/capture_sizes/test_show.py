@@ -99,3 +99,5 @@ def test_the_summary_view_is_blank_where_nothing_failed_or_replayed():
         blank = full["first_failure"].isna()
         assert (view.loc[blank, "first_failure"] == "").all()
         assert list(view.loc[~blank, "first_failure"]) == list(full.loc[~blank, "first_failure"])
+        none = full["failed_sizes"].map(len) == 0  # a variant where no size failed
+        assert none.any() and (view.loc[none, "failed_sizes"] == "").all() and "[]" not in text

@@ -71,8 +71,12 @@ def summary(df):
 
 def summary_view(df) -> pd.DataFrame:
     """:func:`summary` for reading: without the error text (:func:`run_facts` says it), and blank
-    where a variant never failed or replayed nothing (the claims read :func:`summary` itself)."""
-    return notebook.blank_missing(summary(df).drop(columns=["error"], errors="ignore"))
+    where a variant never failed (no failed sizes) or replayed nothing (the claims read
+    :func:`summary` itself)."""
+    view = notebook.blank_missing(summary(df).drop(columns=["error"], errors="ignore"))
+    if "failed_sizes" in view:  # no size failed: a blank, not "[]"
+        view["failed_sizes"] = [v if len(v) else "" for v in view["failed_sizes"]]
+    return view
 
 
 def run_facts(run) -> dict:
