@@ -235,3 +235,25 @@ def test_counts_read_as_whole_numbers_and_missing_cells_blank():
     assert list(shown["calls"]) == [306, ""] and list(shown["ms"]) == [1.5, ""]
     assert "NaN" not in shown.to_string() and "<NA>" not in shown.to_string()
     assert list(nb.blank_missing(df, ["ms"])["calls"].isna()) == [False, True]  # only `cols`
+
+
+def test_software_versions_read_torchs_without_importing_it(tmp_path):
+    """torch's version and CUDA come from its version.py where torch is not imported (2 s saved in
+    notebook 00 and `sglab env`), and agree with torch's own answer."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from sglab.core import hardware as h; a = h.software(); "
+            "lazy = 'torch' not in sys.modules; import torch; "
+            "print(json.dumps([lazy, a, h.software(), torch.__version__]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-800:]
+    lazy, before, after, version = json.loads(out.stdout)
+    assert lazy and before == after and before["torch"] == version
+    from sglab.core import hardware
+
+    fake = tmp_path / "version.py"
+    fake.write_text("from typing import Optional\n__version__ = '2.11.0+cu130'\n"
+                    "cuda: Optional[str] = '13.0'\nhip: Optional[str] = None\n")
+    assert hardware._read_version_file(fake) == ("2.11.0+cu130", "13.0")

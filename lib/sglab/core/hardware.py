@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 from dataclasses import asdict, dataclass
 from functools import lru_cache
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -98,8 +100,6 @@ DEVICE_FILES = ("nvidia[0-9]*", "dxg")  # a GPU's device files (Linux; WSL)
 def no_gpu_device(dev: str = "/dev") -> bool:
     """True where no GPU device file exists, so that no GPU can be visible: answered without
     importing torch (a second of start-up) or NVML."""
-    from pathlib import Path
-
     return not any(next(Path(dev).glob(g), None) for g in DEVICE_FILES)
 
 
@@ -185,16 +185,44 @@ def driver_version() -> str | None:
 
 
 def software() -> dict:
-    """Versions that go into every run manifest."""
+    """Versions that go into every run manifest. torch's come from the module where it is imported
+    already, else from its ``version.py`` read as text: importing torch to learn its version costs
+    about 2 s of CPU (notebook 00, ``sglab env``)."""
     info = {
         "python": platform.python_version(), "torch": None, "cuda": None,
         "driver": driver_version()
     }
-    try:
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        info["torch"], info["cuda"] = torch.__version__, torch.version.cuda
+    else:
+        info["torch"], info["cuda"] = _torch_version_file()
+    return info
+
+
+def _torch_version_file() -> tuple:
+    """``(torch.__version__, torch.version.cuda)`` from torch's generated ``version.py``, without
+    importing torch; ``(None, None)`` where torch is not installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None, None
+    path = Path(list(spec.submodule_search_locations)[0]) / "version.py"
+    if not path.is_file():  # a build without the generated file: ask torch itself
         import torch
 
-        info["torch"] = torch.__version__
-        info["cuda"] = torch.version.cuda
-    except ImportError:
-        pass
-    return info
+        return torch.__version__, torch.version.cuda
+    return _read_version_file(path)
+
+
+def _read_version_file(path: Path) -> tuple:
+    """``(__version__, cuda)`` assigned in torch's ``version.py`` (plain or annotated literals)."""
+    import ast
+
+    found = {}
+    for node in ast.parse(path.read_text()).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        if isinstance(target, ast.Name) and target.id in ("__version__", "cuda") and node.value:
+            found[target.id] = ast.literal_eval(node.value)
+    return found.get("__version__"), found.get("cuda")
