@@ -108,7 +108,8 @@ def test_gpu_sections_on_the_recorded_runs(capsys):
         for section in (show.replay, show.cost, show.leaks, show.profiler):
             section(run)
     out = capsys.readouterr()
-    assert "GPU re-creations and sizes == simulation in 14 (trace, policy) cells: True" in out.out
+    assert "GPU re-creations and sizes == simulation in 14 (trace, policy) cells: yes" in out.out
+    assert "measured − computed peak per rank: 2 MiB" in out.out and "[2.0]" not in out.out
     assert "leak check: every rank back to 0 MiB" in out.out and "in all 4 runs" in out.out
     assert "largest growth: 'ipc open lamport'" in out.out
     assert "NaN" not in out.out.split("W=2, every run")[1].split("W=4")[0]

@@ -76,9 +76,10 @@ def consistency(run) -> str:
     same = ((t.recreations == t.recreations_simulated)
             & (t.peak_workspace == t.peak_workspace_simulated)).all()
     extra = sorted(set((t.peak_workspace_measured - t.peak_workspace).round(3)))
+    gap = f"{extra[0]:g}" if len(extra) == 1 else f"{extra[0]:g} to {extra[-1]:g}"
     return (f"W={run_world_size(run)}: GPU re-creations and sizes == simulation in {len(t)} "
-            f"(trace, policy) cells: {bool(same)}; measured - computed peak per rank: {extra} MiB "
-            "(the int64 pointer table's caching-allocator segment)")
+            f"(trace, policy) cells: {'yes' if same else 'no'}; measured − computed peak per rank: "
+            f"{gap} MiB (the int64 pointer table's caching-allocator segment)")
 
 
 def gpu_event_frame(df, trace_name: str) -> pd.DataFrame:
