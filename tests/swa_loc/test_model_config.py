@@ -104,3 +104,20 @@ def test_a_model_folder_reads_its_config_json(tmp_path, capsys):
     (tmp_path / "config.json").write_text((CONFIGS / "gpt_oss.json").read_text())
     assert cli.main(["swa-cost", str(tmp_path)]) == 0
     assert "sliding-window" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag", ["--batch-size", "--max-bs"])
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_a_batch_size_below_one_is_refused_in_one_line(flag, value, capsys):
+    assert cli.main(["swa-cost", str(CONFIGS / "gpt_oss.json"), flag, value]) == 2
+    out = capsys.readouterr()
+    assert out.err.strip() == f"sglab swa-cost: {flag} {value}: must be at least 1" and not out.out
+
+
+def test_kernel_counts_read_as_whole_numbers_and_a_between_median_keeps_its_tenth():
+    lay = sc.read_config(CONFIGS / "gpt_oss.json")
+    whole = sc.predict(lay, costs=[sc.LayerCost("H100", "run.csv", 2.0, {32: 3.0})])
+    half = sc.predict(lay, costs=[sc.LayerCost("H100", "run.csv", 2.25, {32: 3.0})])
+    count = whole.iloc[0]["extra kernels per decode step"]
+    assert count == 36 and float(count).is_integer() and "36.0" not in whole.to_string()
+    assert half.iloc[0]["extra kernels per decode step"] == 40.5

@@ -262,6 +262,10 @@ def cmd_capture_sizes(args) -> int:
 def cmd_swa_cost(args) -> int:
     from sglab.swa_loc import model_config as sc
 
+    for flag, value in (("--batch-size", args.batch_size), ("--max-bs", args.max_bs)):
+        if value < 1:
+            print(f"sglab swa-cost: {flag} {value}: must be at least 1", file=sys.stderr)
+            return 2
     try:
         lay = sc.read_config(args.config)
     except sc.ConfigError as e:
