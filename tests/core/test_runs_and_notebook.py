@@ -237,6 +237,15 @@ def test_counts_read_as_whole_numbers_and_missing_cells_blank():
     assert list(nb.blank_missing(df, ["ms"])["calls"].isna()) == [False, True]  # only `cols`
 
 
+def test_a_column_reads_whole_only_where_every_value_is_whole():
+    df = pd.DataFrame({"nodes": ["2.0", "1.0"], "per": [2.0, 2.5], "name": ["a", "b"]})
+    out = nb.whole_where_whole(df)
+    assert list(out["nodes"]) == [2, 1] and str(out["nodes"].dtype) == "Int64"
+    assert list(out["per"]) == [2.0, 2.5] and list(out["name"]) == ["a", "b"]
+    assert df["nodes"].tolist() == ["2.0", "1.0"]  # a copy
+    assert list(nb.whole_where_whole(df, ["per", "absent"])["nodes"]) == ["2.0", "1.0"]
+
+
 def test_software_versions_read_torchs_without_importing_it(tmp_path):
     """torch's version and CUDA come from its version.py where torch is not imported (2 s saved in
     notebook 00 and `sglab env`), and agree with torch's own answer."""

@@ -95,6 +95,20 @@ def as_counts(df, cols: Sequence[str]):
     return out
 
 
+def whole_where_whole(df, cols: Sequence[str] | None = None):
+    """A copy of ``df`` whose columns ``cols`` (those it has; every column by default) read as whole
+    numbers where every value in the column is one: a count measured as a quotient or a median
+    reads ``2``, not ``2.0``, and a column with a value between two counts keeps its decimals."""
+    import pandas as pd
+
+    out = df.copy()
+    for c in (out.columns if cols is None else [c for c in cols if c in out]):
+        v = pd.to_numeric(out[c], errors="coerce")
+        if v.notna().all() and (v % 1 == 0).all():
+            out[c] = v.astype("Int64")
+    return out
+
+
 def blank_missing(df, cols: Sequence[str] | None = None):
     """A copy of ``df`` for reading, its missing cells (NaN, ``<NA>``) blank, in ``cols`` (those it
     has) or everywhere: a cell that does not apply, not a number lost."""

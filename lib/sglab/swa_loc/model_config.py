@@ -134,20 +134,16 @@ def predict(lay: Layout, *, batch_size: int = 32, max_bs: int = 256, costs: Opti
         kernels_, us = c.extra_kernels_per_swa_layer * lay.n_swa, c.us_per_swa_layer[bs] * lay.n_swa
         rows.append({
             "GPU": c.gpu, "SWA layers": lay.n_swa, "full layers": lay.n_full,
-            "extra kernels per decode step": _count(kernels_),
+            "extra kernels per decode step": round(kernels_, 1),
             f"extra µs per decode step (bs {bs})": round(us, 1),
             "int64 buffer bytes wasted": 4 * max_bs, "measured in": c.run
         })
-    df = pd.DataFrame(rows)
+    from sglab.core.notebook import whole_where_whole
+
+    df = whole_where_whole(pd.DataFrame(rows), ["extra kernels per decode step"])  # 44, not 44.0
     df.attrs["layout"] = (f"{lay.num_layers} layers, {lay.n_swa} sliding-window ({lay.found_by}"
                           + (f", window {lay.sliding_window}" if lay.sliding_window else "") + ")")
     return df
-
-
-def _count(x: float):
-    """A kernel count as a whole number where it is one (``44``, not ``44.0``); a median over
-    layouts that falls between two counts keeps its tenth."""
-    return int(round(x)) if abs(x - round(x)) < 1e-9 else round(x, 1)
 
 
 def pattern_table(layers: int, swa_per_full: int, batch_size: int, max_bs: int = 256):

@@ -545,26 +545,18 @@ def gpu_probe(prepared, params: dict) -> list:
     return rows
 
 
-def _whole(t):
-    """``t`` with its columns as whole numbers where every value in them is one (nodes per layer,
-    measured as a quotient, read ``2`` beside the expected ``2``, not ``2.0``)."""
-    import pandas as pd
-
-    t = t.apply(pd.to_numeric, errors="coerce")
-    whole = [c for c in t if t[c].notna().all() and (t[c] % 1 == 0).all()]
-    return t.astype({c: "Int64" for c in whole})
-
-
 def gpu_tables(df) -> dict:
     """A recorded GPU run as a reader compares it: per release × variant the graphs, per release the
     nodes per SWA layer (measured vs read from the translation code), and the decode buffers
     (#24743)."""
+    from sglab.core import notebook
+
     metrics = [
         "translate_calls", "kernel_nodes", "replay_kernels", "replay_us_median", "rows_landed"
     ]
     return {
         "graphs": real.pivot(df[df["variant"].isin(GPU_VARIANTS)], ["release", "variant"], metrics),
-        "per SWA layer": _whole(
+        "per SWA layer": notebook.whole_where_whole(
             real.pivot(df[df["variant"] == "per_layer-preset"], ["release"],
                        ["nodes_per_swa_layer", "expected_nodes_per_swa_layer"])),
         "decode buffers (#24743)": real.pivot(
