@@ -183,6 +183,34 @@ def test_sidecars_are_written_listed_read_back_and_promoted(data_root, tmp_path)
                        sidecars={"Bad Name": events})
 
 
+def test_a_sidecar_reads_an_empty_label_back_as_empty_and_groups_it(data_root):
+    # pandas 3 reads text columns as its string dtype, pandas 2 as object: either way an empty
+    # label is "" again, so that groupby keeps its rows
+    kernels = pd.DataFrame({
+        "scope": ["", "decode", ""], "name": ["copy", "attn", "norm"], "calls": [2, 3, 4]
+    })
+    path = runs.write_run(_frame(), experiment="demo", method_version=1, params={},
+                          sidecars={"eager_kernels": kernels})
+    back = runs.read_run(path).sidecar("eager_kernels")
+    assert list(back["scope"]) == ["", "decode", ""]
+    assert back.groupby("scope")["calls"].sum().to_dict() == {"": 6, "decode": 3}
+    assert back["calls"].tolist() == [2, 3, 4]  # numbers stay numbers
+
+
+def test_recorded_sidecars_keep_no_missing_labels():
+    found = 0
+    for experiment in sorted(p.name for p in runs.data_dir("recorded").iterdir() if p.is_dir()):
+        for run in runs.load_all_recorded(experiment):
+            for name, fname in (run.manifest.get("sidecars") or {}).items():
+                if not fname.endswith(".csv.gz"):
+                    continue
+                df = run.sidecar(name)
+                found += 1
+                text = [c for c, t in df.dtypes.items() if not pd.api.types.is_numeric_dtype(t)]
+                assert not df[text].isna().any().any(), (run.path.name, name)
+    assert found
+
+
 def test_explore_falls_back_to_a_static_table_headless(monkeypatch, capsys):
     import pandas as pd
 

@@ -280,9 +280,11 @@ class Run:
             import pandas as pd
 
             df = pd.read_csv(path)
-            # an empty label reads back as NaN: keep it ""
-            for col in df.columns[df.dtypes == object]:
-                df[col] = df[col].fillna("")
+            # an empty label reads back as NaN (object dtype in pandas 2, the string dtype in pandas
+            # 3): keep it "", or groupby drops its rows
+            for col, dtype in df.dtypes.items():
+                if dtype == object or pd.api.types.is_string_dtype(dtype):
+                    df[col] = df[col].fillna("")
             return df
         return path
 
