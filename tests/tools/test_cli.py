@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from sglab.tools import cli
 
 
@@ -79,3 +81,64 @@ def test_the_workbooks_processes_read_notebooks_without_jsonschemas_iri_grammars
                        timeout=120)
     cells, loaded = p.stdout.split()
     assert p.returncode == 0 and int(cells) > 5 and loaded == "None", p.stderr[-500:]
+
+
+RECORDED = Path(__file__).resolve().parents[2] / "data" / "recorded"
+
+
+def _copy_run(csv: Path, folder: Path) -> Path:
+    """``csv``, its manifest and its sidecars copied into ``folder``; the copy's CSV."""
+    import shutil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in csv.parent.glob(csv.stem + ".*"):
+        shutil.copy2(f, folder / f.name)
+    return folder / csv.name
+
+
+def _damaged(csv: Path, folder: Path, old: str, new: str) -> Path:
+    copy = _copy_run(csv, folder)
+    text = copy.read_text()
+    assert old in text
+    copy.write_text(text.replace(old, new))
+    return copy
+
+
+@pytest.mark.parametrize("experiment, old, new", [
+    ("swa_loc", ",translate_calls_capture,5.0,", ",translate_calls_capture,0.0,"),
+    ("engine_swa_loc", ",decode_kernels_per_replay,148,", ",decode_kernels_per_replay,140,"),
+])
+def test_publish_never_replaces_a_record_nor_publishes_failing_claims_without_force(
+        data_root, tmp_path, capsys, experiment, old, new):
+    """A run whose claims fail is refused, and so is a run whose name the record already holds
+    (its own copy included): one line each, exit 2, the record untouched; --force does both."""
+    src = next(p for p in sorted((RECORDED / experiment).glob("*.csv")) if old in p.read_text())
+    recorded = _copy_run(src, data_root / "recorded" / experiment)
+    before = recorded.read_bytes()
+    damaged = _damaged(src, tmp_path / "elsewhere", old, new)
+    assert cli.main(["verify", str(damaged)]) == 1
+    capsys.readouterr()
+
+    assert cli.main(["publish", str(damaged)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "claim(s) fail" in err and "--force" in err, err
+    assert recorded.read_bytes() == before
+
+    whole = _copy_run(src, tmp_path / "whole")
+    assert cli.main(["publish", str(whole)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"sglab publish: {recorded} is already recorded; --force replaces it\n"
+    assert recorded.read_bytes() == before
+    assert cli.main(["publish", str(recorded)]) == 2
+    assert "nothing to publish" in capsys.readouterr().err
+
+    assert cli.main(["publish", str(damaged), "--force"]) == 0
+    assert recorded.read_bytes() == damaged.read_bytes() != before
+
+
+def test_publish_copies_a_new_run_whose_claims_hold(data_root, tmp_path, capsys):
+    src = sorted((RECORDED / "swa_loc").glob("*.csv"))[0]
+    live = _copy_run(src, data_root / "runs" / "swa_loc")
+    assert cli.main(["publish", str(live)]) == 0
+    assert (data_root / "recorded" / "swa_loc" / src.name).read_bytes() == src.read_bytes()
+    assert "published" in capsys.readouterr().out

@@ -388,16 +388,24 @@ def load_all_recorded(experiment: str, *, root: Path | None = None) -> list[Run]
     return [read_run(p) for p in list_runs(experiment, root=root)]
 
 
-def promote(csv_path: Path | str, *, root: Path | None = None) -> Path:
+def promote(csv_path: Path | str, *, root: Path | None = None, force: bool = False) -> Path:
     """Copy a live run (CSV + manifest) into ``data/recorded/<experiment>/``; return the new CSV
-    path."""
+    path. A file of the record is never replaced unless ``force`` (FileExistsError names it);
+    ValueError for a run that is already the record's own file."""
     import shutil
 
     run = read_run(csv_path)
     dest = (root or data_dir("recorded")) / run.manifest["experiment"]
-    dest.mkdir(parents=True, exist_ok=True)
     src = Path(csv_path)
-    for fname in (run.manifest.get("sidecars") or {}).values():
+    sidecars = list((run.manifest.get("sidecars") or {}).values())
+    names = [src.name, src.with_suffix(".json").name, *sidecars]
+    if (dest / src.name).resolve() == src.resolve():
+        raise ValueError(f"{src} is the record's own file: nothing to publish")
+    taken = [dest / n for n in names if (dest / n).exists()]
+    if taken and not force:
+        raise FileExistsError(f"{taken[0]} is already recorded")
+    dest.mkdir(parents=True, exist_ok=True)
+    for fname in sidecars:
         if (src.parent / fname).exists():
             shutil.copy2(src.parent / fname, dest / fname)
     shutil.copy2(src, dest / src.name)

@@ -94,7 +94,7 @@ def cmd_real(args) -> int:
 # --------------------------------------------------------------------------------------------------
 def cmd_publish(args) -> int:
     """A live run (its CSV, manifest and every sidecar) copied into data/recorded/<experiment>/."""
-    from sglab.core import runs
+    from sglab.core import claims, runs
     from sglab.tools import verify
 
     try:
@@ -107,7 +107,24 @@ def cmd_publish(args) -> int:
         print(f"sglab publish: {run.path.name} is a partial run ({cut}); rerun the scenario whole",
               file=sys.stderr)
         return 2
-    dest = runs.promote(run.path)
+    try:
+        failed = [r.claim.id for r in verify.verify_run(run).failed]
+    except claims.ClaimsError as e:
+        print(f"sglab publish: {e}", file=sys.stderr)
+        return 2
+    if failed and not args.force:
+        print(
+            f"sglab publish: {run.path.name}: {len(failed)} claim(s) fail ({', '.join(failed)}; "
+            f"`sglab verify {run.path}` says why); --force publishes it anyway", file=sys.stderr)
+        return 2
+    try:
+        dest = runs.promote(run.path, force=args.force)
+    except FileExistsError as e:
+        print(f"sglab publish: {e}; --force replaces it", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"sglab publish: {e}", file=sys.stderr)
+        return 2
     print(f"published {run.path.name} → {dest.parent} ({len(run.manifest.get('sidecars') or {})} "
           "sidecar(s) with it); `sglab verify` it, then commit that folder")
     return 0
@@ -413,6 +430,9 @@ def _workbook_commands(sub) -> None:
     p.set_defaults(fn=cmd_record)
     p = sub.add_parser("publish", help="copy a live run with its sidecars into data/recorded/")
     p.add_argument("run", help="a run's CSV under data/runs/<experiment>/")
+    p.add_argument(
+        "--force", action="store_true",
+        help="replace a recorded run of the same name, and publish a run whose claims fail")
     p.set_defaults(fn=cmd_publish)
     p = sub.add_parser("sync", help="write notebooks' .ipynb from their .py")
     p.add_argument("--check", action="store_true",
