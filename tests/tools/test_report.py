@@ -4,6 +4,7 @@ notebooks made here, without a kernel)."""
 
 import base64
 import io
+import os
 import re
 from pathlib import Path
 
@@ -225,3 +226,41 @@ def test_sglab_run_exits_as_a_shell_reports_the_signal_that_stopped_it(
 
     monkeypatch.setattr(report, "run_notebooks", ran)
     assert cli.main(["run", "04_swa_loc", "--out", str(tmp_path)]) == status
+
+
+def test_running_some_notebooks_again_keeps_the_others_in_the_index(tmp_path):
+    """`sglab run 04_swa_loc` into a folder an earlier run filled: 04's entry is replaced, the
+    others stay (read back from index.json, their cards marked with the time they ran) while their
+    page is still in the folder; one whose page is gone leaves the index."""
+    import json
+
+    first = [_executed(s, s, wide=False) for s in ("03_breakable_graph", "04_swa_loc", "05_x")]
+    for r in first:
+        r.started = 1_700_000_000.0  # 2023-11-14 22:13 UTC
+        nbformat.write(r.nb, tmp_path / r.path.name)
+        (tmp_path / f"{r.path.stem}.html").write_text("page")
+    index.write_index(first, tmp_path, [], live_times={})
+    (tmp_path / "05_x.html").unlink()  # its page went: so does its entry
+
+    again = _executed("04_swa_loc", "04 again", wide=False)
+    again.status, again.error = "failed", "failed: cell 2 (boom)"
+    text = index.write_index([again], tmp_path, [], live_times={}).read_text()
+    entries = json.loads((tmp_path / "index.json").read_text())
+    assert [(e["notebook"], e["status"]) for e in entries] == [("03_breakable_graph.ipynb", "ok"),
+                                                               ("04_swa_loc.ipynb", "failed")]
+    assert entries[0]["ran_utc"] == "2023-11-14 22:13 UTC"
+    assert "0/1 notebooks ran cleanly. 1 more from earlier runs into this folder." in text
+    assert text.count("class='card'") == 2 and "05_x" not in text
+    assert "from an earlier run at 2023-11-14 22:13 UTC: <span class='ok'>ok</span>" in text
+    assert "this run: <span class='failed'>failed</span>" in text
+    assert text.index("03_breakable_graph.html") < text.index("04_swa_loc.html")  # reading order
+    assert text.count("data:image/png;base64,") == 2  # the earlier card's figure, from its copy
+
+    # an index written before entries carried their time: the page's time stands in
+    (tmp_path / "index.json").write_text(
+        json.dumps([{k: v
+                     for k, v in e.items() if k != "ran_utc"} for e in entries]))
+    os.utime(tmp_path / "03_breakable_graph.html", (1_600_000_000, 1_600_000_000))
+    text = index.write_index([_executed("00_start_here", "00", wide=False)], tmp_path, [],
+                             live_times={}).read_text()
+    assert "from an earlier run at 2020-09-13 12:26 UTC" in text and text.count("class='card'") == 3

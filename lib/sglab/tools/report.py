@@ -231,9 +231,10 @@ def inline_markdown(text: str) -> str:
     return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
 
 
-def card(r, live_time: str, recorded: dict | None = None) -> str:
+def card(r, live_time: str, recorded: dict | None = None, earlier: str = "") -> str:
     """The HTML of one notebook's card (``recorded``: its claim facts over the recorded runs, where
-    read already)."""
+    read already; ``earlier``: when the run that left it in the index ran, for a notebook not run
+    this time)."""
     from sglab.tools.fixes import by_stem
 
     entry = by_stem(r.path.stem)
@@ -249,40 +250,93 @@ def card(r, live_time: str, recorded: dict | None = None) -> str:
                 f"<small>({facts['source']})</small></p>" if facts["headline"] else "")
     err = f"<pre>{html.escape(r.error[-3000:])}</pre>" if r.error else ""
     link = f"<h2><a href='{html.escape(r.path.stem)}.html'>{html.escape(title)}</a></h2>"
-    return (f"<div class='card'>{fig}<div class='text'>{link}"
-            f"<p>{inline_markdown(facts['claim'])}</p>{headline}{verdicts}"
-            f"<div class='meta'>live time: {html.escape(live_time)}</div>"
-            f"<div class='meta'>this run: {_cardstatus_line(r)}</div>{err}</div></div>")
+    return (
+        f"<div class='card'>{fig}<div class='text'>{link}"
+        f"<p>{inline_markdown(facts['claim'])}</p>{headline}{verdicts}"
+        f"<div class='meta'>live time: {html.escape(live_time)}</div>"
+        f"<div class='meta'>{_when_line(earlier)}: {_cardstatus_line(r)}</div>{err}</div></div>")
+
+
+def _when_line(earlier: str) -> str:
+    return f"from an earlier run at {html.escape(earlier)}" if earlier else "this run"
+
+
+def _stamp(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def earlier_entries(out: Path, ran: set) -> list:
+    """The entries of ``out/index.json`` (an earlier run into the same folder) for notebooks not in
+    ``ran`` whose page is still there, each with ``ran_utc`` (the page's time where an older index
+    lacks it): running some notebooks again keeps the others in the index."""
+    try:
+        entries = json.loads((out / "index.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    kept = []
+    for e in entries if isinstance(entries, list) else []:
+        name = e.get("notebook") if isinstance(e, dict) else None
+        if not isinstance(name, str) or name in ran or Path(name).name != name:
+            continue
+        page = out / f"{Path(name).stem}.html"
+        if page.exists():
+            kept.append({**e, "ran_utc": e.get("ran_utc") or _stamp(page.stat().st_mtime)})
+    return kept
+
+
+def _earlier_result(out: Path, entry: dict):
+    """The :class:`~sglab.tools.nbtools.Result` an earlier run left (its executed notebook where it
+    is still there)."""
+    nb = None
+    with contextlib.suppress(Exception):  # a damaged copy: the card goes without its figure
+        import nbformat
+
+        nb = nbformat.read(out / entry["notebook"], as_version=4)
+    try:
+        seconds = float(entry.get("seconds", 0.0))
+    except (TypeError, ValueError):
+        seconds = 0.0
+    return nbtools.Result(out / entry["notebook"], str(entry.get("status", "?")),
+                          str(entry.get("mode", "?")), seconds, str(entry.get("error", "")), nb=nb)
 
 
 def write_index(results, out: Path, env_rows: list[tuple[str, str]], live_times: dict | None = None,
                 recorded: dict | None = None) -> Path:
     """Write ``index.html`` and ``index.json`` for ``results`` (nbtools.Result, executed notebooks
-    inside); ``recorded``: {stem: :func:`recorded_facts`} read already."""
+    inside); ``recorded``: {stem: :func:`recorded_facts`} read already. The notebooks of an earlier
+    run into ``out`` that did not run now keep their cards (:func:`earlier_entries`), marked with
+    the time they ran."""
     live_times = timings.live_times() if live_times is None else live_times
-    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    ran_at = datetime.now(timezone.utc)
+    now = ran_at.strftime("%Y-%m-%d %H:%M UTC")
     n_ok = sum(r.status == "ok" for r in results)
+    entries = [(r, {
+        "notebook": r.path.name, "status": r.status, "mode": r.mode, "seconds": round(r.seconds, 1),
+        "live_time": live_times.get(r.path.stem, timings.NOT_RECORDED), "error": r.error[-2000:],
+        "ran_utc": _stamp(r.started) if r.started else now
+    }, "") for r in results]
+    earlier = earlier_entries(out, {r.path.name for r in results})
+    if earlier:
+        entries += [(_earlier_result(out, e), e, e["ran_utc"]) for e in earlier]
+        entries.sort(key=lambda x: x[1]["notebook"])
     cards = "".join(
         card(r, live_times.get(r.path.stem, timings.NOT_RECORDED), (
-            recorded or {}).get(r.path.stem)) for r in results)
+            recorded or {}).get(r.path.stem), when) for r, _, when in entries)
     env = "".join(f"<tr><th>{html.escape(k)}</th><td><pre>{html.escape(v)}</pre></td></tr>"
                   for k, v in env_rows)
-    page = (f"<!doctype html><html lang='en'><meta charset='utf-8'><title>sglab "
-            f"report</title><style>{STYLE}</style><h1>sglab workbook report</h1><p>{now} · "
-            f"{n_ok}/{len(results)} notebooks ran cleanly. Mode <b>live</b>: measured on this "
-            f"machine; <b>recorded</b>: GPU results shown from committed runs in data/recorded/. "
-            f"<i>Live time</i> is each notebook's wall time when run live, from the committed "
-            f"workbook timing records (newest per GPU model).</p>" + cards
-            + f"<details><summary>Environment of this "
-            f"run</summary><table>{env}</table></details></html>")
+    more = f" {len(earlier)} more from earlier runs into this folder." if earlier else ""
+    page = (
+        f"<!doctype html><html lang='en'><meta charset='utf-8'><title>sglab "
+        f"report</title><style>{STYLE}</style><h1>sglab workbook report</h1><p>{now} · "
+        f"{n_ok}/{len(results)} notebooks ran cleanly.{more} Mode <b>live</b>: measured on "
+        f"this machine; <b>recorded</b>: GPU results shown from committed runs in "
+        f"data/recorded/. <i>Live time</i> is each notebook's wall time when run live, from the "
+        f"committed workbook timing records (newest per GPU model).</p>" + cards
+        + f"<details><summary>Environment of this "
+        f"run</summary><table>{env}</table></details></html>")
     path = out / "index.html"
     path.write_text(page, encoding="utf-8")
-    (out / "index.json").write_text(
-        json.dumps([{
-            "notebook": r.path.name, "status": r.status, "mode": r.mode, "seconds": round(
-                r.seconds, 1), "live_time": live_times.get(r.path.stem, timings.NOT_RECORDED),
-            "error": r.error[-2000:]
-        } for r in results], indent=2))
+    (out / "index.json").write_text(json.dumps([e for _, e, _ in entries], indent=2))
     return path
 
 
