@@ -152,8 +152,19 @@ def cmd_sync(args) -> int:
         for p in problems:
             print(p)
         return 1 if problems else 0
-    for py in sorted(nbtools.notebooks_dir().glob("[0-9][0-9]_*.py")):
-        print(f"{py.name} → {nbtools.sync(py).name}")
+    # each pair's side first, and nothing written where one of them cannot be decided
+    sides, refused = {}, []
+    for py in nbtools.pairs():
+        try:
+            sides[py] = nbtools.pair_side(py, getattr(args, "side", None))
+        except ValueError as e:
+            refused.append(f"sglab sync: {e}")
+    if refused:
+        print("\n".join(refused), file=sys.stderr)
+        return 1
+    for py, side in sides.items():
+        src, dst = nbtools.sync(py, side)
+        print(f"{src.name} → {dst.name}")
     return 0
 
 
@@ -434,9 +445,11 @@ def _workbook_commands(sub) -> None:
         "--force", action="store_true",
         help="replace a recorded run of the same name, and publish a run whose claims fail")
     p.set_defaults(fn=cmd_publish)
-    p = sub.add_parser("sync", help="write notebooks' .ipynb from their .py")
+    p = sub.add_parser("sync", help="pair notebooks' .py and .ipynb (the edited half is taken)")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 where an .ipynb is out of date")
+    p.add_argument("--from", dest="side", choices=("py", "ipynb"),
+                   help="write every pair from this half, whatever changed")
     p.set_defaults(fn=cmd_sync)
 
 

@@ -53,8 +53,7 @@ def check_pair(ipynb: Path) -> list[str]:
     if not py.exists():
         return problems + [f"{ipynb.name}: no paired {py.name}"]
     if _cells(jupytext.read(py)) != _cells(nb):
-        problems.append(f"{ipynb.name} differs from {py.name}: run `sglab sync` (the .py is the "
-                        "source)")
+        problems.append(f"{ipynb.name} differs from {py.name}: run `sglab sync` to pair them")
     return problems
 
 
@@ -78,8 +77,131 @@ def _stable_ids(nb, previous) -> None:
         used.add(cid)
 
 
-def sync(py: Path) -> Path:
-    """Write ``py``'s paired .ipynb (no outputs) from the .py source, keeping cell ids stable."""
+# in the checkout's git folder (never committed): each notebook's cells when its two halves last
+# agreed, written by every sync
+PAIRED = "sglab-paired.json"
+SIDES = ("py", "ipynb")
+
+
+class PairConflict(ValueError):
+    """Both halves of a notebook changed since they were last paired: no side can be taken."""
+
+
+def _digest(cells) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha1(json.dumps(cells).encode()).hexdigest()
+
+
+def _git(folder: Path, *args: str) -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def _read_cells(path: Path, text: str | None = None):
+    """The cells of a .py or .ipynb (``text``: its content, where not the file's)."""
+    import jupytext
+    import nbformat
+
+    if path.suffix == ".py":
+        nb = jupytext.reads(text, fmt="py:percent") if text is not None else jupytext.read(path)
+    else:
+        nb = nbformat.reads(text, as_version=4) if text is not None else nbformat.read(
+            path, as_version=4)
+    return _cells(nb)
+
+
+def _committed_cells(path: Path):
+    """The cells of ``path`` as committed at the checkout's HEAD; None outside git or untracked."""
+    text = _git(path.parent, "show", f"HEAD:./{path.name}")
+    if text is None:
+        return None
+    try:
+        return _read_cells(path, text)
+    except Exception:  # noqa: BLE001 - a committed file that does not parse pairs with nothing
+        return None
+
+
+def _paired_record(folder: Path) -> Path | None:
+    where = _git(folder, "rev-parse", "--git-path", PAIRED)
+    return (folder / where.strip()) if where and where.strip() else None
+
+
+def _read_record(folder: Path) -> dict:
+    import json
+
+    path = _paired_record(folder)
+    try:
+        return json.loads(path.read_text()) if path else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _note_paired(py: Path, cells) -> None:
+    import json
+
+    path = _paired_record(py.parent)
+    if path is None:
+        return
+    record = _read_record(py.parent)
+    record[str(py.resolve().with_suffix(""))] = _digest(cells)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def pair_side(py: Path, prefer: str | None = None) -> str | None:
+    """Which half of notebook ``py``'s pair the other is written from: "py", "ipynb", or None where
+    their cells agree already (``prefer``: that side, whatever changed).
+
+    Each half's cells (type, source, tags; never outputs) are compared with the cells the two halves
+    had when last paired: those a sync recorded in the checkout's git folder, and those committed at
+    HEAD (a clone's mtimes say nothing, and a committed pair agrees). The half that still has such
+    cells is the one that did not change: the other is taken. Where both changed, PairConflict
+    names the notebook and the ``--from`` choice; where neither did (a pair committed out of step)
+    the .py, the reviewed source, wins. Outside git and never synced, the newer file wins, as
+    jupytext decides."""
+    ipynb = py.with_suffix(".ipynb")
+    if prefer is not None:
+        if prefer not in SIDES:
+            raise ValueError(f"--from {prefer}: one of {', '.join(SIDES)}")
+        if not (py if prefer == "py" else ipynb).exists():
+            raise ValueError(f"{py.stem}: no {(py if prefer == 'py' else ipynb).name} to pair from")
+        return prefer
+    if not ipynb.exists():
+        return "py"
+    if not py.exists():
+        return "ipynb"
+    p, n = _read_cells(py), _read_cells(ipynb)
+    if p == n:
+        return None
+    head_p, head_n = _committed_cells(py), _committed_cells(ipynb)
+    if head_p is not None and (p, n) == (head_p, head_n):
+        return "py"
+    paired = {_digest(c) for c in (head_p, head_n) if c is not None}
+    recorded = _read_record(py.parent).get(str(py.resolve().with_suffix("")))
+    paired |= {recorded} if recorded else set()
+    if not paired:
+        return "ipynb" if ipynb.stat().st_mtime > py.stat().st_mtime else "py"
+    p_kept, n_kept = _digest(p) in paired, _digest(n) in paired
+    if p_kept != n_kept:
+        return "ipynb" if p_kept else "py"
+    why = ("cannot tell which is newer"
+           if p_kept else "both were edited since they were last paired")
+    raise PairConflict(f"{py.stem}: {py.name} and {ipynb.name} differ and {why}: keep one with "
+                       "`sglab sync --from py` or `sglab sync --from ipynb` (the other's edits are "
+                       "lost)")
+
+
+def _write_ipynb(py: Path) -> Path:
+    """Write ``py``'s paired .ipynb (no outputs) from the .py, keeping cell ids stable."""
     import jupytext
     import nbformat
 
@@ -94,6 +216,53 @@ def sync(py: Path) -> Path:
     if not target.exists() or target.read_text(encoding="utf-8") != text:
         target.write_text(text, encoding="utf-8")
     return target
+
+
+def _write_py(ipynb: Path) -> Path:
+    """Write the .py of ``ipynb`` from its cells (each with its tags only; no outputs), under the
+    .py's own header (a new .py: the notebook's kernel and the workbook's pairing)."""
+    import jupytext
+    import nbformat
+
+    py = ipynb.with_suffix(".py")
+    nb = nbformat.read(ipynb, as_version=4)
+    if py.exists():
+        meta = dict(jupytext.read(py).metadata)
+    else:
+        meta = {"jupytext": {"formats": "ipynb,py:percent"}}
+        if "kernelspec" in nb.metadata:
+            meta["kernelspec"] = dict(nb.metadata["kernelspec"])
+    cells = []
+    for c in nb.cells:
+        tags = list(c.get("metadata", {}).get("tags", []))
+        new = {
+            "code": nbformat.v4.new_code_cell, "markdown": nbformat.v4.new_markdown_cell,
+            "raw": nbformat.v4.new_raw_cell
+        }[c.cell_type](c.source, metadata={"tags": tags} if tags else {})
+        cells.append(new)
+    text = py_source(nbformat.v4.new_notebook(cells=cells, metadata=meta))
+    if not py.exists() or py.read_text(encoding="utf-8") != text:
+        py.write_text(text, encoding="utf-8")
+    return py
+
+
+def sync(py: Path, side: str | None = "py") -> tuple[Path, Path]:
+    """Pair notebook ``py``'s two halves from ``side`` (see :func:`pair_side`; None: they agree):
+    the .ipynb's cells taken into the .py (written as the workbook commits it), then the .ipynb
+    written from the .py with no outputs and stable cell ids. Returns (from, to)."""
+    ipynb = py.with_suffix(".ipynb")
+    if side == "ipynb":
+        _write_py(ipynb)
+    _write_ipynb(py)
+    _note_paired(py, _read_cells(py))
+    return (ipynb, py) if side == "ipynb" else (py, ipynb)
+
+
+def pairs() -> list[Path]:
+    """The .py of every workbook notebook (whichever half exists)."""
+    folder = notebooks_dir()
+    stems = {p.stem for p in folder.glob("[0-9][0-9]_*.py")} | {p.stem for p in all_notebooks()}
+    return [folder / f"{s}.py" for s in sorted(stems)]
 
 
 def py_source(nb) -> str:
