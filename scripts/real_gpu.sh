@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Real SGLang on an offline GPU box, in one command: install the releases from .whl-sglang/ (built
 # elsewhere by `make wheelhouse-sglang`), record one run per fix the GPU count allows (`sglab real
-# gpu`), check the recorded relations (`pytest -m gpu tests/test_real_gpu.py` on those runs), pack
-# runs and logs.
+# gpu`), check the recorded relations (`pytest -m gpu tests/sglang/test_gpu.py` on those runs),
+# pack runs and logs.
 #
 #   bash scripts/real_gpu.sh [--dry-run]
 #
@@ -65,7 +65,7 @@ phase record timeout -k 10 "$RECORD_TIMEOUT" "$py" -m sglab.tools.cli real gpu -
   --budget $((RECORD_TIMEOUT - 20)) "${fix_args[@]}"
 if [ "$TESTS" != 0 ]; then
   phase checks env SGLAB_REAL_GPU_RUNS="$runs" \
-    "$py" -m pytest -q -p no:cacheprovider -m gpu tests/test_real_gpu.py
+    "$py" -m pytest -q -p no:cacheprovider -m gpu tests/sglang/test_gpu.py
 fi
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
 t0=$SECONDS
