@@ -287,6 +287,45 @@ def test_command_with_no_model_config_says_so_before_any_release_starts(
     assert code == 2 and f"no model config at {tmp_path / 'config.json'}" in err
 
 
+@pytest.mark.parametrize("text, says", [
+    ("not json\n", "is not a JSON model config (Expecting value: line 1 column 1 (char 0))"),
+    ("[1, 2]\n", "is not a JSON model config (a JSON list, not an object)"),
+])
+def test_a_model_that_is_not_a_json_config_is_one_line_before_any_release_starts(
+        capsys, monkeypatch, tmp_path, text, says):
+    from sglab.capture_sizes import sglang as cs_sglang
+
+    monkeypatch.setattr(cs_sglang, "run_probes", lambda *a, **k: pytest.fail("a release started"))
+    model = tmp_path / "model.txt"
+    model.write_text(text)
+    code, out, err = _cli(capsys, "--release", "0.5.14", "--model", str(model), "--", "--tp", "2")
+    assert (code, out) == (2, "")
+    assert err == f"sglab capture-sizes: {model} {says}\n"
+
+
+def test_a_model_config_of_another_name_leaves_no_copy_behind_and_errors_name_it(
+        monkeypatch, tmp_path):
+    """The copy a release reads as config.json lives in a temporary folder for as long as the
+    release resolves its configuration, then goes, also where SGLang refuses the model; SGLang's
+    message then names the user's file, not the copy."""
+    import json
+
+    _need(("0.5.14",))
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))  # the workers' temporary folder
+    mine, bare = tmp_path / "mine.json", tmp_path / "bare.json"
+    mine.write_text(AS_LLAMA.read_text())
+    bare.write_text(json.dumps({"hidden_size": 64}))
+    rows = cs.ask({"args": ["--tp", "2"]}, ["0.5.14"], model=str(mine))
+    facts = dict(zip(rows.metric, rows.value))
+    assert facts["model"] == str(mine) and facts["piecewise_max_tokens"] == 8192
+    rows = cs.ask({"args": ["--tp", "2"]}, ["0.5.14"], model=str(bare))
+    (error,) = rows.loc[rows.metric == "error", "value"]
+    assert f"Unrecognized model in {bare}." in error and "sglab-model-" not in error
+    assert list(temp.glob("sglab-model-*")) == []
+
+
 def test_command_missing_release_and_no_arguments(capsys):
     code, out, err = _cli(capsys, "--release", "0.5.99", "--", "--tp", "8")
     assert code == 2 and len(err.splitlines()) == 1 and "sglang 0.5.99 is not installed" in err

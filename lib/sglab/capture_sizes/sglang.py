@@ -28,6 +28,7 @@ import ast
 import contextlib
 import dataclasses
 import inspect
+import json
 import linecache
 import re
 import shutil
@@ -471,7 +472,7 @@ def _cuda_host(prepared, gpu_mem_gb: float):
 def model_config(model: str) -> Path:
     """The config file ``model`` names: a JSON file, or a folder's ``config.json``; a relative
     path is the working folder's where it is there, else the checkout's. ValueError when there is
-    none."""
+    none, or when it is not a JSON object."""
     path = Path(model)
     if not path.is_absolute():
         path = path.resolve() if path.exists() else repo_root() / path
@@ -479,18 +480,35 @@ def model_config(model: str) -> Path:
         path = path / "config.json"
     if not path.is_file():
         raise ValueError(f"no model config at {path}")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{path} is not a JSON model config ({e})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} is not a JSON model config (a JSON {type(config).__name__}, not "
+                         "an object)")
     return path
 
 
-def _model_dir(model: str) -> str:
+@contextlib.contextmanager
+def model_dir(model: str):
     """A folder holding the model's config as ``config.json``, what SGLang loads a model config
-    from: the file's own folder, or a fresh one with a copy (:func:`model_config`)."""
+    from: the file's own folder, or a temporary one with a copy (:func:`model_config`), removed on
+    leaving; an error raised inside names the user's file, not the copy."""
     path = model_config(model)
     if path.name == "config.json":
-        return str(path.parent)
-    folder = Path(tempfile.mkdtemp(prefix="sglab-model-"))
-    shutil.copy(path, folder / "config.json")
-    return str(folder)
+        yield str(path.parent)
+        return
+    with tempfile.TemporaryDirectory(prefix="sglab-model-") as folder:
+        shutil.copy(path, Path(folder) / "config.json")
+        try:
+            yield folder
+        except Exception as exc:
+            copy = str(Path(folder) / "config.json")
+            exc.args = tuple(
+                a.replace(copy, str(path)).replace(folder, str(path)) if isinstance(a, str) else a
+                for a in exc.args)
+            raise
 
 
 def _view(prepared, sa):
@@ -507,6 +525,13 @@ def _call(fn, sa):
 
 
 def configure(prepared, argv: list[str], p: dict) -> dict:
+    """:func:`configured`, with the model's temporary folder (:func:`model_dir`) removed when it
+    returns or raises."""
+    with contextlib.ExitStack() as stack:
+        return configured(prepared, argv, p, stack.enter_context)
+
+
+def configured(prepared, argv: list[str], p: dict, model_folder) -> dict:
     """SGLang server arguments -> the capture lists the release's runners keep, after its own
     start-up code, and the facts that decided them.
 
@@ -518,7 +543,8 @@ def configure(prepared, argv: list[str], p: dict) -> dict:
     then ``initialize_moe_config`` as the scheduler calls it; the model is assumed (``p["mla"]``, a
     text model). 0.5.14 on: the whole configuration resolution runs (``__post_init__``, or
     ``resolve_once`` in 0.5.2x) on the model config ``p["model"]`` (``--model-path`` is set to its
-    folder, ``--device cuda`` unless given), as on a CUDA host (:func:`_cuda_host`)."""
+    folder, ``--device cuda`` unless given; ``model_folder`` enters :func:`model_dir` until the
+    caller is done), as on a CUDA host (:func:`_cuda_host`)."""
     sa_mod, moe = _module(prepared, "server_args"), _module(prepared, "layers.moe.utils")
     parser = _Parser(prog="sglang.launch_server", allow_abbrev=True)
     sa_mod.ServerArgs.add_cli_args(parser)
@@ -547,7 +573,7 @@ def configure(prepared, argv: list[str], p: dict) -> dict:
             "model": f"assumed: {'an MLA' if p['mla'] else 'a non-MLA'} text model"
         }
     else:
-        ns.model_path, ns.device = _model_dir(p["model"]), ns.device or "cuda"
+        ns.model_path, ns.device = model_folder(model_dir(p["model"])), ns.device or "cuda"
         with _cuda_host(prepared, p["gpu_mem_gb"]), _switched_off() as hits:
             sa = sa_mod.ServerArgs.from_cli_args(ns)  # 0.5.14: __post_init__ resolves here
             if hasattr(sa, "resolve_once"):
