@@ -326,6 +326,18 @@ def test_a_model_config_of_another_name_leaves_no_copy_behind_and_errors_name_it
     assert list(temp.glob("sglab-model-*")) == []
 
 
+def test_a_csv_that_cannot_be_written_is_one_line_before_any_release_starts(
+        capsys, monkeypatch, tmp_path):
+    from sglab.capture_sizes import sglang as cs_sglang
+
+    monkeypatch.setattr(cs_sglang, "run_probes", lambda *a, **k: pytest.fail("a release started"))
+    for csv, says in ((tmp_path / "none" / "t.csv", f"no such folder {tmp_path / 'none'}"),
+                      (tmp_path, "a folder, not a file")):
+        code, out, err = _cli(capsys, "--release", "0.5.11", "--csv", str(csv), "--", "--tp", "2")
+        assert (code, out) == (2, "")
+        assert err == f"sglab capture-sizes: --csv {csv}: {says}\n"
+
+
 def test_command_missing_release_and_no_arguments(capsys):
     code, out, err = _cli(capsys, "--release", "0.5.99", "--", "--tp", "8")
     assert code == 2 and len(err.splitlines()) == 1 and "sglang 0.5.99 is not installed" in err

@@ -4,6 +4,7 @@ commands load when they run."""
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -142,3 +143,41 @@ def test_publish_copies_a_new_run_whose_claims_hold(data_root, tmp_path, capsys)
     assert cli.main(["publish", str(live)]) == 0
     assert (data_root / "recorded" / "swa_loc" / src.name).read_bytes() == src.read_bytes()
     assert "published" in capsys.readouterr().out
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _into_gone_head(*argv: str) -> subprocess.CompletedProcess:
+    """``sglab ARGV | head -1`` once head has printed its line and left: every line sglab writes
+    meets a pipe without a reader, whatever the timing of the two processes."""
+    r, w = os.pipe()
+    head = subprocess.Popen(["head", "-1"], stdin=r, stdout=subprocess.DEVNULL)
+    os.close(r)
+    os.write(w, b"a first line\n")
+    assert head.wait(timeout=30) == 0
+    try:
+        return subprocess.run([str(Path(sys.executable).parent / "sglab"), *argv], stdout=w,
+                              stderr=subprocess.PIPE, text=True, timeout=300, cwd=ROOT)
+    finally:
+        os.close(w)
+
+
+@pytest.mark.parametrize("argv", [
+    ("workspace", "--trace", "data/examples/sglang_server_short_prompts.log", "--world-size", "4"),
+    ("swa-cost", "tests/data/configs/gemma3_text.json"),
+    ("verify", "--all"),
+    ("upstream", "--releases"),
+    ("capture-sizes", "--release", "0.5.11", "--", "--tp", "2"),
+])
+def test_output_into_a_head_that_has_gone_ends_quietly(argv):
+    """As Unix tools do: no traceback, the status of a process ended by SIGPIPE (141)."""
+    p = _into_gone_head(*argv)
+    assert (p.returncode, p.stderr) == (141, ""), p.stderr[-2000:]
+
+
+def test_a_long_output_piped_into_head_ends_quietly():
+    p = subprocess.run(f"{Path(sys.executable).parent / 'sglab'} verify --all | head -1",
+                       shell=True, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.stdout.startswith("== ") and p.stdout.count("\n") == 1
+    assert p.stderr == ""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from pathlib import Path
 
 import pandas as pd
 
@@ -300,6 +301,10 @@ def command(argv: list[str], *, releases: list[str] | None = None, mla: bool = T
     bad = bad_parallel_size(argv)
     if bad:
         return _fail(bad)
+    if csv and not Path(csv).resolve().parent.is_dir():  # said before the releases run, not after
+        return _fail(f"--csv {csv}: no such folder {Path(csv).resolve().parent}")
+    if csv and Path(csv).is_dir():
+        return _fail(f"--csv {csv}: a folder, not a file")
     try:
         picked = pick_releases(releases)
         sglang.model_config(model)  # a missing config is said before any release starts

@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -553,7 +555,22 @@ def main(argv: list[str] | None = None) -> int:
     for action in sub._choices_actions:  # each command's --help opens with what it does
         sub.choices[action.dest].description = (sub.choices[action.dest].description or action.help)
     args = ap.parse_args(argv)
-    return int(args.fn(args) or 0)
+    try:
+        code = int(args.fn(args) or 0)
+        sys.stdout.flush()  # a reader that went away is found here, not at exit
+    except BrokenPipeError:
+        return _reader_gone()
+    return code
+
+
+def _reader_gone() -> int:
+    """The reader of stdout went away (``sglab ... | head``): stop quietly, as Unix tools do, with
+    the status of a process ended by SIGPIPE (128 + 13). What is still buffered goes nowhere."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # a stdout without a file descriptor (a test's)
+        pass
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":
