@@ -36,9 +36,14 @@ $(BIN)/python:
 	fi
 	$(BIN)/python -m pip install -q --upgrade pip
 
+# the package and its extras, with the venv's torch pinned as it is ($(TORCH_PIN)): no extra can
+# make pip replace it (where one needs another torch, pip refuses in one line instead)
+TORCH_PIN := $(VENV)/torch-pin.txt
 $(VENV)/.sglab-%: $(BIN)/python pyproject.toml
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_CPU)"
-	$(BIN)/python -m pip install -q -e ".[$(subst -,$(comma),$*)]"
+	@$(BIN)/python -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" \
+	  > $(TORCH_PIN)
+	$(BIN)/python -m pip install -q -c $(TORCH_PIN) -e ".[$(subst -,$(comma),$*)]"
 	@touch $@
 
 # Installs only what is missing (one stamp per release). A release that cannot be installed is

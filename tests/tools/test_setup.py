@@ -1,7 +1,11 @@
 """The set-up as a reader meets it: every path the scripts and the docs name is in the checkout."""
 
+import os
 import re
+import subprocess
 from pathlib import Path
+
+import pytest
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,3 +56,54 @@ def test_a_moved_path_is_found(tmp_path):
         "ls tests/<fix>/ data/runs/x.csv data/upstream/*/pr*.json $OUT/tests/x\n")
     assert _missing(tmp_path) == ["scripts/a.sh: tests/test_real_gpu.py"]
     assert _named("see `lib/sglab/core/kernels.py`.") == {"lib/sglab/core/kernels.py"}
+
+
+def _extras() -> dict[str, list[str]]:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["optional-dependencies"]
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[\[<>=!~; ]", requirement, maxsplit=1)[0].lower()
+
+
+def test_no_extra_brings_another_torch():
+    """No extra names torch or SGLang (whose dependencies pin a CUDA torch), and the ``gpu`` extra,
+    which ``make lab`` installs beside any torch, names nothing a CUDA build of torch pins."""
+    extras = _extras()
+    assert "sglang" not in extras
+    named = {e: {_name(r) for r in reqs} for e, reqs in extras.items()}
+    assert not [e for e, names in named.items() if names & {"torch", "sglang"}]
+    # CUDA builds of torch pin cuda-toolkit's libraries (nvidia-cuda-cupti, nvidia-cublas, ...)
+    pinned = ("cuda-toolkit", "nvidia-cu", "nvidia-nccl", "nvidia-nv")
+    assert not [n for n in named["gpu"] if n.startswith(pinned)], named["gpu"]
+
+
+def test_the_cupti_extra_brings_nsight_pythons_cupti_backend():
+    extras = _extras()
+    assert "nsight-python>=1.1" in extras["gpu"]  # the first release with the CUPTI backend
+    assert {
+        "sglab[gpu]", "nsight-python[cupti]>=1.1", "cupti-python>=13.4", "nvidia-cuda-cupti>=13.4"
+    } <= set(extras["cupti"])
+
+
+def _dry_run(*args: str, tmp: Path) -> str:
+    """``make -n -B`` of the package's stamp in a venv under ``tmp``: every recipe line the set-up
+    would run, none run."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    venv = tmp / "venv"
+    p = subprocess.run(["make", "-n", "-B", f"VENV={venv}", *args, f"{venv}/.sglab-exec-test"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+def test_the_package_installs_with_the_venvs_torch_pinned(tmp_path):
+    out = _dry_run(tmp=tmp_path)
+    pin = f"{tmp_path}/venv/torch-pin.txt"
+    assert f"> {pin}" in out
+    assert f'pip install -q -c {pin} -e ".[exec,test]"' in out
