@@ -121,3 +121,29 @@ def test_kernel_counts_read_as_whole_numbers_and_a_between_median_keeps_its_tent
     count = whole.iloc[0]["extra kernels per decode step"]
     assert count == 36 and float(count).is_integer() and "36.0" not in whole.to_string()
     assert half.iloc[0]["extra kernels per decode step"] == 40.5
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"sliding_window": -1}, "sliding_window -1: must be a positive integer"),
+    ({"sliding_window": "128"}, 'sliding_window "128": must be a positive integer'),
+    ({"hidden_size": -5}, "hidden_size -5: must be a positive integer"),
+    ({"layer_types": ["sliding_attention", "full_attention", "sliding_attention", "bogus"]
+      }, 'layer_types[3] is "bogus", not a layer type transformers knows'),
+    ({"layer_types": None, "use_sliding_window": True, "max_window_layers": -2
+      }, "max_window_layers -2: must be between 0 and num_hidden_layers (4)"),
+])
+def test_a_config_with_an_impossible_value_is_refused_in_one_line(tmp_path, capsys, change, says):
+    import json
+
+    cfg = {
+        "num_hidden_layers": 4, "hidden_size": 64, "sliding_window": 128,
+        "layer_types": ["sliding_attention", "full_attention"] * 2
+    }
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps({**cfg, **change}))
+    assert cli.main(["swa-cost", str(f)]) == 2
+    out = capsys.readouterr()
+    assert out.err.startswith(f"sglab swa-cost: {f}: {says}") and not out.out
+    assert len(out.err.splitlines()) == 1
+    f.write_text(json.dumps(cfg))  # the same config without the change reads
+    assert cli.main(["swa-cost", str(f)]) == 0

@@ -181,3 +181,23 @@ def test_a_long_output_piped_into_head_ends_quietly():
                        shell=True, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.stdout.startswith("== ") and p.stdout.count("\n") == 1
     assert p.stderr == ""
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["run", "00", "--cell-timeout", "-5"], "sglab run: --cell-timeout -5: must be more than 0"),
+    (["run", "00", "--cell-timeout", "0"], "sglab run: --cell-timeout 0: must be more than 0"),
+    (["capture-sizes", "--gpu-mem-gb", "-5", "--", "--tp", "2"
+      ], "sglab capture-sizes: --gpu-mem-gb -5: must be more than 0"),
+    (["capture-sizes", "--gpu-mem-gb", "nan", "--", "--tp", "2"
+      ], "sglab capture-sizes: --gpu-mem-gb nan: must be a finite number"),
+])
+def test_a_number_that_must_be_positive_is_refused_in_one_line_before_anything_runs(
+        monkeypatch, capsys, argv, says):
+    from sglab.capture_sizes import sglang as cs_sglang
+    from sglab.tools import report
+
+    monkeypatch.setattr(report, "run_notebooks", lambda *a, **k: pytest.fail("a notebook ran"))
+    monkeypatch.setattr(cs_sglang, "run_probes", lambda *a, **k: pytest.fail("a release started"))
+    assert cli.main(argv) == 2
+    out = capsys.readouterr()
+    assert (out.out, out.err) == ("", says + "\n")

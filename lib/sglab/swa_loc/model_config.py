@@ -21,6 +21,12 @@ from sglab.core import notebook, runs
 
 KEYS_LOOKED_FOR = ("layer_types", "sliding_window_pattern",
                    "use_sliding_window + max_window_layers")
+# the layer types transformers accepts in ``layer_types`` (its ALLOWED_LAYER_TYPES, 4.5x to 5.x,
+# and the older names it still reads)
+LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "window_attention",
+               "indexed_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+               "minimax_m3_sparse", "linear_attention", "conv", "mamba", "attention", "sparse",
+               "dense", "hybrid", "hybrid_sliding", "moe")
 
 
 class ConfigError(ValueError):
@@ -54,15 +60,27 @@ def layout(cfg: dict, source: str = "config") -> Layout:
     if not isinstance(n, int) or n < 1:
         raise ConfigError(f"{source}: no positive integer num_hidden_layers")
     window, mtype = c.get("sliding_window"), str(c.get("model_type", ""))
+    for key in ("sliding_window", "hidden_size"):
+        v = c.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise ConfigError(f"{source}: {key} {json.dumps(v)}: must be a positive integer")
     types = c.get("layer_types")
     if isinstance(types, list) and types:
         if len(types) != n:
             raise ConfigError(f"{source}: layer_types has {len(types)} entries for {n} layers")
+        unknown = next(((i, t) for i, t in enumerate(types) if t not in LAYER_TYPES), None)
+        if unknown:
+            raise ConfigError(f"{source}: layer_types[{unknown[0]}] is {json.dumps(unknown[1])}, "
+                              f"not a layer type transformers knows (sliding_attention, "
+                              f"full_attention, …)")
         swa, how = [i for i, t in enumerate(types) if "sliding" in str(t)], "layer_types"
     elif isinstance(c.get("sliding_window_pattern"), int) and c["sliding_window_pattern"] > 0:
         p = c["sliding_window_pattern"]
         swa, how = [i for i in range(n) if (i + 1) % p != 0], f"sliding_window_pattern={p}"
     elif c.get("use_sliding_window") and isinstance(c.get("max_window_layers"), int):
+        if not 0 <= c["max_window_layers"] <= n:
+            raise ConfigError(f"{source}: max_window_layers {c['max_window_layers']}: must be "
+                              f"between 0 and num_hidden_layers ({n})")
         swa = list(range(c["max_window_layers"], n))
         how = f"use_sliding_window, max_window_layers={c['max_window_layers']}"
     else:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import math
 import os
 import signal
 import sys
@@ -555,12 +556,32 @@ def main(argv: list[str] | None = None) -> int:
     for action in sub._choices_actions:  # each command's --help opens with what it does
         sub.choices[action.dest].description = (sub.choices[action.dest].description or action.help)
     args = ap.parse_args(argv)
+    bad = _not_positive(args)
+    if bad:
+        print(f"sglab {args.cmd}: {bad}", file=sys.stderr)
+        return 2
     try:
         code = int(args.fn(args) or 0)
         sys.stdout.flush()  # a reader that went away is found here, not at exit
     except BrokenPipeError:
         return _reader_gone()
     return code
+
+
+# numbers a command needs above 0, checked once parsed: (command, argument) -> its flag
+POSITIVE = {("run", "cell_timeout"): "--cell-timeout",
+            ("capture-sizes", "gpu_mem_gb"): "--gpu-mem-gb"}
+
+
+def _not_positive(args) -> str:
+    """What is wrong with the first of :data:`POSITIVE` given at 0 or below (or not finite), in
+    words; '' when none is."""
+    for (cmd, dest), flag in POSITIVE.items():
+        value = getattr(args, dest, None) if args.cmd == cmd else None
+        if value is not None and not (math.isfinite(value) and value > 0):
+            why = "more than 0" if math.isfinite(value) else "a finite number"
+            return f"{flag} {value:g}: must be {why}"
+    return ""
 
 
 def _reader_gone() -> int:
