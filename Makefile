@@ -3,12 +3,16 @@
 #
 # torch: if the Python that creates the venv already has torch (a GPU box with a CUDA build), the
 # venv sees it (--system-site-packages) and nothing replaces it. Otherwise the CPU build
-# $(TORCH_CPU) is installed, pinned so that pip never pulls a CUDA build with gigabytes of wheels.
+# $(TORCH_CPU) is installed from TORCH_INDEX, PyTorch's CPU index (pip --index-url, for torch
+# alone), where that index answers within a few seconds (scripts/index_reachable.py). Where it does
+# not, or with `make test TORCH_INDEX=`, pip takes $(TORCH_CPU) as its own configuration finds it,
+# and says so: on PyPI alone that is the CUDA build, with 15 nvidia-* wheels (several GB).
 
 PY        ?= python3
 VENV      ?= .venv
 BIN       := $(VENV)/bin
 TORCH_CPU ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 comma     := ,
 EXTRAS    ?= exec,test
 STAMP     := $(VENV)/.sglab-$(subst $(comma),-,$(EXTRAS))
@@ -39,8 +43,19 @@ $(BIN)/python:
 # the package and its extras, with the venv's torch pinned as it is ($(TORCH_PIN)): no extra can
 # make pip replace it (where one needs another torch, pip refuses in one line instead)
 TORCH_PIN := $(VENV)/torch-pin.txt
+TORCH_FROM_INDEX = \
+	elif why=$$($(BIN)/python scripts/index_reachable.py "$(TORCH_INDEX)"); then \
+	  echo "torch: $(TORCH_CPU), the CPU build, from $(TORCH_INDEX)"; \
+	  $(BIN)/python -m pip install -q --index-url "$(TORCH_INDEX)" "$(TORCH_CPU)";
+TORCH_ELSEWHERE = $(if $(TORCH_INDEX),$(TORCH_INDEX) does not answer here ($$why),TORCH_INDEX is \
+	empty): $(TORCH_CPU) as pip is configured (on PyPI alone: the CUDA build, several GB)
 $(VENV)/.sglab-%: $(BIN)/python pyproject.toml
-	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_CPU)"
+	@if $(BIN)/python -c "import torch" 2>/dev/null; then :; \
+	$(if $(TORCH_INDEX),$(TORCH_FROM_INDEX)) \
+	else \
+	  echo "torch: $(TORCH_ELSEWHERE)"; \
+	  $(BIN)/python -m pip install -q "$(TORCH_CPU)"; \
+	fi
 	@$(BIN)/python -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" \
 	  > $(TORCH_PIN)
 	$(BIN)/python -m pip install -q -c $(TORCH_PIN) -e ".[$(subst -,$(comma),$*)]"

@@ -2,7 +2,9 @@
 
 import os
 import re
+import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,64 @@ def test_the_package_installs_with_the_venvs_torch_pinned(tmp_path):
     pin = f"{tmp_path}/venv/torch-pin.txt"
     assert f"> {pin}" in out
     assert f'pip install -q -c {pin} -e ".[exec,test]"' in out
+
+
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def test_the_cpu_build_of_torch_comes_from_torch_index(tmp_path):
+    """Where the venv has no torch: the CPU build from ``TORCH_INDEX`` (PyTorch's CPU index unless
+    set) where it answers, else pip as configured, with a line that says so; ``TORCH_INDEX=`` asks
+    no index."""
+    for index in (CPU_INDEX, "https://mirror.example/whl/cpu"):
+        out = _dry_run(*([] if index == CPU_INDEX else [f"TORCH_INDEX={index}"]), tmp=tmp_path)
+        assert f'scripts/index_reachable.py "{index}"' in out
+        assert f'pip install -q --index-url "{index}" "torch==2.13.0"' in out
+        assert f"{index} does not answer here ($why)" in out
+    out = _dry_run("TORCH_INDEX=", tmp=tmp_path)
+    assert "--index-url" not in out and "index_reachable" not in out
+    assert "TORCH_INDEX is empty: torch==2.13.0 as pip is configured" in out
+
+
+@pytest.fixture
+def index():
+    """A package index on 127.0.0.1 with a page for torch only; yields its address."""
+    import http.server
+    import threading
+
+    class Pages(http.server.BaseHTTPRequestHandler):
+
+        def do_GET(self):
+            self.send_response(200 if self.path == "/simple/torch/" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Pages)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+def _probe(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "scripts/index_reachable.py", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_the_probe_says_whether_an_index_serves_torch(index, tmp_path):
+    assert _probe(f"{index}/simple").returncode == 0
+    assert _probe(f"{index}/simple/").returncode == 0
+    p = _probe(f"{index}/other")
+    assert (p.returncode, p.stdout) == (1, f"{index}/other/torch/ answered HTTP 404\n")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    p = _probe(f"http://127.0.0.1:{closed}/simple")
+    assert p.returncode == 1 and p.stdout.strip() == "Connection refused"
+    (tmp_path / "torch").mkdir()
+    assert _probe(tmp_path.as_uri()).returncode == 0
+    assert _probe((tmp_path / "torch").as_uri()).returncode == 1
+    p = _probe("pypi")
+    assert p.returncode == 2 and p.stderr.startswith("usage: index_reachable.py URL")
