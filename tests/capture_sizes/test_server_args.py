@@ -195,6 +195,37 @@ def test_rebuild_columns(rows):
     assert (plain.filter_base, plain.filter_keeps, plain.round_up) == (1, PIECEWISE, PIECEWISE)
 
 
+def test_two_batch_overlap_note_says_what_the_filter_keeps_beyond_the_alignment(rows):
+    """With attention TP 8 the PR's filter keeps 8 and 24, which the round-up to 16 moves; with
+    attention TP 2 every size it keeps (multiples of 2) is a multiple of 4 as well."""
+    _need(("0.5.11",))
+    head = "two-batch overlap: the decode rule and the 0.5.22+ round-up align to"
+    assert server_args.notes(server_args.sizes_table(rows, "tp8_dense1_tbo")) == [
+        f"{head} 16, the PR's filter to 8; it keeps 2 sizes that are not multiples of 16 (8, 24)"
+    ]
+    assert server_args.notes(server_args.sizes_table(rows, "tp2_dense1_tbo")) == [
+        f"{head} 4, the PR's filter to 2; on this list they agree: every size the filter keeps "
+        "is a multiple of 4"
+    ]
+    one = server_args.sizes_table(rows, "tp8_dense1_tbo")
+    one["filter_keeps"] = [[8, 16, 32] if k == "piecewise" else [] for k in one.list]
+    assert server_args.notes(one) == [
+        f"{head} 16, the PR's filter to 8; it keeps 1 size that is not a multiple of 16 (8)"
+    ]
+
+
+def test_a_graph_turned_off_by_a_rule_without_a_name_says_the_releases_reason(rows):
+    """0.5.23 names each rule that turns the prefill graph off, except context parallelism's
+    (its warning comes later): the comment above that rule is its reason."""
+    _need(("0.5.14", "0.5.23"))
+    t = server_args.sizes_table(rows, "tp8_cp2_dense1").set_index(["release", "list"])
+    assert t.loc[("0.5.23", "piecewise")].note == (
+        "disable_breakable_cudagraph_if_incompatible: CP all_gather replay size mismatch under BCG")
+    assert "context parallel" in t.loc[("0.5.14", "piecewise")].note
+    off = server_args.sizes_table(rows, "tp8_dense1_tbo").set_index(["release", "list"])
+    assert off.loc[("0.5.23", "piecewise")].note.endswith(": two-batch overlap")
+
+
 def test_resolved_releases_report_the_model_and_what_sglang_derived(rows):
     _need(("0.5.14", "0.5.23"))
     for release, max_tokens in (("0.5.14", 2048), ("0.5.23", 8192)):

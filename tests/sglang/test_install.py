@@ -66,6 +66,19 @@ def test_failed_install_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
     assert not any((tmp_path / "home" / "releases").iterdir())
 
 
+def test_sglab_real_install_says_a_failure_on_stderr_and_exits_1(tmp_path, monkeypatch, capsys):
+    from sglab.tools import cli
+
+    monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path / "home"))
+    wheelhouse = tmp_path / "wheels"
+    (wheelhouse / "releases").mkdir(parents=True)
+    code = cli.main(["real", "install", "--releases", "9.9.9", "--wheelhouse", str(wheelhouse)])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "sglang 9.9.9: install failed: no sglang-9.9.9-*.whl in " in err
+    assert "install failed" not in out and ", 2 failed;" in out  # its dependency set and itself
+
+
 def _fake_release(home: Path, version: str, init: str) -> None:
     """A stamped release whose sglang package runs ``init``, and a stamped dependency set."""
     pkg = home / "releases" / version / "sglang"

@@ -201,3 +201,20 @@ def test_a_number_that_must_be_positive_is_refused_in_one_line_before_anything_r
     assert cli.main(argv) == 2
     out = capsys.readouterr()
     assert (out.out, out.err) == ("", says + "\n")
+
+
+def test_verify_against_an_unknown_reference_names_it(capsys):
+    for argv in (["verify", "--against", "NOEXP"], ["verify", "swa_loc", "--against", "NOEXP"]):
+        assert cli.main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.splitlines()) == 1
+        assert err.startswith("sglab verify: --against NOEXP: no such experiment or run file; "
+                              "experiments: pcg_gate, ")
+
+
+def test_version_is_the_packages():
+    import importlib.metadata as md
+
+    p = subprocess.run([str(Path(sys.executable).parent / "sglab"), "--version"],
+                       capture_output=True, text=True, timeout=60)
+    assert (p.returncode, p.stdout, p.stderr) == (0, f"sglab {md.version('sglab')}\n", "")

@@ -202,15 +202,25 @@ def captured_lists(table, width: int = 100) -> str:
 def notes(table) -> list[str]:
     """The two-batch-overlap gap between the PR's filter and the rules that double the base."""
     pw = table[(table.status == "captured") & (table.list == "piecewise")]
+    agree = []
     for r in pw.itertuples():
         if r.two_batch_overlap and r.filter_keeps and r.filter_base != r.round_up_alignment:
-            gap = [n for n in r.filter_keeps if n % r.round_up_alignment]
-            return [
-                f"two-batch overlap: the decode rule and the 0.5.22+ round-up align to "
-                f"{r.round_up_alignment}, the PR's filter to {r.filter_base}; it keeps {len(gap)} "
-                f"sizes that are not multiples of {r.round_up_alignment} ({_few(gap)})"
+            a = r.round_up_alignment
+            head = (f"two-batch overlap: the decode rule and the 0.5.22+ round-up align to {a}, "
+                    f"the PR's filter to {r.filter_base}; ")
+            gap = [n for n in r.filter_keeps if n % a]
+            if len(gap) == 1:
+                return [head + f"it keeps 1 size that is not a multiple of {a} ({gap[0]})"]
+            if gap:
+                return [
+                    head + f"it keeps {len(gap)} sizes that are not multiples of {a} "
+                    f"({_few(gap)})"
+                ]
+            agree = agree or [
+                head + "on this list they agree: every size the filter keeps is a "
+                f"multiple of {a}"
             ]
-    return []
+    return agree
 
 
 def assumptions(rows, *, mla: bool, gpu_mem_gb: float, model: str, case: str = "args") -> str:

@@ -395,12 +395,31 @@ def _rule(frame) -> str | None:
     rule = frame.f_locals.get("name", frame.f_locals.get("_name"))
     if isinstance(rule, str):
         return rule
+    said = _comment_above(frame.f_locals.get("predicate"))
+    if said:
+        return said
     code = frame.f_code
     for n in range(frame.f_lineno, code.co_firstlineno - 1, -1):
         m = RULE_COMMENT.match(linecache.getline(code.co_filename, n))
         if m:
             return m.group(1)
     return None
+
+
+def _comment_above(predicate) -> str | None:
+    """A rule without a name in the release's rule list (0.5.2x's ``(None, lambda: ...)``, whose
+    warning comes later): the first sentence of the comment above its entry."""
+    code = getattr(predicate, "__code__", None)
+    if code is None:
+        return None
+    said: list[str] = []
+    for n in range(code.co_firstlineno - 1, max(0, code.co_firstlineno - 12), -1):
+        text = linecache.getline(code.co_filename, n).strip()
+        if text.startswith("#"):
+            said.insert(0, text.lstrip("#").strip())
+        elif said or text not in ("(", "None,"):
+            break
+    return " ".join(said).split(". ")[0].rstrip(".") or None
 
 
 @contextlib.contextmanager

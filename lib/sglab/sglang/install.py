@@ -185,9 +185,9 @@ def install_release(version: str, *, wheelhouse: Optional[Path] = None) -> Outco
 
 
 def install(releases: Iterable[str] = PINNED, *, wheelhouse: Optional[Path] = None,
-            jobs: int = JOBS, echo=print) -> list[Outcome]:
+            jobs: int = JOBS, echo=print, warn=None) -> list[Outcome]:
     """Install what is missing of ``releases`` and their dependency sets; one outcome per item, in
-    order."""
+    order, each said in one line by ``echo``, or by ``warn`` (default ``echo``) where it failed."""
     releases = list(dict.fromkeys(releases))
     for v in releases:
         parse_version(v)
@@ -201,7 +201,7 @@ def install(releases: Iterable[str] = PINNED, *, wheelhouse: Optional[Path] = No
         outcomes = []
         for f in futures:
             out = f.result()
-            echo(out.line())
+            (warn or echo if out.status == "failed" else echo)(out.line())
             outcomes.append(out)
     return outcomes
 
@@ -223,7 +223,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    outcomes = install(args.releases, wheelhouse=args.wheelhouse, jobs=args.jobs)
+    outcomes = install(args.releases, wheelhouse=args.wheelhouse, jobs=args.jobs,
+                       warn=lambda line: print(line, file=sys.stderr))
     failed = [o for o in outcomes if o.status == "failed"]
     done = sum(o.status == "installed" for o in outcomes)
     size = dir_size_mib(home()) if home().exists() else 0.0

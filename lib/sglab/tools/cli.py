@@ -213,6 +213,9 @@ def cmd_verify(args) -> int:
             # `--against EXP`: EXP is what to verify (with --live: what to run here), compared
             # with its recorded reference; argparse hands the name to --against's optional value
             args.targets, args.against = [args.against, *args.targets], "auto"
+        if args.against not in (None, "auto") and not Path(args.against).exists():
+            raise verify.BadInput(f"--against {args.against}: no such experiment or run file; "
+                                  f"experiments: {', '.join(fixes.experiments())}")
         names = [t for t in args.targets if t in fixes.experiments()] if args.live else []
         given = [t for t in args.targets if t not in names]
         picked = verify.targets(given, args.all) if (given or args.all or not args.live) else []
@@ -378,9 +381,12 @@ def cmd_run(args) -> int:
                 "notebooks": [p.stem for p in paths], "cell_timeout": args.cell_timeout, **params
             })
         print(f"timings: {path}")
-    stopped = [r.stopped_by_signal for r in results if r.stopped_by_signal]
-    if stopped:  # 128 + the signal, as a shell reports it (Ctrl-C 130, SIGTERM 143)
-        return 128 + stopped[0]
+    # the signal that stopped the run (this process's own, else one that reached a notebook alone):
+    # 128 + it, as a shell reports it (Ctrl-C 130, SIGTERM 143)
+    stopped = getattr(results, "signal", 0) or next(
+        (r.stopped_by_signal for r in results if r.stopped_by_signal), 0)
+    if stopped:
+        return 128 + stopped
     return 1 if failed else 0
 
 
@@ -550,6 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     # before anything heavy is imported, and inherited by every kernel and rank started below
     bytecode.enable()
     ap = argparse.ArgumentParser(prog="sglab", description=__doc__.split("\n")[0])
+    ap.add_argument("--version", action=_Version, help="print sglab's version and exit")
     sub = ap.add_subparsers(dest="cmd", required=True)
     _workbook_commands(sub)
     _evidence_commands(sub)
@@ -582,6 +589,32 @@ def _not_positive(args) -> str:
             why = "more than 0" if math.isfinite(value) else "a finite number"
             return f"{flag} {value:g}: must be {why}"
     return ""
+
+
+class _Version(argparse.Action):
+    """``--version``: ``sglab <version>``, the package metadata read only when asked."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"sglab {_version()}")
+        parser.exit()
+
+
+def _version() -> str:
+    """The installed package's version (its metadata), or where the checkout is not installed, the
+    one pyproject.toml states."""
+    import importlib.metadata as md
+
+    try:
+        return md.version("sglab")
+    except md.PackageNotFoundError:
+        import tomllib
+
+        from sglab.core.runs import repo_root
+
+        return tomllib.loads((repo_root() / "pyproject.toml").read_text())["project"]["version"]
 
 
 def _reader_gone() -> int:
