@@ -7,12 +7,23 @@
 # alone), where that index answers within a few seconds (scripts/index_reachable.py). Where it does
 # not, or with `make test TORCH_INDEX=`, pip takes $(TORCH_CPU) as its own configuration finds it,
 # and says so: on PyPI alone that is the CUDA build, with 15 nvidia-* wheels (several GB).
+#
+# Each set-up stage says what it does in one line ("set-up: venv: ...", torch, the package and its
+# extras, SGLang releases, hunk wheels); pip itself runs quietly.
+#
+# uv, where it is on PATH (`make test UV=` never uses it): `uv venv --seed` makes the venv (with
+# pip in it, for torch and the release installer) and `uv pip install` installs the package and its
+# extras, with the venv's torch pinned. torch itself always comes through pip: uv reads neither
+# pip's configuration (find-links, constraints) nor a venv's system site packages, so it would not
+# see a local CPU build of torch or a GPU box's CUDA torch and would fetch another. For the same
+# reason, a venv that sees the system's torch installs the package with pip.
 
 PY        ?= python3
 VENV      ?= .venv
 BIN       := $(VENV)/bin
 TORCH_CPU ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+UV        ?= $(shell command -v uv 2>/dev/null)
 comma     := ,
 EXTRAS    ?= exec,test
 STAMP     := $(VENV)/.sglab-$(subst $(comma),-,$(EXTRAS))
@@ -31,40 +42,57 @@ SGLANG_STAMPS   := $(foreach v,$(SGLANG_RELEASES),$(SGLANG_HOME)/releases/$(v)/.
         wheelhouse-sglang real-gpu
 .PHONY: wheelhouse-engine engine-gpu format lint
 
+NEW_VENV = $(if $(UV),$(UV) venv -q --seed --allow-existing --python $(PY),$(PY) -m venv)
 $(BIN)/python:
+	@echo "set-up: venv: $(VENV) from $(PY) ($(if $(UV),uv venv --seed,python -m venv))"
 	@if $(PY) -c "import torch" 2>/dev/null; then \
-	  echo "venv: using the torch of $(PY) ($$($(PY) -c 'import torch;print(torch.__version__)'))"; \
-	  $(PY) -m venv --system-site-packages $(VENV); \
+	  echo "set-up: venv: it sees the torch of $(PY)" \
+	    "($$($(PY) -c 'import torch;print(torch.__version__)'))"; \
+	  $(NEW_VENV) --system-site-packages $(VENV); \
 	else \
-	  $(PY) -m venv $(VENV); \
+	  $(NEW_VENV) $(VENV); \
 	fi
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(if $(UV),,$(BIN)/python -m pip install -q --upgrade pip)
 
 # the package and its extras, with the venv's torch pinned as it is ($(TORCH_PIN)): no extra can
 # make pip replace it (where one needs another torch, pip refuses in one line instead)
 TORCH_PIN := $(VENV)/torch-pin.txt
 TORCH_FROM_INDEX = \
 	elif why=$$($(BIN)/python scripts/index_reachable.py "$(TORCH_INDEX)"); then \
-	  echo "torch: $(TORCH_CPU), the CPU build, from $(TORCH_INDEX)"; \
+	  echo "set-up: torch: $(TORCH_CPU), the CPU build, from $(TORCH_INDEX)"; \
 	  $(BIN)/python -m pip install -q --index-url "$(TORCH_INDEX)" "$(TORCH_CPU)";
 TORCH_ELSEWHERE = $(if $(TORCH_INDEX),$(TORCH_INDEX) does not answer here ($$why),TORCH_INDEX is \
 	empty): $(TORCH_CPU) as pip is configured (on PyPI alone: the CUDA build, several GB)
+PACKAGE_STAGE = echo "set-up: sglab[$(subst -,$(comma),$*)]: the package and its extras ($(1))," \
+	"with $$(cat $(TORCH_PIN)) kept"
+PIP_PACKAGE = $(BIN)/python -m pip install -q -c $(TORCH_PIN) -e ".[$(subst -,$(comma),$*)]"
+UV_PACKAGE = \
+	if grep -q "^include-system-site-packages = true" $(VENV)/pyvenv.cfg; then \
+	  $(call PACKAGE_STAGE,pip: uv does not see the system's torch); \
+	  $(PIP_PACKAGE); \
+	else \
+	  $(call PACKAGE_STAGE,uv pip); \
+	  $(UV) pip install -q --python $(BIN)/python -c $(TORCH_PIN) -e ".[$(subst -,$(comma),$*)]"; \
+	fi
 $(VENV)/.sglab-%: $(BIN)/python pyproject.toml
-	@if $(BIN)/python -c "import torch" 2>/dev/null; then :; \
+	@if v=$$($(BIN)/python -c "import torch; print(torch.__version__)" 2>/dev/null); then \
+	  echo "set-up: torch: $$v, already in the venv"; \
 	$(if $(TORCH_INDEX),$(TORCH_FROM_INDEX)) \
 	else \
-	  echo "torch: $(TORCH_ELSEWHERE)"; \
+	  echo "set-up: torch: $(TORCH_ELSEWHERE)"; \
 	  $(BIN)/python -m pip install -q "$(TORCH_CPU)"; \
 	fi
 	@$(BIN)/python -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" \
 	  > $(TORCH_PIN)
-	$(BIN)/python -m pip install -q -c $(TORCH_PIN) -e ".[$(subst -,$(comma),$*)]"
+	$(if $(UV),@$(UV_PACKAGE),@$(call PACKAGE_STAGE,pip))
+	$(if $(UV),,$(PIP_PACKAGE))
 	@touch $@
 
 # Installs only what is missing (one stamp per release). A release that cannot be installed is
 # reported in one line and left out: the workbook and the tests report it as "not run" (and the
 # tests fail in CI).
 $(SGLANG_STAMPS) &: $(STAMP) lib/sglab/sglang/releases.py constraints/cpu.txt
+	@echo "set-up: SGLang releases: those of $(SGLANG_RELEASES) missing from $(SGLANG_HOME)/"
 	@$(BIN)/python -m sglab.sglang.install --releases $(SGLANG_RELEASES) || \
 	  echo "warning: some SGLang releases are not installed (see above)" >&2
 	@for s in $(SGLANG_STAMPS); do if [ -f $$s ]; then touch $$s; fi; done
@@ -76,6 +104,8 @@ sglang-releases: $(SGLANG_STAMPS)
 # (fails in CI).
 HUNK_WHEELS := $(SGLANG_HOME)/wheels/.sglab-hunk-windows
 $(HUNK_WHEELS): $(STAMP) $(wildcard data/upstream/*/pr*.json)
+	@echo "set-up: hunk wheels: the released wheels of each committed hunk's window" \
+	  "($(SGLANG_HOME)/wheels/)"
 	@$(BIN)/python -m sglab.sglang.testing && touch $@ || \
 	  echo "warning: the hunk windows' wheels are not all cached (see above)" >&2
 

@@ -93,13 +93,15 @@ def test_the_cupti_extra_brings_nsight_pythons_cupti_backend():
     } <= set(extras["cupti"])
 
 
-def _dry_run(*args: str, tmp: Path) -> str:
-    """``make -n -B`` of the package's stamp in a venv under ``tmp``: every recipe line the set-up
-    would run, none run."""
+def _dry_run(*args: str, tmp: Path, target: str = "") -> str:
+    """``make -n -B`` of ``target`` (default: the package's stamp) in a venv under ``tmp``: every
+    recipe line the set-up would run, none run."""
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     venv = tmp / "venv"
-    p = subprocess.run(["make", "-n", "-B", f"VENV={venv}", *args, f"{venv}/.sglab-exec-test"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    p = subprocess.run([
+        "make", "-n", "-B", f"VENV={venv}", f"SGLANG_HOME={tmp}/sglang", *args, target
+        or f"{venv}/.sglab-exec-test"
+    ], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     return p.stdout
 
@@ -170,3 +172,36 @@ def test_the_probe_says_whether_an_index_serves_torch(index, tmp_path):
     assert _probe((tmp_path / "torch").as_uri()).returncode == 1
     p = _probe("pypi")
     assert p.returncode == 2 and p.stderr.startswith("usage: index_reachable.py URL")
+
+
+def _stages(out: str) -> list[str]:
+    """The set-up's stage lines, as ``make -n`` prints the ``echo`` commands that write them."""
+    return re.findall(r'echo "set-up: ([\w\[\], ]+?):', out)
+
+
+def test_each_set_up_stage_says_what_it_does(tmp_path):
+    out = _dry_run("UV=", tmp=tmp_path, target="test")
+    # a stage of each stamp (`make test` installs the browser's extra beside the package's)
+    assert list(dict.fromkeys(_stages(out))) == [
+        "venv", "torch", "sglab[exec,test,browser]", "sglab[exec,test]", "SGLang releases",
+        "hunk wheels"
+    ]
+    assert f"set-up: venv: {tmp_path}/venv from python3 (python -m venv)" in out
+
+
+def test_uv_makes_the_venv_and_installs_the_package_where_it_is(tmp_path):
+    venv, pin = tmp_path / "venv", tmp_path / "venv" / "torch-pin.txt"
+    plain = _dry_run("UV=", tmp=tmp_path)
+    assert "uv venv" not in plain and "uv pip" not in plain
+    assert f"python3 -m venv {venv}" in plain
+    assert f"{venv}/bin/python -m pip install -q --upgrade pip" in plain
+    out = _dry_run("UV=/opt/uv/bin/uv", tmp=tmp_path)
+    assert f"/opt/uv/bin/uv venv -q --seed --allow-existing --python python3 {venv}" in out
+    assert "--upgrade pip" not in out  # uv seeds a current pip
+    # torch still through pip (uv sees neither pip's find-links nor the system's torch) ...
+    assert f'{venv}/bin/python -m pip install -q "torch==2.13.0"' in out
+    # ... the package through uv, with the venv's torch pinned, unless the venv sees the system's
+    assert (f"/opt/uv/bin/uv pip install -q --python {venv}/bin/python -c {pin} "
+            f'-e ".[exec,test]"') in out
+    assert f'grep -q "^include-system-site-packages = true" {venv}/pyvenv.cfg' in out
+    assert "the package and its extras (pip: uv does not see the system's torch)" in out
