@@ -133,7 +133,9 @@ def release_flags(package: Path, tool: str) -> set[str]:
     """Every ``--flag`` the release's parsers accept for ``tool``: ``add_argument`` strings of
     ``srt/server_args.py`` (and ``bench_one_batch.py`` for the bench), plus the flags that 0.5.14+
     derive from fields annotated ``A[T, "help"]`` / ``A[T, Arg(...)]`` (``cli_name``, ``aliases``)
-    of ``ServerArgs`` and, from 0.5.2x, of the field groups under ``srt/arg_groups/``."""
+    of ``ServerArgs`` and, from 0.5.2x, of the field groups under ``srt/arg_groups/``; and the
+    ``--no-X`` of each declared with ``action=argparse.BooleanOptionalAction``, as argparse adds
+    it."""
     name = package.parent.name
     files = [package / "srt" / "server_args.py"]
     if tool == "bench":
@@ -160,11 +162,21 @@ def _file_flags(path: str, mtime_ns: int, size: int) -> frozenset[str]:
     flags: set[str] = set()
     for node in ast.walk(ast.parse(Path(path).read_text())):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
-            flags.update(a.value for a in node.args if isinstance(a, ast.Constant)
-                         and isinstance(a.value, str) and a.value.startswith("--"))
+            names = [a.value for a in node.args if isinstance(a, ast.Constant)]
+            flags.update(
+                _with_negations([n for n in names if str(n).startswith("--")], node.keywords))
         if isinstance(node, ast.ClassDef):
             flags.update(_annotated_flags(node))
     return frozenset(flags)
+
+
+def _with_negations(names: list[str], keywords) -> list[str]:
+    """``names``, and where the argument's ``action`` is ``argparse.BooleanOptionalAction`` the
+    ``--no-X`` form argparse adds for each ``--X``."""
+    action = next((k.value for k in keywords if k.arg == "action"), None)
+    if (getattr(action, "attr", None) or getattr(action, "id", None)) != "BooleanOptionalAction":
+        return names
+    return names + ["--no-" + n[2:] for n in names if n.startswith("--")]
 
 
 def _annotated_flags(cls) -> set[str]:
@@ -190,9 +202,10 @@ def _annotated_flags(cls) -> set[str]:
             if isinstance(kw.get("no_cli"), ast.Constant) and kw["no_cli"].value:
                 continue
             cli = kw.get("cli_name")
-            out.add(cli.value if isinstance(cli, ast.Constant) else name)
+            names = [cli.value if isinstance(cli, ast.Constant) else name]
             if isinstance(kw.get("aliases"), (ast.List, ast.Tuple)):
-                out.update(e.value for e in kw["aliases"].elts if isinstance(e, ast.Constant))
+                names += [e.value for e in kw["aliases"].elts if isinstance(e, ast.Constant)]
+            out.update(_with_negations(names, meta.keywords))
     return out
 
 
