@@ -19,6 +19,9 @@
 # %% tags=["parameters"]
 MODE = "auto"  # "auto" | "live" | "recorded"
 PARAMS = {}  # overrides of measure.DEFAULT_PARAMS for a live run
+# "your own setup": False, static tables (what papermill, `jupyter execute` and `sglab run` save);
+# True, sliders and drop-downs in JupyterLab
+INTERACTIVE = False
 
 # %%
 import inspect
@@ -415,7 +418,7 @@ show.profiler(run)
 # token_counts=[...] --param max_tokens=N`.
 
 # %%
-show.your_setup()
+show.your_setup(interactive=INTERACTIVE)
 
 # %% [markdown]
 # ## Verdict

@@ -20,6 +20,9 @@
 MODE = "auto"  # "auto" | "live" | "recorded"
 # overrides of measure.DEFAULT_PARAMS for a live run, e.g. {"world_size": 4}
 PARAMS = {}
+# "your own setup": False, static tables (what papermill, `jupyter execute` and `sglab run` save);
+# True, sliders and drop-downs in JupyterLab
+INTERACTIVE = False
 
 # %%
 import pandas as pd
@@ -294,7 +297,7 @@ show.profiler(run)
 # on the command line: `sglab workspace --trace FILE --world-size W --hidden H`.
 
 # %%
-show.your_setup()
+show.your_setup(interactive=INTERACTIVE)
 
 # %% [markdown]
 # ## Verdict

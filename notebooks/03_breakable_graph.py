@@ -20,6 +20,9 @@
 # %% tags=["parameters"]
 MODE = "auto"  # "auto" | "live" | "recorded"
 PARAMS = {}  # overrides of measure.DEFAULT_PARAMS for a live run
+# "your own setup": False, static tables (what papermill, `jupyter execute` and `sglab run` save);
+# True, sliders and drop-downs in JupyterLab
+INTERACTIVE = False
 
 # %%
 import inspect
@@ -328,7 +331,7 @@ show.profiler(run)
 # `measure.DEFAULT_PARAMS`).
 
 # %%
-show.your_setup()
+show.your_setup(interactive=INTERACTIVE)
 
 # %% [markdown]
 # ## Verdict

@@ -20,6 +20,9 @@
 MODE = "auto"  # "auto" | "live" | "recorded"
 # overrides of measure.DEFAULT_PARAMS; measure.FULL_SWEEP is the method-1 sweep
 PARAMS = {}
+# "your own setup": False, static tables (what papermill, `jupyter execute` and `sglab run` save);
+# True, sliders and drop-downs in JupyterLab
+INTERACTIVE = False
 
 # %%
 import inspect
@@ -295,7 +298,7 @@ show.profiler(run)
 # (or the model folder).
 
 # %%
-show.your_setup()
+show.your_setup(interactive=INTERACTIVE)
 
 # %% [markdown]
 # ## Verdict

@@ -19,6 +19,9 @@
 MODE = "auto"  # "auto" | "live" | "recorded"
 PARAMS = {}  # overrides of measure.DEFAULT_PARAMS for a live run
 TP_SIZES = [2, 4]  # measured live where this machine has that many GPUs
+# "your own setup": False, static tables (what papermill, `jupyter execute` and `sglab run` save);
+# True, sliders and drop-downs in JupyterLab
+INTERACTIVE = False
 
 # %%
 import pickle
@@ -264,7 +267,7 @@ show.profiler(run)
 # `sglab record grid_thw --param tp_size=N` measures it.
 
 # %%
-show.your_setup()
+show.your_setup(interactive=INTERACTIVE)
 
 # %% [markdown]
 # ## Verdict

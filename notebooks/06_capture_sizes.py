@@ -20,6 +20,9 @@ MODE = "auto"  # "auto" | "live" | "recorded"
 PARAMS = {}  # overrides of measure.DEFAULT_PARAMS, e.g. {"world_size": 4}
 ATTN_TP = 8  # attention-TP size of the CPU tables and the picture (8: the crash report)
 MAX_TOKENS = 2048  # piecewise_cuda_graph_max_tokens (2048 is the default for MLA models)
+# "your own setup": False, static tables (what papermill, `jupyter execute` and `sglab run` save);
+# True, sliders and drop-downs in JupyterLab
+INTERACTIVE = False
 
 # %%
 import pandas as pd
@@ -300,7 +303,7 @@ show.profiler(run)
 # `--model CONFIG.json` names yours).
 
 # %%
-show.your_setup()
+show.your_setup(interactive=INTERACTIVE)
 
 # %% [markdown]
 # ## Verdict

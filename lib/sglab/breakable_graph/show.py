@@ -519,9 +519,9 @@ def traffic_table(p_single: float, max_requests: int, max_len: int,
     return t
 
 
-def your_setup():
+def your_setup(interactive: bool = False):
     """Your prefill traffic -> the share of batches (and tokens) each runner serves from its graph
-    (controls in JupyterLab, a static table elsewhere)."""
+    (a static table; with ``interactive``, controls in JupyterLab)."""
     return notebook.explore(
         traffic_table, {
             "p_single": [0.0, 0.1, 0.35, 0.6, 0.9], "max_requests": [2, 4, 8, 16, 32], "max_len": [
@@ -530,7 +530,8 @@ def your_setup():
         }, static=[{"p_single": 0.35, "max_requests": 8, "max_len": 2048, "largest_bucket": 4096},
                    {"p_single": 0.8, "max_requests": 4, "max_len": 1024, "largest_bucket": 4096},
                    {"p_single": 0.2, "max_requests": 16, "max_len": 8192, "largest_bucket": 8192}],
-        title="Your traffic: prefill batches served by the graph, before and after #24662")
+        title="Your traffic: prefill batches served by the graph, before and after #24662",
+        interactive=interactive)
 
 
 # --------------------------------------------------------------------------------------------------

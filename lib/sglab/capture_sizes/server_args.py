@@ -75,9 +75,9 @@ def rule_table(attn_tp: int, attn_cp: int, dense_tp1: bool, tbo: bool,
     return df
 
 
-def your_setup():
+def your_setup(interactive: bool = False):
     """Attention TP, CP, dense TP 1 and two-batch overlap -> the piecewise sizes per rule and the
-    refused ones (controls in JupyterLab, a static table elsewhere)."""
+    refused ones (a static table; with ``interactive``, controls in JupyterLab)."""
     return notebook.explore(
         rule_table, {
             "attn_tp": [1, 2, 3, 4, 5, 6, 7, 8], "attn_cp": [1, 2, 3, 4],
@@ -85,7 +85,8 @@ def your_setup():
         }, static=[{"attn_tp": 8, "attn_cp": 1, "dense_tp1": True,
                     "tbo": False}, {"attn_tp": 8, "attn_cp": 1, "dense_tp1": True, "tbo": True},
                    {"attn_tp": 3, "attn_cp": 1, "dense_tp1": True, "tbo": False}],
-        title="Your parallel layout: piecewise capture sizes per rule, and the refused ones")
+        title="Your parallel layout: piecewise capture sizes per rule, and the refused ones",
+        interactive=interactive)
 
 
 LISTS = ("piecewise", "decode")

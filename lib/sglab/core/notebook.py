@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import html
 import json
-import os
 import time
 from typing import Callable, Sequence
 
@@ -133,13 +132,11 @@ def needs_run(fn):
 
 
 # --------------------------------------------------------------------------------------------------
-# "your own setup": controls in a live notebook, a static table anywhere else
+# "your own setup": a static table, or controls where the notebook asks for them (INTERACTIVE)
 # --------------------------------------------------------------------------------------------------
 def interactive_here() -> bool:
-    """True in a notebook with a frontend that can show widgets (not headless, ipywidgets
+    """True in a notebook with a frontend that can show widgets (an IPython kernel, ipywidgets
     importable)."""
-    if os.environ.get("SGLAB_HEADLESS") == "1":
-        return False
     try:
         import ipywidgets  # noqa: F401
         from IPython import get_ipython
@@ -165,14 +162,19 @@ def static_table(fn: Callable, static: Sequence[dict]):
     return pd.concat(parts, ignore_index=True)
 
 
-def explore(fn: Callable, controls: dict, *, static: Sequence[dict], title: str = ""):
-    """Sliders and drop-downs (ipywidgets) calling ``fn(**settings) -> DataFrame`` on every change,
-    in a live notebook; in a headless run (``SGLAB_HEADLESS=1``: ``sglab run``, the report, the
-    tests) or without ipywidgets, one table of ``fn`` over the ``static`` settings (returned, so the
-    cell displays it)."""
-    if not interactive_here():
+def explore(fn: Callable, controls: dict, *, static: Sequence[dict], title: str = "",
+            interactive: bool = False):
+    """One table of ``fn(**settings) -> DataFrame`` over the ``static`` settings (returned, so the
+    cell displays it, and a notebook saved by papermill, ``jupyter execute`` or ``sglab run`` keeps
+    it); with ``interactive`` (a notebook's ``INTERACTIVE`` parameter) and a frontend that shows
+    widgets, sliders and drop-downs calling ``fn`` on every change instead."""
+    if not interactive or not interactive_here():
         if title:
-            print(f"{title} — static table (run the notebook in JupyterLab for the controls):")
+            why = ("no widgets here: ipywidgets in a Jupyter kernel draws the controls"
+                   if interactive else
+                   "INTERACTIVE = True in the parameters cell gives sliders and drop-downs in "
+                   "JupyterLab")
+            print(f"{title} — static table ({why}):")
         return static_table(fn, static)
     import ipywidgets as w
     from IPython.display import display as ipy_display

@@ -600,16 +600,17 @@ def setup_table(tp_size: int, requests: int, image_pool: int, max_images: int):
     return pd.DataFrame(rows or [{"GPU": "no recorded run", **cache}])
 
 
-def your_setup():
+def your_setup(interactive: bool = False):
     """TP size and a request stream -> GPU-0 MiB before / after the fix and images the vision
-    tower encodes (controls in JupyterLab, a static table elsewhere)."""
+    tower encodes (a static table; with ``interactive``, controls in JupyterLab)."""
     return notebook.explore(
         setup_table, {
             "tp_size": [2, 4, 8, 16], "requests": [50, 200, 1000], "image_pool": [8, 24, 100, 1000],
             "max_images": [1, 2, 4, 8]
         }, static=[{"tp_size": 8, "requests": 200, "image_pool": 24, "max_images": 4},
                    {"tp_size": 4, "requests": 200, "image_pool": 1000, "max_images": 1}],
-        title="Your deployment: what the grid on cuda:0 and the bundled items cost")
+        title="Your deployment: what the grid on cuda:0 and the bundled items cost",
+        interactive=interactive)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -482,15 +482,17 @@ def setup_table(tokens: int, max_tokens: int = 4096, shown: Optional[list] = Non
     return pd.DataFrame(rows)
 
 
-def your_setup():
+def your_setup(interactive: bool = False):
     """Prefill tokens and ``--piecewise-cuda-graph-max-tokens`` → the bucket and what the recorded
-    runs measured nearby (controls in JupyterLab, a static table elsewhere)."""
-    return notebook.explore(
-        setup_table,
-        {"tokens": [1, 16, 100, 300, 1000, 3000, 5000], "max_tokens": [512, 2048, 4096, 8192]},
-        static=[{"tokens": 100, "max_tokens": 4096}, {"tokens": 3000, "max_tokens": 4096},
-                {"tokens": 3000, "max_tokens": 2048
-                 }], title="Your prefill: its bucket and the recorded times nearby")
+    runs measured nearby (a static table; with ``interactive``, controls in JupyterLab)."""
+    controls = {
+        "tokens": [1, 16, 100, 300, 1000, 3000, 5000], "max_tokens": [512, 2048, 4096, 8192]
+    }
+    static = [{"tokens": 100, "max_tokens": 4096}, {"tokens": 3000, "max_tokens": 4096},
+              {"tokens": 3000, "max_tokens": 2048}]
+    return notebook.explore(setup_table, controls, static=static,
+                            title="Your prefill: its bucket and the recorded times nearby",
+                            interactive=interactive)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -181,15 +181,16 @@ def pattern_table(layers: int, swa_per_full: int, batch_size: int, max_bs: int =
     return df.rename(columns={us: "extra µs per decode step"})
 
 
-def your_setup():
+def your_setup(interactive: bool = False):
     """Layers, SWA layers per full layer, decode batch size and captured slots -> extra kernels and
-    µs per decode step without the preset, int64 bytes wasted (controls in JupyterLab, a static
-    table elsewhere)."""
+    µs per decode step without the preset, int64 bytes wasted (a static table; with
+    ``interactive``, controls in JupyterLab)."""
+    static = [{"layers": 62, "swa_per_full": 5, "batch_size": 32,
+               "max_bs": 256}, {"layers": 48, "swa_per_full": 3, "batch_size": 32, "max_bs": 256},
+              {"layers": 24, "swa_per_full": 1, "batch_size": 1, "max_bs": 256}]
     return notebook.explore(
         pattern_table, {
             "layers": [8, 16, 24, 32, 48, 62, 80], "swa_per_full": [1, 2, 3, 5, 7],
             "batch_size": [1, 8, 32, 128, 256], "max_bs": [64, 128, 256, 512]
-        }, static=[{"layers": 62, "swa_per_full": 5, "batch_size": 32, "max_bs": 256},
-                   {"layers": 48, "swa_per_full": 3, "batch_size": 32, "max_bs": 256},
-                   {"layers": 24, "swa_per_full": 1, "batch_size": 1, "max_bs": 256}],
-        title="Your model: what the SWA location preset saves per decode step")
+        }, static=static, title="Your model: what the SWA location preset saves per decode step",
+        interactive=interactive)

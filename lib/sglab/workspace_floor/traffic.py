@@ -208,9 +208,9 @@ def floor_table(floor: int, world_size: int, prompt_length: int, *,
                          policies=[mine if n == mine.name else n for n in names]).round(1)
 
 
-def your_setup():
+def your_setup(interactive: bool = False):
     """A floor, a world size and a prompt length -> re-creations, estimated ms and MiB per policy
-    on a generated cold start (controls in JupyterLab, a static table elsewhere)."""
+    on a generated cold start (a static table; with ``interactive``, controls in JupyterLab)."""
     return notebook.explore(
         floor_table, {
             "floor": [0, 256, 512, 1024, 2048, 4096], "world_size": [2, 4, 8],
@@ -218,4 +218,5 @@ def your_setup():
         }, static=[{"floor": 2048, "world_size": 4,
                     "prompt_length": 48}, {"floor": 512, "world_size": 8, "prompt_length": 48},
                    {"floor": 2048, "world_size": 4, "prompt_length": 1200}],
-        title="Your traffic: workspace re-creations per policy on a generated cold start")
+        title="Your traffic: workspace re-creations per policy on a generated cold start",
+        interactive=interactive)

@@ -1,0 +1,87 @@
+"""A notebook executed by a plain runner (nbclient, as papermill and ``jupyter execute`` run it: no
+sglab environment variables) saves its "your own setup" cell as a table; the ``INTERACTIVE``
+parameter, not the environment, turns the table into controls."""
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+
+pytestmark = pytest.mark.long(25)
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
+SETUP_CALL = "show.your_setup(interactive=INTERACTIVE)"
+
+
+def _execute(stem: str, parameters: str):
+    """``notebooks/<stem>.ipynb`` run top to bottom by nbclient with ``parameters`` injected after
+    its parameters cell, as papermill's ``-p`` does; returns the executed notebook."""
+    import nbclient
+    import nbformat
+
+    nb = nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4)
+    at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+    nb.cells.insert(at + 1, nbformat.v4.new_code_cell(parameters))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLAB_")}
+    env.update(MPLBACKEND="Agg", SGLAB_REAL="auto")  # the recorded real-release answers
+    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                                     resources={"metadata": {"path": str(ROOT / "notebooks")}})
+    client.execute(env=env)
+    return nb
+
+
+def _setup_outputs(nb) -> list[dict]:
+    (cell,) = [c for c in nb.cells if c.cell_type == "code" and "show.your_setup(" in c.source]
+    return cell.outputs
+
+
+def test_a_plain_run_saves_the_your_own_setup_cell_as_a_table():
+    outputs = _setup_outputs(_execute("04_swa_loc", 'MODE = "recorded"'))
+    kinds = [set(o.get("data", {})) for o in outputs]
+    assert not [k for k in kinds if "application/vnd.jupyter.widget-view+json" in k], kinds
+    html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
+    assert len(html) == 1 and "<table" in html[0]
+    said = "".join(o.get("text", "") for o in outputs if o["output_type"] == "stream")
+    assert "static table (INTERACTIVE = True in the parameters cell" in said
+
+
+def test_interactive_true_draws_the_controls():
+    outputs = _setup_outputs(_execute("04_swa_loc", 'MODE = "recorded"\nINTERACTIVE = True'))
+    kinds = [set(o.get("data", {})) for o in outputs]
+    assert kinds and all("application/vnd.jupyter.widget-view+json" in k for k in kinds), kinds
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_each_your_own_setup_cell_reads_the_parameter(path):
+    """A notebook with a "your own setup" cell has ``INTERACTIVE = False`` in its parameters cell
+    and passes it on."""
+    text = path.read_text(encoding="utf-8")
+    if "show.your_setup(" not in text:
+        return
+    parameters = text.split('# %% tags=["parameters"]\n', 1)[1].split("\n# %%", 1)[0]
+    assert re.search(r"^INTERACTIVE = False$", parameters, re.M), path.name
+    assert text.count("show.your_setup(") == text.count(SETUP_CALL) == 1, path.name
+
+
+def test_explore_is_static_unless_asked_and_says_why(monkeypatch, capsys):
+    import pandas as pd
+
+    from sglab.core.notebook import explore
+
+    monkeypatch.delenv("SGLAB_HEADLESS", raising=False)
+
+    def fn(a, b):
+        return pd.DataFrame({"sum": [a + b]})
+
+    controls, static = {"a": [1, 2], "b": [10, 20]}, [{"a": 1, "b": 10}, {"a": 2, "b": 20}]
+    table = explore(fn, controls, static=static, title="demo")
+    assert list(table["sum"]) == [11, 22]
+    assert "demo — static table (INTERACTIVE = True in the parameters cell" in capsys.readouterr(
+    ).out
+    # asked for controls outside a Jupyter kernel: the table still, and why
+    table = explore(fn, controls, static=static, title="demo", interactive=True)
+    assert list(table["sum"]) == [11, 22]
+    assert "static table (no widgets here" in capsys.readouterr().out
