@@ -95,11 +95,11 @@ def test_the_cupti_extra_brings_nsight_pythons_cupti_backend():
 
 def _dry_run(*args: str, tmp: Path, target: str = "") -> str:
     """``make -n -B`` of ``target`` (default: the package's stamp) in a venv under ``tmp``: every
-    recipe line the set-up would run, none run."""
+    recipe line the set-up would run, none run (without uv unless ``args`` name one)."""
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     venv = tmp / "venv"
     p = subprocess.run([
-        "make", "-n", "-B", f"VENV={venv}", f"SGLANG_HOME={tmp}/sglang", *args, target
+        "make", "-n", "-B", f"VENV={venv}", f"SGLANG_HOME={tmp}/sglang", "UV=", *args, target
         or f"{venv}/.sglab-exec-test"
     ], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
