@@ -47,8 +47,8 @@ HARNESS = textwrap.dedent("""
     sys.path.insert(0, {lib!r})
     from sglab.sglang import engine as eng
     from sglab.sglang.engine import launching
-    launching.KILL_GRACE_S = 1.0
     how, tmp = sys.argv[1], Path(sys.argv[2])
+    launching.KILL_GRACE_S = 60.0 if how == "slow" else 1.0
     marker = uuid.uuid4().hex
 
     def on_line(line):
@@ -61,7 +61,7 @@ HARNESS = textwrap.dedent("""
     import os
     env = dict(os.environ, SGLAB_ENGINE_RUN=marker)
     eng.launch([sys.executable, str(tmp / "stand_in.py"),
-                "stubborn" if how == "stubborn" else "plain"],
+                "stubborn" if how in ("stubborn", "slow") else "plain"],
                log=tmp / "engine.log", timeout=600, env=env, marker=marker, on_line=on_line)
 """)
 
@@ -166,6 +166,23 @@ def test_an_engine_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
         os.killpg(h.pid, signal.SIGTERM)
         h.communicate(timeout=30)
         assert _wait_gone(pids, 5) == []
+    finally:
+        _kill_all(pids)
+
+
+def test_a_second_sigterm_during_the_clean_up_exits_and_the_watchdog_finishes(tmp_path):
+    """The engine ignores SIGTERM and its harness would wait a minute before SIGKILL: a second
+    SIGTERM is not ignored, the harness exits at once (143) and its watchdog stops the engine."""
+    h, pids = _start_harness(tmp_path, "slow")
+    try:
+        os.killpg(h.pid, signal.SIGTERM)
+        time.sleep(1.0)  # the clean-up waits on the stubborn engine
+        assert h.poll() is None
+        t0 = time.monotonic()
+        h.send_signal(signal.SIGTERM)
+        assert h.wait(timeout=10) == 128 + signal.SIGTERM
+        assert time.monotonic() - t0 < 3
+        assert _wait_gone(pids, procs.GRACE_S + procs.KILL_WAIT_S + 5) == []
     finally:
         _kill_all(pids)
 

@@ -133,17 +133,33 @@ def test_two_at_a_time_keeps_order_and_reports_each(tiny, tmp_path):
     assert (out / "index.html").exists()
 
 
-def test_a_dead_worker_is_a_failed_notebook_not_a_lost_run():
-    from concurrent.futures import Future
-    from concurrent.futures.process import BrokenProcessPool
+def test_a_dead_worker_is_a_failed_notebook_not_a_lost_run(tiny, tmp_path):
+    """A worker killed outright (here by its own notebook's kernel) fails its notebook, not the
+    run: the other notebooks report, and the orphaned kernel is stopped."""
+    import os
+    import time
 
-    from sglab.tools.report import _result_of
-
-    f = Future()
-    f.set_exception(BrokenProcessPool("killed"))
-    r = _result_of(f, Path("05_x.ipynb"))
-    assert (r.status, r.path.name) == ("failed",
-                                       "05_x.ipynb") and "worker process running it died" in r.error
+    marker = tmp_path / "kernel.pid"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(f"import os, signal, time\nopen({str(marker)!r}, 'w')"
+                                  ".write(str(os.getpid()))\ntime.sleep(1.5)\n"
+                                  "os.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(60)")
+    ]
+    killer = tiny.parent / "97_killer.ipynb"
+    nbformat.write(nb, killer)
+    results = run_notebooks([killer, tiny], tmp_path / "report", env_rows=[], jobs=2,
+                            progress=lambda *_: None)
+    assert [r.status for r in results] == ["failed", "ok"] and not results.signal
+    assert results[0].error == "the worker process running it died (killed by signal 9)"
+    kernel = int(marker.read_text())
+    for _ in range(50):
+        if not os.path.exists(f"/proc/{kernel}") or " Z " in open(f"/proc/{kernel}/stat").read():
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the dead worker's kernel {kernel} is still running")
+    assert (tmp_path / "report" / "index.html").exists()
 
 
 def _stamp(t: float) -> str:

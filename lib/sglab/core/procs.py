@@ -146,6 +146,31 @@ def stop_tree(pid: int, *, grace: float = GRACE_S) -> Stopped:
     return _stop(tree(), tree, None, grace)
 
 
+def descendants(pid: int) -> list[psutil.Process]:
+    """The processes ``pid`` started, and those they started, as running now (none where ``pid``
+    is gone): kept, they can be stopped by :func:`stop_seen` after ``pid`` is gone and they are
+    nobody's children any more."""
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def stop_seen(seen: list, *, grace: float = GRACE_S) -> Stopped:
+    """Stop those of ``seen`` (psutil processes, as :func:`descendants` gave them) still running,
+    and what they started meanwhile: SIGTERM, ``grace`` seconds, SIGKILL. A pid reused since is not
+    touched (psutil compares start times)."""
+    seen = list({p.pid: p for p in seen}.values())
+
+    def live() -> list[psutil.Process]:
+        found = [p for p in seen if _alive(p)]
+        for p in list(found):
+            found += [c for c in descendants(p.pid) if c not in found and _alive(c)]
+        return found
+
+    return _stop(live(), live, None, grace)
+
+
 def _stop(live: list, again, pgid: Optional[int], grace: float) -> Stopped:
     done = Stopped(found=[_describe(p) for p in live])
     if not live:
@@ -211,12 +236,24 @@ class Terminated(SystemExit):
         self.signum = signum
 
 
+_DOGS: list = []  # the watchdogs of the guards held now
+
+
 def _raise_terminated(signum, _frame):
-    # once: a second signal during the clean-up must not cut it short (SIGKILL still can, and
-    # then the watchdog finishes it)
+    # once: a second signal does not cut the clean-up short where nothing else would finish it
     for s in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, signal.SIG_IGN)
+        signal.signal(s, lambda again, _f: _signalled_again(signum, again))
     raise Terminated(signum)
+
+
+def _signalled_again(first: int, again: int) -> None:
+    """A second SIGTERM or SIGHUP while the clean-up runs: where a watchdog holds the groups, this
+    process exits at once (128 + the first signal) and the watchdog stops them; else the clean-up,
+    bounded by :data:`GRACE_S` and :data:`KILL_WAIT_S`, goes on."""
+    if any(dog.poll() is None for dog in _DOGS):
+        print(f"[sglab] signal {again} again: exiting now; the watchdog stops what is left",
+              file=sys.stderr, flush=True)
+        os._exit(128 + first)
 
 
 class Guard:
@@ -251,6 +288,7 @@ class Guard:
                 start_new_session=True,
                 text=True,
             )
+            _DOGS.append(self._dog)
         return self
 
     def watch(self, pgid: int, marker: str = "") -> None:
@@ -265,6 +303,7 @@ class Guard:
             signal.signal(s, handler)
         self._saved = {}
         if self._dog is not None:
+            _DOGS.remove(self._dog)
             try:
                 self._dog.stdin.close()  # the watchdog sweeps (nothing, by now) and exits
                 self._dog.wait(timeout=30)

@@ -338,6 +338,17 @@ def _resolve_notebooks(names: list[str]) -> list[Path]:
 
 
 def cmd_run(args) -> int:
+    from sglab.tools.report import stopping
+
+    # a stop signal (Ctrl-C, SIGTERM, SIGHUP) from here to the last line ends the command as one
+    # during the run does: what ran is reported, and the status is 128 + the signal
+    with stopping() as signals:
+        status = _run_command(args)
+        return 128 + signals.received[0] if signals.received else status
+
+
+def _run_command(args) -> int:
+    """`sglab run` under the stop signals' handler of :func:`cmd_run`."""
     from sglab.tools.report import default_jobs, run_notebooks
     from sglab.tools import nbtools, timings
     from sglab.core.runs import repo_root
@@ -346,7 +357,13 @@ def cmd_run(args) -> int:
         print("sglab run: --record saves the timings; it needs --timings", file=sys.stderr)
         return 2
     try:
-        paths = _resolve_notebooks(args.notebooks)
+        # a notebook file of your own runs as itself; a name or prefix picks the workbook's
+        paths = [] if args.notebooks else _resolve_notebooks([])
+        for name in args.notebooks:
+            own = Path(name)
+            mine = own.suffix == ".ipynb" and own.is_file()
+            paths += [own.resolve()] if mine else _resolve_notebooks([name])
+        paths = list(dict.fromkeys(paths))
         params = _parse_params(args.param)
         why = nbtools.unknown_parameters(paths, params)
         if why:

@@ -410,6 +410,8 @@ def _stop_kernel(client, km, folder: str, loop) -> str:
             t.cancel()
         if pending:
             loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    pid = getattr(getattr(km, "provisioner", None), "pid", None)
+    started = procs.descendants(pid) if pid else []  # what the kernel started: it goes too
     try:
         if getattr(client, "kc", None) is not None:
             client.kc.stop_channels()
@@ -422,6 +424,7 @@ def _stop_kernel(client, km, folder: str, loop) -> str:
                 pid = getattr(getattr(km, "provisioner", None), "pid", None)
                 if pid:
                     procs.stop_tree(pid, grace=2.0)
+        procs.stop_seen(started, grace=2.0)
     finally:
         km.cleanup_connection_file()
         km.cleanup_ipc_files()
@@ -433,19 +436,68 @@ def _stop_kernel(client, km, folder: str, loop) -> str:
     return "\n".join(tail)
 
 
+# in a process that called :func:`stop_on_signals` (a worker of `sglab run`): the signals that asked
+# it to stop, in order
+_STOPS: list[int] = []
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _note_stop(signum, _frame) -> None:
+    _STOPS.append(int(signum))
+
+
+def stop_on_signals(before: tuple = ()) -> None:
+    """From now on SIGINT, SIGTERM and SIGHUP only ask this process to stop (main thread only): a
+    notebook executing stops its kernel at once and reports as interrupted; one about to start does
+    not start (:func:`stop_requested`); nothing is cut short anywhere else, so a notebook's result
+    and its kernel's shutdown are never lost to a signal. Further signals change nothing: whoever
+    sent them ends the process with SIGKILL if they will not wait. ``before``: the signals a
+    handler of the process's own start noted already."""
+    _STOPS.extend(int(s) for s in before)
+    for s in _STOP_SIGNALS:
+        signal.signal(s, _note_stop)
+
+
+def stop_requested() -> int:
+    """The first signal that asked this process to stop (:func:`stop_on_signals`), or 0."""
+    return _STOPS[0] if _STOPS else 0
+
+
 def _telling_signals(caught: list):
     """This thread's event loop (where nbclient runs), its ``add_signal_handler`` wrapped for one
     execution so that nbclient's SIGINT/SIGTERM handler also notes which signal came (its own
-    handler is not told); undone by removing the wrapper from the loop's attributes."""
+    handler is not told) and runs once however many come, and its ``remove_signal_handler`` so that
+    the handler in place before (:func:`stop_on_signals`) comes back, not the default (which ends
+    the process); undone by removing the wrappers from the loop's attributes. Under
+    :func:`stop_on_signals`, a stop asked before nbclient set its handler (the kernel not started
+    yet) ends the execution there."""
     from jupyter_core.utils import ensure_event_loop
 
     loop = ensure_event_loop()
-    add = loop.add_signal_handler
+    add, remove = loop.add_signal_handler, loop.remove_signal_handler
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    noting = signal.getsignal(signal.SIGTERM) is _note_stop
 
-    def noting(sig, callback, *args):
-        return add(sig, lambda: (caught.append(int(sig)), callback(*args)))
+    def on_signal(sig, callback, args):
+        caught.append(int(sig))
+        if noting:
+            _STOPS.append(int(sig))
+        if len(caught) == 1:
+            callback(*args)
 
-    loop.add_signal_handler = noting
+    def adding(sig, callback, *args):
+        if noting and _STOPS:
+            caught.append(_STOPS[0])
+            raise KeyboardInterrupt  # before the kernel starts: execute reports it stopped
+        return add(sig, on_signal, sig, callback, args)
+
+    def removing(sig):
+        done = remove(sig)
+        if before.get(sig) not in (None, signal.SIG_DFL, signal.default_int_handler):
+            signal.signal(sig, before[sig])
+        return done
+
+    loop.add_signal_handler, loop.remove_signal_handler = adding, removing
     return loop
 
 
@@ -489,7 +541,8 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
     client = nbclient.NotebookClient(nb, km=km, timeout=cell_timeout, kernel_name=kernel_name,
                                      resources={"metadata": {"path": str(ipynb.parent)}},
                                      skip_cells_with_tag=GPU_TAG if skip_gpu else "skip-execution",
-                                     on_cell_execute=progress.start)
+                                     on_cell_execute=progress.start,
+                                     shutdown_kernel="immediate")  # a signal: the kernel goes now
     started, t0 = time.time(), time.perf_counter()
     status, error, by_signal = "ok", "", False
     # the kernel process's own output (not the cells': those reach the notebook) goes to a file: a
@@ -519,6 +572,7 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
                                             f"({why})")
     finally:
         vars(loop).pop("add_signal_handler", None)
+        vars(loop).pop("remove_signal_handler", None)
         kernel_said = _stop_kernel(client, km, folder, loop)
         log.close()
     seconds = time.perf_counter() - t0
@@ -528,7 +582,7 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
                  + f"; partial output in {_write_partial(nb, ipynb, partial_dir)}{said}")
     marker = read_mode(nb)
     mode = marker["mode"] if marker else "cpu"
-    signum = (caught or [signal.SIGINT])[-1] if by_signal else 0  # KeyboardInterrupt: SIGINT
+    signum = (caught or [signal.SIGINT])[0] if by_signal else 0  # KeyboardInterrupt: SIGINT
     return Result(ipynb, status, mode, seconds, error, n_gpu if skip_gpu else 0, nb, started,
                   int(signum))
 

@@ -1,7 +1,7 @@
 """An executed notebook and its offline page: what each worker of ``sglab run`` does with one
-notebook (execute it, save the executed copy, render its HTML page), and how it stops when its
-parent is gone. Kept apart from the report's index so that a worker process starts without the
-fixes, their claims and their imports (pandas, torch)."""
+notebook (execute it, save the executed copy, render its HTML page), and how it stops when told to
+or when its parent is gone. Kept apart from the report's index so that a worker process starts
+without the fixes, their claims and their imports (pandas, torch)."""
 
 from __future__ import annotations
 
@@ -30,45 +30,87 @@ def _exporter():
 
 
 def run_one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pages: bool):
-    """Execute one notebook and write its executed copy and page (in a worker process when
-    several run at a time); ``None`` in a worker whose run was stopped before this one started."""
+    """Execute one notebook and write its executed copy and page (in a worker process of `sglab
+    run`, :func:`worker`)."""
     import nbformat
 
-    if _FLAGS is not None and (_FLAGS / STOPPED).exists():
-        return None
     r = nbtools.execute(p, cell_timeout=cell_timeout, params=params, partial_dir=out)
     nbformat.write(r.nb, out / p.name)
-    if html_pages:
+    if html_pages and nbtools.stop_requested():  # a stopped run has no time for the whole page
+        _stopped_page(r, out / f"{p.stem}.html", notebook_title(r.nb, p.stem))
+    elif html_pages:
         write_page(r.nb, out / f"{p.stem}.html", title=notebook_title(r.nb, p.stem),
                    status=status_line(r), html_exporter=_exporter())
     return r
 
 
-# a signal that reached the whole group has each worker's notebook stopping at once; this long
-# without a report, the parent tells the workers itself
+def _stopped_page(r, path: Path, title: str) -> Path:
+    """The page of a notebook a stopped run cut short: what happened, and its partial notebook."""
+    name = html.escape(r.path.name)
+    path.write_text(
+        f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<p><a href='index.html'>← sglab report index</a></p><h1>{html.escape(title)}</h1>"
+        f"<p>{html.escape(status_line(r))}</p><pre>{html.escape(r.error)}</pre>"
+        f"<p>The executed part: <a href='{name}'>{name}</a></p>", encoding="utf-8")
+    return path
+
+
+# what a worker process runs (``python -c``, the job file its argument): a stop signal that comes
+# while it imports is noted from its first line on, not left to end it
+WORKER = (
+    "import signal, sys\nnoted = []\nfor s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):\n"
+    "    signal.signal(s, lambda n, _f: noted.append(n))\n"
+    "from sglab.tools.pages import worker\nsys.exit(worker(sys.argv[1], noted))")
+# a worker asked to stop has this long to stop its kernel and write what its notebook did; then its
+# parent ends it (SIGKILL), and a worker whose parent is gone ends itself
 STOP_GRACE_S = 5.0
-STOPPED = "stopped"  # a file of this name in the run's flag folder: the run was stopped
-_FLAGS: Path | None = None  # in a worker: the run's flag folder (:func:`worker_init`)
 
 
-def worker_init(parent: int, flags: str) -> None:
-    """A worker's initializer: keep the run's flag folder (a file :data:`STOPPED` there: no further
-    notebook starts here), and watch the parent from a thread: once it is gone, stop this worker's
-    notebook as SIGTERM does (its kernel shut down) and exit, since its result could only block on
-    a pipe that no one reads."""
+def worker(job: str, noted: tuple = ()) -> int:
+    """A worker process of `sglab run` (``python -c`` calling this with a job file): run one
+    notebook (:func:`run_one`) and leave its :class:`~sglab.tools.nbtools.Result` pickled where the
+    job says (None: stopped before it started), and a ``.started`` file beside it once the notebook
+    starts. ``noted``: the signals that came while the process started (see :data:`WORKER`).
+
+    SIGINT, SIGTERM and SIGHUP ask it to stop (:func:`sglab.tools.nbtools.stop_on_signals`): the
+    notebook's kernel is stopped at once and the partial notebook still reported. A thread watches
+    the parent: once it is gone, the worker stops as if signalled, and after :data:`STOP_GRACE_S`
+    ends itself and what its kernel started, since no one will read its result."""
+    import pickle
+
+    spec = pickle.loads(Path(job).read_bytes())
+    nbtools.stop_on_signals(noted)
+    _watch_parent(spec["parent"], spec["folder"])
+    result = Path(spec["result"])
+    r = None
+    if not nbtools.stop_requested():
+        result.with_suffix(".started").touch()
+        r = run_one(spec["notebook"], spec["out"], spec["params"], spec["cell_timeout"],
+                    spec["html_pages"])
+    tmp = result.with_name(f".{result.name}")
+    try:
+        tmp.write_bytes(pickle.dumps(r))
+        os.replace(tmp, result)
+    except OSError:  # the parent is gone, and its folder with it
+        return 1
+    return 0
+
+
+def _watch_parent(parent: int, folder: str) -> None:
     import shutil
     import threading
     import time
 
-    global _FLAGS
-    _FLAGS = Path(flags)
+    from sglab.core import procs
 
     def watch():
         while os.getppid() == parent:
             time.sleep(0.5)
-        shutil.rmtree(flags, ignore_errors=True)  # the parent can no longer remove it
+        shutil.rmtree(folder, ignore_errors=True)  # the parent can no longer remove it
+        seen = procs.descendants(os.getpid())
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(STOP_GRACE_S)
+        procs.stop_seen(seen + procs.descendants(os.getpid()), grace=1.0)
         os._exit(128 + signal.SIGTERM)
 
     threading.Thread(target=watch, name="sglab-exit-with-parent", daemon=True).start()

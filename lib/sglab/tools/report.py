@@ -26,7 +26,7 @@ from sglab.core import bytecode, claims, hardware, kernels, procs, runs
 from sglab.sglang import upstream
 from sglab.sglang.bootstrap import real_release_rows
 from sglab.tools import nbtools, pages, timings
-from sglab.tools.pages import notebook_title, run_one, status_line
+from sglab.tools.pages import notebook_title, status_line
 
 # nbformat, pandas, multiprocessing, the fixes and their claims (torch) are imported where used:
 # `sglab run` starts its notebooks without them
@@ -45,112 +45,284 @@ def _report(r, progress) -> None:
     progress(f"      {r.path.name}: {status_line(r)}" + (f"\n      {err}" if err else ""))
 
 
-def _result_of(future, path: Path):
-    """The worker's result; a worker that died (killed, out of memory) becomes a failed notebook,
-    not a lost run; ``None`` for one a stopped run cancelled before it started."""
-    from concurrent.futures import CancelledError
-    from concurrent.futures.process import BrokenProcessPool
+class Ran(list):
+    """What :func:`run_notebooks` returns: the results in the order asked, and ``signal``, the
+    signal that stopped the run (0 where none did)."""
 
-    try:
-        return future.result()
-    except CancelledError:
-        return None
-    except BrokenProcessPool as e:
+    signal: int = 0
+
+
+# the signals that stop a run (Ctrl-C, `kill`, a closed terminal)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _Signals:
+    """This process's handler of :data:`STOP_SIGNALS` while a run holds it (:func:`stopping`): the
+    first asks the run to stop (the workers are told, what ran is reported), a second while workers
+    still run ends them at once, and a second once the run is over (``final``: its index being
+    written, what the command does after) exits at once with 128 + the first."""
+
+    def __init__(self):
+        self.received: list[int] = []
+        self.final = False
+        self._saved: dict = {}
+        self._depth = 0
+
+    def __call__(self, signum, _frame) -> None:
+        self.received.append(int(signum))
+        if self.final and len(self.received) > 1:
+            with contextlib.suppress(Exception):
+                import sys
+
+                sys.stdout.flush()
+            os._exit(128 + self.received[0])
+
+    def __enter__(self) -> "_Signals":
+        import threading
+
+        global _HOLDER
+        self._depth += 1
+        if self._depth == 1 and threading.current_thread() is threading.main_thread():
+            self._saved = {s: signal.signal(s, self) for s in STOP_SIGNALS}
+            _HOLDER = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _HOLDER
+        self._depth -= 1
+        if self._depth == 0:
+            for s, handler in self._saved.items():
+                signal.signal(s, handler)
+            self._saved = {}
+            _HOLDER = None if _HOLDER is self else _HOLDER
+
+
+_HOLDER: _Signals | None = None
+
+
+def stopping() -> _Signals:
+    """The stop signals' handler of the run in progress (a new one where none is): `sglab run`
+    holds it from its first line to its last, so that a signal while it checks its arguments or
+    saves timings ends it as one during the run does, and :func:`run_notebooks` holds it too."""
+    return _HOLDER or _Signals()
+
+
+class _Worker:
+    """One notebook in a worker process of its own (:func:`sglab.tools.pages.worker`), in this
+    process's group: a signal to the whole group reaches it too."""
+
+    def __init__(self, path: Path, folder: Path, n: int, job: dict):
+        import pickle
+        import subprocess
+        import sys
+        import time
+
+        self.path, self.out, self.result = path, Path(job["out"]), folder / f"{n}.result"
+        spec = folder / f"{n}.job"
+        spec.write_bytes(pickle.dumps({**job, "notebook": path, "result": str(self.result)}))
+        lib = str(Path(pages.__file__).resolve().parents[2])
+        env = {
+            **os.environ, "PYTHONPATH": os.pathsep.join([
+                lib, *filter(None, [os.environ.get("PYTHONPATH")])
+            ])
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", pages.WORKER, str(spec)], stdin=subprocess.DEVNULL, env=env)
+        self.seen: list = []  # its kernel and what that started, as last looked at
+        self.t0 = time.perf_counter()
+
+    def look(self) -> None:
+        """Keep what the worker runs now, so that it can be stopped once the worker is gone."""
+        self.seen += [p for p in procs.descendants(self.proc.pid) if p not in self.seen]
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def report(self, stopped: int):
+        """The worker's result (None: it was stopped before its notebook started); one made here
+        where the worker died or was ended before it said."""
+        import pickle
+        import time
+
         import nbformat
 
-        return nbtools.Result(path, "failed", "?", 0.0, f"the worker process running it died: {e}",
-                              nb=nbformat.v4.new_notebook())
+        with contextlib.suppress(OSError, EOFError, pickle.UnpicklingError):
+            return pickle.loads(self.result.read_bytes())
+        if not self.result.with_suffix(".started").exists():
+            return None  # ended before its notebook started
+        code = self.proc.returncode
+        how = f"killed by signal {-code}" if code and code < 0 else f"exit {code}"
+        nb = nbformat.v4.new_notebook()
+        with contextlib.suppress(Exception):  # the partial notebook, where it got that far
+            nb = nbformat.read(self.out / self.path.name, as_version=4)
+        seconds = time.perf_counter() - self.t0
+        if stopped:
+            return nbtools.Result(
+                self.path, "interrupted", "?", seconds,
+                f"interrupted: stopped by a signal; its worker ended ({how}) "
+                "before it reported", nb=nb, stopped_by_signal=stopped)
+        return nbtools.Result(self.path, "failed", "?", seconds,
+                              f"the worker process running it died ({how})", nb=nb)
 
 
-def _in_parallel(paths, out, params, cell_timeout, html_pages, jobs, progress) -> list:
-    """``jobs`` worker processes, each notebook in one; results in the order of ``paths``.
+def _stop_workers(running: list, signals: _Signals, stopped: int, progress) -> None:
+    """Tell the running workers to stop (the signal this process got: each stops its kernel and
+    reports what ran); end those still running after :data:`pages.STOP_GRACE_S`, or at once on a
+    second signal (SIGKILL); then stop whatever their kernels left running."""
+    import time
 
-    Ctrl-C or SIGTERM (to the process group, or to this process alone) stops the run: no further
-    notebook starts, the running ones are told to stop (each then reports as interrupted and stops
-    its kernel), and this process waits for their reports and writes the index. A worker whose
-    parent is gone (killed outright) stops its notebook and exits rather than wait forever to send
-    a result that no one will read."""
-    import multiprocessing as mp
+    progress("stopped: the running notebooks are told to stop")
+    tell = signal.SIGINT if stopped == signal.SIGINT else signal.SIGTERM
+    for w in running:
+        w.look()
+        w.proc.send_signal(tell)  # a worker the group signal reached already takes it once
+    deadline = time.monotonic() + pages.STOP_GRACE_S
+    looked = time.monotonic()
+    while any(w.running() for w in running):
+        if time.monotonic() >= deadline or len(signals.received) >= 2:
+            break
+        if time.monotonic() - looked >= 0.5:
+            for w in running:
+                w.look()
+            looked = time.monotonic()
+        time.sleep(0.05)
+    hurry = len(signals.received) >= 2
+    for w in running:
+        if w.running():
+            w.look()
+            w.proc.kill()
+    for w in running:
+        with contextlib.suppress(Exception):
+            w.proc.wait(timeout=5)
+    for w in running:
+        left = procs.stop_seen(w.seen, grace=0.0 if hurry else 1.0)
+        if left.found:
+            progress(f"      {w.path.name}: " + left.line("its kernel"))
+
+
+def _run_workers(paths, out, params, cell_timeout, html_pages, jobs, signals: _Signals,
+                 progress) -> tuple[dict, int]:
+    """Each notebook in a worker process, ``jobs`` at a time; ``({path: Result}, signal that stopped
+    the run or 0)``. A notebook a stop finds not started stays out.
+
+    A stop comes from a signal to this process (or its group, which holds the workers), or from a
+    worker whose notebook a signal stopped; the workers running then are stopped as
+    :func:`_stop_workers` says, and nothing else starts. Results come back as files, not through a
+    pipe that a stopping process could leave full."""
+    import shutil
     import tempfile
-    from concurrent.futures import ProcessPoolExecutor, wait
+    import time
 
+    folder = Path(tempfile.mkdtemp(prefix="sglab-run-"))
+    job = {
+        "out": out, "params": params, "cell_timeout": cell_timeout, "html_pages": html_pages,
+        "parent": os.getpid(), "folder": str(folder)
+    }
     done: dict = {}
-    flags = tempfile.TemporaryDirectory(prefix="sglab-run-")
-    stopped = Path(flags.name) / pages.STOPPED  # there: a notebook not yet started does not start
-    with flags, procs.Guard(watchdog=False), ProcessPoolExecutor(
-            max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=pages.worker_init,
-            initargs=(os.getpid(), flags.name)) as pool:
-        futures = {pool.submit(run_one, p, out, params, cell_timeout, html_pages): p for p in paths}
-        try:
-            for f, p in futures.items():
-                done[p] = _result_of(f, p)
-                _report(done[p], progress)
-                if done[p].stopped_by_signal:
-                    break
-        except (KeyboardInterrupt, procs.Terminated):
-            progress("stopped: waiting for the running notebooks to report")
-        finally:
-            stopped.touch()
-            workers = [w.pid for w in (getattr(pool, "_processes", None) or {}).values()]
-            for f in futures:
-                f.cancel()  # those not queued to a worker yet
-        left = {f: p for f, p in futures.items() if p not in done and not f.cancelled()}
-        if wait(left, timeout=pages.STOP_GRACE_S).not_done:  # the signal reached only us
-            for pid in workers:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGTERM)
-        for f, p in left.items():
-            r = _result_of(f, p)
-            if r is not None:  # None: it had not started
-                done[p] = r
-                _report(r, progress)
-    # the spawn context's resource tracker: stopped and waited for here, so no process of ours
-    # outlives the command (left to exit at interpreter shutdown, it ends as an orphan)
-    from multiprocessing import resource_tracker
-
-    resource_tracker._resource_tracker._stop()
+    pending, running = list(paths), []
+    stopped, looked = 0, 0.0
+    try:
+        while pending or running:
+            stopped = stopped or (signals.received[0] if signals.received else 0)
+            if stopped:
+                break
+            while pending and len(running) < jobs:
+                p = pending.pop(0)
+                n = len(paths) - len(pending)
+                if jobs == 1:
+                    progress(f"[{n}/{len(paths)}] {p.name} …")
+                running.append(_Worker(p, folder, n, job))
+            for w in [w for w in running if not w.running()]:
+                running.remove(w)
+                if w.proc.returncode:  # it died: what it ran (its kernel) is nobody's now
+                    procs.stop_seen(w.seen, grace=1.0)
+                r = w.report(0)
+                if r is not None:
+                    done[w.path] = r
+                    _report(r, progress)
+                    stopped = stopped or r.stopped_by_signal  # a signal to that worker alone
+            if time.monotonic() - looked >= 1.0:
+                for w in running:
+                    w.look()
+                looked = time.monotonic()
+            time.sleep(0.05)
+        stopped = stopped or (signals.received[0] if signals.received else 0)
+        if running:
+            _stop_workers(running, signals, stopped, progress)
+            for w in running:
+                r = w.report(stopped)
+                if r is not None:
+                    done[w.path] = r
+                    _report(r, progress)
+    finally:
+        for w in running:  # an error here: no worker (or kernel) outlives the run
+            if w.running():
+                w.look()
+                w.proc.kill()
+                w.proc.wait()
+            procs.stop_seen(w.seen, grace=0.0)
+        shutil.rmtree(folder, ignore_errors=True)
     if len(done) < len(paths):
         progress(f"stopped: {len(paths) - len(done)} notebook(s) not run")
-    return [done[p] for p in paths if p in done]
+    return done, stopped
+
+
+class _Facts:
+    """The index's reading (the machine, each notebook's recorded claim facts) in a thread, while
+    the notebooks run; a stopped run waits for it a bounded time."""
+
+    def __init__(self, paths, env_rows):
+        import threading
+
+        self.env, self.known = env_rows, None
+        self.thread = threading.Thread(target=self._read, args=(paths,), daemon=True,
+                                       name="sglab-index-facts")
+        self.thread.start()
+
+    def _read(self, paths) -> None:
+        if self.env is None:
+            self.env = env_report()
+        self.known = {p.stem: recorded_facts(p.stem) for p in paths}
+
+    def wait(self, timeout: float | None) -> tuple:
+        self.thread.join(timeout)
+        return self.env, self.known
 
 
 def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None,
                   cell_timeout: int = 900, html_pages: bool = True, env_rows=None, progress=print,
-                  jobs: int | None = None) -> list:
+                  jobs: int | None = None) -> Ran:
     """Execute ``paths`` into ``out``; return the :class:`sglab.tools.nbtools.Result` list, in the
-    order of ``paths``.
+    order of ``paths`` (a :class:`Ran`: its ``signal`` says what stopped the run).
 
-    ``jobs`` notebooks at a time (default :func:`default_jobs`: one on a GPU machine). A failed or
-    interrupted notebook still gets its partial executed notebook and page; the index says what
-    happened to each. A run stopped by Ctrl-C or SIGTERM stops here (with the report of what
-    ran)."""
+    Each notebook runs in a worker process, ``jobs`` at a time (default :func:`default_jobs`: one
+    on a GPU machine). A failed or interrupted notebook still gets its partial executed notebook
+    and page; the index says what happened to each. Ctrl-C, SIGTERM or SIGHUP (to this process
+    alone or to its group), whenever it comes, stops the run: the workers stop their notebooks and
+    kernels, the index of what ran is written, and ``signal`` is set; a second signal ends the
+    workers at once."""
     out.mkdir(parents=True, exist_ok=True)
     jobs = default_jobs() if jobs is None else max(1, int(jobs))
     if jobs > 1 and len(paths) > 1:
-        from concurrent.futures import ThreadPoolExecutor
-
         progress(f"{len(paths)} notebooks, {jobs} at a time …")
-        # while the workers run the notebooks, this process (idle otherwise) reads the machine
-        # and the recorded runs' claims for the index
-        with ThreadPoolExecutor(1) as meanwhile:
-            env_soon = meanwhile.submit(env_report) if env_rows is None else None
-            soon = meanwhile.submit(lambda: {p.stem: recorded_facts(p.stem) for p in paths})
-            results = _in_parallel(paths, out, params, cell_timeout, html_pages, jobs, progress)
-            env_rows = env_soon.result() if env_soon else env_rows
-            known = soon.result()
-    else:
-        known, results = {}, []
-        for i, p in enumerate(paths, 1):
-            progress(f"[{i}/{len(paths)}] {p.name} …")
-            results.append(run_one(p, out, params, cell_timeout, html_pages))
-            _report(results[-1], progress)
-            # Ctrl-C or SIGTERM: the report of what ran, then stop
-            if results[-1].stopped_by_signal:
-                progress(f"stopped: {len(paths) - i} notebook(s) not run")
-                break
-    if env_rows is None:
-        env_rows = env_report()
-    write_index(results, out, env_rows, recorded=known)
+    with stopping() as signals:
+        signals.final = False
+        # while the workers run the notebooks, this process (idle otherwise) reads the machine and
+        # the recorded runs' claims for the index (not beside a live notebook on a GPU machine)
+        facts = _Facts(paths, env_rows) if jobs > 1 and len(paths) > 1 else None
+        done, stopped = _run_workers(paths, out, params, cell_timeout, html_pages, jobs, signals,
+                                     progress)
+        signals.final = True
+        if stopped and facts is None:
+            facts = _Facts(paths, env_rows)
+        # a stopped run gives the reading a second more, then goes without it
+        env, known = facts.wait(1.0 if stopped else None) if facts else (env_rows, {})
+        quick = bool(stopped) and known is None
+        env = env if env is not None else ([(
+            "environment", "not read: the run was stopped first")] if stopped else env_report())
+        results = Ran(done[p] for p in paths if p in done)
+        results.signal = signals.received[0] if signals.received else stopped
+        write_index(results, out, env, recorded=known or {}, quick=quick)
     return results
 
 
@@ -301,11 +473,12 @@ def _earlier_result(out: Path, entry: dict):
 
 
 def write_index(results, out: Path, env_rows: list[tuple[str, str]], live_times: dict | None = None,
-                recorded: dict | None = None) -> Path:
+                recorded: dict | None = None, quick: bool = False) -> Path:
     """Write ``index.html`` and ``index.json`` for ``results`` (nbtools.Result, executed notebooks
-    inside); ``recorded``: {stem: :func:`recorded_facts`} read already. The notebooks of an earlier
-    run into ``out`` that did not run now keep their cards (:func:`earlier_entries`), marked with
-    the time they ran."""
+    inside); ``recorded``: {stem: :func:`recorded_facts`} read already (``quick``, a stopped run:
+    the facts not read already are not read now, and those cards go without them). The notebooks
+    of an earlier run into ``out`` that did not run now keep their cards (:func:`earlier_entries`),
+    marked with the time they ran."""
     live_times = timings.live_times() if live_times is None else live_times
     ran_at = datetime.now(timezone.utc)
     now = ran_at.strftime("%Y-%m-%d %H:%M UTC")
@@ -319,9 +492,11 @@ def write_index(results, out: Path, env_rows: list[tuple[str, str]], live_times:
     if earlier:
         entries += [(_earlier_result(out, e), e, e["ran_utc"]) for e in earlier]
         entries.sort(key=lambda x: x[1]["notebook"])
+    recorded = recorded or {}
+    none = {"claim": "", "headline": "", "verdicts": [], "source": ""}
     cards = "".join(
-        card(r, live_times.get(r.path.stem, timings.NOT_RECORDED), (
-            recorded or {}).get(r.path.stem), when) for r, _, when in entries)
+        card(r, live_times.get(r.path.stem, timings.NOT_RECORDED),
+             recorded.get(r.path.stem, none if quick else None), when) for r, _, when in entries)
     env = "".join(f"<tr><th>{html.escape(k)}</th><td><pre>{html.escape(v)}</pre></td></tr>"
                   for k, v in env_rows)
     more = f" {len(earlier)} more from earlier runs into this folder." if earlier else ""
