@@ -190,7 +190,7 @@ def test_headline_from_recorded_runs():
         # the median's range over the runs of this GPU model and method (other machines)
         meds = [
             claims.show.speedups(r.df)["median"] for r in runs.load_all_recorded(EXP)
-            if runs.gpu_short(r) == gpu and r.manifest.get("method_version") == _method_of(js)
+            if runs.gpu_short(r) == gpu and r.manifest.method_version == _method_of(js)
         ]
         across = f"; medians {min(meds):.2f}–{max(meds):.2f}× over {len(meds)} runs)"
         assert (across in text) == (len(meds) > 1), (across, text)

@@ -39,29 +39,28 @@ def test_mechanism_without_a_run_draws_the_cpu_rebuild():
 
 @pytest.mark.skipif(not RECORDED, reason="no recorded breakable_graph run")
 def test_every_section_renders_the_committed_runs(capsys):
-    run = claims.shown(RECORDED)[0]
-    run.shown = claims.shown(RECORDED)
+    run = runs.RunSet(claims.shown(RECORDED))
     show.mechanism(run)
     for section in (show.correctness, show.latency, show.launches, show.profiler):
         section(run)
     out = capsys.readouterr().out
     assert "after vs eager ×, min" in out and "token_hit_rate" in out
     assert "512 tokens per prefill" in out
-    t = show.speedup_table(run.df)
+    t = show.speedup_table(run.first.df)
     assert t["requests"].tolist() == ["3..8"] * 3
     assert (t["before vs eager ×, min"] > 0.9).all() and (t["before vs eager ×, max"] < 1.1).all()
     assert round(t["after vs eager ×, min"].min(), 2) == 1.21
-    seg = show.segment_table(run.df)
+    seg = show.segment_table(run.first.df)
     assert (seg.xs("graph_segments", axis=1, level="metric") == 17).all().all()
 
 
 @pytest.mark.skipif(not RECORDED, reason="no recorded breakable_graph run")
 def test_the_rerun_table_has_a_row_per_method_3_run_with_the_held_medians(capsys):
-    m3 = [r for r in RECORDED if r.manifest.get("method_version", 1) >= 3]
+    m3 = [r for r in RECORDED if r.manifest.method_version >= 3]
     t = show.reruns_table(RECORDED)
     assert len(t) == len(m3)
     for r in m3:
-        row = t[t["run (UTC)"] == r.manifest["created_utc"][:16].replace("T", " ")].iloc[0]
+        row = t[t["run (UTC)"] == r.manifest.created_utc[:16].replace("T", " ")].iloc[0]
         held = C.evaluate_claim(SPEEDUP, r).value
         assert row["median ×"] == round(held["median"], 2)
         assert row["median × ≤ 512 tok"] == round(held["median_launch_bound"], 2)

@@ -38,9 +38,7 @@ def _rewrite(path: Path, df) -> None:
 
 
 def _w2_recorded() -> Path:
-    paths = [
-        p for p in runs.list_runs(EXP) if runs.read_run(p).manifest["params"]["world_size"] == 2
-    ]
+    paths = [p for p in runs.list_runs(EXP) if runs.read_run(p).manifest.params["world_size"] == 2]
     assert paths, "a recorded world-size-2 run is committed"
     return paths[-1]
 
@@ -61,7 +59,7 @@ def test_every_recorded_run_verifies(capsys):
     assert f"{len(recorded)} run(s): {len(recorded)} hold, 0 fail" in out
     # the trace claims are n/a on method-1 runs, with why; method 2 runs have every claim
     for run in recorded:
-        if run.manifest["method_version"] >= 2:
+        if run.manifest.method_version >= 2:
             assert all(r.status == "pass" for r in claims.evaluate(cc, run))
             continue
         na = [r for r in claims.evaluate(cc, run) if r.status == "n/a"]
@@ -127,12 +125,12 @@ def test_a_truncated_copy_is_bad_input(tmp_path, capsys):
 def test_headline_from_the_runs_shown():
     """Per run shown (newest per GPU model and world size), the numbers recomputed from its CSV."""
     shown = cc.shown(runs.load_all_recorded(EXP))
-    assert [(runs.gpu_short(r), r.manifest["params"]["world_size"]) for r in shown] == [("H200", 2),
-                                                                                        ("H200", 4)]
+    assert [(runs.gpu_short(r), r.manifest.params["world_size"]) for r in shown] == [("H200", 2),
+                                                                                     ("H200", 4)]
     line = claims.headline(cc, shown)
     assert "|" not in line and len(line) < 400
     for r in shown:
-        df, w = r.df, r.manifest["params"]["world_size"]
+        df, w = r.df, r.manifest.params["world_size"]
         probe = df[(df.variant == "before_probe") & (df.metric == "failed")]
         refused = sorted(probe["size"].astype(int))
         raw = df[df.variant == "before"]["size"].nunique()
@@ -217,7 +215,7 @@ def test_gloo_run_claims(gloo_run):
 def _damage_events(gloo_run: Path, tmp_path: Path, damage) -> Path:
     path = _copy(gloo_run, tmp_path)
     events = runs.read_run(path).sidecar("events")
-    target = path.parent / runs.read_run(path).manifest["sidecars"]["events"]
+    target = path.parent / runs.read_run(path).manifest.sidecars["events"]
     with gzip.open(target, "wt") as f:
         damage(events).to_csv(f, index=False)
     return path

@@ -76,8 +76,8 @@ def test_without_a_size_flag_the_release_default_list_is_what_was_asked(captured
 
     run = _both()
     manifest = copy.deepcopy(run.manifest)
-    for e in manifest["engine_runs"]:
-        e["server_args"] = ["--tp-size", "8", "--moe-dense-tp-size", "1"]
+    for e in manifest.engine_runs:
+        e["server_args"], e["tp"] = ["--tp-size", "8", "--moe-dense-tp-size", "1"], 8
         e["resolved"] = {"piecewise_cuda_graph_tokens": None}
     default = fx.default_piecewise_capture_sizes()
     kept = fx.filter_piecewise_capture_sizes(default, 8)
@@ -93,7 +93,7 @@ def test_without_a_size_flag_the_release_default_list_is_what_was_asked(captured
 def test_a_release_that_failed_in_two_variants_is_named_once(tmp_path):
     """The TP-2 and TP-4 record merged holds 0.5.14's failure twice (odd sizes, TP-4 sizes): the
     claim's value names the release once, so a rerun of one of them reads alike."""
-    from sglab.sglang import engine_runs as E
+    from sglab.core import engine_records as E
 
     found = runs.load_all_recorded("engine_capture_sizes")
     merged = E.merged(found)
@@ -108,10 +108,10 @@ def test_a_release_that_failed_in_two_variants_is_named_once(tmp_path):
 def test_the_engine_table_reads_by_attention_tp_then_release():
     """Each TP size's rows together, the older release first (the table of every recorded TP
     size read 0.5.14, 0.5.11 at TP 2 and 0.5.11, 0.5.14 at TP 4)."""
-    from sglab.sglang import engine_runs
+    from sglab.core import engine_records
     from sglab.sglang.releases import parse_version
 
-    merged = engine_runs.merged(runs.load_all_recorded("engine_capture_sizes"))
+    merged = engine_records.merged(runs.load_all_recorded("engine_capture_sizes"))
     table = S.engine_table(merged)
     order = list(zip(table["attention TP"], table.index))
     assert order == sorted(order, key=lambda k: (k[0], parse_version(k[1])))

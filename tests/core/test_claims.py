@@ -28,7 +28,7 @@ def _ratio(run):
 
 
 def _two_gpus(run):
-    return None if run.manifest.get("gpu_count", 0) >= 2 else "needs a run on 2 GPUs"
+    return None if run.manifest.gpu_count >= 2 else "needs a run on 2 GPUs"
 
 
 CLAIMS = [
@@ -180,7 +180,7 @@ def test_exact_value_differing_from_same_gpu_reference_fails(demo, capsys):
     other_gpu.with_suffix(".json").write_text(json.dumps(m))
     # reported, not fatal, across GPU models
     assert cli.main(["verify", str(other_gpu), "--against"]) == 0
-    assert "nearest is the newest" in capsys.readouterr().out
+    assert "runs of this size on other GPU models (1)" in capsys.readouterr().out
 
 
 def test_junit(demo, tmp_path):
@@ -220,7 +220,7 @@ def test_headline_says_one_value_where_a_range_collapses():
     from sglab.core.claims import Headline, Outcome
 
     h = Headline(parts=("{lo[c]:.1f}–{hi[c]:.1f} µs", "{lo[d]}–{hi[d]} runs"))
-    run = SimpleNamespace(manifest={})
+    run = SimpleNamespace(manifest=runs.Manifest())
     one = h.render([(run, {"c": Outcome("pass", "", 11.5), "d": Outcome("pass", "", 3)})])
     assert one == "11.5 µs; 3 runs"
     two = h.render([(run, {"c": Outcome("pass", "", 11.5), "d": Outcome("pass", "", 13)}),
@@ -317,7 +317,7 @@ def test_a_claim_whose_applies_cannot_read_the_run_fails_naming_why():
         raise KeyError("value")
 
     c = Claim("x.thin", "t", "e", check=lambda run: holds(True, "m"), applies=unreadable)
-    out = claims.evaluate_claim(c, types.SimpleNamespace(manifest={}))
+    out = claims.evaluate_claim(c, types.SimpleNamespace(manifest=runs.Manifest()))
     assert out.status == claims.FAIL and out.reason == "could not evaluate: KeyError: 'value'"
 
 

@@ -91,8 +91,9 @@ def test_workbook_modes_on_cpu(data_root, capsys):
         nb.Workbook(demo, mode="fast")
     runs.write_run(_frame(), experiment="demo", method_version=1, params={},
                    root=data_root / "recorded")
-    run = nb.Workbook(demo, show=False).run()
-    assert run and not run.live and run.df["value"].tolist() == [2.0, 1.0] and run.shown == [run]
+    got = nb.Workbook(demo, show=False).run()
+    assert isinstance(got, runs.RunSet) and got and not got.live and len(got.shown) == 1
+    assert got.first.df["value"].tolist() == [2.0, 1.0] and got.elsewhere == []
     assert nb.Workbook(experiment="cpu_only", gpus=0, show=False).live is True
 
 
@@ -148,7 +149,7 @@ def test_newest_by_and_gpu_short(data_root):
         runs.write_run(_frame(), experiment="demo", method_version=1, params={"world_size": ws},
                        root=rec)
     all_runs = runs.load_all_recorded("demo")
-    newest = runs.newest_by(all_runs, lambda r: r.manifest["params"]["world_size"])
+    newest = runs.newest_by(all_runs, lambda r: r.manifest.params["world_size"])
     assert list(newest) == [2, 4] and newest[2].path == all_runs[-1].path
     assert runs.gpu_short({"gpu_name": "NVIDIA H100 80GB HBM3"}) == "H100"
     assert runs.gpu_short("NVIDIA H200") == "H200" and runs.gpu_short({}) == "?"
@@ -169,7 +170,7 @@ def test_sidecars_are_written_listed_read_back_and_promoted(data_root, tmp_path)
     path = runs.write_run(_frame(), experiment="demo", method_version=1, params={},
                           sidecars={"events": events, "trace": trace_file})
     run = runs.read_run(path)
-    assert run.manifest["sidecars"] == {
+    assert run.manifest.sidecars == {
         "events": f"{path.stem}.events.csv.gz", "trace": f"{path.stem}.trace.json.gz"
     }
     assert run.sidecar("events").equals(events)

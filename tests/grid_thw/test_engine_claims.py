@@ -104,23 +104,21 @@ def test_at_tp4_a_rerun_holds_gpu0s_total_to_two_percent(tmp_path):
 
 
 def _dated(run, stamp: str):
-    run.manifest["created_utc"] = stamp
+    run.manifest.created_utc = stamp
     return run
 
 
 def test_the_memory_table_shows_each_tp_sizes_newest_run_and_gpu0_every_run(tmp_path, capsys):
     """Two TP-2 runs of one GPU model: the per-process table is the newer run's (never their sum),
     and GPU 0's total has one row per run."""
-    from types import SimpleNamespace
-
     old = _dated(_run(tmp_path / "a", [522.0], []), "2026-11-27T16:23:56Z")
     new = _dated(_run(tmp_path / "b", [520.0], []), "2026-11-28T15:07:48Z")
-    show.engine(SimpleNamespace(shown=[old, new], elsewhere=[]))
+    show.engine(runs.RunSet([old, new]))
     out = capsys.readouterr().out
     tp1 = [ln for ln in out.splitlines() if "sglang::scheduler_TP1" in ln]
     assert [ln.split()[-2] for ln in tp1] == ["520", "0"]  # GPU 0: before, released, whole MiB
     assert "1042" not in out and ".0 " not in out
-    by_run = show.gpu0_by_run(SimpleNamespace(shown=[new, old]))
+    by_run = show.gpu0_by_run(runs.RunSet([new, old]))
     assert list(by_run["before"]) == [522.0, 520.0] and list(by_run["released"]) == [0.0, 0.0]
     assert list(by_run.index.get_level_values("TP")) == [2, 2]
 
@@ -154,7 +152,7 @@ def _tp4_run(tmp_path, before: dict, released: dict, machine: int = 4):
         ]
         results.append(eng.EngineResult(spec, "ok", decisions=eng.read_log(_log(lines))))
     run = runs.read_run(eng.record(results, "grid_thw", root=tmp_path))
-    run.manifest["gpu_count_machine"] = machine
+    run.manifest.gpu_count_machine = machine
     return run
 
 
@@ -174,4 +172,4 @@ def test_on_a_machine_of_two_gpus_there_is_nothing_beyond_gpu0_to_see(tmp_path):
 
 def test_the_recorded_four_gpu_runs_hold_every_visible_gpu():
     held = [r for r in runs.load_all_recorded("engine_grid_thw") if _status(r)[EVERY] == core.PASS]
-    assert len(held) >= 2 and all(r.manifest["gpu_count_machine"] == 4 for r in held)
+    assert len(held) >= 2 and all(r.manifest.gpu_count_machine == 4 for r in held)

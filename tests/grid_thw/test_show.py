@@ -49,27 +49,23 @@ def test_step_deltas_are_computed_once_per_run_and_gpu():
 
 
 def _recorded(method):
-    out = [
-        r for r in runs.load_all_recorded("grid_thw") if r.manifest.get("method_version") == method
-    ]
+    out = [r for r in runs.load_all_recorded("grid_thw") if r.manifest.method_version == method]
     if not out:
         pytest.skip(f"no method-{method} recorded run")
     return out
 
 
 def test_mechanism_picture_marks_every_stray_context():
-    tp4 = [
-        r for r in runs.load_all_recorded("grid_thw") if int(r.manifest["params"]["tp_size"]) == 4
-    ]
+    tp4 = [r for r in runs.load_all_recorded("grid_thw") if int(r.manifest.params["tp_size"]) == 4]
     assert tp4, "the TP-4 run is committed"
     cells = show.cells(tp4[-1].df)
     assert int(cells.stray.sum()) == 9  # 3 ranks × (GPU 0 + 2 other GPUs)
     assert (cells[cells.stray].after == 0).all()
-    fig = show.mechanism(tp4[-1])
+    fig = show.mechanism(runs.RunSet([tp4[-1]]))
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert texts.count("stray context") == 9 and "rank 3" in texts and "GPU 3 (rank 3)" in texts
     shown = show.slide_run(runs.load_all_recorded("grid_thw"))
-    assert int(shown.manifest["params"]["tp_size"]) == 4  # the slide draws the most ranks
+    assert int(shown.manifest.params["tp_size"]) == 4  # the slide draws the most ranks
     assert show.mechanism(runs.NoRun("grid_thw", "none")).axes[0].texts[0].get_text() == \
         "no run to draw yet"
 
@@ -105,7 +101,7 @@ def test_analysis_keeps_runs_apart():
     waste = show.waste_vs_tp(df)
     assert len(waste) == sum(len(set(r.df.variant) - {"all"}) for r in recorded)
     for r in recorded:
-        reps = int(r.manifest["params"]["repeats"])
+        reps = int(r.manifest.params["repeats"])
         assert (waste[waste.run == show.run_name(r)].repeats == reps).all()
     left = show.leftovers(df)
     assert (left.processes_alive == 0).all() and (left.nvml_processes_listed == 0).all()

@@ -141,7 +141,7 @@ def test_headline_numbers_from_committed_csvs():
         # the largest speed-up moves with the host: its range over this GPU model's runs
         peers = [
             x for x in runs.load_all_recorded(EXP) if runs.gpu_short(x) == runs.gpu_short(r)
-            and x.manifest.get("method_version") == r.manifest.get("method_version")
+            and x.manifest.method_version == r.manifest.method_version
         ]
         tops = [(x.df[x.df.metric == "time_median"].pivot_table(
             index="num_tokens", columns="variant", values="value").eval("eager / piecewise").max())
@@ -158,8 +158,7 @@ def test_headline_numbers_from_committed_csvs():
         in text
     assert text.startswith("Prefill eager/piecewise (median, 16–4096 tok): ")
     # the host's per-launch cost is in the headline exactly where a shown run measured it
-    assert ("per launch on the host"
-            in text) == any(r.manifest.get("method_version", 1) >= 3 for r in shown)
+    assert ("per launch on the host" in text) == any(r.manifest.method_version >= 3 for r in shown)
 
 
 # --------------------------------------------------------------------------------------------------

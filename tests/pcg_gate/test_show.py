@@ -19,9 +19,9 @@ def test_mechanism_facts_from_the_rebuild_and_from_a_run():
     assert list(cpu.index) == list(show.SHOWN)
     assert list(cpu["model_keys_after_gate"]) == [0, 14, 15, 0]  # plain alias: the text model
     assert cpu["source"].iloc[0].startswith("the CPU rebuild")
-    m2 = [r for r in RECORDED if r.manifest.get("method_version", 1) >= 2]
+    m2 = [r for r in RECORDED if r.manifest.method_version >= 2]
     if m2:
-        facts = show.mechanism_facts(m2[-1])
+        facts = show.mechanism_facts(runs.RunSet([m2[-1]]))
         assert facts.loc["property_only", "model_keys_after_gate"] == facts.loc["no_alias",
                                                                                 "lm_keys"]
     show.mechanism(None).clf()
@@ -46,7 +46,7 @@ def test_launch_table_of_a_method3_run(tmp_path):
 
 
 def test_old_runs_say_the_host_cost_was_not_measured(capsys):
-    old = [r for r in RECORDED if r.manifest.get("method_version", 1) < 3]
+    old = [r for r in RECORDED if r.manifest.method_version < 3]
     if not old:
         pytest.skip("no recorded pcg_gate run before method 3")
     assert show.launch_table(old[-1].df).empty
@@ -75,10 +75,10 @@ def test_sections_of_the_recorded_runs(capsys):
     out = capsys.readouterr().out
     assert "bf16 tolerance at all" in out
     for r in shown:  # each run's host cost where its method measured it, else why not
-        said = f"{r.label}: host per-launch cost " + ("not measured" if r.manifest.get(
-            "method_version", 1) < 3 else "")
+        said = f"{r.label}: host per-launch cost " + ("not measured"
+                                                      if r.manifest.method_version < 3 else "")
         assert said in out
-    older = [r for r in RECORDED if r.manifest.get("method_version", 1) < 3]
+    older = [r for r in RECORDED if r.manifest.method_version < 3]
     if older:
         older[-1].shown = [older[-1]]
         show.latency(older[-1])

@@ -160,8 +160,8 @@ def _result(tmp_path) -> eng.EngineResult:
 def test_record_is_one_run_with_its_manifest(tmp_path):
     path = eng.record([_result(tmp_path)], "pcg_gate", root=tmp_path / "runs")
     run = runs.read_run(path)
-    assert run.manifest["experiment"] == "engine_pcg_gate"
-    er = run.manifest["engine_runs"][0]
+    assert run.manifest.experiment == "engine_pcg_gate"
+    er = run.manifest.engine_runs[0]
     assert er["release"] == "0.5.13" and er["versions"]["sglang-kernel"] == "0.4.3"
     assert (er["adjustments"][0]["name"] == "kimi-k25-post-load-weights"
             and er["adjustments"][0]["reason"])
@@ -317,11 +317,11 @@ def test_a_scenario_stopped_by_a_signal_records_the_engines_that_finished_as_par
     (path,) = runs.list_runs("engine_pcg_gate", root=out / "partial")
     assert f"recorded (partial: 2 of 15 engines, stopped by SIGTERM): {path}" in p.stdout
     run = runs.read_run(path)
-    part = run.manifest["partial"]
+    part = run.manifest.partial
     assert (part["ran"], part["planned"], part["stopped_by"]) == (2, 15, "SIGTERM")
     assert len(part["missing"]) == 13 and part["missing"][-1] == "0.5.13+pcg-off start 3"
-    assert len(run.manifest["engine_runs"]) == 2 and run.sidecar("log_1").is_file()
-    assert run.manifest["host_launch_us"] == {"before": {"median": 5.0}}
+    assert len(run.manifest.engine_runs) == 2 and run.sidecar("log_1").is_file()
+    assert run.manifest.host_launch_us == {"before": {"median": 5.0}}
     assert cli.main(["verify", str(path)]) == 1
     said = capsys.readouterr().out
     assert ("partial: 2 of 15 engines, stopped by SIGTERM; not run: 0.5.13+pcg-off ×4, "

@@ -165,10 +165,10 @@ def test_record_fix_writes_one_run_with_releases_and_shims(tmp_path):
     assert not complete and path.parent == tmp_path / "real_demo"
     run = read_run(path)
     m = run.manifest
-    assert m["experiment"] == "real_demo" and m["method_version"] == 7 and m["gpu_count"] == 1
-    assert m["params"]["releases"] == ["0.5.12.post1", "0.5.23"]
-    assert m["params"]["shims"] == {"0.5.12.post1": ["triton"], "0.5.23": ["triton"]}
-    assert m["sglang"]["0.5.23"]["status"] == "error" and "boom" in m["sglang"]["0.5.23"]["reason"]
+    assert m.experiment == "real_demo" and m.method_version == 7 and m.gpu_count == 1
+    assert m.params["releases"] == ["0.5.12.post1", "0.5.23"]
+    assert m.params["shims"] == {"0.5.12.post1": ["triton"], "0.5.23": ["triton"]}
+    assert m.sglang["0.5.23"]["status"] == "error" and "boom" in m.sglang["0.5.23"]["reason"]
     assert list(run.df.columns) == ["experiment", "variant", "release", "metric", "value", "unit"]
     assert value(run, release="0.5.12.post1", metric="kernel_nodes") == 20
     assert "boom" in value(run, release="0.5.23", metric="status")
@@ -262,8 +262,7 @@ def test_swa_loc_cpu_path_translates_per_layer_once_or_never(cpu_runs):
             assert value(run, release=release, variant=v, metric="rows_landed") is True
         assert value(run, release=release, metric="expected_nodes_per_swa_layer") == k
     assert value(run, release="0.5.12.post1", variant="decode_buffers", metric="dtype") == "int32"
-    assert (run.manifest["params"]["shims"]["0.5.23"] == run.manifest["params"]["shims"]
-            ["0.5.12.post1"])
+    assert (run.manifest.params["shims"]["0.5.23"] == run.manifest.params["shims"]["0.5.12.post1"])
 
 
 # -- on a GPU

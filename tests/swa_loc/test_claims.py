@@ -164,7 +164,7 @@ def _sidecars(n_swa=40, static=None):
 def _method2(data_root, sidecars=None, nsight="ran"):
     src = runs.read_run(H100)
     params = {
-        **src.manifest["params"], "trace_config": {
+        **src.manifest.params, "trace_config": {
             "num_layers": 48, "swa_per_full": 5, "batch_size": 32
         }
     }

@@ -371,8 +371,8 @@ def test_shown_and_tables_on_recorded():
     if not rs:
         pytest.skip("no recorded swa_loc run")
     shown = claims.shown(SWA, rs)
-    assert len({r.manifest["gpu_name"]
-                for r in shown}) == len(shown) == len({r.manifest["gpu_name"]
+    assert len({r.manifest.gpu_name
+                for r in shown}) == len(shown) == len({r.manifest.gpu_name
                                                        for r in rs})
     for r in shown:
         kt = show.kernel_table(r.df)

@@ -114,7 +114,7 @@ def test_mechanism_without_and_with_kernel_names(data_root):
     text = _texts(fig)
     assert "5 kernel nodes before, 3 with the preset" in text and "2 kernels" in text
     run = _method2(data_root)
-    text = _texts(show.mechanism(run))
+    text = _texts(show.mechanism(runs.RunSet([run])))
     assert "index gather<8B>" in text and "copy -> int" in text
 
 

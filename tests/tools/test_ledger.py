@@ -19,7 +19,7 @@ def test_every_recorded_run_is_named_by_a_scenario_of_its_fix():
     for r in ledger.every_run():
         name = ledger.scenario_of(r)
         assert name in names, (r.path.name, name)
-        assert names[name].experiment == r.manifest["experiment"], r.path.name
+        assert names[name].experiment == r.manifest.experiment, r.path.name
 
 
 def test_the_width_sweep_and_the_pcg_pair_share_a_model_but_not_a_scenario():
@@ -31,8 +31,8 @@ def test_the_width_sweep_and_the_pcg_pair_share_a_model_but_not_a_scenario():
 def test_a_run_of_no_scenario_says_its_model_and_tp_size():
     run = copy.copy(_runs("engine_grid_thw")[0])
     run.manifest = copy.deepcopy(run.manifest)
-    for s in run.manifest["params"]["specs"]:
-        s["server_args"] = ["--tp-size", "3"]
+    for s in run.manifest.params["specs"]:
+        s["server_args"], s["tp"] = ["--tp-size", "3"], 3
     assert ledger.scenario_of(run) == "kimi_k25_tiny at TP 3"
 
 
@@ -41,8 +41,7 @@ def test_a_row_says_how_its_engines_ended_and_a_part_machine():
     row = ledger.row(by["06-dense-tp1"])
     assert "error" in row.split("|")[5]  # 0.5.14's start-up error is what the claim expects
     tp2_on_4 = [
-        r for r in _runs("engine_grid_thw")
-        if r.manifest.get("gpu_count_machine", 0) > r.manifest["gpu_count"]
+        r for r in _runs("engine_grid_thw") if r.manifest.gpu_count_machine > r.manifest.gpu_count
     ]
     assert tp2_on_4, "the committed TP-2 run on a 4-GPU machine"
     assert " ×2 of 4" in ledger.row(tp2_on_4[0])
@@ -62,7 +61,7 @@ def test_releases_no_run_started_are_listed_by_scenario():
     missing = "\n".join(ledger.not_recorded(found))
     assert "`06-dense-tp1` (2 GPUs): 0.5.23" in missing  # needs torch 2.14: never started
     assert "`01-kimi-pcg`" not in missing
-    without_05 = [r for r in found if r.manifest["experiment"] != "engine_grid_thw"]
+    without_05 = [r for r in found if r.manifest.experiment != "engine_grid_thw"]
     assert "- `05-grid-thw` (2 GPUs): 0.5.11" in ledger.not_recorded(without_05)
 
 

@@ -64,8 +64,8 @@ def test_record_and_live_times(tiny, tmp_path, data_root):
     path = timings.write(results, record=True, params={"notebooks": ["99_tiny"]})
     assert path.parent == data_root / "recorded" / "workbook"
     run = runs.read_run(path)
-    assert run.manifest["experiment"] == "workbook" and run.manifest["method_version"] == 1
-    assert run.manifest["notebooks"]["99_tiny"]["status"] == "ok"
+    assert run.manifest.experiment == "workbook" and run.manifest.method_version == 1
+    assert run.manifest.notebooks["99_tiny"]["status"] == "ok"
     assert timings.live_times() == {}  # a CPU record in recorded mode is no live time
     # the same record as a GPU box would write it: the notebook live, on an H100
     gpu = path.with_name("20990101T000000Z_nvidia-h100-x1.csv")
@@ -73,7 +73,7 @@ def test_record_and_live_times(tiny, tmp_path, data_root):
     df.to_csv(gpu, index=False)
     gpu.with_suffix(".json").write_text(
         json.dumps({
-            **run.manifest, "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 1,
+            **run.manifest.raw, "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 1,
             "created_utc": "2099-01-01T00:00:00Z"
         }))
     expected = df.loc[df["metric"] == "wall_s", "value"].sum()
@@ -110,7 +110,7 @@ def test_committed_records_load():
     """Every committed workbook record reads back with its notebooks' live times."""
     for run in runs.load_all_recorded("workbook"):
         assert set(run.df["metric"]) <= {"wall_s", "measure_s"}
-        assert timings.live_seconds(run) or run.manifest["gpu_name"] == "cpu"
+        assert timings.live_seconds(run) or run.manifest.gpu_name == "cpu"
 
 
 def test_two_at_a_time_keeps_order_and_reports_each(tiny, tmp_path):
@@ -214,8 +214,8 @@ def test_timings_of_notebooks_run_elsewhere_carry_that_machine(tmp_path, data_ro
     assert cli.main(["timings", str(reports), "--runs", str(tmp_path / "runs"), "--record"]) == 0
     (rec,) = runs.load_all_recorded(timings.EXPERIMENT)
     m = rec.manifest
-    assert (m["gpu_name"], m["gpu_count"], m["git_sha"]) == ("NVIDIA H200", 2, "abc1234")
-    assert m["created_utc"] == _stamp(t0)[:19] + "Z"  # first cell's start, less the kernel's 0.5 s
+    assert (m.gpu_name, m.gpu_count, m.git_sha) == ("NVIDIA H200", 2, "abc1234")
+    assert m.created_utc == _stamp(t0)[:19] + "Z"  # first cell's start, less the kernel's 0.5 s
     assert timings.live_seconds(rec) == {"06_capture_sizes": pytest.approx(15.0)}
     inner = rec.df[rec.df.metric == "measure_s"]
     assert list(inner.phase) == ["measure: ranks"] and list(inner.value) == [7.0]

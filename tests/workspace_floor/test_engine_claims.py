@@ -49,7 +49,7 @@ def test_the_fusion_gate_keeps_larger_steps_off_the_call_site():
 
 def test_a_creation_during_a_forward_step_fails_both_claims(tmp_path):
     src = next(r for r in runs.load_all_recorded("engine_workspace_floor")
-               if r.manifest["releases"] == ["0.5.12.post1"])
+               if r.manifest.releases == ["0.5.12.post1"])
     dst = copy_run(src.path, tmp_path, lambda df: df)
     log = dst.with_name(json.loads(dst.with_suffix(".json").read_text())["sidecars"]["log_0"])
     lines = gzip.decompress(log.read_bytes()).decode().splitlines()
@@ -65,8 +65,8 @@ def test_a_rerun_with_other_variants_is_not_compared_on_its_call_count():
     """0.5.13's run times two variants (32 calls), 0.5.12.post1's one (16): the count of calls is
     shown beside the claim, not compared; the creations inside them (0) are, exactly."""
     recorded = runs.load_all_recorded("engine_workspace_floor")
-    two = next(r for r in recorded if r.manifest["releases"] == ["0.5.13"])
-    one = next(r for r in recorded if r.manifest["releases"] == ["0.5.12.post1"])
+    two = next(r for r in recorded if r.manifest.releases == ["0.5.13"])
+    one = next(r for r in recorded if r.manifest.releases == ["0.5.12.post1"])
     rows = {d["value"]: d for d in core.compare(C.ENGINE, two, one).drift if d["claim"] == NONE}
     assert set(rows) == {"in_calls"} and rows["in_calls"]["tolerance"] == "exact"
     values = {r.claim.id: r.outcome.value for r in core.evaluate(C.ENGINE, two)}
@@ -77,7 +77,7 @@ def test_the_record_merged_reads_each_engine_with_its_own_log():
     """A rerun's reference is the record merged into one run: each engine entry there must read
     the log of the run it came from (the merged manifest's ``log_<i>`` follows the entries), so
     its facts are those of the runs read one by one."""
-    from sglab.sglang import engine_runs as E
+    from sglab.core import engine_records as E
 
     def facts(run):
         return sorted((f["variant"], f["world"], tuple(sorted(f["per_rank"].items())),

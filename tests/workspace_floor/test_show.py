@@ -62,7 +62,7 @@ def test_profile_figures_on_a_made_up_trace():
 # ------------------------------------------------------------------------
 def test_mechanism_with_and_without_a_run():
     run, _ = _recorded()
-    fig = show.mechanism(run)
+    fig = show.mechanism(runs.RunSet([run]))
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert any(lab.startswith("x.shape[0]: 9 re-creations") and "ms" in lab for lab in labels)
     assert any(lab.startswith("max(x.shape[0], 2048) — the PR: 1 re-creation,") for lab in labels)

@@ -15,7 +15,7 @@ from sglab.breakable_graph import show
 from sglab.breakable_graph.measure import EXPERIMENT, GPUS, launch_numbers, stream
 from sglab.core import runs
 from sglab.core.claims import Claim, Headline, holds, not_applicable
-from sglab.sglang import engine_runs
+from sglab.core import engine_records, engine_stats
 from sglab.sglang.releases import parse_version
 
 
@@ -37,7 +37,7 @@ PADDED_TOL = 0.0  # padded token counts: the recorded runs show bit-equal logits
 
 
 def _layers(run) -> int:
-    return int(run.manifest.get("params", {}).get("num_layers", 16))
+    return int(run.manifest.params.get("num_layers", 16))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -71,7 +71,7 @@ def _hit_rate(run):
     """The graph batches of each runner against the stream recomputed from the run's parameters
     (the stream is seeded)."""
     h = show.hit_rates(run.df)
-    p = run.manifest.get("params", {})
+    p = run.manifest.params
     shapes = stream(p)
     fits = [s for s in shapes if s.num_tokens <= max(int(n) for n in p["capture_num_tokens"])]
     want = {"before": sum(s.batch_size == 1 for s in fits), "after": len(fits)}
@@ -215,7 +215,7 @@ AFTER_RELEASE = "0.5.12.post1"  # the first release with #24662
 
 def _on_graph(run) -> dict:
     """``{release: {requests: fraction of prefill batches on the graph}}`` of the bcg case."""
-    d = engine_runs.number(engine_runs.latest([run]), "prefill_graph", started=True)
+    d = engine_stats.numbers(engine_records.frame([run]), "prefill_graph", only_started=True)
     d = d[d.case == "bcg"]
     return {
         rel: {int(n): float(x)
@@ -245,7 +245,7 @@ def _engine_graph(run):
 
 def _ratios(run) -> dict:
     """``{requests: eager / bcg}`` on the release with #24662."""
-    return show.engine_ratios(engine_runs.latest([run])).get(AFTER_RELEASE, {})
+    return show.engine_ratios(engine_records.frame([run])).get(AFTER_RELEASE, {})
 
 
 def _engine_faster_applies(run):
@@ -256,9 +256,9 @@ def _engine_faster(run):
     ratios = _ratios(run)
     lo, hi = min(ratios.values()), max(ratios.values())
     # the A/A control (eager started twice): the gain must clear the gap between the two
-    df = engine_runs.latest([run])
+    df = engine_records.frame([run])
     df = df[df.release == AFTER_RELEASE]
-    noise, starts, how = engine_runs.timing_bar(df, "latency", "requests", engine_runs.STAT)
+    noise, starts, how = engine_stats.bar(df, "latency", "requests", engine_stats.STAT)
     return holds(
         lo > 1.0 + noise, f"{AFTER_RELEASE}: eager / breakable graph {lo:.2f}–{hi:.2f}× over "
         f"{', '.join(map(str, ratios))} requests (Engine.generate, 1 output token, {how})",

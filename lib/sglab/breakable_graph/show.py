@@ -24,7 +24,7 @@ import torch
 
 from sglab.breakable_graph import measure, rebuild
 from sglab.core import notebook, plots, runs
-from sglab.sglang import engine_runs
+from sglab.core import engine_records, engine_stats, engine_view, text
 
 
 gpu_short = runs.gpu_short
@@ -170,15 +170,15 @@ def reruns_table(runs_: list) -> pd.DataFrame:
     run's own noise: "before" ÷ eager over 2+ requests, the same eager code timed twice, and the
     least a cell's gain clears it by."""
     rows, first = [], {}
-    for r in sorted(runs_, key=lambda r: (gpu_short(r), r.manifest.get("created_utc", ""))):
-        s = speedups(r.df) if int(r.manifest.get("method_version", 1)) >= 3 else {}
+    for r in sorted(runs_, key=lambda r: (gpu_short(r), r.manifest.created_utc)):
+        s = speedups(r.df) if int(r.manifest.method_version) >= 3 else {}
         if not s:
             continue
         t = latency_of(r)
         multi = t[t["batch_size"] > 1]
         one = t[t["batch_size"] == 1].sort_values("num_tokens").iloc[0]
         base = first.setdefault(gpu_short(r), s)
-        when = r.manifest.get("created_utc", "")[:16].replace("T", " ")
+        when = r.manifest.created_utc[:16].replace("T", " ")
         same, drift = multi["speedup_before"], s["median"] / base["median"] - 1
         row = {"GPU": gpu_short(r), "run (UTC)": when}
         row[f"eager ms, 1 request × {int(one.num_tokens)}"] = round(one["eager"], 2)
@@ -230,7 +230,7 @@ def reruns(run) -> None:
 def launches(run) -> None:
     """Per GPU: host launches and device kernels per prefill, segments and breaks per bucket."""
     for r in run.shown:
-        print(f"{r.label}, {int(r.manifest['params']['launch_token_count'])} tokens per prefill:")
+        print(f"{r.label}, {int(r.manifest.params['launch_token_count'])} tokens per prefill:")
         notebook.show_table(launch_table(r.df))
         notebook.show_table(segment_table(r.df))
 
@@ -399,7 +399,7 @@ def _bs3(run) -> dict:
     """Rows and ``can_run`` of the 3-request batch per runner: from the run, else from the rebuild
     on the CPU (emulated replay, the tiny model, buckets of 16/32/64 tokens)."""
     if run:
-        df = run.df
+        df = run.first.df
     else:
         model = rebuild.build_model(rebuild.TINY_CONFIG)
         before, after = (rebuild.BreakableGraphRunner(model, boundary=b,
@@ -420,7 +420,7 @@ def mechanism(run=None):
     tail inside the last segment, captured for one request) and after (layer stack only, the tail
     eager), for the run's layer count and its 3-request outcome (the default parameters and the
     CPU rebuild without a run)."""
-    params = (run.manifest.get("params") or {}) if run else {}
+    params = run.first.manifest.params if run else {}
     layers = int(params.get("num_layers", measure.DEFAULT_PARAMS["num_layers"]))
     before, after = (capture_structure(b, layers) for b in rebuild.BOUNDARIES)
     bs3 = _bs3(run)
@@ -494,7 +494,7 @@ def timeline(run):
     fig = plots.timeline(
         tables, highlight="GraphLaunch", highlight_label="graph launch",
         categories=("kernel", "memcpy", "memset", "runtime"), title=f"One 3-request prefill of "
-        f"{int(run.manifest['params']['launch_token_count'])} tokens ({gpu_short(run)})")
+        f"{int(run.manifest.params['launch_token_count'])} tokens ({gpu_short(run)})")
     plots.caption(fig, run, extra="torch.profiler; each runner from its own first event")
     return fig
 
@@ -547,6 +547,7 @@ def beside_rows(run, engine_run) -> list[dict]:
     engine (a whole Engine.generate call) measure it, before and after #24662."""
     rows = count_rows(run, engine_run)  # counts first: they do not move with the host
     if run:
+        run = run.first
         lat = latency_of(run)
         multi = lat[lat["batch_size"] > 1]
         where = (f"{multi.batch_size.min()}–{multi.batch_size.max()} requests, "
@@ -563,10 +564,10 @@ def beside_rows(run, engine_run) -> list[dict]:
             "source": "rebuild", "measures": getattr(run, "line", "no GPU run"), "figure": ""
         })
     if engine_run:
-        df = engine_runs.latest(engine_run.shown)
-        starts = engine_runs.starts_in(df, "latency")
+        df = engine_records.frame(engine_run.shown)
+        starts = engine_stats.starts_in(df, "latency")
         for rel, per in eager_over_graph(df).items():
-            cost = engine_runs.host_us(engine_run, rel, "llama_32x512")  # the host that ran it
+            cost = engine_records.host_us(engine_run, rel, "llama_32x512")  # the host that ran it
             ratio = {n: x[0] for n, x in per.items()}
             several = [x for n, x in ratio.items() if n > 1]
             widest = [x[1:] for n, x in per.items() if n > 1]
@@ -575,7 +576,7 @@ def beside_rows(run, engine_run) -> list[dict]:
                 "source": f"SGLang {rel} engine (llama_32x512)",
                 "measures": f"eager ÷ --enable-breakable-cuda-graph, whole Engine.generate call, 1 "
                 f"output token: {counts}; "
-                f"{engine_runs.timing_source(starts, cost, engine_runs.STAT)}",
+                f"{engine_stats.timing_source(starts, cost, engine_stats.STAT)}",
                 "figure": f"{_span([ratio.get(1, float('nan'))])} | {_span(several)}"
                 + (f" (starts {min(a for a, _ in widest):.2f}–{max(b for _, b in widest):.2f}×)"
                    if starts > 1 and widest else "")
@@ -594,10 +595,11 @@ def count_rows(run, engine_run) -> list[dict]:
     requests that the scheduler ran on the graph (its own 'Prefill batch' log line)."""
     rows = []
     if run:
+        run = run.first
         lt = launch_table(run.df)
         multi = lt[lt.index.get_level_values("batch_size") > 1]
         got = {
-            v: engine_runs.count_span(multi.xs(v, level="variant")["host_graph_launches"])
+            v: text.count(multi.xs(v, level="variant")["host_graph_launches"])
             for v in ("before", "after") if v in multi.index.get_level_values("variant")
         }
         if len(got) == 2:
@@ -607,7 +609,7 @@ def count_rows(run, engine_run) -> list[dict]:
                 "(profiler)", "figure": " → ".join(got.values())
             })
     if engine_run:
-        share = engine_runs.number(engine_runs.latest(engine_run.shown), "prefill_graph")
+        share = engine_stats.numbers(engine_records.frame(engine_run.shown), "prefill_graph")
         for rel, g in share[share.case == "bcg"].groupby("release"):
             several = g[g.requests > 1]
             rows.append({
@@ -623,31 +625,24 @@ def count_rows(run, engine_run) -> list[dict]:
 
 def beside(run, engine_run) -> None:
     """The rebuild's gain beside the real engine's (see :func:`beside_rows`)."""
-    engine_runs.beside(beside_rows(run, engine_run))
+    engine_view.beside(beside_rows(run, engine_run))
 
 
 def engine(run) -> None:
     """SGLang's own engine with --enable-breakable-cuda-graph and without: the share of prefill
     batches the scheduler ran on the graph, and the Engine.generate time, per request count."""
-    engine_runs.section(run, ["bcg", "pcg"], [("prefill_graph", "requests", "{:.0%}"),
-                                              ("latency", "requests", "{:.1f}")])
-    if not run:
-        return
-    notebook.show_figure(engine_figure(engine_runs.latest(run.shown)))
-    engine_runs.repeatability(run, engine_runs.latest(run.shown), "latency", "requests",
-                              ratio_of=engine_ratios, stats=(engine_runs.STAT, "fastest", "median"),
-                              control="eager", pair="eager ÷ breakable graph, 1–8 requests")
+    engine_view.section(VIEW, run)
 
 
-def eager_over_graph(df: pd.DataFrame, stat: str = engine_runs.STAT) -> dict:
+def eager_over_graph(df: pd.DataFrame, stat: str = engine_stats.STAT) -> dict:
     """``{release: {requests: (eager / bcg, lo, hi)}}`` of Engine.generate, each side ``stat`` of
-    its starts (the claim's: :data:`engine_runs.STAT`), where a release ran both cases,
+    its starts (the claim's: :data:`engine_stats.STAT`), where a release ran both cases,
     ``lo``–``hi`` the widest the starts allow."""
-    pairs = engine_runs.over_base(df, "latency", "requests", "eager", stat)
+    pairs = engine_stats.ratios(df, "latency", "requests", "eager", stat)
     return {rel: r for (_, rel, case), r in pairs.items() if case == "bcg"}
 
 
-def engine_ratios(df: pd.DataFrame, stat: str = engine_runs.STAT) -> dict:
+def engine_ratios(df: pd.DataFrame, stat: str = engine_stats.STAT) -> dict:
     """``{release: {requests: eager / bcg}}`` (:func:`eager_over_graph`)."""
     return {rel: {n: x[0] for n, x in r.items()} for rel, r in eager_over_graph(df, stat).items()}
 
@@ -657,8 +652,8 @@ def engine_figure(df):
     ran on the graph, an open one where it fell back to eager."""
     import matplotlib.pyplot as plt
 
-    lat = engine_runs.number(df, "latency", started=True)
-    graph = engine_runs.number(df, "prefill_graph", started=True)
+    lat = engine_stats.numbers(df, "latency", only_started=True)
+    graph = engine_stats.numbers(df, "prefill_graph", only_started=True)
     on = {(r.release, r.case, int(r.requests)): r.value == 1 for r in graph.itertuples()}
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
     for (rel, case), g in lat.groupby(["release", "case"]):
@@ -673,3 +668,10 @@ def engine_figure(df):
     ax.legend(fontsize=8, title="filled: on the graph", title_fontsize=8)
     fig.tight_layout()
     return fig
+
+
+VIEW = engine_view.EngineView(
+    what="Llama-style 32 × 512", facts=("bcg", "pcg"),
+    tables=(engine_view.Table("prefill_graph", "requests", "{:.0%}"),
+            engine_view.Table("latency", "requests", "{:.1f}")), pairs=(engine_view.Pair(
+                "latency", "requests", "eager", "eager ÷ breakable graph"),), figure=engine_figure)

@@ -25,11 +25,11 @@ SCALED = "the default list scaled by W/8 (so TP 8's bad sizes recur)"
 
 
 def _w(run) -> int:
-    return int(run.manifest["params"]["world_size"])
+    return int(run.manifest.params["world_size"])
 
 
 def _lists(run) -> dict:
-    p = run.manifest["params"]
+    p = run.manifest.params
     return size_lists(_w(run), p.get("sizes", "scaled"), int(p.get("max_tokens", 2048)))
 
 
@@ -51,7 +51,7 @@ def _refused(run):
     w, f = _w(run), show.run_facts(run)
     raw, accepted, refused = _probe_sizes(run), _probe_sizes(run, "ok"), sorted(f["refused_sizes"])
     want = [n for n in raw if n % w]
-    scaled = run.manifest["params"].get("sizes", "scaled") == "scaled"
+    scaled = run.manifest.params.get("sizes", "scaled") == "scaled"
     return holds(
         refused == want and accepted == [n for n in raw if n % w == 0],
         f"refused {_join(refused)} of {len(raw)} sizes at W={w}", {
@@ -91,7 +91,7 @@ def _has_bad(run) -> str | None:
     w = _w(run)
     if all(n % w == 0 for n in _lists(run)["before"]):
         return (f"no raw size is indivisible by W={w} here "
-                f"(sizes={run.manifest['params'].get('sizes')!r}): nothing to stop at")
+                f"(sizes={run.manifest.params.get('sizes')!r}): nothing to stop at")
     return None
 
 
@@ -138,14 +138,14 @@ def _cpu_mul_base(run):
 
 
 def _traced(run) -> str | None:
-    if run.manifest.get("params", {}).get("profile") is False:
+    if run.manifest.params.get("profile") is False:
         return "run without the traced pass (profile=False)"
     return None
 
 
 def _graphs(run) -> bool:
     """CUDA-graph capture happened (NCCL on GPUs); gloo runs on the CPU capture nothing."""
-    return run.manifest.get("params", {}).get("backend", "nccl") == "nccl"
+    return run.manifest.params.get("backend", "nccl") == "nccl"
 
 
 def _needs_graphs(run) -> str | None:

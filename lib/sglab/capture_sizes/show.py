@@ -28,8 +28,7 @@ from sglab.capture_sizes import sglang
 from sglab.capture_sizes.measure import VARIANTS
 from sglab.capture_sizes.server_args import your_setup  # noqa: F401 (the notebook's last cell)
 from sglab.core import notebook, plots, runs
-from sglab.sglang import engine_runs
-from sglab.sglang.engine import tp_size
+from sglab.core import engine_records, engine_stats, engine_view
 from sglab.sglang.releases import parse_version
 
 
@@ -89,12 +88,9 @@ def _run_facts(run) -> dict:
     s, m = summary(run.df).set_index("variant"), run.manifest
     stopped = s.loc["before", "first_failure"]
     facts = {
-        "run": run.path.name, "gpu": runs.gpu_short(m),
-        "world_size": int(m["params"]["world_size"]), "gpus_on_machine": int(
-            m.get("gpu_count_machine", m.get("gpu_count",
-                                             0))), "date": str(m.get("created_utc", ""))[:10],
-        "raw_sizes": int(s.loc["before", "sizes"]), "before_captured": int(s.loc["before",
-                                                                                 "captured_or_ok"]),
+        "run": run.path.name, "gpu": runs.gpu_short(m), "world_size": int(m.params["world_size"]),
+        "gpus_on_machine": m.gpu_count_machine or m.gpu_count, "date": m.date, "raw_sizes": int(
+            s.loc["before", "sizes"]), "before_captured": int(s.loc["before", "captured_or_ok"]),
         "before_stopped_at": None if str(stopped) == "<NA>" else int(stopped),
         "before_stage": s.loc["before", "failed_at"], "refused_sizes": list(
             s.loc["before_probe", "failed_sizes"]), "refused_error": s.loc["before_probe", "error"]
@@ -113,7 +109,7 @@ def newest_per_world_size(runs_: list) -> list:
     """The newest run of each (GPU model, world size), ordered by GPU model then world size."""
     return list(
         runs.newest_by(runs_, lambda r:
-                       (runs.gpu_short(r), int(r.manifest["params"]["world_size"]))).values())
+                       (runs.gpu_short(r), int(r.manifest.params["world_size"]))).values())
 
 
 STATUSES = ("captured + replayed", "captured", "ok (eager)", "failed", "not reached")
@@ -133,7 +129,7 @@ def size_status(df):
 
 def describe_run(run) -> str:
     """Before vs after in a few sentences, every number from the run."""
-    f, w = run_facts(run), int(run.manifest["params"]["world_size"])
+    f, w = run_facts(run), int(run.manifest.params["world_size"])
     lines = [
         f"world size {f['world_size']} ({run.label}):",
         f"  before: {f['before_captured']} of {f['raw_sizes']} sizes captured; the loop "
@@ -403,7 +399,7 @@ def size_status_plot(run):
     ax.set_yticks(range(len(VARIANTS)), VARIANTS)
     ax.set_ylim(-0.5, len(VARIANTS) - 0.3)
     ax.set_xlabel("capture size (tokens, log scale)")
-    w = run.manifest["params"]["world_size"]
+    w = run.manifest.params["world_size"]
     ax.set_title(f"capture sizes at attention TP {w}")
     plots.caption(fig, run, f"world size {w}")
     return fig
@@ -509,11 +505,11 @@ def capture_timeline(events, rank: int = 0, up_to: int | None = None, run=None):
 def measured(run) -> None:
     """Every recorded run in one table, then per run shown: its summary, the status of each size,
     and before vs after in words."""
-    every = run.shown if run.live else runs.load_all_recorded(run.manifest["experiment"])
+    every = run.shown if run.live else runs.load_all_recorded(run.experiment)
     notebook.show_table(
         pd.DataFrame([run_facts(r) for r in every]).drop(columns=["refused_error"]).T)
     for r in run.shown:
-        print(f"\n— {r.label} (world size {r.manifest['params']['world_size']}) —")
+        print(f"\n— {r.label} (world size {r.manifest.params['world_size']}) —")
         notebook.show_table(summary_view(r.df))
         notebook.show_figure(size_status_plot(r))
         print(describe_run(r))
@@ -527,7 +523,7 @@ def profiler(run) -> None:
         events = r.sidecar("events")
         if events is None:
             print(f"{r.label}: this run predates profiler traces; a new recording adds them "
-                  f"(`sglab record capture_sizes` on {r.manifest['params']['world_size']} GPUs).")
+                  f"(`sglab record capture_sizes` on {r.manifest.params['world_size']} GPUs).")
             continue
         notebook.show_figure(capture_timeline(events, rank=0, run=r))
         notebook.show_table(trace_summary(events))
@@ -547,10 +543,10 @@ def engine_facts(run) -> list[dict]:
     follows (``VARIANT``), the capture sizes asked for (without a size flag, the release's default
     list), the attention-TP size, what it did (status, SGLang's one line) and the sizes it
     captured."""
-    df = engine_runs.latest([run])
-    status, tokens = engine_runs.text(df, "status"), engine_runs.text(df, "pcg_tokens")
+    df = engine_records.frame([run])
+    status, tokens = engine_stats.texts(df, "status"), engine_stats.texts(df, "pcg_tokens")
     out, seen = [], set()
-    for e in run.manifest.get("engine_runs", []):
+    for e in run.manifest.engine_runs:
         key = next((k for k in status if k[1] == e["release"] and k[2] == e["case"]), None)
         # a variant the harness cut off (timeout) gave no answer of SGLang's: not a fact
         if key is None or key in seen or str(status[key]).startswith("timeout"):
@@ -563,7 +559,7 @@ def engine_facts(run) -> list[dict]:
             asked = list(
                 res.get("piecewise_cuda_graph_tokens") or fx.default_piecewise_capture_sizes(
                     res.get("piecewise_cuda_graph_max_tokens") or fx.MLA_MAX_TOKENS))
-        tp = tp_size(argv)
+        tp = e["tp"]
         got = tokens.get(key)
         out.append({
             "release": e["release"], "case": e["case"], "rule": sglang.VARIANT.get(e["release"]),
@@ -623,10 +619,10 @@ def engine(run) -> None:
     """SGLang's own engine at each recorded TP size with `--moe-dense-tp-size 1`: what each
     release did with capture sizes that attention TP does not divide (SGLang's log, read by sglab
     engine)."""
-    merged = engine_runs.merged(run.shown) if run else None
+    merged = engine_records.merged(run.shown) if run else None
     facts = engine_facts(merged) if merged is not None else []
     tps = sorted({f["attn_tp"] for f in facts}) or [2]
-    if engine_runs.header(run, "DeepSeek-V3-style 2 layers, TP " + " and ".join(map(str, tps))):
+    if engine_view.header(run, "DeepSeek-V3-style 2 layers, TP " + " and ".join(map(str, tps))):
         notebook.show_table(engine_table(merged, facts))
 
 
@@ -635,10 +631,7 @@ def beside_rows(run, engine_run) -> list[dict]:
     them."""
     rows = []
     if run:
-        two = [
-            r for r in (run.shown if hasattr(run, "shown") else [run])
-            if int(r.manifest["params"]["world_size"]) == 2
-        ] or [run]
+        two = [r for r in run.shown if int(r.manifest.params["world_size"]) == 2] or [run.first]
         f = run_facts(two[0])
         rows.append({
             "source": f"rebuild ({runs.gpu_short(two[0].manifest)} ×2, NCCL)",
@@ -647,7 +640,7 @@ def beside_rows(run, engine_run) -> list[dict]:
             "figure": ", ".join(map(str, sorted(f["refused_sizes"]))) or "none"
         })
     if engine_run:
-        for f in engine_facts(engine_runs.merged(engine_run.shown)):
+        for f in engine_facts(engine_records.merged(engine_run.shown)):
             if f["rule"] == "before":
                 fig = first_line(f)
                 what = f"start-up with sizes {' '.join(map(str, f['asked']))}: the PR's failure"
@@ -665,4 +658,4 @@ def beside_rows(run, engine_run) -> list[dict]:
 
 def beside(run, engine_run) -> None:
     """The rebuild beside the real engine (see :func:`beside_rows`)."""
-    engine_runs.beside(beside_rows(run, engine_run))
+    engine_view.beside(beside_rows(run, engine_run))

@@ -120,7 +120,7 @@ def all_claims(mod) -> list[Claim]:
 # --------------------------------------------------------------------------------------------------
 def _method(run) -> int:
     try:
-        return int(run.manifest.get("method_version", 1))
+        return int(run.manifest.method_version)
     except (TypeError, ValueError):
         return 1
 
@@ -148,8 +148,8 @@ def evaluate(mod, run) -> list[Result]:
     """Every claim of the claims module ``mod`` on ``run``: each reader-facing claim, then its
     folded checks. A reader-facing claim whose folded check fails fails too, naming the check."""
     name = getattr(mod, "EXPERIMENT", None)
-    if name and run.manifest.get("experiment") not in (None, name):
-        raise ClaimsError(f"{getattr(run, 'path', 'run')} is a {run.manifest.get('experiment')!r} "
+    if name and run.manifest.experiment not in (None, name):
+        raise ClaimsError(f"{getattr(run, 'path', 'run')} is a {run.manifest.experiment!r} "
                           f"run, not {name!r}")
     out = []
     for c in mod.CLAIMS:
@@ -193,7 +193,7 @@ def verdict_line(results: list[Result], run) -> str:
     top = reader_facing(results)
     c = counts(top)
     m = run.manifest
-    where = f"{gpu_short(m)} ×{m.get('gpu_count', '?')}, {str(m.get('created_utc', ''))[:10]}"
+    where = f"{m.gpu} ×{m.gpu_count}, {m.date}"
     text = f"{c[PASS]}/{c[PASS] + c[FAIL]} claims hold"
     if c[FAIL]:
         failed = ", ".join(r.claim.id for r in top if r.status == FAIL)
@@ -277,8 +277,8 @@ class Headline:
         for i, ((run, _), v) in enumerate(zip(per_run_values, plain)):
             m = run.manifest
             ns = {
-                **self.consts, "v": v, "gpu": _short(m), "count": m.get("gpu_count"),
-                "world": (m.get("params") or {}).get("world_size", m.get("gpu_count"))
+                **self.consts, "v": v, "gpu": m.gpu, "count": m.gpu_count,
+                "world": m.params.get("world_size", m.gpu_count)
             }
             mine = [v, *[{k: o.value for k, o in p.items()} for p in (peers or {}).get(i, [])]]
             ns["across"] = ""
@@ -357,7 +357,7 @@ def _peers(run, every: list) -> list:
     from sglab.core.runs import others
 
     def key(r):
-        return _short(r.manifest), r.manifest.get("gpu_count"), _method(r)
+        return _short(r.manifest), r.manifest.gpu_count, _method(r)
 
     return [x for x in others(run, every) if key(x) == key(run)]
 
@@ -513,7 +513,7 @@ def env_diff(run, ref) -> list[dict]:
     """The environment fields that differ between a run and its reference."""
     out = []
     for k in ENV_KEYS:
-        a, b = run.manifest.get(k), ref.manifest.get(k)
+        a, b = getattr(run.manifest, k), getattr(ref.manifest, k)
         if a != b:
             out.append({"field": k, "this run": a, "reference": b})
     return out
@@ -532,36 +532,65 @@ class Comparison:
         return [d for d in self.drift if d["beyond"]]
 
 
-def pick_reference(run, candidates: list) -> tuple[Any, str]:
-    """The newest candidate of the same GPU model and the same key parameters (world / TP size),
-    of the run's method version where one is (another method's claims report other values); else
-    the nearest (same key parameters, another GPU), said explicitly. ``(None, reason)`` when there
-    is none."""
-    from sglab.core.runs import gpu_short, others as less
+def _size(r) -> tuple:
+    return r.manifest.gpu_count, r.manifest.tp
 
-    def key(r):
-        p = r.manifest.get("params", {}) or {}
-        return tuple(p.get(k) for k in ("world_size", "tp_size"))
+
+def held_to(run, reference) -> bool:
+    """Whether a drift of ``run`` from ``reference`` fails it: the same GPU model, GPU count, TP
+    size and parameters (a real engine's specs aside: each run starts its own release batch)."""
+
+    def params(r):
+        return {k: v for k, v in r.manifest.params.items() if k != "specs"}
+
+    return (run.manifest.gpu == reference.manifest.gpu and _size(run) == _size(reference)
+            and params(run) == params(reference))
+
+
+def reference(run, candidates: list) -> tuple[Any, str, list, bool]:
+    """What ``run`` is compared with, one rule for every experiment: ``(reference, how, record,
+    held)``. The record is the candidates of the run's GPU model, GPU count and TP size, of its
+    method version where there are some (else of the newest method they have); the reference is
+    those runs merged, the newest answer per variant (a real-engine scenario is recorded one
+    release batch at a time), and each number is compared with the range the record spans. The
+    drift fails the run (``held``) only where the reference also has the run's parameters. With no
+    such run, the nearest (other sizes of the GPU model, then other GPU models of the size, then
+    any) is shown and fails nothing."""
+    from sglab.core.engine_records import merged
+    from sglab.core.runs import others as less
+
+    m = run.manifest
+
+    def newest_method(rs):
+        top = sorted(rs, key=lambda r: r.manifest.created_utc)[-1].manifest.method_version
+        return [r for r in rs if r.manifest.method_version == top], top
 
     others = less(run, candidates)
-    others.sort(key=lambda r: str(r.manifest.get("created_utc", "")))
-    same = [
-        c for c in others if gpu_short(c.manifest) == gpu_short(run.manifest) and key(c) == key(run)
-    ]
-    method = run.manifest.get("method_version")
-    alike = [c for c in same if c.manifest.get("method_version") == method]
-    newest = f"newest recorded run of the same GPU model ({gpu_short(run.manifest)})"
-    if alike:
-        return alike[-1], f"{newest}, size and method ({method})"
+    same = [c for c in others if c.manifest.gpu == m.gpu and _size(c) == _size(run)]
     if same:
-        return same[-1], (f"{newest} and size; none of this run's method ({method}): method "
-                          f"{same[-1].manifest.get('method_version')}")
-    near = [c for c in others if key(c) == key(run)]
-    if near:
-        r = near[-1]
-        return r, (f"no recorded {gpu_short(run.manifest)} run of this size: nearest is the newest "
-                   f"{gpu_short(r.manifest)} run")
-    return None, "no recorded run of this experiment and size to compare with"
+        record = [c for c in same if c.manifest.method_version == m.method_version]
+        how = f"the recorded {m.gpu} ×{m.gpu_count} runs of this size and method"
+        if record:
+            how += f" ({m.method_version})"
+        else:
+            record, top = newest_method(same)
+            how += f"; none of this run's method ({m.method_version}): method {top}"
+        ref = merged(record)
+        how += f", {len(record)} run(s), newest answer per variant"
+        if len(record) > 1:
+            how += "; each number against the range they span"
+        return ref, how, record, held_to(run, ref)
+    for pick, what in ((lambda c: c.manifest.gpu == m.gpu,
+                        f"the recorded {m.gpu} runs of other sizes"),
+                       (lambda c: _size(c) == _size(run),
+                        "the recorded runs of this size on other GPU models"),
+                       (lambda c: True, "the recorded runs of other GPU models and sizes")):
+        near = [c for c in others if pick(c)]
+        if near:
+            near, _ = newest_method(near)
+            return (merged(near), f"no recorded {m.gpu} ×{m.gpu_count} run of this size: {what} "
+                    f"({len(near)}), newest answer per variant; shown, not held to", [], False)
+    return None, "no recorded run of this experiment to compare with", [], False
 
 
 def compare(mod, run, reference, record: list | None = None,

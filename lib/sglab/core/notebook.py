@@ -244,8 +244,8 @@ class Workbook:
     def run(self, measure=None, params: dict | None = None, *, progress: bool = False):
         """Live: measure now with ``measure.run`` (``measure``: the fix's measure module) and save
         the run under data/runs/. Recorded: the committed runs a reader sees (newest per GPU model
-        or size). Returns the first shown run (the others in ``run.shown``), or a
-        :class:`~sglab.core.runs.NoRun` saying why there is none."""
+        or size), as a :class:`~sglab.core.runs.RunSet`; a :class:`~sglab.core.runs.NoRun` saying
+        why where there is none."""
         if self.live and measure is not None:
             p = {**getattr(measure, "DEFAULT_PARAMS", {}), **(params or {})}
             gpus = measure.gpus(p) if hasattr(measure, "gpus") else self.gpus
@@ -256,9 +256,7 @@ class Workbook:
             return runs.NoRun(
                 self.experiment, f"no recorded {self.experiment} run yet: `sglab record "
                 f"{self.experiment}` on a machine with {self.gpus} GPU(s) makes one")
-        first = shown[0]
-        first.shown = shown
-        return first
+        return runs.RunSet(shown, experiment=self.experiment)
 
     def measure(self, fn, *, params: dict, method_version: int,
                 gpu_count: int | None = None) -> runs.Run:

@@ -57,11 +57,10 @@ def provenance_text(source: Any) -> str:
     None."""
     if source is None:
         return "computed on the CPU of this machine"
-    m = source.manifest if hasattr(source, "manifest") else dict(source)
-    live = getattr(source, "live", False)
-    where = "measured live" if live else "recorded run"
-    return (f"{where}: {m.get('gpu_name')} ×{m.get('gpu_count')} · driver {m.get('driver')} · "
-            f"torch {m.get('torch')} · {str(m.get('created_utc', ''))[:10]}")
+    m = source.manifest
+    where = "measured live" if source.live else "recorded run"
+    return (f"{where}: {m.gpu_name} ×{m.gpu_count} · driver {m.driver} · torch {m.torch} · "
+            f"{m.date}")
 
 
 def caption(fig, source: Any = None, extra: str = "") -> str:

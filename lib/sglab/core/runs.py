@@ -22,7 +22,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -238,20 +238,109 @@ class Measured:
 
 
 @dataclass
+class Manifest:
+    """A run's JSON manifest, typed: every field a run may have, read with its default where an
+    older run lacks it (:meth:`of`); ``raw`` is the JSON as recorded."""
+
+    experiment: str = ""
+    method_version: int = 1
+    created_utc: str = ""
+    git_sha: str | None = None
+    gpu_name: str = "?"
+    gpu_count: int = 0
+    gpu_count_machine: int = 0
+    gpu_memory_mib: int | None = None
+    driver: str | None = None
+    cuda: str | None = None
+    torch: str | None = None
+    python: str | None = None
+    platform: str | None = None
+    params: dict = field(default_factory=dict)
+    rows: int | None = None
+    sidecars: dict = field(default_factory=dict)
+    duration_s: float | None = None
+    phases_s: dict = field(default_factory=dict)
+    # real engines (``sglab engine``) and real code on GPUs (``sglab real gpu``)
+    engine_runs: list = field(default_factory=list)
+    releases: list = field(default_factory=list)
+    host_launch_us: dict = field(default_factory=dict)
+    partial: dict | None = None
+    merged_from: list = field(default_factory=list)
+    sglang: dict = field(default_factory=dict)
+    method: str = ""
+    sglang_home: str = ""
+    # profiler tables and the workbook's own timings
+    kernel_table: dict = field(default_factory=dict)
+    eager_kernels: dict = field(default_factory=dict)
+    notebooks: list = field(default_factory=list)
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, data: dict) -> "Manifest":
+        """The manifest of ``data`` (a run's JSON), each missing or null field at its default."""
+        known = {f.name for f in fields(cls)} - {"raw"}
+        given = {k: v for k, v in data.items() if k in known and v is not None}
+        if "method_version" in given:
+            given["method_version"] = int(given["method_version"])
+        # an engine entry's TP size, read once here from its server arguments (older runs did not
+        # record it)
+        for e in [*given.get("engine_runs", []), *given.get("params", {}).get("specs", [])]:
+            if isinstance(e, dict) and "tp" not in e:
+                e["tp"] = tp_of(e.get("server_args") or ())
+        return cls(**given, raw=dict(data))
+
+    @property
+    def gpu(self) -> str:
+        """"H100", "H200", ... ("NVIDIA H100 80GB HBM3" -> "H100")."""
+        return gpu_short(self.gpu_name)
+
+    @property
+    def date(self) -> str:
+        return self.created_utc[:10]
+
+    @property
+    def label(self) -> str:
+        """The GPU, how many, and the day: ``NVIDIA H200 ×1, 2026-11-29``."""
+        return f"{self.gpu_name} ×{self.gpu_count}, {self.date}"
+
+    @property
+    def tp(self) -> int:
+        """The tensor-parallel size the run used: its parameters' ``tp_size`` or ``world_size``,
+        else an engine run's ``--tp-size`` (1 without), else its GPU count."""
+        for key in ("tp_size", "world_size"):
+            if self.params.get(key):
+                return int(self.params[key])
+        specs = self.params.get("specs") or []
+        if specs:
+            return max(s["tp"] for s in specs)
+        return int(self.gpu_count or 1)
+
+
+def tp_of(argv) -> int:
+    """The tensor-parallel size SGLang server arguments ask for (``--tp-size 4``, ``--tp=4``,
+    ``--tensor-parallel-size``); 1 where they name none."""
+    argv = list(argv)
+    for i, a in enumerate(argv):
+        key, eq, val = str(a).partition("=")
+        if key in ("--tp-size", "--tp", "--tensor-parallel-size"):
+            got = val if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            return int(got) if got else 1
+    return 1
+
+
+@dataclass
 class Run:
-    """One run: its tidy frame, its manifest and where it lies. ``shown`` is the set of runs a
-    notebook shows with it (e.g. the newest of each GPU model), this one first."""
+    """One run: its tidy frame, its manifest and where it lies."""
 
     df: Any
-    manifest: dict
+    manifest: Manifest
     path: Path
     live: bool = False
-    shown: list = field(default_factory=list, repr=False)
     _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
-        if not self.shown:
-            self.shown = [self]
+        if isinstance(self.manifest, dict):
+            self.manifest = Manifest.of(self.manifest)
 
     def memo(self, key: str, make: Callable[[], Any]):
         """``make()``, computed once per run and key: a notebook's claims, tables and figures derive
@@ -263,14 +352,12 @@ class Run:
 
     @property
     def label(self) -> str:
-        m = self.manifest
-        date = str(m.get("created_utc", ""))[:10]
-        return f"{m.get('gpu_name', '?')} ×{m.get('gpu_count', '?')}, {date}"
+        return self.manifest.label
 
     def sidecar(self, name: str):
         """A sidecar of this run: a DataFrame for a ``.csv.gz`` table, the path for a file, None if
-        absent."""
-        fname = (self.manifest.get("sidecars") or {}).get(name)
+        absent. An empty text cell reads back as ``""``, whatever string dtype pandas gives it."""
+        fname = self.manifest.sidecars.get(name)
         if not fname:
             return None
         path = self.path.parent / fname
@@ -289,37 +376,63 @@ class Run:
         return path
 
 
-@dataclass(frozen=True)
-class NoRun:
-    """What a notebook holds where it has no GPU run to show: falsy, and it says why wherever it is
-    shown."""
+@dataclass
+class RunSet:
+    """The runs a notebook section shows: ``shown`` (one per GPU model, or per size; the first is
+    the one a single-run table reads) and ``elsewhere`` (recorded on other GPU models, for the
+    tables that list every machine). Empty, it is falsy and says why (``reason``)."""
 
-    experiment: str
-    reason: str
+    shown: list = field(default_factory=list)
+    elsewhere: list = field(default_factory=list)
+    experiment: str = ""
+    reason: str = ""
 
     def __bool__(self) -> bool:
-        return False
+        return bool(self.shown)
+
+    def __iter__(self):
+        return iter(self.shown)
+
+    def __len__(self) -> int:
+        return len(self.shown)
 
     @property
-    def shown(self) -> list:
-        return []
+    def first(self) -> Run:
+        return self.shown[0]
+
+    @property
+    def live(self) -> bool:
+        return any(r.live for r in self.shown)
 
     @property
     def line(self) -> str:
-        return f"no GPU run to show ({self.reason})"
+        """The line a section shows where there is no run."""
+        return f"no GPU run to show ({self.reason or 'none recorded'})"
+
+    def every(self) -> list:
+        """The shown runs and those elsewhere, by GPU model, then oldest first."""
+        return sorted([*self.shown, *self.elsewhere], key=lambda r:
+                      (r.manifest.gpu, r.manifest.created_utc))
 
     def __str__(self) -> str:
-        return self.line
+        return self.line if not self else "; ".join(r.label for r in self.shown)
 
     def _repr_markdown_(self) -> str:
-        return f"*{self.line}*"
+        return f"*{self.line}*" if not self else str(self)
+
+
+class NoRun(RunSet):
+    """A section's runs where there are none: falsy, and it says why wherever it is shown."""
+
+    def __init__(self, experiment: str, reason: str):
+        super().__init__([], [], experiment, reason)
 
 
 def gpu_short(source) -> str:
     """"H100", "H200", ... from a Run, a manifest or a GPU name ("NVIDIA H100 80GB HBM3" ->
     "H100")."""
     m = getattr(source, "manifest", source)
-    name = m.get("gpu_name", "?") if isinstance(m, dict) else str(m)
+    name = m.get("gpu_name", "?") if isinstance(m, dict) else getattr(m, "gpu_name", m)
     words = str(name).replace("NVIDIA", "").split()
     return words[0] if words else "?"
 
@@ -327,9 +440,9 @@ def gpu_short(source) -> str:
 def newest_by(runs_: list, key) -> dict:
     """``{key(run): newest run}`` (newest by ``created_utc``), ordered by key: e.g. one run per GPU
     model with ``key=gpu_short``, or one per world size with ``key=lambda r:
-    r.manifest["params"]["world_size"]``."""
+    r.manifest.params["world_size"]``."""
     best: dict = {}
-    for r in sorted(runs_, key=lambda r: str(r.manifest.get("created_utc", ""))):
+    for r in sorted(runs_, key=lambda r: r.manifest.created_utc):
         best[key(r)] = r
     return dict(sorted(best.items()))
 
@@ -379,7 +492,7 @@ def load_recorded(experiment: str, *, root: Path | None = None, **where) -> Run 
     looks inside ``params``), or None."""
     for path in reversed(list_runs(experiment, root=root)):
         run = read_run(path)
-        if _matches(run.manifest, where):
+        if _matches(run.manifest.raw, where):
             return run
     return None
 
@@ -395,9 +508,9 @@ def promote(csv_path: Path | str, *, root: Path | None = None, force: bool = Fal
     import shutil
 
     run = read_run(csv_path)
-    dest = (root or data_dir("recorded")) / run.manifest["experiment"]
+    dest = (root or data_dir("recorded")) / run.manifest.experiment
     src = Path(csv_path)
-    sidecars = list((run.manifest.get("sidecars") or {}).values())
+    sidecars = list(run.manifest.sidecars.values())
     names = [src.name, src.with_suffix(".json").name, *sidecars]
     if (dest / src.name).resolve() == src.resolve():
         raise ValueError(f"{src} is the record's own file: nothing to publish")

@@ -44,7 +44,7 @@ def _gpu0(run, variant: str, phase: str | None = None) -> list[float]:
     s = s[s.variant == variant]
     s = s if phase is None else s[s.phase == phase]
     if len(s):
-        repeats = int(run.manifest.get("params", {}).get("repeats", run.df.repeat.max() + 1))
+        repeats = int(run.manifest.params.get("repeats", run.df.repeat.max() + 1))
         want = (_tp(run) - 1) * repeats * (1 if phase else s.phase.nunique())
         if len(s) != want:
             raise ValueError(f"`{variant}` has {len(s)} GPU-0 readings of ranks ≥ 1, expected "
@@ -53,7 +53,7 @@ def _gpu0(run, variant: str, phase: str | None = None) -> list[float]:
 
 
 def _tp(run) -> int:
-    return int(run.manifest.get("params", {}).get("tp_size", run.df.tp_size.max()))
+    return int(run.manifest.params.get("tp_size", run.df.tp_size.max()))
 
 
 def _has_variant(name: str):

@@ -23,8 +23,7 @@ import pandas as pd
 from sglab.core import notebook, plots, runs
 from sglab.grid_thw import measure, rebuild, sglang
 from sglab.grid_thw.measure import KERNEL_STEPS, PHASES
-from sglab.sglang import engine_runs
-from sglab.sglang.engine import tp_size
+from sglab.core import engine_records, engine_stats, engine_view
 
 
 STRAY = "#c0392b"
@@ -37,10 +36,10 @@ VARIANT_ORDER = ("before", "ipc", "eager", "after")
 def run_name(run) -> str:
     """Short, unique name of a run: GPU, TP size, GPUs on the machine, start time (UTC)."""
     m = run.manifest
-    gpu = str(m.get("gpu_name", "?")).replace("NVIDIA ", "")
-    tp = int(m.get("params", {}).get("tp_size", m.get("gpu_count", 0)))
-    box = int(m.get("gpu_count_machine", visible_gpus(run.df) or tp))
-    created = str(m.get("created_utc", ""))
+    gpu = m.gpu_name.replace("NVIDIA ", "")
+    tp = m.tp
+    box = m.gpu_count_machine or visible_gpus(run.df) or tp
+    created = m.created_utc
     return f"{gpu} TP {tp}, {box}-GPU machine, {created[:10]} {created[11:16]}Z"
 
 
@@ -301,8 +300,8 @@ def explain_growth(run) -> str:
 # --------------------------------------------------------------------------------------------------
 def slide_run(shown: list):
     """The run the slide draws: the one with the most ranks (then the newest)."""
-    return max(shown, key=lambda r:
-               (int(r.df.tp_size.max()), str(r.manifest.get("created_utc", ""))), default=None)
+    return max(shown, key=lambda r: (int(r.df.tp_size.max()), str(r.manifest.created_utc)),
+               default=None)
 
 
 @notebook.needs_run
@@ -310,7 +309,7 @@ def landed(run) -> None:
     """The runs shown, where each rank's grid landed, and process × GPU per variant of the run the
     slide draws."""
     for r in run.shown:
-        print(f"  {run_name(r)}  (method {r.manifest.get('method_version')}, {r.path.name})")
+        print(f"  {run_name(r)}  (method {r.manifest.method_version}, {r.path.name})")
     notebook.show_table(landing(frame(run.shown)))
     notebook.show_figure(heatmaps(slide_run(run.shown)))
 
@@ -617,18 +616,15 @@ def your_setup(interactive: bool = False):
 # the real engine at TP 2 (data/recorded/engine_grid_thw/)
 # --------------------------------------------------------------------------------------------------
 def _tp_of(run) -> dict:
-    """``{case: TP size}`` from each engine entry's server arguments."""
-    return {
-        e["case"]: tp_size(e.get("server_args", []))
-        for e in run.manifest.get("engine_runs", [])
-    }
+    """``{case: TP size}`` of each engine entry."""
+    return {e["case"]: e["tp"] for e in run.manifest.engine_runs}
 
 
 def engine_memory(run) -> pd.DataFrame:
     """Each process's memory on each GPU after the image request, per case that started: rows
     ``case, process, rank, gpu, MiB`` (rank: the scheduler's TP rank, None for other processes)."""
-    df = engine_runs.latest([run])
-    ok = {k[2] for k, v in engine_runs.releases_ok(df).items() if v}
+    df = engine_records.frame([run])
+    ok = {k[2] for k, v in engine_stats.started(df).items() if v}
     d = df[(df.metric == "gpu_memory") & df.case.isin(ok)]
     rows = []
     for case, proc, gpu, mib in zip(d.case, d.process, d.gpu, d.value):
@@ -661,8 +657,7 @@ def _run_tp(run) -> int:
 def engine_gpus(run) -> int:
     """The GPUs of the machine an engine run's engines saw (a TP-2 engine on a 4-GPU box sees
     4)."""
-    m = run.manifest
-    return int(m.get("gpu_count_machine") or m.get("gpu_count") or 0)
+    return run.manifest.gpu_count_machine or run.manifest.gpu_count
 
 
 def gpus_held(run) -> dict:
@@ -691,10 +686,10 @@ def gpu0_by_run(run) -> pd.DataFrame:
     """GPU 0's total held by scheduler ranks ≥ 1, one row per recorded run (its TP size, machine
     and date), one column per case: how the figure repeats between machines and days."""
     rows = []
-    for r in sorted(run.shown, key=lambda r: (_run_tp(r), r.manifest.get("created_utc", ""))):
+    for r in sorted(run.shown, key=lambda r: (_run_tp(r), r.manifest.created_utc)):
         on0 = engine_gpu0(r)
         rows.append({
-            "TP": _run_tp(r), "run": engine_runs.run_label(r),
+            "TP": _run_tp(r), "run": engine_records.run_label(r),
             **{case: sum(ranks.values())
                for case, ranks in sorted(on0.items())}
         })
@@ -706,7 +701,7 @@ def engine(run) -> None:
     GPU (NVML, after the request) in the newest run of each TP size, 0.5.11 as released beside
     #22858 reverted; then GPU 0's total held by ranks >= 1 in every run."""
     if not run:
-        engine_runs.planned(run, sglang.ENGINE)
+        engine_view.planned(run, sglang.ENGINE)
         return
     newest = runs.newest_by(run.shown, key=_run_tp)
     parts = []
@@ -714,12 +709,12 @@ def engine(run) -> None:
         m = engine_memory(r)
         parts.append(m.assign(TP=m["case"].map(_tp_of(r))))
     mem = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-    engine_runs.header(run, "Kimi-K2.5 tiny fed one image, TP " + " and ".join(map(str, newest)))
+    engine_view.header(run, "Kimi-K2.5 tiny fed one image, TP " + " and ".join(map(str, newest)))
     if mem.empty:
         print("no process memory recorded")
         return
     print("Each process's memory on each GPU, the newest run of each TP size (" + "; ".join(
-        f"TP {tp}: {engine_runs.run_label(r)}" for tp, r in newest.items()) + "):")
+        f"TP {tp}: {engine_records.run_label(r)}" for tp, r in newest.items()) + "):")
     wide = mem.pivot_table(index=["TP", "case", "process"], columns="gpu", values="MiB",
                            aggfunc="sum").fillna(0).round(0)
     wide.columns = [f"GPU {c} (MiB)" for c in wide.columns]
@@ -730,7 +725,7 @@ def engine(run) -> None:
     for r in run.shown:
         extra = other_gpus(r)
         if extra:
-            print(f"{engine_runs.run_label(r)} (TP {_run_tp(r)} on {engine_gpus(r)} GPUs): with "
+            print(f"{engine_records.run_label(r)} (TP {_run_tp(r)} on {engine_gpus(r)} GPUs): with "
                   "#22858 reverted, ranks ≥ 1 also hold a context on other GPUs than GPU 0 and "
                   "their own: " + "; ".join(
                       f"TP{k} on GPU {', '.join(map(str, v))}" for k, v in extra.items()))

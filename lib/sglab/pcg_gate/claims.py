@@ -18,7 +18,7 @@ from types import SimpleNamespace
 from sglab.core import runs
 from sglab.core.claims import NA, Claim, Headline, Outcome, holds, not_applicable
 from sglab.pcg_gate import show
-from sglab.sglang import engine_runs
+from sglab.core import engine_records, engine_stats
 from sglab.sglang.engine import spec
 from sglab.sglang.releases import parse_version
 from sglab.pcg_gate.measure import EXPERIMENT, GPUS  # noqa: F401 (GPUS: read by Workbook)
@@ -36,7 +36,7 @@ CLEAN = ("no_alias", "property_guard")
 
 
 def _method(run) -> int:
-    return int(run.manifest.get("method_version", 1))
+    return int(run.manifest.method_version)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -92,7 +92,7 @@ def _equals_eager(run):
 
 def _graph_count(run):
     f = show.run_facts(run.df)
-    layers = int(run.manifest.get("params", {}).get("num_layers", 16))
+    layers = int(run.manifest.params.get("num_layers", 16))
     buckets, got = int(f[("piecewise", "buckets")]), int(f[("piecewise", "graphs")])
     want = buckets * (layers + 1)
     return holds(
@@ -234,7 +234,7 @@ def _copies(run):
 
 
 def _kernel_counts(run):
-    kt = run.manifest.get("kernel_table") or {}
+    kt = run.manifest.kernel_table
     if kt.get("backend") not in ("cupti", "ncu"):
         return not_applicable(f"the per-kernel table came from {kt.get('backend', 'nowhere')}: "
                               f"{kt.get('reason', 'no kernel table in this run')}")
@@ -320,9 +320,9 @@ KIMI, FIXED_RELEASE = "kimi_k25_tiny", "0.5.13"  # the first release with #26382
 
 def _kimi(run) -> dict:
     """``{(release, case): (pcg, reason)}`` of the Kimi-K2.5 variants that started."""
-    df = engine_runs.latest([run])
-    ok, pcg = engine_runs.releases_ok(df, KIMI), engine_runs.text(df, "pcg")
-    why = engine_runs.text(df, "pcg_reason")
+    df = engine_records.frame([run])
+    ok, pcg = engine_stats.started(df, KIMI), engine_stats.texts(df, "pcg")
+    why = engine_stats.texts(df, "pcg_reason")
     return {k[1:]: (pcg.get(k, ""), why.get(k, "")) for k, started in ok.items() if started}
 
 
@@ -358,7 +358,7 @@ def _default_off(run):
 
 
 def _pairs(run) -> dict:
-    return show.engine_ratios(engine_runs.latest([run]))
+    return show.engine_ratios(engine_records.frame([run]))
 
 
 def _speedup(run):
@@ -366,9 +366,9 @@ def _speedup(run):
     repeat of any start (``show.STAT``), over the gap that release's A/A control (pcg-off started
     twice) measured on the same statistic: the value holds one group per pair (``pairs``), so a
     rerun of one model is compared with the record of that model."""
-    df = engine_runs.latest([run])
-    starts = engine_runs.starts_in(df, "prefill")
-    gaps = engine_runs.aa_noise(df, "prefill", "input_len", show.STAT)
+    df = engine_records.frame([run])
+    starts = engine_stats.starts_in(df, "prefill")
+    gaps = engine_stats.aa_gap(df, "prefill", "input_len", show.STAT)
     worst = max(gaps.values(), default=0.0)  # a pair without its own control: the run's widest
     pairs, text = {}, []
     for (model, rel, case), r in _pairs(run).items():
@@ -382,7 +382,7 @@ def _speedup(run):
     margin = min(p["margin"] for p in pairs.values())
     return holds(
         margin > 0, f"prefill pcg-off / piecewise over 128–1024 tokens (bench_one_batch, "
-        f"{engine_runs.starts_how(starts, show.STAT)}): {'; '.join(text)}", {
+        f"{engine_stats.starts_how(starts, show.STAT)}): {'; '.join(text)}", {
             "min": min(p["lo"] for p in pairs.values()), "aa_noise": worst, "margin": margin,
             "starts": starts, "pairs": pairs
         })
@@ -395,7 +395,7 @@ def _layers(model: str) -> int:
 
 
 def _launches_apply(run):
-    return None if not show.launch_counts(engine_runs.latest([run])).empty else \
+    return None if not show.launch_counts(engine_records.frame([run])).empty else \
         "no launch pass in this run"
 
 
@@ -403,7 +403,7 @@ def _launches(run):
     """Captured: one graph per piece (layers + 1: SGLang splits the step at each attention) and
     the same kernels left outside them at every token count. Not captured: no graph, and exactly
     the launches of pcg-off, whatever the flags asked."""
-    counts = show.launch_counts(engine_runs.latest([run]))
+    counts = show.launch_counts(engine_records.frame([run]))
     plain = {(m, rel, n): r.launches
              for (m, rel, case, n), r in counts.iterrows() if case == "pcg-off"}
     bad, text, value = [], [], {}

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from sglab.core import kernel_table, notebook, plots, runs
-from sglab.sglang import engine_runs
+from sglab.core import engine_records, engine_stats, engine_view, text
 from sglab.pcg_gate import rebuild, sglang
 from sglab.pcg_gate.measure import COPY, DEFAULT_PARAMS, GATE_METRICS, HOST, gate_facts
 
@@ -196,7 +196,7 @@ def host_line(run) -> str:
     lt = launch_table(run.df)
     if lt.empty:
         return (f"{run.label}: host per-launch cost not measured (method "
-                f"{run.manifest.get('method_version')}); its small-prefill times and speed-ups "
+                f"{run.manifest.method_version}); its small-prefill times and speed-ups "
                 "hold for the host that ran it")
     ev = lt["host µs/launch (CUDA events)"].median()
     return (f"{run.label}: host per-launch cost {lt['host µs/launch'].median():.1f} µs "
@@ -245,7 +245,7 @@ def reading(run) -> str:
     start = slowdown_start(sp)
     for n in (lat.index[lat.index >= start] if start is not None else []):
         gap_ms = lat.loc[n, "piecewise median ms"] - lat.loc[n, "eager median ms"]
-        moved = buffer_copy_bytes(run.manifest["params"], lat.loc[n, "bucket"])
+        moved = buffer_copy_bytes(run.manifest.params, lat.loc[n, "bucket"])
         line = (f"    {n:5d} tokens: piecewise {gap_ms:+.2f} ms ({sp[n]:.2f}x); the copies move "
                 f"{moved / 1e9:.2f} GB = {moved / 1e12 / (gap_ms / 1e3):.1f} TB/s if they were the "
                 "whole gap")
@@ -320,7 +320,7 @@ def profiler(run) -> None:
                 trace_table(r.df).round(1),
                 ["kernels", "kernel_launches", "graph_launches", "copy_ops"]))
         notebook.show_table(notebook.as_counts(copy_explanation(r.df).round(3), ["extra copy ops"]))
-        table, kt = r.sidecar("kernels"), r.manifest.get("kernel_table") or {}
+        table, kt = r.sidecar("kernels"), r.manifest.kernel_table
         if table is not None:
             print(f"{r.label}: per-kernel table by {kt.get('backend')} — {kt.get('reason')}")
             # the "(N more)" row sums kernels of different lengths: no median of its own
@@ -342,7 +342,7 @@ def mechanism_facts(run=None) -> pd.DataFrame:
     """Per wrapper variant: the gate's decision and what ends up registered, from the run's gate
     rows (the measured LLM) where it has them, else from the CPU rebuild (the tiny LLM)."""
     if run:
-        g = gate_table(run.df)
+        g = gate_table(run.first.df)
         if not g.empty:
             return g.assign(source="the measured LLM")
     rows = {v: gate_facts(rebuild.build_wrapper(v), rebuild.TINY_LM.num_layers) for v in SHOWN}
@@ -498,21 +498,21 @@ def your_setup(interactive: bool = False):
 # --------------------------------------------------------------------------------------------------
 # the real engine, before and after
 # --------------------------------------------------------------------------------------------------
-# 01's engine timings read engine_runs.STAT (the fastest repeat of any start: see there why).
+# 01's engine timings read engine_stats.STAT (the fastest repeat of any start: see there why).
 # The A/A control shows how each statistic repeats: the notebook prints its gap every way for every
-# recorded run (engine_runs.aa_statistics).
-STAT = engine_runs.STAT
+# recorded run (engine_stats.aa_table).
+STAT = engine_stats.STAT
 
 
 def captured_over_off(df: pd.DataFrame, stat: str = STAT) -> dict:
     """``{(model, release, on-case): {input_len: (off / on, lo, hi)}}`` where a captured case and
     'pcg-off' both ran: prefill with piecewise graphs off over prefill with them on, each side
     ``stat`` of its starts (01's own: :data:`STAT`), ``lo``–``hi`` the widest the
-    starts allow (:func:`engine_runs.over_base`)."""
-    pcg = engine_runs.text(df, "pcg")
+    starts allow (:func:`engine_stats.ratios`)."""
+    pcg = engine_stats.texts(df, "pcg")
     return {  # the width sweep pairs its own cases (width_gains)
         k: r
-        for k, r in engine_runs.over_base(df, "prefill", "input_len", "pcg-off", stat).items()
+        for k, r in engine_stats.ratios(df, "prefill", "input_len", "pcg-off", stat).items()
         if not sglang.WIDTH_CASE.match(k[2]) and pcg.get(k) == "captured"
     }
 
@@ -527,10 +527,10 @@ def width_gains(df: pd.DataFrame) -> pd.DataFrame:
     piecewise graphs off over prefill with them captured, each side :data:`STAT` of its starts;
     rows ``hidden, tokens, gain, lo, hi, starts``, ``lo``–``hi`` the widest the starts allow
     (slowest off over fastest captured start and the reverse)."""
-    d = engine_runs.reading(df, "prefill", STAT)
-    pcg = engine_runs.text(df, "pcg")
+    d = engine_stats.reading(df, "prefill", STAT)
+    pcg = engine_stats.texts(df, "pcg")
     arms: dict = {}
-    for k, n, v, lo, hi, st in zip(d[engine_runs.KEYS].itertuples(index=False), d["input_len"],
+    for k, n, v, lo, hi, st in zip(d[engine_records.KEYS].itertuples(index=False), d["input_len"],
                                    d["value"], d["lo"], d["hi"], d["starts"]):
         m = sglang.WIDTH_CASE.match(k[2])
         if m and (m["arm"] == "off" or pcg.get(tuple(k)) == "captured"):
@@ -539,7 +539,7 @@ def width_gains(df: pd.DataFrame) -> pd.DataFrame:
     for (h, n, arm), (v, lo, hi, st) in sorted(arms.items()):
         off = arms.get((h, n, "off"))
         if arm == "pcg" and off:
-            low, high = engine_runs.start_range(off[1:3], (lo, hi))
+            low, high = off[1] / hi, off[2] / lo
             rows.append({
                 "hidden": h, "tokens": n, "gain": off[0] / v, "lo": low, "hi": high,
                 "starts": min(st, off[3])
@@ -566,10 +566,10 @@ def width_sweep(run) -> None:
         if i:
             ax.set_ylabel("")
     notebook.show_figure(fig)
-    again = width_reruns(list(run.shown) + list(getattr(run, "elsewhere", [])))
+    again = width_reruns(run.every())
     if not again.empty:
         print("Widths swept on more than one machine of a GPU model: the gain "
-              f"({engine_runs.STAT_NAMES[STAT]}) in each run, headed with its host's bare "
+              f"({engine_stats.STAT_NAMES[STAT]}) in each run, headed with its host's bare "
               "per-launch cost; the figure draws the newest")
         notebook.show_table(again)
 
@@ -579,10 +579,10 @@ def width_reruns(runs_: list) -> pd.DataFrame:
     bare per-launch cost, its starts) with the gain at each token count, then a row of how far
     apart the runs lie (the larger over the smaller, less 1). The figure draws the newest."""
     swept: dict = {}
-    for r in sorted(runs_, key=lambda r: r.manifest.get("created_utc", "")):
-        us = engine_runs.run_host_us(r)
-        when = r.manifest.get("created_utc", "")[5:16].replace("T", " ")
-        for h, g in width_gains(engine_runs.latest([r])).groupby("hidden"):
+    for r in sorted(runs_, key=lambda r: r.manifest.created_utc):
+        us = engine_records.run_host_us(r)
+        when = r.manifest.created_utc[5:16].replace("T", " ")
+        for h, g in width_gains(engine_records.frame([r])).groupby("hidden"):
             st = int(g["starts"].min())
             label = f"{when}, " + (f"{us:.1f} µs, " if us else "") + f"{st} start" + "s" * (st > 1)
             swept.setdefault((runs.gpu_short(r.manifest), int(h)), []).append(
@@ -609,19 +609,19 @@ def _width_panels(run) -> list:
     """``[(gpu, df, gains, (lo, hi) µs per bare launch or None)]``: the shown GPU model's sweep,
     then each other model's (``run.elsewhere``), those with a sweep only; the launch cost spans the
     hosts of the runs that recorded the sweep."""
-    by_gpu = {runs.gpu_short(run.manifest): list(run.shown)}
-    for r in getattr(run, "elsewhere", []):
+    by_gpu = {run.first.manifest.gpu: list(run.shown)}
+    for r in run.elsewhere:
         by_gpu.setdefault(runs.gpu_short(r.manifest), []).append(r)
     panels = []
     for gpu, rs in by_gpu.items():
-        df = engine_runs.latest(rs)
+        df = engine_records.frame(rs)
         gains = width_gains(df)
         if not gains.empty:
             swept = [
                 r for r in rs
                 if r.df["case"].map(lambda c: bool(sglang.WIDTH_CASE.match(str(c)))).any()
             ]
-            costs = [c for c in map(engine_runs.run_host_us, swept) if c is not None]
+            costs = [c for c in map(engine_records.run_host_us, swept) if c is not None]
             panels.append((gpu, df, gains, (min(costs), max(costs)) if costs else None))
     return panels
 
@@ -642,8 +642,8 @@ def _draw_width(ax, df: pd.DataFrame, gains: pd.DataFrame, gpu: str, cost, *, le
     rel = ", ".join(
         sorted({r
                 for r, c in zip(df["release"], df["case"]) if sglang.WIDTH_CASE.match(str(c))}))
-    how = (f"{engine_runs.STAT_NAMES[STAT]};\nbars: the starts' range"
-           if mixed else f"{engine_runs.starts_how(starts, STAT)};\nbars: the starts' range"
+    how = (f"{engine_stats.STAT_NAMES[STAT]};\nbars: the starts' range"
+           if mixed else f"{engine_stats.starts_how(starts, STAT)};\nbars: the starts' range"
            if starts > 1 else "one engine start: no spread measured")
     span = cost and (f"{cost[0]:.1f}"
                      if f"{cost[0]:.1f}" == f"{cost[1]:.1f}" else f"{cost[0]:.1f}–{cost[1]:.1f}")
@@ -668,12 +668,13 @@ def beside_rows(run, engine_run) -> list[dict]:
     """The speed-up piecewise graphs give, as the rebuild, the real engine and the PR measure it,
     over the engine's token range (128–1024)."""
     rows = []
-    df = engine_runs.latest(engine_run.shown) if engine_run else pd.DataFrame()
+    df = engine_records.frame(engine_run.shown) if engine_run else pd.DataFrame()
     pairs = captured_over_off(df) if engine_run else {}
     lo = min((min(r) for r in pairs.values()), default=128)
     hi = max((max(r) for r in pairs.values()), default=1024)
     rows += count_rows(run, engine_run, lo, hi)  # counts first: they do not move with the host
     if run:
+        run = run.first
         sp = latency_of(run)["speedup"]
         sp = sp[(sp.index >= lo) & (sp.index <= hi)]
         if not sp.empty:
@@ -686,14 +687,14 @@ def beside_rows(run, engine_run) -> list[dict]:
         rows.append({
             "source": "rebuild", "measures": getattr(run, "line", "no GPU run"), "figure": ""
         })
-    starts = engine_runs.starts_in(df, "prefill") if engine_run else 1
+    starts = engine_stats.starts_in(df, "prefill") if engine_run else 1
     for (model, rel, case), r in pairs.items():
-        cost = engine_runs.host_us(engine_run, rel, model, case)  # the host that ran it
+        cost = engine_records.host_us(engine_run, rel, model, case)  # the host that ran it
         lo_s, hi_s = min(x[1] for x in r.values()), max(x[2] for x in r.values())
         rows.append({
             "source": f"SGLang {rel} engine ({model}, {case})",
             "measures": f"pcg-off ÷ piecewise, whole prefill step (bench_one_batch, dummy "
-            f"weights), {min(r)}–{max(r)} tokens; {engine_runs.timing_source(starts, cost, STAT)}",
+            f"weights), {min(r)}–{max(r)} tokens; {engine_stats.timing_source(starts, cost, STAT)}",
             "figure": _span([x[0] for x in r.values()
                              ]) + (f" (starts {lo_s:.2f}–{hi_s:.2f}×)" if starts > 1 else "")
         })
@@ -715,6 +716,7 @@ def count_rows(run, engine_run, lo: int, hi: int) -> list[dict]:
     """The launches of one prefill, eager → piecewise, as the rebuild's profiler pass and the
     engine's launch pass count them (exact; the same on any host)."""
     rows = []
+    run = run.first if run else None
     lt = launch_table(run.df) if run else pd.DataFrame()
     if not lt.empty:
         lt = lt[(lt.index >= lo) & (lt.index <= hi)]
@@ -723,9 +725,9 @@ def count_rows(run, engine_run, lo: int, hi: int) -> list[dict]:
         rows.append({
             "source": f"rebuild ({runs.gpu_short(run.manifest)})",
             "measures": f"launches per prefill forward, eager → piecewise (profiler), {lo}–{hi} "
-            "tokens", "figure": f"{engine_runs.count_span(e)} → {engine_runs.count_span(p)}"
+            "tokens", "figure": f"{text.count(e)} → {text.count(p)}"
         })
-    counts = launch_counts(engine_runs.latest(engine_run.shown)) if engine_run else pd.DataFrame()
+    counts = launch_counts(engine_records.frame(engine_run.shown)) if engine_run else pd.DataFrame()
     variants = {k[:3] for k in counts.index}
     for (model, rel, case), g in (counts.groupby(level=[0, 1, 2]) if variants else []):
         if g.pcg.iloc[0] != "captured" or (model, rel, "pcg-off") not in variants:
@@ -735,15 +737,15 @@ def count_rows(run, engine_run, lo: int, hi: int) -> list[dict]:
             "source": f"SGLang {rel} engine ({model}, {case})",
             "measures": "launches per prefill step, pcg-off → piecewise (kernels + graph "
             "replays; bench_one_batch under the profiler)",
-            "figure": f"{engine_runs.count_span(off.launches)} → "
-            f"{engine_runs.count_span(g.kernels)} + {engine_runs.count_span(g.graphs)} graphs"
+            "figure": f"{text.count(off.launches)} → "
+            f"{text.count(g.kernels)} + {text.count(g.graphs)} graphs"
         })
     return rows
 
 
 def beside(run, engine_run) -> None:
     """The rebuild's speed-up beside the real engine's and the PR's (see :func:`beside_rows`)."""
-    engine_runs.beside(beside_rows(run, engine_run))
+    engine_view.beside(beside_rows(run, engine_run))
 
 
 def engine(run) -> None:
@@ -752,10 +754,13 @@ def engine(run) -> None:
     launches per prefill step, exact), then bench_one_batch's prefill time per input length with
     the spread between engine starts, then the saving per removed launch against this host's bare
     per-launch cost."""
-    engine_runs.section(run, ["pcg", "pcg_reason"], [])
-    if not run:
-        return
-    df = engine_runs.latest(run.shown)
+    engine_view.section(VIEW, run)
+
+
+def _engine_counts(run) -> None:
+    """The launch pass's counts, the prefill times (the width sweep aside) and what the removed
+    launches cost at this host's bare per-launch cost."""
+    df = engine_records.frame(run.shown)
     counts = launch_counts(df)
     if not counts.empty:
         cells = counts.assign(cell=[
@@ -764,19 +769,19 @@ def engine(run) -> None:
         cells.columns.name = "launches per prefill step (kernels + graph replays; exact) by tokens"
         notebook.show_table(cells)
     sweep = df["case"].map(lambda c: bool(sglang.WIDTH_CASE.match(str(c))))  # drawn below
-    notebook.show_table(engine_runs.table(df[~sweep], "prefill", "input_len", "{:.2f}"))
-    table = launch_savings(df, lambda *variant: engine_runs.host_us(run, *variant))
+    notebook.show_table(engine_view.table(df[~sweep], engine_view.Table("prefill", "input_len")))
+    table = launch_savings(df, lambda *variant: engine_records.host_us(run, *variant))
     if not table.empty:
         print("What the removed launches cost at this host's bare per-launch cost, and the saving "
               "measured: eager spends several times the bare launch cost per kernel (the op's "
               "Python and dispatch work), and the graphs remove that too")
         notebook.show_table(table)
-    engine_runs.repeatability(
-        run, df[~sweep], "prefill", "input_len",
-        ratio_of=lambda d, stat: {" ".join(k): v
-                                  for k, v in engine_ratios(d, stat).items()},
-        stats=(STAT, "fastest",
-               "median"), control="pcg-off", pair="pcg-off ÷ piecewise, 128–1024 tokens")
+
+
+VIEW = engine_view.EngineView(
+    what="Kimi-K2.5-shaped tiny model and a Llama-style 32 × 512", facts=("pcg", "pcg_reason"),
+    pairs=(engine_view.Pair("prefill", "input_len", "pcg-off",
+                            "pcg-off ÷ this case"),), extra=_engine_counts)
 
 
 def launch_counts(df: pd.DataFrame) -> pd.DataFrame:
@@ -786,12 +791,13 @@ def launch_counts(df: pd.DataFrame) -> pd.DataFrame:
     rows: dict = {}
     for metric, col in (("prefill_kernel_launches", "kernels"), ("prefill_graph_launches",
                                                                  "graphs")):
-        d = engine_runs.number(df, metric)
-        for k, n, v in zip(d[engine_runs.KEYS].itertuples(index=False), d["input_len"], d["value"]):
+        d = engine_stats.numbers(df, metric)
+        for k, n, v in zip(d[engine_records.KEYS].itertuples(index=False), d["input_len"],
+                           d["value"]):
             rows.setdefault((*k, int(n)), {"kernels": 0, "graphs": 0})[col] = int(v)
     if not rows:
         return pd.DataFrame()
-    pcg = engine_runs.text(df, "pcg")
+    pcg = engine_stats.texts(df, "pcg")
     out = pd.DataFrame([{
         "model": m, "release": rel, "case": case, "tokens": n,
         **c, "launches": c["kernels"] + c["graphs"], "pcg": pcg.get((m, rel, case), "")
@@ -810,9 +816,9 @@ def launch_savings(df: pd.DataFrame, host_us) -> pd.DataFrame:
     counts = launch_counts(df)
     if counts.empty:
         return pd.DataFrame()
-    ms = engine_runs.reading(df, "prefill", STAT)
+    ms = engine_stats.reading(df, "prefill", STAT)
     prefill = {(*k, int(n)): v
-               for k, n, v in zip(ms[engine_runs.KEYS].itertuples(
+               for k, n, v in zip(ms[engine_records.KEYS].itertuples(
                    index=False), ms["input_len"], ms["value"])}
     launches = counts["launches"].to_dict()
     rows = []

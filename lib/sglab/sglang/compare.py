@@ -181,10 +181,10 @@ def recorded(name: str):
 def recorded_lines(run) -> list[str]:
     """Where a recorded real run came from: GPU, date, and per release the shims it ran with."""
     m = run.manifest
-    p = m.get("params") or {}
-    lines = [f"{run.label} · {run.path.name} · method {m.get('method_version')}"]
-    releases = p.get("releases") or m.get("sglang_releases") or []
-    shims = p.get("shims") or m.get("shims") or {}
+    p = m.params
+    lines = [f"{run.label} · {run.path.name} · method {m.method_version}"]
+    releases = p.get("releases") or []
+    shims = p.get("shims") or {}
     if releases:
         lines.append("releases: " + ", ".join(map(str, releases)))
     if isinstance(shims, dict) and shims:

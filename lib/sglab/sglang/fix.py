@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from sglab.sglang import engine_runs
+from sglab.core import engine_records, engine_view
 
 
 REPO = "sgl-project/sglang"
@@ -109,14 +109,14 @@ class Fix:
         return self.name
 
     def recorded_engine(self):
-        """This fix's recorded real-engine runs (newest first in ``shown``), or a NoRun saying how
-        to record them (:func:`sglab.sglang.engine_runs.recorded`)."""
-        return engine_runs.recorded(self.name, self.number)
+        """This fix's recorded real-engine runs (:func:`sglab.core.engine_records.load`), or a
+        NoRun saying how to record them."""
+        return engine_records.load(self.name, self.number)
 
     def show_engine(self) -> None:
         """The real-engine section of a fix without a show function of its own: recorded runs if
-        any, and the scenarios as data (:func:`sglab.sglang.engine_runs.planned`)."""
-        engine_runs.planned(self.recorded_engine(), self.engine or ())
+        any, and the scenarios as data (:func:`sglab.core.engine_view.planned`)."""
+        engine_view.planned(self.recorded_engine(), self.engine or ())
 
     @property
     def gpu_experiment(self) -> str:

@@ -159,10 +159,9 @@ def _read(path: str, mtime: float) -> Recording:
     with gzip.open(run.sidecar("results"), "rt") as f:
         stored = json.load(f)
     m = run.manifest
-    label = (f"recorded {str(m.get('created_utc', ''))[:10]} on {m.get('gpu_name')}, "
-             f"git {str(m.get('git_sha'))[:7]}")
+    label = f"recorded {m.date} on {m.gpu_name}, git {str(m.git_sha)[:7]}"
     return Recording({(d["key"], d["release"]): d
-                      for d in stored}, label, Path(path), str(m.get("sglang_home", "")))
+                      for d in stored}, label, Path(path), m.sglang_home)
 
 
 def newest(root: Optional[Path] = None) -> Optional[Recording]:

@@ -16,7 +16,7 @@ from typing import Optional
 
 from sglab.core import runs
 from sglab.core.claims import Claim, Headline, holds
-from sglab.sglang import engine_runs
+from sglab.core import engine_records, engine_stats
 from sglab.swa_loc import show
 from sglab.swa_loc.measure import EXPERIMENT, GPUS, HEADLINE_CONFIG
 from sglab.swa_loc.rebuild import hybrid_layer_ids
@@ -135,11 +135,11 @@ def _profiler_equals_static(run):
 
 
 def _trace_config(run) -> dict:
-    return (run.manifest.get("params") or {}).get("trace_config") or {}
+    return run.manifest.params.get("trace_config") or {}
 
 
 def _traced(run) -> Optional[str]:
-    tc, p = _trace_config(run), run.manifest.get("params") or {}
+    tc, p = _trace_config(run), run.manifest.params
     if not tc:
         return "the run's parameters name no trace_config"
     if tc.get("num_layers") not in p.get("layer_counts", []) or tc.get("swa_per_full") not in p.get(
@@ -193,7 +193,7 @@ def _trace_translation(run):
 
 
 def _nsight_ran(run) -> Optional[str]:
-    info = run.manifest.get("eager_kernels") or {}
+    info = run.manifest.eager_kernels
     if info.get("nsight") != "ran":
         why = info.get("nsight_reason") or "no record of it in the run"
         return f"nsight-python did not run: {why}"
@@ -291,11 +291,11 @@ HEADLINE = Headline(
 # the real engine (``sglab engine --plan 04``: data/recorded/engine_swa_loc/)
 # --------------------------------------------------------------------------------------------------
 def _engine_pair(run):
-    df = engine_runs.latest([run])
-    ok = engine_runs.releases_ok(df)
+    df = engine_records.frame([run])
+    ok = engine_stats.started(df)
     per = {
         k[2]: v
-        for k, v in engine_runs.text(df, "decode_kernels_per_replay").items()
+        for k, v in engine_stats.texts(df, "decode_kernels_per_replay").items()
         if k[1] == "0.5.11" and ok.get(k)
     }
     return per if {"before", "released"} <= set(per) else None
@@ -324,7 +324,8 @@ def _engine_extra(run):
 def _replay_counts(run):
     """Kernels per decode-graph replay of every variant that started, its engine starts folded
     (``lo``, ``hi``, ``starts``)."""
-    d = engine_runs.number(engine_runs.latest([run]), "decode_kernels_per_replay", started=True)
+    d = engine_stats.numbers(engine_records.frame([run]), "decode_kernels_per_replay",
+                             only_started=True)
     return d.dropna(subset=["value"])
 
 

@@ -20,7 +20,7 @@ from collections import Counter
 from typing import Dict, Optional
 
 from sglab.core import notebook, plots, runs
-from sglab.sglang import engine_runs
+from sglab.core import engine_records, engine_stats, engine_view
 from sglab.swa_loc import rebuild
 from sglab.swa_loc.measure import HEADLINE_CONFIG, SWA_WRITE, kv_write_ops
 from sglab.swa_loc.model_config import your_setup  # noqa: F401 (the notebook's last cell)
@@ -203,8 +203,8 @@ def kv_write_kernels(table, variant: str, backend: Optional[str] = None):
 def kernels(run) -> None:
     """Kernel nodes per replay, one row per layout, and the profiler's agreement on every run
     shown."""
-    print(f"{run.label} (method {run.manifest.get('method_version')}):")
-    notebook.show_table(kernel_table(run.df))
+    print(f"{run.first.label} (method {run.first.manifest.method_version}):")
+    notebook.show_table(kernel_table(run.first.df))
     for r in run.shown:
         a = profiler_agreement(r.df)
         print(f"{r.label}: profiler = static in {a['equal']}/{a['cells']} (layout, bs, variant) "
@@ -215,7 +215,7 @@ def kernels(run) -> None:
 @notebook.needs_run
 def times(run) -> None:
     """Replay times at every cell, the before/#24743 ratio per GPU, and their figure."""
-    notebook.show_table(time_table(run.df).round(2))
+    notebook.show_table(time_table(run.first.df).round(2))
     if len(run.shown) > 1:
         import pandas as pd
 
@@ -242,7 +242,9 @@ NO_TRACE = ("this run predates profiler traces (method {mv}); a new recording ad
 
 @notebook.needs_run
 def profiler(run) -> None:
-    """One traced replay before and after on one time axis, and the eager per-kernel table."""
+    """One traced replay before and after on one time axis, and the eager per-kernel table (the
+    first run shown)."""
+    run = run.first
     fig, why = replay_timeline(run)
     if why is not None:
         print(why)
@@ -254,9 +256,9 @@ def profiler(run) -> None:
         notebook.show_figure(fig)
     eager = run.sidecar("eager_kernels")
     if eager is None:
-        print(NO_TRACE.format(mv=run.manifest.get("method_version", "?")))
+        print(NO_TRACE.format(mv=run.manifest.method_version))
         return
-    info = run.manifest.get("eager_kernels", {})
+    info = run.manifest.eager_kernels
     print(f"eager kernel table · backends: {', '.join(info.get('backends', []))}; nsight-python: "
           f"{info.get('nsight')} ({info.get('nsight_reason')})")
     notebook.show_table(eager_table(eager).round(2))
@@ -314,7 +316,7 @@ def mechanism(run=None, *, variants=("before", "pr24743")):
     the boxes."""
     a, b = variants
     ops = {v: one_layer_ops(v) for v in variants}
-    table = run.sidecar("eager_kernels") if run else None
+    table = run.first.sidecar("eager_kernels") if run else None
     kernels_ = {
         v: _kernel_names(table, v if v in ("before", "pr24743") else "pr24743", len(ops[v]))
         for v in variants
@@ -355,8 +357,9 @@ def mechanism(run=None, *, variants=("before", "pr24743")):
 
 
 def kernels_per_replay(run):
-    """Kernel nodes per replay against the layer count, one panel per layout."""
-    kt = kernel_table(run.df).reset_index()
+    """Kernel nodes per replay against the layer count, one panel per layout (the first run
+    shown; the others only said to agree)."""
+    kt = kernel_table(run.first.df).reset_index()
     fig, axes = plots.figure(ncols=2)
     for ax, ratio in zip(axes.ravel(), sorted(kt.swa_per_full.unique(), reverse=True)):
         sub = kt[kt.swa_per_full == ratio]
@@ -370,7 +373,7 @@ def kernels_per_replay(run):
     counts = [kernel_counts(r.df)[0] for r in run.shown]
     same_gpu = len(run.shown) > 1 and all(c.equals(counts[0]) for c in counts)
     plots.caption(
-        fig, run, extra="static count via cuda-bindings"
+        fig, run.first, extra="static count via cuda-bindings"
         + ("; identical for every captured batch size"
            if kt["same for every batch size"].all() else "; smallest batch size shown")
         + ("; identical on " + " and ".join(short_gpu(r) for r in run.shown) if same_gpu else ""))
@@ -435,7 +438,7 @@ def replay_timeline(run, variants=("before", "pr24743")):
     highlighted; ``(None, why)`` when the run has no trace."""
     events, gk = run.sidecar("events"), run.sidecar("graph_kernels")
     if events is None or gk is None:
-        return None, NO_TRACE.format(mv=run.manifest.get("method_version", "?"))
+        return None, NO_TRACE.format(mv=run.manifest.method_version)
     pattern = name_pattern(translation_kernels(gk))
     # the replay itself: what one cudaGraphLaunch runs
     device = events[events.lane.str.startswith("stream")]
@@ -443,7 +446,7 @@ def replay_timeline(run, variants=("before", "pr24743")):
         VARIANT_LABELS[v].split(" (")[0]: plots.window(device[device.variant == v])
         for v in variants
     }
-    tc = (run.manifest.get("params") or {}).get("trace_config", {})
+    tc = run.manifest.params.get("trace_config", {})
     fig, ax = plots.figure(width=11, height=3.0)
     plots.timeline(
         tables, highlight=pattern, highlight_label="translation (gather + int32 cast)",
@@ -465,6 +468,7 @@ def beside_rows(run, engine_run) -> list[dict]:
     them; the rebuild's time per replay saved beside it."""
     rows = []
     if run:
+        run = run.first
         gpu = runs.gpu_short(run.manifest)
         extra = extra_per_swa_layer(run.df)
         rows.append({
@@ -484,8 +488,8 @@ def beside_rows(run, engine_run) -> list[dict]:
             "source": "rebuild", "measures": getattr(run, "line", "no GPU run"), "figure": ""
         })
     if engine_run:
-        df = engine_runs.latest(engine_run.shown)
-        per = engine_runs.text(df, "decode_kernels_per_replay")
+        df = engine_records.frame(engine_run.shown)
+        per = engine_stats.texts(df, "decode_kernels_per_replay")
         n_swa = engine_swa_layers(engine_run.shown)
         for model, rel in sorted({(m, r) for m, r, c in per if c == "before"}):
             before, released = per[(model, rel, "before")], per.get((model, rel, "released"))
@@ -508,7 +512,7 @@ def beside_rows(run, engine_run) -> list[dict]:
 
 def engine_swa_layers(shown: list) -> int:
     for r in shown:
-        for e in r.manifest.get("engine_runs", []):
+        for e in r.manifest.engine_runs:
             kinds = (e.get("model") or {}).get("config", {}).get("layer_types", [])
             if kinds:
                 return sum(k == "sliding_attention" for k in kinds)
@@ -517,17 +521,21 @@ def engine_swa_layers(shown: list) -> int:
 
 def beside(run, engine_run) -> None:
     """The rebuild's count beside the real engine's (see :func:`beside_rows`)."""
-    engine_runs.beside(beside_rows(run, engine_run))
+    engine_view.beside(beside_rows(run, engine_run))
 
 
 def engine(run) -> None:
     """SGLang's own engine on a GPT-OSS-style model: kernels per decode-graph replay from
     bench_one_batch's decode trace, 0.5.11 as released and with #23552's preset reverted, and the
     later releases; decode time per step (batch 32) beside it."""
-    engine_runs.section(run, ["decode_kernels_per_replay", "decode_kernels_per_layer"],
-                        [("decode", "batch_size", "{:.2f}")])
-    counts = engine_runs.counts_by_run(run, "decode_kernels_per_replay")
+    engine_view.section(VIEW, run)
+    counts = engine_stats.counts_by_run(run, "decode_kernels_per_replay")
     if len(counts) > 1:
         print("kernels per decode-graph replay in every recorded run, of every GPU model (a "
               "row per run; one figure per cell where all its starts agree)")
         notebook.show_table(counts)
+
+
+VIEW = engine_view.EngineView(what="GPT-OSS-style 8 layers (4 sliding-window)",
+                              facts=("decode_kernels_per_replay", "decode_kernels_per_layer"),
+                              tables=(engine_view.Table("decode", "batch_size"),))

@@ -128,7 +128,7 @@ def cmd_publish(args) -> int:
     except ValueError as e:
         print(f"sglab publish: {e}", file=sys.stderr)
         return 2
-    print(f"published {run.path.name} → {dest.parent} ({len(run.manifest.get('sidecars') or {})} "
+    print(f"published {run.path.name} → {dest.parent} ({len(run.manifest.sidecars)} "
           "sidecar(s) with it); `sglab verify` it, then commit that folder")
     return 0
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 
 from sglab.core import claims, runs
-from sglab.sglang import engine_runs
+from sglab.core import engine_records
 from sglab.tools import fixes
 
 
@@ -23,19 +23,14 @@ HEADER = (
     "|---|---|---|---|---|---|---|")
 
 
-def _tp(spec: dict) -> int:
-    args = list(spec.get("server_args") or ())
-    return int(args[args.index("--tp-size") + 1]) if "--tp-size" in args else 1
-
-
 def scenario_of(run) -> str:
     """The scenario a run started: the first of its fix's scenarios with the run's model and TP
     size whose cases (A/A copies included) hold every case the run started; else the model and TP
     size."""
-    specs = run.manifest.get("params", {}).get("specs", [])
-    fix = run.manifest.get("experiment", "").removeprefix("engine_")
+    specs = run.manifest.params.get("specs", [])
+    fix = run.manifest.experiment.removeprefix("engine_")
     models = {s.get("model") for s in specs}
-    tps = {_tp(s) for s in specs}
+    tps = {s["tp"] for s in specs}
     cases = {s.get("case") for s in specs}
     for sc in fixes.scenarios():
         labels = {c.label for c in sc.all_cases()}
@@ -60,7 +55,7 @@ def _starts(specs: list[dict]) -> str:
 
 
 def _verdict(run) -> str:
-    exp = run.manifest.get("experiment", "")
+    exp = run.manifest.experiment
     if exp not in fixes.experiments():
         return "no claims"
     top = claims.reader_facing(claims.evaluate(fixes.claims(exp), run))
@@ -84,18 +79,18 @@ def _ended(done: list[dict]) -> str:
 
 def row(run) -> str:
     m = run.manifest
-    specs = m.get("params", {}).get("specs", [])
-    host = engine_runs.run_host_us(run)
-    when = f"{str(m.get('created_utc', ''))[:16].replace('T', ' ')}"
-    of = m.get("gpu_count_machine")
-    part = f" of {of}" if of and of != m.get("gpu_count") else ""  # a TP-2 run on a 4-GPU machine
-    where = f"{runs.gpu_short(m)} ×{m.get('gpu_count', '?')}{part}{engine_runs.pinned(run)}"
+    specs = m.params.get("specs", [])
+    host = engine_records.run_host_us(run)
+    when = m.created_utc[:16].replace("T", " ")
+    of = m.gpu_count_machine
+    part = f" of {of}" if of and of != m.gpu_count else ""  # a TP-2 run on a 4-GPU machine
+    where = f"{m.gpu} ×{m.gpu_count}{part}{engine_records.pinned(run)}"
     cells = [
         f"{when} {where}",
         f"`{scenario_of(run)}`",
         _cases(specs),
         _starts(specs),
-        _ended(m.get("engine_runs", [])),
+        _ended(m.engine_runs),
         "" if host is None else f"{host:.1f}",
         _verdict(run),
     ]
@@ -105,7 +100,7 @@ def row(run) -> str:
 def every_run() -> list:
     """The recorded engine runs of every fix, oldest first."""
     found = [r for f in fixes.FIXES if f.engine for r in runs.load_all_recorded(f"engine_{f.name}")]
-    return sorted(found, key=lambda r: str(r.manifest.get("created_utc", "")))
+    return sorted(found, key=lambda r: str(r.manifest.created_utc))
 
 
 def not_recorded(found: list) -> list[str]:
@@ -113,7 +108,7 @@ def not_recorded(found: list) -> list[str]:
     started: dict = {}
     for r in found:
         started.setdefault(scenario_of(r), set()).update(
-            s.get("release") for s in r.manifest.get("params", {}).get("specs", []))
+            s.get("release") for s in r.manifest.params.get("specs", []))
     out = []
     for sc in fixes.scenarios():
         missing = [v for v in sc.releases if v not in started.get(sc.name, set())]
@@ -125,11 +120,8 @@ def not_recorded(found: list) -> list[str]:
 
 def block() -> str:
     found = every_run()
-    gpus = sorted({
-        f"{runs.gpu_short(r.manifest)} ×{r.manifest.get('gpu_count', '?')}"
-        for r in found
-    })
-    days = sorted({str(r.manifest.get("created_utc", ""))[:10] for r in found})
+    gpus = sorted({f"{runs.gpu_short(r.manifest)} ×{r.manifest.gpu_count}" for r in found})
+    days = sorted({str(r.manifest.created_utc)[:10] for r in found})
     lines = [
         START,
         f"{len(found)} recorded runs on {', '.join(gpus)}, {days[0]} to {days[-1]}"

@@ -102,7 +102,7 @@ def measure_rows(result, runs_root=None) -> list[dict]:
 
     rows = []
     for path in _live_runs(result, runs_root):
-        for name, s in (runs.read_run(path).manifest.get("phases_s") or {}).items():
+        for name, s in (runs.read_run(path).manifest.phases_s).items():
             rows.append({
                 "variant": result.path.stem, "mode": result.mode, "phase": f"measure: {name}",
                 "cell": -1, "first_line": path.name, "metric": "measure_s", "value": float(s),
@@ -207,7 +207,7 @@ def from_reports(reports, runs_root) -> tuple[list, dict]:
     for r in results:
         for csv in _live_runs(r, runs_root):
             m = runs.read_run(csv).manifest
-            machines[csv.name] = {k: m.get(k) for k in MACHINE_KEYS}
+            machines[csv.name] = {k: getattr(m, k) for k in MACHINE_KEYS}
     distinct = {json.dumps(m, sort_keys=True) for m in machines.values()}
     if len(distinct) != 1:
         raise ValueError(f"the live runs under {runs_root} name {len(distinct)} machines "
@@ -234,12 +234,10 @@ def live_times(root=None) -> dict[str, str]:
     from sglab.core import runs
 
     found = [
-        r for r in runs.load_all_recorded(EXPERIMENT, root=root)
-        if r.manifest.get("gpu_name") != "cpu"
+        r for r in runs.load_all_recorded(EXPERIMENT, root=root) if r.manifest.gpu_name != "cpu"
     ]
     out: dict[str, list[str]] = {}
     for gpu, run in runs.newest_by(found, runs.gpu_short).items():
         for stem, s in live_seconds(run).items():
-            out.setdefault(stem,
-                           []).append(f"{gpu} ×{run.manifest.get('gpu_count', '?')}: {s:.1f} s")
+            out.setdefault(stem, []).append(f"{gpu} ×{run.manifest.gpu_count}: {s:.1f} s")
     return {stem: "; ".join(parts) for stem, parts in out.items()}

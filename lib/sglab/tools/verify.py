@@ -23,7 +23,6 @@ from pathlib import Path
 
 from sglab.core import claims, hardware, runs
 from sglab.sglang import engine as eng
-from sglab.sglang import engine_runs
 from sglab.tools import fixes
 
 
@@ -63,7 +62,7 @@ def load_run(path: str | Path, *, live: bool = False) -> runs.Run:
     missing = [c for c in ("experiment", *runs.REQUIRED) if c not in df.columns]
     if missing:
         raise BadInput(f"{path} lacks the column(s) {missing} of a tidy run")
-    if "rows" in manifest and int(manifest["rows"]) != len(df):
+    if manifest.get("rows") is not None and int(manifest["rows"]) != len(df):
         raise BadInput(f"{path} has {len(df)} rows but its manifest recorded {manifest['rows']} "
                        "(truncated?)")
     if df["value"].isna().any() and not pd.api.types.is_numeric_dtype(df["value"]):
@@ -254,7 +253,7 @@ def verify_run(run: runs.Run, *, against: bool = False, reference: runs.Run | No
     """``run``'s claims; with ``against``, compared with ``reference`` or else with the record
     (``recorded``: ``{experiment: runs}`` already loaded, filled as it goes, so that a record's
     runs verified one after another are read and evaluated once)."""
-    exp = run.manifest["experiment"]
+    exp = run.manifest.experiment
     mod = fixes.claims(exp)
     if not against:
         return Verified(run, claims.evaluate(mod, run))
@@ -264,24 +263,15 @@ def verify_run(run: runs.Run, *, against: bool = False, reference: runs.Run | No
         recorded[exp] = runs.load_all_recorded(exp)
     v = Verified(run, claims.evaluated(mod, _twin(run, recorded.get(exp, []))))
     if reference is None:
-        engine = exp.startswith("engine_")
-        pick = engine_runs.reference if engine else claims.pick_reference
-        candidates = recorded[exp]
-        reference, how = pick(run, candidates)
-        # an engine's record is several machines: a rerun is held to the range they span
-        record = engine_runs.same_gpu(run, candidates) if engine else None
+        reference, how, record, held = claims.reference(run, recorded[exp])
+    else:
+        held = claims.held_to(run, reference)
     if reference is None:
         v.how = how  # type: ignore[attr-defined]
         return v
     v.comparison = claims.compare(mod, run, reference, record, mine=v.results)
     v.comparison.how = how
-    # an engine run's values are keyed by model, release and case, so only like is compared with
-    # like; a rebuild's reference must also share the run's parameters (and an engine's, as many
-    # GPUs)
-    same = (engine_runs.held_to(run, reference) if exp.startswith("engine_") else
-            (runs.gpu_short(run.manifest) == runs.gpu_short(reference.manifest)
-             and run.manifest.get("params") == reference.manifest.get("params")))
-    v.drifted = v.comparison.beyond if same else []
+    v.drifted = v.comparison.beyond if held else []
     return v
 
 
@@ -298,7 +288,7 @@ def _twin(run: runs.Run, record: list) -> runs.Run:
 def partial(run) -> str:
     """What a run cut short by a signal ran and missed (``sglab engine`` records the engines
     that finished before it under ``partial/``), in words; '' for a whole run."""
-    p = run.manifest.get("partial")
+    p = run.manifest.partial
     if not p:
         return ""
     starts = Counter(m.split(" start ")[0] for m in p.get("missing") or [])
@@ -312,7 +302,7 @@ def report(vs: list[Verified]) -> tuple[str, int]:
     out, bad = [], []
     for v in vs:
         m = v.run.manifest
-        out.append(f"== {m['experiment']} · {v.run.path.name} (method {m.get('method_version')})")
+        out.append(f"== {m.experiment} · {v.run.path.name} (method {m.method_version})")
         out.append(format_results(v.results))
         out.append("  → " + claims.verdict_line(v.results, v.run))
         cut = partial(v.run)
@@ -339,5 +329,5 @@ def report(vs: list[Verified]) -> tuple[str, int]:
 
 def junit(vs: list[Verified]) -> str:
     return claims.junit_xml([
-        (f"{v.run.manifest['experiment']}.{v.run.path.stem}", v.results) for v in vs
+        (f"{v.run.manifest.experiment}.{v.run.path.stem}", v.results) for v in vs
     ])

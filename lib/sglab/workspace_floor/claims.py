@@ -33,7 +33,7 @@ TRACE_METHODS = (2, None)
 # reading a run
 # --------------------------------------------------------------------------------------------------
 def _params(run) -> dict:
-    return run.manifest.get("params", {}) or {}
+    return run.manifest.params
 
 
 def _cells(run) -> list[tuple[str, str]]:
@@ -92,7 +92,7 @@ def _events(run):
 def _traced(run) -> Optional[str]:
     if _params(run).get("profile") is False:
         return "the run was recorded without the traced pass (profile=False)"
-    if (run.manifest.get("sidecars") or {}).get("events") is None:
+    if run.manifest.sidecars.get("events") is None:
         return "the run has no profiler events (recorded before traces)"
     return None
 

@@ -114,12 +114,12 @@ def gpus(params: dict) -> int:
 
 def run_world_size(run) -> int:
     """A run's world size: its ``world_size`` parameter, else its GPU count."""
-    return int(run.manifest.get("params", {}).get("world_size", run.manifest.get("gpu_count", 0)))
+    return int(run.manifest.params.get("world_size", run.manifest.gpu_count))
 
 
 def run_hidden(run) -> int:
     """A run's model hidden size (7168, DeepSeek-V3's, where the run does not say)."""
-    return int(run.manifest.get("params", {}).get("hidden_dim", 7168))
+    return int(run.manifest.params.get("hidden_dim", 7168))
 
 
 def pcg_buckets(max_tokens: int = 4096) -> list[int]:

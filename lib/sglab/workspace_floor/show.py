@@ -28,7 +28,7 @@ import pandas as pd
 from sglab.core import notebook, plots, runs
 from sglab.core.trace import PHASE_PREFIX
 from sglab.sglang import engine as eng
-from sglab.sglang import engine_runs
+from sglab.core import engine_view
 from sglab.workspace_floor import measure, rebuild
 from sglab.workspace_floor.measure import COST_VARIANT, EXPERIMENT, run_hidden, run_world_size
 from sglab.workspace_floor.rebuild import MiB
@@ -148,7 +148,7 @@ def repeatability_table(runs_: list, world_size: int) -> pd.DataFrame:
     newest / oldest, and a ``note`` where a run has no such cell (its sweep did not measure that
     size: the cell stays blank instead of a bare NaN)."""
     same = sorted((r for r in runs_ if run_world_size(r) == world_size),
-                  key=lambda r: str(r.manifest.get("created_utc")))
+                  key=lambda r: str(r.manifest.created_utc))
     cost = pd.DataFrame({
         r.path.stem: cost_frame(r.df).xs("create", level="phase")["time_median"]
         for r in same
@@ -168,7 +168,7 @@ def repeatability_table(runs_: list, world_size: int) -> pd.DataFrame:
 
 
 def _not_measured(label: str, run) -> str:
-    p = run.manifest.get("params", {})
+    p = run.manifest.params
     if label.startswith("create T="):
         return (f"{run.path.stem[:16]}: its cost sweep has no {label[7:]} (sizes "
                 f"{p.get('cost_tokens')})")
@@ -330,7 +330,7 @@ def mechanism(run=None, *, trace_name: str = "short_ramp", policies=("floor_0", 
     """The slide: the workspace size each policy holds along the trace (a staircase), a mark at
     every re-creation (area ~ its MiB per rank), per policy the count (simulation, exact) and, for
     the first shown run, its GPU ms."""
-    run = run if run else None
+    run = run.first if run else None
     W = run_world_size(run) if run is not None else 2
     sched = pd.DataFrame([{
         "policy": name, "step": e.step, "tokens": e.max_token_num, "MiB": e.bytes_per_rank / MiB
@@ -436,11 +436,11 @@ def cost_figure(every: list, shown: list):
     fig, axes = plots.figure(2, 1, width=12, height=4.2)
     ax_create, ax_open = axes[0]
     shown_paths = {r.path for r in shown}
-    for r in sorted(every, key=lambda r: (run_world_size(r), str(r.manifest.get("created_utc")))):
+    for r in sorted(every, key=lambda r: (run_world_size(r), str(r.manifest.created_utc))):
         W, H, newest = run_world_size(r), run_hidden(r), r.path in shown_paths
         c = cost_frame(r.df).reset_index()
         g = c[c.phase == "create"]
-        mach = r.manifest.get("gpu_count_machine", r.manifest.get("gpu_count"))
+        mach = r.manifest.gpu_count_machine or r.manifest.gpu_count
         ax_create.errorbar(g.tokens, g.time_median, yerr=[
             g.time_median - g.time_p10, g.time_p90 - g.time_median
         ], marker="o", capsize=3, ls="-" if newest else "--",
@@ -460,7 +460,7 @@ def cost_figure(every: list, shown: list):
         for axis in (ax.xaxis, ax.yaxis):
             axis.set_major_formatter(_ticks())
             axis.set_minor_formatter(_ticks())
-    p = shown[-1].manifest["params"]
+    p = shown[-1].manifest.params
     plots.caption(
         fig, shown[-1], extra=f"runs {', '.join(r.path.stem[:16] for r in shown)}; "
         f"H={p['hidden_dim']}, bf16, three IPC buffers + fill + barriers; median of "
@@ -615,7 +615,7 @@ def profiler(run) -> None:
     traced = [r for r in run.shown if r.sidecar("events") is not None]
     for r in run.shown:
         if r.sidecar("events") is None:
-            print(f"{r.path.name}: " + NO_TRACE.format(mv=r.manifest.get("method_version")))
+            print(f"{r.path.name}: " + NO_TRACE.format(mv=r.manifest.method_version))
     for r in traced:
         ev, W, H = r.sidecar("events"), run_world_size(r), run_hidden(r)
         notebook.show_figure(profile_overview(ev, run=r))
@@ -658,9 +658,9 @@ def engine_facts(run) -> list[dict]:
     manager and their sizes (the trace adjustment's lines), the creations inside the timed calls
     (forward steps), and the rebuild's simulation of the same trace with SGLang's pre-initialisation
     at 2048 tokens."""
-    specs = {(s["release"], s["case"]): s for s in run.manifest.get("params", {}).get("specs", [])}
+    specs = {(s["release"], s["case"]): s for s in run.manifest.params.get("specs", [])}
     out = []
-    for i, e in enumerate(run.manifest.get("engine_runs", [])):
+    for i, e in enumerate(run.manifest.engine_runs):
         key = (e["release"], e["case"])
         log = run.sidecar(f"log_{i}")
         if e.get("status") != "ok" or key not in ENGINE_POLICY or log is None:
@@ -705,7 +705,7 @@ def engine_facts_of(runs_: list) -> list[dict]:
     """:func:`engine_facts` over several runs (each read with its own log sidecars), the newest
     answer per TP size and variant."""
     best = {}
-    for r in sorted(runs_, key=lambda r: r.manifest.get("created_utc", "")):
+    for r in sorted(runs_, key=lambda r: r.manifest.created_utc):
         best.update({(f["world"], f["variant"]): f for f in engine_facts(r)})
     return [best[k] for k in sorted(best)]
 
@@ -795,7 +795,7 @@ def engine(run) -> None:
     simulation of the same trace, then each prompt length's first and timed call."""
     facts = engine_facts_of(run.shown) if run else []
     tps = " and ".join(str(w) for w in sorted({f["world"] for f in facts})) or "2"
-    if not engine_runs.header(run, f"DeepSeek-V3-style 2 layers, TP {tps}"):
+    if not engine_view.header(run, f"DeepSeek-V3-style 2 layers, TP {tps}"):
         return
     notebook.show_table(engine_table(facts))
     notebook.show_table(first_call_table(facts))
@@ -808,6 +808,7 @@ def beside_rows(run, engine_run) -> list[dict]:
     (pre-initialised) count them, and what a creation costs in each."""
     rows = []
     if run:
+        run = run.first
         gpu, w = runs.gpu_short(run.manifest), run_world_size(run)
         stats = policy_stats(run)
         for pol in ("floor_0", "floor_2048"):
@@ -838,4 +839,4 @@ def beside_rows(run, engine_run) -> list[dict]:
 
 def beside(run, engine_run) -> None:
     """The rebuild beside the real engine (see :func:`beside_rows`)."""
-    engine_runs.beside(beside_rows(run, engine_run))
+    engine_view.beside(beside_rows(run, engine_run))

@@ -144,7 +144,7 @@ def cost_model(world_size: int) -> Optional[CostModel]:
         return None
     dist = {id(r): abs(run_world_size(r) - world_size) for r in recorded}
     run = max((r for r in recorded if dist[id(r)] == min(dist.values())),
-              key=lambda r: str(r.manifest.get("created_utc", "")))
+              key=lambda r: str(r.manifest.created_utc))
     c = run.df[(run.df.variant == "cost_sweep") & (run.df.metric == "time_median")
                & run.df.phase.isin(["create", "destroy"])]
     if c.empty:
@@ -157,8 +157,7 @@ def cost_model(world_size: int) -> Optional[CostModel]:
                 f"(a creation's cost grows with the world size)" if W != world_size else "")
     return CostModel(
         points, f"{run.path.name} ({runs.gpu_short(run.manifest)} ×{W}, "
-        f"{str(run.manifest.get('created_utc'))[:10]}), interpolated by "
-        f"workspace bytes{borrowed}", W)
+        f"{str(run.manifest.created_utc)[:10]}), interpolated by workspace bytes{borrowed}", W)
 
 
 def traffic_table(tokens: list[int], *, world_size: int, hidden_dim: int, policies=None,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from sglab.core import runs
 from sglab.sglang.releases import parse_version
 
 
@@ -353,7 +354,4 @@ def flag_value(argv: Iterable[str], names: Iterable[str]) -> Optional[str]:
     return None
 
 
-def tp_size(argv: Iterable[str]) -> int:
-    """The tensor-parallel size server arguments ask for (1 when they name none)."""
-    got = flag_value(argv, ("--tp-size", "--tp", "--tensor-parallel-size"))
-    return int(got) if got else 1
+tp_size = runs.tp_of  # the one reader of a TP size

@@ -1,21 +1,23 @@
-"""The real-engine sections and claims on the committed engine runs (data/recorded/engine_<fix>/):
-the newest answer per variant wins, the tables hold what SGLang's tools printed, and each engine
-claim fails when the run says otherwise."""
+"""Engine runs read like every other run (data/recorded/engine_<fix>/): the newest answer per
+variant wins, the statistics fold the engine starts, the tables hold what SGLang's tools printed,
+each engine claim fails when the run says otherwise, and a rerun is held to its record."""
 
 from __future__ import annotations
 
 import copy
-from types import SimpleNamespace
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from sglab.breakable_graph import claims as bg
 from sglab.core import claims as C
-from sglab.core import runs
+from sglab.core import runs, text
 from sglab.pcg_gate import claims as pg
 from sglab.pcg_gate import show as pg_show
-from sglab.sglang import engine_runs as E
+from sglab.core import engine_records as R
+from sglab.core import engine_stats as S
+from sglab.core import engine_view as V
 from sglab.swa_loc import claims as swa
 from sglab.tools import cli
 
@@ -76,16 +78,19 @@ def test_a_rerun_is_held_to_the_runs_of_its_gpu_model_on_as_many_gpus():
     with no ×4 run recorded has no record to be held to, and a ×4 reference is not held to."""
 
     def run(name, gpu, count):
-        return SimpleNamespace(path=f"/record/{name}.csv",
-                               manifest={"gpu_name": f"NVIDIA {gpu}", "gpu_count": count})
+        m = {"gpu_name": f"NVIDIA {gpu}", "gpu_count": count, "created_utc": f"2026-11-2{name}"}
+        return runs.Run(pd.DataFrame(), m, Path(f"/record/{name}.csv"))
 
-    x2, x2b, x4, h100 = (run("a", "H200", 2), run("b", "H200", 2), run("c", "H200", 4),
-                         run("d", "H100 80GB HBM3", 2))
-    rerun2, rerun4 = run("e", "H200", 2), run("f", "H200", 4)
-    assert E.same_gpu(rerun2, [x2, x2b, x4, h100, rerun2]) == [x2, x2b]
-    assert E.same_gpu(rerun4, [x2, x2b, h100]) == []
-    assert E.held_to(rerun2, x2b) and E.held_to(rerun4, x4)
-    assert not E.held_to(rerun4, x2) and not E.held_to(rerun2, h100)
+    x2, x2b, x4, h100 = run("1", "H200", 2), run("2", "H200",
+                                                 2), run("3", "H200",
+                                                         4), run("4", "H100 80GB HBM3", 2)
+    rerun2, rerun4 = run("5", "H200", 2), run("6", "H200", 4)
+    _, how, record, held = C.reference(rerun2, [x2, x2b, x4, h100, rerun2])
+    assert record == [x2, x2b] and held and "each number against the range they span" in how
+    _, how, record, held = C.reference(rerun4, [x2, x2b, h100])
+    assert record == [] and not held and "shown, not held to" in how
+    assert C.held_to(rerun2, x2b) and C.held_to(rerun4, x4)
+    assert not C.held_to(rerun4, x2) and not C.held_to(rerun2, h100)
 
 
 def test_a_tp4_run_with_no_tp4_record_is_shown_the_tp2_one_and_not_held_to_it():
@@ -94,13 +99,13 @@ def test_a_tp4_run_with_no_tp4_record_is_shown_the_tp2_one_and_not_held_to_it():
     from sglab.tools import verify
 
     found = runs.load_all_recorded("engine_grid_thw")
-    tp4 = [r for r in found if r.manifest.get("gpu_count") == 4]
-    tp2 = [r for r in found if r.manifest.get("gpu_count") == 2]
+    tp4 = [r for r in found if r.manifest.gpu_count == 4]
+    tp2 = [r for r in found if r.manifest.gpu_count == 2]
     if not tp4 or not tp2:
         pytest.skip("no committed engine_grid_thw runs at TP 4 and TP 2")
     # a record of TP-2 runs only, as before a second TP-4 machine
     v = verify.verify_run(tp4[0], against=True, recorded={"engine_grid_thw": [*tp2, tp4[0]]})
-    assert "no recorded H200 ×4 engine run" in v.comparison.how
+    assert "no recorded H200 ×4 run of this size" in v.comparison.how
     assert "shown, not held to" in v.comparison.how
     ranks = [d for d in v.comparison.drift if d["value"] == "ranks"]
     assert ranks and ranks[0]["beyond"] and v.drifted == []
@@ -114,10 +119,10 @@ def test_latest_keeps_the_newest_run_in_which_a_variant_started():
     ]
     if not failed:
         pytest.skip("no committed run in which 0.5.11 failed to start")
-    df = E.latest(found)
-    status = E.text(df, "status")
+    df = R.frame(found)
+    status = S.texts(df, "status")
     assert status[("gpt_oss_swa", "0.5.11", "before")] == "ok"
-    assert set(df.groupby(E.KEYS)["run"].nunique()) == {1}  # one run per variant
+    assert set(df.groupby(R.KEYS)["run"].nunique()) == {1}  # one run per variant
     assert {k[1] for k in status} >= {"0.5.11", "0.5.12.post1", "0.5.13"}
 
 
@@ -173,32 +178,22 @@ def test_engine_sections_show_tables_or_say_how_to_record(capsys):
     assert "measured by SGLang's own Engine.generate" in out
     assert "prefill_graph, median [lowest–highest] of 3 engine starts" in out
     assert "by requests" in out
-    table = E.table(E.latest(bg_sglang.FIX.recorded_engine().shown), "prefill_graph", "requests",
-                    "{:.0%}")
+    table = V.table(R.frame(bg_sglang.FIX.recorded_engine().shown),
+                    V.Table("prefill_graph", "requests", "{:.0%}"))
     assert table.loc[("llama_32x512", "0.5.11", "bcg")].tolist() == ["100%", "0%", "0%", "0%"]
-    assert E.recorded("no_such_fix", "09").line.endswith("bash scripts/engine_gpu.sh --plan 09)")
-    bg_show.engine(E.recorded("no_such_fix", "09"))
+    assert R.load("no_such_fix", "09").line.endswith("bash scripts/engine_gpu.sh --plan 09)")
+    bg_show.engine(R.load("no_such_fix", "09"))
     assert "no GPU run to show" in capsys.readouterr().out
 
 
-def test_tables_show_the_spread_and_say_when_first_repeats_were_cold(capsys):
+def test_tables_show_the_spread_between_engine_starts():
     from sglab.pcg_gate import sglang as pg_sglang
 
     run = pg_sglang.FIX.recorded_engine()
-    t = E.table(E.latest(run.shown), "prefill", "input_len")
+    t = V.table(R.frame(run.shown), V.Table("prefill", "input_len"))
     assert t.columns.name.startswith("prefill (ms), median [lowest–highest] of 3 engine starts")
     cell = t.loc[("llama_32x512", "0.5.13", "pcg"), 128]
     assert " [" in cell and cell.endswith("]")  # the starts differ: their range is shown
-    assert not E.cold_first_repeat(run)  # every length swept untimed before the timed repeats
-    pg_show.engine(run)
-    assert E.COLD_NOTE not in capsys.readouterr().out
-    run.shown = [runs.Run(r.df, copy.deepcopy(r.manifest), r.path) for r in run.shown]
-    for r in run.shown:
-        for e in r.manifest["params"]["specs"]:
-            e.pop("warmup_sweeps", None)  # as recorded before the sweep existed
-    assert E.cold_first_repeat(run)
-    pg_show.engine(run)
-    assert E.COLD_NOTE in capsys.readouterr().out
 
 
 def test_the_rebuild_sits_beside_the_engine_and_says_what_each_measures():
@@ -210,7 +205,7 @@ def test_the_rebuild_sits_beside_the_engine_and_says_what_each_measures():
     from sglab.swa_loc import sglang as swa_sglang
 
     def rebuild(exp):
-        return max(runs.load_all_recorded(exp), key=lambda r: r.manifest.get("created_utc", ""))
+        return runs.RunSet([max(runs.load_all_recorded(exp), key=lambda r: r.manifest.created_utc)])
 
     listed = pg_show.beside_rows(rebuild("pcg_gate"), pg_sglang.FIX.recorded_engine())
     # counts first (the same on any host), then the timings with their starts and host
@@ -262,7 +257,7 @@ def test_a_fix_without_engine_runs_shows_its_plan_and_one_with_runs_its_numbers(
     assert "bash scripts/engine_gpu.sh --plan 05" in out
     assert "revert-pr22858-grid-thw-cpu" in out and "before: every rank >= 1 holds memory" in out
     monkeypatch.delenv("SGLAB_DATA")
-    plan = E.plan_table(wf_sglang.ENGINE)
+    plan = V.plan_table(wf_sglang.ENGINE)
     assert list(plan.index) == [("02-ar-fusion", "0.5.12.post1", "fusion"),
                                 ("02-ar-fusion", "0.5.13", "fusion"),
                                 ("02-ar-fusion", "0.5.13", "x-shape"),
@@ -274,7 +269,7 @@ def test_a_fix_without_engine_runs_shows_its_plan_and_one_with_runs_its_numbers(
                                 ("02-ar-fusion-tp8", "0.5.13", "x-shape")]
     assert list(plan["GPUs"]) == [2, 2, 2, 4, 4, 4, 8, 8, 8]
 
-    E.planned(pg_sglang.FIX.recorded_engine(), pg_sglang.ENGINE)
+    V.planned(pg_sglang.FIX.recorded_engine(), pg_sglang.ENGINE)
     out = capsys.readouterr().out
     assert "the model is not a language model" in out and "prefill_iqr" in out
     assert "01-kimi-pcg" in out and "no GPU run" not in out
@@ -284,20 +279,20 @@ def test_a_live_engine_run_is_compared_with_the_recorded_runs_merged(capsys):
     from sglab.tools import verify
 
     recorded = runs.load_all_recorded("engine_pcg_gate")
-    ref, how = E.reference(recorded[0], recorded)
+    ref, how, _, _ = C.reference(recorded[0], recorded)
     assert ref is not None and "newest answer per variant" in how
     h100 = [r for r in recorded if runs.gpu_short(r.manifest) == "H100"]
-    assert len(ref.manifest["merged_from"]) == len(h100) - 1  # its own GPU model's, less itself
+    assert len(ref.manifest.merged_from) == len(h100) - 1  # its own GPU model's, less itself
     # one engine run, as `sglab verify --live` would record it, against the others merged
-    newest = max(recorded, key=lambda r: r.manifest["created_utc"])
+    newest = max(recorded, key=lambda r: r.manifest.created_utc)
     v = verify.verify_run(recorded[0], against=True)
     assert v.comparison is not None and not v.drifted
-    assert v.comparison.how.startswith("the recorded H100 ×1 engine runs")
-    merged = E.merged(recorded)
-    assert merged.path == newest.path and len(merged.df) == merged.manifest["rows"]
+    assert v.comparison.how.startswith("the recorded H100 ×1 runs of this size and method")
+    merged = R.merged(recorded)
+    assert merged.path == newest.path and len(merged.df) == merged.manifest.rows
     assert {r.status for r in C.evaluate(pg.ENGINE, merged)} == {C.PASS}  # every claim applies
     # two runs name a variant alike (0.5.13+pcg-off: Kimi-K2.5 and Llama): each row keeps its model
-    prefill = E.number(E.latest([merged]), "prefill").set_index(["model", "case"])
+    prefill = S.numbers(R.frame([merged]), "prefill").set_index(["model", "case"])
     assert prefill.loc[("llama_32x512", "pcg-off"), "starts"].max() == 3
     assert prefill.loc[("kimi_k25_tiny", "pcg-off"), "starts"].max() == 3
 
@@ -379,11 +374,11 @@ def test_verify_live_against_an_experiment_runs_it_and_compares_with_the_record(
 def test_kernel_counts_read_as_whole_numbers():
     from sglab.swa_loc import sglang as swa_sglang
 
-    df = E.latest(swa_sglang.FIX.recorded_engine().shown)
-    got = E.facts(df, ["decode_kernels_per_replay", "decode_kernels_per_layer"])
+    df = R.frame(swa_sglang.FIX.recorded_engine().shown)
+    got = V.facts(df, ["decode_kernels_per_replay", "decode_kernels_per_layer"])
     assert set(got["decode_kernels_per_replay"]) == {"140", "148", "196"}
     assert "18.5" in set(got["decode_kernels_per_layer"]) and "ok" in set(got["status"])
-    assert E.count_text("36.0") == "36" and E.count_text("1e3") == "1e3" and E.count_text("") == ""
+    assert text.whole("36.0") == "36" and text.whole("1e3") == "1e3" and text.whole("") == ""
 
 
 # -- several engine starts per variant, the A/A control ---------------------------------------
@@ -448,7 +443,8 @@ def _starts_run(times: dict, status: dict | None = None, model: str = "llama_32x
 
 
 def test_a_timing_of_one_engine_start_says_so():
-    one = E.table(E.latest([_starts_run({("pcg", 0): {128: 10.0}})]), "prefill", "input_len")
+    one = V.table(R.frame([_starts_run({("pcg", 0): {128: 10.0}})]),
+                  V.Table("prefill", "input_len"))
     assert one.columns.name == ("prefill (ms), one engine start (the spread between starts is "
                                 "not measured) by input_len")
 
@@ -456,16 +452,16 @@ def test_a_timing_of_one_engine_start_says_so():
 def test_starts_fold_into_their_median_with_the_spread_between_them():
     t = {("pcg", 0): {128: 10.0}, ("pcg", 1): {128: 12.0}, ("pcg", 2): {128: 11.0},
          ("pcg-off", 0): {128: 20.0}, ("pcg-off", 1): {128: 30.0}, ("pcg-off", 2): {128: 22.0}}
-    df = E.latest([_starts_run(t)])
-    d = E.number(df, "prefill").set_index("case")
+    df = R.frame([_starts_run(t)])
+    d = S.numbers(df, "prefill").set_index("case")
     assert (d.loc["pcg", "value"], d.loc["pcg", "lo"], d.loc["pcg", "hi"]) == (11.0, 10.0, 12.0)
     assert d.loc["pcg-off", "starts"] == 3 and d.loc["pcg-off", "value"] == 22.0
-    cells = E.table(df, "prefill", "input_len")
+    cells = V.table(df, V.Table("prefill", "input_len"))
     assert cells.loc[("llama_32x512", "0.5.13", "pcg"), 128] == "11.00 [10.00–12.00]"
     assert "median [lowest–highest] of 3 engine starts" in cells.columns.name
     # one start that did not answer: the variant did not
-    bad = E.latest([_starts_run(t, {("pcg", 1): "timeout: no exit"})])
-    assert E.releases_ok(bad)[("llama_32x512", "0.5.13", "pcg")] is False
+    bad = R.frame([_starts_run(t, {("pcg", 1): "timeout: no exit"})])
+    assert S.started(bad)[("llama_32x512", "0.5.13", "pcg")] is False
 
 
 @pytest.mark.parametrize("again, status", [(21.0, C.PASS), (8.0, C.FAIL)])
@@ -479,8 +475,8 @@ def test_a_speedup_must_clear_the_aa_controls_gap(again, status):
         t[("pcg-off-again", s)] = {128: again}
     run = _starts_run(t)
     noise = abs(20.0 / again - 1)
-    assert E.aa_noise(E.latest([run]), "prefill",
-                      "input_len") == {("llama_32x512", "0.5.13"): pytest.approx(noise)}
+    assert S.aa_gap(R.frame([run]), "prefill",
+                    "input_len") == {("llama_32x512", "0.5.13"): pytest.approx(noise)}
     res = {r.claim.id: r for r in C.evaluate(pg.ENGINE, run)}
     got = res["engine_pcg_gate.captured_prefill_faster"]
     assert got.status == status
@@ -502,7 +498,7 @@ def _ratio_run(model: str, off: float, again: float, created: str = "2026-11-27T
 def test_each_model_clears_the_aa_gap_of_its_own_release(kimi_again, status):
     """Llama 2× over a 5% gap; Kimi 1.5× (15 ms / 10 ms) over a 25% gap holds, over a 50% gap it
     does not, whatever Llama's margin."""
-    run = E.merged([
+    run = R.merged([
         _ratio_run("llama_32x512", 20.0, 21.0),
         _ratio_run("kimi_k25_tiny", 15.0, kimi_again, "2026-11-27T01:00:00Z")
     ])
@@ -523,7 +519,7 @@ def test_a_rerun_of_one_model_is_compared_with_that_models_record(rerun_off, dri
     claim's 25%, and verify fails on it."""
     from sglab.tools import verify
 
-    record = E.merged([
+    record = R.merged([
         _ratio_run("llama_32x512", 20.0, 21.0),
         _ratio_run("kimi_k25_tiny", 15.0, 15.5, "2026-11-27T01:00:00Z")
     ])
@@ -554,8 +550,8 @@ def test_a_rerun_is_held_to_the_range_of_every_recorded_machine(rerun_off, drift
         _ratio_run("llama_32x512", 15.0, 15.1, "2026-11-28T00:00:00Z")
     ]
     rerun = _ratio_run("llama_32x512", rerun_off, rerun_off, "2026-11-29T00:00:00Z")
-    assert E.same_gpu(rerun, [*record, rerun]) == record
-    ref = E.merged(record)
+    assert C.reference(rerun, [*record, rerun])[2] == record
+    ref = R.merged(record)
     alone = C.compare(pg.ENGINE, rerun, ref).drift
     ranged = C.compare(pg.ENGINE, rerun, ref, record).drift
     key = "pairs.llama_32x512 0.5.13 pcg.lo"
@@ -574,10 +570,10 @@ def test_a_speed_up_reads_each_variants_fastest_start_and_its_aa_gap_too():
         t[("pcg", s)], t[("pcg-off", s)], t[("pcg-off-again", s)] = {128: 10.0}, {128: off
                                                                                   }, {128: again}
     run = _starts_run(t)
-    df = E.latest([run])
+    df = R.frame([run])
     key = ("llama_32x512", "0.5.13")
-    assert E.aa_noise(df, "prefill", "input_len")[key] == pytest.approx(1.0)
-    assert E.aa_noise(df, "prefill", "input_len", "fastest")[key] == 0.0
+    assert S.aa_gap(df, "prefill", "input_len")[key] == pytest.approx(1.0)
+    assert S.aa_gap(df, "prefill", "input_len", "fastest")[key] == 0.0
     assert pg_show.engine_ratios(df, "median") == {(*key, "pcg"): {128: 4.0}}
     got = {r.claim.id: r
            for r in C.evaluate(pg.ENGINE, run)}["engine_pcg_gate.captured_prefill_faster"]
@@ -585,7 +581,7 @@ def test_a_speed_up_reads_each_variants_fastest_start_and_its_aa_gap_too():
     assert got.outcome.value["pairs"]["llama_32x512 0.5.13 pcg"] == {
         "lo": 2.0, "hi": 2.0, "aa_noise": 0.0, "margin": 1.0
     }
-    aa = E.aa_statistics(SimpleNamespace(shown=[run]), "prefill", "input_len")
+    aa = S.aa_table(runs.RunSet([run]), "prefill", "input_len")
     assert aa.loc[("H100, 2026-11-28 0000Z", "llama_32x512 0.5.13")].to_dict() == {
         "A/A gap, median of starts": "100.0%", "A/A gap, fastest start": "0.0%",
         "A/A gap, fastest repeat of any start": "0.0%"
@@ -601,11 +597,11 @@ def test_the_claim_reads_the_fastest_repeat_of_any_start():
         t[("pcg", s)], t[("pcg-off", s)] = {128: 10.0}, {128: (med, 20.0)}
         t[("pcg-off-again", s)] = {128: (35.0, 21.0)}
     run = _starts_run(t)
-    df = E.latest([run])
+    df = R.frame([run])
     key = (*("llama_32x512", "0.5.13"), "pcg")
     assert pg_show.engine_ratios(df, "fastest") == {key: {128: 3.0}}
     assert pg_show.engine_ratios(df) == {key: {128: 2.0}}
-    assert E.reading(df, "prefill", "floor").set_index("case").loc["pcg-off", "value"] == 20.0
+    assert S.reading(df, "prefill", "floor").set_index("case").loc["pcg-off", "value"] == 20.0
     got = {r.claim.id: r
            for r in C.evaluate(pg.ENGINE, run)}["engine_pcg_gate.captured_prefill_faster"]
     assert got.outcome.value["pairs"]["llama_32x512 0.5.13 pcg"]["lo"] == 2.0
@@ -626,7 +622,7 @@ def test_each_start_is_set_beside_what_the_host_did_meanwhile():
         extra += [{**base, "metric": "host_steal", "value": steal, "unit": "%"},
                   {**base, "metric": "engine_preempted", "value": 10 * start, "unit": "switches"}]
     run.df = pd.concat([run.df, runs.tidy("engine_pcg_gate", extra)], ignore_index=True)
-    got = E.starts_and_host(E.latest([run]), "prefill")
+    got = S.starts_and_host(R.frame([run]), "prefill")
     assert list(got.index) == [("llama_32x512", "0.5.13", "pcg-off", 0),
                                ("llama_32x512", "0.5.13", "pcg-off", 1)]
     assert got.loc[("llama_32x512", "0.5.13", "pcg-off", 1)].to_dict() == {
@@ -634,18 +630,15 @@ def test_each_start_is_set_beside_what_the_host_did_meanwhile():
         "CPU stolen (%)": 20.0
     }
     assert str(got["engine preempted (switches)"].dtype) == "Int64"  # a count: 10, not 10.0
-    assert E.starts_and_host(E.latest([_starts_run(t)]), "prefill").empty  # recorded before
+    assert S.starts_and_host(R.frame([_starts_run(t)]), "prefill").empty  # recorded before
 
 
-def _both():
-    """01's ratios by each statistic, as its engine section sets them beside each other."""
-    return {
-        E.STAT_NAMES[s]: (
-            lambda r, s=s:
-            {" ".join(k): v
-             for k, v in pg_show.engine_ratios(E.latest([r]), s).items()})
-        for s in ("fastest", "median")
-    }
+def _both(df, stat):
+    """01's ratios by one statistic, as the rerun table sets them beside each other."""
+    return {" ".join(k): v for k, v in pg_show.engine_ratios(df, stat).items()}
+
+
+BOTH = ("fastest", "median")
 
 
 def test_a_pair_recorded_on_two_days_is_set_side_by_side_with_its_drift():
@@ -655,21 +648,21 @@ def test_a_pair_recorded_on_two_days_is_set_side_by_side_with_its_drift():
     day2 = _ratio_run("llama_32x512", 15.0, 15.3, "2026-11-28T10:00:00Z")
     kimi = _ratio_run("kimi_k25_tiny", 15.0, 15.5, "2026-11-27T11:00:00Z")
     for r, us in ((day1, 10.0), (day2, 7.0)):
-        r.manifest["host_launch_us"] = {"before": {"median": us}, "after": {"median": us}}
-    got = E.reruns(SimpleNamespace(shown=[day2, kimi, day1]), _both())
+        r.manifest.host_launch_us = {"before": {"median": us}, "after": {"median": us}}
+    got = S.reruns(runs.RunSet([day2, kimi, day1]), _both, BOTH)
     assert list(got.index) == [("llama_32x512 0.5.13 pcg", "H100, 2026-11-27 1000Z"),
                                ("llama_32x512 0.5.13 pcg", "H100, 2026-11-28 1000Z")]
     assert got.iloc[1].to_dict() == {
-        "fastest start": "1.50–1.50×", "median of starts": "1.50–1.50×",
-        "host µs per launch": "7.0", "drift": "-25%"
+        "fastest start": "1.50×", "median of starts": "1.50×", "host µs per launch": "7.0",
+        "drift": "-25%"
     }
     assert got.iloc[0]["drift"] == "+0%"
-    assert E.reruns(SimpleNamespace(shown=[day1, kimi]), _both()).empty
+    assert S.reruns(runs.RunSet([day1, kimi]), _both, BOTH).empty
     # the same day again with its engines pinned (--cpus): a row of its own that says so
     pinned = _ratio_run("llama_32x512", 18.0, 18.5, "2026-11-28T11:00:00Z")
-    for e in pinned.manifest["engine_runs"]:
+    for e in pinned.manifest.engine_runs:
         e["cpus"] = [0, 1, 2, 3]
-    got = E.reruns(SimpleNamespace(shown=[day1, day2, pinned]), _both())
+    got = S.reruns(runs.RunSet([day1, day2, pinned]), _both, BOTH)
     assert [r for _, r in got.index] == [
         "H100, 2026-11-27 1000Z", "H100, 2026-11-28 1000Z", "H100, 2026-11-28 1100Z, CPUs 0-3"
     ]
@@ -682,15 +675,15 @@ def test_a_tie_between_gpu_models_shows_the_model_that_recorded_first(monkeypatc
     def make(gpu, *when):
         made = [_ratio_run("llama_32x512", 20.0, 21.0, t) for t in when]
         for r in made:
-            r.manifest["gpu_name"] = gpu
+            r.manifest.gpu_name = gpu
         return made
 
     h100 = make("NVIDIA H100 80GB HBM3", "2026-11-27T10:00:00Z", "2026-11-29T10:00:00Z")
     h200 = make("NVIDIA H200", "2026-11-28T10:00:00Z", "2026-11-28T11:00:00Z")
-    monkeypatch.setattr(E.runs, "load_all_recorded", lambda exp: [*h200, *h100])
-    assert E.recorded("pcg_gate", "01").shown == h100
+    monkeypatch.setattr(R.runs, "load_all_recorded", lambda exp: [*h200, *h100])
+    assert R.load("pcg_gate", "01").shown == h100
     h200 += make("NVIDIA H200", "2026-11-28T12:00:00Z")
-    assert E.recorded("pcg_gate", "01").shown == h200
+    assert R.load("pcg_gate", "01").shown == h200
 
 
 def test_runs_of_another_gpu_model_get_rows_and_a_drift_of_their_own(monkeypatch):
@@ -707,16 +700,16 @@ def test_runs_of_another_gpu_model_get_rows_and_a_drift_of_their_own(monkeypatch
     ]
     h200[1] = _ratio_run("llama_32x512", 24.0, 24.5, "2026-11-28T12:00:00Z")
     for r in h200:
-        r.manifest["gpu_name"] = "NVIDIA H200"
-    monkeypatch.setattr(E.runs, "load_all_recorded", lambda exp: [h200[1], *h100, h200[0]])
-    run = E.recorded("pcg_gate", "01")
-    assert run is h100[1] and run.shown == h100 and run.elsewhere == h200
-    got = E.reruns(run, _both())
+        r.manifest.gpu_name = "NVIDIA H200"
+    monkeypatch.setattr(R.runs, "load_all_recorded", lambda exp: [h200[1], *h100, h200[0]])
+    run = R.load("pcg_gate", "01")
+    assert run.shown == h100 and run.elsewhere == h200
+    got = S.reruns(run, _both, BOTH)
     assert list(got.index) == [("llama_32x512 0.5.13 pcg", "H100, 2026-11-27 1000Z"),
                                ("llama_32x512 0.5.13 pcg", "H200, 2026-11-28 1000Z"),
                                ("llama_32x512 0.5.13 pcg", "H200, 2026-11-28 1200Z")]
     assert list(got["drift"]) == ["+0%", "+0%", "-20%"]  # 2.4× against H200's 3.0×
-    assert list(E.aa_statistics(run, "prefill", "input_len").index.get_level_values("run")) == [
+    assert list(S.aa_table(run, "prefill", "input_len").index.get_level_values("run")) == [
         "H100, 2026-11-27 1000Z", "H100, 2026-11-27 1100Z", "H200, 2026-11-28 1000Z",
         "H200, 2026-11-28 1200Z"
     ]
@@ -726,9 +719,9 @@ def test_03s_speedup_is_eager_over_the_graph_per_release_and_request_count():
     from sglab.breakable_graph import show as bg_show
 
     after = _run("engine_breakable_graph", "0.5.12.post1+bcg")
-    df = E.latest([after])
+    df = R.frame([after])
     ratios = bg_show.engine_ratios(df)  # the claim's statistic: the fastest repeat of any start
-    lat = E.number(df, "latency_min", started=True).set_index(["release", "case", "requests"])
+    lat = S.numbers(df, "latency_min", only_started=True).set_index(["release", "case", "requests"])
     for n, r in ratios["0.5.12.post1"].items():
         assert r == pytest.approx(
             lat.loc[("0.5.12.post1", "eager", n), "lo"] / lat.loc[("0.5.12.post1", "bcg", n), "lo"])
@@ -749,15 +742,14 @@ def test_the_host_launch_cost_is_measured_in_its_own_process(monkeypatch):
 
 def test_the_header_names_the_hosts_per_launch_cost_where_a_run_measured_it(capsys):
     run = _starts_run({("pcg", 0): {128: 10.0}})
-    run.manifest["host_launch_us"] = {"before": {"median": 2.41}, "after": {"error": "x"}}
-    run.shown = [run]
-    assert E.header(run, "Llama")
+    run.manifest.host_launch_us = {"before": {"median": 2.41}, "after": {"error": "x"}}
+    assert V.header(runs.RunSet([run]), "Llama")
     out = capsys.readouterr().out
     assert "host per-launch cost (H100, 2026-11-28): 2.41 µs before the engines" in out
     assert "after" not in out  # a failed measurement is not shown as a number
     assert "engines on CPUs" not in out
-    run.manifest["engine_runs"][0]["cpus"] = [0, 1, 2, 3, 8]  # engines pinned (--cpus)
-    E.header(run, "Llama")
+    run.manifest.engine_runs[0]["cpus"] = [0, 1, 2, 3, 8]  # engines pinned (--cpus)
+    V.header(runs.RunSet([run]), "Llama")
     assert "2.41 µs before the engines; engines on CPUs 0-3,8" in capsys.readouterr().out
 
 
@@ -779,10 +771,10 @@ def test_the_launches_removed_times_the_hosts_cost_stand_beside_the_measured_sav
                    {**base, "metric": "prefill_graph_launches", "value": graphs, "unit": ""}]
     run = runs.Run(pd.concat([run.df, runs.tidy("engine_pcg_gate", counts)], ignore_index=True),
                    run.manifest, run.path)
-    run.manifest["host_launch_us"] = {"before": {"median": 5.0}, "after": {"median": 7.0}}
-    run.shown = [run]
-    assert E.host_us(run) == 6.0
-    t = pg_show.launch_savings(E.latest([run]), lambda *variant: E.host_us(run, *variant))
+    run.manifest.host_launch_us = {"before": {"median": 5.0}, "after": {"median": 7.0}}
+    rs = runs.RunSet([run])
+    assert R.host_us(rs) == 6.0
+    t = pg_show.launch_savings(R.frame([run]), lambda *variant: R.host_us(rs, *variant))
     row = t.loc[("llama_32x512", "0.5.13", "pcg", 128)]
     assert (row["launches, pcg-off"], row["launches, piecewise"], row["removed"]) == (1040, 43, 997)
     assert row["launch cost alone (ms)"] == pytest.approx(997 * 6.0 / 1e3)
@@ -799,7 +791,7 @@ def test_the_width_sweep_pairs_its_own_cases_and_not_pcg_off(capsys):
         t[(f"w{h}-pcg", 0)] = {128: on}
         t[(f"w{h}-off", 0)] = {128: off}
     run = _starts_run(t)
-    df = E.latest([run])
+    df = R.frame([run])
     for case in ("w512-pcg", "w4096-pcg"):  # _starts_run marks only "pcg" captured
         df.loc[(df.case == case) & (df.metric == "pcg"), "value"] = "captured"
     gains = pg_show.width_gains(df).set_index("hidden")["gain"].to_dict()
@@ -825,7 +817,7 @@ def test_the_launch_pass_counts_are_claimed_exactly():
     cid = "engine_pcg_gate.prefill_launches"
     after = _run("engine_pcg_gate", "0.5.13+enforce")
     assert _status(pg.ENGINE, after)[cid] == "pass"
-    counts = pg_show.launch_counts(E.latest([after]))
+    counts = pg_show.launch_counts(R.frame([after]))
     assert set(counts.loc[("kimi_k25_tiny", "0.5.13", "enforce"), "graphs"]) == {3}
     assert (counts.loc[("kimi_k25_tiny", "0.5.13", "pcg-off"), "graphs"] == 0).all()
     one_less = _set(after, "0.5.13+enforce", "prefill_graph_launches", 2, input_len=512.0)
@@ -841,8 +833,7 @@ def test_the_launch_pass_counts_are_claimed_exactly():
 
 def test_the_saving_per_removed_launch_is_set_against_the_bare_launch_cost():
     run = _run("engine_pcg_gate", "0.5.13+enforce")
-    run.shown = [run]
-    t = pg_show.launch_savings(E.latest([run]), lambda *variant: 10.0)
+    t = pg_show.launch_savings(R.frame([run]), lambda *variant: 10.0)
     row = t.loc[("kimi_k25_tiny", "0.5.13", "enforce", 128)]
     assert row["launch cost alone (ms)"] == pytest.approx(row["removed"] * 10.0 / 1e3, abs=1e-3)
     per = row["measured saving (ms)"] * 1e3 / row["removed"]
@@ -862,12 +853,12 @@ def test_the_width_sweeps_gain_spans_its_starts(monkeypatch):
         t[("w512-off", s)] = {128: off}
     run = _starts_run(t)
     run.df.loc[(run.df.case == "w512-pcg") & (run.df.metric == "pcg"), "value"] = "captured"
-    row = pg_show.width_gains(E.latest([run])).iloc[0]
+    row = pg_show.width_gains(R.frame([run])).iloc[0]
     assert (row["gain"], row["lo"], row["hi"], row["starts"]) == (18.0 / 8.0, 18.0 / 12.0,
                                                                   22.0 / 8.0, 3)
     drawn = []
     monkeypatch.setattr(pg_show.notebook, "show_figure", drawn.append)
-    pg_show.width_sweep(run)
+    pg_show.width_sweep(runs.RunSet([run]))
     assert "fastest repeat of 3 interleaved engine starts;\nbars: the starts' range" in (
         drawn[0].axes[0].get_title())
 
@@ -882,19 +873,17 @@ def test_the_width_sweep_draws_one_panel_per_gpu_model_with_its_launch_cost(monk
         run = _starts_run({("w512-pcg", 0): {128: 10.0}, ("w512-off", 0): {128: 10.0 * gain}},
                           created=created)
         run.df.loc[(run.df.case == "w512-pcg") & (run.df.metric == "pcg"), "value"] = "captured"
-        run.manifest.update(
-            gpu_name=gpu,
-            host_launch_us={"before": {"median": us - 1}, "after": {"median": us + 1}})
+        run.manifest.gpu_name = gpu
+        run.manifest.host_launch_us = {"before": {"median": us - 1}, "after": {"median": us + 1}}
         return run
 
     h100 = sweep("NVIDIA H100 80GB HBM3", 2.0, 8.0, "2026-11-27T00:00:00Z")
     h200 = sweep("NVIDIA H200", 1.5, 11.0, "2026-11-28T00:00:00Z")
     no_sweep = _starts_run({("pcg", 0): {128: 10.0}}, created="2026-11-28T01:00:00Z")
-    no_sweep.manifest["gpu_name"] = "NVIDIA B200"
-    h100.shown, h100.elsewhere = [h100], [h200, no_sweep]
+    no_sweep.manifest.gpu_name = "NVIDIA B200"
     drawn = []
     monkeypatch.setattr(pg_show.notebook, "show_figure", drawn.append)
-    pg_show.width_sweep(h100)
+    pg_show.width_sweep(runs.RunSet([h100], [h200, no_sweep]))
     titles = [ax.get_title() for ax in drawn[0].axes if ax.get_title()]
     assert [t.split("\n")[0] for t in titles
             ] == ["H100 · a bare launch 8.0 µs", "H200 · a bare launch 11.0 µs"]
@@ -917,7 +906,7 @@ def test_a_width_swept_on_two_machines_gets_a_row_per_run_and_how_far_apart(monk
         run = _starts_run(t, created=created)
         run.df.loc[run.df.case.str.endswith("-pcg") & (run.df.metric == "pcg"),
                    "value"] = "captured"
-        run.manifest["host_launch_us"] = {"before": {"median": us}, "after": {"median": us}}
+        run.manifest.host_launch_us = {"before": {"median": us}, "after": {"median": us}}
         return run
 
     first = sweep({512: {128: 2.0, 512: 1.8}, 1024: {128: 1.2}}, "2026-11-28T01:02:00Z", 10.0)
@@ -928,9 +917,8 @@ def test_a_width_swept_on_two_machines_gets_a_row_per_run_and_how_far_apart(monk
                                 ("H100", 512, "apart")]
     assert t[128].tolist() == ["2.00", "1.50", "33%"] and t[512].tolist() == ["1.80", "", ""]
     assert pg_show.width_reruns([first]).empty
-    first.shown, first.elsewhere = [first, second], []
     monkeypatch.setattr(pg_show.notebook, "show_figure", lambda fig: None)
-    pg_show.width_sweep(first)
+    pg_show.width_sweep(runs.RunSet([first, second]))
     assert "Widths swept on more than one machine" in capsys.readouterr().out
 
 
@@ -980,28 +968,28 @@ def test_each_variants_timing_carries_the_cost_of_the_host_that_ran_it():
     engine = pg_sglang.FIX.recorded_engine()
 
     def cost_of(r):
-        got = [v["median"] for v in r.manifest["host_launch_us"].values()]
+        got = [v["median"] for v in r.manifest.host_launch_us.values()]
         return sum(got) / len(got)
 
     def ran(model, case):
         return max(
             (r for r in engine.shown if any((e["model"] or {}).get("name") == model
                                             and e["case"] == case and e["release"] == "0.5.13"
-                                            for e in r.manifest["engine_runs"])),
-            key=lambda r: r.manifest["created_utc"])
+                                            for e in r.manifest.engine_runs)),
+            key=lambda r: r.manifest.created_utc)
 
     for model, case in (("kimi_k25_tiny", "enforce"), ("llama_32x512", "pcg")):
-        assert E.host_us(engine, "0.5.13", model, case) == pytest.approx(cost_of(ran(model, case)))
-    assert E.host_us(engine, "0.5.13", "kimi_k25_tiny", "no-such-case") is None
-    newest = max(engine.shown, key=lambda r: r.manifest["created_utc"])
-    assert E.host_us(engine) == pytest.approx(cost_of(newest))
+        assert R.host_us(engine, "0.5.13", model, case) == pytest.approx(cost_of(ran(model, case)))
+    assert R.host_us(engine, "0.5.13", "kimi_k25_tiny", "no-such-case") is None
+    newest = max(engine.shown, key=lambda r: r.manifest.created_utc)
+    assert R.host_us(engine) == pytest.approx(cost_of(newest))
 
 
 def _several_starts(exp: str, variant: str) -> list:
     """The committed runs of ``exp`` in which ``variant`` ran as several engine starts."""
     out = []
     for r in runs.load_all_recorded(exp):
-        d = E.number(E.latest([r]), "decode_kernels_per_replay", started=True)
+        d = S.numbers(R.frame([r]), "decode_kernels_per_replay", only_started=True)
         if ((d.variant == variant) & (d.starts > 1)).any():
             out.append(r)
     return out
@@ -1063,8 +1051,8 @@ def test_swa_replay_counts_are_the_same_on_h100_and_h200():
 
 
 def test_counts_by_run_has_a_row_per_run_and_one_count_per_column_in_the_record():
-    rec = E.recorded("swa_loc", "04")
-    t = E.counts_by_run(rec, "decode_kernels_per_replay")
+    rec = R.load("swa_loc", "04")
+    t = S.counts_by_run(rec, "decode_kernels_per_replay")
     assert len(t) == len(runs.load_all_recorded("engine_swa_loc"))
     assert list(t.columns[:3]) == ["starts", "0.5.11 before", "0.5.11 released"]
     for col in t.columns[1:]:  # every machine, every GPU model: one count per release and case
@@ -1078,6 +1066,5 @@ def test_counts_by_run_has_a_row_per_run_and_one_count_per_column_in_the_record(
         sel = (df.variant == "0.5.11+before") & (df.metric == "decode_kernels_per_replay")
         df.loc[df[sel].index[0], "value"] = "149"
         bad = runs.Run(df, copy.deepcopy(r.manifest), r.path)
-        bad.shown, bad.elsewhere = [bad], []
-        assert E.counts_by_run(bad, "decode_kernels_per_replay")["0.5.11 before"].iloc[0] == \
-            "148–149"
+        got = S.counts_by_run(runs.RunSet([bad]), "decode_kernels_per_replay")
+        assert got["0.5.11 before"].iloc[0] == "148–149"

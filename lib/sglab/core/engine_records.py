@@ -1,0 +1,158 @@
+"""Recorded real-engine runs (``data/recorded/engine_<fix>/``) as runs: loaded like every other run,
+then read as one frame of the newest answer per model and variant.
+
+A scenario is recorded one release batch at a time, so a variant may have failed to start in an
+early run and started in a later one: :func:`frame` keeps, per model and variant, the newest run in
+which it started. Its key columns are ``model, release, case, start`` and the shape of the step
+(``batch_size``, ``input_len``, ``requests``, …); every number is what SGLang's own tool printed.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pandas as pd
+
+from sglab.core import hardware, runs
+
+
+KEYS = ["model", "release", "case"]
+
+
+def _model_of(run) -> dict:
+    """``{variant: model name}`` from the run's engine entries."""
+    return {e["variant"]: (e.get("model") or {}).get("name", "?") for e in run.manifest.engine_runs}
+
+
+def frame(runs_: list) -> pd.DataFrame:
+    """All rows of the newest answer per (model, variant), oldest run first: the run CSVs' columns
+    plus ``model`` and ``run`` (GPU and date). Worked out once per run (:meth:`Run.memo`)."""
+    if len(runs_) == 1 and hasattr(runs_[0], "memo"):
+        return runs_[0].memo("engine frame", lambda: _frame(runs_))
+    return _frame(runs_)
+
+
+def _frame(runs_: list) -> pd.DataFrame:
+    parts = []
+    for order, run in enumerate(sorted(runs_, key=lambda r: r.manifest.created_utc)):
+        df = run.df.copy()
+        named = df["variant"].map(_model_of(run))  # a merged run keeps its rows' own model
+        df["model"] = (df["model"].fillna(named) if "model" in df else named).fillna("?")
+        df["run"], df["_order"] = label(run), order
+        parts.append(df)
+    if not parts:
+        return pd.DataFrame(columns=[*KEYS, "metric", "value", "run"])
+    rows = pd.concat(parts, ignore_index=True)
+    status = rows[rows.metric == "status"].assign(ok=lambda d: d.value == "ok")
+    if status.empty:  # a rebuild's run: every variant it has answered
+        status = rows.drop_duplicates(["model", "variant", "_order"]).assign(ok=True)
+    pick = status.sort_values(["ok", "_order"]).groupby(["model", "variant"]).tail(1)
+    return rows.merge(pick[["model", "variant", "_order"]]).drop(columns="_order")
+
+
+def merged(runs_: list) -> runs.Run:
+    """Several runs of one experiment as one Run: the rows of the newest answer per (model,
+    variant) (:func:`frame`), every run's engine entries and specs in the manifest (oldest first),
+    each entry's log sidecar as its own run has it (by path), the newest run's manifest and path
+    otherwise."""
+    ordered = sorted(runs_, key=lambda r: r.manifest.created_utc)
+    newest = ordered[-1]
+    if len(ordered) == 1 or not any(r.manifest.engine_runs for r in ordered):
+        return newest  # one run, or rebuild runs: each whole, the newest answers every variant
+    m = copy.deepcopy(newest.manifest.raw)
+    m["engine_runs"] = [e for r in ordered for e in r.manifest.engine_runs]
+    cars = {
+        n: str(newest.path.parent / f)
+        for n, f in newest.manifest.sidecars.items() if not n.startswith("log_")
+    }
+    at = 0
+    for r in ordered:  # each engine entry keeps its own log (``log_<i>`` follows the entries)
+        for i in range(len(r.manifest.engine_runs)):
+            if f"log_{i}" in r.manifest.sidecars:
+                cars[f"log_{at}"] = str(r.path.parent / r.manifest.sidecars[f"log_{i}"])
+            at += 1
+    m["sidecars"] = cars
+    m.setdefault("params",
+                 {})["specs"] = [e for r in ordered for e in r.manifest.params.get("specs", [])]
+    m["merged_from"] = [r.path.name for r in ordered]
+    # each row keeps its model: two runs may share a variant name (0.5.13+pcg-off) for two models
+    df = frame(ordered).drop(columns=["run"])
+    m["rows"] = len(df)
+    return runs.Run(df, m, newest.path)
+
+
+def load(fix: str, number: str = "NN") -> runs.RunSet:
+    """A fix's recorded engine runs: those of one GPU model shown (oldest first), the other models'
+    elsewhere; or a NoRun saying how to make one. The model shown answers the most (model, variant)
+    pairs, then has more runs, then recorded first (a new model's runs never take the tables over
+    by a tie): one table never mixes GPUs."""
+    found = sorted(runs.load_all_recorded(f"engine_{fix}"), key=lambda r: r.manifest.created_utc)
+    if not found:
+        return runs.NoRun(
+            f"engine_{fix}", "no recorded real-engine run; on a GPU box: "
+            f"bash scripts/engine_gpu.sh --plan {number}")
+    by_gpu: dict = {}
+    for r in found:
+        by_gpu.setdefault(r.manifest.gpu, []).append(r)
+    answers = {g: {(m, v) for r in rs for v, m in _model_of(r).items()} for g, rs in by_gpu.items()}
+    gpu = min(by_gpu, key=lambda g: (-len(answers[g]), -len(by_gpu[g])))  # first of equals
+    return runs.RunSet(by_gpu[gpu], [r for r in found if r.manifest.gpu != gpu],
+                       experiment=f"engine_{fix}")
+
+
+def label(run) -> str:
+    return f"{run.manifest.gpu}, {run.manifest.date}"
+
+
+def run_label(r) -> str:
+    """One run among several of a day: GPU, date, time (UTC) and the CPUs where pinned."""
+    return f"{label(r)} {r.manifest.created_utc[11:16].replace(':', '')}Z{pinned(r)}"
+
+
+def pinned(r) -> str:
+    """``", CPUs 0-7"`` where a run's engines ran pinned (``sglab engine --cpus``), else ``""``."""
+    sets = sorted({tuple(e.get("cpus") or ()) for e in r.manifest.engine_runs} - {()})
+    return "".join(f", CPUs {hardware.cpu_text(c)}" for c in sets)
+
+
+def run_host_us(r) -> float | None:
+    """One run's host per-launch cost: the mean of its before and after medians (µs), else None."""
+    got = [
+        v["median"]
+        for v in r.manifest.host_launch_us.values() if isinstance(v, dict) and "median" in v
+    ]
+    return sum(got) / len(got) if got else None
+
+
+def host_us(rs: runs.RunSet, *variant: str) -> float | None:
+    """The host's per-launch cost (µs) measured beside the newest shown run that started
+    ``variant`` (release, then model, then case; a prefix of them, or none for any run)."""
+    for r in sorted(rs.shown, key=lambda r: r.manifest.created_utc, reverse=True):
+        started = {(e.get("release"), (e.get("model") or {}).get("name"), e.get("case"))
+                   for e in r.manifest.engine_runs}
+        if variant and not any(v[:len(variant)] == variant for v in started):
+            continue
+        got = run_host_us(r)
+        if got is not None:
+            return got
+    return None
+
+
+def adjustments(rs: runs.RunSet) -> list[str]:
+    """The harness adjustments of the shown runs, one line each (name: reason), once each."""
+    seen = {}
+    for r in rs.shown:
+        for e in r.manifest.engine_runs:
+            for a in e.get("adjustments", []):
+                seen.setdefault(a["name"], a["reason"])
+    return [f"{k}: {v}" for k, v in seen.items()]
+
+
+def tools(rs: runs.RunSet) -> list[str]:
+    """SGLang's own tools the shown runs timed with."""
+    names = {"bench": "bench_one_batch", "engine": "Engine.generate", "serve": "bench_serving"}
+    return sorted({
+        names.get(e.get("tool"), str(e.get("tool")))
+        for r in rs
+        for e in r.manifest.engine_runs
+    })

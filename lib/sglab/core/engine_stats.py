@@ -1,0 +1,240 @@
+"""Statistics over an engine frame (:func:`sglab.core.engine_records.frame`): each variant's engine
+starts folded into a median and a range, a speed-up between two cases, the A/A control's gap, and
+the bar a timing claim must clear. Every function here is pandas over that frame.
+
+Method tables (every start beside its host, the A/A gap by statistic, a pair on every machine) are
+the methods notebook's (07); the fix notebooks read one verdict line per GPU model.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from sglab.core import text
+from sglab.core.engine_records import KEYS, frame, run_label, run_host_us
+
+
+AGAIN = "-again"  # a case's A/A control: the same flags, started in the same interleaved rounds
+
+# What a timing ratio reads of a variant's engine starts: ``{stat: (metric suffix, column)}``.
+# "median": the median over starts of each start's median repeat; "fastest": the fastest start's
+# median repeat; "floor": the fastest repeat of any start (the ``_min`` metric's lowest start).
+STATS = {"median": ("", "value"), "fastest": ("", "lo"), "floor": ("_min", "lo")}
+STAT_NAMES = {
+    "median": "median of starts", "fastest": "fastest start", "floor": "fastest repeat of any start"
+}
+# The statistic every engine timing claim reads. On the lent machines (KVM guests) each vCPU's
+# per-launch cost flips between a fast and a slow level from one few-second window to the next
+# (``python -m sglab.core.hostprobe``; data/recorded/host_probe). Launch-bound steps pay it in full,
+# and it only ever adds time: the fastest repeat over all starts is this host's own cost.
+STAT = "floor"
+
+
+def texts(df: pd.DataFrame, metric: str) -> dict:
+    """``{(model, release, case): value}`` of a text metric (``status``, ``pcg``); of several
+    starts, a status other than ``ok`` wins (a variant answered only where every start did)."""
+    d = df[df.metric == metric]
+    if metric == "status":
+        d = d.assign(_ok=d["value"] == "ok").sort_values("_ok", ascending=False, kind="stable")
+    return {tuple(k): v for k, v in zip(d[KEYS].itertuples(index=False), d["value"])}
+
+
+def started(df: pd.DataFrame, model: str | None = None) -> dict:
+    """``{(model, release, case): True/False}``: whether each variant started and answered."""
+    return {k: v == "ok" for k, v in texts(df, "status").items() if model in (None, k[0])}
+
+
+def numbers(df: pd.DataFrame, metric: str, *, only_started: bool = False) -> pd.DataFrame:
+    """The rows of ``metric`` with a float ``value``, the engine starts of each variant and shape
+    folded into one row: the median, the lowest and highest start (``lo``, ``hi``) and their
+    number (``starts``). Rows of runs recorded before starts were count as one start."""
+    d = df[df.metric == metric].copy()
+    d["value"] = pd.to_numeric(d["value"], errors="coerce")
+    if only_started and not d.empty:
+        ok = started(df)
+        d = d[[ok.get(tuple(k), False) for k in d[KEYS].itertuples(index=False)]]
+    if d.empty or "start" not in d or d["start"].nunique(dropna=True) < 2:
+        return d.assign(lo=d["value"], hi=d["value"], starts=1)
+    keys = [c for c in d.columns if c not in ("start", "value")]
+    g = d.groupby(keys, dropna=False, sort=False)["value"]
+    return g.agg(value="median", lo="min", hi="max", starts="count").reset_index()
+
+
+def reading(df: pd.DataFrame, metric: str, stat: str = "median") -> pd.DataFrame:
+    """:func:`numbers` of ``metric`` (variants that started) with ``value`` the statistic ``stat``
+    (:data:`STATS`); ``lo``, ``hi`` and ``starts`` stay those of the metric the statistic reads."""
+    suffix, col = STATS[stat]
+    d = numbers(df, metric + suffix, only_started=True)
+    return d.assign(value=d[col]) if col != "value" and not d.empty else d
+
+
+def starts_in(df: pd.DataFrame, metric: str) -> int:
+    """The most engine starts behind any one value of ``metric``."""
+    return int(numbers(df, metric)["starts"].max())
+
+
+def ratios(df: pd.DataFrame, metric: str, across: str, base: str, stat: str = "median") -> dict:
+    """Each case against ``base`` of its own model and release, of variants that started:
+    ``{(model, release, case): {x: (base ÷ case, lo, hi)}}`` per value ``x`` of ``across``; the
+    ratio of ``stat`` of each side's starts, ``lo``–``hi`` the widest its starts allow (the
+    fastest of one side over the slowest of the other, and the reverse)."""
+    d = reading(df, metric, stat)
+    per = {
+        tuple(k): {int(n): (v, lo, hi)
+                   for n, v, lo, hi in zip(g[across], g.value, g.lo, g.hi)}
+        for k, g in d.groupby(KEYS)
+    }
+    out = {}
+    for (model, rel, case), times in per.items():
+        ref = per.get((model, rel, base))
+        if case != base and ref:
+            out[(model, rel, case)] = {
+                n: (ref[n][0] / t[0], ref[n][1] / t[2], ref[n][2] / t[1])
+                for n, t in times.items() if n in ref
+            }
+    return out
+
+
+def aa_gap(df: pd.DataFrame, metric: str, across: str, stat: str = "median") -> dict:
+    """The A/A control's verdict on ``metric``: per (model, release), the largest relative gap
+    between a case and its control copy ``<case>-again`` over the values of ``across``, each side
+    ``stat`` of its starts. ``{}`` where the run has no control."""
+    d = reading(df, metric, stat)
+    if d.empty:
+        return {}
+    per = {tuple(k): dict(zip(g[across].astype(int), g["value"])) for k, g in d.groupby(KEYS)}
+    out = {}
+    for (model, rel, case), again in per.items():
+        base = per.get((model, rel, case.removesuffix(AGAIN)))
+        if case.endswith(AGAIN) and base:
+            gaps = [abs(base[n] / v - 1) for n, v in again.items() if n in base and v]
+            if gaps:
+                out[(model, rel)] = max(gaps)
+    return out
+
+
+def starts_how(starts: int, stat: str = "median") -> str:
+    """What one timing is, by the number of engine starts behind it and the statistic read."""
+    if starts < 2:
+        return f"one engine start, {'fastest' if stat == 'floor' else 'median'} of its repeats"
+    return {
+        "median": "median of {n} interleaved engine starts",
+        "fastest": "fastest of {n} interleaved engine starts",
+        "floor": "fastest repeat of {n} interleaved engine starts"
+    }[stat].format(n=starts)
+
+
+def timing_source(starts: int, host: float | None, stat: str = "median") -> str:
+    """Where a ratio of engine timings comes from: which of how many starts, and the host's cost."""
+    return starts_how(starts, stat) + (f", host {host:.1f} µs per launch" if host else "")
+
+
+def bar(df: pd.DataFrame, metric: str, across: str, stat: str = "median") -> tuple[float, int, str]:
+    """What a timing claim on ``metric`` must clear: ``(A/A gap, starts, how)``, the gap the largest
+    of :func:`aa_gap` (0 without a control), ``how`` the sentence that says so."""
+    noise = max(aa_gap(df, metric, across, stat).values(), default=0.0)
+    starts = starts_in(df, metric)
+    how = (f"{starts_how(starts, stat)}; A/A control within {noise:.1%}, so the bar is "
+           f"{1 + noise:.2f}×" if starts > 1 else f"{starts_how(starts, stat)}; no A/A control")
+    return noise, starts, how
+
+
+# -- the methods notebook's tables: every machine, every start ---------------------------------
+def aa_table(rs, metric: str, across: str) -> pd.DataFrame:
+    """Per run (every GPU model) and (model, release): the A/A gap read by each statistic; the one
+    with the smaller gap is the one a rerun can repeat."""
+    rows = {}
+    for r in rs.every():
+        gaps = {s: aa_gap(frame([r]), metric, across, s) for s in STATS}
+        for key in gaps[STAT]:
+            rows[(run_label(r), " ".join(key))] = {
+                f"A/A gap, {STAT_NAMES[s]}": f"{g[key]:.1%}" if key in g else ""
+                for s, g in gaps.items()
+            }
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    if not out.empty:
+        out.index.names = ["run", "model and release"]
+    return out
+
+
+def starts_and_host(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Each engine start of a timed variant beside what the host did meanwhile
+    (:mod:`sglab.core.hoststate`): the median of ``metric`` over the start's shapes, the CPU time
+    stolen, every CPU's busy share and the engine's involuntary context switches."""
+    host = df[df.metric.isin(["host_steal", "host_busy", "engine_preempted"])]
+    times = df[df.metric == metric]
+    if host.empty or times.empty or "start" not in df:
+        return pd.DataFrame()
+    idx = [*KEYS, "start"]
+    t = times.assign(value=pd.to_numeric(times["value"], errors="coerce")).groupby(idx)["value"]
+    unit = str(times["unit"].dropna().iloc[0]) if times["unit"].notna().any() else ""
+    out = t.median().rename(f"{metric} ({unit}), median over shapes").to_frame()
+    wide = host.assign(value=pd.to_numeric(host["value"], errors="coerce")).pivot_table(
+        index=idx, columns="metric", values="value", aggfunc="first")
+    out = out.join(wide, how="inner").rename(
+        columns={
+            "host_steal": "CPU stolen (%)", "host_busy": "CPUs busy (%)",
+            "engine_preempted": "engine preempted (switches)"
+        })
+    out.index = out.index.set_levels(out.index.levels[-1].astype(int), level=-1)
+    return text.counts(out.round(2), ["engine preempted (switches)"])
+
+
+def reruns(rs, ratio_of, stats: tuple = (STAT, "fastest", "median")) -> pd.DataFrame:
+    """A timed pair on every recorded run that ran it, one row per (pair, run): another run is
+    another machine. ``ratio_of(frame, stat) -> {pair: {x: ratio}}``; one column per statistic
+    (the first is the claim's; a cell ``lowest–highest×`` over the x values), the host's per-launch
+    cost, and ``drift``: the first statistic's lowest ratio against the oldest run of the same GPU
+    model. Only pairs recorded in more than one run."""
+    cells: dict = {}
+    for r in rs.every():
+        for s in stats:
+            for pair, per in ratio_of(frame([r]), s).items():
+                if per:
+                    lo, hi = min(per.values()), max(per.values())
+                    cell = cells.setdefault(pair, {}).setdefault(
+                        run_label(r), {"host": run_host_us(r), "gpu": r.manifest.gpu})
+                    cell[s] = (lo, text.span([lo, hi], unit="×"))
+    rows = {}
+    for pair, by_run in cells.items():
+        if len(by_run) < 2:
+            continue
+        first: dict = {}  # per GPU model, its oldest run's lowest ratio
+        for c in by_run.values():
+            if stats[0] in c:
+                first.setdefault(c["gpu"], c[stats[0]][0])
+        for at, c in by_run.items():
+            rows[(pair, at)] = {
+                **{
+                    STAT_NAMES[s]: c[s][1] if s in c else ""
+                    for s in stats
+                }, "host µs per launch": "" if c["host"] is None else f"{c['host']:.1f}",
+                "drift": f"{c[stats[0]][0] / first[c['gpu']] - 1:+.0%}" if stats[0] in c else ""
+            }
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    if not out.empty:
+        out.index.names = ["pair", "run"]
+        out.columns.name = "ratio, lowest–highest over the x values"
+    return out
+
+
+def counts_by_run(rs, metric: str) -> pd.DataFrame:
+    """A count on every recorded run (every GPU model): one row per run, one column per release
+    and case, each cell the count over its engine starts (``lowest–highest`` where they differ)."""
+    from packaging.version import Version
+
+    rows = []
+    for r in rs.every():
+        d = numbers(frame([r]), metric, only_started=True).dropna(subset=["value"])
+        if not d.empty:
+            rows.append({
+                "run": run_label(r), "starts": text.count(d["starts"]),
+                **{f"{x.release} {x.case}": text.count((x.lo, x.hi))
+                   for x in d.itertuples()}
+            })
+    if not rows:
+        return pd.DataFrame()
+    out = pd.DataFrame(rows).set_index("run").fillna("")
+    cells = sorted((c for c in out.columns if c != "starts"), key=lambda c:
+                   (Version(c.split()[0]), c.split()[1]))
+    return out[["starts", *cells]]

@@ -1,0 +1,227 @@
+"""A fix's real-engine section, declared: each fix states what of its engine runs a reader sees
+(``VIEW`` in its ``show.py``) and :func:`section` draws every fix's section the same way: where the
+numbers come from, one row of facts per variant, the tables, each timed pair against its A/A
+control, the fix's own figure or table, then one verdict line per GPU model. How the numbers are
+made to repeat (starts, hosts, reruns) is the methods notebook's (07).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import pandas as pd
+
+from sglab.core import claims as C
+from sglab.core import text
+from sglab.core.engine_records import KEYS, adjustments, frame, label, merged, pinned, tools
+from sglab.core.engine_stats import STAT, STAT_NAMES, aa_gap, numbers, ratios
+from sglab.core.notebook import display, show_figure, show_table
+
+
+METHODS = "07_how_we_measure.ipynb"
+
+
+@dataclass(frozen=True)
+class Table:
+    """``metric`` per variant and per value of ``across`` (cells: median [lowest–highest start])."""
+
+    metric: str
+    across: str
+    fmt: str = "{:.2f}"
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A timed speed-up: ``base`` ÷ every other case of the same model and release, on ``metric``
+    by ``across`` (the statistic the claims read, with the A/A control's gap beside it)."""
+
+    metric: str
+    across: str
+    base: str
+    label: str
+    cases: tuple = ()  # the cases compared with base (default: every other case but A/A copies)
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """What a fix's engine section shows (see the module docstring)."""
+
+    what: str = ""  # what ran: the model and its width, TP, the flags that matter
+    facts: tuple = ()  # text metrics per (model, release, case): "pcg", "bcg", ...
+    tables: tuple = ()  # Table ...
+    pairs: tuple = ()  # Pair ...
+    figure: Optional[Callable] = None  # frame -> a matplotlib figure
+    extra: Optional[Callable] = None  # RunSet -> None: the fix's own table
+
+
+def per_gpu(rs) -> list:
+    """One merged run per GPU model (:func:`merged`): the model shown first, then the others."""
+    by: dict = {}
+    for r in [*rs.shown, *rs.elsewhere]:
+        by.setdefault(r.manifest.gpu, []).append(r)
+    return [merged(v) for v in by.values()]
+
+
+def verdict_lines(engine_claims, rs) -> list[str]:
+    """One line per GPU model: its engine claims on its runs merged, how many runs they are."""
+    out = []
+    for r in per_gpu(rs):
+        n = len(r.manifest.merged_from) or 1
+        line = C.verdict_line(C.evaluate(engine_claims, r), r)
+        out.append(f"{line} ({n} run{'s' if n > 1 else ''})")
+    return out
+
+
+def header(rs, what: str = "") -> bool:
+    """Where the section's numbers come from: SGLang's own tools, what ran, the GPU and date of each
+    run, each harness adjustment with its reason; False (and the NoRun line) without a run."""
+    if not rs:
+        print(rs.line)
+        return False
+    print(f"real SGLang engines, dummy weights{', ' + what if what else ''}, measured by SGLang's "
+          f"own {' and '.join(tools(rs))} (recorded: {'; '.join(sorted({label(r) for r in rs}))})")
+    if rs.elsewhere:
+        print(f"also recorded: {len(rs.elsewhere)} run(s) on "
+              f"{'; '.join(sorted({label(r) for r in rs.elsewhere}))}: the tables show one GPU "
+              "model; every run is in the methods notebook (07)")
+    for line in adjustments(rs):
+        print(f"harness adjustment {line}")
+    for r in rs:
+        cost = {
+            k: v["median"]
+            for k, v in r.manifest.host_launch_us.items() if isinstance(v, dict) and "median" in v
+        }
+        if cost:
+            print(f"host per-launch cost ({label(r)}): " + ", ".join(
+                f"{v:.2f} µs {k} the engines"
+                for k, v in cost.items()) + pinned(r).replace(", CPUs", "; engines on CPUs"))
+    return True
+
+
+def facts(df: pd.DataFrame, metrics) -> pd.DataFrame:
+    """One row per (model, release, case): the status, each of ``metrics`` (the first value, as
+    recorded) and the run it came from."""
+    d = df[df.metric.isin(["status", *metrics])]
+    wide = d.pivot_table(index=KEYS, columns="metric", values="value", aggfunc="first")
+    wide = wide.reindex(columns=["status", *metrics])
+    wide["run"] = d.groupby(KEYS)["run"].first()
+    return wide.fillna("").map(text.whole)
+
+
+def table(df: pd.DataFrame, t: Table) -> pd.DataFrame:
+    """``t.metric`` per (model, release, case) and value of ``t.across``, as text cells: the median
+    over engine starts with [lowest–highest start] where they differ; of one start, the median with
+    the repeats' interquartile range where recorded (``<metric>_iqr``)."""
+    d = numbers(df, t.metric)
+    if d.empty:
+        return pd.DataFrame()
+    idx = [*KEYS, t.across]
+    d[t.across] = d[t.across].astype(int)
+    iqr = numbers(df, f"{t.metric}_iqr")
+    spread = {}
+    if not iqr.empty:
+        iqr[t.across] = iqr[t.across].astype(int)
+        spread = {tuple(k): v for k, v in zip(iqr[idx].itertuples(index=False), iqr["value"])}
+    starts = int(d["starts"].max())
+    f = t.fmt.format
+    if starts > 1:  # the spread that matters: between engine starts, not within one
+        d["cell"] = [
+            f(v) if f(lo) == f(hi) else f"{f(v)} [{f(lo)}–{f(hi)}]"
+            for v, lo, hi in zip(d["value"], d["lo"], d["hi"])
+        ]
+    else:
+        d["cell"] = [
+            f(v) + (f" ({f(spread[tuple(k)])})" if tuple(k) in spread else "")
+            for k, v in zip(d[idx].itertuples(index=False), d["value"])
+        ]
+    wide = d.pivot_table(index=KEYS, columns=t.across, values="cell", aggfunc="first").fillna("")
+    unit = str(d["unit"].dropna().iloc[0]) if d["unit"].notna().any() else ""
+    unit = "" if unit in ("", "fraction") else f" ({unit})"
+    if starts > 1:
+        kind = f", median [lowest–highest] of {starts} engine starts (one figure: all the same)"
+    elif unit.strip(" ()") in ("ms", "s", "µs"):  # a timing of one start says how little it is
+        kind = (", median (IQR) of" if spread else ",") + (" one engine start (the spread "
+                                                           "between starts is not measured)")
+    else:
+        kind = ", median (IQR)" if spread else ""
+    wide.columns = pd.Index(list(wide.columns), name=f"{t.metric}{unit}{kind} by {t.across}")
+    return wide
+
+
+def pair_table(df: pd.DataFrame, p: Pair, stat: str = STAT) -> pd.DataFrame:
+    """``p.base`` ÷ each case per (model, release): the ratio over the values of ``p.across``
+    (lowest–highest) by the claims' statistic, the widest the starts allow, and the A/A gap."""
+    gap = aa_gap(df, p.metric, p.across, stat)
+    rows = []
+    for (model, rel, case), per in ratios(df, p.metric, p.across, p.base, stat).items():
+        if case.endswith("-again") or (p.cases and case not in p.cases):
+            continue
+        rows.append({
+            "model": model, "release": rel, "pair": f"{p.base} ÷ {case}",
+            f"{p.label} ({STAT_NAMES[stat]})": text.span([x[0] for x in per.values()], unit="×"),
+            "widest the starts allow": text.span([y for x in per.values() for y in x[1:]],
+                                                 unit="×"),
+            "A/A gap": text.pct(gap[(model, rel)], 1) if (model, rel) in gap else ""
+        })
+    return pd.DataFrame(rows).set_index(["model", "release", "pair"]) if rows else pd.DataFrame()
+
+
+def section(view: EngineView, rs, engine_claims=None) -> None:
+    """A fix's real-engine section (see the module docstring)."""
+    if not header(rs, view.what):
+        return
+    df = frame(rs.shown)
+    if view.facts:
+        show_table(facts(df, list(view.facts)))
+    for t in view.tables:
+        show_table(table(df, t))
+    for p in view.pairs:
+        show_table(pair_table(df, p))
+    if view.figure is not None:
+        show_figure(view.figure(df))
+    if view.extra is not None:
+        view.extra(rs)
+    if engine_claims is not None:
+        lines = verdict_lines(engine_claims, rs)
+        display(
+            None, "\n".join(lines), "**The engine's claims.** " + "; ".join(lines)
+            + f". How each number is made to repeat: [07 · how we measure]({METHODS}).")
+
+
+def beside(rows: list[dict]) -> None:
+    """The rebuild's figure beside the real engine's (and the PR's own, where it gave one): one row
+    per source with what it measures, since each times something different."""
+    with pd.option_context("display.max_colwidth", None):
+        show_table(pd.DataFrame(rows, columns=["source", "measures", "figure"]).set_index("source"))
+
+
+def plan_table(scenarios) -> pd.DataFrame:
+    """What ``scripts/engine_gpu.sh --plan NN`` runs: one row per release and case, with the GPUs,
+    the tool, the model, the server arguments and the harness adjustments."""
+    rows = [{
+        "scenario": sc.name, "release": v, "case": c.label, "GPUs": sc.gpus, "tool": sc.tool,
+        "model": sc.model, "server args": " ".join(c.args),
+        "harness adjustments": ", ".join(c.adjustment_names)
+    } for sc in scenarios for v in sc.releases
+            for c in sc.cases if not c.releases or v in c.releases]
+    return pd.DataFrame(rows).set_index(["scenario", "release", "case"])
+
+
+def planned(rs, scenarios) -> None:
+    """The section of a fix whose scenarios may not have run yet: the recorded runs' facts and
+    numbers where there are some, else the NoRun line; then the plan and what each expects."""
+    if rs:
+        df = frame(rs.shown)
+        numeric = pd.to_numeric(df["value"], errors="coerce").notna() & (df.metric != "status")
+        section(EngineView(facts=tuple(sorted(set(df.metric[~numeric]) - {"status"}))), rs)
+        shape = [
+            c for c in ("requests", "batch_size", "input_len") if c in df and df[c].notna().any()
+        ]
+        show_table(df[numeric].set_index([*KEYS, "metric", *shape])[["value", "unit"]])
+    else:
+        print(rs.line)
+    with pd.option_context("display.max_colwidth", None):
+        show_table(plan_table(scenarios))
+    for sc in scenarios:
+        print(f"{sc.name} ({sc.gpus} GPUs): {sc.what}. Expected: {sc.expect}")

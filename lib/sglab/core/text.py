@@ -1,0 +1,65 @@
+"""One way to say a number: a range of values, a count, a table's counts and blanks.
+
+Every table and sentence of the workbook formats its numbers here, so that ``1.21–3.50×``, ``140``
+(not ``140.0``) and a blank for what does not apply read the same in every notebook.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+
+def span(values: Iterable[float], fmt: str = "{:.2f}", unit: str = "") -> str:
+    """``lo–hi`` of ``values`` in ``fmt`` (one figure where both ends print alike), then
+    ``unit``: ``span([1.2, 3.5], unit="×")`` -> ``1.20–3.50×``."""
+    got = [v for v in values if v == v]  # NaN left out
+    if not got:
+        return ""
+    lo, hi = fmt.format(min(got)), fmt.format(max(got))
+    return f"{lo}{unit}" if lo == hi else f"{lo}–{hi}{unit}"
+
+
+def count(values) -> str:
+    """Counts as text: one figure where they all agree, else ``lowest–highest``; a single value
+    may be given alone (``count(148.0)`` -> ``148``)."""
+    if isinstance(values, (int, float, str)):
+        values = [values]
+    return span([float(v) for v in values], "{:.0f}")
+
+
+def whole(value) -> str:
+    """A recorded value as text, a whole number without its ``.0`` (``148.0`` -> ``148``)."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return value
+    return str(int(f)) if f.is_integer() and "e" not in str(value).lower() else str(value)
+
+
+def counts(df, cols: Sequence[str] | None = None, *, where_whole: bool = False):
+    """A copy of ``df`` whose columns ``cols`` (those it has; every column by default) read as whole
+    numbers: ``306``, not ``306.0``; a missing count stays missing. ``where_whole``: only columns
+    whose every value is whole (a count measured as a quotient or median), so that a column with a
+    value between two counts keeps its decimals."""
+    import pandas as pd
+
+    out = df.copy()
+    for c in (out.columns if cols is None else [c for c in cols if c in out]):
+        v = pd.to_numeric(out[c], errors="coerce")
+        if where_whole and not (v.notna().all() and (v % 1 == 0).all()):
+            continue
+        out[c] = v.round().astype("Int64")
+    return out
+
+
+def blank(df, cols: Sequence[str] | None = None):
+    """A copy of ``df`` for reading, its missing cells (NaN, ``<NA>``) blank, in ``cols`` (those it
+    has) or everywhere: a cell that does not apply, not a number lost."""
+    out = df.copy()
+    for c in (out.columns if cols is None else [c for c in cols if c in out]):
+        out[c] = out[c].astype(object).where(out[c].notna(), "")
+    return out
+
+
+def pct(x: float, digits: int = 0) -> str:
+    return f"{x:.{digits}%}"
