@@ -295,3 +295,21 @@ def test_software_versions_read_torchs_without_importing_it(tmp_path):
     fake.write_text("from typing import Optional\n__version__ = '2.11.0+cu130'\n"
                     "cuda: Optional[str] = '13.0'\nhip: Optional[str] = None\n")
     assert hardware._read_version_file(fake) == ("2.11.0+cu130", "13.0")
+
+
+def test_an_answer_is_folded_and_a_file_link_is_relative(capsys, monkeypatch):
+    import pandas as pd
+
+    from sglab.core import notebook as nb
+
+    shown = []
+    monkeypatch.setattr(nb, "in_notebook", lambda: True)
+    monkeypatch.setattr(
+        nb, "display", lambda data, text, markdown=None, html=None: shown.append(
+            (text, markdown, html)))
+    nb.reveal(pd.DataFrame({"kernels": [2]}))
+    assert shown[-1][2].startswith("<details><summary>Show the answer</summary><table")
+    nb.file_link(runs.repo_root() / "data" / "recorded" / "x.trace.json.gz", "Perfetto file")
+    text, md, _ = shown[-1]
+    assert text == "Perfetto file: data/recorded/x.trace.json.gz"
+    assert md == "Perfetto file: [x.trace.json.gz](../data/recorded/x.trace.json.gz)"

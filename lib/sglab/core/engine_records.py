@@ -81,6 +81,14 @@ def merged(runs_: list) -> runs.Run:
     return runs.Run(df, m, newest.path)
 
 
+def per_gpu(rs: runs.RunSet) -> list:
+    """One merged run per GPU model (:func:`merged`): the model shown first, then the others."""
+    by: dict = {}
+    for r in [*rs.shown, *rs.elsewhere]:
+        by.setdefault(r.manifest.gpu, []).append(r)
+    return [merged(v) for v in by.values()]
+
+
 def load(fix: str, number: str = "NN") -> runs.RunSet:
     """A fix's recorded engine runs: those of one GPU model shown (oldest first), the other models'
     elsewhere; or a NoRun saying how to make one. The model shown answers the most (model, variant)

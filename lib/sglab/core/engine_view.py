@@ -14,7 +14,7 @@ import pandas as pd
 
 from sglab.core import claims as C
 from sglab.core import text
-from sglab.core.engine_records import KEYS, adjustments, frame, label, merged, pinned, tools
+from sglab.core.engine_records import KEYS, adjustments, frame, label, per_gpu, pinned, tools
 from sglab.core.engine_stats import STAT, STAT_NAMES, aa_gap, numbers, ratios
 from sglab.core.notebook import display, show_figure, show_table
 
@@ -53,14 +53,6 @@ class EngineView:
     pairs: tuple = ()  # Pair ...
     figure: Optional[Callable] = None  # frame -> a matplotlib figure
     extra: Optional[Callable] = None  # RunSet -> None: the fix's own table
-
-
-def per_gpu(rs) -> list:
-    """One merged run per GPU model (:func:`merged`): the model shown first, then the others."""
-    by: dict = {}
-    for r in [*rs.shown, *rs.elsewhere]:
-        by.setdefault(r.manifest.gpu, []).append(r)
-    return [merged(v) for v in by.values()]
 
 
 def verdict_lines(engine_claims, rs) -> list[str]:

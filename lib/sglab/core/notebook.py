@@ -38,9 +38,10 @@ def in_notebook() -> bool:
     return get_ipython() is not None
 
 
-def display(data: dict | None, text: str, markdown: str | None = None) -> None:
-    """Show ``markdown`` in a notebook (with the mode marker ``data`` when given), ``text``
-    elsewhere."""
+def display(data: dict | None, text: str, markdown: str | None = None, *,
+            html: str | None = None) -> None:
+    """Show ``markdown`` (or ``html``) in a notebook (with the mode marker ``data`` when given),
+    ``text`` elsewhere."""
     if not in_notebook():
         print(text)
         return
@@ -49,6 +50,8 @@ def display(data: dict | None, text: str, markdown: str | None = None) -> None:
     bundle = {"text/plain": text} if data is None else {MODE_MIME: data, "text/plain": text}
     if markdown:
         bundle["text/markdown"] = markdown
+    if html:
+        bundle["text/html"] = html
     ipy_display(bundle, raw=True)
 
 
@@ -74,6 +77,29 @@ def display_object(obj) -> None:
         ipy_display(obj)
     else:
         print(obj)
+
+
+def reveal(answer, prompt: str = "Show the answer") -> None:
+    """The answer to a "predict, then run" question, computed by the cell, folded until the reader
+    opens it (a table or text); printed as it is outside a notebook."""
+    if not in_notebook():
+        print(answer if isinstance(answer, str) else answer.to_string())
+        return
+    body = (f"<pre>{html.escape(answer)}</pre>" if isinstance(answer, str) else answer.to_html())
+    display(None, str(answer), html=f"<details><summary>{html.escape(prompt)}</summary>{body}"
+            "</details>")
+
+
+def file_link(path, what: str = "file") -> None:
+    """A link to a file of the checkout (a Perfetto trace, say), relative to the notebooks and the
+    report (both one folder below the checkout), so that it opens on any machine."""
+    from pathlib import Path
+
+    path = Path(path).resolve()
+    root = runs.repo_root().resolve()
+    rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()
+    link = f"../{rel}" if path.is_relative_to(root) else rel
+    display(None, f"{what}: {rel}", f"{what}: [{html.escape(Path(rel).name)}]({link})")
 
 
 def show_table(df) -> None:
@@ -223,18 +249,14 @@ class Workbook:
 
     def banner(self) -> None:
         gpus = hardware.gpus() if hardware.has_cuda() else ()
-        here = ", ".join(f"{g.index}: {g.name}" for g in gpus) or "none"
         recorded = runs.load_all_recorded(self.experiment)
-        rec = "; ".join(r.label for r in recorded) or "none committed yet"
         if self.live:
-            what = f"LIVE — measuring on this machine ({self.reason})."
+            what = f"**live**: measured on this machine ({self.reason})"
         else:
-            what = (f"RECORDED — {self.reason}: GPU results below come from the committed recorded "
-                    f"run(s), not from this machine. CPU parts still run live.")
-        text = (f"[sglab] {self.experiment}: mode {self.mode} (MODE={self.requested!r})\n  GPUs "
-                f"here: {here}\n  needs: {self.gpus} GPU(s)\n  {what}\n  recorded runs: {rec}")
-        md = (f"**{self.experiment}** — mode **{self.mode}** (`MODE={self.requested!r}`)  \n"
-              f"GPUs here: {here} · needs {self.gpus}  \n{what}  \nRecorded runs: {rec}")
+            what = (f"**recorded**: {self.reason}, so the GPU results come from the "
+                    f"{len(recorded)} committed run(s) named under each table; CPU parts run live")
+        md = f"<small>Mode {what} (`MODE={self.requested!r}`).</small>"
+        text = f"[sglab] {self.experiment}: " + md.replace("**", "").replace("`", "")[7:-8]
         display(
             {
                 "experiment": self.experiment, "mode": self.mode, "gpus_needed": self.gpus,
@@ -317,6 +339,15 @@ def slide_markdown(claims, run) -> str:
             f"**Measured.** {run.line if isinstance(run, runs.NoRun) else 'no run to show'}.", ""
         ]
     return "\n".join(lines)
+
+
+def card(fix, claims, run, engine) -> None:
+    """A notebook's review card (:mod:`sglab.core.card`): the bug, the releases affected, the real
+    engine's answer, then the rebuild's, and what the PR says beside what was found."""
+    from sglab.core import card as K
+
+    md = K.markdown(K.parts(claims.CARD, fix, claims, run, engine))
+    display(None, md.replace("**", "").replace("> ", ""), md)
 
 
 def slide(claims, run, picture=None) -> None:

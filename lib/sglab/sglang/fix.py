@@ -108,6 +108,14 @@ class Fix:
     def experiment(self) -> str:
         return self.name
 
+    def releases(self) -> list[tuple[str, str]]:
+        """``[(version, state)]`` of this fix in every release, read from the released wheels (the
+        committed table, data/upstream/releases.csv)."""
+        from sglab.sglang import wheels
+
+        row = wheels.timeline_row(self.name)
+        return list(zip(row["version"], row["state"]))
+
     def recorded_engine(self):
         """This fix's recorded real-engine runs (:func:`sglab.core.engine_records.load`), or a
         NoRun saying how to record them."""

@@ -1,0 +1,121 @@
+"""A notebook's review card: the answer on its first screen, made from the recorded runs.
+
+Each fix declares its ``CARD`` in ``claims.py``: the bug in one sentence, who it affects, and what
+the PR says beside what the workbook found. :func:`render` adds what is computed: the releases
+affected (read from the released wheels), the real engine's answer (its claims' headline and one
+verdict line per GPU model), then the rebuild's. The README index row and the report's card say the
+same (:func:`summary`).
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+from sglab.core import claims as C
+from sglab.core.engine_records import per_gpu
+
+# how a reader names a fix's state in a release (sglab.sglang.upstream.STATES)
+STATE_WORDS = {
+    "absent": "no such code", "before": "affected", "pr-era": "fixed (the PR's code)",
+    "changed": "fixed (code since rewritten)", "regressed": "affected again (the fix was lost)",
+    "unknown": "undecided"
+}
+
+
+@dataclass(frozen=True)
+class Card:
+    """What a fix states on its card; ``found`` pairs what the PR says with what the workbook found.
+    Either side of a pair may hold fields filled from the claims' values, as a :class:`Headline`
+    does: ``{e[claim id][key]}`` (the real engine, the first GPU model), ``{r[claim id][key]}``
+    (the rebuild, the first run shown); a pair whose fields are missing is left out."""
+
+    bug: str
+    affects: str
+    found: tuple = ()
+
+
+def releases_line(timeline: list[tuple[str, str]]) -> str:
+    """``affected 0.5.10–0.5.12.post1 · fixed (the PR's code) 0.5.13–0.5.23``: consecutive releases
+    of one state as one range."""
+    runs_: list[list] = []
+    for version, state in timeline:
+        if runs_ and runs_[-1][0] == state:
+            runs_[-1][2] = version
+        else:
+            runs_.append([state, version, version])
+    return " · ".join(
+        f"{STATE_WORDS.get(s, s)} {a}" + (f"–{b}" if b != a else "") for s, a, b in runs_)
+
+
+def _values(mod, run) -> dict:
+    return {k: o.value for k, o in C.values(mod, run).items()} if run is not None else {}
+
+
+def _fill(text: str, ns: dict) -> str | None:
+    try:
+        return C._Formatter().vformat(text, (), ns)
+    except C._Missing:
+        return None
+
+
+def parts(card: Card, fix, claims, rs, engine_rs) -> dict:
+    """The card's sentences, each computed: ``bug``, ``affects``, ``releases``, ``engine``,
+    ``engine_verdicts``, ``rebuild``, ``rebuild_verdicts``, ``found`` ([(pr, we)])."""
+    engine_mod = getattr(claims, "ENGINE", None)
+    merged = per_gpu(engine_rs) if engine_rs else []
+    out = {"bug": card.bug, "affects": card.affects, "releases": releases_line(fix.releases())}
+    if engine_mod is not None and merged:
+        head = C.headline(engine_mod, merged, merged) if hasattr(engine_mod, "HEADLINE") else ""
+        out["engine"] = f"{engine_mod.CLAIM} {head}".strip()
+        out["engine_verdicts"] = [C.verdict_line(C.evaluate(engine_mod, r), r) for r in merged]
+    else:
+        out["engine"] = getattr(engine_rs, "line", "no real-engine run recorded")
+        out["engine_verdicts"] = []
+    shown = list(rs.shown) if rs else []
+    out["rebuild"] = (f"{claims.CLAIM} {C.headline(claims, shown)}" if shown else
+                      f"{claims.CLAIM} ({getattr(rs, 'line', 'no GPU run recorded')})")
+    out["rebuild_verdicts"] = [C.verdict_line(C.evaluate(claims, r), r) for r in shown]
+    ns = {
+        "e": _values(engine_mod, merged[0]) if merged and engine_mod else {},
+        "r": _values(claims, shown[0]) if shown else {}
+    }
+    found = [(_fill(pr, ns), _fill(we, ns)) for pr, we in card.found]
+    out["found"] = [(pr, we) for pr, we in found if pr is not None and we is not None]
+    return out
+
+
+def markdown(p: dict) -> str:
+    """The card as markdown: the lines a reader needs first, the engine's answer before the
+    rebuild's."""
+    lines = [
+        f"> **The bug.** {p['bug']}", ">", f"> **Who is affected.** {p['affects']}", ">",
+        f"> **Releases** (read from the wheels): {p['releases']}", ">",
+        f"> **Real SGLang engine.** {p['engine']}"
+    ]
+    if p["engine_verdicts"]:
+        lines.append(f"> *{'; '.join(p['engine_verdicts'])}.*")
+    lines += [">", f"> **The rebuild.** {p['rebuild']}"]
+    if p["rebuild_verdicts"]:
+        lines.append(f"> *{'; '.join(p['rebuild_verdicts'])}.*")
+    if p["found"]:
+        lines += [">", "> | the PR says | we found |", "> |---|---|"]
+        lines += [f"> | {pr} | {we} |" for pr, we in p["found"]]
+    return "\n".join(lines)
+
+
+def html_card(p: dict) -> str:
+    """The same card as HTML, for the report's index."""
+    esc = html.escape
+    rows = "".join(f"<tr><td>{esc(a)}</td><td>{esc(b)}</td></tr>" for a, b in p["found"])
+    return (
+        f"<p><b>The bug.</b> {esc(p['bug'])}</p><p><b>Releases:</b> {esc(p['releases'])}</p>"
+        f"<p><b>Real SGLang engine.</b> {esc(p['engine'])}</p>"
+        + (f"<table><tr><th>the PR says</th><th>we found</th></tr>{rows}</table>" if rows else ""))
+
+
+def summary(p: dict) -> str:
+    """One paragraph for the README index: the bug, the releases, the engine's answer, then the
+    rebuild's."""
+    return (f"{p['bug']} Releases: {p['releases']}. Real engine: {p['engine']} "
+            f"Rebuild: {p['rebuild']}")

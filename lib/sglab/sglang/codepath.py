@@ -1,0 +1,73 @@
+"""The code path of a fix through a real release, as a picture a reader can click: one box per
+function, named by file and symbol, linked to its line at the release's tag. The line numbers are
+read from the installed release (``.sglang/releases/<V>``); without it a box links to the file.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+from sglab.sglang import releases, source
+
+
+TAG_URL = "https://github.com/sgl-project/sglang/blob/v{version}/python/sglang/{path}"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One step of the path: ``path`` under ``sglang/`` (``srt/mem_cache/memory_pool.py``),
+    ``symbol`` (``SWAKVPool.set_kv_buffer``) and what happens there, in a few words."""
+
+    path: str
+    symbol: str
+    note: str = ""
+
+
+def line_of(version: str, node: Node) -> int | None:
+    """The line where ``node.symbol`` is defined in the installed ``version``, else None."""
+    try:
+        text = (releases.package_dir(version) / node.path).read_text(encoding="utf-8")
+    except OSError:
+        return None
+    found = source.find(source.parse(text), node.symbol)
+    if found is None:
+        return None
+    decorators = getattr(found, "decorator_list", [])
+    return min([found.lineno, *(d.lineno for d in decorators)])
+
+
+def url(version: str, node: Node) -> str:
+    """The node's address at the release's tag, with its line where the release is installed."""
+    line = line_of(version, node)
+    return TAG_URL.format(version=version, path=node.path) + (f"#L{line}" if line else "")
+
+
+def html_path(version: str, nodes, title: str = "") -> str:
+    """The path as HTML: boxes left to right, an arrow between each, each box a link."""
+    boxes = []
+    for n in nodes:
+        line = line_of(version, n)
+        where = f"{n.path}:{line}" if line else n.path
+        boxes.append(
+            f"<a href='{html.escape(url(version, n))}' style='text-decoration:none;color:inherit'>"
+            "<div style='border:1px solid #aab7b8;border-radius:6px;padding:.35em .6em;"
+            "background:#f4f6f7;min-width:11em;max-width:19em'>"
+            f"<code style='font-size:12px'>{html.escape(n.symbol)}</code><br>"
+            f"<small style='color:#566573'>{html.escape(where)}</small>" +
+            (f"<br><small>{html.escape(n.note)}</small>" if n.note else "") + "</div></a>")
+    arrow = "<div style='align-self:center;font-size:18px;color:#7f8c8d'>→</div>"
+    head = f"<p><b>{html.escape(title)}</b> (sglang {html.escape(version)})</p>" if title else ""
+    return (f"{head}<div style='display:flex;flex-wrap:wrap;gap:.4em;align-items:stretch'>"
+            + arrow.join(boxes) + "</div>")
+
+
+def show(version: str, nodes, title: str = "") -> None:
+    """Display the path (HTML in a notebook; one line per node elsewhere)."""
+    from sglab.core.notebook import display
+
+    text = "\n".join(
+        f"{n.symbol} ({n.path}:{line_of(version, n) or '?'}) {n.note}".rstrip() for n in nodes)
+    if title:
+        text = f"{title} (sglang {version})\n{text}"
+    display(None, text, html=html_path(version, nodes, title))

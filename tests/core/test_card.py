@@ -1,0 +1,39 @@
+"""The review card: releases as ranges of one state, the engine's answer before the rebuild's, and
+the PR's words beside what was found, filled from the claims' values."""
+
+from types import SimpleNamespace
+
+from sglab.core import card as K
+from sglab.core import notebook, runs
+from sglab.swa_loc import claims, sglang
+
+
+def test_consecutive_releases_of_one_state_read_as_one_range():
+    line = K.releases_line([("0.5.10", "before"), ("0.5.11", "before"), ("0.5.12", "pr-era"),
+                            ("0.5.14", "regressed"), ("0.5.22", "changed"), ("0.5.23", "changed")])
+    assert line == ("affected 0.5.10–0.5.11 · fixed (the PR's code) 0.5.12 · affected again (the "
+                    "fix was lost) 0.5.14 · fixed (code since rewritten) 0.5.22–0.5.23")
+
+
+def test_the_engine_answers_first_and_a_pair_without_its_value_is_left_out():
+    card = K.Card(
+        bug="b", affects="a",
+        found=(("the PR",
+                "{e[engine_swa_loc.reverted_preset_extra_kernels][per_swa_layer]:.0f} per layer"),
+               ("never shown", "{e[no.such.claim]}")))
+    run = notebook.Workbook(claims, mode="recorded", show=False).run()
+    p = K.parts(card, sglang.FIX, claims, run, sglang.FIX.recorded_engine())
+    assert p["found"] == [("the PR", "2 per layer")]
+    md = K.markdown(p)
+    assert md.index("Real SGLang engine") < md.index("The rebuild")
+    assert p["releases"].startswith("affected 0.5.10")
+    assert p["engine_verdicts"] and all("claims hold on" in v for v in p["engine_verdicts"])
+    none = K.parts(card, sglang.FIX, claims, runs.NoRun("swa_loc", "x"),
+                   runs.NoRun("engine_swa_loc", "none recorded"))
+    assert "none recorded" in none["engine"] and none["engine_verdicts"] == []
+    assert none["found"] == []
+
+
+def test_a_card_names_its_fixs_releases(monkeypatch):
+    fix = SimpleNamespace(releases=lambda: [("0.5.10", "absent"), ("0.5.11", "pr-era")])
+    assert K.releases_line(fix.releases()) == "no such code 0.5.10 · fixed (the PR's code) 0.5.11"
