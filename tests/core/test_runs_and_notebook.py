@@ -202,7 +202,7 @@ def test_recorded_sidecars_keep_no_missing_labels():
     found = 0
     for experiment in sorted(p.name for p in runs.data_dir("recorded").iterdir() if p.is_dir()):
         for run in runs.load_all_recorded(experiment):
-            for name, fname in (run.manifest.get("sidecars") or {}).items():
+            for name, fname in run.manifest.sidecars.items():
                 if not fname.endswith(".csv.gz"):
                     continue
                 df = run.sidecar(name)

@@ -214,12 +214,10 @@ def notes(table) -> list[str]:
                 return [head + f"it keeps 1 size that is not a multiple of {a} ({gap[0]})"]
             if gap:
                 return [
-                    head + f"it keeps {len(gap)} sizes that are not multiples of {a} "
-                    f"({_few(gap)})"
+                    head + f"it keeps {len(gap)} sizes that are not multiples of {a} ({_few(gap)})"
                 ]
             agree = agree or [
-                head + "on this list they agree: every size the filter keeps is a "
-                f"multiple of {a}"
+                head + f"on this list they agree: every size the filter keeps is a multiple of {a}"
             ]
     return agree
 
