@@ -55,11 +55,12 @@ def _stopped_page(r, path: Path, title: str) -> Path:
     return path
 
 
-# what a worker process runs (``python -c``, the job file its argument): a stop signal that comes
-# while it imports is noted from its first line on, not left to end it
+# what a worker process runs (``python -c``; its arguments: the job file, and the folder sglab is
+# imported from): a stop signal that comes while it imports is noted from its first line on, not
+# left to end it
 WORKER = (
     "import signal, sys\nnoted = []\nfor s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):\n"
-    "    signal.signal(s, lambda n, _f: noted.append(n))\n"
+    "    signal.signal(s, lambda n, _f: noted.append(n))\nsys.path.insert(0, sys.argv[2])\n"
     "from sglab.tools.pages import worker\nsys.exit(worker(sys.argv[1], noted))")
 # a worker asked to stop has this long to stop its kernel and write what its notebook did; then its
 # parent ends it (SIGKILL), and a worker whose parent is gone ends itself

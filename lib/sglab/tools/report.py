@@ -120,14 +120,9 @@ class _Worker:
         self.path, self.out, self.result = path, Path(job["out"]), folder / f"{n}.result"
         spec = folder / f"{n}.job"
         spec.write_bytes(pickle.dumps({**job, "notebook": path, "result": str(self.result)}))
-        lib = str(Path(pages.__file__).resolve().parents[2])
-        env = {
-            **os.environ, "PYTHONPATH": os.pathsep.join([
-                lib, *filter(None, [os.environ.get("PYTHONPATH")])
-            ])
-        }
+        lib = str(Path(pages.__file__).resolve().parents[2])  # this sglab, not another installed
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", pages.WORKER, str(spec)], stdin=subprocess.DEVNULL, env=env)
+            [sys.executable, "-c", pages.WORKER, str(spec), lib], stdin=subprocess.DEVNULL)
         self.seen: list = []  # its kernel and what that started, as last looked at
         self.t0 = time.perf_counter()
 
