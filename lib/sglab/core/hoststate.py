@@ -47,7 +47,7 @@ def end(window: tuple, stat: Path = Path("/proc/stat")) -> dict:
     rb = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = {
         "engine_cpu_s": round(rb.ru_utime + rb.ru_stime - ra.ru_utime - ra.ru_stime, 2),
-        "preempted": int(rb.ru_nivcsw - ra.ru_nivcsw),
+        "preempted": int(rb.ru_nivcsw - ra.ru_nivcsw)
     }
     if a and b:
         d = {k: b[k] - a[k] for k in KINDS}

@@ -20,23 +20,11 @@ def apply_style() -> None:
     import matplotlib as mpl
 
     mpl.rcParams.update({
-        "figure.dpi": 110,
-        "savefig.dpi": 150,
-        "figure.facecolor": "white",
-        "axes.grid": True,
-        "grid.alpha": 0.3,
-        "axes.spines.top": False,
-        "axes.spines.right": False,
-        "axes.titlesize": 11,
-        "axes.titleweight": "bold",
-        "axes.labelsize": 10,
-        "legend.fontsize": 9,
-        "legend.frameon": False,
-        "xtick.labelsize": 9,
-        "ytick.labelsize": 9,
-        "axes.prop_cycle": mpl.cycler(color=CYCLE),
-        "lines.linewidth": 1.8,
-        "lines.markersize": 5,
+        "figure.dpi": 110, "savefig.dpi": 150, "figure.facecolor": "white", "axes.grid": True,
+        "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
+        "axes.titlesize": 11, "axes.titleweight": "bold", "axes.labelsize": 10,
+        "legend.fontsize": 9, "legend.frameon": False, "xtick.labelsize": 9, "ytick.labelsize": 9,
+        "axes.prop_cycle": mpl.cycler(color=CYCLE), "lines.linewidth": 1.8, "lines.markersize": 5
     })
 
 

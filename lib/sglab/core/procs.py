@@ -281,13 +281,8 @@ class Guard:
             env.pop(MARKER_VAR, None)
             self._dog = subprocess.Popen(
                 [sys.executable, "-m", "sglab.core.procs", "watch",
-                 str(os.getpid())],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-                text=True,
-            )
+                 str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
+                start_new_session=True, text=True)
             _DOGS.append(self._dog)
         return self
 

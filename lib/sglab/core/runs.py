@@ -106,13 +106,9 @@ def machine_manifest(gpu_count: int | None = None) -> dict:
     return {
         "gpu_name": names[0] if len(names) == 1 else (" + ".join(names) if names else "cpu"),
         "gpu_count": len(gpus) if gpu_count is None else int(gpu_count),
-        "gpu_count_machine": len(gpus),
-        "gpu_memory_mib": gpus[0].memory_mib if gpus else None,
-        "driver": sw["driver"],
-        "cuda": sw["cuda"],
-        "torch": sw["torch"],
-        "python": sw["python"],
-        "platform": sys.platform,
+        "gpu_count_machine": len(gpus), "gpu_memory_mib": gpus[0].memory_mib if gpus else None,
+        "driver": sw["driver"], "cuda": sw["cuda"], "torch": sw["torch"], "python": sw["python"],
+        "platform": sys.platform
     }
 
 
@@ -199,14 +195,9 @@ def write_run(df, *, experiment: str, method_version: int, params: dict, root: P
     folder.mkdir(parents=True, exist_ok=True)
     now = datetime.now(timezone.utc)
     manifest = {
-        "experiment": experiment,
-        "method_version": int(method_version),
-        "created_utc": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "git_sha": _git_sha(repo_root()),
-        **machine_manifest(gpu_count),
-        "params": params,
-        "rows": int(len(df)),
-        **(extra or {}),
+        "experiment": experiment, "method_version": int(method_version),
+        "created_utc": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "git_sha": _git_sha(repo_root()),
+        **machine_manifest(gpu_count), "params": params, "rows": int(len(df)), **(extra or {})
     }
     stem = run_stem(manifest, now)
     csv_path, json_path = folder / f"{stem}.csv", folder / f"{stem}.json"

@@ -50,11 +50,9 @@ class Timing:
 
     def rows(self, **labels) -> list[dict]:
         """Tidy rows (metric time_median / time_p10 / time_p90, unit ms) carrying ``labels``."""
-        return [
-            {**labels, "metric": "time_median", "value": self.median_ms, "unit": "ms"},
-            {**labels, "metric": "time_p10", "value": self.p10_ms, "unit": "ms"},
-            {**labels, "metric": "time_p90", "value": self.p90_ms, "unit": "ms"},
-        ]
+        return [{**labels, "metric": "time_median", "value": self.median_ms, "unit": "ms"},
+                {**labels, "metric": "time_p10", "value": self.p10_ms, "unit": "ms"},
+                {**labels, "metric": "time_p90", "value": self.p90_ms, "unit": "ms"}]
 
     def __repr__(self) -> str:
         if not self.samples_ms:
