@@ -204,14 +204,6 @@ pd.DataFrame(rows).set_index(["model shape", "rule"])
 sglang.compare()
 
 # %% [markdown]
-# The release's own `BreakableCUDAGraph` capturing and replaying the toy layer stack on a GPU
-# (`sglab real gpu`): replay against eager for live batches of several requests, and the segments
-# and breaks of the capture, beside the rebuild's capture of the same weights:
-
-# %%
-sglang.gpu_recorded()
-
-# %% [markdown]
 # ### The real engine, before and after
 #
 # SGLang's whole engine with `--enable-breakable-cuda-graph` (and without, for the eager

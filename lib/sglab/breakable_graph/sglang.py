@@ -1,15 +1,11 @@
 """The breakable CUDA graph in real SGLang: the fix's record ``FIX``, its source check
-(:func:`check`), its real-release probes (:func:`probe` on the CPU, :func:`gpu_probe` for ``sglab
-real gpu``), and the comparison of their answers with the rebuild (:func:`compare`, the notebook's
-real-SGLang section; :func:`gpu_recorded`, the recorded GPU run). Nothing here imports SGLang at
-module level: the probes run inside a release's worker process.
+(:func:`check`), the real-release probe (:func:`probe`, on the CPU, inside a release's worker
+process) and its answers beside the rebuild's (:func:`compare`).
 """
 
 from __future__ import annotations
 
 import ast
-import copy
-import dataclasses
 import types
 
 from sglab.core import lazy
@@ -17,8 +13,7 @@ from sglab.sglang.engine import Case, Scenario, PCG_FLAGS
 from sglab.sglang import bootstrap
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
-from sglab.sglang.fix import Fix, GpuPlan, Probe, Spec, Step, symbols_in
-from sglab.sglang.gpu import graphs
+from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
 from sglab.sglang.probing import Recorder, Stop, captured_logs, has_file, module_path, patched
 from sglab.sglang.upstream import Verdict
 
@@ -203,183 +198,8 @@ def probe(prepared, params: dict) -> list[dict]:
 
 
 # --------------------------------------------------------------------------------------------------
-# the GPU probe (`sglab real gpu`): the release's BreakableCUDAGraph capturing the toy layer stack
-# --------------------------------------------------------------------------------------------------
-# Real code: BreakableCUDAGraph, BreakableCUDAGraphCapture and eager_on_graph of the release; each
-# layer's attention op (the varlen attention that reads the live request boundaries) decorated with
-# the release's own eager_on_graph(True) instead of the rebuild's. As the runner does after #24662,
-# only the layer stack (model.model) is captured, once, for a token bucket with a one-request
-# placeholder batch, then replayed for live batches of several requests (the break reads their
-# boundaries at replay) and compared with eager over the live tokens. The rebuild's capture of the
-# same weights runs beside it.
-BUCKET = 64
-LIVE_BATCHES = {
-    "capture_batch": [BUCKET], "three_requests": [20, 30, 14], "two_requests_padded": [10, 20]
-}
-REAL_MODULES = ("sglang.srt.model_executor.breakable_cuda_graph.breakable_cuda_graph",
-                "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph."
-                "breakable_cuda_graph")
-
-
-def _release_graph_module(prepared):
-    """The release's breakable-graph module (it moved in 0.5.14)."""
-    for name in REAL_MODULES:
-        if has_file(prepared, name.replace(".", "/").removeprefix("sglang/") + ".py"):
-            return bootstrap.import_release_module(prepared, name)
-    raise bootstrap.NotRunnable(f"sglang {prepared.release}: no breakable_cuda_graph module")
-
-
-def _release_break_attention(fn):
-    """The attention op with the release's decorator around the rebuild's varlen attention body
-    (a module: it replaces one)."""
-
-    class ReleaseBreakAttention(torch.nn.Module):
-
-        def forward(self, q, k, v):
-            return fn(q.contiguous(), k.contiguous(), v.contiguous())
-
-    return ReleaseBreakAttention()
-
-
-def _models(graph_mod, layers: int, device: str):
-    """(rebuild model, the same weights with the release's ``eager_on_graph`` on every attention
-    break)."""
-    cfg = dataclasses.replace(rebuild.TINY_CONFIG, num_layers=layers)
-    rebuilt = rebuild.build_model(cfg, device=device, dtype=torch.float32,
-                                  seed=0).requires_grad_(False)
-    with_release = copy.deepcopy(rebuilt)
-    release_break = graph_mod.eager_on_graph(True)(rebuild.varlen_attention.__wrapped__)
-    for layer in with_release.model.layers:
-        layer.self_attn.attn = _release_break_attention(release_break)
-    return rebuilt, with_release
-
-
-def _capture(graph_mod, stack, device: str):
-    """(graph, static ids, static positions, output buffer): ``stack`` captured once for
-    :data:`BUCKET` tokens with a one-request placeholder batch, after two eager warm-ups on the
-    capture stream."""
-    ids = torch.zeros(BUCKET, dtype=torch.int64, device=device)
-    pos = torch.arange(BUCKET, dtype=torch.int64, device=device)
-    meta = rebuild.build_attn_metadata([BUCKET], BUCKET, device)
-    stream, graph = torch.cuda.Stream(), graph_mod.BreakableCUDAGraph()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.no_grad(), rebuild.set_forward_context(meta):
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                stack(ids, pos)
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
-        with graph_mod.BreakableCUDAGraphCapture(graph, pool=torch.cuda.graph_pool_handle(),
-                                                 stream=stream):
-            out = stack(ids, pos)
-    torch.cuda.synchronize()
-    return graph, ids, pos, out
-
-
-def _replay_rows(label: str, captured, stack, device: str) -> tuple[list[dict], dict]:
-    """Replay for every live batch vs eager; rows plus the replay outputs (to compare real with
-    rebuild)."""
-    graph, ids, pos, out = captured
-    rows, outs = [], {}
-    for name, lens in LIVE_BATCHES.items():
-        batch = rebuild.make_batch(lens, vocab_size=rebuild.TINY_CONFIG.vocab_size, device=device,
-                                   seed=1)
-        n = batch.num_tokens
-        ids.zero_()
-        pos.zero_()
-        ids[:n].copy_(batch.input_ids)
-        pos[:n].copy_(batch.positions)
-        meta = rebuild.build_attn_metadata(lens, BUCKET, device)
-        with torch.no_grad():
-            with rebuild.set_forward_context(meta):
-                graph.replay()
-                torch.cuda.synchronize()
-                replayed = out[:n].clone()
-                eager_bucket = stack(ids, pos)[:n]  # same shapes as the graph: same kernels
-            with rebuild.set_forward_context(rebuild.build_attn_metadata(lens, n, device)):
-                eager_live = stack(batch.input_ids, batch.positions)  # the live tokens alone
-        outs[name] = replayed
-        for what, eager in (("bucket", eager_bucket), ("live", eager_live)):
-            rows.append({
-                "variant": label, "case": name, "metric": f"max_abs_diff_vs_eager_{what}",
-                "value": float((replayed - eager).abs().max()), "unit": ""
-            })
-        rows.append({
-            "variant": label, "case": name, "metric": "requests", "value": len(lens),
-            "unit": "requests"
-        })
-    rows.append({
-        "variant": label, "metric": "segments", "value": len(graph._segments), "unit": "segments"
-    })
-    rows.append({
-        "variant": label, "metric": "breaks", "value": len(graph._break_fns), "unit": "breaks"
-    })
-    return rows, outs
-
-
-def _eager_rows(rebuilt, with_release, device: str) -> list[dict]:
-    """Without CUDA (a dry run): the release's decorator outside a capture is a pass-through, so
-    both models must agree exactly."""
-    rows = []
-    for name, lens in LIVE_BATCHES.items():
-        batch = rebuild.make_batch(lens, vocab_size=rebuild.TINY_CONFIG.vocab_size, device=device,
-                                   seed=1)
-        meta = rebuild.build_attn_metadata(lens, batch.num_tokens, device)
-        with torch.no_grad(), rebuild.set_forward_context(meta):
-            a = rebuilt.model(batch.input_ids, batch.positions)
-            b = with_release.model(batch.input_ids, batch.positions)
-        rows.append({
-            "variant": "real_eager", "case": name, "metric": "max_abs_diff_vs_rebuild_eager",
-            "value": float((a - b).abs().max()), "unit": ""
-        })
-    return rows
-
-
-def gpu_probe(prepared, params: dict) -> list[dict]:
-    """Rows ``variant`` (``real`` / ``rebuild``), ``case`` (live batch), ``metric``, ``value``,
-    ``unit``."""
-    device = params.get("device", "cuda")
-    layers = int(params.get("layers", 4))
-    if device == "cuda":
-        graphs.require_cuda(prepared)
-    graph_mod = _release_graph_module(prepared)
-    rebuilt, with_release = _models(graph_mod, layers, device)
-    rows = graphs.device_rows() + [{
-        "variant": "setup", "metric": "layers", "value": layers, "unit": "layers"
-    }, {"variant": "setup", "metric": "bucket_tokens", "value": BUCKET, "unit": "tokens"
-        }, {"variant": "setup", "metric": "module", "value": graph_mod.__name__, "unit": ""}]
-    if device != "cuda":
-        return rows + _eager_rows(rebuilt, with_release, device)
-    real_rows, real_out = _replay_rows("real", _capture(graph_mod, with_release.model, device),
-                                       with_release.model, device)
-    bg_rows, bg_out = _replay_rows("rebuild", _capture(rebuild, rebuilt.model, device),
-                                   rebuilt.model, device)
-    rows += real_rows + bg_rows
-    for name in LIVE_BATCHES:
-        rows.append({
-            "variant": "real-rebuild", "case": name, "metric": "max_abs_diff", "value": float(
-                (real_out[name] - bg_out[name]).abs().max()), "unit": ""
-        })
-    return rows
-
-
-def gpu_tables(df) -> dict:
-    """A recorded GPU run as a reader compares it: per release × side (real / rebuild) × live batch
-    the requests and max |replay − eager|; per release × side the graph segments and breaks."""
-    sides = df["variant"].isin(["real", "rebuild"])
-    return {
-        "replay vs eager": real.pivot(
-            df[sides & df["case"].notna()], ["release", "variant", "case"],
-            ["requests", "max_abs_diff_vs_eager_live", "max_abs_diff_vs_eager_bucket"]),
-        "graph shape": real.pivot(df[sides & df["case"].isna()], ["release", "variant"],
-                                  ["segments", "breaks"])
-    }
-
-
-# --------------------------------------------------------------------------------------------------
 # the record
 # --------------------------------------------------------------------------------------------------
-_GPU = "sglab.breakable_graph.sglang:gpu_probe"
 # -- the real engine: `sglab engine --scenario NAME`, recorded under
 # data/recorded/engine_breakable_graph/
 ENGINE = (Scenario(
@@ -413,11 +233,8 @@ FIX = Fix(
             RUNNER_FILE,
             *(f"BreakableCudaGraphRunner.{m}"
               for m in ("__init__", "_run_forward", "_build_capture_forward_batch", "can_run",
-                        "replay")))),),
-    probe=Probe("sglab.breakable_graph.sglang:probe", PROBE_RELEASES), gpu=GpuPlan(
-        1, 1, (Step("0.5.12.post1", _GPU), Step("0.5.23", _GPU)),
-        "real BreakableCUDAGraph capturing the toy layer stack: segments, breaks, "
-        "replay vs eager"), engine=ENGINE)
+                        "replay")))),), probe=Probe("sglab.breakable_graph.sglang:probe",
+                                                    PROBE_RELEASES), engine=ENGINE)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -497,9 +314,3 @@ def compare() -> None:
 def released(rebuilt=None, *, symbol=None, pr=None) -> None:
     """The fix across the releases, then the released ``symbol`` beside the rebuilt one."""
     real.released(FIX, rebuilt, symbol=symbol, pr=pr)
-
-
-def gpu_recorded() -> None:
-    """The newest recorded run of the release's breakable graph on a GPU, as tables (or that none is
-    recorded)."""
-    real.show_recorded(FIX.name, gpu_tables)
