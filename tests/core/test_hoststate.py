@@ -9,30 +9,26 @@ import sys
 from sglab.core import hoststate
 
 
-def _stat(path, user, system, idle, steal):
-    path.write_text(f"cpu  {user} 0 {system} {idle} 0 0 0 {steal} 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
-    return path
+def _times(user, system, idle, steal):
+    return dict(zip(hoststate.KINDS, (user, 0, system, idle, 0, 0, 0, steal)))
 
 
-def test_stolen_and_busy_shares_come_from_the_machines_ticks_over_the_window(tmp_path):
-    """Between the two reads: 300 user + 100 system ticks, 500 idle and 100 stolen, of 1000:
+def test_stolen_and_busy_shares_come_from_the_machines_cpu_times_over_the_window():
+    """Between the two reads: 300 user + 100 system seconds, 500 idle and 100 stolen, of 1000:
     10% stolen, 40% busy."""
-    stat = _stat(tmp_path / "stat", 1000, 500, 9000, 50)
-    assert hoststate.cpu_ticks(stat) == {
-        "user": 1000, "nice": 0, "system": 500, "idle": 9000, "iowait": 0, "irq": 0, "softirq": 0,
-        "steal": 50
-    }
-    window = hoststate.begin(stat)
-    _stat(stat, 1300, 600, 9500, 150)
-    got = hoststate.end(window, stat)
+    window = hoststate.begin(lambda: _times(1000, 500, 9000, 50))
+    got = hoststate.end(window, lambda: _times(1300, 600, 9500, 150))
     assert (got["steal_pct"], got["busy_pct"]) == (10.0, 40.0)
 
 
-def test_no_proc_stat_gives_the_childrens_figures_only(tmp_path):
-    missing = tmp_path / "nope"
-    assert hoststate.cpu_ticks(missing) is None
-    got = hoststate.end(hoststate.begin(missing), missing)
+def test_without_cpu_times_only_the_childrens_figures_are_given():
+    got = hoststate.end(hoststate.begin(lambda: None), lambda: None)
     assert set(got) == {"engine_cpu_s", "preempted"}
+
+
+def test_the_machines_cpu_times_are_read_by_kind():
+    t = hoststate.cpu_times()
+    assert set(t) == set(hoststate.KINDS) and t["idle"] > 0
 
 
 def test_a_child_that_burns_cpu_is_counted_once_waited_for():

@@ -1,17 +1,9 @@
 """A private bytecode cache, for machines where every new Python process would compile its imports
-again.
+again (images with ``PYTHONDONTWRITEBYTECODE=1`` and site-packages without ``__pycache__``).
 
-Some images set ``PYTHONDONTWRITEBYTECODE=1`` and ship site-packages without ``__pycache__`` (the
-GPU image here does both). Each process then compiles torch's Python sources anew, at import and
-again when a first torch.profiler session pulls in more of torch; under cProfile that ``compile()``
-time was a large share of a 1-GPU experiment's run there. The workbook starts one kernel per
-notebook and one process per rank, so it pays this over and over.
-
-:func:`enable` points this process (``sys.pycache_prefix``) and, through the environment, every
-process it starts (notebook kernels, ranks, tests) at a cache of its own under
-``~/.cache/sglab/pycache``. Only the bytecode moves: no source, no setting of the packages changes.
-``SGLAB_PYCACHE=off`` leaves the interpreter as it was; ``SGLAB_PYCACHE=/some/dir`` picks the
-folder.
+:func:`enable` points this process (``sys.pycache_prefix``) and every process it starts (kernels,
+ranks, tests) at ``~/.cache/sglab/pycache``; only the bytecode moves. ``SGLAB_PYCACHE=off`` leaves
+the interpreter as it was; ``SGLAB_PYCACHE=/some/dir`` picks the folder.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """Claims as code: what a fix's runs must show, checked on any run (recorded, live, or a cluster's).
 
-Each fix has a ``claims`` module (``sglab.<fix>.claims``) with
-
-- ``CLAIM``: the claim in one sentence (README index, the notebook's first screen, 00, the report);
-- ``CLAIMS``: at most five reader-facing :class:`Claim` s, each with the instrument and hygiene
-  checks it rests on folded under it (``folded=``): a folded check that fails makes its claim fail,
-  naming it;
-- ``shown(runs) -> list[Run]``: which runs a reader sees (the newest per GPU model, or per world
-  size);
-- ``HEADLINE``: a :class:`Headline`, the numbers sentence filled from the claims' values
-  (:func:`values`).
-
-A claim that does not apply to a run (too few GPUs, another parameter set, a method version it does
-not cover) says "n/a" and why; it never passes silently. A check that cannot evaluate a run (a
-missing metric, a dropped rank) fails, naming what is missing. The functions here take the claims
-module itself (``mod``); nothing in ``sglab.core`` imports a fix.
+A fix's ``claims`` module has ``CLAIM`` (one sentence), ``CLAIMS`` (at most five reader-facing
+:class:`Claim` s, the checks they rest on ``folded`` under them), ``shown(runs)`` (the runs a reader
+sees), ``HEADLINE`` (a :class:`Headline` filled from the claims' values), ``CARD`` (the review
+card) and ``ENGINE`` (the same for the real engine's runs). A claim that does not apply says "n/a"
+and why; a check that cannot read a run fails, naming what is missing. :func:`reference` is the one
+rule for what a rerun is compared with.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
-"""Run a function on N ranks — one process per rank, one GPU each — and get each rank's result back.
+"""Run a function on N ranks, one process per rank and one GPU each, and get each rank's result
+back: ``launch(fn, world_size)`` (NCCL, or gloo on the CPU, plus a gloo group for objects).
 
-``launch(fn, world_size)`` spawns the ranks with a loopback rendezvous, sets up the default process
-group (NCCL, or gloo for CPU runs) plus a gloo group for CPU objects, calls ``fn(ctx, *args)`` on
-every rank and returns the per-rank return values. It never hangs: the whole run has a deadline,
-every collective has a timeout, stragglers are killed (with any processes they started), and a
-rank's exception comes back to the caller with its traceback.
-
-A rank is bound to GPU ``rank`` with ``torch.cuda.set_device`` but every GPU stays visible, because
-some experiments are about a rank touching another rank's GPU.
-
-What bounds a hang, by backend:
-
-- gloo: ``collective_timeout_s`` is enforced inside the rank — the collective raises, and the caller
-  gets a :class:`DistTimeout` carrying that rank's traceback.
-- NCCL: ``collective_timeout_s`` is handed to the NCCL watchdog, but on torch 2.11 / H200 a rank
-  blocked in a collective that another rank never joined was *not* ended by it (neither with
-  asynchronous error handling nor with ``TORCH_NCCL_BLOCKING_WAIT=1``; measured 2026-11-21). What
-  guarantees the caller never hangs is the run deadline ``timeout_s``: the launcher raises
-  :class:`DistTimeout` naming the ranks that had not finished and kills them and every process they
-  started. Keep ``timeout_s`` close to what the experiment needs.
+It never hangs: the run has a deadline, every collective a timeout, stragglers are killed with what
+they started, and a rank's exception comes back with its traceback. Every GPU stays visible to every
+rank (some experiments are about a rank touching another's GPU). On NCCL (torch 2.11, H200) a rank
+blocked in a collective another rank never joined was not ended by the watchdog: the run deadline
+``timeout_s`` is what bounds it (:class:`DistTimeout` names the ranks).
 """
 
 from __future__ import annotations

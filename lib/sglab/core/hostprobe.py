@@ -1,22 +1,11 @@
-"""Where a launch-bound process's speed comes from on this host: one GPU, the host's CPUs, and the
-per-launch cost (:class:`sglab.core.timing.Burst`) measured three ways.
-
-- ``fresh``: in several fresh processes, unpinned, each on whichever CPU the kernel gave it. Engine
-  starts of the same flags fall into fast and slow ones as a whole; if fresh processes do too, the
-  cause is below SGLang.
-- ``per_cpu``: one process moved from CPU to CPU. A CPU that is slow alone (its clock, its place
-  on the host) shows here.
-- ``beside``: one process on a home CPU while a busy loop runs on each other CPU in turn. A CPU
-  whose busy loop slows the home CPU shares a physical core with it (two hyperthreads), which a
-  guest's own topology files need not say.
-- ``rounds``: ``per_cpu`` again every few seconds. Where a CPU is fast in one round and slow in the
-  next, its speed is the host's doing (another guest on the same physical core, say), not the
-  CPU's: no pinning inside the guest can choose the fast one.
+"""Where a launch-bound process's speed comes from on this host: the per-launch cost
+(:class:`sglab.core.timing.Burst`) in fresh processes (``fresh``), on each CPU (``per_cpu``), beside
+a busy loop on each other CPU (``beside``: shared physical cores) and again every few seconds
+(``rounds``: a CPU fast in one round and slow in the next is the host's doing).
 
     python -m sglab.core.hostprobe --out probe.json [--fresh 10] [--home 2] [--rounds 6]
 
-Probes that came back from the GPU machines are kept in ``data/recorded/host_probe/``
-(:func:`recorded`); notebook 01 draws them (:func:`figure`).
+Recorded probes live in ``data/recorded/host_probe/``; the methods notebook (07) draws them.
 """
 
 from __future__ import annotations
@@ -66,10 +55,12 @@ def burst_us(burst: Burst, repeat: int = 20, warmup: int = 3) -> float:
 
 
 def this_cpu() -> int:
-    """The CPU this process last ran on (field 39 of ``/proc/self/stat``); -1 where unknown."""
+    """The CPU this process last ran on; -1 where the system does not say."""
+    import psutil
+
     try:
-        return int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[36])
-    except (OSError, IndexError, ValueError):
+        return psutil.Process().cpu_num()
+    except (AttributeError, psutil.Error):
         return -1
 
 

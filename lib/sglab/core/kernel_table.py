@@ -1,16 +1,9 @@
 """Per-kernel tables of eager GPU work: which kernels run, how many calls per run, how long each
-takes.
+takes, by nsight-python (CUPTI, else Nsight Compute) where it can run, else torch.profiler (the
+reason kept in ``table.attrs``). Columns: :data:`COLUMNS`. CUPTI does not attribute kernels a graph
+replay launches: give this eager work only.
 
     table = kernel_table({"eager 4096 tok": lambda: model(ids)}, runs=5)
-    table.attrs["backend"], table.attrs["reason"]      # which tool measured, and why that one
-
-nsight-python (CUPTI, else Nsight Compute) measures where it can run
-(:func:`sglab.core.kernels.nsight_session` hands over every kernel it attributed); otherwise
-torch.profiler measures, and the reason nsight did not is kept. Either way the columns are
-:data:`COLUMNS`: ``label, kernel, short, calls, median_us, p10_us, p90_us, total_us, share,
-backend`` — ``calls`` per run, the time statistics over every call of that kernel, ``total_us`` per
-run, ``share`` of the label's device time. nsight-python's CUPTI collector does not attribute
-kernels launched by a graph replay: give this eager work only.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Count and time the kernels of a piece of GPU work three ways.
-
-1. Statically: the kernel nodes of a captured CUDA graph (``torch.cuda.CUDAGraph(keep_graph=True)``,
-   ``raw_cuda_graph()``, then cuda-bindings ``cuGraphGetNodes`` / ``cuGraphNodeGetType``, recursing
-   into child-graph nodes). This is exact and needs no profiler.
-2. Dynamically: the kernels torch.profiler sees during one call (e.g. one ``graph.replay()``).
-3. Timed per annotated region: nsight-python with its CUPTI or Nsight Compute backend when the
-   installed tools support it, otherwise CUDA events; the same DataFrame columns either way, with a
-   ``backend`` column.
+"""Count and time the kernels of a piece of GPU work three ways: statically (the kernel nodes of a
+captured CUDA graph through cuda-bindings, child graphs included: exact, no profiler), dynamically
+(what torch.profiler sees during one call, e.g. one ``graph.replay()``), and timed per annotated
+region (nsight-python where the installed tools allow, else CUDA events; the same columns, with a
+``backend`` column).
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
-"""GPU memory per process and per GPU, read from NVML.
-
-``nvmlDeviceGetComputeRunningProcesses`` lists, for each GPU, the processes holding a CUDA context
-there and the memory each uses. A process that merely unpickles a ``cuda:0`` tensor shows up on GPU
-0 here, which is exactly what some notebooks need to see. NVML reports host pids on bare metal and
-in most VMs; inside a container with its own pid namespace it may report pids that do not match
-``os.getpid()`` — then :func:`process_gpu_memory` finds nothing for the pids asked about, and
-:func:`explain_no_match` says so.
-
-:class:`Sampler` reads the same lists in a background thread at a fixed rate (one read of every GPU
-takes ~0.02 ms on an H200 box), so memory can be followed *over time*: when a process's context
-appears on a GPU, and which step of its work made it grow. :func:`step_series` reduces the samples
-to the moments a value changed.
+"""GPU memory per process and per GPU, read from NVML (``nvmlDeviceGetComputeRunningProcesses``):
+a process that merely unpickles a ``cuda:0`` tensor shows up on GPU 0 here. Where NVML reports pids
+of another namespace, :func:`explain_no_match` says so. :class:`Sampler` reads the lists in a
+background thread (about 0.02 ms a read on an H200 box) so memory can be followed over time, and
+:func:`step_series` keeps the moments a value changed.
 """
 
 from __future__ import annotations

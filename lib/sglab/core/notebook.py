@@ -1,17 +1,11 @@
-"""What notebook cells call: the mode decision and its banner, measure-or-load, the first screen,
-the verdict.
+"""What notebook cells call: the mode and its banner, measure-or-load, the review card, the verdict.
 
-    wb = Workbook(claims, mode=MODE)        # banner; claims is the fix's claims module
-    run = wb.run(measure, PARAMS)           # measured now (live), else the committed run: a Run or
-                                            # a NoRun
-    slide(claims, run, picture)             # claim, headline, verdict line, mechanism picture
-    ...
+    wb = Workbook(claims, mode=MODE)        # auto: live where the GPUs are, else recorded
+    run = wb.run(measure, PARAMS)           # a RunSet (measured now, or the committed runs)
+    card(sglang.FIX, claims, run, engine)   # the answer first: sglab.core.card
     verdict(claims, run)                    # the claims table of each run shown
 
-Modes: ``auto`` measures live when the GPUs are here and otherwise shows the committed recorded run;
-``live`` insists on measuring (and fails clearly without the GPUs); ``recorded`` always shows the
-recorded run. A :class:`~sglab.core.runs.NoRun` stands where there is no run: every show function
-renders its one line.
+An empty RunSet (:class:`~sglab.core.runs.NoRun`) renders its own one line wherever it is shown.
 """
 
 from __future__ import annotations

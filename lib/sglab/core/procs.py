@@ -1,26 +1,9 @@
-"""Stopping what the workbook starts: one way for every process group it launches.
-
-A real engine (a scheduler per GPU, compile workers) or a release's probe worker runs in its own
-process group, so that one signal reaches all of it, and carries a marker variable, so that a
-process which left the group is still found. :func:`stop` ends such a group: SIGTERM, a grace
-period, SIGKILL, each step waited for with psutil, and it says what it had to kill.
-
-:class:`Guard` keeps that promise whichever way the harness ends:
-
-- an exception, or Ctrl-C / a notebook kernel interrupt (KeyboardInterrupt): the caller's
-  ``finally`` stops the group;
-- SIGTERM or SIGHUP (an outer ``timeout``, a closed terminal): inside the guard they raise
-  :class:`Terminated` in the main thread, so the same ``finally`` runs;
-- the harness killed outright (SIGKILL, ``os._exit``): a watchdog process in its own session holds
-  a pipe from the harness; when the pipe closes it stops every group still registered.
-
-    with procs.Guard() as guard:
-        proc = subprocess.Popen(argv, start_new_session=True, env={..., "SGLAB_RUN": marker})
-        guard.watch(proc.pid, marker)
-        try:
-            ...
-        finally:
-            stopped = procs.stop(proc.pid, marker=marker)
+"""Stopping what the workbook starts: one way for every process group it launches. A real engine or
+a release's worker runs in its own process group and carries a marker variable; :func:`stop` ends
+the group and every marked escapee (SIGTERM, a grace period, SIGKILL, each waited for with psutil).
+:class:`Guard` keeps that promise however the harness ends: an exception or Ctrl-C (the caller's
+``finally``), SIGTERM/SIGHUP (raised as :class:`Terminated` in the main thread), or the harness
+killed outright (a watchdog in its own session stops every group it was given).
 """
 
 from __future__ import annotations

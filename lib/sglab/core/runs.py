@@ -1,16 +1,8 @@
-"""Runs on disk: a tidy CSV plus a JSON manifest per run.
-
-Live runs go to ``data/runs/<experiment>/`` (git-ignored); reference runs that readers without GPUs
-see live in ``data/recorded/<experiment>/`` (committed). File names are ``<UTC time>_<gpu>.csv`` and
-``.json``.
-
-Tidy means one measurement per row: ``experiment, variant, <parameter columns>, metric, value,
-unit``.
-
-A run may carry *sidecars*: tables that are not measurements per row (a profiler event table, a
-memory time series) or files (a Perfetto trace), stored next to it as ``<stem>.<name>.csv.gz`` or
-``<stem>.<name><suffix>`` and listed in the manifest's ``sidecars``; :meth:`Run.sidecar` reads them
-back.
+"""Runs on disk: a tidy CSV (``experiment, variant, <parameter columns>, metric, value, unit``) and
+a JSON manifest per run, named ``<UTC time>_<gpu>``; live runs under ``data/runs/``, committed ones
+under ``data/recorded/``. Sidecars (a profiler event table, a memory series, a Perfetto trace) sit
+beside a run and are listed in its manifest. A run reads back as a :class:`Run` with a typed
+:class:`Manifest`; what a notebook section shows is a :class:`RunSet` (:class:`NoRun` when empty).
 """
 
 from __future__ import annotations

@@ -1,30 +1,9 @@
-"""The small decoder-only transformer that the prefill notebooks share (01: piecewise CUDA graphs,
-03: breakable CUDA graph).
-
-Shaped like the models SGLang serves, so that SGLang's attribute-name logic finds what it looks for:
-a CausalLM holds the stack as ``.model`` (``.model.layers[i].self_attn.attn`` is the attention op,
-the place where SGLang's piecewise capture splits and where a breakable graph runs eagerly),
-``lm_head`` and a ``logits_processor`` (``python/sglang/srt/layers/logits_processor.py``: the last
-token of every request, then the lm_head). The layers mirror a Llama/DeepSeek decoder layer reduced
-to what costs time in prefill: RMSNorm, fused qkv projection, the attention op, output projection,
-RMSNorm, gated (SiLU) MLP, residual adds.
-
-Token-major: every tensor is ``(num_tokens, ...)`` with the tokens of all requests concatenated;
-nothing but the attention op and the logits tail depends on how the tokens split into requests. Each
-layer exposes its two halves (:meth:`DecoderLayer.pre_attn`, :meth:`DecoderLayer.post_attn`) so that
-a runner can capture everything between two attention calls as one graph.
-
-What differs between the notebooks is a parameter, not a second model:
-
-- ``attention``: the attention op module (``(q, k, v) -> (num_tokens, heads * head_dim)``). Default
-  :class:`CausalAttention` (one sequence, causal SDPA: 01's split point); 03 plugs in a varlen
-  attention that reads the live request boundaries and is an eager break of the breakable graph.
-- ``DecoderConfig.positions``: ``"rotary"`` (RoPE on q and k, tables indexed by position: 01) or
-  ``"learned"`` (a position-embedding table added to the token embedding: 03).
-- the initialisation: :func:`init_residual_scaled_` (01: unit-variance projections, output
-  projections scaled by ``1/sqrt(2 * layers)`` so the bf16 residual stream stays O(1); seeded
-  generator on the model's device) or :func:`init_normal_` (03: N(0, 0.02) embeddings, N(0,
-  1/fan_in) projections, from the global RNG).
+"""The small decoder-only transformer that the prefill notebooks share (01, 03), shaped like the
+models SGLang serves (``.model.layers[i].self_attn.attn``, ``lm_head``, a ``logits_processor``) and
+reduced to what costs time in prefill. Token-major: tensors are ``(num_tokens, ...)``; each layer
+exposes :meth:`DecoderLayer.pre_attn` and :meth:`DecoderLayer.post_attn` so a runner can capture
+what lies between two attention calls. What differs between the notebooks is a parameter: the
+attention op, ``DecoderConfig.positions`` (rotary or learned) and the initialisation.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
-"""A profiler picture of one piece of work: torch.profiler events reduced to a small, tidy event
-table.
+"""A profiler picture of one piece of work: torch.profiler's events reduced to a small event table
+(``lane, name, category, start_us, dur_us, phase``) stored beside the run, so that a notebook without
+a GPU draws the same timeline from a recorded run; the Perfetto file is torch's own export, gzipped.
 
-    with trace.Recorder(perfetto="run.trace.json.gz") as rec:     # CPU + CUDA activities where
-                                                                  # CUDA is here
+    with trace.Recorder(perfetto="run.trace.json.gz") as rec:
         with trace.phase("recreate workspace"):
             ...
-    rec.events          # lane, name, category, start_us, dur_us, phase
-
-Why a table: a notebook without a GPU must draw the same timeline from a recorded run as a live one
-draws from its own trace, so the picture is made from a plain DataFrame that is stored beside the
-run (see :func:`sglab.core.runs.write_run`'s ``sidecars``). Events come from torch's own reader
-(``prof.events()``: one ``FunctionEvent`` per host op, runtime call, user range and device
-activity), never from parsing the JSON export; the Perfetto file is torch's own
-``export_chrome_trace``, gzipped.
-
-Categories: ``kernel``, ``memcpy``, ``memset`` (device activity), ``runtime`` (CUDA runtime / driver
-calls on the host), ``range`` (a ``record_function`` / :func:`phase` range), ``op`` (a host-side
-torch op). Lanes: ``host`` (the ops and ranges of the calling thread; other threads get ``host
-<tid>``), ``runtime``, ``stream <id>`` per CUDA stream. ``phase`` is the innermost :func:`phase`
-range that contains the event (host events by their host range, device events by the device-side
-copy of the range, which spans the kernels launched inside it).
+    rec.events
 """
 
 from __future__ import annotations
