@@ -10,7 +10,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sglab.breakable_graph import claims as bg
 from sglab.core import claims as C
 from sglab.core import runs, text
 from sglab.pcg_gate import claims as pg
@@ -138,23 +137,6 @@ def test_swa_engine_claim_is_the_rebuilds_two_kernels_per_swa_layer():
     assert _status(swa.ENGINE, gone)["engine_swa_loc.reverted_preset_extra_kernels"] == "n/a"
 
 
-def test_breakable_engine_claims_need_the_graph_for_one_request_only_before_the_pr():
-    before = _run("engine_breakable_graph", "0.5.11+bcg")
-    assert _status(bg.ENGINE, before)["engine_breakable_graph.graph_per_request_count"] == "pass"
-    # a 0.5.11 that ran two requests on the graph would contradict the release's can_run
-    bad = _edit(before, "0.5.11+bcg", "prefill_graph", "1.0", requests=2.0)
-    assert _status(bg.ENGINE, bad)["engine_breakable_graph.graph_per_request_count"] == "fail"
-    after = _run("engine_breakable_graph", "0.5.12.post1+bcg")
-    st = _status(bg.ENGINE, after)
-    assert st == {
-        "engine_breakable_graph.graph_per_request_count": "pass",
-        "engine_breakable_graph.faster_than_eager": "pass"
-    }
-    slow = _edit(_edit(after, "0.5.12.post1+bcg", "latency", "99.0", requests=8.0),
-                 "0.5.12.post1+bcg", "latency_min", "99.0", requests=8.0)
-    assert _status(bg.ENGINE, slow)["engine_breakable_graph.faster_than_eager"] == "fail"
-
-
 def test_pcg_engine_claims_read_the_releases_own_decision():
     before = _run("engine_pcg_gate", "0.5.12.post1+enforce")
     assert _status(pg.ENGINE, before)["engine_pcg_gate.kimi_gate"] == "pass"
@@ -169,23 +151,6 @@ def test_pcg_engine_claims_read_the_releases_own_decision():
     assert _status(pg.ENGINE, on_by_default)["engine_pcg_gate.kimi_default_off"] == "fail"
 
 
-def test_engine_sections_show_tables_or_say_how_to_record(capsys):
-    from sglab.breakable_graph import show as bg_show
-    from sglab.breakable_graph import sglang as bg_sglang
-
-    bg_show.engine(bg_sglang.FIX.recorded_engine())
-    out = capsys.readouterr().out
-    assert "measured by SGLang's own Engine.generate" in out
-    assert "prefill_graph, median [lowest–highest] of 3 engine starts" in out
-    assert "by requests" in out
-    table = V.table(R.frame(bg_sglang.FIX.recorded_engine().shown),
-                    V.Table("prefill_graph", "requests", "{:.0%}"))
-    assert table.loc[("llama_32x512", "0.5.11", "bcg")].tolist() == ["100%", "0%", "0%", "0%"]
-    assert R.load("no_such_fix", "09").line.endswith("bash scripts/engine_gpu.sh --plan 09)")
-    bg_show.engine(R.load("no_such_fix", "09"))
-    assert "no GPU run to show" in capsys.readouterr().out
-
-
 def test_tables_show_the_spread_between_engine_starts():
     from sglab.pcg_gate import sglang as pg_sglang
 
@@ -197,8 +162,6 @@ def test_tables_show_the_spread_between_engine_starts():
 
 
 def test_the_rebuild_sits_beside_the_engine_and_says_what_each_measures():
-    from sglab.breakable_graph import show as bg_show
-    from sglab.breakable_graph import sglang as bg_sglang
     from sglab.pcg_gate import show as pg_show
     from sglab.pcg_gate import sglang as pg_sglang
     from sglab.swa_loc import show as swa_show
@@ -220,19 +183,6 @@ def test_the_rebuild_sits_beside_the_engine_and_says_what_each_measures():
     assert "(starts " in engine["figure"]
     assert rows["#26382's description (B200, TP 4)"]["figure"] == "3.26×"
     assert any(k.startswith("rebuild") and "forward only" in v["measures"] for k, v in rows.items())
-
-    listed = bg_show.beside_rows(rebuild("breakable_graph"), bg_sglang.FIX.recorded_engine())
-    counted = {r["source"]: r["figure"] for r in listed if "÷" not in r["measures"]}
-    assert counted["SGLang 0.5.11 engine (llama_32x512)"] == "100% | 0%"
-    assert counted["SGLang 0.5.12.post1 engine (llama_32x512)"] == "100% | 100%"
-    assert all("÷" not in r["measures"] for r in listed[:len(counted)])  # counts first
-    rows = {r["source"]: r["figure"].split(" (starts")[0] for r in listed if "÷" in r["measures"]}
-    one, several = rows["SGLang 0.5.11 engine (llama_32x512)"].split(" | ")
-    # 0.5.11 runs 2+ requests eagerly in both cases: their ratio is start-to-start noise (up to
-    # 10% on one H200 machine), far below the one request's gain on the graph
-    assert float(one.rstrip("×")) > 1.5 and float(several.split("–")[-1].rstrip("×")) < 1.15
-    lo = rows["SGLang 0.5.12.post1 engine (llama_32x512)"].split(" | ")[1].split("–")[0]
-    assert float(lo.rstrip("×")) > 1.2
 
     rows = swa_show.beside_rows(rebuild("swa_loc"), swa_sglang.FIX.recorded_engine())
     assert [
@@ -713,19 +663,6 @@ def test_runs_of_another_gpu_model_get_rows_and_a_drift_of_their_own(monkeypatch
         "H100, 2026-11-27 1000Z", "H100, 2026-11-27 1100Z", "H200, 2026-11-28 1000Z",
         "H200, 2026-11-28 1200Z"
     ]
-
-
-def test_03s_speedup_is_eager_over_the_graph_per_release_and_request_count():
-    from sglab.breakable_graph import show as bg_show
-
-    after = _run("engine_breakable_graph", "0.5.12.post1+bcg")
-    df = R.frame([after])
-    ratios = bg_show.engine_ratios(df)  # the claim's statistic: the fastest repeat of any start
-    lat = S.numbers(df, "latency_min", only_started=True).set_index(["release", "case", "requests"])
-    for n, r in ratios["0.5.12.post1"].items():
-        assert r == pytest.approx(
-            lat.loc[("0.5.12.post1", "eager", n), "lo"] / lat.loc[("0.5.12.post1", "bcg", n), "lo"])
-    assert sorted(ratios["0.5.12.post1"]) == [1, 2, 4, 8]
 
 
 def test_the_host_launch_cost_is_measured_in_its_own_process(monkeypatch):
