@@ -255,21 +255,6 @@ show.correctness(run)
 show.latency(run)
 
 # %% [markdown]
-# The same measurement on other machines: each row is a run of this method on a machine of its
-# own. The first two columns say how fast that host launches: one request's eager prefill is almost
-# all launches, and the graph's replay pays its own launches too. A slower host makes both slower,
-# so their ratio moves less than either. A rerun is held (`sglab verify RUN --against`) to the two
-# medians of after vs eager over 2+ requests, all cells and the launch-bound ones, within the
-# claim's ±25%, or within the larger A/A gap of the two runs. Single cells are shown but not held:
-# at the largest token count, eager is launch bound on a slow host and GPU bound on a fast one, so
-# one cell can double between two machines of one GPU model. Each run is held to its own noise
-# instead: "before" runs eager's code beside it, so `|eager ÷ before − 1|` is that cell's A/A gap,
-# and every cell's gain must exceed 1 + its gap (the claim prints the tightest margin).
-
-# %%
-show.reruns(run)
-
-# %% [markdown]
 # ### Launches per prefill
 #
 # From a traced pass after the timed ones: host kernel launches, graph launches (one per segment

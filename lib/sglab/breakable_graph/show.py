@@ -162,37 +162,6 @@ def speedups(df: pd.DataFrame) -> dict:
     }
 
 
-def reruns_table(runs_: list) -> pd.DataFrame:
-    """One row per run of method 3 on, grouped by GPU model, oldest first: eager and after for one
-    request at the smallest token count (how fast this host launches), then after vs eager over
-    2+ requests: the medians a rerun is held to (``sglab verify --against``), their drift from the
-    GPU model's first run, and the range of single cells, which is shown but not held, beside the
-    run's own noise: "before" ÷ eager over 2+ requests, the same eager code timed twice, and the
-    least a cell's gain clears it by."""
-    rows, first = [], {}
-    for r in sorted(runs_, key=lambda r: (gpu_short(r), r.manifest.created_utc)):
-        s = speedups(r.df) if int(r.manifest.method_version) >= 3 else {}
-        if not s:
-            continue
-        t = latency_of(r)
-        multi = t[t["batch_size"] > 1]
-        one = t[t["batch_size"] == 1].sort_values("num_tokens").iloc[0]
-        base = first.setdefault(gpu_short(r), s)
-        when = r.manifest.created_utc[:16].replace("T", " ")
-        same, drift = multi["speedup_before"], s["median"] / base["median"] - 1
-        row = {"GPU": gpu_short(r), "run (UTC)": when}
-        row[f"eager ms, 1 request × {int(one.num_tokens)}"] = round(one["eager"], 2)
-        row["after ms, same"] = round(one["after"], 2)
-        row["median ×"] = round(s["median"], 2)
-        row[f"median × ≤ {LAUNCH_BOUND} tok"] = round(s["median_launch_bound"], 2)
-        row["median vs the GPU's first run"] = f"{drift:+.0%}"
-        row["cells (not held)"] = f"{s['min']:.2f}–{s['max']:.2f}×"
-        row["same code twice, cells"] = f"{same.min():.2f}–{same.max():.2f}×"
-        row["least gain − 1 − A/A gap"] = round(s["aa_margin"], 2)  # the claim's, held by each run
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
 # --------------------------------------------------------------------------------------------------
 # the GPU sections of the notebook, each shown from the run (or its NoRun line)
 # --------------------------------------------------------------------------------------------------
@@ -215,15 +184,6 @@ def latency(run) -> None:
         notebook.show_table(speedup_table(r.df).round(2))
         hits = pd.DataFrame(hit_rates(r.df)).T
         notebook.show_table(notebook.as_counts(hits, ["graph_batches", "batches"]))
-
-
-@notebook.needs_run
-def reruns(run) -> None:
-    """Every recorded run of method 3 on (and a live one), by GPU model: :func:`reruns_table`."""
-    every = runs.load_all_recorded(measure.EXPERIMENT)
-    if run.live:
-        every = list(run.shown) + every
-    notebook.show_table(reruns_table(every))
 
 
 @notebook.needs_run
