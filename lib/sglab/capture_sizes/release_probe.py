@@ -1,0 +1,503 @@
+"""The probe's code inside one SGLang release's worker process: the release's own runners decide
+the capture sizes, for configured lists (:func:`setting_rows`, the notebook's comparison) or for
+server arguments its own start-up code resolves (:func:`case_rows`, ``sglab capture-sizes``).
+
+0.5.10.post1 to 0.5.13 run ``PiecewiseCudaGraphRunner.__init__`` on a stand-in runner up to its log
+line; 0.5.14 and 0.5.15 the unified runners under ``get_parallel().override``; from 0.5.16 the
+configuration is published in the runtime context and the runners' functions are plain calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import inspect
+import linecache
+import re
+import shutil
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+from sglab.capture_sizes.sglang import (ASSUMED, MAX_RUNNING_REQUESTS, PIECEWISE_RUNNER, PUBLISHED,
+                                        SETTINGS, model_config)
+from sglab.sglang import bootstrap
+from sglab.sglang.probing import Stop, has_file, patched
+
+
+# --------------------------------------------------------------------------------------------------
+# the runners' code on a ServerArgs
+# --------------------------------------------------------------------------------------------------
+def _module(prepared, name: str):
+    return bootstrap.import_release_module(prepared, f"sglang.srt.{name}")
+
+
+class _PoolStandIn:
+    """A stand-in runner whose ``req_to_token_pool`` either answers a size or ends the real
+    function."""
+
+    def __init__(self, server_args, *, stop_at_pool: bool, pool_size: int = MAX_RUNNING_REQUESTS):
+        self.server_args, self.device, self.model = server_args, "cpu", None
+        self.pool_size = pool_size
+        self.is_multimodal, self.is_generation, self._stop = False, True, stop_at_pool
+
+    @property
+    def req_to_token_pool(self):
+        if self._stop:
+            raise Stop()
+        return types.SimpleNamespace(size=self.pool_size)
+
+
+def _run_until_stop(cls, runner):
+    obj = cls.__new__(cls)
+    try:
+        cls.__init__(obj, runner)
+    except Stop:
+        pass
+    return obj
+
+
+def _attn_widths(prepared, sa) -> tuple[int, int]:
+    """(attention TP size, attention CP size) by the release's
+    ``compute_dp_attention_world_info``."""
+    info = _module(prepared, "layers.dp_attention").compute_dp_attention_world_info(
+        sa.enable_dp_attention, 0, sa.tp_size, sa.dp_size, sa.attn_cp_size)
+    return info[1], sa.attn_cp_size  # (attn_tp_rank, attn_tp_size, attn_dp_rank[, ...])
+
+
+def _sizes_pr_era(prepared, sa, pool_size: int) -> tuple[list, list]:
+    """0.5.10.post1-0.5.13: the piecewise runner's ``__init__`` up to its log line, and the decode
+    list."""
+    pw = _module(prepared, "model_executor.piecewise_cuda_graph_runner")
+    cg = _module(prepared, "model_executor.cuda_graph_runner")
+    tp, cp = _attn_widths(prepared, sa)
+    names = {
+        "get_attention_tp_size": lambda: tp, "get_attention_tp_rank": lambda: 0,
+        "log_info_on_rank0": lambda *a, **k: (_ for _ in ()).throw(Stop())
+    }
+    if hasattr(pw, "get_attention_cp_size"):
+        names["get_attention_cp_size"] = lambda: cp
+    with patched(pw, **names):
+        piecewise = _run_until_stop(pw.PiecewiseCudaGraphRunner,
+                                    _PoolStandIn(sa, stop_at_pool=True))
+    with patched(cg, get_attention_tp_size=lambda: tp, get_attention_cp_size=lambda: cp):
+        decode, _ = cg.get_batch_sizes_to_capture(
+            _PoolStandIn(sa, stop_at_pool=False, pool_size=pool_size))
+    return list(piecewise.capture_num_tokens), list(decode)
+
+
+def _sizes_unified(prepared, sa, pool_size: int) -> tuple[list, list]:
+    """0.5.14-0.5.15: the unified runners; the parallel widths set with
+    ``get_parallel().override``."""
+    base = _module(prepared, "model_executor.runner.base_cuda_graph_runner")
+    pre = _module(prepared, "model_executor.runner.prefill_cuda_graph_runner")
+    base_runner = _module(prepared, "model_executor.runner.base_runner")
+    parallel = _module(prepared, "runtime_context").get_parallel()
+    tp, cp = _attn_widths(prepared, sa)
+    # the two-batch-overlap plugin allocates a device tensor; sizes never read it
+    with parallel.override(attn_tp_size=tp, attn_tp_rank=0, attn_cp_size=cp), \
+            patched(base_runner, TboCudaGraphRunnerPlugin=lambda: None):
+        prefill = _run_until_stop(pre.PrefillCudaGraphRunner, _PoolStandIn(sa, stop_at_pool=True))
+        decode, _ = base.get_batch_sizes_to_capture(
+            _PoolStandIn(sa, stop_at_pool=False, pool_size=pool_size))
+    return list(prefill.capture_num_tokens), list(decode)
+
+
+def _sizes_published(prepared, prefill_bs: list, pool_size: int) -> tuple[list, list]:
+    """0.5.16+, with a configuration published: the functions the runners call, as they are."""
+    base = _module(prepared, "model_executor.runner.base_cuda_graph_runner")
+    pre = _module(prepared, "model_executor.runner.prefill_cuda_graph_runner")
+    ctx = _module(prepared, "runtime_context").get_context()
+    prefill = pre.get_prefill_num_tokens_to_capture(list(prefill_bs))
+    runner = types.SimpleNamespace(server_args=ctx.server_args,
+                                   req_to_token_pool=types.SimpleNamespace(size=pool_size))
+    decode, _ = base.get_batch_sizes_to_capture(runner)
+    return list(prefill), list(decode)
+
+
+def _publish_fields(prepared, sa):
+    """0.5.16+: publish the stand-in's fields as a dummy ``ServerArgs`` (a context manager)."""
+    cfgmod = _module(prepared, "model_executor.cuda_graph_config")
+    cfg = cfgmod.CudaGraphConfig(
+        decode=cfgmod.PhaseConfig(backend=cfgmod.Backend.FULL, bs=list(sa.cuda_graph_bs)),
+        prefill=cfgmod.PhaseConfig(backend=cfgmod.Backend.BREAKABLE,
+                                   bs=list(sa.piecewise_cuda_graph_tokens)))
+    fields = {
+        k: getattr(sa, k)
+        for k in ("tp_size", "dp_size", "enable_dp_attention", "moe_dense_tp_size", "attn_cp_size",
+                  "enable_two_batch_overlap", "enable_dp_lm_head")
+    }
+    # 0.5.2x resolves the deprecated `--dp-size N --enable-dp-attention` into attn_dp_size = N;
+    # publishing skips resolution, so the resolved field is set here the same way
+    fields["attn_dp_size"] = sa.dp_size if sa.enable_dp_attention else 1
+    return _module(prepared, "runtime_context").get_context().override_server_args(
+        cuda_graph_config=cfg, **fields)
+
+
+@contextlib.contextmanager
+def _publish_resolved(prepared, sa):
+    """0.5.16+: publish a resolved ``ServerArgs`` as the launcher does, restoring the context
+    after."""
+    ctx = _module(prepared, "runtime_context").get_context()
+    with ctx.override_server_args():  # saves the context; restores it on the way out
+        ctx.set_server_args(sa)
+        yield ctx
+
+
+def runner_sizes(prepared, sa, pool_size: int = MAX_RUNNING_REQUESTS, *,
+                 resolved: bool = False) -> tuple[list, list]:
+    """(piecewise or prefill sizes, decode batch sizes) the release's runners capture for ``sa``:
+    a stand-in with the configured lists, or (``resolved``) the release's own resolved
+    ``ServerArgs`` (published first from 0.5.16)."""
+    if has_file(prepared, PIECEWISE_RUNNER):
+        return _sizes_pr_era(prepared, sa, pool_size)
+    if not has_file(prepared, PUBLISHED):
+        return _sizes_unified(prepared, sa, pool_size)
+    if resolved:  # already published by configure()
+        return _sizes_published(prepared,
+                                _view(prepared, sa).cuda_graph_config.prefill.bs or [], pool_size)
+    with _publish_fields(prepared, sa):
+        return _sizes_published(prepared, sa.piecewise_cuda_graph_tokens, pool_size)
+
+
+def _release_defaults(prepared) -> dict:
+    """Every ``ServerArgs`` field of the release at its default (a dataclass; {} otherwise)."""
+    cls = _module(prepared, "server_args").ServerArgs
+    if not dataclasses.is_dataclass(cls):
+        return {}
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+def stand_in(defaults: dict, setting: dict, piecewise: list, decode: list):
+    """A stand-in ``ServerArgs``: the release's defaults, the setting, the configured lists (as
+    ``piecewise_cuda_graph_tokens`` / ``cuda_graph_bs`` and as ``cuda_graph_config`` for the
+    unified runners)."""
+    fields = dict(defaults)
+    fields.update(tp_size=1, dp_size=1, pp_size=1, enable_dp_attention=False,
+                  moe_dense_tp_size=None, enable_dp_lm_head=False, moe_a2a_backend="none",
+                  attn_cp_size=1, enable_two_batch_overlap=False, enable_torch_compile=False,
+                  piecewise_cuda_graph_compiler="eager")
+    fields.update(setting)
+    ns = types.SimpleNamespace
+    fields.update(piecewise_cuda_graph_tokens=list(piecewise), cuda_graph_bs=list(decode),
+                  cuda_graph_config=ns(prefill=ns(bs=list(piecewise)), decode=ns(bs=list(decode))))
+    return ns(**fields)
+
+
+def generated_defaults(prepared, max_tokens: int) -> list | None:
+    """The release's own default piecewise list for ``max_tokens`` (None when not reachable)."""
+    sa_cls = _module(prepared, "server_args").ServerArgs
+    gen = getattr(sa_cls, "_generate_piecewise_cuda_graph_tokens", None)
+    if gen is not None:
+        return list(gen(types.SimpleNamespace(piecewise_cuda_graph_max_tokens=max_tokens)))
+    gen = getattr(sa_cls, "_generate_prefill_cuda_graph_batch_sizes", None)  # 0.5.14-0.5.1x
+    if gen is not None:
+        return list(gen(types.SimpleNamespace(), max_tokens))
+    if has_file(prepared, "srt/arg_groups/cuda_graph_hook.py"):
+        hook = _module(prepared, "arg_groups.cuda_graph_hook")
+        if hasattr(hook, "generate_prefill_cuda_graph_batch_sizes"):
+            return list(hook.generate_prefill_cuda_graph_batch_sizes(max_tokens))
+    return None
+
+
+def setting_rows(prepared, params: dict) -> list[dict]:
+    """Rows ``setting, metric, value`` (``piecewise``, ``decode`` or ``error``) per setting, and the
+    release's own default piecewise list as setting ``defaults``."""
+    rows = [{
+        "setting": "defaults", "metric": "generated_piecewise",
+        "value": generated_defaults(prepared, int(params.get("max_tokens", 2048)))
+    }]
+    defaults = _release_defaults(prepared)
+    for name, setting in (params.get("settings") or SETTINGS).items():
+        setting = dict(setting)
+        piecewise = setting.pop("piecewise", params["piecewise"])
+        try:
+            pw, dec = runner_sizes(prepared, stand_in(defaults, setting, piecewise,
+                                                      params["decode"]))
+            rows += [{"setting": name, "metric": "piecewise", "value": pw},
+                     {"setting": name, "metric": "decode", "value": dec}]
+        except AssertionError as exc:
+            rows.append({"setting": name, "metric": "error", "value": f"AssertionError: {exc}"})
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# server arguments -> the release's own configuration
+# --------------------------------------------------------------------------------------------------
+class _ArgError(ValueError):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises with its message instead of printing usage and exiting."""
+
+    def error(self, message):
+        raise _ArgError(f"{self.prog}: error: {message}")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if isinstance(exc, _ArgError):
+        return text
+    return (f"{type(exc).__name__}: {text}"
+            if text else f"{type(exc).__name__} (SGLang's check gives no message)")
+
+
+PLATFORM_CHECKS = ("is_hip", "is_npu", "is_cpu", "is_mps", "is_xpu")  # False: a CUDA host
+RULE_COMMENT = re.compile(r"^\s*#\s*\d+[a-z]?\.\s*(.+?)\s*$")
+# a line of the release's configuration code that turns one phase's CUDA graph off
+_OFF = {
+    "prefill": re.compile(r"disable_piecewise_cuda_graph = True|(?i:prefill)[^=!\n]*?"
+                          r"(?:backend\s*=|['\"]backend['\"]\s*,)\s*Backend\.DISABLED"),
+    "decode": re.compile(r"(?i)decode[^=!\n]*?(?:backend\s*=|['\"]backend['\"]\s*,)\s*"
+                         r"Backend\.DISABLED")
+}
+
+
+def _rule(frame) -> str | None:
+    """The release's own name of the rule at ``frame``'s line: a local ``name`` / ``_name`` of its
+    rule loop, or the ``# N. reason`` comment above it (PR-era ``_handle_piecewise_cuda_graph``)."""
+    rule = frame.f_locals.get("name", frame.f_locals.get("_name"))
+    if isinstance(rule, str):
+        return rule
+    said = _comment_above(frame.f_locals.get("predicate"))
+    if said:
+        return said
+    code = frame.f_code
+    for n in range(frame.f_lineno, code.co_firstlineno - 1, -1):
+        m = RULE_COMMENT.match(linecache.getline(code.co_filename, n))
+        if m:
+            return m.group(1)
+    return None
+
+
+def _comment_above(predicate) -> str | None:
+    """A rule without a name in the release's rule list (0.5.2x's ``(None, lambda: ...)``, whose
+    warning comes later): the first sentence of the comment above its entry."""
+    code = getattr(predicate, "__code__", None)
+    if code is None:
+        return None
+    said: list[str] = []
+    for n in range(code.co_firstlineno - 1, max(0, code.co_firstlineno - 12), -1):
+        text = linecache.getline(code.co_filename, n).strip()
+        if text.startswith("#"):
+            said.insert(0, text.lstrip("#").strip())
+        elif said or text not in ("(", "None,"):
+            break
+    return " ".join(said).split(". ")[0].rstrip(".") or None
+
+
+@contextlib.contextmanager
+def _switched_off():
+    """Every line of ``server_args.py`` and ``arg_groups/`` run in the block that turns a phase's
+    CUDA graph off: ``(phase, function, rule)`` (:func:`_rule`)."""
+    hits: list = []
+
+    def lines(frame, event, arg):
+        if event == "line":
+            text = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+            hits.extend((ph, frame.f_code.co_qualname, _rule(frame))
+                        for ph, rx in _OFF.items() if rx.search(text))
+        return lines
+
+    def calls(frame, event, arg):
+        f = frame.f_code.co_filename
+        return lines if "/srt/arg_groups/" in f or f.endswith("/srt/server_args.py") else None
+
+    previous = sys.gettrace()
+    sys.settrace(calls)
+    try:
+        yield hits
+    finally:
+        sys.settrace(previous)
+
+
+def _off_reason(hits: list, phase: str, default: str) -> str:
+    mine = [(f, r) for p, f, r in hits if p == phase]
+    if not mine:
+        return default
+    f, r = mine[-1]
+    return f"{f}: {r}" if r else f"{f} (the arguments given)"
+
+
+@contextlib.contextmanager
+def _cuda_host(prepared, gpu_mem_gb: float):
+    """As on a CUDA host with ``gpu_mem_gb`` per GPU: SGLang's GPU-memory query answers that, and
+    the prefill graph's default backend is the one it picks on CUDA (0.5.2x asks ``is_cuda()``)."""
+    common = _module(prepared, "utils.common")
+    real_query = common.get_device_memory_capacity
+
+    def query(*args, **kwargs):
+        return gpu_mem_gb * 1024
+
+    def bound(value):
+        return [
+            m
+            for m in list(sys.modules.values()) if getattr(m, "__name__", "").startswith("sglang.")
+            and getattr(m, "get_device_memory_capacity", None) is value
+        ]
+
+    for m in bound(real_query):
+        m.get_device_memory_capacity = query
+    cgc = (_module(prepared, "model_executor.cuda_graph_config") if has_file(
+        prepared, "srt/model_executor/cuda_graph_config.py") else None)
+    default = getattr(cgc, "default_prefill_backend", None)
+    if default is not None:
+        cgc.default_prefill_backend = lambda: cgc.Backend.BREAKABLE
+    try:
+        yield
+    finally:
+        for m in bound(query):  # modules imported inside the block bound the stand-in too
+            m.get_device_memory_capacity = real_query
+        if default is not None:
+            cgc.default_prefill_backend = default
+
+
+@contextlib.contextmanager
+def model_dir(model: str):
+    """A folder holding the model's config as ``config.json``, what SGLang loads a model config
+    from: the file's own folder, or a temporary one with a copy (:func:`model_config`), removed on
+    leaving; an error raised inside names the user's file, not the copy."""
+    path = model_config(model)
+    if path.name == "config.json":
+        yield str(path.parent)
+        return
+    with tempfile.TemporaryDirectory(prefix="sglab-model-") as folder:
+        shutil.copy(path, Path(folder) / "config.json")
+        try:
+            yield folder
+        except Exception as exc:
+            copy = str(Path(folder) / "config.json")
+            exc.args = tuple(
+                a.replace(copy, str(path)).replace(folder, str(path)) if isinstance(a, str) else a
+                for a in exc.args)
+            raise
+
+
+def _view(prepared, sa):
+    """The resolved values of ``sa``: 0.5.2x keeps them beside the record, earlier releases on
+    it."""
+    if not has_file(prepared, "srt/arg_groups/model_override_base.py"):
+        return sa
+    return _module(prepared, "arg_groups.model_override_base").resolved_view(sa)
+
+
+def _call(fn, sa):
+    """``fn(sa)``, or ``fn()`` where the release reads the published configuration instead."""
+    return fn(sa) if inspect.signature(fn).parameters else fn()
+
+
+def configure(prepared, argv: list[str], p: dict) -> dict:
+    """:func:`configured`, with the model's temporary folder (:func:`model_dir`) removed when it
+    returns or raises."""
+    with contextlib.ExitStack() as stack:
+        return configured(prepared, argv, p, stack.enter_context)
+
+
+def configured(prepared, argv: list[str], p: dict, model_folder) -> dict:
+    """SGLang server arguments -> the capture lists the release's runners keep, after its own
+    start-up code, and the facts that decided them.
+
+    The release's own parser (``ServerArgs.add_cli_args``) reads ``argv``. 0.5.10.post1 to 0.5.13:
+    ``from_cli_args`` builds the object on a subclass without ``__post_init__`` (which loads the
+    model and asks the GPU); the start-up steps that decide the lists run on it in
+    ``__post_init__`` order (``_handle_piecewise_cuda_graph`` as on a CUDA host,
+    ``_handle_gpu_memory_settings``, ``_handle_data_parallelism``, ``_handle_context_parallelism``),
+    then ``initialize_moe_config`` as the scheduler calls it; the model is assumed (``p["mla"]``, a
+    text model). 0.5.14 on: the whole configuration resolution runs (``__post_init__``, or
+    ``resolve_once`` in 0.5.2x) on the model config ``p["model"]`` (``--model-path`` is set to its
+    folder, ``--device cuda`` unless given; ``model_folder`` enters :func:`model_dir` until the
+    caller is done), as on a CUDA host (:func:`_cuda_host`)."""
+    sa_mod, moe = _module(prepared, "server_args"), _module(prepared, "layers.moe.utils")
+    parser = _Parser(prog="sglang.launch_server", allow_abbrev=True)
+    sa_mod.ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(argv)
+    pr_era, published = has_file(prepared, PIECEWISE_RUNNER), has_file(prepared, PUBLISHED)
+    if pr_era:
+        sa = type("ServerArgsWithoutPostInit", (sa_mod.ServerArgs,),
+                  {"__post_init__": lambda self: None}).from_cli_args(ns)
+        sa.use_mla_backend = lambda: p["mla"]
+        sa.get_model_config = lambda: types.SimpleNamespace(
+            is_multimodal=False, is_piecewise_cuda_graph_disabled_model=False)
+        platform = {n: (lambda: False) for n in PLATFORM_CHECKS if hasattr(sa_mod, n)}
+        with patched(sa_mod, **platform), _switched_off() as hits:
+            if hasattr(sa, "_handle_piecewise_cuda_graph"):
+                sa._handle_piecewise_cuda_graph()
+        sa._handle_gpu_memory_settings(p["gpu_mem_gb"] * 1024)
+        for handler in ("_handle_data_parallelism", "_handle_context_parallelism"):
+            if hasattr(sa, handler):
+                getattr(sa, handler)()
+        view = sa
+        off = {"prefill": sa.disable_piecewise_cuda_graph, "decode": sa.disable_cuda_graph}
+        facts = {
+            "configured_piecewise": list(sa.piecewise_cuda_graph_tokens), "configured_decode": list(
+                sa.cuda_graph_bs), "piecewise_max_tokens": sa.piecewise_cuda_graph_max_tokens,
+            "decode_max_bs": sa.cuda_graph_max_bs,
+            "model": f"assumed: {'an MLA' if p['mla'] else 'a non-MLA'} text model"
+        }
+    else:
+        ns.model_path, ns.device = model_folder(model_dir(p["model"])), ns.device or "cuda"
+        with _cuda_host(prepared, p["gpu_mem_gb"]), _switched_off() as hits:
+            sa = sa_mod.ServerArgs.from_cli_args(ns)  # 0.5.14: __post_init__ resolves here
+            if hasattr(sa, "resolve_once"):
+                sa.resolve_once()
+        view = _view(prepared, sa)
+        cfg = view.cuda_graph_config
+        off = {
+            "prefill": cfg.prefill.backend == "disabled", "decode": cfg.decode.backend == "disabled"
+        }
+        facts = {
+            "configured_piecewise": list(cfg.prefill.bs
+                                         or []), "configured_decode": list(cfg.decode.bs or []),
+            "piecewise_max_tokens": cfg.prefill.max_bs, "decode_max_bs": cfg.decode.max_bs,
+            "model": p["model"], "attention_backend": view.attention_backend
+        }
+    flag = {
+        "prefill": "--disable-piecewise-cuda-graph" if pr_era else "off by default here",
+        "decode": "--disable-cuda-graph"
+    }
+    facts.update({
+        f"{'piecewise' if ph == 'prefill' else ph}_off": _off_reason(hits, ph, flag[ph])
+        if off[ph] else None
+        for ph in off
+    })
+    pool = view.max_running_requests or p["max_running_requests"]
+    common = _module(prepared, "utils.common")
+    with _publish_resolved(prepared, sa) if published else contextlib.nullcontext():
+        _call(moe.initialize_moe_config, sa)
+        facts["piecewise"], facts["decode"] = runner_sizes(prepared, sa, pool, resolved=True)
+        if published:
+            parallel = _module(prepared, "runtime_context").get_parallel()
+            widths_ = parallel.attn_tp_size, parallel.attn_cp_size
+        else:
+            widths_ = _attn_widths(prepared, sa)
+        facts["gathered_buffer"] = bool(_call(common.require_gathered_buffer, sa))
+    facts["attn_tp_size"], facts["attn_cp_size"] = widths_
+    facts["pool_size"] = pool
+    for k in ("tp_size", "moe_dense_tp_size", "moe_a2a_backend", "enable_two_batch_overlap",
+              "chunked_prefill_size"):
+        facts[k] = getattr(view, k)
+    facts["dp_attention"] = widths_[0] * widths_[1] < facts["tp_size"]
+    return facts
+
+
+def case_rows(prepared, params: dict) -> list[dict]:
+    """Rows ``case, metric, value`` per server-argument case: the facts of :func:`configure`, or
+    one ``error`` row with SGLang's own one-line message."""
+    p = {**ASSUMED, **{k: params[k] for k in ASSUMED if k in params}}
+    rows = []
+    for name, argv in params["cases"].items():
+        try:
+            facts = configure(prepared, list(argv), p)
+        except (_ArgError, AssertionError, ValueError, TypeError, RuntimeError) as exc:
+            facts = {"error": _one_line(exc)}
+        rows += [{"case": name, "metric": k, "value": v} for k, v in facts.items()]
+    return rows
