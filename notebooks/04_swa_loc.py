@@ -200,19 +200,8 @@ sglang.compare()
 # %% [markdown]
 # So the 2 kernels per SWA layer hold for the releases #23552 and #24743 shipped in (0.5.11,
 # 0.5.12.post1) and the one before them; today's SGLang (0.5.13 on) translates with one gather, once
-# per forward, and has no `set_swa_loc` left to forget. On a GPU, the released pool captured in a
-# CUDA graph (`sglab real gpu`): kernel nodes per SWA layer with and without the preset on
-# 0.5.12.post1, translated once or per layer on 0.5.23:
-
-# %%
-sglang.gpu_recorded()
-
-# %% [markdown]
-# Without the preset **0.5.12.post1's pool adds 2 kernel nodes per SWA layer** (the gather and the
-# int32 cast), the rebuild's count; 0.5.23's translation would cost 1, moot there because it runs
-# once per forward. #24743 shows in the buffers: 0.5.11 keeps an int64 `out_cache_loc_swa` whose
-# padded tail holds stale slots after a padded populate, 0.5.12.post1 an int32 one with the tail
-# zeroed.
+# per forward, and has no `set_swa_loc` left to forget. The engine below counts the kernels of a
+# captured decode replay in SGLang's own trace.
 
 # %% [markdown]
 # ### The real engine, before and after

@@ -142,30 +142,6 @@ def test_recorded_answers_equal_the_live_ones(real):
     assert assert_recording_matches(real, real_section.FIX.probe.fn) == len(RELEASES)
 
 
-# -- the released pool on a GPU, as recorded
-# -----------------------------------------------------------------
-def test_swa_pool_summary_shows_the_kernels_each_translation_costs():
-    run = compare.recorded("swa_loc")
-    assert run is not None, "no recorded real_swa_loc run under data/recorded/"
-    t = real_section.gpu_tables(run.df)
-    per = t["per SWA layer"]
-    # gather + .to(torch.int32)
-    assert float(per.loc["0.5.12.post1", "nodes_per_swa_layer"]) == 2.0
-    assert float(per.loc["0.5.23", "nodes_per_swa_layer"]) == 1.0  # gather only
-    # a quotient of counts that came out whole reads as a count, beside the expected one
-    assert per.to_string().split("\n")[-1].split() == ["0.5.23", "1", "1"]
-    g = t["graphs"]
-    for release in ("0.5.12.post1", "0.5.23"):
-        assert float(g.loc[(release, "preset"),
-                           "kernel_nodes"]) < float(g.loc[(release, "per_layer"), "kernel_nodes"])
-        assert g.loc[(release, "preset"), "kernel_nodes"] == g.loc[(release, "preset"),
-                                                                   "replay_kernels"]
-    buffers = t["decode buffers (#24743)"]
-    assert buffers.loc["0.5.11", "dtype"] == "int64" and buffers.loc["0.5.12.post1",
-                                                                     "dtype"] == "int32"
-    assert buffers.loc["0.5.12.post1", "padded_tail_after_padded_populate"] == "[0, 0]"
-
-
 # -- the source check, on small synthetic SGLang trees shaped like the releases
 # -------------------------------
 def state(check, files: dict) -> Verdict:

@@ -1,34 +1,21 @@
-"""The SWA location preset in real SGLang: the fix's record, its source check, and its real-release
-probes.
-
-- ``FIX``: #23552 (+ #24743), the symbols each PR touched, the probe the notebook shows and the GPU
-  plan;
-- :func:`check`: which state a given SGLang is in, read as source (``sglab upstream``, the release
-  timeline);
-- :func:`probe` (CPU, one release per worker process): the released ``SWAKVPool`` +
-  ``SWATokenToKVPoolAllocator`` write one 3-token decode step through 4 layers (SWA layers 0 and 2):
-  translations with and without the location set or passed in beforehand, and whether the SWA rows
-  land at the paired slots; the aten ops of one translation (each a kernel node when captured);
-  ``DecodeInputBuffers`` where the release has the PR-era runner;
-- :func:`gpu_probe` (``sglab real gpu``): the released pool's decode write captured in a CUDA graph,
-  three ways;
-- :func:`comparison` / :func:`compare`: the real answers beside the rebuild's, release by release.
-
-Nothing here imports SGLang at module level: the probes run inside a release's worker process.
-"""
+"""The SWA location preset in real SGLang: the fix's record ``FIX``, its source check
+(:func:`check`), its CPU probe (:func:`probe`: the released ``SWAKVPool``, allocator and decode
+buffers write one decode step, one release per worker process), the engine scenario and the code
+path, and the real answers beside the rebuild's (:func:`compare`). Nothing here imports SGLang at
+module level."""
 
 from __future__ import annotations
 
 import ast
 import inspect
-import textwrap
 import types
 
 from sglab.core import lazy
 from sglab.sglang.engine import Case, Scenario, revert_adjustment
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
-from sglab.sglang.fix import Fix, GpuPlan, Probe, Spec, Step, symbols_in
+from sglab.sglang.codepath import Node
+from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
 from sglab.sglang.probing import has_file
 from sglab.sglang.releases import parse_version
 from sglab.sglang.upstream import Verdict
@@ -137,30 +124,24 @@ def _pool_modules(prepared):
     return swa, alloc
 
 
-def build_pool(prepared, device: str = "cpu", *, size: int = 16, size_swa: int = 6, dtype=None,
-               heads: int = HEAD_NUM, head_dim: int = HEAD_DIM, swa_layers=SWA_LAYERS,
-               full_layers=FULL_LAYERS):
-    """(pool, allocator) of the release on ``device`` (page size 1; ``dtype`` float32 unless
-    given)."""
-    dtype = torch.float32 if dtype is None else dtype
+def build_pool(prepared, device: str = "cpu"):
+    """(pool, allocator) of the release on ``device``: 16 full and 6 SWA slots, page size 1,
+    float32, SWA layers 0 and 2 of 4."""
     swa, alloc_mod = _pool_modules(prepared)
+    size = dict(size=16, size_swa=6, page_size=1, dtype=torch.float32, device=device)
     pool = swa.SWAKVPool(**kwargs_for(
         swa.SWAKVPool.__init__,
-        dict(size=size, size_swa=size_swa, page_size=1, dtype=dtype, head_num=heads,
-             head_dim=head_dim, swa_attention_layer_ids=list(
-                 swa_layers), full_attention_layer_ids=list(full_layers),
-             enable_kvcache_transpose=False, device=device, enable_memory_saver=False)))
+        dict(**size, head_num=HEAD_NUM, head_dim=HEAD_DIM, swa_attention_layer_ids=list(
+            SWA_LAYERS), full_attention_layer_ids=list(FULL_LAYERS), enable_kvcache_transpose=False,
+             enable_memory_saver=False)))
     allocator = alloc_mod.SWATokenToKVPoolAllocator(**kwargs_for(
-        alloc_mod.SWATokenToKVPoolAllocator.__init__,
-        dict(size=size, size_swa=size_swa, page_size=1, dtype=dtype, device=device, kvcache=pool,
-             need_sort=False)))
+        alloc_mod.SWATokenToKVPoolAllocator.__init__, dict(**size, kvcache=pool, need_sort=False)))
     return pool, allocator
 
 
-def count_translations(pool) -> tuple:
-    """(a list that grows by one per translation, the release's own bound method): the instance's
-    translate method wrapped, so the pool's internal calls (0.5.1x) and a caller's (0.5.2x) are both
-    counted."""
+def count_translations(pool) -> list:
+    """A list that grows by one per translation: the instance's translate method wrapped, so the
+    pool's internal calls (0.5.1x) and a caller's (0.5.2x) are both counted."""
     calls, real_fn = [], pool.translate_loc_from_full_to_swa
 
     def counted(kv_indices):
@@ -168,7 +149,7 @@ def count_translations(pool) -> tuple:
         return real_fn(kv_indices)
 
     pool.translate_loc_from_full_to_swa = counted
-    return calls, real_fn
+    return calls
 
 
 def _write_step(prepared, mode: str, device: str) -> dict:
@@ -178,7 +159,7 @@ def _write_step(prepared, mode: str, device: str) -> dict:
     pool, allocator = build_pool(prepared, device)
     loc = allocator.alloc(3)
     swa_slots = allocator.full_to_swa_index_mapping[loc].to(torch.int64)
-    calls, _ = count_translations(pool)
+    calls = count_translations(pool)
     k = torch.arange(3 * HEAD_NUM * HEAD_DIM, dtype=torch.float32, device=device).reshape(
         3, HEAD_NUM, HEAD_DIM) + 1
     target, error, extra = loc, None, {}
@@ -339,236 +320,8 @@ def probe(prepared, params: dict) -> list:
 
 
 # --------------------------------------------------------------------------------------------------
-# the GPU probe: the released pool's decode write in a CUDA graph (`sglab real gpu`)
-# --------------------------------------------------------------------------------------------------
-GPU_LAYERS = 8
-GPU_FULL_LAYERS = (3, 7)
-GPU_SWA_LAYERS = tuple(i for i in range(GPU_LAYERS) if i not in GPU_FULL_LAYERS)
-GPU_BS, GPU_HEADS, GPU_HEAD_DIM = 32, 8, 128
-GPU_VARIANTS = ("per_layer", "once_in_graph", "preset")
-
-
-def _without_docstring(body: list) -> list:
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None),
-                                                             ast.Constant):
-        return body[1:]
-    return body
-
-
-def translation_source(fn) -> str:
-    """The body of a release's ``translate_loc_from_full_to_swa`` without comments or docstring."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    return "\n".join(ast.unparse(stmt) for stmt in _without_docstring(tree.body[0].body))
-
-
-def release_translation(release: str) -> str:
-    """The translation body of an installed release, read from its source file (no import)."""
-    from sglab.sglang.releases import package_dir
-
-    path = package_dir(release) / "srt" / "mem_cache" / "swa_memory_pool.py"
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ClassDef) and node.name == "SWAKVPool":
-            for fn in node.body:
-                if isinstance(fn, ast.FunctionDef) and fn.name == "translate_loc_from_full_to_swa":
-                    return "\n".join(ast.unparse(stmt) for stmt in _without_docstring(fn.body))
-    raise ValueError(f"sglang {release}: no SWAKVPool.translate_loc_from_full_to_swa in {path}")
-
-
-def kernels_per_translation(source: str, mapping_dtype: str = "int64") -> int:
-    """Kernels one translation launches, read from its code: the gather ``mapping[kv_indices]``,
-    plus one cast when the result is converted with ``.to(torch.int32)`` from a mapping that is not
-    int32 already."""
-    if "full_to_swa_index_mapping[" not in source:
-        raise ValueError(f"not the PR-era or current translation (no mapping gather): {source!r}")
-    return 1 + int(".to(torch.int32)" in source and mapping_dtype != "int32")
-
-
-def _writers(pool, loc, ks, vs, write_loc_cls):
-    """(set-up before capture, {variant: the captured write}); the real ``set_kv_buffer`` in every
-    one: ``per_layer`` every SWA layer translates, ``once_in_graph`` one translation inside the
-    graph shared by every layer, ``preset`` translated before capture into a static buffer (what
-    #23552's runner does)."""
-    layers = [types.SimpleNamespace(layer_id=i) for i in range(GPU_LAYERS)]
-    translate = pool.translate_loc_from_full_to_swa
-    static = {}
-
-    def write(locs):
-        for i, layer in enumerate(layers):
-            pool.set_kv_buffer(layer, locs[i], ks[i], vs[i])
-
-    if write_loc_cls is None:  # 0.5.1x: the pool holds the SWA location (set_swa_loc)
-
-        def setup(variant):
-            pool.set_swa_loc(translate(loc) if variant == "preset" else None)
-
-        def once():
-            pool.set_swa_loc(translate(loc))
-            write([loc] * GPU_LAYERS)
-
-        return setup, {
-            "per_layer": lambda: write([loc] * GPU_LAYERS), "once_in_graph": once,
-            "preset": lambda: write([loc] * GPU_LAYERS)
-        }
-    w = write_loc_cls  # 0.5.2x: the caller passes it in a KVWriteLoc
-
-    def setup(variant):
-        static["swa"] = translate(loc) if variant == "preset" else None
-
-    def per_layer():
-        write([
-            w(loc=loc, swa_loc=translate(loc)) if i in GPU_SWA_LAYERS else w(loc=loc)
-            for i in range(GPU_LAYERS)
-        ])
-
-    def once():
-        one = w(loc=loc, swa_loc=translate(loc))
-        write([one] * GPU_LAYERS)
-
-    return setup, {
-        "per_layer": per_layer, "once_in_graph": once,
-        "preset": lambda: write([w(loc=loc, swa_loc=static["swa"])] * GPU_LAYERS)
-    }
-
-
-def _landed(pool, allocator, loc, ks) -> bool:
-    """After a replay into zeroed buffers: every layer's K rows sit where the allocator put them."""
-    if loc.is_cuda:
-        torch.cuda.synchronize()
-    swa_slots = allocator.full_to_swa_index_mapping[loc].long()
-    ok = True
-    for i in range(GPU_LAYERS):
-        pool_layer, is_swa = pool.layers_mapping[i]
-        sub = pool.swa_kv_pool if is_swa else pool.full_kv_pool
-        rows = sub.k_buffer[pool_layer][swa_slots if is_swa else loc]
-        ok = ok and bool(torch.equal(rows.reshape(GPU_BS, -1), ks[i].reshape(GPU_BS, -1)))
-    return ok
-
-
-def _zero(pool) -> None:
-    for sub in (pool.swa_kv_pool, pool.full_kv_pool):
-        for b in list(sub.k_buffer) + list(sub.v_buffer):
-            b.zero_()
-
-
-def gpu_pool_rows(prepared, params: dict) -> list:
-    """Each variant: translations one forward makes, where the rows landed after a replay, the
-    graph's kernels; then the replay times, interleaved. ``params["device"] == "cpu"`` (a dry run
-    without CUDA): the same writes eagerly, no graph, no timing."""
-    from sglab.sglang.gpu import graphs
-
-    device = params.get("device", "cuda")
-    pool, allocator = build_pool(prepared, device, size=4096, size_swa=1024, dtype=torch.bfloat16,
-                                 heads=GPU_HEADS, head_dim=GPU_HEAD_DIM, swa_layers=GPU_SWA_LAYERS,
-                                 full_layers=GPU_FULL_LAYERS)
-    write_loc_cls = None
-    if not hasattr(pool, "set_swa_loc"):
-        from sglab.sglang import bootstrap
-
-        memory_pool = bootstrap.import_release_module(prepared, "sglang.srt.mem_cache.memory_pool")
-        write_loc_cls = memory_pool.KVWriteLoc
-    loc = allocator.alloc(GPU_BS)
-    gen = torch.Generator(device=device).manual_seed(0)
-    ks = [
-        torch.randn(GPU_BS, GPU_HEADS, GPU_HEAD_DIM, device=device, dtype=torch.bfloat16,
-                    generator=gen) for _ in range(GPU_LAYERS)
-    ]
-    vs = [torch.randn_like(k) for k in ks]
-    calls, translate = count_translations(pool)
-    setup, fns = _writers(pool, loc, ks, vs, write_loc_cls)
-    rows, captured = [], {}
-    for variant in GPU_VARIANTS:
-        setup(variant)
-        calls.clear()
-        fns[variant]()  # one eager forward: the translations it makes
-        rows.append({
-            "variant": variant, "metric": "translate_calls", "value": len(calls), "unit": "calls"
-        })
-        if device == "cuda":
-            captured[variant] = graphs.capture(fns[variant])
-        _zero(pool)
-        captured[variant].replay() if device == "cuda" else fns[variant]()
-        rows.append({
-            "variant": variant, "metric": "rows_landed", "value": _landed(pool, allocator, loc, ks),
-            "unit": "graph replay" if device == "cuda" else "eager"
-        })
-        if device == "cuda":
-            rows += graphs.count_rows(variant, captured[variant])
-    if hasattr(pool, "set_swa_loc"):
-        pool.set_swa_loc(None)
-    if captured:
-        rows += graphs.timing_rows(captured, rounds=params.get("rounds", 5),
-                                   repeat=params.get("repeat", 200))
-    return rows + _derived(rows, translate, allocator)
-
-
-def _derived(rows: list, translate, allocator) -> list:
-    """Nodes per SWA layer (measured) beside what the release's translation code predicts."""
-    nodes = {r["variant"]: r["value"] for r in rows if r["metric"] == "kernel_nodes"}
-    source = translation_source(translate)
-    mapping_dtype = str(allocator.full_to_swa_index_mapping.dtype).replace("torch.", "")
-    n = len(GPU_SWA_LAYERS)
-    out = [{"variant": "setup", "metric": "layers", "value": GPU_LAYERS, "unit": "layers"}, {
-        "variant": "setup", "metric": "swa_layers", "value": n, "unit": "layers"
-    }, {"variant": "setup", "metric": "batch_size", "value": GPU_BS, "unit": "tokens"},
-           {"variant": "setup", "metric": "translation_source", "value": source, "unit": ""},
-           {"variant": "setup", "metric": "mapping_dtype", "value": mapping_dtype, "unit": ""}, {
-               "variant": "per_layer-preset", "metric": "expected_nodes_per_swa_layer",
-               "value": kernels_per_translation(source, mapping_dtype), "unit": "nodes"
-           }]
-    if nodes:
-        out += [{
-            "variant": "per_layer-preset", "metric": "nodes_per_swa_layer",
-            "value": (nodes["per_layer"] - nodes["preset"]) / n, "unit": "nodes"
-        }, {
-            "variant": "per_layer-once_in_graph", "metric": "node_difference",
-            "value": nodes["per_layer"] - nodes["once_in_graph"], "unit": "nodes"
-        }]
-    return out
-
-
-def gpu_probe(prepared, params: dict) -> list:
-    """Rows ``variant, metric, value, unit`` (and ``kernel`` for node names): the pool, the decode
-    buffers."""
-    from sglab.sglang.gpu import graphs
-
-    device = params.get("device", "cuda")
-    if device == "cuda":
-        graphs.require_cuda(prepared)
-    rows = graphs.device_rows()
-    if params.get("pool", True):
-        rows += gpu_pool_rows(prepared, params)
-    if params.get("buffers", True) and has_file(prepared,
-                                                "srt/model_executor/cuda_graph_runner.py"):
-        rows += [{
-            "variant": "decode_buffers", "metric": r["metric"], "value": r["value"], "unit": ""
-        } for r in buffer_rows(prepared, device)]
-    return rows
-
-
-def gpu_tables(df) -> dict:
-    """A recorded GPU run as a reader compares it: per release × variant the graphs, per release the
-    nodes per SWA layer (measured vs read from the translation code), and the decode buffers
-    (#24743)."""
-    from sglab.core import notebook
-
-    metrics = [
-        "translate_calls", "kernel_nodes", "replay_kernels", "replay_us_median", "rows_landed"
-    ]
-    return {
-        "graphs": real.pivot(df[df["variant"].isin(GPU_VARIANTS)], ["release", "variant"], metrics),
-        "per SWA layer": notebook.whole_where_whole(
-            real.pivot(df[df["variant"] == "per_layer-preset"], ["release"],
-                       ["nodes_per_swa_layer", "expected_nodes_per_swa_layer"])),
-        "decode buffers (#24743)": real.pivot(
-            df[df["variant"] == "decode_buffers"], ["release"],
-            ["has_out_cache_loc_swa", "dtype", "padded_tail_after_padded_populate"])
-    }
-
-
-# --------------------------------------------------------------------------------------------------
 # the record
 # --------------------------------------------------------------------------------------------------
-_GPU = "sglab.swa_loc.sglang:gpu_probe"
 # -- the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_swa_loc/
 PR_DIFF = "data/upstream/swa_loc/pr23552.diff"
 PRESET_REVERTED = revert_adjustment(
@@ -597,7 +350,9 @@ ENGINE = (
         output_len=16,
         profile=True,
         starts=3,  # the decode times with the spread between starts (no claim rests on them)
-        expect="before: one translation gather per SWA layer more per replay than 0.5.11 released",
+        expect=
+        "before: the translation's gather and int32 cast in every SWA layer of every replay, 2 "
+        "kernels per SWA layer more than 0.5.11 released",
     ),)
 
 FIX = Fix(
@@ -612,13 +367,23 @@ FIX = Fix(
                24743,
                symbols_in(DECODE_RUNNER, "DecodeInputBuffers.create",
                           "DecodeInputBuffers.populate_from_forward_batch"),
-               first_with=swa_padding_zeroed)),
-    probe=Probe("sglab.swa_loc.sglang:probe", PROBE_RELEASES), gpu=GpuPlan(
-        1, 1, (Step("0.5.11", _GPU, {"pool": False, "buffers": True}),
-               Step("0.5.12.post1", _GPU, {"pool": True, "buffers": True}),
-               Step("0.5.23", _GPU, {"pool": True, "buffers": False})),
-        "real SWAKVPool.set_kv_buffer in a CUDA graph: kernel nodes per SWA layer, replay time; "
-        "decode buffers"), engine=ENGINE)
+               first_with=swa_padding_zeroed)), probe=Probe("sglab.swa_loc.sglang:probe",
+                                                            PROBE_RELEASES), engine=ENGINE)
+
+# a decode step's SWA write in the release with both PRs, from the batch to the pool
+CODE_PATH_RELEASE = "0.5.12.post1"
+CODE_PATH = (
+    Node("srt/model_executor/forward_batch_info.py", "ForwardBatch.init_new",
+         "translates the batch's full slots to SWA slots once: out_cache_loc_swa"),
+    Node(DECODE_RUNNER, "DecodeInputBuffers.populate_from_forward_batch",
+         "copies them into the graph's static buffer; #24743 zeroes it on a padded batch"),
+    Node(DECODE_RUNNER, "CudaGraphRunner.capture_one_batch_size",
+         "#23552: set_swa_loc(static buffer) before the graph is captured"),
+    Node(SWA_POOL, "SWAKVPool.set_kv_buffer",
+         "each SWA layer: swa_loc set, write there; unset, translate again"),
+    Node(
+        SWA_POOL, "SWAKVPool.translate_loc_from_full_to_swa",
+        "the gather and int32 cast a graph captured without the preset replays in every SWA layer"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -749,9 +514,3 @@ def kernels_statement(results: dict) -> str:
     return "\n".join(
         f"{', '.join(vs)}: `{src}` -> {n} kernel{'s' if n != 1 else ''} per translation"
         for (src, n), vs in sorted(by_source.items(), key=lambda kv: parse_version(kv[1][0])))
-
-
-def gpu_recorded() -> None:
-    """The newest recorded run of the released pool in a CUDA graph, as tables (or that none is
-    recorded)."""
-    real.show_recorded(FIX.name, gpu_tables)
