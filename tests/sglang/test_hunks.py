@@ -177,23 +177,117 @@ def rebuilt_setattr(self, name, value):
     object.__setattr__(self, name, value)
 
 
-def test_beside_puts_the_released_symbol_next_to_the_rebuild():
+# a rebuilt capture longer than SHORT lines: only the preset corresponds to #23552's change
+REBUILT_CAPTURE = ("mine.capture", """def capture(self, bs):
+    \"\"\"A docstring that names out_cache_loc_swa and set_swa_loc, which must not count.\"\"\"
+    num_tokens = bs
+    for _ in range(2):
+        self._run_once(num_tokens)
+    # the preset, before capture
+    if self.preset and self.buffers.out_cache_loc_swa is not None:
+        self.pool.set_swa_loc(self.buffers.out_cache_loc_swa[:num_tokens])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        self._run_once(num_tokens)
+    self.graphs[bs] = graph
+    calls = self.pool.translate_calls
+    self.counts[bs] = calls
+    return graph
+""")
+CAPTURE = "CudaGraphRunner.capture_one_batch_size"
+
+
+def test_beside_shows_the_changed_lines_with_three_of_context_not_the_whole_function():
+    hunk = H.load("swa_loc", 23552)
+    released = hunk.blocks("after")[CAPTURE].splitlines()
+    text = repr(render_beside(hunk, REBUILT_CAPTURE, symbol=CAPTURE))
+    lines = text.splitlines()
+    assert len(lines) < 40 < len(released), "a hunk with context, not the released function"
+    assert lines[0] == (f"== sglang 0.5.11 · {CAPTURE}: changed from 0.5.10.post1 (#23552's "
+                        "release window)")
+    # the preset with three lines of context either side, as `diff -U3` gives them
+    want = ("+        self.model_runner.token_to_kv_pool.set_swa_loc(", "     for _ in range(2):")
+    at = [lines.index(w) for w in want]
+    assert lines[at[0] - 9:at[0] - 6] == [
+        "         return logits_output_or_pp_proxy_tensors", " ",
+        "     self.deepep_adapter.capture(is_extend_in_batch=False)"
+    ]
+    assert lines[at[1] + 1] == "         self.device_module.synchronize()"
+    assert at[1] - at[0] == 4
+    # the window's other changes to the function, which the rebuild does not model: a line each
+    left_out = [
+        ln for ln in lines if ln.endswith("the rebuild leaves out (another change in this window)")
+    ]
+    assert len(left_out) == 3 and "attn_backend = self.attn_backend" not in text
+    # the rebuilt lines that correspond, with "…" where lines are left out; not the docstring
+    mine = text.split("== rebuilt: mine.capture (lines 6–9 of 15)\n")[1].splitlines()
+    assert mine == [
+        "…", "    # the preset, before capture",
+        "    if self.preset and self.buffers.out_cache_loc_swa is not None:",
+        "        self.pool.set_swa_loc(self.buffers.out_cache_loc_swa[:num_tokens])",
+        "    graph = torch.cuda.CUDAGraph()", "…"
+    ]
+
+
+def test_pieces_are_the_symbols_unified_diff():
+    import difflib
+
+    hunk = H.load("capture_sizes")
+    sym = "PiecewiseCudaGraphRunner.__init__"
+    before, after = (hunk.blocks(s)[sym].splitlines() for s in ("before", "after"))
+    body = [
+        ln for ln in list(difflib.unified_diff(before, after, n=3, lineterm=""))[2:]
+        if not ln.startswith("@@")
+    ]
+    found = H.pieces(hunk, sym)
+    assert [ln for p in found for ln in p.lines] == body and len(found) == 2
+    assert {p.version for p in found} == {"0.5.11"}
+
+
+def test_each_hunk_links_to_its_first_changed_line_at_the_release_tag():
+    from sglab.sglang import codepath
+
+    hunk = H.load("swa_loc", 24743)
+    sym = "DecodeInputBuffers.populate_from_forward_batch"
+    path = "srt/model_executor/cuda_graph_runner.py"
+    text = codepath.read("0.5.12", path)
+    if text is None:
+        pytest.skip("sglang 0.5.12 is neither installed nor cached (make test caches its wheel)")
+    head = next(
+        ln for ln in repr(H.beside("swa_loc", rebuilt_setattr, pr=24743, symbol=sym)).splitlines()
+        if ln.startswith("@@ "))
+    m = re.fullmatch(
+        r"@@ (\S+):(\d+) · (https://github.com/sgl-project/sglang/blob/v0.5.12/"
+        r"python/sglang/(\S+)#L(\d+))", head)
+    assert m and m.group(1) == m.group(4) == path and m.group(2) == m.group(5)
+    first = next(ln for ln in H.pieces(hunk, sym)[0].lines if ln[0] == "+")
+    assert text.splitlines()[int(m.group(2)) - 1].strip() == first[1:].strip()
+
+
+def test_a_short_rebuild_is_shown_whole_and_a_new_symbol_says_so():
     hunk = H.load("pcg_gate")
-    shown = render_beside(hunk, rebuilt_setattr,
-                          symbol="KimiK25ForConditionalGeneration.__setattr__")
+    sym = "KimiK25ForConditionalGeneration.__setattr__"
+    shown = render_beside(hunk, rebuilt_setattr, symbol=sym)
     text = repr(shown)
-    assert text.startswith("== sglang 0.5.13 · KimiK25ForConditionalGeneration.__setattr__\ndef "
-                           "__setattr__")
-    assert f"== rebuilt: {__name__}.rebuilt_setattr" in text and "<table" in shown._repr_html_()
-    # first symbol present by default
+    assert text.startswith(f"== sglang 0.5.13 · {sym}: new in 0.5.13 (#26382's release window)\n")
+    assert "+def __setattr__(self, name, value):" in text
+    assert text.endswith("    object.__setattr__(self, name, value)\n")
+    assert f"== rebuilt: {__name__}.rebuilt_setattr\n" in text
+    html = shown._repr_html_()
+    assert "<table" in html and "href='https://github.com/sgl-project/sglang/blob/v0.5.13/" in html
+    # first symbol by default; the same through the fix's name
     assert "def model(self)" in repr(render_beside(hunk, ("mine", "x = 1\n")))
-    assert repr(
-        H.beside("pcg_gate", rebuilt_setattr,
-                 symbol="KimiK25ForConditionalGeneration.__setattr__")) == text
-    with pytest.raises(ValueError, match="no symbol exists on the 'before' side"):
-        render_beside(hunk, ("mine", ""), side="before")
-    with pytest.raises(KeyError, match="not on the 'after' side"):
+    assert repr(H.beside("pcg_gate", rebuilt_setattr, symbol=sym)) == text
+    with pytest.raises(KeyError, match="not a symbol of"):
         render_beside(hunk, ("mine", ""), symbol="Nope.nope")
+
+
+def test_released_keeps_the_notebooks_call(capsys):
+    from sglab.sglang import compare
+
+    compare.released(get("swa_loc"), REBUILT_CAPTURE, symbol=CAPTURE)
+    out = capsys.readouterr().out
+    assert "self.model_runner.token_to_kv_pool.set_swa_loc(" in out and len(out.splitlines()) < 40
 
 
 # -- figures

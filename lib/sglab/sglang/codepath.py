@@ -1,12 +1,14 @@
 """The code path of a fix through a real release, as a picture a reader can click: one box per
 function, named by file and symbol, linked to its line at the release's tag. The line numbers are
-read from the installed release (``.sglang/releases/<V>``); without it a box links to the file.
+read from the installed release (``.sglang/releases/<V>``), else from its cached wheel
+(``.sglang/wheels/``); without either a box links to the file.
 """
 
 from __future__ import annotations
 
 import html
 from dataclasses import dataclass
+from functools import lru_cache
 
 from sglab.sglang import releases, source
 
@@ -24,23 +26,38 @@ class Node:
     note: str = ""
 
 
-def line_of(version: str, node: Node) -> int | None:
-    """The line where ``node.symbol`` is defined in the installed ``version``, else None."""
+@lru_cache(maxsize=64)
+def read(version: str, path: str) -> str | None:
+    """The text of ``sglang/<path>`` in ``version``: the installed release, else its cached wheel,
+    else None."""
     try:
-        text = (releases.package_dir(version) / node.path).read_text(encoding="utf-8")
+        return (releases.package_dir(version) / path).read_text(encoding="utf-8")
     except OSError:
+        pass
+    from sglab.sglang import wheels
+
+    wheel = wheels.cached(version, wheels.cache_dir())
+    if wheel is None:
         return None
-    found = source.find(source.parse(text), node.symbol)
+    with wheels.WheelReader(wheel) as reader:
+        return reader(path)
+
+
+def line_of(version: str, node: Node) -> int | None:
+    """The line where ``node.symbol`` (its first decorator) starts in ``version``, else None."""
+    text = read(version, node.path)
+    found = source.find(source.parse(text), node.symbol) if text is not None else None
     if found is None:
         return None
     decorators = getattr(found, "decorator_list", [])
     return min([found.lineno, *(d.lineno for d in decorators)])
 
 
-def url(version: str, node: Node) -> str:
-    """The node's address at the release's tag, with its line where the release is installed."""
+def url(version: str, node: Node, offset: int = 0) -> str:
+    """The node's address at the release's tag: its line (``offset`` lines below the symbol's first
+    line) where the release can be read here, else the file."""
     line = line_of(version, node)
-    return TAG_URL.format(version=version, path=node.path) + (f"#L{line}" if line else "")
+    return TAG_URL.format(version=version, path=node.path) + (f"#L{line + offset}" if line else "")
 
 
 def html_path(version: str, nodes, title: str = "") -> str:

@@ -11,15 +11,21 @@ changes to the same functions; the diff shows those too, as released.
 
 from __future__ import annotations
 
+import ast
+import builtins
 import difflib
+import html
+import inspect
 import json
+import keyword
+import re
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+
 from sglab.sglang import source as S
 from sglab.sglang.fix import Spec
 from sglab.sglang.upstream import data_dir, run_check
-import html
-import inspect
 
 
 ABSENT = "# (not in this release)"
@@ -236,12 +242,10 @@ def show(fix, pr: int | None = None):
     return Rendered(hunk_html(hunk), hunk_text(hunk))
 
 
-def beside(fix, rebuilt, *, pr: int | None = None, symbol: str | None = None, side: str = "after"):
-    """The released ``symbol`` of ``fix``'s hunk next to the rebuilt function or class
-    (``rebuilt``)."""
-    from sglab.sglang.hunks import render_beside as _beside
-
-    return _beside(load(fix, pr), rebuilt, symbol=symbol, side=side)
+def beside(fix, rebuilt, *, pr: int | None = None, symbol: str | None = None):
+    """What ``fix``'s PR changed in the released ``symbol``, next to the rebuilt function or class
+    (``rebuilt``): :func:`render_beside`."""
+    return render_beside(load(fix, pr), rebuilt, symbol=symbol)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -311,34 +315,189 @@ def code_html(code: str) -> str:
     return f'<pre style="{_PRE}">{html.escape(code)}</pre>'
 
 
+# -- one symbol's change, as hunks with context, beside the rebuilt lines that correspond
+# --------------------------------------------------------------------------------------------------
+CONTEXT = 3  # lines of context around each change (as ``diff -U3``)
+SHORT = 12  # a rebuilt function or class this short is shown whole
+ALIKE = 0.75  # how alike (difflib's ratio) a rebuilt line and a released one must be to correspond
+_NAME = re.compile(r"[A-Za-z_]\w*")
+_COMMON = frozenset(keyword.kwlist) | frozenset(dir(builtins)) | {"self", "cls"}
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One hunk of a symbol's change: its lines (``+``/``-``/space first), the release and the line
+    of the symbol's text (1-based) where its first change is."""
+
+    version: str
+    line: int
+    lines: tuple[str, ...]
+
+
+def _symbol_path(hunk, symbol: str) -> str:
+    return next(s.split("::")[0] for s in hunk.symbols if s.split("::")[1] == symbol)
+
+
+def pieces(hunk, symbol: str, context: int = CONTEXT) -> list[Piece]:
+    """The hunks of ``symbol``'s change across the window, each with ``context`` lines around it."""
+    before = (hunk.blocks("before").get(symbol) or "").splitlines()
+    after = (hunk.blocks("after").get(symbol) or "").splitlines()
+    out = []
+    for group in difflib.SequenceMatcher(None, before, after,
+                                         autojunk=False).get_grouped_opcodes(context):
+        lines, anchor = [], None
+        for tag, i1, i2, j1, j2 in group:
+            if tag == "equal":
+                lines += [" " + ln for ln in after[j1:j2]]
+                continue
+            if anchor is None:
+                anchor = (hunk.after_version, j1 + 1) if j2 > j1 else (hunk.before_version, i1 + 1)
+            lines += ["-" + ln for ln in before[i1:i2]] + ["+" + ln for ln in after[j1:j2]]
+        out.append(Piece(*anchor, tuple(lines)))
+    return out
+
+
+def _names(text: str) -> set[str]:
+    return {n for n in _NAME.findall(text) if n not in _COMMON and len(n) > 2}
+
+
+def _code_lines(text: str) -> list[str]:
+    """The lines of ``text`` (a function or a class, dedented), its docstrings blanked."""
+    lines, tree = text.splitlines(), S.parse(text)
+    for node in ast.walk(tree) if tree is not None else ():
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            for k in range(body[0].lineno - 1, body[0].end_lineno):
+                lines[k] = ""
+    return lines
+
+
+def _code(line: str) -> str:
+    """A line without its comment (roughly: from a ``#`` on), stripped."""
+    return re.sub(r"#.*$", "", line).strip()
+
+
+def matches(hunk, symbol: str, rebuilt: str) -> list[set[int]]:
+    """Per piece of :func:`pieces`, the 0-based rebuilt lines that correspond to its changed code:
+    those as alike as :data:`ALIKE` to a changed line, and those that use a name the changed lines
+    use and the symbol's unchanged lines do not (comments and docstrings aside)."""
+    before = (hunk.blocks("before").get(symbol) or "").splitlines()
+    after = (hunk.blocks("after").get(symbol) or "").splitlines()
+    same = _names("\n".join(
+        _code(ln) for tag, _, _, j1, j2 in difflib.SequenceMatcher(
+            None, before, after, autojunk=False).get_opcodes() if tag == "equal"
+        for ln in after[j1:j2]))
+    ours = [_code(ln) for ln in _code_lines(rebuilt)]
+    out = []
+    for p in pieces(hunk, symbol):
+        changed = [c for ln in p.lines if ln[0] != " " for c in [_code(ln[1:])] if _names(c)]
+        alike = {
+            i
+            for i, mine in enumerate(ours) if _names(mine) and any(
+                difflib.SequenceMatcher(None, mine, c).ratio() >= ALIKE for c in changed)
+        }
+        wanted = _names("\n".join(changed)) - same
+        out.append(alike | {i for i, mine in enumerate(ours) if _names(mine) & wanted})
+    return out
+
+
+def corresponding(rebuilt: str, hits: set[int], around: int = 1) -> list[tuple[int, int]]:
+    """``[(first, last)]`` (0-based, inclusive) of the rebuilt lines ``hits``, ``around`` lines
+    either side and the comment just above; the whole text where it is :data:`SHORT` lines or
+    fewer, the first :data:`SHORT` lines where nothing corresponds."""
+    lines = rebuilt.splitlines()
+    if len(lines) <= SHORT:
+        return [(0, len(lines) - 1)] if lines else []
+    if not hits:
+        return [(0, SHORT - 1)]
+    code = _code_lines(rebuilt)
+    doc = {k for k, ln in enumerate(lines) if ln.strip() and not code[k]}
+    spans: list[list[int]] = []
+    for i in sorted(hits):
+        lo, hi = max(0, i - around), min(len(lines) - 1, i + around)
+        lo, hi = next(k for k in range(lo, i + 1) if k not in doc), next(
+            k for k in range(hi, i - 1, -1) if k not in doc)
+        while lo > 0 and lines[lo - 1].lstrip().startswith("#"):
+            lo -= 1
+        if spans and all(k in doc for k in range(spans[-1][1] + 1, lo)):
+            spans[-1][1] = max(spans[-1][1], hi)
+        else:
+            spans.append([lo, hi])
+    return [(lo, hi) for lo, hi in spans]
+
+
+def excerpt(text: str, spans: list[tuple[int, int]]) -> str:
+    """The lines of ``spans``, with ``…`` where lines are left out."""
+    lines, out, last = text.splitlines(), [], -1
+    for lo, hi in spans:
+        if lo > last + 1:
+            out.append("…")
+        out += lines[lo:hi + 1]
+        last = hi
+    if last < len(lines) - 1:
+        out.append("…")
+    return "\n".join(out) + "\n"
+
+
 def _source_of(rebuilt) -> tuple[str, str]:
     """(name, text) of the rebuilt function or class (or a ``(name, text)`` pair given as is)."""
     if isinstance(rebuilt, tuple):
         return rebuilt
     name = f"{rebuilt.__module__}.{rebuilt.__qualname__}"
-    return name, inspect.getsource(rebuilt)
+    return name, textwrap.dedent(inspect.getsource(rebuilt))
 
 
-def render_beside(hunk, rebuilt, *, symbol: str | None = None, side: str = "after") -> Rendered:
-    """The released ``symbol`` (default: the hunk's first one present on ``side``) next to the
-    rebuilt code."""
-    blocks = hunk.blocks(side)
-    names = [n for n, t in blocks.items() if t is not None]
+def render_beside(hunk, rebuilt, *, symbol: str | None = None) -> Rendered:
+    """What the window changed in the released ``symbol`` (default: the hunk's first one), hunk by
+    hunk with :data:`CONTEXT` lines around each and a link to its line at the release's tag, beside
+    the rebuilt lines that correspond (:func:`corresponding`). A hunk whose names the rebuild never
+    uses (another change of the same release window) is one line with its link."""
+    from sglab.sglang import codepath
+
+    after = hunk.blocks("after")
     if symbol is None:
-        if not names:
-            raise ValueError(f"{hunk.title}: no symbol exists on the {side!r} side")
-        symbol = names[0]
-    if blocks.get(symbol) is None:
-        raise KeyError(f"{symbol!r} is not on the {side!r} side of {hunk.title}; there: {names}")
-    version = hunk.after_version if side == "after" else hunk.before_version
-    left_title = f"sglang {version} · {symbol}"
-    right_title, right = _source_of(rebuilt)
+        symbol = next(iter(after))
+    if symbol not in after:
+        raise KeyError(f"{symbol!r} is not a symbol of {hunk.title}; there: {list(after)}")
+    path = _symbol_path(hunk, symbol)
+    node = codepath.Node(path, symbol)
+    name, text = _source_of(rebuilt)
+    found = list(zip(pieces(hunk, symbol), matches(hunk, symbol, text)))
+    kept = [bool(hits) for _, hits in found]
+    if not any(kept):
+        kept = [True] * len(found)
+    spans = corresponding(text, set().union(*(h for (_, h), k in zip(found, kept) if k)))
+    shown, n = excerpt(text, spans), len(text.splitlines())
+    how = (f"new in {hunk.after_version}"
+           if hunk.blocks("before")[symbol] is None else f"changed from {hunk.before_version}")
+    left_title = f"sglang {hunk.after_version} · {symbol}: {how} (#{hunk.pr}'s release window)"
+    right_title = f"rebuilt: {name}" + ("" if spans == [(0, n - 1)] else
+                                        f" (lines {spans[0][0] + 1}–{spans[-1][1] + 1} of {n})")
+    plain, left = [f"== {left_title}"], []
+    for (p, _), keep in zip(found, kept):
+        start = codepath.line_of(p.version, node)
+        where = f"{path}:{start + p.line - 1}" if start else f"{path}, line {p.line} of {symbol}"
+        link = codepath.url(p.version, node, p.line - 1)
+        changed = sum(ln[0] != " " for ln in p.lines)
+        head = f"@@ {where} · {link}"
+        label = f"{where} · sglang {p.version}"
+        if keep:
+            plain += [head, *p.lines]
+            left.append(
+                f"<div style='font-size:12px;margin:4px 0 2px'><a href='{html.escape(link)}'>"
+                f"{html.escape(label)}</a></div>{diff_html(chr(10).join(p.lines))}")
+        else:
+            note = f"{changed} changed lines the rebuild leaves out (another change in this window)"
+            plain.append(f"{head}: {note}")
+            left.append(
+                f"<div style='font-size:12px;margin:4px 0;color:#57606a'><a href="
+                f"'{html.escape(link)}'>{html.escape(label)}</a>: {html.escape(note)}</div>")
+    plain += [f"== {right_title}", shown.rstrip("\n")]
     cell = 'style="vertical-align:top;padding:0 6px;width:50%;text-align:left"'
     # fixed layout: each side keeps half the width and scrolls its own long lines (never wraps them)
     html_text = (f"<table style='width:100%;table-layout:fixed;border-collapse:collapse'><tr><th "
                  f"{cell}>{html.escape(left_title)}</th>"
-                 f"<th {cell}>{html.escape('rebuilt: ' + right_title)}</th></tr><tr>"
-                 f"<td {cell}>{code_html(blocks[symbol])}</td><td "
-                 f"{cell}>{code_html(right)}</td></tr></table>")
-    plain = f"== {left_title}\n{blocks[symbol]}\n== rebuilt: {right_title}\n{right}"
-    return Rendered(html_text, plain)
+                 f"<th {cell}>{html.escape(right_title)}</th></tr><tr>"
+                 f"<td {cell}>{''.join(left)}</td><td {cell}>{code_html(shown)}</td></tr></table>")
+    return Rendered(html_text, "\n".join(plain) + "\n")
