@@ -17,7 +17,6 @@ from sglab.pcg_gate import show as pg_show
 from sglab.core import engine_records as R
 from sglab.core import engine_stats as S
 from sglab.core import engine_view as V
-from sglab.swa_loc import claims as swa
 from sglab.tools import cli
 
 
@@ -123,18 +122,6 @@ def test_latest_keeps_the_newest_run_in_which_a_variant_started():
     assert status[("gpt_oss_swa", "0.5.11", "before")] == "ok"
     assert set(df.groupby(R.KEYS)["run"].nunique()) == {1}  # one run per variant
     assert {k[1] for k in status} >= {"0.5.11", "0.5.12.post1", "0.5.13"}
-
-
-def test_swa_engine_claim_is_the_rebuilds_two_kernels_per_swa_layer():
-    run = _run("engine_swa_loc", "0.5.11+before")
-    out = C.evaluate(swa.ENGINE, run)[0].outcome
-    assert out.status == "pass" and out.value["per_swa_layer"] == swa.EXTRA_PER_SWA_LAYER
-    assert out.value["before"] - out.value["released"] == 2 * out.value["swa_layers"]
-    one_more = out.value["before"] + 1
-    bad = _edit(run, "0.5.11+before", "decode_kernels_per_replay", str(float(one_more)))
-    assert _status(swa.ENGINE, bad)["engine_swa_loc.reverted_preset_extra_kernels"] == "fail"
-    gone = _edit(run, "0.5.11+before", "status", "error")
-    assert _status(swa.ENGINE, gone)["engine_swa_loc.reverted_preset_extra_kernels"] == "n/a"
 
 
 def test_pcg_engine_claims_read_the_releases_own_decision():
@@ -920,88 +907,3 @@ def test_each_variants_timing_carries_the_cost_of_the_host_that_ran_it():
     assert R.host_us(engine, "0.5.13", "kimi_k25_tiny", "no-such-case") is None
     newest = max(engine.shown, key=lambda r: r.manifest.created_utc)
     assert R.host_us(engine) == pytest.approx(cost_of(newest))
-
-
-def _several_starts(exp: str, variant: str) -> list:
-    """The committed runs of ``exp`` in which ``variant`` ran as several engine starts."""
-    out = []
-    for r in runs.load_all_recorded(exp):
-        d = S.numbers(R.frame([r]), "decode_kernels_per_replay", only_started=True)
-        if ((d.variant == variant) & (d.starts > 1)).any():
-            out.append(r)
-    return out
-
-
-def test_swa_replay_counts_are_one_number_per_variant_over_its_starts():
-    found = _several_starts("engine_swa_loc", "0.5.11+before")
-    if not found:
-        pytest.skip("no committed engine_swa_loc run with several starts of 0.5.11+before")
-    run = found[0]
-    out = {r.claim.id: r.outcome for r in C.evaluate(swa.ENGINE, run)}
-    counts = out["engine_swa_loc.replay_kernels_exact"]
-    assert counts.status == "pass"
-    assert counts.value == {"0.5.11+released": 140, "0.5.11+before": 148}
-    # one start that replayed one kernel more: the starts disagree, and the claim says where
-    df = run.df.copy()
-    sel = (df.variant == "0.5.11+before") & (df.metric == "decode_kernels_per_replay")
-    df.loc[df[sel].index[0], "value"] = "149"
-    bad = runs.Run(df, copy.deepcopy(run.manifest), run.path)
-    bad_out = {r.claim.id: r.outcome for r in C.evaluate(swa.ENGINE, bad)}
-    assert bad_out["engine_swa_loc.replay_kernels_exact"].status == "fail"
-    assert "0.5.11+before 148–149" in bad_out["engine_swa_loc.replay_kernels_exact"].measured
-
-
-def test_swa_replay_counts_are_the_same_on_h100_and_h200():
-    """Each H200 run's counts against the H100 run of the same releases: equal, compared exactly
-    (a count that differed would be shown as beyond an exact tolerance)."""
-    from sglab.tools import verify
-
-    found = runs.load_all_recorded("engine_swa_loc")
-    claim = "engine_swa_loc.replay_kernels_exact"
-
-    def counts(r):
-        out = {x.claim.id: x.outcome for x in C.evaluate(swa.ENGINE, r)}[claim]
-        return out.value if out.status == "pass" else None
-
-    by_gpu = {
-        g: [(r, counts(r)) for r in found if runs.gpu_short(r.manifest) == g and counts(r)]
-        for g in ("H100", "H200")
-    }
-    pairs = [(r, h) for r, c in by_gpu["H200"] for h, hc in by_gpu["H100"] if set(c) == set(hc)]
-    if not pairs:
-        pytest.skip("no H200 and H100 engine_swa_loc runs of the same releases")
-    for r, h in pairs:
-        rows = [
-            d for d in verify.verify_run(r, against=True, reference=h).comparison.drift
-            if d["claim"] == claim
-        ]
-        assert rows and all(d["tolerance"] == "exact" and not d["beyond"] for d in rows), rows
-    bumped = _edit(
-        pairs[0][0],
-        pairs[0][0].df[pairs[0][0].df.metric == "decode_kernels_per_replay"].variant.iloc[0],
-        "decode_kernels_per_replay", "1")
-    rows = [
-        d for d in verify.verify_run(bumped, against=True, reference=pairs[0][1]).comparison.drift
-        if d["claim"] == claim
-    ]
-    assert any(d["beyond"] for d in rows)
-
-
-def test_counts_by_run_has_a_row_per_run_and_one_count_per_column_in_the_record():
-    rec = R.load("swa_loc", "04")
-    t = S.counts_by_run(rec, "decode_kernels_per_replay")
-    assert len(t) == len(runs.load_all_recorded("engine_swa_loc"))
-    assert list(t.columns[:3]) == ["starts", "0.5.11 before", "0.5.11 released"]
-    for col in t.columns[1:]:  # every machine, every GPU model: one count per release and case
-        assert len({v for v in t[col] if v}) == 1, t[col]
-    assert {"148", "140", "196"} == {v for c in t.columns[1:] for v in t[c] if v}
-    # a start that counted one kernel more shows as a span in its run's row
-    several = _several_starts("engine_swa_loc", "0.5.11+before")
-    if several:
-        r = several[0]
-        df = r.df.copy()
-        sel = (df.variant == "0.5.11+before") & (df.metric == "decode_kernels_per_replay")
-        df.loc[df[sel].index[0], "value"] = "149"
-        bad = runs.Run(df, copy.deepcopy(r.manifest), r.path)
-        got = S.counts_by_run(runs.RunSet([bad]), "decode_kernels_per_replay")
-        assert got["0.5.11 before"].iloc[0] == "148–149"
