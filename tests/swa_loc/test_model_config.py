@@ -87,6 +87,21 @@ def test_pattern_table_builds_the_layout_a_config_would():
     assert "only sliding-window layers" in sc.pattern_table(4, 5, 8).note.iloc[0]
 
 
+def test_a_run_prices_a_layout_as_the_command_does():
+    """The card's per-step cost of a run is the command's row for that run's GPU model."""
+    from sglab.core import runs
+
+    newest = runs.newest_by(runs.load_all_recorded("swa_loc"), runs.gpu_short)
+    table = sc.pattern_table(62, 5, 32)
+    for gpu, run in newest.items():
+        got = sc.step_cost(run, 62, 5, 32)
+        row = table[table.GPU == gpu].iloc[0]
+        assert got == {
+            "swa_layers": 52, "kernels": row["extra kernels per decode step"],
+            "us": row["extra µs per decode step"]
+        }
+
+
 def test_the_notebook_control_is_a_static_table_headless(monkeypatch, capsys):
     monkeypatch.setenv("SGLAB_HEADLESS", "1")
     assert show.your_setup is sc.your_setup  # notebook 04 calls it as show.your_setup()

@@ -1,13 +1,9 @@
 """Your own model for notebook 04: its sliding-window layout -> what #23552's location preset
-saves per decode step (``sglab swa-cost``, the notebook's last cell).
+saves per decode step (``sglab swa-cost``, the notebook's "your own setup" and its card).
 
-- :func:`read_config` / :func:`layout`: the layout of a Hugging Face ``config.json``
-  (``layer_types``, ``sliding_window_pattern`` or ``use_sliding_window`` + ``max_window_layers``),
-  or a one-line :class:`ConfigError` saying which keys were looked for;
-- :func:`predict`: extra kernels and µs per decode step without the preset, from the per-SWA-layer
-  costs of the recorded runs (:func:`measured_costs`), and the int64 buffer's waste;
-- :func:`pattern_table` / :func:`your_setup`: the same for a layer pattern of your choosing.
-"""
+:func:`read_config` / :func:`layout` read a Hugging Face ``config.json`` (or say in one line which
+keys were looked for); :func:`predict` prices a layout with the per-SWA-layer costs of recorded runs
+(:func:`layer_cost`); :func:`pattern_table` / :func:`your_setup` do it for a layer pattern."""
 
 from __future__ import annotations
 
@@ -16,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from sglab.core import notebook, runs
+from sglab.core import notebook, runs, text
 
 
 KEYS_LOOKED_FOR = ("layer_types", "sliding_window_pattern",
@@ -27,6 +23,9 @@ LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "wind
                "indexed_attention", "compressed_sparse_attention", "heavily_compressed_attention",
                "minimax_m3_sparse", "linear_attention", "conv", "mamba", "attention", "sparse",
                "dense", "hybrid", "hybrid_sliding", "moe")
+
+# the layout the notebook's card prices, and the first row of "your own setup"
+LAYOUT = {"layers": 62, "swa_per_full": 5, "batch_size": 32}
 
 
 class ConfigError(ValueError):
@@ -120,23 +119,29 @@ class LayerCost:
     us_per_swa_layer: dict  # batch size -> µs saved per SWA layer per replay (median over layouts)
 
 
+def layer_cost(run) -> LayerCost:
+    """Before − #24743 per SWA layer in one swa_loc run: the kernel nodes, and the µs of a replay at
+    each batch size (median over the layouts)."""
+    d = run.df[run.df.n_swa_layers > 0]
+    idx = ["num_layers", "swa_per_full", "n_swa_layers", "batch_size"]
+
+    def per_swa_layer(metric):
+        t = d[d.metric == metric].pivot_table(index=idx, columns="variant", values="value")
+        return (t["before"] - t["pr24743"]) / t.index.get_level_values("n_swa_layers")
+
+    by_bs = (per_swa_layer("time_median") * 1e3).groupby(level="batch_size").median()
+    return LayerCost(runs.gpu_short(run.manifest), run.path.name,
+                     float(per_swa_layer("graph_kernel_nodes").median()),
+                     {int(b): float(v)
+                      for b, v in by_bs.items()})
+
+
 def measured_costs() -> list:
-    """From the newest recorded swa_loc run of each GPU model: before − #24743 per SWA layer."""
-    out = []
-    for gpu, run in runs.newest_by(runs.load_all_recorded("swa_loc"), runs.gpu_short).items():
-        d = run.df[run.df.n_swa_layers > 0]
-        idx = ["num_layers", "swa_per_full", "n_swa_layers", "batch_size"]
-        nodes = d[d.metric == "graph_kernel_nodes"].pivot_table(index=idx, columns="variant",
-                                                                values="value")
-        n_swa = nodes.index.get_level_values("n_swa_layers")
-        per = ((nodes["before"] - nodes["pr24743"]) / n_swa).median()
-        t = d[d.metric == "time_median"].pivot_table(index=idx, columns="variant", values="value")
-        saved = (t["before"] - t["pr24743"]) * 1e3 / t.index.get_level_values("n_swa_layers")
-        by_bs = saved.groupby(level="batch_size").median()
-        out.append(
-            LayerCost(gpu, run.path.name, float(per), {int(b): float(v)
-                                                       for b, v in by_bs.items()}))
-    return out
+    """:func:`layer_cost` of the newest recorded swa_loc run of each GPU model."""
+    return [
+        layer_cost(r)
+        for r in runs.newest_by(runs.load_all_recorded("swa_loc"), runs.gpu_short).values()
+    ]
 
 
 def predict(lay: Layout, *, batch_size: int = 32, max_bs: int = 256, costs: Optional[list] = None):
@@ -156,12 +161,25 @@ def predict(lay: Layout, *, batch_size: int = 32, max_bs: int = 256, costs: Opti
             f"extra µs per decode step (bs {bs})": round(us, 1),
             "int64 buffer bytes wasted": 4 * max_bs, "measured in": c.run
         })
-    from sglab.core.notebook import whole_where_whole
-
-    df = whole_where_whole(pd.DataFrame(rows), ["extra kernels per decode step"])  # 44, not 44.0
+    df = text.counts(pd.DataFrame(rows), ["extra kernels per decode step"], where_whole=True)
     df.attrs["layout"] = (f"{lay.num_layers} layers, {lay.n_swa} sliding-window ({lay.found_by}"
                           + (f", window {lay.sliding_window}" if lay.sliding_window else "") + ")")
     return df
+
+
+def step_cost(run, layers: int, swa_per_full: int, batch_size: int) -> dict:
+    """What a decode step of ``layers`` layers (``swa_per_full`` sliding-window per full layer) at
+    ``batch_size`` pays without the preset, priced by :func:`predict` with ``run``'s per-SWA-layer
+    costs: ``{"swa_layers", "kernels", "us"}``."""
+    lay = layout({
+        "num_hidden_layers": int(layers), "sliding_window_pattern": int(swa_per_full) + 1
+    })
+    row = predict(lay, batch_size=int(batch_size), costs=[layer_cost(run)]).iloc[0]
+    us = next(c for c in row.index if c.startswith("extra µs per decode step"))
+    return {
+        "swa_layers": lay.n_swa, "kernels": float(row["extra kernels per decode step"]),
+        "us": float(row[us])
+    }
 
 
 def pattern_table(layers: int, swa_per_full: int, batch_size: int, max_bs: int = 256):
@@ -185,9 +203,9 @@ def your_setup(interactive: bool = False):
     """Layers, SWA layers per full layer, decode batch size and captured slots -> extra kernels and
     µs per decode step without the preset, int64 bytes wasted (a static table; with
     ``interactive``, controls in JupyterLab)."""
-    static = [{"layers": 62, "swa_per_full": 5, "batch_size": 32,
-               "max_bs": 256}, {"layers": 48, "swa_per_full": 3, "batch_size": 32, "max_bs": 256},
-              {"layers": 24, "swa_per_full": 1, "batch_size": 1, "max_bs": 256}]
+    static = [{**LAYOUT, "max_bs": 256},
+              {"layers": 48, "swa_per_full": 3, "batch_size": 32,
+               "max_bs": 256}, {"layers": 24, "swa_per_full": 1, "batch_size": 1, "max_bs": 256}]
     return notebook.explore(
         pattern_table, {
             "layers": [8, 16, 24, 32, 48, 62, 80], "swa_per_full": [1, 2, 3, 5, 7],
