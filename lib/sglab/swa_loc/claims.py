@@ -1,13 +1,10 @@
-"""What every swa_loc run must show (see :mod:`sglab.core.claims`): four claims a reader checks, and
-the instrument checks folded under the first.
+"""What every swa_loc run must show (see :mod:`sglab.core.claims`): four claims a reader checks,
+the instrument checks folded under the first, the review card, and the real engine's claims.
 
-The rebuild's translation costs 2 kernels per SWA layer (the index gather and the int32 cast): the
-PR-era number. The released ``SWAKVPool.translate_loc_from_full_to_swa`` returns
-``full_to_swa_index_mapping[loc].to(torch.int32)`` (an int64 mapping: a gather and a cast) in
-:data:`PR_ERA_RELEASES`, and the bare gather from 0.5.13 on (:data:`KERNELS_PER_TRANSLATION_TODAY`),
-where the location is also translated once per forward and passed to each write.
-``tests/swa_loc/test_sglang.py`` checks both numbers against the released code.
-"""
+The rebuild's translation costs 2 kernels per SWA layer (the index gather and the int32 cast), as
+``translate_loc_from_full_to_swa`` does in :data:`PR_ERA_RELEASES`; from 0.5.13 a translation is
+one gather (:data:`KERNELS_PER_TRANSLATION_TODAY`). ``tests/swa_loc/test_sglang.py`` checks both
+against the released code."""
 
 from __future__ import annotations
 
@@ -15,9 +12,10 @@ from types import SimpleNamespace
 from typing import Optional
 
 from sglab.core import runs
+from sglab.core.card import Card
 from sglab.core.claims import Claim, Headline, holds
 from sglab.core import engine_records, engine_stats
-from sglab.swa_loc import show
+from sglab.swa_loc import model_config, show
 from sglab.swa_loc.measure import EXPERIMENT, GPUS, HEADLINE_CONFIG
 from sglab.swa_loc.rebuild import hybrid_layer_ids
 # noqa: F401 (read by tests)
@@ -103,10 +101,11 @@ def _ratio(run):
     t = show.time_table(run.df)
     row = _at(t, _cell())
     r = float(row["before / #24743"])
+    cost = model_config.step_cost(run, **model_config.LAYOUT)
     value = {
         "ratio": r, "before_us": float(row["before µs"]), "after_us": float(row["pr24743 µs"]),
-        "ratio_min": float(t["before / #24743"].min()),
-        "ratio_max": float(t["before / #24743"].max())
+        "ratio_min": float(t["before / #24743"].min()), "ratio_max": float(
+            t["before / #24743"].max()), "layout_kernels": cost["kernels"], "layout_us": cost["us"]
     }
     return holds(
         r >= MIN_RATIO, f"{value['before_us']:.0f} → {value['after_us']:.0f} µs ({r:.2f}×); sweep "
@@ -262,7 +261,8 @@ CLAIMS = [
         "same batches", "0 differing (layer, slot) pairs", _kv_matches),
     Claim("swa_loc.replay_ratio",
           "Removing the translation makes the headline replay (48 layers, 5:1, bs 32) faster",
-          f"before / #24743 >= {MIN_RATIO:.2f}", _ratio, applies=_has_headline_cell, drift=0.25),
+          f"before / #24743 >= {MIN_RATIO:.2f}", _ratio, applies=_has_headline_cell, drift=0.25,
+          context=("layout_kernels", "layout_us")),
 ]
 
 
@@ -274,17 +274,49 @@ def shown(runs_: list) -> list:
 
 _RATIO, _LAYERS, _BS = _cell()
 _K, _R, _P = "swa_loc.extra_kernels_per_swa_layer", "swa_loc.replay_ratio", "swa_loc.pad_bug_exact"
+_L = model_config.LAYOUT
+_L_SWA = model_config.layout({
+    "num_hidden_layers": _L["layers"], "sliding_window_pattern": _L["swa_per_full"] + 1
+}).n_swa
 HEADLINE = Headline(
-    parts=(f"{_LAYERS} layers ({len(hybrid_layer_ids(_LAYERS, _RATIO)[0])} SWA, {_RATIO}:1), bs "
-           f"{_BS}: {{v[{_K}][before]}} → {{v[{_K}][after]}} kernels per replay, "
-           f"+{{v[{_K}][per_swa_layer_min]:g}} per SWA layer in every cell", f"replay {{runs}}; "
-           f"{{lo[{_R}][ratio_min]:.2f}}–{{hi[{_R}][ratio_max]:.2f}}× over the "
-           "sweep", f"padded batches: {{v[{_P}][pr23552_corrupted]}} live (layer, slot) "
-           "pairs overwritten by #23552, "
-           f"{{v[{_P}][pr24743_corrupted]}} by "
-           "#24743."), per_run=f"{{v[{_R}][before_us]:.0f}} → {{v[{_R}][after_us]:.0f}} µs "
+    parts=(
+        f"{_LAYERS} layers ({len(hybrid_layer_ids(_LAYERS, _RATIO)[0])} SWA, {_RATIO}:1), bs "
+        f"{_BS}: {{v[{_K}][before]}} → {{v[{_K}][after]}} kernels per replay, "
+        f"+{{v[{_K}][per_swa_layer_min]:g}} per SWA layer in every cell",
+        f"so a {_L['layers']}-layer {_L['swa_per_full']}:1 model ({_L_SWA} SWA layers) at bs "
+        f"{_L['batch_size']} pays +{{v[{_R}][layout_kernels]:g}} kernels and "
+        f"{{lo[{_R}][layout_us]:.0f}}–{{hi[{_R}][layout_us]:.0f}} µs per decode step without the "
+        "preset (the recorded µs per SWA layer, `sglab swa-cost`)",
+        f"toy-layer replay {{runs}}; {{lo[{_R}][ratio_min]:.2f}}–{{hi[{_R}][ratio_max]:.2f}}× "
+        "over the sweep", f"padded batches: {{v[{_P}][pr23552_corrupted]}} live (layer, slot) "
+        f"pairs overwritten by #23552, {{v[{_P}][pr24743_corrupted]}} by #24743."),
+    per_run=f"{{v[{_R}][before_us]:.0f}} → {{v[{_R}][after_us]:.0f}} µs "
     f"({{v[{_R}][ratio]:.2f}}×{{across}}) on {{gpu}}", run_sep=", ",
     across=f"; {{lo[{_R}][ratio]:.2f}}–{{hi[{_R}][ratio]:.2f}}× over {{n}} runs")
+
+_E = "engine_swa_loc.reverted_preset_extra_kernels"
+CARD = Card(
+    bug="Before #23552, SGLang captured its decode CUDA graphs before anything had set the pool's "
+    "`swa_loc`, so `SWAKVPool.set_kv_buffer` took its fallback during capture: the full→SWA slot "
+    "translation (a gather and an int32 cast), already done once per batch, was recorded into "
+    "every sliding-window layer and ran again at every replay. #23552's preset then left the "
+    "padded tail of its static buffer stale; #24743 zeroes it.",
+    affects="Hybrid sliding-window models (Gemma-3, gpt-oss and others that mix sliding-window and "
+    "full attention layers) decoding with CUDA graphs; the release with #23552 but not #24743 can "
+    "also write padded tokens into live requests' SWA slots.", found=((
+        "#23552, in `capture_one_batch_size`: swa_loc is set before capture so that \"the graph "
+        "records GPU ops using this buffer instead of the per-layer "
+        "translate_loc_from_full_to_swa fallback\"",
+        f"The fallback is a gather and an int32 cast: {{e[{_E}][per_swa_layer]:g}} kernels per SWA "
+        f"layer in every decode replay of SGLang's engine, {{r[{_K}][per_swa_layer_min]:g}} in the "
+        "rebuild's graphs. Later releases translate once per forward and hand the location to "
+        "each write: no preset left to forget."
+    ), ("#24743, in `populate_from_forward_batch`: \"Padded SWA indices left over from a previous "
+        "replay would point into real SWA slots, so set_kv_buffer on padded tokens would corrupt "
+        "active requests' KV\"",
+        f"Exactly those: with #23552 alone the rebuild's padded batch overwrote "
+        f"{{r[{_P}][pr23552_corrupted]}} live (layer, slot) pairs, the ones its stale tail "
+        f"predicts; with #24743, {{r[{_P}][pr24743_corrupted]}}.")))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -348,9 +380,9 @@ def _counts_exact(run):
 
 ENGINE = SimpleNamespace(
     EXPERIMENT="engine_swa_loc",
-    CLAIM="In SGLang's own engine (bench_one_batch, GPT-OSS-style 8 layers, 4 sliding-window, "
-    "dummy weights), reverting #23552's preset adds the rebuild's 2 kernels per SWA layer to "
-    "every decode-graph replay.",
+    CLAIM=f"In SGLang's own engine (bench_one_batch, GPT-OSS-style 8 layers, 4 sliding-window, "
+    f"dummy weights), reverting #23552's preset adds the rebuild's {EXTRA_PER_SWA_LAYER} kernels "
+    f"per SWA layer to every decode-graph replay.",
     CLAIMS=[
         Claim(
             "engine_swa_loc.reverted_preset_extra_kernels",
@@ -366,4 +398,9 @@ ENGINE = SimpleNamespace(
             _counts_exact, applies=_counts_apply),
     ],
     shown=lambda runs_: list(runs_),
+    HEADLINE=Headline(
+        parts=("0.5.11's decode-graph replay, as released → with the preset reverted: {runs}",
+               f"+{{v[{_E}][extra]}} over {{v[{_E}][swa_layers]}} SWA layers, "
+               f"{{v[{_E}][per_swa_layer]:g}} per SWA layer."),
+        per_run=f"{{v[{_E}][released]}} → {{v[{_E}][before]}} kernels on {{gpu}}", run_sep=", "),
 )
