@@ -69,7 +69,11 @@ SGLANG = {
         b"Name: sglang\nVersion: 0.5.13\nRequires-Dist: torch==2.11.0\nRequires-Dist: "
         b"sglang-kernel==0.4.3\n"
         b"Requires-Dist: flashinfer_python[cu13]==0.6.12\nRequires-Dist: transformers==5.8.1\n"
-        b'Requires-Dist: numpy\nRequires-Dist: pytest==8.0; extra == "test"\n'),
+        b'Requires-Dist: numpy\nRequires-Dist: pytest==8.0; extra == "test"\n'
+        # 0.5.17's platform pins: av on ARM only, torchcodec elsewhere
+        b'Requires-Dist: av==16.1.0; sys_platform == "linux" and (platform_machine == "aarch64" or '
+        b'platform_machine == "arm64")\nRequires-Dist: torchcodec==0.11.1; sys_platform != "linux" '
+        b'or (sys_platform == "linux" and platform_machine != "aarch64")\n'),
 }
 
 
@@ -116,6 +120,7 @@ def test_release_layer_drops_sglangs_compiled_files_and_reads_its_pins(tmp_path)
         "sglang-kernel": "0.4.3",
         "flashinfer-python": "0.6.12",
         "transformers": "5.8.1",
+        "torchcodec": "0.11.1",
     }
     out = tmp_path / "release.tar.xz"
     wh.layer(

@@ -44,6 +44,54 @@ def test_every_pinned_release_has_a_dependency_set():
         releases.parse_version("0.5.x")
 
 
+def test_parse_version_compares_releases_and_refuses_other_forms():
+    from packaging.version import Version
+
+    got = sorted(["0.5.10", "0.5.9", "0.5.10.post1", "1.0.0"], key=releases.parse_version)
+    assert got == ["0.5.9", "0.5.10", "0.5.10.post1", "1.0.0"]
+    assert releases.parse_version("0.5.20") == Version("0.5.20")
+    for bad in ("0.5.12rc1", "0.5.12.dev0", "0.5.12+cu130", "v0.5.12", "0.5", "0.5.12-post1", "x"):
+        with pytest.raises(ValueError, match=re.escape(f"not a release version: '{bad}'")):
+            releases.parse_version(bad)
+    assert releases.dep_set("0.5.19") == "0.5.1x" and releases.dep_set("0.5.21") == "0.5.2x"
+
+
+METADATA = """Name: sglang
+Version: 0.5.17
+Requires-Dist: apache-tvm-ffi==0.1.11
+Requires-Dist: av==16.1.0; sys_platform == "linux" and (platform_machine == "aarch64" or \
+platform_machine == "arm64" or platform_machine == "armv7l")
+Requires-Dist: flashinfer_python[cu13]==0.6.15.post1
+Requires-Dist: torchcodec==0.11.1; sys_platform != "linux" or (sys_platform == "linux" and \
+platform_machine != "aarch64" and platform_machine != "arm64" and platform_machine != "armv7l")
+Requires-Dist: numpy
+Requires-Dist: Pillow>=10,<12
+Requires-Dist: pytest==8.0; extra == "test"
+Requires-Dist: torch==2.11.0
+"""
+
+
+def test_pins_evaluate_markers_for_linux_x86_64():
+    """0.5.17 pins av on ARM only: it is not a pin of the GPU image's platform."""
+    assert releases.pins(METADATA) == {
+        "apache-tvm-ffi": "0.1.11", "flashinfer-python": "0.6.15.post1", "torchcodec": "0.11.1",
+        "torch": "2.11.0"
+    }
+    arm = {**releases.LINUX_X86_64, "platform_machine": "aarch64"}
+    assert set(releases.pins(METADATA,
+                             arm)) == {"apache-tvm-ffi", "flashinfer-python", "av", "torch"}
+
+
+def test_a_release_pins_read_from_its_dist_info(tmp_path):
+    from sglab.sglang.engine.release import ReleaseEnv, release_pins
+
+    info = tmp_path / "sglang-0.5.17.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(METADATA)
+    pins = release_pins(ReleaseEnv("0.5.17", (tmp_path,), "releases"))
+    assert "av" not in pins and pins["torchcodec"] == "0.11.1"
+
+
 def test_release_that_is_not_installed_is_not_run(tmp_path, monkeypatch):
     monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path))
     r = run_probe("0.5.11", "sglab.pcg_gate.sglang:probe")

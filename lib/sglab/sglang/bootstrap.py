@@ -114,7 +114,7 @@ def plan(release: str, facts: dict) -> list[str]:
     if facts["sgl_kernel"] is not None:
         if facts["cuda"]:
             names.append("sgl_kernel")
-        elif parse_version(release) < (0, 5, 11):
+        elif parse_version(release) < parse_version("0.5.11"):
             names.append("sgl_kernel.kvcacheio")
     return names
 

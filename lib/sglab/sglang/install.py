@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from packaging.utils import canonicalize_name
+
 from sglab.sglang.releases import (
     DEP_SETS,
     PINNED,
@@ -248,17 +250,13 @@ class PipError(RuntimeError):
     """pip failed; the message is pip's own error line."""
 
 
-def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def interpreter_dists() -> dict[str, str]:
     """{normalized name: version} of every distribution importable by this interpreter."""
     out = {}
     for d in md.distributions():
         name = d.metadata.get("Name")
         if name:
-            out.setdefault(normalize(name), d.version)
+            out.setdefault(canonicalize_name(name), d.version)
     return out
 
 
@@ -328,7 +326,7 @@ def installed_in(folder: Path) -> dict[str, tuple[str, Path]]:
     for info in folder.glob("*.dist-info"):
         try:
             meta = md.PathDistribution(info).metadata
-            out[normalize(meta["Name"])] = (meta["Version"], info)
+            out[canonicalize_name(meta["Name"])] = (meta["Version"], info)
         except (KeyError, OSError, TypeError):
             continue
     return out
@@ -407,7 +405,7 @@ def dir_size_mib(path: Path) -> float:
 
 def wheel_of(folder: Path, name: str = "sglang") -> Optional[str]:
     """``name-version`` of the dist-info installed into ``folder``."""
-    got = installed_in(folder).get(normalize(name))
+    got = installed_in(folder).get(canonicalize_name(name))
     return f"{name}-{got[0]}" if got else None
 
 

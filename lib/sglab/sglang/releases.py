@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Optional
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 # Releases that straddle each fix: 0.5.10.post1 -> 0.5.11 (#22858, #23552, #23972), 0.5.11 -> 0.5.12
 # (#24662,
@@ -105,8 +108,7 @@ def dep_set(version: str) -> str:
     for name, (releases, _, _) in DEP_SETS.items():
         if version in releases:
             return name
-    major_minor_patch = parse_version(version)
-    if major_minor_patch >= (0, 5, 20):
+    if parse_version(version) >= Version("0.5.20"):
         return "0.5.2x"
     return "0.5.1x"
 
@@ -115,15 +117,48 @@ def deps_dir(name: str) -> Path:
     return home() / "deps" / name
 
 
-def parse_version(version: str) -> tuple:
-    """``"0.5.12.post1"`` -> ``(0, 5, 12, 1)``: the one parser of release numbers; the tuples
-    compare as the releases do (a ``.postN`` after its release). Pre-releases (rc, dev) and other
-    forms raise ValueError."""
-    m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?", str(version))
-    if not m:
+def parse_version(version: str) -> Version:
+    """``"0.5.12.post1"`` as a :class:`packaging.version.Version`: the one parser of release
+    numbers; they compare as the releases do (a ``.postN`` after its release). Pre-releases (rc,
+    dev), local versions and forms other than ``X.Y.Z[.postN]`` raise ValueError."""
+    try:
+        parsed = Version(str(version))
+    except InvalidVersion:
+        parsed = None
+    if parsed is None or str(parsed) != str(version) or len(parsed.release) != 3 \
+            or parsed.is_prerelease or parsed.local or parsed.epoch:
         raise ValueError(f"not a release version: {version!r} (expected e.g. 0.5.12 or "
                          "0.5.12.post1)")
-    return tuple(int(g) if g is not None else 0 for g in m.groups())
+    return parsed
+
+
+# where the releases run: the GPU image's platform (Python 3.12, Linux, x86_64)
+LINUX_X86_64 = {
+    "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+    "os_name": "posix", "python_version": "3.12", "python_full_version": "3.12.0",
+    "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""
+}
+
+
+def pins(metadata: str, environment: Optional[dict] = None) -> dict[str, str]:
+    """``{normalized name: version}`` of the exact (``==``) pins among the ``Requires-Dist`` lines
+    of a wheel's METADATA text whose markers hold on ``environment`` (default
+    :data:`LINUX_X86_64`; no extra)."""
+    env = environment or LINUX_X86_64
+    out = {}
+    for line in metadata.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        try:
+            req = Requirement(line.split(":", 1)[1].strip())
+        except InvalidRequirement:
+            continue
+        if req.marker is not None and not req.marker.evaluate(env):
+            continue
+        exact = [s.version for s in req.specifier if s.operator == "==" and "*" not in s.version]
+        if exact:
+            out[canonicalize_name(req.name)] = exact[0]
+    return out
 
 
 def read_stamp(folder: Path) -> Optional[dict]:

@@ -40,7 +40,7 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-from sglab.sglang.releases import GPU_DEP_SETS, GPU_RELEASES, GPU_WHEEL_SKIP, REPACK_DROP
+from sglab.sglang.releases import GPU_DEP_SETS, GPU_RELEASES, GPU_WHEEL_SKIP, REPACK_DROP, pins
 
 
 def repack(wheel: Path, drop=REPACK_DROP) -> tuple[int, int]:
@@ -159,19 +159,11 @@ def _installed_name(name: str) -> str | None:
 
 
 def wheel_pins(wheel: Path) -> dict[str, str]:
-    """``{normalized name: version}`` of the ``==`` pins a wheel's METADATA declares (no extras, no
-    markers)."""
+    """``{normalized name: version}`` of the ``==`` pins a wheel's METADATA declares for Linux x86_64
+    (:func:`sglab.sglang.releases.pins`)."""
     with zipfile.ZipFile(wheel) as z:
         meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
-        text = z.read(meta).decode()
-    pins = {}
-    for line in text.splitlines():
-        if not line.startswith("Requires-Dist:") or "extra ==" in line:
-            continue
-        m = re.match(r"Requires-Dist:\s*([A-Za-z0-9_.\-]+)(\[[^\]]*\])?\s*==\s*([^;\s]+)", line)
-        if m:
-            pins[re.sub(r"[-_.]+", "-", m.group(1)).lower()] = m.group(3)
-    return pins
+        return pins(z.read(meta).decode())
 
 
 def layer(out: Path, parts: list[tuple[str, Path]]) -> tuple[int, int]:

@@ -70,7 +70,13 @@ def fix_names(frame) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 def select(versions) -> list[str]:
     """Final releases from :data:`FIRST` on, sorted; pre-releases (rc, a, b, dev) are skipped."""
-    finals = {v for v in versions if re.fullmatch(r"\d+\.\d+\.\d+(?:\.post\d+)?", v)}
+    finals = set()
+    for v in versions:
+        try:
+            parse_version(v)
+        except ValueError:
+            continue
+        finals.add(v)
     return sorted((v for v in finals if parse_version(v) >= parse_version(FIRST)),
                   key=parse_version)
 

@@ -9,13 +9,14 @@ checked: each error is one line.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Optional
 
-from sglab.sglang.releases import dep_set, deps_dir, release_dir
+from packaging.utils import canonicalize_name
+
+from sglab.sglang.releases import dep_set, deps_dir, pins as read_pins, release_dir
 from sglab.sglang.engine.spec import EngineError, ReleaseError, flag_names
 
 
@@ -52,24 +53,11 @@ def locate(release: str) -> ReleaseEnv:
         f"sglab real install --releases {release})")
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def release_pins(env: ReleaseEnv) -> dict[str, str]:
     """``{normalized name: version}`` of the ``==`` pins in the release's own dist-info
-    (Requires-Dist)."""
+    (Requires-Dist, markers evaluated for Linux x86_64: :func:`sglab.sglang.releases.pins`)."""
     metas = sorted(env.paths[0].glob("sglang-*.dist-info/METADATA"))
-    if not metas:
-        return {}
-    pins = {}
-    for line in metas[0].read_text().splitlines():
-        if not line.startswith("Requires-Dist:") or "extra ==" in line:
-            continue
-        m = re.match(r"Requires-Dist:\s*([A-Za-z0-9_.\-]+)(\[[^\]]*\])?\s*==\s*([^;\s]+)", line)
-        if m:
-            pins[_norm(m.group(1))] = m.group(3)
-    return pins
+    return read_pins(metas[0].read_text()) if metas else {}
 
 
 def found_versions(
@@ -96,9 +84,9 @@ def _versions(paths: tuple[str, ...], names: tuple[str, ...]) -> dict[str, Optio
     import importlib.metadata as md
 
     out: dict[str, Optional[str]] = {}
-    want = {_norm(n): n for n in names}
+    want = {canonicalize_name(n): n for n in names}
     for dist in md.distributions(path=list(paths)):
-        n = _norm(dist.metadata.get("Name") or "")
+        n = canonicalize_name(dist.metadata.get("Name") or "")
         if n in want and n not in out:
             out[n] = dist.version
     for n in want:
