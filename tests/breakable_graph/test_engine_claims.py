@@ -60,23 +60,23 @@ def test_breakable_engine_claims_need_the_graph_for_one_request_only_before_the_
 
 
 def test_engine_sections_show_tables_or_say_how_to_record(capsys):
-    show.engine(sglang.FIX.recorded_engine())
+    V.section(show.VIEW, sglang.FIX.recorded_engine(), claims.ENGINE)
     out = capsys.readouterr().out
     assert "measured by SGLang's own Engine.generate" in out
     assert "prefill_graph, median [lowest–highest] of 3 engine starts" in out
     assert "by requests" in out
+    # one verdict line per GPU model, not a table per run
+    assert out.count("claims hold on") == len(R.per_gpu(sglang.FIX.recorded_engine()))
     table = V.table(R.frame(sglang.FIX.recorded_engine().shown),
                     V.Table("prefill_graph", "requests", "{:.0%}"))
     assert table.loc[("llama_32x512", "0.5.11", "bcg")].tolist() == ["100%", "0%", "0%", "0%"]
     assert R.load("no_such_fix", "09").line.endswith("bash scripts/engine_gpu.sh --plan 09)")
-    show.engine(R.load("no_such_fix", "09"))
+    V.section(show.VIEW, R.load("no_such_fix", "09"), claims.ENGINE)
     assert "no GPU run to show" in capsys.readouterr().out
 
 
 def test_the_rebuild_sits_beside_the_engine_and_says_what_each_measures():
-    rebuild = runs.RunSet([
-        max(runs.load_all_recorded("breakable_graph"), key=lambda r: r.manifest.created_utc)
-    ])
+    rebuild = max(runs.load_all_recorded("breakable_graph"), key=lambda r: r.manifest.created_utc)
     listed = show.beside_rows(rebuild, sglang.FIX.recorded_engine())
     counted = {r["source"]: r["figure"] for r in listed if "÷" not in r["measures"]}
     assert counted["SGLang 0.5.11 engine (llama_32x512)"] == "100% | 0%"
@@ -99,3 +99,30 @@ def test_03s_speedup_is_eager_over_the_graph_per_release_and_request_count():
         assert r == pytest.approx(
             lat.loc[("0.5.12.post1", "eager", n), "lo"] / lat.loc[("0.5.12.post1", "bcg", n), "lo"])
     assert sorted(ratios["0.5.12.post1"]) == [1, 2, 4, 8]
+
+
+def test_the_engine_figure_labels_only_the_request_counts():
+    fig = show.engine_figure(R.frame(sglang.FIX.recorded_engine().shown))
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4", "8"]
+    assert not [t.get_text() for t in ax.get_xticklabels(minor=True) if t.get_text()]
+
+
+def test_the_card_leads_with_the_engines_answer_computed_from_its_claims():
+    from sglab.core import card as K
+    from sglab.core.notebook import Workbook
+
+    engine = sglang.FIX.recorded_engine()
+    p = K.parts(claims.CARD, sglang.FIX, claims,
+                Workbook(claims, mode="recorded", show=False).run(), engine)
+    faster = {
+        r.manifest.gpu: C.values(claims.ENGINE, r)["engine_breakable_graph.faster_than_eager"].value
+        for r in R.per_gpu(engine)
+    }
+    for gpu, v in faster.items():
+        assert f"{gpu} {v['min']:.2f}–{v['max']:.2f}×" in p["engine"]
+    assert "0.5.11 puts a prefill on the graph only with 1 request, 0.5.12.post1 with up to 8" in \
+        p["engine"]
+    assert len(p["found"]) == 3 and "{" not in str(p["found"])
+    md = K.markdown(p)
+    assert md.index("Real SGLang engine") < md.index("The rebuild")

@@ -159,3 +159,15 @@ def test_the_record_is_in_the_catalog():
 
     assert get("breakable_graph") is sglang.FIX
     assert sglang.FIX.check is sglang.check
+
+
+def test_the_code_path_names_functions_of_the_first_release_with_the_fix():
+    from sglab.breakable_graph import claims
+    from sglab.sglang import codepath
+    from sglab.sglang.releases import release_installed
+
+    assert {n.path for n in sglang.CODE_PATH} >= {sglang.RUNNER_FILE}
+    if not release_installed(claims.AFTER_RELEASE):
+        pytest.skip(f"sglang {claims.AFTER_RELEASE} not installed")
+    lines = {n.symbol: codepath.line_of(claims.AFTER_RELEASE, n) for n in sglang.CODE_PATH}
+    assert all(lines.values()), lines

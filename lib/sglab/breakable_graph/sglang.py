@@ -1,6 +1,6 @@
 """The breakable CUDA graph in real SGLang: the fix's record ``FIX``, its source check
-(:func:`check`), the real-release probe (:func:`probe`, on the CPU, inside a release's worker
-process) and its answers beside the rebuild's (:func:`compare`).
+(:func:`check`), its code path (:data:`CODE_PATH`), the real-release probe (:func:`probe`, on the
+CPU, inside a release's worker process) and its answers beside the rebuild's (:func:`compare`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import types
 from sglab.core import lazy
 from sglab.sglang.engine import Case, Scenario, PCG_FLAGS
 from sglab.sglang import bootstrap
+from sglab.sglang.codepath import Node
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
@@ -224,6 +225,23 @@ ENGINE = (Scenario(
     expect="0.5.11: graph only with one request (can_run rejects batch_size > 1); "
     "0.5.12.post1: graph at every batch",
 ),)
+
+# -- the code path of a prefill batch through the breakable graph, in the first release with #24662
+MODEL_RUNNER = "srt/model_executor/model_runner.py"
+CODE_PATH = (Node(MODEL_RUNNER, "ModelRunner.init_piecewise_cuda_graphs",
+                  "--enable-breakable-cuda-graph picks the breakable runner"),
+             Node(RUNNER_FILE, "BreakableCudaGraphRunner.__init__",
+                  "finds layer_model; none found: a [BCG] warning, eager from then on"),
+             Node(RUNNER_FILE, "BreakableCudaGraphRunner._capture_one",
+                  "captures layer_model.forward per token bucket"),
+             Node("srt/layers/radix_attention.py", "unified_attention_with_output",
+                  "attention, @eager_on_graph: the break between segments"),
+             Node(MODEL_RUNNER, "ModelRunner.forward_extend", "a prefill batch: can_run, replay"),
+             Node(RUNNER_FILE, "BreakableCudaGraphRunner.can_run", "no batch-size condition"),
+             Node(RUNNER_FILE, "BreakableCudaGraphRunner.replay",
+                  "layer_model.forward swapped for the replay; the outer forward eager"),
+             Node("srt/layers/logits_processor.py", "LogitsProcessor.forward",
+                  "the tail: each request's last token, lm_head, eager"))
 
 FIX = Fix(
     name="breakable_graph", number="03", prs=(24662,), gpus=1,

@@ -1,16 +1,6 @@
-"""Tables and figures of notebook 03, from the rebuild (CPU) or a run (recorded or live), and "your
-own setup".
-
-Every function that takes a run accepts a :class:`~sglab.core.runs.NoRun` too and then prints its
-one line instead of a table or a figure.
-
-- tables of a run (what the claims read): 3 requests through each graph, after vs eager, latency,
-  hit rate, launches and segments;
-- the GPU sections of the notebook: :func:`correctness`, :func:`latency`, :func:`launches`,
-  :func:`profiler`, each over the runs shown (the newest of each GPU model);
-- :func:`mechanism` (the slide): one captured forward as graph segments and eager breaks, recorded
-  through the runner's own capture path (:func:`capture_structure`);
-- your own setup: a prefill traffic mix -> the graph hit rate of each runner (:func:`your_setup`).
+"""Tables and figures of notebook 03: the tables of a run the claims read, the GPU sections (over the
+runs shown, or their NoRun line), the picture of one capture (:func:`mechanism`), the rebuild beside
+the engine, the engine's declared section (:data:`VIEW`) and "your own setup".
 """
 
 from __future__ import annotations
@@ -26,10 +16,8 @@ from sglab.breakable_graph import measure, rebuild
 from sglab.core import notebook, plots, runs
 from sglab.core import engine_records, engine_stats, engine_view, text
 
-
-gpu_short = runs.gpu_short
-# up to here a prefill of this model is mostly kernel launches (the claims' and the rerun table's
-# launch-bound cells); above, the gain is eager's host overhead alone and shrinks on a faster host
+# up to here a prefill of this model is mostly kernel launches (the claims' launch-bound cells);
+# above, the gain is eager's host overhead alone and shrinks on a faster host
 LAUNCH_BOUND = 512
 STYLES = {"eager": ("tab:gray", "o"), "before": ("tab:red", "s"), "after": ("tab:blue", "^")}
 
@@ -74,8 +62,7 @@ def bs3_view(df: pd.DataFrame) -> pd.DataFrame:
     """:func:`bs3_table` for reading: ``can_run`` as yes/no, logit rows as a count, and blank
     where a variant has no such figure (eager has no ``can_run``; each graph its own diff)."""
     t = bs3_table(df)
-    out = notebook.as_counts(notebook.blank_missing(t, [c for c in t if c != "logit_rows"]),
-                             ["logit_rows"])
+    out = text.counts(text.blank(t, [c for c in t if c != "logit_rows"]), ["logit_rows"])
     if "can_run" in t:
         out["can_run"] = t["can_run"].map(lambda v: "" if pd.isna(v) else ("yes" if v else "no"))
     return out
@@ -183,7 +170,7 @@ def latency(run) -> None:
         notebook.show_figure(latency_figure(r))
         notebook.show_table(speedup_table(r.df).round(2))
         hits = pd.DataFrame(hit_rates(r.df)).T
-        notebook.show_table(notebook.as_counts(hits, ["graph_batches", "batches"]))
+        notebook.show_table(text.counts(hits, ["graph_batches", "batches"]))
 
 
 @notebook.needs_run
@@ -359,7 +346,7 @@ def _bs3(run) -> dict:
     """Rows and ``can_run`` of the 3-request batch per runner: from the run, else from the rebuild
     on the CPU (emulated replay, the tiny model, buckets of 16/32/64 tokens)."""
     if run:
-        df = run.first.df
+        df = run.df
     else:
         model = rebuild.build_model(rebuild.TINY_CONFIG)
         before, after = (rebuild.BreakableGraphRunner(model, boundary=b,
@@ -380,7 +367,7 @@ def mechanism(run=None):
     tail inside the last segment, captured for one request) and after (layer stack only, the tail
     eager), for the run's layer count and its 3-request outcome (the default parameters and the
     CPU rebuild without a run)."""
-    params = run.first.manifest.params if run else {}
+    params = run.manifest.params if run else {}
     layers = int(params.get("num_layers", measure.DEFAULT_PARAMS["num_layers"]))
     before, after = (capture_structure(b, layers) for b in rebuild.BOUNDARIES)
     bs3 = _bs3(run)
@@ -422,7 +409,7 @@ def latency_figure(run):
             ax.errorbar(s["batch_size"], s["time_median"],
                         yerr=[s["time_median"] - s["time_p10"], s["time_p90"] - s["time_median"]],
                         color=color, marker=marker, capsize=2, label=variant)
-        ax.set_title(f"{gpu_short(run.manifest)}: {n} tokens per prefill")
+        ax.set_title(f"{runs.gpu_short(run.manifest)}: {n} tokens per prefill")
         ax.set_ylim(bottom=0)
     axes[0].set_ylabel("prefill latency, ms (median, p10–p90)")
     axes[0].legend()
@@ -432,7 +419,7 @@ def latency_figure(run):
         ax.plot(g["batch_size"], g["speedup_before"], marker="s", ls="--", color=line.get_color(),
                 alpha=0.6, label=f"before, {n} tok")
     ax.axhline(1.0, color="#999999", lw=1)
-    ax.set_title(f"{gpu_short(run.manifest)}: speedup over eager")
+    ax.set_title(f"{runs.gpu_short(run.manifest)}: speedup over eager")
     ax.set_ylabel("eager / runner latency, × (medians)")
     ax.set_ylim(bottom=0)
     ax.legend(ncol=2, fontsize=7)
@@ -454,7 +441,7 @@ def timeline(run):
     fig = plots.timeline(
         tables, highlight="GraphLaunch", highlight_label="graph launch",
         categories=("kernel", "memcpy", "memset", "runtime"), title=f"One 3-request prefill of "
-        f"{int(run.manifest.params['launch_token_count'])} tokens ({gpu_short(run)})")
+        f"{int(run.manifest.params['launch_token_count'])} tokens ({runs.gpu_short(run)})")
     plots.caption(fig, run, extra="torch.profiler; each runner from its own first event")
     return fig
 
@@ -497,101 +484,75 @@ def your_setup(interactive: bool = False):
 # --------------------------------------------------------------------------------------------------
 # the real engine, before and after
 # --------------------------------------------------------------------------------------------------
-def _span(values) -> str:
-    lo, hi = min(values), max(values)
-    return f"{lo:.2f}×" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}×"
-
-
 def beside_rows(run, engine_run) -> list[dict]:
-    """Eager over graph for prefills of several requests, as the rebuild (forward only) and SGLang's
-    engine (a whole Engine.generate call) measure it, before and after #24662."""
-    rows = count_rows(run, engine_run)  # counts first: they do not move with the host
+    """Eager over graph for prefills of several requests, as the rebuild (``run``: a Run or a NoRun;
+    forward only) and SGLang's engine (a whole Engine.generate call) measure it, before and after
+    #24662; the counts first (they do not move with the host)."""
+    rows = count_rows(run, engine_run)
     if run:
-        run = run.first
-        lat = latency_of(run)
-        multi = lat[lat["batch_size"] > 1]
-        where = (f"{multi.batch_size.min()}–{multi.batch_size.max()} requests, "
+        multi = latency_of(run)[lambda t: t["batch_size"] > 1]
+        where = (f"{text.count([multi.batch_size.min(), multi.batch_size.max()])} requests, "
                  f"{', '.join(str(n) for n in sorted(multi.num_tokens.unique()))} tokens")
-        gpu = runs.gpu_short(run.manifest)
         for variant, label in (("after", "with #24662"), ("before", "before #24662")):
             rows.append({
-                "source": f"rebuild {label} ({gpu})",
+                "source": f"rebuild {label} ({runs.gpu_short(run)})",
                 "measures": f"eager ÷ graph, prefill forward only (CUDA events), {where}",
-                "figure": _span(multi[f"speedup_{variant}"])
+                "figure": text.span(multi[f"speedup_{variant}"], unit="×")
             })
     else:
+        rows.append({"source": "rebuild", "measures": run.line, "figure": ""})
+    if not engine_run:
+        return rows + [{"source": "SGLang engine", "measures": engine_run.line, "figure": ""}]
+    df = engine_records.frame(engine_run.shown)
+    starts = engine_stats.starts_in(df, "latency")
+    for rel, per in eager_over_graph(df).items():
+        cost = engine_records.host_us(engine_run, rel, "llama_32x512")  # the host that ran it
+        several = {n: x for n, x in per.items() if n > 1}
+        widest = [y for x in several.values() for y in x[1:]]
+        figure = (f"{text.span([per[1][0]] if 1 in per else [], unit='×')} | "
+                  f"{text.span([x[0] for x in several.values()], unit='×')}")
         rows.append({
-            "source": "rebuild", "measures": getattr(run, "line", "no GPU run"), "figure": ""
-        })
-    if engine_run:
-        df = engine_records.frame(engine_run.shown)
-        starts = engine_stats.starts_in(df, "latency")
-        for rel, per in eager_over_graph(df).items():
-            cost = engine_records.host_us(engine_run, rel, "llama_32x512")  # the host that ran it
-            ratio = {n: x[0] for n, x in per.items()}
-            several = [x for n, x in ratio.items() if n > 1]
-            widest = [x[1:] for n, x in per.items() if n > 1]
-            counts = f"1 request | {min(n for n in ratio if n > 1)}–{max(ratio)} requests"
-            rows.append({
-                "source": f"SGLang {rel} engine (llama_32x512)",
-                "measures": f"eager ÷ --enable-breakable-cuda-graph, whole Engine.generate call, 1 "
-                f"output token: {counts}; "
-                f"{engine_stats.timing_source(starts, cost, engine_stats.STAT)}",
-                "figure": f"{_span([ratio.get(1, float('nan'))])} | {_span(several)}"
-                + (f" (starts {min(a for a, _ in widest):.2f}–{max(b for _, b in widest):.2f}×)"
-                   if starts > 1 and widest else "")
-            })
-    else:
-        rows.append({
-            "source": "SGLang engine", "figure": "",
-            "measures": getattr(engine_run, "line", "no engine run")
+            "source": f"SGLang {rel} engine (llama_32x512)",
+            "measures": "eager ÷ --enable-breakable-cuda-graph, whole Engine.generate call, 1 output "
+            f"token: 1 request | {text.count([min(several), max(several)])} requests; "
+            f"{engine_stats.timing_source(starts, cost, engine_stats.STAT)}",
+            "figure": figure + (f" (starts {text.span(widest, unit='×')})" if starts > 1 else "")
         })
     return rows
 
 
 def count_rows(run, engine_run) -> list[dict]:
     """What is counted, not timed: the rebuild's graph launches per prefill of several requests
-    before and after #24662 (profiler), and the share of the engine's prefill batches of several
-    requests that the scheduler ran on the graph (its own 'Prefill batch' log line)."""
+    before and after #24662 (profiler), and the share of the engine's prefill batches that the
+    scheduler ran on the graph (its own 'Prefill batch' log line)."""
     rows = []
     if run:
-        run = run.first
-        lt = launch_table(run.df)
-        multi = lt[lt.index.get_level_values("batch_size") > 1]
-        got = {
-            v: text.count(multi.xs(v, level="variant")["host_graph_launches"])
-            for v in ("before", "after") if v in multi.index.get_level_values("variant")
-        }
+        multi = launch_table(run.df).query("batch_size > 1")["host_graph_launches"]
+        got = {v: text.count(g) for v, g in multi.groupby(level="variant") if v != "eager"}
         if len(got) == 2:
             rows.append({
-                "source": f"rebuild ({runs.gpu_short(run.manifest)})",
+                "source": f"rebuild ({runs.gpu_short(run)})",
                 "measures": "graph launches per prefill of 2+ requests, before → after #24662 "
-                "(profiler)", "figure": " → ".join(got.values())
+                "(profiler)", "figure": f"{got['before']} → {got['after']}"
             })
     if engine_run:
         share = engine_stats.numbers(engine_records.frame(engine_run.shown), "prefill_graph")
         for rel, g in share[share.case == "bcg"].groupby("release"):
-            several = g[g.requests > 1]
+            several = g[g.requests > 1].value
             rows.append({
                 "source": f"SGLang {rel} engine (llama_32x512)",
                 "measures": "prefill batches on the breakable graph, 1 request | 2+ requests "
                 "(the scheduler's 'Prefill batch' log)",
-                "figure": f"{g[g.requests == 1].value.min():.0%} | {several.value.min():.0%}"
-                + (""
-                   if several.value.min() == several.value.max() else f"–{several.value.max():.0%}")
+                "figure": f"{text.span(g[g.requests == 1].value * 100, '{:.0f}')}% | "
+                f"{text.span(several * 100, '{:.0f}')}%"
             })
     return rows
 
 
 def beside(run, engine_run) -> None:
-    """The rebuild's gain beside the real engine's (see :func:`beside_rows`)."""
+    """The rebuild's gain (``run``: a Run or a NoRun) beside the real engine's
+    (:func:`beside_rows`)."""
     engine_view.beside(beside_rows(run, engine_run))
-
-
-def engine(run) -> None:
-    """SGLang's own engine with --enable-breakable-cuda-graph and without: the share of prefill
-    batches the scheduler ran on the graph, and the Engine.generate time, per request count."""
-    engine_view.section(VIEW, run)
 
 
 def eager_over_graph(df: pd.DataFrame, stat: str = engine_stats.STAT) -> dict:
@@ -623,8 +584,10 @@ def engine_figure(df):
         for n, v in zip(g.requests, g.value):
             filled = on.get((rel, case, int(n)), False)
             ax.plot(n, v, "o", color=line.get_color(), mfc=line.get_color() if filled else "white")
+    ticks = sorted(int(n) for n in lat.requests.unique())
     ax.set(xlabel="requests in the prefill batch", ylabel="Engine.generate, ms (median)",
-           xscale="log", xticks=[1, 2, 4, 8], xticklabels=["1", "2", "4", "8"])
+           xscale="log", xticks=ticks, xticklabels=[str(n) for n in ticks])
+    ax.minorticks_off()  # no "3×10⁰" between the request counts
     ax.legend(fontsize=8, title="filled: on the graph", title_fontsize=8)
     fig.tight_layout()
     return fig
