@@ -173,3 +173,21 @@ def test_on_a_machine_of_two_gpus_there_is_nothing_beyond_gpu0_to_see(tmp_path):
 def test_the_recorded_four_gpu_runs_hold_every_visible_gpu():
     held = [r for r in runs.load_all_recorded("engine_grid_thw") if _status(r)[EVERY] == core.PASS]
     assert len(held) >= 2 and all(r.manifest.gpu_count_machine == 4 for r in held)
+
+
+def test_a_tp4_run_with_no_tp4_record_is_shown_the_tp2_one_and_not_held_to_it():
+    """05's recorded TP-4 engine run read against the TP-2 runs: GPU 0 holds three contexts there
+    and one in them, a difference shown (beyond) but failing nothing, and the reference says so."""
+    from sglab.tools import verify
+
+    found = runs.load_all_recorded("engine_grid_thw")
+    tp4 = [r for r in found if r.manifest.gpu_count == 4]
+    tp2 = [r for r in found if r.manifest.gpu_count == 2]
+    if not tp4 or not tp2:
+        pytest.skip("no committed engine_grid_thw runs at TP 4 and TP 2")
+    # a record of TP-2 runs only, as before a second TP-4 machine
+    v = verify.verify_run(tp4[0], against=True, recorded={"engine_grid_thw": [*tp2, tp4[0]]})
+    assert "no recorded H200 ×4 run of this size" in v.comparison.how
+    assert "shown, not held to" in v.comparison.how
+    ranks = [d for d in v.comparison.drift if d["value"] == "ranks"]
+    assert ranks and ranks[0]["beyond"] and v.drifted == []
