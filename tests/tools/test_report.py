@@ -77,6 +77,50 @@ def test_page_offline_titled_linked_and_scrolling(tmp_path):
     assert "column 59" in text
 
 
+def _story():
+    nb = nbformat.v4.new_notebook()
+    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+    nb.cells = [
+        md("# 09 · A story"),
+        code("MODE = 'auto'", metadata={"tags": ["parameters"]}),
+        code("MODE = 'recorded'", metadata={"tags": ["injected-parameters"]}),
+        md("## The lesson: `rebuild` first\n\n```\n## not a heading\n```"),
+        code("secret_input_line = 1"),
+        md("Text.\n\n## Real SGLang"),
+        md("## Appendix"),
+        md("## GPU tables")
+    ]
+    nb.cells[4].outputs = [nbformat.v4.new_output("stream", text="an output stays\n")]
+    return nb
+
+
+def test_the_page_hides_code_behind_one_switch_and_lists_its_sections(tmp_path):
+    """Inputs hidden by a class on the body that one button (inline script, no CDN) toggles; the
+    parameters cells hidden whatever it says; the contents built at export time from the ``##``
+    headings, with anchors the page has, and those from ``## Appendix`` on under one entry."""
+    text = pages.write_page(_story(), tmp_path / "p.html", title="09 · A story").read_text()
+    body = re.search(r"<body[^>]*>", text).group(0)
+    assert "sglab-hide-code" in body
+    assert re.search(r"<button[^>]*>show code</button>", text)
+    assert "classList.toggle('sglab-hide-code')" in text
+    assert re.search(r"body\.sglab-hide-code \.jp-CodeCell \.jp-Cell-inputWrapper", text)
+    assert re.search(
+        r"\.jp-CodeCell\.celltag_parameters, \.jp-CodeCell\.celltag_injected-parameters "
+        r"\{ display: none; \}", text)
+    assert "celltag_parameters" in text and "celltag_injected-parameters" in text
+    assert "secret_input_line" in text and "an output stays" in text  # hidden, not removed
+    toc = re.search(r"<div class=\"sglab-toc\">(.*?)</div>\s*</nav>", text, re.S).group(1)
+    links = re.findall(r'<a href="#([^"]+)">([^<]+)</a>', toc)
+    assert [t for _, t in links
+            ] == ["The lesson: rebuild first", "Real SGLang", "Appendix", "GPU tables"]
+    assert "<summary>Appendix</summary>" in toc
+    assert toc.index("Real SGLang") < toc.index("<details>") < toc.index("GPU tables")
+    for anchor, _ in links:
+        assert f'id="{anchor}"' in text, anchor
+    assert pages.contents(_story())["appendix"] == ("Appendix", "Appendix")
+    assert not re.search(r"<script[^>]+src=", text)
+
+
 def test_broken_page_still_says_why(tmp_path, monkeypatch):
 
     def boom(*a, **k):

@@ -17,6 +17,8 @@ from sglab.tools import nbtools
 
 TEMPLATES = Path(__file__).with_name("templates")
 _H1 = re.compile(r"^#\s+(.+?)\s*#*\s*$", re.M)
+_H2 = re.compile(r"^ {0,3}##[ \t]+\S")
+APPENDIX = "Appendix"  # the heading the main story ends at; what follows is the appendix
 
 
 def status_line(r) -> str:
@@ -129,6 +131,30 @@ def notebook_title(nb, fallback: str) -> str:
     return fallback
 
 
+def contents(nb) -> dict:
+    """The page's contents, from the ``##`` headings of its markdown cells, each ``(anchor, text)``
+    with the anchor nbconvert gives the heading: ``main``, the headings before ``## Appendix``;
+    ``appendix``, that heading (None where there is none); ``more``, the headings after it."""
+    from nbconvert.filters.markdown_mistune import markdown2html_mistune
+
+    toc: dict = {"main": [], "appendix": None, "more": []}
+    for cell in nb.cells:
+        fence = False
+        for line in cell.source.splitlines() if cell.cell_type == "markdown" else ():
+            fence ^= line.lstrip().startswith(("```", "~~~"))
+            if fence or not _H2.match(line):
+                continue
+            h = markdown2html_mistune(line.strip())
+            anchor = re.search(r'id="([^"]*)"', h)
+            text = html.unescape(re.sub(r"<[^>]+>", "", h.split("<a class=", 1)[0])).strip()
+            entry = (html.unescape(anchor.group(1)) if anchor else "", text)
+            if toc["appendix"] is None and text.startswith(APPENDIX):
+                toc["appendix"] = entry
+            else:
+                toc["more" if toc["appendix"] else "main"].append(entry)
+    return toc
+
+
 def exporter():
     """An HTMLExporter on the ``sglab`` template (built once per report: building it reads the
     templates)."""
@@ -138,11 +164,14 @@ def exporter():
 
 
 def render(nb, *, title: str, status: str = "", html_exporter=None) -> str:
-    """The page of an executed notebook; ``status`` (e.g. "ok · recorded · 7.8 s") goes into the top
-    bar."""
+    """The page of an executed notebook; ``status`` (e.g. "ok · recorded · 7.8 s") and the page's
+    :func:`contents` go into the top bar."""
     exp = html_exporter or exporter()
     body, _ = exp.from_notebook_node(
-        nb, resources={"metadata": {"name": title}, "sglab_title": title, "sglab_status": status})
+        nb, resources={
+            "metadata": {"name": title}, "sglab_title": title, "sglab_status": status,
+            "sglab_toc": contents(nb)
+        })
     return body
 
 
