@@ -397,6 +397,27 @@ def test_rule_table_tp8_dense_tp1():
         (8, 38)
 
 
+def test_rule_table_names_each_rules_releases_as_the_wheels_read_them(monkeypatch):
+    """The releases column comes from the release table: a release added to it lands in its rule's
+    range, with no text to edit."""
+    from sglab.capture_sizes import sglang
+
+    timeline = [("0.5.10", "before"), ("0.5.11", "pr-era"), ("0.5.13.post1", "pr-era"),
+                ("0.5.14", "regressed"), ("0.5.21", "regressed"), ("0.5.22", "changed"),
+                ("0.5.30", "changed")]
+    monkeypatch.setattr(type(sglang.FIX), "releases", lambda self: timeline)
+    server_args.releases_by_state.cache_clear()
+    try:
+        t = server_args.rule_table(8, 1, True, False).set_index("rule")["releases"]
+    finally:
+        server_args.releases_by_state.cache_clear()
+    assert t.to_dict() == {
+        "before #23972": "0.5.10", "#23972 filter": "0.5.11–0.5.13.post1",
+        "no alignment": "0.5.14–0.5.21", "round-up": "0.5.22–0.5.30",
+        "decode runner's rule on this list": "decode, every release"
+    }
+
+
 def test_rule_table_non_power_of_two_and_no_scatter():
     t = server_args.rule_table(3, 1, True, False).set_index("rule")
     # multiples of 3 in PIECEWISE: 12, 24, 48, 96, 144, 192, 240, 288, 384, 480, 576, 768, 960,

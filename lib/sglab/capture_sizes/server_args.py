@@ -11,6 +11,7 @@ server arguments get, release by release.
 
 from __future__ import annotations
 
+import functools
 import sys
 import textwrap
 from pathlib import Path
@@ -25,6 +26,22 @@ from sglab.sglang.releases import PINNED, installed_releases, parse_version
 
 def _few(sizes, head: int = 5) -> str:
     return ", ".join(map(str, sizes[:head])) + (", …" if len(sizes) > head else "")
+
+
+@functools.lru_cache(maxsize=1)
+def releases_by_state() -> dict[str, str]:
+    """``{state: "first–last"}`` of the fix's releases, read from the released wheels (a state met
+    twice reads ``"a–b, c–d"``)."""
+    spans: list[list[str]] = []
+    for version, state in sglang.FIX.releases():
+        if spans and spans[-1][0] == state:
+            spans[-1][2] = version
+        else:
+            spans.append([state, version, version])
+    out: dict[str, list[str]] = {}
+    for state, a, b in spans:
+        out.setdefault(state, []).append(a if a == b else f"{a}–{b}")
+    return {state: ", ".join(parts) for state, parts in out.items()}
 
 
 def rule_table(attn_tp: int, attn_cp: int, dense_tp1: bool, tbo: bool,
@@ -42,13 +59,16 @@ def rule_table(attn_tp: int, attn_cp: int, dense_tp1: bool, tbo: bool,
         pr = fx.filter_piecewise_capture_sizes(default, tp, cp, gathered=g)
     except fx.NoCaptureSizes:
         pr = None
-    rules = [("before #23972", "0.5.10.post1", 1, default),
-             ("#23972 filter", "0.5.11 – 0.5.13", fx.piecewise_mul_base(tp, cp) if g else 1, pr),
-             ("no alignment", "0.5.14 – 0.5.21", 1, default),
-             ("round-up", "0.5.22 +", align, fx.round_up_capture_sizes(default, align)),
-             ("decode runner's rule on this list", "decode, every release", align,
-              fx.filter_decode_batch_sizes(default, tp, cp, gathered=g,
-                                           two_batch_overlap=a.enable_two_batch_overlap))]
+    seen = releases_by_state()
+    rules = [
+        ("before #23972", seen.get("before", ""), 1, default),
+        ("#23972 filter", seen.get("pr-era", ""), fx.piecewise_mul_base(tp, cp) if g else 1, pr),
+        ("no alignment", seen.get("regressed", ""), 1, default),
+        ("round-up", seen.get("changed", ""), align, fx.round_up_capture_sizes(default, align)),
+        ("decode runner's rule on this list", "decode, every release", align,
+         fx.filter_decode_batch_sizes(default, tp, cp, gathered=g,
+                                      two_batch_overlap=a.enable_two_batch_overlap))
+    ]
     rows = []
     for rule, releases, base, sizes in rules:
         row = {"rule": rule, "releases": releases, "multiple of": base}
