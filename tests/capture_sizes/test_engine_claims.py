@@ -113,6 +113,58 @@ def test_the_engine_table_reads_by_attention_tp_then_release():
 
     merged = engine_records.merged(runs.load_all_recorded("engine_capture_sizes"))
     table = S.engine_table(merged)
+    assert table.loc["0.5.11", "rebuild keeps"].tolist() == ["4 8", "4 8"]
     order = list(zip(table["attention TP"], table.index))
     assert order == sorted(order, key=lambda k: (k[0], parse_version(k[1])))
     assert {tp for tp, _ in order} >= {2, 4} and len(order) == len(set(order))
+
+
+def _engine_facts_line(merged) -> tuple[str, str, str]:
+    """What the engine runs say, read from them here: the release without the filter, its TP
+    sizes and SGLang's first error line."""
+    fails = [f for f in S.engine_facts(merged) if f["status"] != "ok"]
+    tps = " and ".join(dict.fromkeys(str(f["attn_tp"]) for f in fails))
+    return fails[0]["release"], tps, S.first_line(fails[0])
+
+
+def test_the_card_leads_with_the_engines_start_up_failure_at_each_tp_size():
+    """The card's engine answer names the release that fails at start-up, at every recorded TP
+    size, in SGLang's own words, before the rebuild's answer; its box fills the PR's comment beside
+    the computed cost of the filter and the releases that lost it."""
+    from sglab.capture_sizes import sglang
+    from sglab.core import card as K
+    from sglab.core import engine_records, notebook
+
+    engine = sglang.FIX.recorded_engine()
+    if not engine:
+        pytest.skip("no committed engine_capture_sizes run")
+    release, tps, message = _engine_facts_line(engine_records.per_gpu(engine)[0])
+    assert (release, tps) == ("0.5.14", "2 and 4")
+    run = notebook.Workbook(C, mode="recorded", show=False).run()
+    p = K.parts(C.CARD, sglang.FIX, C, run, engine)
+    assert f"{release} fails at start-up at attention TP {tps}: `{message}`" in p["engine"]
+    assert "0.5.11 starts at TP 2 and 4" in p["engine"] and "→ 4, 8 at TP 4" in p["engine"]
+    assert "affected again (the fix was lost) 0.5.14" in p["releases"]
+    md = K.markdown(p)
+    assert md.index("Real SGLang engine") < md.index("The rebuild")
+    found = dict(p["found"])
+    assert len(found) == 3
+    said = next(v for k, v in found.items() if "Drop captures" in k)
+    assert "4, 12, 20, 28 of the 42 default sizes" in said and f"{release} fails" in said
+    lcm = next(v for k, v in found.items() if "attn_tp_size * attn_cp_size" in k)
+    assert "multiples of 24 where 12 would do (13 sizes kept, not 14)" in lcm
+
+
+def test_the_engine_section_is_the_declared_view_with_one_verdict_line_per_gpu(capsys):
+    from sglab.capture_sizes import sglang
+    from sglab.core import engine_view
+
+    engine = sglang.FIX.recorded_engine()
+    if not engine:
+        pytest.skip("no committed engine_capture_sizes run")
+    engine_view.section(S.VIEW, engine, C.ENGINE)
+    out = capsys.readouterr().out
+    assert out.startswith("real SGLang engines, dummy weights, DeepSeek-V3-style 2 layers")
+    assert "stopped at start-up: ValueError: input tensor must be the same size" in out
+    gpus = {r.manifest.gpu for r in [*engine.shown, *engine.elsewhere]}
+    assert out.count("claims hold on") == len(gpus)

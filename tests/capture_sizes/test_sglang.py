@@ -11,6 +11,7 @@ import pytest
 from sglab.capture_sizes import rebuild as fix
 from sglab.capture_sizes import sglang
 from sglab.sglang import compare as report
+from sglab.sglang import testing
 from sglab.sglang.testing import probe_all, require, value
 from sglab.sglang.upstream import RELEASE_STATES, Verdict
 
@@ -121,6 +122,38 @@ def test_the_section_table_agrees_everywhere(real):
     assert len(table) == len(RELEASES) * len(SETTINGS)
     assert report.check_table(table), table[~table.agrees].to_string()
     assert "DIFFERENT" not in sglang.defaults_line(real)
+
+
+def test_the_section_shows_one_column_per_release_and_the_agreement(capsys, monkeypatch):
+    """The notebook's section: one row per setting, one column per release named with the rule it
+    must match, then the agreement line and the default lists (the recorded answers)."""
+    import pandas as pd
+
+    from sglab.core import notebook
+
+    shown = []
+    monkeypatch.setattr(notebook, "show_table", shown.append)
+    sglang.compare()
+    out = capsys.readouterr().out
+    if "agree on all" not in out:
+        pytest.skip("no recorded or installed release answered")
+    (wide,) = shown
+    assert isinstance(wide, pd.DataFrame)
+    assert list(wide.columns) == [f"{v} ({sglang.VARIANT[v]})" for v in RELEASES]
+    assert [b.split(" (")[0] for b in wide.index] == list(SETTINGS)
+    assert wide.loc["tp8_dense_tp1 (attention TP/CP 8/1)", "0.5.11 (pr_filter)"] == \
+        "38 sizes, drops [4, 12, 20, 28]"
+    assert f"agree on all {len(RELEASES) * len(SETTINGS)} (release, setting) rows" in out
+
+
+def test_the_code_path_names_symbols_the_release_has():
+    from sglab.sglang import codepath
+
+    testing.package(sglang.CODE_PATH_RELEASE)
+    lines = [codepath.line_of(sglang.CODE_PATH_RELEASE, n) for n in sglang.CODE_PATH]
+    assert all(lines), dict(zip((n.symbol for n in sglang.CODE_PATH), lines))
+    assert sglang.check(lambda rel: (testing.package(sglang.CODE_PATH_RELEASE) / rel).read_text()
+                        if rel == sglang.PIECEWISE_RUNNER else None).status == "pr-era"
 
 
 def test_a_wrong_rule_would_be_caught(real, monkeypatch):

@@ -1,5 +1,5 @@
-"""CPU tests of the tables and figures: the padding model, the alignment table, the size table,
-the mechanism picture and the heatmaps (the run's tables and the trace picture are exercised on the
+"""CPU tests of the tables and figures: the padding model, the alignment table, the mechanism
+picture and the heatmaps (the run's tables and the trace picture are exercised on the
 gloo run and the recorded H200 run in test_claims.py)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 from sglab.capture_sizes import measure as ex
 from sglab.capture_sizes import rebuild as cs
 from sglab.capture_sizes import show
+from sglab.core import runs
 
 
 DEFAULT_2048 = cs.default_piecewise_capture_sizes(2048)
@@ -41,16 +42,6 @@ def test_alignment_table_exact():
     asserts = t[t.pr_asserts]
     assert set(zip(asserts.attn_tp, asserts.attn_cp)) == {(7, 3)}
     assert t[(t.attn_tp == 7) & (t.attn_cp == 3)].n_round_up.iloc[0] == 33
-
-
-def test_size_table():
-    t = show.size_table(8).set_index("size")
-    assert list(t.index[~t.equal_shards]) == [4, 12, 20, 28]
-    assert t.loc[12, "shards"] == [2, 2, 2, 2, 1, 1, 1, 1] and t.loc[12, "rounded_up_to"] == 16
-    assert not t.loc[12, "kept_by_pr"] and t.loc[16, "kept_by_pr"]
-    # any list can be laid out, e.g. a release's own sizes, with attention CP folded into the base
-    t = show.size_table(4, sizes=[6, 12, 24], attn_cp=6).set_index("size")
-    assert list(t.rounded_up_to) == [24, 24, 24] and list(t.kept_by_pr) == [False, False, True]
 
 
 def test_mechanism_picture_from_the_rebuild():
@@ -88,8 +79,6 @@ def test_alignment_heatmaps_mark_the_assertion():
 def test_the_summary_view_is_blank_where_nothing_failed_or_replayed():
     """The recorded runs' summaries, as the notebook shows them: no NaN or <NA>, the numbers of
     the frame the claims read unchanged."""
-    from sglab.core import runs
-
     for r in runs.load_all_recorded("capture_sizes"):
         view, full = show.summary_view(r.df), show.summary(r.df)
         assert "error" not in view.columns
@@ -101,3 +90,18 @@ def test_the_summary_view_is_blank_where_nothing_failed_or_replayed():
         assert list(view.loc[~blank, "first_failure"]) == list(full.loc[~blank, "first_failure"])
         none = full["failed_sizes"].map(len) == 0  # a variant where no size failed
         assert none.any() and (view.loc[none, "failed_sizes"] == "").all() and "[]" not in text
+
+
+def test_the_profiler_links_the_perfetto_trace_relative_to_the_checkout(capsys):
+    """The trace is a link that opens from the notebook or the report on any machine, not this
+    machine's absolute path."""
+    from sglab.capture_sizes import claims
+    from sglab.core import notebook
+
+    run = notebook.Workbook(claims, mode="recorded", show=False).run()
+    show.profiler(run)
+    out = capsys.readouterr().out
+    links = [ln for ln in out.splitlines() if ln.startswith("Perfetto trace of rank 0")]
+    assert len(links) == len([r for r in run.shown if r.sidecar("trace") is not None]) > 0
+    assert all(ln.split(": ", 1)[1].startswith("data/recorded/capture_sizes/") for ln in links)
+    assert str(runs.repo_root()) not in out

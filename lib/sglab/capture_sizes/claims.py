@@ -1,10 +1,8 @@
-"""What every capture_sizes run must show (see :mod:`sglab.core.claims`): four claims a reader
-checks, the checks they rest on folded under them.
+"""What every capture_sizes run must show (see :mod:`sglab.core.claims`): four claims, the checks
+they rest on folded under them, the review card and the real engine's claims.
 
-Run claims read the tidy rows; trace checks read the ``events`` sidecar of the traced pass (method
-2+); the two ``cpu_*`` checks are computed from the rebuild and hold for any run (labelled as
-computed). Expectations that depend on the world size W are derived from the run's W, so one claim
-serves TP 2 and TP 4 runs.
+Trace checks read the ``events`` sidecar (method 2+); the ``cpu_*`` checks are computed from the
+rebuild and hold on any run. Expectations that depend on the world size W are derived from the run.
 """
 
 from __future__ import annotations
@@ -13,7 +11,9 @@ from types import SimpleNamespace
 
 from sglab.capture_sizes import rebuild as fx
 from sglab.capture_sizes import show
-from sglab.capture_sizes.measure import EXPERIMENT, GPUS, loop_order, size_lists
+from sglab.capture_sizes.measure import EXPERIMENT, GPUS, loop_order, size_lists  # noqa: F401
+from sglab.core import runs
+from sglab.core.card import Card
 from sglab.core.claims import Claim, Headline, holds
 
 
@@ -57,8 +57,8 @@ def _refused(run):
         f"refused {_join(refused)} of {len(raw)} sizes at W={w}", {
             "refused": _join(refused), "n_refused": len(refused), "n_accepted": len(accepted),
             "sizes": len(raw), "list": SCALED if scaled else "the default list"
-        }, why_not=f"refused {_join(refused)}, accepted {len(accepted)}; expected refused = "
-        f"{_join(want)}")
+        }, why_not=f"refused {_join(refused)}, accepted {len(accepted)}; expected refused "
+        f"= {_join(want)}")
 
 
 def _not_reached(run) -> int:
@@ -128,13 +128,18 @@ def _cpu_tp8(run):
     dropped = [n for n in d if n not in kept]
     return holds(dropped == [4, 12, 20, 28],
                  f"computed: drops {_join(dropped)}; keeps {len(kept)} of {len(d)}",
-                 {"dropped": _join(dropped), "kept": len(kept)})
+                 {"dropped": _join(dropped), "kept": len(kept), "sizes": len(d)})
 
 
 def _cpu_mul_base(run):
-    base, lcm = fx.piecewise_mul_base(4, 6), fx.lcm_base(4, 6)
-    return holds((base, lcm) == (24, 12), f"computed: mul_base {base}, lcm {lcm}",
-                 {"mul_base": base, "lcm": lcm})
+    tp, cp, d = 4, 6, fx.default_piecewise_capture_sizes(2048)
+    base, lcm = fx.piecewise_mul_base(tp, cp), fx.lcm_base(tp, cp)
+    return holds(
+        (base, lcm) == (24, 12), f"computed: mul_base {base}, lcm {lcm}", {
+            "mul_base": base, "lcm": lcm, "tp": tp, "cp": cp, "kept": sum(n % base == 0 for n in d),
+            "kept_lcm": sum(n % lcm == 0 for n in d), "cp_divides": 2,
+            "base_cp_divides": fx.piecewise_mul_base(tp, 2), "product": fx.comment_base(tp, 2)
+        })
 
 
 def _traced(run) -> str | None:
@@ -208,56 +213,54 @@ def _trace_capture_runs_nothing(run):
         {"nccl_kernels": _join(got)})
 
 
+_TRACE = dict(methods=(2, None), applies=_traced)
 CLAIMS = [
     Claim(
         "capture_sizes.refused_iff_indivisible",
         "Without the shard check, the reduce-scatter refuses exactly the raw capture sizes not "
         "divisible by the world size W (attention TP) and accepts every other",
-        "refused == {n : n % W ≠ 0} (exact; W=2: 1, 3, 5, 7; W=4: 2, 6, 10, 14 on the scaled "
-        "list)", _refused, folded=(Claim(
+        "refused == {n : n % W ≠ 0} (exact; W=2: 1, 3, 5, 7; W=4: 2, 6, 10, 14 on the scaled list)",
+        _refused, folded=(Claim(
             "capture_sizes.trace_refused_marked",
-            "In the traced capture loop, every rank has one range per size in the "
-            "runner's order, and the refused marks are exactly the sizes not "
-            "divisible by W before the filter, and none after",
-            "ranges == loop order; marks == {n : n % W ≠ 0} before, none after "
-            "(exact)", _trace_marks, methods=(2, None), applies=_traced),)),
+            "In the traced capture loop, every rank has one range per size in the runner's order, "
+            "and the refused marks are exactly the sizes not divisible by W before the filter, "
+            "and none after", "ranges == loop order; marks == {n : n % W ≠ 0} before, none after "
+            "(exact)", _trace_marks, **_TRACE),)),
     Claim(
         "capture_sizes.before_stops_at_first_bad",
         "The unfiltered capture loop (warm-up at the smallest size, then largest first) stops at "
-        "the first size not divisible by W, with UnequalShards raised before any collective; "
-        "the rest is never reached",
-        "stop size, stage and captures before it == the loop order's first indivisible size "
-        "(exact)", _stops_first_bad, applies=_has_bad, folded=(Claim(
+        "the first size not divisible by W, with UnequalShards raised before any collective; the "
+        "rest is never reached", "stop size, stage and captures before it == the loop order's "
+        "first indivisible size (exact)", _stops_first_bad, applies=_has_bad, folded=(Claim(
             "capture_sizes.trace_refused_no_collective",
-            "A refused size's range issues no collective and runs no kernel; every "
-            "accepted capture issues the boundary's reduce-scatter and all-gather for "
-            "each eager run and for the call under capture",
-            "refused: 0 calls, 0 kernels; accepted: 3 of each (2 on gloo, no capture) "
-            "(exact)", _trace_no_collective, methods=(2, None), applies=_traced),)),
+            "A refused size's range issues no collective and runs no kernel; every accepted "
+            "capture issues the boundary's reduce-scatter and all-gather for each eager run and "
+            "for the call under capture", "refused: 0 calls, 0 kernels; accepted: 3 of each (2 on "
+            "gloo, no capture) (exact)", _trace_no_collective, **_TRACE),)),
     Claim(
         "capture_sizes.pr_filter_replays_exactly",
         "Every bucket of the PR-filtered list captures, and replays real token counts padded to "
         "it exactly", "captured = replayed = buckets; max abs err == 0 (exact)",
-        _replays("pr_filter"),
-        folded=(Claim("capture_sizes.pr_filter_keeps_accepted",
-                      "The PR's filter keeps exactly the raw sizes the reduce-scatter accepts",
-                      "PR list == accepted (exact)", _pr_keeps_accepted),
-                Claim(
-                    "capture_sizes.cpu_tp8_drops_4_12_20_28",
-                    "Computed from the rebuild: at attention TP 8 the PR's filter drops "
-                    "exactly 4, 12, 20 and 28 of the 42 default sizes (max 2048)",
-                    "== 4, 12, 20, 28 (exact; holds on any run)", _cpu_tp8),
-                Claim(
-                    "capture_sizes.cpu_mul_base_not_lcm",
-                    "Computed from the rebuild: at attention TP 4, CP 6 the PR's mul_base is "
-                    "24, twice the least common multiple 12",
-                    "mul_base 24, lcm 12 (exact; holds on any run)", _cpu_mul_base),
-                Claim(
-                    "capture_sizes.trace_capture_launches_nothing",
-                    "On the GPU, each accepted capture runs the NCCL kernels of its two eager "
-                    "runs only: the collectives called under graph capture are recorded into "
-                    "the graph, not run", "== 4 NCCL kernels per accepted capture (exact)",
-                    _trace_capture_runs_nothing, methods=(2, None), applies=_needs_graphs))),
+        _replays("pr_filter"), folded=(
+            Claim("capture_sizes.pr_filter_keeps_accepted",
+                  "The PR's filter keeps exactly the raw sizes the reduce-scatter accepts",
+                  "PR list == accepted (exact)", _pr_keeps_accepted),
+            Claim(
+                "capture_sizes.cpu_tp8_drops_4_12_20_28",
+                "Computed from the rebuild: at attention TP 8 the PR's filter drops exactly 4, 12, "
+                "20 and 28 of the 42 default sizes (max 2048)",
+                "== 4, 12, 20, 28 (exact; holds on any run)", _cpu_tp8),
+            Claim(
+                "capture_sizes.cpu_mul_base_not_lcm",
+                "Computed from the rebuild: at attention TP 4, CP 6 the PR's mul_base is 24, twice "
+                "the least common multiple 12", "mul_base 24, lcm 12 (exact; holds on any run)",
+                _cpu_mul_base),
+            Claim(
+                "capture_sizes.trace_capture_launches_nothing",
+                "On the GPU, each accepted capture runs the NCCL kernels of its two eager runs "
+                "only: the collectives called under graph capture are recorded into the graph, not "
+                "run", "== 4 NCCL kernels per accepted capture (exact)",
+                _trace_capture_runs_nothing, methods=(2, None), applies=_needs_graphs))),
     Claim(
         "capture_sizes.round_up_replays_exactly",
         "Every bucket of the rounded-up list captures, and replays real token counts padded to "
@@ -267,8 +270,8 @@ CLAIMS = [
 
 
 def shown(runs_: list) -> list:
-    """The newest run per GPU model and world size."""
-    return show.newest_per_world_size(runs_)
+    """The newest run per GPU model and world size, by GPU model then world size."""
+    return list(runs.newest_by(runs_, lambda r: (runs.gpu_short(r), _w(r))).values())
 
 
 _R, _S = "capture_sizes.refused_iff_indivisible", "capture_sizes.before_stops_at_first_bad"
@@ -296,16 +299,20 @@ def _filtered(run) -> list[dict]:
     return [f for f in show.engine_facts(run) if f["rule"] == "pr_filter"]
 
 
+def _tps(facts) -> str:
+    return " and ".join(dict.fromkeys(str(f["attn_tp"]) for f in facts))
+
+
 def _engine_fails(run):
     facts = _unfiltered(run)
     bad = [f for f in facts if f["status"] == "ok" or not show.UNEQUAL.search(f["status"])]
     first = show.first_line(facts[0]) if facts else ""
     releases = ", ".join(dict.fromkeys(f["release"] for f in facts))  # once each, as asked
-    return holds(not bad,
-                 f"{releases} at attention TP {facts[0]['attn_tp'] if facts else '?'}: {first}", {
-                     "releases": releases, "message": first,
-                     "asked": _join(facts[0]["asked"]) if facts else ""
-                 }, why_not="; ".join(f"{f['release']}: {f['status'][:120]}" for f in bad))
+    return holds(
+        not bad, f"{releases} at attention TP {facts[0]['attn_tp'] if facts else '?'}: {first}", {
+            "releases": releases, "message": first, "tps": _tps(facts),
+            "asked": _join(facts[0]["asked"]) if facts else ""
+        }, why_not="; ".join(f"{f['release']}: {f['status'][:120]}" for f in bad))
 
 
 def _engine_fails_applies(run):
@@ -321,11 +328,14 @@ def _engine_filter(run):
     }
     bad = [f for f in facts if f["status"] != "ok" or f["captured"] != want[f["release"]]]
     f0 = facts[0] if facts else {}
+    each = "; ".join(
+        f"{_join(f['asked'])} → {_join(f['captured'] or [])} at TP {f['attn_tp']}" for f in facts)
     return holds(
         not bad, f"{f0.get('release')} asked {_join(f0.get('asked', []))} at attention "
         f"TP {f0.get('attn_tp')}: captured {_join(f0.get('captured') or [])}", {
             "release": f0.get("release"), "asked": _join(f0.get("asked", [])), "captured": _join(
-                f0.get("captured") or []), "rebuild": _join(want.get(f0.get("release"), []))
+                f0.get("captured") or []), "rebuild": _join(want.get(f0.get("release"), [])),
+            "tps": _tps(facts), "each": each
         }, why_not="; ".join(f"{f['release']}: {f['status'][:80]}, captured {f['captured']}, "
                              f"the rebuild's filter keeps {want[f['release']]}" for f in bad))
 
@@ -334,25 +344,58 @@ def _engine_filter_applies(run):
     return None if _filtered(run) else "no release with the PR's filter in this run"
 
 
+_F = "engine_capture_sizes.unfiltered_release_fails"
+_K = "engine_capture_sizes.filtered_release_captures_pr_filter"
 ENGINE = SimpleNamespace(
     EXPERIMENT="engine_capture_sizes",
-    CLAIM="In SGLang's own engine (DeepSeek-style tiny model, dummy weights, --moe-dense-tp-size 1 "
-    "at TP 2 and 4), a release without #23972's filter fails at start-up on capture sizes the "
-    "attention TP does not divide, and a release with it starts and captures exactly the "
-    "sizes the rebuild's filter keeps.",
-    CLAIMS=[
+    CLAIM="SGLang's own engine (a DeepSeek-V3-style tiny model, dummy weights, "
+    "`--moe-dense-tp-size 1`): a release without #23972's filter fails at start-up on capture "
+    "sizes the attention-TP size does not divide; a release with it starts and captures exactly "
+    "the sizes the rebuild's filter keeps.", CLAIMS=[
         Claim(
-            "engine_capture_sizes.unfiltered_release_fails",
-            "A release without the filter, asked for piecewise sizes the attention-TP size "
-            "does not divide, stops at start-up with SGLang's own message about unequal "
-            "sizes", "status == error naming unequal shards or sizes (exact)", _engine_fails,
+            _F, "A release without the filter, asked for piecewise sizes the attention-TP size "
+            "does not divide, stops at start-up with SGLang's own message about unequal sizes",
+            "status == error naming unequal shards or sizes (exact)", _engine_fails,
             applies=_engine_fails_applies),
         Claim(
-            "engine_capture_sizes.filtered_release_captures_pr_filter",
-            "A release with the filter starts and captures exactly the sizes the rebuild's "
+            _K, "A release with the filter starts and captures exactly the sizes the rebuild's "
             "PR filter keeps of the same list at the same attention-TP size",
             "captured == filter_piecewise_capture_sizes(asked, attn TP) (exact)", _engine_filter,
             applies=_engine_filter_applies)
-    ],
-    shown=lambda runs_: list(runs_),
-)
+    ], HEADLINE=Headline(
+        parts=(f"{{v[{_F}][releases]}} fails at start-up at attention TP {{v[{_F}][tps]}}: "
+               f"`{{v[{_F}][message]}}`.",
+               f"{{v[{_K}][release]}} starts at TP {{v[{_K}][tps]}} and captures what the "
+               f"rebuild's filter keeps ({{v[{_K}][each]}})."),
+        sep=" "), shown=lambda runs_: list(runs_))
+
+# --------------------------------------------------------------------------------------------------
+# the review card (sglab.core.card): the PR's words are its own code comment
+# --------------------------------------------------------------------------------------------------
+_T8, _MB = "capture_sizes.cpu_tp8_drops_4_12_20_28", "capture_sizes.cpu_mul_base_not_lcm"
+CARD = Card(
+    bug="With dense layers at TP 1 (`--moe-dense-tp-size 1`) the layer communicator reduce-scatters "
+    "tokens over the attention-TP ranks, and the piecewise CUDA-graph runner captured a dummy batch "
+    "of every configured size: a size the attention-TP size does not divide splits into unequal "
+    "shards, the reduce-scatter refuses them and the server fails at start-up.",
+    affects="DeepSeek-V3-style models served with `--moe-dense-tp-size 1` and piecewise CUDA "
+    "graphs, at an attention-TP size that does not divide every capture size (TP 8 does not divide "
+    "the smallest default sizes). The releases that lost the fix fail at start-up again:",
+    found=((
+        "\"Drop captures that would violate this (mirrors the filter used by the regular CUDA "
+        "graph runner)\"", f"It drops sizes: {{r[{_T8}][dropped]}} of the {{r[{_T8}][sizes]}} "
+        f"default sizes at attention TP 8, and every bucket it keeps captures and replays exactly "
+        f"({{r[{_P}][replayed_ok]}}/{{r[{_P}][buckets]}} in the rebuild's NCCL run). The filter "
+        f"was lost when the runners were unified: {{e[{_F}][releases]}} fails at start-up again at "
+        f"TP {{e[{_F}][tps]}}; the rewrite after it rounds every size up instead of dropping it."),
+           ("\"the model's reduce_scatter requires the token count to be divisible by "
+            "attn_tp_size * attn_cp_size\"",
+            f"The code asks for a common multiple of attention TP and CP, not always that product "
+            f"nor the least one: at TP {{r[{_MB}][tp]}}, CP {{r[{_MB}][cp_divides]}} it keeps "
+            f"multiples of {{r[{_MB}][base_cp_divides]}}, not {{r[{_MB}][product]}}; at TP "
+            f"{{r[{_MB}][tp]}}, CP {{r[{_MB}][cp]}} multiples of {{r[{_MB}][mul_base]}} where "
+            f"{{r[{_MB}][lcm]}} would do ({{r[{_MB}][kept]}} sizes kept, not "
+            f"{{r[{_MB}][kept_lcm]}})."),
+           ("\"mirrors the filter used by the regular CUDA graph runner\"",
+            "Not under two-batch overlap: the decode runner doubles its base there, the piecewise "
+            "filter does not (tables in the appendix).")))

@@ -15,6 +15,7 @@ import pandas as pd
 
 from sglab.core import lazy
 from sglab.core.runs import repo_root
+from sglab.sglang.codepath import Node
 from sglab.sglang.engine import Case, Scenario
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
@@ -240,6 +241,19 @@ ENGINE = (
         "default list less 4, 12, 20 and 28"),
 )
 
+# the bug's path at start-up, in the release that has the fix (notebook 06's code-path picture)
+CODE_PATH_RELEASE = "0.5.11"
+CODE_PATH = (Node("srt/server_args.py", "ServerArgs._generate_piecewise_cuda_graph_tokens",
+                  "the default capture sizes, up to the maximum"),
+             Node("srt/utils/common.py", "require_gathered_buffer",
+                  "tokens scattered over attention TP? (--moe-dense-tp-size 1)"),
+             Node(PIECEWISE_RUNNER, "PiecewiseCudaGraphRunner.__init__",
+                  "#23972: keep the multiples of mul_base; then a dummy batch per size"),
+             Node("srt/layers/communicator.py",
+                  "CommunicateWithAllReduceAndLayerNormFn._scatter_hidden_states_and_residual",
+                  "tensor_split: the first n % TP ranks get one row more"),
+             Node("srt/layers/dp_attention.py", "attn_tp_reduce_scatter_tensor",
+                  "needs equal shards: unequal ones fail start-up"))
 FIX = Fix(name="capture_sizes", number="06", prs=(23972,), gpus=2,
           title="Piecewise capture sizes aligned to the attention-TP group (#23972)", check=check,
           hunks=(Spec(23972, symbols_in(PIECEWISE_RUNNER, "PiecewiseCudaGraphRunner.__init__")),),
@@ -329,10 +343,20 @@ def defaults_line(results: dict, max_tokens: int | None = None) -> str:
 
 
 def compare() -> None:
-    """The notebook's real-SGLang section: each release's lists beside the rebuilt rule's, and its
-    default list beside the rebuilt one."""
+    """The notebook's real-SGLang section: where the answers come from, each release's piecewise
+    list per setting (one column per release and the rule it must match; every row checked against
+    that rule, decode lists too), then each release's default list beside the rebuilt one."""
+    from sglab.core.notebook import show_table
+
     results = real.answers(FIX)
-    real.section(FIX, comparison, what="(release, setting) rows", results=results)
+    print(real.status_lines(results))
+    table = comparison(results)
+    if len(table):
+        wide = table.assign(release=[f"{v} ({VARIANT[v]})" for v in table.release])
+        show_table(
+            wide.pivot(index="behaviour", columns="release",
+                       values="real").reindex(table.behaviour.unique()).rename_axis(None))
+    real.check_table(table, what="(release, setting) rows")
     print(defaults_line(results))
 
 

@@ -1,16 +1,7 @@
-"""Tables and figures of notebook 06, from the rebuild (CPU) or a run (recorded or live).
-
-Every function that takes a run accepts a :class:`~sglab.core.runs.NoRun` too and then shows its one
-line instead of a table or a figure.
-
-- tables of a run: per variant and size (:func:`summary`, :func:`run_facts`, :func:`size_status`),
-  per traced capture range (:func:`capture_ranges`, :func:`trace_summary`); the CPU tables of the
-  rebuild (:func:`size_table`, :func:`alignment_table`), for any list of sizes;
-- figures: :func:`mechanism` (the slide: the sizes split over the attention-TP ranks),
-  :func:`size_status_plot`, :func:`alignment_heatmaps`, :func:`capture_timeline`;
-- the real engine at TP 2 and 4 beside the rebuild: :func:`engine`, :func:`beside`.
-
-Your own setup (a parallel layout, your server arguments) lives in :mod:`.server_args`.
+"""Tables and figures of notebook 06: a run's tables (per variant and size, per traced capture
+range), the rebuild's CPU tables for any size list, the figures, and the real engine's section
+(``VIEW``). Each function that takes runs handles a NoRun itself; your own setup is in
+:mod:`.server_args`.
 """
 
 from __future__ import annotations
@@ -26,9 +17,8 @@ from matplotlib.patches import Patch
 from sglab.capture_sizes import rebuild as fx
 from sglab.capture_sizes import sglang
 from sglab.capture_sizes.measure import VARIANTS
-from sglab.capture_sizes.server_args import your_setup  # noqa: F401 (the notebook's last cell)
-from sglab.core import notebook, plots, runs
-from sglab.core import engine_records, engine_stats, engine_view
+from sglab.capture_sizes.server_args import your_setup  # noqa: F401 (the notebook's control)
+from sglab.core import engine_records, engine_stats, engine_view, notebook, plots, runs
 from sglab.sglang.releases import parse_version
 
 
@@ -85,11 +75,10 @@ def run_facts(run) -> dict:
 
 
 def _run_facts(run) -> dict:
-    s, m = summary(run.df).set_index("variant"), run.manifest
+    s = summary(run.df).set_index("variant")
     stopped = s.loc["before", "first_failure"]
     facts = {
-        "run": run.path.name, "gpu": runs.gpu_short(m), "world_size": int(m.params["world_size"]),
-        "gpus_on_machine": m.gpu_count_machine or m.gpu_count, "date": m.date, "raw_sizes": int(
+        "world_size": int(run.manifest.params["world_size"]), "raw_sizes": int(
             s.loc["before", "sizes"]), "before_captured": int(s.loc["before", "captured_or_ok"]),
         "before_stopped_at": None if str(stopped) == "<NA>" else int(stopped),
         "before_stage": s.loc["before", "failed_at"], "refused_sizes": list(
@@ -103,13 +92,6 @@ def _run_facts(run) -> dict:
                 s.loc[v, "replay_checks"]), f"{v}_max_abs_err": float(s.loc[v, "worst_replay_err"])
         })
     return facts
-
-
-def newest_per_world_size(runs_: list) -> list:
-    """The newest run of each (GPU model, world size), ordered by GPU model then world size."""
-    return list(
-        runs.newest_by(runs_, lambda r:
-                       (runs.gpu_short(r), int(r.manifest.params["world_size"]))).values())
 
 
 STATUSES = ("captured + replayed", "captured", "ok (eager)", "failed", "not reached")
@@ -210,20 +192,6 @@ def trace_summary(events):
 # --------------------------------------------------------------------------------------------------
 # CPU tables of the rebuild
 # --------------------------------------------------------------------------------------------------
-def size_table(attn_tp: int, max_tokens: int = 2048, sizes: list[int] | None = None,
-               attn_cp: int = 1):
-    """One row per capture size (default: the PR-era default list): its shards at ``attn_tp``,
-    whether the reduce-scatter accepts them, whether the PR keeps it, where rounding up sends it."""
-    sizes = sizes if sizes is not None else fx.default_piecewise_capture_sizes(max_tokens)
-    base = fx.piecewise_mul_base(attn_tp, attn_cp)
-    kept = set(fx.policy_lists(sizes, attn_tp, attn_cp)["pr_filter"])
-    return pd.DataFrame([{
-        "size": n, "shards": fx.shard_sizes(n, attn_tp) if attn_tp <= 8 else None,
-        "equal_shards": n % attn_tp == 0, "kept_by_pr": n in kept,
-        "rounded_up_to": fx.ceil_align(n, base)
-    } for n in sizes])
-
-
 def padding_waste(buckets: Sequence[int], max_tokens: int) -> dict:
     """Padding of replaying token counts 1..``max_tokens`` (equally likely) on ``buckets``:
     ``covered``, ``eager`` (above the largest bucket), ``pad_tokens``, ``pad_frac`` (per real
@@ -499,16 +467,12 @@ def capture_timeline(events, rank: int = 0, up_to: int | None = None, run=None):
 
 
 # --------------------------------------------------------------------------------------------------
-# the GPU sections of the notebook, each shown from the run (or its NoRun line)
+# the GPU sections of the notebook (its appendix), each shown from the runs (or their NoRun line)
 # --------------------------------------------------------------------------------------------------
 @notebook.needs_run
-def measured(run) -> None:
-    """Every recorded run in one table, then per run shown: its summary, the status of each size,
-    and before vs after in words."""
-    every = run.shown if run.live else runs.load_all_recorded(run.experiment)
-    notebook.show_table(
-        pd.DataFrame([run_facts(r) for r in every]).drop(columns=["refused_error"]).T)
-    for r in run.shown:
+def measured(rs) -> None:
+    """Per run shown: its summary, the status of each size, and before vs after in words."""
+    for r in rs.shown:
         print(f"\n— {r.label} (world size {r.manifest.params['world_size']}) —")
         notebook.show_table(summary_view(r.df))
         notebook.show_figure(size_status_plot(r))
@@ -516,10 +480,10 @@ def measured(run) -> None:
 
 
 @notebook.needs_run
-def profiler(run) -> None:
-    """Per run shown: the traced capture loop's small sizes on one time axis, and the collective
-    calls and kernels per kind of range."""
-    for r in run.shown:
+def profiler(rs) -> None:
+    """Per run shown: the traced capture loop's small sizes on one time axis, the collective calls
+    and kernels per kind of range, and a link to rank 0's Perfetto trace."""
+    for r in rs.shown:
         events = r.sidecar("events")
         if events is None:
             print(f"{r.label}: this run predates profiler traces; a new recording adds them "
@@ -528,21 +492,24 @@ def profiler(run) -> None:
         notebook.show_figure(capture_timeline(events, rank=0, run=r))
         notebook.show_table(trace_summary(events))
         if r.sidecar("trace") is not None:
-            print(f"Perfetto trace of rank 0 (https://ui.perfetto.dev): {r.sidecar('trace')}")
+            notebook.file_link(r.sidecar("trace"), "Perfetto trace of rank 0 (ui.perfetto.dev)")
 
 
 # --------------------------------------------------------------------------------------------------
-# the real engine at TP 2 and 4 (data/recorded/engine_capture_sizes/)
+# the real engine at each recorded TP size (data/recorded/engine_capture_sizes/)
 # --------------------------------------------------------------------------------------------------
 # SGLang's own words for a reduce-scatter handed a size that does not split evenly over the ranks
 UNEQUAL = re.compile(r"same size|world size|divisib|unequal|shard|multiple of", re.I)
+RULE = {
+    "before": "no filter (before #23972, or lost)", "pr_filter": "#23972's filter",
+    "today": "rounded up"
+}
 
 
 def engine_facts(run) -> list[dict]:
-    """Per variant of the run, by attention-TP size and then release: release, the rule its source
-    follows (``VARIANT``), the capture sizes asked for (without a size flag, the release's default
-    list), the attention-TP size, what it did (status, SGLang's one line) and the sizes it
-    captured."""
+    """Per variant of one (merged) engine run, by attention-TP size then release: the release, the
+    rule its source follows (``sglang.VARIANT``), the sizes asked for (without a size flag, the
+    release's default list), the attention-TP size, its status and the sizes it captured."""
     df = engine_records.frame([run])
     status, tokens = engine_stats.texts(df, "status"), engine_stats.texts(df, "pcg_tokens")
     out, seen = [], set()
@@ -552,18 +519,17 @@ def engine_facts(run) -> list[dict]:
         if key is None or key in seen or str(status[key]).startswith("timeout"):
             continue
         seen.add(key)
-        argv = e["server_args"]
-        asked = flag_list(argv, ("--piecewise-cuda-graph-tokens", "--cuda-graph-bs-prefill"))
+        asked = flag_list(e["server_args"],
+                          ("--piecewise-cuda-graph-tokens", "--cuda-graph-bs-prefill"))
         if not asked:  # no size flag: the release's default list, as its ServerArgs resolved it
             res = e.get("resolved") or {}
             asked = list(
                 res.get("piecewise_cuda_graph_tokens") or fx.default_piecewise_capture_sizes(
                     res.get("piecewise_cuda_graph_max_tokens") or fx.MLA_MAX_TOKENS))
-        tp = e["tp"]
         got = tokens.get(key)
         out.append({
             "release": e["release"], "case": e["case"], "rule": sglang.VARIANT.get(e["release"]),
-            "asked": asked, "attn_tp": tp, "status": str(status[key]),
+            "asked": asked, "attn_tp": e["tp"], "status": str(status[key]),
             "captured": sorted(int(x) for x in str(got).split()) if got else None
         })
     return sorted(out, key=lambda f: (f["attn_tp"], parse_version(f["release"])))
@@ -588,42 +554,34 @@ def first_line(fact: dict) -> str:
     return fact["status"].removeprefix("error: ").split(" (log:")[0]
 
 
-RULE = {
-    "before": "no filter (before #23972, or lost)", "pr_filter": "#23972's filter",
-    "today": "rounded up"
-}
+def _keeps(f: dict) -> list[int]:
+    """What the rebuild's rule of the fact's release keeps of the sizes asked."""
+    if f["rule"] == "pr_filter":
+        return fx.filter_piecewise_capture_sizes(f["asked"], f["attn_tp"])
+    return fx.today_capture_sizes(f["asked"], f["attn_tp"]) if f["rule"] == "today" else f["asked"]
 
 
-def engine_table(run, facts: list[dict] | None = None) -> pd.DataFrame:
-    """One row per release that answered: the rule its source follows (the release check), the
-    sizes asked for, what the engine did (SGLang's own first error line, or the sizes it
-    captured), and what the rebuild's rule keeps of the same list (``facts``: the run's
-    :func:`engine_facts`, where the caller has them)."""
-    rows = []
-    for f in engine_facts(run) if facts is None else facts:
-        keep = (fx.filter_piecewise_capture_sizes(f["asked"], f["attn_tp"])
-                if f["rule"] == "pr_filter" else fx.today_capture_sizes(f["asked"], f["attn_tp"])
-                if f["rule"] == "today" else f["asked"])
-        did = ("started" if f["status"] == "ok" else "stopped at start-up: " + first_line(f))
-        rows.append({
-            "release": f["release"], "rule (read from its source)": RULE.get(
-                f["rule"], str(f["rule"])), "attention TP": f["attn_tp"],
-            "asked": " ".join(map(str, f["asked"])), "engine": did,
-            "captured": " ".join(map(str, f["captured"] or [])) or "-", "rebuild keeps": " ".join(
-                map(str, keep))
-        })
+def engine_table(run) -> pd.DataFrame:
+    """One row per release and attention-TP size that answered: the rule its source follows, the
+    sizes asked for, what the engine did (SGLang's own first error line, or the sizes it captured)
+    and what the rebuild's rule keeps of the same list."""
+    rows = [{
+        "release": f["release"], "rule (read from its source)": RULE.get(f["rule"], str(f["rule"])),
+        "attention TP": f["attn_tp"], "asked": " ".join(map(str, f["asked"])),
+        "engine": "started" if f["status"] == "ok" else "stopped at start-up: " + first_line(f),
+        "captured": " ".join(map(str, f["captured"] or [])) or "-", "rebuild keeps": " ".join(
+            map(str, _keeps(f)))
+    } for f in engine_facts(run)]
     return pd.DataFrame(rows).set_index("release") if rows else pd.DataFrame()
 
 
-def engine(run) -> None:
-    """SGLang's own engine at each recorded TP size with `--moe-dense-tp-size 1`: what each
-    release did with capture sizes that attention TP does not divide (SGLang's log, read by sglab
-    engine)."""
-    merged = engine_records.merged(run.shown) if run else None
-    facts = engine_facts(merged) if merged is not None else []
-    tps = sorted({f["attn_tp"] for f in facts}) or [2]
-    if engine_view.header(run, "DeepSeek-V3-style 2 layers, TP " + " and ".join(map(str, tps))):
-        notebook.show_table(engine_table(merged, facts))
+def _engine_extra(rs) -> None:
+    with pd.option_context("display.max_colwidth", None):
+        notebook.show_table(engine_table(engine_records.merged(rs.shown)))
+
+
+VIEW = engine_view.EngineView(what="DeepSeek-V3-style 2 layers, --moe-dense-tp-size 1",
+                              extra=_engine_extra)
 
 
 def beside_rows(run, engine_run) -> list[dict]:
@@ -632,23 +590,23 @@ def beside_rows(run, engine_run) -> list[dict]:
     rows = []
     if run:
         two = [r for r in run.shown if int(r.manifest.params["world_size"]) == 2] or [run.first]
-        f = run_facts(two[0])
         rows.append({
             "source": f"rebuild ({runs.gpu_short(two[0].manifest)} ×2, NCCL)",
-            "measures": "sizes the reduce-scatter refuses without the filter, on "
-            "the default list scaled by W/8",
-            "figure": ", ".join(map(str, sorted(f["refused_sizes"]))) or "none"
+            "measures": "sizes the reduce-scatter refuses without the filter, on the default list "
+            "scaled by W/8",
+            "figure": ", ".join(map(str, sorted(run_facts(two[0])["refused_sizes"]))) or "none"
         })
     if engine_run:
         for f in engine_facts(engine_records.merged(engine_run.shown)):
+            asked = " ".join(map(str, f["asked"]))
             if f["rule"] == "before":
-                fig = first_line(f)
-                what = f"start-up with sizes {' '.join(map(str, f['asked']))}: the PR's failure"
+                fig, what = first_line(f), f"start-up with sizes {asked}: the PR's failure"
             else:
                 fig = "captured " + " ".join(map(str, f["captured"] or []))
-                keep = fx.filter_piecewise_capture_sizes(f["asked"], f["attn_tp"])
-                what = (f"start-up with sizes {' '.join(map(str, f['asked']))}: the sizes it "
-                        f"captures (the rebuild's filter keeps {' '.join(map(str, keep))})")
+                keep = " ".join(
+                    map(str, fx.filter_piecewise_capture_sizes(f["asked"], f["attn_tp"])))
+                what = (f"start-up with sizes {asked}: the sizes it captures (the rebuild's filter "
+                        f"keeps {keep})")
             rows.append({
                 "source": f"SGLang {f['release']} engine (TP {f['attn_tp']})", "measures": what,
                 "figure": fig
