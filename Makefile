@@ -38,8 +38,7 @@ SGLANG_RELEASES := 0.5.10.post1 0.5.11 0.5.12.post1 0.5.13 0.5.14 0.5.23
 SGLANG_HOME     ?= .sglang
 SGLANG_STAMPS   := $(foreach v,$(SGLANG_RELEASES),$(SGLANG_HOME)/releases/$(v)/.sglab-installed)
 
-.PHONY: workbook test test-gpu lab wheelhouse offline-gpu verify sync env clean sglang-releases \
-        wheelhouse-sglang real-gpu
+.PHONY: workbook test test-gpu lab wheelhouse offline-gpu verify sync env clean sglang-releases
 .PHONY: wheelhouse-engine engine-gpu format lint
 
 NEW_VENV = $(if $(UV),$(UV) venv -q --seed --allow-existing --python $(PY),$(PY) -m venv)
@@ -164,11 +163,6 @@ env: $(STAMP)
 wheelhouse:
 	bash scripts/wheelhouse.sh .whl
 
-# wheels of SGLang 0.5.11, 0.5.12.post1 and 0.5.23 and what the GPU image lacks to run them, into
-# .whl-sglang/
-wheelhouse-sglang:
-	bash scripts/wheelhouse-sglang.sh .whl-sglang
-
 # per-release bundles of a whole real engine (sglang without .so, slim sglang-kernel, FlashInfer's
 # JIT sources, pinned transformers, light dependencies) as tar.xz layers in .whl-engine/; fails when
 # two releases do not fit one 64 MiB carry (docs/operating.md, real SGLang engines)
@@ -178,12 +172,6 @@ wheelhouse-engine:
 # on a GPU box with .whl-engine/: real engines per scenario, e.g. `make engine-gpu ARGS="--plan 01"`
 engine-gpu:
 	bash scripts/engine_gpu.sh $(ARGS)
-
-# on a GPU box with .whl-sglang/: real SGLang recorded per fix (sglab real gpu), checked, packed
-# into OUT/real.tgz (default real-gpu-out/); `bash scripts/real_gpu.sh --dry-run` lists what would
-# run
-real-gpu:
-	bash scripts/real_gpu.sh
 
 # on an offline GPU box, from the wheelhouse: GPU tests, every notebook live, a tarball of the
 # results

@@ -100,14 +100,24 @@ def test_release_that_is_not_installed_is_not_run(tmp_path, monkeypatch):
     assert r.rows.empty
 
 
+def _pip_fails(monkeypatch):
+    """pip writes a file into its target, then fails with its own error line."""
+
+    def pip_install(target, requirements, **_):
+        (Path(target) / "half.py").write_text("")
+        raise install.PipError(f"ERROR: No matching distribution found for {list(requirements)[0]}")
+
+    monkeypatch.setattr(install, "pip_install", pip_install)
+
+
 def test_failed_install_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path / "home"))
-    wheelhouse = tmp_path / "wheels"
-    (wheelhouse / "releases").mkdir(parents=True)
+    _pip_fails(monkeypatch)
     lines = []
-    outcomes = install.install(["0.5.11"], wheelhouse=wheelhouse, echo=lines.append)
+    outcomes = install.install(["0.5.11"], echo=lines.append)
     assert [o.status for o in outcomes] == ["failed", "failed"]  # its dependency set, the release
-    assert lines[1].startswith("sglang 0.5.11: install failed: no sglang-0.5.11-*.whl in ")
+    assert lines[1] == ("sglang 0.5.11: install failed: ERROR: No matching distribution found for "
+                        "sglang==0.5.11")
     assert "\n" not in "".join(lines)
     assert not releases.release_dir("0.5.11").exists()
     # no half-installed temporary folder
@@ -118,12 +128,12 @@ def test_sglab_real_install_says_a_failure_on_stderr_and_exits_1(tmp_path, monke
     from sglab.tools import cli
 
     monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path / "home"))
-    wheelhouse = tmp_path / "wheels"
-    (wheelhouse / "releases").mkdir(parents=True)
-    code = cli.main(["real", "install", "--releases", "9.9.9", "--wheelhouse", str(wheelhouse)])
+    _pip_fails(monkeypatch)
+    code = cli.main(["real", "install", "--releases", "9.9.9"])
     out, err = capsys.readouterr()
     assert code == 1
-    assert "sglang 9.9.9: install failed: no sglang-9.9.9-*.whl in " in err
+    assert "sglang 9.9.9: install failed: ERROR: No matching distribution found for sglang==9.9.9" \
+        in err
     assert "install failed" not in out and ", 2 failed;" in out  # its dependency set and itself
 
 
@@ -307,61 +317,10 @@ def test_timeout_kills_the_whole_process_group():
     assert left == []
 
 
-def _wheel(path: Path, name: str, version: str, files: dict) -> Path:
-    """A minimal valid wheel with ``files`` ({archive path: text}) and a RECORD listing them."""
-    import zipfile
+def test_sglab_real_gpu_is_retired_in_one_line(capsys):
+    from sglab.tools import cli
 
-    info = f"{name}-{version}.dist-info"
-    files = {
-        **files, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: "
-        "py3-none-any\n"
-    }
-    record = "".join(f"{p},,\n" for p in files) + f"{info}/RECORD,,\n"
-    whl = path / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(whl, "w") as z:
-        for p, text in files.items():
-            z.writestr(p, text)
-        z.writestr(f"{info}/RECORD", record)
-    return whl
-
-
-def test_repack_drops_files_and_their_record_lines(tmp_path):
-    import zipfile
-
-    from sglab.sglang.wheelhouse import repack
-
-    whl = _wheel(
-        tmp_path, "sglang", "9.9.9", {
-            "sglang/__init__.py": "", "sglang/srt/rust_extensions/_x.so": "b" * 999,
-            "sglang/multimodal_gen/a.py": ""
-        })
-    dropped, _ = repack(whl)
-    with zipfile.ZipFile(whl) as z:
-        names = z.namelist()
-        record = z.read("sglang-9.9.9.dist-info/RECORD").decode()
-    assert dropped == 2
-    assert "sglang/__init__.py" in names and not any("rust_extensions" in n or "multimodal_gen" in n
-                                                     for n in names)
-    assert "rust_extensions" not in record and "multimodal_gen" not in record
-
-
-def test_offline_install_from_a_wheelhouse_lays_out_release_and_deps(tmp_path, monkeypatch):
-    """The GPU path: wheels only, --no-index, release folder and dependency folder stamped."""
-    monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path / "home"))
-    wh = tmp_path / "wh"
-    for sub in ("releases", "deps/0.5.1x", "deps/common"):
-        (wh / sub).mkdir(parents=True)
-    _wheel(wh / "releases", "sglang", "0.5.11", {"sglang/__init__.py": "VERSION = '0.5.11'\n"})
-    _wheel(wh / "deps" / "0.5.1x", "sglab_fake_only_in_set", "1.0",
-           {"sglab_fake_only_in_set.py": ""})
-    _wheel(wh / "deps" / "common", "sglab_fake_common", "1.0", {"sglab_fake_common.py": ""})
-    outcomes = install.install(["0.5.11"], wheelhouse=wh, echo=lambda _: None)
-    assert [o.status for o in outcomes] == ["installed", "installed"], [o.reason for o in outcomes]
-    assert releases.release_installed("0.5.11")
-    assert (releases.package_dir("0.5.11") / "__init__.py").read_text() == "VERSION = '0.5.11'\n"
-    deps = releases.deps_dir("0.5.1x")
-    assert ((deps / "sglab_fake_only_in_set.py").exists()
-            and (deps / "sglab_fake_common.py").exists())
-    assert ([o.status for o in install.install(["0.5.11"], wheelhouse=wh, echo=lambda _: None)
-             ] == ["present"] * 2)
+    assert cli.main(["real", "gpu", "--fix", "swa_loc"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith("sglab real gpu: retired; the real engine") and "sglab engine" in err

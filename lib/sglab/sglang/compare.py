@@ -11,9 +11,6 @@ match, what that gives, and whether the two agree (computed by comparing, never 
 
 A release that did not run says so and counts neither way; a disagreement is printed under a banner
 a reader cannot miss, and :func:`check_table` returns False for it so a test fails too.
-
-Real code recorded on GPUs (``sglab real gpu``) is a run of the experiment ``real_<fix>``;
-:func:`show_recorded` shows the newest one, or says that none is recorded yet.
 """
 
 from __future__ import annotations
@@ -167,62 +164,3 @@ def released(fix, rebuilt=None, *, symbol: Optional[str] = None, pr: Optional[in
         display_object(hunks.show(fix, pr))
     else:
         display_object(hunks.beside(fix, rebuilt, pr=pr, symbol=symbol))
-
-
-# --------------------------------------------------------------------------------------------------
-# real code recorded on GPUs
-# --------------------------------------------------------------------------------------------------
-def recorded(name: str):
-    """The newest recorded run of ``real_<name>`` (``data/recorded/real_<name>/``), or None."""
-    from sglab.core import runs
-
-    return runs.load_recorded(f"real_{name}")
-
-
-def recorded_lines(run) -> list[str]:
-    """Where a recorded real run came from: GPU, date, and per release the shims it ran with."""
-    m = run.manifest
-    p = m.params
-    lines = [f"{run.label} · {run.path.name} · method {m.method_version}"]
-    releases = p.get("releases") or []
-    shims = p.get("shims") or {}
-    if releases:
-        lines.append("releases: " + ", ".join(map(str, releases)))
-    if isinstance(shims, dict) and shims:
-        lines += [
-            f"  shims {v}: {', '.join(map(str, s)) if isinstance(s, list) else s}"
-            for v, s in shims.items()
-        ]
-    return lines
-
-
-def pivot(df, index: list[str], metrics: list[str]):
-    """``metrics`` as columns over ``index`` (first value per cell): the shape a reader compares."""
-    rows = df[df["metric"].isin(metrics)]
-    t = rows.pivot_table(index=index, columns="metric", values="value", aggfunc="first")
-    return t[[m for m in metrics if m in t.columns]]
-
-
-def show_recorded(name: str, tables: Optional[Callable] = None) -> None:
-    """Show the newest recorded real GPU run of fix ``name`` (``tables(df) -> {title: table}``
-    shapes it; the tidy rows otherwise), or say plainly that there is none. It returns nothing: a
-    notebook cell ending in the call would echo the run's raw repr (:func:`recorded` gives the
-    run)."""
-    from sglab.core.notebook import show_table
-
-    run = recorded(name)
-    if run is None:
-        print(f"Real SGLang on a GPU ({name}): not recorded yet (no run under "
-              f"data/recorded/real_{name}/).")
-        return
-    print("\n".join(["Real SGLang on a GPU, recorded:"] + recorded_lines(run)))
-    shaped = None
-    if tables is not None:
-        try:
-            shaped = tables(run.df)
-        except (KeyError, ValueError):
-            shaped = None
-    for title, t in (shaped
-                     or {"rows": run.df.drop(columns=["experiment"], errors="ignore")}).items():
-        print(title)
-        show_table(t)

@@ -1,20 +1,18 @@
 """A fix's record: everything the release system needs to know about one upstream fix, in one value.
 
 Each fix states its record once, as ``FIX`` in ``sglab.<fix>.sglang``; the catalog of notebooks,
-``sglab real record``, the real-GPU plans, the upstream checks, the release timeline and the PR
-hunks all read it (they are handed the records; nothing in ``sglab.sglang`` imports a fix).
+``sglab real record``, the upstream checks, the release timeline and the PR hunks all read it (they are handed the records; nothing in ``sglab.sglang`` imports a fix).
 
 - ``check(read) -> Verdict``: which state a given SGLang (installed, a checkout, a wheel) is in,
   read as source;
 - ``hunks``: the symbols each PR touched, to cut the released hunk out of the wheels around it;
 - ``probe``: the real-release probe the notebook's real section runs on the CPU, on which releases;
-- ``gpu``: the real-code steps recorded on GPUs (``sglab real gpu``), one worker per release;
 - ``engine``: the real engine's scenario (a release's whole server with dummy weights).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from sglab.core import engine_records, engine_view
@@ -53,31 +51,6 @@ class Probe:
 
 
 @dataclass(frozen=True)
-class Step:
-    """One release, one probe (``module:function``), its parameters and a timeout in seconds."""
-
-    release: str
-    probe: str
-    params: dict = field(default_factory=dict)
-    timeout: float = 420.0
-
-
-@dataclass(frozen=True)
-class GpuPlan:
-    """Real code of a fix on GPUs: the GPUs it needs, the method version of its runs, one step per
-    release."""
-
-    gpus: int
-    method_version: int
-    steps: tuple[Step, ...]
-    what: str
-
-    @property
-    def releases(self) -> list[str]:
-        return list(dict.fromkeys(s.release for s in self.steps))
-
-
-@dataclass(frozen=True)
 class Fix:
     """One upstream fix as the workbook treats it (see the module docstring)."""
 
@@ -90,7 +63,6 @@ class Fix:
     check: Callable  # read -> Verdict (sglab.sglang.upstream)
     hunks: tuple[Spec, ...] = ()
     probe: Optional[Probe] = None
-    gpu: Optional[GpuPlan] = None
     engine: object = None
     part: str = ""  # "part A" where one PR holds two fixes
 
@@ -125,8 +97,3 @@ class Fix:
         """The real-engine section of a fix without a show function of its own: recorded runs if
         any, and the scenarios as data (:func:`sglab.core.engine_view.planned`)."""
         engine_view.planned(self.recorded_engine(), self.engine or ())
-
-    @property
-    def gpu_experiment(self) -> str:
-        """The experiment of this fix's real-code GPU runs: ``real_<name>``."""
-        return f"real_{self.name}"

@@ -11,11 +11,6 @@ release behind.
 A release that cannot be installed prints one line (release, cause) and the others go on; the
 command exits 1 then, and callers of :func:`sglab.sglang.run_probe` get a "not run" result naming
 the cause.
-
-``--wheelhouse DIR`` installs offline from a folder built by ``scripts/wheelhouse-sglang.sh``
-(``DIR/releases/sglang-<V>-*.whl``, ``DIR/deps/<set>/*.whl`` plus ``DIR/deps/common/*.whl``, each
-installed with ``--no-deps``): the GPU
-path, where the image already has torch, triton and transformers.
 """
 
 from __future__ import annotations
@@ -89,15 +84,14 @@ def _deps_spec(name: str) -> dict:
     return {"requirements": list(reqs), "no_deps": list(nodeps)}
 
 
-def deps_current(name: str, *, wheelhouse: Optional[Path] = None) -> tuple[bool, str]:
+def deps_current(name: str) -> tuple[bool, str]:
     """Is dependency set ``name`` installed, for the current requirement list, and does the
     interpreter still provide what was left out of it?"""
     stamp = read_stamp(deps_dir(name))
     if stamp is None:
         return False, "not installed"
-    if wheelhouse is None and stamp.get("source") != "wheelhouse":
-        if {k: stamp.get(k) for k in ("requirements", "no_deps")} != _deps_spec(name):
-            return False, "requirement list changed"
+    if {k: stamp.get(k) for k in ("requirements", "no_deps")} != _deps_spec(name):
+        return False, "requirement list changed"
     gone = missing_provided(stamp.get("provided_by_interpreter", []))
     if gone:
         return False, f"the interpreter no longer provides {', '.join(gone[:3])}"
@@ -124,82 +118,57 @@ def _install_into(kind: str, name: str, dest: Path, fill: Callable[[Path], dict]
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def install_deps(name: str, *, wheelhouse: Optional[Path] = None) -> Outcome:
-    ok, _ = deps_current(name, wheelhouse=wheelhouse)
-    if ok:
+def install_deps(name: str) -> Outcome:
+    if deps_current(name)[0]:
         return Outcome("deps", name, "present")
 
     def fill(tmp: Path) -> dict:
-        if wheelhouse is not None:
-            wheels = sorted((wheelhouse / "deps" / name).glob("*.whl"))
-            if not wheels:
-                raise PipError(f"no wheels in {wheelhouse / 'deps' / name}")
-            wheels += sorted((wheelhouse / "deps" / "common").glob("*.whl"))
-            pip_install(tmp, wheels, no_deps=True, no_index=True)
-        else:
-            _, reqs, nodeps = DEP_SETS[name]
-            with tempfile.TemporaryDirectory() as work:
-                constraints = constraint_files(_repo(), Path(work))
-                pip_install(tmp, reqs, constraints=constraints)
-                if nodeps:
-                    pip_install(tmp, nodeps, constraints=constraints, no_deps=True)
+        _, reqs, nodeps = DEP_SETS[name]
+        with tempfile.TemporaryDirectory() as work:
+            constraints = constraint_files(_repo(), Path(work))
+            pip_install(tmp, reqs, constraints=constraints)
+            if nodeps:
+                pip_install(tmp, nodeps, constraints=constraints, no_deps=True)
         check_no_forbidden(tmp)
         return {
             **_deps_spec(name), "set": name, "provided_by_interpreter": prune_provided(tmp),
-            "source": "wheelhouse" if wheelhouse is not None else "index"
+            "source": "index"
         }
 
     home().mkdir(parents=True, exist_ok=True)
     return _install_into("deps", name, deps_dir(name), fill)
 
 
-def _release_wheel(version: str, wheelhouse: Optional[Path]) -> tuple[list[str], bool]:
-    """(what to pass to pip, whether to go offline) for one release."""
-    if wheelhouse is not None:
-        wheels = sorted((wheelhouse / "releases").glob(f"sglang-{version}-*.whl"))
-        if not wheels:
-            raise PipError(f"no sglang-{version}-*.whl in {wheelhouse / 'releases'}")
-        return [str(wheels[0])], True
-    return [f"sglang=={version}"], False
-
-
-def install_release(version: str, *, wheelhouse: Optional[Path] = None) -> Outcome:
+def install_release(version: str) -> Outcome:
     if (read_stamp(release_dir(version)) is not None
             and (package_dir(version) / "__init__.py").exists()):
         return Outcome("release", version, "present")
 
     def fill(tmp: Path) -> dict:
-        reqs, offline = _release_wheel(version, wheelhouse)
         cache = home() / "wheels"  # wheels another part of the project downloaded for reading
-        links = [cache] if cache.is_dir() and not offline else []
         with tempfile.TemporaryDirectory() as work:
-            constraints = [] if offline else constraint_files(_repo(), Path(work))
-            pip_install(tmp, reqs, constraints=constraints, no_deps=True, no_index=offline,
-                        find_links=links)
+            pip_install(tmp, [f"sglang=={version}"], constraints=constraint_files(
+                _repo(), Path(work)), no_deps=True, find_links=[cache] if cache.is_dir() else [])
         if not (tmp / "sglang" / "__init__.py").exists():
             raise PipError("the wheel has no sglang/__init__.py")
         return {
-            "version": version, "wheel": wheel_of(tmp), "deps": dep_set(version),
-            "source": "wheelhouse" if offline else "index"
+            "version": version, "wheel": wheel_of(tmp), "deps": dep_set(version), "source": "index"
         }
 
     return _install_into("release", version, release_dir(version), fill)
 
 
-def install(releases: Iterable[str] = PINNED, *, wheelhouse: Optional[Path] = None,
-            jobs: int = JOBS, echo=print, warn=None) -> list[Outcome]:
+def install(releases: Iterable[str] = PINNED, *, jobs: int = JOBS, echo=print,
+            warn=None) -> list[Outcome]:
     """Install what is missing of ``releases`` and their dependency sets; one outcome per item, in
     order, each said in one line by ``echo``, or by ``warn`` (default ``echo``) where it failed."""
     releases = list(dict.fromkeys(releases))
     for v in releases:
         parse_version(v)
-    if wheelhouse is not None and not Path(wheelhouse).is_dir():
-        raise SystemExit(f"wheelhouse {wheelhouse} does not exist (build it with `make "
-                         "wheelhouse-sglang`)")
     sets = list(dict.fromkeys(dep_set(v) for v in releases))
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(install_deps, s, wheelhouse=wheelhouse) for s in sets]
-        futures += [pool.submit(install_release, v, wheelhouse=wheelhouse) for v in releases]
+        futures = [pool.submit(install_deps, s) for s in sets]
+        futures += [pool.submit(install_release, v) for v in releases]
         outcomes = []
         for f in futures:
             out = f.result()
@@ -215,7 +184,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         "a release already installed is left alone")
     ap.add_argument("--releases", nargs="+", default=list(PINNED), metavar="V",
                     help=f"releases to install (default: {' '.join(PINNED)})")
-    ap.add_argument("--wheelhouse", type=Path, help="install offline from this folder (GPU boxes)")
     ap.add_argument("--jobs", type=int, default=JOBS, help="parallel pip processes")
     args = ap.parse_args(argv)
     try:
@@ -225,7 +193,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    outcomes = install(args.releases, wheelhouse=args.wheelhouse, jobs=args.jobs,
+    outcomes = install(args.releases, jobs=args.jobs,
                        warn=lambda line: print(line, file=sys.stderr))
     failed = [o for o in outcomes if o.status == "failed"]
     done = sum(o.status == "installed" for o in outcomes)
@@ -292,7 +260,7 @@ def _error_line(stderr: str) -> str:
 
 
 def pip_install(target: Path, requirements: Iterable[str], *, constraints: Iterable[Path] = (),
-                no_deps: bool = False, find_links: Iterable[Path] = (), no_index: bool = False,
+                no_deps: bool = False, find_links: Iterable[Path] = (),
                 timeout: float = PIP_TIMEOUT_S) -> None:
     """``pip install --target`` one batch of requirements (names, pins or wheel paths); raises
     :class:`PipError`."""
@@ -307,8 +275,6 @@ def pip_install(target: Path, requirements: Iterable[str], *, constraints: Itera
         cmd += ["--find-links", str(f)]
     if no_deps:
         cmd.append("--no-deps")
-    if no_index:
-        cmd.append("--no-index")
     cmd += [str(r) for r in requirements]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,

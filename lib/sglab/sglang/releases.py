@@ -56,31 +56,6 @@ DEP_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = 
                ("compressed-tensors==0.18.0",)),
 }
 
-# The GPU image (scripts/gpu-image-packages.txt: Python 3.12, torch 2.11+cu130, triton, transformers
-# 5.17, torchvision) keeps its own numpy, and its transformers for 0.5.2x: only what it lacks goes
-# into .whl-sglang/ (see scripts/wheelhouse-sglang.sh). Same set names and layout as on the CPU.
-# 0.5.1x brings the transformers it was released with (5.6.0): the image's 5.17 already registers
-# `qwen3_asr`, which 0.5.11 and 0.5.12.post1 register themselves (`configs/qwen3_asr.py`), so their
-# import stops with "'qwen3_asr' is already used"; and 5.6.0 refuses the image's tokenizers 0.23.2
-# (it wants <= 0.23.0; 0.22.2 is what the CPU set resolves to).
-GPU_RELEASES = ("0.5.11", "0.5.12.post1", "0.5.23")
-GPU_DEP_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "0.5.1x": (_COMMON + ("transformers==5.6.0", "tokenizers==0.22.2", "apache-tvm-ffi==0.1.9",
-                          "openai==2.6.1"), ("compressed-tensors==0.18.0",)),
-    "0.5.2x": (_COMMON + ("apache-tvm-ffi==0.1.11", "openai==2.8.0", "uvicorn", "fastapi"),
-               ("compressed-tensors==0.18.0",)),
-}
-# Dependencies left out of the GPU carry: IPython's completion engine (jedi, and parso under it),
-# which IPython imports only when it completes code; SGLang imports ``IPython.display`` only. 5 MB
-# of the carry.
-GPU_WHEEL_SKIP = ("jedi", "parso")
-# Files of a release wheel that nothing under sglang/srt imports, dropped when the wheels are
-# repacked for the GPU carry: 0.5.2x's Rust extensions (HTTP server, gRPC, multimodal transport,
-# radix-tree core; 46 MB of 0.5.23's 131 MB) and the diffusion runtime ``multimodal_gen`` (a
-# separate server; 23 MB in 0.5.23).
-REPACK_DROP = (r"sglang/srt/rust_extensions/.*\.so$",
-               r"sglang/srt/mem_cache/rust_tree_core/.*\.so$", r"^sglang/multimodal_gen/")
-
 
 def home() -> Path:
     """The ``.sglang`` folder: ``$SGLAB_SGLANG_HOME`` or ``<checkout>/.sglang``."""

@@ -52,9 +52,7 @@ def probe_all(releases, probe: str, params=None) -> dict[str, ProbeResult]:
 
 def probe_one(release: str, probe: str, params=None, *,
               timeout: float = DEFAULT_TIMEOUT_S) -> ProbeResult:
-    """One release's live answer, as :func:`probe_all` gives it, in the shape of
-    :func:`sglab.sglang.runner.run_probe`: a ``runner`` for
-    :func:`sglab.sglang.gpu.record.record_fix`."""
+    """One release's live answer, as :func:`probe_all` gives it."""
     return run_probes([release], probe, params, jobs=1, timeout=timeout, source="live")[release]
 
 

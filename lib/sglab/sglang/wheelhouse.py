@@ -1,26 +1,12 @@
-"""Helpers of ``scripts/wheelhouse-sglang.sh`` (the offline GPU carry): requirement lists and wheel
-repacking.
-
-    python -m sglab.sglang.wheelhouse requirements SET [--no-deps]
-        one requirement a line (GPU lists)
-    python -m sglab.sglang.wheelhouse releases
-        the releases the GPU carry holds
-    python -m sglab.sglang.wheelhouse skip
-        dependencies left out of the carry
-    python -m sglab.sglang.wheelhouse repack WHEEL
-        drop REPACK_DROP files, fix RECORD, in place
-
-Repacking keeps the wheel installable by pip: the dropped files leave the archive and their RECORD
-lines go with them (RECORD lists every file with its hash; pip checks what it installs against it).
-
-The engine bundles (``scripts/wheelhouse-engine.sh``, ``.whl-engine/``): what a whole real engine
-of one release needs on the GPU image, as installed trees packed into ``tar.xz`` layers that are
-unpacked side by side into one folder (no pip on the GPU box):
+"""Helpers of ``scripts/wheelhouse-engine.sh`` (the engine bundles, ``.whl-engine/``): what a whole
+real engine of one release needs on the GPU image, as installed trees packed into ``tar.xz`` layers
+that are unpacked side by side into one folder (no pip on the GPU box):
 
     python -m sglab.sglang.wheelhouse engine-pins WHEEL            the release's ``==`` pins
     python -m sglab.sglang.wheelhouse engine-deps [--no-deps]      the light dependencies
     python -m sglab.sglang.wheelhouse engine-layer OUT.tar.xz KIND:WHEEL ...   one layer
     python -m sglab.sglang.wheelhouse engine-check DIR [--pair-limit MIB]      sizes; do two fit?
+    python -m sglab.sglang.wheelhouse skip                         what the carry leaves out
 
 Layers: ``release-<V>`` (the sglang wheel without its ``.so`` files, the slim sglang-kernel,
 FlashInfer's Python files and the JIT sources its norm kernel needs), ``transformers-<T>`` (the
@@ -40,34 +26,11 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-from sglab.sglang.releases import GPU_DEP_SETS, GPU_RELEASES, GPU_WHEEL_SKIP, REPACK_DROP, pins
+from sglab.sglang.releases import pins
 
-
-def repack(wheel: Path, drop=REPACK_DROP) -> tuple[int, int]:
-    """Rewrite ``wheel`` without the members matching ``drop``; (files dropped, bytes saved on
-    disk)."""
-    pats = [re.compile(p) for p in drop]
-    before = wheel.stat().st_size
-    tmp = wheel.with_suffix(".tmp")
-    dropped = 0
-    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED,
-                                                        compresslevel=9) as dst:
-        for info in src.infolist():
-            name = info.filename
-            if any(p.search(name) for p in pats):
-                dropped += 1
-                continue
-            data = src.read(name)
-            if name.endswith(".dist-info/RECORD"):
-                lines = data.decode().splitlines(keepends=True)
-                data = "".join(
-                    ln for ln in lines if not any(p.search(ln.split(",", 1)[0])
-                                                  for p in pats)).encode()
-            info.compress_type = zipfile.ZIP_DEFLATED
-            dst.writestr(info, data, compresslevel=9)
-    tmp.replace(wheel)
-    return dropped, before - wheel.stat().st_size
-
+# Dependencies left out of the GPU carry: IPython's completion engine (jedi, and parso under it),
+# which IPython imports only when it completes code; SGLang imports ``IPython.display`` only.
+WHEEL_SKIP = ("jedi", "parso")
 
 # -- engine bundles --------------------------------------------------------------------------------
 # Files of each wheel that a whole engine on one Hopper GPU never loads (patterns on the wheel
@@ -228,13 +191,7 @@ def check_bundles(folder: Path, pair_limit_mib: float = PAIR_LIMIT_MIB) -> tuple
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sglab.sglang.wheelhouse")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("requirements")
-    p.add_argument("set", choices=sorted(GPU_DEP_SETS))
-    p.add_argument("--no-deps", action="store_true", help="the list installed without dependencies")
-    sub.add_parser("releases")
     sub.add_parser("skip")
-    p = sub.add_parser("repack")
-    p.add_argument("wheel", type=Path)
     p = sub.add_parser("engine-pins")
     p.add_argument("wheel", type=Path)
     p = sub.add_parser("engine-deps")
@@ -247,31 +204,21 @@ def main(argv=None) -> int:
     p.add_argument("folder", type=Path)
     p.add_argument("--pair-limit", type=float, default=PAIR_LIMIT_MIB)
     args = ap.parse_args(argv)
-    if args.cmd == "engine-pins":
+    if args.cmd == "skip":
+        print("\n".join(WHEEL_SKIP))
+    elif args.cmd == "engine-pins":
         print("\n".join(f"{k}=={v}" for k, v in sorted(wheel_pins(args.wheel).items())))
-        return 0
-    if args.cmd == "engine-deps":
+    elif args.cmd == "engine-deps":
         print("\n".join(ENGINE_DEPS_NO_DEPS if args.no_deps else ENGINE_DEPS))
-        return 0
-    if args.cmd == "engine-layer":
+    elif args.cmd == "engine-layer":
         parts = [(part.split(":", 1)[0], Path(part.split(":", 1)[1])) for part in args.parts]
         n, unpacked = layer(args.out, parts)
         print(f"{args.out.name}: {n} files, {unpacked / 2**20:.1f} MiB unpacked, "
               f"{args.out.stat().st_size / 2**20:.1f} MiB packed")
-        return 0
-    if args.cmd == "engine-check":
+    else:
         lines, ok = check_bundles(args.folder, args.pair_limit)
         print("\n".join(lines))
         return 0 if ok else 1
-    if args.cmd == "requirements":
-        print("\n".join(GPU_DEP_SETS[args.set][1 if args.no_deps else 0]))
-    elif args.cmd == "releases":
-        print("\n".join(GPU_RELEASES))
-    elif args.cmd == "skip":
-        print("\n".join(GPU_WHEEL_SKIP))
-    else:
-        n, saved = repack(args.wheel)
-        print(f"{args.wheel.name}: dropped {n} files, {saved / 2**20:.1f} MiB smaller")
     return 0
 
 

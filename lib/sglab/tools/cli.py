@@ -78,16 +78,10 @@ def cmd_real(args) -> int:
 
         return real_record.main(args.rest)
     if args.action == "gpu":
-        from sglab.core.bytecode import enable
-        from sglab.sglang.gpu import record
-        from sglab.tools.fixes import FIXES
-
-        enable()  # the probe processes import torch and a release each: keep their bytecode
-        p = argparse.ArgumentParser(
-            prog="sglab real gpu", description="real SGLang code on this machine's GPUs, one run "
-            "per fix (data/runs/real_<fix>/)")
-        record.add_arguments(p)
-        return record.record(FIXES, p.parse_args(args.rest))
+        print(
+            "sglab real gpu: retired; the real engine checks the same on a GPU (sglab engine, "
+            "scripts/engine_gpu.sh --plan NN)", file=sys.stderr)
+        return 2
     from sglab.sglang import install
 
     return install.main(args.rest)
@@ -556,12 +550,11 @@ def _evidence_commands(sub) -> None:
     p.set_defaults(fn=cmd_verify)
     p = sub.add_parser(
         "real", help="real SGLang releases side by side: `sglab real install [--releases V ...]`, "
-        "`sglab real record` (the notebooks' probe answers, for recorded mode), `sglab real gpu` "
-        "(real code on this machine's GPUs)")
+        "`sglab real record` (the notebooks' probe answers, for recorded mode)")
     p.add_argument(
         "action", choices=["install", "record", "gpu"],
         help="install: the pinned releases side by side; record: what the notebooks' probes answer "
-        "here (data/recorded/real_cpu/); gpu: real code on this machine's GPUs (data/runs/)")
+        "here (data/recorded/real_cpu/); gpu: retired (see sglab engine)")
     p.add_argument("rest", nargs=argparse.REMAINDER,
                    help="the action's own options: sglab real ACTION --help")
     p.set_defaults(fn=cmd_real)
