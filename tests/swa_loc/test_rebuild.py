@@ -334,7 +334,7 @@ def test_headline_from_recorded_runs():
     if not newest:
         pytest.skip("no recorded swa_loc run")
     text = claims.headline(SWA, claims.shown(SWA, runs.load_all_recorded("swa_loc")))
-    assert "|" not in text and len(text) < 350
+    assert "|" not in text and len(text) < 450  # kernels, a real layout per step, replay, padding
     L, ratio, bs = 48, 5, 32
     all_ratios = []
     for name, (man, rows) in newest.items():

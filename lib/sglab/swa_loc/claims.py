@@ -247,8 +247,7 @@ CLAIMS = [
                 "swa_loc.nsight_matches_profiler",
                 "nsight-python and torch.profiler count the same kernels per op in "
                 "the eager decode step", "equal calls per (variant, op, kernel)", _nsight_matches,
-                methods=(2, None), applies=_nsight_ran),
-        )),
+                methods=(2, None), applies=_nsight_ran))),
     Claim(
         "swa_loc.pad_bug_exact",
         "On a padded batch #23552 overwrites exactly the predicted live SWA slots in every "
@@ -262,7 +261,7 @@ CLAIMS = [
     Claim("swa_loc.replay_ratio",
           "Removing the translation makes the headline replay (48 layers, 5:1, bs 32) faster",
           f"before / #24743 >= {MIN_RATIO:.2f}", _ratio, applies=_has_headline_cell, drift=0.25,
-          context=("layout_kernels", "layout_us")),
+          context=("layout_kernels", "layout_us"))
 ]
 
 
@@ -286,7 +285,7 @@ HEADLINE = Headline(
         f"so a {_L['layers']}-layer {_L['swa_per_full']}:1 model ({_L_SWA} SWA layers) at bs "
         f"{_L['batch_size']} pays +{{v[{_R}][layout_kernels]:g}} kernels and "
         f"{{lo[{_R}][layout_us]:.0f}}–{{hi[{_R}][layout_us]:.0f}} µs per decode step without the "
-        "preset (the recorded µs per SWA layer, `sglab swa-cost`)",
+        "preset (`sglab swa-cost`)",
         f"toy-layer replay {{runs}}; {{lo[{_R}][ratio_min]:.2f}}–{{hi[{_R}][ratio_max]:.2f}}× "
         "over the sweep", f"padded batches: {{v[{_P}][pr23552_corrupted]}} live (layer, slot) "
         f"pairs overwritten by #23552, {{v[{_P}][pr24743_corrupted]}} by #24743."),
@@ -382,8 +381,7 @@ ENGINE = SimpleNamespace(
     EXPERIMENT="engine_swa_loc",
     CLAIM=f"In SGLang's own engine (bench_one_batch, GPT-OSS-style 8 layers, 4 sliding-window, "
     f"dummy weights), reverting #23552's preset adds the rebuild's {EXTRA_PER_SWA_LAYER} kernels "
-    f"per SWA layer to every decode-graph replay.",
-    CLAIMS=[
+    f"per SWA layer to every decode-graph replay.", CLAIMS=[
         Claim(
             "engine_swa_loc.reverted_preset_extra_kernels",
             "0.5.11 with #23552's preset reverted replays 2 more kernels per SWA layer than "
@@ -395,12 +393,9 @@ ENGINE = SimpleNamespace(
             "Counted, not timed: every release's decode-graph replay launches one kernel count in "
             "every engine start, so a rerun on any machine must find the same count",
             "one count per release and case over its starts (exact; --against: equal)",
-            _counts_exact, applies=_counts_apply),
-    ],
-    shown=lambda runs_: list(runs_),
-    HEADLINE=Headline(
+            _counts_exact, applies=_counts_apply)
+    ], shown=lambda runs_: list(runs_), HEADLINE=Headline(
         parts=("0.5.11's decode-graph replay, as released → with the preset reverted: {runs}",
                f"+{{v[{_E}][extra]}} over {{v[{_E}][swa_layers]}} SWA layers, "
                f"{{v[{_E}][per_swa_layer]:g}} per SWA layer."),
-        per_run=f"{{v[{_E}][released]}} → {{v[{_E}][before]}} kernels on {{gpu}}", run_sep=", "),
-)
+        per_run=f"{{v[{_E}][released]}} → {{v[{_E}][before]}} kernels on {{gpu}}", run_sep=", "))
