@@ -1,29 +1,11 @@
-"""Measure the SWA location preset on a GPU: kernels per decode replay, replay time, KV contents,
-profiler views.
-
-For each layer count and SWA:full ratio the three runners (``before``, ``pr23552``, ``pr24743``; see
-:mod:`sglab.swa_loc.rebuild`) capture one decode graph per batch size, each on its own identically
-built pool. Per (variant, layers, batch size) the run has these rows:
-
-- ``translate_calls_capture``: translations while the graph was captured (Python counter);
-- ``graph_kernel_nodes``: kernel nodes of the captured graph (static count through cuda-bindings);
-- ``profiled_kernels``: kernels torch.profiler sees in one replay;
-- ``kv_mismatch_slots``: (layer, slot) pairs where the pool after one populated replay differs from
-  an eager reference that ran the same batch (padding slot excluded; expected 0);
-- ``time_median`` / ``time_p10`` / ``time_p90``: CUDA-event time of one replay (``graph.replay()``
-  alone, no populate), from :func:`sglab.core.timing.interleaved` (variants alternate in rounds,
-  samples pooled).
-
-Then the #24743 padding scenario (:func:`pad_bug_scenario`) on real graphs for each variant, and
-(method 2) the sidecars: ``events`` (torch.profiler events of one replay per variant at
-``trace_config``) and ``trace`` (its Perfetto file), ``graph_kernels`` (the kernel nodes of those
-graphs by name), ``eager_kernels`` (per-op kernel table of one eager decode step before / after,
-from torch.profiler and nsight-python).
-
-Method versions: 1 -- a private timing loop; 2 -- timing through ``interleaved``, the lean default
-sweep, and the sidecars. :func:`sweep` takes its kernel-count probes and its timer as arguments, so
-the CPU tests run the same loop eagerly with stand-ins.
-"""
+"""Measure the SWA location preset on a GPU: for each layout the three runners of
+:mod:`sglab.swa_loc.rebuild` capture a decode graph per batch size; rows per (variant, layout, batch
+size): ``translate_calls_capture``, ``graph_kernel_nodes`` (cuda-bindings), ``profiled_kernels``
+(torch.profiler), ``kv_mismatch_slots`` (against an eager reference) and ``time_*`` (one
+``graph.replay()``, :func:`sglab.core.timing.interleaved`); then the #24743 padding scenario
+(:func:`pad_bug_scenario`) and, method 2, the sidecars ``events``, ``trace``, ``graph_kernels`` and
+``eager_kernels``. :func:`sweep` takes its kernel probes and timer as arguments, so the CPU tests
+run the same loop eagerly."""
 
 from __future__ import annotations
 
@@ -43,27 +25,17 @@ from sglab.swa_loc import rebuild
 EXPERIMENT = "swa_loc"
 METHOD_VERSION = 2
 GPUS = 1
-# Gemma-3-like layout, mid-size batch
+# Gemma-3-like layout, mid-size batch. The sweep: Gemma-3-like 5 local : 1 global layers and
+# gpt-oss-like alternation; ``trace_config``: the layout and batch size of the traced replays;
+# ``eager_config``: the eager kernel table's step.
 HEADLINE_CONFIG = {"num_layers": 48, "swa_per_full": 5, "batch_size": 32}
 DEFAULT_PARAMS: Dict[str, Any] = {
-    "layer_counts": [12, 48],
-    "swa_per_full": [5, 1],  # Gemma-3-like 5 local : 1 global, and gpt-oss-like alternation
-    "batch_sizes": [1, 32, 128],
-    "variants": list(rebuild.VARIANTS),
-    "size": 4096,
-    "size_swa": 2048,
-    "head_num": 8,
-    "head_dim": 128,
-    "dtype": "bfloat16",
-    "warmup": 10,
-    "repeat": 60,
-    "rounds": 3,
-    "pad_num_layers": 12,
-    "trace_config": dict(HEADLINE_CONFIG),  # the layout and batch size of the traced replays
-    # the eager kernel table's step
-    "eager_config": {"num_layers": 12, "swa_per_full": 5, "batch_size": 32},
-    "kernel_table_runs": 3,
-    "seed": 0,
+    "layer_counts": [12, 48], "swa_per_full": [5, 1], "batch_sizes": [1, 32, 128],
+    "variants": list(rebuild.VARIANTS), "size": 4096, "size_swa": 2048, "head_num": 8,
+    "head_dim": 128, "dtype": "bfloat16", "warmup": 10, "repeat": 60, "rounds": 3,
+    "pad_num_layers": 12, "trace_config": dict(HEADLINE_CONFIG), "eager_config": {
+        "num_layers": 12, "swa_per_full": 5, "batch_size": 32
+    }, "kernel_table_runs": 3, "seed": 0
 }
 # The sweep the method-1 runs recorded (4 layer counts x 4 batch sizes): PARAMS = FULL_SWEEP in the
 # notebook or `sglab record swa_loc --param layer_counts=[6,12,24,48] --param
@@ -182,20 +154,12 @@ def pad_bug_scenario(variant: str, *, device="cpu", use_cuda_graph: Optional[boo
     matches = all(diff.get(lyr, []) == predicted
                   for lyr in swa_ids) and not any(lyr in diff for lyr in full_ids)
     return {
-        "variant": variant,
-        "bs_step1": bs1,
-        "raw_bs_step2": raw_bs2,
-        "bs_step2": bs2,
-        "stale_tail_swa_slots": stale,
-        "stale_tail_owners": owners,
-        "owners_still_running": [r for r in owners if r in alive],
-        "predicted_slots": predicted,
-        "corrupted": diff,
-        "swa_layer_ids": swa_ids,
-        "full_layer_ids": full_ids,
-        "matches_prediction": bool(matches),
-        "n_corrupted": kv_mismatch_count(diff),
-        "n_predicted": len(predicted) * len(swa_ids),
+        "variant": variant, "bs_step1": bs1, "raw_bs_step2": raw_bs2, "bs_step2": bs2,
+        "stale_tail_swa_slots": stale, "stale_tail_owners": owners, "owners_still_running": [
+            r for r in owners if r in alive
+        ], "predicted_slots": predicted, "corrupted": diff, "swa_layer_ids": swa_ids,
+        "full_layer_ids": full_ids, "matches_prediction": bool(matches),
+        "n_corrupted": kv_mismatch_count(diff), "n_predicted": len(predicted) * len(swa_ids)
     }
 
 

@@ -1,24 +1,10 @@
 """The SWA location preset before decode-graph capture (SGLang #23552, follow-up #24743), rebuilt
-PR-era.
-
-Read it beside the released hunks (``data/upstream/swa_loc/pr23552.diff``, ``pr24743.diff``). Each
-section is headed by the upstream file and symbols it mirrors (``python/sglang/srt/...``, April–May
-2026):
-
-1. ``mem_cache/memory_pool.py``: ``MHATokenToKVPool`` and its ``store_cache`` write;
-2. ``mem_cache/swa_memory_pool.py``: ``SWAKVPool`` (its ``set_kv_buffer`` branch on ``swa_loc``) and
-   ``SWATokenToKVPoolAllocator`` (``full_to_swa_index_mapping``);
-3. ``model_executor/forward_batch_info.py``: ``ForwardBatch.out_cache_loc_swa``, translated once per
-   batch;
-4. ``model_executor/model_runner.py``: the eager forward, which presets ``swa_loc``;
-5. ``model_executor/cuda_graph_runner.py``: ``DecodeInputBuffers`` and ``CudaGraphRunner`` in the
-   three states ``before``, ``pr23552``, ``pr24743`` (:data:`VARIANTS`);
-6. no upstream file: the toy hybrid model, its setup and a pool comparison.
-
-The before/after switch is :func:`runner_config`. Nothing here measures; ``sglab.swa_loc.measure``
-does. Every path runs eagerly on the CPU too: without CUDA a runner "replays" by re-running the
-captured step with the Python state it had at capture, which is what a graph replay does.
-"""
+PR-era, to read beside ``data/upstream/swa_loc/pr23552.diff`` and ``pr24743.diff``: each section is
+headed by the upstream file and symbols it mirrors (``mem_cache/memory_pool.py``,
+``mem_cache/swa_memory_pool.py``, ``forward_batch_info.py``, ``model_runner.py``,
+``cuda_graph_runner.py``), then the toy hybrid model. The before/after switch is
+:func:`runner_config` (:data:`VARIANTS`). Nothing here measures. Without CUDA a runner "replays" by
+re-running the captured step with the Python state it had at capture, as a graph replay does."""
 
 from __future__ import annotations
 
@@ -154,7 +140,7 @@ class SWATokenToKVPoolAllocator:
         self.device = kvcache.device
         self.full_to_swa_index_mapping = torch.cat([
             torch.zeros(size + self.page_size, dtype=torch.int64, device=self.device),
-            torch.tensor([-1], dtype=torch.int64, device=self.device),
+            torch.tensor([-1], dtype=torch.int64, device=self.device)
         ])
         g = torch.Generator().manual_seed(seed)
         self._free_full = (torch.randperm(size, generator=g) + 1).tolist()

@@ -1,16 +1,10 @@
-"""Tables and figures of notebook 04, from the rebuild (CPU) or a run (recorded or live).
+"""Tables and figures of notebook 04, from the rebuild (CPU) or a run (recorded or live); each
+section function given a :class:`~sglab.core.runs.NoRun` says its one line instead.
 
-Every function that takes a run accepts a :class:`~sglab.core.runs.NoRun` too and then shows its one
-line ("no GPU run to show (…)") instead of a table or a figure.
-
-- tables: kernel counts per layout, replay times, the padding scenario, the profiler's and the eager
-  kernel table's view (what the claims read);
-- figures: :func:`mechanism` (the slide: one SWA layer's KV write inside the decode graph, from the
-  rebuild), :func:`kernels_per_replay`, :func:`replay_times`, :func:`replay_timeline`;
-- the real engine beside the rebuild: :func:`beside_rows`, :func:`beside`.
-
-Your own model (``sglab swa-cost``, the notebook's last cell) lives in :mod:`.model_config`.
-"""
+Tables: kernel counts per layout, replay times, the padding scenario, the profiler's and the eager
+kernel table's view (what the claims read). Figures: :func:`mechanism` (one SWA layer's KV write in
+the decode graph), :func:`kernels_per_replay`, :func:`replay_times`, :func:`replay_timeline`. The
+real engine: ``VIEW`` and :func:`beside`. Your own model lives in :mod:`.model_config`."""
 
 from __future__ import annotations
 
@@ -19,7 +13,7 @@ import re
 from collections import Counter
 from typing import Dict, Optional
 
-from sglab.core import notebook, plots, runs
+from sglab.core import notebook, plots, text
 from sglab.core import engine_records, engine_stats, engine_view
 from sglab.swa_loc import rebuild
 from sglab.swa_loc.measure import HEADLINE_CONFIG, SWA_WRITE, kv_write_ops
@@ -36,7 +30,6 @@ COLORS = {
 }
 STYLES = ["-", "--", ":", "-."]
 _CFG = ["swa_per_full", "num_layers", "n_swa_layers"]
-short_gpu = runs.gpu_short
 
 
 # --------------------------------------------------------------------------------------------------
@@ -182,7 +175,7 @@ def eager_table(table, variant: Optional[str] = None):
     wide = t.pivot_table(index=["variant", "scope", "step", "op", "kernel"], columns="backend",
                          values=["calls", "median_us"], aggfunc="first", sort=False)
     wide.columns = [f"{m} · {b}" for m, b in wide.columns]
-    return notebook.as_counts(wide, [c for c in wide.columns if c.startswith("calls · ")])
+    return text.counts(wide, [c for c in wide.columns if c.startswith("calls · ")])
 
 
 def kv_write_kernels(table, variant: str, backend: Optional[str] = None):
@@ -221,7 +214,7 @@ def times(run) -> None:
 
         print("before / #24743 on each GPU (newest run per GPU), batch size in the columns:")
         ratios = {
-            short_gpu(r): time_table(r.df)["before / #24743"].unstack("batch_size")
+            r.manifest.gpu: time_table(r.df)["before / #24743"].unstack("batch_size")
             for r in run.shown
         }
         notebook.show_table(pd.concat(ratios, axis=1).round(3))
@@ -233,7 +226,7 @@ def padding(run) -> None:
     """The padding scenario on real graphs, per GPU: (layer, slot) pairs corrupted and predicted."""
     import pandas as pd
 
-    notebook.show_table(pd.concat({short_gpu(r): pad_table(r.df) for r in run.shown}, axis=1))
+    notebook.show_table(pd.concat({r.manifest.gpu: pad_table(r.df) for r in run.shown}, axis=1))
 
 
 NO_TRACE = ("this run predates profiler traces (method {mv}); a new recording adds them "
@@ -250,7 +243,7 @@ def profiler(run) -> None:
         print(why)
     else:
         counts = trace_counts(run.sidecar("events"))
-        print(f"Perfetto file: {run.sidecar('trace')}")
+        notebook.file_link(run.sidecar("trace"), "Perfetto file")
         print("; ".join(
             f"{v}: {c['kernels']} kernels in the traced replay" for v, c in counts.items()))
         notebook.show_figure(fig)
@@ -376,7 +369,7 @@ def kernels_per_replay(run):
         fig, run.first, extra="static count via cuda-bindings"
         + ("; identical for every captured batch size"
            if kt["same for every batch size"].all() else "; smallest batch size shown")
-        + ("; identical on " + " and ".join(short_gpu(r) for r in run.shown) if same_gpu else ""))
+        + ("; identical on " + " and ".join(r.manifest.gpu for r in run.shown) if same_gpu else ""))
     return fig
 
 
@@ -406,7 +399,7 @@ def replay_times(shown: list, h: Optional[dict] = None):
     fig, axes = plots.figure(ncols=3, width=16)
     axes = axes.ravel()
     for gi, r in enumerate(shown):
-        gpu, style = short_gpu(r), STYLES[gi % len(STYLES)]
+        gpu, style = r.manifest.gpu, STYLES[gi % len(STYLES)]
         _time_panels(axes, r, style, gpu, h)
         tab = time_table(r.df).reset_index()
         for ratio, marker in zip(sorted(tab.swa_per_full.unique(), reverse=True), "os^"):
@@ -469,7 +462,7 @@ def beside_rows(run, engine_run) -> list[dict]:
     rows = []
     if run:
         run = run.first
-        gpu = runs.gpu_short(run.manifest)
+        gpu = run.manifest.gpu
         extra = extra_per_swa_layer(run.df)
         rows.append({
             "source": f"rebuild ({gpu})",
@@ -481,7 +474,7 @@ def beside_rows(run, engine_run) -> list[dict]:
         rows.append({
             "source": f"rebuild ({gpu})",
             "measures": "replay time saved per SWA layer (CUDA events, median)",
-            "figure": f"{saved.min():.1f}–{saved.max():.1f} µs"
+            "figure": text.span(saved, "{:.1f}", " µs")
         })
     else:
         rows.append({
@@ -522,18 +515,6 @@ def engine_swa_layers(shown: list) -> int:
 def beside(run, engine_run) -> None:
     """The rebuild's count beside the real engine's (see :func:`beside_rows`)."""
     engine_view.beside(beside_rows(run, engine_run))
-
-
-def engine(run) -> None:
-    """SGLang's own engine on a GPT-OSS-style model: kernels per decode-graph replay from
-    bench_one_batch's decode trace, 0.5.11 as released and with #23552's preset reverted, and the
-    later releases; decode time per step (batch 32) beside it."""
-    engine_view.section(VIEW, run)
-    counts = engine_stats.counts_by_run(run, "decode_kernels_per_replay")
-    if len(counts) > 1:
-        print("kernels per decode-graph replay in every recorded run, of every GPU model (a "
-              "row per run; one figure per cell where all its starts agree)")
-        notebook.show_table(counts)
 
 
 VIEW = engine_view.EngineView(what="GPT-OSS-style 8 layers (4 sliding-window)",
