@@ -1,0 +1,39 @@
+"""Notebook 04's order: the review card first, the engine section declared in the main story, the
+GPU tables, profiler and claims after the Appendix heading; the profiler links its trace relative
+to the checkout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sglab.core import notebook, runs
+from sglab.swa_loc import claims, show
+
+
+BOOK = Path(__file__).resolve().parents[2] / "notebooks" / "04_swa_loc.py"
+
+
+def _cells() -> list[str]:
+    return [c.strip() for c in BOOK.read_text().split("# %%")[1:]]
+
+
+def test_the_card_comes_first_and_the_gpu_tables_after_the_appendix():
+    cells = _cells()
+    code = [c for c in cells if not c.startswith("[markdown]")]
+    assert code[0].startswith('tags=["parameters"]')
+    assert code[1].rstrip().endswith("card(sglang.FIX, claims, run, engine)")
+    appendix = next(i for i, c in enumerate(cells) if c.startswith("[markdown]\n# ## Appendix"))
+    story, after = "\n".join(cells[:appendix]), "\n".join(cells[appendix:])
+    assert "engine_view.section(show.VIEW, engine, claims.ENGINE)" in story
+    assert story.count("reveal(") == 2 and "codepath.show(" in story
+    for call in ("show.kernels(run)", "show.times(run)", "show.padding(run)", "show.profiler(run)",
+                 "verdict(claims, run)"):
+        assert call in after and call not in story, call
+    assert "counts_by_run" not in story + after and not hasattr(show, "engine")
+
+
+def test_the_profiler_links_its_trace_relative_to_the_checkout(capsys):
+    run = notebook.Workbook(claims, mode="recorded", show=False).run()
+    show.profiler(runs.RunSet([run.first]))
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("Perfetto"))
+    assert line.startswith("Perfetto file: data/recorded/swa_loc/") and line.endswith(".json.gz")
