@@ -29,7 +29,7 @@ import inspect
 import pandas as pd
 import torch
 
-from sglab.core import hostprobe
+from sglab.core import engine_view, hostprobe
 from sglab.core.notebook import Workbook, slide, verdict
 from sglab.pcg_gate import claims, measure, rebuild, sglang, show
 
@@ -278,8 +278,8 @@ sglang.compare()
 
 # %%
 engine = sglang.FIX.recorded_engine()
-show.engine(engine)
-verdict(claims.ENGINE, engine)
+engine_view.section(show.VIEW, engine, claims.ENGINE)
+show.engine_times(engine)
 
 # %% [markdown]
 # Why starts of the same flags differ: the host probe (`python -m sglab.core.hostprobe --rounds 6`

@@ -399,12 +399,10 @@ def test_the_width_sweep_draws_one_panel_per_gpu_model_with_its_launch_cost(monk
     assert gains == [pytest.approx(2.0), pytest.approx(1.5)]
 
 
-def test_a_width_swept_on_two_machines_gets_a_row_per_run_and_how_far_apart(monkeypatch, capsys):
-    """Two runs of one GPU model sweep hidden 512 (gains 2.0 and 1.5 at 128 tokens; 512 tokens in
-    the first only): a row per run, headed with its date, host cost and starts, then how far
-    apart they lie; hidden 1024, swept once, gets no rows. The section prints the table under its
-    figure."""
-    from sglab.pcg_gate import show as pg_show
+def test_a_width_swept_on_two_machines_is_drawn_from_the_newest_with_no_table(monkeypatch, capsys):
+    """Two runs of one GPU model sweep hidden 512 (gains 2.0 and 1.5 at 128 tokens): the panel draws
+    the newest answer; how far the machines lie apart is the methods notebook's (07), so the section
+    prints no table of runs under its figure."""
 
     def sweep(gains, created, us):
         t = {}
@@ -419,12 +417,65 @@ def test_a_width_swept_on_two_machines_gets_a_row_per_run_and_how_far_apart(monk
 
     first = sweep({512: {128: 2.0, 512: 1.8}, 1024: {128: 1.2}}, "2026-11-28T01:02:00Z", 10.0)
     second = sweep({512: {128: 1.5}}, "2026-11-29T03:04:00Z", 7.0)
-    t = pg_show.width_reruns([second, first])
-    assert t.index.tolist() == [("H100", 512, "11-28 01:02, 10.0 µs, 1 start"),
-                                ("H100", 512, "11-29 03:04, 7.0 µs, 1 start"),
-                                ("H100", 512, "apart")]
-    assert t[128].tolist() == ["2.00", "1.50", "33%"] and t[512].tolist() == ["1.80", "", ""]
-    assert pg_show.width_reruns([first]).empty
-    monkeypatch.setattr(pg_show.notebook, "show_figure", lambda fig: None)
+    drawn = []
+    monkeypatch.setattr(pg_show.notebook, "show_figure", drawn.append)
     pg_show.width_sweep(runs.RunSet([first, second]))
-    assert "Widths swept on more than one machine" in capsys.readouterr().out
+    assert capsys.readouterr().out == "" and len(drawn) == 1
+    gains = {c.get_label(): c.lines[0].get_ydata()[0] for c in drawn[0].axes[0].containers}
+    assert gains == {"hidden 512": pytest.approx(1.5), "hidden 1024": pytest.approx(1.2)}
+
+
+# -- what notebook 01 shows of the engine runs ---------------------------------------------------
+def test_the_engine_section_pairs_only_the_captured_cases_with_pcg_off():
+    """The width sweep's cases and the default flags (never captured) get no speed-up row."""
+    from sglab.core import engine_view as V
+    from sglab.pcg_gate import sglang as pg_sglang
+
+    t = V.pair_table(R.frame(pg_sglang.FIX.recorded_engine().shown), pg_show.VIEW.pairs[0])
+    assert {p for _, _, p in t.index} == {"pcg-off ÷ enforce", "pcg-off ÷ pcg"}
+
+
+def test_the_appendix_times_leave_the_width_sweep_to_its_figure(capsys):
+    from sglab.pcg_gate import sglang as pg_sglang
+
+    pg_show.engine_times(pg_sglang.FIX.recorded_engine())
+    out = capsys.readouterr().out
+    assert "median [lowest–highest] of 3 engine starts" in out and "× bare launch cost" in out
+    assert "w512-" not in out and "pcg-off-again" in out
+    pg_show.engine_times(runs.NoRun("engine_pcg_gate", "none recorded"))
+    assert capsys.readouterr().out == "no GPU run to show (none recorded)\n"
+
+
+def test_the_prs_serving_figures_stand_with_a_column_for_a_run_of_our_own(capsys):
+    pg_show.serving()
+    out = capsys.readouterr().out
+    assert "TPOT (ms)" in out and "1.42×" in out  # 12.5 -> 17.7 ms, the PR's own figures
+    assert out.count("not yet") == 3
+
+
+def test_the_card_gives_the_engines_answer_default_flags_first():
+    """The engine answer: default flags, then --enforce-piecewise-cuda-graph, then each GPU model's
+    prefill ratio from its merged runs; the box sets the PR's TTFT, TPOT and E2E beside what was
+    measured, and says what was not."""
+    from sglab.core import card as K
+    from sglab.core import notebook
+    from sglab.pcg_gate import sglang as pg_sglang
+
+    engine = pg_sglang.FIX.recorded_engine()
+    run = notebook.Workbook(pg, mode="recorded", show=False).run()
+    p = K.parts(pg.CARD, pg_sglang.FIX, pg, run, engine)
+    head = p["engine"]
+    assert head.index("Default flags: disabled on 0.5.12.post1, disabled on 0.5.13") < head.index(
+        "--enforce-piecewise-cuda-graph: disabled on 0.5.12.post1, captured on 0.5.13")
+    assert "launches 25 kernels + 3 graphs instead of 64–65" in head
+    for r in R.per_gpu(engine):
+        pair = C.values(pg.ENGINE, r)["engine_pcg_gate.captured_prefill_faster"].value["pairs"]
+        got = pair["kimi_k25_tiny 0.5.13 enforce"]
+        assert f"{got['lo']:.2f}–{got['hi']:.2f}× on {r.manifest.gpu}" in head
+    found = dict(p["found"])
+    assert len(
+        found) == 4 and "Not measured here yet" in found["TPOT 12.5 → 17.7 ms, E2E 0.722 → 0.488 s"]
+    assert "captured" in found[
+        "Kimi-K2.5 gets piecewise CUDA graphs: the wrapper now passes the gate"]
+    none = K.parts(pg.CARD, pg_sglang.FIX, pg, run, runs.NoRun("engine_pcg_gate", "none"))
+    assert len(none["found"]) == 2  # the pairs that need the engine's values are left out

@@ -208,3 +208,16 @@ def test_the_record():
     assert sglang.FIX.hunks[0].symbols == (
         "srt/models/kimi_k25.py::KimiK25ForConditionalGeneration.model",
         "srt/models/kimi_k25.py::KimiK25ForConditionalGeneration.__setattr__")
+
+
+def test_each_node_of_the_code_path_is_a_symbol_of_the_fixed_release():
+    from sglab.sglang import codepath, releases
+
+    version = sglang.CODE_PATH_RELEASE
+    if not releases.package_dir(version).is_dir():
+        pytest.skip(f"sglang {version} is not installed here (sglab real install)")
+    lines = {n.symbol: codepath.line_of(version, n) for n in sglang.CODE_PATH}
+    assert all(lines.values()), lines
+    # the gate, then the alias it asks for, then the guard that drops its write-back
+    assert [n.symbol.split(".")[-1] for n in sglang.CODE_PATH[1:4]
+            ] == ["init_piecewise_cuda_graphs", "model", "__setattr__"]

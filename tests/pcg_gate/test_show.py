@@ -51,9 +51,7 @@ def test_old_runs_say_the_host_cost_was_not_measured(capsys):
         pytest.skip("no recorded pcg_gate run before method 3")
     assert show.launch_table(old[-1].df).empty
     assert "not measured (method" in show.host_line(old[-1])
-    run = old[-1]
-    run.shown = [run]
-    show.launches(run)
+    show.launches(runs.RunSet([old[-1]]))
     assert "not measured" in capsys.readouterr().out
 
 
@@ -68,10 +66,8 @@ def test_sections_of_the_recorded_runs(capsys):
     shown = claims.shown(RECORDED)
     if not shown:
         pytest.skip("no recorded pcg_gate run")
-    run = shown[0]
-    run.shown = shown
-    show.latency(run)
-    show.correctness(run)
+    show.latency(runs.RunSet(shown))
+    show.correctness(runs.RunSet(shown))
     out = capsys.readouterr().out
     assert "bf16 tolerance at all" in out
     for r in shown:  # each run's host cost where its method measured it, else why not
@@ -80,8 +76,7 @@ def test_sections_of_the_recorded_runs(capsys):
         assert said in out
     older = [r for r in RECORDED if r.manifest.method_version < 3]
     if older:
-        older[-1].shown = [older[-1]]
-        show.latency(older[-1])
+        show.latency(runs.RunSet([older[-1]]))
         assert "host per-launch cost not measured (method" in capsys.readouterr().out
 
 
@@ -104,13 +99,29 @@ def test_the_profiler_section_prints_counts_as_whole_numbers_and_no_nan(capsys):
     traced = [r for r in shown if r.sidecar("events") is not None]
     if not traced:
         pytest.skip("no recorded pcg_gate run with profiler traces")
-    run = traced[-1]
-    run.shown = [run]
-    show.profiler(run)
-    show.latency(run)
+    show.profiler(runs.RunSet([traced[-1]]))
+    show.latency(runs.RunSet([traced[-1]]))
     out = capsys.readouterr().out
     assert "NaN" not in out
     eager = next(ln for ln in out.splitlines() if ln.split()[:2] == ["64", "eager"])
     assert eager.split()[2:5] == [str(int(float(v))) for v in eager.split()[2:5]]
     more = next(ln for ln in out.splitlines() if "more)" in ln)
     assert more.split("more)")[1].split()[0].isdigit()  # the calls of the rest, a whole number
+
+
+def test_the_launch_table_reads_its_launch_counts_as_whole_numbers(tmp_path, capsys):
+    show.launches(runs.RunSet([method3_run(tmp_path, 12.0)]))
+    out = capsys.readouterr().out
+    row = next(ln for ln in out.splitlines() if ln.split()[:1] == ["64"])
+    assert row.split()[1:3] == [str(LE), str(LP)]
+
+
+def test_the_profiler_links_each_runs_perfetto_trace_from_the_checkout(capsys):
+    traced = [r for r in claims.shown(RECORDED) if r.sidecar("trace") is not None]
+    if not traced:
+        pytest.skip("no recorded pcg_gate run with a Perfetto trace")
+    show.profiler(runs.RunSet([traced[-1]]))
+    out = capsys.readouterr().out
+    link = next(ln for ln in out.splitlines() if "the Perfetto trace" in ln)
+    assert link.endswith(f": data/recorded/pcg_gate/{traced[-1].manifest.sidecars['trace']}")
+    assert str(runs.repo_root()) not in out

@@ -1,13 +1,10 @@
 """What every pcg_gate run must show (see :mod:`sglab.core.claims`): five claims a reader checks,
 the instrument checks folded under them.
 
-Small prefills are host-bound: eager time there is the host launching kernels one by one, so raw
-eager times, speed-ups and GPU busy shares move from one machine of a GPU model to the next. From
-method 3 on, the launch-bound claims are stated relative to the host's per-launch cost measured in
-the same run (:class:`sglab.pcg_gate.measure.Burst`) and to the launches counted in it; their values
-travel between machines. The raw host-bound figures are kept, with the per-launch cost beside them,
-in ``host_launch_cost``, which is never compared across machines. Runs of methods 1 and 2 keep their
-original checks.
+Small prefills are host-bound, so from method 3 on the launch-bound claims read relative to the
+host's per-launch cost measured in the same run; the raw host-bound figures stay, beside that cost,
+in ``host_launch_cost``, never compared across machines. ``ENGINE``: the real engine's claims;
+``CARD``: the notebook's review card.
 """
 
 from __future__ import annotations
@@ -15,13 +12,13 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
-from sglab.core import runs
+from sglab.core import engine_records, engine_stats, runs
+from sglab.core.card import Card
 from sglab.core.claims import NA, Claim, Headline, Outcome, holds, not_applicable
-from sglab.pcg_gate import show
-from sglab.core import engine_records, engine_stats
+from sglab.pcg_gate import sglang, show
+from sglab.pcg_gate.measure import EXPERIMENT, GPUS  # noqa: F401 (GPUS: read by Workbook)
 from sglab.sglang.engine import spec
 from sglab.sglang.releases import parse_version
-from sglab.pcg_gate.measure import EXPERIMENT, GPUS  # noqa: F401 (GPUS: read by Workbook)
 
 
 CLAIM = ("A `model` property + `__setattr__` guard lets the Kimi-shaped wrapper pass the PCG gate "
@@ -52,10 +49,8 @@ def _gate_decision(run):
     g = show.gate_table(run.df)
     if not g.empty:  # method 2 on: every wrapper variant around the measured LLM
         decided = {v: int(g.loc[v, "gate_enabled"]) for v in g.index}
-        ok = ok and decided == {v: int(v != "no_alias")
-                                for v in decided} and set(decided) >= {
-                                    "no_alias", "plain_alias", "property_only", "property_guard"
-                                }
+        every = {v: int(v != "no_alias") for v in decided}
+        ok = ok and decided == every and set(decided) >= set(show.SHOWN)
         text = ", ".join(f"{v}: {'on' if d else 'off'}" for v, d in decided.items())
         value = decided
     return holds(ok, text, value)
@@ -103,15 +98,22 @@ def _graph_count(run):
 # --------------------------------------------------------------------------------------------------
 # small prefills: the speed-up and the launches behind it
 # --------------------------------------------------------------------------------------------------
+def _ratios(sp) -> dict:
+    """The raw eager/piecewise ratios of a run: their range, where the largest is, where piecewise
+    starts to lose."""
+    return {
+        "max": float(sp.max()), "max_at": int(sp.idxmax()), "min": float(sp.min()),
+        "slowdown_from": show.slowdown_start(sp), "tokens_lo": int(sp.index.min()),
+        "tokens_hi": int(sp.index.max())
+    }
+
+
 def _speedup_v1(run, sp):
     """Methods 1-2: raw ratios (they move with the host)."""
     small, launch = sp[sp.index <= SMALL], sp[sp.index <= LAUNCH_BOUND]
     ok = bool((small > 1.0).all() and (launch >= MIN_SMALL_RATIO).all())
     value = {
-        "min_small": float(small.min()), "min_launch_bound": float(launch.min()),
-        "max": float(sp.max()), "max_at": int(sp.idxmax()), "min": float(sp.min()),
-        "slowdown_from": show.slowdown_start(sp), "tokens_lo": int(sp.index.min()),
-        "tokens_hi": int(sp.index.max())
+        "min_small": float(small.min()), "min_launch_bound": float(launch.min()), **_ratios(sp)
     }
     return holds(
         ok, f"eager/piecewise {small.min():.2f}–{small.max():.2f}× up to {SMALL} tok "
@@ -158,9 +160,8 @@ def _launch_gaps(run):
     text = (f"at {n} tok the GPU is busy {e.busy:.0%} of the eager forward, {p.busy:.0%} of the "
             "piecewise one")
     if _method(run) < 3:
-        return holds(
-            ok, text,
-            {"tokens": int(n), "eager_busy": float(e.busy), "piecewise_busy": float(p.busy)})
+        busy = {"tokens": int(n), "eager_busy": float(e.busy), "piecewise_busy": float(p.busy)}
+        return holds(ok, text, busy)
     # method 3: the device work per eager launch against the host's time per launch (GPU figures
     # travel; the busy shares stay with the host, in host_launch_cost)
     lt = show.launch_table(run.df)
@@ -170,22 +171,17 @@ def _launch_gaps(run):
     # timed where the count was timed, else as traced (under the profiler)
     host_us = float(lt.loc[n,
                            "eager µs/launch"] if n in lt.index else e.host_us / e.kernel_launches)
-    ok = ok and kernel_us < host_us
+    value = {
+        "tokens": int(n), "kernel_us": float(kernel_us),
+        "device_ratio": float(p.device_us / e.device_us)
+    }
     return holds(
-        ok, f"{text}: {kernel_us:.1f} µs of GPU work per eager launch, {host_us:.1f} µs "
-        "of host time", {
-            "tokens": int(n), "kernel_us": float(kernel_us), "device_ratio": float(
-                p.device_us / e.device_us)
-        })
+        ok and kernel_us < host_us, f"{text}: {kernel_us:.1f} µs of GPU work per eager "
+        f"launch, {host_us:.1f} µs of host time", value)
 
 
 def _host_figures(run) -> dict:
-    sp = show.latency_of(run)["speedup"]
-    value = {
-        "min": float(sp.min()), "max": float(sp.max()), "max_at": int(sp.idxmax()),
-        "slowdown_from": show.slowdown_start(sp), "tokens_lo": int(sp.index.min()),
-        "tokens_hi": int(sp.index.max())
-    }
+    value = _ratios(show.latency_of(run)["speedup"])
     t = show.trace_table(run.df)
     if not t.empty:
         n = min(i[0] for i in t.index)
@@ -249,6 +245,21 @@ def _kernel_counts(run):
 
 
 _E = f"{EXPERIMENT}."
+GRAPH_COUNT = Claim(_E + "graph_count", "One graph per piece and bucket",
+                    "graphs == buckets × (layers + 1)", _graph_count)
+LAUNCH_GAPS = Claim(
+    _E + "trace_launch_gaps", "A small eager prefill leaves the GPU idle between launches; "
+    "piecewise replays keep it busier", "eager busy < 50% of the forward at the smallest traced "
+    "count, piecewise busier (method 3: each eager launch's GPU work shorter than its host time)",
+    _launch_gaps, methods=(2, None), drift=0.25)
+HOST_COST = Claim(
+    _E + "host_launch_cost", "The host-bound figures (small-prefill times, speed-ups, busy shares) "
+    "with the host's per-launch cost measured in the same run: they scale with it and are not "
+    "compared across machines", "> 0 µs, CUDA events within 25% of time.perf_counter (method 3 "
+    "on)", _host_launch_cost, drift=math.inf)
+KERNEL_COUNTS = Claim(
+    _E + "kernel_counts_agree", "nsight-python and torch.profiler count the same kernels in the "
+    "eager prefill", "equal (exact)", _kernel_counts, methods=(2, None))
 CLAIMS = [
     Claim(
         _E + "gate_decision", "The gate keeps the wrapper without `.model` on eager prefill and "
@@ -259,39 +270,22 @@ CLAIMS = [
         "without guard, each the LLM's whole key list again", "model.* keys == LLM keys for "
         "plain_alias / property_only (/ property_setter), 0 for no_alias / property_guard "
         "(exact)", _duplicate_keys, methods=(2, None)),
-    Claim(
-        _E + "piecewise_equals_eager", "Piecewise prefill computes the eager result at every "
-        "token count", "max |piecewise − eager| ≤ 8 bf16 ulps of the output's max, every token "
-        "count", _equals_eager, drift=None,
-        folded=(Claim(_E + "graph_count", "One graph per piece and bucket",
-                      "graphs == buckets × (layers + 1)", _graph_count),)),
+    Claim(_E + "piecewise_equals_eager", "Piecewise prefill computes the eager result at every "
+          "token count", "max |piecewise − eager| ≤ 8 bf16 ulps of the output's max, every token "
+          "count", _equals_eager, drift=None, folded=(GRAPH_COUNT,)),
     Claim(
         _E + "small_prefill_speedup", f"Piecewise graphs speed up every prefill up to {SMALL} "
         "tokens: at small ones eager is its launches, and piecewise gains what the launches it "
-        "removes cost", f"eager/piecewise > 1 at every count ≤ {SMALL} tok; at ≤ {LAUNCH_BOUND} "
-        f"tok (method 3) eager ms / (launches × host µs per launch) in {EAGER_X[0]}–{EAGER_X[1]} "
-        f"and the gain {EXPLAINED[0]}–{EXPLAINED[1]} of the removed launches' cost (methods "
-        f"1–2: ≥ {MIN_SMALL_RATIO}×)", _small_speedup, drift=0.25,
-        folded=(Claim(
-            _E + "trace_launch_gaps", "A small eager prefill leaves the GPU idle "
-            "between launches; piecewise replays keep it busier", "eager busy < 50% of "
-            "the forward at the smallest traced count, piecewise busier (method 3: "
-            "each eager launch's GPU work shorter than its host time)", _launch_gaps,
-            methods=(2, None), drift=0.25),
-                Claim(
-                    _E + "host_launch_cost", "The host-bound figures (small-prefill times, "
-                    "speed-ups, busy shares) with the host's per-launch cost measured in the "
-                    "same run: they scale with it and are not compared across machines",
-                    "> 0 µs, CUDA events within 25% of time.perf_counter (method 3 on)",
-                    _host_launch_cost, drift=math.inf))),
+        f"removes cost", f"eager/piecewise > 1 at every count ≤ {SMALL} tok; at ≤ {LAUNCH_BOUND} "
+        f"tok (method 3) eager ms / (launches × host µs per launch) in {EAGER_X[0]}–"
+        f"{EAGER_X[1]} and the gain {EXPLAINED[0]}–{EXPLAINED[1]} of the removed launches' cost "
+        f"(methods 1–2: ≥ {MIN_SMALL_RATIO}×)", _small_speedup, drift=0.25,
+        folded=(LAUNCH_GAPS, HOST_COST)),
     Claim(
         _E + "copies_explain_slowdown", "The large-prefill slowdown is the copy hand-off between "
         "pieces", "copies ≥ 50% of piecewise's extra device time at the largest traced count; "
         "without them eager/piecewise ≥ 0.99", _copies, methods=(2, None), drift=0.25,
-        folded=(Claim(
-            _E + "kernel_counts_agree", "nsight-python and torch.profiler count the "
-            "same kernels in the eager prefill", "equal (exact)", _kernel_counts,
-            methods=(2, None)),)),
+        folded=(KERNEL_COUNTS,)),
 ]
 
 
@@ -318,47 +312,48 @@ HEADLINE = Headline(
 KIMI, FIXED_RELEASE = "kimi_k25_tiny", "0.5.13"  # the first release with #26382 part A
 
 
-def _kimi(run) -> dict:
-    """``{(release, case): (pcg, reason)}`` of the Kimi-K2.5 variants that started."""
+def _kimi(run, case: str) -> dict:
+    """``{release: (pcg, reason)}`` of the Kimi-K2.5 variants of ``case`` that started."""
     df = engine_records.frame([run])
     ok, pcg = engine_stats.started(df, KIMI), engine_stats.texts(df, "pcg")
     why = engine_stats.texts(df, "pcg_reason")
-    return {k[1:]: (pcg.get(k, ""), why.get(k, "")) for k, started in ok.items() if started}
+    return {
+        k[1]: (pcg.get(k, ""), why.get(k, ""))
+        for k, started in ok.items() if started and k[2] == case
+    }
 
 
-def _kimi_applies(run):
-    return None if any(case == "enforce" for _, case in _kimi(run)) else \
-        "no Kimi-K2.5 'enforce' case in this run"
+def _kimi_ran(case: str):
+    return lambda run: None if _kimi(run, case) else f"no Kimi-K2.5 '{case}' case in this run"
 
 
 def _kimi_gate(run):
-    found = {rel: v for (rel, case), v in _kimi(run).items() if case == "enforce"}
+    found = _kimi(run, "enforce")
     good = all((pcg == "captured") if parse_version(rel) >= parse_version(FIXED_RELEASE) else (
         pcg == "disabled" and "not a language model" in why) for rel, (pcg, why) in found.items())
-    text = "; ".join(
+    said = "; ".join(
         f"{rel}: {pcg}" + (f" ({why})" if why else "") for rel, (pcg, why) in sorted(found.items()))
-    return holds(good, f"--enforce-piecewise-cuda-graph on Kimi-K2.5: {text}",
+    return holds(good, f"--enforce-piecewise-cuda-graph on Kimi-K2.5: {said}",
                  {rel: pcg
                   for rel, (pcg, _) in found.items()})
 
 
-def _default_applies(run):
-    return None if any(case == "default" for _, case in _kimi(run)) else \
-        "no Kimi-K2.5 'default' case in this run"
-
-
 def _default_off(run):
-    found = {rel: v for (rel, case), v in _kimi(run).items() if case == "default"}
-    text = "; ".join(f"{rel}: {pcg}" for rel, (pcg, _) in sorted(found.items()))
+    found = _kimi(run, "default")
+    said = "; ".join(f"{rel}: {pcg}" for rel, (pcg, _) in sorted(found.items()))
     return holds(
         all(pcg == "disabled" for pcg, _ in found.values()),
-        f"default flags on Kimi-K2.5: {text} (no flag asked for it: ServerArgs' own rules "
+        f"default flags on Kimi-K2.5: {said} (no flag asked for it: ServerArgs' own rules "
         "turned piecewise graphs off)", {rel: pcg
                                          for rel, (pcg, _) in found.items()})
 
 
 def _pairs(run) -> dict:
     return show.engine_ratios(engine_records.frame([run]))
+
+
+def _paired(run):
+    return None if _pairs(run) else "no captured + pcg-off pair"
 
 
 def _speedup(run):
@@ -370,7 +365,7 @@ def _speedup(run):
     starts = engine_stats.starts_in(df, "prefill")
     gaps = engine_stats.aa_gap(df, "prefill", "input_len", show.STAT)
     worst = max(gaps.values(), default=0.0)  # a pair without its own control: the run's widest
-    pairs, text = {}, []
+    pairs, said = {}, []
     for (model, rel, case), r in _pairs(run).items():
         noise = gaps.get((model, rel), worst)
         lo, hi = min(r.values()), max(r.values())
@@ -378,11 +373,11 @@ def _speedup(run):
             "lo": lo, "hi": hi, "aa_noise": noise, "margin": lo - 1.0 - noise
         }
         bar = f"A/A {noise:.1%}, bar {1 + noise:.2f}×" if starts > 1 else "no A/A control"
-        text.append(f"{model} {rel} {case}: {lo:.2f}–{hi:.2f}× ({bar})")
+        said.append(f"{model} {rel} {case}: {lo:.2f}–{hi:.2f}× ({bar})")
     margin = min(p["margin"] for p in pairs.values())
     return holds(
         margin > 0, f"prefill pcg-off / piecewise over 128–1024 tokens (bench_one_batch, "
-        f"{engine_stats.starts_how(starts, show.STAT)}): {'; '.join(text)}", {
+        f"{engine_stats.starts_how(starts, show.STAT)}): {'; '.join(said)}", {
             "min": min(p["lo"] for p in pairs.values()), "aa_noise": worst, "margin": margin,
             "starts": starts, "pairs": pairs
         })
@@ -394,19 +389,16 @@ def _layers(model: str) -> int:
     return int(cfg["num_hidden_layers"])
 
 
-def _launches_apply(run):
-    return None if not show.launch_counts(engine_records.frame([run])).empty else \
-        "no launch pass in this run"
-
-
 def _launches(run):
     """Captured: one graph per piece (layers + 1: SGLang splits the step at each attention) and
     the same kernels left outside them at every token count. Not captured: no graph, and exactly
     the launches of pcg-off, whatever the flags asked."""
     counts = show.launch_counts(engine_records.frame([run]))
+    if counts.empty:
+        return not_applicable("no launch pass in this run")
     plain = {(m, rel, n): r.launches
              for (m, rel, case, n), r in counts.iterrows() if case == "pcg-off"}
-    bad, text, value = [], [], {}
+    bad, said, value = [], [], {}
     for (model, rel, case), g in counts.groupby(level=[0, 1, 2]):
         kernels, graphs = sorted(set(g.kernels)), sorted(set(g.graphs))
         key = f"{model} {rel} {case}"
@@ -416,50 +408,99 @@ def _launches(run):
             if graphs != [want] or len(kernels) != 1:
                 bad.append(f"{key}: {graphs} graphs, {kernels} kernels (want {want} graphs and "
                            "one kernel count)")
-            text.append(f"{key}: {kernels[0]} kernels + {want} graphs ({want - 1} layers + 1) at "
+            said.append(f"{key}: {kernels[0]} kernels + {want} graphs ({want - 1} layers + 1) at "
                         "every length")
         elif case != "pcg-off":
             same = all(plain.get((model, rel, n)) == r.launches for (_, _, _, n), r in g.iterrows())
             if graphs != [0] or not same:
                 bad.append(f"{key}: not captured, yet not the pcg-off launches")
             elif case == "enforce":
-                text.append(f"{key}: no graph, the pcg-off launches ({kernels[0]}–{kernels[-1]})")
-    text = "; ".join(bad or text)
-    return holds(not bad, f"launches per prefill step (the launch pass): {text}", value)
+                said.append(f"{key}: no graph, the pcg-off launches ({kernels[0]}–{kernels[-1]})")
+    return holds(not bad, f"launches per prefill step (the launch pass): {'; '.join(bad or said)}",
+                 value)
+
+
+_G, _D = "engine_pcg_gate.kimi_gate", "engine_pcg_gate.kimi_default_off"
+_C, _L = "engine_pcg_gate.captured_prefill_faster", "engine_pcg_gate.prefill_launches"
+_K = f"{KIMI} {FIXED_RELEASE}"  # the fixed release's Kimi-K2.5 variants: "<_K> enforce", ...
+
+
+def _per_release(cid: str) -> str:
+    """``disabled on 0.5.12.post1, captured on 0.5.13``: a claim's value per release of 01-kimi-pcg,
+    as a headline's template."""
+    return ", ".join(f"{{v[{cid}][{rel}]}} on {rel}" for rel in sglang.ENGINE[0].releases)
 
 
 ENGINE = SimpleNamespace(
     EXPERIMENT="engine_pcg_gate",
-    CLAIM="In SGLang's own engine (dummy weights), Kimi-K2.5's wrapper passes the piecewise gate "
-    "from #26382 on when piecewise graphs are asked for, and the captured prefill beats "
-    "eager prefill.",
+    CLAIM="In SGLang's own engine (dummy weights), piecewise graphs reach Kimi-K2.5 only where they "
+    "are asked for, and only from #26382 on: by default ServerArgs turns them off for a multimodal "
+    "model before the gate is asked.",
     CLAIMS=[
         Claim(
-            "engine_pcg_gate.kimi_gate",
-            "With --enforce-piecewise-cuda-graph, 0.5.12.post1 refuses Kimi-K2.5 ('not a "
-            "language model') and 0.5.13 captures it",
+            "engine_pcg_gate.kimi_gate", "With --enforce-piecewise-cuda-graph, 0.5.12.post1 "
+            "refuses Kimi-K2.5 ('not a language model') and 0.5.13 captures it",
             "before: disabled, 'not a language model'; after: captured (exact)", _kimi_gate,
-            applies=_kimi_applies),
+            applies=_kimi_ran("enforce")),
         Claim(
-            "engine_pcg_gate.kimi_default_off",
-            "With default flags neither release uses piecewise graphs for Kimi-K2.5: "
-            "ServerArgs' own rules turn them off before the gate is asked",
-            "disabled on every release (exact)", _default_off, applies=_default_applies),
+            "engine_pcg_gate.kimi_default_off", "With default flags neither release uses "
+            "piecewise graphs for Kimi-K2.5: ServerArgs' own rules turn them off before the gate "
+            "is asked", "disabled on every release (exact)", _default_off,
+            applies=_kimi_ran("default")),
         Claim(
-            "engine_pcg_gate.captured_prefill_faster",
-            "Where piecewise graphs are captured, prefill is faster than with them off at every "
-            "input length (128–1024 tokens), each side its fastest repeat of any engine start",
-            "pcg-off / piecewise > 1 + the A/A gap everywhere", _speedup, applies=lambda r: None
-            if _pairs(r) else "no captured + pcg-off pair", drift=0.25,
-            context=("min", "aa_noise", "margin", "starts"), noise="aa_noise"),
+            "engine_pcg_gate.captured_prefill_faster", "Where piecewise graphs are captured, "
+            "prefill is faster than with them off at every input length (128–1024 tokens), each "
+            "side its fastest repeat of any engine start", "pcg-off / piecewise > 1 + the A/A "
+            "gap everywhere", _speedup, drift=0.25, context=("min", "aa_noise", "margin", "starts"),
+            noise="aa_noise", applies=_paired),
         Claim(
-            "engine_pcg_gate.prefill_launches",
-            "Counted, not timed: a captured prefill step replays one graph per piece (layers + 1) "
-            "and launches the same kernels outside them at every token count; where the release "
-            "refuses the graphs (0.5.12.post1 with --enforce-piecewise-cuda-graph on Kimi-K2.5) "
-            "the step launches exactly what pcg-off launches", "captured: layers + 1 graphs and "
-            "one kernel count; refused: 0 graphs and the pcg-off launches (exact, the launch "
-            "pass's profiler trace)", _launches, applies=_launches_apply)
+            "engine_pcg_gate.prefill_launches", "Counted, not timed: a captured prefill step "
+            "replays one graph per piece (layers + 1) and launches the same kernels outside them "
+            "at every token count; where the release refuses the graphs (0.5.12.post1 with "
+            "--enforce-piecewise-cuda-graph on Kimi-K2.5) the step launches exactly what pcg-off "
+            "launches", "captured: layers + 1 graphs and one kernel count; refused: 0 graphs and "
+            "the pcg-off launches (exact, the launch pass's profiler trace)", _launches)
     ],
     shown=lambda runs_: list(runs_),
-)
+    # the card's engine answer, over one merged run per GPU model; a full-width Kimi-K2.5 run
+    # under bench_serving (TTFT, TPOT, E2E: the PR's own metrics) takes the first part once recorded
+    HEADLINE=Headline(
+        parts=(
+            f"Default flags: {_per_release(_D)}",
+            f"--enforce-piecewise-cuda-graph: {_per_release(_G)}",
+            f"captured, a prefill step launches {{v[{_L}][{_K} enforce][kernels_min]}} kernels "
+            f"+ {{v[{_L}][{_K} enforce][graphs]}} graphs instead of "
+            f"{{v[{_L}][{_K} pcg-off][kernels_min]}}–{{v[{_L}][{_K} pcg-off][kernels_max]}}, and "
+            "pcg-off ÷ captured prefill is {runs}."),
+        per_run=f"{{v[{_C}][pairs][{_K} enforce][lo]:.2f}}–{{v[{_C}][pairs][{_K} enforce][hi]:.2f}}×"
+        f" on {{gpu}} (A/A gap {{v[{_C}][pairs][{_K} enforce][aa_noise]:.0%}})", run_sep=", "))
+
+_B = sglang.PR_BENCHMARK
+_TTFT, _TPOT, _E2E = (_B["metrics"][m] for m in ("TTFT", "TPOT", "E2E"))
+_R = f"{EXPERIMENT}.duplicate_keys"
+CARD = Card(
+    bug="SGLang's piecewise-CUDA-graph gate asks `hasattr(model, \"model\")`. Kimi-K2.5's wrapper "
+    "keeps its LLM under `language_model`, so the gate refused it (\"not a language model\") and "
+    "its prefill ran eager; a plain `self.model = ...` alias passes the gate but registers the "
+    "LLM's weights a second time.",
+    affects="Kimi-K2.5 served with `--enforce-piecewise-cuda-graph`, and any VLM wrapper without "
+    "`.model` that asks for piecewise graphs; with default flags SGLang keeps them off for "
+    "multimodal models anyway.",
+    found=(("Kimi-K2.5 gets piecewise CUDA graphs: the wrapper now passes the gate",
+            f"Only where they are asked for: with default flags they stay "
+            f"{{e[{_D}][{FIXED_RELEASE}]}} on {FIXED_RELEASE} (ServerArgs turns them off for a "
+            "multimodal model before the gate is asked); with `--enforce-piecewise-cuda-graph` "
+            f"{FIXED_RELEASE} has them {{e[{_G}][{FIXED_RELEASE}]}}"),
+           (f"TTFT {_TTFT[1]} → {_TTFT[2]} {_TTFT[0]} ({_B['setup']})",
+            f"Prefill of a tiny Kimi-K2.5 (dummy weights, bench_one_batch), graphs asked for: "
+            f"{{e[{_C}][pairs][{_K} enforce][lo]:.2f}}–{{e[{_C}][pairs][{_K} enforce][hi]:.2f}}× "
+            "faster captured than with them off; the full-width model is not measured here yet"),
+           (f"TPOT {_TPOT[1]} → {_TPOT[2]} {_TPOT[0]}, E2E {_E2E[1]} → {_E2E[2]} {_E2E[0]}",
+            "Not measured here yet (the engine runs time prefill only; a full-width Kimi-K2.5 run "
+            f"under bench_serving is planned): by the PR's own figures TPOT is "
+            f"{_TPOT[2] / _TPOT[1] - 1:+.0%} after the fix"),
+           ("A `__setattr__` guard keeps the LLM registered once",
+            f"The rebuild around the measured LLM: {{r[{_R}][property_guard]}} `model.*` keys "
+            f"after the gate with the guard, {{r[{_R}][property_only]}} (the LLM's whole key list) "
+            "with the property alone; the guard also drops a deliberate `wrapper.model = x` "
+            "without an error")))

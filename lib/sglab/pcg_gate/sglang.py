@@ -1,19 +1,10 @@
 """The Kimi-K2.5 ``.model`` alias in real SGLang: the fix's record, its source check, its
 real-release probe and the comparison with the rebuild.
 
-- ``FIX``: #26382 part A, the symbols it touched, the probe the notebook shows;
-- :func:`check`: which state a given SGLang is in, read as source (``sglab upstream``, the release
-  timeline);
-- :func:`probe` (CPU, one release per worker process): the release's
-  ``KimiK25ForConditionalGeneration.__init__`` runs as released, its vision tower, projector and
-  ``DeepseekV3ForCausalLM`` swapped for tiny modules (the rebuild's own 2-layer LLM), then the
-  release's own gate on a stand-in runner: ``ModelRunner.init_piecewise_cuda_graphs`` (0.5.1x, the
-  runner class it would build recorded instead) or ``cuda_graph_setup.capture_prefill_graph``
-  (0.5.16 on, breakable prefill backend). Cases: ``as_released`` and, where the release has the
-  property, ``property_without_guard`` (the real class with ``nn.Module.__setattr__`` back);
-- :func:`comparison` / :func:`compare`: the real answers beside the rebuild's variant for each
-  release, fact by fact (the gate's decision, every ``state_dict`` key before and after the gate,
-  ``model`` in ``_modules``, the layer stack found).
+:func:`probe` runs a release's ``KimiK25ForConditionalGeneration.__init__`` around tiny parts (the
+rebuild's own 2-layer LLM), then the release's own gate on a stand-in runner; :func:`comparison`
+sets each answer beside the rebuild's variant for that release, fact by fact. ``ENGINE``: the
+real-engine scenarios; ``CODE_PATH``: where the fix sits in 0.5.13.
 """
 
 from __future__ import annotations
@@ -24,30 +15,10 @@ import re
 import types
 
 from sglab.core import lazy
-from sglab.sglang.engine import Case, Scenario, PCG_FLAGS
-
-# the width sweep: the Llama config's 32 layers at these hidden sizes (head_dim 64, the MLP 2.75×
-# as in the 512 config), each case named w<hidden>-pcg / w<hidden>-off
-WIDTHS = (512, 1024, 2048, 4096)
-WIDTH_CASE = re.compile(r"^w(?P<hidden>\d+)-(?P<arm>pcg|off)$")
-
-
-def width_args(hidden: int) -> tuple[str, ...]:
-    """Server arguments that build the Llama config at ``hidden`` (SGLang's own
-    ``--json-model-override-args``, applied to the config before the model is built)."""
-    if hidden == 512:
-        return ()
-    heads = hidden // 64
-    return ("--json-model-override-args",
-            json.dumps(
-                {
-                    "hidden_size": hidden, "intermediate_size": hidden * 11 // 4,
-                    "num_attention_heads": heads, "num_key_value_heads": heads
-                }, separators=(",", ":")))
-
-
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
+from sglab.sglang.codepath import Node
+from sglab.sglang.engine import PCG_FLAGS, Case, Scenario
 from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
 from sglab.sglang.probing import Recorder, captured_logs, has_file, module_path, patched
 from sglab.sglang.upstream import Verdict
@@ -293,24 +264,43 @@ def released(rebuilt=None, *, symbol=None, pr=None) -> None:
     real.released(FIX, rebuilt, symbol=symbol, pr=pr)
 
 
-# -- the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_pcg_gate/
+# --------------------------------------------------------------------------------------------------
+# the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_pcg_gate/
+# --------------------------------------------------------------------------------------------------
+# the width sweep: the Llama config's 32 layers at these hidden sizes (head_dim 64, the MLP 2.75×
+# as in the 512 config), each case named w<hidden>-pcg / w<hidden>-off
+WIDTHS = (512, 1024, 2048, 4096)
+WIDTH_CASE = re.compile(r"^w(?P<hidden>\d+)-(?P<arm>pcg|off)$")
+
+
+def width_args(hidden: int) -> tuple[str, ...]:
+    """Server arguments that build the Llama config at ``hidden`` (SGLang's own
+    ``--json-model-override-args``, applied to the config before the model is built)."""
+    if hidden == 512:
+        return ()
+    heads = hidden // 64
+    override = {
+        "hidden_size": hidden, "intermediate_size": hidden * 11 // 4, "num_attention_heads": heads,
+        "num_key_value_heads": heads
+    }
+    return ("--json-model-override-args", json.dumps(override, separators=(",", ":")))
+
+
+OFF = Case("pcg-off", ("--disable-piecewise-cuda-graph",))
 ENGINE = (
     Scenario(
         fix="pcg_gate",
         name="01-kimi-pcg",
-        what="Kimi-K2.5 tiny (2 DeepSeek-V3 layers, MLA, 8 experts; 1-layer vision tower): "
-        "piecewise CUDA graph decided by the release, and prefill latency per token count "
-        "with it on and off",
         model="kimi_k25_tiny",
         tool="bench",
+        what="Kimi-K2.5 tiny (2 DeepSeek-V3 layers, MLA, 8 experts; 1-layer vision tower): "
+        "piecewise CUDA graph decided by the release, and prefill latency per token count with it "
+        "on and off",
+        # 0.5.12.post1 also gets kimi-k25-post-load-weights: sglab engine adds what the model needs
+        # with dummy weights by itself (sglab.sglang.engine.spec.MODEL_NEEDS)
         releases=("0.5.12.post1", "0.5.13"),
-        # 0.5.12.post1 also gets kimi-k25-post-load-weights: sglab engine adds what the model
-        # needs with dummy weights by itself (sglab.sglang.engine.spec.MODEL_NEEDS)
-        cases=(
-            Case("default", PCG_FLAGS),
-            Case("enforce", ("--enforce-piecewise-cuda-graph", *PCG_FLAGS)),
-            Case("pcg-off", ("--disable-piecewise-cuda-graph",)),
-        ),
+        cases=(Case("default", PCG_FLAGS),
+               Case("enforce", ("--enforce-piecewise-cuda-graph", *PCG_FLAGS)), OFF),
         input_lens=(128, 256, 512, 1024),
         repeats=5,
         starts=3,
@@ -318,60 +308,64 @@ ENGINE = (
         launch_pass=True,
         output_len=8,
         expect="default: disabled by ServerArgs (multimodal) on both; enforce: 0.5.12.post1 'the "
-        "model is not a language model', 0.5.13 captured for [128, 256, 512, 1024]; "
-        "pcg-off: the eager baseline",
-    ),
+        "model is not a language model', 0.5.13 captured for [128, 256, 512, 1024]; pcg-off: the "
+        "eager baseline"),
     Scenario(
-        fix="pcg_gate",
-        name="01-llama-pcg",
+        fix="pcg_gate", name="01-llama-pcg", model="llama_32x512", tool="bench",
         what="Llama-style 32 layers x hidden 512 (launch-bound prefill): prefill with and without "
-        "piecewise CUDA graphs",
-        model="llama_32x512",
-        tool="bench",
-        releases=("0.5.13",),
-        cases=(Case("pcg", PCG_FLAGS), Case("pcg-off", ("--disable-piecewise-cuda-graph",))),
-        input_lens=(128, 256, 512, 1024),
-        repeats=5,
-        starts=3,
-        control="pcg-off",
-        launch_pass=True,
-        output_len=8,
+        "piecewise CUDA graphs", releases=("0.5.13",), cases=(Case("pcg", PCG_FLAGS), OFF),
+        input_lens=(128, 256, 512,
+                    1024), repeats=5, starts=3, control="pcg-off", launch_pass=True, output_len=8,
         expect="pcg faster than pcg-off at every size, by more than the A/A gap of pcg-off "
-        "started twice",
-    ),
+        "started twice"),
     Scenario(
         fix="pcg_gate",
         name="01-llama-width",
+        model="llama_32x512",
+        tool="bench",
         what="where piecewise graphs stop paying: the same 32 Llama layers at hidden 512 to 4096 "
         "(--json-model-override-args), prefill with and without piecewise graphs, 128 to 2048 "
         "tokens",
-        model="llama_32x512",
-        tool="bench",
         releases=("0.5.13",),
         cases=tuple(
             Case(f"w{h}-{arm}", (*flags, *width_args(h))) for h in WIDTHS
             for arm, flags in (("pcg", PCG_FLAGS + ("2048",)),
                                ("off", ("--disable-piecewise-cuda-graph",)))),
+        # 24 starts: split over calls with --cases 'w512-*' 'w1024-*', then the rest
         input_lens=(128, 512, 1024, 2048),
         repeats=3,
-        starts=3,  # 24 starts: split over calls with --cases 'w512-*' 'w1024-*', then the rest
+        starts=3,
         output_len=4,
-        expect="the gain off / pcg falls as the width (compute per launch) grows",
-    ),
+        expect="the gain off / pcg falls as the width (compute per launch) grows"),
+)
+
+# #26382's own benchmark, as its description gives it (the PR's figures, not measured here)
+PR_BENCHMARK = {
+    "setup": "Kimi-K2.5 with real weights, TP 4 on B200", "where": "B200, TP 4", "metrics": {
+        "TTFT": ("s", 0.479, 0.147), "TPOT": ("ms", 12.5, 17.7), "E2E": ("s", 0.722, 0.488)
+    }
+}
+
+# where the fix sits in 0.5.13, the first release with it: the flags decide, the gate asks, the
+# alias answers, the guard drops the write-back, the runner captures
+CODE_PATH_RELEASE = "0.5.13"
+CODE_PATH = (
+    Node("srt/server_args.py", "ServerArgs._handle_piecewise_cuda_graph",
+         "off for a multimodal model unless --enforce-piecewise-cuda-graph"),
+    Node("srt/model_executor/model_runner.py", "ModelRunner.init_piecewise_cuda_graphs",
+         "the gate: hasattr(model, 'model'), then model.model = ..."),
+    Node(KIMI_MODEL, "KimiK25ForConditionalGeneration.model", "the alias: language_model"),
+    Node(KIMI_MODEL, "KimiK25ForConditionalGeneration.__setattr__",
+         "the guard: drops the write-back"),
+    Node("srt/model_executor/piecewise_cuda_graph_runner.py", "PiecewiseCudaGraphRunner.capture",
+         "one graph per piece and token count"),
 )
 
 FIX = Fix(
-    name="pcg_gate",
-    number="01",
-    part="part A",
-    prs=(26382,),
-    gpus=1,
-    title="Kimi-K2.5 wrapper: `.model` property + __setattr__ guard (#26382)",
-    check=check,
+    name="pcg_gate", number="01", part="part A", prs=(26382,), gpus=1,
+    title="Kimi-K2.5 wrapper: `.model` property + __setattr__ guard (#26382)", check=check,
     hunks=(Spec(
         26382,
         symbols_in(KIMI_MODEL, "KimiK25ForConditionalGeneration.model",
-                   "KimiK25ForConditionalGeneration.__setattr__")),),
-    probe=Probe("sglab.pcg_gate.sglang:probe", PROBE_RELEASES),
-    engine=ENGINE,
-)
+                   "KimiK25ForConditionalGeneration.__setattr__")),), probe=Probe(
+                       "sglab.pcg_gate.sglang:probe", PROBE_RELEASES), engine=ENGINE)

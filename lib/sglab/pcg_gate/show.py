@@ -1,18 +1,9 @@
 """Tables and figures of notebook 01, from the rebuild (CPU) or a run (recorded or live), and "your
 own setup".
 
-Every ``@notebook.needs_run`` function takes a :class:`~sglab.core.runs.Run` or a
-:class:`~sglab.core.runs.NoRun` and shows its one line for the latter.
-
-- tables of a run: latency per token count, correctness, the gate per wrapper variant, launches and
-  the host's per-launch cost (method 3), what the traced pass saw, the per-kernel table;
-- figures: :func:`mechanism` (the slide: wrapper → gate → write-back → keys),
-  :func:`latency_figure`, :func:`timeline`;
-- your own setup: a prefill length and ``--piecewise-cuda-graph-max-tokens`` → the bucket, the
-  padding and the recorded times nearest to it (:func:`your_setup`).
-
-Small prefills are host-bound: their eager times and speed-ups hold for the host they were
-measured on. Method-3 runs carry that host's per-launch cost, shown beside them.
+A run's sections take a RunSet (one run per GPU model) and print its NoRun line where there is none.
+Small prefills are host-bound: their times stand beside the per-launch cost of the host that ran
+them. The real engine's section is declared (:data:`VIEW`).
 """
 
 from __future__ import annotations
@@ -22,8 +13,8 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from sglab.core import kernel_table, notebook, plots, runs
-from sglab.core import engine_records, engine_stats, engine_view, text
+from sglab.core import engine_records, engine_stats, engine_view, kernel_table, notebook, plots
+from sglab.core import runs, text
 from sglab.pcg_gate import rebuild, sglang
 from sglab.pcg_gate.measure import COPY, DEFAULT_PARAMS, GATE_METRICS, HOST, gate_facts
 
@@ -31,7 +22,7 @@ from sglab.pcg_gate.measure import COPY, DEFAULT_PARAMS, GATE_METRICS, HOST, gat
 TIMES = (("time_median", "median"), ("time_p10", "p10"), ("time_p90", "p90"))
 CHECKS = ("max_abs_diff", "rel_rms_diff", "tolerance", "within_tol", "max_abs_diff_same_shape")
 LAUNCH_BOUND = 128  # token counts up to here: eager prefill is its launches
-short_gpu = runs.gpu_short
+STAT = engine_stats.STAT  # what the engine's timings read: the fastest repeat of any start
 
 
 # --------------------------------------------------------------------------------------------------
@@ -69,8 +60,7 @@ def latency_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def latency_of(run) -> pd.DataFrame:
-    """:func:`latency_table` of a run, worked out once per run (its claims, tables and figures
-    each read it)."""
+    """:func:`latency_table` of a run, worked out once per run."""
     return run.memo("latency_table", lambda: latency_table(run.df))
 
 
@@ -78,7 +68,7 @@ def launch_table(df: pd.DataFrame) -> pd.DataFrame:
     """Method 3, per timed token count: launches of one prefill, the host's µs per launch (by
     ``time.perf_counter`` and by CUDA events), eager µs per launch and its multiple of the host's
     cost, piecewise's device time, and ``gain explained``: the measured gain over what the launches
-    piecewise removes cost, eager time minus piecewise's floor (its device time, or its own launches
+    piecewise removes cost (eager time minus piecewise's floor: its device time, or its own launches
     at eager's µs per launch where that is longer). Empty for older runs."""
     d = _per_token(df)
     w = d[d.metric.isin(["launches", "device_us", "time_median", "launch_us", "launch_event_us"
@@ -105,11 +95,6 @@ def run_facts(df: pd.DataFrame) -> dict:
     return {(r.variant, r.metric): r.value for r in g.itertuples()}
 
 
-def by_gpu(shown: list, column: str) -> pd.DataFrame:
-    """One column of :func:`latency_table` side by side: token counts × GPU."""
-    return pd.DataFrame({short_gpu(r): latency_of(r)[column] for r in shown})
-
-
 def slowdown_start(speedup: pd.Series) -> Optional[int]:
     """The smallest token count from which every ratio is below 1 (None if the last is not)."""
     start = None
@@ -133,9 +118,8 @@ def gate_table(df: pd.DataFrame) -> pd.DataFrame:
     g = df[df.variant.isin(rebuild.ALL_VARIANTS) & df.metric.isin([m for m, _ in GATE_METRICS])]
     if g.empty:
         return pd.DataFrame()
-    t = g.pivot_table(index="variant", columns="metric", values="value").reindex([
-        v for v in rebuild.ALL_VARIANTS if v in set(g.variant)
-    ])
+    order = [v for v in rebuild.ALL_VARIANTS if v in set(g.variant)]
+    t = g.pivot_table(index="variant", columns="metric", values="value").reindex(order)
     return t[[m for m, _ in GATE_METRICS]].astype(int)
 
 
@@ -211,24 +195,24 @@ def summary(run) -> str:
     """What the gate decided and what the capture cost, from one run."""
     f = run_facts(run.df)
     on_off = {1.0: "PCG on", 0.0: "PCG off"}
-    text = (f"{run.label}: gate for no_alias → {on_off[f[('eager', 'gate_enabled')]]} (eager "
-            f"prefill), for property_guard → {on_off[f[('piecewise', 'gate_enabled')]]} "
-            f"(piecewise prefill)\n  capture: {f[('piecewise', 'graphs')]:.0f} graphs "
-            f"({f[('piecewise', 'buckets')]:.0f} buckets) in {f[('piecewise', 'capture_time')]:.1f}"
-            f" s; graph pool {f[('piecewise', 'graph_pool')]:.0f} MiB, fixed buffers "
-            f"{f[('piecewise', 'static_buffers')]:.0f} MiB, weights {f[('eager', 'weights')]:.0f}"
-            " MiB")
+    out = (f"{run.label}: gate for no_alias → {on_off[f[('eager', 'gate_enabled')]]} (eager "
+           f"prefill), for property_guard → {on_off[f[('piecewise', 'gate_enabled')]]} "
+           f"(piecewise prefill)\n  capture: {f[('piecewise', 'graphs')]:.0f} graphs "
+           f"({f[('piecewise', 'buckets')]:.0f} buckets) in {f[('piecewise', 'capture_time')]:.1f}"
+           f" s; graph pool {f[('piecewise', 'graph_pool')]:.0f} MiB, fixed buffers "
+           f"{f[('piecewise', 'static_buffers')]:.0f} MiB, weights {f[('eager', 'weights')]:.0f}"
+           " MiB")
     if ("process", "peak_allocated") in f:
-        text += f", peak allocated {f[('process', 'peak_allocated')]:.0f} MiB"
+        out += f", peak allocated {f[('process', 'peak_allocated')]:.0f} MiB"
     tr = trace_table(run.df)
     if not tr.empty:
         n = min(i[0] for i in tr.index)
         e, p = tr.loc[(n, "eager")], tr.loc[(n, "piecewise")]
-        text += (f"\n  one prefill of {n} tokens (traced): eager {e.kernels:.0f} kernels, each "
-                 f"launched from Python; piecewise {p.kernels:.0f} kernels from "
-                 f"{p.graph_launches:.0f} graph launches + {p.kernel_launches:.0f} eager kernel "
-                 "launches (attention)")
-    return text
+        out += (f"\n  one prefill of {n} tokens (traced): eager {e.kernels:.0f} kernels, each "
+                f"launched from Python; piecewise {p.kernels:.0f} kernels from "
+                f"{p.graph_launches:.0f} graph launches + {p.kernel_launches:.0f} eager kernel "
+                "launches (attention)")
+    return out
 
 
 def reading(run) -> str:
@@ -236,7 +220,7 @@ def reading(run) -> str:
     lat = latency_of(run)
     sp, small = lat["speedup"], lat[lat.index <= 1024]
     lines = [
-        f"{short_gpu(run)}: eager/piecewise {sp.min():.2f}x to {sp.max():.2f}x (max at "
+        f"{run.manifest.gpu}: eager/piecewise {sp.min():.2f}x to {sp.max():.2f}x (max at "
         f"{sp.idxmax()} tokens); eager median {small['eager median ms'].min():.2f}-"
         f"{small['eager median ms'].max():.2f} ms over {small.index.min()}-"
         f"{small.index.max()} tokens, piecewise {small['piecewise median ms'].min():.2f}-"
@@ -256,46 +240,50 @@ def reading(run) -> str:
 
 
 @notebook.needs_run
-def latency(run) -> None:
+def latency(rs) -> None:
     """Per GPU shown: what the gate decided, the latency table beside the host's per-launch cost,
     the figure, and the reading of small and large prefills."""
-    for r in run.shown:
+    for r in rs.shown:
         print(summary(r))
         print(host_line(r))
         lat = latency_of(r)
-        shown = lat[[
+        cols = [
             c for c in lat.columns
             if c.endswith(" ms") or c in ("bucket", "speedup", "speedup_direct")
-        ]].round(3)
+        ]
         # the direct hand-off is timed above the capture sizes only
-        notebook.show_table(notebook.blank_missing(shown, ["direct median ms", "speedup_direct"]))
-    notebook.show_figure(latency_figure(run.shown))
-    for r in run.shown:
+        notebook.show_table(text.blank(lat[cols].round(3), ["direct median ms", "speedup_direct"]))
+    notebook.show_figure(latency_figure(rs.shown))
+    for r in rs.shown:
         print(reading(r))
 
 
 @notebook.needs_run
-def launches(run) -> None:
+def launches(rs) -> None:
     """Method 3: the launch-bound figures relative to the host's per-launch cost, per GPU."""
-    for r in run.shown:
+    for r in rs.shown:
         lt = launch_table(r.df)
         print(host_line(r))
         if not lt.empty:
-            notebook.show_table(lt.round(2))
+            notebook.show_table(text.counts(lt.round(2), ["eager launches", "piecewise launches"]))
 
 
 @notebook.needs_run
-def correctness(run) -> None:
+def correctness(rs) -> None:
     """Piecewise against eager on every GPU shown, and one line per run."""
     cols = [
         "bucket", "max_abs_diff", "rel_rms_diff", "max_abs_diff_same_shape", "tolerance",
         "within_tol"
     ]
-    notebook.show_table(pd.concat({c: by_gpu(run.shown, c) for c in cols}, axis=1))
-    for r in run.shown:
+    notebook.show_table(
+        pd.concat(
+            {c: pd.DataFrame({r.manifest.gpu: latency_of(r)[c]
+                              for r in rs.shown})
+             for c in cols}, axis=1))
+    for r in rs.shown:
         lat = latency_of(r)
         nonzero = lat.index[lat["max_abs_diff"] > 0].tolist()
-        print(f"{short_gpu(r)}: piecewise vs eager "
+        print(f"{r.manifest.gpu}: piecewise vs eager "
               f"{'within' if lat['within_tol'].all() else 'NOT within'} bf16 tolerance at all "
               f"{len(lat)} token counts; largest difference {lat['max_abs_diff'].max():.3g} "
               f"(tolerance {lat['tolerance'].min():.3g}); " +
@@ -305,31 +293,33 @@ def correctness(run) -> None:
 
 
 @notebook.needs_run
-def profiler(run) -> None:
+def profiler(rs) -> None:
     """Per GPU shown: the traced prefills on one time axis, what the trace counted, the copies
     against the large-prefill slowdown, and the per-kernel table of the eager prefill."""
-    for r in run.shown:
+    for r in rs.shown:
         if r.sidecar("events") is None:
             print(f"{r.label}: this run predates profiler traces; a new recording (`sglab record "
                   "pcg_gate`) adds them.")
             continue
         for n in sorted(trace_table(r.df).index.get_level_values(0).unique()):
             notebook.show_figure(timeline(r, int(n)))
+        if r.sidecar("trace") is not None:
+            notebook.file_link(r.sidecar("trace"), f"{r.label}: the Perfetto trace")
         notebook.show_table(
-            notebook.as_counts(
+            text.counts(
                 trace_table(r.df).round(1),
                 ["kernels", "kernel_launches", "graph_launches", "copy_ops"]))
-        notebook.show_table(notebook.as_counts(copy_explanation(r.df).round(3), ["extra copy ops"]))
+        notebook.show_table(text.counts(copy_explanation(r.df).round(3), ["extra copy ops"]))
         table, kt = r.sidecar("kernels"), r.manifest.kernel_table
         if table is not None:
             print(f"{r.label}: per-kernel table by {kt.get('backend')} — {kt.get('reason')}")
             # the "(N more)" row sums kernels of different lengths: no median of its own
-            top = notebook.as_counts(kernel_summary(table).round(3), ["calls"])
-            notebook.show_table(notebook.blank_missing(top, ["median_us"]))
+            top = text.counts(kernel_summary(table).round(3), ["calls"])
+            notebook.show_table(text.blank(top, ["median_us"]))
 
 
 # --------------------------------------------------------------------------------------------------
-# CPU tables and figures
+# figures
 # --------------------------------------------------------------------------------------------------
 SHOWN = ("no_alias", "plain_alias", "property_only", "property_guard")
 HOW = {
@@ -338,11 +328,11 @@ HOW = {
 }
 
 
-def mechanism_facts(run=None) -> pd.DataFrame:
-    """Per wrapper variant: the gate's decision and what ends up registered, from the run's gate
-    rows (the measured LLM) where it has them, else from the CPU rebuild (the tiny LLM)."""
-    if run:
-        g = gate_table(run.first.df)
+def mechanism_facts(rs=None) -> pd.DataFrame:
+    """Per wrapper variant: the gate's decision and what ends up registered, from the first run's
+    gate rows (the measured LLM) where it has them, else from the CPU rebuild (the tiny LLM)."""
+    if rs:
+        g = gate_table(rs.first.df)
         if not g.empty:
             return g.assign(source="the measured LLM")
     rows = {v: gate_facts(rebuild.build_wrapper(v), rebuild.TINY_LM.num_layers) for v in SHOWN}
@@ -362,10 +352,10 @@ def _write_back(v: str, on: bool, dup: int) -> tuple[str, str]:
             ("no duplicate", "kept"))
 
 
-def mechanism(run=None):
+def mechanism(rs=None):
     """Kimi-shaped wrapper → the gate's ``hasattr(model, "model")`` → its write-back ``model.model
     = ...`` → where the LLM's weights are registered, one row per variant."""
-    facts = mechanism_facts(run)
+    facts = mechanism_facts(rs)
     fig, ax = plots.canvas(12.0, 5.0, xlim=(0, 12), ylim=(0, 5.0))
     for x, title in ((0.05, "wrapper (.model is …)"), (2.75, "gate: hasattr(wrapper, 'model')"),
                      (5.35, "write-back: wrapper.model = LLM"), (8.45,
@@ -381,20 +371,21 @@ def mechanism(run=None):
             if on else "False → 'not a language model'\nPCG off (eager prefill)",
             color="after" if on else "removed", fontsize=7.5)
         plots.arrow(ax, (5.0, y + 0.37), (5.35, y + 0.37))
-        text, color = _write_back(v, on, dup)
-        plots.box(ax, 5.35, y, 2.7, 0.75, text, color=color, fontsize=7.5)
+        what, color = _write_back(v, on, dup)
+        plots.box(ax, 5.35, y, 2.7, 0.75, what, color=color, fontsize=7.5)
         plots.arrow(ax, (8.1, y + 0.37), (8.45, y + 0.37))
         plots.box(ax, 8.45, y + 0.4, 3.4, 0.33, f"language_model.*  {lm} keys", color="kept",
                   fontsize=7.5)
         if dup:
-            what = "its text model" if v == "plain_alias" else "the LLM"
-            plots.box(ax, 8.45, y + 0.02, 3.4, 0.33, f"model.*  {dup} keys ({what} again)",
+            llm = "its text model" if v == "plain_alias" else "the LLM"
+            plots.box(ax, 8.45, y + 0.02, 3.4, 0.33, f"model.*  {dup} keys ({llm} again)",
                       color="before", fontsize=7.5)
         else:
             ax.text(8.5, y + 0.18, "model.*  none", fontsize=7.5, color="#555555", va="center")
     ax.text(
-        0.05, 0.1, f"Key counts from {facts['source'].iloc[0]}. Only the PR's variant (property"
-        " + guard) passes the gate and registers the LLM once.", fontsize=8, color="#555555")
+        0.05, 0.1, f"Key counts from {facts['source'].iloc[0]}. Only the PR's variant "
+        "(property + guard) passes the gate and registers the LLM once.", fontsize=8,
+        color="#555555")
     return fig
 
 
@@ -403,7 +394,7 @@ def latency_figure(shown: list):
     GPU."""
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
-    lats = {short_gpu(r): latency_of(r) for r in shown}
+    lats = {r.manifest.gpu: latency_of(r) for r in shown}
     fig, axes = plots.figure(ncols=2, width=11.5)
     ax, ax2 = axes.flat
     for (gpu, lat), color in zip(lats.items(), plots.CYCLE):
@@ -450,7 +441,7 @@ def timeline(run, num_tokens: int, variants=("eager", "piecewise", "piecewise_di
     tables = {v: plots.window(ev[ev.variant == v]) for v in variants if (ev.variant == v).any()}
     fig = plots.timeline(tables, highlight=COPY, highlight_label="hand-off copies",
                          categories=("kernel", "memcpy", "memset", "runtime"),
-                         title=f"One prefill of {num_tokens} tokens ({short_gpu(run)})")
+                         title=f"One prefill of {num_tokens} tokens ({run.manifest.gpu})")
     plots.caption(fig, run, extra="torch.profiler; each variant from its own first event")
     return fig
 
@@ -465,14 +456,14 @@ def setup_table(tokens: int, max_tokens: int = 4096, shown: Optional[list] = Non
     per-launch cost where the run measured it."""
     sizes = rebuild.piecewise_cuda_graph_tokens(int(max_tokens))
     bucket = rebuild.bucket_for(int(tokens), sizes)
-    shown = (runs.newest_by(runs.load_all_recorded("pcg_gate"), short_gpu).values()
+    shown = (runs.newest_by(runs.load_all_recorded("pcg_gate"), runs.gpu_short).values()
              if shown is None else shown)
     rows = []
     for r in shown:
         lat, lt = latency_of(r), launch_table(r.df)
         near = min(lat.index, key=lambda n: (abs(n - int(tokens)), n))
         rows.append({
-            "GPU": short_gpu(r), "runs as": f"piecewise, {len(sizes)} buckets"
+            "GPU": r.manifest.gpu, "runs as": f"piecewise, {len(sizes)} buckets"
             if bucket else "eager (above the largest capture)", "bucket": bucket or "-",
             "padded share": round(1 - int(tokens) / bucket, 3) if bucket else 0.0,
             "measured at": near, "eager ms": round(lat.loc[near, "eager median ms"], 3),
@@ -496,292 +487,27 @@ def your_setup(interactive: bool = False):
 
 
 # --------------------------------------------------------------------------------------------------
-# the real engine, before and after
+# the real engine, before and after (data/recorded/engine_pcg_gate/)
 # --------------------------------------------------------------------------------------------------
-# 01's engine timings read engine_stats.STAT (the fastest repeat of any start: see there why).
-# The A/A control shows how each statistic repeats: the notebook prints its gap every way for every
-# recorded run (engine_stats.aa_table).
-STAT = engine_stats.STAT
+def _swept(case) -> bool:
+    return bool(sglang.WIDTH_CASE.match(str(case)))
 
 
 def captured_over_off(df: pd.DataFrame, stat: str = STAT) -> dict:
     """``{(model, release, on-case): {input_len: (off / on, lo, hi)}}`` where a captured case and
-    'pcg-off' both ran: prefill with piecewise graphs off over prefill with them on, each side
-    ``stat`` of its starts (01's own: :data:`STAT`), ``lo``–``hi`` the widest the
-    starts allow (:func:`engine_stats.ratios`)."""
+    'pcg-off' both ran (the width sweep pairs its own cases: :func:`width_gains`), each side
+    ``stat`` of its starts, ``lo``–``hi`` the widest the starts allow."""
     pcg = engine_stats.texts(df, "pcg")
-    return {  # the width sweep pairs its own cases (width_gains)
+    return {
         k: r
         for k, r in engine_stats.ratios(df, "prefill", "input_len", "pcg-off", stat).items()
-        if not sglang.WIDTH_CASE.match(k[2]) and pcg.get(k) == "captured"
+        if not _swept(k[2]) and pcg.get(k) == "captured"
     }
 
 
 def engine_ratios(df: pd.DataFrame, stat: str = STAT) -> dict:
     """``{(model, release, on-case): {input_len: off / on}}`` (:func:`captured_over_off`)."""
     return {k: {n: x[0] for n, x in r.items()} for k, r in captured_over_off(df, stat).items()}
-
-
-def width_gains(df: pd.DataFrame) -> pd.DataFrame:
-    """The width sweep (``01-llama-width``): per hidden size and input length, prefill with
-    piecewise graphs off over prefill with them captured, each side :data:`STAT` of its starts;
-    rows ``hidden, tokens, gain, lo, hi, starts``, ``lo``–``hi`` the widest the starts allow
-    (slowest off over fastest captured start and the reverse)."""
-    d = engine_stats.reading(df, "prefill", STAT)
-    pcg = engine_stats.texts(df, "pcg")
-    arms: dict = {}
-    for k, n, v, lo, hi, st in zip(d[engine_records.KEYS].itertuples(index=False), d["input_len"],
-                                   d["value"], d["lo"], d["hi"], d["starts"]):
-        m = sglang.WIDTH_CASE.match(k[2])
-        if m and (m["arm"] == "off" or pcg.get(tuple(k)) == "captured"):
-            arms[(int(m["hidden"]), int(n), m["arm"])] = (v, lo, hi, int(st))
-    rows = []
-    for (h, n, arm), (v, lo, hi, st) in sorted(arms.items()):
-        off = arms.get((h, n, "off"))
-        if arm == "pcg" and off:
-            low, high = off[1] / hi, off[2] / lo
-            rows.append({
-                "hidden": h, "tokens": n, "gain": off[0] / v, "lo": low, "hi": high,
-                "starts": min(st, off[3])
-            })
-    return pd.DataFrame(rows, columns=["hidden", "tokens", "gain", "lo", "hi", "starts"])
-
-
-def width_sweep(run) -> None:
-    """Where piecewise graphs stop paying: the gain (off / captured prefill) against the prefill's
-    tokens, one line per hidden size of the same 32 Llama layers, the bars spanning the engine
-    starts; one panel per GPU model that recorded the sweep (the model the section shows first),
-    each with its host's bare per-launch cost. Where the lines fall towards 1, each launch carries
-    enough work that launching it from the host no longer matters."""
-    panels = _width_panels(run) if run else []
-    if not panels:
-        print("no width sweep recorded yet: on a GPU box, bash scripts/engine_gpu.sh --scenario "
-              "01-llama-width")
-        return
-    fig, axes = plots.figure(ncols=len(panels), sharey=True, width=1.6 + 5.6 * len(panels),
-                             height=4.2)
-    axes = axes[0] if len(panels) > 1 else [axes]
-    for i, (ax, (gpu, df, gains, cost)) in enumerate(zip(axes, panels)):
-        _draw_width(ax, df, gains, gpu, cost, legend=i == len(panels) - 1)
-        if i:
-            ax.set_ylabel("")
-    notebook.show_figure(fig)
-    again = width_reruns(run.every())
-    if not again.empty:
-        print("Widths swept on more than one machine of a GPU model: the gain "
-              f"({engine_stats.STAT_NAMES[STAT]}) in each run, headed with its host's bare "
-              "per-launch cost; the figure draws the newest")
-        notebook.show_table(again)
-
-
-def width_reruns(runs_: list) -> pd.DataFrame:
-    """Each width that more than one run swept on a GPU model: a row per run (its date, its host's
-    bare per-launch cost, its starts) with the gain at each token count, then a row of how far
-    apart the runs lie (the larger over the smaller, less 1). The figure draws the newest."""
-    swept: dict = {}
-    for r in sorted(runs_, key=lambda r: r.manifest.created_utc):
-        us = engine_records.run_host_us(r)
-        when = r.manifest.created_utc[5:16].replace("T", " ")
-        for h, g in width_gains(engine_records.frame([r])).groupby("hidden"):
-            st = int(g["starts"].min())
-            label = f"{when}, " + (f"{us:.1f} µs, " if us else "") + f"{st} start" + "s" * (st > 1)
-            swept.setdefault((runs.gpu_short(r.manifest), int(h)), []).append(
-                (label, dict(zip(g["tokens"].astype(int), g["gain"]))))
-    rows = []
-    for (gpu, h), got in sorted(swept.items()):
-        if len(got) < 2:
-            continue
-        rows += [{
-            "GPU": gpu, "hidden": h, "run": label, **{n: f"{g:.2f}"
-                                                      for n, g in gains.items()}
-        } for label, gains in got]
-        apart = {}
-        for n in sorted(set().union(*(gains for _, gains in got))):
-            seen = [gains[n] for _, gains in got if n in gains]
-            apart[n] = f"{max(seen) / min(seen) - 1:.0%}" if len(seen) > 1 else ""
-        rows.append({"GPU": gpu, "hidden": h, "run": "apart", **apart})
-    if not rows:
-        return pd.DataFrame()
-    return pd.DataFrame(rows).set_index(["GPU", "hidden", "run"]).fillna("")
-
-
-def _width_panels(run) -> list:
-    """``[(gpu, df, gains, (lo, hi) µs per bare launch or None)]``: the shown GPU model's sweep,
-    then each other model's (``run.elsewhere``), those with a sweep only; the launch cost spans the
-    hosts of the runs that recorded the sweep."""
-    by_gpu = {run.first.manifest.gpu: list(run.shown)}
-    for r in run.elsewhere:
-        by_gpu.setdefault(runs.gpu_short(r.manifest), []).append(r)
-    panels = []
-    for gpu, rs in by_gpu.items():
-        df = engine_records.frame(rs)
-        gains = width_gains(df)
-        if not gains.empty:
-            swept = [
-                r for r in rs
-                if r.df["case"].map(lambda c: bool(sglang.WIDTH_CASE.match(str(c)))).any()
-            ]
-            costs = [c for c in map(engine_records.run_host_us, swept) if c is not None]
-            panels.append((gpu, df, gains, (min(costs), max(costs)) if costs else None))
-    return panels
-
-
-def _draw_width(ax, df: pd.DataFrame, gains: pd.DataFrame, gpu: str, cost, *, legend: bool):
-    starts, mixed = int(gains["starts"].min()), gains["starts"].nunique() > 1
-    widths = gains["hidden"].nunique()
-    for i, (h, g) in enumerate(gains.groupby("hidden")):
-        n = int(g["starts"].min())  # widths recorded apart may differ: each says its own
-        nudge = 2**(0.05 * (i - (widths - 1) / 2))  # side by side, so the bars do not overlap
-        ax.errorbar(g["tokens"] * nudge, g["gain"], yerr=[g["gain"] - g["lo"], g["hi"] - g["gain"]],
-                    marker="o", capsize=3, elinewidth=0.8,
-                    label=f"hidden {h}" + (f" ({n} start{'s' if n > 1 else ''})" if mixed else ""))
-    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("prefill tokens (batch 1)")
-    ax.set_ylabel("pcg-off / piecewise prefill")
-    rel = ", ".join(
-        sorted({r
-                for r, c in zip(df["release"], df["case"]) if sglang.WIDTH_CASE.match(str(c))}))
-    how = (f"{engine_stats.STAT_NAMES[STAT]};\nbars: the starts' range"
-           if mixed else f"{engine_stats.starts_how(starts, STAT)};\nbars: the starts' range"
-           if starts > 1 else "one engine start: no spread measured")
-    span = cost and (f"{cost[0]:.1f}"
-                     if f"{cost[0]:.1f}" == f"{cost[1]:.1f}" else f"{cost[0]:.1f}–{cost[1]:.1f}")
-    host = f" · a bare launch {span} µs" if span else ""
-    ax.set_title(f"{gpu}{host}\nSGLang {rel}, Llama 32 layers, bench_one_batch\n{how}", fontsize=9)
-    tokens = sorted(gains["tokens"].unique())
-    ax.set_xticks(tokens, [str(t) for t in tokens])
-    if legend:
-        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
-
-
-# #26382's own figure (its description: B200, TP 4, Kimi-K2.5 with real weights, mean TTFT)
-PR_TTFT_S = (0.479, 0.147)
-
-
-def _span(values) -> str:
-    lo, hi = min(values), max(values)
-    return f"{lo:.2f}×" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}×"
-
-
-def beside_rows(run, engine_run) -> list[dict]:
-    """The speed-up piecewise graphs give, as the rebuild, the real engine and the PR measure it,
-    over the engine's token range (128–1024)."""
-    rows = []
-    df = engine_records.frame(engine_run.shown) if engine_run else pd.DataFrame()
-    pairs = captured_over_off(df) if engine_run else {}
-    lo = min((min(r) for r in pairs.values()), default=128)
-    hi = max((max(r) for r in pairs.values()), default=1024)
-    rows += count_rows(run, engine_run, lo, hi)  # counts first: they do not move with the host
-    if run:
-        run = run.first
-        sp = latency_of(run)["speedup"]
-        sp = sp[(sp.index >= lo) & (sp.index <= hi)]
-        if not sp.empty:
-            rows.append({
-                "source": f"rebuild ({runs.gpu_short(run.manifest)})",
-                "measures": f"eager ÷ piecewise, forward only (CUDA events), 16-layer "
-                f"bf16 decoder, {lo}–{hi} tokens", "figure": _span(sp.values)
-            })
-    else:
-        rows.append({
-            "source": "rebuild", "measures": getattr(run, "line", "no GPU run"), "figure": ""
-        })
-    starts = engine_stats.starts_in(df, "prefill") if engine_run else 1
-    for (model, rel, case), r in pairs.items():
-        cost = engine_records.host_us(engine_run, rel, model, case)  # the host that ran it
-        lo_s, hi_s = min(x[1] for x in r.values()), max(x[2] for x in r.values())
-        rows.append({
-            "source": f"SGLang {rel} engine ({model}, {case})",
-            "measures": f"pcg-off ÷ piecewise, whole prefill step (bench_one_batch, dummy "
-            f"weights), {min(r)}–{max(r)} tokens; {engine_stats.timing_source(starts, cost, STAT)}",
-            "figure": _span([x[0] for x in r.values()
-                             ]) + (f" (starts {lo_s:.2f}–{hi_s:.2f}×)" if starts > 1 else "")
-        })
-    if not pairs:
-        rows.append({
-            "source": "SGLang engine", "figure": "",
-            "measures": getattr(engine_run, "line", "no captured + pcg-off pair")
-        })
-    before, after = PR_TTFT_S
-    rows.append({
-        "source": "#26382's description (B200, TP 4)",
-        "measures": f"TTFT before ÷ after on Kimi-K2.5, real weights "
-        f"({before} s → {after} s)", "figure": f"{before / after:.2f}×"
-    })
-    return rows
-
-
-def count_rows(run, engine_run, lo: int, hi: int) -> list[dict]:
-    """The launches of one prefill, eager → piecewise, as the rebuild's profiler pass and the
-    engine's launch pass count them (exact; the same on any host)."""
-    rows = []
-    run = run.first if run else None
-    lt = launch_table(run.df) if run else pd.DataFrame()
-    if not lt.empty:
-        lt = lt[(lt.index >= lo) & (lt.index <= hi)]
-    if not lt.empty:
-        e, p = lt["eager launches"], lt["piecewise launches"]
-        rows.append({
-            "source": f"rebuild ({runs.gpu_short(run.manifest)})",
-            "measures": f"launches per prefill forward, eager → piecewise (profiler), {lo}–{hi} "
-            "tokens", "figure": f"{text.count(e)} → {text.count(p)}"
-        })
-    counts = launch_counts(engine_records.frame(engine_run.shown)) if engine_run else pd.DataFrame()
-    variants = {k[:3] for k in counts.index}
-    for (model, rel, case), g in (counts.groupby(level=[0, 1, 2]) if variants else []):
-        if g.pcg.iloc[0] != "captured" or (model, rel, "pcg-off") not in variants:
-            continue
-        off = counts.loc[(model, rel, "pcg-off")]
-        rows.append({
-            "source": f"SGLang {rel} engine ({model}, {case})",
-            "measures": "launches per prefill step, pcg-off → piecewise (kernels + graph "
-            "replays; bench_one_batch under the profiler)",
-            "figure": f"{text.count(off.launches)} → "
-            f"{text.count(g.kernels)} + {text.count(g.graphs)} graphs"
-        })
-    return rows
-
-
-def beside(run, engine_run) -> None:
-    """The rebuild's speed-up beside the real engine's and the PR's (see :func:`beside_rows`)."""
-    engine_view.beside(beside_rows(run, engine_run))
-
-
-def engine(run) -> None:
-    """SGLang's own engine: whether each release captures piecewise graphs for Kimi-K2.5 (default
-    flags, --enforce-piecewise-cuda-graph, off) and for a text-only Llama; the counts first (the
-    launches per prefill step, exact), then bench_one_batch's prefill time per input length with
-    the spread between engine starts, then the saving per removed launch against this host's bare
-    per-launch cost."""
-    engine_view.section(VIEW, run)
-
-
-def _engine_counts(run) -> None:
-    """The launch pass's counts, the prefill times (the width sweep aside) and what the removed
-    launches cost at this host's bare per-launch cost."""
-    df = engine_records.frame(run.shown)
-    counts = launch_counts(df)
-    if not counts.empty:
-        cells = counts.assign(cell=[
-            f"{k} + {g} graphs" if g else f"{k}" for k, g in zip(counts.kernels, counts.graphs)
-        ])["cell"].unstack("tokens").fillna("")
-        cells.columns.name = "launches per prefill step (kernels + graph replays; exact) by tokens"
-        notebook.show_table(cells)
-    sweep = df["case"].map(lambda c: bool(sglang.WIDTH_CASE.match(str(c))))  # drawn below
-    notebook.show_table(engine_view.table(df[~sweep], engine_view.Table("prefill", "input_len")))
-    table = launch_savings(df, lambda *variant: engine_records.host_us(run, *variant))
-    if not table.empty:
-        print("What the removed launches cost at this host's bare per-launch cost, and the saving "
-              "measured: eager spends several times the bare launch cost per kernel (the op's "
-              "Python and dispatch work), and the graphs remove that too")
-        notebook.show_table(table)
-
-
-VIEW = engine_view.EngineView(
-    what="Kimi-K2.5-shaped tiny model and a Llama-style 32 × 512", facts=("pcg", "pcg_reason"),
-    pairs=(engine_view.Pair("prefill", "input_len", "pcg-off",
-                            "pcg-off ÷ this case"),), extra=_engine_counts)
 
 
 def launch_counts(df: pd.DataFrame) -> pd.DataFrame:
@@ -806,13 +532,12 @@ def launch_counts(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def launch_savings(df: pd.DataFrame, host_us) -> pd.DataFrame:
-    """Per captured case and input length: the host's launches per prefill step with piecewise
-    graphs and with them off, the launches removed, what they cost at the host's bare per-launch
-    cost (``host_us(release, model, case)``: µs, the cost of the host that ran that variant), the
-    measured saving (pcg-off prefill − piecewise prefill, each side :data:`STAT` of its
-    starts), and that saving per removed launch, also as a multiple of the bare launch cost: eager
-    spends more host time per kernel than the launch itself (the op's Python and dispatch work),
-    and graphs remove that too."""
+    """Per captured case and input length: the launches per prefill step with piecewise graphs and
+    with them off, the launches removed, what they cost at the host's bare per-launch cost
+    (``host_us(release, model, case)``, µs), the measured saving (pcg-off − piecewise prefill, each
+    :data:`STAT` of its starts), and that saving per removed launch, also as a multiple of the bare
+    launch cost: eager spends more host time per kernel than the launch itself (the op's Python and
+    dispatch work), and graphs remove that too."""
     counts = launch_counts(df)
     if counts.empty:
         return pd.DataFrame()
@@ -841,3 +566,218 @@ def launch_savings(df: pd.DataFrame, host_us) -> pd.DataFrame:
         })
     return (pd.DataFrame(rows).set_index(["model", "release", "case", "tokens"])
             if rows else pd.DataFrame())
+
+
+def _launch_cells(rs) -> None:
+    """The view's own table: the launch pass's counts per prefill step (exact)."""
+    counts = launch_counts(engine_records.frame(rs.shown))
+    if counts.empty:
+        return
+    cells = counts.assign(
+        cell=[f"{k} + {g} graphs" if g else f"{k}" for k, g in zip(counts.kernels, counts.graphs)])
+    cells = cells["cell"].unstack("tokens").fillna("")
+    cells.columns.name = "launches per prefill step (kernels + graph replays; exact) by tokens"
+    notebook.show_table(cells)
+
+
+VIEW = engine_view.EngineView(
+    what="Kimi-K2.5-shaped tiny model and a Llama-style 32 × 512", facts=("pcg", "pcg_reason"),
+    pairs=(engine_view.Pair("prefill", "input_len", "pcg-off", "pcg-off ÷ this case",
+                            cases=("enforce", "pcg")),), extra=_launch_cells)
+
+
+def engine_times(rs) -> None:
+    """The appendix's engine tables: prefill per input length over the engine starts (the width
+    sweep aside), and what the removed launches cost at the bare per-launch cost beside the saving
+    measured."""
+    if not rs:
+        print(rs.line)
+        return
+    df = engine_records.frame(rs.shown)
+    notebook.show_table(
+        engine_view.table(df[~df["case"].map(_swept)], engine_view.Table("prefill", "input_len")))
+    table = launch_savings(df, lambda *variant: engine_records.host_us(rs, *variant))
+    if not table.empty:
+        print("What the removed launches cost at this host's bare per-launch cost, and the saving "
+              "measured: eager spends several times the bare launch cost per kernel (the op's "
+              "Python and dispatch work), and the graphs remove that too")
+        notebook.show_table(table)
+
+
+def serving() -> None:
+    """The PR's own serving benchmark (real Kimi-K2.5), metric by metric, and what this workbook
+    measured of it: nothing yet (its engine runs time prefill only; a full-width run with
+    bench_serving is planned, and its column goes here)."""
+    b = sglang.PR_BENCHMARK
+    rows = [{
+        "metric": f"{name} ({unit})", "#26382 before": before, "#26382 after": after,
+        "after ÷ before": f"{after / before:.2f}×", "measured here": "not yet"
+    } for name, (unit, before, after) in b["metrics"].items()]
+    print(f"#26382's own benchmark ({b['setup']}):")
+    notebook.show_table(pd.DataFrame(rows).set_index("metric"))
+
+
+def width_gains(df: pd.DataFrame) -> pd.DataFrame:
+    """The width sweep (``01-llama-width``): per hidden size and input length, prefill with
+    piecewise graphs off over prefill with them captured, each side :data:`STAT` of its starts;
+    rows ``hidden, tokens, gain, lo, hi, starts``, ``lo``–``hi`` the widest the starts allow."""
+    d = engine_stats.reading(df, "prefill", STAT)
+    pcg = engine_stats.texts(df, "pcg")
+    arms: dict = {}
+    for k, n, v, lo, hi, st in zip(d[engine_records.KEYS].itertuples(index=False), d["input_len"],
+                                   d["value"], d["lo"], d["hi"], d["starts"]):
+        m = sglang.WIDTH_CASE.match(k[2])
+        if m and (m["arm"] == "off" or pcg.get(tuple(k)) == "captured"):
+            arms[(int(m["hidden"]), int(n), m["arm"])] = (v, lo, hi, int(st))
+    rows = []
+    for (h, n, arm), (v, lo, hi, st) in sorted(arms.items()):
+        off = arms.get((h, n, "off"))
+        if arm == "pcg" and off:
+            rows.append({
+                "hidden": h, "tokens": n, "gain": off[0] / v, "lo": off[1] / hi, "hi": off[2] / lo,
+                "starts": min(st, off[3])
+            })
+    return pd.DataFrame(rows, columns=["hidden", "tokens", "gain", "lo", "hi", "starts"])
+
+
+def width_sweep(rs) -> None:
+    """Where piecewise graphs stop paying: the gain (off / captured prefill) against the prefill's
+    tokens, one line per hidden size of the same 32 Llama layers, the bars spanning the engine
+    starts; one panel per GPU model that recorded the sweep, each with its hosts' bare per-launch
+    cost."""
+    panels = _width_panels(rs) if rs else []
+    if not panels:
+        print("no width sweep recorded yet: on a GPU box, bash scripts/engine_gpu.sh --scenario "
+              "01-llama-width")
+        return
+    fig, axes = plots.figure(ncols=len(panels), sharey=True, width=1.6 + 5.6 * len(panels),
+                             height=4.2)
+    axes = axes[0] if len(panels) > 1 else [axes]
+    for i, (ax, (gpu, df, gains, cost)) in enumerate(zip(axes, panels)):
+        _draw_width(ax, df, gains, gpu, cost, legend=i == len(panels) - 1)
+        if i:
+            ax.set_ylabel("")
+    notebook.show_figure(fig)
+
+
+def _width_panels(rs) -> list:
+    """``[(gpu, df, gains, (lo, hi) µs per bare launch or None)]``: the shown GPU model's sweep,
+    then each other model's, those with a sweep only."""
+    by_gpu = {rs.first.manifest.gpu: list(rs.shown)}
+    for r in rs.elsewhere:
+        by_gpu.setdefault(r.manifest.gpu, []).append(r)
+    panels = []
+    for gpu, found in by_gpu.items():
+        df = engine_records.frame(found)
+        gains = width_gains(df)
+        if not gains.empty:
+            swept = [r for r in found if r.df["case"].map(_swept).any()]
+            costs = [c for c in map(engine_records.run_host_us, swept) if c is not None]
+            panels.append((gpu, df, gains, (min(costs), max(costs)) if costs else None))
+    return panels
+
+
+def _draw_width(ax, df: pd.DataFrame, gains: pd.DataFrame, gpu: str, cost, *, legend: bool):
+    starts, mixed = int(gains["starts"].min()), gains["starts"].nunique() > 1
+    widths = gains["hidden"].nunique()
+    for i, (h, g) in enumerate(gains.groupby("hidden")):
+        n = int(g["starts"].min())  # widths recorded apart may differ: each says its own
+        nudge = 2**(0.05 * (i - (widths - 1) / 2))  # side by side, so the bars do not overlap
+        ax.errorbar(g["tokens"] * nudge, g["gain"], yerr=[g["gain"] - g["lo"], g["hi"] - g["gain"]],
+                    marker="o", capsize=3, elinewidth=0.8,
+                    label=f"hidden {h}" + (f" ({n} start{'s' if n > 1 else ''})" if mixed else ""))
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("prefill tokens (batch 1)")
+    ax.set_ylabel("pcg-off / piecewise prefill")
+    rel = ", ".join(sorted({r for r, c in zip(df["release"], df["case"]) if _swept(c)}))
+    how = (f"{engine_stats.STAT_NAMES[STAT]};\nbars: the starts' range"
+           if mixed else f"{engine_stats.starts_how(starts, STAT)};\nbars: the starts' range"
+           if starts > 1 else "one engine start: no spread measured")
+    host = f" · a bare launch {text.span(cost, '{:.1f}')} µs" if cost else ""
+    ax.set_title(f"{gpu}{host}\nSGLang {rel}, Llama 32 layers, bench_one_batch\n{how}", fontsize=9)
+    tokens = sorted(gains["tokens"].unique())
+    ax.set_xticks(tokens, [str(t) for t in tokens])
+    if legend:
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+
+
+# --------------------------------------------------------------------------------------------------
+# the rebuild beside the real engine and the PR
+# --------------------------------------------------------------------------------------------------
+def beside_rows(rs, engine) -> list[dict]:
+    """How much piecewise graphs buy, as the rebuild, the real engine and the PR measure it, over
+    the engine's token range: the launch counts first (the same on any host), then the timings."""
+    df = engine_records.frame(engine.shown) if engine else pd.DataFrame()
+    pairs = captured_over_off(df) if engine else {}
+    lo = min((min(r) for r in pairs.values()), default=128)
+    hi = max((max(r) for r in pairs.values()), default=1024)
+    rows = count_rows(rs, df, lo, hi)
+    if rs:
+        sp = latency_of(rs.first)["speedup"]
+        sp = sp[(sp.index >= lo) & (sp.index <= hi)]
+        if not sp.empty:
+            rows.append({
+                "source": f"rebuild ({rs.first.manifest.gpu})",
+                "measures": "eager ÷ piecewise, forward only (CUDA events), 16-layer bf16 "
+                f"decoder, {lo}–{hi} tokens", "figure": text.span(sp.values, unit="×")
+            })
+    else:
+        rows.append({"source": "rebuild", "measures": rs.line, "figure": ""})
+    starts = engine_stats.starts_in(df, "prefill") if engine else 1
+    for (model, rel, case), r in pairs.items():
+        cost = engine_records.host_us(engine, rel, model, case)  # the host that ran it
+        spread = [y for x in r.values() for y in x[1:]]
+        rows.append({
+            "source": f"SGLang {rel} engine ({model}, {case})",
+            "measures": f"pcg-off ÷ piecewise, whole prefill step (bench_one_batch, dummy "
+            f"weights), {min(r)}–{max(r)} tokens; {engine_stats.timing_source(starts, cost, STAT)}",
+            "figure": text.span([x[0] for x in r.values()], unit="×")
+            + (f" (starts {text.span(spread, unit='×')})" if starts > 1 else "")
+        })
+    if not pairs:
+        rows.append({
+            "source": "SGLang engine", "figure": "",
+            "measures": getattr(engine, "line", "no captured + pcg-off pair")
+        })
+    unit, before, after = sglang.PR_BENCHMARK["metrics"]["TTFT"]
+    rows.append({
+        "source": f"#26382's description ({sglang.PR_BENCHMARK['where']})",
+        "measures": f"TTFT before ÷ after on Kimi-K2.5, real weights ({before} {unit} → "
+        f"{after} {unit})", "figure": f"{before / after:.2f}×"
+    })
+    return rows
+
+
+def count_rows(rs, df: pd.DataFrame, lo: int, hi: int) -> list[dict]:
+    """The launches of one prefill, eager → piecewise, as the rebuild's profiler pass and the
+    engine's launch pass count them (exact; the same on any host)."""
+    rows = []
+    lt = launch_table(rs.first.df) if rs else pd.DataFrame()
+    lt = lt[(lt.index >= lo) & (lt.index <= hi)] if not lt.empty else lt
+    if not lt.empty:
+        rows.append({
+            "source": f"rebuild ({rs.first.manifest.gpu})",
+            "measures": f"launches per prefill forward, eager → piecewise (profiler), {lo}–{hi} "
+            "tokens", "figure": f"{text.count(lt['eager launches'])} → "
+            f"{text.count(lt['piecewise launches'])}"
+        })
+    counts = launch_counts(df) if not df.empty else pd.DataFrame()
+    variants = {k[:3] for k in counts.index}
+    for (model, rel, case), g in (counts.groupby(level=[0, 1, 2]) if variants else []):
+        if g.pcg.iloc[0] != "captured" or (model, rel, "pcg-off") not in variants:
+            continue
+        off = counts.loc[(model, rel, "pcg-off")]
+        rows.append({
+            "source": f"SGLang {rel} engine ({model}, {case})",
+            "measures": "launches per prefill step, pcg-off → piecewise (kernels + graph "
+            "replays; bench_one_batch under the profiler)",
+            "figure": f"{text.count(off.launches)} → {text.count(g.kernels)} + "
+            f"{text.count(g.graphs)} graphs"
+        })
+    return rows
+
+
+def beside(rs, engine) -> None:
+    """The rebuild's speed-up beside the real engine's and the PR's (see :func:`beside_rows`)."""
+    engine_view.beside(beside_rows(rs, engine))
