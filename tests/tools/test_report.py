@@ -142,25 +142,64 @@ def test_first_figure_and_thumbnail():
 
 
 def test_index_cards(tmp_path):
+    """A fix's index card is its review card (the bug, the releases, the real engine's answer)
+    with the engine's and the rebuild's verdict lines; 00 has its sentence."""
+    import html
+
+    from sglab.core import card as K
+
     results = [_executed("04_swa_loc", "04 · SWA"), _executed("00_start_here", "start here")]
     results[1].nb.cells = results[1].nb.cells[:1]  # no figure
     path = index.write_index(results, tmp_path, [("GPUs", "0"), ("torch", "x")],
                              live_times={"04_swa_loc": "H100 ×1: 12.5 s"})
     text = path.read_text()
-    entry = catalog.by_stem("04_swa_loc")
-    shown = claims.shown(SWA, runs.load_all_recorded("swa_loc"))
-    assert shown, "the checkout has recorded swa_loc runs"
-    import html
-
-    assert html.escape(entry.claim) in text
-    assert html.escape(claims.headline(SWA, shown)) in text
-    for r in shown:
-        assert html.escape(claims.verdict_line(claims.evaluate(SWA, r), r)) in text
+    p = catalog.card("swa_loc")
+    assert p is not None, "swa_loc declares its card"
+    assert K.html_card(p) in text
+    assert html.escape(p["bug"]) in text and html.escape(p["releases"]) in text
+    assert p["engine_verdicts"] and p["rebuild_verdicts"]
+    for v in p["engine_verdicts"]:
+        assert f"verdict: real engine: {html.escape(v)}" in text
+    for v in p["rebuild_verdicts"]:
+        assert f"verdict: rebuild: {html.escape(v)}" in text
+    assert html.escape(catalog.START_CLAIM) in text
     assert "live time: H100 ×1: 12.5 s" in text
     assert f"live time: {timings.NOT_RECORDED}" in text  # 00 has no record
     assert text.count("data:image/png;base64,") == 1 and "no figure" in text
     assert re.search(r"<details><summary>Environment[^<]*</summary><table>.*torch", text)
     assert "3.2 s" in text or "3.3 s" in text
+
+
+def test_a_fix_without_a_card_yet_shows_its_claim_and_headline(tmp_path, monkeypatch):
+    """While a fix declares no ``CARD``, its index card and README row are its claim and headline
+    over the runs a reader is shown."""
+    import html
+
+    from sglab.tools import readme
+
+    monkeypatch.delattr(SWA, "CARD", raising=False)
+    assert catalog.card("swa_loc") is None
+    shown = claims.shown(SWA, runs.load_all_recorded("swa_loc"))
+    assert shown, "the checkout has recorded swa_loc runs"
+    text = index.write_index([_executed("04_swa_loc", "04", wide=False)], tmp_path, [],
+                             live_times={}).read_text()
+    assert f"<p>{index.inline_markdown(SWA.CLAIM)}</p>" in text
+    assert index.inline_markdown(claims.headline(SWA, shown)) in text
+    for r in shown:
+        assert html.escape(claims.verdict_line(claims.evaluate(SWA, r), r)) in text
+    row = readme.row(catalog.by_stem("04_swa_loc"))
+    assert " ".join(f"{SWA.CLAIM} {claims.headline(SWA, shown)}".split()) in row.replace("\\|", "|")
+
+
+def test_the_readme_row_of_a_fix_says_what_its_card_says():
+    from sglab.core import card as K
+    from sglab.tools import readme
+
+    for fix in ("swa_loc", "breakable_graph", "capture_sizes"):  # each declares its card
+        p = catalog.card(fix)
+        row = readme.row(catalog.by_stem(catalog.get(fix).stem)).replace("\\|", "|")
+        assert " ".join(p["bug"].split()) in row and f"Releases: {p['releases']}." in row
+        assert " ".join(K.summary(p).split()) in row
 
 
 @pytest.mark.parametrize("status", ["failed", "interrupted"])
@@ -213,13 +252,13 @@ def test_the_index_takes_recorded_facts_read_while_the_notebooks_ran(tmp_path):
     shows those and reads nothing again (a live notebook's facts still come from its live runs)."""
     r = _executed("04_swa_loc", "04", wide=False)
     given = {
-        "claim": "c", "headline": "read while the notebooks ran", "verdicts": ["v"],
+        "card": "", "claim": "c", "headline": "read while the notebooks ran", "verdicts": ["v"],
         "source": "recorded runs"
     }
     text = index.write_index([r], tmp_path, [], live_times={},
                              recorded={"04_swa_loc": given}).read_text()
     assert "read while the notebooks ran" in text and "verdict: v" in text
-    assert index.recorded_facts("04_swa_loc")["headline"] in index.write_index(
+    assert index.recorded_facts("04_swa_loc")["card"] in index.write_index(
         [r], tmp_path, [], live_times={}).read_text()
 
 

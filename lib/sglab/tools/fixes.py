@@ -51,6 +51,20 @@ def claims(name: str):
     return _module(name, "claims")
 
 
+def card(name: str, live: list | tuple = ()) -> dict | None:
+    """The review card of fix ``name`` (:func:`sglab.core.card.parts`) over the runs a reader is
+    shown (``live``: this session's live runs instead), and its recorded real-engine runs; None
+    where its claims declare no ``CARD`` yet."""
+    from sglab.core import card as K, claims as C, runs
+
+    mod, fix = claims(name), get(name)
+    if not hasattr(mod, "CARD"):
+        return None
+    shown = list(live) or C.shown(mod, runs.load_all_recorded(name))
+    rs = runs.RunSet(shown, experiment=name) if shown else runs.NoRun(name, "none recorded")
+    return K.parts(mod.CARD, fix, mod, rs, fix.recorded_engine())
+
+
 def experiments() -> tuple[str, ...]:
     """What ``sglab verify`` checks: each fix's rebuild runs, then the real-engine runs of each fix
     whose claims state what the engine must show (``claims.ENGINE``)."""

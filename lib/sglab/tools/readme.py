@@ -1,11 +1,11 @@
 """The generated blocks of the docs: the README's notebook index, the house map of
 ``docs/structure.md`` and the ledger of recorded engine runs in ``docs/operating.md``.
 
-Index: each row is the notebook's claim followed by its headline over the runs a reader is shown,
-both from :mod:`sglab.core.claims` (the sentence a notebook's first screen shows; numbers computed,
-never typed in). House map: every module of ``lib/sglab`` with the first line of its docstring, in
-layer order. Ledger: :mod:`sglab.tools.ledger`. ``sglab index`` rewrites each block between its
-markers; tests check that the committed files equal what the runs and the tree say.
+Index: each row says what the notebook's review card says (:mod:`sglab.core.card`: the bug, the
+releases, the real engine's answer, the rebuild's; numbers computed, never typed in). House map:
+every module of ``lib/sglab`` with the first line of its docstring, in layer order. Ledger:
+:mod:`sglab.tools.ledger`. ``sglab index`` rewrites each block between its markers; tests check that
+the committed files equal what the runs and the tree say.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from sglab.core import claims, runs
+from sglab.core import card, claims, runs
 from sglab.tools import fixes, ledger
 
 
 START, END = "<!-- index:start -->", "<!-- index:end -->"
-HEADER = ("| notebook | upstream | claim · headline (computed from data/recorded/) | GPUs |\n"
-          "|---|---|---|---|")
+HEADER = ("| notebook | upstream | its card: the bug, releases, real engine, rebuild (computed "
+          "from data/recorded/) | GPUs |\n|---|---|---|---|")
 MAP_START, MAP_END = "<!-- house:start -->", "<!-- house:end -->"
 LAYERS = ("tools", *fixes.NAMES, "sglang", "core")  # top to bottom: imports only go down
 
@@ -29,8 +29,13 @@ def _gpus(e: fixes.Notebook) -> str:
 
 
 def row(e: fixes.Notebook) -> str:
+    """A notebook's row: what its review card says (:func:`sglab.core.card.summary`), or its claim
+    and headline where its fix declares no card yet."""
     text = e.claim
-    if e.experiment:
+    p = fixes.card(e.experiment) if e.experiment else None
+    if p is not None:
+        text = card.summary(p)
+    elif e.experiment:
         mod = fixes.claims(e.experiment)
         shown = claims.shown(mod, runs.load_all_recorded(e.experiment))
         text = f"{e.claim} {claims.headline(mod, shown)}" if shown else text + " (no run yet)"

@@ -3,7 +3,7 @@
 ``index.json``).
 
 - :mod:`.pages`: an executed notebook → its HTML page (what each worker runs);
-- here: the index, one card per notebook (claim, headline, verdict, live time, status, first
+- here: the index, one card per notebook (its review card, verdicts, live time, status, first
   figure), and the environment;
 - :mod:`.timings`: per-cell wall times grouped into phases, saved as a ``workbook`` run (``sglab run
   --timings``).
@@ -359,13 +359,27 @@ def recorded_facts(stem: str) -> dict:
 
 
 def _facts(entry, live: list) -> dict:
-    facts = {"claim": entry.claim if entry else "", "headline": "", "verdicts": [], "source": ""}
+    """``card``: the notebook's review card as HTML (:func:`sglab.core.card.html_card`) with the
+    engine's and the rebuild's verdict lines; a fix that declares no card yet: its claim and
+    headline."""
+    facts = {
+        "card": "", "claim": entry.claim if entry else "", "headline": "", "verdicts": [],
+        "source": ""
+    }
     if entry is None or not entry.experiment:
         return facts
     exp = entry.experiment
     try:
+        from sglab.core import card as K
         from sglab.tools import fixes
 
+        p = fixes.card(exp, live)
+        if p is not None:
+            facts["card"] = K.html_card(p)
+            facts["verdicts"] = ([f"real engine: {v}" for v in p["engine_verdicts"]]
+                                 + [f"rebuild: {v}" for v in p["rebuild_verdicts"]])
+            facts["source"] = "measured live in this run" if live else "recorded runs"
+            return facts
         mod = fixes.claims(exp)
         shown = live or claims.shown(mod, runs.load_all_recorded(exp))
         facts["source"] = "measured live in this run" if live else "recorded runs"
@@ -417,9 +431,9 @@ def card(r, live_time: str, recorded: dict | None = None, earlier: str = "") -> 
                 f"<small>({facts['source']})</small></p>" if facts["headline"] else "")
     err = f"<pre>{html.escape(r.error[-3000:])}</pre>" if r.error else ""
     link = f"<h2><a href='{html.escape(r.path.stem)}.html'>{html.escape(title)}</a></h2>"
+    said = facts.get("card") or f"<p>{inline_markdown(facts['claim'])}</p>{headline}"
     return (
-        f"<div class='card'>{fig}<div class='text'>{link}"
-        f"<p>{inline_markdown(facts['claim'])}</p>{headline}{verdicts}"
+        f"<div class='card'>{fig}<div class='text'>{link}{said}{verdicts}"
         f"<div class='meta'>live time: {html.escape(live_time)}</div>"
         f"<div class='meta'>{_when_line(earlier)}: {_cardstatus_line(r)}</div>{err}</div></div>")
 
@@ -488,7 +502,7 @@ def write_index(results, out: Path, env_rows: list[tuple[str, str]], live_times:
         entries += [(_earlier_result(out, e), e, e["ran_utc"]) for e in earlier]
         entries.sort(key=lambda x: x[1]["notebook"])
     recorded = recorded or {}
-    none = {"claim": "", "headline": "", "verdicts": [], "source": ""}
+    none = {"card": "", "claim": "", "headline": "", "verdicts": [], "source": ""}
     cards = "".join(
         card(r, live_times.get(r.path.stem, timings.NOT_RECORDED),
              recorded.get(r.path.stem, none if quick else None), when) for r, _, when in entries)
