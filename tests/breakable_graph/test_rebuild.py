@@ -43,7 +43,7 @@ def test_resolution(shape, walk, path, caplog):
     m = bg.build_model(bg.TINY_CONFIG, shape=shape)
     with caplog.at_level(logging.WARNING, logger=bg.__name__):
         found = bg.resolve_layer_model(m, walk=walk)
-    assert module_path(m, found) == path
+    assert str(module_path(m, found)) == path
     warned = [r for r in caplog.records if "Could not resolve inner layer_model" in r.getMessage()]
     assert len(warned) == (1 if path == "None" else 0)
     if path != "None":

@@ -39,11 +39,10 @@ def _bs3(run):
     rows = {v: int(a.loc[v, "logit_rows"]) for v in ("eager", "before", "after")}
     can = {v: int(a.loc[v, "can_run"]) for v in ("before", "after")}
     ok = rows == {"eager": 3, "before": 1, "after": 3} and can == {"before": 0, "after": 1}
+    value = {**rows, **{f"can_run_{k}": v for k, v in can.items()}}
     return holds(
         ok, f"3 requests: before graph returns {rows['before']} row, can_run "
-        f"{bool(can['before'])}; after {rows['after']} rows, can_run "
-        f"{bool(can['after'])}", {**rows, **{f"can_run_{k}": v
-                                             for k, v in can.items()}})
+        f"{bool(can['before'])}; after {rows['after']} rows, can_run {bool(can['after'])}", value)
 
 
 def _matches(run):

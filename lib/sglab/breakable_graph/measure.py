@@ -1,26 +1,10 @@
-"""Measure the breakable CUDA graph before and after SGLang #24662 on one GPU.
-
-Parts of one run (column ``part``):
-
-- ``a_bs3``: the "before" graph (whole forward, captured with one request) replayed for a 3-request
-  batch: how many logit rows come back, and how far the one row is from eager;
-- ``b_match``: the "after" graph (layer stack only, logits tail eager) against eager prefill for
-  every request count at equal token counts (``padded=0``: the token count is a capture bucket;
-  ``padded=1``: it is not, the next bucket up runs with padding); max abs diff of the logits;
-- ``c_hit_rate``: share of a seeded mixed stream of prefill batches each runner sends to its graph
-  (``can_run`` only; runs on the CPU);
-- ``d_latency``: prefill latency (CUDA events, median and p10/p90) of eager, the "before" runner
-  (graph for one request, eager otherwise) and the "after" runner, per request count at several
-  token counts, the three timed in interleaved rounds (:func:`sglab.core.timing.interleaved`);
-- ``launches``: graph segments and eager breaks per bucket; host kernel launches, host graph
-  launches and device kernels per prefill, from the traced pass (:func:`profile_pass`);
-- ``e_resolution``: ``layer_model`` resolution on four model shapes with the #24662 rule and the
-  later walk-the-chain rule (runs on the CPU).
-
-Method versions: 2 -- eager/before/after timed in interleaved rounds; 3 -- the lean sweep (request
-counts 1, 3, 8; 5 buckets; 15 samples), weights drawn on the GPU, the traced pass, phase times.
-On the CPU (``run(device="cpu")``, the tests of the row plumbing) graphs are emulated, times are
-host times and the traced pass sees host events only.
+"""Measure the breakable CUDA graph before and after SGLang #24662 on one GPU. Parts (``part``):
+``a_bs3`` the one-request "before" graph replayed for 3 requests; ``b_match`` "after" against eager
+at bucket-sized and padded token counts; ``c_hit_rate`` a seeded mixed stream routed by ``can_run``
+(CPU); ``d_latency`` eager, before and after timed in interleaved rounds; ``launches`` segments per
+bucket and launches per prefill (the traced pass); ``e_resolution`` ``layer_model`` on four model
+shapes (CPU). Method 3: the lean sweep, weights drawn on the GPU, the traced pass. On the CPU graphs
+are emulated and times are host times (the tests of the row plumbing).
 """
 
 from __future__ import annotations
@@ -30,7 +14,7 @@ import math
 import random
 import re
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -40,49 +24,29 @@ import torch
 
 from sglab.breakable_graph import rebuild
 from sglab.core import runs, timing, trace
-from sglab.sglang.probing import captured_logs
+from sglab.sglang.probing import captured_logs, module_path
 
 
 EXPERIMENT = "breakable_graph"
 METHOD_VERSION = 3
 GPUS = 1
-DEFAULT_PARAMS = {
-    # model (bf16 on the GPU)
-    "vocab_size": 32000,
-    "hidden_size": 1024,
-    "num_heads": 8,
-    "head_dim": 128,
-    "intermediate_size": 2816,
-    "num_layers": 16,
-    "dtype": "bfloat16",
-    # graph buckets (tokens): those the sweep runs in, and 4096, the largest, which decides what
-    # the routing accepts
-    "capture_num_tokens": [128, 512, 1024, 2048, 4096],
-    "token_counts": [128, 512, 2048],
-    "padded_token_counts": [1000],
-    "batch_sizes": [1, 3, 8],
-    "warmup": 3,
-    "repeat": 15,  # samples per variant and configuration, taken in `rounds` alternating rounds
-    "rounds": 3,
-    "launch_token_count": 512,
-    "launch_batch_sizes": [1, 3, 8],  # the traced pass; its 3-request prefill is the events sidecar
-    # mixed prefill stream for the hit rate
-    "stream_batches": 1000,
-    "stream_max_bs": 8,
-    "stream_p_single": 0.35,
-    "stream_min_len": 16,
-    "stream_max_len": 2048,
-    "seed": 0,
-}
+_MODEL = dict(vocab_size=32000, hidden_size=1024, num_heads=8, head_dim=128, intermediate_size=2816,
+              num_layers=16, dtype="bfloat16")  # bf16 on the GPU
+# graph buckets (the largest decides what the routing accepts), the timed cells and those of the
+# traced pass (its 3-request prefill is the events sidecar)
+_CELLS = dict(capture_num_tokens=[128, 512, 1024, 2048, 4096], token_counts=[128, 512, 2048],
+              padded_token_counts=[1000], batch_sizes=[1, 3, 8], launch_batch_sizes=[1, 3, 8])
+# ``repeat`` samples per variant and cell, in ``rounds`` alternating rounds; the mixed prefill stream
+# of the hit rate
+_PASSES = dict(warmup=3, repeat=15, rounds=3, launch_token_count=512, stream_batches=1000,
+               stream_max_bs=8, stream_p_single=0.35, stream_min_len=16, stream_max_len=2048,
+               seed=0)
+DEFAULT_PARAMS = {**_MODEL, **_CELLS, **_PASSES}
 PARTS = ("a_bs3", "b_match", "c_hit_rate", "d_latency", "launches", "e_resolution")
 _DEFAULTS = {
     "part": "", "num_tokens": -1, "batch_size": -1, "padded": -1, "model_shape": "", "resolver": "",
     "layer_model": ""
 }
-
-
-def gpus(params: dict) -> int:
-    return GPUS
 
 
 def _row(part: str, variant: str, metric: str, value: float, unit: str, **kw) -> dict:
@@ -148,6 +112,12 @@ def graph_hit_rate(runner: Any, shapes: Iterable[rebuild.BatchShape]) -> dict:
     }
 
 
+_HIT_UNITS = {
+    "hit_rate": "fraction", "token_hit_rate": "fraction", "graph_batches": "batches",
+    "batches": "batches"
+}
+
+
 def hit_rate_rows(params: Optional[dict] = None, model: Optional[torch.nn.Module] = None) -> list:
     """Part c: routing only (``can_run``), nothing captured; runs on the CPU."""
     p = {**DEFAULT_PARAMS, **(params or {})}
@@ -159,12 +129,7 @@ def hit_rate_rows(params: Optional[dict] = None, model: Optional[torch.nn.Module
                                               capture_num_tokens=p["capture_num_tokens"],
                                               capture=False)
         h = graph_hit_rate(runner, shapes)
-        rows += [
-            _row("c_hit_rate", boundary, "hit_rate", h["hit_rate"], "fraction"),
-            _row("c_hit_rate", boundary, "token_hit_rate", h["token_hit_rate"], "fraction"),
-            _row("c_hit_rate", boundary, "graph_batches", h["graph_batches"], "batches"),
-            _row("c_hit_rate", boundary, "batches", h["batches"], "batches")
-        ]
+        rows += [_row("c_hit_rate", boundary, k, h[k], u) for k, u in _HIT_UNITS.items()]
     for bs in range(1, int(p["stream_max_bs"]) + 1):  # the stream's make-up
         rows.append(
             _row("c_hit_rate", "stream", "batches_with_bs",
@@ -184,21 +149,11 @@ def resolve(model: torch.nn.Module, *, walk: bool) -> tuple[Optional[torch.nn.Mo
     return found, [m for level, m in logs if level == "WARNING"]
 
 
-def module_path(root: torch.nn.Module, module: Optional[torch.nn.Module]) -> str:
-    if module is None:
-        return "None"
-    for name, m in root.named_modules():
-        if m is module:
-            return name or "<the model itself>"
-    return "<not a submodule>"
-
-
 RESOLVERS = {"pr24662": False, "walk_chain": True}  # resolver name: walk=
 
 
 def resolution_table(cfg: rebuild.ModelConfig = rebuild.TINY_CONFIG) -> pd.DataFrame:
-    """One row per (model shape, resolver): what is found, whether a warning was logged, its
-    text."""
+    """One row per (model shape, resolver): what is found (its path, ``None``), the warning."""
     out = []
     for shape in rebuild.MODEL_SHAPES:
         model = rebuild.build_model(cfg, shape=shape)
@@ -206,7 +161,7 @@ def resolution_table(cfg: rebuild.ModelConfig = rebuild.TINY_CONFIG) -> pd.DataF
             found, warnings = resolve(model, walk=walk)
             out.append({
                 "model_shape": shape, "model_class": type(model).__name__, "resolver": resolver,
-                "layer_model": module_path(model, found), "bcg_enabled": found is not None,
+                "layer_model": str(module_path(model, found)), "bcg_enabled": found is not None,
                 "warning": warnings[0] if warnings else ""
             })
     return pd.DataFrame(out)
@@ -232,12 +187,6 @@ PHASE = re.compile(r"^(eager|before|after) (\d+)$")
 SHOWN_REQUESTS, SHOWN_VARIANTS = 3, ("before", "after")
 
 
-@dataclass
-class Profiled:
-    rows: list = field(default_factory=list)
-    sidecars: dict = field(default_factory=dict)
-
-
 def launch_numbers(ev: pd.DataFrame) -> dict:
     """Host launches and device kernels of one prefill (``ev``: the events of one phase)."""
     device = ev.lane.str.startswith("stream") | (ev.lane == "device")
@@ -249,33 +198,31 @@ def launch_numbers(ev: pd.DataFrame) -> dict:
     }
 
 
-def profile_pass(p: dict, model, before, after, batch_for, on_gpu: bool) -> Profiled:
-    """The traced pass: launch rows, the events sidecar, the Perfetto file."""
+def profile_pass(p: dict, model, before, after, batch_for, on_gpu: bool) -> tuple[list, dict]:
+    """The traced pass: (launch rows, sidecars: the events and the Perfetto file)."""
     n = int(p["launch_token_count"])
     fns = {}
     for bs in (int(b) for b in p["launch_batch_sizes"]):
         batch = batch_for(n, bs)
-        fns.update({
-            f"eager {bs}": partial(rebuild.run_eager, model,
-                                   batch), f"before {bs}": partial(before.forward, batch),
-            f"after {bs}": partial(after.forward, batch)
-        })
+        fns[f"eager {bs}"] = partial(rebuild.run_eager, model, batch)
+        fns[f"before {bs}"] = partial(before.forward, batch)
+        fns[f"after {bs}"] = partial(after.forward, batch)
     for fn in fns.values():  # every path warm before the profiler starts
         fn()
     perfetto = Path(tempfile.mkdtemp(prefix="sglab-bcg-")) / "trace.json.gz" if on_gpu else None
     events = trace.phase_columns(trace.trace_phases(fns, perfetto=perfetto, cuda=on_gpu),
                                  PHASE.pattern, ("variant", "batch_size"), {"batch_size": int})
-    out = Profiled()
+    rows, sidecars = [], {}
     for (variant, bs), ev in events.groupby(["variant", "batch_size"], sort=False):
-        out.rows += [
+        rows += [
             _row("launches", variant, metric, value, "count", num_tokens=n, batch_size=int(bs))
             for metric, value in launch_numbers(ev).items()
         ]
     keep = (events.batch_size == SHOWN_REQUESTS) & events.variant.isin(SHOWN_VARIANTS)
-    out.sidecars["events"] = events[keep].reset_index(drop=True)
+    sidecars["events"] = events[keep].reset_index(drop=True)
     if perfetto is not None and perfetto.exists():
-        out.sidecars["trace"] = perfetto
-    return out
+        sidecars["trace"] = perfetto
+    return rows, sidecars
 
 
 # --------------------------------------------------------------------------------------------------
@@ -398,8 +345,8 @@ def run(params: Optional[dict] = None, *, progress: bool = True,
         rows += _latency(model, before, after, p, batch_for, timer)
     with timing.phase("profile"):
         say("[breakable_graph] traced pass (torch.profiler)")
-        prof = profile_pass(p, model, before, after, batch_for, on_gpu)
-    rows += prof.rows
+        launch_rows, sidecars = profile_pass(p, model, before, after, batch_for, on_gpu)
+    rows += launch_rows
     with timing.phase("resolution"):
         say("[breakable_graph] (e) layer_model resolution on four model shapes")
         rows += resolution_rows()
@@ -409,4 +356,4 @@ def run(params: Optional[dict] = None, *, progress: bool = True,
         torch.cuda.synchronize(dev)
         torch.cuda.empty_cache()
     say("[breakable_graph] done")
-    return runs.Measured(runs.tidy(EXPERIMENT, rows), sidecars=prof.sidecars)
+    return runs.Measured(runs.tidy(EXPERIMENT, rows), sidecars=sidecars)

@@ -1,10 +1,8 @@
-"""Breakable CUDA graph for multi-request prefill (SGLang #24662, "Breakable Cuda Graph Support for
-bs > 1"), rebuilt PR-era, to read beside ``data/upstream/breakable_graph/pr24662.diff``. Sections
-are headed by the upstream file (``python/sglang/srt/...``) and symbols they mirror; section 3 (the
-attention break and the toy models) has none. The before/after switch is the runner's ``boundary``
-(:data:`BOUNDARIES`). Nothing here measures. Without CUDA every captured graph is an
-:class:`EmulatedReplay` (same static buffers, same capture-time batch): routing, the layer swap and
-the one-request tail run on a CPU; timings and segment counts only mean something on a GPU.
+"""Breakable CUDA graph for multi-request prefill (SGLang #24662), rebuilt PR-era: sections headed
+by the upstream file (``python/sglang/srt/...``) and symbols they mirror, the before/after switch
+the runner's ``boundary`` (:data:`BOUNDARIES`). Without CUDA a captured graph is an
+:class:`EmulatedReplay` (same static buffers, same capture-time batch), so routing, the layer swap
+and the one-request tail run on a CPU.
 """
 
 from __future__ import annotations
@@ -37,14 +35,8 @@ class PrefillBatch:
     positions: torch.Tensor  # (num_tokens,) int64, restart at 0 for every request
     extend_seq_lens: torch.Tensor  # (batch_size,) int64, on the model's device
     extend_seq_lens_cpu: list[int]
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.extend_seq_lens_cpu)
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[0])
+    batch_size = property(lambda self: len(self.extend_seq_lens_cpu))
+    num_tokens = property(lambda self: int(self.input_ids.shape[0]))  # padded to a bucket, or not
 
 
 @dataclass(frozen=True)
@@ -52,14 +44,8 @@ class BatchShape:
     """Only the shape of a prefill batch (request lengths): what ``can_run`` decides on."""
 
     extend_seq_lens_cpu: tuple[int, ...]
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.extend_seq_lens_cpu)
-
-    @property
-    def num_tokens(self) -> int:
-        return int(sum(self.extend_seq_lens_cpu))
+    batch_size = property(lambda self: len(self.extend_seq_lens_cpu))
+    num_tokens = property(lambda self: int(sum(self.extend_seq_lens_cpu)))
 
 
 def make_batch(seq_lens: Sequence[int], *, vocab_size: int, device: torch.device | str = "cpu",
@@ -78,12 +64,9 @@ def make_batch(seq_lens: Sequence[int], *, vocab_size: int, device: torch.device
 
 @dataclass
 class AttnMetadata:
-    """Per-forward attention metadata (the role of the attention backend's ``forward_metadata``).
-
-    ``token_req[i]`` is the request of token ``i``; padding tokens (a graph bucket larger than the
-    live batch) get their own id ``batch_size`` so they never mix with real requests.
-    ``mask[i, j]`` is True when token ``i`` may attend to token ``j``: same request and ``j <= i``.
-    """
+    """Per-forward attention metadata (the attention backend's ``forward_metadata``): the request
+    of each token (padding tokens get their own id, ``batch_size``) and ``mask[i, j]``, token ``i``
+    may attend to ``j`` (same request, ``j <= i``)."""
 
     num_tokens: int
     batch_size: int
@@ -103,10 +86,8 @@ def build_attn_metadata(extend_seq_lens_cpu: Sequence[int], num_tokens: int,
     if num_tokens > real:
         token_req = torch.cat([token_req, torch.full((num_tokens - real,), bs, dtype=torch.int64)])
     device = torch.device(device)
-    if device.type == "cuda":  # no stream sync for the host-to-device copy
-        token_req = token_req.pin_memory().to(device, non_blocking=True)
-    else:
-        token_req = token_req.to(device)
+    on_gpu = device.type == "cuda"  # then no stream sync for the host-to-device copy
+    token_req = (token_req.pin_memory() if on_gpu else token_req).to(device, non_blocking=on_gpu)
     same = token_req[:, None] == token_req[None, :]
     causal = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=device).tril_()
     return AttnMetadata(num_tokens=num_tokens, batch_size=bs, token_req=token_req,
@@ -179,20 +160,11 @@ def eager_on_graph(enable: bool = True):
 
 
 class BreakableCUDAGraph:
-    """One ``torch.cuda.CUDAGraph`` per segment plus one eager function between consecutive
-    segments."""
+    """One ``torch.cuda.CUDAGraph`` per segment, one eager function between two segments."""
 
     def __init__(self) -> None:
         self._segments: list[torch.cuda.CUDAGraph] = []
         self._break_fns: list[Callable[[], Any]] = []
-
-    @property
-    def num_segments(self) -> int:
-        return len(self._segments)
-
-    @property
-    def num_breaks(self) -> int:
-        return len(self._break_fns)
 
     def replay(self) -> None:
         for i, seg in enumerate(self._segments):
@@ -248,7 +220,7 @@ class EmulatedReplay:
     """CPU stand-in for a captured graph: replay re-runs the captured closure over the same static
     buffers and the same capture-time batch object, then copies into the captured output buffer."""
 
-    num_segments = num_breaks = 0
+    _segments = _break_fns = ()
 
     def __init__(self, run_once: Callable[[], torch.Tensor], output: torch.Tensor):
         self._run_once, self._output = run_once, output
@@ -261,11 +233,9 @@ class EmulatedReplay:
 # --------------------------------------------------------------------------------------------------
 # 3. no upstream file · the attention break and the models
 # --------------------------------------------------------------------------------------------------
-# The model is the shared toy decoder with learned positions; its attention op is varlen_attention,
-# decorated @eager_on_graph(True) like SGLang's attention layers, so a breakable capture ends a
-# graph segment there and replays it eagerly with the live request boundaries. It stands in for
-# SGLang's varlen attention backend: one dense SDPA call with a block-diagonal causal mask built
-# from the live extend_seq_lens (tokens mix only within their request).
+# The shared toy decoder with learned positions; its attention op, varlen_attention, is decorated
+# @eager_on_graph(True) like SGLang's attention layers and stands in for its varlen backend: one
+# dense SDPA with a block-diagonal causal mask from the live extend_seq_lens.
 ModelConfig = DecoderConfig  # the name this notebook's parameters and tests use
 
 TINY_CONFIG = ModelConfig(vocab_size=128, hidden_size=64, num_heads=4, head_dim=16,
@@ -324,8 +294,7 @@ class TinyVLM(nn.Module):
 
 
 class TinyGPTStyleLM(nn.Module):
-    """The stack lives under ``.transformer`` (GPT-2 naming): there is no ``.model.layers`` to
-    find."""
+    """The stack under ``.transformer`` (GPT-2 naming): no ``.model.layers`` to find."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -341,8 +310,7 @@ class TinyGPTStyleLM(nn.Module):
 
 
 class TinyNestedWrapper(nn.Module):
-    """One more wrapper level (an OCR/VLM model whose ``.model`` is a whole causal LM): the stack is
-    at ``.model.model.layers``."""
+    """One wrapper level more (``.model`` a whole causal LM): the stack at ``.model.model.layers``."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -363,14 +331,9 @@ MODEL_SHAPES: dict[str, type[nn.Module]] = {
 def build_model(cfg: ModelConfig = TINY_CONFIG, *, shape: str = "causal_lm",
                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                 seed: int = 0, draw_on: str = "cpu") -> nn.Module:
-    """A model of one shape, weights from :func:`~sglab.core.toy_decoder.init_normal_` after
-    seeding with ``seed``.
-
-    ``draw_on="cpu"``: built and drawn on the CPU from the global RNG, then moved (the weights of
-    the runs recorded before method 3, reproduced bit for bit). ``"device"``: built on ``device``
-    and the same distributions drawn there in ``dtype`` (norms 1, biases 0): other values,
-    milliseconds instead of seconds for the 16-layer model.
-    """
+    """A model of one shape, weights from :func:`~sglab.core.toy_decoder.init_normal_` seeded with
+    ``seed``: drawn on the CPU and moved (``draw_on="cpu"``, the runs before method 3, bit for bit),
+    or the same distributions drawn on ``device`` in ``dtype`` (``"device"``: milliseconds)."""
     if cfg.positions != "learned":
         raise ValueError("the breakable-graph model uses learned positions (positions='learned')")
     if draw_on not in ("cpu", "device"):
@@ -404,12 +367,9 @@ BOUNDARIES = (BEFORE, AFTER)
 
 
 def resolve_layer_model(model: nn.Module, *, walk: bool = False) -> nn.Module | None:
-    """The inner transformer stack the "after" runner captures, or ``None`` with a warning.
-
-    ``walk=False`` is the #24662 form: ``getattr(model, "language_model", model).model`` if it has
-    ``.layers``. ``walk=True`` is the later form (cf. SGLang #30006): follow the ``.model`` chain
-    below the language model to any depth until a module with ``.layers`` is found.
-    """
+    """The inner stack the "after" runner captures, else ``None`` with a warning: #24662's
+    ``getattr(model, "language_model", model).model`` if it has ``.layers``, or (``walk``, cf.
+    SGLang #30006) the first module with ``.layers`` down the ``.model`` chain."""
     language_model = getattr(model, "language_model", model)
     if not walk:
         if hasattr(language_model, "model") and hasattr(language_model.model, "layers"):
@@ -438,19 +398,14 @@ class _Captured:
 class BreakableGraphRunner:
     """The breakable-graph prefill runner with the capture boundary of before or after #24662.
 
-    * ``boundary="before"`` (parent of #24662): captures ``model.forward``, the whole forward
-      *including* the logits tail, with a one-request (bs=1) capture batch whose per-request fields
-      are slices ``[:1]`` of static ``(max_bs,)`` buffers. The tail's gather
-      ``hidden[cumsum(extend_seq_lens) - 1]`` is baked in for one request, so ``can_run`` rejects
-      every batch with ``batch_size > 1`` (they run eagerly).
-    * ``boundary="after"`` (#24662): captures only ``layer_model``, the inner stack resolved by
-      :func:`resolve_layer_model` (``None``: the runner is disabled). ``_run_forward`` is
-      ``@torch.no_grad``; the bs=1 capture batch is only a metadata placeholder; ``replay`` runs the
-      outer ``model.forward`` eagerly with the live batch while ``layer_model.forward`` is swapped
-      for "replay the graph of this token bucket and return its output buffer". The static bs
-      buffers are gone and ``can_run`` no longer looks at ``batch_size``.
+    * ``"before"``: captures ``model.forward``, logits tail included, with a bs=1 capture batch whose
+      per-request fields are ``[:1]`` of static ``(max_bs,)`` buffers: the tail's gather is baked in
+      for one request, so ``can_run`` rejects ``batch_size > 1`` (eager).
+    * ``"after"``: captures only ``layer_model`` (:func:`resolve_layer_model`; ``None`` disables the
+      runner); ``replay`` runs the outer ``model.forward`` eagerly with the live batch while
+      ``layer_model.forward`` is swapped for the replay; ``can_run`` ignores ``batch_size``.
 
-    ``capture=False`` builds the routing state only (``can_run``); nothing is captured.
+    ``capture=False`` builds the routing state only (``can_run``).
     """
 
     def __init__(self, model: nn.Module, *, boundary: str, capture_num_tokens: Sequence[int],
@@ -627,8 +582,7 @@ class BreakableGraphRunner:
         return output
 
     def forward(self, forward_batch: PrefillBatch) -> tuple[torch.Tensor, bool]:
-        """What the model runner does: replay when ``can_run``, else eager. Returns (logits,
-        used_graph)."""
+        """What the model runner does: replay when ``can_run``, else eager: (logits, used_graph)."""
         if self.can_run(forward_batch):
             return self.replay(forward_batch), True
         return run_eager(self.model, forward_batch), False
@@ -636,4 +590,4 @@ class BreakableGraphRunner:
     def segments(self, num_tokens: int) -> tuple[int, int]:
         """(graph segments, eager breaks) captured for a bucket (0, 0 in CPU emulation)."""
         g = self.captured[num_tokens].graph
-        return g.num_segments, g.num_breaks
+        return len(g._segments), len(g._break_fns)

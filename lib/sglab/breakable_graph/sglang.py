@@ -88,13 +88,11 @@ def check(read) -> Verdict:
 # --------------------------------------------------------------------------------------------------
 # the CPU probe (inside one release's worker process)
 # --------------------------------------------------------------------------------------------------
-# The released BreakableCudaGraphRunner (0.5.11 to 0.5.13) is built on a stand-in model runner
-# around the rebuild's own tiny models and stopped where it would first ask for the CUDA graph
-# memory pool (after the static buffers in 0.5.11, after the layer_model resolution in 0.5.12),
-# before any warm-up or capture. Then its own can_run on stand-in batches, and its
-# _build_capture_forward_batch: is the capture batch's extend_seq_lens a slice of a static
-# (max_bs,) buffer (what the captured logits tail reads before #24662)? 0.5.10.x has no breakable
-# runner and 0.5.14 replaced the file: such a release gives one row.
+# The released BreakableCudaGraphRunner (0.5.11 to 0.5.13), built on a stand-in model runner around
+# the rebuild's tiny models and stopped where it first asks for the graph memory pool; then its
+# can_run on stand-in batches, and whether its capture batch's extend_seq_lens is a slice of a
+# static (max_bs,) buffer (what the captured tail reads before #24662). A release without the file
+# (0.5.10.x; 0.5.14 replaced it) gives one row.
 CAPTURE_TOKENS = [16, 32, 64]
 ONE, MULTI = "1 request (30)", "3 requests (10+12+10)"
 BATCHES = {
@@ -204,27 +202,16 @@ def probe(prepared, params: dict) -> list[dict]:
 # -- the real engine: `sglab engine --scenario NAME`, recorded under
 # data/recorded/engine_breakable_graph/
 ENGINE = (Scenario(
-    fix="breakable_graph",
-    name="03-bcg-requests",
+    fix="breakable_graph", name="03-bcg-requests",
     what="--enable-breakable-cuda-graph with 1 to 8 requests per prefill (Engine API, one "
     "generate call per batch): graph used or eager fallback per prefill batch (the "
-    "scheduler's 'Prefill batch' line), and latency",
-    model="llama_32x512",
-    tool="engine",
+    "scheduler's 'Prefill batch' line), and latency", model="llama_32x512", tool="engine",
     releases=("0.5.11", "0.5.12.post1"),
-    cases=(
-        Case("bcg", ("--enable-breakable-cuda-graph", *PCG_FLAGS, "--disable-radix-cache")),
-        Case("eager", ("--disable-piecewise-cuda-graph", "--disable-radix-cache")),
-    ),
-    requests=(1, 2, 4, 8),
-    starts=3,
-    control="eager",
-    input_lens=(128,),
-    output_len=1,
-    repeats=5,
+    cases=(Case("bcg", ("--enable-breakable-cuda-graph", *PCG_FLAGS, "--disable-radix-cache")),
+           Case("eager", ("--disable-piecewise-cuda-graph", "--disable-radix-cache"))),
+    requests=(1, 2, 4, 8), starts=3, control="eager", input_lens=(128,), output_len=1, repeats=5,
     expect="0.5.11: graph only with one request (can_run rejects batch_size > 1); "
-    "0.5.12.post1: graph at every batch",
-),)
+    "0.5.12.post1: graph at every batch"),)
 
 # -- the code path of a prefill batch through the breakable graph, in the first release with #24662
 MODEL_RUNNER = "srt/model_executor/model_runner.py"
@@ -243,16 +230,13 @@ CODE_PATH = (Node(MODEL_RUNNER, "ModelRunner.init_piecewise_cuda_graphs",
              Node("srt/layers/logits_processor.py", "LogitsProcessor.forward",
                   "the tail: each request's last token, lm_head, eager"))
 
+_RUNNER_SYMBOLS = ("__init__", "_run_forward", "_build_capture_forward_batch", "can_run", "replay")
 FIX = Fix(
     name="breakable_graph", number="03", prs=(24662,), gpus=1,
     title="Breakable CUDA graph captures only the layer stack (#24662)", check=check, hunks=(Spec(
-        24662,
-        symbols_in(
-            RUNNER_FILE,
-            *(f"BreakableCudaGraphRunner.{m}"
-              for m in ("__init__", "_run_forward", "_build_capture_forward_batch", "can_run",
-                        "replay")))),), probe=Probe("sglab.breakable_graph.sglang:probe",
-                                                    PROBE_RELEASES), engine=ENGINE)
+        24662, symbols_in(RUNNER_FILE,
+                          *(f"BreakableCudaGraphRunner.{m}" for m in _RUNNER_SYMBOLS))),),
+    probe=Probe("sglab.breakable_graph.sglang:probe", PROBE_RELEASES), engine=ENGINE)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -125,13 +125,10 @@ def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def speedups(df: pd.DataFrame) -> dict:
-    """After vs eager over the timed prefills of 2+ requests: ``min``, ``max`` and ``median`` over
-    every cell (token count × request count), and over the launch-bound cells (up to
-    :data:`LAUNCH_BOUND` tokens) ``min_launch_bound`` and ``median_launch_bound``. The A/A
-    control: in those cells "before" runs the very same eager code as eager, timed in the same
-    alternating rounds, so ``|eager ÷ before − 1|`` is the cell's own noise; ``aa_noise`` is the
-    largest, ``aa_margin`` the smallest ``speedup − 1 − noise`` of a cell (``None`` where "before"
-    was not timed). ``{}`` where no prefill of 2+ requests was timed."""
+    """After vs eager over the timed prefills of 2+ requests: ``min``, ``max``, ``median`` over the
+    cells, ``min_launch_bound``, ``median_launch_bound`` up to :data:`LAUNCH_BOUND` tokens, and the
+    A/A control ("before" runs eager's very code there): ``aa_noise`` the largest ``|eager ÷ before
+    − 1|``, ``aa_margin`` the smallest ``speedup − 1 − noise`` of a cell; ``{}`` without cells."""
     t = latency_table(df)
     multi = t[t["batch_size"] > 1]
     s = multi["speedup_after"]
@@ -342,35 +339,28 @@ def _draw_row(ax, y: float, s: Structure) -> float:
     return x
 
 
-def _bs3(run) -> dict:
-    """Rows and ``can_run`` of the 3-request batch per runner: from the run, else from the rebuild
-    on the CPU (emulated replay, the tiny model, buckets of 16/32/64 tokens)."""
+def _bs3(run) -> pd.DataFrame:
+    """:func:`bs3_table` of the run, else of the rebuild on the CPU (emulated replay, the tiny
+    model, buckets of 16/32/64 tokens)."""
     if run:
-        df = run.df
-    else:
-        model = rebuild.build_model(rebuild.TINY_CONFIG)
-        before, after = (rebuild.BreakableGraphRunner(model, boundary=b,
-                                                      capture_num_tokens=[16, 32, 64])
-                         for b in rebuild.BOUNDARIES)
-        batch = rebuild.make_batch([10, 12, 10], vocab_size=rebuild.TINY_CONFIG.vocab_size, seed=1)
-        df = pd.DataFrame(measure.three_requests(model, before, after, batch))
-    a = bs3_table(df)
-    return {
-        "before": int(a.loc["before", "logit_rows"]), "after": int(a.loc["after", "logit_rows"]),
-        "can_run_before": int(a.loc["before", "can_run"]), "can_run_after": int(a.loc["after",
-                                                                                      "can_run"])
-    }
+        return bs3_table(run.df)
+    model = rebuild.build_model(rebuild.TINY_CONFIG)
+    before, after = (rebuild.BreakableGraphRunner(model, boundary=b,
+                                                  capture_num_tokens=[16, 32, 64])
+                     for b in rebuild.BOUNDARIES)
+    batch = rebuild.make_batch([10, 12, 10], vocab_size=rebuild.TINY_CONFIG.vocab_size, seed=1)
+    return bs3_table(pd.DataFrame(measure.three_requests(model, before, after, batch)))
 
 
 def mechanism(run=None):
-    """One captured forward as graph segments and eager breaks: before #24662 (whole forward, logits
-    tail inside the last segment, captured for one request) and after (layer stack only, the tail
-    eager), for the run's layer count and its 3-request outcome (the default parameters and the
-    CPU rebuild without a run)."""
+    """One captured forward as graph segments and eager breaks, before #24662 (the logits tail in
+    the last segment, captured for one request) and after (the tail eager), for the run's layer
+    count and 3-request outcome (``run``: a Run, or a NoRun for the defaults and the CPU rebuild)."""
     params = run.manifest.params if run else {}
     layers = int(params.get("num_layers", measure.DEFAULT_PARAMS["num_layers"]))
     before, after = (capture_structure(b, layers) for b in rebuild.BOUNDARIES)
     bs3 = _bs3(run)
+    rows, can = bs3["logit_rows"].astype(int), bs3["can_run"].astype(bool)
     fig, ax = plots.canvas(12.5, 4.3, xlim=(0, 12.5), ylim=(0, 4.3))
     for s, y, title in ((before, 2.55, "before #24662: capture model.forward (bs=1)"),
                         (after, 0.75, "after #24662: capture layer_model.forward")):
@@ -383,11 +373,11 @@ def mechanism(run=None):
                       "logits tail, eager:\nlast token of each\nrequest, lm_head", color="kept",
                       fontsize=6.8)
     ax.text(
-        0.1, 2.2, f"3-request batch: can_run = {bool(bs3['can_run_before'])} → runs eagerly "
-        f"(replayed anyway: {bs3['before']} logit row)", fontsize=8, color=plots.PALETTE["before"])
+        0.1, 2.2, f"3-request batch: can_run = {can['before']} → runs eagerly (replayed anyway: "
+        f"{rows['before']} logit row)", fontsize=8, color=plots.PALETTE["before"])
     ax.text(
-        0.1, 0.4, f"3-request batch: can_run = {bool(bs3['can_run_after'])} → replays the "
-        f"segments, {bs3['after']} logit rows", fontsize=8, color=plots.PALETTE["after"])
+        0.1, 0.4, f"3-request batch: can_run = {can['after']} → replays the segments, "
+        f"{rows['after']} logit rows", fontsize=8, color=plots.PALETTE["after"])
     ax.text(
         0.1, 0.05, "Segments and breaks recorded from the runner's own capture path (model of "
         "the run's layer count); red: the segment that bakes in the one-request gather.",
@@ -466,19 +456,21 @@ def traffic_table(p_single: float, max_requests: int, max_len: int,
     return t
 
 
+CONTROLS = dict(p_single=[0.0, 0.1, 0.35, 0.6, 0.9], max_requests=[2 << i for i in range(5)],
+                max_len=[256 << i for i in range(6)], largest_bucket=[1024 << i for i in range(5)])
+MIXES = [
+    dict(p_single=0.35, max_requests=8, max_len=2048, largest_bucket=4096),
+    dict(p_single=0.8, max_requests=4, max_len=1024, largest_bucket=4096),
+    dict(p_single=0.2, max_requests=16, max_len=8192, largest_bucket=8192)
+]
+
+
 def your_setup(interactive: bool = False):
     """Your prefill traffic -> the share of batches (and tokens) each runner serves from its graph
-    (a static table; with ``interactive``, controls in JupyterLab)."""
+    (a static table over :data:`MIXES`; with ``interactive``, controls in JupyterLab)."""
     return notebook.explore(
-        traffic_table, {
-            "p_single": [0.0, 0.1, 0.35, 0.6, 0.9], "max_requests": [2, 4, 8, 16, 32], "max_len": [
-                256, 512, 1024, 2048, 4096, 8192
-            ], "largest_bucket": [1024, 2048, 4096, 8192, 16384]
-        }, static=[{"p_single": 0.35, "max_requests": 8, "max_len": 2048, "largest_bucket": 4096},
-                   {"p_single": 0.8, "max_requests": 4, "max_len": 1024, "largest_bucket": 4096},
-                   {"p_single": 0.2, "max_requests": 16, "max_len": 8192, "largest_bucket": 8192}],
-        title="Your traffic: prefill batches served by the graph, before and after #24662",
-        interactive=interactive)
+        traffic_table, CONTROLS, static=MIXES, interactive=interactive,
+        title="Your traffic: prefill batches served by the graph, before and after #24662")
 
 
 # --------------------------------------------------------------------------------------------------
