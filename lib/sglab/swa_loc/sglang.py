@@ -7,6 +7,7 @@ module level."""
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import types
 
@@ -189,19 +190,23 @@ def _write_step(prepared, mode: str, device: str) -> dict:
     }
 
 
+def _rows(part: str, case: str, values: dict) -> list:
+    return [{"part": part, "case": case, "metric": m, "value": v} for m, v in values.items()]
+
+
+def _dtype(tensor) -> str:
+    return str(tensor.dtype).replace("torch.", "")
+
+
 def pool_rows(prepared, device: str) -> list:
     pool, _ = build_pool(prepared, device)
     modes = ["no_swa_loc"] + (["set_swa_loc"] if hasattr(pool, "set_swa_loc") else [])
     write_params = inspect.signature(pool.set_kv_buffer).parameters
     modes += (["swa_loc_arg"] if "swa_loc" in write_params else []) + \
              (["write_loc"] if "loc_info" in write_params else [])
-    rows = [{
-        "part": "pool", "case": "has_set_swa_loc", "metric": "value",
-        "value": hasattr(pool, "set_swa_loc")
-    }]
+    rows = _rows("pool", "has_set_swa_loc", {"value": hasattr(pool, "set_swa_loc")})
     for mode in modes:
-        rows += [{"part": "pool", "case": mode, "metric": m, "value": v}
-                 for m, v in _write_step(prepared, mode, device).items()]
+        rows += _rows("pool", mode, _write_step(prepared, mode, device))
     return rows
 
 
@@ -234,28 +239,26 @@ def translation_rows(prepared, device: str) -> list:
         ln.strip() for ln in inspect.getsource(fn).splitlines() if ln.strip().startswith("return ")
     ]
     mapping = getattr(pool, "full_to_swa_index_mapping", None)
-    return [{
-        "part": "translation", "case": "pool", "metric": "ops", "value": dispatched_ops(fn, loc)
-    }, {
-        "part": "translation", "case": "pool", "metric": "mapping_dtype",
-        "value": str(mapping.dtype).replace("torch.", "") if mapping is not None else None
-    }, {
-        "part": "translation", "case": "pool", "metric": "source",
-        "value": source[-1] if source else None
-    }]
+    values = {
+        "ops": dispatched_ops(fn, loc),
+        "mapping_dtype": _dtype(mapping) if mapping is not None else None,
+        "source": source[-1] if source else None
+    }
+    return _rows("translation", "pool", values)
 
 
 def _forward_batch(out_cache_loc_swa, n: int, device: str):
-    z = torch.zeros(n, dtype=torch.int64, device=device)
-    return types.SimpleNamespace(
-        input_ids=z.clone(), req_pool_indices=z.clone(), seq_lens=torch.full(
-            (n,), 5, dtype=torch.int32, device=device), seq_lens_cpu=torch.full(
-                (n,), 5, dtype=torch.int32), out_cache_loc=torch.arange(1, n + 1, device=device),
-        positions=z.clone(), out_cache_loc_swa=torch.tensor(out_cache_loc_swa, dtype=torch.int32,
-                                                            device=device), mrope_positions=None,
-        encoder_lens=None, mamba_track_indices=None, mamba_track_mask=None,
-        ngram_embedding_info=None, num_token_non_padded=torch.tensor([n], dtype=torch.int32,
-                                                                     device=device))
+    i64, arange = torch.zeros(n, dtype=torch.int64, device=device), torch.arange(1, n + 1)
+    int32 = functools.partial(torch.tensor, dtype=torch.int32, device=device)
+    unused = ("mrope_positions", "encoder_lens", "mamba_track_indices", "mamba_track_mask",
+              "ngram_embedding_info")
+    fields = {
+        "input_ids": i64.clone(), "req_pool_indices": i64.clone(), "positions": i64.clone(),
+        "seq_lens": int32([5] * n), "seq_lens_cpu": torch.full(
+            (n,), 5, dtype=torch.int32), "out_cache_loc": arange.to(device),
+        "out_cache_loc_swa": int32(out_cache_loc_swa), "num_token_non_padded": int32([n])
+    }
+    return types.SimpleNamespace(**fields, **dict.fromkeys(unused))
 
 
 def buffer_rows(prepared, device: str) -> list:
@@ -266,9 +269,7 @@ def buffer_rows(prepared, device: str) -> list:
     cgr = bootstrap.import_release_module(prepared, "sglang.srt.model_executor.cuda_graph_runner")
     dib = getattr(cgr, "DecodeInputBuffers", None)
     has_field = dib is not None and "out_cache_loc_swa" in getattr(dib, "__annotations__", {})
-    rows = [{
-        "part": "buffers", "case": "decode", "metric": "has_out_cache_loc_swa", "value": has_field
-    }]
+    rows = _rows("buffers", "decode", {"has_out_cache_loc_swa": has_field})
     if not has_field:
         return rows
     buf = dib.create(**kwargs_for(
@@ -287,16 +288,12 @@ def buffer_rows(prepared, device: str) -> list:
             "raw_num_token": raw_bs, "bs": 4
         }
         buf.populate_from_forward_batch(**kwargs_for(buf.populate_from_forward_batch, args))
-    return rows + [{
-        "part": "buffers", "case": "decode", "metric": "dtype", "value": str(
-            buf.out_cache_loc_swa.dtype).replace("torch.", "")
-    }, {
-        "part": "buffers", "case": "decode", "metric": "padded_tail_after_padded_populate",
-        "value": buf.out_cache_loc_swa[2:4].tolist()
-    }, {
-        "part": "buffers", "case": "decode", "metric": "real_part_after_padded_populate",
-        "value": buf.out_cache_loc_swa[:2].tolist()
-    }]
+    swa = buf.out_cache_loc_swa
+    return rows + _rows(
+        "buffers", "decode", {
+            "dtype": _dtype(swa), "padded_tail_after_padded_populate": swa[2:4].tolist(),
+            "real_part_after_padded_populate": swa[:2].tolist()
+        })
 
 
 def device_of(params: dict) -> str:
@@ -310,8 +307,7 @@ def probe(prepared, params: dict) -> list:
     buffers (releases with the PR-era ``model_executor/cuda_graph_runner.py``: 0.5.14 moved the
     runner)."""
     device = device_of(params)
-    rows = [{"part": "pool", "case": "device", "metric": "value", "value": device}] + pool_rows(
-        prepared, device)
+    rows = _rows("pool", "device", {"value": device}) + pool_rows(prepared, device)
     rows += translation_rows(prepared, device)
     if not params.get("pool_only") and has_file(prepared,
                                                 "srt/model_executor/cuda_graph_runner.py"):
@@ -341,10 +337,7 @@ ENGINE = (
         model="gpt_oss_swa",
         tool="bench",
         releases=("0.5.11", "0.5.12.post1", "0.5.13"),
-        cases=(
-            Case("released"),
-            Case("before", (), (PRESET_REVERTED,), releases=("0.5.11",)),
-        ),
+        cases=(Case("released"), Case("before", (), (PRESET_REVERTED,), releases=("0.5.11",))),
         batch_sizes=(32,),
         input_lens=(256,),
         output_len=16,
@@ -352,8 +345,7 @@ ENGINE = (
         starts=3,  # the decode times with the spread between starts (no claim rests on them)
         expect=
         "before: the translation's gather and int32 cast in every SWA layer of every replay, 2 "
-        "kernels per SWA layer more than 0.5.11 released",
-    ),)
+        "kernels per SWA layer more than 0.5.11 released"),)
 
 FIX = Fix(
     name="swa_loc", number="04", prs=(23552, 24743), gpus=1,
