@@ -136,7 +136,7 @@ for shape in rebuild.MODEL_SHAPES:
     for rule, walk in measure.RESOLVERS.items():
         found, warnings = measure.resolve(m, walk=walk)  # resolve_layer_model, warnings kept
         rows.append({
-            "model shape": shape, "rule": rule, "layer_model": measure.module_path(m, found),
+            "model shape": shape, "rule": rule, "layer_model": str(measure.module_path(m, found)),
             "warning": " ".join(warnings)
         })
 reveal(pd.DataFrame(rows).set_index(["model shape", "rule"]))
