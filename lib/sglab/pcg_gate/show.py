@@ -610,7 +610,7 @@ def serving() -> None:
     bench_serving is planned, and its column goes here)."""
     b = sglang.PR_BENCHMARK
     rows = [{
-        "metric": f"{name} ({unit})", "#26382 before": before, "#26382 after": after,
+        "metric": f"{name} ({unit})", "#26382 before": f"{before:g}", "#26382 after": f"{after:g}",
         "after ÷ before": f"{after / before:.2f}×", "measured here": "not yet"
     } for name, (unit, before, after) in b["metrics"].items()]
     print(f"#26382's own benchmark ({b['setup']}):")

@@ -1,0 +1,31 @@
+"""Notebook 01's order: the review card first, the lesson and the real engine in the main story
+(the PR's serving figures before the engine's own section), the GPU tables, profiler and claims
+after the Appendix heading; the method tables (host probe, every run's verdicts) are 07's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+BOOK = Path(__file__).resolve().parents[2] / "notebooks" / "01_pcg_gate.py"
+
+
+def _cells() -> list[str]:
+    return [c.strip() for c in BOOK.read_text().split("# %%")[1:]]
+
+
+def test_the_card_comes_first_and_the_gpu_tables_after_the_appendix():
+    cells = _cells()
+    code = [c for c in cells if not c.startswith("[markdown]")]
+    assert code[0].startswith('tags=["parameters"]')
+    assert code[1].rstrip().endswith("card(sglang.FIX, claims, run, engine)")
+    appendix = next(i for i, c in enumerate(cells) if c.startswith("[markdown]\n# ## Appendix"))
+    story, after = "\n".join(cells[:appendix]), "\n".join(cells[appendix:])
+    assert story.count("reveal(") == 2 and "codepath.show(" in story
+    assert story.index("show.serving()") < story.index(
+        "engine_view.section(show.VIEW, engine, claims.ENGINE)") < story.index(
+            "show.width_sweep(engine)") < story.index("show.your_setup(")
+    for call in ("show.latency(run)", "show.launches(run)", "show.correctness(run)",
+                 "show.profiler(run)", "show.engine_times(engine)", "verdict(claims, run)"):
+        assert call in after and call not in story, call
+    assert "hostprobe" not in story + after and "verdict(claims.ENGINE" not in story + after
