@@ -10,6 +10,8 @@ from sglab.core import claims as core
 from sglab.core import runs
 from sglab.grid_thw import claims as C
 from sglab.grid_thw import show
+from sglab.core import engine_view
+from sglab.grid_thw import sglang
 from sglab.grid_thw.sglang import ENGINE
 from sglab.sglang import engine as eng
 
@@ -108,19 +110,31 @@ def _dated(run, stamp: str):
     return run
 
 
-def test_the_memory_table_shows_each_tp_sizes_newest_run_and_gpu0_every_run(tmp_path, capsys):
-    """Two TP-2 runs of one GPU model: the per-process table is the newer run's (never their sum),
-    and GPU 0's total has one row per run."""
+def test_the_memory_table_shows_each_tp_sizes_newest_run(tmp_path, capsys):
+    """Two TP-2 runs of one GPU model: the per-process table is the newer run's (never their
+    sum), in whole MiB."""
     old = _dated(_run(tmp_path / "a", [522.0], []), "2026-11-27T16:23:56Z")
     new = _dated(_run(tmp_path / "b", [520.0], []), "2026-11-28T15:07:48Z")
-    show.engine(runs.RunSet([old, new]))
+    show.engine_tables(runs.RunSet([old, new]))
     out = capsys.readouterr().out
     tp1 = [ln for ln in out.splitlines() if "sglang::scheduler_TP1" in ln]
     assert [ln.split()[-2] for ln in tp1] == ["520", "0"]  # GPU 0: before, released, whole MiB
-    assert "1042" not in out and ".0 " not in out
-    by_run = show.gpu0_by_run(runs.RunSet([new, old]))
-    assert list(by_run["before"]) == [522.0, 520.0] and list(by_run["released"]) == [0.0, 0.0]
-    assert list(by_run.index.get_level_values("TP")) == [2, 2]
+    assert "1042" not in out and ".0 " not in out and "2026-11-28" in out
+
+
+def test_the_engine_section_ends_with_one_verdict_line_per_gpu_model(capsys):
+    """The declared section on the committed runs: where they come from, the table, and the
+    engine claims once per GPU model (its runs merged) with the link to the methods notebook."""
+    engine = sglang.FIX.recorded_engine()
+    if not engine:
+        pytest.skip("no committed engine_grid_thw run")
+    engine_view.section(show.VIEW, engine, C.ENGINE)
+    out = capsys.readouterr().out
+    assert "measured by SGLang's own Engine.generate" in out
+    assert "sglang::scheduler_TP3" in out and "TP1 on GPU 2, 3" in out
+    gpus = {r.manifest.gpu for r in [*engine.shown, *engine.elsewhere]}
+    assert sum(ln.startswith(("3/3 claims hold", "1/1 claims hold")) for ln in out.splitlines()) \
+        == len(gpus)
 
 
 def test_contexts_on_other_gpus_are_named_per_rank(tmp_path):
@@ -173,6 +187,33 @@ def test_on_a_machine_of_two_gpus_there_is_nothing_beyond_gpu0_to_see(tmp_path):
 def test_the_recorded_four_gpu_runs_hold_every_visible_gpu():
     held = [r for r in runs.load_all_recorded("engine_grid_thw") if _status(r)[EVERY] == core.PASS]
     assert len(held) >= 2 and all(r.manifest.gpu_count_machine == 4 for r in held)
+
+
+def test_stray_contexts_are_every_rank_gpu_pair_off_its_own_gpu(tmp_path):
+    """A TP-4 engine on four GPUs with #22858 reverted: each rank ≥ 1 on GPU 0 and on the two other
+    GPUs not its own, nine stray contexts; as released, none. The machine's count is shown with
+    the claim but not held to a record (a TP-2 engine on a 4-GPU box has three, on a 2-GPU one)."""
+    every = {r: [g for g in range(4) if g != r] for r in (1, 2, 3)}
+    run = _tp4_run(tmp_path, every, {})
+    assert show.engine_stray(run, "before") == (9, 9 * 520.0)
+    assert show.engine_stray(run, "released") == (0, 0.0)
+    value = {r.claim.id: r.outcome.value for r in core.evaluate(C.ENGINE, run)}[CLAIM]
+    assert (value["stray_contexts"], value["after_stray_contexts"], value["gpus"]) == (9, 0, 4)
+    assert {"gpus", "stray_contexts", "stray_mib"} <= set(C.ENGINE.CLAIMS[0].context)
+
+
+def test_the_engine_headline_says_the_stray_contexts_of_each_gpu_model():
+    engine = sglang.FIX.recorded_engine()
+    if not any(show.engine_gpus(r) == 4 and show._run_tp(r) == 4 for r in engine.shown):
+        pytest.skip("no committed TP-4 engine run on four GPUs")
+    from sglab.core.engine_records import per_gpu
+
+    merged = per_gpu(engine)
+    text = core.headline(C.ENGINE, merged, merged)
+    contexts, mib = show.engine_stray(merged[0], "before")
+    assert text.startswith("H200 TP 4 on 4 GPUs, `.cpu()` reverted: each of the 3 ranks ≥ 1 holds ")
+    assert f"{contexts} stray contexts hold {mib:,.0f} MiB on GPUs not their own; as released, 0." \
+        in text and contexts == 9
 
 
 def test_a_tp4_run_with_no_tp4_record_is_shown_the_tp2_one_and_not_held_to_it():

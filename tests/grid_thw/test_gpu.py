@@ -28,7 +28,7 @@ def _value(rows, metric, rank=-1):
 
 @pytest.mark.parametrize("variant", ["before", "ipc"])
 def test_cuda0_grid_opens_a_context_on_gpu0(variant):
-    rows = measure.run_variant(variant, 2)
+    rows = measure.run_group(variant, 2)["rows"]
     assert _value(rows, "grid_device", 1) == 0  # rank 1's grid landed on cuda:0
     assert _value(rows, "pixel_values_device", 1) == -1  # the feature itself was offloaded
     assert _gpu0_mib(rows, 1, "init") == 0
@@ -39,7 +39,7 @@ def test_cuda0_grid_opens_a_context_on_gpu0(variant):
 
 
 def test_cpu_grid_leaves_gpu0_alone():
-    rows = measure.run_variant("after", 2)
+    rows = measure.run_group("after", 2)["rows"]
     assert _value(rows, "grid_device", 1) == -1
     assert _value(rows, "grid_key_is_image_grid_thw", 1) == 1
     for phase in measure.PHASES:

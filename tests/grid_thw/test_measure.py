@@ -1,13 +1,9 @@
 """The grid_thw measurement on the CPU: the cache point, the whole tokenizer -> rank 0 -> broadcast
 path on gloo (fresh processes from a fork server, every step marked, nothing left behind), the
-parameter checks, and the time series reduced to sidecars and a Perfetto file."""
+parameter checks."""
 
 from __future__ import annotations
 
-import gzip
-import json
-
-import pandas as pd
 import pytest
 
 from sglab.grid_thw import measure
@@ -122,58 +118,3 @@ def test_bad_parameters_fail_before_starting_anything():
         measure.run({"tp_size": 1}, backend="gloo", progress=False)
     with pytest.raises(ValueError, match="start_method"):
         measure.run({"start_method": "fork"}, backend="gloo", progress=False)
-
-
-# --- the time series: samples and marks reduced to sidecars, and the Perfetto file ---
-TOK, R0, R1 = 100, 200, 201
-
-
-def synthetic_group():
-    """One group starting at t = 10 s: rank 1 (pid 201) unpickles at 10.5 s (a 520 MiB context on
-    GPU 0, built up over two ticks), then `reduce` at 10.8 s grows it to 612 MiB through a
-    transient dip to 108 MiB."""
-    ticks = [10.0 + 0.05 * i for i in range(30)]  # 10.00 .. 11.45
-    rows = []
-    for t in ticks:
-        rows += [(t, TOK, 0, 612.0), (t, R0, 0, 978.0), (t, R1, 1, 978.0)]
-        if t >= 10.55:
-            v = 104.0 if t < 10.6 else 520.0
-            if t >= 10.85:
-                v = 108.0 if t < 10.9 else 612.0
-            rows.append((t, R1, 0, v))
-    samples = pd.DataFrame(rows, columns=["t", "pid", "gpu", "used_mib"])
-    marks = [("tokenizer", -1, "preprocess", 10.1, 10.2), ("rank 1", 1, "own context", 10.3, 10.32),
-             ("rank 1", 1, "unpickle", 10.5, 10.61), ("rank 1", 1, "first kernel", 10.7, 10.71),
-             ("rank 1", 1, "reduce", 10.8, 10.86), ("rank 1", 1, "item", 11.0, 11.01),
-             ("rank 1", 1, "release", 11.2, 11.25)]
-    group = {
-        "variant": "before", "repeat": 0, "t_start": 10.0, "t_end": 11.45,
-        "procs": {TOK: ("tokenizer", -1), R0: ("rank 0", 0), R1: ("rank 1", 1)}, "marks": marks
-    }
-    return group, samples, ticks
-
-
-def test_group_tables_keep_change_points_on_the_group_clock():
-    group, samples, ticks = synthetic_group()
-    mem, marks = measure.group_tables([group], samples, ticks)
-    assert list(mem.columns) == measure.MEMORY_COLUMNS
-    assert list(marks.columns) == measure.MARK_COLUMNS
-    stray = mem[(mem.process == "rank 1") & (mem.gpu == 0)]
-    assert list(stray.mib) == [0.0, 104.0, 520.0, 108.0, 612.0, 612.0]
-    assert stray.t_s.iloc[0] == 0.0 and stray.t_s.iloc[-1] == pytest.approx(1.45)
-    own = mem[(mem.process == "rank 0")]
-    assert list(own.mib) == [978.0, 978.0]  # constant: first and last tick only
-    assert marks[marks["mark"] == "reduce"].t_s.iloc[0] == pytest.approx(0.8)
-
-
-def test_perfetto_file_has_counters_and_slices(tmp_path):
-    group, samples, ticks = synthetic_group()
-    mem, marks = measure.group_tables([group], samples, ticks)
-    path = measure.write_perfetto(mem, marks, tmp_path / "t.json.gz")
-    with gzip.open(path, "rt") as f:
-        events = json.load(f)["traceEvents"]
-    counters = [e for e in events if e["ph"] == "C"]
-    slices = [e for e in events if e["ph"] == "X"]
-    assert len(counters) == len(mem) and len(slices) == len(marks)
-    assert {"rank 1 · GPU 0 (MiB)", "tokenizer · GPU 0 (MiB)"} <= {e["name"] for e in counters}
-    assert any(e["name"] == "reduce" and e["ts"] == pytest.approx(0.8e6) for e in slices)

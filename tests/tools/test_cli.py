@@ -65,6 +65,17 @@ def test_every_command_says_what_it_does_and_what_each_argument_means():
     assert "describe this machine" in out  # the command's own line, under its usage
 
 
+def test_the_module_names_every_command_and_says_what_sync_and_run_take(capsys):
+    """The module's text names each command; `sync` pairs both ways (the edited half is taken),
+    and `run` takes notebook files of your own besides names and prefixes."""
+    text = " ".join(cli.__doc__.split())
+    assert all(f"``{c}``" in text for c in _commands()), text
+    assert "writes each" not in text and "edited half taken" in text
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    assert "notebook files of your own" in " ".join(capsys.readouterr().out.split())
+
+
 def test_the_check_sees_a_heavy_import():
     """The probe above is not blind: a command that does run imports what it needs."""
     config = Path(__file__).resolve().parents[1] / "data" / "configs" / "gemma3_text.json"

@@ -331,6 +331,7 @@ def test_running_some_notebooks_again_keeps_the_others_in_the_index(tmp_path):
     assert [(e["notebook"], e["status"]) for e in entries] == [("03_breakable_graph.ipynb", "ok"),
                                                                ("04_swa_loc.ipynb", "failed")]
     assert entries[0]["ran_utc"] == "2023-11-14 22:13 UTC"
+    assert entries[0]["run_utc"] < entries[1]["run_utc"]  # the run that ran each: kept, and this
     assert "0/1 notebooks ran cleanly. 1 more from earlier runs into this folder." in text
     assert text.count("class='card'") == 2 and "05_x" not in text
     assert "from an earlier run at 2023-11-14 22:13 UTC: <span class='ok'>ok</span>" in text

@@ -171,7 +171,8 @@ def _stamp(t: float) -> str:
 def test_timings_of_notebooks_run_elsewhere_carry_that_machine(tmp_path, data_root, capsys):
     """`sglab timings REPORTS --runs RUNS --record`: the cells' times from the executed notebook,
     the measurement phases and the machine (GPU, count, driver, commit) from the live run it wrote
-    there, the date when it ran; a run from another machine beside it is refused."""
+    there, the date when it ran; a notebook an earlier run into the folder left in the index is not
+    timed; a run from another machine beside it is refused."""
     import os
     import time
 
@@ -193,10 +194,15 @@ def test_timings_of_notebooks_run_elsewhere_carry_that_machine(tmp_path, data_ro
     reports = tmp_path / "reports"
     reports.mkdir()
     nbformat.write(nb, reports / "06_capture_sizes.ipynb")
+    # 05 ran (and failed) in an earlier run into the folder, which the index kept: not timed here
+    nbformat.write(nb, reports / "05_grid_thw.ipynb")
     (reports / "index.json").write_text(
         json.dumps([{
+            "notebook": "05_grid_thw.ipynb", "status": "failed", "mode": "live", "seconds": 40.0,
+            "error": "", "run_utc": "2026-01-01T00:00:00.000000Z"
+        }, {
             "notebook": "06_capture_sizes.ipynb", "status": "ok", "mode": "live", "seconds": 15.0,
-            "error": ""
+            "error": "", "run_utc": "2026-01-02T00:00:00.000000Z"
         }]))
     exp = by_stem("06_capture_sizes").experiment
     there = {

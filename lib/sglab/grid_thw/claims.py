@@ -1,21 +1,21 @@
-"""What every grid_thw run must show (``sglab verify grid_thw``): five claims a reader checks, and
-the instrument and hygiene checks folded under them.
+"""What every grid_thw run must show (``sglab verify grid_thw``): five claims a reader checks, the
+instrument and hygiene checks folded under them, the review card and the real engine's claims.
 
-Numbers are NVML's per-process MiB on one GPU, read by each group's rank 0 at a barrier. A CUDA
-context is hundreds of MiB, the grid a few dozen bytes: the claims compare with 0 exactly where the
-fix promises nothing, and only ask for "more than 0" where a context's size depends on the GPU and
-driver. Checks that need the memory time series, the concurrent groups or the ``eager`` variant
-cover method 2; checks about more than one rank >= 1, or about GPUs other than GPU 0 and the rank's
-own, are n/a (with the reason) on runs that cannot show them.
+Numbers are NVML's per-process MiB on one GPU. A CUDA context is hundreds of MiB, the grid a few
+dozen bytes: the claims compare with 0 exactly where the fix promises nothing and ask for "more
+than 0" where a context's size depends on the GPU and driver. Checks that need what a run cannot
+show (a time series, more ranks, more GPUs) are n/a with the reason.
 """
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+from sglab.core.card import Card
 from sglab.core.claims import Claim, Headline, holds
 from sglab.core.runs import gpu_short, newest_by
-from sglab.grid_thw import show
+from sglab.core.text import span
+from sglab.grid_thw import series, show
 from sglab.grid_thw.measure import EXPERIMENT, GPUS, KERNEL_STEPS  # noqa: F401 (GPUS: Workbook)
 
 
@@ -29,11 +29,12 @@ SPREAD_TOLERANCE_MIB = 8.0
 # a second H200 x2 machine. 2 % is 10 MiB a context (30 MiB for TP 4's three); a count (ranks) or
 # a 0 MiB after the fix stays exact.
 CONTEXT_DRIFT = 0.02
+# what depends on the machine (how many GPUs the ranks saw), shown but not compared with a record
+MACHINE = ("tp", "gpus", "stray_contexts", "stray_mib")
 
 
-def _span(values) -> str:
-    lo, hi = min(values), max(values)
-    return f"{lo:.0f}" if lo == hi else f"{lo:.0f}–{hi:.0f}"
+def _mib(values) -> str:
+    return span(values, "{:.0f}")
 
 
 def _gpu0(run, variant: str, phase: str | None = None) -> list[float]:
@@ -72,7 +73,7 @@ def _before_stray(run):
     if not got:
         raise ValueError("no `received` reading of a rank >= 1 on GPU 0 in `before`")
     return holds(
-        min(got) > 0, f"{_span(got)} MiB per rank ≥ 1 at `received` ({len(got)} readings)",
+        min(got) > 0, f"{_mib(got)} MiB per rank ≥ 1 at `received` ({len(got)} readings)",
         {"received_min_mib": min(got), "received_max_mib": max(got)})
 
 
@@ -84,11 +85,13 @@ def _before_grows(run):
     s = s[(s.variant == "before") & (s.phase == "kernel")]
     total = float(s.groupby("repeat").value.sum().median())
     growth = min(k - r for r, k in zip(rec, ker))
+    contexts, mib = show.stray_contexts(run.df)
     return holds(
-        growth > 0, f"{_span(rec)} → {_span(ker)} MiB (+{growth:.0f} at least); GPU-0 total "
+        growth > 0, f"{_mib(rec)} → {_mib(ker)} MiB (+{growth:.0f} at least); GPU-0 total "
         f"{total:.0f} MiB", {
             "kernel_min_mib": min(ker), "kernel_max_mib": max(ker), "growth_mib": growth,
-            "gpu0_total_mib": total
+            "gpu0_total_mib": total, "tp": _tp(run), "gpus": show.visible_gpus(
+                run.df), "stray_contexts": contexts, "stray_mib": mib
         })
 
 
@@ -108,9 +111,8 @@ def _ipc(run):
         raise ValueError("no `ipc` landing or GPU-0 reading")
     on0 = bool((d.value == 0).all())
     return holds(
-        on0 and min(got) > 0,
-        f"grid on {'cuda:0' if on0 else 'not only cuda:0'} in every rank; {_span(got)} "
-        f"MiB per rank ≥ 1 at `received`, {_span(ker)} after a kernel",
+        on0 and min(got) > 0, f"grid on {'cuda:0' if on0 else 'not only cuda:0'} in every rank; "
+        f"{_mib(got)} MiB per rank ≥ 1 at `received`, {_mib(ker)} after a kernel",
         {"received_min_mib": min(got), "kernel_min_mib": min(ker), "kernel_max_mib": max(ker)})
 
 
@@ -126,9 +128,13 @@ def _landing(run):
         if not ((dev == device).all() and (k == key).all()):
             bad.append(variant)
     n = int((d.metric == "grid_device").sum())
+    pixels = run.df[run.df.metric == "pixel_values_device"].value
     return holds(
         not bad, f"{n} landings: before cuda:0 / grid_thws, after cpu / image_grid_thw"
-        + (f"; wrong in {bad}" if bad else ""), {"landings": n})
+        + (f"; wrong in {bad}" if bad else ""), {
+            "landings": n, "pixel_values_landings": len(pixels), "pixel_values_on_cpu": int(
+                (pixels == -1).sum())
+        })
 
 
 def _no_process_left(run):
@@ -149,17 +155,22 @@ def _cache(run):
     b, a = t.loc["before"], t.loc["after"]
     return holds(
         a.cache_item_hit_rate > b.cache_item_hit_rate,
-        f"item hit rate {b.cache_item_hit_rate:.1%} per request → "
-        f"{a.cache_item_hit_rate:.1%} per image; images encoded "
-        f"{b.images_encoded:.0f} → {a.images_encoded:.0f} of {a.images_requested:.0f}", {
+        f"images from the cache {b.cache_image_hit_rate:.1%} per request → "
+        f"{a.cache_image_hit_rate:.1%} per image (items hit {b.cache_item_hit_rate:.1%} → "
+        f"{a.cache_item_hit_rate:.1%}); images encoded {b.images_encoded:.0f} → "
+        f"{a.images_encoded:.0f} of {a.images_requested:.0f}", {
             "hit_rate_before": round(float(b.cache_item_hit_rate), 6), "hit_rate_after": round(
-                float(a.cache_item_hit_rate), 6), "encoded_before": float(b.images_encoded),
-            "encoded_after": float(a.images_encoded)
+                float(a.cache_item_hit_rate), 6), "image_hit_rate_before": round(
+                    float(b.cache_image_hit_rate), 6), "image_hit_rate_after": round(
+                        float(a.cache_image_hit_rate), 6), "encoded_before": float(
+                            b.images_encoded), "encoded_after": float(a.images_encoded),
+            "images": float(a.images_requested), "requests": float(b.cache_lookups)
         })
 
 
 def _spread(run):
-    spread = show.spread_mib(run.df)
+    per = show.gpu0_per_rank(run.df)
+    spread = float((per.max_mib - per.min_mib).max()) if len(per) else 0.0
     reps = int(run.df.repeat.max()) + 1
     return holds(spread <= SPREAD_TOLERANCE_MIB, f"{spread:.0f} MiB over {reps} repeats",
                  {"spread_mib": spread})
@@ -184,7 +195,7 @@ def _other_gpus(run):
     ok = bool((held > 0).all()) and float(after.value.max()) == 0
     return holds(
         ok, f"before: {int((held > 0).sum())}/{len(held)} (rank, GPU) pairs hold "
-        f"{_span(held)} MiB; after: max {after.value.max():.0f} MiB",
+        f"{_mib(held)} MiB; after: max {after.value.max():.0f} MiB",
         {"pairs_holding": int((held > 0).sum()), "pairs": len(held), "min_mib": float(held.min())})
 
 
@@ -201,7 +212,7 @@ def _scales(run):
     per = float(s.value.median())
     off = float((totals - n * per).abs().max())
     return holds(off <= SPREAD_TOLERANCE_MIB * n,
-                 f"{_span(totals)} MiB on GPU 0 = {n} × {per:.0f} MiB (off by {off:.0f})",
+                 f"{_mib(totals)} MiB on GPU 0 = {n} × {per:.0f} MiB (off by {off:.0f})",
                  {"total_mib": float(totals.median()), "per_rank_mib": per, "ranks": n})
 
 
@@ -215,8 +226,8 @@ def _no_mixing(run):
     others, mine = int(c.others_on_gpu0.max()), float(c.ranks_ge1_on_gpu0_mib.max())
     return holds(
         others >= 1 and mine == 0,
-        f"up to {others} other processes on GPU 0 at `init`; ranks ≥ 1 held {mine:.0f} "
-        "MiB there", {"others_on_gpu0": others, "ranks_ge1_init_mib": mine}, why_not=""
+        f"up to {others} other processes on GPU 0 at `init`; ranks ≥ 1 held {mine:.0f} MiB there",
+        {"others_on_gpu0": others, "ranks_ge1_init_mib": mine}, why_not=""
         if others >= 1 else "no other group's process was on GPU 0 at any `init`: not shown")
 
 
@@ -230,7 +241,7 @@ def _rate(run):
 
 
 def _deltas(run, variant: str):
-    d = show.step_deltas(run)
+    d = series.step_deltas(run)
     if d is None:
         raise ValueError("the run has no `memory` / `marks` sidecars")
     return d[(d.variant == variant) & (d["rank"] >= 1)]
@@ -242,14 +253,14 @@ def _needs_series(run):
 
 
 def _during_unpickle(run):
-    d = _deltas(run, "before")
-    u = d[d["mark"] == "unpickle"]
+    u = _deltas(run, "before")
+    u = u[u["mark"] == "unpickle"]
     if u.empty:
         raise ValueError("no `unpickle` mark of a rank >= 1 in `before`")
     ok = bool(((u.before_mib == 0) & (u.after_mib > 0)).all())
     return holds(
-        ok, f"{len(u)} ranks: {_span(u.before_mib)} MiB on GPU 0 when unpickling began, "
-        f"{_span(u.after_mib)} MiB when the next step began",
+        ok, f"{len(u)} ranks: {_mib(u.before_mib)} MiB on GPU 0 when unpickling began, "
+        f"{_mib(u.after_mib)} MiB when the next step began",
         {"ranks": len(u), "after_min_mib": float(u.after_mib.min())})
 
 
@@ -264,7 +275,7 @@ def _growth_step(run):
     marks = sorted(set(big["mark"]))
     ok = len(marks) == 1 and len(per_rank) == ranks and bool((per_rank == 1).all())
     return holds(
-        ok, f"+{_span(big.delta_mib) if len(big) else '0'} MiB during "
+        ok, f"+{_mib(big.delta_mib) if len(big) else '0'} MiB during "
         f"`{'`/`'.join(marks) or '—'}` ({len(per_rank)}/{ranks} ranks, one step each)", {
             "step_mib": float(big.delta_mib.median()) if len(big) else 0.0,
             "mark": marks[0] if len(marks) == 1 else "/".join(marks)
@@ -279,8 +290,8 @@ def _eager(run):
     growth = max(k - r for r, k in zip(rec, ker))
     ok = growth <= 2 and min(rec) > max(lazy)
     return holds(
-        ok, f"eager: {_span(rec)} MiB at `received`, +{growth:.0f} after the kernel steps "
-        f"(lazy: {_span(lazy)} after them)",
+        ok, f"eager: {_mib(rec)} MiB at `received`, +{growth:.0f} after the kernel steps "
+        f"(lazy: {_mib(lazy)} after them)",
         {"eager_received_mib": min(rec), "eager_growth_mib": growth, "lazy_kernel_mib": max(lazy)})
 
 
@@ -288,67 +299,65 @@ M2 = (2, None)
 _STRAY, _GROWS = "grid_thw.before.stray_context_gpu0", "grid_thw.before.context_grows"
 _IPC, _AFTER = "grid_thw.ipc.lands_on_cuda0", "grid_thw.after.gpu0_untouched"
 _CACHE, _SPREAD = "grid_thw.cache.per_image_hits", "grid_thw.repeatable"
+_LANDING = "grid_thw.landing"
+_UNDER_STRAY = [
+    Claim(
+        _LANDING, "Before, every rank's grid lands on cuda:0 under `grid_thws`; after, on the "
+        "CPU under `image_grid_thw`", "every rank and repeat", _landing,
+        context=("pixel_values_landings", "pixel_values_on_cpu")),
+    Claim(
+        "grid_thw.series.context_at_unpickle", "The stray GPU-0 context appears while a rank "
+        "unpickles the request, not before and not later",
+        "0 MiB when `unpickle` begins, > 0 MiB when the next step begins", _during_unpickle,
+        methods=M2, applies=_needs_series, drift=1.0),
+    Claim("grid_thw.tp_scaling", "The GPU-0 waste grows by one context per extra rank",
+          f"total = (N − 1) × per-rank, ± {SPREAD_TOLERANCE_MIB:.0f} MiB per rank", _scales,
+          applies=_needs_tp3, drift=0.05),
+    Claim(
+        "grid_thw.other_gpus", "With more GPUs than GPU 0 and its own, every rank ≥ 1 also holds "
+        "a context on each other GPU after the kernel steps before the fix; none after",
+        "every pair > 0 before; 0 after", _other_gpus, applies=_needs_other_gpus, drift=0.05),
+    Claim(_SPREAD, "Repeats (and ranks ≥ 1) of one run read the same GPU-0 memory",
+          f"spread ≤ {SPREAD_TOLERANCE_MIB:.0f} MiB", _spread, drift=1.0)
+]
+_UNDER_GROWS = [
+    Claim("grid_thw.series.rate", "The NVML sampler followed every process often enough to "
+          "separate the steps", "≥ 50 Hz, no failed read", _rate, methods=M2, applies=_needs_series,
+          drift=0.25),
+    Claim("grid_thw.series.growth_step", "The stray context's growth comes in one step of tens of "
+          "MiB during one kernel step", "≥ 32 MiB, the same step in every rank and repeat",
+          _growth_step, methods=M2, applies=_needs_series, drift=0.05),
+    Claim(
+        "grid_thw.eager.no_growth", "With every module loaded at context creation "
+        "(CUDA_MODULE_LOADING=EAGER) the stray context is whole at unpickling and larger, and "
+        "the kernel steps do not grow it", "growth ≤ 2 MiB; eager `received` > lazy `kernel`",
+        _eager, methods=M2, applies=_has_variant("eager"), drift=0.05)
+]
+_UNDER_AFTER = [
+    Claim(
+        "grid_thw.concurrent.no_mixing", "Groups measured side by side do not mix: ranks ≥ 1 "
+        "read exactly 0 MiB on GPU 0 at `init` while other groups' processes held memory there",
+        "≥ 1 other process; 0 MiB", _no_mixing, methods=M2, drift=1.0),
+    Claim("grid_thw.no_process_left", "After every group, none of its processes is alive or "
+          "listed by NVML", "0 alive, 0 listed", _no_process_left, drift=1.0)
+]
 CLAIMS = [
     Claim(
         _STRAY, "Before the fix, every rank ≥ 1 holds memory on GPU 0 once it has unpickled the "
         "grid (a CUDA context for a few dozen bytes)", "> 0 MiB for every rank ≥ 1 and repeat",
-        _before_stray, drift=0.05,
-        folded=(Claim(
-            "grid_thw.landing", "Before, every rank's grid lands on cuda:0 under "
-            "`grid_thws`; after, on the CPU under `image_grid_thw`", "every rank and repeat",
-            _landing),
-                Claim(
-                    "grid_thw.series.context_at_unpickle", "The stray GPU-0 context appears "
-                    "while a rank unpickles the request, not before and not later",
-                    "0 MiB when `unpickle` begins, > 0 MiB when the next step begins",
-                    _during_unpickle, methods=M2, applies=_needs_series, drift=1.0),
-                Claim("grid_thw.tp_scaling", "The GPU-0 waste grows by one context per extra "
-                      "rank", f"total = (N − 1) × per-rank, ± {SPREAD_TOLERANCE_MIB:.0f} MiB per "
-                      "rank", _scales, applies=_needs_tp3, drift=0.05),
-                Claim(
-                    "grid_thw.other_gpus", "With more GPUs than GPU 0 and its own, every rank "
-                    "≥ 1 also holds a context on each other GPU after the kernel steps before "
-                    "the fix; none after", "every pair > 0 before; 0 after", _other_gpus,
-                    applies=_needs_other_gpus, drift=0.05),
-                Claim(_SPREAD, "Repeats (and ranks ≥ 1) of one run read the same GPU-0 memory",
-                      f"spread ≤ {SPREAD_TOLERANCE_MIB:.0f} MiB", _spread, drift=1.0))),
+        _before_stray, drift=0.05, folded=tuple(_UNDER_STRAY)),
+    Claim(_GROWS, "Before the fix, that GPU-0 context grows once kernels have run on the grid",
+          "`kernel` > `received` for every rank ≥ 1 and repeat", _before_grows, drift=0.05,
+          folded=tuple(_UNDER_GROWS), context=MACHINE),
     Claim(
-        _GROWS, "Before the fix, that GPU-0 context grows once kernels have run on the grid",
-        "`kernel` > `received` for every rank ≥ 1 and repeat", _before_grows, drift=0.05,
-        folded=(Claim(
-            "grid_thw.series.rate", "The NVML sampler followed every process often "
-            "enough to separate the steps", "≥ 50 Hz, no failed read", _rate, methods=M2,
-            applies=_needs_series, drift=0.25),
-                Claim(
-                    "grid_thw.series.growth_step", "The stray context's growth comes in one "
-                    "step of tens of MiB during one kernel step",
-                    "≥ 32 MiB, the same step in every rank and repeat", _growth_step, methods=M2,
-                    applies=_needs_series, drift=0.05),
-                Claim(
-                    "grid_thw.eager.no_growth", "With every module loaded at context creation "
-                    "(CUDA_MODULE_LOADING=EAGER) the stray context is whole at unpickling and "
-                    "larger, and the kernel steps do not grow it",
-                    "growth ≤ 2 MiB; eager `received` > lazy `kernel`", _eager, methods=M2,
-                    applies=_has_variant("eager"), drift=0.05))),
-    Claim(
-        _IPC, "Through CUDA IPC (a torch.multiprocessing queue) the grid lands on cuda:0 too, and "
-        "every rank ≥ 1 holds memory on GPU 0", "every rank on cuda:0; > 0 MiB", _ipc,
+        _IPC, "Through CUDA IPC (a torch.multiprocessing queue) the grid lands on cuda:0 too, "
+        "and every rank ≥ 1 holds memory on GPU 0", "every rank on cuda:0; > 0 MiB", _ipc,
         applies=_has_variant("ipc"), drift=0.05),
-    Claim(
-        _AFTER, "After `.cpu()`, no rank ≥ 1 holds anything on GPU 0, in any phase",
-        "== 0 MiB exactly", _after_zero, folded=(Claim(
-            "grid_thw.concurrent.no_mixing", "Groups measured side by side do not "
-            "mix: ranks ≥ 1 read exactly 0 MiB on GPU 0 at `init` while other groups' "
-            "processes held memory there", "≥ 1 other process; 0 MiB", _no_mixing, methods=M2,
-            drift=1.0),
-                                                 Claim(
-                                                     "grid_thw.no_process_left",
-                                                     "After every group, none of its processes is "
-                                                     "alive or listed by NVML", "0 alive, 0 listed",
-                                                     _no_process_left, drift=1.0))),
+    Claim(_AFTER, "After `.cpu()`, no rank ≥ 1 holds anything on GPU 0, in any phase",
+          "== 0 MiB exactly", _after_zero, folded=tuple(_UNDER_AFTER)),
     Claim(
         _CACHE, "On the seeded request stream, per-image items hit the vision cache more often "
-        "than per-request items", "item hit rate after > before (exact values)", _cache),
+        "than per-request items", "item hit rate after > before (exact values)", _cache)
 ]
 
 
@@ -361,14 +370,15 @@ HEADLINE = Headline(
     parts=(f"Each rank ≥ 1 holds {{lo[{_STRAY}][received_min_mib]:.0f}}–"
            f"{{hi[{_STRAY}][received_max_mib]:.0f}} MiB on GPU 0 once it unpickles the grid and "
            f"{{lo[{_GROWS}][kernel_min_mib]:.0f}}–{{hi[{_GROWS}][kernel_max_mib]:.0f}} MiB after a "
-           f"kernel → {{hi[{_AFTER}][max_mib]:.0f}} MiB with `.cpu()`; GPU-0 total {{runs}}",
+           f"kernel, {{hi[{_AFTER}][max_mib]:.0f}} MiB with `.cpu()`",
+           "Stray contexts (ranks ≥ 1 on GPUs not their own) before the fix: {runs}",
            f"Via CUDA IPC: {{lo[{_IPC}][kernel_min_mib]:.0f}}–{{hi[{_IPC}][kernel_max_mib]:.0f}} "
            "MiB after a kernel",
-           f"Vision cache: {{v[{_CACHE}][hit_rate_after]:.0%}} of items hit per image vs "
-           f"{{v[{_CACHE}][hit_rate_before]:.0%}} per request",
-           f"Spread within a run: {{hi[{_SPREAD}][spread_mib]:.0f}} MiB."),
-    per_run=f"{{gpu}} TP {{count}}: {{v[{_GROWS}][gpu0_total_mib]:.0f}} MiB", sep=". ",
-    run_sep=", ")
+           f"Vision cache: {{v[{_CACHE}][image_hit_rate_after]:.1%}} of images served from it "
+           f"per image vs {{v[{_CACHE}][image_hit_rate_before]:.1%}} per request."),
+    per_run=(f"{{gpu}} TP {{v[{_GROWS}][tp]}} on {{v[{_GROWS}][gpus]}} GPUs: "
+             f"{{v[{_GROWS}][stray_contexts]}}, {{v[{_GROWS}][stray_mib]:,.0f}} MiB"), sep=". ",
+    run_sep="; ")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -381,24 +391,27 @@ def _engine_applies(run):
         "recorded their GPU memory")
 
 
+def _engine_tp(run) -> int:
+    return max(show._tp_of(run).values(), default=1)
+
+
 def _engine_before(run):
     got = show.engine_gpu0(run)
     before, after = got["before"], got["released"]
     ok = bool(before) and all(m > 0 for m in before.values()) and all(
         m == 0 for m in after.values()) and set(before) == set(after)
+    contexts, mib = show.engine_stray(run, "before")
     value = {
-        "before_min_mib": min(before.values(),
-                              default=0), "before_max_mib": max(before.values(), default=0),
-        "after_max_mib": max(after.values(), default=0), "ranks": len(before)
+        "before_min_mib": min(before.values(), default=0), "before_max_mib": max(
+            before.values(), default=0), "after_max_mib": max(after.values(), default=0),
+        "ranks": len(before), "gpu0_total_mib": sum(before.values()),
+        "after_stray_contexts": show.engine_stray(run, "released")[0], "tp": _engine_tp(run),
+        "gpus": show.engine_gpus(run), "stray_contexts": contexts, "stray_mib": mib
     }
     return holds(
         ok, "GPU 0 held by ranks ≥ 1: " + ", ".join(
             f"TP{r} {m:.0f} MiB" for r, m in sorted(before.items())) + " with #22858 reverted; "
         + ", ".join(f"TP{r} {m:.0f} MiB" for r, m in sorted(after.items())) + " as released", value)
-
-
-def _engine_tp(run) -> int:
-    return max(show._tp_of(run).values(), default=1)
 
 
 def _engine_needs_tp3(run):
@@ -432,20 +445,21 @@ def _engine_every_gpu(run):
     before, after = held.get("before", {}), held.get("released", {})
     ok = bool(before) and all(g == list(range(n)) for g in before.values()) and bool(after) and all(
         g == [r] for r, g in after.items())
-    others = [
-        float(x) for x in mem[(mem["case"] == "before") & (mem["rank"].fillna(0) >= 1)
-                              & (mem["gpu"] != 0) & (mem["gpu"] != mem["rank"])]["MiB"]
-    ]
+    others = mem[(mem["case"] == "before") & (mem["rank"].fillna(0) >= 1) & (mem["gpu"] != 0)
+                 & (mem["gpu"] != mem["rank"])]["MiB"].astype(float).tolist()
+
+    def where(held):
+        return ", ".join(f"TP{r} on GPU {', '.join(map(str, g))}" for r, g in sorted(held.items()))
+
     return holds(
-        ok, f"{n} GPUs; with #22858 reverted: " + ", ".join(
-            f"TP{r} on GPU {', '.join(map(str, g))}" for r, g in sorted(before.items()))
-        + "; as released: " + ", ".join(
-            f"TP{r} on GPU {', '.join(map(str, g))}" for r, g in sorted(after.items())), {
-                "gpus": n, "ranks": len(before), "other_gpu_min_mib": min(others, default=0.0),
-                "other_gpu_max_mib": max(others, default=0.0)
-            })
+        ok, f"{n} GPUs; with #22858 reverted: {where(before)}; as released: {where(after)}", {
+            "gpus": n, "ranks": len(before), "other_gpu_min_mib": min(others, default=0.0),
+            "other_gpu_max_mib": max(others, default=0.0)
+        })
 
 
+_E0 = "engine_grid_thw.rank_contexts_on_gpu0"
+_E2 = "engine_grid_thw.contexts_on_every_visible_gpu"
 ENGINE = SimpleNamespace(
     EXPERIMENT="engine_grid_thw",
     CLAIM="In SGLang's own engine (Kimi-K2.5 tiny, dummy weights, one image, TP 2 and 4), every "
@@ -453,24 +467,73 @@ ENGINE = SimpleNamespace(
     "as released.",
     CLAIMS=[
         Claim(
-            "engine_grid_thw.rank_contexts_on_gpu0",
-            "With #22858's line reverted, every scheduler rank ≥ 1 holds a CUDA context on "
+            _E0, "With #22858's line reverted, every scheduler rank ≥ 1 holds a CUDA context on "
             "GPU 0 (NVML, after the image request); with it, no rank ≥ 1 holds anything there",
             "before: > 0 MiB per rank ≥ 1; released: 0 MiB (exact)", _engine_before,
-            applies=_engine_applies, drift=CONTEXT_DRIFT),
+            applies=_engine_applies, drift=CONTEXT_DRIFT, context=MACHINE),
         Claim(
-            "engine_grid_thw.gpu0_total_per_rank",
-            "With #22858's line reverted, GPU 0's total grows with the rank count: one "
-            "context per rank ≥ 1 (TP 4: three)",
+            "engine_grid_thw.gpu0_total_per_rank", "With #22858's line reverted, GPU 0's total "
+            "grows with the rank count: one context per rank ≥ 1 (TP 4: three)",
             f"total = (TP − 1) × per-rank, ± {SPREAD_TOLERANCE_MIB:.0f} MiB per rank",
             _engine_scales, applies=_engine_needs_tp3, drift=CONTEXT_DRIFT),
         Claim(
-            "engine_grid_thw.contexts_on_every_visible_gpu",
-            "With #22858's line reverted, a scheduler rank ≥ 1 holds a context on every GPU of "
-            "the machine, not only GPU 0 and its own; as released, only on its own (the "
+            _E2, "With #22858's line reverted, a scheduler rank ≥ 1 holds a context on every GPU "
+            "of the machine, not only GPU 0 and its own; as released, only on its own (the "
             "rebuild's grid_thw.other_gpus, in the real engine)",
             "before: every rank ≥ 1 on GPUs 0…N−1; released: each rank on its own GPU (exact)",
             _engine_every_gpu, applies=_engine_sees_more, drift=CONTEXT_DRIFT)
     ],
     shown=lambda runs_: list(runs_),
-)
+    # one sentence per GPU model, from its runs merged (the newest answer per case)
+    HEADLINE=Headline(
+        parts=("{runs}",), run_sep="; ",
+        per_run=(f"{{gpu}} TP {{v[{_E0}][tp]}} on {{v[{_E0}][gpus]}} GPUs, `.cpu()` reverted: "
+                 f"each of the {{v[{_E0}][ranks]}} ranks ≥ 1 holds "
+                 f"{{v[{_E0}][before_min_mib]:.0f}}–{{v[{_E0}][before_max_mib]:.0f}} MiB on GPU "
+                 f"0 ({{v[{_E0}][gpu0_total_mib]:,.0f}} MiB there), and "
+                 f"{{v[{_E0}][stray_contexts]}} stray contexts hold {{v[{_E0}][stray_mib]:,.0f}} "
+                 f"MiB on GPUs not their own; as released, {{v[{_E0}][after_stray_contexts]}}.")))
+
+
+def _r(claim: str, key: str, fmt: str = "") -> str:
+    """A card field: the rebuild's value ``key`` of ``claim`` (the first run shown)."""
+    return f"{{r[{claim}][{key}]{fmt}}}"
+
+
+def _e(claim: str, key: str, fmt: str = "") -> str:
+    """A card field: the real engine's value ``key`` of ``claim`` (the first GPU model)."""
+    return f"{{e[{claim}][{key}]{fmt}}}"
+
+
+CARD = Card(
+    bug="Kimi-K2.5's GPU image preprocessing built the image grid (`grid_thws`, a few dozen bytes) "
+    "on `cuda:0` and left it there. Pickled to every TP rank, a tensor is re-created on the device "
+    "it was on, so each rank ≥ 1 opened a whole CUDA context on GPU 0; and under Kimi's own key a "
+    "request's images could only be cached together.",
+    affects="Kimi-K2.5 at TP ≥ 2 with GPU image preprocessing. No release shipped it (the GPU path "
+    "arrived with the fix, below); builds of main between the two did, and so does any processor "
+    "that returns a CUDA tensor outside `FEATURE_NAMES`. The contexts land on GPU 0 after "
+    "start-up, when rank 0 has already sized its KV cache there.",
+    found=(("“Fixes redundant CUDA context allocation on device 0 across all TP ranks” (#22858)",
+            f"Not on device 0 only: in the engine with `.cpu()` reverted each rank ≥ 1 holds "
+            f"{_e(_E0, 'before_max_mib', ':.0f')} MiB on GPU 0 and, on a machine of "
+            f"{_e(_E2, 'gpus')} GPUs, a context on every other GPU it can see: "
+            f"{_e(_E0, 'stray_contexts')} stray contexts, {_e(_E0, 'stray_mib', ':,.0f')} MiB."),
+           ("`grid_thws` “is not in that list [`FEATURE_NAMES`] and stays on `cuda:0`”",
+            "Staying on cuda:0 costs nothing by itself; the hop does: pickle writes a tensor by "
+            "value with its device, each rank re-creates it on cuda:0, and that opens a context "
+            f"({_r(_STRAY, 'received_min_mib', ':.0f')} MiB at unpickling in the rebuild, "
+            f"{_r(_GROWS, 'kernel_max_mib', ':.0f')} after a kernel). CUDA IPC lands on cuda:0 "
+            "too."),
+           ("`pixel_values` is built on `cuda:0` too, and `process_mm_data` moves it to the CPU "
+            "(`FEATURE_NAMES`)", "It is moved: `pixel_values` reached the ranks on the CPU in "
+            f"{_r(_LANDING, 'pixel_values_on_cpu')} of the rebuild's "
+            f"{_r(_LANDING, 'pixel_values_landings')} landings, and the released engine "
+            "(`pixel_values` still built on cuda:0) leaves "
+            f"{_e(_E0, 'after_max_mib', ':.0f')} MiB on GPU 0 per rank ≥ 1."),
+           ("“Enable per-image ViT cache”: `image_grid_thw` lets `get_new_expanded_mm_items` "
+            "split per image", f"On a seeded stream of {_r(_CACHE, 'images', ':.0f')} images the "
+            f"vision tower encodes {_r(_CACHE, 'encoded_before', ':.0f')} of them per request and "
+            f"{_r(_CACHE, 'encoded_after', ':.0f')} per image: "
+            f"{_r(_CACHE, 'image_hit_rate_before', ':.1%')} of images come from the cache "
+            f"before, {_r(_CACHE, 'image_hit_rate_after', ':.1%')} after.")))

@@ -1,30 +1,17 @@
-"""Measure where the grid lands and what each process then holds on each GPU (NVML), per variant.
-
-Variants (:data:`VARIANTS`): ``before`` (grid on ``cuda:0`` under ``grid_thws``; tokenizer -> rank 0
-as pickled bytes, rank 0 -> the rest with ``broadcast_pyobj``), ``after`` (``.cpu()`` under
-``image_grid_thw``, same path), ``ipc`` (the ``before`` output sent to every rank as a CUDA IPC
-handle) and ``eager`` (``before`` with ``CUDA_MODULE_LOADING=EAGER`` in the ranks: is the growth
-at the first kernel steps lazy module loading?).
+"""Measure where the grid lands and what each process then holds on each GPU (NVML), per variant
+(:data:`VARIANTS`: ``before``, ``after``, ``ipc``, ``eager``).
 
 A *group* is one variant × repeat: a tokenizer process that builds the request on ``cuda:0`` and
-``tp_size`` ranks (:func:`sglab.core.dist.launch`, rank r on GPU r, every GPU visible). A CUDA
-context goes away only with its process, so every group is fresh processes. All groups run at once
-(started one after the other, start-up dominated: 170 s for 4 GPUs); NVML attributes memory per
-process and GPU, so side-by-side groups cannot mix their numbers, and each group's rank 0 counts
-the other groups' processes it sees (the claims check that ranks >= 1 still read 0 at ``init``).
-
-Rank 0 of a group reads NVML for every process of its group on every GPU at four barriers
-(:data:`PHASES`). Every process takes *marks* (``time.monotonic()`` ranges, the clock the parent's
-NVML sampler uses) around the steps that can open or grow a context; a pause between kernel steps
-keeps them apart at 100 Hz. The sampler's series and the marks become the sidecars ``memory``,
-``marks`` and ``trace`` (Perfetto). The per-image cache point runs on the CPU meanwhile.
+``tp_size`` ranks (rank r on GPU r, every GPU visible); a context goes only with its process, so
+every group is fresh processes, all groups at once. Rank 0 reads NVML for its group's processes at
+the :data:`PHASES` barriers; every process marks the steps that can open or grow a context, which
+the parent's NVML sampler turns into a time series (:mod:`sglab.grid_thw.series`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import gc
-import gzip
 import json
 import multiprocessing as mp
 import os
@@ -36,9 +23,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Listener
-from pathlib import Path
 
-import pandas as pd
+import psutil
 import torch
 import torch.distributed as tdist
 
@@ -50,22 +36,15 @@ from sglab.grid_thw import rebuild
 EXPERIMENT = "grid_thw"
 METHOD_VERSION = 2  # 1: groups one after the other, no time series; 2: at once, NVML series, marks
 GPUS = 2
+# repeats: method 1 read the same MiB in every repeat, two still show a spread; settle_s: barrier ->
+# NVML reading (NVML shows a change within one 10 ms tick); step_pause_s: between kernel steps, so
+# that a 100 Hz series tells them apart; timeout_s: per group; start_method: processes fork from a
+# server that imported torch once (sglab.core.dist.forkserver); cache_*: the cache point (CPU)
 DEFAULT_PARAMS = {
-    "tp_size": 2,
-    "variants": ["before", "after", "ipc", "eager"],
-    "repeats": 2,  # method 1 read the same MiB in every repeat (spread 0): two still show a spread
-    "n_images": 4,
-    "settle_s": 0.1,  # barrier -> NVML reading (NVML shows a change within one 10 ms tick)
-    "step_pause_s": 0.1,  # between kernel steps, so that a 100 Hz series tells them apart
-    "sample_hz": 100,
-    "timeout_s": 120,  # per group (its ranks' run deadline)
-    # processes fork from a server that imported torch once (sglab.core.dist.forkserver)
-    "start_method": "forkserver",
-    # the per-image cache point (CPU)
-    "cache_requests": 200,
-    "cache_pool": 24,
-    "cache_max_images": 4,
-    "seed": 0,
+    "tp_size": 2, "repeats": 2, "n_images": 4, "settle_s": 0.1, "step_pause_s": 0.1,
+    "sample_hz": 100, "timeout_s": 120, "start_method": "forkserver", "cache_requests": 200,
+    "cache_pool": 24, "cache_max_images": 4, "seed": 0,
+    "variants": ["before", "after", "ipc", "eager"]
 }
 # the rank and tokenizer functions below are pickled by name: the server imports this module
 FORKSERVER_PRELOAD = ("torch", "sglab.grid_thw.measure")
@@ -351,9 +330,8 @@ def _device_index(dev: str) -> int:
 
 def _alive(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
         return False
 
 
@@ -473,18 +451,9 @@ def run_group(variant: str, tp_size: int, *, repeat: int = 0, n_images: int = 4,
     }
 
 
-def run_variant(variant: str, tp_size: int, **kw) -> list[dict]:
-    """One group's tidy rows (the method-1 entry point; tests and quick checks)."""
-    return run_group(variant, tp_size, **kw)["rows"]
-
-
 # --------------------------------------------------------------------------------------------------
-# the time series: NVML samples and marks reduced to sidecars (times from each group's start)
+# the time series (sidecars: sglab.grid_thw.series)
 # --------------------------------------------------------------------------------------------------
-MEMORY_COLUMNS = ["variant", "repeat", "process", "rank", "gpu", "t_s", "mib"]
-MARK_COLUMNS = ["variant", "repeat", "process", "rank", "mark", "t_s", "dur_s"]
-
-
 def sampler_rows(sampler: memory.Sampler, tp_size: int) -> list[dict]:
     kw = {"tp_size": tp_size, "process": "sampler", "phase": "series"}
     return [
@@ -492,67 +461,6 @@ def sampler_rows(sampler: memory.Sampler, tp_size: int) -> list[dict]:
         _row("all", "sampler_ticks", len(sampler.ticks), "count", **kw),
         _row("all", "sampler_errors", sampler.errors, "count", **kw)
     ]
-
-
-def group_tables(groups: list[dict], samples, ticks: list[float]):
-    """``memory`` (the change points of each (process, GPU) series,
-    :func:`sglab.core.memory.step_series`: exactly the sampled series drawn as steps) and ``marks``
-    of every group, each on its own time axis (0 = the group's start)."""
-    mem, marks = [], []
-    for g in groups:
-        t0 = g["t_start"]
-        window = [t for t in ticks if t0 <= t <= g["t_end"]]
-        for s in memory.step_series(samples, window, pids=list(g["procs"])).itertuples():
-            process, rank = g["procs"][s.pid]
-            mem.append((g["variant"], g["repeat"], process, rank, s.gpu, round(s.t - t0,
-                                                                               4), s.used_mib))
-        for process, rank, name, a, b in g["marks"]:
-            marks.append((g["variant"], g["repeat"], process, rank, name, round(a - t0, 4),
-                          round(b - a, 4)))
-    return pd.DataFrame(mem, columns=MEMORY_COLUMNS), pd.DataFrame(marks, columns=MARK_COLUMNS)
-
-
-def write_perfetto(mem, marks, path) -> Path:
-    """Chrome trace JSON (https://ui.perfetto.dev): one trace process per group, a counter track
-    per (process, GPU) in MiB, one thread per process with its marks as slices."""
-    events = []
-    keys = sorted(
-        set(map(tuple, mem[["variant", "repeat"]].values.tolist()))
-        | set(map(tuple, marks[["variant", "repeat"]].values.tolist())), key=str)
-    gid = {k: i + 1 for i, k in enumerate(keys)}
-    tid: dict = {}
-    for (variant, repeat), i in gid.items():
-        events.append({
-            "name": "process_name", "ph": "M", "pid": i,
-            "args": {"name": f"{variant} · repeat {repeat}"}
-        })
-    for r in marks.itertuples():
-        k = (r.variant, r.repeat)
-        t = tid.setdefault((k, r.process), len(tid) + 1)
-        events.append({
-            "name": "thread_name", "ph": "M", "pid": gid[k], "tid": t, "args": {"name": r.process}
-        })
-        events.append({
-            "name": r.mark, "ph": "X", "pid": gid[k], "tid": t, "ts": r.t_s * 1e6,
-            "dur": max(r.dur_s * 1e6, 1.0)
-        })
-    for r in mem.itertuples():
-        events.append({
-            "name": f"{r.process} · GPU {r.gpu} (MiB)", "ph": "C",
-            "pid": gid[(r.variant, r.repeat)], "ts": r.t_s * 1e6, "args": {"MiB": r.mib}
-        })
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(path, "wt") as f:
-        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
-    return path
-
-
-def sidecars(groups: list[dict], samples, ticks: list[float]) -> dict:
-    mem, marks = group_tables(groups, samples, ticks)
-    trace = Path(tempfile.mkdtemp(prefix="sglab-grid-trace-")) / "grid_thw.trace.json.gz"
-    write_perfetto(mem, marks, trace)
-    return {"memory": mem, "marks": marks, "trace": trace}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -679,7 +587,9 @@ def run(params: dict | None = None, *, progress: bool = True,
     if sampler is not None:
         with phases.phase("time series"):
             rows += sampler_rows(sampler, tp)
-            extra = sidecars(groups, sampler.samples(), sampler.ticks)
+            from sglab.grid_thw import series  # it reads this module's steps
+
+            extra = series.sidecars(groups, sampler.samples(), sampler.ticks)
     if progress:
         print(f"grid_thw tp={tp}: {len(rows)} rows")
     return runs.Measured(runs.tidy(EXPERIMENT, rows), sidecars=extra,

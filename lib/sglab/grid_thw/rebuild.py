@@ -1,15 +1,10 @@
 """The request path of a Kimi-K2.5 image request, before and after SGLang #22858, in one file.
 
-Upstream: https://github.com/sgl-project/sglang/pull/22858 ("[VLM] Enable per-image ViT cache and
-avoid TP CUDA context creation for Kimi-K2.5"). One section per upstream file, in the order a
-request meets them. The before/after switch is ``fixed`` of :func:`gpu_call`: before, the grid stays
-on the device it was built on under Kimi's own key ``grid_thws``; after, ``grid_thws.cpu()`` under
-SGLang's key ``image_grid_thw`` (first released in 0.5.11; 0.5.10.post1 has no GPU preprocessor).
-
-Why a grid of a few dozen bytes matters: it is a *CUDA* tensor, and whatever process unpickles it
-re-creates it on ``cuda:0`` (section 6), opening a CUDA context there. Why the rename matters too:
-the per-image split looks the grid up by name (section 3). Everything runs on the CPU as well
-(``device="cpu"``); nothing here measures.
+One section per upstream file, in the order a request meets them. The switch is ``fixed`` of
+:func:`gpu_call`: before, the grid stays on the device it was built on under Kimi's key
+``grid_thws``; after, ``grid_thws.cpu()`` under SGLang's ``image_grid_thw``. Whatever process
+unpickles a CUDA grid re-creates it on ``cuda:0`` (section 6); the per-image split looks the grid up
+by name (section 3). Everything runs on the CPU too (``device="cpu"``); nothing here measures.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
-"""The Kimi-K2.5 grid in real SGLang: the fix's record, its source check, its real-release probes
-and the comparison with the rebuild.
-
-- ``FIX``: #22858, the symbols it touched, the probe the notebook shows, the engine scenarios;
-- :func:`check`: the state of a given SGLang, read as source (``sglab upstream``, the timeline);
-- :func:`probe` (CPU, one release per worker process), each part the release's own code: which key
-  the model's ``get_image_feature`` reads the grid from, what ``KimiGPUProcessorWrapper._gpu_call``
-  returns on the rebuild's images, and what the release's wire (pickle in 0.5.1x, msgpack in
-  0.5.2x) does to the grid;
-- ``ENGINE``: the whole engine fed one image at TP 2 and TP 4 (``sglab engine``,
-  ``data/recorded/engine_grid_thw/``): each process's memory on GPU 0, released and with #22858's
-  line reverted;
-- :func:`comparison` / :func:`compare`: the real answers beside the rebuild's, release by release.
-
-Nothing here imports SGLang at module level: the probes run inside a release's worker process.
+"""The Kimi-K2.5 grid in real SGLang: the fix's record ``FIX``, its source check (:func:`check`),
+the real-release probes on the CPU (:func:`probe`: which key the model reads, what
+``KimiGPUProcessorWrapper._gpu_call`` returns, what the release's wire does to the grid), the
+engine scenarios (``ENGINE``, TP 2 to 8, released and with #22858's line reverted), the request's
+code path (``CODE_PATH``) and the comparison with the rebuild (:func:`compare`). Nothing here imports
+SGLang at module level: the probes run inside a release's worker process.
 """
 
 from __future__ import annotations
@@ -28,6 +19,7 @@ from sglab.core import lazy
 from sglab.grid_thw import stand_in
 from sglab.sglang.engine import Case, Scenario, revert_adjustment
 from sglab.sglang import bootstrap
+from sglab.sglang.codepath import Node
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
@@ -450,3 +442,22 @@ def compare() -> None:
 def released(rebuilt=None, *, symbol=None, pr=None) -> None:
     """The fix across the releases, then the released ``symbol`` beside the rebuilt one."""
     real.released(FIX, rebuilt, symbol=symbol, pr=pr)
+
+
+# the request's path through the first release with the fix (0.5.11): where the grid is built, what
+# moves to the CPU, the two hops that pickle it, where it is split and read
+CODE_PATH_RELEASE = "0.5.11"
+CODE_PATH = (Node(
+    KIMI_PROCESSOR, "KimiGPUProcessorWrapper._gpu_call",
+    "pixel_values and the grid built on cuda:0; #22858: grid_thws.cpu(), key image_grid_thw"),
+             Node("srt/multimodal/processors/base_processor.py",
+                  "BaseMultimodalProcessor.process_mm_data",
+                  "moves the FEATURE_NAMES tensors (pixel_values) to the CPU; the grid is not one"),
+             Node("srt/managers/mm_utils.py", "get_new_expanded_mm_items",
+                  "one item per image, where it finds image_grid_thw"),
+             Node("srt/managers/tokenizer_manager.py", "TokenizerManager._send_one_request",
+                  "send_pyobj: the request pickled to scheduler rank 0"),
+             Node("srt/managers/scheduler.py", "Scheduler.recv_requests",
+                  "broadcast_pyobj to ranks ≥ 1: pickle.loads re-creates a tensor on its device"),
+             Node(KIMI_MODEL, "KimiK25ForConditionalGeneration.get_image_feature",
+                  "reads the grid under image_grid_thw"))

@@ -1,16 +1,9 @@
-"""Tables and figures of notebook 05, from a run (recorded or live) or the CPU cache point, and
-"your own setup".
+"""Tables and figures of notebook 05: the real engine's processes × GPUs (the picture under the
+card, the engine section's ``VIEW``), the rebuild's GPU runs (the appendix), the lesson's cache
+answer and "your own setup".
 
-Every section that takes a run accepts a :class:`~sglab.core.runs.NoRun` too and then prints its one
-line. Tables of several runs keep them apart with a ``run`` column (:func:`frame`): runs are never
-added up.
-
-- tables: where the grid landed, process × GPU MiB, the GPU-0 waste, repeatability, leftovers,
-  concurrency, the cache point, the memory steps of the time series (what the claims read);
-- figures: :func:`mechanism` (the slide: processes × GPUs, before | after), :func:`heatmaps`,
-  :func:`waste_figure`, :func:`cache_bars`, :func:`memory_series` (the profiler picture);
-- your own setup: a TP size and a request stream -> the GPU-0 waste before the fix and the vision
-  cache's hits (:func:`your_setup`).
+Every section that takes runs accepts a NoRun and then prints its one line. Tables of several runs
+keep them apart with a ``run`` column (:func:`frame`): runs are never added up.
 """
 
 from __future__ import annotations
@@ -20,14 +13,13 @@ import re
 import numpy as np
 import pandas as pd
 
-from sglab.core import notebook, plots, runs
-from sglab.grid_thw import measure, rebuild, sglang
-from sglab.grid_thw.measure import KERNEL_STEPS, PHASES
-from sglab.core import engine_records, engine_stats, engine_view
+from sglab.core import engine_records, engine_stats, notebook, plots, runs, text
+from sglab.core.engine_view import EngineView
+from sglab.grid_thw import measure, rebuild, series
 
 
-STRAY = "#c0392b"
-VARIANT_ORDER = ("before", "ipc", "eager", "after")
+STRAY = plots.PALETTE["before"]
+VARIANT_ORDER = series.VARIANT_ORDER
 
 
 # --------------------------------------------------------------------------------------------------
@@ -36,11 +28,8 @@ VARIANT_ORDER = ("before", "ipc", "eager", "after")
 def run_name(run) -> str:
     """Short, unique name of a run: GPU, TP size, GPUs on the machine, start time (UTC)."""
     m = run.manifest
-    gpu = m.gpu_name.replace("NVIDIA ", "")
-    tp = m.tp
-    box = m.gpu_count_machine or visible_gpus(run.df) or tp
-    created = m.created_utc
-    return f"{gpu} TP {tp}, {box}-GPU machine, {created[:10]} {created[11:16]}Z"
+    box = m.gpu_count_machine or visible_gpus(run.df) or m.tp
+    return f"{m.gpu} TP {m.tp}, {box}-GPU machine, {m.date} {m.created_utc[11:16]}Z"
 
 
 def visible_gpus(df) -> int:
@@ -68,6 +57,14 @@ def stray(df, *, gpu0_only: bool = True):
     m = memory_frame(df)
     m = m[(m["rank"] >= 1) & (m.gpu != m["rank"])]
     return m[m.gpu == 0] if gpu0_only else m
+
+
+def stray_contexts(df, variant: str = "before", phase: str = "kernel") -> tuple[int, float]:
+    """The (rank >= 1, GPU not its own) pairs holding memory in one run, and their MiB (median over
+    repeats)."""
+    s = stray(df, gpu0_only=False)
+    per = s[(s.variant == variant) & (s.phase == phase)].groupby(["rank", "gpu"]).value.median()
+    return int((per > 0).sum()), float(per[per > 0].sum())
 
 
 def gpu0_per_rank(df):
@@ -101,36 +98,14 @@ def off_rank_gpus(df):
     rows = []
     for key, g in m.groupby(keys):
         held = g[g.value > 0]
-        rows.append(
-            dict(zip(keys, key), gpus_per_run=int(m.gpu.max()) + 1, pairs_holding=held.groupby([
+        rows.append({
+            **dict(zip(keys, key)), "gpus_per_run": int(m.gpu.max()) + 1,
+            "pairs_holding": held.groupby(["rank", "gpu"]).ngroups, "pairs": g.groupby([
                 "rank", "gpu"
-            ]).ngroups, pairs=g.groupby(["rank", "gpu"]).ngroups,
-                 median_mib_per_pair=float(held.value.median()) if len(held) else 0.0,
-                 total_mib=float(g.groupby("repeat").value.sum().median())))
+            ]).ngroups, "median_mib_per_pair": float(held.value.median()) if len(held) else 0.0,
+            "total_mib": float(g.groupby("repeat").value.sum().median())
+        })
     return pd.DataFrame(rows)
-
-
-def repeatability(df, variants=VARIANT_ORDER):
-    """MiB per rank >= 1 on GPU 0, a column per run, a row per variant and phase: the value when
-    every repeat and rank agree, "lo–hi" when not; ``n`` values per cell."""
-    per = gpu0_per_rank(df)
-    cell = [
-        f"{lo:.0f}" if lo == hi else f"{lo:.0f}–{hi:.0f}"
-        for lo, hi in zip(per.min_mib, per.max_mib)
-    ]
-    per = per.assign(mib=[f"{c} (n={n})" for c, n in zip(cell, per.n)])
-    t = per.pivot_table(index=["variant", "phase"], columns=_by_run(per) or ["tp_size"],
-                        values="mib", aggfunc="first")
-    t = t.loc[[(v, p) for v in variants for p in PHASES if (v, p) in t.index]]
-    t.columns.name = None
-    return t
-
-
-def spread_mib(df) -> float:
-    """The largest max − min of a rank >= 1's MiB on GPU 0 over the repeats and ranks of one variant
-    and phase (0 when every reading agrees)."""
-    per = gpu0_per_rank(df)
-    return float((per.max_mib - per.min_mib).max()) if len(per) else 0.0
 
 
 def landing(df):
@@ -143,22 +118,10 @@ def landing(df):
         "image_grid_thw" if v else "grid_thws" for v in out["grid_key_is_image_grid_thw"]
     ]
     out["repeat_id"] = out[_by_run(out) + ["repeat"]].astype(str).agg("/".join, axis=1)
-    return out.groupby(["variant", "tp_size", "rank"
-                        ]).agg(grid_key=("grid_key", lambda s: "/".join(sorted(set(s)))),
-                               grid_device=("grid_device", lambda s: "/".join(sorted(set(s)))),
-                               repeats=("repeat_id", "nunique")).reset_index()
-
-
-def leftovers(df):
-    """Per run, variant and TP size: processes still alive / still listed by NVML after each group
-    (max over repeats), and how many groups were checked."""
-    d = df[df.metric.isin(["processes_alive", "nvml_processes_listed"])]
-    idx = _by_run(d) + ["variant", "tp_size"]
-    t = d.pivot_table(index=idx, columns="metric", values="value", aggfunc="max").reset_index()
-    checked = d[d.metric == "processes_alive"].groupby(idx).size().rename("groups_checked")
-    t = t.merge(checked.reset_index(), on=idx)
-    t.columns.name = None
-    return t
+    one = lambda s: "/".join(sorted(set(s)))  # noqa: E731
+    return out.groupby(["variant", "tp_size",
+                        "rank"]).agg(grid_key=("grid_key", one), grid_device=("grid_device", one),
+                                     repeats=("repeat_id", "nunique")).reset_index()
 
 
 def cache_table(df):
@@ -181,153 +144,25 @@ def concurrency(df):
     return pd.concat([t, s], axis=1, join="inner").reset_index()
 
 
-def cells(df, phase: str = "kernel"):
-    """Process × GPU, before vs after (median over repeats) of ONE run: the numbers of the slide.
-    ``stray``: a rank holds memory on a GPU not its own."""
-    m = memory_frame(df)
-    m = m[(m.phase == phase) & m.variant.isin(["before", "after"])]
-    t = m.pivot_table(index=["process", "rank", "gpu"], columns="variant", values="value",
-                      aggfunc="median")
-    t = t.reindex(columns=["before", "after"]).fillna(0.0).reset_index()
-    t["stray"] = (t["rank"] >= 0) & (t.gpu != t["rank"]) & (t.before > 0)
-    t.columns.name = None
-    return t.sort_values(["rank", "gpu"]).reset_index(drop=True)  # tokenizer (rank -1) first
-
-
 # --------------------------------------------------------------------------------------------------
-# the memory time series: which mark each step in a process's memory belongs to
+# the appendix: the rebuild's GPU runs, each section shown from the runs (or their NoRun line)
 # --------------------------------------------------------------------------------------------------
-def _values_at(series, ts) -> "np.ndarray":
-    """The step series' values at the times ``ts`` (0 before its first point); ``series`` is sorted
-    by ``t_s``."""
-    i = np.searchsorted(series.t_s.to_numpy(), np.asarray(ts, dtype=float), side="right")
-    return np.concatenate(([0.0], series.mib.to_numpy(dtype=float)))[i]
-
-
-def mark_deltas(mem, marks, *, gpu: int = 0):
-    """For every mark of every process: its memory on ``gpu`` when the mark began and when its next
-    mark began (a pause after the last), and the difference; robust to NVML's transient readings
-    inside a step (a resize frees, then allocates)."""
-    out = []
-    mem = mem[mem.gpu == gpu]
-    by = mem.sort_values("t_s", kind="stable").groupby(["variant", "repeat", "process"])
-    series = {key: s for key, s in by}
-    empty = mem.iloc[:0]
-    for (variant, repeat, process), ms in marks.groupby(["variant", "repeat", "process"],
-                                                        sort=False):
-        ms = ms.sort_values("t_s")
-        s = series.get((variant, repeat, process), empty)
-        ends = list(ms.t_s.iloc[1:]) + [float(ms.t_s.iloc[-1] + ms.dur_s.iloc[-1]) + 0.05]
-        before, after = _values_at(s, ms.t_s), _values_at(s, ends)
-        for r, a, b in zip(ms.itertuples(), before, after):
-            out.append((variant, repeat, process, int(r.rank), gpu, r.mark, float(a), float(b),
-                        float(b - a)))
-    return pd.DataFrame(
-        out, columns=[
-            "variant", "repeat", "process", "rank", "gpu", "mark", "before_mib", "after_mib",
-            "delta_mib"
-        ])
-
-
-def step_deltas(run, gpu: int = 0):
-    """What each marked step added to each process's memory on ``gpu`` (None without a series)."""
-
-    def make():
-        mem, marks = run.sidecar("memory"), run.sidecar("marks")
-        return None if mem is None or marks is None else mark_deltas(mem, marks, gpu=gpu)
-
-    return run.memo(f"step_deltas {gpu}", make)
-
-
-def growth_by_step(run):
-    """MiB each step added on GPU 0 for ranks >= 1 (median over repeats and ranks), a row per
-    variant, a column per step in time order (None without a time series)."""
-    d = step_deltas(run, gpu=0)
-    if d is None:
-        return None
-    order = ["unpickle", *KERNEL_STEPS]
-    d = d[(d["rank"] >= 1) & d["mark"].isin(order)]
-    t = d.pivot_table(index="variant", columns="mark", values="delta_mib", aggfunc="median")
-    t = t.reindex(columns=[c for c in order if c in t.columns])
-    t = t.reindex([v for v in VARIANT_ORDER if v in t.index])
-    t.columns.name = None
-    return t
-
-
-def stack_limits(df):
-    """CU_LIMIT_STACK_SIZE of the context on the grid's GPU after each kernel step, ranks >= 1
-    (min–max over repeats and ranks; method 2)."""
-    s = df[(df.metric == "stack_limit_bytes") & (df["rank"] >= 1)]
-    if s.empty:
-        return pd.DataFrame()
-    t = s.groupby(["variant", "phase"]).value.agg(
-        lambda v: f"{v.min():.0f}" if v.min() == v.max() else f"{v.min():.0f}–{v.max():.0f}")
-    t = t.unstack()
-    t = t.reindex(columns=[c for c in KERNEL_STEPS if c in t.columns])
-    t.columns.name = None
-    return t
-
-
-def explain_growth(run) -> str:
-    """The growth of the stray context in words, from the run's own numbers."""
-    g = growth_by_step(run)
-    if g is None or "before" not in g.index:
-        return ("This run has no memory time series: record a new run to see where the context "
-                "grows.")
-    b = g.loc["before"]
-    kernel = [c for c in g.columns if c != "unpickle"]
-    big = max(kernel, key=lambda c: b[c])
-    small = ", ".join(f"`{c}` +{b[c]:.0f}" for c in kernel if c != big)
-    text = (f"Before the fix, a rank ≥ 1's GPU-0 context appears during the unpickling "
-            f"({b['unpickle']:.0f} MiB) and grows by {b[big]:.0f} MiB during `{big}`; the other "
-            f"steps add little ({small} MiB).")
-    stack = stack_limits(run.df)
-    if len(stack) and "before" in stack.index and big in stack.columns:
-        text += (f" The per-thread stack limit reads {stack.loc['before', big]} bytes after "
-                 f"`{big}` as after every other step, so the step is not the driver raising the "
-                 "stack size.")
-    if "eager" in g.index:
-        e = g.loc["eager"]
-        text += (f" With CUDA_MODULE_LOADING=EAGER the stray context is {e['unpickle']:.0f} MiB "
-                 f"at the unpickling and the kernel steps add {sum(e[c] for c in kernel):.0f} "
-                 "MiB: what lazy loading defers to the first kernel that needs it, eager loading "
-                 "pays up front (and much more of it).")
-    return text
-
-
-# --------------------------------------------------------------------------------------------------
-# the GPU sections of the notebook, each shown from the run (or its NoRun line)
-# --------------------------------------------------------------------------------------------------
-def slide_run(shown: list):
-    """The run the slide draws: the one with the most ranks (then the newest)."""
-    return max(shown, key=lambda r: (int(r.df.tp_size.max()), str(r.manifest.created_utc)),
-               default=None)
-
-
 @notebook.needs_run
 def landed(run) -> None:
-    """The runs shown, where each rank's grid landed, and process × GPU per variant of the run the
-    slide draws."""
+    """The runs shown, where each rank's grid landed, and process × GPU per variant of the run with
+    the most ranks."""
     for r in run.shown:
         print(f"  {run_name(r)}  (method {r.manifest.method_version}, {r.path.name})")
     notebook.show_table(landing(frame(run.shown)))
-    notebook.show_figure(heatmaps(slide_run(run.shown)))
-
-
-@notebook.needs_run
-def repeats(run) -> None:
-    """MiB per rank >= 1 on GPU 0 per run, variant and phase, and the largest spread in a run."""
-    df = frame(run.shown)
-    notebook.show_table(repeatability(df))
-    print(f"Largest spread within one run: {spread_mib(df):.0f} MiB.")
+    most = max(run.shown, key=lambda r: (r.manifest.tp, r.manifest.created_utc))
+    notebook.show_figure(heatmaps(most))
 
 
 @notebook.needs_run
 def waste(run) -> None:
-    """The GPU-0 total per TP size (table and figure), then what ranks hold on other GPUs."""
+    """The GPU-0 total per TP size, then what ranks hold on other GPUs."""
     df = frame(run.shown)
-    notebook.show_table(waste_vs_tp(df).round(0))
-    notebook.show_figure(waste_figure(df, run.shown))
+    notebook.show_table(text.counts(waste_vs_tp(df), ["median_mib", "min_mib", "max_mib"]))
     off = off_rank_gpus(df)
     off = off[off.pairs_holding > 0] if len(off) else off
     if len(off):
@@ -337,27 +172,19 @@ def waste(run) -> None:
 
 
 @notebook.needs_run
-def hygiene(run) -> None:
-    """No process left after its group; the `init` baselines read beside other groups."""
-    df = frame(run.shown)
-    notebook.show_table(leftovers(df))
-    notebook.show_table(concurrency(df))
-
-
-@notebook.needs_run
 def profiler(run) -> None:
     """Memory over time of the newest run shown that has a time series, its Perfetto file, what
     each step added on GPU 0, the stack limits, and what that says."""
-    series = next((r for r in reversed(run.shown) if r.sidecar("memory") is not None), None)
-    if series is None:
+    found = next((r for r in reversed(run.shown) if r.sidecar("memory") is not None), None)
+    if found is None:
         print("The runs shown predate the memory time series (method 1, no `memory` sidecar); a "
               "new recording (`sglab record grid_thw`) adds it.")
         return
-    notebook.show_figure(memory_series(series, variants=("before", "after", "eager")))
-    print(f"Perfetto file of the same: {series.sidecar('trace')}")
-    notebook.show_table(growth_by_step(series))
-    notebook.show_table(stack_limits(series.df))
-    print(explain_growth(series))
+    notebook.show_figure(series.memory_series(found, variants=("before", "after", "eager")))
+    notebook.file_link(found.sidecar("trace"), "Perfetto trace of the same (ui.perfetto.dev)")
+    notebook.show_table(series.growth_by_step(found))
+    notebook.show_table(series.stack_limits(found.df))
+    print(series.explain_growth(found))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -370,51 +197,48 @@ def _cell(ax, x: float, y: float, w: float, h: float, row) -> None:
     plots.box(ax, x + w / 2, y, w / 2, h, color="#d5d8dc" if row.after > 0 else "white")
     for dx, mib, white in ((w / 4, row.before, row.stray), (3 * w / 4, row.after, False)):
         ax.text(x + dx, y + h / 2, "—" if mib == 0 else f"{mib:.0f}", ha="center", va="center",
-                fontsize=9, color="white" if white else "black",
+                fontsize=8.5, color="white" if white else "black",
                 fontweight="bold" if white else "normal")
-    if row.stray:
-        ax.text(x + w / 4, y - 0.06, "stray context", ha="center", va="top", fontsize=7,
-                color=STRAY)
 
 
-def mechanism(run, phase: str = "kernel"):
-    """Processes × GPUs of the run shown with the most ranks: MiB held after the kernel steps,
-    before | after the fix (median over repeats). Rank r belongs on GPU r and the tokenizer on GPU
-    0 in both variants; what a rank holds elsewhere is a stray context."""
-    if not run:
+def mechanism(engine):
+    """The picture under the card: every process × GPU of the engine run that saw the most GPUs,
+    MiB after the image request with #22858's `.cpu()` reverted | as released. Rank r belongs on
+    GPU r and the main process (the tokenizer, which preprocesses the image) on GPU 0; what a rank
+    holds elsewhere is a stray context."""
+    if not engine:
         fig, ax = plots.canvas(6, 1.2)
-        ax.text(5, 1.5, "no run to draw yet", ha="center", va="center")
+        ax.text(5, 1.5, "no engine run to draw yet", ha="center", va="center")
         return fig
-    run = slide_run(run.shown)
-    t = cells(run.df, phase)
+    run = max(engine.shown, key=lambda r: (engine_gpus(r), _run_tp(r), r.manifest.created_utc))
+    t = engine_cells(run)
     procs, gpus = list(dict.fromkeys(t.process)), sorted(set(t.gpu))
-    w, h, gx, gy = 1.7, 0.55, 0.3, 0.45
-    width, height = 2.0 + len(gpus) * (w + gx), 1.2 + len(procs) * (h + gy)
-    fig, ax = plots.canvas(min(11.0, 1.3 * width), min(6.5, 0.95 * height), xlim=(0, width),
+    w, h, gx, gy = 1.9, 0.42, 0.3, 0.22
+    width, height = 2.2 + len(gpus) * (w + gx), 1.3 + len(procs) * (h + gy)
+    fig, ax = plots.canvas(min(11.0, 1.25 * width), min(5.5, 0.9 * height), xlim=(0, width),
                            ylim=(0, height))
-    top = height - 0.9
+    top = height - 0.95
     for j, g in enumerate(gpus):
-        x = 2.0 + j * (w + gx)
-        owner = "tokenizer, rank 0" if g == 0 else f"rank {g}"
+        x = 2.2 + j * (w + gx)
+        owner = "main, rank 0" if g == 0 else f"rank {g}"
         ax.text(x + w / 2, top + 0.42, f"GPU {g} ({owner})", ha="center", va="bottom", fontsize=9,
                 fontweight="bold")
-        for dx, which in ((w / 4, "before"), (3 * w / 4, "after")):
+        for dx, which, color in ((w / 4, "reverted", "before"), (3 * w / 4, "released", "after")):
             ax.text(x + dx, top + 0.12, which, ha="center", va="bottom", fontsize=7.5,
-                    color=plots.PALETTE[which])
+                    color=plots.PALETTE[color])
     for i, proc in enumerate(procs):
         y = top - (i + 1) * (h + gy) + gy
         plots.label(ax, 0.1, y + h / 2, proc, fontsize=9)
         for j, g in enumerate(gpus):
-            row = t[(t.process == proc) & (t.gpu == g)]
-            if len(row):
-                _cell(ax, 2.0 + j * (w + gx), y, w, h, row.iloc[0])
+            _cell(ax, 2.2 + j * (w + gx), y, w, h, t[(t.process == proc) & (t.gpu == g)].iloc[0])
+    foreign = (t["rank"] >= 0) & (t.gpu != t["rank"])
     s = t[t.stray]
     ax.set_title(
-        "MiB per process and GPU after a kernel on the grid — before | after `.cpu()` "
-        f"({run_name(run)})", fontsize=10)
+        f"SGLang {run.manifest.engine_runs[0]['release']}'s engine fed one image: MiB per "
+        f"process and GPU, #22858's `.cpu()` reverted | as released ({run_name(run)})", fontsize=10)
     ax.text(
-        0.1, 0.15, f"{len(s)} stray context(s), {s.before.sum():.0f} MiB before; "
-        f"{s.after.sum():.0f} MiB after", fontsize=8.5, color=STRAY)
+        0.1, 0.12, f"{len(s)} stray contexts, {s.before.sum():,.0f} MiB with `.cpu()` "
+        f"reverted; {int((foreign & (t.after > 0)).sum())} as released", fontsize=8.5, color=STRAY)
     return fig
 
 
@@ -449,117 +273,15 @@ def heatmaps(run, phase: str = "kernel"):
     return fig
 
 
-def waste_figure(df, runs_: list):
-    """GPU-0 MiB held by ranks 1..N−1 against the TP size, one marker per run (never summed)."""
-    styles = {
-        "before": dict(marker="o", ls="-", color=plots.PALETTE["before"]),
-        "ipc": dict(marker="x", ls="--", color=plots.PALETTE["accent"],
-                    markersize=8), "eager": dict(marker="^", ls=":", color="#7d3c98"),
-        "after": dict(marker="s", ls="-", color=plots.PALETTE["after"])
-    }
-    w = waste_vs_tp(df)
-    w = w.assign(machine=[name.split(", ")[1] for name in w.run])
-    fig, ax = plots.figure(width=6.4)
-    for (v, machine), g in w.groupby(["variant", "machine"]):
-        st = dict(styles.get(v, {}))
-        if machine.startswith("2-GPU"):
-            st.update(ls="none", mfc="none", markersize=10)
-        g = g.sort_values("tp_size")
-        ax.plot(g.tp_size, g.median_mib, label=f"{v} ({machine})", **st)
-    per = gpu0_per_rank(df)
-    one = per[(per.phase == "kernel") & (per.variant == "before")].median_mib.median()
-    tps = np.array(sorted(w.tp_size.unique()))
-    ax.plot(tps, (tps - 1) * one, color="#999999", lw=0.8, ls=":", label=f"(N−1) × {one:.0f} MiB")
-    ax.set_xticks(tps)
-    ax.set_xlabel("TP size N")
-    ax.set_ylabel("MiB on GPU 0 held by ranks 1..N−1")
-    ax.set_ylim(bottom=-50)
-    ax.legend(loc="upper left", fontsize=8)
-    plots.caption(fig, runs_[-1], extra=f"{len(runs_)} runs, each plotted on its own · phase "
-                  "'kernel' · median")
-    return fig
-
-
-def cache_bars(image_hit_rates, extra: str = ""):
-    """Images served from the vision cache: per request (before) vs per image (after)."""
-    fig, ax = plots.figure(width=6, height=3)
-    ax.bar(["per request (before)", "per image (after)"], [100 * r for r in image_hit_rates],
-           color=[plots.PALETTE["before"], plots.PALETTE["after"]])
-    ax.set_ylabel("images served from cache, %")
-    ax.set_ylim(0, 100)
-    plots.caption(fig, None, extra=extra)
-    return fig
-
-
-def cache_point(stats: dict, extra: str = "") -> None:
-    """The lesson's cache point (``{"before": CacheStats, "after": CacheStats}``): lookups, hits
-    and images encoded per variant, the bars, and how many fewer encodes per image."""
-    notebook.show_table(
-        pd.DataFrame([{
-            "variant": v, "lookups": s.lookups, "hits": s.hits,
-            "item hit rate": round(s.hit_rate, 3), "images": s.images,
-            "images encoded": s.images_encoded, "image hit rate": round(s.image_hit_rate, 3)
-        } for v, s in stats.items()]).set_index("variant"))
-    b, a = stats["before"], stats["after"]
-    notebook.show_figure(cache_bars([b.image_hit_rate, a.image_hit_rate], extra))
-    print(f"The vision tower encodes {a.images_encoded} of {a.images} images per image vs "
-          f"{b.images_encoded} per request ({b.images_encoded / a.images_encoded:.0f}× fewer "
-          "encodes).")
-
-
-SERIES_MARKS = ("unpickle", *KERNEL_STEPS, "release")
-LINE_COLORS = {
-    "tokenizer": "#7f8c8d", "rank 0": "#2471a3", "rank 1": "#229954", "rank 2": "#d68910",
-    "rank 3": "#7d3c98"
-}
-
-
-def _series_panel(ax, mem, marks, variant: str, rank: int) -> None:
-    me = marks[marks.process == f"rank {rank}"]
-    own, end = me[me["mark"] == "own context"].t_s, me[me["mark"] == "release"]
-    t0 = (float(own.min()) if len(own) else float(me.t_s.min())) - 0.4
-    t1 = (float((end.t_s + end.dur_s).max()) if len(end) else float(me.t_s.max())) + 0.4
-    top = max(1.0, float(mem.mib.max()))
-    for (proc, gpu), g in mem.groupby(["process", "gpu"]):
-        if g.mib.max() == 0:
-            continue
-        stray_ = proc.startswith("rank") and int(proc.split()[1]) != gpu
-        g = pd.concat([g, g.tail(1).assign(t_s=max(t1, float(g.t_s.max())))]).sort_values("t_s")
-        ax.step(g.t_s, g.mib, where="post", lw=2.4 if stray_ else 1.2, ls="-" if stray_ else "--",
-                color=STRAY if stray_ else LINE_COLORS.get(proc, "#34495e"),
-                label=f"{proc} on GPU {gpu}" + (" (stray)" if stray_ else ""))
-    for r in me[me["mark"].isin(SERIES_MARKS)].itertuples():
-        ax.axvspan(r.t_s, r.t_s + max(r.dur_s, 0.004), color="#f9e79f", alpha=0.8, lw=0)
-        ax.text(r.t_s, top * 1.02, r.mark, rotation=50, fontsize=7, ha="left", va="bottom",
-                color="#555555")
-    ax.set_xlim(t0, t1)
-    ax.set_ylim(0, top * 1.05)
-    ax.set_ylabel("MiB (NVML)")
-    ax.set_title(f"{variant}: every process of the group, rank {rank}'s steps shaded", loc="left",
-                 pad=34)
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7.5)
-
-
-def memory_series(run, *, repeat: int = 0, variants=("before", "after"), rank: int = 1):
-    """The profiler picture: NVML memory of every process of one group per variant over time
-    (seconds from the group's start), a line per process and GPU, rank ``rank``'s steps shaded.
-    None without a time series."""
-    mem, marks = run.sidecar("memory"), run.sidecar("marks")
-    if mem is None or marks is None:
-        return None
-    variants = [v for v in variants if v in set(mem.variant)]
-    fig, axes = plots.figure(nrows=len(variants), width=11.0, height=3.3 * len(variants))
-    axes = np.ravel(np.atleast_1d(axes))
-    for ax, v in zip(axes, variants):
-
-        def sel(d):
-            return d[(d.variant == v) & (d.repeat == repeat)]
-
-        _series_panel(ax, sel(mem), sel(marks), v, rank)
-    axes[-1].set_xlabel("seconds from the group's start")
-    hz = float(run.df[run.df.metric == "sampler_hz"].value.max())
-    plots.caption(fig, run, extra=f"repeat {repeat} · NVML sampled in the parent at {hz:.0f} Hz")
-    return fig
+def cache_answer(stats: dict):
+    """``{"before": CacheStats, "after": CacheStats}`` as the exercise's answer: lookups, hits and
+    the images the vision tower encodes, and the share of images served from the cache, per
+    variant (the same denominator, images, on both sides)."""
+    names = {"before": "per request (before)", "after": "per image (after)"}
+    return pd.DataFrame([{
+        "cache key": names[v], "lookups": s.lookups, "hits": s.hits, "images": s.images,
+        "images encoded": s.images_encoded, "images from the cache": f"{s.image_hit_rate:.1%}"
+    } for v, s in stats.items()]).set_index("cache key")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -602,22 +324,33 @@ def setup_table(tp_size: int, requests: int, image_pool: int, max_images: int):
 def your_setup(interactive: bool = False):
     """TP size and a request stream -> GPU-0 MiB before / after the fix and images the vision
     tower encodes (a static table; with ``interactive``, controls in JupyterLab)."""
+    controls = {
+        "tp_size": [2, 4, 8, 16], "requests": [50, 200, 1000], "image_pool": [8, 24, 100, 1000],
+        "max_images": [1, 2, 4, 8]
+    }
+    static = [{"tp_size": 8, "requests": 200, "image_pool": 24, "max_images": 4},
+              {"tp_size": 4, "requests": 200, "image_pool": 1000, "max_images": 1}]
     return notebook.explore(
-        setup_table, {
-            "tp_size": [2, 4, 8, 16], "requests": [50, 200, 1000], "image_pool": [8, 24, 100, 1000],
-            "max_images": [1, 2, 4, 8]
-        }, static=[{"tp_size": 8, "requests": 200, "image_pool": 24, "max_images": 4},
-                   {"tp_size": 4, "requests": 200, "image_pool": 1000, "max_images": 1}],
-        title="Your deployment: what the grid on cuda:0 and the bundled items cost",
-        interactive=interactive)
+        setup_table, controls, static=static, interactive=interactive,
+        title="Your deployment: what the grid on cuda:0 and the bundled items cost")
 
 
 # --------------------------------------------------------------------------------------------------
-# the real engine at TP 2 (data/recorded/engine_grid_thw/)
+# the real engine at TP 2 and TP 4 (data/recorded/engine_grid_thw/)
 # --------------------------------------------------------------------------------------------------
 def _tp_of(run) -> dict:
     """``{case: TP size}`` of each engine entry."""
     return {e["case"]: e["tp"] for e in run.manifest.engine_runs}
+
+
+def _run_tp(run) -> int:
+    return max(_tp_of(run).values(), default=1)
+
+
+def engine_gpus(run) -> int:
+    """The GPUs of the machine an engine run's engines saw (a TP-2 engine on a 4-GPU box sees
+    4)."""
+    return run.manifest.gpu_count_machine or run.manifest.gpu_count
 
 
 def engine_memory(run) -> pd.DataFrame:
@@ -650,14 +383,11 @@ def engine_gpu0(run) -> dict:
     return out
 
 
-def _run_tp(run) -> int:
-    return max(_tp_of(run).values(), default=1)
-
-
-def engine_gpus(run) -> int:
-    """The GPUs of the machine an engine run's engines saw (a TP-2 engine on a 4-GPU box sees
-    4)."""
-    return run.manifest.gpu_count_machine or run.manifest.gpu_count
+def engine_stray(run, case: str) -> tuple[int, float]:
+    """The (scheduler rank >= 1, GPU not its own) pairs holding memory in ``case``, and their MiB."""
+    m = engine_memory(run)
+    m = m[(m["case"] == case) & (m["rank"].fillna(0) >= 1) & (m["gpu"] != m["rank"]) & (m.MiB > 0)]
+    return len(m), float(m.MiB.sum())
 
 
 def gpus_held(run) -> dict:
@@ -682,50 +412,48 @@ def other_gpus(run) -> dict:
     return {r: o for r, g in before.items() if (o := [x for x in g if x not in (0, r)])}
 
 
-def gpu0_by_run(run) -> pd.DataFrame:
-    """GPU 0's total held by scheduler ranks ≥ 1, one row per recorded run (its TP size, machine
-    and date), one column per case: how the figure repeats between machines and days."""
-    rows = []
-    for r in sorted(run.shown, key=lambda r: (_run_tp(r), r.manifest.created_utc)):
-        on0 = engine_gpu0(r)
-        rows.append({
-            "TP": _run_tp(r), "run": engine_records.run_label(r),
-            **{case: sum(ranks.values())
-               for case, ranks in sorted(on0.items())}
-        })
-    return pd.DataFrame(rows).set_index(["TP", "run"]) if rows else pd.DataFrame()
+def engine_cells(run) -> pd.DataFrame:
+    """Every process × every GPU of one engine run, ``before`` (#22858 reverted) and ``after`` (as
+    released) MiB side by side (0 where NVML lists nothing), the main process first; ``stray``: a
+    scheduler rank holds memory on a GPU not its own before the fix."""
+    m = engine_memory(run).assign(case=lambda d: d["case"].replace({"released": "after"}))
+    m["process"] = [
+        f"rank {r:.0f}" if r == r and r is not None else "main (tokenizer)" for r in m["rank"]
+    ]
+    m["rank"] = m["rank"].fillna(-1).astype(int)
+    t = m.pivot_table(index=["rank", "process"], columns=["gpu", "case"], values="MiB",
+                      aggfunc="sum")
+    every = pd.MultiIndex.from_product([range(engine_gpus(run)), ["before", "after"]])
+    t = t.reindex(columns=every).fillna(0.0).stack(level=0, future_stack=True).reset_index()
+    t.columns = ["rank", "process", "gpu", "before", "after"]
+    t["stray"] = (t["rank"] >= 0) & (t.gpu != t["rank"]) & (t.before > 0)
+    return t
 
 
-def engine(run) -> None:
-    """SGLang's own engine at each recorded TP size fed one image: each process's memory on each
-    GPU (NVML, after the request) in the newest run of each TP size, 0.5.11 as released beside
-    #22858 reverted; then GPU 0's total held by ranks >= 1 in every run."""
-    if not run:
-        engine_view.planned(run, sglang.ENGINE)
-        return
-    newest = runs.newest_by(run.shown, key=_run_tp)
-    parts = []
-    for r in newest.values():
-        m = engine_memory(r)
-        parts.append(m.assign(TP=m["case"].map(_tp_of(r))))
-    mem = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-    engine_view.header(run, "Kimi-K2.5 tiny fed one image, TP " + " and ".join(map(str, newest)))
+def engine_tables(rs) -> None:
+    """The engine section's own table (``VIEW.extra``): each process's memory on each GPU in the
+    newest run of each TP size, released beside #22858 reverted; then, per run, the other GPUs
+    where a rank ≥ 1 held a context with the revert."""
+    newest = runs.newest_by(rs.shown, key=_run_tp)
+    mem = pd.concat([engine_memory(r).assign(TP=tp) for tp, r in newest.items()])
     if mem.empty:
         print("no process memory recorded")
         return
-    print("Each process's memory on each GPU, the newest run of each TP size (" + "; ".join(
-        f"TP {tp}: {engine_records.run_label(r)}" for tp, r in newest.items()) + "):")
+    print("Each process's memory on each GPU after the image request (MiB), the newest run of "
+          "each TP size (" + "; ".join(
+              f"TP {tp}: {engine_records.run_label(r)}" for tp, r in newest.items()) + "):")
     wide = mem.pivot_table(index=["TP", "case", "process"], columns="gpu", values="MiB",
-                           aggfunc="sum").fillna(0).round(0)
-    wide.columns = [f"GPU {c} (MiB)" for c in wide.columns]
-    notebook.show_table(notebook.as_counts(wide, wide.columns))  # NVML counts whole MiB
-    print("GPU 0 held by scheduler ranks ≥ 1 (MiB), every recorded run:")
-    gpu0 = gpu0_by_run(run)
-    notebook.show_table(notebook.as_counts(gpu0, gpu0.columns))
-    for r in run.shown:
-        extra = other_gpus(r)
-        if extra:
+                           aggfunc="sum").fillna(0)
+    wide.columns = [f"GPU {c}" for c in wide.columns]
+    notebook.show_table(text.counts(wide))  # NVML counts whole MiB
+    for r in rs.shown:
+        if extra := other_gpus(r):
             print(f"{engine_records.run_label(r)} (TP {_run_tp(r)} on {engine_gpus(r)} GPUs): with "
-                  "#22858 reverted, ranks ≥ 1 also hold a context on other GPUs than GPU 0 and "
+                  "#22858 reverted, ranks ≥ 1 also hold a context on GPUs other than GPU 0 and "
                   "their own: " + "; ".join(
                       f"TP{k} on GPU {', '.join(map(str, v))}" for k, v in extra.items()))
+
+
+VIEW = EngineView(
+    what="Kimi-K2.5 tiny fed one 448×448 image, 0.5.11 as released and with #22858's `.cpu()` "
+    "reverted, at TP 2 and TP 4", extra=engine_tables)

@@ -1,21 +1,11 @@
 """Kimi-K2.5's Hugging Face processor, made here, so that 05's real engine runs offline.
 
-SGLang's Kimi-K2.5 image path (``srt/multimodal/processors/kimi_k25.py``,
-``KimiK2_5VLImageProcessor`` and ``KimiGPUProcessorWrapper``) takes the processor that
-``get_processor(model_path)`` loads (Kimi's remote code on the Hub) and uses four things of it:
-
-- ``tokenizer``: to tokenize the prompt once the image token is expanded;
-- ``image_processor``: only type-checked;
-- ``media_processor.media_proc_cfg``: patch size, merge kernel, patch limits, mean and std;
-- on a machine without CUDA only: ``media_processor.media_tokens_calculator`` and ``__call__``.
-
-:func:`processor` builds exactly those from the model folder that ``sglab engine`` writes: its
-WordLevel tokenizer with Kimi's four media tokens at the ids below the config's
-``media_placeholder_token_id`` (``<|media_pad|>`` is that id), and Kimi-K2.5's ``media_proc_cfg``
-values (:mod:`sglab.grid_thw.rebuild`). :data:`PROCESSOR` is the harness adjustment that hands it to
-the release: its ``get_processor`` returns the stand-in for a ``kimi_k25`` folder and is unchanged
-for every other. The GPU preprocessing, the grid, its ``.cpu()`` and everything after are the
-release's own code.
+SGLang's Kimi-K2.5 image path uses four things of the processor ``get_processor`` loads (Kimi's
+remote code on the Hub): the ``tokenizer``, the ``image_processor`` (type-checked only), the
+``media_processor``'s ``media_proc_cfg`` and, without CUDA, its token calculator and ``__call__``.
+:func:`processor` builds those from the model folder ``sglab engine`` writes; :data:`PROCESSOR` is
+the harness adjustment that hands it to the release for a ``kimi_k25`` folder. The preprocessing,
+the grid and everything after are the release's own code.
 """
 
 from __future__ import annotations

@@ -1,38 +1,9 @@
 """``sglab`` on the command line.
 
-    sglab env                       GPUs, driver, tools found (NVML, cuda-bindings, nsight
-                                    backend, sglang)
-    sglab run [NOTEBOOK ...] [--timings [--record]]
-                                    execute notebooks headless → reports/ (executed .ipynb,
-                                    .html, index.html);
-                                    --timings: per-phase wall times → data/runs/workbook/
-                                    (--record: recorded/)
-    sglab record EXPERIMENT [--param k=v ...] [--recorded]
-                                    run an experiment live → data/runs/ (or data/recorded/ with
-                                    --recorded)
-    sglab sync [--check]            write each notebooks/NN_*.ipynb from its .py (or only check
-                                    the pairs)
-    sglab upstream [--root DIR]     which fixes the installed SGLang (or the source tree DIR)
-                                    contains
-    sglab upstream --releases [V..] the state of each fix in every release from 0.5.10, read
-                                    from the wheels
-    sglab index [--check]           rewrite (or check) the README's notebook index, the house
-                                    map and the engine ledger from the recorded runs and the tree
-    sglab workspace --trace FILE [--world-size W] [--hidden H]
-                                    your traffic (CSV or SGLang log) → workspace re-creations
-                                    per policy
-    sglab capture-sizes [--release V ...] [--model CONFIG.json] -- <SGLang server arguments>
-                                    capture sizes per release, refused sizes
-    sglab swa-cost CONFIG.json [--batch-size B]
-                                    your model's sliding-window layout → what the SWA location
-                                    preset saves
-    sglab verify [EXP|RUN.csv ...] [--all] [--live] [--against [REF]] [--junit FILE]
-                                    a verdict per claim on recorded, live or given runs (see
-                                    sglab.tools.verify)
-    sglab real install [--releases V ...]
-                                    install the pinned SGLang releases side by side under .sglang/
-    sglab engine --release V --model CONFIG.json [--tool bench|engine] [--record] [-- SERVER ARGS]
-                                    a release's real engine on this GPU: its decisions and latencies
+The notebooks: ``run`` (headless → reports/), ``sync`` (pair each notebook's .py and .ipynb, the
+edited half taken), ``record``, ``publish``, ``timings``. The evidence: ``verify``, ``upstream``,
+``index``, ``real``, ``engine``, ``env``. Your own setup: ``workspace``, ``capture-sizes``,
+``swa-cost``. ``sglab --help`` lists them, ``sglab COMMAND --help`` says what each argument means.
 """
 
 from __future__ import annotations
@@ -427,8 +398,10 @@ def _workbook_commands(sub) -> None:
     """env, run, record, sync: the commands that run the workbook and its experiments."""
     sub.add_parser("env", help="describe this machine").set_defaults(fn=cmd_env)
     p = sub.add_parser("run", help="execute notebooks headless and write reports/")
-    p.add_argument("notebooks", nargs="*",
-                   help="names or prefixes (01, 04_swa_loc); default: every notebook")
+    p.add_argument(
+        "notebooks", nargs="*",
+        help="names or prefixes (01, 04_swa_loc), or notebook files of your own "
+        "(path/to/mine.ipynb); default: every notebook of the workbook")
     p.add_argument("--out", help="the report folder (default reports/)")
     p.add_argument("--param", action="append", help="inject NAME=VALUE after the parameters cell")
     p.add_argument("--cell-timeout", type=int, default=900,

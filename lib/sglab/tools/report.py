@@ -487,15 +487,16 @@ def write_index(results, out: Path, env_rows: list[tuple[str, str]], live_times:
     inside); ``recorded``: {stem: :func:`recorded_facts`} read already (``quick``, a stopped run:
     the facts not read already are not read now, and those cards go without them). The notebooks
     of an earlier run into ``out`` that did not run now keep their cards (:func:`earlier_entries`),
-    marked with the time they ran."""
+    marked with the time they ran; each entry's ``run_utc`` names the run that ran it."""
     live_times = timings.live_times() if live_times is None else live_times
     ran_at = datetime.now(timezone.utc)
     now = ran_at.strftime("%Y-%m-%d %H:%M UTC")
+    run = ran_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # the same for every notebook this run ran
     n_ok = sum(r.status == "ok" for r in results)
     entries = [(r, {
         "notebook": r.path.name, "status": r.status, "mode": r.mode, "seconds": round(r.seconds, 1),
         "live_time": live_times.get(r.path.stem, timings.NOT_RECORDED), "error": r.error[-2000:],
-        "ran_utc": _stamp(r.started) if r.started else now
+        "ran_utc": _stamp(r.started) if r.started else now, "run_utc": run
     }, "") for r in results]
     earlier = earlier_entries(out, {r.path.name for r in results})
     if earlier:

@@ -171,7 +171,8 @@ MACHINE_KEYS = ("gpu_name", "gpu_count", "gpu_count_machine", "gpu_memory_mib", 
 
 def from_reports(reports, runs_root) -> tuple[list, dict]:
     """The results of notebooks executed on another machine (``sglab run --out REPORTS`` there),
-    read back from REPORTS' executed notebooks and ``index.json``, and that machine's manifest
+    read back from REPORTS' executed notebooks and ``index.json`` (the entries of the run that
+    wrote it, not those kept from earlier runs into the folder), and that machine's manifest
     fields, taken from the live runs the notebooks wrote (copied to ``runs_root``, one folder per
     experiment). ValueError when a notebook is missing, or when the live runs disagree on the
     machine or name none."""
@@ -188,8 +189,11 @@ def from_reports(reports, runs_root) -> tuple[list, dict]:
         index = json.loads((reports / "index.json").read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"{reports}: no readable index.json ({e})") from None
+    # the notebooks of the run that wrote the index: not those it kept from earlier runs into the
+    # folder (an index from before entries named their run: all of them)
+    this_run = max((e.get("run_utc") or "" for e in index), default="")
     results = []
-    for entry in index:
+    for entry in (e for e in index if e.get("run_utc", "") == this_run):
         path = reports / entry["notebook"]
         if not path.exists():
             raise ValueError(f"{path}: listed in index.json but not there")
