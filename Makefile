@@ -105,7 +105,7 @@ HUNK_WHEELS := $(SGLANG_HOME)/wheels/.sglab-hunk-windows
 $(HUNK_WHEELS): $(STAMP) $(wildcard data/upstream/*/pr*.json)
 	@echo "set-up: hunk wheels: the released wheels of each committed hunk's window" \
 	  "($(SGLANG_HOME)/wheels/)"
-	@$(BIN)/python -m sglab.sglang.testing && touch $@ || \
+	@$(BIN)/python -m tests.sglang_answers && touch $@ || \
 	  echo "warning: the hunk windows' wheels are not all cached (see above)" >&2
 
 workbook: $(STAMP) $(SGLANG_STAMPS)

@@ -2,7 +2,7 @@
 # Build .whl-engine/ (git-ignored): per-release bundles that start a real SGLang engine on the GPU
 # image (Python 3.12, torch 2.11.0+cu130, triton 3.6, transformers 5.17) offline, small enough that
 # two releases travel together in one 64 MiB carry. Layers are tar.xz of installed files, unpacked
-# side by side on the GPU box by scripts/engine_gpu.sh (file selection: sglab.sglang.wheelhouse):
+# side by side on the GPU box by scripts/engine_gpu.sh (file selection: scripts/engine_bundle.py):
 #   release-<V>.tar.xz       sglang <V> without its .so files, the slim sglang-kernel it pins
 #                            (Python files, the sm90 build, the small op libraries), FlashInfer's
 #                            Python files and its norm kernel's JIT sources (FLASHINFER_FULL=1:
@@ -22,7 +22,7 @@ releases=${RELEASES:-0.5.11 0.5.12.post1 0.5.13}
 py=${PYTHON:-python3}
 if [ -x .venv/bin/python ]; then py=.venv/bin/python; fi
 export PYTHONPATH="$PWD/lib${PYTHONPATH:+:$PYTHONPATH}"
-wh() { "$py" -m sglab.sglang.wheelhouse "$@"; }
+wh() { "$py" scripts/engine_bundle.py "$@"; }
 dl_dir="$dest/downloads"          # kept between builds: sglang-kernel wheels are ~320 MB each
 mkdir -p "$dl_dir"
 tmp=$(mktemp -d)

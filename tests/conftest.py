@@ -1,23 +1,16 @@
-"""Markers: ``gpu`` tests skip without CUDA; ``gpus(n)`` tests skip with fewer than n GPUs.
-
-Real releases: a test module that asks the installed releases live names its calls in ``REAL_CALLS``
-(a fix's name stands for its notebook's call, the fix record's probe; else ``(probe, params,
-releases)``). The session answers all the calls of the collected modules with one worker per
-release, run by the first process that needs an answer and read by the others (xdist workers) from a
-folder they share (:mod:`sglab.sglang.runner`). That folder is kept under ``.sglang/answers``, keyed
-by the releases and the calls (:func:`~sglab.sglang.runner.answers_folder`), and its answers are
-kept while the package files they ran are unchanged, so a second ``make test`` after an edit
-elsewhere reads them; ``SGLAB_FRESH_ANSWERS=1`` runs them again.
+"""Markers: ``gpu`` tests skip without CUDA; ``gpus(n)`` tests skip with fewer than n GPUs. Real
+releases in tests (``REAL_CALLS``, ``require``, the session's answers): :mod:`tests.sglang_answers`.
 """
 
 import os
+import sys
 
 import pytest
 
 from sglab.core import bytecode
-from sglab.sglang import runner
-from sglab.tools import fixes
 
+
+pytest_plugins = ["tests.sglang_answers"]
 
 bytecode.enable()  # every worker and subprocess below keeps its bytecode (see sglab.core.bytecode)
 os.environ.setdefault("MPLBACKEND", "Agg")
@@ -25,6 +18,11 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # themselves
 os.environ.setdefault("SGLAB_REAL", "live")
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+
+def pytest_configure(config):
+    # the old name of the real-release helpers, for test modules that still import them by it
+    sys.modules.setdefault("sglab.sglang.testing", sys.modules["tests.sglang_answers"])
 
 
 def _cuda_count() -> int:
@@ -64,41 +62,6 @@ def data_root(tmp_path, monkeypatch):
         (tmp_path / k).mkdir()
     monkeypatch.setenv("SGLAB_DATA", str(tmp_path))
     return tmp_path
-
-
-def _real_calls(items) -> list:
-    """The ``REAL_CALLS`` of the modules of ``items``, each call once, in collection order."""
-    calls, seen = [], set()
-    for module in dict.fromkeys(item.module for item in items if getattr(item, "module", None)):
-        for entry in getattr(module, "REAL_CALLS", ()):
-            if isinstance(entry, str):
-                p = fixes.get(entry).probe
-                entry = (p.fn, p.resolved_params(), p.releases)
-            probe, params, releases = entry
-            for v in releases:
-                if (v, runner.call_key(probe, params)) not in seen:
-                    seen.add((v, runner.call_key(probe, params)))
-                    calls.append((probe, params, (v,)))
-    return calls
-
-
-@pytest.fixture(scope="session", autouse=True)
-def real_session(request, tmp_path_factory):
-    """Name this session's real-release calls in a folder all its processes share (the xdist
-    workers' common base folder), so that each release runs once for all of them; nothing runs until
-    a test needs an answer."""
-    calls = _real_calls(request.session.items)
-    if not calls:
-        yield None
-        return
-    if os.environ.get("SGLAB_FRESH_ANSWERS") == "1":  # run the releases again, whatever is kept
-        base = tmp_path_factory.getbasetemp()
-        shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "real-answers"
-    else:  # the answers of an earlier session with the same code, releases and calls
-        shared = runner.answers_folder(calls)
-    folder = runner.start_session(shared, calls)
-    yield folder
-    os.environ.pop(runner.SESSION_ENV, None)
 
 
 @pytest.fixture(autouse=True)

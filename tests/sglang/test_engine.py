@@ -13,7 +13,8 @@ import pytest
 
 from sglab.sglang import engine as eng
 from sglab.tools import fixes
-from sglab.sglang import testing
+from sglab.sglang.releases import release_installed
+from tests.sglang_answers import package
 
 
 pytestmark = pytest.mark.long(23)
@@ -24,7 +25,7 @@ LLAMA = MODELS / "llama_32x512" / "config.json"
 
 
 def _pkg(v: str) -> Path:
-    return testing.package(v)
+    return package(v)
 
 
 # -- arguments -------------------------------------------------------------------------------------
@@ -768,7 +769,7 @@ def test_scenarios_build_their_specs():
     assert len(kimi) - len(timed) == len(by) - 2  # one launch pass per variant but the A/A copy
     # the scenario names no adjustment: sglab engine adds the model's where the release needs it
     assert not by["0.5.12.post1+enforce"].adjustments and not by["0.5.13+enforce"].adjustments
-    if testing.release_installed("0.5.12.post1") and testing.release_installed("0.5.13"):
+    if release_installed("0.5.12.post1") and release_installed("0.5.13"):
         need = {
             v: [a.name for a in eng.with_model_needs(s, lambda _: None).adjustments]
             for v, s in by.items() if v.endswith("+enforce")
@@ -799,7 +800,7 @@ def test_scenarios_build_their_specs():
 def test_multi_gpu_scenarios_build_arguments_each_release_accepts(tmp_path, name):
     sc = fixes.scenario(name)
     for spec in sc.specs():
-        if not testing.release_installed(spec.release):
+        if not release_installed(spec.release):
             continue
         prep = eng.prepare(spec, tmp_path / spec.variant, check=False)
         if sc.gpus > 1:

@@ -1,17 +1,21 @@
-"""The engine bundles' file selection (sglab.sglang.wheelhouse) on small stand-in wheels, and the
+"""The engine bundles' file selection (scripts/engine_bundle.py) on small stand-in wheels, and the
 size check."""
 
 from __future__ import annotations
 
 import json
 import lzma
+import subprocess
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from sglab.sglang import wheelhouse as wh
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import engine_bundle as wh  # noqa: E402
 
 
 pytestmark = pytest.mark.long(60)
@@ -182,6 +186,13 @@ def test_size_check_fails_when_two_releases_do_not_fit(tmp_path):
     assert "sglang A: 31.0 MiB (release-A.tar.xz + transformers-1.tar.xz + common.tar.xz)" in lines
     lines, ok = wh.check_bundles(tmp_path, 50)
     assert not ok and any("DOES NOT FIT" in ln for ln in lines)
+
+
+def test_the_bundle_script_runs_as_the_shell_script_calls_it():
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.run([sys.executable, "scripts/engine_bundle.py", "skip"], cwd=root,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.split() == ["jedi", "parso"], p.stderr
 
 
 def test_the_script_names_the_pieces_and_the_limit():

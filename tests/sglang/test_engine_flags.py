@@ -8,7 +8,7 @@ import pytest
 
 from sglab.capture_sizes import sglang as cs
 from sglab.sglang import engine as eng
-from sglab.sglang import testing
+from tests.sglang_answers import package
 from sglab.sglang.engine.release import check_flags
 
 
@@ -20,7 +20,7 @@ RELEASES = ("0.5.11", "0.5.23")
 
 
 def _flags(v: str) -> set[str]:
-    return eng.release_flags(testing.package(v), "engine")
+    return eng.release_flags(package(v), "engine")
 
 
 def test_the_no_form_of_a_boolean_optional_flag_is_accepted_and_of_a_plain_switch_is_not():
@@ -58,7 +58,7 @@ def test_every_no_form_read_from_a_source_is_one_its_release_parses():
     """Each release's own parser (``ServerArgs.add_cli_args``) is given every ``--no-X`` either
     release's source declares: it parses exactly those its own source declares."""
     for v in RELEASES:
-        testing.package(v)
+        package(v)
     declared = {v: {f for f in _flags(v) if f.startswith("--no-")} for v in RELEASES}
     asked = sorted(set().union(*declared.values()))
     assert len(declared["0.5.11"]) >= 2 and len(declared["0.5.23"]) >= 10

@@ -84,7 +84,7 @@ def test_symbols_new_in_the_pr_are_marked_absent_before():
 
 def test_hunks_match_the_cached_wheels():
     """Where the wheel cache holds both releases of a window, rebuild the hunk from them: same
-    files. `make test` fetches them (``sglab.sglang.testing.fetch_hunk_wheels``), so in CI every
+    files. `make test` fetches them (``tests.sglang_answers.fetch_hunk_wheels``), so in CI every
     hunk is rebuilt."""
     import os
 
@@ -106,9 +106,9 @@ def test_hunks_match_the_cached_wheels():
 
 
 def test_the_wheels_fetched_for_the_hunks_are_the_windows_releases():
-    from sglab.sglang import testing
+    from tests import sglang_answers
 
-    assert testing.hunk_versions() == sorted({
+    assert sglang_answers.hunk_versions() == sorted({
         v
         for fix, spec in SPECS
         for v in (H.load(fix, spec.pr).before_version, H.load(fix, spec.pr).after_version)

@@ -1,5 +1,4 @@
-"""One worker per release answers many calls (:mod:`sglab.sglang.runner`), and a test session runs
-its calls once for all of its processes.
+"""One worker per release answers many calls (:mod:`sglab.sglang.runner`).
 
 The release here is a stand-in (``9.9.9``: an empty ``sglang`` package with a few probes beside it,
 in a temporary ``$SGLAB_SGLANG_HOME``), so a worker costs a Python start-up and shims, not SGLang.
@@ -67,7 +66,7 @@ def fake_home(tmp_path, monkeypatch):
     deps.mkdir(parents=True)
     (deps / releases.STAMP).write_text("{}")
     monkeypatch.setenv("SGLAB_SGLANG_HOME", str(home))
-    monkeypatch.delenv(runner.SESSION_ENV, raising=False)  # this session's answers are not these
+    monkeypatch.setattr(runner, "shared_answers", None)  # this session's answers are not these
     return home
 
 
@@ -188,58 +187,6 @@ def test_run_batch_asks_each_release_once(fake_home, spawned):
     assert [r.status for r in got["0.5.9"].values()] == ["not-run"]
 
 
-# -- a test session's answers ----------------------------------------------------------------------
-def test_the_session_runs_its_calls_once_and_then_answers_from_them(fake_home, tmp_path, spawned):
-    folder = runner.start_session(tmp_path / "session", [(PID, {"tag": 1}, [RELEASE]),
-                                                         (PID, {"tag": 2}, [RELEASE])])
-    assert os.environ[runner.SESSION_ENV] == str(folder)
-    assert spawned == []  # nothing runs until it is needed
-    first = _live({"tag": 2})
-    assert len(spawned) == 1 and first.ok and not first.recorded  # both calls, one worker: live
-    again = _live({"tag": 1})
-    assert len(spawned) == 1 and again.ok and _pid(again) == _pid(first)  # no worker started
-    rec = store.newest(root=folder)  # a recording, as store reads one
-    assert rec.lookup(RELEASE, PID, {"tag": 1}).ok and rec.sglang_home == str(fake_home.resolve())
-    other = _live({"tag": 3})
-    assert len(spawned) == 2 and other.ok  # not named: run when asked
-
-
-def test_the_session_keeps_no_answer_that_a_crash_cut_short(fake_home, tmp_path, spawned):
-    """A call left unanswered by another call's crash is run again when asked, not served as an
-    error."""
-    folder = runner.start_session(tmp_path / "session", [(LEAVE, None, [RELEASE]),
-                                                         (PID, {"tag": 1}, [RELEASE])])
-    assert _live({"tag": 1}).ok and len(spawned) == 2  # the session's worker died, then this call
-    assert store.newest(root=folder) is None  # nothing the worker answered itself to keep
-    assert _live({"tag": 1}).ok and len(spawned) == 3  # the session's calls are not run again
-
-
-def test_a_session_of_other_releases_is_not_used(fake_home, tmp_path, spawned, monkeypatch):
-    runner.start_session(tmp_path / "session", [(PID, {"tag": 1}, [RELEASE])])
-    monkeypatch.setenv("SGLAB_SGLANG_HOME", str(tmp_path / "elsewhere"))
-    r = _live({"tag": 1})
-    assert r.status == "not-run" and "not installed" in r.reason and spawned == []
-    assert runner.session_answers() is None
-
-
-def test_the_session_is_one_run_for_every_process(fake_home, tmp_path):
-    """Two processes of one session ask at once: one runs the worker, the other waits on the lock,
-    then reads the same answer."""
-    folder = runner.start_session(tmp_path / "session", [(PID, {"tag": 1}, [RELEASE])])
-    code = ("import json; from sglab.sglang import runner; "
-            f"(r,) = runner.run_probes([{RELEASE!r}], {PID!r}, {{'tag': 1}}).values(); "
-            "print(json.dumps([r.status, int(r.rows.value.iloc[0])]))")
-    env = {**releases.worker_env(), runner.SESSION_ENV: str(folder), "SGLAB_REAL": "live"}
-    procs = [
-        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)
-    ]
-    outs = [p.communicate(timeout=180) for p in procs]
-    answers = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
-    assert answers[0] == answers[1] and answers[0][0] == "ok", outs
-    assert len(list((Path(folder) / store.EXPERIMENT).glob("*.csv"))) == 1
-
-
 def test_the_committed_recording_still_answers_every_notebook_call():
     """The notebooks' recorded mode reads data/recorded/real_cpu/ through the same store."""
     from sglab.tools.real_record import calls
@@ -280,47 +227,6 @@ def test_record_asks_each_release_once_for_all_its_calls(data_root, monkeypatch)
     assert rec.path == path
     for probe, params, names in real_record.calls():
         assert all(rec.lookup(v, probe, params).ok for v in names), probe
-
-
-def test_a_later_session_reads_the_answers_of_the_same_releases_and_calls(fake_home):
-    """The answers folder is the same for the same calls and install stamps, another for other
-    calls or a re-installed release, and only the newest few folders are kept."""
-    calls = [(PID, {"tag": 1}, [RELEASE])]
-    first = runner.answers_folder(calls)
-    assert runner.answers_folder(calls) == first
-    assert runner.answers_folder([(PID, {"tag": 2}, [RELEASE])]) != first
-    stamp = Path(os.environ["SGLAB_SGLANG_HOME"]) / "releases" / RELEASE / releases.STAMP
-    stamp.write_text('{"again": 1}')
-    assert runner.answers_folder(calls) != first
-    for i in range(runner.KEPT_ANSWERS + 3):
-        runner.answers_folder([(PID, {"tag": i}, [RELEASE])]).mkdir(parents=True)
-    runner.answers_folder(calls)
-    kept = list((Path(os.environ["SGLAB_SGLANG_HOME"]) / "answers").iterdir())
-    assert len(kept) == runner.KEPT_ANSWERS - 1
-
-
-def test_a_later_session_runs_the_answers_again_once_code_they_ran_changed(
-        fake_home, tmp_path, spawned):
-    """The session's answers keep the digest of every package file their worker had imported: a
-    later session reads them while those files are unchanged (a file they never ran, such as a
-    notebook's tables, does not count) and asks the release again once one of them changed."""
-    calls = [(PID, {"tag": 1}, [RELEASE])]
-    folder = runner.start_session(tmp_path / "session", calls)
-    first = _live({"tag": 1})
-    assert len(spawned) == 1
-    ran = json.loads((folder / runner.SESSION_CODE).read_text())
-    assert {"sglang/runner.py", "sglang/bootstrap.py"} <= set(ran)
-    assert "pcg_gate/show.py" not in ran and all(len(d) == 64 for d in ran.values())
-
-    runner.start_session(folder, calls)  # a later session, nothing changed
-    assert _pid(_live({"tag": 1})) == _pid(first) and len(spawned) == 1
-
-    ran["sglang/bootstrap.py"] = "0" * 64  # as if bootstrap.py had been edited since
-    (folder / runner.SESSION_CODE).write_text(json.dumps(ran))
-    runner.start_session(folder, calls)
-    again = _live({"tag": 1})
-    assert len(spawned) == 2 and _pid(again) != _pid(first)
-    assert json.loads((folder / runner.SESSION_CODE).read_text())["sglang/bootstrap.py"] != "0" * 64
 
 
 def test_progress_names_answers_found_in_a_recording(monkeypatch):

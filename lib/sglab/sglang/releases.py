@@ -167,18 +167,12 @@ def installed_releases() -> list[str]:
     return sorted(found, key=parse_version)
 
 
-# -- the environment of a worker subprocess
-SESSION_ENV = "SGLAB_REAL_SESSION"  # a test session's shared answer folder (runner.start_session)
-
-
 def worker_env() -> dict:
     """The caller's environment, with this package importable in the child whether or not it is
-    installed. A worker never reads a test session's answers (its parent may hold their lock while
-    it waits)."""
+    installed."""
     env = dict(os.environ)
     lib = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = lib + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("NCCL_NVLS_ENABLE", "0")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.pop(SESSION_ENV, None)
     return env

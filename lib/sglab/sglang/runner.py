@@ -1,34 +1,16 @@
-"""Run probes against real SGLang releases, one worker subprocess per release: :func:`run_release`,
-:func:`run_batch`, :func:`run_probes`, :func:`run_probe`.
-
-Why a subprocess: a release is a whole ``sglang`` package plus shims installed into ``sys.modules``;
-two releases cannot share a process, and the caller's process (a notebook, pytest) must never import
-either. Why one worker per release for many calls: a worker spends about 7 s importing SGLang on the
-two-core box and a probe a fraction of that, so a worker prepares its release once
-(:func:`sglab.sglang.bootstrap.prepare`) and answers every call asked of it in turn; a probe that
-raises spoils its own answer only. Every worker runs in its own session; when one call takes longer
-than the timeout, the whole process group is killed, so nothing is left behind, and every call the
-worker had not answered is an error that says why.
-
-Where an answer comes from is ``source`` or ``$SGLAB_REAL`` (:mod:`sglab.sglang.store`):
-``recorded`` never runs a release, ``auto`` prefers the committed recording, and ``live`` means the
-installed releases answered in this process or in this test session. A test session
-(``tests/conftest.py``) names a folder shared by its processes in ``$SGLAB_REAL_SESSION`` and the
-calls its test modules will ask (:func:`start_session`); the first process that needs a live answer
-runs all of them, one worker per release, and writes them there as a recording, under a file lock
-that the session's other processes wait on before they read it (:func:`session_answers`). A call the
-session did not name is run when asked.
+"""Run probes against real SGLang releases, one worker subprocess per release (two cannot share a
+process, and the caller must never import one): a worker imports its release once and answers every
+call asked of it in turn; one call past its timeout kills the worker's whole process group. Where an
+answer comes from is ``source`` or ``$SGLAB_REAL`` (:mod:`sglab.sglang.store`); a test session's
+answers come through :data:`shared_answers`.
 """
 
 from __future__ import annotations
 
 import argparse
-import fcntl
 import importlib
 import json
 import logging
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,21 +24,13 @@ from typing import Callable, Iterable, Optional
 from sglab.core import procs
 from sglab.sglang import store
 from sglab.sglang.store import ProbeResult, frame
-from sglab.sglang.releases import (
-    SESSION_ENV,
-    STAMP,
-    dep_set,
-    deps_dir,
-    home,
-    parse_version,
-    release_dir,
-    release_installed,
-    worker_env,
-)
+from sglab.sglang.releases import parse_version, release_installed, worker_env
 
 
 DEFAULT_TIMEOUT_S = 300.0
 POLL_S = 0.2  # how often a waiting parent looks at its worker's answers
+# answers a test session has run already, where one keeps them (tests/sglang_answers.py sets it)
+shared_answers: Optional[Callable[[], Optional[store.Recording]]] = None
 
 
 def call_key(probe: str, params: Optional[dict]) -> tuple[str, str]:
@@ -154,7 +128,7 @@ def _run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]],
         code, err = _spawn(cmd, timeout, progress=lambda: out.stat().st_size if out.exists() else 0)
         ended, answers = time.time(), _read_answers(out)
     for data in answers.values():
-        _code_ran.update(data.get("code", ()))
+        code_loaded.update(data.get("code", ()))
     results: dict[tuple[str, str], ProbeResult] = {}
     last, running = started, None
     for i, (key, (probe, _)) in enumerate(todo.items()):
@@ -211,13 +185,19 @@ def _run_batch(calls, jobs: int, timeout: float, progress=None) -> dict[str, tup
 
 
 def run_batch(calls: Iterable[tuple[str, Optional[dict], Iterable[str]]], *, jobs: int = 2,
-              timeout: float = DEFAULT_TIMEOUT_S,
-              progress: Optional[Callable[[str, dict], None]] = None) -> dict[str, dict]:
+              timeout: float = DEFAULT_TIMEOUT_S, progress: Optional[Callable[[str, dict],
+                                                                              None]] = None,
+              answered_only: bool = False) -> dict[str, dict]:
     """Every ``(probe, params, releases)`` of ``calls``, each release asked once
     (:func:`run_release`) for all the calls that name it, ``jobs`` workers at a time: ``{release:
     {(probe, params key): result}}``, releases in the order first named. ``progress(release,
-    results)`` is called as each release finishes."""
-    return {v: results for v, (results, _) in _run_batch(calls, jobs, timeout, progress).items()}
+    results)`` is called as each release finishes. ``answered_only``: leave out the calls a worker
+    did not answer itself (killed, or cut short by another call's crash)."""
+    return {
+        v: {k: r
+            for k, r in results.items() if not answered_only or k in answered}
+        for v, (results, answered) in _run_batch(calls, jobs, timeout, progress).items()
+    }
 
 
 def run_probe(release: str, probe: str, params: Optional[dict] = None, *,
@@ -239,7 +219,7 @@ def run_probes(
 
     ``source`` (default ``$SGLAB_REAL``, else ``auto``): ``auto`` takes an answer from the newest
     recording where it holds it; ``recorded`` never runs a release (:mod:`sglab.sglang.store`);
-    otherwise an answer is this test session's where it holds the call (:func:`session_answers`),
+    otherwise an answer is this test session's where it holds the call (:data:`shared_answers`),
     else a worker is started for the release now, ``jobs`` at a time."""
     releases, src = list(releases), store.source(source)
     found: dict[str, ProbeResult] = {}
@@ -254,8 +234,8 @@ def run_probes(
                     v, probe, "not-run", frame(v, probe, []),
                     reason=f"sglang {v}: {probe} with these parameters is not in the recording")
     todo = [v for v in releases if v not in found]
-    if todo and any(release_installed(v) for v in todo):
-        session = session_answers()
+    if todo and shared_answers is not None and any(release_installed(v) for v in todo):
+        session = shared_answers()
         for v in todo:
             hit = session.lookup(v, probe, params) if session is not None else None
             if hit is not None and release_installed(v):
@@ -275,49 +255,8 @@ def run_probes(
     return {v: found[v] for v in releases}
 
 
-# --------------------------------------------------------------------------------------------------
-# a test session's answers: one run of each release for every call its test modules name
-# --------------------------------------------------------------------------------------------------
-SESSION_CALLS = "calls.json"  # {"sglang_home", "calls": [{"probe", "params", "releases"}]}
-SESSION_DONE = "answered"  # written once the session's calls were run (even if none could be)
-SESSION_LOCK = "lock"
-
-
-def _locked(folder: Path):
-    lock = open(folder / SESSION_LOCK, "a+")
-    fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released when the file is closed
-    return lock
-
-
-def start_session(folder: Path, calls: Iterable[tuple[str, Optional[dict], Iterable[str]]]) -> Path:
-    """Make ``folder`` (shared by every process of one test session) the place of the session's
-    answers to ``calls`` (``(probe, params, releases)``) and point ``$SGLAB_REAL_SESSION`` at it.
-    Nothing runs here; the first process to write the list of calls wins (the others name the same
-    calls)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    with _locked(folder):
-        if (folder / SESSION_DONE).exists() and not _code_unchanged(folder):
-            # answers of code that has changed since: asked again when a test needs them
-            for name in (SESSION_DONE, SESSION_CODE):
-                (folder / name).unlink(missing_ok=True)
-            shutil.rmtree(folder / store.EXPERIMENT, ignore_errors=True)
-        if not (folder / SESSION_CALLS).exists():
-            asked = [{"probe": p, "params": prm, "releases": list(vs)} for p, prm, vs in calls]
-            tmp = folder / f".{SESSION_CALLS}.tmp"
-            tmp.write_text(
-                json.dumps({"sglang_home": str(home().resolve()), "calls": asked}, default=str))
-            tmp.replace(folder / SESSION_CALLS)
-    os.environ[SESSION_ENV] = str(folder)
-    return folder
-
-
-KEPT_ANSWERS = 4  # answer folders kept under .sglang/answers (the newest)
-SESSION_CODE = "code.json"  # {file of this package the answers ran: its sha256}
 PACKAGE = Path(__file__).resolve().parents[1]
-# what the session's answers always pass through in this process: reading and storing them
-_PARENT_CODE = ("sglang/runner.py", "sglang/store.py", "core/runs.py")
-_code_ran: set = set()  # the package files the workers of this process reported (loaded_code)
+code_loaded: set = set()  # the package files the workers of this process reported (loaded_code)
 
 
 def loaded_code() -> list[str]:
@@ -329,94 +268,6 @@ def loaded_code() -> list[str]:
         if f and Path(f).resolve().is_relative_to(PACKAGE):
             out.add(Path(f).resolve().relative_to(PACKAGE).as_posix())
     return sorted(out)
-
-
-def _digests(names: Iterable[str]) -> dict:
-    import hashlib
-
-    return {
-        n: hashlib.sha256((PACKAGE / n).read_bytes()).hexdigest() if (PACKAGE / n).is_file() else ""
-        for n in sorted(names)
-    }
-
-
-def _code_unchanged(folder: Path) -> bool:
-    """Whether every package file that a session's answers ran is as it was then."""
-    try:
-        ran = json.loads((folder / SESSION_CODE).read_text())
-    except (OSError, ValueError):
-        return False
-    return bool(ran) and _digests(ran) == ran
-
-
-def answers_folder(calls: Iterable[tuple[str, Optional[dict], Iterable[str]]]) -> Path:
-    """Where a test session keeps its answers to ``calls``: ``.sglang/answers/<key>``, the key
-    a digest of the calls, the interpreter and each release's and its dependency set's install
-    stamps. A later session with the same key reads the answers instead of starting six releases
-    again, while the files of this package that the answers ran are unchanged
-    (:func:`start_session` checks them, ``code.json``): an edit elsewhere (a notebook's tables, a
-    claim) keeps them. Any change to the releases or the calls makes a new folder (the oldest
-    beyond :data:`KEPT_ANSWERS` are removed)."""
-    import hashlib
-
-    calls = [(p, prm, list(vs)) for p, prm, vs in calls]
-    h = hashlib.sha256(
-        json.dumps([[p, store.params_key(p, prm), vs] for p, prm, vs in calls],
-                   sort_keys=True).encode())
-    h.update(sys.version.encode() + str(home().resolve()).encode())
-    for v in sorted({v for _, _, vs in calls for v in vs}):
-        for stamp in (release_dir(v) / STAMP, deps_dir(dep_set(v)) / STAMP):
-            h.update(stamp.read_bytes() if stamp.exists() else b"-")
-    root = home() / "answers"
-    folder = root / h.hexdigest()[:16]
-    old = sorted((d for d in root.glob("*") if d.is_dir() and d != folder),
-                 key=lambda d: d.stat().st_mtime)
-    for d in old[:max(0, len(old) - (KEPT_ANSWERS - 1))]:
-        shutil.rmtree(d, ignore_errors=True)
-    return folder
-
-
-def _answer_session(folder: Path, asked: list[dict]) -> None:
-    """Run every call of the session, one worker per release, two at a time (the box has two cores);
-    write what the workers answered (never a call cut short by a kill or a crash) as a recording in
-    ``folder``."""
-    calls = [
-        (c["probe"], c["params"], [v for v in c["releases"] if release_installed(v)]) for c in asked
-    ]
-    _code_ran.clear()
-    done = _run_batch(calls, 2, DEFAULT_TIMEOUT_S)
-    answers: dict[tuple[str, str], tuple[str, Optional[dict], dict]] = {}
-    for probe, params, releases in calls:
-        key = call_key(probe, params)
-        _, _, per_release = answers.setdefault(key, (probe, params, {}))
-        for v in releases:
-            results, answered = done[v]
-            if key in answered:
-                per_release[v] = results[key]
-    kept = [a for a in answers.values() if a[2]]
-    if kept:
-        store.write(kept, root=folder, extra={"sglang_home": str(home().resolve())})
-    ran = _digests(_code_ran | set(_PARENT_CODE))
-    (folder / SESSION_CODE).write_text(json.dumps(ran, indent=0) + "\n")
-    (folder / SESSION_DONE).write_text(f"{len(kept)} calls answered\n")
-
-
-def session_answers() -> Optional[store.Recording]:
-    """This test session's answers (``$SGLAB_REAL_SESSION``, :func:`start_session`), run first if no
-    process of the session has run them yet; the session's other processes wait on the lock
-    meanwhile. None outside a test session, and where this process uses other releases than the
-    session (``$SGLAB_SGLANG_HOME``)."""
-    folder = os.environ.get(SESSION_ENV)
-    if not folder or not (Path(folder) / SESSION_CALLS).exists():
-        return None
-    folder = Path(folder)
-    session = json.loads((folder / SESSION_CALLS).read_text())
-    if session["sglang_home"] != str(home().resolve()):
-        return None
-    with _locked(folder):
-        if not (folder / SESSION_DONE).exists():
-            _answer_session(folder, session["calls"])
-    return store.newest(root=folder)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ release, the machine and git sha in the manifest) with every
 :class:`~sglab.sglang.runner.ProbeResult` in its ``results`` sidecar. ``sglab real record`` writes
 one; the real-release tests check that it still equals what the installed releases answer. A test
 session keeps the answers it ran in the same format, in a folder of its own
-(:func:`sglab.sglang.runner.session_answers`).
+(``tests/sglang_answers.py``).
 
 Where answers come from, per call of :func:`sglab.sglang.runner.run_probes`, is ``source`` or
 ``$SGLAB_REAL``: ``auto`` (default) the newest recording where it holds this probe, parameters and

@@ -2,11 +2,11 @@
 real engine of one release needs on the GPU image, as installed trees packed into ``tar.xz`` layers
 that are unpacked side by side into one folder (no pip on the GPU box):
 
-    python -m sglab.sglang.wheelhouse engine-pins WHEEL            the release's ``==`` pins
-    python -m sglab.sglang.wheelhouse engine-deps [--no-deps]      the light dependencies
-    python -m sglab.sglang.wheelhouse engine-layer OUT.tar.xz KIND:WHEEL ...   one layer
-    python -m sglab.sglang.wheelhouse engine-check DIR [--pair-limit MIB]      sizes; do two fit?
-    python -m sglab.sglang.wheelhouse skip                         what the carry leaves out
+    python scripts/engine_bundle.py engine-pins WHEEL                      the release's ``==`` pins
+    python scripts/engine_bundle.py engine-deps [--no-deps]                the light dependencies
+    python scripts/engine_bundle.py engine-layer OUT.tar.xz KIND:WHEEL ... one layer
+    python scripts/engine_bundle.py engine-check DIR [--pair-limit MIB]    sizes; do two fit?
+    python scripts/engine_bundle.py skip                                   left out of the carry
 
 Layers: ``release-<V>`` (the sglang wheel without its ``.so`` files, the slim sglang-kernel,
 FlashInfer's Python files and the JIT sources its norm kernel needs), ``transformers-<T>`` (the
@@ -189,7 +189,7 @@ def check_bundles(folder: Path, pair_limit_mib: float = PAIR_LIMIT_MIB) -> tuple
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sglab.sglang.wheelhouse")
+    ap = argparse.ArgumentParser(prog="python scripts/engine_bundle.py")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("skip")
     p = sub.add_parser("engine-pins")
