@@ -35,6 +35,7 @@ from sglab.core.notebook import Workbook, card, reveal, show_figure, verdict
 from sglab.sglang import codepath
 from sglab.swa_loc import claims, measure, rebuild, sglang, show
 
+
 pd.set_option("display.width", 160)
 wb = Workbook(claims, mode=MODE)
 run = wb.run(measure, PARAMS)  # the rebuild on a GPU: measured now, or the committed runs
@@ -163,7 +164,8 @@ for variant in rebuild.VARIANTS:
     buf = runner.buffers.out_cache_loc_swa
     eager = rebuild.decode_batch(s, [1], [2]).out_cache_loc_swa
     rows.append({
-        "variant": variant, "eager batch": str(eager.dtype),
+        "variant": variant,
+        "eager batch": str(eager.dtype),
         "graph buffer": str(getattr(buf, "dtype", "—")),  # the "before" has no buffer
         "buffer bytes / token": buf.element_size() if torch.is_tensor(buf) else 0
     })
