@@ -80,10 +80,10 @@ for variant, fixed in (("before", False), ("after", True)):
     out = rebuild.process_mm_data(rebuild.prompt_for(len(images)), images, fixed=fixed,
                                   device="cpu")
     key = rebuild.grid_key(out)
+    moved = [k for k in out if k in rebuild.FEATURE_NAMES]
     rows.append({
         "variant": variant, "grid key": key, "grid": out[key].tolist(),
-        "pixel_values": tuple(out["pixel_values"].shape),
-        "moved to CPU by FEATURE_NAMES": [k for k in out if k in rebuild.FEATURE_NAMES],
+        "pixel_values": tuple(out["pixel_values"].shape), "moved to CPU by FEATURE_NAMES": moved,
         "grid moved by .cpu() in _gpu_call": fixed
     })
 grid = out["image_grid_thw"]
