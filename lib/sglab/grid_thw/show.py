@@ -235,9 +235,9 @@ def mechanism(engine):
     s = t[t.stray]
     ax.set_title(
         f"SGLang {run.manifest.engine_runs[0]['release']}'s engine fed one image: MiB per "
-        f"process and GPU, #22858's `.cpu()` reverted | as released ({run_name(run)})", fontsize=10)
+        f"process and GPU, #22858's .cpu() reverted | as released ({run_name(run)})", fontsize=10)
     ax.text(
-        0.1, 0.12, f"{len(s)} stray contexts, {s.before.sum():,.0f} MiB with `.cpu()` "
+        0.1, 0.12, f"{len(s)} stray contexts, {s.before.sum():,.0f} MiB with .cpu() "
         f"reverted; {int((foreign & (t.after > 0)).sum())} as released", fontsize=8.5, color=STRAY)
     return fig
 
