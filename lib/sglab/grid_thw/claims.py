@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from sglab.core.card import Card
 from sglab.core.claims import Claim, Headline, holds
 from sglab.core.runs import gpu_short, newest_by
-from sglab.core.text import span
+from sglab.core.text import count
 from sglab.grid_thw import series, show
 from sglab.grid_thw.measure import EXPERIMENT, GPUS, KERNEL_STEPS  # noqa: F401 (GPUS: Workbook)
 
@@ -31,10 +31,6 @@ SPREAD_TOLERANCE_MIB = 8.0
 CONTEXT_DRIFT = 0.02
 # what depends on the machine (how many GPUs the ranks saw), shown but not compared with a record
 MACHINE = ("tp", "gpus", "stray_contexts", "stray_mib")
-
-
-def _mib(values) -> str:
-    return span(values, "{:.0f}")
 
 
 def _gpu0(run, variant: str, phase: str | None = None) -> list[float]:
@@ -73,7 +69,7 @@ def _before_stray(run):
     if not got:
         raise ValueError("no `received` reading of a rank >= 1 on GPU 0 in `before`")
     return holds(
-        min(got) > 0, f"{_mib(got)} MiB per rank ≥ 1 at `received` ({len(got)} readings)",
+        min(got) > 0, f"{count(got)} MiB per rank ≥ 1 at `received` ({len(got)} readings)",
         {"received_min_mib": min(got), "received_max_mib": max(got)})
 
 
@@ -87,7 +83,7 @@ def _before_grows(run):
     growth = min(k - r for r, k in zip(rec, ker))
     contexts, mib = show.stray_contexts(run.df)
     return holds(
-        growth > 0, f"{_mib(rec)} → {_mib(ker)} MiB (+{growth:.0f} at least); GPU-0 total "
+        growth > 0, f"{count(rec)} → {count(ker)} MiB (+{growth:.0f} at least); GPU-0 total "
         f"{total:.0f} MiB", {
             "kernel_min_mib": min(ker), "kernel_max_mib": max(ker), "growth_mib": growth,
             "gpu0_total_mib": total, "tp": _tp(run), "gpus": show.visible_gpus(
@@ -112,7 +108,7 @@ def _ipc(run):
     on0 = bool((d.value == 0).all())
     return holds(
         on0 and min(got) > 0, f"grid on {'cuda:0' if on0 else 'not only cuda:0'} in every rank; "
-        f"{_mib(got)} MiB per rank ≥ 1 at `received`, {_mib(ker)} after a kernel",
+        f"{count(got)} MiB per rank ≥ 1 at `received`, {count(ker)} after a kernel",
         {"received_min_mib": min(got), "kernel_min_mib": min(ker), "kernel_max_mib": max(ker)})
 
 
@@ -195,7 +191,7 @@ def _other_gpus(run):
     ok = bool((held > 0).all()) and float(after.value.max()) == 0
     return holds(
         ok, f"before: {int((held > 0).sum())}/{len(held)} (rank, GPU) pairs hold "
-        f"{_mib(held)} MiB; after: max {after.value.max():.0f} MiB",
+        f"{count(held)} MiB; after: max {after.value.max():.0f} MiB",
         {"pairs_holding": int((held > 0).sum()), "pairs": len(held), "min_mib": float(held.min())})
 
 
@@ -212,7 +208,7 @@ def _scales(run):
     per = float(s.value.median())
     off = float((totals - n * per).abs().max())
     return holds(off <= SPREAD_TOLERANCE_MIB * n,
-                 f"{_mib(totals)} MiB on GPU 0 = {n} × {per:.0f} MiB (off by {off:.0f})",
+                 f"{count(totals)} MiB on GPU 0 = {n} × {per:.0f} MiB (off by {off:.0f})",
                  {"total_mib": float(totals.median()), "per_rank_mib": per, "ranks": n})
 
 
@@ -259,8 +255,8 @@ def _during_unpickle(run):
         raise ValueError("no `unpickle` mark of a rank >= 1 in `before`")
     ok = bool(((u.before_mib == 0) & (u.after_mib > 0)).all())
     return holds(
-        ok, f"{len(u)} ranks: {_mib(u.before_mib)} MiB on GPU 0 when unpickling began, "
-        f"{_mib(u.after_mib)} MiB when the next step began",
+        ok, f"{len(u)} ranks: {count(u.before_mib)} MiB on GPU 0 when unpickling began, "
+        f"{count(u.after_mib)} MiB when the next step began",
         {"ranks": len(u), "after_min_mib": float(u.after_mib.min())})
 
 
@@ -275,7 +271,7 @@ def _growth_step(run):
     marks = sorted(set(big["mark"]))
     ok = len(marks) == 1 and len(per_rank) == ranks and bool((per_rank == 1).all())
     return holds(
-        ok, f"+{_mib(big.delta_mib) if len(big) else '0'} MiB during "
+        ok, f"+{count(big.delta_mib) if len(big) else '0'} MiB during "
         f"`{'`/`'.join(marks) or '—'}` ({len(per_rank)}/{ranks} ranks, one step each)", {
             "step_mib": float(big.delta_mib.median()) if len(big) else 0.0,
             "mark": marks[0] if len(marks) == 1 else "/".join(marks)
@@ -290,8 +286,8 @@ def _eager(run):
     growth = max(k - r for r, k in zip(rec, ker))
     ok = growth <= 2 and min(rec) > max(lazy)
     return holds(
-        ok, f"eager: {_mib(rec)} MiB at `received`, +{growth:.0f} after the kernel steps "
-        f"(lazy: {_mib(lazy)} after them)",
+        ok, f"eager: {count(rec)} MiB at `received`, +{growth:.0f} after the kernel steps "
+        f"(lazy: {count(lazy)} after them)",
         {"eager_received_mib": min(rec), "eager_growth_mib": growth, "lazy_kernel_mib": max(lazy)})
 
 
