@@ -1025,3 +1025,26 @@ def test_a_launch_pass_follows_the_timed_starts_and_records_counts_not_times(tmp
     assert got["prefill_graph_launches"] == 2 and got["prefill_kernels_in_graphs"] == 300
     assert "prefill" not in got  # timed under the profiler: not a timing
     assert any("2 graph launches running 300 kernels" in ln for ln in eng.summary(res))
+
+
+def test_the_engine_package_names_its_face_by_plain_imports():
+    """Every name of ``sglab.sglang.engine`` is imported where it is defined (an editor follows it);
+    no name is resolved on first use, and the engine's own processes, which import ``hooks``
+    through the package, get no pandas with it."""
+    import ast
+    import subprocess
+    import sys
+
+    init = Path(eng.__file__)
+    tree = ast.parse(init.read_text())
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+    imported = {
+        a.asname or a.name
+        for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names
+    }
+    assert set(eng.__all__) == imported
+    for name in (n for n in eng.__all__ if not n.isupper()):
+        assert getattr(eng, name).__module__.startswith("sglab.sglang.engine."), name
+    code = "import sys, sglab.sglang.engine.hooks; print('pandas' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr

@@ -2,34 +2,30 @@
 run (``spec``), the model folder (``model``), the release's environment (``release``), what runs
 inside the engine's processes (``hooks``), launching and stopping (``launching``), reading its log
 and traces (``log``, ``trace``), one run (``running``), its rows and record (``recording``), and the
-``Engine`` driver (``driver``). Nothing here imports SGLang or torch into the calling process.
-
-The names below are the package's face, imported on first use: the engine's own processes import
-``hooks`` alone, and nothing else of the package comes with it.
+``Engine`` driver (``driver``). Nothing here imports SGLang or torch into the calling process, nor
+pandas into the engine's own processes (they import ``hooks`` through this package).
 """
 
-import importlib
+from sglab.sglang.engine.hooks import (SITECUSTOMIZE, function_source, patch_params, remove_text,
+                                       revert_hunk, reverted_source)
+from sglab.sglang.engine.launching import bench_argv, launch, prepare, with_model_needs
+from sglab.sglang.engine.log import LOG_STRINGS, bench_results, first_error, read_log
+from sglab.sglang.engine.model import prepare_model
+from sglab.sglang.engine.recording import record, rows, summary
+from sglab.sglang.engine.release import check_pins, locate, release_flags
+from sglab.sglang.engine.running import EngineResult, run
+from sglab.sglang.engine.spec import (
+    DEFAULT_TIMEOUT_S, PCG_FLAGS, VOCAB, Adjustment, Case, EngineError, EngineSpec, ReleaseError,
+    Scenario, adjustment, flag_names, load_config, revert_adjustment, text_config, trace_adjustment)
+from sglab.sglang.engine.trace import decode_kernels
 
 
-FACE = {
-    "hooks": ("SITECUSTOMIZE", "function_source", "patch_params", "remove_text", "revert_hunk",
-              "reverted_source", "say"),
-    "launching": ("KILL_GRACE_S", "bench_argv", "launch", "prepare", "with_model_needs"),
-    "log": ("LOG_STRINGS", "bench_results", "first_error", "read_log"),
-    "model": ("prepare_model",),
-    "recording": ("record", "rows", "summary"),
-    "release": ("check_pins", "locate", "release_flags"),
-    "running": ("EngineResult", "run"),
-    "spec": ("DEFAULT_TIMEOUT_S", "PCG_FLAGS", "VOCAB", "Adjustment", "Case", "EngineError",
-             "EngineSpec", "ReleaseError", "Scenario", "adjustment", "flag_names", "load_config",
-             "revert_adjustment", "text_config", "tp_size", "trace_adjustment"),
-    "trace": ("decode_kernels",),
-}
-_HOME = {name: module for module, names in FACE.items() for name in names}
-__all__ = sorted(_HOME)
-
-
-def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+__all__ = [
+    "DEFAULT_TIMEOUT_S", "LOG_STRINGS", "PCG_FLAGS", "SITECUSTOMIZE", "VOCAB", "Adjustment", "Case",
+    "EngineError", "EngineResult", "EngineSpec", "ReleaseError", "Scenario", "adjustment",
+    "bench_argv", "bench_results", "check_pins", "decode_kernels", "first_error", "flag_names",
+    "function_source", "launch", "load_config", "locate", "patch_params", "prepare",
+    "prepare_model", "read_log", "record", "release_flags", "remove_text", "revert_adjustment",
+    "revert_hunk", "reverted_source", "rows", "run", "summary", "text_config", "trace_adjustment",
+    "with_model_needs"
+]

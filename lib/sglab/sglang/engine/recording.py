@@ -11,8 +11,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
-import pandas as pd
-
 from sglab.sglang.releases import parse_version
 from sglab.sglang.engine.model import config_digest
 from sglab.sglang.engine.running import EngineResult
@@ -23,6 +21,8 @@ def spread(xs: list[float]) -> dict:
     """Median, min, max, interquartile range and count of repeated measurements. The quartiles
     interpolate between the values (the inclusive method): with 5 repeats the exclusive method
     extrapolates past the 4th value, so one slow repeat alone would set the IQR."""
+    import pandas as pd  # here: the engine's own processes import this package, never pandas
+
     s = pd.Series(xs, dtype=float)
     q1, q3 = s.quantile([0.25, 0.75])
     return {"median": s.median(), "min": s.min(), "max": s.max(), "iqr": q3 - q1, "n": len(s)}
@@ -181,6 +181,8 @@ def reread_events(csv: Path, note: str) -> int:
     import gzip
     import json
 
+    import pandas as pd
+
     from sglab.sglang.engine.log import read_log
 
     csv, man = Path(csv), Path(csv).with_suffix(".json")
@@ -292,6 +294,8 @@ def record(
     table."""
     import gzip
     import shutil
+
+    import pandas as pd
 
     from sglab.core.runs import tidy, write_run
 
