@@ -108,16 +108,16 @@ rows = []
 for attn_tp, attn_cp, tbo in ((8, 1, False), (8, 1, True), (4, 6, False)):
     lists = rebuild.policy_lists(default, attn_tp, attn_cp, tbo)
     decode = rebuild.filter_decode_batch_sizes(default, attn_tp, attn_cp, two_batch_overlap=tbo)
-    rows.append({
-        "attn TP": attn_tp, "attn CP": attn_cp, "TBO": tbo,
-        "PR mul_base": rebuild.piecewise_mul_base(attn_tp, attn_cp),
-        "PR keeps": len(lists["pr_filter"]),
-        "PR drops": [n for n in default if n not in lists["pr_filter"]][:6],
-        "decode mul_base": rebuild.decode_mul_base(attn_tp, attn_cp, two_batch_overlap=tbo),
-        "decode rule keeps": len(decode), "rounded up": len(lists["round_up"]),
-        "first rounded": lists["round_up"][:6]
-    })
-pd.DataFrame(rows)
+    dropped = [n for n in default if n not in lists["pr_filter"]]
+    rows.append((attn_tp, attn_cp, tbo, rebuild.piecewise_mul_base(attn_tp, attn_cp),
+                 len(lists["pr_filter"]), dropped[:6],
+                 rebuild.decode_mul_base(attn_tp, attn_cp, two_batch_overlap=tbo), len(decode),
+                 len(lists["round_up"]), lists["round_up"][:6]))
+pd.DataFrame(
+    rows, columns=[
+        "attn TP", "attn CP", "TBO", "PR mul_base", "PR keeps", "PR drops", "decode mul_base",
+        "decode rule keeps", "rounded up", "first rounded"
+    ])
 
 # %% [markdown]
 # **Predict, then run (1).** At attention TP 3 (a width that is not a power of two), how many of
@@ -139,9 +139,9 @@ reveal(
 # will the unfiltered capture loop (a warm-up at the smallest size, then largest first) stop?
 
 # %%
-cpu = measure.run({
-    "world_size": 2, "backend": "gloo", "hidden": 16, "max_tokens": 64, "profile": False
-}, progress=False)
+cpu = measure.run(
+    {"world_size": 2, "backend": "gloo", "hidden": 16, "max_tokens": 64, "profile": False},
+    progress=False)
 reveal(show.summary_view(cpu.df).set_index("variant"))
 
 # %% [markdown]
@@ -198,25 +198,18 @@ show.your_setup(interactive=INTERACTIVE)
 
 # %%
 kept = {base: len([n for n in default if n % base == 0]) for base in range(1, 25)}
-findings = {
-    "comment vs code, tp 4 cp 2: the comment's tp × cp": (4, 2, rebuild.comment_base(4, 2)),
-    "common multiple, not least, tp 4 cp 6: the lcm": (4, 6, rebuild.lcm_base(4, 6)),
-    "two-batch overlap not folded in, tp 8: the decode runner's base":
-    (8, 1, rebuild.decode_mul_base(8, 1, two_batch_overlap=True))
-}
-rows = {
-    f: {
-        "code's mul_base": rebuild.piecewise_mul_base(t, c),
-        "sizes it keeps": kept[rebuild.piecewise_mul_base(t, c)], "other base": other,
-        "sizes kept by the other": kept[other]
-    }
-    for f, (t, c, other) in findings.items()
-}
-rows["drop vs round up, tp 3: rounding up to 3"] = {
-    "code's mul_base": 3, "sizes it keeps": kept[3], "other base": 3,
-    "sizes kept by the other": len(rebuild.round_up_capture_sizes(default, 3))
-}
-pd.DataFrame.from_dict(rows, orient="index")
+findings = [("comment vs code, tp 4 cp 2: the comment's tp × cp", 4, 2, rebuild.comment_base(4, 2)),
+            ("common multiple, not least, tp 4 cp 6: the lcm", 4, 6, rebuild.lcm_base(4, 6)),
+            ("two-batch overlap not folded in, tp 8: the decode runner's base", 8, 1,
+             rebuild.decode_mul_base(8, 1, two_batch_overlap=True))]
+rows = [(f, rebuild.piecewise_mul_base(t, c), kept[rebuild.piecewise_mul_base(t, c)], other,
+         kept[other]) for f, t, c, other in findings]
+rows.append(("drop vs round up, tp 3: rounding up to 3", 3, kept[3], 3,
+             len(rebuild.round_up_capture_sizes(default, 3))))
+pd.DataFrame(
+    rows,
+    columns=["", "code's mul_base", "sizes it keeps", "other base",
+             "sizes kept by the other"]).set_index("")
 
 # %% [markdown]
 # * The crash was purely arithmetic: a reduce-scatter over `attn_tp` ranks needs
@@ -251,16 +244,16 @@ off = table[~table.two_batch_overlap]
 show_figure(show.alignment_heatmaps(table, MAX_TOKENS, len(default)))
 ok = off[~off.pr_asserts]
 rounded = off.n_round_up
-pd.Series({
-    "(attn TP, CP) pairs": len(off),
-    "PR filter: buckets kept, median (min)": f"{ok.n_pr.median():.0f} ({ok.n_pr.min()})",
-    "PR filter: pairs where it asserts": int(off.pr_asserts.sum()),
-    "PR filter: most token counts left eager": int(ok.eager_pr.max()),
-    "round-up: buckets kept, median (min)": f"{rounded.median():.0f} ({rounded.min()})",
-    "round-up: most token counts left eager": int(off.eager_round_up.max()),
-    "padding, PR filter": f"{ok.pad_frac_pr.min():.1%}–{ok.pad_frac_pr.max():.1%}",
-    "padding, round-up": f"{off.pad_frac_round_up.min():.1%}–{off.pad_frac_round_up.max():.1%}"
-}).to_frame("")
+pd.Series(
+    dict([("(attn TP, CP) pairs", len(off)),
+          ("PR filter: buckets kept, median (min)", f"{ok.n_pr.median():.0f} ({ok.n_pr.min()})"),
+          ("PR filter: pairs where it asserts", int(off.pr_asserts.sum())),
+          ("PR filter: most token counts left eager", int(ok.eager_pr.max())),
+          ("round-up: buckets kept, median (min)", f"{rounded.median():.0f} ({rounded.min()})"),
+          ("round-up: most token counts left eager", int(off.eager_round_up.max())),
+          ("padding, PR filter", f"{ok.pad_frac_pr.min():.1%}–{ok.pad_frac_pr.max():.1%}"),
+          ("padding, round-up",
+           f"{off.pad_frac_round_up.min():.1%}–{off.pad_frac_round_up.max():.1%}")])).to_frame("")
 
 # %%
 blank_missing(off[[

@@ -24,8 +24,6 @@ def test_default_sizes_pr_era():
         2304, 2560, 2816, 3072, 3328, 3584, 3840, 4096, 4608, 5120, 5632, 6144, 6656, 7168, 7680,
         8192
     ]
-    assert cs.default_piecewise_max_tokens(8192, use_mla_backend=True) == 2048
-    assert cs.default_piecewise_max_tokens(8192, use_mla_backend=False) == 8192
 
 
 def test_require_gathered_buffer():
@@ -111,11 +109,6 @@ def test_round_up_today():
     assert len(r3) == 42 and r3[-1] == 2049
     assert len(cs.filter_piecewise_capture_sizes(DEFAULT_2048, 3)) == 14
     assert cs.ceil_align(2048, 7) == 2051
-
-
-def test_pick_bucket():
-    assert cs.pick_bucket(13, DEFAULT_2048) == 16
-    assert cs.pick_bucket(2049, DEFAULT_2048) is None
 
 
 def test_policy_lists():

@@ -11,9 +11,9 @@ import pytest
 from sglab.capture_sizes import rebuild as fix
 from sglab.capture_sizes import sglang
 from sglab.sglang import compare as report
-from sglab.sglang import testing
-from sglab.sglang.testing import probe_all, require, value
 from sglab.sglang.upstream import RELEASE_STATES, Verdict
+from tests import sglang_answers as answers
+from tests.sglang_answers import probe_all, require, value
 
 
 RELEASES = sglang.PROBE_RELEASES
@@ -85,8 +85,8 @@ def test_todays_round_up_is_the_decode_alignment(real):
     assert got == fix.today_capture_sizes(PIECEWISE, 8, two_batch_overlap=True) == \
         fix.policy_lists(PIECEWISE, 8, 1, True)["round_up"]
     assert got != fix.round_up_capture_sizes(PIECEWISE, fix.piecewise_mul_base(8))
-    assert fix.today_alignment(8, two_batch_overlap=True) == 16 and fix.today_alignment(4, 3) == 12
-    assert fix.today_alignment(8, gathered=False) == 1
+    assert fix.decode_mul_base(8, two_batch_overlap=True) == 16 and fix.decode_mul_base(4, 3) == 12
+    assert fix.today_capture_sizes([4, 12], 8, gathered=False) == [4, 12]
 
 
 def test_server_args_are_parsed_by_the_release_and_kept_by_its_runner(real):
@@ -149,10 +149,10 @@ def test_the_section_shows_one_column_per_release_and_the_agreement(capsys, monk
 def test_the_code_path_names_symbols_the_release_has():
     from sglab.sglang import codepath
 
-    testing.package(sglang.CODE_PATH_RELEASE)
+    answers.package(sglang.CODE_PATH_RELEASE)
     lines = [codepath.line_of(sglang.CODE_PATH_RELEASE, n) for n in sglang.CODE_PATH]
     assert all(lines), dict(zip((n.symbol for n in sglang.CODE_PATH), lines))
-    assert sglang.check(lambda rel: (testing.package(sglang.CODE_PATH_RELEASE) / rel).read_text()
+    assert sglang.check(lambda rel: (answers.package(sglang.CODE_PATH_RELEASE) / rel).read_text()
                         if rel == sglang.PIECEWISE_RUNNER else None).status == "pr-era"
 
 
@@ -166,7 +166,7 @@ def test_a_wrong_rule_would_be_caught(real, monkeypatch):
 def test_recorded_answers_equal_the_live_ones(real):
     """The notebook's recorded mode shows data/recorded/real_cpu/ (the probe without the cases,
     which this module's live run adds): it must say what the releases say now."""
-    from sglab.sglang.testing import assert_recording_matches
+    from tests.sglang_answers import assert_recording_matches
 
     def notebook_rows(rows):
         return rows[rows.setting.notna()].dropna(axis=1, how="all")

@@ -1,30 +1,10 @@
-"""Measure the dense-TP1 boundary over each variant's capture sizes on ``world_size`` ranks.
-
-One rank per GPU (NCCL; ``gloo`` runs the same logic on the CPU, without graphs, for the tests and
-the notebook's CPU cell); the ranks form the attention-TP group. Each rank runs the boundary of
-:mod:`sglab.capture_sizes.rebuild` (``tensor_split`` shard + ``reduce_scatter_tensor`` into it, a
-per-token stand-in for the dense MLP, ``all_gather_into_tensor`` back) the way the piecewise runner
-does: a warm-up at the smallest size, then per size, largest first, two eager runs and a CUDA-graph
-capture (:func:`loop_order`). Variants:
-
-``before``        the PR-era list, unfiltered, with a shard check before the collective: the loop
-                  stops at the first bad size with ``UnequalShards`` (the server crashed at start-up
-                  the same way).
-``before_probe``  every size of that list on its own, eager, *without* the shard check: what the
-                  collective library says about unequal shards (torch's NCCL backend refuses them on
-                  every rank before calling NCCL, so this cannot hang; :func:`_probe_is_safe`).
-``pr_filter``     the PR's filter; every bucket captured, then replayed.
-``round_up``      SGLang today: sizes rounded up; every bucket captured, then replayed.
-
-Replay check: for every captured bucket ``b`` and real token counts ``t`` in ``{prev+1, b-1, b}``,
-the static input holds ``t`` real rows and ``b - t`` zero rows; after ``graph.replay()`` the first
-``t`` output rows must equal an eager all-reduce reference. Then, unless ``profile`` is off, a
-separate traced pass runs the capture loop once more under torch.profiler (:func:`traced_pass`), so
-profiling never touches the rows above.
-
-Sizes: attention TP 8 (the crash report) breaks the default list at 4, 12, 20, 28; with fewer GPUs
-the default list is scaled by ``world_size / 8`` so the same four sizes break (4 ranks: 2, 6, 10,
-14; 2 ranks: 1, 3, 5, 7). ``sizes="default"`` uses the unscaled list.
+"""Measure the dense-TP1 boundary on ``world_size`` ranks (one GPU each, NCCL; ``gloo`` runs the
+same logic on the CPU, without graphs) the way the piecewise runner captures: a warm-up at the
+smallest size, then largest first, two eager runs and a CUDA-graph capture per size. Variants:
+``before`` (the raw list; stops at the first bad size), ``before_probe`` (each raw size without the
+shard check: the collective's own answer), ``pr_filter`` and ``round_up`` (every bucket captured,
+then replayed with real token counts padded to it). A separate traced pass records the loop under
+torch.profiler. With fewer than 8 ranks the default list is scaled by ``world_size / 8``.
 """
 
 from __future__ import annotations
@@ -125,13 +105,6 @@ def replay_token_counts(buckets: list[int]) -> dict[int, list[int]]:
         out[b] = sorted({prev + 1, max(prev + 1, b - 1), b})
         prev = b
     return out
-
-
-def _probe_is_safe(n: int, world_size: int) -> bool:
-    """Calling the collective on unequal shards is safe only if *every* rank fails torch's local
-    size check (``input.numel() == output.numel() * world_size``) before NCCL is called: true
-    whenever n % w != 0, since each shard is floor(n/w) or ceil(n/w) rows."""
-    return all(s * world_size != n for s in fx.shard_sizes(n, world_size)) or n % world_size == 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -266,11 +239,10 @@ class RankWork:
             self.row(variant, b, "replay_checks", len(ts))
 
     def probe(self, variant: str, sizes: list[int]) -> None:
-        """Each size on its own, eager, without the shard check: the collective's own answer."""
+        """Each size on its own, eager, without the shard check: the collective's own answer. Safe:
+        with unequal shards (each ⌊n/w⌋ or ⌈n/w⌉ rows) torch's size check fails on every rank before
+        NCCL is called, so no rank waits for the others."""
         for n in sizes:
-            if not _probe_is_safe(n, self.w):  # never true; kept as the stated precondition
-                self.row(variant, n, "skipped_unsafe", 1)
-                continue
             self.sync()
             try:
                 self.boundary(n, check=False)

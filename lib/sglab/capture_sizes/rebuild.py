@@ -1,22 +1,8 @@
 """Piecewise-CUDA-graph capture sizes against the attention-TP reduce-scatter (SGLang #23972),
-rebuilt PR-era (May 2026).
-
-Read it beside the released hunk (``data/upstream/capture_sizes/pr23972.diff``). Each section is
-headed by the upstream file and symbols it mirrors (``python/sglang/srt/...``):
-
-1. ``server_args.py``: the default piecewise capture sizes and their maximum;
-2. ``utils/common.py``: does the layer communicator scatter tokens over attention TP?
-3. ``layers/dp_attention.py``: the attention-TP size;
-4. ``model_executor/piecewise_cuda_graph_runner.py``: the PR's ``mul_base`` filter;
-5. ``model_executor/cuda_graph_runner.py``: the decode runner's older filter the PR copies;
-6. ``model_executor/runner/prefill_cuda_graph_runner.py`` (0.5.22+): rounding up instead;
-7. ``layers/communicator.py``: the dense-TP1 boundary (``tensor_split`` + reduce-scatter).
-
-The before/after switch is :func:`policy_lists` (``before``, ``pr_filter``, ``round_up``). Also
-here, for the design review: :func:`lcm_base` (the least common multiple of attention TP and CP,
-which ``mul_base`` is not always) and :func:`comment_base` (``attn_tp_size * attn_cp_size``, which
-the PR's comment promises and its code does not enforce). Nothing here measures;
-``sglab.capture_sizes.measure`` does.
+rebuilt PR-era, one section per upstream file and symbol (``python/sglang/srt/...``), to read beside
+the released hunk. The before/after switch is :func:`policy_lists` (``before``, ``pr_filter``,
+``round_up``); :func:`lcm_base` and :func:`comment_base` are the design review's other bases.
+Nothing here measures.
 """
 
 from __future__ import annotations
@@ -28,8 +14,6 @@ from typing import Iterable, Sequence
 import torch
 import torch.distributed as dist
 
-
-PR = 23972
 # the MLA default of piecewise_cuda_graph_max_tokens (the crash report's model is MLA)
 MLA_MAX_TOKENS = 2048
 
@@ -44,11 +28,6 @@ def default_piecewise_capture_sizes(max_tokens: int = MLA_MAX_TOKENS) -> list[in
         range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(
             4608, max_tokens + 1, 512)))
     return [s for s in sizes if s <= max_tokens]
-
-
-def default_piecewise_max_tokens(chunked_prefill_size: int, use_mla_backend: bool) -> int:
-    """``piecewise_cuda_graph_max_tokens`` when unset: the chunked prefill size, or 2048 for MLA."""
-    return MLA_MAX_TOKENS if use_mla_backend else chunked_prefill_size
 
 
 # --------------------------------------------------------------------------------------------------
@@ -186,29 +165,14 @@ def round_up_capture_sizes(sizes: Iterable[int], alignment: int) -> list[int]:
     return sorted({ceil_align(n, alignment) for n in sizes})
 
 
-def today_alignment(attn_tp_size: int, attn_cp_size: int = 1, *, gathered: bool = True,
-                    two_batch_overlap: bool = False) -> int:
-    """``get_cuda_graph_batch_size_alignment`` (utils/common.py of 0.5.23): the decode runner's
-    ``mul_base``, two-batch overlap included."""
-    return decode_mul_base(attn_tp_size, attn_cp_size, gathered=gathered,
-                           two_batch_overlap=two_batch_overlap)
-
-
 def today_capture_sizes(sizes: Iterable[int], attn_tp_size: int, attn_cp_size: int = 1, *,
                         gathered: bool = True, two_batch_overlap: bool = False) -> list[int]:
-    """``sorted({ceil_align(n, alignment) for n in sizes})`` with :func:`today_alignment`."""
+    """Every size rounded up to ``get_cuda_graph_batch_size_alignment`` (utils/common.py of 0.5.23):
+    the decode runner's ``mul_base``, two-batch overlap included."""
     return round_up_capture_sizes(
         sizes,
-        today_alignment(attn_tp_size, attn_cp_size, gathered=gathered,
+        decode_mul_base(attn_tp_size, attn_cp_size, gathered=gathered,
                         two_batch_overlap=two_batch_overlap))
-
-
-def pick_bucket(num_tokens: int, buckets: Sequence[int]) -> int | None:
-    """The replay's pick: the smallest bucket >= ``num_tokens``; None above them (eager)."""
-    return next((b for b in sorted(buckets) if b >= num_tokens), None)
-
-
-VARIANTS = ("before", "pr_filter", "round_up")
 
 
 def policy_lists(sizes: Sequence[int], attn_tp: int, attn_cp: int = 1,

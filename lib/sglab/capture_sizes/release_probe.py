@@ -35,8 +35,7 @@ def _module(prepared, name: str):
 
 
 class _PoolStandIn:
-    """A stand-in runner whose ``req_to_token_pool`` either answers a size or ends the real
-    function."""
+    """A runner whose ``req_to_token_pool`` answers a size, or ends the real function."""
 
     def __init__(self, server_args, *, stop_at_pool: bool, pool_size: int = MAX_RUNNING_REQUESTS):
         self.server_args, self.device, self.model = server_args, "cpu", None
@@ -60,16 +59,14 @@ def _run_until_stop(cls, runner):
 
 
 def _attn_widths(prepared, sa) -> tuple[int, int]:
-    """(attention TP size, attention CP size) by the release's
-    ``compute_dp_attention_world_info``."""
+    """(attention TP, attention CP) by the release's ``compute_dp_attention_world_info``."""
     info = _module(prepared, "layers.dp_attention").compute_dp_attention_world_info(
         sa.enable_dp_attention, 0, sa.tp_size, sa.dp_size, sa.attn_cp_size)
     return info[1], sa.attn_cp_size  # (attn_tp_rank, attn_tp_size, attn_dp_rank[, ...])
 
 
 def _sizes_pr_era(prepared, sa, pool_size: int) -> tuple[list, list]:
-    """0.5.10.post1-0.5.13: the piecewise runner's ``__init__`` up to its log line, and the decode
-    list."""
+    """0.5.10.post1-0.5.13: the piecewise runner's ``__init__`` to its log line; the decode list."""
     pw = _module(prepared, "model_executor.piecewise_cuda_graph_runner")
     cg = _module(prepared, "model_executor.cuda_graph_runner")
     tp, cp = _attn_widths(prepared, sa)
@@ -89,8 +86,7 @@ def _sizes_pr_era(prepared, sa, pool_size: int) -> tuple[list, list]:
 
 
 def _sizes_unified(prepared, sa, pool_size: int) -> tuple[list, list]:
-    """0.5.14-0.5.15: the unified runners; the parallel widths set with
-    ``get_parallel().override``."""
+    """0.5.14-0.5.15: the unified runners, the widths set by ``get_parallel().override``."""
     base = _module(prepared, "model_executor.runner.base_cuda_graph_runner")
     pre = _module(prepared, "model_executor.runner.prefill_cuda_graph_runner")
     base_runner = _module(prepared, "model_executor.runner.base_runner")
@@ -138,8 +134,7 @@ def _publish_fields(prepared, sa):
 
 @contextlib.contextmanager
 def _publish_resolved(prepared, sa):
-    """0.5.16+: publish a resolved ``ServerArgs`` as the launcher does, restoring the context
-    after."""
+    """0.5.16+: publish a resolved ``ServerArgs`` as the launcher does (restored after)."""
     ctx = _module(prepared, "runtime_context").get_context()
     with ctx.override_server_args():  # saves the context; restores it on the way out
         ctx.set_server_args(sa)
@@ -211,10 +206,8 @@ def generated_defaults(prepared, max_tokens: int) -> list | None:
 def setting_rows(prepared, params: dict) -> list[dict]:
     """Rows ``setting, metric, value`` (``piecewise``, ``decode`` or ``error``) per setting, and the
     release's own default piecewise list as setting ``defaults``."""
-    rows = [{
-        "setting": "defaults", "metric": "generated_piecewise",
-        "value": generated_defaults(prepared, int(params.get("max_tokens", 2048)))
-    }]
+    gen = generated_defaults(prepared, int(params.get("max_tokens", 2048)))
+    rows = [dict(setting="defaults", metric="generated_piecewise", value=gen)]
     defaults = _release_defaults(prepared)
     for name, setting in (params.get("settings") or SETTINGS).items():
         setting = dict(setting)
@@ -383,8 +376,7 @@ def model_dir(model: str):
 
 
 def _view(prepared, sa):
-    """The resolved values of ``sa``: 0.5.2x keeps them beside the record, earlier releases on
-    it."""
+    """The resolved values of ``sa`` (0.5.2x keeps them beside the record)."""
     if not has_file(prepared, "srt/arg_groups/model_override_base.py"):
         return sa
     return _module(prepared, "arg_groups.model_override_base").resolved_view(sa)
@@ -396,26 +388,18 @@ def _call(fn, sa):
 
 
 def configure(prepared, argv: list[str], p: dict) -> dict:
-    """:func:`configured`, with the model's temporary folder (:func:`model_dir`) removed when it
-    returns or raises."""
+    """:func:`configured`, the model's temporary folder removed when it returns or raises."""
     with contextlib.ExitStack() as stack:
         return configured(prepared, argv, p, stack.enter_context)
 
 
 def configured(prepared, argv: list[str], p: dict, model_folder) -> dict:
-    """SGLang server arguments -> the capture lists the release's runners keep, after its own
-    start-up code, and the facts that decided them.
-
-    The release's own parser (``ServerArgs.add_cli_args``) reads ``argv``. 0.5.10.post1 to 0.5.13:
-    ``from_cli_args`` builds the object on a subclass without ``__post_init__`` (which loads the
-    model and asks the GPU); the start-up steps that decide the lists run on it in
-    ``__post_init__`` order (``_handle_piecewise_cuda_graph`` as on a CUDA host,
-    ``_handle_gpu_memory_settings``, ``_handle_data_parallelism``, ``_handle_context_parallelism``),
-    then ``initialize_moe_config`` as the scheduler calls it; the model is assumed (``p["mla"]``, a
-    text model). 0.5.14 on: the whole configuration resolution runs (``__post_init__``, or
-    ``resolve_once`` in 0.5.2x) on the model config ``p["model"]`` (``--model-path`` is set to its
-    folder, ``--device cuda`` unless given; ``model_folder`` enters :func:`model_dir` until the
-    caller is done), as on a CUDA host (:func:`_cuda_host`)."""
+    """SGLang server arguments, read by the release's own parser -> the capture lists its runners
+    keep after its own start-up code, and the facts that decided them. 0.5.10.post1 to 0.5.13: the
+    start-up steps that decide the lists, in ``__post_init__`` order, on a ``ServerArgs`` without
+    ``__post_init__`` (it would load the model), the model assumed (``p["mla"]``). 0.5.14 on: the
+    whole resolution on the model config ``p["model"]`` (its folder entered by ``model_folder``),
+    as on a CUDA host."""
     sa_mod, moe = _module(prepared, "server_args"), _module(prepared, "layers.moe.utils")
     parser = _Parser(prog="sglang.launch_server", allow_abbrev=True)
     sa_mod.ServerArgs.add_cli_args(parser)
@@ -437,12 +421,11 @@ def configured(prepared, argv: list[str], p: dict, model_folder) -> dict:
                 getattr(sa, handler)()
         view = sa
         off = {"prefill": sa.disable_piecewise_cuda_graph, "decode": sa.disable_cuda_graph}
-        facts = {
-            "configured_piecewise": list(sa.piecewise_cuda_graph_tokens), "configured_decode": list(
-                sa.cuda_graph_bs), "piecewise_max_tokens": sa.piecewise_cuda_graph_max_tokens,
-            "decode_max_bs": sa.cuda_graph_max_bs,
-            "model": f"assumed: {'an MLA' if p['mla'] else 'a non-MLA'} text model"
-        }
+        facts = dict(configured_piecewise=list(sa.piecewise_cuda_graph_tokens),
+                     configured_decode=list(sa.cuda_graph_bs),
+                     piecewise_max_tokens=sa.piecewise_cuda_graph_max_tokens,
+                     decode_max_bs=sa.cuda_graph_max_bs,
+                     model=f"assumed: {'an MLA' if p['mla'] else 'a non-MLA'} text model")
     else:
         ns.model_path, ns.device = model_folder(model_dir(p["model"])), ns.device or "cuda"
         with _cuda_host(prepared, p["gpu_mem_gb"]), _switched_off() as hits:
@@ -451,24 +434,17 @@ def configured(prepared, argv: list[str], p: dict, model_folder) -> dict:
                 sa.resolve_once()
         view = _view(prepared, sa)
         cfg = view.cuda_graph_config
-        off = {
-            "prefill": cfg.prefill.backend == "disabled", "decode": cfg.decode.backend == "disabled"
-        }
-        facts = {
-            "configured_piecewise": list(cfg.prefill.bs
-                                         or []), "configured_decode": list(cfg.decode.bs or []),
-            "piecewise_max_tokens": cfg.prefill.max_bs, "decode_max_bs": cfg.decode.max_bs,
-            "model": p["model"], "attention_backend": view.attention_backend
-        }
-    flag = {
-        "prefill": "--disable-piecewise-cuda-graph" if pr_era else "off by default here",
-        "decode": "--disable-cuda-graph"
-    }
-    facts.update({
-        f"{'piecewise' if ph == 'prefill' else ph}_off": _off_reason(hits, ph, flag[ph])
-        if off[ph] else None
-        for ph in off
-    })
+        off = dict(prefill=cfg.prefill.backend == "disabled",
+                   decode=cfg.decode.backend == "disabled")
+        facts = dict(configured_piecewise=list(cfg.prefill.bs
+                                               or []), configured_decode=list(cfg.decode.bs or []),
+                     piecewise_max_tokens=cfg.prefill.max_bs, decode_max_bs=cfg.decode.max_bs,
+                     model=p["model"], attention_backend=view.attention_backend)
+    flag = dict(prefill="--disable-piecewise-cuda-graph" if pr_era else "off by default here",
+                decode="--disable-cuda-graph")
+    for ph in off:
+        facts[f"{'piecewise' if ph == 'prefill' else ph}_off"] = (_off_reason(hits, ph, flag[ph])
+                                                                  if off[ph] else None)
     pool = view.max_running_requests or p["max_running_requests"]
     common = _module(prepared, "utils.common")
     with _publish_resolved(prepared, sa) if published else contextlib.nullcontext():

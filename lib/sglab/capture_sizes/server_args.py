@@ -1,12 +1,7 @@
-"""Your own setup for notebook 06: which piecewise capture sizes your parallel layout and your
-server arguments get, release by release.
-
-- :func:`rule_table` / :func:`your_setup`: a parallel layout (attention TP, CP, dense TP 1,
-  two-batch overlap) -> the sizes per rule and the ones the reduce-scatter refuses (the rebuild's
-  rules; a notebook control);
-- :func:`command` (``sglab capture-sizes -- <server arguments>``): each installed release parses
-  the arguments with its own ``ServerArgs`` and answers; :func:`sizes_table` sets the answers
-  beside the rebuild's rules, and bad parallel sizes get one line and exit 2.
+"""Your own setup for notebook 06: a parallel layout -> the piecewise sizes per rule and the ones
+the reduce-scatter refuses (:func:`your_setup`, the notebook's control), and your server arguments
+put to each installed release's own ``ServerArgs`` beside the rebuild's rules (:func:`command`,
+``sglab capture-sizes``).
 """
 
 from __future__ import annotations
@@ -71,19 +66,18 @@ def rule_table(attn_tp: int, attn_cp: int, dense_tp1: bool, tbo: bool,
     ]
     rows = []
     for rule, releases, base, sizes in rules:
-        row = {"rule": rule, "releases": releases, "multiple of": base}
+        row = {
+            "rule": rule, "releases": releases, "multiple of": base, "captures": len(sizes or ())
+        }
+        refused = [n for n in sizes or () if g and n % tp]
         if sizes is None:
-            rows.append({
-                **row, "captures": 0, "refused": "the PR's assertion: no size is a "
-                "multiple, the server does not start"
+            row["refused"] = "the PR's assertion: no size is a multiple, the server does not start"
+        else:
+            row.update({
+                "refused": f"{len(refused)}: {_few(refused)}" if refused else "none",
+                "smallest sizes": _few(sizes, 6)
             })
-            continue
-        refused = [n for n in sizes if g and n % tp]
-        rows.append({
-            **row, "captures": len(sizes),
-            "refused": f"{len(refused)}: {_few(refused)}" if refused else "none",
-            "smallest sizes": _few(sizes, 6)
-        })
+        rows.append(row)
     df = pd.DataFrame(rows)
     df.attrs["setting"] = (
         f"attention TP {tp}, CP {cp}, " + ("tokens scattered over attention TP (dense TP 1)" if g
@@ -98,15 +92,15 @@ def rule_table(attn_tp: int, attn_cp: int, dense_tp1: bool, tbo: bool,
 def your_setup(interactive: bool = False):
     """Attention TP, CP, dense TP 1 and two-batch overlap -> the piecewise sizes per rule and the
     refused ones (a static table; with ``interactive``, controls in JupyterLab)."""
+    controls = dict(attn_tp=list(range(1, 9)), attn_cp=[1, 2, 3, 4], dense_tp1=[True, False],
+                    tbo=[False, True])
+    static = [
+        dict(attn_tp=tp, attn_cp=1, dense_tp1=True, tbo=tbo)
+        for tp, tbo in ((8, False), (8, True), (3, False))
+    ]
     return notebook.explore(
-        rule_table, {
-            "attn_tp": [1, 2, 3, 4, 5, 6, 7, 8], "attn_cp": [1, 2, 3, 4],
-            "dense_tp1": [True, False], "tbo": [False, True]
-        }, static=[{"attn_tp": 8, "attn_cp": 1, "dense_tp1": True,
-                    "tbo": False}, {"attn_tp": 8, "attn_cp": 1, "dense_tp1": True, "tbo": True},
-                   {"attn_tp": 3, "attn_cp": 1, "dense_tp1": True, "tbo": False}],
-        title="Your parallel layout: piecewise capture sizes per rule, and the refused ones",
-        interactive=interactive)
+        rule_table, controls, static=static, interactive=interactive,
+        title="Your parallel layout: piecewise capture sizes per rule, and the refused ones")
 
 
 LISTS = ("piecewise", "decode")
@@ -121,20 +115,15 @@ def _rebuild(kind: str, configured: list[int], f: dict) -> dict:
     tbo = f["enable_two_batch_overlap"]
     align = fx.decode_mul_base(tp, cp, gathered=g, two_batch_overlap=tbo)
     if kind == "decode":
-        return {
-            "filter_base": align, "round_up_alignment": None, "round_up": None,
-            "filter_keeps": fx.filter_decode_batch_sizes(configured, tp, cp, gathered=g,
-                                                         two_batch_overlap=tbo,
-                                                         num_max_requests=f["pool_size"])
-        }
+        keeps = fx.filter_decode_batch_sizes(configured, tp, cp, gathered=g, two_batch_overlap=tbo,
+                                             num_max_requests=f["pool_size"])
+        return dict(filter_base=align, filter_keeps=keeps, round_up_alignment=None, round_up=None)
     try:
         kept = fx.filter_piecewise_capture_sizes(configured, tp, cp, gathered=g)
     except fx.NoCaptureSizes:
         kept = None  # the PR's assertion fires: the server does not start
-    return {
-        "filter_base": fx.piecewise_mul_base(tp, cp) if g else 1, "filter_keeps": kept,
-        "round_up_alignment": align, "round_up": fx.round_up_capture_sizes(configured, align)
-    }
+    return dict(filter_base=fx.piecewise_mul_base(tp, cp) if g else 1, filter_keeps=kept,
+                round_up_alignment=align, round_up=fx.round_up_capture_sizes(configured, align))
 
 
 def sizes_table(rows, case: str = "args"):
@@ -154,14 +143,12 @@ def sizes_table(rows, case: str = "args"):
             off = f.get(f"{kind}_off")
             captured = [] if off else list(f[kind])
             tp, g = f["attn_tp_size"], f["gathered_buffer"]
-            row = {
-                "release": release, "list": kind, "status": "off" if off else "captured",
-                "note": off or "", "attn_tp": tp, "attn_cp": f["attn_cp_size"], "gathered": g,
-                "two_batch_overlap": f["enable_two_batch_overlap"],
-                "configured": list(f[f"configured_{kind}"]), "captured": captured, "refused": [
-                    n for n in captured if g and n % tp != 0
-                ]
-            }
+            row = dict(release=release, list=kind, status="off" if off else "captured", note=off
+                       or "", attn_tp=tp, attn_cp=f["attn_cp_size"], gathered=g,
+                       two_batch_overlap=f["enable_two_batch_overlap"],
+                       configured=list(f[f"configured_{kind}"]), captured=captured, refused=[
+                           n for n in captured if g and n % tp != 0
+                       ])
             rules = dict.fromkeys(REBUILD_COLUMNS) if off else _rebuild(kind, row["configured"], f)
             out.append({**row, **rules})
     return pd.DataFrame(out, dtype=object)

@@ -157,10 +157,8 @@ def probe(prepared, params: dict) -> list[dict]:
     configured lists (``piecewise``, ``decode``, ``settings``, ``max_tokens``), rows per case of
     ``params["cases"]`` ({name: argv}, with the keys of :data:`ASSUMED`)."""
     if not (has_file(prepared, PIECEWISE_RUNNER) or has_file(prepared, PREFILL_RUNNER)):
-        return [{
-            "case": c, "metric": "unsupported", "value": f"sglang {prepared.release} has no "
-            "piecewise or prefill CUDA-graph runner"
-        } for c in params.get("cases", {})]
+        why = f"sglang {prepared.release} has no piecewise or prefill CUDA-graph runner"
+        return [dict(case=c, metric="unsupported", value=why) for c in params.get("cases", {})]
     from sglab.capture_sizes import release_probe as rp
 
     rows = rp.setting_rows(prepared, params) if "piecewise" in params else []
@@ -173,10 +171,8 @@ def probe(prepared, params: dict) -> list[dict]:
 def params(max_tokens: int | None = None) -> dict:
     """The notebook's probe call: the default piecewise list, the decode list, every setting."""
     max_tokens = fx.MLA_MAX_TOKENS if max_tokens is None else max_tokens
-    return {
-        "piecewise": fx.default_piecewise_capture_sizes(max_tokens), "decode": DECODE,
-        "max_tokens": max_tokens, "settings": SETTINGS
-    }
+    return dict(piecewise=fx.default_piecewise_capture_sizes(max_tokens), decode=DECODE,
+                max_tokens=max_tokens, settings=SETTINGS)
 
 
 # -- the real engine: `sglab engine --scenario NAME`, recorded under
@@ -194,26 +190,24 @@ _TP2 = Scenario(
     fix="capture_sizes",
     name="06-dense-tp1",
     gpus=2,
-    what="--moe-dense-tp-size 1 with attention TP 2 on piecewise capture sizes that TP 2 does "
-    "not divide: 0.5.14 (filter lost) fails at start-up as in the PR, 0.5.11's filter "
-    "starts, 0.5.23's round-up starts (needs an image with its torch)",
     model="deepseek_v3_tiny",
     tool="engine",
+    what="--moe-dense-tp-size 1 with attention TP 2 on piecewise capture sizes that TP 2 does not "
+    "divide: 0.5.14 (filter lost) fails at start-up as in the PR, 0.5.11's filter starts, 0.5.23's "
+    "round-up starts (needs an image with its torch)",
     releases=("0.5.14", "0.5.11", "0.5.23"),
     cases=(
         Case("odd-sizes", _dense_args(2, (3, 4, 5, 8)), releases=("0.5.14", "0.5.11")),
         # 0.5.2x renamed the capture-size flags (read from its srt/arg_groups/fields/)
-        Case("odd-sizes", _dense_args(2, (3, 4, 5, 8), renamed=True), releases=("0.5.23",)),
-    ),
+        Case("odd-sizes", _dense_args(2, (3, 4, 5, 8), renamed=True), releases=("0.5.23",))),
     requests=(1,),
     input_lens=(64,),
     output_len=4,
     repeats=1,
     timeout=900.0,
-    expect="0.5.14: start-up fails in the reduce-scatter of an odd size; 0.5.11: captures the "
-    "even sizes [4, 8]; 0.5.23: captures every size rounded up to a multiple of 2 "
-    "(Engine tool: 0.5.23 has no bench_one_batch)",
-)
+    expect="0.5.14: start-up fails in the reduce-scatter of an odd size; 0.5.11: captures the even "
+    "sizes [4, 8]; 0.5.23: captures every size rounded up to a multiple of 2 (Engine tool: 0.5.23 "
+    "has no bench_one_batch)")
 # the same at TP 4, on sizes TP 2 divides and TP 4 does not (2 and 6): a filter that kept multiples
 # of 2 would pass at TP 2 and fail here. No FlashInfer all-reduce fusion (ServerArgs turns it on at
 # TP > 1 on Hopper): its kernels take minutes to build on a fresh machine, and the failure is in the
@@ -291,8 +285,7 @@ def rebuild_decode(setting: dict) -> list:
 
 
 def describe(sizes, configured: list) -> str:
-    """A list as what it changed: ``n sizes`` plus what it dropped and added against
-    ``configured``."""
+    """A list as what it changed against ``configured``: ``n sizes``, what it drops and adds."""
     if isinstance(sizes, str):
         return sizes
     dropped = [n for n in configured if n not in sizes]
@@ -313,14 +306,10 @@ def comparison(results: dict, max_tokens: int | None = None):
         for name, setting in SETTINGS.items():
             got = real.facts(result, setting=name)
             base = setting.get("piecewise", configured)
-            want = {
-                "piecewise": rebuild_piecewise(VARIANT[release], setting, configured),
-                "decode": rebuild_decode(setting)
-            }
-            have = {
-                "piecewise": got.get("piecewise", got.get("error")),
-                "decode": want["decode"] if "error" in got else got.get("decode")
-            }
+            want = dict(piecewise=rebuild_piecewise(VARIANT[release], setting, configured),
+                        decode=rebuild_decode(setting))
+            have = dict(piecewise=got.get("piecewise", got.get("error")),
+                        decode=want["decode"] if "error" in got else got.get("decode"))
             tp, cp = widths(setting)[:2]
             rows.append(
                 real.facts_row(release, f"{name} (attention TP/CP {tp}/{cp})", have,
@@ -374,11 +363,8 @@ MODEL_PLACEHOLDER = "model-not-loaded"  # --model-path is required by the parser
 def probe_call(cases: dict[str, list[str]], releases, **assumed) -> tuple[str, dict, list[str]]:
     """``(probe, params, releases)`` of :func:`ask`: ``--model-path`` put first in every argument
     list (a later one given by the user parses, and is replaced by the model config)."""
-    p = {
-        "cases": {k: ["--model-path", MODEL_PLACEHOLDER, *argv]
-                  for k, argv in cases.items()}, **ASSUMED, **assumed
-    }
-    return FIX.probe.fn, p, list(releases)
+    cases = {k: ["--model-path", MODEL_PLACEHOLDER, *argv] for k, argv in cases.items()}
+    return FIX.probe.fn, {"cases": cases, **ASSUMED, **assumed}, list(releases)
 
 
 def ask(cases: dict[str, list[str]], releases, *, timeout: float = 300.0, progress=None, **assumed):
@@ -394,6 +380,6 @@ def ask(cases: dict[str, list[str]], releases, *, timeout: float = 300.0, progre
             status = "not-run" if r.status == "not-run" else "probe-error"
             frames.append(
                 pd.DataFrame([
-                    {"release": v, "case": c, "metric": status, "value": r.reason} for c in cases
+                    dict(release=v, case=c, metric=status, value=r.reason) for c in cases
                 ]))
     return pd.concat(frames, ignore_index=True)

@@ -30,31 +30,26 @@ def summary(df):
     first one and its stage), not reached, replayed correctly, worst replay error."""
     out = []
     for (variant, w), g in df.groupby(["variant", "world_size"], sort=False):
-
-        def count(metric):
-            return int(g.loc[g.metric == metric, "value"].sum())
-
+        n = {m: int(g.loc[g.metric == m, "value"].sum()) for m in set(g.metric)}
         failed = g[g.metric == "failed"]
         errs = g.loc[g.metric == "replay_max_abs_err", "value"]
         stage = failed["stage"].iloc[0] if len(failed) and "stage" in failed else ""
-        out.append({
-            "variant": variant, "world_size": int(w), "sizes": int(
-                g["size"].nunique()), "captured_or_ok": count("captured") + count("ok"),
-            "failed": len(failed), "failed_sizes": [
-                int(n) for n in failed["size"]
-            ], "first_failure": int(failed["size"].iloc[0]) if len(failed) else None,
-            "failed_at": "" if pd.isna(stage) else str(stage), "not_reached": count("not_reached"),
-            "replayed_ok": count("replay_ok"), "replay_checks": count("replay_checks"),
-            "worst_replay_err": float(errs.max()) if len(errs) else None,
-            "error": failed["error"].iloc[0] if len(failed) else ""
-        })
+        out.append(
+            dict(variant=variant, world_size=int(w), sizes=int(
+                g["size"].nunique()), captured_or_ok=n.get("captured", 0) + n.get("ok", 0),
+                 failed=len(failed), failed_sizes=[int(x) for x in failed["size"]],
+                 first_failure=int(failed["size"].iloc[0]) if len(failed) else None,
+                 failed_at="" if pd.isna(stage) else str(stage), not_reached=n.get(
+                     "not_reached", 0), replayed_ok=n.get("replay_ok", 0), replay_checks=n.get(
+                         "replay_checks",
+                         0), worst_replay_err=float(errs.max()) if len(errs) else None,
+                 error=failed["error"].iloc[0] if len(failed) else ""))
     out = pd.DataFrame(out)
     if len(out):
         rank = {v: i for i, v in enumerate(VARIANTS)}
         out = out.sort_values(["world_size", "variant"], kind="stable", key=lambda c: c.map(rank)
                               if c.name == "variant" else c)
-        out = out.reset_index(drop=True)
-        out["first_failure"] = out["first_failure"].astype("Int64")
+        out = out.reset_index(drop=True).astype({"first_failure": "Int64"})
     return out
 
 
@@ -76,20 +71,19 @@ def run_facts(run) -> dict:
 
 def _run_facts(run) -> dict:
     s = summary(run.df).set_index("variant")
-    stopped = s.loc["before", "first_failure"]
-    facts = {
-        "world_size": int(run.manifest.params["world_size"]), "raw_sizes": int(
-            s.loc["before", "sizes"]), "before_captured": int(s.loc["before", "captured_or_ok"]),
-        "before_stopped_at": None if str(stopped) == "<NA>" else int(stopped),
-        "before_stage": s.loc["before", "failed_at"], "refused_sizes": list(
-            s.loc["before_probe", "failed_sizes"]), "refused_error": s.loc["before_probe", "error"]
-    }
+    stopped, before = s.loc["before", "first_failure"], s.loc["before"]
+    facts = dict(world_size=int(run.manifest.params["world_size"]), raw_sizes=int(before.sizes),
+                 before_captured=int(before.captured_or_ok),
+                 before_stopped_at=None if str(stopped) == "<NA>" else int(stopped),
+                 before_stage=before.failed_at, refused_sizes=list(
+                     s.loc["before_probe", "failed_sizes"]), refused_error=s.loc["before_probe",
+                                                                                 "error"])
     for v in ("pr_filter", "round_up"):
+        r = s.loc[v]
         facts.update({
-            f"{v}_buckets": int(s.loc[v, "sizes"]), f"{v}_captured": int(s.loc[v,
-                                                                               "captured_or_ok"]),
-            f"{v}_replayed_ok": int(s.loc[v, "replayed_ok"]), f"{v}_replays": int(
-                s.loc[v, "replay_checks"]), f"{v}_max_abs_err": float(s.loc[v, "worst_replay_err"])
+            f"{v}_buckets": int(r.sizes), f"{v}_captured": int(r.captured_or_ok),
+            f"{v}_replayed_ok": int(r.replayed_ok), f"{v}_replays": int(r.replay_checks),
+            f"{v}_max_abs_err": float(r.worst_replay_err)
         })
     return facts
 
@@ -110,27 +104,16 @@ def size_status(df):
 
 
 def describe_run(run) -> str:
-    """Before vs after in a few sentences, every number from the run."""
-    f, w = run_facts(run), int(run.manifest.params["world_size"])
-    lines = [
-        f"world size {f['world_size']} ({run.label}):",
-        f"  before: {f['before_captured']} of {f['raw_sizes']} sizes captured; the loop "
-        f"stopped at size {f['before_stopped_at']} in its {f['before_stage']} stage "
-        "(UnequalShards, before any collective)",
-        f"  without the shard check the collective refused {len(f['refused_sizes'])} of "
-        f"{f['raw_sizes']} sizes {f['refused_sizes']}: {f['refused_error'][:110]}"
-    ]
-    for v in ("pr_filter", "round_up"):
-        lines.append(f"  {v}: {f[f'{v}_captured']} of {f[f'{v}_buckets']} buckets captured, "
-                     f"{f[f'{v}_replayed_ok']} replayed correctly over {f[f'{v}_replays']} padded "
-                     f"replays (worst |error| {f[f'{v}_max_abs_err']:.2e})")
+    """What the summary table does not say: the collective's own words for the refused sizes, and
+    whether the PR's list and the rounded-up list differ in this run."""
+    f = run_facts(run)
     raw = sorted(run.df.loc[run.df.variant == "before", "size"].astype(int).unique())
-    lists = fx.policy_lists(raw, w)
-    if lists["pr_filter"] == lists["round_up"]:
-        lines.append("  the PR's list and the rounded-up list are identical here (every dropped "
-                     "size rounds onto a bucket already in the list): this run shows that both "
-                     "work, not which is better")
-    return "\n".join(lines)
+    lists = fx.policy_lists(raw, f["world_size"])
+    same = ("the PR's list and the rounded-up list are identical here (every dropped size rounds "
+            "onto a bucket already in the list): this run shows that both work, not which is "
+            "better" if lists["pr_filter"] == lists["round_up"] else "")
+    return "\n".join(x for x in (f"without the shard check the collective refused "
+                                 f"{f['refused_sizes']}: {f['refused_error'][:110]}", same) if x)
 
 
 _SIZE_RANGE = re.compile(r"^phase::(warmup|capture|refused) (\d+)$")
@@ -161,15 +144,14 @@ def capture_ranges(events):
         nccl = kern & ev.name.str.contains("nccl", case=False).to_numpy()
         for i in np.flatnonzero(is_range & (kind != "refused")):
             inside = (start >= start[i]) & (start <= end[i])
-            rows.append({
-                "rank": int(rank), "variant": variant, "stage": kind[i],
-                "size": int(parsed.iloc[i].group(2)), "refused": bool(
-                    (inside & is_range & (kind == "refused")).any()), "reduce_scatters": int(
-                        (inside & rs).sum()), "all_gathers": int(
-                            (inside & ag).sum()), "nccl_kernels": int(
-                                (inside & nccl).sum()), "kernels": int((inside & kern).sum()),
-                "start_us": float(start[i]), "dur_us": float(end[i] - start[i])
-            })
+            rows.append(
+                dict(rank=int(rank), variant=variant, stage=kind[i],
+                     size=int(parsed.iloc[i].group(2)), refused=bool(
+                         (inside & is_range & (kind == "refused")).any()), reduce_scatters=int(
+                             (inside & rs).sum()), all_gathers=int(
+                                 (inside & ag).sum()), nccl_kernels=int(
+                                     (inside & nccl).sum()), kernels=int((inside & kern).sum()),
+                     start_us=float(start[i]), dur_us=float(end[i] - start[i])))
     return pd.DataFrame(rows, columns=cols).sort_values(["rank", "variant", "start_us"]) \
         .reset_index(drop=True)
 
@@ -226,20 +208,18 @@ def alignment_table(max_tokens: int = 2048, attn_tps=range(1, 9), attn_cps=range
                 rounded = fx.today_capture_sizes(default, tp, cp, two_batch_overlap=tbo)
                 w_pr = padding_waste(kept_pr, max_tokens) if kept_pr else None
                 w_rd = padding_waste(rounded, max_tokens)
-                out.append({
-                    "attn_tp": tp, "attn_cp": cp, "two_batch_overlap": tbo, "mul_base_pr": pr,
-                    "mul_base_decode": dec, "lcm": lcm, "tp_x_cp": tp * cp,
-                    "n_default": len(default), "n_pr": len(kept_pr), "n_decode_style": len([
-                        n for n in default if n % dec == 0
-                    ]), "n_lcm": len([n for n in default if n % lcm == 0]),
-                    "n_round_up": len(rounded), "lost_pr": len(default) - len(kept_pr),
-                    "lost_round_up": len(default) - len(rounded), "pr_below_decode_base": len([
-                        n for n in kept_pr if n % dec
-                    ]), "pad_frac_default": base_waste["pad_frac"], "pad_frac_pr": w_pr["pad_frac"]
-                    if w_pr else None, "pad_frac_round_up": w_rd["pad_frac"],
-                    "eager_pr": w_pr["eager"] if w_pr else max_tokens,
-                    "eager_round_up": w_rd["eager"], "pr_asserts": not kept_pr
-                })
+                out.append(
+                    dict(attn_tp=tp, attn_cp=cp, two_batch_overlap=tbo, mul_base_pr=pr,
+                         mul_base_decode=dec, lcm=lcm, tp_x_cp=tp * cp, n_default=len(default),
+                         n_pr=len(kept_pr), n_decode_style=sum(n % dec == 0 for n in default),
+                         n_lcm=sum(n % lcm == 0 for n in default), n_round_up=len(rounded),
+                         lost_pr=len(default) - len(kept_pr),
+                         lost_round_up=len(default) - len(rounded), pr_below_decode_base=sum(
+                             n % dec != 0 for n in kept_pr),
+                         pad_frac_default=base_waste["pad_frac"], pad_frac_pr=w_pr["pad_frac"]
+                         if w_pr else None, pad_frac_round_up=w_rd["pad_frac"],
+                         eager_pr=w_pr["eager"] if w_pr else max_tokens,
+                         eager_round_up=w_rd["eager"], pr_asserts=not kept_pr))
     return pd.DataFrame(out)
 
 
