@@ -11,7 +11,7 @@ import pytest
 
 from sglab.core import claims as C
 from sglab.core import runs
-from sglab.pcg_gate import claims, measure, show
+from sglab.pcg_gate import claims, measure, tables
 from sglab.tools import cli
 from tests.edits import copy_run, set_value
 
@@ -261,7 +261,7 @@ def test_method3_values_travel_where_raw_speedups_do_not(tmp_path):
     busy share move far beyond ±25%, the method-3 values of the launch-bound claims stay within
     their tolerance, and the raw figures (under host_launch_cost) are never flagged."""
     slow, fast = method3_run(tmp_path, 12.0, name="slow"), method3_run(tmp_path, 5.0, name="fast")
-    sp = {r.path.stem: show.latency_table(r.df).loc[64, "speedup"] for r in (slow, fast)}
+    sp = {r.path.stem: tables.latency_table(r.df).loc[64, "speedup"] for r in (slow, fast)}
     assert sp["slow"] / sp["fast"] - 1 > 0.25
     drift = C.compare(claims, fast, slow).drift
     travelling = [

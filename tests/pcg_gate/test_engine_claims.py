@@ -16,6 +16,7 @@ from sglab.core import engine_stats as S
 from sglab.core import runs
 from sglab.pcg_gate import claims as pg
 from sglab.pcg_gate import show as pg_show
+from sglab.pcg_gate import tables as pg_tables
 
 
 pytestmark = pytest.mark.long(20)
@@ -227,7 +228,7 @@ def test_a_speed_up_reads_each_variants_fastest_start_and_its_aa_gap_too():
     key = ("llama_32x512", "0.5.13")
     assert S.aa_gap(df, "prefill", "input_len")[key] == pytest.approx(1.0)
     assert S.aa_gap(df, "prefill", "input_len", "fastest")[key] == 0.0
-    assert pg_show.engine_ratios(df, "median") == {(*key, "pcg"): {128: 4.0}}
+    assert pg_tables.engine_ratios(df, "median") == {(*key, "pcg"): {128: 4.0}}
     got = {r.claim.id: r
            for r in C.evaluate(pg.ENGINE, run)}["engine_pcg_gate.captured_prefill_faster"]
     assert got.status == C.PASS
@@ -252,8 +253,8 @@ def test_the_claim_reads_the_fastest_repeat_of_any_start():
     run = _starts_run(t)
     df = R.frame([run])
     key = (*("llama_32x512", "0.5.13"), "pcg")
-    assert pg_show.engine_ratios(df, "fastest") == {key: {128: 3.0}}
-    assert pg_show.engine_ratios(df) == {key: {128: 2.0}}
+    assert pg_tables.engine_ratios(df, "fastest") == {key: {128: 3.0}}
+    assert pg_tables.engine_ratios(df) == {key: {128: 2.0}}
     assert S.reading(df, "prefill", "floor").set_index("case").loc["pcg-off", "value"] == 20.0
     got = {r.claim.id: r
            for r in C.evaluate(pg.ENGINE, run)}["engine_pcg_gate.captured_prefill_faster"]
@@ -262,7 +263,6 @@ def test_the_claim_reads_the_fastest_repeat_of_any_start():
 
 
 def test_the_launches_removed_times_the_hosts_cost_stand_beside_the_measured_saving():
-    from sglab.pcg_gate import show as pg_show
 
     t = {("pcg", s): {128: 10.0}
          for s in range(3)} | {("pcg-off", s): {128: 16.0}
@@ -292,7 +292,6 @@ def test_the_launches_removed_times_the_hosts_cost_stand_beside_the_measured_sav
 def test_the_width_sweep_pairs_its_own_cases_and_not_pcg_off(capsys):
     """w<hidden>-pcg over w<hidden>-off per width; 01's speed-up pairs (pcg against pcg-off) leave
     the sweep's cases alone, and without a sweep the section says how to record one."""
-    from sglab.pcg_gate import show as pg_show
 
     t = {("pcg-off", 0): {128: 20.0}, ("pcg", 0): {128: 10.0}}
     for h, (on, off) in {512: (10.0, 20.0), 4096: (50.0, 52.0)}.items():
@@ -302,9 +301,9 @@ def test_the_width_sweep_pairs_its_own_cases_and_not_pcg_off(capsys):
     df = R.frame([run])
     for case in ("w512-pcg", "w4096-pcg"):  # _starts_run marks only "pcg" captured
         df.loc[(df.case == case) & (df.metric == "pcg"), "value"] = "captured"
-    gains = pg_show.width_gains(df).set_index("hidden")["gain"].to_dict()
+    gains = pg_tables.width_gains(df).set_index("hidden")["gain"].to_dict()
     assert gains == {512: 2.0, 4096: pytest.approx(52 / 50)}
-    assert set(pg_show.engine_ratios(df)) == {("llama_32x512", "0.5.13", "pcg")}
+    assert set(pg_tables.engine_ratios(df)) == {("llama_32x512", "0.5.13", "pcg")}
     pg_show.width_sweep(runs.NoRun("engine_pcg_gate", "none"))
     assert "bash scripts/engine_gpu.sh --scenario 01-llama-width" in capsys.readouterr().out
 
@@ -325,7 +324,7 @@ def test_the_launch_pass_counts_are_claimed_exactly():
     cid = "engine_pcg_gate.prefill_launches"
     after = _run("engine_pcg_gate", "0.5.13+enforce")
     assert _status(pg.ENGINE, after)[cid] == "pass"
-    counts = pg_show.launch_counts(R.frame([after]))
+    counts = pg_tables.launch_counts(R.frame([after]))
     assert set(counts.loc[("kimi_k25_tiny", "0.5.13", "enforce"), "graphs"]) == {3}
     assert (counts.loc[("kimi_k25_tiny", "0.5.13", "pcg-off"), "graphs"] == 0).all()
     one_less = _set(after, "0.5.13+enforce", "prefill_graph_launches", 2, input_len=512.0)
@@ -353,7 +352,6 @@ def test_the_width_sweeps_gain_spans_its_starts(monkeypatch):
     """Three starts per arm: the gain is the fastest off start over the fastest captured one, and
     its bar runs from the slowest captured start against the fastest off start to the reverse;
     the figure's title says which start it reads."""
-    from sglab.pcg_gate import show as pg_show
 
     t = {}
     for s, (on, off) in enumerate(((10.0, 20.0), (8.0, 22.0), (12.0, 18.0))):
@@ -361,7 +359,7 @@ def test_the_width_sweeps_gain_spans_its_starts(monkeypatch):
         t[("w512-off", s)] = {128: off}
     run = _starts_run(t)
     run.df.loc[(run.df.case == "w512-pcg") & (run.df.metric == "pcg"), "value"] = "captured"
-    row = pg_show.width_gains(R.frame([run])).iloc[0]
+    row = pg_tables.width_gains(R.frame([run])).iloc[0]
     assert (row["gain"], row["lo"], row["hi"], row["starts"]) == (18.0 / 8.0, 18.0 / 12.0,
                                                                   22.0 / 8.0, 3)
     drawn = []
@@ -375,7 +373,6 @@ def test_the_width_sweep_draws_one_panel_per_gpu_model_with_its_launch_cost(monk
     """The shown model's sweep first, then each other GPU model that recorded one, side by side,
     each titled with its GPU and the bare launch cost of the hosts that ran its sweep; a model
     without a sweep gets no panel."""
-    from sglab.pcg_gate import show as pg_show
 
     def sweep(gpu, gain, us, created):
         run = _starts_run({("w512-pcg", 0): {128: 10.0}, ("w512-off", 0): {128: 10.0 * gain}},

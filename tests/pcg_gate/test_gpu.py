@@ -9,7 +9,7 @@ import pytest
 
 from sglab.core import claims as C
 from sglab.core import runs
-from sglab.pcg_gate import claims, measure, show
+from sglab.pcg_gate import claims, measure, tables
 
 
 pytestmark = pytest.mark.gpu
@@ -32,12 +32,12 @@ def measured():
 
 def test_piecewise_matches_eager_on_gpu(measured):
     df = measured.df
-    t = show.latency_table(df)
+    t = tables.latency_table(df)
     assert list(t.index) == [16, 100, 1000, 4096]
     assert list(t["bucket"]) == [16, 112, 1024, 4096]
     bad = t[~t["within_tol"]]
     assert bad.empty, bad[["max_abs_diff", "tolerance"]].to_string()
-    facts = show.run_facts(df)
+    facts = tables.run_facts(df)
     assert facts[("eager", "gate_enabled")] == 0.0 and facts[("piecewise", "gate_enabled")] == 1.0
     # 50 buckets up to 4096 tokens x (8 layers + 1) pieces
     assert facts[("piecewise", "graphs")] == 50 * 9
@@ -48,7 +48,7 @@ def test_piecewise_matches_eager_on_gpu(measured):
 
 
 def test_gate_rows_count_the_duplicate(measured):
-    g = show.gate_table(measured.df)
+    g = tables.gate_table(measured.df)
     lm = 1 + 8 * 6 + 1  # embed, 6 tensors per layer, final norm (no lm_head)
     assert (g["lm_keys"] == lm).all()
     assert dict(g["model_keys_after_gate"]) == {
@@ -62,7 +62,7 @@ def test_gate_rows_count_the_duplicate(measured):
 
 
 def test_trace_sees_launch_gaps_and_copies(measured):
-    t = show.trace_table(measured.df)
+    t = tables.trace_table(measured.df)
     assert t.loc[(16, "eager"), "graph_launches"] == 0
     assert t.loc[(16, "piecewise"), "graph_launches"] == 9  # one per piece
     assert t.loc[(16, "eager"), "busy"] < t.loc[(16, "piecewise"), "busy"]
@@ -96,11 +96,11 @@ def test_method3_host_cost_and_launch_counts(measured):
     """Both clocks see the same launch burst; the counting pass sees every eager kernel launched
     one by one, and piecewise as its graph launches, attention and hand-off calls; the
     launch-bound claims and the host-cost check hold on the run."""
-    lt = show.launch_table(measured.df)
+    lt = tables.launch_table(measured.df)
     assert list(lt.index) == [16, 100, 1000, 4096]
     assert (lt["host µs/launch"] > 0).all()
     assert ((lt["host µs/launch (CUDA events)"] / lt["host µs/launch"] - 1).abs() < 0.25).all()
-    t = show.trace_table(measured.df)
+    t = tables.trace_table(measured.df)
     assert lt.loc[16, "eager launches"] == t.loc[(16, "eager"), "kernel_launches"]
     # 9 graph launches, per layer the attention kernel and its output copy, the ids copy
     assert lt.loc[16, "piecewise launches"] >= 9 + 2 * 8 + 1

@@ -9,7 +9,7 @@ import torch
 
 from sglab.core import timing
 from sglab.core.toy_decoder import DecoderConfig
-from sglab.pcg_gate import measure, rebuild, show
+from sglab.pcg_gate import measure, rebuild, tables
 
 
 TINY = {
@@ -56,10 +56,10 @@ def test_run_rows_on_cpu(cpu_run):
     assert list(df.columns) == [
         "experiment", "variant", "num_tokens", "bucket", "metric", "value", "unit"
     ]
-    facts = show.run_facts(df)
+    facts = tables.run_facts(df)
     assert facts[("eager", "gate_enabled")] == 0.0 and facts[("piecewise", "gate_enabled")] == 1.0
     assert facts[("piecewise", "buckets")] == len(rebuild.piecewise_cuda_graph_tokens(256))
-    t = show.latency_table(df)
+    t = tables.latency_table(df)
     assert list(t.index) == [16, 100, 256] and list(t["bucket"]) == [16, 112, 256]
     assert t["within_tol"].all() and (t["max_abs_diff_same_shape"] == 0).all()
     assert (t["speedup"] > 0).all()

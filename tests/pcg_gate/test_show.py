@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from sglab.core import runs
-from sglab.pcg_gate import claims, show
+from sglab.pcg_gate import claims, rebuild, show, tables
 from tests.pcg_gate.test_claims import LE, LP, method3_run
 
 
@@ -16,7 +16,7 @@ RECORDED = runs.load_all_recorded("pcg_gate")
 
 def test_mechanism_facts_from_the_rebuild_and_from_a_run():
     cpu = show.mechanism_facts(runs.NoRun("pcg_gate", "none"))
-    assert list(cpu.index) == list(show.SHOWN)
+    assert list(cpu.index) == list(rebuild.VARIANTS)
     assert list(cpu["model_keys_after_gate"]) == [0, 14, 15, 0]  # plain alias: the text model
     assert cpu["source"].iloc[0].startswith("the CPU rebuild")
     m2 = [r for r in RECORDED if r.manifest.method_version >= 2]
@@ -28,15 +28,15 @@ def test_mechanism_facts_from_the_rebuild_and_from_a_run():
 
 
 def test_slowdown_start_and_copy_bytes():
-    assert show.slowdown_start(pd.Series({16: 3.0, 2048: 0.9, 4096: 0.95})) == 2048
-    assert show.slowdown_start(pd.Series({16: 3.0, 2048: 0.9, 4096: 1.1})) is None
-    assert show.slowdown_start(pd.Series({16: 0.9, 2048: 1.2, 4096: 0.95})) == 4096
+    assert tables.slowdown_start(pd.Series({16: 3.0, 2048: 0.9, 4096: 0.95})) == 2048
+    assert tables.slowdown_start(pd.Series({16: 3.0, 2048: 0.9, 4096: 1.1})) is None
+    assert tables.slowdown_start(pd.Series({16: 0.9, 2048: 1.2, 4096: 0.95})) == 4096
     # 16 layers x 5 tensors + the output, 4096 x 2048 bf16, written and read
-    assert show.buffer_copy_bytes({}, 4096) == 2 * 4096 * 2048 * 2 * 81
+    assert tables.buffer_copy_bytes({}, 4096) == 2 * 4096 * 2048 * 2 * 81
 
 
 def test_launch_table_of_a_method3_run(tmp_path):
-    lt = show.launch_table(method3_run(tmp_path, 12.0).df)
+    lt = tables.launch_table(method3_run(tmp_path, 12.0).df)
     assert list(lt.index) == [16, 64, 100, 256, 1024, 2048, 4096]
     small = lt.loc[[16, 64, 100]]
     assert (small["eager launches"] == LE).all() and (small["piecewise launches"] == LP).all()
@@ -49,8 +49,8 @@ def test_old_runs_say_the_host_cost_was_not_measured(capsys):
     old = [r for r in RECORDED if r.manifest.method_version < 3]
     if not old:
         pytest.skip("no recorded pcg_gate run before method 3")
-    assert show.launch_table(old[-1].df).empty
-    assert "not measured (method" in show.host_line(old[-1])
+    assert tables.launch_table(old[-1].df).empty
+    assert "not measured (method" in tables.host_line(old[-1])
     show.launches(runs.RunSet([old[-1]]))
     assert "not measured" in capsys.readouterr().out
 

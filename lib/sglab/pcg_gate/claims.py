@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from sglab.core import engine_records, engine_stats, runs
 from sglab.core.card import Card
 from sglab.core.claims import NA, Claim, Headline, Outcome, holds, not_applicable
-from sglab.pcg_gate import sglang, show
+from sglab.pcg_gate import rebuild, sglang, tables
 from sglab.pcg_gate.measure import EXPERIMENT, GPUS  # noqa: F401 (GPUS: read by Workbook)
 from sglab.sglang.engine import spec
 from sglab.sglang.releases import parse_version
@@ -24,7 +24,7 @@ from sglab.sglang.releases import parse_version
 CLAIM = ("A `model` property + `__setattr__` guard lets the Kimi-shaped wrapper pass the PCG gate "
          "with no duplicate `model.*` weights.")
 SMALL = 512  # "small" prefills: every timed count up to here gains from piecewise graphs
-LAUNCH_BOUND = show.LAUNCH_BOUND  # ... and up to here eager is its launches
+LAUNCH_BOUND = tables.LAUNCH_BOUND  # ... and up to here eager is its launches
 MIN_SMALL_RATIO = 2.0  # methods 1-2: eager/piecewise at <= LAUNCH_BOUND (moves with the host)
 EAGER_X = (1.5, 8.0)  # method 3: eager µs per launch over the host's per-launch cost
 EXPLAINED = (0.8, 1.2)  # method 3: piecewise's gain over what its removed launches cost
@@ -40,24 +40,24 @@ def _method(run) -> int:
 # the gate and the keys
 # --------------------------------------------------------------------------------------------------
 def _gate_decision(run):
-    f = show.run_facts(run.df)
+    f = tables.run_facts(run.df)
     off, on = f[("eager", "gate_enabled")], f[("piecewise", "gate_enabled")]
     ok = off == 0 and on == 1
     text = (f"no_alias: {'on' if off else 'off'} (eager prefill); property_guard: "
             f"{'on' if on else 'off'}")
     value = {"no_alias": int(off), "property_guard": int(on)}
-    g = show.gate_table(run.df)
+    g = tables.gate_table(run.df)
     if not g.empty:  # method 2 on: every wrapper variant around the measured LLM
         decided = {v: int(g.loc[v, "gate_enabled"]) for v in g.index}
         every = {v: int(v != "no_alias") for v in decided}
-        ok = ok and decided == every and set(decided) >= set(show.SHOWN)
+        ok = ok and decided == every and set(decided) >= set(rebuild.VARIANTS)
         text = ", ".join(f"{v}: {'on' if d else 'off'}" for v, d in decided.items())
         value = decided
     return holds(ok, text, value)
 
 
 def _duplicate_keys(run):
-    g = show.gate_table(run.df)
+    g = tables.gate_table(run.df)
     if g.empty:
         return not_applicable("this run has no per-variant gate rows")
     missing = [v for v in (*DUPLICATING, *CLEAN) if v not in g.index]
@@ -77,7 +77,7 @@ def _duplicate_keys(run):
 # correctness, and the graphs it rests on
 # --------------------------------------------------------------------------------------------------
 def _equals_eager(run):
-    lat = show.latency_of(run)
+    lat = tables.latency_of(run)
     # recomputed, and as the run recorded it
     within = (lat["max_abs_diff"] <= lat["tolerance"]) & lat["within_tol"]
     ok, n, worst = int(within.sum()), len(lat), float(lat["max_abs_diff"].max())
@@ -86,7 +86,7 @@ def _equals_eager(run):
 
 
 def _graph_count(run):
-    f = show.run_facts(run.df)
+    f = tables.run_facts(run.df)
     layers = int(run.manifest.params.get("num_layers", 16))
     buckets, got = int(f[("piecewise", "buckets")]), int(f[("piecewise", "graphs")])
     want = buckets * (layers + 1)
@@ -103,7 +103,7 @@ def _ratios(sp) -> dict:
     starts to lose."""
     return {
         "max": float(sp.max()), "max_at": int(sp.idxmax()), "min": float(sp.min()),
-        "slowdown_from": show.slowdown_start(sp), "tokens_lo": int(sp.index.min()),
+        "slowdown_from": tables.slowdown_start(sp), "tokens_lo": int(sp.index.min()),
         "tokens_hi": int(sp.index.max())
     }
 
@@ -123,7 +123,7 @@ def _speedup_v1(run, sp):
 def _speedup_v3(run, sp):
     """Method 3: eager is its launches at 1.5-8× the host's per-launch cost, and piecewise gains
     what the launches it removes cost (down to its device time): figures relative to the host."""
-    small, lt = sp[sp.index <= SMALL], show.launch_table(run.df)
+    small, lt = sp[sp.index <= SMALL], tables.launch_table(run.df)
     lb = lt[lt.index <= LAUNCH_BOUND]
     if lb.empty:
         raise KeyError("no launch rows at or below the launch-bound count")
@@ -144,14 +144,14 @@ def _speedup_v3(run, sp):
 
 
 def _small_speedup(run):
-    sp = show.latency_of(run)["speedup"]
+    sp = tables.latency_of(run)["speedup"]
     if sp[sp.index <= LAUNCH_BOUND].empty:
         return not_applicable(f"no timed token count at or below {LAUNCH_BOUND}")
     return (_speedup_v3 if _method(run) >= 3 else _speedup_v1)(run, sp)
 
 
 def _launch_gaps(run):
-    t = show.trace_table(run.df)
+    t = tables.trace_table(run.df)
     if t.empty:
         raise KeyError("no trace_* rows")
     n = min(i[0] for i in t.index)
@@ -164,7 +164,7 @@ def _launch_gaps(run):
         return holds(ok, text, busy)
     # method 3: the device work per eager launch against the host's time per launch (GPU figures
     # travel; the busy shares stay with the host, in host_launch_cost)
-    lt = show.launch_table(run.df)
+    lt = tables.launch_table(run.df)
     if not e.kernel_launches or not e.device_us:
         raise KeyError(f"no eager kernels in the trace at {n} tok")
     kernel_us = e.device_us / e.kernel_launches
@@ -181,8 +181,8 @@ def _launch_gaps(run):
 
 
 def _host_figures(run) -> dict:
-    value = _ratios(show.latency_of(run)["speedup"])
-    t = show.trace_table(run.df)
+    value = _ratios(tables.latency_of(run)["speedup"])
+    t = tables.trace_table(run.df)
     if not t.empty:
         n = min(i[0] for i in t.index)
         value.update(eager_busy=float(t.loc[(n, "eager"), "busy"]),
@@ -194,7 +194,7 @@ def _host_launch_cost(run):
     value = _host_figures(run)
     text = (f"eager/piecewise {value['min']:.2f}–{value['max']:.2f}× (max at {value['max_at']} "
             "tok)")
-    lt = show.launch_table(run.df)
+    lt = tables.launch_table(run.df)
     if lt.empty:
         return Outcome(
             NA, text, value, f"this run (method {_method(run)}) predates the "
@@ -215,7 +215,7 @@ def _host_launch_cost(run):
 # large prefills: the copies, and the instrument they are counted with
 # --------------------------------------------------------------------------------------------------
 def _copies(run):
-    x, lat = show.copy_explanation(run.df), show.latency_of(run)
+    x, lat = tables.copy_explanation(run.df), tables.latency_of(run)
     n = int(x.index.max())
     share = float(x.loc[n, "copy share of extra device time"])
     if "speedup_direct" not in lat.columns:
@@ -234,7 +234,7 @@ def _kernel_counts(run):
     if kt.get("backend") not in ("cupti", "ncu"):
         return not_applicable(f"the per-kernel table came from {kt.get('backend', 'nowhere')}: "
                               f"{kt.get('reason', 'no kernel table in this run')}")
-    d = show._per_token(run.df)
+    d = tables._per_token(run.df)
     calls = d[(d.metric == "kernel_table_calls") & (d.variant == "eager")]
     n = int(calls.num_tokens.iloc[0])
     traced = d[(d.metric == "trace_kernels") & (d.variant == "eager") & (d.num_tokens == n)]
@@ -349,7 +349,7 @@ def _default_off(run):
 
 
 def _pairs(run) -> dict:
-    return show.engine_ratios(engine_records.frame([run]))
+    return tables.engine_ratios(engine_records.frame([run]))
 
 
 def _paired(run):
@@ -358,12 +358,12 @@ def _paired(run):
 
 def _speedup(run):
     """Each captured case against pcg-off of its own model and release, each side its fastest
-    repeat of any start (``show.STAT``), over the gap that release's A/A control (pcg-off started
+    repeat of any start (``tables.STAT``), over the gap that release's A/A control (pcg-off started
     twice) measured on the same statistic: the value holds one group per pair (``pairs``), so a
     rerun of one model is compared with the record of that model."""
     df = engine_records.frame([run])
     starts = engine_stats.starts_in(df, "prefill")
-    gaps = engine_stats.aa_gap(df, "prefill", "input_len", show.STAT)
+    gaps = engine_stats.aa_gap(df, "prefill", "input_len", tables.STAT)
     worst = max(gaps.values(), default=0.0)  # a pair without its own control: the run's widest
     pairs, said = {}, []
     for (model, rel, case), r in _pairs(run).items():
@@ -377,7 +377,7 @@ def _speedup(run):
     margin = min(p["margin"] for p in pairs.values())
     return holds(
         margin > 0, f"prefill pcg-off / piecewise over 128–1024 tokens (bench_one_batch, "
-        f"{engine_stats.starts_how(starts, show.STAT)}): {'; '.join(said)}", {
+        f"{engine_stats.starts_how(starts, tables.STAT)}): {'; '.join(said)}", {
             "min": min(p["lo"] for p in pairs.values()), "aa_noise": worst, "margin": margin,
             "starts": starts, "pairs": pairs
         })
@@ -393,7 +393,7 @@ def _launches(run):
     """Captured: one graph per piece (layers + 1: SGLang splits the step at each attention) and
     the same kernels left outside them at every token count. Not captured: no graph, and exactly
     the launches of pcg-off, whatever the flags asked."""
-    counts = show.launch_counts(engine_records.frame([run]))
+    counts = tables.launch_counts(engine_records.frame([run]))
     if counts.empty:
         return not_applicable("no launch pass in this run")
     plain = {(m, rel, n): r.launches

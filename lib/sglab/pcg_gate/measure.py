@@ -1,19 +1,11 @@
 """Notebook 01 on one GPU: eager prefill (the wrapper the gate refuses) against piecewise-CUDA-graph
 prefill (the one it lets through), per token count, and what the host pays per launch.
 
-Phases of :func:`run`: ``build`` (the bf16 LLM in Kimi-shaped wrappers); ``gate`` (every wrapper
-variant through the PR-era gate: ``no_alias`` fails, so its prefill is the plain eager forward,
-``property_guard`` passes, so its prefill runs through the piecewise runner); ``capture`` (one graph
-per piece per bucket, one pool; a second runner whose pieces hand over their own tensors);
-``correctness``; ``timing`` (the prefills in interleaved rounds, and in the same rounds a burst of
-tiny kernels: the host's per-launch cost, :class:`Burst`); ``profile`` (the per-kernel table, a
-traced pass at a launch-bound and a GEMM-bound count, a counting pass at every timed count).
-
-Method versions: 1, a private timing loop; 2, interleaved timing, per-variant gate rows, the direct
-hand-off, the traced pass and the per-kernel table; 3, the host's per-launch cost (``host`` rows:
-``launch_us`` and its p10/p90 by ``time.perf_counter``, ``launch_event_us`` by CUDA events) and the
-counting pass (``launches``, ``device_us``) at every timed count. :func:`sweep` takes its timer
-and device, so the CPU tests run the same loop without graphs.
+Phases of :func:`run`: build, gate (every wrapper variant), capture, correctness, timing (the
+prefills and a burst of tiny kernels, :class:`Burst`, in interleaved rounds) and profile. Method 2
+added the per-variant gate rows, the direct hand-off, the traced pass and the kernel table; method 3
+the host's per-launch cost (``host`` rows) and the counting pass. :func:`sweep` takes its timer and
+device, so the CPU tests run the same loop without graphs.
 """
 
 from __future__ import annotations
@@ -37,24 +29,17 @@ from sglab.pcg_gate import rebuild
 EXPERIMENT = "pcg_gate"
 METHOD_VERSION = 3
 GPUS = 1
+# head_dim = hidden / num_heads = 128; max_tokens: --piecewise-cuda-graph-max-tokens (the buckets
+# go up to it; 100 tokens pad to 112); direct_token_counts: also timed with pieces that hand over
+# their own tensors; trace_token_counts: one launch-bound and one GEMM-bound traced prefill;
+# kernel_table_tokens: the per-kernel table of the eager prefill; launch_burst: tiny kernels per
+# burst of the host's per-launch cost; repeat: samples per variant and count over `rounds` rounds
 DEFAULT_PARAMS = {
-    "hidden": 2048,
-    "num_layers": 16,
-    "num_heads": 16,  # head_dim = hidden / num_heads = 128
-    "intermediate": 5632,
-    "vocab": 32000,
-    "max_tokens": 4096,  # --piecewise-cuda-graph-max-tokens: buckets up to this
-    "token_counts": [16, 64, 100, 256, 1024, 2048, 4096],  # 100 is padded to 112
-    "direct_token_counts": [2048, 4096],  # also timed with pieces handing over their own tensors
-    # the traced pass: one launch-bound, one GEMM-bound prefill
-    "trace_token_counts": [64, 4096],
-    "kernel_table_tokens": 4096,  # the per-kernel table of the eager prefill
-    "kernel_table_runs": 3,
-    "launch_burst": 256,  # tiny kernels per burst of the host's per-launch cost
-    "warmup": 3,
-    "repeat": 15,  # samples per variant and token count, in `rounds` alternating rounds
-    "rounds": 3,
-    "seed": 0,
+    "hidden": 2048, "num_layers": 16, "num_heads": 16, "intermediate": 5632, "vocab": 32000,
+    "max_tokens": 4096, "token_counts": [16, 64, 100, 256, 1024, 2048,
+                                         4096], "direct_token_counts": [2048, 4096],
+    "trace_token_counts": [64, 4096], "kernel_table_tokens": 4096, "kernel_table_runs": 3,
+    "launch_burst": 256, "warmup": 3, "repeat": 15, "rounds": 3, "seed": 0
 }
 TOL_ULPS = 8  # accepted max |piecewise - eager|: 8 bf16 units in the last place at the output's max
 HOST = "host"  # the variant of the per-launch cost rows
@@ -108,9 +93,11 @@ def _row(variant, metric, value, unit, n=None, bucket=None) -> dict:
 # --------------------------------------------------------------------------------------------------
 # the gate on every wrapper variant around the measured LLM
 # --------------------------------------------------------------------------------------------------
-GATE_METRICS = (("gate_enabled", "bool"), ("lm_keys", "count"), ("state_dict_keys_built", "count"),
-                ("state_dict_keys_after_gate",
-                 "count"), ("model_keys_after_gate", "count"), ("named_parameters_dup", "count"))
+GATE_METRICS = {
+    "gate_enabled": "bool", "lm_keys": "count", "state_dict_keys_built": "count",
+    "state_dict_keys_after_gate": "count", "model_keys_after_gate": "count",
+    "named_parameters_dup": "count"
+}
 
 
 def gate_facts(wrapper: nn.Module, num_hidden_layers: int, capture_tokens=None) -> dict:
@@ -137,7 +124,7 @@ def gate_rows(lm: nn.Module, num_hidden_layers: int, capture_tokens) -> tuple:
                       capture_tokens)
         for v in rebuild.ALL_VARIANTS
     }
-    return [_row(v, m, f[m], u) for v, f in facts.items() for m, u in GATE_METRICS], facts
+    return [_row(v, m, f[m], u) for v, f in facts.items() for m, u in GATE_METRICS.items()], facts
 
 
 # --------------------------------------------------------------------------------------------------
@@ -174,10 +161,11 @@ COPY = r"direct_copy_kernel|Memcpy DtoD|^memcpy\d+$"
 LAUNCH = r"LaunchKernel|GraphLaunch|Memcpy|Memset"
 PHASE = re.compile(r"^(eager|piecewise|piecewise_direct|pieces_eager) (\d+)$")
 DEVICE_CATEGORIES = ("kernel", "memcpy", "memset")
-TRACE_METRICS = (("trace_kernels", "count"), ("trace_device_us", "us"), ("trace_span_us", "us"),
-                 ("trace_busy", "fraction"), ("trace_copy_us", "us"), ("trace_copy_ops", "count"),
-                 ("trace_graph_launches", "count"), ("trace_kernel_launches",
-                                                     "count"), ("trace_host_us", "us"))
+TRACE_METRICS = {
+    "trace_kernels": "count", "trace_device_us": "us", "trace_span_us": "us",
+    "trace_busy": "fraction", "trace_copy_us": "us", "trace_copy_ops": "count",
+    "trace_graph_launches": "count", "trace_kernel_launches": "count", "trace_host_us": "us"
+}
 
 
 def _is_device(lanes: pd.Series) -> pd.Series:
@@ -196,30 +184,32 @@ def phase_numbers(ev: pd.DataFrame) -> dict:
     span = float((dev.start_us + dev.dur_us).max() - dev.start_us.min()) if len(dev) else 0.0
     device_us, copies = float(dev.dur_us.sum()), dev[dev.name.str.contains(COPY, regex=True)]
     rt, host = ev[ev.category == "runtime"], ev[(ev.category == "range") & ~_is_device(ev.lane)]
+
+    def calls(pattern: str) -> int:
+        return int(rt.name.str.contains(pattern, regex=True).sum())
+
     return {
-        "trace_kernels": int(
-            (dev.category == "kernel").sum()), "trace_device_us": device_us, "trace_span_us": span,
-        "trace_busy": device_us / span if span else 0.0, "trace_copy_us": float(
-            copies.dur_us.sum()), "trace_copy_ops": int(len(copies)), "trace_graph_launches": int(
-                rt.name.str.contains("GraphLaunch").sum()), "trace_kernel_launches": int(
-                    rt.name.str.contains("LaunchKernel").sum()),
-        "trace_host_us": float(host.dur_us.max()) if len(host) else 0.0, "launches": int(
-            rt.name.str.contains(LAUNCH, regex=True).sum())
+        "trace_kernels": int((dev.category == "kernel").sum()), "trace_device_us": device_us,
+        "trace_span_us": span, "trace_busy": device_us / span if span else 0.0,
+        "trace_copy_us": float(copies.dur_us.sum()), "trace_copy_ops": int(
+            len(copies)), "trace_graph_launches": calls("GraphLaunch"),
+        "trace_kernel_launches": calls("LaunchKernel"),
+        "trace_host_us": float(host.dur_us.max()) if len(host) else 0.0, "launches": calls(LAUNCH)
     }
 
 
-def trace_rows(events: pd.DataFrame, metrics=TRACE_METRICS) -> list:
-    """One row per prefill phase and metric of :func:`phase_numbers`."""
+def trace_rows(events: pd.DataFrame, metrics: dict = TRACE_METRICS) -> list:
+    """One row per prefill phase and metric of :func:`phase_numbers` (``{metric: unit}``)."""
     rows = []
     for (variant, n), ev in events.groupby(["variant", "num_tokens"], sort=False):
         nums = phase_numbers(ev)
-        rows += [_row(variant, m, nums[m], u, int(n)) for m, u in metrics]
+        rows += [_row(variant, m, nums[m], u, int(n)) for m, u in metrics.items()]
     return rows
 
 
 def count_rows(events: pd.DataFrame) -> list:
     """Method 3's counting pass: host launch calls and device µs of one prefill per phase."""
-    rows = trace_rows(events, (("launches", "count"), ("trace_device_us", "us")))
+    rows = trace_rows(events, {"launches": "count", "trace_device_us": "us"})
     for r in rows:
         r["metric"] = r["metric"].replace("trace_device_us", "device_us")
     return rows

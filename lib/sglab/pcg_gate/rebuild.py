@@ -1,20 +1,11 @@
 """The piecewise-CUDA-graph gate and the Kimi-K2.5 ``.model`` alias (SGLang #26382 part A), PR era.
 
-One section per upstream file, headed by its path and symbol; read it beside the released hunk
-(``data/upstream/pcg_gate/``). The before/after switch is the wrapper variant (:data:`VARIANTS`,
-:func:`build_wrapper`): the gate and the runner are the same code for every variant.
-
-1. ``server_args.py``: the token counts that get a piecewise capture, and the bucket a batch pads
-   to;
-2. ``models/kimi_k25.py``: ``KimiK25ForConditionalGeneration`` reduced to its attribute shape, in
-   the alias variants the PR chose between;
-3. ``model_executor/model_runner.py``: the gate, ``ModelRunner.init_piecewise_cuda_graphs``, and
-   ``resolve_language_model``;
-4. ``model_executor/piecewise_cuda_graph_runner.py``: what the gate switches on, one CUDA graph per
-   piece between two attention calls (without torch.compile).
-
-The LLM inside the wrapper is the shared :mod:`sglab.core.toy_decoder`. Nothing here measures
-(:mod:`sglab.pcg_gate.measure` does).
+One section per upstream file, headed by its path and symbol, to read beside the released hunk:
+``server_args.py`` (the capture sizes and a batch's bucket), ``models/kimi_k25.py`` (the wrapper in
+the alias variants the PR chose between: the before/after switch, :func:`build_wrapper`),
+``model_runner.py`` (the gate) and ``piecewise_cuda_graph_runner.py`` (one CUDA graph per piece
+between two attention calls, without torch.compile). The LLM inside is the shared
+:mod:`sglab.core.toy_decoder`; nothing here measures.
 """
 
 from __future__ import annotations

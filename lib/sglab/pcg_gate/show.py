@@ -1,242 +1,25 @@
 """Tables and figures of notebook 01, from the rebuild (CPU) or a run (recorded or live), and "your
 own setup".
 
-A run's sections take a RunSet (one run per GPU model) and print its NoRun line where there is none.
-Small prefills are host-bound: their times stand beside the per-launch cost of the host that ran
-them. The real engine's section is declared (:data:`VIEW`).
+A run's sections take a RunSet (one run per GPU model) and print its NoRun line where there is none;
+the tables they show are :mod:`sglab.pcg_gate.tables`'. Small prefills are host-bound: their times
+stand beside the per-launch cost of the host that ran them. The real engine's section is declared
+(:data:`VIEW`).
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
 import pandas as pd
 
-from sglab.core import engine_records, engine_stats, engine_view, kernel_table, notebook, plots
-from sglab.core import runs, text
+from sglab.core import engine_records, engine_stats, engine_view, notebook, plots, runs, text
 from sglab.pcg_gate import rebuild, sglang
-from sglab.pcg_gate.measure import COPY, DEFAULT_PARAMS, GATE_METRICS, HOST, gate_facts
-
-
-TIMES = (("time_median", "median"), ("time_p10", "p10"), ("time_p90", "p90"))
-CHECKS = ("max_abs_diff", "rel_rms_diff", "tolerance", "within_tol", "max_abs_diff_same_shape")
-LAUNCH_BOUND = 128  # token counts up to here: eager prefill is its launches
-STAT = engine_stats.STAT  # what the engine's timings read: the fastest repeat of any start
-
-
-# --------------------------------------------------------------------------------------------------
-# tables of a run
-# --------------------------------------------------------------------------------------------------
-def _per_token(df: pd.DataFrame) -> pd.DataFrame:
-    d = df.dropna(subset=["num_tokens"]).copy()
-    d["num_tokens"] = d["num_tokens"].astype(int)
-    return d
-
-
-def latency_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per timed token count: eager and piecewise median/p10/p90 (ms), ``speedup`` (eager /
-    piecewise median), the correctness columns, and the direct hand-off where measured."""
-    d = _per_token(df)
-    wide = d[d.metric.isin([m for m, _ in TIMES])].pivot_table(index="num_tokens",
-                                                               columns=["variant",
-                                                                        "metric"], values="value")
-    out = pd.DataFrame(index=wide.index)
-    for mode in ("eager", "piecewise"):
-        for m, lab in TIMES:
-            out[f"{mode} {lab} ms"] = wide[(mode, m)]
-    out["speedup"] = out["eager median ms"] / out["piecewise median ms"]
-    if ("piecewise_direct", "time_median") in wide.columns:
-        out["direct median ms"] = wide[("piecewise_direct", "time_median")]
-        out["speedup_direct"] = out["eager median ms"] / out["direct median ms"]
-    c = d[d.metric.isin(CHECKS) & (d.variant == "piecewise")]
-    cw = c.pivot_table(index="num_tokens", columns="metric", values="value").reindex(out.index)
-    buckets = d.dropna(subset=["bucket"]).groupby("num_tokens")["bucket"].first()
-    out.insert(0, "bucket", buckets.reindex(out.index).astype(int))
-    for col in ("max_abs_diff", "rel_rms_diff", "tolerance", "max_abs_diff_same_shape"):
-        out[col] = cw[col]
-    out["within_tol"] = cw["within_tol"].astype(bool)
-    return out
-
-
-def latency_of(run) -> pd.DataFrame:
-    """:func:`latency_table` of a run, worked out once per run."""
-    return run.memo("latency_table", lambda: latency_table(run.df))
-
-
-def launch_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Method 3, per timed token count: launches of one prefill, the host's µs per launch (by
-    ``time.perf_counter`` and by CUDA events), eager µs per launch and its multiple of the host's
-    cost, piecewise's device time, and ``gain explained``: the measured gain over what the launches
-    piecewise removes cost (eager time minus piecewise's floor: its device time, or its own launches
-    at eager's µs per launch where that is longer). Empty for older runs."""
-    d = _per_token(df)
-    w = d[d.metric.isin(["launches", "device_us", "time_median", "launch_us", "launch_event_us"
-                         ])].pivot_table(index="num_tokens", columns=["variant", "metric"],
-                                         values="value")
-    if (HOST, "launch_us") not in w.columns or ("eager", "launches") not in w.columns:
-        return pd.DataFrame()
-    te, tp = w[("eager", "time_median")] * 1e3, w[("piecewise", "time_median")] * 1e3
-    le, lp, c = w[("eager", "launches")], w[("piecewise", "launches")], w[(HOST, "launch_us")]
-    floor = np.maximum(w[("piecewise", "device_us")], lp * te / le)
-    return pd.DataFrame({
-        "eager launches": le, "piecewise launches": lp, "host µs/launch": c,
-        "host µs/launch (CUDA events)": w.get((HOST, "launch_event_us")), "eager ms": te / 1e3,
-        "eager µs/launch": te / le, "eager ÷ host cost": te / (le * c), "piecewise ms": tp / 1e3,
-        "piecewise device ms": w[("piecewise", "device_us")] / 1e3,
-        "gain explained": (te - tp) / (te - floor)
-    })
-
-
-def run_facts(df: pd.DataFrame) -> dict:
-    """The run-level numbers (capture time, graphs, pool, weights, ...): ``(variant, metric) ->
-    value``."""
-    g = df[df["num_tokens"].isna()]
-    return {(r.variant, r.metric): r.value for r in g.itertuples()}
-
-
-def slowdown_start(speedup: pd.Series) -> Optional[int]:
-    """The smallest token count from which every ratio is below 1 (None if the last is not)."""
-    start = None
-    for n, s in speedup.sort_index(ascending=False).items():
-        if s >= 1.0:
-            break
-        start = int(n)
-    return start
-
-
-def buffer_copy_bytes(params: dict, num_tokens: int) -> int:
-    """Bytes the copy hand-off moves on top of the eager forward, per prefill: per layer the
-    residual, q, k, v and the attention output once more (5 ``tokens × hidden`` bf16 tensors, each
-    written and read back), plus the final output."""
-    p = {**DEFAULT_PARAMS, **params}
-    return 2 * int(num_tokens) * int(p["hidden"]) * 2 * (5 * int(p["num_layers"]) + 1)
-
-
-def gate_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Method 2 on: the gate per wrapper variant around the measured LLM (decision, key counts)."""
-    g = df[df.variant.isin(rebuild.ALL_VARIANTS) & df.metric.isin([m for m, _ in GATE_METRICS])]
-    if g.empty:
-        return pd.DataFrame()
-    order = [v for v in rebuild.ALL_VARIANTS if v in set(g.variant)]
-    t = g.pivot_table(index="variant", columns="metric", values="value").reindex(order)
-    return t[[m for m, _ in GATE_METRICS]].astype(int)
-
-
-def trace_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Method 2 on: what the traced pass saw, per token count and variant (rows ``trace_*``)."""
-    t = _per_token(df)
-    t = t[t.metric.str.startswith("trace_")]
-    if t.empty:
-        return pd.DataFrame()
-    w = t.pivot_table(index=["num_tokens", "variant"], columns="metric", values="value")
-    w.columns = [c.replace("trace_", "") for c in w.columns]
-    return w[[
-        "kernels", "kernel_launches", "graph_launches", "device_us", "span_us", "busy", "copy_ops",
-        "copy_us", "host_us"
-    ]]
-
-
-def copy_explanation(df: pd.DataFrame) -> pd.DataFrame:
-    """Per traced token count: piecewise − eager device time, the part of it the extra copies take,
-    and the timed gap (medians), in µs."""
-    tr = trace_table(df)
-    if tr.empty:
-        return pd.DataFrame()
-    lat, rows = latency_table(df), []
-    for n in sorted({i[0] for i in tr.index}):
-        e, pw = tr.loc[(n, "eager")], tr.loc[(n, "piecewise")]
-        extra_dev, extra_copy = pw.device_us - e.device_us, pw.copy_us - e.copy_us
-        gap = ((lat.loc[n, "piecewise median ms"] - lat.loc[n, "eager median ms"]) * 1e3
-               if n in lat.index else None)
-        rows.append({
-            "num_tokens": n, "extra device µs": extra_dev, "extra copy µs": extra_copy,
-            "copy share of extra device time": extra_copy / extra_dev if extra_dev > 0 else
-            float("nan"), "extra copy ops": pw.copy_ops - e.copy_ops, "timed gap µs (medians)": gap
-        })
-    return pd.DataFrame(rows).set_index("num_tokens")
-
-
-def kernel_summary(table: pd.DataFrame, top: int = 8) -> pd.DataFrame:
-    """The per-kernel sidecar for reading: per label the ``top`` kernels by time, the rest
-    summed."""
-    out, table = [], table.assign(short=table.kernel.map(kernel_table.short_name))
-    for label, g in table.groupby("label", sort=False):
-        g = g.sort_values("total_us", ascending=False)
-        out.append(g.head(top)[["label", "short", "calls", "median_us", "total_us", "share"]])
-        rest = g.iloc[top:]
-        if len(rest):
-            out.append(
-                pd.DataFrame([{
-                    "label": label, "short": f"({len(rest)} more)", "calls": rest.calls.sum(),
-                    "median_us": float("nan"), "total_us": rest.total_us.sum(),
-                    "share": rest.share.sum()
-                }]))
-    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
-
-
-def host_line(run) -> str:
-    """The host's per-launch cost of a run, beside which its small-prefill figures stand."""
-    lt = launch_table(run.df)
-    if lt.empty:
-        return (f"{run.label}: host per-launch cost not measured (method "
-                f"{run.manifest.method_version}); its small-prefill times and speed-ups "
-                "hold for the host that ran it")
-    ev = lt["host µs/launch (CUDA events)"].median()
-    return (f"{run.label}: host per-launch cost {lt['host µs/launch'].median():.1f} µs "
-            f"(time.perf_counter; {ev:.1f} µs by CUDA events), median over the timed counts: the "
-            "small-prefill times and speed-ups scale with it and hold for this host")
-
-
-# --------------------------------------------------------------------------------------------------
-# the GPU sections of the notebook
-# --------------------------------------------------------------------------------------------------
-def summary(run) -> str:
-    """What the gate decided and what the capture cost, from one run."""
-    f = run_facts(run.df)
-    on_off = {1.0: "PCG on", 0.0: "PCG off"}
-    out = (f"{run.label}: gate for no_alias → {on_off[f[('eager', 'gate_enabled')]]} (eager "
-           f"prefill), for property_guard → {on_off[f[('piecewise', 'gate_enabled')]]} "
-           f"(piecewise prefill)\n  capture: {f[('piecewise', 'graphs')]:.0f} graphs "
-           f"({f[('piecewise', 'buckets')]:.0f} buckets) in {f[('piecewise', 'capture_time')]:.1f}"
-           f" s; graph pool {f[('piecewise', 'graph_pool')]:.0f} MiB, fixed buffers "
-           f"{f[('piecewise', 'static_buffers')]:.0f} MiB, weights {f[('eager', 'weights')]:.0f}"
-           " MiB")
-    if ("process", "peak_allocated") in f:
-        out += f", peak allocated {f[('process', 'peak_allocated')]:.0f} MiB"
-    tr = trace_table(run.df)
-    if not tr.empty:
-        n = min(i[0] for i in tr.index)
-        e, p = tr.loc[(n, "eager")], tr.loc[(n, "piecewise")]
-        out += (f"\n  one prefill of {n} tokens (traced): eager {e.kernels:.0f} kernels, each "
-                f"launched from Python; piecewise {p.kernels:.0f} kernels from "
-                f"{p.graph_launches:.0f} graph launches + {p.kernel_launches:.0f} eager kernel "
-                "launches (attention)")
-    return out
-
-
-def reading(run) -> str:
-    """Small prefills (launch-bound) and large ones (where piecewise loses), one run."""
-    lat = latency_of(run)
-    sp, small = lat["speedup"], lat[lat.index <= 1024]
-    lines = [
-        f"{run.manifest.gpu}: eager/piecewise {sp.min():.2f}x to {sp.max():.2f}x (max at "
-        f"{sp.idxmax()} tokens); eager median {small['eager median ms'].min():.2f}-"
-        f"{small['eager median ms'].max():.2f} ms over {small.index.min()}-"
-        f"{small.index.max()} tokens, piecewise {small['piecewise median ms'].min():.2f}-"
-        f"{small['piecewise median ms'].max():.2f} ms"
-    ]
-    start = slowdown_start(sp)
-    for n in (lat.index[lat.index >= start] if start is not None else []):
-        gap_ms = lat.loc[n, "piecewise median ms"] - lat.loc[n, "eager median ms"]
-        moved = buffer_copy_bytes(run.manifest.params, lat.loc[n, "bucket"])
-        line = (f"    {n:5d} tokens: piecewise {gap_ms:+.2f} ms ({sp[n]:.2f}x); the copies move "
-                f"{moved / 1e9:.2f} GB = {moved / 1e12 / (gap_ms / 1e3):.1f} TB/s if they were the "
-                "whole gap")
-        if "speedup_direct" in lat and lat.loc[n, "speedup_direct"] == lat.loc[n, "speedup_direct"]:
-            line += f"; without them: {lat.loc[n, 'speedup_direct']:.3f}x"
-        lines.append(line)
-    return "\n".join(lines)
+from sglab.pcg_gate.measure import COPY, GATE_METRICS, gate_facts
+from sglab.pcg_gate.tables import (STAT, _swept, captured_over_off, copy_explanation, gate_table,
+                                   host_line, kernel_summary, latency_of, launch_counts,
+                                   launch_table, reading, summary, trace_table, width_gains)
+from sglab.pcg_gate.tables import engine_ratios  # noqa: F401 (read as show.engine_ratios)
 
 
 @notebook.needs_run
@@ -321,7 +104,6 @@ def profiler(rs) -> None:
 # --------------------------------------------------------------------------------------------------
 # figures
 # --------------------------------------------------------------------------------------------------
-SHOWN = ("no_alias", "plain_alias", "property_only", "property_guard")
 HOW = {
     "no_alias": "no .model", "plain_alias": "self.model =\nself.language_model.model",
     "property_only": "@property model", "property_guard": "@property model\n+ __setattr__ guard"
@@ -335,10 +117,11 @@ def mechanism_facts(rs=None) -> pd.DataFrame:
         g = gate_table(rs.first.df)
         if not g.empty:
             return g.assign(source="the measured LLM")
-    rows = {v: gate_facts(rebuild.build_wrapper(v), rebuild.TINY_LM.num_layers) for v in SHOWN}
-    return pd.DataFrame({v: {m: f[m]
-                             for m, _ in GATE_METRICS}
-                         for v, f in rows.items()}).T.assign(source="the CPU rebuild (2-layer LLM)")
+    facts = [
+        gate_facts(rebuild.build_wrapper(v), rebuild.TINY_LM.num_layers) for v in rebuild.VARIANTS
+    ]
+    table = pd.DataFrame([{m: f[m] for m in GATE_METRICS} for f in facts], index=rebuild.VARIANTS)
+    return table.assign(source="the CPU rebuild (2-layer LLM)")
 
 
 def _write_back(v: str, on: bool, dup: int) -> tuple[str, str]:
@@ -361,7 +144,7 @@ def mechanism(rs=None):
                      (5.35, "write-back: wrapper.model = LLM"), (8.45,
                                                                  "state_dict() after the gate")):
         plots.label(ax, x, 4.75, title, fontsize=9)
-    for i, v in enumerate(v for v in SHOWN if v in facts.index):
+    for i, v in enumerate(v for v in rebuild.VARIANTS if v in facts.index):
         y, f = 3.85 - i * 1.1, facts.loc[v]
         on, lm, dup = bool(int(f.gate_enabled)), int(f.lm_keys), int(f.model_keys_after_gate)
         plots.box(ax, 0.05, y, 2.3, 0.75, f"{v}\n{HOW[v]}", color="neutral", fontsize=7.5)
@@ -489,48 +272,6 @@ def your_setup(interactive: bool = False):
 # --------------------------------------------------------------------------------------------------
 # the real engine, before and after (data/recorded/engine_pcg_gate/)
 # --------------------------------------------------------------------------------------------------
-def _swept(case) -> bool:
-    return bool(sglang.WIDTH_CASE.match(str(case)))
-
-
-def captured_over_off(df: pd.DataFrame, stat: str = STAT) -> dict:
-    """``{(model, release, on-case): {input_len: (off / on, lo, hi)}}`` where a captured case and
-    'pcg-off' both ran (the width sweep pairs its own cases: :func:`width_gains`), each side
-    ``stat`` of its starts, ``lo``–``hi`` the widest the starts allow."""
-    pcg = engine_stats.texts(df, "pcg")
-    return {
-        k: r
-        for k, r in engine_stats.ratios(df, "prefill", "input_len", "pcg-off", stat).items()
-        if not _swept(k[2]) and pcg.get(k) == "captured"
-    }
-
-
-def engine_ratios(df: pd.DataFrame, stat: str = STAT) -> dict:
-    """``{(model, release, on-case): {input_len: off / on}}`` (:func:`captured_over_off`)."""
-    return {k: {n: x[0] for n, x in r.items()} for k, r in captured_over_off(df, stat).items()}
-
-
-def launch_counts(df: pd.DataFrame) -> pd.DataFrame:
-    """The launch pass's counts per prefill step: per (model, release, case, tokens) the kernels
-    launched one by one, the CUDA graphs replayed and their sum (``launches``), with the release's
-    piecewise decision (``pcg``)."""
-    rows: dict = {}
-    for metric, col in (("prefill_kernel_launches", "kernels"), ("prefill_graph_launches",
-                                                                 "graphs")):
-        d = engine_stats.numbers(df, metric)
-        for k, n, v in zip(d[engine_records.KEYS].itertuples(index=False), d["input_len"],
-                           d["value"]):
-            rows.setdefault((*k, int(n)), {"kernels": 0, "graphs": 0})[col] = int(v)
-    if not rows:
-        return pd.DataFrame()
-    pcg = engine_stats.texts(df, "pcg")
-    out = pd.DataFrame([{
-        "model": m, "release": rel, "case": case, "tokens": n,
-        **c, "launches": c["kernels"] + c["graphs"], "pcg": pcg.get((m, rel, case), "")
-    } for (m, rel, case, n), c in sorted(rows.items())])
-    return out.set_index(["model", "release", "case", "tokens"])
-
-
 def launch_savings(df: pd.DataFrame, host_us) -> pd.DataFrame:
     """Per captured case and input length: the launches per prefill step with piecewise graphs and
     with them off, the launches removed, what they cost at the host's bare per-launch cost
@@ -615,29 +356,6 @@ def serving() -> None:
     } for name, (unit, before, after) in b["metrics"].items()]
     print(f"#26382's own benchmark ({b['setup']}):")
     notebook.show_table(pd.DataFrame(rows).set_index("metric"))
-
-
-def width_gains(df: pd.DataFrame) -> pd.DataFrame:
-    """The width sweep (``01-llama-width``): per hidden size and input length, prefill with
-    piecewise graphs off over prefill with them captured, each side :data:`STAT` of its starts;
-    rows ``hidden, tokens, gain, lo, hi, starts``, ``lo``–``hi`` the widest the starts allow."""
-    d = engine_stats.reading(df, "prefill", STAT)
-    pcg = engine_stats.texts(df, "pcg")
-    arms: dict = {}
-    for k, n, v, lo, hi, st in zip(d[engine_records.KEYS].itertuples(index=False), d["input_len"],
-                                   d["value"], d["lo"], d["hi"], d["starts"]):
-        m = sglang.WIDTH_CASE.match(k[2])
-        if m and (m["arm"] == "off" or pcg.get(tuple(k)) == "captured"):
-            arms[(int(m["hidden"]), int(n), m["arm"])] = (v, lo, hi, int(st))
-    rows = []
-    for (h, n, arm), (v, lo, hi, st) in sorted(arms.items()):
-        off = arms.get((h, n, "off"))
-        if arm == "pcg" and off:
-            rows.append({
-                "hidden": h, "tokens": n, "gain": off[0] / v, "lo": off[1] / hi, "hi": off[2] / lo,
-                "starts": min(st, off[3])
-            })
-    return pd.DataFrame(rows, columns=["hidden", "tokens", "gain", "lo", "hi", "starts"])
 
 
 def width_sweep(rs) -> None:
