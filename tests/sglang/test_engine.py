@@ -1044,7 +1044,52 @@ def test_the_engine_package_names_its_face_by_plain_imports():
     }
     assert set(eng.__all__) == imported
     for name in (n for n in eng.__all__ if not n.isupper()):
-        assert getattr(eng, name).__module__.startswith("sglab.sglang.engine."), name
+        assert getattr(eng, name).__module__.startswith("sglab.sglang."), name
     code = "import sys, sglab.sglang.engine.hooks; print('pandas' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_model_config_is_read_once_per_engine_run(tmp_path, monkeypatch):
+    """The launch (its check, the model's needs, the model folder) and the record (the config and
+    its digest in the manifest) read the config file once, whatever asks for it."""
+    import hashlib
+
+    from sglab.sglang.engine import recording
+
+    _pkg("0.5.13")
+    config = tmp_path / "llama" / "config.json"
+    config.parent.mkdir()
+    config.write_bytes(LLAMA.read_bytes())
+    reads = []
+    for method in ("read_bytes", "read_text"):
+        real = getattr(Path, method)
+
+        def counted(self, *a, _real=real, **k):
+            if self.name == "config.json" and self.resolve() == config.resolve():
+                reads.append(self)
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(Path, method, counted)
+    spec = eng.with_model_needs(eng.EngineSpec("0.5.13", config, "bench", ()), echo=lambda _: None)
+    prep = eng.prepare(spec, tmp_path / "work", check=False)
+    model = recording.model_record(config)
+    assert len(reads) == 1, reads
+    assert (prep.model_dir / "config.json").read_bytes() == LLAMA.read_bytes()
+    assert model["sha256_16"] == hashlib.sha256(LLAMA.read_bytes()).hexdigest()[:16]
+    assert model["config"]["architectures"] == ["LlamaForCausalLM"]
+
+
+@pytest.mark.parametrize("text, says", [
+    (None, "no such model config"),
+    ("{", "not JSON: "),
+    ("[1]", "a model config is a JSON object, not a list"),
+    ('{"vocab_size": 32000}', "a model config needs an 'architectures' list"),
+])
+def test_a_bad_model_config_is_one_line_naming_the_file(tmp_path, text, says):
+    path = tmp_path / "config.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(eng.EngineError) as got:
+        eng.load_config(tmp_path)
+    assert str(got.value).startswith(f"{path}: {says}") and "\n" not in str(got.value)

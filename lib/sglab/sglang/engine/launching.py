@@ -25,7 +25,7 @@ from sglab.sglang.engine.release import (ReleaseEnv, check_flags, check_pins, fo
                                          locate, release_flags, release_pins)
 from sglab.sglang.engine.spec import (DEFAULT_ARGS, ENGINE_ONLY_ARGS, MODEL_NEEDS, Adjustment,
                                       EngineError, EngineSpec, adjustment, flag_names, lib_dir,
-                                      load_config)
+                                      read_config)
 
 
 KILL_GRACE_S = 10.0  # between SIGTERM and SIGKILL when an engine is stopped
@@ -113,8 +113,7 @@ def model_needs(spec: EngineSpec) -> tuple[Adjustment, ...]:
     """The adjustments the spec's model needs on its release to run with dummy weights and does
     not carry yet (:data:`~sglab.sglang.engine.spec.MODEL_NEEDS`, checked in the release's own
     source): ``sglab engine`` adds them by itself and says so."""
-    arch = (load_config(spec.model).get("architectures") or [""])[0]
-    need = MODEL_NEEDS.get(arch)
+    need = MODEL_NEEDS.get(read_config(spec.model).architecture)
     if need is None or need[0] in {a.name for a in spec.adjustments}:
         return ()
     name, path, text = need
@@ -144,7 +143,7 @@ def prepare(spec: EngineSpec, work: Path, *, python: str = sys.executable,
     """Decide the whole launch without starting anything: locate the release, check its torch pin
     (``check``), check the flags against its source, lay out the model folder, the hooks and the
     environment."""
-    load_config(spec.model)
+    read_config(spec.model)
     env = locate(spec.release)
     found = found_versions(env)
     pins = check_pins(env, found) if check else release_pins(env)

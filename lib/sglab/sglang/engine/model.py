@@ -4,12 +4,11 @@ WordLevel tokenizer written here, and no weights (``--load-format dummy``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tempfile
 from pathlib import Path
 
-from sglab.sglang.engine.spec import EngineError, VOCAB, load_config, text_config
+from sglab.sglang.engine.spec import EngineError, VOCAB, read_config
 
 
 def tokenizer_json(vocab: int = VOCAB) -> dict:
@@ -43,21 +42,17 @@ TOKENIZER_CONFIG = {
 }
 
 
-def config_digest(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
-
-
 def prepare_model(config: Path, dest: Path) -> Path:
     """``dest`` as a model folder SGLang loads offline with dummy weights: ``config.json`` (a copy),
     the tokenizer of :func:`tokenizer_json` and its ``tokenizer_config.json``. The tokenizer's size
     must not exceed the model's vocabulary."""
-    cfg = load_config(config)
-    vocab = int(text_config(cfg).get("vocab_size") or cfg.get("vocab_size") or VOCAB)
+    cfg = read_config(config)
+    vocab = int(cfg.text.get("vocab_size") or cfg.data.get("vocab_size") or VOCAB)
     if vocab < VOCAB:
         raise EngineError(
             f"{config}: vocab_size {vocab} is below the harness tokenizer's {VOCAB} tokens")
     dest.mkdir(parents=True, exist_ok=True)
-    (dest / "config.json").write_bytes(Path(config).read_bytes())
+    (dest / "config.json").write_bytes(cfg.raw)
     (dest / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
     (dest / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG, indent=1))
     return dest

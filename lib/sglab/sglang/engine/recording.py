@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Optional
 
 from sglab.sglang.releases import parse_version
-from sglab.sglang.engine.model import config_digest
 from sglab.sglang.engine.running import EngineResult
-from sglab.sglang.engine.spec import EngineSpec, METHOD_VERSION, load_config, repo
+from sglab.sglang.engine.spec import EngineSpec, METHOD_VERSION, read_config, repo
 
 
 def spread(xs: list[float]) -> dict:
@@ -226,7 +225,7 @@ def reread_events(csv: Path, note: str) -> int:
 
 def model_record(path: Path) -> dict:
     path = Path(path)
-    cfg = load_config(path)
+    cfg = read_config(path)
     try:
         shown = str(path.resolve().relative_to(repo()))
     except ValueError:
@@ -234,8 +233,8 @@ def model_record(path: Path) -> dict:
     return {
         "path": shown,
         "name": path.parent.name,
-        "sha256_16": config_digest(path),
-        "config": cfg,
+        "sha256_16": cfg.digest,
+        "config": cfg.data,
     }
 
 

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 from sglab.core import hoststate
 from sglab.sglang.engine.launching import launch, prepare, with_model_needs
 from sglab.sglang.engine.log import OURS, RX, bench_results, first_error, key_values, read_log
-from sglab.sglang.engine.spec import EngineSpec, load_config, text_config
+from sglab.sglang.engine.spec import EngineSpec, read_config
 from sglab.sglang.engine.trace import decode_kernels, prefill_launches
 
 
@@ -173,7 +173,7 @@ def run(
     elif spec.profile and res.ok:
         traces = sorted((work / "profile").glob("*decode*.trace.json*"))
         if traces:
-            layers = int(text_config(load_config(spec.model)).get("num_hidden_layers") or 0)
+            layers = int(read_config(spec.model).text.get("num_hidden_layers") or 0)
             res.kernels = decode_kernels(traces[-1], layers, spec.profile_steps)
             res.kernels["trace"] = str(traces[-1])
         else:

@@ -14,12 +14,13 @@ model needs to run with dummy weights).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from sglab.core import runs
+from sglab.sglang import hf_config
+from sglab.sglang.hf_config import text_config  # noqa: F401 (the engine's face)
 from sglab.sglang.releases import parse_version
 
 
@@ -318,27 +319,18 @@ class Scenario:
         return out
 
 
-def load_config(path: Path) -> dict:
-    """The model's ``config.json`` as a dict; one-line :class:`EngineError` when it is missing or
-    not JSON."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
+def read_config(path: Path) -> hf_config.HFConfig:
+    """The model's ``config.json`` (read once per file: :mod:`sglab.sglang.hf_config`); one-line
+    :class:`EngineError` when it is missing, not JSON or names no architecture."""
     try:
-        cfg = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise EngineError(f"{path}: no such model config") from None
-    except ValueError as exc:
-        raise EngineError(f"{path}: not JSON: {exc}") from None
-    if not isinstance(cfg, dict) or not cfg.get("architectures"):
-        raise EngineError(f"{path}: a model config needs an 'architectures' list")
-    return cfg
+        return hf_config.read(path, architectures=True)
+    except hf_config.ConfigError as exc:
+        raise EngineError(str(exc)) from None
 
 
-def text_config(cfg: dict) -> dict:
-    """The language model's part of a config (a multimodal one's ``text_config``, else itself)."""
-    inner = cfg.get("text_config")
-    return inner if isinstance(inner, dict) else cfg
+def load_config(path: Path) -> dict:
+    """The model's ``config.json`` as a dict (:func:`read_config`)."""
+    return read_config(path).data
 
 
 def flag_names(argv: Iterable[str]) -> list[str]:
