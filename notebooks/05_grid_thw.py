@@ -227,9 +227,11 @@ show.landed(run)
 # %% [markdown]
 # ### What it costs on GPU 0, per TP size
 #
-# The total on GPU 0 grows with the TP size: N − 1 ranks each bring a context (runs are never added
-# up). Then what ranks ≥ 1 hold on GPUs that are neither GPU 0 nor their own (none on a 2-GPU
-# machine).
+# MiB a rank ≥ 1 holds on GPU 0 at each barrier (median over repeats and ranks): the context stays
+# after `released`, when the rank has dropped the grid and emptied its cache; only the process's
+# end frees it. Then the total on GPU 0 per TP size (N − 1 ranks each bring a context; runs are
+# never added up), and what ranks ≥ 1 hold on GPUs that are neither GPU 0 nor their own (none on a
+# 2-GPU machine).
 
 # %%
 show.waste(run)

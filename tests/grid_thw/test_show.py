@@ -11,7 +11,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from sglab.core import runs  # noqa: E402
-from sglab.grid_thw import measure, rebuild, sglang, show  # noqa: E402
+from sglab.grid_thw import claims, measure, rebuild, sglang, show  # noqa: E402
 
 
 def test_the_picture_under_the_card_is_the_engine_that_saw_the_most_gpus():
@@ -115,3 +115,18 @@ def test_your_setup_static_table(monkeypatch):
     if "H200" in set(one.GPU):
         row = one.set_index("GPU").loc["H200"]
         assert abs(row["GPU-0 MiB before"] - 3 * row["stray MiB per rank ≥ 1"]) <= 2
+
+
+def test_the_cost_section_shows_the_context_staying_after_release(capsys):
+    """Per rank ≥ 1 on GPU 0 at every barrier: the `before` context is still there at `released`
+    (only its process's end frees it), `after` holds nothing in any phase."""
+    shown = runs.RunSet(claims.shown(runs.load_all_recorded("grid_thw")))
+    show.waste(shown)
+    released = [
+        ln.split()[-len(shown):]
+        for ln in capsys.readouterr().out.splitlines() if ln.split()[:1] == ["released"]
+    ]  # before, ipc, eager, after
+    per = show.gpu0_per_rank(show.frame(shown.shown)).set_index(["variant", "phase"])
+    before = per.loc[("before", "released")].sort_values("run").median_mib
+    assert released[0] == [f"{v:.0f}" for v in before] and (before > 0).all()
+    assert released[-1] == ["0"] * len(shown)

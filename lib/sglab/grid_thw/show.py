@@ -160,13 +160,18 @@ def landed(run) -> None:
 
 @notebook.needs_run
 def waste(run) -> None:
-    """The GPU-0 total per TP size, then what ranks hold on other GPUs."""
+    """MiB per rank ≥ 1 on GPU 0 by phase (a context stays after `released`), the GPU-0 total per
+    TP size, then what ranks hold on other GPUs."""
     df = frame(run.shown)
+    per = gpu0_per_rank(df).pivot_table(index=["variant", "phase"], columns=["run"],
+                                        values="median_mib")
+    phases = [(v, p) for v in VARIANT_ORDER for p in measure.PHASES if (v, p) in per.index]
+    notebook.show_table(text.counts(per.loc[phases]))
     notebook.show_table(text.counts(waste_vs_tp(df), ["median_mib", "min_mib", "max_mib"]))
     off = off_rank_gpus(df)
     off = off[off.pairs_holding > 0] if len(off) else off
     if len(off):
-        notebook.show_table(off)
+        notebook.show_table(text.counts(off, ["median_mib_per_pair", "total_mib"]))
     else:
         print("no rank holds memory on a GPU other than GPU 0 and its own")
 
