@@ -14,7 +14,7 @@ import pytest
 from sglab.tools import fixes as catalog, nbtools
 from sglab.core import claims, runs
 from sglab.swa_loc import claims as SWA
-from sglab.tools import pages, report as index, timings
+from sglab.tools import index_page as index, pages, report, timings
 
 
 def _png(width_in=12.0) -> bytes:
@@ -280,18 +280,18 @@ def test_sglab_run_and_its_workers_start_without_the_fixes_or_torch():
         return out.stdout.strip()
 
     assert loaded("import sglab.tools.pages") == ""
-    jobs = "; r.default_jobs()" if index.hardware.no_gpu_device() else ""
+    jobs = "; r.default_jobs()" if report.hardware.no_gpu_device() else ""
     assert loaded(f"import sglab.tools.report as r, sglab.tools.pages as p{jobs}") == ""
     assert loaded("import sglab.tools.fixes") == "pandas,sglab.tools.fixes"
     assert loaded("import sglab.pcg_gate.rebuild") == "torch"
 
 
 def test_no_gpu_device_reads_the_device_files(tmp_path):
-    assert index.hardware.no_gpu_device(str(tmp_path))
+    assert report.hardware.no_gpu_device(str(tmp_path))
     (tmp_path / "nvidiactl").touch()  # the driver's control file alone is no GPU
-    assert index.hardware.no_gpu_device(str(tmp_path))
+    assert report.hardware.no_gpu_device(str(tmp_path))
     (tmp_path / "nvidia0").touch()
-    assert not index.hardware.no_gpu_device(str(tmp_path))
+    assert not report.hardware.no_gpu_device(str(tmp_path))
 
 
 @pytest.mark.parametrize("signum, status", [(0, 0), (2, 130), (15, 143)])

@@ -34,7 +34,6 @@ def _parse_params(items: list[str]) -> dict:
 
 
 # -- env
-# --------------------------------------------------------------------------------------------------
 def cmd_env(_args) -> int:
     from sglab.tools.report import env_report
 
@@ -59,7 +58,6 @@ def cmd_real(args) -> int:
 
 
 # -- record
-# --------------------------------------------------------------------------------------------------
 def cmd_publish(args) -> int:
     """A live run (its CSV, manifest and every sidecar) copied into data/recorded/<experiment>/."""
     from sglab.core import claims, runs
@@ -111,7 +109,6 @@ def cmd_record(args) -> int:
 
 
 # -- sync
-# --------------------------------------------------------------------------------------------------
 def cmd_sync(args) -> int:
     from sglab.tools import nbtools
 
@@ -136,16 +133,7 @@ def cmd_sync(args) -> int:
     return 0
 
 
-# -- upstream
-# -------------------------------------------------------------------------------------------------
-def cmd_upstream(args) -> int:
-    from sglab.tools import upstream as command
-
-    return command.run(args)
-
-
 # -- index
-# --------------------------------------------------------------------------------------------------
 def cmd_index(args) -> int:
     from sglab.tools import readme
 
@@ -163,7 +151,6 @@ def cmd_index(args) -> int:
 
 
 # -- verify
-# --------------------------------------------------------------------------------------------------
 def cmd_verify(args) -> int:
     from sglab.core import claims
     from sglab.tools import fixes, verify
@@ -218,7 +205,6 @@ def cmd_verify(args) -> int:
 
 
 # -- investigate your own setup
-# -------------------------------------------------------------------------------
 def cmd_workspace(args) -> int:
     from sglab.workspace_floor import traffic as ws
 
@@ -284,7 +270,6 @@ def cmd_swa_cost(args) -> int:
 
 
 # -- run
-# --------------------------------------------------------------------------------------------------
 def _resolve_notebooks(names: list[str]) -> list[Path]:
     from sglab.tools import nbtools
 
@@ -454,7 +439,7 @@ def _evidence_commands(sub) -> None:
     from sglab.tools import upstream as upstream_command
 
     upstream_command.add_arguments(p)
-    p.set_defaults(fn=cmd_upstream)
+    p.set_defaults(fn=upstream_command.run)
     p = sub.add_parser(
         "index", help="rewrite the README's notebook index, the house map (docs/structure.md) and "
         "the engine ledger (docs/operating.md) from the recorded runs and the tree")

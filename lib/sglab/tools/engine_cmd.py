@@ -1,18 +1,11 @@
 """``sglab engine``: a release's real engine on this GPU, for your model config and flags, with
 dummy weights.
 
-    sglab engine --release 0.5.13 --model CONFIG.json [--tool bench|engine] [--input-len N ...]
-                 [--batch-size N ...] [--requests N ...] [--repeats N] [--profile] [--adjust NAME
-                 ...] [--record [--fix NAME] [--out DIR]] [--dry-run] [-- SERVER ARGS]
-    sglab engine --scenario NAME | --plan NN [--release V ...] [--cases GLOB ...] [--cpus auto|LIST]
-                 [--record] [--dry-run]
-    sglab engine --list
-
-Prints what the release's engine decided (piecewise CUDA graph on or off and SGLang's reason,
+It prints what the release's engine decided (piecewise CUDA graph on or off and SGLang's reason,
 capture sizes, breakable graph, decode graph batch sizes, attention backend) and its latencies;
-``--record`` writes the run (``data/runs/engine_<fix>/``, or under ``--out``). Errors are one line,
-``sglab engine: <message>``, exit 2.
-"""
+``--scenario``/``--plan`` run a fix's scenarios, ``--record`` writes the run
+(``data/runs/engine_<fix>/``, or under ``--out``). ``sglab engine --help`` lists every option;
+errors are one line, ``sglab engine: <message>``, exit 2."""
 
 from __future__ import annotations
 
@@ -28,38 +21,24 @@ from sglab.core import hardware, procs
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "engine",
-        help="a release's real engine on this GPU: its decisions and latencies for your "
+        "engine", help="a release's real engine on this GPU: its decisions and latencies for your "
         "model config and flags (dummy weights)",
-        description="sglab engine --release V --model CONFIG.json [options] [-- SERVER ARGS]",
-    )
+        description="sglab engine --release V --model CONFIG.json [options] [-- SERVER ARGS]")
     p.add_argument("--release", nargs="+", action="extend", metavar="V", help="release(s) to start")
     p.add_argument("--model", type=Path, help="a Hugging Face config.json (or its folder)")
     p.add_argument(
-        "--tool",
-        choices=["bench", "engine"],
-        default="bench",
-        help="bench: python -m sglang.bench_one_batch; engine: sglang.Engine(...).generate(...)",
-    )
+        "--tool", choices=["bench", "engine"], default="bench",
+        help="bench: python -m sglang.bench_one_batch; engine: sglang.Engine(...).generate(...)")
     p.add_argument("--input-len", type=int, nargs="+", default=[1024], metavar="N",
                    help="prompt lengths in tokens (default 1024)")
     p.add_argument("--batch-size", type=int, nargs="+", default=[1], metavar="N",
                    help="bench: batch sizes")
-    p.add_argument(
-        "--requests",
-        type=int,
-        nargs="+",
-        default=[1],
-        metavar="N",
-        help="engine: requests per generate call (one prefill batch)",
-    )
+    p.add_argument("--requests", type=int, nargs="+", default=[1], metavar="N",
+                   help="engine: requests per generate call (one prefill batch)")
     p.add_argument("--output-len", type=int, default=16, help="tokens decoded per request")
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each shape")
-    p.add_argument(
-        "--profile",
-        action="store_true",
-        help="bench: torch.profiler decode trace, kernels per replay",
-    )
+    p.add_argument("--profile", action="store_true",
+                   help="bench: torch.profiler decode trace, kernels per replay")
     p.add_argument("--adjust", action="append", default=[], metavar="NAME",
                    help="a named harness adjustment")
     p.add_argument("--case", default="", help="label of this run (variant release+case)")
@@ -134,23 +113,14 @@ def _groups(args):
     argv = list(args.server_args)
     if argv[:1] == ["--"]:
         argv = argv[1:]
+    shape = dict(model=args.model, tool=args.tool, server_args=tuple(argv),
+                 output_len=args.output_len, batch_sizes=tuple(args.batch_size),
+                 input_lens=tuple(args.input_len), requests=tuple(args.requests),
+                 repeats=args.repeats, profile=args.profile)
+    adjust = tuple(eng.adjustment(a, fixes.adjustments()) for a in args.adjust)
     specs = [
-        eng.EngineSpec(
-            release=v,
-            model=args.model,
-            tool=args.tool,
-            server_args=tuple(argv),
-            batch_sizes=tuple(args.batch_size),
-            input_lens=tuple(args.input_len),
-            output_len=args.output_len,
-            repeats=args.repeats,
-            requests=tuple(args.requests),
-            profile=args.profile,
-            case=args.case,
-            timeout=args.timeout or eng.DEFAULT_TIMEOUT_S,
-            adjustments=tuple(eng.adjustment(a, fixes.adjustments()) for a in args.adjust),
-            cpus=cpus,
-        ) for v in args.release
+        eng.EngineSpec(release=v, case=args.case, timeout=args.timeout or eng.DEFAULT_TIMEOUT_S,
+                       adjustments=adjust, cpus=cpus, **shape) for v in args.release
     ]
     return [(args.fix, "", specs)]
 

@@ -1,20 +1,10 @@
 """JupyterLab on the workbook: each notebook once, and a session that leaves ``git status`` clean.
 
-A workbook notebook is two files: ``NN_topic.py`` (jupytext percent, the reviewed source) and
-``NN_topic.ipynb`` (the same cells, committed without outputs). In the lab (``make lab``, which
-loads ``jupyter_server_config.py`` from the repository root) this contents manager
-
-- lists only the ``.ipynb`` of a pair in the file browser (the ``.py`` is the same notebook: opening
-  both would give two editors on one document);
-- saves a workbook notebook as ``sglab sync`` would write it: both files of the pair through
-  jupytext, with no outputs, no execution counts or timing stamps, and the notebook metadata of the
-  committed ``.ipynb`` (JupyterLab rewrites ``kernelspec`` and adds ``language_info`` when a kernel
-  starts). Opening, running and closing a notebook therefore writes files identical to the committed
-  ones, while an edited cell lands in the ``.py`` and the ``.ipynb`` together. Outputs stay in the
-  browser; ``sglab run`` keeps them, in ``reports/``.
-
-Other notebooks (a scratch notebook of your own) are saved unchanged.
-"""
+``make lab`` loads ``jupyter_server_config.py``, whose contents manager lists only the ``.ipynb``
+of a ``NN_topic.py``/``.ipynb`` pair (one notebook, one editor) and saves a workbook notebook as
+``sglab sync`` writes it: both files through jupytext, no outputs, execution counts or timing
+stamps, the committed notebook metadata. Opening, running and closing a notebook writes the
+committed files again; an edited cell lands in both. Other notebooks are saved unchanged."""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """Every recorded real-engine run, one row each: the ledger of ``docs/operating.md``.
 
-A row is one machine's call: when and where it ran, which scenario (matched by fix, model, TP size
-and cases), the releases and cases it started, how many interleaved starts and whether a launch pass
-counted kernels, how its engines ended, the host's per-launch cost measured beside it, and its
-claims' verdict. Below the table, each scenario's releases that no recorded run has started yet.
-Everything is read from ``data/recorded/engine_*/``; ``sglab index`` writes the block and the tests
-check it is current.
-"""
+A row is one machine's call: when and where, which scenario, the releases and cases it started, its
+starts and launch pass, how its engines ended, the host's per-launch cost, and its claims' verdict;
+below the table, each scenario's releases no recorded run has started yet. Read from
+``data/recorded/engine_*/``; ``sglab index`` writes the block and the tests check it is current."""
 
 from __future__ import annotations
 
@@ -86,13 +83,11 @@ def row(run) -> str:
     part = f" of {of}" if of and of != m.gpu_count else ""  # a TP-2 run on a 4-GPU machine
     where = f"{m.gpu} ×{m.gpu_count}{part}{engine_records.pinned(run)}"
     cells = [
-        f"{when} {where}",
-        f"`{scenario_of(run)}`",
+        f"{when} {where}", f"`{scenario_of(run)}`",
         _cases(specs),
         _starts(specs),
-        _ended(m.engine_runs),
-        "" if host is None else f"{host:.1f}",
-        _verdict(run),
+        _ended(m.engine_runs), "" if host is None else f"{host:.1f}",
+        _verdict(run)
     ]
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
@@ -123,12 +118,8 @@ def block() -> str:
     gpus = sorted({f"{runs.gpu_short(r.manifest)} ×{r.manifest.gpu_count}" for r in found})
     days = sorted({str(r.manifest.created_utc)[:10] for r in found})
     lines = [
-        START,
-        f"{len(found)} recorded runs on {', '.join(gpus)}, {days[0]} to {days[-1]}"
-        if found else "No recorded engine run yet.",
-        "",
-        HEADER,
-        *(row(r) for r in found),
+        START, f"{len(found)} recorded runs on {', '.join(gpus)}, {days[0]} to {days[-1]}"
+        if found else "No recorded engine run yet.", "", HEADER, *(row(r) for r in found)
     ]
     missing = not_recorded(found)
     if missing:

@@ -339,18 +339,14 @@ def inject_parameters(nb, params: dict) -> None:
 @dataclass
 class Result:
     path: Path
-    # "ok" | "failed" (a cell raised) | "interrupted" (a cell timed out, or a signal stopped the
-    # run)
-    status: str
+    status: str  # "ok" | "failed" (a cell raised) | "interrupted" (timed out, or a signal came)
     mode: str  # "live" | "recorded" | "cpu" | "?"
     seconds: float
     error: str = ""
     skipped_gpu_cells: int = 0
     nb: object = field(default=None, repr=False)
-    # time.time() when execution began (the report finds the live runs it wrote)
-    started: float | None = None
-    # Ctrl-C or SIGTERM: the signal's number (2, 15; 0 where none stopped it), and the caller should
-    # stop, not go on to the next notebook
+    started: float | None = None  # time.time() when it began (the report finds its live runs)
+    # the signal that stopped it (2, 15; 0: none): the caller stops too, no next notebook
     stopped_by_signal: int = 0
 
 

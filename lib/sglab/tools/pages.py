@@ -198,7 +198,8 @@ CARD = {"title": "", "bug": "The bug.", "releases": "Releases", "engine": "Real 
 MEASURE_JS = """labels => {
   const main = document.querySelector('main') || document.body;
   const y = e => e ? e.getBoundingClientRect() : null;
-  const app = [...main.querySelectorAll('h2')].find(h => h.textContent.trim().startsWith('Appendix'));
+  const app = [...main.querySelectorAll('h2')].find(
+    h => h.textContent.trim().startsWith('Appendix'));
   const card = {};
   for (const [k, label] of Object.entries(labels)) {
     const e = label ? [...main.querySelectorAll('strong, b')].find(

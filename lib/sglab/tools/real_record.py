@@ -1,12 +1,9 @@
 """The real-release probes the notebooks show, in one list, and ``sglab real record``, which records
 their answers.
 
-Each notebook's real section calls one probe on the releases that straddle its fix (the record's
-``probe``: function, releases and parameters). :func:`calls` lists exactly those calls, so a
-recording (:mod:`sglab.sglang.store`) holds what the notebooks will ask for, and a test can replay
-every one of them live. ``sglab real record`` asks each release once for all the calls that name it
-(:func:`sglab.sglang.runner.run_batch`: six workers for the 22 (release, probe) pairs, not 22).
-"""
+:func:`calls` lists each notebook's probe call on the releases that straddle its fix, so a
+recording (:mod:`sglab.sglang.store`) holds what the notebooks ask for and a test can replay every
+call live; ``sglab real record`` asks each release once for all the calls that name it."""
 
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
 """Where a notebook's wall time goes: per cell, grouped into phases, saved as a ``workbook`` run.
 
-nbclient stamps every executed cell with ``iopub.status.busy`` and ``iopub.status.idle`` times; the
-difference is the cell's wall time as the kernel saw it. A cell's phase is the notebook's ``##``
-section it sits in (cells before the first ``##`` are "setup"), or a ``phase:NAME`` tag where a
-section mixes phases. What no cell accounts for (kernel start and shutdown, nbclient's own work) is
-the phase "kernel start + stop", so that the phases of a notebook add up to its wall time.
-
-``sglab run --timings`` prints the table and writes the rows as an ordinary run (CSV + manifest,
-experiment ``workbook``) under ``data/runs/workbook/``, or ``data/recorded/workbook/`` with
-``--record``. The report index and notebook 00 read each notebook's live time from the newest
-recorded record per GPU model.
-"""
+A cell's wall time is nbclient's ``iopub.status.busy`` to ``idle``; its phase is the ``##`` section
+it sits in ("setup" before the first) or its ``phase:NAME`` tag; what no cell accounts for is
+"kernel start + stop", so a notebook's phases add up to its wall time. ``sglab run --timings``
+saves the rows as a run under ``data/runs/workbook/`` (``--record``: ``data/recorded/``); the
+report index and notebook 00 read each notebook's live time from the newest record per GPU model."""
 
 from __future__ import annotations
 

@@ -1,18 +1,9 @@
 """``sglab verify``: a verdict for any run — recorded, live here, or copied from someone's cluster.
 
-    sglab verify --all                      every recorded run of every experiment
-    sglab verify swa_loc                    every recorded run of one experiment
-    sglab verify data/runs/swa_loc/X.csv    one run file
-    sglab verify --live --against           run what this machine's GPUs can run (the rebuilds,
-                                            and the real engines where their releases are
-                                            unpacked), verify, compare with references
-    sglab verify --all --junit out.xml      the same verdicts as JUnit XML
-
-Exit status: 0 when every applicable claim holds, 1 when a claim fails (each named, with why) or,
-with ``--against``, a value lies beyond its tolerance from a reference of the same GPU model and
-parameters (an exact one differs, a timing moved more than its A/A gap or drift allows), 2 for bad
-input (one line: which file, what is wrong).
-"""
+Targets: ``--all`` (every recorded run), an experiment's name, run files; ``--live`` first runs what
+this machine's GPUs can run, ``--against`` compares with a reference of the same GPU model,
+``--junit FILE`` writes JUnit XML. Exit status: 0 when every applicable claim holds; 1 when one
+fails or, with ``--against``, a value lies beyond its tolerance; 2 for bad input (one line)."""
 
 from __future__ import annotations
 

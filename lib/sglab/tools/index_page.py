@@ -1,0 +1,250 @@
+"""The report's index page, ``reports/index.html`` (and ``index.json``): one card per notebook,
+what its review card says (:mod:`sglab.core.card`; a fix with no card yet: its claim and headline),
+its verdict lines, live time, how this run went and its first figure, then the environment of the
+run, folded away. Notebooks an earlier run into the folder ran keep their cards."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import html
+import io
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sglab.core import claims, runs
+from sglab.tools import nbtools, timings
+from sglab.tools.pages import notebook_title
+
+
+STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;
+padding:0 1em}
+.card{display:flex;gap:1.2em;border-bottom:1px solid #ddd;padding:1em 0}
+.card .text{flex:1;min-width:0}
+.card h2{font-size:1.15em;margin:0 0 .3em}
+.card img{width:360px;max-width:40vw;height:auto;border:1px solid #eee}
+.headline{margin:.3em 0}.meta{color:#555;font-size:13px}.ok{color:#1e8449;font-weight:600}
+.failed,.interrupted{color:#c0392b;font-weight:600}.live{color:#1f618d;font-weight:600}
+.recorded{color:#7d6608;font-weight:600}pre{white-space:pre-wrap;font-size:12px;background:#fbfcfc;
+border:1px solid #eee;padding:.5em;max-height:12em;overflow:auto}table{border-collapse:collapse}
+td,th{border-bottom:1px solid #eee;padding:.3em .6em;text-align:left;vertical-align:top}
+details{margin-top:2em}summary{cursor:pointer;font-weight:600}
+.nofig{width:360px;color:#999;font-size:12px}"""
+
+
+def claim_facts(entry, result=None, recorded: dict | None = None) -> dict:
+    """Claim, headline and verdict lines of a catalog entry: over this report's live runs when the
+    notebook ran live (runs written since it started), else over the recorded runs a reader is
+    shown (``recorded``: those facts, read already)."""
+    live = _live_runs(entry.experiment, result) if entry and entry.experiment else []
+    if live or entry is None:
+        return _facts(entry, live)
+    return recorded if recorded is not None else recorded_facts(entry.stem)
+
+
+def recorded_facts(stem: str) -> dict:
+    """:func:`claim_facts` of notebook ``stem`` over the recorded runs (:func:`run_notebooks` reads
+    them while the notebooks run)."""
+    from sglab.tools.fixes import by_stem
+
+    return _facts(by_stem(stem), [])
+
+
+def _facts(entry, live: list) -> dict:
+    """``card``: the notebook's review card as HTML (:func:`sglab.core.card.html_card`) with the
+    engine's and the rebuild's verdict lines; a fix that declares no card yet: its claim and
+    headline."""
+    facts = {
+        "card": "", "claim": entry.claim if entry else "", "headline": "", "verdicts": [],
+        "source": ""
+    }
+    if entry is None or not entry.experiment:
+        return facts
+    exp = entry.experiment
+    try:
+        from sglab.core import card as K
+        from sglab.tools import fixes
+
+        p = fixes.card(exp, live)
+        if p is not None:
+            facts["card"] = K.html_card(p)
+            facts["verdicts"] = ([f"real engine: {v}" for v in p["engine_verdicts"]]
+                                 + [f"rebuild: {v}" for v in p["rebuild_verdicts"]])
+            facts["source"] = "measured live in this run" if live else "recorded runs"
+            return facts
+        mod = fixes.claims(exp)
+        shown = live or claims.shown(mod, runs.load_all_recorded(exp))
+        facts["source"] = "measured live in this run" if live else "recorded runs"
+        facts["headline"] = claims.headline(mod, shown) if shown else "no recorded run yet"
+        facts["verdicts"] = [claims.verdict_line(claims.evaluate(mod, r), r) for r in shown]
+    # noqa: BLE001 - a claims module that cannot read a run must not lose the report
+    except Exception as e:
+        facts["headline"] = f"headline unavailable: {type(e).__name__}: {e}"
+    return facts
+
+
+def _live_runs(experiment: str, result) -> list:
+
+    started = getattr(result, "started", None)
+    if result is None or result.mode != "live" or started is None:
+        return []
+    paths = runs.list_runs(experiment, kind="runs")
+    return [runs.read_run(p, live=True) for p in paths if p.stat().st_mtime >= started]
+
+
+def _cardstatus_line(r) -> str:
+    skipped = f" · {r.skipped_gpu_cells} GPU cell(s) skipped" if r.skipped_gpu_cells else ""
+    return (f"<span class='{r.status}'>{r.status}</span> · <span class='{r.mode}'>{r.mode}</span> "
+            f"· {r.seconds:.1f} s{skipped}")
+
+
+def inline_markdown(text: str) -> str:
+    """Escaped text with its `code` spans as <code> (claims are written in markdown)."""
+    parts = html.escape(text).split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+
+def card(r, live_time: str, recorded: dict | None = None, earlier: str = "") -> str:
+    """The HTML of one notebook's card (``recorded``: its claim facts over the recorded runs, where
+    read already; ``earlier``: when the run that left it in the index ran, for a notebook not run
+    this time)."""
+    from sglab.tools.fixes import by_stem
+
+    entry = by_stem(r.path.stem)
+    facts = claim_facts(entry, r, recorded)
+    title = notebook_title(r.nb, r.path.stem) if r.nb is not None else r.path.stem
+    png = first_figure(r.nb) if r.nb is not None else None
+    fig = (f"<a href='{html.escape(r.path.stem)}.html'><img alt='first figure of "
+           f"{html.escape(r.path.stem)}' src='{data_uri(thumbnail(png))}'></a>"
+           if png else "<div class='nofig'>no figure</div>")
+    verdicts = "".join(
+        f"<div class='meta'>verdict: {html.escape(v)}</div>" for v in facts["verdicts"])
+    headline = (f"<p class='headline'><b>{inline_markdown(facts['headline'])}</b> "
+                f"<small>({facts['source']})</small></p>" if facts["headline"] else "")
+    err = f"<pre>{html.escape(r.error[-3000:])}</pre>" if r.error else ""
+    link = f"<h2><a href='{html.escape(r.path.stem)}.html'>{html.escape(title)}</a></h2>"
+    said = facts.get("card") or f"<p>{inline_markdown(facts['claim'])}</p>{headline}"
+    return (
+        f"<div class='card'>{fig}<div class='text'>{link}{said}{verdicts}"
+        f"<div class='meta'>live time: {html.escape(live_time)}</div>"
+        f"<div class='meta'>{_when_line(earlier)}: {_cardstatus_line(r)}</div>{err}</div></div>")
+
+
+def _when_line(earlier: str) -> str:
+    return f"from an earlier run at {html.escape(earlier)}" if earlier else "this run"
+
+
+def _stamp(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def earlier_entries(out: Path, ran: set) -> list:
+    """The entries of ``out/index.json`` (an earlier run into the same folder) for notebooks not in
+    ``ran`` whose page is still there, each with ``ran_utc`` (the page's time where an older index
+    lacks it): running some notebooks again keeps the others in the index."""
+    try:
+        entries = json.loads((out / "index.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    kept = []
+    for e in entries if isinstance(entries, list) else []:
+        name = e.get("notebook") if isinstance(e, dict) else None
+        if not isinstance(name, str) or name in ran or Path(name).name != name:
+            continue
+        page = out / f"{Path(name).stem}.html"
+        if page.exists():
+            kept.append({**e, "ran_utc": e.get("ran_utc") or _stamp(page.stat().st_mtime)})
+    return kept
+
+
+def _earlier_result(out: Path, entry: dict):
+    """The :class:`~sglab.tools.nbtools.Result` an earlier run left (its executed notebook where it
+    is still there)."""
+    nb = None
+    with contextlib.suppress(Exception):  # a damaged copy: the card goes without its figure
+        import nbformat
+
+        nb = nbformat.read(out / entry["notebook"], as_version=4)
+    try:
+        seconds = float(entry.get("seconds", 0.0))
+    except (TypeError, ValueError):
+        seconds = 0.0
+    return nbtools.Result(out / entry["notebook"], str(entry.get("status", "?")),
+                          str(entry.get("mode", "?")), seconds, str(entry.get("error", "")), nb=nb)
+
+
+def write_index(results, out: Path, env_rows: list[tuple[str, str]], live_times: dict | None = None,
+                recorded: dict | None = None, quick: bool = False) -> Path:
+    """Write ``index.html`` and ``index.json`` for ``results`` (nbtools.Result, executed notebooks
+    inside); ``recorded``: {stem: :func:`recorded_facts`} read already (``quick``, a stopped run:
+    the facts not read already are not read now, and those cards go without them). The notebooks
+    of an earlier run into ``out`` that did not run now keep their cards (:func:`earlier_entries`),
+    marked with the time they ran; each entry's ``run_utc`` names the run that ran it."""
+    live_times = timings.live_times() if live_times is None else live_times
+    ran_at = datetime.now(timezone.utc)
+    now = ran_at.strftime("%Y-%m-%d %H:%M UTC")
+    run = ran_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # the same for every notebook this run ran
+    n_ok = sum(r.status == "ok" for r in results)
+    entries = [(r, {
+        "notebook": r.path.name, "status": r.status, "mode": r.mode, "seconds": round(r.seconds, 1),
+        "live_time": live_times.get(r.path.stem, timings.NOT_RECORDED), "error": r.error[-2000:],
+        "ran_utc": _stamp(r.started) if r.started else now, "run_utc": run
+    }, "") for r in results]
+    earlier = earlier_entries(out, {r.path.name for r in results})
+    if earlier:
+        entries += [(_earlier_result(out, e), e, e["ran_utc"]) for e in earlier]
+        entries.sort(key=lambda x: x[1]["notebook"])
+    recorded = recorded or {}
+    none = {"card": "", "claim": "", "headline": "", "verdicts": [], "source": ""}
+    cards = "".join(
+        card(r, live_times.get(r.path.stem, timings.NOT_RECORDED),
+             recorded.get(r.path.stem, none if quick else None), when) for r, _, when in entries)
+    env = "".join(f"<tr><th>{html.escape(k)}</th><td><pre>{html.escape(v)}</pre></td></tr>"
+                  for k, v in env_rows)
+    more = f" {len(earlier)} more from earlier runs into this folder." if earlier else ""
+    page = (
+        f"<!doctype html><html lang='en'><meta charset='utf-8'><title>sglab "
+        f"report</title><style>{STYLE}</style><h1>sglab workbook report</h1><p>{now} · "
+        f"{n_ok}/{len(results)} notebooks ran cleanly.{more} Mode <b>live</b>: measured on "
+        f"this machine; <b>recorded</b>: GPU results shown from committed runs in "
+        f"data/recorded/. <i>Live time</i> is each notebook's wall time when run live, from the "
+        f"committed workbook timing records (newest per GPU model).</p>" + cards
+        + f"<details><summary>Environment of this "
+        f"run</summary><table>{env}</table></details></html>")
+    path = out / "index.html"
+    path.write_text(page, encoding="utf-8")
+    (out / "index.json").write_text(json.dumps([e for _, e, _ in entries], indent=2))
+    return path
+
+
+# -- a card's figure: the notebook's first, as a thumbnail
+def first_figure(nb) -> bytes | None:
+    """The PNG bytes of the notebook's first figure (first ``image/png`` output), or None."""
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if "image/png" in data:
+                png = data["image/png"]
+                return base64.b64decode("".join(png) if isinstance(png, list) else png)
+    return None
+
+
+def thumbnail(png: bytes, width: int = 360) -> bytes:
+    """``png`` scaled down to ``width`` pixels (the index embeds it; full figures would make it
+    megabytes). Pillow comes with matplotlib; without it the figure is embedded as it is."""
+    try:
+
+        from PIL import Image
+    except ImportError:
+        return png
+    img = Image.open(io.BytesIO(png))
+    if img.width > width:
+        img = img.resize((width, max(1, round(img.height * width / img.width))), Image.LANCZOS)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", optimize=True)
+    return buf.getvalue()
+
+
+def data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()
