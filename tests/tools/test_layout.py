@@ -131,3 +131,41 @@ def test_the_docs_prose_and_commands_fit_100_columns():
     long = "x" * (COLUMNS + 1)
     sample = f"{long}\n```bash\n{long}\n```\n```text\n{long}\n```\n| {long} |\n"
     assert _prose_too_long(sample) == [1, 3]
+
+
+TOOLS = ROOT / "lib" / "sglab" / "tools"
+
+
+def _pinning_commas(text: str) -> list[int]:
+    """Lines of a trailing comma that pins one item per line (a comma, then only a line break and
+    the closing bracket): yapf keeps such a layout, so it is checked here."""
+    import io
+    import tokenize
+
+    toks = [
+        t for t in tokenize.generate_tokens(io.StringIO(text).readline)
+        if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)
+    ]
+    return [
+        a.start[0] for a, b in zip(toks, toks[1:])
+        if a.string == "," and b.string in ")]}" and b.start[0] > a.start[0]
+    ]
+
+
+def test_the_tools_modules_are_short():
+    """Every module of ``sglab.tools``: at most 600 lines, a docstring of at most 8, and no trailing
+    comma pinning one item per line."""
+    import ast
+
+    long, wordy, pinned = [], [], []
+    for f in sorted(TOOLS.glob("*.py")):
+        text = f.read_text(encoding="utf-8")
+        if len(text.splitlines()) > 600:
+            long.append(f.name)
+        body = ast.parse(text).body
+        doc = body[0] if body and isinstance(body[0], ast.Expr) else None
+        if doc is not None and doc.end_lineno - doc.lineno + 1 > 8:
+            wordy.append(f.name)
+        pinned += [f"{f.name}:{n}" for n in _pinning_commas(text)]
+    assert not long and not wordy and not pinned, (long, wordy, pinned)
+    assert _pinning_commas("f(\n    a,\n    b,\n)\n") == [3] and not _pinning_commas("f(a, b,)\n")

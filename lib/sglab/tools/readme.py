@@ -1,12 +1,10 @@
 """The generated blocks of the docs: the README's notebook index, the house map of
 ``docs/structure.md`` and the ledger of recorded engine runs in ``docs/operating.md``.
 
-Index: each row says what the notebook's review card says (:mod:`sglab.core.card`: the bug, the
-releases, the real engine's answer, the rebuild's; numbers computed, never typed in). House map:
-every module of ``lib/sglab`` with the first line of its docstring, in layer order. Ledger:
-:mod:`sglab.tools.ledger`. ``sglab index`` rewrites each block between its markers; tests check that
-the committed files equal what the runs and the tree say.
-"""
+Index: each row says what the notebook's review card says (:func:`sglab.core.card.summary`);
+house map: every module of ``lib/sglab`` with its docstring's first sentence, in layer order;
+ledger: :mod:`sglab.tools.ledger`. ``sglab index`` rewrites each block between its markers; tests
+check that the committed files equal what the runs and the tree say."""
 
 from __future__ import annotations
 
