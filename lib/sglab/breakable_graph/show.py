@@ -153,7 +153,7 @@ def speedups(df: pd.DataFrame) -> dict:
 def correctness(run) -> None:
     """Per GPU: 3 requests through each graph (part a), then the after graph against eager at every
     token count and request count (part b)."""
-    for r in run.shown:
+    for r in run:
         print(r.label)
         notebook.show_table(bs3_view(r.df))
         notebook.show_table(match_table(r.df))
@@ -163,7 +163,7 @@ def correctness(run) -> None:
 def latency(run) -> None:
     """Per GPU: prefill latency by request count and the speedups over eager (figure, then table);
     the graph hit rate of the mixed stream, routed by the run's runners."""
-    for r in run.shown:
+    for r in run:
         notebook.show_figure(latency_figure(r))
         notebook.show_table(speedup_table(r.df).round(2))
         hits = pd.DataFrame(hit_rates(r.df)).T
@@ -173,7 +173,7 @@ def latency(run) -> None:
 @notebook.needs_run
 def launches(run) -> None:
     """Per GPU: host launches and device kernels per prefill, segments and breaks per bucket."""
-    for r in run.shown:
+    for r in run:
         print(f"{r.label}, {int(r.manifest.params['launch_token_count'])} tokens per prefill:")
         notebook.show_table(launch_table(r.df))
         notebook.show_table(segment_table(r.df))
@@ -182,7 +182,7 @@ def launches(run) -> None:
 @notebook.needs_run
 def profiler(run) -> None:
     """Per GPU: the traced 3-request prefill of the before and after runners on one time axis."""
-    for r in run.shown:
+    for r in run:
         if r.sidecar("events") is None:
             print(f"{r.label}: this run predates profiler traces; a new recording (`sglab record "
                   "breakable_graph`) adds them.")
