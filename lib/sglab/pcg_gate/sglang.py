@@ -287,6 +287,8 @@ def width_args(hidden: int) -> tuple[str, ...]:
 
 
 OFF = Case("pcg-off", ("--disable-piecewise-cuda-graph",))
+SIZES = dict(input_lens=(128, 256, 512, 1024), repeats=5, starts=3, control="pcg-off",
+             launch_pass=True, output_len=8)
 ENGINE = (
     Scenario(
         fix="pcg_gate",
@@ -296,48 +298,31 @@ ENGINE = (
         what="Kimi-K2.5 tiny (2 DeepSeek-V3 layers, MLA, 8 experts; 1-layer vision tower): "
         "piecewise CUDA graph decided by the release, and prefill latency per token count with it "
         "on and off",
+        releases=("0.5.12.post1", "0.5.13"),
         # 0.5.12.post1 also gets kimi-k25-post-load-weights: sglab engine adds what the model needs
         # with dummy weights by itself (sglab.sglang.engine.spec.MODEL_NEEDS)
-        releases=("0.5.12.post1", "0.5.13"),
         cases=(Case("default", PCG_FLAGS),
                Case("enforce", ("--enforce-piecewise-cuda-graph", *PCG_FLAGS)), OFF),
-        input_lens=(128, 256, 512, 1024),
-        repeats=5,
-        starts=3,
-        control="pcg-off",
-        launch_pass=True,
-        output_len=8,
+        **SIZES,
         expect="default: disabled by ServerArgs (multimodal) on both; enforce: 0.5.12.post1 'the "
         "model is not a language model', 0.5.13 captured for [128, 256, 512, 1024]; pcg-off: the "
         "eager baseline"),
     Scenario(
         fix="pcg_gate", name="01-llama-pcg", model="llama_32x512", tool="bench",
         what="Llama-style 32 layers x hidden 512 (launch-bound prefill): prefill with and without "
-        "piecewise CUDA graphs", releases=("0.5.13",), cases=(Case("pcg", PCG_FLAGS), OFF),
-        input_lens=(128, 256, 512,
-                    1024), repeats=5, starts=3, control="pcg-off", launch_pass=True, output_len=8,
+        "piecewise CUDA graphs", releases=("0.5.13",), cases=(Case("pcg", PCG_FLAGS), OFF), **SIZES,
         expect="pcg faster than pcg-off at every size, by more than the A/A gap of pcg-off "
         "started twice"),
+    # 24 starts: split over calls with --cases 'w512-*' 'w1024-*', then the rest
     Scenario(
-        fix="pcg_gate",
-        name="01-llama-width",
-        model="llama_32x512",
-        tool="bench",
+        fix="pcg_gate", name="01-llama-width", model="llama_32x512", tool="bench",
         what="where piecewise graphs stop paying: the same 32 Llama layers at hidden 512 to 4096 "
         "(--json-model-override-args), prefill with and without piecewise graphs, 128 to 2048 "
-        "tokens",
-        releases=("0.5.13",),
-        cases=tuple(
+        "tokens", releases=("0.5.13",), cases=tuple(
             Case(f"w{h}-{arm}", (*flags, *width_args(h))) for h in WIDTHS
-            for arm, flags in (("pcg", PCG_FLAGS + ("2048",)),
-                               ("off", ("--disable-piecewise-cuda-graph",)))),
-        # 24 starts: split over calls with --cases 'w512-*' 'w1024-*', then the rest
-        input_lens=(128, 512, 1024, 2048),
-        repeats=3,
-        starts=3,
-        output_len=4,
-        expect="the gain off / pcg falls as the width (compute per launch) grows"),
-)
+            for arm, flags in (("pcg", (*PCG_FLAGS, "2048")), ("off", OFF.args))),
+        input_lens=(128, 512, 1024, 2048), repeats=3, starts=3, output_len=4,
+        expect="the gain off / pcg falls as the width (compute per launch) grows"))
 
 # #26382's own benchmark, as its description gives it (the PR's figures, not measured here)
 PR_BENCHMARK = {
@@ -349,23 +334,20 @@ PR_BENCHMARK = {
 # where the fix sits in 0.5.13, the first release with it: the flags decide, the gate asks, the
 # alias answers, the guard drops the write-back, the runner captures
 CODE_PATH_RELEASE = "0.5.13"
-CODE_PATH = (
-    Node("srt/server_args.py", "ServerArgs._handle_piecewise_cuda_graph",
-         "off for a multimodal model unless --enforce-piecewise-cuda-graph"),
-    Node("srt/model_executor/model_runner.py", "ModelRunner.init_piecewise_cuda_graphs",
-         "the gate: hasattr(model, 'model'), then model.model = ..."),
-    Node(KIMI_MODEL, "KimiK25ForConditionalGeneration.model", "the alias: language_model"),
-    Node(KIMI_MODEL, "KimiK25ForConditionalGeneration.__setattr__",
-         "the guard: drops the write-back"),
-    Node("srt/model_executor/piecewise_cuda_graph_runner.py", "PiecewiseCudaGraphRunner.capture",
-         "one graph per piece and token count"),
-)
+CODE_PATH = (Node("srt/server_args.py", "ServerArgs._handle_piecewise_cuda_graph",
+                  "off for a multimodal model unless --enforce-piecewise-cuda-graph"),
+             Node("srt/model_executor/model_runner.py", "ModelRunner.init_piecewise_cuda_graphs",
+                  "the gate: hasattr(model, 'model'), then model.model = ..."),
+             Node(KIMI_MODEL, "KimiK25ForConditionalGeneration.model", "the alias: language_model"),
+             Node(KIMI_MODEL, "KimiK25ForConditionalGeneration.__setattr__",
+                  "the guard: drops the write-back"),
+             Node("srt/model_executor/piecewise_cuda_graph_runner.py",
+                  "PiecewiseCudaGraphRunner.capture", "one graph per piece and token count"))
 
-FIX = Fix(
-    name="pcg_gate", number="01", part="part A", prs=(26382,), gpus=1,
-    title="Kimi-K2.5 wrapper: `.model` property + __setattr__ guard (#26382)", check=check,
-    hunks=(Spec(
-        26382,
-        symbols_in(KIMI_MODEL, "KimiK25ForConditionalGeneration.model",
-                   "KimiK25ForConditionalGeneration.__setattr__")),), probe=Probe(
-                       "sglab.pcg_gate.sglang:probe", PROBE_RELEASES), engine=ENGINE)
+HUNK = Spec(
+    26382,
+    symbols_in(KIMI_MODEL, "KimiK25ForConditionalGeneration.model",
+               "KimiK25ForConditionalGeneration.__setattr__"))
+FIX = Fix(name="pcg_gate", number="01", part="part A", prs=(26382,), gpus=1,
+          title="Kimi-K2.5 wrapper: `.model` property + __setattr__ guard (#26382)", check=check,
+          hunks=(HUNK,), probe=Probe("sglab.pcg_gate.sglang:probe", PROBE_RELEASES), engine=ENGINE)
