@@ -147,21 +147,30 @@ def _trace(run):
 
 
 _ID = EXPERIMENT + "."
+_ROUTING = Claim(
+    _ID + "routing", "The before runner replays only one-request batches; the after runner every "
+    "batch", "used_graph: before iff 1 request; after always (exact)", _routing)
+_SEGMENTS = Claim(
+    _ID + "segments_per_bucket", "Every capture is one segment more than the layers, one break "
+    "per layer", "segments == layers + 1, breaks == layers, every bucket, both boundaries (exact)",
+    _segments)
+_LAUNCHES = Claim(
+    _ID + "launches", "The after runner launches the same graphs and kernels for any request "
+    "count", "after: layers + 1 graph launches and equal kernel launches at every request count; "
+    "before with 2+ requests: 0 graph launches (exact)", _launches)
+_TRACE = Claim(
+    _ID + "trace_3_requests", "In the profiler, the 3-request prefill is eager before and graph "
+    "segments after", "before: 0 graph launches; after: layers + 1, fewer kernel launches (exact)",
+    _trace, methods=(3, None))
 CLAIMS = [
     Claim(
         _ID + "before_bs3_one_row", "The graph captured with the logits tail returns one logit "
         "row for 3 requests, so can_run rejects the batch",
-        "before: 1 row, can_run False; after and eager: 3 rows (exact)", _bs3, folded=(Claim(
-            _ID + "routing", "The before runner replays only one-request batches; the "
-            "after runner every batch", "used_graph: before iff 1 request; after "
-            "always (exact)", _routing),)),
-    Claim(
-        _ID + "after_equals_eager", "The layer-stack graph's logits equal eager prefill for every "
-        "request count", "one row per request; max abs diff 0 (bucket-sized and padded token "
-        "counts)", _matches, folded=(Claim(
-            _ID + "segments_per_bucket", "Every capture is one segment more than the "
-            "layers, one break per layer", "segments == layers + 1, breaks == layers, "
-            "every bucket, both boundaries (exact)", _segments),)),
+        "before: 1 row, can_run False; after and eager: 3 rows (exact)", _bs3, folded=(_ROUTING,)),
+    Claim(_ID + "after_equals_eager",
+          "The layer-stack graph's logits equal eager prefill for every "
+          "request count", "one row per request; max abs diff 0 (bucket-sized and padded token "
+          "counts)", _matches, folded=(_SEGMENTS,)),
     Claim(
         _ID + "hit_rate", "On the seeded mixed stream only single-request batches hit the before "
         "graph; every batch that fits a bucket hits the after graph", "graph batches == "
@@ -171,14 +180,7 @@ CLAIMS = [
         "graph than eagerly", f"eager/after > {MIN_SPEEDUP}× and > 1 + its A/A gap (before ÷ "
         f"eager) for every timed batch of 2+ requests, ≥ {MIN_LAUNCH_BOUND_SPEEDUP}× up to "
         f"{LAUNCH_BOUND} tokens", _speedup, drift=0.25, context=RERUN_MOVES, noise="aa_noise",
-        folded=(Claim(
-            _ID + "launches", "The after runner launches the same graphs and kernels "
-            "for any request count", "after: layers + 1 graph launches and equal kernel launches "
-            "at every request count; before with 2+ requests: 0 graph launches (exact)", _launches),
-                Claim(
-                    _ID + "trace_3_requests", "In the profiler, the 3-request prefill is eager "
-                    "before and graph segments after", "before: 0 graph launches; after: "
-                    "layers + 1, fewer kernel launches (exact)", _trace, methods=(3, None)))),
+        folded=(_LAUNCHES, _TRACE))
 ]
 
 
