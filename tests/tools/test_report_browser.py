@@ -42,7 +42,10 @@ def report(tmp_path_factory):
             pytest.fail(f"browser test cannot run in CI: {why}")
         pytest.skip(why)
     out = tmp_path_factory.mktemp("report")
-    env = {**os.environ, "SGLAB_REAL": "auto", "MPLBACKEND": "Agg"}  # the recordings, as readers
+    # as a reader runs it: the real sections from the recording, figures through the kernel's own
+    # inline backend (the tests' Agg would leave each figure a line of text)
+    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
+    env["SGLAB_REAL"] = "auto"
     p = subprocess.run([
         sys.executable, "-m", "sglab.tools.cli", "run", "--out",
         str(out), "--param", "MODE='recorded'"
@@ -86,6 +89,7 @@ def test_the_first_screen_holds_the_card_and_the_story_fits_12_screens(report, m
     below = [k for k, v in m["card"].items() if v is None or v > pages.SCREEN[1]]
     assert not below, f"{line}: not on the first screen: {', '.join(below)}"
     assert m["story"] is not None and m["story"] <= STORY_SCREENS * pages.SCREEN[1], line
+    assert m["figures"], f"{line}: no figure drawn (a figure printed as text?)"
 
 
 def test_the_switch_shows_the_code_and_never_the_parameters(report, browser_page):

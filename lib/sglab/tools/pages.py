@@ -194,7 +194,7 @@ def write_page(nb, path: Path, *, title: str, status: str = "", html_exporter=No
 SCREEN = (1400, 1000)  # a reader's window: a page is read in screens of this height
 CARD = {"title": "", "bug": "The bug.", "releases": "Releases", "engine": "Real SGLang engine."}
 # in a page at the top: where the story ends (the top of the Appendix heading; null without one),
-# the page's height, and where each piece of the review card ends (null: not on the page)
+# the page's height, its figures, and where each piece of the review card ends (null: not there)
 MEASURE_JS = """labels => {
   const main = document.querySelector('main') || document.body;
   const y = e => e ? e.getBoundingClientRect() : null;
@@ -207,8 +207,9 @@ MEASURE_JS = """labels => {
       : main.querySelector('h1');
     card[k] = e ? Math.round(y(e).bottom + window.scrollY) : null;
   }
-  return {total: document.documentElement.scrollHeight,
-          story: app ? Math.round(y(app).top + window.scrollY) : null, card}; }"""
+  return {total: document.documentElement.scrollHeight, card,
+          figures: main.querySelectorAll('img').length,
+          story: app ? Math.round(y(app).top + window.scrollY) : null}; }"""
 
 
 def chromium() -> str | None:
@@ -229,7 +230,8 @@ def browser(p):
 
 def measure_page(page, path: Path) -> dict:
     """One report page opened in ``page`` (a Playwright page of :data:`SCREEN`) and measured in
-    pixels: ``total``, ``story`` (to the Appendix heading) and ``card`` (each piece's bottom)."""
+    pixels: ``total``, ``story`` (to the Appendix heading) and ``card`` (each piece's bottom), and
+    its ``figures`` (images)."""
     page.goto(path.resolve().as_uri())
     return {"page": path.stem, **page.evaluate(MEASURE_JS, CARD)}
 
