@@ -285,7 +285,7 @@ CLAIMS = [
         _E + "copies_explain_slowdown", "The large-prefill slowdown is the copy hand-off between "
         "pieces", "copies ≥ 50% of piecewise's extra device time at the largest traced count; "
         "without them eager/piecewise ≥ 0.99", _copies, methods=(2, None), drift=0.25,
-        folded=(KERNEL_COUNTS,)),
+        folded=(KERNEL_COUNTS,))
 ]
 
 

@@ -1,11 +1,10 @@
 """Notebook 01 on one GPU: eager prefill (the wrapper the gate refuses) against piecewise-CUDA-graph
 prefill (the one it lets through), per token count, and what the host pays per launch.
 
-Phases of :func:`run`: build, gate (every wrapper variant), capture, correctness, timing (the
-prefills and a burst of tiny kernels, :class:`Burst`, in interleaved rounds) and profile. Method 2
-added the per-variant gate rows, the direct hand-off, the traced pass and the kernel table; method 3
-the host's per-launch cost (``host`` rows) and the counting pass. :func:`sweep` takes its timer and
-device, so the CPU tests run the same loop without graphs.
+Phases of :func:`run`: build, gate, capture, correctness, timing (the prefills and a burst of tiny
+kernels, :class:`Burst`, in interleaved rounds), profile. Method 2 added the per-variant gate rows,
+the direct hand-off, the traced pass and the kernel table; method 3 the host's per-launch cost
+(``host`` rows) and the counting pass. :func:`sweep` takes its timer and device (CPU tests).
 """
 
 from __future__ import annotations

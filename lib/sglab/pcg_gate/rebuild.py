@@ -1,11 +1,10 @@
 """The piecewise-CUDA-graph gate and the Kimi-K2.5 ``.model`` alias (SGLang #26382 part A), PR era.
 
 One section per upstream file, headed by its path and symbol, to read beside the released hunk:
-``server_args.py`` (the capture sizes and a batch's bucket), ``models/kimi_k25.py`` (the wrapper in
-the alias variants the PR chose between: the before/after switch, :func:`build_wrapper`),
-``model_runner.py`` (the gate) and ``piecewise_cuda_graph_runner.py`` (one CUDA graph per piece
-between two attention calls, without torch.compile). The LLM inside is the shared
-:mod:`sglab.core.toy_decoder`; nothing here measures.
+``server_args.py`` (the capture sizes, a batch's bucket), ``models/kimi_k25.py`` (the wrapper in the
+alias variants the PR chose between: the before/after switch, :func:`build_wrapper`),
+``model_runner.py`` (the gate), ``piecewise_cuda_graph_runner.py`` (one CUDA graph per piece
+between two attention calls, no torch.compile). The LLM is :mod:`sglab.core.toy_decoder`.
 """
 
 from __future__ import annotations
