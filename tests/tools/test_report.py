@@ -155,8 +155,9 @@ def test_index_cards(tmp_path):
     text = path.read_text()
     p = catalog.card("swa_loc")
     assert p is not None, "swa_loc declares its card"
-    assert K.html_card(p) in text
-    assert html.escape(p["bug"]) in text and html.escape(p["releases"]) in text
+    assert index.code_spans(K.html_card(p)) in text
+    assert "<code>swa_loc</code>" in text and "`swa_loc`" not in text  # markdown code, as code
+    assert index.code_spans(html.escape(p["bug"])) in text and html.escape(p["releases"]) in text
     assert p["engine_verdicts"] and p["rebuild_verdicts"]
     for v in p["engine_verdicts"]:
         assert f"verdict: real engine: {html.escape(v)}" in text

@@ -10,6 +10,7 @@ import contextlib
 import html
 import io
 import json
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -68,7 +69,7 @@ def _facts(entry, live: list) -> dict:
 
         p = fixes.card(exp, live)
         if p is not None:
-            facts["card"] = K.html_card(p)
+            facts["card"] = code_spans(K.html_card(p))
             facts["verdicts"] = ([f"real engine: {v}" for v in p["engine_verdicts"]]
                                  + [f"rebuild: {v}" for v in p["rebuild_verdicts"]])
             facts["source"] = "measured live in this run" if live else "recorded runs"
@@ -97,6 +98,11 @@ def _cardstatus_line(r) -> str:
     skipped = f" · {r.skipped_gpu_cells} GPU cell(s) skipped" if r.skipped_gpu_cells else ""
     return (f"<span class='{r.status}'>{r.status}</span> · <span class='{r.mode}'>{r.mode}</span> "
             f"· {r.seconds:.1f} s{skipped}")
+
+
+def code_spans(page: str) -> str:
+    """HTML whose text holds markdown `code` spans (a card's sentences), with them as <code>."""
+    return re.sub(r"`([^`<>]+)`", r"<code>\1</code>", page)
 
 
 def inline_markdown(text: str) -> str:
