@@ -43,55 +43,24 @@ SGLANG_DROP = (r"\.so(\.\d+)*$",)
 # (flashmla_ops, spatial_ops, deep_gemm_cpp) and DeepGEMM's own headers
 # (deep_gemm/include/deep_gemm: sgl-kernel 0.4.2 lists that folder at start-up and fails without
 # it; 0.3 MiB).
-KERNEL_DROP = (
-    r"^sgl_kernel/flash_ops\.",
-    r"^sgl_kernel/sm100/",
-    r"^lib/",
-    r"^lib64/",
-    r"^include/",
-    r"^_mscclpp",
-    r"^deep_gemm/include/(?!deep_gemm/)",
-)
+KERNEL_DROP = (r"^sgl_kernel/flash_ops\.", r"^sgl_kernel/sm100/", r"^lib/", r"^lib64/",
+               r"^include/", r"^_mscclpp", r"^deep_gemm/include/(?!deep_gemm/)")
 # FlashInfer: CUTLASS and CCCL sources are for its GEMM / MoE / communication JIT modules; the norm
 # kernel that the first CUDA-graph capture JIT-builds needs data/include, data/csrc and data/spdlog
 # only. ``full`` keeps them (the all-reduce fusion's trtllm_comm module needs the whole package).
-FLASHINFER_DROP = (
-    r"^flashinfer/data/cutlass/",
-    r"^flashinfer/data/cccl/",
-    r"^build_backend\.py$",
-    r"^flashinfer/data/build_backend\.py$",
-)
+FLASHINFER_DROP = (r"^flashinfer/data/cutlass/", r"^flashinfer/data/cccl/", r"^build_backend\.py$",
+                   r"^flashinfer/data/build_backend\.py$")
 LAYER_KINDS = ("sglang", "kernel", "flashinfer", "flashinfer-full", "plain")
 # Never in a layer: the image's own torch stack and numpy.
 NEVER = re.compile(r"^(torch|triton|numpy|nvidia_.*|torchvision|torchaudio)(-[^/]*\.dist-info)?/")
 # The light dependencies a release needs at import beyond the image (the same set for 0.5.11 to
 # 0.5.13; measured on the GPU image, see the facts of real SGLang engines). fastapi < 0.142: later
 # ones import opentelemetry.
-ENGINE_DEPS = (
-    "pyzmq",
-    "fastapi<0.142",
-    "starlette",
-    "uvicorn",
-    "IPython",
-    "traitlets",
-    "pydantic==2.14.3",
-    "pydantic-core==2.50.4",
-    "annotated-types",
-    "typing-inspection",
-    "openai==2.6.1",
-    "distro",
-    "sniffio",
-    "orjson",
-    "pybase64",
-    "msgspec",
-    "setproctitle",
-    "dill",
-    "partial-json-parser",
-    "loguru",
-    "gguf",
-    "apache-tvm-ffi==0.1.9",
-    "cuda-tile",
-)
+ENGINE_DEPS = ("pyzmq", "fastapi<0.142", "starlette", "uvicorn", "IPython", "traitlets",
+               "pydantic==2.14.3", "pydantic-core==2.50.4", "annotated-types", "typing-inspection",
+               "openai==2.6.1", "distro", "sniffio", "orjson", "pybase64", "msgspec",
+               "setproctitle", "dill", "partial-json-parser", "loguru", "gguf",
+               "apache-tvm-ffi==0.1.9", "cuda-tile")
 ENGINE_DEPS_NO_DEPS = ("compressed-tensors==0.18.0",)
 PAIR_LIMIT_MIB = 56.0  # 64 MiB carry, less the checkout (~6 MiB) and a margin
 
@@ -101,11 +70,9 @@ def dropped(name: str, kind: str) -> bool:
     if NEVER.match(name):
         return True
     pats = {
-        "sglang": SGLANG_DROP,
-        "kernel": KERNEL_DROP,
-        "flashinfer": FLASHINFER_DROP,
+        "sglang": SGLANG_DROP, "kernel": KERNEL_DROP, "flashinfer": FLASHINFER_DROP,
         "flashinfer-full": (r"^build_backend\.py$", r"^flashinfer/data/build_backend\.py$"),
-        "plain": (),
+        "plain": ()
     }[kind]
     return any(re.search(p, name) for p in pats)
 
@@ -122,8 +89,8 @@ def _installed_name(name: str) -> str | None:
 
 
 def wheel_pins(wheel: Path) -> dict[str, str]:
-    """``{normalized name: version}`` of the ``==`` pins a wheel's METADATA declares for Linux x86_64
-    (:func:`sglab.sglang.releases.pins`)."""
+    """``{normalized name: version}`` of the ``==`` pins a wheel's METADATA declares for Linux
+    x86_64 (:func:`sglab.sglang.releases.pins`)."""
     with zipfile.ZipFile(wheel) as z:
         meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
         return pins(z.read(meta).decode())
@@ -145,18 +112,13 @@ def layer(out: Path, parts: list[tuple[str, Path]]) -> tuple[int, int]:
                 if target is not None:
                     members[target] = z.read(info)
     tmp = out.with_name(out.name + ".tmp")
-    with (
-            lzma.open(tmp, "wb", preset=9 | lzma.PRESET_EXTREME) as xz,
-            tarfile.open(fileobj=xz, mode="w") as tar,
-    ):
+    with (lzma.open(tmp, "wb", preset=9 | lzma.PRESET_EXTREME) as xz,
+          tarfile.open(fileobj=xz, mode="w") as tar):
         for name in sorted(members):
             data = members[name]
             info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.mode = (
-                len(data),
-                0,
-                0o755 if name.endswith(".so") else 0o644,
-            )
+            info.size, info.mtime, info.mode = (len(data), 0,
+                                                0o755 if name.endswith(".so") else 0o644)
             tar.addfile(info, io.BytesIO(data))
     tmp.replace(out)
     return len(members), sum(len(v) for v in members.values())

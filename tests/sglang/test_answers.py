@@ -11,7 +11,8 @@ import pytest
 
 from sglab.sglang import releases, runner, store
 from tests import sglang_answers as A
-from tests.sglang.test_runner import LEAVE, PID, RELEASE, _live, _pid, fake_home, spawned  # noqa: F401
+from tests.sglang.test_runner import LEAVE, PID, RELEASE, _live, _pid
+from tests.sglang.test_runner import fake_home, spawned  # noqa: F401 (fixtures)
 
 
 pytestmark = pytest.mark.long(30)

@@ -24,18 +24,8 @@ from pathlib import Path
 from typing import Optional
 
 from sglab.core import hardware
-from sglab.sglang.releases import (
-    PINNED,
-    dep_set,
-    deps_dir,
-    home,
-    installed_releases,
-    package_dir,
-    parse_version,
-    release_dir,
-    release_installed,
-    worker_env,
-)
+from sglab.sglang.releases import (PINNED, dep_set, deps_dir, home, installed_releases, package_dir,
+                                   parse_version, release_dir, release_installed, worker_env)
 
 
 class NotRunnable(RuntimeError):
@@ -126,7 +116,7 @@ def needed_shims(release: str, root: Path) -> list[Shim]:
         "triton": lambda: install_triton_stub(root),
         "torchvision": lambda: install_torchvision_absent(facts["torchvision"]),
         "sgl_kernel": lambda: install_sgl_kernel_stub(facts["sgl_kernel"]),
-        "sgl_kernel.kvcacheio": lambda: install_kvcacheio_stub(facts["sgl_kernel"]),
+        "sgl_kernel.kvcacheio": lambda: install_kvcacheio_stub(facts["sgl_kernel"])
     }
     return [installers[name]() for name in plan(release, facts)]
 
@@ -314,10 +304,9 @@ _TRITON_TREE = {
     ("triton.runtime.autotuner", "PTXASError"): lambda base: type("_PTXASError", (Exception,), {}),
     ("triton.compiler", "CompiledKernel"): lambda base: type("_CompiledKernel", (base,), {}),
     ("triton.compiler.compiler", "ASTSource"): lambda base: type("_ASTSource", (base,), {}),
-    ("triton.runtime.driver", None): None,
-    ("triton.testing", None): None,
+    ("triton.runtime.driver", None): None, ("triton.testing", None): None,
     ("triton.tools.tensor_descriptor", None): None,
-    ("triton.backends.compiler", "GPUTarget"): lambda base: type("_GPUTarget", (base,), {}),
+    ("triton.backends.compiler", "GPUTarget"): lambda base: type("_GPUTarget", (base,), {})
 }
 
 

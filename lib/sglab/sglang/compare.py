@@ -1,16 +1,8 @@
-"""Real releases beside the rebuild: the one comparison every notebook's real-SGLang section makes.
-
-Every notebook claims that its rebuild behaves like SGLang before and after a fix. The releases that
-straddle the fix say whether that is true. A fix's ``sglang.py`` turns its probe's answers into a
-comparison table, one row per (release, behaviour): what the real code did, what the rebuild must
-match, what that gives, and whether the two agree (computed by comparing, never typed in).
-:func:`section` is the notebook cell:
-
-    sglang.compare()    # = section(FIX, comparison): where the answers come from, the table,
-                        # the agreement line
-
-A release that did not run says so and counts neither way; a disagreement is printed under a banner
-a reader cannot miss, and :func:`check_table` returns False for it so a test fails too.
+"""Real releases beside the rebuild: the one comparison every notebook's real-SGLang section makes
+(``sglang.compare()`` = :func:`section`): one row per (release, behaviour) of what the real code
+did, what the rebuild gives and whether they agree (compared, never typed in). A release that did
+not run says so and counts neither way; a disagreement is printed under a banner a reader cannot
+miss.
 """
 
 from __future__ import annotations

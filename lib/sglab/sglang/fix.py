@@ -1,13 +1,8 @@
-"""A fix's record: everything the release system needs to know about one upstream fix, in one value.
-
-Each fix states its record once, as ``FIX`` in ``sglab.<fix>.sglang``; the catalog of notebooks,
-``sglab real record``, the upstream checks, the release timeline and the PR hunks all read it (they are handed the records; nothing in ``sglab.sglang`` imports a fix).
-
-- ``check(read) -> Verdict``: which state a given SGLang (installed, a checkout, a wheel) is in,
-  read as source;
-- ``hunks``: the symbols each PR touched, to cut the released hunk out of the wheels around it;
-- ``probe``: the real-release probe the notebook's real section runs on the CPU, on which releases;
-- ``engine``: the real engine's scenario (a release's whole server with dummy weights).
+"""A fix's record, ``FIX`` in ``sglab.<fix>.sglang``: its source check (``check(read) -> Verdict``,
+which state an SGLang is in), the symbols each PR touched (``hunks``), the real-release probe of its
+notebook (``probe``) and the real engine's scenarios (``engine``). The catalog, ``sglab real
+record``, the upstream checks, the timeline and the hunks are handed the records; nothing in
+``sglab.sglang`` imports a fix.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Each PR as it was released: the symbols it touched, in the last release without it and the first
-release with it.
-
-Symbols are found by name with :mod:`ast` in the real released files (the wheels), never by line
-numbers, and only the functions the PR touched are kept, so a hunk stays a page or two. They are
-committed under ``data/upstream/<fix>/`` (``pr<N>.json`` with the versions and wheels,
-``pr<N>.before.txt``, ``pr<N>.after.txt``, ``pr<N>.diff``), so a notebook shows the real released
-hunk beside the rebuilt function with neither SGLang nor a network. A release window may carry other
-changes to the same functions; the diff shows those too, as released.
+"""Each PR as it was released: the symbols it touched (found by name with :mod:`ast`, never by line
+numbers) in the last release without it and the first with it, committed under
+``data/upstream/<fix>/`` (``pr<N>.json``, ``.before.txt``, ``.after.txt``, ``.diff``) so a notebook
+shows them with neither SGLang nor a network: the whole hunk, or one symbol's changes with context
+beside the rebuilt lines that correspond (:func:`render_beside`).
 """
 
 from __future__ import annotations
@@ -87,18 +83,14 @@ class Hunk:
                 "lines>")
 
     def __str__(self) -> str:
-        from sglab.sglang.hunks import hunk_text
-
         return hunk_text(self)
 
     def _repr_html_(self) -> str:
-        from sglab.sglang.hunks import hunk_html
-
         return hunk_html(self)
 
 
 # -- reading symbols out of a release
-# ---------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def header(symbol: str) -> str:
     path, qual = symbol.split("::")
     return f"{HEADER}{path} · {qual}"
@@ -161,7 +153,7 @@ def build(spec: Spec, fix: str, before: tuple, after: tuple) -> Hunk:
 
 
 # -- committed files
-# --------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def _stem(fix: str, pr: int, root: Path | None) -> Path:
     return Path(root or data_dir()) / fix / f"pr{pr}"
 
@@ -236,8 +228,6 @@ def generate(fixes, versions: list[str], wheels: dict, root: Path | None = None)
 def show(fix, pr: int | None = None):
     """The committed hunk of ``fix`` rendered for a notebook (HTML with +/- colouring; plain text
     elsewhere)."""
-    from sglab.sglang.hunks import Rendered, hunk_html, hunk_text
-
     hunk = load(fix, pr)
     return Rendered(hunk_html(hunk), hunk_text(hunk))
 
@@ -248,8 +238,7 @@ def beside(fix, rebuilt, *, pr: int | None = None, symbol: str | None = None):
     return render_beside(load(fix, pr), rebuilt, symbol=symbol)
 
 
-# --------------------------------------------------------------------------------------------------
-# display: A released hunk for a reader: a coloured unified diff in a notebook, the same text any
+# -- display: a coloured unified diff in a notebook, the same text elsewhere
 # --------------------------------------------------------------------------------------------------
 
 _STYLE = {
@@ -365,10 +354,10 @@ def _code_lines(text: str) -> list[str]:
     """The lines of ``text`` (a function or a class, dedented), its docstrings blanked."""
     lines, tree = text.splitlines(), S.parse(text)
     for node in ast.walk(tree) if tree is not None else ():
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
-                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
-            for k in range(body[0].lineno - 1, body[0].end_lineno):
+        first = (getattr(node, "body", None) or [None])[0]
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                and isinstance(first.value.value, str):
+            for k in range(first.lineno - 1, first.end_lineno):
                 lines[k] = ""
     return lines
 

@@ -1,16 +1,8 @@
-"""Install the pinned SGLang releases side by side: ``sglab real install`` / ``python -m
-sglab.sglang.install``.
-
-Idempotent: a release or dependency set with a current stamp is left alone, so a second call costs
-about a second. Each release is a ``pip install --no-deps --target .sglang/releases/<V>`` of its
-wheel; the light dependencies go once per dependency set (see :mod:`sglab.sglang.releases`).
-Installs run in parallel (pip's downloads and unpacking are I/O bound), each into a temporary folder
-that is moved into place only when it is complete, so an interrupted install never leaves a half
-release behind.
-
-A release that cannot be installed prints one line (release, cause) and the others go on; the
-command exits 1 then, and callers of :func:`sglab.sglang.run_probe` get a "not run" result naming
-the cause.
+"""Install the pinned SGLang releases side by side (``sglab real install``): a ``pip install
+--no-deps --target`` per release, the light dependencies once per dependency set
+(:mod:`sglab.sglang.releases`), in parallel, each into a temporary folder moved into place only when
+complete; what is stamped current is left alone. A release that cannot be installed is one line and
+the others go on (exit status 1).
 """
 
 from __future__ import annotations
@@ -32,18 +24,8 @@ from typing import Callable, Iterable, Optional
 
 from packaging.utils import canonicalize_name
 
-from sglab.sglang.releases import (
-    DEP_SETS,
-    PINNED,
-    STAMP,
-    dep_set,
-    deps_dir,
-    home,
-    package_dir,
-    parse_version,
-    read_stamp,
-    release_dir,
-)
+from sglab.sglang.releases import (DEP_SETS, PINNED, STAMP, dep_set, deps_dir, home, package_dir,
+                                   parse_version, read_stamp, release_dir)
 
 
 JOBS = 3
@@ -203,10 +185,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 1 if failed else 0
 
 
+# -- pip, called the one way this project allows: into a target folder, under constraints, never
+# replacing the interpreter's torch
 # --------------------------------------------------------------------------------------------------
-# pip: pip, called the one way this project allows: into a target folder, under constraints, neve
-# --------------------------------------------------------------------------------------------------
-
 PIP_TIMEOUT_S = 1200
 # Never installed into a release or dependency folder: the interpreter's torch stack is the one
 # used.

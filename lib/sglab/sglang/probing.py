@@ -1,11 +1,6 @@
 """What the probes share: reaching a step inside a real SGLang function without running what comes
-after it.
-
-A probe drives a real function (a gate, a constructor) on a small stand-in object that carries only
-the attributes the function reads. Names the function looks up in its module (a runner class it
-would construct, a GPU-memory query) are replaced for the duration of the call by recorders, and
-:class:`Stop` ends the call at the step the probe is after. Everything else the function does is the
-release's own code.
+after it. The function runs on a small stand-in carrying only what it reads; names it looks up in
+its module are replaced by recorders for the call, and :class:`Stop` ends it at the step wanted.
 """
 
 from __future__ import annotations

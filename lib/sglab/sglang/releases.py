@@ -1,21 +1,9 @@
-"""Where the pinned SGLang releases live on disk, and which light dependencies each one runs with.
-
-Layout (all under ``.sglang/`` of the checkout, git-ignored; ``$SGLAB_SGLANG_HOME`` moves it)::
-
-    .sglang/releases/<V>/sglang/          the release's package (``pip install --no-deps --target``)
-    .sglang/releases/<V>/.sglab-installed  stamp (JSON): wheel, seconds, dependency set
-    .sglang/deps/<set>/                    light dependencies shared by releases that agree on them
-    .sglang/deps/<set>/.sglab-installed    stamp (JSON): requirement list, what the interpreter
-                                           provides
-
-Releases are never installed into the interpreter's own site-packages: two releases must be
-importable side by side (one per worker process), and the interpreter's torch must never be
-replaced.
-
-Why two dependency sets: 0.5.10.post1 to 0.5.14 all run with the transformers / apache-tvm-ffi /
-openai of the 0.5.1x pins; 0.5.23 needs newer ones (transformers 5.19, tvm-ffi 0.1.11, openai 2.8).
-Releases of one set share one folder, so disk and install time grow with the number of sets, not of
-releases.
+"""Where the pinned SGLang releases live (``.sglang/``, git-ignored; ``$SGLAB_SGLANG_HOME`` moves
+it), and the light dependencies each runs with: ``releases/<V>/`` holds a release's package,
+``deps/<set>/`` the dependencies shared by the releases that agree on them (0.5.1x; 0.5.2x needs
+newer transformers, tvm-ffi and openai), each stamped ``.sglab-installed``. Never the interpreter's
+site-packages: two releases must import side by side, and its torch is never replaced. Also the one
+parser of release numbers and the one reader of a wheel's pins.
 """
 
 from __future__ import annotations
@@ -53,7 +41,7 @@ DEP_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = 
     "0.5.2x": (("0.5.23",),
                _COMMON + ("transformers==5.19.0", "apache-tvm-ffi==0.1.11", "openai==2.8.0",
                           "sentencepiece==0.2.1", "uvicorn", "fastapi"),
-               ("compressed-tensors==0.18.0",)),
+               ("compressed-tensors==0.18.0",))
 }
 
 

@@ -1,14 +1,7 @@
-"""Python source read as syntax: find a function or class by its dotted name, take its text, look
-inside it.
-
-The checks and the PR hunks both name code the way a reviewer does
-(``CudaGraphRunner.capture_one_batch_size``), never by line numbers, so the same name finds the
-symbol in every release however much the file around it moved. Nothing here imports the code it
-reads.
-
-Each fix's ``check(read)`` is built from these: given ``read(relpath)`` over an SGLang package
-folder (installed, unpacked wheel, zip, checkout), it answers one of
-:data:`sglab.sglang.upstream.STATES` with a one-line reason, never looking at a version number.
+"""Python source read as syntax: find a function or class by its dotted name (as a reviewer names
+it, never by line numbers, so the same name finds it in every release), take its text, look inside
+it. Each fix's ``check(read)`` is built from these over ``read(relpath)`` of an SGLang package
+(installed, a wheel, a checkout); nothing here imports the code it reads.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
-"""Recorded probe answers: what the real releases said on the CPU box, kept so that a notebook in
-recorded mode shows its real-SGLang section at once, and a reader without the releases still sees
-what they did.
-
-Running the releases costs a worker subprocess per release that imports a whole ``sglang`` (about 8
-s each on the two-core box, by the recording's own timings) before it answers the calls asked of it;
-the six notebooks ask 22 (release, probe) pairs of six releases. A recording is a run of the
-experiment ``real_cpu`` (``data/recorded/real_cpu/``, :mod:`sglab.core.runs`: one row per probe and
-release, the machine and git sha in the manifest) with every
-:class:`~sglab.sglang.runner.ProbeResult` in its ``results`` sidecar. ``sglab real record`` writes
-one; the real-release tests check that it still equals what the installed releases answer. A test
-session keeps the answers it ran in the same format, in a folder of its own
-(``tests/sglang_answers.py``).
-
-Where answers come from, per call of :func:`sglab.sglang.runner.run_probes`, is ``source`` or
-``$SGLAB_REAL``: ``auto`` (default) the newest recording where it holds this probe, parameters and
-release, else live; ``live`` the installed releases, run in this process or earlier in this test
-session; ``recorded`` never runs them (a release missing from the recording is reported as not run).
+"""Recorded probe answers: what the real releases said on the CPU box (a run of ``real_cpu`` with
+every :class:`ProbeResult` in its ``results`` sidecar; ``sglab real record`` writes one), so a
+notebook in recorded mode shows its real-SGLang section at once. Where answers come from is
+``source`` or ``$SGLAB_REAL``: ``auto`` (default) the newest recording where it holds the call, else
+live; ``live`` the installed releases (or this test session's answers); ``recorded`` never runs
+them.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""SGLang read as source text — never imported (its import pulls a heavy GPU stack).
-
-Each fix's record has one check (``Fix.check``): given ``read(relpath)`` over an SGLang package
-folder (the installed one, a checkout's ``python/sglang``, or a released wheel read with zipfile),
-it returns a :class:`Verdict` — one state of :data:`STATES` and a one-line reason. The same checks
-classify the installed SGLang (:func:`check`, :func:`check_all`), a source tree (``root=``), and
-every release (:mod:`sglab.sglang.wheels`); :mod:`sglab.sglang.hunks` holds the released hunk of
-each PR.
+"""SGLang read as source text, never imported: each fix's check (``Fix.check``) turns
+``read(relpath)`` over an SGLang package (installed, a checkout's ``python/sglang``, a released
+wheel) into a :class:`Verdict`, one state of :data:`STATES` and a one-line reason. The same checks
+classify the installed SGLang (:func:`check`, :func:`check_all`), a source tree and every release
+(:mod:`sglab.sglang.wheels`).
 """
 
 from __future__ import annotations
@@ -23,12 +20,11 @@ Reader = Callable[[str], "str | None"]
 # The states a fix can be in, in a given SGLang. The order is the legend's order.
 STATES = {
     "absent": "the feature the fix belongs to is not in this SGLang yet",
-    "before": "the feature is there, the fix is not",
-    "pr-era": "the fix as the PR merged it",
+    "before": "the feature is there, the fix is not", "pr-era": "the fix as the PR merged it",
     "changed": "later code replaced the PR's, and it still fixes the problem",
     "regressed": "the fix is gone and the problem can come back",
     "unknown": "the check could not decide; the reason says why",
-    "not-installed": "no SGLang here to read",
+    "not-installed": "no SGLang here to read"
 }
 # the states a fix can have in a release (not-installed only describes this machine)
 RELEASE_STATES = tuple(s for s in STATES if s != "not-installed")

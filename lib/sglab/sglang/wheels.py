@@ -1,14 +1,9 @@
-"""Every SGLang release from 0.5.10 on, read from its released wheel: which state is each fix in?
-
-A wheel is downloaded once with pip (``pip download --no-deps``: never installed, never imported)
-into the git-ignored cache ``.sglang/wheels/`` and read with :mod:`zipfile` through the same
-``read(relpath)`` the checks use on a source tree, so one set of checks serves an installed SGLang,
-a checkout and every release. The result is committed as ``data/upstream/releases.csv``; CI and the
-notebooks read that file and never download.
-
-Which wheel: the release's universal wheel where it has one (0.5.10.x), else its CPython 3.12
-manylinux x86_64 wheel (the GPU image's). Python sources are the same in every wheel of a release;
-the sha256 names the file read.
+"""Every SGLang release from 0.5.10 on, read from its released wheel: which state is each fix in? A
+wheel is downloaded once (``pip download --no-deps``; never installed) into ``.sglang/wheels/`` and
+read with :mod:`zipfile` through the checks' ``read(relpath)``: the universal wheel where a release
+has one, else its CPython 3.12 manylinux x86_64 one. The result is committed as
+``data/upstream/releases.csv``, which CI and the notebooks read without downloading; the timeline
+figures are drawn from it.
 """
 
 from __future__ import annotations
@@ -345,10 +340,8 @@ def first_release(fix: str, states=("pr-era",), frame=None) -> str | None:
     return None if hits.empty else hits["version"].iloc[0]
 
 
+# -- figures: release × fix, one colour per state, drawn from the release table
 # --------------------------------------------------------------------------------------------------
-# figures: Release × fix timeline figures, one colour per state, drawn from the release table.
-# --------------------------------------------------------------------------------------------------
-
 STATE_COLOURS = {
     "absent": "#d5d8dc", "before": "#c0392b", "pr-era": "#2471a3", "changed": "#229954",
     "regressed": "#d68910", "unknown": "#ffffff"
@@ -358,8 +351,6 @@ assert set(STATE_COLOURS) == set(RELEASE_STATES)
 
 def _table(frame):
     if frame is None:
-        from sglab.sglang.wheels import load_table
-
         frame = load_table()
     return frame.reset_index(drop=True)
 

@@ -70,10 +70,9 @@ def drive(params_path: str) -> int:
                     say(f"call-begin id={k} requests={n} input_len={il} warmup={warm}")
                     kwargs = {
                         "sampling_params": {
-                            "max_new_tokens": p["output_len"],
-                            "ignore_eos": True,
-                            "temperature": 0.0,
-                        },
+                            "max_new_tokens": p["output_len"], "ignore_eos": True,
+                            "temperature": 0.0
+                        }
                     }
                     if image is not None:  # text through the model's processor, with the image
                         kwargs["prompt"] = [p["prompt"]] * n
@@ -99,8 +98,7 @@ def main(argv=None) -> int:
         return drive(argv[1])
     print(
         "usage: python -m sglab.sglang.engine.driver drive PARAMS.json (the engine tool's driver)",
-        file=sys.stderr,
-    )
+        file=sys.stderr)
     return 2
 
 

@@ -147,33 +147,15 @@ class _AfterImport:
         return spec
 
 
-RESOLVED_KEYS = (
-    "attention_backend",
-    "prefill_attention_backend",
-    "decode_attention_backend",
-    "sampling_backend",
-    "disable_piecewise_cuda_graph",
-    "enforce_piecewise_cuda_graph",
-    "piecewise_cuda_graph_tokens",
-    "piecewise_cuda_graph_max_tokens",
-    "enable_breakable_cuda_graph",
-    "disable_cuda_graph",
-    "cuda_graph_bs",
-    "cuda_graph_max_bs",
-    "tp_size",
-    "moe_dense_tp_size",
-    "enable_flashinfer_allreduce_fusion",
-    "mem_fraction_static",
-    "chunked_prefill_size",
-    "max_total_tokens",
-    "load_format",
-    "dtype",
-    "kv_cache_dtype",
-    "enable_multimodal",
-    "skip_tokenizer_init",
-    "disable_radix_cache",
-    "moe_runner_backend",
-)
+RESOLVED_KEYS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend",
+                 "sampling_backend", "disable_piecewise_cuda_graph", "enforce_piecewise_cuda_graph",
+                 "piecewise_cuda_graph_tokens", "piecewise_cuda_graph_max_tokens",
+                 "enable_breakable_cuda_graph", "disable_cuda_graph", "cuda_graph_bs",
+                 "cuda_graph_max_bs", "tp_size", "moe_dense_tp_size",
+                 "enable_flashinfer_allreduce_fusion", "mem_fraction_static",
+                 "chunked_prefill_size", "max_total_tokens", "load_format", "dtype",
+                 "kv_cache_dtype", "enable_multimodal", "skip_tokenizer_init",
+                 "disable_radix_cache", "moe_runner_backend")
 
 
 def _print_resolved(module) -> None:
@@ -230,11 +212,8 @@ def function_source(source: str, qualname: str) -> str:
     tree = ast.parse(source)
     nodes, found = tree.body, None
     for part in qualname.split("."):
-        found = next(
-            (n for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                ast.ClassDef)) and n.name == part),
-            None,
-        )
+        found = next((n for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                         ast.ClassDef)) and n.name == part), None)
         if found is None:
             raise ValueError(f"{qualname}: {part} not found")
         nodes = found.body
@@ -274,13 +253,8 @@ def revert_hunk(params: dict, module) -> None:
     new = reverted_source(params, source)
     flags = (__future__.annotations.compiler_flag
              if getattr(module, "annotations", None) is __future__.annotations else 0)
-    code = compile(
-        new,
-        f"<{params['name']}: {module.__name__}.{params['qualname']}>",
-        "exec",
-        flags=flags,
-        dont_inherit=True,
-    )
+    code = compile(new, f"<{params['name']}: {module.__name__}.{params['qualname']}>", "exec",
+                   flags=flags, dont_inherit=True)
     namespace: dict = {}
     exec(code, module.__dict__, namespace)
     setattr(owner, attr, namespace[attr])

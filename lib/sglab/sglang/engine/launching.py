@@ -71,26 +71,14 @@ def bench_argv(spec: EngineSpec, work: Path) -> list[str]:
     file, and the profile."""
     lens = [str(n) for _ in range(spec.warmup + spec.repeats) for n in spec.input_lens]
     out = [
-        "--batch-size",
-        *[str(b) for b in spec.batch_sizes],
-        "--input-len",
-        *lens,
-        "--output-len",
-        str(spec.output_len),
-        "--run-name",
-        spec.variant,
-        "--result-filename",
-        str(work / "result.jsonl"),
+        "--batch-size", *[str(b) for b in spec.batch_sizes], "--input-len", *lens, "--output-len",
+        str(spec.output_len), "--run-name", spec.variant, "--result-filename",
+        str(work / "result.jsonl")
     ]
     if spec.profile:
         out += [
-            "--profile",
-            "--profile-stage",
-            spec.profile_stage,
-            "--profile-steps",
-            str(spec.profile_steps),
-            "--profile-filename-prefix",
-            "profile",
+            "--profile", "--profile-stage", spec.profile_stage, "--profile-steps",
+            str(spec.profile_steps), "--profile-filename-prefix", "profile"
         ]
     return out
 
@@ -98,14 +86,9 @@ def bench_argv(spec: EngineSpec, work: Path) -> list[str]:
 def driver_params(spec: EngineSpec, server: list[str]) -> dict:
     """What :func:`drive` reads (written as ``drive.json`` in the run's folder)."""
     return {
-        "server_argv": server,
-        "requests": list(spec.requests),
-        "input_lens": list(spec.input_lens),
-        "output_len": spec.output_len,
-        "repeats": spec.repeats,
-        "warmup": spec.warmup,
-        "image_size": list(spec.image_size) if spec.image_size else None,
-        "prompt": spec.prompt,
+        "server_argv": server, "requests": list(spec.requests), "input_lens": list(spec.input_lens),
+        "output_len": spec.output_len, "repeats": spec.repeats, "warmup": spec.warmup,
+        "image_size": list(spec.image_size) if spec.image_size else None, "prompt": spec.prompt
     }
 
 
@@ -163,10 +146,8 @@ def prepare(spec: EngineSpec, work: Path, *, python: str = sys.executable,
             {
                 "resolved": True,
                 "patches": [{"name": a.name, "patch": a.patch, "params": patch_params(a)}
-                            for a in spec.adjustments if a.patch],
-            },
-            indent=1,
-        ))
+                            for a in spec.adjustments if a.patch]
+            }, indent=1))
     if spec.tool == "bench":
         sglang_cmd = [python, "-m", "sglang.bench_one_batch", *server, *bench_argv(spec, work)]
         argv = list(sglang_cmd)
@@ -181,14 +162,10 @@ def prepare(spec: EngineSpec, work: Path, *, python: str = sys.executable,
     if environ.get("PYTHONPATH"):
         path.append(environ["PYTHONPATH"])
     environ.update({
-        "PYTHONPATH": os.pathsep.join(path),
-        "SGLAB_ENGINE_HOOKS": str(hooks),
-        "SGLAB_ENGINE_RUN": marker,
-        "SGLANG_TORCH_PROFILER_DIR": str(work / "profile"),
-        "PYTHONUNBUFFERED": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join(path), "SGLAB_ENGINE_HOOKS": str(hooks),
+        "SGLAB_ENGINE_RUN": marker, "SGLANG_TORCH_PROFILER_DIR": str(work / "profile"),
+        "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1"
     })
     environ.setdefault("NCCL_NVLS_ENABLE", "0")
     for a in spec.adjustments:
@@ -207,16 +184,9 @@ class Exit:
     pid: int = 0  # the started process, leader of its group
 
 
-def launch(
-    argv: list[str],
-    *,
-    log: Path,
-    timeout: float,
-    env: Optional[dict] = None,
-    cwd: Optional[Path] = None,
-    marker: str = "",
-    on_line: Optional[Callable[[str], None]] = None,
-) -> Exit:
+def launch(argv: list[str], *, log: Path, timeout: float, env: Optional[dict] = None,
+           cwd: Optional[Path] = None, marker: str = "",
+           on_line: Optional[Callable[[str], None]] = None) -> Exit:
     """Start ``argv`` in its own session with stdout and stderr streamed to ``log``; stop its whole
     group at ``timeout``; after any exit, stop whatever of the group (or carrying ``marker``) is
     left. ``on_line`` sees each new log line (progress)."""
@@ -224,15 +194,9 @@ def launch(
     log.parent.mkdir(parents=True, exist_ok=True)
     with procs.Guard() as guard:
         with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=cwd,
-                start_new_session=True,
-            )
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                    start_new_session=True)
         guard.watch(proc.pid, marker)
         timed_out, pending, cut = False, b"", None
         try:
@@ -265,15 +229,7 @@ def launch(
                 print(
                     f"[sglab] {type(cut).__name__}: " + (stopped.line(f"engine group {proc.pid}")
                                                          or "the engine had exited"),
-                    file=sys.stderr,
-                    flush=True,
-                )
+                    file=sys.stderr, flush=True)
     leftovers = [p for p in stopped.found if not p.startswith(f"{proc.pid} ")]
-    return Exit(
-        None if timed_out else proc.returncode,
-        timed_out,
-        time.monotonic() - t0,
-        leftovers,
-        stopped.survivors,
-        proc.pid,
-    )
+    return Exit(None if timed_out else proc.returncode, timed_out,
+                time.monotonic() - t0, leftovers, stopped.survivors, proc.pid)

@@ -144,11 +144,11 @@ LINES = {
     "attn_default": ("srt/server_args.py", r"Attention backend not specified\. Use "
                      r"(?P<backend>\S+) backend by default\.",
                      _decision(attention_backend=("backend", str))),
-    "load_begin": (MR, r"Load weight begin\. avail mem=(?P<mem>[\d.]+) GB", None),
-    "max_tokens": (BOB, r"max_total_num_tokens=(?P<n>\d+)",
-                   _decision(False, max_total_num_tokens=("n", int))),
-    "warmup": (BOB, r"^Warmup \.\.\.$", _phase("warmup")),
-    "benchmark": (BOB, r"^Benchmark \.\.\.$", _phase("benchmark")),
+    "load_begin": (MR, r"Load weight begin\. avail mem=(?P<mem>[\d.]+) GB",
+                   None), "max_tokens": (BOB, r"max_total_num_tokens=(?P<n>\d+)",
+                                         _decision(False, max_total_num_tokens=("n", int))),
+    "warmup": (BOB, r"^Warmup \.\.\.$", _phase("warmup")), "benchmark": (BOB, r"^Benchmark \.\.\.$",
+                                                                         _phase("benchmark")),
     "prefill": (BOB, r"Prefill\. latency: (?P<s>[\d.]+) s, throughput: +(?P<tps>[\d.]+) token/s",
                 _prefill),
     "decode_step": (BOB, r"Decode (?P<i>\d+)\. Batch size: (?P<bs>\d+), latency: (?P<s>[\d.]+) s",
@@ -156,18 +156,18 @@ LINES = {
     "decode_median": (BOB, r"Decode\.  median latency: (?P<s>[\d.]+) s, median throughput: "
                       r"+(?P<tps>[\d.]+) token/s", _decode_median),
     "total": (BOB, r"Total\. latency: +(?P<s>[\d.]+) s, throughput: +(?P<tps>[\d.]+) token/s",
-              None),
-    "skipping": (BOB, r"skipping \((?P<bs>\d+), (?P<il>\d+), (?P<ol>\d+)\) due to max batch "
-                 r"size limit", _skipping),
-    "trace_saved": (BOB, r"torch profiler chrome trace (?:for (?P<stage>\w+) )?saved to "
-                    r"(?P<path>\S+)", lambda r, m, line: r.d["traces"].append(m["path"])),
+              None), "skipping": (
+                  BOB, r"skipping \((?P<bs>\d+), (?P<il>\d+), (?P<ol>\d+)\) due to max batch "
+                  r"size limit", _skipping), "trace_saved": (
+                      BOB, r"torch profiler chrome trace (?:for (?P<stage>\w+) )?saved to "
+                      r"(?P<path>\S+)", lambda r, m, line: r.d["traces"].append(m["path"])),
     "prefill_batch": (METRICS, r"Prefill batch(?: \[\d+\])?, #new-seq: (?P<seqs>\d+), #new-token: "
                       r"(?P<tokens>\d+), " + GRAPH, _prefill_batch),
     "decode_batch": ("same files as prefill_batch", r"Decode batch(?: \[\d+\])?, #running-req: "
                      r"(?P<running>\d+), " + GRAPH, lambda r, m, line: r.d["decode_batches"].append(
                          {"running": int(m["running"]), "graph": m["graph"] == "True"})),
     "argparse": ("argparse (bench_one_batch's and the Engine's parsers)",
-                 r"^\S+: error: (?P<msg>.+)$", None),
+                 r"^\S+: error: (?P<msg>.+)$", None)
 }
 LOG_STRINGS = {k: (f, rx) for k, (f, rx, _) in LINES.items()}  # the file and pattern of each
 RX = {k: re.compile(rx) for k, (_, rx) in LOG_STRINGS.items()}
@@ -205,13 +205,9 @@ def _call(r: _Reading, rest: str, line: str) -> None:
 
 
 OURS_READ = {
-    "resolved": _resolved,
-    "applied": _applied,
-    "event": _event,
-    "hooks": lambda r, rest, line: r.d["hooks_failed"].append(rest),
-    "call-begin": _call_begin,
-    "call": _call,
-    "gpu-memory": lambda r, rest, line: r.d["gpu_memory"].append(key_values(rest)),
+    "resolved": _resolved, "applied": _applied, "event": _event,
+    "hooks": lambda r, rest, line: r.d["hooks_failed"].append(rest), "call-begin": _call_begin,
+    "call": _call, "gpu-memory": lambda r, rest, line: r.d["gpu_memory"].append(key_values(rest))
 }
 
 _JOINED = re.compile(r"(?<=\S)(?=" + re.escape(MARK) + r" )")

@@ -32,13 +32,9 @@ def tokenizer_json(vocab: int = VOCAB) -> dict:
 
 
 TOKENIZER_CONFIG = {
-    "tokenizer_class": "PreTrainedTokenizerFast",
-    "unk_token": "<unk>",
-    "bos_token": "<s>",
-    "eos_token": "</s>",
-    "pad_token": "<pad>",
-    "model_max_length": 131072,
-    "clean_up_tokenization_spaces": False,
+    "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "bos_token": "<s>",
+    "eos_token": "</s>", "pad_token": "<pad>", "model_max_length": 131072,
+    "clean_up_tokenization_spaces": False
 }
 
 
@@ -67,25 +63,15 @@ def probe_model_config(prepared, params: dict) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="sglab-model-") as tmp:
         folder = prepare_model(Path(params["config"]), Path(tmp) / "model")
         mc = ModelConfig(model_path=str(folder), trust_remote_code=False)
-        keys = (
-            "is_multimodal",
-            "is_hybrid_swa",
-            "attention_arch",
-            "num_hidden_layers",
-            "context_len",
-            "vocab_size",
-            "hidden_size",
-            "swa_attention_layer_ids",
-            "full_attention_layer_ids",
-            "sliding_window_size",
-            "kv_lora_rank",
-        )
+        keys = ("is_multimodal", "is_hybrid_swa", "attention_arch", "num_hidden_layers",
+                "context_len", "vocab_size", "hidden_size", "swa_attention_layer_ids",
+                "full_attention_layer_ids", "sliding_window_size", "kv_lora_rank")
         out = []
         for k in keys:
             v = getattr(mc, k, None)
             out.append({
                 "metric": k,
-                "value": v if isinstance(v, (int, float, bool, str, list, type(None))) else str(v),
+                "value": v if isinstance(v, (int, float, bool, str, list, type(None))) else str(v)
             })
         out.append({"metric": "architecture", "value": mc.hf_config.architectures[0]})
         if params.get("tokenizer", True):
@@ -93,8 +79,6 @@ def probe_model_config(prepared, params: dict) -> list[dict]:
 
             tok = get_tokenizer(str(folder))
             out.append({"metric": "tokenizer", "value": f"{type(tok).__name__} {len(tok)}"})
-            out.append({
-                "metric": "tokenizer_ids",
-                "value": tok.encode("t7 t31999 t4", add_special_tokens=False),
-            })
+            ids = tok.encode("t7 t31999 t4", add_special_tokens=False)
+            out.append({"metric": "tokenizer_ids", "value": ids})
         return out

@@ -35,10 +35,8 @@ def rows(res: EngineResult) -> list[dict]:
         "variant": s.variant, "release": s.release, "case": s.case, "tool": s.tool, "start": s.start
     }
     out = [{
-        **base,
-        "metric": "status",
-        "value": res.status if res.ok else f"{res.status}: {res.error}",
-        "unit": "",
+        **base, "metric": "status", "value": res.status if res.ok else f"{res.status}: {res.error}",
+        "unit": ""
     }]
     if not d:
         return out
@@ -55,11 +53,8 @@ def rows(res: EngineResult) -> list[dict]:
     add("bcg", d.get("bcg"))
     add("bcg_tokens", " ".join(map(str, d["bcg_tokens"])) if d.get("bcg_tokens") else None,
         "tokens")
-    add(
-        "decode_graph_bs",
-        " ".join(map(str, d["decode_bs"])) if d.get("decode_bs") else None,
-        "requests",
-    )
+    add("decode_graph_bs", " ".join(map(str, d["decode_bs"])) if d.get("decode_bs") else None,
+        "requests")
     add("decode_capture", d.get("decode_capture_s"), "s")
     add("attention_backend", d.get("attention_backend"))
     groups: dict[tuple, list] = {}
@@ -74,12 +69,8 @@ def rows(res: EngineResult) -> list[dict]:
         pre = spread([r["prefill_latency"] * 1e3 for r in runs_])
         for k in ("median", "min", "max", "iqr"):
             add("prefill" if k == "median" else f"prefill_{k}", round(pre[k], 4), "ms", **cols)
-        add(
-            "prefill_throughput",
-            round(statistics.median(r["prefill_throughput"] for r in runs_), 1),
-            "token/s",
-            **cols,
-        )
+        add("prefill_throughput", round(statistics.median(r["prefill_throughput"] for r in runs_),
+                                        1), "token/s", **cols)
         dec = [
             r["median_decode_latency"] * 1e3
             for r in runs_ if r.get("median_decode_latency") is not None
@@ -102,25 +93,13 @@ def rows(res: EngineResult) -> list[dict]:
         batches = [b for c in cs for b in c["prefill_batches"]]
         add("prefill_batches", round(len(batches) / len(cs), 3), "per call", **cols)
         if batches:
-            add(
-                "prefill_graph",
-                round(sum(b["graph"] for b in batches) / len(batches), 3),
-                "fraction",
-                **cols,
-            )
-            add(
-                "prefill_seqs",
-                statistics.median(b["seqs"] for b in batches),
-                "requests per batch",
-                **cols,
-            )
+            add("prefill_graph", round(sum(b["graph"] for b in batches) / len(batches), 3),
+                "fraction", **cols)
+            add("prefill_seqs", statistics.median(b["seqs"] for b in batches), "requests per batch",
+                **cols)
         if any(c.get("events") for c in cs):
-            add(
-                "events",
-                round(statistics.mean(c.get("events", 0) for c in cs), 3),
-                "per call",
-                **cols,
-            )
+            add("events", round(statistics.mean(c.get("events", 0) for c in cs), 3), "per call",
+                **cols)
         add("repeats", len(cs), "calls", **cols)
     out += event_rows(base, d.get("events", []))
     for m in d.get("gpu_memory", []):
@@ -230,12 +209,7 @@ def model_record(path: Path) -> dict:
         shown = str(path.resolve().relative_to(repo()))
     except ValueError:
         shown = str(path)
-    return {
-        "path": shown,
-        "name": path.parent.name,
-        "sha256_16": cfg.digest,
-        "config": cfg.data,
-    }
+    return {"path": shown, "name": path.parent.name, "sha256_16": cfg.digest, "config": cfg.data}
 
 
 def manifest_extra(results: list[EngineResult]) -> dict:
@@ -246,48 +220,28 @@ def manifest_extra(results: list[EngineResult]) -> dict:
     for r in results:
         s = r.spec
         out.append({
-            "variant": s.variant,
-            "release": s.release,
-            "case": s.case,
-            "tool": s.tool,
-            "start": s.start,
-            "cpus": list(s.cpus),
-            "status": r.status,
-            "error": r.error,
-            "versions": {"sglang": s.release, **r.found},
-            "pins": {
+            "variant": s.variant, "release": s.release, "case": s.case, "tool": s.tool,
+            "start": s.start, "cpus": list(s.cpus), "status": r.status, "error": r.error,
+            "versions": {"sglang": s.release, **r.found}, "pins": {
                 k: r.pins.get(k)
                 for k in ("torch", "sglang-kernel", "flashinfer-python", "transformers")
-            },
-            "server_args": list(s.server_args),
-            "server_argv": r.server_argv,
-            "command": shlex.join(r.sglang_command),
-            "model": model_record(s.model),
-            "adjustments": [{"name": a.name, "reason": a.reason} for a in s.adjustments],
-            "applied": r.decisions.get("applied", []),
-            "resolved": r.decisions.get("resolved"),
-            "excerpts": r.decisions.get("excerpts", [])[:40],
-            "leftovers": r.leftovers,
-            "seconds": round(r.seconds, 1),
-            "host": r.host,
-            "log_tail": r.tail if not r.ok else [],
+            }, "server_args": list(s.server_args), "server_argv": r.server_argv,
+            "command": shlex.join(r.sglang_command), "model": model_record(s.model),
+            "adjustments": [{"name": a.name, "reason": a.reason} for a in s.adjustments
+                            ], "applied": r.decisions.get("applied", []),
+            "resolved": r.decisions.get("resolved"), "excerpts": r.decisions.get(
+                "excerpts", [])[:40], "leftovers": r.leftovers, "seconds": round(
+                    r.seconds, 1), "host": r.host, "log_tail": r.tail if not r.ok else []
         })
     return {
-        "engine_runs": out,
-        "releases": sorted({r.spec.release
-                            for r in results}, key=parse_version),
+        "engine_runs": out, "releases": sorted({r.spec.release
+                                                for r in results}, key=parse_version)
     }
 
 
-def record(
-    results: list[EngineResult],
-    fix: str,
-    *,
-    params: Optional[dict] = None,
-    root: Optional[Path] = None,
-    gpu_count: Optional[int] = None,
-    extra: Optional[dict] = None,
-) -> Path:
+def record(results: list[EngineResult], fix: str, *, params: Optional[dict] = None,
+           root: Optional[Path] = None, gpu_count: Optional[int] = None,
+           extra: Optional[dict] = None) -> Path:
     """One run ``engine_<fix>`` of these results (:func:`sglab.core.runs.write_run`, atomic: nothing
     half written). Sidecars: each run's log (gzipped) and, for profiled runs, the decode kernel
     table."""
@@ -313,16 +267,10 @@ def record(
                     "variant": r.spec.variant, "kernel": k, "per_replay": v
                 } for k, v in r.kernels["table"]])
         tp = max((r.spec.tp_size for r in results), default=1)
-        return write_run(
-            frame,
-            experiment=experiment,
-            method_version=METHOD_VERSION,
-            params=params or {"specs": [_spec_params(r.spec) for r in results]},
-            root=root,
-            gpu_count=gpu_count if gpu_count is not None else tp,
-            extra={**manifest_extra(results), **(extra or {})},
-            sidecars=sidecars,
-        )
+        return write_run(frame, experiment=experiment, method_version=METHOD_VERSION, params=params
+                         or {"specs": [_spec_params(r.spec) for r in results]}, root=root,
+                         gpu_count=gpu_count if gpu_count is not None else tp,
+                         extra={**manifest_extra(results), **(extra or {})}, sidecars=sidecars)
 
 
 def _spec_params(s: EngineSpec) -> dict:

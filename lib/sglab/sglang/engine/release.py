@@ -60,18 +60,11 @@ def release_pins(env: ReleaseEnv) -> dict[str, str]:
     return read_pins(metas[0].read_text()) if metas else {}
 
 
-def found_versions(
-    env: ReleaseEnv,
-    names=(
-        "torch",
-        "sglang-kernel",
-        "flashinfer-python",
-        "transformers",
-        "triton",
-        "apache-tvm-ffi",
-        "tokenizers",
-    ),
-) -> dict[str, Optional[str]]:
+VERSIONS = ("torch", "sglang-kernel", "flashinfer-python", "transformers", "triton",
+            "apache-tvm-ffi", "tokenizers")
+
+
+def found_versions(env: ReleaseEnv, names=VERSIONS) -> dict[str, Optional[str]]:
     """Versions the engine's processes will import: the release's folders first, then this
     interpreter."""
     return dict(_versions(tuple(str(p) for p in env.paths), tuple(names)))

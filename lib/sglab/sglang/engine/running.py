@@ -49,13 +49,10 @@ class EngineResult:
         return f"{head}: {self.error}"
 
 
-PROGRESS = (
-    ("load_begin", "loading dummy weights"),
-    ("decode_begin", "capturing decode CUDA graphs"),
-    ("pcg_begin", "capturing piecewise CUDA graphs"),
-    ("warmup", "warm-up run"),
-    ("benchmark", "benchmark runs"),
-)
+PROGRESS = (("load_begin", "loading dummy weights"), ("decode_begin",
+                                                      "capturing decode CUDA graphs"),
+            ("pcg_begin", "capturing piecewise CUDA graphs"), ("warmup", "warm-up run"),
+            ("benchmark", "benchmark runs"))
 
 
 def _progress(echo: Callable[[str], None], spec: EngineSpec) -> Callable[[str], None]:
@@ -85,14 +82,8 @@ def tail_lines(text: str, n: int = 12) -> list[str]:
     return [ln for ln in text.splitlines() if ln.strip()][-n:]
 
 
-def run(
-    spec: EngineSpec,
-    *,
-    work: Optional[Path] = None,
-    echo: Callable[[str], None] = print,
-    check: bool = True,
-    said: Optional[set] = None,
-) -> EngineResult:
+def run(spec: EngineSpec, *, work: Optional[Path] = None, echo: Callable[[str], None] = print,
+        check: bool = True, said: Optional[set] = None) -> EngineResult:
     """Run one engine (see the module docstring). Raises :class:`EngineError` for what stops it
     before it starts (release missing, pin mismatch, flags the release does not define, a bad
     config); everything after the start comes back as the result's status and one-line error.
@@ -106,34 +97,16 @@ def run(
         f"{'bench_one_batch' if spec.tool == 'bench' else 'Engine'} (timeout {spec.timeout:.0f} s; "
         f"log {log})")
     window = hoststate.begin()
-    ex = launch(
-        prep.argv,
-        log=log,
-        timeout=spec.timeout,
-        env=prep.environ,
-        cwd=work,
-        marker=prep.marker,
-        on_line=_progress(echo, spec),
-    )
+    ex = launch(prep.argv, log=log, timeout=spec.timeout, env=prep.environ, cwd=work,
+                marker=prep.marker, on_line=_progress(echo, spec))
     host = hoststate.end(window)
     text = log.read_text(errors="replace")
     d = read_log(text)
-    res = EngineResult(
-        spec,
-        "ok",
-        log=log,
-        seconds=ex.seconds,
-        decisions=d,
-        command=prep.argv,
-        sglang_command=prep.sglang_command,
-        server_argv=prep.server_argv,
-        pins=prep.pins,
-        found=prep.found,
-        leftovers=ex.leftovers + [f"{p} (survived SIGKILL)" for p in ex.survivors],
-        tail=tail_lines(text),
-        marker=prep.marker,
-        host=host,
-    )
+    res = EngineResult(spec, "ok", log=log, seconds=ex.seconds, decisions=d, command=prep.argv,
+                       sglang_command=prep.sglang_command, server_argv=prep.server_argv,
+                       pins=prep.pins, found=prep.found,
+                       leftovers=ex.leftovers + [f"{p} (survived SIGKILL)" for p in ex.survivors],
+                       tail=tail_lines(text), marker=prep.marker, host=host)
     if spec.tool == "bench":
         res.bench = bench_results(d, spec, work / "result.jsonl")
     if ex.timed_out:
@@ -146,10 +119,8 @@ def run(
         msg = first_error(text) or f"exited with status {ex.returncode}"
         res.error = f"{msg} (log: {log})"
     elif d["hooks_failed"]:
-        res.status, res.error = (
-            "error",
-            f"harness hooks failed: {d['hooks_failed'][0]} (log: {log})",
-        )
+        res.status, res.error = ("error",
+                                 f"harness hooks failed: {d['hooks_failed'][0]} (log: {log})")
     else:
         missing = [
             a.name
@@ -157,9 +128,7 @@ def run(
         ]
         if missing:
             res.status, res.error = (
-                "error",
-                f"adjustment {', '.join(missing)} was never applied (log: {log})",
-            )
+                "error", f"adjustment {', '.join(missing)} was never applied (log: {log})")
         elif spec.tool == "bench" and not res.bench:
             res.status, res.error = "error", f"bench_one_batch printed no result (log: {log})"
     if res.leftovers:

@@ -1,15 +1,8 @@
-"""What an engine run is, as data: a release, a model config, a tool and server arguments
-(:class:`EngineSpec`), and a notebook's scenarios of them (:class:`Scenario` of :class:`Case`).
-
-- ``bench``: ``python -m sglang.bench_one_batch``, the release's real ``ModelRunner`` without a
-  scheduler (prefill and decode latency per batch size and input length; ``--profile``:
-  torch.profiler traces);
-- ``engine``: ``sglang.Engine(...).generate(...)`` (the scheduler and its logs) for several
-  requests sharing one prefill batch, driven by :mod:`~sglab.sglang.engine.drive`.
-
-Harness adjustments (:class:`Adjustment`) are named, each with its reason, and recorded with every
-run. A fix builds its own in its folder; :data:`ADJUSTMENTS` holds only the model's own (what a
-model needs to run with dummy weights).
+"""What an engine run is, as data: a release, a model config, a tool (``bench``: the release's
+``bench_one_batch``; ``engine``: ``sglang.Engine`` driven by :mod:`~sglab.sglang.engine.driver`) and
+server arguments (:class:`EngineSpec`), a notebook's scenarios of them (:class:`Scenario` of
+:class:`Case`), and the harness adjustments, each named with its reason and recorded with every run
+(:data:`ADJUSTMENTS`: only what a model needs to run with dummy weights; a fix keeps its own).
 """
 
 from __future__ import annotations
@@ -33,11 +26,8 @@ VOCAB = 32000
 # The defaults every run gets unless the server arguments name the flag themselves (the facts of
 # real engines on one GPU): dummy weights, Triton attention (no FA3 build carried), PyTorch sampling
 # (no FlashInfer sampling JIT).
-DEFAULT_ARGS = (
-    ("--load-format", "dummy"),
-    ("--attention-backend", "triton"),
-    ("--sampling-backend", "pytorch"),
-)
+DEFAULT_ARGS = (("--load-format", "dummy"), ("--attention-backend", "triton"),
+                ("--sampling-backend", "pytorch"))
 
 # bench_one_batch loads a tokenizer whatever --skip-tokenizer-init says (load_model ->
 # get_tokenizer); the Engine does not with it, and takes token ids.
@@ -107,16 +97,15 @@ ADJUSTMENTS: dict[str, Callable[[], Adjustment]] = {
         "absorbs the MLA weights (it has no post_load_weights; the first decode dies on `w_kc` "
         "None): a subclass adding only 0.5.13's post_load_weights (no `model` property, so the "
         "released piecewise gate is kept) is registered through "
-        "SGLANG_EXTERNAL_MODEL_PACKAGE=sglab.sglang.engine_models",
-        env=(("SGLANG_EXTERNAL_MODEL_PACKAGE", "sglab.sglang.engine_models"),),
-    ),
+        "SGLANG_EXTERNAL_MODEL_PACKAGE=sglab.sglang.engine_models", env=(
+            ("SGLANG_EXTERNAL_MODEL_PACKAGE", "sglab.sglang.engine_models"),))
 }
 
 # what a model needs to run with dummy weights on a release: architecture -> (adjustment, the
 # release file whose text says it is not needed, that text)
 MODEL_NEEDS = {
     "KimiK25ForConditionalGeneration": ("kimi-k25-post-load-weights", "srt/models/kimi_k25.py",
-                                        "def post_load_weights"),
+                                        "def post_load_weights")
 }
 
 
@@ -299,23 +288,13 @@ class Scenario:
                     continue
                 out.append(
                     EngineSpec(
-                        release=v,
-                        model=self.model_config(),
-                        tool=self.tool,
-                        server_args=c.args,
-                        batch_sizes=self.batch_sizes,
-                        input_lens=self.input_lens,
-                        output_len=self.output_len,
-                        repeats=self.repeats,
-                        requests=self.requests,
-                        profile=self.profile,
-                        image_size=self.image_size,
-                        prompt=self.prompt,
-                        case=c.label,
-                        adjustments=tuple(a if isinstance(a, Adjustment) else adjustment(a)
-                                          for a in c.adjustments),
-                        timeout=self.timeout,
-                    ))
+                        release=v, model=self.model_config(), tool=self.tool, server_args=c.args,
+                        batch_sizes=self.batch_sizes, input_lens=self.input_lens,
+                        output_len=self.output_len, repeats=self.repeats, requests=self.requests,
+                        profile=self.profile, image_size=self.image_size, prompt=self.prompt,
+                        case=c.label, adjustments=tuple(
+                            a if isinstance(a, Adjustment) else adjustment(a)
+                            for a in c.adjustments), timeout=self.timeout))
         return out
 
 
@@ -335,15 +314,6 @@ def load_config(path: Path) -> dict:
 
 def flag_names(argv: Iterable[str]) -> list[str]:
     return [a.split("=", 1)[0] for a in argv if a.startswith("--")]
-
-
-def flag_value(argv: Iterable[str], names: Iterable[str]) -> Optional[str]:
-    argv, names = list(argv), set(names)
-    for i, a in enumerate(argv):
-        key, eq, val = a.partition("=")
-        if key in names:
-            return val if eq else (argv[i + 1] if i + 1 < len(argv) else None)
-    return None
 
 
 tp_size = runs.tp_of  # the one reader of a TP size

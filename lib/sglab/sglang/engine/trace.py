@@ -52,13 +52,11 @@ def decode_kernels(trace_path: Path, layers: int, steps: int) -> dict:
     per_replay = statistics.median(counts) if counts else 0
     per_replay = int(per_replay) if float(per_replay).is_integer() else per_replay  # a count
     return {
-        "replays": len(replays),
-        "replays_per_step": len(replays) / max(1, steps),
-        "kernels_per_replay": per_replay,
-        "kernels_per_replay_min": min(counts, default=0),
+        "replays": len(replays), "replays_per_step": len(replays) / max(1, steps),
+        "kernels_per_replay": per_replay, "kernels_per_replay_min": min(counts, default=0),
         "kernels_per_replay_max": max(counts, default=0),
-        "kernels_per_layer": per_replay / layers if layers else None,
-        "table": sorted(((k, v / n) for k, v in table.items()), key=lambda kv: (-kv[1], kv[0])),
+        "kernels_per_layer": per_replay / layers if layers else None, "table": sorted(
+            ((k, v / n) for k, v in table.items()), key=lambda kv: (-kv[1], kv[0]))
     }
 
 
