@@ -176,7 +176,7 @@ def test_recorded_trace_loses_a_range(tmp_path, capsys):
     ev.drop(index=gone).to_csv(side, index=False)
     code, out = _verify(capsys, path)
     assert code == 1 and "FAIL workspace_floor.trace_ranges_equal_simulation" in out
-    assert "floor_0 rank 1: 8" in out
+    assert "draft x.shape[0] rank 1: 8" in out
 
 
 # -- the claims and the headline
@@ -210,18 +210,58 @@ def test_headline_from_recorded_runs():
 
     shown = claims.shown(runs.load_all_recorded("workspace_floor"))
     h = engine.headline(claims, shown)
-    assert "(H200 TP 2, H200 TP 4; ms on the slowest rank)" in h
+    assert "(H200 TP 2, H200 TP 4; slowest rank)" in h
     assert gpu(2, "short_ramp", "floor_0", "recreations") == 9
     assert gpu(4, "short_ramp", "floor_0", "recreations") == 9
-    assert f"`x.shape[0]` re-creates the workspace 9× ({span('short_ramp', 'floor_0')} ms)" in h
+    assert f"the draft x.shape[0] re-creates the workspace 9× ({span('short_ramp', 'floor_0')} ms)" in h
     assert span("short_ramp", "floor_0") == "74–224"
     assert gpu(4, "short_ramp", "floor_2048", "recreations") == 1
-    assert (f"`max(x.shape[0], 2048)` 1× ({span('short_ramp', 'floor_2048')} ms) at "
+    assert (f"the merged floor 2048 1× ({span('short_ramp', 'floor_2048')} ms) at "
             f"{span('short_ramp', 'floor_2048', 'peak_workspace')} MiB/rank") in h
     assert span("short_ramp", "floor_2048") == "7–23" and "226–450 MiB/rank" in h
     assert "(floor 512: 1×, 58–114 MiB)" in h
     assert gpu(2, "mixed", "floor_2048", "recreations") == 2
     assert f"both re-create 2× ({span('mixed', 'floor_2048')} ms)" in h
     assert span("mixed", "floor_2048") == "16–134"
-    assert gpu(4, "mixed", "before_pr", "refused_calls") == 385 and "the 385 calls over 2048" in h
+    assert gpu(4, "mixed", "before_pr", "refused_calls") == 385
+    assert "with the released before, the assert refuses the 385 calls over 2048 tokens" in h
     assert "|" not in h and len(h) < 360
+
+
+def test_the_card_gives_the_engines_answer_first_and_says_which_before_is_which():
+    """The card leads with the engine (the pre-initialisation leaves the floor nothing to do), then
+    the rebuild's cold start; the PR's side names the merged line, the first draft and the released
+    call, each beside numbers filled from the claims' values."""
+    from sglab.core import card, notebook
+    from sglab.workspace_floor import sglang
+
+    run = notebook.Workbook(claims, mode="recorded", show=False).run()
+    engine_runs = sglang.FIX.recorded_engine()
+    p = card.parts(claims.CARD, sglang.FIX, claims, run, engine_runs)
+    md = card.markdown(p)
+    assert md.index("Real SGLang engine") < md.index("The rebuild")
+    calls = sum(f["calls"] for r in engine_runs.shown for f in sglang.engine_facts(r))
+    assert "the floor changes nothing" in p["engine"] and f"0 in {calls} generate calls" in p[
+        "engine"]
+    assert "released before, merged floor 2048 and draft x.shape[0] (no hwm) alike" in p["engine"]
+    said = [pr.split("`")[1] for pr, _ in p["found"]]
+    assert said == [
+        "max_token_num=max(x.shape[0], 2048)", "max_token_num=x.shape[0]", "max_token_num"
+    ]
+    assert "never released" in p["found"][1][0] and "9× on the short-prompt cold start" in p[
+        "found"][1][1]
+    assert "refuse 385 calls of the mixed trace" in p["found"][2][1]
+
+
+def test_each_policy_has_one_name_in_the_claims_and_the_headline():
+    from sglab.workspace_floor import rebuild
+
+    shown = claims.shown(runs.load_all_recorded("workspace_floor"))
+    said = " ".join([claims.CLAIM, engine.headline(claims, shown)] +
+                    [c.statement + " " + c.expected for c in engine.all_claims(claims)] +
+                    [c.statement for c in claims.ENGINE.CLAIMS])
+    # the old names: ids, the bare `x.shape[0]` for the draft, "(the PR)" for the merged line
+    assert "floor_0" not in said and "`x.shape[0]` re-creates the" not in said
+    assert "(the PR)" not in said and "before the PR" not in said
+    for name in ("floor_0", "floor_2048", "before_pr", "shape_no_hwm"):
+        assert rebuild.POLICIES[name].label in said, name

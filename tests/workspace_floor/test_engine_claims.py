@@ -11,7 +11,8 @@ from sglab.core import claims as core
 from sglab.core import runs
 from sglab.workspace_floor import claims as C
 from sglab.workspace_floor import rebuild
-from sglab.workspace_floor import show as S
+from sglab.workspace_floor import sglang as S
+from sglab.workspace_floor import show
 from tests.edits import copy_run
 
 
@@ -86,3 +87,37 @@ def test_the_record_merged_reads_each_engine_with_its_own_log():
     recorded = runs.load_all_recorded("engine_workspace_floor")
     assert len(recorded) > 1
     assert facts(E.merged(recorded)) == sorted(x for r in recorded for x in facts(r))
+
+
+def test_the_engine_table_shows_flashinfers_first_build_apart_from_a_creation(capsys):
+    """A rank's first creation also builds or loads FlashInfer's kernels (minutes on a cold cache):
+    the table times a creation from the later ones and the first one's extra apart, counts read as
+    whole numbers, each call site under its one name."""
+    rs = S.FIX.recorded_engine()
+    facts = S.engine_facts_of(rs.shown)
+    t = show.engine_table(facts)
+    assert list(t.index.names) == ["TP", "release", "call site"]
+    assert set(t.index.get_level_values("call site")) == {
+        rebuild.POLICIES[n].label
+        for n in ("before_pr", "floor_2048", "shape_no_hwm")
+    }
+    assert set(t["creations per rank"]) == {"2"} and set(t["max_token_num"]) == {"2048"}
+    later = [m for f in facts for v in f["ms_by_rank"].values() for m in v[1:]]
+    assert max(later) < 100 and all(c.endswith(" ms") for c in t["a creation"])
+    first = [v[0] - v[1] for f in facts for v in f["ms_by_rank"].values()]
+    assert max(first) > 60_000  # a cold FlashInfer cache: the build, not a workspace creation
+    assert any(c.endswith(" s") for c in t["first one, JIT build or load"])
+    lines = show.engine_lines(facts)
+    assert lines[0].startswith("every variant: 2 creations per rank") and "0 of them" in lines[0]
+    assert "FlashInfer builds (JIT) or loads its kernels then" in lines[1]
+    assert any(ln.startswith("2100 tokens (above the fusion gate") for ln in lines)
+
+
+def test_the_plan_runs_each_release_and_the_draft_at_tp_2_4_and_8():
+    from sglab.core import engine_view
+
+    plan = engine_view.plan_table(S.ENGINE)
+    assert list(plan.index) == [(f"02-ar-fusion{sc}", v, c) for sc in ("", "-tp4", "-tp8")
+                                for v, c in (("0.5.12.post1", "fusion"), ("0.5.13", "fusion"),
+                                             ("0.5.13", "x-shape"))]
+    assert list(plan["GPUs"]) == [2, 2, 2, 4, 4, 4, 8, 8, 8]

@@ -5,7 +5,7 @@ with its IPC calls."""
 import pytest
 
 from sglab.core import hardware
-from sglab.workspace_floor import claims, measure, show
+from sglab.workspace_floor import claims, measure, show, traces
 
 
 PARAMS = {
@@ -53,7 +53,7 @@ def test_trace_ranges_and_calls(measured):
 
     ev = measured.sidecars["events"]
     r = show.creation_ranges(ev)
-    sim = {n: measure.recreations("short_ramp", n, 2, 7168) for n in ("floor_0", "floor_2048")}
+    sim = {n: traces.recreations("short_ramp", n, 2, 7168) for n in ("floor_0", "floor_2048")}
     assert sim["floor_0"] > sim["floor_2048"] == 1
     for n, want in sim.items():
         for rank in (0, 1):

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from sglab.core import dist, runs
-from sglab.workspace_floor import measure, show
+from sglab.workspace_floor import measure, show, traces
 from sglab.workspace_floor import rebuild as wf
 
 from tests.workspace_floor.test_rebuild import FIXED, H
@@ -30,24 +30,24 @@ def test_simulated_counts_on_stored_traces():
     assert ref["mixed", 2, "cold", "before_pr"] == 385
 
 
-@pytest.mark.parametrize("name", list(measure.TRACES))
+@pytest.mark.parametrize("name", list(traces.TRACES))
 def test_trace_is_stored_and_regenerates_identically(name, tmp_path):
-    df, meta = measure.load_trace(name)  # raises if the stored CSV differs from a fresh generation
-    assert len(df) == meta["rows"] == measure.TRACE_PARAMS["steps"]
-    assert meta["params"] == measure.trace_params(name)
-    assert meta["generator"] == measure.GENERATOR
-    measure.write_trace(name, tmp_path)
+    df, meta = traces.load_trace(name)  # raises if the stored CSV differs from a fresh generation
+    assert len(df) == meta["rows"] == traces.TRACE_PARAMS["steps"]
+    assert meta["params"] == traces.trace_params(name)
+    assert meta["generator"] == traces.GENERATOR
+    traces.write_trace(name, tmp_path)
     for suffix in (".csv", ".json"):
-        stored = measure.TRACE_DIR / f"workspace_floor_{name}{suffix}"
+        stored = traces.TRACE_DIR / f"workspace_floor_{name}{suffix}"
         assert (tmp_path / stored.name).read_bytes() == stored.read_bytes()
-    assert df.tokens.max() <= measure.TRACE_PARAMS["chunked_prefill_size"]
-    assert set(df[df.kind != "decode"].tokens) <= set(measure.pcg_buckets(4096))
+    assert df.tokens.max() <= traces.TRACE_PARAMS["chunked_prefill_size"]
+    assert set(df[df.kind != "decode"].tokens) <= set(traces.pcg_buckets(4096))
     assert (df.tokens >= df.tokens_raw).all()
 
 
 def test_trace_seed_changes_trace():
-    a = measure.generate_trace(**{**measure.trace_params("mixed"), "steps": 300})
-    b = measure.generate_trace(**{**measure.trace_params("mixed"), "steps": 300, "seed": 7})
+    a = traces.generate_trace(**{**traces.trace_params("mixed"), "steps": 300})
+    b = traces.generate_trace(**{**traces.trace_params("mixed"), "steps": 300, "seed": 7})
     assert not a.tokens.equals(b.tokens)
 
 
@@ -160,10 +160,31 @@ def test_reduce_keeps_only_what_is_inside_creations():
 def test_the_trace_summary_counts_steps_as_whole_numbers():
     """A kind a trace lacks (short_ramp has no chunked prefill) reads 0 steps, and every step
     count is an integer column (it printed 261.0 and 0.0)."""
-    from sglab.workspace_floor import measure as m
-
-    s = m.summary()
+    s = traces.summary()
     steps = [c for c in s.columns if c.endswith("steps")]
     assert all(str(s[c].dtype) == "int64" for c in steps), s.dtypes
     assert s.loc["short_ramp", "chunked_prefill steps"] == 0
     assert (s[[c for c in steps if c != "steps"]].sum(axis=1) == s["steps"]).all()
+
+
+def test_the_leak_rows_of_a_rank_and_of_the_parent(monkeypatch):
+    """The GPU path's leak rows, with host stand-ins: what the rank holds above its baseline (device
+    memory and NVML, own GPU and others), then the rank processes left and their memory."""
+    from types import SimpleNamespace
+
+    ctx = SimpleNamespace(rank=1, world_size=2, device=SimpleNamespace(index=1))
+    st = measure.RankState(ctx, {"progress": False}, wf.HostOps(), lambda: None)
+    st.base_free, st.base_nvml = st.ops.free_bytes(), {1: 500.0}
+    monkeypatch.setattr(measure, "_nvml_rank_mib", lambda pid: {1: 502.0, 0: 3.0})
+    measure._leak_rows(st)
+    got = {r["metric"]: r["value"] for r in st.rows}
+    assert got == {
+        "rank_mem_delta_cudart": 0.0, "rank_mem_delta_nvml": 2.0, "rank_nvml_other_gpus_end": 3.0
+    }
+    assert {(r["variant"], r["rank"], r["source"], r["unit"])
+            for r in st.rows} == {("leak_check", 1, "gpu", "MiB")}
+    monkeypatch.setattr(measure.memory, "process_gpu_memory",
+                        lambda pids: pd.DataFrame({"used_mib": [0.0]}))
+    rows = measure._parent_leak_rows([2**22 + 7], 2)  # no such process
+    assert [(r["metric"], r["value"], r["unit"]) for r in rows
+            ] == [("rank_processes_left", 0, "count"), ("gpu_mem_of_rank_pids_after", 0.0, "MiB")]

@@ -8,7 +8,7 @@ from sglab.sglang import compare
 from sglab.sglang.runner import ProbeResult
 from sglab.sglang.testing import require
 from sglab.sglang.upstream import RELEASE_STATES, Verdict
-from sglab.workspace_floor import measure, sglang
+from sglab.workspace_floor import sglang, traces
 
 
 REAL_CALLS = ["workspace_floor"]  # the notebook's call (conftest)
@@ -80,7 +80,7 @@ def test_real_recreations_equal_the_rebuild_in_every_cell(results):
     for v in sglang.RELEASES:
         require(results[v])
     table = sglang.comparison(results)
-    n_cells = (len(sglang.RELEASES) * (1 + len(sglang.ALT_SITES)) * len(measure.TRACES) * len(
+    n_cells = (len(sglang.RELEASES) * (1 + len(sglang.ALT_SITES)) * len(traces.TRACES) * len(
         sglang.SCENARIOS))
     assert len(table) == n_cells
     assert compare.check_table(table), table[~table.agrees].to_string()
@@ -88,7 +88,7 @@ def test_real_recreations_equal_the_rebuild_in_every_cell(results):
 
 def test_before_the_floor_the_callee_refuses_every_batch_over_2048(results):
     r = require(results["0.5.12.post1"])
-    over = measure.calls_over("mixed", 2048)
+    over = traces.calls_over("mixed", 2048)
     assert over > 0
     assert _value(r, trace="mixed", site="release", scenario="cold", metric="refused_calls") == over
     assert _value(require(results["0.5.13"]), trace="mixed", site="release", scenario="cold",
@@ -136,10 +136,8 @@ def test_without_installed_releases_the_section_says_not_run(tmp_path, monkeypat
     assert "nothing was compared" in out and "no release ran" in out
 
 
-def test_the_record_has_no_gpu_probe():
-    """The workspace creations per rank are the real engine's record (``engine_workspace_floor``),
-    not a GPU probe's."""
-    assert sglang.FIX.gpu is None
+def test_the_engine_records_the_creations_per_rank():
+    """The workspace creations per rank are the real engine's record (``engine_workspace_floor``)."""
     assert [s.name for s in sglang.FIX.engine
             ] == ["02-ar-fusion", "02-ar-fusion-tp4", "02-ar-fusion-tp8"]
 
@@ -151,3 +149,33 @@ def test_recorded_answers_equal_the_live_ones(results):
 
     assert assert_recording_matches(results, sglang.FIX.probe.fn,
                                     sglang.FIX.probe.resolved_params()) == len(sglang.RELEASES)
+
+
+def test_the_section_shows_the_real_decisions_in_one_small_table(results, capsys):
+    """Each release's own call site first, then the draft and a lower floor, by their one names;
+    the full comparison (every cell beside the rebuild's) only with ``full``."""
+    for v in sglang.RELEASES:
+        require(results[v])
+    t = sglang.decisions(results)
+    assert list(t.index) == [(v, name) for v, own in (("0.5.12.post1", "released before"),
+                                                      ("0.5.13", "merged floor 2048"))
+                             for name in (own, "draft x.shape[0]", "floor 1024")]
+    over = traces.calls_over("mixed", 2048)
+    assert t.loc[("0.5.12.post1", "released before"), ("mixed", "cold")] == f"1 ({over} refused)"
+    assert t.loc[("0.5.13", "draft x.shape[0]"), ("short_ramp", "cold")] == str(
+        traces.recreations("short_ramp", "shape_no_hwm", sglang.WORLD_SIZE, sglang.HIDDEN))
+    assert t.loc[("0.5.13", "draft x.shape[0]"), ("short_ramp", "preinit_2048")] == "0"
+    sglang.compare()
+    out = capsys.readouterr().out
+    assert "agree on all 24" in out and "behaviour" not in out
+    sglang.compare(full=True)
+    assert "behaviour" in capsys.readouterr().out
+
+
+def test_the_code_path_names_lines_of_the_release_with_the_floor():
+    from sglab.sglang import codepath, releases
+
+    if not (releases.package_dir(sglang.RELEASE) / sglang.LAYERNORM).is_file():
+        pytest.skip(f"sglang {sglang.RELEASE} is not installed")
+    assert all(codepath.line_of(sglang.RELEASE, n) for n in sglang.CODE_PATH)
+    assert sglang.CODE_PATH[0].symbol.endswith("_pre_initialize_flashinfer_allreduce_workspace")

@@ -17,14 +17,10 @@ matplotlib.use("Agg")
 H = 7168
 
 
-def _recorded():
-    """The runs as the notebook has them: ``run.shown`` and every recorded run, loaded apart (so
-    the same run is two different objects)."""
-    every = runs.load_all_recorded("workspace_floor")
-    shown = claims.shown(runs.load_all_recorded("workspace_floor"))
-    run = shown[0]
-    run.shown = shown
-    return run, every
+def _recorded() -> runs.RunSet:
+    """The runs as the notebook has them: the newest of each world size."""
+    return runs.RunSet(claims.shown(runs.load_all_recorded("workspace_floor")),
+                       experiment="workspace_floor")
 
 
 # -- the profiler trace
@@ -60,71 +56,60 @@ def test_profile_figures_on_a_made_up_trace():
 
 # -- figures and sections of the recorded runs
 # ------------------------------------------------------------------------
-def test_mechanism_with_and_without_a_run():
-    run, _ = _recorded()
-    fig = show.mechanism(runs.RunSet([run]))
+def test_mechanism_names_the_draft_the_released_call_and_the_merged_floor():
+    """The picture sets the merged floor against the draft and the released call, each under its
+    one name, with its creations cold and after SGLang's pre-initialisation; the GPU run adds ms."""
+    fig = show.mechanism(_recorded().first)
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert any(lab.startswith("x.shape[0]: 9 re-creations") and "ms" in lab for lab in labels)
-    assert any(lab.startswith("max(x.shape[0], 2048) — the PR: 1 re-creation,") for lab in labels)
+    assert any(
+        lab.startswith("draft x.shape[0]: 9 creations cold, 0 pre-initialised") and "ms" in lab
+        for lab in labels)
+    assert any(
+        lab.startswith("merged floor 2048: 1 creation cold, 0 pre-initialised") for lab in labels)
+    assert any(lab.startswith("released before: 1 creation cold") for lab in labels)
     plt.close(fig)
     fig = show.mechanism(runs.NoRun("workspace_floor", "none"))  # counts from the simulation
     assert not any("ms" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
     plt.close(fig)
 
 
-def test_cost_figure_picks_the_shown_runs_by_path(capsys):
-    """``run.shown`` and every recorded run are separate copies: the shown runs are still drawn
-    solid with an IPC-open panel, and matplotlib has nothing to complain about."""
-    run, every = _recorded()
-    assert not any(r is s for r in every for s in run.shown)
+def test_cost_figure_draws_each_shown_run(capsys):
+    run = _recorded()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fig = show.cost_figure(every, run.shown)
+        fig = show.cost_figure(run.shown)
     ax_create, ax_open = fig.axes[:2]
-    assert len(ax_open.get_lines()) == len(run.shown) == 2
+    assert len(ax_open.get_lines()) == len(ax_create.containers) == len(run.shown) == 2
     assert [t.get_text() for t in ax_open.get_legend().get_texts()] == ["W=2", "W=4"]
-    styles = [c.lines[0].get_linestyle() for c in ax_create.containers]
-    assert styles.count("-") == len(run.shown) and styles.count("--") == len(every) - 2
     plt.close(fig)
     assert not [str(w.message) for w in caught]
     assert capsys.readouterr().err == ""
 
 
-def test_repeatability_says_why_a_cell_is_blank():
-    _, every = _recorded()
-    t = show.repeatability_table(every, 2)
-    runs_w2 = [c for c in t.columns if c.startswith("2026")]
-    assert len(runs_w2) == 3
-    blank = t[t[runs_w2].isna().any(axis=1)]
-    assert list(blank.index) == ["create T=256"]  # the method-2 sweep dropped T=256
-    assert "20261123T110646Z: its cost sweep has no T=256" in blank.note.iloc[0]
-    assert (t.drop(index=blank.index).note == "").all()
-
-
 def test_gpu_sections_on_the_recorded_runs(capsys):
-    run, _ = _recorded()
+    run = _recorded()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for section in (show.replay, show.cost, show.leaks, show.profiler):
+        for section in (show.replay, show.cost, show.profiler):
             section(run)
     out = capsys.readouterr()
     assert "GPU re-creations and sizes == simulation in 14 (trace, policy) cells: yes" in out.out
     assert "measured − computed peak per rank: 2 MiB" in out.out and "[2.0]" not in out.out
-    assert "leak check: every rank back to 0 MiB" in out.out and "in all 4 runs" in out.out
     assert "largest growth: 'ipc open lamport'" in out.out
-    assert "NaN" not in out.out.split("W=2, every run")[1].split("W=4")[0]
-    # re-creations and refused calls are counts: `1`, `385`, never `1.0`
-    mixed = next(ln for ln in out.out.splitlines() if ln.split()[:2] == ["mixed", "before_pr"])
-    assert mixed.split()[2] == "1" and mixed.split()[-1] == "385"
+    assert "W=2, rank 0: Perfetto trace: data/recorded/workspace_floor/" in out.out  # relative
+    # re-creations and refused calls are counts: `1`, `385`, never `1.0`; policies by their names
+    mixed = next(
+        ln for ln in out.out.splitlines() if ln.split()[:3] == ["mixed", "released", "before"])
+    assert mixed.split()[3] == "1" and mixed.split()[-1] == "385"
     assert out.err == "" and not [str(w.message) for w in caught]
     assert not plt.get_fignums()  # every figure shown once and closed
 
 
 def test_gpu_sections_print_the_no_run_line(capsys):
     no = runs.NoRun("workspace_floor", "no recorded run here")
-    for section in (show.replay, show.cost, show.leaks, show.profiler):
+    for section in (show.replay, show.cost, show.profiler):
         assert section(no) is None
-    assert capsys.readouterr().out.count("no GPU run to show (no recorded run here)") == 4
+    assert capsys.readouterr().out.count("no GPU run to show (no recorded run here)") == 3
 
 
 def test_simulation_section_draws_and_closes():

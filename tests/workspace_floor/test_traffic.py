@@ -6,7 +6,7 @@ import pytest
 
 from sglab.core import runs
 from sglab.tools import cli
-from sglab.workspace_floor import measure, show, traffic
+from sglab.workspace_floor import measure, show, traces, traffic
 from sglab.workspace_floor import rebuild as wf
 
 
@@ -18,7 +18,7 @@ def example_log_lines(steps: int = 1500, decode_log_interval: int = 40) -> list[
     of the stored ``short_ramp`` trace, every prefill batch and every ``decode_log_interval``-th
     decode step, as a server logs them."""
     lines, decodes = [], 0
-    for r in measure.load_trace("short_ramp", verify=False)[0].head(steps).itertuples():
+    for r in traces.load_trace("short_ramp", verify=False)[0].head(steps).itertuples():
         ts = f"[2026-11-20 10:{r.step // 60:02d}:{r.step % 60:02d}]"
         if r.kind != "decode":
             lines.append(f"{ts} Prefill batch, #new-seq: 1, #new-token: {r.tokens_raw}, "
@@ -46,7 +46,7 @@ def test_log_lines_become_forward_steps():
     first = next(ln for ln in lines if "Prefill batch" in ln)
     assert trace.tokens[0] == int(first.split("#new-token: ")[1].split(",")[0])
     padded = traffic.read_trace(traffic.EXAMPLE_LOG, pcg_max_tokens=4096)
-    assert padded.tokens[0] == min(b for b in measure.pcg_buckets(4096) if b >= trace.tokens[0])
+    assert padded.tokens[0] == min(b for b in traces.pcg_buckets(4096) if b >= trace.tokens[0])
 
 
 def test_traffic_counts_are_the_managers(tmp_path):
@@ -54,12 +54,12 @@ def test_traffic_counts_are_the_managers(tmp_path):
     csv.write_text("tokens\n64\n128\n100\n3000\n16\n")
     df = traffic.traffic_table(traffic.read_trace(csv).tokens, world_size=2, hidden_dim=H)
     # x.shape[0]: grows at 64, 128 and 3000; the 2048 floor creates once, then grows for 3000
-    assert df.loc["floor_0", "re-creations"] == 3
-    assert df.loc["floor_2048", "re-creations"] == 2
-    assert df.loc["before_pr", "refused calls"] == 1  # 3000 > 2048 trips the callee's assert
+    assert df.loc["draft x.shape[0]", "re-creations"] == 3
+    assert df.loc["merged floor 2048", "re-creations"] == 2
+    assert df.loc["released before", "refused calls"] == 1  # 3000 > 2048 trips the callee's assert
     mgr, _ = wf.simulate(wf.POLICIES["floor_512"], [64, 128, 100, 3000, 16], world_size=2,
                          hidden_dim=H)
-    assert df.loc["floor_512", "peak MiB/rank"] == mgr.peak_bytes_per_rank / 2**20
+    assert df.loc["floor 512", "peak MiB/rank"] == mgr.peak_bytes_per_rank / 2**20
     assert "interpolated by workspace bytes" in df.attrs["cost_model"]
 
 
@@ -88,25 +88,28 @@ def test_bad_trace_names_file_and_line(tmp_path, capsys, text, where, what):
 def test_workspace_command_prints_every_policy(capsys):
     assert cli.main(["workspace", "--trace", str(traffic.EXAMPLE_LOG), "--world-size", "2"]) == 0
     out = capsys.readouterr().out
-    for name in wf.POLICIES:
-        assert name in out
+    for policy in wf.POLICIES.values():  # each by its one name, beside what its call site passes
+        assert policy.label in out and policy.call in out
     assert "lower bound" in out and "times: " in out
 
 
 def test_floor_table_runs_the_simulator_on_the_stored_cold_start():
     # prompt length 48 is the stored short_ramp scenario: the generated trace is its first 1500
     # steps
-    stored = [int(t) for t in measure.load_trace("short_ramp")[0].tokens]
+    stored = [int(t) for t in traces.load_trace("short_ramp")[0].tokens]
     assert traffic.generated_trace(48) == stored[:1500]
     df = traffic.floor_table(512, 8, 48)
-    assert list(df.index) == ["before_pr", "floor_0", "floor_512", "floor_2048"]
+    assert list(df.index) == [
+        "released before", "draft x.shape[0]", "floor 512", "merged floor 2048"
+    ]
     mgr, refused = wf.simulate(wf.Policy("floor_512", 512), stored[:1500], world_size=8,
                                hidden_dim=H)
-    assert df.loc["floor_512", "re-creations"] == len([e for e in mgr.events if e.step >= 0])
-    assert df.loc["floor_512", "refused calls"] == refused == 0
-    assert df.loc["floor_512", "peak MiB/rank"] == round(mgr.peak_bytes_per_rank / 2**20, 1)
+    assert df.loc["floor 512", "re-creations"] == len([e for e in mgr.events if e.step >= 0])
+    assert df.loc["floor 512", "refused calls"] == refused == 0
+    assert df.loc["floor 512", "peak MiB/rank"] == round(mgr.peak_bytes_per_rank / 2**20, 1)
     # a floor of no policy's name gets its own row, labelled with the floor
-    assert traffic.floor_table(300, 2, 48).loc["floor_300", "what"] == "max(x.shape[0], 300)"
+    assert traffic.floor_table(300, 2, 48).loc["floor 300",
+                                               "max_token_num"] == "max(x.shape[0], 300)"
 
 
 def test_your_setup_is_a_static_table_headless(monkeypatch, capsys):
@@ -132,10 +135,7 @@ def test_workspace_refuses_sizes_below_their_minimum(capsys, args, says):
 
 @pytest.mark.parametrize("world", [3, 8])
 def test_workspace_at_a_world_size_without_a_run_says_whose_times_it_uses(capsys, world):
-    recorded = sorted({
-        measure.run_world_size(r)
-        for r in runs.load_all_recorded("workspace_floor")
-    })
+    recorded = sorted({r.manifest.tp for r in runs.load_all_recorded("workspace_floor")})
     assert world not in recorded
     assert cli.main(["workspace", "--trace",
                      str(traffic.EXAMPLE_LOG), "--world-size",

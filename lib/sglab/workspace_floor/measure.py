@@ -1,34 +1,14 @@
 """Measure the workspace floor: workspace re-creations along a serving trace, per ``max_token_num``
 policy, on the CPU (exact) and on 2 or 4 GPUs (real creations).
 
-- the traces: the ``x.shape[0]`` the call site sees per forward step of a seeded serving simulation,
-  stored in ``data/traces/`` (:func:`generate_trace`, :func:`load_trace`);
-- the simulation (parent process, any machine): every trace through every policy on the fake
-  creator, cold and pre-initialised, rows ``source=simulated``;
-- on the GPUs, one rank per GPU (``dist.launch``), in named phases: CUDA up and one warm-up creation
-  (the driver's one-time IPC set-up, reported on its own) before the memory baseline; each trace
-  through each policy with ``IpcWorkspaceCreator`` creating for real (re-creations, ms, peak
-  workspace computed and measured with ``cudaMemGetInfo``, refused calls, memory after the final
-  destroy); the creation-cost sweep over the workspace size T (sizes alternate in rounds,
-  :func:`sglab.core.timing.interleaved`), per creation phase; every rank's memory back to its
-  baseline (cudaMemGetInfo and NVML, own GPU and others); then the traced pass under torch.profiler
-  (:func:`traced_pass`), after every timed pass so that profiling changes no reported time;
-- the parent checks that no rank process and none of their GPU memory is left.
-
-Times are host wall-clock ms per rank. Method versions: 1 - replay, cost sweep, leak check; 2 - the
-cost sweep alternates sizes in rounds, the IPC handle export is timed apart from the exchange, and
-the traced pass adds the ``events`` sidecar and one Perfetto file per rank. The CPU tests run the
-ranks' logic over gloo with host stand-ins (:func:`gloo_rank_selftest`,
-:func:`gloo_profile_selftest`).
+The traces and the simulation: :mod:`.traces`. On the GPUs, one rank per GPU:
+a warm-up creation before the memory baseline, each trace through each policy with real IPC
+creations, a cost sweep over the workspace size, the leak check, then a traced pass under
+torch.profiler (method 2: the ``events`` sidecar). Times are host wall-clock ms per rank.
 """
 
 from __future__ import annotations
 
-import bisect
-import functools
-import hashlib
-import io
-import json
 import os
 import statistics
 import tempfile
@@ -48,63 +28,21 @@ from sglab.core import timing as phases
 from sglab.core.kernels import _warm_profiler
 from sglab.workspace_floor import rebuild
 from sglab.workspace_floor.rebuild import MiB
+from sglab.workspace_floor.traces import TRACES, in_trace, simulated, trace_tokens
 
 
 EXPERIMENT = "workspace_floor"
 METHOD_VERSION = 2
 GPUS = 2
-CREATORS = ("ipc", "flashinfer")
+CREATORS = ("ipc",)  # the rebuild of FlashInfer's IPC creation
 
-# --------------------------------------------------------------------------------------------------
-# the traces
-# --------------------------------------------------------------------------------------------------
-TRACE_PARAMS = {
-    "seed": 0,
-    "steps": 3000,  # forward steps recorded (idle steps are not calls and are skipped)
-    "max_running": 256,  # max concurrent decode requests
-    "chunked_prefill_size": 4096,
-    # extend batches up to this many tokens are padded to a piecewise bucket
-    "pcg_max_tokens": 4096,
-    "prompt_median": 1200,
-    "prompt_sigma": 1.0,
-    "prompt_max": 32768,
-    "output_median": 300,
-    "output_sigma": 0.8,
-    "output_max": 4096,
-    "base_rate": 0.15,  # mean arrivals per step outside bursts
-    "burst_rate": 2.0,  # mean arrivals per step inside bursts
-    "burst_every": 700,
-    "burst_len": 60,
-    "ramp_steps": 0,  # arrival rate grows linearly from 0 over this many simulated steps (0: none)
-}
-# a mixed serving load, and a cold server warming up on short prompts
-TRACES = {
-    "mixed": {}, "short_ramp": {
-        "seed": 1, "prompt_median": 48, "prompt_sigma": 0.6, "output_median": 600, "base_rate": 0.4,
-        "burst_rate": 3.0, "ramp_steps": 1500
-    }
-}
-TRACE_DIR = runs.repo_root() / "data" / "traces"
-TRACE_PREFIX = "workspace_floor_"
-GENERATOR = "sglab.workspace_floor.measure.generate_trace"  # as stored in the traces' JSON
-
+# cost_tokens: sizes where a creation's cost is flat (64-2048 at W=2) and both sides of its step
+# (Lamport 336 -> 672 MiB); pre_initialize 0: a cold start (2048: SGLang's pre-initialisation)
 DEFAULT_PARAMS = {
-    "world_size": 2,
-    "hidden_dim": 7168,  # Kimi-K2.5
-    "policies": list(rebuild.POLICIES),
-    "pre_initialize": 0,  # 0 = cold start (the first call creates); 2048 = SGLang's pre-init
-    "gpu_trace_steps": 0,  # 0 = replay the whole trace on GPU
-    # sizes where the creation cost is flat (64-2048 at W=2) and both sides of its step (Lamport
-    # 336 -> 672 MiB)
-    "cost_tokens": [64, 1024, 2048, 4096, 8192, 16384],
-    "cost_warmup": 1,
-    "cost_repeats": 6,  # p10-p90 within ~15% of the median in the method-1 runs (7 repeats)
-    "cost_rounds": 3,
-    "creator": "ipc",  # "ipc" (this rebuild) or "flashinfer" (FlashInfer's own, where installed)
-    "traces": list(TRACES),
-    "profile": True,  # the traced pass (after the timed ones)
-    "profile_trace": "short_ramp",
-    "profile_policies": ["floor_0", "floor_2048"],
+    "world_size": 2, "hidden_dim": 7168, "policies": list(rebuild.POLICIES), "pre_initialize": 0,
+    "gpu_trace_steps": 0, "cost_tokens": [64, 1024, 2048, 4096, 8192, 16384], "cost_warmup": 1,
+    "cost_repeats": 6, "cost_rounds": 3, "creator": "ipc", "traces": list(TRACES), "profile": True,
+    "profile_trace": "short_ramp", "profile_policies": ["floor_0", "floor_2048"]
 }
 
 
@@ -112,177 +50,24 @@ def gpus(params: dict) -> int:
     return int(params.get("world_size", GPUS))
 
 
-def run_world_size(run) -> int:
-    """A run's world size: its ``world_size`` parameter, else its GPU count."""
-    return int(run.manifest.params.get("world_size", run.manifest.gpu_count))
-
-
 def run_hidden(run) -> int:
     """A run's model hidden size (7168, DeepSeek-V3's, where the run does not say)."""
     return int(run.manifest.params.get("hidden_dim", 7168))
 
 
-def pcg_buckets(max_tokens: int = 4096) -> list[int]:
-    """The piecewise-CUDA-graph token buckets up to ``max_tokens`` (``ServerArgs``' default list:
-    4..32 step 4, 48..256 step 16, 288..512 step 32, 576..1024 step 64, 1280..4096 step 256, then
-    step 512)."""
-    b = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32)) + list(
-        range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(
-            4608, max_tokens + 1, 512)))
-    return [x for x in b if x <= max_tokens]
-
-
-def generate_trace(**overrides) -> pd.DataFrame:
-    """``step, kind, tokens_raw, tokens, running, waiting`` per forward step (``tokens`` =
-    x.shape[0]): Poisson arrivals with bursts; a step either prefills (chunks of waiting prompts up
-    to ``chunked_prefill_size`` tokens, prefill first as in SGLang's default scheduler; padded to
-    the next piecewise bucket when <= ``pcg_max_tokens``) or decodes one token per running request.
-    Deterministic for a given parameter set."""
-    p = {**TRACE_PARAMS, **overrides}
-    rng = np.random.default_rng(p["seed"])
-    buckets = pcg_buckets(p["pcg_max_tokens"])
-    waiting: list[list[int]] = []  # [remaining prompt tokens, output tokens]
-    running: list[int] = []  # remaining output tokens
-    rows, t_sim = [], 0
-    while len(rows) < p["steps"]:
-        in_burst = (t_sim % p["burst_every"]) < p["burst_len"] and t_sim >= p["burst_every"] // 2
-        ramp = min(1.0, (t_sim + 1) / p["ramp_steps"]) if p["ramp_steps"] else 1.0
-        for _ in range(int(rng.poisson(ramp * (p["burst_rate"] if in_burst else p["base_rate"])))):
-            L = int(
-                np.clip(round(rng.lognormal(np.log(p["prompt_median"]), p["prompt_sigma"])), 16,
-                        p["prompt_max"]))
-            O = int(
-                np.clip(round(rng.lognormal(np.log(p["output_median"]), p["output_sigma"])), 1,
-                        p["output_max"]))
-            waiting.append([L, O])
-        t_sim += 1
-        if waiting and len(running) < p["max_running"]:
-            budget, raw, chunked = p["chunked_prefill_size"], 0, False
-            while waiting and budget > 0 and len(running) < p["max_running"]:
-                req = waiting[0]
-                take = min(req[0], budget)
-                req[0] -= take
-                budget -= take
-                raw += take
-                if req[0] == 0:
-                    running.append(req[1])
-                    waiting.pop(0)
-                else:
-                    chunked = True
-                    break
-            tokens = buckets[bisect.bisect_left(buckets, raw)] if raw <= p["pcg_max_tokens"] \
-                else raw
-            kind = "chunked_prefill" if chunked else "prefill"
-        elif running:
-            raw = tokens = len(running)
-            running = [r - 1 for r in running if r > 1]
-            kind = "decode"
-        else:
-            continue  # idle: no forward, no call
-        rows.append({
-            "step": len(rows), "kind": kind, "tokens_raw": raw, "tokens": tokens,
-            "running": len(running), "waiting": len(waiting)
-        })
-    return pd.DataFrame(rows)
-
-
-def _csv_bytes(df) -> bytes:
-    return df.to_csv(index=False, lineterminator="\n").encode()
-
-
-def trace_params(name: str) -> dict:
-    return {**TRACE_PARAMS, **TRACES[name]}
-
-
-def write_trace(name: str = "mixed", directory: Optional[Path] = None) -> Path:
-    """``workspace_floor_<name>.csv`` and ``.json`` (parameters, generator, sha256 of the CSV)."""
-    d = Path(directory or TRACE_DIR)
-    d.mkdir(parents=True, exist_ok=True)
-    df = generate_trace(**trace_params(name))
-    data = _csv_bytes(df)
-    (d / f"{TRACE_PREFIX}{name}.csv").write_bytes(data)
-    meta = {
-        "generator": GENERATOR, "params": trace_params(name), "rows": len(df),
-        "sha256": hashlib.sha256(data).hexdigest(), "columns": list(df.columns),
-        "meaning": "tokens = x.shape[0] seen by _forward_with_allreduce_fusion per forward "
-        "step; tokens_raw = before piecewise-bucket padding"
-    }
-    (d / f"{TRACE_PREFIX}{name}.json").write_text(json.dumps(meta, indent=1) + "\n")
-    return d / f"{TRACE_PREFIX}{name}.csv"
-
-
-def load_trace(name: str = "mixed", directory: Optional[Path] = None, *, verify: bool = True):
-    """``(frame, meta)`` of a stored trace; with ``verify`` it is regenerated from its stored
-    parameters and must match byte for byte, so the file and the generator cannot drift apart."""
-    stem = Path(directory or TRACE_DIR) / f"{TRACE_PREFIX}{name}"
-    meta = json.loads(stem.with_suffix(".json").read_text())
-    data = stem.with_suffix(".csv").read_bytes()
-    if verify and (_csv_bytes(generate_trace(**meta["params"])) != data
-                   or hashlib.sha256(data).hexdigest() != meta["sha256"]):
-        raise ValueError(f"{stem}.csv does not match generate_trace({meta['params']})")
-    return pd.read_csv(io.BytesIO(data)), meta
-
-
-@functools.lru_cache(maxsize=None)
-def _tokens(name: str) -> tuple:
-    return tuple(int(x) for x in generate_trace(**trace_params(name))["tokens"])
-
-
-def trace_tokens(name: str) -> list[int]:
-    """``x.shape[0]`` per step of a named trace (regenerated from its parameters; cached)."""
-    return list(_tokens(name))
-
-
-def calls_over(name: str, max_token_num: int) -> int:
-    """Calls of a trace with more tokens than ``max_token_num`` (what the callee's assert
-    refuses)."""
-    return sum(t > max_token_num for t in _tokens(name))
-
-
-def summary() -> pd.DataFrame:
-    """One row per stored trace, each regenerated from its stored parameters and compared byte for
-    byte."""
-    rows = []
-    for name in TRACES:
-        tr, meta = load_trace(name)
-        rows.append({
-            "trace": name, "steps": meta["rows"], "sha256": meta["sha256"][:12] + "…", **{
-                f"{k} steps": v
-                for k, v in tr.kind.value_counts().sort_index().items()
-            }, "max x.shape[0]": int(tr.tokens.max()), "calls over 2048": int((tr.tokens
-                                                                               > 2048).sum())
-        })
-    out = pd.DataFrame(rows).set_index("trace").fillna(0)
-    steps = [c for c in out.columns if c.endswith(" steps")]  # a trace without a kind: 0 steps
-    out[steps] = out[steps].astype(int)
-    return out
-
-
 # --------------------------------------------------------------------------------------------------
-# the simulation: exact counts and sizes over the full traces, on the fake creator
+# the simulation's rows (traces.simulated, every cell)
 # --------------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=256)
-def simulated(trace_name: str, policy: str, world_size: int, hidden_dim: int,
-              pre_initialize: int = 0):
-    """``(manager, refused)`` of one policy over one stored trace (cached: the claims and the
-    figures ask for the same cells)."""
-    return rebuild.simulate(rebuild.POLICIES[policy], trace_tokens(trace_name),
-                            world_size=world_size, hidden_dim=hidden_dim,
-                            pre_initialize=pre_initialize or None)
-
-
-def recreations(trace_name: str, policy: str, world_size: int, hidden_dim: int,
-                pre_initialize: int = 0) -> int:
-    """How many trace calls create a workspace (the pre-initialisation itself not counted)."""
-    mgr, _ = simulated(trace_name, policy, world_size, hidden_dim, pre_initialize)
-    return sum(e.step >= 0 for e in mgr.events)
+def metric_rows(base: dict, **metrics) -> list[dict]:
+    """One tidy row per ``metric=(value, unit)``."""
+    return [{**base, "metric": k, "value": v, "unit": u} for k, (v, u) in metrics.items()]
 
 
 def simulate_rows(params: Optional[dict] = None, *, world_sizes=None,
                   scenarios=(0, 2048)) -> list[dict]:
-    """Rows per trace x world size x scenario (cold / pre-initialised) x policy: re-creations
-    (trace calls that created), creations in all, peak MiB per rank, the final size, refused calls,
-    and one ``event_workspace`` row per creation (its step and size)."""
+    """Rows per trace, world size, scenario (cold / pre-initialised) and policy: re-creations,
+    creations in all, peak MiB per rank, the final size, refused calls, and an ``event_workspace``
+    row per creation (its step and size)."""
     p = {**DEFAULT_PARAMS, **(params or {})}
     rows = []
     for tname in p["traces"]:
@@ -292,16 +77,13 @@ def simulate_rows(params: Optional[dict] = None, *, world_sizes=None,
                     mgr, refused = simulated(tname, name, W, p["hidden_dim"], pre)
                     base = {
                         "variant": name, "trace": tname, "world_size": W,
-                        "scenario": "cold" if not pre else f"preinit_{pre}", "source": "simulated"
+                        "scenario": f"preinit_{pre}" if pre else "cold", "source": "simulated"
                     }
-                    for metric, value, unit in (("recreations",
-                                                 sum(e.step >= 0 for e in mgr.events), "count"),
-                                                ("creations_total", mgr.recreations, "count"),
-                                                ("peak_workspace", mgr.peak_bytes_per_rank / MiB,
-                                                 "MiB"), ("final_max_token_num", mgr.max_token_num
-                                                          or 0, "tokens"), ("refused_calls",
-                                                                            refused, "count")):
-                        rows.append({**base, "metric": metric, "value": value, "unit": unit})
+                    rows += metric_rows(base, recreations=(in_trace(mgr), "count"),
+                                        creations_total=(mgr.recreations, "count"),
+                                        peak_workspace=(mgr.peak_bytes_per_rank / MiB, "MiB"),
+                                        final_max_token_num=(mgr.max_token_num or 0, "tokens"),
+                                        refused_calls=(refused, "count"))
                     rows += [{
                         **base, "step": e.step, "tokens": e.max_token_num,
                         "metric": "event_workspace", "value": e.bytes_per_rank / MiB, "unit": "MiB"
@@ -312,13 +94,6 @@ def simulate_rows(params: Optional[dict] = None, *, world_sizes=None,
 # --------------------------------------------------------------------------------------------------
 # one rank on the GPUs
 # --------------------------------------------------------------------------------------------------
-def make_creator(kind: str, ops, mark=None):
-    """``ipc``: the rebuild of FlashInfer's creation; ``flashinfer``: FlashInfer's own."""
-    if kind == "flashinfer":
-        return rebuild.FlashInferCreator(mark=mark)
-    return rebuild.IpcWorkspaceCreator(ops, mark=mark)
-
-
 class _MeasuredCreator:
     """A creator that, after each creation, records the device memory this rank holds above its
     baseline."""
@@ -381,16 +156,14 @@ def _rank_main(ctx, cfg):
         first_free = ops.free_bytes()
         # The driver sets up peer access and IPC bookkeeping once per process: that cost is
         # reported on its own, and the leak checks compare against the state after it.
-        make_creator(cfg["creator"],
-                     ops).create(world_size=ctx.world_size, rank=ctx.rank, max_token_num=64,
-                                 hidden_dim=cfg["hidden_dim"], group=ctx.cpu_group).destroy()
+        rebuild.IpcWorkspaceCreator(ops).create(world_size=ctx.world_size, rank=ctx.rank,
+                                                max_token_num=64, hidden_dim=cfg["hidden_dim"],
+                                                group=ctx.cpu_group).destroy()
         st.empty_cache()
         st.barrier()
         st.base_free, st.base_nvml = ops.free_bytes(), _nvml_rank_mib(os.getpid())
-    st.rows.append({
-        "variant": "leak_check", **st.base, "metric": "one_time_driver_setup",
-        "value": (first_free - st.base_free) / MiB, "unit": "MiB"
-    })
+    st.rows += metric_rows({"variant": "leak_check", **st.base},
+                           one_time_driver_setup=((first_free - st.base_free) / MiB, "MiB"))
     with phases.phase("trace replay"):
         for tname, trace in cfg["traces"].items():
             for name in cfg["policies"]:
@@ -413,7 +186,7 @@ def _rank_main(ctx, cfg):
 def _replay_one(st: RankState, tname: str, trace: list, name: str) -> None:
     """One trace through one policy with real creations: that cell's rows on this rank."""
     cfg, ctx, pol = st.cfg, st.ctx, rebuild.POLICIES[name]
-    creator = _MeasuredCreator(make_creator(cfg["creator"], st.ops), st.ops, st.base_free)
+    creator = _MeasuredCreator(rebuild.IpcWorkspaceCreator(st.ops), st.ops, st.base_free)
     mgr = rebuild.WorkspaceManager(creator, high_water=pol.high_water)
     t0 = time.perf_counter()
     refused = rebuild.replay(mgr, pol, trace, world_size=ctx.world_size, rank=ctx.rank,
@@ -423,25 +196,20 @@ def _replay_one(st: RankState, tname: str, trace: list, name: str) -> None:
     mgr.cleanup()
     st.empty_cache()
     ev = [e for e in mgr.events if e.step >= 0]
+    pre = cfg["pre_initialize"]
     base = {
-        "variant": name, "trace": tname, **st.base, "scenario": f"preinit_{cfg['pre_initialize']}"
-        if cfg["pre_initialize"] else "cold"
+        "variant": name, "trace": tname, **st.base, "scenario": f"preinit_{pre}" if pre else "cold"
     }
     create, recreate = [e.create_ms for e in ev], [e.create_ms + e.destroy_ms for e in ev]
-    for metric, value, unit in (("recreations", len(ev),
-                                 "count"), ("create_time_total", sum(create),
-                                            "ms"), ("recreate_time_total", sum(recreate),
-                                                    "ms"), ("replay_wall", wall, "ms"),
-                                ("peak_workspace", mgr.peak_bytes_per_rank / MiB,
-                                 "MiB"), ("peak_workspace_measured", creator.peak_measured / MiB,
-                                          "MiB"), ("refused_calls", refused, "count"),
-                                ("mem_after_cleanup", (st.base_free - st.ops.free_bytes()) / MiB,
-                                 "MiB")):
-        st.rows.append({**base, "metric": metric, "value": value, "unit": unit})
+    st.rows += metric_rows(base, recreations=(len(ev), "count"), create_time_total=(sum(create),
+                                                                                    "ms"),
+                           recreate_time_total=(sum(recreate), "ms"), replay_wall=(wall, "ms"),
+                           peak_workspace=(mgr.peak_bytes_per_rank / MiB, "MiB"),
+                           peak_workspace_measured=(creator.peak_measured / MiB,
+                                                    "MiB"), refused_calls=(refused, "count"),
+                           mem_after_cleanup=((st.base_free - st.ops.free_bytes()) / MiB, "MiB"))
     if create:
-        st.rows.append({
-            **base, "metric": "create_time_median", "value": statistics.median(create), "unit": "ms"
-        })
+        st.rows += metric_rows(base, create_time_median=(statistics.median(create), "ms"))
     for e in mgr.events:
         ebase = {**base, "step": e.step, "tokens": e.max_token_num}
         st.rows += [{**ebase, "metric": "event_create", "value": e.create_ms, "unit": "ms"},
@@ -454,7 +222,7 @@ def _cost_sweep(st: RankState) -> None:
     """Creation and destruction ms per workspace size T, and per creation phase; the sizes alternate
     in rounds so that drift lands on all of them alike; every sample starts after a barrier."""
     cfg, ctx, H = st.cfg, st.ctx, st.cfg["hidden_dim"]
-    creator = make_creator(cfg["creator"], st.ops)
+    creator = rebuild.IpcWorkspaceCreator(st.ops)
     kept: dict[int, dict] = {T: {"destroy": [], "phases": {}} for T in cfg["cost_tokens"]}
 
     def cycle(T):
@@ -489,10 +257,9 @@ def _cost_sweep(st: RankState) -> None:
         st.rows += t.rows(**base, phase="create") + destroy.rows(**base, phase="destroy")
         for k, v in kept[T]["phases"].items():
             st.rows += phases.Timing(v).rows(**base, phase=k)
-        st.rows.append({
-            **base, "phase": "create", "metric": "workspace", "unit": "MiB",
-            "value": rebuild.workspace_bytes_per_rank(ctx.world_size, T, H) / MiB
-        })
+        st.rows += metric_rows(
+            {**base, "phase": "create"},
+            workspace=(rebuild.workspace_bytes_per_rank(ctx.world_size, T, H) / MiB, "MiB"))
         st.log(f"cost T={T:6d}: create {t.median_ms:8.2f} ms, destroy {destroy.median_ms:7.2f} ms")
 
 
@@ -500,16 +267,12 @@ def _leak_rows(st: RankState) -> None:
     st.empty_cache()
     st.barrier()
     end_free, end_nvml, own = st.ops.free_bytes(), _nvml_rank_mib(os.getpid()), st.ctx.device.index
-    base = {"variant": "leak_check", **st.base, "unit": "MiB"}
-    st.rows += [
-        {**base, "metric": "rank_mem_delta_cudart", "value": (st.base_free - end_free) / MiB}, {
-            **base, "metric": "rank_mem_delta_nvml",
-            "value": end_nvml.get(own, 0.0) - st.base_nvml.get(own, 0.0)
-        }, {
-            **base, "metric": "rank_nvml_other_gpus_end",
-            "value": sum(v for g, v in end_nvml.items() if g != own)
-        }
-    ]
+    st.rows += metric_rows({"variant": "leak_check", **st.base},
+                           rank_mem_delta_cudart=((st.base_free - end_free) / MiB, "MiB"),
+                           rank_mem_delta_nvml=(end_nvml.get(own, 0.0) - st.base_nvml.get(own, 0.0),
+                                                "MiB"), rank_nvml_other_gpus_end=(sum(
+                                                    v for g, v in end_nvml.items() if g != own),
+                                                                                  "MiB"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -544,7 +307,7 @@ def traced_pass(st) -> dict:
             for name in cfg["profile_policies"]:
                 with prof.phase(VARIANT_PREFIX + name):
                     pol = rebuild.POLICIES[name]
-                    creator = make_creator(cfg["creator"], st.ops, prof.phase)
+                    creator = rebuild.IpcWorkspaceCreator(st.ops, mark=prof.phase)
                     mgr = rebuild.WorkspaceManager(creator, high_water=pol.high_water,
                                                    mark=prof.phase)
                     rebuild.replay(mgr, pol, cfg["profile_trace"], world_size=ctx.world_size,
@@ -553,7 +316,7 @@ def traced_pass(st) -> dict:
                     mgr.cleanup()
                     schedule[name] = [(e.step, e.max_token_num) for e in mgr.events]
             with prof.phase(VARIANT_PREFIX + COST_VARIANT):
-                creator = make_creator(cfg["creator"], st.ops, prof.phase)
+                creator = rebuild.IpcWorkspaceCreator(st.ops, mark=prof.phase)
                 for T in cfg["cost_tokens"]:
                     st.barrier()
                     with prof.phase(COST_RANGE):
@@ -660,9 +423,9 @@ def _parent_leak_rows(pids: list[int], world_size: int) -> list[dict]:
         left_mib = float(memory.process_gpu_memory(pids)["used_mib"].sum())
     except Exception:  # no NVML: cannot say
         left_mib = float("nan")
-    base = {"variant": "leak_check", "world_size": world_size, "source": "gpu"}
-    return [{**base, "metric": "rank_processes_left", "value": len(alive), "unit": "count"},
-            {**base, "metric": "gpu_mem_of_rank_pids_after", "value": left_mib, "unit": "MiB"}]
+    return metric_rows({"variant": "leak_check", "world_size": world_size, "source": "gpu"},
+                       rank_processes_left=(len(alive), "count"),
+                       gpu_mem_of_rank_pids_after=(left_mib, "MiB"))
 
 
 def run(params: Optional[dict] = None, *, progress: bool = True) -> runs.Measured:
@@ -725,8 +488,7 @@ def gloo_profile_selftest(ctx, trace: list[int], policies: list[str], cost_token
     """The traced pass over gloo with host stand-ins, under the same Recorder: this rank's reduced
     event table and Perfetto file."""
     cfg = {
-        "creator": "ipc", "hidden_dim": hidden_dim, "profile_trace": list(trace),
-        "profile_policies": list(policies), "cost_tokens": list(cost_tokens),
-        "trace_dir": trace_dir, "progress": False
+        "hidden_dim": hidden_dim, "profile_trace": list(trace), "profile_policies": list(policies),
+        "cost_tokens": list(cost_tokens), "trace_dir": trace_dir, "progress": False
     }
     return traced_pass(RankState(ctx, cfg, rebuild.HostOps(), ctx.barrier))

@@ -1,13 +1,9 @@
 """The allreduce-fusion workspace and its ``max_token_num`` floor (SGLang #26382, part B), rebuilt
-PR-era, one section per upstream file and symbol; read it beside the released hunk
-(``data/upstream/workspace_floor/pr26382.diff``).
+PR-era, one section per upstream file and symbol, to read beside the released hunk.
 
-The manager (section 2) never allocates: it calls a creator, so one manager runs against a fake
-creator (exact counts and sizes on the CPU), FlashInfer's IPC creation rebuilt over
-``cuda.bindings`` (on the GPUs, or over host stand-ins on the CPU) and FlashInfer's own creation.
-The before/after switch is the call site's :class:`Policy` (:data:`POLICIES`: ``before_pr``,
-``floor_2048`` and the alternatives the notebook weighs). Nothing here measures;
-``sglab.workspace_floor.measure`` does.
+The manager never allocates: it calls a creator, so one manager runs against a fake creator (exact
+counts on the CPU) and FlashInfer's IPC creation rebuilt over ``cuda.bindings`` (on the GPUs).
+The before/after switch is the call site's :class:`Policy` (:data:`POLICIES`).
 """
 
 from __future__ import annotations
@@ -94,20 +90,14 @@ class CreationEvent:
     create_ms: float
     destroy_ms: float  # of the workspace it replaced (0 when there was none)
     reason: str
-    phases_ms: dict = dataclasses.field(default_factory=dict)
 
 
 class WorkspaceManager:
-    """``FlashInferWorkspaceManager``, creation delegated to ``creator.create(...)``.
-
-    ``initialize`` keeps the high-water mark ``_max_token_num_seen``, returns early when the
-    existing workspace covers the request, cleans up a too-small one, then creates at ``max(
-    max_token_num, high-water mark)``. The high-water mark is SGLang's from 0.5.14 on: the released
-    managers around the fix (0.5.12.post1, 0.5.13) keep none and create at ``max_token_num``
-    itself, which is ``high_water=False`` here (on the workbook's traces the counts are the same
-    either way). Two additions, neither changing a decision: one :class:`CreationEvent` per
-    creation, and with a ``mark`` a :data:`RECREATE_RANGE` around each creation for the profiler.
-    """
+    """``FlashInferWorkspaceManager``, creation delegated to ``creator.create(...)``: reuse a
+    workspace that covers the request, else clean it up and create at ``max(max_token_num,
+    high-water mark)``. The high-water mark is SGLang's from 0.5.14 on (``high_water=False``: the
+    managers of 0.5.12.post1 and 0.5.13). Added, changing no decision: a :class:`CreationEvent` per
+    creation and, with a ``mark``, a :data:`RECREATE_RANGE` around it for the profiler."""
 
     def __init__(self, creator, *, high_water: bool = True,
                  clock: Callable[[], float] = time.perf_counter, mark: Optional[Mark] = None):
@@ -153,7 +143,7 @@ class WorkspaceManager:
             self.peak_bytes_per_rank = max(self.peak_bytes_per_rank, nbytes)
             self.events.append(
                 CreationEvent(self.step, max_token_num, nbytes, create_ms, self._pending_destroy_ms,
-                              reason, dict(getattr(self.workspace, "phases_ms", {}))))
+                              reason))
 
     def is_buffer_size_sufficient(self, token_num: int, hidden_dim: int) -> bool:
         if not self.initialized or self.workspace is None:
@@ -218,17 +208,6 @@ def allreduce_residual_rmsnorm_workspace(manager: WorkspaceManager, token_num: i
                                         token_num=token_num, group=group)
 
 
-def would_recreate(manager: WorkspaceManager, max_token_num: int, token_num: int, world_size: int,
-                   rank: int, hidden_dim: int, group=None) -> bool:
-    """Would :func:`allreduce_residual_rmsnorm_workspace` create a workspace? (pure)"""
-    if token_num > max_token_num or world_size <= 1:
-        return False
-    if _recreate_reason(manager, world_size, rank, token_num, hidden_dim, group) is None:
-        return False
-    return not (manager.initialized and manager.world_size == world_size
-                and manager.is_buffer_size_sufficient(max_token_num, hidden_dim))
-
-
 # --------------------------------------------------------------------------------------------------
 # 3. sglang/srt/layers/layernorm.py · RMSNorm._forward_with_allreduce_fusion (the call site)
 # --------------------------------------------------------------------------------------------------
@@ -237,15 +216,15 @@ PR_FLOOR = 2048  # after the PR: max_token_num=max(x.shape[0], 2048)
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    """What the call site passes as ``max_token_num``, and whether the manager keeps a high-water
-    mark. Before the PR the call passed none (``floor=None``: the callee's default, 2048, and its
-    assert); after it, ``max(x.shape[0], 2048)``. The others are the alternatives the notebook
-    weighs."""
+    """What the call site passes as ``max_token_num`` (``floor=None``: nothing, so the callee's
+    default 2048 and its assert), whether the manager keeps a high-water mark, and the one short
+    name (``label``) every table, figure and claim uses; ``call`` is the code it stands for."""
 
     name: str
     floor: Optional[int]
     high_water: bool = True
     label: str = ""
+    call: str = ""
 
     def max_token_num(self, token_num: int) -> int:
         if self.floor is None:
@@ -253,17 +232,26 @@ class Policy:
         return max(token_num, self.floor)
 
 
+def floor_policy(n: int, label: str = "") -> Policy:
+    """``max(x.shape[0], n)``, named ``floor n`` unless ``label`` says otherwise."""
+    return Policy(f"floor_{n}", n, label=label or f"floor {n}", call=f"max(x.shape[0], {n})")
+
+
+# released before (<= 0.5.12.post1); the PR's first draft (x.shape[0], changed in review, never
+# released); merged (0.5.13 on); the other floors the notebook weighs
 POLICIES: dict[str, Policy] = {
-    "before_pr": Policy("before_pr", None,
-                        label="no max_token_num (callee default 2048): before the PR"),
-    "shape_no_hwm": Policy("shape_no_hwm", 0, high_water=False,
-                           label="x.shape[0], no high-water mark"),
-    "floor_0": Policy("floor_0", 0, label="x.shape[0] (with high-water mark)"),
-    "floor_512": Policy("floor_512", 512, label="max(x.shape[0], 512)"),
-    "floor_1024": Policy("floor_1024", 1024, label="max(x.shape[0], 1024)"),
-    "floor_2048": Policy("floor_2048", PR_FLOOR, label="max(x.shape[0], 2048)  (the PR)"),
-    "floor_4096": Policy("floor_4096", 4096, label="max(x.shape[0], 4096)"),
+    p.name: p
+    for p in (
+        Policy("before_pr", None, label="released before", call="none: the callee's default 2048"),
+        Policy("shape_no_hwm", 0, False, "draft x.shape[0] (no hwm)", "x.shape[0]"),
+        Policy("floor_0", 0, label="draft x.shape[0]", call="x.shape[0]"), floor_policy(512),
+        floor_policy(1024), floor_policy(PR_FLOOR, "merged floor 2048"), floor_policy(4096))
 }
+
+
+def label(name: str) -> str:
+    """The short name of a policy id (``floor_0`` -> ``draft x.shape[0]``); an unknown id as is."""
+    return POLICIES[name].label if name in POLICIES else name.replace("_", " ")
 
 
 def fused_norm_call(manager: WorkspaceManager, policy: Policy, token_num: int, *, world_size: int,
@@ -278,8 +266,13 @@ def fused_norm_call(manager: WorkspaceManager, policy: Policy, token_num: int, *
 def will_recreate(manager: WorkspaceManager, policy: Policy, token_num: int, world_size: int,
                   rank: int, hidden_dim: int, group=None) -> bool:
     """Would this call re-create the workspace? (pure)"""
-    return would_recreate(manager, policy.max_token_num(token_num), token_num, world_size, rank,
-                          hidden_dim, group)
+    max_token_num = policy.max_token_num(token_num)
+    if token_num > max_token_num or world_size <= 1:
+        return False
+    if _recreate_reason(manager, world_size, rank, token_num, hidden_dim, group) is None:
+        return False
+    return not (manager.initialized and manager.world_size == world_size
+                and manager.is_buffer_size_sufficient(max_token_num, hidden_dim))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -308,9 +301,8 @@ def fused_steps(trace) -> list[int]:
 #    workspace with ``metadata``, ``bytes_per_rank``, ``phases_ms`` and ``destroy()``
 # --------------------------------------------------------------------------------------------------
 class PhaseClock:
-    """Milliseconds per phase of one creation (``ms``), each phase inside ``mark(label)`` when a
-    marker is set. A phase entered several times (one alloc per buffer) accumulates; ``label`` names
-    the marker range (``"ipc open lamport"``), ``key`` the timed phase (``"open"``)."""
+    """Milliseconds per phase of one creation (``ms``, accumulated over repeats of a phase ``key``),
+    each inside ``mark(label)`` when a marker is set (``label``: ``"ipc open lamport"``)."""
 
     def __init__(self, mark: Optional[Mark] = None):
         self.mark = mark
@@ -335,7 +327,6 @@ class FakeWorkspace:
             "hidden_dim": hidden_dim, "use_fp32_lamport": False
         }
         self.bytes_per_rank = workspace_bytes_per_rank(world_size, max_token_num, hidden_dim)
-        self.phases_ms: dict = {}
         self.destroyed = False
 
     def destroy(self) -> None:
@@ -366,10 +357,9 @@ class FakeCreator:
 # 5. flashinfer/comm/cuda_ipc.py · CudaRTLibrary, create_shared_buffer / free_shared_buffer
 # --------------------------------------------------------------------------------------------------
 class CudartOps:
-    """``cudaMalloc``, ``cudaIpcGetMemHandle`` (64 bytes), ``cudaIpcOpenMemHandle`` with lazy peer
-    access, ``cudaIpcCloseMemHandle``, ``cudaFree``, the Lamport fill of
-    ``trtllm_lamport_initialize`` (one ``cuMemsetD16`` of -0.0), the 5-int flag word and the int64
-    pointer table, through ``cuda.bindings`` (the profiler sees CUDA runtime / driver calls)."""
+    """``cudaMalloc``, IPC handle export / open (lazy peer access) / close, ``cudaFree``, the Lamport
+    fill (one ``cuMemsetD16`` of -0.0), the 5-int flag word and the int64 pointer table, through
+    ``cuda.bindings`` (so the profiler sees the CUDA runtime and driver calls)."""
 
     def __init__(self, device: Optional[int] = None):
         from cuda.bindings import driver, runtime  # optional: only where the GPU path runs
@@ -435,14 +425,13 @@ class HostOps:
         self.opened: dict[int, bytes] = {}
         self.filled: list[int] = []
 
-    def _new(self) -> int:
+    def _new(self, table: dict, value) -> int:
         self.next += 1
-        return self.next - 1
+        table[self.next] = value
+        return self.next
 
     def malloc(self, nbytes):
-        p = self._new()
-        self.live[p] = nbytes
-        return p
+        return self._new(self.live, nbytes)
 
     def free(self, ptr):
         del self.live[ptr]
@@ -451,9 +440,7 @@ class HostOps:
         return pickle.dumps((self.pid, ptr)).ljust(64, b"\0")[:64]
 
     def open(self, handle):
-        p = self._new()
-        self.opened[p] = handle
-        return p
+        return self._new(self.opened, handle)
 
     def close(self, ptr):
         del self.opened[ptr]
@@ -516,13 +503,10 @@ class IpcWorkspace:
 
 
 class IpcWorkspaceCreator:
-    """Per rank, per creation: (1) a collective go / no-go before anyone allocates (SGLang's
-    ``_preflight_check_workspace_memory``; here a free-memory vote, ``cudaMemGetInfo`` + a gloo
-    all-reduce); (2) per buffer: allocate, export its IPC handle, all-gather the handles over the
-    gloo group, open every peer's; (3) the Lamport fill, the flag word, the pointer table; (4) a
-    barrier ("must sync after create_workspace") and SGLang's
-    ``_sync_allreduce_unavailable_across_tp`` (a CPU all-reduce). Each phase is timed and, with a
-    ``mark``, wrapped in a named range (``alloc lamport``, ``ipc open lamport``, ...)."""
+    """Per rank and creation: a free-memory vote (SGLang's ``_preflight_check_workspace_memory``);
+    per buffer, allocate, export the IPC handle, all-gather the handles, open every peer's; the
+    Lamport fill, flag word and pointer table; a barrier and SGLang's CPU all-reduce
+    (``_sync_allreduce_unavailable_across_tp``). Each phase timed, and named for the profiler."""
 
     def __init__(self, ops=None, *, preflight: bool = True, post_sync: bool = True,
                  mark: Optional[Mark] = None):
@@ -555,12 +539,11 @@ class IpcWorkspaceCreator:
             if self.post_sync:
                 tdist.all_reduce(torch.tensor([0], dtype=torch.int32), op=tdist.ReduceOp.MAX,
                                  group=group)
+        keys = ("buffer_size", "flag_size", "lamport_comm_size", "lamport_buffer_size")
         metadata = {
             "tp_rank": rank, "tp_size": world_size, "max_token_num": max_token_num,
-            "hidden_dim": hidden_dim, "use_fp32_lamport": False, **{
-                k: sizes[k]
-                for k in ("buffer_size", "flag_size", "lamport_comm_size", "lamport_buffer_size")
-            }
+            "hidden_dim": hidden_dim, "use_fp32_lamport": False, **{k: sizes[k]
+                                                                    for k in keys}
         }
         return IpcWorkspace(self.ops, group, rank, world_size, metadata, ipc_ptrs, table, flag_ptr,
                             ph.ms, self.mark)
@@ -580,56 +563,15 @@ class IpcWorkspaceCreator:
 
 
 # --------------------------------------------------------------------------------------------------
-# 7. flashinfer/comm/allreduce.py · create_allreduce_fusion_workspace (FlashInfer's own creation)
-# --------------------------------------------------------------------------------------------------
-class FlashInferWorkspace:
-
-    def __init__(self, inner, metadata: dict, phases_ms: dict):
-        self.inner, self.metadata, self.phases_ms = inner, metadata, phases_ms
-        # FlashInfer's sizes; the experiment measures the real footprint beside them
-        self.bytes_per_rank = workspace_bytes_per_rank(metadata["tp_size"],
-                                                       metadata["max_token_num"],
-                                                       metadata["hidden_dim"])
-
-    def destroy(self) -> None:
-        if self.inner is not None and hasattr(self.inner, "destroy"):
-            self.inner.destroy()
-        self.inner = None
-
-
-class FlashInferCreator:
-    """``create_allreduce_fusion_workspace`` (trtllm backend) as a creator, so FlashInfer's real
-    creation runs through the same manager and replay (rows ``creator=flashinfer``)."""
-
-    def __init__(self, backend: str = "trtllm", mark: Optional[Mark] = None):
-        import flashinfer.comm as comm  # optional: fails fast where FlashInfer is absent
-
-        self.comm, self.backend, self.mark = comm, backend, mark
-
-    def create(self, *, world_size, rank, max_token_num, hidden_dim, group=None):
-        ph = PhaseClock(self.mark)
-        with ph("create", "flashinfer create"):
-            ws = self.comm.create_allreduce_fusion_workspace(
-                backend=self.backend, world_size=world_size, rank=rank, max_token_num=max_token_num,
-                hidden_dim=hidden_dim, dtype=torch.bfloat16)
-        metadata = {
-            **dict(getattr(ws, "metadata", None) or {}), "tp_rank": rank, "tp_size": world_size,
-            "max_token_num": max_token_num, "hidden_dim": hidden_dim
-        }
-        return FlashInferWorkspace(ws, metadata, ph.ms)
-
-
-# --------------------------------------------------------------------------------------------------
-# 8. the driver (not upstream): a token-count trace through the call site
+# 7. the driver (not upstream): a token-count trace through the call site
 # --------------------------------------------------------------------------------------------------
 def replay(manager: WorkspaceManager, policy: Policy, trace, *, world_size: int, rank: int,
            hidden_dim: int, group=None, pre_initialize: Optional[int] = None,
            before_create: Optional[Callable[[], None]] = None) -> int:
-    """Feed a trace (``x.shape[0]`` per forward step; one call stands for every layer of a step)
-    through the call site; returns the number of refused calls. ``pre_initialize``: create at that
-    size first (SGLang's ``pre_initialize_workspaces(max_token_num=2048)`` before CUDA-graph
-    capture), as step -1. ``before_create``: called on every rank just before a step that will
-    create (a barrier, so the ranks start a creation together)."""
+    """Feed a trace (``x.shape[0]`` per forward step, one call for all layers) through the call
+    site; returns the refused calls. ``pre_initialize``: create at that size first, as step -1
+    (SGLang's ``pre_initialize_workspaces`` before graph capture). ``before_create``: called on
+    every rank just before a step that will create (a barrier)."""
     refused = 0
     if pre_initialize:
         manager.step = -1

@@ -1,27 +1,9 @@
-"""The workspace floor in real SGLang: the fix's record, its source check, its real-release probes
-and the comparison with the rebuild.
-
-- ``FIX``: #26382 part B, the symbol it touched, the probe the notebook shows and the engine
-  scenarios;
-- :func:`check`: which state a given SGLang is in, read as source (``sglab upstream``);
-- :func:`probe` (CPU, one release per worker process): the workbook's traces through the released
-  code: the call site ``layers/layernorm.py::_forward_with_allreduce_fusion`` (0.5.12.post1: no
-  ``max_token_num``, so the callee's 2048 and its assert; 0.5.13: ``max(x.shape[0], 2048)``), and
-  ``layers/flashinfer_comm_fusion.py`` (``flashinfer_allreduce_residual_rmsnorm``,
-  ``ensure_workspace_initialized``, ``FlashInferWorkspaceManager``,
-  ``pre_initialize_workspaces``). Replaced for the call: FlashInfer's comm module by a recorder
-  that answers the size check with FlashInfer's rule (:func:`~.rebuild.size_sufficient`, the only
-  rebuilt piece on the real side), the GPU preflight vote by "proceed", the parallel getters by the
-  trace's world size (rank 0). The callee is a CUDA-only torch op (``@register_custom_op``), so the
-  probe calls the same function compiled from the release's file without that decorator. Besides
-  its own call site (``site=release``) the real callee runs the floors the notebook weighs
-  (``site=floor_<F>``);
-- ``ENGINE``: the whole engine with ``--enable-flashinfer-allreduce-fusion`` at TP 2 and TP 4
-  (``sglab engine``, ``data/recorded/engine_workspace_floor/``): the workspace creations per rank,
-  with the floor, without it and with ``x.shape[0]``;
-- :func:`comparison` / :func:`compare`: the real decisions beside the rebuild's simulation.
-
-Nothing here imports SGLang at module level: the probes run inside a release's worker process.
+"""The workspace floor in real SGLang: the fix's record (``FIX``), its source check, its code path,
+the real-release probe and the comparison with the rebuild. The probe runs the workbook's traces
+through each release's own call site and manager on the CPU, FlashInfer's creation replaced by a
+recorder that answers its size check (the callee, a CUDA-only op, compiled from the release's file
+without its decorator); ``ENGINE``: the whole engine at TP 2 and 4 with
+``--enable-flashinfer-allreduce-fusion``. Nothing here imports SGLang at module level.
 """
 
 from __future__ import annotations
@@ -29,13 +11,16 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import gzip
 import inspect
 import types
 from typing import Optional
 
 from sglab.core import lazy
+from sglab.sglang import engine as eng
 from sglab.sglang.engine import Case, Scenario, revert_adjustment, trace_adjustment
 from sglab.sglang import compare as real
+from sglab.sglang.codepath import Node
 from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
 from sglab.sglang.probing import patched
@@ -43,7 +28,7 @@ from sglab.sglang.upstream import Verdict
 
 # imported by the probes and the comparison that use them: reading FIX needs none of them
 torch = lazy.Module("torch")
-measure = lazy.Module("sglab.workspace_floor.measure")
+traces = lazy.Module("sglab.workspace_floor.traces")
 rebuild = lazy.Module("sglab.workspace_floor.rebuild")
 
 LAYERNORM = "srt/layers/layernorm.py"
@@ -54,6 +39,23 @@ OWN_POLICY = {"0.5.12.post1": "before_pr", "0.5.13": "floor_2048"}  # the rebuil
 ALT_SITES = ("floor_0", "floor_1024")
 SCENARIOS = (0, 2048)
 WORLD_SIZE, HIDDEN = 2, 7168
+# the code path in the release that has the floor, start-up first, then every forward step
+RELEASE = "0.5.13"
+CODE_PATH = (Node("srt/model_executor/model_runner.py",
+                  "ModelRunner._pre_initialize_flashinfer_allreduce_workspace",
+                  "start-up, before graph capture: at FUSE_ALLREDUCE_MAX_BATCH_SIZE tokens"),
+             Node("srt/layers/flashinfer_comm_fusion.py", "pre_initialize_workspaces",
+                  "creates both workspaces: MoE TP, attention TP"),
+             Node("srt/layers/communicator.py", "apply_flashinfer_allreduce_fusion",
+                  "each step: fused only up to 2048 tokens (SM90/SM100, no DP attention)"),
+             Node(LAYERNORM, "_forward_with_allreduce_fusion",
+                  "the call site: max_token_num=max(x.shape[0], 2048), the PR's line"),
+             Node(FUSION, "flashinfer_allreduce_residual_rmsnorm",
+                  "asserts x.shape[0] <= max_token_num"),
+             Node(FUSION, "ensure_workspace_initialized",
+                  "creates only when the workspace is too small"),
+             Node(FUSION, "FlashInferWorkspaceManager.initialize",
+                  "the creation: IPC buffers, barriers"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -122,10 +124,8 @@ class RecordedWorkspace:
 
     def __init__(self, comm, kwargs: dict):
         self.comm, self.kwargs, self.backend = comm, kwargs, kwargs.get("backend", "trtllm")
-        self.metadata = {
-            "tp_size": kwargs["world_size"], "max_token_num": kwargs["max_token_num"],
-            "hidden_dim": kwargs["hidden_dim"], "use_fp32_lamport": False
-        }
+        self.metadata = dict(tp_size=kwargs["world_size"], max_token_num=kwargs["max_token_num"],
+                             hidden_dim=kwargs["hidden_dim"], use_fp32_lamport=False)
 
     def is_buffer_size_sufficient(self, tp_size, num_tokens, hidden_dim, dtype=None,
                                   use_oneshot=None):
@@ -177,28 +177,25 @@ def _wired(prepared, comm: RecordingComm, world_size: int):
     dist = bootstrap.import_release_module(prepared, "sglang.srt.distributed")
     group = types.SimpleNamespace(device_group="device_group", cpu_group="cpu_group",
                                   world_size=world_size)
-    sizes = {
-        "get_attn_tensor_model_parallel_world_size": lambda: world_size,
-        "get_moe_tensor_parallel_world_size": lambda: world_size,
-        "get_moe_expert_parallel_world_size": lambda: 1
-    }
-    others = {
-        "get_attn_tensor_model_parallel_rank": lambda: 0,
-        "get_moe_tensor_parallel_rank": lambda: 0,
-        "get_moe_expert_parallel_rank": lambda: 0,
-        "get_attn_tp_group": lambda: group,
-        "get_moe_tp_group": lambda: group,
-        "get_moe_ep_group": lambda: group,
-        "get_tp_group": lambda: types.SimpleNamespace(world_size=1),  # no vote to sync
-        "is_flashinfer_available": lambda: True,
-        "_flashinfer_comm": comm,
-        "_flashinfer_allreduce_unavailable": False,
-        "_preflight_check_workspace_memory": lambda **k: True,
-        "flashinfer_allreduce_residual_rmsnorm": undecorated(
-            fc, "flashinfer_allreduce_residual_rmsnorm"),
-        "_attn_tp_workspace_manager": fc.FlashInferWorkspaceManager(),
-        "_moe_tp_workspace_manager": fc.FlashInferWorkspaceManager()
-    }
+    sizes = dict(get_attn_tensor_model_parallel_world_size=lambda: world_size,
+                 get_moe_tensor_parallel_world_size=lambda: world_size,
+                 get_moe_expert_parallel_world_size=lambda: 1)
+    fused = undecorated(fc, "flashinfer_allreduce_residual_rmsnorm")
+    others = dict(
+        get_attn_tensor_model_parallel_rank=lambda: 0,
+        get_moe_tensor_parallel_rank=lambda: 0,
+        get_moe_expert_parallel_rank=lambda: 0,
+        get_attn_tp_group=lambda: group,
+        get_moe_tp_group=lambda: group,
+        get_moe_ep_group=lambda: group,
+        get_tp_group=lambda: types.SimpleNamespace(world_size=1),  # no vote to sync
+        is_flashinfer_available=lambda: True,
+        _flashinfer_comm=comm,
+        _flashinfer_allreduce_unavailable=False,
+        _preflight_check_workspace_memory=lambda **k: True,
+        flashinfer_allreduce_residual_rmsnorm=fused,
+        _attn_tp_workspace_manager=fc.FlashInferWorkspaceManager(),
+        _moe_tp_workspace_manager=fc.FlashInferWorkspaceManager())
     with patched(fc, **sizes, **others), patched(dist, **sizes):  # the call site imports per call
         yield fc
 
@@ -247,12 +244,10 @@ def replay_release(prepared, trace: list, site: str, *, pre_initialize: int = 0,
                 refused += 1  # the callee's `assert input_tensor.shape[0] <= max_token_num`
         high_water = hasattr(fc._attn_tp_workspace_manager, "_max_token_num_seen")
     at = [c for c in comm.created if c["step"] >= 0]
-    return {
-        "recreations": len(at), "sizes": [c["max_token_num"] for c in at], "steps": [
-            c["step"] for c in at
-        ], "preinit_creations": len(comm.created) - len(at), "refused_calls": refused,
-        "fused_calls": comm.fused_calls, "manager_high_water_mark": high_water
-    }
+    return dict(recreations=len(at), sizes=[c["max_token_num"] for c in at], steps=[
+        c["step"] for c in at
+    ], preinit_creations=len(comm.created) - len(at), refused_calls=refused,
+                fused_calls=comm.fused_calls, manager_high_water_mark=high_water)
 
 
 def call_site_text(prepared) -> str:
@@ -261,11 +256,8 @@ def call_site_text(prepared) -> str:
     from sglab.sglang import bootstrap
 
     layernorm = bootstrap.import_release_module(prepared, "sglang.srt.layers.layernorm")
-    lines = [
-        ln.strip().rstrip(",")
-        for ln in inspect.getsource(layernorm._forward_with_allreduce_fusion).splitlines()
-        if "max_token_num=" in ln
-    ]
+    source = inspect.getsource(layernorm._forward_with_allreduce_fusion)
+    lines = [ln.strip().rstrip(",") for ln in source.splitlines() if "max_token_num=" in ln]
     return lines[0] if lines else "(none)"
 
 
@@ -273,30 +265,27 @@ def probe(prepared, params: dict) -> list[dict]:
     """Rows ``trace, site, scenario, metric, value``. ``params``: ``traces`` ({name: token
     counts}), ``sites`` (default ``["release"]``), ``pre_initialize`` (default ``[0, 2048]``),
     ``world_size``, ``hidden``."""
-    rows = [{
-        "trace": "", "site": "release", "scenario": "", "metric": "call_site",
-        "value": call_site_text(prepared)
-    }]
+    rows = [
+        dict(trace="", site="release", scenario="", metric="call_site",
+             value=call_site_text(prepared))
+    ]
+    W, H = int(params.get("world_size", WORLD_SIZE)), int(params.get("hidden", HIDDEN))
     for name, trace in params["traces"].items():
         for site in params.get("sites", ["release"]):
             for pre in params.get("pre_initialize", [0, 2048]):
-                got = replay_release(prepared, trace, site, pre_initialize=int(pre), world_size=int(
-                    params.get("world_size", WORLD_SIZE)), hidden=int(params.get("hidden", HIDDEN)))
-                rows += [{
-                    "trace": name, "site": site, "scenario": f"preinit_{pre}" if pre else "cold",
-                    "metric": k, "value": v
-                } for k, v in got.items()]
+                got = replay_release(prepared, trace, site, pre_initialize=int(pre), world_size=W,
+                                     hidden=H)
+                where = dict(trace=name, site=site, scenario=f"preinit_{pre}" if pre else "cold")
+                rows += [{**where, "metric": k, "value": v} for k, v in got.items()]
     return rows
 
 
-def probe_params(traces=None) -> dict:
+def probe_params(names=None) -> dict:
     """What the notebook asks each release: both stored traces, the release's own call site and the
     alternative floors, cold and pre-initialised."""
-    return {
-        "traces": {t: measure.trace_tokens(t)
-                   for t in traces or measure.TRACES}, "sites": ["release", *ALT_SITES],
-        "pre_initialize": list(SCENARIOS), "world_size": WORLD_SIZE, "hidden": HIDDEN
-    }
+    tokens = {t: traces.trace_tokens(t) for t in names or traces.TRACES}
+    return dict(traces=tokens, sites=["release", *ALT_SITES], pre_initialize=list(SCENARIOS),
+                world_size=WORLD_SIZE, hidden=HIDDEN)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -328,26 +317,16 @@ def _fusion_cases(args: tuple) -> tuple:
 
 
 _TP2 = Scenario(
-    fix="workspace_floor",
-    name="02-ar-fusion",
-    gpus=2,
+    fix="workspace_floor", name="02-ar-fusion", gpus=2,
     what="--enable-flashinfer-allreduce-fusion at TP 2 over a short-prompt trace: FlashInfer "
     "workspace creations per rank, their size and time (needs the whole FlashInfer package: "
-    "FLASHINFER_FULL=1 bundles)",
-    model="deepseek_v3_tiny",
-    tool="engine",
-    releases=("0.5.12.post1", "0.5.13"),
-    cases=_fusion_cases(FUSION_ARGS),
-    requests=(1,),
-    input_lens=(4, 16, 64, 200, 700, 1500, 2100, 3000),
-    output_len=4,
-    repeats=1,
-    timeout=1500.0,
+    "FLASHINFER_FULL=1 bundles)", model="deepseek_v3_tiny", tool="engine",
+    releases=("0.5.12.post1", "0.5.13"), cases=_fusion_cases(FUSION_ARGS), requests=(1,),
+    input_lens=(4, 16, 64, 200, 700, 1500, 2100, 3000), output_len=4, repeats=1, timeout=1500.0,
     expect="both releases create two workspaces per rank (attention TP and MoE TP) at 2048 "
     "tokens before graph capture (pre_initialize_workspaces) and none per forward step: the "
     "fusion runs only up to 2048 tokens (communicator.apply_flashinfer_allreduce_fusion); "
-    "the same with the floor replaced by x.shape[0]",
-)
+    "the same with the floor replaced by x.shape[0]")
 
 
 def _at_tp(tp: int) -> Scenario:
@@ -369,6 +348,80 @@ FIX = Fix(
     check=check, hunks=(Spec(26382, symbols_in(LAYERNORM, "_forward_with_allreduce_fusion")),),
     probe=Probe("sglab.workspace_floor.sglang:probe", RELEASES, probe_params), engine=ENGINE)
 
+# --------------------------------------------------------------------------------------------------
+# the engine's answers, read from each run's log (claims.ENGINE, show.VIEW)
+# --------------------------------------------------------------------------------------------------
+# the call site each engine variant runs, as the rebuild's policy (the released managers keep no
+# high-water mark)
+ENGINE_POLICY = {("0.5.12.post1", "fusion"): "before_pr", ("0.5.13", "fusion"): "floor_2048",
+                 ("0.5.13", "x-shape"): "shape_no_hwm"}
+
+
+def engine_trace(entry: dict, spec: dict, decisions: dict) -> list[int]:
+    """Every token count the call site can see in one engine run, in the engine's order: the
+    decode-graph and piecewise captures (largest first), then each call's prefill and decode steps
+    (warm-up calls included), kept where the fusion gate lets them through."""
+    caps = sorted(decisions.get("decode_bs") or [], reverse=True) + sorted(
+        decisions.get("pcg_tokens") or [], reverse=True)
+    steps = []
+    for il in spec.get("input_lens", []):
+        for _ in range(int(spec.get("warmup", 0)) + int(spec.get("repeats", 1))):
+            for n in spec.get("requests", [1]):
+                steps += [il * n] + [n] * (int(spec.get("output_len", 1)) - 1)
+    return rebuild.fused_steps(caps + steps)
+
+
+def engine_facts(run) -> list[dict]:
+    """Per engine variant of the run that started: its policy, the creations per rank and per
+    manager and their sizes (the trace adjustment's lines), the creations inside the timed calls
+    (forward steps), and the rebuild's simulation of the same trace with SGLang's pre-initialisation
+    at 2048 tokens."""
+    specs = {(s["release"], s["case"]): s for s in run.manifest.params.get("specs", [])}
+    out = []
+    for i, e in enumerate(run.manifest.engine_runs):
+        key = (e["release"], e["case"])
+        log = run.sidecar(f"log_{i}")
+        if e.get("status") != "ok" or key not in ENGINE_POLICY or log is None:
+            continue
+        d = eng.read_log(gzip.decompress(log.read_bytes()).decode(errors="replace"))
+        hidden = int(eng.text_config(e["model"]["config"])["hidden_size"])
+        world = int(d["resolved"].get("tp_size", 2)) if d.get("resolved") else 2
+        policy = dataclasses.replace(rebuild.POLICIES[ENGINE_POLICY[key]], high_water=False)
+        trace = engine_trace(e, specs.get(key, {}), d)
+        mgr, _ = rebuild.simulate(policy, trace, world_size=world, hidden_dim=hidden,
+                                  pre_initialize=rebuild.FUSE_ALLREDUCE_MAX_BATCH_SIZE)
+        ev = [x for x in d["events"] if x.get("event") == "workspace"]
+        by_rank: dict = {}
+        for x in sorted(ev, key=lambda x: int(x["rank"])):
+            by_rank.setdefault(int(x["rank"]), []).append(x)
+        first, timed = {}, {}
+        for c in d["calls"]:
+            ms = float(c["seconds"]) * 1e3
+            (first if int(c.get("warmup", 0)) else timed)[int(c["input_len"])] = ms
+        f = dict(variant=f"{key[0]}+{key[1]}", policy=policy.name, world=world,
+                 calls=len(d["calls"]), steps=len(trace), sim=len(mgr.events), first_call_ms=first,
+                 call_ms=timed)
+        f["per_rank"] = {r: len(v) for r, v in by_rank.items()}
+        f["managers"] = {r: len({x.get("obj") for x in v}) for r, v in by_rank.items()}
+        f["sizes"] = sorted({int(x["max_token_num"]) for x in ev})
+        f["in_calls"] = sum(c.get("events", 0) for c in d["calls"])
+        f["sim_sizes"] = sorted({x.max_token_num for x in mgr.events})
+        f["ms_by_rank"] = {
+            r: [float(x["seconds"]) * 1e3 for x in v if "seconds" in x]
+            for r, v in by_rank.items()
+        }
+        out.append(f)
+    return out
+
+
+def engine_facts_of(runs_: list) -> list[dict]:
+    """:func:`engine_facts` over several runs (each read with its own log sidecars), the newest
+    answer per TP size and variant."""
+    best = {}
+    for r in sorted(runs_, key=lambda r: r.manifest.created_utc):
+        best.update({(f["world"], f["variant"]): f for f in engine_facts(r)})
+    return [best[k] for k in sorted(best)]
+
 
 # --------------------------------------------------------------------------------------------------
 # the real decisions beside the rebuild's (the notebook's real-SGLang section)
@@ -378,13 +431,12 @@ def rebuild_policy(release: str, site: str, high_water: bool) -> rebuild.Policy:
     has)."""
     if site == "release":
         return dataclasses.replace(rebuild.POLICIES[OWN_POLICY[release]], high_water=high_water)
-    floor = int(site.removeprefix("floor_"))
-    named = next((p for p in rebuild.POLICIES.values() if p.floor == floor and p.high_water), None)
-    return dataclasses.replace(named or rebuild.Policy(site, floor), high_water=high_water)
+    named = rebuild.POLICIES.get(site) or rebuild.floor_policy(int(site.removeprefix("floor_")))
+    return dataclasses.replace(named, high_water=high_water)
 
 
 def rebuild_cell(policy: rebuild.Policy, trace: str, pre: int) -> dict:
-    mgr, refused = rebuild.simulate(policy, measure.trace_tokens(trace), world_size=WORLD_SIZE,
+    mgr, refused = rebuild.simulate(policy, traces.trace_tokens(trace), world_size=WORLD_SIZE,
                                     hidden_dim=HIDDEN, pre_initialize=pre or None)
     events = [e for e in mgr.events if e.step >= 0]
     return {
@@ -417,10 +469,35 @@ def comparison(results: dict):
                      f"{site.removeprefix('floor_')})")
             rows.append(
                 real.facts_row(release, f"{where}, '{trace}', {scenario}", got,
-                               policy.name + ("" if hwm else ", no high-water mark"),
+                               policy.label + ("" if hwm else ", no high-water mark"),
                                rebuild_cell(policy, trace,
                                             pre), ("steps", "sizes", "refused_calls"), _describe))
     return real.table(rows)
+
+
+def decisions(results: dict):
+    """The real code's creations along each trace (and the calls its callee refused), per release
+    and call site (its own first), cold and pre-initialised: the answers in one small table."""
+    import pandas as pd
+
+    rows = []
+    for release, result in real.ran(results).items():
+        d = result.rows[result.rows.trace != ""]
+        for (trace, site, scenario), g in d.groupby(["trace", "site", "scenario"]):
+            got = dict(zip(g.metric, g.value))
+            said = f"{int(got['recreations'])}" + (f" ({int(got['refused_calls'])} refused)"
+                                                   if int(got["refused_calls"]) else "")
+            rows.append(
+                dict(order=(release, site != "release", site), release=release,
+                     site=rebuild_policy(release, site,
+                                         True).label, trace=trace, scenario=scenario, cell=said))
+    if not rows:
+        return pd.DataFrame()
+    d = pd.DataFrame(sorted(rows, key=lambda r: r["order"])).rename(columns={"site": "call site"})
+    t = d.pivot_table(index=["release", "call site"], columns=["trace", "scenario"], values="cell",
+                      aggfunc="first")
+    t.columns.names = ["creations along", ""]
+    return t.reindex(pd.MultiIndex.from_frame(d[["release", "call site"]].drop_duplicates()))
 
 
 def first_high_water_release() -> Optional[str]:
@@ -447,7 +524,7 @@ def high_water_note(results: dict) -> str:
     same = all(
         rebuild_cell(rebuild_policy(v, s, True), t, p) == rebuild_cell(
             rebuild_policy(v, s, False), t, p) for v in have for s in ("release", *ALT_SITES)
-        for t in measure.TRACES for p in SCENARIOS)
+        for t in traces.TRACES for p in SCENARIOS)
     first = first_high_water_release()
     return (f"real manager keeps a high-water mark (_max_token_num_seen)? "
             f"{', '.join(f'{v}: ' + ('yes' if h else 'no') for v, h in have.items())}. The "
@@ -456,12 +533,23 @@ def high_water_note(results: dict) -> str:
             f"counts {'the same' if same else 'DIFFERENTLY'}.")
 
 
-def compare() -> None:
-    """The notebook's real-SGLang section: each release's decisions beside the rebuild's, whether
-    they agree, and what the high-water mark changes."""
+CELLS = "(release, call site, trace, scenario) cells"
+
+
+def compare(full: bool = False) -> None:
+    """The notebook's real-SGLang section: where the answers come from, the real decisions
+    (:func:`decisions`), whether the rebuild's agree in every cell, and what the high-water mark
+    changes; ``full``: every cell beside the rebuild's instead."""
+    from sglab.core.notebook import show_table
+
     results = real.answers(FIX)
-    real.section(FIX, comparison, what="(release, call site, trace, scenario) cells",
-                 results=results)
+    if full:
+        return real.section(FIX, comparison, what=CELLS, results=results)
+    print(real.status_lines(results))
+    df = comparison(results)
+    if len(df):
+        show_table(decisions(results))
+    real.check_table(df, what=CELLS)
     print(high_water_note(results))
 
 

@@ -1,13 +1,8 @@
 """Your own traffic -> workspace re-creations per policy (``sglab workspace``, notebook 02's last
-cell).
-
-- :func:`read_trace`: the token count of every forward step, from a CSV or the "Prefill batch" /
-  "Decode batch" lines of an SGLang server log (one-line :class:`TraceError` naming file and line);
-- :func:`traffic_table`: each policy's re-creations, refused calls and peak MiB per rank (exact,
-  from the rebuild's managers) and the host-blocking ms estimated from a recorded GPU run's
-  creation cost (:func:`cost_model`, which says whose times it uses);
-- :func:`floor_table` / :func:`your_setup`: the same on a generated cold start, for a floor, a world
-  size and a prompt length of your choosing.
+cell): :func:`read_trace` (a CSV or an SGLang server log, one-line :class:`TraceError` naming file
+and line), :func:`traffic_table` (each policy's re-creations, refused calls and peak MiB per rank,
+exact, and the host-blocking ms estimated from a recorded run's creation cost), and
+:func:`your_setup` (the same on a generated cold start, for a floor, world size and prompt length).
 """
 
 from __future__ import annotations
@@ -23,12 +18,10 @@ from typing import Optional
 import pandas as pd
 
 from sglab.core import notebook, runs
-from sglab.workspace_floor import measure, rebuild
-from sglab.workspace_floor.measure import EXPERIMENT, run_hidden, run_world_size
+from sglab.workspace_floor import rebuild, traces
+from sglab.workspace_floor.measure import EXPERIMENT, run_hidden
 from sglab.workspace_floor.rebuild import MiB
 
-
-POLICY_ORDER = list(rebuild.POLICIES)
 
 PREFILL = re.compile(r"Prefill batch\b.*?#new-token:\s*(\d+)")
 DECODE = re.compile(r"Decode batch\b.*?#running-req:\s*(\d+)")
@@ -63,7 +56,7 @@ def read_trace(path, *, pcg_max_tokens: int = 4096) -> Trace:
     except OSError as e:
         raise TraceError(f"{path}: cannot read ({e.strerror or e})") from None
     if any("Prefill batch" in ln or "Decode batch" in ln for ln in lines):
-        buckets = measure.pcg_buckets(pcg_max_tokens) if pcg_max_tokens else []
+        buckets = traces.pcg_buckets(pcg_max_tokens) if pcg_max_tokens else []
         tokens, n = [], {"Prefill": 0, "Decode": 0}
         for i, ln in enumerate(lines, 1):
             for kind, rx, field in (("Prefill", PREFILL, "#new-token"), ("Decode", DECODE,
@@ -142,7 +135,7 @@ def cost_model(world_size: int) -> Optional[CostModel]:
     recorded = runs.load_all_recorded(EXPERIMENT)
     if not recorded:
         return None
-    dist = {id(r): abs(run_world_size(r) - world_size) for r in recorded}
+    dist = {id(r): abs(r.manifest.tp - world_size) for r in recorded}
     run = max((r for r in recorded if dist[id(r)] == min(dist.values())),
               key=lambda r: str(r.manifest.created_utc))
     c = run.df[(run.df.variant == "cost_sweep") & (run.df.metric == "time_median")
@@ -150,32 +143,33 @@ def cost_model(world_size: int) -> Optional[CostModel]:
     if c.empty:
         return None
     per = c.groupby(["tokens", "phase"]).value.max().unstack("phase").sum(axis=1)  # slowest rank
-    W, H = run_world_size(run), run_hidden(run)
+    W, H = run.manifest.tp, run_hidden(run)
     points = sorted(
         (rebuild.workspace_bytes_per_rank(W, int(T), H), float(ms)) for T, ms in per.items())
     borrowed = (f"; NO recorded run at world size {world_size}: these are the ×{W} run's times "
                 f"(a creation's cost grows with the world size)" if W != world_size else "")
     return CostModel(
-        points, f"{run.path.name} ({runs.gpu_short(run.manifest)} ×{W}, "
-        f"{str(run.manifest.created_utc)[:10]}), interpolated by workspace bytes{borrowed}", W)
+        points, f"{run.path.name} ({run.manifest.gpu} ×{W}, {run.manifest.date}), interpolated by "
+        f"workspace bytes{borrowed}", W)
 
 
 def traffic_table(tokens: list[int], *, world_size: int, hidden_dim: int, policies=None,
                   pre_initialize: int = 0) -> pd.DataFrame:
-    """One row per policy (names or :class:`~.rebuild.Policy` objects): re-creations, refused
-    calls, peak workspace MiB/rank (exact), estimated host-blocking ms from the creation cost of the
-    newest recorded run (named in ``attrs["cost_model"]``, its world size in ``times of``)."""
+    """One row per policy (ids or :class:`~.rebuild.Policy` objects), by its short name: what the
+    call site passes, re-creations, refused calls, peak workspace MiB/rank (exact), estimated
+    host-blocking ms from the creation cost of the newest recorded run (named in
+    ``attrs["cost_model"]``, its world size in ``times of``)."""
     model = cost_model(world_size)
     rows = []
-    for pol in policies or POLICY_ORDER:
+    for pol in policies or rebuild.POLICIES:
         pol = rebuild.POLICIES[pol] if isinstance(pol, str) else pol
         mgr, refused = rebuild.simulate(pol, tokens, world_size=world_size, hidden_dim=hidden_dim,
                                         pre_initialize=pre_initialize or None)
         events = [e for e in mgr.events if e.step >= 0]
+        est = sum(model.ms(e.bytes_per_rank) for e in events) if model else float("nan")
         rows.append({
-            "policy": pol.name, "what": pol.label, "re-creations": len(events),
-            "refused calls": refused, "peak MiB/rank": mgr.peak_bytes_per_rank / MiB,
-            "est. ms": sum(model.ms(e.bytes_per_rank) for e in events) if model else float("nan")
+            "policy": pol.label, "max_token_num": pol.call, "re-creations": len(events),
+            "refused calls": refused, "peak MiB/rank": mgr.peak_bytes_per_rank / MiB, "est. ms": est
         })
     df = pd.DataFrame(rows).set_index("policy")
     if model:  # whose creation times the estimate uses (another world size's where none is here)
@@ -188,19 +182,15 @@ def traffic_table(tokens: list[int], *, world_size: int, hidden_dim: int, polici
 def generated_trace(prompt_length: int, *, steps: int = 1500) -> list[int]:
     """``x.shape[0]`` per forward step of a cold server warming up (the stored ``short_ramp``
     scenario) with a median prompt of ``prompt_length`` tokens."""
-    params = {
-        **measure.TRACES["short_ramp"], "prompt_median": int(prompt_length), "steps": int(steps)
-    }
-    return [int(t) for t in measure.generate_trace(**params).tokens]
+    params = {**traces.TRACES["short_ramp"], "prompt_median": int(prompt_length), "steps": steps}
+    return [int(t) for t in traces.generate_trace(**params).tokens]
 
 
 def floor_table(floor: int, world_size: int, prompt_length: int, *,
                 hidden_dim: int = 7168) -> pd.DataFrame:
     """On a generated cold start with prompts of ``prompt_length`` tokens: a ``max(x.shape[0],
     floor)`` policy next to no floor, the PR's 2048 and the call before the PR."""
-    floor = int(floor)
-    mine = rebuild.POLICIES.get(f"floor_{floor}") or rebuild.Policy(
-        f"floor_{floor}", floor, label=f"max(x.shape[0], {floor})")
+    mine = rebuild.POLICIES.get(f"floor_{int(floor)}") or rebuild.floor_policy(int(floor))
     names = list(dict.fromkeys(["before_pr", "floor_0", mine.name, "floor_2048"]))
     tokens = generated_trace(prompt_length)
     return traffic_table(tokens, world_size=int(world_size), hidden_dim=hidden_dim,
