@@ -475,7 +475,8 @@ def profiler(run) -> None:
         notebook.show_table(named(trace_recreation_table(ev).round(1)))
         for rank in sorted(ev["rank"].unique()):
             print(f"{r.path.name}, rank {rank}: CUDA calls inside the creations")
-            notebook.show_table(named(call_table(ev, rank=int(rank)).round(1)))
+            t = call_table(ev, rank=int(rank)).round(1)
+            notebook.show_table(named(text.counts(t, ["per creation"], where_whole=True)))
         notebook.show_figure(profile_step(ev, world_size=W, hidden_dim=H, run=r))
         print("\n".join(trace_step(ev, world_size=W, hidden_dim=H) + [first_open(ev)]))
     if not traced:
