@@ -212,10 +212,10 @@ show.your_setup(interactive=INTERACTIVE)
 #   workspace at `FUSE_ALLREDUCE_MAX_BATCH_SIZE` tokens before graph capture, and the communicator
 #   keeps every larger step off the fused path, with the released call, the merged floor and the
 #   draft alike. The floor protects paths that skip the pre-initialisation.
-# - What the floor prevents is the draft's churn: the manager only grows, so `x.shape[0]` re-creates
-#   at every new maximum of a cold server's warm-up (`short_ramp`), each creation blocking every rank
-#   for milliseconds; once a chunked prefill reaches the chunk size (`mixed`), no floor below it
-#   changes anything.
+# - What the floor prevents is the draft's churn: the manager only grows, so `x.shape[0]`
+#   re-creates at every new maximum of a cold server's warm-up (`short_ramp`), each creation
+#   blocking every rank for milliseconds; once a chunked prefill reaches the chunk size (`mixed`),
+#   no floor below it changes anything.
 # - The price is memory from the first call: a 2048-token workspace per manager (SGLang keeps two).
 # - Review: the floor's 2048 is a literal equal to `FUSE_ALLREDUCE_MAX_BATCH_SIZE`; naming the
 #   constant would keep the two together. Without the gate, the released call's assert would refuse

@@ -259,9 +259,8 @@ for b in rebuild.BOUNDARIES:
     s = show.capture_structure(b, num_layers=4)
     rows.append({
         "boundary": b, "graph segments": len(s.segments), "eager breaks": len(s.breaks),
-        "logits tail in a segment": s.tail_in_graph,
-        "first segment": show.segment_label(s.segments[0]),
-        "last segment": show.segment_label(s.segments[-1])
+        "logits tail in a segment": s.tail_in_graph, "first segment": show.segment_label(
+            s.segments[0]), "last segment": show.segment_label(s.segments[-1])
     })
 pd.DataFrame(rows).set_index("boundary")
 

@@ -145,7 +145,7 @@ cpu = measure.run(
 reveal(show.summary_view(cpu.df).set_index("variant"))
 
 # %% [markdown]
-# ## The real SGLang, before and after
+# ## Real SGLang, before and after
 #
 # The path the sizes take at start-up, in the release that has the filter (each box links to its
 # line at the release's tag):

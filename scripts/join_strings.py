@@ -5,7 +5,7 @@ runs it before the formatter):
                      "allreduce needs peers)")
 
 becomes one literal where it fits, else fewer literals broken at spaces as late as the limit allows.
-A run is left as it is where refilling would not save a line.
+A run is left as it is where refilling would neither save a line nor narrow one too wide.
 
 A run is two or more literals with nothing but a line break between them, each on its own line after
 the first, all with the same quote, none triple-quoted, bytes or raw. Plain and ``f`` literals join
@@ -117,8 +117,9 @@ def _rewrite(lines: list[str], run: list) -> bool:
     pre = ("f" if f else "") + quote
     wrap = len(pre) + 1
     got = _fill(_pieces(body, f), LIMIT - len(head) - wrap, LIMIT - indent - wrap, len(tail))
-    if got is None or len(got) >= len(run):
-        return False  # refilled only where that saves a line
+    wide = any(len(x.rstrip("\n")) > LIMIT for x in lines[a.start[0] - 1:z.end[0]])
+    if got is None or (len(got) >= len(run) and not wide):
+        return False  # refilled only where that saves a line or a line is too wide
     new = [head + pre + got[0] + quote]
     new += [" " * indent + pre + g + quote for g in got[1:]]
     new = [x + "\n" for x in new]

@@ -1,6 +1,6 @@
-"""The grid_thw tables and figures on the CPU, from recorded runs: the engine picture under the card,
-the stray contexts of a run, runs kept apart, every GPU section printing its one line without a
-run, the lesson's cache answer and "your own setup"."""
+"""The grid_thw tables and figures on the CPU, from recorded runs: the engine picture under the
+card, the stray contexts of a run, runs kept apart, every GPU section printing its one line without
+a run, the lesson's cache answer and "your own setup"."""
 
 import matplotlib
 
@@ -28,8 +28,8 @@ def test_the_picture_under_the_card_is_the_engine_that_saw_the_most_gpus():
     assert (cells[cells.gpu != cells["rank"]].query("rank >= 0").after == 0).all()
     texts = [t.get_text() for t in show.mechanism(engine).axes[0].texts]
     assert "GPU 3 (rank 3)" in texts and "rank 3" in texts and "main (tokenizer)" in texts
-    assert f"9 stray contexts, {cells[cells.stray].before.sum():,.0f} MiB with .cpu() reverted; 0 " \
-        "as released" in texts
+    assert f"9 stray contexts, {cells[cells.stray].before.sum():,.0f} MiB with .cpu() reverted; " \
+        "0 as released" in texts
     nothing = show.mechanism(runs.NoRun("engine_grid_thw", "none")).axes[0].texts[0].get_text()
     assert nothing == "no engine run to draw yet"
 

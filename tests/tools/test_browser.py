@@ -27,7 +27,7 @@ pytestmark = pytest.mark.long(90)
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "reports" / "screenshots"
 NOTEBOOKS = tuple(sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
-SHOT_SECTION = "Verdict"  # a screenshot of each notebook there (00: "The notebooks")
+SHOT_SECTION = "Real SGLang"  # a screenshot of each notebook there (00: "The notebooks")
 CHROMIUM = next(
     (p for p in (os.environ.get("SGLAB_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
                  shutil.which("chromium-browser")) if p and Path(p).exists()), None)

@@ -213,7 +213,8 @@ def test_headline_from_recorded_runs():
     assert "(H200 TP 2, H200 TP 4; slowest rank)" in h
     assert gpu(2, "short_ramp", "floor_0", "recreations") == 9
     assert gpu(4, "short_ramp", "floor_0", "recreations") == 9
-    assert f"the draft x.shape[0] re-creates the workspace 9× ({span('short_ramp', 'floor_0')} ms)" in h
+    assert (f"the draft x.shape[0] re-creates the workspace 9× "
+            f"({span('short_ramp', 'floor_0')} ms)") in h
     assert span("short_ramp", "floor_0") == "74–224"
     assert gpu(4, "short_ramp", "floor_2048", "recreations") == 1
     assert (f"the merged floor 2048 1× ({span('short_ramp', 'floor_2048')} ms) at "

@@ -137,7 +137,8 @@ def test_without_installed_releases_the_section_says_not_run(tmp_path, monkeypat
 
 
 def test_the_engine_records_the_creations_per_rank():
-    """The workspace creations per rank are the real engine's record (``engine_workspace_floor``)."""
+    """The workspace creations per rank are the real engine's record
+    (``engine_workspace_floor``)."""
     assert [s.name for s in sglang.FIX.engine
             ] == ["02-ar-fusion", "02-ar-fusion-tp4", "02-ar-fusion-tp8"]
 

@@ -36,8 +36,8 @@ _MODEL = dict(vocab_size=32000, hidden_size=1024, num_heads=8, head_dim=128, int
 # traced pass (its 3-request prefill is the events sidecar)
 _CELLS = dict(capture_num_tokens=[128, 512, 1024, 2048, 4096], token_counts=[128, 512, 2048],
               padded_token_counts=[1000], batch_sizes=[1, 3, 8], launch_batch_sizes=[1, 3, 8])
-# ``repeat`` samples per variant and cell, in ``rounds`` alternating rounds; the mixed prefill stream
-# of the hit rate
+# ``repeat`` samples per variant and cell, in ``rounds`` alternating rounds; the mixed prefill
+# stream of the hit rate
 _PASSES = dict(warmup=3, repeat=15, rounds=3, launch_token_count=512, stream_batches=1000,
                stream_max_bs=8, stream_p_single=0.35, stream_min_len=16, stream_max_len=2048,
                seed=0)

@@ -310,7 +310,8 @@ class TinyGPTStyleLM(nn.Module):
 
 
 class TinyNestedWrapper(nn.Module):
-    """One wrapper level more (``.model`` a whole causal LM): the stack at ``.model.model.layers``."""
+    """One wrapper level more (``.model`` a whole causal LM): the stack at
+    ``.model.model.layers``."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -398,9 +399,9 @@ class _Captured:
 class BreakableGraphRunner:
     """The breakable-graph prefill runner with the capture boundary of before or after #24662.
 
-    * ``"before"``: captures ``model.forward``, logits tail included, with a bs=1 capture batch whose
-      per-request fields are ``[:1]`` of static ``(max_bs,)`` buffers: the tail's gather is baked in
-      for one request, so ``can_run`` rejects ``batch_size > 1`` (eager).
+    * ``"before"``: captures ``model.forward``, logits tail included, with a bs=1 capture batch
+      whose per-request fields are ``[:1]`` of static ``(max_bs,)`` buffers: the tail's gather is
+      baked in for one request, so ``can_run`` rejects ``batch_size > 1`` (eager).
     * ``"after"``: captures only ``layer_model`` (:func:`resolve_layer_model`; ``None`` disables the
       runner); ``replay`` runs the outer ``model.forward`` eagerly with the live batch while
       ``layer_model.forward`` is swapped for the replay; ``can_run`` ignores ``batch_size``.

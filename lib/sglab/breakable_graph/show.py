@@ -1,6 +1,6 @@
-"""Tables and figures of notebook 03: the tables of a run the claims read, the GPU sections (over the
-runs shown, or their NoRun line), the picture of one capture (:func:`mechanism`), the rebuild beside
-the engine, the engine's declared section (:data:`VIEW`) and "your own setup".
+"""Tables and figures of notebook 03: the tables of a run the claims read, the GPU sections (over
+the runs shown, or their NoRun line), the picture of one capture (:func:`mechanism`), the rebuild
+beside the engine, the engine's declared section (:data:`VIEW`) and "your own setup".
 """
 
 from __future__ import annotations
@@ -355,7 +355,8 @@ def _bs3(run) -> pd.DataFrame:
 def mechanism(run=None):
     """One captured forward as graph segments and eager breaks, before #24662 (the logits tail in
     the last segment, captured for one request) and after (the tail eager), for the run's layer
-    count and 3-request outcome (``run``: a Run, or a NoRun for the defaults and the CPU rebuild)."""
+    count and 3-request outcome (``run``: a Run, or a NoRun for the defaults and the CPU
+    rebuild)."""
     params = run.manifest.params if run else {}
     layers = int(params.get("num_layers", measure.DEFAULT_PARAMS["num_layers"]))
     before, after = (capture_structure(b, layers) for b in rebuild.BOUNDARIES)
@@ -505,8 +506,8 @@ def beside_rows(run, engine_run) -> list[dict]:
                   f"{text.span([x[0] for x in several.values()], unit='×')}")
         rows.append({
             "source": f"SGLang {rel} engine (llama_32x512)",
-            "measures": "eager ÷ --enable-breakable-cuda-graph, whole Engine.generate call, 1 output "
-            f"token: 1 request | {text.count([min(several), max(several)])} requests; "
+            "measures": f"eager ÷ --enable-breakable-cuda-graph, whole Engine.generate call, 1 "
+            f"output token: 1 request | {text.count([min(several), max(several)])} requests; "
             f"{engine_stats.timing_source(starts, cost, engine_stats.STAT)}",
             "figure": figure + (f" (starts {text.span(widest, unit='×')})" if starts > 1 else "")
         })

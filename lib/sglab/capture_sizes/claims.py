@@ -374,10 +374,10 @@ ENGINE = SimpleNamespace(
 # --------------------------------------------------------------------------------------------------
 _T8, _MB = "capture_sizes.cpu_tp8_drops_4_12_20_28", "capture_sizes.cpu_mul_base_not_lcm"
 CARD = Card(
-    bug="With dense layers at TP 1 (`--moe-dense-tp-size 1`) the layer communicator reduce-scatters "
-    "tokens over the attention-TP ranks, and the piecewise CUDA-graph runner captured a dummy batch "
-    "of every configured size: a size the attention-TP size does not divide splits into unequal "
-    "shards, the reduce-scatter refuses them and the server fails at start-up.",
+    bug="With dense layers at TP 1 (`--moe-dense-tp-size 1`) the layer communicator "
+    "reduce-scatters tokens over the attention-TP ranks, and the piecewise CUDA-graph runner "
+    "captured a dummy batch of every configured size: a size the attention-TP size does not divide "
+    "splits into unequal shards, the reduce-scatter refuses them and the server fails at start-up.",
     affects="DeepSeek-V3-style models served with `--moe-dense-tp-size 1` and piecewise CUDA "
     "graphs, at an attention-TP size that does not divide every capture size (TP 8 does not divide "
     "the smallest default sizes). The releases that lost the fix fail at start-up again:",

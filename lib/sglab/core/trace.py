@@ -1,6 +1,7 @@
 """A profiler picture of one piece of work: torch.profiler's events reduced to a small event table
-(``lane, name, category, start_us, dur_us, phase``) stored beside the run, so that a notebook without
-a GPU draws the same timeline from a recorded run; the Perfetto file is torch's own export, gzipped.
+(``lane, name, category, start_us, dur_us, phase``) stored beside the run, so that a notebook
+without a GPU draws the same timeline from a recorded run; the Perfetto file is torch's own export,
+gzipped.
 
     with trace.Recorder(perfetto="run.trace.json.gz") as rec:
         with trace.phase("recreate workspace"):

@@ -2,8 +2,8 @@
 the real-release probes on the CPU (:func:`probe`: which key the model reads, what
 ``KimiGPUProcessorWrapper._gpu_call`` returns, what the release's wire does to the grid), the
 engine scenarios (``ENGINE``, TP 2 to 8, released and with #22858's line reverted), the request's
-code path (``CODE_PATH``) and the comparison with the rebuild (:func:`compare`). Nothing here imports
-SGLang at module level: the probes run inside a release's worker process.
+code path (``CODE_PATH``) and the comparison with the rebuild (:func:`compare`). Nothing here
+imports SGLang at module level: the probes run inside a release's worker process.
 """
 
 from __future__ import annotations

@@ -389,7 +389,8 @@ def engine_gpu0(run) -> dict:
 
 
 def engine_stray(run, case: str) -> tuple[int, float]:
-    """The (scheduler rank >= 1, GPU not its own) pairs holding memory in ``case``, and their MiB."""
+    """The (scheduler rank >= 1, GPU not its own) pairs holding memory in ``case``, and their
+    MiB."""
     m = engine_memory(run)
     m = m[(m["case"] == case) & (m["rank"].fillna(0) >= 1) & (m["gpu"] != m["rank"]) & (m.MiB > 0)]
     return len(m), float(m.MiB.sum())

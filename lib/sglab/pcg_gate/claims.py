@@ -433,9 +433,9 @@ def _per_release(cid: str) -> str:
 
 ENGINE = SimpleNamespace(
     EXPERIMENT="engine_pcg_gate",
-    CLAIM="In SGLang's own engine (dummy weights), piecewise graphs reach Kimi-K2.5 only where they "
-    "are asked for, and only from #26382 on: by default ServerArgs turns them off for a multimodal "
-    "model before the gate is asked.",
+    CLAIM="In SGLang's own engine (dummy weights), piecewise graphs reach Kimi-K2.5 only where "
+    "they are asked for, and only from #26382 on: by default ServerArgs turns them off for a "
+    "multimodal model before the gate is asked.",
     CLAIMS=[
         Claim(
             "engine_pcg_gate.kimi_gate", "With --enforce-piecewise-cuda-graph, 0.5.12.post1 "
@@ -472,8 +472,9 @@ ENGINE = SimpleNamespace(
             f"+ {{v[{_L}][{_K} enforce][graphs]}} graphs instead of "
             f"{{v[{_L}][{_K} pcg-off][kernels_min]}}–{{v[{_L}][{_K} pcg-off][kernels_max]}}, and "
             "pcg-off ÷ captured prefill is {runs}."),
-        per_run=f"{{v[{_C}][pairs][{_K} enforce][lo]:.2f}}–{{v[{_C}][pairs][{_K} enforce][hi]:.2f}}×"
-        f" on {{gpu}} (A/A gap {{v[{_C}][pairs][{_K} enforce][aa_noise]:.0%}})", run_sep=", "))
+        per_run=f"{{v[{_C}][pairs][{_K} enforce][lo]:.2f}}–{{v[{_C}][pairs][{_K} "
+        f"enforce][hi]:.2f}}× on {{gpu}} (A/A gap {{v[{_C}][pairs][{_K} enforce][aa_noise]:.0%}})",
+        run_sep=", "))
 
 _B = sglang.PR_BENCHMARK
 _TTFT, _TPOT, _E2E = (_B["metrics"][m] for m in ("TTFT", "TPOT", "E2E"))

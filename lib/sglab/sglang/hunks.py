@@ -354,7 +354,8 @@ def _code_lines(text: str) -> list[str]:
     """The lines of ``text`` (a function or a class, dedented), its docstrings blanked."""
     lines, tree = text.splitlines(), S.parse(text)
     for node in ast.walk(tree) if tree is not None else ():
-        first = (getattr(node, "body", None) or [None])[0]
+        body = getattr(node, "body", None)
+        first = body[0] if isinstance(body, list) and body else None
         if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
                 and isinstance(first.value.value, str):
             for k in range(first.lineno - 1, first.end_lineno):

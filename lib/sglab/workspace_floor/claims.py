@@ -292,8 +292,8 @@ CLAIMS = [
     Claim(
         _ID + "floor_recreates_once",
         f"On the short-prompt cold start, the {label(FLOOR)} creates the workspace once and the "
-        f"{label(SHAPE)} re-creates it at every new maximum (the simulation's count), on every rank",
-        f"{label(FLOOR)}: 1; {label(SHAPE)}: == simulation, > 1 (exact)", _short_cold_start,
+        f"{label(SHAPE)} re-creates it at every new maximum (the simulation's count), on every "
+        "rank", f"{label(FLOOR)}: 1; {label(SHAPE)}: == simulation, > 1 (exact)", _short_cold_start,
         applies=lambda r: _needs(r, *_COLD), folded=(
             Claim(
                 _ID + "simulation_reproduced", "The simulation stored with the run equals the "
@@ -315,8 +315,8 @@ CLAIMS = [
                 methods=TRACE_METHODS, applies=_traced))),
     Claim(
         _ID + "floor_saves_recreation_time",
-        f"On the short-prompt cold start the {label(FLOOR)} spends less host-blocking time creating "
-        f"than the {label(SHAPE)} (slowest rank)",
+        f"On the short-prompt cold start the {label(FLOOR)} spends less host-blocking time "
+        f"creating than the {label(SHAPE)} (slowest rank)",
         f"{label(FLOOR)} < {label(SHAPE)} (ms drift ±50%)", _floor_saves_time, drift=0.5,
         applies=lambda r: _needs(r, *_COLD), folded=(Claim(
             _ID + "trace_time_in_recreation", "Time in 'recreate workspace' ranges, read from the "
@@ -455,8 +455,8 @@ ENGINE = SimpleNamespace(
         parts=("{runs}.",), run_sep="; ",
         per_run=f"{{gpu}} TP {{v[{_EQ}][tp]}}: {{v[{_EQ}][per_rank]}} creations per rank, all at "
         f"{{v[{_EQ}][sizes]}} tokens at start-up and {{v[{_NONE}][in_calls]}} in "
-        f"{{v[{_NONE}][calls]}} generate calls, for the {{v[{_EQ}][policies]}} alike (the rebuild's "
-        f"simulation with that pre-initialisation: {{v[{_EQ}][sim]}} per manager)"),
+        f"{{v[{_NONE}][calls]}} generate calls, for the {{v[{_EQ}][policies]}} alike (the "
+        f"rebuild's simulation with that pre-initialisation: {{v[{_EQ}][sim]}} per manager)"),
     shown=lambda runs_: list(runs_))
 
 # --------------------------------------------------------------------------------------------------

@@ -357,9 +357,9 @@ class FakeCreator:
 # 5. flashinfer/comm/cuda_ipc.py · CudaRTLibrary, create_shared_buffer / free_shared_buffer
 # --------------------------------------------------------------------------------------------------
 class CudartOps:
-    """``cudaMalloc``, IPC handle export / open (lazy peer access) / close, ``cudaFree``, the Lamport
-    fill (one ``cuMemsetD16`` of -0.0), the 5-int flag word and the int64 pointer table, through
-    ``cuda.bindings`` (so the profiler sees the CUDA runtime and driver calls)."""
+    """``cudaMalloc``, IPC handle export / open (lazy peer access) / close, ``cudaFree``, the
+    Lamport fill (one ``cuMemsetD16`` of -0.0), the 5-int flag word and the int64 pointer table,
+    through ``cuda.bindings`` (so the profiler sees the CUDA runtime and driver calls)."""
 
     def __init__(self, device: Optional[int] = None):
         from cuda.bindings import driver, runtime  # optional: only where the GPU path runs
