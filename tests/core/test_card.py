@@ -37,3 +37,17 @@ def test_the_engine_answers_first_and_a_pair_without_its_value_is_left_out():
 def test_a_card_names_its_fixs_releases(monkeypatch):
     fix = SimpleNamespace(releases=lambda: [("0.5.10", "absent"), ("0.5.11", "pr-era")])
     assert K.releases_line(fix.releases()) == "no such code 0.5.10 · fixed (the PR's code) 0.5.11"
+
+
+def test_the_pr_beside_us_is_a_table_of_its_own_that_nbconvert_renders():
+    """The table follows the quote (inside one, nbconvert shows its pipes as text), a pipe in a
+    cell is escaped, and the HTML card names the rebuild's answer too."""
+    from nbconvert.filters.markdown_mistune import markdown2html_mistune
+
+    p = {"bug": "b", "affects": "a", "releases": "r", "engine": "e", "engine_verdicts": [],
+         "rebuild": "the rebuild says", "rebuild_verdicts": [], "found": [("x | y", "z")]}
+    md = K.markdown(p)
+    html = markdown2html_mistune(md)
+    assert "<table>" in html and "<td>x | y</td>" in html and "| the PR says" not in html
+    assert md.splitlines()[-4] == "" and "> **The rebuild.** the rebuild says" in md
+    assert "<b>The rebuild.</b> the rebuild says" in K.html_card(p)

@@ -98,9 +98,10 @@ def markdown(p: dict) -> str:
     lines += [">", f"> **The rebuild.** {p['rebuild']}"]
     if p["rebuild_verdicts"]:
         lines.append(f"> *{'; '.join(p['rebuild_verdicts'])}.*")
-    if p["found"]:
-        lines += [">", "> | the PR says | we found |", "> |---|---|"]
-        lines += [f"> | {pr} | {we} |" for pr, we in p["found"]]
+    if p["found"]:  # after the quote: a table inside one shows as raw pipes in nbconvert's HTML
+        cell = lambda text: text.replace("|", "\\|").replace("\n", " ")
+        lines += ["", "| the PR says | we found |", "|---|---|"]
+        lines += [f"| {cell(pr)} | {cell(we)} |" for pr, we in p["found"]]
     return "\n".join(lines)
 
 
@@ -109,8 +110,10 @@ def html_card(p: dict) -> str:
     esc = html.escape
     rows = "".join(f"<tr><td>{esc(a)}</td><td>{esc(b)}</td></tr>" for a, b in p["found"])
     return (
-        f"<p><b>The bug.</b> {esc(p['bug'])}</p><p><b>Releases:</b> {esc(p['releases'])}</p>"
+        f"<p><b>The bug.</b> {esc(p['bug'])}</p><p><b>Who is affected.</b> {esc(p['affects'])}</p>"
+        f"<p><b>Releases:</b> {esc(p['releases'])}</p>"
         f"<p><b>Real SGLang engine.</b> {esc(p['engine'])}</p>"
+        f"<p><b>The rebuild.</b> {esc(p['rebuild'])}</p>"
         + (f"<table><tr><th>the PR says</th><th>we found</th></tr>{rows}</table>" if rows else ""))
 
 
