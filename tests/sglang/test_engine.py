@@ -465,6 +465,60 @@ def test_read_engine_log_prefill_batches_per_call():
     assert rows[("repeats", 1)] == 1  # the warm-up call is not counted
 
 
+def _served(il: int, c: int, ttft: float, tpot: float, warmup: int = 0) -> str:
+    """One of the serve driver's lines (sglab.sglang.engine.driver.serve)."""
+    return (f"[sglab-engine] serve input_len={il} concurrency={c} prompts={4 * c} repeat=0 "
+            f"warmup={warmup} output_len=64 wall_s=1.0 completed={4 * c} duration=1.0 "
+            f"mean_ttft_ms={ttft + 1} median_ttft_ms={ttft} mean_tpot_ms={tpot + 0.1} "
+            f"median_tpot_ms={tpot} mean_e2e_latency_ms={ttft + 63 * tpot} "
+            f"median_e2e_latency_ms={ttft + 63 * tpot} mean_itl_ms={tpot} median_itl_ms={tpot} "
+            "total_input_tokens=512 total_output_tokens=256")
+
+
+def test_a_served_run_reads_ttft_tpot_and_e2e_per_length_and_concurrency():
+    """The serve tool's rows: the warm-up pass is not counted; each (input length, concurrency)
+    gets TTFT, TPOT and E2E (bench_serving's medians and means over its requests, then the median
+    over passes); the scheduler's own batch lines say how many prefills ran on the graph."""
+    lines = [
+        _served(128, 4, 99.0, 9.0, warmup=1), _prefill_batch(1, 128, True),
+        _prefill_batch(2, 256, False),
+        _prefix("Decode batch, #running-req: 2, full token usage: 0.00, cuda graph: True, gen "
+                "throughput (token/s): 1.00, #queue-req: 0"),
+        _served(128, 1, 20.0, 2.0), _served(128, 4, 30.0, 3.0), _served(128, 4, 34.0, 3.4)
+    ]
+    d = eng.read_log("\n".join(lines))
+    spec = eng.EngineSpec("0.5.13", LLAMA, "serve", requests=(1, 4), input_lens=(128,))
+    rows = {(r["metric"], r.get("requests")): r["value"]
+            for r in eng.rows(eng.EngineResult(spec, "ok", decisions=d))}
+    assert rows[("ttft", 1)] == 20.0 and rows[("tpot", 1)] == 2.0
+    assert rows[("ttft", 4)] == 32.0 and rows[("ttft_min", 4)] == 30.0  # 2 passes, not the warm-up
+    assert rows[("ttft_mean", 4)] == 33.0 and rows[("e2e", 1)] == pytest.approx(20 + 63 * 2)
+    assert rows[("serving_passes", 4)] == 2 and rows[("completed", 4)] == 32
+    assert rows[("serve_prefill_graph", None)] == 0.5 and rows[("serve_prefill_mixed", None)] == 1
+    assert rows[("serve_decode_graph", None)] == 1.0
+
+
+def test_the_serve_tool_starts_the_releases_server_and_its_bench_serving(tmp_path):
+    """One ``bench_serving`` pass per (repeat, input length, concurrency), random token ids (no
+    dataset download on a machine without a network), exact lengths, no warm-up request of its
+    own (a repeated prompt would hit the prefix cache), a seed of its own per pass."""
+    from sglab.sglang.engine import driver, launching
+
+    spec = eng.EngineSpec("0.5.13", LLAMA, "serve", requests=(1, 4), input_lens=(128, 2048),
+                          repeats=2, prompts=3)
+    p = launching.serve_params(spec, ["--model-path", "m"], tmp_path / "model", tmp_path)
+    assert [(x["repeat"], x["input_len"], x["concurrency"], x["prompts"]) for x in p["passes"]
+            ][:4] == [(0, 128, 1, 3), (0, 128, 4, 12), (0, 2048, 1, 3), (0, 2048, 4, 12)]
+    assert len(p["passes"]) == 8
+    argv = driver.bench_serving_argv(p, 31000, p["passes"][1], 7, "out.jsonl")
+    opts = dict(zip(argv[::2], argv[1::2]))
+    assert opts["--dataset-name"] == "random-ids" and opts["--random-range-ratio"] == "1.0"
+    assert opts["--max-concurrency"] == "4" and opts["--num-prompts"] == "12"
+    assert opts["--warmup-requests"] == "0" and opts["--seed"] == "7" and opts["--port"] == "31000"
+    with pytest.raises(eng.EngineError, match="--prompts must be at least 1"):
+        eng.EngineSpec("0.5.13", LLAMA, "serve", prompts=0)
+
+
 def test_read_log_breakable_eager_fallback_and_resolved_args():
     lines = [
         # srt/model_executor/breakable_cuda_graph_runner.py (0.5.12+), logger.warning with %s
@@ -659,6 +713,7 @@ READS = {  # model folder -> (source under srt/models of 0.5.13, the part of the
     "deepseek_v3_tiny": [("deepseek_v2.py", None)],
     "kimi_k25_tiny": [("deepseek_v2.py", "text_config"), ("kimi_k25.py", "vision_config")],
     "kimi_k25_tiny_tp8": [("deepseek_v2.py", "text_config"), ("kimi_k25.py", "vision_config")],
+    "kimi_k25_full": [("deepseek_v2.py", "text_config"), ("kimi_k25.py", "vision_config")],
 }
 
 
@@ -689,6 +744,26 @@ def test_model_configs_shape():
             and kimi["media_placeholder_token_id"] < t["vocab_size"])
 
 
+def test_the_full_width_kimi_config_has_kimi_k25s_text_widths():
+    """Every width of Kimi-K2.5's text model, with as many layers as one H200 holds at dummy
+    weights (the first one dense); the tiny vision tower, projecting to the full hidden size."""
+    kimi = json.loads((MODELS / "kimi_k25_full" / "config.json").read_text())
+    t, vis = kimi["text_config"], kimi["vision_config"]
+    assert {k: t[k] for k in KIMI_K25_WIDTHS} == KIMI_K25_WIDTHS
+    assert t["first_k_dense_replace"] == 1 and 2 <= t["num_hidden_layers"] <= 4
+    assert vis["text_hidden_size"] == t["hidden_size"] and vis["vt_num_hidden_layers"] == 1
+    moe_layer_gb = 3 * t["n_routed_experts"] * t["hidden_size"] * t["moe_intermediate_size"] * 2e-9
+    assert 33 < moe_layer_gb < 34  # bf16: why only a few layers fit one GPU
+
+
+KIMI_K25_WIDTHS = {
+    "hidden_size": 7168, "num_attention_heads": 64, "q_lora_rank": 1536, "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "intermediate_size": 18432,
+    "moe_intermediate_size": 2048, "n_routed_experts": 384, "num_experts_per_tok": 8,
+    "n_shared_experts": 1, "vocab_size": 163840
+}
+
+
 def test_every_scenarios_model_splits_evenly_at_its_tp_size():
     """Attention heads (the text model's and the vision tower's, which SGLang shards over the same
     TP group) and MoE widths divide by each case's TP size: Kimi's 2 vision heads would not at
@@ -714,6 +789,7 @@ CONFIGS = {
     "gpt_oss_swa": (False, True),
     "kimi_k25_tiny": (True, False),
     "kimi_k25_tiny_tp8": (True, False),
+    "kimi_k25_full": (True, False),
     "deepseek_v3_tiny": (False, False),
 }
 CONFIG_RELEASES = ("0.5.12.post1", "0.5.13")

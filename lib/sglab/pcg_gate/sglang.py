@@ -324,6 +324,23 @@ ENGINE = (
         input_lens=(128, 512, 1024, 2048), repeats=3, starts=3, output_len=4,
         expect="the gain off / pcg falls as the width (compute per launch) grows"))
 
+# Kimi-K2.5 at its real widths (3 of its 61 layers: what one H200 holds with room for the KV
+# cache), served by the release's own server and measured with its own bench_serving, as the PR
+# measured: TTFT, TPOT and E2E. Piecewise tokens at the release's default (MLA: up to 2048); the
+# decode graphs stop at 8 requests (4 are ever in flight), which keeps each start short.
+SERVE_FLAGS = ("--cuda-graph-max-bs", "8")
+SERVE = Scenario(
+    fix="pcg_gate", name="01-kimi-full-serve", model="kimi_k25_full", tool="serve",
+    what="Kimi-K2.5 at full width (hidden 7168, MLA, 384 experts; 1 dense + 2 MoE layers), the "
+    "release's server and bench_serving: TTFT, TPOT and E2E with piecewise graphs enforced and off",
+    releases=("0.5.12.post1", "0.5.13"),
+    cases=(Case("enforce", ("--enforce-piecewise-cuda-graph", *SERVE_FLAGS)),
+           Case("pcg-off", ("--disable-piecewise-cuda-graph", *SERVE_FLAGS), releases=("0.5.13",))),
+    input_lens=(128, 1024, 2048, 4096), output_len=64, requests=(1, 4), prompts=4, starts=3,
+    control="pcg-off", expect="0.5.12.post1: the gate refuses (eager prefill); 0.5.13 enforce: "
+    "piecewise prefill up to 2048 tokens; pcg-off: the eager baseline, started twice (A/A)")
+ENGINE = ENGINE + (SERVE,)
+
 # #26382's own benchmark, as its description gives it (the PR's figures, not measured here)
 PR_BENCHMARK = {
     "setup": "Kimi-K2.5 with real weights, TP 4 on B200", "where": "B200, TP 4", "metrics": {

@@ -27,14 +27,18 @@ def add_parser(sub) -> None:
     p.add_argument("--release", nargs="+", action="extend", metavar="V", help="release(s) to start")
     p.add_argument("--model", type=Path, help="a Hugging Face config.json (or its folder)")
     p.add_argument(
-        "--tool", choices=["bench", "engine"], default="bench",
-        help="bench: python -m sglang.bench_one_batch; engine: sglang.Engine(...).generate(...)")
+        "--tool", choices=["bench", "engine", "serve"], default="bench",
+        help="bench: python -m sglang.bench_one_batch; engine: sglang.Engine(...).generate(...); "
+        "serve: python -m sglang.launch_server, then its bench_serving (TTFT, TPOT, E2E)")
     p.add_argument("--input-len", type=int, nargs="+", default=[1024], metavar="N",
                    help="prompt lengths in tokens (default 1024)")
     p.add_argument("--batch-size", type=int, nargs="+", default=[1], metavar="N",
                    help="bench: batch sizes")
     p.add_argument("--requests", type=int, nargs="+", default=[1], metavar="N",
-                   help="engine: requests per generate call (one prefill batch)")
+                   help="engine: requests per generate call (one prefill batch); serve: requests "
+                   "in flight at once")
+    p.add_argument("--prompts", type=int, default=4, metavar="N",
+                   help="serve: prompts per pass and request in flight (default 4)")
     p.add_argument("--output-len", type=int, default=16, help="tokens decoded per request")
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each shape")
     p.add_argument("--profile", action="store_true",
@@ -116,7 +120,7 @@ def _groups(args):
     shape = dict(model=args.model, tool=args.tool, server_args=tuple(argv),
                  output_len=args.output_len, batch_sizes=tuple(args.batch_size),
                  input_lens=tuple(args.input_len), requests=tuple(args.requests),
-                 repeats=args.repeats, profile=args.profile)
+                 repeats=args.repeats, profile=args.profile, prompts=args.prompts)
     adjust = tuple(eng.adjustment(a, fixes.adjustments()) for a in args.adjust)
     specs = [
         eng.EngineSpec(release=v, case=args.case, timeout=args.timeout or eng.DEFAULT_TIMEOUT_S,

@@ -1,6 +1,7 @@
-"""The ``engine`` tool inside the release's process (``python -m sglab.sglang.engine drive
-PARAMS.json``): the release's own ``ServerArgs`` parser, ``sglang.Engine``, one line per generate
-call, each process's GPU memory (NVML) after an image request.
+"""The ``engine`` and ``serve`` tools inside the release's environment. ``drive PARAMS.json``: the
+release's own ``ServerArgs`` parser, ``sglang.Engine``, one line per generate call, each process's
+GPU memory (NVML) after an image request. ``serve PARAMS.json``: the release's own server on the
+loopback and its own ``bench_serving`` against it, one line per pass (TTFT, TPOT, E2E).
 """
 
 from __future__ import annotations
@@ -92,13 +93,160 @@ def drive(params_path: str) -> int:
     return 0
 
 
+SERVING_KEYS = ("completed", "duration", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms",
+                "median_tpot_ms", "mean_e2e_latency_ms", "median_e2e_latency_ms", "mean_itl_ms",
+                "median_itl_ms", "total_input_tokens", "total_output_tokens")
+
+
+def _free_port(first: int) -> int:
+    import socket
+
+    for port in range(first, first + 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port from {first} on")
+
+
+def _ready(url: str, server, deadline: float) -> None:
+    """Wait until the server answers ``/health_generate`` (one real generate) with 200; raise
+    where it exits first or ``deadline`` passes."""
+    import urllib.error
+    import urllib.request
+
+    while True:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited with status {server.returncode} before it "
+                               "was ready")
+        try:
+            with urllib.request.urlopen(f"{url}/health_generate", timeout=30) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("the server was not ready before the timeout")
+        time.sleep(1.0)
+
+
+def bench_serving_argv(p: dict, port: int, one: dict, seed: int, out: str) -> list[str]:
+    """The release's own ``bench_serving`` for one pass: random token ids (no dataset to
+    download), exactly ``input_len`` prompt and ``output_len`` output tokens, every request sent
+    at once and ``concurrency`` of them in flight, no warm-up request of its own (the driver's
+    untimed passes warm up; a repeated prompt would hit the prefix cache)."""
+    return [
+        "--backend", "sglang", "--host", "127.0.0.1",
+        "--port", str(port), "--model", p["tokenizer"], "--tokenizer", p["tokenizer"],
+        "--dataset-name", "random-ids", "--random-input-len", str(one["input_len"]),
+        "--random-output-len", str(p["output_len"]), "--random-range-ratio", "1.0",
+        "--num-prompts", str(one["prompts"]), "--max-concurrency", str(one["concurrency"]),
+        "--request-rate", "inf", "--seed", str(seed), "--warmup-requests", "0", "--disable-tqdm",
+        "--output-file", out
+    ]
+
+
+def stand_in_for_datasets() -> bool:
+    """Where Hugging Face ``datasets`` is not installed, a module of that name whose
+    ``load_dataset`` raises: ``bench_serving`` imports it at module level for its MMMU and other
+    dataset loaders, and the ``random-ids`` prompts never call it (the GPU image has no
+    ``datasets``; its pyarrow does not fit the engine bundle). True where the stand-in was put."""
+    import importlib.util
+    import types
+
+    if importlib.util.find_spec("datasets") is not None:
+        return False
+
+    def load_dataset(*args, **kwargs):
+        raise RuntimeError("Hugging Face datasets is not installed (sglab's stand-in)")
+
+    sys.modules["datasets"] = types.SimpleNamespace(load_dataset=load_dataset,
+                                                    __name__="datasets", __spec__=None)
+    return True
+
+
+def _bench_serving(argv: list[str]) -> int:
+    """``python -m sglang.bench_serving ARGV`` in this process (``runpy``: its imports are paid
+    once, not once per pass); its exit status."""
+    import runpy
+
+    saved = sys.argv
+    sys.argv = ["bench_serving", *argv]
+    try:
+        runpy.run_module("sglang.bench_serving", run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = saved
+    return 0
+
+
+def serve(params_path: str) -> int:
+    """The ``serve`` tool: start the release's server (``sglang.launch_server``) on a free loopback
+    port, wait for a real generate, then run ``bench_serving`` once per untimed warm-up pass
+    (every input length at the highest concurrency) and per timed pass, each with its own seed
+    (distinct prompts: no prefix-cache hits), and print one line per pass; stop the server."""
+    import signal
+    import subprocess
+
+    p = json.loads(Path(params_path).read_text())
+    port = _free_port(int(p["port"]))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + float(p["timeout"])
+    argv = [sys.executable, "-m", "sglang.launch_server", *p["server_argv"], "--host",
+            "127.0.0.1", "--port", str(port)]
+    say(f"serve-begin port={port}")
+    if stand_in_for_datasets():
+        say("applied datasets-stand-in: Hugging Face datasets is not installed; bench_serving "
+            "imports it at module level and never calls it for random-ids prompts")
+    server = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    out = Path(p["results"])
+    try:
+        _ready(url, server, deadline)
+        say("serve-ready")
+        top = max(x["concurrency"] for x in p["passes"])
+        warm = [{"input_len": il, "concurrency": top, "prompts": top, "repeat": -1, "warmup": 1}
+                for il in dict.fromkeys(x["input_len"] for x in p["passes"])]
+        for k, one in enumerate(warm * int(p["warmup"]) + p["passes"]):
+            tmp = out.with_suffix(f".{k}.jsonl")
+            t0 = time.perf_counter()
+            code = _bench_serving(bench_serving_argv(p, port, one, 1 + k, str(tmp)))
+            if code != 0 or not tmp.is_file():
+                raise RuntimeError(f"bench_serving exited with status {code}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("the passes did not end before the timeout")
+            res = json.loads(tmp.read_text().splitlines()[-1])
+            with open(out, "a") as f:
+                f.write(json.dumps({**one, **res}) + "\n")
+            kv = " ".join(f"{key}={res.get(key)}" for key in SERVING_KEYS)
+            say(f"serve input_len={one['input_len']} concurrency={one['concurrency']} "
+                f"prompts={one['prompts']} repeat={one['repeat']} warmup={one.get('warmup', 0)} "
+                f"output_len={p['output_len']} wall_s={time.perf_counter() - t0:.3f} {kv}")
+    except Exception as exc:  # noqa: BLE001 - said in the log, the status says it failed
+        say(f"serve-error {type(exc).__name__}: {exc}")
+        return 1
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+        # the harness stops the rest of the process group (scheduler, detokenizer) after the exit
+    return 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) == 2 and argv[0] == "drive":
         return drive(argv[1])
+    if len(argv) == 2 and argv[0] == "serve":
+        return serve(argv[1])
     print(
-        "usage: python -m sglab.sglang.engine.driver drive PARAMS.json (the engine tool's driver)",
-        file=sys.stderr)
+        "usage: python -m sglab.sglang.engine.driver drive|serve PARAMS.json (the engine and "
+        "serve tools' driver)", file=sys.stderr)
     return 2
 
 

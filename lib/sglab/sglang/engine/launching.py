@@ -55,7 +55,8 @@ def server_argv(spec: EngineSpec, model_dir: Path, flags: Optional[set[str]] = N
     not give (only those the release defines), then the reader's own."""
     given = set(flag_names(spec.server_args))
     out = ["--model-path", str(model_dir)]
-    # an image goes through the model's processor: the Engine then needs its tokenizer
+    # an image goes through the model's processor: the Engine then needs its tokenizer (and the
+    # server its tokenizer always)
     engine_only = spec.tool == "engine" and not spec.image_size
     defaults = DEFAULT_ARGS + (ENGINE_ONLY_ARGS if engine_only else ())
     for flag, value in defaults:
@@ -89,6 +90,22 @@ def driver_params(spec: EngineSpec, server: list[str]) -> dict:
         "server_argv": server, "requests": list(spec.requests), "input_lens": list(spec.input_lens),
         "output_len": spec.output_len, "repeats": spec.repeats, "warmup": spec.warmup,
         "image_size": list(spec.image_size) if spec.image_size else None, "prompt": spec.prompt
+    }
+
+
+SERVE_PORT = 30000 + os.getpid() % 20000  # the server's loopback port (free ones are tried)
+
+
+def serve_params(spec: EngineSpec, server: list[str], model_dir: Path, work: Path) -> dict:
+    """What :func:`~sglab.sglang.engine.driver.serve` reads (``serve.json`` in the run's folder):
+    the server's arguments and each ``bench_serving`` pass (input length, concurrency, prompts)."""
+    passes = [{
+        "input_len": il, "concurrency": c, "prompts": c * spec.prompts, "repeat": r
+    } for r in range(spec.repeats) for il in spec.input_lens for c in spec.requests]
+    return {
+        "server_argv": server, "port": SERVE_PORT, "tokenizer": str(model_dir),
+        "output_len": spec.output_len, "warmup": spec.warmup, "passes": passes,
+        "results": str(work / "serving.jsonl"), "timeout": spec.timeout
     }
 
 
@@ -151,6 +168,12 @@ def prepare(spec: EngineSpec, work: Path, *, python: str = sys.executable,
     if spec.tool == "bench":
         sglang_cmd = [python, "-m", "sglang.bench_one_batch", *server, *bench_argv(spec, work)]
         argv = list(sglang_cmd)
+    elif spec.tool == "serve":
+        p = serve_params(spec, server, model_dir, work)
+        (work / "serve.json").write_text(json.dumps(p, indent=1))
+        sglang_cmd = [python, "-m", "sglang.launch_server", *server, "--host", "127.0.0.1",
+                      "--port", str(p["port"])]
+        argv = [python, "-m", "sglab.sglang.engine.driver", "serve", str(work / "serve.json")]
     else:
         (work / "drive.json").write_text(json.dumps(driver_params(spec, server), indent=1))
         sglang_cmd = ["sglang.Engine", *server]

@@ -41,7 +41,7 @@ def key_values(rest: str) -> dict:
 # the result's one-value facts (None until a line gives them) and its lists
 _FACTS = ("pcg_reason", "pcg_tokens", "pcg_capture_s", "bcg_tokens", "bcg_eager", "decode_bs",
           "decode_capture_s", "attention_backend", "max_total_num_tokens")
-_LISTS = ("bench", "prefill_batches", "decode_batches", "calls", "applied", "events",
+_LISTS = ("bench", "serving", "serve_errors", "prefill_batches", "decode_batches", "calls", "applied", "events",
           "hooks_failed", "gpu_memory", "excerpts", "traces")
 
 
@@ -207,7 +207,9 @@ def _call(r: _Reading, rest: str, line: str) -> None:
 OURS_READ = {
     "resolved": _resolved, "applied": _applied, "event": _event,
     "hooks": lambda r, rest, line: r.d["hooks_failed"].append(rest), "call-begin": _call_begin,
-    "call": _call, "gpu-memory": lambda r, rest, line: r.d["gpu_memory"].append(key_values(rest))
+    "call": _call, "gpu-memory": lambda r, rest, line: r.d["gpu_memory"].append(key_values(rest)),
+    "serve": lambda r, rest, line: r.d["serving"].append(key_values(rest)),
+    "serve-error": lambda r, rest, line: r.d["serve_errors"].append(rest)
 }
 
 _JOINED = re.compile(r"(?<=\S)(?=" + re.escape(MARK) + r" )")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from sglab.sglang.releases import parse_version
-from sglab.sglang.engine.running import EngineResult
+from sglab.sglang.engine.running import TOOL_NAMES, EngineResult
 from sglab.sglang.engine.spec import EngineSpec, METHOD_VERSION, read_config, repo
 
 
@@ -25,6 +25,12 @@ def spread(xs: list[float]) -> dict:
     s = pd.Series(xs, dtype=float)
     q1, q3 = s.quantile([0.25, 0.75])
     return {"median": s.median(), "min": s.min(), "max": s.max(), "iqr": q3 - q1, "n": len(s)}
+
+
+# bench_serving's keys per pass, and the metric each becomes: the pass's median (``ttft``) and mean
+# (``ttft_mean``) over its requests, each as the median, min and max over the passes
+SERVING_METRICS = (("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("e2e", "e2e_latency_ms"),
+                   ("itl", "itl_ms"))
 
 
 def rows(res: EngineResult) -> list[dict]:
@@ -80,6 +86,32 @@ def rows(res: EngineResult) -> list[dict]:
             for k in ("median", "min", "max"):
                 add("decode" if k == "median" else f"decode_{k}", round(dsp[k], 4), "ms", **cols)
         add("repeats", pre["n"], "runs", **cols)
+    served: dict[tuple, list] = {}
+    for x in d.get("serving", []):
+        if not x.get("warmup"):
+            served.setdefault((x["input_len"], x["concurrency"], x["output_len"]), []).append(x)
+    for (il, n, ol), xs in sorted(served.items()):
+        cols = {"requests": n, "input_len": il, "output_len": ol}
+        for metric, key in SERVING_METRICS:
+            for stat in ("median", "mean"):
+                vals = [float(x[f"{stat}_{key}"]) for x in xs if x.get(f"{stat}_{key}") is not None]
+                if not vals:
+                    continue
+                sp = spread(vals)
+                name = metric if stat == "median" else f"{metric}_mean"
+                add(name, round(sp["median"], 4), "ms", **cols)
+                add(f"{name}_min", round(sp["min"], 4), "ms", **cols)
+                add(f"{name}_max", round(sp["max"], 4), "ms", **cols)
+        add("serving_passes", len(xs), "passes", **cols)
+        add("completed", sum(int(x.get("completed") or 0) for x in xs), "requests", **cols)
+    if s.tool == "serve":  # the scheduler's own batch lines, warm-up passes included
+        pre, dec = d.get("prefill_batches", []), d.get("decode_batches", [])
+        for name, batches in (("serve_prefill_graph", pre), ("serve_decode_graph", dec)):
+            if batches:
+                add(name, round(sum(b["graph"] for b in batches) / len(batches), 3), "fraction")
+        if pre:
+            add("serve_prefill_batches", len(pre), "batches")
+            add("serve_prefill_mixed", sum(b["seqs"] > 1 for b in pre), "batches")
     calls: dict[tuple, list] = {}
     for c in d.get("calls", []):
         if c.get("warmup"):
@@ -285,7 +317,7 @@ def _spec_params(s: EngineSpec) -> dict:
 def summary(res: EngineResult) -> list[str]:
     s, d = res.spec, res.decisions
     out = [
-        f"sglang {s.variant} · {'bench_one_batch' if s.tool == 'bench' else 'Engine'} · "
+        f"sglang {s.variant} · {TOOL_NAMES[s.tool]} · "
         f"{Path(s.model).parent.name} · {res.status}" + (f" · {res.error}" if not res.ok else "")
     ]
     if not res.ok and res.tail:
@@ -317,6 +349,12 @@ def summary(res: EngineResult) -> list[str]:
                 + (f" (IQR {iqr:.2f})" if iqr is not None else "") +
                 (f", decode {dec:.2f} ms/step" if dec is not None else ""))
     for r in rows(res):
+        if r["metric"] == "ttft":
+            by = {x["metric"]: x["value"] for x in rows(res)
+                  if x.get("input_len") == r["input_len"] and x.get("requests") == r["requests"]}
+            out.append(f"  serving {r['input_len']} tokens, {r['requests']} at a time: TTFT "
+                       f"{r['value']:.1f} ms, TPOT {by.get('tpot', float('nan')):.2f} ms, E2E "
+                       f"{by.get('e2e', float('nan')):.1f} ms (medians)")
         if r["metric"] == "latency":
             out.append(f"  {r['requests']} requests x {r['input_len']} tokens: {r['value']:.2f} ms")
         elif r["metric"] == "prefill_graph":

@@ -72,10 +72,22 @@ def _progress(echo: Callable[[str], None], spec: EngineSpec) -> Callable[[str], 
             kv = key_values(m.group("rest"))
             echo(f"[sglab] sglang {spec.variant}: {kv.get('requests')} requests x "
                  f"{kv.get('input_len')} tokens: {float(kv.get('seconds', 0)) * 1e3:.1f} ms")
+        if m and m.group("kind") == "serve":
+            kv = key_values(m.group("rest"))
+            echo(f"[sglab] sglang {spec.variant}: {kv.get('input_len')} tokens x "
+                 f"{kv.get('prompts')} prompts, {kv.get('concurrency')} at a time: TTFT "
+                 f"{float(kv.get('median_ttft_ms') or 0):.1f} ms, TPOT "
+                 f"{float(kv.get('median_tpot_ms') or 0):.2f} ms "
+                 "(medians)" + (" (warm-up)" if kv.get("warmup") else ""))
+        if m and m.group("kind") in ("serve-ready", "serve-error"):
+            echo(f"[sglab] sglang {spec.variant}: {line.strip()}")
         if m and m.group("kind") == "hooks":
             echo(f"[sglab] sglang {spec.variant}: {line.strip()}")
 
     return on_line
+
+
+TOOL_NAMES = {"bench": "bench_one_batch", "engine": "Engine", "serve": "launch_server + bench_serving"}
 
 
 def tail_lines(text: str, n: int = 12) -> list[str]:
@@ -94,7 +106,7 @@ def run(spec: EngineSpec, *, work: Optional[Path] = None, echo: Callable[[str], 
     log = work / "engine.log"
     echo(
         f"[sglab] sglang {spec.variant}: starting "
-        f"{'bench_one_batch' if spec.tool == 'bench' else 'Engine'} (timeout {spec.timeout:.0f} s; "
+        f"{TOOL_NAMES[spec.tool]} (timeout {spec.timeout:.0f} s; "
         f"log {log})")
     window = hoststate.begin()
     ex = launch(prep.argv, log=log, timeout=spec.timeout, env=prep.environ, cwd=work,
@@ -131,6 +143,9 @@ def run(spec: EngineSpec, *, work: Optional[Path] = None, echo: Callable[[str], 
                 "error", f"adjustment {', '.join(missing)} was never applied (log: {log})")
         elif spec.tool == "bench" and not res.bench:
             res.status, res.error = "error", f"bench_one_batch printed no result (log: {log})"
+        elif spec.tool == "serve" and (d["serve_errors"] or not d["serving"]):
+            why = d["serve_errors"][0] if d["serve_errors"] else "bench_serving printed no result"
+            res.status, res.error = "error", f"{why} (log: {log})"
     if res.leftovers:
         echo(f"[sglab] sglang {spec.variant}: {len(res.leftovers)} process(es) of the engine were "
              f"left after it exited and were killed: {', '.join(res.leftovers)}")

@@ -17,7 +17,7 @@ from sglab.sglang.hf_config import text_config  # noqa: F401 (the engine's face)
 from sglab.sglang.releases import parse_version
 
 
-TOOLS = ("bench", "engine")
+TOOLS = ("bench", "engine", "serve")
 
 METHOD_VERSION = 1
 
@@ -147,7 +147,9 @@ class EngineSpec:
     each repeated ``repeats`` times in one process after ``warmup`` untimed sweeps of every input
     length (bench_one_batch's own warm-up covers only its first shape, so the first timed run of
     each other length would hold its JIT builds); ``engine``: ``requests`` requests of
-    ``input_lens`` tokens per generate call, after ``warmup`` untimed calls."""
+    ``input_lens`` tokens per generate call, after ``warmup`` untimed calls; ``serve``: the
+    release's own server and ``bench_serving`` at each input length and concurrency of
+    ``requests``, ``prompts`` prompts per concurrent request, ``repeats`` passes."""
 
     release: str
     model: Path
@@ -159,6 +161,7 @@ class EngineSpec:
     repeats: int = 1
     requests: tuple[int, ...] = (1,)
     warmup: int = 1
+    prompts: int = 4  # serve: prompts per pass and concurrent request
     profile: bool = False
     profile_steps: int = 2
     # "decode": kernels per decode-graph replay; "prefill": the launch pass (launches per prefill
@@ -181,6 +184,8 @@ class EngineSpec:
             raise EngineError(str(exc)) from None
         if self.repeats < 1:
             raise EngineError(f"--repeats must be at least 1, got {self.repeats}")
+        if self.prompts < 1:
+            raise EngineError(f"--prompts must be at least 1, got {self.prompts}")
 
     @property
     def variant(self) -> str:
@@ -226,6 +231,7 @@ class Scenario:
     output_len: int = 16
     repeats: int = 1
     requests: tuple[int, ...] = (1,)
+    prompts: int = 4
     profile: bool = False
     image_size: Optional[tuple[int, int]] = None
     prompt: str = ""
@@ -291,6 +297,7 @@ class Scenario:
                         release=v, model=self.model_config(), tool=self.tool, server_args=c.args,
                         batch_sizes=self.batch_sizes, input_lens=self.input_lens,
                         output_len=self.output_len, repeats=self.repeats, requests=self.requests,
+                        prompts=self.prompts,
                         profile=self.profile, image_size=self.image_size, prompt=self.prompt,
                         case=c.label, adjustments=tuple(
                             a if isinstance(a, Adjustment) else adjustment(a)
