@@ -106,6 +106,19 @@ def test_latest_keeps_the_newest_run_in_which_a_variant_started():
     assert {k[1] for k in status} >= {"0.5.11", "0.5.12.post1", "0.5.13"}
 
 
+def test_a_variant_started_at_two_tp_sizes_keeps_both_when_runs_merge():
+    """05's 0.5.11 variants ran at TP 2 and again at TP 4 on the H200: merged, each TP size keeps
+    its rows (before, the newer run's TP 4 rows replaced the TP 2 ones)."""
+    rs = R.load("grid_thw")
+    h200 = [r for r in [*rs.shown, *rs.elsewhere] if r.manifest.gpu == "H200"]
+    tps = {e["tp"] for r in h200 for e in r.manifest.engine_runs if e["variant"] == "0.5.11+before"}
+    if len(tps) < 2:
+        pytest.skip("no committed 05 runs of one variant at two TP sizes")
+    df = R.merged(h200).df
+    got = df[(df.variant == "0.5.11+before") & (df.metric == "status")]
+    assert sorted(got.tp.unique()) == sorted(tps) and R.frame(h200).tp.dtype.kind == "i"
+
+
 def test_tables_show_the_spread_between_engine_starts():
     from sglab.pcg_gate import sglang as pg_sglang
 
@@ -178,7 +191,8 @@ def test_verify_live_runs_the_engine_scenarios_this_machine_can(monkeypatch):
     done, skipped = verify.live_engines(progress=False)  # this box: no GPU
     names = {s.split(":")[0] for s in skipped}
     assert done == [] and names == {
-        "01-kimi-pcg", "01-llama-pcg", "01-llama-width", "03-bcg-requests", "04-swa-kernels",
+        "01-kimi-pcg", "01-llama-pcg", "01-llama-width", "01-kimi-full-serve", "03-bcg-requests",
+        "04-swa-kernels",
         "02-ar-fusion", "02-ar-fusion-tp4", "02-ar-fusion-tp8", "06-dense-tp1", "06-dense-tp4",
         "06-dense-tp8", "05-grid-thw", "05-grid-thw-tp4", "05-grid-thw-tp8"
     }

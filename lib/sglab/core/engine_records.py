@@ -2,9 +2,9 @@
 then read as one frame of the newest answer per model and variant.
 
 A scenario is recorded one release batch at a time, so a variant may have failed to start in an
-early run and started in a later one: :func:`frame` keeps, per model and variant, the newest run in
-which it started. Its key columns are ``model, release, case, start`` and the shape of the step
-(``batch_size``, ``input_len``, ``requests``, …); every number is what SGLang's own tool printed.
+early run and started in a later one: :func:`frame` keeps, per model, TP size and variant, the
+newest run in which it started. Its key columns are ``model, tp, release, case, start`` and the
+shape of the step (``batch_size``, ``input_len``, …); every number is what SGLang's tool printed.
 """
 
 from __future__ import annotations
@@ -24,9 +24,16 @@ def _model_of(run) -> dict:
     return {e["variant"]: (e.get("model") or {}).get("name", "?") for e in run.manifest.engine_runs}
 
 
+def _tp_of(run) -> dict:
+    """``{variant: TP size}`` from the run's engine entries (each entry's ``tp``, read from its
+    server arguments when the manifest was loaded: :meth:`sglab.core.runs.Manifest.of`)."""
+    return {e["variant"]: int(e.get("tp") or 1) for e in run.manifest.engine_runs}
+
+
 def frame(runs_: list) -> pd.DataFrame:
-    """All rows of the newest answer per (model, variant), oldest run first: the run CSVs' columns
-    plus ``model`` and ``run`` (GPU and date). Worked out once per run (:meth:`Run.memo`)."""
+    """All rows of the newest answer per (model, TP size, variant), oldest run first: the run CSVs'
+    columns plus ``model``, ``tp`` and ``run`` (GPU and date): a variant started at TP 2 and again
+    at TP 4 keeps both. Worked out once per run (:meth:`Run.memo`)."""
     if len(runs_) == 1 and hasattr(runs_[0], "memo"):
         return runs_[0].memo("engine frame", lambda: _frame(runs_))
     return _frame(runs_)
@@ -38,6 +45,8 @@ def _frame(runs_: list) -> pd.DataFrame:
         df = run.df.copy()
         named = df["variant"].map(_model_of(run))  # a merged run keeps its rows' own model
         df["model"] = (df["model"].fillna(named) if "model" in df else named).fillna("?")
+        tp = df["variant"].map(_tp_of(run))
+        df["tp"] = (df["tp"].fillna(tp) if "tp" in df else tp).fillna(1).astype(int)
         df["run"], df["_order"] = label(run), order
         parts.append(df)
     if not parts:
@@ -45,9 +54,9 @@ def _frame(runs_: list) -> pd.DataFrame:
     rows = pd.concat(parts, ignore_index=True)
     status = rows[rows.metric == "status"].assign(ok=lambda d: d.value == "ok")
     if status.empty:  # a rebuild's run: every variant it has answered
-        status = rows.drop_duplicates(["model", "variant", "_order"]).assign(ok=True)
-    pick = status.sort_values(["ok", "_order"]).groupby(["model", "variant"]).tail(1)
-    return rows.merge(pick[["model", "variant", "_order"]]).drop(columns="_order")
+        status = rows.drop_duplicates(["model", "tp", "variant", "_order"]).assign(ok=True)
+    pick = status.sort_values(["ok", "_order"]).groupby(["model", "tp", "variant"]).tail(1)
+    return rows.merge(pick[["model", "tp", "variant", "_order"]]).drop(columns="_order")
 
 
 def merged(runs_: list) -> runs.Run:
@@ -75,7 +84,8 @@ def merged(runs_: list) -> runs.Run:
     m.setdefault("params",
                  {})["specs"] = [e for r in ordered for e in r.manifest.params.get("specs", [])]
     m["merged_from"] = [r.path.name for r in ordered]
-    # each row keeps its model: two runs may share a variant name (0.5.13+pcg-off) for two models
+    # each row keeps its model and TP size: two runs may share a variant name (0.5.13+pcg-off) for
+    # two models, or for two TP sizes
     df = frame(ordered).drop(columns=["run"])
     m["rows"] = len(df)
     return runs.Run(df, m, newest.path)
