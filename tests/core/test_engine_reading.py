@@ -480,17 +480,20 @@ def test_the_host_launch_cost_is_measured_in_its_own_process(monkeypatch):
     assert engine_cmd.host_launch_cost() == {"error": "no CUDA here"}
 
 
-def test_the_header_names_the_hosts_per_launch_cost_where_a_run_measured_it(capsys):
+def test_the_header_names_the_hosts_per_launch_cost_once_per_gpu_model(capsys):
+    """One line per GPU model, the span of its runs' costs (each run's own is in 07); a failed
+    measurement is not a number, and a run without one prints nothing."""
     run = _starts_run({("pcg", 0): {128: 10.0}})
     run.manifest.host_launch_us = {"before": {"median": 2.41}, "after": {"error": "x"}}
-    assert V.header(runs.RunSet([run]), "Llama")
-    out = capsys.readouterr().out
-    assert "host per-launch cost (H100, 2026-11-28): 2.41 µs before the engines" in out
-    assert "after" not in out  # a failed measurement is not shown as a number
-    assert "engines on CPUs" not in out
-    run.manifest.engine_runs[0]["cpus"] = [0, 1, 2, 3, 8]  # engines pinned (--cpus)
+    other = copy.deepcopy(run)
+    other.manifest.host_launch_us = {"before": {"median": 3.02}, "after": {"median": 2.60}}
+    assert V.header(runs.RunSet([run, other]), "Llama")
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "per-launch" in ln]
+    assert lines == ["host per-launch cost beside the H100 runs: 2.41–3.02 µs (before and after "
+                     "each run; per run in the methods notebook, 07)"]
+    run.manifest.host_launch_us = {}
     V.header(runs.RunSet([run]), "Llama")
-    assert "2.41 µs before the engines; engines on CPUs 0-3,8" in capsys.readouterr().out
+    assert "per-launch" not in capsys.readouterr().out
 
 
 def test_cases_split_a_scenario_and_a_pattern_that_matches_nothing_is_one_line(capsys):

@@ -14,7 +14,7 @@ import pandas as pd
 
 from sglab.core import claims as C
 from sglab.core import text
-from sglab.core.engine_records import KEYS, adjustments, frame, label, per_gpu, pinned, tools
+from sglab.core.engine_records import KEYS, adjustments, frame, label, per_gpu, tools
 from sglab.core.engine_stats import STAT, STAT_NAMES, aa_gap, numbers, ratios
 from sglab.core.notebook import display, show_figure, show_table
 
@@ -79,15 +79,15 @@ def header(rs, what: str = "") -> bool:
               "model; every run is in the methods notebook (07)")
     for line in adjustments(rs):
         print(f"harness adjustment {line}")
+    by_gpu: dict = {}  # one line per GPU model: the span of its runs' host costs
     for r in rs:
-        cost = {
-            k: v["median"]
-            for k, v in r.manifest.host_launch_us.items() if isinstance(v, dict) and "median" in v
-        }
-        if cost:
-            print(f"host per-launch cost ({label(r)}): " + ", ".join(
-                f"{v:.2f} µs {k} the engines"
-                for k, v in cost.items()) + pinned(r).replace(", CPUs", "; engines on CPUs"))
+        by_gpu.setdefault(r.manifest.gpu, []).extend(
+            v["median"] for v in r.manifest.host_launch_us.values()
+            if isinstance(v, dict) and "median" in v)
+    for gpu, costs in by_gpu.items():
+        if costs:
+            print(f"host per-launch cost beside the {gpu} runs: {text.span(costs)} µs "
+                  "(before and after each run; per run in the methods notebook, 07)")
     return True
 
 
