@@ -113,8 +113,8 @@ def test_recorded_answers_equal_the_live_ones(real):
 
 
 def test_the_engine_checks_the_replay_and_no_gpu_probe_is_left():
-    """One instrument per question: the engine scenario runs the released graph; `sglab real gpu`
-    has nothing of this fix to run."""
+    """One instrument per question: the engine scenario runs the released graph; no GPU probe of
+    this fix is left beside it."""
     assert getattr(sglang.FIX, "gpu", None) is None and sglang.FIX.engine
     assert not any(hasattr(sglang, f) for f in ("gpu_probe", "gpu_tables", "gpu_recorded"))
 

@@ -243,7 +243,7 @@ class Manifest:
     sidecars: dict = field(default_factory=dict)
     duration_s: float | None = None
     phases_s: dict = field(default_factory=dict)
-    # real engines (``sglab engine``) and real code on GPUs (``sglab real gpu``)
+    # real engines (``sglab engine``)
     engine_runs: list = field(default_factory=list)
     releases: list = field(default_factory=list)
     host_launch_us: dict = field(default_factory=dict)

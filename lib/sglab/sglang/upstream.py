@@ -113,8 +113,10 @@ def classify(fixes, read_fn: Reader) -> dict[str, Verdict]:
 def check(fix, *, root: Path | None = None) -> Verdict:
     """The fix's check against the installed SGLang (or a source tree at ``root``)."""
     if root is None and installed() is None:
-        return Verdict("not-installed",
-                       "SGLang is not installed here (pip install 'sglab[sglang]' to compare)")
+        return Verdict(
+            "not-installed", "SGLang is not installed here (pip install --no-deps sglang to "
+            "compare: it is read as source, so none of its dependencies, torch among them, are "
+            "needed)")
     if root is not None and not (Path(root) / "srt").is_dir():
         return Verdict("unknown", f"{root} is not an SGLang package folder (no srt/ in it)")
     return run_check(fix, lambda rel: read(rel, root=root))
