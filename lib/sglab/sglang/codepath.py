@@ -69,7 +69,7 @@ def html_path(version: str, nodes, title: str = "") -> str:
         boxes.append(
             f"<a href='{html.escape(url(version, n))}' style='text-decoration:none;color:inherit'>"
             "<div style='border:1px solid #aab7b8;border-radius:6px;padding:.35em .6em;"
-            "background:#f4f6f7;min-width:11em;max-width:19em'>"
+            "background:#f4f6f7;min-width:11em;max-width:19em;overflow-wrap:anywhere'>"
             f"<code style='font-size:12px'>{html.escape(n.symbol)}</code><br>"
             f"<small style='color:#566573'>{html.escape(where)}</small>" +
             (f"<br><small>{html.escape(n.note)}</small>" if n.note else "") + "</div></a>")
