@@ -30,9 +30,25 @@ def _index_kernels(n):
     return step
 
 
+def _capture(fn):
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(g):
+        fn()
+    g.instantiate()
+    torch.cuda.synchronize()
+    return g
+
+
 @pytest.mark.parametrize("n", [1, 8, 32])
 def test_canary_static_count_matches_profiler(n):
-    g = kernels.capture_graph(_index_kernels(n))
+    g = _capture(_index_kernels(n))
     nodes = kernels.graph_kernel_nodes(g)
     assert nodes.kernels == n, nodes
     # one kernel, n times
@@ -58,16 +74,6 @@ def test_nvml_sees_this_process():
     assert not df.empty, memory.explain_no_match([os.getpid()])
     assert df[df.gpu == 0].used_mib.sum() >= 256
     del x
-
-
-def test_nsight_time_returns_its_columns_and_backend():
-    import torch
-
-    a = torch.randn(1024, 1024, device="cuda")
-    df = kernels.nsight_time({"mm": lambda: a @ a}, runs=5, warmup=2)
-    assert list(df.columns) == kernels.NSIGHT_COLUMNS
-    assert df.attrs["backend"] in {"cupti", "ncu", "cuda-events"} and df.attrs["reason"]
-    assert float(df.loc[0, "mean_ms"]) > 0
 
 
 @pytest.mark.gpus(2)

@@ -69,6 +69,7 @@ def fake_nsight(kernels_per_call):
          for label in data])
     ns.extraction = extraction
     ns.Tool = types.SimpleNamespace(CUPTI="cupti", NCU="ncu")
+    ns.VerbosityLevel = types.SimpleNamespace(SILENT=0)
     ns.activate = ns.deactivate = lambda *a: None
     current = []
 
@@ -88,8 +89,8 @@ def fake_nsight(kernels_per_call):
                 for label in current:
                     data.setdefault(label, []).extend(
                         _ActionData(n, d) for n, d in kernels_per_call[label])
-                return types.SimpleNamespace(
-                    to_dataframe=lambda: ns.extraction.extract_df_from_data(data))
+                df = ns.extraction.extract_df_from_data(data)
+                return types.SimpleNamespace(to_dataframe=lambda: df)
 
             return bench
 
@@ -113,10 +114,13 @@ def test_nsight_session_hands_over_every_kernel_and_restores_nsight():
     calls = {"a": [(GEMM, 5000.0), (COPY, 1000.0)]}
     with fake_nsight(calls) as ns:
         original = ns.extraction.extract_df_from_data
-        per_kernel = []
-        df = kernels.nsight_session({"a": lambda: None}, runs=2, warmup=0, tool="cupti",
-                                    per_kernel=per_kernel)
-        assert list(df.Annotation) == ["a"]
+
+        def body():
+            with ns.annotate("a"):
+                pass
+
+        with kernels.nsight_session("cupti") as profile:
+            per_kernel = profile(body, 2)
         assert ns.extraction.extract_df_from_data is original  # nsight-python is left as it was
     assert per_kernel == [("a", GEMM, 5000.0), ("a", COPY, 1000.0)] * 2
 
@@ -132,7 +136,7 @@ def test_kernel_table_from_nsight_records(monkeypatch):
 
 def test_kernel_table_says_why_nsight_did_not_run(monkeypatch):
     monkeypatch.setattr(kernels, "nsight_backend", lambda:
-                        ("cuda-events", "nsight-python is not installed"))
+                        ("torch-profiler", "nsight-python is not installed"))
     monkeypatch.setattr(kt, "profiler_records",
                         lambda fns, runs, warmup: [("x", GEMM, 1000.0)] * runs)
     t = kt.kernel_table({"x": lambda: None}, runs=3, warmup=0)

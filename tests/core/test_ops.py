@@ -65,16 +65,6 @@ def test_unique_labels_and_parse():
             pass
 
 
-def test_record_with_setup_and_undo():
-    undone = []
-
-    def setup(mode):
-        return lambda: undone.append(True)
-
-    calls = ops.record(lambda: torch.ones(3).sum(), setup=setup)
-    assert [c.op for c in calls] == ["ones", "sum"] and undone == [True]
-
-
 def test_demangle():
     assert ops.demangle("_ZN2at6native24vectorized_gather_kernelILi16ElEEvPcS2_PT0_illllb") \
         .startswith("void at::native::vectorized_gather_kernel<16, long>(")

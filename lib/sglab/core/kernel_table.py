@@ -8,7 +8,7 @@ replay launches: give this eager work only.
 
 from __future__ import annotations
 
-import os
+import functools
 import re
 import statistics
 from contextlib import contextmanager, nullcontext
@@ -101,26 +101,17 @@ def profiler_records(fns: Mapping[str, Callable[[], object]], *, runs: int,
                      warmup: int) -> list[tuple]:
     """``(label, kernel, duration_ns)`` of every device kernel torch.profiler sees in ``runs`` calls
     per label."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    from sglab.core import trace
 
-    from sglab.core.kernels import _warm_profiler
-
-    _warm_profiler()
     out = []
     for label, fn in fns.items():
         for _ in range(warmup):
             fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                     acc_events=True) as prof:
+        with trace.Recorder(cuda=True) as rec:
             for _ in range(runs):
                 fn()
-            torch.cuda.synchronize()
-        evs = sorted(prof.events(), key=lambda e: e.time_range.start)
-        out += [(label, e.name, (e.time_range.end - e.time_range.start) * 1e3)
-                for e in evs if e.device_type == torch.autograd.DeviceType.CUDA
-                and not e.name.startswith(_NON_KERNEL)]
+        k = rec.events[rec.events.category == "kernel"]
+        out += [(label, name, us * 1e3) for name, us in zip(k.name, k.dur_us)]
     return out
 
 
@@ -136,25 +127,35 @@ def kernel_table(fns: Mapping[str, Callable[[], object]], *, runs: int = 5, warm
     if backend not in {"auto", "cupti", "ncu", "torch-profiler"}:
         raise ValueError(f"unknown backend {backend!r}")
     chosen, reason = kernels.nsight_backend() if backend == "auto" else (backend, "requested")
-    records: list = []
-    if chosen in ("cupti", "ncu"):
+    records = None
+    if chosen != "torch-profiler":
         try:
-            kernels.nsight_session(fns, runs=runs, warmup=warmup, tool=chosen, per_kernel=records)
-        # noqa: BLE001 - any nsight failure: say it, measure with the profiler
-        except Exception as e:
+            for fn in fns.values():  # warm-up outside the profiler (module load, autotune)
+                for _ in range(warmup):
+                    fn()
+            with kernels.nsight_session(chosen) as profile:
+                records = profile(lambda: _annotated(fns), runs)
+        except Exception as e:  # noqa: BLE001 - any nsight failure: say it, use the profiler
             if backend != "auto":
                 raise
             reason = (f"nsight-python ({chosen}) failed: {type(e).__name__}: "
                       f"{str(e).splitlines()[0][:200]}")
-            chosen, records = "torch-profiler", []
-    else:
+            chosen = "torch-profiler"
+    elif backend == "auto":
         reason = f"nsight-python cannot run here: {reason}"
-        chosen = "torch-profiler"
-    if chosen == "torch-profiler":
+    if records is None:
         records = profiler_records(fns, runs=runs, warmup=warmup)
     df = reduce_records(records, runs, chosen)
     df.attrs.update(backend=chosen, reason=reason)
     return df
+
+
+def _annotated(fns: Mapping[str, Callable[[], object]]) -> None:
+    import nsight
+
+    for label, fn in fns.items():
+        with nsight.annotate(label):
+            fn()
 
 
 def calls_per_run(table) -> dict:
@@ -163,8 +164,7 @@ def calls_per_run(table) -> dict:
 
 
 # --------------------------------------------------------------------------------------------------
-# ops: Which aten ops a piece of torch code runs, each inside a named range a profiler can attrib
-# --------------------------------------------------------------------------------------------------
+# op ranges: which aten ops a piece of torch code runs, each inside a range a profiler attributes
 
 SEP = "|"
 
@@ -261,21 +261,6 @@ def op_name(func, kwargs: dict) -> str:
     return name
 
 
-def record(fn: Callable[[], object], *, setup: Optional[Callable[[OpRanges],
-                                                                 object]] = None) -> list[OpCall]:
-    """The ops ``fn()`` runs (CPU or GPU), with scopes set by ``setup(mode)`` if given (e.g.
-    wrapping a method in ``mode.scope``); ``setup`` may return a callable that undoes it."""
-    mode = OpRanges()
-    undo = setup(mode) if setup is not None else None
-    try:
-        with mode:
-            fn()
-    finally:
-        if callable(undo):
-            undo()
-    return mode.calls
-
-
 def demangle(name: str) -> str:
     """A C++ symbol as a profiler shows it (``_ZN2at6native...`` -> ``void at::native::...``),
     through the C++ runtime's ``__cxa_demangle``; the name unchanged when it is not mangled or no
@@ -300,36 +285,28 @@ def demangle(name: str) -> str:
         ctypes.CDLL(None).free(ctypes.c_void_p(ptr))
 
 
-_DEMANGLER: list = []
-
-
+@functools.cache
 def _cxa_demangle():
-    if not _DEMANGLER:
-        import ctypes
-        import ctypes.util
+    import ctypes
+    import ctypes.util
 
-        fn = None
-        for lib in ("libstdc++.so.6", ctypes.util.find_library("stdc++"), "libc++.so.1"):
-            if not lib:
-                continue
-            try:
-                fn = ctypes.CDLL(lib).__cxa_demangle
-                break
-            except (OSError, AttributeError):
-                continue
+    for lib in ("libstdc++.so.6", ctypes.util.find_library("stdc++"), "libc++.so.1"):
+        try:
+            fn = ctypes.CDLL(lib).__cxa_demangle if lib else None
+        except (OSError, AttributeError):
+            continue
         if fn is not None:
             fn.restype = ctypes.c_void_p
             fn.argtypes = [
                 ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
                 ctypes.POINTER(ctypes.c_int)
             ]
-        _DEMANGLER.append(fn)
-    return _DEMANGLER[0]
+            return fn
+    return None
 
 
 # --------------------------------------------------------------------------------------------------
-# op_kernels: A per-kernel table of one eager step: which op launched which kernel, how often, an
-# --------------------------------------------------------------------------------------------------
+# per-op kernel tables of one eager step: which op launched which kernel, how often, how long
 
 OP_COLUMNS = ["variant", "scope", "step", "op", "kernel", "calls", "median_us", "backend"]
 TORCH, NSIGHT = "torch.profiler", "nsight-python (CUPTI)"
@@ -396,73 +373,38 @@ def torch_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
 
 
 def nsight_available() -> tuple[bool, str]:
-    """Whether nsight-python's CUPTI backend can be imported here, and if not, why."""
-    # importing nsight would otherwise load Nsight Compute
-    os.environ.setdefault("NSPY_NCU_INIT_AT_IMPORT", "0")
-    try:
-        import nsight  # noqa: F401
-        from nsight.collection import cupti
-    except ImportError as e:
-        return False, f"nsight-python is not installed ({e})"
-    if not getattr(cupti, "CUPTI_AVAILABLE", False):
-        return False, "nsight-python is installed but cupti-python is not importable"
-    return True, f"nsight-python {getattr(nsight, '__version__', '?')} with CUPTI"
+    """Whether nsight-python's CUPTI backend can run here, and if not, why."""
+    from sglab.core.kernels import nsight_backend
+
+    tool, why = nsight_backend()
+    return tool == "cupti", why
 
 
 def nsight_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
-    """nsight-python's CUPTI backend over ``runs`` steps of each variant, one annotation per op:
-    ``(table, reason)``, or ``(None, reason)`` when it cannot run here (not installed, CUPTI already
-    taken by torch.profiler in this process, ...). Per-call durations come from nsight-python's raw
-    CSV (``output_csv=True``): one row per kernel and run. Annotations must be unique within a run,
-    hence ``unique=True`` labels."""
+    """nsight-python's CUPTI backend over ``runs`` steps of each variant, one annotation per op
+    (unique within a run): ``(table, reason)``, or ``(None, reason)`` when it cannot run here (not
+    installed, CUPTI already taken by torch.profiler in this process, ...)."""
     ok, reason = nsight_available()
     if not ok:
         return None, reason
     import nsight
-
-    _warm(steps, warmup)
-    try:
-        nsight.activate(nsight.Tool.CUPTI)
-    except Exception as e:  # noqa: BLE001 - e.g. CUPTI already subscribed by torch.profiler
-        return None, f"nsight-python could not take CUPTI: {type(e).__name__}: {e}"
-    try:
-        raw = _nsight_raw(nsight, steps, runs)
-    except Exception as e:  # noqa: BLE001
-        return None, f"nsight-python failed: {type(e).__name__}: {e}"
-    finally:
-        nsight.deactivate()  # releases CUPTI for torch.profiler
-    return aggregate(raw, runs=runs, backend=NSIGHT), reason
-
-
-def _nsight_raw(nsight, steps: Mapping[str, Step], runs: int):
-    """One nsight-python profile per variant (annotations differ between variants, and nsight-python
-    expects the same annotations in every config of one profile); its raw rows as variant, label,
-    kernel, dur_us."""
-    import glob
-    import tempfile
-
     import pandas as pd
 
-    parts = []
-    for variant, step in steps.items():
-        with tempfile.TemporaryDirectory() as tmp:
+    from sglab.core.kernels import nsight_session
 
-            @nsight.analyze.kernel(configs=[(0,)
-                                            ], runs=runs, output_prefix=tmp + "/", output_csv=True,
-                                   thermal_mode="off", verbosity=nsight.VerbosityLevel.SILENT,
-                                   combine_kernel_metrics=lambda a, b: a + b)
-            def eager_step(_unused, step=step):
-                _run_steps(step, nsight.annotate, 1, unique=True)
-
-            eager_step()
-            raw = pd.concat([pd.read_csv(f) for f in glob.glob(f"{tmp}/profiled_data-*.csv")])
-        kernels = [" + ".join(demangle(k) for k in str(name).split("|")) for name in raw["Kernel"]]
-        parts.append(
-            pd.DataFrame({
-                "variant": variant, "label": raw["Annotation"].to_numpy(), "kernel": kernels,
-                "dur_us": raw["Value"].astype(float).to_numpy() / 1e3
-            }))
-    return pd.concat(parts, ignore_index=True)
+    _warm(steps, warmup)
+    rows = []
+    try:
+        with nsight_session("cupti") as profile:
+            for variant, step in steps.items():  # one profile each: their annotations differ
+                recs = profile(lambda step=step: _run_steps(step, nsight.annotate, 1, unique=True),
+                               runs)
+                rows += [(variant, label, demangle(k), float("nan") if ns is None else ns / 1e3)
+                         for label, k, ns in recs]
+    except Exception as e:  # noqa: BLE001 - e.g. CUPTI already subscribed by torch.profiler
+        return None, f"nsight-python failed: {type(e).__name__}: {e}"
+    samples = pd.DataFrame(rows, columns=["variant", "label", "kernel", "dur_us"])
+    return aggregate(samples, runs=runs, backend=NSIGHT), reason
 
 
 def cross_check(a, b) -> dict:

@@ -1,7 +1,6 @@
-"""A profiler picture of one piece of work: torch.profiler's events reduced to a small event table
-(``lane, name, category, start_us, dur_us, phase``) stored beside the run, so that a notebook
-without a GPU draws the same timeline from a recorded run; the Perfetto file is torch's own export,
-gzipped.
+"""The torch.profiler layer: a piece of work's events reduced to a small event table (``lane,
+name, category, start_us, dur_us, phase``) stored beside the run, so that a notebook without a GPU
+draws the same timeline from a recorded run; the Perfetto file is torch's own export, gzipped.
 
     with trace.Recorder(perfetto="run.trace.json.gz") as rec:
         with trace.phase("recreate workspace"):
@@ -25,7 +24,6 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 COLUMNS = ["lane", "name", "category", "start_us", "dur_us", "phase"]
 PHASE_PREFIX = "phase::"
-CATEGORIES = ("kernel", "memcpy", "memset", "runtime", "range", "op")
 
 # FunctionEvent.activity_type (torch >= 2.12) -> category; older torch falls back to names (see
 # _category)
@@ -34,6 +32,24 @@ _ACTIVITY = {
     "cuda_driver": "runtime", "user_annotation": "range", "gpu_user_annotation": "range",
     "cpu_op": "op", "python_function": "op"
 }
+
+_PROFILER_WARM = False
+
+
+def _warm_profiler() -> None:
+    """The first profiling session of a process can miss kernels while CUPTI starts up: spend it on
+    a throwaway kernel once."""
+    global _PROFILER_WARM
+    if _PROFILER_WARM:
+        return
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.ones(16, device="cuda")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], acc_events=True):
+        (x + 1).sum()
+        torch.cuda.synchronize()
+    _PROFILER_WARM = True
 
 
 @contextmanager
@@ -151,8 +167,6 @@ class Recorder:
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         if self.cuda:
-            from sglab.core.kernels import _warm_profiler
-
             _warm_profiler()
             torch.cuda.synchronize()
         # torch 2.11 warns on events() otherwise
@@ -173,13 +187,6 @@ class Recorder:
         return False
 
 
-def record(fn, **kw):
-    """Run ``fn()`` once under a :class:`Recorder`; return the event table."""
-    with Recorder(**kw) as rec:
-        fn()
-    return rec.events
-
-
 def write_perfetto(prof, path: str | Path) -> Path:
     """torch's Chrome trace of ``prof`` at ``path`` (gzipped when the name ends in ``.gz``); opens
     in https://ui.perfetto.dev or chrome://tracing."""
@@ -194,22 +201,6 @@ def write_perfetto(prof, path: str | Path) -> Path:
         else:
             shutil.copyfile(raw, path)
     return path
-
-
-def summary(events, *, by: str = "phase"):
-    """Count and total device/host time per ``by`` and category: the numbers a timeline
-    annotates."""
-    g = events.groupby([by, "category"]).dur_us
-    return g.agg(count="size", total_us="sum").reset_index()
-
-
-def ranges(events, prefix: str = ""):
-    """The user ranges (``range`` category, host side) whose name starts with ``prefix`` (phase
-    ranges without their ``phase::`` prefix), in time order: e.g. one row per workspace
-    re-creation."""
-    r = events[(events.category == "range") & ~events.lane.str.startswith("stream")].copy()
-    r["name"] = r.name.str.replace(PHASE_PREFIX, "", regex=False)
-    return r[r.name.str.startswith(prefix)].sort_values("start_us").reset_index(drop=True)
 
 
 def trace_phases(fns, *, perfetto: str | Path | None = None, cuda: bool | None = None):
