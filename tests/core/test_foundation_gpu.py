@@ -71,7 +71,7 @@ def test_nvml_sees_this_process():
     x = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda:0")  # 256 MiB on GPU 0
     torch.cuda.synchronize()
     df = memory.process_gpu_memory()
-    assert not df.empty, memory.explain_no_match([os.getpid()])
+    assert not df.empty, f"NVML lists none of pid {os.getpid()}: {memory.all_processes()}"
     assert df[df.gpu == 0].used_mib.sum() >= 256
     del x
 

@@ -320,20 +320,5 @@ def figure(probes: list[tuple[str, dict]]):
     return fig
 
 
-def show(probes: list[tuple[str, dict]] | None = None) -> None:
-    """A notebook's view of the recorded probes: a table row each (:func:`table`), then every
-    vCPU's rounds (:func:`figure`)."""
-    from sglab.core import notebook
-
-    probes = recorded() if probes is None else probes
-    if not probes:
-        print("no host probe recorded yet: on a GPU box, python -m sglab.core.hostprobe --out "
-              "probe.json --rounds 6")
-        return
-    notebook.show_table(table(probes))
-    if any(p.get("rounds") for _, p in probes):
-        notebook.show_figure(figure(probes))
-
-
 if __name__ == "__main__":
     sys.exit(main())

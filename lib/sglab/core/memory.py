@@ -1,8 +1,7 @@
 """GPU memory per process and per GPU, read from NVML (``nvmlDeviceGetComputeRunningProcesses``):
-a process that merely unpickles a ``cuda:0`` tensor shows up on GPU 0 here. Where NVML reports pids
-of another namespace, :func:`explain_no_match` says so. :class:`Sampler` reads the lists in a
-background thread (about 0.02 ms a read on an H200 box) so memory can be followed over time, and
-:func:`step_series` keeps the moments a value changed.
+a process that merely unpickles a ``cuda:0`` tensor shows up on GPU 0 here. :class:`Sampler` reads
+the lists in a background thread (about 0.02 ms a read on an H200 box) so memory can be followed
+over time, and :func:`step_series` keeps the moments a value changed.
 """
 
 from __future__ import annotations
@@ -11,6 +10,8 @@ import os
 import threading
 import time
 from typing import Callable, Iterable
+
+from sglab.core import hardware
 
 
 COLUMNS = ["pid", "gpu", "gpu_name", "used_mib"]
@@ -27,17 +28,13 @@ def _nvml(nvml=None):
     return pynvml
 
 
-def _text(v) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
 def all_processes(*, nvml=None) -> list[dict]:
     """Every compute process NVML reports, one dict per (pid, GPU)."""
     nv = _nvml(nvml)
     rows = []
     for gpu in range(nv.nvmlDeviceGetCount()):
         h = nv.nvmlDeviceGetHandleByIndex(gpu)
-        name = _text(nv.nvmlDeviceGetName(h))
+        name = hardware._text(nv.nvmlDeviceGetName(h))
         for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
             used = p.usedGpuMemory
             if used is None:  # NVML_VALUE_NOT_AVAILABLE on some setups
@@ -56,35 +53,6 @@ def process_gpu_memory(pids: Iterable[int] | None = None, *, nvml=None):
     wanted = {os.getpid()} if pids is None else {int(p) for p in pids}
     rows = [r for r in all_processes(nvml=nvml) if r["pid"] in wanted]
     return pd.DataFrame(rows, columns=COLUMNS)
-
-
-def explain_no_match(pids: Iterable[int], *, nvml=None) -> str:
-    """A sentence for when :func:`process_gpu_memory` finds none of ``pids``."""
-    seen = sorted({r["pid"] for r in all_processes(nvml=nvml)})
-    wanted = sorted(int(p) for p in pids)
-    if not seen:
-        return (f"NVML lists no compute process on any GPU (looked for pids {wanted}); the "
-                f"processes may not have created a CUDA context yet.")
-    return (f"NVML lists pids {seen} but none of {wanted}: NVML may be reporting pids from another "
-            f"pid namespace (containers); match by memory deltas instead.")
-
-
-def memory_matrix(df, labels: dict[int, str] | None = None, gpus: Iterable[int] | None = None):
-    """Pivot a :func:`process_gpu_memory` frame into label × GPU MiB (0 where a process holds
-    nothing). ``labels`` maps pid → row label (e.g. "rank 1"); ``gpus`` fixes the columns (default:
-    those seen)."""
-    labels = labels or {}
-    frame = df.copy()
-    frame["who"] = [labels.get(int(p), f"pid {int(p)}") for p in frame["pid"]]
-    table = frame.pivot_table(index="who", columns="gpu", values="used_mib", aggfunc="sum",
-                              fill_value=0.0)
-    if gpus is not None:
-        table = table.reindex(columns=list(gpus), fill_value=0.0)
-    if labels:  # every labelled process gets a row, in the order given, even if it holds nothing
-        table = table.reindex(list(dict.fromkeys(labels.values())), fill_value=0.0)
-    table.columns = [f"GPU {c}" for c in table.columns]
-    table.index.name = None
-    return table
 
 
 # --------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import time
 from typing import Callable, Sequence
 
 from sglab.core import claims as C
-from sglab.core import hardware, runs
+from sglab.core import hardware, runs, text
 
 
 MODES = ("auto", "live", "recorded")
@@ -105,36 +105,7 @@ def show_table(df) -> None:
         print(df.to_string())
 
 
-def as_counts(df, cols: Sequence[str]):
-    """A copy of ``df`` whose columns ``cols`` (those it has) read as whole numbers: ``306``, not
-    ``306.0``; a missing count stays missing."""
-    out = df.copy()
-    cols = [c for c in cols if c in out]
-    out[cols] = out[cols].round().astype("Int64")
-    return out
-
-
-def whole_where_whole(df, cols: Sequence[str] | None = None):
-    """A copy of ``df`` whose columns ``cols`` (those it has; every column by default) read as whole
-    numbers where every value in the column is one: a count measured as a quotient or a median
-    reads ``2``, not ``2.0``, and a column with a value between two counts keeps its decimals."""
-    import pandas as pd
-
-    out = df.copy()
-    for c in (out.columns if cols is None else [c for c in cols if c in out]):
-        v = pd.to_numeric(out[c], errors="coerce")
-        if v.notna().all() and (v % 1 == 0).all():
-            out[c] = v.astype("Int64")
-    return out
-
-
-def blank_missing(df, cols: Sequence[str] | None = None):
-    """A copy of ``df`` for reading, its missing cells (NaN, ``<NA>``) blank, in ``cols`` (those it
-    has) or everywhere: a cell that does not apply, not a number lost."""
-    out = df.copy()
-    for c in (out.columns if cols is None else [c for c in cols if c in out]):
-        out[c] = out[c].astype(object).where(out[c].notna(), "")
-    return out
+blank_missing = text.blank  # the public name 06 and capture_sizes use
 
 
 def needs_run(fn):
@@ -314,27 +285,6 @@ class Workbook:
         return list(self._live) or runs.load_all_recorded(self.experiment)
 
 
-def _source(runs_: list) -> str:
-    kind = "measured live here" if any(r.live for r in runs_) else "recorded"
-    return f"{kind}: " + "; ".join(r.label for r in runs_)
-
-
-def slide_markdown(claims, run) -> str:
-    """The text of a notebook's first screen: the claim, the headline of the runs shown, their
-    verdict lines."""
-    shown = run.shown if run else []
-    lines = [f"**Claim.** {claims.CLAIM}", ""]
-    if shown:
-        lines += [f"**Measured** ({_source(shown)}). {C.headline(claims, shown)}", ""]
-        verdicts = [C.verdict_line(C.evaluate(claims, r), r) for r in shown]
-        lines += ["**Verdict.** " + "; ".join(verdicts) + ".", ""]
-    else:
-        lines += [
-            f"**Measured.** {run.line if isinstance(run, runs.NoRun) else 'no run to show'}.", ""
-        ]
-    return "\n".join(lines)
-
-
 def card(fix, claims, run, engine) -> None:
     """A notebook's review card (:mod:`sglab.core.card`): the bug, the releases affected, the real
     engine's answer, then the rebuild's, and what the PR says beside what was found."""
@@ -342,13 +292,6 @@ def card(fix, claims, run, engine) -> None:
 
     md = K.markdown(K.parts(claims.CARD, fix, claims, run, engine))
     display(None, md.replace("**", "").replace("> ", ""), md)
-
-
-def slide(claims, run, picture=None) -> None:
-    """A notebook's first screen: claim, headline, verdict line, then the mechanism picture."""
-    md = slide_markdown(claims, run)
-    display(None, md.replace("**", ""), md)
-    show_figure(picture)
 
 
 # JupyterLab and the report right-align table cells (for numbers); a claims table is sentences, read

@@ -21,8 +21,6 @@ from typing import Any, Callable
 
 
 REQUIRED = ("variant", "metric", "value", "unit")
-MANIFEST_KEYS = ("experiment", "method_version", "created_utc", "git_sha", "gpu_name", "gpu_count",
-                 "driver", "cuda", "torch", "python", "params")
 
 
 def repo_root() -> Path:
@@ -438,18 +436,6 @@ def read_run(csv_path: Path | str, *, live: bool = False) -> Run:
     return Run(pd.read_csv(csv_path), manifest, csv_path, live=live)
 
 
-def _matches(manifest: dict, where: dict) -> bool:
-    for key, want in where.items():
-        node: Any = manifest
-        for part in key.split("__"):
-            if not isinstance(node, dict) or part not in node:
-                return False
-            node = node[part]
-        if node != want:
-            return False
-    return True
-
-
 def list_runs(experiment: str, *, kind: str = "recorded", root: Path | None = None) -> list[Path]:
     """CSV paths of complete runs (a CSV with its manifest), oldest first."""
     folder = (root or data_dir(kind)) / experiment
@@ -468,16 +454,6 @@ def list_runs(experiment: str, *, kind: str = "recorded", root: Path | None = No
         return (str(created), p.stat().st_mtime_ns, p.name)
 
     return sorted(found, key=key)
-
-
-def load_recorded(experiment: str, *, root: Path | None = None, **where) -> Run | None:
-    """The newest recorded run of ``experiment`` whose manifest matches ``where`` (``params__x=1``
-    looks inside ``params``), or None."""
-    for path in reversed(list_runs(experiment, root=root)):
-        run = read_run(path)
-        if _matches(run.manifest.raw, where):
-            return run
-    return None
 
 
 def load_all_recorded(experiment: str, *, root: Path | None = None) -> list[Run]:
