@@ -1,16 +1,80 @@
 """The PR-era re-create rules on the fake creator, FlashInfer's sizes, and the IPC creator's rank
 logic over gloo (CPU)."""
 
+import os
+import pickle
+
 import pytest
+import torch.distributed as tdist
 
 from sglab.core import dist
-from sglab.workspace_floor import measure
 from sglab.workspace_floor import rebuild as wf
 
 
 H = 7168
 MiB = 2**20
 FIXED = [1, 2, 1, 4, 3, 300, 2048, 2049, 100, 4096, 5000]
+
+
+class HostOps:
+    """:class:`~sglab.workspace_floor.rebuild.CudartOps` on the CPU: live 'allocations' and open
+    mappings by id, so the IPC creator's rank logic runs over gloo without a GPU."""
+
+    def __init__(self, capacity: int = 1 << 50):
+        self.pid, self.next, self.capacity = os.getpid(), 1, capacity
+        self.live, self.opened, self.filled = {}, {}, []
+
+    def _new(self, table: dict, value) -> int:
+        self.next += 1
+        table[self.next] = value
+        return self.next
+
+    def malloc(self, nbytes):
+        return self._new(self.live, nbytes)
+
+    def free(self, ptr):
+        del self.live[ptr]
+
+    def export(self, ptr):
+        return pickle.dumps((self.pid, ptr)).ljust(64, b"\0")[:64]
+
+    def open(self, handle):
+        return self._new(self.opened, handle)
+
+    def close(self, ptr):
+        del self.opened[ptr]
+
+    def fill_lamport(self, ptr, nbytes):
+        self.filled.append(ptr)
+
+    def flag_word(self, lamport_comm_size):
+        return self.malloc(20)
+
+    def pointer_table(self, pointers):
+        return list(pointers)
+
+    def synchronize(self):
+        pass
+
+    def free_bytes(self):
+        return self.capacity - sum(self.live.values())
+
+
+def gloo_rank(ctx, policy_name: str, trace: list[int], hidden_dim: int = H) -> dict:
+    """One rank of the IPC creator over gloo: its sizes and what is left allocated and opened."""
+    ops, pol = HostOps(), wf.POLICIES[policy_name]
+    mgr = wf.WorkspaceManager(wf.IpcWorkspaceCreator(ops), high_water=pol.high_water)
+    wf.replay(mgr, pol, trace, world_size=ctx.world_size, rank=ctx.rank, hidden_dim=hidden_dim,
+              group=ctx.cpu_group, before_create=lambda: tdist.barrier(group=ctx.cpu_group))
+    out = {
+        "rank": ctx.rank, "sizes": [e.max_token_num for e in mgr.events],
+        "live_before_cleanup": len(ops.live), "opened_before_cleanup": len(ops.opened)
+    }
+    mgr.cleanup()
+    return {
+        **out, "live_after": len(ops.live), "opened_after": len(ops.opened),
+        "fills": len(ops.filled)
+    }
 
 
 def test_flashinfer_sizes():
@@ -97,8 +161,8 @@ def test_high_water_mark_only_matters_after_a_cleanup():
 
 
 def test_ipc_creator_rank_logic_over_gloo():
-    out = dist.launch(measure.gloo_rank_selftest, 2, args=("floor_0", FIXED, H), backend="gloo",
-                      timeout_s=120, collective_timeout_s=30)
+    out = dist.launch(gloo_rank, 2, args=("floor_0", FIXED, H), backend="gloo", timeout_s=120,
+                      collective_timeout_s=30)
     for r in out:
         assert r["sizes"] == [1, 2, 4, 300, 2048, 2049, 4096, 5000]
         assert r["live_before_cleanup"] == 4  # three buffers + the flag word of the current one

@@ -1,10 +1,8 @@
 """Measure the workspace floor: workspace re-creations along a serving trace, per ``max_token_num``
-policy, on the CPU (exact) and on 2 or 4 GPUs (real creations).
-
-The traces and the simulation: :mod:`.traces`. On the GPUs, one rank per GPU:
-a warm-up creation before the memory baseline, each trace through each policy with real IPC
-creations, a cost sweep over the workspace size, the leak check, then a traced pass under
-torch.profiler (method 2: the ``events`` sidecar). Times are host wall-clock ms per rank.
+policy, on the CPU (exact, :mod:`.traces`) and on 2 or 4 GPUs, one rank each: a warm-up creation
+before the memory baseline, each trace through each policy with real IPC creations, a cost sweep
+over the workspace size, the leak check, then a traced pass under torch.profiler (the ``events``
+sidecar). Times are host wall-clock ms per rank.
 """
 
 from __future__ import annotations
@@ -55,19 +53,20 @@ def run_hidden(run) -> int:
     return int(run.manifest.params.get("hidden_dim", 7168))
 
 
-# --------------------------------------------------------------------------------------------------
-# the simulation's rows (traces.simulated, every cell)
-# --------------------------------------------------------------------------------------------------
 def metric_rows(base: dict, **metrics) -> list[dict]:
     """One tidy row per ``metric=(value, unit)``."""
     return [{**base, "metric": k, "value": v, "unit": u} for k, (v, u) in metrics.items()]
 
 
+def _scenario(pre: int) -> str:
+    return f"preinit_{pre}" if pre else "cold"
+
+
 def simulate_rows(params: Optional[dict] = None, *, world_sizes=None,
                   scenarios=(0, 2048)) -> list[dict]:
-    """Rows per trace, world size, scenario (cold / pre-initialised) and policy: re-creations,
-    creations in all, peak MiB per rank, the final size, refused calls, and an ``event_workspace``
-    row per creation (its step and size)."""
+    """Rows per trace, world size, scenario and policy of the simulation: re-creations, creations in
+    all, peak MiB per rank, the final size, refused calls, and an ``event_workspace`` row per
+    creation."""
     p = {**DEFAULT_PARAMS, **(params or {})}
     rows = []
     for tname in p["traces"]:
@@ -77,7 +76,7 @@ def simulate_rows(params: Optional[dict] = None, *, world_sizes=None,
                     mgr, refused = simulated(tname, name, W, p["hidden_dim"], pre)
                     base = {
                         "variant": name, "trace": tname, "world_size": W,
-                        "scenario": f"preinit_{pre}" if pre else "cold", "source": "simulated"
+                        "scenario": _scenario(pre), "source": "simulated"
                     }
                     rows += metric_rows(base, recreations=(in_trace(mgr), "count"),
                                         creations_total=(mgr.recreations, "count"),
@@ -95,13 +94,10 @@ def simulate_rows(params: Optional[dict] = None, *, world_sizes=None,
 # one rank on the GPUs
 # --------------------------------------------------------------------------------------------------
 class _MeasuredCreator:
-    """A creator that, after each creation, records the device memory this rank holds above its
-    baseline."""
+    """After each creation, records the device memory this rank holds above its baseline."""
 
     def __init__(self, inner, ops, base_free):
-        self.inner, self.ops, self.base_free = inner, ops, base_free
-        self.mark = getattr(inner, "mark", None)
-        self.peak_measured = 0
+        self.inner, self.ops, self.base_free, self.peak_measured = inner, ops, base_free, 0
 
     def create(self, **kw):
         ws = self.inner.create(**kw)
@@ -130,9 +126,13 @@ class RankState:
             print(f"[workspace_floor W={self.ctx.world_size}] {msg}", flush=True)
 
     def empty_cache(self) -> None:
-        if torch.cuda.is_available():  # the CPU self-tests run the same phases over gloo
+        if torch.cuda.is_available():  # the CPU tests run the same phases over gloo
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
+
+    def create(self, creator, T: int):
+        return creator.create(world_size=self.ctx.world_size, rank=self.ctx.rank, max_token_num=T,
+                              hidden_dim=self.cfg["hidden_dim"], group=self.ctx.cpu_group)
 
 
 def _nvml_rank_mib(pid: int) -> dict:
@@ -141,8 +141,7 @@ def _nvml_rank_mib(pid: int) -> dict:
 
 
 def _rank_main(ctx, cfg):
-    """One rank: set-up, trace replay, cost sweep, leak check, traced pass; returns rows, phase
-    times and the traced events."""
+    """One rank: set-up, trace replay, cost sweep, leak check, traced pass."""
     t_enter = time.time()
     with phases.phase("cuda init"):
         torch.cuda.init()
@@ -154,11 +153,9 @@ def _rank_main(ctx, cfg):
     with phases.phase("warm-up creation"):
         st.barrier()
         first_free = ops.free_bytes()
-        # The driver sets up peer access and IPC bookkeeping once per process: that cost is
-        # reported on its own, and the leak checks compare against the state after it.
-        rebuild.IpcWorkspaceCreator(ops).create(world_size=ctx.world_size, rank=ctx.rank,
-                                                max_token_num=64, hidden_dim=cfg["hidden_dim"],
-                                                group=ctx.cpu_group).destroy()
+        # the driver sets up peer access and IPC bookkeeping once per process: reported on its
+        # own, and the leak checks compare against the state after it
+        st.create(rebuild.IpcWorkspaceCreator(ops), 64).destroy()
         st.empty_cache()
         st.barrier()
         st.base_free, st.base_nvml = ops.free_bytes(), _nvml_rank_mib(os.getpid())
@@ -196,9 +193,8 @@ def _replay_one(st: RankState, tname: str, trace: list, name: str) -> None:
     mgr.cleanup()
     st.empty_cache()
     ev = [e for e in mgr.events if e.step >= 0]
-    pre = cfg["pre_initialize"]
     base = {
-        "variant": name, "trace": tname, **st.base, "scenario": f"preinit_{pre}" if pre else "cold"
+        "variant": name, "trace": tname, **st.base, "scenario": _scenario(cfg["pre_initialize"])
     }
     create, recreate = [e.create_ms for e in ev], [e.create_ms + e.destroy_ms for e in ev]
     st.rows += metric_rows(base, recreations=(len(ev), "count"), create_time_total=(sum(create),
@@ -212,8 +208,8 @@ def _replay_one(st: RankState, tname: str, trace: list, name: str) -> None:
         st.rows += metric_rows(base, create_time_median=(statistics.median(create), "ms"))
     for e in mgr.events:
         ebase = {**base, "step": e.step, "tokens": e.max_token_num}
-        st.rows += [{**ebase, "metric": "event_create", "value": e.create_ms, "unit": "ms"},
-                    {**ebase, "metric": "event_destroy", "value": e.destroy_ms, "unit": "ms"}]
+        st.rows += metric_rows(ebase, event_create=(e.create_ms, "ms"),
+                               event_destroy=(e.destroy_ms, "ms"))
     st.log(f"{tname:>10} {name:>13}: {len(ev):4d} re-creations, {sum(recreate):9.1f} ms on rank "
            f"0, peak {mgr.peak_bytes_per_rank / MiB:7.0f} MiB/rank")
 
@@ -221,58 +217,43 @@ def _replay_one(st: RankState, tname: str, trace: list, name: str) -> None:
 def _cost_sweep(st: RankState) -> None:
     """Creation and destruction ms per workspace size T, and per creation phase; the sizes alternate
     in rounds so that drift lands on all of them alike; every sample starts after a barrier."""
-    cfg, ctx, H = st.cfg, st.ctx, st.cfg["hidden_dim"]
+    cfg = st.cfg
     creator = rebuild.IpcWorkspaceCreator(st.ops)
-    kept: dict[int, dict] = {T: {"destroy": [], "phases": {}} for T in cfg["cost_tokens"]}
-
-    def cycle(T):
-        st.barrier()
-        t0 = time.perf_counter()
-        ws = creator.create(world_size=ctx.world_size, rank=ctx.rank, max_token_num=T, hidden_dim=H,
-                            group=ctx.cpu_group)
-        t1 = time.perf_counter()
-        st.barrier()
-        t2 = time.perf_counter()
-        ws.destroy()
-        return T, (t1 - t0) * 1e3, (time.perf_counter() - t2) * 1e3, dict(ws.phases_ms)
-
-    def timer(fn, *, warmup, repeat):
-        for _ in range(warmup):
-            fn()
-        samples = []
-        for _ in range(repeat):
-            T, c_ms, d_ms, ph = fn()
-            samples.append(c_ms)
-            kept[T]["destroy"].append(d_ms)
-            for k, v in ph.items():
-                kept[T]["phases"].setdefault(k, []).append(v)
-        return phases.Timing(samples, clock="host-perf-counter")
-
-    timings = phases.interleaved({T: (lambda T=T: cycle(T))
-                                  for T in cfg["cost_tokens"]}, rounds=cfg["cost_rounds"],
-                                 warmup=cfg["cost_warmup"], repeat=cfg["cost_repeats"], timer=timer)
-    for T, t in timings.items():
+    samples: dict[int, dict] = {T: {} for T in cfg["cost_tokens"]}
+    for r in range(cfg["cost_rounds"]):
+        for T in cfg["cost_tokens"]:
+            warmup = cfg["cost_warmup"] if r == 0 else 0
+            for i in range(warmup + max(1, cfg["cost_repeats"] // cfg["cost_rounds"])):
+                st.barrier()
+                t0 = time.perf_counter()
+                ws = st.create(creator, T)
+                t1 = time.perf_counter()
+                st.barrier()
+                t2 = time.perf_counter()
+                ws.destroy()
+                t3 = time.perf_counter()
+                got = {"create": (t1 - t0) * 1e3, "destroy": (t3 - t2) * 1e3, **ws.phases_ms}
+                for k, v in got.items() if i >= warmup else ():
+                    samples[T].setdefault(k, []).append(v)
+    for T, by_phase in samples.items():
         base = {"variant": "cost_sweep", **st.base, "tokens": T}
-        destroy = phases.Timing(kept[T]["destroy"])
-        st.rows += t.rows(**base, phase="create") + destroy.rows(**base, phase="destroy")
-        for k, v in kept[T]["phases"].items():
+        for k, v in by_phase.items():
             st.rows += phases.Timing(v).rows(**base, phase=k)
-        st.rows += metric_rows(
-            {**base, "phase": "create"},
-            workspace=(rebuild.workspace_bytes_per_rank(ctx.world_size, T, H) / MiB, "MiB"))
-        st.log(f"cost T={T:6d}: create {t.median_ms:8.2f} ms, destroy {destroy.median_ms:7.2f} ms")
+        st.rows += metric_rows({**base, "phase": "create"}, workspace=(
+            rebuild.workspace_bytes_per_rank(st.ctx.world_size, T, cfg["hidden_dim"]) / MiB, "MiB"))
+        st.log(f"cost T={T:6d}: create {statistics.median(by_phase['create']):8.2f} ms, destroy "
+               f"{statistics.median(by_phase['destroy']):7.2f} ms")
 
 
 def _leak_rows(st: RankState) -> None:
     st.empty_cache()
     st.barrier()
     end_free, end_nvml, own = st.ops.free_bytes(), _nvml_rank_mib(os.getpid()), st.ctx.device.index
+    others = sum(v for g, v in end_nvml.items() if g != own)
     st.rows += metric_rows({"variant": "leak_check", **st.base},
                            rank_mem_delta_cudart=((st.base_free - end_free) / MiB, "MiB"),
                            rank_mem_delta_nvml=(end_nvml.get(own, 0.0) - st.base_nvml.get(own, 0.0),
-                                                "MiB"), rank_nvml_other_gpus_end=(sum(
-                                                    v for g, v in end_nvml.items() if g != own),
-                                                                                  "MiB"))
+                                                "MiB"), rank_nvml_other_gpus_end=(others, "MiB"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -288,11 +269,10 @@ TRIVIAL_CALLS = (r"^(cudaGetDevice|cudaGetLastError|cudaPeekAtLastError|cudaStre
 
 
 def traced_pass(st) -> dict:
-    """Inside one ``sglab.core.trace.Recorder`` session: each profiled policy replays the profiled
-    trace with the IPC creator, the manager opening a ``recreate workspace`` range per creation and
-    the creator a sub-range per phase; then one ``create workspace`` range per cost size. Returns
-    ``{"table": the reduced events (:func:`reduce_events`), "perfetto": path}``; adds this pass's
-    own leak rows (against a baseline taken once the profiler holds its device memory)."""
+    """Under one ``sglab.core.trace.Recorder``: each profiled policy replays the profiled trace
+    (``recreate workspace`` per creation, a sub-range per phase), then one ``create workspace`` per
+    cost size. Returns ``{"table": reduced events, "perfetto": path}``; adds this pass's leak rows
+    (against a baseline taken once the profiler holds its device memory)."""
     cfg, ctx = st.cfg, st.ctx
     path = Path(cfg["trace_dir"]) / f"rank{ctx.rank}.trace.json.gz"
     schedule: dict[str, list[tuple[int, int]]] = {}
@@ -320,18 +300,16 @@ def traced_pass(st) -> dict:
                 for T in cfg["cost_tokens"]:
                     st.barrier()
                     with prof.phase(COST_RANGE):
-                        ws = creator.create(world_size=ctx.world_size, rank=ctx.rank,
-                                            max_token_num=T, hidden_dim=cfg["hidden_dim"],
-                                            group=ctx.cpu_group)
+                        ws = st.create(creator, T)
                     st.barrier()
                     ws.destroy()
                 schedule[COST_VARIANT] = [(-1, T) for T in cfg["cost_tokens"]]
             st.empty_cache()
             left = base - st.ops.free_bytes()
     st.empty_cache()
-    st.rows += [{"variant": "traced_pass", **st.base, "metric": k, "value": v, "unit": "MiB"}
-                for k, v in (("mem_after_cleanup", left / MiB),
-                             ("profiler_device_mib", (st.base_free - st.ops.free_bytes()) / MiB))]
+    st.rows += metric_rows({"variant": "traced_pass", **st.base},
+                           mem_after_cleanup=(left / MiB, "MiB"),
+                           profiler_device_mib=((st.base_free - st.ops.free_bytes()) / MiB, "MiB"))
     with phases.phase("profile: reduce"):
         table = reduce_events(rec.events, schedule, rank=ctx.rank)
     return {"table": table, "perfetto": str(path)}
@@ -345,9 +323,9 @@ def _host_ranges(events, names):
 
 def reduce_events(events, schedule: dict, *, rank: int):
     """The events inside creation ranges, labelled with ``variant``, ``rank``, ``creation`` (0, 1,
-    ... within the variant), trace ``step`` and workspace ``tokens`` (``schedule``: per variant,
-    the ``(step, tokens)`` of its creations in order); device copies of ranges and trivial host
-    queries dropped. A few hundred rows per rank: the run's ``events`` sidecar."""
+    ... within the variant), trace ``step`` and workspace ``tokens`` (``schedule``: per variant, the
+    ``(step, tokens)`` of its creations in order); device copies of ranges and trivial host queries
+    dropped."""
     variants = _host_ranges(events, [VARIANT_PREFIX + v for v in schedule])
     creations = _host_ranges(events, [rebuild.RECREATE_RANGE, COST_RANGE])
     if creations.empty:
@@ -381,12 +359,10 @@ def reduce_events(events, schedule: dict, *, rank: int):
 # --------------------------------------------------------------------------------------------------
 def check_params(p: dict) -> None:
     """Bad parameters fail here, in one line, before any process starts."""
-    bad = [n for n in p["policies"] if n not in rebuild.POLICIES]
-    if bad:
-        raise ValueError(f"unknown policies {bad}; known: {list(rebuild.POLICIES)}")
-    bad = [t for t in p["traces"] if t not in TRACES]
-    if bad:
-        raise ValueError(f"unknown traces {bad}; known: {list(TRACES)}")
+    for key, known in (("policies", rebuild.POLICIES), ("traces", TRACES)):
+        bad = [n for n in p[key] if n not in known]
+        if bad:
+            raise ValueError(f"unknown {key} {bad}; known: {list(known)}")
     if p["creator"] not in CREATORS:
         raise ValueError(f"creator must be one of {CREATORS}, got {p['creator']!r}")
     if int(p["world_size"]) < 2:
@@ -399,13 +375,13 @@ def check_params(p: dict) -> None:
 def rank_config(p: dict, *, progress: bool, trace_dir: str) -> dict:
     """What every rank gets: the traces' token lists (cut to ``gpu_trace_steps`` when set) and the
     settings."""
-    steps = int(p["gpu_trace_steps"])
+    steps = int(p["gpu_trace_steps"]) or None
     keys = ("hidden_dim", "policies", "pre_initialize", "cost_tokens", "cost_warmup",
             "cost_repeats", "cost_rounds", "creator", "profile_policies")
     return {
         **{k: p[k]
            for k in keys}, "progress": progress, "profile": bool(p["profile"]),
-        "traces": {t: trace_tokens(t)[:steps] if steps else trace_tokens(t)
+        "traces": {t: trace_tokens(t)[:steps]
                    for t in p["traces"]}, "profile_trace": trace_tokens(p["profile_trace"]),
         "profile_trace_name": p["profile_trace"], "trace_dir": trace_dir
     }
@@ -460,35 +436,3 @@ def run(params: Optional[dict] = None, *, progress: bool = True) -> runs.Measure
         sidecars["events"] = pd.concat([o["events"]["table"] for o in out], ignore_index=True)
         sidecars.update({f"trace_rank{o['rank']}": o["events"]["perfetto"] for o in out})
     return runs.Measured(runs.tidy(EXPERIMENT, rows), sidecars=sidecars)
-
-
-# --------------------------------------------------------------------------------------------------
-# CPU self-tests of the rank logic (``dist.launch(..., backend="gloo")``), host stand-ins
-# --------------------------------------------------------------------------------------------------
-def gloo_rank_selftest(ctx, policy_name: str, trace: list[int], hidden_dim: int = 7168) -> dict:
-    """The IPC creator's rank logic (handle all-gather, opens, barriers, destroy order): this rank's
-    sizes and what is left allocated and opened."""
-    ops, pol = rebuild.HostOps(), rebuild.POLICIES[policy_name]
-    mgr = rebuild.WorkspaceManager(rebuild.IpcWorkspaceCreator(ops), high_water=pol.high_water)
-    rebuild.replay(mgr, pol, trace, world_size=ctx.world_size, rank=ctx.rank, hidden_dim=hidden_dim,
-                   group=ctx.cpu_group, before_create=lambda: tdist.barrier(group=ctx.cpu_group))
-    out = {
-        "rank": ctx.rank, "sizes": [e.max_token_num for e in mgr.events],
-        "live_before_cleanup": len(ops.live), "opened_before_cleanup": len(ops.opened)
-    }
-    mgr.cleanup()
-    return {
-        **out, "live_after": len(ops.live), "opened_after": len(ops.opened),
-        "fills": len(ops.filled)
-    }
-
-
-def gloo_profile_selftest(ctx, trace: list[int], policies: list[str], cost_tokens: list[int],
-                          trace_dir: str, hidden_dim: int = 7168) -> dict:
-    """The traced pass over gloo with host stand-ins, under the same Recorder: this rank's reduced
-    event table and Perfetto file."""
-    cfg = {
-        "hidden_dim": hidden_dim, "profile_trace": list(trace), "profile_policies": list(policies),
-        "cost_tokens": list(cost_tokens), "trace_dir": trace_dir, "progress": False
-    }
-    return traced_pass(RankState(ctx, cfg, rebuild.HostOps(), ctx.barrier))

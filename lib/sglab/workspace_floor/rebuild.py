@@ -1,17 +1,13 @@
 """The allreduce-fusion workspace and its ``max_token_num`` floor (SGLang #26382, part B), rebuilt
-PR-era, one section per upstream file and symbol, to read beside the released hunk.
-
-The manager never allocates: it calls a creator, so one manager runs against a fake creator (exact
-counts on the CPU) and FlashInfer's IPC creation rebuilt over ``cuda.bindings`` (on the GPUs).
-The before/after switch is the call site's :class:`Policy` (:data:`POLICIES`).
+PR-era, one section per upstream file and symbol. The manager calls a creator: a fake one on the CPU
+(exact counts), FlashInfer's IPC creation over ``cuda.bindings`` on the GPUs. The before/after
+switch is the call site's :class:`Policy` (:data:`POLICIES`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import dataclasses
-import os
-import pickle
 import time
 from contextlib import contextmanager, nullcontext
 from typing import Callable, ContextManager, Optional
@@ -33,20 +29,15 @@ LAMPORT_NEG_ZERO_FP16 = 0x8000  # trtllm_lamport_initialize fills with -0.0
 BUFFER_NAMES = ("data", "flags", "lamport")  # the order of the buffers (and of the pointer table)
 
 
-def round_up(x: int, a: int = ALIGN) -> int:
-    return (x + a - 1) // a * a
-
-
-def workspace_sizes(world_size: int, max_token_num: int, hidden_dim: int,
-                    use_fp32_lamport: bool = False) -> dict:
-    """The three per-rank buffers: ``W*T*H*2`` bytes (data), ``W*256*4`` (barrier flags) and
-    ``3*W*T*H*2`` (Lamport, its comm size capped at :data:`MAX_COMM_SIZE`), each rounded up to
-    2 MiB. W = world size, T = the workspace's ``max_token_num``, H = hidden size."""
-    elem = 4 if use_fp32_lamport else 2
+def workspace_sizes(world_size: int, max_token_num: int, hidden_dim: int) -> dict:
+    """The three per-rank buffers (bf16): ``W*T*H*2`` bytes of data, ``W*256*4`` of barrier flags,
+    ``3*W*T*H*2`` of Lamport (comm size capped at :data:`MAX_COMM_SIZE`), each rounded up to 2 MiB."""
     buffer_size = world_size * max_token_num * hidden_dim * 2
     flag_size = world_size * BARRIER_FLAG_COUNT * 4
-    lamport_comm_size = min(world_size * max_token_num * hidden_dim * elem, MAX_COMM_SIZE)
-    aligned = [round_up(s) for s in (buffer_size, flag_size, lamport_comm_size * 3)]
+    lamport_comm_size = min(buffer_size, MAX_COMM_SIZE)
+    aligned = [
+        (s + ALIGN - 1) // ALIGN * ALIGN for s in (buffer_size, flag_size, lamport_comm_size * 3)
+    ]
     return {
         "buffer_size": buffer_size, "flag_size": flag_size, "lamport_comm_size": lamport_comm_size,
         "lamport_buffer_size": lamport_comm_size * 3, "aligned": aligned,
@@ -59,8 +50,8 @@ def workspace_bytes_per_rank(world_size: int, max_token_num: int, hidden_dim: in
 
 
 def size_sufficient(metadata: dict, token_num: int, hidden_dim: int, world_size: int) -> bool:
-    """``check_trtllm_allreduce_fusion_workspace_metadata`` as a boolean (bf16): same world size,
-    ``token_num * hidden_dim`` within the workspace's."""
+    """FlashInfer's metadata check: same world size, ``token_num * hidden_dim`` within the
+    workspace's."""
     return (world_size == metadata["tp_size"]
             and token_num * hidden_dim <= metadata["max_token_num"] * metadata["hidden_dim"])
 
@@ -75,9 +66,8 @@ DESTROY_RANGE = "destroy old workspace"
 Mark = Callable[[str], ContextManager]
 
 
-def marker(mark: Optional[Mark], name: str) -> ContextManager:
-    """``mark(name)``, or nothing when no marker is set."""
-    return mark(name) if mark is not None else nullcontext()
+def no_mark(name: str) -> ContextManager:
+    return nullcontext()
 
 
 @dataclasses.dataclass
@@ -95,9 +85,8 @@ class CreationEvent:
 class WorkspaceManager:
     """``FlashInferWorkspaceManager``, creation delegated to ``creator.create(...)``: reuse a
     workspace that covers the request, else clean it up and create at ``max(max_token_num,
-    high-water mark)``. The high-water mark is SGLang's from 0.5.14 on (``high_water=False``: the
-    managers of 0.5.12.post1 and 0.5.13). Added, changing no decision: a :class:`CreationEvent` per
-    creation and, with a ``mark``, a :data:`RECREATE_RANGE` around it for the profiler."""
+    high-water mark)`` (``high_water=False``: the managers of 0.5.12.post1 and 0.5.13). Added: a
+    :class:`CreationEvent` per creation and, with a ``mark``, a :data:`RECREATE_RANGE` around it."""
 
     def __init__(self, creator, *, high_water: bool = True,
                  clock: Callable[[], float] = time.perf_counter, mark: Optional[Mark] = None):
@@ -105,8 +94,7 @@ class WorkspaceManager:
         self.workspace = self.world_size = self.rank = self.group = None
         self.max_token_num = self.hidden_dim = None
         self.initialized = False
-        self._max_token_num_seen: Optional[int] = None
-        self._max_hidden_dim_seen: Optional[int] = None
+        self._max_token_num_seen = self._max_hidden_dim_seen = 0
         self.events: list[CreationEvent] = []  # bookkeeping (not upstream) from here on
         self.step = -1
         self.peak_bytes_per_rank = 0
@@ -114,23 +102,21 @@ class WorkspaceManager:
 
     def initialize(self, world_size: int, rank: int, max_token_num: int, hidden_dim: int,
                    group=None, reason: str = "") -> None:
-        if self.high_water:
-            # Track the high-water mark so allocations only grow
-            self._max_token_num_seen = max(max_token_num, self._max_token_num_seen or 0)
-            self._max_hidden_dim_seen = max(hidden_dim, self._max_hidden_dim_seen or 0)
-        # Reuse existing workspace if it already covers this problem size
+        if self.high_water:  # track the high-water mark so allocations only grow
+            self._max_token_num_seen = max(max_token_num, self._max_token_num_seen)
+            self._max_hidden_dim_seen = max(hidden_dim, self._max_hidden_dim_seen)
         if (self.initialized and self.world_size == world_size
                 and self.is_buffer_size_sufficient(max_token_num, hidden_dim)):
             return
-        with marker(self.mark, RECREATE_RANGE):
+        mark = self.mark or no_mark
+        with mark(RECREATE_RANGE):
             self._pending_destroy_ms = 0.0
-            # Same world_size but buffer too small: free old workspace before creating new one
-            if self.initialized and self.world_size == world_size:
-                with marker(self.mark, DESTROY_RANGE):
+            if self.initialized and self.world_size == world_size:  # too small: free it first
+                with mark(DESTROY_RANGE):
                     self.cleanup()
             if self.high_water:
-                max_token_num = max(max_token_num, self._max_token_num_seen or 0)
-                hidden_dim = max(hidden_dim, self._max_hidden_dim_seen or 0)
+                max_token_num = max(max_token_num, self._max_token_num_seen)
+                hidden_dim = max(hidden_dim, self._max_hidden_dim_seen)
             t0 = self.clock()
             self.workspace = self.creator.create(world_size=world_size, rank=rank,
                                                  max_token_num=max_token_num, hidden_dim=hidden_dim,
@@ -146,9 +132,8 @@ class WorkspaceManager:
                               reason))
 
     def is_buffer_size_sufficient(self, token_num: int, hidden_dim: int) -> bool:
-        if not self.initialized or self.workspace is None:
-            return False
-        return size_sufficient(self.workspace.metadata, token_num, hidden_dim, self.world_size)
+        return (self.initialized and self.workspace is not None and size_sufficient(
+            self.workspace.metadata, token_num, hidden_dim, self.world_size))
 
     def cleanup(self) -> None:
         if self.workspace is not None:
@@ -175,17 +160,14 @@ def _recreate_reason(manager: WorkspaceManager, world_size: int, rank: int, toke
         return "world/rank changed"
     if manager.group is not group:
         return "group changed"
-    if not manager.is_buffer_size_sufficient(token_num, hidden_dim):
-        return "too small"
-    return None
+    return None if manager.is_buffer_size_sufficient(token_num, hidden_dim) else "too small"
 
 
 def ensure_workspace_initialized(manager: WorkspaceManager, *, world_size: int, rank: int,
                                  max_token_num: int, hidden_dim: int,
                                  token_num: Optional[int] = None, group=None) -> bool:
-    """``ensure_workspace_initialized`` (PR-era): re-create when uninitialised, when the world
-    size, rank or group change, or when the buffer is too small for ``token_num``
-    (``x.shape[0]``)."""
+    """PR-era: re-create when uninitialised, when world size, rank or group change, or when the
+    buffer is too small for ``token_num`` (``x.shape[0]``)."""
     if world_size <= 1:
         return False
     reason = _recreate_reason(manager, world_size, rank, token_num or max_token_num, hidden_dim,
@@ -193,19 +175,6 @@ def ensure_workspace_initialized(manager: WorkspaceManager, *, world_size: int, 
     if reason is not None:
         manager.initialize(world_size, rank, max_token_num, hidden_dim, group=group, reason=reason)
     return manager.initialized
-
-
-def allreduce_residual_rmsnorm_workspace(manager: WorkspaceManager, token_num: int,
-                                         max_token_num: int, *, world_size: int, rank: int,
-                                         hidden_dim: int, group=None) -> bool:
-    """The workspace part of ``flashinfer_allreduce_residual_rmsnorm``: False where the callee
-    refuses the shape (its ``assert input_tensor.shape[0] <= max_token_num``), else
-    ``ensure_workspace_initialized``."""
-    if token_num > max_token_num:
-        return False
-    return ensure_workspace_initialized(manager, world_size=world_size, rank=rank,
-                                        max_token_num=max_token_num, hidden_dim=hidden_dim,
-                                        token_num=token_num, group=group)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -217,8 +186,8 @@ PR_FLOOR = 2048  # after the PR: max_token_num=max(x.shape[0], 2048)
 @dataclasses.dataclass(frozen=True)
 class Policy:
     """What the call site passes as ``max_token_num`` (``floor=None``: nothing, so the callee's
-    default 2048 and its assert), whether the manager keeps a high-water mark, and the one short
-    name (``label``) every table, figure and claim uses; ``call`` is the code it stands for."""
+    default 2048 and its assert), whether the manager keeps a high-water mark, the short name every
+    table and claim uses (``label``) and the code it stands for (``call``)."""
 
     name: str
     floor: Optional[int]
@@ -227,9 +196,7 @@ class Policy:
     call: str = ""
 
     def max_token_num(self, token_num: int) -> int:
-        if self.floor is None:
-            return CALLEE_DEFAULT_MAX_TOKEN_NUM
-        return max(token_num, self.floor)
+        return CALLEE_DEFAULT_MAX_TOKEN_NUM if self.floor is None else max(token_num, self.floor)
 
 
 def floor_policy(n: int, label: str = "") -> Policy:
@@ -256,20 +223,20 @@ def label(name: str) -> str:
 
 def fused_norm_call(manager: WorkspaceManager, policy: Policy, token_num: int, *, world_size: int,
                     rank: int, hidden_dim: int, group=None) -> bool:
-    """One ``_forward_with_allreduce_fusion`` -> ``flashinfer_allreduce_residual_rmsnorm`` call,
-    workspace part; False where the callee refuses the shape."""
-    return allreduce_residual_rmsnorm_workspace(manager, token_num, policy.max_token_num(token_num),
-                                                world_size=world_size, rank=rank,
-                                                hidden_dim=hidden_dim, group=group)
+    """One call site -> ``flashinfer_allreduce_residual_rmsnorm`` call, workspace part: False where
+    the callee asserts ``x.shape[0] <= max_token_num``, else ``ensure_workspace_initialized``."""
+    max_token_num = policy.max_token_num(token_num)
+    return token_num <= max_token_num and ensure_workspace_initialized(
+        manager, world_size=world_size, rank=rank, max_token_num=max_token_num,
+        hidden_dim=hidden_dim, token_num=token_num, group=group)
 
 
 def will_recreate(manager: WorkspaceManager, policy: Policy, token_num: int, world_size: int,
                   rank: int, hidden_dim: int, group=None) -> bool:
     """Would this call re-create the workspace? (pure)"""
     max_token_num = policy.max_token_num(token_num)
-    if token_num > max_token_num or world_size <= 1:
-        return False
-    if _recreate_reason(manager, world_size, rank, token_num, hidden_dim, group) is None:
+    if (token_num > max_token_num or world_size <= 1
+            or _recreate_reason(manager, world_size, rank, token_num, hidden_dim, group) is None):
         return False
     return not (manager.initialized and manager.world_size == world_size
                 and manager.is_buffer_size_sufficient(max_token_num, hidden_dim))
@@ -285,8 +252,7 @@ ENGINE_MANAGERS = 2  # flashinfer_comm_fusion.py keeps one manager for attention
 
 
 def fusion_applies(token_num: int) -> bool:
-    """Whether a forward step of ``token_num`` tokens takes the fused path at all (the gate's token
-    part; the rest is the server flag, the GPU and no DP attention). Larger steps all-reduce
+    """Whether a step takes the fused path at all (the gate's token part); larger steps all-reduce
     unfused and never reach the call site."""
     return 0 < token_num <= FUSE_ALLREDUCE_MAX_BATCH_SIZE
 
@@ -298,19 +264,18 @@ def fused_steps(trace) -> list[int]:
 
 # --------------------------------------------------------------------------------------------------
 # 4. creators: ``creator.create(world_size=, rank=, max_token_num=, hidden_dim=, group=)`` returns a
-#    workspace with ``metadata``, ``bytes_per_rank``, ``phases_ms`` and ``destroy()``
+#    workspace with ``metadata``, ``bytes_per_rank`` and ``destroy()``
 # --------------------------------------------------------------------------------------------------
 class PhaseClock:
-    """Milliseconds per phase of one creation (``ms``, accumulated over repeats of a phase ``key``),
-    each inside ``mark(label)`` when a marker is set (``label``: ``"ipc open lamport"``)."""
+    """Milliseconds per phase of one creation (``ms``, summed over repeats of a ``key``), each
+    inside ``mark(label)`` when a marker is set."""
 
     def __init__(self, mark: Optional[Mark] = None):
-        self.mark = mark
-        self.ms: dict[str, float] = {}
+        self.mark, self.ms = mark or no_mark, {}
 
     @contextmanager
     def __call__(self, key: str, label: Optional[str] = None):
-        with marker(self.mark, label or key):
+        with self.mark(label or key):
             t0 = time.perf_counter()
             try:
                 yield
@@ -318,16 +283,19 @@ class PhaseClock:
                 self.ms[key] = self.ms.get(key, 0.0) + (time.perf_counter() - t0) * 1e3
 
 
+def _metadata(world_size, rank, max_token_num, hidden_dim, **sizes) -> dict:
+    return {
+        "tp_rank": rank, "tp_size": world_size, "max_token_num": max_token_num,
+        "hidden_dim": hidden_dim, "use_fp32_lamport": False, **sizes
+    }
+
+
 class FakeWorkspace:
 
     def __init__(self, creator, world_size, rank, max_token_num, hidden_dim):
-        self.creator = creator
-        self.metadata = {
-            "tp_rank": rank, "tp_size": world_size, "max_token_num": max_token_num,
-            "hidden_dim": hidden_dim, "use_fp32_lamport": False
-        }
+        self.creator, self.destroyed = creator, False
+        self.metadata = _metadata(world_size, rank, max_token_num, hidden_dim)
         self.bytes_per_rank = workspace_bytes_per_rank(world_size, max_token_num, hidden_dim)
-        self.destroyed = False
 
     def destroy(self) -> None:
         if not self.destroyed:
@@ -339,15 +307,12 @@ class FakeWorkspace:
 class FakeCreator:
     """Counts creations and live bytes; allocates nothing (the CPU simulation)."""
 
-    def __init__(self, mark: Optional[Mark] = None):
-        self.mark = mark
+    def __init__(self):
         self.created = self.destroyed = self.live_bytes = self.peak_live_bytes = 0
-        self.sizes: list[int] = []
 
     def create(self, *, world_size, rank, max_token_num, hidden_dim, group=None):
         ws = FakeWorkspace(self, world_size, rank, max_token_num, hidden_dim)
         self.created += 1
-        self.sizes.append(max_token_num)
         self.live_bytes += ws.bytes_per_rank
         self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
         return ws
@@ -358,8 +323,9 @@ class FakeCreator:
 # --------------------------------------------------------------------------------------------------
 class CudartOps:
     """``cudaMalloc``, IPC handle export / open (lazy peer access) / close, ``cudaFree``, the
-    Lamport fill (one ``cuMemsetD16`` of -0.0), the 5-int flag word and the int64 pointer table,
-    through ``cuda.bindings`` (so the profiler sees the CUDA runtime and driver calls)."""
+    Lamport fill (``cuMemsetD16`` of -0.0), the 5-int flag word and the int64 pointer table, through
+    ``cuda.bindings`` (so the profiler sees the runtime and driver calls). Tests swap in host
+    stand-ins with the same methods."""
 
     def __init__(self, device: Optional[int] = None):
         from cuda.bindings import driver, runtime  # optional: only where the GPU path runs
@@ -415,72 +381,24 @@ class CudartOps:
         return int(self._ok(self.rt.cudaMemGetInfo(), "cudaMemGetInfo"))
 
 
-class HostOps:
-    """:class:`CudartOps` on the CPU: live 'allocations' and open mappings by id, so the IPC
-    creator's rank logic (handle exchange, opens, destroy order) runs over gloo without a GPU."""
-
-    def __init__(self, capacity: int = 1 << 50):
-        self.pid, self.next, self.capacity = os.getpid(), 1, capacity
-        self.live: dict[int, int] = {}
-        self.opened: dict[int, bytes] = {}
-        self.filled: list[int] = []
-
-    def _new(self, table: dict, value) -> int:
-        self.next += 1
-        table[self.next] = value
-        return self.next
-
-    def malloc(self, nbytes):
-        return self._new(self.live, nbytes)
-
-    def free(self, ptr):
-        del self.live[ptr]
-
-    def export(self, ptr):
-        return pickle.dumps((self.pid, ptr)).ljust(64, b"\0")[:64]
-
-    def open(self, handle):
-        return self._new(self.opened, handle)
-
-    def close(self, ptr):
-        del self.opened[ptr]
-
-    def fill_lamport(self, ptr, nbytes):
-        self.filled.append(ptr)
-
-    def flag_word(self, lamport_comm_size):
-        return self.malloc(20)
-
-    def pointer_table(self, pointers):
-        return list(pointers)
-
-    def synchronize(self):
-        pass
-
-    def free_bytes(self):
-        return self.capacity - sum(self.live.values())
-
-
 # --------------------------------------------------------------------------------------------------
 # 6. flashinfer/comm/trtllm_ar.py · trtllm_create_ipc_workspace_for_all_reduce_fusion,
 #    trtllm_destroy_ipc_workspace_for_all_reduce_fusion (+ what SGLang wraps around them)
 # --------------------------------------------------------------------------------------------------
 class IpcWorkspace:
 
-    def __init__(self, ops, group, rank, world_size, metadata, ipc_ptrs, table, flag_ptr, phases_ms,
-                 mark: Optional[Mark] = None):
-        self.ops, self.group, self.rank, self.world_size = ops, group, rank, world_size
-        self.metadata, self.ipc_ptrs = metadata, ipc_ptrs  # ipc_ptrs[buffer][peer]: this process's
-        self.workspace_tensor, self.flag_ptr = table, flag_ptr
-        self.phases_ms, self.mark = phases_ms, mark
-        self.bytes_per_rank = workspace_bytes_per_rank(world_size, metadata["max_token_num"],
+    def __init__(self, ops, group, rank, metadata, ipc_ptrs, table, flag_ptr, phases_ms, mark):
+        self.ops, self.group, self.rank, self.metadata = ops, group, rank, metadata
+        self.ipc_ptrs = ipc_ptrs  # [buffer][peer]: this process's mappings
+        self.workspace_tensor, self.flag_ptr, self.phases_ms, self.mark = table, flag_ptr, phases_ms, mark
+        self.bytes_per_rank = workspace_bytes_per_rank(metadata["tp_size"],
+                                                       metadata["max_token_num"],
                                                        metadata["hidden_dim"])
         self._destroyed = False
 
     def destroy(self) -> None:
-        """Close the peers' mappings, barrier, free our own buffers, barrier. (FlashInfer's
-        ``free_shared_buffer`` only frees and barriers; closing first makes the leak check
-        exact.)"""
+        """Close the peers' mappings, barrier, free our own buffers, barrier (FlashInfer only frees
+        and barriers; closing first makes the leak check exact)."""
         if self._destroyed:
             return
         self._destroyed = True
@@ -508,26 +426,32 @@ class IpcWorkspaceCreator:
     Lamport fill, flag word and pointer table; a barrier and SGLang's CPU all-reduce
     (``_sync_allreduce_unavailable_across_tp``). Each phase timed, and named for the profiler."""
 
-    def __init__(self, ops=None, *, preflight: bool = True, post_sync: bool = True,
-                 mark: Optional[Mark] = None):
-        self.ops = ops if ops is not None else CudartOps()
-        self.preflight, self.post_sync, self.mark = preflight, post_sync, mark
+    def __init__(self, ops, *, mark: Optional[Mark] = None):
+        self.ops, self.mark = ops, mark
 
     def create(self, *, world_size, rank, max_token_num, hidden_dim, group=None):
         sizes = workspace_sizes(world_size, max_token_num, hidden_dim)
         ph = PhaseClock(self.mark)
         with ph("preflight"):
-            if self.preflight:
-                flag = torch.tensor([int(self.ops.free_bytes() >= sizes["bytes_per_rank"])],
-                                    dtype=torch.int32)
-                tdist.all_reduce(flag, op=tdist.ReduceOp.MIN, group=group)
-                if int(flag.item()) == 0:
-                    raise MemoryError(f"workspace of {sizes['bytes_per_rank'] / MiB:.0f} MiB/rank "
-                                      "does not fit on every rank")
-        ipc_ptrs = [
-            self._shared_buffer(ph, name, nbytes, group, world_size, rank)
-            for name, nbytes in zip(BUFFER_NAMES, sizes["aligned"])
-        ]
+            flag = torch.tensor([int(self.ops.free_bytes() >= sizes["bytes_per_rank"])],
+                                dtype=torch.int32)
+            tdist.all_reduce(flag, op=tdist.ReduceOp.MIN, group=group)
+            if int(flag.item()) == 0:
+                raise MemoryError(f"workspace of {sizes['bytes_per_rank'] / MiB:.0f} MiB/rank does "
+                                  "not fit on every rank")
+        ipc_ptrs = []
+        for name, nbytes in zip(BUFFER_NAMES, sizes["aligned"]):  # create_shared_buffer
+            with ph("alloc", f"alloc {name}"):
+                own = self.ops.malloc(nbytes)
+            with ph("export", f"ipc get handle {name}"):
+                handle = self.ops.export(own)
+            with ph("exchange", f"exchange handles {name}"):
+                handles = [None] * world_size
+                tdist.all_gather_object(handles, handle, group=group)
+            with ph("open", f"ipc open {name}"):
+                ipc_ptrs.append([
+                    own if r == rank else self.ops.open(h) for r, h in enumerate(handles)
+                ])
         with ph("fill", "lamport fill"):
             self.ops.fill_lamport(ipc_ptrs[2][rank], sizes["aligned"][2])
         with ph("metadata"):
@@ -536,30 +460,14 @@ class IpcWorkspaceCreator:
             self.ops.synchronize()
         with ph("barrier"):
             tdist.barrier(group=group)
-            if self.post_sync:
-                tdist.all_reduce(torch.tensor([0], dtype=torch.int32), op=tdist.ReduceOp.MAX,
-                                 group=group)
+            tdist.all_reduce(torch.tensor([0], dtype=torch.int32), op=tdist.ReduceOp.MAX,
+                             group=group)
         keys = ("buffer_size", "flag_size", "lamport_comm_size", "lamport_buffer_size")
-        metadata = {
-            "tp_rank": rank, "tp_size": world_size, "max_token_num": max_token_num,
-            "hidden_dim": hidden_dim, "use_fp32_lamport": False, **{k: sizes[k]
-                                                                    for k in keys}
-        }
-        return IpcWorkspace(self.ops, group, rank, world_size, metadata, ipc_ptrs, table, flag_ptr,
-                            ph.ms, self.mark)
-
-    def _shared_buffer(self, ph: PhaseClock, name: str, nbytes: int, group, world_size: int,
-                       rank: int) -> list:
-        """``create_shared_buffer``: allocate, export, all-gather the handles, open every peer's."""
-        with ph("alloc", f"alloc {name}"):
-            own = self.ops.malloc(nbytes)
-        with ph("export", f"ipc get handle {name}"):
-            handle = self.ops.export(own)
-        with ph("exchange", f"exchange handles {name}"):
-            handles = [None] * world_size
-            tdist.all_gather_object(handles, handle, group=group)
-        with ph("open", f"ipc open {name}"):
-            return [own if r == rank else self.ops.open(h) for r, h in enumerate(handles)]
+        metadata = _metadata(world_size, rank, max_token_num, hidden_dim,
+                             **{k: sizes[k]
+                                for k in keys})
+        return IpcWorkspace(self.ops, group, rank, metadata, ipc_ptrs, table, flag_ptr, ph.ms,
+                            self.mark)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -568,10 +476,9 @@ class IpcWorkspaceCreator:
 def replay(manager: WorkspaceManager, policy: Policy, trace, *, world_size: int, rank: int,
            hidden_dim: int, group=None, pre_initialize: Optional[int] = None,
            before_create: Optional[Callable[[], None]] = None) -> int:
-    """Feed a trace (``x.shape[0]`` per forward step, one call for all layers) through the call
-    site; returns the refused calls. ``pre_initialize``: create at that size first, as step -1
-    (SGLang's ``pre_initialize_workspaces`` before graph capture). ``before_create``: called on
-    every rank just before a step that will create (a barrier)."""
+    """Feed a trace (``x.shape[0]`` per forward step) through the call site; returns the refused
+    calls. ``pre_initialize``: create at that size first, as step -1 (SGLang's
+    ``pre_initialize_workspaces``). ``before_create``: called on every rank before a creating step."""
     refused = 0
     if pre_initialize:
         manager.step = -1
