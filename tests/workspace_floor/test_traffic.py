@@ -11,6 +11,7 @@ from sglab.workspace_floor import rebuild as wf
 
 
 H = 7168
+EXAMPLE_LOG = runs.repo_root() / "data" / "examples" / "sglang_server_short_prompts.log"
 
 
 def example_log_lines(steps: int = 1500, decode_log_interval: int = 40) -> list[str]:
@@ -34,18 +35,18 @@ def example_log_lines(steps: int = 1500, decode_log_interval: int = 40) -> list[
 
 
 def test_example_log_is_the_stored_trace_written_as_a_server_log():
-    assert traffic.EXAMPLE_LOG.read_text() == "\n".join(example_log_lines()) + "\n"
+    assert EXAMPLE_LOG.read_text() == "\n".join(example_log_lines()) + "\n"
 
 
 def test_log_lines_become_forward_steps():
-    trace = traffic.read_trace(traffic.EXAMPLE_LOG, pcg_max_tokens=0)
-    lines = traffic.EXAMPLE_LOG.read_text().splitlines()
+    trace = traffic.read_trace(EXAMPLE_LOG, pcg_max_tokens=0)
+    lines = EXAMPLE_LOG.read_text().splitlines()
     assert trace.prefill_lines == sum("Prefill batch" in ln for ln in lines) > 0
     assert trace.decode_lines == sum("Decode batch" in ln for ln in lines) > 0
     assert len(trace.tokens) == trace.prefill_lines + trace.decode_lines
     first = next(ln for ln in lines if "Prefill batch" in ln)
     assert trace.tokens[0] == int(first.split("#new-token: ")[1].split(",")[0])
-    padded = traffic.read_trace(traffic.EXAMPLE_LOG, pcg_max_tokens=4096)
+    padded = traffic.read_trace(EXAMPLE_LOG, pcg_max_tokens=4096)
     assert padded.tokens[0] == min(b for b in traces.pcg_buckets(4096) if b >= trace.tokens[0])
 
 
@@ -86,7 +87,7 @@ def test_bad_trace_names_file_and_line(tmp_path, capsys, text, where, what):
 
 
 def test_workspace_command_prints_every_policy(capsys):
-    assert cli.main(["workspace", "--trace", str(traffic.EXAMPLE_LOG), "--world-size", "2"]) == 0
+    assert cli.main(["workspace", "--trace", str(EXAMPLE_LOG), "--world-size", "2"]) == 0
     out = capsys.readouterr().out
     for policy in wf.POLICIES.values():  # each by its one name, beside what its call site passes
         assert policy.label in out and policy.call in out
@@ -128,7 +129,7 @@ def test_your_setup_is_a_static_table_headless(monkeypatch, capsys):
     (["--pcg-max-tokens", "-4"], "--pcg-max-tokens -4: must be at least 0"),
 ])
 def test_workspace_refuses_sizes_below_their_minimum(capsys, args, says):
-    assert cli.main(["workspace", "--trace", str(traffic.EXAMPLE_LOG), *args]) == 2
+    assert cli.main(["workspace", "--trace", str(EXAMPLE_LOG), *args]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.strip() == f"sglab workspace: {says}"
 
@@ -138,10 +139,10 @@ def test_workspace_at_a_world_size_without_a_run_says_whose_times_it_uses(capsys
     recorded = sorted({r.manifest.tp for r in runs.load_all_recorded("workspace_floor")})
     assert world not in recorded
     assert cli.main(["workspace", "--trace",
-                     str(traffic.EXAMPLE_LOG), "--world-size",
+                     str(EXAMPLE_LOG), "--world-size",
                      str(world)]) == 0
     out = capsys.readouterr().out
     assert f"NO recorded run at world size {world}" in out and f"run (none at ×{world})" in out
-    assert cli.main(["workspace", "--trace", str(traffic.EXAMPLE_LOG), "--world-size", "2"]) == 0
+    assert cli.main(["workspace", "--trace", str(EXAMPLE_LOG), "--world-size", "2"]) == 0
     out = capsys.readouterr().out
     assert "NO recorded run" not in out and "est. ms" in out

@@ -1,9 +1,7 @@
 """What every workspace_floor run must show (see :mod:`sglab.core.claims`): five claims a reader
 checks, the instrument and cleanup checks folded under them, the headline, the review card and the
-real engine's claims (``ENGINE``).
-
-The expected counts come from the simulation of this checkout's rebuild over the run's own trace,
-world size, hidden size and pre-initialisation, never from numbers typed in here.
+real engine's claims (``ENGINE``). The expected counts come from the simulation of this checkout's
+rebuild over the run's own trace, world size, hidden size and pre-initialisation.
 """
 
 from __future__ import annotations
@@ -32,21 +30,20 @@ TRACE_METHODS = (2, None)
 # --------------------------------------------------------------------------------------------------
 # reading a run
 # --------------------------------------------------------------------------------------------------
-def _params(run) -> dict:
-    return run.manifest.params
+def _int(run, key: str) -> int:
+    return int(run.manifest.params.get(key, 0) or 0)
 
 
 def _cells(run) -> list[tuple[str, str]]:
-    p = _params(run)
+    p = run.manifest.params
     return [(t, n) for t in p.get("traces", []) for n in p.get("policies", [])]
 
 
 def expected(run, trace: str, policy: str) -> dict:
     """The simulation of one (trace, policy) cell with this run's settings: re-creations, peak MiB,
     refused calls."""
-    p = _params(run)
-    W, H, pre = run.manifest.tp, run_hidden(run), int(p.get("pre_initialize", 0) or 0)
-    steps = int(p.get("gpu_trace_steps", 0) or 0)
+    W, H, pre, steps = run.manifest.tp, run_hidden(run), _int(run, "pre_initialize"), _int(
+        run, "gpu_trace_steps")
     if steps:
         mgr, refused = rebuild.simulate(rebuild.POLICIES[policy],
                                         traces.trace_tokens(trace)[:steps], world_size=W,
@@ -74,8 +71,8 @@ def _slowest(run, metric: str, trace: str, policy: str) -> float:
 
 
 def _needs(run, names=(), policies=()) -> Optional[str]:
-    p = _params(run)
-    if int(p.get("pre_initialize", 0) or 0):
+    p = run.manifest.params
+    if _int(run, "pre_initialize"):
         return "the run pre-initialises the workspace; these claims are about a cold start"
     miss = ([t for t in names if t not in p.get("traces", [])]
             + [n for n in policies if n not in p.get("policies", [])])
@@ -90,7 +87,7 @@ def _events(run):
 
 
 def _traced(run) -> Optional[str]:
-    if _params(run).get("profile") is False:
+    if run.manifest.params.get("profile") is False:
         return "the run was recorded without the traced pass (profile=False)"
     if run.manifest.sidecars.get("events") is None:
         return "the run has no profiler events (recorded before traces)"
@@ -148,14 +145,12 @@ def _counts_equal(run):
 
 
 def _ranges_equal_simulation(run):
-    W, ev = run.manifest.tp, _events(run)
-    trace, policies = _params(run).get("profile_trace",
-                                       SHORT), _params(run).get("profile_policies", [])
-    r = show.creation_ranges(ev)
+    W, p = run.manifest.tp, run.manifest.params
+    r = show.creation_ranges(_events(run))
     got = r[r.variant != COST_VARIANT].groupby(["variant", "rank"]).size()
     problems, value = [], {}
-    for n in policies:
-        value[n] = sim = traces.recreations(trace, n, W, run_hidden(run))  # whole trace, cold
+    for n in p.get("profile_policies", []):
+        value[n] = sim = traces.recreations(p.get("profile_trace", SHORT), n, W, run_hidden(run))
         problems += [
             f"{label(n)} rank {rank}: {int(got.get((n, rank), 0))} ranges vs {sim}"
             for rank in range(W) if int(got.get((n, rank), 0)) != sim
@@ -201,10 +196,9 @@ def _time_in_recreation(run):
 
 
 def _both_profiled(run) -> Optional[str]:
-    if _traced(run):
-        return _traced(run)
-    return (None if {SHAPE, FLOOR} <= set(_params(run).get("profile_policies", [])) else
-            f"the traced pass lacks {label(SHAPE)} or {label(FLOOR)}")
+    lacks = not {SHAPE, FLOOR} <= set(run.manifest.params.get("profile_policies", []))
+    return _traced(run) or (f"the traced pass lacks {label(SHAPE)} or {label(FLOOR)}"
+                            if lacks else None)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -271,13 +265,10 @@ def _tp4_applies(run) -> Optional[str]:
     return _needs(run, (SHORT,), (FLOOR,))
 
 
-# --------------------------------------------------------------------------------------------------
-# before the PR
-# --------------------------------------------------------------------------------------------------
 def _before_pr_refuses(run):
-    steps, W = int(_params(run).get("gpu_trace_steps", 0) or 0), run.manifest.tp
+    steps, W = _int(run, "gpu_trace_steps"), run.manifest.tp
     problems, value = [], {}
-    for t in _params(run).get("traces", []):
+    for t in run.manifest.params.get("traces", []):
         over = traces.calls_over(t, rebuild.CALLEE_DEFAULT_MAX_TOKEN_NUM, steps)
         got, value[t] = per_rank(run, "refused_calls", t, "before_pr"), over
         if set(got) != set(range(W)) or any(v != over for v in got.values()):
@@ -346,7 +337,7 @@ CLAIMS = [
         f"With the {label('before_pr')}, every call over 2048 tokens trips the callee's assert: "
         "the refused count equals the trace's calls over 2048, on every rank",
         "== calls over 2048 in the trace (exact)", _before_pr_refuses, applies=lambda r: None
-        if "before_pr" in _params(r).get("policies", []) else "the run has no before_pr")
+        if "before_pr" in r.manifest.params.get("policies", []) else "the run has no before_pr")
 ]
 
 
@@ -386,6 +377,10 @@ def _engine_applies(run):
         run) else "no engine variant with the workspace trace started"
 
 
+def _set(values, sep: str) -> str:
+    return sep.join(map(str, sorted(set(values))))
+
+
 def _engine_equal(run):
     facts = sglang.engine_facts(run)
     good = [
@@ -396,30 +391,23 @@ def _engine_equal(run):
     ]
     value = {f["variant"]: f"{max(f['per_rank'].values())}/rank" for f in facts}
     value.update({f"{f['variant']} sim": f["sim"] for f in facts})
+    order = list(sglang.ENGINE_POLICY.values())  # each policy once, in the engine's order
+    names = [label(p) for p in sorted({f["policy"] for f in facts}, key=order.index)]
     # read by the headline and the card, not compared with a reference
-    value.update(per_rank=text.count([n for f in facts for n in f["per_rank"].values()]),
-                 sizes="/".join(map(str, sorted({s
-                                                 for f in facts
-                                                 for s in f["sizes"]}))),
-                 sim=text.count([f["sim"] for f in facts]), tp=" and ".join(
-                     map(str,
-                         sorted({f["world"]
-                                 for f in facts}))), policies=_listed(f["policy"] for f in facts))
+    value["per_rank"] = text.count([n for f in facts for n in f["per_rank"].values()])
+    value["sizes"] = _set((s for f in facts for s in f["sizes"]), "/")
+    value["sim"] = text.count([f["sim"] for f in facts])
+    value["tp"] = _set((f["world"] for f in facts), " and ")
+    value["policies"] = ", ".join(
+        names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
     return holds(
         len(good) == len(facts),
         "; ".join(f"{f['variant']} ({label(f['policy'])}): {max(f['per_rank'].values())} per "
                   f"rank = {f['managers'][0]} managers × {f['sim']} simulated, at "
-                  f"{'/'.join(map(str, f['sizes']))}" for f in facts), value,
+                  f"{_set(f['sizes'], '/')}" for f in facts), value,
         why_not="; ".join(f"{f['variant']}: per rank {f['per_rank']}, managers "
                           f"{f['managers']}, sizes {f['sizes']}, simulated {f['sim']} at "
                           f"{f['sim_sizes']}" for f in facts if f not in good))
-
-
-def _listed(policies) -> str:
-    """``released before, merged floor 2048 and ...``: each policy once, in the engine's order."""
-    order = list(sglang.ENGINE_POLICY.values())
-    names = [label(p) for p in sorted(set(policies), key=order.index)]
-    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
 
 
 def _engine_none_per_step(run):

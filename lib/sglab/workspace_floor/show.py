@@ -1,8 +1,7 @@
 """Tables and figures of notebook 02, from the simulation (CPU) or a run (recorded or live): the
 mechanism, the GPU replay and what one creation costs, the profiler trace, and the real engine
-(:data:`VIEW`) beside the rebuild. Times are host wall-clock ms per rank; tables take the slowest
-rank, since a creation blocks every rank until the last one is done. Your own traffic:
-:mod:`.traffic`.
+(:data:`VIEW`). Times are host wall-clock ms per rank; tables take the slowest rank, since a
+creation blocks every rank. Your own traffic: :mod:`.traffic`.
 """
 
 from __future__ import annotations
@@ -21,8 +20,7 @@ from sglab.workspace_floor.traffic import your_setup  # noqa: F401 (the notebook
 
 
 POLICY_ORDER = list(rebuild.POLICIES)
-# the mechanism picture: released before, the PR's first draft, merged
-STORY = ("before_pr", "floor_0", "floor_2048")
+STORY = ("before_pr", "floor_0", "floor_2048")  # released before, the PR's first draft, merged
 COLORS = {
     "before_pr": plots.PALETTE["neutral"], "floor_0": plots.PALETTE["before"],
     "floor_2048": plots.PALETTE["after"]
@@ -40,12 +38,15 @@ def named(df: pd.DataFrame, level: str = "variant") -> pd.DataFrame:
     return df.rename(index=label, level=level)
 
 
+def _lamport_mib(W: int, T, H: int) -> float:
+    return rebuild.workspace_sizes(W, int(T), H)["aligned"][2] / MiB
+
+
 # --------------------------------------------------------------------------------------------------
 # tables of a run
 # --------------------------------------------------------------------------------------------------
 def policy_stats(run) -> pd.DataFrame:
-    """Per (trace, policy id) of the GPU replay: re-creations, ms (median per creation, totals) and
-    peak MiB, slowest rank."""
+    """Per (trace, policy id) of the GPU replay: re-creations, ms and peak MiB, slowest rank."""
     d = run.df[(run.df.source == "gpu") & run.df.variant.isin(POLICY_ORDER)]
     t = d.pivot_table(index=["trace", "variant"], columns="metric", values="value", aggfunc="max")
     cols = ("recreations", "create_time_median", "create_time_total", "recreate_time_total",
@@ -68,14 +69,6 @@ def consistency(run) -> str:
             "(the int64 pointer table's caching-allocator segment)")
 
 
-def gpu_event_frame(df, trace_name: str) -> pd.DataFrame:
-    """Per policy and creation along a trace: step, size and ms to destroy the old + create the
-    new workspace, slowest rank."""
-    ev = df[df.metric.isin(["event_create", "event_destroy"]) & (df.trace == trace_name)]
-    ev = ev.groupby(["variant", "step", "tokens", "rank"], as_index=False)["value"].sum()
-    return ev.groupby(["variant", "step", "tokens"], as_index=False)["value"].max()
-
-
 def cost_frame(df) -> pd.DataFrame:
     """Median and p10 / p90 creation (and per-phase) ms per T, slowest rank (GPU cost sweep)."""
     d = df[(df.variant == "cost_sweep") & df.metric.isin(["time_median", "time_p10", "time_p90"])]
@@ -83,12 +76,10 @@ def cost_frame(df) -> pd.DataFrame:
 
 
 def phase_table(run) -> pd.DataFrame:
-    """Median ms per creation phase and T (slowest rank), with the per-rank sizes that drive
-    them."""
+    """Median ms per creation phase and T (slowest rank), with the per-rank sizes."""
     W, H = run.manifest.tp, run_hidden(run)
     t = cost_frame(run.df)["time_median"].unstack("phase")
-    t.insert(0, "Lamport MiB",
-             [rebuild.workspace_sizes(W, int(T), H)["aligned"][2] / MiB for T in t.index])
+    t.insert(0, "Lamport MiB", [_lamport_mib(W, T, H) for T in t.index])
     t.insert(1, "workspace MiB",
              [rebuild.workspace_bytes_per_rank(W, int(T), H) / MiB for T in t.index])
     t.index = t.index.astype(int)
@@ -115,25 +106,23 @@ CALLS = {  # each creation's CUDA runtime or driver calls (cuda.bindings may rea
     "ipc close": r"^cu(da)?IpcCloseMemHandle", "lamport fill": r"^cuMemsetD16",
     "synchronize": r"Synchronize"
 }
-PHASE_ORDER = [
-    "destroy old workspace", "preflight", "alloc", "ipc get handle", "exchange handles",
-    "ipc open data", "ipc open flags", "ipc open lamport", "lamport fill", "metadata", "barrier"
-]
-PHASE_COLORS = [
-    "#bdc3c7", "#7f8c8d", "#2471a3", "#76d7c4", "#a9cce3", "#f5b041", "#dc7633", "#a04000",
-    "#229954", "#7d3c98", "#34495e"
-]
+PHASE_COLORS = {
+    "destroy old workspace": "#bdc3c7", "preflight": "#7f8c8d", "alloc": "#2471a3",
+    "ipc get handle": "#76d7c4", "exchange handles": "#a9cce3", "ipc open data": "#f5b041",
+    "ipc open flags": "#dc7633", "ipc open lamport": "#a04000", "lamport fill": "#229954",
+    "metadata": "#7d3c98", "barrier": "#34495e"
+}
 
 
-def call_group(name: str) -> str:
-    return next((g for g, rx in CALLS.items() if re.search(rx, name)), "")
+def _host(events):
+    return events[~events.lane.str.startswith(("stream", "device"))]
 
 
 def creation_ranges(events) -> pd.DataFrame:
     """One row per traced creation: variant, rank, creation, step, tokens and its ms."""
-    r = events[(events.category == "range")
-               & events.name.str.endswith((rebuild.RECREATE_RANGE, measure.COST_RANGE))
-               & ~events.lane.str.startswith(("stream", "device"))]
+    r = _host(events)
+    r = r[(r.category == "range")
+          & r.name.str.endswith((rebuild.RECREATE_RANGE, measure.COST_RANGE))]
     out = r[["variant", "rank", "creation", "step", "tokens"]].assign(ms=r.dur_us / 1e3)
     return out.sort_values(["variant", "rank", "creation"]).reset_index(drop=True)
 
@@ -152,18 +141,19 @@ def trace_recreation_table(events) -> pd.DataFrame:
 
 def _calls(events, groups=None) -> pd.DataFrame:
     d = events[events.category == "runtime"]
-    d = d.assign(call=d.name.map(call_group))
+    d = d.assign(
+        call=d.name.map(lambda n: next((g for g, rx in CALLS.items() if re.search(rx, n)), "")))
     return d[d.call.isin(groups) if groups else d.call != ""]
 
 
 def call_table(events, rank: int = 0) -> pd.DataFrame:
     """The CUDA calls inside one rank's creations: per variant and call, calls per creation, median
     µs per call, total ms."""
-    d = _calls(events[events["rank"] == rank])
-    n = events[events["rank"] == rank].groupby("variant").creation.nunique()
-    t = d.groupby(["variant", "call",
-                   "name"]).agg(calls=("dur_us", "size"), median_us=("dur_us", "median"),
-                                total_ms=("dur_us", lambda s: s.sum() / 1e3))
+    mine = events[events["rank"] == rank]
+    t = _calls(mine).groupby(["variant", "call",
+                              "name"]).agg(calls=("dur_us", "size"), median_us=("dur_us", "median"),
+                                           total_ms=("dur_us", lambda s: s.sum() / 1e3))
+    n = mine.groupby("variant").creation.nunique()
     t["per creation"] = t.calls / n.reindex(t.index.get_level_values("variant")).to_numpy()
     return t[["per creation", "median_us", "total_ms"]]
 
@@ -185,32 +175,29 @@ def ipc_calls_per_creation(events) -> pd.DataFrame:
 
 
 def phase_frame(events) -> pd.DataFrame:
-    """Cost sizes: ms per creation phase (sub-range) of the slowest rank's creation per T (one rank
-    per size, so the phases add up to that creation); ``ipc open`` by buffer."""
+    """Cost sizes: ms per creation phase of the slowest rank's creation per T (so the phases add up
+    to that creation); ``ipc open`` by buffer."""
     cr = creation_ranges(events)
     cr = cr[cr.variant == COST_VARIANT]
     slowest = cr.loc[cr.groupby("tokens").ms.idxmax(), ["tokens", "rank"]]
-    d = events[(events.variant == COST_VARIANT) & (events.category == "range")
-               & ~events.lane.str.startswith(
-                   ("stream", "device"))].merge(slowest, on=["tokens", "rank"])
+    d = _host(events)
+    d = d[(d.variant == COST_VARIANT) & (d.category == "range")].merge(
+        slowest, on=["tokens", "rank"])
     sub = d.name.str.replace(PHASE_PREFIX, "", regex=False)
     d = d.assign(sub=sub.where(sub.str.startswith("ipc open"),
                                sub.str.replace(r" (data|flags|lamport)$", "", regex=True)))
-    t = d[d["sub"].isin(PHASE_ORDER)].groupby(["tokens", "sub"]).dur_us.sum().unstack("sub") / 1e3
-    return t[[c for c in PHASE_ORDER if c in t.columns]].fillna(0.0)
+    t = d[d["sub"].isin(PHASE_COLORS)].groupby(["tokens", "sub"]).dur_us.sum().unstack("sub") / 1e3
+    return t[[c for c in PHASE_COLORS if c in t.columns]].fillna(0.0)
 
 
 def trace_step(events, *, world_size: int, hidden_dim: int) -> list[str]:
     """Where the creation cost steps up, read from the traced cost sizes: which phase and call grow,
-    by how much, whether the growth follows the bytes or the size of one allocation, what the trace
-    rules out; then each rank's long calls in the first creation above the step."""
+    by how much, what the trace rules out; then each rank's long calls in the first creation above
+    the step."""
     r = creation_ranges(events)
     cost = r[r.variant == COST_VARIANT].groupby("tokens").ms.max()
     ob, ph = open_by_buffer(events), phase_frame(events)
-    lam = {
-        int(T): rebuild.workspace_sizes(world_size, int(T), hidden_dim)["aligned"][2] / MiB
-        for T in cost.index
-    }
+    lam = {int(T): _lamport_mib(world_size, T, hidden_dim) for T in cost.index}
     lo, hi = [T for T in cost.index if lam[int(T)] <= 336
               ], [T for T in cost.index if lam[int(T)] >= 672]
     if not lo or not hi:
@@ -269,12 +256,16 @@ def mechanism(run=None, *, trace_name: str = "short_ramp", policies=STORY, hidde
     fig, ax = plots.figure(width=11, height=4.6)
     ax.plot(range(xmax), tokens[:xmax], lw=0.6, color="#95a5a6",
             label="x.shape[0] per forward step")
-    ev = gpu_event_frame(run.df, trace_name) if run is not None else None
+    if run is not None:  # per policy and creation: ms to destroy the old + create the new, slowest
+        ev = run.df[run.df.metric.isin(["event_create", "event_destroy"])
+                    & (run.df.trace == trace_name)]
+        ev = ev.groupby(["variant", "step", "tokens", "rank"], as_index=False)["value"].sum()
+        ev = ev.groupby(["variant", "step", "tokens"], as_index=False)["value"].max()
     for i, name in enumerate(policies):
         s = pd.DataFrame(
             [(max(e.step, 0), e.max_token_num, e.bytes_per_rank / MiB) for e in events[name]],
             columns=["step", "tokens", "MiB"])
-        e = ev[ev.variant == name] if ev is not None else None
+        e = ev[ev.variant == name] if run is not None else None
         ms = {} if e is None else {int(a): float(b) for a, b in zip(e.step.clip(lower=0), e.value)}
         color = COLORS.get(name, plots.PALETTE["neutral"])
         ax.step(
@@ -310,30 +301,6 @@ def mechanism(run=None, *, trace_name: str = "short_ramp", policies=STORY, hidde
     return fig
 
 
-def tradeoff_figure(cells: dict, *, x: str, ms: str = "", xlabel: str, note: str, source=None):
-    """Re-creations against peak MiB per rank, one panel per ``(trace, world size)`` of ``cells``
-    (tables indexed by policy id), each point labelled with its policies (and their ms)."""
-    names, worlds = sorted({t for t, _ in cells}), sorted({w for _, w in cells})
-    fig, axes = plots.figure(len(worlds), len(names), width=5.5 * len(worlds), height=5.6)
-    for (tname, W), t in cells.items():
-        ax = axes[names.index(tname)][worlds.index(W)]
-        ax.scatter(t[x], t.recreations, s=40, color=f"C{worlds.index(W)}")
-        for (xv, yv), g in t.groupby([x, "recreations"]):
-            said = "\n".join(
-                label(n) + (f": {g.loc[n, ms]:.0f} ms" if ms else "")
-                for n in POLICY_ORDER if n in g.index)
-            ax.annotate(said, (xv, yv), fontsize=7, xytext=(4, 3), textcoords="offset points",
-                        va="bottom", rotation=20)
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(_ticks())
-        ax.yaxis.get_major_locator().set_params(integer=True)
-        ax.margins(x=0.35, y=0.35)
-        ax.set_ylim(bottom=0)
-        ax.set(title=f"'{tname}', W={W}", xlabel=xlabel, ylabel="re-creations")
-    plots.caption(fig, source, extra=note)
-    return fig
-
-
 def cost_figure(shown: list):
     """Creation ms against T per shown run (median, p10-p90), and the IPC-open phase against the
     Lamport buffer size."""
@@ -346,8 +313,8 @@ def cost_figure(shown: list):
         ax_create.errorbar(g.tokens, g.time_median,
                            yerr=[g.time_median - g.time_p10,
                                  g.time_p90 - g.time_median], marker="o", capsize=3, label=f"W={W}")
-        ax_open.plot([rebuild.workspace_sizes(W, int(T), H)["aligned"][2] / MiB for T in o.tokens],
-                     o.time_median, marker="o", label=f"W={W}")
+        ax_open.plot([_lamport_mib(W, T, H) for T in o.tokens], o.time_median, marker="o",
+                     label=f"W={W}")
     ax_create.set(xlabel="workspace T (tokens, log2)",
                   ylabel="creation ms (median, p10-p90, slowest rank)")
     ax_open.set(xlabel="Lamport buffer per rank (MiB, log2)", ylabel="IPC-open phase, ms (median)")
@@ -367,7 +334,7 @@ def cost_figure(shown: list):
 
 def profile_overview(events, *, rank: int = 0, variants=("floor_0", "floor_2048"), run=None):
     """Swim-lanes of every re-creation of ``rank``, one group per policy, back to back (the replay
-    between them cut), so the axis is time spent re-creating; IPC handle opens highlighted."""
+    between them cut); IPC handle opens highlighted."""
     tables = {}
     for v in variants:
         d = events[(events.variant == v) & (events["rank"] == rank)]
@@ -391,24 +358,23 @@ def profile_overview(events, *, rank: int = 0, variants=("floor_0", "floor_2048"
 
 
 def profile_step(events, *, world_size: int, hidden_dim: int, run=None):
-    """Left: ms per creation phase for each traced size (stacked, slowest rank), labelled with the
-    Lamport buffer's MiB. Right: one IPC open per buffer against the size of that buffer."""
+    """Left: ms per creation phase for each traced size (stacked, slowest rank). Right: one IPC open
+    per buffer against the size of that buffer."""
     fig, axes = plots.figure(2, 1, width=12, height=4.4)
     ax, ax2 = axes[0]
-    t = phase_frame(events)
+    t, ob = phase_frame(events), open_by_buffer(events)
     x, bottom = np.arange(len(t)), np.zeros(len(t))
     for col in t.columns:
-        ax.bar(x, t[col], bottom=bottom, label=col, color=PHASE_COLORS[PHASE_ORDER.index(col)])
+        ax.bar(x, t[col], bottom=bottom, label=col, color=PHASE_COLORS[col])
         bottom += t[col].to_numpy()
     sizes = {
         int(T): rebuild.workspace_sizes(world_size, int(T), hidden_dim)["aligned"]
-        for T in set(t.index) | set(open_by_buffer(events).index)
+        for T in set(t.index) | set(ob.index)
     }
     ax.set_xticks(x, [f"T={int(T)}\n{sizes[int(T)][2] / MiB:.0f} MiB" for T in t.index], fontsize=8)
     ax.set(xlabel="workspace T and its Lamport buffer per rank",
            ylabel="ms per creation phase (traced, slowest rank's creation)")
     ax.legend(fontsize=7, ncol=2)
-    ob = open_by_buffer(events)
     for name in ob.columns:
         ax2.plot([sizes[int(T)][rebuild.BUFFER_NAMES.index(name)] / MiB for T in ob.index],
                  ob[name], marker="o", ls="", label=f"{name} buffer")
@@ -424,21 +390,36 @@ def profile_step(events, *, world_size: int, hidden_dim: int, run=None):
 # the notebook's sections
 # --------------------------------------------------------------------------------------------------
 def simulation(world_sizes=(2, 4), hidden_dim: int = 7168) -> None:
-    """Memory against re-creations per policy, both traces, cold start, simulated."""
+    """Memory against re-creations per policy, one panel per trace and world size, cold start,
+    simulated; each point labelled with its policies."""
     d = pd.DataFrame(
         measure.simulate_rows({"hidden_dim": hidden_dim}, world_sizes=list(world_sizes),
                               scenarios=(0,)))
-    cells = {(t, W): g.pivot_table(index="variant", columns="metric", values="value")
-             for (t, W), g in d[d.metric != "event_workspace"].groupby(["trace", "world_size"])}
-    notebook.show_figure(
-        tradeoff_figure(cells, x="peak_workspace", xlabel="peak workspace per rank (MiB, log2)",
-                        note="memory vs re-creations per policy, cold start, simulated"))
+    d = d[d.metric != "event_workspace"]
+    names, worlds = sorted(set(d.trace)), sorted(set(d.world_size))
+    fig, axes = plots.figure(len(worlds), len(names), width=5.5 * len(worlds), height=5.6)
+    for (tname, W), g in d.groupby(["trace", "world_size"]):
+        t = g.pivot_table(index="variant", columns="metric", values="value")
+        ax = axes[names.index(tname)][worlds.index(W)]
+        ax.scatter(t.peak_workspace, t.recreations, s=40, color=f"C{worlds.index(W)}")
+        for (xv, yv), p in t.groupby(["peak_workspace", "recreations"]):
+            ax.annotate("\n".join(label(n) for n in POLICY_ORDER if n in p.index), (xv, yv),
+                        fontsize=7, xytext=(4, 3), textcoords="offset points", va="bottom",
+                        rotation=20)
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(_ticks())
+        ax.yaxis.get_major_locator().set_params(integer=True)
+        ax.margins(x=0.35, y=0.35)
+        ax.set_ylim(bottom=0)
+        ax.set(title=f"'{tname}', W={W}", xlabel="peak workspace per rank (MiB, log2)",
+               ylabel="re-creations")
+    plots.caption(fig, None, extra="memory vs re-creations per policy, cold start, simulated")
+    notebook.show_figure(fig)
 
 
 @notebook.needs_run
 def replay(run) -> None:
-    """The GPU replay per policy of each shown run (ms and MiB: slowest rank) and its agreement
-    with the simulation."""
+    """The GPU replay per policy of each shown run and its agreement with the simulation."""
     for r in run.shown:
         print(f"W={r.manifest.tp}: {r.path.name} ({r.label}) - GPU replay per policy")
         notebook.show_table(
@@ -468,9 +449,9 @@ def profiler(run) -> None:
     for r in traced:
         ev, W, H = r.sidecar("events"), r.manifest.tp, run_hidden(r)
         for rank in range(W):
-            path = r.sidecar(f"trace_rank{rank}")
-            if path is not None:
-                notebook.file_link(path, f"W={W}, rank {rank}: Perfetto trace")
+            if r.sidecar(f"trace_rank{rank}") is not None:
+                notebook.file_link(r.sidecar(f"trace_rank{rank}"),
+                                   f"W={W}, rank {rank}: Perfetto trace")
         notebook.show_figure(profile_overview(ev, run=r))
         notebook.show_table(named(trace_recreation_table(ev).round(1)))
         for rank in sorted(ev["rank"].unique()):
@@ -494,17 +475,19 @@ def _ms(ms: list[float]) -> str:
     return text.span(ms, "{:.1f}" if ms and max(ms) < 100 else "{:.0f}", " ms")
 
 
+def _sizes(sizes) -> str:
+    return "/".join(map(str, sizes))
+
+
 def engine_table(facts: list[dict]) -> pd.DataFrame:
-    """One row per TP size and engine variant: its call site, the workspace creations per rank,
-    their size, how many fell inside the forward steps, the rebuild's simulation of the same trace,
-    and the time of a creation apart from the first one of each rank, which also holds FlashInfer's
-    JIT build (or its load where its cache was warm)."""
+    """One row per TP size and engine variant: its call site, the creations per rank, their size,
+    how many fell inside the forward steps, the rebuild's simulation of the same trace, and the time
+    of a creation apart from each rank's first one (which also holds FlashInfer's JIT build)."""
     rows = [{
         "TP": f["world"], "release": f["variant"].split("+")[0], "call site": label(f["policy"]),
-        "creations per rank": text.count(f["per_rank"].values()), "max_token_num": "/".join(
-            map(str, f["sizes"])), "in forward steps": f"{f['in_calls']} in {f['calls']} calls",
-        "rebuild, pre-initialised": f"{f['sim']} per manager at "
-        f"{'/'.join(map(str, f['sim_sizes']))}",
+        "creations per rank": text.count(f["per_rank"].values()), "max_token_num": _sizes(
+            f["sizes"]), "in forward steps": f"{f['in_calls']} in {f['calls']} calls",
+        "rebuild, pre-initialised": f"{f['sim']} per manager at {_sizes(f['sim_sizes'])}",
         "a creation": _ms([m for v in f["ms_by_rank"].values()
                            for m in v[1:]]), "first one, JIT build or load": _ms([
                                v[0] - v[1] for v in f["ms_by_rank"].values() if len(v) > 1
@@ -514,16 +497,16 @@ def engine_table(facts: list[dict]) -> pd.DataFrame:
 
 
 def engine_lines(facts: list[dict]) -> list[str]:
-    """What the engine runs say, in numbers read from them: the creations and when, FlashInfer's
-    first-creation cost apart from a creation, and the steps above the fusion gate."""
+    """What the engine runs say: the creations and when, FlashInfer's first-creation cost apart from
+    a creation, and the steps above the fusion gate."""
     if not facts:
         return []
     per = text.count([n for f in facts for n in f["per_rank"].values()])
-    sizes = "/".join(map(str, sorted({s for f in facts for s in f["sizes"]})))
     out = [
         f"every variant: {per} creations per rank (one per workspace manager: attention TP and MoE "
-        f"TP), all at {sizes} tokens before graph capture, {sum(f['in_calls'] for f in facts)} of "
-        f"them during the {sum(f['calls'] for f in facts)} generate calls"
+        f"TP), all at {_sizes(sorted({s for f in facts for s in f['sizes']}))} tokens before graph "
+        f"capture, {sum(f['in_calls'] for f in facts)} of them during the "
+        f"{sum(f['calls'] for f in facts)} generate calls"
     ]
     first = [v[0] for f in facts for v in f["ms_by_rank"].values() if v]
     later = [m for f in facts for v in f["ms_by_rank"].values() for m in v[1:]]
@@ -541,8 +524,7 @@ def engine_lines(facts: list[dict]) -> list[str]:
     return out
 
 
-def engine_extra(rs) -> None:
-    """The engine section's own table (:func:`engine_table`) and lines (:func:`engine_lines`)."""
+def _engine_extra(rs) -> None:
     facts = sglang.engine_facts_of(rs.shown)
     notebook.show_table(engine_table(facts))
     print("\n".join(engine_lines(facts)))
@@ -550,25 +532,22 @@ def engine_extra(rs) -> None:
 
 VIEW = engine_view.EngineView(
     what="DeepSeek-V3-style 2 layers, --enable-flashinfer-allreduce-fusion, the short-prompt trace "
-    "one request at a time", extra=engine_extra)
+    "one request at a time", extra=_engine_extra)
 
 
 def beside_rows(run, engine_run) -> list[dict]:
-    """Workspace creations as the rebuild (``run``, one Run: a cold start on real workspaces) and
-    SGLang's engine (pre-initialised) count them."""
+    """Workspace creations as the rebuild (``run``: a cold start on real workspaces) and SGLang's
+    engine (pre-initialised) count them."""
     rows = []
-    if run:
-        r = run
-        stats = policy_stats(r)
-        for pol in ("floor_0", "floor_2048"):
-            if ("short_ramp", pol) in stats.index:
-                rows.append({
-                    "source": f"rebuild ({r.manifest.gpu} TP {r.manifest.tp}), cold start",
-                    "measures": f"creations along the short-prompt trace, {label(pol)}",
-                    "figure": text.count(stats.loc[("short_ramp", pol), "recreations"])
-                })
-    else:
+    if not run:
         rows.append({"source": "rebuild", "measures": run.line, "figure": ""})
+    else:
+        stats = policy_stats(run)
+        rows += [{
+            "source": f"rebuild ({run.manifest.gpu} TP {run.manifest.tp}), cold start",
+            "measures": f"creations along the short-prompt trace, {label(pol)}",
+            "figure": text.count(stats.loc[("short_ramp", pol), "recreations"])
+        } for pol in ("floor_0", "floor_2048") if ("short_ramp", pol) in stats.index]
     for f in sglang.engine_facts_of(engine_run.shown) if engine_run else []:
         rows.append({
             "source": f"SGLang {f['variant']} engine (TP {f['world']})",

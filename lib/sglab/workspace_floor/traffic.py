@@ -1,8 +1,7 @@
 """Your own traffic -> workspace re-creations per policy (``sglab workspace``, notebook 02's last
-cell): :func:`read_trace` (a CSV or an SGLang server log, one-line :class:`TraceError` naming file
-and line), :func:`traffic_table` (each policy's re-creations, refused calls and peak MiB per rank,
-exact, and the host-blocking ms estimated from a recorded run's creation cost), and
-:func:`your_setup` (the same on a generated cold start, for a floor, world size and prompt length).
+cell): :func:`read_trace` (a CSV or an SGLang server log; one-line :class:`TraceError`),
+:func:`traffic_table` (per policy, exact counts and MiB, host-blocking ms estimated from a recorded
+run) and :func:`your_setup` (the same on a generated cold start).
 """
 
 from __future__ import annotations
@@ -23,9 +22,8 @@ from sglab.workspace_floor.measure import EXPERIMENT, run_hidden
 from sglab.workspace_floor.rebuild import MiB
 
 
-PREFILL = re.compile(r"Prefill batch\b.*?#new-token:\s*(\d+)")
-DECODE = re.compile(r"Decode batch\b.*?#running-req:\s*(\d+)")
-EXAMPLE_LOG = runs.repo_root() / "data" / "examples" / "sglang_server_short_prompts.log"  # tests
+LOG_LINES = (("Prefill", re.compile(r"Prefill batch\b.*?#new-token:\s*(\d+)"), "#new-token"),
+             ("Decode", re.compile(r"Decode batch\b.*?#running-req:\s*(\d+)"), "#running-req"))
 
 
 class TraceError(ValueError):
@@ -42,37 +40,38 @@ class Trace:
     decode_lines: int = 0
 
 
+def _read_log(path: Path, lines: list[str], pcg_max_tokens: int) -> Trace:
+    buckets = traces.pcg_buckets(pcg_max_tokens) if pcg_max_tokens else []
+    tokens, n = [], {"Prefill": 0, "Decode": 0}
+    for i, ln in enumerate(lines, 1):
+        for kind, rx, field in LOG_LINES:
+            if f"{kind} batch" not in ln:
+                continue
+            m = rx.search(ln)
+            if not m:
+                raise TraceError(f"{path}:{i}: a '{kind} batch' line without '{field}: <int>': "
+                                 f"{ln.strip()[:120]}")
+            t, n[kind] = int(m.group(1)), n[kind] + 1
+            j = bisect.bisect_left(buckets, t)
+            if t > 0:
+                tokens.append(buckets[j] if kind == "Prefill" and j < len(buckets) else t)
+            break
+    return Trace(tokens, "log", str(path), n["Prefill"], n["Decode"])
+
+
 def read_trace(path, *, pcg_max_tokens: int = 4096) -> Trace:
     """The token count of every forward step, from a CSV (a ``tokens`` column, or one number per
-    line) or from the "Prefill batch" / "Decode batch" lines of an SGLang server log (any such line
-    makes it a log). A prefill line gives the batch's new tokens (``#new-token``), padded to the
-    piecewise-CUDA-graph bucket the runner would replay (``pcg_max_tokens``, 0: no padding); a
-    decode line gives ``#running-req``. SGLang logs decode lines only every
-    ``--decode-log-interval`` steps (40 by default), so decode-driven re-creations are a lower
-    bound."""
+    line) or an SGLang server log (any "Prefill batch" / "Decode batch" line makes it one): a
+    prefill line gives ``#new-token`` padded to the piecewise bucket (``pcg_max_tokens``, 0: no
+    padding), a decode line ``#running-req``. Decode lines come every ``--decode-log-interval``
+    steps, so decode-driven re-creations are a lower bound."""
     path = Path(path)
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError as e:
         raise TraceError(f"{path}: cannot read ({e.strerror or e})") from None
     if any("Prefill batch" in ln or "Decode batch" in ln for ln in lines):
-        buckets = traces.pcg_buckets(pcg_max_tokens) if pcg_max_tokens else []
-        tokens, n = [], {"Prefill": 0, "Decode": 0}
-        for i, ln in enumerate(lines, 1):
-            for kind, rx, field in (("Prefill", PREFILL, "#new-token"), ("Decode", DECODE,
-                                                                         "#running-req")):
-                if f"{kind} batch" not in ln:
-                    continue
-                m = rx.search(ln)
-                if not m:
-                    raise TraceError(f"{path}:{i}: a '{kind} batch' line without '{field}: <int>': "
-                                     f"{ln.strip()[:120]}")
-                t, n[kind] = int(m.group(1)), n[kind] + 1
-                j = bisect.bisect_left(buckets, t)
-                if t > 0:
-                    tokens.append(buckets[j] if kind == "Prefill" and j < len(buckets) else t)
-                break
-        return Trace(tokens, "log", str(path), n["Prefill"], n["Decode"])
+        return _read_log(path, lines, pcg_max_tokens)
     if any(re.search(r"\b(INFO|WARNING|ERROR)\b|\[\d{4}-\d\d-\d\d", ln) for ln in lines[:50]):
         raise TraceError(f"{path}: looks like a log but has no 'Prefill batch' or 'Decode batch' "
                          "line (expected SGLang scheduler lines such as 'Prefill batch, #new-seq: "
@@ -135,8 +134,8 @@ def cost_model(world_size: int) -> Optional[CostModel]:
     recorded = runs.load_all_recorded(EXPERIMENT)
     if not recorded:
         return None
-    dist = {id(r): abs(r.manifest.tp - world_size) for r in recorded}
-    run = max((r for r in recorded if dist[id(r)] == min(dist.values())),
+    nearest = min(abs(r.manifest.tp - world_size) for r in recorded)
+    run = max((r for r in recorded if abs(r.manifest.tp - world_size) == nearest),
               key=lambda r: str(r.manifest.created_utc))
     c = run.df[(run.df.variant == "cost_sweep") & (run.df.metric == "time_median")
                & run.df.phase.isin(["create", "destroy"])]
@@ -155,10 +154,9 @@ def cost_model(world_size: int) -> Optional[CostModel]:
 
 def traffic_table(tokens: list[int], *, world_size: int, hidden_dim: int, policies=None,
                   pre_initialize: int = 0) -> pd.DataFrame:
-    """One row per policy (ids or :class:`~.rebuild.Policy` objects), by its short name: what the
-    call site passes, re-creations, refused calls, peak workspace MiB/rank (exact), estimated
-    host-blocking ms from the creation cost of the newest recorded run (named in
-    ``attrs["cost_model"]``, its world size in ``times of``)."""
+    """One row per policy (ids or :class:`~.rebuild.Policy`), by its short name: what the call site
+    passes, re-creations, refused calls, peak MiB/rank (exact), estimated host-blocking ms from the
+    newest recorded run's creation cost (named in ``attrs["cost_model"]``)."""
     model = cost_model(world_size)
     rows = []
     for pol in policies or rebuild.POLICIES:
@@ -180,20 +178,20 @@ def traffic_table(tokens: list[int], *, world_size: int, hidden_dim: int, polici
 
 
 def generated_trace(prompt_length: int, *, steps: int = 1500) -> list[int]:
-    """``x.shape[0]`` per forward step of a cold server warming up (the stored ``short_ramp``
-    scenario) with a median prompt of ``prompt_length`` tokens."""
+    """``x.shape[0]`` per step of a cold server warming up (the stored ``short_ramp`` scenario) with a
+    median prompt of ``prompt_length`` tokens."""
     params = {**traces.TRACES["short_ramp"], "prompt_median": int(prompt_length), "steps": steps}
     return [int(t) for t in traces.generate_trace(**params).tokens]
 
 
 def floor_table(floor: int, world_size: int, prompt_length: int, *,
                 hidden_dim: int = 7168) -> pd.DataFrame:
-    """On a generated cold start with prompts of ``prompt_length`` tokens: a ``max(x.shape[0],
-    floor)`` policy next to no floor, the PR's 2048 and the call before the PR."""
+    """On a generated cold start: ``max(x.shape[0], floor)`` next to no floor, the PR's 2048 and the
+    call before the PR."""
     mine = rebuild.POLICIES.get(f"floor_{int(floor)}") or rebuild.floor_policy(int(floor))
     names = list(dict.fromkeys(["before_pr", "floor_0", mine.name, "floor_2048"]))
-    tokens = generated_trace(prompt_length)
-    return traffic_table(tokens, world_size=int(world_size), hidden_dim=hidden_dim,
+    return traffic_table(generated_trace(prompt_length), world_size=int(world_size),
+                         hidden_dim=hidden_dim,
                          policies=[mine if n == mine.name else n for n in names]).round(1)
 
 
