@@ -1,9 +1,7 @@
-"""The workspace floor in real SGLang: the fix's record (``FIX``), its source check, its code path,
-the real-release probe and the comparison with the rebuild. The probe runs the workbook's traces
-through each release's own call site and manager on the CPU, FlashInfer's creation replaced by a
-recorder that answers its size check (the callee, a CUDA-only op, compiled from the release's file
-without its decorator); ``ENGINE``: the whole engine at TP 2 and 4 with
-``--enable-flashinfer-allreduce-fusion``. Nothing here imports SGLang at module level.
+"""The workspace floor in real SGLang: the fix's record (``FIX``), its source check, code path,
+CPU probe (the traces through each release's own call site and manager, FlashInfer's creation
+replaced by a recorder), the engine's scenarios and answers, and the comparison with the rebuild.
+Nothing here imports SGLang at module level.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ import dataclasses
 import gzip
 import inspect
 import types
-from typing import Optional
 
 from sglab.core import lazy
 from sglab.sglang import engine as eng
@@ -64,9 +61,7 @@ CODE_PATH = (Node("srt/model_executor/model_runner.py",
 def _callee_default(read) -> str:
     """The end of the "before" reason: the callee's default and its assert."""
     fn = S.find(S.parsed(read, FUSION)[1], "flashinfer_allreduce_residual_rmsnorm")
-    if fn is None:
-        return ""
-    args = fn.args.args[len(fn.args.args) - len(fn.args.defaults):]
+    args = fn.args.args[len(fn.args.args) - len(fn.args.defaults):] if fn else []
     default = next(
         (ast.unparse(d) for a, d in zip(args, fn.args.defaults) if a.arg == "max_token_num"), None)
     if default is None:
@@ -119,8 +114,7 @@ def check(read) -> Verdict:
 # the CPU probe (inside one release's worker process)
 # --------------------------------------------------------------------------------------------------
 class RecordedWorkspace:
-    """What ``create_allreduce_fusion_workspace`` would have returned: its metadata, FlashInfer's
-    size rule."""
+    """What ``create_allreduce_fusion_workspace`` would have returned, with FlashInfer's size rule."""
 
     def __init__(self, comm, kwargs: dict):
         self.comm, self.kwargs, self.backend = comm, kwargs, kwargs.get("backend", "trtllm")
@@ -151,9 +145,8 @@ class RecordingComm:
 
 
 def undecorated(module, name: str):
-    """``module.name`` compiled from the module's own source without its decorators, with the
-    module's globals (what the decorator registers as a CUDA-only torch op is this very
-    function)."""
+    """``module.name`` compiled from the module's source without its decorators (which register it
+    as a CUDA-only torch op), reading the module's globals."""
     tree = ast.parse(inspect.getsource(module))
     node = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
     if node is None:
@@ -169,8 +162,8 @@ def undecorated(module, name: str):
 
 @contextlib.contextmanager
 def _wired(prepared, comm: RecordingComm, world_size: int):
-    """The release's modules with FlashInfer, the preflight and the parallel state replaced; fresh
-    managers, so every (trace, site, scenario) starts from a cold server."""
+    """The release's modules with FlashInfer, the preflight and the parallel state replaced, and
+    fresh managers (a cold server)."""
     from sglab.sglang import bootstrap
 
     fc = bootstrap.import_release_module(prepared, "sglang.srt.layers.flashinfer_comm_fusion")
@@ -180,7 +173,6 @@ def _wired(prepared, comm: RecordingComm, world_size: int):
     sizes = dict(get_attn_tensor_model_parallel_world_size=lambda: world_size,
                  get_moe_tensor_parallel_world_size=lambda: world_size,
                  get_moe_expert_parallel_world_size=lambda: 1)
-    fused = undecorated(fc, "flashinfer_allreduce_residual_rmsnorm")
     others = dict(
         get_attn_tensor_model_parallel_rank=lambda: 0,
         get_moe_tensor_parallel_rank=lambda: 0,
@@ -193,7 +185,8 @@ def _wired(prepared, comm: RecordingComm, world_size: int):
         _flashinfer_comm=comm,
         _flashinfer_allreduce_unavailable=False,
         _preflight_check_workspace_memory=lambda **k: True,
-        flashinfer_allreduce_residual_rmsnorm=fused,
+        flashinfer_allreduce_residual_rmsnorm=undecorated(fc,
+                                                          "flashinfer_allreduce_residual_rmsnorm"),
         _attn_tp_workspace_manager=fc.FlashInferWorkspaceManager(),
         _moe_tp_workspace_manager=fc.FlashInferWorkspaceManager())
     with patched(fc, **sizes, **others), patched(dist, **sizes):  # the call site imports per call
@@ -211,8 +204,7 @@ class _Norm:
 
 
 def _call(prepared, fc, site: str, tokens: int, hidden: int):
-    """One forward step's workspace decision: the release's call site, or the real callee at a
-    chosen floor."""
+    """One step through the release's call site, or the real callee at a chosen floor."""
     from sglab.sglang import bootstrap
 
     x = torch.empty((tokens, hidden), dtype=torch.bfloat16)
@@ -227,8 +219,7 @@ def _call(prepared, fc, site: str, tokens: int, hidden: int):
 
 def replay_release(prepared, trace: list, site: str, *, pre_initialize: int = 0,
                    world_size: int = WORLD_SIZE, hidden: int = HIDDEN) -> dict:
-    """The trace through the real code: the creations it asked for, the calls the callee
-    refused."""
+    """The trace through the real code: the creations it asked for, the calls the callee refused."""
     comm, refused = RecordingComm(), 0
     with _wired(prepared, comm, world_size) as fc:
         if pre_initialize:
@@ -250,24 +241,18 @@ def replay_release(prepared, trace: list, site: str, *, pre_initialize: int = 0,
                 fused_calls=comm.fused_calls, manager_high_water_mark=high_water)
 
 
-def call_site_text(prepared) -> str:
-    """The ``max_token_num=`` argument the release's call site passes (its own line), or
-    ``(none)``."""
+def probe(prepared, params: dict) -> list[dict]:
+    """Rows ``trace, site, scenario, metric, value``: the ``max_token_num=`` line of the release's
+    call site, then per trace (``traces``: {name: token counts}), site (``sites``) and
+    pre-initialisation the creations and refusals."""
     from sglab.sglang import bootstrap
 
     layernorm = bootstrap.import_release_module(prepared, "sglang.srt.layers.layernorm")
     source = inspect.getsource(layernorm._forward_with_allreduce_fusion)
     lines = [ln.strip().rstrip(",") for ln in source.splitlines() if "max_token_num=" in ln]
-    return lines[0] if lines else "(none)"
-
-
-def probe(prepared, params: dict) -> list[dict]:
-    """Rows ``trace, site, scenario, metric, value``. ``params``: ``traces`` ({name: token
-    counts}), ``sites`` (default ``["release"]``), ``pre_initialize`` (default ``[0, 2048]``),
-    ``world_size``, ``hidden``."""
     rows = [
         dict(trace="", site="release", scenario="", metric="call_site",
-             value=call_site_text(prepared))
+             value=lines[0] if lines else "(none)")
     ]
     W, H = int(params.get("world_size", WORLD_SIZE)), int(params.get("hidden", HIDDEN))
     for name, trace in params["traces"].items():
@@ -299,7 +284,7 @@ WORKSPACE_TRACE = trace_adjustment(
     "FlashInferWorkspaceManager.initialize prints one line with its max_token_num (behaviour "
     "unchanged)", "sglang.srt.layers.flashinfer_comm_fusion",
     "FlashInferWorkspaceManager.initialize", "workspace", ("max_token_num", "world_size", "rank"))
-FUSION_ARGS = ("--tp-size", "2", "--enable-flashinfer-allreduce-fusion", "--disable-radix-cache")
+FUSION_ARGS = ("--enable-flashinfer-allreduce-fusion", "--disable-radix-cache")
 # the rebuild's floor_0 policy in the released engine: which keeps the workspace, the floor or
 # SGLang's pre-initialisation at 2048 before capture?
 FLOOR_TO_SHAPE = revert_adjustment(
@@ -311,7 +296,8 @@ FLOOR_TO_SHAPE = revert_adjustment(
     text="max_token_num=max(x.shape[0], 2048),", replacement="max_token_num=x.shape[0],")
 
 
-def _fusion_cases(args: tuple) -> tuple:
+def _fusion_cases(tp: int) -> tuple:
+    args = ("--tp-size", str(tp), *FUSION_ARGS)
     return (Case("fusion", args, (WORKSPACE_TRACE,)),
             Case("x-shape", args, (WORKSPACE_TRACE, FLOOR_TO_SHAPE), releases=("0.5.13",)))
 
@@ -321,7 +307,7 @@ _TP2 = Scenario(
     what="--enable-flashinfer-allreduce-fusion at TP 2 over a short-prompt trace: FlashInfer "
     "workspace creations per rank, their size and time (needs the whole FlashInfer package: "
     "FLASHINFER_FULL=1 bundles)", model="deepseek_v3_tiny", tool="engine",
-    releases=("0.5.12.post1", "0.5.13"), cases=_fusion_cases(FUSION_ARGS), requests=(1,),
+    releases=("0.5.12.post1", "0.5.13"), cases=_fusion_cases(2), requests=(1,),
     input_lens=(4, 16, 64, 200, 700, 1500, 2100, 3000), output_len=4, repeats=1, timeout=1500.0,
     expect="both releases create two workspaces per rank (attention TP and MoE TP) at 2048 "
     "tokens before graph capture (pre_initialize_workspaces) and none per forward step: the "
@@ -332,8 +318,7 @@ _TP2 = Scenario(
 def _at_tp(tp: int) -> Scenario:
     """The same at TP ``tp``: the count per rank does not depend on TP."""
     return dataclasses.replace(
-        _TP2, name=f"02-ar-fusion-tp{tp}", gpus=tp, cases=_fusion_cases(
-            ("--tp-size", str(tp), *FUSION_ARGS[2:])),
+        _TP2, name=f"02-ar-fusion-tp{tp}", gpus=tp, cases=_fusion_cases(tp),
         what=f"--enable-flashinfer-allreduce-fusion at TP {tp} over the same trace: workspace "
         "creations per rank (FLASHINFER_FULL=1 bundles)",
         expect="two workspaces per rank at 2048 tokens before capture and none per forward step, "
@@ -358,9 +343,9 @@ ENGINE_POLICY = {("0.5.12.post1", "fusion"): "before_pr", ("0.5.13", "fusion"): 
 
 
 def engine_trace(entry: dict, spec: dict, decisions: dict) -> list[int]:
-    """Every token count the call site can see in one engine run, in the engine's order: the
-    decode-graph and piecewise captures (largest first), then each call's prefill and decode steps
-    (warm-up calls included), kept where the fusion gate lets them through."""
+    """Every token count the call site sees in one engine run, in order: the decode-graph and
+    piecewise captures (largest first), then each call's prefill and decode steps (warm-ups too),
+    kept where the fusion gate lets them through."""
     caps = sorted(decisions.get("decode_bs") or [], reverse=True) + sorted(
         decisions.get("pcg_tokens") or [], reverse=True)
     steps = []
@@ -372,10 +357,9 @@ def engine_trace(entry: dict, spec: dict, decisions: dict) -> list[int]:
 
 
 def engine_facts(run) -> list[dict]:
-    """Per engine variant of the run that started: its policy, the creations per rank and per
-    manager and their sizes (the trace adjustment's lines), the creations inside the timed calls
-    (forward steps), and the rebuild's simulation of the same trace with SGLang's pre-initialisation
-    at 2048 tokens."""
+    """Per engine variant that started: its policy, the creations per rank and manager and their
+    sizes (the trace adjustment's lines), those inside the calls, and the rebuild's simulation of
+    the same trace with SGLang's pre-initialisation at 2048 tokens."""
     specs = {(s["release"], s["case"]): s for s in run.manifest.params.get("specs", [])}
     out = []
     for i, e in enumerate(run.manifest.engine_runs):
@@ -396,27 +380,31 @@ def engine_facts(run) -> list[dict]:
             by_rank.setdefault(int(x["rank"]), []).append(x)
         first, timed = {}, {}
         for c in d["calls"]:
-            ms = float(c["seconds"]) * 1e3
-            (first if int(c.get("warmup", 0)) else timed)[int(c["input_len"])] = ms
-        f = dict(variant=f"{key[0]}+{key[1]}", policy=policy.name, world=world,
-                 calls=len(d["calls"]), steps=len(trace), sim=len(mgr.events), first_call_ms=first,
-                 call_ms=timed)
-        f["per_rank"] = {r: len(v) for r, v in by_rank.items()}
-        f["managers"] = {r: len({x.get("obj") for x in v}) for r, v in by_rank.items()}
-        f["sizes"] = sorted({int(x["max_token_num"]) for x in ev})
-        f["in_calls"] = sum(c.get("events", 0) for c in d["calls"])
-        f["sim_sizes"] = sorted({x.max_token_num for x in mgr.events})
-        f["ms_by_rank"] = {
-            r: [float(x["seconds"]) * 1e3 for x in v if "seconds" in x]
-            for r, v in by_rank.items()
-        }
-        out.append(f)
+            (first if int(c.get("warmup", 0)) else timed)[int(
+                c["input_len"])] = float(c["seconds"]) * 1e3
+        out.append(
+            dict(
+                variant=f"{key[0]}+{key[1]}", policy=policy.name, world=world,
+                calls=len(d["calls"]), steps=len(trace), sim=len(mgr.events), first_call_ms=first,
+                call_ms=timed, per_rank={r: len(v)
+                                         for r, v in by_rank.items()}, managers={
+                                             r: len({x.get("obj")
+                                                     for x in v})
+                                             for r, v in by_rank.items()
+                                         }, sizes=sorted({int(x["max_token_num"])
+                                                          for x in ev}),
+                in_calls=sum(c.get("events", 0) for c in d["calls"]), sim_sizes=sorted({
+                    x.max_token_num
+                    for x in mgr.events
+                }), ms_by_rank={
+                    r: [float(x["seconds"]) * 1e3 for x in v if "seconds" in x]
+                    for r, v in by_rank.items()
+                }))
     return out
 
 
 def engine_facts_of(runs_: list) -> list[dict]:
-    """:func:`engine_facts` over several runs (each read with its own log sidecars), the newest
-    answer per TP size and variant."""
+    """:func:`engine_facts` over several runs, the newest answer per TP size and variant."""
     best = {}
     for r in sorted(runs_, key=lambda r: r.manifest.created_utc):
         best.update({(f["world"], f["variant"]): f for f in engine_facts(r)})
@@ -427,11 +415,9 @@ def engine_facts_of(runs_: list) -> list[dict]:
 # the real decisions beside the rebuild's (the notebook's real-SGLang section)
 # --------------------------------------------------------------------------------------------------
 def rebuild_policy(release: str, site: str, high_water: bool) -> rebuild.Policy:
-    """The rebuild's policy for a real call site, with the release's manager (``high_water`` as it
-    has)."""
-    if site == "release":
-        return dataclasses.replace(rebuild.POLICIES[OWN_POLICY[release]], high_water=high_water)
-    named = rebuild.POLICIES.get(site) or rebuild.floor_policy(int(site.removeprefix("floor_")))
+    """The rebuild's policy for a real call site, with the release's manager."""
+    name = OWN_POLICY[release] if site == "release" else site
+    named = rebuild.POLICIES.get(name) or rebuild.floor_policy(int(site.removeprefix("floor_")))
     return dataclasses.replace(named, high_water=high_water)
 
 
@@ -451,8 +437,8 @@ def _describe(d: dict) -> str:
 
 def comparison(results: dict):
     """One row per (release, call site, trace, scenario): the real re-creations, sizes and refused
-    calls beside the rebuild's (same call site, a manager like the release's); it agrees when the
-    steps, sizes and refused calls are all equal."""
+    calls beside the rebuild's (same call site, a manager like the release's); equal steps, sizes
+    and refusals agree."""
     rows = []
     for release, result in real.ran(results).items():
         d = result.rows
@@ -476,8 +462,8 @@ def comparison(results: dict):
 
 
 def decisions(results: dict):
-    """The real code's creations along each trace (and the calls its callee refused), per release
-    and call site (its own first), cold and pre-initialised: the answers in one small table."""
+    """The real code's creations (and refused calls) along each trace, per release and call site
+    (its own first), cold and pre-initialised."""
     import pandas as pd
 
     rows = []
@@ -500,21 +486,11 @@ def decisions(results: dict):
     return t.reindex(pd.MultiIndex.from_frame(d[["release", "call site"]].drop_duplicates()))
 
 
-def first_high_water_release() -> Optional[str]:
-    """The oldest installed release whose manager keeps ``_max_token_num_seen`` (read in its
-    source, not imported), or None."""
-    from sglab.sglang.releases import installed_releases, package_dir
-
-    for v in installed_releases():
-        path = package_dir(v) / FUSION
-        if path.is_file() and "_max_token_num_seen" in path.read_text():
-            return v
-    return None
-
-
 def high_water_note(results: dict) -> str:
     """Which real managers keep a high-water mark, and whether the rebuild's (which keeps one)
-    counts the same on every cell: computed, not asserted."""
+    counts the same on every cell."""
+    from sglab.sglang.releases import installed_releases, package_dir
+
     have = {
         v: bool(r.rows.loc[r.rows.metric == "manager_high_water_mark", "value"].iloc[0])
         for v, r in real.ran(results).items()
@@ -525,7 +501,8 @@ def high_water_note(results: dict) -> str:
         rebuild_cell(rebuild_policy(v, s, True), t, p) == rebuild_cell(
             rebuild_policy(v, s, False), t, p) for v in have for s in ("release", *ALT_SITES)
         for t in traces.TRACES for p in SCENARIOS)
-    first = first_high_water_release()
+    first = next((v for v in installed_releases() if (package_dir(v) / FUSION).is_file()
+                  and "_max_token_num_seen" in (package_dir(v) / FUSION).read_text()), None)
     return (f"real manager keeps a high-water mark (_max_token_num_seen)? "
             f"{', '.join(f'{v}: ' + ('yes' if h else 'no') for v, h in have.items())}. The "
             f"rebuild's manager keeps one by default"
@@ -537,9 +514,8 @@ CELLS = "(release, call site, trace, scenario) cells"
 
 
 def compare(full: bool = False) -> None:
-    """The notebook's real-SGLang section: where the answers come from, the real decisions
-    (:func:`decisions`), whether the rebuild's agree in every cell, and what the high-water mark
-    changes; ``full``: every cell beside the rebuild's instead."""
+    """The notebook's real-SGLang section: where the answers come from, the real decisions, whether
+    the rebuild's agree in every cell, what the high-water mark changes; ``full``: every cell."""
     from sglab.core.notebook import show_table
 
     results = real.answers(FIX)
@@ -554,6 +530,5 @@ def compare(full: bool = False) -> None:
 
 
 def released(rebuilt=None, *, symbol=None, pr=None) -> None:
-    """The fix across the releases (the timeline, drawn once), then the released ``symbol`` beside
-    the rebuilt one."""
+    """The fix across the releases, then the released ``symbol`` beside the rebuilt one."""
     real.released(FIX, rebuilt, symbol=symbol, pr=pr)
