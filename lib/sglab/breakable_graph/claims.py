@@ -31,9 +31,7 @@ def _layers(run) -> int:
     return int(run.manifest.params.get("num_layers", 16))
 
 
-# --------------------------------------------------------------------------------------------------
-# the claims a reader checks
-# --------------------------------------------------------------------------------------------------
+# -- the claims a reader checks --------------------------------------------------------------------
 def _bs3(run):
     a = show.bs3_table(run.df)
     rows = {v: int(a.loc[v, "logit_rows"]) for v in ("eager", "before", "after")}
@@ -95,9 +93,7 @@ def _speedup(run):
         })
 
 
-# --------------------------------------------------------------------------------------------------
-# the checks folded under them
-# --------------------------------------------------------------------------------------------------
+# -- the checks folded under them ------------------------------------------------------------------
 def _routing(run):
     d = run.df[(run.df["part"] == "d_latency") & (run.df["metric"] == "used_graph")]
     before = {int(r.batch_size): int(r.value) for r in d[d.variant == "before"].itertuples()}
@@ -199,9 +195,7 @@ HEADLINE = Headline(
     "{across})", across=f"; medians {{lo[{_S}][median]:.2f}}–{{hi[{_S}][median]:.2f}}× over {{n}} "
     "runs")
 
-# --------------------------------------------------------------------------------------------------
-# the real engine (``sglab engine --plan 03``: data/recorded/engine_breakable_graph/)
-# --------------------------------------------------------------------------------------------------
+# -- the real engine (``sglab engine --plan 03``: data/recorded/engine_breakable_graph/) -----------
 BEFORE_RELEASE, AFTER_RELEASE = "0.5.11", "0.5.12.post1"  # the last without #24662, the first with
 
 
@@ -285,9 +279,7 @@ ENGINE = SimpleNamespace(
         per_run=f"{{gpu}} {{v[{_F}][min]:.2f}}–{{v[{_F}][max]:.2f}}× (A/A gap "
         f"{{v[{_F}][aa_noise]:.1%}})"), shown=lambda runs_: list(runs_))
 
-# --------------------------------------------------------------------------------------------------
-# the review card
-# --------------------------------------------------------------------------------------------------
+# -- the review card -------------------------------------------------------------------------------
 _B = _ID + "before_bs3_one_row"
 CARD = Card(
     bug="Before #24662 the breakable CUDA graph captured the whole forward, logits tail included, "

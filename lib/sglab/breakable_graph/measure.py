@@ -64,9 +64,7 @@ def model_config(params: dict) -> rebuild.ModelConfig:
         max_position=max(8192, max(int(n) for n in params["capture_num_tokens"])))
 
 
-# --------------------------------------------------------------------------------------------------
-# batches: a fixed token count split into requests, and a seeded mixed stream; the hit rate
-# --------------------------------------------------------------------------------------------------
+# -- batches: a fixed token count split into requests, and a seeded mixed stream; the hit rate -----
 def split_tokens(num_tokens: int, batch_size: int, seed: int) -> list[int]:
     """Split ``num_tokens`` into ``batch_size`` request lengths (each >= 1), seeded."""
     if not 1 <= batch_size <= num_tokens:
@@ -139,9 +137,7 @@ def hit_rate_rows(params: Optional[dict] = None, model: Optional[torch.nn.Module
     return rows
 
 
-# --------------------------------------------------------------------------------------------------
-# part e: layer_model resolution, with the warnings it logs
-# --------------------------------------------------------------------------------------------------
+# -- part e: layer_model resolution, with the warnings it logs -------------------------------------
 def resolve(model: torch.nn.Module, *, walk: bool) -> tuple[Optional[torch.nn.Module], list]:
     """``rebuild.resolve_layer_model`` and the warnings it logs."""
     with captured_logs(rebuild.__name__) as logs:
@@ -176,9 +172,7 @@ def resolution_rows() -> list[dict]:
     return rows
 
 
-# --------------------------------------------------------------------------------------------------
-# the traced pass: one prefill per runner and request count under torch.profiler
-# --------------------------------------------------------------------------------------------------
+# -- the traced pass: one prefill per runner and request count under torch.profiler ----------------
 # Runs after the timed passes and never feeds them. Phase ranges "<variant> <requests>" at
 # launch_token_count tokens, the device synchronised between phases. Kept as the run's events
 # sidecar: the 3-request prefill of the "before" runner (rejected by can_run: every kernel launched
@@ -225,9 +219,7 @@ def profile_pass(p: dict, model, before, after, batch_for, on_gpu: bool) -> tupl
     return rows, sidecars
 
 
-# --------------------------------------------------------------------------------------------------
-# the run
-# --------------------------------------------------------------------------------------------------
+# -- the run ---------------------------------------------------------------------------------------
 def three_requests(model, before, after, batch, on_gpu: bool = False) -> list:
     """Part a: the before graph replayed for a 3-request batch (what ``can_run`` prevents), the
     after graph for the same, and eager."""

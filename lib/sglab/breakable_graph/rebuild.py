@@ -1,14 +1,14 @@
-"""Breakable CUDA graph for multi-request prefill (SGLang #24662), rebuilt PR-era: sections headed
-by the upstream file (``python/sglang/srt/...``) and symbols they mirror, the before/after switch
-the runner's ``boundary`` (:data:`BOUNDARIES`). Without CUDA a captured graph is an
-:class:`EmulatedReplay` (same static buffers, same capture-time batch), so routing, the layer swap
-and the one-request tail run on a CPU.
+"""Breakable CUDA graph for multi-request prefill (SGLang #24662), rebuilt PR-era: each section
+headed by the upstream file (``python/sglang/srt/...``) and symbols it mirrors; the before/after
+switch is the runner's ``boundary`` (:data:`BOUNDARIES`). Without CUDA a captured graph is an
+:class:`EmulatedReplay`, so routing, the layer swap and the one-request tail run on a CPU.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -17,16 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglab.core.toy_decoder import (CausalLM, DecoderConfig, DecoderStack, LogitsProcessor,
-                                    init_normal_)
+from sglab.core.toy_decoder import (CausalAttention, CausalLM, DecoderConfig, DecoderStack,
+                                    LogitsProcessor, init_normal_)
 
 
 logger = logging.getLogger(__name__)
 
 
-# --------------------------------------------------------------------------------------------------
-# 1. model_executor/forward_batch_info.py · ForwardBatch (prefill fields); the attention metadata
-# --------------------------------------------------------------------------------------------------
+# -- 1. model_executor/forward_batch_info.py · ForwardBatch (prefill fields); the attention metadata
 @dataclass
 class PrefillBatch:
     """Token-major prefill batch: the tokens of all requests concatenated."""
@@ -64,9 +62,8 @@ def make_batch(seq_lens: Sequence[int], *, vocab_size: int, device: torch.device
 
 @dataclass
 class AttnMetadata:
-    """Per-forward attention metadata (the attention backend's ``forward_metadata``): the request
-    of each token (padding tokens get their own id, ``batch_size``) and ``mask[i, j]``, token ``i``
-    may attend to ``j`` (same request, ``j <= i``)."""
+    """The attention backend's ``forward_metadata``: each token's request (padding: ``batch_size``)
+    and ``mask[i, j]``, token ``i`` may attend to ``j`` (same request, ``j <= i``)."""
 
     num_tokens: int
     batch_size: int
@@ -114,13 +111,11 @@ def get_forward_metadata() -> AttnMetadata:
     return _forward_metadata
 
 
-# --------------------------------------------------------------------------------------------------
-# 2. model_executor/breakable_cuda_graph/breakable_cuda_graph.py · eager_on_graph,
+# -- 2. model_executor/breakable_cuda_graph/breakable_cuda_graph.py · eager_on_graph,
 #    BreakableCUDAGraph, BreakableCUDAGraphCapture
-# --------------------------------------------------------------------------------------------------
 # Tensors captured at a break point are held with strong references (SGLang held weak references at
-# the PR era; SGLang issues #30584 / #37606 later found that unsafe). There is no side-stream
-# wait_stream hook because the toy model forks no streams.
+# the PR era; SGLang issues #30584 / #37606 later found that unsafe). No side-stream wait_stream
+# hook: the toy model forks no streams.
 _current_capture: "BreakableCUDAGraphCapture | None" = None
 
 
@@ -132,14 +127,15 @@ def eager_on_graph(enable: bool = True):
         if not enable:
             return inner
 
+        @functools.wraps(inner)
         def wrapper(*args, **kwargs):
             capture = _current_capture
             if capture is None:
                 return inner(*args, **kwargs)
             capture._end_current_segment()
+            # the inputs (written by the segment before) and this output (read by the one after)
+            # must stay owned for the lifetime of the graph
             output = inner(*args, **kwargs)
-            # the segment before the break wrote these inputs, the segment after it reads this
-            # output: both addresses must stay owned for the lifetime of the graph
             captured_args, captured_kwargs = args, dict(kwargs)
 
             def replay_fn():
@@ -152,8 +148,6 @@ def eager_on_graph(enable: bool = True):
             capture._begin_new_segment()
             return output
 
-        wrapper.__name__ = getattr(inner, "__name__", "eager_fn")
-        wrapper.__wrapped__ = inner
         return wrapper
 
     return decorator
@@ -218,7 +212,7 @@ class BreakableCUDAGraphCapture:
 
 class EmulatedReplay:
     """CPU stand-in for a captured graph: replay re-runs the captured closure over the same static
-    buffers and the same capture-time batch object, then copies into the captured output buffer."""
+    buffers and the same capture-time batch, then copies into the captured output buffer."""
 
     _segments = _break_fns = ()
 
@@ -230,43 +224,30 @@ class EmulatedReplay:
         self._output.copy_(self._run_once())
 
 
-# --------------------------------------------------------------------------------------------------
-# 3. no upstream file · the attention break and the models
-# --------------------------------------------------------------------------------------------------
+# -- 3. no upstream file · the attention break and the models --------------------------------------
 # The shared toy decoder with learned positions; its attention op, varlen_attention, is decorated
 # @eager_on_graph(True) like SGLang's attention layers and stands in for its varlen backend: one
 # dense SDPA with a block-diagonal causal mask from the live extend_seq_lens.
 ModelConfig = DecoderConfig  # the name this notebook's parameters and tests use
-
 TINY_CONFIG = ModelConfig(vocab_size=128, hidden_size=64, num_heads=4, head_dim=16,
                           intermediate_size=128, num_layers=2, max_position=512)
 
 
 @eager_on_graph(True)
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention that mixes tokens only within each request, from the live forward metadata.
-
-    q, k, v: (num_tokens, heads, head_dim). This is the graph break: its mask depends on how the
-    tokens split into requests, which changes every batch.
-    """
+    """Causal attention within each request from the live forward metadata, q, k, v (num_tokens,
+    heads, head_dim): the graph break, since its mask changes with every batch's requests."""
     meta = get_forward_metadata()
     n = q.shape[0]
     if n != meta.num_tokens:
         raise RuntimeError(f"attention got {n} tokens, metadata was built for {meta.num_tokens}")
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0),
-        k.transpose(0, 1).unsqueeze(0),
-        v.transpose(0, 1).unsqueeze(0), attn_mask=meta.mask)
+    q, k, v = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=meta.mask)
     return out.squeeze(0).transpose(0, 1).reshape(n, -1)
 
 
-class VarlenAttention(nn.Module):
-    """The attention op of this model (``layer.self_attn.attn``): q, k, v made contiguous inside the
-    graph segment, then the eager break :func:`varlen_attention`."""
-
-    def __init__(self, num_heads: int, head_dim: int):
-        super().__init__()
-        self.num_heads, self.head_dim = num_heads, head_dim
+class VarlenAttention(CausalAttention):
+    """``layer.self_attn.attn``: q, k, v made contiguous inside the segment, then the break."""
 
     def forward(self, q, k, v):
         return varlen_attention(q.contiguous(), k.contiguous(), v.contiguous())
@@ -310,8 +291,7 @@ class TinyGPTStyleLM(nn.Module):
 
 
 class TinyNestedWrapper(nn.Module):
-    """One wrapper level more (``.model`` a whole causal LM): the stack at
-    ``.model.model.layers``."""
+    """One wrapper level more (``.model`` a whole causal LM): the stack at ``.model.model.layers``."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -359,10 +339,8 @@ def run_eager(model: nn.Module, batch: PrefillBatch) -> torch.Tensor:
         return model.forward(batch.input_ids, batch.positions, batch)
 
 
-# --------------------------------------------------------------------------------------------------
-# 4. model_executor/breakable_cuda_graph_runner.py · BreakableCudaGraphRunner (__init__,
+# -- 4. model_executor/breakable_cuda_graph_runner.py · BreakableCudaGraphRunner (__init__,
 #    _run_forward, _build_capture_forward_batch, _capture_one, can_run, replay)
-# --------------------------------------------------------------------------------------------------
 BEFORE, AFTER = "before", "after"
 BOUNDARIES = (BEFORE, AFTER)
 
@@ -399,12 +377,10 @@ class _Captured:
 class BreakableGraphRunner:
     """The breakable-graph prefill runner with the capture boundary of before or after #24662.
 
-    * ``"before"``: captures ``model.forward``, logits tail included, with a bs=1 capture batch
-      whose per-request fields are ``[:1]`` of static ``(max_bs,)`` buffers: the tail's gather is
-      baked in for one request, so ``can_run`` rejects ``batch_size > 1`` (eager).
-    * ``"after"``: captures only ``layer_model`` (:func:`resolve_layer_model`; ``None`` disables the
-      runner); ``replay`` runs the outer ``model.forward`` eagerly with the live batch while
-      ``layer_model.forward`` is swapped for the replay; ``can_run`` ignores ``batch_size``.
+    * ``"before"``: captures ``model.forward``, logits tail included, with a bs=1 capture batch of
+      ``[:1]`` slices of static ``(max_bs,)`` buffers, so ``can_run`` rejects ``batch_size > 1``.
+    * ``"after"``: captures only ``layer_model`` (``None`` disables the runner); ``replay`` runs the
+      outer ``model.forward`` eagerly with ``layer_model.forward`` swapped for the replay.
 
     ``capture=False`` builds the routing state only (``can_run``).
     """
@@ -428,8 +404,7 @@ class BreakableGraphRunner:
             self.input_ids = torch.zeros((self.max_num_tokens,), dtype=torch.int64)
             self.positions = torch.zeros((self.max_num_tokens,), dtype=torch.int64)
         self.layer_model: nn.Module | None = None
-        # a bound method: a later swap of .forward misses it
-        self._captured_forward: Callable | None = None
+        self._captured_forward: Callable | None = None  # bound: a later swap of .forward misses it
         if boundary == BEFORE:
             # static per-request buffers, read by the captured logits tail via their [:bs] slices
             with torch.device(self.device):
@@ -453,8 +428,7 @@ class BreakableGraphRunner:
     # -- capture -----------------------------------------------------------------------------------
     @torch.no_grad()
     def _run_forward(self, forward_batch: PrefillBatch, num_tokens: int) -> torch.Tensor:
-        # before: model.forward, the whole forward with the logits tail; after: layer_model.forward,
-        # only the token-major layer stack, in which nothing depends on the batch size
+        # before: the whole forward, logits tail included; after: only the token-major layer stack
         return self._captured_forward(forward_batch.input_ids, forward_batch.positions,
                                       forward_batch)
 

@@ -29,9 +29,7 @@ PROBE_RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13")
 VARIANT_OF = {"0.5.11": "before", "0.5.12.post1": "after", "0.5.13": "after"}
 
 
-# --------------------------------------------------------------------------------------------------
-# the source check (the release timeline, `sglab upstream`)
-# --------------------------------------------------------------------------------------------------
+# -- the source check (the release timeline, `sglab upstream`) -------------------------------------
 def _swaps_layer_forward(cls) -> bool:
     """The after-#24662 shape: ``self.layer_model`` is resolved and its ``forward`` swapped for the
     graph at replay."""
@@ -85,9 +83,7 @@ def check(read) -> Verdict:
         "breakable_cuda_graph_runner.py nor runner/prefill_cuda_graph_runner.py)")
 
 
-# --------------------------------------------------------------------------------------------------
-# the CPU probe (inside one release's worker process)
-# --------------------------------------------------------------------------------------------------
+# -- the CPU probe (inside one release's worker process) -------------------------------------------
 # The released BreakableCudaGraphRunner (0.5.11 to 0.5.13), built on a stand-in model runner around
 # the rebuild's tiny models and stopped where it first asks for the graph memory pool; then its
 # can_run on stand-in batches, and whether its capture batch's extend_seq_lens is a slice of a
@@ -196,9 +192,7 @@ def probe(prepared, params: dict) -> list[dict]:
     return rows
 
 
-# --------------------------------------------------------------------------------------------------
-# the record
-# --------------------------------------------------------------------------------------------------
+# -- the record ------------------------------------------------------------------------------------
 # -- the real engine: `sglab engine --scenario NAME`, recorded under
 # data/recorded/engine_breakable_graph/
 ENGINE = (Scenario(
@@ -239,9 +233,7 @@ FIX = Fix(
     probe=Probe("sglab.breakable_graph.sglang:probe", PROBE_RELEASES), engine=ENGINE)
 
 
-# --------------------------------------------------------------------------------------------------
-# the real answers beside the rebuild's (the notebook's real-SGLang section)
-# --------------------------------------------------------------------------------------------------
+# -- the real answers beside the rebuild's (the notebook's real-SGLang section) --------------------
 def rebuild_facts(boundary: str, shape: str) -> dict:
     """What the rebuild's runner decides on one model shape, named as the probe names the release's
     facts."""

@@ -1,6 +1,6 @@
-"""Tables and figures of notebook 03: the tables of a run the claims read, the GPU sections (over
-the runs shown, or their NoRun line), the picture of one capture (:func:`mechanism`), the rebuild
-beside the engine, the engine's declared section (:data:`VIEW`) and "your own setup".
+"""Tables and figures of notebook 03: the tables the claims read, the GPU sections (over the runs
+shown, or their NoRun line), the picture of one capture (:func:`mechanism`), the rebuild beside the
+engine, the engine's declared section (:data:`VIEW`) and "your own setup".
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ LAUNCH_BOUND = 512
 STYLES = {"eager": ("tab:gray", "o"), "before": ("tab:red", "s"), "after": ("tab:blue", "^")}
 
 
-# --------------------------------------------------------------------------------------------------
-# tables of a run
-# --------------------------------------------------------------------------------------------------
+# -- tables of a run -------------------------------------------------------------------------------
 def latency_table(df: pd.DataFrame) -> pd.DataFrame:
     """Median latency per (num_tokens, batch_size) and variant, with speedups over eager."""
     d = df[(df["part"] == "d_latency") & (df["metric"] == "time_median")]
@@ -36,8 +34,7 @@ def latency_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def latency_of(run) -> pd.DataFrame:
-    """:func:`latency_table` of a run, worked out once per run (its claims, tables and figures
-    each read it)."""
+    """:func:`latency_table` of a run, worked out once per run."""
     return run.memo("latency_table", lambda: latency_table(run.df))
 
 
@@ -59,8 +56,8 @@ def bs3_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def bs3_view(df: pd.DataFrame) -> pd.DataFrame:
-    """:func:`bs3_table` for reading: ``can_run`` as yes/no, logit rows as a count, and blank
-    where a variant has no such figure (eager has no ``can_run``; each graph its own diff)."""
+    """:func:`bs3_table` for reading: ``can_run`` yes/no, logit rows a count, blank where a variant
+    has no such figure."""
     t = bs3_table(df)
     out = text.counts(text.blank(t, [c for c in t if c != "logit_rows"]), ["logit_rows"])
     if "can_run" in t:
@@ -69,8 +66,7 @@ def bs3_view(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def match_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Part b per token count: did every batch get one logit row per request, and the largest abs
-    diff."""
+    """Part b per token count: one logit row per request in every batch, and the largest diff."""
     b = df[df["part"] == "b_match"].pivot_table(index=["num_tokens", "padded", "batch_size"],
                                                 columns=["variant", "metric"], values="value")
     rows = []
@@ -100,8 +96,7 @@ def segment_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def hit_table(rows: list[dict]) -> pd.DataFrame:
-    """The hit-rate rows of :func:`sglab.breakable_graph.measure.hit_rate_rows`, one row per
-    runner."""
+    """The rows of :func:`~sglab.breakable_graph.measure.hit_rate_rows`, one row per runner."""
     hit = pd.DataFrame(rows)
     return (hit[hit["variant"].isin(["before", "after"])].pivot_table(
         index="variant", columns="metric",
@@ -109,8 +104,8 @@ def hit_table(rows: list[dict]) -> pd.DataFrame:
 
 
 def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per token count: after vs eager over the prefills of 2+ requests; before vs eager there (the
-    same eager code: the noise check); after's own latency over every request count."""
+    """Per token count: after vs eager and before vs eager (the same eager code: the noise check)
+    over the prefills of 2+ requests; after's own latency over every request count."""
     lat = latency_table(df)
     multi, every = lat[lat["batch_size"] > 1].groupby("num_tokens"), lat.groupby("num_tokens")
     return pd.DataFrame({
@@ -125,10 +120,10 @@ def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def speedups(df: pd.DataFrame) -> dict:
-    """After vs eager over the timed prefills of 2+ requests: ``min``, ``max``, ``median`` over the
-    cells, ``min_launch_bound``, ``median_launch_bound`` up to :data:`LAUNCH_BOUND` tokens, and the
-    A/A control ("before" runs eager's very code there): ``aa_noise`` the largest ``|eager ÷ before
-    − 1|``, ``aa_margin`` the smallest ``speedup − 1 − noise`` of a cell; ``{}`` without cells."""
+    """After vs eager over the timed prefills of 2+ requests: ``min``, ``max``, ``median``, the
+    same up to :data:`LAUNCH_BOUND` tokens (``*_launch_bound``), and the A/A control ("before" runs
+    eager's code there): ``aa_noise`` the largest ``|eager ÷ before − 1|``, ``aa_margin`` the
+    smallest ``speedup − 1 − noise``; ``{}`` without cells."""
     t = latency_table(df)
     multi = t[t["batch_size"] > 1]
     s = multi["speedup_after"]
@@ -146,13 +141,10 @@ def speedups(df: pd.DataFrame) -> dict:
     }
 
 
-# --------------------------------------------------------------------------------------------------
-# the GPU sections of the notebook, each shown from the run (or its NoRun line)
-# --------------------------------------------------------------------------------------------------
+# -- the GPU sections of the notebook, each shown from the run (or its NoRun line) -----------------
 @notebook.needs_run
 def correctness(run) -> None:
-    """Per GPU: 3 requests through each graph (part a), then the after graph against eager at every
-    token count and request count (part b)."""
+    """Per GPU: 3 requests through each graph (part a), the after graph against eager (part b)."""
     for r in run:
         print(r.label)
         notebook.show_table(bs3_view(r.df))
@@ -161,8 +153,7 @@ def correctness(run) -> None:
 
 @notebook.needs_run
 def latency(run) -> None:
-    """Per GPU: prefill latency by request count and the speedups over eager (figure, then table);
-    the graph hit rate of the mixed stream, routed by the run's runners."""
+    """Per GPU: latency by request count, the speedups over eager, the mixed stream's hit rate."""
     for r in run:
         notebook.show_figure(latency_figure(r))
         notebook.show_table(speedup_table(r.df).round(2))
@@ -190,14 +181,10 @@ def profiler(run) -> None:
         notebook.show_figure(timeline(r))
 
 
-# --------------------------------------------------------------------------------------------------
-# the structure of one capture (the slide's picture)
-# --------------------------------------------------------------------------------------------------
+# -- the structure of one capture (the slide's picture) --------------------------------------------
 class StructureCapture(rebuild.BreakableCUDAGraphCapture):
-    """A capture that records module names per segment where the real one opens a CUDA graph: the
-    runner's own capture path (``_build_capture_forward_batch``, ``_run_forward``, the model's
-    ``@eager_on_graph`` attention) on any device; on a GPU the segment and break counts equal the
-    real capture's (tested)."""
+    """A capture that records module names per segment where the real one opens a CUDA graph, on
+    any device; on a GPU its segment and break counts equal the real capture's (tested)."""
 
     def __init__(self):
         super().__init__(rebuild.BreakableCUDAGraph())
@@ -253,8 +240,8 @@ CAPTURE_TOKENS = 16
 
 
 def capture_structure(boundary: str, num_layers: int = 16, model=None) -> Structure:
-    """The segments and breaks of one capture with the given boundary ("before" or "after"), on a
-    model of ``num_layers`` layers at widths a CPU builds in milliseconds (or on ``model``)."""
+    """The segments and breaks of one capture with the given boundary, through the runner's own
+    capture path, on a model of ``num_layers`` layers a CPU builds in milliseconds (or ``model``)."""
     if model is None:
         model = rebuild.build_model(
             rebuild.ModelConfig(vocab_size=64, hidden_size=32, num_heads=2, head_dim=16,
@@ -300,15 +287,12 @@ def segment_label(names: list[str]) -> str:
     return " | ".join((f"{w} " if w else "") + "·".join(ws) for w, ws in parts)
 
 
-# --------------------------------------------------------------------------------------------------
-# figures
-# --------------------------------------------------------------------------------------------------
+# -- figures ---------------------------------------------------------------------------------------
 EDGE = 2  # segments drawn at each end of a row; the middle is summarised
 
 
 def _row_items(s: Structure) -> list[tuple[str, str, str]]:
-    """(kind, text, colour) left to right: segments and breaks, the middle collapsed into one
-    gap."""
+    """(kind, text, colour) left to right: segments and breaks, the middle one gap."""
     full = []
     for i, label in enumerate(segment_label(seg) for seg in s.segments):
         full.append(("segment", f"graph {i}\n" + label.replace(" | ", "\n"),
@@ -340,8 +324,7 @@ def _draw_row(ax, y: float, s: Structure) -> float:
 
 
 def _bs3(run) -> pd.DataFrame:
-    """:func:`bs3_table` of the run, else of the rebuild on the CPU (emulated replay, the tiny
-    model, buckets of 16/32/64 tokens)."""
+    """:func:`bs3_table` of the run, else of the rebuild on the CPU (the notebook's lesson)."""
     if run:
         return bs3_table(run.df)
     model = rebuild.build_model(rebuild.TINY_CONFIG)
@@ -354,9 +337,8 @@ def _bs3(run) -> pd.DataFrame:
 
 def mechanism(run=None):
     """One captured forward as graph segments and eager breaks, before #24662 (the logits tail in
-    the last segment, captured for one request) and after (the tail eager), for the run's layer
-    count and 3-request outcome (``run``: a Run, or a NoRun for the defaults and the CPU
-    rebuild)."""
+    the last segment) and after (the tail eager), for the run's layer count and 3-request outcome
+    (a NoRun: the defaults and the CPU rebuild)."""
     params = run.manifest.params if run else {}
     layers = int(params.get("num_layers", measure.DEFAULT_PARAMS["num_layers"]))
     before, after = (capture_structure(b, layers) for b in rebuild.BOUNDARIES)
@@ -410,8 +392,8 @@ def latency_figure(run):
         ax.plot(g["batch_size"], g["speedup_before"], marker="s", ls="--", color=line.get_color(),
                 alpha=0.6, label=f"before, {n} tok")
     ax.axhline(1.0, color="#999999", lw=1)
-    ax.set_title(f"{runs.gpu_short(run.manifest)}: speedup over eager")
-    ax.set_ylabel("eager / runner latency, × (medians)")
+    ax.set(title=f"{runs.gpu_short(run.manifest)}: speedup over eager",
+           ylabel="eager / runner latency, × (medians)")
     ax.set_ylim(bottom=0)
     ax.legend(ncol=2, fontsize=7)
     for ax in axes:
@@ -422,8 +404,8 @@ def latency_figure(run):
 
 
 def timeline(run):
-    """The 3-request prefill in the profiler: before (rejected, every kernel launched eagerly) vs
-    after (graph launches with eager attention between them)."""
+    """The 3-request prefill in the profiler: before (every kernel launched eagerly) vs after
+    (graph launches with eager attention between them)."""
     ev = run.sidecar("events")
     tables = {
         f"{v} (3 req)": plots.window(ev[ev.variant == v])
@@ -437,14 +419,12 @@ def timeline(run):
     return fig
 
 
-# --------------------------------------------------------------------------------------------------
-# your own setup: a prefill traffic mix -> the graph hit rate of each runner
-# --------------------------------------------------------------------------------------------------
+# -- your own setup: a prefill traffic mix -> the graph hit rate of each runner --------------------
 def traffic_table(p_single: float, max_requests: int, max_len: int,
                   largest_bucket: int) -> pd.DataFrame:
-    """The seeded stream of 1000 prefill batches with this mix (one request with probability
-    ``p_single``, else 2..``max_requests``; request lengths log-uniform in 16..``max_len``) routed
-    by each runner's ``can_run`` with buckets up to ``largest_bucket`` tokens: exact, no GPU."""
+    """1000 seeded prefill batches of this mix (one request with probability ``p_single``, else
+    2..``max_requests``; lengths log-uniform in 16..``max_len``) routed by each runner's ``can_run``
+    with buckets up to ``largest_bucket`` tokens: exact, no GPU."""
     p = {
         **measure.DEFAULT_PARAMS, "stream_p_single": p_single, "stream_max_bs": max_requests,
         "stream_max_len": max_len, "capture_num_tokens": [largest_bucket]
@@ -457,26 +437,23 @@ def traffic_table(p_single: float, max_requests: int, max_len: int,
     return t
 
 
-CONTROLS = dict(p_single=[0.0, 0.1, 0.35, 0.6, 0.9], max_requests=[2 << i for i in range(5)],
-                max_len=[256 << i for i in range(6)], largest_bucket=[1024 << i for i in range(5)])
-MIXES = [
-    dict(p_single=0.35, max_requests=8, max_len=2048, largest_bucket=4096),
-    dict(p_single=0.8, max_requests=4, max_len=1024, largest_bucket=4096),
-    dict(p_single=0.2, max_requests=16, max_len=8192, largest_bucket=8192)
-]
-
-
 def your_setup(interactive: bool = False):
     """Your prefill traffic -> the share of batches (and tokens) each runner serves from its graph
-    (a static table over :data:`MIXES`; with ``interactive``, controls in JupyterLab)."""
+    (a static table; with ``interactive``, controls in JupyterLab)."""
+    controls = dict(p_single=[0.0, 0.1, 0.35, 0.6, 0.9], max_requests=[2 << i for i in range(5)],
+                    max_len=[256 << i for i in range(6)],
+                    largest_bucket=[1024 << i for i in range(5)])
+    mixes = [
+        dict(p_single=0.35, max_requests=8, max_len=2048, largest_bucket=4096),
+        dict(p_single=0.8, max_requests=4, max_len=1024, largest_bucket=4096),
+        dict(p_single=0.2, max_requests=16, max_len=8192, largest_bucket=8192)
+    ]
     return notebook.explore(
-        traffic_table, CONTROLS, static=MIXES, interactive=interactive,
+        traffic_table, controls, static=mixes, interactive=interactive,
         title="Your traffic: prefill batches served by the graph, before and after #24662")
 
 
-# --------------------------------------------------------------------------------------------------
-# the real engine, before and after
-# --------------------------------------------------------------------------------------------------
+# -- the real engine, before and after -------------------------------------------------------------
 def beside_rows(run, engine_run) -> list[dict]:
     """Eager over graph for prefills of several requests, as the rebuild (``run``: a Run or a NoRun;
     forward only) and SGLang's engine (a whole Engine.generate call) measure it, before and after
@@ -516,8 +493,7 @@ def beside_rows(run, engine_run) -> list[dict]:
 
 def count_rows(run, engine_run) -> list[dict]:
     """What is counted, not timed: the rebuild's graph launches per prefill of several requests
-    before and after #24662 (profiler), and the share of the engine's prefill batches that the
-    scheduler ran on the graph (its own 'Prefill batch' log line)."""
+    (profiler), and the share of the engine's prefill batches the scheduler ran on the graph."""
     rows = []
     if run:
         multi = launch_table(run.df).query("batch_size > 1")["host_graph_launches"]
@@ -543,15 +519,13 @@ def count_rows(run, engine_run) -> list[dict]:
 
 
 def beside(run, engine_run) -> None:
-    """The rebuild's gain (``run``: a Run or a NoRun) beside the real engine's
-    (:func:`beside_rows`)."""
+    """The rebuild's gain (a Run or a NoRun) beside the real engine's (:func:`beside_rows`)."""
     engine_view.beside(beside_rows(run, engine_run))
 
 
 def eager_over_graph(df: pd.DataFrame, stat: str = engine_stats.STAT) -> dict:
     """``{release: {requests: (eager / bcg, lo, hi)}}`` of Engine.generate, each side ``stat`` of
-    its starts (the claim's: :data:`engine_stats.STAT`), where a release ran both cases,
-    ``lo``–``hi`` the widest the starts allow."""
+    its starts, where a release ran both cases, ``lo``–``hi`` the widest the starts allow."""
     pairs = engine_stats.ratios(df, "latency", "requests", "eager", stat)
     return {rel: r for (_, rel, case), r in pairs.items() if case == "bcg"}
 

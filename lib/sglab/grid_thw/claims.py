@@ -61,9 +61,7 @@ def _has_variant(name: str):
     return applies
 
 
-# --------------------------------------------------------------------------------------------------
-# the stray context and the fix
-# --------------------------------------------------------------------------------------------------
+# -- the stray context and the fix -----------------------------------------------------------------
 def _before_stray(run):
     got = _gpu0(run, "before", "received")
     if not got:
@@ -172,9 +170,7 @@ def _spread(run):
                  {"spread_mib": spread})
 
 
-# --------------------------------------------------------------------------------------------------
-# more GPUs, more ranks
-# --------------------------------------------------------------------------------------------------
+# -- more GPUs, more ranks -------------------------------------------------------------------------
 def _needs_other_gpus(run):
     n = show.visible_gpus(run.df)
     return None if n > 2 else (f"the ranks saw {n} GPUs: no GPU is neither GPU 0 nor a rank's own "
@@ -212,9 +208,7 @@ def _scales(run):
                  {"total_mib": float(totals.median()), "per_rank_mib": per, "ranks": n})
 
 
-# --------------------------------------------------------------------------------------------------
-# method 2: concurrent groups, the time series, eager module loading
-# --------------------------------------------------------------------------------------------------
+# -- method 2: concurrent groups, the time series, eager module loading ----------------------------
 def _no_mixing(run):
     c = show.concurrency(run.df)
     if c.empty:
@@ -377,9 +371,7 @@ HEADLINE = Headline(
     run_sep="; ")
 
 
-# --------------------------------------------------------------------------------------------------
-# the real engine (``scripts/engine_gpu.sh --plan 05``: data/recorded/engine_grid_thw/)
-# --------------------------------------------------------------------------------------------------
+# -- the real engine (``scripts/engine_gpu.sh --plan 05``: data/recorded/engine_grid_thw/) ---------
 def _engine_applies(run):
     got = show.engine_gpu0(run)
     return None if {"released", "before"} <= set(got) else (

@@ -117,9 +117,7 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-# --------------------------------------------------------------------------------------------------
-# the processes of a group (forked from the server, which imported this module once)
-# --------------------------------------------------------------------------------------------------
+# -- the processes of a group (forked from the server, which imported this module once) ------------
 def tokenizer_main(variant: str, n_clients: int, address: str, n_images: int, device: str,
                    marks_path: str) -> None:
     """Build one multi-image request on ``device``, send it to ``n_clients`` connections, keep it
@@ -320,9 +318,7 @@ def rank_main(ctx, spec: dict) -> dict:
     }
 
 
-# --------------------------------------------------------------------------------------------------
-# one group, from the parent
-# --------------------------------------------------------------------------------------------------
+# -- one group, from the parent --------------------------------------------------------------------
 def _device_index(dev: str) -> int:
     """-1 for the CPU, k for cuda:k."""
     return -1 if dev == "cpu" else int(dev.split(":")[1]) if ":" in dev else 0
@@ -451,9 +447,7 @@ def run_group(variant: str, tp_size: int, *, repeat: int = 0, n_images: int = 4,
     }
 
 
-# --------------------------------------------------------------------------------------------------
-# the time series (sidecars: sglab.grid_thw.series)
-# --------------------------------------------------------------------------------------------------
+# -- the time series (sidecars: sglab.grid_thw.series) ---------------------------------------------
 def sampler_rows(sampler: memory.Sampler, tp_size: int) -> list[dict]:
     kw = {"tp_size": tp_size, "process": "sampler", "phase": "series"}
     return [
@@ -463,9 +457,7 @@ def sampler_rows(sampler: memory.Sampler, tp_size: int) -> list[dict]:
     ]
 
 
-# --------------------------------------------------------------------------------------------------
-# the cache point (CPU)
-# --------------------------------------------------------------------------------------------------
+# -- the cache point (CPU) -------------------------------------------------------------------------
 def simulate_cache(stream: list[list[int]], *, fixed: bool) -> rebuild.CacheStats:
     """Each request of ``stream`` through the processor path (CPU) and the embedding cache."""
     cache, images = rebuild.EmbeddingCache(), {}
@@ -495,9 +487,7 @@ def cache_rows(*, n_requests: int = 200, pool: int = 24, max_images: int = 4,
     return rows
 
 
-# --------------------------------------------------------------------------------------------------
-# run()
-# --------------------------------------------------------------------------------------------------
+# -- run() -----------------------------------------------------------------------------------------
 def check_params(p: dict) -> None:
     unknown = [v for v in p["variants"] if v not in VARIANTS]
     if unknown:

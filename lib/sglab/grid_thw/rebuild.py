@@ -20,10 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-# --------------------------------------------------------------------------------------------------
-# ---- 1. srt/multimodal/processors/kimi_k25.py · navit_resize_config, _gpu_preprocess_images,
-#         KimiGPUProcessorWrapper._gpu_call (the fix)
-# --------------------------------------------------------------------------------------------------
+# -- 1. srt/multimodal/processors/kimi_k25.py · navit_resize_config, _gpu_preprocess_images,
+#    KimiGPUProcessorWrapper._gpu_call (the fix)
 # Kimi-K2.5 media_proc_cfg values (patch 14, merge 2)
 PATCH_SIZE = 14
 MERGE_KERNEL_SIZE = 2
@@ -107,9 +105,7 @@ def gpu_call(prompt_ids: list[int], images: list, *, fixed: bool, device="cuda:0
     return {"input_ids": input_ids_t, "pixel_values": pixel_values, "image_grid_thw": grid_thws}
 
 
-# --------------------------------------------------------------------------------------------------
-# ---- 2. srt/managers/schedule_batch.py · MultimodalDataItem (the fields used here)
-# --------------------------------------------------------------------------------------------------
+# -- 2. srt/managers/schedule_batch.py · MultimodalDataItem (the fields used here) -----------------
 @dataclass
 class MMItem:
     """``hash`` keys the embedding cache: one hash per image once the item is split, one over all
@@ -131,9 +127,7 @@ class MMItem:
         return self.hash
 
 
-# --------------------------------------------------------------------------------------------------
-# ---- 3. srt/managers/mm_utils.py · get_new_expanded_mm_items, data_hash, hash_feature
-# --------------------------------------------------------------------------------------------------
+# -- 3. srt/managers/mm_utils.py · get_new_expanded_mm_items, data_hash, hash_feature --------------
 # The split looks up `image_grid_thw` by name. Under Kimi's old key `grid_thws` it finds nothing,
 # the simple split does not apply (many patches per image), and the request stays one bundled item
 # whose hash covers all its pixels: an image seen before in other company never hits the cache.
@@ -213,10 +207,8 @@ def hash_feature(feature: torch.Tensor) -> int:
     return data_hash(memoryview(t.numpy()).tobytes())
 
 
-# --------------------------------------------------------------------------------------------------
-# ---- 4. srt/multimodal/processors/base_processor.py · FEATURE_NAMES, process_mm_data,
-#         collect_mm_items_from_processor_output, get_mm_items_offset, process_and_combine_mm_data
-# --------------------------------------------------------------------------------------------------
+# -- 4. srt/multimodal/processors/base_processor.py · FEATURE_NAMES, process_mm_data,
+#    collect_mm_items_from_processor_output, get_mm_items_offset, process_and_combine_mm_data
 # FEATURE_NAMES is an allow-list: a model-specific processor that returns another tensor escapes
 # it, which is how a 32-byte grid reached every TP rank on cuda:0.
 FEATURE_NAMES = ["pixel_values", "pixel_values_videos", "audio_features", "input_features"]
@@ -281,9 +273,7 @@ def items_for_request(result: dict) -> list[MMItem]:
     return items
 
 
-# --------------------------------------------------------------------------------------------------
-# ---- 5. srt/mem_cache/multimodal_cache.py · MultiModalStaticCache, as mm_utils uses it (0.5.11)
-# --------------------------------------------------------------------------------------------------
+# -- 5. srt/mem_cache/multimodal_cache.py · MultiModalStaticCache, as mm_utils uses it (0.5.11) ----
 # When every item has one offset (split per image) `_get_chunked_embedding_by_item` looks each image
 # up by its own hash and encodes only the misses; otherwise `_get_chunked_embedding_full` looks the
 # request up by the combined hash of its items. Here: unbounded (no LRU), one lookup per item.
@@ -322,10 +312,8 @@ class EmbeddingCache:
                 self._store[item.hash] = n_images
 
 
-# --------------------------------------------------------------------------------------------------
-# ---- 6. the hop to every TP rank: ZMQ send_pyobj / recv_pyobj, srt/utils/common.py ·
-#         broadcast_pyobj; a torch.multiprocessing queue (CUDA IPC) for comparison
-# --------------------------------------------------------------------------------------------------
+# -- 6. the hop to every TP rank: ZMQ send_pyobj / recv_pyobj, srt/utils/common.py ·
+#    broadcast_pyobj; a torch.multiprocessing queue (CUDA IPC) for comparison
 # Plain pickle writes a CUDA tensor by value with its device (the storage goes through torch.save's
 # location tag), so pickle.loads re-creates it on cuda:0 in whichever process unpickles it: a whole
 # CUDA context on GPU 0 for a 32-byte grid. A CUDA IPC handle is opened on the tensor's device too.
@@ -408,9 +396,7 @@ def grid_key(obj: dict) -> str | None:
     return next((k for k in ("image_grid_thw", "grid_thws") if k in obj), None)
 
 
-# --------------------------------------------------------------------------------------------------
-# ---- 7. the inputs (no upstream counterpart): seeded images, prompts, request streams
-# --------------------------------------------------------------------------------------------------
+# -- 7. the inputs (no upstream counterpart): seeded images, prompts, request streams --------------
 def synthetic_image(image_id: int, *, base: int = 28) -> torch.Tensor:
     """A deterministic (3, H, W) uint8 image; H and W multiples of 28 (one merge block) in
     [28, 84]."""

@@ -19,9 +19,7 @@ from sglab.grid_thw.measure import KERNEL_STEPS
 
 VARIANT_ORDER = ("before", "ipc", "eager", "after")
 
-# --------------------------------------------------------------------------------------------------
-# the time series: NVML samples and marks reduced to sidecars (times from each group's start)
-# --------------------------------------------------------------------------------------------------
+# -- the time series: NVML samples and marks reduced to sidecars (times from each group's start) ---
 MEMORY_COLUMNS = ["variant", "repeat", "process", "rank", "gpu", "t_s", "mib"]
 MARK_COLUMNS = ["variant", "repeat", "process", "rank", "mark", "t_s", "dur_s"]
 
@@ -87,9 +85,7 @@ def sidecars(groups: list[dict], samples, ticks: list[float]) -> dict:
     return {"memory": mem, "marks": marks, "trace": trace}
 
 
-# --------------------------------------------------------------------------------------------------
-# the memory time series: which mark each step in a process's memory belongs to
-# --------------------------------------------------------------------------------------------------
+# -- the memory time series: which mark each step in a process's memory belongs to -----------------
 def _values_at(series, ts) -> "np.ndarray":
     """The step series' values at the times ``ts`` (0 before its first point); ``series`` is sorted
     by ``t_s``."""
@@ -188,9 +184,7 @@ def explain_growth(run) -> str:
     return text
 
 
-# --------------------------------------------------------------------------------------------------
-# the profiler picture: every process's memory over time, one group per variant
-# --------------------------------------------------------------------------------------------------
+# -- the profiler picture: every process's memory over time, one group per variant -----------------
 SERIES_MARKS = ("unpickle", *KERNEL_STEPS, "release")
 LINE_COLORS = {
     "tokenizer": "#7f8c8d", "rank 0": "#2471a3", "rank 1": "#229954", "rank 2": "#d68910",
@@ -246,6 +240,4 @@ def memory_series(run, *, repeat: int = 0, variants=("before", "after"), rank: i
     return fig
 
 
-# --------------------------------------------------------------------------------------------------
-# the lesson: the cache answer (CPU)
-# --------------------------------------------------------------------------------------------------
+# -- the lesson: the cache answer (CPU) ------------------------------------------------------------

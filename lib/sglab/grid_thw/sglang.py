@@ -38,9 +38,7 @@ PROBE_RELEASES = ("0.5.10.post1", "0.5.11", "0.5.23")
 VARIANT_OF = {"0.5.10.post1": "before", "0.5.11": "after", "0.5.23": "after"}
 
 
-# --------------------------------------------------------------------------------------------------
-# the source check (the release timeline, `sglab upstream`)
-# --------------------------------------------------------------------------------------------------
+# -- the source check (the release timeline, `sglab upstream`) -------------------------------------
 def _dict_keys(node) -> set[str]:
     return {
         k.value
@@ -94,9 +92,7 @@ def check(read) -> Verdict:
                    f"_gpu_call returns keys {sorted(keys)}: not a shape this check recognises")
 
 
-# --------------------------------------------------------------------------------------------------
-# the CPU probe (inside one release's worker process)
-# --------------------------------------------------------------------------------------------------
+# -- the CPU probe (inside one release's worker process) -------------------------------------------
 KEYS = ("grid_thws", "image_grid_thw")
 IMAGE_TOKEN = "<|media_pad|>"
 N_IMAGES = 3
@@ -270,9 +266,7 @@ def probe(prepared, params: dict) -> list[dict]:
     return rows
 
 
-# --------------------------------------------------------------------------------------------------
-# the record
-# --------------------------------------------------------------------------------------------------
+# -- the record ------------------------------------------------------------------------------------
 # -- the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_grid_thw/
 GRID_ON_CUDA0 = revert_adjustment(
     "revert-pr22858-grid-thw-cpu",
@@ -348,9 +342,7 @@ FIX = Fix(
                        KIMI_MODEL, "KimiK25ForConditionalGeneration.get_image_feature")),),
     probe=Probe("sglab.grid_thw.sglang:probe", PROBE_RELEASES), engine=ENGINE)
 
-# --------------------------------------------------------------------------------------------------
-# the real answers beside the rebuild's (the notebook's real-SGLang section)
-# --------------------------------------------------------------------------------------------------
+# -- the real answers beside the rebuild's (the notebook's real-SGLang section) --------------------
 WIRE_FACTS = ("device_kept", "dtype_kept", "shape_kept", "values_kept")
 
 

@@ -22,9 +22,7 @@ STRAY = plots.PALETTE["before"]
 VARIANT_ORDER = series.VARIANT_ORDER
 
 
-# --------------------------------------------------------------------------------------------------
-# tables of one run's frame (or several runs' frames joined by `frame`)
-# --------------------------------------------------------------------------------------------------
+# -- tables of one run's frame (or several runs' frames joined by `frame`) -------------------------
 def run_name(run) -> str:
     """Short, unique name of a run: GPU, TP size, GPUs on the machine, start time (UTC)."""
     m = run.manifest
@@ -144,9 +142,7 @@ def concurrency(df):
     return pd.concat([t, s], axis=1, join="inner").reset_index()
 
 
-# --------------------------------------------------------------------------------------------------
-# the appendix: the rebuild's GPU runs, each section shown from the runs (or their NoRun line)
-# --------------------------------------------------------------------------------------------------
+# -- the appendix: the rebuild's GPU runs, each section shown from the runs (or their NoRun line)
 @notebook.needs_run
 def landed(run) -> None:
     """The runs shown, where each rank's grid landed, and process × GPU per variant of the run with
@@ -192,9 +188,7 @@ def profiler(run) -> None:
     print(series.explain_growth(found))
 
 
-# --------------------------------------------------------------------------------------------------
-# figures
-# --------------------------------------------------------------------------------------------------
+# -- figures ---------------------------------------------------------------------------------------
 def _cell(ax, x: float, y: float, w: float, h: float, row) -> None:
     """One process × GPU cell: before (left) | after (right); a stray context is filled red."""
     left = (STRAY if row.stray else "#d5d8dc") if row.before > 0 else "white"
@@ -289,9 +283,7 @@ def cache_answer(stats: dict):
     } for v, s in stats.items()]).set_index("cache key")
 
 
-# --------------------------------------------------------------------------------------------------
-# your own setup: a TP size and a request stream -> GPU-0 waste before the fix, vision cache hits
-# --------------------------------------------------------------------------------------------------
+# -- your own setup: a TP size and a request stream -> GPU-0 waste before the fix, vision cache hits
 def stray_mib() -> dict:
     """Per GPU model: MiB a rank >= 1 holds on GPU 0 after a kernel, ``(before, after)`` the fix
     (median over the recorded runs of that GPU)."""
@@ -340,9 +332,7 @@ def your_setup(interactive: bool = False):
         title="Your deployment: what the grid on cuda:0 and the bundled items cost")
 
 
-# --------------------------------------------------------------------------------------------------
-# the real engine at TP 2 and TP 4 (data/recorded/engine_grid_thw/)
-# --------------------------------------------------------------------------------------------------
+# -- the real engine at TP 2 and TP 4 (data/recorded/engine_grid_thw/) -----------------------------
 def _tp_of(run) -> dict:
     """``{case: TP size}`` of each engine entry."""
     return {e["case"]: e["tp"] for e in run.manifest.engine_runs}

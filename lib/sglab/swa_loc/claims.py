@@ -50,9 +50,7 @@ def _has_headline_cell(run) -> Optional[str]:
     return f"the run has no {layers}-layer {ratio}:1 bs {bs} cell (the headline configuration)"
 
 
-# --------------------------------------------------------------------------------------------------
-# the claims a reader checks
-# --------------------------------------------------------------------------------------------------
+# -- the claims a reader checks --------------------------------------------------------------------
 def _extra_kernels(run):
     extra = show.extra_per_swa_layer(run.df)
     values = sorted({float(x) for x in extra})
@@ -112,9 +110,7 @@ def _ratio(run):
         f"{value['ratio_min']:.2f}–{value['ratio_max']:.2f}×", value)
 
 
-# --------------------------------------------------------------------------------------------------
-# the instrument checks folded under the kernel claim
-# --------------------------------------------------------------------------------------------------
+# -- the instrument checks folded under the kernel claim -------------------------------------------
 def _translate_calls(run):
     d = show.sweep_rows(run.df)
     d = d[d.metric == "translate_calls_capture"]
@@ -318,9 +314,7 @@ CARD = Card(
         f"predicts; with #24743, {{r[{_P}][pr24743_corrupted]}}.")))
 
 
-# --------------------------------------------------------------------------------------------------
-# the real engine (``sglab engine --plan 04``: data/recorded/engine_swa_loc/)
-# --------------------------------------------------------------------------------------------------
+# -- the real engine (``sglab engine --plan 04``: data/recorded/engine_swa_loc/) -------------------
 def _engine_pair(run):
     df = engine_records.frame([run])
     ok = engine_stats.started(df)

@@ -89,9 +89,7 @@ def kv_mismatch_count(diff: Dict[int, List[int]]) -> int:
     return sum(len(v) for v in diff.values())
 
 
-# --------------------------------------------------------------------------------------------------
-# the #24743 padding scenario
-# --------------------------------------------------------------------------------------------------
+# -- the #24743 padding scenario -------------------------------------------------------------------
 def _prefill(setups, *, n_requests: int, context_len: int, seed: int) -> None:
     """The context tokens of every request, written eagerly into each setup (identically)."""
     for s in setups:
@@ -163,9 +161,7 @@ def pad_bug_scenario(variant: str, *, device="cpu", use_cuda_graph: Optional[boo
     }
 
 
-# --------------------------------------------------------------------------------------------------
-# the sweep
-# --------------------------------------------------------------------------------------------------
+# -- the sweep -------------------------------------------------------------------------------------
 def _cleanup(device) -> None:
     gc.collect()
     if torch.device(device).type == "cuda":
@@ -278,9 +274,7 @@ def sweep(p: dict, *, device, use_cuda_graph: bool, probes: Dict[str, Callable],
     return rows
 
 
-# --------------------------------------------------------------------------------------------------
-# profiler passes (GPU), separate from the timed ones
-# --------------------------------------------------------------------------------------------------
+# -- profiler passes (GPU), separate from the timed ones -------------------------------------------
 def gpu_probes() -> dict:
     from sglab.core.kernels import graph_kernel_nodes, profiled_kernels
 
@@ -403,9 +397,7 @@ def eager_kernel_tables(p: dict, device) -> tuple:
     return table, info
 
 
-# --------------------------------------------------------------------------------------------------
-# the GPU run
-# --------------------------------------------------------------------------------------------------
+# -- the GPU run -----------------------------------------------------------------------------------
 def check_params(p: dict) -> dict:
     """Merged parameters, with one-line errors for values the sweep cannot use."""
     p = {**DEFAULT_PARAMS, **(p or {})}

@@ -15,9 +15,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 
-# --------------------------------------------------------------------------------------------------
-# 1. mem_cache/memory_pool.py · MHATokenToKVPool, store_cache
-# --------------------------------------------------------------------------------------------------
+# -- 1. mem_cache/memory_pool.py · MHATokenToKVPool, store_cache -----------------------------------
 def store_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 loc: torch.Tensor) -> None:
     """Write one layer's K and V rows at ``loc``: SGLang's torch fallback ``k_cache[loc] = k``.
@@ -50,9 +48,7 @@ class MHATokenToKVPool:
         store_cache(cache_k, cache_v, self.k_buffer[layer_id], self.v_buffer[layer_id], loc)
 
 
-# --------------------------------------------------------------------------------------------------
-# 2. mem_cache/swa_memory_pool.py · SWAKVPool, SWATokenToKVPoolAllocator
-# --------------------------------------------------------------------------------------------------
+# -- 2. mem_cache/swa_memory_pool.py · SWAKVPool, SWATokenToKVPoolAllocator ------------------------
 class SWAKVPool:
     """KV cache with separate pools for full and SWA attention layers (PR-era ``SWAKVPool``).
 
@@ -166,9 +162,7 @@ class SWATokenToKVPoolAllocator:
         return self._kvcache.translate_loc_from_full_to_swa(kv_indices)
 
 
-# --------------------------------------------------------------------------------------------------
-# 3. model_executor/forward_batch_info.py · ForwardBatch.out_cache_loc_swa, ForwardBatch.init_new
-# --------------------------------------------------------------------------------------------------
+# -- 3. model_executor/forward_batch_info.py · ForwardBatch.out_cache_loc_swa, ForwardBatch.init_new
 @dataclass
 class ForwardBatch:
     """A decode batch: one new token per request."""
@@ -193,9 +187,7 @@ class ForwardBatch:
         return cls(input_ids, seq_lens.to(torch.int32), out_cache_loc, out_cache_loc_swa)
 
 
-# --------------------------------------------------------------------------------------------------
-# 4. model_executor/model_runner.py · ModelRunner._forward_raw (the path without a CUDA graph)
-# --------------------------------------------------------------------------------------------------
+# -- 4. model_executor/model_runner.py · ModelRunner._forward_raw (the path without a CUDA graph)
 def forward_eager(model: "ToyHybridModel", batch: ForwardBatch, *,
                   use_precomputed_swa_loc: bool = True) -> torch.Tensor:
     """With ``use_precomputed_swa_loc`` (what upstream does when ``forward_batch.out_cache_loc_swa``
@@ -206,9 +198,7 @@ def forward_eager(model: "ToyHybridModel", batch: ForwardBatch, *,
     return model.forward(batch.input_ids, batch.seq_lens, batch.out_cache_loc)
 
 
-# --------------------------------------------------------------------------------------------------
-# 5. model_executor/cuda_graph_runner.py · DecodeInputBuffers, CudaGraphRunner (decode only)
-# --------------------------------------------------------------------------------------------------
+# -- 5. model_executor/cuda_graph_runner.py · DecodeInputBuffers, CudaGraphRunner (decode only) ----
 # before   no out_cache_loc_swa buffer, nothing calls set_swa_loc before capture: the graph holds
 # the per-layer
 #          translation (an index gather + an int32 cast, 2 kernels) in every SWA layer, every decode
@@ -408,9 +398,7 @@ class DecodeGraphRunner:
         return bs
 
 
-# --------------------------------------------------------------------------------------------------
-# 6. no upstream file: a toy hybrid model, its setup, a pool comparison
-# --------------------------------------------------------------------------------------------------
+# -- 6. no upstream file: a toy hybrid model, its setup, a pool comparison -------------------------
 def hybrid_layer_ids(num_layers: int, swa_per_full: int) -> Tuple[List[int], List[int]]:
     """(swa_attention_layer_ids, full_attention_layer_ids) for ``swa_per_full`` sliding-window
     layers per full layer, the full layer last in each group (Gemma 3: 5 local then 1 global;

@@ -34,9 +34,7 @@ PR_ERA_RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1")
 KERNELS_PER_TRANSLATION_TODAY = 1  # 0.5.13 on: one gather
 
 
-# --------------------------------------------------------------------------------------------------
-# the source check (the release timeline, `sglab upstream`)
-# --------------------------------------------------------------------------------------------------
+# -- the source check (the release timeline, `sglab upstream`) -------------------------------------
 def _swa_buffer_facts(tree) -> tuple:
     """(dtype of DecodeInputBuffers.out_cache_loc_swa, whether a padded populate zeroes it) —
     #24743's pair."""
@@ -93,9 +91,7 @@ def check(read) -> Verdict:
         f"(#23552); {tail}")
 
 
-# --------------------------------------------------------------------------------------------------
-# the CPU probe (inside one release's worker process)
-# --------------------------------------------------------------------------------------------------
+# -- the CPU probe (inside one release's worker process) -------------------------------------------
 SWA_LAYERS, FULL_LAYERS = [0, 2], [1, 3]
 HEAD_NUM, HEAD_DIM = 2, 4
 PRESET_CASE = {
@@ -315,9 +311,7 @@ def probe(prepared, params: dict) -> list:
     return rows
 
 
-# --------------------------------------------------------------------------------------------------
-# the record
-# --------------------------------------------------------------------------------------------------
+# -- the record ------------------------------------------------------------------------------------
 # -- the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_swa_loc/
 PR_DIFF = "data/upstream/swa_loc/pr23552.diff"
 PRESET_REVERTED = revert_adjustment(
@@ -378,9 +372,7 @@ CODE_PATH = (
         "the gather and int32 cast a graph captured without the preset replays in every SWA layer"))
 
 
-# --------------------------------------------------------------------------------------------------
-# the real answers beside the rebuild's (the notebook's real-SGLang section)
-# --------------------------------------------------------------------------------------------------
+# -- the real answers beside the rebuild's (the notebook's real-SGLang section) --------------------
 def _rebuild_pool():
     pool = rebuild.SWAKVPool(16, 6, 2, 4, torch.float32, SWA_LAYERS, FULL_LAYERS, "cpu")
     return pool, rebuild.SWATokenToKVPoolAllocator(16, 6, pool)

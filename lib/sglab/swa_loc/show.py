@@ -32,9 +32,7 @@ STYLES = ["-", "--", ":", "-."]
 _CFG = ["swa_per_full", "num_layers", "n_swa_layers"]
 
 
-# --------------------------------------------------------------------------------------------------
-# tables of a run
-# --------------------------------------------------------------------------------------------------
+# -- tables of a run -------------------------------------------------------------------------------
 def sweep_rows(df):
     """The rows of the layout sweep (not those of the padding scenario)."""
     return df[df.num_layers.isin(df[df.metric == "graph_kernel_nodes"].num_layers.unique())
@@ -189,9 +187,7 @@ def kv_write_kernels(table, variant: str, backend: Optional[str] = None):
                                   "median_us"]].reset_index(drop=True)
 
 
-# --------------------------------------------------------------------------------------------------
-# the GPU sections of the notebook, each shown from the run (or its NoRun line)
-# --------------------------------------------------------------------------------------------------
+# -- the GPU sections of the notebook, each shown from the run (or its NoRun line) -----------------
 @notebook.needs_run
 def kernels(run) -> None:
     """Kernel nodes per replay, one row per layout, and the profiler's agreement on every run
@@ -257,9 +253,7 @@ def profiler(run) -> None:
     notebook.show_table(eager_table(eager).round(2))
 
 
-# --------------------------------------------------------------------------------------------------
-# figures
-# --------------------------------------------------------------------------------------------------
+# -- figures ---------------------------------------------------------------------------------------
 _OP_TEXT = {
     "index": "gather\nfull_to_swa[loc]", "_to_copy->int32": "cast\nto int32",
     "_to_copy->int64": "cast\nto int64", "index_put_": "store\n{kv}"
@@ -452,9 +446,7 @@ def replay_timeline(run, variants=("before", "pr24743")):
     return fig, None
 
 
-# --------------------------------------------------------------------------------------------------
-# the real engine, before and after
-# --------------------------------------------------------------------------------------------------
+# -- the real engine, before and after -------------------------------------------------------------
 def beside_rows(run, engine_run) -> list[dict]:
     """Kernels a decode-graph replay gains per SWA layer without #23552's preset, as the rebuild
     (graph nodes of its own layers) and SGLang's engine (its bench_one_batch decode trace) count
