@@ -358,10 +358,23 @@ def env_report() -> list[tuple[str, str]]:
     return rows
 
 
-def overview():
-    """00's reading-order table: per notebook its claim, the GPUs it needs, whether this machine
-    runs it live, its live time (newest committed ``sglab run --timings`` record per GPU model) and
-    the recorded runs it can show."""
+def recorded_summary(recorded: list) -> str:
+    """A notebook's recorded runs in a few words: runs per GPU model and count, and the newest
+    day (``H100 ×1: 3 runs; H200 ×1: 6 runs; newest 2026-11-29``)."""
+    if not recorded:
+        return "none yet"
+    counts: dict[str, int] = {}
+    for r in recorded:
+        key = f"{runs.gpu_short(r)} ×{r.manifest.gpu_count}"
+        counts[key] = counts.get(key, 0) + 1
+    parts = [f"{k}: {n} run{'' if n == 1 else 's'}" for k, n in sorted(counts.items())]
+    return "; ".join(parts) + f"; newest {max(r.manifest.date for r in recorded)}"
+
+
+def overview_frame():
+    """00's table of notebooks as data: per notebook its whole claim, the GPUs it needs, whether
+    this machine runs it live, its live time (newest committed ``sglab run --timings`` record per
+    GPU model) and its recorded runs (:func:`recorded_summary`)."""
     import pandas as pd
 
     from sglab.tools import fixes
@@ -374,7 +387,41 @@ def overview():
         rows.append({
             "notebook": e.stem, "upstream": e.upstream, "claim": e.claim, "GPUs": e.gpus,
             "live here": "yes" if ok else "no", "live time": live_times.get(
-                e.stem, timings.NOT_RECORDED), "recorded runs": "; ".join(r.label for r in recorded)
-            or ("—" if e.experiment is None else "none yet")
+                e.stem, timings.NOT_RECORDED),
+            "recorded runs": recorded_summary(recorded) if e.experiment else "—"
         })
     return pd.DataFrame(rows)
+
+
+def _code_spans(text) -> str:
+    import html
+    import re
+
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(str(text)))
+
+
+def _lines(text) -> str:
+    """``a; b`` one part a line."""
+    import html
+
+    return "<br>".join(html.escape(p) for p in str(text).split("; "))
+
+
+def overview():
+    """00's table of notebooks (:func:`overview_frame`) as a reader sees it: every cell whole
+    (pandas' display would cut a claim at 50 characters), left-aligned, the claim wrapped, code in
+    it set as code, and the other columns one item a line."""
+    from sglab.sglang.fix import REPO
+
+    df = overview_frame()
+    df["upstream"] = df["upstream"].str.removeprefix(REPO)
+    df = df.rename(columns={"upstream": f"upstream ({REPO})"})
+    others = [c for c in df.columns if c != "claim"]
+    style = df.style.hide(axis="index").format(_code_spans, subset=["claim"])
+    style = style.format(_lines, subset=["live time", "recorded runs"])
+    style = style.set_properties(**{"text-align": "left", "vertical-align": "top"})
+    style = style.set_properties(subset=others, **{"white-space": "nowrap"})
+    style = style.set_properties(subset=["claim"], **{"white-space": "normal"})
+    return style.set_table_styles([{
+        "selector": "th", "props": "text-align: left; vertical-align: bottom"
+    }])
