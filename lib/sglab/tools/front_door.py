@@ -1,0 +1,294 @@
+"""Notebook 00, the front door: the reading order, "does it affect us?" (one row per fix, from its
+review card, its record and its recorded runs) and the glossary the fix notebooks lean on.
+
+Each table is a list of dicts (for tests) and markdown (for the notebook). A symptom is declared
+here in a line, with what it is derived from; a log line in it is only ever SGLang's own, read from
+the recorded probe answers or engine runs of an affected release.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from sglab.core.card import releases_line
+from sglab.tools import fixes
+
+# how many characters of a card's sentences a cell of the affects table shows
+BUG_CHARS = 220
+WHO_CHARS = 200
+AFFECTED = ("before", "regressed")  # the release states in which a fix's bug is live
+
+# (notebook, what it teaches, what it builds on)
+READING_ORDER = (
+    ("01_pcg_gate", "Piecewise CUDA graphs (PCG) for prefill, and the start-up gate that decides "
+     "whether a model gets them. One GPU, the simplest mechanism: start here.", "the primer"),
+    ("03_breakable_graph", "The breakable CUDA graph (BCG), the other way to graph a prefill, and "
+     "why its logits tail had to leave the graph for batches of several requests.", "01's graphs"),
+    ("04_swa_loc", "Decode CUDA graphs freeze the Python branch taken at capture; sliding-window "
+     "models and SGLang's two KV pools.",
+     "the primer"), ("06_capture_sizes",
+                     "PCG capture sizes meet attention TP: a reduce-scatter that needs equal "
+                     "shards stops the server at start-up.", "01, tensor parallelism"),
+    ("02_workspace_floor", "The allreduce-fusion workspace at TP ≥ 2: what creating it costs every "
+     "rank, and the floor that creates it once.", "tensor parallelism"),
+    ("05_grid_thw", "How a tensor reaches every TP rank, and why a few bytes left on `cuda:0` open "
+     "a CUDA context per rank on GPU 0.", "tensor parallelism"),
+    ("07_how_we_measure", "How the engine numbers are made to repeat: interleaved starts, A/A "
+     "controls, the host's launch cost, reruns on other machines. Read it before comparing "
+     "numbers.", "any fix notebook"))
+
+
+def _symptoms() -> dict[str, tuple[str, str]]:
+    """Per fix, what a reader of an affected release sees, in a line, and what that line is derived
+    from; SGLang's own line is added where one is recorded (:func:`log_line`)."""
+    from sglab.swa_loc.claims import EXTRA_PER_SWA_LAYER
+    from sglab.workspace_floor.rebuild import CALLEE_DEFAULT_MAX_TOKEN_NUM
+
+    return {
+        "pcg_gate": (
+            "Prefill runs eagerly where piecewise graphs were asked for: a slower first token.",
+            "the card's bug"),
+        "workspace_floor": (
+            f"Nothing as shipped: the engine creates the workspace once, at start-up. On a path "
+            f"that skips that, a batch of more than {CALLEE_DEFAULT_MAX_TOKEN_NUM} tokens meets "
+            f"the callee's assert.", "the card's bug and who"),
+        "breakable_graph": (
+            "Prefill batches of two or more requests run eagerly, silently: `can_run` refuses them "
+            "without a log line.", "the card's bug and 0.5.11's `can_run`"),
+        "swa_loc": (
+            f"No error: each decode replay runs {EXTRA_PER_SWA_LAYER} extra kernels (a gather and "
+            "an int32 cast) in every sliding-window layer. With #23552 alone, padded tokens can "
+            "also overwrite live requests' SWA cache.", "the card and 04's claims"),
+        "grid_thw": (
+            "Every TP rank ≥ 1 also holds a CUDA context on GPU 0, after rank 0 has sized its KV "
+            "cache there.", "the card's bug and who"),
+        "capture_sizes": ("The server fails at start-up, capturing its piecewise graphs.",
+                          "the card's bug")
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# shortening a card's sentences
+# --------------------------------------------------------------------------------------------------
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\"“(#*])")
+
+
+def _depth(text: str) -> int:
+    return text.count("(") - text.count(")")
+
+
+def _cut(sentence: str, room: int, *, words: bool) -> str:
+    """The longest head of ``sentence`` within ``room`` characters that ends at a clause (``;`` or
+    ``:``), or (``words``) at a word, never inside a parenthesis; '' where none is long enough."""
+    head = sentence[:room + 1]
+    for pattern in (r"[;:](?= )", r" ") if words else (r"[;:](?= )",):
+        for end in reversed([m.start() for m in re.finditer(pattern, head)]):
+            part = sentence[:end].rstrip(" ,;:")
+            if _depth(part) == 0 and len(part) >= 12:
+                return part
+    return ""
+
+
+def lead(text: str, limit: int) -> str:
+    """The first whole sentences of ``text`` that fit in ``limit`` characters; a sentence that does
+    not fit is cut at a clause (the first sentence, failing that, at a word; never mid-word, never
+    inside a parenthesis), and a cut marked with '…'."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    out = ""
+    for sentence in _SENTENCE.split(text):
+        joined = f"{out} {sentence}".strip()
+        if len(joined) <= limit:
+            out = joined
+            continue
+        part = _cut(sentence, limit - len(out) - 1, words=not out)
+        # a first sentence with no clause or word to cut at within the limit stays whole
+        return f"{out} {part}".strip() + " …" if part or out else sentence
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# SGLang's own log lines, recorded on an affected release
+# --------------------------------------------------------------------------------------------------
+def _probe_lines(fix) -> list[tuple[str, str]]:
+    """(release, line): a log line or warning the fix's probe recorded on an affected release and
+    on no unaffected one (the newest real-release recording)."""
+    from sglab.sglang import store
+
+    rec = store.newest() if fix.probe else None
+    if rec is None:
+        return []
+    state = dict(fix.releases())
+    seen: dict[str, list] = {}
+    for (_, release), d in rec.results.items():
+        if d["probe"] != fix.probe.fn or d["status"] != "ok":
+            continue
+        for row in d["rows"]:
+            if row.get("metric") in ("messages", "warnings") and isinstance(row.get("value"), list):
+                seen.setdefault(release, []).extend(row["value"])
+    fine = {m for r, ms in seen.items() if state.get(r) not in AFFECTED for m in ms}
+    return [(r, m) for r, ms in seen.items() if state.get(r) in AFFECTED
+            for m in ms if m not in fine]
+
+
+def _engine_lines(fix) -> list[tuple[str, str]]:
+    """(release, error): the error a recorded engine run of an affected release stopped with."""
+    from sglab.core import engine_records
+
+    shown = list(getattr(fix.recorded_engine(), "shown", []) or [])
+    if not shown:
+        return []
+    df = engine_records.frame(shown)
+    state = dict(fix.releases())
+    out = []
+    for release, value in df[df.metric == "status"][["release", "value"]].itertuples(index=False):
+        text = str(value)
+        if state.get(str(release)) in AFFECTED and text.startswith("error: "):
+            out.append((str(release), re.sub(r" \(log: [^)]*\)$", "", text[len("error: "):])))
+    return out
+
+
+def log_line(fix) -> str:
+    """SGLang's own line for the symptom: what an affected release logged in the fix's recorded
+    probe answers, else the error its recorded engine run stopped with; '' where none is
+    recorded."""
+    found, said = _probe_lines(fix), "logs"
+    if not found:
+        found, said = _engine_lines(fix), "stops with"
+    if not found:
+        return ""
+    line = found[0][1]
+    releases = ", ".join(sorted({r for r, m in found if m == line}))
+    where = "its recorded probe" if said == "logs" else "a recorded engine run"
+    return f"{releases} {said} “{line}” ({where})."
+
+
+# --------------------------------------------------------------------------------------------------
+# the tables
+# --------------------------------------------------------------------------------------------------
+def affects_rows() -> list[dict]:
+    """One row per fix: its notebook, the bug and who it affects (the card's first words), the
+    releases (read from the wheels), and what a reader sees (with SGLang's own line, if
+    recorded)."""
+    symptoms, rows = _symptoms(), []
+    for fix in fixes.FIXES:
+        card = fixes.claims(fix.name).CARD
+        (seen, source), line = symptoms[fix.name], log_line(fix)
+        own = " · SGLang's own line" if line else ""
+        rows.append(
+            dict(notebook=fix.stem, bug=lead(card.bug, BUG_CHARS),
+                 who=lead(card.affects, WHO_CHARS), releases=releases_line(fix.releases()),
+                 symptom=f"{seen} {line}".strip(), source=source + own))
+    return rows
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(_cell(c) for c in r) + " |" for r in rows])
+
+
+def _link(stem: str) -> str:
+    return f"[{stem}]({stem}.ipynb)"
+
+
+def _releases_cell(line: str) -> str:
+    """A releases line one range a line, the affected ones in bold, a range never broken."""
+    parts = [p.replace("–", "\u2060–\u2060") for p in line.split(" · ")]
+    return "<br>".join(f"**{p}**" if p.startswith("affected") else p for p in parts)
+
+
+def affects_markdown(rows: Optional[list[dict]] = None) -> str:
+    rows = affects_rows() if rows is None else rows
+    return _table([
+        "notebook", "the bug", "who it affects", "releases (read from the wheels)",
+        "what you see (derived from)"
+    ], [[
+        _link(r["notebook"]), r["bug"], r["who"],
+        _releases_cell(r["releases"]), f"{r['symptom']} *({r['source']})*"
+    ] for r in rows])
+
+
+def reading_markdown() -> str:
+    return _table(["", "notebook", "read it for", "builds on"],
+                  [[str(i), _link(stem), teaches, on]
+                   for i, (stem, teaches, on) in enumerate(READING_ORDER, 1)])
+
+
+# --------------------------------------------------------------------------------------------------
+# the glossary: (term, other spellings the notebooks use, definition)
+# --------------------------------------------------------------------------------------------------
+GLOSSARY = (
+    ("PCG", ("piecewise CUDA graph",),
+     "Piecewise CUDA graph: prefill captured as the pieces between attention calls, one set per "
+     "token count, attention run eagerly between them (`PiecewiseCudaGraphRunner`). 01, 06."),
+    ("BCG", ("breakable CUDA graph",),
+     "Breakable CUDA graph: prefill captured as graph segments cut at functions marked "
+     "`@eager_on_graph` (attention), sharing one memory pool; `--enable-breakable-cuda-graph`, "
+     "experimental; `[BCG]` starts its log lines. 03."),
+    ("capture size", ("capture sizes",),
+     "A token count (PCG, BCG) or batch size (decode) a graph is captured for; a batch is padded "
+     "up to the next one. 06."),
+    ("TP", ("attention TP", "attention-TP", "tensor parallelism"),
+     "Tensor parallelism, `--tp-size N`: each weight split over N GPUs (ranks), partial results "
+     "summed by an all-reduce. Attention TP = TP ÷ DP (with `--enable-dp-attention`) ÷ CP."),
+    ("DP attention", ("DP",),
+     "`--enable-dp-attention`: attention runs data-parallel (each group its own requests), the "
+     "rest of the model tensor-parallel."),
+    ("CP", ("context parallelism",),
+     "Attention context parallelism, `--attn-cp-size`: the ranks of an attention group split a "
+     "prefill's tokens between them."),
+    ("TBO", ("two-batch overlap",),
+     "Two-batch overlap, `--enable-two-batch-overlap`: a batch runs as two micro-batches so that "
+     "one's communication overlaps the other's compute; the decode graph runner then doubles its "
+     "size base. 06."),
+    ("SWA", ("sliding-window",),
+     "Sliding-window attention: a layer that attends to the last W tokens only; its KV lives in a "
+     "smaller pool of its own. 04."),
+    ("KV", ("KV cache", "K/V"),
+     "The keys and values of every token seen, kept per layer in a pool of slots (the KV cache)."),
+    ("Lamport buffer", ("Lamport",),
+     "The third buffer of the allreduce-fusion workspace (three times the data size), filled with "
+     "-0.0: a peer's write replaces the -0.0, so a reader polls its slots instead of waiting at a "
+     "barrier. 02."),
+    ("hwm", ("high-water mark",),
+     "High-water mark: from 0.5.14 the workspace manager remembers the largest size it was asked "
+     "for and never creates a smaller workspace; 0.5.12.post1 and 0.5.13 keep none. 02."),
+    ("IPC", ("CUDA IPC",),
+     "A handle through which another process opens a GPU allocation: how the workspace's buffers "
+     "and the tensors sent between SGLang's processes are shared. 02, 05."),
+    ("A/A control", ("A/A",),
+     "The same configuration started twice (its label ends in `-again`): the gap between the two "
+     "is the run's own noise, and a claimed gain must clear it. 07."),
+    ("TTFT, TPOT", ("TTFT", "TPOT"),
+     "Time to first token; time per output token after it (SGLang's `bench_serving`)."),
+    ("dummy weights", ("dummy",),
+     "`--load-format dummy`: random weights in a real model's shapes (its `config.json`) with a "
+     "tokenizer written here, so an engine runs the real kernels with nothing downloaded."),
+    ("harness adjustment", ("adjustment", "adjustments"),
+     "A change the harness makes to a release's engine run (environment variables, or a patch run "
+     "in every engine process), named with its reason in the run's manifest: e.g. a PR's hunk "
+     "reverted, or what a model needs to run with dummy weights."),
+    ("shim", ("shims",),
+     "A stand-in module that lets a real release import on a machine without its GPU stack: "
+     "triton's stub, torchvision and `sgl_kernel` whose functions raise when called. `sglab env` "
+     "lists each release's."), (
+         "recorded run, live run", ("recorded", "live"),
+         "Live: measured on this machine now (saved under `data/runs/`). Recorded: a committed run "
+         "under `data/recorded/`, shown with its GPU, count, driver, torch and date."))
+
+
+def glossary_markdown() -> str:
+    return _table(["term", "meaning"], [[f"**{t}**", d] for t, _, d in GLOSSARY])
+
+
+def show(markdown: str) -> None:
+    """Show a table of this module in the notebook (its markdown as text elsewhere)."""
+    from sglab.core.notebook import display
+
+    display(None, markdown, markdown)
