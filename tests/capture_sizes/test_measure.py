@@ -22,13 +22,13 @@ def _events(rows):
     return pd.DataFrame([dict(zip(trace.COLUMNS, r)) for r in rows], columns=trace.COLUMNS)
 
 
-def test_scaled_default_sizes():
-    s4 = ex.scaled_default_sizes(4)
+def test_raw_sizes_scaled():
+    s4 = ex.raw_sizes(4)
     assert [n for n in s4 if n % 4] == [2, 6, 10, 14]
     assert len(s4) == 42
-    s2 = ex.scaled_default_sizes(2)
+    s2 = ex.raw_sizes(2)
     assert [n for n in s2 if n % 2] == [1, 3, 5, 7]
-    assert ex.scaled_default_sizes(8) == DEFAULT_2048
+    assert ex.raw_sizes(8) == DEFAULT_2048
 
 
 def test_size_lists_break_the_same_sizes():

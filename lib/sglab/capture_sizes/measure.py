@@ -2,9 +2,9 @@
 same logic on the CPU, without graphs) the way the piecewise runner captures: a warm-up at the
 smallest size, then largest first, two eager runs and a CUDA-graph capture per size. Variants:
 ``before`` (the raw list; stops at the first bad size), ``before_probe`` (each raw size without the
-shard check: the collective's own answer), ``pr_filter`` and ``round_up`` (every bucket captured,
-then replayed with real token counts padded to it). A separate traced pass records the loop under
-torch.profiler. With fewer than 8 ranks the default list is scaled by ``world_size / 8``.
+shard check), ``pr_filter`` and ``round_up`` (every bucket captured, then replayed with real token
+counts padded to it); then a traced pass under torch.profiler. With fewer than 8 ranks the default
+list is scaled by ``world_size / 8``.
 """
 
 from __future__ import annotations
@@ -63,22 +63,15 @@ def gpus(params: dict) -> int:
 # --------------------------------------------------------------------------------------------------
 # size lists
 # --------------------------------------------------------------------------------------------------
-def scaled_default_sizes(world_size: int, max_tokens: int = fx.MLA_MAX_TOKENS,
-                         reference_tp: int = 8) -> list[int]:
-    """The default list scaled by ``world_size / reference_tp``: at attention TP ``world_size``
-    exactly the sizes that break at ``reference_tp`` break (the residues are what matter)."""
-    if reference_tp % world_size != 0:
-        raise ValueError(f"world_size {world_size} must divide {reference_tp}")
-    f = reference_tp // world_size
-    return [s // f for s in fx.default_piecewise_capture_sizes(max_tokens) if s % f == 0]
-
-
 def raw_sizes(world_size: int, sizes: str = "scaled", max_tokens: int = 2048) -> list[int]:
-    if sizes == "default" or (sizes == "scaled" and 8 % world_size):
-        return fx.default_piecewise_capture_sizes(max_tokens)  # e.g. 3 ranks: breaks as is
-    if sizes == "scaled":
-        return scaled_default_sizes(world_size, max_tokens, reference_tp=8)
-    raise ValueError(f"sizes must be 'scaled' or 'default', got {sizes!r}")
+    """The default list, or (``scaled``, where ``world_size`` divides 8) the default list scaled by
+    ``world_size / 8``: exactly the sizes that break at TP 8 break at ``world_size``."""
+    if sizes not in ("scaled", "default"):
+        raise ValueError(f"sizes must be 'scaled' or 'default', got {sizes!r}")
+    default = fx.default_piecewise_capture_sizes(max_tokens)
+    if sizes == "default" or 8 % world_size:
+        return default  # e.g. 3 ranks: breaks as is
+    return [s // (8 // world_size) for s in default if s % (8 // world_size) == 0]
 
 
 def size_lists(world_size: int, sizes: str = "scaled",
@@ -98,8 +91,7 @@ def loop_order(sizes: list[int]) -> list[tuple[str, int]]:
 
 
 def replay_token_counts(buckets: list[int]) -> dict[int, list[int]]:
-    """Real token counts checked per bucket: the smallest mapping to it, one below it, the
-    bucket."""
+    """Real token counts checked per bucket: the smallest mapping to it, one below it, the bucket."""
     out, prev = {}, 0
     for b in sorted(buckets):
         out[b] = sorted({prev + 1, max(prev + 1, b - 1), b})
@@ -116,11 +108,6 @@ def _real_rows(seed: int, rank: int, b: int, t: int, hidden: int, dtype, device)
     # small integers: every sum over ranks is exact in bfloat16, so reduce-scatter and all-reduce
     # agree bitwise; drawn on the device (on the host that was most of the check's time)
     return torch.randint(-3, 4, (t, hidden), generator=g, device=device).to(dtype=dtype)
-
-
-def _range(name: str, traced: bool):
-    """A profiler phase range in the traced pass; nothing otherwise."""
-    return trace.phase(name) if traced else contextlib.nullcontext()
 
 
 class RankWork:
@@ -182,15 +169,15 @@ class RankWork:
 
     def capture_all(self, variant: str, sizes: list[int], *, record: bool = True,
                     traced: bool = False, keep_going: bool = False) -> dict:
-        """The runner's loop (:func:`loop_order`). A size with unequal shards raises before any
-        collective; the loop stops there (as the server did) unless ``keep_going`` (the traced pass,
-        to show every refused size). ``record``: rows (captured / failed with its stage /
-        not_reached). ``traced``: a ``warmup n`` / ``capture n`` range per size, and a
-        ``refused n`` range where the error is caught."""
+        """The runner's loop (:func:`loop_order`); a size with unequal shards raises before any
+        collective and stops it (as the server did) unless ``keep_going``. ``record``: rows
+        (captured / failed / not_reached). ``traced``: a ``warmup n`` / ``capture n`` range per
+        size, and a ``refused n`` range where the error is caught."""
         graphs: dict = {}
         pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        phase = trace.phase if traced else (lambda name: contextlib.nullcontext())
         for stage, n in loop_order(sizes):
-            with _range(f"{'warmup' if stage == 'jit_warmup' else 'capture'} {n}", traced):
+            with phase(f"{'warmup' if stage == 'jit_warmup' else 'capture'} {n}"):
                 try:
                     self.sync()
                     if stage == "jit_warmup":
@@ -200,7 +187,7 @@ class RankWork:
                     graphs[n] = self._capture_one(n, pool)
                     self.sync()
                 except fx.UnequalShards as e:
-                    with _range(f"refused {n}", traced):
+                    with phase(f"refused {n}"):
                         if record:
                             self._failed(variant, sizes, n, e, stage, done=set(graphs))
                     if keep_going:
@@ -212,14 +199,12 @@ class RankWork:
 
     def _failed(self, variant, sizes, n, e, stage, done) -> None:
         self.row(variant, n, "failed", 1, error=f"{type(e).__name__}: {e}", stage=stage)
-        for m in sizes:
-            if m not in done and m != n:
-                self.row(variant, m, "not_reached", 1)
+        for m in (m for m in sizes if m not in done and m != n):
+            self.row(variant, m, "not_reached", 1)
 
     def replay_check(self, variant: str, graphs: dict) -> None:
-        """Replay each bucket with real token counts padded to it; compare with an eager all-reduce
-        reference. No barrier between replays: the collectives pair up in issue order on every
-        rank, and each output is read back before the next input is written."""
+        """Replay each bucket with real token counts padded to it against an eager all-reduce
+        reference (no barrier between replays: the collectives pair up in issue order)."""
         for b, ts in replay_token_counts(sorted(graphs)).items():
             worst, ok = 0.0, True
             for t in ts:
@@ -239,9 +224,8 @@ class RankWork:
             self.row(variant, b, "replay_checks", len(ts))
 
     def probe(self, variant: str, sizes: list[int]) -> None:
-        """Each size on its own, eager, without the shard check: the collective's own answer. Safe:
-        with unequal shards (each ⌊n/w⌋ or ⌈n/w⌉ rows) torch's size check fails on every rank before
-        NCCL is called, so no rank waits for the others."""
+        """Each size eager, without the shard check: the collective's own answer (safe: with
+        unequal shards torch's size check fails on every rank before NCCL is called)."""
         for n in sizes:
             self.sync()
             try:
@@ -264,9 +248,8 @@ class RankWork:
 # the traced pass: the capture loop once more under torch.profiler, before and after the filter
 # --------------------------------------------------------------------------------------------------
 def traced_pass(work: RankWork, *, perfetto=None):
-    """The loops of :data:`TRACED` on ``work`` under one :class:`sglab.core.trace.Recorder`
-    (``before`` goes on after a refusal, so every refused size shows); this rank's reduced
-    events."""
+    """The loops of :data:`TRACED` under one :class:`sglab.core.trace.Recorder` (``before`` goes on
+    after a refusal, so every refused size shows); this rank's reduced events."""
     with contextlib.ExitStack() as stack:
         with phases.phase("profile: start"):  # the profiler's own warm-up session, then this one
             rec = stack.enter_context(
@@ -284,10 +267,9 @@ def traced_pass(work: RankWork, *, perfetto=None):
 
 
 def reduce_events(events, *, rank: int, variants=tuple(v for v, _, _ in TRACED)):
-    """What the pictures and claims use (:data:`EVENT_COLUMNS`): phase ranges, the boundary's
-    collective calls on the host, device activity and the runtime's graph-capture calls, each
-    tagged with its variant (the top-level range it falls in, by start time) and ``rank``; times
-    re-zeroed to each variant's start. Kernel launches, barriers and other host ops are dropped."""
+    """Phase ranges, the boundary's collective calls, device activity and the runtime's
+    graph-capture calls, tagged with their variant (the top-level range they start in) and
+    ``rank``, times re-zeroed to each variant's start (:data:`EVENT_COLUMNS`)."""
     ev = events
     device_lane = ev.lane.str.startswith("stream") | (ev.lane == "device")
     names = ev.name.str.replace(trace.PHASE_PREFIX, "", regex=False)
@@ -318,7 +300,7 @@ def reduce_events(events, *, rank: int, variants=tuple(v for v, _, _ in TRACED))
 def _rank_main(ctx, params: dict, trace_dir: str | None = None,
                launched_at: float | None = None) -> dict:
     """One rank: capture + replay the fixed lists, stop on the raw list, probe the collective, then
-    the traced pass. Returns ``{"rows", "phases", "events", "trace"}``."""
+    the traced pass."""
     warnings.filterwarnings("ignore", category=FutureWarning)  # reduce_scatter_tensor's rename
     phases.take()
     if launched_at is not None:
@@ -372,8 +354,8 @@ def _merge(per_rank: list[list[dict]]) -> list[dict]:
 
 
 def run(params: dict | None = None, *, progress: bool = True) -> runs.Measured:
-    """Measure on ``world_size`` ranks: the tidy rows, plus the ``events`` table (every rank) and
-    rank 0's Perfetto ``trace`` of the traced pass when ``profile`` is on."""
+    """Measure on ``world_size`` ranks: the tidy rows, plus the traced pass's ``events`` (every
+    rank) and rank 0's Perfetto ``trace`` when ``profile`` is on."""
     p = {**DEFAULT_PARAMS, **(params or {})}
     w = int(p["world_size"])
     if w < 2:

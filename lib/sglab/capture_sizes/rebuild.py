@@ -1,8 +1,7 @@
 """Piecewise-CUDA-graph capture sizes against the attention-TP reduce-scatter (SGLang #23972),
-rebuilt PR-era, one section per upstream file and symbol (``python/sglang/srt/...``), to read beside
-the released hunk. The before/after switch is :func:`policy_lists` (``before``, ``pr_filter``,
-``round_up``); :func:`lcm_base` and :func:`comment_base` are the design review's other bases.
-Nothing here measures.
+rebuilt PR-era, one section per upstream file and symbol (``python/sglang/srt/...``). The switch is
+:func:`policy_lists` (``before``, ``pr_filter``, ``round_up``); :func:`lcm_base` and
+:func:`comment_base` are the design review's other bases.
 """
 
 from __future__ import annotations
@@ -14,8 +13,8 @@ from typing import Iterable, Sequence
 import torch
 import torch.distributed as dist
 
-# the MLA default of piecewise_cuda_graph_max_tokens (the crash report's model is MLA)
-MLA_MAX_TOKENS = 2048
+
+MLA_MAX_TOKENS = 2048  # piecewise_cuda_graph_max_tokens for MLA (the crash report's model)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -49,14 +48,12 @@ class ParallelArgs:
 
 def require_mlp_tp_gather(a: ParallelArgs) -> bool:
     """The MLP input is all-gathered: each MLP TP group spans several attention-DP groups."""
-    if a.enable_dp_attention:
-        assert a.dp_size > 1, "dp_size must be greater than 1"
-        if a.moe_dense_tp_size is None or not a.enable_dp_lm_head:
-            return True
-        if a.moe_a2a_backend == "none":
-            return True
-        return a.moe_dense_tp_size > a.tp_size // a.dp_size
-    return False
+    if not a.enable_dp_attention:
+        return False
+    assert a.dp_size > 1, "dp_size must be greater than 1"
+    if a.moe_dense_tp_size is None or not a.enable_dp_lm_head or a.moe_a2a_backend == "none":
+        return True
+    return a.moe_dense_tp_size > a.tp_size // a.dp_size
 
 
 def require_attn_tp_gather(a: ParallelArgs) -> bool:
@@ -92,19 +89,15 @@ class NoCaptureSizes(AssertionError):
 
 def piecewise_mul_base(attn_tp_size: int, attn_cp_size: int = 1) -> int:
     """``mul_base = attn_tp_size``, times ``attn_cp_size`` when that does not divide it."""
-    mul_base = attn_tp_size
-    if mul_base % attn_cp_size != 0:
-        mul_base *= attn_cp_size
-    return mul_base
+    return attn_tp_size * (attn_cp_size if attn_tp_size % attn_cp_size else 1)
 
 
 def filter_piecewise_capture_sizes(sizes: Sequence[int], attn_tp_size: int, attn_cp_size: int = 1,
                                    *, gathered: bool = True) -> list[int]:
-    """After the PR: when ``require_gathered_buffer`` holds, keep only the sizes divisible by
-    :func:`piecewise_mul_base`; assert that one is left. Before the PR: ``sizes`` as given."""
-    sizes = list(sizes)
+    """When ``require_gathered_buffer`` holds, keep only the sizes divisible by
+    :func:`piecewise_mul_base`; assert that one is left."""
     if not gathered:
-        return sizes
+        return list(sizes)
     mul_base = piecewise_mul_base(attn_tp_size, attn_cp_size)
     filtered = [n for n in sizes if n % mul_base == 0]
     if not filtered:
@@ -128,10 +121,8 @@ def comment_base(attn_tp_size: int, attn_cp_size: int = 1) -> int:
 def decode_mul_base(attn_tp_size: int, attn_cp_size: int = 1, *, gathered: bool = True,
                     two_batch_overlap: bool = False) -> int:
     """x2 under two-batch overlap, x attention TP when gathered, x CP when CP does not divide it."""
-    mul_base = (2 if two_batch_overlap else 1) * (attn_tp_size if gathered else 1)
-    if mul_base % attn_cp_size != 0:
-        mul_base *= attn_cp_size
-    return mul_base
+    return piecewise_mul_base((2 if two_batch_overlap else 1) * (attn_tp_size if gathered else 1),
+                              attn_cp_size)
 
 
 def filter_decode_batch_sizes(batch_sizes: Sequence[int], attn_tp_size: int, attn_cp_size: int = 1,
@@ -167,8 +158,8 @@ def round_up_capture_sizes(sizes: Iterable[int], alignment: int) -> list[int]:
 
 def today_capture_sizes(sizes: Iterable[int], attn_tp_size: int, attn_cp_size: int = 1, *,
                         gathered: bool = True, two_batch_overlap: bool = False) -> list[int]:
-    """Every size rounded up to ``get_cuda_graph_batch_size_alignment`` (utils/common.py of 0.5.23):
-    the decode runner's ``mul_base``, two-batch overlap included."""
+    """Every size rounded up to ``get_cuda_graph_batch_size_alignment`` (0.5.23): the decode
+    runner's ``mul_base``."""
     return round_up_capture_sizes(
         sizes,
         decode_mul_base(attn_tp_size, attn_cp_size, gathered=gathered,
@@ -177,9 +168,8 @@ def today_capture_sizes(sizes: Iterable[int], attn_tp_size: int, attn_cp_size: i
 
 def policy_lists(sizes: Sequence[int], attn_tp: int, attn_cp: int = 1,
                  two_batch_overlap: bool = False) -> dict[str, list[int]]:
-    """The switch: what each variant captures from ``sizes`` at attention TP/CP with the tokens
-    scattered: ``before`` (as given), ``pr_filter`` (empty where the PR's assertion fires),
-    ``round_up`` (as SGLang 0.5.23: :func:`today_capture_sizes`)."""
+    """The switch: what each variant captures from ``sizes`` with the tokens scattered: ``before``
+    (as given), ``pr_filter`` (empty where the PR asserts), ``round_up`` (as SGLang 0.5.23)."""
     try:
         kept = filter_piecewise_capture_sizes(sizes, attn_tp, attn_cp)
     except NoCaptureSizes:
@@ -214,17 +204,16 @@ class UnequalShards(ValueError):
 
 
 def check_equal_shards(num_tokens: int, attn_tp_size: int) -> None:
-    """Raise :class:`UnequalShards` before any collective when ``num_tokens`` does not split."""
+    """Raise :class:`UnequalShards` when ``num_tokens`` does not split."""
     if num_tokens % attn_tp_size != 0:
         raise UnequalShards(num_tokens, attn_tp_size)
 
 
 def scatter_to_attn_tp(hidden, attn_tp_rank: int, attn_tp_size: int, group=None, *,
                        check: bool = True):
-    """This rank's ``tensor_split`` shard of the (partial-sum) ``hidden``, overwritten in place with
-    the reduce-scatter of ``hidden`` over the attention-TP group. With ``check`` the shard sizes are
-    verified first, so a bad token count fails on every rank before any collective; without it the
-    collective library sees the unequal shards."""
+    """This rank's ``tensor_split`` shard of the (partial-sum) ``hidden``, overwritten with the
+    reduce-scatter over the attention-TP group. ``check``: a bad token count fails on every rank
+    before any collective; without it the collective library sees the unequal shards."""
     if check:
         check_equal_shards(hidden.shape[0], attn_tp_size)
     local = hidden.tensor_split(attn_tp_size)[attn_tp_rank]
@@ -239,7 +228,7 @@ def gather_from_attn_tp(out, local, group=None):
 
 
 def dense_tp1_stand_in(x, weight, eps: float = 1e-6):
-    """What runs between scatter and gather here: a per-token RMSNorm (float32) with a weight,
-    standing in for the layernorm + dense MLP at TP 1. Row-wise: padding never changes real rows."""
+    """A per-token RMSNorm (float32), standing in for the layernorm + dense MLP at TP 1 between
+    scatter and gather; row-wise, so padding never changes real rows."""
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)) * weight
