@@ -25,6 +25,10 @@ NAMES = tuple(f.name for f in FIXES)
 START = "00_start_here"
 START_CLAIM = ("What the workbook is, what this machine can run live, and how recorded runs stand "
                "in for GPUs.")
+METHODS = "07_how_we_measure"
+METHODS_CLAIM = ("How every fix's engine numbers are made to repeat (interleaved starts, the A/A "
+                 "control, the host beside each run, reruns on other machines) and how far to "
+                 "trust them.")
 
 
 class UnknownFix(ValueError):
@@ -82,11 +86,12 @@ def measure(name: str):
 
 @dataclass(frozen=True)
 class Notebook:
-    """One notebook of the workbook: 00 (no fix) or a fix's."""
+    """One notebook of the workbook: a fix's, or one without a fix (00, 07) and what it is for."""
 
     number: str
     stem: str
     fix: Optional[Fix]
+    about: str = ""
 
     @property
     def experiment(self) -> Optional[str]:
@@ -102,11 +107,12 @@ class Notebook:
 
     @property
     def claim(self) -> str:
-        return claims(self.fix.name).CLAIM if self.fix else START_CLAIM
+        return claims(self.fix.name).CLAIM if self.fix else self.about
 
 
-NOTEBOOKS: tuple[Notebook, ...] = (Notebook("00", START,
-                                            None), *(Notebook(f.number, f.stem, f) for f in FIXES))
+NOTEBOOKS: tuple[Notebook, ...] = (Notebook("00", START, None, START_CLAIM),
+                                   *(Notebook(f.number, f.stem, f) for f in FIXES),
+                                   Notebook("07", METHODS, None, METHODS_CLAIM))
 
 
 def by_stem(stem: str) -> Optional[Notebook]:
