@@ -47,8 +47,9 @@ def _symptoms() -> dict[str, tuple[str, str]]:
 
     return {
         "pcg_gate": (
-            "Prefill runs eagerly where piecewise graphs were asked for: a slower first token.",
-            "the card's bug"),
+            "Prefill runs eagerly where piecewise graphs were asked for: a slower first token. "
+            "Where a plain `.model` alias passes the gate instead, the LLM's weights are "
+            "registered twice.", "the card's bug and the source check"),
         "workspace_floor": (
             f"Nothing as shipped: the engine creates the workspace once, at start-up. On a path "
             f"that skips that, a batch of more than {CALLEE_DEFAULT_MAX_TOKEN_NUM} tokens meets "
