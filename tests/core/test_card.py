@@ -44,8 +44,10 @@ def test_the_pr_beside_us_is_a_table_of_its_own_that_nbconvert_renders():
     cell is escaped, and the HTML card names the rebuild's answer too."""
     from nbconvert.filters.markdown_mistune import markdown2html_mistune
 
-    p = {"bug": "b", "affects": "a", "releases": "r", "engine": "e", "engine_verdicts": [],
-         "rebuild": "the rebuild says", "rebuild_verdicts": [], "found": [("x | y", "z")]}
+    p = {
+        "bug": "b", "affects": "a", "releases": "r", "engine": "e", "engine_verdicts": [],
+        "rebuild": "the rebuild says", "rebuild_verdicts": [], "found": [("x | y", "z")]
+    }
     md = K.markdown(p)
     html = markdown2html_mistune(md)
     assert "<table>" in html and "<td>x | y</td>" in html and "| the PR says" not in html

@@ -192,9 +192,8 @@ def test_verify_live_runs_the_engine_scenarios_this_machine_can(monkeypatch):
     names = {s.split(":")[0] for s in skipped}
     assert done == [] and names == {
         "01-kimi-pcg", "01-llama-pcg", "01-llama-width", "01-kimi-full-serve", "03-bcg-requests",
-        "04-swa-kernels",
-        "02-ar-fusion", "02-ar-fusion-tp4", "02-ar-fusion-tp8", "06-dense-tp1", "06-dense-tp4",
-        "06-dense-tp8", "05-grid-thw", "05-grid-thw-tp4", "05-grid-thw-tp8"
+        "04-swa-kernels", "02-ar-fusion", "02-ar-fusion-tp4", "02-ar-fusion-tp8", "06-dense-tp1",
+        "06-dense-tp4", "06-dense-tp8", "05-grid-thw", "05-grid-thw-tp4", "05-grid-thw-tp8"
     }
 
     monkeypatch.setattr(hardware, "meets", lambda n: (True, "stand-in"))
@@ -489,8 +488,10 @@ def test_the_header_names_the_hosts_per_launch_cost_once_per_gpu_model(capsys):
     other.manifest.host_launch_us = {"before": {"median": 3.02}, "after": {"median": 2.60}}
     assert V.header(runs.RunSet([run, other]), "Llama")
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "per-launch" in ln]
-    assert lines == ["host per-launch cost beside the H100 runs: 2.41–3.02 µs (before and after "
-                     "each run; per run in the methods notebook, 07)"]
+    assert lines == [
+        "host per-launch cost beside the H100 runs: 2.41–3.02 µs (before and after "
+        "each run; per run in the methods notebook, 07)"
+    ]
     run.manifest.host_launch_us = {}
     V.header(runs.RunSet([run]), "Llama")
     assert "per-launch" not in capsys.readouterr().out

@@ -480,11 +480,14 @@ def test_a_served_run_reads_ttft_tpot_and_e2e_per_length_and_concurrency():
     gets TTFT, TPOT and E2E (bench_serving's medians and means over its requests, then the median
     over passes); the scheduler's own batch lines say how many prefills ran on the graph."""
     lines = [
-        _served(128, 4, 99.0, 9.0, warmup=1), _prefill_batch(1, 128, True),
+        _served(128, 4, 99.0, 9.0, warmup=1),
+        _prefill_batch(1, 128, True),
         _prefill_batch(2, 256, False),
         _prefix("Decode batch, #running-req: 2, full token usage: 0.00, cuda graph: True, gen "
                 "throughput (token/s): 1.00, #queue-req: 0"),
-        _served(128, 1, 20.0, 2.0), _served(128, 4, 30.0, 3.0), _served(128, 4, 34.0, 3.4)
+        _served(128, 1, 20.0, 2.0),
+        _served(128, 4, 30.0, 3.0),
+        _served(128, 4, 34.0, 3.4)
     ]
     d = eng.read_log("\n".join(lines))
     spec = eng.EngineSpec("0.5.13", LLAMA, "serve", requests=(1, 4), input_lens=(128,))

@@ -110,10 +110,9 @@ def html_card(p: dict) -> str:
     esc = html.escape
     rows = "".join(f"<tr><td>{esc(a)}</td><td>{esc(b)}</td></tr>" for a, b in p["found"])
     return (
-        f"<p><b>The bug.</b> {esc(p['bug'])}</p><p><b>Who is affected.</b> {esc(p['affects'])}</p>"
-        f"<p><b>Releases:</b> {esc(p['releases'])}</p>"
-        f"<p><b>Real SGLang engine.</b> {esc(p['engine'])}</p>"
-        f"<p><b>The rebuild.</b> {esc(p['rebuild'])}</p>"
+        f"<p><b>The bug.</b> {esc(p['bug'])}</p><p><b>Who is affected.</b> "
+        f"{esc(p['affects'])}</p><p><b>Releases:</b> {esc(p['releases'])}</p><p><b>Real SGLang "
+        f"engine.</b> {esc(p['engine'])}</p><p><b>The rebuild.</b> {esc(p['rebuild'])}</p>"
         + (f"<table><tr><th>the PR says</th><th>we found</th></tr>{rows}</table>" if rows else ""))
 
 

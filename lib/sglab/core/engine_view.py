@@ -82,8 +82,8 @@ def header(rs, what: str = "") -> bool:
     by_gpu: dict = {}  # one line per GPU model: the span of its runs' host costs
     for r in rs:
         by_gpu.setdefault(r.manifest.gpu, []).extend(
-            v["median"] for v in r.manifest.host_launch_us.values()
-            if isinstance(v, dict) and "median" in v)
+            v["median"]
+            for v in r.manifest.host_launch_us.values() if isinstance(v, dict) and "median" in v)
     for gpu, costs in by_gpu.items():
         if costs:
             print(f"host per-launch cost beside the {gpu} runs: {text.span(costs)} µs "

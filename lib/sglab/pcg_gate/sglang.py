@@ -333,11 +333,12 @@ SERVE = Scenario(
     fix="pcg_gate", name="01-kimi-full-serve", model="kimi_k25_full", tool="serve",
     what="Kimi-K2.5 at full width (hidden 7168, MLA, 384 experts; 1 dense + 2 MoE layers), the "
     "release's server and bench_serving: TTFT, TPOT and E2E with piecewise graphs enforced and off",
-    releases=("0.5.12.post1", "0.5.13"),
-    cases=(Case("enforce", ("--enforce-piecewise-cuda-graph", *SERVE_FLAGS)),
-           Case("pcg-off", ("--disable-piecewise-cuda-graph", *SERVE_FLAGS), releases=("0.5.13",))),
-    input_lens=(128, 1024, 2048, 4096), output_len=64, requests=(1, 4), prompts=4, starts=3,
-    control="pcg-off", expect="0.5.12.post1: the gate refuses (eager prefill); 0.5.13 enforce: "
+    releases=("0.5.12.post1",
+              "0.5.13"), cases=(Case("enforce", ("--enforce-piecewise-cuda-graph", *SERVE_FLAGS)),
+                                Case("pcg-off", ("--disable-piecewise-cuda-graph", *SERVE_FLAGS),
+                                     releases=("0.5.13",))), input_lens=(128, 1024, 2048, 4096),
+    output_len=64, requests=(1, 4), prompts=4, starts=3, control="pcg-off",
+    expect="0.5.12.post1: the gate refuses (eager prefill); 0.5.13 enforce: "
     "piecewise prefill up to 2048 tokens; pcg-off: the eager baseline, started twice (A/A)")
 ENGINE = ENGINE + (SERVE,)
 

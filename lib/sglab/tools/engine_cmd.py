@@ -34,9 +34,10 @@ def add_parser(sub) -> None:
                    help="prompt lengths in tokens (default 1024)")
     p.add_argument("--batch-size", type=int, nargs="+", default=[1], metavar="N",
                    help="bench: batch sizes")
-    p.add_argument("--requests", type=int, nargs="+", default=[1], metavar="N",
-                   help="engine: requests per generate call (one prefill batch); serve: requests "
-                   "in flight at once")
+    p.add_argument(
+        "--requests", type=int, nargs="+", default=[1], metavar="N",
+        help="engine: requests per generate call (one prefill batch); serve: requests "
+        "in flight at once")
     p.add_argument("--prompts", type=int, default=4, metavar="N",
                    help="serve: prompts per pass and request in flight (default 4)")
     p.add_argument("--output-len", type=int, default=16, help="tokens decoded per request")

@@ -138,13 +138,14 @@ def bench_serving_argv(p: dict, port: int, one: dict, seed: int, out: str) -> li
     at once and ``concurrency`` of them in flight, no warm-up request of its own (the driver's
     untimed passes warm up; a repeated prompt would hit the prefix cache)."""
     return [
-        "--backend", "sglang", "--host", "127.0.0.1",
-        "--port", str(port), "--model", p["tokenizer"], "--tokenizer", p["tokenizer"],
-        "--dataset-name", "random-ids", "--random-input-len", str(one["input_len"]),
-        "--random-output-len", str(p["output_len"]), "--random-range-ratio", "1.0",
-        "--num-prompts", str(one["prompts"]), "--max-concurrency", str(one["concurrency"]),
-        "--request-rate", "inf", "--seed", str(seed), "--warmup-requests", "0", "--disable-tqdm",
-        "--output-file", out
+        "--backend", "sglang", "--host", "127.0.0.1", "--port",
+        str(port), "--model", p["tokenizer"], "--tokenizer", p["tokenizer"], "--dataset-name",
+        "random-ids", "--random-input-len",
+        str(one["input_len"]), "--random-output-len",
+        str(p["output_len"]), "--random-range-ratio", "1.0", "--num-prompts",
+        str(one["prompts"]), "--max-concurrency",
+        str(one["concurrency"]), "--request-rate", "inf", "--seed",
+        str(seed), "--warmup-requests", "0", "--disable-tqdm", "--output-file", out
     ]
 
 
@@ -162,8 +163,8 @@ def stand_in_for_datasets() -> bool:
     def load_dataset(*args, **kwargs):
         raise RuntimeError("Hugging Face datasets is not installed (sglab's stand-in)")
 
-    sys.modules["datasets"] = types.SimpleNamespace(load_dataset=load_dataset,
-                                                    __name__="datasets", __spec__=None)
+    sys.modules["datasets"] = types.SimpleNamespace(load_dataset=load_dataset, __name__="datasets",
+                                                    __spec__=None)
     return True
 
 
@@ -195,8 +196,11 @@ def serve(params_path: str) -> int:
     port = _free_port(int(p["port"]))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + float(p["timeout"])
-    argv = [sys.executable, "-m", "sglang.launch_server", *p["server_argv"], "--host",
-            "127.0.0.1", "--port", str(port)]
+    argv = [
+        sys.executable, "-m", "sglang.launch_server", *p["server_argv"], "--host", "127.0.0.1",
+        "--port",
+        str(port)
+    ]
     say(f"serve-begin port={port}")
     if stand_in_for_datasets():
         say("applied datasets-stand-in: Hugging Face datasets is not installed; bench_serving "

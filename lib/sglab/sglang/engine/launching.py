@@ -99,9 +99,8 @@ SERVE_PORT = 30000 + os.getpid() % 20000  # the server's loopback port (free one
 def serve_params(spec: EngineSpec, server: list[str], model_dir: Path, work: Path) -> dict:
     """What :func:`~sglab.sglang.engine.driver.serve` reads (``serve.json`` in the run's folder):
     the server's arguments and each ``bench_serving`` pass (input length, concurrency, prompts)."""
-    passes = [{
-        "input_len": il, "concurrency": c, "prompts": c * spec.prompts, "repeat": r
-    } for r in range(spec.repeats) for il in spec.input_lens for c in spec.requests]
+    passes = [{"input_len": il, "concurrency": c, "prompts": c * spec.prompts, "repeat": r}
+              for r in range(spec.repeats) for il in spec.input_lens for c in spec.requests]
     return {
         "server_argv": server, "port": SERVE_PORT, "tokenizer": str(model_dir),
         "output_len": spec.output_len, "warmup": spec.warmup, "passes": passes,
@@ -171,8 +170,10 @@ def prepare(spec: EngineSpec, work: Path, *, python: str = sys.executable,
     elif spec.tool == "serve":
         p = serve_params(spec, server, model_dir, work)
         (work / "serve.json").write_text(json.dumps(p, indent=1))
-        sglang_cmd = [python, "-m", "sglang.launch_server", *server, "--host", "127.0.0.1",
-                      "--port", str(p["port"])]
+        sglang_cmd = [
+            python, "-m", "sglang.launch_server", *server, "--host", "127.0.0.1", "--port",
+            str(p["port"])
+        ]
         argv = [python, "-m", "sglab.sglang.engine.driver", "serve", str(work / "serve.json")]
     else:
         (work / "drive.json").write_text(json.dumps(driver_params(spec, server), indent=1))

@@ -41,8 +41,8 @@ def key_values(rest: str) -> dict:
 # the result's one-value facts (None until a line gives them) and its lists
 _FACTS = ("pcg_reason", "pcg_tokens", "pcg_capture_s", "bcg_tokens", "bcg_eager", "decode_bs",
           "decode_capture_s", "attention_backend", "max_total_num_tokens")
-_LISTS = ("bench", "serving", "serve_errors", "prefill_batches", "decode_batches", "calls", "applied", "events",
-          "hooks_failed", "gpu_memory", "excerpts", "traces")
+_LISTS = ("bench", "serving", "serve_errors", "prefill_batches", "decode_batches", "calls",
+          "applied", "events", "hooks_failed", "gpu_memory", "excerpts", "traces")
 
 
 class _Reading:

@@ -29,8 +29,8 @@ def spread(xs: list[float]) -> dict:
 
 # bench_serving's keys per pass, and the metric each becomes: the pass's median (``ttft``) and mean
 # (``ttft_mean``) over its requests, each as the median, min and max over the passes
-SERVING_METRICS = (("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("e2e", "e2e_latency_ms"),
-                   ("itl", "itl_ms"))
+SERVING_METRICS = (("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("e2e", "e2e_latency_ms"), ("itl",
+                                                                                         "itl_ms"))
 
 
 def rows(res: EngineResult) -> list[dict]:
@@ -350,8 +350,11 @@ def summary(res: EngineResult) -> list[str]:
                 (f", decode {dec:.2f} ms/step" if dec is not None else ""))
     for r in rows(res):
         if r["metric"] == "ttft":
-            by = {x["metric"]: x["value"] for x in rows(res)
-                  if x.get("input_len") == r["input_len"] and x.get("requests") == r["requests"]}
+            by = {
+                x["metric"]: x["value"]
+                for x in rows(res)
+                if x.get("input_len") == r["input_len"] and x.get("requests") == r["requests"]
+            }
             out.append(f"  serving {r['input_len']} tokens, {r['requests']} at a time: TTFT "
                        f"{r['value']:.1f} ms, TPOT {by.get('tpot', float('nan')):.2f} ms, E2E "
                        f"{by.get('e2e', float('nan')):.1f} ms (medians)")

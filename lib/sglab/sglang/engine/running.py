@@ -87,7 +87,9 @@ def _progress(echo: Callable[[str], None], spec: EngineSpec) -> Callable[[str], 
     return on_line
 
 
-TOOL_NAMES = {"bench": "bench_one_batch", "engine": "Engine", "serve": "launch_server + bench_serving"}
+TOOL_NAMES = {
+    "bench": "bench_one_batch", "engine": "Engine", "serve": "launch_server + bench_serving"
+}
 
 
 def tail_lines(text: str, n: int = 12) -> list[str]:
@@ -104,10 +106,8 @@ def run(spec: EngineSpec, *, work: Optional[Path] = None, echo: Callable[[str], 
     spec = with_model_needs(spec, echo, said)
     prep = prepare(spec, work, check=check)
     log = work / "engine.log"
-    echo(
-        f"[sglab] sglang {spec.variant}: starting "
-        f"{TOOL_NAMES[spec.tool]} (timeout {spec.timeout:.0f} s; "
-        f"log {log})")
+    echo(f"[sglab] sglang {spec.variant}: starting {TOOL_NAMES[spec.tool]} (timeout "
+         f"{spec.timeout:.0f} s; log {log})")
     window = hoststate.begin()
     ex = launch(prep.argv, log=log, timeout=spec.timeout, env=prep.environ, cwd=work,
                 marker=prep.marker, on_line=_progress(echo, spec))

@@ -297,9 +297,8 @@ class Scenario:
                         release=v, model=self.model_config(), tool=self.tool, server_args=c.args,
                         batch_sizes=self.batch_sizes, input_lens=self.input_lens,
                         output_len=self.output_len, repeats=self.repeats, requests=self.requests,
-                        prompts=self.prompts,
-                        profile=self.profile, image_size=self.image_size, prompt=self.prompt,
-                        case=c.label, adjustments=tuple(
+                        prompts=self.prompts, profile=self.profile, image_size=self.image_size,
+                        prompt=self.prompt, case=c.label, adjustments=tuple(
                             a if isinstance(a, Adjustment) else adjustment(a)
                             for a in c.adjustments), timeout=self.timeout))
         return out
