@@ -40,9 +40,8 @@ class Outcome:
 
 def holds(condition: bool, measured: str, value: Any = None, *, why_not: str = "") -> Outcome:
     """PASS when ``condition`` holds, else FAIL with ``why_not`` (default: the measured text)."""
-    if condition:
-        return Outcome(PASS, measured, value)
-    return Outcome(FAIL, measured, value, why_not or f"measured {measured}")
+    return Outcome(PASS, measured, value) if condition else Outcome(
+        FAIL, measured, value, why_not or f"measured {measured}")
 
 
 def not_applicable(reason: str) -> Outcome:
@@ -51,20 +50,12 @@ def not_applicable(reason: str) -> Outcome:
 
 @dataclass(frozen=True)
 class Claim:
-    """One executable claim.
-
-    ``methods``: the method versions (inclusive range, ``None`` = open) whose runs the claim covers.
-    ``applies``: optional ``run -> reason or None``; a reason makes the claim n/a for that run.
-    ``drift``: for ``--against``: ``None`` means the value must equal the reference's exactly
-    (counts, sizes); a number is the relative difference tolerated (timings, ratios) before the
-    drift is reported. ``folded``: the checks this claim rests on (instruments agree, nothing
-    leaked, ...), shown under it. ``context``: keys of the value shown with it but not compared
-    (the noise a timing claim met, its margin, its number of starts), at any depth of a nested
-    value. ``noise``: the key of the value holding the run's own A/A gap; ``--against`` then
-    tolerates the larger of ``drift`` and the gap either run measured, since a rerun can move no
-    less than two identical variants did. In a nested value (one group per model and release) a
-    group's own ``noise`` key serves its values; the top-level one serves the rest.
-    """
+    """One executable claim. ``methods``: the method versions (inclusive, ``None`` = open) it
+    covers; ``applies``: ``run -> reason or None`` (a reason makes it n/a); ``drift``: for
+    ``--against``, ``None`` (equal exactly) or the relative difference tolerated; ``folded``: the
+    checks it rests on, shown under it; ``context``: keys of the value shown but not compared;
+    ``noise``: the key of the value holding the run's A/A gap (a group's own serves its values),
+    which widens ``drift`` where larger."""
 
     id: str
     statement: str
@@ -79,7 +70,7 @@ class Claim:
 
     def covers(self, method_version: int) -> bool:
         lo, hi = self.methods
-        return method_version >= lo and (hi is None or method_version <= hi)
+        return lo <= method_version and (hi is None or method_version <= hi)
 
 
 @dataclass
@@ -179,8 +170,6 @@ def counts(results: list[Result]) -> dict:
 def verdict_line(results: list[Result], run) -> str:
     """E.g. "5/5 claims hold on H100 ×1, 2026-11-21" or "3/4 claims hold, 1 fails (x), 1 n/a on …";
     counts the reader-facing claims (a failing folded check fails its claim)."""
-    from sglab.core.runs import gpu_short
-
     top = reader_facing(results)
     c = counts(top)
     m = run.manifest
@@ -237,20 +226,12 @@ _SAME_RANGE = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)–\1(?![\d.])")
 
 @dataclass(frozen=True)
 class Headline:
-    """The numbers sentence of a fix, as a template over its claims' values.
-
-    Each of ``parts`` is formatted with the first shown run's values and dropped when a value it
-    names is missing (a claim n/a on that run); the kept parts are joined with ``sep``. Fields:
-    ``v[<claim id>]`` (the outcome's value; ``v[<claim id>][key]`` inside a dict value), ``lo[...]``
-    / ``hi[...]`` (the smallest and largest value over all shown runs), ``runs`` (``per_run``
-    formatted for each shown run, with ``v``, ``gpu``, ``count`` and ``world`` of that run, joined
-    with ``run_sep``) and the entries of ``consts``.
-
-    ``across``: where a shown run has peers (the other runs of its GPU model, GPU count and method
-    version: other machines), ``per_run``'s field ``{across}`` is this template formatted with
-    ``lo`` / ``hi`` over the run and its peers and ``n``, their number; else it is empty. A number
-    that moves with the host then reads as the range the machines gave, not as one machine's.
-    """
+    """The numbers sentence of a fix, a template over its claims' values. Each of ``parts`` is
+    formatted with the first shown run's values (dropped where one it names is missing) and joined
+    with ``sep``. Fields: ``v[<claim id>]`` (``[key]`` inside a dict value), ``lo[...]``/``hi[...]``
+    over the shown runs, ``runs`` (``per_run`` for each shown run with its ``v``, ``gpu``, ``count``
+    and ``world``, joined with ``run_sep``), ``consts``; ``per_run``'s ``{across}`` is ``across``
+    over the run and its peers (other machines of its GPU model, count and method), with ``n``."""
 
     parts: tuple
     per_run: str = ""
@@ -261,7 +242,6 @@ class Headline:
 
     def render(self, per_run_values: list[tuple[Any, dict]], peers: dict | None = None) -> str:
         """``peers``: ``{index of a shown run: [its peers' values]}`` (:func:`headline`)."""
-        fmt = _Formatter()
         plain = [{k: o.value for k, o in vals.items()} for _, vals in per_run_values]
         lo, hi = _extremes(plain)
         run_texts = []
@@ -272,38 +252,27 @@ class Headline:
                 "world": m.params.get("world_size", m.gpu_count)
             }
             mine = [v, *[{k: o.value for k, o in p.items()} for p in (peers or {}).get(i, [])]]
-            ns["across"] = ""
-            if self.across and len(mine) > 1:
-                plo, phi = _extremes(mine)
-                try:
-                    ns["across"] = fmt.vformat(self.across, (),
-                                               {**ns, "lo": plo, "hi": phi, "n": len(mine)})
-                except _Missing:
-                    pass
-            try:
-                run_texts.append(fmt.vformat(self.per_run, (), ns))
-            except _Missing:
-                continue
+            plo, phi = _extremes(mine)
+            ns["across"] = (len(mine) > 1 and self.across and _format(
+                self.across, {**ns, "lo": plo, "hi": phi, "n": len(mine)})) or ""
+            run_texts += [t for t in [_format(self.per_run, ns)] if t is not None]
         ns = {
             **self.consts, "v": plain[0] if plain else {}, "lo": lo, "hi": hi,
             "runs": self.run_sep.join(run_texts)
         }
-        kept = []
-        for part in self.parts:
-            try:
-                text = fmt.vformat(part, (), ns)
-            except _Missing:
-                continue
-            if "{runs}" in part and not run_texts:
-                continue
-            kept.append(text)
-        return _SAME_RANGE.sub(r"\1", self.sep.join(kept))
+        kept = [(part, _format(part, ns)) for part in self.parts]
+        return _SAME_RANGE.sub(
+            r"\1",
+            self.sep.join(
+                t for part, t in kept if t is not None and (run_texts or "{runs}" not in part)))
 
 
-def _short(manifest) -> str:
-    from sglab.core.runs import gpu_short
-
-    return gpu_short(manifest)
+def _format(template: str, ns: dict) -> str | None:
+    """``template`` formatted with ``ns``; None where a value it names is missing or n/a."""
+    try:
+        return _Formatter().vformat(template, (), ns)
+    except _Missing:
+        return None
 
 
 def _extremes(plain: list[dict]) -> tuple[dict, dict]:
@@ -312,16 +281,11 @@ def _extremes(plain: list[dict]) -> tuple[dict, dict]:
     hi: dict = {}
     for v in plain:
         for cid, value in v.items():
-            items = value.items() if isinstance(value, dict) else [(None, value)]
-            for key, x in items:
-                if _number(x) is None:
-                    continue
-                if key is None:
-                    lo[cid] = min(lo.get(cid, x), x)
-                    hi[cid] = max(hi.get(cid, x), x)
-                else:
-                    lo.setdefault(cid, {})[key] = min(lo.get(cid, {}).get(key, x), x)
-                    hi.setdefault(cid, {})[key] = max(hi.get(cid, {}).get(key, x), x)
+            for key, x in (value.items() if isinstance(value, dict) else [(None, value)]):
+                if _number(x) is not None:
+                    for out, pick in ((lo, min), (hi, max)):
+                        d, k = (out, cid) if key is None else (out.setdefault(cid, {}), key)
+                        d[k] = pick(d.get(k, x), x)
     return lo, hi
 
 
@@ -348,7 +312,7 @@ def _peers(run, every: list) -> list:
     from sglab.core.runs import others
 
     def key(r):
-        return _short(r.manifest), r.manifest.gpu_count, _method(r)
+        return r.manifest.gpu, r.manifest.gpu_count, _method(r)
 
     return [x for x in others(run, every) if key(x) == key(run)]
 

@@ -18,6 +18,10 @@ import time
 from pathlib import Path
 
 
+class Refused(Exception):
+    """A command's one-line refusal: ``sglab COMMAND: <why>`` on stderr, exit status 2."""
+
+
 def _parse_params(items: list[str]) -> dict:
     """``--param NAME=VALUE`` items as a dict (values read as Python literals where they parse);
     ValueError for an item without ``=`` or a name."""
@@ -65,32 +69,18 @@ def cmd_publish(args) -> int:
 
     try:
         run = verify.load_run(args.run)
-    except verify.BadInput as e:
-        print(f"sglab publish: {e}", file=sys.stderr)
-        return 2
-    cut = verify.partial(run)
-    if cut:
-        print(f"sglab publish: {run.path.name} is a partial run ({cut}); rerun the scenario whole",
-              file=sys.stderr)
-        return 2
-    try:
+        cut = verify.partial(run)
+        if cut:
+            raise Refused(f"{run.path.name} is a partial run ({cut}); rerun the scenario whole")
         failed = [r.claim.id for r in verify.verify_run(run).failed]
-    except claims.ClaimsError as e:
-        print(f"sglab publish: {e}", file=sys.stderr)
-        return 2
-    if failed and not args.force:
-        print(
-            f"sglab publish: {run.path.name}: {len(failed)} claim(s) fail ({', '.join(failed)}; "
-            f"`sglab verify {run.path}` says why); --force publishes it anyway", file=sys.stderr)
-        return 2
-    try:
+        if failed and not args.force:
+            raise Refused(f"{run.path.name}: {len(failed)} claim(s) fail ({', '.join(failed)}; "
+                          f"`sglab verify {run.path}` says why); --force publishes it anyway")
         dest = runs.promote(run.path, force=args.force)
     except FileExistsError as e:
-        print(f"sglab publish: {e}; --force replaces it", file=sys.stderr)
-        return 2
-    except ValueError as e:
-        print(f"sglab publish: {e}", file=sys.stderr)
-        return 2
+        raise Refused(f"{e}; --force replaces it") from None
+    except (verify.BadInput, claims.ClaimsError, ValueError) as e:
+        raise Refused(e) from None
     print(f"published {run.path.name} → {dest.parent} ({len(run.manifest.sidecars)} "
           "sidecar(s) with it); `sglab verify` it, then commit that folder")
     return 0
@@ -103,8 +93,7 @@ def cmd_record(args) -> int:
         verify.record(args.experiment, _parse_params(args.param), recorded=args.recorded,
                       progress=not args.quiet)
     except (fixes.UnknownFix, verify.BadInput, ValueError) as e:
-        print(f"sglab record: {e}", file=sys.stderr)
-        return 2
+        raise Refused(e) from None
     return 0
 
 
@@ -156,10 +145,7 @@ def cmd_verify(args) -> int:
     from sglab.tools import fixes, verify
 
     if args.junit and not Path(args.junit).resolve().parent.is_dir():
-        print(
-            f"sglab verify: --junit {args.junit}: no such folder "
-            f"{Path(args.junit).resolve().parent}", file=sys.stderr)
-        return 2
+        raise Refused(f"--junit {args.junit}: no such folder {Path(args.junit).resolve().parent}")
     try:
         if args.against in fixes.experiments() and not Path(args.against).exists():
             # `--against EXP`: EXP is what to verify (with --live: what to run here), compared
@@ -194,8 +180,7 @@ def cmd_verify(args) -> int:
                               recorded=recorded) for r in picked
         ]
     except (verify.BadInput, claims.ClaimsError) as e:
-        print(f"sglab verify: {e}", file=sys.stderr)
-        return 2
+        raise Refused(e) from None
     text, status = verify.report(verified)
     print(text)
     if args.junit:
@@ -209,28 +194,24 @@ def cmd_workspace(args) -> int:
     from sglab.workspace_floor import traffic as ws
 
     if args.world_size < 2:
-        print("sglab workspace: the fused all-reduce needs --world-size >= 2", file=sys.stderr)
-        return 2
+        raise Refused("the fused all-reduce needs --world-size >= 2")
     for flag, value, low in (("--hidden", args.hidden, 1), ("--pcg-max-tokens", args.pcg_max_tokens,
                                                             0), ("--pre-initialize",
                                                                  args.pre_initialize, 0)):
         if value < low:
-            print(f"sglab workspace: {flag} {value}: must be at least {low}", file=sys.stderr)
-            return 2
+            raise Refused(f"{flag} {value}: must be at least {low}")
     try:
         trace = ws.read_trace(args.trace, pcg_max_tokens=args.pcg_max_tokens)
     except ws.TraceError as e:
-        print(f"sglab workspace: {e}", file=sys.stderr)
-        return 2
+        raise Refused(e) from None
     if not trace.tokens:
-        print(f"sglab workspace: {args.trace}: no forward step with tokens", file=sys.stderr)
-        return 2
+        raise Refused(f"{args.trace}: no forward step with tokens")
     print(ws.describe(trace))
     df = ws.traffic_table(trace.tokens, world_size=args.world_size, hidden_dim=args.hidden,
                           pre_initialize=args.pre_initialize)
-    print(f"world size {args.world_size}, hidden {args.hidden}, " +
-          ("cold start"
-           if not args.pre_initialize else f"pre-initialised at {args.pre_initialize} tokens"))
+    print(f"world size {args.world_size}, hidden {args.hidden}, " + (
+        f"pre-initialised at {args.pre_initialize} tokens" if args.pre_initialize else "cold start")
+          )
     print(df.round(1).to_string())
     print(f"times: {df.attrs['cost_model']}")
     return 0
@@ -249,13 +230,11 @@ def cmd_swa_cost(args) -> int:
 
     for flag, value in (("--batch-size", args.batch_size), ("--max-bs", args.max_bs)):
         if value < 1:
-            print(f"sglab swa-cost: {flag} {value}: must be at least 1", file=sys.stderr)
-            return 2
+            raise Refused(f"{flag} {value}: must be at least 1")
     try:
         lay = sc.read_config(args.config)
     except sc.ConfigError as e:
-        print(f"sglab swa-cost: {e}", file=sys.stderr)
-        return 2
+        raise Refused(e) from None
     df = sc.predict(lay, batch_size=args.batch_size, max_bs=args.max_bs)
     print(f"{args.config}: {df.attrs['layout']}")
     print(f"SWA layers: {lay.swa_layers}")
@@ -304,8 +283,7 @@ def _run_command(args) -> int:
     from sglab.core.runs import repo_root
 
     if args.record and not args.timings:
-        print("sglab run: --record saves the timings; it needs --timings", file=sys.stderr)
-        return 2
+        raise Refused("--record saves the timings; it needs --timings")
     try:
         # a notebook file of your own runs as itself; a name or prefix picks the workbook's
         paths = [] if args.notebooks else _resolve_notebooks([])
@@ -326,8 +304,7 @@ def _run_command(args) -> int:
         if args.jobs is not None and args.jobs < 1:
             raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
     except ValueError as e:
-        print(f"sglab run: {e}", file=sys.stderr)
-        return 2
+        raise Refused(e) from None
     out = Path(args.out) if args.out else repo_root() / "reports"
     t0 = time.perf_counter()
     results = run_notebooks(paths, out, params=params, cell_timeout=args.cell_timeout,
@@ -365,8 +342,7 @@ def cmd_timings(args) -> int:
     try:
         results, machine = timings.from_reports(Path(args.reports), Path(args.runs))
     except ValueError as e:
-        print(f"sglab timings: {e}", file=sys.stderr)
-        return 2
+        raise Refused(e) from None
     print(timings.summary(timings.frame(results, Path(args.runs))))
     failed = [r for r in results if r.status != "ok"]
     record = args.record and not failed
@@ -531,13 +507,13 @@ def main(argv: list[str] | None = None) -> int:
     for action in sub._choices_actions:  # each command's --help opens with what it does
         sub.choices[action.dest].description = (sub.choices[action.dest].description or action.help)
     args = ap.parse_args(argv)
-    bad = _not_positive(args)
-    if bad:
-        print(f"sglab {args.cmd}: {bad}", file=sys.stderr)
-        return 2
     try:
+        _not_positive(args)
         code = int(args.fn(args) or 0)
         sys.stdout.flush()  # a reader that went away is found here, not at exit
+    except Refused as e:
+        print(f"sglab {args.cmd}: {e}", file=sys.stderr)
+        return 2
     except BrokenPipeError:
         return _reader_gone()
     return code
@@ -548,15 +524,13 @@ POSITIVE = {("run", "cell_timeout"): "--cell-timeout",
             ("capture-sizes", "gpu_mem_gb"): "--gpu-mem-gb"}
 
 
-def _not_positive(args) -> str:
-    """What is wrong with the first of :data:`POSITIVE` given at 0 or below (or not finite), in
-    words; '' when none is."""
+def _not_positive(args) -> None:
+    """Refuse the first of :data:`POSITIVE` given at 0 or below (or not finite)."""
     for (cmd, dest), flag in POSITIVE.items():
         value = getattr(args, dest, None) if args.cmd == cmd else None
         if value is not None and not (math.isfinite(value) and value > 0):
             why = "more than 0" if math.isfinite(value) else "a finite number"
-            return f"{flag} {value:g}: must be {why}"
-    return ""
+            raise Refused(f"{flag} {value:g}: must be {why}")
 
 
 class _Version(argparse.Action):
