@@ -138,9 +138,7 @@ def test_workspace_refuses_sizes_below_their_minimum(capsys, args, says):
 def test_workspace_at_a_world_size_without_a_run_says_whose_times_it_uses(capsys, world):
     recorded = sorted({r.manifest.tp for r in runs.load_all_recorded("workspace_floor")})
     assert world not in recorded
-    assert cli.main(["workspace", "--trace",
-                     str(EXAMPLE_LOG), "--world-size",
-                     str(world)]) == 0
+    assert cli.main(["workspace", "--trace", str(EXAMPLE_LOG), "--world-size", str(world)]) == 0
     out = capsys.readouterr().out
     assert f"NO recorded run at world size {world}" in out and f"run (none at ×{world})" in out
     assert cli.main(["workspace", "--trace", str(EXAMPLE_LOG), "--world-size", "2"]) == 0

@@ -44,9 +44,7 @@ def _probe_sizes(run, metric: str | None = None) -> list[int]:
     return sorted(d["size"].astype(int).unique())
 
 
-# --------------------------------------------------------------------------------------------------
-# the claims a reader checks
-# --------------------------------------------------------------------------------------------------
+# -- the claims a reader checks --------------------------------------------------------------------
 def _refused(run):
     w, f = _w(run), show.run_facts(run)
     raw, accepted, refused = _probe_sizes(run), _probe_sizes(run, "ok"), sorted(f["refused_sizes"])
@@ -110,9 +108,7 @@ def _replays(variant: str):
     return check
 
 
-# --------------------------------------------------------------------------------------------------
-# the checks folded under them
-# --------------------------------------------------------------------------------------------------
+# -- the checks folded under them ------------------------------------------------------------------
 def _pr_keeps_accepted(run):
     accepted = _probe_sizes(run, "ok")
     kept = sorted(run.df.loc[run.df.variant == "pr_filter", "size"].astype(int).unique())
@@ -285,9 +281,7 @@ HEADLINE = Headline(
              f"err {{v[{_P}][max_abs_err]:g}}"))
 
 
-# --------------------------------------------------------------------------------------------------
-# the real engine (``scripts/engine_gpu.sh --plan 06``: data/recorded/engine_capture_sizes/)
-# --------------------------------------------------------------------------------------------------
+# -- the real engine (``scripts/engine_gpu.sh --plan 06``: data/recorded/engine_capture_sizes/) ----
 def _unfiltered(run) -> list[dict]:
     return [
         f for f in show.engine_facts(run) if f["rule"] == "before" and any(n % f["attn_tp"]
@@ -369,9 +363,7 @@ ENGINE = SimpleNamespace(
                f"rebuild's filter keeps ({{v[{_K}][each]}})."),
         sep=" "), shown=lambda runs_: list(runs_))
 
-# --------------------------------------------------------------------------------------------------
-# the review card (sglab.core.card): the PR's words are its own code comment
-# --------------------------------------------------------------------------------------------------
+# -- the review card (sglab.core.card): the PR's words are its own code comment --------------------
 _T8, _MB = "capture_sizes.cpu_tp8_drops_4_12_20_28", "capture_sizes.cpu_mul_base_not_lcm"
 CARD = Card(
     bug="With dense layers at TP 1 (`--moe-dense-tp-size 1`) the layer communicator "

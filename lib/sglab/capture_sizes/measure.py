@@ -60,9 +60,7 @@ def gpus(params: dict) -> int:
     return int(params["world_size"])
 
 
-# --------------------------------------------------------------------------------------------------
-# size lists
-# --------------------------------------------------------------------------------------------------
+# -- size lists ------------------------------------------------------------------------------------
 def raw_sizes(world_size: int, sizes: str = "scaled", max_tokens: int = 2048) -> list[int]:
     """The default list, or (``scaled``, where ``world_size`` divides 8) the default list scaled by
     ``world_size / 8``: exactly the sizes that break at TP 8 break at ``world_size``."""
@@ -91,7 +89,7 @@ def loop_order(sizes: list[int]) -> list[tuple[str, int]]:
 
 
 def replay_token_counts(buckets: list[int]) -> dict[int, list[int]]:
-    """Real token counts checked per bucket: the smallest mapping to it, one below it, the bucket."""
+    """Real token counts per bucket: the smallest mapping to it, one below it, the bucket."""
     out, prev = {}, 0
     for b in sorted(buckets):
         out[b] = sorted({prev + 1, max(prev + 1, b - 1), b})
@@ -99,9 +97,7 @@ def replay_token_counts(buckets: list[int]) -> dict[int, list[int]]:
     return out
 
 
-# --------------------------------------------------------------------------------------------------
-# one rank's work
-# --------------------------------------------------------------------------------------------------
+# -- one rank's work -------------------------------------------------------------------------------
 def _real_rows(seed: int, rank: int, b: int, t: int, hidden: int, dtype, device):
     g = torch.Generator(device=device).manual_seed(
         (((seed * 131 + rank) * 65537 + b) * 8191 + t) % (2**31))
@@ -244,9 +240,7 @@ class RankWork:
             torch.cuda.empty_cache()
 
 
-# --------------------------------------------------------------------------------------------------
-# the traced pass: the capture loop once more under torch.profiler, before and after the filter
-# --------------------------------------------------------------------------------------------------
+# -- the traced pass: the capture loop once more under torch.profiler, before and after the filter -
 def traced_pass(work: RankWork, *, perfetto=None):
     """The loops of :data:`TRACED` under one :class:`sglab.core.trace.Recorder` (``before`` goes on
     after a refusal, so every refused size shows); this rank's reduced events."""
@@ -294,9 +288,7 @@ def reduce_events(events, *, rank: int, variants=tuple(v for v, _, _ in TRACED))
                                           kind="stable").reset_index(drop=True)
 
 
-# --------------------------------------------------------------------------------------------------
-# the run
-# --------------------------------------------------------------------------------------------------
+# -- the run ---------------------------------------------------------------------------------------
 def _rank_main(ctx, params: dict, trace_dir: str | None = None,
                launched_at: float | None = None) -> dict:
     """One rank: capture + replay the fixed lists, stop on the raw list, probe the collective, then

@@ -17,9 +17,7 @@ import torch.distributed as dist
 MLA_MAX_TOKENS = 2048  # piecewise_cuda_graph_max_tokens for MLA (the crash report's model)
 
 
-# --------------------------------------------------------------------------------------------------
-# 1. server_args.py · ServerArgs._generate_piecewise_cuda_graph_tokens
-# --------------------------------------------------------------------------------------------------
+# -- 1. server_args.py · ServerArgs._generate_piecewise_cuda_graph_tokens --------------------------
 def default_piecewise_capture_sizes(max_tokens: int = MLA_MAX_TOKENS) -> list[int]:
     """4..32 step 4, 48..256 step 16, 288..512 step 32, 576..1024 step 64, 1280..4096 step 256,
     then 4608.. step 512, cut at ``max_tokens``."""
@@ -29,9 +27,7 @@ def default_piecewise_capture_sizes(max_tokens: int = MLA_MAX_TOKENS) -> list[in
     return [s for s in sizes if s <= max_tokens]
 
 
-# --------------------------------------------------------------------------------------------------
-# 2. utils/common.py · require_mlp_tp_gather, require_attn_tp_gather, require_gathered_buffer
-# --------------------------------------------------------------------------------------------------
+# -- 2. utils/common.py · require_mlp_tp_gather, require_attn_tp_gather, require_gathered_buffer ---
 @dataclass(frozen=True)
 class ParallelArgs:
     """The ``ServerArgs`` fields the decision reads (names as upstream)."""
@@ -72,17 +68,13 @@ def ceil_align(x: int, y: int) -> int:
     return (x + y - 1) // y * y
 
 
-# --------------------------------------------------------------------------------------------------
-# 3. layers/dp_attention.py · compute_dp_attention_world_info
-# --------------------------------------------------------------------------------------------------
+# -- 3. layers/dp_attention.py · compute_dp_attention_world_info -----------------------------------
 def attention_tp_size(a: ParallelArgs) -> int:
     """``tp_size // attn_dp_size // attn_cp_size``."""
     return a.tp_size // (a.dp_size if a.enable_dp_attention else 1) // a.attn_cp_size
 
 
-# --------------------------------------------------------------------------------------------------
-# 4. model_executor/piecewise_cuda_graph_runner.py · PiecewiseCudaGraphRunner.__init__
-# --------------------------------------------------------------------------------------------------
+# -- 4. model_executor/piecewise_cuda_graph_runner.py · PiecewiseCudaGraphRunner.__init__ ----------
 class NoCaptureSizes(AssertionError):
     """The PR's assertion: nothing survives the filter."""
 
@@ -115,9 +107,7 @@ def comment_base(attn_tp_size: int, attn_cp_size: int = 1) -> int:
     return attn_tp_size * attn_cp_size
 
 
-# --------------------------------------------------------------------------------------------------
-# 5. model_executor/cuda_graph_runner.py · get_batch_sizes_to_capture
-# --------------------------------------------------------------------------------------------------
+# -- 5. model_executor/cuda_graph_runner.py · get_batch_sizes_to_capture ---------------------------
 def decode_mul_base(attn_tp_size: int, attn_cp_size: int = 1, *, gathered: bool = True,
                     two_batch_overlap: bool = False) -> int:
     """x2 under two-batch overlap, x attention TP when gathered, x CP when CP does not divide it."""
@@ -147,10 +137,8 @@ def filter_decode_batch_sizes(batch_sizes: Sequence[int], attn_tp_size: int, att
     return capture_bs
 
 
-# --------------------------------------------------------------------------------------------------
-# 6. model_executor/runner/prefill_cuda_graph_runner.py · get_prefill_num_tokens_to_capture
+# -- 6. model_executor/runner/prefill_cuda_graph_runner.py · get_prefill_num_tokens_to_capture
 #    (0.5.22+)
-# --------------------------------------------------------------------------------------------------
 def round_up_capture_sizes(sizes: Iterable[int], alignment: int) -> list[int]:
     """Round every size up to a multiple of ``alignment``, sort, de-duplicate."""
     return sorted({ceil_align(n, alignment) for n in sizes})
@@ -181,10 +169,8 @@ def policy_lists(sizes: Sequence[int], attn_tp: int, attn_cp: int = 1,
     }
 
 
-# --------------------------------------------------------------------------------------------------
-# 7. layers/communicator.py · _scatter_hidden_states_and_residual,
+# -- 7. layers/communicator.py · _scatter_hidden_states_and_residual,
 #    _gather_hidden_states_and_residual
-# --------------------------------------------------------------------------------------------------
 def shard_sizes(num_tokens: int, attn_tp_size: int) -> list[int]:
     """Rows per rank under ``tensor_split(attn_tp_size)``: the first ``n % w`` get one more."""
     q, r = divmod(num_tokens, attn_tp_size)

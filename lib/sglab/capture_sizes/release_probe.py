@@ -27,9 +27,7 @@ from sglab.sglang import bootstrap
 from sglab.sglang.probing import Stop, has_file, patched
 
 
-# --------------------------------------------------------------------------------------------------
-# the runners' code on a ServerArgs
-# --------------------------------------------------------------------------------------------------
+# -- the runners' code on a ServerArgs -------------------------------------------------------------
 def _module(prepared, name: str):
     return bootstrap.import_release_module(prepared, f"sglang.srt.{name}")
 
@@ -222,9 +220,7 @@ def setting_rows(prepared, params: dict) -> list[dict]:
     return rows
 
 
-# --------------------------------------------------------------------------------------------------
-# server arguments -> the release's own configuration
-# --------------------------------------------------------------------------------------------------
+# -- server arguments -> the release's own configuration -------------------------------------------
 class _ArgError(ValueError):
     pass
 

@@ -52,9 +52,7 @@ MODEL = "data/models/deepseek_v3_tiny/config.json"
 ASSUMED = {"mla": True, "gpu_mem_gb": 141.0, "max_running_requests": 4096, "model": MODEL}
 
 
-# --------------------------------------------------------------------------------------------------
-# the source check (the release timeline, `sglab upstream`)
-# --------------------------------------------------------------------------------------------------
+# -- the source check (the release timeline, `sglab upstream`) -------------------------------------
 def _mod_filter(node) -> bool:
     """A ``% mul_base == 0`` / ``% attn_tp_size == 0`` comprehension filter under ``node``."""
     for comp in (n for n in ast.walk(node) if isinstance(n, ast.comprehension)):
@@ -128,9 +126,7 @@ def check(read) -> Verdict:
         f"{ast.unparse(values[0])} with no TP/CP alignment (the PR's filter was lost)")
 
 
-# --------------------------------------------------------------------------------------------------
-# the probe (its code in the release's worker process: release_probe.py)
-# --------------------------------------------------------------------------------------------------
+# -- the probe (its code in the release's worker process: release_probe.py) ------------------------
 def model_config(model: str) -> Path:
     """The config file ``model`` names: a JSON file, or a folder's ``config.json``; a relative
     path is the working folder's where it is there, else the checkout's. ValueError when there is
@@ -165,9 +161,7 @@ def probe(prepared, params: dict) -> list[dict]:
     return rows + (rp.case_rows(prepared, params) if params.get("cases") else [])
 
 
-# --------------------------------------------------------------------------------------------------
-# the record
-# --------------------------------------------------------------------------------------------------
+# -- the record ------------------------------------------------------------------------------------
 def params(max_tokens: int | None = None) -> dict:
     """The notebook's probe call: the default piecewise list, the decode list, every setting."""
     max_tokens = fx.MLA_MAX_TOKENS if max_tokens is None else max_tokens
@@ -254,9 +248,7 @@ FIX = Fix(name="capture_sizes", number="06", prs=(23972,), gpus=2,
           probe=Probe("sglab.capture_sizes.sglang:probe", PROBE_RELEASES, params), engine=ENGINE)
 
 
-# --------------------------------------------------------------------------------------------------
-# the real lists beside the rebuild's (the notebook's real-SGLang section)
-# --------------------------------------------------------------------------------------------------
+# -- the real lists beside the rebuild's (the notebook's real-SGLang section) ----------------------
 def widths(setting: dict) -> tuple[int, int, bool, bool]:
     """(attention TP, attention CP, gathered, two-batch overlap) of a setting, by the rebuild."""
     a = fx.ParallelArgs(**{k: v for k, v in setting.items() if k != "piecewise"})
@@ -354,9 +346,7 @@ def released(rebuilt=None, *, symbol=None, pr=None) -> None:
     real.released(FIX, rebuilt, symbol=symbol, pr=pr)
 
 
-# --------------------------------------------------------------------------------------------------
-# your server arguments on several releases (`sglab capture-sizes`)
-# --------------------------------------------------------------------------------------------------
+# -- your server arguments on several releases (`sglab capture-sizes`) -----------------------------
 MODEL_PLACEHOLDER = "model-not-loaded"  # --model-path is required by the parser, never loaded
 
 

@@ -22,9 +22,7 @@ from sglab.core import engine_records, engine_stats, engine_view, notebook, plot
 from sglab.sglang.releases import parse_version
 
 
-# --------------------------------------------------------------------------------------------------
-# tables of a run
-# --------------------------------------------------------------------------------------------------
+# -- tables of a run -------------------------------------------------------------------------------
 def summary(df):
     """Per variant and world size: sizes in the list, captured, failed (every failed size; the
     first one and its stage), not reached, replayed correctly, worst replay error."""
@@ -171,9 +169,7 @@ def trace_summary(events):
     return out.reset_index()
 
 
-# --------------------------------------------------------------------------------------------------
-# CPU tables of the rebuild
-# --------------------------------------------------------------------------------------------------
+# -- CPU tables of the rebuild ---------------------------------------------------------------------
 def padding_waste(buckets: Sequence[int], max_tokens: int) -> dict:
     """Padding of replaying token counts 1..``max_tokens`` (equally likely) on ``buckets``:
     ``covered``, ``eager`` (above the largest bucket), ``pad_tokens``, ``pad_frac`` (per real
@@ -223,9 +219,7 @@ def alignment_table(max_tokens: int = 2048, attn_tps=range(1, 9), attn_cps=range
     return pd.DataFrame(out)
 
 
-# --------------------------------------------------------------------------------------------------
-# figures
-# --------------------------------------------------------------------------------------------------
+# -- figures ---------------------------------------------------------------------------------------
 _SHARD_COLORS = {"equal": "#aed6f1", "more": "#e6b0aa", "fewer": "#fadbd8"}
 
 
@@ -446,9 +440,7 @@ def capture_timeline(events, rank: int = 0, up_to: int | None = None, run=None):
     return fig
 
 
-# --------------------------------------------------------------------------------------------------
-# the GPU sections of the notebook (its appendix), each shown from the runs (or their NoRun line)
-# --------------------------------------------------------------------------------------------------
+# -- the GPU sections of the notebook (its appendix), each shown from the runs or their NoRun line
 @notebook.needs_run
 def measured(rs) -> None:
     """Per run shown: its summary, the status of each size, and before vs after in words."""
@@ -475,9 +467,7 @@ def profiler(rs) -> None:
             notebook.file_link(r.sidecar("trace"), "Perfetto trace of rank 0 (ui.perfetto.dev)")
 
 
-# --------------------------------------------------------------------------------------------------
-# the real engine at each recorded TP size (data/recorded/engine_capture_sizes/)
-# --------------------------------------------------------------------------------------------------
+# -- the real engine at each recorded TP size (data/recorded/engine_capture_sizes/) ----------------
 # SGLang's own words for a reduce-scatter handed a size that does not split evenly over the ranks
 UNEQUAL = re.compile(r"same size|world size|divisib|unequal|shard|multiple of", re.I)
 RULE = {

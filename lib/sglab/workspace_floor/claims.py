@@ -27,9 +27,7 @@ PEAK_SLACK_MIB = 2.0  # one caching-allocator segment: the int64 pointer table
 TRACE_METHODS = (2, None)
 
 
-# --------------------------------------------------------------------------------------------------
-# reading a run
-# --------------------------------------------------------------------------------------------------
+# -- reading a run ---------------------------------------------------------------------------------
 def _int(run, key: str) -> int:
     return int(run.manifest.params.get(key, 0) or 0)
 
@@ -94,9 +92,7 @@ def _traced(run) -> Optional[str]:
     return None
 
 
-# --------------------------------------------------------------------------------------------------
-# the re-creations
-# --------------------------------------------------------------------------------------------------
+# -- the re-creations ------------------------------------------------------------------------------
 def _short_cold_start(run):
     shape, floor = (per_rank(run, "recreations", SHORT, n) for n in (SHAPE, FLOOR))
     sim = expected(run, SHORT, SHAPE)["recreations"]
@@ -174,9 +170,7 @@ def _ipc_calls(run):
     return holds(len(t) > 0 and not bad, said, {"creations": len(t), "differ": len(bad)})
 
 
-# --------------------------------------------------------------------------------------------------
-# the time
-# --------------------------------------------------------------------------------------------------
+# -- the time --------------------------------------------------------------------------------------
 def _floor_saves_time(run):
     value = {
         f"{t}/{n}": _slowest(run, "recreate_time_total", t, n)
@@ -201,9 +195,7 @@ def _both_profiled(run) -> Optional[str]:
                             if lacks else None)
 
 
-# --------------------------------------------------------------------------------------------------
-# the memory
-# --------------------------------------------------------------------------------------------------
+# -- the memory ------------------------------------------------------------------------------------
 def _peak_memory(run):
     bad, extra = [], []
     for t, n in _cells(run):
@@ -369,9 +361,7 @@ HEADLINE = Headline(
     sep=" ", run_sep=", ")
 
 
-# --------------------------------------------------------------------------------------------------
-# the real engine (``scripts/engine_gpu.sh --plan 02``: data/recorded/engine_workspace_floor/)
-# --------------------------------------------------------------------------------------------------
+# -- the real engine (``scripts/engine_gpu.sh --plan 02``: data/recorded/engine_workspace_floor/) --
 def _engine_applies(run):
     return None if sglang.engine_facts(
         run) else "no engine variant with the workspace trace started"
@@ -447,9 +437,7 @@ ENGINE = SimpleNamespace(
         f"rebuild's simulation with that pre-initialisation: {{v[{_EQ}][sim]}} per manager)"),
     shown=lambda runs_: list(runs_))
 
-# --------------------------------------------------------------------------------------------------
-# the review card
-# --------------------------------------------------------------------------------------------------
+# -- the review card -------------------------------------------------------------------------------
 _FOUND = ((
     "`max_token_num=max(x.shape[0], 2048)`: the workspace sized to the batch, 2048 tokens at least",
     f"As shipped, the line sizes nothing: every creation happens at start-up at "

@@ -90,9 +90,7 @@ def simulate_rows(params: Optional[dict] = None, *, world_sizes=None,
     return rows
 
 
-# --------------------------------------------------------------------------------------------------
-# one rank on the GPUs
-# --------------------------------------------------------------------------------------------------
+# -- one rank on the GPUs --------------------------------------------------------------------------
 class _MeasuredCreator:
     """After each creation, records the device memory this rank holds above its baseline."""
 
@@ -256,9 +254,7 @@ def _leak_rows(st: RankState) -> None:
                                                 "MiB"), rank_nvml_other_gpus_end=(others, "MiB"))
 
 
-# --------------------------------------------------------------------------------------------------
-# the traced pass: the profiled trace under torch.profiler, per rank
-# --------------------------------------------------------------------------------------------------
+# -- the traced pass: the profiled trace under torch.profiler, per rank ----------------------------
 COST_RANGE = "create workspace"  # one per size of the traced cost sweep
 VARIANT_PREFIX = "variant "  # outer range per variant: "variant floor_0", "variant cost_sweep"
 COST_VARIANT = "cost_sweep"
@@ -354,9 +350,7 @@ def reduce_events(events, schedule: dict, *, rank: int):
     return out[prof.COLUMNS + EXTRA_COLUMNS].reset_index(drop=True)
 
 
-# --------------------------------------------------------------------------------------------------
-# the parent
-# --------------------------------------------------------------------------------------------------
+# -- the parent ------------------------------------------------------------------------------------
 def check_params(p: dict) -> None:
     """Bad parameters fail here, in one line, before any process starts."""
     for key, known in (("policies", rebuild.POLICIES), ("traces", TRACES)):

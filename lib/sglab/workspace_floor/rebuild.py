@@ -18,10 +18,8 @@ import torch.distributed as tdist
 
 MiB = 2**20
 
-# --------------------------------------------------------------------------------------------------
-# 1. flashinfer/comm/trtllm_ar.py · trtllm_create_ipc_workspace_for_all_reduce_fusion (sizes),
+# -- 1. flashinfer/comm/trtllm_ar.py · trtllm_create_ipc_workspace_for_all_reduce_fusion (sizes),
 #    check_trtllm_allreduce_fusion_workspace_metadata
-# --------------------------------------------------------------------------------------------------
 ALIGN = 1 << 21  # FlashInfer rounds every workspace buffer up to 2 MiB
 BARRIER_FLAG_COUNT = 256  # flashinfer.comm.trtllm_ar.BarrierFlagCount
 MAX_COMM_SIZE = 2147483647 & ~((1 << 21) - 1)  # INT32_MAX rounded down to 2 MiB
@@ -31,7 +29,8 @@ BUFFER_NAMES = ("data", "flags", "lamport")  # the order of the buffers (and of 
 
 def workspace_sizes(world_size: int, max_token_num: int, hidden_dim: int) -> dict:
     """The three per-rank buffers (bf16): ``W*T*H*2`` bytes of data, ``W*256*4`` of barrier flags,
-    ``3*W*T*H*2`` of Lamport (comm size capped at :data:`MAX_COMM_SIZE`), each rounded up to 2 MiB."""
+    ``3*W*T*H*2`` of Lamport (comm size capped at :data:`MAX_COMM_SIZE`), each rounded up to 2
+    MiB."""
     buffer_size = world_size * max_token_num * hidden_dim * 2
     flag_size = world_size * BARRIER_FLAG_COUNT * 4
     lamport_comm_size = min(buffer_size, MAX_COMM_SIZE)
@@ -56,10 +55,8 @@ def size_sufficient(metadata: dict, token_num: int, hidden_dim: int, world_size:
             and token_num * hidden_dim <= metadata["max_token_num"] * metadata["hidden_dim"])
 
 
-# --------------------------------------------------------------------------------------------------
-# 2. sglang/srt/layers/flashinfer_comm_fusion.py · FlashInferWorkspaceManager,
+# -- 2. sglang/srt/layers/flashinfer_comm_fusion.py · FlashInferWorkspaceManager,
 #    ensure_workspace_initialized, flashinfer_allreduce_residual_rmsnorm
-# --------------------------------------------------------------------------------------------------
 CALLEE_DEFAULT_MAX_TOKEN_NUM = 2048  # flashinfer_allreduce_residual_rmsnorm(max_token_num=2048)
 RECREATE_RANGE = "recreate workspace"  # the profiler range around each creation
 DESTROY_RANGE = "destroy old workspace"
@@ -177,9 +174,7 @@ def ensure_workspace_initialized(manager: WorkspaceManager, *, world_size: int, 
     return manager.initialized
 
 
-# --------------------------------------------------------------------------------------------------
-# 3. sglang/srt/layers/layernorm.py · RMSNorm._forward_with_allreduce_fusion (the call site)
-# --------------------------------------------------------------------------------------------------
+# -- 3. sglang/srt/layers/layernorm.py · RMSNorm._forward_with_allreduce_fusion (the call site) ----
 PR_FLOOR = 2048  # after the PR: max_token_num=max(x.shape[0], 2048)
 
 
@@ -242,11 +237,9 @@ def will_recreate(manager: WorkspaceManager, policy: Policy, token_num: int, wor
                 and manager.is_buffer_size_sufficient(max_token_num, hidden_dim))
 
 
-# --------------------------------------------------------------------------------------------------
-# 3b. sglang/srt/layers/communicator.py · apply_flashinfer_allreduce_fusion (the gate before the
-#     call site; the same in 0.5.11-0.5.14) and model_runner.py ·
-#     _pre_initialize_flashinfer_allreduce_workspace (before any CUDA-graph capture)
-# --------------------------------------------------------------------------------------------------
+# -- 3b. sglang/srt/layers/communicator.py · apply_flashinfer_allreduce_fusion (the gate before the
+#    call site; the same in 0.5.11-0.5.14) and model_runner.py ·
+#    _pre_initialize_flashinfer_allreduce_workspace (before any CUDA-graph capture)
 FUSE_ALLREDUCE_MAX_BATCH_SIZE = 2048  # communicator.py; also the size pre-initialised at start-up
 ENGINE_MANAGERS = 2  # flashinfer_comm_fusion.py keeps one manager for attention TP, one for MoE TP
 
@@ -262,10 +255,8 @@ def fused_steps(trace) -> list[int]:
     return [int(t) for t in trace if fusion_applies(int(t))]
 
 
-# --------------------------------------------------------------------------------------------------
-# 4. creators: ``creator.create(world_size=, rank=, max_token_num=, hidden_dim=, group=)`` returns a
-#    workspace with ``metadata``, ``bytes_per_rank`` and ``destroy()``
-# --------------------------------------------------------------------------------------------------
+# -- 4. creators: ``creator.create(world_size=, rank=, max_token_num=, hidden_dim=, group=)``
+#    returns a workspace with ``metadata``, ``bytes_per_rank`` and ``destroy()``
 class PhaseClock:
     """Milliseconds per phase of one creation (``ms``, summed over repeats of a ``key``), each
     inside ``mark(label)`` when a marker is set."""
@@ -318,9 +309,7 @@ class FakeCreator:
         return ws
 
 
-# --------------------------------------------------------------------------------------------------
-# 5. flashinfer/comm/cuda_ipc.py · CudaRTLibrary, create_shared_buffer / free_shared_buffer
-# --------------------------------------------------------------------------------------------------
+# -- 5. flashinfer/comm/cuda_ipc.py · CudaRTLibrary, create_shared_buffer / free_shared_buffer -----
 class CudartOps:
     """``cudaMalloc``, IPC handle export / open (lazy peer access) / close, ``cudaFree``, the
     Lamport fill (``cuMemsetD16`` of -0.0), the 5-int flag word and the int64 pointer table, through
@@ -381,16 +370,15 @@ class CudartOps:
         return int(self._ok(self.rt.cudaMemGetInfo(), "cudaMemGetInfo"))
 
 
-# --------------------------------------------------------------------------------------------------
-# 6. flashinfer/comm/trtllm_ar.py · trtllm_create_ipc_workspace_for_all_reduce_fusion,
+# -- 6. flashinfer/comm/trtllm_ar.py · trtllm_create_ipc_workspace_for_all_reduce_fusion,
 #    trtllm_destroy_ipc_workspace_for_all_reduce_fusion (+ what SGLang wraps around them)
-# --------------------------------------------------------------------------------------------------
 class IpcWorkspace:
 
     def __init__(self, ops, group, rank, metadata, ipc_ptrs, table, flag_ptr, phases_ms, mark):
         self.ops, self.group, self.rank, self.metadata = ops, group, rank, metadata
         self.ipc_ptrs = ipc_ptrs  # [buffer][peer]: this process's mappings
-        self.workspace_tensor, self.flag_ptr, self.phases_ms, self.mark = table, flag_ptr, phases_ms, mark
+        self.workspace_tensor, self.flag_ptr = table, flag_ptr
+        self.phases_ms, self.mark = phases_ms, mark
         self.bytes_per_rank = workspace_bytes_per_rank(metadata["tp_size"],
                                                        metadata["max_token_num"],
                                                        metadata["hidden_dim"])
@@ -470,15 +458,14 @@ class IpcWorkspaceCreator:
                             self.mark)
 
 
-# --------------------------------------------------------------------------------------------------
-# 7. the driver (not upstream): a token-count trace through the call site
-# --------------------------------------------------------------------------------------------------
+# -- 7. the driver (not upstream): a token-count trace through the call site -----------------------
 def replay(manager: WorkspaceManager, policy: Policy, trace, *, world_size: int, rank: int,
            hidden_dim: int, group=None, pre_initialize: Optional[int] = None,
            before_create: Optional[Callable[[], None]] = None) -> int:
     """Feed a trace (``x.shape[0]`` per forward step) through the call site; returns the refused
     calls. ``pre_initialize``: create at that size first, as step -1 (SGLang's
-    ``pre_initialize_workspaces``). ``before_create``: called on every rank before a creating step."""
+    ``pre_initialize_workspaces``). ``before_create``: called on every rank before a creating
+    step."""
     refused = 0
     if pre_initialize:
         manager.step = -1

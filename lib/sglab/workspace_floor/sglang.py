@@ -55,9 +55,7 @@ CODE_PATH = (Node("srt/model_executor/model_runner.py",
                   "the creation: IPC buffers, barriers"))
 
 
-# --------------------------------------------------------------------------------------------------
-# the source check (the release timeline, `sglab upstream`)
-# --------------------------------------------------------------------------------------------------
+# -- the source check (the release timeline, `sglab upstream`) -------------------------------------
 def _callee_default(read) -> str:
     """The end of the "before" reason: the callee's default and its assert."""
     fn = S.find(S.parsed(read, FUSION)[1], "flashinfer_allreduce_residual_rmsnorm")
@@ -110,11 +108,9 @@ def check(read) -> Verdict:
         "this check recognises")
 
 
-# --------------------------------------------------------------------------------------------------
-# the CPU probe (inside one release's worker process)
-# --------------------------------------------------------------------------------------------------
+# -- the CPU probe (inside one release's worker process) -------------------------------------------
 class RecordedWorkspace:
-    """What ``create_allreduce_fusion_workspace`` would have returned, with FlashInfer's size rule."""
+    """What ``create_allreduce_fusion_workspace`` would return, with FlashInfer's size rule."""
 
     def __init__(self, comm, kwargs: dict):
         self.comm, self.kwargs, self.backend = comm, kwargs, kwargs.get("backend", "trtllm")
@@ -273,9 +269,7 @@ def probe_params(names=None) -> dict:
                 world_size=WORLD_SIZE, hidden=HIDDEN)
 
 
-# --------------------------------------------------------------------------------------------------
-# the record
-# --------------------------------------------------------------------------------------------------
+# -- the record ------------------------------------------------------------------------------------
 # -- the real engine: `sglab engine --scenario NAME`, recorded under
 # data/recorded/engine_workspace_floor/
 WORKSPACE_TRACE = trace_adjustment(
@@ -333,9 +327,7 @@ FIX = Fix(
     check=check, hunks=(Spec(26382, symbols_in(LAYERNORM, "_forward_with_allreduce_fusion")),),
     probe=Probe("sglab.workspace_floor.sglang:probe", RELEASES, probe_params), engine=ENGINE)
 
-# --------------------------------------------------------------------------------------------------
-# the engine's answers, read from each run's log (claims.ENGINE, show.VIEW)
-# --------------------------------------------------------------------------------------------------
+# -- the engine's answers, read from each run's log (claims.ENGINE, show.VIEW) ---------------------
 # the call site each engine variant runs, as the rebuild's policy (the released managers keep no
 # high-water mark)
 ENGINE_POLICY = {("0.5.12.post1", "fusion"): "before_pr", ("0.5.13", "fusion"): "floor_2048",
@@ -411,9 +403,7 @@ def engine_facts_of(runs_: list) -> list[dict]:
     return [best[k] for k in sorted(best)]
 
 
-# --------------------------------------------------------------------------------------------------
-# the real decisions beside the rebuild's (the notebook's real-SGLang section)
-# --------------------------------------------------------------------------------------------------
+# -- the real decisions beside the rebuild's (the notebook's real-SGLang section) ------------------
 def rebuild_policy(release: str, site: str, high_water: bool) -> rebuild.Policy:
     """The rebuild's policy for a real call site, with the release's manager."""
     name = OWN_POLICY[release] if site == "release" else site

@@ -42,9 +42,7 @@ def _lamport_mib(W: int, T, H: int) -> float:
     return rebuild.workspace_sizes(W, int(T), H)["aligned"][2] / MiB
 
 
-# --------------------------------------------------------------------------------------------------
-# tables of a run
-# --------------------------------------------------------------------------------------------------
+# -- tables of a run -------------------------------------------------------------------------------
 def policy_stats(run) -> pd.DataFrame:
     """Per (trace, policy id) of the GPU replay: re-creations, ms and peak MiB, slowest rank."""
     d = run.df[(run.df.source == "gpu") & run.df.variant.isin(POLICY_ORDER)]
@@ -97,9 +95,7 @@ def cost_step(run, below_mib: float = 336, above_mib: float = 672) -> str:
             f"{lo.open.median():.1f} -> {hi.open.median():.1f} ms")
 
 
-# --------------------------------------------------------------------------------------------------
-# tables of the profiler trace (the run's ``events`` sidecar)
-# --------------------------------------------------------------------------------------------------
+# -- tables of the profiler trace (the run's ``events`` sidecar) -----------------------------------
 CALLS = {  # each creation's CUDA runtime or driver calls (cuda.bindings may reach either name)
     "alloc": r"^(cudaMalloc|cuMemAlloc)", "free": r"^(cudaFree|cuMemFree)",
     "ipc get handle": r"^cu(da)?IpcGetMemHandle", "ipc open": r"^cu(da)?IpcOpenMemHandle",
@@ -240,9 +236,7 @@ def first_open(events) -> str:
             f"it (medians, {len(d)} opens)")
 
 
-# --------------------------------------------------------------------------------------------------
-# figures
-# --------------------------------------------------------------------------------------------------
+# -- figures ---------------------------------------------------------------------------------------
 def mechanism(run=None, *, trace_name: str = "short_ramp", policies=STORY, hidden_dim: int = 7168):
     """The workspace each policy holds along a cold start (a staircase), a mark at every creation
     (area ~ its MiB per rank; with a GPU run, its ms on the slowest rank), and per policy its
@@ -386,9 +380,7 @@ def profile_step(events, *, world_size: int, hidden_dim: int, run=None):
     return fig
 
 
-# --------------------------------------------------------------------------------------------------
-# the notebook's sections
-# --------------------------------------------------------------------------------------------------
+# -- the notebook's sections -----------------------------------------------------------------------
 def simulation(world_sizes=(2, 4), hidden_dim: int = 7168) -> None:
     """Memory against re-creations per policy, one panel per trace and world size, cold start,
     simulated; each point labelled with its policies."""
@@ -465,9 +457,7 @@ def profiler(run) -> None:
             cost_step(r) for r in run.shown))
 
 
-# --------------------------------------------------------------------------------------------------
-# the real engine at TP 2 and 4 (data/recorded/engine_workspace_floor/)
-# --------------------------------------------------------------------------------------------------
+# -- the real engine at TP 2 and 4 (data/recorded/engine_workspace_floor/) -------------------------
 def _ms(ms: list[float]) -> str:
     """``lo–hi`` in ms, or in s where the largest is a second or more."""
     if ms and max(ms) >= 1000:
