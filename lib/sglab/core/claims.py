@@ -97,9 +97,7 @@ def all_claims(mod) -> list[Claim]:
     return out
 
 
-# --------------------------------------------------------------------------------------------------
-# evaluating
-# --------------------------------------------------------------------------------------------------
+# -- evaluating ------------------------------------------------------------------------------------
 def _method(run) -> int:
     try:
         return int(run.manifest.method_version)
@@ -195,9 +193,7 @@ def table(results: list[Result]):
     } for r in results])
 
 
-# --------------------------------------------------------------------------------------------------
-# what readers see: the README index, the notebooks' first screens and the report use these
-# --------------------------------------------------------------------------------------------------
+# -- what readers see: the README index, the notebooks' first screens and the report use these -----
 def shown(mod, runs_: list) -> list:
     return list(mod.shown(runs_)) if runs_ else []
 
@@ -317,9 +313,7 @@ def _peers(run, every: list) -> list:
     return [x for x in others(run, every) if key(x) == key(run)]
 
 
-# --------------------------------------------------------------------------------------------------
-# a run against its reference
-# --------------------------------------------------------------------------------------------------
+# -- a run against its reference -------------------------------------------------------------------
 ENV_KEYS = ("gpu_name", "gpu_count", "driver", "cuda", "torch", "python", "sglang")
 
 
@@ -560,9 +554,7 @@ def compare(mod, run, reference, record: list | None = None,
                       unmatched(mine, theirs))
 
 
-# --------------------------------------------------------------------------------------------------
-# JUnit XML (for a cluster's CI)
-# --------------------------------------------------------------------------------------------------
+# -- JUnit XML (for a cluster's CI) ----------------------------------------------------------------
 def junit_xml(suites: list[tuple[str, list[Result]]]) -> str:
     """One ``<testsuite>`` per run, one ``<testcase>`` per claim and folded check; fail ->
     ``<failure>``, n/a -> ``<skipped>``."""

@@ -163,8 +163,7 @@ def calls_per_run(table) -> dict:
     return {label: float(g.calls.sum()) for label, g in table.groupby("label", sort=False)}
 
 
-# --------------------------------------------------------------------------------------------------
-# op ranges: which aten ops a piece of torch code runs, each inside a range a profiler attributes
+# -- op ranges: which aten ops torch code runs, each inside a range a profiler attributes ----------
 
 SEP = "|"
 
@@ -305,8 +304,7 @@ def _cxa_demangle():
     return None
 
 
-# --------------------------------------------------------------------------------------------------
-# per-op kernel tables of one eager step: which op launched which kernel, how often, how long
+# -- per-op kernel tables of one eager step: which op launched which kernel, how often, how long ---
 
 OP_COLUMNS = ["variant", "scope", "step", "op", "kernel", "calls", "median_us", "backend"]
 TORCH, NSIGHT = "torch.profiler", "nsight-python (CUPTI)"

@@ -105,8 +105,7 @@ def profiled_kernels(fn: Callable[[], object]) -> list[str]:
     return list(rec.events.name[rec.events.category == "kernel"])
 
 
-# --------------------------------------------------------------------------------------------------
-# nsight-python
+# -- nsight-python ---------------------------------------------------------------------------------
 NCU_MIN_VERSION = (2026, 2, 1)
 
 

@@ -122,9 +122,7 @@ def needs_run(fn):
     return wrapper
 
 
-# --------------------------------------------------------------------------------------------------
-# "your own setup": a static table, or controls where the notebook asks for them (INTERACTIVE)
-# --------------------------------------------------------------------------------------------------
+# -- "your own setup": a static table, or controls where the notebook asks for them (INTERACTIVE) --
 def interactive_here() -> bool:
     """True in a notebook with a frontend that can show widgets (an IPython kernel, ipywidgets
     importable)."""

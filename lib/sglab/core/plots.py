@@ -58,9 +58,7 @@ def caption(fig, source: Any = None, extra: str = "") -> str:
     return text
 
 
-# --------------------------------------------------------------------------------------------------
-# diagram: Small drawing primitives for the mechanism pictures on each notebook's first screen.
-# --------------------------------------------------------------------------------------------------
+# -- diagram: drawing primitives for the mechanism pictures on each notebook's first screen -------
 
 BOX_COLORS = {
     "before": "#f5b7b1", "after": "#aed6f1", "neutral": "#e5e8e8", "accent": "#f9e79f",
@@ -120,9 +118,7 @@ def label(ax, x: float, y: float, text: str, *, fontsize: float = 9, weight: str
             va="center", **kw)
 
 
-# --------------------------------------------------------------------------------------------------
-# timeline: Before and after as aligned swim-lanes on one time axis: what a profiler shows, drawn
-# --------------------------------------------------------------------------------------------------
+# -- timeline: before and after as aligned swim-lanes on one time axis, as a profiler shows them --
 
 CATEGORY_COLORS = {
     "kernel": "#5d6d7e", "memcpy": "#17a589", "memset": "#48c9b0", "runtime": "#a9cce3",

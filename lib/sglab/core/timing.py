@@ -157,9 +157,7 @@ def interleaved(fns: "dict[str, Callable[[], object]]", *, rounds: int = 3, warm
     return pooled
 
 
-# --------------------------------------------------------------------------------------------------
-# phases: Where live time goes: wall seconds per named phase of a run (process spawn, CUDA init,
-# --------------------------------------------------------------------------------------------------
+# -- phases: where live time goes, wall seconds per named phase of a run ---------------------------
 
 _totals: dict[str, float] = {}
 
@@ -191,9 +189,7 @@ def take() -> dict:
     return out
 
 
-# --------------------------------------------------------------------------------------------------
-# the host's per-launch cost
-# --------------------------------------------------------------------------------------------------
+# -- the host's per-launch cost --------------------------------------------------------------------
 class Burst:
     """``n`` tiny kernels (``x.add_(1)`` on one element) launched back to back and synchronised
     once. Each call appends its ``time.perf_counter`` time to :attr:`host_ms`: on a GPU this is

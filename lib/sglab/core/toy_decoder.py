@@ -211,8 +211,7 @@ class CausalLM(nn.Module):
         return self.logits_processor(hidden_states, self.lm_head, forward_batch)
 
 
-# --------------------------------------------------------------------------------------------------
-# Initialisation: two schemes, one per notebook (each keeps the weights its recorded runs were
+# -- Initialisation: two schemes, one per notebook (each keeps the weights its recorded runs were --
 # measured with)
 # --------------------------------------------------------------------------------------------------
 def init_normal_(model: nn.Module) -> nn.Module:

@@ -160,9 +160,7 @@ def import_release_module(prepared: Prepared, module: str):
                           f"{_cause(exc)}{extra}") from exc
 
 
-# --------------------------------------------------------------------------------------------------
-# shims: The stand-ins a real SGLang release needs before its first import on a machine it was no
-# --------------------------------------------------------------------------------------------------
+# -- shims: what a release needs before its first import on a machine it was not built for --------
 
 
 @dataclass(frozen=True)
@@ -280,8 +278,7 @@ def _load_file(path: Path, name: str) -> types.ModuleType:
     return mod
 
 
-# -- triton
-# --------------------------------------------------------------------------------------------------
+# -- triton ----------------------------------------------------------------------------------------
 def _mock(stub: types.ModuleType, name: str) -> types.ModuleType:
     """``sys.modules[name]``, made with the stub's own mock module type (and linked to its parent)
     if missing."""
@@ -363,8 +360,7 @@ def install_triton_stub(release_root: Path) -> Shim:
         "torch 2.13's inductor imports")
 
 
-# -- torchvision
-# -------------------------------------------------------------------------------------------------
+# -- torchvision -----------------------------------------------------------------------------------
 def install_torchvision_absent(cause: str) -> Shim:
     """``torchvision.*`` served by modules whose functions raise when called."""
     _forget("torchvision")
@@ -380,8 +376,7 @@ def install_torchvision_absent(cause: str) -> Shim:
                 f"{why}: modules whose functions raise when called stand in (version 0.0)")
 
 
-# -- sgl_kernel
-# --------------------------------------------------------------------------------------------------
+# -- sgl_kernel ------------------------------------------------------------------------------------
 def install_kvcacheio_stub(cause: str) -> Shim:
     """An empty ``sgl_kernel`` package with an inert ``kvcacheio`` (0.5.10.x imports it on every
     GPU-less path)."""

@@ -16,9 +16,7 @@ COLUMNS = ["release", "behaviour", "real", "must match", "expected", "agrees"]
 MISMATCH = "!!! REAL SGLANG AND THE REBUILD DISAGREE"
 
 
-# --------------------------------------------------------------------------------------------------
-# building a comparison table
-# --------------------------------------------------------------------------------------------------
+# -- building a comparison table -------------------------------------------------------------------
 def row(release: str, behaviour: str, real, must_match: str, expected,
         agrees: Optional[bool] = None) -> dict:
     """One row; ``agrees`` defaults to ``real == expected``."""
@@ -67,9 +65,7 @@ def ran(results: dict[str, ProbeResult]) -> dict[str, ProbeResult]:
     return {v: r for v, r in results.items() if r.ok}
 
 
-# --------------------------------------------------------------------------------------------------
-# saying where the answers came from, and whether they agree
-# --------------------------------------------------------------------------------------------------
+# -- saying where the answers came from, and whether they agree ------------------------------------
 def source_line(results: dict[str, ProbeResult]) -> str:
     """Where the answers come from, in one line: a recording (which one) or this machine, now."""
     labels = sorted({r.recorded for r in results.values() if r.recorded})
@@ -135,9 +131,7 @@ def section(fix, comparison: Callable[[dict], object], *, what: str = "rows",
     check_table(df, what=what)
 
 
-# --------------------------------------------------------------------------------------------------
-# the release a fix shipped in, beside the rebuild
-# --------------------------------------------------------------------------------------------------
+# -- the release a fix shipped in, beside the rebuild ----------------------------------------------
 _TIMELINE_DRAWN: set = set()  # fixes whose timeline row this process has shown
 
 

@@ -89,8 +89,7 @@ class Hunk:
         return hunk_html(self)
 
 
-# -- reading symbols out of a release
-# --------------------------------------------------------------------------------------------------
+# -- reading symbols out of a release --------------------------------------------------------------
 def header(symbol: str) -> str:
     path, qual = symbol.split("::")
     return f"{HEADER}{path} · {qual}"
@@ -152,8 +151,7 @@ def build(spec: Spec, fix: str, before: tuple, after: tuple) -> Hunk:
                 keep(bfacts), keep(afacts))
 
 
-# -- committed files
-# --------------------------------------------------------------------------------------------------
+# -- committed files -------------------------------------------------------------------------------
 def _stem(fix: str, pr: int, root: Path | None) -> Path:
     return Path(root or data_dir()) / fix / f"pr{pr}"
 
@@ -238,8 +236,7 @@ def beside(fix, rebuilt, *, pr: int | None = None, symbol: str | None = None):
     return render_beside(load(fix, pr), rebuilt, symbol=symbol)
 
 
-# -- display: a coloured unified diff in a notebook, the same text elsewhere
-# --------------------------------------------------------------------------------------------------
+# -- display: a coloured unified diff in a notebook, the same text elsewhere -----------------------
 
 _STYLE = {
     "+": "background:#e6ffec;color:#1a7f37", "-": "background:#ffebe9;color:#b42318",
@@ -304,8 +301,7 @@ def code_html(code: str) -> str:
     return f'<pre style="{_PRE}">{html.escape(code)}</pre>'
 
 
-# -- one symbol's change, as hunks with context, beside the rebuilt lines that correspond
-# --------------------------------------------------------------------------------------------------
+# -- one symbol's change, as hunks with context, beside the rebuilt lines that correspond ----------
 CONTEXT = 3  # lines of context around each change (as ``diff -U3``)
 SHORT = 12  # a rebuilt function or class this short is shown whole
 ALIKE = 0.75  # how alike (difflib's ratio) a rebuilt line and a released one must be to correspond

@@ -185,9 +185,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 1 if failed else 0
 
 
-# -- pip, called the one way this project allows: into a target folder, under constraints, never
-# replacing the interpreter's torch
-# --------------------------------------------------------------------------------------------------
+# -- pip, one way: into a target folder, under constraints, never replacing the interpreter's torch
 PIP_TIMEOUT_S = 1200
 # Never installed into a release or dependency folder: the interpreter's torch stack is the one
 # used.

@@ -270,8 +270,7 @@ def loaded_code() -> list[str]:
     return sorted(out)
 
 
-# --------------------------------------------------------------------------------------------------
-# worker: one real SGLang release in one process, every call in turn:
+# -- worker: one real SGLang release in one process, every call in turn: ---------------------------
 # ``python -m sglab.sglang.runner --release V --calls JSON --out FILE``
 # --------------------------------------------------------------------------------------------------
 

@@ -61,8 +61,7 @@ def fix_names(frame) -> list[str]:
     return [c for c in frame.columns if f"{c}_reason" in frame.columns]
 
 
-# -- versions
-# --------------------------------------------------------------------------------------------------
+# -- versions --------------------------------------------------------------------------------------
 def select(versions) -> list[str]:
     """Final releases from :data:`FIRST` on, sorted; pre-releases (rc, a, b, dev) are skipped."""
     finals = set()
@@ -120,8 +119,7 @@ def cached(version: str, dest: Path) -> Path | None:
     return min(found, key=order) if found else None
 
 
-# -- one wheel
-# --------------------------------------------------------------------------------------------------
+# -- one wheel -------------------------------------------------------------------------------------
 class WheelReader:
     """``read(relpath)`` over the ``sglang/`` package inside a wheel: text of ``sglang/<relpath>``
     or None."""
@@ -171,8 +169,7 @@ def classify_wheel(version: str, path: Path, fixes) -> dict:
     return row
 
 
-# -- the committed table
-# ----------------------------------------------------------------------------------------
+# -- the committed table ---------------------------------------------------------------------------
 def load_table(path: Path | None = None, fixes=None):
     """The committed release table (every value a string), oldest release first; with ``fixes``,
     checked to have a column for each."""
@@ -199,8 +196,7 @@ def write_table(frame, path: Path | None = None) -> Path:
     return path
 
 
-# -- the timeline
-# -----------------------------------------------------------------------------------------------
+# -- the timeline ----------------------------------------------------------------------------------
 @dataclass
 class Timeline:
     """Rows (the table's columns plus ``source``: "wheel" or "table"), what was read from where, and
@@ -340,8 +336,7 @@ def first_release(fix: str, states=("pr-era",), frame=None) -> str | None:
     return None if hits.empty else hits["version"].iloc[0]
 
 
-# -- figures: release × fix, one colour per state, drawn from the release table
-# --------------------------------------------------------------------------------------------------
+# -- figures: release × fix, one colour per state, drawn from the release table --------------------
 STATE_COLOURS = {
     "absent": "#d5d8dc", "before": "#c0392b", "pr-era": "#2471a3", "changed": "#229954",
     "regressed": "#d68910", "unknown": "#ffffff"

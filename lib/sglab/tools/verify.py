@@ -22,9 +22,7 @@ class BadInput(Exception):
     2."""
 
 
-# --------------------------------------------------------------------------------------------------
-# loading runs, with clear errors
-# --------------------------------------------------------------------------------------------------
+# -- loading runs, with clear errors ---------------------------------------------------------------
 def load_run(path: str | Path, *, live: bool = False) -> runs.Run:
     """Read a run (CSV + manifest) and check that it is whole: both files parse, the tidy columns
     are there, the experiment is known and the row count is the one the manifest recorded (a
@@ -177,9 +175,7 @@ def live_engines(progress: bool = True, only=None, *,
     return done, skipped
 
 
-# --------------------------------------------------------------------------------------------------
-# reporting
-# --------------------------------------------------------------------------------------------------
+# -- reporting -------------------------------------------------------------------------------------
 MARK = {claims.PASS: "pass", claims.FAIL: "FAIL", claims.NA: "n/a "}
 
 
