@@ -17,10 +17,8 @@ from sglab.sglang.releases import parse_version
 
 CLAIM = ("Capturing only the layer stack lets one breakable CUDA graph serve prefill batches of "
          "any request count.")
-# after vs eager, every timed prefill of 2+ requests: launch-bound up to LAUNCH_BOUND tokens
-LAUNCH_BOUND = show.LAUNCH_BOUND
-MIN_LAUNCH_BOUND_SPEEDUP = 1.8
-MIN_SPEEDUP = 1.1
+LAUNCH_BOUND = show.LAUNCH_BOUND  # after vs eager, 2+ requests: launch-bound up to here
+MIN_LAUNCH_BOUND_SPEEDUP, MIN_SPEEDUP = 1.8, 1.1
 # not held against a rerun: single cells move with the host (one H200 machine 1.46× where the next
 # gave 3.23×), and the A/A gap ("before" ÷ eager: the same eager code twice) is the run's own noise
 RERUN_MOVES = ("min", "max", "min_launch_bound", "aa_noise", "aa_margin", "margin")
@@ -56,8 +54,7 @@ def _matches(run):
 
 
 def _hit_rate(run):
-    """The graph batches of each runner against the stream recomputed from the run's parameters
-    (the stream is seeded)."""
+    """Each runner's graph batches against the (seeded) stream recomputed from the run's params."""
     h = show.hit_rates(run.df)
     p = run.manifest.params
     shapes = stream(p)
@@ -96,8 +93,8 @@ def _speedup(run):
 # -- the checks folded under them ------------------------------------------------------------------
 def _routing(run):
     d = run.df[(run.df["part"] == "d_latency") & (run.df["metric"] == "used_graph")]
-    before = {int(r.batch_size): int(r.value) for r in d[d.variant == "before"].itertuples()}
-    after = {int(r.batch_size): int(r.value) for r in d[d.variant == "after"].itertuples()}
+    before, after = ({int(r.batch_size): int(r.value)
+                      for r in d[d.variant == v].itertuples()} for v in ("before", "after"))
     ok = all(v == int(bs == 1) for bs, v in before.items()) and all(v == 1 for v in after.values())
     return holds(
         ok, f"before uses its graph for {sorted(b for b, v in before.items() if v)} "
@@ -204,8 +201,8 @@ def _on_graph(run) -> dict:
     d = engine_stats.numbers(engine_records.frame([run]), "prefill_graph", only_started=True)
     d = d[d.case == "bcg"]
     return {
-        rel: dict(zip(g.requests.astype(int), g.value.astype(float)))
-        for rel, g in d.groupby("release")
+        r: dict(zip(g.requests.astype(int), g.value.astype(float)))
+        for r, g in d.groupby("release")
     }
 
 
@@ -223,9 +220,12 @@ def _engine_graph(run):
     on = {rel: [n for n, x in per.items() if x == 1] for rel, per in found.items()}
     text = "; ".join(f"{rel}: on the graph for {', '.join(map(str, on[rel]))} of "
                      f"{', '.join(map(str, per))} requests" for rel, per in found.items())
-    value = {rel: len(ns) for rel, ns in on.items()}
     # the most requests a prefill on the graph held, per release: the card's and headline's
-    value["most"] = {rel: max(ns, default=0) for rel, ns in on.items()}
+    value = {
+        **{r: len(ns)
+           for r, ns in on.items()}, "most": {r: max(ns, default=0)
+                                              for r, ns in on.items()}
+    }
     return holds(found == expect, text, value)
 
 
@@ -241,10 +241,9 @@ def _engine_faster_applies(run):
 def _engine_faster(run):
     ratios = _ratios(run)
     lo, hi = min(ratios.values()), max(ratios.values())
-    # the A/A control (eager started twice): the gain must clear the gap between the two
-    df = engine_records.frame([run])
-    df = df[df.release == AFTER_RELEASE]
-    noise, starts, how = engine_stats.bar(df, "latency", "requests", engine_stats.STAT)
+    df = engine_records.frame([run])  # the gain must clear the A/A gap (eager started twice)
+    noise, starts, how = engine_stats.bar(df[df.release == AFTER_RELEASE], "latency", "requests",
+                                          engine_stats.STAT)
     return holds(
         lo > 1.0 + noise, f"{AFTER_RELEASE}: eager / breakable graph {lo:.2f}–{hi:.2f}× over "
         f"{', '.join(map(str, ratios))} requests (Engine.generate, 1 output token, {how})", {

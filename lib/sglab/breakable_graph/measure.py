@@ -1,10 +1,8 @@
-"""Measure the breakable CUDA graph before and after SGLang #24662 on one GPU. Parts (``part``):
-``a_bs3`` the one-request "before" graph replayed for 3 requests; ``b_match`` "after" against eager
-at bucket-sized and padded token counts; ``c_hit_rate`` a seeded mixed stream routed by ``can_run``
-(CPU); ``d_latency`` eager, before and after timed in interleaved rounds; ``launches`` segments per
-bucket and launches per prefill (the traced pass); ``e_resolution`` ``layer_model`` on four model
-shapes (CPU). Method 3: the lean sweep, weights drawn on the GPU, the traced pass. On the CPU graphs
-are emulated and times are host times (the tests of the row plumbing).
+"""Measure the breakable CUDA graph before and after SGLang #24662 on one GPU, in parts (``part``):
+``a_bs3`` the one-request "before" graph replayed for 3 requests; ``b_match`` "after" against eager;
+``c_hit_rate`` a seeded mixed stream routed by ``can_run``; ``d_latency`` eager, before and after
+in interleaved rounds; ``launches`` segments per bucket and launches per prefill (a traced pass).
+On the CPU graphs are emulated and times are host times (the tests of the row plumbing).
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ import torch
 
 from sglab.breakable_graph import rebuild
 from sglab.core import runs, timing, trace
-from sglab.sglang.probing import captured_logs, module_path
+from sglab.sglang.probing import captured_logs, module_path  # noqa: F401 (03 calls module_path)
 
 
 EXPERIMENT = "breakable_graph"
@@ -32,17 +30,14 @@ METHOD_VERSION = 3
 GPUS = 1
 _MODEL = dict(vocab_size=32000, hidden_size=1024, num_heads=8, head_dim=128, intermediate_size=2816,
               num_layers=16, dtype="bfloat16")  # bf16 on the GPU
-# graph buckets (the largest decides what the routing accepts), the timed cells and those of the
-# traced pass (its 3-request prefill is the events sidecar)
+# graph buckets (the largest decides what the routing accepts), the timed cells, the traced ones
 _CELLS = dict(capture_num_tokens=[128, 512, 1024, 2048, 4096], token_counts=[128, 512, 2048],
               padded_token_counts=[1000], batch_sizes=[1, 3, 8], launch_batch_sizes=[1, 3, 8])
-# ``repeat`` samples per variant and cell, in ``rounds`` alternating rounds; the mixed prefill
-# stream of the hit rate
+# ``repeat`` samples per variant and cell in ``rounds`` alternating rounds; the mixed stream
 _PASSES = dict(warmup=3, repeat=15, rounds=3, launch_token_count=512, stream_batches=1000,
                stream_max_bs=8, stream_p_single=0.35, stream_min_len=16, stream_max_len=2048,
                seed=0)
 DEFAULT_PARAMS = {**_MODEL, **_CELLS, **_PASSES}
-PARTS = ("a_bs3", "b_match", "c_hit_rate", "d_latency", "launches", "e_resolution")
 _DEFAULTS = {
     "part": "", "num_tokens": -1, "batch_size": -1, "padded": -1, "model_shape": "", "resolver": "",
     "layer_model": ""
@@ -50,10 +45,10 @@ _DEFAULTS = {
 
 
 def _row(part: str, variant: str, metric: str, value: float, unit: str, **kw) -> dict:
-    row = {"variant": variant, **_DEFAULTS, "part": part}
-    row.update(kw)
-    row.update(metric=metric, value=float(value), unit=unit)
-    return row
+    return {
+        "variant": variant, **_DEFAULTS, "part": part, **kw, "metric": metric,
+        "value": float(value), "unit": unit
+    }
 
 
 def model_config(params: dict) -> rebuild.ModelConfig:
@@ -96,17 +91,13 @@ def stream(p: dict) -> list[rebuild.BatchShape]:
 
 def graph_hit_rate(runner: Any, shapes: Iterable[rebuild.BatchShape]) -> dict:
     """How many batches (and tokens) of ``shapes`` the runner's ``can_run`` sends to the graph."""
-    batches = hits = tokens = hit_tokens = 0
-    for s in shapes:
-        batches += 1
-        tokens += s.num_tokens
-        if runner.can_run(s):
-            hits += 1
-            hit_tokens += s.num_tokens
+    shapes = list(shapes)
+    hit = [s for s in shapes if runner.can_run(s)]
+    batches, tokens = len(shapes), sum(s.num_tokens for s in shapes)
     return {
-        "batches": batches, "graph_batches": hits,
-        "hit_rate": hits / batches if batches else float("nan"),
-        "token_hit_rate": hit_tokens / tokens if tokens else float("nan")
+        "batches": batches, "graph_batches": len(hit),
+        "hit_rate": len(hit) / batches if batches else float("nan"),
+        "token_hit_rate": sum(s.num_tokens for s in hit) / tokens if tokens else float("nan")
     }
 
 
@@ -137,7 +128,6 @@ def hit_rate_rows(params: Optional[dict] = None, model: Optional[torch.nn.Module
     return rows
 
 
-# -- part e: layer_model resolution, with the warnings it logs -------------------------------------
 def resolve(model: torch.nn.Module, *, walk: bool) -> tuple[Optional[torch.nn.Module], list]:
     """``rebuild.resolve_layer_model`` and the warnings it logs."""
     with captured_logs(rebuild.__name__) as logs:
@@ -147,38 +137,11 @@ def resolve(model: torch.nn.Module, *, walk: bool) -> tuple[Optional[torch.nn.Mo
 
 RESOLVERS = {"pr24662": False, "walk_chain": True}  # resolver name: walk=
 
-
-def resolution_table(cfg: rebuild.ModelConfig = rebuild.TINY_CONFIG) -> pd.DataFrame:
-    """One row per (model shape, resolver): what is found (its path, ``None``), the warning."""
-    out = []
-    for shape in rebuild.MODEL_SHAPES:
-        model = rebuild.build_model(cfg, shape=shape)
-        for resolver, walk in RESOLVERS.items():
-            found, warnings = resolve(model, walk=walk)
-            out.append({
-                "model_shape": shape, "model_class": type(model).__name__, "resolver": resolver,
-                "layer_model": str(module_path(model, found)), "bcg_enabled": found is not None,
-                "warning": warnings[0] if warnings else ""
-            })
-    return pd.DataFrame(out)
-
-
-def resolution_rows() -> list[dict]:
-    rows = []
-    for r in resolution_table().itertuples():
-        kw = dict(model_shape=r.model_shape, resolver=r.resolver, layer_model=r.layer_model)
-        rows.append(_row("e_resolution", r.resolver, "resolved", int(r.bcg_enabled), "bool", **kw))
-        rows.append(_row("e_resolution", r.resolver, "warned", int(bool(r.warning)), "bool", **kw))
-    return rows
-
-
 # -- the traced pass: one prefill per runner and request count under torch.profiler ----------------
-# Runs after the timed passes and never feeds them. Phase ranges "<variant> <requests>" at
-# launch_token_count tokens, the device synchronised between phases. Kept as the run's events
-# sidecar: the 3-request prefill of the "before" runner (rejected by can_run: every kernel launched
-# eagerly) and of the "after" runner (graph segments with eager attention, the logits tail eager).
+# After the timed passes, never feeding them: phases "<variant> <requests>" at launch_token_count
+# tokens; the 3-request prefills of "before" (every kernel launched eagerly) and "after" (graph
+# segments, eager attention and tail) are kept as the run's events sidecar.
 PHASE = re.compile(r"^(eager|before|after) (\d+)$")
-SHOWN_REQUESTS, SHOWN_VARIANTS = 3, ("before", "after")
 
 
 def launch_numbers(ev: pd.DataFrame) -> dict:
@@ -206,14 +169,13 @@ def profile_pass(p: dict, model, before, after, batch_for, on_gpu: bool) -> tupl
     perfetto = Path(tempfile.mkdtemp(prefix="sglab-bcg-")) / "trace.json.gz" if on_gpu else None
     events = trace.phase_columns(trace.trace_phases(fns, perfetto=perfetto, cuda=on_gpu),
                                  PHASE.pattern, ("variant", "batch_size"), {"batch_size": int})
-    rows, sidecars = [], {}
-    for (variant, bs), ev in events.groupby(["variant", "batch_size"], sort=False):
-        rows += [
-            _row("launches", variant, metric, value, "count", num_tokens=n, batch_size=int(bs))
-            for metric, value in launch_numbers(ev).items()
-        ]
-    keep = (events.batch_size == SHOWN_REQUESTS) & events.variant.isin(SHOWN_VARIANTS)
-    sidecars["events"] = events[keep].reset_index(drop=True)
+    rows = [
+        _row("launches", variant, metric, value, "count", num_tokens=n, batch_size=int(bs))
+        for (variant, bs), ev in events.groupby(["variant", "batch_size"], sort=False)
+        for metric, value in launch_numbers(ev).items()
+    ]
+    keep = (events.batch_size == 3) & events.variant.isin(("before", "after"))
+    sidecars = {"events": events[keep].reset_index(drop=True)}
     if perfetto is not None and perfetto.exists():
         sidecars["trace"] = perfetto
     return rows, sidecars
@@ -262,8 +224,7 @@ def _matches(model, after, p: dict, batch_for) -> list:
 
 
 def _latency(model, before, after, p: dict, batch_for, timer) -> list:
-    """Part d: eager, before and after prefill latency in interleaved rounds, per token count and
-    request count."""
+    """Part d: eager, before and after prefill latency in interleaved rounds, per cell."""
     rows = []
     for n, bs in [(n, bs) for n in p["token_counts"] for bs in p["batch_sizes"]]:
         batch = batch_for(n, bs)
@@ -276,10 +237,10 @@ def _latency(model, before, after, p: dict, batch_for, timer) -> list:
                                    repeat=int(p["repeat"]), timer=timer)
         for name, t in timed.items():
             rows += t.rows(**{**_DEFAULTS, **kw, "part": "d_latency", "variant": name})
-        rows.append(
-            _row("d_latency", "before", "used_graph", int(before.can_run(batch)), "bool", **kw))
-        rows.append(
-            _row("d_latency", "after", "used_graph", int(after.can_run(batch)), "bool", **kw))
+        rows += [
+            _row("d_latency", v, "used_graph", int(r.can_run(batch)), "bool", **kw)
+            for v, r in (("before", before), ("after", after))
+        ]
     return rows
 
 
@@ -300,17 +261,14 @@ def run(params: Optional[dict] = None, *, progress: bool = True,
     say = print if progress else (lambda *a, **k: None)
     where = torch.cuda.get_device_name(dev) if on_gpu else "cpu"
     say(f"[breakable_graph] model {asdict(cfg)} {dtype} on {where}")
-    with timing.phase("build"):
-        # weights drawn on the GPU (method 3; method 2 drew the same distributions on the CPU)
+    with timing.phase("build"):  # weights drawn on the GPU (method 3; method 2 drew on the CPU)
         model = rebuild.build_model(cfg, device=dev, dtype=dtype, seed=seed,
                                     draw_on="device" if on_gpu else "cpu")
     with timing.phase("capture"):
         say(f"[breakable_graph] capturing {len(caps)} buckets {caps}, boundary=before and after")
         pool = torch.cuda.graph_pool_handle() if on_gpu else None  # one pool for both runners
-        before = rebuild.BreakableGraphRunner(model, boundary=rebuild.BEFORE,
-                                              capture_num_tokens=caps, pool=pool)
-        after = rebuild.BreakableGraphRunner(model, boundary=rebuild.AFTER, capture_num_tokens=caps,
-                                             pool=pool)
+        before, after = (rebuild.BreakableGraphRunner(model, boundary=b, capture_num_tokens=caps,
+                                                      pool=pool) for b in rebuild.BOUNDARIES)
     rows: list[dict] = []
     for n in caps:
         for name, r in (("before", before), ("after", after)):
@@ -339,9 +297,6 @@ def run(params: Optional[dict] = None, *, progress: bool = True,
         say("[breakable_graph] traced pass (torch.profiler)")
         launch_rows, sidecars = profile_pass(p, model, before, after, batch_for, on_gpu)
     rows += launch_rows
-    with timing.phase("resolution"):
-        say("[breakable_graph] (e) layer_model resolution on four model shapes")
-        rows += resolution_rows()
     del before, after, model, pool
     gc.collect()
     if on_gpu:

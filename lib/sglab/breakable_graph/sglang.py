@@ -1,11 +1,10 @@
-"""The breakable CUDA graph in real SGLang: the fix's record ``FIX``, its source check
-(:func:`check`), its code path (:data:`CODE_PATH`), the real-release probe (:func:`probe`, on the
-CPU, inside a release's worker process) and its answers beside the rebuild's (:func:`compare`).
-"""
+"""The breakable CUDA graph in real SGLang: the fix's record ``FIX``, its source check, its code
+path, the real-release probe (on the CPU, in a release's worker process) beside the rebuild."""
 
 from __future__ import annotations
 
 import ast
+import functools
 import types
 
 from sglab.core import lazy
@@ -18,8 +17,8 @@ from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
 from sglab.sglang.probing import Recorder, Stop, captured_logs, has_file, module_path, patched
 from sglab.sglang.upstream import Verdict
 
-# imported by the probes and the comparison that use them: reading FIX needs neither
-torch = lazy.Module("torch")
+
+torch = lazy.Module("torch")  # for the probes and the comparison: reading FIX needs neither
 rebuild = lazy.Module("sglab.breakable_graph.rebuild")
 
 RUNNER_FILE = "srt/model_executor/breakable_cuda_graph_runner.py"
@@ -31,8 +30,7 @@ VARIANT_OF = {"0.5.11": "before", "0.5.12.post1": "after", "0.5.13": "after"}
 
 # -- the source check (the release timeline, `sglab upstream`) -------------------------------------
 def _swaps_layer_forward(cls) -> bool:
-    """The after-#24662 shape: ``self.layer_model`` is resolved and its ``forward`` swapped for the
-    graph at replay."""
+    """The after-#24662 shape: ``self.layer_model`` resolved, its ``forward`` swapped at replay."""
     return bool(S.assignments(cls, "self.layer_model")) and bool(
         S.assignments(cls, "self.layer_model.forward"))
 
@@ -84,11 +82,10 @@ def check(read) -> Verdict:
 
 
 # -- the CPU probe (inside one release's worker process) -------------------------------------------
-# The released BreakableCudaGraphRunner (0.5.11 to 0.5.13), built on a stand-in model runner around
-# the rebuild's tiny models and stopped where it first asks for the graph memory pool; then its
-# can_run on stand-in batches, and whether its capture batch's extend_seq_lens is a slice of a
-# static (max_bs,) buffer (what the captured tail reads before #24662). A release without the file
-# (0.5.10.x; 0.5.14 replaced it) gives one row.
+# The released BreakableCudaGraphRunner (0.5.11 to 0.5.13) on a stand-in model runner around the
+# rebuild's tiny models, stopped where it first asks for the graph memory pool; then its can_run on
+# stand-in batches, and whether its capture batch reads a static (max_bs,) buffer (the pre-#24662
+# tail's source). A release without the file (0.5.10.x; 0.5.14 replaced it) gives one row.
 CAPTURE_TOKENS = [16, 32, 64]
 ONE, MULTI = "1 request (30)", "3 requests (10+12+10)"
 BATCHES = {
@@ -99,8 +96,7 @@ MAX_BS = 8
 
 
 def _stand_in_runner(model):
-    """The attributes of ``ModelRunner`` that the runner's ``__init__`` and
-    ``_build_capture_forward_batch`` read."""
+    """What the runner's ``__init__`` and ``_build_capture_forward_batch`` read of ``ModelRunner``."""
     return types.SimpleNamespace(
         device="cpu", gpu_id=0, model=model, is_multimodal=False, is_generation=True,
         is_hybrid_swa=False, dtype=torch.float32, model_config=types.SimpleNamespace(hidden_size=8),
@@ -131,9 +127,7 @@ def _build_runner(bcg, model):
 
 
 def _forward_batch(lens):
-    """A stand-in extend batch with the fields ``can_run`` reads (``ForwardMode.EXTEND``, the token
-    ids of the live batch, no input embeddings, no logprobs)."""
-    # the release's own module, importable only inside its worker process
+    """A stand-in extend batch with the fields ``can_run`` reads (no embeddings, no logprobs)."""
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 
     n = int(sum(lens))
@@ -145,8 +139,7 @@ def _forward_batch(lens):
 
 
 def _capture_batch_facts(runner) -> dict:
-    """Does the bs=1 capture batch read a static per-request buffer (the pre-#24662 tail's
-    source)?"""
+    """Does the bs=1 capture batch read a static per-request buffer (the pre-#24662 tail's)?"""
     fb = runner._build_capture_forward_batch(CAPTURE_TOKENS[0])
     static = getattr(runner, "static_extend_seq_lens", None)
     shares = static is not None and fb.extend_seq_lens.untyped_storage().data_ptr() == \
@@ -167,12 +160,9 @@ def _model_rows(bcg, shape: str) -> list[dict]:
         "layer_model": (module_path(model, layer) if layer is not None else None),
         "warnings": [m for m in logs if "[BCG]" in m], "max_num_tokens": int(runner.max_num_tokens)
     }
+    can = {label: bool(runner.can_run(_forward_batch(lens))) for label, lens in BATCHES.items()}
     rows = [{"model": shape, "batch": "", "metric": k, "value": v} for k, v in facts.items()]
-    for label, lens in BATCHES.items():
-        rows.append({
-            "model": shape, "batch": label, "metric": "can_run",
-            "value": bool(runner.can_run(_forward_batch(lens)))
-        })
+    rows += [{"model": shape, "batch": b, "metric": "can_run", "value": v} for b, v in can.items()]
     if layer is not None or not has_attr:  # a disabled runner returns before its buffers exist
         rows += [{"model": shape, "batch": "", "metric": k, "value": v}
                  for k, v in _capture_batch_facts(runner).items()]
@@ -180,8 +170,7 @@ def _model_rows(bcg, shape: str) -> list[dict]:
 
 
 def probe(prepared, params: dict) -> list[dict]:
-    """Rows ``model, batch, metric, value`` for each model shape (default: every shape of the
-    rebuild)."""
+    """Rows ``model, batch, metric, value`` for each model shape (default: the rebuild's)."""
     if not has_file(prepared, RUNNER_FILE):
         return [{"model": "", "batch": "", "metric": "runner_file", "value": None}]
     bcg = bootstrap.import_release_module(prepared,
@@ -193,8 +182,7 @@ def probe(prepared, params: dict) -> list[dict]:
 
 
 # -- the record ------------------------------------------------------------------------------------
-# -- the real engine: `sglab engine --scenario NAME`, recorded under
-# data/recorded/engine_breakable_graph/
+# -- the real engine: `sglab engine --scenario NAME`, recorded in data/recorded/engine_breakable_graph/
 ENGINE = (Scenario(
     fix="breakable_graph", name="03-bcg-requests",
     what="--enable-breakable-cuda-graph with 1 to 8 requests per prefill (Engine API, one "
@@ -235,8 +223,7 @@ FIX = Fix(
 
 # -- the real answers beside the rebuild's (the notebook's real-SGLang section) --------------------
 def rebuild_facts(boundary: str, shape: str) -> dict:
-    """What the rebuild's runner decides on one model shape, named as the probe names the release's
-    facts."""
+    """What the rebuild's runner decides on one model shape, named as the probe names them."""
     model = rebuild.build_model(shape=shape)
     with captured_logs(rebuild.__name__) as logs:
         r = rebuild.BreakableGraphRunner(model, boundary=boundary,
@@ -275,8 +262,8 @@ def describe(f: dict) -> str:
 
 
 def release_rows(release: str, result, variant_of: dict = VARIANT_OF) -> list:
-    """The comparable behaviours of one release: per model shape every fact of the runner beside
-    the rebuild's variant for the release; a release without the runner file says so."""
+    """Per model shape every fact of the release's runner beside the rebuild's variant for it; a
+    release without the runner file says so."""
     has_runner = real.facts(result).get("runner_file") is not None
     if not has_runner or release not in variant_of:
         return [
@@ -299,12 +286,6 @@ def comparison(results: dict, variant_of: dict = VARIANT_OF):
     ])
 
 
-def compare() -> None:
-    """The notebook's real-SGLang section: each release's runner beside the rebuild's, whether they
-    agree."""
-    real.section(FIX, comparison, what="(release, model shape) rows")
-
-
-def released(rebuilt=None, *, symbol=None, pr=None) -> None:
-    """The fix across the releases, then the released ``symbol`` beside the rebuilt one."""
-    real.released(FIX, rebuilt, symbol=symbol, pr=pr)
+# the notebook's real-SGLang section; the fix across the releases, a released symbol beside the rebuild
+compare = functools.partial(real.section, FIX, comparison, what="(release, model shape) rows")
+released = functools.partial(real.released, FIX)
