@@ -291,7 +291,7 @@ class TinyGPTStyleLM(nn.Module):
 
 
 class TinyNestedWrapper(nn.Module):
-    """One wrapper level more (``.model`` a whole causal LM): the stack at ``.model.model.layers``."""
+    """One wrapper level more (``.model`` a causal LM): the stack at ``.model.model.layers``."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

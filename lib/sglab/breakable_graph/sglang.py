@@ -96,7 +96,7 @@ MAX_BS = 8
 
 
 def _stand_in_runner(model):
-    """What the runner's ``__init__`` and ``_build_capture_forward_batch`` read of ``ModelRunner``."""
+    """What the runner's ``__init__`` and ``_build_capture_forward_batch`` read of a ModelRunner."""
     return types.SimpleNamespace(
         device="cpu", gpu_id=0, model=model, is_multimodal=False, is_generation=True,
         is_hybrid_swa=False, dtype=torch.float32, model_config=types.SimpleNamespace(hidden_size=8),
@@ -182,7 +182,7 @@ def probe(prepared, params: dict) -> list[dict]:
 
 
 # -- the record ------------------------------------------------------------------------------------
-# -- the real engine: `sglab engine --scenario NAME`, recorded in data/recorded/engine_breakable_graph/
+# -- the real engine: `sglab engine --scenario NAME`, in data/recorded/engine_breakable_graph/
 ENGINE = (Scenario(
     fix="breakable_graph", name="03-bcg-requests",
     what="--enable-breakable-cuda-graph with 1 to 8 requests per prefill (Engine API, one "
@@ -286,6 +286,6 @@ def comparison(results: dict, variant_of: dict = VARIANT_OF):
     ])
 
 
-# the notebook's real-SGLang section; the fix across the releases, a released symbol beside the rebuild
+# the notebook's real-SGLang section; the fix across releases, a released symbol beside the rebuild
 compare = functools.partial(real.section, FIX, comparison, what="(release, model shape) rows")
 released = functools.partial(real.released, FIX)

@@ -241,7 +241,7 @@ CAPTURE_TOKENS = 16
 
 def capture_structure(boundary: str, num_layers: int = 16, model=None) -> Structure:
     """The segments and breaks of one capture with the given boundary, through the runner's own
-    capture path, on a model of ``num_layers`` layers a CPU builds in milliseconds (or ``model``)."""
+    capture path, on a model of ``num_layers`` layers a CPU builds at once (or on ``model``)."""
     if model is None:
         model = rebuild.build_model(
             rebuild.ModelConfig(vocab_size=64, hidden_size=32, num_heads=2, head_dim=16,
