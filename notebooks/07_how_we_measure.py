@@ -206,20 +206,19 @@ method.conclude(
 # per shape on every run and every start, on every GPU model.
 
 # %%
-rows = []
-for f, rs, _, _ in found:
-    for m in method.counted(engine_records.frame(rs.every())) if rs else ():
-        t = method.exact_counts(rs, m)
-        rows.append({
-            "fix": f.number, "count": m, "variants": len(t), "runs": int(t["runs"].max()),
-            "one value per shape": f"{(t['one value per shape'] == 'yes').sum()} of {len(t)}"
-        })
-        method.folded(t, f"{f.number}: {m} per variant")
-counts = pd.DataFrame(rows).set_index(["fix", "count"])
-show_table(counts)
-exact = counts["one value per shape"].map(lambda s: s.split(" of ")[0] == s.split(" of ")[1])
-method.conclude(f"{exact.sum()} of {len(exact)} counts read one value per shape on every run "
-                "and start: a count that moves is a change in the engine, not noise.")
+per = {(f.number, m): method.exact_counts(rs, m)
+       for f, rs, _, _ in found if rs for m in method.counted(engine_records.frame(rs.every()))}
+exact = {k: (t["one value per shape"] == "yes").sum() for k, t in per.items()}
+show_table(
+    pd.DataFrame([{
+        "fix": n, "count": m, "variants": len(t), "runs, at most": int(t["runs"].max()),
+        "one value per shape": f"{exact[n, m]} of {len(t)}"
+    } for (n, m), t in per.items()]).set_index(["fix", "count"]))
+for (n, m), t in per.items():
+    method.folded(t, f"{n}: {m} per variant")
+whole = sum(exact[k] == len(t) for k, t in per.items())
+method.conclude(f"{whole} of {len(per)} counts read one value per shape on every run and start: "
+                "a count that moves is a change in the engine, not noise.")
 
 # %% [markdown]
 # ## Every recorded run and its verdict
