@@ -1,7 +1,6 @@
 """Tables and figures of notebook 06: a run's tables (per variant and size, per traced capture
-range), the rebuild's CPU tables for any size list, the figures, and the real engine's section
-(``VIEW``). Each function that takes runs handles a NoRun itself; your own setup is in
-:mod:`.server_args`.
+range), the rebuild's CPU tables, the figures, and the real engine's section (``VIEW``); your own
+setup is in :mod:`.server_args`.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from sglab.capture_sizes import rebuild as fx
 from sglab.capture_sizes import sglang
 from sglab.capture_sizes.measure import VARIANTS
 from sglab.capture_sizes.server_args import your_setup  # noqa: F401 (the notebook's control)
-from sglab.core import engine_records, engine_stats, engine_view, notebook, plots, runs
+from sglab.core import engine_records, engine_stats, engine_view, notebook, plots, runs, text
 from sglab.sglang.releases import parse_version
 
 
@@ -28,20 +27,21 @@ def summary(df):
     first one and its stage), not reached, replayed correctly, worst replay error."""
     out = []
     for (variant, w), g in df.groupby(["variant", "world_size"], sort=False):
-        n = {m: int(g.loc[g.metric == m, "value"].sum()) for m in set(g.metric)}
+        n = g.groupby("metric").value.sum().astype(int)
         failed = g[g.metric == "failed"]
         errs = g.loc[g.metric == "replay_max_abs_err", "value"]
         stage = failed["stage"].iloc[0] if len(failed) and "stage" in failed else ""
-        out.append(
-            dict(variant=variant, world_size=int(w), sizes=int(
-                g["size"].nunique()), captured_or_ok=n.get("captured", 0) + n.get("ok", 0),
-                 failed=len(failed), failed_sizes=[int(x) for x in failed["size"]],
-                 first_failure=int(failed["size"].iloc[0]) if len(failed) else None,
-                 failed_at="" if pd.isna(stage) else str(stage), not_reached=n.get(
-                     "not_reached", 0), replayed_ok=n.get("replay_ok", 0), replay_checks=n.get(
-                         "replay_checks",
-                         0), worst_replay_err=float(errs.max()) if len(errs) else None,
-                 error=failed["error"].iloc[0] if len(failed) else ""))
+        out.append({
+            "variant": variant, "world_size": int(w), "sizes": int(
+                g["size"].nunique()), "captured_or_ok": n.get("captured", 0) + n.get("ok", 0),
+            "failed": len(failed), "failed_sizes": [int(x) for x in failed["size"]],
+            "first_failure": int(failed["size"].iloc[0]) if len(failed) else None,
+            "failed_at": "" if pd.isna(stage) else str(stage), "not_reached": n.get(
+                "not_reached", 0), "replayed_ok": n.get("replay_ok", 0), "replay_checks": n.get(
+                    "replay_checks",
+                    0), "worst_replay_err": float(errs.max()) if len(errs) else None,
+            "error": failed["error"].iloc[0] if len(failed) else ""
+        })
     out = pd.DataFrame(out)
     if len(out):
         rank = {v: i for i, v in enumerate(VARIANTS)}
@@ -52,30 +52,30 @@ def summary(df):
 
 
 def summary_view(df) -> pd.DataFrame:
-    """:func:`summary` for reading: without the error text (:func:`run_facts` says it), and blank
-    where a variant never failed (no failed sizes) or replayed nothing (the claims read
-    :func:`summary` itself)."""
-    view = notebook.blank_missing(summary(df).drop(columns=["error"], errors="ignore"))
+    """:func:`summary` for reading: without the error text, blank where a variant never failed or
+    replayed nothing."""
+    view = text.blank(summary(df).drop(columns=["error"], errors="ignore"))
     if "failed_sizes" in view:  # no size failed: a blank, not "[]"
         view["failed_sizes"] = [v if len(v) else "" for v in view["failed_sizes"]]
     return view
 
 
 def run_facts(run) -> dict:
-    """One run: world size, machine, the sizes torch refused, where the unfiltered loop stopped,
-    and per fixed list how many buckets captured and replayed, with the worst replay error."""
+    """One run: world size, the sizes torch refused, where the unfiltered loop stopped, and per
+    fixed list how many buckets captured and replayed, with the worst replay error."""
     return run.memo("run_facts", lambda: _run_facts(run))
 
 
 def _run_facts(run) -> dict:
     s = summary(run.df).set_index("variant")
-    stopped, before = s.loc["before", "first_failure"], s.loc["before"]
-    facts = dict(world_size=int(run.manifest.params["world_size"]), raw_sizes=int(before.sizes),
-                 before_captured=int(before.captured_or_ok),
-                 before_stopped_at=None if str(stopped) == "<NA>" else int(stopped),
-                 before_stage=before.failed_at, refused_sizes=list(
-                     s.loc["before_probe", "failed_sizes"]), refused_error=s.loc["before_probe",
-                                                                                 "error"])
+    before, probe = s.loc["before"], s.loc["before_probe"]
+    facts = {
+        "world_size": int(run.manifest.params["world_size"]), "raw_sizes": int(before.sizes),
+        "before_captured": int(before.captured_or_ok),
+        "before_stopped_at": None if pd.isna(before.first_failure) else int(before.first_failure),
+        "before_stage": before.failed_at, "refused_sizes": list(probe.failed_sizes),
+        "refused_error": probe.error
+    }
     for v in ("pr_filter", "round_up"):
         r = s.loc[v]
         facts.update({
@@ -102,8 +102,8 @@ def size_status(df):
 
 
 def describe_run(run) -> str:
-    """What the summary table does not say: the collective's own words for the refused sizes, and
-    whether the PR's list and the rounded-up list differ in this run."""
+    """The collective's own words for the refused sizes, and whether the PR's list and the
+    rounded-up list differ in this run."""
     f = run_facts(run)
     raw = sorted(run.df.loc[run.df.variant == "before", "size"].astype(int).unique())
     lists = fx.policy_lists(raw, f["world_size"])
@@ -119,9 +119,8 @@ _SIZE_RANGE = re.compile(r"^phase::(warmup|capture|refused) (\d+)$")
 
 def capture_ranges(events):
     """One row per traced ``warmup n`` / ``capture n`` range, per rank and variant: whether a
-    ``refused n`` mark lies inside it, the collective calls the host issued in it and the device
-    kernels that ran in it (NCCL ones and all). Device work is placed by time: each size's range
-    ends with a synchronisation, so what it launched ran inside it."""
+    ``refused n`` mark lies inside it, the collective calls the host issued in it and the kernels
+    that ran in it (placed by time: each range ends with a synchronisation)."""
     cols = [
         "rank", "variant", "stage", "size", "refused", "reduce_scatters", "all_gathers",
         "nccl_kernels", "kernels", "start_us", "dur_us"
@@ -142,14 +141,10 @@ def capture_ranges(events):
         nccl = kern & ev.name.str.contains("nccl", case=False).to_numpy()
         for i in np.flatnonzero(is_range & (kind != "refused")):
             inside = (start >= start[i]) & (start <= end[i])
-            rows.append(
-                dict(rank=int(rank), variant=variant, stage=kind[i],
-                     size=int(parsed.iloc[i].group(2)), refused=bool(
-                         (inside & is_range & (kind == "refused")).any()), reduce_scatters=int(
-                             (inside & rs).sum()), all_gathers=int(
-                                 (inside & ag).sum()), nccl_kernels=int(
-                                     (inside & nccl).sum()), kernels=int((inside & kern).sum()),
-                     start_us=float(start[i]), dur_us=float(end[i] - start[i])))
+            refused = bool((inside & is_range & (kind == "refused")).any())
+            counts = [int((inside & x).sum()) for x in (rs, ag, nccl, kern)]
+            size, dur = int(parsed.iloc[i].group(2)), float(end[i] - start[i])
+            rows.append((int(rank), variant, kind[i], size, refused, *counts, float(start[i]), dur))
     return pd.DataFrame(rows, columns=cols).sort_values(["rank", "variant", "start_us"]) \
         .reset_index(drop=True)
 
@@ -171,9 +166,8 @@ def trace_summary(events):
 
 # -- CPU tables of the rebuild ---------------------------------------------------------------------
 def padding_waste(buckets: Sequence[int], max_tokens: int) -> dict:
-    """Padding of replaying token counts 1..``max_tokens`` (equally likely) on ``buckets``:
-    ``covered``, ``eager`` (above the largest bucket), ``pad_tokens``, ``pad_frac`` (per real
-    token)."""
+    """Replaying token counts 1..``max_tokens`` (equally likely) on ``buckets``: ``covered``,
+    ``eager`` (above the largest bucket), ``pad_tokens``, ``pad_frac`` (per real token)."""
     bs, pad, real_, covered, i = sorted(buckets), 0, 0, 0, 0
     for t in range(1, max_tokens + 1):
         while i < len(bs) and bs[i] < t:
@@ -187,35 +181,29 @@ def padding_waste(buckets: Sequence[int], max_tokens: int) -> dict:
     }
 
 
-def alignment_table(max_tokens: int = 2048, attn_tps=range(1, 9), attn_cps=range(1, 5),
-                    sizes: Sequence[int] | None = None):
-    """For attention TP x CP x two-batch overlap: the bases, the buckets each policy keeps and
-    their padding (every token count 1..max_tokens equally likely: a stated model, not a trace;
+def alignment_table(max_tokens: int = 2048):
+    """For attention TP 1-8 x CP 1-4 x two-batch overlap: the bases, the buckets each policy keeps
+    of the default list and their padding (every token count 1..max_tokens equally likely;
     ``eager_*``: the token counts above the largest bucket)."""
-    default = list(sizes) if sizes is not None else fx.default_piecewise_capture_sizes(max_tokens)
-    base_waste = padding_waste(default, max_tokens)
-    out = []
-    for tp in attn_tps:
-        for cp in attn_cps:
-            for tbo in (False, True):
-                pr, lcm = fx.piecewise_mul_base(tp, cp), fx.lcm_base(tp, cp)
-                dec = fx.decode_mul_base(tp, cp, two_batch_overlap=tbo)
-                kept_pr = [n for n in default if n % pr == 0]
-                rounded = fx.today_capture_sizes(default, tp, cp, two_batch_overlap=tbo)
-                w_pr = padding_waste(kept_pr, max_tokens) if kept_pr else None
-                w_rd = padding_waste(rounded, max_tokens)
-                out.append(
-                    dict(attn_tp=tp, attn_cp=cp, two_batch_overlap=tbo, mul_base_pr=pr,
-                         mul_base_decode=dec, lcm=lcm, tp_x_cp=tp * cp, n_default=len(default),
-                         n_pr=len(kept_pr), n_decode_style=sum(n % dec == 0 for n in default),
-                         n_lcm=sum(n % lcm == 0 for n in default), n_round_up=len(rounded),
-                         lost_pr=len(default) - len(kept_pr),
-                         lost_round_up=len(default) - len(rounded), pr_below_decode_base=sum(
-                             n % dec != 0 for n in kept_pr),
-                         pad_frac_default=base_waste["pad_frac"], pad_frac_pr=w_pr["pad_frac"]
-                         if w_pr else None, pad_frac_round_up=w_rd["pad_frac"],
-                         eager_pr=w_pr["eager"] if w_pr else max_tokens,
-                         eager_round_up=w_rd["eager"], pr_asserts=not kept_pr))
+    default, out = fx.default_piecewise_capture_sizes(max_tokens), []
+    for tp, cp, tbo in (
+        (tp, cp, tbo) for tp in range(1, 9) for cp in range(1, 5) for tbo in (False, True)):
+        pr, lcm = fx.piecewise_mul_base(tp, cp), fx.lcm_base(tp, cp)
+        dec = fx.decode_mul_base(tp, cp, two_batch_overlap=tbo)
+        kept = [n for n in default if n % pr == 0]
+        rounded = fx.today_capture_sizes(default, tp, cp, two_batch_overlap=tbo)
+        w_pr = padding_waste(kept, max_tokens) if kept else {"pad_frac": None, "eager": max_tokens}
+        w_rd = padding_waste(rounded, max_tokens)
+        out.append({
+            "attn_tp": tp, "attn_cp": cp, "two_batch_overlap": tbo, "mul_base_pr": pr,
+            "mul_base_decode": dec, "lcm": lcm, "tp_x_cp": tp * cp, "n_default": len(default),
+            "n_pr": len(kept), "n_decode_style": sum(n % dec == 0 for n in default), "n_lcm": sum(
+                n % lcm == 0 for n in default), "n_round_up": len(rounded),
+            "lost_pr": len(default) - len(kept), "lost_round_up": len(default) - len(rounded),
+            "pr_below_decode_base": sum(n % dec != 0 for n in kept),
+            "pad_frac_pr": w_pr["pad_frac"], "pad_frac_round_up": w_rd["pad_frac"],
+            "eager_pr": w_pr["eager"], "eager_round_up": w_rd["eager"], "pr_asserts": not kept
+        })
     return pd.DataFrame(out)
 
 
@@ -223,16 +211,14 @@ def alignment_table(max_tokens: int = 2048, attn_tps=range(1, 9), attn_cps=range
 _SHARD_COLORS = {"equal": "#aed6f1", "more": "#e6b0aa", "fewer": "#fadbd8"}
 
 
-def mechanism(attn_tp: int = 8, max_tokens: int = 2048, sizes: Sequence[int] | None = None, *,
-              attn_cp: int = 1, max_cols: int = 12):
+def mechanism(attn_tp: int = 8, max_tokens: int = 2048, sizes: Sequence[int] | None = None):
     """The capture sizes against the attention-TP ranks: each size's ``tensor_split`` shard per
     rank (rows), the sizes with unequal shards (which the reduce-scatter refuses) marked, and below
     them what the PR's filter keeps and what rounding up to ``mul_base`` makes of each size."""
     sizes = list(sizes) if sizes is not None else fx.default_piecewise_capture_sizes(max_tokens)
-    lists = fx.policy_lists(sizes, attn_tp, attn_cp)
-    base = fx.piecewise_mul_base(attn_tp, attn_cp)
-    bad = [i for i, n in enumerate(sizes[:max_cols]) if n % attn_tp]
-    cols = sizes[:min(len(sizes), (bad[-1] + 2) if bad else 4, max_cols)]
+    lists, base = fx.policy_lists(sizes, attn_tp), attn_tp
+    bad = [i for i, n in enumerate(sizes[:12]) if n % attn_tp]
+    cols = sizes[:min(len(sizes), (bad[-1] + 2) if bad else 4, 12)]
     rest = sizes[len(cols):]
     cw, x0, rh = 0.98, 1.7, 0.42
     width = x0 + cw * (len(cols) + (1.6 if rest else 0)) + 0.2
@@ -249,7 +235,7 @@ def mechanism(attn_tp: int = 8, max_tokens: int = 2048, sizes: Sequence[int] | N
     plots.label(ax, 0.05, yb - 0.45 - rh - 0.04, f"round up (×{base})", fontsize=8)
     if rest:
         _rest_column(ax, x0 + len(cols) * cw, top, yb, rest, attn_tp, lists, rh)
-    _mechanism_title(ax, height, sizes, attn_tp, attn_cp, lists)
+    _mechanism_title(ax, height, sizes, attn_tp, lists)
     return fig
 
 
@@ -291,15 +277,14 @@ def _rest_column(ax, x, top, yb, rest, tp, lists, rh) -> None:
               color="accent" if moved else "kept", fontsize=7)
 
 
-def _mechanism_title(ax, height, sizes, tp, cp, lists) -> None:
+def _mechanism_title(ax, height, sizes, tp, lists) -> None:
     dropped = [n for n in sizes if n not in lists["pr_filter"]]
     moved = [n for n in sizes if n not in lists["round_up"]]
-    merged = [n for n in moved if fx.ceil_align(n, fx.piecewise_mul_base(tp, cp)) in sizes]
+    merged = [n for n in moved if fx.ceil_align(n, tp) in sizes]
     ax.text(
-        0.05, height - 0.12, f"{len(sizes)} capture sizes split over attention TP {tp}"
-        + (f", attention CP {cp}" if cp != 1 else "")
-        + " (tensor_split: the first n % TP ranks get one row more)", fontsize=10,
-        fontweight="bold", va="top", color=plots.PALETTE["neutral"])
+        0.05, height - 0.12, f"{len(sizes)} capture sizes split over attention TP {tp} "
+        "(tensor_split: the first n % TP ranks get one row more)", fontsize=10, fontweight="bold",
+        va="top", color=plots.PALETTE["neutral"])
     drops = ", ".join(map(str, dropped[:8])) + (" …" if len(dropped) > 8 else "")
     note = (f"PR filter keeps {len(lists['pr_filter'])} of {len(sizes)}"
             + (f" (drops {drops})" if dropped else "")
