@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import html
 import json
-import time
 from typing import Callable, Sequence
 
 from sglab.core import claims as C
@@ -250,18 +249,8 @@ class Workbook:
         if not self.live:
             raise RuntimeError(f"{self.experiment}: not in live mode ({self.reason}); nothing "
                                "measured")
-        from sglab.core import timing
-
-        timing.take()
-        t0 = time.perf_counter()
-        out = runs.Measured.of(fn())
-        extra = {
-            **out.extra, "duration_s": round(time.perf_counter() - t0, 1),
-            "phases_s": timing.take()
-        }
-        path = runs.write_run(out.df, experiment=self.experiment, method_version=method_version,
-                              params=params, gpu_count=gpu_count, extra=extra,
-                              sidecars=out.sidecars)
+        path, _ = runs.measure(fn, experiment=self.experiment, method_version=method_version,
+                               params=params, gpu_count=gpu_count)
         run = runs.read_run(path, live=True)
         self._live.append(run)
         root = runs.repo_root()
@@ -276,11 +265,6 @@ class Workbook:
         if self._live:
             return list(self._live)
         return C.shown(self.claims, runs.load_all_recorded(self.experiment))
-
-    def results(self) -> list[runs.Run]:
-        """All live runs of this session if any, else every recorded run (e.g. one per world
-        size)."""
-        return list(self._live) or runs.load_all_recorded(self.experiment)
 
 
 def card(fix, claims, run, engine) -> None:

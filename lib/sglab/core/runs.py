@@ -203,6 +203,25 @@ def write_run(df, *, experiment: str, method_version: int, params: dict, root: P
     return csv_path
 
 
+def measure(fn: Callable[[], Any], *, experiment: str, method_version: int, params: dict,
+            root: Path | None = None, gpu_count: int | None = None) -> tuple[Path, int]:
+    """Run ``fn`` (a tidy frame or a :class:`Measured`) and write it with its sidecars, wall time
+    and phase times (:func:`write_run`): the CSV path and its number of rows."""
+    import time
+
+    from sglab.core import timing
+
+    timing.take()
+    t0 = time.perf_counter()
+    out = Measured.of(fn())
+    extra = {
+        **out.extra, "duration_s": round(time.perf_counter() - t0, 1), "phases_s": timing.take()
+    }
+    return write_run(out.df, experiment=experiment, method_version=method_version, params=params,
+                     root=root, gpu_count=gpu_count, extra=extra,
+                     sidecars=out.sidecars), len(out.df)
+
+
 @dataclass
 class Measured:
     """What an experiment's ``run`` may return instead of a bare frame: the tidy frame, its sidecars

@@ -102,8 +102,6 @@ def record(name: str, params: dict | None = None, *, recorded: bool = False,
     ``recorded``). Raises :class:`BadInput` for unknown parameters or too few GPUs."""
     import time
 
-    from sglab.core import hardware, timing
-
     mod = fixes.measure(name)
     defaults = getattr(mod, "DEFAULT_PARAMS", {})
     unknown = set(params or {}) - set(defaults)
@@ -115,17 +113,11 @@ def record(name: str, params: dict | None = None, *, recorded: bool = False,
     ok, why = hardware.meets(need)
     if not ok:
         raise BadInput(f"cannot record {name} live: {why}")
-    timing.take()
     t0 = time.perf_counter()
-    out = runs.Measured.of(mod.run(merged, progress=progress))
-    root = runs.data_dir("recorded") if recorded else None
-    extra = {
-        **out.extra, "duration_s": round(time.perf_counter() - t0, 1), "phases_s": timing.take()
-    }
-    path = runs.write_run(out.df, experiment=mod.EXPERIMENT, method_version=mod.METHOD_VERSION,
-                          params=merged, root=root, gpu_count=need, extra=extra,
-                          sidecars=out.sidecars)
-    print(f"[sglab] {name}: {len(out.df)} rows in {time.perf_counter() - t0:.1f} s → {path}")
+    path, rows = runs.measure(lambda: mod.run(merged, progress=progress), experiment=mod.EXPERIMENT,
+                              method_version=mod.METHOD_VERSION, params=merged, gpu_count=need,
+                              root=runs.data_dir("recorded") if recorded else None)
+    print(f"[sglab] {name}: {rows} rows in {time.perf_counter() - t0:.1f} s → {path}")
     return path
 
 
