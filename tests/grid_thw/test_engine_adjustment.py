@@ -45,7 +45,8 @@ def test_both_cases_start_the_stand_in_and_the_dummy_weight_fix():
         assert (GRID_ON_CUDA0.name in names) == (spec.case == "before")
 
 
-STAND_IN = ("sglab.grid_thw.stand_in:probe", {"config": str(CONFIG), "prompt": ENGINE[0].prompt})
+STAND_IN = ("tests.grid_thw.stand_in_probe:probe",
+            {"config": str(CONFIG), "prompt": ENGINE[0].prompt})
 REAL_CALLS = [(*STAND_IN, ("0.5.11",))]  # answered by the test session (conftest)
 
 

@@ -1,9 +1,6 @@
 """Tables and figures of notebook 05: the real engine's processes × GPUs (the picture under the
 card, the engine section's ``VIEW``), the rebuild's GPU runs (the appendix), the lesson's cache
-answer and "your own setup".
-
-Every section that takes runs accepts a NoRun and then prints its one line. Tables of several runs
-keep them apart with a ``run`` column (:func:`frame`): runs are never added up.
+answer and "your own setup". Several runs keep apart in a ``run`` column (:func:`frame`).
 """
 
 from __future__ import annotations
@@ -58,21 +55,23 @@ def stray(df, *, gpu0_only: bool = True):
 
 
 def stray_contexts(df, variant: str = "before", phase: str = "kernel") -> tuple[int, float]:
-    """The (rank >= 1, GPU not its own) pairs holding memory in one run, and their MiB (median over
-    repeats)."""
+    """The (rank >= 1, GPU not its own) pairs holding memory, their MiB (median over repeats)."""
     s = stray(df, gpu0_only=False)
     per = s[(s.variant == variant) & (s.phase == phase)].groupby(["rank", "gpu"]).value.median()
     return int((per > 0).sum()), float(per[per > 0].sum())
+
+
+def _spread(g, n: str) -> pd.DataFrame:
+    return pd.DataFrame({
+        "median_mib": g.median(), "min_mib": g.min(), "max_mib": g.max(), n: g.size()
+    }).reset_index()
 
 
 def gpu0_per_rank(df):
     """MiB each rank >= 1 holds on GPU 0, per run, variant, TP size and phase: median, min, max over
     repeats and ranks, and how many values."""
     m = stray(df)
-    g = m.groupby(_by_run(m) + ["variant", "tp_size", "phase"]).value
-    return pd.DataFrame({
-        "median_mib": g.median(), "min_mib": g.min(), "max_mib": g.max(), "n": g.size()
-    }).reset_index()
+    return _spread(m.groupby(_by_run(m) + ["variant", "tp_size", "phase"]).value, "n")
 
 
 def waste_vs_tp(df, phase: str = "kernel"):
@@ -81,15 +80,13 @@ def waste_vs_tp(df, phase: str = "kernel"):
     m = stray(df)
     m = m[m.phase == phase]
     keys = _by_run(m) + ["variant", "tp_size"]
-    g = m.groupby(keys + ["repeat"]).value.sum().reset_index().groupby(keys).value
-    return pd.DataFrame({
-        "median_mib": g.median(), "min_mib": g.min(), "max_mib": g.max(), "repeats": g.size()
-    }).reset_index()
+    return _spread(
+        m.groupby(keys + ["repeat"]).value.sum().reset_index().groupby(keys).value, "repeats")
 
 
 def off_rank_gpus(df):
-    """MiB ranks >= 1 hold on GPUs that are neither GPU 0 nor their own, per run, variant and
-    phase: (rank, GPU) pairs holding anything, their median MiB, the total per repeat (median)."""
+    """MiB ranks >= 1 hold on GPUs neither GPU 0 nor their own, per run, variant and phase: (rank,
+    GPU) pairs holding anything, their median MiB, the total per repeat (median)."""
     m = stray(df, gpu0_only=False)
     m = m[m.gpu != 0]
     keys = _by_run(m) + ["variant", "tp_size", "phase"]
@@ -174,8 +171,8 @@ def waste(run) -> None:
 
 @notebook.needs_run
 def profiler(run) -> None:
-    """Memory over time of the newest run shown that has a time series, its Perfetto file, what
-    each step added on GPU 0, the stack limits, and what that says."""
+    """Memory over time of the newest run shown with a time series, its Perfetto file, what each
+    step added on GPU 0, the stack limits, and what that says."""
     found = next((r for r in reversed(run.shown) if r.sidecar("memory") is not None), None)
     if found is None:
         print("The runs shown predate the memory time series (method 1, no `memory` sidecar); a "
@@ -202,9 +199,8 @@ def _cell(ax, x: float, y: float, w: float, h: float, row) -> None:
 
 def mechanism(engine):
     """The picture under the card: every process × GPU of the engine run that saw the most GPUs,
-    MiB after the image request with #22858's `.cpu()` reverted | as released. Rank r belongs on
-    GPU r and the main process (the tokenizer, which preprocesses the image) on GPU 0; what a rank
-    holds elsewhere is a stray context."""
+    MiB after the image request with #22858's `.cpu()` reverted | as released; what a rank holds
+    on a GPU not its own is a stray context."""
     if not engine:
         fig, ax = plots.canvas(6, 1.2)
         ax.text(5, 1.5, "no engine run to draw yet", ha="center", va="center")
@@ -273,9 +269,8 @@ def heatmaps(run, phase: str = "kernel"):
 
 
 def cache_answer(stats: dict):
-    """``{"before": CacheStats, "after": CacheStats}`` as the exercise's answer: lookups, hits and
-    the images the vision tower encodes, and the share of images served from the cache, per
-    variant (the same denominator, images, on both sides)."""
+    """``{"before": CacheStats, "after": CacheStats}`` as the exercise's answer, per variant (the
+    same denominator, images, on both sides)."""
     names = {"before": "per request (before)", "after": "per image (after)"}
     return pd.DataFrame([{
         "cache key": names[v], "lookups": s.lookups, "hits": s.hits, "images": s.images,
@@ -302,8 +297,8 @@ def stray_mib() -> dict:
 
 def setup_table(tp_size: int, requests: int, image_pool: int, max_images: int):
     """Per GPU model with a recorded run: the GPU-0 memory N − 1 ranks hold before and after the
-    fix (one stray context each before, as measured); and the vision cache on a seeded stream of
-    ``requests`` requests of 1..``max_images`` images from a pool of ``image_pool`` (run now)."""
+    fix; and the vision cache on a seeded stream of ``requests`` requests of 1..``max_images``
+    images from a pool of ``image_pool`` (run now)."""
     stream = rebuild.request_stream(int(requests), int(image_pool), int(max_images), 0)
     before, after = (measure.simulate_cache(stream, fixed=f) for f in (False, True))
     cache = {
@@ -343,8 +338,7 @@ def _run_tp(run) -> int:
 
 
 def engine_gpus(run) -> int:
-    """The GPUs of the machine an engine run's engines saw (a TP-2 engine on a 4-GPU box sees
-    4)."""
+    """The GPUs of the machine an engine run's engines saw (a TP-2 engine on a 4-GPU box sees 4)."""
     return run.manifest.gpu_count_machine or run.manifest.gpu_count
 
 
@@ -354,33 +348,31 @@ def engine_memory(run) -> pd.DataFrame:
     df = engine_records.frame([run])
     ok = {k[2] for k, v in engine_stats.started(df).items() if v}
     d = df[(df.metric == "gpu_memory") & df.case.isin(ok)]
-    rows = []
-    for case, proc, gpu, mib in zip(d.case, d.process, d.gpu, d.value):
-        m = re.search(r"scheduler_TP(\d+)", str(proc))
-        rows.append({
-            "case": case, "process": str(proc), "rank": int(m.group(1)) if m else None,
-            "gpu": int(float(gpu)), "MiB": float(mib)
-        })
-    return pd.DataFrame(rows, columns=["case", "process", "rank", "gpu", "MiB"])
+    ranks = [re.search(r"scheduler_TP(\d+)", str(p)) for p in d.process]
+    return pd.DataFrame(
+        {
+            "case": d.case.to_numpy(), "process": d.process.astype(str).to_numpy(), "rank": [
+                int(m.group(1)) if m else None for m in ranks
+            ], "gpu": d.gpu.astype(float).astype(int).to_numpy(),
+            "MiB": d.value.astype(float).to_numpy()
+        }, columns=["case", "process", "rank", "gpu", "MiB"])
 
 
 def engine_gpu0(run) -> dict:
     """``{case: {rank: MiB on GPU 0}}`` for every scheduler rank ≥ 1 of each case that started and
     recorded memory (0 where NVML lists that rank on GPU 0 with nothing)."""
     mem, tps = engine_memory(run), _tp_of(run)
-    out = {}
-    for case, g in mem.groupby("case"):
-        on0 = {}
-        for r in range(1, tps.get(case, 1)):
-            hit = g[(g["rank"] == r) & (g["gpu"] == 0)]
-            on0[r] = float(hit["MiB"].sum()) if len(hit) else 0.0
-        out[case] = on0
-    return out
+    return {
+        case: {
+            r: float(g[(g["rank"] == r) & (g["gpu"] == 0)]["MiB"].sum())
+            for r in range(1, tps.get(case, 1))
+        }
+        for case, g in mem.groupby("case")
+    }
 
 
 def engine_stray(run, case: str) -> tuple[int, float]:
-    """The (scheduler rank >= 1, GPU not its own) pairs holding memory in ``case``, and their
-    MiB."""
+    """The (scheduler rank >= 1, GPU not its own) pairs holding memory in ``case``, their MiB."""
     m = engine_memory(run)
     m = m[(m["case"] == case) & (m["rank"].fillna(0) >= 1) & (m["gpu"] != m["rank"]) & (m.MiB > 0)]
     return len(m), float(m.MiB.sum())
@@ -402,8 +394,7 @@ def gpus_held(run) -> dict:
 
 def other_gpus(run) -> dict:
     """``{rank: [GPU, ...]}``: with #22858 reverted, the GPUs besides GPU 0 and its own where a
-    scheduler rank ≥ 1 holds memory (another GPU's context, as on a machine with more GPUs than
-    the TP size)."""
+    scheduler rank ≥ 1 holds memory."""
     before = gpus_held(run).get("before", {})
     return {r: o for r, g in before.items() if (o := [x for x in g if x not in (0, r)])}
 

@@ -1,11 +1,8 @@
-"""Kimi-K2.5's Hugging Face processor, made here, so that 05's real engine runs offline.
-
-SGLang's Kimi-K2.5 image path uses four things of the processor ``get_processor`` loads (Kimi's
-remote code on the Hub): the ``tokenizer``, the ``image_processor`` (type-checked only), the
-``media_processor``'s ``media_proc_cfg`` and, without CUDA, its token calculator and ``__call__``.
-:func:`processor` builds those from the model folder ``sglab engine`` writes; :data:`PROCESSOR` is
-the harness adjustment that hands it to the release for a ``kimi_k25`` folder. The preprocessing,
-the grid and everything after are the release's own code.
+"""Kimi-K2.5's Hugging Face processor, made here, so that 05's real engine runs offline: the
+``tokenizer``, an ``image_processor`` (type-checked only), the ``media_processor``'s
+``media_proc_cfg`` and, without CUDA, its token calculator and ``__call__``, from the model folder
+``sglab engine`` writes. :data:`PROCESSOR` hands it to the release for a ``kimi_k25`` folder; the
+preprocessing, the grid and everything after are the release's own code.
 """
 
 from __future__ import annotations
@@ -27,13 +24,10 @@ MEDIA_TOKENS = ("<|media_start|>", "<|media_content|>", "<|media_end|>", "<|medi
 def media_proc_cfg() -> dict:
     """Kimi-K2.5's ``media_proc_cfg``, the rebuild's values."""
     return {
-        "patch_size": rebuild.PATCH_SIZE,
-        "merge_kernel_size": rebuild.MERGE_KERNEL_SIZE,
+        "patch_size": rebuild.PATCH_SIZE, "merge_kernel_size": rebuild.MERGE_KERNEL_SIZE,
         "in_patch_limit": rebuild.IN_PATCH_LIMIT,
-        "patch_limit_on_one_side": rebuild.PATCH_LIMIT_ON_ONE_SIDE,
-        "fixed_output_tokens": None,
-        "image_mean": list(rebuild.IMAGE_MEAN),
-        "image_std": list(rebuild.IMAGE_STD),
+        "patch_limit_on_one_side": rebuild.PATCH_LIMIT_ON_ONE_SIDE, "fixed_output_tokens": None,
+        "image_mean": list(rebuild.IMAGE_MEAN), "image_std": list(rebuild.IMAGE_STD)
     }
 
 
@@ -75,7 +69,7 @@ class MediaProcessor:
 
 
 class Processor:
-    """The stand-in for Kimi-K2.5's ``KimiK25Processor`` (see the module docstring)."""
+    """The stand-in for Kimi-K2.5's ``KimiK25Processor``."""
 
     def __init__(self, tokenizer, cfg: dict | None = None):
         from transformers.image_processing_utils import BaseImageProcessor
@@ -85,8 +79,7 @@ class Processor:
         self.media_processor = MediaProcessor(cfg or media_proc_cfg())
 
     def __call__(self, text=None, medias=None, **kwargs):
-        """The path SGLang takes without CUDA: tokens, and the rebuild's preprocessing on the
-        CPU (``grid_thws`` as Kimi's processor names it)."""
+        """Without CUDA: tokens, and the rebuild's preprocessing on the CPU (``grid_thws``)."""
         import numpy as np
         import torch
 
@@ -115,9 +108,8 @@ def processor(folder, config: dict | None = None) -> Processor:
 
 
 def use_stand_in(params: dict, module) -> None:
-    """Patch (inside the engine's processes, once ``module`` is imported): its ``get_processor``
-    returns :func:`processor` for a folder whose config is ``kimi_k25``, and the release's own
-    processor otherwise."""
+    """Patch ``module.get_processor`` (in the engine's processes) to return :func:`processor` for a
+    ``kimi_k25`` folder, the release's own processor otherwise."""
     from sglab.sglang.engine.hooks import say
 
     original = module.get_processor
@@ -144,57 +136,4 @@ PROCESSOR = Adjustment(
     "BaseImageProcessor, and Kimi-K2.5's media_proc_cfg (patch 14, merge 2, mean/std 0.5); the "
     "release's own GPU preprocessing, grid and transport run unchanged",
     patch="sglab.grid_thw.stand_in:use_stand_in",
-    params=(("module", "sglang.srt.utils.hf_transformers.processor"),),
-)
-
-
-def probe(prepared, params: dict) -> list[dict]:
-    """Probe (``sglab.sglang.runner``, one release, CPU): the release's own ``get_processor`` with
-    :data:`PROCESSOR` applied, on a model folder written as ``sglab engine`` writes it, then its
-    ``MultimodalSpecialTokens`` and ``KimiGPUProcessorWrapper._gpu_call`` on that processor (the
-    normalisation tensors on the CPU, a synthetic image). Rows ``metric, value``."""
-    import tempfile
-
-    import torch
-
-    from sglab.sglang import bootstrap
-    from sglab.sglang import engine as eng
-
-    mod = bootstrap.import_release_module(prepared, PROCESSOR.param_dict()["module"])
-    use_stand_in({"name": PROCESSOR.name}, mod)
-    base = bootstrap.import_release_module(prepared,
-                                           "sglang.srt.multimodal.processors.base_processor")
-    kimi = bootstrap.import_release_module(prepared, "sglang.srt.multimodal.processors.kimi_k25")
-    with tempfile.TemporaryDirectory(prefix="sglab-kimi-") as tmp:
-        folder = eng.prepare_model(Path(params["config"]), Path(tmp) / "model")
-        proc = mod.get_processor(str(folder), trust_remote_code=False)
-    cfg = json.loads(Path(params["config"]).read_text())
-    tokens = base.MultimodalSpecialTokens(
-        image_token="<|media_pad|>", image_token_id=cfg["media_placeholder_token_id"]).build(proc)
-    m = proc.media_processor.media_proc_cfg
-    w = kimi.KimiGPUProcessorWrapper(
-        proc, image_token=tokens.image_token, patch_size=m["patch_size"],
-        merge_kernel_size=m["merge_kernel_size"], in_patch_limit=m["in_patch_limit"],
-        patch_limit_on_one_side=m["patch_limit_on_one_side"],
-        fixed_output_tokens=m.get("fixed_output_tokens"), image_mean=m["image_mean"],
-        image_std=m["image_std"])
-    w._get_gpu_norm_tensors(device="cpu")
-    image = rebuild.synthetic_image(0)
-    out = w._gpu_call(params["prompt"], [image])
-    ids = out["input_ids"][0].tolist()
-    pad = cfg["media_placeholder_token_id"]
-    facts = {
-        "processor": type(proc).__name__, "image_token_id": tokens.image_token_id,
-        "media_token_ids": [
-            ids[i]
-            for i in range(len(ids)) if ids[i] in media_token_ids(cfg).values() and ids[i] != pad
-        ], "image_tokens": ids.count(pad), "expected_image_tokens": rebuild.navit_resize_config(
-            image.shape[2], image.shape[1])["num_tokens"], "max_id": max(ids),
-        "vocab_size": cfg["text_config"]["vocab_size"], "grid": out["image_grid_thw"].tolist(),
-        "grid_device": str(out["image_grid_thw"].device),
-        "pixel_values": list(out["pixel_values"].shape), "pixel_values_finite": bool(
-            torch.isfinite(out["pixel_values"]).all()), "tokenized": proc.tokenizer(
-                "<|media_start|>image<|media_content|><|media_pad|><|media_end|> t7")["input_ids"],
-        "tokenizer_size": len(proc.tokenizer)
-    }
-    return [{"metric": k, "value": v} for k, v in facts.items()]
+    params=(("module", "sglang.srt.utils.hf_transformers.processor"),))
