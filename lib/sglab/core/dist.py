@@ -18,6 +18,7 @@ import socket
 import tempfile
 import time
 import traceback
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -79,10 +80,8 @@ def free_port() -> int:
 def _worker(rank: int, world_size: int, payload: bytes, backend: str, port: int,
             coll_timeout: float, results, env: dict, log_path: str) -> None:
     # Own process group, so the launcher can kill this rank together with anything it starts.
-    try:
+    with suppress(OSError):
         os.setpgid(0, 0)
-    except OSError:
-        pass
     # Everything this rank prints goes to its log; the launcher shows the tail when something fails.
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
@@ -120,26 +119,14 @@ def _worker(rank: int, world_size: int, payload: bytes, backend: str, port: int,
     except BaseException:  # noqa: BLE001 - everything goes back to the caller
         results.put((rank, "error", traceback.format_exc()))
     finally:
-        try:
+        with suppress(Exception):
             import torch.distributed as tdist
 
             if tdist.is_initialized():
                 tdist.destroy_process_group()
-        except Exception:
-            pass
-        try:
+        with suppress(Exception):
             results.close()
             results.join_thread()
-        except Exception:
-            pass
-
-
-def _kill(proc) -> None:
-    """Stop a rank and everything in its process group (a finished rank's group is swept too)."""
-    if proc.pid is None:
-        return
-    procs.stop(proc.pid, grace=3.0)
-    proc.join(timeout=3)
 
 
 def _tail(path: Path, n: int = 25) -> str:
@@ -260,31 +247,25 @@ class _Ranks:
         self.cleanup()
 
     def cleanup(self) -> None:
-        for p in self.procs:
-            _kill(p)
+        for p in self.procs:  # each rank and its process group (a finished rank's swept too)
+            if p.pid is not None:
+                procs.stop(p.pid, grace=3.0)
+                p.join(timeout=3)
         self.results.close()
         self.results.cancel_join_thread()
         for f in self.logs:
             f.unlink(missing_ok=True)
-        try:
+        with suppress(OSError):
             self.logdir.rmdir()
-        except OSError:
-            pass
 
 
 def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
            backend: str = "nccl", timeout_s: float = 300, collective_timeout_s: float = 60,
            env: dict | None = None, start_method: str = "spawn") -> list:
-    """Run ``fn(ctx, *args)`` on ``world_size`` ranks; return ``[result of rank 0, result of rank 1,
-    ...]``.
-
-    ``fn`` must be defined in an importable module (not a notebook cell) because ranks are spawned.
-    ``start_method``: ``spawn`` (a fresh interpreter per rank) or ``forkserver`` (a fork of a server
-    process that may have torch imported already, see :func:`forkserver`; never ``fork``: the caller
-    may have initialised CUDA). Raises :class:`NotEnoughGPUs`, :class:`RankError` (with the rank's
-    traceback) or :class:`DistTimeout`. No rank process (nor anything it started) is left when this
-    returns or raises.
-    """
+    """Run ``fn(ctx, *args)`` (a module-level function) on ``world_size`` ranks: each rank's result,
+    in rank order. ``start_method``: ``spawn`` or ``forkserver`` (:func:`forkserver`; never
+    ``fork``: the caller may have initialised CUDA). Raises :class:`NotEnoughGPUs`,
+    :class:`RankError` or :class:`DistTimeout`; no rank process (nor what it started) is left."""
     _check_launch(fn, world_size, backend, timeout_s, collective_timeout_s, start_method)
     ranks = _Ranks(pickle.dumps((fn, tuple(args))), world_size, backend, collective_timeout_s, env
                    or {}, start_method)
@@ -303,14 +284,9 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
 
 
 def forkserver(preload: Sequence[str] = ("torch",)):
-    """The ``forkserver`` multiprocessing context with ``preload`` imported in the server (set
-    before it starts).
-
-    Why: a spawned rank spends seconds importing torch, and many ranks started at once contend for
-    it; a fork of a server that imported torch once starts in milliseconds. Importing torch
-    initialises no CUDA, so the forks are as clean as spawned processes. Call
-    :func:`stop_forkserver` when done, so that no server is left running.
-    """
+    """The ``forkserver`` context with ``preload`` imported in the server: a fork of a server that
+    imported torch (no CUDA) starts in milliseconds, a spawned rank in seconds. End it with
+    :func:`stop_forkserver`."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(preload))
     return ctx

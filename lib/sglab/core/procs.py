@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -98,15 +99,11 @@ def members(pgid: Optional[int] = None, marker: str = "") -> list[psutil.Process
 
 def _signal(pgid: Optional[int], procs: list[psutil.Process], sig: int) -> None:
     if pgid is not None:
-        try:
+        with suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
     for p in procs:
-        try:
+        with suppress(psutil.Error):
             p.send_signal(sig)
-        except psutil.Error:
-            pass
 
 
 def stop(pgid: Optional[int] = None, *, marker: str = "", grace: float = GRACE_S) -> Stopped:
@@ -131,8 +128,7 @@ def stop_tree(pid: int, *, grace: float = GRACE_S) -> Stopped:
 
 def descendants(pid: int) -> list[psutil.Process]:
     """The processes ``pid`` started, and those they started, as running now (none where ``pid``
-    is gone): kept, they can be stopped by :func:`stop_seen` after ``pid`` is gone and they are
-    nobody's children any more."""
+    is gone), for :func:`stop_seen` once ``pid`` is gone."""
     try:
         return psutil.Process(pid).children(recursive=True)
     except psutil.Error:
