@@ -1,10 +1,7 @@
 """What every grid_thw run must show (``sglab verify grid_thw``): five claims a reader checks, the
 instrument and hygiene checks folded under them, the review card and the real engine's claims.
-
-Numbers are NVML's per-process MiB on one GPU. A CUDA context is hundreds of MiB, the grid a few
-dozen bytes: the claims compare with 0 exactly where the fix promises nothing and ask for "more
-than 0" where a context's size depends on the GPU and driver. Checks that need what a run cannot
-show (a time series, more ranks, more GPUs) are n/a with the reason.
+Numbers are NVML's per-process MiB on one GPU: 0 exactly where the fix promises nothing, "more than
+0" where a context's size depends on the GPU and driver; what a run cannot show is n/a with why.
 """
 
 from __future__ import annotations
@@ -22,21 +19,18 @@ from sglab.grid_thw.measure import EXPERIMENT, GPUS, KERNEL_STEPS  # noqa: F401 
 CLAIM = ("A `grid_thws` tensor left on cuda:0 makes every TP rank ≥ 1 open a CUDA context on GPU "
          "0; `.cpu()` removes it, and the `image_grid_thw` rename lets the vision cache hit per "
          "image.")
-# four allocator segments: what repeats may differ by before "repeatable" fails
-SPREAD_TOLERANCE_MIB = 8.0
+SPREAD_TOLERANCE_MIB = 8.0  # four allocator segments: what repeats may differ by
 # A rerun's CUDA context per rank >= 1 on GPU 0 (the engine, NVML) against the record: one rank's
 # context read 522 MiB on GPU 0 and 520 MiB on its other GPUs in one recorded TP-4 run, and 520 on
-# a second H200 x2 machine. 2 % is 10 MiB a context (30 MiB for TP 4's three); a count (ranks) or
-# a 0 MiB after the fix stays exact.
+# a second H200 x2 machine. 2 % is 10 MiB a context; a count or a 0 MiB after the fix stays exact.
 CONTEXT_DRIFT = 0.02
 # what depends on the machine (how many GPUs the ranks saw), shown but not compared with a record
 MACHINE = ("tp", "gpus", "stray_contexts", "stray_mib")
 
 
 def _gpu0(run, variant: str, phase: str | None = None) -> list[float]:
-    """MiB every rank >= 1 held on GPU 0 (every repeat) in one variant and phase (all phases when
-    None). A rank or a repeat missing from the run is an error: "every rank" cannot hold over
-    readings that are not there."""
+    """MiB every rank >= 1 held on GPU 0 (every repeat) in one variant and phase (all when None); a
+    rank or repeat missing is an error: "every rank" cannot hold over readings not there."""
     s = show.stray(run.df)
     s = s[s.variant == variant]
     s = s if phase is None else s[s.phase == phase]
@@ -54,11 +48,7 @@ def _tp(run) -> int:
 
 
 def _has_variant(name: str):
-
-    def applies(run):
-        return None if name in set(run.df.variant) else f"the run has no `{name}` variant"
-
-    return applies
+    return lambda run: None if name in set(run.df.variant) else f"the run has no `{name}` variant"
 
 
 # -- the stray context and the fix -----------------------------------------------------------------
@@ -76,17 +66,16 @@ def _before_grows(run):
     if len(rec) != len(ker) or not ker:
         raise ValueError(f"{len(rec)} `received` vs {len(ker)} `kernel` readings")
     s = show.stray(run.df)
-    s = s[(s.variant == "before") & (s.phase == "kernel")]
-    total = float(s.groupby("repeat").value.sum().median())
+    total = float(s[(s.variant == "before")
+                    & (s.phase == "kernel")].groupby("repeat").value.sum().median())
     growth = min(k - r for r, k in zip(rec, ker))
     contexts, mib = show.stray_contexts(run.df)
+    value = dict(kernel_min_mib=min(ker), kernel_max_mib=max(ker), growth_mib=growth,
+                 gpu0_total_mib=total, tp=_tp(run), gpus=show.visible_gpus(run.df),
+                 stray_contexts=contexts, stray_mib=mib)
     return holds(
-        growth > 0, f"{count(rec)} → {count(ker)} MiB (+{growth:.0f} at least); GPU-0 total "
-        f"{total:.0f} MiB", {
-            "kernel_min_mib": min(ker), "kernel_max_mib": max(ker), "growth_mib": growth,
-            "gpu0_total_mib": total, "tp": _tp(run), "gpus": show.visible_gpus(
-                run.df), "stray_contexts": contexts, "stray_mib": mib
-        })
+        growth > 0, f"{count(rec)} → {count(ker)} MiB (+{growth:.0f} at least); GPU-0 "
+        f"total {total:.0f} MiB", value)
 
 
 def _after_zero(run):
@@ -117,24 +106,21 @@ def _landing(run):
         v = d[d.variant == variant]
         if v.empty:
             raise ValueError(f"no landing rows for `{variant}`")
-        dev = v[v.metric == "grid_device"].value
-        k = v[v.metric == "grid_key_is_image_grid_thw"].value
+        dev, k = (v[v.metric == m].value for m in ("grid_device", "grid_key_is_image_grid_thw"))
         if not ((dev == device).all() and (k == key).all()):
             bad.append(variant)
     n = int((d.metric == "grid_device").sum())
     pixels = run.df[run.df.metric == "pixel_values_device"].value
     return holds(
         not bad, f"{n} landings: before cuda:0 / grid_thws, after cpu / image_grid_thw"
-        + (f"; wrong in {bad}" if bad else ""), {
-            "landings": n, "pixel_values_landings": len(pixels), "pixel_values_on_cpu": int(
-                (pixels == -1).sum())
-        })
+        + (f"; wrong in {bad}" if bad else ""),
+        dict(landings=n, pixel_values_landings=len(pixels), pixel_values_on_cpu=int(
+            (pixels == -1).sum())))
 
 
 def _no_process_left(run):
-    d = run.df[run.df.metric.isin(["processes_alive", "nvml_processes_listed"])]
-    alive = d[d.metric == "processes_alive"].value
-    listed = d[d.metric == "nvml_processes_listed"].value
+    alive = run.df[run.df.metric == "processes_alive"].value
+    listed = run.df[run.df.metric == "nvml_processes_listed"].value
     if alive.empty:
         raise ValueError("no leftover check in the run")
     nvml = float(listed.max()) if len(listed) else -1.0
@@ -165,8 +151,8 @@ def _cache(run):
 def _spread(run):
     per = show.gpu0_per_rank(run.df)
     spread = float((per.max_mib - per.min_mib).max()) if len(per) else 0.0
-    reps = int(run.df.repeat.max()) + 1
-    return holds(spread <= SPREAD_TOLERANCE_MIB, f"{spread:.0f} MiB over {reps} repeats",
+    return holds(spread <= SPREAD_TOLERANCE_MIB,
+                 f"{spread:.0f} MiB over {int(run.df.repeat.max()) + 1} repeats",
                  {"spread_mib": spread})
 
 
@@ -199,9 +185,7 @@ def _needs_tp3(run):
 def _scales(run):
     s = show.stray(run.df)
     s = s[(s.variant == "before") & (s.phase == "kernel")]
-    n = _tp(run) - 1
-    totals = s.groupby("repeat").value.sum()
-    per = float(s.value.median())
+    n, totals, per = _tp(run) - 1, s.groupby("repeat").value.sum(), float(s.value.median())
     off = float((totals - n * per).abs().max())
     return holds(off <= SPREAD_TOLERANCE_MIB * n,
                  f"{count(totals)} MiB on GPU 0 = {n} × {per:.0f} MiB (off by {off:.0f})",
@@ -403,10 +387,9 @@ def _engine_before(run):
 
 
 def _engine_needs_tp3(run):
-    if _engine_applies(run):
-        return _engine_applies(run)
-    return None if _engine_tp(run) >= 3 else (f"TP {_engine_tp(run)} has a single rank ≥ 1: "
-                                              "GPU 0's total cannot grow with the rank count")
+    return _engine_applies(run) or (None if _engine_tp(run) >= 3 else (
+        f"TP {_engine_tp(run)} has a single rank ≥ 1: GPU 0's total cannot grow with the rank count"
+    ))
 
 
 def _engine_scales(run):
@@ -421,11 +404,9 @@ def _engine_scales(run):
 
 
 def _engine_sees_more(run):
-    if _engine_applies(run):
-        return _engine_applies(run)
     n = show.engine_gpus(run)
-    return None if n >= 3 else (
-        f"a machine of {n} GPUs: no GPU besides GPU 0 and a rank's own to look at")
+    return _engine_applies(run) or (None if n >= 3 else (
+        f"a machine of {n} GPUs: no GPU besides GPU 0 and a rank's own to look at"))
 
 
 def _engine_every_gpu(run):
