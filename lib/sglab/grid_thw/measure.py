@@ -1,11 +1,8 @@
 """Measure where the grid lands and what each process then holds on each GPU (NVML), per variant
-(:data:`VARIANTS`: ``before``, ``after``, ``ipc``, ``eager``).
-
-A *group* is one variant × repeat: a tokenizer process that builds the request on ``cuda:0`` and
-``tp_size`` ranks (rank r on GPU r, every GPU visible); a context goes only with its process, so
-every group is fresh processes, all groups at once. Rank 0 reads NVML for its group's processes at
-the :data:`PHASES` barriers; every process marks the steps that can open or grow a context, which
-the parent's NVML sampler turns into a time series (:mod:`sglab.grid_thw.series`).
+(:data:`VARIANTS`). A *group* is one variant × repeat of fresh processes, all groups at once: a
+tokenizer that builds the request on ``cuda:0`` and ``tp_size`` ranks (rank r on GPU r). Rank 0
+reads NVML at the :data:`PHASES` barriers; every process marks the steps that can open or grow a
+context, which the parent's NVML sampler turns into a time series (:mod:`sglab.grid_thw.series`).
 """
 
 from __future__ import annotations
@@ -36,10 +33,9 @@ from sglab.grid_thw import rebuild
 EXPERIMENT = "grid_thw"
 METHOD_VERSION = 2  # 1: groups one after the other, no time series; 2: at once, NVML series, marks
 GPUS = 2
-# repeats: method 1 read the same MiB in every repeat, two still show a spread; settle_s: barrier ->
-# NVML reading (NVML shows a change within one 10 ms tick); step_pause_s: between kernel steps, so
-# that a 100 Hz series tells them apart; timeout_s: per group; start_method: processes fork from a
-# server that imported torch once (sglab.core.dist.forkserver); cache_*: the cache point (CPU)
+# settle_s: barrier -> NVML reading (a change shows within one 10 ms tick); step_pause_s: between
+# kernel steps, so a 100 Hz series tells them apart; timeout_s: per group; start_method: processes
+# fork from a server that imported torch once (sglab.core.dist.forkserver); cache_*: the cache point
 DEFAULT_PARAMS = {
     "tp_size": 2, "repeats": 2, "n_images": 4, "settle_s": 0.1, "step_pause_s": 0.1,
     "sample_hz": 100, "timeout_s": 120, "start_method": "forkserver", "cache_requests": 200,
@@ -83,18 +79,16 @@ VARIANTS = {
     "after": Variant("after", True, "pickle"),
     "ipc": Variant("ipc", False, "cuda_ipc"),
     # every module of the ranks loaded when their contexts are created
-    "eager": Variant("eager", False, "pickle", (("CUDA_MODULE_LOADING", "EAGER"),)),
+    "eager": Variant("eager", False, "pickle", (("CUDA_MODULE_LOADING", "EAGER"),))
 }
+
+_DEFAULTS = {"tp_size": -1, "repeat": -1, "process": "", "rank": -1, "gpu": -1, "phase": ""}
 
 
 def _row(variant: str, metric: str, value: float, unit: str, **kw) -> dict:
-    row = {
-        "variant": variant, "tp_size": -1, "repeat": -1, "process": "", "rank": -1, "gpu": -1,
-        "phase": ""
+    return {
+        "variant": variant, **_DEFAULTS, **kw, "metric": metric, "value": float(value), "unit": unit
     }
-    row.update(kw)
-    row.update(metric=metric, value=float(value), unit=unit)
-    return row
 
 
 class Marks:
@@ -122,7 +116,7 @@ def tokenizer_main(variant: str, n_clients: int, address: str, n_images: int, de
                    marks_path: str) -> None:
     """Build one multi-image request on ``device``, send it to ``n_clients`` connections, keep it
     alive until every receiver is done (CUDA IPC needs that), write the marks to ``marks_path``."""
-    # never outlive a dead parent: a tokenizer no rank connects to would wait in accept() forever
+    # never outlive a dead parent: unconnected, a tokenizer would wait in accept() forever
     deadline = threading.Timer(TOKENIZER_DEADLINE_S, os._exit, args=(3,))
     deadline.daemon = True
     deadline.start()
@@ -225,8 +219,7 @@ def _receive(ctx, v: Variant, address: str, marks: Marks):
 
 def stack_limit(device) -> int:
     """``CU_LIMIT_STACK_SIZE`` of ``device``'s primary context, bytes per thread (-1 off CUDA or on
-    error). The driver raises it when a kernel needs more local memory per thread and reserves that
-    much for every resident thread: reading it after each step tells such a resize apart."""
+    error): read after each step, it tells the driver's stack resize for a kernel apart."""
     if device.type != "cuda":
         return -1
     try:
@@ -240,9 +233,9 @@ def stack_limit(device) -> int:
 
 
 def _kernel_steps(ctx, grid, n_rows: int, marks: Marks, pause_s: float) -> dict[str, int]:
-    """What a model does with the grid, one mark each and a pause between: a kernel where it
-    landed, a reduction, ``.item()``, a copy to the rank's own GPU and a kernel there. Returns the
-    stack limit of the grid's device after each step (only meaningful after a launch)."""
+    """What a model does with the grid, one mark each, a pause between: a kernel where it landed, a
+    reduction, ``.item()``, a copy to the rank's own GPU and a kernel there; the grid's device's
+    stack limit after each step."""
     held: dict = {}
     stack: dict[str, int] = {}
 
@@ -297,10 +290,6 @@ def rank_main(ctx, spec: dict) -> dict:
     with phases.phase("kernel steps"):
         landed["stack"] = _kernel_steps(ctx, grid, int(req["pixel_values"].shape[0]), marks,
                                         float(spec["step_pause_s"]))
-    if grid.device.type == "cuda":
-        props = torch.cuda.get_device_properties(grid.device)
-        landed["resident_threads"] = (
-            props.multi_processor_count * props.max_threads_per_multi_processor)
     snap("kernel")
     with phases.phase("release"), marks.mark("release"):
         del grid, req
@@ -388,20 +377,15 @@ def _landing_rows(variant: str, results: list[dict], common: dict) -> list[dict]
                 rows.append(
                     _row(variant, "stack_limit_bytes", value, "bytes per thread",
                          **dict(base, gpu=gpu, phase=step)))
-        if "resident_threads" in land:
-            rows.append(
-                _row(variant, "resident_threads", land["resident_threads"],
-                     "threads (SMs × per SM)", **dict(base, gpu=gpu)))
     return rows
 
 
 def run_group(variant: str, tp_size: int, *, repeat: int = 0, n_images: int = 4,
               settle_s: float = 0.3, step_pause_s: float = 0.1, backend: str = "nccl",
               timeout_s: float = 120.0, start_method: str = "spawn") -> dict:
-    """One group: a tokenizer and ``tp_size`` ranks, measured and torn down. Returns ``rows`` and
-    what the time series needs (``t_start``, ``t_end``, ``procs`` pid -> (process, rank),
-    ``marks``, the ranks' ``phases``). ``forkserver`` needs :func:`sglab.core.dist.forkserver`
-    first."""
+    """One group, a tokenizer and ``tp_size`` ranks, measured and torn down: ``rows`` and what the
+    time series needs (``t_start``, ``t_end``, ``procs`` pid -> (process, rank), ``marks``, the
+    ranks' ``phases``). ``forkserver`` needs :func:`sglab.core.dist.forkserver` first."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {tuple(VARIANTS)}, got {variant!r}")
     v = VARIANTS[variant]
@@ -502,8 +486,8 @@ def check_params(p: dict) -> None:
 
 def _run_groups(plan: list[tuple[str, int]], p: dict, backend: str, progress: bool,
                 cache_job) -> tuple:
-    """All groups and the CPU cache point at once, in threads that each wait on their own
-    processes; each group is bounded by its own timeouts; a failure is raised once all ended."""
+    """All groups and the CPU cache point at once, a thread each (bounded by the group's own
+    timeouts); a failure is raised once all ended."""
     kw = dict(n_images=int(p["n_images"]), settle_s=float(p["settle_s"]),
               step_pause_s=float(p["step_pause_s"]), backend=backend,
               timeout_s=float(p["timeout_s"]), start_method=p["start_method"])
@@ -546,9 +530,8 @@ def _merge_rank_phases(groups: list[dict]) -> None:
 
 def run(params: dict | None = None, *, progress: bool = True,
         backend: str = "nccl") -> runs.Measured:
-    """Every variant × repeat at one TP size as concurrent groups, plus the cache point. ``gloo``
-    runs the same path on the CPU (no NVML). Returns the tidy rows with the sidecars ``memory``,
-    ``marks`` and ``trace`` when NVML is available (``nccl``)."""
+    """Every variant × repeat at one TP size as concurrent groups, plus the cache point; with
+    ``nccl`` the sidecars ``memory``, ``marks`` and ``trace``, ``gloo`` the same path on the CPU."""
     p = {**DEFAULT_PARAMS, **(params or {})}
     check_params(p)
     tp = int(p["tp_size"])
