@@ -19,7 +19,7 @@ from tests.sglang_answers import probe_all, require, value
 RELEASES = sglang.PROBE_RELEASES
 SETTINGS = sglang.SETTINGS
 PIECEWISE = fix.default_piecewise_capture_sizes(2048)
-PARAMS = sglang.params(2048)
+PARAMS = sglang.params()
 ARGS = {
     "tp8_dense_tp1": ["--model-path", "m", "--tp-size", "8", "--moe-dense-tp-size", "1"],
     "unaligned": [

@@ -1,10 +1,9 @@
 """The probe's code inside one SGLang release's worker process: the release's own runners decide
-the capture sizes, for configured lists (:func:`setting_rows`, the notebook's comparison) or for
-server arguments its own start-up code resolves (:func:`case_rows`, ``sglab capture-sizes``).
-
-0.5.10.post1 to 0.5.13 run ``PiecewiseCudaGraphRunner.__init__`` on a stand-in runner up to its log
-line; 0.5.14 and 0.5.15 the unified runners under ``get_parallel().override``; from 0.5.16 the
-configuration is published in the runtime context and the runners' functions are plain calls.
+the capture sizes for configured lists (:func:`setting_rows`) or for server arguments its own
+start-up code resolves (:func:`case_rows`). 0.5.10.post1 to 0.5.13 run
+``PiecewiseCudaGraphRunner.__init__`` on a stand-in runner up to its log line; 0.5.14 and 0.5.15 the
+unified runners under ``get_parallel().override``; from 0.5.16 the configuration is published in
+the runtime context and the runners' functions are plain calls.
 """
 
 from __future__ import annotations
@@ -49,10 +48,8 @@ class _PoolStandIn:
 
 def _run_until_stop(cls, runner):
     obj = cls.__new__(cls)
-    try:
+    with contextlib.suppress(Stop):
         cls.__init__(obj, runner)
-    except Stop:
-        pass
     return obj
 
 
@@ -141,9 +138,9 @@ def _publish_resolved(prepared, sa):
 
 def runner_sizes(prepared, sa, pool_size: int = MAX_RUNNING_REQUESTS, *,
                  resolved: bool = False) -> tuple[list, list]:
-    """(piecewise or prefill sizes, decode batch sizes) the release's runners capture for ``sa``:
-    a stand-in with the configured lists, or (``resolved``) the release's own resolved
-    ``ServerArgs`` (published first from 0.5.16)."""
+    """(piecewise or prefill sizes, decode batch sizes) the release's runners capture for ``sa``: a
+    stand-in with the configured lists, or (``resolved``) the release's own resolved, published
+    ``ServerArgs``."""
     if has_file(prepared, PIECEWISE_RUNNER):
         return _sizes_pr_era(prepared, sa, pool_size)
     if not has_file(prepared, PUBLISHED):
@@ -158,21 +155,17 @@ def runner_sizes(prepared, sa, pool_size: int = MAX_RUNNING_REQUESTS, *,
 def _release_defaults(prepared) -> dict:
     """Every ``ServerArgs`` field of the release at its default (a dataclass; {} otherwise)."""
     cls = _module(prepared, "server_args").ServerArgs
-    if not dataclasses.is_dataclass(cls):
-        return {}
-    out = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-    return out
+    fields = dataclasses.fields(cls) if dataclasses.is_dataclass(cls) else ()
+    return {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        for f in fields
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    }
 
 
 def stand_in(defaults: dict, setting: dict, piecewise: list, decode: list):
-    """A stand-in ``ServerArgs``: the release's defaults, the setting, the configured lists (as
-    ``piecewise_cuda_graph_tokens`` / ``cuda_graph_bs`` and as ``cuda_graph_config`` for the
-    unified runners)."""
+    """A stand-in ``ServerArgs``: the release's defaults, the setting, the configured lists (also as
+    ``cuda_graph_config`` for the unified runners)."""
     fields = dict(defaults)
     fields.update(tp_size=1, dp_size=1, pp_size=1, enable_dp_attention=False,
                   moe_dense_tp_size=None, enable_dp_lm_head=False, moe_a2a_backend="none",
@@ -236,8 +229,8 @@ def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     if isinstance(exc, _ArgError):
         return text
-    return (f"{type(exc).__name__}: {text}"
-            if text else f"{type(exc).__name__} (SGLang's check gives no message)")
+    name = type(exc).__name__
+    return f"{name}: {text}" if text else f"{name} (SGLang's check gives no message)"
 
 
 PLATFORM_CHECKS = ("is_hip", "is_npu", "is_cpu", "is_mps", "is_xpu")  # False: a CUDA host
@@ -257,10 +250,9 @@ def _rule(frame) -> str | None:
     rule = frame.f_locals.get("name", frame.f_locals.get("_name"))
     if isinstance(rule, str):
         return rule
-    said = _comment_above(frame.f_locals.get("predicate"))
+    said, code = _comment_above(frame.f_locals.get("predicate")), frame.f_code
     if said:
         return said
-    code = frame.f_code
     for n in range(frame.f_lineno, code.co_firstlineno - 1, -1):
         m = RULE_COMMENT.match(linecache.getline(code.co_filename, n))
         if m:
@@ -310,19 +302,15 @@ def _switched_off():
 
 
 def _off_reason(hits: list, phase: str, default: str) -> str:
-    mine = [(f, r) for p, f, r in hits if p == phase]
-    if not mine:
-        return default
-    f, r = mine[-1]
-    return f"{f}: {r}" if r else f"{f} (the arguments given)"
+    mine = [f"{f}: {r}" if r else f"{f} (the arguments given)" for p, f, r in hits if p == phase]
+    return mine[-1] if mine else default
 
 
 @contextlib.contextmanager
 def _cuda_host(prepared, gpu_mem_gb: float):
     """As on a CUDA host with ``gpu_mem_gb`` per GPU: SGLang's GPU-memory query answers that, and
     the prefill graph's default backend is the one it picks on CUDA (0.5.2x asks ``is_cuda()``)."""
-    common = _module(prepared, "utils.common")
-    real_query = common.get_device_memory_capacity
+    real_query = _module(prepared, "utils.common").get_device_memory_capacity
 
     def query(*args, **kwargs):
         return gpu_mem_gb * 1024
@@ -352,9 +340,8 @@ def _cuda_host(prepared, gpu_mem_gb: float):
 
 @contextlib.contextmanager
 def model_dir(model: str):
-    """A folder holding the model's config as ``config.json``, what SGLang loads a model config
-    from: the file's own folder, or a temporary one with a copy (:func:`model_config`), removed on
-    leaving; an error raised inside names the user's file, not the copy."""
+    """A folder holding the model's config as ``config.json``: the file's own folder, or a temporary
+    one with a copy, removed on leaving; an error raised inside names the user's file."""
     path = model_config(model)
     if path.name == "config.json":
         yield str(path.parent)
@@ -384,18 +371,16 @@ def _call(fn, sa):
 
 
 def configure(prepared, argv: list[str], p: dict) -> dict:
-    """:func:`configured`, the model's temporary folder removed when it returns or raises."""
-    with contextlib.ExitStack() as stack:
-        return configured(prepared, argv, p, stack.enter_context)
-
-
-def configured(prepared, argv: list[str], p: dict, model_folder) -> dict:
     """SGLang server arguments, read by the release's own parser -> the capture lists its runners
     keep after its own start-up code, and the facts that decided them. 0.5.10.post1 to 0.5.13: the
     start-up steps that decide the lists, in ``__post_init__`` order, on a ``ServerArgs`` without
     ``__post_init__`` (it would load the model), the model assumed (``p["mla"]``). 0.5.14 on: the
-    whole resolution on the model config ``p["model"]`` (its folder entered by ``model_folder``),
-    as on a CUDA host."""
+    whole resolution on the model config ``p["model"]``, as on a CUDA host."""
+    with contextlib.ExitStack() as stack:
+        return _configure(prepared, argv, p, stack.enter_context)
+
+
+def _configure(prepared, argv: list[str], p: dict, model_folder) -> dict:
     sa_mod, moe = _module(prepared, "server_args"), _module(prepared, "layers.moe.utils")
     parser = _Parser(prog="sglang.launch_server", allow_abbrev=True)
     sa_mod.ServerArgs.add_cli_args(parser)
@@ -462,8 +447,8 @@ def configured(prepared, argv: list[str], p: dict, model_folder) -> dict:
 
 
 def case_rows(prepared, params: dict) -> list[dict]:
-    """Rows ``case, metric, value`` per server-argument case: the facts of :func:`configure`, or
-    one ``error`` row with SGLang's own one-line message."""
+    """Rows ``case, metric, value`` per server-argument case: the facts of :func:`configure`, or one
+    ``error`` row with SGLang's own one-line message."""
     p = {**ASSUMED, **{k: params[k] for k in ASSUMED if k in params}}
     rows = []
     for name, argv in params["cases"].items():

@@ -1,12 +1,12 @@
 """Your own setup for notebook 06: a parallel layout -> the piecewise sizes per rule and the ones
-the reduce-scatter refuses (:func:`your_setup`, the notebook's control), and your server arguments
-put to each installed release's own ``ServerArgs`` beside the rebuild's rules (:func:`command`,
-``sglab capture-sizes``).
+the reduce-scatter refuses (:func:`your_setup`), and your server arguments put to each installed
+release's own ``ServerArgs`` beside the rebuild's rules (:func:`command`, ``sglab capture-sizes``).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 import textwrap
 from pathlib import Path
@@ -27,15 +27,10 @@ def _few(sizes, head: int = 5) -> str:
 def releases_by_state() -> dict[str, str]:
     """``{state: "first–last"}`` of the fix's releases, read from the released wheels (a state met
     twice reads ``"a–b, c–d"``)."""
-    spans: list[list[str]] = []
-    for version, state in sglang.FIX.releases():
-        if spans and spans[-1][0] == state:
-            spans[-1][2] = version
-        else:
-            spans.append([state, version, version])
     out: dict[str, list[str]] = {}
-    for state, a, b in spans:
-        out.setdefault(state, []).append(a if a == b else f"{a}–{b}")
+    for state, group in itertools.groupby(sglang.FIX.releases(), key=lambda vs: vs[1]):
+        vs = [v for v, _ in group]
+        out.setdefault(state, []).append(vs[0] if len(vs) == 1 else f"{vs[0]}–{vs[-1]}")
     return {state: ", ".join(parts) for state, parts in out.items()}
 
 
@@ -66,18 +61,14 @@ def rule_table(attn_tp: int, attn_cp: int, dense_tp1: bool, tbo: bool,
     ]
     rows = []
     for rule, releases, base, sizes in rules:
-        row = {
-            "rule": rule, "releases": releases, "multiple of": base, "captures": len(sizes or ())
-        }
         refused = [n for n in sizes or () if g and n % tp]
-        if sizes is None:
-            row["refused"] = "the PR's assertion: no size is a multiple, the server does not start"
-        else:
-            row.update({
-                "refused": f"{len(refused)}: {_few(refused)}" if refused else "none",
-                "smallest sizes": _few(sizes, 6)
-            })
-        rows.append(row)
+        said = f"{len(refused)}: {_few(refused)}" if refused else "none"
+        rows.append({
+            "rule": rule, "releases": releases, "multiple of": base, "captures": len(sizes or ()),
+            "refused": said if sizes is not None else
+            "the PR's assertion: no size is a multiple, the server does not start",
+            **({"smallest sizes": _few(sizes, 6)} if sizes is not None else {})
+        })
     df = pd.DataFrame(rows)
     df.attrs["setting"] = (
         f"attention TP {tp}, CP {cp}, " + ("tokens scattered over attention TP (dense TP 1)" if g
@@ -110,7 +101,7 @@ FAILED = ("error", "unsupported", "not-run", "probe-error")
 
 def _rebuild(kind: str, configured: list[int], f: dict) -> dict:
     """The rebuild's rules on the list the release configured: #23972's filter (decode: the
-    runner's own rule, which the PR copied) and the 0.5.22+ round-up."""
+    runner's own rule) and the 0.5.22+ round-up."""
     tp, cp, g = f["attn_tp_size"], f["attn_cp_size"], f["gathered_buffer"]
     tbo = f["enable_two_batch_overlap"]
     align = fx.decode_mul_base(tp, cp, gathered=g, two_batch_overlap=tbo)
@@ -128,10 +119,9 @@ def _rebuild(kind: str, configured: list[int], f: dict) -> dict:
 
 def sizes_table(rows, case: str = "args"):
     """One row per release x list (``piecewise`` / ``decode``): what the release captures (or why
-    the list is off), which captured sizes the attention-TP reduce-scatter refuses (with the tokens
-    scattered, ``n % attn_tp != 0``; a decode size counts one token per request), and the rebuild's
-    rules on the configured list; or one row per release that did not answer (``status``
-    ``error``, ``unsupported``, ``not-run`` or ``probe-error``, the reason in ``note``)."""
+    the list is off), which captured sizes the reduce-scatter refuses (tokens scattered, ``n %
+    attn_tp != 0``), and the rebuild's rules on the configured list; or one row per release that
+    did not answer (``status`` one of :data:`FAILED`, the reason in ``note``)."""
     out = []
     for release, d in rows[rows.case == case].groupby("release", sort=False):
         f = dict(zip(d.metric, d.value))
@@ -217,12 +207,10 @@ def notes(table) -> list[str]:
             head = (f"two-batch overlap: the decode rule and the 0.5.22+ round-up align to {a}, "
                     f"the PR's filter to {r.filter_base}; ")
             gap = [n for n in r.filter_keeps if n % a]
-            if len(gap) == 1:
-                return [head + f"it keeps 1 size that is not a multiple of {a} ({gap[0]})"]
             if gap:
-                return [
-                    head + f"it keeps {len(gap)} sizes that are not multiples of {a} ({_few(gap)})"
-                ]
+                what = "size that is not a multiple" if len(
+                    gap) == 1 else "sizes that are not multiples"
+                return [head + f"it keeps {len(gap)} {what} of {a} ({_few(gap)})"]
             agree = agree or [
                 head + f"on this list they agree: every size the filter keeps is a multiple of {a}"
             ]
@@ -305,10 +293,9 @@ def _on_terminal() -> bool:
 def command(argv: list[str], *, releases: list[str] | None = None, mla: bool = True,
             gpu_mem_gb: float = 141.0, model: str = sglang.MODEL, csv: str | None = None) -> int:
     """``sglab capture-sizes [--release V ...] [--model CONFIG.json] -- <server arguments>``: each
-    release parses the arguments with its own ``ServerArgs`` and resolves its configuration
-    (:func:`sglab.capture_sizes.sglang.configure`); the table of :func:`sizes_table`. Exit status:
-    0 when a release answered, 2 when every release that parsed the arguments refused them
-    (SGLang's own one-line message), 1 when no release could answer at all."""
+    release parses and resolves the arguments with its own ``ServerArgs``; the table of
+    :func:`sizes_table`. Exit status: 0 when a release answered, 2 when every release that parsed
+    the arguments refused them (SGLang's own one-line message), 1 when none could answer."""
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:

@@ -1,7 +1,6 @@
 """The capture sizes real SGLang releases use: the fix's record ``FIX`` (PR, hunk, probe, engine
-scenarios, code path), its source check :func:`check`, and the real lists beside the rebuild's rules
-(:func:`compare`). :func:`probe` runs inside one release's worker process
-(:mod:`.release_probe`); :func:`ask` puts your server arguments to several releases.
+scenarios, code path), its source check, the real lists beside the rebuild's rules
+(:func:`compare`), and :func:`ask`, your server arguments put to several releases.
 """
 
 from __future__ import annotations
@@ -128,9 +127,8 @@ def check(read) -> Verdict:
 
 # -- the probe (its code in the release's worker process: release_probe.py) ------------------------
 def model_config(model: str) -> Path:
-    """The config file ``model`` names: a JSON file, or a folder's ``config.json``; a relative
-    path is the working folder's where it is there, else the checkout's. ValueError when there is
-    none, or when it is not a JSON object."""
+    """The config file ``model`` names: a JSON file, or a folder's ``config.json`` (relative: the
+    working folder's where it is there, else the checkout's); a one-line ValueError otherwise."""
     path = Path(model)
     if not path.is_absolute():
         path = path.resolve() if path.exists() else repo_root() / path
@@ -149,8 +147,8 @@ def model_config(model: str) -> Path:
 
 
 def probe(prepared, params: dict) -> list[dict]:
-    """The release's answers (in its worker process): rows per setting where ``params`` has the
-    configured lists (``piecewise``, ``decode``, ``settings``, ``max_tokens``), rows per case of
+    """The release's answers (in its worker process, :mod:`.release_probe`): rows per setting for
+    the configured lists (``piecewise``, ``decode``, ``settings``, ``max_tokens``), rows per case of
     ``params["cases"]`` ({name: argv}, with the keys of :data:`ASSUMED`)."""
     if not (has_file(prepared, PIECEWISE_RUNNER) or has_file(prepared, PREFILL_RUNNER)):
         why = f"sglang {prepared.release} has no piecewise or prefill CUDA-graph runner"
@@ -162,11 +160,10 @@ def probe(prepared, params: dict) -> list[dict]:
 
 
 # -- the record ------------------------------------------------------------------------------------
-def params(max_tokens: int | None = None) -> dict:
+def params() -> dict:
     """The notebook's probe call: the default piecewise list, the decode list, every setting."""
-    max_tokens = fx.MLA_MAX_TOKENS if max_tokens is None else max_tokens
-    return dict(piecewise=fx.default_piecewise_capture_sizes(max_tokens), decode=DECODE,
-                max_tokens=max_tokens, settings=SETTINGS)
+    return dict(piecewise=fx.default_piecewise_capture_sizes(fx.MLA_MAX_TOKENS), decode=DECODE,
+                max_tokens=fx.MLA_MAX_TOKENS, settings=SETTINGS)
 
 
 # -- the real engine: `sglab engine --scenario NAME`, recorded under
@@ -280,20 +277,18 @@ def describe(sizes, configured: list) -> str:
     """A list as what it changed against ``configured``: ``n sizes``, what it drops and adds."""
     if isinstance(sizes, str):
         return sizes
-    dropped = [n for n in configured if n not in sizes]
-    added = [n for n in sizes if n not in configured]
-    text = f"{len(sizes)} sizes"
-    for word, ns in (("drops", dropped), ("adds", added)):
-        if ns:
-            text += f", {word} {ns[:6]}{'…' if len(ns) > 6 else ''}"
-    return text if dropped or added else text + ", as configured"
+    changed = {
+        "drops": [n for n in configured if n not in sizes],
+        "adds": [n for n in sizes if n not in configured]
+    }
+    said = [f", {w} {ns[:6]}{'…' if len(ns) > 6 else ''}" for w, ns in changed.items() if ns]
+    return f"{len(sizes)} sizes" + ("".join(said) or ", as configured")
 
 
-def comparison(results: dict, max_tokens: int | None = None):
+def comparison(results: dict):
     """One row per (release, setting): the real piecewise list (or the assertion) and decode list
     beside the rebuilt rule's."""
-    max_tokens = fx.MLA_MAX_TOKENS if max_tokens is None else max_tokens
-    configured, rows = fx.default_piecewise_capture_sizes(max_tokens), []
+    configured, rows = fx.default_piecewise_capture_sizes(fx.MLA_MAX_TOKENS), []
     for release, result in real.ran(results).items():
         for name, setting in SETTINGS.items():
             got = real.facts(result, setting=name)
@@ -310,9 +305,9 @@ def comparison(results: dict, max_tokens: int | None = None):
     return real.table(rows)
 
 
-def defaults_line(results: dict, max_tokens: int | None = None) -> str:
+def defaults_line(results: dict) -> str:
     """Does each release generate the rebuilt default piecewise list?"""
-    max_tokens = fx.MLA_MAX_TOKENS if max_tokens is None else max_tokens
+    max_tokens = fx.MLA_MAX_TOKENS
     want = fx.default_piecewise_capture_sizes(max_tokens)
     parts = []
     for v, r in real.ran(results).items():
@@ -325,8 +320,8 @@ def defaults_line(results: dict, max_tokens: int | None = None) -> str:
 
 def compare() -> None:
     """The notebook's real-SGLang section: where the answers come from, each release's piecewise
-    list per setting (one column per release and the rule it must match; every row checked against
-    that rule, decode lists too), then each release's default list beside the rebuilt one."""
+    list per setting (a column per release and its rule; every row checked against the rule, decode
+    lists too), then each release's default list beside the rebuilt one."""
     from sglab.core.notebook import show_table
 
     results = real.answers(FIX)
@@ -352,15 +347,14 @@ MODEL_PLACEHOLDER = "model-not-loaded"  # --model-path is required by the parser
 
 def probe_call(cases: dict[str, list[str]], releases, **assumed) -> tuple[str, dict, list[str]]:
     """``(probe, params, releases)`` of :func:`ask`: ``--model-path`` put first in every argument
-    list (a later one given by the user parses, and is replaced by the model config)."""
+    list (a later one of the user's parses, and is replaced by the model config)."""
     cases = {k: ["--model-path", MODEL_PLACEHOLDER, *argv] for k, argv in cases.items()}
     return FIX.probe.fn, {"cases": cases, **ASSUMED, **assumed}, list(releases)
 
 
 def ask(cases: dict[str, list[str]], releases, *, timeout: float = 300.0, progress=None, **assumed):
     """Rows ``release, case, metric, value`` from each release (a ``not-run`` / ``probe-error`` row
-    where a release could not answer); ``assumed``: the keys of :data:`ASSUMED`; ``progress``:
-    :func:`sglab.sglang.runner.run_probes`'."""
+    where a release could not answer); ``assumed``: the keys of :data:`ASSUMED`."""
     probe_fn, p, releases = probe_call(cases, releases, **assumed)
     frames = []
     for v, r in run_probes(releases, probe_fn, p, timeout=timeout, progress=progress).items():
