@@ -117,6 +117,12 @@ def test_a_variant_started_at_two_tp_sizes_keeps_both_when_runs_merge():
     df = R.merged(h200).df
     got = df[(df.variant == "0.5.11+before") & (df.metric == "status")]
     assert sorted(got.tp.unique()) == sorted(tps) and R.frame(h200).tp.dtype.kind == "i"
+    # 05's engine memory reads the widest TP size, as its headline says, not the two added up
+    from sglab.grid_thw import show as grid_show
+
+    mem = grid_show.engine_memory(R.merged(h200))
+    assert mem["rank"].max() == max(tps) - 1 and grid_show.engine_stray(R.merged(h200),
+                                                                        "before")[0] == 9
 
 
 def test_tables_show_the_spread_between_engine_starts():
