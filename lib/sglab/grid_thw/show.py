@@ -346,6 +346,7 @@ def engine_memory(run) -> pd.DataFrame:
     """Each process's memory on each GPU after the image request, per case that started: rows
     ``case, process, rank, gpu, MiB`` (rank: the scheduler's TP rank, None for other processes)."""
     df = engine_records.frame([run])
+    df = df[df.tp == df.tp.max()]  # runs merged from TP 2 and TP 4: the widest, as its headline
     ok = {k[2] for k, v in engine_stats.started(df).items() if v}
     d = df[(df.metric == "gpu_memory") & df.case.isin(ok)]
     ranks = [re.search(r"scheduler_TP(\d+)", str(p)) for p in d.process]
