@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from sglab.core import memory, plots
+from sglab.core.text import span
 from sglab.grid_thw.measure import KERNEL_STEPS
 
 
@@ -25,17 +26,16 @@ MARK_COLUMNS = ["variant", "repeat", "process", "rank", "mark", "t_s", "dur_s"]
 
 
 def group_tables(groups: list[dict], samples, ticks: list[float]):
-    """``memory`` (the change points of each (process, GPU) series,
-    :func:`sglab.core.memory.step_series`: exactly the sampled series drawn as steps) and ``marks``
-    of every group, each on its own time axis (0 = the group's start)."""
+    """``memory`` (each (process, GPU) series' change points, :func:`sglab.core.memory.step_series`)
+    and ``marks`` of every group, each on its own time axis (0 = the group's start)."""
     mem, marks = [], []
     for g in groups:
         t0 = g["t_start"]
         window = [t for t in ticks if t0 <= t <= g["t_end"]]
         for s in memory.step_series(samples, window, pids=list(g["procs"])).itertuples():
             process, rank = g["procs"][s.pid]
-            mem.append((g["variant"], g["repeat"], process, rank, s.gpu, round(s.t - t0,
-                                                                               4), s.used_mib))
+            t = round(s.t - t0, 4)
+            mem.append((g["variant"], g["repeat"], process, rank, s.gpu, t, s.used_mib))
         for process, rank, name, a, b in g["marks"]:
             marks.append((g["variant"], g["repeat"], process, rank, name, round(a - t0, 4),
                           round(b - a, 4)))
@@ -43,19 +43,17 @@ def group_tables(groups: list[dict], samples, ticks: list[float]):
 
 
 def write_perfetto(mem, marks, path) -> Path:
-    """Chrome trace JSON (https://ui.perfetto.dev): one trace process per group, a counter track
-    per (process, GPU) in MiB, one thread per process with its marks as slices."""
-    events = []
+    """Chrome trace JSON (ui.perfetto.dev): a trace process per group, a counter track per
+    (process, GPU) in MiB, a thread per process with its marks as slices."""
     keys = sorted(
         set(map(tuple, mem[["variant", "repeat"]].values.tolist()))
         | set(map(tuple, marks[["variant", "repeat"]].values.tolist())), key=str)
     gid = {k: i + 1 for i, k in enumerate(keys)}
     tid: dict = {}
-    for (variant, repeat), i in gid.items():
-        events.append({
-            "name": "process_name", "ph": "M", "pid": i,
-            "args": {"name": f"{variant} · repeat {repeat}"}
-        })
+    events = [{
+        "name": "process_name", "ph": "M", "pid": i,
+        "args": {"name": f"{variant} · repeat {repeat}"}
+    } for (variant, repeat), i in gid.items()]
     for r in marks.itertuples():
         k = (r.variant, r.repeat)
         t = tid.setdefault((k, r.process), len(tid) + 1)
@@ -87,16 +85,14 @@ def sidecars(groups: list[dict], samples, ticks: list[float]) -> dict:
 
 # -- the memory time series: which mark each step in a process's memory belongs to -----------------
 def _values_at(series, ts) -> "np.ndarray":
-    """The step series' values at the times ``ts`` (0 before its first point); ``series`` is sorted
-    by ``t_s``."""
+    """The step series' (sorted by ``t_s``) values at ``ts`` (0 before its first point)."""
     i = np.searchsorted(series.t_s.to_numpy(), np.asarray(ts, dtype=float), side="right")
     return np.concatenate(([0.0], series.mib.to_numpy(dtype=float)))[i]
 
 
 def mark_deltas(mem, marks, *, gpu: int = 0):
     """For every mark of every process: its memory on ``gpu`` when the mark began and when its next
-    mark began (a pause after the last), and the difference; robust to NVML's transient readings
-    inside a step (a resize frees, then allocates)."""
+    mark began (a pause after the last), and the difference (blind to a resize inside a step)."""
     out = []
     mem = mem[mem.gpu == gpu]
     by = mem.sort_values("t_s", kind="stable").groupby(["variant", "repeat", "process"])
@@ -120,17 +116,15 @@ def mark_deltas(mem, marks, *, gpu: int = 0):
 
 def step_deltas(run, gpu: int = 0):
     """What each marked step added to each process's memory on ``gpu`` (None without a series)."""
-
-    def make():
-        mem, marks = run.sidecar("memory"), run.sidecar("marks")
-        return None if mem is None or marks is None else mark_deltas(mem, marks, gpu=gpu)
-
-    return run.memo(f"step_deltas {gpu}", make)
+    mem, marks = run.sidecar("memory"), run.sidecar("marks")
+    return run.memo(
+        f"step_deltas {gpu}", lambda: None
+        if mem is None or marks is None else mark_deltas(mem, marks, gpu=gpu))
 
 
 def growth_by_step(run):
     """MiB each step added on GPU 0 for ranks >= 1 (median over repeats and ranks), a row per
-    variant, a column per step in time order (None without a time series)."""
+    variant, a column per step (None without a time series)."""
     d = step_deltas(run, gpu=0)
     if d is None:
         return None
@@ -144,14 +138,11 @@ def growth_by_step(run):
 
 
 def stack_limits(df):
-    """CU_LIMIT_STACK_SIZE of the context on the grid's GPU after each kernel step, ranks >= 1
-    (min–max over repeats and ranks; method 2)."""
+    """CU_LIMIT_STACK_SIZE on the grid's GPU after each kernel step, ranks >= 1 (min–max)."""
     s = df[(df.metric == "stack_limit_bytes") & (df["rank"] >= 1)]
     if s.empty:
         return pd.DataFrame()
-    t = s.groupby(["variant", "phase"]).value.agg(
-        lambda v: f"{v.min():.0f}" if v.min() == v.max() else f"{v.min():.0f}–{v.max():.0f}")
-    t = t.unstack()
+    t = s.groupby(["variant", "phase"]).value.agg(lambda v: span(v, "{:.0f}")).unstack()
     t = t.reindex(columns=[c for c in KERNEL_STEPS if c in t.columns])
     t.columns.name = None
     return t
@@ -219,9 +210,8 @@ def _series_panel(ax, mem, marks, variant: str, rank: int) -> None:
 
 
 def memory_series(run, *, repeat: int = 0, variants=("before", "after"), rank: int = 1):
-    """The profiler picture: NVML memory of every process of one group per variant over time
-    (seconds from the group's start), a line per process and GPU, rank ``rank``'s steps shaded.
-    None without a time series."""
+    """The profiler picture: NVML memory of every process of one group per variant over time, a line
+    per process and GPU, rank ``rank``'s steps shaded (None without a time series)."""
     mem, marks = run.sidecar("memory"), run.sidecar("marks")
     if mem is None or marks is None:
         return None
@@ -238,6 +228,3 @@ def memory_series(run, *, repeat: int = 0, variants=("before", "after"), rank: i
     hz = float(run.df[run.df.metric == "sampler_hz"].value.max())
     plots.caption(fig, run, extra=f"repeat {repeat} · NVML sampled in the parent at {hz:.0f} Hz")
     return fig
-
-
-# -- the lesson: the cache answer (CPU) ------------------------------------------------------------
