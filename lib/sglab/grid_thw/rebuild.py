@@ -1,10 +1,7 @@
-"""The request path of a Kimi-K2.5 image request, before and after SGLang #22858, in one file.
-
-One section per upstream file, in the order a request meets them. The switch is ``fixed`` of
-:func:`gpu_call`: before, the grid stays on the device it was built on under Kimi's key
-``grid_thws``; after, ``grid_thws.cpu()`` under SGLang's ``image_grid_thw``. Whatever process
-unpickles a CUDA grid re-creates it on ``cuda:0`` (section 6); the per-image split looks the grid up
-by name (section 3). Everything runs on the CPU too (``device="cpu"``); nothing here measures.
+"""The request path of a Kimi-K2.5 image request before and after SGLang #22858, one section per
+upstream file in the order a request meets them. The switch is ``fixed`` of :func:`gpu_call`:
+before, the grid stays where it was built under Kimi's key ``grid_thws``; after, ``.cpu()`` under
+SGLang's ``image_grid_thw``. Everything runs on the CPU too; nothing here measures.
 """
 
 from __future__ import annotations
@@ -22,13 +19,9 @@ import torch.nn.functional as F
 
 # -- 1. srt/multimodal/processors/kimi_k25.py · navit_resize_config, _gpu_preprocess_images,
 #    KimiGPUProcessorWrapper._gpu_call (the fix)
-# Kimi-K2.5 media_proc_cfg values (patch 14, merge 2)
-PATCH_SIZE = 14
-MERGE_KERNEL_SIZE = 2
-IN_PATCH_LIMIT = 16384
-PATCH_LIMIT_ON_ONE_SIDE = 512
-IMAGE_MEAN = (0.5, 0.5, 0.5)
-IMAGE_STD = (0.5, 0.5, 0.5)
+# Kimi-K2.5 media_proc_cfg values
+PATCH_SIZE, MERGE_KERNEL_SIZE, IN_PATCH_LIMIT, PATCH_LIMIT_ON_ONE_SIDE = 14, 2, 16384, 512
+IMAGE_MEAN = IMAGE_STD = (0.5, 0.5, 0.5)
 IMAGE_TOKEN_ID = 163605  # <|media_pad|> in Kimi's tokenizer (hf_config.media_placeholder_token_id)
 
 
@@ -54,8 +47,7 @@ def navit_resize_config(width: int, height: int, patch_size: int = PATCH_SIZE,
 
 
 def _process_single_image(image, config: dict, image_mean, image_std_inv, patch_size: int):
-    """One (C, H, W) uint8 image -> patches and its [t, h, w] grid, created with
-    ``device=x.device``: on the device the image was processed on."""
+    """One (C, H, W) uint8 image -> patches and its [t, h, w] grid, on the image's device."""
     x = image.unsqueeze(0).float()
     x = F.interpolate(x, size=(config["new_height"], config["new_width"]), mode="bicubic",
                       align_corners=False)
@@ -97,11 +89,9 @@ def gpu_call(prompt_ids: list[int], images: list, *, fixed: bool, device="cuda:0
         input_ids.extend([IMAGE_TOKEN_ID] * next(it)["num_tokens"] if tok ==
                          IMAGE_TOKEN_ID else [tok])
     input_ids_t = torch.tensor([input_ids], dtype=torch.int64)
-    if not fixed:
-        # before: the grid stays where it was built, under Kimi's own key
+    if not fixed:  # before: the grid stays where it was built, under Kimi's own key
         return {"input_ids": input_ids_t, "pixel_values": pixel_values, "grid_thws": grid_thws}
-    # the fix: the grid to the CPU, under the SGLang-standard key
-    grid_thws = grid_thws.cpu()
+    grid_thws = grid_thws.cpu()  # the fix: the grid to the CPU, under the SGLang-standard key
     return {"input_ids": input_ids_t, "pixel_values": pixel_values, "image_grid_thw": grid_thws}
 
 
@@ -209,16 +199,12 @@ def hash_feature(feature: torch.Tensor) -> int:
 
 # -- 4. srt/multimodal/processors/base_processor.py · FEATURE_NAMES, process_mm_data,
 #    collect_mm_items_from_processor_output, get_mm_items_offset, process_and_combine_mm_data
-# FEATURE_NAMES is an allow-list: a model-specific processor that returns another tensor escapes
-# it, which is how a 32-byte grid reached every TP rank on cuda:0.
+# FEATURE_NAMES is an allow-list: a model-specific processor's other tensor escapes it, which is how
+# a 32-byte grid reached every TP rank on cuda:0. ("grid_thws": for kimi k2.5.)
 FEATURE_NAMES = ["pixel_values", "pixel_values_videos", "audio_features", "input_features"]
 ATTR_NAME_TO_MODALITY = {
-    "pixel_values": "image",
-    "image_grid_thw": "image",
-    "grid_thws": "image",  # for kimi k2.5
-    "pixel_values_videos": "video",
-    "video_grid_thw": "video",
-    "audio_features": "audio",
+    "pixel_values": "image", "image_grid_thw": "image", "grid_thws": "image",
+    "pixel_values_videos": "video", "video_grid_thw": "video", "audio_features": "audio",
     "input_features": "audio"
 }
 
@@ -357,7 +343,7 @@ WIRES: dict[str, Wire] = {
     "pickle": Wire("pickle", send_pyobj, recv_pyobj,
                    "sent by value with its device; re-created there"),
     "cuda_ipc": Wire("cuda_ipc", ipc_dumps, recv_pyobj,
-                     "sent as an IPC handle; opened on its device", per_receiver=True),
+                     "sent as an IPC handle; opened on its device", per_receiver=True)
 }
 
 
@@ -398,8 +384,7 @@ def grid_key(obj: dict) -> str | None:
 
 # -- 7. the inputs (no upstream counterpart): seeded images, prompts, request streams --------------
 def synthetic_image(image_id: int, *, base: int = 28) -> torch.Tensor:
-    """A deterministic (3, H, W) uint8 image; H and W multiples of 28 (one merge block) in
-    [28, 84]."""
+    """A deterministic (3, H, W) uint8 image; H and W multiples of 28 (one merge block) to 84."""
     g = torch.Generator().manual_seed(1000 + image_id)
     h = base * int(torch.randint(1, 4, (1,), generator=g))
     w = base * int(torch.randint(1, 4, (1,), generator=g))
