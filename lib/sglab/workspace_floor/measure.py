@@ -64,9 +64,8 @@ def _scenario(pre: int) -> str:
 
 def simulate_rows(params: Optional[dict] = None, *, world_sizes=None,
                   scenarios=(0, 2048)) -> list[dict]:
-    """Rows per trace, world size, scenario and policy of the simulation: re-creations, creations in
-    all, peak MiB per rank, the final size, refused calls, and an ``event_workspace`` row per
-    creation."""
+    """The simulation's rows per trace, world size, scenario and policy, and one
+    ``event_workspace`` row per creation."""
     p = {**DEFAULT_PARAMS, **(params or {})}
     rows = []
     for tname in p["traces"]:
@@ -265,10 +264,9 @@ TRIVIAL_CALLS = (r"^(cudaGetDevice|cudaGetLastError|cudaPeekAtLastError|cudaStre
 
 
 def traced_pass(st) -> dict:
-    """Under one ``sglab.core.trace.Recorder``: each profiled policy replays the profiled trace
-    (``recreate workspace`` per creation, a sub-range per phase), then one ``create workspace`` per
-    cost size. Returns ``{"table": reduced events, "perfetto": path}``; adds this pass's leak rows
-    (against a baseline taken once the profiler holds its device memory)."""
+    """Under one ``sglab.core.trace.Recorder``: each profiled policy replays the profiled trace,
+    then one ``create workspace`` range per cost size; ``{"table": reduced events, "perfetto":
+    path}``, and this pass's own leak rows."""
     cfg, ctx = st.cfg, st.ctx
     path = Path(cfg["trace_dir"]) / f"rank{ctx.rank}.trace.json.gz"
     schedule: dict[str, list[tuple[int, int]]] = {}
@@ -318,10 +316,8 @@ def _host_ranges(events, names):
 
 
 def reduce_events(events, schedule: dict, *, rank: int):
-    """The events inside creation ranges, labelled with ``variant``, ``rank``, ``creation`` (0, 1,
-    ... within the variant), trace ``step`` and workspace ``tokens`` (``schedule``: per variant, the
-    ``(step, tokens)`` of its creations in order); device copies of ranges and trivial host queries
-    dropped."""
+    """The events inside creation ranges, labelled with ``variant``, ``rank``, ``creation`` and its
+    ``(step, tokens)`` from ``schedule``; device copies of ranges and trivial host queries dropped."""
     variants = _host_ranges(events, [VARIANT_PREFIX + v for v in schedule])
     creations = _host_ranges(events, [rebuild.RECREATE_RANGE, COST_RANGE])
     if creations.empty:

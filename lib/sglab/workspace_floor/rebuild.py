@@ -80,10 +80,9 @@ class CreationEvent:
 
 
 class WorkspaceManager:
-    """``FlashInferWorkspaceManager``, creation delegated to ``creator.create(...)``: reuse a
-    workspace that covers the request, else clean it up and create at ``max(max_token_num,
-    high-water mark)`` (``high_water=False``: the managers of 0.5.12.post1 and 0.5.13). Added: a
-    :class:`CreationEvent` per creation and, with a ``mark``, a :data:`RECREATE_RANGE` around it."""
+    """``FlashInferWorkspaceManager`` over a creator: reuse a workspace that covers the request,
+    else create at ``max(max_token_num, high-water mark)`` (``high_water=False``: 0.5.12.post1 and
+    0.5.13); added, a :class:`CreationEvent` and a :data:`RECREATE_RANGE` mark per creation."""
 
     def __init__(self, creator, *, high_water: bool = True,
                  clock: Callable[[], float] = time.perf_counter, mark: Optional[Mark] = None):
@@ -180,9 +179,8 @@ PR_FLOOR = 2048  # after the PR: max_token_num=max(x.shape[0], 2048)
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    """What the call site passes as ``max_token_num`` (``floor=None``: nothing, so the callee's
-    default 2048 and its assert), whether the manager keeps a high-water mark, the short name every
-    table and claim uses (``label``) and the code it stands for (``call``)."""
+    """What the call site passes as ``max_token_num`` (``floor=None``: nothing, the callee's default
+    2048), the manager's high-water mark, its short name (``label``) and code (``call``)."""
 
     name: str
     floor: Optional[int]
@@ -311,10 +309,8 @@ class FakeCreator:
 
 # -- 5. flashinfer/comm/cuda_ipc.py · CudaRTLibrary, create_shared_buffer / free_shared_buffer -----
 class CudartOps:
-    """``cudaMalloc``, IPC handle export / open (lazy peer access) / close, ``cudaFree``, the
-    Lamport fill (``cuMemsetD16`` of -0.0), the 5-int flag word and the int64 pointer table, through
-    ``cuda.bindings`` (so the profiler sees the runtime and driver calls). Tests swap in host
-    stand-ins with the same methods."""
+    """The CUDA calls of a creation through ``cuda.bindings`` (so the profiler sees them): malloc,
+    IPC export / open / close, free, the Lamport fill, flag word and pointer table."""
 
     def __init__(self, device: Optional[int] = None):
         from cuda.bindings import driver, runtime  # optional: only where the GPU path runs
@@ -409,10 +405,9 @@ class IpcWorkspace:
 
 
 class IpcWorkspaceCreator:
-    """Per rank and creation: a free-memory vote (SGLang's ``_preflight_check_workspace_memory``);
-    per buffer, allocate, export the IPC handle, all-gather the handles, open every peer's; the
-    Lamport fill, flag word and pointer table; a barrier and SGLang's CPU all-reduce
-    (``_sync_allreduce_unavailable_across_tp``). Each phase timed, and named for the profiler."""
+    """Per rank: SGLang's free-memory vote; per buffer, allocate, export, all-gather the handles,
+    open every peer's; fill, flag word, pointer table; a barrier and SGLang's CPU all-reduce. Each
+    phase timed and named."""
 
     def __init__(self, ops, *, mark: Optional[Mark] = None):
         self.ops, self.mark = ops, mark
@@ -462,10 +457,8 @@ class IpcWorkspaceCreator:
 def replay(manager: WorkspaceManager, policy: Policy, trace, *, world_size: int, rank: int,
            hidden_dim: int, group=None, pre_initialize: Optional[int] = None,
            before_create: Optional[Callable[[], None]] = None) -> int:
-    """Feed a trace (``x.shape[0]`` per forward step) through the call site; returns the refused
-    calls. ``pre_initialize``: create at that size first, as step -1 (SGLang's
-    ``pre_initialize_workspaces``). ``before_create``: called on every rank before a creating
-    step."""
+    """Feed a trace through the call site; the refused calls. ``pre_initialize``: create at that
+    size first, as step -1; ``before_create``: called before a creating step (a barrier)."""
     refused = 0
     if pre_initialize:
         manager.step = -1

@@ -238,9 +238,8 @@ def replay_release(prepared, trace: list, site: str, *, pre_initialize: int = 0,
 
 
 def probe(prepared, params: dict) -> list[dict]:
-    """Rows ``trace, site, scenario, metric, value``: the ``max_token_num=`` line of the release's
-    call site, then per trace (``traces``: {name: token counts}), site (``sites``) and
-    pre-initialisation the creations and refusals."""
+    """Rows ``trace, site, scenario, metric, value``: the call site's ``max_token_num=`` line, then
+    per trace, site and pre-initialisation the creations and refusals."""
     from sglab.sglang import bootstrap
 
     layernorm = bootstrap.import_release_module(prepared, "sglang.srt.layers.layernorm")
@@ -334,24 +333,11 @@ ENGINE_POLICY = {("0.5.12.post1", "fusion"): "before_pr", ("0.5.13", "fusion"): 
                  ("0.5.13", "x-shape"): "shape_no_hwm"}
 
 
-def engine_trace(entry: dict, spec: dict, decisions: dict) -> list[int]:
-    """Every token count the call site sees in one engine run, in order: the decode-graph and
-    piecewise captures (largest first), then each call's prefill and decode steps (warm-ups too),
-    kept where the fusion gate lets them through."""
-    caps = sorted(decisions.get("decode_bs") or [], reverse=True) + sorted(
-        decisions.get("pcg_tokens") or [], reverse=True)
-    steps = []
-    for il in spec.get("input_lens", []):
-        for _ in range(int(spec.get("warmup", 0)) + int(spec.get("repeats", 1))):
-            for n in spec.get("requests", [1]):
-                steps += [il * n] + [n] * (int(spec.get("output_len", 1)) - 1)
-    return rebuild.fused_steps(caps + steps)
-
-
 def engine_facts(run) -> list[dict]:
     """Per engine variant that started: its policy, the creations per rank and manager and their
-    sizes (the trace adjustment's lines), those inside the calls, and the rebuild's simulation of
-    the same trace with SGLang's pre-initialisation at 2048 tokens."""
+    sizes, those inside the calls, and the rebuild's simulation of the same trace (every token
+    count the call site sees: the graph captures largest first, then each call's steps) after
+    SGLang's pre-initialisation."""
     specs = {(s["release"], s["case"]): s for s in run.manifest.params.get("specs", [])}
     out = []
     for i, e in enumerate(run.manifest.engine_runs):
@@ -363,7 +349,14 @@ def engine_facts(run) -> list[dict]:
         hidden = int(eng.text_config(e["model"]["config"])["hidden_size"])
         world = int(d["resolved"].get("tp_size", 2)) if d.get("resolved") else 2
         policy = dataclasses.replace(rebuild.POLICIES[ENGINE_POLICY[key]], high_water=False)
-        trace = engine_trace(e, specs.get(key, {}), d)
+        spec, steps = specs.get(key, {}), []
+        for il in spec.get("input_lens", []):
+            for _ in range(int(spec.get("warmup", 0)) + int(spec.get("repeats", 1))):
+                for n in spec.get("requests", [1]):
+                    steps += [il * n] + [n] * (int(spec.get("output_len", 1)) - 1)
+        trace = rebuild.fused_steps(
+            sorted(d.get("decode_bs") or [], reverse=True) +
+            sorted(d.get("pcg_tokens") or [], reverse=True) + steps)
         mgr, _ = rebuild.simulate(policy, trace, world_size=world, hidden_dim=hidden,
                                   pre_initialize=rebuild.FUSE_ALLREDUCE_MAX_BATCH_SIZE)
         ev = [x for x in d["events"] if x.get("event") == "workspace"]

@@ -54,7 +54,6 @@ def policy_stats(run) -> pd.DataFrame:
 
 
 def consistency(run) -> str:
-    """The GPU replay against the simulation stored with the run, in one line."""
     d = run.df
     sim = d[(d.source == "simulated") & (d.scenario == "cold")].pivot_table(
         index=["trace", "variant"], columns="metric", values="value", aggfunc="max")
@@ -187,9 +186,8 @@ def phase_frame(events) -> pd.DataFrame:
 
 
 def trace_step(events, *, world_size: int, hidden_dim: int) -> list[str]:
-    """Where the creation cost steps up, read from the traced cost sizes: which phase and call grow,
-    by how much, what the trace rules out; then each rank's long calls in the first creation above
-    the step."""
+    """Where the creation cost steps up, from the traced cost sizes: which phase and call grow, what
+    the trace rules out, and each rank's long calls in the first creation above the step."""
     r = creation_ranges(events)
     cost = r[r.variant == COST_VARIANT].groupby("tokens").ms.max()
     ob, ph = open_by_buffer(events), phase_frame(events)
@@ -470,9 +468,8 @@ def _sizes(sizes) -> str:
 
 
 def engine_table(facts: list[dict]) -> pd.DataFrame:
-    """One row per TP size and engine variant: its call site, the creations per rank, their size,
-    how many fell inside the forward steps, the rebuild's simulation of the same trace, and the time
-    of a creation apart from each rank's first one (which also holds FlashInfer's JIT build)."""
+    """One row per TP size and engine variant: call site, creations per rank and size, those in the
+    forward steps, the rebuild's simulation, and a creation's time apart from each rank's first."""
     rows = [{
         "TP": f["world"], "release": f["variant"].split("+")[0], "call site": label(f["policy"]),
         "creations per rank": text.count(f["per_rank"].values()), "max_token_num": _sizes(

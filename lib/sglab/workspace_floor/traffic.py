@@ -154,9 +154,8 @@ def cost_model(world_size: int) -> Optional[CostModel]:
 
 def traffic_table(tokens: list[int], *, world_size: int, hidden_dim: int, policies=None,
                   pre_initialize: int = 0) -> pd.DataFrame:
-    """One row per policy (ids or :class:`~.rebuild.Policy`), by its short name: what the call site
-    passes, re-creations, refused calls, peak MiB/rank (exact), estimated host-blocking ms from the
-    newest recorded run's creation cost (named in ``attrs["cost_model"]``)."""
+    """Per policy (ids or :class:`~.rebuild.Policy`): re-creations, refused calls, peak MiB/rank and
+    the host-blocking ms estimated from a recorded run (``attrs["cost_model"]``)."""
     model = cost_model(world_size)
     rows = []
     for pol in policies or rebuild.POLICIES:
