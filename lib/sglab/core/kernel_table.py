@@ -15,12 +15,13 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Optional
 
+from sglab.core.timing import _quantile
+
 
 COLUMNS = [
     "label", "kernel", "short", "calls", "median_us", "p10_us", "p90_us", "total_us", "share",
     "backend"
 ]
-_NON_KERNEL = ("Memcpy", "Memset")
 # words that say what an (otherwise templated, unreadable) kernel name does, first match wins
 _HINTS = ("direct_copy", "CatArrayBatchedCopy", "index_select", "indexSelect", "embedding",
           "rms_norm", "RowwiseMoments", "silu", "MulFunctor", "AddFunctor", "cos_kernel",
@@ -56,14 +57,6 @@ def short_name(kernel: str, width: int = 48) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
-def _quantile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    pos = q * (len(xs) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 def reduce_records(records: Iterable[tuple], runs: int, backend: str):
     """``(label, kernel, duration_ns)`` records of ``runs`` repetitions -> the per-kernel table (one
     row per label and kernel, ordered by the label's first appearance and then by total time)."""
@@ -84,8 +77,8 @@ def reduce_records(records: Iterable[tuple], runs: int, backend: str):
         med = statistics.median(ok) if ok else float("nan")
         rows.append({
             "label": label, "kernel": kernel, "short": short_name(kernel), "calls": len(us) / runs,
-            "median_us": med, "p10_us": _quantile(ok, 0.1) if ok else med,
-            "p90_us": _quantile(ok, 0.9) if ok else med, "total_us": sum(ok) / runs,
+            "median_us": med, "p10_us": _quantile(sorted(ok), 0.1) if ok else med,
+            "p90_us": _quantile(sorted(ok), 0.9) if ok else med, "total_us": sum(ok) / runs,
             "backend": backend
         })
     df = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "share"])

@@ -1,12 +1,9 @@
-"""One house style for every figure, and captions that say where the data came from.
-"""
+"""One house style for every figure, and captions that say where the data came from."""
 
 from __future__ import annotations
 
-from typing import Any
-from typing import Sequence
 import re
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 
 PALETTE = {
@@ -59,7 +56,6 @@ def caption(fig, source: Any = None, extra: str = "") -> str:
 
 
 # -- diagram: drawing primitives for the mechanism pictures on each notebook's first screen -------
-
 BOX_COLORS = {
     "before": "#f5b7b1", "after": "#aed6f1", "neutral": "#e5e8e8", "accent": "#f9e79f",
     "removed": "#f5b7b1", "kept": "#d5f5e3"
@@ -92,15 +88,6 @@ def box(ax, x: float, y: float, w: float, h: float, text: str = "", *, color: st
         ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize, **text_kw)
 
 
-def row(ax, x: float, y: float, items: Sequence[tuple[str, str]], *, w: float = 0.9, h: float = 0.5,
-        gap: float = 0.08, fontsize: float = 7.5) -> float:
-    """Boxes ``(text, color)`` left to right from ``x``; returns the x after the last box."""
-    for text, color in items:
-        box(ax, x, y, w, h, text, color=color, fontsize=fontsize)
-        x += w + gap
-    return x
-
-
 def arrow(ax, start: tuple[float, float], end: tuple[float, float], text: str = "", *,
           color: str = "#566573", fontsize: float = 8, style: str = "-|>"):
     """An arrow from ``start`` to ``end`` with an optional label at its middle."""
@@ -119,7 +106,6 @@ def label(ax, x: float, y: float, text: str, *, fontsize: float = 9, weight: str
 
 
 # -- timeline: before and after as aligned swim-lanes on one time axis, as a profiler shows them --
-
 CATEGORY_COLORS = {
     "kernel": "#5d6d7e", "memcpy": "#17a589", "memset": "#48c9b0", "runtime": "#a9cce3",
     "op": "#d5d8dc", "range": "none"

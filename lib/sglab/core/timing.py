@@ -9,16 +9,14 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 from contextlib import contextmanager
+from typing import Callable
 
 
 def _quantile(sorted_vals: list[float], q: float) -> float:
     """Linear-interpolated quantile of already sorted values (numpy's default method)."""
     if not sorted_vals:
         raise ValueError("no samples")
-    if len(sorted_vals) == 1:
-        return sorted_vals[0]
     pos = q * (len(sorted_vals) - 1)
     lo = int(pos)
     hi = min(lo + 1, len(sorted_vals) - 1)
@@ -50,9 +48,8 @@ class Timing:
 
     def rows(self, **labels) -> list[dict]:
         """Tidy rows (metric time_median / time_p10 / time_p90, unit ms) carrying ``labels``."""
-        return [{**labels, "metric": "time_median", "value": self.median_ms, "unit": "ms"},
-                {**labels, "metric": "time_p10", "value": self.p10_ms, "unit": "ms"},
-                {**labels, "metric": "time_p90", "value": self.p90_ms, "unit": "ms"}]
+        return [{**labels, "metric": f"time_{k}", "value": getattr(self, f"{k}_ms"), "unit": "ms"}
+                for k in ("median", "p10", "p90")]
 
     def __repr__(self) -> str:
         if not self.samples_ms:
@@ -70,11 +67,8 @@ def _check_counts(warmup: int, repeat: int) -> None:
 
 def cuda_time(fn: Callable[[], object], *, warmup: int = 10, repeat: int = 50,
               device=None) -> Timing:
-    """Time ``fn`` on the current CUDA stream with a pair of events per call.
-
-    ``warmup`` calls run first and are discarded (module loading, allocator growth, autotuning).
-    Each sample is the device time between two events recorded around one call.
-    """
+    """Time ``fn`` on the current CUDA stream, a pair of events around each call, after ``warmup``
+    discarded calls (module loading, allocator growth, autotuning)."""
     import torch
 
     _check_counts(warmup, repeat)
@@ -158,7 +152,6 @@ def interleaved(fns: "dict[str, Callable[[], object]]", *, rounds: int = 3, warm
 
 
 # -- phases: where live time goes, wall seconds per named phase of a run ---------------------------
-
 _totals: dict[str, float] = {}
 
 

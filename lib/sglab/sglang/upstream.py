@@ -28,7 +28,6 @@ STATES = {
 }
 # the states a fix can have in a release (not-installed only describes this machine)
 RELEASE_STATES = tuple(s for s in STATES if s != "not-installed")
-STATUSES = tuple(STATES)  # the older name of the same tuple
 
 
 @dataclass(frozen=True)
