@@ -1,14 +1,13 @@
-"""The Kimi-K2.5 grid in real SGLang: the fix's record ``FIX``, its source check (:func:`check`),
-the real-release probes on the CPU (:func:`probe`: which key the model reads, what
-``KimiGPUProcessorWrapper._gpu_call`` returns, what the release's wire does to the grid), the
-engine scenarios (``ENGINE``, TP 2 to 8, released and with #22858's line reverted), the request's
-code path (``CODE_PATH``) and the comparison with the rebuild (:func:`compare`). Nothing here
-imports SGLang at module level: the probes run inside a release's worker process.
+"""The Kimi-K2.5 grid in real SGLang: the fix's record ``FIX``, its source check, the CPU probe (in
+a release's worker: which key the model reads, what ``_gpu_call`` returns, what the wire does to the
+grid), the engine scenarios (TP 2 to 8, released and with #22858's line reverted), the request's
+code path and the comparison with the rebuild.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import pickle
 import types
@@ -26,8 +25,8 @@ from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
 from sglab.sglang.probing import Stop, has_file
 from sglab.sglang.upstream import Verdict
 
-# imported by the probes and the comparison that use them: reading FIX needs neither
-torch = lazy.Module("torch")
+
+torch = lazy.Module("torch")  # for the probes and the comparison: reading FIX needs neither
 rebuild = lazy.Module("sglab.grid_thw.rebuild")
 
 KIMI_MODEL = "srt/models/kimi_k25.py"
@@ -40,16 +39,12 @@ VARIANT_OF = {"0.5.10.post1": "before", "0.5.11": "after", "0.5.23": "after"}
 
 # -- the source check (the release timeline, `sglab upstream`) -------------------------------------
 def _dict_keys(node) -> set[str]:
-    return {
-        k.value
-        for n in ast.walk(node) if isinstance(n, ast.Dict)
-        for k in n.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)
-    }
+    keys = [k for n in ast.walk(node) if isinstance(n, ast.Dict) for k in n.keys]
+    return {k.value for k in keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
 
 
 def _grid_built_on_cpu(tree) -> bool:
-    """``_gpu_preprocess_images`` makes ``grid_thws`` with ``torch.tensor(...)`` and no
-    ``device=``: a CPU tensor."""
+    """``_gpu_preprocess_images`` makes ``grid_thws`` with ``torch.tensor(...)``, no ``device=``."""
     fn = S.find(tree, "_gpu_preprocess_images")
     return any(
         isinstance(v, ast.Call) and S.callee_name(v) == "tensor" and S.keyword(v, "device") is None
@@ -102,8 +97,9 @@ def _images() -> list:
     return [rebuild.synthetic_image(i) for i in range(N_IMAGES)]
 
 
-def _rebuilt_after() -> dict:
-    return rebuild.gpu_call(rebuild.prompt_for(N_IMAGES), _images(), fixed=True, device="cpu")
+def _rebuilt(variant: str = "after") -> dict:
+    return rebuild.gpu_call(rebuild.prompt_for(N_IMAGES), _images(), fixed=variant == "after",
+                            device="cpu")
 
 
 def make_item(sb, key: str, grid, pixels):
@@ -113,8 +109,7 @@ def make_item(sb, key: str, grid, pixels):
 
 
 class _Tower:
-    """Stand-in vision tower: the attributes ``get_image_feature`` reads; a call stops with the
-    grid."""
+    """Stand-in vision tower: what ``get_image_feature`` reads; a call stops with the grid."""
 
     def __init__(self):
         self.dtype, self.device = torch.float32, torch.device("cpu")
@@ -125,9 +120,8 @@ class _Tower:
 
 
 def model_rows(prepared, sb, grid, pixels) -> list[dict]:
-    """Which key ``KimiK25ForConditionalGeneration.get_image_feature`` reads the grid from: the
-    class built without its heavy ``__init__``, an item carrying the grid under one key at a
-    time."""
+    """Which key ``KimiK25ForConditionalGeneration.get_image_feature`` (built without its heavy
+    ``__init__``) reads the grid from, an item carrying it under one key at a time."""
     kimi = bootstrap.import_release_module(prepared, "sglang.srt.models.kimi_k25")
     cls = kimi.KimiK25ForConditionalGeneration
     rows = []
@@ -159,8 +153,8 @@ def _tokenizer(text, return_tensors="pt"):
 
 
 def processor_rows(prepared) -> list[dict]:
-    """``KimiGPUProcessorWrapper._gpu_call`` on the CPU (the norm tensors the release builds put on
-    the CPU, a stand-in tokenizer); empty where the release has no GPU preprocessor file."""
+    """``KimiGPUProcessorWrapper._gpu_call`` on the CPU (its norm tensors there, a stand-in
+    tokenizer); empty where the release has no GPU preprocessor file."""
     if not has_file(prepared, KIMI_PROCESSOR):
         return []
     proc = bootstrap.import_release_module(prepared, "sglang.srt.multimodal.processors.kimi_k25")
@@ -187,7 +181,7 @@ def processor_rows(prepared) -> list[dict]:
         text = str(exc).strip()
         cause = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
         return rows(exists=True, not_driven=cause[:160])
-    want = _rebuilt_after()
+    want = _rebuilt()
     key = next((k for k in KEYS if k in out), None)
     grid = out.get(key) if key else None
     return rows(
@@ -233,8 +227,8 @@ def _recorded_device(grid, msgpack: bool) -> str | None:
 
 
 def wire_rows(prepared, sb, key, grid, pixels) -> list[dict]:
-    """The item through the release's transport (0.5.2x: msgpack of a ``TokenizedGenerateReqInput``,
-    whose metadata records the device; 0.5.1x: pickle, whose storage carries a location tag)."""
+    """The item through the release's transport (0.5.2x: msgpack of a ``TokenizedGenerateReqInput``
+    recording the device; 0.5.1x: pickle, its storage carrying a location tag)."""
     msgpack = has_file(prepared, "srt/utils/msgpack_utils.py")
     item = make_item(sb, key, grid, pixels)
     back, how, nbytes = _send_msgpack(prepared, item) if msgpack else _send_pickle(item)
@@ -254,7 +248,7 @@ def wire_rows(prepared, sb, key, grid, pixels) -> list[dict]:
 def probe(prepared, params: dict) -> list[dict]:
     """Rows ``part, case, metric, value``."""
     sb = bootstrap.import_release_module(prepared, "sglang.srt.managers.schedule_batch")
-    out = _rebuilt_after()
+    out = _rebuilt()
     grid, pixels = out["image_grid_thw"].to(params.get("device") or "cpu"), out["pixel_values"]
     rows = [{
         "part": "item", "case": "class", "metric": "module",
@@ -267,7 +261,7 @@ def probe(prepared, params: dict) -> list[dict]:
 
 
 # -- the record ------------------------------------------------------------------------------------
-# -- the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_grid_thw/
+# -- the real engine: `sglab engine --scenario NAME`, in data/recorded/engine_grid_thw/
 GRID_ON_CUDA0 = revert_adjustment(
     "revert-pr22858-grid-thw-cpu",
     "the 'before' of #22858 never shipped in a release: on 0.5.11 the PR's line `grid_thws = "
@@ -275,12 +269,9 @@ GRID_ON_CUDA0 = revert_adjustment(
     "scheduler ranks on cuda:0 as it did before the PR; nothing else changes",
     "sglang.srt.multimodal.processors.kimi_k25", "KimiGPUProcessorWrapper._gpu_call",
     text="    grid_thws = grid_thws.cpu()\n")
-# - decode graphs for batch sizes up to 4 only: the one-request run needs no more, and each rank's
-#   graphs live on its own GPU (what GPU 0 holds does not depend on them);
-# - no FlashInfer all-reduce fusion (ServerArgs turns it on at TP > 1 on Hopper): its kernels are
-#   built on the first capture (minutes on a fresh machine), and it touches no grid;
-# - no grammar backend: a request with a tokenizer makes each scheduler import xgrammar, which the
-#   engine bundles do not carry; the run asks for no constrained output
+# decode graphs up to batch size 4 (each rank's on its own GPU); no FlashInfer all-reduce fusion
+# (on at TP > 1 on Hopper, its kernels built on the first capture: minutes, and it touches no grid);
+# no grammar backend (each scheduler would import xgrammar, which the engine bundles do not carry)
 KIMI_ARGS = ("--mm-attention-backend", "triton_attn", "--cuda-graph-max-bs", "4",
              "--enforce-disable-flashinfer-allreduce-fusion", "--grammar-backend", "none")
 KIMI_TP2 = ("--tp-size", "2", *KIMI_ARGS)
@@ -295,25 +286,15 @@ def _kimi_cases(args: tuple) -> tuple:
     return (Case("released", args, KIMI_IMAGE), Case("before", args, (*KIMI_IMAGE, GRID_ON_CUDA0)))
 
 
+# the prompt: Kimi-K2.5's chat template for one image (its processor expands the pad token)
 _TP2 = Scenario(
-    fix="grid_thw",
-    name="05-grid-thw",
-    gpus=2,
+    fix="grid_thw", name="05-grid-thw", gpus=2,
     what="Kimi-K2.5 tiny fed one image at TP 2: each process's memory on each GPU (NVML) "
     "with the grid on the CPU (0.5.11 as released) and with #22858's line reverted",
-    model="kimi_k25_tiny",
-    tool="engine",
-    releases=("0.5.11",),
-    cases=_kimi_cases(KIMI_TP2),
-    requests=(1,),
-    input_lens=(16,),
-    output_len=1,
-    repeats=1,
-    image_size=(448, 448),
-    # Kimi-K2.5's chat template for one image (its processor expands the pad token)
+    model="kimi_k25_tiny", tool="engine", releases=("0.5.11",), cases=_kimi_cases(KIMI_TP2),
+    requests=(1,), input_lens=(16,), output_len=1, repeats=1, image_size=(448, 448),
     prompt="<|media_start|>image<|media_content|><|media_pad|><|media_end|> Describe it.",
-    expect="before: every rank >= 1 holds memory on GPU 0; released: none",
-)
+    expect="before: every rank >= 1 holds memory on GPU 0; released: none")
 ENGINE = (
     _TP2,
     # the same at TP 4: three ranks >= 1, so GPU 0's total grows with the rank count
@@ -330,8 +311,7 @@ ENGINE = (
         cases=_kimi_cases(KIMI_TP8),
         what="Kimi-K2.5 tiny (8 vision heads) fed one image at TP 8: each process's memory on "
         "each GPU (NVML), released and with #22858's line reverted",
-        expect="before: each of ranks 1-7 holds memory on GPU 0; released: none"),
-)
+        expect="before: each of ranks 1-7 holds memory on GPU 0; released: none"))
 
 FIX = Fix(
     name="grid_thw", number="05", prs=(22858,), gpus=2,
@@ -349,8 +329,7 @@ WIRE_FACTS = ("device_kept", "dtype_kept", "shape_kept", "values_kept")
 def rebuild_facts(variant: str, with_processor: bool) -> dict:
     """The rebuild's answers for ``variant``: the key its ``gpu_call`` emits, its
     ``send_pyobj`` / ``recv_pyobj`` round trip, and (``with_processor``) its processor output."""
-    out = rebuild.gpu_call(rebuild.prompt_for(N_IMAGES), _images(), fixed=variant == "after",
-                           device="cpu")
+    out = _rebuilt(variant)
     key = rebuild.grid_key(out)
     grid = out[key]
     item = rebuild.MMItem(modality="image", feature=out["pixel_values"],
@@ -375,8 +354,7 @@ def rebuild_facts(variant: str, with_processor: bool) -> dict:
 
 
 def real_facts(result, key: str) -> dict:
-    """The release's answers for the grid under ``key`` (the key of its rebuild variant), and how
-    they read in words."""
+    """The release's answers for the grid under ``key`` (its rebuild variant's), in words too."""
     model = real.facts(result, part="model", case=key)
     wire = real.facts(result, part="wire", case=key)
     proc = real.facts(result, part="processor")
@@ -408,8 +386,7 @@ def real_facts(result, key: str) -> dict:
 
 
 def release_row(release: str, result, variant: str) -> dict:
-    """The release's grid key, model, processor and wire beside the rebuild's ``variant``, fact for
-    fact."""
+    """The release's grid key, model, processor and wire beside the rebuild's ``variant``."""
     got = real_facts(result, "image_grid_thw" if variant == "after" else "grid_thws")
     want = rebuild_facts(variant, with_processor="processor key" in got)
     keys = sorted((set(got) | set(want)) - {"text"})
@@ -425,16 +402,9 @@ def comparison(results: dict, variant_of: dict | None = None):
     ])
 
 
-def compare() -> None:
-    """The notebook's real-SGLang section: each release's answers beside the rebuild's, and
-    whether they agree."""
-    real.section(FIX, comparison, what="releases")
-
-
-def released(rebuilt=None, *, symbol=None, pr=None) -> None:
-    """The fix across the releases, then the released ``symbol`` beside the rebuilt one."""
-    real.released(FIX, rebuilt, symbol=symbol, pr=pr)
-
+# the notebook's real-SGLang section; the fix across releases, a released symbol beside the rebuild
+compare = functools.partial(real.section, FIX, comparison, what="releases")
+released = functools.partial(real.released, FIX)
 
 # the request's path through the first release with the fix (0.5.11): where the grid is built, what
 # moves to the CPU, the two hops that pickle it, where it is split and read
