@@ -6,6 +6,8 @@ from NVML when it is available (it does not create a CUDA context), otherwise fr
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import os
 import platform
 import sys
@@ -176,10 +178,8 @@ def gpu_local_cpus(cuda_index: int = 0) -> tuple[int, ...]:
 
 def driver_version() -> str | None:
     nv = _nvml()
-    if nv is None:
-        return None
     try:
-        return _text(nv.nvmlSystemGetDriverVersion())
+        return _text(nv.nvmlSystemGetDriverVersion()) if nv is not None else None
     except Exception:
         return None
 
@@ -188,23 +188,18 @@ def software() -> dict:
     """Versions that go into every run manifest. torch's come from the module where it is imported
     already, else from its ``version.py`` read as text: importing torch to learn its version costs
     about 2 s of CPU (notebook 00, ``sglab env``)."""
-    info = {
-        "python": platform.python_version(), "torch": None, "cuda": None,
+    torch = sys.modules.get("torch")
+    version, cuda = ((torch.__version__,
+                      torch.version.cuda) if torch is not None else _torch_version_file())
+    return {
+        "python": platform.python_version(), "torch": version, "cuda": cuda,
         "driver": driver_version()
     }
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        info["torch"], info["cuda"] = torch.__version__, torch.version.cuda
-    else:
-        info["torch"], info["cuda"] = _torch_version_file()
-    return info
 
 
 def _torch_version_file() -> tuple:
     """``(torch.__version__, torch.version.cuda)`` from torch's generated ``version.py``, without
     importing torch; ``(None, None)`` where torch is not installed."""
-    import importlib.util
-
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return None, None
@@ -218,8 +213,6 @@ def _torch_version_file() -> tuple:
 
 def _read_version_file(path: Path) -> tuple:
     """``(__version__, cuda)`` assigned in torch's ``version.py`` (plain or annotated literals)."""
-    import ast
-
     found = {}
     for node in ast.parse(path.read_text()).body:
         target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)

@@ -211,9 +211,7 @@ class CausalLM(nn.Module):
         return self.logits_processor(hidden_states, self.lm_head, forward_batch)
 
 
-# -- Initialisation: two schemes, one per notebook (each keeps the weights its recorded runs were --
-# measured with)
-# --------------------------------------------------------------------------------------------------
+# -- initialisation: one scheme per notebook, the weights its recorded runs were measured with ----
 def init_normal_(model: nn.Module) -> nn.Module:
     """N(0, 0.02) for embeddings, N(0, 1/fan_in) for every other matrix, norms left at 1; draws from
     the global RNG (seed it before building the model: construction draws too)."""
@@ -225,10 +223,8 @@ def init_normal_(model: nn.Module) -> nn.Module:
 
 
 def init_residual_scaled_(model: nn.Module, *, seed: int, num_layers: int) -> nn.Module:
-    """Unit-variance projections, output projections (``o_proj``, ``down_proj``) scaled by
-    ``1/sqrt(2 * layers)``, N(0, 1) embeddings, norms 1: the bf16 residual stream stays O(1) over
-    the whole stack. Draws from a generator on the model's device seeded with ``seed``, so no
-    host-side init of a large model is needed."""
+    """Unit-variance projections, ``o_proj``/``down_proj`` scaled by ``1/sqrt(2 * layers)``, N(0, 1)
+    embeddings, norms 1 (the bf16 residual stream stays O(1)), drawn on the model's device."""
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(int(seed))
     out_scale = 1.0 / math.sqrt(2 * num_layers)
@@ -239,19 +235,17 @@ def init_residual_scaled_(model: nn.Module, *, seed: int, num_layers: int) -> nn
             elif "embed_tokens" in name:
                 prm.normal_(0.0, 1.0, generator=gen)
             else:
-                std = 1.0 / math.sqrt(prm.shape[1])
-                if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
-                    std *= out_scale
-                prm.normal_(0.0, std, generator=gen)
+                out = name.endswith(("o_proj.weight", "down_proj.weight"))
+                prm.normal_(0.0, (out_scale if out else 1.0) / math.sqrt(prm.shape[1]),
+                            generator=gen)
     return model
 
 
 def build_on_device(factory: Callable[[], nn.Module], device, dtype, *, seed: int,
                     num_layers: int) -> nn.Module:
-    """Build ``factory()`` directly on ``device`` (PyTorch's default init runs there, and is
-    overwritten), cast it to ``dtype`` and initialise it with :func:`init_residual_scaled_` (rotary
-    tables recomputed there). Frozen, eval mode. Not on the meta device: the first meta tensor of a
-    process imports torch's meta registrations, which took 6 s of a live notebook."""
+    """``factory()`` built on ``device`` (not meta: its first use took 6 s of a live notebook), cast
+    to ``dtype``, initialised by :func:`init_residual_scaled_` (rotary tables recomputed), frozen,
+    in eval mode."""
     with torch.device(device):
         model = factory()
     model = model.to(dtype=dtype)
