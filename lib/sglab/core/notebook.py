@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import html
 import json
+from pathlib import Path
 from typing import Callable, Sequence
 
 from sglab.core import claims as C
@@ -63,13 +64,17 @@ def show_figure(fig) -> None:
 
 
 def display_object(obj) -> None:
-    """Display anything with a rich representation in a notebook; print it elsewhere."""
+    """Display anything with a rich representation in a notebook; print it (a table whole)
+    elsewhere."""
     if in_notebook():
         from IPython.display import display as ipy_display
 
         ipy_display(obj)
     else:
-        print(obj)
+        print(obj.to_string() if hasattr(obj, "to_string") else obj)
+
+
+show_table = display_object
 
 
 def reveal(answer, prompt: str = "Show the answer") -> None:
@@ -86,22 +91,11 @@ def reveal(answer, prompt: str = "Show the answer") -> None:
 def file_link(path, what: str = "file") -> None:
     """A link to a file of the checkout (a Perfetto trace, say), relative to the notebooks and the
     report (both one folder below the checkout), so that it opens on any machine."""
-    from pathlib import Path
-
     path = Path(path).resolve()
     root = runs.repo_root().resolve()
     rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()
     link = f"../{rel}" if path.is_relative_to(root) else rel
     display(None, f"{what}: {rel}", f"{what}: [{html.escape(Path(rel).name)}]({link})")
-
-
-def show_table(df) -> None:
-    if in_notebook():
-        from IPython.display import display as ipy_display
-
-        ipy_display(df)
-    else:
-        print(df.to_string())
 
 
 blank_missing = text.blank  # the public name 06 and capture_sizes use
@@ -142,8 +136,7 @@ def static_table(fn: Callable, static: Sequence[dict]):
     parts = []
     for s in static:
         df = fn(**s)
-        # keep a named index only
-        df = df.reset_index() if any(df.index.names) else df.reset_index(drop=True)
+        df = df.reset_index() if any(df.index.names) else df.reset_index(drop=True)  # named only
         for i, (k, v) in enumerate(s.items()):
             df.insert(i, k, v)
         parts.append(df)
@@ -169,15 +162,13 @@ def explore(fn: Callable, controls: dict, *, static: Sequence[dict], title: str 
 
     widgets = {}
     for name, spec in controls.items():
-        first = static[0].get(name, list(spec)[0])
-        if isinstance(spec, (list, tuple)) and all(
-                isinstance(x, (int, float)) for x in spec) and len(spec) > 3:
-            widgets[name] = w.SelectionSlider(options=list(spec), value=first, description=name,
-                                              continuous_update=False,
-                                              style={"description_width": "initial"})
-        else:
-            widgets[name] = w.Dropdown(options=list(spec), value=first, description=name,
-                                       style={"description_width": "initial"})
+        slider = isinstance(spec, (list, tuple)) and len(spec) > 3 and all(
+            isinstance(x, (int, float)) for x in spec)
+        widgets[name] = (w.SelectionSlider if slider else w.Dropdown)(
+            options=list(spec), value=static[0].get(name,
+                                                    list(spec)[0]), description=name,
+            style={"description_width": "initial"
+                   }, **({"continuous_update": False} if slider else {}))
     out = w.interactive_output(lambda **kw: ipy_display(fn(**kw)), widgets)
     if title:
         ipy_display(w.HTML(f"<b>{title}</b>"))
@@ -253,8 +244,7 @@ class Workbook:
                                params=params, gpu_count=gpu_count)
         run = runs.read_run(path, live=True)
         self._live.append(run)
-        root = runs.repo_root()
-        # $SGLAB_DATA may be elsewhere
+        root = runs.repo_root()  # $SGLAB_DATA may be elsewhere
         where = path.relative_to(root) if path.is_relative_to(root) else path
         print(f"[sglab] measured live: {run.label} → {where}")
         return run
@@ -289,12 +279,10 @@ def verdict_html(claims, run) -> str:
     """One run's claims as an HTML table (status coloured), headed by its verdict line; each claim's
     folded checks fold out under it."""
     results = C.evaluate(claims, run)
-    rows = []
-    for r in results:
-        if r.parent is not None:
-            continue
-        folded = [f for f in results if f.parent == r.claim.id]
-        rows.append(_row_html(r, folded))
+    rows = [
+        _row_html(r, [f for f in results if f.parent == r.claim.id])
+        for r in C.reader_facing(results)
+    ]
     head = "".join(f"<th style='{_CELL}'>{h}</th>"
                    for h in ("claim", "statement", "status", "measured", "expected", "why"))
     return (f"<p><b>{html.escape(C.verdict_line(results, run))}</b> · "
@@ -327,15 +315,11 @@ def verdict(claims, run) -> None:
     if not run:
         print(getattr(run, "line", "no run to verify yet"))
         return
-    mod = claims
     for r in run.shown:
         if in_notebook():
-            from IPython.display import HTML
-            from IPython.display import display as ipy_display
-
-            ipy_display(HTML(verdict_html(mod, r)))
+            display(None, "", html=verdict_html(claims, r))
             continue
-        results = C.evaluate(mod, r)
+        results = C.evaluate(claims, r)
         print(C.verdict_line(results, r) + "\n" + C.table(results).to_string(index=False))
 
 
