@@ -1,4 +1,4 @@
-"""The request path of a Kimi-K2.5 image request before and after SGLang #22858, one section per
+"""The request path of a Kimi-K2.5 image request, before and after SGLang #22858, one section per
 upstream file in the order a request meets them. The switch is ``fixed`` of :func:`gpu_call`:
 before, the grid stays where it was built under Kimi's key ``grid_thws``; after, ``.cpu()`` under
 SGLang's ``image_grid_thw``. Everything runs on the CPU too; nothing here measures.
