@@ -8,12 +8,15 @@ beside a run and are listed in its manifest. A run reads back as a :class:`Run` 
 from __future__ import annotations
 
 import copy
+import gzip
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -68,26 +71,23 @@ def _git_sha(root: Path) -> str | None:
     .git."""
     if os.environ.get("SGLAB_GIT_SHA"):
         return os.environ["SGLAB_GIT_SHA"]
+
+    def git(*args) -> str:
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                             timeout=10)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
+        sha = git("rev-parse", "HEAD")
+        dirty = sha and git("status", "--porcelain", "--untracked-files=no")
     except Exception:
         return None
-    sha = out.stdout.strip()
-    if out.returncode != 0 or not sha:
-        return None
-    dirty = subprocess.run(
-        ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-        capture_output=True, text=True, timeout=10).stdout.strip()
-    return sha + ("+dirty" if dirty else "")
+    return sha + ("+dirty" if dirty else "") if sha else None
 
 
 def machine_manifest(gpu_count: int | None = None) -> dict:
-    """GPU model and count, driver, CUDA, torch and Python of this machine.
-
-    ``gpu_count`` is how many GPUs the run used (default: all visible); the machine's total goes to
-    ``gpu_count_machine``.
-    """
+    """GPU model and count (``gpu_count``: those the run used, default all visible; the machine's
+    in ``gpu_count_machine``), driver, CUDA, torch and Python of this machine."""
     from sglab.core import hardware
 
     gpus = hardware.gpus() if hardware.has_cuda() else ()
@@ -138,9 +138,6 @@ def _atomic(folder: Path, path: Path, write) -> None:
 def _write_sidecars(folder: Path, stem: str, sidecars: dict) -> dict:
     """Write each sidecar (a DataFrame -> gzipped CSV, or an existing file -> copied); return name
     -> file name."""
-    import gzip
-    import shutil
-
     names = {}
     for name, obj in (sidecars or {}).items():
         if not re.fullmatch(r"[a-z0-9_]+", name):
@@ -152,8 +149,7 @@ def _write_sidecars(folder: Path, stem: str, sidecars: dict) -> dict:
                 with gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as gz:
                     gz.write(obj.to_csv(index=False).encode())
         else:
-            src = Path(obj)
-            # x.json.gz keeps .json.gz
+            src = Path(obj)  # x.json.gz keeps .json.gz
             suffix = "".join(src.suffixes[-2:]) if src.suffix == ".gz" else src.suffix
             target = folder / f"{stem}.{name}{suffix}"
 
@@ -169,12 +165,8 @@ def _write_sidecars(folder: Path, stem: str, sidecars: dict) -> dict:
 def write_run(df, *, experiment: str, method_version: int, params: dict, root: Path | None = None,
               gpu_count: int | None = None, extra: dict | None = None,
               sidecars: dict | None = None) -> Path:
-    """Write ``df`` and its manifest atomically; return the CSV path.
-
-    Every file is written to a temporary name in the target folder and renamed into place, sidecars
-    first and the manifest last, so a reader never sees half a run. ``sidecars``: ``{name: DataFrame
-    or file path}``.
-    """
+    """Write ``df``, its ``sidecars`` (``{name: DataFrame or file path}``) and its manifest, each
+    renamed into place, the manifest last (a reader never sees half a run): the CSV path."""
     missing = [c for c in ("experiment", *REQUIRED) if c not in df.columns]
     if missing:
         raise ValueError(f"not a tidy run frame: missing columns {missing}")
@@ -207,8 +199,6 @@ def measure(fn: Callable[[], Any], *, experiment: str, method_version: int, para
             root: Path | None = None, gpu_count: int | None = None) -> tuple[Path, int]:
     """Run ``fn`` (a tidy frame or a :class:`Measured`) and write it with its sidecars, wall time
     and phase times (:func:`write_run`): the CSV path and its number of rows."""
-    import time
-
     from sglab.core import timing
 
     timing.take()
