@@ -1,8 +1,6 @@
 """What every capture_sizes run must show (see :mod:`sglab.core.claims`): four claims, the checks
-they rest on folded under them, the review card and the real engine's claims.
-
-Trace checks read the ``events`` sidecar (method 2+); the ``cpu_*`` checks are computed from the
-rebuild and hold on any run. Expectations that depend on the world size W are derived from the run.
+they rest on folded under them, the review card and the real engine's claims. Trace checks read the
+``events`` sidecar (method 2+); the ``cpu_*`` checks are computed from the rebuild.
 """
 
 from __future__ import annotations
@@ -59,11 +57,6 @@ def _refused(run):
         f"= {_join(want)}")
 
 
-def _not_reached(run) -> int:
-    d = run.df
-    return int(d.loc[(d.variant == "before") & (d.metric == "not_reached"), "value"].sum())
-
-
 def _stops_first_bad(run):
     w, f = _w(run), show.run_facts(run)
     raw = _lists(run)["before"]
@@ -71,11 +64,12 @@ def _stops_first_bad(run):
     first = next(i for i, (_, n) in enumerate(order) if n % w)
     stage, n = order[first]
     captured = [m for s, m in order[:first] if s == "capture"]
-    d = run.df
-    err = str(d.loc[(d.variant == "before") & (d.metric == "failed"), "error"].iloc[0])
+    d = run.df[run.df.variant == "before"]
+    err = str(d.loc[d.metric == "failed", "error"].iloc[0])
+    not_reached = int(d.loc[d.metric == "not_reached", "value"].sum())
     ok = (f["before_stopped_at"] == n and f["before_stage"] == stage
           and err.startswith("UnequalShards") and f["before_captured"] == len(captured)
-          and f["before_captured"] + 1 + _not_reached(run) == len(raw))
+          and f["before_captured"] + 1 + not_reached == len(raw))
     return holds(
         ok, f"stopped at {f['before_stopped_at']} ({f['before_stage']}), "
         f"{err.split(':')[0]}; {f['before_captured']} captured before it", {
@@ -139,9 +133,8 @@ def _cpu_mul_base(run):
 
 
 def _traced(run) -> str | None:
-    if run.manifest.params.get("profile") is False:
-        return "run without the traced pass (profile=False)"
-    return None
+    off = run.manifest.params.get("profile") is False
+    return "run without the traced pass (profile=False)" if off else None
 
 
 def _graphs(run) -> bool:
@@ -309,11 +302,6 @@ def _engine_fails(run):
         }, why_not="; ".join(f"{f['release']}: {f['status'][:120]}" for f in bad))
 
 
-def _engine_fails_applies(run):
-    return None if _unfiltered(run) else ("no release without the filter was asked for sizes "
-                                          "the attention-TP size does not divide")
-
-
 def _engine_filter(run):
     facts = _filtered(run)
     want = {
@@ -334,10 +322,6 @@ def _engine_filter(run):
                              f"the rebuild's filter keeps {want[f['release']]}" for f in bad))
 
 
-def _engine_filter_applies(run):
-    return None if _filtered(run) else "no release with the PR's filter in this run"
-
-
 _F = "engine_capture_sizes.unfiltered_release_fails"
 _K = "engine_capture_sizes.filtered_release_captures_pr_filter"
 ENGINE = SimpleNamespace(
@@ -350,12 +334,14 @@ ENGINE = SimpleNamespace(
             _F, "A release without the filter, asked for piecewise sizes the attention-TP size "
             "does not divide, stops at start-up with SGLang's own message about unequal sizes",
             "status == error naming unequal shards or sizes (exact)", _engine_fails,
-            applies=_engine_fails_applies),
+            applies=lambda r: None if _unfiltered(r) else "no release without the filter was "
+            "asked for sizes the attention-TP size does not divide"),
         Claim(
             _K, "A release with the filter starts and captures exactly the sizes the rebuild's "
             "PR filter keeps of the same list at the same attention-TP size",
             "captured == filter_piecewise_capture_sizes(asked, attn TP) (exact)", _engine_filter,
-            applies=_engine_filter_applies)
+            applies=lambda r: None if _filtered(r) else "no release with the PR's filter in this "
+            "run")
     ], HEADLINE=Headline(
         parts=(f"{{v[{_F}][releases]}} fails at start-up at attention TP {{v[{_F}][tps]}}: "
                f"`{{v[{_F}][message]}}`.",

@@ -165,10 +165,8 @@ class RankWork:
 
     def capture_all(self, variant: str, sizes: list[int], *, record: bool = True,
                     traced: bool = False, keep_going: bool = False) -> dict:
-        """The runner's loop (:func:`loop_order`); a size with unequal shards raises before any
-        collective and stops it (as the server did) unless ``keep_going``. ``record``: rows
-        (captured / failed / not_reached). ``traced``: a ``warmup n`` / ``capture n`` range per
-        size, and a ``refused n`` range where the error is caught."""
+        """The runner's loop (:func:`loop_order`), stopped by the first size with unequal shards
+        unless ``keep_going``; ``record``: rows; ``traced``: a profiler range per size."""
         graphs: dict = {}
         pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         phase = trace.phase if traced else (lambda name: contextlib.nullcontext())
@@ -261,9 +259,8 @@ def traced_pass(work: RankWork, *, perfetto=None):
 
 
 def reduce_events(events, *, rank: int, variants=tuple(v for v, _, _ in TRACED)):
-    """Phase ranges, the boundary's collective calls, device activity and the runtime's
-    graph-capture calls, tagged with their variant (the top-level range they start in) and
-    ``rank``, times re-zeroed to each variant's start (:data:`EVENT_COLUMNS`)."""
+    """Phase ranges, collective calls, device activity and graph-capture calls, tagged with their
+    variant and ``rank``, times from each variant's start (:data:`EVENT_COLUMNS`)."""
     ev = events
     device_lane = ev.lane.str.startswith("stream") | (ev.lane == "device")
     names = ev.name.str.replace(trace.PHASE_PREFIX, "", regex=False)

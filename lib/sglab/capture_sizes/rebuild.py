@@ -197,9 +197,8 @@ def check_equal_shards(num_tokens: int, attn_tp_size: int) -> None:
 
 def scatter_to_attn_tp(hidden, attn_tp_rank: int, attn_tp_size: int, group=None, *,
                        check: bool = True):
-    """This rank's ``tensor_split`` shard of the (partial-sum) ``hidden``, overwritten with the
-    reduce-scatter over the attention-TP group. ``check``: a bad token count fails on every rank
-    before any collective; without it the collective library sees the unequal shards."""
+    """This rank's ``tensor_split`` shard of ``hidden``, overwritten with the reduce-scatter over
+    the attention-TP group; ``check``: unequal shards fail on every rank before any collective."""
     if check:
         check_equal_shards(hidden.shape[0], attn_tp_size)
     local = hidden.tensor_split(attn_tp_size)[attn_tp_rank]

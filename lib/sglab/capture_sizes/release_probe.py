@@ -139,8 +139,7 @@ def _publish_resolved(prepared, sa):
 def runner_sizes(prepared, sa, pool_size: int = MAX_RUNNING_REQUESTS, *,
                  resolved: bool = False) -> tuple[list, list]:
     """(piecewise or prefill sizes, decode batch sizes) the release's runners capture for ``sa``: a
-    stand-in with the configured lists, or (``resolved``) the release's own resolved, published
-    ``ServerArgs``."""
+    stand-in, or (``resolved``) the release's own resolved, published ``ServerArgs``."""
     if has_file(prepared, PIECEWISE_RUNNER):
         return _sizes_pr_era(prepared, sa, pool_size)
     if not has_file(prepared, PUBLISHED):
@@ -371,11 +370,10 @@ def _call(fn, sa):
 
 
 def configure(prepared, argv: list[str], p: dict) -> dict:
-    """SGLang server arguments, read by the release's own parser -> the capture lists its runners
-    keep after its own start-up code, and the facts that decided them. 0.5.10.post1 to 0.5.13: the
-    start-up steps that decide the lists, in ``__post_init__`` order, on a ``ServerArgs`` without
-    ``__post_init__`` (it would load the model), the model assumed (``p["mla"]``). 0.5.14 on: the
-    whole resolution on the model config ``p["model"]``, as on a CUDA host."""
+    """Server arguments, read by the release's own parser -> the capture lists its runners keep
+    after its start-up code, and the facts that decided them: up to 0.5.13 the deciding steps on a
+    ``ServerArgs`` without ``__post_init__`` (the model assumed), from 0.5.14 the whole resolution
+    on the model config ``p["model"]``, as on a CUDA host."""
     with contextlib.ExitStack() as stack:
         return _configure(prepared, argv, p, stack.enter_context)
 

@@ -36,9 +36,8 @@ def releases_by_state() -> dict[str, str]:
 
 def rule_table(attn_tp: int, attn_cp: int, dense_tp1: bool, tbo: bool,
                max_tokens: int = fx.MLA_MAX_TOKENS):
-    """Per rule, the piecewise sizes of the default list for attention TP ``attn_tp`` x CP
-    ``attn_cp`` (no DP attention), dense MLP at TP 1 or not, two-batch overlap or not, and which of
-    them the reduce-scatter refuses. Releases per rule as found in the released wheels."""
+    """Per rule (its releases read from the wheels), the default piecewise sizes it captures at
+    attention TP x CP (no DP attention), and which of them the reduce-scatter refuses."""
     a = fx.ParallelArgs(tp_size=int(attn_tp) * int(attn_cp), attn_cp_size=int(attn_cp),
                         moe_dense_tp_size=1 if dense_tp1 else None,
                         enable_two_batch_overlap=bool(tbo))

@@ -148,8 +148,7 @@ def model_config(model: str) -> Path:
 
 def probe(prepared, params: dict) -> list[dict]:
     """The release's answers (in its worker process, :mod:`.release_probe`): rows per setting for
-    the configured lists (``piecewise``, ``decode``, ``settings``, ``max_tokens``), rows per case of
-    ``params["cases"]`` ({name: argv}, with the keys of :data:`ASSUMED`)."""
+    the configured lists, rows per case of ``params["cases"]`` ({name: argv})."""
     if not (has_file(prepared, PIECEWISE_RUNNER) or has_file(prepared, PREFILL_RUNNER)):
         why = f"sglang {prepared.release} has no piecewise or prefill CUDA-graph runner"
         return [dict(case=c, metric="unsupported", value=why) for c in params.get("cases", {})]
@@ -319,9 +318,8 @@ def defaults_line(results: dict) -> str:
 
 
 def compare() -> None:
-    """The notebook's real-SGLang section: where the answers come from, each release's piecewise
-    list per setting (a column per release and its rule; every row checked against the rule, decode
-    lists too), then each release's default list beside the rebuilt one."""
+    """The notebook's real-SGLang section: each release's piecewise list per setting, checked
+    against its rule (decode lists too), then its default list beside the rebuilt one."""
     from sglab.core.notebook import show_table
 
     results = real.answers(FIX)

@@ -183,8 +183,7 @@ def padding_waste(buckets: Sequence[int], max_tokens: int) -> dict:
 
 def alignment_table(max_tokens: int = 2048):
     """For attention TP 1-8 x CP 1-4 x two-batch overlap: the bases, the buckets each policy keeps
-    of the default list and their padding (every token count 1..max_tokens equally likely;
-    ``eager_*``: the token counts above the largest bucket)."""
+    of the default list and their padding (``eager_*``: token counts above the largest bucket)."""
     default, out = fx.default_piecewise_capture_sizes(max_tokens), []
     for tp, cp, tbo in (
         (tp, cp, tbo) for tp in range(1, 9) for cp in range(1, 5) for tbo in (False, True)):
@@ -212,9 +211,8 @@ _SHARD_COLORS = {"equal": "#aed6f1", "more": "#e6b0aa", "fewer": "#fadbd8"}
 
 
 def mechanism(attn_tp: int = 8, max_tokens: int = 2048, sizes: Sequence[int] | None = None):
-    """The capture sizes against the attention-TP ranks: each size's ``tensor_split`` shard per
-    rank (rows), the sizes with unequal shards (which the reduce-scatter refuses) marked, and below
-    them what the PR's filter keeps and what rounding up to ``mul_base`` makes of each size."""
+    """Each capture size's ``tensor_split`` shard per attention-TP rank, the refused ones marked,
+    and below them what the PR's filter keeps and what rounding up makes of each size."""
     sizes = list(sizes) if sizes is not None else fx.default_piecewise_capture_sizes(max_tokens)
     lists, base = fx.policy_lists(sizes, attn_tp), attn_tp
     bad = [i for i, n in enumerate(sizes[:12]) if n % attn_tp]
@@ -370,10 +368,9 @@ def _window_limit(cr, rank: int) -> int:
 
 
 def tail_window(events, rank: int = 0, up_to: int | None = None) -> dict:
-    """One rank's capture ranges of sizes <= ``up_to`` (default: the first accepted size above the
-    largest refused one), per variant, for :func:`sglab.core.plots.timeline`: host ranges named by
-    their size, refused sizes' ranges left out (the figure marks them), all CUDA streams on one
-    ``device`` lane; times re-zeroed per variant. ``{name: (events, refused marks)}``."""
+    """``{name: (events, refused marks)}`` per variant for :func:`sglab.core.plots.timeline`: one
+    rank's capture ranges up to ``up_to`` (default: the first accepted size above the largest
+    refused one), refused ranges left out, every stream on one ``device`` lane."""
     cr = capture_ranges(events)
     up_to = _window_limit(cr, rank) if up_to is None else up_to
     out = {}
@@ -398,9 +395,8 @@ def tail_window(events, rank: int = 0, up_to: int | None = None) -> dict:
 
 
 def capture_timeline(events, rank: int = 0, up_to: int | None = None, run=None):
-    """Before and after swim-lanes of one rank's small capture sizes (where the refusals are): each
-    size's range on the host, the collective calls and NCCL kernels highlighted, and a red ✗ where
-    a size was refused (the error caught before any collective)."""
+    """Before and after swim-lanes of one rank's small capture sizes, collectives highlighted, a red
+    ✗ where a size was refused."""
     windows = tail_window(events, rank, up_to)
     fig = plots.timeline({k: ev
                           for k, (ev, _) in windows.items()}, highlight=r"c10d::|nccl",
@@ -462,9 +458,8 @@ RULE = {
 
 
 def engine_facts(run) -> list[dict]:
-    """Per variant of one (merged) engine run, by attention-TP size then release: the release, the
-    rule its source follows (``sglang.VARIANT``), the sizes asked for (without a size flag, the
-    release's default list), the attention-TP size, its status and the sizes it captured."""
+    """Per variant of one (merged) engine run, by attention-TP size then release: its rule, the
+    sizes asked for (the default list without a size flag), its status and the sizes it captured."""
     df = engine_records.frame([run])
     status, tokens = engine_stats.texts(df, "status"), engine_stats.texts(df, "pcg_tokens")
     out, seen = [], set()
@@ -517,9 +512,8 @@ def _keeps(f: dict) -> list[int]:
 
 
 def engine_table(run) -> pd.DataFrame:
-    """One row per release and attention-TP size that answered: the rule its source follows, the
-    sizes asked for, what the engine did (SGLang's own first error line, or the sizes it captured)
-    and what the rebuild's rule keeps of the same list."""
+    """Per release and attention-TP size: its rule, the sizes asked for, what the engine did and
+    what the rebuild's rule keeps of the same list."""
     rows = [{
         "release": f["release"], "rule (read from its source)": RULE.get(f["rule"], str(f["rule"])),
         "attention TP": f["attn_tp"], "asked": " ".join(map(str, f["asked"])),

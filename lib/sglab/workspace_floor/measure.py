@@ -317,7 +317,8 @@ def _host_ranges(events, names):
 
 def reduce_events(events, schedule: dict, *, rank: int):
     """The events inside creation ranges, labelled with ``variant``, ``rank``, ``creation`` and its
-    ``(step, tokens)`` from ``schedule``; device copies of ranges and trivial host queries dropped."""
+    ``(step, tokens)`` from ``schedule``; device copies of ranges and trivial host queries
+    dropped."""
     variants = _host_ranges(events, [VARIANT_PREFIX + v for v in schedule])
     creations = _host_ranges(events, [rebuild.RECREATE_RANGE, COST_RANGE])
     if creations.empty:
