@@ -1,10 +1,7 @@
 """The SWA location preset before decode-graph capture (SGLang #23552, follow-up #24743), rebuilt
-PR-era, to read beside ``data/upstream/swa_loc/pr23552.diff`` and ``pr24743.diff``: each section is
-headed by the upstream file and symbols it mirrors (``mem_cache/memory_pool.py``,
-``mem_cache/swa_memory_pool.py``, ``forward_batch_info.py``, ``model_runner.py``,
-``cuda_graph_runner.py``), then the toy hybrid model. The before/after switch is
-:func:`runner_config` (:data:`VARIANTS`). Nothing here measures. Without CUDA a runner "replays" by
-re-running the captured step with the Python state it had at capture, as a graph replay does."""
+PR-era beside ``data/upstream/swa_loc/pr23552.diff`` and ``pr24743.diff``, each section headed by
+the upstream file and symbols it mirrors, then the toy hybrid model; the switch is
+:func:`runner_config`. Without CUDA a runner "replays" the captured step with its capture state."""
 
 from __future__ import annotations
 
@@ -18,13 +15,9 @@ import torch
 # -- 1. mem_cache/memory_pool.py · MHATokenToKVPool, store_cache -----------------------------------
 def store_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 loc: torch.Tensor) -> None:
-    """Write one layer's K and V rows at ``loc``: SGLang's torch fallback ``k_cache[loc] = k``.
-
-    On CUDA SGLang uses its ``store_cache`` JIT kernel, which takes int32 or int64 locations as they
-    are. torch's ``index_put_`` converts an int32 index to int64 internally (once per call);
-    converting once here keeps that cost at one kernel per layer for an int32 location and none for
-    int64.
-    """
+    """Write one layer's K and V rows at ``loc``: SGLang's torch fallback ``k_cache[loc] = k`` (on
+    CUDA its ``store_cache`` kernel takes int32 or int64 as they are; ``index_put_`` would convert
+    int32 once per call, so one conversion here keeps it at one kernel per layer)."""
     if loc.dtype != torch.int64:
         loc = loc.to(torch.int64)
     k_cache[loc] = k
@@ -36,9 +29,7 @@ class MHATokenToKVPool:
 
     def __init__(self, size: int, head_num: int, head_dim: int, layer_num: int, dtype: torch.dtype,
                  device, page_size: int = 1):
-        self.size = size
-        self.page_size = page_size
-        self.layer_num = layer_num
+        self.size, self.page_size, self.layer_num = size, page_size, layer_num
         shape = (size + page_size, head_num, head_dim)
         self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layer_num)]
         self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layer_num)]
@@ -52,14 +43,10 @@ class MHATokenToKVPool:
 class SWAKVPool:
     """KV cache with separate pools for full and SWA attention layers (PR-era ``SWAKVPool``).
 
-    ``layers_mapping`` is {layer_id: (index in its sub-pool, is_swa)}. ``set_kv_buffer``'s branch is
-    Python: an SWA layer writes at ``self.swa_loc`` when it is set, and otherwise translates ``loc``
-    right there, in every SWA layer. A CUDA graph records whichever side was live when it was
-    captured — the whole of #23552.
-
-    ``set_kv_buffer`` takes a layer id where upstream takes the ``RadixAttention`` layer.
-    ``translate_calls`` counts translations (a Python counter: under capture it counts what the
-    graph recorded).
+    ``layers_mapping``: {layer_id: (index in its sub-pool, is_swa)}. ``set_kv_buffer``'s branch is
+    Python: an SWA layer writes at ``self.swa_loc`` when set, else translates ``loc`` right there,
+    in every SWA layer; a CUDA graph records whichever side was live at capture — the whole of
+    #23552. It takes a layer id (upstream: the layer); ``translate_calls`` counts translations.
     """
 
     def __init__(self, size: int, size_swa: int, head_num: int, head_dim: int, dtype: torch.dtype,
@@ -96,8 +83,7 @@ class SWAKVPool:
     def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
         assert self.full_to_swa_index_mapping is not None
         self.translate_calls += 1
-        # kv_indices could hold -1 (alloc_extend's last_loc); it maps to -1 through the trailing
-        # entry.
+        # kv_indices could hold -1 (alloc_extend's last_loc): -1 through the trailing entry
         return self.full_to_swa_index_mapping[kv_indices].to(torch.int32)
 
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor,
@@ -114,8 +100,7 @@ class SWAKVPool:
             self.full_kv_pool.set_kv_buffer(layer_id_pool, loc, cache_k, cache_v)
 
     def buffers(self, layer_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(k_buffer, v_buffer) of a global layer id, in its sub-pool (reading back; not upstream
-        API)."""
+        """(k_buffer, v_buffer) of a global layer id, in its sub-pool (not upstream API)."""
         idx, is_swa = self.layers_mapping[layer_id]
         pool = self.swa_kv_pool if is_swa else self.full_kv_pool
         return pool.k_buffer[idx], pool.v_buffer[idx]
@@ -123,12 +108,9 @@ class SWAKVPool:
 
 class SWATokenToKVPoolAllocator:
     """Hands out full-pool slots, each paired with an SWA-pool slot through
-    ``full_to_swa_index_mapping`` (int64, ``size + page_size`` zeros and one trailing ``-1`` so that
-    -1 maps to -1).
-
-    Page size 1. The free lists are seeded permutations of ``1..size`` (slot 0 is the padding slot),
-    so a token's full slot and SWA slot differ, as they do once a server has run for a while.
-    """
+    ``full_to_swa_index_mapping`` (int64, ``size + 1`` zeros and a trailing ``-1``). Page size 1;
+    the free lists are seeded permutations of ``1..size`` (0: the padding slot), so a token's full
+    and SWA slots differ, as once a server has run for a while."""
 
     def __init__(self, size: int, size_swa: int, kvcache: SWAKVPool, *, seed: int = 0):
         self._size_full, self._size_swa = size, size_swa
@@ -180,8 +162,7 @@ class ForwardBatch:
     def init_new(cls, input_ids: torch.Tensor, seq_lens: torch.Tensor, out_cache_loc: torch.Tensor,
                  allocator: Optional[SWATokenToKVPoolAllocator]) -> "ForwardBatch":
         """As upstream: a hybrid-SWA batch translates ``out_cache_loc`` once, here, outside any
-        graph — the translation a decode graph captured without the preset repeats in every SWA
-        layer."""
+        graph (a graph captured without the preset repeats it in every SWA layer)."""
         out_cache_loc_swa = (allocator.translate_loc_from_full_to_swa(out_cache_loc)
                              if allocator is not None else None)
         return cls(input_ids, seq_lens.to(torch.int32), out_cache_loc, out_cache_loc_swa)
@@ -190,26 +171,19 @@ class ForwardBatch:
 # -- 4. model_executor/model_runner.py · ModelRunner._forward_raw (the path without a CUDA graph)
 def forward_eager(model: "ToyHybridModel", batch: ForwardBatch, *,
                   use_precomputed_swa_loc: bool = True) -> torch.Tensor:
-    """With ``use_precomputed_swa_loc`` (what upstream does when ``forward_batch.out_cache_loc_swa``
-    is set) the pool's ``swa_loc`` is set first and no SWA layer translates; without it every SWA
-    layer translates. Like upstream, ``swa_loc`` is left set afterwards."""
+    """With ``use_precomputed_swa_loc`` (upstream, when ``out_cache_loc_swa`` is set) the pool's
+    ``swa_loc`` is set first (and left set) and no SWA layer translates; without, every one does."""
     if use_precomputed_swa_loc and batch.out_cache_loc_swa is not None:
         model.pool.set_swa_loc(batch.out_cache_loc_swa)
     return model.forward(batch.input_ids, batch.seq_lens, batch.out_cache_loc)
 
 
 # -- 5. model_executor/cuda_graph_runner.py · DecodeInputBuffers, CudaGraphRunner (decode only) ----
-# before   no out_cache_loc_swa buffer, nothing calls set_swa_loc before capture: the graph holds
-# the per-layer
-#          translation (an index gather + an int32 cast, 2 kernels) in every SWA layer, every decode
-#          step.
-# pr23552  an int64 out_cache_loc_swa buffer, filled in populate_from_forward_batch, and
-#          set_swa_loc(buffers.out_cache_loc_swa[:num_tokens]) before capture. On a padded batch the
-#          buffer is not cleared: padded tokens write at the SWA slots the previous, larger batch
-#          left in the tail.
-# pr24743  the buffer is int32 (what translate_loc_from_full_to_swa returns) and zeroed on a padded
-# batch,
-#          like out_cache_loc, so padded tokens write to SWA slot 0.
+# before   no out_cache_loc_swa buffer, no set_swa_loc before capture: the graph holds the
+#          translation (an index gather + an int32 cast) in every SWA layer, every decode step.
+# pr23552  an int64 buffer, filled in populate_from_forward_batch, preset before capture; not
+#          cleared on a padded batch: padded tokens write at the SWA slots a larger batch left.
+# pr24743  the buffer is int32 (what the translation returns) and zeroed on a padded batch.
 VARIANTS = ("before", "pr23552", "pr24743")
 SWA_LOC_BUFFER_DTYPE = {"before": None, "pr23552": torch.int64, "pr24743": torch.int32}
 
@@ -272,12 +246,9 @@ class DecodeInputBuffers:
 
 
 class DecodeGraphRunner:
-    """Captures one decode step per batch size and replays it (``CudaGraphRunner``, decode only).
-
-    ``preset_swa_loc`` is #23552's ``set_swa_loc(buffers.out_cache_loc_swa[:num_tokens])`` before
-    capture; ``swa_loc_dtype`` the dtype of that buffer; ``zero_swa_on_pad`` #24743's zeroing on
-    padded batches. ``use_cuda_graph`` defaults to "the pool is on a CUDA device".
-    """
+    """Captures one decode step per batch size and replays it (``CudaGraphRunner``, decode only):
+    ``preset_swa_loc`` is #23552's ``set_swa_loc`` before capture, ``swa_loc_dtype`` its buffer's
+    dtype, ``zero_swa_on_pad`` #24743's zeroing; ``use_cuda_graph`` defaults to a CUDA pool."""
 
     seq_len_fill_value = 1
 
@@ -291,7 +262,7 @@ class DecodeGraphRunner:
         self.preset_swa_loc, self.zero_swa_on_pad = preset_swa_loc, zero_swa_on_pad
         on_cuda = self.device.type == "cuda"
         self.use_cuda_graph = on_cuda if use_cuda_graph is None else use_cuda_graph
-        if self.use_cuda_graph and self.device.type != "cuda":
+        if self.use_cuda_graph and not on_cuda:
             raise ValueError("use_cuda_graph needs the pool on a CUDA device")
         # before #23552 there was no buffer to preset from
         self.buffers = DecodeInputBuffers.create(
@@ -328,9 +299,8 @@ class DecodeGraphRunner:
 
     def capture_one_batch_size(self, bs: int) -> None:
         num_tokens = bs
-        # #23552: set before capture so set_kv_buffer's Python branch (if self.swa_loc is not None)
-        # takes the fast path and the graph records writes at this buffer instead of the per-layer
-        # translation.
+        # #23552: set before capture, so set_kv_buffer's Python branch takes the fast path and the
+        # graph records writes at this buffer instead of the per-layer translation
         if self.preset_swa_loc and self.buffers.out_cache_loc_swa is not None:
             self.pool.set_swa_loc(self.buffers.out_cache_loc_swa[:num_tokens])
         self._swa_loc_at_capture[bs] = self.pool.swa_loc
@@ -349,8 +319,7 @@ class DecodeGraphRunner:
                 self._run_once(num_tokens)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
-        try:
-            # the raw graph, for counting nodes
+        try:  # the raw graph, for counting nodes
             graph, kept = torch.cuda.CUDAGraph(keep_graph=True), True
         except TypeError:  # a torch without keep_graph
             graph, kept = torch.cuda.CUDAGraph(), False
@@ -391,8 +360,7 @@ class DecodeGraphRunner:
             self.pool.set_swa_loc(saved)
 
     def replay(self, forward_batch: ForwardBatch) -> int:
-        """Populate the buffers from ``forward_batch`` and replay; returns the padded batch size
-        used."""
+        """Populate the buffers from ``forward_batch`` and replay: the padded batch size used."""
         bs = self.replay_prepare(forward_batch)
         self.replay_graph(bs)
         return bs
@@ -400,9 +368,8 @@ class DecodeGraphRunner:
 
 # -- 6. no upstream file: a toy hybrid model, its setup, a pool comparison -------------------------
 def hybrid_layer_ids(num_layers: int, swa_per_full: int) -> Tuple[List[int], List[int]]:
-    """(swa_attention_layer_ids, full_attention_layer_ids) for ``swa_per_full`` sliding-window
-    layers per full layer, the full layer last in each group (Gemma 3: 5 local then 1 global;
-    gpt-oss: 1 and 1)."""
+    """(swa ids, full ids) for ``swa_per_full`` sliding-window layers per full layer, the full layer
+    last in each group (Gemma 3: 5 local then 1 global; gpt-oss: 1 and 1)."""
     if num_layers < 1:
         raise ValueError("num_layers must be >= 1")
     if swa_per_full < 0:
@@ -414,15 +381,13 @@ def hybrid_layer_ids(num_layers: int, swa_per_full: int) -> Tuple[List[int], Lis
 
 
 class ToyHybridModel:
-    """``num_layers`` attention layers that do nothing but their KV write, over an
-    :class:`SWAKVPool` (a stand-in for a Gemma-3 / gpt-oss decoder). A token's hidden state is
-    ``embed[input_id] + seq_len``; layer ``l`` writes ``K = h * a_l`` and ``V = h * b_l``: per layer
-    2 elementwise kernels and the KV write."""
+    """``num_layers`` attention layers that only write their KV into an :class:`SWAKVPool` (a
+    Gemma-3 / gpt-oss stand-in): hidden ``h = embed[input_id] + seq_len``, layer ``l`` writes ``K =
+    h * a_l`` and ``V = h * b_l`` (2 elementwise kernels and the KV write)."""
 
     def __init__(self, pool: SWAKVPool, *, vocab_size: int = 1024, head_num: int, head_dim: int,
                  seed: int = 0):
-        self.pool = pool
-        self.num_layers = pool.layer_num
+        self.pool, self.num_layers = pool, pool.layer_num
         g = torch.Generator().manual_seed(seed)
         self.embed = torch.randn(vocab_size, head_num, head_dim,
                                  generator=g).to(pool.dtype).to(pool.device)
@@ -460,8 +425,7 @@ def build_setup(*, num_layers: int, swa_per_full: int = 5, size: int = 1024, siz
 
 
 def decode_batch(setup: Setup, input_ids: List[int], seq_lens: List[int]) -> ForwardBatch:
-    """Allocate one new slot per request and build the decode batch (translating its SWA slots
-    once)."""
+    """One new slot per request, and the decode batch (its SWA slots translated once)."""
     dev = setup.pool.device
     return ForwardBatch.init_new(torch.tensor(input_ids, dtype=torch.int64, device=dev),
                                  torch.tensor(seq_lens, dtype=torch.int32, device=dev),
@@ -470,8 +434,8 @@ def decode_batch(setup: Setup, input_ids: List[int], seq_lens: List[int]) -> For
 
 def pool_diff(a: SWAKVPool, b: SWAKVPool, *,
               skip_padding_slot: bool = True) -> Dict[int, List[int]]:
-    """{global layer id: sorted slots of that layer's sub-pool where K or V differ}, layers with a
-    difference only. Slot 0 (the padding slot) is skipped by default."""
+    """{global layer id: sorted slots of its sub-pool where K or V differ}, layers with a difference
+    only; slot 0 (the padding slot) skipped by default."""
     out: Dict[int, List[int]] = {}
     for layer_id in sorted(a.layers_mapping):
         (ka, va), (kb, vb) = a.buffers(layer_id), b.buffers(layer_id)
