@@ -10,10 +10,14 @@ errors are one line, ``sglab engine: <message>``, exit 2."""
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
-from collections import Counter
-from fnmatch import fnmatch
+import signal
 import sys
+import tempfile
+from collections import Counter
+from dataclasses import replace
+from fnmatch import fnmatch
 from pathlib import Path
 
 from sglab.core import hardware, procs
@@ -73,11 +77,6 @@ def add_parser(sub) -> None:
     p.set_defaults(fn=main)
 
 
-def _fail(msg: str) -> int:
-    print(f"sglab engine: {msg}", file=sys.stderr)
-    return 2
-
-
 def _only(specs: list, patterns: list[str]) -> list:
     """The specs whose case one of ``patterns`` matches (all of them without patterns)."""
     return [sp for sp in specs if not patterns or any(fnmatch(sp.case, p) for p in patterns)]
@@ -96,7 +95,6 @@ def _groups(args):
             raise KeyError(f"no scenario for notebook {args.plan}")
         picked += found
     if picked:
-        from dataclasses import replace
 
         def timed(specs):
             specs = [replace(sp, cpus=cpus) for sp in specs] if cpus else specs
@@ -133,9 +131,6 @@ def _groups(args):
 def _cpus(text: str) -> tuple[int, ...]:
     """``--cpus``: () without it; 'auto': the CPUs local to GPU 0; else the list given, each of
     which this process must be allowed."""
-    import os
-
-    from sglab.core import hardware
     from sglab.sglang import engine as eng
 
     if not text:
@@ -155,8 +150,6 @@ def _dry_run(spec, work, said: set) -> None:
     """Print the command a spec would start (and why it would stop), starting nothing. ``said``:
     what was printed already for the scenario's earlier engines (each harness adjustment's reason,
     each release that would stop), said once."""
-    import tempfile
-
     from sglab.sglang import engine as eng
 
     with tempfile.TemporaryDirectory(prefix="sglab-engine-") as tmp:
@@ -173,9 +166,7 @@ def _dry_run(spec, work, said: set) -> None:
                 print(f"#   harness adjustment {a.name}: {a.reason}")
                 said.add(a.name)
         if spec.cpus:
-            from sglab.core.hardware import cpu_text
-
-            print(f"#   on CPUs {cpu_text(spec.cpus)} only")
+            print(f"#   on CPUs {hardware.cpu_text(spec.cpus)} only")
         try:
             eng.check_pins(prep.env, prep.found)
         except eng.EngineError as e:
@@ -188,7 +179,6 @@ def _too_few_gpus(name: str, specs) -> str:
     """Why this machine cannot start these specs ('' when it can): each needs its TP size in GPUs
     (:func:`fixes.short_of`). Where torch sees no CUDA but the driver sees GPUs, the release's pin
     check says why (this torch); where the driver sees none either, no torch would help."""
-    from sglab.core import hardware
     from sglab.tools import fixes
 
     need = max((sp.tp_size for sp in specs), default=1)
@@ -208,8 +198,6 @@ def host_launch_cost(timeout: float = 120.0, cpus: tuple = ()) -> dict:
     process of its own so that this one never holds a CUDA context beside the engines (05 reads
     every process's memory on GPU 0), on the engines' ``cpus`` where they are pinned;
     ``{"error": ...}`` where it could not run."""
-    from sglab.core import procs
-
     return procs.in_own_process(HOST_COST, timeout, cpus)
 
 
@@ -258,8 +246,6 @@ def _record_partial(args, fix: str, results: list, specs: list, host: dict, stop
     ``<out>/partial/`` with a ``partial`` manifest entry (what ran, what did not, and why), so
     that an outer timeout costs the engines it cut short, not every one before them. A partial
     run is never a record: ``sglab verify`` fails it and ``sglab publish`` refuses it."""
-    import signal
-
     from sglab.core.runs import data_dir
     from sglab.sglang import engine as eng
 
@@ -342,9 +328,9 @@ def main(args) -> int:
                                   extra={"host_launch_us": host} if host else None)
                 print(f"recorded: {path}")
         if len(groups) == 1 and len(groups[0][2]) == 1 and not args.dry_run and status == 1:
-            res = results[0]
-            print(f"sglab engine: {res.error}", file=sys.stderr)
+            print(f"sglab engine: {results[0].error}", file=sys.stderr)
             return 2
         return status
     except (eng.EngineError, KeyError) as e:
-        return _fail(str(e).strip("'\""))
+        print(f"sglab engine: {str(e).strip(chr(39) + chr(34))}", file=sys.stderr)
+        return 2
