@@ -8,8 +8,12 @@ report index and notebook 00 read each notebook's live time from the newest reco
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime, timezone
+from pathlib import Path
+
+from sglab.core import runs
 
 
 EXPERIMENT = "workbook"
@@ -75,7 +79,6 @@ def cell_rows(nb, stem: str, mode: str, total_s: float) -> list[dict]:
 def _live_runs(result, runs_root=None) -> list:
     """CSV paths of the runs a live notebook wrote while it ran (under ``runs_root``, default
     data/runs/)."""
-    from sglab.core import runs
     from sglab.tools.fixes import by_stem
 
     entry = by_stem(result.path.stem)
@@ -92,8 +95,6 @@ def measure_rows(result, runs_root=None) -> list[dict]:
     """The finer phases (process spawn, CUDA init, capture, timing loops, …) of the live runs a
     notebook wrote, from their manifests' ``phases_s``, as ``measure_s`` rows: they happen inside
     the cells' wall time, so they are a breakdown of it, not more of it."""
-    from sglab.core import runs
-
     rows = []
     for path in _live_runs(result, runs_root):
         for name, s in (runs.read_run(path).manifest.phases_s).items():
@@ -108,8 +109,6 @@ def measure_rows(result, runs_root=None) -> list[dict]:
 def frame(results, runs_root=None):
     """The tidy frame of a whole ``sglab run``: the cell rows of every notebook result, then the
     measure rows."""
-    from sglab.core import runs
-
     rows = []
     for r in results:
         if r.nb is not None:
@@ -147,8 +146,6 @@ def write(results, *, record: bool = False, params: dict | None = None, runs_roo
           machine: dict | None = None):
     """Save the timings of ``results`` as a ``workbook`` run; return the CSV path. ``machine``:
     the manifest's machine fields when the notebooks ran elsewhere (:func:`from_reports`)."""
-    from sglab.core import runs
-
     df = frame(results, runs_root)
     totals = {
         r.path.stem: {"seconds": round(r.seconds, 1), "status": r.status, "mode": r.mode}
@@ -170,12 +167,8 @@ def from_reports(reports, runs_root) -> tuple[list, dict]:
     fields, taken from the live runs the notebooks wrote (copied to ``runs_root``, one folder per
     experiment). ValueError when a notebook is missing, or when the live runs disagree on the
     machine or name none."""
-    import json
-    from pathlib import Path
-
     import nbformat
 
-    from sglab.core import runs
     from sglab.tools.nbtools import Result
 
     reports = Path(reports)
@@ -229,8 +222,6 @@ def live_seconds(run) -> dict[str, float]:
 def live_times(root=None) -> dict[str, str]:
     """``{notebook stem: "H100 ×1: 23.4 s; H200 ×2: 41.0 s"}`` from the newest recorded timing run
     per GPU model; notebooks no record ran live are absent (readers show :data:`NOT_RECORDED`)."""
-    from sglab.core import runs
-
     found = [
         r for r in runs.load_all_recorded(EXPERIMENT, root=root) if r.manifest.gpu_name != "cpu"
     ]
