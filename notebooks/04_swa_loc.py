@@ -18,7 +18,8 @@
 
 # %% tags=["parameters"]
 MODE = "auto"  # "auto" | "live" | "recorded"
-# overrides of measure.DEFAULT_PARAMS; measure.FULL_SWEEP is the method-1 sweep
+# overrides of measure.DEFAULT_PARAMS (the method-1 sweep: layer_counts=[6, 12, 24, 48],
+# batch_sizes=[1, 8, 32, 128], repeat=150)
 PARAMS = {}
 # "your own setup": False, static tables (what papermill, `jupyter execute` and `sglab run` save);
 # True, sliders and drop-downs in JupyterLab

@@ -1,11 +1,8 @@
 """Measure the SWA location preset on a GPU: for each layout the three runners of
 :mod:`sglab.swa_loc.rebuild` capture a decode graph per batch size; rows per (variant, layout, batch
-size): ``translate_calls_capture``, ``graph_kernel_nodes`` (cuda-bindings), ``profiled_kernels``
-(torch.profiler), ``kv_mismatch_slots`` (against an eager reference) and ``time_*`` (one
-``graph.replay()``, :func:`sglab.core.timing.interleaved`); then the #24743 padding scenario
-(:func:`pad_bug_scenario`) and, method 2, the sidecars ``events``, ``trace``, ``graph_kernels`` and
-``eager_kernels``. :func:`sweep` takes its kernel probes and timer as arguments, so the CPU tests
-run the same loop eagerly."""
+size) of translations in capture, kernel nodes, profiled kernels, KV slots unlike an eager reference
+and replay times; the #24743 padding scenario; the sidecars ``events``, ``trace``, ``graph_kernels``
+and ``eager_kernels``. :func:`sweep` takes its probes and timer as arguments (the CPU tests)."""
 
 from __future__ import annotations
 
@@ -25,9 +22,8 @@ from sglab.swa_loc import rebuild
 EXPERIMENT = "swa_loc"
 METHOD_VERSION = 2
 GPUS = 1
-# Gemma-3-like layout, mid-size batch. The sweep: Gemma-3-like 5 local : 1 global layers and
-# gpt-oss-like alternation; ``trace_config``: the layout and batch size of the traced replays;
-# ``eager_config``: the eager kernel table's step.
+# the sweep: Gemma-3-like 5 local : 1 global layers and gpt-oss-like alternation; ``trace_config``:
+# the traced replays' cell; ``eager_config``: the eager kernel table's step
 HEADLINE_CONFIG = {"num_layers": 48, "swa_per_full": 5, "batch_size": 32}
 DEFAULT_PARAMS: Dict[str, Any] = {
     "layer_counts": [12, 48], "swa_per_full": [5, 1], "batch_sizes": [1, 32, 128],
@@ -37,27 +33,16 @@ DEFAULT_PARAMS: Dict[str, Any] = {
         "num_layers": 12, "swa_per_full": 5, "batch_size": 32
     }, "kernel_table_runs": 3, "seed": 0
 }
-# The sweep the method-1 runs recorded (4 layer counts x 4 batch sizes): PARAMS = FULL_SWEEP in the
-# notebook or `sglab record swa_loc --param layer_counts=[6,12,24,48] --param
-# batch_sizes=[1,8,32,128]`.
-FULL_SWEEP: Dict[str, Any] = {
-    **DEFAULT_PARAMS, "layer_counts": [6, 12, 24, 48], "batch_sizes": [1, 8, 32, 128], "repeat": 150
-}
 TRACE_PHASE = "replay "  # + variant
 SWA_WRITE, FULL_WRITE = "SWA layer KV write", "full layer KV write"
 EAGER_VARIANTS = ("before", "pr24743")  # per-layer translation / preset int32 location
 _FILL = {"num_layers": -1, "swa_per_full": -1, "n_swa_layers": -1, "batch_size": -1}
 
 
-def gpus(params: dict) -> int:
-    return GPUS
-
-
 def _row(variant: str, metric: str, value: float, unit: str, **kw) -> dict:
-    row = {"variant": variant, **_FILL}
-    row.update(kw)
-    row.update(metric=metric, value=float(value), unit=unit)
-    return row
+    return {
+        "variant": variant, **_FILL, **kw, "metric": metric, "value": float(value), "unit": unit
+    }
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -65,8 +50,7 @@ def _dtype(name: str) -> torch.dtype:
 
 
 def setup_kwargs(p: dict, num_layers: int, swa_per_full: int, device) -> dict:
-    """The :func:`sglab.swa_loc.rebuild.build_setup` arguments of one layout under parameters
-    ``p``."""
+    """The :func:`sglab.swa_loc.rebuild.build_setup` arguments of one layout under ``p``."""
     return dict(num_layers=num_layers, swa_per_full=swa_per_full, size=p["size"],
                 size_swa=p["size_swa"], head_num=p["head_num"], head_dim=p["head_dim"],
                 dtype=_dtype(p["dtype"]), device=device, seed=p["seed"])
@@ -74,8 +58,7 @@ def setup_kwargs(p: dict, num_layers: int, swa_per_full: int, device) -> dict:
 
 def make_batches(setup: rebuild.Setup, batch_sizes: List[int], *, seed: int = 0,
                  vocab_size: int = 1024) -> Dict[int, rebuild.ForwardBatch]:
-    """One decode batch per batch size, allocated in the order given; identical on identically built
-    setups."""
+    """One decode batch per batch size, in order; identical on identically built setups."""
     g = torch.Generator().manual_seed(seed)
     out = {}
     for bs in batch_sizes:
@@ -106,16 +89,12 @@ def pad_bug_scenario(variant: str, *, device="cpu", use_cuda_graph: Optional[boo
                      n_requests: int = 8, finished=(2, 4), context_len: int = 3, head_num: int = 2,
                      head_dim: int = 16, size: int = 256, size_swa: int = 128,
                      dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> Dict[str, Any]:
-    """Two decode steps through the runner of ``variant``, checked against the same steps run
-    eagerly.
+    """Two decode steps through the runner of ``variant`` against the same steps run eagerly.
 
-    Requests ``0..n_requests-1`` each have ``context_len`` tokens written eagerly (a prefill). Step
-    1 decodes all of them in the ``n_requests`` graph. Then the requests in ``finished`` leave; the
-    batch is filtered in order, so step 2 has ``n_requests - len(finished)`` tokens, padded up to
-    the same graph. The tail of ``out_cache_loc_swa`` still holds the SWA slots where the last
-    requests of step 1 wrote their token -- requests that are still running. Predicted corruption:
-    those slots, in every SWA layer, when the buffer is preset but not zeroed on padding; nothing
-    otherwise.
+    ``n_requests`` requests of ``context_len`` eager (prefill) tokens; step 1 decodes them all in
+    the ``n_requests`` graph; then ``finished`` leave, and step 2 is padded up to the same graph,
+    whose ``out_cache_loc_swa`` tail still holds the SWA slots of requests still running. Predicted
+    corruption: those slots in every SWA layer when the buffer is preset but not zeroed; else none.
     """
     cfg = rebuild.runner_config(variant)
     kw = dict(num_layers=num_layers, swa_per_full=swa_per_full, size=size, size_swa=size_swa,
@@ -125,7 +104,6 @@ def pad_bug_scenario(variant: str, *, device="cpu", use_cuda_graph: Optional[boo
                                                    use_cuda_graph)
     runner.capture()  # at start-up, before any request
     _prefill((graph_side, ref), n_requests=n_requests, context_len=context_len, seed=seed)
-
     g = torch.Generator().manual_seed(seed + 1)
     vocab = graph_side.model.embed.shape[0]
     ids1 = torch.randint(0, vocab, (n_requests,), generator=g).tolist()
@@ -133,7 +111,6 @@ def pad_bug_scenario(variant: str, *, device="cpu", use_cuda_graph: Optional[boo
     alive = [r for r in range(n_requests) if r not in set(finished)]
     ids2 = torch.randint(0, vocab, (len(alive),), generator=g).tolist()
     seq2 = [context_len + 2] * len(alive)
-
     b1 = rebuild.decode_batch(graph_side, ids1, seq1)
     bs1 = runner.replay(b1)
     bs2 = runner.replay(rebuild.decode_batch(graph_side, ids2, seq2))
@@ -141,11 +118,9 @@ def pad_bug_scenario(variant: str, *, device="cpu", use_cuda_graph: Optional[boo
     rebuild.forward_eager(ref.model, rebuild.decode_batch(ref, ids2, seq2))
     if runner.use_cuda_graph:
         torch.cuda.synchronize(runner.device)
-
     raw_bs2 = len(alive)
     stale = b1.out_cache_loc_swa[raw_bs2:bs2].tolist()  # what the tail holds after step 1
-    # step-1 batch positions = request ids (step 1 had every request)
-    owners = list(range(raw_bs2, bs2))
+    owners = list(range(raw_bs2, bs2))  # step 1's batch positions are request ids
     predicted = sorted(stale) if (cfg.preset_swa_loc and not cfg.zero_swa_on_pad) else []
     diff = rebuild.pool_diff(graph_side.pool, ref.pool)
     swa_ids, full_ids = graph_side.swa_layer_ids, graph_side.full_layer_ids
@@ -171,8 +146,7 @@ def _cleanup(device) -> None:
 
 def _capture_and_check(p: dict, kw: dict, labels: dict, batch_sizes: List[int], *,
                        use_cuda_graph: bool, probes: Dict[str, Callable], rows: List[dict]) -> dict:
-    """Capture every variant on its own pool, check its KV writes against an eager reference; the
-    runners."""
+    """Capture every variant on its own pool, check its KV writes against an eager reference."""
     with timing.phase("correctness"):
         ref = rebuild.build_setup(**kw)
         ref_batches = make_batches(ref, batch_sizes, seed=p["seed"])
@@ -194,8 +168,7 @@ def _capture_and_check(p: dict, kw: dict, labels: dict, batch_sizes: List[int], 
                          "kernels", batch_size=bs, **labels))
         with timing.phase("correctness"):
             batches = make_batches(s, batch_sizes, seed=p["seed"])
-            # one populated replay per batch, same order as the eager reference
-            for bs in batch_sizes:
+            for bs in batch_sizes:  # one populated replay per batch, in the reference's order
                 runner.replay(batches[bs])
             if runner.use_cuda_graph:
                 torch.cuda.synchronize(runner.device)
@@ -207,8 +180,7 @@ def _capture_and_check(p: dict, kw: dict, labels: dict, batch_sizes: List[int], 
 
 def _time_and_count(p: dict, runners: dict, labels: dict, batch_sizes: List[int], *,
                     probes: Dict[str, Callable], timer, rows: List[dict]) -> None:
-    """Replay time per (variant, bs) through ``interleaved``; then, separately, one profiled replay
-    per cell."""
+    """Replay time per (variant, bs) through ``interleaved``; then one profiled replay per cell."""
     with timing.phase("timing"):
         for bs in batch_sizes:
             fns = {v: (lambda r=r: r.replay_graph(bs)) for v, r in runners.items()}
@@ -244,12 +216,9 @@ def _pad_rows(p: dict, *, device, use_cuda_graph: bool) -> List[dict]:
 def sweep(p: dict, *, device, use_cuda_graph: bool, probes: Dict[str, Callable], timer,
           progress: bool = True, on_trace: Optional[Callable[[dict, dict, int],
                                                              None]] = None) -> List[dict]:
-    """Rows of the sweep and of the padding scenario.
-
-    ``probes``: {metric: fn(runner, bs) -> kernel count} for ``graph_kernel_nodes`` and
-    ``profiled_kernels``; ``timer``: fn(callable, warmup=, repeat=) -> Timing, handed to
-    ``interleaved``. ``on_trace(runners, labels, bs)`` runs once, after the timing of the layout of
-    ``p["trace_config"]`` (the traced pass of :func:`run`)."""
+    """Rows of the sweep and of the padding scenario. ``probes``: {metric: fn(runner, bs) -> kernel
+    count} for ``graph_kernel_nodes`` and ``profiled_kernels``; ``timer``: for ``interleaved``;
+    ``on_trace(runners, labels, bs)`` once, after the timing of ``p["trace_config"]``'s layout."""
     p = {**DEFAULT_PARAMS, **p}
     batch_sizes = sorted(int(b) for b in p["batch_sizes"])
     torch.manual_seed(p["seed"])
@@ -286,16 +255,14 @@ def gpu_probes() -> dict:
 
 
 def reduce_events(events):
-    """The events of the ``replay <variant>`` phases, with a ``variant`` column (host ops
-    dropped)."""
+    """The events of the ``replay <variant>`` phases with a ``variant`` column, host ops dropped."""
     ev = events[events.phase.str.startswith(TRACE_PHASE) & (events.category != "op")].copy()
     ev["variant"] = ev.phase.str.slice(len(TRACE_PHASE))
     return ev.reset_index(drop=True)
 
 
 def graph_kernel_names(runners: dict, bs: int):
-    """Kernel nodes of each variant's ``bs`` graph by (demangled) kernel name: variant, kernel,
-    nodes."""
+    """Kernel nodes of each variant's ``bs`` graph by (demangled) name: variant, kernel, nodes."""
     import pandas as pd
 
     from sglab.core.kernels import graph_kernel_nodes
@@ -308,8 +275,7 @@ def graph_kernel_names(runners: dict, bs: int):
 
 
 def traced_pass(runners: dict, bs: int) -> dict:
-    """One profiled replay per variant (synchronised inside its phase, so no two overlap): the
-    sidecars."""
+    """The sidecars: one profiled replay per variant, synchronised inside its phase."""
     with timing.phase("trace"):
         path = Path(tempfile.mkdtemp(prefix="sglab-swa_loc-")) / "replays.trace.json.gz"
         with trace.Recorder(perfetto=path) as rec:
@@ -329,8 +295,8 @@ def traced_pass(runners: dict, bs: int) -> dict:
 
 @contextmanager
 def kv_write_scopes(pool: rebuild.SWAKVPool, mode: kernel_table.OpRanges):
-    """Label the ops of every ``set_kv_buffer`` call with the kind of layer it writes (the pool
-    instance's method is wrapped for the duration; the rebuild itself stays unaware)."""
+    """Label the ops of every ``set_kv_buffer`` call with the kind of layer it writes (the pool's
+    method wrapped for the duration)."""
     original = pool.set_kv_buffer
 
     def labelled(layer_id, *args, **kwargs):
@@ -345,8 +311,7 @@ def kv_write_scopes(pool: rebuild.SWAKVPool, mode: kernel_table.OpRanges):
 
 
 def eager_steps(setup: rebuild.Setup, batch: rebuild.ForwardBatch) -> dict:
-    """{variant: step(mode)} for the two eager decode steps; ``before`` clears the location an
-    earlier step left."""
+    """{variant: step(mode)} of the two eager decode steps (``before`` clears an earlier one)."""
 
     def before(mode):
         setup.pool.set_swa_loc(None)
@@ -361,9 +326,8 @@ def eager_steps(setup: rebuild.Setup, batch: rebuild.ForwardBatch) -> dict:
 
 
 def kv_write_ops(variant: str, *, num_layers: int = 6, swa_per_full: int = 5) -> list:
-    """The aten ops of the KV writes in one replay of ``variant``'s captured step, on the CPU: what
-    the decode graph holds, as :class:`sglab.core.kernel_table.OpCall` (scope = kind of layer, step
-    = position)."""
+    """The aten ops of the KV writes in one CPU replay of ``variant``'s step, what the decode graph
+    holds, as :class:`sglab.core.kernel_table.OpCall` (scope = kind of layer, step = position)."""
     s = rebuild.build_setup(num_layers=num_layers, swa_per_full=swa_per_full, size=16, size_swa=8,
                             head_num=1, head_dim=4)
     runner = rebuild.DecodeGraphRunner.for_variant(s.model, [1], variant, use_cuda_graph=False)
@@ -375,8 +339,7 @@ def kv_write_ops(variant: str, *, num_layers: int = 6, swa_per_full: int = 5) ->
 
 
 def eager_kernel_tables(p: dict, device) -> tuple:
-    """The ``eager_kernels`` table (nsight-python first, then torch.profiler) and what ran:
-    ``(table, info)``."""
+    """``(table, info)``: the ``eager_kernels`` table (nsight-python, then torch.profiler)."""
     import pandas as pd
 
     tc = p["eager_config"]
@@ -408,8 +371,7 @@ def check_params(p: dict) -> dict:
         raise ValueError(f"dtype must be bfloat16, float16 or float32, got {p['dtype']!r}")
     if not p["batch_sizes"] or min(int(b) for b in p["batch_sizes"]) < 1:
         raise ValueError(f"batch_sizes must be >= 1, got {p['batch_sizes']}")
-    # each pool allocates one slot per token of every batch
-    need = sum(int(b) for b in p["batch_sizes"])
+    need = sum(int(b) for b in p["batch_sizes"])  # a pool's slot per token of every batch
     if need > min(int(p["size"]), int(p["size_swa"])):
         raise ValueError(f"size / size_swa ({p['size']} / {p['size_swa']}) hold fewer slots than "
                          f"the batches allocate ({need})")
@@ -417,9 +379,8 @@ def check_params(p: dict) -> dict:
 
 
 def run(params: Optional[dict] = None, *, progress: bool = True) -> runs.Measured:
-    """The GPU sweep, the padding scenario on real CUDA graphs, and the profiler pictures.
-    nsight-python runs first: CUPTI takes one subscriber per process, and torch.profiler's sessions
-    after it work, while the other order leaves nsight-python without CUPTI."""
+    """The GPU sweep, the padding scenario on real CUDA graphs, and the profiler pictures;
+    nsight-python first (CUPTI takes one subscriber per process: torch.profiler works after it)."""
     p = check_params(params or {})
     if not torch.cuda.is_available():
         raise RuntimeError("the swa_loc measurement captures CUDA graphs: it needs a CUDA GPU")
