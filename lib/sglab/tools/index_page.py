@@ -58,10 +58,10 @@ def _facts(entry, live: list) -> dict:
     headline."""
     facts = {
         "card": "", "claim": entry.claim if entry else "", "headline": "", "verdicts": [],
-        "source": ""
+        "source": "measured live in this run" if live else "recorded runs"
     }
     if entry is None or not entry.experiment:
-        return facts
+        return {**facts, "source": ""}
     exp = entry.experiment
     try:
         from sglab.core import card as K
@@ -72,11 +72,9 @@ def _facts(entry, live: list) -> dict:
             facts["card"] = code_spans(K.html_card(p))
             facts["verdicts"] = ([f"real engine: {v}" for v in p["engine_verdicts"]]
                                  + [f"rebuild: {v}" for v in p["rebuild_verdicts"]])
-            facts["source"] = "measured live in this run" if live else "recorded runs"
             return facts
         mod = fixes.claims(exp)
         shown = live or claims.shown(mod, runs.load_all_recorded(exp))
-        facts["source"] = "measured live in this run" if live else "recorded runs"
         facts["headline"] = claims.headline(mod, shown) if shown else "no recorded run yet"
         facts["verdicts"] = [claims.verdict_line(claims.evaluate(mod, r), r) for r in shown]
     # noqa: BLE001 - a claims module that cannot read a run must not lose the report
@@ -86,7 +84,6 @@ def _facts(entry, live: list) -> dict:
 
 
 def _live_runs(experiment: str, result) -> list:
-
     started = getattr(result, "started", None)
     if result is None or result.mode != "live" or started is None:
         return []
@@ -240,7 +237,6 @@ def thumbnail(png: bytes, width: int = 360) -> bytes:
     """``png`` scaled down to ``width`` pixels (the index embeds it; full figures would make it
     megabytes). Pillow comes with matplotlib; without it the figure is embedded as it is."""
     try:
-
         from PIL import Image
     except ImportError:
         return png
