@@ -9,6 +9,7 @@ every release from 0.5.10 (or those listed) from their wheels, and a full run re
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -27,8 +28,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _fail(message: str) -> int:
-    import sys
-
     print(f"sglab upstream: {message}", file=sys.stderr)
     return 2
 
@@ -56,8 +55,6 @@ def _one_tree(args) -> int:
 
 
 def _releases(args) -> int:
-    import sys
-
     from sglab.sglang import wheels as R
     from sglab.sglang.releases import parse_version
     from sglab.tools.fixes import FIXES
@@ -120,7 +117,6 @@ def _write(tl, args) -> None:
     R.write_table(tl.frame, path)
     status = "unchanged" if old == path.read_text() else "updated"
     from sglab.tools.fixes import FIXES
-
     hunks = H.generate(FIXES, list(tl.frame["version"]), tl.wheels)
     print(f"wrote {path} ({len(tl.frame)} releases, {status}) and {len(hunks)} PR hunks under "
           f"{path.parent}/")
