@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from sglab.core import engine_records, engine_view
+from sglab.core import engine_records
 
 
 REPO = "sgl-project/sglang"
@@ -87,8 +87,3 @@ class Fix:
         """This fix's recorded real-engine runs (:func:`sglab.core.engine_records.load`), or a
         NoRun saying how to record them."""
         return engine_records.load(self.name, self.number)
-
-    def show_engine(self) -> None:
-        """The real-engine section of a fix without a show function of its own: recorded runs if
-        any, and the scenarios as data (:func:`sglab.core.engine_view.planned`)."""
-        engine_view.planned(self.recorded_engine(), self.engine or ())

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
@@ -57,10 +58,6 @@ def _repo() -> Path:
     return repo_root()
 
 
-def _write_stamp(folder: Path, data: dict) -> None:
-    (folder / STAMP).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-
-
 def _deps_spec(name: str) -> dict:
     _, reqs, nodeps = DEP_SETS[name]
     return {"requirements": list(reqs), "no_deps": list(nodeps)}
@@ -85,12 +82,13 @@ def _install_into(kind: str, name: str, dest: Path, fill: Callable[[Path], dict]
     stamp the folder and move it to ``dest``. Any :class:`~sglab.sglang.install.PipError` becomes a
     failed outcome, and the temporary folder never outlives the call."""
     t0 = time.perf_counter()
-    tmp = fresh_tmp(dest.parent, f".{name}-")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=dest.parent))
     try:
         fields = fill(tmp)
         seconds = time.perf_counter() - t0
-        _write_stamp(tmp,
-                     {**fields, "python": sys.version.split()[0], "seconds": round(seconds, 1)})
+        stamp = {**fields, "python": sys.version.split()[0], "seconds": round(seconds, 1)}
+        (tmp / STAMP).write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
         replace_dir(tmp, dest)
         return Outcome(kind, name, "installed", seconds)
     except PipError as exc:
@@ -187,8 +185,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 # -- pip, one way: into a target folder, under constraints, never replacing the interpreter's torch
 PIP_TIMEOUT_S = 1200
-# Never installed into a release or dependency folder: the interpreter's torch stack is the one
-# used.
+# never installed into a release or dependency folder: the interpreter's torch stack is the one used
 FORBIDDEN = re.compile(r"^(torch|triton|nvidia-.*|torchvision|torchaudio|sglang-kernel|"
                        r"sgl-kernel)$")
 
@@ -317,17 +314,7 @@ def check_no_forbidden(folder: Path) -> None:
 def missing_provided(pins: Iterable[str]) -> list[str]:
     """Pins (``name==version``) that the interpreter no longer provides at that version."""
     have = interpreter_dists()
-    out = []
-    for pin in pins:
-        name, _, version = pin.partition("==")
-        if have.get(name) != version:
-            out.append(pin)
-    return out
-
-
-def fresh_tmp(parent: Path, prefix: str) -> Path:
-    parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    return [pin for pin in pins if have.get(pin.partition("==")[0]) != pin.partition("==")[2]]
 
 
 def replace_dir(src: Path, dst: Path) -> None:
@@ -340,11 +327,8 @@ def replace_dir(src: Path, dst: Path) -> None:
 def dir_size_mib(path: Path) -> float:
     total = 0
     for p in path.rglob("*"):
-        try:
-            if p.is_file() and not p.is_symlink():
-                total += p.stat().st_size
-        except OSError:
-            pass
+        with suppress(OSError):
+            total += p.stat().st_size if p.is_file() and not p.is_symlink() else 0
     return total / 2**20
 
 
