@@ -1,10 +1,6 @@
-"""Tables and figures of notebook 04, from the rebuild (CPU) or a run (recorded or live); each
-section function given a :class:`~sglab.core.runs.NoRun` says its one line instead.
-
-Tables: kernel counts per layout, replay times, the padding scenario, the profiler's and the eager
-kernel table's view (what the claims read). Figures: :func:`mechanism` (one SWA layer's KV write in
-the decode graph), :func:`kernels_per_replay`, :func:`replay_times`, :func:`replay_timeline`. The
-real engine: ``VIEW`` and :func:`beside`. Your own model lives in :mod:`.model_config`."""
+"""Tables and figures of notebook 04, from the rebuild (CPU) or a run (recorded or live; a NoRun
+says its one line): the tables the claims read, the mechanism, the GPU sections' figures, the real
+engine's ``VIEW`` and :func:`beside`. Your own model lives in :mod:`.model_config`."""
 
 from __future__ import annotations
 
@@ -40,15 +36,12 @@ def sweep_rows(df):
 
 
 def kernel_counts(df):
-    """Per (layout, batch size): static kernel nodes and profiled kernels per replay of each
-    variant."""
+    """Per (layout, batch size): each variant's kernel nodes and profiled kernels per replay."""
     d = sweep_rows(df)
     idx = _CFG + ["batch_size"]
-    nodes = d[d.metric == "graph_kernel_nodes"].pivot_table(index=idx, columns="variant",
-                                                            values="value")
-    prof = d[d.metric == "profiled_kernels"].pivot_table(index=idx, columns="variant",
-                                                         values="value")
-    return nodes.astype(int), prof.astype(int)
+    return tuple(
+        d[d.metric == m].pivot_table(index=idx, columns="variant", values="value").astype(int)
+        for m in ("graph_kernel_nodes", "profiled_kernels"))
 
 
 def extra_per_swa_layer(df, a: str = "before", b: str = "pr24743"):
@@ -58,9 +51,8 @@ def extra_per_swa_layer(df, a: str = "before", b: str = "pr24743"):
 
 
 def kernel_table(df):
-    """One row per layout: kernel nodes of each variant (checked equal for every batch size), the
-    extra kernels per SWA layer, whether the profiler saw the same number, translate calls in
-    capture."""
+    """One row per layout: each variant's kernel nodes (equal for every batch size?), the extra per
+    SWA layer, whether the profiler saw as many, translate calls in capture."""
     nodes, prof = kernel_counts(df)
     d = sweep_rows(df)
     calls = d[d.metric == "translate_calls_capture"].pivot_table(index=_CFG, columns="variant",
@@ -79,8 +71,7 @@ def kernel_table(df):
 
 
 def profiler_agreement(df) -> Dict[str, int]:
-    """How many (layout, batch size, variant) cells have profiler count == static count, and the
-    largest gap."""
+    """How many (layout, batch size, variant) cells count alike both ways; the widest gap."""
     nodes, prof = kernel_counts(df)
     gap = (prof - nodes).abs()
     return {
@@ -90,8 +81,7 @@ def profiler_agreement(df) -> Dict[str, int]:
 
 
 def time_table(df):
-    """Median replay time per variant (µs), before/#24743 ratio and µs saved per SWA layer, per
-    layout × bs."""
+    """Per layout × bs: median replay time per variant (µs), ratios, µs saved per SWA layer."""
     import pandas as pd
 
     d = sweep_rows(df)
@@ -106,15 +96,13 @@ def time_table(df):
 
 
 def pad_table(df):
-    """The padding scenario per variant: corrupted and predicted (layer, slot) pairs, exact
-    match."""
+    """The padding scenario per variant: corrupted, predicted (layer, slot) pairs, exact match."""
     return df[df.metric.str.startswith("pad_")].pivot_table(index="variant", columns="metric",
                                                             values="value").astype(int)
 
 
 def translation_kernels(graph_kernels, a: str = "before", b: str = "pr24743") -> Dict[str, int]:
-    """Kernel names with more nodes in ``a``'s graph than in ``b``'s, and by how many: what the
-    preset removes."""
+    """Kernel names with more nodes in ``a``'s graph than ``b``'s, and how many more."""
 
     def counts(v):
         rows = graph_kernels[graph_kernels.variant == v]
@@ -130,31 +118,28 @@ def name_pattern(names) -> Optional[str]:
 
 
 def trace_counts(events, pattern: Optional[str] = None) -> Dict[str, Dict[str, int]]:
-    """Per variant of a traced replay: kernels on the device, and how many of them match
-    ``pattern``."""
+    """Per variant of a traced replay: kernels on the device, and how many match ``pattern``."""
     rx = re.compile(pattern) if pattern else None
-    out = {}
-    for v, ev in events[events.category == "kernel"].groupby("variant", sort=False):
-        out[v] = {
-            "kernels": int(len(ev)),
-            "matching": int(sum(bool(rx.search(n)) for n in ev.name)) if rx else 0
+    return {
+        v: {
+            "kernels": int(len(ev)), "matching": int(sum(bool(rx.search(n))
+                                                         for n in ev.name)) if rx else 0
         }
-    return out
+        for v, ev in events[events.category == "kernel"].groupby("variant", sort=False)
+    }
 
 
-_KEY_PARTS = [
+_KEY_PARTS = [  # the last: the innermost functor (MulFunctor, not AUnaryFunctor)
     (r"index_put_kernel_impl<at::native::OpaqueType<(\d+)>", r"index_put<\1B>"),
     (r"index_kernel_impl<at::native::OpaqueType<(\d+)>", r"index gather<\1B>"),
     (r"direct_copy_kernel_cuda.*?\{lambda\((?:c10::)?(\w+)\)#1\}", r"copy -> \1"),
-    # the innermost functor: MulFunctor, not AUnaryFunctor
     (r"(\w+Functor\w*)(?!.*Functor)", r"\1")
 ]
 
 
 def short_kernel(name: str) -> str:
-    """A readable kernel name: the kernel template and what distinguishes it
-    (``index_elementwise_kernel · index gather<8B>``, ``unrolled_elementwise_kernel · copy ->
-    int``); the name itself when nothing matches."""
+    """A readable kernel name: the template and what tells it apart (``index_elementwise_kernel ·
+    index gather<8B>``); the name itself when nothing matches."""
     base = re.sub(r"^void\s+", "", str(name))
     head = re.split(r"[<(]", base, maxsplit=1)[0].split("::")[-1]
     for rx, repl in _KEY_PARTS:
@@ -165,8 +150,7 @@ def short_kernel(name: str) -> str:
 
 
 def eager_table(table, variant: Optional[str] = None):
-    """The eager kernel table, one row per (variant, scope, step, op, kernel): calls and median µs
-    per backend."""
+    """Eager kernel table per (variant, scope, step, op, kernel): calls, median µs by backend."""
     t = table if variant is None else table[table.variant == variant]
     t = t.assign(kernel=t.kernel.map(short_kernel),
                  scope=t.scope.fillna("").replace("", "rest of the step"))
@@ -190,8 +174,7 @@ def kv_write_kernels(table, variant: str, backend: Optional[str] = None):
 # -- the GPU sections of the notebook, each shown from the run (or its NoRun line) -----------------
 @notebook.needs_run
 def kernels(run) -> None:
-    """Kernel nodes per replay, one row per layout, and the profiler's agreement on every run
-    shown."""
+    """Kernel nodes per replay, a row per layout; the profiler's agreement on every run shown."""
     print(f"{run.first.label} (method {run.first.manifest.method_version}):")
     notebook.show_table(kernel_table(run.first.df))
     for r in run.shown:
@@ -231,8 +214,7 @@ NO_TRACE = ("this run predates profiler traces (method {mv}); a new recording ad
 
 @notebook.needs_run
 def profiler(run) -> None:
-    """One traced replay before and after on one time axis, and the eager per-kernel table (the
-    first run shown)."""
+    """The first run shown: a traced replay before and after on one axis, the eager kernel table."""
     run = run.first
     fig, why = replay_timeline(run)
     if why is not None:
@@ -261,16 +243,14 @@ _OP_TEXT = {
 
 
 def one_layer_ops(variant: str) -> list:
-    """The op names of the first SWA layer's KV write in ``variant``'s captured step (rebuild,
-    CPU)."""
+    """The op names of the first SWA layer's KV write in ``variant``'s captured step (CPU)."""
     calls = [c for c in kv_write_ops(variant) if c.scope == SWA_WRITE]
     ends = [i for i, c in enumerate(calls) if i > 0 and c.step == 0]
     return [c.op for c in calls[:ends[0] if ends else len(calls)]]
 
 
 def _kernel_names(table, variant: str, n_ops: int) -> list:
-    """Short kernel names of the SWA KV write's ops from a run's eager table, in op order (blank
-    when absent)."""
+    """Short kernel names of the SWA KV write's ops from a run's eager table (blank when absent)."""
     if table is None:
         return [""] * n_ops
     names = {
@@ -297,10 +277,9 @@ def _row_caption(variant: str) -> str:
 
 
 def mechanism(run=None, *, variants=("before", "pr24743")):
-    """One SWA layer's KV write inside the decode graph, before and after: one box per kernel node,
-    the ones the preset removes highlighted (found by aligning the two op sequences, not listed by
-    hand). A run whose ``eager_kernels`` sidecar names each op's CUDA kernel adds those names under
-    the boxes."""
+    """One SWA layer's KV write inside the decode graph, before and after: a box per kernel node,
+    the ones the preset removes (the two op sequences aligned) highlighted; a run's
+    ``eager_kernels`` sidecar adds each op's CUDA kernel under it."""
     a, b = variants
     ops = {v: one_layer_ops(v) for v in variants}
     table = run.first.sidecar("eager_kernels") if run else None
@@ -314,8 +293,7 @@ def mechanism(run=None, *, variants=("before", "pr24743")):
         for tag, i1, i2, _, _ in matcher.get_opcodes() if tag in ("delete", "replace")
         for i in range(i1, i2)
     }
-    # right-align: the store stays under the store
-    offset = {a: 0.0, b: float(len(ops[a]) - len(ops[b]))}
+    offset = {a: 0.0, b: float(len(ops[a]) - len(ops[b]))}  # right-aligned: store under store
     fig, ax = plots.canvas(11.5, 3.6, xlim=(0, 11.5), ylim=(0, 3.6))
     w, gap, x0 = 1.25, 0.12, 3.0
     for row, (v, y) in enumerate(((a, 2.1), (b, 0.55))):
@@ -333,10 +311,9 @@ def mechanism(run=None, *, variants=("before", "pr24743")):
     if xs:
         ax.annotate("", xy=(xs[0], 3.12), xytext=(xs[-1] + w, 3.12),
                     arrowprops={"arrowstyle": "-", "color": plots.PALETTE["before"], "lw": 1.2})
-        ax.text((xs[0] + xs[-1] + w) / 2, 3.18,
-                f"translate_loc_from_full_to_swa: {len(removed)} kernels, "
-                "in every SWA layer of "
-                "every replay", ha="center", va="bottom", fontsize=8, color=plots.PALETTE["before"])
+        ax.text((xs[0] + xs[-1] + w) / 2, 3.18, f"translate_loc_from_full_to_swa: {len(removed)} "
+                "kernels, in every SWA layer of every replay", ha="center", va="bottom", fontsize=8,
+                color=plots.PALETTE["before"])
     ax.set_title(
         f"One SWA layer's KV write inside the decode graph: {len(ops[a])} kernel nodes before, "
         f"{len(ops[b])} with the preset", fontsize=10)
@@ -344,8 +321,7 @@ def mechanism(run=None, *, variants=("before", "pr24743")):
 
 
 def kernels_per_replay(run):
-    """Kernel nodes per replay against the layer count, one panel per layout (the first run
-    shown; the others only said to agree)."""
+    """Kernel nodes per replay against the layer count, a panel per layout (the first run shown)."""
     kt = kernel_table(run.first.df).reset_index()
     fig, axes = plots.figure(ncols=2)
     for ax, ratio in zip(axes.ravel(), sorted(kt.swa_per_full.unique(), reverse=True)):
@@ -353,9 +329,8 @@ def kernels_per_replay(run):
         for v in rebuild.VARIANTS:
             ax.plot(sub.num_layers, sub[f"kernels {v}"], marker="o", label=VARIANT_LABELS[v],
                     color=COLORS[v])
-        ax.set_title(f"{ratio} SWA : 1 full")
-        ax.set_xlabel("layers")
-        ax.set_ylabel("kernels per replay (graph kernel nodes)")
+        ax.set(title=f"{ratio} SWA : 1 full", xlabel="layers",
+               ylabel="kernels per replay (graph kernel nodes)")
         ax.legend()
     counts = [kernel_counts(r.df)[0] for r in run.shown]
     same_gpu = len(run.shown) > 1 and all(c.equals(counts[0]) for c in counts)
@@ -385,8 +360,7 @@ def _time_panels(axes, r, style: str, gpu: str, h: dict) -> None:
 
 
 def replay_times(shown: list, h: Optional[dict] = None):
-    """Replay time against batch size and layer count at the headline layout, and the µs saved per
-    SWA layer."""
+    """Replay time by batch size and layer count at the headline layout; µs saved per SWA layer."""
     from matplotlib.ticker import FixedLocator, ScalarFormatter
 
     h = h or HEADLINE_CONFIG
@@ -410,8 +384,8 @@ def replay_times(shown: list, h: Optional[dict] = None):
         ax.set_xlabel("batch size")
     axes[1].set_xlabel("layers")
     axes[2].set_ylim(bottom=0)
-    axes[2].set_title(f"before − #24743, {h['num_layers']} layers")
-    axes[2].set_ylabel("µs saved per SWA layer per replay")
+    axes[2].set(title=f"before − #24743, {h['num_layers']} layers",
+                ylabel="µs saved per SWA layer per replay")
     for ax in axes:
         ax.legend(fontsize=7, ncol=2 if ax is not axes[2] else 1)
     plots.caption(
@@ -421,14 +395,13 @@ def replay_times(shown: list, h: Optional[dict] = None):
 
 
 def replay_timeline(run, variants=("before", "pr24743")):
-    """``(figure, None)``: one traced replay per variant on one µs axis, the translation's kernels
-    highlighted; ``(None, why)`` when the run has no trace."""
+    """``(figure, None)``: a traced replay per variant on one µs axis, the translation highlighted;
+    ``(None, why)`` without a trace."""
     events, gk = run.sidecar("events"), run.sidecar("graph_kernels")
     if events is None or gk is None:
         return None, NO_TRACE.format(mv=run.manifest.method_version)
     pattern = name_pattern(translation_kernels(gk))
-    # the replay itself: what one cudaGraphLaunch runs
-    device = events[events.lane.str.startswith("stream")]
+    device = events[events.lane.str.startswith("stream")]  # what one cudaGraphLaunch runs
     tables = {
         VARIANT_LABELS[v].split(" (")[0]: plots.window(device[device.variant == v])
         for v in variants
@@ -449,8 +422,7 @@ def replay_timeline(run, variants=("before", "pr24743")):
 # -- the real engine, before and after -------------------------------------------------------------
 def beside_rows(run, engine_run) -> list[dict]:
     """Kernels a decode-graph replay gains per SWA layer without #23552's preset, as the rebuild
-    (graph nodes of its own layers) and SGLang's engine (its bench_one_batch decode trace) count
-    them; the rebuild's time per replay saved beside it."""
+    (its graph nodes) and SGLang's engine (bench_one_batch's trace) count them; the time saved."""
     rows = []
     if run:
         run = run.first
