@@ -1,10 +1,6 @@
 """What every swa_loc run must show (see :mod:`sglab.core.claims`): four claims a reader checks,
-the instrument checks folded under the first, the review card, and the real engine's claims.
-
-The rebuild's translation costs 2 kernels per SWA layer (the index gather and the int32 cast), as
-``translate_loc_from_full_to_swa`` does in :data:`PR_ERA_RELEASES`; from 0.5.13 a translation is
-one gather (:data:`KERNELS_PER_TRANSLATION_TODAY`). ``tests/swa_loc/test_sglang.py`` checks both
-against the released code."""
+the instrument checks folded under the first, the review card, and the real engine's claims. A
+translation is 2 kernels (gather, int32 cast) in :data:`PR_ERA_RELEASES`, one gather from 0.5.13."""
 
 from __future__ import annotations
 
@@ -15,18 +11,17 @@ from sglab.core import runs
 from sglab.core.card import Card
 from sglab.core.claims import Claim, Headline, holds
 from sglab.core import engine_records, engine_stats
+from sglab.core.text import count
 from sglab.swa_loc import model_config, show
 from sglab.swa_loc.measure import EXPERIMENT, GPUS, HEADLINE_CONFIG
 from sglab.swa_loc.rebuild import hybrid_layer_ids
-# noqa: F401 (read by tests)
-from sglab.swa_loc.sglang import KERNELS_PER_TRANSLATION_TODAY, PR_ERA_RELEASES
+from sglab.swa_loc.sglang import KERNELS_PER_TRANSLATION_TODAY, PR_ERA_RELEASES  # noqa: F401
 
 
 CLAIM = ("Presetting the SWA cache location before decode-graph capture removes the full→SWA slot "
          "translation (an index gather and an int32 cast) from every SWA layer of every replay; "
          "#24743's zeroing of the padded tail keeps padded tokens out of live SWA slots.")
-# the rebuild's translation: full_to_swa_index_mapping[loc] and .to(torch.int32)
-EXTRA_PER_SWA_LAYER = 2
+EXTRA_PER_SWA_LAYER = 2  # the rebuild's translation: full_to_swa_index_mapping[loc], .to(int32)
 MIN_RATIO = 1.10
 
 
@@ -36,8 +31,7 @@ def _cell(c: Optional[dict] = None) -> tuple:
 
 
 def _at(table, cell: tuple):
-    """The row of a (swa_per_full, num_layers, ..., batch_size)-indexed table at ``cell``, or
-    None."""
+    """The row at ``cell`` (swa_per_full, num_layers, ..., batch_size) of a table, or None."""
     sel = table.xs(cell, level=("swa_per_full", "num_layers", "batch_size"))
     return sel.iloc[0] if len(sel) else None
 
@@ -55,9 +49,7 @@ def _extra_kernels(run):
     extra = show.extra_per_swa_layer(run.df)
     values = sorted({float(x) for x in extra})
     ok = int((extra == EXTRA_PER_SWA_LAYER).sum())
-    value = {
-        "per_swa_layer_min": values[0], "per_swa_layer_max": values[-1], "cells": int(len(extra))
-    }
+    value = dict(per_swa_layer_min=values[0], per_swa_layer_max=values[-1], cells=int(len(extra)))
     nodes, _ = show.kernel_counts(run.df)
     row = _at(nodes, _cell()) if _has_headline_cell(run) is None else None
     text = (f"{values[0]:g}"
@@ -75,12 +67,9 @@ def _pad_bug(run):
     ok = (bug.pad_matches_prediction == 1 and bug.pad_corrupted_slots == bug.pad_predicted_slots > 0
           and all(t.loc[v, "pad_corrupted_slots"] == 0 and t.loc[v, "pad_matches_prediction"] == 1
                   for v in ("before", "pr24743")))
-    value = {
-        "pr23552_corrupted": int(bug.pad_corrupted_slots),
-        "pr23552_predicted": int(bug.pad_predicted_slots),
-        "before_corrupted": int(t.loc["before", "pad_corrupted_slots"]),
-        "pr24743_corrupted": int(t.loc["pr24743", "pad_corrupted_slots"])
-    }
+    value = dict(pr23552_corrupted=int(bug.pad_corrupted_slots), pr23552_predicted=int(
+        bug.pad_predicted_slots), before_corrupted=int(t.loc["before", "pad_corrupted_slots"]),
+                 pr24743_corrupted=int(t.loc["pr24743", "pad_corrupted_slots"]))
     return holds(
         ok, f"#23552 corrupted {value['pr23552_corrupted']} of {value['pr23552_predicted']} "
         f"predicted pairs (exactly those); before {value['before_corrupted']}, #24743 "
@@ -100,11 +89,10 @@ def _ratio(run):
     row = _at(t, _cell())
     r = float(row["before / #24743"])
     cost = model_config.step_cost(run, **model_config.LAYOUT)
-    value = {
-        "ratio": r, "before_us": float(row["before µs"]), "after_us": float(row["pr24743 µs"]),
-        "ratio_min": float(t["before / #24743"].min()), "ratio_max": float(
-            t["before / #24743"].max()), "layout_kernels": cost["kernels"], "layout_us": cost["us"]
-    }
+    value = dict(ratio=r, before_us=float(row["before µs"]), after_us=float(row["pr24743 µs"]),
+                 ratio_min=float(t["before / #24743"].min()),
+                 ratio_max=float(t["before / #24743"].max()), layout_kernels=cost["kernels"],
+                 layout_us=cost["us"])
     return holds(
         r >= MIN_RATIO, f"{value['before_us']:.0f} → {value['after_us']:.0f} µs ({r:.2f}×); sweep "
         f"{value['ratio_min']:.2f}–{value['ratio_max']:.2f}×", value)
@@ -157,7 +145,7 @@ def _trace_equals_static(run):
     traced = show.trace_counts(events)
     value = {
         v: {"trace": traced.get(v, {}).get("kernels", 0), "static": int(row[v])}
-        for v in nodes.columns
+        for v in nodes
     }
     ok = all(x["trace"] == x["static"] for x in value.values())
     return holds(ok,
@@ -173,12 +161,9 @@ def _trace_translation(run):
             _cell(_trace_config(run))[:2],
             level=("swa_per_full", "num_layers")).index.get_level_values("n_swa_layers")[0])
     traced = show.trace_counts(events, show.name_pattern(names))
-    before, after = traced.get("before", {}).get("matching",
-                                                 -1), traced.get("pr24743", {}).get("matching", -1)
-    value = {
-        "kernels_per_swa_layer": len(names), "nodes_each": sorted(set(names.values())),
-        "trace_before": before, "trace_after": after, "n_swa_layers": n_swa
-    }
+    before, after = (traced.get(v, {}).get("matching", -1) for v in ("before", "pr24743"))
+    value = dict(kernels_per_swa_layer=len(names), nodes_each=sorted(set(names.values())),
+                 trace_before=before, trace_after=after, n_swa_layers=n_swa)
     ok = (len(names) == EXTRA_PER_SWA_LAYER and set(names.values()) == {n_swa}
           and before == len(names) * n_swa and after == 0)
     short = ", ".join(show.short_kernel(n) for n in sorted(names))
@@ -189,10 +174,8 @@ def _trace_translation(run):
 
 def _nsight_ran(run) -> Optional[str]:
     info = run.manifest.eager_kernels
-    if info.get("nsight") != "ran":
-        why = info.get("nsight_reason") or "no record of it in the run"
-        return f"nsight-python did not run: {why}"
-    return None
+    why = info.get("nsight_reason") or "no record of it in the run"
+    return None if info.get("nsight") == "ran" else f"nsight-python did not run: {why}"
 
 
 def _nsight_matches(run):
@@ -335,11 +318,9 @@ def _engine_extra(run):
     per = _engine_pair(run)
     n_swa = show.engine_swa_layers([run])
     extra = float(per["before"]) - float(per["released"])
-    value = {
-        "released": int(float(per["released"])), "before": int(float(per["before"])),
-        "extra": int(extra), "swa_layers": n_swa,
-        "per_swa_layer": extra / n_swa if n_swa else float("nan")
-    }
+    value = dict(released=int(float(per["released"])), before=int(float(per["before"])),
+                 extra=int(extra), swa_layers=n_swa,
+                 per_swa_layer=extra / n_swa if n_swa else float("nan"))
     return holds(
         n_swa > 0 and extra == EXTRA_PER_SWA_LAYER * n_swa,
         f"0.5.11 decode replay: {value['released']} kernels as released, {value['before']} with "
@@ -347,8 +328,7 @@ def _engine_extra(run):
 
 
 def _replay_counts(run):
-    """Kernels per decode-graph replay of every variant that started, its engine starts folded
-    (``lo``, ``hi``, ``starts``)."""
+    """Kernels per decode-graph replay of each variant that started (``lo``, ``hi``, ``starts``)."""
     d = engine_stats.numbers(engine_records.frame([run]), "decode_kernels_per_replay",
                              only_started=True)
     return d.dropna(subset=["value"])
@@ -365,8 +345,7 @@ def _counts_exact(run):
     value = {f"{r.release}+{r.case}": int(r.value) for r in d.itertuples()}
     split = [f"{r.release}+{r.case} {r.lo:g}–{r.hi:g}" for r in d.itertuples() if r.lo != r.hi]
     seen = ", ".join(f"{k} {v}" for k, v in value.items())
-    lo, hi = int(d["starts"].min()), int(d["starts"].max())
-    starts = f"{lo}" if lo == hi else f"{lo}–{hi}"
+    starts = count(d["starts"])
     return holds(not split, (f"starts disagree: {', '.join(split)}"
                              if split else f"{seen} kernels in each of its {starts} starts"), value)
 
