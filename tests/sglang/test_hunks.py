@@ -55,7 +55,7 @@ def test_hunk_window_is_consecutive_releases_matching_the_table(pair, table):
     versions = list(table["version"])
     assert versions.index(hunk.after_version) == versions.index(hunk.before_version) + 1
     if spec is fix.hunks[0]:  # the main PR: the first release the check calls pr-era
-        assert hunk.after_version == R.first_release(fix.name, frame=table)
+        assert hunk.after_version == _first_release(fix.name, frame=table)
     rows = table.set_index("version")
     assert hunk.before_wheel["sha256"] == rows.loc[hunk.before_version, "sha256"]
     assert hunk.after_wheel["wheel"] == rows.loc[hunk.after_version, "wheel"]
@@ -356,3 +356,10 @@ def test_hunks_match_the_installed_releases():
         assert compared == 5
     elif not compared:
         pytest.skip("no pinned release pair installed (make sglang-releases)")
+
+
+def _first_release(fix: str, states=("pr-era",), frame=None) -> str | None:
+    """The oldest release whose state for ``fix`` is one of ``states``."""
+    row = R.timeline_row(fix, frame)
+    hits = row[row["state"].isin(states)]
+    return None if hits.empty else hits["version"].iloc[0]

@@ -1,9 +1,7 @@
 """A private bytecode cache, for machines where every new Python process would compile its imports
 again (images with ``PYTHONDONTWRITEBYTECODE=1`` and site-packages without ``__pycache__``).
-
-:func:`enable` points this process (``sys.pycache_prefix``) and every process it starts (kernels,
-ranks, tests) at ``~/.cache/sglab/pycache``; only the bytecode moves. ``SGLAB_PYCACHE=off`` leaves
-the interpreter as it was; ``SGLAB_PYCACHE=/some/dir`` picks the folder.
+:func:`enable` points this process and every process it starts at ``~/.cache/sglab/pycache``
+(``SGLAB_PYCACHE=off`` leaves the interpreter as it was, ``=/some/dir`` picks the folder).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Claims as code: what a fix's runs must show, checked on any run (recorded, live, or a cluster's).
 
-A fix's ``claims`` module has ``CLAIM`` (one sentence), ``CLAIMS`` (at most five reader-facing
-:class:`Claim` s, the checks they rest on ``folded`` under them), ``shown(runs)`` (the runs a reader
-sees), ``HEADLINE`` (a :class:`Headline` filled from the claims' values), ``CARD`` (the review
-card) and ``ENGINE`` (the same for the real engine's runs). A claim that does not apply says "n/a"
-and why; a check that cannot read a run fails, naming what is missing. :func:`reference` is the one
-rule for what a rerun is compared with.
+A fix's ``claims`` module has ``CLAIM``, ``CLAIMS`` (at most five reader-facing :class:`Claim` s,
+the checks they rest on ``folded`` under them), ``shown(runs)``, ``HEADLINE``, ``CARD`` and
+``ENGINE`` (the same for the real engine's runs). :func:`reference` is the one rule for what a
+rerun is compared with.
 """
 
 from __future__ import annotations

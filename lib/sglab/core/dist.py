@@ -1,11 +1,9 @@
 """Run a function on N ranks, one process per rank and one GPU each, and get each rank's result
 back: ``launch(fn, world_size)`` (NCCL, or gloo on the CPU, plus a gloo group for objects).
 
-It never hangs: the run has a deadline, every collective a timeout, stragglers are killed with what
-they started, and a rank's exception comes back with its traceback. Every GPU stays visible to every
-rank (some experiments are about a rank touching another's GPU). On NCCL (torch 2.11, H200) a rank
-blocked in a collective another rank never joined was not ended by the watchdog: the run deadline
-``timeout_s`` is what bounds it (:class:`DistTimeout` names the ranks).
+It never hangs: the run has a deadline (the bound of a rank blocked in a collective another never
+joined), every collective a timeout, stragglers are killed with what they started, and a rank's
+exception comes back with its traceback. Every GPU stays visible to every rank.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Where a launch-bound process's speed comes from on this host: the per-launch cost
-(:class:`sglab.core.timing.Burst`) in fresh processes (``fresh``), on each CPU (``per_cpu``), beside
-a busy loop on each other CPU (``beside``: shared physical cores) and again every few seconds
-(``rounds``: a CPU fast in one round and slow in the next is the host's doing).
+(:class:`sglab.core.timing.Burst`) in fresh processes, on each CPU, beside a busy loop on each
+other CPU (shared physical cores) and again every few seconds (the host's doing). Recorded probes
+live in ``data/recorded/host_probe/``; the methods notebook (07) draws them.
 
     python -m sglab.core.hostprobe --out probe.json [--fresh 10] [--home 2] [--rounds 6]
-
-Recorded probes live in ``data/recorded/host_probe/``; the methods notebook (07) draws them.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """What the host did while one engine start ran: CPU time stolen by the hypervisor and every CPU's
-busy share (psutil), and the CPU time and involuntary context switches of the
-processes it waited for (``getrusage``), recorded per start beside its timings.
-
-    window = hoststate.begin()
-    ...  # start the engine and wait for it
-    figures = hoststate.end(window)   # {"steal_pct", "busy_pct", "engine_cpu_s", "preempted"}
+busy share (psutil), and the CPU time and involuntary context switches of the processes it waited
+for (``getrusage``): ``end(begin())`` -> ``{"steal_pct", "busy_pct", "engine_cpu_s", "preempted"}``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Per-kernel tables of eager GPU work: which kernels run, how many calls per run, how long each
-takes, by nsight-python (CUPTI, else Nsight Compute) where it can run, else torch.profiler (the
-reason kept in ``table.attrs``). Columns: :data:`COLUMNS`. CUPTI does not attribute kernels a graph
-replay launches: give this eager work only.
-
-    table = kernel_table({"eager 4096 tok": lambda: model(ids)}, runs=5)
+takes, by nsight-python where it can run, else torch.profiler (``kernels.nsight_backend`` decides,
+``table.attrs`` says why); per op, through :class:`OpRanges`. Eager work only: CUPTI does not
+attribute the kernels a graph replay launches.
 """
 
 from __future__ import annotations

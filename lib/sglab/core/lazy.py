@@ -1,9 +1,7 @@
 """A module imported where it is first used, not where it is named.
 
-Each fix's record (``sglab.<fix>.sglang``) names torch and the fix's rebuild for its probes and
-comparisons, which run in a release worker or a notebook; the command line, the engine's scenarios
-and the README index read only the record. ``torch = lazy.Module("torch")`` keeps them from paying
-torch's import (about 1.2 s of CPU) until a probe asks for ``torch.float32``.
+``torch = lazy.Module("torch")`` in a fix's record keeps the command line, the engine's scenarios
+and the README index, which read only the record, from paying torch's import (about 1.2 s of CPU).
 """
 
 from __future__ import annotations

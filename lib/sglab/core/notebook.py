@@ -4,8 +4,6 @@
     run = wb.run(measure, PARAMS)           # a RunSet (measured now, or the committed runs)
     card(sglang.FIX, claims, run, engine)   # the answer first: sglab.core.card
     verdict(claims, run)                    # the claims table of each run shown
-
-An empty RunSet (:class:`~sglab.core.runs.NoRun`) renders its own one line wherever it is shown.
 """
 
 from __future__ import annotations

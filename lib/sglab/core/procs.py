@@ -1,9 +1,7 @@
-"""Stopping what the workbook starts: one way for every process group it launches. A real engine or
-a release's worker runs in its own process group and carries a marker variable; :func:`stop` ends
-the group and every marked escapee (SIGTERM, a grace period, SIGKILL, each waited for with psutil).
-:class:`Guard` keeps that promise however the harness ends: an exception or Ctrl-C (the caller's
-``finally``), SIGTERM/SIGHUP (raised as :class:`Terminated` in the main thread), or the harness
-killed outright (a watchdog in its own session stops every group it was given).
+"""Stopping what the workbook starts: one way for every process group it launches. :func:`stop`
+ends a group and every escapee carrying its marker variable (SIGTERM, a grace period, SIGKILL);
+:class:`Guard` keeps that promise however the harness ends (an exception, SIGTERM/SIGHUP raised as
+:class:`Terminated`, or the harness killed outright: a watchdog then stops every group).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Runs on disk: a tidy CSV (``experiment, variant, <parameter columns>, metric, value, unit``) and
-a JSON manifest per run, named ``<UTC time>_<gpu>``; live runs under ``data/runs/``, committed ones
-under ``data/recorded/``. Sidecars (a profiler event table, a memory series, a Perfetto trace) sit
-beside a run and are listed in its manifest. A run reads back as a :class:`Run` with a typed
+a JSON manifest per run, named ``<UTC time>_<gpu>``, under ``data/runs/`` (live) or
+``data/recorded/``, with their sidecars beside. A run reads back as a :class:`Run` with a typed
 :class:`Manifest`; what a notebook section shows is a :class:`RunSet` (:class:`NoRun` when empty).
 """
 

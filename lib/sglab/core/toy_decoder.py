@@ -1,9 +1,7 @@
 """The small decoder-only transformer that the prefill notebooks share (01, 03), shaped like the
-models SGLang serves (``.model.layers[i].self_attn.attn``, ``lm_head``, a ``logits_processor``) and
-reduced to what costs time in prefill. Token-major: tensors are ``(num_tokens, ...)``; each layer
-exposes :meth:`DecoderLayer.pre_attn` and :meth:`DecoderLayer.post_attn` so a runner can capture
-what lies between two attention calls. What differs between the notebooks is a parameter: the
-attention op, ``DecoderConfig.positions`` (rotary or learned) and the initialisation.
+models SGLang serves (``.model.layers[i].self_attn.attn``, ``lm_head``, a ``logits_processor``),
+token-major, each layer split at attention (:meth:`DecoderLayer.pre_attn`, ``post_attn``) so a
+runner can capture what lies between; the attention op, positions and initialisation are parameters.
 """
 
 from __future__ import annotations

@@ -2,10 +2,8 @@
 name, category, start_us, dur_us, phase``) stored beside the run, so that a notebook without a GPU
 draws the same timeline from a recorded run; the Perfetto file is torch's own export, gzipped.
 
-    with trace.Recorder(perfetto="run.trace.json.gz") as rec:
-        with trace.phase("recreate workspace"):
-            ...
-    rec.events
+    with trace.Recorder(perfetto="run.trace.json.gz") as rec, trace.phase("recreate workspace"):
+        ...
 """
 
 from __future__ import annotations

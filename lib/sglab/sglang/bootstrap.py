@@ -1,10 +1,6 @@
 """Make one installed SGLang release importable in this process, with only the shims this machine
-needs.
-
-Call :func:`prepare` once, first thing in a fresh process (the worker does), before anything imports
-``sglang``, ``triton``, ``torchvision`` or ``sgl_kernel``. It puts the release and its dependency
-set on ``sys.path``, decides each shim from what this machine has (each shim's docstring says
-why), and returns what it applied. Nothing here is reversible: one process, one release.
+needs: :func:`prepare`, once, first thing in a fresh process (the worker), puts the release and its
+dependency set on ``sys.path`` and applies each shim this machine needs (each says why).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Real releases beside the rebuild: the one comparison every notebook's real-SGLang section makes
-(``sglang.compare()`` = :func:`section`): one row per (release, behaviour) of what the real code
-did, what the rebuild gives and whether they agree (compared, never typed in). A release that did
-not run says so and counts neither way; a disagreement is printed under a banner a reader cannot
-miss.
+(``sglang.compare()`` = :func:`section`), one row per (release, behaviour) of what the real code
+did and what the rebuild gives; a release that did not run counts neither way, a disagreement is
+printed under a banner.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""A fix's record, ``FIX`` in ``sglab.<fix>.sglang``: its source check (``check(read) -> Verdict``,
-which state an SGLang is in), the symbols each PR touched (``hunks``), the real-release probe of its
-notebook (``probe``) and the real engine's scenarios (``engine``). The catalog, ``sglab real
-record``, the upstream checks, the timeline and the hunks are handed the records; nothing in
-``sglab.sglang`` imports a fix.
+"""A fix's record, ``FIX`` in ``sglab.<fix>.sglang``: its source check (``check(read) -> Verdict``),
+the symbols each PR touched (``hunks``), its notebook's real-release probe (``probe``) and the real
+engine's scenarios (``engine``); nothing in ``sglab.sglang`` imports a fix.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Each PR as it was released: the symbols it touched (found by name with :mod:`ast`, never by line
 numbers) in the last release without it and the first with it, committed under
-``data/upstream/<fix>/`` (``pr<N>.json``, ``.before.txt``, ``.after.txt``, ``.diff``) so a notebook
-shows them with neither SGLang nor a network: the whole hunk, or one symbol's changes with context
-beside the rebuilt lines that correspond (:func:`render_beside`).
+``data/upstream/<fix>/``: the whole hunk, or one symbol's changes beside the rebuilt lines that
+correspond (:func:`render_beside`), shown with neither SGLang nor a network.
 """
 
 from __future__ import annotations

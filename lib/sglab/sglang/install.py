@@ -1,8 +1,6 @@
 """Install the pinned SGLang releases side by side (``sglab real install``): a ``pip install
---no-deps --target`` per release, the light dependencies once per dependency set
-(:mod:`sglab.sglang.releases`), in parallel, each into a temporary folder moved into place only when
-complete; what is stamped current is left alone. A release that cannot be installed is one line and
-the others go on (exit status 1).
+--no-deps --target`` per release and the light dependencies once per dependency set, in parallel,
+each moved into place only when complete; a release that cannot be installed is one line.
 """
 
 from __future__ import annotations

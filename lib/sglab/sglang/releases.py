@@ -1,9 +1,7 @@
 """Where the pinned SGLang releases live (``.sglang/``, git-ignored; ``$SGLAB_SGLANG_HOME`` moves
-it), and the light dependencies each runs with: ``releases/<V>/`` holds a release's package,
-``deps/<set>/`` the dependencies shared by the releases that agree on them (0.5.1x; 0.5.2x needs
-newer transformers, tvm-ffi and openai), each stamped ``.sglab-installed``. Never the interpreter's
-site-packages: two releases must import side by side, and its torch is never replaced. Also the one
-parser of release numbers and the one reader of a wheel's pins.
+it): ``releases/<V>/`` a release's package, ``deps/<set>/`` the light dependencies shared by the
+releases that agree on them, never the interpreter's site-packages. Also the one parser of release
+numbers and the one reader of a wheel's pins.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Run probes against real SGLang releases, one worker subprocess per release (two cannot share a
-process, and the caller must never import one): a worker imports its release once and answers every
-call asked of it in turn; one call past its timeout kills the worker's whole process group. Where an
-answer comes from is ``source`` or ``$SGLAB_REAL`` (:mod:`sglab.sglang.store`); a test session's
-answers come through :data:`shared_answers`.
+process, and the caller must never import one), each answering every call asked of it in turn; a
+call past its timeout kills the worker's process group. Where answers come from:
+:mod:`sglab.sglang.store`.
 """
 
 from __future__ import annotations

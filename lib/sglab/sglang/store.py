@@ -1,9 +1,6 @@
-"""Recorded probe answers: what the real releases said on the CPU box (a run of ``real_cpu`` with
-every :class:`ProbeResult` in its ``results`` sidecar; ``sglab real record`` writes one), so a
-notebook in recorded mode shows its real-SGLang section at once. Where answers come from is
-``source`` or ``$SGLAB_REAL``: ``auto`` (default) the newest recording where it holds the call, else
-live; ``live`` the installed releases (or this test session's answers); ``recorded`` never runs
-them.
+"""Recorded probe answers: what the real releases said on the CPU box (a ``real_cpu`` run, ``sglab
+real record`` writes one). ``source`` or ``$SGLAB_REAL``: ``auto`` (default) the newest recording
+where it holds the call, else live; ``live`` the installed releases; ``recorded`` never runs them.
 """
 
 from __future__ import annotations

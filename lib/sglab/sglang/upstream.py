@@ -1,8 +1,6 @@
 """SGLang read as source text, never imported: each fix's check (``Fix.check``) turns
-``read(relpath)`` over an SGLang package (installed, a checkout's ``python/sglang``, a released
-wheel) into a :class:`Verdict`, one state of :data:`STATES` and a one-line reason. The same checks
-classify the installed SGLang (:func:`check`, :func:`check_all`), a source tree and every release
-(:mod:`sglab.sglang.wheels`).
+``read(relpath)`` over an SGLang package (installed, a checkout, a released wheel) into a
+:class:`Verdict`, one state of :data:`STATES` and a one-line reason.
 """
 
 from __future__ import annotations

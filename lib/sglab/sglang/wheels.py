@@ -1,9 +1,7 @@
 """Every SGLang release from 0.5.10 on, read from its released wheel: which state is each fix in? A
-wheel is downloaded once (``pip download --no-deps``; never installed) into ``.sglang/wheels/`` and
-read with :mod:`zipfile` through the checks' ``read(relpath)``: the universal wheel where a release
-has one, else its CPython 3.12 manylinux x86_64 one. The result is committed as
-``data/upstream/releases.csv``, which CI and the notebooks read without downloading; the timeline
-figures are drawn from it.
+wheel is downloaded once (``pip download --no-deps``, never installed) into ``.sglang/wheels/``;
+the result is committed as ``data/upstream/releases.csv``, which the notebooks and their timeline
+figures read without downloading.
 """
 
 from __future__ import annotations
@@ -64,15 +62,14 @@ def fix_names(frame) -> list[str]:
 # -- versions --------------------------------------------------------------------------------------
 def select(versions) -> list[str]:
     """Final releases from :data:`FIRST` on, sorted; pre-releases (rc, a, b, dev) are skipped."""
-    finals = set()
-    for v in versions:
+
+    def wanted(v) -> bool:
         try:
-            parse_version(v)
+            return parse_version(v) >= parse_version(FIRST)
         except ValueError:
-            continue
-        finals.add(v)
-    return sorted((v for v in finals if parse_version(v) >= parse_version(FIRST)),
-                  key=parse_version)
+            return False
+
+    return sorted({v for v in versions if wanted(v)}, key=parse_version)
 
 
 def _pip(args: list[str], timeout: float) -> str:
@@ -113,10 +110,10 @@ def download(version: str, dest: Path) -> Path:
 
 def cached(version: str, dest: Path) -> Path | None:
     """The cached wheel of exactly ``version`` (the universal one first, then cp312), or None."""
-    found = sorted(Path(dest).glob(f"{PACKAGE}-{version}-*.whl"))
-    # noqa: E731
-    order = lambda p: (0 if "-py3-none-any" in p.name else 1 if "-cp312-" in p.name else 2, p.name)
-    return min(found, key=order) if found else None
+    found = Path(dest).glob(f"{PACKAGE}-{version}-*.whl")
+    return min(
+        found, default=None, key=lambda p: (0 if "-py3-none-any" in p.name else 1
+                                            if "-cp312-" in p.name else 2, p.name))
 
 
 # -- one wheel -------------------------------------------------------------------------------------
@@ -142,7 +139,7 @@ class WheelReader:
         return self
 
     def __exit__(self, *exc):
-        self.close()
+        self._zip.close()
 
 
 def wheel_facts(path: Path) -> dict:
@@ -328,14 +325,6 @@ def timeline_row(fix: str, frame=None):
     ]].rename(columns={fix: "state", f"{fix}_reason": "reason"}).reset_index(drop=True))
 
 
-def first_release(fix: str, states=("pr-era",), frame=None) -> str | None:
-    """The oldest release whose state for ``fix`` is one of ``states`` (committed table by
-    default)."""
-    row = timeline_row(fix, frame)
-    hits = row[row["state"].isin(states)]
-    return None if hits.empty else hits["version"].iloc[0]
-
-
 # -- figures: release × fix, one colour per state, drawn from the release table --------------------
 STATE_COLOURS = {
     "absent": "#d5d8dc", "before": "#c0392b", "pr-era": "#2471a3", "changed": "#229954",
@@ -345,9 +334,14 @@ assert set(STATE_COLOURS) == set(RELEASE_STATES)
 
 
 def _table(frame):
-    if frame is None:
-        frame = load_table()
-    return frame.reset_index(drop=True)
+    return (load_table() if frame is None else frame).reset_index(drop=True)
+
+
+def _bare(ax) -> None:
+    ax.grid(False)
+    ax.tick_params(length=0)
+    for side in ("left", "bottom"):
+        ax.spines[side].set_visible(False)
 
 
 def _caption(fig, frame, extra: str = "") -> str:
@@ -390,10 +384,7 @@ def timeline_figure(frame=None, *, fixes=None, ax=None):
     ax.set_ylim(len(fixes), -0.15)
     ax.set_xticks([x + 0.47 for x in range(len(frame))], frame["version"], rotation=60, ha="right")
     ax.set_yticks([y + 0.43 for y in range(len(fixes))], fixes)
-    ax.grid(False)
-    ax.tick_params(length=0)
-    for side in ("left", "bottom"):
-        ax.spines[side].set_visible(False)
+    _bare(ax)
     ax.set_title("Which SGLang release has which fix")
     present = [s for s in STATE_COLOURS if s in set(frame[fixes].to_numpy().ravel())]
     _legend(ax, present, ncol=len(present))
@@ -429,10 +420,7 @@ def timeline_row_figure(fix, frame=None, *, ax=None):
     ax.set_yticks([])
     ax.set_xticks([x + 0.47 for x in range(len(states))], frame["version"], rotation=60, ha="right",
                   fontsize=8)
-    ax.grid(False)
-    ax.tick_params(length=0)
-    for side in ("left", "bottom"):
-        ax.spines[side].set_visible(False)
+    _bare(ax)
     ax.set_title(f"{fix}: {title}" if title else fix, fontsize=10)
     _caption(fig, frame)
     return fig

@@ -1,11 +1,9 @@
 """``sglab engine``: a release's real engine on this GPU, for your model config and flags, with
 dummy weights.
 
-It prints what the release's engine decided (piecewise CUDA graph on or off and SGLang's reason,
-capture sizes, breakable graph, decode graph batch sizes, attention backend) and its latencies;
-``--scenario``/``--plan`` run a fix's scenarios, ``--record`` writes the run
-(``data/runs/engine_<fix>/``, or under ``--out``). ``sglab engine --help`` lists every option;
-errors are one line, ``sglab engine: <message>``, exit 2."""
+It prints what the engine decided (piecewise CUDA graph and SGLang's reason, capture sizes,
+breakable graph, decode graph batch sizes, attention backend) and its latencies; ``--scenario`` /
+``--plan`` run a fix's scenarios, ``--record`` writes the run. Errors are one line, exit 2."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """JupyterLab on the workbook: each notebook once, and a session that leaves ``git status`` clean.
 
-``make lab`` loads ``jupyter_server_config.py``, whose contents manager lists only the ``.ipynb``
-of a ``NN_topic.py``/``.ipynb`` pair (one notebook, one editor) and saves a workbook notebook as
-``sglab sync`` writes it: both files through jupytext, no outputs, execution counts or timing
-stamps, the committed notebook metadata. Opening, running and closing a notebook writes the
-committed files again; an edited cell lands in both. Other notebooks are saved unchanged."""
+``make lab``'s contents manager lists only the ``.ipynb`` of a ``NN_topic`` pair and saves a
+workbook notebook as ``sglab sync`` writes it: both files, no outputs, execution counts or timing
+stamps, the committed metadata. Other notebooks are saved unchanged."""
 
 from __future__ import annotations
 

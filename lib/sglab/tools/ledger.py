@@ -1,9 +1,7 @@
 """Every recorded real-engine run, one row each: the ledger of ``docs/operating.md``.
 
-A row is one machine's call: when and where, which scenario, the releases and cases it started, its
-starts and launch pass, how its engines ended, the host's per-launch cost, and its claims' verdict;
-below the table, each scenario's releases no recorded run has started yet. Read from
-``data/recorded/engine_*/``; ``sglab index`` writes the block and the tests check it is current."""
+A row: when and where, the scenario, its releases and cases, starts, how its engines ended, the
+host's per-launch cost and its claims' verdict; then each scenario's releases not recorded yet."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """The generated blocks of the docs: the README's notebook index, the house map of
 ``docs/structure.md`` and the ledger of recorded engine runs in ``docs/operating.md``.
-
-Index: each row says what the notebook's review card says (:func:`sglab.core.card.summary`);
-house map: every module of ``lib/sglab`` with its docstring's first sentence, in layer order;
-ledger: :mod:`sglab.tools.ledger`. ``sglab index`` rewrites each block between its markers; tests
-check that the committed files equal what the runs and the tree say."""
+``sglab index`` rewrites each block between its markers; tests check them current."""
 
 from __future__ import annotations
 

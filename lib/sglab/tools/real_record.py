@@ -1,9 +1,5 @@
 """The real-release probes the notebooks show, in one list, and ``sglab real record``, which records
-their answers.
-
-:func:`calls` lists each notebook's probe call on the releases that straddle its fix, so a
-recording (:mod:`sglab.sglang.store`) holds what the notebooks ask for and a test can replay every
-call live; ``sglab real record`` asks each release once for all the calls that name it."""
+their answers (each release asked once for all the calls that name it)."""
 
 from __future__ import annotations
 

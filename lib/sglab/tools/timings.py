@@ -1,10 +1,8 @@
 """Where a notebook's wall time goes: per cell, grouped into phases, saved as a ``workbook`` run.
 
-A cell's wall time is nbclient's ``iopub.status.busy`` to ``idle``; its phase is the ``##`` section
-it sits in ("setup" before the first) or its ``phase:NAME`` tag; what no cell accounts for is
-"kernel start + stop", so a notebook's phases add up to its wall time. ``sglab run --timings``
-saves the rows as a run under ``data/runs/workbook/`` (``--record``: ``data/recorded/``); the
-report index and notebook 00 read each notebook's live time from the newest record per GPU model."""
+A cell's phase is the ``##`` section it sits in or its ``phase:NAME`` tag; "kernel start + stop" is
+what no cell accounts for, so the phases add up to the wall time. The report index and notebook 00
+read each notebook's live time from the newest record per GPU model."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """``sglab upstream``: which fixes an SGLang has — the installed one, a source tree, or every
 release.
 
-``sglab upstream`` reads the installed SGLang as source (never imported); ``--root DIR`` a source
-tree (an unpacked wheel's ``sglang/`` or a checkout's ``python/sglang/``); ``--releases [V ...]``
-every release from 0.5.10 (or those listed) from their wheels, and a full run rewrites
-``data/upstream/`` (the table and the PR hunks)."""
+``--root DIR`` reads a source tree, ``--releases [V ...]`` every release from 0.5.10 (or those
+listed) from its wheel; a full run rewrites ``data/upstream/`` (the table and the PR hunks)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """``sglab verify``: a verdict for any run — recorded, live here, or copied from someone's cluster.
 
-Targets: ``--all`` (every recorded run), an experiment's name, run files; ``--live`` first runs what
-this machine's GPUs can run, ``--against`` compares with a reference of the same GPU model,
-``--junit FILE`` writes JUnit XML. Exit status: 0 when every applicable claim holds; 1 when one
-fails or, with ``--against``, a value lies beyond its tolerance; 2 for bad input (one line)."""
+Exit status: 0 when every applicable claim holds; 1 when one fails or, with ``--against``, a value
+lies beyond its tolerance; 2 for bad input (one line)."""
 
 from __future__ import annotations
 

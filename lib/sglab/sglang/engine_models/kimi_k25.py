@@ -1,8 +1,6 @@
 """0.5.12.post1's ``KimiK25ForConditionalGeneration`` plus only 0.5.13's ``post_load_weights``
-(harness adjustment ``kimi-k25-post-load-weights``): with dummy weights the loader calls
-``post_load_weights`` where a model has one, and without it the DeepSeek-V3 language model never
-absorbs the MLA weights (the first decode dies). #26382's ``model`` property and ``__setattr__``
-guard are left out, so 0.5.12.post1's own piecewise-CUDA-graph gate is what runs.
+(adjustment ``kimi-k25-post-load-weights``): with dummy weights, without it the DeepSeek-V3
+language model never absorbs the MLA weights. #26382's own changes are left out.
 """
 
 from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration as _Released
