@@ -1,8 +1,6 @@
-"""The SWA location preset in real SGLang: the fix's record ``FIX``, its source check
-(:func:`check`), its CPU probe (:func:`probe`: the released ``SWAKVPool``, allocator and decode
-buffers write one decode step, one release per worker process), the engine scenario and the code
-path, and the real answers beside the rebuild's (:func:`compare`). Nothing here imports SGLang at
-module level."""
+"""The SWA location preset in real SGLang: the fix's record ``FIX``, its source check, its CPU probe
+(the released pool, allocator and decode buffers write one decode step, in a release's worker), the
+engine scenario, the code path, and the real answers beside the rebuild's (:func:`compare`)."""
 
 from __future__ import annotations
 
@@ -21,23 +19,22 @@ from sglab.sglang.probing import has_file
 from sglab.sglang.releases import parse_version
 from sglab.sglang.upstream import Verdict
 
-# imported by the probes and the comparison that use them: reading FIX needs neither
-torch = lazy.Module("torch")
+
+torch = lazy.Module("torch")  # for the probes and the comparison: reading FIX needs neither
 rebuild = lazy.Module("sglab.swa_loc.rebuild")
 
 SWA_POOL = "srt/mem_cache/swa_memory_pool.py"
 DECODE_RUNNER = "srt/model_executor/cuda_graph_runner.py"
 PROBE_RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13", "0.5.23")
 BUFFER_VARIANT = {"0.5.10.post1": "before", "0.5.11": "pr23552", "0.5.12.post1": "pr24743"}
-# translate with a gather and an int32 cast
-PR_ERA_RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1")
+PR_ERA_RELEASES = ("0.5.10.post1", "0.5.11", "0.5.12.post1")  # translate: a gather, an int32 cast
 KERNELS_PER_TRANSLATION_TODAY = 1  # 0.5.13 on: one gather
 
 
 # -- the source check (the release timeline, `sglab upstream`) -------------------------------------
 def _swa_buffer_facts(tree) -> tuple:
-    """(dtype of DecodeInputBuffers.out_cache_loc_swa, whether a padded populate zeroes it) —
-    #24743's pair."""
+    """#24743's pair: DecodeInputBuffers.out_cache_loc_swa's dtype, whether a padded populate zeroes
+    it."""
     create = S.find(tree, "DecodeInputBuffers.create")
     dtype = None
     for value in S.assignments(create, "out_cache_loc_swa"):
@@ -57,8 +54,7 @@ def swa_padding_zeroed(read) -> bool:
 
 
 def check(read) -> Verdict:
-    """The state of #23552 (and #24743) in one SGLang, read from ``swa_memory_pool.py`` and the
-    decode runner."""
+    """The state of #23552 (and #24743) in one SGLang, from its SWA pool and decode runner."""
     src, tree = S.parsed(read, SWA_POOL)
     if src is None:
         return Verdict("absent",
@@ -137,8 +133,7 @@ def build_pool(prepared, device: str = "cpu"):
 
 
 def count_translations(pool) -> list:
-    """A list that grows by one per translation: the instance's translate method wrapped, so the
-    pool's internal calls (0.5.1x) and a caller's (0.5.2x) are both counted."""
+    """A list growing by one per translation, the pool's own (0.5.1x) and a caller's (0.5.2x)."""
     calls, real_fn = [], pool.translate_loc_from_full_to_swa
 
     def counted(kv_indices):
@@ -151,8 +146,8 @@ def count_translations(pool) -> list:
 
 def _write_step(prepared, mode: str, device: str) -> dict:
     """One decode step of 3 tokens through all 4 layers; ``mode``: ``no_swa_loc``, ``set_swa_loc``
-    (0.5.10.post1-0.5.12.post1: set before the layers), ``swa_loc_arg`` (0.5.13: passed to each
-    write) or ``write_loc`` (0.5.2x: ``KVWriteLoc``)."""
+    (PR-era: set before the layers), ``swa_loc_arg`` (0.5.13: passed to each write) or
+    ``write_loc`` (0.5.2x: ``KVWriteLoc``)."""
     pool, allocator = build_pool(prepared, device)
     loc = allocator.alloc(3)
     swa_slots = allocator.full_to_swa_index_mapping[loc].to(torch.int64)
@@ -160,11 +155,9 @@ def _write_step(prepared, mode: str, device: str) -> dict:
     k = torch.arange(3 * HEAD_NUM * HEAD_DIM, dtype=torch.float32, device=device).reshape(
         3, HEAD_NUM, HEAD_DIM) + 1
     target, error, extra = loc, None, {}
-    # the caller translates once and passes swa_loc= to every layer
-    if mode == "swa_loc_arg":
+    if mode == "swa_loc_arg":  # the caller translates once and passes swa_loc= to every layer
         extra = {"swa_loc": allocator.translate_loc_from_full_to_swa(loc)}
-    # the one translation ForwardBatch.init_new makes, outside the layers
-    elif mode == "set_swa_loc":
+    elif mode == "set_swa_loc":  # the one translation ForwardBatch.init_new makes
         pool.set_swa_loc(allocator.translate_loc_from_full_to_swa(loc))
     elif mode == "write_loc":
         from sglang.srt.mem_cache.memory_pool import KVWriteLoc
@@ -207,8 +200,8 @@ def pool_rows(prepared, device: str) -> list:
 
 
 def dispatched_ops(fn, *args) -> list:
-    """The aten ops ``fn(*args)`` dispatches that compute something (views left out): on a GPU each
-    one is a kernel launch, and a kernel node when captured in a CUDA graph. Works on the CPU."""
+    """The aten ops ``fn(*args)`` dispatches, views left out: on a GPU each a kernel launch (a node
+    in a captured graph). Works on the CPU."""
     from sglab.core.kernel_table import DispatchMode
 
     ops: list = []
@@ -226,8 +219,7 @@ def dispatched_ops(fn, *args) -> list:
 
 
 def translation_rows(prepared, device: str) -> list:
-    """One translation of 3 full slots: the aten ops it dispatches, the mapping's dtype, the
-    ``return`` line."""
+    """One translation of 3 full slots: its aten ops, the mapping's dtype, the ``return`` line."""
     pool, allocator = build_pool(prepared, device)
     loc = allocator.alloc(3)
     fn = pool.translate_loc_from_full_to_swa
@@ -259,7 +251,7 @@ def _forward_batch(out_cache_loc_swa, n: int, device: str):
 
 def buffer_rows(prepared, device: str) -> list:
     """``DecodeInputBuffers``: the field's dtype and its padded tail after a full populate (SWA
-    slots 11..14) followed by a padded one (2 real tokens into the 4-token graph)."""
+    slots 11..14), then a padded one (2 real tokens into the 4-token graph)."""
     from sglab.sglang import bootstrap
 
     cgr = bootstrap.import_release_module(prepared, "sglang.srt.model_executor.cuda_graph_runner")
@@ -293,15 +285,13 @@ def buffer_rows(prepared, device: str) -> list:
 
 
 def device_of(params: dict) -> str:
-    """``params["device"]``, else CUDA where torch sees it (SGLang's CUDA paths expect CUDA tensors
-    there)."""
+    """``params["device"]``, else CUDA where torch sees it (SGLang's CUDA paths expect it there)."""
     return params.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def probe(prepared, params: dict) -> list:
-    """Rows ``part, case, metric, value``: the pool and one translation (every release), the decode
-    buffers (releases with the PR-era ``model_executor/cuda_graph_runner.py``: 0.5.14 moved the
-    runner)."""
+    """Rows ``part, case, metric, value``: the pool and one translation, the decode buffers (where
+    ``model_executor/cuda_graph_runner.py`` is: 0.5.14 moved the runner)."""
     device = device_of(params)
     rows = _rows("pool", "device", {"value": device}) + pool_rows(prepared, device)
     rows += translation_rows(prepared, device)
@@ -321,25 +311,16 @@ PRESET_REVERTED = revert_adjustment(
     f"preset before capture, read from {PR_DIFF}) is removed, nothing else; labelled 'before "
     "(#23552 reverted)'", "sglang.srt.model_executor.cuda_graph_runner",
     "CudaGraphRunner.capture_one_batch_size", diff=PR_DIFF, contains="set_swa_loc")
-ENGINE = (
-    Scenario(
-        fix="swa_loc",
-        name="04-swa-kernels",
-        what="GPT-OSS-style model (8 layers, 4 sliding-window): kernels per decode-graph replay "
-        "and per layer from bench_one_batch's own decode trace; 'before' = 0.5.11 with "
-        "#23552's preset reverted",
-        model="gpt_oss_swa",
-        tool="bench",
-        releases=("0.5.11", "0.5.12.post1", "0.5.13"),
-        cases=(Case("released"), Case("before", (), (PRESET_REVERTED,), releases=("0.5.11",))),
-        batch_sizes=(32,),
-        input_lens=(256,),
-        output_len=16,
-        profile=True,
-        starts=3,  # the decode times with the spread between starts (no claim rests on them)
-        expect=
-        "before: the translation's gather and int32 cast in every SWA layer of every replay, 2 "
-        "kernels per SWA layer more than 0.5.11 released"),)
+# starts: the decode times with the spread between starts (no claim rests on them)
+ENGINE = (Scenario(
+    fix="swa_loc", name="04-swa-kernels",
+    what="GPT-OSS-style model (8 layers, 4 sliding-window): kernels per decode-graph replay and "
+    "per layer from bench_one_batch's own decode trace; 'before' = 0.5.11 with #23552's preset "
+    "reverted", model="gpt_oss_swa", tool="bench", releases=("0.5.11", "0.5.12.post1", "0.5.13"),
+    cases=(Case("released"), Case("before", (), (PRESET_REVERTED,), releases=("0.5.11",))),
+    batch_sizes=(32,), input_lens=(256,), output_len=16, profile=True, starts=3,
+    expect="before: the translation's gather and int32 cast in every SWA layer of every replay, 2 "
+    "kernels per SWA layer more than 0.5.11 released"),)
 
 FIX = Fix(
     name="swa_loc", number="04", prs=(23552, 24743), gpus=1,
@@ -379,8 +360,8 @@ def _rebuild_pool():
 
 
 def rebuild_write(preset: bool) -> dict:
-    """The rebuild's pool through the probe's step: translations the layers make, and whether SWA
-    layer 0's K rows sit at the allocator's paired slots."""
+    """The rebuild's pool through the probe's step: the layers' translations, and whether SWA layer
+    0's K rows sit at the allocator's paired slots."""
     pool, alloc = _rebuild_pool()
     loc = alloc.alloc(3)
     swa_slots = alloc.full_to_swa_index_mapping[loc].to(torch.int64)
@@ -403,8 +384,8 @@ def rebuild_translation_ops() -> list:
 
 
 def rebuild_buffer(variant: str):
-    """(dtype, padded tail) of the rebuild's decode buffer after a full then a padded populate; None
-    for a variant without the buffer."""
+    """(dtype, padded tail) of the rebuild's decode buffer after a full then a padded populate (None
+    without the buffer)."""
     cfg = rebuild.runner_config(variant)
     if cfg.swa_loc_dtype is None:
         return None
@@ -427,8 +408,7 @@ def _get(result, part: str, case: str, metric: str):
 
 
 def release_rows(release: str, result) -> list:
-    """The comparable behaviours of one release, each beside what the rebuild (or the claims)
-    says."""
+    """The comparable behaviours of one release, each beside the rebuild's (or the claims')."""
     pr_era = release in PR_ERA_RELEASES
     rows = []
     if _get(result, "pool", "no_swa_loc", "error") is None:
@@ -473,21 +453,20 @@ def comparison(results: dict):
 
 
 def compare() -> None:
-    """The notebook's real-SGLang section: each release's answers beside the rebuild's, whether they
-    agree, and which translation each release ships."""
+    """The notebook's real-SGLang section: each release's answers beside the rebuild's, and which
+    translation each release ships."""
     results = real.answers(FIX)
     real.section(FIX, comparison, what="(release, behaviour) rows", results=results)
     print(kernels_statement(results))
 
 
-def released(rebuilt=None, *, symbol=None, pr=None) -> None:
-    """The fix across the releases, then the released ``symbol`` beside the rebuilt one."""
-    real.released(FIX, rebuilt, symbol=symbol, pr=pr)
+released = functools.partial(real.released,
+                             FIX)  # the releases, a released symbol beside the rebuild
 
 
 def kernels_statement(results: dict) -> str:
-    """Which releases translate with a gather and a cast and which with one gather, each with its
-    own ``return`` line: read off the real rows."""
+    """Which releases translate with a gather and a cast, which with one gather, each with its own
+    ``return`` line (read off the real rows)."""
     by_source: dict = {}
     for v, r in results.items():
         if r.ok:
