@@ -1,18 +1,15 @@
 """Your own model for notebook 04: its sliding-window layout -> what #23552's location preset
-saves per decode step (``sglab swa-cost``, the notebook's "your own setup" and its card).
-
-:func:`read_config` / :func:`layout` read a Hugging Face ``config.json`` (or say in one line which
-keys were looked for); :func:`predict` prices a layout with the per-SWA-layer costs of recorded runs
-(:func:`layer_cost`); :func:`pattern_table` / :func:`your_setup` do it for a layer pattern."""
+saves per decode step (``sglab swa-cost``, the notebook's "your own setup" and its card), priced
+with the per-SWA-layer costs of the recorded runs."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 from sglab.core import notebook, runs, text
+from sglab.sglang import hf_config
 
 
 KEYS_LOOKED_FOR = ("layer_types", "sliding_window_pattern",
@@ -27,10 +24,7 @@ LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "wind
 # the layout the notebook's card prices, and the first row of "your own setup"
 LAYOUT = {"layers": 62, "swa_per_full": 5, "batch_size": 32}
 
-
-class ConfigError(ValueError):
-    """A config that cannot be read, or has no hybrid sliding-window layout (the message says which
-    keys were looked for)."""
+ConfigError = hf_config.ConfigError  # also: no hybrid sliding-window layout (names the keys)
 
 
 @dataclass
@@ -97,18 +91,7 @@ def layout(cfg: dict, source: str = "config") -> Layout:
 
 def read_config(path) -> Layout:
     """The layout of a ``config.json``, or of ``DIR/config.json`` when given a model folder."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
-    try:
-        cfg = json.loads(path.read_text())
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
-    except ValueError as e:
-        raise ConfigError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{path}: a config.json holds a JSON object")
-    return layout(cfg, str(path))
+    return layout(hf_config.read(path).data, str(hf_config.path_of(path)))
 
 
 @dataclass
@@ -120,8 +103,8 @@ class LayerCost:
 
 
 def layer_cost(run) -> LayerCost:
-    """Before − #24743 per SWA layer in one swa_loc run: the kernel nodes, and the µs of a replay at
-    each batch size (median over the layouts)."""
+    """Before − #24743 per SWA layer in one swa_loc run: kernel nodes, and µs of a replay at each
+    batch size (median over the layouts)."""
     d = run.df[run.df.n_swa_layers > 0]
     idx = ["num_layers", "swa_per_full", "n_swa_layers", "batch_size"]
 
@@ -145,9 +128,8 @@ def measured_costs() -> list:
 
 
 def predict(lay: Layout, *, batch_size: int = 32, max_bs: int = 256, costs: Optional[list] = None):
-    """One row per GPU model with a recorded run: extra kernels and µs per decode step without the
-    preset (the per-SWA-layer cost at the nearest measured batch size), and the int64 buffer's waste
-    (4 bytes per captured slot, ``max_bs`` slots)."""
+    """Per GPU model with a recorded run: extra kernels and µs per decode step without the preset
+    (the cost at the nearest measured batch size), and the int64 buffer's waste (4 bytes a slot)."""
     import pandas as pd
 
     costs = measured_costs() if costs is None else costs
@@ -168,9 +150,8 @@ def predict(lay: Layout, *, batch_size: int = 32, max_bs: int = 256, costs: Opti
 
 
 def step_cost(run, layers: int, swa_per_full: int, batch_size: int) -> dict:
-    """What a decode step of ``layers`` layers (``swa_per_full`` sliding-window per full layer) at
-    ``batch_size`` pays without the preset, priced by :func:`predict` with ``run``'s per-SWA-layer
-    costs: ``{"swa_layers", "kernels", "us"}``."""
+    """``{"swa_layers", "kernels", "us"}`` a decode step of ``layers`` layers (``swa_per_full`` SWA
+    per full layer) at ``batch_size`` pays without the preset, at ``run``'s costs."""
     lay = layout({
         "num_hidden_layers": int(layers), "sliding_window_pattern": int(swa_per_full) + 1
     })
@@ -183,8 +164,8 @@ def step_cost(run, layers: int, swa_per_full: int, batch_size: int) -> dict:
 
 
 def pattern_table(layers: int, swa_per_full: int, batch_size: int, max_bs: int = 256):
-    """A model of ``layers`` decoder layers with ``swa_per_full`` sliding-window layers per full
-    layer -> :func:`predict`, through the same path a ``sliding_window_pattern`` config takes."""
+    """:func:`predict` for ``layers`` decoder layers, ``swa_per_full`` SWA layers per full one (as a
+    ``sliding_window_pattern`` config reads)."""
     import pandas as pd
 
     cfg = {"num_hidden_layers": int(layers), "sliding_window_pattern": int(swa_per_full) + 1}
@@ -200,9 +181,8 @@ def pattern_table(layers: int, swa_per_full: int, batch_size: int, max_bs: int =
 
 
 def your_setup(interactive: bool = False):
-    """Layers, SWA layers per full layer, decode batch size and captured slots -> extra kernels and
-    µs per decode step without the preset, int64 bytes wasted (a static table; with
-    ``interactive``, controls in JupyterLab)."""
+    """Layers, SWA layers per full one, batch size, captured slots -> what a decode step pays
+    without the preset (a static table; with ``interactive``, controls in JupyterLab)."""
     static = [{**LAYOUT, "max_bs": 256},
               {"layers": 48, "swa_per_full": 3, "batch_size": 32,
                "max_bs": 256}, {"layers": 24, "swa_per_full": 1, "batch_size": 1, "max_bs": 256}]
