@@ -386,7 +386,7 @@ class BreakableGraphRunner:
     """
 
     def __init__(self, model: nn.Module, *, boundary: str, capture_num_tokens: Sequence[int],
-                 max_bs: int = 64, capture: bool = True, walk_layer_model: bool = False, pool=None):
+                 max_bs: int = 64, capture: bool = True, pool=None):
         if boundary not in BOUNDARIES:
             raise ValueError(f"boundary must be one of {BOUNDARIES}, got {boundary!r}")
         self.model, self.boundary = model, boundary
@@ -412,7 +412,7 @@ class BreakableGraphRunner:
                 self.static_extend_seq_lens = torch.zeros((self.max_bs,), dtype=torch.int64)
             self._captured_forward = self.model.forward
         else:
-            self.layer_model = resolve_layer_model(model, walk=walk_layer_model)
+            self.layer_model = resolve_layer_model(model)
             if self.layer_model is None:
                 return  # disabled: can_run is False for every batch
             self._captured_forward = self.layer_model.forward
