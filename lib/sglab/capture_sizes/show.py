@@ -5,6 +5,7 @@ setup is in :mod:`.server_args`.
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Sequence
 
@@ -488,15 +489,12 @@ def engine_facts(run) -> list[dict]:
 def flag_list(argv, names) -> list[int]:
     """The integers after the first of ``names`` in ``argv``, up to the next flag."""
     argv = list(argv)
-    for i, a in enumerate(argv):
-        if a in names:
-            vals = []
-            for v in argv[i + 1:]:
-                if v.startswith("--"):
-                    break
-                vals.append(int(v))
-            return vals
-    return []
+    i = next((i for i, a in enumerate(argv) if a in names), len(argv))
+    return [int(v) for v in itertools.takewhile(lambda v: not v.startswith("--"), argv[i + 1:])]
+
+
+def _words(sizes) -> str:
+    return " ".join(map(str, sizes or []))
 
 
 def first_line(fact: dict) -> str:
@@ -516,10 +514,9 @@ def engine_table(run) -> pd.DataFrame:
     what the rebuild's rule keeps of the same list."""
     rows = [{
         "release": f["release"], "rule (read from its source)": RULE.get(f["rule"], str(f["rule"])),
-        "attention TP": f["attn_tp"], "asked": " ".join(map(str, f["asked"])),
+        "attention TP": f["attn_tp"], "asked": _words(f["asked"]),
         "engine": "started" if f["status"] == "ok" else "stopped at start-up: " + first_line(f),
-        "captured": " ".join(map(str, f["captured"] or [])) or "-", "rebuild keeps": " ".join(
-            map(str, _keeps(f)))
+        "captured": _words(f["captured"]) or "-", "rebuild keeps": _words(_keeps(f))
     } for f in engine_facts(run)]
     return pd.DataFrame(rows).set_index("release") if rows else pd.DataFrame()
 
@@ -547,13 +544,12 @@ def beside_rows(run, engine_run) -> list[dict]:
         })
     if engine_run:
         for f in engine_facts(engine_records.merged(engine_run.shown)):
-            asked = " ".join(map(str, f["asked"]))
+            asked = _words(f["asked"])
             if f["rule"] == "before":
                 fig, what = first_line(f), f"start-up with sizes {asked}: the PR's failure"
             else:
-                fig = "captured " + " ".join(map(str, f["captured"] or []))
-                keep = " ".join(
-                    map(str, fx.filter_piecewise_capture_sizes(f["asked"], f["attn_tp"])))
+                fig = "captured " + _words(f["captured"])
+                keep = _words(fx.filter_piecewise_capture_sizes(f["asked"], f["attn_tp"]))
                 what = (f"start-up with sizes {asked}: the sizes it captures (the rebuild's filter "
                         f"keeps {keep})")
             rows.append({
