@@ -56,13 +56,13 @@ def setup_kwargs(p: dict, num_layers: int, swa_per_full: int, device) -> dict:
                 dtype=_dtype(p["dtype"]), device=device, seed=p["seed"])
 
 
-def make_batches(setup: rebuild.Setup, batch_sizes: List[int], *, seed: int = 0,
-                 vocab_size: int = 1024) -> Dict[int, rebuild.ForwardBatch]:
+def make_batches(setup: rebuild.Setup, batch_sizes: List[int], *,
+                 seed: int = 0) -> Dict[int, rebuild.ForwardBatch]:
     """One decode batch per batch size, in order; identical on identically built setups."""
     g = torch.Generator().manual_seed(seed)
     out = {}
     for bs in batch_sizes:
-        ids = torch.randint(0, vocab_size, (bs,), generator=g).tolist()
+        ids = torch.randint(0, 1024, (bs,), generator=g).tolist()
         seq_lens = torch.randint(2, 200, (bs,), generator=g).tolist()
         out[bs] = rebuild.decode_batch(setup, ids, seq_lens)
     return out

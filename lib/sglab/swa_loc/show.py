@@ -44,10 +44,10 @@ def kernel_counts(df):
         for m in ("graph_kernel_nodes", "profiled_kernels"))
 
 
-def extra_per_swa_layer(df, a: str = "before", b: str = "pr24743"):
-    """Kernel nodes of ``a`` minus ``b``, per SWA layer, for every (layout, batch size)."""
+def extra_per_swa_layer(df):
+    """Kernel nodes before minus #24743's, per SWA layer, for every (layout, batch size)."""
     nodes, _ = kernel_counts(df)
-    return (nodes[a] - nodes[b]) / nodes.index.get_level_values("n_swa_layers")
+    return (nodes["before"] - nodes["pr24743"]) / nodes.index.get_level_values("n_swa_layers")
 
 
 def kernel_table(df):
@@ -101,14 +101,12 @@ def pad_table(df):
                                                             values="value").astype(int)
 
 
-def translation_kernels(graph_kernels, a: str = "before", b: str = "pr24743") -> Dict[str, int]:
-    """Kernel names with more nodes in ``a``'s graph than ``b``'s, and how many more."""
-
-    def counts(v):
-        rows = graph_kernels[graph_kernels.variant == v]
-        return Counter(dict(zip(rows.kernel, rows.nodes.astype(int))))
-
-    return dict(counts(a) - counts(b))
+def translation_kernels(graph_kernels) -> Dict[str, int]:
+    """Kernel names with more nodes in the graph before than in #24743's, and how many more."""
+    a, b = (graph_kernels[graph_kernels.variant == v] for v in ("before", "pr24743"))
+    return dict(
+        Counter(dict(zip(a.kernel, a.nodes.astype(int)))) -
+        Counter(dict(zip(b.kernel, b.nodes.astype(int)))))
 
 
 def name_pattern(names) -> Optional[str]:
@@ -149,9 +147,8 @@ def short_kernel(name: str) -> str:
     return head if len(base) > 60 else base
 
 
-def eager_table(table, variant: Optional[str] = None):
+def eager_table(t):
     """Eager kernel table per (variant, scope, step, op, kernel): calls, median µs by backend."""
-    t = table if variant is None else table[table.variant == variant]
     t = t.assign(kernel=t.kernel.map(short_kernel),
                  scope=t.scope.fillna("").replace("", "rest of the step"))
     wide = t.pivot_table(index=["variant", "scope", "step", "op", "kernel"], columns="backend",
@@ -160,13 +157,11 @@ def eager_table(table, variant: Optional[str] = None):
     return text.counts(wide, [c for c in wide.columns if c.startswith("calls · ")])
 
 
-def kv_write_kernels(table, variant: str, backend: Optional[str] = None):
-    """The SWA layers' KV write of one variant, in op order: step, op, kernel, calls, median µs."""
+def kv_write_kernels(table, variant: str):
+    """The SWA layers' KV write of one variant (its first backend), in op order: step, op, kernel,
+    calls, median µs."""
     t = table[(table.variant == variant) & (table.scope == SWA_WRITE)]
-    if backend is not None:
-        t = t[t.backend == backend]
-    elif len(t):
-        t = t[t.backend == t.backend.iloc[0]]
+    t = t[t.backend == t.backend.iloc[0]] if len(t) else t
     return t.sort_values("step")[["step", "op", "kernel", "calls",
                                   "median_us"]].reset_index(drop=True)
 
@@ -276,17 +271,14 @@ def _row_caption(variant: str) -> str:
     return f"swa_loc = out_cache_loc_swa[:bs]\n(static {dtype} buffer) set before capture"
 
 
-def mechanism(run=None, *, variants=("before", "pr24743")):
+def mechanism(run=None):
     """One SWA layer's KV write inside the decode graph, before and after: a box per kernel node,
     the ones the preset removes (the two op sequences aligned) highlighted; a run's
     ``eager_kernels`` sidecar adds each op's CUDA kernel under it."""
-    a, b = variants
+    a, b = variants = ("before", "pr24743")
     ops = {v: one_layer_ops(v) for v in variants}
     table = run.first.sidecar("eager_kernels") if run else None
-    kernels_ = {
-        v: _kernel_names(table, v if v in ("before", "pr24743") else "pr24743", len(ops[v]))
-        for v in variants
-    }
+    kernels_ = {v: _kernel_names(table, v, len(ops[v])) for v in variants}
     matcher = difflib.SequenceMatcher(a=ops[a], b=ops[b], autojunk=False)
     removed = {
         i
@@ -359,11 +351,11 @@ def _time_panels(axes, r, style: str, gpu: str, h: dict) -> None:
         ax.set_ylabel("replay time, µs (median, p10–p90)")
 
 
-def replay_times(shown: list, h: Optional[dict] = None):
+def replay_times(shown: list):
     """Replay time by batch size and layer count at the headline layout; µs saved per SWA layer."""
     from matplotlib.ticker import FixedLocator, ScalarFormatter
 
-    h = h or HEADLINE_CONFIG
+    h = HEADLINE_CONFIG
     fig, axes = plots.figure(ncols=3, width=16)
     axes = axes.ravel()
     for gi, r in enumerate(shown):
@@ -394,7 +386,7 @@ def replay_times(shown: list, h: Optional[dict] = None):
     return fig
 
 
-def replay_timeline(run, variants=("before", "pr24743")):
+def replay_timeline(run):
     """``(figure, None)``: a traced replay per variant on one µs axis, the translation highlighted;
     ``(None, why)`` without a trace."""
     events, gk = run.sidecar("events"), run.sidecar("graph_kernels")
@@ -404,7 +396,7 @@ def replay_timeline(run, variants=("before", "pr24743")):
     device = events[events.lane.str.startswith("stream")]  # what one cudaGraphLaunch runs
     tables = {
         VARIANT_LABELS[v].split(" (")[0]: plots.window(device[device.variant == v])
-        for v in variants
+        for v in ("before", "pr24743")
     }
     tc = run.manifest.params.get("trace_config", {})
     fig, ax = plots.figure(width=11, height=3.0)
