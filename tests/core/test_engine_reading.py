@@ -156,7 +156,7 @@ def test_a_fix_without_engine_runs_shows_its_plan_and_one_with_runs_its_numbers(
     for k in ("runs", "recorded", "traces"):  # a checkout with no engine run recorded
         (tmp_path / k).mkdir()
     monkeypatch.setenv("SGLAB_DATA", str(tmp_path))
-    gt_sglang.FIX.show_engine()
+    V.planned(gt_sglang.FIX.recorded_engine(), gt_sglang.FIX.engine or ())
     out = capsys.readouterr().out
     assert "bash scripts/engine_gpu.sh --plan 05" in out
     assert "revert-pr22858-grid-thw-cpu" in out and "before: every rank >= 1 holds memory" in out

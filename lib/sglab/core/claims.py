@@ -284,10 +284,8 @@ def _extremes(plain: list[dict]) -> tuple[dict, dict]:
 
 
 def headline(mod, runs_: list, every: list | None = None) -> str:
-    """The numbers sentence for ``runs_`` (already the runs a reader is shown), from
-    ``mod.HEADLINE``; ``every``: the record they were chosen from (by default the recorded runs of
-    ``mod.EXPERIMENT``), whose other runs of a shown run's GPU model, GPU count and method version
-    fill its ``across`` range."""
+    """The numbers sentence of ``runs_`` from ``mod.HEADLINE``; ``every`` (default: the recorded
+    runs) fills each run's ``across`` range with its peers."""
     if not runs_:
         return "no recorded run yet"
     peers = {}
@@ -344,11 +342,8 @@ def _beside(flat: dict, key: str, name: str):
 
 
 def _tolerance(claim, key: str, mine: dict, theirs: dict) -> tuple:
-    """``(tolerance, label)`` of one compared value: the claim's ``drift``, widened to the A/A gap
-    that either run measured for this value's group (the ``noise`` key beside it), else for the
-    whole run (the top-level ``noise`` key). Where the two runs timed a different number of engine
-    starts (a ``starts`` beside the value), the label says so: the fastest of more starts is
-    faster."""
+    """``(tolerance, label)`` of one value: the claim's ``drift``, widened to the A/A gap either run
+    measured (its group's ``noise``, else the run's); the label says where the starts differ."""
     tol = claim.drift
     if tol is None:
         return None, "exact"
@@ -400,11 +395,9 @@ def _excess(a: float, b: float) -> float:
 
 def drift_rows(results: list[Result], ref_results: list[Result],
                span: dict | None = None) -> list[dict]:
-    """Per claim and value: this run, the reference, the relative drift (signed: below the
-    reference is negative) and whether it is beyond tolerance, which does not depend on which of
-    the two is the reference (:func:`_excess`). With ``span`` (:func:`spans`), a number is compared
-    with the range of the recorded runs instead: its drift is how far it lies outside that range
-    (0 within), an exact one must equal one of them."""
+    """Per claim and value: this run, the reference (with ``span``: the range of the recorded runs),
+    the signed drift and whether it is beyond tolerance (judged either way round, :func:`_excess`).
+    """
     ref = {r.claim.id: r for r in ref_results}
     span = span or {}
     rows = []
@@ -495,14 +488,10 @@ def held_to(run, reference) -> bool:
 
 
 def reference(run, candidates: list) -> tuple[Any, str, list, bool]:
-    """What ``run`` is compared with, one rule for every experiment: ``(reference, how, record,
-    held)``. The record is the candidates of the run's GPU model, GPU count and TP size, of its
-    method version where there are some (else of the newest method they have); the reference is
-    those runs merged, the newest answer per variant (a real-engine scenario is recorded one
-    release batch at a time), and each number is compared with the range the record spans. The
-    drift fails the run (``held``) only where the reference also has the run's parameters. With no
-    such run, the nearest (other sizes of the GPU model, then other GPU models of the size, then
-    any) is shown and fails nothing."""
+    """What ``run`` is compared with: ``(reference, how, record, held)``. The record: the candidates
+    of its GPU model, count and TP size (of its method, else the newest), merged newest per variant,
+    each number against their range; ``held`` only where they share its parameters. Without one, the
+    nearest is shown and fails nothing."""
     from sglab.core.engine_records import merged
     from sglab.core.runs import others as less
 

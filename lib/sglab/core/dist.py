@@ -261,8 +261,7 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
            backend: str = "nccl", timeout_s: float = 300, collective_timeout_s: float = 60,
            env: dict | None = None, start_method: str = "spawn") -> list:
     """Run ``fn(ctx, *args)`` (a module-level function) on ``world_size`` ranks: each rank's result,
-    in rank order. ``start_method``: ``spawn`` or ``forkserver`` (:func:`forkserver`; never
-    ``fork``: the caller may have initialised CUDA). Raises :class:`NotEnoughGPUs`,
+    in rank order (``start_method`` spawn or forkserver). Raises :class:`NotEnoughGPUs`,
     :class:`RankError` or :class:`DistTimeout`; no rank process (nor what it started) is left."""
     _check_launch(fn, world_size, backend, timeout_s, collective_timeout_s, start_method)
     ranks = _Ranks(pickle.dumps((fn, tuple(args))), world_size, backend, collective_timeout_s, env

@@ -286,10 +286,8 @@ def table(probes: list[tuple[str, dict]]):
 
 
 def figure(probes: list[tuple[str, dict]]):
-    """One row per probe that timed every CPU in rounds: each vCPU a short line from its fastest
-    round to its slowest, a tick at each round, orange where the two lie over 1.3× apart (the host
-    changed that CPU's speed within seconds). A row of long orange lines is a machine
-    whose launch cost no pinning inside the guest can fix."""
+    """One row per probe timed in rounds: each vCPU a line from its fastest round to its slowest,
+    orange where they lie over 1.3× apart (the host changed its speed within seconds)."""
     import matplotlib.pyplot as plt
 
     grids = [(n, p) for n, p in probes if p.get("rounds")]

@@ -189,10 +189,9 @@ def _mode_base():
 
 
 class DispatchMode(_mode_base()):  # type: ignore[misc]
-    """torch's ``TorchDispatchMode`` without the ``torch._disable_dynamo`` wrapper that it puts
-    around a subclass's ``__torch_dispatch__``: that wrapper imports ``torch._dynamo`` at the first
-    op, 2.5-3 s on a 2-CPU box, in every notebook that counts its ops. Nothing here runs under
-    ``torch.compile``, which the wrapper is for."""
+    """torch's ``TorchDispatchMode`` without the ``torch._disable_dynamo`` wrapper around its
+    handler, which imports ``torch._dynamo`` (2.5-3 s on a 2-CPU box) at the first op; nothing here
+    is compiled."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -200,13 +199,8 @@ class DispatchMode(_mode_base()):  # type: ignore[misc]
 
 
 class OpRanges(DispatchMode):
-    """A dispatch mode that runs every non-view aten op inside ``enter(label)`` and records it in
-    :attr:`calls`.
-
-    ``enter``: a context-manager factory taking the label (``sglab.core.trace.phase``,
-    ``nsight.annotate``); None only records. Ranges never nest: each wraps one op, and the ops an op
-    runs internally are not seen again (the mode is off while its handler runs).
-    """
+    """A dispatch mode that runs every non-view aten op inside ``enter(label)`` (``trace.phase``,
+    ``nsight.annotate``; None only records) and records it in :attr:`calls`; ranges never nest."""
 
     def __init__(self, enter: Optional[Callable[[str], object]] = None, *, unique: bool = False):
         super().__init__()
@@ -252,12 +246,8 @@ def op_name(func, kwargs: dict) -> str:
 
 
 def demangle(name: str) -> str:
-    """A C++ symbol as a profiler shows it (``_ZN2at6native...`` -> ``void at::native::...``),
-    through the C++ runtime's ``__cxa_demangle``; the name unchanged when it is not mangled or no
-    C++ runtime is found.
-
-    CUPTI's activity records (nsight-python) and ``cuFuncGetName`` (graph kernel nodes) give mangled
-    names, Kineto (torch.profiler) demangles: this puts them on one footing."""
+    """A C++ symbol as a profiler shows it (``_ZN2at6native...`` -> ``void at::native::...``), so
+    CUPTI's and ``cuFuncGetName``'s names meet Kineto's; unchanged where it cannot be demangled."""
     if not name.startswith("_Z"):
         return name
     fn = _cxa_demangle()
@@ -305,10 +295,8 @@ Step = Callable[[OpRanges], object]
 
 
 def aggregate(samples, *, runs: int, backend: str):
-    """Per (variant, scope, step, op, kernel): calls per step and the median duration per call.
-
-    ``samples``: one row per kernel execution with ``variant``, ``label`` (an op label), ``kernel``,
-    ``dur_us``. ``step`` is -1 for ops outside any scope."""
+    """Per (variant, scope, step, op, kernel) of ``samples`` (variant, label, kernel, dur_us per
+    kernel execution): calls per step and the median µs per call; ``step`` -1 outside any scope."""
     import pandas as pd
 
     if not len(samples):

@@ -149,12 +149,9 @@ def nsight_backend() -> tuple[str, str]:
 
 @contextmanager
 def nsight_session(tool: str = "cupti"):
-    """nsight-python with ``tool`` ("cupti" or "ncu") active; yields ``profile(body, runs)``, which
-    runs ``body`` (it opens its own ``nsight.annotate`` ranges) ``runs`` times under one profile
-    and returns ``(annotation, kernel, ns)`` of every kernel nsight attributed, in launch order.
-
-    nsight-python sums a range's kernels before it returns, so they are read where it does
-    (``nsight.extraction.extract_df_from_data``), without changing what it computes."""
+    """nsight-python with ``tool`` ("cupti" or "ncu") active: yields ``profile(body, runs)``,
+    ``(annotation, kernel, ns)`` of every kernel nsight attributed over ``runs`` calls of ``body``
+    (read where nsight-python sums a range's kernels, ``extraction.extract_df_from_data``)."""
     import tempfile
 
     import nsight

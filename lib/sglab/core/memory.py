@@ -60,20 +60,10 @@ SAMPLE_COLUMNS = ["t", "pid", "gpu", "used_mib"]
 
 
 class Sampler:
-    """Per-process memory of every GPU, read from NVML ``hz`` times a second in a daemon thread.
-
-        with memory.Sampler(hz=100) as s:
-            ...                         # the work whose processes are followed
-        s.samples()                     # t, pid, gpu, used_mib — one row per listed (pid, GPU) per
-                                        # tick
-        s.ticks, s.achieved_hz()
-
-    ``t`` is ``clock()`` (default ``time.monotonic``: CLOCK_MONOTONIC on Linux, the same clock in
-    every process of the machine, so marks taken by other processes line up). A process absent from
-    a tick holds 0 MiB on that GPU at that tick. NVML opens no CUDA context, so sampling does not
-    disturb what it measures; a read that fails is counted in ``errors`` and the tick is dropped (a
-    process exiting mid-read can make NVML answer oddly).
-    """
+    """Per-process memory of every GPU, read from NVML ``hz`` times a second in a daemon thread:
+    ``with Sampler() as s: ...``, then ``s.samples()`` (t, pid, gpu, used_mib; ``t`` is ``clock()``,
+    monotonic and shared by every process). A read that fails is counted in ``errors``, its tick
+    dropped."""
 
     def __init__(self, hz: float = 100.0, *, nvml=None, clock: Callable[[], float] = time.monotonic,
                  max_seconds: float = 600.0):
@@ -152,10 +142,8 @@ class Sampler:
 
 
 def step_series(samples, ticks: Iterable[float], pids: Iterable[int] | None = None):
-    """Reduce samples to change points: ``pid, gpu, t, used_mib`` rows for every (pid, GPU) that
-    ever held memory, at the first tick, at every tick where the value changed (absence = 0 MiB) and
-    at the last tick. Drawn as steps, the result is the sampled series exactly, in a few rows
-    instead of thousands."""
+    """Samples reduced to change points (``pid, gpu, t, used_mib``, absence = 0 MiB) at the first
+    and last tick and wherever a value changed: drawn as steps, the sampled series exactly."""
     import numpy as np
     import pandas as pd
 

@@ -143,10 +143,9 @@ def static_table(fn: Callable, static: Sequence[dict]):
 
 def explore(fn: Callable, controls: dict, *, static: Sequence[dict], title: str = "",
             interactive: bool = False):
-    """One table of ``fn(**settings) -> DataFrame`` over the ``static`` settings (returned, so the
-    cell displays it, and a notebook saved by papermill, ``jupyter execute`` or ``sglab run`` keeps
-    it); with ``interactive`` (a notebook's ``INTERACTIVE`` parameter) and a frontend that shows
-    widgets, sliders and drop-downs calling ``fn`` on every change instead."""
+    """``fn(**settings) -> DataFrame`` over the ``static`` settings as one table (returned, so a
+    saved notebook keeps it); with ``interactive`` and widgets here, controls calling ``fn``
+    instead."""
     if not interactive or not interactive_here():
         if title:
             why = ("no widgets here: ipywidgets in a Jupyter kernel draws the controls"
@@ -215,10 +214,9 @@ class Workbook:
             }, text, md)
 
     def run(self, measure=None, params: dict | None = None, *, progress: bool = False):
-        """Live: measure now with ``measure.run`` (``measure``: the fix's measure module) and save
-        the run under data/runs/. Recorded: the committed runs a reader sees (newest per GPU model
-        or size), as a :class:`~sglab.core.runs.RunSet`; a :class:`~sglab.core.runs.NoRun` saying
-        why where there is none."""
+        """Live: measure now with ``measure.run`` and save the run under data/runs/; recorded: the
+        committed runs a reader sees; a RunSet either way (NoRun, saying why, where there is none).
+        """
         if self.live and measure is not None:
             p = {**getattr(measure, "DEFAULT_PARAMS", {}), **(params or {})}
             gpus = measure.gpus(p) if hasattr(measure, "gpus") else self.gpus

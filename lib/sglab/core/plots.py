@@ -155,12 +155,8 @@ def timeline(tables: Mapping[str, object], *, highlight: str | None = None,
              highlight_label: str = "mechanism",
              categories: Sequence[str] = ("kernel", "memcpy", "memset", "runtime", "range"),
              title: str = "", width: float = 11.0, ax=None, annotate: bool = True):
-    """One group of swim-lanes per variant (e.g. ``{"before": ev_a, "after": ev_b}``), on one shared
-    µs axis.
-
-    ``highlight``: a regular expression over event names; matching events are drawn in the accent
-    colour and counted in the annotation. Returns the figure.
-    """
+    """One group of swim-lanes per variant (``{"before": ev_a, "after": ev_b}``) on one µs axis;
+    events matching ``highlight`` (a regular expression) in the accent colour, counted."""
     rows, labels = [], []
     for variant, ev in tables.items():
         ev = ev[ev.category.isin(categories)]

@@ -41,10 +41,8 @@ def pinned(argv: list[str], cpus, python: str = sys.executable) -> list[str]:
 
 
 def in_own_process(code: str, timeout: float = 120.0, cpus=()) -> dict:
-    """The JSON object that ``python -c code`` prints last, run in a fresh process (on ``cpus``
-    where given: :func:`pinned`); ``{"error": ...}`` where it could not run. A short-lived
-    helper that must not share this process (a CUDA context beside the engines, a fresh
-    interpreter's launch cost)."""
+    """The JSON object ``python -c code`` prints last, run in a fresh process (on ``cpus`` where
+    given); ``{"error": ...}`` where it could not run."""
     try:
         p = subprocess.run(pinned([sys.executable, "-c", code], cpus), capture_output=True,
                            text=True, timeout=timeout)

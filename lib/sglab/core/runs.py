@@ -44,10 +44,8 @@ def data_dir(kind: str) -> Path:
 
 
 def tidy(experiment: str, rows: list[dict]):
-    """Build the tidy frame of a run from row dicts, checking the required keys.
-
-    Parameter columns (any other keys) come between ``variant`` and ``metric``, in first-seen order.
-    """
+    """The tidy frame of a run from row dicts (the required keys checked); other keys are parameter
+    columns between ``variant`` and ``metric``, in first-seen order."""
     import pandas as pd
 
     if not rows:

@@ -37,10 +37,8 @@ def whole(value) -> str:
 
 
 def counts(df, cols: Sequence[str] | None = None, *, where_whole: bool = False):
-    """A copy of ``df`` whose columns ``cols`` (those it has; every column by default) read as whole
-    numbers: ``306``, not ``306.0``; a missing count stays missing. ``where_whole``: only columns
-    whose every value is whole (a count measured as a quotient or median), so that a column with a
-    value between two counts keeps its decimals."""
+    """A copy of ``df`` whose ``cols`` (default all) read as whole numbers (``306``, not ``306.0``;
+    missing stays missing); ``where_whole``: only columns whose every value is whole."""
     import pandas as pd
 
     out = df.copy()

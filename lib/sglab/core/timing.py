@@ -129,11 +129,9 @@ def _synchronizer() -> Callable[[], None]:
 def interleaved(fns: "dict[str, Callable[[], object]]", *, rounds: int = 3, warmup: int = 10,
                 repeat: int = 60,
                 timer: "Callable[..., Timing] | None" = None) -> "dict[str, Timing]":
-    """Time several variants of the same work in alternating rounds (A B C, A B C, ...), ``repeat //
-    rounds`` samples per variant and round, and pool each variant's samples. Drift on the machine
-    (clocks, a neighbour process, a noisy host) then lands on every variant instead of on whichever
-    ran during it. ``timer`` defaults to :func:`cuda_time`; pass :func:`host_time` (or a partial of
-    it) for host-side work. Warm-up runs once per variant, before the first round."""
+    """Time variants in alternating rounds (A B C, A B C, ...), ``repeat // rounds`` samples each
+    per round, pooled per variant: drift lands on every variant. ``timer``: :func:`cuda_time` by
+    default."""
     if not fns:
         raise ValueError("interleaved needs at least one variant")
     if rounds < 1:

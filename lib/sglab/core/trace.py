@@ -112,12 +112,8 @@ def _assign_phases(df):
 
 
 def event_table(events, *, keep_ops: bool = False):
-    """Reduce torch.profiler ``FunctionEvent``s to :data:`COLUMNS`, start times relative to the
-    first event.
-
-    Host ops are dropped unless ``keep_ops`` (they are many and rarely the point); phase ranges,
-    runtime calls and device activity are kept.
-    """
+    """torch.profiler ``FunctionEvent``s as :data:`COLUMNS`, times relative to the first event; host
+    ops dropped unless ``keep_ops``."""
     import pandas as pd
 
     events = list(events)
@@ -142,12 +138,8 @@ def event_table(events, *, keep_ops: bool = False):
 
 
 class Recorder:
-    """Profile the ``with`` block (CPU, plus CUDA when this process can use it) into :attr:`events`.
-
-    ``perfetto``: also write torch's Chrome/Perfetto trace there (``.json.gz`` is gzipped).
-    ``keep_ops``: keep host torch ops in the table. The first profiling session of a process can
-    miss device activity while CUPTI starts, so a throwaway session runs first where CUDA is used.
-    """
+    """Profile the ``with`` block (CPU, plus CUDA when usable) into :attr:`events`; ``perfetto``:
+    also torch's Perfetto trace there (gzipped as ``.gz``); ``keep_ops``: keep host torch ops."""
 
     def __init__(self, *, perfetto: str | Path | None = None, keep_ops: bool = False,
                  cuda: bool | None = None):

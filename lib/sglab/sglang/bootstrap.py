@@ -75,10 +75,8 @@ def _put_on_path(release: str) -> Path:
 
 
 def machine_facts() -> dict:
-    """What this process can import: for each stand-in, None when the real thing loads, else the
-    cause. Importing ``torchvision`` / ``sgl_kernel`` to find out is the only reliable test (a wheel
-    built for another torch is found but fails to load); nothing of a failed import is left in
-    ``sys.modules``."""
+    """What this process can import: per stand-in, None where the real thing loads, else the cause
+    (found by importing it; nothing of a failed import is left in ``sys.modules``)."""
     return {
         "triton": None if importlib.util.find_spec("triton") is not None else "not installed",
         "torchvision": _try_import("torchvision"),
@@ -304,10 +302,8 @@ _TRITON_TREE = {
 
 
 def _complete_triton_stub(stub: types.ModuleType) -> None:
-    """Give the stub real classes where torch 2.13's inductor needs classes (the set 0.5.2x's stub
-    defines).
-
-    A name that is already a class (the stub defined it) is left alone."""
+    """Real classes where torch 2.13's inductor needs them in the stub (the set 0.5.2x's stub
+    defines); a name that is a class already is left alone."""
     triton_key = getattr(stub, "_triton_key", lambda: "sglang-triton-stub")
     for (modname, attr), make in _TRITON_TREE.items():
         mod = _mock(stub, modname)

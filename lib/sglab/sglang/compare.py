@@ -136,9 +136,8 @@ _TIMELINE_DRAWN: set = set()  # fixes whose timeline row this process has shown
 
 def released(fix, rebuilt=None, *, symbol: Optional[str] = None, pr: Optional[int] = None) -> None:
     """The fix's row of the release timeline (drawn once), then what the PR's release window changed
-    in ``symbol``, hunk by hunk with three lines of context and a link to each at the release's
-    tag, beside the rebuilt lines that correspond (:func:`sglab.sglang.hunks.render_beside`; the
-    whole released hunk when ``rebuilt`` is None)."""
+    in ``symbol`` beside the rebuilt lines (:func:`sglab.sglang.hunks.render_beside`; the whole hunk
+    without ``rebuilt``)."""
     from sglab.core.notebook import display_object, show_figure
     from sglab.sglang import hunks, wheels
 

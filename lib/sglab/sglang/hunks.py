@@ -434,10 +434,9 @@ def _source_of(rebuilt) -> tuple[str, str]:
 
 
 def render_beside(hunk, rebuilt, *, symbol: str | None = None) -> Rendered:
-    """What the window changed in the released ``symbol`` (default: the hunk's first one), hunk by
-    hunk with :data:`CONTEXT` lines around each and a link to its line at the release's tag, beside
-    the rebuilt lines that correspond (:func:`corresponding`). A hunk whose names the rebuild never
-    uses (another change of the same release window) is one line with its link."""
+    """What the window changed in the released ``symbol`` (default the first), hunk by hunk with
+    context and links at the release's tag, beside the rebuilt lines that correspond; a hunk the
+    rebuild has no part in is one line."""
     from sglab.sglang import codepath
 
     after = hunk.blocks("after")

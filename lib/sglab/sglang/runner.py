@@ -39,10 +39,8 @@ def call_key(probe: str, params: Optional[dict]) -> tuple[str, str]:
 
 def _spawn(cmd: list[str], timeout: float,
            progress: Optional[Callable[[], int]] = None) -> tuple[Optional[int], str]:
-    """(exit code, or None when killed; stderr tail). Kills the child's whole process group when
-    ``timeout`` seconds pass without progress: ``progress()`` is a number that grows as the child
-    answers (the clock starts again each time it does); without it, ``timeout`` bounds the whole
-    run."""
+    """(exit code, or None when killed; stderr tail); the child's process group is killed after
+    ``timeout`` seconds without ``progress()`` growing (without it, of the whole run)."""
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=err, text=True, env=worker_env(), start_new_session=True)
@@ -157,11 +155,9 @@ def _run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]],
 
 def run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]], *,
                 timeout: float = DEFAULT_TIMEOUT_S) -> dict[tuple[str, str], ProbeResult]:
-    """Answer ``calls`` (``(probe, params)``; a probe is ``module:function``, e.g.
-    ``sglab.swa_loc.sglang:probe``) on ``release`` in one worker subprocess, in order: ``{(probe,
-    params key): result}`` (:func:`call_key`; a call asked twice is answered once). ``timeout``:
-    seconds one call may take (the first call's clock also runs through the worker's start-up).
-    Never raises for a release that cannot run: every result says why."""
+    """``{(probe, params key): result}`` of ``calls`` (``(probe, params)``, a probe
+    ``module:function``) on ``release``, in one worker, in order; ``timeout``: seconds per call.
+    Never raises for a release that cannot run: each result says why."""
     return _run_release(release, calls, timeout)[0]
 
 
@@ -187,11 +183,9 @@ def run_batch(calls: Iterable[tuple[str, Optional[dict], Iterable[str]]], *, job
               timeout: float = DEFAULT_TIMEOUT_S, progress: Optional[Callable[[str, dict],
                                                                               None]] = None,
               answered_only: bool = False) -> dict[str, dict]:
-    """Every ``(probe, params, releases)`` of ``calls``, each release asked once
-    (:func:`run_release`) for all the calls that name it, ``jobs`` workers at a time: ``{release:
-    {(probe, params key): result}}``, releases in the order first named. ``progress(release,
-    results)`` is called as each release finishes. ``answered_only``: leave out the calls a worker
-    did not answer itself (killed, or cut short by another call's crash)."""
+    """``{release: {(probe, params key): result}}`` of every ``(probe, params, releases)``, each
+    release asked once for all its calls, ``jobs`` at a time; ``progress(release, results)`` as each
+    ends; ``answered_only``: without the calls a worker did not answer itself."""
     return {
         v: {k: r
             for k, r in results.items() if not answered_only or k in answered}
@@ -211,15 +205,10 @@ def run_probes(
         releases: Iterable[str], probe: str, params: Optional[dict] = None, *, jobs: int = 2,
         timeout: float = DEFAULT_TIMEOUT_S, source: Optional[str] = None,
         progress: Optional[Callable[[str, ProbeResult], None]] = None) -> dict[str, ProbeResult]:
-    """``probe`` with ``params`` on several releases: {release: result}, in order; ``progress``
-    is called with each release as its answer is found: first those of a recording or of this
-    test session (``recorded`` says which recording; '' for the session's), then each a worker
-    answers for, as it answers.
-
-    ``source`` (default ``$SGLAB_REAL``, else ``auto``): ``auto`` takes an answer from the newest
-    recording where it holds it; ``recorded`` never runs a release (:mod:`sglab.sglang.store`);
-    otherwise an answer is this test session's where it holds the call (:data:`shared_answers`),
-    else a worker is started for the release now, ``jobs`` at a time."""
+    """``probe`` with ``params`` on several releases: ``{release: result}``, from the newest
+    recording where ``source`` (default ``$SGLAB_REAL``) allows, else this test session's answers,
+    else a worker started now (``jobs`` at a time); ``progress(release, result)`` as each answer is
+    found."""
     releases, src = list(releases), store.source(source)
     found: dict[str, ProbeResult] = {}
     if src != "live":

@@ -32,12 +32,8 @@ def parsed(read, rel: str) -> tuple[str | None, ast.Module | None]:
 
 
 def find(tree: ast.AST | None, qualname: str) -> ast.AST | None:
-    """The class or function ``qualname`` ("Class", "Class.method", "function") defined at the top
-    of ``tree``.
-
-    Only direct bodies are searched (a module's, then a class's), as a dotted name means; where a
-    name is defined twice (e.g. under ``if``/``else`` at module level is not searched), the last
-    definition wins, as Python's own binding would."""
+    """The class or function ``qualname`` ("Class.method") in the direct bodies of ``tree`` (a
+    module's, then a class's); the last definition of a name wins, as Python's binding would."""
     node = tree
     for part in qualname.split("."):
         body = getattr(node, "body", None) or []

@@ -229,13 +229,9 @@ def _release_list(versions, offline, lister, notes) -> tuple[list[str], bool, bo
 def timeline(fixes, versions=None, *, offline: bool = False, cache: Path | None = None,
              table: Path | None = None, lister=list_versions, fetch=download,
              progress: bool = True) -> Timeline:
-    """Classify releases: each from its wheel (cached, else downloaded), else from the committed
-    table.
-
-    ``versions`` None means every release from :data:`FIRST` to the newest. Without network (or
-    ``offline``), the release list is the committed table's plus the cached wheels', and each
-    release is read from its cached wheel where there is one, else taken from the committed table;
-    ``notes`` says which, release by release."""
+    """Classify ``versions`` (None: every release from :data:`FIRST`), each from its wheel (cached,
+    else downloaded), else from the committed table; without network (or ``offline``) the releases
+    are the table's and the cached wheels'. ``notes`` says where each came from."""
     import pandas as pd
     from tqdm.auto import tqdm
 

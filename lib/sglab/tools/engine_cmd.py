@@ -192,18 +192,15 @@ HOST_COST = ("import json; from sglab.core.timing import launch_cost_us; "
 
 
 def host_launch_cost(timeout: float = 120.0, cpus: tuple = ()) -> dict:
-    """The host's per-launch cost (µs, :func:`sglab.core.timing.launch_cost_us`), measured in a
-    process of its own so that this one never holds a CUDA context beside the engines (05 reads
-    every process's memory on GPU 0), on the engines' ``cpus`` where they are pinned;
-    ``{"error": ...}`` where it could not run."""
+    """The host's per-launch cost (µs, :func:`sglab.core.timing.launch_cost_us`) in a process of its
+    own (this one holds no CUDA context beside the engines), on ``cpus``; ``{"error": ...}`` else.
+    """
     return procs.in_own_process(HOST_COST, timeout, cpus)
 
 
 def _run_specs(args, name: str, specs: list, alone: bool, results: list) -> int:
-    """Each spec's engine in turn, its result appended to ``results`` as soon as it ends (a dry
-    run prints the commands); the exit status: 2 where one could not start, 1 where one failed.
-    An engine that cannot start stops everything only where it is the only one asked for; a
-    release that cannot start here at all is said once, not once per engine."""
+    """Each spec's engine in turn, its result appended to ``results`` as it ends: exit status 2
+    where one could not start, 1 where one failed; a release that cannot start is said once."""
     from sglab.sglang import engine as eng
 
     status, refused, skipped = 0, {}, Counter()  # refused: {release: why it cannot start here}
@@ -240,10 +237,8 @@ def _run_specs(args, name: str, specs: list, alone: bool, results: list) -> int:
 
 
 def _record_partial(args, fix: str, results: list, specs: list, host: dict, stop) -> None:
-    """The engines of a scenario that finished before a signal stopped it, recorded under
-    ``<out>/partial/`` with a ``partial`` manifest entry (what ran, what did not, and why), so
-    that an outer timeout costs the engines it cut short, not every one before them. A partial
-    run is never a record: ``sglab verify`` fails it and ``sglab publish`` refuses it."""
+    """The engines that finished before a signal stopped the scenario, recorded under
+    ``<out>/partial/`` with a ``partial`` entry (what ran, what did not, why): never a record."""
     from sglab.core.runs import data_dir
     from sglab.sglang import engine as eng
 

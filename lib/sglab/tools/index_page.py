@@ -179,11 +179,8 @@ def _earlier_result(out: Path, entry: dict):
 
 def write_index(results, out: Path, env_rows: list[tuple[str, str]], live_times: dict | None = None,
                 recorded: dict | None = None, quick: bool = False) -> Path:
-    """Write ``index.html`` and ``index.json`` for ``results`` (nbtools.Result, executed notebooks
-    inside); ``recorded``: {stem: :func:`recorded_facts`} read already (``quick``, a stopped run:
-    the facts not read already are not read now, and those cards go without them). The notebooks
-    of an earlier run into ``out`` that did not run now keep their cards (:func:`earlier_entries`),
-    marked with the time they ran; each entry's ``run_utc`` names the run that ran it."""
+    """Write ``index.html`` and ``index.json`` for ``results``; ``recorded``: ``{stem: facts}`` read
+    already (``quick``: read no more). An earlier run's notebooks not run now keep their cards."""
     live_times = timings.live_times() if live_times is None else live_times
     ran_at = datetime.now(timezone.utc)
     now = ran_at.strftime("%Y-%m-%d %H:%M UTC")

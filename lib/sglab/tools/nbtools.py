@@ -58,10 +58,8 @@ def check_pair(ipynb: Path) -> list[str]:
 
 
 def _stable_ids(nb, previous) -> None:
-    """Give ``nb``'s cells the ids they had in ``previous`` (the .ipynb before this sync) where type
-    and source still match, and an id derived from the cell's content elsewhere: jupytext invents
-    random ids on every read, and a sync that changes nothing must leave the tracked .ipynb byte for
-    byte as it was."""
+    """The ids ``nb``'s cells had in ``previous`` where type and source still match, else one
+    derived from the content: a sync that changes nothing leaves the .ipynb byte for byte."""
     import hashlib
 
     old = {}
@@ -158,16 +156,10 @@ def _note_paired(py: Path, cells) -> None:
 
 
 def pair_side(py: Path, prefer: str | None = None) -> str | None:
-    """Which half of notebook ``py``'s pair the other is written from: "py", "ipynb", or None where
-    their cells agree already (``prefer``: that side, whatever changed).
-
-    Each half's cells (type, source, tags; never outputs) are compared with the cells the two halves
-    had when last paired: those a sync recorded in the checkout's git folder, and those committed at
-    HEAD (a clone's mtimes say nothing, and a committed pair agrees). The half that still has such
-    cells is the one that did not change: the other is taken. Where both changed, PairConflict
-    names the notebook and the ``--from`` choice; where neither did (a pair committed out of step)
-    the .py, the reviewed source, wins. Outside git and never synced, the newer file wins, as
-    jupytext decides."""
+    """Which half of ``py``'s pair the other is written from: "py", "ipynb", or None where they
+    agree (``prefer``: that side). The half whose cells still match the last pairing (recorded by a
+    sync, or committed at HEAD) is the unchanged one; both changed: :class:`PairConflict`; neither:
+    the .py; outside git and never synced: the newer file."""
     ipynb = py.with_suffix(".ipynb")
     if prefer is not None:
         if prefer not in SIDES:
@@ -443,12 +435,9 @@ def _note_stop(signum, _frame) -> None:
 
 
 def stop_on_signals(before: tuple = ()) -> None:
-    """From now on SIGINT, SIGTERM and SIGHUP only ask this process to stop (main thread only): a
-    notebook executing stops its kernel at once and reports as interrupted; one about to start does
-    not start (:func:`stop_requested`); nothing is cut short anywhere else, so a notebook's result
-    and its kernel's shutdown are never lost to a signal. Further signals change nothing: whoever
-    sent them ends the process with SIGKILL if they will not wait. ``before``: the signals a
-    handler of the process's own start noted already."""
+    """From now on SIGINT, SIGTERM and SIGHUP only ask this process to stop (main thread): a
+    notebook executing stops its kernel and reports interrupted, the next does not start;
+    ``before``: signals noted already."""
     _STOPS.extend(int(s) for s in before)
     for s in _STOP_SIGNALS:
         signal.signal(s, _note_stop)
@@ -460,13 +449,9 @@ def stop_requested() -> int:
 
 
 def _telling_signals(caught: list):
-    """This thread's event loop (where nbclient runs), its ``add_signal_handler`` wrapped for one
-    execution so that nbclient's SIGINT/SIGTERM handler also notes which signal came (its own
-    handler is not told) and runs once however many come, and its ``remove_signal_handler`` so that
-    the handler in place before (:func:`stop_on_signals`) comes back, not the default (which ends
-    the process); undone by removing the wrappers from the loop's attributes. Under
-    :func:`stop_on_signals`, a stop asked before nbclient set its handler (the kernel not started
-    yet) ends the execution there."""
+    """This thread's event loop, its signal-handler setters wrapped for one execution: nbclient's
+    handler also notes which signal came and runs once; the handler before comes back after; a stop
+    asked before the kernel started ends the execution there."""
     from jupyter_core.utils import ensure_event_loop
 
     loop = ensure_event_loop()
@@ -512,12 +497,9 @@ def _write_partial(nb, ipynb: Path, partial_dir: Path | None) -> Path:
 def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = None,
             params: dict | None = None, kernel_name: str = "python3",
             partial_dir: Path | None = None) -> Result:
-    """Execute a notebook headless in its own folder. Cells tagged ``needs-gpu`` are skipped when
-    there is no CUDA (or when ``skip_gpu`` says so). Never raises for a failing cell: the result
-    carries the error and the partially executed notebook. A cell that runs past ``cell_timeout``
-    seconds, or a run stopped by Ctrl-C or SIGTERM, is reported as "interrupted: cell N (first
-    line…) after S s; partial output in PATH", the partial notebook written to ``partial_dir``
-    (default: a folder under the system's temporary directory)."""
+    """Execute a notebook headless in its own folder (``needs-gpu`` cells skipped without CUDA);
+    never raises: a failing cell, a ``cell_timeout`` or a signal is in the result's error, the
+    partial notebook written to ``partial_dir``."""
     import asyncio
 
     import nbclient

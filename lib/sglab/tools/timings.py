@@ -159,12 +159,9 @@ MACHINE_KEYS = ("gpu_name", "gpu_count", "gpu_count_machine", "gpu_memory_mib", 
 
 
 def from_reports(reports, runs_root) -> tuple[list, dict]:
-    """The results of notebooks executed on another machine (``sglab run --out REPORTS`` there),
-    read back from REPORTS' executed notebooks and ``index.json`` (the entries of the run that
-    wrote it, not those kept from earlier runs into the folder), and that machine's manifest
-    fields, taken from the live runs the notebooks wrote (copied to ``runs_root``, one folder per
-    experiment). ValueError when a notebook is missing, or when the live runs disagree on the
-    machine or name none."""
+    """The results of notebooks run on another machine (its ``sglab run --out`` folder: the executed
+    notebooks of the run that wrote ``index.json``), and that machine's manifest fields from the
+    live runs they wrote (under ``runs_root``); ValueError when these are missing or disagree."""
     import nbformat
 
     from sglab.tools.nbtools import Result

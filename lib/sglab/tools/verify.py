@@ -137,12 +137,8 @@ def live(progress: bool = True, only=None) -> tuple[list[runs.Run], list[str]]:
 
 def live_engines(progress: bool = True, only=None, *,
                  run_one=None) -> tuple[list[runs.Run], list[str]]:
-    """Run each real-engine scenario whose fix states engine claims (``claims.ENGINE``) and that
-    this machine can run: enough GPUs, and each release unpacked for engines with this machine's
-    torch (``scripts/engine_gpu.sh`` does both). One run per scenario, recorded under data/runs/;
-    (runs, skipped-with-reason). A release that cannot start here is skipped with SGLang's or the
-    pin check's one line; the scenario runs with the releases that can. ``only``: the engine
-    experiments to run (``engine_swa_loc``, ...)."""
+    """Run each engine scenario whose fix states engine claims and this machine can start (``only``:
+    those experiments): (runs recorded under data/runs/, skipped with the reason)."""
     run_one = run_one or eng.run
     echo = print if progress else (lambda _line: None)
     checked = {e.removeprefix("engine_") for e in fixes.experiments() if e.startswith("engine_")}
