@@ -29,7 +29,7 @@ import torch
 
 from sglab.core import engine_view
 from sglab.core.notebook import Workbook, card, reveal, show_figure, verdict
-from sglab.pcg_gate import claims, measure, rebuild, sglang, show
+from sglab.pcg_gate import claims, measure, rebuild, serving, sglang, show
 from sglab.sglang import codepath
 
 
@@ -214,11 +214,14 @@ sglang.compare()
 # %% [markdown]
 # ### The engine, before and after
 #
-# The PR measures the full Kimi-K2.5 under serving load. This workbook has not yet: a full-width run
-# with `bench_serving` on a GPU box is planned, and its column goes first here. The PR's figures:
+# The PR measures the full Kimi-K2.5 under serving load: TTFT, TPOT and E2E from SGLang's own
+# `bench_serving`. Here the same tool measures Kimi-K2.5's real widths (hidden 7168, MLA, 384
+# experts; 3 of its 61 layers, what one GPU holds with dummy weights) served by the release's own
+# server, piecewise graphs enforced against off, over three interleaved engine starts with the A/A
+# control (`01-kimi-full-serve`):
 
 # %%
-show.serving()
+serving.show(engine)
 
 # %% [markdown]
 # What the workbook has measured: SGLang's whole engine with dummy weights (`sglab engine --plan

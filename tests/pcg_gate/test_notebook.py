@@ -22,7 +22,7 @@ def test_the_card_comes_first_and_the_gpu_tables_after_the_appendix():
     appendix = next(i for i, c in enumerate(cells) if c.startswith("[markdown]\n# ## Appendix"))
     story, after = "\n".join(cells[:appendix]), "\n".join(cells[appendix:])
     assert story.count("reveal(") == 2 and "codepath.show(" in story
-    assert story.index("show.serving()") < story.index(
+    assert story.index("serving.show(engine)") < story.index(
         "engine_view.section(show.VIEW, engine, claims.ENGINE)") < story.index(
             "show.width_sweep(engine)") < story.index("show.your_setup(")
     for call in ("show.latency(run)", "show.launches(run)", "show.correctness(run)",

@@ -345,19 +345,6 @@ def engine_times(rs) -> None:
         notebook.show_table(table)
 
 
-def serving() -> None:
-    """The PR's own serving benchmark (real Kimi-K2.5), metric by metric, and what this workbook
-    measured of it: nothing yet (its engine runs time prefill only; a full-width run with
-    bench_serving is planned, and its column goes here)."""
-    b = sglang.PR_BENCHMARK
-    rows = [{
-        "metric": f"{name} ({unit})", "#26382 before": f"{before:g}", "#26382 after": f"{after:g}",
-        "after ÷ before": f"{after / before:.2f}×", "measured here": "not yet"
-    } for name, (unit, before, after) in b["metrics"].items()]
-    print(f"#26382's own benchmark ({b['setup']}):")
-    notebook.show_table(pd.DataFrame(rows).set_index("metric"))
-
-
 def width_sweep(rs) -> None:
     """Where piecewise graphs stop paying: the gain (off / captured prefill) against the prefill's
     tokens, one line per hidden size of the same 32 Llama layers, the bars spanning the engine

@@ -1,0 +1,74 @@
+"""01's serving section on a made-up full-width run: the PR's metrics beside enforced ÷ off, the
+table per prompt length and concurrency, the A/A gap, and what it says without a run."""
+
+import pandas as pd
+
+from sglab.core import runs
+from sglab.pcg_gate import serving
+
+# ms per (release, case, start) at (prompt tokens, in flight): TTFT, TPOT, E2E
+TIMES = {
+    ("0.5.13", "enforce"): (10.0, 2.0),
+    ("0.5.13", "pcg-off"): (20.0, 2.0),
+    ("0.5.13", "pcg-off-again"): (21.0, 2.0),
+    ("0.5.12.post1", "enforce"): (19.0, 2.1),
+}
+
+
+def _run(gpu: str = "NVIDIA H200", created: str = "2026-12-05T12:00:00Z", model=serving.MODEL):
+    rows, entries = [], []
+    for (rel, case), (ttft, tpot) in TIMES.items():
+        variant = f"{rel}+{case}"
+        for start in range(3):
+            base = {
+                "experiment": "engine_pcg_gate", "variant": variant, "release": rel, "case": case,
+                "tool": "serve", "start": start
+            }
+            rows.append({**base, "metric": "status", "value": "ok", "unit": ""})
+            for il, c in ((128, 1), (2048, 1), (128, 4)):
+                scale = 1 + start / 10 + (il > 128)
+                for metric, v in (("ttft", ttft * scale), ("tpot", tpot * c),
+                                  ("e2e", ttft * scale + 63 * tpot * c)):
+                    rows.append({
+                        **base, "requests": c, "input_len": il, "output_len": 64, "metric": metric,
+                        "value": v, "unit": "ms"
+                    })
+        entries.append({"variant": variant, "release": rel, "case": case, "model": {"name": model}})
+    manifest = {
+        "experiment": "engine_pcg_gate", "created_utc": created, "gpu_name": gpu, "gpu_count": 1,
+        "engine_runs": entries, "method_version": 1
+    }
+    return runs.Run(runs.tidy("engine_pcg_gate", rows), manifest,
+                    runs.repo_root() / f"serve-{created[:10]}.csv")
+
+
+def test_the_prs_metrics_sit_beside_enforced_over_off_per_concurrency():
+    df = serving.frame(runs.RunSet([_run()]))
+    t = serving.pr_beside(df)
+    assert list(t.index) == ["TTFT (s)", "TPOT (ms)", "E2E (s)"]
+    assert t.loc["TTFT (s)", "#26382 after ÷ before"] == "0.31×"
+    assert t.loc["TTFT (s)", "here: enforced ÷ off, 1 in flight"] == "0.50×"
+    assert t.loc["TPOT (ms)", "here: enforced ÷ off, 4 in flight"] == "1.00×"
+
+
+def test_the_table_gives_each_length_and_concurrency_with_starts_and_the_aa_gap():
+    t = serving.table(serving.frame(runs.RunSet([_run()])))
+    assert t.index.names == ["prompt tokens", "in flight"] and len(t) == 3
+    row = t.loc[(128, 1)]
+    assert row["TTFT enforced"] == "11.0 [10.0–12.0]" and row["TTFT off"] == "22.0 [20.0–24.0]"
+    assert row["TTFT off ÷ enforced"] == "2.00×" and row["TTFT A/A gap"] == "4.8%"
+    assert row["TTFT 0.5.12.post1 (refused)"].startswith("20.9")
+
+
+def test_only_the_full_width_model_and_the_newest_gpu_model_are_read():
+    tiny = _run(model="kimi_k25_tiny", created="2026-12-06T00:00:00Z")
+    old = _run(gpu="NVIDIA H100 80GB HBM3", created="2026-11-01T00:00:00Z")
+    df = serving.frame(runs.RunSet([old, _run(), tiny]))
+    assert set(df.model) == {serving.MODEL} and set(df.gpu) == {"H200"}
+
+
+def test_without_a_run_it_says_how_to_record_one(capsys):
+    serving.show(runs.NoRun("engine_pcg_gate", "none"))
+    out = capsys.readouterr().out
+    assert "bash scripts/engine_gpu.sh --scenario 01-kimi-full-serve" in out
+    assert serving.table(pd.DataFrame()).empty
