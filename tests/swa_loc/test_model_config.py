@@ -56,6 +56,21 @@ def test_no_layout_keys_lists_what_was_looked_for(tmp_path, capsys):
             in capsys.readouterr().err)
 
 
+@pytest.mark.parametrize("text, says", [
+    (None, "no such model config"),
+    ("{not json", "not JSON"),
+    ("[1, 2]", "a model config is a JSON object, not a list"),
+])
+def test_an_unreadable_config_is_refused_in_one_line_by_the_shared_reader(
+        tmp_path, capsys, text, says):
+    f = tmp_path / "config.json"
+    if text is not None:
+        f.write_text(text)
+    assert cli.main(["swa-cost", str(tmp_path)]) == 2  # a folder: its config.json
+    err = capsys.readouterr().err
+    assert err.startswith(f"sglab swa-cost: {f}: {says}") and len(err.strip().splitlines()) == 1
+
+
 def test_prediction_scales_the_measured_per_layer_cost():
     lay = sc.read_config(CONFIGS / "gpt_oss.json")
     cost = sc.LayerCost("H100", "run.csv", 2.0, {8: 1.5, 32: 3.0})
