@@ -314,12 +314,9 @@ ENV_KEYS = ("gpu_name", "gpu_count", "driver", "cuda", "torch", "python", "sglan
 
 
 def _flat(value, prefix="") -> dict:
-    if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    return {prefix.rstrip("."): value}
+    if not isinstance(value, dict):
+        return {prefix.rstrip("."): value}
+    return {key: x for k, v in value.items() for key, x in _flat(v, f"{prefix}{k}.").items()}
 
 
 def _number(v) -> Optional[float]:
@@ -431,32 +428,21 @@ def drift_rows(results: list[Result], ref_results: list[Result],
 
 
 def unmatched(results: list[Result], ref_results: list[Result]) -> list[str]:
-    """This run's claimed values (``claim.value``) that the reference does not answer, so that
-    nothing holds them: a release or model first run on this GPU model, say."""
-    ref = {
-        r.claim.id: _flat(r.outcome.value, "")
-        for r in ref_results if r.outcome.value is not None
-    }
-    out = []
-    for r in results:
-        if r.outcome.value is None:
-            continue
-        theirs = ref.get(r.claim.id, {})
-        out += [
-            f"{r.claim.id}.{k or 'value'}" for k in sorted(_flat(r.outcome.value, ""))
-            if k not in theirs and _leaf(k) not in r.claim.context
-        ]
-    return out
+    """This run's claimed values that the reference does not answer, so that nothing holds them: a
+    release or model first run on this GPU model, say."""
+    ref = {r.claim.id: _flat(r.outcome.value) for r in ref_results if r.outcome.value is not None}
+    return [
+        f"{r.claim.id}.{k or 'value'}" for r in results if r.outcome.value is not None
+        for k in sorted(_flat(r.outcome.value))
+        if k not in ref.get(r.claim.id, {}) and _leaf(k) not in r.claim.context
+    ]
 
 
 def env_diff(run, ref) -> list[dict]:
     """The environment fields that differ between a run and its reference."""
-    out = []
-    for k in ENV_KEYS:
-        a, b = getattr(run.manifest, k), getattr(ref.manifest, k)
-        if a != b:
-            out.append({"field": k, "this run": a, "reference": b})
-    return out
+    return [{
+        "field": k, "this run": getattr(run.manifest, k), "reference": getattr(ref.manifest, k)
+    } for k in ENV_KEYS if getattr(run.manifest, k) != getattr(ref.manifest, k)]
 
 
 @dataclass
