@@ -56,8 +56,7 @@ def bs3_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def bs3_view(df: pd.DataFrame) -> pd.DataFrame:
-    """:func:`bs3_table` for reading: ``can_run`` yes/no, logit rows a count, blank where a variant
-    has no such figure."""
+    """:func:`bs3_table` for reading: ``can_run`` yes/no, logit rows a count, blanks for none."""
     t = bs3_table(df)
     out = text.counts(text.blank(t, [c for c in t if c != "logit_rows"]), ["logit_rows"])
     if "can_run" in t:
@@ -369,8 +368,7 @@ def mechanism(run=None):
 
 
 def latency_figure(run):
-    """Per token count: latency of eager / before / after over request counts (median, p10–p90),
-    and the speed-ups over eager."""
+    """Per token count: eager / before / after latency by request count; speed-ups over eager."""
     lat = latency_of(run)
     token_counts = sorted(lat["num_tokens"].unique())
     fig, axes = plots.figure(ncols=len(token_counts) + 1, width=4.2 * (len(token_counts) + 1))

@@ -202,8 +202,7 @@ def _labels(ctx, tokenizer_pid: int) -> dict[int, str]:
 
 
 def _receive(ctx, v: Variant, address: str, marks: Marks):
-    """Rank 0 (every rank on a per-receiver wire) reads the tokenizer's bytes; the rest get
-    ``broadcast_pyobj``."""
+    """Rank 0 (each rank on a per-receiver wire) reads the tokenizer's bytes; others a broadcast."""
     w = rebuild.wire(v.wire)
     conn = _connect(address) if (ctx.rank == 0 or v.fanout == "tokenizer") else None
     data = conn.recv_bytes() if conn is not None else None

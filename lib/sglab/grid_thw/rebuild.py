@@ -151,8 +151,7 @@ def _try_simple_split(item: MMItem, num_items: int, out: list) -> bool:
 
 
 def _split_by_grid(item: MMItem, image_grid_thw, num_items: int) -> list | None:
-    """Slice the feature by each image's t·h·w patches (None when they do not add up to the
-    feature's rows)."""
+    """Slice the feature by each image's t·h·w patches (None when they miss the feature's rows)."""
     per_item = [
         int(torch.prod(torch.as_tensor(g, dtype=torch.long)).item()) for g in image_grid_thw
     ]
@@ -329,8 +328,7 @@ def ipc_dumps(obj) -> bytes:
 
 @dataclass(frozen=True)
 class Wire:
-    """One serialisation of the tokenizer -> scheduler hop (``dumps`` in the sender, ``loads`` in
-    the receiver)."""
+    """One serialisation of the tokenizer -> scheduler hop (``dumps`` sends, ``loads`` receives)."""
 
     name: str
     dumps: Callable[[Any], bytes]

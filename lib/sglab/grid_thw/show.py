@@ -75,8 +75,7 @@ def gpu0_per_rank(df):
 
 
 def waste_vs_tp(df, phase: str = "kernel"):
-    """Total MiB on GPU 0 held by ranks 1..N-1, per run, variant and TP size (median, min, max over
-    repeats)."""
+    """Total MiB ranks 1..N-1 hold on GPU 0, per run, variant, TP size (median, min, max)."""
     m = stray(df)
     m = m[m.phase == phase]
     keys = _by_run(m) + ["variant", "tp_size"]
@@ -142,8 +141,7 @@ def concurrency(df):
 # -- the appendix: the rebuild's GPU runs, each section shown from the runs (or their NoRun line)
 @notebook.needs_run
 def landed(run) -> None:
-    """The runs shown, where each rank's grid landed, and process × GPU per variant of the run with
-    the most ranks."""
+    """The runs shown, where each rank's grid landed, process × GPU of the run with most ranks."""
     for r in run.shown:
         print(f"  {run_name(r)}  (method {r.manifest.method_version}, {r.path.name})")
     notebook.show_table(landing(frame(run.shown)))

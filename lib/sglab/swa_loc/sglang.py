@@ -33,8 +33,7 @@ KERNELS_PER_TRANSLATION_TODAY = 1  # 0.5.13 on: one gather
 
 # -- the source check (the release timeline, `sglab upstream`) -------------------------------------
 def _swa_buffer_facts(tree) -> tuple:
-    """#24743's pair: DecodeInputBuffers.out_cache_loc_swa's dtype, whether a padded populate zeroes
-    it."""
+    """#24743's pair: the decode buffer's dtype, whether a padded populate zeroes it."""
     create = S.find(tree, "DecodeInputBuffers.create")
     dtype = None
     for value in S.assignments(create, "out_cache_loc_swa"):
@@ -118,8 +117,7 @@ def _pool_modules(prepared):
 
 
 def build_pool(prepared, device: str = "cpu"):
-    """(pool, allocator) of the release on ``device``: 16 full and 6 SWA slots, page size 1,
-    float32, SWA layers 0 and 2 of 4."""
+    """The release's (pool, allocator): 16 full and 6 SWA slots, float32, SWA layers 0, 2 of 4."""
     swa, alloc_mod = _pool_modules(prepared)
     size = dict(size=16, size_swa=6, page_size=1, dtype=torch.float32, device=device)
     pool = swa.SWAKVPool(**kwargs_for(
@@ -384,8 +382,7 @@ def rebuild_translation_ops() -> list:
 
 
 def rebuild_buffer(variant: str):
-    """(dtype, padded tail) of the rebuild's decode buffer after a full then a padded populate (None
-    without the buffer)."""
+    """(dtype, padded tail) of the rebuild's decode buffer after a full, then a padded populate."""
     cfg = rebuild.runner_config(variant)
     if cfg.swa_loc_dtype is None:
         return None
@@ -453,8 +450,7 @@ def comparison(results: dict):
 
 
 def compare() -> None:
-    """The notebook's real-SGLang section: each release's answers beside the rebuild's, and which
-    translation each release ships."""
+    """The notebook's real-SGLang section, and which translation each release ships."""
     results = real.answers(FIX)
     real.section(FIX, comparison, what="(release, behaviour) rows", results=results)
     print(kernels_statement(results))

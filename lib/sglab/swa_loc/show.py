@@ -158,8 +158,7 @@ def eager_table(t):
 
 
 def kv_write_kernels(table, variant: str):
-    """The SWA layers' KV write of one variant (its first backend), in op order: step, op, kernel,
-    calls, median µs."""
+    """One variant's SWA KV write (its first backend) in op order: step, op, kernel, calls, µs."""
     t = table[(table.variant == variant) & (table.scope == SWA_WRITE)]
     t = t[t.backend == t.backend.iloc[0]] if len(t) else t
     return t.sort_values("step")[["step", "op", "kernel", "calls",
@@ -387,8 +386,7 @@ def replay_times(shown: list):
 
 
 def replay_timeline(run):
-    """``(figure, None)``: a traced replay per variant on one µs axis, the translation highlighted;
-    ``(None, why)`` without a trace."""
+    """``(figure, None)``: a traced replay per variant, the translation marked; or (None, why)."""
     events, gk = run.sidecar("events"), run.sidecar("graph_kernels")
     if events is None or gk is None:
         return None, NO_TRACE.format(mv=run.manifest.method_version)
