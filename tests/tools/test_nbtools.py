@@ -17,6 +17,7 @@ import pytest
 
 from sglab.core import procs
 from sglab.tools import nbtools
+from tests.tools import outputs_text
 
 
 pytestmark = pytest.mark.long(27)
@@ -77,7 +78,7 @@ def test_ipc_transport_no_tcp_warning(tmp_path, capfd):
     r = nbtools.execute(path, cell_timeout=60, skip_gpu=True)
     out, err = capfd.readouterr()
     assert r.status == "ok", r.error
-    assert "pid" in nbtools.outputs_text(r.nb)
+    assert "pid" in outputs_text(r.nb)
     assert "without encryption" not in out + err and "over TCP" not in out + err, err
     assert not _kernels_of(os.getpid())
 
@@ -97,7 +98,7 @@ def test_cell_timeout_is_reported_as_interrupted(tmp_path):
     assert 2.0 <= float(m.group(1)) < 20
     partial = Path(m.group(2))
     assert partial == tmp_path / "report" / "tiny.ipynb" and partial.exists()
-    assert "before" in nbtools.outputs_text(nbformat.read(partial, as_version=4))
+    assert "before" in outputs_text(nbformat.read(partial, as_version=4))
     assert "cleanup_resources" not in r.error and "AttributeError" not in r.error
     assert not _kernels_of(os.getpid()), "a kernel was left running"
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sglab.tools import fixes as catalog, nbtools
+from tests.tools import outputs_text
 
 
 pytestmark = pytest.mark.long(45)
@@ -61,7 +62,7 @@ def test_executes(ipynb, monkeypatch):
     if result.status != "ok":
         pytest.fail(
             f"{ipynb.name} failed: {result.error}\n\n--- all cell outputs ---\n"
-            f"{nbtools.outputs_text(result.nb)}", pytrace=False)
+            f"{outputs_text(result.nb)}", pytrace=False)
     assert result.mode in {"live", "recorded"}, f"{ipynb.name} shows no Workbook banner"
     # a cell ending in a call that shows its own output must not echo what it returns as well
     echoed = [
@@ -73,7 +74,7 @@ def test_executes(ipynb, monkeypatch):
     assert not echoed, f"{ipynb.name}: cells {echoed} echo an object's raw repr"
     # a cell that does not apply is blank, not NaN (checked on the committed runs a reader sees)
     if result.mode == "recorded":
-        text = nbtools.outputs_text(result.nb)
+        text = outputs_text(result.nb)
         assert "NaN" not in text and "<NA>" not in text, f"{ipynb.name} prints NaN or <NA>"
 
 

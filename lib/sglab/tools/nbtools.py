@@ -3,9 +3,16 @@ and ``NN_topic.ipynb`` (committed without outputs), and headless execution throu
 
 from __future__ import annotations
 
+import ast
+import asyncio
+import hashlib
+import json
 import os
 import re
+import shutil
 import signal
+import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,8 +67,6 @@ def check_pair(ipynb: Path) -> list[str]:
 def _stable_ids(nb, previous) -> None:
     """The ids ``nb``'s cells had in ``previous`` where type and source still match, else one
     derived from the content: a sync that changes nothing leaves the .ipynb byte for byte."""
-    import hashlib
-
     old = {}
     for c in (previous.cells if previous is not None else []):
         old.setdefault((c.cell_type, c.source), []).append(c.get("id"))
@@ -86,15 +91,10 @@ class PairConflict(ValueError):
 
 
 def _digest(cells) -> str:
-    import hashlib
-    import json
-
     return hashlib.sha1(json.dumps(cells).encode()).hexdigest()
 
 
 def _git(folder: Path, *args: str) -> str | None:
-    import subprocess
-
     try:
         out = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True,
                              timeout=30)
@@ -133,8 +133,6 @@ def _paired_record(folder: Path) -> Path | None:
 
 
 def _read_record(folder: Path) -> dict:
-    import json
-
     path = _paired_record(folder)
     try:
         return json.loads(path.read_text()) if path else {}
@@ -143,8 +141,6 @@ def _read_record(folder: Path) -> dict:
 
 
 def _note_paired(py: Path, cells) -> None:
-    import json
-
     path = _paired_record(py.parent)
     if path is None:
         return
@@ -283,9 +279,6 @@ def py_source(nb) -> str:
 def parameter_names(path: Path) -> list[str]:
     """The names the notebook's ``parameters`` cell assigns (what ``--param`` may set), in order;
     [] where it has no such cell."""
-    import ast
-    import json
-
     cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]  # (the JSON is enough)
     cell = next((c for c in cells if PARAM_TAG in c.get("metadata", {}).get("tags", [])), None)
     if cell is None:
@@ -367,8 +360,6 @@ def _kernel_manager(kernel_name: str):
     """A kernel manager on the IPC transport: the kernel's sockets are files in a private folder
     instead of TCP ports on localhost, so nothing else on the machine can reach them (and ipykernel
     has no reason to warn that the kernel runs over TCP without encryption)."""
-    import tempfile
-
     from jupyter_client.manager import AsyncKernelManager
 
     folder = tempfile.mkdtemp(prefix="sglab-kernel-")
@@ -384,9 +375,6 @@ def _stop_kernel(client, km, folder: str, loop) -> str:
     """Stop the kernel whatever happened (nbclient leaves a kernel it does not own running), close
     the client's channels and remove the connection and socket files; return the last lines the
     kernel process (and what it started) wrote to its own stdout and stderr (:data:`KERNEL_LOG`)."""
-    import asyncio
-    import shutil
-
     from jupyter_core.utils import run_sync
 
     # a cell cut short (a signal, a dead kernel) leaves nbclient's pollers pending on ``loop``, this
@@ -483,8 +471,6 @@ def _telling_signals(caught: list):
 
 
 def _write_partial(nb, ipynb: Path, partial_dir: Path | None) -> Path:
-    import tempfile
-
     import nbformat
 
     folder = Path(partial_dir) if partial_dir else Path(tempfile.gettempdir()) / "sglab-partial"
@@ -500,8 +486,6 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
     """Execute a notebook headless in its own folder (``needs-gpu`` cells skipped without CUDA);
     never raises: a failing cell, a ``cell_timeout`` or a signal is in the result's error, the
     partial notebook written to ``partial_dir``."""
-    import asyncio
-
     import nbclient
     import nbformat
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
@@ -563,20 +547,3 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
     signum = (caught or [signal.SIGINT])[0] if by_signal else 0  # KeyboardInterrupt: SIGINT
     return Result(ipynb, status, mode, seconds, error, n_gpu if skip_gpu else 0, nb, started,
                   int(signum))
-
-
-def outputs_text(nb) -> str:
-    """All text outputs of an executed notebook, cell by cell (for failure messages)."""
-    parts = []
-    for i, c in enumerate(nb.cells):
-        if c.cell_type != "code":
-            continue
-        for out in c.get("outputs", []):
-            if out.get("output_type") == "stream":
-                parts.append(f"[cell {i} {out.get('name')}] {out.get('text', '')}")
-            elif out.get("output_type") == "error":
-                parts.append(f"[cell {i} error] {out.get('ename')}: {out.get('evalue')}\n" +
-                             "\n".join(out.get("traceback", [])))
-            elif "text/plain" in out.get("data", {}):
-                parts.append(f"[cell {i} result] {out['data']['text/plain']}")
-    return "\n".join(parts)
