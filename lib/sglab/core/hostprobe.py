@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from sglab.core import procs
@@ -190,8 +191,6 @@ def main(argv=None) -> int:
     cpus = sorted(os.sched_getaffinity(0))
     if args.home not in cpus:
         ap.error(f"--home {args.home} is not one of this process's CPUs ({cpus[0]}–{cpus[-1]})")
-    from datetime import datetime, timezone
-
     from sglab.core import runs
 
     now = datetime.now(timezone.utc)

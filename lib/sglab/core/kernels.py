@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from collections import Counter
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -152,8 +153,6 @@ def nsight_session(tool: str = "cupti"):
     """nsight-python with ``tool`` ("cupti" or "ncu") active: yields ``profile(body, runs)``,
     ``(annotation, kernel, ns)`` of every kernel nsight attributed over ``runs`` calls of ``body``
     (read where nsight-python sums a range's kernels, ``extraction.extract_df_from_data``)."""
-    import tempfile
-
     import nsight
     import nsight.extraction as extraction
 

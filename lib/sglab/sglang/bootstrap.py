@@ -10,7 +10,9 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import json
 import os
+import site
 import subprocess
 import sys
 import types
@@ -90,11 +92,7 @@ def machine_facts() -> dict:
 def plan(release: str, facts: dict) -> list[str]:
     """Names of the shims ``release`` needs on a machine with ``facts`` (see
     :mod:`sglab.sglang.bootstrap`)."""
-    names = []
-    if facts["triton"] is not None:
-        names.append("triton")
-    if facts["torchvision"] is not None:
-        names.append("torchvision")
+    names = [n for n in ("triton", "torchvision") if facts[n] is not None]
     if facts["sgl_kernel"] is not None:
         if facts["cuda"]:
             names.append("sgl_kernel")
@@ -118,8 +116,6 @@ def needed_shims(release: str, root: Path) -> list[Shim]:
 def facts_in_subprocess(timeout: float = 120.0) -> dict:
     """:func:`machine_facts` of a fresh interpreter (what a worker will see), without importing
     anything here."""
-    import json
-
     code = ("import json; from sglab.sglang.bootstrap import machine_facts; "
             "print(json.dumps(machine_facts()))")
 
@@ -191,10 +187,9 @@ class _StubMeta(type):
         return _Placeholder(f"{cls.__module__}.{cls.__qualname__}.{attr}")
 
     def __call__(cls, *_args, **_kwargs):
-        raise StubCalled(f"{cls.__module__}.{cls.__qualname__} is a stub class installed by "
-                         "sglab.sglang.bootstrap "
-                         f"({cls.__sglab_stub__}); it cannot be "
-                         "instantiated")
+        raise StubCalled(
+            f"{cls.__module__}.{cls.__qualname__} is a stub class installed by "
+            f"sglab.sglang.bootstrap ({cls.__sglab_stub__}); it cannot be instantiated")
 
 
 class RaisingModule(types.ModuleType):
@@ -433,8 +428,6 @@ def facts_key() -> dict:
     """What :func:`machine_facts` of a fresh interpreter depends on: the interpreter, the paths it
     imports from (each folder's modification time changes when a package is added or removed
     there), the GPUs it may see, and this module."""
-    import site
-
     env = worker_env()
     folders = [*env["PYTHONPATH"].split(os.pathsep), *site.getsitepackages()]
     return {
@@ -450,15 +443,11 @@ def _facts() -> dict:
     """:func:`facts_in_subprocess`, kept in :data:`FACTS_FILE` with :func:`facts_key`: where a GPU
     is present a fresh interpreter imports torch to answer (seconds), and the workbook asks on
     every run."""
-    import json
-
     path, key = home() / FACTS_FILE, facts_key()
-    try:
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         kept = json.loads(path.read_text())
         if kept["key"] == key:
             return kept["facts"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
     facts = facts_in_subprocess()
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)

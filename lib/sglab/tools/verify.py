@@ -6,6 +6,7 @@ lies beyond its tolerance; 2 for bad input (one line)."""
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,8 +99,6 @@ def record(name: str, params: dict | None = None, *, recorded: bool = False,
            progress: bool = True) -> Path:
     """Run fix ``name``'s measurement live and save the run (data/runs/, or data/recorded/ with
     ``recorded``). Raises :class:`BadInput` for unknown parameters or too few GPUs."""
-    import time
-
     mod = fixes.measure(name)
     defaults = getattr(mod, "DEFAULT_PARAMS", {})
     unknown = set(params or {}) - set(defaults)
