@@ -67,10 +67,6 @@ def _spawn(cmd: list[str], timeout: float,
         return code, err.read()[-4000:]
 
 
-def _not_installed(release: str) -> str:
-    return f"sglang {release}: not installed (run `sglab real install --releases {release}`)"
-
-
 def _answered(release: str, probe: str, data: dict, seconds: float) -> ProbeResult:
     status = "not-run" if data["not_run"] else ("error" if data["error"] else "ok")
     return ProbeResult(release, probe, status, frame(release, probe, data["rows"]), data["shims"],
@@ -105,7 +101,7 @@ def _run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]],
     for probe, params in calls:
         todo.setdefault(call_key(probe, params), (probe, params or {}))
     if not release_installed(release):
-        reason = _not_installed(release)
+        reason = f"sglang {release}: not installed (run `sglab real install --releases {release}`)"
         return {
             k: ProbeResult(release, k[0], "not-run", frame(release, k[0], []), reason=reason)
             for k in todo
@@ -161,24 +157,6 @@ def run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]], *,
     return _run_release(release, calls, timeout)[0]
 
 
-def _run_batch(calls, jobs: int, timeout: float, progress=None) -> dict[str, tuple[dict, set]]:
-    per_release: dict[str, list[tuple[str, Optional[dict]]]] = {}
-    for probe, params, releases in calls:
-        for v in releases:
-            per_release.setdefault(v, []).append((probe, params))
-    # the busiest releases first, so that the last worker to start is a short one
-    order = sorted(per_release, key=lambda v: -len(per_release[v]))
-    done: dict[str, tuple[dict, set]] = {}
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(_run_release, v, per_release[v], timeout): v for v in order}
-        for f in as_completed(futures):
-            v = futures[f]
-            done[v] = f.result()
-            if progress is not None:
-                progress(v, done[v][0])
-    return {v: done[v] for v in per_release}
-
-
 def run_batch(calls: Iterable[tuple[str, Optional[dict], Iterable[str]]], *, jobs: int = 2,
               timeout: float = DEFAULT_TIMEOUT_S, progress: Optional[Callable[[str, dict],
                                                                               None]] = None,
@@ -186,11 +164,23 @@ def run_batch(calls: Iterable[tuple[str, Optional[dict], Iterable[str]]], *, job
     """``{release: {(probe, params key): result}}`` of every ``(probe, params, releases)``, each
     release asked once for all its calls, ``jobs`` at a time; ``progress(release, results)`` as each
     ends; ``answered_only``: without the calls a worker did not answer itself."""
-    return {
-        v: {k: r
-            for k, r in results.items() if not answered_only or k in answered}
-        for v, (results, answered) in _run_batch(calls, jobs, timeout, progress).items()
-    }
+    per_release: dict[str, list[tuple[str, Optional[dict]]]] = {}
+    for probe, params, releases in calls:
+        for v in releases:
+            per_release.setdefault(v, []).append((probe, params))
+    done: dict[str, dict] = {}
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        # the busiest releases first, so that the last worker to start is a short one
+        futures = {
+            pool.submit(_run_release, v, per_release[v], timeout): v
+            for v in sorted(per_release, key=lambda v: -len(per_release[v]))
+        }
+        for f in as_completed(futures):
+            v, (results, answered) = futures[f], f.result()
+            done[v] = {k: r for k, r in results.items() if not answered_only or k in answered}
+            if progress is not None:
+                progress(v, results)
+    return {v: done[v] for v in per_release}
 
 
 def run_probe(release: str, probe: str, params: Optional[dict] = None, *,
