@@ -74,11 +74,8 @@ class Hunk:
         return split_blocks(self.after if side == "after" else self.before)
 
     def __repr__(self) -> str:
-        plus = sum(
-            1 for ln in self.diff.splitlines() if ln.startswith("+") and not ln.startswith("+++"))
-        minus = sum(
-            1 for ln in self.diff.splitlines() if ln.startswith("-") and not ln.startswith("---"))
-        return (f"<Hunk {self.fix} {self.title}: {len(self.symbols)} symbols, +{plus} -{minus} "
+        n = {s: sum(ln[:1] == s and ln[:3] != s * 3 for ln in self.diff.splitlines()) for s in "+-"}
+        return (f"<Hunk {self.fix} {self.title}: {len(self.symbols)} symbols, +{n['+']} -{n['-']} "
                 "lines>")
 
     def __str__(self) -> str:
@@ -89,18 +86,12 @@ class Hunk:
 
 
 # -- reading symbols out of a release --------------------------------------------------------------
-def header(symbol: str) -> str:
-    path, qual = symbol.split("::")
-    return f"{HEADER}{path} · {qual}"
-
-
 def symbol_block(read, symbol: str) -> str:
     """One symbol of a release as it is stored: its header line, then its text (or the absent
     marker)."""
     path, qual = symbol.split("::")
     text = S.symbol_text(read(path), qual)
-    body = text if text is not None else ABSENT + "\n"
-    return f"{header(symbol)}\n{body}"
+    return f"{HEADER}{path} · {qual}\n{text if text is not None else ABSENT + chr(10)}"
 
 
 def side_text(read, symbols) -> str:
