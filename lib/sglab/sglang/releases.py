@@ -16,9 +16,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 # Releases that straddle each fix: 0.5.10.post1 -> 0.5.11 (#22858, #23552, #23972), 0.5.11 -> 0.5.12
-# (#24662,
-# #24743; 0.5.12.post1 stands for 0.5.12), 0.5.12.post1 -> 0.5.13 (#26382); 0.5.14 lost the #23972
-# filter in a refactor; 0.5.23 is the newest (capture sizes rounded up since 0.5.22).
+# (#24662, #24743; 0.5.12.post1 stands for 0.5.12), 0.5.12.post1 -> 0.5.13 (#26382); 0.5.14 lost
+# the #23972 filter in a refactor; 0.5.23 is the newest (capture sizes rounded up since 0.5.22).
 PINNED = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13", "0.5.14", "0.5.23")
 
 STAMP = ".sglab-installed"

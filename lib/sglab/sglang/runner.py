@@ -248,11 +248,7 @@ def loaded_code() -> list[str]:
     return sorted(out)
 
 
-# -- worker: one real SGLang release in one process, every call in turn: ---------------------------
-# ``python -m sglab.sglang.runner --release V --calls JSON --out FILE``
-# --------------------------------------------------------------------------------------------------
-
-
+# -- the worker, one release, every call in turn: python -m sglab.sglang.runner --release V ... -----
 def _resolve(probe: str):
     module, _, func = probe.partition(":")
     if not func:
