@@ -63,7 +63,9 @@ def _symptoms() -> dict[str, tuple[str, str]]:
             "also overwrite live requests' SWA cache.", "the card and 04's claims"),
         "grid_thw": (
             "Every TP rank ≥ 1 also holds a CUDA context on GPU 0, after rank 0 has sized its KV "
-            "cache there.", "the card's bug and who"),
+            "cache there. The NVML signal: `nvidia-smi` lists `sglang::scheduler_TP1` and up on "
+            "GPU 0, each holding hundreds of MiB.", "the card's bug and who; the process titles "
+            "05's engine runs read from NVML"),
         "capture_sizes": ("The server fails at start-up, capturing its piecewise graphs.",
                           "the card's bug")
     }
@@ -248,6 +250,14 @@ GLOSSARY = (
      "Two-batch overlap, `--enable-two-batch-overlap`: a batch runs as two micro-batches so that "
      "one's communication overlaps the other's compute; the decode graph runner then doubles its "
      "size base. 06."),
+    ("TTFT, TPOT, E2E", ("TTFT", "TPOT", "E2E"),
+     "What `bench_serving` reports per request: time to first token (queueing and prefill), time "
+     "per output token after the first (decode steps, and any prefill that runs between them), "
+     "and end-to-end latency. 01."),
+    ("MLA", ("multi-head latent attention",),
+     "Multi-head latent attention (DeepSeek-V3, Kimi-K2.5): keys and values kept as one small "
+     "latent vector per token (`kv_lora_rank` 512 + a 64-wide rotary part) and expanded inside "
+     "attention. 01, 06."),
     ("SWA", ("sliding-window",),
      "Sliding-window attention: a layer that attends to the last W tokens only; its KV lives in a "
      "smaller pool of its own. 04."),
@@ -265,9 +275,9 @@ GLOSSARY = (
      "and the tensors sent between SGLang's processes are shared. 02, 05."),
     ("A/A control", ("A/A",),
      "The same configuration started twice (its label ends in `-again`): the gap between the two "
-     "is the run's own noise, and a claimed gain must clear it. 07."),
-    ("TTFT, TPOT", ("TTFT", "TPOT"),
-     "Time to first token; time per output token after it (SGLang's `bench_serving`)."),
+     "is the run's own noise, and a claimed gain must clear it. 07."), (
+         "TTFT, TPOT", ("TTFT", "TPOT"),
+         "Time to first token; time per output token after it (SGLang's `bench_serving`)."),
     ("dummy weights", ("dummy",),
      "`--load-format dummy`: random weights in a real model's shapes (its `config.json`) with a "
      "tokenizer written here, so an engine runs the real kernels with nothing downloaded."),
