@@ -69,13 +69,12 @@ def source_line(results: dict[str, ProbeResult]) -> str:
     """Where the answers come from, in one line: a recording (which one) or this machine, now."""
     labels = sorted({r.recorded for r in results.values() if r.recorded})
     now = [v for v, r in results.items() if not r.recorded]
-    parts = []
-    if labels:
-        parts.append(f"answers {'; '.join(labels)} (SGLAB_REAL=live runs the installed releases "
-                     "here instead)")
-    if now:
-        parts.append(f"run here now: {', '.join(now)}")
-    return "real SGLang: " + " · ".join(parts) if parts else "real SGLang: no release asked"
+    parts = [
+        f"answers {'; '.join(labels)} (SGLAB_REAL=live runs the installed releases here "
+        "instead)"
+    ] if labels else []
+    parts += [f"run here now: {', '.join(now)}"] if now else []
+    return "real SGLang: " + (" · ".join(parts) or "no release asked")
 
 
 def status_lines(results: dict[str, ProbeResult]) -> str:
@@ -98,10 +97,8 @@ def check_table(df, *, what: str = "rows") -> bool:
     bad = df[~df["agrees"].astype(bool)]
     if len(bad):
         lines = [f"{MISMATCH}: {len(bad)} of {len(df)} {what}", bad[COLUMNS].to_string(index=False)]
-        if "differences" in bad.columns:
-            lines += [
-                f"  {r.release}: {d}" for r in bad.itertuples() for d in (r.differences or [])
-            ]
+        lines += [f"  {r.release}: {d}" for r in bad.itertuples() for d in (r.differences or [])
+                  ] if "differences" in bad.columns else []
         print("\n".join(lines))
         return False
     print(f"real SGLang and the rebuild agree on all {len(df)} {what}")
@@ -144,7 +141,6 @@ def released(fix, rebuilt=None, *, symbol: Optional[str] = None, pr: Optional[in
     if fix.name not in _TIMELINE_DRAWN:  # a notebook shows several hunks of one fix
         _TIMELINE_DRAWN.add(fix.name)
         show_figure(wheels.timeline_row_figure(fix))
-    if rebuilt is None:
-        display_object(hunks.show(fix, pr))
-    else:
-        display_object(hunks.beside(fix, rebuilt, pr=pr, symbol=symbol))
+    display_object(
+        hunks.show(fix, pr) if rebuilt is
+        None else hunks.beside(fix, rebuilt, pr=pr, symbol=symbol))

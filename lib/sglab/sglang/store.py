@@ -99,11 +99,9 @@ class Recording:
 
     def lookup(self, release: str, probe: str, params: Optional[dict]):
         d = self.results.get((params_key(probe, params), release))
-        if d is None:
-            return None
-        return ProbeResult(release, probe, d["status"], frame(release, probe,
-                                                              d["rows"]), d["shims"], d["seconds"],
-                           d["prepare_seconds"], d["reason"], d["traceback"], recorded=self.label)
+        return None if d is None else ProbeResult(
+            release, probe, d["status"], frame(release, probe, d["rows"]), d["shims"], d["seconds"],
+            d["prepare_seconds"], d["reason"], d["traceback"], recorded=self.label)
 
 
 def write(calls: Iterable[tuple[str, Optional[dict], dict]], *, root: Optional[Path] = None,
@@ -154,7 +152,4 @@ def newest(root: Optional[Path] = None) -> Optional[Recording]:
     from sglab.core import runs
 
     paths = runs.list_runs(EXPERIMENT, root=root)
-    if not paths:
-        return None
-    path = paths[-1]
-    return _read(str(path), path.stat().st_mtime)
+    return _read(str(paths[-1]), paths[-1].stat().st_mtime) if paths else None
