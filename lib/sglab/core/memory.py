@@ -35,13 +35,12 @@ def all_processes(*, nvml=None) -> list[dict]:
     for gpu in range(nv.nvmlDeviceGetCount()):
         h = nv.nvmlDeviceGetHandleByIndex(gpu)
         name = hardware._text(nv.nvmlDeviceGetName(h))
-        for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
-            used = p.usedGpuMemory
-            if used is None:  # NVML_VALUE_NOT_AVAILABLE on some setups
-                used = 0
-            rows.append({
-                "pid": int(p.pid), "gpu": gpu, "gpu_name": name, "used_mib": float(used) / 2**20
-            })
+        rows += [
+            {  # usedGpuMemory None: NVML_VALUE_NOT_AVAILABLE on some setups
+                "pid": int(p.pid), "gpu": gpu, "gpu_name": name,
+                "used_mib": float(p.usedGpuMemory or 0) / 2**20
+            } for p in nv.nvmlDeviceGetComputeRunningProcesses(h)
+        ]
     return rows
 
 
@@ -91,23 +90,25 @@ class Sampler:
         return self
 
     def _read(self) -> None:
-        rows = []
-        for gpu, h in enumerate(self._handles):
-            for p in self._nv.nvmlDeviceGetComputeRunningProcesses(h):
-                rows.append((int(p.pid), gpu, float(p.usedGpuMemory or 0) / 2**20))
+        rows = [(int(p.pid), gpu, float(p.usedGpuMemory or 0) / 2**20)
+                for gpu, h in enumerate(self._handles)
+                for p in self._nv.nvmlDeviceGetComputeRunningProcesses(h)]
         t = self.clock()
         self.ticks.append(t)
         self._rows.extend((t, *r) for r in rows)
+
+    def _tick(self) -> None:
+        try:
+            self._read()
+        except Exception:  # noqa: BLE001 - one bad read must not end the series
+            self.errors += 1
 
     def _loop(self) -> None:
         period = 1.0 / self.hz
         start = time.monotonic()
         n = 0
         while not self._stop.is_set() and time.monotonic() - start < self.max_seconds:
-            try:
-                self._read()
-            except Exception:  # noqa: BLE001 - one bad read must not end the series
-                self.errors += 1
+            self._tick()
             n += 1
             self._stop.wait(max(0.0, start + n * period - time.monotonic()))
 
@@ -117,10 +118,7 @@ class Sampler:
             return
         self._stop.set()
         self._thread.join(timeout=5)
-        try:
-            self._read()
-        except Exception:  # noqa: BLE001
-            self.errors += 1
+        self._tick()
 
     def __enter__(self) -> "Sampler":
         return self.start()
