@@ -52,8 +52,8 @@ def _try_import(name: str) -> str | None:
     try:
         importlib.import_module(name)
         return None
-    # noqa: BLE001 - any failure to load counts (ImportError, OSError, RuntimeError)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure to load counts
+
         for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
             del sys.modules[mod]
         return _cause(exc)

@@ -513,10 +513,9 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
     caught: list[int] = []
     loop = _telling_signals(caught)
     try:
-        # widgets become static tables
+        # SGLAB_HEADLESS: widgets become static tables
         client.execute(env={**os.environ, "SGLAB_HEADLESS": "1"}, stdout=log, stderr=log)
-    # noqa: BLE001 - all reported
-    except (Exception, KeyboardInterrupt, asyncio.CancelledError) as e:
+    except (Exception, KeyboardInterrupt, asyncio.CancelledError) as e:  # noqa: BLE001
         # nbclient's SIGINT/SIGTERM handler starts the kernel's shutdown (the future it keeps is
         # set at once, so a cell that sees its kernel die first is still known to be stopped by
         # the signal) and lets go of it (km None); a signal during the kernel's start cancels
