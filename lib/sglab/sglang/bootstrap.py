@@ -53,7 +53,6 @@ def _try_import(name: str) -> str | None:
         importlib.import_module(name)
         return None
     except Exception as exc:  # noqa: BLE001 - any failure to load counts
-
         for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
             del sys.modules[mod]
         return _cause(exc)
