@@ -70,8 +70,7 @@ def source_line(results: dict[str, ProbeResult]) -> str:
     labels = sorted({r.recorded for r in results.values() if r.recorded})
     now = [v for v, r in results.items() if not r.recorded]
     parts = [
-        f"answers {'; '.join(labels)} (SGLAB_REAL=live runs the installed releases here "
-        "instead)"
+        f"answers {'; '.join(labels)} (SGLAB_REAL=live runs the installed releases here instead)"
     ] if labels else []
     parts += [f"run here now: {', '.join(now)}"] if now else []
     return "real SGLang: " + (" · ".join(parts) or "no release asked")
