@@ -248,7 +248,7 @@ def loaded_code() -> list[str]:
     return sorted(out)
 
 
-# -- the worker, one release, every call in turn: python -m sglab.sglang.runner --release V ... -----
+# -- the worker, one release, every call in turn: python -m sglab.sglang.runner --release V ----
 def _resolve(probe: str):
     module, _, func = probe.partition(":")
     if not func:
