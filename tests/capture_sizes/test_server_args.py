@@ -25,6 +25,7 @@ import pytest
 
 from sglab.capture_sizes import server_args, show
 from sglab.capture_sizes import sglang as cs
+from sglab.core import runs
 from sglab.sglang.releases import installed_releases
 from sglab.tools import cli
 
@@ -295,7 +296,7 @@ def test_command_with_a_model_config_of_another_name(capsys):
 
     # the shipped tiny DeepSeek config without MLA, as a Llama (committed, so that its call is
     # one of REAL_CALLS: the session answers it)
-    cfg = json.loads((cs.repo_root() / cs.MODEL).read_text())
+    cfg = json.loads((runs.repo_root() / cs.MODEL).read_text())
     cfg = {k: v for k, v in cfg.items() if "lora" not in k and "rope" not in k}
     assert json.loads(AS_LLAMA.read_text()) == {
         **cfg, "architectures": ["LlamaForCausalLM"], "model_type": "llama"

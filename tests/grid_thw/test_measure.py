@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglab.grid_thw import measure
+from sglab.grid_thw import measure, series
 from sglab.grid_thw import rebuild as fx
 
 
@@ -103,8 +103,8 @@ def test_gloo_run_marks_every_step_and_times_its_phases(gloo_run):
     assert out.sidecars == {}  # no NVML, no time series
     assert set(out.df[out.df.phase == "cache"].variant) == {"before", "after"}
     assert out.extra["concurrent_groups"] == 2
-    assert measure.KERNEL_STEPS == ("first kernel", "reduce", "item", "copy to own GPU",
-                                    "own-GPU kernel")
+    assert series.KERNEL_STEPS == ("first kernel", "reduce", "item", "copy to own GPU",
+                                   "own-GPU kernel")
     taken = phases.take()
     assert "groups (all at once)" in taken and "rank1/kernel steps" in taken
     # a pause after every step

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import dataclasses
 import inspect
+import json
 import linecache
 import re
 import shutil
@@ -20,10 +21,48 @@ import tempfile
 import types
 from pathlib import Path
 
-from sglab.capture_sizes.sglang import (ASSUMED, MAX_RUNNING_REQUESTS, PIECEWISE_RUNNER, PUBLISHED,
-                                        SETTINGS, model_config)
+from sglab.core.runs import repo_root
 from sglab.sglang import bootstrap
 from sglab.sglang.probing import Stop, has_file, patched
+
+# -- what the probe reads (sglang.py's record names these too)
+PIECEWISE_RUNNER = "srt/model_executor/piecewise_cuda_graph_runner.py"
+PUBLISHED = "srt/model_executor/model_runner_components/cuda_graph_setup.py"  # 0.5.16 on
+MAX_RUNNING_REQUESTS = 256
+# name -> ServerArgs fields; a setting's ``piecewise`` replaces the configured list for it
+SETTINGS = {
+    "tp8": dict(tp_size=8),
+    "tp8_dense_tp1": dict(tp_size=8, moe_dense_tp_size=1),
+    "tp8_dp2_dpattn_dense_tp1": dict(tp_size=8, dp_size=2, enable_dp_attention=True,
+                                     moe_dense_tp_size=1),
+    "tp8_cp2_dense_tp1": dict(tp_size=8, attn_cp_size=2, moe_dense_tp_size=1),
+    "tp12_cp3_dense_tp1": dict(tp_size=12, attn_cp_size=3, moe_dense_tp_size=1),
+    "tp8_tbo_dense_tp1": dict(tp_size=8, moe_dense_tp_size=1, enable_two_batch_overlap=True),
+    "tp8_dense_tp1_unaligned": dict(tp_size=8, moe_dense_tp_size=1, piecewise=[4, 12, 20]),
+}
+# the model config a release resolves its configuration with (0.5.14 on), relative to the checkout
+MODEL = "data/models/deepseek_v3_tiny/config.json"
+ASSUMED = {"mla": True, "gpu_mem_gb": 141.0, "max_running_requests": 4096, "model": MODEL}
+
+
+def model_config(model: str) -> Path:
+    """The config file ``model`` names: a JSON file, or a folder's ``config.json`` (relative: the
+    working folder's where it is there, else the checkout's); a one-line ValueError otherwise."""
+    path = Path(model)
+    if not path.is_absolute():
+        path = path.resolve() if path.exists() else repo_root() / path
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ValueError(f"no model config at {path}")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{path} is not a JSON model config ({e})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} is not a JSON model config (a JSON {type(config).__name__}, not "
+                         "an object)")
+    return path
 
 
 # -- the runners' code on a ServerArgs -------------------------------------------------------------

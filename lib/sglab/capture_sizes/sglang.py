@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import json
-from pathlib import Path
 
 import pandas as pd
 
+from sglab.capture_sizes import release_probe as rp
+from sglab.capture_sizes.release_probe import (ASSUMED, MAX_RUNNING_REQUESTS, PIECEWISE_RUNNER,
+                                               SETTINGS)
+from sglab.capture_sizes.release_probe import MODEL, PUBLISHED, model_config  # noqa: F401
 from sglab.core import lazy
-from sglab.core.runs import repo_root
 from sglab.sglang.codepath import Node
 from sglab.sglang.engine import Case, Scenario
 from sglab.sglang import compare as real
@@ -26,29 +27,12 @@ from sglab.sglang.upstream import Verdict
 # the rebuild (torch) is imported by the functions that use it: reading FIX needs none of it
 fx = lazy.Module("sglab.capture_sizes.rebuild")
 
-PIECEWISE_RUNNER = "srt/model_executor/piecewise_cuda_graph_runner.py"
 PREFILL_RUNNER = "srt/model_executor/runner/prefill_cuda_graph_runner.py"
 ROUND_UP_HOMES = ("srt/utils/common.py", "srt/model_executor/runner/base_cuda_graph_runner.py")
-PUBLISHED = "srt/model_executor/model_runner_components/cuda_graph_setup.py"  # 0.5.16 on
 PROBE_RELEASES = ("0.5.10.post1", "0.5.11", "0.5.14", "0.5.23")
 # the rebuilt rule each release must match
 VARIANT = {"0.5.10.post1": "before", "0.5.11": "pr_filter", "0.5.14": "before", "0.5.23": "today"}
 DECODE = [1, 2, 4, 8, 12] + list(range(16, 257, 8))  # ServerArgs' list for --cuda-graph-max-bs 256
-MAX_RUNNING_REQUESTS = 256
-# name -> ServerArgs fields; a setting's ``piecewise`` replaces the configured list for it
-SETTINGS = {
-    "tp8": dict(tp_size=8),
-    "tp8_dense_tp1": dict(tp_size=8, moe_dense_tp_size=1),
-    "tp8_dp2_dpattn_dense_tp1": dict(tp_size=8, dp_size=2, enable_dp_attention=True,
-                                     moe_dense_tp_size=1),
-    "tp8_cp2_dense_tp1": dict(tp_size=8, attn_cp_size=2, moe_dense_tp_size=1),
-    "tp12_cp3_dense_tp1": dict(tp_size=12, attn_cp_size=3, moe_dense_tp_size=1),
-    "tp8_tbo_dense_tp1": dict(tp_size=8, moe_dense_tp_size=1, enable_two_batch_overlap=True),
-    "tp8_dense_tp1_unaligned": dict(tp_size=8, moe_dense_tp_size=1, piecewise=[4, 12, 20]),
-}
-# the model config a release resolves its configuration with (0.5.14 on), relative to the checkout
-MODEL = "data/models/deepseek_v3_tiny/config.json"
-ASSUMED = {"mla": True, "gpu_mem_gb": 141.0, "max_running_requests": 4096, "model": MODEL}
 
 
 # -- the source check (the release timeline, `sglab upstream`) -------------------------------------
@@ -126,34 +110,12 @@ def check(read) -> Verdict:
 
 
 # -- the probe (its code in the release's worker process: release_probe.py) ------------------------
-def model_config(model: str) -> Path:
-    """The config file ``model`` names: a JSON file, or a folder's ``config.json`` (relative: the
-    working folder's where it is there, else the checkout's); a one-line ValueError otherwise."""
-    path = Path(model)
-    if not path.is_absolute():
-        path = path.resolve() if path.exists() else repo_root() / path
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise ValueError(f"no model config at {path}")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ValueError(f"{path} is not a JSON model config ({e})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{path} is not a JSON model config (a JSON {type(config).__name__}, not "
-                         "an object)")
-    return path
-
-
 def probe(prepared, params: dict) -> list[dict]:
     """The release's answers (in its worker process, :mod:`.release_probe`): rows per setting for
     the configured lists, rows per case of ``params["cases"]`` ({name: argv})."""
     if not (has_file(prepared, PIECEWISE_RUNNER) or has_file(prepared, PREFILL_RUNNER)):
         why = f"sglang {prepared.release} has no piecewise or prefill CUDA-graph runner"
         return [dict(case=c, metric="unsupported", value=why) for c in params.get("cases", {})]
-    from sglab.capture_sizes import release_probe as rp
-
     rows = rp.setting_rows(prepared, params) if "piecewise" in params else []
     return rows + (rp.case_rows(prepared, params) if params.get("cases") else [])
 

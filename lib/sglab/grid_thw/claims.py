@@ -13,7 +13,8 @@ from sglab.core.claims import Claim, Headline, holds
 from sglab.core.runs import gpu_short, newest_by
 from sglab.core.text import count
 from sglab.grid_thw import series, show
-from sglab.grid_thw.measure import EXPERIMENT, GPUS, KERNEL_STEPS  # noqa: F401 (GPUS: Workbook)
+from sglab.grid_thw.measure import EXPERIMENT, GPUS  # noqa: F401 (GPUS: Workbook)
+from sglab.grid_thw.series import KERNEL_STEPS
 
 
 CLAIM = ("A `grid_thws` tensor left on cuda:0 makes every TP rank ≥ 1 open a CUDA context on GPU "

@@ -45,7 +45,6 @@ DEFAULT_PARAMS = {
 # the rank and tokenizer functions below are pickled by name: the server imports this module
 FORKSERVER_PRELOAD = ("torch", "sglab.grid_thw.measure")
 PHASES = ("init", "received", "kernel", "released")
-KERNEL_STEPS = ("first kernel", "reduce", "item", "copy to own GPU", "own-GPU kernel")
 CONNECT_TIMEOUT_S = 120.0
 TOKENIZER_DEADLINE_S = 300.0  # a tokenizer process ends itself after this long, whatever happens
 

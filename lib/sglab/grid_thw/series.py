@@ -15,8 +15,9 @@ import pandas as pd
 
 from sglab.core import memory, plots
 from sglab.core.text import span
-from sglab.grid_thw.measure import KERNEL_STEPS
 
+# the steps each rank marks after it unpickles the grid (measure's rank code marks them by name)
+KERNEL_STEPS = ("first kernel", "reduce", "item", "copy to own GPU", "own-GPU kernel")
 
 VARIANT_ORDER = ("before", "ipc", "eager", "after")
 
