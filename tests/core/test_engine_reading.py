@@ -197,9 +197,10 @@ def test_verify_live_runs_the_engine_scenarios_this_machine_can(monkeypatch):
     done, skipped = verify.live_engines(progress=False)  # this box: no GPU
     names = {s.split(":")[0] for s in skipped}
     assert done == [] and names == {
-        "01-kimi-pcg", "01-llama-pcg", "01-llama-width", "01-kimi-full-serve", "03-bcg-requests",
-        "04-swa-kernels", "02-ar-fusion", "02-ar-fusion-tp4", "02-ar-fusion-tp8", "06-dense-tp1",
-        "06-dense-tp4", "06-dense-tp8", "05-grid-thw", "05-grid-thw-tp4", "05-grid-thw-tp8"
+        "01-kimi-pcg", "01-llama-pcg", "01-llama-width", "01-kimi-full-serve", "01-kimi-full-bench",
+        "01-kimi-rank-bench", "03-bcg-requests", "04-swa-kernels", "02-ar-fusion",
+        "02-ar-fusion-tp4", "02-ar-fusion-tp8", "06-dense-tp1", "06-dense-tp4", "06-dense-tp8",
+        "05-grid-thw", "05-grid-thw-tp4", "05-grid-thw-tp8"
     }
 
     monkeypatch.setattr(hardware, "meets", lambda n: (True, "stand-in"))

@@ -717,6 +717,7 @@ READS = {  # model folder -> (source under srt/models of 0.5.13, the part of the
     "kimi_k25_tiny": [("deepseek_v2.py", "text_config"), ("kimi_k25.py", "vision_config")],
     "kimi_k25_tiny_tp8": [("deepseek_v2.py", "text_config"), ("kimi_k25.py", "vision_config")],
     "kimi_k25_full": [("deepseek_v2.py", "text_config"), ("kimi_k25.py", "vision_config")],
+    "kimi_k25_tp4rank": [("deepseek_v2.py", "text_config"), ("kimi_k25.py", "vision_config")],
 }
 
 
@@ -759,6 +760,26 @@ def test_the_full_width_kimi_config_has_kimi_k25s_text_widths():
     assert 33 < moe_layer_gb < 34  # bf16: why only a few layers fit one GPU
 
 
+def test_the_tp4_rank_config_is_the_full_one_with_a_quarter_of_each_sharded_width():
+    """What one rank of TP 4 holds (SGLang shards attention by heads, the dense and each expert's
+    MLP by their intermediate width; the LoRA down-projections, the hidden size and the experts'
+    count stay): the full config with those four widths divided by 4, nothing else changed."""
+    full = json.loads((MODELS / "kimi_k25_full" / "config.json").read_text())
+    rank = json.loads((MODELS / "kimi_k25_tp4rank" / "config.json").read_text())
+    sharded = ("num_attention_heads", "num_key_value_heads", "intermediate_size",
+               "moe_intermediate_size")
+    t, r = full["text_config"], rank["text_config"]
+    assert {k: r[k] * 4 for k in sharded} == {k: t[k] for k in sharded}
+    assert {k: v
+            for k, v in r.items() if k not in sharded
+            } == {k: v
+                  for k, v in t.items() if k not in sharded}
+    assert {k: v
+            for k, v in rank.items() if k != "text_config"
+            } == {k: v
+                  for k, v in full.items() if k != "text_config"}
+
+
 KIMI_K25_WIDTHS = {
     "hidden_size": 7168, "num_attention_heads": 64, "q_lora_rank": 1536, "kv_lora_rank": 512,
     "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "intermediate_size": 18432,
@@ -793,6 +814,7 @@ CONFIGS = {
     "kimi_k25_tiny": (True, False),
     "kimi_k25_tiny_tp8": (True, False),
     "kimi_k25_full": (True, False),
+    "kimi_k25_tp4rank": (True, False),
     "deepseek_v3_tiny": (False, False),
 }
 CONFIG_RELEASES = ("0.5.12.post1", "0.5.13")

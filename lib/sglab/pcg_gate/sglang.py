@@ -340,7 +340,20 @@ SERVE = Scenario(
     output_len=64, requests=(1, 4), prompts=4, starts=3, control="pcg-off",
     expect="0.5.12.post1: the gate refuses (eager prefill); 0.5.13 enforce: "
     "piecewise prefill up to 2048 tokens; pcg-off: the eager baseline, started twice (A/A)")
-ENGINE = ENGINE + (SERVE,)
+# the same widths under bench_one_batch (prefill per token count, decode per step, and the launch
+# count pass), and one TP-4 rank's widths (heads, dense and expert MLPs a quarter) on one GPU
+BENCH = dict(releases=("0.5.13",), cases=SERVE.cases, input_lens=(128, 512, 1024, 2048, 4096),
+             repeats=3, starts=3, control="pcg-off", launch_pass=True, output_len=16)
+FULL_BENCH = Scenario(
+    fix="pcg_gate", name="01-kimi-full-bench", model="kimi_k25_full", tool="bench", **BENCH,
+    what="Kimi-K2.5 at full width, bench_one_batch: prefill and decode with piecewise graphs "
+    "enforced and off", expect="piecewise prefill up to 2048 tokens (MLA cap), eager at 4096")
+RANK_BENCH = Scenario(
+    fix="pcg_gate", name="01-kimi-rank-bench", model="kimi_k25_tp4rank", tool="bench", **BENCH,
+    what="one TP-4 rank of Kimi-K2.5 (16 heads, MLP 4608, experts 512 wide) on one GPU, "
+    "bench_one_batch: prefill and decode with piecewise graphs enforced and off",
+    expect="launch-bound: piecewise prefill pays up to 1024 tokens")
+ENGINE = ENGINE + (SERVE, FULL_BENCH, RANK_BENCH)
 
 # #26382's own benchmark, as its description gives it (the PR's figures, not measured here)
 PR_BENCHMARK = {
