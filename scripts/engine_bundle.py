@@ -55,12 +55,13 @@ LAYER_KINDS = ("sglang", "kernel", "flashinfer", "flashinfer-full", "plain")
 NEVER = re.compile(r"^(torch|triton|numpy|nvidia_.*|torchvision|torchaudio)(-[^/]*\.dist-info)?/")
 # The light dependencies a release needs at import beyond the image (the same set for 0.5.11 to
 # 0.5.13; measured on the GPU image, see the facts of real SGLang engines). fastapi < 0.142: later
-# ones import opentelemetry.
+# ones import opentelemetry. jsonschema and soundfile: the server's OpenAI entrypoints import them
+# at module level (serve tool); the offline engine and bench_one_batch never do.
 ENGINE_DEPS = ("pyzmq", "fastapi<0.142", "starlette", "uvicorn", "IPython", "traitlets",
                "pydantic==2.14.3", "pydantic-core==2.50.4", "annotated-types", "typing-inspection",
                "openai==2.6.1", "distro", "sniffio", "orjson", "pybase64", "msgspec",
                "setproctitle", "dill", "partial-json-parser", "loguru", "gguf",
-               "apache-tvm-ffi==0.1.9", "cuda-tile")
+               "apache-tvm-ffi==0.1.9", "cuda-tile", "jsonschema", "soundfile")
 ENGINE_DEPS_NO_DEPS = ("compressed-tensors==0.18.0",)
 PAIR_LIMIT_MIB = 56.0  # 64 MiB carry, less the checkout (~6 MiB) and a margin
 

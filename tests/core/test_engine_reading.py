@@ -565,3 +565,24 @@ def test_each_variants_timing_carries_the_cost_of_the_host_that_ran_it():
     assert R.host_us(engine, "0.5.13", "kimi_k25_tiny", "no-such-case") is None
     newest = max(engine.shown, key=lambda r: r.manifest.created_utc)
     assert R.host_us(engine) == pytest.approx(cost_of(newest))
+
+
+def test_a_frames_statistics_are_worked_out_once_and_each_caller_gets_its_own_copy(monkeypatch):
+    """The same frame object asked twice: one computation; a caller that changes its answer does
+    not change the next caller's; an equal frame that is another object is worked out again."""
+    from sglab.core import engine_stats
+
+    df = pd.DataFrame({
+        "model": ["m"] * 4, "release": ["1"] * 4, "case": ["a"] * 4, "start": [0, 1, 0, 1],
+        "input_len": [8, 8, 8, 8], "metric": ["prefill", "prefill", "status", "status"],
+        "value": ["2", "4", "ok", "ok"]
+    })
+    calls = []
+    real = engine_stats._numbers
+    monkeypatch.setattr(engine_stats, "_numbers", lambda *a: calls.append(a) or real(*a))
+    first = engine_stats.numbers(df, "prefill")
+    first["value"] = -1.0
+    again = engine_stats.numbers(df, "prefill")
+    assert len(calls) == 1 and list(again["value"]) == [3.0] and list(again["lo"]) == [2.0]
+    engine_stats.numbers(df.copy(), "prefill")
+    assert len(calls) == 2

@@ -33,10 +33,20 @@ def _tp_of(run) -> dict:
 def frame(runs_: list) -> pd.DataFrame:
     """All rows of the newest answer per (model, TP size, variant), oldest run first: the run CSVs'
     columns plus ``model``, ``tp`` and ``run`` (GPU and date): a variant started at TP 2 and again
-    at TP 4 keeps both. Worked out once per run (:meth:`Run.memo`)."""
+    at TP 4 keeps both. Worked out once per run or set of runs, and shared: read it, never change
+    it in place."""
     if len(runs_) == 1 and hasattr(runs_[0], "memo"):
-        return runs_[0].memo("engine frame", lambda: _frame(runs_))
-    return _frame(runs_)
+        return runs_[0].memo("engine frame", lambda: _frame(runs_), shared=True)
+    key = tuple(map(id, runs_))
+    hit = _FRAMES.get(key)
+    if hit is None or any(a is not b for a, b in zip(hit[0], runs_)):
+        hit = _FRAMES[key] = (list(runs_), _frame(runs_))
+        if len(_FRAMES) > 64:
+            _FRAMES.pop(next(iter(_FRAMES)))
+    return hit[1]
+
+
+_FRAMES: dict = {}  # frames of several runs: {ids: (the runs, the frame)}, the newest 64
 
 
 def _frame(runs_: list) -> pd.DataFrame:

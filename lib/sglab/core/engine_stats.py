@@ -8,6 +8,8 @@ the methods notebook's (07); the fix notebooks read one verdict line per GPU mod
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import pandas as pd
 
 from sglab.core import text
@@ -29,10 +31,30 @@ STAT_NAMES = {
 # and it only ever adds time: the fastest repeat over all starts is this host's own cost.
 STAT = "floor"
 
+_MEMO: OrderedDict = OrderedDict()
+
+
+def _memo(df: pd.DataFrame, key: tuple, work):
+    """``work()`` once per frame object and ``key``, a copy each call: an engine frame is built
+    once per run and never changed in place (:func:`~sglab.core.engine_records.frame`), and a
+    notebook reads the same one through many sections. The newest 512 answers are kept."""
+    k = (id(df), *key)
+    hit = _MEMO.get(k)
+    if hit is None or hit[0] is not df:
+        hit = _MEMO[k] = (df, work())
+        if len(_MEMO) > 512:
+            _MEMO.popitem(last=False)
+    _MEMO.move_to_end(k)
+    return hit[1].copy()
+
 
 def texts(df: pd.DataFrame, metric: str) -> dict:
     """``{(model, release, case): value}`` of a text metric (``status``, ``pcg``); of several
     starts, a status other than ``ok`` wins (a variant answered only where every start did)."""
+    return _memo(df, ("texts", metric), lambda: _texts(df, metric))
+
+
+def _texts(df: pd.DataFrame, metric: str) -> dict:
     d = df[df.metric == metric]
     if metric == "status":
         d = d.assign(_ok=d["value"] == "ok").sort_values("_ok", ascending=False, kind="stable")
@@ -48,6 +70,10 @@ def numbers(df: pd.DataFrame, metric: str, *, only_started: bool = False) -> pd.
     """The rows of ``metric`` with a float ``value``, the engine starts of each variant and shape
     folded into one row: the median, the lowest and highest start (``lo``, ``hi``) and their
     number (``starts``). Rows of runs recorded before starts were count as one start."""
+    return _memo(df, ("numbers", metric, only_started), lambda: _numbers(df, metric, only_started))
+
+
+def _numbers(df: pd.DataFrame, metric: str, only_started: bool) -> pd.DataFrame:
     d = df[df.metric == metric].copy()
     d["value"] = pd.to_numeric(d["value"], errors="coerce")
     if only_started and not d.empty:

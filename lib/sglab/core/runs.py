@@ -329,13 +329,14 @@ class Run:
         if isinstance(self.manifest, dict):
             self.manifest = Manifest.of(self.manifest)
 
-    def memo(self, key: str, make: Callable[[], Any]):
+    def memo(self, key: str, make: Callable[[], Any], *, shared: bool = False):
         """``make()``, computed once per run and key: a notebook's claims, tables and figures derive
         the same table from one run many times. Each caller gets a deep copy, so that what one
-        changes stays its own."""
+        changes stays its own; ``shared``: the one object, for a frame no caller changes in place
+        (whose statistics are then kept per object: :mod:`sglab.core.engine_stats`)."""
         if key not in self._memo:
             self._memo[key] = make()
-        return copy.deepcopy(self._memo[key])
+        return self._memo[key] if shared else copy.deepcopy(self._memo[key])
 
     @property
     def label(self) -> str:
