@@ -574,8 +574,8 @@ def test_a_frames_statistics_are_worked_out_once_and_each_caller_gets_its_own_co
 
     df = pd.DataFrame({
         "model": ["m"] * 4, "release": ["1"] * 4, "case": ["a"] * 4, "start": [0, 1, 0, 1],
-        "input_len": [8, 8, 8, 8], "metric": ["prefill", "prefill", "status", "status"],
-        "value": ["2", "4", "ok", "ok"]
+        "input_len": [8, 8, 8, 8], "metric": ["prefill", "prefill", "status",
+                                              "status"], "value": ["2", "4", "ok", "ok"]
     })
     calls = []
     real = engine_stats._numbers
