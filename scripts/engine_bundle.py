@@ -5,7 +5,7 @@ that are unpacked side by side into one folder (no pip on the GPU box):
     python scripts/engine_bundle.py engine-pins WHEEL                      the release's ``==`` pins
     python scripts/engine_bundle.py engine-deps [--no-deps]                the light dependencies
     python scripts/engine_bundle.py engine-layer OUT.tar.xz KIND:WHEEL ... one layer
-    python scripts/engine_bundle.py engine-check DIR [--pair-limit MIB]    sizes; do two fit?
+    python scripts/engine_bundle.py engine-check DIR [--limit MIB]    sizes; does each fit?
     python scripts/engine_bundle.py skip                                   left out of the carry
 
 Layers: ``release-<V>`` (the sglang wheel without its ``.so`` files, the slim sglang-kernel,
@@ -63,7 +63,7 @@ ENGINE_DEPS = ("pyzmq", "fastapi<0.142", "starlette", "uvicorn", "IPython", "tra
                "setproctitle", "dill", "partial-json-parser", "loguru", "gguf",
                "apache-tvm-ffi==0.1.9", "cuda-tile", "jsonschema", "soundfile")
 ENGINE_DEPS_NO_DEPS = ("compressed-tensors==0.18.0",)
-PAIR_LIMIT_MIB = 56.0  # 64 MiB carry, less the checkout (~6 MiB) and a margin
+LIMIT_MIB = 40.0  # one release's layers in one call: the 64 MiB carry, less the checkout (~21 MiB)
 
 
 def dropped(name: str, kind: str) -> bool:
@@ -125,29 +125,23 @@ def layer(out: Path, parts: list[tuple[str, Path]]) -> tuple[int, int]:
     return len(members), sum(len(v) for v in members.values())
 
 
-def check_bundles(folder: Path, pair_limit_mib: float = PAIR_LIMIT_MIB) -> tuple[list[str], bool]:
-    """Lines of sizes from ``folder/bundles.json`` (each release's layers, each pair of releases
-    together) and whether every pair fits ``pair_limit_mib``."""
+def check_bundles(folder: Path, limit_mib: float = LIMIT_MIB) -> tuple[list[str], bool]:
+    """Lines of sizes from ``folder/bundles.json`` (each release's layers; each pair of releases
+    together, which fits a call only where the checkout leaves room) and whether every release
+    fits ``limit_mib``."""
     plan = json.loads((folder / "bundles.json").read_text())
     size = {p.name: p.stat().st_size / 2**20 for p in folder.glob("*.tar.xz")}
-    lines, ok = [], True
-    for name in sorted(size):
-        lines.append(f"  {size[name]:6.1f} MiB  {name}")
+    lines, ok = [f"  {size[name]:6.1f} MiB  {name}" for name in sorted(size)], True
     releases = sorted(plan)
     for v in releases:
         total = sum(size[f] for f in plan[v])
-        lines.append(f"sglang {v}: {total:.1f} MiB ({' + '.join(plan[v])})")
+        ok &= total <= limit_mib
+        lines.append(f"sglang {v}: {total:.1f} MiB ({' + '.join(plan[v])})"
+                     f"{'' if total <= limit_mib else f' DOES NOT FIT ({limit_mib:g} MiB)'}")
     for i, a in enumerate(releases):
         for b in releases[i + 1:]:
-            files = set(plan[a]) | set(plan[b])
-            total = sum(size[f] for f in files)
-            fits = total <= pair_limit_mib
-            ok &= fits
-            lines.append(f"sglang {a} + {b}: {total:.1f} MiB {'fits' if fits else 'DOES NOT FIT'} "
-                         f"({pair_limit_mib:.0f} MiB for two)")
-    if len(releases) == 1:
-        total = sum(size[f] for f in plan[releases[0]])
-        ok = total <= pair_limit_mib
+            total = sum(size[f] for f in set(plan[a]) | set(plan[b]))
+            lines.append(f"sglang {a} + {b}: {total:.1f} MiB together")
     return lines, ok
 
 
@@ -165,7 +159,7 @@ def main(argv=None) -> int:
                    help=f"KIND one of {', '.join(LAYER_KINDS)}")
     p = sub.add_parser("engine-check")
     p.add_argument("folder", type=Path)
-    p.add_argument("--pair-limit", type=float, default=PAIR_LIMIT_MIB)
+    p.add_argument("--limit", type=float, default=LIMIT_MIB)
     args = ap.parse_args(argv)
     if args.cmd == "skip":
         print("\n".join(WHEEL_SKIP))
@@ -179,7 +173,7 @@ def main(argv=None) -> int:
         print(f"{args.out.name}: {n} files, {unpacked / 2**20:.1f} MiB unpacked, "
               f"{args.out.stat().st_size / 2**20:.1f} MiB packed")
     else:
-        lines, ok = check_bundles(args.folder, args.pair_limit)
+        lines, ok = check_bundles(args.folder, args.limit)
         print("\n".join(lines))
         return 0 if ok else 1
     return 0

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build .whl-engine/ (git-ignored): per-release bundles that start a real SGLang engine on the GPU
 # image (Python 3.12, torch 2.11.0+cu130, triton 3.6, transformers 5.17) offline, small enough that
-# two releases travel together in one 64 MiB carry. Layers are tar.xz of installed files, unpacked
-# side by side on the GPU box by scripts/engine_gpu.sh (file selection: scripts/engine_bundle.py):
+# one release travels with the checkout in one 64 MiB carry. Layers are tar.xz of installed files,
+# unpacked side by side on the GPU box by scripts/engine_gpu.sh (file selection:
+# scripts/engine_bundle.py):
 #   release-<V>.tar.xz       sglang <V> without its .so files, the slim sglang-kernel it pins
 #                            (Python files, the sm90 build, the small op libraries), FlashInfer's
 #                            Python files and its norm kernel's JIT sources (FLASHINFER_FULL=1:
@@ -11,8 +12,8 @@
 #                            AutoConfig registrations of 0.5.1x)
 #   common.tar.xz            the light dependencies every release needs and the image lacks
 #   bundles.json             {release: [layers]}
-# Prints each layer's size and each pair of releases' total; exits 1 when a pair does not fit
-# PAIR_LIMIT_MIB (default 56: the 64 MiB carry less the checkout). Downloads stay in DEST/downloads.
+# Prints each layer's size, each release's and each pair's total; exits 1 when a release does not
+# fit LIMIT_MIB (default 40: the 64 MiB carry less the checkout). Downloads stay in DEST/downloads.
 # Usage: scripts/wheelhouse-engine.sh [DEST=.whl-engine]
 #        (RELEASES="0.5.11 0.5.12.post1 0.5.13" by default)
 set -euo pipefail
@@ -106,4 +107,4 @@ done
 echo "common: ${#parts[@]} wheels: ${names[*]}"
 wh engine-layer "$dest/common.tar.xz" "${parts[@]}"
 echo "$plan" > "$dest/bundles.json"
-wh engine-check "$dest" --pair-limit "${PAIR_LIMIT_MIB:-56}"
+wh engine-check "$dest" --limit "${LIMIT_MIB:-40}"
