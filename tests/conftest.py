@@ -10,7 +10,7 @@ import pytest
 from sglab.core import bytecode
 
 
-pytest_plugins = ["tests.sglang_answers"]
+pytest_plugins = ["tests.sglang_answers", "tests.recorded_report"]
 
 bytecode.enable()  # every worker and subprocess below keeps its bytecode (see sglab.core.bytecode)
 os.environ.setdefault("MPLBACKEND", "Agg")

@@ -33,24 +33,15 @@ def _missing() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    """One `sglab run` of every notebook, recorded mode, into a folder of its own; yields (folder,
-    the run's output)."""
+def report(recorded_report):
+    """The session's one `sglab run` of every notebook, recorded mode (:mod:`tests.recorded_report`);
+    (folder, the run's output)."""
     why = _missing()
     if why:
         if IN_CI:
             pytest.fail(f"browser test cannot run in CI: {why}")
         pytest.skip(why)
-    out = tmp_path_factory.mktemp("report")
-    # as a reader runs it: the real sections from the recording, figures through the kernel's own
-    # inline backend (the tests' Agg would leave each figure a line of text)
-    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
-    env["SGLAB_REAL"] = "auto"
-    p = subprocess.run([
-        sys.executable, "-m", "sglab.tools.cli", "run", "--out",
-        str(out), "--param", "MODE='recorded'"
-    ], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    yield out, p.stdout[-4000:] + p.stderr[-2000:]
+    return recorded_report
 
 
 @pytest.fixture(scope="module")
