@@ -56,12 +56,13 @@ NEVER = re.compile(r"^(torch|triton|numpy|nvidia_.*|torchvision|torchaudio)(-[^/
 # The light dependencies a release needs at import beyond the image (the same set for 0.5.11 to
 # 0.5.13; measured on the GPU image, see the facts of real SGLang engines). fastapi < 0.142: later
 # ones import opentelemetry. jsonschema and soundfile: the server's OpenAI entrypoints import them
-# at module level (serve tool); the offline engine and bench_one_batch never do.
+# at module level, and python-multipart is what FastAPI asks for when the server declares its
+# upload routes (serve tool); the offline engine and bench_one_batch never need them.
 ENGINE_DEPS = ("pyzmq", "fastapi<0.142", "starlette", "uvicorn", "IPython", "traitlets",
                "pydantic==2.14.3", "pydantic-core==2.50.4", "annotated-types", "typing-inspection",
                "openai==2.6.1", "distro", "sniffio", "orjson", "pybase64", "msgspec",
                "setproctitle", "dill", "partial-json-parser", "loguru", "gguf",
-               "apache-tvm-ffi==0.1.9", "cuda-tile", "jsonschema", "soundfile")
+               "apache-tvm-ffi==0.1.9", "cuda-tile", "jsonschema", "soundfile", "python-multipart")
 ENGINE_DEPS_NO_DEPS = ("compressed-tensors==0.18.0",)
 LIMIT_MIB = 40.0  # one release's layers in one call: the 64 MiB carry, less the checkout (~21 MiB)
 

@@ -214,6 +214,41 @@ def test_a_release_that_cannot_start_here_is_said_once_per_scenario(monkeypatch,
     assert len(others) > 1 and sum("does not accept" in line for line in err) == len(others)
 
 
+def test_a_failure_every_variant_shares_on_its_first_start_starts_no_more(monkeypatch, capsys):
+    """Every variant of the release failed its first start with the same error (a module the
+    server imports is missing): the later starts are not tried; a failure of one variant alone
+    does not stop the others."""
+    from sglab.core import hardware
+    from sglab.sglang import engine as engine_pkg
+    from sglab.tools import engine_cmd
+    from sglab.tools.cli import main
+
+    tried = []
+
+    def run(spec, work=None, said=None):
+        tried.append(spec)
+        return engine_pkg.EngineResult(
+            spec, "error", error="ModuleNotFoundError: No module named "
+            f"'x'\n  (log: {spec.variant})")
+
+    monkeypatch.setattr(engine_pkg, "run", run)
+    monkeypatch.setattr(hardware, "has_cuda", lambda: False)
+    monkeypatch.setattr(hardware, "gpu_count", lambda: 1)
+    monkeypatch.setattr(engine_cmd, "host_launch_cost", lambda **k: {})
+    assert main(["engine", "--scenario", "01-kimi-full-serve", "--release", "0.5.13"]) == 1
+    err = capsys.readouterr().err
+    assert len(tried) == 3 and {s.case for s in tried} == {"enforce", "pcg-off", "pcg-off-again"}
+    assert "6 more engine(s) of sglang 0.5.13 not started" in err
+
+    tried.clear()
+    monkeypatch.setattr(
+        engine_pkg, "run",
+        lambda spec, work=None, said=None: tried.append(spec) or engine_pkg.EngineResult(
+            spec, "error" if spec.case == "enforce" else "ok", error="boom"))
+    main(["engine", "--scenario", "01-kimi-full-serve", "--release", "0.5.13"])
+    assert len(tried) == 9
+
+
 def test_cli_errors_are_one_line_with_status_2(tmp_path, capsys):
     from sglab.tools.cli import main
 

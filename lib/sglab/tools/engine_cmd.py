@@ -230,10 +230,26 @@ def _run_specs(args, name: str, specs: list, alone: bool, results: list) -> int:
         print("\n".join(eng.summary(res)))
         if not res.ok:
             status = max(status, 1)
+            why = _same_failure(specs, results, spec.release)
+            if why:
+                refused[spec.release] = why
     for release, n in skipped.items():
         print(f"sglab engine: {n} more engine(s) of sglang {release} not started (the same reason)",
               file=sys.stderr)
     return status
+
+
+def _same_failure(specs: list, results: list, release: str) -> str:
+    """Where every variant of ``release`` has started once and each failed with the same error, that
+    error (the later starts would end the same way: they are not started); else ``""``."""
+    variants = {sp.variant for sp in specs if sp.release == release}
+    mine = [r for r in results if r.spec.release == release]
+    errors = {(r.error or "").splitlines()[0] if r.error else "" for r in mine}
+    seen = {r.spec.variant for r in mine}
+    if len(variants) < 2 or seen != variants or any(r.ok for r in mine) or errors == {""}:
+        return ""
+    return (f"every variant of sglang {release} failed its first start with {errors.pop()}"
+            if len(errors) == 1 else "")
 
 
 def _record_partial(args, fix: str, results: list, specs: list, host: dict, stop) -> None:

@@ -23,9 +23,9 @@ from sglab.sglang.engine.hooks import SITECUSTOMIZE, patch_params
 from sglab.sglang.engine.model import prepare_model
 from sglab.sglang.engine.release import (ReleaseEnv, check_flags, check_pins, found_versions,
                                          locate, release_flags, release_pins)
-from sglab.sglang.engine.spec import (DEFAULT_ARGS, ENGINE_ONLY_ARGS, MODEL_NEEDS, Adjustment,
-                                      EngineError, EngineSpec, adjustment, flag_names, lib_dir,
-                                      read_config)
+from sglab.sglang.engine.spec import (DEFAULT_ARGS, ENGINE_ONLY_ARGS, SERVE_ONLY_ARGS, MODEL_NEEDS,
+                                      Adjustment, EngineError, EngineSpec, adjustment, flag_names,
+                                      lib_dir, read_config)
 
 
 KILL_GRACE_S = 10.0  # between SIGTERM and SIGKILL when an engine is stopped
@@ -58,7 +58,8 @@ def server_argv(spec: EngineSpec, model_dir: Path, flags: Optional[set[str]] = N
     # an image goes through the model's processor: the Engine then needs its tokenizer (and the
     # server its tokenizer always)
     engine_only = spec.tool == "engine" and not spec.image_size
-    defaults = DEFAULT_ARGS + (ENGINE_ONLY_ARGS if engine_only else ())
+    defaults = (DEFAULT_ARGS + (ENGINE_ONLY_ARGS if engine_only else
+                                ()) + (SERVE_ONLY_ARGS if spec.tool == "serve" else ()))
     for flag, value in defaults:
         if flag in given or (flags is not None and flag not in flags):
             continue

@@ -33,6 +33,10 @@ DEFAULT_ARGS = (("--load-format", "dummy"), ("--attention-backend", "triton"),
 # get_tokenizer); the Engine does not with it, and takes token ids.
 ENGINE_ONLY_ARGS = (("--skip-tokenizer-init", None),)
 
+# The server (serve tool) builds its grammar backend at start-up, xgrammar by default, which the
+# engine bundle does not carry; bench_serving's random-ids requests ask for no structured output.
+SERVE_ONLY_ARGS = (("--grammar-backend", "none"),)
+
 DEFAULT_TIMEOUT_S = 900.0
 
 # the label suffix of a scenario's A/A control (Scenario.control)
