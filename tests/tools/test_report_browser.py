@@ -34,8 +34,8 @@ def _missing() -> str | None:
 
 @pytest.fixture(scope="module")
 def report(recorded_report):
-    """The session's one `sglab run` of every notebook, recorded mode (:mod:`tests.recorded_report`);
-    (folder, the run's output)."""
+    """The session's one `sglab run` of every notebook, recorded mode
+    (:mod:`tests.recorded_report`): (folder, the run's output)."""
     why = _missing()
     if why:
         if IN_CI:
