@@ -478,3 +478,24 @@ def test_the_card_gives_the_engines_answer_default_flags_first():
         "Kimi-K2.5 gets piecewise CUDA graphs: the wrapper now passes the gate"]
     none = K.parts(pg.CARD, pg_sglang.FIX, pg, run, runs.NoRun("engine_pcg_gate", "none"))
     assert len(none["found"]) == 2  # the pairs that need the engine's values are left out
+
+
+def test_the_full_width_models_stay_out_of_the_small_prefill_pairs():
+    """01-kimi-full-bench and 01-kimi-rank-bench are read by their own section: a captured +
+    pcg-off pair of those models is not one of the pairs the 128-1024-token claim reads."""
+    import pandas as pd
+
+    from sglab.pcg_gate import tables
+
+    rows = []
+    for model in ("kimi_k25_tiny", "kimi_k25_full", "kimi_k25_tp4rank"):
+        for case, ms in (("enforce", 2.0), ("pcg-off", 4.0)):
+            base = {"model": model, "release": "0.5.13", "case": case, "start": 0}
+            rows += [
+                {**base, "metric": "status", "value": "ok"},
+                {**base, "metric": "pcg", "value": "captured" if case == "enforce" else "disabled"
+                 }, {**base, "metric": "prefill_min", "value": str(ms), "input_len": 128}
+            ]
+    got = tables.captured_over_off(pd.DataFrame(rows))
+    assert list(got) == [("kimi_k25_tiny", "0.5.13", "enforce")]
+    assert got[("kimi_k25_tiny", "0.5.13", "enforce")][128][0] == 2.0

@@ -247,13 +247,14 @@ def _swept(case) -> bool:
 
 def captured_over_off(df: pd.DataFrame, stat: str = STAT) -> dict:
     """``{(model, release, on-case): {input_len: (off / on, lo, hi)}}`` where a captured case and
-    'pcg-off' both ran (the width sweep pairs its own cases: :func:`width_gains`), each side
-    ``stat`` of its starts, ``lo``–``hi`` the widest the starts allow."""
-    pcg = engine_stats.texts(df, "pcg")
+    'pcg-off' both ran (the width sweep and the full-width models are read on their own:
+    :func:`width_gains`), each side ``stat`` of its starts, ``lo``–``hi`` the widest the starts
+    allow."""
+    pcg, wide = engine_stats.texts(df, "pcg"), {sglang.FULL_BENCH.model, sglang.RANK_BENCH.model}
     return {
         k: r
         for k, r in engine_stats.ratios(df, "prefill", "input_len", "pcg-off", stat).items()
-        if not _swept(k[2]) and pcg.get(k) == "captured"
+        if not _swept(k[2]) and k[0] not in wide and pcg.get(k) == "captured"
     }
 
 
