@@ -229,7 +229,7 @@ def test_a_failure_every_variant_shares_on_its_first_start_starts_no_more(monkey
         tried.append(spec)
         return engine_pkg.EngineResult(
             spec, "error", error="ModuleNotFoundError: No module named "
-            f"'x'\n  (log: {spec.variant})")
+            f"'x' (log: /tmp/{spec.variant}/engine.log)")
 
     monkeypatch.setattr(engine_pkg, "run", run)
     monkeypatch.setattr(hardware, "has_cuda", lambda: False)

@@ -15,6 +15,7 @@ import re
 import types
 
 from sglab.core import lazy
+from sglab.grid_thw.stand_in import PROCESSOR  # the server builds Kimi-K2.5's processor
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
 from sglab.sglang.codepath import Node
@@ -328,22 +329,27 @@ ENGINE = (
 # cache), served by the release's own server and measured with its own bench_serving, as the PR
 # measured: TTFT, TPOT and E2E. Piecewise tokens at the release's default (MLA: up to 2048); the
 # decode graphs stop at 8 requests (4 are ever in flight), which keeps each start short.
+# The server's tokenizer manager builds the model's multimodal processor at start-up, which needs
+# Kimi-K2.5's processor files (Hub remote code, no network on the GPU box): 05's stand-in
+# processor (grid_thw.stand_in.PROCESSOR) is what both fixes' servers get.
 SERVE_FLAGS = ("--cuda-graph-max-bs", "8")
 SERVE = Scenario(
     fix="pcg_gate", name="01-kimi-full-serve", model="kimi_k25_full", tool="serve",
     what="Kimi-K2.5 at full width (hidden 7168, MLA, 384 experts; 1 dense + 2 MoE layers), the "
     "release's server and bench_serving: TTFT, TPOT and E2E with piecewise graphs enforced and off",
     releases=("0.5.12.post1",
-              "0.5.13"), cases=(Case("enforce", ("--enforce-piecewise-cuda-graph", *SERVE_FLAGS)),
+              "0.5.13"), cases=(Case("enforce", ("--enforce-piecewise-cuda-graph", *SERVE_FLAGS),
+                                     (PROCESSOR,)),
                                 Case("pcg-off", ("--disable-piecewise-cuda-graph", *SERVE_FLAGS),
-                                     releases=("0.5.13",))), input_lens=(128, 1024, 2048, 4096),
-    output_len=64, requests=(1, 4), prompts=4, starts=3, control="pcg-off",
-    expect="0.5.12.post1: the gate refuses (eager prefill); 0.5.13 enforce: "
+                                     (PROCESSOR,), releases=("0.5.13",))),
+    input_lens=(128, 1024, 2048, 4096), output_len=64, requests=(1, 4), prompts=4, starts=3,
+    control="pcg-off", expect="0.5.12.post1: the gate refuses (eager prefill); 0.5.13 enforce: "
     "piecewise prefill up to 2048 tokens; pcg-off: the eager baseline, started twice (A/A)")
 # the same widths under bench_one_batch (prefill per token count, decode per step, and the launch
 # count pass), and one TP-4 rank's widths (heads, dense and expert MLPs a quarter) on one GPU
-BENCH = dict(releases=("0.5.13",), cases=SERVE.cases, input_lens=(128, 512, 1024, 2048, 4096),
-             repeats=3, starts=3, control="pcg-off", launch_pass=True, output_len=16)
+BENCH = dict(releases=("0.5.13",), cases=tuple(Case(c.label, c.args) for c in SERVE.cases),
+             input_lens=(128, 512, 1024, 2048, 4096), repeats=3, starts=3, control="pcg-off",
+             launch_pass=True, output_len=16)
 FULL_BENCH = Scenario(
     fix="pcg_gate", name="01-kimi-full-bench", model="kimi_k25_full", tool="bench", **BENCH,
     what="Kimi-K2.5 at full width, bench_one_batch: prefill and decode with piecewise graphs "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import signal
 import sys
@@ -244,7 +245,7 @@ def _same_failure(specs: list, results: list, release: str) -> str:
     error (the later starts would end the same way: they are not started); else ``""``."""
     variants = {sp.variant for sp in specs if sp.release == release}
     mine = [r for r in results if r.spec.release == release]
-    errors = {(r.error or "").splitlines()[0] if r.error else "" for r in mine}
+    errors = {re.sub(r" \(log: [^)]*\)$", "", (r.error or "\n").splitlines()[0]) for r in mine}
     seen = {r.spec.variant for r in mine}
     if len(variants) < 2 or seen != variants or any(r.ok for r in mine) or errors == {""}:
         return ""
