@@ -108,6 +108,19 @@ def test_engine_tool_runs_the_driver_with_server_args(tmp_path, v):
     assert env["SGLAB_ENGINE_RUN"] and env["SGLANG_TORCH_PROFILER_DIR"] == str(tmp_path / "profile")
 
 
+def test_the_server_skips_its_own_warm_up_and_grammar_backend(tmp_path):
+    from sglab.sglang.engine.launching import server_argv
+
+    serve = eng.EngineSpec("0.5.13", LLAMA, "serve", ("--cuda-graph-max-bs", "8"))
+    argv = server_argv(serve, tmp_path)
+    assert "--skip-server-warmup" in argv and argv[argv.index("--grammar-backend") + 1] == "none"
+    # a reader's own flag wins, and the bench tool gets neither
+    assert server_argv(eng.EngineSpec("0.5.13", LLAMA, "serve", ("--grammar-backend", "xgrammar")),
+                       tmp_path).count("--grammar-backend") == 1
+    bench = server_argv(eng.EngineSpec("0.5.13", LLAMA, "bench"), tmp_path)
+    assert "--skip-server-warmup" not in bench and "--grammar-backend" not in bench
+
+
 def test_profile_arguments(tmp_path):
     spec = eng.EngineSpec("0.5.11", LLAMA, profile=True, profile_steps=3)
     argv = eng.bench_argv(spec, tmp_path)

@@ -35,7 +35,10 @@ ENGINE_ONLY_ARGS = (("--skip-tokenizer-init", None),)
 
 # The server (serve tool) builds its grammar backend at start-up, xgrammar by default, which the
 # engine bundle does not carry; bench_serving's random-ids requests ask for no structured output.
-SERVE_ONLY_ARGS = (("--grammar-backend", "none"),)
+# Its own warm-up request is skipped: the driver's untimed bench_serving passes warm it instead,
+# and a VLM's warm-up is a chat completion with an image, which needs a chat template that the
+# harness tokenizer does not have.
+SERVE_ONLY_ARGS = (("--grammar-backend", "none"), ("--skip-server-warmup", None))
 
 DEFAULT_TIMEOUT_S = 900.0
 
