@@ -258,9 +258,11 @@ def test_the_gpu_script_stopped_by_a_signal_stops_its_sglab_and_packs_what_ran(t
 
 
 # `sglab engine` with a stand-in for each engine: the third one, or the pause after the second,
-# is ended by a SIGTERM sent to this process alone (as `timeout` or engine_gpu.sh would send it)
+# is ended by a SIGTERM sent to this process alone (as `timeout` or engine_gpu.sh would send it),
+# or by both at once (twice)
 STOPPED_SCENARIO = textwrap.dedent("""
     import os, signal, sys, time
+    from sglab.core import procs
     from sglab.sglang import engine as eng
     from sglab.tools import cli, engine_cmd
 
@@ -270,6 +272,16 @@ STOPPED_SCENARIO = textwrap.dedent("""
         if where == "during" and len(ran) == 2:
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(30)
+        if where == "twice" and len(ran) == 2:
+            # as a real engine's launch: a watchdog held; the outer timeout's group signal, then
+            # engine_gpu.sh's forwarded copy while the engine is being stopped
+            with procs.Guard():
+                try:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(30)
+                finally:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(0.2)
         work.mkdir(parents=True, exist_ok=True)
         log = work / "engine.log"
         log.write_text("Prefill. latency: 0.01320 s, throughput:   9696.97 token/s\\n")
@@ -290,7 +302,7 @@ STOPPED_SCENARIO = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("where", ["during", "between"])
+@pytest.mark.parametrize("where", ["during", "between", "twice"])
 def test_a_scenario_stopped_by_a_signal_records_the_engines_that_finished_as_partial(
         tmp_path, capsys, where):
     """An outer timeout that ends the third of 15 engines (or the pause after the second) keeps

@@ -25,6 +25,9 @@ import psutil
 MARKER_VAR = "SGLAB_ENGINE_RUN"
 GRACE_S = 10.0
 KILL_WAIT_S = 5.0
+# the same signal again this soon is the same stop, not a second one: an outer `timeout` signals
+# the whole group and engine_gpu.sh forwards it to its `sglab` as well
+DUPLICATE_S = 0.5
 
 # run a command on a fixed set of CPUs: the affinity is set, then the command replaces this
 # process (same pid, same group), and every process it starts inherits the set
@@ -216,15 +219,19 @@ _DOGS: list = []  # the watchdogs of the guards held now
 
 def _raise_terminated(signum, _frame):
     # once: a second signal does not cut the clean-up short where nothing else would finish it
+    at = time.monotonic()
     for s in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, lambda again, _f: _signalled_again(signum, again))
+        signal.signal(s, lambda again, _f: _signalled_again(signum, again, at))
     raise Terminated(signum)
 
 
-def _signalled_again(first: int, again: int) -> None:
+def _signalled_again(first: int, again: int, first_at: float = 0.0) -> None:
     """A second SIGTERM or SIGHUP while the clean-up runs: where a watchdog holds the groups, this
     process exits at once (128 + the first signal) and the watchdog stops them; else the clean-up,
-    bounded by :data:`GRACE_S` and :data:`KILL_WAIT_S`, goes on."""
+    bounded by :data:`GRACE_S` and :data:`KILL_WAIT_S`, goes on. A copy of the first signal within
+    :data:`DUPLICATE_S` is ignored: the clean-up (and a scenario's partial record) goes on."""
+    if again == first and time.monotonic() - first_at < DUPLICATE_S:
+        return
     if any(dog.poll() is None for dog in _DOGS):
         print(f"[sglab] signal {again} again: exiting now; the watchdog stops what is left",
               file=sys.stderr, flush=True)
