@@ -67,6 +67,14 @@ def test_bench_command_per_release(tmp_path, v):
     assert len(json.loads((model / "tokenizer.json").read_text())["model"]["vocab"]) == eng.VOCAB
 
 
+def test_the_tokenizer_has_a_word_for_every_id_the_model_can_generate(tmp_path):
+    """Kimi-K2.5's 163,840 ids: an id beyond the tokenizer decodes to no text, and bench_serving's
+    TTFT (the first streamed chunk with text) is then never set."""
+    full = MODELS / "kimi_k25_full" / "config.json"
+    vocab = json.loads((eng.prepare_model(full, tmp_path / "m") / "tokenizer.json").read_text())
+    assert len(vocab["model"]["vocab"]) == 163840 and vocab["model"]["vocab"]["t163839"] == 163839
+
+
 def test_the_driver_module_runs_as_a_program():
     """The engine tool starts ``python -m sglab.sglang.engine.driver drive PARAMS.json``: the module
     must act when run (here: its usage, exit 2, without arguments)."""
@@ -566,6 +574,10 @@ def test_the_serve_tool_starts_the_releases_server_and_its_bench_serving(tmp_pat
     assert opts["--dataset-name"] == "random-ids" and opts["--random-range-ratio"] == "1.0"
     assert opts["--max-concurrency"] == "4" and opts["--num-prompts"] == "12"
     assert opts["--warmup-requests"] == "0" and opts["--seed"] == "7" and opts["--port"] == "31000"
+    # per-request TTFTs, read to refuse a pass where one was never set (no text streamed)
+    assert argv[-1] == "--output-details"
+    assert driver.untimed({"ttfts": [0.02, 0.03]}) == ""
+    assert driver.untimed({"ttfts": [0.02, 0.0, 0.0]}).startswith("2 of 3 requests have no TTFT")
     with pytest.raises(eng.EngineError, match="--prompts must be at least 1"):
         eng.EngineSpec("0.5.13", LLAMA, "serve", prompts=0)
 
@@ -885,7 +897,8 @@ def test_configs_parse_with_the_releases_own_model_config(v):
         assert r.ok, (name, r.reason, r.traceback[-800:])
         got = dict(zip(r.rows.metric, r.rows.value))
         assert (got["is_multimodal"], got["is_hybrid_swa"]) == (mm, swa), name
-        assert got["tokenizer"].endswith(" 32000")
+        # the tokenizer has the model's vocabulary (Kimi-K2.5 at full width: 163,840 ids)
+        assert got["tokenizer"].endswith(f" {max(eng.VOCAB, got['vocab_size'])}"), name
         if swa:
             assert got["swa_attention_layer_ids"] == [0, 2, 4, 6]
 

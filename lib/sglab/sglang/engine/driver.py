@@ -93,6 +93,8 @@ def drive(params_path: str) -> int:
     return 0
 
 
+# bench_serving's per-request lists (--output-details): read for the TTFT check, not kept
+DETAILS = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors")
 SERVING_KEYS = ("completed", "duration", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms",
                 "median_tpot_ms", "mean_e2e_latency_ms", "median_e2e_latency_ms", "mean_itl_ms",
                 "median_itl_ms", "total_input_tokens", "total_output_tokens")
@@ -145,8 +147,20 @@ def bench_serving_argv(p: dict, port: int, one: dict, seed: int, out: str) -> li
         str(p["output_len"]), "--random-range-ratio", "1.0", "--num-prompts",
         str(one["prompts"]), "--max-concurrency",
         str(one["concurrency"]), "--request-rate", "inf", "--seed",
-        str(seed), "--warmup-requests", "0", "--disable-tqdm", "--output-file", out
+        str(seed), "--warmup-requests", "0", "--disable-tqdm", "--output-file", out,
+        "--output-details"
     ]
+
+
+def untimed(res: dict) -> str:
+    """Why a ``bench_serving`` result (with ``--output-details``) has no TTFT for some request,
+    in words; '' when every request has one. bench_serving sets a request's TTFT at the first
+    streamed chunk with text and leaves 0 where the text stayed empty (and its TPOT then spans the
+    whole request)."""
+    ttfts = res.get("ttfts") or []
+    n = sum(1 for t in ttfts if not t)
+    return (f"{n} of {len(ttfts)} requests have no TTFT (their generated tokens decoded to no "
+            "text)") if n else ""
 
 
 def stand_in_for_datasets() -> bool:
@@ -222,6 +236,9 @@ def serve(params_path: str) -> int:
             if time.monotonic() > deadline:
                 raise RuntimeError("the passes did not end before the timeout")
             res = json.loads(tmp.read_text().splitlines()[-1])
+            if untimed(res):
+                raise RuntimeError(f"bench_serving: {untimed(res)}")
+            res = {k: v for k, v in res.items() if k not in DETAILS}
             with open(out, "a") as f:
                 f.write(json.dumps({**one, **res}) + "\n")
             kv = " ".join(f"{key}={res.get(key)}" for key in SERVING_KEYS)

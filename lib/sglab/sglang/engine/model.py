@@ -1,5 +1,6 @@
-"""The model folder an engine loads offline: the shipped ``config.json``, a 32,000-token
-WordLevel tokenizer written here, and no weights (``--load-format dummy``).
+"""The model folder an engine loads offline: the shipped ``config.json``, a WordLevel tokenizer
+written here (one word per id of the model's vocabulary, at least 32,000), and no weights
+(``--load-format dummy``).
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ TOKENIZER_CONFIG = {
 
 def prepare_model(config: Path, dest: Path) -> Path:
     """``dest`` as a model folder SGLang loads offline with dummy weights: ``config.json`` (a copy),
-    the tokenizer of :func:`tokenizer_json` and its ``tokenizer_config.json``. The tokenizer's size
-    must not exceed the model's vocabulary."""
+    the tokenizer of :func:`tokenizer_json` as large as the model's vocabulary and its
+    ``tokenizer_config.json``. Every id the model can generate decodes to a word: bench_serving
+    times TTFT to the first streamed chunk with text, and an id the tokenizer lacks decodes to
+    none."""
     cfg = read_config(config)
     vocab = int(cfg.text.get("vocab_size") or cfg.data.get("vocab_size") or VOCAB)
     if vocab < VOCAB:
@@ -49,7 +52,7 @@ def prepare_model(config: Path, dest: Path) -> Path:
             f"{config}: vocab_size {vocab} is below the harness tokenizer's {VOCAB} tokens")
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "config.json").write_bytes(cfg.raw)
-    (dest / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
+    (dest / "tokenizer.json").write_text(json.dumps(tokenizer_json(vocab)))
     (dest / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG, indent=1))
     return dest
 
