@@ -203,6 +203,7 @@ def serve(params_path: str) -> int:
     port, wait for a real generate, then run ``bench_serving`` once per untimed warm-up pass
     (every input length at the highest concurrency) and per timed pass, each with its own seed
     (distinct prompts: no prefix-cache hits), and print one line per pass; stop the server."""
+    import importlib
     import signal
     import subprocess
 
@@ -222,6 +223,10 @@ def serve(params_path: str) -> int:
     server = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
     out = Path(p["results"])
     try:
+        # bench_serving's own imports (transformers, aiohttp, ...) while the server starts: about
+        # 7 s a start on an H200 box that the first (untimed) pass would otherwise pay
+        importlib.import_module("sglang.bench_serving")
+        sys.modules.pop("sglang.bench_serving")  # runpy runs it afresh, its imports cached
         _ready(url, server, deadline)
         say("serve-ready")
         top = max(x["concurrency"] for x in p["passes"])
