@@ -175,13 +175,15 @@ def cmd_verify(args) -> int:
                 return 1
             picked += done
         recorded: dict = {}  # each experiment's record read once for every run compared with it
-        verified = [
-            verify.verify_run(r, against=args.against is not None, reference=reference,
-                              recorded=recorded) for r in picked
-        ]
+        verified = []
+        for r in picked:  # each run's lines as soon as it is verified (--all: about 100 runs)
+            verified.append(
+                verify.verify_run(r, against=args.against is not None, reference=reference,
+                                  recorded=recorded))
+            print("\n".join(verify.block(verified[-1])[0]), flush=True)
     except (verify.BadInput, claims.ClaimsError) as e:
         raise Refused(e) from None
-    text, status = verify.report(verified)
+    text, status = verify.tail(verified)
     print(text)
     if args.junit:
         Path(args.junit).write_text(verify.junit(verified), encoding="utf-8")

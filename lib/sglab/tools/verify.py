@@ -269,34 +269,44 @@ def partial(run) -> str:
             f"not run: {missing}")
 
 
-def report(vs: list[Verified]) -> tuple[str, int]:
-    """The printed report and the exit status."""
-    out, bad = [], []
-    for v in vs:
-        m = v.run.manifest
-        out.append(f"== {m.experiment} · {v.run.path.name} (method {m.method_version})")
-        out.append(format_results(v.results))
-        out.append("  → " + claims.verdict_line(v.results, v.run))
-        cut = partial(v.run)
-        if cut:
-            out.append(f"  partial: {cut}")
-            bad.append(f"FAIL {v.run.path.name}: a partial run ({cut}), not a record: rerun the "
-                       "scenario whole")
-        if v.comparison is not None:
-            out.append(format_comparison(v.comparison))
-        elif getattr(v, "how", None):
-            out.append(f"  against: {v.how}")
-        for r in v.failed:
-            bad.append(f"FAIL {r.claim.id} in {v.run.path.name}: "
-                       f"{r.outcome.reason or r.outcome.measured}")
-        for d in v.drifted:
-            bad.append(f"FAIL {v.run.path.name}: {d['claim']}.{d['value']} is "
-                       f"{_num(d['this run'])} against {_num(d['reference'])} in a reference of "
-                       f"the same GPU model, beyond its tolerance ({d['tolerance']})")
+def block(v: Verified) -> tuple[list[str], list[str]]:
+    """One verified run's lines, printed as soon as it is verified, and its FAIL lines (printed
+    after the count)."""
+    m, out, bad = v.run.manifest, [], []
+    out.append(f"== {m.experiment} · {v.run.path.name} (method {m.method_version})")
+    out.append(format_results(v.results))
+    out.append("  → " + claims.verdict_line(v.results, v.run))
+    cut = partial(v.run)
+    if cut:
+        out.append(f"  partial: {cut}")
+        bad.append(f"FAIL {v.run.path.name}: a partial run ({cut}), not a record: rerun the "
+                   "scenario whole")
+    if v.comparison is not None:
+        out.append(format_comparison(v.comparison))
+    elif getattr(v, "how", None):
+        out.append(f"  against: {v.how}")
+    for r in v.failed:
+        bad.append(f"FAIL {r.claim.id} in {v.run.path.name}: "
+                   f"{r.outcome.reason or r.outcome.measured}")
+    for d in v.drifted:
+        bad.append(f"FAIL {v.run.path.name}: {d['claim']}.{d['value']} is "
+                   f"{_num(d['this run'])} against {_num(d['reference'])} in a reference of "
+                   f"the same GPU model, beyond its tolerance ({d['tolerance']})")
+    return out, bad
+
+
+def tail(vs: list[Verified]) -> tuple[str, int]:
+    """The count of runs that hold and fail, then every FAIL line; the exit status."""
+    bad = [b for v in vs for b in block(v)[1]]
     n_fail = sum(1 for v in vs if v.failed or v.drifted or partial(v.run))
-    out.append(f"\n{len(vs)} run(s): {len(vs) - n_fail} hold, {n_fail} fail")
-    out.extend(bad)
-    return "\n".join(out), (1 if n_fail else 0)
+    return "\n".join([f"\n{len(vs)} run(s): {len(vs) - n_fail} hold, {n_fail} fail",
+                      *bad]), (1 if n_fail else 0)
+
+
+def report(vs: list[Verified]) -> tuple[str, int]:
+    """The printed report (every run's :func:`block`, then :func:`tail`) and the exit status."""
+    end, status = tail(vs)
+    return "\n".join([*(line for v in vs for line in block(v)[0]), end]), status
 
 
 def junit(vs: list[Verified]) -> str:
