@@ -175,15 +175,17 @@ def cmd_verify(args) -> int:
                 return 1
             picked += done
         recorded: dict = {}  # each experiment's record read once for every run compared with it
-        verified = []
+        verified, bad = [], []
         for r in picked:  # each run's lines as soon as it is verified (--all: about 100 runs)
             verified.append(
                 verify.verify_run(r, against=args.against is not None, reference=reference,
                                   recorded=recorded))
-            print("\n".join(verify.block(verified[-1])[0]), flush=True)
+            lines, fails = verify.block(verified[-1])
+            print("\n".join(lines), flush=True)
+            bad += fails
     except (verify.BadInput, claims.ClaimsError) as e:
         raise Refused(e) from None
-    text, status = verify.tail(verified)
+    text, status = verify.tail(verified, bad)
     print(text)
     if args.junit:
         Path(args.junit).write_text(verify.junit(verified), encoding="utf-8")

@@ -295,9 +295,9 @@ def block(v: Verified) -> tuple[list[str], list[str]]:
     return out, bad
 
 
-def tail(vs: list[Verified]) -> tuple[str, int]:
-    """The count of runs that hold and fail, then every FAIL line; the exit status."""
-    bad = [b for v in vs for b in block(v)[1]]
+def tail(vs: list[Verified], bad: list[str]) -> tuple[str, int]:
+    """The count of runs that hold and fail, then every FAIL line (``bad``, each run's
+    :func:`block`); the exit status."""
     n_fail = sum(1 for v in vs if v.failed or v.drifted or partial(v.run))
     return "\n".join([f"\n{len(vs)} run(s): {len(vs) - n_fail} hold, {n_fail} fail",
                       *bad]), (1 if n_fail else 0)
@@ -305,8 +305,13 @@ def tail(vs: list[Verified]) -> tuple[str, int]:
 
 def report(vs: list[Verified]) -> tuple[str, int]:
     """The printed report (every run's :func:`block`, then :func:`tail`) and the exit status."""
-    end, status = tail(vs)
-    return "\n".join([*(line for v in vs for line in block(v)[0]), end]), status
+    out, bad = [], []
+    for v in vs:
+        lines, fails = block(v)
+        out += lines
+        bad += fails
+    end, status = tail(vs, bad)
+    return "\n".join([*out, end]), status
 
 
 def junit(vs: list[Verified]) -> str:
