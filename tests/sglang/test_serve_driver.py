@@ -52,7 +52,9 @@ BENCH = textwrap.dedent("""
 """)
 
 
-def _serve(tmp_path: Path, **env) -> tuple[subprocess.CompletedProcess, Path]:
+def _serve(tmp_path: Path, port: int, **env) -> tuple[subprocess.CompletedProcess, Path]:
+    """The driver on a stand-in ``sglang``; each test its own first port (two at once on one port
+    would race between the free-port check and the bind)."""
     pkg = tmp_path / "stand_in" / "sglang"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
@@ -61,7 +63,7 @@ def _serve(tmp_path: Path, **env) -> tuple[subprocess.CompletedProcess, Path]:
     passes = [{"input_len": il, "concurrency": c, "prompts": 2 * c, "repeat": 0}
               for il in (128, 2048) for c in (1, 4)]
     params = {
-        "server_argv": [], "port": 31700, "tokenizer": "m", "output_len": 4, "warmup": 1,
+        "server_argv": [], "port": port, "tokenizer": "m", "output_len": 4, "warmup": 1,
         "passes": passes, "results": str(tmp_path / "serving.jsonl"), "timeout": 60
     }
     (tmp_path / "serve.json").write_text(json.dumps(params))
@@ -74,7 +76,7 @@ def _serve(tmp_path: Path, **env) -> tuple[subprocess.CompletedProcess, Path]:
 
 
 def test_one_line_per_pass_after_the_warm_up_and_bench_serving_imported_once_early(tmp_path):
-    p, results = _serve(tmp_path)
+    p, results = _serve(tmp_path, 31700)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = [json.loads(x) for x in results.read_text().splitlines()]
     # an untimed pass per input length at the highest concurrency, then the four timed ones
@@ -95,7 +97,7 @@ def test_one_line_per_pass_after_the_warm_up_and_bench_serving_imported_once_ear
 
 @pytest.mark.parametrize("at", [2048])
 def test_a_pass_whose_requests_streamed_no_text_fails_the_start(tmp_path, at):
-    p, results = _serve(tmp_path, BENCH_NO_TEXT_AT=str(at))
+    p, results = _serve(tmp_path, 31760, BENCH_NO_TEXT_AT=str(at))
     assert p.returncode == 1
     assert ("serve-error RuntimeError: bench_serving: 4 of 4 requests have no TTFT (their "
             "generated tokens decoded to no text)") in p.stdout
