@@ -422,6 +422,44 @@ def test_a_width_swept_on_two_machines_is_drawn_from_the_newest_with_no_table(mo
     assert gains == {"hidden 512": pytest.approx(1.5), "hidden 1024": pytest.approx(1.2)}
 
 
+def test_kimi_at_full_width_is_a_point_on_its_gpu_models_width_panel(monkeypatch):
+    """01-kimi-full-bench beside the Llama sweep of the same GPU model: off ÷ enforced per length
+    over the starts, squares labelled hidden 7168, hollow where the launch pass saw no graph
+    replayed (4096 tokens: beyond the MLA capture cap); a GPU model with only the full-width run
+    still gets its panel."""
+    llama = _starts_run({("w512-pcg", 0): {128: 10.0}, ("w512-off", 0): {128: 20.0}})
+    llama.df.loc[(llama.df.case == "w512-pcg") & (llama.df.metric == "pcg"), "value"] = "captured"
+    t = {}
+    for s, (on, off) in enumerate(((4.0, 6.0), (5.0, 6.5), (4.5, 5.5))):
+        t[("enforce", s)] = {128: on, 4096: 40.0}
+        t[("pcg-off", s)] = {128: off, 4096: 30.0}
+    kimi = _starts_run(t, model="kimi_k25_full", created="2026-11-29T00:00:00Z")
+    launch = kimi.df[(kimi.df.metric == "prefill") & (kimi.df.case == "enforce")
+                     & (kimi.df.start == 0)].assign(metric="prefill_graph_launches", start=3)
+    launch["value"] = [4 if n == 128 else 0 for n in launch.input_len]
+    kimi = runs.Run(pd.concat([kimi.df, launch], ignore_index=True), kimi.manifest, kimi.path)
+    full = pg_tables.full_width_gains(R.frame([llama, kimi]))
+    assert list(full.tokens) == [128, 4096] and set(full.hidden) == {7168}
+    row = full.iloc[0]
+    assert (row["gain"], row["lo"], row["hi"], row["starts"]) == (5.5 / 4.0, 5.5 / 5.0, 6.5 / 4.0,
+                                                                  3)
+    assert list(full.replayed) == [True, False] and full.iloc[1]["gain"] == 0.75
+    drawn = []
+    monkeypatch.setattr(pg_show.notebook, "show_figure", drawn.append)
+    pg_show.width_sweep(runs.RunSet([llama, kimi]))
+    ax = drawn[0].axes[0]
+    labels = [c.get_label() for c in ax.containers]
+    assert labels[0].startswith("hidden 512") and "hidden 7168" in labels[1]
+    assert "Llama 32 layers, Kimi-K2.5 3 layers" in ax.get_title()
+    hollow = [ln for ln in ax.lines if ln.get_markerfacecolor() == "white"]
+    assert len(hollow) == 1 and list(hollow[0].get_xdata()) == [4096]
+    drawn.clear()
+    kimi.manifest.gpu_name = "NVIDIA H200"
+    pg_show.width_sweep(runs.RunSet([llama], [kimi]))
+    assert [a.get_title().split("\n")[0].split(" ·")[0] for a in drawn[0].axes if a.get_title()
+            ] == ["H100", "H200"]
+
+
 # -- what notebook 01 shows of the engine runs ---------------------------------------------------
 def test_the_engine_section_pairs_only_the_captured_cases_with_pcg_off():
     """The width sweep's cases and the default flags (never captured) get no speed-up row."""

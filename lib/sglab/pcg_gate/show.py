@@ -18,7 +18,8 @@ from sglab.pcg_gate import rebuild, sglang
 from sglab.pcg_gate.measure import COPY, GATE_METRICS, gate_facts
 from sglab.pcg_gate.tables import (STAT, _swept, captured_over_off, copy_explanation, gate_table,
                                    host_line, kernel_summary, latency_of, launch_counts,
-                                   launch_table, reading, summary, trace_table, width_gains)
+                                   launch_table, reading, summary, trace_table, width_gains,
+                                   full_width_gains, FULL_WIDTH)
 from sglab.pcg_gate.tables import engine_ratios  # noqa: F401 (read as show.engine_ratios)
 
 
@@ -358,32 +359,35 @@ def width_sweep(rs) -> None:
     fig, axes = plots.figure(ncols=len(panels), sharey=True, width=1.6 + 5.6 * len(panels),
                              height=4.2)
     axes = axes[0] if len(panels) > 1 else [axes]
-    for i, (ax, (gpu, df, gains, cost)) in enumerate(zip(axes, panels)):
-        _draw_width(ax, df, gains, gpu, cost, legend=i == len(panels) - 1)
+    for i, (ax, (gpu, df, gains, cost, full)) in enumerate(zip(axes, panels)):
+        _draw_width(ax, df, gains, gpu, cost, legend=i == len(panels) - 1, full=full)
         if i:
             ax.set_ylabel("")
     notebook.show_figure(fig)
 
 
 def _width_panels(rs) -> list:
-    """``[(gpu, df, gains, (lo, hi) µs per bare launch or None)]``: the shown GPU model's sweep,
-    then each other model's, those with a sweep only."""
+    """``[(gpu, df, gains, (lo, hi) µs per bare launch or None, full-width gains)]``: the shown GPU
+    model's sweep, then each other model's, those with a sweep or a full-width run only."""
     by_gpu = {rs.first.manifest.gpu: list(rs.shown)}
     for r in rs.elsewhere:
         by_gpu.setdefault(r.manifest.gpu, []).append(r)
     panels = []
     for gpu, found in by_gpu.items():
         df = engine_records.frame(found)
-        gains = width_gains(df)
-        if not gains.empty:
+        gains, full = width_gains(df), full_width_gains(df)
+        if not gains.empty or not full.empty:
             swept = [r for r in found if r.df["case"].map(_swept).any()]
             costs = [c for c in map(engine_records.run_host_us, swept) if c is not None]
-            panels.append((gpu, df, gains, (min(costs), max(costs)) if costs else None))
+            panels.append((gpu, df, gains, (min(costs), max(costs)) if costs else None, full))
     return panels
 
 
-def _draw_width(ax, df: pd.DataFrame, gains: pd.DataFrame, gpu: str, cost, *, legend: bool):
-    starts, mixed = int(gains["starts"].min()), gains["starts"].nunique() > 1
+def _draw_width(ax, df: pd.DataFrame, gains: pd.DataFrame, gpu: str, cost, *, legend: bool,
+                full: Optional[pd.DataFrame] = None):
+    full = full if full is not None else pd.DataFrame()
+    both = pd.concat([gains, full]) if not full.empty else gains
+    starts, mixed = int(both["starts"].min()), both["starts"].nunique() > 1
     widths = gains["hidden"].nunique()
     for i, (h, g) in enumerate(gains.groupby("hidden")):
         n = int(g["starts"].min())  # widths recorded apart may differ: each says its own
@@ -391,17 +395,30 @@ def _draw_width(ax, df: pd.DataFrame, gains: pd.DataFrame, gpu: str, cost, *, le
         ax.errorbar(g["tokens"] * nudge, g["gain"], yerr=[g["gain"] - g["lo"], g["hi"] - g["gain"]],
                     marker="o", capsize=3, elinewidth=0.8,
                     label=f"hidden {h}" + (f" ({n} start{'s' if n > 1 else ''})" if mixed else ""))
+    # Kimi-K2.5's own widths (1 dense + 2 MoE layers), squares; hollow where the enforced step
+    # replayed no graph (beyond the release's capture cap: eager on both sides)
+    for (label, n), g in full.groupby(["label", "starts"], sort=False) if not full.empty else ():
+        line = ax.errorbar(g["tokens"], g["gain"], yerr=[g["gain"] - g["lo"], g["hi"] - g["gain"]],
+                           marker="s", ls=":", capsize=3, elinewidth=0.8,
+                           label=label + (f" ({n} start{'s' if n > 1 else ''})" if mixed else ""))
+        eager = g[g["replayed"] == False]  # noqa: E712 - None (no launch pass) is not eager
+        ax.plot(eager["tokens"], eager["gain"], "s", mfc="white", mec=line[0].get_color(), ms=7)
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("prefill tokens (batch 1)")
     ax.set_ylabel("pcg-off / piecewise prefill")
-    rel = ", ".join(sorted({r for r, c in zip(df["release"], df["case"]) if _swept(c)}))
+    shown = df["case"].map(_swept) | (df["model"].isin(FULL_WIDTH) & (not full.empty))
+    rel = ", ".join(sorted(set(df.loc[shown, "release"])))
     how = (f"{engine_stats.STAT_NAMES[STAT]};\nbars: the starts' range"
            if mixed else f"{engine_stats.starts_how(starts, STAT)};\nbars: the starts' range"
            if starts > 1 else "one engine start: no spread measured")
     host = f" · a bare launch {text.span(cost, '{:.1f}')} µs" if cost else ""
-    ax.set_title(f"{gpu}{host}\nSGLang {rel}, Llama 32 layers, bench_one_batch\n{how}", fontsize=9)
-    tokens = sorted(gains["tokens"].unique())
+    what = ", ".join([
+        *(["Llama 32 layers"] if not gains.empty else []),
+        *(["Kimi-K2.5 3 layers"] if not full.empty else [])
+    ])
+    ax.set_title(f"{gpu}{host}\nSGLang {rel}, {what}, bench_one_batch\n{how}", fontsize=9)
+    tokens = sorted({int(t) for t in both["tokens"]})
     ax.set_xticks(tokens, [str(t) for t in tokens])
     if legend:
         ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))

@@ -305,3 +305,43 @@ def width_gains(df: pd.DataFrame) -> pd.DataFrame:
                 "starts": min(st, off[3])
             })
     return pd.DataFrame(rows, columns=["hidden", "tokens", "gain", "lo", "hi", "starts"])
+
+
+# the full-width scenarios' models on the width figure: hidden size, label
+FULL_WIDTH = {
+    sglang.FULL_BENCH.model: (7168, "Kimi-K2.5 layers, hidden 7168 (MLA, 384 experts)"),
+    sglang.RANK_BENCH.model: (7168, "one TP-4 rank of them (heads and MLPs ÷ 4)")
+}
+
+
+def full_width_gains(df: pd.DataFrame) -> pd.DataFrame:
+    """``01-kimi-full-bench`` and ``01-kimi-rank-bench`` read as :func:`width_gains` reads the
+    Llama sweep: per model and input length, prefill with piecewise graphs off over enforced (the
+    scenarios' release, variants that started), each side :data:`STAT` of its starts; ``replayed``: whether the launch
+    pass saw the enforced step replay graphs at that length (False beyond the release's capture
+    cap, where both sides run eager; None without a launch pass)."""
+    cols = ["model", "hidden", "label", "tokens", "gain", "lo", "hi", "starts", "replayed"]
+    if df.empty or not df["model"].isin(FULL_WIDTH).any():
+        return pd.DataFrame(columns=cols)
+    df = df[df["model"].isin(FULL_WIDTH) & (df["release"] == sglang.FULL_BENCH.releases[-1])]
+    d = engine_stats.reading(df, "prefill", STAT)
+    side = {(m, c, int(n)): (v, lo, hi, int(st))
+            for m, c, n, v, lo, hi, st in zip(d["model"], d["case"], d["input_len"], d["value"],
+                                              d["lo"], d["hi"], d["starts"])}
+    graphs = engine_stats.numbers(df, "prefill_graph_launches")
+    graphs = {
+        (m, c, int(n)): v
+        for m, c, n, v in zip(graphs["model"], graphs["case"], graphs["input_len"], graphs["value"])
+    } if not graphs.empty else {}
+    rows = []
+    for (m, case, n), (v, lo, hi, st) in sorted(side.items()):
+        off = side.get((m, "pcg-off", n))
+        if case != "enforce" or off is None:
+            continue
+        g = graphs.get((m, case, n))
+        rows.append({
+            "model": m, "hidden": FULL_WIDTH[m][0], "label": FULL_WIDTH[m][1], "tokens": n,
+            "gain": off[0] / v, "lo": off[1] / hi, "hi": off[2] / lo, "starts": min(st, off[3]),
+            "replayed": None if g is None else bool(g > 0)
+        })
+    return pd.DataFrame(rows, columns=cols)
