@@ -134,6 +134,16 @@ pack() {  # the command logs, every engine's log (gzipped) and the runs so far -
   tar czf "$OUT/engine.tgz.tmp" -C "$OUT" summary.txt logs runs \
     && mv "$OUT/engine.tgz.tmp" "$OUT/engine.tgz"
 }
+pack_jit() {  # PACK_JIT=1: the JIT caches, for the next fresh machine (also after a signal)
+  [ "${PACK_JIT:-0}" = 1 ] || return 0
+  local jit
+  jit=$(cd "$HOME" && ls -d .cache/flashinfer .cache/tvm-ffi .triton 2>/dev/null)
+  [ -n "$jit" ] || { echo "JIT cache: none under $HOME"; return 0; }
+  du -sh $(printf "$HOME/%s " $jit) 2>/dev/null
+  XZ_OPT="-T0 -3" tar -cJf "$OUT/jit-cache.tar.xz.tmp" -C "$HOME" $jit &&
+    mv "$OUT/jit-cache.tar.xz.tmp" "$OUT/jit-cache.tar.xz" &&
+    echo "JIT cache: $OUT/jit-cache.tar.xz ($(du -k "$OUT/jit-cache.tar.xz" | cut -f1) KiB)"
+}
 # Ended by a signal (an outer timeout, Ctrl-C): the running `sglab` stops its engine's whole
 # process group before it exits (sglab.core.procs), and this script waits for it, packs what ran
 # and exits; were this script killed outright, that `sglab` still finishes and stops its engine.
@@ -143,7 +153,7 @@ on_signal() {
   echo "engine_gpu.sh: $1: stopping the running engine" >&2
   if [ "$child" -gt 0 ]; then kill -TERM "$child" 2>/dev/null; wait "$child"; fi
   summary+=("stopped by $1")
-  [ $dry = 1 ] || pack
+  [ $dry = 1 ] || { pack; pack_jit; }
   exit 143
 }
 trap 'on_signal SIGTERM' TERM
@@ -217,12 +227,7 @@ if [ $dry = 1 ]; then exit 0; fi
 
 # one archive and the summary (at most 8 files come back from a GPU box)
 pack
-if [ "${PACK_JIT:-0}" = 1 ]; then
-  jit=$(cd "$HOME" && ls -d .cache/flashinfer .cache/tvm-ffi .triton 2>/dev/null)
-  du -sh $(printf "$HOME/%s " $jit) 2>/dev/null
-  XZ_OPT="-T0 -6" tar -cJf "$OUT/jit-cache.tar.xz" -C "$HOME" $jit &&
-    echo "JIT cache: $OUT/jit-cache.tar.xz ($(du -k "$OUT/jit-cache.tar.xz" | cut -f1) KiB)"
-fi
+pack_jit
 cat "$OUT/summary.txt"
 rm -rf "$WORK" "$OUT/logs" "$OUT/runs"
 echo "packed $OUT/engine.tgz ($(du -k "$OUT/engine.tgz" | cut -f1) KiB)"

@@ -222,7 +222,8 @@ def test_a_real_release_that_cannot_start_here_gives_one_line(tmp_path):
 
 def test_the_gpu_script_stopped_by_a_signal_stops_its_sglab_and_packs_what_ran(tmp_path):
     """`scripts/engine_gpu.sh` under an outer timeout: its running `sglab engine` is stopped and
-    waited for, and engine.tgz holds the summary so far."""
+    waited for, engine.tgz holds the summary so far, and with PACK_JIT=1 the JIT caches come back
+    too (the next fresh machine skips its first builds even when this call was cut)."""
     import signal
     import subprocess
     import tarfile
@@ -237,9 +238,12 @@ def test_the_gpu_script_stopped_by_a_signal_stops_its_sglab_and_packs_what_ran(t
                     f"  echo $$ > {pidfile}; echo started; exec sleep 300\nfi\n"
                     f'exec {sys.executable} "$@"\n')
     fake.chmod(0o755)
+    home = tmp_path / "home"
+    (home / ".triton" / "cache").mkdir(parents=True)
+    (home / ".triton" / "cache" / "kernel.cubin").write_bytes(b"\0" * 64)
     env = {
         **os.environ, "PYTHON": str(fake), "BUNDLES": str(tmp_path), "OUT": str(tmp_path / "out"),
-        "WORK": str(tmp_path / "work")
+        "WORK": str(tmp_path / "work"), "HOME": str(home), "PACK_JIT": "1"
     }
     p = subprocess.Popen(
         ["bash", str(root / "scripts" / "engine_gpu.sh"), "--scenario", "04-swa-kernels"], env=env,
@@ -255,6 +259,8 @@ def test_the_gpu_script_stopped_by_a_signal_stops_its_sglab_and_packs_what_ran(t
     with tarfile.open(tmp_path / "out" / "engine.tgz") as tar:
         summary = tar.extractfile("summary.txt").read().decode()
     assert "stopped by SIGTERM" in summary
+    with tarfile.open(tmp_path / "out" / "jit-cache.tar.xz") as tar:
+        assert ".triton/cache/kernel.cubin" in tar.getnames()
 
 
 # `sglab engine` with a stand-in for each engine: the third one, or the pause after the second,
