@@ -148,26 +148,6 @@ def test_the_rebuild_sits_beside_the_engine_and_says_what_each_measures():
     ] == ["2", "2"]
 
 
-def test_a_fix_without_engine_runs_shows_its_plan_and_one_with_runs_its_numbers(
-        capsys, monkeypatch, tmp_path):
-    from sglab.grid_thw import sglang as gt_sglang
-    from sglab.pcg_gate import sglang as pg_sglang
-
-    for k in ("runs", "recorded", "traces"):  # a checkout with no engine run recorded
-        (tmp_path / k).mkdir()
-    monkeypatch.setenv("SGLAB_DATA", str(tmp_path))
-    V.planned(gt_sglang.FIX.recorded_engine(), gt_sglang.FIX.engine or ())
-    out = capsys.readouterr().out
-    assert "bash scripts/engine_gpu.sh --plan 05" in out
-    assert "revert-pr22858-grid-thw-cpu" in out and "before: every rank >= 1 holds memory" in out
-    monkeypatch.delenv("SGLAB_DATA")
-
-    V.planned(pg_sglang.FIX.recorded_engine(), pg_sglang.ENGINE)
-    out = capsys.readouterr().out
-    assert "the model is not a language model" in out and "prefill_iqr" in out
-    assert "01-kimi-pcg" in out and "no GPU run" not in out
-
-
 def test_a_live_engine_run_is_compared_with_the_recorded_runs_merged(capsys):
     from sglab.tools import verify
 

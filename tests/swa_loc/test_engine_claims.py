@@ -120,19 +120,3 @@ def test_swa_replay_counts_are_the_same_on_h100_and_h200():
         if d["claim"] == claim
     ]
     assert any(d["beyond"] for d in rows)
-
-
-def test_counts_by_run_has_a_row_per_run_and_one_count_per_column_in_the_record():
-    rec = R.load("swa_loc", "04")
-    t = S.counts_by_run(rec, "decode_kernels_per_replay")
-    assert len(t) == len(runs.load_all_recorded(ENGINE))
-    assert list(t.columns[:3]) == ["starts", "0.5.11 before", "0.5.11 released"]
-    for col in t.columns[1:]:  # every machine, every GPU model: one count per release and case
-        assert len({v for v in t[col] if v}) == 1, t[col]
-    assert {"148", "140", "196"} == {v for c in t.columns[1:] for v in t[c] if v}
-    # a start that counted one kernel more shows as a span in its run's row
-    several = _several_starts("0.5.11+before")
-    if several:
-        got = S.counts_by_run(runs.RunSet([_one_start_counts_one_more(several[0])]),
-                              "decode_kernels_per_replay")
-        assert got["0.5.11 before"].iloc[0] == "148–149"

@@ -242,25 +242,3 @@ def reruns(rs, ratio_of, stats: tuple = (STAT, "fastest", "median")) -> pd.DataF
         out.index.names = ["pair", "run"]
         out.columns.name = "ratio, lowest–highest over the x values"
     return out
-
-
-def counts_by_run(rs, metric: str) -> pd.DataFrame:
-    """A count on every recorded run (every GPU model): one row per run, one column per release
-    and case, each cell the count over its engine starts (``lowest–highest`` where they differ)."""
-    from packaging.version import Version
-
-    rows = []
-    for r in rs.every():
-        d = numbers(frame([r]), metric, only_started=True).dropna(subset=["value"])
-        if not d.empty:
-            rows.append({
-                "run": run_label(r), "starts": text.count(d["starts"]),
-                **{f"{x.release} {x.case}": text.count((x.lo, x.hi))
-                   for x in d.itertuples()}
-            })
-    if not rows:
-        return pd.DataFrame()
-    out = pd.DataFrame(rows).set_index("run").fillna("")
-    cells = sorted((c for c in out.columns if c != "starts"), key=lambda c:
-                   (Version(c.split()[0]), c.split()[1]))
-    return out[["starts", *cells]]

@@ -198,22 +198,3 @@ def plan_table(scenarios) -> pd.DataFrame:
     } for sc in scenarios for v in sc.releases
             for c in sc.cases if not c.releases or v in c.releases]
     return pd.DataFrame(rows).set_index(["scenario", "release", "case"])
-
-
-def planned(rs, scenarios) -> None:
-    """The section of a fix whose scenarios may not have run yet: the recorded runs' facts and
-    numbers where there are some, else the NoRun line; then the plan and what each expects."""
-    if rs:
-        df = frame(rs.shown)
-        numeric = pd.to_numeric(df["value"], errors="coerce").notna() & (df.metric != "status")
-        section(EngineView(facts=tuple(sorted(set(df.metric[~numeric]) - {"status"}))), rs)
-        shape = [
-            c for c in ("requests", "batch_size", "input_len") if c in df and df[c].notna().any()
-        ]
-        show_table(df[numeric].set_index([*KEYS, "metric", *shape])[["value", "unit"]])
-    else:
-        print(rs.line)
-    with pd.option_context("display.max_colwidth", None):
-        show_table(plan_table(scenarios))
-    for sc in scenarios:
-        print(f"{sc.name} ({sc.gpus} GPUs): {sc.what}. Expected: {sc.expect}")
