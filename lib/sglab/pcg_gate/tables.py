@@ -317,9 +317,10 @@ FULL_WIDTH = {
 def full_width_gains(df: pd.DataFrame) -> pd.DataFrame:
     """``01-kimi-full-bench`` and ``01-kimi-rank-bench`` read as :func:`width_gains` reads the
     Llama sweep: per model and input length, prefill with piecewise graphs off over enforced (the
-    scenarios' release, variants that started), each side :data:`STAT` of its starts; ``replayed``: whether the launch
-    pass saw the enforced step replay graphs at that length (False beyond the release's capture
-    cap, where both sides run eager; None without a launch pass)."""
+    scenarios' release, variants that started), each side :data:`STAT` of its starts;
+    ``replayed``: whether the launch pass saw the enforced step replay graphs at that length
+    (False beyond the release's capture cap, where both sides run eager; None without a launch
+    pass)."""
     cols = ["model", "hidden", "label", "tokens", "gain", "lo", "hi", "starts", "replayed"]
     if df.empty or not df["model"].isin(FULL_WIDTH).any():
         return pd.DataFrame(columns=cols)
