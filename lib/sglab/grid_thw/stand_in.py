@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from sglab.core import lazy
-from sglab.sglang.engine import Adjustment
+from sglab.sglang.engine import adjustment
 
 
 rebuild = lazy.Module("sglab.grid_thw.rebuild")  # torch: only where a processor is made
@@ -127,13 +127,5 @@ def use_stand_in(params: dict, module) -> None:
         "kimi_k25 folders get sglab's stand-in processor)")
 
 
-PROCESSOR = Adjustment(
-    "kimi-k25-processor-stand-in",
-    "no network on the GPU box, so no Kimi-K2.5 processor files (Hub remote code): "
-    "get_processor (srt/utils/hf_transformers/processor.py) returns a processor made by "
-    "sglab.grid_thw.stand_in from the model folder: the harness's WordLevel tokenizer with Kimi's "
-    "media tokens at ids 31996-31999 (<|media_pad|> = media_placeholder_token_id), a plain "
-    "BaseImageProcessor, and Kimi-K2.5's media_proc_cfg (patch 14, merge 2, mean/std 0.5); the "
-    "release's own GPU preprocessing, grid and transport run unchanged",
-    patch="sglab.grid_thw.stand_in:use_stand_in",
-    params=(("module", "sglang.srt.utils.hf_transformers.processor"),))
+# the shared adjustment (sglab.sglang.engine.spec.ADJUSTMENTS), whose patch is use_stand_in
+PROCESSOR = adjustment("kimi-k25-processor-stand-in")

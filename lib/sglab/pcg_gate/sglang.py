@@ -15,7 +15,6 @@ import re
 import types
 
 from sglab.core import lazy
-from sglab.grid_thw.stand_in import PROCESSOR  # the server builds Kimi-K2.5's processor
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
 from sglab.sglang.codepath import Node
@@ -334,8 +333,9 @@ ENGINE = (
 # sleeps 1 s a pass), and all nine starts must fit one 600-s call.
 # The server's tokenizer manager builds the model's multimodal processor at start-up, which needs
 # Kimi-K2.5's processor files (Hub remote code, no network on the GPU box): 05's stand-in
-# processor (grid_thw.stand_in.PROCESSOR) is what both fixes' servers get.
+# processor (the shared adjustment of that name) is what both fixes' servers get.
 SERVE_FLAGS = ("--cuda-graph-max-bs", "8")
+PROCESSOR = "kimi-k25-processor-stand-in"  # a shared adjustment: sglab.sglang.engine.spec
 SERVE = Scenario(
     fix="pcg_gate", name="01-kimi-full-serve", model="kimi_k25_full", tool="serve",
     what="Kimi-K2.5 at full width (hidden 7168, MLA, 384 experts; 1 dense + 2 MoE layers), the "

@@ -105,7 +105,19 @@ ADJUSTMENTS: dict[str, Callable[[], Adjustment]] = {
         "None): a subclass adding only 0.5.13's post_load_weights (no `model` property, so the "
         "released piecewise gate is kept) is registered through "
         "SGLANG_EXTERNAL_MODEL_PACKAGE=sglab.sglang.engine_models", env=(
-            ("SGLANG_EXTERNAL_MODEL_PACKAGE", "sglab.sglang.engine_models"),))
+            ("SGLANG_EXTERNAL_MODEL_PACKAGE", "sglab.sglang.engine_models"),)),
+    # the model's processor files are Hub remote code, out of reach offline; the patch is 05's
+    # (it builds on 05's rebuild of Kimi's preprocessing), and every fix's Kimi server gets it
+    "kimi-k25-processor-stand-in": lambda: Adjustment(
+        "kimi-k25-processor-stand-in",
+        "no network on the GPU box, so no Kimi-K2.5 processor files (Hub remote code): "
+        "get_processor (srt/utils/hf_transformers/processor.py) returns a processor made by "
+        "sglab.grid_thw.stand_in from the model folder: the harness's WordLevel tokenizer with "
+        "Kimi's media tokens at ids 31996-31999 (<|media_pad|> = media_placeholder_token_id), a "
+        "plain BaseImageProcessor, and Kimi-K2.5's media_proc_cfg (patch 14, merge 2, mean/std "
+        "0.5); the release's own GPU preprocessing, grid and transport run unchanged", patch=
+        "sglab.grid_thw.stand_in:use_stand_in", params=(
+            ("module", "sglang.srt.utils.hf_transformers.processor"),))
 }
 
 # what a model needs to run with dummy weights on a release: architecture -> (adjustment, the
