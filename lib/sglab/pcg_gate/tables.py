@@ -284,6 +284,15 @@ def launch_counts(df: pd.DataFrame) -> pd.DataFrame:
     return out.set_index(["model", "release", "case", "tokens"])
 
 
+def _gain(on: tuple, off: tuple) -> dict:
+    """Off over on, each ``(value, lo, hi, starts)`` of its engine starts: the gain, and ``lo``–
+    ``hi`` the widest the starts allow."""
+    return {
+        "gain": off[0] / on[0], "lo": off[1] / on[2], "hi": off[2] / on[1],
+        "starts": min(on[3], off[3])
+    }
+
+
 def width_gains(df: pd.DataFrame) -> pd.DataFrame:
     """The width sweep (``01-llama-width``): per hidden size and input length, prefill with
     piecewise graphs off over prefill with them captured, each side :data:`STAT` of its starts;
@@ -297,13 +306,10 @@ def width_gains(df: pd.DataFrame) -> pd.DataFrame:
         if m and (m["arm"] == "off" or pcg.get(tuple(k)) == "captured"):
             arms[(int(m["hidden"]), int(n), m["arm"])] = (v, lo, hi, int(st))
     rows = []
-    for (h, n, arm), (v, lo, hi, st) in sorted(arms.items()):
+    for (h, n, arm), on in sorted(arms.items()):
         off = arms.get((h, n, "off"))
         if arm == "pcg" and off:
-            rows.append({
-                "hidden": h, "tokens": n, "gain": off[0] / v, "lo": off[1] / hi, "hi": off[2] / lo,
-                "starts": min(st, off[3])
-            })
+            rows.append({"hidden": h, "tokens": n, **_gain(on, off)})
     return pd.DataFrame(rows, columns=["hidden", "tokens", "gain", "lo", "hi", "starts"])
 
 
@@ -335,14 +341,13 @@ def full_width_gains(df: pd.DataFrame) -> pd.DataFrame:
         for m, c, n, v in zip(graphs["model"], graphs["case"], graphs["input_len"], graphs["value"])
     } if not graphs.empty else {}
     rows = []
-    for (m, case, n), (v, lo, hi, st) in sorted(side.items()):
+    for (m, case, n), on in sorted(side.items()):
         off = side.get((m, "pcg-off", n))
         if case != "enforce" or off is None:
             continue
         g = graphs.get((m, case, n))
         rows.append({
             "model": m, "hidden": FULL_WIDTH[m][0], "label": FULL_WIDTH[m][1], "tokens": n,
-            "gain": off[0] / v, "lo": off[1] / hi, "hi": off[2] / lo, "starts": min(st, off[3]),
-            "replayed": None if g is None else bool(g > 0)
+            **_gain(on, off), "replayed": None if g is None else bool(g > 0)
         })
     return pd.DataFrame(rows, columns=cols)
