@@ -36,9 +36,7 @@ def _method(run) -> int:
     return int(run.manifest.method_version)
 
 
-# --------------------------------------------------------------------------------------------------
-# the gate and the keys
-# --------------------------------------------------------------------------------------------------
+# -- the gate and the keys -------------------------------------------------------------------------
 def _gate_decision(run):
     f = tables.run_facts(run.df)
     off, on = f[("eager", "gate_enabled")], f[("piecewise", "gate_enabled")]
@@ -73,9 +71,7 @@ def _duplicate_keys(run):
             f"{v} {n}" for v, n in dup.items()), {"lm_keys": lm, **dup})
 
 
-# --------------------------------------------------------------------------------------------------
-# correctness, and the graphs it rests on
-# --------------------------------------------------------------------------------------------------
+# -- correctness, and the graphs it rests on -------------------------------------------------------
 def _equals_eager(run):
     lat = tables.latency_of(run)
     # recomputed, and as the run recorded it
@@ -95,9 +91,7 @@ def _graph_count(run):
         if got == want else f"{got} graphs, expected {want}", {"graphs": got})
 
 
-# --------------------------------------------------------------------------------------------------
-# small prefills: the speed-up and the launches behind it
-# --------------------------------------------------------------------------------------------------
+# -- small prefills: the speed-up and the launches behind it ---------------------------------------
 def _ratios(sp) -> dict:
     """The raw eager/piecewise ratios of a run: their range, where the largest is, where piecewise
     starts to lose."""
@@ -211,9 +205,7 @@ def _host_launch_cost(run):
         f"{value['eager_x']:.1f}× that cost per launch", value)
 
 
-# --------------------------------------------------------------------------------------------------
-# large prefills: the copies, and the instrument they are counted with
-# --------------------------------------------------------------------------------------------------
+# -- large prefills: the copies, and the instrument they are counted with --------------------------
 def _copies(run):
     x, lat = tables.copy_explanation(run.df), tables.latency_of(run)
     n = int(x.index.max())
@@ -306,9 +298,7 @@ HEADLINE = Headline(
     per_run=f"{{gpu}} {{v[{_H}][min]:.2f}}–{{v[{_H}][max]:.2f}}× (max at {{v[{_H}][max_at]}} tok"
     "{across})", across=f"; the max {{lo[{_H}][max]:.2f}}–{{hi[{_H}][max]:.2f}}× over {{n}} runs")
 
-# --------------------------------------------------------------------------------------------------
-# the real engine (``sglab engine --plan 01``: data/recorded/engine_pcg_gate/)
-# --------------------------------------------------------------------------------------------------
+# -- the real engine (``sglab engine --plan 01``: data/recorded/engine_pcg_gate/) ------------------
 KIMI, FIXED_RELEASE = "kimi_k25_tiny", "0.5.13"  # the first release with #26382 part A
 
 

@@ -89,9 +89,7 @@ def _row(variant, metric, value, unit, n=None, bucket=None) -> dict:
     }
 
 
-# --------------------------------------------------------------------------------------------------
-# the gate on every wrapper variant around the measured LLM
-# --------------------------------------------------------------------------------------------------
+# -- the gate on every wrapper variant around the measured LLM -------------------------------------
 GATE_METRICS = {
     "gate_enabled": "bool", "lm_keys": "count", "state_dict_keys_built": "count",
     "state_dict_keys_after_gate": "count", "model_keys_after_gate": "count",
@@ -126,9 +124,7 @@ def gate_rows(lm: nn.Module, num_hidden_layers: int, capture_tokens) -> tuple:
     return [_row(v, m, f[m], u) for v, f in facts.items() for m, u in GATE_METRICS.items()], facts
 
 
-# --------------------------------------------------------------------------------------------------
-# the host's per-launch cost
-# --------------------------------------------------------------------------------------------------
+# -- the host's per-launch cost --------------------------------------------------------------------
 class Burst(timing.Burst):
     """:class:`sglab.core.timing.Burst`, timed in the same interleaved rounds as the prefills (so a
     host that slows down slows both); the timing loop's CUDA events around the same call give the
@@ -149,9 +145,7 @@ class Burst(timing.Burst):
         return rows
 
 
-# --------------------------------------------------------------------------------------------------
-# the profiler passes: traced prefills, the counting pass, the per-kernel table
-# --------------------------------------------------------------------------------------------------
+# -- the profiler passes: traced prefills, the counting pass, the per-kernel table -----------------
 # the copies that hand activations between pieces: a copy kernel for a strided source (q, k from the
 # rotary output, v from qkv), a device-to-device memcpy for a contiguous one launched eagerly (the
 # attention output), a graph memcpy node shown as a "memcpy<bits>" kernel (the residual)
@@ -258,9 +252,7 @@ def profile_pass(p: dict, dev, fns_at, eager_fwd, ref_runner, inputs: dict) -> t
     return rows, sidecars, extra
 
 
-# --------------------------------------------------------------------------------------------------
-# the run
-# --------------------------------------------------------------------------------------------------
+# -- the run ---------------------------------------------------------------------------------------
 def _sdpa_backends():
     """Flash / memory-efficient attention only (never the O(n^2)-memory math fallback)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel

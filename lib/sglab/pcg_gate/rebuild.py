@@ -22,9 +22,7 @@ from torch import nn
 from sglab.core.toy_decoder import CausalLM, DecoderConfig
 
 
-# --------------------------------------------------------------------------------------------------
-# 1. python/sglang/srt/server_args.py · ServerArgs._generate_piecewise_cuda_graph_tokens
-# --------------------------------------------------------------------------------------------------
+# -- 1. python/sglang/srt/server_args.py · ServerArgs._generate_piecewise_cuda_graph_tokens --------
 def piecewise_cuda_graph_tokens(max_tokens: int = 4096) -> list[int]:
     """Token counts that get one piecewise capture each (``--piecewise-cuda-graph-max-tokens``):
     4..32 step 4, 48..256 step 16, 288..512 step 32, 576..1024 step 64, 1280..4096 step 256, then
@@ -43,9 +41,7 @@ def bucket_for(num_tokens: int, capture_tokens: list[int]) -> Optional[int]:
     return sizes[i] if i < len(sizes) else None
 
 
-# --------------------------------------------------------------------------------------------------
-# 2. python/sglang/srt/models/kimi_k25.py · KimiK25ForConditionalGeneration.model, .__setattr__
-# --------------------------------------------------------------------------------------------------
+# -- 2. python/sglang/srt/models/kimi_k25.py · KimiK25ForConditionalGeneration.model, .__setattr__ -
 # no_alias        before the PR (0.5.11-0.5.12.post1): no .model; the gate: "not a language model"
 # plain_alias     self.model = self.language_model.model in __init__ (0.5.10.x): the gate passes,
 #                 but nn.Module registers the text model a second time under model.*
@@ -173,9 +169,7 @@ def strict_load(module: nn.Module, state_dict: dict) -> LoadOutcome:
                            str(exc).splitlines()[0])
 
 
-# --------------------------------------------------------------------------------------------------
-# 3. python/sglang/srt/model_executor/model_runner.py · ModelRunner.init_piecewise_cuda_graphs
-# --------------------------------------------------------------------------------------------------
+# -- 3. python/sglang/srt/model_executor/model_runner.py · ModelRunner.init_piecewise_cuda_graphs --
 logger = logging.getLogger(__name__)
 
 # the warnings of ModelRunner.init_piecewise_cuda_graphs, verbatim
@@ -285,9 +279,7 @@ def quiet_gate():
         logger.setLevel(level)
 
 
-# --------------------------------------------------------------------------------------------------
-# 4. python/sglang/srt/model_executor/piecewise_cuda_graph_runner.py · PiecewiseCudaGraphRunner
-# --------------------------------------------------------------------------------------------------
+# -- 4. python/sglang/srt/model_executor/piecewise_cuda_graph_runner.py · PiecewiseCudaGraphRunner -
 # How activations cross from one piece to the next (``handoff``):
 # "copy"    (the recorded runs) every piece copies what the next one reads (the residual, q, k, v,
 #           and the last piece's output) into fixed buffers sized for the largest bucket; with the

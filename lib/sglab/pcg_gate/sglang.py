@@ -1,10 +1,7 @@
-"""The Kimi-K2.5 ``.model`` alias in real SGLang: the fix's record, its source check, its
-real-release probe and the comparison with the rebuild.
-
-:func:`probe` runs a release's ``KimiK25ForConditionalGeneration.__init__`` around tiny parts (the
-rebuild's own 2-layer LLM), then the release's own gate on a stand-in runner; :func:`comparison`
-sets each answer beside the rebuild's variant for that release, fact by fact. ``ENGINE``: the
-real-engine scenarios; ``CODE_PATH``: where the fix sits in 0.5.13.
+"""The Kimi-K2.5 ``.model`` alias in real SGLang: the fix's record, its source check, its probe (a
+release's ``KimiK25ForConditionalGeneration.__init__`` around the rebuild's 2-layer LLM, then the
+release's gate on a stand-in runner), the comparison with the rebuild, ``ENGINE`` (the real-engine
+scenarios) and ``CODE_PATH`` (where the fix sits in 0.5.13).
 """
 
 from __future__ import annotations
@@ -40,9 +37,7 @@ KEYS = ("gate_enabled", "keys_before_gate", "keys_after_gate", "model_in_modules
 TOKENS = [4, 8, 16]  # any non-empty capture list: the gate only checks that one is set
 
 
-# --------------------------------------------------------------------------------------------------
-# the source check (the release timeline, `sglab upstream`)
-# --------------------------------------------------------------------------------------------------
+# -- the source check (the release timeline, `sglab upstream`) -------------------------------------
 def inspect_kimi_wrapper(source: str, class_name: str = "KimiK25ForConditionalGeneration") -> dict:
     """Static reading of ``models/kimi_k25.py``: property ``model``, a ``__setattr__`` that tests
     ``name == "model"``, or a plain ``self.model = ...`` in ``__init__`` (and what it aliases)."""
@@ -88,9 +83,7 @@ def check(read) -> Verdict:
         "graph gate (hasattr(model, 'model')) refuses it as 'not a language model'")
 
 
-# --------------------------------------------------------------------------------------------------
-# the CPU probe (inside one release's worker process)
-# --------------------------------------------------------------------------------------------------
+# -- the CPU probe (inside one release's worker process) -------------------------------------------
 def build_kimi(kimi, cls=None):
     """Run the release's ``KimiK25ForConditionalGeneration.__init__`` (or ``cls``'s) with tiny
     parts: a 2-layer language model whose layers carry ``self_attn.attn``, so that the real class
@@ -203,9 +196,7 @@ def probe(prepared, params) -> list[dict]:
     ]
 
 
-# --------------------------------------------------------------------------------------------------
-# the comparison: the releases beside the rebuild
-# --------------------------------------------------------------------------------------------------
+# -- the comparison: the releases beside the rebuild -----------------------------------------------
 def rebuild_facts(variant: str) -> dict:
     """The rebuild's wrapper through the rebuild's gate: the facts the probe reports for a
     release."""
@@ -260,13 +251,10 @@ def compare() -> None:
 
 
 def released(rebuilt=None, *, symbol=None, pr=None) -> None:
-    """The fix across the releases, then the released ``symbol`` beside the rebuilt one."""
     real.released(FIX, rebuilt, symbol=symbol, pr=pr)
 
 
-# --------------------------------------------------------------------------------------------------
-# the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_pcg_gate/
-# --------------------------------------------------------------------------------------------------
+# -- the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_pcg_gate/
 # the width sweep: the Llama config's 32 layers at these hidden sizes (head_dim 64, the MLP 2.75×
 # as in the 512 config), each case named w<hidden>-pcg / w<hidden>-off
 WIDTHS = (512, 1024, 2048, 4096)
@@ -324,16 +312,10 @@ ENGINE = (
         input_lens=(128, 512, 1024, 2048), repeats=3, starts=3, output_len=4,
         expect="the gain off / pcg falls as the width (compute per launch) grows"))
 
-# Kimi-K2.5 at its real widths (3 of its 61 layers: what one H200 holds with room for the KV
-# cache), served by the release's own server and measured with its own bench_serving, as the PR
-# measured: TTFT, TPOT and E2E. Piecewise tokens at the release's default (MLA: up to 2048); the
-# decode graphs stop at 8 requests (4 are ever in flight), which keeps each start short. Input
-# lengths: chat-like up to the piecewise cap (4096 tokens, beyond it, is eager either way: the
-# bench scenario has it). A start took about 60 s on an H200 with four lengths (bench_serving
-# sleeps 1 s a pass), and all nine starts must fit one 600-s call.
-# The server's tokenizer manager builds the model's multimodal processor at start-up, which needs
-# Kimi-K2.5's processor files (Hub remote code, no network on the GPU box): 05's stand-in
-# processor (the shared adjustment of that name) is what both fixes' servers get.
+# Kimi-K2.5 at its real widths (3 of its 61 layers fit one H200 with its KV cache) under the
+# release's server and bench_serving, as the PR measured; decode graphs stop at 8 requests (4 in
+# flight) and lengths at the piecewise cap, so nine starts fit one 600-s call. The server builds
+# the multimodal processor at start-up: 05's stand-in processor (a shared adjustment) stands in.
 SERVE_FLAGS = ("--cuda-graph-max-bs", "8")
 PROCESSOR = "kimi-k25-processor-stand-in"  # a shared adjustment: sglab.sglang.engine.spec
 SERVE = Scenario(

@@ -1,10 +1,6 @@
 """Tables and figures of notebook 01, from the rebuild (CPU) or a run (recorded or live), and "your
-own setup".
-
-A run's sections take a RunSet (one run per GPU model) and print its NoRun line where there is none;
-the tables they show are :mod:`sglab.pcg_gate.tables`'. Small prefills are host-bound: their times
-stand beside the per-launch cost of the host that ran them. The real engine's section is declared
-(:data:`VIEW`).
+own setup". A run's sections take a RunSet and print its NoRun line where there is none; small
+prefills stand beside the host's per-launch cost. The real engine's section is :data:`VIEW`.
 """
 
 from __future__ import annotations
@@ -18,8 +14,8 @@ from sglab.pcg_gate import rebuild, sglang
 from sglab.pcg_gate.measure import COPY, GATE_METRICS, gate_facts
 from sglab.pcg_gate.tables import (STAT, _swept, captured_over_off, copy_explanation, gate_table,
                                    host_line, kernel_summary, latency_of, launch_counts,
-                                   launch_table, reading, summary, trace_table, width_gains,
-                                   full_width_gains, FULL_WIDTH)
+                                   launch_table, prefill_sides, reading, summary, trace_table,
+                                   width_gains, full_width_gains, FULL_WIDTH)
 from sglab.pcg_gate.tables import engine_ratios  # noqa: F401 (read as show.engine_ratios)
 
 
@@ -102,9 +98,7 @@ def profiler(rs) -> None:
             notebook.show_table(text.blank(top, ["median_us"]))
 
 
-# --------------------------------------------------------------------------------------------------
-# figures
-# --------------------------------------------------------------------------------------------------
+# -- figures ---------------------------------------------------------------------------------------
 HOW = {
     "no_alias": "no .model", "plain_alias": "self.model =\nself.language_model.model",
     "property_only": "@property model", "property_guard": "@property model\n+ __setattr__ guard"
@@ -230,9 +224,7 @@ def timeline(run, num_tokens: int, variants=("eager", "piecewise", "piecewise_di
     return fig
 
 
-# --------------------------------------------------------------------------------------------------
-# your own setup: a prefill length and --piecewise-cuda-graph-max-tokens
-# --------------------------------------------------------------------------------------------------
+# -- your own setup: a prefill length and --piecewise-cuda-graph-max-tokens ------------------------
 def setup_table(tokens: int, max_tokens: int = 4096, shown: Optional[list] = None):
     """One row per recorded GPU run: the bucket a prefill of ``tokens`` pads to under
     ``--piecewise-cuda-graph-max-tokens`` = ``max_tokens`` (or eager above the largest capture),
@@ -270,23 +262,15 @@ def your_setup(interactive: bool = False):
                             interactive=interactive)
 
 
-# --------------------------------------------------------------------------------------------------
-# the real engine, before and after (data/recorded/engine_pcg_gate/)
-# --------------------------------------------------------------------------------------------------
+# -- the real engine, before and after (data/recorded/engine_pcg_gate/) ----------------------------
 def launch_savings(df: pd.DataFrame, host_us) -> pd.DataFrame:
-    """Per captured case and input length: the launches per prefill step with piecewise graphs and
-    with them off, the launches removed, what they cost at the host's bare per-launch cost
-    (``host_us(release, model, case)``, µs), the measured saving (pcg-off − piecewise prefill, each
-    :data:`STAT` of its starts), and that saving per removed launch, also as a multiple of the bare
-    launch cost: eager spends more host time per kernel than the launch itself (the op's Python and
-    dispatch work), and graphs remove that too."""
+    """Per captured case and input length: the launches removed against pcg-off, what they cost at
+    the host's bare per-launch cost (``host_us(release, model, case)``, µs), the measured saving
+    (each side :data:`STAT` of its starts), and that saving per removed launch."""
     counts = launch_counts(df)
     if counts.empty:
         return pd.DataFrame()
-    ms = engine_stats.reading(df, "prefill", STAT)
-    prefill = {(*k, int(n)): v
-               for k, n, v in zip(ms[engine_records.KEYS].itertuples(
-                   index=False), ms["input_len"], ms["value"])}
+    prefill = {k: x[0] for k, x in prefill_sides(df).items()}
     launches = counts["launches"].to_dict()
     rows = []
     for (model, rel, case, n), row in counts.iterrows():
@@ -424,9 +408,7 @@ def _draw_width(ax, df: pd.DataFrame, gains: pd.DataFrame, gpu: str, cost, *, le
         ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
 
 
-# --------------------------------------------------------------------------------------------------
-# the rebuild beside the real engine and the PR
-# --------------------------------------------------------------------------------------------------
+# -- the rebuild beside the real engine and the PR -------------------------------------------------
 def beside_rows(rs, engine) -> list[dict]:
     """How much piecewise graphs buy, as the rebuild, the real engine and the PR measure it, over
     the engine's token range: the launch counts first (the same on any host), then the timings."""

@@ -1,10 +1,6 @@
-"""A pcg_gate run read as tables, and the real engine's runs read as 01's pairs: what the claims
-check and the notebook shows.
-
-A rebuild run: latency per token count, launches against the host's per-launch cost, the gate per
-wrapper variant, the traced pass and the copies. An engine frame (``sglab.core.engine_records``):
-each captured case over pcg-off, the launch pass's counts, the width sweep's gains.
-"""
+"""A pcg_gate run read as tables (latency, launches, the gate, the traced pass, the copies), and
+the real engine's runs read as 01's pairs, launch counts and width gains: what the claims check and
+the notebook shows."""
 
 from __future__ import annotations
 
@@ -24,9 +20,7 @@ LAUNCH_BOUND = 128  # token counts up to here: eager prefill is its launches
 STAT = engine_stats.STAT  # what the engine's timings read: the fastest repeat of any start
 
 
-# --------------------------------------------------------------------------------------------------
-# tables of a run
-# --------------------------------------------------------------------------------------------------
+# -- tables of a run -------------------------------------------------------------------------------
 def _per_token(df: pd.DataFrame) -> pd.DataFrame:
     d = df.dropna(subset=["num_tokens"]).copy()
     d["num_tokens"] = d["num_tokens"].astype(int)
@@ -64,11 +58,9 @@ def latency_of(run) -> pd.DataFrame:
 
 
 def launch_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Method 3, per timed token count: launches of one prefill, the host's µs per launch (by
-    ``time.perf_counter`` and by CUDA events), eager µs per launch and its multiple of the host's
-    cost, piecewise's device time, and ``gain explained``: the measured gain over what the launches
-    piecewise removes cost (eager time minus piecewise's floor: its device time, or its own launches
-    at eager's µs per launch where that is longer). Empty for older runs."""
+    """Method 3, per timed token count: launches, the host's µs per launch, eager's multiple of it,
+    and ``gain explained``: the measured gain over what the removed launches cost (eager time minus
+    piecewise's floor: its device time, or its launches at eager's µs per launch). Empty before."""
     d = _per_token(df)
     w = d[d.metric.isin(["launches", "device_us", "time_median", "launch_us", "launch_event_us"
                          ])].pivot_table(index="num_tokens", columns=["variant", "metric"],
@@ -105,9 +97,8 @@ def slowdown_start(speedup: pd.Series) -> Optional[int]:
 
 
 def buffer_copy_bytes(params: dict, num_tokens: int) -> int:
-    """Bytes the copy hand-off moves on top of the eager forward, per prefill: per layer the
-    residual, q, k, v and the attention output once more (5 ``tokens × hidden`` bf16 tensors, each
-    written and read back), plus the final output."""
+    """Bytes the copy hand-off adds per prefill: per layer 5 ``tokens × hidden`` bf16 tensors
+    (residual, q, k, v, attention output) written and read back, plus the final output."""
     p = {**DEFAULT_PARAMS, **params}
     return 2 * int(num_tokens) * int(p["hidden"]) * 2 * (5 * int(p["num_layers"]) + 1)
 
@@ -187,9 +178,7 @@ def host_line(run) -> str:
             "small-prefill times and speed-ups scale with it and hold for this host")
 
 
-# --------------------------------------------------------------------------------------------------
-# the GPU sections of the notebook
-# --------------------------------------------------------------------------------------------------
+# -- the GPU sections of the notebook --------------------------------------------------------------
 def summary(run) -> str:
     """What the gate decided and what the capture cost, from one run."""
     f = run_facts(run.df)
@@ -238,18 +227,14 @@ def reading(run) -> str:
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------------------------------
-# the real engine's runs (data/recorded/engine_pcg_gate/)
-# --------------------------------------------------------------------------------------------------
+# -- the real engine's runs (data/recorded/engine_pcg_gate/) ---------------------------------------
 def _swept(case) -> bool:
     return bool(sglang.WIDTH_CASE.match(str(case)))
 
 
 def captured_over_off(df: pd.DataFrame, stat: str = STAT) -> dict:
     """``{(model, release, on-case): {input_len: (off / on, lo, hi)}}`` where a captured case and
-    'pcg-off' both ran (the width sweep and the full-width models are read on their own:
-    :func:`width_gains`), each side ``stat`` of its starts, ``lo``–``hi`` the widest the starts
-    allow."""
+    'pcg-off' both ran (not the width sweep nor the full-width models: :func:`width_gains`)."""
     pcg, wide = engine_stats.texts(df, "pcg"), {sglang.FULL_BENCH.model, sglang.RANK_BENCH.model}
     return {
         k: r
@@ -264,9 +249,8 @@ def engine_ratios(df: pd.DataFrame, stat: str = STAT) -> dict:
 
 
 def launch_counts(df: pd.DataFrame) -> pd.DataFrame:
-    """The launch pass's counts per prefill step: per (model, release, case, tokens) the kernels
-    launched one by one, the CUDA graphs replayed and their sum (``launches``), with the release's
-    piecewise decision (``pcg``)."""
+    """The launch pass's counts per (model, release, case, tokens): ``kernels`` launched, ``graphs``
+    replayed, their sum ``launches``, and the release's decision ``pcg``."""
     rows: dict = {}
     for metric, col in (("prefill_kernel_launches", "kernels"), ("prefill_graph_launches",
                                                                  "graphs")):
@@ -285,31 +269,33 @@ def launch_counts(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _gain(on: tuple, off: tuple) -> dict:
-    """Off over on, each ``(value, lo, hi, starts)`` of its engine starts: the gain, and ``lo``–
-    ``hi`` the widest the starts allow."""
+    """Off over on, each ``(value, lo, hi, starts)``: the gain, ``lo``–``hi`` the widest the starts
+    allow."""
     return {
         "gain": off[0] / on[0], "lo": off[1] / on[2], "hi": off[2] / on[1],
         "starts": min(on[3], off[3])
     }
 
 
-def width_gains(df: pd.DataFrame) -> pd.DataFrame:
-    """The width sweep (``01-llama-width``): per hidden size and input length, prefill with
-    piecewise graphs off over prefill with them captured, each side :data:`STAT` of its starts;
-    rows ``hidden, tokens, gain, lo, hi, starts``, ``lo``–``hi`` the widest the starts allow."""
+def prefill_sides(df: pd.DataFrame) -> dict:
+    """``{(model, release, case, input_len): (value, lo, hi, starts)}`` of prefill, each
+    :data:`STAT` of its starts."""
     d = engine_stats.reading(df, "prefill", STAT)
-    pcg = engine_stats.texts(df, "pcg")
-    arms: dict = {}
-    for k, n, v, lo, hi, st in zip(d[engine_records.KEYS].itertuples(index=False), d["input_len"],
-                                   d["value"], d["lo"], d["hi"], d["starts"]):
-        m = sglang.WIDTH_CASE.match(k[2])
-        if m and (m["arm"] == "off" or pcg.get(tuple(k)) == "captured"):
-            arms[(int(m["hidden"]), int(n), m["arm"])] = (v, lo, hi, int(st))
-    rows = []
-    for (h, n, arm), on in sorted(arms.items()):
-        off = arms.get((h, n, "off"))
-        if arm == "pcg" and off:
-            rows.append({"hidden": h, "tokens": n, **_gain(on, off)})
+    return {(*k, int(n)): (v, lo, hi, int(st))
+            for k, n, v, lo, hi, st in zip(d[engine_records.KEYS].itertuples(
+                index=False), d["input_len"], d["value"], d["lo"], d["hi"], d["starts"])}
+
+
+def width_gains(df: pd.DataFrame) -> pd.DataFrame:
+    """The width sweep (``01-llama-width``): per hidden size and input length, prefill off over
+    captured (:func:`_gain`); rows ``hidden, tokens, gain, lo, hi, starts``."""
+    pcg, arms = engine_stats.texts(df, "pcg"), {}
+    for (model, rel, case, n), side in prefill_sides(df).items():
+        m = sglang.WIDTH_CASE.match(case)
+        if m and (m["arm"] == "off" or pcg.get((model, rel, case)) == "captured"):
+            arms[(int(m["hidden"]), n, m["arm"])] = side
+    rows = [{"hidden": h, "tokens": n, **_gain(on, arms[(h, n, "off")])}
+            for (h, n, arm), on in sorted(arms.items()) if arm == "pcg" and (h, n, "off") in arms]
     return pd.DataFrame(rows, columns=["hidden", "tokens", "gain", "lo", "hi", "starts"])
 
 
@@ -322,24 +308,18 @@ FULL_WIDTH = {
 
 def full_width_gains(df: pd.DataFrame) -> pd.DataFrame:
     """``01-kimi-full-bench`` and ``01-kimi-rank-bench`` read as :func:`width_gains` reads the
-    Llama sweep: per model and input length, prefill with piecewise graphs off over enforced (the
-    scenarios' release, variants that started), each side :data:`STAT` of its starts;
-    ``replayed``: whether the launch pass saw the enforced step replay graphs at that length
-    (False beyond the release's capture cap, where both sides run eager; None without a launch
-    pass)."""
+    Llama sweep (enforced over off, the scenarios' release); ``replayed``: whether the launch pass
+    saw the enforced step replay graphs (False beyond the capture cap, None without a launch pass)."""
     cols = ["model", "hidden", "label", "tokens", "gain", "lo", "hi", "starts", "replayed"]
     if df.empty or not df["model"].isin(FULL_WIDTH).any():
         return pd.DataFrame(columns=cols)
     df = df[df["model"].isin(FULL_WIDTH) & (df["release"] == sglang.FULL_BENCH.releases[-1])]
-    d = engine_stats.reading(df, "prefill", STAT)
-    side = {(m, c, int(n)): (v, lo, hi, int(st))
-            for m, c, n, v, lo, hi, st in zip(d["model"], d["case"], d["input_len"], d["value"],
-                                              d["lo"], d["hi"], d["starts"])}
-    graphs = engine_stats.numbers(df, "prefill_graph_launches")
-    graphs = {
+    side = {(m, c, n): x for (m, _, c, n), x in prefill_sides(df).items()}
+    g = engine_stats.numbers(df, "prefill_graph_launches")
+    graphs = {} if g.empty else {
         (m, c, int(n)): v
-        for m, c, n, v in zip(graphs["model"], graphs["case"], graphs["input_len"], graphs["value"])
-    } if not graphs.empty else {}
+        for m, c, n, v in zip(g["model"], g["case"], g["input_len"], g["value"])
+    }
     rows = []
     for (m, case, n), on in sorted(side.items()):
         off = side.get((m, "pcg-off", n))
