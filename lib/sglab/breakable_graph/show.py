@@ -96,10 +96,8 @@ def segment_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def hit_table(rows: list[dict]) -> pd.DataFrame:
     """The rows of :func:`~sglab.breakable_graph.measure.hit_rate_rows`, one row per runner."""
-    hit = pd.DataFrame(rows)
-    return (hit[hit["variant"].isin(["before", "after"])].pivot_table(
-        index="variant", columns="metric",
-        values="value")[["batches", "graph_batches", "hit_rate", "token_hit_rate"]])
+    hits = pd.DataFrame(hit_rates(pd.DataFrame(rows))).T
+    return hits[["batches", "graph_batches", "hit_rate", "token_hit_rate"]]
 
 
 def speedup_table(df: pd.DataFrame) -> pd.DataFrame:

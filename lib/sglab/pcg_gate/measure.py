@@ -1,10 +1,7 @@
 """Notebook 01 on one GPU: eager prefill (the wrapper the gate refuses) against piecewise-CUDA-graph
-prefill (the one it lets through), per token count, and what the host pays per launch.
-
-Phases of :func:`run`: build, gate, capture, correctness, timing (the prefills and a burst of tiny
-kernels, :class:`Burst`, in interleaved rounds), profile. Method 2 added the per-variant gate rows,
-the direct hand-off, the traced pass and the kernel table; method 3 the host's per-launch cost
-(``host`` rows) and the counting pass. :func:`sweep` takes its timer and device (CPU tests).
+prefill (the one it lets through), per token count, and what the host pays per launch. Method 2
+added the per-variant gate rows, the direct hand-off, the traced pass and the kernel table; method
+3 the host's per-launch cost (``host`` rows) and the counting pass. :func:`sweep` runs on the CPU.
 """
 
 from __future__ import annotations
@@ -42,10 +39,6 @@ DEFAULT_PARAMS = {
 }
 TOL_ULPS = 8  # accepted max |piecewise - eager|: 8 bf16 units in the last place at the output's max
 HOST = "host"  # the variant of the per-launch cost rows
-
-
-def gpus(params: dict) -> int:
-    return GPUS
 
 
 def bf16_ulp(x: float) -> float:

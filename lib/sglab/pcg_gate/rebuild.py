@@ -67,10 +67,9 @@ def tiny_language_model() -> CausalLM:
 class _KimiK25Shape(nn.Module):
     """A vision tower, a projector, and the LLM (``.model.layers``) under ``language_model``."""
 
-    def __init__(self, language_model: nn.Module, vision_dim: int = 4, text_hidden: int = 4):
+    def __init__(self, language_model: nn.Module):
         super().__init__()
-        self.vision_tower = nn.Linear(vision_dim, vision_dim)
-        self.mm_projector = nn.Linear(vision_dim, text_hidden)
+        self.vision_tower, self.mm_projector = nn.Linear(4, 4), nn.Linear(4, 4)
         self.language_model = language_model
 
 
@@ -80,8 +79,8 @@ class KimiNoAlias(_KimiK25Shape):
 
 class KimiPlainAlias(_KimiK25Shape):
     # the gate's write-back assigns the same module again (resolve_language_model: model.model)
-    def __init__(self, language_model: nn.Module, **kw):
-        super().__init__(language_model, **kw)
+    def __init__(self, language_model: nn.Module):
+        super().__init__(language_model)
         self.model = self.language_model.model
 
 

@@ -38,10 +38,10 @@ TOKENS = [4, 8, 16]  # any non-empty capture list: the gate only checks that one
 
 
 # -- the source check (the release timeline, `sglab upstream`) -------------------------------------
-def inspect_kimi_wrapper(source: str, class_name: str = "KimiK25ForConditionalGeneration") -> dict:
+def inspect_kimi_wrapper(source: str) -> dict:
     """Static reading of ``models/kimi_k25.py``: property ``model``, a ``__setattr__`` that tests
     ``name == "model"``, or a plain ``self.model = ...`` in ``__init__`` (and what it aliases)."""
-    cls = S.find(S.parse(source), class_name)
+    cls = S.find(S.parse(source), "KimiK25ForConditionalGeneration")
     found = {
         "class": isinstance(cls, ast.ClassDef), "property": False, "guard": False,
         "plain_alias": None

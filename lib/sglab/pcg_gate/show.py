@@ -312,13 +312,10 @@ VIEW = engine_view.EngineView(
                             cases=("enforce", "pcg")),), extra=_launch_cells)
 
 
+@notebook.needs_run
 def engine_times(rs) -> None:
-    """The appendix's engine tables: prefill per input length over the engine starts (the width
-    sweep aside), and what the removed launches cost at the bare per-launch cost beside the saving
-    measured."""
-    if not rs:
-        print(rs.line)
-        return
+    """The appendix's engine tables: prefill per input length (the width sweep aside), and what the
+    removed launches cost at the bare per-launch cost beside the saving measured."""
     df = engine_records.frame(rs.shown)
     notebook.show_table(
         engine_view.table(df[~df["case"].map(_swept)], engine_view.Table("prefill", "input_len")))
@@ -331,10 +328,8 @@ def engine_times(rs) -> None:
 
 
 def width_sweep(rs) -> None:
-    """Where piecewise graphs stop paying: the gain (off / captured prefill) against the prefill's
-    tokens, one line per hidden size of the same 32 Llama layers, the bars spanning the engine
-    starts; one panel per GPU model that recorded the sweep, each with its hosts' bare per-launch
-    cost."""
+    """Where piecewise graphs stop paying: the gain (off / captured prefill) against the tokens, a
+    line per hidden size of the same 32 Llama layers; a panel per GPU model that recorded it."""
     panels = _width_panels(rs) if rs else []
     if not panels:
         print("no width sweep recorded yet: on a GPU box, bash scripts/engine_gpu.sh --scenario "
@@ -368,8 +363,7 @@ def _width_panels(rs) -> list:
 
 
 def _draw_width(ax, df: pd.DataFrame, gains: pd.DataFrame, gpu: str, cost, *, legend: bool,
-                full: Optional[pd.DataFrame] = None):
-    full = full if full is not None else pd.DataFrame()
+                full: pd.DataFrame):
     both = pd.concat([gains, full]) if not full.empty else gains
     starts, mixed = int(both["starts"].min()), both["starts"].nunique() > 1
     widths = gains["hidden"].nunique()
@@ -381,7 +375,7 @@ def _draw_width(ax, df: pd.DataFrame, gains: pd.DataFrame, gpu: str, cost, *, le
                     label=f"hidden {h}" + (f" ({n} start{'s' if n > 1 else ''})" if mixed else ""))
     # Kimi-K2.5's own widths (1 dense + 2 MoE layers), squares; hollow where the enforced step
     # replayed no graph (beyond the release's capture cap: eager on both sides)
-    for (label, n), g in full.groupby(["label", "starts"], sort=False) if not full.empty else ():
+    for (label, n), g in full.groupby(["label", "starts"], sort=False):
         line = ax.errorbar(g["tokens"], g["gain"], yerr=[g["gain"] - g["lo"], g["hi"] - g["gain"]],
                            marker="s", ls=":", capsize=3, elinewidth=0.8,
                            label=label + (f" ({n} start{'s' if n > 1 else ''})" if mixed else ""))
@@ -440,10 +434,7 @@ def beside_rows(rs, engine) -> list[dict]:
             + (f" (starts {text.span(spread, unit='×')})" if starts > 1 else "")
         })
     if not pairs:
-        rows.append({
-            "source": "SGLang engine", "figure": "",
-            "measures": getattr(engine, "line", "no captured + pcg-off pair")
-        })
+        rows.append({"source": "SGLang engine", "figure": "", "measures": engine.line})
     unit, before, after = sglang.PR_BENCHMARK["metrics"]["TTFT"]
     rows.append({
         "source": f"#26382's description ({sglang.PR_BENCHMARK['where']})",

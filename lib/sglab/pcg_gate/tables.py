@@ -148,8 +148,7 @@ def copy_explanation(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def kernel_summary(table: pd.DataFrame, top: int = 8) -> pd.DataFrame:
-    """The per-kernel sidecar for reading: per label the ``top`` kernels by time, the rest
-    summed."""
+    """The per-kernel sidecar: per label the ``top`` kernels by time, the rest summed."""
     out, table = [], table.assign(short=table.kernel.map(kernel_table.short_name))
     for label, g in table.groupby("label", sort=False):
         g = g.sort_values("total_us", ascending=False)

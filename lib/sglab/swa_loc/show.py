@@ -9,6 +9,8 @@ import re
 from collections import Counter
 from typing import Dict, Optional
 
+import pandas as pd
+
 from sglab.core import notebook, plots, text
 from sglab.core import engine_records, engine_stats, engine_view
 from sglab.swa_loc import rebuild
@@ -82,8 +84,6 @@ def profiler_agreement(df) -> Dict[str, int]:
 
 def time_table(df):
     """Per layout × bs: median replay time per variant (µs), ratios, µs saved per SWA layer."""
-    import pandas as pd
-
     d = sweep_rows(df)
     med = d[d.metric == "time_median"].pivot_table(index=_CFG + ["batch_size"], columns="variant",
                                                    values="value") * 1e3
@@ -183,8 +183,6 @@ def times(run) -> None:
     """Replay times at every cell, the before/#24743 ratio per GPU, and their figure."""
     notebook.show_table(time_table(run.first.df).round(2))
     if len(run.shown) > 1:
-        import pandas as pd
-
         print("before / #24743 on each GPU (newest run per GPU), batch size in the columns:")
         ratios = {
             r.manifest.gpu: time_table(r.df)["before / #24743"].unstack("batch_size")
@@ -197,8 +195,6 @@ def times(run) -> None:
 @notebook.needs_run
 def padding(run) -> None:
     """The padding scenario on real graphs, per GPU: (layer, slot) pairs corrupted and predicted."""
-    import pandas as pd
-
     notebook.show_table(pd.concat({r.manifest.gpu: pad_table(r.df) for r in run.shown}, axis=1))
 
 
@@ -431,9 +427,7 @@ def beside_rows(run, engine_run) -> list[dict]:
             "figure": text.span(saved, "{:.1f}", " µs")
         })
     else:
-        rows.append({
-            "source": "rebuild", "measures": getattr(run, "line", "no GPU run"), "figure": ""
-        })
+        rows.append({"source": "rebuild", "measures": run.line, "figure": ""})
     if engine_run:
         df = engine_records.frame(engine_run.shown)
         per = engine_stats.texts(df, "decode_kernels_per_replay")
@@ -450,10 +444,7 @@ def beside_rows(run, engine_run) -> list[dict]:
                 f"(({float(before):g} − {float(released):g}) / {n_swa})", "figure": f"{extra:g}"
             })
     else:
-        rows.append({
-            "source": "SGLang engine", "figure": "",
-            "measures": getattr(engine_run, "line", "no engine run")
-        })
+        rows.append({"source": "SGLang engine", "figure": "", "measures": engine_run.line})
     return rows
 
 
