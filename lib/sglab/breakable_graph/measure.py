@@ -183,8 +183,7 @@ def profile_pass(p: dict, model, before, after, batch_for, on_gpu: bool) -> tupl
 
 # -- the run ---------------------------------------------------------------------------------------
 def three_requests(model, before, after, batch, on_gpu: bool = False) -> list:
-    """Part a: the before graph replayed for a 3-request batch (what ``can_run`` prevents), the
-    after graph for the same, and eager."""
+    """Part a: the before and after graphs replayed for a 3-request batch, and eager."""
     eager3 = rebuild.run_eager(model, batch)
     got, aft3 = before.replay(batch).clone(), after.replay(batch).clone()
     if on_gpu:
@@ -246,8 +245,7 @@ def _latency(model, before, after, p: dict, batch_for, timer) -> list:
 
 def run(params: Optional[dict] = None, *, progress: bool = True,
         device: Optional[torch.device | str] = None) -> runs.Measured:
-    """The run on one GPU (``device=None``: the current CUDA device; ``"cpu"``: the row plumbing
-    with emulated graphs and host times, for the tests)."""
+    """The run on one GPU (``device=None``: the current one; ``"cpu"``: emulated, for the tests)."""
     if device is None:
         if not torch.cuda.is_available():
             raise RuntimeError("the breakable_graph experiment needs a CUDA GPU")

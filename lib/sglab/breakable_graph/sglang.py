@@ -262,8 +262,7 @@ def describe(f: dict) -> str:
 
 
 def release_rows(release: str, result, variant_of: dict = VARIANT_OF) -> list:
-    """Per model shape every fact of the release's runner beside the rebuild's variant for it; a
-    release without the runner file says so."""
+    """Per model shape the release's runner beside the rebuild's (or: no runner file)."""
     has_runner = real.facts(result).get("runner_file") is not None
     if not has_runner or release not in variant_of:
         return [

@@ -117,10 +117,9 @@ def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def speedups(df: pd.DataFrame) -> dict:
-    """After vs eager over the timed prefills of 2+ requests: ``min``, ``max``, ``median``, the
-    same up to :data:`LAUNCH_BOUND` tokens (``*_launch_bound``), and the A/A control ("before" runs
-    eager's code there): ``aa_noise`` the largest ``|eager ÷ before − 1|``, ``aa_margin`` the
-    smallest ``speedup − 1 − noise``; ``{}`` without cells."""
+    """After vs eager over the timed prefills of 2+ requests: ``min``, ``max``, ``median``, those up
+    to :data:`LAUNCH_BOUND` (``*_launch_bound``), ``aa_noise`` the largest ``|eager ÷ before − 1|``
+    and ``aa_margin`` the smallest ``speedup − 1 − noise``; ``{}`` without cells."""
     t = latency_table(df)
     multi = t[t["batch_size"] > 1]
     s = multi["speedup_after"]
@@ -334,8 +333,7 @@ def _bs3(run) -> pd.DataFrame:
 
 def mechanism(run=None):
     """One captured forward as graph segments and eager breaks, before #24662 (the logits tail in
-    the last segment) and after (the tail eager), for the run's layer count and 3-request outcome
-    (a NoRun: the defaults and the CPU rebuild)."""
+    the last segment) and after, for the run's layer count (a NoRun: the CPU rebuild's)."""
     params = run.manifest.params if run else {}
     layers = int(params.get("num_layers", measure.DEFAULT_PARAMS["num_layers"]))
     before, after = (capture_structure(b, layers) for b in rebuild.BOUNDARIES)
@@ -400,8 +398,7 @@ def latency_figure(run):
 
 
 def timeline(run):
-    """The 3-request prefill in the profiler: before (every kernel launched eagerly) vs after
-    (graph launches with eager attention between them)."""
+    """The 3-request prefill in the profiler: before (all eager) vs after (graph launches)."""
     ev = run.sidecar("events")
     tables = {
         f"{v} (3 req)": plots.window(ev[ev.variant == v])
@@ -418,9 +415,8 @@ def timeline(run):
 # -- your own setup: a prefill traffic mix -> the graph hit rate of each runner --------------------
 def traffic_table(p_single: float, max_requests: int, max_len: int,
                   largest_bucket: int) -> pd.DataFrame:
-    """1000 seeded prefill batches of this mix (one request with probability ``p_single``, else
-    2..``max_requests``; lengths log-uniform in 16..``max_len``) routed by each runner's ``can_run``
-    with buckets up to ``largest_bucket`` tokens: exact, no GPU."""
+    """1000 seeded prefill batches of this mix (one request with probability ``p_single``, lengths
+    log-uniform in 16..``max_len``) routed by each runner's ``can_run``: exact, no GPU."""
     p = {
         **measure.DEFAULT_PARAMS, "stream_p_single": p_single, "stream_max_bs": max_requests,
         "stream_max_len": max_len, "capture_num_tokens": [largest_bucket]
@@ -434,8 +430,7 @@ def traffic_table(p_single: float, max_requests: int, max_len: int,
 
 
 def your_setup(interactive: bool = False):
-    """Your prefill traffic -> the share of batches (and tokens) each runner serves from its graph
-    (a static table; with ``interactive``, controls in JupyterLab)."""
+    """Your prefill traffic -> the share of batches (and tokens) on each runner's graph."""
     controls = dict(p_single=[0.0, 0.1, 0.35, 0.6, 0.9], max_requests=[2 << i for i in range(5)],
                     max_len=[256 << i for i in range(6)],
                     largest_bucket=[1024 << i for i in range(5)])
@@ -451,9 +446,8 @@ def your_setup(interactive: bool = False):
 
 # -- the real engine, before and after -------------------------------------------------------------
 def beside_rows(run, engine_run) -> list[dict]:
-    """Eager over graph for prefills of several requests, as the rebuild (``run``: a Run or a NoRun;
-    forward only) and SGLang's engine (a whole Engine.generate call) measure it, before and after
-    #24662; the counts first (they do not move with the host)."""
+    """Eager over graph for prefills of several requests, as the rebuild (forward only) and SGLang's
+    engine (a whole Engine.generate call) measure it; the counts first."""
     rows = count_rows(run, engine_run)
     if run:
         multi = latency_of(run)[lambda t: t["batch_size"] > 1]
@@ -520,8 +514,7 @@ def beside(run, engine_run) -> None:
 
 
 def eager_over_graph(df: pd.DataFrame, stat: str = engine_stats.STAT) -> dict:
-    """``{release: {requests: (eager / bcg, lo, hi)}}`` of Engine.generate, each side ``stat`` of
-    its starts, where a release ran both cases, ``lo``–``hi`` the widest the starts allow."""
+    """``{release: {requests: (eager / bcg, lo, hi)}}`` of Engine.generate, each side ``stat``."""
     pairs = engine_stats.ratios(df, "latency", "requests", "eager", stat)
     return {rel: r for (_, rel, case), r in pairs.items() if case == "bcg"}
 
@@ -532,8 +525,7 @@ def engine_ratios(df: pd.DataFrame, stat: str = engine_stats.STAT) -> dict:
 
 
 def engine_figure(df):
-    """Latency per request count, one line per release and case; a filled marker where the prefill
-    ran on the graph, an open one where it fell back to eager."""
+    """Latency per request count, a line per release and case; filled where on the graph."""
     import matplotlib.pyplot as plt
 
     lat = engine_stats.numbers(df, "latency", only_started=True)

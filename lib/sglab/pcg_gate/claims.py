@@ -93,8 +93,7 @@ def _graph_count(run):
 
 # -- small prefills: the speed-up and the launches behind it ---------------------------------------
 def _ratios(sp) -> dict:
-    """The raw eager/piecewise ratios of a run: their range, where the largest is, where piecewise
-    starts to lose."""
+    """The raw eager/piecewise ratios: their range, the largest's place, where piecewise loses."""
     return {
         "max": float(sp.max()), "max_at": int(sp.idxmax()), "min": float(sp.min()),
         "slowdown_from": tables.slowdown_start(sp), "tokens_lo": int(sp.index.min()),
@@ -347,10 +346,9 @@ def _paired(run):
 
 
 def _speedup(run):
-    """Each captured case against pcg-off of its own model and release, each side its fastest
-    repeat of any start (``tables.STAT``), over the gap that release's A/A control (pcg-off started
-    twice) measured on the same statistic: the value holds one group per pair (``pairs``), so a
-    rerun of one model is compared with the record of that model."""
+    """Each captured case against pcg-off of its own model and release (each side ``tables.STAT`` of
+    its starts) over that release's A/A gap; ``pairs`` holds one group per pair, so a rerun of one
+    model is compared with that model's record."""
     df = engine_records.frame([run])
     starts = engine_stats.starts_in(df, "prefill")
     gaps = engine_stats.aa_gap(df, "prefill", "input_len", tables.STAT)
@@ -380,9 +378,8 @@ def _layers(model: str) -> int:
 
 
 def _launches(run):
-    """Captured: one graph per piece (layers + 1: SGLang splits the step at each attention) and
-    the same kernels left outside them at every token count. Not captured: no graph, and exactly
-    the launches of pcg-off, whatever the flags asked."""
+    """Captured: layers + 1 graphs and the same kernels outside them at every token count. Not
+    captured: no graph, exactly the launches of pcg-off."""
     counts = tables.launch_counts(engine_records.frame([run]))
     if counts.empty:
         return not_applicable("no launch pass in this run")
@@ -416,8 +413,7 @@ _K = f"{KIMI} {FIXED_RELEASE}"  # the fixed release's Kimi-K2.5 variants: "<_K> 
 
 
 def _per_release(cid: str) -> str:
-    """``disabled on 0.5.12.post1, captured on 0.5.13``: a claim's value per release of 01-kimi-pcg,
-    as a headline's template."""
+    """A claim's value per release of 01-kimi-pcg, as a headline's template."""
     return ", ".join(f"{{v[{cid}][{rel}]}} on {rel}" for rel in sglang.ENGINE[0].releases)
 
 

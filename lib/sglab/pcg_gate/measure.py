@@ -69,8 +69,8 @@ def model_config(p: dict) -> DecoderConfig:
 
 
 def language_model(cfg: DecoderConfig, device, dtype=torch.bfloat16, *, seed: int = 0) -> CausalLM:
-    """The measured LLM (``DeepseekV3ForCausalLM``'s attribute shape), built on ``device``. No
-    lm_head: prefill latency stops at the final norm (upstream's capture stops there too)."""
+    """The measured LLM (``DeepseekV3ForCausalLM``'s attribute shape) on ``device``, no lm_head
+    (upstream's capture stops at the final norm too)."""
     return build_on_device(lambda: CausalLM(cfg, lm_head=False), device, dtype, seed=seed,
                            num_layers=cfg.num_layers)
 
@@ -107,8 +107,7 @@ def gate_facts(wrapper: nn.Module, num_hidden_layers: int, capture_tokens=None) 
 
 
 def gate_rows(lm: nn.Module, num_hidden_layers: int, capture_tokens) -> tuple:
-    """Rows of :func:`gate_facts` for every wrapper variant around ``lm`` (references, no copy),
-    and the facts by variant."""
+    """Rows of :func:`gate_facts` per wrapper variant around ``lm``, and the facts."""
     facts = {
         v: gate_facts(rebuild.build_wrapper(v, language_model=lm), num_hidden_layers,
                       capture_tokens)
@@ -119,13 +118,10 @@ def gate_rows(lm: nn.Module, num_hidden_layers: int, capture_tokens) -> tuple:
 
 # -- the host's per-launch cost --------------------------------------------------------------------
 class Burst(timing.Burst):
-    """:class:`sglab.core.timing.Burst`, timed in the same interleaved rounds as the prefills (so a
-    host that slows down slows both); the timing loop's CUDA events around the same call give the
-    device's view of it."""
+    """:class:`sglab.core.timing.Burst`, timed in the same interleaved rounds as the prefills."""
 
     def rows(self, events: timing.Timing, warmup: int, n=None, bucket=None) -> list:
-        """µs per launch: median, p10, p90 by ``time.perf_counter`` (warm-up calls dropped), and
-        the median by CUDA events where ``events`` came from them."""
+        """µs per launch: median, p10, p90 by ``time.perf_counter``; the median by CUDA events."""
         host = timing.Timing(self.host_ms[warmup:], clock="host-perf-counter")
         rows = [
             _row(HOST, m, t * 1e3 / self.n, "us", n, bucket)
@@ -202,8 +198,8 @@ def count_rows(events: pd.DataFrame) -> list:
 
 
 def _kernel_table(p, eager_fwd, ref_runner, inputs, sidecars: dict, extra: dict) -> list:
-    """Per-kernel table of the eager prefill and of the same pieces run eagerly (with their
-    copies); nsight-python's collector does not attribute the kernels of a graph replay."""
+    """Per-kernel table of the eager prefill and of the same pieces run eagerly (nsight does not
+    attribute a graph replay's kernels)."""
     n = int(p["kernel_table_tokens"])
     ids, pos = inputs[n]
     fns = {
@@ -220,9 +216,8 @@ def _kernel_table(p, eager_fwd, ref_runner, inputs, sidecars: dict, extra: dict)
 
 
 def profile_pass(p: dict, dev, fns_at, eager_fwd, ref_runner, inputs: dict) -> tuple:
-    """The per-kernel table (first: nsight's CUPTI collector cannot subscribe once torch.profiler
-    has), the traced pass at ``trace_token_counts`` and the counting pass at every timed count;
-    ``fns_at(n)``: the prefills of one token count by variant. Returns rows, sidecars, extra."""
+    """The per-kernel table (first: CUPTI takes one subscriber), the traced pass and the counting
+    pass; ``fns_at(n)``: one count's prefills by variant. Returns rows, sidecars, extra."""
     cuda = dev.type == "cuda"
     rows, sidecars, extra = [], {}, {}
     if cuda and p.get("kernel_table_tokens"):
@@ -254,8 +249,7 @@ def _sdpa_backends():
 
 
 def run(params: Optional[dict] = None, *, progress: bool = True) -> runs.Measured:
-    """Eager prefill (gate off) against piecewise-graph prefill (gate on) per token count, on one
-    GPU."""
+    """Eager prefill (gate off) against piecewise-graph prefill (gate on) on one GPU."""
     if not torch.cuda.is_available():
         raise RuntimeError("the pcg_gate measurement captures CUDA graphs: it needs a CUDA GPU")
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -296,8 +290,7 @@ def _runners(lm, p: dict, capture_tokens: list, use_graphs: bool, say) -> tuple:
 
 
 def _correctness_rows(n, N, eager_fwd, ids, pos, runner, ref_runner, direct) -> list:
-    """Piecewise against the eager forward and against the same padded pieces run eagerly (and
-    direct against eager where ``direct`` runs this count)."""
+    """Piecewise (and direct) against eager and the same padded pieces run eagerly."""
     ref, pcg = eager_fwd(ids, pos).clone(), runner.forward(ids).clone()
     c, same = compare(pcg, ref), compare(pcg, ref_runner.forward(ids).clone())
     rows = [
@@ -339,8 +332,7 @@ def check_params(p: dict, capture_tokens: list) -> list:
 
 def sweep(p: dict, dev: torch.device, *, use_graphs: bool, timer,
           progress: bool = False) -> runs.Measured:
-    """The measurement on ``dev``. On the CPU (the tests) there are no graphs, no direct runner, no
-    kernel table and no CUDA-event clock; the profiler passes record host events only."""
+    """The measurement on ``dev``; on the CPU: no graphs, kernel table or CUDA events."""
     p = {**DEFAULT_PARAMS, **p}
     torch.manual_seed(int(p["seed"]))
     capture_tokens = rebuild.piecewise_cuda_graph_tokens(int(p["max_tokens"]))

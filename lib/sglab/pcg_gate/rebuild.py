@@ -34,8 +34,7 @@ def piecewise_cuda_graph_tokens(max_tokens: int = 4096) -> list[int]:
 
 
 def bucket_for(num_tokens: int, capture_tokens: list[int]) -> Optional[int]:
-    """(``piecewise_cuda_graph_runner.py``) the smallest captured size >= ``num_tokens``, the static
-    shape the batch is padded to; None above the largest (the runner then runs eagerly)."""
+    """The smallest captured size >= ``num_tokens``; None above the largest (eager)."""
     sizes = sorted(capture_tokens)
     i = bisect.bisect_left(sizes, num_tokens)
     return sizes[i] if i < len(sizes) else None
@@ -126,8 +125,7 @@ WRAPPERS: dict[str, type] = dict(
 
 def build_wrapper(variant: str, language_model: Optional[nn.Module] = None, *,
                   seed: int = 0) -> nn.Module:
-    """A Kimi-shaped wrapper of one variant around ``language_model`` (a fresh
-    :func:`tiny_language_model` by default), initialised from ``seed``."""
+    """A Kimi-shaped wrapper of one variant around ``language_model`` (or a tiny LLM)."""
     if variant not in WRAPPERS:
         raise ValueError(f"unknown variant {variant!r}; choose from {sorted(WRAPPERS)}")
     torch.manual_seed(seed)
@@ -157,8 +155,8 @@ class LoadOutcome:
 
 
 def strict_load(module: nn.Module, state_dict: dict) -> LoadOutcome:
-    """The weight loader's ``load_state_dict(strict=True)``: the missing and unexpected keys
-    instead of the exception."""
+    """``load_state_dict(strict=True)``: the missing and unexpected keys instead of the
+    exception."""
     res = module.load_state_dict(state_dict, strict=False)
     try:
         module.load_state_dict(state_dict, strict=True)
@@ -212,8 +210,7 @@ class GateResult:
 
 
 def init_piecewise_cuda_graphs(runner: ModelRunnerState) -> GateResult:
-    """The PR-era gate, in upstream order (the attention-layer scan shortened to the shapes used
-    here). Returns instead of building the runner."""
+    """The PR-era gate in upstream order; returns instead of building the runner."""
     if runner.disable_piecewise_cuda_graph:
         return GateResult(
             False, "Disable piecewise CUDA graph because --disable-piecewise-cuda-graph is set")
@@ -268,8 +265,7 @@ def init_piecewise_cuda_graphs(runner: ModelRunnerState) -> GateResult:
 
 @contextmanager
 def quiet_gate():
-    """Keep the gate's "Disable piecewise CUDA graph ..." warning off the console while tables are
-    built (the tables carry the message)."""
+    """Keep the gate's warning off the console (the tables carry the message)."""
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
@@ -338,8 +334,7 @@ class PiecewiseRunner:
         return sum(len(g) for g in self.graphs.values())
 
     def _hidden_in(self, i: int, N: int, residual):
-        """The residual stream entering piece ``i``: the embedding, or layer i-1 after its
-        attention."""
+        """The residual stream entering piece ``i``: the embedding, or layer i-1's output."""
         if i == 0:
             return self.m.embed(self.ids[:N], self.pos[:N])
         return self.layers[i - 1].post_attn(self.attn_out[:N], residual)
@@ -357,8 +352,7 @@ class PiecewiseRunner:
             self.out[:N].copy_(self.m.norm(h))
 
     def _piece_direct(self, i: int, N: int, prev: Optional[tuple]) -> tuple:
-        """Direct hand-off: what the next piece and the attention read (kept alive by the
-        caller)."""
+        """Direct hand-off: what the next piece and the attention read."""
         h = self._hidden_in(i, N, prev[0] if prev else None)
         if i < len(self.layers):
             return (h, *self.layers[i].pre_attn(h, self.pos[:N], self.m.rotary))

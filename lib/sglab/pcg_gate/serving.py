@@ -18,8 +18,7 @@ FIXED = "0.5.13"
 
 
 def frame(rs) -> pd.DataFrame:
-    """The serving rows of the newest GPU model that recorded them (every GPU model's runs are
-    looked at: the engine section shows the model with the most answers, which may be another)."""
+    """The serving rows of the newest GPU model that recorded them (of every GPU model's runs)."""
     runs_ = [
         r for r in ([*rs.shown, *rs.elsewhere] if rs else []) if any(
             (e.get("model") or {}).get("name") == MODEL for e in r.manifest.engine_runs)
@@ -64,8 +63,8 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def ratios(df: pd.DataFrame) -> dict:
-    """``{metric: {(prompt tokens, in flight): enforced ÷ off}}`` on 0.5.13 (below 1: faster with
-    piecewise graphs), each side the median of its engine starts."""
+    """``{metric: {(prompt tokens, in flight): enforced ÷ off}}`` on 0.5.13, medians of the
+    starts."""
     out: dict = {}
     for metric, name in METRICS:
         d = engine_stats.numbers(df, metric, only_started=True)
@@ -77,8 +76,7 @@ def ratios(df: pd.DataFrame) -> dict:
 
 
 def pr_beside(df: pd.DataFrame) -> pd.DataFrame:
-    """#26382's own benchmark metric by metric (after ÷ before) beside enforced ÷ off measured
-    here, as a span over the prompt lengths, per concurrency."""
+    """#26382's own benchmark (after ÷ before) beside enforced ÷ off here, per concurrency."""
     b, got = sglang.PR_BENCHMARK, ratios(df) if not df.empty else {}
     rows = []
     for name, (unit, before, after) in b["metrics"].items():

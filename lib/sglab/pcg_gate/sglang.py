@@ -39,8 +39,8 @@ TOKENS = [4, 8, 16]  # any non-empty capture list: the gate only checks that one
 
 # -- the source check (the release timeline, `sglab upstream`) -------------------------------------
 def inspect_kimi_wrapper(source: str) -> dict:
-    """Static reading of ``models/kimi_k25.py``: property ``model``, a ``__setattr__`` that tests
-    ``name == "model"``, or a plain ``self.model = ...`` in ``__init__`` (and what it aliases)."""
+    """Static reading of ``models/kimi_k25.py``: a ``model`` property, a ``__setattr__`` guard, a
+    plain ``self.model = ...``."""
     cls = S.find(S.parse(source), "KimiK25ForConditionalGeneration")
     found = {
         "class": isinstance(cls, ast.ClassDef), "property": False, "guard": False,
@@ -85,9 +85,8 @@ def check(read) -> Verdict:
 
 # -- the CPU probe (inside one release's worker process) -------------------------------------------
 def build_kimi(kimi, cls=None):
-    """Run the release's ``KimiK25ForConditionalGeneration.__init__`` (or ``cls``'s) with tiny
-    parts: a 2-layer language model whose layers carry ``self_attn.attn``, so that the real class
-    and the rebuild's wrappers hold the same parameter names."""
+    """The release's ``KimiK25ForConditionalGeneration.__init__`` (or ``cls``'s) around the
+    rebuild's 2-layer LLM."""
     cls = cls or kimi.KimiK25ForConditionalGeneration
     mm_args = types.SimpleNamespace(mm_enable_dp_encoder=False)
     getter = "get_mm" if hasattr(kimi, "get_mm") else "get_global_server_args"
@@ -198,8 +197,7 @@ def probe(prepared, params) -> list[dict]:
 
 # -- the comparison: the releases beside the rebuild -----------------------------------------------
 def rebuild_facts(variant: str) -> dict:
-    """The rebuild's wrapper through the rebuild's gate: the facts the probe reports for a
-    release."""
+    """The rebuild's wrapper through the rebuild's gate, as the probe reports a release."""
     w = rebuild.build_wrapper(variant)
     before = sorted(w.state_dict())
     with rebuild.quiet_gate():
@@ -229,8 +227,7 @@ def describe(f: dict) -> str:
 
 
 def comparison(results: dict, variant_of: dict = VARIANT_OF):
-    """One row per (release, case) of the releases that ran: the real class through the real gate
-    beside the rebuild's variant for that release."""
+    """One row per (release, case): the real class through the real gate beside the rebuild."""
     rows = []
     for release, r in results.items():
         if not r.ok:
@@ -262,8 +259,8 @@ WIDTH_CASE = re.compile(r"^w(?P<hidden>\d+)-(?P<arm>pcg|off)$")
 
 
 def width_args(hidden: int) -> tuple[str, ...]:
-    """Server arguments that build the Llama config at ``hidden`` (SGLang's own
-    ``--json-model-override-args``, applied to the config before the model is built)."""
+    """Server arguments (``--json-model-override-args``) that build the Llama config at
+    ``hidden``."""
     if hidden == 512:
         return ()
     heads = hidden // 64

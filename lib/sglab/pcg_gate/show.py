@@ -168,8 +168,7 @@ def mechanism(rs=None):
 
 
 def latency_figure(shown: list):
-    """Prefill latency (median, p10–p90 band) and eager/piecewise per token count, a colour per
-    GPU."""
+    """Prefill latency (median, p10–p90) and eager/piecewise per token count, by GPU."""
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
     lats = {r.manifest.gpu: latency_of(r) for r in shown}
@@ -212,8 +211,7 @@ def latency_figure(shown: list):
 
 
 def timeline(run, num_tokens: int, variants=("eager", "piecewise", "piecewise_direct")):
-    """The traced prefill at ``num_tokens``: one swim-lane group per variant, the hand-off copies
-    highlighted."""
+    """The traced prefill at ``num_tokens``: a lane group per variant, copies highlighted."""
     ev = run.sidecar("events")
     ev = ev[ev.num_tokens == num_tokens]
     tables = {v: plots.window(ev[ev.variant == v]) for v in variants if (ev.variant == v).any()}
@@ -226,10 +224,9 @@ def timeline(run, num_tokens: int, variants=("eager", "piecewise", "piecewise_di
 
 # -- your own setup: a prefill length and --piecewise-cuda-graph-max-tokens ------------------------
 def setup_table(tokens: int, max_tokens: int = 4096, shown: Optional[list] = None):
-    """One row per recorded GPU run: the bucket a prefill of ``tokens`` pads to under
-    ``--piecewise-cuda-graph-max-tokens`` = ``max_tokens`` (or eager above the largest capture),
-    the padded share, and the recorded medians at the nearest measured count, with the host's
-    per-launch cost where the run measured it."""
+    """Per recorded GPU run: the bucket a prefill of ``tokens`` pads to under ``max_tokens`` (or
+    eager), the padded share, the recorded medians at the nearest measured count and the host's
+    per-launch cost."""
     sizes = rebuild.piecewise_cuda_graph_tokens(int(max_tokens))
     bucket = rebuild.bucket_for(int(tokens), sizes)
     shown = (runs.newest_by(runs.load_all_recorded("pcg_gate"), runs.gpu_short).values()
@@ -314,8 +311,8 @@ VIEW = engine_view.EngineView(
 
 @notebook.needs_run
 def engine_times(rs) -> None:
-    """The appendix's engine tables: prefill per input length (the width sweep aside), and what the
-    removed launches cost at the bare per-launch cost beside the saving measured."""
+    """The appendix's engine tables: prefill per input length, and the launches' cost beside the
+    saving."""
     df = engine_records.frame(rs.shown)
     notebook.show_table(
         engine_view.table(df[~df["case"].map(_swept)], engine_view.Table("prefill", "input_len")))
@@ -445,8 +442,7 @@ def beside_rows(rs, engine) -> list[dict]:
 
 
 def count_rows(rs, df: pd.DataFrame, lo: int, hi: int) -> list[dict]:
-    """The launches of one prefill, eager → piecewise, as the rebuild's profiler pass and the
-    engine's launch pass count them (exact; the same on any host)."""
+    """The launches of one prefill, eager → piecewise, as the rebuild and the engine count them."""
     rows = []
     lt = launch_table(rs.first.df) if rs else pd.DataFrame()
     lt = lt[(lt.index >= lo) & (lt.index <= hi)] if not lt.empty else lt

@@ -80,8 +80,7 @@ def launch_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def run_facts(df: pd.DataFrame) -> dict:
-    """The run-level numbers (capture time, graphs, pool, weights, ...): ``(variant, metric) ->
-    value``."""
+    """The run-level numbers (capture time, graphs, pool, ...): ``(variant, metric) -> value``."""
     g = df[df["num_tokens"].isna()]
     return {(r.variant, r.metric): r.value for r in g.itertuples()}
 
@@ -268,8 +267,7 @@ def launch_counts(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _gain(on: tuple, off: tuple) -> dict:
-    """Off over on, each ``(value, lo, hi, starts)``: the gain, ``lo``–``hi`` the widest the starts
-    allow."""
+    """Off over on, each ``(value, lo, hi, starts)``; ``lo``–``hi`` the widest the starts allow."""
     return {
         "gain": off[0] / on[0], "lo": off[1] / on[2], "hi": off[2] / on[1],
         "starts": min(on[3], off[3])
@@ -277,8 +275,7 @@ def _gain(on: tuple, off: tuple) -> dict:
 
 
 def prefill_sides(df: pd.DataFrame) -> dict:
-    """``{(model, release, case, input_len): (value, lo, hi, starts)}`` of prefill, each
-    :data:`STAT` of its starts."""
+    """``{(model, release, case, input_len): (value, lo, hi, starts)}`` of prefill."""
     d = engine_stats.reading(df, "prefill", STAT)
     return {(*k, int(n)): (v, lo, hi, int(st))
             for k, n, v, lo, hi, st in zip(d[engine_records.KEYS].itertuples(

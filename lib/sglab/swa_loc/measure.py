@@ -89,13 +89,10 @@ def pad_bug_scenario(variant: str, *, device="cpu", use_cuda_graph: Optional[boo
                      n_requests: int = 8, finished=(2, 4), context_len: int = 3, head_num: int = 2,
                      head_dim: int = 16, size: int = 256, size_swa: int = 128,
                      dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> Dict[str, Any]:
-    """Two decode steps through the runner of ``variant`` against the same steps run eagerly.
-
-    ``n_requests`` requests of ``context_len`` eager (prefill) tokens; step 1 decodes them all in
-    the ``n_requests`` graph; then ``finished`` leave, and step 2 is padded up to the same graph,
-    whose ``out_cache_loc_swa`` tail still holds the SWA slots of requests still running. Predicted
-    corruption: those slots in every SWA layer when the buffer is preset but not zeroed; else none.
-    """
+    """Two decode steps through ``variant``'s runner against the same steps run eagerly: all
+    ``n_requests`` in one graph, then ``finished`` leave and step 2 is padded up to the same graph,
+    whose ``out_cache_loc_swa`` tail still holds live requests' SWA slots (corrupted where the
+    buffer is preset but not zeroed)."""
     cfg = rebuild.runner_config(variant)
     kw = dict(num_layers=num_layers, swa_per_full=swa_per_full, size=size, size_swa=size_swa,
               head_num=head_num, head_dim=head_dim, dtype=dtype, device=device, seed=seed)
@@ -216,9 +213,8 @@ def _pad_rows(p: dict, *, device, use_cuda_graph: bool) -> List[dict]:
 def sweep(p: dict, *, device, use_cuda_graph: bool, probes: Dict[str, Callable], timer,
           progress: bool = True, on_trace: Optional[Callable[[dict, dict, int],
                                                              None]] = None) -> List[dict]:
-    """Rows of the sweep and of the padding scenario. ``probes``: {metric: fn(runner, bs) -> kernel
-    count} for ``graph_kernel_nodes`` and ``profiled_kernels``; ``timer``: for ``interleaved``;
-    ``on_trace(runners, labels, bs)`` once, after the timing of ``p["trace_config"]``'s layout."""
+    """Rows of the sweep and of the padding scenario; ``probes``: {metric: fn(runner, bs)},
+    ``on_trace(runners, labels, bs)`` once, at ``p["trace_config"]``'s layout."""
     p = {**DEFAULT_PARAMS, **p}
     batch_sizes = sorted(int(b) for b in p["batch_sizes"])
     torch.manual_seed(p["seed"])
@@ -295,8 +291,7 @@ def traced_pass(runners: dict, bs: int) -> dict:
 
 @contextmanager
 def kv_write_scopes(pool: rebuild.SWAKVPool, mode: kernel_table.OpRanges):
-    """Label the ops of every ``set_kv_buffer`` call with the kind of layer it writes (the pool's
-    method wrapped for the duration)."""
+    """Label the ops of every ``set_kv_buffer`` call with the kind of layer it writes."""
     original = pool.set_kv_buffer
 
     def labelled(layer_id, *args, **kwargs):
@@ -326,8 +321,7 @@ def eager_steps(setup: rebuild.Setup, batch: rebuild.ForwardBatch) -> dict:
 
 
 def kv_write_ops(variant: str, *, num_layers: int = 6, swa_per_full: int = 5) -> list:
-    """The aten ops of the KV writes in one CPU replay of ``variant``'s step, what the decode graph
-    holds, as :class:`sglab.core.kernel_table.OpCall` (scope = kind of layer, step = position)."""
+    """The aten ops of the KV writes in one CPU replay of ``variant``'s step, scoped by layer."""
     s = rebuild.build_setup(num_layers=num_layers, swa_per_full=swa_per_full, size=16, size_swa=8,
                             head_num=1, head_dim=4)
     runner = rebuild.DecodeGraphRunner.for_variant(s.model, [1], variant, use_cuda_graph=False)
@@ -379,8 +373,7 @@ def check_params(p: dict) -> dict:
 
 
 def run(params: Optional[dict] = None, *, progress: bool = True) -> runs.Measured:
-    """The GPU sweep, the padding scenario on real CUDA graphs, and the profiler pictures;
-    nsight-python first (CUPTI takes one subscriber per process: torch.profiler works after it)."""
+    """The GPU sweep, the padding scenario on real graphs, the profiler pictures (nsight first)."""
     p = check_params(params or {})
     if not torch.cuda.is_available():
         raise RuntimeError("the swa_loc measurement captures CUDA graphs: it needs a CUDA GPU")

@@ -103,8 +103,7 @@ class LayerCost:
 
 
 def layer_cost(run) -> LayerCost:
-    """Before − #24743 per SWA layer in one swa_loc run: kernel nodes, and µs of a replay at each
-    batch size (median over the layouts)."""
+    """Before − #24743 per SWA layer in one run: kernel nodes, and µs per batch size."""
     d = run.df[run.df.n_swa_layers > 0]
     idx = ["num_layers", "swa_per_full", "n_swa_layers", "batch_size"]
 
@@ -164,8 +163,7 @@ def step_cost(run, layers: int, swa_per_full: int, batch_size: int) -> dict:
 
 
 def pattern_table(layers: int, swa_per_full: int, batch_size: int, max_bs: int = 256):
-    """:func:`predict` for ``layers`` decoder layers, ``swa_per_full`` SWA layers per full one (as a
-    ``sliding_window_pattern`` config reads)."""
+    """:func:`predict` for ``layers`` layers, ``swa_per_full`` SWA layers per full one."""
     import pandas as pd
 
     cfg = {"num_hidden_layers": int(layers), "sliding_window_pattern": int(swa_per_full) + 1}
@@ -181,8 +179,7 @@ def pattern_table(layers: int, swa_per_full: int, batch_size: int, max_bs: int =
 
 
 def your_setup(interactive: bool = False):
-    """Layers, SWA layers per full one, batch size, captured slots -> what a decode step pays
-    without the preset (a static table; with ``interactive``, controls in JupyterLab)."""
+    """Layers, SWA layers per full one, batch size, slots -> what a decode step pays."""
     static = [{**LAYOUT, "max_bs": 256},
               {"layers": 48, "swa_per_full": 3, "batch_size": 32,
                "max_bs": 256}, {"layers": 24, "swa_per_full": 1, "batch_size": 1, "max_bs": 256}]

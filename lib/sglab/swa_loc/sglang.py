@@ -198,8 +198,7 @@ def pool_rows(prepared, device: str) -> list:
 
 
 def dispatched_ops(fn, *args) -> list:
-    """The aten ops ``fn(*args)`` dispatches, views left out: on a GPU each a kernel launch (a node
-    in a captured graph). Works on the CPU."""
+    """The aten ops ``fn(*args)`` dispatches, views left out (on a GPU each a kernel)."""
     from sglab.core.kernel_table import DispatchMode
 
     ops: list = []
@@ -288,8 +287,7 @@ def device_of(params: dict) -> str:
 
 
 def probe(prepared, params: dict) -> list:
-    """Rows ``part, case, metric, value``: the pool and one translation, the decode buffers (where
-    ``model_executor/cuda_graph_runner.py`` is: 0.5.14 moved the runner)."""
+    """Rows ``part, case, metric, value``: the pool, one translation, the decode buffers."""
     device = device_of(params)
     rows = _rows("pool", "device", {"value": device}) + pool_rows(prepared, device)
     rows += translation_rows(prepared, device)
@@ -358,8 +356,7 @@ def _rebuild_pool():
 
 
 def rebuild_write(preset: bool) -> dict:
-    """The rebuild's pool through the probe's step: the layers' translations, and whether SWA layer
-    0's K rows sit at the allocator's paired slots."""
+    """The rebuild's pool through the probe's step: translations, and whether K landed."""
     pool, alloc = _rebuild_pool()
     loc = alloc.alloc(3)
     swa_slots = alloc.full_to_swa_index_mapping[loc].to(torch.int64)
@@ -461,8 +458,7 @@ released = functools.partial(real.released,
 
 
 def kernels_statement(results: dict) -> str:
-    """Which releases translate with a gather and a cast, which with one gather, each with its own
-    ``return`` line (read off the real rows)."""
+    """Which releases translate with a gather and a cast, which with one gather."""
     by_source: dict = {}
     for v, r in results.items():
         if r.ok:

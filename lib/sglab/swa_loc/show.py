@@ -268,8 +268,7 @@ def _row_caption(variant: str) -> str:
 
 def mechanism(run=None):
     """One SWA layer's KV write inside the decode graph, before and after: a box per kernel node,
-    the ones the preset removes (the two op sequences aligned) highlighted; a run's
-    ``eager_kernels`` sidecar adds each op's CUDA kernel under it."""
+    those the preset removes highlighted (a run's eager kernels under them)."""
     a, b = variants = ("before", "pr24743")
     ops = {v: one_layer_ops(v) for v in variants}
     table = run.first.sidecar("eager_kernels") if run else None
@@ -407,8 +406,8 @@ def replay_timeline(run):
 
 # -- the real engine, before and after -------------------------------------------------------------
 def beside_rows(run, engine_run) -> list[dict]:
-    """Kernels a decode-graph replay gains per SWA layer without #23552's preset, as the rebuild
-    (its graph nodes) and SGLang's engine (bench_one_batch's trace) count them; the time saved."""
+    """Kernels a decode-graph replay gains per SWA layer without #23552's preset, as the rebuild and
+    SGLang's engine count them; the time saved."""
     rows = []
     if run:
         run = run.first
