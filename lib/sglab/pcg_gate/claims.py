@@ -173,18 +173,12 @@ def _launch_gaps(run):
         f"launch, {host_us:.1f} µs of host time", value)
 
 
-def _host_figures(run) -> dict:
-    value = _ratios(tables.latency_of(run)["speedup"])
-    t = tables.trace_table(run.df)
+def _host_launch_cost(run):
+    value, t = _ratios(tables.latency_of(run)["speedup"]), tables.trace_table(run.df)
     if not t.empty:
         n = min(i[0] for i in t.index)
         value.update(eager_busy=float(t.loc[(n, "eager"), "busy"]),
                      piecewise_busy=float(t.loc[(n, "piecewise"), "busy"]))
-    return value
-
-
-def _host_launch_cost(run):
-    value = _host_figures(run)
     text = (f"eager/piecewise {value['min']:.2f}–{value['max']:.2f}× (max at {value['max_at']} "
             "tok)")
     lt = tables.launch_table(run.df)

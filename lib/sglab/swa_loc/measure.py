@@ -45,15 +45,11 @@ def _row(variant: str, metric: str, value: float, unit: str, **kw) -> dict:
     }
 
 
-def _dtype(name: str) -> torch.dtype:
-    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
-
-
 def setup_kwargs(p: dict, num_layers: int, swa_per_full: int, device) -> dict:
     """The :func:`sglab.swa_loc.rebuild.build_setup` arguments of one layout under ``p``."""
     return dict(num_layers=num_layers, swa_per_full=swa_per_full, size=p["size"],
                 size_swa=p["size_swa"], head_num=p["head_num"], head_dim=p["head_dim"],
-                dtype=_dtype(p["dtype"]), device=device, seed=p["seed"])
+                dtype=getattr(torch, p["dtype"]), device=device, seed=p["seed"])
 
 
 def make_batches(setup: rebuild.Setup, batch_sizes: List[int], *,
@@ -157,12 +153,12 @@ def _capture_and_check(p: dict, kw: dict, labels: dict, batch_sizes: List[int], 
                                                            use_cuda_graph=use_cuda_graph)
             runner.capture()
             for bs in batch_sizes:
-                rows.append(
+                rows += [
                     _row(v, "translate_calls_capture", runner.capture_translate_calls[bs], "calls",
-                         batch_size=bs, **labels))
-                rows.append(
+                         batch_size=bs, **labels),
                     _row(v, "graph_kernel_nodes", probes["graph_kernel_nodes"](runner, bs),
-                         "kernels", batch_size=bs, **labels))
+                         "kernels", batch_size=bs, **labels)
+                ]
         with timing.phase("correctness"):
             batches = make_batches(s, batch_sizes, seed=p["seed"])
             for bs in batch_sizes:  # one populated replay per batch, in the reference's order
@@ -198,8 +194,8 @@ def _pad_rows(p: dict, *, device, use_cuda_graph: bool) -> List[dict]:
     for v in p["variants"]:
         with timing.phase("pad scenario"):
             res = pad_bug_scenario(v, device=device, use_cuda_graph=use_cuda_graph,
-                                   num_layers=int(p["pad_num_layers"]), dtype=_dtype(p["dtype"]),
-                                   seed=p["seed"])
+                                   num_layers=int(p["pad_num_layers"]),
+                                   dtype=getattr(torch, p["dtype"]), seed=p["seed"])
         labels = dict(num_layers=int(p["pad_num_layers"]), swa_per_full=5,
                       n_swa_layers=len(res["swa_layer_ids"]), batch_size=res["bs_step2"])
         rows.append(_row(v, "pad_corrupted_slots", res["n_corrupted"], "slots", **labels))

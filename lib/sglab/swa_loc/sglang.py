@@ -107,18 +107,13 @@ def kwargs_for(fn, values: dict) -> dict:
     return {k: v for k, v in values.items() if k in params}
 
 
-def _pool_modules(prepared):
+def build_pool(prepared, device: str = "cpu"):
+    """The release's (pool, allocator): 16 full and 6 SWA slots, float32, SWA layers 0, 2 of 4."""
     from sglab.sglang import bootstrap
 
     swa = bootstrap.import_release_module(prepared, "sglang.srt.mem_cache.swa_memory_pool")
-    alloc = swa if hasattr(swa, "SWATokenToKVPoolAllocator") else \
+    alloc_mod = swa if hasattr(swa, "SWATokenToKVPoolAllocator") else \
         bootstrap.import_release_module(prepared, "sglang.srt.mem_cache.allocator.swa")
-    return swa, alloc
-
-
-def build_pool(prepared, device: str = "cpu"):
-    """The release's (pool, allocator): 16 full and 6 SWA slots, float32, SWA layers 0, 2 of 4."""
-    swa, alloc_mod = _pool_modules(prepared)
     size = dict(size=16, size_swa=6, page_size=1, dtype=torch.float32, device=device)
     pool = swa.SWAKVPool(**kwargs_for(
         swa.SWAKVPool.__init__,
@@ -130,18 +125,6 @@ def build_pool(prepared, device: str = "cpu"):
     return pool, allocator
 
 
-def count_translations(pool) -> list:
-    """A list growing by one per translation, the pool's own (0.5.1x) and a caller's (0.5.2x)."""
-    calls, real_fn = [], pool.translate_loc_from_full_to_swa
-
-    def counted(kv_indices):
-        calls.append(1)
-        return real_fn(kv_indices)
-
-    pool.translate_loc_from_full_to_swa = counted
-    return calls
-
-
 def _write_step(prepared, mode: str, device: str) -> dict:
     """One decode step of 3 tokens through all 4 layers; ``mode``: ``no_swa_loc``, ``set_swa_loc``
     (PR-era: set before the layers), ``swa_loc_arg`` (0.5.13: passed to each write) or
@@ -149,7 +132,9 @@ def _write_step(prepared, mode: str, device: str) -> dict:
     pool, allocator = build_pool(prepared, device)
     loc = allocator.alloc(3)
     swa_slots = allocator.full_to_swa_index_mapping[loc].to(torch.int64)
-    calls = count_translations(pool)
+    calls, translate = [], pool.translate_loc_from_full_to_swa  # the pool's own and a caller's
+    pool.translate_loc_from_full_to_swa = lambda kv_indices: calls.append(1) or translate(kv_indices
+                                                                                          )
     k = torch.arange(3 * HEAD_NUM * HEAD_DIM, dtype=torch.float32, device=device).reshape(
         3, HEAD_NUM, HEAD_DIM) + 1
     target, error, extra = loc, None, {}
@@ -170,10 +155,9 @@ def _write_step(prepared, mode: str, device: str) -> dict:
         error = f"AssertionError: {exc}".strip().rstrip(":")
     landed = None if error else bool(torch.equal(pool.swa_kv_pool.k_buffer[0][swa_slots], k))
     n_calls = len(calls)  # before the translation below, which only reads the dtype
-    dtype = allocator.translate_loc_from_full_to_swa(loc).dtype
     return {
         "translate_calls": n_calls, "error": error, "swa_rows_at_paired_slots": landed,
-        "translate_dtype": str(dtype).replace("torch.", "")
+        "translate_dtype": _dtype(allocator.translate_loc_from_full_to_swa(loc))
     }
 
 
@@ -281,14 +265,10 @@ def buffer_rows(prepared, device: str) -> list:
         })
 
 
-def device_of(params: dict) -> str:
-    """``params["device"]``, else CUDA where torch sees it (SGLang's CUDA paths expect it there)."""
-    return params.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def probe(prepared, params: dict) -> list:
-    """Rows ``part, case, metric, value``: the pool, one translation, the decode buffers."""
-    device = device_of(params)
+    """Rows ``part, case, metric, value``: the pool, one translation, the decode buffers (on
+    ``params["device"]``, else CUDA where torch sees it: SGLang's CUDA paths expect it there)."""
+    device = params.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
     rows = _rows("pool", "device", {"value": device}) + pool_rows(prepared, device)
     rows += translation_rows(prepared, device)
     if not params.get("pool_only") and has_file(prepared,
@@ -391,8 +371,7 @@ def rebuild_buffer(variant: str):
                                   torch.arange(1, raw_bs + 1), torch.tensor(swa, dtype=torch.int32))
         buf.populate_from_forward_batch(forward_batch=fb, raw_bs=raw_bs, bs=4,
                                         zero_swa_on_pad=cfg.zero_swa_on_pad)
-    return str(buf.out_cache_loc_swa.dtype).replace("torch.",
-                                                    ""), buf.out_cache_loc_swa[2:4].tolist()
+    return _dtype(buf.out_cache_loc_swa), buf.out_cache_loc_swa[2:4].tolist()
 
 
 def _get(result, part: str, case: str, metric: str):
