@@ -255,7 +255,7 @@ show.width_sweep(engine)
 # Kimi-K2.5 under serving load. The launch counts come first: they do not change with the host.
 
 # %%
-show.beside(run, engine)
+engine_view.beside(show.beside_rows(run, engine))
 
 # %% [markdown]
 # ## Your own setup

@@ -188,7 +188,7 @@ engine_view.section(show.VIEW, engine, claims.ENGINE)
 # requests gains nothing from the graph, with #24662 every request count gains.
 
 # %%
-show.beside(first, engine)
+engine_view.beside(show.beside_rows(first, engine))
 
 # %% [markdown]
 # ## Your own setup

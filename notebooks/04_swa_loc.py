@@ -210,7 +210,7 @@ engine_view.section(show.VIEW, engine, claims.ENGINE)
 # the rebuild's µs per SWA layer measures: count first, time second.
 
 # %%
-show.beside(run, engine)
+engine_view.beside(show.beside_rows(run, engine))
 
 # %% [markdown]
 # ## Your own setup

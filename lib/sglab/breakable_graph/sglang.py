@@ -181,7 +181,6 @@ def probe(prepared, params: dict) -> list[dict]:
     return rows
 
 
-# -- the record ------------------------------------------------------------------------------------
 # -- the real engine: `sglab engine --scenario NAME`, in data/recorded/engine_breakable_graph/
 ENGINE = (Scenario(
     fix="breakable_graph", name="03-bcg-requests",

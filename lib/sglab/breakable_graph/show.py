@@ -508,11 +508,6 @@ def count_rows(run, engine_run) -> list[dict]:
     return rows
 
 
-def beside(run, engine_run) -> None:
-    """The rebuild's gain (a Run or a NoRun) beside the real engine's (:func:`beside_rows`)."""
-    engine_view.beside(beside_rows(run, engine_run))
-
-
 def eager_over_graph(df: pd.DataFrame, stat: str = engine_stats.STAT) -> dict:
     """``{release: {requests: (eager / bcg, lo, hi)}}`` of Engine.generate, each side ``stat``."""
     pairs = engine_stats.ratios(df, "latency", "requests", "eager", stat)

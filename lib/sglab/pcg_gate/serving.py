@@ -34,27 +34,29 @@ def _cell(n) -> str:
     return f"{n.value:.1f}" + (f" [{n.lo:.1f}–{n.hi:.1f}]" if n.hi > n.lo else "")
 
 
+def _numbers(df: pd.DataFrame, metric: str) -> dict:
+    """``{(release, case, prompt tokens, in flight): row}`` of ``metric``, variants that started."""
+    d = engine_stats.numbers(df, metric, only_started=True) if not df.empty else df
+    return {(x.release, x.case, int(x.input_len), int(x.requests)): x for x in d.itertuples()}
+
+
 def table(df: pd.DataFrame) -> pd.DataFrame:
     """Per prompt length and concurrency, each metric (ms, median over engine starts [lowest–
     highest start]) with piecewise graphs off and enforced on 0.5.13, off ÷ enforced, and the A/A
     control's gap (pcg-off started twice); 0.5.12.post1 enforced (the gate refuses) where run."""
     rows: dict = {}
-    for metric, name in METRICS if not df.empty else ():
-        d = engine_stats.numbers(df, metric, only_started=True)
-        if d.empty:
-            continue
-        got = {(x.release, x.case, int(x.input_len), int(x.requests)): x for x in d.itertuples()}
+    for metric, name in METRICS:
+        got = _numbers(df, metric)
         for (rel, case, il, c), x in got.items():
-            row = rows.setdefault((il, c), {})
+            row, off = rows.setdefault((il, c), {}), got.get((FIXED, OFF, il, c))
             if rel == FIXED and case in (ON, OFF):
                 row[f"{name} {'enforced' if case == ON else 'off'}"] = _cell(x)
             elif case == ON:
                 row[f"{name} {rel} (refused)"] = _cell(x)
-            if rel == FIXED and case == ON and (FIXED, OFF, il, c) in got:
-                row[f"{name} off ÷ enforced"] = f"{got[(FIXED, OFF, il, c)].value / x.value:.2f}×"
-            if rel == FIXED and case == AGAIN and (FIXED, OFF, il, c) in got:
-                row[f"{name} A/A gap"] = text.pct(abs(got[(FIXED, OFF, il, c)].value / x.value - 1),
-                                                  1)
+            if rel == FIXED and case == ON and off:
+                row[f"{name} off ÷ enforced"] = f"{off.value / x.value:.2f}×"
+            if rel == FIXED and case == AGAIN and off:
+                row[f"{name} A/A gap"] = text.pct(abs(off.value / x.value - 1), 1)
     if not rows:
         return pd.DataFrame()
     out = pd.DataFrame.from_dict(rows, orient="index").sort_index().fillna("")
@@ -67,17 +69,18 @@ def ratios(df: pd.DataFrame) -> dict:
     starts."""
     out: dict = {}
     for metric, name in METRICS:
-        d = engine_stats.numbers(df, metric, only_started=True)
-        d = d[d.release == FIXED] if not d.empty else d
-        by = {(x.case, int(x.input_len), int(x.requests)): x.value for x in d.itertuples()}
-        out[name] = {(il, c): v / by[(OFF, il, c)]
-                     for (case, il, c), v in by.items() if case == ON and (OFF, il, c) in by}
+        got = _numbers(df, metric)
+        out[name] = {
+            (il, c): x.value / got[(FIXED, OFF, il, c)].value
+            for (rel, case, il,
+                 c), x in got.items() if rel == FIXED and case == ON and (FIXED, OFF, il, c) in got
+        }
     return out
 
 
 def pr_beside(df: pd.DataFrame) -> pd.DataFrame:
     """#26382's own benchmark (after ÷ before) beside enforced ÷ off here, per concurrency."""
-    b, got = sglang.PR_BENCHMARK, ratios(df) if not df.empty else {}
+    b, got = sglang.PR_BENCHMARK, ratios(df)
     rows = []
     for name, (unit, before, after) in b["metrics"].items():
         row = {

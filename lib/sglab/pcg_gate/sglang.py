@@ -7,6 +7,7 @@ scenarios) and ``CODE_PATH`` (where the fix sits in 0.5.13).
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 import types
@@ -242,15 +243,6 @@ def comparison(results: dict, variant_of: dict = VARIANT_OF):
     return real.table(rows)
 
 
-def compare() -> None:
-    """The notebook's real-SGLang section: each release's answers beside the rebuild's."""
-    real.section(FIX, comparison, what="(release, case) rows")
-
-
-def released(rebuilt=None, *, symbol=None, pr=None) -> None:
-    real.released(FIX, rebuilt, symbol=symbol, pr=pr)
-
-
 # -- the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_pcg_gate/
 # the width sweep: the Llama config's 32 layers at these hidden sizes (head_dim 64, the MLP 2.75×
 # as in the 512 config), each case named w<hidden>-pcg / w<hidden>-off
@@ -370,3 +362,7 @@ HUNK = Spec(
 FIX = Fix(name="pcg_gate", number="01", part="part A", prs=(26382,), gpus=1,
           title="Kimi-K2.5 wrapper: `.model` property + __setattr__ guard (#26382)", check=check,
           hunks=(HUNK,), probe=Probe("sglab.pcg_gate.sglang:probe", PROBE_RELEASES), engine=ENGINE)
+
+# the notebook's real-SGLang section; the fix across releases, a released symbol beside the rebuild
+compare = functools.partial(real.section, FIX, comparison, what="(release, case) rows")
+released = functools.partial(real.released, FIX)

@@ -467,8 +467,3 @@ def count_rows(rs, df: pd.DataFrame, lo: int, hi: int) -> list[dict]:
             f"{text.count(g.graphs)} graphs"
         })
     return rows
-
-
-def beside(rs, engine) -> None:
-    """The rebuild's speed-up beside the real engine's and the PR's (see :func:`beside_rows`)."""
-    engine_view.beside(beside_rows(rs, engine))

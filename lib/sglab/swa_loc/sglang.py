@@ -277,7 +277,6 @@ def probe(prepared, params: dict) -> list:
     return rows
 
 
-# -- the record ------------------------------------------------------------------------------------
 # -- the real engine: `sglab engine --scenario NAME`, recorded under data/recorded/engine_swa_loc/
 PR_DIFF = "data/upstream/swa_loc/pr23552.diff"
 PRESET_REVERTED = revert_adjustment(

@@ -1,6 +1,6 @@
 """Tables and figures of notebook 04, from the rebuild (CPU) or a run (recorded or live; a NoRun
 says its one line): the tables the claims read, the mechanism, the GPU sections' figures, the real
-engine's ``VIEW`` and :func:`beside`. Your own model lives in :mod:`.model_config`."""
+engine's ``VIEW`` and :func:`beside_rows`. Your own model lives in :mod:`.model_config`."""
 
 from __future__ import annotations
 
@@ -454,11 +454,6 @@ def engine_swa_layers(shown: list) -> int:
             if kinds:
                 return sum(k == "sliding_attention" for k in kinds)
     return 0
-
-
-def beside(run, engine_run) -> None:
-    """The rebuild's count beside the real engine's (see :func:`beside_rows`)."""
-    engine_view.beside(beside_rows(run, engine_run))
 
 
 VIEW = engine_view.EngineView(what="GPT-OSS-style 8 layers (4 sliding-window)",
