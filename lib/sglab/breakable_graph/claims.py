@@ -220,13 +220,10 @@ def _engine_graph(run):
     on = {rel: [n for n, x in per.items() if x == 1] for rel, per in found.items()}
     text = "; ".join(f"{rel}: on the graph for {', '.join(map(str, on[rel]))} of "
                      f"{', '.join(map(str, per))} requests" for rel, per in found.items())
-    # the most requests a prefill on the graph held, per release: the card's and headline's
-    value = {
-        **{r: len(ns)
-           for r, ns in on.items()}, "most": {r: max(ns, default=0)
-                                              for r, ns in on.items()}
-    }
-    return holds(found == expect, text, value)
+    value = {r: len(ns) for r, ns in on.items()}  # and the most requests a graph prefill held
+    return holds(found == expect, text,
+                 {**value, "most": {r: max(ns, default=0)
+                                    for r, ns in on.items()}})
 
 
 def _ratios(run) -> dict:

@@ -52,11 +52,9 @@ def _row(part: str, variant: str, metric: str, value: float, unit: str, **kw) ->
 
 
 def model_config(params: dict) -> rebuild.ModelConfig:
-    return rebuild.ModelConfig(
-        vocab_size=int(params["vocab_size"]), hidden_size=int(params["hidden_size"]),
-        num_heads=int(params["num_heads"]), head_dim=int(params["head_dim"]),
-        intermediate_size=int(params["intermediate_size"]), num_layers=int(params["num_layers"]),
-        max_position=max(8192, max(int(n) for n in params["capture_num_tokens"])))
+    shape = {k: int(params[k]) for k in _MODEL if k != "dtype"}
+    return rebuild.ModelConfig(**shape, max_position=max(8192,
+                                                         *map(int, params["capture_num_tokens"])))
 
 
 # -- batches: a fixed token count split into requests, and a seeded mixed stream; the hit rate -----

@@ -47,9 +47,10 @@ def _row(variant: str, metric: str, value: float, unit: str, **kw) -> dict:
 
 def setup_kwargs(p: dict, num_layers: int, swa_per_full: int, device) -> dict:
     """The :func:`sglab.swa_loc.rebuild.build_setup` arguments of one layout under ``p``."""
-    return dict(num_layers=num_layers, swa_per_full=swa_per_full, size=p["size"],
-                size_swa=p["size_swa"], head_num=p["head_num"], head_dim=p["head_dim"],
-                dtype=getattr(torch, p["dtype"]), device=device, seed=p["seed"])
+    return dict({k: p[k]
+                 for k in ("size", "size_swa", "head_num", "head_dim", "seed")},
+                num_layers=num_layers, swa_per_full=swa_per_full, dtype=getattr(torch, p["dtype"]),
+                device=device)
 
 
 def make_batches(setup: rebuild.Setup, batch_sizes: List[int], *,

@@ -373,33 +373,26 @@ def rebuild_buffer(variant: str):
     return _dtype(buf.out_cache_loc_swa), buf.out_cache_loc_swa[2:4].tolist()
 
 
-def _get(result, part: str, case: str, metric: str):
-    d = result.rows
-    d = d[(d.part == part) & (d.case == case) & (d.metric == metric)]
-    return d["value"].iloc[0] if len(d) else None
-
-
 def release_rows(release: str, result) -> list:
     """The comparable behaviours of one release, each beside the rebuild's (or the claims')."""
-    pr_era = release in PR_ERA_RELEASES
-    rows = []
-    if _get(result, "pool", "no_swa_loc", "error") is None:
+    pr_era, rows = release in PR_ERA_RELEASES, []
+    unset, preset = real.facts(result, part="pool", case="no_swa_loc"), rebuild_write(True)
+    if unset.get("error") is None:
         rows.append(
             real.row(release, "translations in one write, location not preset (2 SWA layers)",
-                     _get(result, "pool", "no_swa_loc", "translate_calls"), "rebuild: before",
+                     unset.get("translate_calls"), "rebuild: before",
                      rebuild_write(False)["translate_calls"]))
     for case, how in PRESET_CASE.items():
-        if _get(result, "pool", case, "translate_calls") is not None:
-            rows.append(
-                real.row(release, f"translations in the layers, {how}",
-                         _get(result, "pool", case, "translate_calls"), "rebuild: #23552 / #24743",
-                         rebuild_write(True)["translate_calls"]))
-            rows.append(
+        got = real.facts(result, part="pool", case=case)
+        if got.get("translate_calls") is not None:
+            rows += [
+                real.row(release, f"translations in the layers, {how}", got["translate_calls"],
+                         "rebuild: #23552 / #24743", preset["translate_calls"]),
                 real.row(release, f"SWA rows at the allocator's paired slots, {how}",
-                         _get(result, "pool", case, "swa_rows_at_paired_slots"),
-                         "rebuild: #23552 / #24743",
-                         rebuild_write(True)["landed"]))
-    ops = _get(result, "translation", "pool", "ops") or []
+                         got.get("swa_rows_at_paired_slots"), "rebuild: #23552 / #24743",
+                         preset["landed"])
+            ]
+    ops = real.facts(result, part="translation", case="pool").get("ops") or []
     rows.append(
         real.row(
             release, f"kernels per translation "
@@ -407,14 +400,13 @@ def release_rows(release: str, result) -> list:
             "rebuild's translation" if pr_era else "claims: today's translation",
             len(rebuild_translation_ops()) if pr_era else KERNELS_PER_TRANSLATION_TODAY))
     if release in BUFFER_VARIANT:
-        has = _get(result, "buffers", "decode", "has_out_cache_loc_swa")
-        got = ((_get(result, "buffers", "decode", "dtype"),
-                _get(result, "buffers", "decode", "padded_tail_after_padded_populate"))
-               if has else None)
-        want = rebuild_buffer(BUFFER_VARIANT[release])
+        buf, want = real.facts(result, part="buffers",
+                               case="decode"), rebuild_buffer(BUFFER_VARIANT[release])
+        got = ((buf.get("dtype"), buf.get("padded_tail_after_padded_populate"))
+               if buf.get("has_out_cache_loc_swa") else None)
         rows.append(
-            real.row(release, "decode buffer out_cache_loc_swa: (dtype, padded tail)",
-                     tuple(got) if got else None, f"rebuild: {BUFFER_VARIANT[release]}",
+            real.row(release, "decode buffer out_cache_loc_swa: (dtype, padded tail)", got,
+                     f"rebuild: {BUFFER_VARIANT[release]}",
                      tuple(want) if want else None))
     return rows
 
@@ -440,8 +432,8 @@ def kernels_statement(results: dict) -> str:
     by_source: dict = {}
     for v, r in results.items():
         if r.ok:
-            ops = _get(r, "translation", "pool", "ops") or []
-            by_source.setdefault((_get(r, "translation", "pool", "source"), len(ops)), []).append(v)
+            t = real.facts(r, part="translation", case="pool")
+            by_source.setdefault((t.get("source"), len(t.get("ops") or [])), []).append(v)
     if not by_source:
         return "no release ran: the kernels per translation of the real code are not known here"
     return "\n".join(
