@@ -122,11 +122,11 @@ class Burst(timing.Burst):
 
     def rows(self, events: timing.Timing, warmup: int, n=None, bucket=None) -> list:
         """µs per launch: median, p10, p90 by ``time.perf_counter``; the median by CUDA events."""
-        host = timing.Timing(self.host_ms[warmup:], clock="host-perf-counter")
+        us = self.per_launch_us(warmup)
         rows = [
-            _row(HOST, m, t * 1e3 / self.n, "us", n, bucket)
-            for m, t in (("launch_us", host.median_ms), ("launch_us_p10", host.p10_ms),
-                         ("launch_us_p90", host.p90_ms))
+            _row(HOST, m, us[k], "us", n, bucket)
+            for m, k in (("launch_us", "median"), ("launch_us_p10", "p10"), ("launch_us_p90",
+                                                                             "p90"))
         ]
         if events.clock.startswith("cuda-events"):
             rows.append(
