@@ -156,10 +156,8 @@ def _trace_equals_static(run):
 def _trace_translation(run):
     events, gk = _sidecar(run, "events"), _sidecar(run, "graph_kernels")
     names = show.translation_kernels(gk)
-    n_swa = int(
-        show.kernel_counts(run.df)[0].xs(
-            _cell(_trace_config(run))[:2],
-            level=("swa_per_full", "num_layers")).index.get_level_values("n_swa_layers")[0])
+    ratio, layers, _ = _cell(_trace_config(run))
+    n_swa = len(hybrid_layer_ids(layers, ratio)[0])
     traced = show.trace_counts(events, show.name_pattern(names))
     before, after = (traced.get(v, {}).get("matching", -1) for v in ("before", "pr24743"))
     value = dict(kernels_per_swa_layer=len(names), nodes_each=sorted(set(names.values())),
