@@ -210,7 +210,8 @@ class GateResult:
 
 
 def init_piecewise_cuda_graphs(runner: ModelRunnerState) -> GateResult:
-    """The PR-era gate in upstream order; returns instead of building the runner."""
+    """The PR-era gate, in upstream order (the attention-layer scan shortened to the shapes used
+    here). Returns instead of building the runner."""
     if runner.disable_piecewise_cuda_graph:
         return GateResult(
             False, "Disable piecewise CUDA graph because --disable-piecewise-cuda-graph is set")
