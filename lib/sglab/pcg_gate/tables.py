@@ -305,7 +305,7 @@ FULL_WIDTH = {
 def full_width_gains(df: pd.DataFrame) -> pd.DataFrame:
     """``01-kimi-full-bench`` and ``01-kimi-rank-bench`` read as :func:`width_gains` reads the
     Llama sweep (enforced over off, the scenarios' release); ``replayed``: whether the launch pass
-    saw the enforced step replay graphs (False beyond the capture cap, None without a launch pass)."""
+    saw the enforced step replay graphs (False beyond the capture cap; None without that pass)."""
     cols = ["model", "hidden", "label", "tokens", "gain", "lo", "hi", "starts", "replayed"]
     if df.empty or not df["model"].isin(FULL_WIDTH).any():
         return pd.DataFrame(columns=cols)
