@@ -52,13 +52,6 @@ def _values(mod, run) -> dict:
     return {k: o.value for k, o in C.values(mod, run).items()} if run is not None else {}
 
 
-def _fill(text: str, ns: dict) -> str | None:
-    try:
-        return C._Formatter().vformat(text, (), ns)
-    except C._Missing:
-        return None
-
-
 def parts(card: Card, fix, claims, rs, engine_rs) -> dict:
     """The card's sentences, each computed: ``bug``, ``affects``, ``releases``, ``engine``,
     ``engine_verdicts``, ``rebuild``, ``rebuild_verdicts``, ``found`` ([(pr, we)])."""
@@ -80,7 +73,7 @@ def parts(card: Card, fix, claims, rs, engine_rs) -> dict:
         "e": _values(engine_mod, merged[0]) if merged and engine_mod else {},
         "r": _values(claims, shown[0]) if shown else {}
     }
-    found = [(_fill(pr, ns), _fill(we, ns)) for pr, we in card.found]
+    found = [(C._format(pr, ns), C._format(we, ns)) for pr, we in card.found]
     out["found"] = [(pr, we) for pr, we in found if pr is not None and we is not None]
     return out
 

@@ -13,7 +13,7 @@ from collections import OrderedDict
 import pandas as pd
 
 from sglab.core import text
-from sglab.core.engine_records import KEYS, frame, run_label, run_host_us
+from sglab.core.engine_records import KEYS, cached, frame, run_label, run_host_us
 
 
 AGAIN = "-again"  # a case's A/A control: the same flags, started in the same interleaved rounds
@@ -35,17 +35,8 @@ _MEMO: OrderedDict = OrderedDict()
 
 
 def _memo(df: pd.DataFrame, key: tuple, work):
-    """``work()`` once per frame object and ``key``, a copy each call: an engine frame is built
-    once per run and never changed in place (:func:`~sglab.core.engine_records.frame`), and a
-    notebook reads the same one through many sections. The newest 512 answers are kept."""
-    k = (id(df), *key)
-    hit = _MEMO.get(k)
-    if hit is None or hit[0] is not df:
-        hit = _MEMO[k] = (df, work())
-        if len(_MEMO) > 512:
-            _MEMO.popitem(last=False)
-    _MEMO.move_to_end(k)
-    return hit[1].copy()
+    """``work()`` once per frame object (never changed in place) and ``key``, a copy each call."""
+    return cached(_MEMO, (df,), key, work, 512).copy()
 
 
 def texts(df: pd.DataFrame, metric: str) -> dict:
@@ -166,17 +157,20 @@ def bar(df: pd.DataFrame, metric: str, across: str, stat: str = "median") -> tup
 
 
 # -- the methods notebook's tables: every machine, every start ---------------------------------
-def aa_table(rs, metric: str, across: str) -> pd.DataFrame:
-    """Per run (every GPU model) and (model, release): the A/A gap read by each statistic; the one
-    with the smaller gap is the one a rerun can repeat."""
-    rows = {}
+def aa_gaps(rs, metric: str, across: str):
+    """``(run, (model, release), {stat: aa_gap})`` of every A/A control of every run."""
     for r in rs.every():
         gaps = {s: aa_gap(frame([r]), metric, across, s) for s in STATS}
-        for key in gaps[STAT]:
-            rows[(run_label(r), " ".join(key))] = {
+        yield from ((r, key, gaps) for key in gaps[STAT])
+
+
+def aa_table(rs, metric: str, across: str) -> pd.DataFrame:
+    """Per run (every GPU model) and (model, release): the A/A gap read by each statistic."""
+    rows = {(run_label(r), " ".join(key)): {
                 f"A/A gap, {STAT_NAMES[s]}": f"{g[key]:.1%}" if key in g else ""
                 for s, g in gaps.items()
             }
+            for r, key, gaps in aa_gaps(rs, metric, across)}
     out = pd.DataFrame.from_dict(rows, orient="index")
     if not out.empty:
         out.index.names = ["run", "model and release"]

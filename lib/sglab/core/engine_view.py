@@ -14,7 +14,8 @@ import pandas as pd
 
 from sglab.core import claims as C
 from sglab.core import text
-from sglab.core.engine_records import KEYS, adjustments, frame, label, per_gpu, tools
+from sglab.core.engine_records import (KEYS, adjustments, by_gpu, frame, host_medians, label,
+                                       per_gpu, tools)
 from sglab.core.engine_stats import STAT, STAT_NAMES, aa_gap, numbers, ratios
 from sglab.core.notebook import display, show_figure, show_table
 
@@ -79,12 +80,8 @@ def header(rs, what: str = "") -> bool:
               "model; every run is in the methods notebook (07)")
     for line in adjustments(rs):
         print(f"harness adjustment {line}")
-    by_gpu: dict = {}  # one line per GPU model: the span of its runs' host costs
-    for r in rs:
-        by_gpu.setdefault(r.manifest.gpu, []).extend(
-            v["median"]
-            for v in r.manifest.host_launch_us.values() if isinstance(v, dict) and "median" in v)
-    for gpu, costs in by_gpu.items():
+    for gpu, got in by_gpu(rs).items():  # one line per GPU model: the span of its host costs
+        costs = [c for r in got for c in host_medians(r)]
         if costs:
             print(f"host per-launch cost beside the {gpu} runs: {text.span(costs)} µs "
                   "(before and after each run; per run in the methods notebook, 07)")
