@@ -1,10 +1,8 @@
 """A notebook's review card: the answer on its first screen, made from the recorded runs.
 
-Each fix declares its ``CARD`` in ``claims.py``: the bug in one sentence, who it affects, and what
-the PR says beside what the workbook found. :func:`render` adds what is computed: the releases
-affected (read from the released wheels), the real engine's answer (its claims' headline and one
-verdict line per GPU model), then the rebuild's. The README index row and the report's card say the
-same (:func:`summary`).
+Each fix declares its ``CARD`` in ``claims.py`` (the bug, who it affects, what the PR says beside
+what was found); :func:`parts` adds the releases affected, the real engine's answer, then the
+rebuild's.
 """
 
 from __future__ import annotations

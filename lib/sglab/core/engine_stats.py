@@ -1,9 +1,6 @@
 """Statistics over an engine frame (:func:`sglab.core.engine_records.frame`): each variant's engine
 starts folded into a median and a range, a speed-up between two cases, the A/A control's gap, and
-the bar a timing claim must clear. Every function here is pandas over that frame.
-
-Method tables (every start beside its host, the A/A gap by statistic, a pair on every machine) are
-the methods notebook's (07); the fix notebooks read one verdict line per GPU model.
+the bar a timing claim must clear; and the tables of every start and rerun that 07 shows.
 """
 
 from __future__ import annotations
@@ -37,6 +34,11 @@ _MEMO: OrderedDict = OrderedDict()
 def _memo(df: pd.DataFrame, key: tuple, work):
     """``work()`` once per frame object (never changed in place) and ``key``, a copy each call."""
     return cached(_MEMO, (df,), key, work, 512).copy()
+
+
+def unit_of(df: pd.DataFrame, metric: str) -> str:
+    u = df.loc[df.metric == metric, "unit"].dropna()
+    return str(u.iloc[0]) if len(u) else ""
 
 
 def texts(df: pd.DataFrame, metric: str) -> dict:
@@ -187,8 +189,7 @@ def starts_and_host(df: pd.DataFrame, metric: str) -> pd.DataFrame:
         return pd.DataFrame()
     idx = [*KEYS, "start"]
     t = times.assign(value=pd.to_numeric(times["value"], errors="coerce")).groupby(idx)["value"]
-    unit = str(times["unit"].dropna().iloc[0]) if times["unit"].notna().any() else ""
-    out = t.median().rename(f"{metric} ({unit}), median over shapes").to_frame()
+    out = t.median().rename(f"{metric} ({unit_of(df, metric)}), median over shapes").to_frame()
     wide = host.assign(value=pd.to_numeric(host["value"], errors="coerce")).pivot_table(
         index=idx, columns="metric", values="value", aggfunc="first")
     out = out.join(wide, how="inner").rename(

@@ -1,8 +1,7 @@
 """A fix's real-engine section, declared: each fix states what of its engine runs a reader sees
 (``VIEW`` in its ``show.py``) and :func:`section` draws every fix's section the same way: where the
-numbers come from, one row of facts per variant, the tables, each timed pair against its A/A
-control, the fix's own figure or table, then one verdict line per GPU model. How the numbers are
-made to repeat (starts, hosts, reruns) is the methods notebook's (07).
+numbers come from, facts per variant, the tables, each timed pair against its A/A control, the
+fix's own figure or table, then one verdict line per GPU model.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from sglab.core import claims as C
 from sglab.core import text
 from sglab.core.engine_records import (KEYS, adjustments, by_gpu, frame, host_medians, label,
                                        per_gpu, tools)
-from sglab.core.engine_stats import STAT, STAT_NAMES, aa_gap, numbers, ratios
+from sglab.core.engine_stats import STAT, STAT_NAMES, aa_gap, numbers, ratios, unit_of
 from sglab.core.notebook import display, show_figure, show_table
 
 
@@ -125,7 +124,7 @@ def table(df: pd.DataFrame, t: Table) -> pd.DataFrame:
             for k, v in zip(d[idx].itertuples(index=False), d["value"])
         ]
     wide = d.pivot_table(index=KEYS, columns=t.across, values="cell", aggfunc="first").fillna("")
-    unit = str(d["unit"].dropna().iloc[0]) if d["unit"].notna().any() else ""
+    unit = unit_of(df, t.metric)
     unit = "" if unit in ("", "fraction") else f" ({unit})"
     if starts > 1:
         kind = f", median [lowest–highest] of {starts} engine starts (one figure: all the same)"

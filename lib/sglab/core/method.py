@@ -1,8 +1,6 @@
 """The methods notebook's (07) tables over every fix's recorded engine runs: how one timing is made
-(starts in launch order, each start's value, the statistics read of them), the A/A control and the
-host beside each run, reruns and exact counts across machines, each run's verdict line, and each
-engine claim's tolerance beside the A/A gap it must clear. Pandas over
-:mod:`sglab.core.engine_records` and :mod:`sglab.core.engine_stats`; nothing here knows a fix.
+(starts, statistics, the A/A control, the host, reruns and exact counts across machines, verdicts
+and tolerances). Pandas over :mod:`sglab.core.engine_stats`; nothing here knows a fix.
 """
 
 from __future__ import annotations
@@ -17,16 +15,12 @@ from sglab.core import claims as C
 from sglab.core import text
 from sglab.core.engine_records import KEYS, frame, per_gpu, run_label
 from sglab.core.engine_records import by_gpu as runs_by_gpu
-from sglab.core.engine_stats import AGAIN, STAT, STAT_NAMES, STATS, aa_gaps, numbers, ratios
+from sglab.core.engine_stats import (AGAIN, STAT, STAT_NAMES, STATS, aa_gaps, numbers, ratios,
+                                     unit_of)
 
 
 TIME_UNITS = ("ms", "s", "µs")
 COUNT_UNITS = ("kernels", "launches", "replays", "objects")  # counted, so exact on every run
-
-
-def unit_of(df: pd.DataFrame, metric: str) -> str:
-    u = df.loc[df.metric == metric, "unit"].dropna()
-    return str(u.iloc[0]) if len(u) else ""
 
 
 def timed(view, df: pd.DataFrame) -> list[tuple[str, str]]:
