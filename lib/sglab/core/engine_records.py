@@ -1,6 +1,6 @@
-"""Recorded real-engine runs (``data/recorded/engine_<fix>/``) read as one frame of the newest answer
-per model and variant: a variant that failed to start in an early run and started in a later one
-keeps the later (:func:`frame`). Every number is what SGLang's own tool printed.
+"""Recorded real-engine runs (``data/recorded/engine_<fix>/``) as runs: loaded like every other run,
+then read as one frame of the newest answer per model and variant: a variant that failed to start
+in an early run and started in a later one keeps the later (:func:`frame`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ def _tp_of(run) -> dict:
 
 
 def frame(runs_: list) -> pd.DataFrame:
-    """All rows of the newest answer per (model, TP size, variant), oldest run first, with ``model``,
-    ``tp`` and ``run`` (GPU and date). Cached and shared: never change it in place."""
+    """All rows of the newest answer per (model, TP size, variant), oldest run first, with
+    ``model``, ``tp`` and ``run`` (GPU and date). Cached and shared: never change it in place."""
     if len(runs_) == 1 and hasattr(runs_[0], "memo"):
         return runs_[0].memo("engine frame", lambda: _frame(runs_), shared=True)
     return cached(_FRAMES, tuple(runs_), (), lambda: _frame(runs_), 64)

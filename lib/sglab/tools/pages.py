@@ -79,7 +79,8 @@ STOP_GRACE_S = 5.0
 def worker(job: str, noted: tuple = ()) -> int:
     """A worker process of `sglab run`: run one notebook (:func:`run_one`) and leave its Result
     pickled where the job says (None: stopped before it started), a ``.started`` file once it
-    starts. A stop signal, or its parent gone, stops the kernel and still reports the partial run."""
+    starts. A stop signal, or its parent gone, stops the kernel and still reports the partial run.
+    """
     import pickle
 
     spec = pickle.loads(Path(job).read_bytes())

@@ -1,5 +1,5 @@
 """The published report: ``sglab run`` executes notebooks headless and writes a self-contained
-``reports/`` folder (executed ``.ipynb``, an offline HTML page each, ``index.html``, ``index.json``).
+``reports/`` folder (executed ``.ipynb``, an HTML page each, ``index.html``, ``index.json``).
 Here: the run (a worker process per notebook, stop signals), the environment and 00's overview.
 """
 
