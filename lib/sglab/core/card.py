@@ -90,10 +90,14 @@ def markdown(p: dict) -> str:
     if p["rebuild_verdicts"]:
         lines.append(f"> *{'; '.join(p['rebuild_verdicts'])}.*")
     if p["found"]:  # after the quote: a table inside one shows as raw pipes in nbconvert's HTML
-        cell = lambda text: text.replace("|", "\\|").replace("\n", " ")
         lines += ["", "| the PR says | we found |", "|---|---|"]
         lines += [f"| {cell(pr)} | {cell(we)} |" for pr, we in p["found"]]
     return "\n".join(lines)
+
+
+def cell(text: str) -> str:
+    """``text`` as one cell of a markdown table."""
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def html_card(p: dict) -> str:

@@ -136,11 +136,8 @@ def starts_how(starts: int, stat: str = "median") -> str:
     """What one timing is, by the number of engine starts behind it and the statistic read."""
     if starts < 2:
         return f"one engine start, {'fastest' if stat == 'floor' else 'median'} of its repeats"
-    return {
-        "median": "median of {n} interleaved engine starts",
-        "fastest": "fastest of {n} interleaved engine starts",
-        "floor": "fastest repeat of {n} interleaved engine starts"
-    }[stat].format(n=starts)
+    how = {"median": "median", "fastest": "fastest", "floor": "fastest repeat"}[stat]
+    return f"{how} of {starts} interleaved engine starts"
 
 
 def timing_source(starts: int, host: float | None, stat: str = "median") -> str:

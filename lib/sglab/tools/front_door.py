@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from sglab.core.card import releases_line
+from sglab.core.card import cell, releases_line
 from sglab.tools import fixes
 
 # how many characters of a card's sentences a cell of the affects table shows
@@ -187,13 +187,9 @@ def affects_rows() -> list[dict]:
     return rows
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(_cell(c) for c in r) + " |" for r in rows])
+    return "\n".join(lines + ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows])
 
 
 def _link(stem: str) -> str:

@@ -6,6 +6,7 @@ Here: the run (a worker process per notebook, stop signals), the environment and
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from importlib import metadata
 import os
 import signal
@@ -351,10 +352,7 @@ def recorded_summary(recorded: list) -> str:
     day (``H100 ×1: 3 runs; H200 ×1: 6 runs; newest 2026-11-29``)."""
     if not recorded:
         return "none yet"
-    counts: dict[str, int] = {}
-    for r in recorded:
-        key = f"{runs.gpu_short(r)} ×{r.manifest.gpu_count}"
-        counts[key] = counts.get(key, 0) + 1
+    counts = Counter(f"{runs.gpu_short(r)} ×{r.manifest.gpu_count}" for r in recorded)
     parts = [f"{k}: {n} run{'' if n == 1 else 's'}" for k, n in sorted(counts.items())]
     return "; ".join(parts) + f"; newest {max(r.manifest.date for r in recorded)}"
 
