@@ -27,11 +27,6 @@ def status_line(r) -> str:
     return f"{r.status} · {r.mode} · {r.seconds:.1f} s"
 
 
-@lru_cache(maxsize=1)
-def _exporter():
-    return exporter()  # reading the templates once per process
-
-
 def run_one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pages: bool):
     """Execute one notebook and write its executed copy and page (in a worker process of `sglab
     run`, :func:`worker`)."""
@@ -43,7 +38,7 @@ def run_one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pag
         _stopped_page(r, out / f"{p.stem}.html", notebook_title(r.nb, p.stem))
     elif html_pages:
         write_page(r.nb, out / f"{p.stem}.html", title=notebook_title(r.nb, p.stem),
-                   status=status_line(r), html_exporter=_exporter())
+                   status=status_line(r))
     return r
 
 
@@ -157,19 +152,19 @@ def contents(nb) -> dict:
     return toc
 
 
+@lru_cache(maxsize=1)
 def exporter():
-    """An HTMLExporter on the ``sglab`` template (built once per report: building it reads the
-    templates)."""
+    """The HTMLExporter on the ``sglab`` template, built once per process (it reads the templates).
+    """
     from nbconvert import HTMLExporter
 
     return HTMLExporter(extra_template_basedirs=[str(TEMPLATES)], template_name="sglab")
 
 
-def render(nb, *, title: str, status: str = "", html_exporter=None) -> str:
+def render(nb, *, title: str, status: str = "") -> str:
     """The page of an executed notebook; ``status`` (e.g. "ok · recorded · 7.8 s") and the page's
     :func:`contents` go into the top bar."""
-    exp = html_exporter or exporter()
-    body, _ = exp.from_notebook_node(
+    body, _ = exporter().from_notebook_node(
         nb, resources={
             "metadata": {"name": title}, "sglab_title": title, "sglab_status": status,
             "sglab_toc": contents(nb)
@@ -177,11 +172,11 @@ def render(nb, *, title: str, status: str = "", html_exporter=None) -> str:
     return body
 
 
-def write_page(nb, path: Path, *, title: str, status: str = "", html_exporter=None) -> Path:
+def write_page(nb, path: Path, *, title: str, status: str = "") -> Path:
     """Write the page; a notebook nbconvert cannot render still gets a page that says why (and links
     back)."""
     try:
-        body = render(nb, title=title, status=status, html_exporter=html_exporter)
+        body = render(nb, title=title, status=status)
     except Exception as e:  # noqa: BLE001 - one broken page must not lose the rest of the report
         body = _plain_page(title,
                            f"<p>HTML export failed: {html.escape(f'{type(e).__name__}: {e}')}</p>")
