@@ -302,9 +302,7 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None,
     return results
 
 
-# --------------------------------------------------------------------------------------------------
-# the environment of a run (`sglab env`, the report's last section)
-# --------------------------------------------------------------------------------------------------
+# -- the environment of a run (`sglab env`, the report's last section) -----------------------------
 def env_report() -> list[tuple[str, str]]:
     """(item, value) pairs describing this machine for the workbook."""
 
