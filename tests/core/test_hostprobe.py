@@ -58,17 +58,6 @@ def _probe(rounds):
     }
 
 
-def test_the_summary_counts_the_cpus_the_host_slowed_between_rounds():
-    """CPU 1 runs 6.9 µs in one round and 10.3 in the next (over 1.3×); CPU 0 holds its speed."""
-    lines = H.summary(_probe([{0: 6.9, 1: 6.9}, {0: 7.0, 1: 10.3}]))
-    assert lines[0].startswith("fresh processes: 2, µs per launch 6.70–9.70")
-    assert lines[1] == ("2 rounds over every CPU: 1 of 2 CPUs were over 1.3× slower in one round "
-                        "than in another")
-    # every other CPU's busy loop slowed the home CPU (a 2-CPU box under load): no "others"
-    near = H.summary({"home": 0, "beside": {-1: 7.0, 1: 9.8}})
-    assert near == ["home CPU 0: 7.00 µs alone; a busy loop on CPU [1] slows it to 9.80"]
-
-
 def test_the_figure_draws_a_line_per_cpu_orange_where_the_host_moved_it():
     """CPU 1 runs 6.9 µs in one round and 10.3 in the next (over 1.3× apart): its line is orange
     and spans both rounds; CPUs 0 and 2 hold their speed and are grey. A probe without rounds gets
@@ -124,7 +113,7 @@ def test_the_probe_writes_its_file_whole_with_a_manifest(tmp_path, capsys):
     assert p["manifest"]["gpu_name"] and p["manifest"]["created_utc"]
     assert p["manifest"]["command"].startswith("python -m sglab.core.hostprobe --out ")
     assert len(p["fresh"]) == 1 and len(p["rounds"]) == 1 and not list(tmp_path.glob("*.part"))
-    assert "1 rounds over every CPU" in capsys.readouterr().out
+    assert "over 1 rounds" in capsys.readouterr().out  # the row 07's table shows
     with pytest.raises(SystemExit):
         H.main(["--out", str(out), "--home", "999"])
 

@@ -1,10 +1,8 @@
 """A notebook's review card: the answer on its first screen, made from the recorded runs.
 
-Each fix declares its ``CARD`` in ``claims.py``: the bug in one sentence, who it affects, and what
-the PR says beside what the workbook found. :func:`render` adds what is computed: the releases
-affected (read from the released wheels), the real engine's answer (its claims' headline and one
-verdict line per GPU model), then the rebuild's. The README index row and the report's card say the
-same (:func:`summary`).
+Each fix declares its ``CARD`` in ``claims.py`` (the bug, who it affects, what the PR says beside
+what was found); :func:`parts` adds the releases affected, the real engine's answer, then the
+rebuild's.
 """
 
 from __future__ import annotations
@@ -52,13 +50,6 @@ def _values(mod, run) -> dict:
     return {k: o.value for k, o in C.values(mod, run).items()} if run is not None else {}
 
 
-def _fill(text: str, ns: dict) -> str | None:
-    try:
-        return C._Formatter().vformat(text, (), ns)
-    except C._Missing:
-        return None
-
-
 def parts(card: Card, fix, claims, rs, engine_rs) -> dict:
     """The card's sentences, each computed: ``bug``, ``affects``, ``releases``, ``engine``,
     ``engine_verdicts``, ``rebuild``, ``rebuild_verdicts``, ``found`` ([(pr, we)])."""
@@ -80,7 +71,7 @@ def parts(card: Card, fix, claims, rs, engine_rs) -> dict:
         "e": _values(engine_mod, merged[0]) if merged and engine_mod else {},
         "r": _values(claims, shown[0]) if shown else {}
     }
-    found = [(_fill(pr, ns), _fill(we, ns)) for pr, we in card.found]
+    found = [(C._format(pr, ns), C._format(we, ns)) for pr, we in card.found]
     out["found"] = [(pr, we) for pr, we in found if pr is not None and we is not None]
     return out
 
@@ -99,10 +90,14 @@ def markdown(p: dict) -> str:
     if p["rebuild_verdicts"]:
         lines.append(f"> *{'; '.join(p['rebuild_verdicts'])}.*")
     if p["found"]:  # after the quote: a table inside one shows as raw pipes in nbconvert's HTML
-        cell = lambda text: text.replace("|", "\\|").replace("\n", " ")
         lines += ["", "| the PR says | we found |", "|---|---|"]
         lines += [f"| {cell(pr)} | {cell(we)} |" for pr, we in p["found"]]
     return "\n".join(lines)
+
+
+def cell(text: str) -> str:
+    """``text`` as one cell of a markdown table."""
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def html_card(p: dict) -> str:

@@ -96,15 +96,8 @@ def all_claims(mod) -> list[Claim]:
 
 
 # -- evaluating ------------------------------------------------------------------------------------
-def _method(run) -> int:
-    try:
-        return int(run.manifest.method_version)
-    except (TypeError, ValueError):
-        return 1
-
-
 def evaluate_claim(claim: Claim, run) -> Outcome:
-    mv = _method(run)
+    mv = run.manifest.method_version
     if not claim.covers(mv):
         lo, hi = claim.methods
         span = f"{lo}+" if hi is None else (f"{lo}" if lo == hi else f"{lo}–{hi}")
@@ -304,7 +297,7 @@ def _peers(run, every: list) -> list:
     from sglab.core.runs import others
 
     def key(r):
-        return r.manifest.gpu, r.manifest.gpu_count, _method(r)
+        return r.manifest.gpu, r.manifest.gpu_count, r.manifest.method_version
 
     return [x for x in others(run, every) if key(x) == key(run)]
 

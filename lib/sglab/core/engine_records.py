@@ -1,15 +1,12 @@
 """Recorded real-engine runs (``data/recorded/engine_<fix>/``) as runs: loaded like every other run,
-then read as one frame of the newest answer per model and variant.
-
-A scenario is recorded one release batch at a time, so a variant may have failed to start in an
-early run and started in a later one: :func:`frame` keeps, per model, TP size and variant, the
-newest run in which it started. Its key columns are ``model, tp, release, case, start`` and the
-shape of the step (``batch_size``, ``input_len``, …); every number is what SGLang's tool printed.
+then read as one frame of the newest answer per model and variant: a variant that failed to start
+in an early run and started in a later one keeps the later (:func:`frame`).
 """
 
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 
 import pandas as pd
 
@@ -25,28 +22,31 @@ def _model_of(run) -> dict:
 
 
 def _tp_of(run) -> dict:
-    """``{variant: TP size}`` from the run's engine entries (each entry's ``tp``, read from its
-    server arguments when the manifest was loaded: :meth:`sglab.core.runs.Manifest.of`)."""
+    """``{variant: TP size}`` from the run's engine entries."""
     return {e["variant"]: int(e.get("tp") or 1) for e in run.manifest.engine_runs}
 
 
 def frame(runs_: list) -> pd.DataFrame:
-    """All rows of the newest answer per (model, TP size, variant), oldest run first: the run CSVs'
-    columns plus ``model``, ``tp`` and ``run`` (GPU and date): a variant started at TP 2 and again
-    at TP 4 keeps both. Worked out once per run or set of runs, and shared: read it, never change
-    it in place."""
+    """All rows of the newest answer per (model, TP size, variant), oldest run first, with
+    ``model``, ``tp`` and ``run`` (GPU and date). Cached and shared: never change it in place."""
     if len(runs_) == 1 and hasattr(runs_[0], "memo"):
         return runs_[0].memo("engine frame", lambda: _frame(runs_), shared=True)
-    key = tuple(map(id, runs_))
-    hit = _FRAMES.get(key)
-    if hit is None or any(a is not b for a, b in zip(hit[0], runs_)):
-        hit = _FRAMES[key] = (list(runs_), _frame(runs_))
-        if len(_FRAMES) > 64:
-            _FRAMES.pop(next(iter(_FRAMES)))
+    return cached(_FRAMES, tuple(runs_), (), lambda: _frame(runs_), 64)
+
+
+_FRAMES: OrderedDict = OrderedDict()  # frames of several runs, the newest 64
+
+
+def cached(store: OrderedDict, objs: tuple, key: tuple, work, limit: int):
+    """``work()`` once per ``objs`` (by identity) and ``key``, the newest ``limit`` kept."""
+    k = (*map(id, objs), *key)
+    hit = store.get(k)
+    if hit is None or any(a is not b for a, b in zip(hit[0], objs)):
+        hit = store[k] = (objs, work())
+        if len(store) > limit:
+            store.popitem(last=False)
+    store.move_to_end(k)
     return hit[1]
-
-
-_FRAMES: dict = {}  # frames of several runs: {ids: (the runs, the frame)}, the newest 64
 
 
 def _frame(runs_: list) -> pd.DataFrame:
@@ -70,10 +70,8 @@ def _frame(runs_: list) -> pd.DataFrame:
 
 
 def merged(runs_: list) -> runs.Run:
-    """Several runs of one experiment as one Run: the rows of the newest answer per (model,
-    variant) (:func:`frame`), every run's engine entries and specs in the manifest (oldest first),
-    each entry's log sidecar as its own run has it (by path), the newest run's manifest and path
-    otherwise."""
+    """Several runs of one experiment as one Run: the rows of :func:`frame`, every run's engine
+    entries, specs and log sidecars (oldest first), the newest run's manifest otherwise."""
     ordered = sorted(runs_, key=lambda r: r.manifest.created_utc)
     newest = ordered[-1]
     if len(ordered) == 1 or not any(r.manifest.engine_runs for r in ordered):
@@ -101,30 +99,31 @@ def merged(runs_: list) -> runs.Run:
     return runs.Run(df, m, newest.path)
 
 
+def by_gpu(runs_: list) -> dict:
+    """``{GPU model: its runs}``, in the order of ``runs_``."""
+    by: dict = {}
+    for r in runs_:
+        by.setdefault(r.manifest.gpu, []).append(r)
+    return by
+
+
 def per_gpu(rs: runs.RunSet) -> list:
     """One merged run per GPU model (:func:`merged`): the model shown first, then the others."""
-    by: dict = {}
-    for r in [*rs.shown, *rs.elsewhere]:
-        by.setdefault(r.manifest.gpu, []).append(r)
-    return [merged(v) for v in by.values()]
+    return [merged(v) for v in by_gpu([*rs.shown, *rs.elsewhere]).values()]
 
 
 def load(fix: str, number: str = "NN") -> runs.RunSet:
-    """A fix's recorded engine runs: those of one GPU model shown (oldest first), the other models'
-    elsewhere; or a NoRun saying how to make one. The model shown answers the most (model, variant)
-    pairs, then has more runs, then recorded first (a new model's runs never take the tables over
-    by a tie): one table never mixes GPUs."""
+    """A fix's recorded engine runs: one GPU model's shown (the one answering the most (model,
+    variant) pairs, then with more runs, then recorded first), the others elsewhere; or a NoRun."""
     found = sorted(runs.load_all_recorded(f"engine_{fix}"), key=lambda r: r.manifest.created_utc)
     if not found:
         return runs.NoRun(
             f"engine_{fix}", "no recorded real-engine run; on a GPU box: "
             f"bash scripts/engine_gpu.sh --plan {number}")
-    by_gpu: dict = {}
-    for r in found:
-        by_gpu.setdefault(r.manifest.gpu, []).append(r)
-    answers = {g: {(m, v) for r in rs for v, m in _model_of(r).items()} for g, rs in by_gpu.items()}
-    gpu = min(by_gpu, key=lambda g: (-len(answers[g]), -len(by_gpu[g])))  # first of equals
-    return runs.RunSet(by_gpu[gpu], [r for r in found if r.manifest.gpu != gpu],
+    by = by_gpu(found)
+    answers = {g: {(m, v) for r in rs for v, m in _model_of(r).items()} for g, rs in by.items()}
+    gpu = min(by, key=lambda g: (-len(answers[g]), -len(by[g])))  # first of equals
+    return runs.RunSet(by[gpu], [r for r in found if r.manifest.gpu != gpu],
                        experiment=f"engine_{fix}")
 
 
@@ -143,18 +142,23 @@ def pinned(r) -> str:
     return "".join(f", CPUs {hardware.cpu_text(c)}" for c in sets)
 
 
-def run_host_us(r) -> float | None:
-    """One run's host per-launch cost: the mean of its before and after medians (µs), else None."""
-    got = [
+def host_medians(r) -> list[float]:
+    """One run's host per-launch costs measured before and after it (medians, µs)."""
+    return [
         v["median"]
         for v in r.manifest.host_launch_us.values() if isinstance(v, dict) and "median" in v
     ]
+
+
+def run_host_us(r) -> float | None:
+    """One run's host per-launch cost: the mean of its before and after medians (µs), else None."""
+    got = host_medians(r)
     return sum(got) / len(got) if got else None
 
 
 def host_us(rs: runs.RunSet, *variant: str) -> float | None:
-    """The host's per-launch cost (µs) measured beside the newest shown run that started
-    ``variant`` (release, then model, then case; a prefix of them, or none for any run)."""
+    """The host's per-launch cost (µs) beside the newest shown run that started ``variant`` (a
+    prefix of release, model, case)."""
     for r in sorted(rs.shown, key=lambda r: r.manifest.created_utc, reverse=True):
         started = {(e.get("release"), (e.get("model") or {}).get("name"), e.get("case"))
                    for e in r.manifest.engine_runs}

@@ -1,9 +1,6 @@
 """Statistics over an engine frame (:func:`sglab.core.engine_records.frame`): each variant's engine
 starts folded into a median and a range, a speed-up between two cases, the A/A control's gap, and
-the bar a timing claim must clear. Every function here is pandas over that frame.
-
-Method tables (every start beside its host, the A/A gap by statistic, a pair on every machine) are
-the methods notebook's (07); the fix notebooks read one verdict line per GPU model.
+the bar a timing claim must clear; and the tables of every start and rerun that 07 shows.
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ from collections import OrderedDict
 import pandas as pd
 
 from sglab.core import text
-from sglab.core.engine_records import KEYS, frame, run_label, run_host_us
+from sglab.core.engine_records import KEYS, cached, frame, run_label, run_host_us
 
 
 AGAIN = "-again"  # a case's A/A control: the same flags, started in the same interleaved rounds
@@ -35,17 +32,13 @@ _MEMO: OrderedDict = OrderedDict()
 
 
 def _memo(df: pd.DataFrame, key: tuple, work):
-    """``work()`` once per frame object and ``key``, a copy each call: an engine frame is built
-    once per run and never changed in place (:func:`~sglab.core.engine_records.frame`), and a
-    notebook reads the same one through many sections. The newest 512 answers are kept."""
-    k = (id(df), *key)
-    hit = _MEMO.get(k)
-    if hit is None or hit[0] is not df:
-        hit = _MEMO[k] = (df, work())
-        if len(_MEMO) > 512:
-            _MEMO.popitem(last=False)
-    _MEMO.move_to_end(k)
-    return hit[1].copy()
+    """``work()`` once per frame object (never changed in place) and ``key``, a copy each call."""
+    return cached(_MEMO, (df,), key, work, 512).copy()
+
+
+def unit_of(df: pd.DataFrame, metric: str) -> str:
+    u = df.loc[df.metric == metric, "unit"].dropna()
+    return str(u.iloc[0]) if len(u) else ""
 
 
 def texts(df: pd.DataFrame, metric: str) -> dict:
@@ -143,11 +136,8 @@ def starts_how(starts: int, stat: str = "median") -> str:
     """What one timing is, by the number of engine starts behind it and the statistic read."""
     if starts < 2:
         return f"one engine start, {'fastest' if stat == 'floor' else 'median'} of its repeats"
-    return {
-        "median": "median of {n} interleaved engine starts",
-        "fastest": "fastest of {n} interleaved engine starts",
-        "floor": "fastest repeat of {n} interleaved engine starts"
-    }[stat].format(n=starts)
+    how = {"median": "median", "fastest": "fastest", "floor": "fastest repeat"}[stat]
+    return f"{how} of {starts} interleaved engine starts"
 
 
 def timing_source(starts: int, host: float | None, stat: str = "median") -> str:
@@ -166,17 +156,20 @@ def bar(df: pd.DataFrame, metric: str, across: str, stat: str = "median") -> tup
 
 
 # -- the methods notebook's tables: every machine, every start ---------------------------------
-def aa_table(rs, metric: str, across: str) -> pd.DataFrame:
-    """Per run (every GPU model) and (model, release): the A/A gap read by each statistic; the one
-    with the smaller gap is the one a rerun can repeat."""
-    rows = {}
+def aa_gaps(rs, metric: str, across: str):
+    """``(run, (model, release), {stat: aa_gap})`` of every A/A control of every run."""
     for r in rs.every():
         gaps = {s: aa_gap(frame([r]), metric, across, s) for s in STATS}
-        for key in gaps[STAT]:
-            rows[(run_label(r), " ".join(key))] = {
+        yield from ((r, key, gaps) for key in gaps[STAT])
+
+
+def aa_table(rs, metric: str, across: str) -> pd.DataFrame:
+    """Per run (every GPU model) and (model, release): the A/A gap read by each statistic."""
+    rows = {(run_label(r), " ".join(key)): {
                 f"A/A gap, {STAT_NAMES[s]}": f"{g[key]:.1%}" if key in g else ""
                 for s, g in gaps.items()
             }
+            for r, key, gaps in aa_gaps(rs, metric, across)}
     out = pd.DataFrame.from_dict(rows, orient="index")
     if not out.empty:
         out.index.names = ["run", "model and release"]
@@ -193,8 +186,7 @@ def starts_and_host(df: pd.DataFrame, metric: str) -> pd.DataFrame:
         return pd.DataFrame()
     idx = [*KEYS, "start"]
     t = times.assign(value=pd.to_numeric(times["value"], errors="coerce")).groupby(idx)["value"]
-    unit = str(times["unit"].dropna().iloc[0]) if times["unit"].notna().any() else ""
-    out = t.median().rename(f"{metric} ({unit}), median over shapes").to_frame()
+    out = t.median().rename(f"{metric} ({unit_of(df, metric)}), median over shapes").to_frame()
     wide = host.assign(value=pd.to_numeric(host["value"], errors="coerce")).pivot_table(
         index=idx, columns="metric", values="value", aggfunc="first")
     out = out.join(wide, how="inner").rename(

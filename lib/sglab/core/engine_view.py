@@ -1,8 +1,7 @@
 """A fix's real-engine section, declared: each fix states what of its engine runs a reader sees
 (``VIEW`` in its ``show.py``) and :func:`section` draws every fix's section the same way: where the
-numbers come from, one row of facts per variant, the tables, each timed pair against its A/A
-control, the fix's own figure or table, then one verdict line per GPU model. How the numbers are
-made to repeat (starts, hosts, reruns) is the methods notebook's (07).
+numbers come from, facts per variant, the tables, each timed pair against its A/A control, the
+fix's own figure or table, then one verdict line per GPU model.
 """
 
 from __future__ import annotations
@@ -14,8 +13,9 @@ import pandas as pd
 
 from sglab.core import claims as C
 from sglab.core import text
-from sglab.core.engine_records import KEYS, adjustments, frame, label, per_gpu, tools
-from sglab.core.engine_stats import STAT, STAT_NAMES, aa_gap, numbers, ratios
+from sglab.core.engine_records import (KEYS, adjustments, by_gpu, frame, host_medians, label,
+                                       per_gpu, tools)
+from sglab.core.engine_stats import STAT, STAT_NAMES, aa_gap, numbers, ratios, unit_of
 from sglab.core.notebook import display, show_figure, show_table
 
 
@@ -79,12 +79,8 @@ def header(rs, what: str = "") -> bool:
               "model; every run is in the methods notebook (07)")
     for line in adjustments(rs):
         print(f"harness adjustment {line}")
-    by_gpu: dict = {}  # one line per GPU model: the span of its runs' host costs
-    for r in rs:
-        by_gpu.setdefault(r.manifest.gpu, []).extend(
-            v["median"]
-            for v in r.manifest.host_launch_us.values() if isinstance(v, dict) and "median" in v)
-    for gpu, costs in by_gpu.items():
+    for gpu, got in by_gpu(rs).items():  # one line per GPU model: the span of its host costs
+        costs = [c for r in got for c in host_medians(r)]
         if costs:
             print(f"host per-launch cost beside the {gpu} runs: {text.span(costs)} µs "
                   "(before and after each run; per run in the methods notebook, 07)")
@@ -128,7 +124,7 @@ def table(df: pd.DataFrame, t: Table) -> pd.DataFrame:
             for k, v in zip(d[idx].itertuples(index=False), d["value"])
         ]
     wide = d.pivot_table(index=KEYS, columns=t.across, values="cell", aggfunc="first").fillna("")
-    unit = str(d["unit"].dropna().iloc[0]) if d["unit"].notna().any() else ""
+    unit = unit_of(df, t.metric)
     unit = "" if unit in ("", "fraction") else f" ({unit})"
     if starts > 1:
         kind = f", median [lowest–highest] of {starts} engine starts (one figure: all the same)"

@@ -147,36 +147,6 @@ def siblings_seen(base: float, slowed: dict, factor: float = 1.3) -> list[int]:
     return sorted(c for c, us in slowed.items() if c >= 0 and us > factor * base)
 
 
-def summary(probe: dict) -> list[str]:
-    """The probe in a few lines."""
-    lines = []
-    f = [r["us"] for r in probe.get("fresh", [])]
-    if f:
-        lines.append(f"fresh processes: {len(f)}, µs per launch {min(f):.2f}–{max(f):.2f} "
-                     f"(median {statistics.median(f):.2f}; " + ", ".join(
-                         f"{r['us']:.2f}@cpu{r['cpu']}" for r in probe['fresh']) + ")")
-    pc = probe.get("per_cpu", {})
-    if pc:
-        v = list(pc.values())
-        lines.append(f"per CPU alone: {min(v):.2f}–{max(v):.2f} µs per launch")
-    rs = probe.get("rounds", [])
-    if rs:
-        flips = len(moved(rs))
-        lines.append(
-            f"{len(rs)} rounds over every CPU: {flips} of {len(rs[0])} CPUs were over 1.3× "
-            "slower in one round than in another")
-    b = dict(probe.get("beside", {}))
-    if b:
-        base = b.pop(-1)
-        near = siblings_seen(base, b)
-        rest = [v for c, v in b.items() if c not in near]
-        slows = (f"CPU {near} slows it to {', '.join(f'{b[c]:.2f}' for c in near)}"
-                 if near else "no other CPU slows it by more than 1.3×")
-        lines.append(f"home CPU {probe['home']}: {base:.2f} µs alone; a busy loop on {slows}" +
-                     (f" (others {min(rest):.2f}–{max(rest):.2f})" if rest else ""))
-    return lines
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sglab.core.hostprobe", description=__doc__)
     ap.add_argument(
@@ -220,7 +190,7 @@ def main(argv=None) -> int:
     tmp.write_text(json.dumps(probe, indent=1))
     tmp.replace(out)
     print(f"hostprobe: wrote {out}")
-    print("\n".join(summary(load(out))))
+    print(table([(out.name, load(out))]).T.to_string())
     return 0
 
 

@@ -106,18 +106,14 @@ def profiler_records(fns: Mapping[str, Callable[[], object]], *, runs: int,
     return out
 
 
-def kernel_table(fns: Mapping[str, Callable[[], object]], *, runs: int = 5, warmup: int = 2,
-                 backend: str = "auto"):
-    """The per-kernel table of each labelled eager function: nsight-python where it runs
-    (``backend`` "auto", "cupti" or "ncu"), else torch.profiler ("torch-profiler"). ``attrs``:
-    backend and the reason for it."""
+def kernel_table(fns: Mapping[str, Callable[[], object]], *, runs: int = 5, warmup: int = 2):
+    """The per-kernel table of each labelled eager function: nsight-python where it runs, else
+    torch.profiler. ``attrs``: backend and the reason for it."""
     from sglab.core import kernels
 
     if not fns:
         raise ValueError("kernel_table needs at least one labelled function")
-    if backend not in {"auto", "cupti", "ncu", "torch-profiler"}:
-        raise ValueError(f"unknown backend {backend!r}")
-    chosen, reason = kernels.nsight_backend() if backend == "auto" else (backend, "requested")
+    chosen, reason = kernels.nsight_backend()
     records = None
     if chosen != "torch-profiler":
         try:
@@ -127,12 +123,10 @@ def kernel_table(fns: Mapping[str, Callable[[], object]], *, runs: int = 5, warm
             with kernels.nsight_session(chosen) as profile:
                 records = profile(lambda: _annotated(fns), runs)
         except Exception as e:  # noqa: BLE001 - any nsight failure: say it, use the profiler
-            if backend != "auto":
-                raise
             reason = (f"nsight-python ({chosen}) failed: {type(e).__name__}: "
                       f"{str(e).splitlines()[0][:200]}")
             chosen = "torch-profiler"
-    elif backend == "auto":
+    else:
         reason = f"nsight-python cannot run here: {reason}"
     if records is None:
         records = profiler_records(fns, runs=runs, warmup=warmup)

@@ -11,7 +11,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections import Counter
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Callable
@@ -36,9 +35,6 @@ class GraphNodes:
     names: list[str] = field(default_factory=list)
     by_type: dict[str, int] = field(default_factory=dict)
     child_graphs: int = 0
-
-    def name_counts(self) -> Counter:
-        return Counter(self.names)
 
 
 def _check(result, what: str):

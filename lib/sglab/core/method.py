@@ -1,8 +1,6 @@
 """The methods notebook's (07) tables over every fix's recorded engine runs: how one timing is made
-(starts in launch order, each start's value, the statistics read of them), the A/A control and the
-host beside each run, reruns and exact counts across machines, each run's verdict line, and each
-engine claim's tolerance beside the A/A gap it must clear. Pandas over
-:mod:`sglab.core.engine_records` and :mod:`sglab.core.engine_stats`; nothing here knows a fix.
+(starts, statistics, the A/A control, the host, reruns and exact counts across machines, verdicts
+and tolerances). Pandas over :mod:`sglab.core.engine_stats`; nothing here knows a fix.
 """
 
 from __future__ import annotations
@@ -15,17 +13,14 @@ import pandas as pd
 
 from sglab.core import claims as C
 from sglab.core import text
-from sglab.core.engine_records import KEYS, frame, per_gpu, run_host_us, run_label
-from sglab.core.engine_stats import AGAIN, STAT, STAT_NAMES, STATS, aa_gap, numbers, ratios
+from sglab.core.engine_records import KEYS, frame, per_gpu, run_label
+from sglab.core.engine_records import by_gpu as runs_by_gpu
+from sglab.core.engine_stats import (AGAIN, STAT, STAT_NAMES, STATS, aa_gaps, numbers, ratios,
+                                     unit_of)
 
 
 TIME_UNITS = ("ms", "s", "µs")
 COUNT_UNITS = ("kernels", "launches", "replays", "objects")  # counted, so exact on every run
-
-
-def unit_of(df: pd.DataFrame, metric: str) -> str:
-    u = df.loc[df.metric == metric, "unit"].dropna()
-    return str(u.iloc[0]) if len(u) else ""
 
 
 def timed(view, df: pd.DataFrame) -> list[tuple[str, str]]:
@@ -114,12 +109,9 @@ def one_timing(run, metric: str, across: str, base: str, cases=(), x=None) -> pd
 def aa_controls(rs, metric: str, across: str) -> list[dict]:
     """Every A/A control of every run (every GPU model): one dict per (run, model, release) with
     its ``gpu`` and its gap read by each statistic of :data:`STATS` (``inf`` where one cannot)."""
-    out = []
-    for r in rs.every():
-        gaps = {s: aa_gap(frame([r]), metric, across, s) for s in STATS}
-        out += [{"gpu": r.manifest.gpu, **{s: g.get(key, math.inf)
-                                           for s, g in gaps.items()}} for key in gaps[STAT]]
-    return out
+    return [{"gpu": r.manifest.gpu, **{s: g.get(key, math.inf)
+                                       for s, g in gaps.items()}}
+            for r, key, gaps in aa_gaps(rs, metric, across)]
 
 
 def aa_summary(controls: list[dict]) -> pd.DataFrame:
@@ -314,10 +306,7 @@ def tolerances(fix: str, engine_claims, rs) -> pd.DataFrame:
 # -- across machines -------------------------------------------------------------------------------
 def by_gpu(rs, fn) -> dict:
     """``{GPU model: fn(frame of its runs)}`` over every recorded run (the shown model first)."""
-    found: dict = {}
-    for r in [*rs.shown, *rs.elsewhere]:
-        found.setdefault(r.manifest.gpu, []).append(r)
-    return {gpu: fn(frame(got)) for gpu, got in found.items()}
+    return {gpu: fn(frame(got)) for gpu, got in runs_by_gpu([*rs.shown, *rs.elsewhere]).items()}
 
 
 def side_by_side(tables: dict, index: list[str], value: str) -> pd.DataFrame:

@@ -182,8 +182,7 @@ class Workbook:
         if mode not in MODES:
             raise ValueError(f"MODE must be one of {MODES}, got {mode!r}")
         self.claims = claims
-        self.experiment = experiment or (claims
-                                         if isinstance(claims, str) else self.claims.EXPERIMENT)
+        self.experiment = experiment or claims.EXPERIMENT
         self.gpus = int(gpus if gpus is not None else getattr(self.claims, "GPUS", 1))
         self.requested = mode
         ok, self.reason = hardware.meets(self.gpus)

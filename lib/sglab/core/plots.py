@@ -88,14 +88,10 @@ def box(ax, x: float, y: float, w: float, h: float, text: str = "", *, color: st
         ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize, **text_kw)
 
 
-def arrow(ax, start: tuple[float, float], end: tuple[float, float], text: str = "", *,
-          color: str = "#566573", fontsize: float = 8, style: str = "-|>"):
-    """An arrow from ``start`` to ``end`` with an optional label at its middle."""
+def arrow(ax, start: tuple[float, float], end: tuple[float, float]):
+    """An arrow from ``start`` to ``end``."""
     ax.annotate("", xy=end, xytext=start,
-                arrowprops={"arrowstyle": style, "color": color, "lw": 1.1})
-    if text:
-        ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.08, text, ha="center",
-                va="bottom", fontsize=fontsize, color=color)
+                arrowprops={"arrowstyle": "-|>", "color": "#566573", "lw": 1.1})
 
 
 def label(ax, x: float, y: float, text: str, *, fontsize: float = 9, weight: str = "bold",
@@ -113,11 +109,9 @@ CATEGORY_COLORS = {
 LANE_ORDER = ("host", "runtime", "stream", "device")
 
 
-def window(events, phase: str | None = None, *, names: str | None = None):
-    """The events of one phase (or matching ``names``), re-zeroed to the first of them."""
+def window(events, *, names: str | None = None):
+    """The events (those matching ``names``), re-zeroed to the first of them."""
     d = events
-    if phase is not None:
-        d = d[d.phase == phase]
     if names is not None:
         d = d[_matches(d.name, names)]
     if len(d):
@@ -153,8 +147,8 @@ def totals(events, highlight: str | None = None) -> dict:
 
 def timeline(tables: Mapping[str, object], *, highlight: str | None = None,
              highlight_label: str = "mechanism",
-             categories: Sequence[str] = ("kernel", "memcpy", "memset", "runtime", "range"),
-             title: str = "", width: float = 11.0, ax=None, annotate: bool = True):
+             categories: Sequence[str] = ("kernel", "memcpy", "memset", "runtime",
+                                          "range"), title: str = "", ax=None):
     """One group of swim-lanes per variant (``{"before": ev_a, "after": ev_b}``) on one µs axis;
     events matching ``highlight`` (a regular expression) in the accent colour, counted."""
     rows, labels = [], []
@@ -164,7 +158,7 @@ def timeline(tables: Mapping[str, object], *, highlight: str | None = None,
             rows.append((variant, lane, ev[ev.lane == lane]))
             labels.append(f"{variant} · {lane}")
     if ax is None:
-        fig, ax = figure(width=width, height=0.9 + 0.42 * max(1, len(rows)))
+        fig, ax = figure(width=11.0, height=0.9 + 0.42 * max(1, len(rows)))
     else:
         fig = ax.figure
     pattern = re.compile(highlight) if highlight else None
@@ -176,8 +170,7 @@ def timeline(tables: Mapping[str, object], *, highlight: str | None = None,
     ax.grid(axis="y", visible=False)
     if title:
         ax.set_title(title)
-    if annotate:
-        _annotate(ax, tables, rows, highlight, highlight_label)
+    _annotate(ax, tables, rows, highlight, highlight_label)
     _legend(ax, categories, highlight_label if pattern else None)
     return fig
 

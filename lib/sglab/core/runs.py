@@ -471,8 +471,6 @@ def promote(csv_path: Path | str, *, root: Path | None = None, force: bool = Fal
     """Copy a live run (CSV + manifest) into ``data/recorded/<experiment>/``; return the new CSV
     path. A file of the record is never replaced unless ``force`` (FileExistsError names it);
     ValueError for a run that is already the record's own file."""
-    import shutil
-
     run = read_run(csv_path)
     dest = (root or data_dir("recorded")) / run.manifest.experiment
     src = Path(csv_path)

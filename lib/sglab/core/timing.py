@@ -65,8 +65,7 @@ def _check_counts(warmup: int, repeat: int) -> None:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
 
 
-def cuda_time(fn: Callable[[], object], *, warmup: int = 10, repeat: int = 50,
-              device=None) -> Timing:
+def cuda_time(fn: Callable[[], object], *, warmup: int = 10, repeat: int = 50) -> Timing:
     """Time ``fn`` on the current CUDA stream, a pair of events around each call, after ``warmup``
     discarded calls (module loading, allocator growth, autotuning)."""
     import torch
@@ -74,8 +73,7 @@ def cuda_time(fn: Callable[[], object], *, warmup: int = 10, repeat: int = 50,
     _check_counts(warmup, repeat)
     if not torch.cuda.is_available():
         raise RuntimeError("cuda_time needs a CUDA device; use host_time for host-side work")
-    dev = torch.device(device) if device is not None else torch.device(
-        "cuda", torch.cuda.current_device())
+    dev = torch.device("cuda", torch.cuda.current_device())
     with torch.cuda.device(dev):
         for _ in range(warmup):
             fn()

@@ -320,15 +320,10 @@ def _run_command(args) -> int:
         jobs = args.jobs or default_jobs()
         print(f"wall: {time.perf_counter() - t0:.1f} s ({jobs} at a time; pages and index "
               "included)")
-        record = args.record and not failed and len(results) == len(paths)
-        if args.record and not record:
-            print("[sglab] not every notebook ran cleanly: timings saved under data/runs/, not "
-                  "recorded")
-        path = timings.write(
-            results, record=record, params={
+        _write_timings(
+            results, args.record, not failed and len(results) == len(paths), params={
                 "notebooks": [p.stem for p in paths], "cell_timeout": args.cell_timeout, **params
             })
-        print(f"timings: {path}")
     # the signal that stopped the run (this process's own, else one that reached a notebook alone):
     # 128 + it, as a shell reports it (Ctrl-C 130, SIGTERM 143)
     stopped = getattr(results, "signal", 0) or next(
@@ -349,14 +344,19 @@ def cmd_timings(args) -> int:
         raise Refused(e) from None
     print(timings.summary(timings.frame(results, Path(args.runs))))
     failed = [r for r in results if r.status != "ok"]
-    record = args.record and not failed
-    if args.record and failed:
+    _write_timings(results, args.record, not failed, runs_root=Path(args.runs), machine=machine,
+                   params={"notebooks": [r.path.stem for r in results], "from_reports": True})
+    return 1 if failed else 0
+
+
+def _write_timings(results, record: bool, clean: bool, **kw) -> None:
+    """Save the timings (recorded where asked and every notebook ran cleanly) and say where."""
+    from sglab.tools import timings
+
+    if record and not clean:
         print("[sglab] not every notebook ran cleanly: timings saved under data/runs/, not "
               "recorded")
-    path = timings.write(results, record=record, runs_root=Path(args.runs), machine=machine,
-                         params={"notebooks": [r.path.stem for r in results], "from_reports": True})
-    print(f"timings: {path}")
-    return 1 if failed else 0
+    print(f"timings: {timings.write(results, record=record and clean, **kw)}")
 
 
 def _workbook_commands(sub) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from sglab.core.card import releases_line
+from sglab.core.card import cell, releases_line
 from sglab.tools import fixes
 
 # how many characters of a card's sentences a cell of the affects table shows
@@ -71,9 +71,7 @@ def _symptoms() -> dict[str, tuple[str, str]]:
     }
 
 
-# --------------------------------------------------------------------------------------------------
-# shortening a card's sentences
-# --------------------------------------------------------------------------------------------------
+# -- shortening a card's sentences -----------------------------------------------------------------
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\"“(#*])")
 
 
@@ -112,9 +110,7 @@ def lead(text: str, limit: int) -> str:
     return out
 
 
-# --------------------------------------------------------------------------------------------------
-# SGLang's own log lines, recorded on an affected release
-# --------------------------------------------------------------------------------------------------
+# -- SGLang's own log lines, recorded on an affected release ---------------------------------------
 def _probe_lines(fix) -> list[tuple[str, str]]:
     """(release, line): a log line or warning the fix's probe recorded on an affected release and
     on no unaffected one (the newest real-release recording)."""
@@ -168,9 +164,7 @@ def log_line(fix) -> str:
     return f"{releases} {said} “{line}” ({where})."
 
 
-# --------------------------------------------------------------------------------------------------
-# the tables
-# --------------------------------------------------------------------------------------------------
+# -- the tables ------------------------------------------------------------------------------------
 def affects_rows() -> list[dict]:
     """One row per fix: its notebook, the bug and who it affects (the card's first words), the
     releases (read from the wheels), and what a reader sees (with SGLang's own line, if
@@ -187,13 +181,9 @@ def affects_rows() -> list[dict]:
     return rows
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(_cell(c) for c in r) + " |" for r in rows])
+    return "\n".join(lines + ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows])
 
 
 def _link(stem: str) -> str:
@@ -223,9 +213,7 @@ def reading_markdown() -> str:
                    for i, (stem, teaches, on) in enumerate(READING_ORDER, 1)])
 
 
-# --------------------------------------------------------------------------------------------------
-# the glossary: (term, other spellings the notebooks use, definition)
-# --------------------------------------------------------------------------------------------------
+# -- the glossary: (term, other spellings the notebooks use, definition) ---------------------------
 GLOSSARY = (
     ("PCG", ("piecewise CUDA graph",),
      "Piecewise CUDA graph: prefill captured as the pieces between attention calls, one set per "

@@ -38,7 +38,7 @@ def claim_facts(entry, result=None, recorded: dict | None = None) -> dict:
     """Claim, headline and verdict lines of a catalog entry: over this report's live runs when the
     notebook ran live (runs written since it started), else over the recorded runs a reader is
     shown (``recorded``: those facts, read already)."""
-    live = _live_runs(entry.experiment, result) if entry and entry.experiment else []
+    live = [runs.read_run(p, live=True) for p in timings.live_runs(result)] if result else []
     if live or entry is None:
         return _facts(entry, live)
     return recorded if recorded is not None else recorded_facts(entry.stem)
@@ -80,14 +80,6 @@ def _facts(entry, live: list) -> dict:
     except Exception as e:  # noqa: BLE001 - a claims module must not lose the report
         facts["headline"] = f"headline unavailable: {type(e).__name__}: {e}"
     return facts
-
-
-def _live_runs(experiment: str, result) -> list:
-    started = getattr(result, "started", None)
-    if result is None or result.mode != "live" or started is None:
-        return []
-    paths = runs.list_runs(experiment, kind="runs")
-    return [runs.read_run(p, live=True) for p in paths if p.stat().st_mtime >= started]
 
 
 def _cardstatus_line(r) -> str:

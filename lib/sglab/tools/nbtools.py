@@ -37,17 +37,13 @@ def all_notebooks() -> list[Path]:
 
 
 def _cells(nb) -> list[tuple[str, str, tuple[str, ...]]]:
-    out = []
-    for c in nb.cells:
-        tags = tuple(sorted(c.get("metadata", {}).get("tags", [])))
-        out.append((c.cell_type, c.source.strip(), tags))
-    return out
+    return [(c.cell_type, c.source.strip(), tuple(sorted(c.get("metadata", {}).get("tags", []))))
+            for c in nb.cells]
 
 
 def check_pair(ipynb: Path) -> list[str]:
     """Problems with one notebook: outputs committed, execution counts, missing or out-of-sync
     .py."""
-    import jupytext
     import nbformat
 
     problems = []
@@ -59,7 +55,7 @@ def check_pair(ipynb: Path) -> list[str]:
     py = ipynb.with_suffix(".py")
     if not py.exists():
         return problems + [f"{ipynb.name}: no paired {py.name}"]
-    if _cells(jupytext.read(py)) != _cells(nb):
+    if _read_cells(py) != _cells(nb):
         problems.append(f"{ipynb.name} differs from {py.name}: run `sglab sync` to pair them")
     return problems
 

@@ -1,8 +1,7 @@
 """An executed notebook and its offline page: what each worker of ``sglab run`` does with one
-notebook (execute it, save the executed copy, render its HTML page), and how it stops when told to
-or when its parent is gone. Kept apart from the report's index so that a worker process starts
-without the fixes, their claims and their imports (pandas, torch). And how a page reads in Chromium
-at 1400 x 1000: ``python -m sglab.tools.pages --measure REPORTS`` (its screens, story and card)."""
+notebook, and how it stops; apart from the report's index, so that a worker starts without the
+fixes' imports. And how a page reads in Chromium: ``python -m sglab.tools.pages --measure REPORTS``.
+"""
 
 from __future__ import annotations
 
@@ -28,11 +27,6 @@ def status_line(r) -> str:
     return f"{r.status} · {r.mode} · {r.seconds:.1f} s"
 
 
-@lru_cache(maxsize=1)
-def _exporter():
-    return exporter()  # reading the templates once per process
-
-
 def run_one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pages: bool):
     """Execute one notebook and write its executed copy and page (in a worker process of `sglab
     run`, :func:`worker`)."""
@@ -44,7 +38,7 @@ def run_one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pag
         _stopped_page(r, out / f"{p.stem}.html", notebook_title(r.nb, p.stem))
     elif html_pages:
         write_page(r.nb, out / f"{p.stem}.html", title=notebook_title(r.nb, p.stem),
-                   status=status_line(r), html_exporter=_exporter())
+                   status=status_line(r))
     return r
 
 
@@ -52,11 +46,17 @@ def _stopped_page(r, path: Path, title: str) -> Path:
     """The page of a notebook a stopped run cut short: what happened, and its partial notebook."""
     name = html.escape(r.path.name)
     path.write_text(
-        f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<p><a href='index.html'>← sglab report index</a></p><h1>{html.escape(title)}</h1>"
-        f"<p>{html.escape(status_line(r))}</p><pre>{html.escape(r.error)}</pre>"
-        f"<p>The executed part: <a href='{name}'>{name}</a></p>", encoding="utf-8")
+        _plain_page(
+            title, f"<p>{html.escape(status_line(r))}</p><pre>{html.escape(r.error)}</pre>"
+            f"<p>The executed part: <a href='{name}'>{name}</a></p>"), encoding="utf-8")
     return path
+
+
+def _plain_page(title: str, body: str) -> str:
+    """A page without nbconvert: the title, a link back to the index, then ``body``."""
+    return (
+        f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<p><a href='index.html'>← sglab report index</a></p><h1>{html.escape(title)}</h1>" + body)
 
 
 # what a worker process runs (``python -c``; its arguments: the job file, and the folder sglab is
@@ -72,15 +72,10 @@ STOP_GRACE_S = 5.0
 
 
 def worker(job: str, noted: tuple = ()) -> int:
-    """A worker process of `sglab run` (``python -c`` calling this with a job file): run one
-    notebook (:func:`run_one`) and leave its :class:`~sglab.tools.nbtools.Result` pickled where the
-    job says (None: stopped before it started), and a ``.started`` file beside it once the notebook
-    starts. ``noted``: the signals that came while the process started (see :data:`WORKER`).
-
-    SIGINT, SIGTERM and SIGHUP ask it to stop (:func:`sglab.tools.nbtools.stop_on_signals`): the
-    notebook's kernel is stopped at once and the partial notebook still reported. A thread watches
-    the parent: once it is gone, the worker stops as if signalled, and after :data:`STOP_GRACE_S`
-    ends itself and what its kernel started, since no one will read its result."""
+    """A worker process of `sglab run`: run one notebook (:func:`run_one`) and leave its Result
+    pickled where the job says (None: stopped before it started), a ``.started`` file once it
+    starts. A stop signal, or its parent gone, stops the kernel and still reports the partial run.
+    """
     import pickle
 
     spec = pickle.loads(Path(job).read_bytes())
@@ -157,19 +152,19 @@ def contents(nb) -> dict:
     return toc
 
 
+@lru_cache(maxsize=1)
 def exporter():
-    """An HTMLExporter on the ``sglab`` template (built once per report: building it reads the
-    templates)."""
+    """The HTMLExporter on the ``sglab`` template, built once per process (it reads the templates).
+    """
     from nbconvert import HTMLExporter
 
     return HTMLExporter(extra_template_basedirs=[str(TEMPLATES)], template_name="sglab")
 
 
-def render(nb, *, title: str, status: str = "", html_exporter=None) -> str:
+def render(nb, *, title: str, status: str = "") -> str:
     """The page of an executed notebook; ``status`` (e.g. "ok · recorded · 7.8 s") and the page's
     :func:`contents` go into the top bar."""
-    exp = html_exporter or exporter()
-    body, _ = exp.from_notebook_node(
+    body, _ = exporter().from_notebook_node(
         nb, resources={
             "metadata": {"name": title}, "sglab_title": title, "sglab_status": status,
             "sglab_toc": contents(nb)
@@ -177,15 +172,14 @@ def render(nb, *, title: str, status: str = "", html_exporter=None) -> str:
     return body
 
 
-def write_page(nb, path: Path, *, title: str, status: str = "", html_exporter=None) -> Path:
+def write_page(nb, path: Path, *, title: str, status: str = "") -> Path:
     """Write the page; a notebook nbconvert cannot render still gets a page that says why (and links
     back)."""
     try:
-        body = render(nb, title=title, status=status, html_exporter=html_exporter)
+        body = render(nb, title=title, status=status)
     except Exception as e:  # noqa: BLE001 - one broken page must not lose the rest of the report
-        body = (f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"
-                f"<p><a href='index.html'>← sglab report index</a></p><h1>{html.escape(title)}</h1>"
-                f"<p>HTML export failed: {html.escape(f'{type(e).__name__}: {e}')}</p>")
+        body = _plain_page(title,
+                           f"<p>HTML export failed: {html.escape(f'{type(e).__name__}: {e}')}</p>")
     path.write_text(body, encoding="utf-8")
     return path
 

@@ -100,25 +100,23 @@ def operating_path() -> Path:
     return runs.repo_root() / "docs" / "operating.md"
 
 
+def _blocks() -> list[tuple]:
+    """``(file, start, end, the block it should hold, what it is)`` of every generated block."""
+    return [(readme_path(), START, END, index_block, "README.md index (from data/recorded/)"),
+            (structure_path(), MAP_START, MAP_END, house_block,
+             "docs/structure.md house map (from lib/sglab)"),
+            (operating_path(), ledger.START, ledger.END, ledger.block,
+             "docs/operating.md engine ledger (from data/recorded/engine_*)")]
+
+
 def write_index() -> bool:
     """Rewrite the README index, the house map and the engine ledger; True when any changed."""
-    a = _rewrite(readme_path(), START, END, index_block())
-    b = _rewrite(structure_path(), MAP_START, MAP_END, house_block())
-    c = _rewrite(operating_path(), ledger.START, ledger.END, ledger.block())
-    return a or b or c
+    return any([_rewrite(path, a, b, new()) for path, a, b, new, _ in _blocks()])
 
 
 def stale() -> list[str]:
     """What ``sglab index --check`` reports: the blocks that differ from what they should say."""
-    out = []
-    if current_block(readme_path().read_text()) != index_block():
-        out.append("README.md index (from data/recorded/)")
-    path = structure_path()
-    text = path.read_text() if path.exists() else ""
-    if current_block(text, MAP_START, MAP_END) != house_block():
-        out.append("docs/structure.md house map (from lib/sglab)")
-    path = operating_path()
-    text = path.read_text() if path.exists() else ""
-    if current_block(text, ledger.START, ledger.END) != ledger.block():
-        out.append("docs/operating.md engine ledger (from data/recorded/engine_*)")
-    return out
+    return [
+        what for path, a, b, new, what in _blocks()
+        if current_block(path.read_text() if path.exists() else "", a, b) != new()
+    ]

@@ -1,13 +1,12 @@
 """The published report: ``sglab run`` executes notebooks headless and writes a self-contained
-``reports/`` folder (executed ``.ipynb``, one offline HTML page per notebook, ``index.html`` and
-``index.json``). Here: the run (a worker process per notebook, stop signals), the environment and
-00's overview; :mod:`.pages` renders a page, :mod:`.index_page` writes the index, :mod:`.timings`
-says where the time went (``sglab run --timings``).
+``reports/`` folder (executed ``.ipynb``, an HTML page each, ``index.html``, ``index.json``).
+Here: the run (a worker process per notebook, stop signals), the environment and 00's overview.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from importlib import metadata
 import os
 import signal
@@ -17,7 +16,7 @@ from sglab.core import bytecode, hardware, kernels, procs, runs
 from sglab.sglang import upstream
 from sglab.sglang.bootstrap import real_release_rows
 from sglab.tools import nbtools, pages, timings
-from sglab.tools.index_page import recorded_facts, write_index
+from sglab.tools.index_page import inline_markdown, recorded_facts, write_index
 from sglab.tools.pages import status_line
 
 # nbformat, pandas, multiprocessing, the fixes and their claims (torch) are imported where used:
@@ -190,12 +189,8 @@ def _stop_workers(running: list, signals: _Signals, stopped: int, progress) -> N
 def _run_workers(paths, out, params, cell_timeout, html_pages, jobs, signals: _Signals,
                  progress) -> tuple[dict, int]:
     """Each notebook in a worker process, ``jobs`` at a time; ``({path: Result}, signal that stopped
-    the run or 0)``. A notebook a stop finds not started stays out.
-
-    A stop comes from a signal to this process (or its group, which holds the workers), or from a
-    worker whose notebook a signal stopped; the workers running then are stopped as
-    :func:`_stop_workers` says, and nothing else starts. Results come back as files, not through a
-    pipe that a stopping process could leave full."""
+    the run or 0)``. Results come back as files, not through a pipe a stopping process could fill.
+    """
     import shutil
     import tempfile
     import time
@@ -279,15 +274,9 @@ class _Facts:
 def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None,
                   cell_timeout: int = 900, html_pages: bool = True, env_rows=None, progress=print,
                   jobs: int | None = None) -> Ran:
-    """Execute ``paths`` into ``out``; return the :class:`sglab.tools.nbtools.Result` list, in the
-    order of ``paths`` (a :class:`Ran`: its ``signal`` says what stopped the run).
-
-    Each notebook runs in a worker process, ``jobs`` at a time (default :func:`default_jobs`: one
-    on a GPU machine). A failed or interrupted notebook still gets its partial executed notebook
-    and page; the index says what happened to each. Ctrl-C, SIGTERM or SIGHUP (to this process
-    alone or to its group), whenever it comes, stops the run: the workers stop their notebooks and
-    kernels, the index of what ran is written, and ``signal`` is set; a second signal ends the
-    workers at once."""
+    """Execute ``paths`` into ``out``, each in a worker process, ``jobs`` at a time; the Results in
+    the order of ``paths`` (a :class:`Ran`). A stop signal stops the workers, writes the index of
+    what ran and sets ``signal``; a second ends the workers at once."""
     out.mkdir(parents=True, exist_ok=True)
     jobs = default_jobs() if jobs is None else max(1, int(jobs))
     if jobs > 1 and len(paths) > 1:
@@ -313,9 +302,7 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None,
     return results
 
 
-# --------------------------------------------------------------------------------------------------
-# the environment of a run (`sglab env`, the report's last section)
-# --------------------------------------------------------------------------------------------------
+# -- the environment of a run (`sglab env`, the report's last section) -----------------------------
 def env_report() -> list[tuple[str, str]]:
     """(item, value) pairs describing this machine for the workbook."""
 
@@ -363,10 +350,7 @@ def recorded_summary(recorded: list) -> str:
     day (``H100 ×1: 3 runs; H200 ×1: 6 runs; newest 2026-11-29``)."""
     if not recorded:
         return "none yet"
-    counts: dict[str, int] = {}
-    for r in recorded:
-        key = f"{runs.gpu_short(r)} ×{r.manifest.gpu_count}"
-        counts[key] = counts.get(key, 0) + 1
+    counts = Counter(f"{runs.gpu_short(r)} ×{r.manifest.gpu_count}" for r in recorded)
     parts = [f"{k}: {n} run{'' if n == 1 else 's'}" for k, n in sorted(counts.items())]
     return "; ".join(parts) + f"; newest {max(r.manifest.date for r in recorded)}"
 
@@ -393,13 +377,6 @@ def overview_frame():
     return pd.DataFrame(rows)
 
 
-def _code_spans(text) -> str:
-    import html
-    import re
-
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(str(text)))
-
-
 def _lines(text) -> str:
     """``a; b`` one part a line."""
     import html
@@ -417,7 +394,7 @@ def overview():
     df["upstream"] = df["upstream"].str.removeprefix(REPO)
     df = df.rename(columns={"upstream": f"upstream ({REPO})"})
     others = [c for c in df.columns if c != "claim"]
-    style = df.style.hide(axis="index").format(_code_spans, subset=["claim"])
+    style = df.style.hide(axis="index").format(inline_markdown, subset=["claim"])
     style = style.format(_lines, subset=["live time", "recorded runs"])
     style = style.set_properties(**{"text-align": "left", "vertical-align": "top"})
     style = style.set_properties(subset=others, **{"white-space": "nowrap"})

@@ -74,7 +74,7 @@ def cell_rows(nb, stem: str, mode: str, total_s: float) -> list[dict]:
     return rows
 
 
-def _live_runs(result, runs_root=None) -> list:
+def live_runs(result, runs_root=None) -> list:
     """CSV paths of the runs a live notebook wrote while it ran (under ``runs_root``, default
     data/runs/)."""
     from sglab.tools.fixes import by_stem
@@ -94,7 +94,7 @@ def measure_rows(result, runs_root=None) -> list[dict]:
     notebook wrote, from their manifests' ``phases_s``, as ``measure_s`` rows: they happen inside
     the cells' wall time, so they are a breakdown of it, not more of it."""
     rows = []
-    for path in _live_runs(result, runs_root):
+    for path in live_runs(result, runs_root):
         for name, s in (runs.read_run(path).manifest.phases_s).items():
             rows.append({
                 "variant": result.path.stem, "mode": result.mode, "phase": f"measure: {name}",
@@ -191,7 +191,7 @@ def from_reports(reports, runs_root) -> tuple[list, dict]:
                    entry.get("error", ""), nb=nb, started=started))
     machines = {}
     for r in results:
-        for csv in _live_runs(r, runs_root):
+        for csv in live_runs(r, runs_root):
             m = runs.read_run(csv).manifest
             machines[csv.name] = {k: getattr(m, k) for k in MACHINE_KEYS}
     distinct = {json.dumps(m, sort_keys=True) for m in machines.values()}
