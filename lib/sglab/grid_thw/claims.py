@@ -140,11 +140,10 @@ def _cache(run):
         f"{a.cache_image_hit_rate:.1%} per image (items hit {b.cache_item_hit_rate:.1%} → "
         f"{a.cache_item_hit_rate:.1%}); images encoded {b.images_encoded:.0f} → "
         f"{a.images_encoded:.0f} of {a.images_requested:.0f}", {
-            "hit_rate_before": round(float(b.cache_item_hit_rate), 6), "hit_rate_after": round(
-                float(a.cache_item_hit_rate), 6), "image_hit_rate_before": round(
-                    float(b.cache_image_hit_rate), 6), "image_hit_rate_after": round(
-                        float(a.cache_image_hit_rate), 6), "encoded_before": float(
-                            b.images_encoded), "encoded_after": float(a.images_encoded),
+            **{f"{k}_{v}": round(float(t.loc[v, m]), 6)
+               for k, m in (("hit_rate", "cache_item_hit_rate"),
+                            ("image_hit_rate", "cache_image_hit_rate")) for v in ("before", "after")},
+            "encoded_before": float(b.images_encoded), "encoded_after": float(a.images_encoded),
             "images": float(a.images_requested), "requests": float(b.cache_lookups)
         })
 
@@ -364,10 +363,6 @@ def _engine_applies(run):
         "recorded their GPU memory")
 
 
-def _engine_tp(run) -> int:
-    return max(show._tp_of(run).values(), default=1)
-
-
 def _engine_before(run):
     got = show.engine_gpu0(run)
     before, after = got["before"], got["released"]
@@ -378,7 +373,7 @@ def _engine_before(run):
         "before_min_mib": min(before.values(), default=0), "before_max_mib": max(
             before.values(), default=0), "after_max_mib": max(after.values(), default=0),
         "ranks": len(before), "gpu0_total_mib": sum(before.values()),
-        "after_stray_contexts": show.engine_stray(run, "released")[0], "tp": _engine_tp(run),
+        "after_stray_contexts": show.engine_stray(run, "released")[0], "tp": show.engine_tp(run),
         "gpus": show.engine_gpus(run), "stray_contexts": contexts, "stray_mib": mib
     }
     return holds(
@@ -388,8 +383,8 @@ def _engine_before(run):
 
 
 def _engine_needs_tp3(run):
-    return _engine_applies(run) or (None if _engine_tp(run) >= 3 else (
-        f"TP {_engine_tp(run)} has a single rank ≥ 1: GPU 0's total cannot grow with the rank count"
+    return _engine_applies(run) or (None if show.engine_tp(run) >= 3 else (
+        f"TP {show.engine_tp(run)} has a single rank ≥ 1: GPU 0's total cannot grow with the rank count"
     ))
 
 
@@ -399,8 +394,8 @@ def _engine_scales(run):
     per = sorted(before.values())[len(before) // 2]
     off = abs(total - n * per)
     return holds(
-        n == _engine_tp(run) - 1 and off <= SPREAD_TOLERANCE_MIB * n,
-        f"TP {_engine_tp(run)}: {total:.0f} MiB on GPU 0 = {n} ranks × {per:.0f} MiB "
+        n == show.engine_tp(run) - 1 and off <= SPREAD_TOLERANCE_MIB * n,
+        f"TP {show.engine_tp(run)}: {total:.0f} MiB on GPU 0 = {n} ranks × {per:.0f} MiB "
         f"(off by {off:.0f})", {"total_mib": float(total), "per_rank_mib": float(per), "ranks": n})
 
 

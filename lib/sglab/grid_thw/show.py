@@ -5,8 +5,6 @@ answer and "your own setup". Several runs keep apart in a ``run`` column (:func:
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
 
@@ -203,7 +201,7 @@ def mechanism(engine):
         fig, ax = plots.canvas(6, 1.2)
         ax.text(5, 1.5, "no engine run to draw yet", ha="center", va="center")
         return fig
-    run = max(engine.shown, key=lambda r: (engine_gpus(r), _run_tp(r), r.manifest.created_utc))
+    run = max(engine.shown, key=lambda r: (engine_gpus(r), engine_tp(r), r.manifest.created_utc))
     t = engine_cells(run)
     procs, gpus = list(dict.fromkeys(t.process)), sorted(set(t.gpu))
     w, h, gx, gy = 1.9, 0.42, 0.3, 0.22
@@ -331,7 +329,7 @@ def _tp_of(run) -> dict:
     return {e["case"]: e["tp"] for e in run.manifest.engine_runs}
 
 
-def _run_tp(run) -> int:
+def engine_tp(run) -> int:
     return max(_tp_of(run).values(), default=1)
 
 
@@ -347,14 +345,12 @@ def engine_memory(run) -> pd.DataFrame:
     df = df[df.tp == df.tp.max()]  # runs merged from TP 2 and TP 4: the widest, as its headline
     ok = {k[2] for k, v in engine_stats.started(df).items() if v}
     d = df[(df.metric == "gpu_memory") & df.case.isin(ok)]
-    ranks = [re.search(r"scheduler_TP(\d+)", str(p)) for p in d.process]
-    return pd.DataFrame(
-        {
-            "case": d.case.to_numpy(), "process": d.process.astype(str).to_numpy(), "rank": [
-                int(m.group(1)) if m else None for m in ranks
-            ], "gpu": d.gpu.astype(float).astype(int).to_numpy(),
-            "MiB": d.value.astype(float).to_numpy()
-        }, columns=["case", "process", "rank", "gpu", "MiB"])
+    process = d.process.astype(str)
+    return pd.DataFrame({
+        "case": d.case, "process": process,
+        "rank": process.str.extract(r"scheduler_TP(\d+)", expand=False).astype(float),
+        "gpu": d.gpu.astype(float).astype(int), "MiB": d.value.astype(float)
+    }).reset_index(drop=True)
 
 
 def engine_gpu0(run) -> dict:
@@ -404,7 +400,7 @@ def engine_cells(run) -> pd.DataFrame:
     scheduler rank holds memory on a GPU not its own before the fix."""
     m = engine_memory(run).assign(case=lambda d: d["case"].replace({"released": "after"}))
     m["process"] = [
-        f"rank {r:.0f}" if r == r and r is not None else "main (tokenizer)" for r in m["rank"]
+        f"rank {r:.0f}" if r == r else "main (tokenizer)" for r in m["rank"]
     ]
     m["rank"] = m["rank"].fillna(-1).astype(int)
     t = m.pivot_table(index=["rank", "process"], columns=["gpu", "case"], values="MiB",
@@ -420,7 +416,7 @@ def engine_tables(rs) -> None:
     """The engine section's own table (``VIEW.extra``): each process's memory on each GPU in the
     newest run of each TP size, released beside #22858 reverted; then, per run, the other GPUs
     where a rank ≥ 1 held a context with the revert."""
-    newest = runs.newest_by(rs.shown, key=_run_tp)
+    newest = runs.newest_by(rs.shown, key=engine_tp)
     mem = pd.concat([engine_memory(r).assign(TP=tp) for tp, r in newest.items()])
     if mem.empty:
         print("no process memory recorded")
@@ -434,7 +430,7 @@ def engine_tables(rs) -> None:
     notebook.show_table(text.counts(wide))  # NVML counts whole MiB
     for r in rs.shown:
         if extra := other_gpus(r):
-            print(f"{engine_records.run_label(r)} (TP {_run_tp(r)} on {engine_gpus(r)} GPUs): with "
+            print(f"{engine_records.run_label(r)} (TP {engine_tp(r)} on {engine_gpus(r)} GPUs): with "
                   "#22858 reverted, ranks ≥ 1 also hold a context on GPUs other than GPU 0 and "
                   "their own: " + "; ".join(
                       f"TP{k} on GPU {', '.join(map(str, v))}" for k, v in extra.items()))
