@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 
 import pandas as pd
 
@@ -296,9 +297,8 @@ def compare() -> None:
     print(defaults_line(results))
 
 
-def released(rebuilt=None, *, symbol=None, pr=None) -> None:
-    """The fix across the releases, then the released ``symbol`` beside the rebuilt one."""
-    real.released(FIX, rebuilt, symbol=symbol, pr=pr)
+# the fix across the releases, then a released symbol beside the rebuilt one
+released = functools.partial(real.released, FIX)
 
 
 # -- your server arguments on several releases (`sglab capture-sizes`) -----------------------------

@@ -168,10 +168,7 @@ def processor_rows(prepared) -> list[dict]:
         return rows(exists=False)
     hf = types.SimpleNamespace(image_processor=None, tokenizer=_tokenizer, media_processor=None)
     values = dict(hf_processor=hf, image_token=IMAGE_TOKEN, image_token_id=rebuild.IMAGE_TOKEN_ID,
-                  patch_size=rebuild.PATCH_SIZE, merge_kernel_size=rebuild.MERGE_KERNEL_SIZE,
-                  in_patch_limit=rebuild.IN_PATCH_LIMIT,
-                  patch_limit_on_one_side=rebuild.PATCH_LIMIT_ON_ONE_SIDE, fixed_output_tokens=None,
-                  image_mean=list(rebuild.IMAGE_MEAN), image_std=list(rebuild.IMAGE_STD))
+                  **stand_in.media_proc_cfg())
     params = inspect.signature(W.__init__).parameters
     w = W(**{k: v for k, v in values.items() if k in params})
     w._get_gpu_norm_tensors(device="cpu")

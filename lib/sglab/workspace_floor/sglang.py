@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import functools
 import gzip
 import inspect
 import types
@@ -365,26 +366,22 @@ def engine_facts(run) -> list[dict]:
             by_rank.setdefault(int(x["rank"]), []).append(x)
         first, timed = {}, {}
         for c in d["calls"]:
-            (first if int(c.get("warmup", 0)) else timed)[int(
-                c["input_len"])] = float(c["seconds"]) * 1e3
+            ms = float(c["seconds"]) * 1e3
+            (first if int(c.get("warmup", 0)) else timed)[int(c["input_len"])] = ms
+        per_rank = {r: len(v) for r, v in by_rank.items()}
+        managers = {r: len({x.get("obj") for x in v}) for r, v in by_rank.items()}
+        ms_by_rank = {
+            r: [float(x["seconds"]) * 1e3 for x in v if "seconds" in x]
+            for r, v in by_rank.items()
+        }
+        sizes = sorted({int(x["max_token_num"]) for x in ev})
+        sim_sizes = sorted({x.max_token_num for x in mgr.events})
         out.append(
-            dict(
-                variant=f"{key[0]}+{key[1]}", policy=policy.name, world=world,
-                calls=len(d["calls"]), steps=len(trace), sim=len(mgr.events), first_call_ms=first,
-                call_ms=timed, per_rank={r: len(v)
-                                         for r, v in by_rank.items()}, managers={
-                                             r: len({x.get("obj")
-                                                     for x in v})
-                                             for r, v in by_rank.items()
-                                         }, sizes=sorted({int(x["max_token_num"])
-                                                          for x in ev}),
-                in_calls=sum(c.get("events", 0) for c in d["calls"]), sim_sizes=sorted({
-                    x.max_token_num
-                    for x in mgr.events
-                }), ms_by_rank={
-                    r: [float(x["seconds"]) * 1e3 for x in v if "seconds" in x]
-                    for r, v in by_rank.items()
-                }))
+            dict(variant=f"{key[0]}+{key[1]}", policy=policy.name, world=world,
+                 calls=len(d["calls"]), sim=len(mgr.events), first_call_ms=first, call_ms=timed,
+                 per_rank=per_rank, managers=managers, sizes=sizes, in_calls=sum(
+                     c.get("events", 0) for c in d["calls"]), sim_sizes=sim_sizes,
+                 ms_by_rank=ms_by_rank))
     return out
 
 
@@ -512,6 +509,5 @@ def compare(full: bool = False) -> None:
     print(high_water_note(results))
 
 
-def released(rebuilt=None, *, symbol=None, pr=None) -> None:
-    """The fix across the releases, then the released ``symbol`` beside the rebuilt one."""
-    real.released(FIX, rebuilt, symbol=symbol, pr=pr)
+# the fix across the releases, then a released symbol beside the rebuilt one
+released = functools.partial(real.released, FIX)
