@@ -368,12 +368,12 @@ def _window_limit(cr, rank: int) -> int:
     return int(above.min()) if len(above) else int(refused.max())
 
 
-def tail_window(events, rank: int = 0, up_to: int | None = None) -> dict:
+def tail_window(events, rank: int = 0) -> dict:
     """``{name: (events, refused marks)}`` per variant for :func:`sglab.core.plots.timeline`: one
-    rank's capture ranges up to ``up_to`` (default: the first accepted size above the largest
-    refused one), refused ranges left out, every stream on one ``device`` lane."""
+    rank's capture ranges up to the first accepted size above the largest refused one, refused
+    ranges left out, every stream on one ``device`` lane."""
     cr = capture_ranges(events)
-    up_to = _window_limit(cr, rank) if up_to is None else up_to
+    up_to = _window_limit(cr, rank)
     out = {}
     for variant in ("before", "after"):
         rs = cr[(cr["rank"] == rank) & (cr.variant == variant) & (cr.stage == "capture")
@@ -395,10 +395,10 @@ def tail_window(events, rank: int = 0, up_to: int | None = None) -> dict:
     return out
 
 
-def capture_timeline(events, rank: int = 0, up_to: int | None = None, run=None):
+def capture_timeline(events, rank: int = 0, run=None):
     """Before and after swim-lanes of one rank's small capture sizes, collectives highlighted, a red
     ✗ where a size was refused."""
-    windows = tail_window(events, rank, up_to)
+    windows = tail_window(events, rank)
     fig = plots.timeline({k: ev
                           for k, (ev, _) in windows.items()}, highlight=r"c10d::|nccl",
                          highlight_label="collective (host call / NCCL kernel)",

@@ -271,16 +271,14 @@ GRID_ON_CUDA0 = revert_adjustment(
 # no grammar backend (each scheduler would import xgrammar, which the engine bundles do not carry)
 KIMI_ARGS = ("--mm-attention-backend", "triton_attn", "--cuda-graph-max-bs", "4",
              "--enforce-disable-flashinfer-allreduce-fusion", "--grammar-backend", "none")
-KIMI_TP2 = ("--tp-size", "2", *KIMI_ARGS)
-KIMI_TP4 = ("--tp-size", "4", *KIMI_ARGS)
-KIMI_TP8 = ("--tp-size", "8", *KIMI_ARGS)
-# what any Kimi-K2.5 tiny engine fed an image needs here: the processor made offline (sglab engine
-# adds the MLA weights' post-load step 0.5.11 lacks by itself: engine.spec.MODEL_NEEDS)
-KIMI_IMAGE = (stand_in.PROCESSOR,)
 
 
-def _kimi_cases(args: tuple) -> tuple:
-    return (Case("released", args, KIMI_IMAGE), Case("before", args, (*KIMI_IMAGE, GRID_ON_CUDA0)))
+def _kimi_cases(tp: int) -> tuple:
+    """Released and reverted at TP ``tp``, each with the processor made offline (sglab engine adds
+    the MLA weights' post-load step 0.5.11 lacks: engine.spec.MODEL_NEEDS)."""
+    args = ("--tp-size", str(tp), *KIMI_ARGS)
+    return (Case("released", args, (stand_in.PROCESSOR,)),
+            Case("before", args, (stand_in.PROCESSOR, GRID_ON_CUDA0)))
 
 
 # the prompt: Kimi-K2.5's chat template for one image (its processor expands the pad token)
@@ -288,7 +286,7 @@ _TP2 = Scenario(
     fix="grid_thw", name="05-grid-thw", gpus=2,
     what="Kimi-K2.5 tiny fed one image at TP 2: each process's memory on each GPU (NVML) "
     "with the grid on the CPU (0.5.11 as released) and with #22858's line reverted",
-    model="kimi_k25_tiny", tool="engine", releases=("0.5.11",), cases=_kimi_cases(KIMI_TP2),
+    model="kimi_k25_tiny", tool="engine", releases=("0.5.11",), cases=_kimi_cases(2),
     requests=(1,), input_lens=(16,), output_len=1, repeats=1, image_size=(448, 448),
     prompt="<|media_start|>image<|media_content|><|media_pad|><|media_end|> Describe it.",
     expect="before: every rank >= 1 holds memory on GPU 0; released: none")
@@ -296,7 +294,7 @@ ENGINE = (
     _TP2,
     # the same at TP 4: three ranks >= 1, so GPU 0's total grows with the rank count
     replace(
-        _TP2, name="05-grid-thw-tp4", gpus=4, cases=_kimi_cases(KIMI_TP4),
+        _TP2, name="05-grid-thw-tp4", gpus=4, cases=_kimi_cases(4),
         what="Kimi-K2.5 tiny fed one image at TP 4: each process's memory on each GPU "
         "(NVML), released and with #22858's line reverted",
         expect="before: each of ranks 1-3 holds memory on GPU 0; released: none"),
@@ -305,7 +303,7 @@ ENGINE = (
     # divide by 8: the same model with 8 vision heads of the same width (hidden 128)
     replace(
         _TP2, name="05-grid-thw-tp8", gpus=8, model="kimi_k25_tiny_tp8",
-        cases=_kimi_cases(KIMI_TP8),
+        cases=_kimi_cases(8),
         what="Kimi-K2.5 tiny (8 vision heads) fed one image at TP 8: each process's memory on "
         "each GPU (NVML), released and with #22858's line reverted",
         expect="before: each of ranks 1-7 holds memory on GPU 0; released: none"))
