@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections import Counter
 from typing import Sequence
 
 import matplotlib.ticker
@@ -28,20 +29,19 @@ def summary(df):
     first one and its stage), not reached, replayed correctly, worst replay error."""
     out = []
     for (variant, w), g in df.groupby(["variant", "world_size"], sort=False):
-        n = g.groupby("metric").value.sum().astype(int)
+        n = Counter(g.groupby("metric").value.sum().astype(int).to_dict())
         failed = g[g.metric == "failed"]
-        errs = g.loc[g.metric == "replay_max_abs_err", "value"]
-        stage = failed["stage"].iloc[0] if len(failed) and "stage" in failed else ""
+        first = failed.iloc[0] if len(failed) else {}
+        stage, errs = first.get("stage", ""), g.value[g.metric == "replay_max_abs_err"]
         out.append({
-            "variant": variant, "world_size": int(w), "sizes": int(
-                g["size"].nunique()), "captured_or_ok": n.get("captured", 0) + n.get("ok", 0),
-            "failed": len(failed), "failed_sizes": [int(x) for x in failed["size"]],
-            "first_failure": int(failed["size"].iloc[0]) if len(failed) else None,
-            "failed_at": "" if pd.isna(stage) else str(stage), "not_reached": n.get(
-                "not_reached", 0), "replayed_ok": n.get("replay_ok", 0), "replay_checks": n.get(
-                    "replay_checks",
-                    0), "worst_replay_err": float(errs.max()) if len(errs) else None,
-            "error": failed["error"].iloc[0] if len(failed) else ""
+            "variant": variant, "world_size": int(w), "sizes": int(g["size"].nunique()),
+            "captured_or_ok": n["captured"] + n["ok"], "failed": len(failed), "failed_sizes": [
+                int(x) for x in failed["size"]
+            ], "first_failure": int(first["size"]) if len(failed) else None,
+            "failed_at": "" if pd.isna(stage) else str(stage), "not_reached": n["not_reached"],
+            "replayed_ok": n["replay_ok"], "replay_checks": n["replay_checks"],
+            "worst_replay_err": float(errs.max()) if len(errs) else None, "error": first.get(
+                "error", "")
         })
     out = pd.DataFrame(out)
     if len(out):

@@ -21,9 +21,8 @@ CLAIM = ("A `grid_thws` tensor left on cuda:0 makes every TP rank ≥ 1 open a C
          "0; `.cpu()` removes it, and the `image_grid_thw` rename lets the vision cache hit per "
          "image.")
 SPREAD_TOLERANCE_MIB = 8.0  # four allocator segments: what repeats may differ by
-# A rerun's CUDA context per rank >= 1 on GPU 0 (the engine, NVML) against the record: one rank's
-# context read 522 MiB on GPU 0 and 520 MiB on its other GPUs in one recorded TP-4 run, and 520 on
-# a second H200 x2 machine. 2 % is 10 MiB a context; a count or a 0 MiB after the fix stays exact.
+# a rerun's engine context per rank >= 1 against the record (522 vs 520 MiB seen across GPUs and
+# machines): 2 %, 10 MiB a context; a count or a 0 MiB after the fix stays exact
 CONTEXT_DRIFT = 0.02
 # what depends on the machine (how many GPUs the ranks saw), shown but not compared with a record
 MACHINE = ("tp", "gpus", "stray_contexts", "stray_mib")
@@ -140,10 +139,11 @@ def _cache(run):
         f"{a.cache_image_hit_rate:.1%} per image (items hit {b.cache_item_hit_rate:.1%} → "
         f"{a.cache_item_hit_rate:.1%}); images encoded {b.images_encoded:.0f} → "
         f"{a.images_encoded:.0f} of {a.images_requested:.0f}", {
-            **{f"{k}_{v}": round(float(t.loc[v, m]), 6)
-               for k, m in (("hit_rate", "cache_item_hit_rate"),
-                            ("image_hit_rate", "cache_image_hit_rate")) for v in ("before", "after")},
-            "encoded_before": float(b.images_encoded), "encoded_after": float(a.images_encoded),
+            **{
+                f"{k}_{v}": round(float(t.loc[v, m]), 6)
+                for k, m in (("hit_rate", "cache_item_hit_rate"), ("image_hit_rate", "cache_image_hit_rate"))
+                for v in ("before", "after")
+            }, "encoded_before": float(b.images_encoded), "encoded_after": float(a.images_encoded),
             "images": float(a.images_requested), "requests": float(b.cache_lookups)
         })
 
@@ -383,9 +383,9 @@ def _engine_before(run):
 
 
 def _engine_needs_tp3(run):
-    return _engine_applies(run) or (None if show.engine_tp(run) >= 3 else (
-        f"TP {show.engine_tp(run)} has a single rank ≥ 1: GPU 0's total cannot grow with the rank count"
-    ))
+    tp = show.engine_tp(run)
+    return _engine_applies(run) or (None if tp >= 3 else (
+        f"TP {tp} has a single rank ≥ 1: GPU 0's total cannot grow with the rank count"))
 
 
 def _engine_scales(run):

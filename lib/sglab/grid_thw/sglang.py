@@ -257,8 +257,7 @@ def probe(prepared, params: dict) -> list[dict]:
     return rows
 
 
-# -- the record ------------------------------------------------------------------------------------
-# -- the real engine: `sglab engine --scenario NAME`, in data/recorded/engine_grid_thw/
+# -- the real engine (`sglab engine --scenario NAME`: data/recorded/engine_grid_thw/) and the record
 GRID_ON_CUDA0 = revert_adjustment(
     "revert-pr22858-grid-thw-cpu",
     "the 'before' of #22858 never shipped in a release: on 0.5.11 the PR's line `grid_thws = "
@@ -286,8 +285,8 @@ _TP2 = Scenario(
     fix="grid_thw", name="05-grid-thw", gpus=2,
     what="Kimi-K2.5 tiny fed one image at TP 2: each process's memory on each GPU (NVML) "
     "with the grid on the CPU (0.5.11 as released) and with #22858's line reverted",
-    model="kimi_k25_tiny", tool="engine", releases=("0.5.11",), cases=_kimi_cases(2),
-    requests=(1,), input_lens=(16,), output_len=1, repeats=1, image_size=(448, 448),
+    model="kimi_k25_tiny", tool="engine", releases=("0.5.11",), cases=_kimi_cases(2), requests=(1,),
+    input_lens=(16,), output_len=1, repeats=1, image_size=(448, 448),
     prompt="<|media_start|>image<|media_content|><|media_pad|><|media_end|> Describe it.",
     expect="before: every rank >= 1 holds memory on GPU 0; released: none")
 ENGINE = (
@@ -302,8 +301,7 @@ ENGINE = (
     # group (VisionAttention divides them by the attention TP size), and the tiny model's 4 do not
     # divide by 8: the same model with 8 vision heads of the same width (hidden 128)
     replace(
-        _TP2, name="05-grid-thw-tp8", gpus=8, model="kimi_k25_tiny_tp8",
-        cases=_kimi_cases(8),
+        _TP2, name="05-grid-thw-tp8", gpus=8, model="kimi_k25_tiny_tp8", cases=_kimi_cases(8),
         what="Kimi-K2.5 tiny (8 vision heads) fed one image at TP 8: each process's memory on "
         "each GPU (NVML), released and with #22858's line reverted",
         expect="before: each of ranks 1-7 holds memory on GPU 0; released: none"))

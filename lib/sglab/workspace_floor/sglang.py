@@ -269,9 +269,7 @@ def probe_params(names=None) -> dict:
                 world_size=WORLD_SIZE, hidden=HIDDEN)
 
 
-# -- the record ------------------------------------------------------------------------------------
-# -- the real engine: `sglab engine --scenario NAME`, recorded under
-# data/recorded/engine_workspace_floor/
+# -- the real engine (`sglab engine --scenario NAME`: data/recorded/engine_workspace_floor/), record
 WORKSPACE_TRACE = trace_adjustment(
     "trace-flashinfer-workspace",
     "SGLang logs nothing when it creates a FlashInfer all-reduce workspace: each call of "
