@@ -408,9 +408,8 @@ def _call(fn, sa):
 
 def configure(prepared, argv: list[str], p: dict) -> dict:
     """Server arguments, read by the release's own parser -> the capture lists its runners keep
-    after its start-up code, and the facts that decided them: up to 0.5.13 the deciding steps on a
-    ``ServerArgs`` without ``__post_init__`` (the model assumed), from 0.5.14 the whole resolution
-    on the model config ``p["model"]``, as on a CUDA host."""
+    after start-up and the facts that decided them (up to 0.5.13 the deciding steps, the model
+    assumed; from 0.5.14 the whole resolution on the model config ``p["model"]``)."""
     with contextlib.ExitStack() as stack:
         return _configure(prepared, argv, p, stack.enter_context)
 

@@ -32,9 +32,8 @@ from sglab.grid_thw import rebuild
 EXPERIMENT = "grid_thw"
 METHOD_VERSION = 2  # 1: groups one after the other, no time series; 2: at once, NVML series, marks
 GPUS = 2
-# settle_s: barrier -> NVML reading (a change shows within one 10 ms tick); step_pause_s: between
-# kernel steps, so a 100 Hz series tells them apart; timeout_s: per group; start_method: processes
-# fork from a server that imported torch once (sglab.core.dist.forkserver); cache_*: the cache point
+# settle_s: barrier -> NVML reading; step_pause_s: between kernel steps, so a 100 Hz series tells
+# them apart; timeout_s: per group; cache_*: the cache point
 DEFAULT_PARAMS = {
     "tp_size": 2, "repeats": 2, "n_images": 4, "settle_s": 0.1, "step_pause_s": 0.1,
     "sample_hz": 100, "timeout_s": 120, "start_method": "forkserver", "cache_requests": 200,
@@ -377,8 +376,7 @@ def run_group(variant: str, tp_size: int, *, repeat: int = 0, n_images: int = 4,
               settle_s: float = 0.3, step_pause_s: float = 0.1, backend: str = "nccl",
               timeout_s: float = 120.0, start_method: str = "spawn") -> dict:
     """One group, a tokenizer and ``tp_size`` ranks, measured and torn down: ``rows`` and what the
-    time series needs (``t_start``, ``t_end``, ``procs`` pid -> (process, rank), ``marks``, the
-    ranks' ``phases``). ``forkserver`` needs :func:`sglab.core.dist.forkserver` first."""
+    time series needs. ``forkserver`` needs :func:`sglab.core.dist.forkserver` first."""
     v = VARIANTS[variant]
     tmp = tempfile.mkdtemp(prefix="sglab-grid-")
     address, marks_path = os.path.join(tmp, "tokenizer.sock"), os.path.join(tmp, "tokenizer.json")

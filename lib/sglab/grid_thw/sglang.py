@@ -230,14 +230,13 @@ def wire_rows(prepared, sb, key, grid, pixels) -> list[dict]:
     item = make_item(sb, key, grid, pixels)
     back, how, nbytes = _send_msgpack(prepared, item) if msgpack else _send_pickle(item)
     g = back.model_specific_data.get(key)
+    kept = g is not None
     facts = {
-        "wire": how, "bytes": nbytes, "item_class": type(back).__name__, "key_kept": g is not None,
-        "device_sent": str(
-            grid.device), "device_received": str(g.device) if g is not None else None,
-        "device_recorded_on_wire": _recorded_device(
-            grid, msgpack), "dtype_kept": g is not None and g.dtype == grid.dtype,
-        "shape_kept": g is not None and tuple(g.shape) == tuple(grid.shape),
-        "values_kept": g is not None and g.cpu().tolist() == grid.cpu().tolist()
+        "wire": how, "bytes": nbytes, "item_class": type(back).__name__, "key_kept": kept,
+        "device_sent": str(grid.device), "device_received": str(g.device) if kept else None,
+        "device_recorded_on_wire": _recorded_device(grid, msgpack), "dtype_kept": kept
+        and g.dtype == grid.dtype, "shape_kept": kept and tuple(g.shape) == tuple(grid.shape),
+        "values_kept": kept and g.cpu().tolist() == grid.cpu().tolist()
     }
     return [{"part": "wire", "case": key, "metric": k, "value": v} for k, v in facts.items()]
 
@@ -330,14 +329,14 @@ def rebuild_facts(variant: str, with_processor: bool) -> dict:
     back = rebuild.recv_pyobj(rebuild.send_pyobj(item)).model_specific_data[key]
     facts = {
         "grid key": key, "model reads it": True, "device_kept": back.device == grid.device,
-        "dtype_kept": back.dtype == grid.dtype, "shape_kept": tuple(back.shape) == tuple(
-            grid.shape), "values_kept": back.tolist() == grid.tolist()
+        "dtype_kept": back.dtype == grid.dtype, "shape_kept": back.shape == grid.shape,
+        "values_kept": back.tolist() == grid.tolist()
     }
     if with_processor:
+        dtype = str(grid.dtype).replace("torch.", "")
         facts.update({
-            "processor key": key, "processor grid": grid.tolist(),
-            "processor grid dtype": str(grid.dtype).replace("torch.",
-                                                            ""), "pixel_values equal": True
+            "processor key": key, "processor grid": grid.tolist(), "processor grid dtype": dtype,
+            "pixel_values equal": True
         })
     text = {
         "before": "gpu_call returns grid_thws, left on the device it was built on (cuda:0 on "

@@ -293,8 +293,7 @@ def stray_mib() -> dict:
 
 def setup_table(tp_size: int, requests: int, image_pool: int, max_images: int):
     """Per GPU model with a recorded run: the GPU-0 memory N − 1 ranks hold before and after the
-    fix; and the vision cache on a seeded stream of ``requests`` requests of 1..``max_images``
-    images from a pool of ``image_pool`` (run now)."""
+    fix; and the vision cache on a seeded request stream (run now)."""
     stream = rebuild.request_stream(int(requests), int(image_pool), int(max_images), 0)
     before, after = (measure.simulate_cache(stream, fixed=f) for f in (False, True))
     cache = {
@@ -395,13 +394,10 @@ def other_gpus(run) -> dict:
 
 
 def engine_cells(run) -> pd.DataFrame:
-    """Every process × every GPU of one engine run, ``before`` (#22858 reverted) and ``after`` (as
-    released) MiB side by side (0 where NVML lists nothing), the main process first; ``stray``: a
-    scheduler rank holds memory on a GPU not its own before the fix."""
+    """Every process × every GPU of one engine run, MiB ``before`` (#22858 reverted) and ``after``
+    (as released), the main process first; ``stray``: a rank on a GPU not its own before."""
     m = engine_memory(run).assign(case=lambda d: d["case"].replace({"released": "after"}))
-    m["process"] = [
-        f"rank {r:.0f}" if r == r else "main (tokenizer)" for r in m["rank"]
-    ]
+    m["process"] = [f"rank {r:.0f}" if r == r else "main (tokenizer)" for r in m["rank"]]
     m["rank"] = m["rank"].fillna(-1).astype(int)
     t = m.pivot_table(index=["rank", "process"], columns=["gpu", "case"], values="MiB",
                       aggfunc="sum")
@@ -413,9 +409,8 @@ def engine_cells(run) -> pd.DataFrame:
 
 
 def engine_tables(rs) -> None:
-    """The engine section's own table (``VIEW.extra``): each process's memory on each GPU in the
-    newest run of each TP size, released beside #22858 reverted; then, per run, the other GPUs
-    where a rank ≥ 1 held a context with the revert."""
+    """``VIEW.extra``: each process's memory on each GPU in the newest run of each TP size; then,
+    per run, the other GPUs where a rank ≥ 1 held a context with #22858 reverted."""
     newest = runs.newest_by(rs.shown, key=engine_tp)
     mem = pd.concat([engine_memory(r).assign(TP=tp) for tp, r in newest.items()])
     if mem.empty:
@@ -430,9 +425,9 @@ def engine_tables(rs) -> None:
     notebook.show_table(text.counts(wide))  # NVML counts whole MiB
     for r in rs.shown:
         if extra := other_gpus(r):
-            print(f"{engine_records.run_label(r)} (TP {engine_tp(r)} on {engine_gpus(r)} GPUs): with "
-                  "#22858 reverted, ranks ≥ 1 also hold a context on GPUs other than GPU 0 and "
-                  "their own: " + "; ".join(
+            print(f"{engine_records.run_label(r)} (TP {engine_tp(r)} on {engine_gpus(r)} GPUs): "
+                  f"with #22858 reverted, ranks ≥ 1 also hold a context on GPUs other than GPU 0 "
+                  f"and their own: " + "; ".join(
                       f"TP{k} on GPU {', '.join(map(str, v))}" for k, v in extra.items()))
 
 

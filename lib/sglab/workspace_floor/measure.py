@@ -32,8 +32,8 @@ EXPERIMENT = "workspace_floor"
 METHOD_VERSION = 2
 GPUS = 2
 
-# cost_tokens: sizes where a creation's cost is flat (64-2048 at W=2) and both sides of its step
-# (Lamport 336 -> 672 MiB); pre_initialize 0: a cold start (2048: SGLang's pre-initialisation)
+# cost_tokens: both sides of the creation cost's step (Lamport 336 -> 672 MiB); pre_initialize 0:
+# a cold start (2048: SGLang's pre-initialisation)
 DEFAULT_PARAMS = {
     "world_size": 2, "hidden_dim": 7168, "policies": list(rebuild.POLICIES), "pre_initialize": 0,
     "gpu_trace_steps": 0, "cost_tokens": [64, 1024, 2048, 4096, 8192, 16384], "cost_warmup": 1,
@@ -262,9 +262,8 @@ TRIVIAL_CALLS = (r"^(cudaGetDevice|cudaGetLastError|cudaPeekAtLastError|cudaStre
 
 
 def traced_pass(st) -> dict:
-    """Under one ``sglab.core.trace.Recorder``: each profiled policy replays the profiled trace,
-    then one ``create workspace`` range per cost size; ``{"table": reduced events, "perfetto":
-    path}``, and this pass's own leak rows."""
+    """Under one ``sglab.core.trace.Recorder``: each profiled policy's replay, then one ``create
+    workspace`` range per cost size; ``{"table": reduced events, "perfetto": path}``."""
     cfg, ctx = st.cfg, st.ctx
     path = Path(cfg["trace_dir"]) / f"rank{ctx.rank}.trace.json.gz"
     schedule: dict[str, list[tuple[int, int]]] = {}
