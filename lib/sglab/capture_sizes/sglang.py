@@ -128,7 +128,7 @@ def params() -> dict:
                 max_tokens=fx.MLA_MAX_TOKENS, settings=SETTINGS)
 
 
-# -- the real engine: `sglab engine --scenario NAME`, recorded in data/recorded/engine_capture_sizes/
+# -- the real engine (`sglab engine --scenario NAME`): data/recorded/engine_capture_sizes/
 def _dense_args(tp: int, sizes: tuple, *, renamed: bool = False) -> tuple:
     """`--moe-dense-tp-size 1` at attention TP ``tp`` with piecewise capture ``sizes`` and decode
     graphs up to batch 8 (0.5.2x: the renamed capture-size flags)."""

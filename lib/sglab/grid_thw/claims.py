@@ -133,18 +133,20 @@ def _no_process_left(run):
 def _cache(run):
     t = show.cache_table(run.df)
     b, a = t.loc["before"], t.loc["after"]
+    rates = {
+        f"{k}_{v}": round(float(t.loc[v, f"cache_{m}"]), 6)
+        for k, m in (("hit_rate", "item_hit_rate"), ("image_hit_rate", "image_hit_rate"))
+        for v in ("before", "after")
+    }
     return holds(
         a.cache_item_hit_rate > b.cache_item_hit_rate,
         f"images from the cache {b.cache_image_hit_rate:.1%} per request → "
         f"{a.cache_image_hit_rate:.1%} per image (items hit {b.cache_item_hit_rate:.1%} → "
         f"{a.cache_item_hit_rate:.1%}); images encoded {b.images_encoded:.0f} → "
         f"{a.images_encoded:.0f} of {a.images_requested:.0f}", {
-            **{
-                f"{k}_{v}": round(float(t.loc[v, m]), 6)
-                for k, m in (("hit_rate", "cache_item_hit_rate"), ("image_hit_rate", "cache_image_hit_rate"))
-                for v in ("before", "after")
-            }, "encoded_before": float(b.images_encoded), "encoded_after": float(a.images_encoded),
-            "images": float(a.images_requested), "requests": float(b.cache_lookups)
+            **rates, "encoded_before": float(b.images_encoded), "encoded_after": float(
+                a.images_encoded), "images": float(a.images_requested), "requests": float(
+                    b.cache_lookups)
         })
 
 
