@@ -215,7 +215,7 @@ def mechanism(attn_tp: int = 8, max_tokens: int = 2048, sizes: Sequence[int] | N
     """Each capture size's ``tensor_split`` shard per attention-TP rank, the refused ones marked,
     and below them what the PR's filter keeps and what rounding up makes of each size."""
     sizes = list(sizes) if sizes is not None else fx.default_piecewise_capture_sizes(max_tokens)
-    lists, base = fx.policy_lists(sizes, attn_tp), attn_tp
+    lists = fx.policy_lists(sizes, attn_tp)
     bad = [i for i, n in enumerate(sizes[:12]) if n % attn_tp]
     cols = sizes[:min(len(sizes), (bad[-1] + 2) if bad else 4, 12)]
     rest = sizes[len(cols):]
@@ -227,18 +227,18 @@ def mechanism(attn_tp: int = 8, max_tokens: int = 2048, sizes: Sequence[int] | N
     top = height - 1.05
     yb = top - rh * attn_tp
     for j, n in enumerate(cols):
-        _size_column(ax, x0 + j * cw, top, n, attn_tp, rh, lists, base, set(sizes))
+        _size_column(ax, x0 + j * cw, top, n, attn_tp, rh, lists, set(sizes))
     for i in range(attn_tp):
         plots.label(ax, 0.05, top - rh * (i + 0.5), f"rank {i}", fontsize=8, weight="normal")
     plots.label(ax, 0.05, yb - 0.45, "PR filter", fontsize=8)
-    plots.label(ax, 0.05, yb - 0.45 - rh - 0.04, f"round up (×{base})", fontsize=8)
+    plots.label(ax, 0.05, yb - 0.45 - rh - 0.04, f"round up (×{attn_tp})", fontsize=8)
     if rest:
         _rest_column(ax, x0 + len(cols) * cw, top, yb, rest, attn_tp, lists, rh)
     _mechanism_title(ax, height, sizes, attn_tp, lists)
     return fig
 
 
-def _size_column(ax, x, top, n, tp, rh, lists, base, original) -> None:
+def _size_column(ax, x, top, n, tp, rh, lists, original) -> None:
     refused = n % tp != 0
     ax.text(x + 0.44, top + 0.12, str(n), ha="center", va="bottom", fontsize=9, fontweight="bold",
             color=plots.PALETTE["before"] if refused else plots.PALETTE["neutral"])
@@ -254,7 +254,7 @@ def _size_column(ax, x, top, n, tp, rh, lists, base, original) -> None:
     kept = n in lists["pr_filter"]
     plots.box(ax, x, yb - 0.45 - rh / 2 + 0.04, 0.88, rh - 0.08,
               str(n) if kept else "dropped", color="kept" if kept else "neutral", fontsize=7)
-    up = fx.ceil_align(n, base)
+    up = fx.ceil_align(n, tp)
     text = str(up) if up == n else f"→ {up}" + (", merged" if up in original else "")
     plots.box(ax, x, yb - 0.45 - rh * 1.5, 0.88, rh - 0.08, text,
               color="kept" if up == n else "accent", fontsize=7)

@@ -66,8 +66,7 @@ def _spread(g, n: str) -> pd.DataFrame:
 
 
 def gpu0_per_rank(df):
-    """MiB each rank >= 1 holds on GPU 0, per run, variant, TP size and phase: median, min, max over
-    repeats and ranks, and how many values."""
+    """MiB each rank >= 1 holds on GPU 0 per run, variant, TP size and phase (median, min, max, n)."""
     m = stray(df)
     return _spread(m.groupby(_by_run(m) + ["variant", "tp_size", "phase"]).value, "n")
 
@@ -124,8 +123,8 @@ def cache_table(df):
 
 
 def concurrency(df):
-    """Per run, variant and repeat: the most processes of *other* groups rank 0 saw on GPU 0 at
-    ``init``, and what the group's ranks >= 1 held there then (method 2; none in method 1)."""
+    """Per run, variant and repeat: other groups' processes on GPU 0 at ``init`` and what the group's
+    ranks >= 1 held there then (method 2)."""
     o = df[(df.metric == "other_processes") & (df.gpu == 0) & (df.phase == "init")]
     keys = _by_run(df) + ["variant", "repeat"]
     if o.empty:
@@ -149,8 +148,7 @@ def landed(run) -> None:
 
 @notebook.needs_run
 def waste(run) -> None:
-    """MiB per rank ≥ 1 on GPU 0 by phase (a context stays after `released`), the GPU-0 total per
-    TP size, then what ranks hold on other GPUs."""
+    """MiB per rank ≥ 1 on GPU 0 by phase, the GPU-0 total per TP size, then other GPUs."""
     df = frame(run.shown)
     per = gpu0_per_rank(df).pivot_table(index=["variant", "phase"], columns=["run"],
                                         values="median_mib")
@@ -323,13 +321,8 @@ def your_setup(interactive: bool = False):
 
 
 # -- the real engine at TP 2 and TP 4 (data/recorded/engine_grid_thw/) -----------------------------
-def _tp_of(run) -> dict:
-    """``{case: TP size}`` of each engine entry."""
-    return {e["case"]: e["tp"] for e in run.manifest.engine_runs}
-
-
 def engine_tp(run) -> int:
-    return max(_tp_of(run).values(), default=1)
+    return max((e["tp"] for e in run.manifest.engine_runs), default=1)
 
 
 def engine_gpus(run) -> int:
@@ -355,7 +348,7 @@ def engine_memory(run) -> pd.DataFrame:
 def engine_gpu0(run) -> dict:
     """``{case: {rank: MiB on GPU 0}}`` for every scheduler rank ≥ 1 of each case that started and
     recorded memory (0 where NVML lists that rank on GPU 0 with nothing)."""
-    mem, tps = engine_memory(run), _tp_of(run)
+    mem, tps = engine_memory(run), {e["case"]: e["tp"] for e in run.manifest.engine_runs}
     return {
         case: {
             r: float(g[(g["rank"] == r) & (g["gpu"] == 0)]["MiB"].sum())
@@ -387,8 +380,7 @@ def gpus_held(run) -> dict:
 
 
 def other_gpus(run) -> dict:
-    """``{rank: [GPU, ...]}``: with #22858 reverted, the GPUs besides GPU 0 and its own where a
-    scheduler rank ≥ 1 holds memory."""
+    """``{rank: [GPU, ...]}``: with #22858 reverted, the GPUs besides 0 and its own a rank holds."""
     before = gpus_held(run).get("before", {})
     return {r: o for r, g in before.items() if (o := [x for x in g if x not in (0, r)])}
 

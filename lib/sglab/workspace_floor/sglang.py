@@ -261,10 +261,10 @@ def probe(prepared, params: dict) -> list[dict]:
     return rows
 
 
-def probe_params(names=None) -> dict:
+def probe_params() -> dict:
     """What the notebook asks each release: both stored traces, the release's own call site and the
     alternative floors, cold and pre-initialised."""
-    tokens = {t: traces.trace_tokens(t) for t in names or traces.TRACES}
+    tokens = {t: traces.trace_tokens(t) for t in traces.TRACES}
     return dict(traces=tokens, sites=["release", *ALT_SITES], pre_initialize=list(SCENARIOS),
                 world_size=WORLD_SIZE, hidden=HIDDEN)
 
