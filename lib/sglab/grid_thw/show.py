@@ -66,7 +66,7 @@ def _spread(g, n: str) -> pd.DataFrame:
 
 
 def gpu0_per_rank(df):
-    """MiB each rank >= 1 holds on GPU 0 per run, variant, TP size and phase (median, min, max, n)."""
+    """MiB each rank >= 1 holds on GPU 0 per run, variant, TP size, phase: median, min, max, n."""
     m = stray(df)
     return _spread(m.groupby(_by_run(m) + ["variant", "tp_size", "phase"]).value, "n")
 
@@ -123,8 +123,8 @@ def cache_table(df):
 
 
 def concurrency(df):
-    """Per run, variant and repeat: other groups' processes on GPU 0 at ``init`` and what the group's
-    ranks >= 1 held there then (method 2)."""
+    """Per run, variant and repeat: other groups' processes on GPU 0 at ``init``, and what the
+    group's ranks >= 1 held there then (method 2)."""
     o = df[(df.metric == "other_processes") & (df.gpu == 0) & (df.phase == "init")]
     keys = _by_run(df) + ["variant", "repeat"]
     if o.empty:
