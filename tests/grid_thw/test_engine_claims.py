@@ -204,7 +204,7 @@ def test_stray_contexts_are_every_rank_gpu_pair_off_its_own_gpu(tmp_path):
 
 def test_the_engine_headline_says_the_stray_contexts_of_each_gpu_model():
     engine = sglang.FIX.recorded_engine()
-    if not any(show.engine_gpus(r) == 4 and show._run_tp(r) == 4 for r in engine.shown):
+    if not any(show.engine_gpus(r) == 4 and show.engine_tp(r) == 4 for r in engine.shown):
         pytest.skip("no committed TP-4 engine run on four GPUs")
     from sglab.core.engine_records import per_gpu
 

@@ -20,7 +20,7 @@ def test_the_picture_under_the_card_is_the_engine_that_saw_the_most_gpus():
     engine = sglang.FIX.recorded_engine()
     if not any(show.engine_gpus(r) == 4 for r in engine.shown):
         pytest.skip("no committed four-GPU engine run")
-    newest = max((r for r in engine.shown if show._run_tp(r) == 4),
+    newest = max((r for r in engine.shown if show.engine_tp(r) == 4),
                  key=lambda r: r.manifest.created_utc)
     cells = show.engine_cells(newest)
     assert len(cells) == 5 * 4  # the main process and four ranks, on four GPUs each

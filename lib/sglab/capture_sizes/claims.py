@@ -310,14 +310,14 @@ def _engine_filter(run):
     }
     bad = [f for f in facts if f["status"] != "ok" or f["captured"] != want[f["release"]]]
     f0 = facts[0] if facts else {}
+    asked, captured = _join(f0.get("asked", [])), _join(f0.get("captured") or [])
     each = "; ".join(
         f"{_join(f['asked'])} → {_join(f['captured'] or [])} at TP {f['attn_tp']}" for f in facts)
     return holds(
-        not bad, f"{f0.get('release')} asked {_join(f0.get('asked', []))} at attention "
-        f"TP {f0.get('attn_tp')}: captured {_join(f0.get('captured') or [])}", {
-            "release": f0.get("release"), "asked": _join(f0.get("asked", [])), "captured": _join(
-                f0.get("captured") or []), "rebuild": _join(want.get(f0.get("release"), [])),
-            "tps": _tps(facts), "each": each
+        not bad, f"{f0.get('release')} asked {asked} at attention TP {f0.get('attn_tp')}: captured "
+        f"{captured}", {
+            "release": f0.get("release"), "asked": asked, "captured": captured, "rebuild": _join(
+                want.get(f0.get("release"), [])), "tps": _tps(facts), "each": each
         }, why_not="; ".join(f"{f['release']}: {f['status'][:80]}, captured {f['captured']}, "
                              f"the rebuild's filter keeps {want[f['release']]}" for f in bad))
 

@@ -1,10 +1,7 @@
 """Measure the dense-TP1 boundary on ``world_size`` ranks (one GPU each, NCCL; ``gloo`` runs the
-same logic on the CPU, without graphs) the way the piecewise runner captures: a warm-up at the
-smallest size, then largest first, two eager runs and a CUDA-graph capture per size. Variants:
-``before`` (the raw list; stops at the first bad size), ``before_probe`` (each raw size without the
-shard check), ``pr_filter`` and ``round_up`` (every bucket captured, then replayed with real token
-counts padded to it); then a traced pass under torch.profiler. With fewer than 8 ranks the default
-list is scaled by ``world_size / 8``.
+same logic on the CPU, without graphs) the way the piecewise runner captures (:func:`loop_order`),
+per variant: ``before`` (the raw list, stops at the first bad size), ``before_probe`` (no shard
+check), ``pr_filter`` and ``round_up`` (captured, then replayed); then a traced pass.
 """
 
 from __future__ import annotations
@@ -25,9 +22,8 @@ from sglab.core import timing as phases
 
 
 EXPERIMENT = "capture_sizes"
-# 1: capture loop, replay check and probe rows. 2: the same rows, plus per-phase wall times and a
-# traced pass of the capture loop (before: the raw list; after: the PR's list): the `events` and
-# `trace` sidecars.
+# 1: capture loop, replay check and probe rows; 2: plus per-phase wall times and a traced pass of
+# the capture loop (the `events` and `trace` sidecars)
 METHOD_VERSION = 2
 GPUS = 2
 DEFAULT_PARAMS = {

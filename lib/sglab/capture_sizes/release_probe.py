@@ -1,9 +1,7 @@
 """The probe's code inside one SGLang release's worker process: the release's own runners decide
-the capture sizes for configured lists (:func:`setting_rows`) or for server arguments its own
-start-up code resolves (:func:`case_rows`). 0.5.10.post1 to 0.5.13 run
-``PiecewiseCudaGraphRunner.__init__`` on a stand-in runner up to its log line; 0.5.14 and 0.5.15 the
-unified runners under ``get_parallel().override``; from 0.5.16 the configuration is published in
-the runtime context and the runners' functions are plain calls.
+the capture sizes for configured lists (:func:`setting_rows`) or resolved server arguments
+(:func:`case_rows`): up to 0.5.13 ``PiecewiseCudaGraphRunner.__init__`` on a stand-in runner, 0.5.14
+and 0.5.15 the unified runners, from 0.5.16 plain calls on a published configuration.
 """
 
 from __future__ import annotations
@@ -410,9 +408,8 @@ def _call(fn, sa):
 
 def configure(prepared, argv: list[str], p: dict) -> dict:
     """Server arguments, read by the release's own parser -> the capture lists its runners keep
-    after its start-up code, and the facts that decided them: up to 0.5.13 the deciding steps on a
-    ``ServerArgs`` without ``__post_init__`` (the model assumed), from 0.5.14 the whole resolution
-    on the model config ``p["model"]``, as on a CUDA host."""
+    after start-up and the facts that decided them (up to 0.5.13 the deciding steps, the model
+    assumed; from 0.5.14 the whole resolution on the model config ``p["model"]``)."""
     with contextlib.ExitStack() as stack:
         return _configure(prepared, argv, p, stack.enter_context)
 

@@ -118,9 +118,8 @@ def _rebuild(kind: str, configured: list[int], f: dict) -> dict:
 
 def sizes_table(rows, case: str = "args"):
     """One row per release x list (``piecewise`` / ``decode``): what the release captures (or why
-    the list is off), which captured sizes the reduce-scatter refuses (tokens scattered, ``n %
-    attn_tp != 0``), and the rebuild's rules on the configured list; or one row per release that
-    did not answer (``status`` one of :data:`FAILED`, the reason in ``note``)."""
+    the list is off), the captured sizes the reduce-scatter refuses and the rebuild's rules; or one
+    row per release that did not answer (``status`` one of :data:`FAILED`, why in ``note``)."""
     out = []
     for release, d in rows[rows.case == case].groupby("release", sort=False):
         f = dict(zip(d.metric, d.value))
@@ -292,9 +291,8 @@ def _on_terminal() -> bool:
 def command(argv: list[str], *, releases: list[str] | None = None, mla: bool = True,
             gpu_mem_gb: float = 141.0, model: str = sglang.MODEL, csv: str | None = None) -> int:
     """``sglab capture-sizes [--release V ...] [--model CONFIG.json] -- <server arguments>``: each
-    release parses and resolves the arguments with its own ``ServerArgs``; the table of
-    :func:`sizes_table`. Exit status: 0 when a release answered, 2 when every release that parsed
-    the arguments refused them (SGLang's own one-line message), 1 when none could answer."""
+    release resolves the arguments with its own ``ServerArgs`` (:func:`sizes_table`). Exit 0 when
+    a release answered, 2 when every release refused them, 1 when none could answer."""
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 
 import pandas as pd
 
@@ -127,8 +128,7 @@ def params() -> dict:
                 max_tokens=fx.MLA_MAX_TOKENS, settings=SETTINGS)
 
 
-# -- the real engine: `sglab engine --scenario NAME`, recorded under
-# data/recorded/engine_capture_sizes/
+# -- the real engine (`sglab engine --scenario NAME`): data/recorded/engine_capture_sizes/
 def _dense_args(tp: int, sizes: tuple, *, renamed: bool = False) -> tuple:
     """`--moe-dense-tp-size 1` at attention TP ``tp`` with piecewise capture ``sizes`` and decode
     graphs up to batch 8 (0.5.2x: the renamed capture-size flags)."""
@@ -296,10 +296,8 @@ def compare() -> None:
     print(defaults_line(results))
 
 
-def released(rebuilt=None, *, symbol=None, pr=None) -> None:
-    """The fix across the releases, then the released ``symbol`` beside the rebuilt one."""
-    real.released(FIX, rebuilt, symbol=symbol, pr=pr)
-
+# the fix across the releases, then a released symbol beside the rebuilt one
+released = functools.partial(real.released, FIX)
 
 # -- your server arguments on several releases (`sglab capture-sizes`) -----------------------------
 MODEL_PLACEHOLDER = "model-not-loaded"  # --model-path is required by the parser, never loaded

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections import Counter
 from typing import Sequence
 
 import matplotlib.ticker
@@ -28,20 +29,19 @@ def summary(df):
     first one and its stage), not reached, replayed correctly, worst replay error."""
     out = []
     for (variant, w), g in df.groupby(["variant", "world_size"], sort=False):
-        n = g.groupby("metric").value.sum().astype(int)
+        n = Counter(g.groupby("metric").value.sum().astype(int).to_dict())
         failed = g[g.metric == "failed"]
-        errs = g.loc[g.metric == "replay_max_abs_err", "value"]
-        stage = failed["stage"].iloc[0] if len(failed) and "stage" in failed else ""
+        first = failed.iloc[0] if len(failed) else {}
+        stage, errs = first.get("stage", ""), g.value[g.metric == "replay_max_abs_err"]
         out.append({
-            "variant": variant, "world_size": int(w), "sizes": int(
-                g["size"].nunique()), "captured_or_ok": n.get("captured", 0) + n.get("ok", 0),
-            "failed": len(failed), "failed_sizes": [int(x) for x in failed["size"]],
-            "first_failure": int(failed["size"].iloc[0]) if len(failed) else None,
-            "failed_at": "" if pd.isna(stage) else str(stage), "not_reached": n.get(
-                "not_reached", 0), "replayed_ok": n.get("replay_ok", 0), "replay_checks": n.get(
-                    "replay_checks",
-                    0), "worst_replay_err": float(errs.max()) if len(errs) else None,
-            "error": failed["error"].iloc[0] if len(failed) else ""
+            "variant": variant, "world_size": int(w), "sizes": int(g["size"].nunique()),
+            "captured_or_ok": n["captured"] + n["ok"], "failed": len(failed), "failed_sizes": [
+                int(x) for x in failed["size"]
+            ], "first_failure": int(first["size"]) if len(failed) else None,
+            "failed_at": "" if pd.isna(stage) else str(stage), "not_reached": n["not_reached"],
+            "replayed_ok": n["replay_ok"], "replay_checks": n["replay_checks"],
+            "worst_replay_err": float(errs.max()) if len(errs) else None, "error": first.get(
+                "error", "")
         })
     out = pd.DataFrame(out)
     if len(out):
@@ -215,7 +215,7 @@ def mechanism(attn_tp: int = 8, max_tokens: int = 2048, sizes: Sequence[int] | N
     """Each capture size's ``tensor_split`` shard per attention-TP rank, the refused ones marked,
     and below them what the PR's filter keeps and what rounding up makes of each size."""
     sizes = list(sizes) if sizes is not None else fx.default_piecewise_capture_sizes(max_tokens)
-    lists, base = fx.policy_lists(sizes, attn_tp), attn_tp
+    lists = fx.policy_lists(sizes, attn_tp)
     bad = [i for i, n in enumerate(sizes[:12]) if n % attn_tp]
     cols = sizes[:min(len(sizes), (bad[-1] + 2) if bad else 4, 12)]
     rest = sizes[len(cols):]
@@ -227,18 +227,18 @@ def mechanism(attn_tp: int = 8, max_tokens: int = 2048, sizes: Sequence[int] | N
     top = height - 1.05
     yb = top - rh * attn_tp
     for j, n in enumerate(cols):
-        _size_column(ax, x0 + j * cw, top, n, attn_tp, rh, lists, base, set(sizes))
+        _size_column(ax, x0 + j * cw, top, n, attn_tp, rh, lists, set(sizes))
     for i in range(attn_tp):
         plots.label(ax, 0.05, top - rh * (i + 0.5), f"rank {i}", fontsize=8, weight="normal")
     plots.label(ax, 0.05, yb - 0.45, "PR filter", fontsize=8)
-    plots.label(ax, 0.05, yb - 0.45 - rh - 0.04, f"round up (×{base})", fontsize=8)
+    plots.label(ax, 0.05, yb - 0.45 - rh - 0.04, f"round up (×{attn_tp})", fontsize=8)
     if rest:
         _rest_column(ax, x0 + len(cols) * cw, top, yb, rest, attn_tp, lists, rh)
     _mechanism_title(ax, height, sizes, attn_tp, lists)
     return fig
 
 
-def _size_column(ax, x, top, n, tp, rh, lists, base, original) -> None:
+def _size_column(ax, x, top, n, tp, rh, lists, original) -> None:
     refused = n % tp != 0
     ax.text(x + 0.44, top + 0.12, str(n), ha="center", va="bottom", fontsize=9, fontweight="bold",
             color=plots.PALETTE["before"] if refused else plots.PALETTE["neutral"])
@@ -254,7 +254,7 @@ def _size_column(ax, x, top, n, tp, rh, lists, base, original) -> None:
     kept = n in lists["pr_filter"]
     plots.box(ax, x, yb - 0.45 - rh / 2 + 0.04, 0.88, rh - 0.08,
               str(n) if kept else "dropped", color="kept" if kept else "neutral", fontsize=7)
-    up = fx.ceil_align(n, base)
+    up = fx.ceil_align(n, tp)
     text = str(up) if up == n else f"→ {up}" + (", merged" if up in original else "")
     plots.box(ax, x, yb - 0.45 - rh * 1.5, 0.88, rh - 0.08, text,
               color="kept" if up == n else "accent", fontsize=7)
@@ -368,12 +368,12 @@ def _window_limit(cr, rank: int) -> int:
     return int(above.min()) if len(above) else int(refused.max())
 
 
-def tail_window(events, rank: int = 0, up_to: int | None = None) -> dict:
+def tail_window(events, rank: int = 0) -> dict:
     """``{name: (events, refused marks)}`` per variant for :func:`sglab.core.plots.timeline`: one
-    rank's capture ranges up to ``up_to`` (default: the first accepted size above the largest
-    refused one), refused ranges left out, every stream on one ``device`` lane."""
+    rank's capture ranges up to the first accepted size above the largest refused one, refused
+    ranges left out, every stream on one ``device`` lane."""
     cr = capture_ranges(events)
-    up_to = _window_limit(cr, rank) if up_to is None else up_to
+    up_to = _window_limit(cr, rank)
     out = {}
     for variant in ("before", "after"):
         rs = cr[(cr["rank"] == rank) & (cr.variant == variant) & (cr.stage == "capture")
@@ -395,10 +395,10 @@ def tail_window(events, rank: int = 0, up_to: int | None = None) -> dict:
     return out
 
 
-def capture_timeline(events, rank: int = 0, up_to: int | None = None, run=None):
+def capture_timeline(events, rank: int = 0, run=None):
     """Before and after swim-lanes of one rank's small capture sizes, collectives highlighted, a red
     ✗ where a size was refused."""
-    windows = tail_window(events, rank, up_to)
+    windows = tail_window(events, rank)
     fig = plots.timeline({k: ev
                           for k, (ev, _) in windows.items()}, highlight=r"c10d::|nccl",
                          highlight_label="collective (host call / NCCL kernel)",

@@ -21,9 +21,8 @@ CLAIM = ("A `grid_thws` tensor left on cuda:0 makes every TP rank ≥ 1 open a C
          "0; `.cpu()` removes it, and the `image_grid_thw` rename lets the vision cache hit per "
          "image.")
 SPREAD_TOLERANCE_MIB = 8.0  # four allocator segments: what repeats may differ by
-# A rerun's CUDA context per rank >= 1 on GPU 0 (the engine, NVML) against the record: one rank's
-# context read 522 MiB on GPU 0 and 520 MiB on its other GPUs in one recorded TP-4 run, and 520 on
-# a second H200 x2 machine. 2 % is 10 MiB a context; a count or a 0 MiB after the fix stays exact.
+# a rerun's engine context per rank >= 1 against the record (522 vs 520 MiB seen across GPUs and
+# machines): 2 %, 10 MiB a context; a count or a 0 MiB after the fix stays exact
 CONTEXT_DRIFT = 0.02
 # what depends on the machine (how many GPUs the ranks saw), shown but not compared with a record
 MACHINE = ("tp", "gpus", "stray_contexts", "stray_mib")
@@ -134,18 +133,20 @@ def _no_process_left(run):
 def _cache(run):
     t = show.cache_table(run.df)
     b, a = t.loc["before"], t.loc["after"]
+    rates = {
+        f"{k}_{v}": round(float(t.loc[v, f"cache_{m}"]), 6)
+        for k, m in (("hit_rate", "item_hit_rate"), ("image_hit_rate", "image_hit_rate"))
+        for v in ("before", "after")
+    }
     return holds(
         a.cache_item_hit_rate > b.cache_item_hit_rate,
         f"images from the cache {b.cache_image_hit_rate:.1%} per request → "
         f"{a.cache_image_hit_rate:.1%} per image (items hit {b.cache_item_hit_rate:.1%} → "
         f"{a.cache_item_hit_rate:.1%}); images encoded {b.images_encoded:.0f} → "
         f"{a.images_encoded:.0f} of {a.images_requested:.0f}", {
-            "hit_rate_before": round(float(b.cache_item_hit_rate), 6), "hit_rate_after": round(
-                float(a.cache_item_hit_rate), 6), "image_hit_rate_before": round(
-                    float(b.cache_image_hit_rate), 6), "image_hit_rate_after": round(
-                        float(a.cache_image_hit_rate), 6), "encoded_before": float(
-                            b.images_encoded), "encoded_after": float(a.images_encoded),
-            "images": float(a.images_requested), "requests": float(b.cache_lookups)
+            **rates, "encoded_before": float(b.images_encoded), "encoded_after": float(
+                a.images_encoded), "images": float(a.images_requested), "requests": float(
+                    b.cache_lookups)
         })
 
 
@@ -364,10 +365,6 @@ def _engine_applies(run):
         "recorded their GPU memory")
 
 
-def _engine_tp(run) -> int:
-    return max(show._tp_of(run).values(), default=1)
-
-
 def _engine_before(run):
     got = show.engine_gpu0(run)
     before, after = got["before"], got["released"]
@@ -378,7 +375,7 @@ def _engine_before(run):
         "before_min_mib": min(before.values(), default=0), "before_max_mib": max(
             before.values(), default=0), "after_max_mib": max(after.values(), default=0),
         "ranks": len(before), "gpu0_total_mib": sum(before.values()),
-        "after_stray_contexts": show.engine_stray(run, "released")[0], "tp": _engine_tp(run),
+        "after_stray_contexts": show.engine_stray(run, "released")[0], "tp": show.engine_tp(run),
         "gpus": show.engine_gpus(run), "stray_contexts": contexts, "stray_mib": mib
     }
     return holds(
@@ -388,9 +385,9 @@ def _engine_before(run):
 
 
 def _engine_needs_tp3(run):
-    return _engine_applies(run) or (None if _engine_tp(run) >= 3 else (
-        f"TP {_engine_tp(run)} has a single rank ≥ 1: GPU 0's total cannot grow with the rank count"
-    ))
+    tp = show.engine_tp(run)
+    return _engine_applies(run) or (None if tp >= 3 else (
+        f"TP {tp} has a single rank ≥ 1: GPU 0's total cannot grow with the rank count"))
 
 
 def _engine_scales(run):
@@ -399,8 +396,8 @@ def _engine_scales(run):
     per = sorted(before.values())[len(before) // 2]
     off = abs(total - n * per)
     return holds(
-        n == _engine_tp(run) - 1 and off <= SPREAD_TOLERANCE_MIB * n,
-        f"TP {_engine_tp(run)}: {total:.0f} MiB on GPU 0 = {n} ranks × {per:.0f} MiB "
+        n == show.engine_tp(run) - 1 and off <= SPREAD_TOLERANCE_MIB * n,
+        f"TP {show.engine_tp(run)}: {total:.0f} MiB on GPU 0 = {n} ranks × {per:.0f} MiB "
         f"(off by {off:.0f})", {"total_mib": float(total), "per_rank_mib": float(per), "ranks": n})
 
 

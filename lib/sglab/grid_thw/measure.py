@@ -1,8 +1,7 @@
 """Measure where the grid lands and what each process then holds on each GPU (NVML), per variant
-(:data:`VARIANTS`). A *group* is one variant × repeat of fresh processes, all groups at once: a
-tokenizer that builds the request on ``cuda:0`` and ``tp_size`` ranks (rank r on GPU r). Rank 0
-reads NVML at the :data:`PHASES` barriers; every process marks the steps that can open or grow a
-context, which the parent's NVML sampler turns into a time series (:mod:`sglab.grid_thw.series`).
+(:data:`VARIANTS`). A *group* is one variant × repeat of fresh processes (a tokenizer building the
+request on ``cuda:0``, ``tp_size`` ranks), all groups at once; rank 0 reads NVML at the
+:data:`PHASES` barriers, and every process marks its steps for the parent's NVML time series.
 """
 
 from __future__ import annotations
@@ -33,9 +32,8 @@ from sglab.grid_thw import rebuild
 EXPERIMENT = "grid_thw"
 METHOD_VERSION = 2  # 1: groups one after the other, no time series; 2: at once, NVML series, marks
 GPUS = 2
-# settle_s: barrier -> NVML reading (a change shows within one 10 ms tick); step_pause_s: between
-# kernel steps, so a 100 Hz series tells them apart; timeout_s: per group; start_method: processes
-# fork from a server that imported torch once (sglab.core.dist.forkserver); cache_*: the cache point
+# settle_s: barrier -> NVML reading; step_pause_s: between kernel steps, so a 100 Hz series tells
+# them apart; timeout_s: per group; cache_*: the cache point
 DEFAULT_PARAMS = {
     "tp_size": 2, "repeats": 2, "n_images": 4, "settle_s": 0.1, "step_pause_s": 0.1,
     "sample_hz": 100, "timeout_s": 120, "start_method": "forkserver", "cache_requests": 200,
@@ -64,21 +62,17 @@ class Variant:
 
     name: str
     fixed: bool  # _gpu_call after the PR (grid .cpu(), key image_grid_thw)
-    wire: str  # rebuild.WIRES key of the tokenizer -> scheduler hop
+    wire: rebuild.Wire  # the tokenizer -> scheduler hop; per receiver: ranks read the tokenizer
     rank_env: tuple = ()  # (key, value) pairs set in the ranks before CUDA starts
 
-    @property
-    def fanout(self) -> str:
-        """How ranks >= 1 get the request: from rank 0 (``broadcast``) or from the tokenizer."""
-        return "tokenizer" if rebuild.wire(self.wire).per_receiver else "broadcast"
 
-
+_PICKLE, _IPC = rebuild.WIRES["pickle"], rebuild.WIRES["cuda_ipc"]
 VARIANTS = {
-    "before": Variant("before", False, "pickle"),
-    "after": Variant("after", True, "pickle"),
-    "ipc": Variant("ipc", False, "cuda_ipc"),
+    "before": Variant("before", False, _PICKLE),
+    "after": Variant("after", True, _PICKLE),
+    "ipc": Variant("ipc", False, _IPC),
     # every module of the ranks loaded when their contexts are created
-    "eager": Variant("eager", False, "pickle", (("CUDA_MODULE_LOADING", "EAGER"),))
+    "eager": Variant("eager", False, _PICKLE, (("CUDA_MODULE_LOADING", "EAGER"),))
 }
 
 _DEFAULTS = {"tp_size": -1, "repeat": -1, "process": "", "rank": -1, "gpu": -1, "phase": ""}
@@ -131,7 +125,7 @@ def tokenizer_main(variant: str, n_clients: int, address: str, n_images: int, de
             out = rebuild.process_mm_data(rebuild.prompt_for(n_images), images, fixed=v.fixed,
                                           device=dev)
             _sync(dev)
-        w = rebuild.wire(v.wire)
+        w = v.wire
         data = None if w.per_receiver else w.dumps(out)
         conns = [listener.accept() for _ in range(n_clients)]
         with marks.mark("send"):
@@ -202,13 +196,13 @@ def _labels(ctx, tokenizer_pid: int) -> dict[int, str]:
 
 def _receive(ctx, v: Variant, address: str, marks: Marks):
     """Rank 0 (each rank on a per-receiver wire) reads the tokenizer's bytes; others a broadcast."""
-    w = rebuild.wire(v.wire)
-    conn = _connect(address) if (ctx.rank == 0 or v.fanout == "tokenizer") else None
+    w = v.wire
+    conn = _connect(address) if (ctx.rank == 0 or w.per_receiver) else None
     data = conn.recv_bytes() if conn is not None else None
-    if v.fanout == "broadcast":
+    if not w.per_receiver:
         ctx.barrier()  # rank 0 holds the bytes: the mark spans the broadcast and the unpickling
     with marks.mark("unpickle"):
-        if v.fanout == "tokenizer":
+        if w.per_receiver:
             return w.loads(data), conn
         req = w.loads(data) if ctx.rank == 0 else None
         req = rebuild.broadcast_pyobj([req] if ctx.rank == 0 else [], ctx.rank, ctx.cpu_group)[0]
@@ -382,17 +376,14 @@ def run_group(variant: str, tp_size: int, *, repeat: int = 0, n_images: int = 4,
               settle_s: float = 0.3, step_pause_s: float = 0.1, backend: str = "nccl",
               timeout_s: float = 120.0, start_method: str = "spawn") -> dict:
     """One group, a tokenizer and ``tp_size`` ranks, measured and torn down: ``rows`` and what the
-    time series needs (``t_start``, ``t_end``, ``procs`` pid -> (process, rank), ``marks``, the
-    ranks' ``phases``). ``forkserver`` needs :func:`sglab.core.dist.forkserver` first."""
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {tuple(VARIANTS)}, got {variant!r}")
+    time series needs. ``forkserver`` needs :func:`sglab.core.dist.forkserver` first."""
     v = VARIANTS[variant]
     tmp = tempfile.mkdtemp(prefix="sglab-grid-")
     address, marks_path = os.path.join(tmp, "tokenizer.sock"), os.path.join(tmp, "tokenizer.json")
     t_start = time.monotonic()
     tok = mp.get_context(start_method).Process(
         target=tokenizer_main, name=f"sglab-tokenizer-{variant}-{repeat}",
-        args=(variant, tp_size if v.fanout == "tokenizer" else 1, address, n_images,
+        args=(variant, tp_size if v.wire.per_receiver else 1, address, n_images,
               "cuda:0" if backend == "nccl" else "cpu", marks_path))
     tok.start()
     try:

@@ -345,13 +345,6 @@ WIRES: dict[str, Wire] = {
 }
 
 
-def wire(name: str) -> Wire:
-    try:
-        return WIRES[name]
-    except KeyError:
-        raise ValueError(f"unknown wire {name!r}; known: {', '.join(WIRES)}") from None
-
-
 def broadcast_pyobj(data: list, rank: int, dist_group, src: int = 0) -> list:
     """``broadcast_pyobj`` with ``force_cpu_device=True`` (the gloo CPU group): pickle, two
     broadcasts (size, bytes), ``pickle.loads``. ``rank``: the caller's global rank."""

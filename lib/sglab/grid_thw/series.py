@@ -46,10 +46,9 @@ def group_tables(groups: list[dict], samples, ticks: list[float]):
 def write_perfetto(mem, marks, path) -> Path:
     """Chrome trace JSON (ui.perfetto.dev): a trace process per group, a counter track per
     (process, GPU) in MiB, a thread per process with its marks as slices."""
-    keys = sorted(
-        set(map(tuple, mem[["variant", "repeat"]].values.tolist()))
-        | set(map(tuple, marks[["variant", "repeat"]].values.tolist())), key=str)
-    gid = {k: i + 1 for i, k in enumerate(keys)}
+    keys = set(zip(mem.variant, mem.repeat.tolist())) | set(
+        zip(marks.variant, marks.repeat.tolist()))
+    gid = {k: i + 1 for i, k in enumerate(sorted(keys, key=str))}
     tid: dict = {}
     events = [{
         "name": "process_name", "ph": "M", "pid": i,

@@ -168,10 +168,7 @@ def processor_rows(prepared) -> list[dict]:
         return rows(exists=False)
     hf = types.SimpleNamespace(image_processor=None, tokenizer=_tokenizer, media_processor=None)
     values = dict(hf_processor=hf, image_token=IMAGE_TOKEN, image_token_id=rebuild.IMAGE_TOKEN_ID,
-                  patch_size=rebuild.PATCH_SIZE, merge_kernel_size=rebuild.MERGE_KERNEL_SIZE,
-                  in_patch_limit=rebuild.IN_PATCH_LIMIT,
-                  patch_limit_on_one_side=rebuild.PATCH_LIMIT_ON_ONE_SIDE, fixed_output_tokens=None,
-                  image_mean=list(rebuild.IMAGE_MEAN), image_std=list(rebuild.IMAGE_STD))
+                  **stand_in.media_proc_cfg())
     params = inspect.signature(W.__init__).parameters
     w = W(**{k: v for k, v in values.items() if k in params})
     w._get_gpu_norm_tensors(device="cpu")
@@ -233,14 +230,13 @@ def wire_rows(prepared, sb, key, grid, pixels) -> list[dict]:
     item = make_item(sb, key, grid, pixels)
     back, how, nbytes = _send_msgpack(prepared, item) if msgpack else _send_pickle(item)
     g = back.model_specific_data.get(key)
+    kept = g is not None
     facts = {
-        "wire": how, "bytes": nbytes, "item_class": type(back).__name__, "key_kept": g is not None,
-        "device_sent": str(
-            grid.device), "device_received": str(g.device) if g is not None else None,
-        "device_recorded_on_wire": _recorded_device(
-            grid, msgpack), "dtype_kept": g is not None and g.dtype == grid.dtype,
-        "shape_kept": g is not None and tuple(g.shape) == tuple(grid.shape),
-        "values_kept": g is not None and g.cpu().tolist() == grid.cpu().tolist()
+        "wire": how, "bytes": nbytes, "item_class": type(back).__name__, "key_kept": kept,
+        "device_sent": str(grid.device), "device_received": str(g.device) if kept else None,
+        "device_recorded_on_wire": _recorded_device(grid, msgpack), "dtype_kept": kept
+        and g.dtype == grid.dtype, "shape_kept": kept and tuple(g.shape) == tuple(grid.shape),
+        "values_kept": kept and g.cpu().tolist() == grid.cpu().tolist()
     }
     return [{"part": "wire", "case": key, "metric": k, "value": v} for k, v in facts.items()]
 
@@ -260,8 +256,7 @@ def probe(prepared, params: dict) -> list[dict]:
     return rows
 
 
-# -- the record ------------------------------------------------------------------------------------
-# -- the real engine: `sglab engine --scenario NAME`, in data/recorded/engine_grid_thw/
+# -- the real engine (`sglab engine --scenario NAME`: data/recorded/engine_grid_thw/) and the record
 GRID_ON_CUDA0 = revert_adjustment(
     "revert-pr22858-grid-thw-cpu",
     "the 'before' of #22858 never shipped in a release: on 0.5.11 the PR's line `grid_thws = "
@@ -274,16 +269,14 @@ GRID_ON_CUDA0 = revert_adjustment(
 # no grammar backend (each scheduler would import xgrammar, which the engine bundles do not carry)
 KIMI_ARGS = ("--mm-attention-backend", "triton_attn", "--cuda-graph-max-bs", "4",
              "--enforce-disable-flashinfer-allreduce-fusion", "--grammar-backend", "none")
-KIMI_TP2 = ("--tp-size", "2", *KIMI_ARGS)
-KIMI_TP4 = ("--tp-size", "4", *KIMI_ARGS)
-KIMI_TP8 = ("--tp-size", "8", *KIMI_ARGS)
-# what any Kimi-K2.5 tiny engine fed an image needs here: the processor made offline (sglab engine
-# adds the MLA weights' post-load step 0.5.11 lacks by itself: engine.spec.MODEL_NEEDS)
-KIMI_IMAGE = (stand_in.PROCESSOR,)
 
 
-def _kimi_cases(args: tuple) -> tuple:
-    return (Case("released", args, KIMI_IMAGE), Case("before", args, (*KIMI_IMAGE, GRID_ON_CUDA0)))
+def _kimi_cases(tp: int) -> tuple:
+    """Released and reverted at TP ``tp``, each with the processor made offline (sglab engine adds
+    the MLA weights' post-load step 0.5.11 lacks: engine.spec.MODEL_NEEDS)."""
+    args = ("--tp-size", str(tp), *KIMI_ARGS)
+    return (Case("released", args, (stand_in.PROCESSOR,)),
+            Case("before", args, (stand_in.PROCESSOR, GRID_ON_CUDA0)))
 
 
 # the prompt: Kimi-K2.5's chat template for one image (its processor expands the pad token)
@@ -291,15 +284,15 @@ _TP2 = Scenario(
     fix="grid_thw", name="05-grid-thw", gpus=2,
     what="Kimi-K2.5 tiny fed one image at TP 2: each process's memory on each GPU (NVML) "
     "with the grid on the CPU (0.5.11 as released) and with #22858's line reverted",
-    model="kimi_k25_tiny", tool="engine", releases=("0.5.11",), cases=_kimi_cases(KIMI_TP2),
-    requests=(1,), input_lens=(16,), output_len=1, repeats=1, image_size=(448, 448),
+    model="kimi_k25_tiny", tool="engine", releases=("0.5.11",), cases=_kimi_cases(2), requests=(1,),
+    input_lens=(16,), output_len=1, repeats=1, image_size=(448, 448),
     prompt="<|media_start|>image<|media_content|><|media_pad|><|media_end|> Describe it.",
     expect="before: every rank >= 1 holds memory on GPU 0; released: none")
 ENGINE = (
     _TP2,
     # the same at TP 4: three ranks >= 1, so GPU 0's total grows with the rank count
     replace(
-        _TP2, name="05-grid-thw-tp4", gpus=4, cases=_kimi_cases(KIMI_TP4),
+        _TP2, name="05-grid-thw-tp4", gpus=4, cases=_kimi_cases(4),
         what="Kimi-K2.5 tiny fed one image at TP 4: each process's memory on each GPU "
         "(NVML), released and with #22858's line reverted",
         expect="before: each of ranks 1-3 holds memory on GPU 0; released: none"),
@@ -307,8 +300,7 @@ ENGINE = (
     # group (VisionAttention divides them by the attention TP size), and the tiny model's 4 do not
     # divide by 8: the same model with 8 vision heads of the same width (hidden 128)
     replace(
-        _TP2, name="05-grid-thw-tp8", gpus=8, model="kimi_k25_tiny_tp8",
-        cases=_kimi_cases(KIMI_TP8),
+        _TP2, name="05-grid-thw-tp8", gpus=8, model="kimi_k25_tiny_tp8", cases=_kimi_cases(8),
         what="Kimi-K2.5 tiny (8 vision heads) fed one image at TP 8: each process's memory on "
         "each GPU (NVML), released and with #22858's line reverted",
         expect="before: each of ranks 1-7 holds memory on GPU 0; released: none"))
@@ -337,14 +329,14 @@ def rebuild_facts(variant: str, with_processor: bool) -> dict:
     back = rebuild.recv_pyobj(rebuild.send_pyobj(item)).model_specific_data[key]
     facts = {
         "grid key": key, "model reads it": True, "device_kept": back.device == grid.device,
-        "dtype_kept": back.dtype == grid.dtype, "shape_kept": tuple(back.shape) == tuple(
-            grid.shape), "values_kept": back.tolist() == grid.tolist()
+        "dtype_kept": back.dtype == grid.dtype, "shape_kept": back.shape == grid.shape,
+        "values_kept": back.tolist() == grid.tolist()
     }
     if with_processor:
+        dtype = str(grid.dtype).replace("torch.", "")
         facts.update({
-            "processor key": key, "processor grid": grid.tolist(),
-            "processor grid dtype": str(grid.dtype).replace("torch.",
-                                                            ""), "pixel_values equal": True
+            "processor key": key, "processor grid": grid.tolist(), "processor grid dtype": dtype,
+            "pixel_values equal": True
         })
     text = {
         "before": "gpu_call returns grid_thws, left on the device it was built on (cuda:0 on "

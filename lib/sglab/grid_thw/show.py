@@ -5,8 +5,6 @@ answer and "your own setup". Several runs keep apart in a ``run`` column (:func:
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
 
@@ -68,8 +66,7 @@ def _spread(g, n: str) -> pd.DataFrame:
 
 
 def gpu0_per_rank(df):
-    """MiB each rank >= 1 holds on GPU 0, per run, variant, TP size and phase: median, min, max over
-    repeats and ranks, and how many values."""
+    """MiB each rank >= 1 holds on GPU 0 per run, variant, TP size, phase: median, min, max, n."""
     m = stray(df)
     return _spread(m.groupby(_by_run(m) + ["variant", "tp_size", "phase"]).value, "n")
 
@@ -126,8 +123,8 @@ def cache_table(df):
 
 
 def concurrency(df):
-    """Per run, variant and repeat: the most processes of *other* groups rank 0 saw on GPU 0 at
-    ``init``, and what the group's ranks >= 1 held there then (method 2; none in method 1)."""
+    """Per run, variant and repeat: other groups' processes on GPU 0 at ``init``, and what the
+    group's ranks >= 1 held there then (method 2)."""
     o = df[(df.metric == "other_processes") & (df.gpu == 0) & (df.phase == "init")]
     keys = _by_run(df) + ["variant", "repeat"]
     if o.empty:
@@ -151,8 +148,7 @@ def landed(run) -> None:
 
 @notebook.needs_run
 def waste(run) -> None:
-    """MiB per rank ≥ 1 on GPU 0 by phase (a context stays after `released`), the GPU-0 total per
-    TP size, then what ranks hold on other GPUs."""
+    """MiB per rank ≥ 1 on GPU 0 by phase, the GPU-0 total per TP size, then other GPUs."""
     df = frame(run.shown)
     per = gpu0_per_rank(df).pivot_table(index=["variant", "phase"], columns=["run"],
                                         values="median_mib")
@@ -203,7 +199,7 @@ def mechanism(engine):
         fig, ax = plots.canvas(6, 1.2)
         ax.text(5, 1.5, "no engine run to draw yet", ha="center", va="center")
         return fig
-    run = max(engine.shown, key=lambda r: (engine_gpus(r), _run_tp(r), r.manifest.created_utc))
+    run = max(engine.shown, key=lambda r: (engine_gpus(r), engine_tp(r), r.manifest.created_utc))
     t = engine_cells(run)
     procs, gpus = list(dict.fromkeys(t.process)), sorted(set(t.gpu))
     w, h, gx, gy = 1.9, 0.42, 0.3, 0.22
@@ -295,8 +291,7 @@ def stray_mib() -> dict:
 
 def setup_table(tp_size: int, requests: int, image_pool: int, max_images: int):
     """Per GPU model with a recorded run: the GPU-0 memory N − 1 ranks hold before and after the
-    fix; and the vision cache on a seeded stream of ``requests`` requests of 1..``max_images``
-    images from a pool of ``image_pool`` (run now)."""
+    fix; and the vision cache on a seeded request stream (run now)."""
     stream = rebuild.request_stream(int(requests), int(image_pool), int(max_images), 0)
     before, after = (measure.simulate_cache(stream, fixed=f) for f in (False, True))
     cache = {
@@ -326,13 +321,8 @@ def your_setup(interactive: bool = False):
 
 
 # -- the real engine at TP 2 and TP 4 (data/recorded/engine_grid_thw/) -----------------------------
-def _tp_of(run) -> dict:
-    """``{case: TP size}`` of each engine entry."""
-    return {e["case"]: e["tp"] for e in run.manifest.engine_runs}
-
-
-def _run_tp(run) -> int:
-    return max(_tp_of(run).values(), default=1)
+def engine_tp(run) -> int:
+    return max((e["tp"] for e in run.manifest.engine_runs), default=1)
 
 
 def engine_gpus(run) -> int:
@@ -347,20 +337,18 @@ def engine_memory(run) -> pd.DataFrame:
     df = df[df.tp == df.tp.max()]  # runs merged from TP 2 and TP 4: the widest, as its headline
     ok = {k[2] for k, v in engine_stats.started(df).items() if v}
     d = df[(df.metric == "gpu_memory") & df.case.isin(ok)]
-    ranks = [re.search(r"scheduler_TP(\d+)", str(p)) for p in d.process]
-    return pd.DataFrame(
-        {
-            "case": d.case.to_numpy(), "process": d.process.astype(str).to_numpy(), "rank": [
-                int(m.group(1)) if m else None for m in ranks
-            ], "gpu": d.gpu.astype(float).astype(int).to_numpy(),
-            "MiB": d.value.astype(float).to_numpy()
-        }, columns=["case", "process", "rank", "gpu", "MiB"])
+    process = d.process.astype(str)
+    return pd.DataFrame({
+        "case": d.case, "process": process,
+        "rank": process.str.extract(r"scheduler_TP(\d+)", expand=False).astype(float),
+        "gpu": d.gpu.astype(float).astype(int), "MiB": d.value.astype(float)
+    }).reset_index(drop=True)
 
 
 def engine_gpu0(run) -> dict:
     """``{case: {rank: MiB on GPU 0}}`` for every scheduler rank ≥ 1 of each case that started and
     recorded memory (0 where NVML lists that rank on GPU 0 with nothing)."""
-    mem, tps = engine_memory(run), _tp_of(run)
+    mem, tps = engine_memory(run), {e["case"]: e["tp"] for e in run.manifest.engine_runs}
     return {
         case: {
             r: float(g[(g["rank"] == r) & (g["gpu"] == 0)]["MiB"].sum())
@@ -392,20 +380,16 @@ def gpus_held(run) -> dict:
 
 
 def other_gpus(run) -> dict:
-    """``{rank: [GPU, ...]}``: with #22858 reverted, the GPUs besides GPU 0 and its own where a
-    scheduler rank ≥ 1 holds memory."""
+    """``{rank: [GPU, ...]}``: with #22858 reverted, the GPUs besides 0 and its own a rank holds."""
     before = gpus_held(run).get("before", {})
     return {r: o for r, g in before.items() if (o := [x for x in g if x not in (0, r)])}
 
 
 def engine_cells(run) -> pd.DataFrame:
-    """Every process × every GPU of one engine run, ``before`` (#22858 reverted) and ``after`` (as
-    released) MiB side by side (0 where NVML lists nothing), the main process first; ``stray``: a
-    scheduler rank holds memory on a GPU not its own before the fix."""
+    """Every process × every GPU of one engine run, MiB ``before`` (#22858 reverted) and ``after``
+    (as released), the main process first; ``stray``: a rank on a GPU not its own before."""
     m = engine_memory(run).assign(case=lambda d: d["case"].replace({"released": "after"}))
-    m["process"] = [
-        f"rank {r:.0f}" if r == r and r is not None else "main (tokenizer)" for r in m["rank"]
-    ]
+    m["process"] = [f"rank {r:.0f}" if r == r else "main (tokenizer)" for r in m["rank"]]
     m["rank"] = m["rank"].fillna(-1).astype(int)
     t = m.pivot_table(index=["rank", "process"], columns=["gpu", "case"], values="MiB",
                       aggfunc="sum")
@@ -417,10 +401,9 @@ def engine_cells(run) -> pd.DataFrame:
 
 
 def engine_tables(rs) -> None:
-    """The engine section's own table (``VIEW.extra``): each process's memory on each GPU in the
-    newest run of each TP size, released beside #22858 reverted; then, per run, the other GPUs
-    where a rank ≥ 1 held a context with the revert."""
-    newest = runs.newest_by(rs.shown, key=_run_tp)
+    """``VIEW.extra``: each process's memory on each GPU in the newest run of each TP size; then,
+    per run, the other GPUs where a rank ≥ 1 held a context with #22858 reverted."""
+    newest = runs.newest_by(rs.shown, key=engine_tp)
     mem = pd.concat([engine_memory(r).assign(TP=tp) for tp, r in newest.items()])
     if mem.empty:
         print("no process memory recorded")
@@ -434,9 +417,9 @@ def engine_tables(rs) -> None:
     notebook.show_table(text.counts(wide))  # NVML counts whole MiB
     for r in rs.shown:
         if extra := other_gpus(r):
-            print(f"{engine_records.run_label(r)} (TP {_run_tp(r)} on {engine_gpus(r)} GPUs): with "
-                  "#22858 reverted, ranks ≥ 1 also hold a context on GPUs other than GPU 0 and "
-                  "their own: " + "; ".join(
+            print(f"{engine_records.run_label(r)} (TP {engine_tp(r)} on {engine_gpus(r)} GPUs): "
+                  f"with #22858 reverted, ranks ≥ 1 also hold a context on GPUs other than GPU 0 "
+                  f"and their own: " + "; ".join(
                       f"TP{k} on GPU {', '.join(map(str, v))}" for k, v in extra.items()))
 
 

@@ -1,8 +1,6 @@
-"""Kimi-K2.5's Hugging Face processor, made here, so that 05's real engine runs offline: the
-``tokenizer``, an ``image_processor`` (type-checked only), the ``media_processor``'s
-``media_proc_cfg`` and, without CUDA, its token calculator and ``__call__``, from the model folder
-``sglab engine`` writes. :data:`PROCESSOR` hands it to the release for a ``kimi_k25`` folder; the
-preprocessing, the grid and everything after are the release's own code.
+"""Kimi-K2.5's Hugging Face processor, made here, so that 05's real engine runs offline: tokenizer,
+image processor (type-checked only), ``media_proc_cfg``, token calculator and a CPU ``__call__``.
+:data:`PROCESSOR` hands it to the release for a ``kimi_k25`` folder; the rest is the release's own.
 """
 
 from __future__ import annotations
@@ -60,8 +58,8 @@ def tokenizer_json(folder: Path, config: dict) -> dict:
 class MediaProcessor:
     """``media_processor`` of Kimi's processor: its config, and the token count of one image."""
 
-    def __init__(self, cfg: dict):
-        self.media_proc_cfg = dict(cfg)
+    def __init__(self):
+        self.media_proc_cfg = media_proc_cfg()
 
     def media_tokens_calculator(self, media: dict) -> int:
         w, h = media["image"].size
@@ -71,12 +69,12 @@ class MediaProcessor:
 class Processor:
     """The stand-in for Kimi-K2.5's ``KimiK25Processor``."""
 
-    def __init__(self, tokenizer, cfg: dict | None = None):
+    def __init__(self, tokenizer):
         from transformers.image_processing_utils import BaseImageProcessor
 
         self.tokenizer = tokenizer
         self.image_processor = BaseImageProcessor()
-        self.media_processor = MediaProcessor(cfg or media_proc_cfg())
+        self.media_processor = MediaProcessor()
 
     def __call__(self, text=None, medias=None, **kwargs):
         """Without CUDA: tokens, and the rebuild's preprocessing on the CPU (``grid_thws``)."""

@@ -1,8 +1,7 @@
 """Measure the workspace floor: workspace re-creations along a serving trace, per ``max_token_num``
-policy, on the CPU (exact, :mod:`.traces`) and on 2 or 4 GPUs, one rank each: a warm-up creation
-before the memory baseline, each trace through each policy with real IPC creations, a cost sweep
-over the workspace size, the leak check, then a traced pass under torch.profiler (the ``events``
-sidecar). Times are host wall-clock ms per rank.
+policy, on the CPU (exact, :mod:`.traces`) and on 2 or 4 GPUs, one rank each: each trace through
+each policy with real IPC creations, a cost sweep over the workspace size, the leak check, then a
+traced pass under torch.profiler (the ``events`` sidecar). Times are host wall-clock ms per rank.
 """
 
 from __future__ import annotations
@@ -32,14 +31,13 @@ from sglab.workspace_floor.traces import TRACES, in_trace, simulated, trace_toke
 EXPERIMENT = "workspace_floor"
 METHOD_VERSION = 2
 GPUS = 2
-CREATORS = ("ipc",)  # the rebuild of FlashInfer's IPC creation
 
-# cost_tokens: sizes where a creation's cost is flat (64-2048 at W=2) and both sides of its step
-# (Lamport 336 -> 672 MiB); pre_initialize 0: a cold start (2048: SGLang's pre-initialisation)
+# cost_tokens: both sides of the creation cost's step (Lamport 336 -> 672 MiB); pre_initialize 0:
+# a cold start (2048: SGLang's pre-initialisation)
 DEFAULT_PARAMS = {
     "world_size": 2, "hidden_dim": 7168, "policies": list(rebuild.POLICIES), "pre_initialize": 0,
     "gpu_trace_steps": 0, "cost_tokens": [64, 1024, 2048, 4096, 8192, 16384], "cost_warmup": 1,
-    "cost_repeats": 6, "cost_rounds": 3, "creator": "ipc", "traces": list(TRACES), "profile": True,
+    "cost_repeats": 6, "cost_rounds": 3, "traces": list(TRACES), "profile": True,
     "profile_trace": "short_ramp", "profile_policies": ["floor_0", "floor_2048"]
 }
 
@@ -264,9 +262,8 @@ TRIVIAL_CALLS = (r"^(cudaGetDevice|cudaGetLastError|cudaPeekAtLastError|cudaStre
 
 
 def traced_pass(st) -> dict:
-    """Under one ``sglab.core.trace.Recorder``: each profiled policy replays the profiled trace,
-    then one ``create workspace`` range per cost size; ``{"table": reduced events, "perfetto":
-    path}``, and this pass's own leak rows."""
+    """Under one ``sglab.core.trace.Recorder``: each profiled policy's replay, then one ``create
+    workspace`` range per cost size; ``{"table": reduced events, "perfetto": path}``."""
     cfg, ctx = st.cfg, st.ctx
     path = Path(cfg["trace_dir"]) / f"rank{ctx.rank}.trace.json.gz"
     schedule: dict[str, list[tuple[int, int]]] = {}
@@ -354,8 +351,6 @@ def check_params(p: dict) -> None:
         bad = [n for n in p[key] if n not in known]
         if bad:
             raise ValueError(f"unknown {key} {bad}; known: {list(known)}")
-    if p["creator"] not in CREATORS:
-        raise ValueError(f"creator must be one of {CREATORS}, got {p['creator']!r}")
     if int(p["world_size"]) < 2:
         raise ValueError("world_size must be >= 2 (the fused allreduce needs peers), got "
                          f"{p['world_size']}")
@@ -368,13 +363,13 @@ def rank_config(p: dict, *, progress: bool, trace_dir: str) -> dict:
     settings."""
     steps = int(p["gpu_trace_steps"]) or None
     keys = ("hidden_dim", "policies", "pre_initialize", "cost_tokens", "cost_warmup",
-            "cost_repeats", "cost_rounds", "creator", "profile_policies")
+            "cost_repeats", "cost_rounds", "profile_policies")
     return {
         **{k: p[k]
            for k in keys}, "progress": progress, "profile": bool(p["profile"]),
         "traces": {t: trace_tokens(t)[:steps]
                    for t in p["traces"]}, "profile_trace": trace_tokens(p["profile_trace"]),
-        "profile_trace_name": p["profile_trace"], "trace_dir": trace_dir
+        "trace_dir": trace_dir
     }
 
 

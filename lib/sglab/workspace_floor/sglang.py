@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import functools
 import gzip
 import inspect
 import types
@@ -260,17 +261,15 @@ def probe(prepared, params: dict) -> list[dict]:
     return rows
 
 
-def probe_params(names=None) -> dict:
+def probe_params() -> dict:
     """What the notebook asks each release: both stored traces, the release's own call site and the
     alternative floors, cold and pre-initialised."""
-    tokens = {t: traces.trace_tokens(t) for t in names or traces.TRACES}
+    tokens = {t: traces.trace_tokens(t) for t in traces.TRACES}
     return dict(traces=tokens, sites=["release", *ALT_SITES], pre_initialize=list(SCENARIOS),
                 world_size=WORLD_SIZE, hidden=HIDDEN)
 
 
-# -- the record ------------------------------------------------------------------------------------
-# -- the real engine: `sglab engine --scenario NAME`, recorded under
-# data/recorded/engine_workspace_floor/
+# -- the real engine (`sglab engine --scenario NAME`: data/recorded/engine_workspace_floor/), record
 WORKSPACE_TRACE = trace_adjustment(
     "trace-flashinfer-workspace",
     "SGLang logs nothing when it creates a FlashInfer all-reduce workspace: each call of "
@@ -334,10 +333,9 @@ ENGINE_POLICY = {("0.5.12.post1", "fusion"): "before_pr", ("0.5.13", "fusion"): 
 
 
 def engine_facts(run) -> list[dict]:
-    """Per engine variant that started: its policy, the creations per rank and manager and their
-    sizes, those inside the calls, and the rebuild's simulation of the same trace (every token
-    count the call site sees: the graph captures largest first, then each call's steps) after
-    SGLang's pre-initialisation."""
+    """Per engine variant that started: its policy, the creations per rank and manager, their sizes,
+    those inside the calls, and the rebuild's simulation of every token count the call site saw
+    (graph captures largest first, then each call's steps) after SGLang's pre-initialisation."""
     specs = {(s["release"], s["case"]): s for s in run.manifest.params.get("specs", [])}
     out = []
     for i, e in enumerate(run.manifest.engine_runs):
@@ -365,26 +363,22 @@ def engine_facts(run) -> list[dict]:
             by_rank.setdefault(int(x["rank"]), []).append(x)
         first, timed = {}, {}
         for c in d["calls"]:
-            (first if int(c.get("warmup", 0)) else timed)[int(
-                c["input_len"])] = float(c["seconds"]) * 1e3
+            ms = float(c["seconds"]) * 1e3
+            (first if int(c.get("warmup", 0)) else timed)[int(c["input_len"])] = ms
+        per_rank = {r: len(v) for r, v in by_rank.items()}
+        managers = {r: len({x.get("obj") for x in v}) for r, v in by_rank.items()}
+        ms_by_rank = {
+            r: [float(x["seconds"]) * 1e3 for x in v if "seconds" in x]
+            for r, v in by_rank.items()
+        }
+        sizes = sorted({int(x["max_token_num"]) for x in ev})
+        sim_sizes = sorted({x.max_token_num for x in mgr.events})
         out.append(
-            dict(
-                variant=f"{key[0]}+{key[1]}", policy=policy.name, world=world,
-                calls=len(d["calls"]), steps=len(trace), sim=len(mgr.events), first_call_ms=first,
-                call_ms=timed, per_rank={r: len(v)
-                                         for r, v in by_rank.items()}, managers={
-                                             r: len({x.get("obj")
-                                                     for x in v})
-                                             for r, v in by_rank.items()
-                                         }, sizes=sorted({int(x["max_token_num"])
-                                                          for x in ev}),
-                in_calls=sum(c.get("events", 0) for c in d["calls"]), sim_sizes=sorted({
-                    x.max_token_num
-                    for x in mgr.events
-                }), ms_by_rank={
-                    r: [float(x["seconds"]) * 1e3 for x in v if "seconds" in x]
-                    for r, v in by_rank.items()
-                }))
+            dict(variant=f"{key[0]}+{key[1]}", policy=policy.name, world=world,
+                 calls=len(d["calls"]), sim=len(mgr.events), first_call_ms=first, call_ms=timed,
+                 per_rank=per_rank, managers=managers, sizes=sizes, in_calls=sum(
+                     c.get("events", 0) for c in d["calls"]), sim_sizes=sim_sizes,
+                 ms_by_rank=ms_by_rank))
     return out
 
 
@@ -418,29 +412,32 @@ def _describe(d: dict) -> str:
     return f"{d['recreations']}× at T={d['sizes']}, {d['refused_calls']} refused"
 
 
+def _real_cells(results: dict):
+    """``(release, its call-site line, (trace, site, scenario), {metric: value})`` per real cell."""
+    for release, result in real.ran(results).items():
+        d = result.rows
+        own = d.loc[d.metric == "call_site", "value"].iloc[0]
+        for key, g in d[d.trace != ""].groupby(["trace", "site", "scenario"], sort=False):
+            yield release, own, key, dict(zip(g.metric, g.value))
+
+
 def comparison(results: dict):
     """One row per (release, call site, trace, scenario): the real re-creations, sizes and refused
     calls beside the rebuild's (same call site, a manager like the release's); equal steps, sizes
     and refusals agree."""
     rows = []
-    for release, result in real.ran(results).items():
-        d = result.rows
-        own = d.loc[d.metric == "call_site", "value"].iloc[0]
-        cells: dict = {}
-        for r in d[d.trace != ""].itertuples():
-            cells.setdefault((r.trace, r.site, r.scenario), {})[r.metric] = r.value
-        for (trace, site, scenario), got in cells.items():
-            hwm = bool(got["manager_high_water_mark"])
-            policy = rebuild_policy(release, site, hwm)
-            pre = 0 if scenario == "cold" else int(scenario.split("_")[1])
-            where = (f"its own call ({'no max_token_num' if own == '(none)' else own})"
-                     if site == "release" else f"max_token_num=max(x.shape[0], "
-                     f"{site.removeprefix('floor_')})")
-            rows.append(
-                real.facts_row(release, f"{where}, '{trace}', {scenario}", got,
-                               policy.label + ("" if hwm else ", no high-water mark"),
-                               rebuild_cell(policy, trace,
-                                            pre), ("steps", "sizes", "refused_calls"), _describe))
+    for release, own, (trace, site, scenario), got in _real_cells(results):
+        hwm = bool(got["manager_high_water_mark"])
+        policy = rebuild_policy(release, site, hwm)
+        pre = 0 if scenario == "cold" else int(scenario.split("_")[1])
+        where = (f"its own call ({'no max_token_num' if own == '(none)' else own})"
+                 if site == "release" else f"max_token_num=max(x.shape[0], "
+                 f"{site.removeprefix('floor_')})")
+        rows.append(
+            real.facts_row(release, f"{where}, '{trace}', {scenario}", got,
+                           policy.label + ("" if hwm else ", no high-water mark"),
+                           rebuild_cell(policy, trace,
+                                        pre), ("steps", "sizes", "refused_calls"), _describe))
     return real.table(rows)
 
 
@@ -450,16 +447,13 @@ def decisions(results: dict):
     import pandas as pd
 
     rows = []
-    for release, result in real.ran(results).items():
-        d = result.rows[result.rows.trace != ""]
-        for (trace, site, scenario), g in d.groupby(["trace", "site", "scenario"]):
-            got = dict(zip(g.metric, g.value))
-            said = f"{int(got['recreations'])}" + (f" ({int(got['refused_calls'])} refused)"
-                                                   if int(got["refused_calls"]) else "")
-            rows.append(
-                dict(order=(release, site != "release", site), release=release,
-                     site=rebuild_policy(release, site,
-                                         True).label, trace=trace, scenario=scenario, cell=said))
+    for release, _, (trace, site, scenario), got in _real_cells(results):
+        refused = int(got["refused_calls"])
+        said = f"{int(got['recreations'])}" + (f" ({refused} refused)" if refused else "")
+        rows.append(
+            dict(order=(release, site != "release", site), release=release,
+                 site=rebuild_policy(release, site,
+                                     True).label, trace=trace, scenario=scenario, cell=said))
     if not rows:
         return pd.DataFrame()
     d = pd.DataFrame(sorted(rows, key=lambda r: r["order"])).rename(columns={"site": "call site"})
@@ -512,6 +506,5 @@ def compare(full: bool = False) -> None:
     print(high_water_note(results))
 
 
-def released(rebuilt=None, *, symbol=None, pr=None) -> None:
-    """The fix across the releases, then the released ``symbol`` beside the rebuilt one."""
-    real.released(FIX, rebuilt, symbol=symbol, pr=pr)
+# the fix across the releases, then a released symbol beside the rebuilt one
+released = functools.partial(real.released, FIX)

@@ -49,10 +49,8 @@ def _lognormal(rng, median, sigma, lo, hi) -> int:
 
 def generate_trace(**overrides) -> pd.DataFrame:
     """``step, kind, tokens_raw, tokens, running, waiting`` per forward step (``tokens`` =
-    x.shape[0]): Poisson arrivals with bursts; a step either prefills (chunks of waiting prompts up
-    to ``chunked_prefill_size`` tokens, prefill first as in SGLang's default scheduler; padded to
-    the next piecewise bucket when <= ``pcg_max_tokens``) or decodes one token per running request.
-    Deterministic for a given parameter set."""
+    x.shape[0]), deterministic: Poisson arrivals with bursts; a step prefills (prefill first, chunks
+    padded to a piecewise bucket) or decodes one token per running request."""
     p = {**TRACE_PARAMS, **overrides}
     rng = np.random.default_rng(p["seed"])
     buckets = pcg_buckets(p["pcg_max_tokens"])

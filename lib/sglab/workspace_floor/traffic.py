@@ -61,10 +61,8 @@ def _read_log(path: Path, lines: list[str], pcg_max_tokens: int) -> Trace:
 
 def read_trace(path, *, pcg_max_tokens: int = 4096) -> Trace:
     """The token count of every forward step, from a CSV (a ``tokens`` column, or one number per
-    line) or an SGLang server log (any "Prefill batch" / "Decode batch" line makes it one): a
-    prefill line gives ``#new-token`` padded to the piecewise bucket (``pcg_max_tokens``, 0: no
-    padding), a decode line ``#running-req``. Decode lines come every ``--decode-log-interval``
-    steps, so decode-driven re-creations are a lower bound."""
+    line) or an SGLang server log: a prefill line's ``#new-token`` padded to the piecewise bucket
+    (``pcg_max_tokens``, 0: none), a decode line's ``#running-req``."""
     path = Path(path)
     try:
         lines = path.read_text(errors="replace").splitlines()
