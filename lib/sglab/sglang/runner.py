@@ -17,6 +17,7 @@ import time
 import traceback
 import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
@@ -276,8 +277,7 @@ def answer(prepared, probe: str, params: dict) -> dict:
 
     out = {
         "release": prepared.release, "probe": probe, "rows": [],
-        "shims": [s.as_dict() for s in prepared.shims], "seconds": {}, "error": None,
-        "not_run": None
+        "shims": [asdict(s) for s in prepared.shims], "seconds": {}, "error": None, "not_run": None
     }
     t0 = time.perf_counter()
     try:

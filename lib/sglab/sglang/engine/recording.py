@@ -184,56 +184,6 @@ def event_rows(base: dict, events: list[dict]) -> list[dict]:
     return out
 
 
-def reread_events(csv: Path, note: str) -> int:
-    """Rewrite a recorded engine run's event rows from its own log sidecars, read again (after a
-    fix of the log reader), and say so in its manifest (``reread``: ``note``). Returns how many
-    event rows changed. The other rows, and the logs, stay as they were."""
-    import gzip
-    import json
-
-    import pandas as pd
-
-    from sglab.sglang.engine.log import read_log
-
-    csv, man = Path(csv), Path(csv).with_suffix(".json")
-    m = json.loads(man.read_text())
-    df = pd.read_csv(csv)
-    entries, cars = m.get("engine_runs", []), m.get("sidecars", {})
-    logs = [cars.get(f"log_{i}") for i in range(len(entries))]
-    if not entries or None in logs:
-        raise ValueError(f"{csv.name}: needs one log sidecar per engine run to read again")
-    names: set[str] = set()
-    new_rows = []
-    for e, log in zip(entries, logs):
-        events = read_log(gzip.decompress((csv.parent / log).read_bytes()).decode())["events"]
-        names |= {ev["event"] for ev in events}
-        base = {
-            "experiment": m["experiment"], "variant": e["variant"], "release": e["release"],
-            "case": e["case"], "tool": e["tool"]
-        }
-        new_rows += event_rows(base, events)
-    prefixes = tuple(f"{n}_" for n in names)
-    old = df["metric"].astype(str).str.startswith(prefixes) if prefixes else df["metric"].isna()
-    old_n = int(old.sum())
-    fresh = pd.DataFrame(new_rows, columns=list(df.columns))
-
-    def cell(x) -> str:
-        try:
-            return repr(round(float(x), 2))  # ms recorded to 3 places: a last-digit tie
-        except (TypeError, ValueError):
-            return str(x)
-
-    def rows_of(frame) -> list:
-        return sorted(tuple(cell(x) for x in row) for row in frame.itertuples(index=False))
-
-    changed = 0 if rows_of(df[old]) == rows_of(fresh) else max(old_n, len(fresh))
-    if changed:
-        pd.concat([df[~old], fresh], ignore_index=True).to_csv(csv, index=False)
-        m["reread"] = note
-        man.write_text(json.dumps(m, indent=2, sort_keys=True, default=str))
-    return changed
-
-
 def model_record(path: Path) -> dict:
     path = Path(path)
     cfg = read_config(path)
