@@ -24,8 +24,7 @@ MARK = "[sglab-engine]"
 
 
 def say(text: str) -> None:
-    """One line of ours in the engine's log, in one write: the ranks of a TP engine share the log,
-    and a line written in pieces can end up joined to another rank's."""
+    """One line of ours in the engine's log, in one write (the ranks of a TP engine share it)."""
     line = f"{MARK} {text}\n"
     try:
         sys.stdout.flush()
@@ -62,10 +61,8 @@ if os.environ.get("SGLAB_ENGINE_HOOKS"):
 
 
 def hunk_added_lines(diff: Path, contains: str, symbol: str = "") -> str:
-    """The ``+`` lines of the one hunk of ``diff`` that adds a line containing ``contains`` (in the
-    section of ``symbol`` where the diff names its symbols), as text without the ``+``: what a
-    revert removes.
-    """
+    """The ``+`` lines around the one line of ``diff`` (in ``symbol``'s section, if given) that
+    adds ``contains``, without the ``+``: what a revert removes."""
     hunks, cur, section = [], None, ""
     for line in diff.read_text().splitlines():
         if line.startswith("# ──") or line.startswith("--- ") or line.startswith("+++ "):
@@ -102,8 +99,7 @@ def hunk_added_lines(diff: Path, contains: str, symbol: str = "") -> str:
 
 
 def patch_params(a: Adjustment) -> dict:
-    """An adjustment's patch parameters as the engine's processes get them: a hunk named by its diff
-    file is resolved here to the exact text the revert removes."""
+    """An adjustment's patch parameters, a hunk named by its diff file resolved to its text."""
     params = a.param_dict()
     if params.get("diff") and not params.get("text"):
         params["text"] = hunk_added_lines(repo() / params["diff"], params["contains"])
@@ -179,8 +175,8 @@ def _print_resolved(module) -> None:
 
 
 def install_hooks(path: str) -> None:
-    """Inside an engine process (from the run's ``sitecustomize``): print the resolved server
-    arguments once ``ServerArgs`` is built, and apply each patch once its module is imported."""
+    """In an engine process: print the resolved server arguments once ``ServerArgs`` is built,
+    and apply each patch once its module is imported."""
     import importlib
 
     spec = json.loads(Path(path).read_text())
@@ -204,8 +200,7 @@ def _resolve(module, qualname: str):
 
 
 def function_source(source: str, qualname: str) -> str:
-    """The dedented source of ``qualname`` (``Class.method`` or ``function``) in a module's source
-    text, decorators included (read with ``ast``, nothing imported)."""
+    """The dedented source of ``qualname`` in a module's text, decorators included."""
     import ast
     import textwrap
 
@@ -223,8 +218,7 @@ def function_source(source: str, qualname: str) -> str:
 
 
 def remove_text(source: str, text: str, what: str, replacement: str = "") -> str:
-    """``source`` with the one occurrence of ``text`` removed (or replaced by ``replacement``);
-    ValueError when it occurs zero or several times."""
+    """``source`` with the one occurrence of ``text`` replaced (ValueError if not exactly one)."""
     n = source.count(text)
     if n != 1:
         raise ValueError(f"{what}: the hunk occurs {n} times (expected exactly once)")
@@ -232,9 +226,8 @@ def remove_text(source: str, text: str, what: str, replacement: str = "") -> str
 
 
 def reverted_source(params: dict, source: str) -> str:
-    """The function's source with the hunk of ``params`` removed (``text``, or the ``+`` lines of
-    the hunk of ``diff`` that adds ``contains``). Refuses functions that a re-definition outside the
-    class would change (zero-argument ``super()``, name-mangled attributes)."""
+    """The function's source without the hunk of ``params``; refuses functions a re-definition
+    outside the class would change (``super()``, name-mangled attributes)."""
     text = params.get("text") or hunk_added_lines(repo() / params["diff"], params["contains"])
     if "super()" in source or re.search(r"\bself\.__[a-z]\w*", source):
         raise ValueError(f"{params['qualname']}: cannot be redefined outside its class")
@@ -242,8 +235,7 @@ def reverted_source(params: dict, source: str) -> str:
 
 
 def revert_hunk(params: dict, module) -> None:
-    """Patch: redefine ``params["qualname"]`` of ``module`` from its own source minus the PR's hunk,
-    in the module's globals (same imports, same decorators)."""
+    """Patch: redefine ``params["qualname"]`` of ``module`` from its source minus the PR's hunk."""
     import __future__
     import inspect
     import textwrap

@@ -56,8 +56,8 @@ class _Reading:
 
 
 def _decision(excerpt: bool = True, **fields):
-    """A handler that sets result fields: each a constant, or ``(group, convert)`` of the match;
-    the line goes to the excerpts a manifest keeps."""
+    """A handler that sets result fields, each a constant or ``(group, convert)`` of the match,
+    and keeps the line as an excerpt."""
 
     def handle(r: _Reading, m, line: str) -> None:
         for k, v in fields.items():
@@ -216,16 +216,13 @@ _JOINED = re.compile(r"(?<=\S)(?=" + re.escape(MARK) + r" )")
 
 
 def _lines(text: str):
-    """The log's lines, a line of ours that another process's write joined to the end of a line
-    split off again (ranks share the log; releases of the harness before one-write lines let two
-    events meet on one line)."""
+    """The log's lines, a line of ours joined to the end of another process's split off."""
     for raw in text.splitlines():
         yield from (part.rstrip() for part in _JOINED.split(raw))
 
 
 def read_log(text: str) -> dict:
-    """The engine's decisions and measurements from its log: each line through the handler of the
-    pattern of :data:`LINES` it matches, or, for our own lines, of its kind (:data:`OURS_READ`)."""
+    """The engine's decisions and measurements from its log (:data:`LINES`, :data:`OURS_READ`)."""
     r = _Reading()
     for line in _lines(text):
         m = OURS.search(line)
@@ -251,9 +248,8 @@ def read_log(text: str) -> dict:
 
 
 def first_error(text: str) -> Optional[str]:
-    """SGLang's own message in one line: the first exception that ends a traceback (``Type:
-    message``), skipping the wrappers that only point back at it; else an argparse error; else None.
-    """
+    """SGLang's own message in one line: the first exception ending a traceback, wrappers
+    skipped; else an argparse error; else None."""
     lines = text.splitlines()
     finals, in_tb = [], False
     for i, line in enumerate(lines):
@@ -284,9 +280,8 @@ def strip_prefix(line: str) -> str:
 
 
 def bench_results(d: dict, spec: EngineSpec, result_file: Optional[Path] = None) -> list[dict]:
-    """One dict per benchmark run, in ``bench_one_batch``'s order (product of batch sizes, input
-    lengths as passed, output length): its jsonl file where it wrote one, else the log's lines.
-    The first ``spec.warmup`` runs of each shape are marked ``warmup`` (untimed sweeps)."""
+    """One dict per benchmark run in ``bench_one_batch``'s order (its jsonl file, else the log's
+    lines), the first ``spec.warmup`` of each shape marked ``warmup``."""
     order = [(bs, il, spec.output_len) for bs in spec.batch_sizes
              for il in [n for _ in range(spec.warmup + spec.repeats) for n in spec.input_lens]]
     if result_file is not None and result_file.is_file():

@@ -42,12 +42,6 @@ class EngineResult:
     def ok(self) -> bool:
         return self.status == "ok"
 
-    def line(self) -> str:
-        head = f"sglang {self.spec.variant}"
-        if self.ok:
-            return f"{head}: ok in {self.seconds:.0f} s"
-        return f"{head}: {self.error}"
-
 
 PROGRESS = (("load_begin", "loading dummy weights"), ("decode_begin",
                                                       "capturing decode CUDA graphs"),
@@ -98,9 +92,8 @@ def tail_lines(text: str, n: int = 12) -> list[str]:
 
 def run(spec: EngineSpec, *, work: Optional[Path] = None, echo: Callable[[str], None] = print,
         check: bool = True, said: Optional[set] = None) -> EngineResult:
-    """Run one engine (see the module docstring). Raises :class:`EngineError` for what stops it
-    before it starts (release missing, pin mismatch, flags the release does not define, a bad
-    config); everything after the start comes back as the result's status and one-line error.
+    """Run one engine: :class:`EngineError` for what stops it before it starts (release missing,
+    pin mismatch, unknown flags, a bad config), else the result's status and one-line error.
     ``said``: the harness adjustments whose reasons were said already (:func:`with_model_needs`)."""
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix=f"sglab-engine-{spec.release}-"))
     spec = with_model_needs(spec, echo, said)
@@ -159,7 +152,6 @@ def run(spec: EngineSpec, *, work: Optional[Path] = None, echo: Callable[[str], 
         if traces:
             layers = int(read_config(spec.model).text.get("num_hidden_layers") or 0)
             res.kernels = decode_kernels(traces[-1], layers, spec.profile_steps)
-            res.kernels["trace"] = str(traces[-1])
         else:
             res.status = "error"
             res.error = f"bench_one_batch wrote no decode trace in {work / 'profile'} (log: {log})"
