@@ -27,10 +27,6 @@ ABSENT = "# (not in this release)"
 HEADER = "# ── sglang/"
 
 
-def _name(fix) -> str:
-    return fix if isinstance(fix, str) else fix.name
-
-
 @dataclass(frozen=True)
 class Hunk:
     """One PR's symbols before and after, as released: each under a ``# ── sglang/<file> ·
@@ -99,10 +95,9 @@ def find_window(spec: Spec, fix, versions: list[str], reader_for) -> tuple[str, 
         if (spec.first_with(read)
                 if spec.first_with is not None else run_check(fix, read).status == "pr-era"):
             if i == 0:
-                raise ValueError(f"{_name(fix)} #{spec.pr}: already in {v}, the oldest release "
-                                 "read")
+                raise ValueError(f"{fix.name} #{spec.pr}: already in {v}, the oldest release read")
             return versions[i - 1], v
-    raise ValueError(f"{_name(fix)} #{spec.pr}: no release among {versions[0]}..{versions[-1]} has "
+    raise ValueError(f"{fix.name} #{spec.pr}: no release among {versions[0]}..{versions[-1]} has "
                      "it")
 
 
@@ -136,10 +131,8 @@ def write(hunk: Hunk, root: Path | None = None) -> Path:
 
 
 def load(fix, pr: int | None = None, *, root: Path | None = None) -> Hunk:
-    """The committed hunk of ``fix`` (a record or a name; its main PR, or ``pr``), as released."""
-    if pr is None:
-        pr = fix.prs[0] if not isinstance(fix, str) else _main_pr(fix, root)
-    stem = _stem(_name(fix), pr, root)
+    """The committed hunk of the record ``fix`` (its main PR, or ``pr``), as released."""
+    stem = _stem(fix.name, fix.prs[0] if pr is None else pr, root)
     meta_path = stem.with_suffix(".json")
     if not meta_path.exists():
         raise FileNotFoundError(f"no committed hunk {meta_path} (sglab upstream --releases writes "
@@ -150,15 +143,6 @@ def load(fix, pr: int | None = None, *, root: Path | None = None) -> Hunk:
                 Path(f"{stem}.before.txt").read_text(),
                 Path(f"{stem}.after.txt").read_text(),
                 Path(f"{stem}.diff").read_text(), meta["before_wheel"], meta["after_wheel"])
-
-
-def _main_pr(name: str, root: Path | None) -> int:
-    """The main (first, lowest-numbered) PR committed for a fix name."""
-    found = sorted(int(p.stem[2:]) for p in (Path(root or data_dir()) / name).glob("pr*.json"))
-    if not found:
-        raise FileNotFoundError(f"no committed hunk for {name!r} under "
-                                f"{Path(root or data_dir()) / name}")
-    return found[0]
 
 
 def generate(fixes, versions: list[str], wheels: dict, root: Path | None = None) -> list[Hunk]:

@@ -338,7 +338,7 @@ def _caption(fig, frame) -> None:
     fig.text(0.01, -0.02, text, ha="left", va="top", fontsize=8, color="#555555")
 
 
-def timeline_figure(frame=None, *, fixes=None, ax=None):
+def timeline_figure(frame=None, *, ax=None):
     """Releases left to right, one row per fix, each cell coloured by that fix's state in that
     release."""
     from matplotlib.patches import Patch, Rectangle
@@ -346,7 +346,7 @@ def timeline_figure(frame=None, *, fixes=None, ax=None):
     from sglab.core import plots
 
     frame = _table(frame)
-    fixes = _names(fixes or fix_names(frame))
+    fixes = fix_names(frame)
     if ax is None:
         fig, ax = plots.figure(width=max(7.0, 0.48 * len(frame) + 2.5),
                                height=0.42 * len(fixes) + 1.9)
@@ -372,13 +372,11 @@ def timeline_figure(frame=None, *, fixes=None, ax=None):
 
 
 def timeline_row_figure(fix, frame=None, *, ax=None):
-    """One fix (a record, or a name) across the releases: a coloured strip, each run of equal states
-    labelled."""
+    """One fix's record across the releases: a coloured strip, each run of equal states labelled."""
     from sglab.core import plots
 
     frame = _table(frame)
-    title = "" if isinstance(fix, str) else fix.title
-    fix = _names([fix])[0]
+    title, fix = fix.title, fix.name
     if fix not in frame.columns:
         raise KeyError(f"no column {fix!r} in the release table; fixes: {fix_names(frame)}")
     if ax is None:
