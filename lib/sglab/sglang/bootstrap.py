@@ -182,12 +182,10 @@ class RaisingModule(types.ModuleType):
     attribute is a child stand-in module (a submodule or a function: both work), which raises
     :class:`StubCalled` when called."""
 
-    def __init__(self, name: str, why: str, *, package: bool = False,
-                 overrides: Optional[dict] = None):
+    def __init__(self, name: str, why: str, overrides: Optional[dict] = None):
         super().__init__(name)
         self.__sglab_stub__ = why
-        if package:
-            self.__path__ = []
+        self.__path__ = []  # a package: its children import
         self.__dict__.update(overrides or {})
 
     def __getattr__(self, attr: str):
@@ -198,7 +196,7 @@ class RaisingModule(types.ModuleType):
             value = _StubMeta(attr, (),
                               {"__module__": self.__name__, "__sglab_stub__": self.__sglab_stub__})
         else:
-            value = sys.modules.get(full) or RaisingModule(full, self.__sglab_stub__, package=True)
+            value = sys.modules.get(full) or RaisingModule(full, self.__sglab_stub__)
             sys.modules.setdefault(full, value)
         setattr(self, attr, value)
         return value
@@ -230,8 +228,7 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             mod.__path__ = []
             mod.__sglab_stub__ = self.why
             return mod
-        return RaisingModule(spec.name, self.why, package=True,
-                             overrides=self.overrides.get(spec.name))
+        return RaisingModule(spec.name, self.why, self.overrides.get(spec.name))
 
     def exec_module(self, module):
         pass

@@ -23,6 +23,7 @@ from typing import Callable, Iterable, Optional
 
 from packaging.utils import canonicalize_name
 
+from sglab.core.runs import repo_root
 from sglab.sglang.releases import (DEP_SETS, PINNED, STAMP, dep_set, deps_dir, home, package_dir,
                                    parse_version, read_stamp, release_dir)
 
@@ -48,12 +49,6 @@ class Outcome:
         if self.status == "present":
             return f"{what}: already installed"
         return f"{what}: installed in {self.seconds:.1f} s"
-
-
-def _repo() -> Path:
-    from sglab.core.runs import repo_root
-
-    return repo_root()
 
 
 def _deps_spec(name: str) -> dict:
@@ -108,7 +103,7 @@ def install_deps(name: str) -> Outcome:
     def fill(tmp: Path) -> dict:
         _, reqs, nodeps = DEP_SETS[name]
         with tempfile.TemporaryDirectory() as work:
-            constraints = constraint_files(_repo(), Path(work))
+            constraints = constraint_files(Path(work))
             pip_install(tmp, reqs, constraints=constraints)
             if nodeps:
                 pip_install(tmp, nodeps, constraints=constraints, no_deps=True)
@@ -133,8 +128,8 @@ def install_release(version: str) -> Outcome:
     def fill(tmp: Path) -> dict:
         cache = home() / "wheels"  # wheels another part of the project downloaded for reading
         with tempfile.TemporaryDirectory() as work:
-            pip_install(tmp, [f"sglang=={version}"], constraints=constraint_files(
-                _repo(), Path(work)), no_deps=True, find_links=[cache] if cache.is_dir() else [])
+            pip_install(tmp, [f"sglang=={version}"], constraints=constraint_files(Path(work)),
+                        no_deps=True, find_links=[cache] if cache.is_dir() else [])
         if not (tmp / "sglang" / "__init__.py").exists():
             raise PipError("the wheel has no sglang/__init__.py")
         return {
@@ -208,7 +203,7 @@ def interpreter_dists() -> dict[str, str]:
     return out
 
 
-def constraint_files(repo: Path, workdir: Path) -> list[Path]:
+def constraint_files(workdir: Path) -> list[Path]:
     """The committed CPU constraints (where torch is a CPU build or absent) plus the interpreter's
     own pins."""
     dists = interpreter_dists()
@@ -216,7 +211,7 @@ def constraint_files(repo: Path, workdir: Path) -> list[Path]:
     pins.write_text("".join(f"{n}=={v}\n" for n, v in sorted(dists.items())))
     torch = dists.get("torch", "")
     cpu = "+cu" not in torch and "+rocm" not in torch
-    return [repo / "constraints" / "cpu.txt", pins] if cpu else [pins]
+    return [repo_root() / "constraints" / "cpu.txt", pins] if cpu else [pins]
 
 
 def _error_line(stderr: str) -> str:

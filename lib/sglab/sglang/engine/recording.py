@@ -281,27 +281,22 @@ def summary(res: EngineResult) -> list[str]:
     out.append(f"  attention backend: {d.get('attention_backend')}")
     for a in s.adjustments:
         out.append(f"  harness adjustment {a.name}: {a.reason}")
-    bench = [r for r in rows(res) if r["metric"] in ("prefill", "prefill_iqr", "decode")]
-    by = {(x["metric"], x.get("batch_size"), x.get("input_len")): x["value"] for x in bench}
-    for r in bench:
+    got = rows(res)  # bench rows first, then serving, then the engine's calls
+    by = {(x["metric"], x.get("batch_size"), x.get("input_len"), x.get("requests")): x["value"]
+          for x in got}
+    for r in got:
+        shape = (r.get("batch_size"), r.get("input_len"), r.get("requests"))
         if r["metric"] == "prefill":
-            iqr = by.get(("prefill_iqr", r.get("batch_size"), r.get("input_len")))
-            dec = by.get(("decode", r.get("batch_size"), r.get("input_len")))
+            iqr, dec = by.get(("prefill_iqr", *shape)), by.get(("decode", *shape))
             out.append(
                 f"  batch {r['batch_size']} x {r['input_len']} tokens: prefill {r['value']:.2f} ms"
                 + (f" (IQR {iqr:.2f})" if iqr is not None else "") +
                 (f", decode {dec:.2f} ms/step" if dec is not None else ""))
-    for r in rows(res):
-        if r["metric"] == "ttft":
-            by = {
-                x["metric"]: x["value"]
-                for x in rows(res)
-                if x.get("input_len") == r["input_len"] and x.get("requests") == r["requests"]
-            }
+        elif r["metric"] == "ttft":
             out.append(f"  serving {r['input_len']} tokens, {r['requests']} at a time: TTFT "
-                       f"{r['value']:.1f} ms, TPOT {by.get('tpot', float('nan')):.2f} ms, E2E "
-                       f"{by.get('e2e', float('nan')):.1f} ms (medians)")
-        if r["metric"] == "latency":
+                       f"{r['value']:.1f} ms, TPOT {by.get(('tpot', *shape), float('nan')):.2f} ms,"
+                       f" E2E {by.get(('e2e', *shape), float('nan')):.1f} ms (medians)")
+        elif r["metric"] == "latency":
             out.append(f"  {r['requests']} requests x {r['input_len']} tokens: {r['value']:.2f} ms")
         elif r["metric"] == "prefill_graph":
             out.append(f"    prefill batches on the graph: {r['value']:.0%}")

@@ -86,11 +86,7 @@ def lib_dir() -> Path:
     return Path(__file__).resolve().parents[3]
 
 
-def repo() -> Path:
-    from sglab.core.runs import repo_root
-
-    return repo_root()
-
+repo = runs.repo_root
 
 ADJUSTMENTS: dict[str, Callable[[], Adjustment]] = {
     "kimi-k25-post-load-weights": lambda: Adjustment(
