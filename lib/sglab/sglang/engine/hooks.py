@@ -63,32 +63,24 @@ if os.environ.get("SGLAB_ENGINE_HOOKS"):
 def hunk_added_lines(diff: Path, contains: str, symbol: str = "") -> str:
     """The ``+`` lines around the one line of ``diff`` (in ``symbol``'s section, if given) that
     adds ``contains``, without the ``+``: what a revert removes."""
-    hunks, cur, section = [], None, ""
+    hunks, section = [], ""  # [(section, lines)]
     for line in diff.read_text().splitlines():
-        if line.startswith("# ──") or line.startswith("--- ") or line.startswith("+++ "):
+        if line.startswith(("# ──", "--- ", "+++ ")):
             section = line
-            continue
-        if line.startswith("@@"):
-            cur = {"section": section, "lines": []}
-            hunks.append(cur)
-            continue
-        if cur is not None:
-            cur["lines"].append(line)
-    picked = [
-        h for h in hunks if (not symbol or symbol in h["section"]) and any(
-            ln.startswith("+") and contains in ln for ln in h["lines"])
-    ]
+        elif line.startswith("@@"):
+            hunks.append((section, []))
+        elif hunks:
+            hunks[-1][1].append(line)
+    added = lambda ln: ln.startswith("+") and contains in ln  # noqa: E731
+    picked = [lines for sec, lines in hunks if symbol in sec and any(map(added, lines))]
     if len(picked) != 1:
         raise ValueError(
             f"{diff.name}: {len(picked)} hunks add a line with {contains!r} (expected one)")
-    lines = picked[0]["lines"]
-    idx = [i for i, ln in enumerate(lines) if ln.startswith("+")]
-    # the contiguous run of added lines around the one that matches
-    hit = next(i for i in idx if contains in lines[i])
-    lo = hi = hit
-    while lo - 1 in idx:
+    lines = picked[0]
+    lo = hi = next(i for i, ln in enumerate(lines) if added(ln))
+    while lo > 0 and lines[lo - 1].startswith("+"):  # the run of added lines around it
         lo -= 1
-    while hi + 1 in idx:
+    while hi + 1 < len(lines) and lines[hi + 1].startswith("+"):
         hi += 1
     block = [ln[1:] for ln in lines[lo:hi + 1]]
     while block and not block[0].strip():
