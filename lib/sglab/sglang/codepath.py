@@ -28,7 +28,7 @@ class Node:
 
 @lru_cache(maxsize=64)
 def read(version: str, path: str) -> str | None:
-    """``sglang/<path>`` of ``version``: the installed release's, else its cached wheel's, or None."""
+    """``sglang/<path>`` of ``version`` (the installed release, else its cached wheel), or None."""
     try:
         return (releases.package_dir(version) / path).read_text(encoding="utf-8")
     except OSError:

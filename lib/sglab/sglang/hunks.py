@@ -150,19 +150,13 @@ def generate(fixes, versions: list[str], wheels: dict, root: Path | None = None)
     write each hunk; ``fixes`` are the records (each with its hunk specs)."""
     from sglab.sglang.wheels import WheelReader, wheel_facts
 
-    readers = {}
-
-    def reader_for(v):
-        if v not in readers:
-            readers[v] = WheelReader(wheels[v])
-        return readers[v]
-
+    readers = {v: WheelReader(path) for v, path in wheels.items()}
     out = []
     try:
         for fix, spec in ((f, sp) for f in fixes for sp in f.hunks):
-            bv, av = find_window(spec, fix, versions, reader_for)
-            hunk = build(spec, fix.name, (bv, reader_for(bv), wheel_facts(wheels[bv])),
-                         (av, reader_for(av), wheel_facts(wheels[av])))
+            bv, av = find_window(spec, fix, versions, readers.__getitem__)
+            hunk = build(spec, fix.name, (bv, readers[bv], wheel_facts(wheels[bv])),
+                         (av, readers[av], wheel_facts(wheels[av])))
             write(hunk, root)
             out.append(hunk)
     finally:

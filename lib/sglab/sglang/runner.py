@@ -293,8 +293,8 @@ def answer(prepared, probe: str, params: dict) -> dict:
 
 
 def run(release: str, calls: list[dict], emit: Callable[[dict], None]) -> None:
-    """Prepare ``release`` once, then ``emit`` the answer to each call (``{"probe", "params"}``) with
-    its ``index`` and the time it ``finished`` (or why the release could not be prepared)."""
+    """Prepare ``release`` once, then ``emit`` the answer to each call (``{"probe", "params"}``)
+    with its ``index`` and the time it ``finished`` (or why the release could not be prepared)."""
     from sglab.sglang import bootstrap  # late: see answer()
 
     t0 = time.perf_counter()

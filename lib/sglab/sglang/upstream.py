@@ -48,10 +48,6 @@ class Verdict:
             raise ValueError(f"a {self.status!r} verdict needs a one-line reason, got "
                              f"{self.detail!r}")
 
-    @property
-    def reason(self) -> str:
-        return self.detail
-
     def __str__(self) -> str:
         return f"{self.status}: {self.detail}"
 

@@ -45,13 +45,11 @@ def table_path() -> Path:
     return data_dir() / "releases.csv"
 
 
-def _names(fixes) -> list[str]:
-    return [f if isinstance(f, str) else f.name for f in fixes]
-
-
 def columns(fixes) -> list[str]:
-    """The CSV's columns: the wheel's facts, then ``<fix>`` and ``<fix>_reason`` per fix."""
-    return [*META, *(c for fix in _names(fixes) for c in (fix, f"{fix}_reason"))]
+    """The CSV's columns: the wheel's facts, then ``<fix>`` and ``<fix>_reason`` per fix (a record
+    or a name)."""
+    names = [f if isinstance(f, str) else f.name for f in fixes]
+    return [*META, *(c for fix in names for c in (fix, f"{fix}_reason"))]
 
 
 def fix_names(frame) -> list[str]:
@@ -229,7 +227,11 @@ def timeline(fixes, versions=None, *, offline: bool = False, cache: Path | None 
 
     cache = Path(cache or cache_dir())
     notes: list[str] = []
-    committed = _committed(table, notes, fixes)
+    try:
+        committed = {r["version"]: dict(r) for r in load_table(table, fixes).to_dict("records")}
+    except (FileNotFoundError, ValueError) as e:
+        notes.append(f"committed table not usable: {e}")
+        committed = {}
     wanted, from_index, network = _release_list(versions, offline, lister, notes)
     if not wanted:
         wanted = select(
@@ -262,24 +264,13 @@ def timeline(fixes, versions=None, *, offline: bool = False, cache: Path | None 
     n_wheel = len(rows) - len(from_table)
     notes.append(f"classified from wheels: {n_wheel} ({len(fetched)} downloaded now, "
                  f"{n_wheel - len(fetched)} from the cache {cache})")
-    if from_table:
-        notes.append(f"taken from the committed table (no wheel here): {', '.join(from_table)}")
-    if missing:
-        notes.append(f"not shown (no wheel and not in the committed table): {', '.join(missing)}")
-    if unknown:
-        notes.append(f"no such SGLang release on the package index: {', '.join(unknown)}")
+    for said, vs in (("taken from the committed table (no wheel here)",
+                      from_table), ("not shown (no wheel and not in the committed table)", missing),
+                     ("no such SGLang release on the package index", unknown)):
+        notes += [f"{said}: {', '.join(vs)}"] if vs else []
     frame = pd.DataFrame(rows, columns=[*columns(fixes), "source"])
     complete = versions is None and from_index and not from_table and not missing
     return Timeline(frame, notes, complete, wheels, unknown)
-
-
-def _committed(table, notes, fixes) -> dict:
-    try:
-        df = load_table(table, fixes)
-    except (FileNotFoundError, ValueError) as e:
-        notes.append(f"committed table not usable: {e}")
-        return {}
-    return {r["version"]: dict(r) for r in df.to_dict("records")}
 
 
 def summary(frame) -> "object":

@@ -154,12 +154,9 @@ def _print_resolved(module) -> None:
 
     def __post_init__(self, *a, **kw):
         original(self, *a, **kw)
-        out = {}
-        for k in RESOLVED_KEYS:
-            v = getattr(self, k, "<absent>")
-            if v == "<absent>":
-                continue
-            out[k] = v if isinstance(v, (str, int, float, bool, list, type(None))) else str(v)
+        plain = (str, int, float, bool, list, type(None))
+        out = {k: getattr(self, k) for k in RESOLVED_KEYS if hasattr(self, k)}
+        out = {k: v if isinstance(v, plain) else str(v) for k, v in out.items()}
         say("resolved " + json.dumps(out, default=str))
 
     __post_init__._sglab = True

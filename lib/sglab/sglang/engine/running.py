@@ -73,9 +73,7 @@ def _progress(echo: Callable[[str], None], spec: EngineSpec) -> Callable[[str], 
                  f"{float(kv.get('median_ttft_ms') or 0):.1f} ms, TPOT "
                  f"{float(kv.get('median_tpot_ms') or 0):.2f} ms "
                  "(medians)" + (" (warm-up)" if kv.get("warmup") else ""))
-        if m and m.group("kind") in ("serve-ready", "serve-error"):
-            echo(f"[sglab] sglang {spec.variant}: {line.strip()}")
-        if m and m.group("kind") == "hooks":
+        if m and m.group("kind") in ("serve-ready", "serve-error", "hooks"):
             echo(f"[sglab] sglang {spec.variant}: {line.strip()}")
 
     return on_line
