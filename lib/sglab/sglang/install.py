@@ -16,7 +16,6 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
@@ -176,9 +175,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                        warn=lambda line: print(line, file=sys.stderr))
     failed = [o for o in outcomes if o.status == "failed"]
     done = sum(o.status == "installed" for o in outcomes)
-    size = dir_size_mib(home()) if home().exists() else 0.0
+    size = sum(p.stat().st_size for p in home().rglob("*") if p.is_file() and not p.is_symlink())
     print(f"sglang releases: {done} installed, {len(outcomes) - done - len(failed)} already there, "
-          f"{len(failed)} failed; {time.perf_counter() - t0:.1f} s; {home()} holds {size:.0f} MiB")
+          f"{len(failed)} failed; {time.perf_counter() - t0:.1f} s; {home()} holds "
+          f"{size / 2**20:.0f} MiB")
     return 1 if failed else 0
 
 
@@ -289,14 +289,6 @@ def prune_provided(folder: Path) -> list[str]:
         if d.is_dir() and not any(d.iterdir()):
             d.rmdir()
     return pruned
-
-
-def dir_size_mib(path: Path) -> float:
-    total = 0
-    for p in path.rglob("*"):
-        with suppress(OSError):
-            total += p.stat().st_size if p.is_file() and not p.is_symlink() else 0
-    return total / 2**20
 
 
 def wheel_of(folder: Path) -> Optional[str]:
