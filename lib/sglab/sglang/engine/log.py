@@ -77,19 +77,11 @@ def _phase(name: str):
 
 
 def _prefill(r: _Reading, m, line: str) -> None:
-    r.current = {
-        "prefill_latency": float(m["s"]), "prefill_throughput": float(m["tps"]),
-        "decode_latencies": []
-    }
+    r.current = {"prefill_latency": float(m["s"]), "prefill_throughput": float(m["tps"])}
     if r.phase == "benchmark":
         r.d["bench"].append(r.current)
     else:
         r.d["warmup"] = r.current
-
-
-def _decode_step(r: _Reading, m, line: str) -> None:
-    if r.current is not None:
-        r.current["decode_latencies"].append(float(m["s"]))
 
 
 def _decode_median(r: _Reading, m, line: str) -> None:
@@ -151,8 +143,6 @@ LINES = {
                                                                          _phase("benchmark")),
     "prefill": (BOB, r"Prefill\. latency: (?P<s>[\d.]+) s, throughput: +(?P<tps>[\d.]+) token/s",
                 _prefill),
-    "decode_step": (BOB, r"Decode (?P<i>\d+)\. Batch size: (?P<bs>\d+), latency: (?P<s>[\d.]+) s",
-                    _decode_step),
     "decode_median": (BOB, r"Decode\.  median latency: (?P<s>[\d.]+) s, median throughput: "
                       r"+(?P<tps>[\d.]+) token/s", _decode_median),
     "total": (BOB, r"Total\. latency: +(?P<s>[\d.]+) s, throughput: +(?P<tps>[\d.]+) token/s",
@@ -298,11 +288,7 @@ def bench_results(d: dict, spec: EngineSpec, result_file: Optional[Path] = None)
         got = next(printed, None)
         if got is None:
             break
-        out.append({
-            "batch_size": bs, "input_len": il, "output_len": ol,
-            **{k: v
-               for k, v in got.items() if k != "decode_latencies"}
-        })
+        out.append({"batch_size": bs, "input_len": il, "output_len": ol, **got})
     return _mark_warmup(out, spec.warmup)
 
 

@@ -29,7 +29,6 @@ class EngineResult:
     kernels: Optional[dict] = None
     launches: Optional[dict] = None  # {input_len: step_launches} of a launch pass
     leftovers: list = field(default_factory=list)
-    command: list = field(default_factory=list)
     sglang_command: list = field(default_factory=list)
     server_argv: list = field(default_factory=list)
     pins: dict = field(default_factory=dict)
@@ -105,7 +104,7 @@ def run(spec: EngineSpec, *, work: Optional[Path] = None, echo: Callable[[str], 
     host = hoststate.end(window)
     text = log.read_text(errors="replace")
     d = read_log(text)
-    res = EngineResult(spec, "ok", log=log, seconds=ex.seconds, decisions=d, command=prep.argv,
+    res = EngineResult(spec, "ok", log=log, seconds=ex.seconds, decisions=d,
                        sglang_command=prep.sglang_command, server_argv=prep.server_argv,
                        pins=prep.pins, found=prep.found,
                        leftovers=ex.leftovers + [f"{p} (survived SIGKILL)" for p in ex.survivors],
