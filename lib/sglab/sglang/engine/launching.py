@@ -35,15 +35,12 @@ KILL_GRACE_S = 10.0  # between SIGTERM and SIGKILL when an engine is stopped
 class Prepared:
     """Everything a launch needs, decided before anything starts."""
 
-    spec: EngineSpec
     env: ReleaseEnv
-    work: Path
     model_dir: Path
     argv: list[str]  # what is started
     # the release's own command line (bench), or "sglang.Engine" and its server arguments
     sglang_command: list[str]
     server_argv: list[str]
-    hooks: Path
     environ: dict
     pins: dict = field(default_factory=dict)
     found: dict = field(default_factory=dict)
@@ -192,8 +189,7 @@ def prepare(spec: EngineSpec, work: Path, *, python: str = sys.executable,
     environ.setdefault("NCCL_NVLS_ENABLE", "0")
     for a in spec.adjustments:
         environ.update({k: v.format(lib=lib_dir()) for k, v in a.env})
-    return Prepared(spec, env, work, model_dir, argv, sglang_cmd, server, hooks, environ, pins,
-                    found, marker)
+    return Prepared(env, model_dir, argv, sglang_cmd, server, environ, pins, found, marker)
 
 
 @dataclass

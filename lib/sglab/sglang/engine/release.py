@@ -26,7 +26,6 @@ class ReleaseEnv:
 
     release: str
     paths: tuple[Path, ...]
-    source: str  # "gpu-install" | "releases"
 
     @property
     def package(self) -> Path:
@@ -37,10 +36,10 @@ def locate(release: str) -> ReleaseEnv:
     """The release's environment (see the module docstring)."""
     home = Path(os.environ["SGLAB_ENGINE_HOME"]) if os.environ.get("SGLAB_ENGINE_HOME") else None
     if home is not None and (home / release / "site" / "sglang" / "__init__.py").is_file():
-        return ReleaseEnv(release, (home / release / "site",), "gpu-install")
+        return ReleaseEnv(release, (home / release / "site",))
     rdir = release_dir(release)
     if (rdir / "sglang" / "__init__.py").is_file():
-        return ReleaseEnv(release, (rdir, deps_dir(dep_set(release))), "releases")
+        return ReleaseEnv(release, (rdir, deps_dir(dep_set(release))))
     where = f"{home}/{release}/site or {rdir}" if home else str(rdir)
     raise ReleaseError(
         f"sglang {release} is not installed ({where}; on a GPU box: scripts/engine_gpu.sh, here: "
