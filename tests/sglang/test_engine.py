@@ -395,7 +395,6 @@ def test_read_bench_log_with_piecewise_graph():
     assert (d["pcg"] == "captured" and d["pcg_tokens"] == [128, 256, 512, 1024]
             and d["pcg_capture_s"] == 6.5)
     assert d["decode_bs"] == [1, 2, 4] and d["decode_capture_s"] == 5.12
-    assert d["max_total_num_tokens"] == 123456
     assert d["warmup"]["prefill_latency"] == 0.02
     assert [b["prefill_latency"] for b in d["bench"]] == [0.0135, 2.5, 0.0132, 0.0143, 0.014, 0.015]
     assert all(b["median_decode_latency"] == 0.003 for b in d["bench"])
@@ -613,7 +612,6 @@ def test_log_strings_are_the_releases_own():
         "median throughput: ",
         "skipping": 'f"skipping ({batch_size}, {input_len}, {output_len}) due to max batch '
         'size limit"',
-        "max_tokens": 'f"max_total_num_tokens={model_runner.max_total_num_tokens}"',
     }
     for v in ("0.5.11", "0.5.12.post1", "0.5.13"):
         pkg = _pkg(v)

@@ -40,9 +40,9 @@ def key_values(rest: str) -> dict:
 # -- what reading a line does ----------------------------------------------------------------------
 # the result's one-value facts (None until a line gives them) and its lists
 _FACTS = ("pcg_reason", "pcg_tokens", "pcg_capture_s", "bcg_tokens", "bcg_eager", "decode_bs",
-          "decode_capture_s", "attention_backend", "max_total_num_tokens")
+          "decode_capture_s", "attention_backend")
 _LISTS = ("bench", "serving", "serve_errors", "prefill_batches", "decode_batches", "calls",
-          "applied", "events", "hooks_failed", "gpu_memory", "excerpts", "traces")
+          "applied", "events", "hooks_failed", "gpu_memory", "excerpts")
 
 
 class _Reading:
@@ -55,15 +55,14 @@ class _Reading:
         self.phase, self.current, self.call = "start", None, None
 
 
-def _decision(excerpt: bool = True, **fields):
+def _decision(**fields):
     """A handler that sets result fields, each a constant or ``(group, convert)`` of the match,
     and keeps the line as an excerpt."""
 
     def handle(r: _Reading, m, line: str) -> None:
         for k, v in fields.items():
             r.d[k] = v[1](m.group(v[0])) if isinstance(v, tuple) else v
-        if excerpt:
-            r.d["excerpts"].append(strip_prefix(line))
+        r.d["excerpts"].append(strip_prefix(line))
 
     return handle
 
@@ -137,20 +136,15 @@ LINES = {
                      r"(?P<backend>\S+) backend by default\.",
                      _decision(attention_backend=("backend", str))),
     "load_begin": (MR, r"Load weight begin\. avail mem=(?P<mem>[\d.]+) GB",
-                   None), "max_tokens": (BOB, r"max_total_num_tokens=(?P<n>\d+)",
-                                         _decision(False, max_total_num_tokens=("n", int))),
-    "warmup": (BOB, r"^Warmup \.\.\.$", _phase("warmup")), "benchmark": (BOB, r"^Benchmark \.\.\.$",
-                                                                         _phase("benchmark")),
+                   None), "warmup": (BOB, r"^Warmup \.\.\.$",
+                                     _phase("warmup")), "benchmark": (BOB, r"^Benchmark \.\.\.$",
+                                                                      _phase("benchmark")),
     "prefill": (BOB, r"Prefill\. latency: (?P<s>[\d.]+) s, throughput: +(?P<tps>[\d.]+) token/s",
                 _prefill),
     "decode_median": (BOB, r"Decode\.  median latency: (?P<s>[\d.]+) s, median throughput: "
                       r"+(?P<tps>[\d.]+) token/s", _decode_median),
-    "total": (BOB, r"Total\. latency: +(?P<s>[\d.]+) s, throughput: +(?P<tps>[\d.]+) token/s",
-              None), "skipping": (
-                  BOB, r"skipping \((?P<bs>\d+), (?P<il>\d+), (?P<ol>\d+)\) due to max batch "
-                  r"size limit", _skipping), "trace_saved": (
-                      BOB, r"torch profiler chrome trace (?:for (?P<stage>\w+) )?saved to "
-                      r"(?P<path>\S+)", lambda r, m, line: r.d["traces"].append(m["path"])),
+    "skipping": (BOB, r"skipping \((?P<bs>\d+), (?P<il>\d+), (?P<ol>\d+)\) due to max batch "
+                 r"size limit", _skipping),
     "prefill_batch": (METRICS, r"Prefill batch(?: \[\d+\])?, #new-seq: (?P<seqs>\d+), #new-token: "
                       r"(?P<tokens>\d+), " + GRAPH, _prefill_batch),
     "decode_batch": ("same files as prefill_batch", r"Decode batch(?: \[\d+\])?, #running-req: "
