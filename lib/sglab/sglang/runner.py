@@ -277,7 +277,6 @@ def answer(prepared, probe: str, params: dict) -> dict:
     from sglab.sglang import bootstrap
 
     out = _blank(prepared.release, probe, prepared.shims)
-    t0 = time.perf_counter()
     try:
         rows = _resolve(probe)(prepared, params)
         out["rows"] = [{k: _jsonable(v) for k, v in row.items()} for row in rows]
@@ -288,7 +287,6 @@ def answer(prepared, probe: str, params: dict) -> dict:
         text = str(exc).strip()
         out["error"] = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
         out["traceback"] = "\n".join(tb[-25:])
-    out["seconds"]["probe"] = round(time.perf_counter() - t0, 3)
     return out
 
 
