@@ -395,7 +395,6 @@ def test_read_bench_log_with_piecewise_graph():
     assert (d["pcg"] == "captured" and d["pcg_tokens"] == [128, 256, 512, 1024]
             and d["pcg_capture_s"] == 6.5)
     assert d["decode_bs"] == [1, 2, 4] and d["decode_capture_s"] == 5.12
-    assert d["max_total_num_tokens"] == 123456
     assert d["warmup"]["prefill_latency"] == 0.02
     assert [b["prefill_latency"] for b in d["bench"]] == [0.0135, 2.5, 0.0132, 0.0143, 0.014, 0.015]
     assert all(b["median_decode_latency"] == 0.003 for b in d["bench"])
@@ -613,7 +612,6 @@ def test_log_strings_are_the_releases_own():
         "median throughput: ",
         "skipping": 'f"skipping ({batch_size}, {input_len}, {output_len}) due to max batch '
         'size limit"',
-        "max_tokens": 'f"max_total_num_tokens={model_runner.max_total_num_tokens}"',
     }
     for v in ("0.5.11", "0.5.12.post1", "0.5.13"):
         pkg = _pkg(v)
@@ -1078,15 +1076,12 @@ def test_a_machine_without_gpus_says_so_in_one_line_and_starts_nothing(monkeypat
     assert not started
 
 
-def test_event_lines_joined_by_two_ranks_are_both_read(tmp_path):
+def test_event_lines_joined_by_two_ranks_are_both_read():
     """Four ranks share one engine log: a line of ours another rank's write joined to the end of a
     line is read as its own line (a TP-4 run's log had two such pairs: ranks 2 and 3 each seemed
     to create one workspace, not two), and `say` writes a line in one write."""
-    import gzip
     import subprocess
     import sys
-
-    from sglab.sglang.engine.recording import reread_events
 
     def line(pid, rank, obj):
         return (f"[sglab-engine] event workspace pid={pid} max_token_num=2048 world_size=4 "
@@ -1099,29 +1094,6 @@ def test_event_lines_joined_by_two_ranks_are_both_read(tmp_path):
     ]) + "\n"
     events = eng.read_log(text)["events"]
     assert [(e["rank"], e["obj"]) for e in events] == [(0, "a"), (1, "b"), (2, "c"), (0, "d")]
-    # a recorded run whose rows the reader of the time made: read again from its own log
-    folder = tmp_path / "engine_workspace_floor"
-    folder.mkdir()
-    (folder / "r.log_0.log.gz").write_bytes(gzip.compress(text.encode()))
-    base = {
-        "experiment": "engine_workspace_floor", "variant": "0.5.13+fusion", "release": "0.5.13",
-        "case": "fusion", "tool": "engine"
-    }
-    pd.DataFrame([{**base, "rank": 0, "metric": "status", "value": "ok", "unit": ""},
-                  {**base, "rank": 1, "metric": "workspace_count", "value": 1,
-                   "unit": "calls"}]).to_csv(folder / "r.csv", index=False)
-    (folder / "r.json").write_text(
-        json.dumps({
-            "experiment": "engine_workspace_floor", "sidecars": {"log_0": "r.log_0.log.gz"},
-            "engine_runs": [{k: base[k]
-                             for k in ("variant", "release", "case", "tool")}]
-        }))
-    assert reread_events(folder / "r.csv", "read again") > 0
-    df = pd.read_csv(folder / "r.csv")
-    counts = df[df.metric == "workspace_count"].set_index("rank")["value"].astype(int).to_dict()
-    assert counts == {0: 2, 1: 1, 2: 1} and "status" in set(df.metric)
-    assert json.loads((folder / "r.json").read_text())["reread"] == "read again"
-    assert reread_events(folder / "r.csv", "again") == 0  # nothing left to change
     # say(): the whole line in one write() of the process's stdout
     code = ("import os, sys\nfrom sglab.sglang.engine.hooks import say\n"
             "sys.stdout.write('partial')\nsay('event x pid=1')\n")
@@ -1204,8 +1176,7 @@ def test_the_engine_package_names_its_face_by_plain_imports():
         a.asname or a.name
         for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names
     }
-    assert set(eng.__all__) == imported
-    for name in (n for n in eng.__all__ if not n.isupper()):
+    for name in (n for n in imported if not n.isupper()):
         assert getattr(eng, name).__module__.startswith("sglab.sglang."), name
     code = "import sys, sglab.sglang.engine.hooks; print('pandas' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

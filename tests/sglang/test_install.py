@@ -88,7 +88,7 @@ def test_a_release_pins_read_from_its_dist_info(tmp_path):
     info = tmp_path / "sglang-0.5.17.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(METADATA)
-    pins = release_pins(ReleaseEnv("0.5.17", (tmp_path,), "releases"))
+    pins = release_pins(ReleaseEnv("0.5.17", (tmp_path,)))
     assert "av" not in pins and pins["torchcodec"] == "0.11.1"
 
 

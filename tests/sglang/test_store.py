@@ -53,7 +53,7 @@ def test_run_probes_sources(recording, monkeypatch):
         runner.run_probes(["0.5.11"], "swa_loc:run", params)
 
 
-def test_source_line_names_the_recording(recording):
+def test_status_lines_name_the_recording(recording):
     from sglab.sglang import compare as report
 
     results = runner.run_probes(["0.5.11", "0.5.23"], "swa_loc:run", {"a": [1, 2], "b": 1},

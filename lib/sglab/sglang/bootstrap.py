@@ -16,7 +16,7 @@ import site
 import subprocess
 import sys
 import types
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional
@@ -27,8 +27,7 @@ from sglab.sglang.releases import (PINNED, dep_set, deps_dir, home, installed_re
 
 
 class NotRunnable(RuntimeError):
-    """The release cannot be imported here; the message is one line naming the release and the
-    cause."""
+    """The release cannot be imported here (one line naming the release and the cause)."""
 
 
 @dataclass
@@ -37,24 +36,24 @@ class Prepared:
     root: Path
     shims: list = field(default_factory=list)  # [Shim]
 
-    def shim_names(self) -> list[str]:
-        return [s.name for s in self.shims]
-
 
 def _cause(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:240]
 
 
+def _forget(prefix: str) -> None:
+    for name in [n for n in sys.modules if n == prefix or n.startswith(prefix + ".")]:
+        del sys.modules[name]
+
+
 def _try_import(name: str) -> str | None:
-    """None when ``name`` imports; else the cause in one line (and nothing of it left in
-    ``sys.modules``)."""
+    """None when ``name`` imports; else the cause in one line (nothing of it left imported)."""
     try:
         importlib.import_module(name)
         return None
     except Exception as exc:  # noqa: BLE001 - any failure to load counts
-        for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-            del sys.modules[mod]
+        _forget(name)
         return _cause(exc)
 
 
@@ -76,8 +75,8 @@ def _put_on_path(release: str) -> Path:
 
 
 def machine_facts() -> dict:
-    """What this process can import: per stand-in, None where the real thing loads, else the cause
-    (found by importing it; nothing of a failed import is left in ``sys.modules``)."""
+    """What this process can import: per stand-in, None where the real thing loads, else the
+    cause."""
     return {
         "triton": None if importlib.util.find_spec("triton") is not None else "not installed",
         "torchvision": _try_import("torchvision"),
@@ -89,8 +88,7 @@ def machine_facts() -> dict:
 
 
 def plan(release: str, facts: dict) -> list[str]:
-    """Names of the shims ``release`` needs on a machine with ``facts`` (see
-    :mod:`sglab.sglang.bootstrap`)."""
+    """Names of the shims ``release`` needs on a machine with ``facts``."""
     names = [n for n in ("triton", "torchvision") if facts[n] is not None]
     if facts["sgl_kernel"] is not None:
         if facts["cuda"]:
@@ -100,21 +98,8 @@ def plan(release: str, facts: dict) -> list[str]:
     return names
 
 
-def needed_shims(release: str, root: Path) -> list[Shim]:
-    """Decide and install the shims, in the order they must go in."""
-    facts = machine_facts()
-    installers = {
-        "triton": lambda: install_triton_stub(root),
-        "torchvision": lambda: install_torchvision_absent(facts["torchvision"]),
-        "sgl_kernel": lambda: install_sgl_kernel_stub(facts["sgl_kernel"]),
-        "sgl_kernel.kvcacheio": lambda: install_kvcacheio_stub(facts["sgl_kernel"])
-    }
-    return [installers[name]() for name in plan(release, facts)]
-
-
 def facts_in_subprocess(timeout: float = 120.0) -> dict:
-    """:func:`machine_facts` of a fresh interpreter (what a worker will see), without importing
-    anything here."""
+    """:func:`machine_facts` of a fresh interpreter (what a worker will see)."""
     code = ("import json; from sglab.sglang.bootstrap import machine_facts; "
             "print(json.dumps(machine_facts()))")
 
@@ -127,19 +112,25 @@ def facts_in_subprocess(timeout: float = 120.0) -> dict:
 
 
 def prepare(release: str) -> Prepared:
-    """Put ``release`` on ``sys.path`` and apply its shims; raises :class:`NotRunnable` with a
-    one-line reason."""
+    """Put ``release`` on ``sys.path`` and apply its shims, in the order they must go in; raises
+    :class:`NotRunnable` with a one-line reason."""
     root = _put_on_path(release)
+    facts = machine_facts()
+    installers = {
+        "triton": lambda: install_triton_stub(root),
+        "torchvision": lambda: install_torchvision_absent(facts["torchvision"]),
+        "sgl_kernel": lambda: install_sgl_kernel_stub(facts["sgl_kernel"]),
+        "sgl_kernel.kvcacheio": lambda: install_kvcacheio_stub(facts["sgl_kernel"])
+    }
     try:
-        applied = needed_shims(release, root)
+        applied = [installers[name]() for name in plan(release, facts)]
     except Exception as exc:  # noqa: BLE001
         raise NotRunnable(f"sglang {release}: a shim failed: {_cause(exc)}") from exc
     return Prepared(release, root, applied)
 
 
 def import_release_module(prepared: Prepared, module: str):
-    """Import ``module`` (e.g. ``sglang.srt.mem_cache.swa_memory_pool``) of the prepared release;
-    one-line :class:`NotRunnable` on failure naming the release, the module and the cause."""
+    """Import ``module`` of the prepared release; a one-line :class:`NotRunnable` on failure."""
     try:
         return importlib.import_module(module)
     except Exception as exc:  # noqa: BLE001
@@ -157,17 +148,13 @@ class Shim:
     name: str
     reason: str
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 class StubCalled(NotImplementedError):
     """A function of a stand-in module was called."""
 
 
 class _Placeholder:
-    """A named constant of a stand-in class (e.g. ``InterpolationMode.BILINEAR`` in a module-level
-    table)."""
+    """A named constant of a stand-in class (e.g. ``InterpolationMode.BILINEAR``)."""
 
     def __init__(self, qualname: str):
         self._qualname = qualname
@@ -177,8 +164,7 @@ class _Placeholder:
 
 
 class _StubMeta(type):
-    """Stand-in classes: subclassable, their attributes are placeholders, creating an instance
-    raises."""
+    """Stand-in classes: subclassable, attributes are placeholders, an instance raises."""
 
     def __getattr__(cls, attr):
         if attr.startswith("__"):
@@ -196,12 +182,10 @@ class RaisingModule(types.ModuleType):
     attribute is a child stand-in module (a submodule or a function: both work), which raises
     :class:`StubCalled` when called."""
 
-    def __init__(self, name: str, why: str, *, package: bool = False,
-                 overrides: Optional[dict] = None):
+    def __init__(self, name: str, why: str, overrides: Optional[dict] = None):
         super().__init__(name)
         self.__sglab_stub__ = why
-        if package:
-            self.__path__ = []
+        self.__path__ = []  # a package: its children import
         self.__dict__.update(overrides or {})
 
     def __getattr__(self, attr: str):
@@ -212,7 +196,7 @@ class RaisingModule(types.ModuleType):
             value = _StubMeta(attr, (),
                               {"__module__": self.__name__, "__sglab_stub__": self.__sglab_stub__})
         else:
-            value = sys.modules.get(full) or RaisingModule(full, self.__sglab_stub__, package=True)
+            value = sys.modules.get(full) or RaisingModule(full, self.__sglab_stub__)
             sys.modules.setdefault(full, value)
         setattr(self, attr, value)
         return value
@@ -244,21 +228,14 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             mod.__path__ = []
             mod.__sglab_stub__ = self.why
             return mod
-        return RaisingModule(spec.name, self.why, package=True,
-                             overrides=self.overrides.get(spec.name))
+        return RaisingModule(spec.name, self.why, self.overrides.get(spec.name))
 
     def exec_module(self, module):
         pass
 
 
-def _forget(prefix: str) -> None:
-    for name in [n for n in sys.modules if n == prefix or n.startswith(prefix + ".")]:
-        del sys.modules[name]
-
-
 def _load_file(path: Path, name: str) -> types.ModuleType:
-    """Execute one file of a release as a private module, without importing the ``sglang``
-    package."""
+    """One file of a release run as a private module (the ``sglang`` package not imported)."""
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod  # dataclasses in the file look their module up there
@@ -268,8 +245,7 @@ def _load_file(path: Path, name: str) -> types.ModuleType:
 
 # -- triton ----------------------------------------------------------------------------------------
 def _mock(stub: types.ModuleType, name: str) -> types.ModuleType:
-    """``sys.modules[name]``, made with the stub's own mock module type (and linked to its parent)
-    if missing."""
+    """``sys.modules[name]``, else a new one of the stub's mock type linked to its parent."""
     mod = sys.modules.get(name)
     if mod is None:
         mod = stub._make_mock(name)
@@ -296,8 +272,7 @@ _TRITON_TREE = {
 
 
 def _complete_triton_stub(stub: types.ModuleType) -> None:
-    """Real classes where torch 2.13's inductor needs them in the stub (the set 0.5.2x's stub
-    defines); a name that is a class already is left alone."""
+    """Real classes where torch 2.13's inductor needs them in the stub (those 0.5.2x's defines)."""
     triton_key = getattr(stub, "_triton_key", lambda: "sglang-triton-stub")
     for (modname, attr), make in _TRITON_TREE.items():
         mod = _mock(stub, modname)
@@ -364,8 +339,7 @@ def install_torchvision_absent(cause: str) -> Shim:
 
 # -- sgl_kernel ------------------------------------------------------------------------------------
 def install_kvcacheio_stub(cause: str) -> Shim:
-    """An empty ``sgl_kernel`` package with an inert ``kvcacheio`` (0.5.10.x imports it on every
-    GPU-less path)."""
+    """An empty ``sgl_kernel`` with an inert ``kvcacheio`` (0.5.10.x imports it off the GPU)."""
     why = f"sgl_kernel cannot be imported here ({cause})"
     sys.meta_path.insert(
         0,
@@ -378,14 +352,12 @@ def install_kvcacheio_stub(cause: str) -> Shim:
 
 
 def _weak_ref_tensor(tensor):
-    """Stands in for sgl_kernel's weak_ref_tensor: the tensor itself (a strong reference; same
-    values)."""
+    """sgl_kernel's weak_ref_tensor: the tensor itself (a strong reference; same values)."""
     return tensor
 
 
 def _skip_fakes_of_missing_sgl_kernel_ops() -> None:
-    """``torch.library.register_fake("sgl_kernel::X")`` for an op that was never defined becomes a
-    no-op."""
+    """``torch.library.register_fake("sgl_kernel::X")`` of an op never defined is a no-op."""
     import torch
 
     real = torch.library.register_fake
@@ -404,8 +376,7 @@ def _skip_fakes_of_missing_sgl_kernel_ops() -> None:
 
 
 def install_sgl_kernel_stub(cause: str) -> Shim:
-    """On a CUDA machine whose sgl_kernel does not load: every ``sgl_kernel`` function raises when
-    called."""
+    """Where CUDA is but sgl_kernel does not load: its functions raise when called."""
     _forget("sgl_kernel")
     why = f"the real sgl_kernel does not load here ({cause})"
     sys.meta_path.insert(
@@ -424,9 +395,8 @@ FACTS_FILE = "machine-facts.json"  # under the releases' home: the last answer a
 
 
 def facts_key() -> dict:
-    """What :func:`machine_facts` of a fresh interpreter depends on: the interpreter, the paths it
-    imports from (each folder's modification time changes when a package is added or removed
-    there), the GPUs it may see, and this module."""
+    """What :func:`machine_facts` of a fresh interpreter depends on: the interpreter, the folders it
+    imports from (their modification times), the GPUs it may see, and this module."""
     env = worker_env()
     folders = [*env["PYTHONPATH"].split(os.pathsep), *site.getsitepackages()]
     return {
@@ -439,9 +409,8 @@ def facts_key() -> dict:
 
 @lru_cache(maxsize=1)
 def _facts() -> dict:
-    """:func:`facts_in_subprocess`, kept in :data:`FACTS_FILE` with :func:`facts_key`: where a GPU
-    is present a fresh interpreter imports torch to answer (seconds), and the workbook asks on
-    every run."""
+    """:func:`facts_in_subprocess`, kept in :data:`FACTS_FILE` with :func:`facts_key` (with a GPU
+    it takes seconds, and every workbook run asks)."""
     path, key = home() / FACTS_FILE, facts_key()
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         kept = json.loads(path.read_text())
@@ -457,14 +426,12 @@ def _facts() -> dict:
 
 
 def shims_needed(release: str) -> list[str]:
-    """Names of the shims ``release`` needs on this machine (decided by a fresh interpreter, as a
-    worker would)."""
+    """Names of the shims ``release`` needs on this machine (as a fresh worker decides)."""
     return plan(release, _facts())
 
 
 def real_release_rows() -> list[tuple[str, str]]:
-    """``sglab env`` rows: the installed releases (``.sglang/releases``) and the shims each needs on
-    this machine."""
+    """``sglab env`` rows: the installed releases and the shims each needs here."""
     have = installed_releases()
     missing = [v for v in PINNED if v not in have]
     head = f"{len(have)} in {home()}" + (f"; missing {', '.join(missing)} (`sglab real install`)"

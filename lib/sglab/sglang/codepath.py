@@ -28,8 +28,7 @@ class Node:
 
 @lru_cache(maxsize=64)
 def read(version: str, path: str) -> str | None:
-    """The text of ``sglang/<path>`` in ``version``: the installed release, else its cached wheel,
-    else None."""
+    """``sglang/<path>`` of ``version`` (the installed release, else its cached wheel), or None."""
     try:
         return (releases.package_dir(version) / path).read_text(encoding="utf-8")
     except OSError:
@@ -54,8 +53,8 @@ def line_of(version: str, node: Node) -> int | None:
 
 
 def url(version: str, node: Node, offset: int = 0) -> str:
-    """The node's address at the release's tag: its line (``offset`` lines below the symbol's first
-    line) where the release can be read here, else the file."""
+    """The node's address at the release's tag: its line (plus ``offset``) where known, else the
+    file."""
     line = line_of(version, node)
     return TAG_URL.format(version=version, path=node.path) + (f"#L{line + offset}" if line else "")
 

@@ -25,19 +25,14 @@ def row(release: str, behaviour: str, real, must_match: str, expected,
     }
 
 
-def differences(real: dict, rebuilt: dict, keys: Iterable[str]) -> list[str]:
-    """The facts among ``keys`` on which ``real`` and ``rebuilt`` differ, one line each."""
-    return [
+def facts_row(release: str, behaviour: str, real: dict, variant: str, rebuilt: dict,
+              keys: Iterable[str], describe: Callable[[dict], str]) -> dict:
+    """A row comparing two dicts of facts on ``keys``, each side in words by ``describe``; the facts
+    that differ under ``differences``, one line each, for the banner."""
+    diffs = [
         f"{k}: real {real.get(k)!r}, rebuild {rebuilt.get(k)!r}"
         for k in keys if real.get(k) != rebuilt.get(k)
     ]
-
-
-def facts_row(release: str, behaviour: str, real: dict, variant: str, rebuilt: dict,
-              keys: Iterable[str], describe: Callable[[dict], str]) -> dict:
-    """A row comparing two dicts of facts on ``keys``; each side described in words by ``describe``.
-    The differing facts are kept under ``differences`` for the banner."""
-    diffs = differences(real, rebuilt, keys)
     out = row(release, behaviour, describe(real), f"rebuild: {variant}", describe(rebuilt),
               agrees=not diffs)
     out["differences"] = diffs
@@ -65,31 +60,26 @@ def ran(results: dict[str, ProbeResult]) -> dict[str, ProbeResult]:
 
 
 # -- saying where the answers came from, and whether they agree ------------------------------------
-def source_line(results: dict[str, ProbeResult]) -> str:
-    """Where the answers come from, in one line: a recording (which one) or this machine, now."""
+def status_lines(results: dict[str, ProbeResult]) -> str:
+    """Where the answers come from (a recording, which one, or this machine now), then per release
+    how long it ran and with which shims, or why it did not run."""
     labels = sorted({r.recorded for r in results.values() if r.recorded})
     now = [v for v, r in results.items() if not r.recorded]
     parts = [
         f"answers {'; '.join(labels)} (SGLAB_REAL=live runs the installed releases here instead)"
     ] if labels else []
     parts += [f"run here now: {', '.join(now)}"] if now else []
-    return "real SGLang: " + (" · ".join(parts) or "no release asked")
-
-
-def status_lines(results: dict[str, ProbeResult]) -> str:
-    """Where the answers come from, then one line per release: how long it ran and with which shims,
-    or why it did not run."""
     lines = [
         r.summary(with_source=False)
         if r.ok else f"sglang {v}: not run: {r.reason.removeprefix(f'sglang {v}: ')}"
         for v, r in results.items()
     ]
-    return "\n".join([source_line(results), *lines])
+    return "\n".join(["real SGLang: " + (" · ".join(parts) or "no release asked"), *lines])
 
 
 def check_table(df, *, what: str = "rows") -> bool:
-    """Print a loud banner with every row whose ``agrees`` is False; True when every row agrees (and
-    there is at least one row: an empty comparison proves nothing and says so)."""
+    """Print a loud banner with every row whose ``agrees`` is False; True when every row of a
+    non-empty table agrees."""
     if df is None or len(df) == 0:
         print(f"no real release ran, so nothing was compared ({what})")
         return False
@@ -105,18 +95,15 @@ def check_table(df, *, what: str = "rows") -> bool:
 
 
 def answers(fix, releases: Optional[Iterable[str]] = None) -> dict[str, ProbeResult]:
-    """Each release's answer to the fix's probe: from the recording where it holds it
-    (``SGLAB_REAL=auto``, the default), else run now, each release in its own subprocess (see
-    :mod:`sglab.sglang.store`)."""
+    """Each release's answer to the fix's probe (:func:`~sglab.sglang.runner.run_probes`)."""
     p = fix.probe
     return run_probes(list(releases or p.releases), p.fn, p.resolved_params(), jobs=2)
 
 
 def section(fix, comparison: Callable[[dict], object], *, what: str = "rows",
             results: Optional[dict] = None) -> None:
-    """A notebook's real-SGLang section in one call: the answers (:func:`answers`), where they come
-    from, the comparison table ``comparison(results)`` shown, and the agreement line. It returns
-    nothing: a notebook cell ending in the call would show a returned table a second time."""
+    """A notebook's real-SGLang section: the answers, where they come from, the table
+    ``comparison(results)`` and the agreement line (returns nothing: a cell would show it twice)."""
     from sglab.core.notebook import show_table
 
     results = answers(fix) if results is None else results

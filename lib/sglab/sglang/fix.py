@@ -74,14 +74,12 @@ class Fix:
         return self.name
 
     def releases(self) -> list[tuple[str, str]]:
-        """``[(version, state)]`` of this fix in every release, read from the released wheels (the
-        committed table, data/upstream/releases.csv)."""
+        """``[(version, state)]`` of this fix in every release (the committed release table)."""
         from sglab.sglang import wheels
 
         row = wheels.timeline_row(self.name)
         return list(zip(row["version"], row["state"]))
 
     def recorded_engine(self):
-        """This fix's recorded real-engine runs (:func:`sglab.core.engine_records.load`), or a
-        NoRun saying how to record them."""
+        """This fix's recorded real-engine runs, or a NoRun saying how to record them."""
         return engine_records.load(self.name, self.number)

@@ -27,23 +27,10 @@ ABSENT = "# (not in this release)"
 HEADER = "# ── sglang/"
 
 
-def _name(fix) -> str:
-    return fix if isinstance(fix, str) else fix.name
-
-
-def has_change(spec: Spec, fix, read) -> bool:
-    """Whether a release (``read``) has the PR of ``spec``: its own test, else the fix's check says
-    "pr-era"."""
-    if spec.first_with is not None:
-        return bool(spec.first_with(read))
-    return run_check(fix, read).status == "pr-era"
-
-
 @dataclass(frozen=True)
 class Hunk:
-    """One PR's symbols before and after, as released. ``before``/``after`` hold every symbol under
-    a ``# ── sglang/<file> · <symbol>`` header (``# (not in this release)`` where it did not
-    exist)."""
+    """One PR's symbols before and after, as released: each under a ``# ── sglang/<file> ·
+    <symbol>`` header (``# (not in this release)`` where it did not exist)."""
 
     fix: str
     pr: int
@@ -61,11 +48,6 @@ class Hunk:
         return tuple(dict.fromkeys(f"sglang/{s.split('::')[0]}" for s in self.symbols))
 
     @property
-    def path(self) -> str:
-        """The file the PR's main symbol lives in (``sglang/srt/...``)."""
-        return self.paths[0]
-
-    @property
     def title(self) -> str:
         return f"sgl-project/sglang#{self.pr} · {self.before_version} → {self.after_version}"
 
@@ -73,30 +55,16 @@ class Hunk:
         """``{qualname: text}`` of one side (None where the symbol was not in that release)."""
         return split_blocks(self.after if side == "after" else self.before)
 
-    def __repr__(self) -> str:
-        n = {s: sum(ln[:1] == s and ln[:3] != s * 3 for ln in self.diff.splitlines()) for s in "+-"}
-        return (f"<Hunk {self.fix} {self.title}: {len(self.symbols)} symbols, +{n['+']} -{n['-']} "
-                "lines>")
-
-    def __str__(self) -> str:
-        return hunk_text(self)
-
-    def _repr_html_(self) -> str:
-        return hunk_html(self)
-
 
 # -- reading symbols out of a release --------------------------------------------------------------
-def symbol_block(read, symbol: str) -> str:
-    """One symbol of a release as it is stored: its header line, then its text (or the absent
-    marker)."""
-    path, qual = symbol.split("::")
-    text = S.symbol_text(read(path), qual)
-    return f"{HEADER}{path} · {qual}\n{text if text is not None else ABSENT + chr(10)}"
-
-
 def side_text(read, symbols) -> str:
-    """Every symbol of one side, in order, separated by a blank line."""
-    return "\n".join(symbol_block(read, s) for s in symbols)
+    """Every symbol of one side, in order, each under its header line (its text, or the absent
+    marker), separated by a blank line."""
+    blocks = []
+    for path, qual in (s.split("::") for s in symbols):
+        text = S.symbol_text(read(path), qual)
+        blocks.append(f"{HEADER}{path} · {qual}\n{text if text is not None else ABSENT + chr(10)}")
+    return "\n".join(blocks)
 
 
 def split_blocks(text: str) -> dict[str, str | None]:
@@ -120,15 +88,16 @@ def unified(before: str, after: str, before_version: str, after_version: str) ->
 
 
 def find_window(spec: Spec, fix, versions: list[str], reader_for) -> tuple[str, str]:
-    """(last release without the change, first release with it) among ``versions`` (oldest
-    first)."""
+    """(last release without the change, first release with it) among ``versions`` (oldest first):
+    ``spec``'s own test, else the fix's check saying "pr-era"."""
     for i, v in enumerate(versions):
-        if has_change(spec, fix, reader_for(v)):
+        read = reader_for(v)
+        if (spec.first_with(read)
+                if spec.first_with is not None else run_check(fix, read).status == "pr-era"):
             if i == 0:
-                raise ValueError(f"{_name(fix)} #{spec.pr}: already in {v}, the oldest release "
-                                 "read")
+                raise ValueError(f"{fix.name} #{spec.pr}: already in {v}, the oldest release read")
             return versions[i - 1], v
-    raise ValueError(f"{_name(fix)} #{spec.pr}: no release among {versions[0]}..{versions[-1]} has "
+    raise ValueError(f"{fix.name} #{spec.pr}: no release among {versions[0]}..{versions[-1]} has "
                      "it")
 
 
@@ -162,10 +131,8 @@ def write(hunk: Hunk, root: Path | None = None) -> Path:
 
 
 def load(fix, pr: int | None = None, *, root: Path | None = None) -> Hunk:
-    """The committed hunk of ``fix`` (a record or a name; its main PR, or ``pr``), as released."""
-    if pr is None:
-        pr = fix.prs[0] if not isinstance(fix, str) else _main_pr(fix, root)
-    stem = _stem(_name(fix), pr, root)
+    """The committed hunk of the record ``fix`` (its main PR, or ``pr``), as released."""
+    stem = _stem(fix.name, fix.prs[0] if pr is None else pr, root)
     meta_path = stem.with_suffix(".json")
     if not meta_path.exists():
         raise FileNotFoundError(f"no committed hunk {meta_path} (sglab upstream --releases writes "
@@ -178,33 +145,18 @@ def load(fix, pr: int | None = None, *, root: Path | None = None) -> Hunk:
                 Path(f"{stem}.diff").read_text(), meta["before_wheel"], meta["after_wheel"])
 
 
-def _main_pr(name: str, root: Path | None) -> int:
-    """The main (first, lowest-numbered) PR committed for a fix name."""
-    found = sorted(int(p.stem[2:]) for p in (Path(root or data_dir()) / name).glob("pr*.json"))
-    if not found:
-        raise FileNotFoundError(f"no committed hunk for {name!r} under "
-                                f"{Path(root or data_dir()) / name}")
-    return found[0]
-
-
 def generate(fixes, versions: list[str], wheels: dict, root: Path | None = None) -> list[Hunk]:
     """Find every PR's window among ``versions`` (oldest first) in the wheels ``{version: path}``,
     write each hunk; ``fixes`` are the records (each with its hunk specs)."""
     from sglab.sglang.wheels import WheelReader, wheel_facts
 
-    readers = {}
-
-    def reader_for(v):
-        if v not in readers:
-            readers[v] = WheelReader(wheels[v])
-        return readers[v]
-
+    readers = {v: WheelReader(path) for v, path in wheels.items()}
     out = []
     try:
         for fix, spec in ((f, sp) for f in fixes for sp in f.hunks):
-            bv, av = find_window(spec, fix, versions, reader_for)
-            hunk = build(spec, fix.name, (bv, reader_for(bv), wheel_facts(wheels[bv])),
-                         (av, reader_for(av), wheel_facts(wheels[av])))
+            bv, av = find_window(spec, fix, versions, readers.__getitem__)
+            hunk = build(spec, fix.name, (bv, readers[bv], wheel_facts(wheels[bv])),
+                         (av, readers[av], wheel_facts(wheels[av])))
             write(hunk, root)
             out.append(hunk)
     finally:
@@ -214,15 +166,13 @@ def generate(fixes, versions: list[str], wheels: dict, root: Path | None = None)
 
 
 def show(fix, pr: int | None = None):
-    """The committed hunk of ``fix`` rendered for a notebook (HTML with +/- colouring; plain text
-    elsewhere)."""
+    """The committed hunk of ``fix`` as coloured HTML in a notebook, plain text elsewhere."""
     hunk = load(fix, pr)
     return Rendered(hunk_html(hunk), hunk_text(hunk))
 
 
 def beside(fix, rebuilt, *, pr: int | None = None, symbol: str | None = None):
-    """What ``fix``'s PR changed in the released ``symbol``, next to the rebuilt function or class
-    (``rebuilt``): :func:`render_beside`."""
+    """:func:`render_beside` of ``fix``'s committed hunk."""
     return render_beside(load(fix, pr), rebuilt, symbol=symbol)
 
 
@@ -287,10 +237,6 @@ def hunk_html(hunk) -> str:
             f"{diff_html(hunk.diff) if hunk.diff else '<i>no change in these symbols</i>'}</div>")
 
 
-def code_html(code: str) -> str:
-    return f'<pre style="{_PRE}">{html.escape(code)}</pre>'
-
-
 # -- one symbol's change, as hunks with context, beside the rebuilt lines that correspond ----------
 CONTEXT = 3  # lines of context around each change (as ``diff -U3``)
 SHORT = 12  # a rebuilt function or class this short is shown whole
@@ -315,8 +261,7 @@ def _symbol_path(hunk, symbol: str) -> str:
 
 def pieces(hunk, symbol: str, context: int = CONTEXT) -> list[Piece]:
     """The hunks of ``symbol``'s change across the window, each with ``context`` lines around it."""
-    before = (hunk.blocks("before").get(symbol) or "").splitlines()
-    after = (hunk.blocks("after").get(symbol) or "").splitlines()
+    before, after = _sides(hunk, symbol)
     out = []
     for group in difflib.SequenceMatcher(None, before, after,
                                          autojunk=False).get_grouped_opcodes(context):
@@ -330,6 +275,10 @@ def pieces(hunk, symbol: str, context: int = CONTEXT) -> list[Piece]:
             lines += ["-" + ln for ln in before[i1:i2]] + ["+" + ln for ln in after[j1:j2]]
         out.append(Piece(*anchor, tuple(lines)))
     return out
+
+
+def _sides(hunk, symbol: str) -> tuple[list[str], list[str]]:
+    return tuple((hunk.blocks(side).get(symbol) or "").splitlines() for side in ("before", "after"))
 
 
 def _names(text: str) -> set[str]:
@@ -358,8 +307,7 @@ def matches(hunk, symbol: str, rebuilt: str) -> list[set[int]]:
     """Per piece of :func:`pieces`, the 0-based rebuilt lines that correspond to its changed code:
     those as alike as :data:`ALIKE` to a changed line, and those that use a name the changed lines
     use and the symbol's unchanged lines do not (comments and docstrings aside)."""
-    before = (hunk.blocks("before").get(symbol) or "").splitlines()
-    after = (hunk.blocks("after").get(symbol) or "").splitlines()
+    before, after = _sides(hunk, symbol)
     same = _names("\n".join(
         _code(ln) for tag, _, _, j1, j2 in difflib.SequenceMatcher(
             None, before, after, autojunk=False).get_opcodes() if tag == "equal"
@@ -472,7 +420,8 @@ def render_beside(hunk, rebuilt, *, symbol: str | None = None) -> Rendered:
     cell = 'style="vertical-align:top;padding:0 6px;width:50%;text-align:left"'
     # fixed layout: each side keeps half the width and scrolls its own long lines (never wraps them)
     html_text = (f"<table style='width:100%;table-layout:fixed;border-collapse:collapse'><tr><th "
-                 f"{cell}>{html.escape(left_title)}</th>"
-                 f"<th {cell}>{html.escape(right_title)}</th></tr><tr>"
-                 f"<td {cell}>{''.join(left)}</td><td {cell}>{code_html(shown)}</td></tr></table>")
+                 f"{cell}>{html.escape(left_title)}</th><th "
+                 f"{cell}>{html.escape(right_title)}</th></tr><tr><td "
+                 f"{cell}>{''.join(left)}</td><td {cell}><pre "
+                 f"style=\"{_PRE}\">{html.escape(shown)}</pre></td></tr></table>")
     return Rendered(html_text, "\n".join(plain) + "\n")

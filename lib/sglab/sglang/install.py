@@ -16,13 +16,13 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from packaging.utils import canonicalize_name
 
+from sglab.core.runs import repo_root
 from sglab.sglang.releases import (DEP_SETS, PINNED, STAMP, dep_set, deps_dir, home, package_dir,
                                    parse_version, read_stamp, release_dir)
 
@@ -50,35 +50,32 @@ class Outcome:
         return f"{what}: installed in {self.seconds:.1f} s"
 
 
-def _repo() -> Path:
-    from sglab.core.runs import repo_root
-
-    return repo_root()
-
-
 def _deps_spec(name: str) -> dict:
     _, reqs, nodeps = DEP_SETS[name]
     return {"requirements": list(reqs), "no_deps": list(nodeps)}
 
 
 def deps_current(name: str) -> tuple[bool, str]:
-    """Is dependency set ``name`` installed, for the current requirement list, and does the
-    interpreter still provide what was left out of it?"""
+    """Is dependency set ``name`` installed for the current requirements, and does the interpreter
+    still provide what was left out of it? (and why not)"""
     stamp = read_stamp(deps_dir(name))
     if stamp is None:
         return False, "not installed"
     if {k: stamp.get(k) for k in ("requirements", "no_deps")} != _deps_spec(name):
         return False, "requirement list changed"
-    gone = missing_provided(stamp.get("provided_by_interpreter", []))
+    have = interpreter_dists()
+    gone = [
+        pin for pin in stamp.get("provided_by_interpreter", [])
+        if have.get(pin.partition("==")[0]) != pin.partition("==")[2]
+    ]
     if gone:
         return False, f"the interpreter no longer provides {', '.join(gone[:3])}"
     return True, ""
 
 
 def _install_into(kind: str, name: str, dest: Path, fill: Callable[[Path], dict]) -> Outcome:
-    """Run ``fill(tmp)`` (pip into a fresh temporary folder next to ``dest``; returns stamp fields),
-    stamp the folder and move it to ``dest``. Any :class:`~sglab.sglang.install.PipError` becomes a
-    failed outcome, and the temporary folder never outlives the call."""
+    """``fill(tmp)`` (pip into a temporary folder next to ``dest``; returns stamp fields), then the
+    stamped folder replaces ``dest``; a :class:`PipError` is a failed outcome."""
     t0 = time.perf_counter()
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=dest.parent))
@@ -87,7 +84,9 @@ def _install_into(kind: str, name: str, dest: Path, fill: Callable[[Path], dict]
         seconds = time.perf_counter() - t0
         stamp = {**fields, "python": sys.version.split()[0], "seconds": round(seconds, 1)}
         (tmp / STAMP).write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
-        replace_dir(tmp, dest)
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
         return Outcome(kind, name, "installed", seconds)
     except PipError as exc:
         return Outcome(kind, name, "failed", time.perf_counter() - t0, str(exc))
@@ -103,11 +102,14 @@ def install_deps(name: str) -> Outcome:
     def fill(tmp: Path) -> dict:
         _, reqs, nodeps = DEP_SETS[name]
         with tempfile.TemporaryDirectory() as work:
-            constraints = constraint_files(_repo(), Path(work))
+            constraints = constraint_files(Path(work))
             pip_install(tmp, reqs, constraints=constraints)
             if nodeps:
                 pip_install(tmp, nodeps, constraints=constraints, no_deps=True)
-        check_no_forbidden(tmp)
+        bad = sorted(n for n in installed_in(tmp) if FORBIDDEN.match(n))
+        if bad:
+            raise PipError(f"refusing to keep {', '.join(bad)} in {tmp.name}: "
+                           "the interpreter's torch stack must be used")
         return {
             **_deps_spec(name), "set": name, "provided_by_interpreter": prune_provided(tmp),
             "source": "index"
@@ -125,8 +127,8 @@ def install_release(version: str) -> Outcome:
     def fill(tmp: Path) -> dict:
         cache = home() / "wheels"  # wheels another part of the project downloaded for reading
         with tempfile.TemporaryDirectory() as work:
-            pip_install(tmp, [f"sglang=={version}"], constraints=constraint_files(
-                _repo(), Path(work)), no_deps=True, find_links=[cache] if cache.is_dir() else [])
+            pip_install(tmp, [f"sglang=={version}"], constraints=constraint_files(Path(work)),
+                        no_deps=True, find_links=[cache] if cache.is_dir() else [])
         if not (tmp / "sglang" / "__init__.py").exists():
             raise PipError("the wheel has no sglang/__init__.py")
         return {
@@ -141,8 +143,6 @@ def install(releases: Iterable[str] = PINNED, *, jobs: int = JOBS, echo=print,
     """Install what is missing of ``releases`` and their dependency sets; one outcome per item, in
     order, each said in one line by ``echo``, or by ``warn`` (default ``echo``) where it failed."""
     releases = list(dict.fromkeys(releases))
-    for v in releases:
-        parse_version(v)
     sets = list(dict.fromkeys(dep_set(v) for v in releases))
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [pool.submit(install_deps, s) for s in sets]
@@ -175,9 +175,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                        warn=lambda line: print(line, file=sys.stderr))
     failed = [o for o in outcomes if o.status == "failed"]
     done = sum(o.status == "installed" for o in outcomes)
-    size = dir_size_mib(home()) if home().exists() else 0.0
+    size = sum(p.stat().st_size for p in home().rglob("*") if p.is_file() and not p.is_symlink())
     print(f"sglang releases: {done} installed, {len(outcomes) - done - len(failed)} already there, "
-          f"{len(failed)} failed; {time.perf_counter() - t0:.1f} s; {home()} holds {size:.0f} MiB")
+          f"{len(failed)} failed; {time.perf_counter() - t0:.1f} s; {home()} holds "
+          f"{size / 2**20:.0f} MiB")
     return 1 if failed else 0
 
 
@@ -202,24 +203,15 @@ def interpreter_dists() -> dict[str, str]:
     return out
 
 
-def torch_is_cpu_build() -> bool:
-    """True when the interpreter's torch is a CPU build or absent (the case the committed
-    constraints are for)."""
-    try:
-        version = md.version("torch")
-    except md.PackageNotFoundError:
-        return True
-    return "+cu" not in version and "+rocm" not in version
-
-
-def constraint_files(repo: Path, workdir: Path) -> list[Path]:
-    """The committed CPU constraints (on a CPU interpreter) plus the interpreter's own pins."""
+def constraint_files(workdir: Path) -> list[Path]:
+    """The committed CPU constraints (where torch is a CPU build or absent) plus the interpreter's
+    own pins."""
+    dists = interpreter_dists()
     pins = workdir / "interpreter-pins.txt"
-    pins.write_text("".join(f"{n}=={v}\n" for n, v in sorted(interpreter_dists().items())))
-    files = [pins]
-    if torch_is_cpu_build():
-        files.insert(0, repo / "constraints" / "cpu.txt")
-    return files
+    pins.write_text("".join(f"{n}=={v}\n" for n, v in sorted(dists.items())))
+    torch = dists.get("torch", "")
+    cpu = "+cu" not in torch and "+rocm" not in torch
+    return [repo_root() / "constraints" / "cpu.txt", pins] if cpu else [pins]
 
 
 def _error_line(stderr: str) -> str:
@@ -236,8 +228,7 @@ def _error_line(stderr: str) -> str:
 def pip_install(target: Path, requirements: Iterable[str], *, constraints: Iterable[Path] = (),
                 no_deps: bool = False, find_links: Iterable[Path] = (),
                 timeout: float = PIP_TIMEOUT_S) -> None:
-    """``pip install --target`` one batch of requirements (names, pins or wheel paths); raises
-    :class:`PipError`."""
+    """``pip install --target`` one batch of requirements; raises :class:`PipError`."""
     cmd = [
         sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
         "--no-warn-script-location", "--no-input", "--no-compile", "--upgrade", "--target",
@@ -260,8 +251,7 @@ def pip_install(target: Path, requirements: Iterable[str], *, constraints: Itera
 
 
 def installed_in(folder: Path) -> dict[str, tuple[str, Path]]:
-    """{normalized name: (version, dist-info folder)} of the distributions installed into
-    ``folder``."""
+    """{normalized name: (version, dist-info folder)} of the distributions in ``folder``."""
     out = {}
     for info in folder.glob("*.dist-info"):
         try:
@@ -301,39 +291,10 @@ def prune_provided(folder: Path) -> list[str]:
     return pruned
 
 
-def check_no_forbidden(folder: Path) -> None:
-    """Raise :class:`PipError` when a torch-stack distribution landed in ``folder``."""
-    bad = sorted(n for n in installed_in(folder) if FORBIDDEN.match(n))
-    if bad:
-        raise PipError(f"refusing to keep {', '.join(bad)} in {folder.name}: "
-                       "the interpreter's torch stack must be used")
-
-
-def missing_provided(pins: Iterable[str]) -> list[str]:
-    """Pins (``name==version``) that the interpreter no longer provides at that version."""
-    have = interpreter_dists()
-    return [pin for pin in pins if have.get(pin.partition("==")[0]) != pin.partition("==")[2]]
-
-
-def replace_dir(src: Path, dst: Path) -> None:
-    """Move a finished install into place (removing what was there)."""
-    if dst.exists():
-        shutil.rmtree(dst)
-    src.rename(dst)
-
-
-def dir_size_mib(path: Path) -> float:
-    total = 0
-    for p in path.rglob("*"):
-        with suppress(OSError):
-            total += p.stat().st_size if p.is_file() and not p.is_symlink() else 0
-    return total / 2**20
-
-
-def wheel_of(folder: Path, name: str = "sglang") -> Optional[str]:
-    """``name-version`` of the dist-info installed into ``folder``."""
-    got = installed_in(folder).get(canonicalize_name(name))
-    return f"{name}-{got[0]}" if got else None
+def wheel_of(folder: Path) -> Optional[str]:
+    """``sglang-version`` of the dist-info installed into ``folder``."""
+    got = installed_in(folder).get("sglang")
+    return f"sglang-{got[0]}" if got else None
 
 
 if __name__ == "__main__":

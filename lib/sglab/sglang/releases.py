@@ -58,8 +58,7 @@ def release_dir(version: str) -> Path:
 
 
 def package_dir(version: str) -> Path:
-    """``.sglang/releases/<V>/sglang``: the release's package folder (read as source by
-    ``sglab.sglang.upstream``)."""
+    """``.sglang/releases/<V>/sglang``: the release's package folder."""
     return release_dir(version) / "sglang"
 
 
@@ -78,9 +77,8 @@ def deps_dir(name: str) -> Path:
 
 
 def parse_version(version: str) -> Version:
-    """``"0.5.12.post1"`` as a :class:`packaging.version.Version`: the one parser of release
-    numbers; they compare as the releases do (a ``.postN`` after its release). Pre-releases (rc,
-    dev), local versions and forms other than ``X.Y.Z[.postN]`` raise ValueError."""
+    """``"0.5.12.post1"`` as a :class:`packaging.version.Version`, the one parser of release
+    numbers; forms other than ``X.Y.Z[.postN]`` raise ValueError."""
     try:
         parsed = Version(str(version))
     except InvalidVersion:
@@ -153,8 +151,7 @@ def installed_releases() -> list[str]:
 
 
 def worker_env() -> dict:
-    """The caller's environment, with this package importable in the child whether or not it is
-    installed."""
+    """The caller's environment, with this package importable in the child."""
     env = dict(os.environ)
     lib = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = lib + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

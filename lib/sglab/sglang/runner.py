@@ -17,6 +17,7 @@ import time
 import traceback
 import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
@@ -39,8 +40,8 @@ def call_key(probe: str, params: Optional[dict]) -> tuple[str, str]:
 
 def _spawn(cmd: list[str], timeout: float,
            progress: Optional[Callable[[], int]] = None) -> tuple[Optional[int], str]:
-    """(exit code, or None when killed; stderr tail); the child's process group is killed after
-    ``timeout`` seconds without ``progress()`` growing (without it, of the whole run)."""
+    """(exit code, or None when killed; stderr tail): the child's process group is killed after
+    ``timeout`` seconds without ``progress()`` growing (or of the whole run)."""
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=err, text=True, env=worker_env(), start_new_session=True)
@@ -76,8 +77,7 @@ def _answered(release: str, probe: str, data: dict, seconds: float) -> ProbeResu
 
 
 def _read_answers(out: Path) -> dict[int, dict]:
-    """{call index: answer} of every complete line the worker wrote (a line cut short by a kill is
-    not one)."""
+    """{call index: answer} of every complete line the worker wrote."""
     if not out.exists():
         return {}
     found = {}
@@ -94,8 +94,7 @@ def _read_answers(out: Path) -> dict[int, dict]:
 
 def _run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]],
                  timeout: float) -> tuple[dict[tuple[str, str], ProbeResult], set]:
-    """:func:`run_release`, and the keys of the calls the worker itself answered (not killed, not
-    crashed)."""
+    """:func:`run_release`, and the keys of the calls the worker itself answered."""
     parse_version(release)
     todo: dict[tuple[str, str], tuple[str, dict]] = {}
     for probe, params in calls:
@@ -161,9 +160,8 @@ def run_batch(calls: Iterable[tuple[str, Optional[dict], Iterable[str]]], *, job
               timeout: float = DEFAULT_TIMEOUT_S, progress: Optional[Callable[[str, dict],
                                                                               None]] = None,
               answered_only: bool = False) -> dict[str, dict]:
-    """``{release: {(probe, params key): result}}`` of every ``(probe, params, releases)``, each
-    release asked once for all its calls, ``jobs`` at a time; ``progress(release, results)`` as each
-    ends; ``answered_only``: without the calls a worker did not answer itself."""
+    """``{release: {(probe, params key): result}}`` of every ``(probe, params, releases)``, one
+    worker per release, ``jobs`` at a time; ``answered_only``: only the calls a worker answered."""
     per_release: dict[str, list[tuple[str, Optional[dict]]]] = {}
     for probe, params, releases in calls:
         for v in releases:
@@ -185,9 +183,8 @@ def run_batch(calls: Iterable[tuple[str, Optional[dict], Iterable[str]]], *, job
 
 def run_probe(release: str, probe: str, params: Optional[dict] = None, *,
               timeout: float = DEFAULT_TIMEOUT_S) -> ProbeResult:
-    """Run ``probe`` (``module:function``, e.g. ``sglab.swa_loc.sglang:probe``) on
-    ``release`` in a fresh worker, now, and return its rows. Never raises for a release that cannot
-    run: the result says why."""
+    """``probe`` (``module:function``) on ``release`` in a fresh worker, now (never raises: the
+    result says why a release could not run)."""
     return run_release(release, [(probe, params)], timeout=timeout)[call_key(probe, params)]
 
 
@@ -195,10 +192,9 @@ def run_probes(
         releases: Iterable[str], probe: str, params: Optional[dict] = None, *, jobs: int = 2,
         timeout: float = DEFAULT_TIMEOUT_S, source: Optional[str] = None,
         progress: Optional[Callable[[str, ProbeResult], None]] = None) -> dict[str, ProbeResult]:
-    """``probe`` with ``params`` on several releases: ``{release: result}``, from the newest
-    recording where ``source`` (default ``$SGLAB_REAL``) allows, else this test session's answers,
-    else a worker started now (``jobs`` at a time); ``progress(release, result)`` as each answer is
-    found."""
+    """``{release: result}`` of ``probe`` with ``params``: from the newest recording where
+    ``source`` (default ``$SGLAB_REAL``) allows, else this test session's answers, else a worker
+    started now (``jobs`` at a time)."""
     releases, src = list(releases), store.source(source)
     found: dict[str, ProbeResult] = {}
     if src != "live":
@@ -238,8 +234,7 @@ code_loaded: set = set()  # the package files the workers of this process report
 
 
 def loaded_code() -> list[str]:
-    """The files of this package that this process has imported, relative to it: what a worker's
-    answers can depend on beside the release."""
+    """The files of this package this process has imported (what its answers depend on)."""
     out = set()
     for m in list(sys.modules.values()):
         f = getattr(m, "__file__", None)
@@ -269,17 +264,19 @@ def _jsonable(value):
     return str(value)
 
 
+def _blank(release: str, probe: str, shims=(), not_run=None) -> dict:
+    return {
+        "release": release, "probe": probe, "rows": [], "shims": [asdict(s) for s in shims],
+        "seconds": {}, "error": None, "not_run": not_run
+    }
+
+
 def answer(prepared, probe: str, params: dict) -> dict:
     """One call in a prepared worker: the probe's rows, or the error or not-run reason it raised."""
     # imported late: the worker's path, the only one that needs bootstrap
     from sglab.sglang import bootstrap
 
-    out = {
-        "release": prepared.release, "probe": probe, "rows": [],
-        "shims": [s.as_dict() for s in prepared.shims], "seconds": {}, "error": None,
-        "not_run": None
-    }
-    t0 = time.perf_counter()
+    out = _blank(prepared.release, probe, prepared.shims)
     try:
         rows = _resolve(probe)(prepared, params)
         out["rows"] = [{k: _jsonable(v) for k, v in row.items()} for row in rows]
@@ -290,14 +287,12 @@ def answer(prepared, probe: str, params: dict) -> dict:
         text = str(exc).strip()
         out["error"] = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
         out["traceback"] = "\n".join(tb[-25:])
-    out["seconds"]["probe"] = round(time.perf_counter() - t0, 3)
     return out
 
 
 def run(release: str, calls: list[dict], emit: Callable[[dict], None]) -> None:
-    """Prepare ``release`` once, then answer each call (``{"probe", "params"}``) in turn:
-    ``emit(answer)`` with its ``index`` and the time it ``finished``. A release that cannot be
-    prepared answers every call with that reason."""
+    """Prepare ``release`` once, then ``emit`` the answer to each call (``{"probe", "params"}``)
+    with its ``index`` and the time it ``finished`` (or why the release could not be prepared)."""
     from sglab.sglang import bootstrap  # late: see answer()
 
     t0 = time.perf_counter()
@@ -307,13 +302,9 @@ def run(release: str, calls: list[dict], emit: Callable[[dict], None]) -> None:
         prepared, cause = None, str(exc)
     prepare_s = round(time.perf_counter() - t0, 3)
     for i, call in enumerate(calls):
-        if prepared is None:
-            out = {
-                "release": release, "probe": call["probe"], "rows": [], "shims": [], "seconds": {},
-                "error": None, "not_run": cause
-            }
-        else:
-            out = answer(prepared, call["probe"], call.get("params") or {})
+        out = (_blank(release, call["probe"], not_run=cause) if prepared is None else answer(
+            prepared, call["probe"],
+            call.get("params") or {}))
         if i == 0:
             out["seconds"]["prepare"] = prepare_s
         emit({**out, "index": i, "finished": time.time(), "code": loaded_code()})

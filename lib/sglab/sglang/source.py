@@ -16,8 +16,7 @@ _DEFS = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 @lru_cache(maxsize=64)
 def parse(source: str) -> ast.Module | None:
-    """The module's syntax tree, or None when the text does not parse (a checker must not crash on
-    it)."""
+    """The module's syntax tree, or None when the text does not parse."""
     try:
         return ast.parse(source)
     except SyntaxError:
@@ -25,15 +24,14 @@ def parse(source: str) -> ast.Module | None:
 
 
 def parsed(read, rel: str) -> tuple[str | None, ast.Module | None]:
-    """(text, tree) of ``rel`` through ``read``; tree is None when the file is missing or does not
-    parse."""
+    """(text, tree) of ``rel`` through ``read``; tree None where missing or unparsable."""
     text = read(rel)
     return text, (parse(text) if text is not None else None)
 
 
 def find(tree: ast.AST | None, qualname: str) -> ast.AST | None:
-    """The class or function ``qualname`` ("Class.method") in the direct bodies of ``tree`` (a
-    module's, then a class's); the last definition of a name wins, as Python's binding would."""
+    """The class or function ``qualname`` ("Class.method") in ``tree``; the last definition of a
+    name wins, as in Python."""
     node = tree
     for part in qualname.split("."):
         body = getattr(node, "body", None) or []
@@ -45,8 +43,7 @@ def find(tree: ast.AST | None, qualname: str) -> ast.AST | None:
 
 
 def text(source: str, node: ast.AST) -> str:
-    """The source lines of ``node`` with its decorators, dedented to column 0, ending in one
-    newline."""
+    """The source lines of ``node`` with its decorators, dedented, ending in one newline."""
     first = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
     lines = source.splitlines()[first - 1:node.end_lineno]
     return textwrap.dedent("\n".join(lines)).rstrip() + "\n"
@@ -83,8 +80,7 @@ def keyword(call: ast.Call, name: str) -> ast.expr | None:
 
 
 def assignments(node: ast.AST | None, target: str) -> list[ast.expr]:
-    """Values assigned to ``target`` (spelled as in the source, e.g. ``"self.model"``) anywhere
-    under ``node``."""
+    """Values assigned to ``target`` (spelled as in the source: ``"self.model"``) under ``node``."""
     if node is None:
         return []
     out = []
@@ -98,8 +94,7 @@ def assignments(node: ast.AST | None, target: str) -> list[ast.expr]:
 
 
 def mentions(node: ast.AST | None, spelled: str) -> bool:
-    """Whether the expression ``spelled`` (as ``ast.unparse`` writes it) occurs anywhere under
-    ``node``."""
+    """Whether the expression ``spelled`` (as ``ast.unparse`` writes it) occurs under ``node``."""
     if node is None:
         return False
     return any(isinstance(n, ast.expr) and ast.unparse(n) == spelled for n in ast.walk(node))

@@ -30,27 +30,15 @@ def source(requested: Optional[str] = None) -> str:
 
 
 def params_key(probe: str, params: Optional[dict]) -> str:
-    """A stable name for one probe call's parameters (the same dict in any key order gives the same
-    key)."""
+    """A stable name for one probe call's parameters (in any key order)."""
     text = json.dumps(params or {}, sort_keys=True, separators=(",", ":"), default=str)
     return f"{probe}#{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
-def _result_dict(r) -> dict:
-    rows = r.rows.drop(columns=["release", "probe"],
-                       errors="ignore").to_dict("records") if r.rows is not None else []
-    return {
-        "release": r.release, "probe": r.probe, "status": r.status, "rows": rows, "shims": r.shims,
-        "seconds": round(r.seconds, 3), "prepare_seconds": round(r.prepare_seconds, 3),
-        "reason": r.reason, "traceback": r.traceback
-    }
-
-
 @dataclass
 class ProbeResult:
-    """What one release answered to one call. ``status``: ``ok``, ``error`` (the probe raised, or
-    its worker died or was killed before answering) or ``not-run`` (the release is not installed or
-    does not import here; ``reason`` says which module and why)."""
+    """What one release answered to one call: ``ok``, ``error`` (the probe raised, or its worker
+    died first) or ``not-run`` (the release is not installed or does not import here)."""
 
     release: str
     probe: str
@@ -80,9 +68,7 @@ class ProbeResult:
 
 
 def frame(release: str, probe: str, rows: list[dict]):
-    # pandas is imported here, not at the top: the worker's start-up path imports this module
-    # (through the runner)
-    import pandas as pd
+    import pandas as pd  # here: the worker's start-up imports this module
 
     df = pd.DataFrame(rows)
     df.insert(0, "probe", probe)
@@ -106,8 +92,8 @@ class Recording:
 
 def write(calls: Iterable[tuple[str, Optional[dict], dict]], *, root: Optional[Path] = None,
           extra: Optional[dict] = None) -> Path:
-    """Write a recording of ``calls`` (``(probe, params, {release: ProbeResult})``) as a
-    ``real_cpu`` run under ``root`` (default ``data/recorded``); ``extra``: more manifest fields."""
+    """Write ``calls`` (``(probe, params, {release: ProbeResult})``) as a ``real_cpu`` run under
+    ``root`` (default ``data/recorded``)."""
     from sglab.core import runs
 
     rows, stored, releases = [], [], set()
@@ -115,7 +101,13 @@ def write(calls: Iterable[tuple[str, Optional[dict], dict]], *, root: Optional[P
         key = params_key(probe, params)
         for release, r in results.items():
             releases.add(release)
-            stored.append({"key": key, **_result_dict(r)})
+            stored.append({
+                "key": key, "release": r.release, "probe": r.probe,
+                "status": r.status, "rows": [] if r.rows is None else r.rows.drop(
+                    columns=["release", "probe"], errors="ignore").to_dict("records"),
+                "shims": r.shims, "seconds": round(r.seconds, 3), "prepare_seconds": round(
+                    r.prepare_seconds, 3), "reason": r.reason, "traceback": r.traceback
+            })
             rows.append({
                 "variant": release, "probe": probe, "params_key": key, "status": r.status,
                 "metric": "rows", "value": 0 if r.rows is None else len(r.rows), "unit": "count"

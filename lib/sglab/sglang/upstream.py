@@ -48,17 +48,12 @@ class Verdict:
             raise ValueError(f"a {self.status!r} verdict needs a one-line reason, got "
                              f"{self.detail!r}")
 
-    @property
-    def reason(self) -> str:
-        return self.detail
-
     def __str__(self) -> str:
         return f"{self.status}: {self.detail}"
 
 
 def data_dir() -> Path:
-    """``data/upstream`` of the checkout (or ``$SGLAB_DATA/upstream``): the committed release table
-    and hunks."""
+    """``data/upstream`` of the checkout (or ``$SGLAB_DATA/upstream``)."""
     base = os.environ.get("SGLAB_DATA")
     if base:
         return Path(base) / "upstream"
@@ -94,8 +89,7 @@ def read(relpath: str, *, root: Path | None = None) -> str | None:
 
 
 def run_check(fix, read_fn: Reader) -> Verdict:
-    """``fix.check`` on one reader; a check that raises answers "unknown" with the error as its
-    reason."""
+    """``fix.check`` on one reader; a check that raises answers "unknown"."""
     try:
         return fix.check(read_fn)
     except Exception as e:  # noqa: BLE001 - a broken check must not break a notebook or a table

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import zipfile
 from dataclasses import dataclass, field
+from contextlib import suppress
 from datetime import datetime
 from pathlib import Path
 from sglab.sglang.releases import parse_version
@@ -27,7 +28,7 @@ PIP_TAGS = ("--only-binary=:all:", "--python-version", "3.12", "--implementation
 
 
 class NoNetwork(RuntimeError):
-    """pip could not reach the package index (or is missing); the message is one line."""
+    """pip could not reach the package index (or is missing), in one line."""
 
 
 class NoSuchRelease(ValueError):
@@ -44,14 +45,11 @@ def table_path() -> Path:
     return data_dir() / "releases.csv"
 
 
-def _names(fixes) -> list[str]:
-    return [f if isinstance(f, str) else f.name for f in fixes]
-
-
 def columns(fixes) -> list[str]:
-    """The CSV's columns: the wheel's facts, then ``<fix>`` and ``<fix>_reason`` per fix (records or
-    names)."""
-    return [*META, *(c for fix in _names(fixes) for c in (fix, f"{fix}_reason"))]
+    """The CSV's columns: the wheel's facts, then ``<fix>`` and ``<fix>_reason`` per fix (a record
+    or a name)."""
+    names = [f if isinstance(f, str) else f.name for f in fixes]
+    return [*META, *(c for fix in names for c in (fix, f"{fix}_reason"))]
 
 
 def fix_names(frame) -> list[str]:
@@ -62,14 +60,12 @@ def fix_names(frame) -> list[str]:
 # -- versions --------------------------------------------------------------------------------------
 def select(versions) -> list[str]:
     """Final releases from :data:`FIRST` on, sorted; pre-releases (rc, a, b, dev) are skipped."""
-
-    def wanted(v) -> bool:
-        try:
-            return parse_version(v) >= parse_version(FIRST)
-        except ValueError:
-            return False
-
-    return sorted({v for v in versions if wanted(v)}, key=parse_version)
+    out = set()
+    for v in versions:
+        with suppress(ValueError):
+            if parse_version(v) >= parse_version(FIRST):
+                out.add(v)
+    return sorted(out, key=parse_version)
 
 
 def _pip(args: list[str], timeout: float) -> str:
@@ -97,8 +93,7 @@ def list_versions() -> list[str]:
 
 
 def download(version: str, dest: Path) -> Path:
-    """Fetch the release's wheel into ``dest`` (no dependencies, nothing installed) and return its
-    path."""
+    """Fetch the release's wheel (nothing installed) into ``dest``; its path."""
     dest.mkdir(parents=True, exist_ok=True)
     _pip(["download", "--no-deps", *PIP_TAGS, "-d",
           str(dest), "-q", f"{PACKAGE}=={version}"], timeout=600)
@@ -118,8 +113,7 @@ def cached(version: str, dest: Path) -> Path | None:
 
 # -- one wheel -------------------------------------------------------------------------------------
 class WheelReader:
-    """``read(relpath)`` over the ``sglang/`` package inside a wheel: text of ``sglang/<relpath>``
-    or None."""
+    """``read(relpath)`` inside a wheel: the text of ``sglang/<relpath>``, or None."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -145,10 +139,8 @@ class WheelReader:
 def wheel_facts(path: Path) -> dict:
     """File name, sha256, and build date (the newest zip timestamp; wheels carry no commit id)."""
     path = Path(path)
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+        digest = hashlib.file_digest(f, "sha256")
     with zipfile.ZipFile(path) as z:
         newest = max(i.date_time for i in z.infolist())
     return {
@@ -168,8 +160,8 @@ def classify_wheel(version: str, path: Path, fixes) -> dict:
 
 # -- the committed table ---------------------------------------------------------------------------
 def load_table(path: Path | None = None, fixes=None):
-    """The committed release table (every value a string), oldest release first; with ``fixes``,
-    checked to have a column for each."""
+    """The committed release table (strings), oldest release first, checked to have a column per
+    fix of ``fixes``."""
     import pandas as pd
 
     path = Path(path or table_path())
@@ -197,8 +189,8 @@ def write_table(frame, path: Path | None = None) -> Path:
 @dataclass
 class Timeline:
     """Rows (the table's columns plus ``source``: "wheel" or "table"), what was read from where, and
-    whether the result covers every release from :data:`FIRST` to the newest, each read from its
-    wheel (then it may be written as the committed table)."""
+    whether every release from :data:`FIRST` on was read from its wheel (then it may be
+    committed)."""
 
     frame: object
     notes: list[str] = field(default_factory=list)
@@ -209,8 +201,7 @@ class Timeline:
 
 
 def _release_list(versions, offline, lister, notes) -> tuple[list[str], bool, bool]:
-    """(versions to show, whether the list came from the package index, whether the network may be
-    tried)."""
+    """(versions, whether the package index listed them, whether the network may be tried)."""
     if offline:
         notes.append("offline: nothing downloaded")
     if versions:
@@ -230,14 +221,17 @@ def timeline(fixes, versions=None, *, offline: bool = False, cache: Path | None 
              table: Path | None = None, lister=list_versions, fetch=download,
              progress: bool = True) -> Timeline:
     """Classify ``versions`` (None: every release from :data:`FIRST`), each from its wheel (cached,
-    else downloaded), else from the committed table; without network (or ``offline``) the releases
-    are the table's and the cached wheels'. ``notes`` says where each came from."""
+    else downloaded), else from the committed table (without network, the releases of both)."""
     import pandas as pd
     from tqdm.auto import tqdm
 
     cache = Path(cache or cache_dir())
     notes: list[str] = []
-    committed = _committed(table, notes, fixes)
+    try:
+        committed = {r["version"]: dict(r) for r in load_table(table, fixes).to_dict("records")}
+    except (FileNotFoundError, ValueError) as e:
+        notes.append(f"committed table not usable: {e}")
+        committed = {}
     wanted, from_index, network = _release_list(versions, offline, lister, notes)
     if not wanted:
         wanted = select(
@@ -270,24 +264,13 @@ def timeline(fixes, versions=None, *, offline: bool = False, cache: Path | None 
     n_wheel = len(rows) - len(from_table)
     notes.append(f"classified from wheels: {n_wheel} ({len(fetched)} downloaded now, "
                  f"{n_wheel - len(fetched)} from the cache {cache})")
-    if from_table:
-        notes.append(f"taken from the committed table (no wheel here): {', '.join(from_table)}")
-    if missing:
-        notes.append(f"not shown (no wheel and not in the committed table): {', '.join(missing)}")
-    if unknown:
-        notes.append(f"no such SGLang release on the package index: {', '.join(unknown)}")
+    for said, vs in (("taken from the committed table (no wheel here)",
+                      from_table), ("not shown (no wheel and not in the committed table)", missing),
+                     ("no such SGLang release on the package index", unknown)):
+        notes += [f"{said}: {', '.join(vs)}"] if vs else []
     frame = pd.DataFrame(rows, columns=[*columns(fixes), "source"])
     complete = versions is None and from_index and not from_table and not missing
     return Timeline(frame, notes, complete, wheels, unknown)
-
-
-def _committed(table, notes, fixes) -> dict:
-    try:
-        df = load_table(table, fixes)
-    except (FileNotFoundError, ValueError) as e:
-        notes.append(f"committed table not usable: {e}")
-        return {}
-    return {r["version"]: dict(r) for r in df.to_dict("records")}
 
 
 def summary(frame) -> "object":
@@ -297,8 +280,7 @@ def summary(frame) -> "object":
 
 
 def changes(frame) -> list[tuple[str, str, str, str]]:
-    """``(fix, version, state, reason)`` wherever a fix's state or reason differs from the release
-    before."""
+    """``(fix, version, state, reason)`` wherever a fix's state or reason changes."""
     out = []
     for fix in fix_names(frame):
         prev = None
@@ -340,32 +322,22 @@ def _bare(ax) -> None:
         ax.spines[side].set_visible(False)
 
 
-def _caption(fig, frame, extra: str = "") -> str:
+def _caption(fig, frame) -> None:
     first, last = frame["build_date"].iloc[0][:10], frame["build_date"].iloc[-1][:10]
     text = (f"read from the released SGLang wheels {frame['version'].iloc[0]} (built {first}) to "
-            f"{frame['version'].iloc[-1]} (built {last}) by sglab.sglang.upstream"
-            + (f" · {extra}" if extra else ""))
+            f"{frame['version'].iloc[-1]} (built {last}) by sglab.sglang.upstream")
     fig.text(0.01, -0.02, text, ha="left", va="top", fontsize=8, color="#555555")
-    return text
 
 
-def _legend(ax, states, ncol):
-    from matplotlib.patches import Patch
-
-    handles = [Patch(facecolor=STATE_COLOURS[s], edgecolor="#7f8c8d", label=s) for s in states]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=ncol,
-              frameon=False)
-
-
-def timeline_figure(frame=None, *, fixes=None, ax=None):
+def timeline_figure(frame=None, *, ax=None):
     """Releases left to right, one row per fix, each cell coloured by that fix's state in that
     release."""
-    from matplotlib.patches import Rectangle
+    from matplotlib.patches import Patch, Rectangle
 
     from sglab.core import plots
 
     frame = _table(frame)
-    fixes = _names(fixes or fix_names(frame))
+    fixes = fix_names(frame)
     if ax is None:
         fig, ax = plots.figure(width=max(7.0, 0.48 * len(frame) + 2.5),
                                height=0.42 * len(fixes) + 1.9)
@@ -383,19 +355,19 @@ def timeline_figure(frame=None, *, fixes=None, ax=None):
     _bare(ax)
     ax.set_title("Which SGLang release has which fix")
     present = [s for s in STATE_COLOURS if s in set(frame[fixes].to_numpy().ravel())]
-    _legend(ax, present, ncol=len(present))
+    ax.legend(
+        handles=[Patch(facecolor=STATE_COLOURS[s], edgecolor="#7f8c8d", label=s) for s in present],
+        loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=len(present), frameon=False)
     _caption(fig, frame)
     return fig
 
 
 def timeline_row_figure(fix, frame=None, *, ax=None):
-    """One fix (a record, or a name) across the releases: a coloured strip, each run of equal states
-    labelled where it starts."""
+    """One fix's record across the releases: a coloured strip, each run of equal states labelled."""
     from sglab.core import plots
 
     frame = _table(frame)
-    title = "" if isinstance(fix, str) else fix.title
-    fix = _names([fix])[0]
+    title, fix = fix.title, fix.name
     if fix not in frame.columns:
         raise KeyError(f"no column {fix!r} in the release table; fixes: {fix_names(frame)}")
     if ax is None:

@@ -18,14 +18,3 @@ from sglab.sglang.engine.spec import (
     DEFAULT_TIMEOUT_S, PCG_FLAGS, VOCAB, Adjustment, Case, EngineError, EngineSpec, ReleaseError,
     Scenario, adjustment, flag_names, load_config, revert_adjustment, text_config, trace_adjustment)
 from sglab.sglang.engine.trace import decode_kernels
-
-
-__all__ = [
-    "DEFAULT_TIMEOUT_S", "LOG_STRINGS", "PCG_FLAGS", "SITECUSTOMIZE", "VOCAB", "Adjustment", "Case",
-    "EngineError", "EngineResult", "EngineSpec", "ReleaseError", "Scenario", "adjustment",
-    "bench_argv", "bench_results", "check_pins", "decode_kernels", "first_error", "flag_names",
-    "function_source", "launch", "load_config", "locate", "patch_params", "prepare",
-    "prepare_model", "read_log", "record", "release_flags", "remove_text", "revert_adjustment",
-    "revert_hunk", "reverted_source", "rows", "run", "summary", "text_config", "trace_adjustment",
-    "with_model_needs"
-]

@@ -20,8 +20,8 @@ def random_ids(rng, n: int) -> list[int]:
 
 
 def _gpu_memory() -> None:
-    """One line per (process, GPU) that NVML reports: the memory each process holds on each GPU,
-    named by its process title (``sglang::scheduler_TP1``)."""
+    """One line per (process, GPU) that NVML reports: the memory it holds, named by its process
+    title (``sglang::scheduler_TP1``)."""
     import psutil
 
     from sglab.core import memory
@@ -41,10 +41,9 @@ def _gpu_memory() -> None:
 
 
 def drive(params_path: str) -> int:
-    """The ``engine`` tool inside the release's process: parse the server arguments with the
-    release's own ``ServerArgs`` parser, start ``sglang.Engine``, send each (requests x input
-    length) ``repeats`` times as one ``generate`` call (distinct random token ids: no prefix-cache
-    hits), print one line per call, shut down."""
+    """The ``engine`` tool: the release's own ``ServerArgs`` parser and ``sglang.Engine``, each
+    (requests x input length) sent ``repeats`` times as one ``generate`` call of distinct random
+    ids (no prefix-cache hits), one line per call."""
     import argparse
     import random
 
@@ -114,8 +113,8 @@ def _free_port(first: int) -> int:
 
 
 def _ready(url: str, server, deadline: float) -> None:
-    """Wait until the server answers ``/health_generate`` (one real generate) with 200; raise
-    where it exits first or ``deadline`` passes."""
+    """Wait until ``/health_generate`` (one real generate) answers 200; raise where the server
+    exits first or ``deadline`` passes."""
     import urllib.error
     import urllib.request
 
@@ -183,8 +182,8 @@ def stand_in_for_datasets() -> bool:
 
 
 def _bench_serving(argv: list[str]) -> int:
-    """``python -m sglang.bench_serving ARGV`` in this process (``runpy``: its imports are paid
-    once, not once per pass); its exit status."""
+    """``python -m sglang.bench_serving ARGV`` in this process (its imports paid once); its exit
+    status."""
     import runpy
 
     saved = sys.argv

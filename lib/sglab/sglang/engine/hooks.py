@@ -24,8 +24,7 @@ MARK = "[sglab-engine]"
 
 
 def say(text: str) -> None:
-    """One line of ours in the engine's log, in one write: the ranks of a TP engine share the log,
-    and a line written in pieces can end up joined to another rank's."""
+    """One line of ours in the engine's log, in one write (the ranks of a TP engine share it)."""
     line = f"{MARK} {text}\n"
     try:
         sys.stdout.flush()
@@ -62,36 +61,26 @@ if os.environ.get("SGLAB_ENGINE_HOOKS"):
 
 
 def hunk_added_lines(diff: Path, contains: str, symbol: str = "") -> str:
-    """The ``+`` lines of the one hunk of ``diff`` that adds a line containing ``contains`` (in the
-    section of ``symbol`` where the diff names its symbols), as text without the ``+``: what a
-    revert removes.
-    """
-    hunks, cur, section = [], None, ""
+    """The ``+`` lines around the one line of ``diff`` (in ``symbol``'s section, if given) that
+    adds ``contains``, without the ``+``: what a revert removes."""
+    hunks, section = [], ""  # [(section, lines)]
     for line in diff.read_text().splitlines():
-        if line.startswith("# ──") or line.startswith("--- ") or line.startswith("+++ "):
+        if line.startswith(("# ──", "--- ", "+++ ")):
             section = line
-            continue
-        if line.startswith("@@"):
-            cur = {"section": section, "lines": []}
-            hunks.append(cur)
-            continue
-        if cur is not None:
-            cur["lines"].append(line)
-    picked = [
-        h for h in hunks if (not symbol or symbol in h["section"]) and any(
-            ln.startswith("+") and contains in ln for ln in h["lines"])
-    ]
+        elif line.startswith("@@"):
+            hunks.append((section, []))
+        elif hunks:
+            hunks[-1][1].append(line)
+    added = lambda ln: ln.startswith("+") and contains in ln  # noqa: E731
+    picked = [lines for sec, lines in hunks if symbol in sec and any(map(added, lines))]
     if len(picked) != 1:
         raise ValueError(
             f"{diff.name}: {len(picked)} hunks add a line with {contains!r} (expected one)")
-    lines = picked[0]["lines"]
-    idx = [i for i, ln in enumerate(lines) if ln.startswith("+")]
-    # the contiguous run of added lines around the one that matches
-    hit = next(i for i in idx if contains in lines[i])
-    lo = hi = hit
-    while lo - 1 in idx:
+    lines = picked[0]
+    lo = hi = next(i for i, ln in enumerate(lines) if added(ln))
+    while lo > 0 and lines[lo - 1].startswith("+"):  # the run of added lines around it
         lo -= 1
-    while hi + 1 in idx:
+    while hi + 1 < len(lines) and lines[hi + 1].startswith("+"):
         hi += 1
     block = [ln[1:] for ln in lines[lo:hi + 1]]
     while block and not block[0].strip():
@@ -102,8 +91,7 @@ def hunk_added_lines(diff: Path, contains: str, symbol: str = "") -> str:
 
 
 def patch_params(a: Adjustment) -> dict:
-    """An adjustment's patch parameters as the engine's processes get them: a hunk named by its diff
-    file is resolved here to the exact text the revert removes."""
+    """An adjustment's patch parameters, a hunk named by its diff file resolved to its text."""
     params = a.param_dict()
     if params.get("diff") and not params.get("text"):
         params["text"] = hunk_added_lines(repo() / params["diff"], params["contains"])
@@ -166,12 +154,9 @@ def _print_resolved(module) -> None:
 
     def __post_init__(self, *a, **kw):
         original(self, *a, **kw)
-        out = {}
-        for k in RESOLVED_KEYS:
-            v = getattr(self, k, "<absent>")
-            if v == "<absent>":
-                continue
-            out[k] = v if isinstance(v, (str, int, float, bool, list, type(None))) else str(v)
+        plain = (str, int, float, bool, list, type(None))
+        out = {k: getattr(self, k) for k in RESOLVED_KEYS if hasattr(self, k)}
+        out = {k: v if isinstance(v, plain) else str(v) for k, v in out.items()}
         say("resolved " + json.dumps(out, default=str))
 
     __post_init__._sglab = True
@@ -179,8 +164,8 @@ def _print_resolved(module) -> None:
 
 
 def install_hooks(path: str) -> None:
-    """Inside an engine process (from the run's ``sitecustomize``): print the resolved server
-    arguments once ``ServerArgs`` is built, and apply each patch once its module is imported."""
+    """In an engine process: print the resolved server arguments once ``ServerArgs`` is built,
+    and apply each patch once its module is imported."""
     import importlib
 
     spec = json.loads(Path(path).read_text())
@@ -204,8 +189,7 @@ def _resolve(module, qualname: str):
 
 
 def function_source(source: str, qualname: str) -> str:
-    """The dedented source of ``qualname`` (``Class.method`` or ``function``) in a module's source
-    text, decorators included (read with ``ast``, nothing imported)."""
+    """The dedented source of ``qualname`` in a module's text, decorators included."""
     import ast
     import textwrap
 
@@ -223,8 +207,7 @@ def function_source(source: str, qualname: str) -> str:
 
 
 def remove_text(source: str, text: str, what: str, replacement: str = "") -> str:
-    """``source`` with the one occurrence of ``text`` removed (or replaced by ``replacement``);
-    ValueError when it occurs zero or several times."""
+    """``source`` with the one occurrence of ``text`` replaced (ValueError if not exactly one)."""
     n = source.count(text)
     if n != 1:
         raise ValueError(f"{what}: the hunk occurs {n} times (expected exactly once)")
@@ -232,9 +215,8 @@ def remove_text(source: str, text: str, what: str, replacement: str = "") -> str
 
 
 def reverted_source(params: dict, source: str) -> str:
-    """The function's source with the hunk of ``params`` removed (``text``, or the ``+`` lines of
-    the hunk of ``diff`` that adds ``contains``). Refuses functions that a re-definition outside the
-    class would change (zero-argument ``super()``, name-mangled attributes)."""
+    """The function's source without the hunk of ``params``; refuses functions a re-definition
+    outside the class would change (``super()``, name-mangled attributes)."""
     text = params.get("text") or hunk_added_lines(repo() / params["diff"], params["contains"])
     if "super()" in source or re.search(r"\bself\.__[a-z]\w*", source):
         raise ValueError(f"{params['qualname']}: cannot be redefined outside its class")
@@ -242,8 +224,7 @@ def reverted_source(params: dict, source: str) -> str:
 
 
 def revert_hunk(params: dict, module) -> None:
-    """Patch: redefine ``params["qualname"]`` of ``module`` from its own source minus the PR's hunk,
-    in the module's globals (same imports, same decorators)."""
+    """Patch: redefine ``params["qualname"]`` of ``module`` from its source minus the PR's hunk."""
     import __future__
     import inspect
     import textwrap

@@ -35,15 +35,12 @@ KILL_GRACE_S = 10.0  # between SIGTERM and SIGKILL when an engine is stopped
 class Prepared:
     """Everything a launch needs, decided before anything starts."""
 
-    spec: EngineSpec
     env: ReleaseEnv
-    work: Path
     model_dir: Path
     argv: list[str]  # what is started
     # the release's own command line (bench), or "sglang.Engine" and its server arguments
     sglang_command: list[str]
     server_argv: list[str]
-    hooks: Path
     environ: dict
     pins: dict = field(default_factory=dict)
     found: dict = field(default_factory=dict)
@@ -51,8 +48,8 @@ class Prepared:
 
 
 def server_argv(spec: EngineSpec, model_dir: Path, flags: Optional[set[str]] = None) -> list[str]:
-    """The server arguments: ``--model-path`` first, the harness defaults for flags the reader did
-    not give (only those the release defines), then the reader's own."""
+    """``--model-path``, the harness defaults (those the release defines) for flags the reader did
+    not give, then the reader's own."""
     given = set(flag_names(spec.server_args))
     out = ["--model-path", str(model_dir)]
     # an image goes through the model's processor: the Engine then needs its tokenizer (and the
@@ -69,9 +66,8 @@ def server_argv(spec: EngineSpec, model_dir: Path, flags: Optional[set[str]] = N
 
 
 def bench_argv(spec: EngineSpec, work: Path) -> list[str]:
-    """``bench_one_batch``'s own arguments: the batch sizes, the input lengths repeated ``warmup +
-    repeats`` times (one sweep after another, in one process), the output length, the jsonl result
-    file, and the profile."""
+    """``bench_one_batch``'s own arguments: the batch sizes, the input lengths swept ``warmup +
+    repeats`` times, the output length, the jsonl result file, and the profile."""
     lens = [str(n) for _ in range(spec.warmup + spec.repeats) for n in spec.input_lens]
     out = [
         "--batch-size", *[str(b) for b in spec.batch_sizes], "--input-len", *lens, "--output-len",
@@ -99,8 +95,8 @@ SERVE_PORT = 30000 + os.getpid() % 20000  # the server's loopback port (free one
 
 
 def serve_params(spec: EngineSpec, server: list[str], model_dir: Path, work: Path) -> dict:
-    """What :func:`~sglab.sglang.engine.driver.serve` reads (``serve.json`` in the run's folder):
-    the server's arguments and each ``bench_serving`` pass (input length, concurrency, prompts)."""
+    """What :func:`~sglab.sglang.engine.driver.serve` reads (``serve.json``): the server's
+    arguments and each ``bench_serving`` pass."""
     passes = [{"input_len": il, "concurrency": c, "prompts": c * spec.prompts, "repeat": r}
               for r in range(spec.repeats) for il in spec.input_lens for c in spec.requests]
     return {
@@ -111,9 +107,8 @@ def serve_params(spec: EngineSpec, server: list[str], model_dir: Path, work: Pat
 
 
 def model_needs(spec: EngineSpec) -> tuple[Adjustment, ...]:
-    """The adjustments the spec's model needs on its release to run with dummy weights and does
-    not carry yet (:data:`~sglab.sglang.engine.spec.MODEL_NEEDS`, checked in the release's own
-    source): ``sglab engine`` adds them by itself and says so."""
+    """The adjustments of :data:`~sglab.sglang.engine.spec.MODEL_NEEDS` the spec's model needs on
+    its release (read in its source) and does not carry yet."""
     need = MODEL_NEEDS.get(read_config(spec.model).architecture)
     if need is None or need[0] in {a.name for a in spec.adjustments}:
         return ()
@@ -126,9 +121,8 @@ def model_needs(spec: EngineSpec) -> tuple[Adjustment, ...]:
 
 def with_model_needs(spec: EngineSpec, echo: Callable[[str], None] = print,
                      said: Optional[set] = None) -> EngineSpec:
-    """``spec`` with :func:`model_needs` added, each said in one line; its reason only the first
-    time where ``said`` (the adjustments named so far, updated here) is given: a scenario starts
-    the same variant many times."""
+    """``spec`` with :func:`model_needs` added, each said in one line (its reason only the first
+    time, where ``said``, the adjustments named so far, is given)."""
     extra = model_needs(spec)
     for a in extra:
         why = "; its reason above)" if said is not None and a.name in said else f"): {a.reason}"
@@ -141,9 +135,8 @@ def with_model_needs(spec: EngineSpec, echo: Callable[[str], None] = print,
 
 def prepare(spec: EngineSpec, work: Path, *, python: str = sys.executable,
             check: bool = True) -> Prepared:
-    """Decide the whole launch without starting anything: locate the release, check its torch pin
-    (``check``), check the flags against its source, lay out the model folder, the hooks and the
-    environment."""
+    """Decide the whole launch without starting anything: the release, its torch pin (``check``),
+    the flags, the model folder, the hooks and the environment."""
     read_config(spec.model)
     env = locate(spec.release)
     found = found_versions(env)
@@ -196,8 +189,7 @@ def prepare(spec: EngineSpec, work: Path, *, python: str = sys.executable,
     environ.setdefault("NCCL_NVLS_ENABLE", "0")
     for a in spec.adjustments:
         environ.update({k: v.format(lib=lib_dir()) for k, v in a.env})
-    return Prepared(spec, env, work, model_dir, argv, sglang_cmd, server, hooks, environ, pins,
-                    found, marker)
+    return Prepared(env, model_dir, argv, sglang_cmd, server, environ, pins, found, marker)
 
 
 @dataclass

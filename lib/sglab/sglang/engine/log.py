@@ -40,9 +40,9 @@ def key_values(rest: str) -> dict:
 # -- what reading a line does ----------------------------------------------------------------------
 # the result's one-value facts (None until a line gives them) and its lists
 _FACTS = ("pcg_reason", "pcg_tokens", "pcg_capture_s", "bcg_tokens", "bcg_eager", "decode_bs",
-          "decode_capture_s", "attention_backend", "max_total_num_tokens")
+          "decode_capture_s", "attention_backend")
 _LISTS = ("bench", "serving", "serve_errors", "prefill_batches", "decode_batches", "calls",
-          "applied", "events", "hooks_failed", "gpu_memory", "excerpts", "traces")
+          "applied", "events", "hooks_failed", "gpu_memory", "excerpts")
 
 
 class _Reading:
@@ -55,15 +55,14 @@ class _Reading:
         self.phase, self.current, self.call = "start", None, None
 
 
-def _decision(excerpt: bool = True, **fields):
-    """A handler that sets result fields: each a constant, or ``(group, convert)`` of the match;
-    the line goes to the excerpts a manifest keeps."""
+def _decision(**fields):
+    """A handler that sets result fields, each a constant or ``(group, convert)`` of the match,
+    and keeps the line as an excerpt."""
 
     def handle(r: _Reading, m, line: str) -> None:
         for k, v in fields.items():
             r.d[k] = v[1](m.group(v[0])) if isinstance(v, tuple) else v
-        if excerpt:
-            r.d["excerpts"].append(strip_prefix(line))
+        r.d["excerpts"].append(strip_prefix(line))
 
     return handle
 
@@ -77,19 +76,11 @@ def _phase(name: str):
 
 
 def _prefill(r: _Reading, m, line: str) -> None:
-    r.current = {
-        "prefill_latency": float(m["s"]), "prefill_throughput": float(m["tps"]),
-        "decode_latencies": []
-    }
+    r.current = {"prefill_latency": float(m["s"]), "prefill_throughput": float(m["tps"])}
     if r.phase == "benchmark":
         r.d["bench"].append(r.current)
     else:
         r.d["warmup"] = r.current
-
-
-def _decode_step(r: _Reading, m, line: str) -> None:
-    if r.current is not None:
-        r.current["decode_latencies"].append(float(m["s"]))
 
 
 def _decode_median(r: _Reading, m, line: str) -> None:
@@ -145,22 +136,15 @@ LINES = {
                      r"(?P<backend>\S+) backend by default\.",
                      _decision(attention_backend=("backend", str))),
     "load_begin": (MR, r"Load weight begin\. avail mem=(?P<mem>[\d.]+) GB",
-                   None), "max_tokens": (BOB, r"max_total_num_tokens=(?P<n>\d+)",
-                                         _decision(False, max_total_num_tokens=("n", int))),
-    "warmup": (BOB, r"^Warmup \.\.\.$", _phase("warmup")), "benchmark": (BOB, r"^Benchmark \.\.\.$",
-                                                                         _phase("benchmark")),
+                   None), "warmup": (BOB, r"^Warmup \.\.\.$",
+                                     _phase("warmup")), "benchmark": (BOB, r"^Benchmark \.\.\.$",
+                                                                      _phase("benchmark")),
     "prefill": (BOB, r"Prefill\. latency: (?P<s>[\d.]+) s, throughput: +(?P<tps>[\d.]+) token/s",
                 _prefill),
-    "decode_step": (BOB, r"Decode (?P<i>\d+)\. Batch size: (?P<bs>\d+), latency: (?P<s>[\d.]+) s",
-                    _decode_step),
     "decode_median": (BOB, r"Decode\.  median latency: (?P<s>[\d.]+) s, median throughput: "
                       r"+(?P<tps>[\d.]+) token/s", _decode_median),
-    "total": (BOB, r"Total\. latency: +(?P<s>[\d.]+) s, throughput: +(?P<tps>[\d.]+) token/s",
-              None), "skipping": (
-                  BOB, r"skipping \((?P<bs>\d+), (?P<il>\d+), (?P<ol>\d+)\) due to max batch "
-                  r"size limit", _skipping), "trace_saved": (
-                      BOB, r"torch profiler chrome trace (?:for (?P<stage>\w+) )?saved to "
-                      r"(?P<path>\S+)", lambda r, m, line: r.d["traces"].append(m["path"])),
+    "skipping": (BOB, r"skipping \((?P<bs>\d+), (?P<il>\d+), (?P<ol>\d+)\) due to max batch "
+                 r"size limit", _skipping),
     "prefill_batch": (METRICS, r"Prefill batch(?: \[\d+\])?, #new-seq: (?P<seqs>\d+), #new-token: "
                       r"(?P<tokens>\d+), " + GRAPH, _prefill_batch),
     "decode_batch": ("same files as prefill_batch", r"Decode batch(?: \[\d+\])?, #running-req: "
@@ -216,16 +200,13 @@ _JOINED = re.compile(r"(?<=\S)(?=" + re.escape(MARK) + r" )")
 
 
 def _lines(text: str):
-    """The log's lines, a line of ours that another process's write joined to the end of a line
-    split off again (ranks share the log; releases of the harness before one-write lines let two
-    events meet on one line)."""
+    """The log's lines, a line of ours joined to the end of another process's split off."""
     for raw in text.splitlines():
         yield from (part.rstrip() for part in _JOINED.split(raw))
 
 
 def read_log(text: str) -> dict:
-    """The engine's decisions and measurements from its log: each line through the handler of the
-    pattern of :data:`LINES` it matches, or, for our own lines, of its kind (:data:`OURS_READ`)."""
+    """The engine's decisions and measurements from its log (:data:`LINES`, :data:`OURS_READ`)."""
     r = _Reading()
     for line in _lines(text):
         m = OURS.search(line)
@@ -251,9 +232,8 @@ def read_log(text: str) -> dict:
 
 
 def first_error(text: str) -> Optional[str]:
-    """SGLang's own message in one line: the first exception that ends a traceback (``Type:
-    message``), skipping the wrappers that only point back at it; else an argparse error; else None.
-    """
+    """SGLang's own message in one line: the first exception ending a traceback, wrappers
+    skipped; else an argparse error; else None."""
     lines = text.splitlines()
     finals, in_tb = [], False
     for i, line in enumerate(lines):
@@ -284,9 +264,8 @@ def strip_prefix(line: str) -> str:
 
 
 def bench_results(d: dict, spec: EngineSpec, result_file: Optional[Path] = None) -> list[dict]:
-    """One dict per benchmark run, in ``bench_one_batch``'s order (product of batch sizes, input
-    lengths as passed, output length): its jsonl file where it wrote one, else the log's lines.
-    The first ``spec.warmup`` runs of each shape are marked ``warmup`` (untimed sweeps)."""
+    """One dict per benchmark run in ``bench_one_batch``'s order (its jsonl file, else the log's
+    lines), the first ``spec.warmup`` of each shape marked ``warmup``."""
     order = [(bs, il, spec.output_len) for bs in spec.batch_sizes
              for il in [n for _ in range(spec.warmup + spec.repeats) for n in spec.input_lens]]
     if result_file is not None and result_file.is_file():
@@ -303,11 +282,7 @@ def bench_results(d: dict, spec: EngineSpec, result_file: Optional[Path] = None)
         got = next(printed, None)
         if got is None:
             break
-        out.append({
-            "batch_size": bs, "input_len": il, "output_len": ol,
-            **{k: v
-               for k, v in got.items() if k != "decode_latencies"}
-        })
+        out.append({"batch_size": bs, "input_len": il, "output_len": ol, **got})
     return _mark_warmup(out, spec.warmup)
 
 

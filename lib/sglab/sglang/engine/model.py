@@ -13,11 +13,9 @@ from sglab.sglang.engine.spec import EngineError, VOCAB, read_config
 
 
 def tokenizer_json(vocab: int = VOCAB) -> dict:
-    """A WordLevel tokenizer (``tokenizers``' JSON format) of ``vocab`` tokens: ``<unk> <s> </s>
-    <pad>`` and ``t4 ... t{vocab-1}``, split on whitespace. Enough for SGLang to load a tokenizer
-    offline. Written as JSON rather than built with ``tokenizers``: as a dependency of this package
-    its version would pin every release's dependency set, and 0.5.1x's transformers refuses the
-    newest."""
+    """A WordLevel tokenizer (``tokenizers``' JSON) of ``vocab`` tokens: ``<unk> <s> </s> <pad>``
+    and ``t4 ... t{vocab-1}``, split on whitespace (JSON: ``tokenizers`` as a dependency would pin
+    every release's dependency set)."""
     special = ["<unk>", "<s>", "</s>", "<pad>"]
     words = {tok: i for i, tok in enumerate(special)}
     words.update({f"t{i}": i for i in range(len(special), vocab)})
@@ -40,11 +38,9 @@ TOKENIZER_CONFIG = {
 
 
 def prepare_model(config: Path, dest: Path) -> Path:
-    """``dest`` as a model folder SGLang loads offline with dummy weights: ``config.json`` (a copy),
-    the tokenizer of :func:`tokenizer_json` as large as the model's vocabulary and its
-    ``tokenizer_config.json``. Every id the model can generate decodes to a word: bench_serving
-    times TTFT to the first streamed chunk with text, and an id the tokenizer lacks decodes to
-    none."""
+    """``dest`` as a model folder SGLang loads offline with dummy weights: ``config.json`` and a
+    tokenizer as large as the model's vocabulary (every id decodes to a word: bench_serving times
+    TTFT to the first chunk with text)."""
     cfg = read_config(config)
     vocab = int(cfg.text.get("vocab_size") or cfg.data.get("vocab_size") or VOCAB)
     if vocab < VOCAB:
@@ -58,9 +54,8 @@ def prepare_model(config: Path, dest: Path) -> Path:
 
 
 def probe_model_config(prepared, params: dict) -> list[dict]:
-    """Probe (``sglab.sglang.runner``, any installed release, CPU): the release's own
-    ``ModelConfig`` of the model folder built from ``params["config"]``; rows of what it decided. A
-    config the release cannot parse raises its own error."""
+    """Probe (any installed release, CPU): rows of what the release's own ``ModelConfig`` decides
+    for the model folder built from ``params["config"]``."""
     from sglang.srt.configs.model_config import ModelConfig
 
     with tempfile.TemporaryDirectory(prefix="sglab-model-") as tmp:

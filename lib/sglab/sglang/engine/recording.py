@@ -17,9 +17,8 @@ from sglab.sglang.engine.spec import EngineSpec, METHOD_VERSION, read_config, re
 
 
 def spread(xs: list[float]) -> dict:
-    """Median, min, max, interquartile range and count of repeated measurements. The quartiles
-    interpolate between the values (the inclusive method): with 5 repeats the exclusive method
-    extrapolates past the 4th value, so one slow repeat alone would set the IQR."""
+    """Median, min, max, interquartile range and count of repeated measurements (the quartiles
+    interpolated: the inclusive method, so that one slow repeat of 5 does not set the IQR)."""
     import pandas as pd  # here: the engine's own processes import this package, never pandas
 
     s = pd.Series(xs, dtype=float)
@@ -51,16 +50,22 @@ def rows(res: EngineResult) -> list[dict]:
         if value is not None:
             out.append({**base, **cols, "metric": metric, "value": value, "unit": unit})
 
+    def add_spread(name, values, stats=("median", "min", "max"), **cols):
+        sp = spread(values)
+        for k in stats:
+            add(name if k == "median" else f"{name}_{k}", round(sp[k], 4), "ms", **cols)
+        return sp
+
+    def joined(key):
+        return " ".join(map(str, d[key])) if d.get(key) else None
+
     add("pcg", d.get("pcg"))
     add("pcg_reason", d.get("pcg_reason"))
-    add("pcg_tokens", " ".join(map(str, d["pcg_tokens"])) if d.get("pcg_tokens") else None,
-        "tokens")
+    add("pcg_tokens", joined("pcg_tokens"), "tokens")
     add("pcg_capture", d.get("pcg_capture_s"), "s")
     add("bcg", d.get("bcg"))
-    add("bcg_tokens", " ".join(map(str, d["bcg_tokens"])) if d.get("bcg_tokens") else None,
-        "tokens")
-    add("decode_graph_bs", " ".join(map(str, d["decode_bs"])) if d.get("decode_bs") else None,
-        "requests")
+    add("bcg_tokens", joined("bcg_tokens"), "tokens")
+    add("decode_graph_bs", joined("decode_bs"), "requests")
     add("decode_capture", d.get("decode_capture_s"), "s")
     add("attention_backend", d.get("attention_backend"))
     groups: dict[tuple, list] = {}
@@ -72,9 +77,8 @@ def rows(res: EngineResult) -> list[dict]:
         groups.setdefault((b["batch_size"], b["input_len"], b["output_len"]), []).append(b)
     for (bs, il, ol), runs_ in sorted(groups.items()):
         cols = {"batch_size": bs, "input_len": il, "output_len": ol}
-        pre = spread([r["prefill_latency"] * 1e3 for r in runs_])
-        for k in ("median", "min", "max", "iqr"):
-            add("prefill" if k == "median" else f"prefill_{k}", round(pre[k], 4), "ms", **cols)
+        pre = add_spread("prefill", [r["prefill_latency"] * 1e3 for r in runs_],
+                         ("median", "min", "max", "iqr"), **cols)
         add("prefill_throughput", round(statistics.median(r["prefill_throughput"] for r in runs_),
                                         1), "token/s", **cols)
         dec = [
@@ -82,9 +86,7 @@ def rows(res: EngineResult) -> list[dict]:
             for r in runs_ if r.get("median_decode_latency") is not None
         ]
         if dec:
-            dsp = spread(dec)
-            for k in ("median", "min", "max"):
-                add("decode" if k == "median" else f"decode_{k}", round(dsp[k], 4), "ms", **cols)
+            add_spread("decode", dec, **cols)
         add("repeats", pre["n"], "runs", **cols)
     served: dict[tuple, list] = {}
     for x in d.get("serving", []):
@@ -95,13 +97,8 @@ def rows(res: EngineResult) -> list[dict]:
         for metric, key in SERVING_METRICS:
             for stat in ("median", "mean"):
                 vals = [float(x[f"{stat}_{key}"]) for x in xs if x.get(f"{stat}_{key}") is not None]
-                if not vals:
-                    continue
-                sp = spread(vals)
-                name = metric if stat == "median" else f"{metric}_mean"
-                add(name, round(sp["median"], 4), "ms", **cols)
-                add(f"{name}_min", round(sp["min"], 4), "ms", **cols)
-                add(f"{name}_max", round(sp["max"], 4), "ms", **cols)
+                if vals:
+                    add_spread(metric if stat == "median" else f"{metric}_mean", vals, **cols)
         add("serving_passes", len(xs), "passes", **cols)
         add("completed", sum(int(x.get("completed") or 0) for x in xs), "requests", **cols)
     if s.tool == "serve":  # the scheduler's own batch lines, warm-up passes included
@@ -119,9 +116,8 @@ def rows(res: EngineResult) -> list[dict]:
         calls.setdefault((c.get("requests"), c.get("input_len"), c.get("output_len")), []).append(c)
     for (n, il, ol), cs in sorted(calls.items(), key=lambda kv: tuple(x or 0 for x in kv[0])):
         cols = {"requests": n, "input_len": il, "output_len": ol}
-        lat = spread([float(c["seconds"]) * 1e3 for c in cs])
-        for k in ("median", "min", "max", "iqr"):
-            add("latency" if k == "median" else f"latency_{k}", round(lat[k], 4), "ms", **cols)
+        add_spread("latency", [float(c["seconds"]) * 1e3 for c in cs],
+                   ("median", "min", "max", "iqr"), **cols)
         batches = [b for c in cs for b in c["prefill_batches"]]
         add("prefill_batches", round(len(batches) / len(cs), 3), "per call", **cols)
         if batches:
@@ -159,9 +155,8 @@ HOST_METRICS = (("host_steal", "steal_pct", "%"), ("host_busy", "busy_pct", "%")
 
 
 def event_rows(base: dict, events: list[dict]) -> list[dict]:
-    """Per traced event and rank: every call of the traced function in that rank's processes
-    (start-up included), the distinct objects it was called on, the sizes asked for and the time
-    per call."""
+    """Per traced event and rank: its calls (start-up included), the distinct objects called on,
+    the sizes asked for and the time per call."""
     out = []
 
     def add(metric, value, unit, rank):
@@ -184,56 +179,6 @@ def event_rows(base: dict, events: list[dict]) -> list[dict]:
     return out
 
 
-def reread_events(csv: Path, note: str) -> int:
-    """Rewrite a recorded engine run's event rows from its own log sidecars, read again (after a
-    fix of the log reader), and say so in its manifest (``reread``: ``note``). Returns how many
-    event rows changed. The other rows, and the logs, stay as they were."""
-    import gzip
-    import json
-
-    import pandas as pd
-
-    from sglab.sglang.engine.log import read_log
-
-    csv, man = Path(csv), Path(csv).with_suffix(".json")
-    m = json.loads(man.read_text())
-    df = pd.read_csv(csv)
-    entries, cars = m.get("engine_runs", []), m.get("sidecars", {})
-    logs = [cars.get(f"log_{i}") for i in range(len(entries))]
-    if not entries or None in logs:
-        raise ValueError(f"{csv.name}: needs one log sidecar per engine run to read again")
-    names: set[str] = set()
-    new_rows = []
-    for e, log in zip(entries, logs):
-        events = read_log(gzip.decompress((csv.parent / log).read_bytes()).decode())["events"]
-        names |= {ev["event"] for ev in events}
-        base = {
-            "experiment": m["experiment"], "variant": e["variant"], "release": e["release"],
-            "case": e["case"], "tool": e["tool"]
-        }
-        new_rows += event_rows(base, events)
-    prefixes = tuple(f"{n}_" for n in names)
-    old = df["metric"].astype(str).str.startswith(prefixes) if prefixes else df["metric"].isna()
-    old_n = int(old.sum())
-    fresh = pd.DataFrame(new_rows, columns=list(df.columns))
-
-    def cell(x) -> str:
-        try:
-            return repr(round(float(x), 2))  # ms recorded to 3 places: a last-digit tie
-        except (TypeError, ValueError):
-            return str(x)
-
-    def rows_of(frame) -> list:
-        return sorted(tuple(cell(x) for x in row) for row in frame.itertuples(index=False))
-
-    changed = 0 if rows_of(df[old]) == rows_of(fresh) else max(old_n, len(fresh))
-    if changed:
-        pd.concat([df[~old], fresh], ignore_index=True).to_csv(csv, index=False)
-        m["reread"] = note
-        man.write_text(json.dumps(m, indent=2, sort_keys=True, default=str))
-    return changed
-
-
 def model_record(path: Path) -> dict:
     path = Path(path)
     cfg = read_config(path)
@@ -245,9 +190,8 @@ def model_record(path: Path) -> dict:
 
 
 def manifest_extra(results: list[EngineResult]) -> dict:
-    """What the manifest carries besides the machine: per run the release, the versions found in its
-    environment, the flags, the model config, every harness adjustment with its reason, and the log
-    lines that carry the engine's decisions."""
+    """The manifest's engine part: per run the release, versions, flags, model config, harness
+    adjustments with their reasons, and the log lines behind the engine's decisions."""
     out = []
     for r in results:
         s = r.spec
@@ -274,9 +218,8 @@ def manifest_extra(results: list[EngineResult]) -> dict:
 def record(results: list[EngineResult], fix: str, *, params: Optional[dict] = None,
            root: Optional[Path] = None, gpu_count: Optional[int] = None,
            extra: Optional[dict] = None) -> Path:
-    """One run ``engine_<fix>`` of these results (:func:`sglab.core.runs.write_run`, atomic: nothing
-    half written). Sidecars: each run's log (gzipped) and, for profiled runs, the decode kernel
-    table."""
+    """One run ``engine_<fix>`` of these results (written atomically), with each run's log
+    (gzipped) and, where profiled, the decode kernel table as sidecars."""
     import gzip
     import shutil
 
@@ -338,27 +281,22 @@ def summary(res: EngineResult) -> list[str]:
     out.append(f"  attention backend: {d.get('attention_backend')}")
     for a in s.adjustments:
         out.append(f"  harness adjustment {a.name}: {a.reason}")
-    bench = [r for r in rows(res) if r["metric"] in ("prefill", "prefill_iqr", "decode")]
-    by = {(x["metric"], x.get("batch_size"), x.get("input_len")): x["value"] for x in bench}
-    for r in bench:
+    got = rows(res)  # bench rows first, then serving, then the engine's calls
+    by = {(x["metric"], x.get("batch_size"), x.get("input_len"), x.get("requests")): x["value"]
+          for x in got}
+    for r in got:
+        shape = (r.get("batch_size"), r.get("input_len"), r.get("requests"))
         if r["metric"] == "prefill":
-            iqr = by.get(("prefill_iqr", r.get("batch_size"), r.get("input_len")))
-            dec = by.get(("decode", r.get("batch_size"), r.get("input_len")))
+            iqr, dec = by.get(("prefill_iqr", *shape)), by.get(("decode", *shape))
             out.append(
                 f"  batch {r['batch_size']} x {r['input_len']} tokens: prefill {r['value']:.2f} ms"
                 + (f" (IQR {iqr:.2f})" if iqr is not None else "") +
                 (f", decode {dec:.2f} ms/step" if dec is not None else ""))
-    for r in rows(res):
-        if r["metric"] == "ttft":
-            by = {
-                x["metric"]: x["value"]
-                for x in rows(res)
-                if x.get("input_len") == r["input_len"] and x.get("requests") == r["requests"]
-            }
+        elif r["metric"] == "ttft":
             out.append(f"  serving {r['input_len']} tokens, {r['requests']} at a time: TTFT "
-                       f"{r['value']:.1f} ms, TPOT {by.get('tpot', float('nan')):.2f} ms, E2E "
-                       f"{by.get('e2e', float('nan')):.1f} ms (medians)")
-        if r["metric"] == "latency":
+                       f"{r['value']:.1f} ms, TPOT {by.get(('tpot', *shape), float('nan')):.2f} ms,"
+                       f" E2E {by.get(('e2e', *shape), float('nan')):.1f} ms (medians)")
+        elif r["metric"] == "latency":
             out.append(f"  {r['requests']} requests x {r['input_len']} tokens: {r['value']:.2f} ms")
         elif r["metric"] == "prefill_graph":
             out.append(f"    prefill batches on the graph: {r['value']:.0%}")

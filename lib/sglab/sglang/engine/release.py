@@ -26,27 +26,20 @@ class ReleaseEnv:
 
     release: str
     paths: tuple[Path, ...]
-    source: str  # "gpu-install" | "releases"
 
     @property
     def package(self) -> Path:
         return self.paths[0] / "sglang"
 
 
-def engine_home() -> Optional[Path]:
-    env = os.environ.get("SGLAB_ENGINE_HOME")
-    return Path(env) if env else None
-
-
 def locate(release: str) -> ReleaseEnv:
-    """The release's environment: ``$SGLAB_ENGINE_HOME/<V>/site`` (a GPU install from the engine
-    bundles), else the side-by-side layout of :mod:`sglab.sglang.releases`."""
-    home = engine_home()
+    """The release's environment (see the module docstring)."""
+    home = Path(os.environ["SGLAB_ENGINE_HOME"]) if os.environ.get("SGLAB_ENGINE_HOME") else None
     if home is not None and (home / release / "site" / "sglang" / "__init__.py").is_file():
-        return ReleaseEnv(release, (home / release / "site",), "gpu-install")
+        return ReleaseEnv(release, (home / release / "site",))
     rdir = release_dir(release)
     if (rdir / "sglang" / "__init__.py").is_file():
-        return ReleaseEnv(release, (rdir, deps_dir(dep_set(release))), "releases")
+        return ReleaseEnv(release, (rdir, deps_dir(dep_set(release))))
     where = f"{home}/{release}/site or {rdir}" if home else str(rdir)
     raise ReleaseError(
         f"sglang {release} is not installed ({where}; on a GPU box: scripts/engine_gpu.sh, here: "
@@ -54,8 +47,7 @@ def locate(release: str) -> ReleaseEnv:
 
 
 def release_pins(env: ReleaseEnv) -> dict[str, str]:
-    """``{normalized name: version}`` of the ``==`` pins in the release's own dist-info
-    (Requires-Dist, markers evaluated for Linux x86_64: :func:`sglab.sglang.releases.pins`)."""
+    """``{normalized name: version}`` of the ``==`` pins in the release's own dist-info."""
     metas = sorted(env.paths[0].glob("sglang-*.dist-info/METADATA"))
     return read_pins(metas[0].read_text()) if metas else {}
 
@@ -91,18 +83,13 @@ def _versions(paths: tuple[str, ...], names: tuple[str, ...]) -> dict[str, Optio
     return out
 
 
-def _base(version: Optional[str]) -> str:
-    return (version or "").split("+", 1)[0]
-
-
 def check_pins(env: ReleaseEnv, found: Optional[dict] = None) -> dict[str, str]:
-    """The release's pins; :class:`EngineError` (one line, nothing started) when its torch pin is
-    not this interpreter's torch: its compiled kernels (sglang-kernel, FlashInfer's JIT) are built
-    for that torch."""
+    """The release's pins; :class:`EngineError` when its torch pin is not this interpreter's torch
+    (its compiled kernels are built for that torch)."""
     pins = release_pins(env)
     found = found if found is not None else found_versions(env)
     want, have = pins.get("torch"), found.get("torch")
-    if want and _base(have) != want:
+    if want and (have or "").split("+", 1)[0] != want:
         kernel = pins.get("sglang-kernel")
         raise ReleaseError(f"sglang {env.release} pins torch=={want}" +
                            (f" (sglang-kernel {kernel} is built for it)" if kernel else "") +
@@ -136,8 +123,7 @@ def release_flags(package: Path, tool: str) -> set[str]:
 
 @lru_cache(maxsize=64)
 def _file_flags(path: str, mtime_ns: int, size: int) -> frozenset[str]:
-    """The ``--flags`` one source file declares, parsed once per file version (``server_args.py``
-    is some 5,000 lines, and every engine spec of a scenario asks)."""
+    """The ``--flags`` one source file declares, parsed once per file version."""
     import ast
 
     flags: set[str] = set()
@@ -191,8 +177,7 @@ def _annotated_flags(cls) -> set[str]:
 
 
 def check_flags(argv: Iterable[str], flags: set[str], release: str, tool: str) -> None:
-    """:class:`EngineError` naming the flags this release's parsers do not define (read from its
-    source)."""
+    """:class:`EngineError` naming the flags this release's parsers do not define."""
     unknown = [f for f in flag_names(argv) if f not in flags]
     if unknown:
         where = "srt/server_args.py" + (" and bench_one_batch.py" if tool == "bench" else "")

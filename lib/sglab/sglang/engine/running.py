@@ -29,7 +29,6 @@ class EngineResult:
     kernels: Optional[dict] = None
     launches: Optional[dict] = None  # {input_len: step_launches} of a launch pass
     leftovers: list = field(default_factory=list)
-    command: list = field(default_factory=list)
     sglang_command: list = field(default_factory=list)
     server_argv: list = field(default_factory=list)
     pins: dict = field(default_factory=dict)
@@ -41,12 +40,6 @@ class EngineResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
-
-    def line(self) -> str:
-        head = f"sglang {self.spec.variant}"
-        if self.ok:
-            return f"{head}: ok in {self.seconds:.0f} s"
-        return f"{head}: {self.error}"
 
 
 PROGRESS = (("load_begin", "loading dummy weights"), ("decode_begin",
@@ -79,9 +72,7 @@ def _progress(echo: Callable[[str], None], spec: EngineSpec) -> Callable[[str], 
                  f"{float(kv.get('median_ttft_ms') or 0):.1f} ms, TPOT "
                  f"{float(kv.get('median_tpot_ms') or 0):.2f} ms "
                  "(medians)" + (" (warm-up)" if kv.get("warmup") else ""))
-        if m and m.group("kind") in ("serve-ready", "serve-error"):
-            echo(f"[sglab] sglang {spec.variant}: {line.strip()}")
-        if m and m.group("kind") == "hooks":
+        if m and m.group("kind") in ("serve-ready", "serve-error", "hooks"):
             echo(f"[sglab] sglang {spec.variant}: {line.strip()}")
 
     return on_line
@@ -98,9 +89,8 @@ def tail_lines(text: str, n: int = 12) -> list[str]:
 
 def run(spec: EngineSpec, *, work: Optional[Path] = None, echo: Callable[[str], None] = print,
         check: bool = True, said: Optional[set] = None) -> EngineResult:
-    """Run one engine (see the module docstring). Raises :class:`EngineError` for what stops it
-    before it starts (release missing, pin mismatch, flags the release does not define, a bad
-    config); everything after the start comes back as the result's status and one-line error.
+    """Run one engine: :class:`EngineError` for what stops it before it starts (release missing,
+    pin mismatch, unknown flags, a bad config), else the result's status and one-line error.
     ``said``: the harness adjustments whose reasons were said already (:func:`with_model_needs`)."""
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix=f"sglab-engine-{spec.release}-"))
     spec = with_model_needs(spec, echo, said)
@@ -114,7 +104,7 @@ def run(spec: EngineSpec, *, work: Optional[Path] = None, echo: Callable[[str], 
     host = hoststate.end(window)
     text = log.read_text(errors="replace")
     d = read_log(text)
-    res = EngineResult(spec, "ok", log=log, seconds=ex.seconds, decisions=d, command=prep.argv,
+    res = EngineResult(spec, "ok", log=log, seconds=ex.seconds, decisions=d,
                        sglang_command=prep.sglang_command, server_argv=prep.server_argv,
                        pins=prep.pins, found=prep.found,
                        leftovers=ex.leftovers + [f"{p} (survived SIGKILL)" for p in ex.survivors],
@@ -159,7 +149,6 @@ def run(spec: EngineSpec, *, work: Optional[Path] = None, echo: Callable[[str], 
         if traces:
             layers = int(read_config(spec.model).text.get("num_hidden_layers") or 0)
             res.kernels = decode_kernels(traces[-1], layers, spec.profile_steps)
-            res.kernels["trace"] = str(traces[-1])
         else:
             res.status = "error"
             res.error = f"bench_one_batch wrote no decode trace in {work / 'profile'} (log: {log})"

@@ -52,8 +52,7 @@ PCG_FLAGS = ("--piecewise-cuda-graph-tokens", *PCG_TOKENS)
 
 
 class EngineError(RuntimeError):
-    """One line for the reader (``sglab engine: <message>``, exit status 2); ``log`` is the full
-    log, if any."""
+    """One line for the reader (``sglab engine: <message>``, exit status 2); ``log``: the log."""
 
     def __init__(self, message: str, log: Optional[Path] = None):
         super().__init__(message + (f" (log: {log})" if log else ""))
@@ -61,8 +60,8 @@ class EngineError(RuntimeError):
 
 
 class ReleaseError(EngineError):
-    """The release cannot start on this machine at all (not installed, or built for another
-    torch): every engine of it would stop the same way, so a scenario says it once."""
+    """The release cannot start here at all (not installed, or built for another torch): a
+    scenario says it once."""
 
 
 @dataclass(frozen=True)
@@ -79,10 +78,6 @@ class Adjustment:
     patch: str = ""
     params: tuple = ()  # ((key, value), ...) handed to the patch as a dict
 
-    @property
-    def pair(self) -> tuple[str, str]:
-        return (self.name, self.reason)
-
     def param_dict(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.params}
 
@@ -91,11 +86,7 @@ def lib_dir() -> Path:
     return Path(__file__).resolve().parents[3]
 
 
-def repo() -> Path:
-    from sglab.core.runs import repo_root
-
-    return repo_root()
-
+repo = runs.repo_root
 
 ADJUSTMENTS: dict[str, Callable[[], Adjustment]] = {
     "kimi-k25-post-load-weights": lambda: Adjustment(
@@ -129,8 +120,7 @@ MODEL_NEEDS = {
 
 
 def adjustment(name: str, known: Iterable[Adjustment] = ()) -> Adjustment:
-    """The shared adjustment ``name`` (a model's, not a fix's), or one of ``known`` (each fix
-    builds its own in its folder: ``sglab engine --adjust`` passes them all)."""
+    """The shared adjustment ``name`` (a model's), or one of ``known`` (the fixes' own)."""
     found = {a.name: a for a in known}
     if name in found:
         return found[name]
@@ -152,8 +142,8 @@ def revert_adjustment(name: str, reason: str, module: str, qualname: str, **hunk
 
 def trace_adjustment(name: str, reason: str, module: str, qualname: str, event: str,
                      args: tuple[str, ...]) -> Adjustment:
-    """An adjustment that prints one ``event`` line per call of ``module.qualname`` with the named
-    arguments, the object it was called on and the call's time (:func:`trace_calls`)."""
+    """An adjustment that prints one ``event`` line per call of ``module.qualname`` (the named
+    arguments, the object called on, the time: :func:`trace_calls`)."""
     return Adjustment(
         name, reason, patch="sglab.sglang.engine.hooks:trace_calls",
         params=(("module", module), ("qualname", qualname), ("event", event), ("args", args)))
@@ -218,8 +208,7 @@ class EngineSpec:
 @dataclass(frozen=True)
 class Case:
     """One arm of a scenario: a label, server arguments, harness adjustments (an
-    :class:`Adjustment`, built in the fix's own folder, or the name of a shared one), and
-    optionally the releases it applies to (default: the scenario's)."""
+    :class:`Adjustment`, or a shared one's name), and the releases it applies to (default: all)."""
 
     label: str
     args: tuple[str, ...] = ()
@@ -233,9 +222,8 @@ class Case:
 
 @dataclass(frozen=True)
 class Scenario:
-    """What a notebook runs on real engines, as data: the fix, a model folder under ``data/models``,
-    a tool, releases, cases and the measurement's shape. :meth:`specs` gives the runs, one per
-    release and case."""
+    """What a notebook runs on real engines: the fix, a model folder under ``data/models``, a tool,
+    releases, cases and the measurement's shape; :meth:`specs` gives the runs."""
 
     fix: str
     name: str
@@ -304,6 +292,7 @@ class Scenario:
 
     def _specs(self, releases: Optional[Iterable[str]] = None) -> list[EngineSpec]:
         pick = list(releases) if releases else None
+        shared = {f: getattr(self, f) for f in SHARED}
         out = []
         for v in self.releases:
             if pick is not None and v not in pick:
@@ -313,18 +302,19 @@ class Scenario:
                     continue
                 out.append(
                     EngineSpec(
-                        release=v, model=self.model_config(), tool=self.tool, server_args=c.args,
-                        batch_sizes=self.batch_sizes, input_lens=self.input_lens,
-                        output_len=self.output_len, repeats=self.repeats, requests=self.requests,
-                        prompts=self.prompts, profile=self.profile, image_size=self.image_size,
-                        prompt=self.prompt, case=c.label, adjustments=tuple(
-                            a if isinstance(a, Adjustment) else adjustment(a)
-                            for a in c.adjustments), timeout=self.timeout))
+                        release=v, model=self.model_config(), server_args=c.args, case=c.label,
+                        adjustments=tuple(a if isinstance(a, Adjustment) else adjustment(a)
+                                          for a in c.adjustments), **shared))
         return out
 
 
+# the fields a scenario hands each of its specs as they are
+SHARED = ("tool", "batch_sizes", "input_lens", "output_len", "repeats", "requests", "prompts",
+          "profile", "image_size", "prompt", "timeout")
+
+
 def read_config(path: Path) -> hf_config.HFConfig:
-    """The model's ``config.json`` (read once per file: :mod:`sglab.sglang.hf_config`); one-line
+    """The model's ``config.json`` (:mod:`sglab.sglang.hf_config`); a one-line
     :class:`EngineError` when it is missing, not JSON or names no architecture."""
     try:
         return hf_config.read(path, architectures=True)

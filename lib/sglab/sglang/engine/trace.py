@@ -39,9 +39,8 @@ def graph_replays(trace: dict) -> list[list[str]]:
 
 
 def decode_kernels(trace_path: Path, layers: int, steps: int) -> dict:
-    """Kernels per decode-graph replay and per layer from ``bench_one_batch --profile``'s decode
-    trace, and a table of kernel names with their count per replay. ``steps``: decode steps the
-    trace covers."""
+    """Kernels per decode-graph replay and per layer in ``bench_one_batch --profile``'s decode
+    trace (of ``steps`` decode steps), and each kernel name's count per replay."""
     replays = graph_replays(read_trace(trace_path))
     counts = [len(r) for r in replays]
     table: dict[str, float] = {}
@@ -53,8 +52,7 @@ def decode_kernels(trace_path: Path, layers: int, steps: int) -> dict:
     per_replay = int(per_replay) if float(per_replay).is_integer() else per_replay  # a count
     return {
         "replays": len(replays), "replays_per_step": len(replays) / max(1, steps),
-        "kernels_per_replay": per_replay, "kernels_per_replay_min": min(counts, default=0),
-        "kernels_per_replay_max": max(counts, default=0),
+        "kernels_per_replay": per_replay,
         "kernels_per_layer": per_replay / layers if layers else None, "table": sorted(
             ((k, v / n) for k, v in table.items()), key=lambda kv: (-kv[1], kv[0]))
     }
@@ -65,10 +63,8 @@ GRAPH_LAUNCH = re.compile(r"^cu(da)?GraphLaunch")
 
 
 def step_launches(trace: dict) -> dict:
-    """What the host launched in a traced step (counts, exact): ``kernel_launches`` (each a
-    runtime or driver launch call), ``graph_launches`` (``cudaGraphLaunch``) and
-    ``kernels_in_graphs`` (the kernels those graphs ran). An eager step is all kernel launches; a
-    piecewise one trades most of them for a few graph launches."""
+    """What the host launched in a traced step (exact counts): ``kernel_launches`` (runtime or
+    driver launch calls), ``graph_launches`` (``cudaGraphLaunch``) and ``kernels_in_graphs``."""
     events = trace.get("traceEvents", trace if isinstance(trace, list) else [])
     host = [
         str(ev.get("name", ""))
