@@ -249,7 +249,7 @@ show.replay(run)
 # the engine's count.
 
 # %%
-show.beside(first, engine)
+engine_view.beside(show.beside_rows(first, engine))
 
 # %% [markdown]
 # ### What one creation costs

@@ -294,7 +294,7 @@ show.measured(run)
 # group uses, and the release with the filter capturing exactly what the rebuild's filter keeps.
 
 # %%
-show.beside(run, engine)
+engine_view.beside(show.beside_rows(run, engine))
 
 # %% [markdown]
 # **What NCCL itself would do.** torch's NCCL process group checks `input.numel() ==

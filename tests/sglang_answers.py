@@ -9,6 +9,7 @@ elsewhere it skips. ``python -m tests.sglang_answers`` caches the wheels of the 
 
 from __future__ import annotations
 
+import ast
 import fcntl
 import hashlib
 import json
@@ -16,6 +17,7 @@ import os
 import re
 import shutil
 import sys
+import textwrap
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -29,6 +31,21 @@ from sglab.sglang.runner import DEFAULT_TIMEOUT_S, PACKAGE, ProbeResult, run_pro
 
 # -- what a test asks of the releases
 # --------------------------------------------------------------------------------------------------
+def function_source(source: str, qualname: str) -> str:
+    """The dedented source of ``qualname`` in a module's text, decorators included."""
+    tree = ast.parse(source)
+    nodes, found = tree.body, None
+    for part in qualname.split("."):
+        found = next((n for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                         ast.ClassDef)) and n.name == part), None)
+        if found is None:
+            raise ValueError(f"{qualname}: {part} not found")
+        nodes = found.body
+    lines = source.splitlines(keepends=True)
+    start = min([found.lineno] + [d.lineno for d in found.decorator_list]) - 1
+    return textwrap.dedent("".join(lines[start:found.end_lineno]))
+
+
 def require(result: ProbeResult) -> ProbeResult:
     """``result`` when it ran; otherwise fail (CI) or skip (elsewhere) with its reason."""
     if result.ok:

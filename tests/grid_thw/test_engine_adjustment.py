@@ -21,7 +21,7 @@ CONFIG = repo_root() / "data" / "models" / "kimi_k25_tiny" / "config.json"
 
 def test_the_revert_removes_only_the_grids_cpu_line_in_0_5_11():
     src = (testing.package("0.5.11") / "srt/multimodal/processors/kimi_k25.py").read_text()
-    fn = eng.function_source(src, "KimiGPUProcessorWrapper._gpu_call")
+    fn = testing.function_source(src, "KimiGPUProcessorWrapper._gpu_call")
     new = eng.reverted_source({**GRID_ON_CUDA0.param_dict(), "name": GRID_ON_CUDA0.name}, fn)
     assert ".cpu()" not in new and "grid_thws" in new
     assert len(fn.splitlines()) - len(new.splitlines()) == 1

@@ -8,13 +8,12 @@ import json
 import re
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from sglab.sglang import engine as eng
 from sglab.tools import fixes
 from sglab.sglang.releases import release_installed
-from tests.sglang_answers import package
+from tests.sglang_answers import function_source, package
 
 
 pytestmark = pytest.mark.long(23)
@@ -984,11 +983,11 @@ def test_model_package_for_the_kimi_adjustment_is_importable_by_name():
     assert [n.name for n in cls.body if isinstance(n, ast.FunctionDef)] == ["post_load_weights"
                                                                             ]  # gate kept
     # the method equals 0.5.13's own
-    released = eng.function_source(
+    released = function_source(
         (_pkg("0.5.13") / "srt/models/kimi_k25.py").read_text(),
         "KimiK25ForConditionalGeneration.post_load_weights",
     )
-    ours = eng.function_source(src, "KimiK25ForConditionalGeneration.post_load_weights")
+    ours = function_source(src, "KimiK25ForConditionalGeneration.post_load_weights")
     assert ours == released
 
 

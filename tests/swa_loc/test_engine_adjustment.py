@@ -18,8 +18,8 @@ def test_the_revert_removes_exactly_the_prs_hunk():
     params = eng.patch_params(adj)
     text = params["text"]
     assert "set_swa_loc" in text and text.startswith("    # swa_loc must be set before capture")
-    fn = eng.function_source((testing.package("0.5.11") / RUNNER).read_text(),
-                             "CudaGraphRunner.capture_one_batch_size")
+    fn = testing.function_source((testing.package("0.5.11") / RUNNER).read_text(),
+                                 "CudaGraphRunner.capture_one_batch_size")
     new = eng.reverted_source({**params, "name": adj.name}, fn)
     assert "set_swa_loc" not in new
     assert len(fn.splitlines()) - len(new.splitlines()) == len(text.splitlines())
@@ -28,5 +28,5 @@ def test_the_revert_removes_exactly_the_prs_hunk():
     # instead of guessing
     with pytest.raises(ValueError, match="0 times"):
         eng.remove_text(
-            eng.function_source((testing.package("0.5.13") / RUNNER).read_text(),
-                                "CudaGraphRunner.capture_one_batch_size"), text, "x")
+            testing.function_source((testing.package("0.5.13") / RUNNER).read_text(),
+                                    "CudaGraphRunner.capture_one_batch_size"), text, "x")

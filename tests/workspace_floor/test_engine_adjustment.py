@@ -14,7 +14,7 @@ from sglab.workspace_floor.sglang import FLOOR_TO_SHAPE, WORKSPACE_TRACE
 def _source(release: str, params: dict) -> str:
     path = testing.package(release) / (
         params["module"].replace("sglang.", "", 1).replace(".", "/") + ".py")
-    return eng.function_source(path.read_text(), params["qualname"])
+    return testing.function_source(path.read_text(), params["qualname"])
 
 
 @pytest.mark.parametrize("v", ["0.5.12.post1", "0.5.13"])

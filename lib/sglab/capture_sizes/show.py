@@ -557,8 +557,3 @@ def beside_rows(run, engine_run) -> list[dict]:
                 "figure": fig
             })
     return rows
-
-
-def beside(run, engine_run) -> None:
-    """The rebuild beside the real engine (see :func:`beside_rows`)."""
-    engine_view.beside(beside_rows(run, engine_run))

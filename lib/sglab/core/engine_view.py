@@ -182,15 +182,3 @@ def beside(rows: list[dict]) -> None:
     per source with what it measures, since each times something different."""
     with pd.option_context("display.max_colwidth", None):
         show_table(pd.DataFrame(rows, columns=["source", "measures", "figure"]).set_index("source"))
-
-
-def plan_table(scenarios) -> pd.DataFrame:
-    """What ``scripts/engine_gpu.sh --plan NN`` runs: one row per release and case, with the GPUs,
-    the tool, the model, the server arguments and the harness adjustments."""
-    rows = [{
-        "scenario": sc.name, "release": v, "case": c.label, "GPUs": sc.gpus, "tool": sc.tool,
-        "model": sc.model, "server args": " ".join(c.args),
-        "harness adjustments": ", ".join(c.adjustment_names)
-    } for sc in scenarios for v in sc.releases
-            for c in sc.cases if not c.releases or v in c.releases]
-    return pd.DataFrame(rows).set_index(["scenario", "release", "case"])

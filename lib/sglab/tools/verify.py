@@ -303,17 +303,6 @@ def tail(vs: list[Verified], bad: list[str]) -> tuple[str, int]:
                       *bad]), (1 if n_fail else 0)
 
 
-def report(vs: list[Verified]) -> tuple[str, int]:
-    """The printed report (every run's :func:`block`, then :func:`tail`) and the exit status."""
-    out, bad = [], []
-    for v in vs:
-        lines, fails = block(v)
-        out += lines
-        bad += fails
-    end, status = tail(vs, bad)
-    return "\n".join([*out, end]), status
-
-
 def junit(vs: list[Verified]) -> str:
     return claims.junit_xml([
         (f"{v.run.manifest.experiment}.{v.run.path.stem}", v.results) for v in vs

@@ -543,8 +543,3 @@ def beside_rows(run, engine_run) -> list[dict]:
             "figure": f"{max(f['per_rank'].values())} ({f['in_calls']} in forward steps)"
         })
     return rows
-
-
-def beside(run, engine_run) -> None:
-    """The rebuild beside the real engine (see :func:`beside_rows`)."""
-    engine_view.beside(beside_rows(run, engine_run))

@@ -6,8 +6,8 @@ and traces (``log``, ``trace``), one run (``running``), its rows and record (``r
 pandas into the engine's own processes (they import ``hooks`` through this package).
 """
 
-from sglab.sglang.engine.hooks import (SITECUSTOMIZE, function_source, patch_params, remove_text,
-                                       revert_hunk, reverted_source)
+from sglab.sglang.engine.hooks import (SITECUSTOMIZE, patch_params, remove_text, revert_hunk,
+                                       reverted_source)
 from sglab.sglang.engine.launching import bench_argv, launch, prepare, with_model_needs
 from sglab.sglang.engine.log import LOG_STRINGS, bench_results, first_error, read_log
 from sglab.sglang.engine.model import prepare_model

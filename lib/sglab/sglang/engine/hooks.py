@@ -188,24 +188,6 @@ def _resolve(module, qualname: str):
     return owner, qualname.split(".")[-1], obj
 
 
-def function_source(source: str, qualname: str) -> str:
-    """The dedented source of ``qualname`` in a module's text, decorators included."""
-    import ast
-    import textwrap
-
-    tree = ast.parse(source)
-    nodes, found = tree.body, None
-    for part in qualname.split("."):
-        found = next((n for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                         ast.ClassDef)) and n.name == part), None)
-        if found is None:
-            raise ValueError(f"{qualname}: {part} not found")
-        nodes = found.body
-    lines = source.splitlines(keepends=True)
-    start = min([found.lineno] + [d.lineno for d in found.decorator_list]) - 1
-    return textwrap.dedent("".join(lines[start:found.end_lineno]))
-
-
 def remove_text(source: str, text: str, what: str, replacement: str = "") -> str:
     """``source`` with the one occurrence of ``text`` replaced (ValueError if not exactly one)."""
     n = source.count(text)
