@@ -875,7 +875,7 @@ CONFIGS = {
     "deepseek_v3_tiny": (False, False),
 }
 CONFIG_RELEASES = ("0.5.12.post1", "0.5.13")
-MODEL_PROBE = "sglab.sglang.engine.model:probe_model_config"
+MODEL_PROBE = "tests.sglang.model_probe:probe_model_config"
 # answered once per test session (conftest), with the other calls of each release's worker
 REAL_CALLS = [(MODEL_PROBE, {"config": str(MODELS / name / "config.json")}, CONFIG_RELEASES)
               for name in CONFIGS]

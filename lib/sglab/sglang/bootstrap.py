@@ -351,11 +351,6 @@ def install_kvcacheio_stub(cause: str) -> Shim:
         f"sgl_kernel with a kvcacheio whose functions raise when called")
 
 
-def _weak_ref_tensor(tensor):
-    """sgl_kernel's weak_ref_tensor: the tensor itself (a strong reference; same values)."""
-    return tensor
-
-
 def _skip_fakes_of_missing_sgl_kernel_ops() -> None:
     """``torch.library.register_fake("sgl_kernel::X")`` of an op never defined is a no-op."""
     import torch
@@ -382,7 +377,7 @@ def install_sgl_kernel_stub(cause: str) -> Shim:
     sys.meta_path.insert(
         0,
         _StubFinder("sgl_kernel", why, exclude=("sgl_kernel.scalar_type",),
-                    overrides={"sgl_kernel": {"weak_ref_tensor": _weak_ref_tensor}}))
+                    overrides={"sgl_kernel": {"weak_ref_tensor": lambda tensor: tensor}}))
     _skip_fakes_of_missing_sgl_kernel_ops()
     return Shim(
         "sgl_kernel", f"{why}: functions raise when called, weak_ref_tensor returns its argument, "

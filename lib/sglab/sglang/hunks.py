@@ -53,7 +53,17 @@ class Hunk:
 
     def blocks(self, side: str = "after") -> dict[str, str | None]:
         """``{qualname: text}`` of one side (None where the symbol was not in that release)."""
-        return split_blocks(self.after if side == "after" else self.before)
+        out, name, lines = {}, None, []
+        text = self.after if side == "after" else self.before
+        for line in text.splitlines(keepends=True) + [HEADER + "end · end\n"]:
+            if line.startswith(HEADER):
+                if name is not None:
+                    body = "".join(lines).strip("\n")
+                    out[name] = None if body == ABSENT else body + "\n"
+                name, lines = line.rstrip("\n").split(" · ", 1)[1], []
+            else:
+                lines.append(line)
+        return out
 
 
 # -- reading symbols out of a release --------------------------------------------------------------
@@ -65,19 +75,6 @@ def side_text(read, symbols) -> str:
         text = S.symbol_text(read(path), qual)
         blocks.append(f"{HEADER}{path} · {qual}\n{text if text is not None else ABSENT + chr(10)}")
     return "\n".join(blocks)
-
-
-def split_blocks(text: str) -> dict[str, str | None]:
-    out, name, lines = {}, None, []
-    for line in text.splitlines(keepends=True) + [HEADER + "end · end\n"]:
-        if line.startswith(HEADER):
-            if name is not None:
-                body = "".join(lines).strip("\n")
-                out[name] = None if body == ABSENT else body + "\n"
-            name, lines = line.rstrip("\n").split(" · ", 1)[1], []
-        else:
-            lines.append(line)
-    return out
 
 
 def unified(before: str, after: str, before_version: str, after_version: str) -> str:
@@ -255,10 +252,6 @@ class Piece:
     lines: tuple[str, ...]
 
 
-def _symbol_path(hunk, symbol: str) -> str:
-    return next(s.split("::")[0] for s in hunk.symbols if s.split("::")[1] == symbol)
-
-
 def pieces(hunk, symbol: str, context: int = CONTEXT) -> list[Piece]:
     """The hunks of ``symbol``'s change across the window, each with ``context`` lines around it."""
     before, after = _sides(hunk, symbol)
@@ -364,18 +357,9 @@ def excerpt(text: str, spans: list[tuple[int, int]]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _source_of(rebuilt) -> tuple[str, str]:
-    """(name, text) of the rebuilt function or class (or a ``(name, text)`` pair given as is)."""
-    if isinstance(rebuilt, tuple):
-        return rebuilt
-    name = f"{rebuilt.__module__}.{rebuilt.__qualname__}"
-    return name, textwrap.dedent(inspect.getsource(rebuilt))
-
-
 def render_beside(hunk, rebuilt, *, symbol: str | None = None) -> Rendered:
     """What the window changed in the released ``symbol`` (default the first), hunk by hunk with
-    context and links at the release's tag, beside the rebuilt lines that correspond; a hunk the
-    rebuild has no part in is one line."""
+    links at the release's tag, beside the rebuilt lines that correspond."""
     from sglab.sglang import codepath
 
     after = hunk.blocks("after")
@@ -383,9 +367,12 @@ def render_beside(hunk, rebuilt, *, symbol: str | None = None) -> Rendered:
         symbol = next(iter(after))
     if symbol not in after:
         raise KeyError(f"{symbol!r} is not a symbol of {hunk.title}; there: {list(after)}")
-    path = _symbol_path(hunk, symbol)
+    path = next(s.split("::")[0] for s in hunk.symbols if s.split("::")[1] == symbol)
     node = codepath.Node(path, symbol)
-    name, text = _source_of(rebuilt)
+    # the rebuilt function or class, or a ``(name, text)`` pair given as is
+    name, text = rebuilt if isinstance(rebuilt,
+                                       tuple) else (f"{rebuilt.__module__}.{rebuilt.__qualname__}",
+                                                    textwrap.dedent(inspect.getsource(rebuilt)))
     found = list(zip(pieces(hunk, symbol), matches(hunk, symbol, text)))
     kept = [bool(hits) for _, hits in found]
     if not any(kept):

@@ -55,22 +55,16 @@ def _deps_spec(name: str) -> dict:
     return {"requirements": list(reqs), "no_deps": list(nodeps)}
 
 
-def deps_current(name: str) -> tuple[bool, str]:
+def deps_current(name: str) -> bool:
     """Is dependency set ``name`` installed for the current requirements, and does the interpreter
-    still provide what was left out of it? (and why not)"""
+    still provide what was left out of it?"""
     stamp = read_stamp(deps_dir(name))
-    if stamp is None:
-        return False, "not installed"
-    if {k: stamp.get(k) for k in ("requirements", "no_deps")} != _deps_spec(name):
-        return False, "requirement list changed"
+    if stamp is None or {k: stamp.get(k) for k in ("requirements", "no_deps")} != _deps_spec(name):
+        return False
     have = interpreter_dists()
-    gone = [
-        pin for pin in stamp.get("provided_by_interpreter", [])
-        if have.get(pin.partition("==")[0]) != pin.partition("==")[2]
-    ]
-    if gone:
-        return False, f"the interpreter no longer provides {', '.join(gone[:3])}"
-    return True, ""
+    return all(
+        have.get(pin.partition("==")[0]) == pin.partition("==")[2]
+        for pin in stamp.get("provided_by_interpreter", []))
 
 
 def _install_into(kind: str, name: str, dest: Path, fill: Callable[[Path], dict]) -> Outcome:
@@ -96,7 +90,7 @@ def _install_into(kind: str, name: str, dest: Path, fill: Callable[[Path], dict]
 
 
 def install_deps(name: str) -> Outcome:
-    if deps_current(name)[0]:
+    if deps_current(name):
         return Outcome("deps", name, "present")
 
     def fill(tmp: Path) -> dict:
@@ -131,8 +125,10 @@ def install_release(version: str) -> Outcome:
                         no_deps=True, find_links=[cache] if cache.is_dir() else [])
         if not (tmp / "sglang" / "__init__.py").exists():
             raise PipError("the wheel has no sglang/__init__.py")
+        got = installed_in(tmp).get("sglang")
         return {
-            "version": version, "wheel": wheel_of(tmp), "deps": dep_set(version), "source": "index"
+            "version": version, "wheel": f"sglang-{got[0]}" if got else None,
+            "deps": dep_set(version), "source": "index"
         }
 
     return _install_into("release", version, release_dir(version), fill)
@@ -214,21 +210,10 @@ def constraint_files(workdir: Path) -> list[Path]:
     return [repo_root() / "constraints" / "cpu.txt", pins] if cpu else [pins]
 
 
-def _error_line(stderr: str) -> str:
-    """pip's most telling line: the last ``ERROR:`` line, else the last non-empty one."""
-    lines = [
-        ln.strip()
-        for ln in stderr.splitlines() if ln.strip() and not ln.startswith("WARNING: Location")
-    ]
-    errors = [ln for ln in lines if ln.startswith("ERROR:")]
-    return (errors[-1] if errors else
-            (lines[-1] if lines else "pip failed without a message"))[:300]
-
-
 def pip_install(target: Path, requirements: Iterable[str], *, constraints: Iterable[Path] = (),
-                no_deps: bool = False, find_links: Iterable[Path] = (),
-                timeout: float = PIP_TIMEOUT_S) -> None:
-    """``pip install --target`` one batch of requirements; raises :class:`PipError`."""
+                no_deps: bool = False, find_links: Iterable[Path] = ()) -> None:
+    """``pip install --target`` one batch of requirements; raises :class:`PipError` with pip's
+    most telling line (the last ``ERROR:`` line, else the last non-empty one)."""
     cmd = [
         sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
         "--no-warn-script-location", "--no-input", "--no-compile", "--upgrade", "--target",
@@ -242,12 +227,17 @@ def pip_install(target: Path, requirements: Iterable[str], *, constraints: Itera
         cmd.append("--no-deps")
     cmd += [str(r) for r in requirements]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S,
                               stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        raise PipError(f"pip did not finish in {timeout:.0f} s") from None
+        raise PipError(f"pip did not finish in {PIP_TIMEOUT_S} s") from None
     if proc.returncode != 0:
-        raise PipError(_error_line(proc.stderr))
+        lines = [
+            ln.strip() for ln in proc.stderr.splitlines()
+            if ln.strip() and not ln.startswith("WARNING: Location")
+        ]
+        errors = [ln for ln in lines if ln.startswith("ERROR:")]
+        raise PipError((errors or lines or ["pip failed without a message"])[-1][:300])
 
 
 def installed_in(folder: Path) -> dict[str, tuple[str, Path]]:
@@ -262,39 +252,25 @@ def installed_in(folder: Path) -> dict[str, tuple[str, Path]]:
     return out
 
 
-def _remove_dist(folder: Path, info: Path) -> None:
-    """Delete one distribution's files (as listed in its RECORD) and its dist-info folder."""
-    record = info / "RECORD"
-    if record.exists():
-        with record.open(newline="") as fh:
-            for row in csv.reader(fh):
-                if not row:
-                    continue
-                p = (folder / row[0]).resolve()
-                if folder.resolve() in p.parents and p.is_file():
-                    p.unlink()
-    shutil.rmtree(info, ignore_errors=True)
-
-
 def prune_provided(folder: Path) -> list[str]:
-    """Delete from ``folder`` what the interpreter provides at the same version; return
-    ``name==version`` of those."""
+    """Delete from ``folder`` (each file its RECORD lists) what the interpreter provides at the same
+    version; return ``name==version`` of those."""
     have = interpreter_dists()
     pruned = []
     for name, (version, info) in sorted(installed_in(folder).items()):
-        if have.get(name) == version:
-            _remove_dist(folder, info)
-            pruned.append(f"{name}=={version}")
+        if have.get(name) != version:
+            continue
+        if (info / "RECORD").exists():
+            with (info / "RECORD").open(newline="") as fh:
+                for p in ((folder / row[0]).resolve() for row in csv.reader(fh) if row):
+                    if folder.resolve() in p.parents and p.is_file():
+                        p.unlink()
+        shutil.rmtree(info, ignore_errors=True)
+        pruned.append(f"{name}=={version}")
     for d in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
         if d.is_dir() and not any(d.iterdir()):
             d.rmdir()
     return pruned
-
-
-def wheel_of(folder: Path) -> Optional[str]:
-    """``sglang-version`` of the dist-info installed into ``folder``."""
-    got = installed_in(folder).get("sglang")
-    return f"sglang-{got[0]}" if got else None
 
 
 if __name__ == "__main__":

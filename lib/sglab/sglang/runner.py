@@ -68,14 +68,6 @@ def _spawn(cmd: list[str], timeout: float,
         return code, err.read()[-4000:]
 
 
-def _answered(release: str, probe: str, data: dict, seconds: float) -> ProbeResult:
-    status = "not-run" if data["not_run"] else ("error" if data["error"] else "ok")
-    return ProbeResult(release, probe, status, frame(release, probe, data["rows"]), data["shims"],
-                       seconds, data["seconds"].get("prepare",
-                                                    0.0), data["not_run"] or data["error"] or "",
-                       data.get("traceback", ""))
-
-
 def _read_answers(out: Path) -> dict[int, dict]:
     """{call index: answer} of every complete line the worker wrote."""
     if not out.exists():
@@ -126,7 +118,12 @@ def _run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]],
     for i, (key, (probe, _)) in enumerate(todo.items()):
         data = answers.get(i)
         if data is not None:
-            results[key] = _answered(release, probe, data, max(0.0, data["finished"] - last))
+            status = "not-run" if data["not_run"] else ("error" if data["error"] else "ok")
+            results[key] = ProbeResult(release, probe, status, frame(release, probe,
+                                                                     data["rows"]), data["shims"],
+                                       max(0.0, data["finished"] - last), data["seconds"].get(
+                                           "prepare", 0.0), data["not_run"] or data["error"] or "",
+                                       data.get("traceback", ""))
             last = data["finished"]
             continue
         if running is None:  # the call the worker was on when it was killed or died

@@ -15,13 +15,8 @@ from sglab.sglang.engine.hooks import say
 from sglab.sglang.engine.spec import VOCAB
 
 
-def random_ids(rng, n: int) -> list[int]:
-    return [rng.randrange(4, VOCAB) for _ in range(n)]
-
-
 def _gpu_memory() -> None:
-    """One line per (process, GPU) that NVML reports: the memory it holds, named by its process
-    title (``sglang::scheduler_TP1``)."""
+    """One line per (process, GPU) that NVML reports: the memory it holds, named by its process."""
     import psutil
 
     from sglab.core import memory
@@ -78,7 +73,9 @@ def drive(params_path: str) -> int:
                         kwargs["prompt"] = [p["prompt"]] * n
                         kwargs["image_data"] = [image] * n
                     else:
-                        kwargs["input_ids"] = [random_ids(rng, il) for _ in range(n)]
+                        kwargs["input_ids"] = [
+                            [rng.randrange(4, VOCAB) for _ in range(il)] for _ in range(n)
+                        ]
                     t0 = time.perf_counter()
                     engine.generate(**kwargs)
                     dt = time.perf_counter() - t0
@@ -163,10 +160,8 @@ def untimed(res: dict) -> str:
 
 
 def stand_in_for_datasets() -> bool:
-    """Where Hugging Face ``datasets`` is not installed, a module of that name whose
-    ``load_dataset`` raises: ``bench_serving`` imports it at module level for its MMMU and other
-    dataset loaders, and the ``random-ids`` prompts never call it (the GPU image has no
-    ``datasets``; its pyarrow does not fit the engine bundle). True where the stand-in was put."""
+    """Where Hugging Face ``datasets`` is missing (the GPU image), a stand-in whose ``load_dataset``
+    raises (``bench_serving`` imports it, ``random-ids`` never calls it); True where it was put."""
     import importlib.util
     import types
 
@@ -182,8 +177,7 @@ def stand_in_for_datasets() -> bool:
 
 
 def _bench_serving(argv: list[str]) -> int:
-    """``python -m sglang.bench_serving ARGV`` in this process (its imports paid once); its exit
-    status."""
+    """``python -m sglang.bench_serving ARGV`` in this process; its exit status."""
     import runpy
 
     saved = sys.argv
@@ -265,10 +259,8 @@ def serve(params_path: str) -> int:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) == 2 and argv[0] == "drive":
-        return drive(argv[1])
-    if len(argv) == 2 and argv[0] == "serve":
-        return serve(argv[1])
+    if len(argv) == 2 and argv[0] in ("drive", "serve"):
+        return (drive if argv[0] == "drive" else serve)(argv[1])
     print(
         "usage: python -m sglab.sglang.engine.driver drive|serve PARAMS.json (the engine and "
         "serve tools' driver)", file=sys.stderr)

@@ -26,6 +26,13 @@ def spread(xs: list[float]) -> dict:
     return {"median": s.median(), "min": s.min(), "max": s.max(), "iqr": q3 - q1, "n": len(s)}
 
 
+# the engine's start-up decisions: {metric: (the log's key, unit)}
+DECISIONS = {
+    "pcg": ("pcg", ""), "pcg_reason": ("pcg_reason", ""), "pcg_tokens": ("pcg_tokens", "tokens"),
+    "pcg_capture": ("pcg_capture_s", "s"), "bcg": ("bcg", ""),
+    "bcg_tokens": ("bcg_tokens", "tokens"), "decode_graph_bs": ("decode_bs", "requests"),
+    "decode_capture": ("decode_capture_s", "s"), "attention_backend": ("attention_backend", "")
+}
 # bench_serving's keys per pass, and the metric each becomes: the pass's median (``ttft``) and mean
 # (``ttft_mean``) over its requests, each as the median, min and max over the passes
 SERVING_METRICS = (("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("e2e", "e2e_latency_ms"), ("itl",
@@ -56,18 +63,9 @@ def rows(res: EngineResult) -> list[dict]:
             add(name if k == "median" else f"{name}_{k}", round(sp[k], 4), "ms", **cols)
         return sp
 
-    def joined(key):
-        return " ".join(map(str, d[key])) if d.get(key) else None
-
-    add("pcg", d.get("pcg"))
-    add("pcg_reason", d.get("pcg_reason"))
-    add("pcg_tokens", joined("pcg_tokens"), "tokens")
-    add("pcg_capture", d.get("pcg_capture_s"), "s")
-    add("bcg", d.get("bcg"))
-    add("bcg_tokens", joined("bcg_tokens"), "tokens")
-    add("decode_graph_bs", joined("decode_bs"), "requests")
-    add("decode_capture", d.get("decode_capture_s"), "s")
-    add("attention_backend", d.get("attention_backend"))
+    for metric, (key, unit) in DECISIONS.items():
+        v = d.get(key)
+        add(metric, (" ".join(map(str, v)) or None) if isinstance(v, list) else v, unit)
     groups: dict[tuple, list] = {}
     # a launch pass ran under the profiler: its counts are exact, its timings are not kept
     counting = s.profile and s.profile_stage == "prefill"
@@ -133,15 +131,12 @@ def rows(res: EngineResult) -> list[dict]:
     for m in d.get("gpu_memory", []):
         add("gpu_memory", m.get("mib"), "MiB", gpu=m.get("gpu"), process=m.get("name"))
     for n, got in sorted((res.launches or {}).items()):
-        cols = {"batch_size": s.batch_sizes[0], "input_len": n}
-        add("prefill_kernel_launches", got["kernel_launches"], "launches", **cols)
-        add("prefill_graph_launches", got["graph_launches"], "launches", **cols)
-        add("prefill_kernels_in_graphs", got["kernels_in_graphs"], "kernels", **cols)
-    if res.kernels:
-        k = res.kernels
-        add("decode_replays_per_step", k["replays_per_step"], "replays")
-        add("decode_kernels_per_replay", k["kernels_per_replay"], "kernels")
-        add("decode_kernels_per_layer", k["kernels_per_layer"], "kernels")
+        for key, unit in (("kernel_launches", "launches"), ("graph_launches", "launches"),
+                          ("kernels_in_graphs", "kernels")):
+            add(f"prefill_{key}", got[key], unit, batch_size=s.batch_sizes[0], input_len=n)
+    for key, unit in (("replays_per_step", "replays"), ("kernels_per_replay", "kernels"),
+                      ("kernels_per_layer", "kernels")):
+        add(f"decode_{key}", res.kernels[key] if res.kernels else None, unit)
     if res.leftovers:
         add("leftover_processes", len(res.leftovers), "processes")
     # the host over the whole start (load, capture and timed runs): was a slow start crowded?

@@ -56,20 +56,20 @@ VERSIONS = ("torch", "sglang-kernel", "flashinfer-python", "transformers", "trit
             "apache-tvm-ffi", "tokenizers")
 
 
-def found_versions(env: ReleaseEnv, names=VERSIONS) -> dict[str, Optional[str]]:
+def found_versions(env: ReleaseEnv) -> dict[str, Optional[str]]:
     """Versions the engine's processes will import: the release's folders first, then this
     interpreter."""
-    return dict(_versions(tuple(str(p) for p in env.paths), tuple(names)))
+    return dict(_versions(tuple(str(p) for p in env.paths)))
 
 
 @lru_cache(maxsize=None)
-def _versions(paths: tuple[str, ...], names: tuple[str, ...]) -> dict[str, Optional[str]]:
+def _versions(paths: tuple[str, ...]) -> dict[str, Optional[str]]:
     # read once per process and folders: a scenario prepares each release's engines many times
     # (every start, case and dry-run line), and each read parses every package's METADATA
     import importlib.metadata as md
 
     out: dict[str, Optional[str]] = {}
-    want = {canonicalize_name(n): n for n in names}
+    want = {canonicalize_name(n): n for n in VERSIONS}
     for dist in md.distributions(path=list(paths)):
         n = canonicalize_name(dist.metadata.get("Name") or "")
         if n in want and n not in out:
@@ -99,11 +99,9 @@ def check_pins(env: ReleaseEnv, found: Optional[dict] = None) -> dict[str, str]:
 
 def release_flags(package: Path, tool: str) -> set[str]:
     """Every ``--flag`` the release's parsers accept for ``tool``: ``add_argument`` strings of
-    ``srt/server_args.py`` (and ``bench_one_batch.py`` for the bench), plus the flags that 0.5.14+
-    derive from fields annotated ``A[T, "help"]`` / ``A[T, Arg(...)]`` (``cli_name``, ``aliases``)
-    of ``ServerArgs`` and, from 0.5.2x, of the field groups under ``srt/arg_groups/``; and the
-    ``--no-X`` of each declared with ``action=argparse.BooleanOptionalAction``, as argparse adds
-    it."""
+    ``srt/server_args.py`` (and ``bench_one_batch.py``), the fields 0.5.14+ annotate
+    ``A[T, "help"]`` / ``A[T, Arg(...)]`` (``srt/arg_groups/`` too from 0.5.2x), and argparse's
+    ``--no-X`` forms."""
     name = package.parent.name
     files = [package / "srt" / "server_args.py"]
     if tool == "bench":

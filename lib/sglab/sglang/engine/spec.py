@@ -215,10 +215,6 @@ class Case:
     adjustments: tuple = ()  # Adjustment or name
     releases: tuple[str, ...] = ()
 
-    @property
-    def adjustment_names(self) -> tuple[str, ...]:
-        return tuple(a.name if isinstance(a, Adjustment) else a for a in self.adjustments)
-
 
 @dataclass(frozen=True)
 class Scenario:
@@ -291,21 +287,15 @@ class Scenario:
         return timed + counted
 
     def _specs(self, releases: Optional[Iterable[str]] = None) -> list[EngineSpec]:
-        pick = list(releases) if releases else None
         shared = {f: getattr(self, f) for f in SHARED}
-        out = []
-        for v in self.releases:
-            if pick is not None and v not in pick:
-                continue
-            for c in self.all_cases():
-                if c.releases and v not in c.releases:
-                    continue
-                out.append(
-                    EngineSpec(
-                        release=v, model=self.model_config(), server_args=c.args, case=c.label,
-                        adjustments=tuple(a if isinstance(a, Adjustment) else adjustment(a)
-                                          for a in c.adjustments), **shared))
-        return out
+        return [
+            EngineSpec(
+                release=v, model=self.model_config(), server_args=c.args, case=c.label,
+                adjustments=tuple(a if isinstance(a, Adjustment) else adjustment(a)
+                                  for a in c.adjustments), **shared)
+            for v in self.releases if not releases or v in releases
+            for c in self.all_cases() if not c.releases or v in c.releases
+        ]
 
 
 # the fields a scenario hands each of its specs as they are
@@ -314,8 +304,7 @@ SHARED = ("tool", "batch_sizes", "input_lens", "output_len", "repeats", "request
 
 
 def read_config(path: Path) -> hf_config.HFConfig:
-    """The model's ``config.json`` (:mod:`sglab.sglang.hf_config`); a one-line
-    :class:`EngineError` when it is missing, not JSON or names no architecture."""
+    """The model's ``config.json``; a one-line :class:`EngineError` where it cannot be read."""
     try:
         return hf_config.read(path, architectures=True)
     except hf_config.ConfigError as exc:
