@@ -1,9 +1,6 @@
-"""A real release's whole engine on this machine's GPUs, measured with SGLang's own tools: what to
-run (``spec``), the model folder (``model``), the release's environment (``release``), what runs
-inside the engine's processes (``hooks``), launching and stopping (``launching``), reading its log
-and traces (``log``, ``trace``), one run (``running``), its rows and record (``recording``), and the
-``Engine`` driver (``driver``). Nothing here imports SGLang or torch into the calling process, nor
-pandas into the engine's own processes (they import ``hooks`` through this package).
+"""A real release's whole engine on this machine's GPUs, measured with SGLang's own tools (one
+concern per module, in the order a run goes). Nothing here imports SGLang or torch into the calling
+process, nor pandas into the engine's own processes (they import ``hooks`` through this package).
 """
 
 from sglab.sglang.engine.hooks import (SITECUSTOMIZE, patch_params, remove_text, revert_hunk,

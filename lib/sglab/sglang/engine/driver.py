@@ -131,10 +131,9 @@ def _ready(url: str, server, deadline: float) -> None:
 
 
 def bench_serving_argv(p: dict, port: int, one: dict, seed: int, out: str) -> list[str]:
-    """The release's own ``bench_serving`` for one pass: random token ids (no dataset to
-    download), exactly ``input_len`` prompt and ``output_len`` output tokens, every request sent
-    at once and ``concurrency`` of them in flight, no warm-up request of its own (the driver's
-    untimed passes warm up; a repeated prompt would hit the prefix cache)."""
+    """The release's own ``bench_serving`` for one pass: random token ids, exact prompt and output
+    lengths, ``concurrency`` requests in flight, no warm-up of its own (the driver's passes warm
+    up)."""
     return [
         "--backend", "sglang", "--host", "127.0.0.1", "--port",
         str(port), "--model", p["tokenizer"], "--tokenizer", p["tokenizer"], "--dataset-name",
@@ -149,10 +148,8 @@ def bench_serving_argv(p: dict, port: int, one: dict, seed: int, out: str) -> li
 
 
 def untimed(res: dict) -> str:
-    """Why a ``bench_serving`` result (with ``--output-details``) has no TTFT for some request,
-    in words; '' when every request has one. bench_serving sets a request's TTFT at the first
-    streamed chunk with text and leaves 0 where the text stayed empty (and its TPOT then spans the
-    whole request)."""
+    """Why a ``bench_serving`` result (``--output-details``) has no TTFT for some request (0 where
+    no chunk had text), in words; '' when every request has one."""
     ttfts = res.get("ttfts") or []
     n = sum(1 for t in ttfts if not t)
     return (f"{n} of {len(ttfts)} requests have no TTFT (their generated tokens decoded to no "
@@ -192,10 +189,9 @@ def _bench_serving(argv: list[str]) -> int:
 
 
 def serve(params_path: str) -> int:
-    """The ``serve`` tool: start the release's server (``sglang.launch_server``) on a free loopback
-    port, wait for a real generate, then run ``bench_serving`` once per untimed warm-up pass
-    (every input length at the highest concurrency) and per timed pass, each with its own seed
-    (distinct prompts: no prefix-cache hits), and print one line per pass; stop the server."""
+    """The ``serve`` tool: the release's server on a free loopback port, then ``bench_serving`` once
+    per untimed warm-up pass and per timed pass, each with its own seed (no prefix-cache hits), a
+    line per pass."""
     import importlib
     import signal
     import subprocess

@@ -1,10 +1,7 @@
-"""What runs inside the engine's own processes: the run's ``sitecustomize`` installs the hooks
-in every Python process of the engine (spawned children too), which print the resolved server
-arguments and apply each adjustment's patch once its module is imported.
-
-Two patches: :func:`revert_hunk` (a function redefined from its own source with a PR's hunk removed
-or one line replaced) and :func:`trace_calls` (one line per call, with its arguments and time).
-Each application prints one ``[sglab-engine] applied`` line, so a run proves what it changed.
+"""What runs inside the engine's own processes: the run's ``sitecustomize`` installs hooks in
+each of them that print the resolved server arguments and apply each adjustment's patch once its
+module is imported: :func:`revert_hunk` (a function redefined without a PR's hunk) or
+:func:`trace_calls` (a line per call), each saying ``applied``: a run proves what it changed.
 """
 
 from __future__ import annotations

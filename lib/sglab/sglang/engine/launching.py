@@ -1,9 +1,6 @@
-"""Launching and stopping one engine.
-
-:func:`prepare` decides the whole launch before anything starts (release, pins, flags, model
-folder, hooks, environment). :func:`launch` starts it in its own process group with a marker
-variable, streams its log, and stops the whole group (:mod:`sglab.core.procs`) at the timeout, on
-any exit of its own, and however the harness itself ends: a scheduler left behind holds its GPU.
+"""Launching and stopping one engine: :func:`prepare` decides the whole launch before anything
+starts; :func:`launch` starts it in its own process group, streams its log, and stops the whole
+group (:mod:`sglab.core.procs`) at the timeout, on its exit, and however the harness itself ends.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Where a release is importable from, what it pins, and which flags its parsers accept.
-
-A release runs from its own folders: ``$SGLAB_ENGINE_HOME/<V>/site`` on a GPU box (unpacked from
-the engine bundles by ``scripts/engine_gpu.sh``), else the side-by-side layout of
-:mod:`sglab.sglang.releases`. Nothing is started before its torch pin and the reader's flags are
-checked: each error is one line.
+"""Where a release is importable from (``$SGLAB_ENGINE_HOME/<V>/site`` on a GPU box, unpacked by
+``scripts/engine_gpu.sh``, else :mod:`sglab.sglang.releases`), what it pins, and which flags its
+parsers accept: each checked before anything starts, each error one line.
 """
 
 from __future__ import annotations

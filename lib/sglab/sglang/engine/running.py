@@ -83,10 +83,6 @@ TOOL_NAMES = {
 }
 
 
-def tail_lines(text: str, n: int = 12) -> list[str]:
-    return [ln for ln in text.splitlines() if ln.strip()][-n:]
-
-
 def run(spec: EngineSpec, *, work: Optional[Path] = None, echo: Callable[[str], None] = print,
         check: bool = True, said: Optional[set] = None) -> EngineResult:
     """Run one engine: :class:`EngineError` for what stops it before it starts (release missing,
@@ -108,7 +104,8 @@ def run(spec: EngineSpec, *, work: Optional[Path] = None, echo: Callable[[str], 
                        sglang_command=prep.sglang_command, server_argv=prep.server_argv,
                        pins=prep.pins, found=prep.found,
                        leftovers=ex.leftovers + [f"{p} (survived SIGKILL)" for p in ex.survivors],
-                       tail=tail_lines(text), marker=prep.marker, host=host)
+                       tail=[ln for ln in text.splitlines() if ln.strip()
+                             ][-12:], marker=prep.marker, host=host)
     if spec.tool == "bench":
         res.bench = bench_results(d, spec, work / "result.jsonl")
     if ex.timed_out:
