@@ -1,4 +1,4 @@
-"""Launching and stopping one engine: :func:`prepare` decides the whole launch before anything
+"""Launching and stopping one engine. :func:`prepare` decides the whole launch before anything
 starts; :func:`launch` starts it in its own process group, streams its log, and stops the whole
 group (:mod:`sglab.core.procs`) at the timeout, on its exit, and however the harness itself ends.
 """
