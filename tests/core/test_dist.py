@@ -1,6 +1,7 @@
 """sglab.core.dist on the CPU (gloo): results come back per rank, errors carry the rank's traceback,
 nothing hangs, nothing is left running."""
 
+import multiprocessing as mp
 import os
 import time
 
@@ -84,8 +85,6 @@ def test_nccl_without_gpus_says_so():
 
 
 def test_forkserver_ranks_and_no_server_left():
-    import multiprocessing as mp
-
     dist.forkserver(["torch"])
     try:
         out = dist.launch(dist_fns.all_reduce_sum, 2, backend="gloo", timeout_s=120,
