@@ -1,11 +1,12 @@
 """GPU tests (2 GPUs): a cuda:0 grid makes rank 1 open a context on GPU 0; the CPU grid does not;
 the concurrent run holds every claim (memory time series included); nothing is left running."""
 
+import multiprocessing as mp
 import os
 
 import pytest
 
-from sglab.core import claims, dist, hardware, runs
+from sglab.core import claims, hardware, runs
 from sglab.grid_thw import claims as grid_claims
 from sglab.grid_thw import measure
 
@@ -64,7 +65,7 @@ def test_concurrent_run_holds_every_claim_and_leaves_nothing(tmp_path):
         assert results[cid].status == claims.PASS, (cid, results[cid])
     mem = run.sidecar("memory")
     assert set(mem.variant) >= {"before", "after"} and len(mem) < 20000  # change points only
-    assert dist.alive_children() == []
+    assert mp.active_children() == []
     me = os.getpid()
     assert not [
         p

@@ -298,8 +298,3 @@ def stop_forkserver() -> None:
     stop = getattr(server, "_stop", None)
     if stop is not None:
         stop()
-
-
-def alive_children() -> list[int]:
-    """Pids of this process's live multiprocessing children (for leak checks)."""
-    return [p.pid for p in mp.active_children()]

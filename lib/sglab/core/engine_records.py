@@ -21,11 +21,6 @@ def _model_of(run) -> dict:
     return {e["variant"]: (e.get("model") or {}).get("name", "?") for e in run.manifest.engine_runs}
 
 
-def _tp_of(run) -> dict:
-    """``{variant: TP size}`` from the run's engine entries."""
-    return {e["variant"]: int(e.get("tp") or 1) for e in run.manifest.engine_runs}
-
-
 def frame(runs_: list) -> pd.DataFrame:
     """All rows of the newest answer per (model, TP size, variant), oldest run first, with
     ``model``, ``tp`` and ``run`` (GPU and date). Cached and shared: never change it in place."""
@@ -55,7 +50,10 @@ def _frame(runs_: list) -> pd.DataFrame:
         df = run.df.copy()
         named = df["variant"].map(_model_of(run))  # a merged run keeps its rows' own model
         df["model"] = (df["model"].fillna(named) if "model" in df else named).fillna("?")
-        tp = df["variant"].map(_tp_of(run))
+        tp = df["variant"].map({
+            e["variant"]: int(e.get("tp") or 1)
+            for e in run.manifest.engine_runs
+        })
         df["tp"] = (df["tp"].fillna(tp) if "tp" in df else tp).fillna(1).astype(int)
         df["run"], df["_order"] = label(run), order
         parts.append(df)

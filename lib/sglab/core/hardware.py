@@ -11,7 +11,7 @@ import importlib.util
 import os
 import platform
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -22,9 +22,6 @@ class GPU:
     name: str
     uuid: str
     memory_mib: int
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def _nvml():

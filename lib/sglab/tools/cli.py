@@ -359,10 +359,21 @@ def _write_timings(results, record: bool, clean: bool, **kw) -> None:
     print(f"timings: {timings.write(results, record=record and clean, **kw)}")
 
 
+def _command(sub, fn, *args, **kw):
+    """A command's parser (``sub.add_parser``'s arguments), running ``fn``."""
+    p = sub.add_parser(*args, **kw)
+    p.set_defaults(fn=fn)
+    return p
+
+
+def _flag(p, flag: str, help: str) -> None:
+    p.add_argument(flag, action="store_true", help=help)
+
+
 def _workbook_commands(sub) -> None:
     """env, run, record, sync: the commands that run the workbook and its experiments."""
-    sub.add_parser("env", help="describe this machine").set_defaults(fn=cmd_env)
-    p = sub.add_parser("run", help="execute notebooks headless and write reports/")
+    _command(sub, cmd_env, "env", help="describe this machine")
+    p = _command(sub, cmd_run, "run", help="execute notebooks headless and write reports/")
     p.add_argument(
         "notebooks", nargs="*",
         help="names or prefixes (01, 04_swa_loc), or notebook files of your own "
@@ -373,61 +384,52 @@ def _workbook_commands(sub) -> None:
                    help="seconds a cell may run before it is interrupted (default 900)")
     p.add_argument("--jobs", type=int,
                    help="notebooks at a time (default: 1 where a GPU is visible, else 2)")
-    p.add_argument(
-        "--timings", action="store_true",
-        help="print where each notebook's time goes (phases) and save it as a workbook run")
-    p.add_argument("--record", action="store_true",
-                   help="with --timings: save under data/recorded/workbook/")
-    p.set_defaults(fn=cmd_run)
-    p = sub.add_parser(
-        "timings", help="save the timings of notebooks run on another machine "
+    _flag(p, "--timings",
+          "print where each notebook's time goes (phases) and save it as a workbook run")
+    _flag(p, "--record", "with --timings: save under data/recorded/workbook/")
+    p = _command(
+        sub, cmd_timings, "timings", help="save the timings of notebooks run on another machine "
         "(its `sglab run --out` folder) as a workbook run")
     p.add_argument("reports", help="the folder `sglab run --out` wrote there (index.json, .ipynb)")
     p.add_argument(
         "--runs", required=True,
         help="the live runs those notebooks wrote (their data/runs/), for the "
         "measurement phases and the machine")
-    p.add_argument("--record", action="store_true", help="save under data/recorded/workbook/")
-    p.set_defaults(fn=cmd_timings)
-    p = sub.add_parser("record", help="run an experiment live and save the run")
+    _flag(p, "--record", "save under data/recorded/workbook/")
+    p = _command(sub, cmd_record, "record", help="run an experiment live and save the run")
     p.add_argument("experiment", help="a fix's name (pcg_gate, swa_loc, ...): its GPU measurement")
     p.add_argument("--param", action="append", metavar="NAME=VALUE",
                    help="override one of the measurement's parameters (repeatable)")
-    p.add_argument("--recorded", action="store_true",
-                   help="write into data/recorded/ instead of data/runs/")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.set_defaults(fn=cmd_record)
-    p = sub.add_parser("publish", help="copy a live run with its sidecars into data/recorded/")
+    _flag(p, "--recorded", "write into data/recorded/ instead of data/runs/")
+    _flag(p, "--quiet", "no progress lines")
+    p = _command(sub, cmd_publish, "publish",
+                 help="copy a live run with its sidecars into data/recorded/")
     p.add_argument("run", help="a run's CSV under data/runs/<experiment>/")
-    p.add_argument(
-        "--force", action="store_true",
-        help="replace a recorded run of the same name, and publish a run whose claims fail")
-    p.set_defaults(fn=cmd_publish)
-    p = sub.add_parser("sync", help="pair notebooks' .py and .ipynb (the edited half is taken)")
-    p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 where an .ipynb is out of date")
+    _flag(p, "--force",
+          "replace a recorded run of the same name, and publish a run whose claims fail")
+    p = _command(sub, cmd_sync, "sync",
+                 help="pair notebooks' .py and .ipynb (the edited half is taken)")
+    _flag(p, "--check", "write nothing; exit 1 where an .ipynb is out of date")
     p.add_argument("--from", dest="side", choices=("py", "ipynb"),
                    help="write every pair from this half, whatever changed")
-    p.set_defaults(fn=cmd_sync)
 
 
 def _evidence_commands(sub) -> None:
     """upstream, index, the investigation commands, verify, real: what reads releases, runs and a
     user's setup."""
-    p = sub.add_parser("upstream",
-                       help="which fixes the installed SGLang, a source tree, or each release has")
+    from sglab.tools import engine_cmd
     from sglab.tools import upstream as upstream_command
 
-    upstream_command.add_arguments(p)
-    p.set_defaults(fn=upstream_command.run)
-    p = sub.add_parser(
-        "index", help="rewrite the README's notebook index, the house map (docs/structure.md) and "
+    upstream_command.add_arguments(
+        _command(sub, upstream_command.run, "upstream",
+                 help="which fixes the installed SGLang, a source tree, or each release has"))
+    p = _command(
+        sub, cmd_index, "index",
+        help="rewrite the README's notebook index, the house map (docs/structure.md) and "
         "the engine ledger (docs/operating.md) from the recorded runs and the tree")
-    p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 where a block is out of date")
-    p.set_defaults(fn=cmd_index)
-    p = sub.add_parser("workspace",
-                       help="workspace re-creations per max_token_num policy for your traffic")
+    _flag(p, "--check", "write nothing; exit 1 where a block is out of date")
+    p = _command(sub, cmd_workspace, "workspace",
+                 help="workspace re-creations per max_token_num policy for your traffic")
     p.add_argument("--trace", required=True,
                    help="CSV of token counts per forward step, or an SGLang server log")
     p.add_argument("--world-size", type=int, default=8,
@@ -439,9 +441,9 @@ def _evidence_commands(sub) -> None:
         help="pad prefill batches to piecewise-CUDA-graph buckets up to this size (0: no padding)")
     p.add_argument("--pre-initialize", type=int, default=0,
                    help="tokens of a workspace created before the first call")
-    p.set_defaults(fn=cmd_workspace)
-    p = sub.add_parser(
-        "capture-sizes", help="your SGLang server arguments → capture sizes per release, and which "
+    p = _command(
+        sub, cmd_capture_sizes, "capture-sizes",
+        help="your SGLang server arguments → capture sizes per release, and which "
         "the attention-TP reduce-scatter refuses",
         description="sglab capture-sizes [--release V ...] [--model CONFIG.json] "
         "-- <SGLang server arguments>")
@@ -460,34 +462,30 @@ def _evidence_commands(sub) -> None:
                    help="GPU memory per GPU (sets SGLang's defaults)")
     p.add_argument("server_args", nargs=argparse.REMAINDER,
                    help="-- then the arguments of sglang.launch_server")
-    p.set_defaults(fn=cmd_capture_sizes)
-    from sglab.tools import engine_cmd
-
     engine_cmd.add_parser(sub)
-    p = sub.add_parser(
-        "swa-cost", help="what the SWA location preset saves for a model's sliding-window layout")
+    p = _command(sub, cmd_swa_cost, "swa-cost",
+                 help="what the SWA location preset saves for a model's sliding-window layout")
     p.add_argument("config", help="a Hugging Face config.json, or the model folder that holds it")
     p.add_argument("--batch-size", type=int, default=32,
                    help="decode batch size for the µs estimate")
     p.add_argument("--max-bs", type=int, default=256,
                    help="largest captured decode batch (cuda-graph-max-bs)")
-    p.set_defaults(fn=cmd_swa_cost)
-    p = sub.add_parser("verify", help="check every claim on recorded, live or given runs")
+    p = _command(sub, cmd_verify, "verify",
+                 help="check every claim on recorded, live or given runs")
     p.add_argument("targets", nargs="*", help="experiment names or run CSV files")
-    p.add_argument("--all", action="store_true", help="every recorded run of every experiment")
-    p.add_argument(
-        "--live", action="store_true",
-        help="first run the experiments this machine's GPUs can run (the named "
+    _flag(p, "--all", "every recorded run of every experiment")
+    _flag(
+        p, "--live", "first run the experiments this machine's GPUs can run (the named "
         "ones only, where experiments are named), real engines included")
     p.add_argument(
         "--against", nargs="?", const="auto", default=None, metavar="REF",
         help="compare with a reference run (default: the newest recorded run of the "
         "same GPU model)")
     p.add_argument("--junit", metavar="FILE", help="also write the verdicts as JUnit XML")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.set_defaults(fn=cmd_verify)
-    p = sub.add_parser(
-        "real", help="real SGLang releases side by side: `sglab real install [--releases V ...]`, "
+    _flag(p, "--quiet", "no progress lines")
+    p = _command(
+        sub, cmd_real, "real",
+        help="real SGLang releases side by side: `sglab real install [--releases V ...]`, "
         "`sglab real record` (the notebooks' probe answers, for recorded mode)")
     p.add_argument(
         "action", choices=["install", "record", "gpu"],
@@ -495,7 +493,6 @@ def _evidence_commands(sub) -> None:
         "here (data/recorded/real_cpu/); gpu: retired (see sglab engine)")
     p.add_argument("rest", nargs=argparse.REMAINDER,
                    help="the action's own options: sglab real ACTION --help")
-    p.set_defaults(fn=cmd_real)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,10 +18,6 @@ MAP_START, MAP_END = "<!-- house:start -->", "<!-- house:end -->"
 LAYERS = ("tools", *fixes.NAMES, "sglang", "core")  # top to bottom: imports only go down
 
 
-def _gpus(e: fixes.Notebook) -> str:
-    return {0: "0", 1: "1"}.get(e.gpus, f"{e.gpus}–4")
-
-
 def row(e: fixes.Notebook) -> str:
     """A notebook's row: what its review card says (:func:`sglab.core.card.summary`), or its claim
     and headline where its fix declares no card yet."""
@@ -34,7 +30,7 @@ def row(e: fixes.Notebook) -> str:
         shown = claims.shown(mod, runs.load_all_recorded(e.experiment))
         text = f"{e.claim} {claims.headline(mod, shown)}" if shown else text + " (no run yet)"
     text = " ".join(str(text).split()).replace("|", "\\|")
-    return f"| `{e.stem}` | {e.upstream} | {text} | {_gpus(e)} |"
+    return f"| `{e.stem}` | {e.upstream} | {text} | {e.gpus if e.gpus < 2 else f'{e.gpus}–4'} |"
 
 
 def index_block() -> str:
@@ -70,14 +66,6 @@ def house_block(root: Path | None = None) -> str:
     return "\n".join(lines)
 
 
-def readme_path() -> Path:
-    return runs.repo_root() / "README.md"
-
-
-def structure_path() -> Path:
-    return runs.repo_root() / "docs" / "structure.md"
-
-
 def current_block(text: str, start: str = START, end: str = END) -> str | None:
     if start not in text or end not in text:
         return None
@@ -96,16 +84,13 @@ def _rewrite(path: Path, start: str, end: str, new: str) -> bool:
     return True
 
 
-def operating_path() -> Path:
-    return runs.repo_root() / "docs" / "operating.md"
-
-
 def _blocks() -> list[tuple]:
     """``(file, start, end, the block it should hold, what it is)`` of every generated block."""
-    return [(readme_path(), START, END, index_block, "README.md index (from data/recorded/)"),
-            (structure_path(), MAP_START, MAP_END, house_block,
+    root = runs.repo_root()
+    return [(root / "README.md", START, END, index_block, "README.md index (from data/recorded/)"),
+            (root / "docs" / "structure.md", MAP_START, MAP_END, house_block,
              "docs/structure.md house map (from lib/sglab)"),
-            (operating_path(), ledger.START, ledger.END, ledger.block,
+            (root / "docs" / "operating.md", ledger.START, ledger.END, ledger.block,
              "docs/operating.md engine ledger (from data/recorded/engine_*)")]
 
 
