@@ -7,10 +7,7 @@ added the per-variant gate rows, the direct hand-off, the traced pass and the ke
 from __future__ import annotations
 
 import math
-import re
-import tempfile
 from functools import partial
-from pathlib import Path
 from typing import Optional
 
 import pandas as pd
@@ -141,8 +138,6 @@ class Burst(timing.Burst):
 COPY = r"direct_copy_kernel|Memcpy DtoD|^memcpy\d+$"
 # the host calls that start device work: kernel and graph launches, memcpy and memset calls
 LAUNCH = r"LaunchKernel|GraphLaunch|Memcpy|Memset"
-PHASE = re.compile(r"^(eager|piecewise|piecewise_direct|pieces_eager) (\d+)$")
-DEVICE_CATEGORIES = ("kernel", "memcpy", "memset")
 TRACE_METRICS = {
     "trace_kernels": "count", "trace_device_us": "us", "trace_span_us": "us",
     "trace_busy": "fraction", "trace_copy_us": "us", "trace_copy_ops": "count",
@@ -150,22 +145,13 @@ TRACE_METRICS = {
 }
 
 
-def _is_device(lanes: pd.Series) -> pd.Series:
-    return lanes.str.startswith("stream") | (lanes == "device")
-
-
-def reduce_events(events: pd.DataFrame) -> pd.DataFrame:
-    """The events of the prefill phases only, with ``variant`` and ``num_tokens`` columns."""
-    return trace.phase_columns(events, PHASE.pattern, ("variant", "num_tokens"),
-                               {"num_tokens": int})
-
-
 def phase_numbers(ev: pd.DataFrame) -> dict:
-    """What one prefill's events say (``ev``: one phase of :func:`reduce_events`)."""
-    dev = ev[_is_device(ev.lane) & ev.category.isin(DEVICE_CATEGORIES)]
+    """What one prefill's events say (``ev``: the events of one traced phase)."""
+    on_dev = trace.on_device(ev.lane)
+    dev = ev[on_dev & ev.category.isin(("kernel", "memcpy", "memset"))]
     span = float((dev.start_us + dev.dur_us).max() - dev.start_us.min()) if len(dev) else 0.0
     device_us, copies = float(dev.dur_us.sum()), dev[dev.name.str.contains(COPY, regex=True)]
-    rt, host = ev[ev.category == "runtime"], ev[(ev.category == "range") & ~_is_device(ev.lane)]
+    rt, host = ev[ev.category == "runtime"], ev[(ev.category == "range") & ~on_dev]
 
     def calls(pattern: str) -> int:
         return int(rt.name.str.contains(pattern, regex=True).sum())
@@ -197,47 +183,41 @@ def count_rows(events: pd.DataFrame) -> list:
     return rows
 
 
-def _kernel_table(p, eager_fwd, ref_runner, inputs, sidecars: dict, extra: dict) -> list:
-    """Per-kernel table of the eager prefill and of the same pieces run eagerly (nsight does not
-    attribute a graph replay's kernels)."""
-    n = int(p["kernel_table_tokens"])
-    ids, pos = inputs[n]
-    fns = {
-        f"eager {n}": partial(eager_fwd, ids, pos),
-        f"pieces_eager {n}": partial(ref_runner.forward, ids)
-    }
-    table = kernel_table.kernel_table(fns, runs=int(p["kernel_table_runs"]), warmup=2)
-    sidecars["kernels"] = table
-    extra["kernel_table"] = {"backend": table.attrs["backend"], "reason": table.attrs["reason"]}
-    return [
-        _row(label.split(" ")[0], "kernel_table_calls", c, "count", n)
-        for label, c in kernel_table.calls_per_run(table).items()
-    ]
-
-
 def profile_pass(p: dict, dev, fns_at, eager_fwd, ref_runner, inputs: dict) -> tuple:
-    """The per-kernel table (first: CUPTI takes one subscriber), the traced pass and the counting
-    pass; ``fns_at(n)``: one count's prefills by variant. Returns rows, sidecars, extra."""
+    """The per-kernel table of the eager prefill and of the same pieces run eagerly (first: CUPTI
+    takes one subscriber; nsight does not attribute a graph replay's kernels), the traced pass and
+    the counting pass; ``fns_at(n)``: one count's prefills by variant. Returns rows, sidecars,
+    extra."""
     cuda = dev.type == "cuda"
     rows, sidecars, extra = [], {}, {}
     if cuda and p.get("kernel_table_tokens"):
-        rows += _kernel_table(p, eager_fwd, ref_runner, inputs, sidecars, extra)
+        n = int(p["kernel_table_tokens"])
+        ids, pos = inputs[n]
+        fns = {
+            f"eager {n}": partial(eager_fwd, ids, pos),
+            f"pieces_eager {n}": partial(ref_runner.forward, ids)
+        }
+        table = kernel_table.kernel_table(fns, runs=int(p["kernel_table_runs"]), warmup=2)
+        sidecars["kernels"] = table
+        extra["kernel_table"] = {"backend": table.attrs["backend"], "reason": table.attrs["reason"]}
+        rows += [
+            _row(label.split(" ")[0], "kernel_table_calls", c, "count", n)
+            for label, c in kernel_table.calls_per_run(table).items()
+        ]
     traced = {f"{v} {n}": fn for n in p["trace_token_counts"] for v, fn in fns_at(int(n)).items()}
-    for fn in traced.values():  # every path warm before the profiler starts
-        fn()
-    perfetto = Path(tempfile.mkdtemp(prefix="sglab-pcg-")) / "trace.json.gz" if cuda else None
-    events = reduce_events(trace.trace_phases(traced, perfetto=perfetto, cuda=cuda))
+    events, perfetto = trace.trace_variants(traced, "num_tokens", cuda=cuda,
+                                            perfetto_prefix="sglab-pcg-")
     rows += trace_rows(events)
     sidecars["events"] = events
-    if perfetto is not None and perfetto.exists():
+    if perfetto is not None:
         sidecars["trace"] = perfetto
     counted = {
         f"{v} {n}": fns_at(int(n))[v]
         for n in p["token_counts"]
         for v in ("eager", "piecewise")
     }
-    rows += count_rows(reduce_events(trace.trace_phases(counted, cuda=cuda)))
-    return rows, sidecars, extra
+    counts, _ = trace.trace_variants(counted, "num_tokens", cuda=cuda, warm=False)
+    return rows + count_rows(counts), sidecars, extra
 
 
 # -- the run ---------------------------------------------------------------------------------------
