@@ -2,8 +2,7 @@
 ``a_bs3`` the one-request "before" graph replayed for 3 requests; ``b_match`` "after" against eager;
 ``c_hit_rate`` a seeded mixed stream routed by ``can_run``; ``d_latency`` eager, before and after
 in interleaved rounds; ``launches`` segments per bucket and launches per prefill (a traced pass).
-On the CPU graphs are emulated and times are host times (the tests of the row plumbing).
-"""
+On the CPU graphs are emulated and times are host times."""
 
 from __future__ import annotations
 
@@ -246,7 +245,7 @@ def run(params: Optional[dict] = None, *, progress: bool = True,
     say = print if progress else (lambda *a, **k: None)
     where = torch.cuda.get_device_name(dev) if on_gpu else "cpu"
     say(f"[breakable_graph] model {asdict(cfg)} {dtype} on {where}")
-    with timing.phase("build"):  # weights drawn on the GPU (method 3; method 2 drew on the CPU)
+    with timing.phase("build"):
         model = rebuild.build_model(cfg, device=dev, dtype=dtype, seed=seed,
                                     draw_on="device" if on_gpu else "cpu")
     with timing.phase("capture"):

@@ -1,10 +1,6 @@
 """The torch.profiler layer: a piece of work's events reduced to a small event table (``lane,
 name, category, start_us, dur_us, phase``) stored beside the run, so that a notebook without a GPU
-draws the same timeline from a recorded run; the Perfetto file is torch's own export, gzipped.
-
-    with trace.Recorder(perfetto="run.trace.json.gz") as rec, trace.phase("recreate workspace"):
-        ...
-"""
+draws the same timeline from a recorded run; the Perfetto file is torch's own export, gzipped."""
 
 from __future__ import annotations
 

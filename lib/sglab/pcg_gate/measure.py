@@ -1,8 +1,6 @@
 """Notebook 01 on one GPU: eager prefill (the wrapper the gate refuses) against piecewise-CUDA-graph
-prefill (the one it lets through), per token count, and what the host pays per launch. Method 2
-added the per-variant gate rows, the direct hand-off, the traced pass and the kernel table; method
-3 the host's per-launch cost (``host`` rows) and the counting pass. :func:`sweep` runs on the CPU.
-"""
+prefill (the one it lets through), per token count, and what the host pays per launch (``host``
+rows). :func:`sweep` runs on the CPU."""
 
 from __future__ import annotations
 
@@ -101,16 +99,6 @@ def gate_facts(wrapper: nn.Module, num_hidden_layers: int, capture_tokens=None) 
         "model_keys_after_gate": sum(k.startswith("model.") for k in after),
         "named_parameters_dup": len(list(wrapper.named_parameters(remove_duplicate=False)))
     }
-
-
-def gate_rows(lm: nn.Module, num_hidden_layers: int, capture_tokens) -> tuple:
-    """Rows of :func:`gate_facts` per wrapper variant around ``lm``, and the facts."""
-    facts = {
-        v: gate_facts(rebuild.build_wrapper(v, language_model=lm), num_hidden_layers,
-                      capture_tokens)
-        for v in rebuild.ALL_VARIANTS
-    }
-    return [_row(v, m, f[m], u) for v, f in facts.items() for m, u in GATE_METRICS.items()], facts
 
 
 # -- the host's per-launch cost --------------------------------------------------------------------
@@ -221,19 +209,15 @@ def profile_pass(p: dict, dev, fns_at, eager_fwd, ref_runner, inputs: dict) -> t
 
 
 # -- the run ---------------------------------------------------------------------------------------
-def _sdpa_backends():
-    """Flash / memory-efficient attention only (never the O(n^2)-memory math fallback)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])
-
-
 def run(params: Optional[dict] = None, *, progress: bool = True) -> runs.Measured:
     """Eager prefill (gate off) against piecewise-graph prefill (gate on) on one GPU."""
     if not torch.cuda.is_available():
         raise RuntimeError("the pcg_gate measurement captures CUDA graphs: it needs a CUDA GPU")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     dev = torch.device("cuda", torch.cuda.current_device())
-    with _sdpa_backends():
+    # flash / memory-efficient attention only (never the O(n^2)-memory math fallback)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
         return sweep({**DEFAULT_PARAMS, **(params or {})}, dev, use_graphs=True,
                      timer=timing.cuda_time, progress=progress)
 
@@ -248,7 +232,12 @@ def _mib_reserved(dev) -> float:
 
 def _runners(lm, p: dict, capture_tokens: list, use_graphs: bool, say) -> tuple:
     """The gate on every wrapper variant (rows), and the runners the passing wrapper gets."""
-    rows, decided = gate_rows(lm, int(p["num_layers"]), capture_tokens)
+    decided = {
+        v: gate_facts(rebuild.build_wrapper(v, language_model=lm), int(p["num_layers"]),
+                      capture_tokens)
+        for v in rebuild.ALL_VARIANTS
+    }
+    rows = [_row(v, m, f[m], u) for v, f in decided.items() for m, u in GATE_METRICS.items()]
     off, on = decided["no_alias"]["result"], decided["property_guard"]["result"]
     say(f"gate: no_alias → {off.message}; property_guard → {on.message}")
     if off.enabled or not on.enabled:
