@@ -2,19 +2,15 @@
 ``a_bs3`` the one-request "before" graph replayed for 3 requests; ``b_match`` "after" against eager;
 ``c_hit_rate`` a seeded mixed stream routed by ``can_run``; ``d_latency`` eager, before and after
 in interleaved rounds; ``launches`` segments per bucket and launches per prefill (a traced pass).
-On the CPU graphs are emulated and times are host times (the tests of the row plumbing).
-"""
+On the CPU graphs are emulated and times are host times."""
 
 from __future__ import annotations
 
 import gc
 import math
 import random
-import re
-import tempfile
 from dataclasses import asdict
 from functools import partial
-from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import pandas as pd
@@ -135,21 +131,16 @@ def resolve(model: torch.nn.Module, *, walk: bool) -> tuple[Optional[torch.nn.Mo
 
 RESOLVERS = {"pr24662": False, "walk_chain": True}  # resolver name: walk=
 
-# -- the traced pass: one prefill per runner and request count under torch.profiler ----------------
-# After the timed passes, never feeding them: phases "<variant> <requests>" at launch_token_count
-# tokens; the 3-request prefills of "before" (every kernel launched eagerly) and "after" (graph
-# segments, eager attention and tail) are kept as the run's events sidecar.
-PHASE = re.compile(r"^(eager|before|after) (\d+)$")
 
-
+# -- the traced pass: after the timed passes, one prefill per runner and request count at
+# launch_token_count tokens; the 3-request prefills of "before" and "after" are the events sidecar
 def launch_numbers(ev: pd.DataFrame) -> dict:
     """Host launches and device kernels of one prefill (``ev``: the events of one phase)."""
-    device = ev.lane.str.startswith("stream") | (ev.lane == "device")
     rt = ev[ev.category == "runtime"]
     return {
         "host_kernel_launches": int(rt.name.str.contains("LaunchKernel").sum()),
         "host_graph_launches": int(rt.name.str.contains("GraphLaunch").sum()),
-        "device_kernels": int((device & (ev.category == "kernel")).sum())
+        "device_kernels": int((trace.on_device(ev.lane) & (ev.category == "kernel")).sum())
     }
 
 
@@ -162,11 +153,8 @@ def profile_pass(p: dict, model, before, after, batch_for, on_gpu: bool) -> tupl
         fns[f"eager {bs}"] = partial(rebuild.run_eager, model, batch)
         fns[f"before {bs}"] = partial(before.forward, batch)
         fns[f"after {bs}"] = partial(after.forward, batch)
-    for fn in fns.values():  # every path warm before the profiler starts
-        fn()
-    perfetto = Path(tempfile.mkdtemp(prefix="sglab-bcg-")) / "trace.json.gz" if on_gpu else None
-    events = trace.phase_columns(trace.trace_phases(fns, perfetto=perfetto, cuda=on_gpu),
-                                 PHASE.pattern, ("variant", "batch_size"), {"batch_size": int})
+    events, perfetto = trace.trace_variants(fns, "batch_size", cuda=on_gpu,
+                                            perfetto_prefix="sglab-bcg-")
     rows = [
         _row("launches", variant, metric, value, "count", num_tokens=n, batch_size=int(bs))
         for (variant, bs), ev in events.groupby(["variant", "batch_size"], sort=False)
@@ -174,7 +162,7 @@ def profile_pass(p: dict, model, before, after, batch_for, on_gpu: bool) -> tupl
     ]
     keep = (events.batch_size == 3) & events.variant.isin(("before", "after"))
     sidecars = {"events": events[keep].reset_index(drop=True)}
-    if perfetto is not None and perfetto.exists():
+    if perfetto is not None:
         sidecars["trace"] = perfetto
     return rows, sidecars
 
@@ -257,7 +245,7 @@ def run(params: Optional[dict] = None, *, progress: bool = True,
     say = print if progress else (lambda *a, **k: None)
     where = torch.cuda.get_device_name(dev) if on_gpu else "cpu"
     say(f"[breakable_graph] model {asdict(cfg)} {dtype} on {where}")
-    with timing.phase("build"):  # weights drawn on the GPU (method 3; method 2 drew on the CPU)
+    with timing.phase("build"):
         model = rebuild.build_model(cfg, device=dev, dtype=dtype, seed=seed,
                                     draw_on="device" if on_gpu else "cpu")
     with timing.phase("capture"):

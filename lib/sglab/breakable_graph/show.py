@@ -447,8 +447,31 @@ def your_setup(interactive: bool = False):
 # -- the real engine, before and after -------------------------------------------------------------
 def beside_rows(run, engine_run) -> list[dict]:
     """Eager over graph for prefills of several requests, as the rebuild (forward only) and SGLang's
-    engine (a whole Engine.generate call) measure it; the counts first."""
-    rows = count_rows(run, engine_run)
+    engine (a whole Engine.generate call) measure it; first what is counted, not timed: the
+    rebuild's graph launches per prefill of 2+ requests (profiler), and the share of the engine's
+    prefill batches the scheduler ran on the graph."""
+    rows = []
+    df = engine_records.frame(engine_run.shown) if engine_run else None
+    if run:
+        multi = launch_table(run.df).query("batch_size > 1")["host_graph_launches"]
+        got = {v: text.count(g) for v, g in multi.groupby(level="variant") if v != "eager"}
+        if len(got) == 2:
+            rows.append({
+                "source": f"rebuild ({runs.gpu_short(run)})",
+                "measures": "graph launches per prefill of 2+ requests, before → after #24662 "
+                "(profiler)", "figure": f"{got['before']} → {got['after']}"
+            })
+    if engine_run:
+        share = engine_stats.numbers(df, "prefill_graph")
+        for rel, g in share[share.case == "bcg"].groupby("release"):
+            several = g[g.requests > 1].value
+            rows.append({
+                "source": f"SGLang {rel} engine (llama_32x512)",
+                "measures": "prefill batches on the breakable graph, 1 request | 2+ requests "
+                "(the scheduler's 'Prefill batch' log)",
+                "figure": f"{text.span(g[g.requests == 1].value * 100, '{:.0f}')}% | "
+                f"{text.span(several * 100, '{:.0f}')}%"
+            })
     if run:
         multi = latency_of(run)[lambda t: t["batch_size"] > 1]
         where = (f"{text.count([multi.batch_size.min(), multi.batch_size.max()])} requests, "
@@ -463,7 +486,6 @@ def beside_rows(run, engine_run) -> list[dict]:
         rows.append({"source": "rebuild", "measures": run.line, "figure": ""})
     if not engine_run:
         return rows + [{"source": "SGLang engine", "measures": engine_run.line, "figure": ""}]
-    df = engine_records.frame(engine_run.shown)
     starts = engine_stats.starts_in(df, "latency")
     for rel, per in eager_over_graph(df).items():
         cost = engine_records.host_us(engine_run, rel, "llama_32x512")  # the host that ran it
@@ -478,33 +500,6 @@ def beside_rows(run, engine_run) -> list[dict]:
             f"{engine_stats.timing_source(starts, cost, engine_stats.STAT)}",
             "figure": figure + (f" (starts {text.span(widest, unit='×')})" if starts > 1 else "")
         })
-    return rows
-
-
-def count_rows(run, engine_run) -> list[dict]:
-    """What is counted, not timed: the rebuild's graph launches per prefill of several requests
-    (profiler), and the share of the engine's prefill batches the scheduler ran on the graph."""
-    rows = []
-    if run:
-        multi = launch_table(run.df).query("batch_size > 1")["host_graph_launches"]
-        got = {v: text.count(g) for v, g in multi.groupby(level="variant") if v != "eager"}
-        if len(got) == 2:
-            rows.append({
-                "source": f"rebuild ({runs.gpu_short(run)})",
-                "measures": "graph launches per prefill of 2+ requests, before → after #24662 "
-                "(profiler)", "figure": f"{got['before']} → {got['after']}"
-            })
-    if engine_run:
-        share = engine_stats.numbers(engine_records.frame(engine_run.shown), "prefill_graph")
-        for rel, g in share[share.case == "bcg"].groupby("release"):
-            several = g[g.requests > 1].value
-            rows.append({
-                "source": f"SGLang {rel} engine (llama_32x512)",
-                "measures": "prefill batches on the breakable graph, 1 request | 2+ requests "
-                "(the scheduler's 'Prefill batch' log)",
-                "figure": f"{text.span(g[g.requests == 1].value * 100, '{:.0f}')}% | "
-                f"{text.span(several * 100, '{:.0f}')}%"
-            })
     return rows
 
 

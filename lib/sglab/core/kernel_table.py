@@ -13,6 +13,8 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Optional
 
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from sglab.core.timing import _quantile
 
 
@@ -176,13 +178,7 @@ def parse_label(label: str) -> OpCall:
     return OpCall(scope, int(step) if step else None, op)
 
 
-def _mode_base():
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    return TorchDispatchMode
-
-
-class DispatchMode(_mode_base()):  # type: ignore[misc]
+class DispatchMode(TorchDispatchMode):
     """torch's ``TorchDispatchMode`` without the ``torch._disable_dynamo`` wrapper around its
     handler, which imports ``torch._dynamo`` (2.5-3 s on a 2-CPU box) at the first op; nothing here
     is compiled."""

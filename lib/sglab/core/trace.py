@@ -1,10 +1,6 @@
 """The torch.profiler layer: a piece of work's events reduced to a small event table (``lane,
 name, category, start_us, dur_us, phase``) stored beside the run, so that a notebook without a GPU
-draws the same timeline from a recorded run; the Perfetto file is torch's own export, gzipped.
-
-    with trace.Recorder(perfetto="run.trace.json.gz") as rec, trace.phase("recreate workspace"):
-        ...
-"""
+draws the same timeline from a recorded run; the Perfetto file is torch's own export, gzipped."""
 
 from __future__ import annotations
 
@@ -90,12 +86,17 @@ def _lane(ev, category: str, main_thread) -> str:
     return "host" if ev.thread == main_thread else f"host {ev.thread}"
 
 
+def on_device(lanes):
+    """Which events of a table's ``lane`` column ran on the device."""
+    return lanes.str.startswith("stream") | (lanes == "device")
+
+
 def _assign_phases(df):
     """Innermost phase range (host ranges for host events, device ranges for device events) per
     event."""
     import numpy as np
 
-    is_dev = (df.lane.str.startswith("stream") | (df.lane == "device")).to_numpy()
+    is_dev = on_device(df.lane).to_numpy()
     start = df.start_us.to_numpy()
     phases = np.full(len(df), "", dtype=object)
     ranges = df[(df.category == "range") & df.name.str.startswith(PHASE_PREFIX)]
@@ -222,3 +223,18 @@ def phase_columns(events, pattern: str, columns, converters=None):
         conv = (converters or {}).get(col)
         out[col] = values.map(conv).values if conv else values.values
     return out.reset_index(drop=True)
+
+
+def trace_variants(fns, column: str, *, cuda: bool, warm: bool = True,
+                   perfetto_prefix: str | None = None) -> tuple:
+    """:func:`trace_phases` of ``fns`` (``{"<variant> <n>": callable}``, each called once before
+    with ``warm``): the events with ``variant`` and an integer ``column``, and the Perfetto file (on
+    the GPU with ``perfetto_prefix``, in a new temporary folder; else None)."""
+    if warm:
+        for fn in fns.values():  # every path warm before the profiler starts
+            fn()
+    perfetto = (Path(tempfile.mkdtemp(prefix=perfetto_prefix)) / "trace.json.gz"
+                if cuda and perfetto_prefix else None)
+    events = phase_columns(trace_phases(fns, perfetto=perfetto, cuda=cuda), r"^(\S+) (\d+)$",
+                           ("variant", column), {column: int})
+    return events, perfetto if perfetto is not None and perfetto.exists() else None

@@ -1,11 +1,6 @@
 """What every pcg_gate run must show (see :mod:`sglab.core.claims`): five claims a reader checks,
-the instrument checks folded under them.
-
-Small prefills are host-bound, so from method 3 on the launch-bound claims read relative to the
-host's per-launch cost measured in the same run; the raw host-bound figures stay, beside that cost,
-in ``host_launch_cost``, never compared across machines. ``ENGINE``: the real engine's claims;
-``CARD``: the notebook's review card.
-"""
+the instrument checks folded under them, ``ENGINE`` (the real engine's claims) and ``CARD``. From
+method 3 the launch-bound claims read relative to the host's per-launch cost measured in the run."""
 
 from __future__ import annotations
 

@@ -1,16 +1,11 @@
 """Notebook 01 on one GPU: eager prefill (the wrapper the gate refuses) against piecewise-CUDA-graph
-prefill (the one it lets through), per token count, and what the host pays per launch. Method 2
-added the per-variant gate rows, the direct hand-off, the traced pass and the kernel table; method
-3 the host's per-launch cost (``host`` rows) and the counting pass. :func:`sweep` runs on the CPU.
-"""
+prefill (the one it lets through), per token count, and what the host pays per launch (``host``
+rows). :func:`sweep` runs on the CPU."""
 
 from __future__ import annotations
 
 import math
-import re
-import tempfile
 from functools import partial
-from pathlib import Path
 from typing import Optional
 
 import pandas as pd
@@ -106,16 +101,6 @@ def gate_facts(wrapper: nn.Module, num_hidden_layers: int, capture_tokens=None) 
     }
 
 
-def gate_rows(lm: nn.Module, num_hidden_layers: int, capture_tokens) -> tuple:
-    """Rows of :func:`gate_facts` per wrapper variant around ``lm``, and the facts."""
-    facts = {
-        v: gate_facts(rebuild.build_wrapper(v, language_model=lm), num_hidden_layers,
-                      capture_tokens)
-        for v in rebuild.ALL_VARIANTS
-    }
-    return [_row(v, m, f[m], u) for v, f in facts.items() for m, u in GATE_METRICS.items()], facts
-
-
 # -- the host's per-launch cost --------------------------------------------------------------------
 class Burst(timing.Burst):
     """:class:`sglab.core.timing.Burst`, timed in the same interleaved rounds as the prefills."""
@@ -141,8 +126,6 @@ class Burst(timing.Burst):
 COPY = r"direct_copy_kernel|Memcpy DtoD|^memcpy\d+$"
 # the host calls that start device work: kernel and graph launches, memcpy and memset calls
 LAUNCH = r"LaunchKernel|GraphLaunch|Memcpy|Memset"
-PHASE = re.compile(r"^(eager|piecewise|piecewise_direct|pieces_eager) (\d+)$")
-DEVICE_CATEGORIES = ("kernel", "memcpy", "memset")
 TRACE_METRICS = {
     "trace_kernels": "count", "trace_device_us": "us", "trace_span_us": "us",
     "trace_busy": "fraction", "trace_copy_us": "us", "trace_copy_ops": "count",
@@ -150,22 +133,13 @@ TRACE_METRICS = {
 }
 
 
-def _is_device(lanes: pd.Series) -> pd.Series:
-    return lanes.str.startswith("stream") | (lanes == "device")
-
-
-def reduce_events(events: pd.DataFrame) -> pd.DataFrame:
-    """The events of the prefill phases only, with ``variant`` and ``num_tokens`` columns."""
-    return trace.phase_columns(events, PHASE.pattern, ("variant", "num_tokens"),
-                               {"num_tokens": int})
-
-
 def phase_numbers(ev: pd.DataFrame) -> dict:
-    """What one prefill's events say (``ev``: one phase of :func:`reduce_events`)."""
-    dev = ev[_is_device(ev.lane) & ev.category.isin(DEVICE_CATEGORIES)]
+    """What one prefill's events say (``ev``: the events of one traced phase)."""
+    on_dev = trace.on_device(ev.lane)
+    dev = ev[on_dev & ev.category.isin(("kernel", "memcpy", "memset"))]
     span = float((dev.start_us + dev.dur_us).max() - dev.start_us.min()) if len(dev) else 0.0
     device_us, copies = float(dev.dur_us.sum()), dev[dev.name.str.contains(COPY, regex=True)]
-    rt, host = ev[ev.category == "runtime"], ev[(ev.category == "range") & ~_is_device(ev.lane)]
+    rt, host = ev[ev.category == "runtime"], ev[(ev.category == "range") & ~on_dev]
 
     def calls(pattern: str) -> int:
         return int(rt.name.str.contains(pattern, regex=True).sum())
@@ -197,63 +171,53 @@ def count_rows(events: pd.DataFrame) -> list:
     return rows
 
 
-def _kernel_table(p, eager_fwd, ref_runner, inputs, sidecars: dict, extra: dict) -> list:
-    """Per-kernel table of the eager prefill and of the same pieces run eagerly (nsight does not
-    attribute a graph replay's kernels)."""
-    n = int(p["kernel_table_tokens"])
-    ids, pos = inputs[n]
-    fns = {
-        f"eager {n}": partial(eager_fwd, ids, pos),
-        f"pieces_eager {n}": partial(ref_runner.forward, ids)
-    }
-    table = kernel_table.kernel_table(fns, runs=int(p["kernel_table_runs"]), warmup=2)
-    sidecars["kernels"] = table
-    extra["kernel_table"] = {"backend": table.attrs["backend"], "reason": table.attrs["reason"]}
-    return [
-        _row(label.split(" ")[0], "kernel_table_calls", c, "count", n)
-        for label, c in kernel_table.calls_per_run(table).items()
-    ]
-
-
 def profile_pass(p: dict, dev, fns_at, eager_fwd, ref_runner, inputs: dict) -> tuple:
-    """The per-kernel table (first: CUPTI takes one subscriber), the traced pass and the counting
-    pass; ``fns_at(n)``: one count's prefills by variant. Returns rows, sidecars, extra."""
+    """The per-kernel table of the eager prefill and of the same pieces run eagerly (first: CUPTI
+    takes one subscriber; nsight does not attribute a graph replay's kernels), the traced pass and
+    the counting pass; ``fns_at(n)``: one count's prefills by variant. Returns rows, sidecars,
+    extra."""
     cuda = dev.type == "cuda"
     rows, sidecars, extra = [], {}, {}
     if cuda and p.get("kernel_table_tokens"):
-        rows += _kernel_table(p, eager_fwd, ref_runner, inputs, sidecars, extra)
+        n = int(p["kernel_table_tokens"])
+        ids, pos = inputs[n]
+        fns = {
+            f"eager {n}": partial(eager_fwd, ids, pos),
+            f"pieces_eager {n}": partial(ref_runner.forward, ids)
+        }
+        table = kernel_table.kernel_table(fns, runs=int(p["kernel_table_runs"]), warmup=2)
+        sidecars["kernels"] = table
+        extra["kernel_table"] = {"backend": table.attrs["backend"], "reason": table.attrs["reason"]}
+        rows += [
+            _row(label.split(" ")[0], "kernel_table_calls", c, "count", n)
+            for label, c in kernel_table.calls_per_run(table).items()
+        ]
     traced = {f"{v} {n}": fn for n in p["trace_token_counts"] for v, fn in fns_at(int(n)).items()}
-    for fn in traced.values():  # every path warm before the profiler starts
-        fn()
-    perfetto = Path(tempfile.mkdtemp(prefix="sglab-pcg-")) / "trace.json.gz" if cuda else None
-    events = reduce_events(trace.trace_phases(traced, perfetto=perfetto, cuda=cuda))
+    events, perfetto = trace.trace_variants(traced, "num_tokens", cuda=cuda,
+                                            perfetto_prefix="sglab-pcg-")
     rows += trace_rows(events)
     sidecars["events"] = events
-    if perfetto is not None and perfetto.exists():
+    if perfetto is not None:
         sidecars["trace"] = perfetto
     counted = {
         f"{v} {n}": fns_at(int(n))[v]
         for n in p["token_counts"]
         for v in ("eager", "piecewise")
     }
-    rows += count_rows(reduce_events(trace.trace_phases(counted, cuda=cuda)))
-    return rows, sidecars, extra
+    counts, _ = trace.trace_variants(counted, "num_tokens", cuda=cuda, warm=False)
+    return rows + count_rows(counts), sidecars, extra
 
 
 # -- the run ---------------------------------------------------------------------------------------
-def _sdpa_backends():
-    """Flash / memory-efficient attention only (never the O(n^2)-memory math fallback)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])
-
-
 def run(params: Optional[dict] = None, *, progress: bool = True) -> runs.Measured:
     """Eager prefill (gate off) against piecewise-graph prefill (gate on) on one GPU."""
     if not torch.cuda.is_available():
         raise RuntimeError("the pcg_gate measurement captures CUDA graphs: it needs a CUDA GPU")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     dev = torch.device("cuda", torch.cuda.current_device())
-    with _sdpa_backends():
+    # flash / memory-efficient attention only (never the O(n^2)-memory math fallback)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
         return sweep({**DEFAULT_PARAMS, **(params or {})}, dev, use_graphs=True,
                      timer=timing.cuda_time, progress=progress)
 
@@ -268,7 +232,12 @@ def _mib_reserved(dev) -> float:
 
 def _runners(lm, p: dict, capture_tokens: list, use_graphs: bool, say) -> tuple:
     """The gate on every wrapper variant (rows), and the runners the passing wrapper gets."""
-    rows, decided = gate_rows(lm, int(p["num_layers"]), capture_tokens)
+    decided = {
+        v: gate_facts(rebuild.build_wrapper(v, language_model=lm), int(p["num_layers"]),
+                      capture_tokens)
+        for v in rebuild.ALL_VARIANTS
+    }
+    rows = [_row(v, m, f[m], u) for v, f in decided.items() for m, u in GATE_METRICS.items()]
     off, on = decided["no_alias"]["result"], decided["property_guard"]["result"]
     say(f"gate: no_alias → {off.message}; property_guard → {on.message}")
     if off.enabled or not on.enabled:

@@ -407,7 +407,29 @@ def beside_rows(rs, engine) -> list[dict]:
     pairs = captured_over_off(df) if engine else {}
     lo = min((min(r) for r in pairs.values()), default=128)
     hi = max((max(r) for r in pairs.values()), default=1024)
-    rows = count_rows(rs, df, lo, hi)
+    rows = []
+    lt = launch_table(rs.first.df) if rs else pd.DataFrame()
+    lt = lt[(lt.index >= lo) & (lt.index <= hi)] if not lt.empty else lt
+    if not lt.empty:
+        rows.append({
+            "source": f"rebuild ({rs.first.manifest.gpu})",
+            "measures": f"launches per prefill forward, eager → piecewise (profiler), {lo}–{hi} "
+            "tokens", "figure": f"{text.count(lt['eager launches'])} → "
+            f"{text.count(lt['piecewise launches'])}"
+        })
+    counts = launch_counts(df) if not df.empty else pd.DataFrame()
+    variants = {k[:3] for k in counts.index}
+    for (model, rel, case), g in (counts.groupby(level=[0, 1, 2]) if variants else []):
+        if g.pcg.iloc[0] != "captured" or (model, rel, "pcg-off") not in variants:
+            continue
+        off = counts.loc[(model, rel, "pcg-off")]
+        rows.append({
+            "source": f"SGLang {rel} engine ({model}, {case})",
+            "measures": "launches per prefill step, pcg-off → piecewise (kernels + graph "
+            "replays; bench_one_batch under the profiler)",
+            "figure": f"{text.count(off.launches)} → {text.count(g.kernels)} + "
+            f"{text.count(g.graphs)} graphs"
+        })
     if rs:
         sp = latency_of(rs.first)["speedup"]
         sp = sp[(sp.index >= lo) & (sp.index <= hi)]
@@ -438,32 +460,4 @@ def beside_rows(rs, engine) -> list[dict]:
         "measures": f"TTFT before ÷ after on Kimi-K2.5, real weights ({before} {unit} → "
         f"{after} {unit})", "figure": f"{before / after:.2f}×"
     })
-    return rows
-
-
-def count_rows(rs, df: pd.DataFrame, lo: int, hi: int) -> list[dict]:
-    """The launches of one prefill, eager → piecewise, as the rebuild and the engine count them."""
-    rows = []
-    lt = launch_table(rs.first.df) if rs else pd.DataFrame()
-    lt = lt[(lt.index >= lo) & (lt.index <= hi)] if not lt.empty else lt
-    if not lt.empty:
-        rows.append({
-            "source": f"rebuild ({rs.first.manifest.gpu})",
-            "measures": f"launches per prefill forward, eager → piecewise (profiler), {lo}–{hi} "
-            "tokens", "figure": f"{text.count(lt['eager launches'])} → "
-            f"{text.count(lt['piecewise launches'])}"
-        })
-    counts = launch_counts(df) if not df.empty else pd.DataFrame()
-    variants = {k[:3] for k in counts.index}
-    for (model, rel, case), g in (counts.groupby(level=[0, 1, 2]) if variants else []):
-        if g.pcg.iloc[0] != "captured" or (model, rel, "pcg-off") not in variants:
-            continue
-        off = counts.loc[(model, rel, "pcg-off")]
-        rows.append({
-            "source": f"SGLang {rel} engine ({model}, {case})",
-            "measures": "launches per prefill step, pcg-off → piecewise (kernels + graph "
-            "replays; bench_one_batch under the profiler)",
-            "figure": f"{text.count(off.launches)} → {text.count(g.kernels)} + "
-            f"{text.count(g.graphs)} graphs"
-        })
     return rows
