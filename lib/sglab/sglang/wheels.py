@@ -6,6 +6,7 @@ figures read without downloading.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import subprocess
@@ -112,13 +113,24 @@ def cached(version: str, dest: Path) -> Path | None:
 
 
 # -- one wheel -------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _opened(path: Path, mtime_ns: int) -> tuple[zipfile.ZipFile, frozenset]:
+    """A wheel's zip and its names, read once per process (a wheel's directory takes ~70 ms)."""
+    z = zipfile.ZipFile(path)
+    return z, frozenset(z.namelist())
+
+
+def opened(path: Path) -> tuple[zipfile.ZipFile, frozenset]:
+    path = Path(path).resolve()
+    return _opened(path, path.stat().st_mtime_ns)
+
+
 class WheelReader:
     """``read(relpath)`` inside a wheel: the text of ``sglang/<relpath>``, or None."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self._zip = zipfile.ZipFile(self.path)
-        self._names = set(self._zip.namelist())
+        self._zip, self._names = opened(self.path)
 
     def __call__(self, relpath: str) -> str | None:
         name = f"{PACKAGE}/{relpath}"
@@ -127,13 +139,13 @@ class WheelReader:
         return self._zip.read(name).decode("utf-8", errors="replace")
 
     def close(self):
-        self._zip.close()
+        pass  # the zip stays open for the next reader of this wheel (see opened)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        self._zip.close()
+        pass
 
 
 def wheel_facts(path: Path) -> dict:
@@ -141,8 +153,7 @@ def wheel_facts(path: Path) -> dict:
     path = Path(path)
     with open(path, "rb") as f:
         digest = hashlib.file_digest(f, "sha256")
-    with zipfile.ZipFile(path) as z:
-        newest = max(i.date_time for i in z.infolist())
+    newest = max(i.date_time for i in opened(path)[0].infolist())
     return {
         "wheel": path.name, "sha256": digest.hexdigest(),
         "build_date": datetime(*newest).isoformat()
