@@ -66,13 +66,12 @@ class Variant:
     rank_env: tuple = ()  # (key, value) pairs set in the ranks before CUDA starts
 
 
-_PICKLE, _IPC = rebuild.WIRES["pickle"], rebuild.WIRES["cuda_ipc"]
 VARIANTS = {
-    "before": Variant("before", False, _PICKLE),
-    "after": Variant("after", True, _PICKLE),
-    "ipc": Variant("ipc", False, _IPC),
+    "before": Variant("before", False, rebuild.PICKLE),
+    "after": Variant("after", True, rebuild.PICKLE),
+    "ipc": Variant("ipc", False, rebuild.CUDA_IPC),
     # every module of the ranks loaded when their contexts are created
-    "eager": Variant("eager", False, _PICKLE, (("CUDA_MODULE_LOADING", "EAGER"),))
+    "eager": Variant("eager", False, rebuild.PICKLE, (("CUDA_MODULE_LOADING", "EAGER"),))
 }
 
 _DEFAULTS = {"tp_size": -1, "repeat": -1, "process": "", "rank": -1, "gpu": -1, "phase": ""}
