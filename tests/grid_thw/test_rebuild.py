@@ -120,4 +120,4 @@ def test_pickle_round_trip_keeps_device():
             } == {"input_ids": "cpu", "pixel_values": "cpu", "image_grid_thw": "cpu"}
     assert torch.equal(back["image_grid_thw"], out["image_grid_thw"])
     assert fx.send_pyobj(out) == pickle.dumps(out)
-    assert fx.WIRES["cuda_ipc"].per_receiver and not fx.WIRES["pickle"].per_receiver
+    assert fx.CUDA_IPC.per_receiver and not fx.PICKLE.per_receiver

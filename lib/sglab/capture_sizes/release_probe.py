@@ -188,17 +188,6 @@ def runner_sizes(prepared, sa, pool_size: int = MAX_RUNNING_REQUESTS, *,
         return _sizes_published(prepared, sa.piecewise_cuda_graph_tokens, pool_size)
 
 
-def _release_defaults(prepared) -> dict:
-    """Every ``ServerArgs`` field of the release at its default (a dataclass; {} otherwise)."""
-    cls = _module(prepared, "server_args").ServerArgs
-    fields = dataclasses.fields(cls) if dataclasses.is_dataclass(cls) else ()
-    return {
-        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        for f in fields
-        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-    }
-
-
 def stand_in(defaults: dict, setting: dict, piecewise: list, decode: list):
     """A stand-in ``ServerArgs``: the release's defaults, the setting, the configured lists (also as
     ``cuda_graph_config`` for the unified runners)."""
@@ -235,7 +224,12 @@ def setting_rows(prepared, params: dict) -> list[dict]:
     release's own default piecewise list as setting ``defaults``."""
     gen = generated_defaults(prepared, int(params.get("max_tokens", 2048)))
     rows = [dict(setting="defaults", metric="generated_piecewise", value=gen)]
-    defaults = _release_defaults(prepared)
+    cls = _module(prepared, "server_args").ServerArgs  # its fields' defaults (a dataclass)
+    defaults = {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        for f in (dataclasses.fields(cls) if dataclasses.is_dataclass(cls) else ())
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    }
     for name, setting in (params.get("settings") or SETTINGS).items():
         setting = dict(setting)
         piecewise = setting.pop("piecewise", params["piecewise"])
@@ -335,11 +329,6 @@ def _switched_off():
         yield hits
     finally:
         sys.settrace(previous)
-
-
-def _off_reason(hits: list, phase: str, default: str) -> str:
-    mine = [f"{f}: {r}" if r else f"{f} (the arguments given)" for p, f, r in hits if p == phase]
-    return mine[-1] if mine else default
 
 
 @contextlib.contextmanager
@@ -457,8 +446,9 @@ def _configure(prepared, argv: list[str], p: dict, model_folder) -> dict:
                      model=p["model"], attention_backend=view.attention_backend)
     flag = dict(prefill="--disable-piecewise-cuda-graph" if pr_era else "off by default here",
                 decode="--disable-cuda-graph")
-    for ph in off:
-        facts[f"{'piecewise' if ph == 'prefill' else ph}_off"] = (_off_reason(hits, ph, flag[ph])
+    for ph in off:  # the last line that turned the phase off, else the flag
+        said = [f"{f}: {r}" if r else f"{f} (the arguments given)" for q, f, r in hits if q == ph]
+        facts[f"{'piecewise' if ph == 'prefill' else ph}_off"] = ((said or [flag[ph]])[-1]
                                                                   if off[ph] else None)
     pool = view.max_running_requests or p["max_running_requests"]
     common = _module(prepared, "utils.common")

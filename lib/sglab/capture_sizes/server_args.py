@@ -43,21 +43,16 @@ def rule_table(attn_tp: int, attn_cp: int, dense_tp1: bool, tbo: bool,
                         enable_two_batch_overlap=bool(tbo))
     tp, cp, g = fx.attention_tp_size(a), a.attn_cp_size, fx.require_gathered_buffer(a)
     default = fx.default_piecewise_capture_sizes(max_tokens)
-    align = fx.decode_mul_base(tp, cp, gathered=g, two_batch_overlap=a.enable_two_batch_overlap)
-    try:
-        pr = fx.filter_piecewise_capture_sizes(default, tp, cp, gathered=g)
-    except fx.NoCaptureSizes:
-        pr = None
+    facts = dict(attn_tp_size=tp, attn_cp_size=cp, gathered_buffer=g, pool_size=None,
+                 enable_two_batch_overlap=a.enable_two_batch_overlap)
+    pw, dec = _rebuild("piecewise", default, facts), _rebuild("decode", default, facts)
     seen = releases_by_state()
-    rules = [
-        ("before #23972", seen.get("before", ""), 1, default),
-        ("#23972 filter", seen.get("pr-era", ""), fx.piecewise_mul_base(tp, cp) if g else 1, pr),
-        ("no alignment", seen.get("regressed", ""), 1, default),
-        ("round-up", seen.get("changed", ""), align, fx.round_up_capture_sizes(default, align)),
-        ("decode runner's rule on this list", "decode, every release", align,
-         fx.filter_decode_batch_sizes(default, tp, cp, gathered=g,
-                                      two_batch_overlap=a.enable_two_batch_overlap))
-    ]
+    rules = [("before #23972", seen.get("before", ""), 1, default),
+             ("#23972 filter", seen.get("pr-era", ""), pw["filter_base"], pw["filter_keeps"]),
+             ("no alignment", seen.get("regressed", ""), 1, default),
+             ("round-up", seen.get("changed", ""), pw["round_up_alignment"], pw["round_up"]),
+             ("decode runner's rule on this list", "decode, every release", dec["filter_base"],
+              dec["filter_keeps"])]
     rows = []
     for rule, releases, base, sizes in rules:
         refused = [n for n in sizes or () if g and n % tp]

@@ -268,14 +268,12 @@ def comparison(results: dict):
 
 def defaults_line(results: dict) -> str:
     """Does each release generate the rebuilt default piecewise list?"""
-    max_tokens = fx.MLA_MAX_TOKENS
-    want = fx.default_piecewise_capture_sizes(max_tokens)
-    parts = []
+    want, parts = fx.default_piecewise_capture_sizes(fx.MLA_MAX_TOKENS), []
     for v, r in real.ran(results).items():
         got = real.facts(r, setting="defaults").get("generated_piecewise")
         parts.append(f"{v}: " + (
             "same" if got == want else "DIFFERENT" if got is not None else "not reachable"))
-    return (f"default piecewise list for max {max_tokens} tokens vs the rebuilt one: "
+    return (f"default piecewise list for max {fx.MLA_MAX_TOKENS} tokens vs the rebuilt one: "
             + ("; ".join(parts) or "no release ran"))
 
 

@@ -66,13 +66,12 @@ class Variant:
     rank_env: tuple = ()  # (key, value) pairs set in the ranks before CUDA starts
 
 
-_PICKLE, _IPC = rebuild.WIRES["pickle"], rebuild.WIRES["cuda_ipc"]
 VARIANTS = {
-    "before": Variant("before", False, _PICKLE),
-    "after": Variant("after", True, _PICKLE),
-    "ipc": Variant("ipc", False, _IPC),
+    "before": Variant("before", False, rebuild.PICKLE),
+    "after": Variant("after", True, rebuild.PICKLE),
+    "ipc": Variant("ipc", False, rebuild.CUDA_IPC),
     # every module of the ranks loaded when their contexts are created
-    "eager": Variant("eager", False, _PICKLE, (("CUDA_MODULE_LOADING", "EAGER"),))
+    "eager": Variant("eager", False, rebuild.PICKLE, (("CUDA_MODULE_LOADING", "EAGER"),))
 }
 
 _DEFAULTS = {"tp_size": -1, "repeat": -1, "process": "", "rank": -1, "gpu": -1, "phase": ""}
@@ -188,12 +187,6 @@ class Snapshots:
                      gpu=gpu, phase=phase))
 
 
-def _labels(ctx, tokenizer_pid: int) -> dict[int, str]:
-    pids: list = [None] * ctx.world_size
-    tdist.all_gather_object(pids, os.getpid(), group=ctx.cpu_group)
-    return {**{pid: f"rank {r}" for r, pid in enumerate(pids)}, tokenizer_pid: "tokenizer"}
-
-
 def _receive(ctx, v: Variant, address: str, marks: Marks):
     """Rank 0 (each rank on a per-receiver wire) reads the tokenizer's bytes; others a broadcast."""
     w = v.wire
@@ -268,7 +261,13 @@ def rank_main(ctx, spec: dict) -> dict:
         if ctx.device.type == "cuda":
             torch.ones(1, device=ctx.device).add_(1).sum().item()
             torch.cuda.synchronize(ctx.device)
-    snap = Snapshots(ctx, v.name, _labels(ctx, spec["tokenizer_pid"]), float(spec["settle_s"]))
+    pids: list = [None] * ctx.world_size
+    tdist.all_gather_object(pids, os.getpid(), group=ctx.cpu_group)
+    labels = {
+        **{pid: f"rank {r}"
+           for r, pid in enumerate(pids)}, spec["tokenizer_pid"]: "tokenizer"
+    }
+    snap = Snapshots(ctx, v.name, labels, float(spec["settle_s"]))
     snap("init")
     with phases.phase("receive"):
         req, conn = _receive(ctx, v, spec["address"], marks)
@@ -321,15 +320,6 @@ def _stop(proc, wait_s: float = 60.0):
         end()
         proc.join(timeout=5)
     return proc.exitcode
-
-
-def _read_marks(path: str) -> list:
-    """The tokenizer's marks (none when it died first: the group's other checks say why)."""
-    try:
-        with open(path) as f:
-            return json.load(f)["marks"]
-    except (OSError, ValueError, KeyError):
-        return []
 
 
 def _exit_rows(variant: str, pids: list[int], nccl: bool, common: dict) -> list[dict]:
@@ -395,7 +385,11 @@ def run_group(variant: str, tp_size: int, *, repeat: int = 0, n_images: int = 4,
                               timeout_s=timeout_s, collective_timeout_s=min(120.0, timeout_s),
                               env=dict(v.rank_env), start_method=start_method)
         tok_exit = _stop(tok)
-        tok_marks = _read_marks(marks_path)
+        try:  # none when the tokenizer died first: the group's other checks say why
+            with open(marks_path) as f:
+                tok_marks = json.load(f)["marks"]
+        except (OSError, ValueError, KeyError):
+            tok_marks = []
     finally:
         _stop(tok, wait_s=0)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -418,16 +412,6 @@ def run_group(variant: str, tp_size: int, *, repeat: int = 0, n_images: int = 4,
         "phases": [r["phases"] for r in results
                    ], "t_entry": [r["t_entry"] - t_start for r in results]
     }
-
-
-# -- the time series (sidecars: sglab.grid_thw.series) ---------------------------------------------
-def sampler_rows(sampler: memory.Sampler, tp_size: int) -> list[dict]:
-    kw = {"tp_size": tp_size, "process": "sampler", "phase": "series"}
-    return [
-        _row("all", "sampler_hz", sampler.achieved_hz(), "Hz", **kw),
-        _row("all", "sampler_ticks", len(sampler.ticks), "count", **kw),
-        _row("all", "sampler_errors", sampler.errors, "count", **kw)
-    ]
 
 
 # -- the cache point (CPU) -------------------------------------------------------------------------
@@ -507,16 +491,6 @@ def _run_groups(plan: list[tuple[str, int]], p: dict, backend: str, progress: bo
     return sorted(groups, key=lambda g: plan.index((g["variant"], g["repeat"]))), cache_rows_
 
 
-def _merge_rank_phases(groups: list[dict]) -> None:
-    """Rank phases as the mean over the groups (side by side: a sum would not be wall time)."""
-    per: dict[str, list[float]] = {}
-    for g in groups:
-        for r, (d, t_entry) in enumerate(zip(g["phases"], g["t_entry"])):
-            for k, val in {**d, "start (process, CUDA, NCCL init)": t_entry}.items():
-                per.setdefault(f"rank{r}/{k}", []).append(val)
-    phases.merge({k: sum(v) / len(v) for k, v in per.items()})
-
-
 def run(params: dict | None = None, *, progress: bool = True,
         backend: str = "nccl") -> runs.Measured:
     """Every variant × repeat at one TP size as concurrent groups, plus the cache point; with
@@ -543,12 +517,22 @@ def run(params: dict | None = None, *, progress: bool = True,
             sampler.stop()
         if p["start_method"] == "forkserver":
             dist.stop_forkserver()
-    _merge_rank_phases(groups)
+    per: dict[str, list[float]] = {}  # rank phases: the mean over the groups (side by side)
+    for g in groups:
+        for r, (d, t_entry) in enumerate(zip(g["phases"], g["t_entry"])):
+            for k, val in {**d, "start (process, CUDA, NCCL init)": t_entry}.items():
+                per.setdefault(f"rank{r}/{k}", []).append(val)
+    phases.merge({k: sum(v) / len(v) for k, v in per.items()})
     rows = [r for g in groups for r in g["rows"]] + [dict(r, tp_size=tp) for r in cache]
     extra = {}
     if sampler is not None:
         with phases.phase("time series"):
-            rows += sampler_rows(sampler, tp)
+            kw = {"tp_size": tp, "process": "sampler", "phase": "series"}
+            rows += [
+                _row("all", "sampler_hz", sampler.achieved_hz(), "Hz", **kw),
+                _row("all", "sampler_ticks", len(sampler.ticks), "count", **kw),
+                _row("all", "sampler_errors", sampler.errors, "count", **kw)
+            ]
             from sglab.grid_thw import series  # it reads this module's steps
 
             extra = series.sidecars(groups, sampler.samples(), sampler.ticks)

@@ -330,19 +330,13 @@ def ipc_dumps(obj) -> bytes:
 class Wire:
     """One serialisation of the tokenizer -> scheduler hop (``dumps`` sends, ``loads`` receives)."""
 
-    name: str
     dumps: Callable[[Any], bytes]
     loads: Callable[[bytes], Any]
-    cuda_tensor: str  # what happens to a CUDA tensor on this wire, in words
     per_receiver: bool = False  # one dump per receiver (an IPC dump counts one reference)
 
 
-WIRES: dict[str, Wire] = {
-    "pickle": Wire("pickle", send_pyobj, recv_pyobj,
-                   "sent by value with its device; re-created there"),
-    "cuda_ipc": Wire("cuda_ipc", ipc_dumps, recv_pyobj,
-                     "sent as an IPC handle; opened on its device", per_receiver=True)
-}
+PICKLE = Wire(send_pyobj, recv_pyobj)  # by value with its device; re-created there
+CUDA_IPC = Wire(ipc_dumps, recv_pyobj, per_receiver=True)  # an IPC handle, opened on its device
 
 
 def broadcast_pyobj(data: list, rank: int, dist_group, src: int = 0) -> list:

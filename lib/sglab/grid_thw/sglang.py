@@ -38,11 +38,6 @@ VARIANT_OF = {"0.5.10.post1": "before", "0.5.11": "after", "0.5.23": "after"}
 
 
 # -- the source check (the release timeline, `sglab upstream`) -------------------------------------
-def _dict_keys(node) -> set[str]:
-    keys = [k for n in ast.walk(node) if isinstance(n, ast.Dict) for k in n.keys]
-    return {k.value for k in keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
-
-
 def _grid_built_on_cpu(tree) -> bool:
     """``_gpu_preprocess_images`` makes ``grid_thws`` with ``torch.tensor(...)``, no ``device=``."""
     fn = S.find(tree, "_gpu_preprocess_images")
@@ -63,7 +58,8 @@ def check(read) -> Verdict:
         return Verdict(
             "absent", "no KimiGPUProcessorWrapper._gpu_call: Kimi-K2.5 images are not "
             "preprocessed on a GPU here, so no grid is built on cuda:0")
-    keys = _dict_keys(gpu_call)
+    keys = [k for n in ast.walk(gpu_call) if isinstance(n, ast.Dict) for k in n.keys]
+    keys = {k.value for k in keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
     moved = S.mentions(gpu_call, "grid_thws.cpu()")
     on_cpu = _grid_built_on_cpu(tree)
     if "image_grid_thw" in keys and moved:
