@@ -185,6 +185,11 @@ def test_the_glossary_defines_the_workbooks_jargon_where_a_fix_notebook_uses_it(
     assert md.count("\n") == 1 + len(F.GLOSSARY)
 
 
+def test_each_glossary_word_is_defined_once():
+    words = [w.lower() for term, aliases, _ in F.GLOSSARY for w in (term, *aliases)]
+    assert sorted({w for w in words if words.count(w) > 1}) == []
+
+
 # --------------------------------------------------------------------------------------------------
 # the notebooks table
 # --------------------------------------------------------------------------------------------------

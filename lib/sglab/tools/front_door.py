@@ -263,9 +263,7 @@ GLOSSARY = (
      "and the tensors sent between SGLang's processes are shared. 02, 05."),
     ("A/A control", ("A/A",),
      "The same configuration started twice (its label ends in `-again`): the gap between the two "
-     "is the run's own noise, and a claimed gain must clear it. 07."), (
-         "TTFT, TPOT", ("TTFT", "TPOT"),
-         "Time to first token; time per output token after it (SGLang's `bench_serving`)."),
+     "is the run's own noise, and a claimed gain must clear it. 07."),
     ("dummy weights", ("dummy",),
      "`--load-format dummy`: random weights in a real model's shapes (its `config.json`) with a "
      "tokenizer written here, so an engine runs the real kernels with nothing downloaded."),
