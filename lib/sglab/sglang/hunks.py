@@ -369,10 +369,11 @@ def render_beside(hunk, rebuilt, *, symbol: str | None = None) -> Rendered:
         raise KeyError(f"{symbol!r} is not a symbol of {hunk.title}; there: {list(after)}")
     path = next(s.split("::")[0] for s in hunk.symbols if s.split("::")[1] == symbol)
     node = codepath.Node(path, symbol)
-    # the rebuilt function or class, or a ``(name, text)`` pair given as is
-    name, text = rebuilt if isinstance(rebuilt,
-                                       tuple) else (f"{rebuilt.__module__}.{rebuilt.__qualname__}",
-                                                    textwrap.dedent(inspect.getsource(rebuilt)))
+    if isinstance(rebuilt, tuple):  # a (name, text) pair given as is
+        name, text = rebuilt
+    else:  # the rebuilt function or class
+        name = f"{rebuilt.__module__}.{rebuilt.__qualname__}"
+        text = textwrap.dedent(inspect.getsource(rebuilt))
     found = list(zip(pieces(hunk, symbol), matches(hunk, symbol, text)))
     kept = [bool(hits) for _, hits in found]
     if not any(kept):

@@ -119,10 +119,11 @@ def _run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]],
         data = answers.get(i)
         if data is not None:
             status = "not-run" if data["not_run"] else ("error" if data["error"] else "ok")
+            reason = data["not_run"] or data["error"] or ""
             results[key] = ProbeResult(release, probe, status, frame(release, probe,
                                                                      data["rows"]), data["shims"],
-                                       max(0.0, data["finished"] - last), data["seconds"].get(
-                                           "prepare", 0.0), data["not_run"] or data["error"] or "",
+                                       max(0.0, data["finished"] - last),
+                                       data["seconds"].get("prepare", 0.0), reason,
                                        data.get("traceback", ""))
             last = data["finished"]
             continue

@@ -99,13 +99,13 @@ def run(spec: EngineSpec, *, work: Optional[Path] = None, echo: Callable[[str], 
                 marker=prep.marker, on_line=_progress(echo, spec))
     host = hoststate.end(window)
     text = log.read_text(errors="replace")
+    tail = [ln for ln in text.splitlines() if ln.strip()]
     d = read_log(text)
     res = EngineResult(spec, "ok", log=log, seconds=ex.seconds, decisions=d,
                        sglang_command=prep.sglang_command, server_argv=prep.server_argv,
                        pins=prep.pins, found=prep.found,
                        leftovers=ex.leftovers + [f"{p} (survived SIGKILL)" for p in ex.survivors],
-                       tail=[ln for ln in text.splitlines() if ln.strip()
-                             ][-12:], marker=prep.marker, host=host)
+                       tail=tail[-12:], marker=prep.marker, host=host)
     if spec.tool == "bench":
         res.bench = bench_results(d, spec, work / "result.jsonl")
     if ex.timed_out:
