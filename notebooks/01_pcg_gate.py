@@ -216,9 +216,9 @@ sglang.compare()
 #
 # The PR measures the full Kimi-K2.5 under serving load: TTFT, TPOT and E2E from SGLang's own
 # `bench_serving`. Here the same tool measures Kimi-K2.5's real widths (hidden 7168, MLA, 384
-# experts; 3 of its 61 layers, what one GPU holds with dummy weights) served by the release's own
-# server, piecewise graphs enforced against off, over three interleaved engine starts with the A/A
-# control (`01-kimi-full-serve`):
+# experts; 2 of its 61 layers, one dense and one MoE, what an 80-GB GPU holds with dummy weights)
+# served by the release's own server, piecewise graphs enforced against off, over three interleaved
+# engine starts with the A/A control (`01-kimi-full-serve`):
 
 # %%
 serving.show(engine)

@@ -806,15 +806,21 @@ def test_model_configs_shape():
 
 
 def test_the_full_width_kimi_config_has_kimi_k25s_text_widths():
-    """Every width of Kimi-K2.5's text model, with as many layers as one H200 holds at dummy
-    weights (the first one dense); the tiny vision tower, projecting to the full hidden size."""
+    """Every width of Kimi-K2.5's text model, with as many layers as one 80-GB GPU holds at dummy
+    weights (the first one dense, then one MoE layer); the tiny vision tower, projecting to the
+    full hidden size."""
     kimi = json.loads((MODELS / "kimi_k25_full" / "config.json").read_text())
     t, vis = kimi["text_config"], kimi["vision_config"]
     assert {k: t[k] for k in KIMI_K25_WIDTHS} == KIMI_K25_WIDTHS
-    assert t["first_k_dense_replace"] == 1 and 2 <= t["num_hidden_layers"] <= 4
+    assert t["first_k_dense_replace"] == 1 and t["num_hidden_layers"] == 2
     assert vis["text_hidden_size"] == t["hidden_size"] and vis["vt_num_hidden_layers"] == 1
     moe_layer_gb = 3 * t["n_routed_experts"] * t["hidden_size"] * t["moe_intermediate_size"] * 2e-9
+    dense_gb = 3 * t["hidden_size"] * t["intermediate_size"] * 2e-9
+    embeddings_gb = 2 * t["vocab_size"] * t["hidden_size"] * 2e-9  # embed_tokens and lm_head
     assert 33 < moe_layer_gb < 34  # bf16: why only a few layers fit one GPU
+    # one MoE layer leaves an 80-GB GPU room for the KV cache and activations; a second would not
+    weights_gb = moe_layer_gb + dense_gb + embeddings_gb
+    assert 38 < weights_gb < 41 and weights_gb + moe_layer_gb > 72
 
 
 def test_the_tp4_rank_config_is_the_full_one_with_a_quarter_of_each_sharded_width():

@@ -301,15 +301,16 @@ ENGINE = (
         input_lens=(128, 512, 1024, 2048), repeats=3, starts=3, output_len=4,
         expect="the gain off / pcg falls as the width (compute per launch) grows"))
 
-# Kimi-K2.5 at its real widths (3 of its 61 layers fit one H200 with its KV cache) under the
-# release's server and bench_serving, as the PR measured; decode graphs stop at 8 requests (4 in
-# flight) and lengths at the piecewise cap, so nine starts fit one 600-s call. The server builds
+# Kimi-K2.5 at its real widths under the release's server and bench_serving, as the PR measured:
+# 2 of its 61 layers (one dense, one MoE: 40 GB of dummy weights) fit one 80-GB GPU with its KV
+# cache, so any lent one-GPU kind runs it; decode graphs stop at 8 requests (4 in flight) and
+# lengths at the piecewise cap, so nine starts fit one 600-s call. The server builds
 # the multimodal processor at start-up: 05's stand-in processor (a shared adjustment) stands in.
 SERVE_FLAGS = ("--cuda-graph-max-bs", "8")
 PROCESSOR = "kimi-k25-processor-stand-in"  # a shared adjustment: sglab.sglang.engine.spec
 SERVE = Scenario(
     fix="pcg_gate", name="01-kimi-full-serve", model="kimi_k25_full", tool="serve",
-    what="Kimi-K2.5 at full width (hidden 7168, MLA, 384 experts; 1 dense + 2 MoE layers), the "
+    what="Kimi-K2.5 at full width (hidden 7168, MLA, 384 experts; 1 dense + 1 MoE layer), the "
     "release's server and bench_serving: TTFT, TPOT and E2E with piecewise graphs enforced and off",
     releases=("0.5.12.post1",
               "0.5.13"), cases=(Case("enforce", ("--enforce-piecewise-cuda-graph", *SERVE_FLAGS),

@@ -370,7 +370,7 @@ def _draw_width(ax, df: pd.DataFrame, gains: pd.DataFrame, gpu: str, cost, *, le
         ax.errorbar(g["tokens"] * nudge, g["gain"], yerr=[g["gain"] - g["lo"], g["hi"] - g["gain"]],
                     marker="o", capsize=3, elinewidth=0.8,
                     label=f"hidden {h}" + (f" ({n} start{'s' if n > 1 else ''})" if mixed else ""))
-    # Kimi-K2.5's own widths (1 dense + 2 MoE layers), squares; hollow where the enforced step
+    # Kimi-K2.5's own widths (1 dense + 1 MoE layer), squares; hollow where the enforced step
     # replayed no graph (beyond the release's capture cap: eager on both sides)
     for (label, n), g in full.groupby(["label", "starts"], sort=False):
         line = ax.errorbar(g["tokens"], g["gain"], yerr=[g["gain"] - g["lo"], g["hi"] - g["gain"]],
