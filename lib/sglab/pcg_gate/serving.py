@@ -12,7 +12,7 @@ from sglab.pcg_gate import sglang
 
 
 MODEL = "kimi_k25_full"
-METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E"))
+METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E"))  # (recorded, shown)
 ON, OFF, AGAIN = "enforce", "pcg-off", "pcg-off-again"
 FIXED = "0.5.13"
 
@@ -30,68 +30,74 @@ def frame(rs) -> pd.DataFrame:
     return df[df.model == MODEL].assign(gpu=gpu)
 
 
-def _cell(n) -> str:
-    return f"{n.value:.1f}" + (f" [{n.lo:.1f}–{n.hi:.1f}]" if n.hi > n.lo else "")
+def numbers(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (metric, release, case, prompt tokens, in flight) of the variants that started:
+    the median over engine starts (``value``), the lowest and highest start (``lo``, ``hi``)."""
+    parts = [
+        engine_stats.numbers(df, m, only_started=True).assign(metric=name) for m, name in METRICS
+    ] if not df.empty else []
+    if not parts:
+        return pd.DataFrame()
+    d = pd.concat(parts).astype({"input_len": int, "requests": int})
+    return d.set_index(["metric", "release", "case", "input_len",
+                        "requests"])[["value", "lo", "hi"]]
 
 
-def _numbers(df: pd.DataFrame, metric: str) -> dict:
-    """``{(release, case, prompt tokens, in flight): row}`` of ``metric``, variants that started."""
-    d = engine_stats.numbers(df, metric, only_started=True) if not df.empty else df
-    return {(x.release, x.case, int(x.input_len), int(x.requests)): x for x in d.itertuples()}
+def ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """Enforced ÷ off on 0.5.13 (medians of the starts) per metric, prompt tokens and in flight."""
+    n = numbers(df)
+    if n.empty:
+        return pd.DataFrame(columns=["ratio"])
+    fixed = n.xs(FIXED, level="release")["value"].unstack("case")
+    if not {ON, OFF} <= set(fixed.columns):
+        return pd.DataFrame(columns=["ratio"])
+    return (fixed[ON] / fixed[OFF]).dropna().to_frame("ratio")
 
 
 def table(df: pd.DataFrame) -> pd.DataFrame:
     """Per prompt length and concurrency, each metric (ms, median over engine starts [lowest–
     highest start]) with piecewise graphs off and enforced on 0.5.13, off ÷ enforced, and the A/A
     control's gap (pcg-off started twice); 0.5.12.post1 enforced (the gate refuses) where run."""
-    rows: dict = {}
-    for metric, name in METRICS:
-        got = _numbers(df, metric)
-        for (rel, case, il, c), x in got.items():
-            row, off = rows.setdefault((il, c), {}), got.get((FIXED, OFF, il, c))
-            if rel == FIXED and case in (ON, OFF):
-                row[f"{name} {'enforced' if case == ON else 'off'}"] = _cell(x)
-            elif case == ON:
-                row[f"{name} {rel} (refused)"] = _cell(x)
-            if rel == FIXED and case == ON and off:
-                row[f"{name} off ÷ enforced"] = f"{off.value / x.value:.2f}×"
-            if rel == FIXED and case == AGAIN and off:
-                row[f"{name} A/A gap"] = text.pct(abs(off.value / x.value - 1), 1)
-    if not rows:
+    n = numbers(df)
+    if n.empty:
         return pd.DataFrame()
-    out = pd.DataFrame.from_dict(rows, orient="index").sort_index().fillna("")
+    n = n.reset_index().set_index(["input_len", "requests"])
+    n["cell"] = n["value"].map("{:.1f}".format) + [
+        f" [{lo:.1f}–{hi:.1f}]" if hi > lo else "" for lo, hi in zip(n["lo"], n["hi"])
+    ]
+    cols = {}
+    for _, name in METRICS:
+        m = n[n.metric == name]
+        for rel, g in m[(m.release != FIXED) & (m.case == ON)].groupby("release"):
+            cols[f"{name} {rel} (refused)"] = g["cell"]
+        fixed = dict(tuple(m[m.release == FIXED].groupby("case")))
+        for case, said in ((OFF, "off"), (ON, "enforced")):
+            if case in fixed:
+                cols[f"{name} {said}"] = fixed[case]["cell"]
+        v = {case: g["value"] for case, g in fixed.items()}
+        if ON in v and OFF in v:
+            cols[f"{name} off ÷ enforced"] = (v[OFF] / v[ON]).map("{:.2f}×".format)
+        if AGAIN in v and OFF in v:
+            cols[f"{name} A/A gap"] = (v[OFF] / v[AGAIN] - 1).abs().map(lambda x: text.pct(x, 1))
+    out = pd.DataFrame(cols).sort_index().fillna("")
     out.index.names = ["prompt tokens", "in flight"]
-    return out
-
-
-def ratios(df: pd.DataFrame) -> dict:
-    """``{metric: {(prompt tokens, in flight): enforced ÷ off}}`` on 0.5.13, medians of the
-    starts."""
-    out: dict = {}
-    for metric, name in METRICS:
-        got = _numbers(df, metric)
-        out[name] = {
-            (il, c): x.value / got[(FIXED, OFF, il, c)].value
-            for (rel, case, il,
-                 c), x in got.items() if rel == FIXED and case == ON and (FIXED, OFF, il, c) in got
-        }
     return out
 
 
 def pr_beside(df: pd.DataFrame) -> pd.DataFrame:
     """#26382's own benchmark (after ÷ before) beside enforced ÷ off here, per concurrency."""
-    b, got = sglang.PR_BENCHMARK, ratios(df)
+    r = ratios(df)["ratio"]
     rows = []
-    for name, (unit, before, after) in b["metrics"].items():
+    for metric, (unit, before, after) in sglang.PR_BENCHMARK["metrics"].items():
         row = {
-            "metric": f"{name} ({unit})", "#26382 before → after": f"{before:g} → {after:g}",
+            "metric": f"{metric} ({unit})", "#26382 before → after": f"{before:g} → {after:g}",
             "#26382 after ÷ before": f"{after / before:.2f}×"
         }
-        for c in sorted({c for _, c in got.get(name, {})}):
-            vals = [v for (il, cc), v in got[name].items() if cc == c]
-            row[f"here: enforced ÷ off, {c} in flight"] = text.span(vals, unit="×")
-        if not got.get(name):
+        if metric not in r.index.get_level_values(0):
             row["here"] = "not recorded yet"
+        else:
+            for c, v in r.xs(metric).groupby(level="requests"):
+                row[f"here: enforced ÷ off, {c} in flight"] = text.span(v, unit="×")
         rows.append(row)
     return pd.DataFrame(rows).set_index("metric")
 
