@@ -98,7 +98,9 @@ def lab(tmp_path_factory):
         _wait_until_up(url, token, server, tmp / "lab.log")
         yield url, token, folder, tmp / "lab.log"
     finally:
-        server.send_signal(signal.SIGINT)  # jupyter_server shuts its kernels down on SIGINT/SIGTERM
+        # SIGTERM: jupyter_server stops at once and shuts its kernels down (a SIGINT asks for a
+        # confirmation first where its stdin is a terminal)
+        server.send_signal(signal.SIGTERM)
         try:
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
