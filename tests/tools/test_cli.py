@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,9 @@ def test_help_of_sglab_and_of_every_command_loads_no_numeric_stack():
     assert {"engine", "verify", "capture-sizes", "workspace"} <= set(commands)
     out, heavy = _loaded("--help")
     assert all(c in out for c in commands) and heavy == ""
+    # the opening line groups every command, in plain words (no reST markup)
+    assert cli.DESCRIPTION in " ".join(out.split()) and "``" not in out
+    assert all(re.search(rf"[ (]{c}[,)]", cli.DESCRIPTION) for c in commands)
     for c in commands:
         out, heavy = _loaded(c, "--help")
         assert out.startswith("usage: "), (c, out)

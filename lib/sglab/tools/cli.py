@@ -495,12 +495,17 @@ def _evidence_commands(sub) -> None:
                    help="the action's own options: sglab real ACTION --help")
 
 
+DESCRIPTION = ("The workbook on the command line: the notebooks (run, sync, record, publish, "
+               "timings), the evidence (verify, upstream, index, real, engine, env) and your own "
+               "setup (workspace, capture-sizes, swa-cost).")
+
+
 def main(argv: list[str] | None = None) -> int:
     from sglab.core import bytecode
 
     # before anything heavy is imported, and inherited by every kernel and rank started below
     bytecode.enable()
-    ap = argparse.ArgumentParser(prog="sglab", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="sglab", description=DESCRIPTION)
     ap.add_argument("--version", action=_Version, help="print sglab's version and exit")
     sub = ap.add_subparsers(dest="cmd", required=True)
     _workbook_commands(sub)
