@@ -78,6 +78,8 @@ def test_statuses_na_reasons_and_method_versions(demo):
             and "method version 1" in res["demo.new_metric"].reason)
     line = claims.verdict_line(claims.evaluate(DEMO, run), run)
     assert line.startswith("2/2 claims hold, 2 n/a on ")
+    none = [r for r in claims.evaluate(DEMO, run) if r.status == "n/a"]
+    assert claims.verdict_line(none, run).startswith("no claim applies (2 n/a) on ")
 
 
 def test_a_failing_claim_is_named_with_its_reason(demo, capsys):

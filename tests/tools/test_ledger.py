@@ -48,12 +48,13 @@ def test_a_row_says_how_its_engines_ended_and_a_part_machine():
 
 
 def test_a_damaged_copy_shows_its_failing_claim(tmp_path):
-    both = [r for r in _runs("engine_capture_sizes") if ledger.row(r).endswith("| 2/2 hold |")]
+    both = [r for r in _runs("engine_capture_sizes") if ledger.row(r).endswith("| 2/2 claims hold |")]
     assert both, "a committed run where 0.5.14 failed at start-up and 0.5.11 captured"
     both = both[0]
     dst = copy_run(both.path, tmp_path,
                    lambda df: set_value(df, "ok", variant="0.5.14+odd-sizes", metric="status"))
-    assert "1/2 hold, 1 FAIL" in ledger.row(runs.read_run(dst))
+    row = ledger.row(runs.read_run(dst))
+    assert "1/2 claims hold, 1 fails (engine_capture_sizes." in row  # 07's words, the claim named
 
 
 def test_releases_no_run_started_are_listed_by_scenario():

@@ -157,12 +157,15 @@ def counts(results: list[Result]) -> dict:
 
 
 def verdict_line(results: list[Result], run) -> str:
-    """E.g. "5/5 claims hold on H100 ×1, 2026-11-21" or "3/4 claims hold, 1 fails (x), 1 n/a on …";
-    counts the reader-facing claims (a failing folded check fails its claim)."""
+    """E.g. "5/5 claims hold on H100 ×1, 2026-11-21", "3/4 claims hold, 1 fails (x), 1 n/a on …" or
+    "no claim applies (2 n/a) on …"; counts the reader-facing claims (a failing folded check fails
+    its claim)."""
     top = reader_facing(results)
     c = counts(top)
     m = run.manifest
     where = f"{m.gpu} ×{m.gpu_count}, {m.date}"
+    if not c[PASS] + c[FAIL]:
+        return f"no claim applies ({c[NA]} n/a) on {where}"
     text = f"{c[PASS]}/{c[PASS] + c[FAIL]} claims hold"
     if c[FAIL]:
         failed = ", ".join(r.claim.id for r in top if r.status == FAIL)

@@ -50,17 +50,12 @@ def _starts(specs: list[dict]) -> str:
 
 
 def _verdict(run) -> str:
+    """The verdict line of the run's claims (:func:`sglab.core.claims.verdict_line`), as 07 shows
+    it."""
     exp = run.manifest.experiment
     if exp not in fixes.experiments():
         return "no claims"
-    top = claims.reader_facing(claims.evaluate(fixes.claims(exp), run))
-    c = claims.counts(top)
-    if not c[claims.PASS] + c[claims.FAIL]:
-        return f"none applies ({c[claims.NA]} n/a)"
-    text = f"{c[claims.PASS]}/{c[claims.PASS] + c[claims.FAIL]} hold"
-    if c[claims.FAIL]:
-        text += f", {c[claims.FAIL]} FAIL"
-    return text + (f", {c[claims.NA]} n/a" if c[claims.NA] else "")
+    return claims.verdict_line(claims.evaluate(fixes.claims(exp), run), run).rsplit(" on ", 1)[0]
 
 
 def _ended(done: list[dict]) -> str:
