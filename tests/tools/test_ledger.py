@@ -48,7 +48,9 @@ def test_a_row_says_how_its_engines_ended_and_a_part_machine():
 
 
 def test_a_damaged_copy_shows_its_failing_claim(tmp_path):
-    both = [r for r in _runs("engine_capture_sizes") if ledger.row(r).endswith("| 2/2 claims hold |")]
+    both = [
+        r for r in _runs("engine_capture_sizes") if ledger.row(r).endswith("| 2/2 claims hold |")
+    ]
     assert both, "a committed run where 0.5.14 failed at start-up and 0.5.11 captured"
     both = both[0]
     dst = copy_run(both.path, tmp_path,
