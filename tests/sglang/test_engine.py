@@ -595,6 +595,25 @@ def test_read_log_breakable_eager_fallback_and_resolved_args():
     assert d["pcg"] == "disabled" and "auto-disable" in d["pcg_reason"]
 
 
+def test_a_default_moe_kernel_config_is_read_as_the_file_the_release_lacked():
+    """The fused-MoE warning (logger.warning with %s) names the tuned config file it looked for:
+    the run records that the generic config ran, and for which expert count, width and GPU."""
+    path = ("/x/sglang/srt/layers/moe/moe_runner/triton_utils/configs/triton_3_6_0/"
+            "E=384,N=2048,device_name=NVIDIA_H200.json")
+    said = ("Using default MoE kernel config. Performance might be sub-optimal! Config file not "
+            "found at %s, you can create them with https://github.com/sgl-project/sglang/tree/"
+            "main/benchmark/kernels/fused_moe_triton")
+    d = eng.read_log(_prefix(said % path))
+    assert d["moe_config"] == "default (no E=384,N=2048,device_name=NVIDIA_H200.json)"
+    spec = eng.EngineSpec("0.5.13", LLAMA, "bench")
+    row = [
+        r
+        for r in eng.rows(eng.EngineResult(spec, "ok", decisions=d)) if r["metric"] == "moe_config"
+    ]
+    assert [r["value"] for r in row] == [d["moe_config"]]  # a row of the recorded run
+    assert eng.read_log(_prefix("Capture cuda graph bs [1, 2, 4]"))["moe_config"] is None
+
+
 def test_log_strings_are_the_releases_own():
     """Each parsed string's fixed text occurs in the file LOG_STRINGS names, in every release that
     runs here."""
@@ -611,6 +630,8 @@ def test_log_strings_are_the_releases_own():
         "median throughput: ",
         "skipping": 'f"skipping ({batch_size}, {input_len}, {output_len}) due to max batch '
         'size limit"',
+        "moe_default": '"Using default MoE kernel config. Performance might be sub-optimal! "\n'
+        '                "Config file not found at %s, you can create them with ',
     }
     for v in ("0.5.11", "0.5.12.post1", "0.5.13"):
         pkg = _pkg(v)

@@ -40,7 +40,7 @@ def key_values(rest: str) -> dict:
 # -- what reading a line does ----------------------------------------------------------------------
 # the result's one-value facts (None until a line gives them) and its lists
 _FACTS = ("pcg_reason", "pcg_tokens", "pcg_capture_s", "bcg_tokens", "bcg_eager", "decode_bs",
-          "decode_capture_s", "attention_backend")
+          "decode_capture_s", "attention_backend", "moe_config")
 _LISTS = ("bench", "serving", "serve_errors", "prefill_batches", "decode_batches", "calls",
           "applied", "events", "hooks_failed", "gpu_memory", "excerpts")
 
@@ -135,10 +135,9 @@ LINES = {
     "attn_default": ("srt/server_args.py", r"Attention backend not specified\. Use "
                      r"(?P<backend>\S+) backend by default\.",
                      _decision(attention_backend=("backend", str))),
-    "load_begin": (MR, r"Load weight begin\. avail mem=(?P<mem>[\d.]+) GB",
-                   None), "warmup": (BOB, r"^Warmup \.\.\.$",
-                                     _phase("warmup")), "benchmark": (BOB, r"^Benchmark \.\.\.$",
-                                                                      _phase("benchmark")),
+    "load_begin": (MR, r"Load weight begin\. avail mem=(?P<mem>[\d.]+) GB", None),
+    "warmup": (BOB, r"^Warmup \.\.\.$", _phase("warmup")),
+    "benchmark": (BOB, r"^Benchmark \.\.\.$", _phase("benchmark")),
     "prefill": (BOB, r"Prefill\. latency: (?P<s>[\d.]+) s, throughput: +(?P<tps>[\d.]+) token/s",
                 _prefill),
     "decode_median": (BOB, r"Decode\.  median latency: (?P<s>[\d.]+) s, median throughput: "
@@ -150,6 +149,12 @@ LINES = {
     "decode_batch": ("same files as prefill_batch", r"Decode batch(?: \[\d+\])?, #running-req: "
                      r"(?P<running>\d+), " + GRAPH, lambda r, m, line: r.d["decode_batches"].append(
                          {"running": int(m["running"]), "graph": m["graph"] == "True"})),
+    # the fused-MoE Triton kernels run a generic config where the release ships no tuned one for
+    # this expert count, width and GPU: it names the file it looked for
+    "moe_default": ("srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py",
+                    r"Using default MoE kernel config\. Performance might be sub-optimal! Config "
+                    r"file not found at \S*?(?P<file>[^/\s]+\.json)",
+                    _decision(moe_config=("file", lambda f: f"default (no {f})"))),
     "argparse": ("argparse (bench_one_batch's and the Engine's parsers)",
                  r"^\S+: error: (?P<msg>.+)$", None)
 }
