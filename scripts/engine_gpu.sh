@@ -162,7 +162,9 @@ trap 'on_signal SIGHUP' HUP
 sg() {  # sg LOG ARGS...: `sglab ARGS` in the background (so a signal reaches the trap at once)
   local log=$1
   shift
-  "$py" -m sglab.tools.cli "$@" > >(tee "$log") 2>&1 &
+  # tee ignores the stop signals: `timeout` signals this script's whole process group, and a tee
+  # gone first would lose what `sglab` says (and records) while it stops
+  "$py" -m sglab.tools.cli "$@" > >(trap '' TERM INT HUP; exec tee "$log") 2>&1 &
   child=$!
   wait "$child"
   local rc=$?

@@ -220,10 +220,14 @@ def test_a_real_release_that_cannot_start_here_gives_one_line(tmp_path):
     assert "No module named 'triton'" in text and "piecewise" not in text
 
 
-def test_the_gpu_script_stopped_by_a_signal_stops_its_sglab_and_packs_what_ran(tmp_path):
+@pytest.mark.parametrize("whole_group", [False, True], ids=["script", "group"])
+def test_the_gpu_script_stopped_by_a_signal_stops_its_sglab_and_packs_what_ran(
+        tmp_path, whole_group):
     """`scripts/engine_gpu.sh` under an outer timeout: its running `sglab engine` is stopped and
-    waited for, engine.tgz holds the summary so far, and with PACK_JIT=1 the JIT caches come back
-    too (the next fresh machine skips its first builds even when this call was cut)."""
+    waited for, what it says while stopping reaches the command's log (GNU `timeout` signals the
+    whole group, the log's tee included), engine.tgz holds the summary so far, and with PACK_JIT=1
+    the JIT caches come back too (the next fresh machine skips its first builds even when this
+    call was cut)."""
     import signal
     import subprocess
     import tarfile
@@ -235,7 +239,8 @@ def test_the_gpu_script_stopped_by_a_signal_stops_its_sglab_and_packs_what_ran(t
     # `python -m sglab.tools.cli engine ...` stands in for a long engine run; the rest is Python
     fake.write_text("#!/usr/bin/env bash\n"
                     'if [ "$1 $2 $3" = "-m sglab.tools.cli engine" ]; then\n'
-                    f"  echo $$ > {pidfile}; echo started; exec sleep 300\nfi\n"
+                    "  trap 'kill $!; sleep 0.5; echo recorded what finished; exit 143' TERM\n"
+                    f"  echo $$ > {pidfile}; echo started; sleep 300 & wait; exit 0\nfi\n"
                     f'exec {sys.executable} "$@"\n')
     fake.chmod(0o755)
     home = tmp_path / "home"
@@ -252,13 +257,18 @@ def test_the_gpu_script_stopped_by_a_signal_stops_its_sglab_and_packs_what_ran(t
     while not pidfile.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     child = int(pidfile.read_text())
-    p.send_signal(signal.SIGTERM)  # the script alone, not its group
+    if whole_group:  # as GNU timeout sends it
+        os.killpg(p.pid, signal.SIGTERM)
+    else:
+        p.send_signal(signal.SIGTERM)  # the script alone, not its group
     out, _ = p.communicate(timeout=30)
     assert p.returncode == 143 and "SIGTERM: stopping the running engine" in out
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
     with tarfile.open(tmp_path / "out" / "engine.tgz") as tar:
         summary = tar.extractfile("summary.txt").read().decode()
     assert "stopped by SIGTERM" in summary
+    log = (tmp_path / "out" / "logs" / "04-swa-kernels.log").read_text()
+    assert "started" in log and "recorded what finished" in log
     with tarfile.open(tmp_path / "out" / "jit-cache.tar.xz") as tar:
         assert ".triton/cache/kernel.cubin" in tar.getnames()
 
