@@ -156,23 +156,24 @@ def counts(results: list[Result]) -> dict:
     return {s: sum(r.status == s for r in results) for s in STATUSES}
 
 
-def verdict_line(results: list[Result], run) -> str:
-    """E.g. "5/5 claims hold on H100 ×1, 2026-11-21", "3/4 claims hold, 1 fails (x), 1 n/a on …" or
-    "no claim applies (2 n/a) on …"; counts the reader-facing claims (a failing folded check fails
-    its claim)."""
+def verdict(results: list[Result]) -> str:
+    """E.g. "5/5 claims hold", "3/4 claims hold, 1 fails (x), 1 n/a" or "no claim applies (2 n/a)";
+    counts the reader-facing claims (a failing folded check fails its claim)."""
     top = reader_facing(results)
     c = counts(top)
-    m = run.manifest
-    where = f"{m.gpu} ×{m.gpu_count}, {m.date}"
     if not c[PASS] + c[FAIL]:
-        return f"no claim applies ({c[NA]} n/a) on {where}"
+        return f"no claim applies ({c[NA]} n/a)"
     text = f"{c[PASS]}/{c[PASS] + c[FAIL]} claims hold"
     if c[FAIL]:
         failed = ", ".join(r.claim.id for r in top if r.status == FAIL)
         text += f", {c[FAIL]} fail{'s' if c[FAIL] == 1 else ''} ({failed})"
-    if c[NA]:
-        text += f", {c[NA]} n/a"
-    return f"{text} on {where}"
+    return text + (f", {c[NA]} n/a" if c[NA] else "")
+
+
+def verdict_line(results: list[Result], run) -> str:
+    """:func:`verdict` on the run's GPU and date: "5/5 claims hold on H100 ×1, 2026-11-21"."""
+    m = run.manifest
+    return f"{verdict(results)} on {m.gpu} ×{m.gpu_count}, {m.date}"
 
 
 def table(results: list[Result]):

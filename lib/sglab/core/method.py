@@ -262,8 +262,7 @@ def ledger(entries) -> pd.DataFrame:
     (UTC), TP size and its claims' verdict line."""
     rows = [{
         "fix": fix, "run": run_label(r), "GPU": f"{r.manifest.gpu} ×{r.manifest.gpu_count}",
-        "date": r.manifest.date, "TP": r.manifest.tp,
-        "verdict": C.verdict_line(C.evaluate(mod, r), r).rsplit(" on ", 1)[0]
+        "date": r.manifest.date, "TP": r.manifest.tp, "verdict": C.verdict(C.evaluate(mod, r))
     } for fix, r, mod in entries]
     return pd.DataFrame(rows).set_index(["fix", "run"]) if rows else pd.DataFrame()
 

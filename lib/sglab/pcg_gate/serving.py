@@ -43,15 +43,13 @@ def numbers(df: pd.DataFrame) -> pd.DataFrame:
                         "requests"])[["value", "lo", "hi"]]
 
 
-def ratios(df: pd.DataFrame) -> pd.DataFrame:
+def ratios(df: pd.DataFrame) -> pd.Series:
     """Enforced ÷ off on 0.5.13 (medians of the starts) per metric, prompt tokens and in flight."""
     n = numbers(df)
-    if n.empty:
-        return pd.DataFrame(columns=["ratio"])
-    fixed = n.xs(FIXED, level="release")["value"].unstack("case")
+    fixed = n.xs(FIXED, level="release")["value"].unstack("case") if not n.empty else n
     if not {ON, OFF} <= set(fixed.columns):
-        return pd.DataFrame(columns=["ratio"])
-    return (fixed[ON] / fixed[OFF]).dropna().to_frame("ratio")
+        return pd.Series(dtype=float)
+    return (fixed[ON] / fixed[OFF]).dropna()
 
 
 def table(df: pd.DataFrame) -> pd.DataFrame:
@@ -86,14 +84,14 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
 
 def pr_beside(df: pd.DataFrame) -> pd.DataFrame:
     """#26382's own benchmark (after ÷ before) beside enforced ÷ off here, per concurrency."""
-    r = ratios(df)["ratio"]
+    r = ratios(df)
     rows = []
     for metric, (unit, before, after) in sglang.PR_BENCHMARK["metrics"].items():
         row = {
             "metric": f"{metric} ({unit})", "#26382 before → after": f"{before:g} → {after:g}",
             "#26382 after ÷ before": f"{after / before:.2f}×"
         }
-        if metric not in r.index.get_level_values(0):
+        if r.empty or metric not in r.index.get_level_values(0):
             row["here"] = "not recorded yet"
         else:
             for c, v in r.xs(metric).groupby(level="requests"):

@@ -304,8 +304,8 @@ ENGINE = (
 # Kimi-K2.5 at its real widths under the release's server and bench_serving, as the PR measured:
 # 2 of its 61 layers (one dense, one MoE: 40 GB of dummy weights) fit one 80-GB GPU with its KV
 # cache, so any lent one-GPU kind runs it; decode graphs stop at 8 requests (4 in flight) and
-# lengths at the piecewise cap, so nine starts fit one 600-s call. The server builds
-# the multimodal processor at start-up: 05's stand-in processor (a shared adjustment) stands in.
+# lengths at the piecewise cap, so nine starts fit one 600-s call. The server builds the
+# multimodal processor at start-up: 05's stand-in processor (a shared adjustment) stands in.
 SERVE_FLAGS = ("--cuda-graph-max-bs", "8")
 PROCESSOR = "kimi-k25-processor-stand-in"  # a shared adjustment: sglab.sglang.engine.spec
 SERVE = Scenario(

@@ -50,12 +50,11 @@ def _starts(specs: list[dict]) -> str:
 
 
 def _verdict(run) -> str:
-    """The verdict line of the run's claims (:func:`sglab.core.claims.verdict_line`), as 07 shows
-    it."""
+    """The verdict of the run's claims (:func:`sglab.core.claims.verdict`), as 07 shows it."""
     exp = run.manifest.experiment
     if exp not in fixes.experiments():
         return "no claims"
-    return claims.verdict_line(claims.evaluate(fixes.claims(exp), run), run).rsplit(" on ", 1)[0]
+    return claims.verdict(claims.evaluate(fixes.claims(exp), run))
 
 
 def _ended(done: list[dict]) -> str:

@@ -27,13 +27,12 @@ def spread(xs: list[float]) -> dict:
 
 
 # the engine's start-up decisions: {metric: (the log's key, unit)}
-DECISIONS = {
-    "pcg": ("pcg", ""), "pcg_reason": ("pcg_reason", ""), "pcg_tokens": ("pcg_tokens", "tokens"),
-    "pcg_capture": ("pcg_capture_s", "s"), "bcg": ("bcg", ""), "bcg_tokens": ("bcg_tokens",
-                                                                              "tokens"),
-    "decode_graph_bs": ("decode_bs", "requests"), "decode_capture": ("decode_capture_s", "s"),
-    "attention_backend": ("attention_backend", ""), "moe_config": ("moe_config", "")
-}
+DECISIONS = dict(pcg=("pcg", ""), pcg_reason=("pcg_reason", ""),
+                 pcg_tokens=("pcg_tokens", "tokens"), pcg_capture=("pcg_capture_s", "s"),
+                 bcg=("bcg", ""), bcg_tokens=("bcg_tokens", "tokens"),
+                 decode_graph_bs=("decode_bs", "requests"), decode_capture=("decode_capture_s",
+                                                                            "s"),
+                 attention_backend=("attention_backend", ""), moe_config=("moe_config", ""))
 # bench_serving's keys per pass, and the metric each becomes: the pass's median (``ttft``) and mean
 # (``ttft_mean``) over its requests, each as the median, min and max over the passes
 SERVING_METRICS = (("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("e2e", "e2e_latency_ms"), ("itl",
