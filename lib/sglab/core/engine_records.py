@@ -60,11 +60,15 @@ def _frame(runs_: list) -> pd.DataFrame:
     if not parts:
         return pd.DataFrame(columns=[*KEYS, "metric", "value", "run"])
     rows = pd.concat(parts, ignore_index=True)
+    # the newest answer per variant of each model, TP size and tool (a server's TTFT and
+    # bench_one_batch's prefill of one variant are two measurements)
+    rows["tool"] = rows["tool"].fillna("") if "tool" in rows else ""
+    key = ["model", "tp", "tool", "variant"]
     status = rows[rows.metric == "status"].assign(ok=lambda d: d.value == "ok")
     if status.empty:  # a rebuild's run: every variant it has answered
-        status = rows.drop_duplicates(["model", "tp", "variant", "_order"]).assign(ok=True)
-    pick = status.sort_values(["ok", "_order"]).groupby(["model", "tp", "variant"]).tail(1)
-    return rows.merge(pick[["model", "tp", "variant", "_order"]]).drop(columns="_order")
+        status = rows.drop_duplicates([*key, "_order"]).assign(ok=True)
+    pick = status.sort_values(["ok", "_order"]).groupby(key).tail(1)
+    return rows.merge(pick[[*key, "_order"]]).drop(columns="_order")
 
 
 def merged(runs_: list) -> runs.Run:

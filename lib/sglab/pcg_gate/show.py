@@ -422,11 +422,15 @@ def beside_rows(rs, engine) -> list[dict]:
     for (model, rel, case), g in (counts.groupby(level=[0, 1, 2]) if variants else []):
         if g.pcg.iloc[0] != "captured" or (model, rel, "pcg-off") not in variants:
             continue
-        off = counts.loc[(model, rel, "pcg-off")]
+        cap = int(g.cap.iloc[0])  # beyond its largest capture the step runs eager
+        tokens = g.index.get_level_values("tokens")
+        g = g[tokens <= cap] if cap else g
+        off = counts.loc[(model, rel, "pcg-off")].loc[g.index.get_level_values("tokens")]
         rows.append({
             "source": f"SGLang {rel} engine ({model}, {case})",
             "measures": "launches per prefill step, pcg-off → piecewise (kernels + graph "
-            "replays; bench_one_batch under the profiler)",
+            "replays; bench_one_batch under the profiler)"
+            + (f", up to its largest capture ({cap} tokens)" if tokens.max() > cap > 0 else ""),
             "figure": f"{text.count(off.launches)} → {text.count(g.kernels)} + "
             f"{text.count(g.graphs)} graphs"
         })

@@ -4,6 +4,7 @@ the notebook shows."""
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 import numpy as np
@@ -248,7 +249,8 @@ def engine_ratios(df: pd.DataFrame, stat: str = STAT) -> dict:
 
 def launch_counts(df: pd.DataFrame) -> pd.DataFrame:
     """The launch pass's counts per (model, release, case, tokens): ``kernels`` launched, ``graphs``
-    replayed, their sum ``launches``, and the release's decision ``pcg``."""
+    replayed, their sum ``launches``, the release's decision ``pcg`` and ``cap``, the largest token
+    count it captured (0 where it captured none or did not say)."""
     rows: dict = {}
     for metric, col in (("prefill_kernel_launches", "kernels"), ("prefill_graph_launches",
                                                                  "graphs")):
@@ -259,9 +261,14 @@ def launch_counts(df: pd.DataFrame) -> pd.DataFrame:
     if not rows:
         return pd.DataFrame()
     pcg = engine_stats.texts(df, "pcg")
+    cap = {
+        k: max(map(int, re.findall(r"\d+", str(v))), default=0)
+        for k, v in engine_stats.texts(df, "pcg_tokens").items()
+    }
     out = pd.DataFrame([{
         "model": m, "release": rel, "case": case, "tokens": n,
-        **c, "launches": c["kernels"] + c["graphs"], "pcg": pcg.get((m, rel, case), "")
+        **c, "launches": c["kernels"] + c["graphs"], "pcg": pcg.get(
+            (m, rel, case), ""), "cap": cap.get((m, rel, case), 0)
     } for (m, rel, case, n), c in sorted(rows.items())])
     return out.set_index(["model", "release", "case", "tokens"])
 
