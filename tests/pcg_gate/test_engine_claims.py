@@ -96,7 +96,11 @@ def test_pcg_engine_claims_read_the_releases_own_decision():
     assert _status(pg.ENGINE, captured)["engine_pcg_gate.kimi_gate"] == "fail"
     after = _run("engine_pcg_gate", "0.5.13+enforce")
     st = _status(pg.ENGINE, after)
-    assert set(st.values()) == {"pass"}
+    assert {k
+            for k, v in st.items() if v != "pass"} == {  # a tiny run: no full-width model
+                "engine_pcg_gate.full_width_ttft", "engine_pcg_gate.full_width_prefill",
+                "engine_pcg_gate.full_width_decode"
+            }
     refused = _edit(after, "0.5.13+enforce", "pcg", "disabled")
     assert _status(pg.ENGINE, refused)["engine_pcg_gate.kimi_gate"] == "fail"
     on_by_default = _edit(after, "0.5.13+default", "pcg", "captured")
@@ -112,9 +116,11 @@ def test_the_rebuild_sits_beside_the_engine_and_says_what_each_measures():
     listed = pg_show.beside_rows(rebuild("pcg_gate"), pg_sglang.FIX.recorded_engine())
     # counts first (the same on any host), then the timings with their starts and host
     kinds = ["count" if "launches per" in r["measures"] else "time" for r in listed]
-    assert kinds == sorted(kinds) and kinds.count("count") == 3
+    assert kinds == sorted(kinds) and kinds.count("count") == 5
     counted = {r["source"]: r["figure"] for r in listed if "launches per" in r["measures"]}
     assert counted["SGLang 0.5.13 engine (kimi_k25_tiny, enforce)"] == "64–65 → 25 + 3 graphs"
+    # full width: up to the largest capture only (eager beyond it, as pcg-off)
+    assert counted["SGLang 0.5.13 engine (kimi_k25_full, enforce)"] == "65–69 → 25 + 3 graphs"
     rows = {r["source"]: r for r in listed if "launches per" not in r["measures"]}
     engine = rows["SGLang 0.5.13 engine (kimi_k25_tiny, enforce)"]
     assert "whole prefill step" in engine["measures"] and "µs per launch" in engine["measures"]
@@ -539,3 +545,54 @@ def test_the_full_width_models_stay_out_of_the_small_prefill_pairs():
     got = tables.captured_over_off(pd.DataFrame(rows))
     assert list(got) == [("kimi_k25_tiny", "0.5.13", "enforce")]
     assert got[("kimi_k25_tiny", "0.5.13", "enforce")][128][0] == 2.0
+
+
+def _full(tool: str, model: str = "kimi_k25_full"):
+    """The committed full-width run of ``model`` under ``tool`` (serve or bench)."""
+    for r in runs.load_all_recorded("engine_pcg_gate"):
+        df = R.frame([r])
+        if ((df.model == model) & (df.tool == tool)).any():
+            return r
+    pytest.skip(f"no committed full-width {tool} run of {model}")
+
+
+def _scaled(run, case: str, metric: str, factor: float):
+    df = run.df.copy()
+    sel = (df.case == case) & (df.metric == metric)
+    df.loc[sel, "value"] = (pd.to_numeric(df.loc[sel, "value"]) * factor).astype(str)
+    return runs.Run(df, copy.deepcopy(run.manifest), run.path)
+
+
+def test_beyond_its_largest_capture_a_full_width_step_launches_what_pcg_off_launches():
+    """0.5.13 captures up to 2048 tokens: 3 graphs there, at 4096 the pcg-off launches; a graph
+    replayed beyond the cap, or a kernel more, breaks the claim."""
+    cid = "engine_pcg_gate.prefill_launches"
+    run = _full("bench")
+    counts = pg_tables.launch_counts(R.frame([run])).loc[("kimi_k25_full", "0.5.13", "enforce")]
+    assert set(counts.cap) == {2048}
+    assert counts.loc[4096, "graphs"] == 0 and set(counts.loc[:2048, "graphs"]) == {3}
+    assert _status(pg.ENGINE, run)[cid] == "pass"
+    replayed = _set(run, "0.5.13+enforce", "prefill_graph_launches", 3, input_len=4096.0)
+    assert _status(pg.ENGINE, replayed)[cid] == "fail"
+    more = _set(run, "0.5.13+enforce", "prefill_kernel_launches", 66, input_len=4096.0)
+    assert _status(pg.ENGINE, more)[cid] == "fail"
+
+
+def test_the_full_width_claims_read_which_way_ttft_prefill_and_decode_move():
+    """TTFT: enforced below off at 128 tokens and above at 2048; swap the two and it fails. A
+    decode step 5% slower with piecewise graphs breaks the decode claim."""
+    serve, bench = _full("serve"), _full("bench")
+    top, pre, dec = ("engine_pcg_gate.full_width_" + k for k in ("ttft", "prefill", "decode"))
+    assert {k: _status(pg.ENGINE, serve)[k]
+            for k in (top, pre, dec)} == {top: "pass", pre: C.NA, dec: "pass"}
+    assert {k: _status(pg.ENGINE, bench)[k]
+            for k in (top, pre, dec)} == {top: C.NA, pre: "pass", dec: "pass"}
+    swapped = serve.df.copy()
+    swapped["case"] = swapped["case"].replace({"enforce": "pcg-off", "pcg-off": "enforce"})
+    swapped = runs.Run(swapped, serve.manifest, serve.path)
+    assert _status(pg.ENGINE, swapped)[top] == "fail"
+    slower = _scaled(bench, "enforce", "decode", 1.05)
+    st = _status(pg.ENGINE, slower)
+    assert st[dec] == "fail" and st[top] == "fail"  # a failing folded check fails its claim
+    flat = _scaled(bench, "enforce", "prefill_min", 0.6)  # enforced faster at every length
+    assert _status(pg.ENGINE, flat)[pre] == "fail"

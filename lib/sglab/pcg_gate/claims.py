@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from sglab.core import engine_records, engine_stats, runs
 from sglab.core.card import Card
 from sglab.core.claims import NA, Claim, Headline, Outcome, holds, not_applicable
-from sglab.pcg_gate import rebuild, sglang, tables
+from sglab.pcg_gate import rebuild, serving, sglang, tables
 from sglab.pcg_gate.measure import EXPERIMENT, GPUS  # noqa: F401 (GPUS: read by Workbook)
 from sglab.sglang.engine import spec
 from sglab.sglang.releases import parse_version
@@ -367,28 +367,40 @@ def _layers(model: str) -> int:
 
 
 def _launches(run):
-    """Captured: layers + 1 graphs and the same kernels outside them at every token count. Not
-    captured: no graph, exactly the launches of pcg-off."""
+    """Captured: layers + 1 graphs and the same kernels outside them at every token count up to the
+    largest capture, eager beyond it (the pcg-off launches). Not captured: no graph, exactly the
+    launches of pcg-off."""
     counts = tables.launch_counts(engine_records.frame([run]))
     if counts.empty:
         return not_applicable("no launch pass in this run")
     plain = {(m, rel, n): r.launches
              for (m, rel, case, n), r in counts.iterrows() if case == "pcg-off"}
+
+    def as_off(g):
+        return all(plain.get((m, rel, n)) == r.launches for (m, rel, _, n), r in g.iterrows())
+
     bad, said, value = [], [], {}
     for (model, rel, case), g in counts.groupby(level=[0, 1, 2]):
         kernels, graphs = sorted(set(g.kernels)), sorted(set(g.graphs))
         key = f"{model} {rel} {case}"
         value[key] = {"kernels_min": kernels[0], "kernels_max": kernels[-1], "graphs": graphs[-1]}
         if g.pcg.iloc[0] == "captured":
-            want = _layers(model) + 1
-            if graphs != [want] or len(kernels) != 1:
-                bad.append(f"{key}: {graphs} graphs, {kernels} kernels (want {want} graphs and "
-                           "one kernel count)")
-            said.append(f"{key}: {kernels[0]} kernels + {want} graphs ({want - 1} layers + 1) at "
-                        "every length")
+            want, cap = _layers(model) + 1, int(g.cap.iloc[0])
+            tokens = g.index.get_level_values("tokens")
+            inside, beyond = (g, g.iloc[:0]) if not cap else (g[tokens <= cap], g[tokens > cap])
+            kin, gin = sorted(set(inside.kernels)), sorted(set(inside.graphs))
+            if gin != [want] or len(kin) != 1:
+                bad.append(f"{key}: {gin} graphs, {kin} kernels (want {want} graphs and one "
+                           "kernel count)")
+            elif len(beyond) and (set(beyond.graphs) != {0} or not as_off(beyond)):
+                bad.append(f"{key}: beyond its largest capture ({cap} tokens), not the pcg-off "
+                           "launches")
+            value[key].update(kernels_min=kin[0], kernels_max=kin[-1], graphs=want)
+            said.append(f"{key}: {kin[0]} kernels + {want} graphs ({want - 1} layers + 1) at "
+                        "every length" + (f" up to {cap} tokens, the pcg-off launches beyond"
+                                          if len(beyond) else ""))
         elif case != "pcg-off":
-            same = all(plain.get((model, rel, n)) == r.launches for (_, _, _, n), r in g.iterrows())
-            if graphs != [0] or not same:
+            if graphs != [0] or not as_off(g):
                 bad.append(f"{key}: not captured, yet not the pcg-off launches")
             elif case == "enforce":
                 said.append(f"{key}: no graph, the pcg-off launches ({kernels[0]}–{kernels[-1]})")
@@ -396,6 +408,18 @@ def _launches(run):
                  value)
 
 
+_FULL_PREFILL = Claim(
+    "engine_pcg_gate.full_width_prefill", "bench_one_batch at the real widths and at one TP-4 "
+    "rank's: pcg-off ÷ enforced prefill above 1 at 128 tokens, below 1 at 2048",
+    "> 1 + the A/A gap at 128, < 1 − it at 2048; ±15% or the A/A gap on a rerun",
+    serving.full_prefill, drift=0.15, context=("aa_noise",
+                                               "starts"), noise="aa_noise", applies=serving.benched)
+_FULL_DECODE = Claim(
+    "engine_pcg_gate.full_width_decode", "Decode does not change: the decode step "
+    "(bench_one_batch) and TPOT with one request in flight (bench_serving), enforced ÷ off",
+    "within ±2% (or twice the A/A gap); ±5% on a rerun", serving.full_decode, drift=0.05,
+    context=("aa_noise",), noise="aa_noise",
+    applies=lambda r: serving.served(r) and serving.benched(r))
 _G, _D = "engine_pcg_gate.kimi_gate", "engine_pcg_gate.kimi_default_off"
 _C, _L = "engine_pcg_gate.captured_prefill_faster", "engine_pcg_gate.prefill_launches"
 _K = f"{KIMI} {FIXED_RELEASE}"  # the fixed release's Kimi-K2.5 variants: "<_K> enforce", ...
@@ -434,7 +458,15 @@ ENGINE = SimpleNamespace(
             "at every token count; where the release refuses the graphs (0.5.12.post1 with "
             "--enforce-piecewise-cuda-graph on Kimi-K2.5) the step launches exactly what pcg-off "
             "launches", "captured: layers + 1 graphs and one kernel count; refused: 0 graphs and "
-            "the pcg-off launches (exact, the launch pass's profiler trace)", _launches)
+            "the pcg-off launches (exact, the launch pass's profiler trace)", _launches),
+        Claim(
+            "engine_pcg_gate.full_width_ttft", "At Kimi-K2.5's real widths (1 dense + 1 MoE layer, "
+            "the release's server and bench_serving, the PR's own metric), piecewise graphs cut "
+            "TTFT only for short prompts: enforced ÷ off is below 1 at 128 tokens and above 1 at "
+            "2048, the largest capture, at 1 and 4 requests in flight",
+            "< 1 − the A/A gap at 128 tokens, > 1 + it at 2048; ±10% or the A/A gap on a rerun",
+            serving.ttft, drift=0.1, context=("aa_noise", "starts"), noise="aa_noise",
+            applies=serving.served, folded=(_FULL_PREFILL, _FULL_DECODE))
     ],
     shown=lambda runs_: list(runs_),
     # the card's engine answer, over one merged run per GPU model; a full-width Kimi-K2.5 run

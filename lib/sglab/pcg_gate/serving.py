@@ -1,24 +1,28 @@
 """01 at the PR's own width and metrics: Kimi-K2.5's real widths served by the release's own server
 and measured with its own ``bench_serving`` (scenario ``01-kimi-full-serve``): TTFT, TPOT and E2E
-per prompt length and concurrency, piecewise graphs enforced against off, beside #26382's figures.
+per prompt length and concurrency, piecewise graphs enforced against off, beside #26382's figures;
+and the checks of the full-width claims (TTFT here, prefill and decode under ``bench_one_batch``).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from sglab.core import engine_records, engine_stats, notebook, text
-from sglab.pcg_gate import sglang
+from sglab.core import engine_records, engine_stats, notebook, runs, text
+from sglab.core.claims import holds, not_applicable
+from sglab.pcg_gate import sglang, tables
 
 
 MODEL = "kimi_k25_full"
 METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E"))  # (recorded, shown)
 ON, OFF, AGAIN = "enforce", "pcg-off", "pcg-off-again"
 FIXED = "0.5.13"
+FULL_CAP = 2048  # the largest piecewise capture 0.5.13 resolves for Kimi-K2.5 (pcg_tokens)
 
 
 def frame(rs) -> pd.DataFrame:
-    """The serving rows of the newest GPU model that recorded them (of every GPU model's runs)."""
+    """The bench_serving rows of the newest GPU model that recorded them (of every GPU model's
+    runs)."""
     runs_ = [
         r for r in ([*rs.shown, *rs.elsewhere] if rs else []) if any(
             (e.get("model") or {}).get("name") == MODEL for e in r.manifest.engine_runs)
@@ -27,7 +31,7 @@ def frame(rs) -> pd.DataFrame:
         return pd.DataFrame()
     gpu = max(runs_, key=lambda r: r.manifest.created_utc).manifest.gpu
     df = engine_records.frame([r for r in runs_ if r.manifest.gpu == gpu])
-    return df[df.model == MODEL].assign(gpu=gpu)
+    return df[(df.model == MODEL) & (df.tool == "serve")].assign(gpu=gpu)
 
 
 def numbers(df: pd.DataFrame) -> pd.DataFrame:
@@ -50,6 +54,110 @@ def ratios(df: pd.DataFrame) -> pd.Series:
     if not {ON, OFF} <= set(fixed.columns):
         return pd.Series(dtype=float)
     return (fixed[ON] / fixed[OFF]).dropna()
+
+
+def aa_gaps(df: pd.DataFrame) -> pd.Series:
+    """The A/A control's gap on 0.5.13, \|off ÷ off started again − 1\|, per metric, prompt tokens
+    and in flight."""
+    n = numbers(df)
+    fixed = n.xs(FIXED, level="release")["value"].unstack("case") if not n.empty else n
+    if not {OFF, AGAIN} <= set(fixed.columns):
+        return pd.Series(dtype=float)
+    return (fixed[OFF] / fixed[AGAIN] - 1).abs().dropna()
+
+
+# -- the full-width claims' checks (claims.ENGINE: full_width_ttft and its folded checks) -----
+def _serving(run):
+    """The run's full-width serving frame (empty for any other run)."""
+    return frame(runs.RunSet([run], []))
+
+
+def served(run):
+    return None if not _serving(run).empty else "no full-width bench_serving run"
+
+
+def ttft(run):
+    """Enforced ÷ off TTFT on 0.5.13 per prompt length and in flight (medians of the starts), each
+    beyond the A/A gap: below 1 at the shortest prompts, above 1 at the largest capture."""
+    df = _serving(run)
+    r, gap = ratios(df), aa_gaps(df)
+    if r.empty or gap.empty:
+        return not_applicable("no enforced, off and off-again TTFT in this run")
+    r, gap = r.xs("TTFT"), gap.xs("TTFT")
+    short, long_ = r.index.get_level_values(0).min(), FULL_CAP
+    bad = [
+        f"{n}×{c}" for (n, c), x in r.items()
+        if (n == short and x >= 1 - gap[n, c]) or (n == long_ and x <= 1 + gap[n, c])
+    ]
+    said = "; ".join(f"{n} tokens × {c}: {x:.2f}× (A/A {gap[n, c]:.1%})" for (n, c), x in r.items())
+    return holds(
+        not bad, f"TTFT enforced ÷ off (median of {engine_stats.starts_in(df, 'ttft')} "
+        f"interleaved starts): {said}", {
+            **{f"{n}x{c}": float(x)
+               for (n, c), x in r.items()}, "aa_noise": float(gap.max()),
+            "starts": engine_stats.starts_in(df, "ttft")
+        }, why_not=f"not beyond the A/A gap the expected way at {', '.join(bad)}")
+
+
+def _full_bench(run):
+    df = engine_records.frame([run])
+    return df[df["model"].isin(tables.FULL_WIDTH) & (df["tool"] == "bench")]
+
+
+def benched(run):
+    return None if not _full_bench(run).empty else "no full-width bench_one_batch run"
+
+
+def full_prefill(run):
+    """Per full-width model, pcg-off ÷ enforced prefill (each side the fastest repeat of any start):
+    above 1 + the A/A gap at the shortest length, below 1 − it at the largest capture."""
+    df = _full_bench(run)
+    gains, gaps = tables.full_width_gains(df), engine_stats.aa_gap(df, "prefill", "input_len",
+                                                                   tables.STAT)
+    value, bad, said = {}, [], []
+    for model, g in gains.groupby("model"):
+        gap, x = gaps.get((model, FIXED), 0.0), dict(zip(g.tokens, g.gain))
+        if x[min(x)] <= 1 + gap or x.get(FULL_CAP, 0) >= 1 - gap:
+            bad.append(model)
+        value[model] = {**{str(n): float(v) for n, v in x.items()}, "aa_noise": gap}
+        said.append(f"{model}: " + ", ".join(
+            f"{n} {v:.2f}×" for n, v in x.items()) + f" (A/A {gap:.1%})")
+    return holds(not bad and bool(value), f"prefill pcg-off ÷ enforced per tokens: "
+                 f"{'; '.join(said)}", {**value, "starts": engine_stats.starts_in(df, "prefill")})
+
+
+DECODE_SAME = 0.02  # decode within 2% (or twice the A/A gap): no change piecewise graphs could make
+
+
+def full_decode(run):
+    """Decode is not what piecewise graphs change: bench_one_batch's decode step, and
+    bench_serving's TPOT with one request in flight, enforced ÷ off within ±2% (or twice the A/A
+    gap); TPOT with more in flight is shown, since other requests' prefills land inside it."""
+    one, gaps, value, said = [], [DECODE_SAME / 2], {}, []
+    if served(run) is None and not ratios(_serving(run)).empty:
+        df = _serving(run)
+        r, gap = ratios(df).xs("TPOT"), aa_gaps(df).xs("TPOT")
+        one.append(r.xs(1, level="requests"))
+        gaps.append(float(gap.xs(1, level="requests").max()))
+        value.update({f"tpot_{n}x{c}": float(x) for (n, c), x in r.items()})
+        said.append("TPOT " + ", ".join(f"{n}×{c} {x:.2f}×" for (n, c), x in r.items()))
+    if benched(run) is None:
+        d = engine_stats.numbers(_full_bench(run), "decode")
+        d = d[d.release == FIXED].pivot_table(index=["model", "input_len"], columns="case",
+                                              values="value")
+        if not {ON, OFF} <= set(d.columns):
+            return not_applicable("no enforced and off decode timing at full width")
+        one.append(d[ON] / d[OFF])
+        gaps.append(float((d[OFF] / d.get(AGAIN, d[OFF]) - 1).abs().max()))
+        value.update({f"{m}_{int(n)}": float(x) for (m, n), x in one[-1].items()})
+        said.append("decode step " + ", ".join(
+            f"{m} {int(n)} {x:.3f}×" for (m, n), x in one[-1].items()))
+    if not one:
+        return not_applicable("no enforced and off decode timing at full width")
+    worst, bound = float(max((x - 1).abs().max() for x in one)), 2 * max(gaps)
+    return holds(
+        worst <= bound, f"enforced ÷ off: {'; '.join(said)} (worst {worst:.1%} at one in "
+        f"flight, bound {bound:.1%})", {**value, "aa_noise": bound / 2})
 
 
 def table(df: pd.DataFrame) -> pd.DataFrame:
