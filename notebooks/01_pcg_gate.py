@@ -224,6 +224,18 @@ sglang.compare()
 serving.show(engine)
 
 # %% [markdown]
+# Read both tables as the PR reads its own, after ÷ before: below 1× piecewise graphs are faster.
+# At full width they cut TTFT only for short prompts; from about 1024 tokens the captured prefill is
+# slower than eager, and `bench_one_batch` finds the same (the width figure below, squares).
+#
+# **Why TPOT does not move here.** Piecewise graphs cover prefill only: decode replays its own
+# CUDA graphs with them or without, so a decode step takes the same time (`bench_one_batch`, and
+# TPOT with one request in flight). `bench_serving`'s TPOT is (E2E − TTFT) ÷ (output tokens − 1),
+# so it also holds the time a request waits while other requests' prefills run: with 4 in flight it
+# moves a few percent, either way. The PR's +42% is not reproduced on one GPU at this width; what
+# these runs rule out as its cause is a slower decode step.
+
+# %% [markdown]
 # What the workbook has measured: SGLang's whole engine with dummy weights (`sglab engine --plan
 # 01`), `bench_one_batch` prefill at 128–1024 tokens, for a tiny Kimi-K2.5 (2 DeepSeek-V3 layers, a
 # 1-layer vision tower) with default flags, with `--enforce-piecewise-cuda-graph` and with
@@ -289,7 +301,12 @@ show.your_setup(interactive=INTERACTIVE)
 #   falls as GEMMs take over. It is the host's: scale it by your host's per-launch cost times the
 #   multiple the appendix's launch-savings table shows (eager spends several times the bare launch
 #   cost per kernel), and read the fastest repeat of several engine starts (07 explains why).
-# - The PR's own TPOT rises while TTFT falls; decode is not measured here yet.
+# - At Kimi-K2.5's real widths on one GPU, piecewise graphs pay only for short prompts and cost
+#   from about 1024 tokens; one TP-4 rank's narrower shapes pay up to 1024 tokens. The PR's gain
+#   (TP 4) is the narrow shapes' regime: measure your own TP size and prompt lengths before
+#   enforcing them.
+# - The PR's own TPOT rises while TTFT falls. Here the decode step does not change with piecewise
+#   graphs; TPOT moves only with several requests in flight, through the other requests' prefills.
 
 # %% [markdown]
 # ## Appendix

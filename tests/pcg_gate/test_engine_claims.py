@@ -458,7 +458,7 @@ def test_kimi_at_full_width_is_a_point_on_its_gpu_models_width_panel(monkeypatch
     ax = drawn[0].axes[0]
     labels = [c.get_label() for c in ax.containers]
     assert labels[0].startswith("hidden 512") and "hidden 7168" in labels[1]
-    assert "Llama 32 layers, Kimi-K2.5 3 layers" in ax.get_title()
+    assert "Llama 32 layers, Kimi-K2.5 widths" in ax.get_title()
     hollow = [ln for ln in ax.lines if ln.get_markerfacecolor() == "white"]
     assert len(hollow) == 1 and list(hollow[0].get_xdata()) == [4096]
     drawn.clear()
@@ -499,9 +499,10 @@ def test_the_prs_serving_figures_stand_with_a_column_for_a_run_of_our_own(capsys
 
 
 def test_the_card_gives_the_engines_answer_default_flags_first():
-    """The engine answer: default flags, then --enforce-piecewise-cuda-graph, then each GPU model's
-    prefill ratio from its merged runs; the box sets the PR's TTFT, TPOT and E2E beside what was
-    measured, and says what was not."""
+    """The engine answer: the real widths' TTFT (the PR's own setting), default flags, then
+    --enforce-piecewise-cuda-graph, then each GPU model's prefill ratio from its merged runs; the
+    box sets the PR's TTFT, TPOT and E2E beside what was measured, and says what it does not
+    reproduce."""
     from sglab.core import card as K
     from sglab.core import notebook
     from sglab.pcg_gate import sglang as pg_sglang
@@ -510,6 +511,7 @@ def test_the_card_gives_the_engines_answer_default_flags_first():
     run = notebook.Workbook(pg, mode="recorded", show=False).run()
     p = K.parts(pg.CARD, pg_sglang.FIX, pg, run, engine)
     head = p["engine"]
+    assert head.index("At Kimi-K2.5's real widths") < head.index("Default flags")
     assert head.index("Default flags: disabled on 0.5.12.post1, disabled on 0.5.13") < head.index(
         "--enforce-piecewise-cuda-graph: disabled on 0.5.12.post1, captured on 0.5.13")
     assert "launches 25 kernels + 3 graphs instead of 64–65" in head
@@ -518,12 +520,14 @@ def test_the_card_gives_the_engines_answer_default_flags_first():
         got = pair["kimi_k25_tiny 0.5.13 enforce"]
         assert f"{got['lo']:.2f}–{got['hi']:.2f}× on {r.manifest.gpu}" in head
     found = dict(p["found"])
-    assert len(
-        found) == 4 and "Not measured here yet" in found["TPOT 12.5 → 17.7 ms, E2E 0.722 → 0.488 s"]
+    tpot = found["TPOT 12.5 → 17.7 ms, E2E 0.722 → 0.488 s"]
+    assert len(found) == 4 and tpot.startswith("Not reproduced: the decode step")
+    assert "at full width and" in found["TTFT 0.479 → 0.147 s (Kimi-K2.5 with real weights, TP 4 "
+                                        "on B200)"]
     assert "captured" in found[
         "Kimi-K2.5 gets piecewise CUDA graphs: the wrapper now passes the gate"]
     none = K.parts(pg.CARD, pg_sglang.FIX, pg, run, runs.NoRun("engine_pcg_gate", "none"))
-    assert len(none["found"]) == 2  # the pairs that need the engine's values are left out
+    assert len(none["found"]) == 1  # only the rebuild's pair: the others need the engine's values
 
 
 def test_the_full_width_models_stay_out_of_the_small_prefill_pairs():

@@ -336,9 +336,13 @@ def width_sweep(rs) -> None:
                              height=4.2)
     axes = axes[0] if len(panels) > 1 else [axes]
     for i, (ax, (gpu, df, gains, cost, full)) in enumerate(zip(axes, panels)):
-        _draw_width(ax, df, gains, gpu, cost, legend=i == len(panels) - 1, full=full)
+        _draw_width(ax, df, gains, gpu, cost, full=full)
         if i:
             ax.set_ylabel("")
+    # one legend for every panel's lines (a GPU model may lack the sweep or the full width)
+    lines = {label: h for ax in axes for h, label in zip(*ax.get_legend_handles_labels())}
+    axes[-1].legend(lines.values(), lines.keys(), fontsize=8, loc="center left",
+                    bbox_to_anchor=(1.0, 0.5))
     notebook.show_figure(fig)
 
 
@@ -359,8 +363,7 @@ def _width_panels(rs) -> list:
     return panels
 
 
-def _draw_width(ax, df: pd.DataFrame, gains: pd.DataFrame, gpu: str, cost, *, legend: bool,
-                full: pd.DataFrame):
+def _draw_width(ax, df: pd.DataFrame, gains: pd.DataFrame, gpu: str, cost, *, full: pd.DataFrame):
     both = pd.concat([gains, full]) if not full.empty else gains
     starts, mixed = int(both["starts"].min()), both["starts"].nunique() > 1
     widths = gains["hidden"].nunique()
@@ -390,13 +393,11 @@ def _draw_width(ax, df: pd.DataFrame, gains: pd.DataFrame, gpu: str, cost, *, le
     host = f" · a bare launch {text.span(cost, '{:.1f}')} µs" if cost else ""
     what = ", ".join([
         *(["Llama 32 layers"] if not gains.empty else []),
-        *(["Kimi-K2.5 3 layers"] if not full.empty else [])
+        *(["Kimi-K2.5 widths"] if not full.empty else [])
     ])
-    ax.set_title(f"{gpu}{host}\nSGLang {rel}, {what}, bench_one_batch\n{how}", fontsize=9)
+    ax.set_title(f"{gpu}{host}\nSGLang {rel} bench_one_batch: {what}\n{how}", fontsize=9)
     tokens = sorted({int(t) for t in both["tokens"]})
     ax.set_xticks(tokens, [str(t) for t in tokens])
-    if legend:
-        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
 
 
 # -- the rebuild beside the real engine and the PR -------------------------------------------------
