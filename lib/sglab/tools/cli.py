@@ -110,7 +110,7 @@ def cmd_sync(args) -> int:
     sides, refused = {}, []
     for py in nbtools.pairs():
         try:
-            sides[py] = nbtools.pair_side(py, getattr(args, "side", None))
+            sides[py] = nbtools.pair_side(py, args.side)
         except ValueError as e:
             refused.append(f"sglab sync: {e}")
     if refused:
@@ -199,11 +199,6 @@ def cmd_workspace(args) -> int:
 
     if args.world_size < 2:
         raise Refused("the fused all-reduce needs --world-size >= 2")
-    for flag, value, low in (("--hidden", args.hidden, 1), ("--pcg-max-tokens", args.pcg_max_tokens,
-                                                            0), ("--pre-initialize",
-                                                                 args.pre_initialize, 0)):
-        if value < low:
-            raise Refused(f"{flag} {value}: must be at least {low}")
     try:
         trace = ws.read_trace(args.trace, pcg_max_tokens=args.pcg_max_tokens)
     except ws.TraceError as e:
@@ -232,9 +227,6 @@ def cmd_capture_sizes(args) -> int:
 def cmd_swa_cost(args) -> int:
     from sglab.swa_loc import model_config as sc
 
-    for flag, value in (("--batch-size", args.batch_size), ("--max-bs", args.max_bs)):
-        if value < 1:
-            raise Refused(f"{flag} {value}: must be at least 1")
     try:
         lay = sc.read_config(args.config)
     except sc.ConfigError as e:
@@ -514,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.choices[action.dest].description = (sub.choices[action.dest].description or action.help)
     args = ap.parse_args(argv)
     try:
-        _not_positive(args)
+        _check_numbers(args)
         code = int(args.fn(args) or 0)
         sys.stdout.flush()  # a reader that went away is found here, not at exit
     except Refused as e:
@@ -525,18 +517,25 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-# numbers a command needs above 0, checked once parsed: (command, argument) -> its flag
-POSITIVE = {("run", "cell_timeout"): "--cell-timeout",
-            ("capture-sizes", "gpu_mem_gb"): "--gpu-mem-gb"}
+# numbers a command needs above 0, and integers it needs at least a floor, checked once parsed
+POSITIVE = {"run": "cell_timeout", "capture-sizes": "gpu_mem_gb"}
+AT_LEAST = {
+    "workspace": {"hidden": 1, "pcg_max_tokens": 0, "pre_initialize": 0},
+    "swa-cost": {"batch_size": 1, "max_bs": 1}
+}
 
 
-def _not_positive(args) -> None:
-    """Refuse the first of :data:`POSITIVE` given at 0 or below (or not finite)."""
-    for (cmd, dest), flag in POSITIVE.items():
-        value = getattr(args, dest, None) if args.cmd == cmd else None
-        if value is not None and not (math.isfinite(value) and value > 0):
-            why = "more than 0" if math.isfinite(value) else "a finite number"
-            raise Refused(f"{flag} {value:g}: must be {why}")
+def _check_numbers(args) -> None:
+    """Refuse the first number of :data:`POSITIVE` or :data:`AT_LEAST` out of its range."""
+    dest = POSITIVE.get(args.cmd)
+    value = getattr(args, dest) if dest else None
+    if value is not None and not (math.isfinite(value) and value > 0):
+        why = "more than 0" if math.isfinite(value) else "a finite number"
+        raise Refused(f"--{dest.replace('_', '-')} {value:g}: must be {why}")
+    for dest, low in AT_LEAST.get(args.cmd, {}).items():
+        if getattr(args, dest) < low:
+            raise Refused(
+                f"--{dest.replace('_', '-')} {getattr(args, dest)}: must be at least {low}")
 
 
 class _Version(argparse.Action):

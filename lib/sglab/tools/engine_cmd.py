@@ -20,6 +20,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from sglab.core import hardware, procs
+from sglab.tools.cli import Refused
 
 
 def add_parser(sub) -> None:
@@ -94,12 +95,10 @@ def _groups(args):
             raise KeyError(f"no scenario for notebook {args.plan}")
         picked += found
     if picked:
-
-        def timed(specs):
-            specs = [replace(sp, cpus=cpus) for sp in specs] if cpus else specs
-            return [replace(sp, timeout=args.timeout) for sp in specs] if args.timeout else specs
-
-        groups = [(s.fix, s.name, _only(timed(s.specs(args.release)), args.cases)) for s in picked]
+        given = {k: v for k, v in (("cpus", cpus), ("timeout", args.timeout)) if v}
+        groups = [(s.fix, s.name,
+                   _only([replace(sp, **given) for sp in s.specs(args.release)], args.cases))
+                  for s in picked]
         for pattern in args.cases:
             if not any(fnmatch(sp.case, pattern) for _, _, specs in groups for sp in specs):
                 known = sorted({c.label for s in picked for c in s.all_cases()})
@@ -338,9 +337,7 @@ def main(args) -> int:
                                   extra={"host_launch_us": host} if host else None)
                 print(f"recorded: {path}")
         if len(groups) == 1 and len(groups[0][2]) == 1 and not args.dry_run and status == 1:
-            print(f"sglab engine: {results[0].error}", file=sys.stderr)
-            return 2
+            raise Refused(results[0].error)
         return status
     except (eng.EngineError, KeyError) as e:
-        print(f"sglab engine: {str(e).strip(chr(39) + chr(34))}", file=sys.stderr)
-        return 2
+        raise Refused(str(e).strip("'\"")) from None

@@ -34,30 +34,22 @@ details{margin-top:2em}summary{cursor:pointer;font-weight:600}
 .nofig{width:360px;color:#999;font-size:12px}"""
 
 
-def claim_facts(entry, result=None, recorded: dict | None = None) -> dict:
-    """Claim, headline and verdict lines of a catalog entry: over this report's live runs when the
-    notebook ran live (runs written since it started), else over the recorded runs a reader is
-    shown (``recorded``: those facts, read already)."""
-    live = [runs.read_run(p, live=True) for p in timings.live_runs(result)] if result else []
-    if live or entry is None:
-        return _facts(entry, live)
-    return recorded if recorded is not None else recorded_facts(entry.stem)
-
-
 def recorded_facts(stem: str) -> dict:
-    """:func:`claim_facts` of notebook ``stem`` over the recorded runs (:func:`run_notebooks` reads
-    them while the notebooks run)."""
+    """:func:`_facts` of notebook ``stem`` over the recorded runs (read while the notebooks run)."""
     from sglab.tools.fixes import by_stem
 
     return _facts(by_stem(stem), [])
 
 
+NO_FACTS = {"card": "", "claim": "", "headline": "", "verdicts": [], "source": ""}
+
+
 def _facts(entry, live: list) -> dict:
-    """``card``: the notebook's review card as HTML (:func:`sglab.core.card.html_card`) with the
-    engine's and the rebuild's verdict lines; a fix that declares no card yet: its claim and
-    headline."""
+    """A notebook's claim facts over ``live`` runs, else the recorded ones a reader is shown:
+    ``card``, its review card as HTML with the engine's and the rebuild's verdict lines; a fix that
+    declares no card yet: its claim and headline."""
     facts = {
-        "card": "", "claim": entry.claim if entry else "", "headline": "", "verdicts": [],
+        **NO_FACTS, "claim": entry.claim if entry else "",
         "source": "measured live in this run" if live else "recorded runs"
     }
     if entry is None or not entry.experiment:
@@ -82,12 +74,6 @@ def _facts(entry, live: list) -> dict:
     return facts
 
 
-def _cardstatus_line(r) -> str:
-    skipped = f" · {r.skipped_gpu_cells} GPU cell(s) skipped" if r.skipped_gpu_cells else ""
-    return (f"<span class='{r.status}'>{r.status}</span> · <span class='{r.mode}'>{r.mode}</span> "
-            f"· {r.seconds:.1f} s{skipped}")
-
-
 def code_spans(page: str) -> str:
     """HTML whose text holds markdown `code` spans (a card's sentences), with them as <code>."""
     return re.sub(r"`([^`<>]+)`", r"<code>\1</code>", page)
@@ -106,7 +92,8 @@ def card(r, live_time: str, recorded: dict | None = None, earlier: str = "") -> 
     from sglab.tools.fixes import by_stem
 
     entry = by_stem(r.path.stem)
-    facts = claim_facts(entry, r, recorded)
+    live = [runs.read_run(p, live=True) for p in timings.live_runs(r)]
+    facts = recorded if recorded is not None and not live and entry else _facts(entry, live)
     title = notebook_title(r.nb, r.path.stem) if r.nb is not None else r.path.stem
     png = first_figure(r.nb) if r.nb is not None else None
     fig = (f"<a href='{html.escape(r.path.stem)}.html'><img alt='first figure of "
@@ -118,15 +105,13 @@ def card(r, live_time: str, recorded: dict | None = None, earlier: str = "") -> 
                 f"<small>({facts['source']})</small></p>" if facts["headline"] else "")
     err = f"<pre>{html.escape(r.error[-3000:])}</pre>" if r.error else ""
     link = f"<h2><a href='{html.escape(r.path.stem)}.html'>{html.escape(title)}</a></h2>"
-    said = facts.get("card") or f"<p>{inline_markdown(facts['claim'])}</p>{headline}"
-    return (
-        f"<div class='card'>{fig}<div class='text'>{link}{said}{verdicts}"
-        f"<div class='meta'>live time: {html.escape(live_time)}</div>"
-        f"<div class='meta'>{_when_line(earlier)}: {_cardstatus_line(r)}</div>{err}</div></div>")
-
-
-def _when_line(earlier: str) -> str:
-    return f"from an earlier run at {html.escape(earlier)}" if earlier else "this run"
+    said = facts["card"] or f"<p>{inline_markdown(facts['claim'])}</p>{headline}"
+    when = f"from an earlier run at {html.escape(earlier)}" if earlier else "this run"
+    skipped = f" · {r.skipped_gpu_cells} GPU cell(s) skipped" if r.skipped_gpu_cells else ""
+    return (f"<div class='card'>{fig}<div class='text'>{link}{said}{verdicts}"
+            f"<div class='meta'>live time: {html.escape(live_time)}</div>"
+            f"<div class='meta'>{when}: <span class='{r.status}'>{r.status}</span> · <span "
+            f"class='{r.mode}'>{r.mode}</span> · {r.seconds:.1f} s{skipped}</div>{err}</div></div>")
 
 
 def _stamp(t: float) -> str:
@@ -187,10 +172,10 @@ def write_index(results, out: Path, env_rows: list[tuple[str, str]], live_times:
         entries += [(_earlier_result(out, e), e, e["ran_utc"]) for e in earlier]
         entries.sort(key=lambda x: x[1]["notebook"])
     recorded = recorded or {}
-    none = {"card": "", "claim": "", "headline": "", "verdicts": [], "source": ""}
     cards = "".join(
         card(r, live_times.get(r.path.stem, timings.NOT_RECORDED),
-             recorded.get(r.path.stem, none if quick else None), when) for r, _, when in entries)
+             recorded.get(r.path.stem, NO_FACTS if quick else None), when)
+        for r, _, when in entries)
     env = "".join(f"<tr><th>{html.escape(k)}</th><td><pre>{html.escape(v)}</pre></td></tr>"
                   for k, v in env_rows)
     more = f" {len(earlier)} more from earlier runs into this folder." if earlier else ""

@@ -102,14 +102,9 @@ def _git(folder: Path, *args: str) -> str | None:
 def _read_cells(path: Path, text: str | None = None):
     """The cells of a .py or .ipynb (``text``: its content, where not the file's)."""
     import jupytext
-    import nbformat
 
-    if path.suffix == ".py":
-        nb = jupytext.reads(text, fmt="py:percent") if text is not None else jupytext.read(path)
-    else:
-        nb = nbformat.reads(text, as_version=4) if text is not None else nbformat.read(
-            path, as_version=4)
-    return _cells(nb)
+    text = path.read_text(encoding="utf-8") if text is None else text
+    return _cells(jupytext.reads(text, fmt="py:percent" if path.suffix == ".py" else "ipynb"))
 
 
 def _committed_cells(path: Path):
@@ -216,15 +211,11 @@ def _write_py(ipynb: Path) -> Path:
         meta = {"jupytext": {"formats": "ipynb,py:percent"}}
         if "kernelspec" in nb.metadata:
             meta["kernelspec"] = dict(nb.metadata["kernelspec"])
-    cells = []
     for c in nb.cells:
         tags = list(c.get("metadata", {}).get("tags", []))
-        new = {
-            "code": nbformat.v4.new_code_cell, "markdown": nbformat.v4.new_markdown_cell,
-            "raw": nbformat.v4.new_raw_cell
-        }[c.cell_type](c.source, metadata={"tags": tags} if tags else {})
-        cells.append(new)
-    text = py_source(nbformat.v4.new_notebook(cells=cells, metadata=meta))
+        c.metadata = {"tags": tags} if tags else {}
+    nb.metadata = meta
+    text = py_source(nb)
     if not py.exists() or py.read_text(encoding="utf-8") != text:
         py.write_text(text, encoding="utf-8")
     return py
@@ -393,7 +384,6 @@ def _stop_kernel(client, km, folder: str, loop) -> str:
                 run_sync(km.shutdown_kernel)(now=True)
             except (asyncio.InvalidStateError, RuntimeError):
                 # nbclient's own signal handler was shutting the same kernel down: end it here
-                pid = getattr(getattr(km, "provisioner", None), "pid", None)
                 if pid:
                     procs.stop_tree(pid, grace=2.0)
         procs.stop_seen(started, grace=2.0)

@@ -41,10 +41,16 @@ def cell_seconds(cell) -> float | None:
 
 
 def _phase_tag(cell) -> str | None:
-    for tag in cell.get("metadata", {}).get("tags", []):
-        if tag.startswith("phase:"):
-            return tag.split(":", 1)[1].strip() or None
-    return None
+    tags = cell.get("metadata", {}).get("tags", [])
+    return next((t.split(":", 1)[1].strip() for t in tags if t.startswith("phase:")), None) or None
+
+
+def _row(stem: str, mode: str, phase: str, cell: int, first: str, value: float,
+         metric: str = "wall_s") -> dict:
+    return {
+        "variant": stem, "mode": mode, "phase": phase, "cell": cell, "first_line": first,
+        "metric": metric, "value": value, "unit": "s"
+    }
 
 
 def cell_rows(nb, stem: str, mode: str, total_s: float) -> list[dict]:
@@ -62,16 +68,9 @@ def cell_rows(nb, stem: str, mode: str, total_s: float) -> list[dict]:
         if s is None:
             continue
         first = next((ln for ln in cell.source.splitlines() if ln.strip()), "")[:60]
-        rows.append({
-            "variant": stem, "mode": mode, "phase": _phase_tag(cell) or phase, "cell": i,
-            "first_line": first, "metric": "wall_s", "value": round(s, 3), "unit": "s"
-        })
+        rows.append(_row(stem, mode, _phase_tag(cell) or phase, i, first, round(s, 3)))
     rest = max(0.0, total_s - sum(r["value"] for r in rows))
-    rows.append({
-        "variant": stem, "mode": mode, "phase": KERNEL_PHASE, "cell": -1, "first_line": "",
-        "metric": "wall_s", "value": round(rest, 3), "unit": "s"
-    })
-    return rows
+    return rows + [_row(stem, mode, KERNEL_PHASE, -1, "", round(rest, 3))]
 
 
 def live_runs(result, runs_root=None) -> list:
@@ -90,18 +89,14 @@ def live_runs(result, runs_root=None) -> list:
 
 
 def measure_rows(result, runs_root=None) -> list[dict]:
-    """The finer phases (process spawn, CUDA init, capture, timing loops, …) of the live runs a
-    notebook wrote, from their manifests' ``phases_s``, as ``measure_s`` rows: they happen inside
-    the cells' wall time, so they are a breakdown of it, not more of it."""
-    rows = []
-    for path in live_runs(result, runs_root):
-        for name, s in (runs.read_run(path).manifest.phases_s).items():
-            rows.append({
-                "variant": result.path.stem, "mode": result.mode, "phase": f"measure: {name}",
-                "cell": -1, "first_line": path.name, "metric": "measure_s", "value": float(s),
-                "unit": "s"
-            })
-    return rows
+    """The finer phases (process spawn, CUDA init, capture, …) of the live runs a notebook wrote,
+    from their manifests' ``phases_s``, as ``measure_s`` rows: a breakdown of the cells' wall time.
+    """
+    return [
+        _row(result.path.stem, result.mode, f"measure: {name}", -1, path.name, float(s),
+             "measure_s") for path in live_runs(result, runs_root)
+        for name, s in runs.read_run(path).manifest.phases_s.items()
+    ]
 
 
 def frame(results, runs_root=None):

@@ -10,6 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from sglab.tools.cli import Refused
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", help="an SGLang package folder to read instead of the installed one")
@@ -25,17 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --releases: where to save the timeline figure ('' for none)")
 
 
-def _fail(message: str) -> int:
-    print(f"sglab upstream: {message}", file=sys.stderr)
-    return 2
-
-
 def run(args) -> int:
     if args.releases is None:
         return _one_tree(args)
     if args.root:
-        return _fail("--root and --releases do not go together: --root reads one tree, --releases "
-                     "the wheels")
+        raise Refused("--root and --releases do not go together: --root reads one tree, --releases "
+                      "the wheels")
     return _releases(args)
 
 
@@ -45,9 +42,9 @@ def _one_tree(args) -> int:
 
     root = Path(args.root) if args.root else None
     if root is not None and not (root / "srt").is_dir():
-        return _fail(f"{root} is not an SGLang package folder (expected {root}/srt/): pass the "
-                     f"folder that holds srt/, e.g. an unpacked wheel's sglang/ or a checkout's "
-                     f"python/sglang/")
+        raise Refused(f"{root} is not an SGLang package folder (expected {root}/srt/): pass the "
+                      f"folder that holds srt/, e.g. an unpacked wheel's sglang/ or a checkout's "
+                      f"python/sglang/")
     print(check_all(FIXES, root=root).to_string(index=False))
     return 0
 
@@ -63,13 +60,13 @@ def _releases(args) -> int:
         tl = R.timeline(FIXES, args.releases or None, offline=args.offline,
                         progress=sys.stderr.isatty())
     except ValueError as e:
-        return _fail(str(e))
+        raise Refused(e) from None
     if tl.unknown and len(tl.unknown) == len(set(args.releases or [])):
-        return _fail(f"no such SGLang release on the package index: {', '.join(tl.unknown)}")
+        raise Refused(f"no such SGLang release on the package index: {', '.join(tl.unknown)}")
     for note in tl.notes:
         print(note)
     if tl.frame.empty:
-        return _fail("no release could be read: no wheel, no network and no committed table")
+        raise Refused("no release could be read: no wheel, no network and no committed table")
     table = R.summary(tl.frame)
     if (tl.frame["source"] != "wheel").any():
         table = table.assign(read_from=tl.frame["source"])
@@ -100,6 +97,7 @@ def _figure(frame, target: str) -> None:
 def _write(tl, args) -> None:
     from sglab.sglang import hunks as H
     from sglab.sglang import wheels as R
+    from sglab.tools.fixes import FIXES
 
     if args.no_write:
         print("data/upstream/ not rewritten (--no-write)")
@@ -114,7 +112,6 @@ def _write(tl, args) -> None:
     old = path.read_text() if path.exists() else None
     R.write_table(tl.frame, path)
     status = "unchanged" if old == path.read_text() else "updated"
-    from sglab.tools.fixes import FIXES
     hunks = H.generate(FIXES, list(tl.frame["version"]), tl.wheels)
     print(f"wrote {path} ({len(tl.frame)} releases, {status}) and {len(hunks)} PR hunks under "
           f"{path.parent}/")
