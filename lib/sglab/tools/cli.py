@@ -248,8 +248,7 @@ def cmd_swa_cost(args) -> int:
 def _resolve_notebooks(names: list[str]) -> list[Path]:
     from sglab.tools import nbtools
 
-    all_nbs = [nbtools.notebooks_dir() / "00_start_here.ipynb"] + nbtools.all_notebooks()
-    all_nbs = list(dict.fromkeys(p for p in all_nbs if p.exists()))
+    all_nbs = nbtools.all_notebooks()
     if not names:
         return all_nbs
     picked = []
@@ -539,29 +538,26 @@ def _check_numbers(args) -> None:
 
 
 class _Version(argparse.Action):
-    """``--version``: ``sglab <version>``, the package metadata read only when asked."""
+    """``--version``: ``sglab <version>`` (the package metadata, or where the checkout is not
+    installed, pyproject.toml's), read only when asked."""
 
     def __init__(self, option_strings, dest, **kwargs):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(f"sglab {_version()}")
+        import importlib.metadata as md
+
+        try:
+            version = md.version("sglab")
+        except md.PackageNotFoundError:
+            import tomllib
+
+            from sglab.core.runs import repo_root
+
+            version = tomllib.loads(
+                (repo_root() / "pyproject.toml").read_text())["project"]["version"]
+        print(f"sglab {version}")
         parser.exit()
-
-
-def _version() -> str:
-    """The installed package's version (its metadata), or where the checkout is not installed, the
-    one pyproject.toml states."""
-    import importlib.metadata as md
-
-    try:
-        return md.version("sglab")
-    except md.PackageNotFoundError:
-        import tomllib
-
-        from sglab.core.runs import repo_root
-
-        return tomllib.loads((repo_root() / "pyproject.toml").read_text())["project"]["version"]
 
 
 def _reader_gone() -> int:

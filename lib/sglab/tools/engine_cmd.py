@@ -145,9 +145,8 @@ def _cpus(text: str) -> tuple[int, ...]:
 
 
 def _dry_run(spec, work, said: set) -> None:
-    """Print the command a spec would start (and why it would stop), starting nothing. ``said``:
-    what was printed already for the scenario's earlier engines (each harness adjustment's reason,
-    each release that would stop), said once."""
+    """Print the command a spec would start (and why it would stop), starting nothing; ``said``:
+    what the scenario's earlier engines printed already."""
     from sglab.sglang import engine as eng
 
     with tempfile.TemporaryDirectory(prefix="sglab-engine-") as tmp:
@@ -174,16 +173,14 @@ def _dry_run(spec, work, said: set) -> None:
 
 
 def _too_few_gpus(name: str, specs) -> str:
-    """Why this machine cannot start these specs ('' when it can): each needs its TP size in GPUs
-    (:func:`fixes.short_of`). Where torch sees no CUDA but the driver sees GPUs, the release's pin
-    check says why (this torch); where the driver sees none either, no torch would help."""
+    """Why this machine cannot start these specs ('' when it can, or where only this torch lacks
+    CUDA: the release's pin check says why): each needs its TP size in GPUs."""
     from sglab.tools import fixes
 
     need = max((sp.tp_size for sp in specs), default=1)
     if not hardware.has_cuda():
-        if hardware.gpu_count():
-            return ""  # GPUs this torch cannot use: the release's pin check says why
-        return f"{name or 'this engine'}: no CUDA GPU here; needs {need}"
+        return "" if hardware.gpu_count(
+        ) else f"{name or 'this engine'}: no CUDA GPU here; needs {need}"
     return fixes.short_of(name or "this engine", need, hardware.gpu_count()) if need > 1 else ""
 
 
@@ -193,14 +190,13 @@ HOST_COST = ("import json; from sglab.core.timing import launch_cost_us; "
 
 def host_launch_cost(timeout: float = 120.0, cpus: tuple = ()) -> dict:
     """The host's per-launch cost (µs, :func:`sglab.core.timing.launch_cost_us`) in a process of its
-    own (this one holds no CUDA context beside the engines), on ``cpus``; ``{"error": ...}`` else.
-    """
+    own on ``cpus``; ``{"error": ...}`` else."""
     return procs.in_own_process(HOST_COST, timeout, cpus)
 
 
 def _run_specs(args, name: str, specs: list, alone: bool, results: list) -> int:
-    """Each spec's engine in turn, its result appended to ``results`` as it ends: exit status 2
-    where one could not start, 1 where one failed; a release that cannot start is said once."""
+    """Each spec's engine in turn, its result appended to ``results``: exit status 2 where one could
+    not start, 1 where one failed; a release that cannot start is said once."""
     from sglab.sglang import engine as eng
 
     status, refused, skipped = 0, {}, Counter()  # refused: {release: why it cannot start here}
@@ -240,8 +236,8 @@ def _run_specs(args, name: str, specs: list, alone: bool, results: list) -> int:
 
 
 def _same_failure(specs: list, results: list, release: str) -> str:
-    """Where every variant of ``release`` has started once and each failed with the same error, that
-    error (the later starts would end the same way: they are not started); else ``""``."""
+    """The error every variant of ``release`` failed its first start with, where they all did (its
+    later starts are not started); else ``""``."""
     variants = {sp.variant for sp in specs if sp.release == release}
     mine = [r for r in results if r.spec.release == release]
     errors = {re.sub(r" \(log: [^)]*\)$", "", (r.error or "\n").splitlines()[0]) for r in mine}
@@ -254,7 +250,7 @@ def _same_failure(specs: list, results: list, release: str) -> str:
 
 def _record_partial(args, fix: str, results: list, specs: list, host: dict, stop) -> None:
     """The engines that finished before a signal stopped the scenario, recorded under
-    ``<out>/partial/`` with a ``partial`` entry (what ran, what did not, why): never a record."""
+    ``<out>/partial/`` with what ran, what did not and why."""
     from sglab.core.runs import data_dir
     from sglab.sglang import engine as eng
 

@@ -42,8 +42,7 @@ def _cells(nb) -> list[tuple[str, str, tuple[str, ...]]]:
 
 
 def check_pair(ipynb: Path) -> list[str]:
-    """Problems with one notebook: outputs committed, execution counts, missing or out-of-sync
-    .py."""
+    """Problems with one notebook: outputs or execution counts committed, a missing or other .py."""
     import nbformat
 
     problems = []
@@ -62,7 +61,7 @@ def check_pair(ipynb: Path) -> list[str]:
 
 def _stable_ids(nb, previous) -> None:
     """The ids ``nb``'s cells had in ``previous`` where type and source still match, else one
-    derived from the content: a sync that changes nothing leaves the .ipynb byte for byte."""
+    derived from the content."""
     old = {}
     for c in (previous.cells if previous is not None else []):
         old.setdefault((c.cell_type, c.source), []).append(c.get("id"))
@@ -222,9 +221,8 @@ def _write_py(ipynb: Path) -> Path:
 
 
 def sync(py: Path, side: str | None = "py") -> tuple[Path, Path]:
-    """Pair notebook ``py``'s two halves from ``side`` (see :func:`pair_side`; None: they agree):
-    the .ipynb's cells taken into the .py (written as the workbook commits it), then the .ipynb
-    written from the .py with no outputs and stable cell ids. Returns (from, to)."""
+    """Pair notebook ``py``'s two halves from ``side`` (:func:`pair_side`; None: they agree): the
+    .ipynb's cells into the .py, then the .ipynb from the .py. Returns (from, to)."""
     ipynb = py.with_suffix(".ipynb")
     if side == "ipynb":
         _write_py(ipynb)
@@ -241,9 +239,8 @@ def pairs() -> list[Path]:
 
 
 def py_source(nb) -> str:
-    """The ``.py`` of a notebook as the workbook commits it: jupytext percent, with no
-    ``text_representation`` block in the header (jupytext stamps its own version there, so every
-    release would rewrite every file)."""
+    """The ``.py`` of a notebook as the workbook commits it: jupytext percent, without the
+    ``text_representation`` block (jupytext's version) in the header."""
     import jupytext
 
     out, skip_deeper = [], None
@@ -281,7 +278,7 @@ def parameter_names(path: Path) -> list[str]:
 
 def unknown_parameters(paths: list[Path], params: dict) -> str:
     """Why ``params`` cannot go into these notebooks ('' where each name is a parameter of every
-    one): a name no parameters cell assigns would be injected and silently ignored."""
+    one)."""
     if not params:
         return ""
     for path in paths:
@@ -343,14 +340,13 @@ class _Progress:
         return f" after {time.perf_counter() - self.t0:.1f} s" if self.index is not None else ""
 
 
-def _kernel_manager(kernel_name: str):
-    """A kernel manager on the IPC transport: the kernel's sockets are files in a private folder
-    instead of TCP ports on localhost, so nothing else on the machine can reach them (and ipykernel
-    has no reason to warn that the kernel runs over TCP without encryption)."""
+def _kernel_manager():
+    """A python3 kernel manager on the IPC transport: the kernel's sockets are files in a private
+    folder, not TCP ports on localhost that anything on the machine could reach."""
     from jupyter_client.manager import AsyncKernelManager
 
     folder = tempfile.mkdtemp(prefix="sglab-kernel-")
-    return AsyncKernelManager(kernel_name=kernel_name, transport="ipc",
+    return AsyncKernelManager(kernel_name="python3", transport="ipc",
                               connection_file=str(Path(folder) / "kernel.json")), folder
 
 
@@ -359,9 +355,8 @@ KERNEL_LOG = "kernel.log"
 
 
 def _stop_kernel(client, km, folder: str, loop) -> str:
-    """Stop the kernel whatever happened (nbclient leaves a kernel it does not own running), close
-    the client's channels and remove the connection and socket files; return the last lines the
-    kernel process (and what it started) wrote to its own stdout and stderr (:data:`KERNEL_LOG`)."""
+    """Stop the kernel and what it started, close the client's channels, remove the connection and
+    socket files; return the last lines of the kernel process's own output (:data:`KERNEL_LOG`)."""
     from jupyter_core.utils import run_sync
 
     # a cell cut short (a signal, a dead kernel) leaves nbclient's pollers pending on ``loop``, this
@@ -409,9 +404,8 @@ def _note_stop(signum, _frame) -> None:
 
 
 def stop_on_signals(before: tuple = ()) -> None:
-    """From now on SIGINT, SIGTERM and SIGHUP only ask this process to stop (main thread): a
-    notebook executing stops its kernel and reports interrupted, the next does not start;
-    ``before``: signals noted already."""
+    """From now on SIGINT, SIGTERM and SIGHUP only ask this process to stop (a notebook executing
+    stops its kernel and reports interrupted); ``before``: signals noted already."""
     _STOPS.extend(int(s) for s in before)
     for s in _STOP_SIGNALS:
         signal.signal(s, _note_stop)
@@ -467,11 +461,10 @@ def _write_partial(nb, ipynb: Path, partial_dir: Path | None) -> Path:
 
 
 def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = None,
-            params: dict | None = None, kernel_name: str = "python3",
-            partial_dir: Path | None = None) -> Result:
+            params: dict | None = None, partial_dir: Path | None = None) -> Result:
     """Execute a notebook headless in its own folder (``needs-gpu`` cells skipped without CUDA);
-    never raises: a failing cell, a ``cell_timeout`` or a signal is in the result's error, the
-    partial notebook written to ``partial_dir``."""
+    never raises: a failing cell, timeout or signal is in the result's error (the partial notebook
+    in ``partial_dir``)."""
     import nbclient
     import nbformat
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
@@ -485,8 +478,8 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
     inject_parameters(nb, params or {})
     n_gpu = sum(1 for c in nb.cells if GPU_TAG in c.get("metadata", {}).get("tags", []))
     progress = _Progress()
-    km, folder = _kernel_manager(kernel_name)
-    client = nbclient.NotebookClient(nb, km=km, timeout=cell_timeout, kernel_name=kernel_name,
+    km, folder = _kernel_manager()
+    client = nbclient.NotebookClient(nb, km=km, timeout=cell_timeout, kernel_name="python3",
                                      resources={"metadata": {"path": str(ipynb.parent)}},
                                      skip_cells_with_tag=GPU_TAG if skip_gpu else "skip-execution",
                                      on_cell_execute=progress.start,

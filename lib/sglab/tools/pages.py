@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import html
 import os
+import pickle
 import re
+import shutil
 import signal
+import threading
+import time
 from functools import lru_cache
 from pathlib import Path
 
+from sglab.core import procs
 from sglab.tools import nbtools
 
 
@@ -75,8 +80,6 @@ def worker(job: str, noted: tuple = ()) -> int:
     pickled where the job says (None: stopped before it started), a ``.started`` file once it
     starts. A stop signal, or its parent gone, stops the kernel and still reports the partial run.
     """
-    import pickle
-
     spec = pickle.loads(Path(job).read_bytes())
     nbtools.stop_on_signals(noted)
     _watch_parent(spec["parent"], spec["folder"])
@@ -96,11 +99,6 @@ def worker(job: str, noted: tuple = ()) -> int:
 
 
 def _watch_parent(parent: int, folder: str) -> None:
-    import shutil
-    import threading
-    import time
-
-    from sglab.core import procs
 
     def watch():
         while os.getppid() == parent:
