@@ -148,8 +148,7 @@ def cmd_verify(args) -> int:
         raise Refused(f"--junit {args.junit}: no such folder {Path(args.junit).resolve().parent}")
     try:
         if args.against in fixes.experiments() and not Path(args.against).exists():
-            # `--against EXP`: EXP is what to verify (with --live: what to run here), compared
-            # with its recorded reference; argparse hands the name to --against's optional value
+            # `--against EXP`: argparse hands EXP, what to verify, to --against's optional value
             args.targets, args.against = [args.against, *args.targets], "auto"
         if args.against not in (None, "auto") and not Path(args.against).exists():
             raise verify.BadInput(f"--against {args.against}: no such experiment or run file; "
@@ -264,8 +263,7 @@ def _resolve_notebooks(names: list[str]) -> list[Path]:
 def cmd_run(args) -> int:
     from sglab.tools.report import stopping
 
-    # a stop signal (Ctrl-C, SIGTERM, SIGHUP) from here to the last line ends the command as one
-    # during the run does: what ran is reported, and the status is 128 + the signal
+    # a stop signal from here to the last line ends the command with 128 + the signal
     with stopping() as signals:
         status = _run_command(args)
         return 128 + signals.received[0] if signals.received else status
@@ -315,8 +313,7 @@ def _run_command(args) -> int:
             results, args.record, not failed and len(results) == len(paths), params={
                 "notebooks": [p.stem for p in paths], "cell_timeout": args.cell_timeout, **params
             })
-    # the signal that stopped the run (this process's own, else one that reached a notebook alone):
-    # 128 + it, as a shell reports it (Ctrl-C 130, SIGTERM 143)
+    # the signal that stopped the run, or one that reached a notebook alone: 128 + it, as a shell
     stopped = getattr(results, "signal", 0) or next(
         (r.stopped_by_signal for r in results if r.stopped_by_signal), 0)
     if stopped:

@@ -20,13 +20,13 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from sglab.core import hardware, procs
-from sglab.tools.cli import Refused
+from sglab.tools.cli import Refused, _command, _flag
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "engine", help="a release's real engine on this GPU: its decisions and latencies for your "
-        "model config and flags (dummy weights)",
+    p = _command(
+        sub, main, "engine", help="a release's real engine on this GPU: its decisions and "
+        "latencies for your model config and flags (dummy weights)",
         description="sglab engine --release V --model CONFIG.json [options] [-- SERVER ARGS]")
     p.add_argument("--release", nargs="+", action="extend", metavar="V", help="release(s) to start")
     p.add_argument("--model", type=Path, help="a Hugging Face config.json (or its folder)")
@@ -46,8 +46,7 @@ def add_parser(sub) -> None:
                    help="serve: prompts per pass and request in flight (default 4)")
     p.add_argument("--output-len", type=int, default=16, help="tokens decoded per request")
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each shape")
-    p.add_argument("--profile", action="store_true",
-                   help="bench: torch.profiler decode trace, kernels per replay")
+    _flag(p, "--profile", "bench: torch.profiler decode trace, kernels per replay")
     p.add_argument("--adjust", action="append", default=[], metavar="NAME",
                    help="a named harness adjustment")
     p.add_argument("--case", default="", help="label of this run (variant release+case)")
@@ -65,16 +64,15 @@ def add_parser(sub) -> None:
         "--cases", nargs="+", action="extend", default=[], metavar="GLOB",
         help="with --scenario/--plan: only the cases these patterns match ('w512-*'), "
         "to split a long scenario over several calls")
-    p.add_argument("--list", action="store_true", help="list the scenarios")
-    p.add_argument("--record", action="store_true", help="write the run (data/runs/engine_<fix>/)")
+    _flag(p, "--list", "list the scenarios")
+    _flag(p, "--record", "write the run (data/runs/engine_<fix>/)")
     p.add_argument("--fix", default="custom",
                    help="experiment engine_<fix> of a recorded run without scenario")
     p.add_argument("--out", type=Path, help="runs root for --record (default data/runs)")
     p.add_argument("--work", type=Path,
                    help="folder for each engine's log, model folder and traces")
-    p.add_argument("--dry-run", action="store_true", help="print each command; start nothing")
+    _flag(p, "--dry-run", "print each command; start nothing")
     p.add_argument("server_args", nargs=argparse.REMAINDER, help="-- then SGLang server arguments")
-    p.set_defaults(fn=main)
 
 
 def _only(specs: list, patterns: list[str]) -> list:
@@ -295,8 +293,7 @@ def main(args) -> int:
                     f"releases: {' '.join(fixes.scenario(name).releases)})")
         status = 0
         if not args.dry_run:
-            # a plan skips the scenarios this machine has too few GPUs for (the TP-4 ones on 2
-            # GPUs); a run named alone stops with one line
+            # a plan skips the scenarios this machine has too few GPUs for; one named stops
             why = {name: _too_few_gpus(name, specs) for _, name, specs in groups}
             if args.plan and not args.scenario:
                 for name, line in why.items():
@@ -309,13 +306,11 @@ def main(args) -> int:
                 raise eng.EngineError(next(w for w in why.values() if w))
         for fix, name, specs in groups:
             results = []
-            # the host's cost per kernel launch before and after the engines: a launch-bound
-            # timing means little without it, and a drift between the two says the host changed
+            # the host's cost per kernel launch before and after the engines (did the host change?)
             cpus = specs[0].cpus if specs else ()
             measured = not args.dry_run and hardware.has_cuda()  # (no launches to time without)
             host = {"before": host_launch_cost(cpus=cpus)} if measured else {}
-            # a signal between two engines ends the loop as one during an engine does: the
-            # engines that finished are recorded as a partial run, not lost
+            # a signal between two engines: the engines that finished are recorded as a partial run
             with procs.Guard(watchdog=False):
                 try:
                     status = max(status, _run_specs(args, name, specs, len(groups) == 1, results))

@@ -86,9 +86,8 @@ def inline_markdown(text: str) -> str:
 
 
 def card(r, live_time: str, recorded: dict | None = None, earlier: str = "") -> str:
-    """The HTML of one notebook's card (``recorded``: its claim facts over the recorded runs, where
-    read already; ``earlier``: when the run that left it in the index ran, for a notebook not run
-    this time)."""
+    """The HTML of one notebook's card (``recorded``: its facts over the recorded runs, read already;
+    ``earlier``: when an earlier run that left it in the index ran)."""
     from sglab.tools.fixes import by_stem
 
     entry = by_stem(r.path.stem)
@@ -119,9 +118,8 @@ def _stamp(t: float) -> str:
 
 
 def earlier_entries(out: Path, ran: set) -> list:
-    """The entries of ``out/index.json`` (an earlier run into the same folder) for notebooks not in
-    ``ran`` whose page is still there, each with ``ran_utc`` (the page's time where an older index
-    lacks it): running some notebooks again keeps the others in the index."""
+    """The entries of ``out/index.json`` (an earlier run into the folder) for notebooks not in ``ran``
+    whose page is still there, each with ``ran_utc`` (else the page's time)."""
     try:
         entries = json.loads((out / "index.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -197,18 +195,13 @@ def write_index(results, out: Path, env_rows: list[tuple[str, str]], live_times:
 # -- a card's figure: the notebook's first, as a thumbnail
 def first_figure(nb) -> bytes | None:
     """The PNG bytes of the notebook's first figure (first ``image/png`` output), or None."""
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            data = out.get("data", {})
-            if "image/png" in data:
-                png = data["image/png"]
-                return base64.b64decode("".join(png) if isinstance(png, list) else png)
-    return None
+    png = next((o["data"]["image/png"] for c in nb.cells
+                for o in c.get("outputs", []) if "image/png" in o.get("data", {})), None)
+    return None if png is None else base64.b64decode("".join(png) if isinstance(png, list) else png)
 
 
 def thumbnail(png: bytes, width: int = 360) -> bytes:
-    """``png`` scaled down to ``width`` pixels (the index embeds it; full figures would make it
-    megabytes). Pillow comes with matplotlib; without it the figure is embedded as it is."""
+    """``png`` scaled down to ``width`` pixels (as it is without Pillow)."""
     try:
         from PIL import Image
     except ImportError:

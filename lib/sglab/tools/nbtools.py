@@ -359,9 +359,8 @@ def _stop_kernel(client, km, folder: str, loop) -> str:
     socket files; return the last lines of the kernel process's own output (:data:`KERNEL_LOG`)."""
     from jupyter_core.utils import run_sync
 
-    # a cell cut short (a signal, a dead kernel) leaves nbclient's pollers pending on ``loop``, this
-    # thread's: cancelled here, before the client goes, they end quietly instead of failing later
-    # (a loop that runs belongs to the caller: nbclient then ran on a loop of its own)
+    # a cell cut short leaves nbclient's pollers pending on this thread's ``loop``: cancelled here,
+    # they end quietly (a loop that runs is the caller's: nbclient then ran on a loop of its own)
     if not loop.is_running():
         pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
         for t in pending:
@@ -486,8 +485,7 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
                                      shutdown_kernel="immediate")  # a signal: the kernel goes now
     started, t0 = time.time(), time.perf_counter()
     status, error, by_signal = "ok", "", False
-    # the kernel process's own output (not the cells': those reach the notebook) goes to a file: a
-    # kernel stopped mid-cell by a signal prints a traceback there, and one that dies says why
+    # the kernel process's own output (not the cells') goes to a file: one that dies says why there
     log = open(Path(folder) / KERNEL_LOG, "wb")
     caught: list[int] = []
     loop = _telling_signals(caught)
@@ -495,10 +493,8 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
         # SGLAB_HEADLESS: widgets become static tables
         client.execute(env={**os.environ, "SGLAB_HEADLESS": "1"}, stdout=log, stderr=log)
     except (Exception, KeyboardInterrupt, asyncio.CancelledError) as e:  # noqa: BLE001
-        # nbclient's SIGINT/SIGTERM handler starts the kernel's shutdown (the future it keeps is
-        # set at once, so a cell that sees its kernel die first is still known to be stopped by
-        # the signal) and lets go of it (km None); a signal during the kernel's start cancels
-        # the start instead
+        # nbclient's SIGINT/SIGTERM handler starts the kernel's shutdown (its future set at once)
+        # and lets go of it (km None); a signal during the kernel's start cancels the start
         by_signal = (client.km is None or not isinstance(e, Exception)
                      or getattr(client, "_async_cleanup_kernel_future", None) is not None)
         if isinstance(e, CellExecutionError) and not by_signal:

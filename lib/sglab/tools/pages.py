@@ -63,15 +63,13 @@ def _plain_page(title: str, body: str) -> str:
         f"<p><a href='index.html'>← sglab report index</a></p><h1>{html.escape(title)}</h1>" + body)
 
 
-# what a worker process runs (``python -c``; its arguments: the job file, and the folder sglab is
-# imported from): a stop signal that comes while it imports is noted from its first line on, not
-# left to end it
+# what a worker process runs (``python -c`` JOB SGLAB_FOLDER): a stop signal that comes while it
+# imports is noted from its first line on
 WORKER = (
     "import signal, sys\nnoted = []\nfor s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):\n"
     "    signal.signal(s, lambda n, _f: noted.append(n))\nsys.path.insert(0, sys.argv[2])\n"
     "from sglab.tools.pages import worker\nsys.exit(worker(sys.argv[1], noted))")
-# a worker asked to stop has this long to stop its kernel and write what its notebook did; then its
-# parent ends it (SIGKILL), and a worker whose parent is gone ends itself
+# a worker asked to stop has this long to stop its kernel and report; then its parent kills it
 STOP_GRACE_S = 5.0
 
 

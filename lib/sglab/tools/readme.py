@@ -44,24 +44,16 @@ def _summary(path: Path, width: int = 72) -> str:
     return first if len(first) <= width else first[:width - 1].rsplit(" ", 1)[0] + " …"
 
 
-def house_block(root: Path | None = None) -> str:
+def house_block() -> str:
     """``lib/sglab`` as a tree: one line per module and what it is for (its docstring's first
     sentence)."""
-    root = root or runs.repo_root() / "lib" / "sglab"
     lines = [MAP_START, "```"]
     for layer in LAYERS:
-        folder = root / layer
-        if not folder.is_dir():
-            continue
-        mods = sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
-        init = folder / "__init__.py"
-        lines.append(
-            f"{layer}/  {_summary(init, 96 - len(layer)) if init.exists() else ''}".rstrip())
-        for p in mods:
-            if p.name == "__init__.py" and p.parent == folder:
-                continue
-            rel = p.relative_to(folder).as_posix()
-            lines.append(f"  {rel:<24} {_summary(p)}")
+        folder = runs.repo_root() / "lib" / "sglab" / layer
+        lines.append(f"{layer}/  {_summary(folder / '__init__.py', 96 - len(layer))}".rstrip())
+        for p in sorted(folder.rglob("*.py")):
+            if p != folder / "__init__.py":
+                lines.append(f"  {p.relative_to(folder).as_posix():<24} {_summary(p)}")
     lines += ["```", MAP_END]
     return "\n".join(lines)
 
@@ -78,10 +70,9 @@ def _rewrite(path: Path, start: str, end: str, new: str) -> bool:
     old = current_block(text, start, end)
     if old is None:
         raise RuntimeError(f"{path.name} has no {start} … {end} block")
-    if new == old:
-        return False
-    path.write_text(text.replace(old, new))
-    return True
+    if new != old:
+        path.write_text(text.replace(old, new))
+    return new != old
 
 
 def _blocks() -> list[tuple]:

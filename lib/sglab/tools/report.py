@@ -27,8 +27,7 @@ from sglab.tools import nbtools, pages, timings
 from sglab.tools.index_page import inline_markdown, recorded_facts, write_index
 from sglab.tools.pages import status_line
 
-# nbformat, pandas, multiprocessing, the fixes and their claims (torch) are imported where used:
-# `sglab run` starts its notebooks without them
+# nbformat, pandas, the fixes and their claims (torch) are imported where used
 
 
 def default_jobs() -> int:
@@ -262,8 +261,7 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None,
         progress(f"{len(paths)} notebooks, {jobs} at a time …")
     with stopping() as signals:
         signals.final = False
-        # while the workers run the notebooks, this process (idle otherwise) reads the machine and
-        # the recorded runs' claims for the index (not beside a live notebook on a GPU machine)
+        # while the workers run, this process reads the machine and the recorded claims for the index
         facts = _Facts(paths, env_rows) if jobs > 1 and len(paths) > 1 else None
         done, stopped = _run_workers(paths, out, params, cell_timeout, html_pages, jobs, signals,
                                      progress)

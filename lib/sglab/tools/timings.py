@@ -30,9 +30,8 @@ def _start_stamp(execution: dict):
 
 
 def cell_seconds(cell) -> float | None:
-    """Wall time of an executed code cell (busy → idle), None for a cell that did not run (skipped,
-    or never reached); a cell interrupted while running has no idle stamp and counts up to its last
-    reply, if any."""
+    """Wall time of an executed code cell (busy → idle, or to its last reply where interrupted), None
+    for a cell that did not run."""
     ex = cell.get("metadata", {}).get("execution") or {}
     start, end = _start_stamp(ex), ex.get("iopub.status.idle") or ex.get("shell.execute_reply")
     if not start or not end:
@@ -54,8 +53,7 @@ def _row(stem: str, mode: str, phase: str, cell: int, first: str, value: float,
 
 
 def cell_rows(nb, stem: str, mode: str, total_s: float) -> list[dict]:
-    """One row per executed code cell plus the kernel row; the rows of a notebook sum to
-    ``total_s``."""
+    """One row per executed code cell plus the kernel row, summing to ``total_s``."""
     rows, phase = [], "setup"
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown":
@@ -74,8 +72,7 @@ def cell_rows(nb, stem: str, mode: str, total_s: float) -> list[dict]:
 
 
 def live_runs(result, runs_root=None) -> list:
-    """CSV paths of the runs a live notebook wrote while it ran (under ``runs_root``, default
-    data/runs/)."""
+    """CSV paths of the runs a live notebook wrote while it ran (under ``runs_root`` or data/runs/)."""
     from sglab.tools.fixes import by_stem
 
     entry = by_stem(result.path.stem)
@@ -100,8 +97,7 @@ def measure_rows(result, runs_root=None) -> list[dict]:
 
 
 def frame(results, runs_root=None):
-    """The tidy frame of a whole ``sglab run``: the cell rows of every notebook result, then the
-    measure rows."""
+    """The tidy frame of a whole ``sglab run``: each notebook's cell rows, then its measure rows."""
     rows = []
     for r in results:
         if r.nb is not None:
@@ -110,8 +106,7 @@ def frame(results, runs_root=None):
 
 
 def phase_table(df, metric: str = "wall_s"):
-    """Seconds per notebook and phase, in notebook order and, within one, in order of first
-    appearance."""
+    """Seconds per notebook and phase, in order of first appearance."""
     part = df[df["metric"] == metric]
     g = part.groupby(["variant", "phase"], sort=False)["value"].sum().round(2).reset_index()
     g.columns = ["notebook", "phase", "seconds"]
@@ -119,8 +114,8 @@ def phase_table(df, metric: str = "wall_s"):
 
 
 def summary(df) -> str:
-    """The printed breakdown: phases per notebook, largest first, each notebook's total, the grand
-    total; for notebooks that measured live, the measurement's own phases under them."""
+    """The printed breakdown: each notebook's total and phases, largest first (a live measurement's
+    own phases under them), then the grand total."""
     lines = []
     inner = phase_table(df, "measure_s")
     for stem, part in phase_table(df).groupby("notebook", sort=False):
@@ -128,8 +123,8 @@ def summary(df) -> str:
         lines.append(f"{stem} ({mine['mode'].iloc[0]}): {mine['value'].sum():.1f} s")
         for _, row in part.sort_values("seconds", ascending=False).iterrows():
             lines.append(f"  {row['seconds']:8.1f} s  {row['phase']}")
-        for _, row in inner[inner["notebook"] == stem].sort_values("seconds",
-                                                                   ascending=False).iterrows():
+        own = inner[inner["notebook"] == stem]
+        for _, row in own.sort_values("seconds", ascending=False).iterrows():
             lines.append(f"      {row['seconds']:8.2f} s  {row['phase']}")
     lines.append(f"total: {df.loc[df['metric'] == 'wall_s', 'value'].sum():.1f} s")
     return "\n".join(lines)
@@ -137,8 +132,8 @@ def summary(df) -> str:
 
 def write(results, *, record: bool = False, params: dict | None = None, runs_root=None,
           machine: dict | None = None):
-    """Save the timings of ``results`` as a ``workbook`` run; return the CSV path. ``machine``:
-    the manifest's machine fields when the notebooks ran elsewhere (:func:`from_reports`)."""
+    """Save the timings of ``results`` as a ``workbook`` run (``machine``: the manifest's machine
+    fields of notebooks run elsewhere); return the CSV path."""
     df = frame(results, runs_root)
     totals = {
         r.path.stem: {"seconds": round(r.seconds, 1), "status": r.status, "mode": r.mode}
@@ -154,9 +149,9 @@ MACHINE_KEYS = ("gpu_name", "gpu_count", "gpu_count_machine", "gpu_memory_mib", 
 
 
 def from_reports(reports, runs_root) -> tuple[list, dict]:
-    """The results of notebooks run on another machine (its ``sglab run --out`` folder: the executed
-    notebooks of the run that wrote ``index.json``), and that machine's manifest fields from the
-    live runs they wrote (under ``runs_root``); ValueError when these are missing or disagree."""
+    """The results of notebooks run on another machine (the run that wrote its ``sglab run --out``
+    folder's ``index.json``) and that machine's fields, from the live runs they wrote under
+    ``runs_root``; ValueError when these are missing or disagree."""
     import nbformat
 
     from sglab.tools.nbtools import Result
@@ -211,7 +206,7 @@ def live_seconds(run) -> dict[str, float]:
 
 def live_times(root=None) -> dict[str, str]:
     """``{notebook stem: "H100 ×1: 23.4 s; H200 ×2: 41.0 s"}`` from the newest recorded timing run
-    per GPU model; notebooks no record ran live are absent (readers show :data:`NOT_RECORDED`)."""
+    per GPU model (a notebook none ran live: absent)."""
     found = [
         r for r in runs.load_all_recorded(EXPERIMENT, root=root) if r.manifest.gpu_name != "cpu"
     ]

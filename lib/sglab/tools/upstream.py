@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from sglab.tools.cli import Refused
+from sglab.tools.cli import Refused, _flag
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -19,10 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--releases", nargs="*", metavar="VERSION",
         help="classify released wheels: every release from 0.5.10 to the newest, or the "
         "ones listed")
-    p.add_argument("--offline", action="store_true",
-                   help="with --releases: no network; cached wheels, else the committed table")
-    p.add_argument("--no-write", action="store_true",
-                   help="with --releases: do not rewrite data/upstream/")
+    _flag(p, "--offline", "with --releases: no network; cached wheels, else the committed table")
+    _flag(p, "--no-write", "with --releases: do not rewrite data/upstream/")
     p.add_argument("--figure", default="reports/upstream_releases.png",
                    help="with --releases: where to save the timeline figure ('' for none)")
 

@@ -125,11 +125,9 @@ def live(progress: bool = True, only=None) -> tuple[list[runs.Run], list[str]]:
     return done, skipped
 
 
-def live_engines(progress: bool = True, only=None, *,
-                 run_one=None) -> tuple[list[runs.Run], list[str]]:
-    """Run each engine scenario whose fix states engine claims and this machine can start (``only``:
-    those experiments): (runs recorded under data/runs/, skipped with the reason)."""
-    run_one = run_one or eng.run
+def live_engines(progress: bool = True, only=None) -> tuple[list[runs.Run], list[str]]:
+    """Run each engine scenario with engine claims this machine can start (``only``: those
+    experiments): (runs recorded under data/runs/, skipped with the reason)."""
     echo = print if progress else (lambda _line: None)
     checked = {e.removeprefix("engine_") for e in fixes.experiments() if e.startswith("engine_")}
     done, skipped = [], []
@@ -143,7 +141,7 @@ def live_engines(progress: bool = True, only=None, *,
         results = []
         for spec in sc.specs():
             try:
-                results.append(run_one(spec, echo=echo))
+                results.append(eng.run(spec, echo=echo))
             except eng.EngineError as e:
                 skipped.append(f"{sc.name} {spec.variant}: {e}")
         if results:
@@ -215,8 +213,7 @@ class Verified:
 def verify_run(run: runs.Run, *, against: bool = False, reference: runs.Run | None = None,
                recorded: dict | None = None) -> Verified:
     """``run``'s claims; with ``against``, compared with ``reference`` or else with the record
-    (``recorded``: ``{experiment: runs}`` already loaded, filled as it goes, so that a record's
-    runs verified one after another are read and evaluated once)."""
+    (``recorded``: ``{experiment: runs}`` read once, filled as it goes)."""
     exp = run.manifest.experiment
     mod = fixes.claims(exp)
     if not against:
