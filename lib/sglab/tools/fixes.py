@@ -55,14 +55,12 @@ def claims(name: str):
     return _module(name, "claims")
 
 
-def card(name: str, live: list | tuple = ()) -> dict | None:
+def card(name: str, live: list | tuple = ()) -> dict:
     """The review card of fix ``name`` (:func:`sglab.core.card.parts`) over the runs a reader is
-    shown (or ``live``) and its recorded engine runs; None where its claims declare no ``CARD``."""
+    shown (or ``live``) and its recorded engine runs."""
     from sglab.core import card as K, claims as C, runs
 
     mod, fix = claims(name), get(name)
-    if not hasattr(mod, "CARD"):
-        return None
     shown = list(live) or C.shown(mod, runs.load_all_recorded(name))
     rs = runs.RunSet(shown, experiment=name) if shown else runs.NoRun(name, "none recorded")
     return K.parts(mod.CARD, fix, mod, rs, fix.recorded_engine())

@@ -14,7 +14,7 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sglab.core import claims, runs
+from sglab.core import runs
 from sglab.tools import nbtools, timings
 from sglab.tools.pages import notebook_title
 
@@ -45,30 +45,23 @@ NO_FACTS = {"card": "", "claim": "", "headline": "", "verdicts": [], "source": "
 
 
 def _facts(entry, live: list) -> dict:
-    """A notebook's claim facts over ``live`` runs, else the recorded ones a reader is shown:
-    ``card``, its review card as HTML with the engine's and the rebuild's verdict lines; a fix that
-    declares no card yet: its claim and headline."""
+    """A notebook's claim facts over ``live`` runs, else the recorded ones a reader is shown: a fix's
+    ``card``, its review card as HTML, with the engine's and the rebuild's verdict lines; else its
+    ``claim``."""
     facts = {
         **NO_FACTS, "claim": entry.claim if entry else "",
         "source": "measured live in this run" if live else "recorded runs"
     }
     if entry is None or not entry.experiment:
         return {**facts, "source": ""}
-    exp = entry.experiment
     try:
         from sglab.core import card as K
         from sglab.tools import fixes
 
-        p = fixes.card(exp, live)
-        if p is not None:
-            facts["card"] = code_spans(K.html_card(p))
-            facts["verdicts"] = ([f"real engine: {v}" for v in p["engine_verdicts"]]
-                                 + [f"rebuild: {v}" for v in p["rebuild_verdicts"]])
-            return facts
-        mod = fixes.claims(exp)
-        shown = live or claims.shown(mod, runs.load_all_recorded(exp))
-        facts["headline"] = claims.headline(mod, shown) if shown else "no recorded run yet"
-        facts["verdicts"] = [claims.verdict_line(claims.evaluate(mod, r), r) for r in shown]
+        p = fixes.card(entry.experiment, live)
+        facts["card"] = code_spans(K.html_card(p))
+        facts["verdicts"] = ([f"real engine: {v}" for v in p["engine_verdicts"]]
+                             + [f"rebuild: {v}" for v in p["rebuild_verdicts"]])
     except Exception as e:  # noqa: BLE001 - a claims module must not lose the report
         facts["headline"] = f"headline unavailable: {type(e).__name__}: {e}"
     return facts

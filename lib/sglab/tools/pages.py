@@ -38,22 +38,15 @@ def run_one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pag
 
     r = nbtools.execute(p, cell_timeout=cell_timeout, params=params, partial_dir=out)
     nbformat.write(r.nb, out / p.name)
-    if html_pages and nbtools.stop_requested():  # a stopped run has no time for the whole page
-        _stopped_page(r, out / f"{p.stem}.html", notebook_title(r.nb, p.stem))
+    page, title, name = out / f"{p.stem}.html", notebook_title(r.nb, p.stem), html.escape(p.name)
+    if html_pages and nbtools.stop_requested():  # a stopped run: what happened, and the notebook
+        page.write_text(
+            _plain_page(
+                title, f"<p>{html.escape(status_line(r))}</p><pre>{html.escape(r.error)}</pre>"
+                f"<p>The executed part: <a href='{name}'>{name}</a></p>"), encoding="utf-8")
     elif html_pages:
-        write_page(r.nb, out / f"{p.stem}.html", title=notebook_title(r.nb, p.stem),
-                   status=status_line(r))
+        write_page(r.nb, page, title=title, status=status_line(r))
     return r
-
-
-def _stopped_page(r, path: Path, title: str) -> Path:
-    """The page of a notebook a stopped run cut short: what happened, and its partial notebook."""
-    name = html.escape(r.path.name)
-    path.write_text(
-        _plain_page(
-            title, f"<p>{html.escape(status_line(r))}</p><pre>{html.escape(r.error)}</pre>"
-            f"<p>The executed part: <a href='{name}'>{name}</a></p>"), encoding="utf-8")
-    return path
 
 
 def _plain_page(title: str, body: str) -> str:

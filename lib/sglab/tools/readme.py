@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from sglab.core import card, claims, runs
+from sglab.core import card, runs
 from sglab.tools import fixes, ledger
 
 
@@ -20,15 +20,8 @@ LAYERS = ("tools", *fixes.NAMES, "sglang", "core")  # top to bottom: imports onl
 
 def row(e: fixes.Notebook) -> str:
     """A notebook's row: what its review card says (:func:`sglab.core.card.summary`), or its claim
-    and headline where its fix declares no card yet."""
-    text = e.claim
-    p = fixes.card(e.experiment) if e.experiment else None
-    if p is not None:
-        text = card.summary(p)
-    elif e.experiment:
-        mod = fixes.claims(e.experiment)
-        shown = claims.shown(mod, runs.load_all_recorded(e.experiment))
-        text = f"{e.claim} {claims.headline(mod, shown)}" if shown else text + " (no run yet)"
+    (00, 07)."""
+    text = card.summary(fixes.card(e.experiment)) if e.experiment else e.claim
     text = " ".join(str(text).split()).replace("|", "\\|")
     return f"| `{e.stem}` | {e.upstream} | {text} | {e.gpus if e.gpus < 2 else f'{e.gpus}–4'} |"
 
