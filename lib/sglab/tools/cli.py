@@ -403,8 +403,7 @@ def _workbook_commands(sub) -> None:
 
 
 def _evidence_commands(sub) -> None:
-    """upstream, index, the investigation commands, verify, real: what reads releases, runs and a
-    user's setup."""
+    """upstream, index, the investigation commands, verify, real, engine."""
     from sglab.tools import engine_cmd
     from sglab.tools import upstream as upstream_command
 

@@ -67,8 +67,7 @@ def card(name: str, live: list | tuple = ()) -> dict:
 
 
 def experiments() -> tuple[str, ...]:
-    """What ``sglab verify`` checks: each fix's rebuild runs, then the real-engine runs of each fix
-    whose claims state what the engine must show (``claims.ENGINE``)."""
+    """What ``sglab verify`` checks: each fix, then ``engine_<fix>`` where it has ``ENGINE``."""
     return NAMES + tuple(f"engine_{n}" for n in NAMES if hasattr(claims(n), "ENGINE"))
 
 
@@ -115,13 +114,12 @@ def by_stem(stem: str) -> Optional[Notebook]:
 
 # -- the real-engine scenarios, from each fix's record (``FIX.engine``)
 def scenarios() -> tuple:
-    """Every fix's real-engine scenarios (:class:`sglab.sglang.engine.Scenario`), in notebook
-    order."""
+    """Every fix's real-engine scenarios (:class:`sglab.sglang.engine.Scenario`), in order."""
     return tuple(s for f in FIXES for s in (f.engine or ()))
 
 
 def adjustments() -> tuple:
-    """Every harness adjustment the fixes' scenarios build, once each (``sglab engine --adjust``)."""
+    """Every harness adjustment the fixes' scenarios build, once each (for ``--adjust``)."""
     seen = {}
     for a in (a for sc in scenarios() for c in sc.cases for a in c.adjustments):
         if not isinstance(a, str):

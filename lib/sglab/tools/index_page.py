@@ -45,9 +45,8 @@ NO_FACTS = {"card": "", "claim": "", "headline": "", "verdicts": [], "source": "
 
 
 def _facts(entry, live: list) -> dict:
-    """A notebook's claim facts over ``live`` runs, else the recorded ones a reader is shown: a fix's
-    ``card``, its review card as HTML, with the engine's and the rebuild's verdict lines; else its
-    ``claim``."""
+    """A notebook's claim facts over ``live`` runs, else the recorded ones a reader is shown: a
+    fix's ``card`` (its review card as HTML) and verdict lines; else its ``claim``."""
     facts = {
         **NO_FACTS, "claim": entry.claim if entry else "",
         "source": "measured live in this run" if live else "recorded runs"
@@ -74,13 +73,12 @@ def code_spans(page: str) -> str:
 
 def inline_markdown(text: str) -> str:
     """Escaped text with its `code` spans as <code> (claims are written in markdown)."""
-    parts = html.escape(text).split("`")
-    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+    return code_spans(html.escape(text))
 
 
 def card(r, live_time: str, recorded: dict | None = None, earlier: str = "") -> str:
-    """The HTML of one notebook's card (``recorded``: its facts over the recorded runs, read already;
-    ``earlier``: when an earlier run that left it in the index ran)."""
+    """The HTML of one notebook's card (``recorded``: its facts over the recorded runs, read
+    already; ``earlier``: when an earlier run that left it in the index ran)."""
     from sglab.tools.fixes import by_stem
 
     entry = by_stem(r.path.stem)
@@ -111,8 +109,8 @@ def _stamp(t: float) -> str:
 
 
 def earlier_entries(out: Path, ran: set) -> list:
-    """The entries of ``out/index.json`` (an earlier run into the folder) for notebooks not in ``ran``
-    whose page is still there, each with ``ran_utc`` (else the page's time)."""
+    """The entries of ``out/index.json`` (an earlier run into the folder) for notebooks not in
+    ``ran`` whose page is still there, each with ``ran_utc`` (else the page's time)."""
     try:
         entries = json.loads((out / "index.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):

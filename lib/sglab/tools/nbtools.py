@@ -60,8 +60,7 @@ def check_pair(ipynb: Path) -> list[str]:
 
 
 def _stable_ids(nb, previous) -> None:
-    """The ids ``nb``'s cells had in ``previous`` where type and source still match, else one
-    derived from the content."""
+    """The ids ``nb``'s cells had in ``previous`` (same type and source), else a content hash."""
     old = {}
     for c in (previous.cells if previous is not None else []):
         old.setdefault((c.cell_type, c.source), []).append(c.get("id"))
@@ -78,7 +77,6 @@ def _stable_ids(nb, previous) -> None:
 # in the checkout's git folder (never committed): each notebook's cells when its two halves last
 # agreed, written by every sync
 PAIRED = "sglab-paired.json"
-SIDES = ("py", "ipynb")
 
 
 class PairConflict(ValueError):
@@ -122,8 +120,7 @@ def _paired_record(folder: Path) -> Path | None:
     return (folder / where.strip()) if where and where.strip() else None
 
 
-def _read_record(folder: Path) -> dict:
-    path = _paired_record(folder)
+def _read_record(path: Path | None) -> dict:
     try:
         return json.loads(path.read_text()) if path else {}
     except (OSError, ValueError):
@@ -134,7 +131,7 @@ def _note_paired(py: Path, cells) -> None:
     path = _paired_record(py.parent)
     if path is None:
         return
-    record = _read_record(py.parent)
+    record = _read_record(path)
     record[str(py.resolve().with_suffix(""))] = _digest(cells)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
@@ -147,9 +144,7 @@ def pair_side(py: Path, prefer: str | None = None) -> str | None:
     sync, or committed at HEAD) is the unchanged one; both changed: :class:`PairConflict`; neither:
     the .py; outside git and never synced: the newer file."""
     ipynb = py.with_suffix(".ipynb")
-    if prefer is not None:
-        if prefer not in SIDES:
-            raise ValueError(f"--from {prefer}: one of {', '.join(SIDES)}")
+    if prefer is not None:  # "py" or "ipynb" (sglab sync --from)
         if not (py if prefer == "py" else ipynb).exists():
             raise ValueError(f"{py.stem}: no {(py if prefer == 'py' else ipynb).name} to pair from")
         return prefer
@@ -164,7 +159,7 @@ def pair_side(py: Path, prefer: str | None = None) -> str | None:
     if head_p is not None and (p, n) == (head_p, head_n):
         return "py"
     paired = {_digest(c) for c in (head_p, head_n) if c is not None}
-    recorded = _read_record(py.parent).get(str(py.resolve().with_suffix("")))
+    recorded = _read_record(_paired_record(py.parent)).get(str(py.resolve().with_suffix("")))
     paired |= {recorded} if recorded else set()
     if not paired:
         return "ipynb" if ipynb.stat().st_mtime > py.stat().st_mtime else "py"
@@ -291,8 +286,7 @@ def unknown_parameters(paths: list[Path], params: dict) -> str:
 
 
 def inject_parameters(nb, params: dict) -> None:
-    """Insert a cell assigning ``params`` right after the cell tagged ``parameters`` (papermill's
-    convention)."""
+    """Insert a cell assigning ``params`` after the ``parameters`` cell (papermill's convention)."""
     import nbformat
 
     if not params:

@@ -32,8 +32,7 @@ def status_line(r) -> str:
 
 
 def run_one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pages: bool):
-    """Execute one notebook and write its executed copy and page (in a worker process of `sglab
-    run`, :func:`worker`)."""
+    """Execute one notebook and write its executed copy and page (in a worker of `sglab run`)."""
     import nbformat
 
     r = nbtools.execute(p, cell_timeout=cell_timeout, params=params, partial_dir=out)
@@ -105,8 +104,7 @@ def _watch_parent(parent: int, folder: str) -> None:
 
 
 def notebook_title(nb, fallback: str) -> str:
-    """The first ``# heading`` of the first markdown cell that has one (markdown markup stripped),
-    else ``fallback`` (the file stem)."""
+    """The first markdown cell's first ``# heading`` (its markup stripped), else ``fallback``."""
     for cell in nb.cells:
         if cell.cell_type != "markdown":
             continue
@@ -142,8 +140,7 @@ def contents(nb) -> dict:
 
 @lru_cache(maxsize=1)
 def exporter():
-    """The HTMLExporter on the ``sglab`` template, built once per process (it reads the templates).
-    """
+    """The HTMLExporter on the ``sglab`` template, built once per process."""
     from nbconvert import HTMLExporter
 
     return HTMLExporter(extra_template_basedirs=[str(TEMPLATES)], template_name="sglab")
@@ -161,8 +158,7 @@ def render(nb, *, title: str, status: str = "") -> str:
 
 
 def write_page(nb, path: Path, *, title: str, status: str = "") -> Path:
-    """Write the page; a notebook nbconvert cannot render still gets a page that says why (and links
-    back)."""
+    """Write the page (one that says why, where nbconvert cannot render the notebook)."""
     try:
         body = render(nb, title=title, status=status)
     except Exception as e:  # noqa: BLE001 - one broken page must not lose the rest of the report

@@ -19,8 +19,8 @@ def calls() -> list[tuple[str, Optional[dict], tuple]]:
 
 
 def record(*, jobs: int = 2, progress=print):
-    """Run every call live, one worker per release (``jobs`` at a time), and write the recording;
-    returns its CSV path. A release that did not run stops it: nothing is recorded."""
+    """Run every call live, one worker per release (``jobs`` at a time), and write the recording
+    (its CSV path); a release that did not run stops it."""
     t0 = time.perf_counter()
     asked = calls()
 

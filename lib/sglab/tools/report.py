@@ -31,8 +31,7 @@ from sglab.tools.pages import status_line
 
 
 def default_jobs() -> int:
-    """Notebooks run at a time: one where a GPU is visible (live timings must not share it), else up
-    to two."""
+    """Notebooks at a time: 1 where a GPU is visible (live timings must not share it), else 2."""
     return 1 if hardware.has_cuda() else max(1, min(2, os.cpu_count() or 1))
 
 
@@ -261,7 +260,7 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None,
         progress(f"{len(paths)} notebooks, {jobs} at a time …")
     with stopping() as signals:
         signals.final = False
-        # while the workers run, this process reads the machine and the recorded claims for the index
+        # while the workers run, this process reads the machine and recorded claims for the index
         facts = _Facts(paths, env_rows) if jobs > 1 and len(paths) > 1 else None
         done, stopped = _run_workers(paths, out, params, cell_timeout, html_pages, jobs, signals,
                                      progress)

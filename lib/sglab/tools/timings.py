@@ -30,8 +30,7 @@ def _start_stamp(execution: dict):
 
 
 def cell_seconds(cell) -> float | None:
-    """Wall time of an executed code cell (busy → idle, or to its last reply where interrupted), None
-    for a cell that did not run."""
+    """Wall time of an executed code cell (busy → idle or last reply), None where it did not run."""
     ex = cell.get("metadata", {}).get("execution") or {}
     start, end = _start_stamp(ex), ex.get("iopub.status.idle") or ex.get("shell.execute_reply")
     if not start or not end:
@@ -72,7 +71,7 @@ def cell_rows(nb, stem: str, mode: str, total_s: float) -> list[dict]:
 
 
 def live_runs(result, runs_root=None) -> list:
-    """CSV paths of the runs a live notebook wrote while it ran (under ``runs_root`` or data/runs/)."""
+    """CSV paths of the runs a live notebook wrote while it ran (under ``runs_root``/data/runs)."""
     from sglab.tools.fixes import by_stem
 
     entry = by_stem(result.path.stem)

@@ -17,14 +17,13 @@ from sglab.tools import fixes
 
 
 class BadInput(Exception):
-    """A missing or unreadable run, or an unknown experiment: reported in one line, exit status
-    2."""
+    """A missing or unreadable run, or an unknown experiment: one line, exit status 2."""
 
 
 # -- loading runs, with clear errors ---------------------------------------------------------------
 def load_run(path: str | Path, *, live: bool = False) -> runs.Run:
-    """Read a run (CSV + manifest) and check that it is whole: both parse, the tidy columns are there,
-    the experiment is known and the row count is the manifest's."""
+    """Read a run (CSV + manifest) and check that it is whole: both parse, the tidy columns are
+    there, the experiment is known and the row count is the manifest's."""
     import pandas as pd
 
     path = Path(path)
@@ -112,8 +111,7 @@ def record(name: str, params: dict | None = None, *, recorded: bool = False,
 
 
 def live(progress: bool = True, only=None) -> tuple[list[runs.Run], list[str]]:
-    """Record every fix this machine's GPUs can run (into data/runs/), or those of ``only``; (runs,
-    skipped-with-reason)."""
+    """Record every fix (or those of ``only``) this machine can run: (runs, skipped with why)."""
     done, skipped = [], []
     for name in [n for n in fixes.NAMES if only is None or n in only]:
         mod = fixes.measure(name)
@@ -237,8 +235,7 @@ def verify_run(run: runs.Run, *, against: bool = False, reference: runs.Run | No
 
 
 def _twin(run: runs.Run, record: list) -> runs.Run:
-    """The record's own copy of ``run`` where it is one of the record's runs, unchanged (its claims
-    then evaluated once), else ``run``."""
+    """The record's own copy of ``run`` where it is one, unchanged (its claims evaluated once)."""
     for c in record:
         if runs.same_file(c, run) and c.manifest == run.manifest and c.df.equals(run.df):
             return c
