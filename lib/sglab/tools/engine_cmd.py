@@ -75,11 +75,6 @@ def add_parser(sub) -> None:
     p.add_argument("server_args", nargs=argparse.REMAINDER, help="-- then SGLang server arguments")
 
 
-def _only(specs: list, patterns: list[str]) -> list:
-    """The specs whose case one of ``patterns`` matches (all of them without patterns)."""
-    return [sp for sp in specs if not patterns or any(fnmatch(sp.case, p) for p in patterns)]
-
-
 def _groups(args):
     """[(fix, [EngineSpec])] from the scenario options or the single-run options."""
     from sglab.sglang import engine as eng
@@ -94,9 +89,10 @@ def _groups(args):
         picked += found
     if picked:
         given = {k: v for k, v in (("cpus", cpus), ("timeout", args.timeout)) if v}
-        groups = [(s.fix, s.name,
-                   _only([replace(sp, **given) for sp in s.specs(args.release)], args.cases))
-                  for s in picked]
+        groups = [(s.fix, s.name, [
+            replace(sp, **given) for sp in s.specs(args.release) if not args.cases or any(
+                fnmatch(sp.case, p) for p in args.cases)
+        ]) for s in picked]
         for pattern in args.cases:
             if not any(fnmatch(sp.case, pattern) for _, _, specs in groups for sp in specs):
                 known = sorted({c.label for s in picked for c in s.all_cases()})
@@ -109,9 +105,7 @@ def _groups(args):
     if not args.release or not args.model:
         raise eng.EngineError("give --release and --model (or --scenario / --plan / --list)")
     eng.load_config(args.model)  # a bad config is said before what the machine lacks
-    argv = list(args.server_args)
-    if argv[:1] == ["--"]:
-        argv = argv[1:]
+    argv = args.server_args[1:] if args.server_args[:1] == ["--"] else args.server_args
     shape = dict(model=args.model, tool=args.tool, server_args=tuple(argv),
                  output_len=args.output_len, batch_sizes=tuple(args.batch_size),
                  input_lens=tuple(args.input_len), requests=tuple(args.requests),

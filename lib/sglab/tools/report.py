@@ -131,14 +131,12 @@ class _Worker:
         nb = nbformat.v4.new_notebook()
         with contextlib.suppress(Exception):  # the partial notebook, where it got that far
             nb = nbformat.read(self.out / self.path.name, as_version=4)
-        seconds = time.perf_counter() - self.t0
-        if stopped:
-            return nbtools.Result(
-                self.path, "interrupted", "?", seconds,
-                f"interrupted: stopped by a signal; its worker ended ({how}) "
-                "before it reported", nb=nb, stopped_by_signal=stopped)
-        return nbtools.Result(self.path, "failed", "?", seconds,
-                              f"the worker process running it died ({how})", nb=nb)
+        status, why = (("interrupted",
+                        f"interrupted: stopped by a signal; its worker ended ({how}) "
+                        "before it reported") if stopped else
+                       ("failed", f"the worker process running it died ({how})"))
+        return nbtools.Result(self.path, status, "?",
+                              time.perf_counter() - self.t0, why, nb=nb, stopped_by_signal=stopped)
 
 
 def _stop_workers(running: list, signals: _Signals, stopped: int, progress) -> None:
