@@ -316,9 +316,7 @@ def _run_command(args) -> int:
     # the signal that stopped the run, or one that reached a notebook alone: 128 + it, as a shell
     stopped = getattr(results, "signal", 0) or next(
         (r.stopped_by_signal for r in results if r.stopped_by_signal), 0)
-    if stopped:
-        return 128 + stopped
-    return 1 if failed else 0
+    return 128 + stopped if stopped else (1 if failed else 0)
 
 
 def cmd_timings(args) -> int:

@@ -1,9 +1,8 @@
 """``sglab engine``: a release's real engine on this GPU, for your model config and flags, with
 dummy weights.
 
-It prints what the engine decided (piecewise CUDA graph and SGLang's reason, capture sizes,
-breakable graph, decode graph batch sizes, attention backend) and its latencies; ``--scenario`` /
-``--plan`` run a fix's scenarios, ``--record`` writes the run. Errors are one line, exit 2."""
+It prints what the engine decided and its latencies; ``--scenario`` / ``--plan`` run a fix's
+scenarios, ``--record`` writes the run."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """Notebook 00, the front door: the reading order, "does it affect us?" (one row per fix, from its
 review card, its record and its recorded runs) and the glossary the fix notebooks lean on.
 
-Each table is a list of dicts (for tests) and markdown (for the notebook). A symptom is declared
-here in a line, with what it is derived from; a log line in it is only ever SGLang's own, read from
-the recorded probe answers or engine runs of an affected release.
+A symptom is declared here in a line, with what it is derived from; a log line in it is only ever
+SGLang's own, read from the recorded probe answers or engine runs of an affected release.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """The report's index page, ``reports/index.html`` (and ``index.json``): one card per notebook,
-what its review card says (:mod:`sglab.core.card`; a fix with no card yet: its claim and headline),
-its verdict lines, live time, how this run went and its first figure, then the environment of the
-run, folded away. Notebooks an earlier run into the folder ran keep their cards."""
+its review card (:mod:`sglab.core.card`) or claim, verdict lines, live time, how this run went and
+its first figure, then the run's environment. Notebooks an earlier run left keep their cards."""
 
 from __future__ import annotations
 
@@ -87,7 +86,8 @@ def card(r, live_time: str, recorded: dict | None = None, earlier: str = "") -> 
     title = notebook_title(r.nb, r.path.stem) if r.nb is not None else r.path.stem
     png = first_figure(r.nb) if r.nb is not None else None
     fig = (f"<a href='{html.escape(r.path.stem)}.html'><img alt='first figure of "
-           f"{html.escape(r.path.stem)}' src='{data_uri(thumbnail(png))}'></a>"
+           f"{html.escape(r.path.stem)}' src='data:image/png;base64,"
+           f"{base64.b64encode(thumbnail(png)).decode()}'></a>"
            if png else "<div class='nofig'>no figure</div>")
     verdicts = "".join(
         f"<div class='meta'>verdict: {html.escape(v)}</div>" for v in facts["verdicts"])
@@ -192,18 +192,12 @@ def first_figure(nb) -> bytes | None:
 
 
 def thumbnail(png: bytes, width: int = 360) -> bytes:
-    """``png`` scaled down to ``width`` pixels (as it is without Pillow)."""
-    try:
-        from PIL import Image
-    except ImportError:
-        return png
+    """``png`` scaled down to ``width`` pixels (Pillow comes with matplotlib)."""
+    from PIL import Image
+
     img = Image.open(io.BytesIO(png))
     if img.width > width:
         img = img.resize((width, max(1, round(img.height * width / img.width))), Image.LANCZOS)
     buf = io.BytesIO()
     img.save(buf, format="PNG", optimize=True)
     return buf.getvalue()
-
-
-def data_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode()

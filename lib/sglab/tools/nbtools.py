@@ -238,21 +238,8 @@ def py_source(nb) -> str:
     ``text_representation`` block (jupytext's version) in the header."""
     import jupytext
 
-    out, skip_deeper = [], None
-    header = True
-    for i, line in enumerate(jupytext.writes(nb, fmt="py:percent").splitlines(keepends=True)):
-        if header and i > 0 and line.rstrip() == "# ---":
-            header = False
-        if header:
-            indent = len(line) - len(line.lstrip("# "))
-            if skip_deeper is not None and indent > skip_deeper:
-                continue
-            skip_deeper = None
-            if line.lstrip("# ").startswith("text_representation:"):
-                skip_deeper = indent
-                continue
-        out.append(line)
-    return "".join(out)
+    text = jupytext.writes(nb, fmt="py:percent")
+    return re.sub(r"^(# +)text_representation:\n(?:\1  .*\n)*", "", text, count=1, flags=re.M)
 
 
 def parameter_names(path: Path) -> list[str]:

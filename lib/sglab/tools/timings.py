@@ -1,8 +1,7 @@
 """Where a notebook's wall time goes: per cell, grouped into phases, saved as a ``workbook`` run.
 
 A cell's phase is the ``##`` section it sits in or its ``phase:NAME`` tag; "kernel start + stop" is
-what no cell accounts for, so the phases add up to the wall time. The report index and notebook 00
-read each notebook's live time from the newest record per GPU model."""
+what no cell accounts for, so the phases add up to the wall time."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """``sglab upstream``: which fixes an SGLang has — the installed one, a source tree, or every
 release.
 
-``--root DIR`` reads a source tree, ``--releases [V ...]`` every release from 0.5.10 (or those
-listed) from its wheel; a full run rewrites ``data/upstream/`` (the table and the PR hunks)."""
+A full ``--releases`` run rewrites ``data/upstream/`` (the table and the PR hunks)."""
 
 from __future__ import annotations
 
