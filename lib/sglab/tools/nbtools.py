@@ -376,7 +376,7 @@ def _stop_kernel(client, km, folder: str, loop) -> str:
 # in a process that called :func:`stop_on_signals` (a worker of `sglab run`): the signals that asked
 # it to stop, in order
 _STOPS: list[int] = []
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, `kill`, a closed tty
 
 
 def _note_stop(signum, _frame) -> None:
@@ -387,7 +387,7 @@ def stop_on_signals(before: tuple = ()) -> None:
     """From now on SIGINT, SIGTERM and SIGHUP only ask this process to stop (a notebook executing
     stops its kernel and reports interrupted); ``before``: signals noted already."""
     _STOPS.extend(int(s) for s in before)
-    for s in _STOP_SIGNALS:
+    for s in STOP_SIGNALS:
         signal.signal(s, _note_stop)
 
 

@@ -47,14 +47,10 @@ class Ran(list):
     signal: int = 0
 
 
-# the signals that stop a run (Ctrl-C, `kill`, a closed terminal)
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
 class _Signals:
-    """This process's handler of :data:`STOP_SIGNALS` while a run holds it: the first asks the run
-    to stop, a second ends the workers at once, or once the run is ``final``, exits (128 + the
-    first)."""
+    """This process's handler of the stop signals while a run holds it: the first asks the run to
+    stop, a second ends the workers at once, or once the run is ``final``, exits (128 + the first).
+    """
 
     def __init__(self):
         self.received: list[int] = []
@@ -73,7 +69,7 @@ class _Signals:
         global _HOLDER
         self._depth += 1
         if self._depth == 1 and threading.current_thread() is threading.main_thread():
-            self._saved = {s: signal.signal(s, self) for s in STOP_SIGNALS}
+            self._saved = {s: signal.signal(s, self) for s in nbtools.STOP_SIGNALS}
             _HOLDER = self
         return self
 
