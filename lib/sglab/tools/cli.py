@@ -110,7 +110,7 @@ def cmd_sync(args) -> int:
     sides, refused = {}, []
     for py in nbtools.pairs():
         try:
-            sides[py] = nbtools.pair_side(py, getattr(args, "side", None))
+            sides[py] = nbtools.pair_side(py, args.side)
         except ValueError as e:
             refused.append(f"sglab sync: {e}")
     if refused:
@@ -148,8 +148,7 @@ def cmd_verify(args) -> int:
         raise Refused(f"--junit {args.junit}: no such folder {Path(args.junit).resolve().parent}")
     try:
         if args.against in fixes.experiments() and not Path(args.against).exists():
-            # `--against EXP`: EXP is what to verify (with --live: what to run here), compared
-            # with its recorded reference; argparse hands the name to --against's optional value
+            # `--against EXP`: argparse hands EXP, what to verify, to --against's optional value
             args.targets, args.against = [args.against, *args.targets], "auto"
         if args.against not in (None, "auto") and not Path(args.against).exists():
             raise verify.BadInput(f"--against {args.against}: no such experiment or run file; "
@@ -199,11 +198,6 @@ def cmd_workspace(args) -> int:
 
     if args.world_size < 2:
         raise Refused("the fused all-reduce needs --world-size >= 2")
-    for flag, value, low in (("--hidden", args.hidden, 1), ("--pcg-max-tokens", args.pcg_max_tokens,
-                                                            0), ("--pre-initialize",
-                                                                 args.pre_initialize, 0)):
-        if value < low:
-            raise Refused(f"{flag} {value}: must be at least {low}")
     try:
         trace = ws.read_trace(args.trace, pcg_max_tokens=args.pcg_max_tokens)
     except ws.TraceError as e:
@@ -232,9 +226,6 @@ def cmd_capture_sizes(args) -> int:
 def cmd_swa_cost(args) -> int:
     from sglab.swa_loc import model_config as sc
 
-    for flag, value in (("--batch-size", args.batch_size), ("--max-bs", args.max_bs)):
-        if value < 1:
-            raise Refused(f"{flag} {value}: must be at least 1")
     try:
         lay = sc.read_config(args.config)
     except sc.ConfigError as e:
@@ -256,8 +247,7 @@ def cmd_swa_cost(args) -> int:
 def _resolve_notebooks(names: list[str]) -> list[Path]:
     from sglab.tools import nbtools
 
-    all_nbs = [nbtools.notebooks_dir() / "00_start_here.ipynb"] + nbtools.all_notebooks()
-    all_nbs = list(dict.fromkeys(p for p in all_nbs if p.exists()))
+    all_nbs = nbtools.all_notebooks()
     if not names:
         return all_nbs
     picked = []
@@ -273,8 +263,7 @@ def _resolve_notebooks(names: list[str]) -> list[Path]:
 def cmd_run(args) -> int:
     from sglab.tools.report import stopping
 
-    # a stop signal (Ctrl-C, SIGTERM, SIGHUP) from here to the last line ends the command as one
-    # during the run does: what ran is reported, and the status is 128 + the signal
+    # a stop signal from here to the last line ends the command with 128 + the signal
     with stopping() as signals:
         status = _run_command(args)
         return 128 + signals.received[0] if signals.received else status
@@ -324,13 +313,10 @@ def _run_command(args) -> int:
             results, args.record, not failed and len(results) == len(paths), params={
                 "notebooks": [p.stem for p in paths], "cell_timeout": args.cell_timeout, **params
             })
-    # the signal that stopped the run (this process's own, else one that reached a notebook alone):
-    # 128 + it, as a shell reports it (Ctrl-C 130, SIGTERM 143)
+    # the signal that stopped the run, or one that reached a notebook alone: 128 + it, as a shell
     stopped = getattr(results, "signal", 0) or next(
         (r.stopped_by_signal for r in results if r.stopped_by_signal), 0)
-    if stopped:
-        return 128 + stopped
-    return 1 if failed else 0
+    return 128 + stopped if stopped else (1 if failed else 0)
 
 
 def cmd_timings(args) -> int:
@@ -415,8 +401,7 @@ def _workbook_commands(sub) -> None:
 
 
 def _evidence_commands(sub) -> None:
-    """upstream, index, the investigation commands, verify, real: what reads releases, runs and a
-    user's setup."""
+    """upstream, index, the investigation commands, verify, real, engine."""
     from sglab.tools import engine_cmd
     from sglab.tools import upstream as upstream_command
 
@@ -514,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.choices[action.dest].description = (sub.choices[action.dest].description or action.help)
     args = ap.parse_args(argv)
     try:
-        _not_positive(args)
+        _check_numbers(args)
         code = int(args.fn(args) or 0)
         sys.stdout.flush()  # a reader that went away is found here, not at exit
     except Refused as e:
@@ -525,44 +510,48 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-# numbers a command needs above 0, checked once parsed: (command, argument) -> its flag
-POSITIVE = {("run", "cell_timeout"): "--cell-timeout",
-            ("capture-sizes", "gpu_mem_gb"): "--gpu-mem-gb"}
+# numbers a command needs above 0, and integers it needs at least a floor, checked once parsed
+POSITIVE = {"run": "cell_timeout", "capture-sizes": "gpu_mem_gb"}
+AT_LEAST = {
+    "workspace": {"hidden": 1, "pcg_max_tokens": 0, "pre_initialize": 0},
+    "swa-cost": {"batch_size": 1, "max_bs": 1}
+}
 
 
-def _not_positive(args) -> None:
-    """Refuse the first of :data:`POSITIVE` given at 0 or below (or not finite)."""
-    for (cmd, dest), flag in POSITIVE.items():
-        value = getattr(args, dest, None) if args.cmd == cmd else None
-        if value is not None and not (math.isfinite(value) and value > 0):
-            why = "more than 0" if math.isfinite(value) else "a finite number"
-            raise Refused(f"{flag} {value:g}: must be {why}")
+def _check_numbers(args) -> None:
+    """Refuse the first number of :data:`POSITIVE` or :data:`AT_LEAST` out of its range."""
+    dest = POSITIVE.get(args.cmd)
+    value = getattr(args, dest) if dest else None
+    if value is not None and not (math.isfinite(value) and value > 0):
+        why = "more than 0" if math.isfinite(value) else "a finite number"
+        raise Refused(f"--{dest.replace('_', '-')} {value:g}: must be {why}")
+    for dest, low in AT_LEAST.get(args.cmd, {}).items():
+        if getattr(args, dest) < low:
+            raise Refused(
+                f"--{dest.replace('_', '-')} {getattr(args, dest)}: must be at least {low}")
 
 
 class _Version(argparse.Action):
-    """``--version``: ``sglab <version>``, the package metadata read only when asked."""
+    """``--version``: ``sglab <version>`` (the package metadata, or where the checkout is not
+    installed, pyproject.toml's), read only when asked."""
 
     def __init__(self, option_strings, dest, **kwargs):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(f"sglab {_version()}")
+        import importlib.metadata as md
+
+        try:
+            version = md.version("sglab")
+        except md.PackageNotFoundError:
+            import tomllib
+
+            from sglab.core.runs import repo_root
+
+            version = tomllib.loads(
+                (repo_root() / "pyproject.toml").read_text())["project"]["version"]
+        print(f"sglab {version}")
         parser.exit()
-
-
-def _version() -> str:
-    """The installed package's version (its metadata), or where the checkout is not installed, the
-    one pyproject.toml states."""
-    import importlib.metadata as md
-
-    try:
-        return md.version("sglab")
-    except md.PackageNotFoundError:
-        import tomllib
-
-        from sglab.core.runs import repo_root
-
-        return tomllib.loads((repo_root() / "pyproject.toml").read_text())["project"]["version"]
 
 
 def _reader_gone() -> int:

@@ -1,9 +1,8 @@
 """``sglab engine``: a release's real engine on this GPU, for your model config and flags, with
 dummy weights.
 
-It prints what the engine decided (piecewise CUDA graph and SGLang's reason, capture sizes,
-breakable graph, decode graph batch sizes, attention backend) and its latencies; ``--scenario`` /
-``--plan`` run a fix's scenarios, ``--record`` writes the run. Errors are one line, exit 2."""
+It prints what the engine decided and its latencies; ``--scenario`` / ``--plan`` run a fix's
+scenarios, ``--record`` writes the run."""
 
 from __future__ import annotations
 
@@ -20,12 +19,13 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from sglab.core import hardware, procs
+from sglab.tools.cli import Refused, _command, _flag
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "engine", help="a release's real engine on this GPU: its decisions and latencies for your "
-        "model config and flags (dummy weights)",
+    p = _command(
+        sub, main, "engine", help="a release's real engine on this GPU: its decisions and "
+        "latencies for your model config and flags (dummy weights)",
         description="sglab engine --release V --model CONFIG.json [options] [-- SERVER ARGS]")
     p.add_argument("--release", nargs="+", action="extend", metavar="V", help="release(s) to start")
     p.add_argument("--model", type=Path, help="a Hugging Face config.json (or its folder)")
@@ -45,8 +45,7 @@ def add_parser(sub) -> None:
                    help="serve: prompts per pass and request in flight (default 4)")
     p.add_argument("--output-len", type=int, default=16, help="tokens decoded per request")
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each shape")
-    p.add_argument("--profile", action="store_true",
-                   help="bench: torch.profiler decode trace, kernels per replay")
+    _flag(p, "--profile", "bench: torch.profiler decode trace, kernels per replay")
     p.add_argument("--adjust", action="append", default=[], metavar="NAME",
                    help="a named harness adjustment")
     p.add_argument("--case", default="", help="label of this run (variant release+case)")
@@ -64,21 +63,15 @@ def add_parser(sub) -> None:
         "--cases", nargs="+", action="extend", default=[], metavar="GLOB",
         help="with --scenario/--plan: only the cases these patterns match ('w512-*'), "
         "to split a long scenario over several calls")
-    p.add_argument("--list", action="store_true", help="list the scenarios")
-    p.add_argument("--record", action="store_true", help="write the run (data/runs/engine_<fix>/)")
+    _flag(p, "--list", "list the scenarios")
+    _flag(p, "--record", "write the run (data/runs/engine_<fix>/)")
     p.add_argument("--fix", default="custom",
                    help="experiment engine_<fix> of a recorded run without scenario")
     p.add_argument("--out", type=Path, help="runs root for --record (default data/runs)")
     p.add_argument("--work", type=Path,
                    help="folder for each engine's log, model folder and traces")
-    p.add_argument("--dry-run", action="store_true", help="print each command; start nothing")
+    _flag(p, "--dry-run", "print each command; start nothing")
     p.add_argument("server_args", nargs=argparse.REMAINDER, help="-- then SGLang server arguments")
-    p.set_defaults(fn=main)
-
-
-def _only(specs: list, patterns: list[str]) -> list:
-    """The specs whose case one of ``patterns`` matches (all of them without patterns)."""
-    return [sp for sp in specs if not patterns or any(fnmatch(sp.case, p) for p in patterns)]
 
 
 def _groups(args):
@@ -94,12 +87,11 @@ def _groups(args):
             raise KeyError(f"no scenario for notebook {args.plan}")
         picked += found
     if picked:
-
-        def timed(specs):
-            specs = [replace(sp, cpus=cpus) for sp in specs] if cpus else specs
-            return [replace(sp, timeout=args.timeout) for sp in specs] if args.timeout else specs
-
-        groups = [(s.fix, s.name, _only(timed(s.specs(args.release)), args.cases)) for s in picked]
+        given = {k: v for k, v in (("cpus", cpus), ("timeout", args.timeout)) if v}
+        groups = [(s.fix, s.name, [
+            replace(sp, **given) for sp in s.specs(args.release) if not args.cases or any(
+                fnmatch(sp.case, p) for p in args.cases)
+        ]) for s in picked]
         for pattern in args.cases:
             if not any(fnmatch(sp.case, pattern) for _, _, specs in groups for sp in specs):
                 known = sorted({c.label for s in picked for c in s.all_cases()})
@@ -112,9 +104,7 @@ def _groups(args):
     if not args.release or not args.model:
         raise eng.EngineError("give --release and --model (or --scenario / --plan / --list)")
     eng.load_config(args.model)  # a bad config is said before what the machine lacks
-    argv = list(args.server_args)
-    if argv[:1] == ["--"]:
-        argv = argv[1:]
+    argv = args.server_args[1:] if args.server_args[:1] == ["--"] else args.server_args
     shape = dict(model=args.model, tool=args.tool, server_args=tuple(argv),
                  output_len=args.output_len, batch_sizes=tuple(args.batch_size),
                  input_lens=tuple(args.input_len), requests=tuple(args.requests),
@@ -146,9 +136,8 @@ def _cpus(text: str) -> tuple[int, ...]:
 
 
 def _dry_run(spec, work, said: set) -> None:
-    """Print the command a spec would start (and why it would stop), starting nothing. ``said``:
-    what was printed already for the scenario's earlier engines (each harness adjustment's reason,
-    each release that would stop), said once."""
+    """Print the command a spec would start (and why it would stop), starting nothing; ``said``:
+    what the scenario's earlier engines printed already."""
     from sglab.sglang import engine as eng
 
     with tempfile.TemporaryDirectory(prefix="sglab-engine-") as tmp:
@@ -175,16 +164,14 @@ def _dry_run(spec, work, said: set) -> None:
 
 
 def _too_few_gpus(name: str, specs) -> str:
-    """Why this machine cannot start these specs ('' when it can): each needs its TP size in GPUs
-    (:func:`fixes.short_of`). Where torch sees no CUDA but the driver sees GPUs, the release's pin
-    check says why (this torch); where the driver sees none either, no torch would help."""
+    """Why this machine cannot start these specs ('' when it can, or where only this torch lacks
+    CUDA: the release's pin check says why): each needs its TP size in GPUs."""
     from sglab.tools import fixes
 
     need = max((sp.tp_size for sp in specs), default=1)
     if not hardware.has_cuda():
-        if hardware.gpu_count():
-            return ""  # GPUs this torch cannot use: the release's pin check says why
-        return f"{name or 'this engine'}: no CUDA GPU here; needs {need}"
+        return "" if hardware.gpu_count(
+        ) else f"{name or 'this engine'}: no CUDA GPU here; needs {need}"
     return fixes.short_of(name or "this engine", need, hardware.gpu_count()) if need > 1 else ""
 
 
@@ -194,14 +181,13 @@ HOST_COST = ("import json; from sglab.core.timing import launch_cost_us; "
 
 def host_launch_cost(timeout: float = 120.0, cpus: tuple = ()) -> dict:
     """The host's per-launch cost (µs, :func:`sglab.core.timing.launch_cost_us`) in a process of its
-    own (this one holds no CUDA context beside the engines), on ``cpus``; ``{"error": ...}`` else.
-    """
+    own on ``cpus``; ``{"error": ...}`` else."""
     return procs.in_own_process(HOST_COST, timeout, cpus)
 
 
 def _run_specs(args, name: str, specs: list, alone: bool, results: list) -> int:
-    """Each spec's engine in turn, its result appended to ``results`` as it ends: exit status 2
-    where one could not start, 1 where one failed; a release that cannot start is said once."""
+    """Each spec's engine in turn, its result appended to ``results``: exit status 2 where one could
+    not start, 1 where one failed; a release that cannot start is said once."""
     from sglab.sglang import engine as eng
 
     status, refused, skipped = 0, {}, Counter()  # refused: {release: why it cannot start here}
@@ -241,8 +227,8 @@ def _run_specs(args, name: str, specs: list, alone: bool, results: list) -> int:
 
 
 def _same_failure(specs: list, results: list, release: str) -> str:
-    """Where every variant of ``release`` has started once and each failed with the same error, that
-    error (the later starts would end the same way: they are not started); else ``""``."""
+    """The error every variant of ``release`` failed its first start with, where they all did (its
+    later starts are not started); else ``""``."""
     variants = {sp.variant for sp in specs if sp.release == release}
     mine = [r for r in results if r.spec.release == release]
     errors = {re.sub(r" \(log: [^)]*\)$", "", (r.error or "\n").splitlines()[0]) for r in mine}
@@ -255,7 +241,7 @@ def _same_failure(specs: list, results: list, release: str) -> str:
 
 def _record_partial(args, fix: str, results: list, specs: list, host: dict, stop) -> None:
     """The engines that finished before a signal stopped the scenario, recorded under
-    ``<out>/partial/`` with a ``partial`` entry (what ran, what did not, why): never a record."""
+    ``<out>/partial/`` with what ran, what did not and why."""
     from sglab.core.runs import data_dir
     from sglab.sglang import engine as eng
 
@@ -300,8 +286,7 @@ def main(args) -> int:
                     f"releases: {' '.join(fixes.scenario(name).releases)})")
         status = 0
         if not args.dry_run:
-            # a plan skips the scenarios this machine has too few GPUs for (the TP-4 ones on 2
-            # GPUs); a run named alone stops with one line
+            # a plan skips the scenarios this machine has too few GPUs for; one named stops
             why = {name: _too_few_gpus(name, specs) for _, name, specs in groups}
             if args.plan and not args.scenario:
                 for name, line in why.items():
@@ -314,13 +299,11 @@ def main(args) -> int:
                 raise eng.EngineError(next(w for w in why.values() if w))
         for fix, name, specs in groups:
             results = []
-            # the host's cost per kernel launch before and after the engines: a launch-bound
-            # timing means little without it, and a drift between the two says the host changed
+            # the host's cost per kernel launch before and after the engines (did the host change?)
             cpus = specs[0].cpus if specs else ()
             measured = not args.dry_run and hardware.has_cuda()  # (no launches to time without)
             host = {"before": host_launch_cost(cpus=cpus)} if measured else {}
-            # a signal between two engines ends the loop as one during an engine does: the
-            # engines that finished are recorded as a partial run, not lost
+            # a signal between two engines: the engines that finished are recorded as a partial run
             with procs.Guard(watchdog=False):
                 try:
                     status = max(status, _run_specs(args, name, specs, len(groups) == 1, results))
@@ -338,9 +321,7 @@ def main(args) -> int:
                                   extra={"host_launch_us": host} if host else None)
                 print(f"recorded: {path}")
         if len(groups) == 1 and len(groups[0][2]) == 1 and not args.dry_run and status == 1:
-            print(f"sglab engine: {results[0].error}", file=sys.stderr)
-            return 2
+            raise Refused(results[0].error)
         return status
     except (eng.EngineError, KeyError) as e:
-        print(f"sglab engine: {str(e).strip(chr(39) + chr(34))}", file=sys.stderr)
-        return 2
+        raise Refused(str(e).strip("'\"")) from None

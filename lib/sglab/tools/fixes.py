@@ -55,27 +55,20 @@ def claims(name: str):
     return _module(name, "claims")
 
 
-def card(name: str, live: list | tuple = ()) -> dict | None:
+def card(name: str, live: list | tuple = ()) -> dict:
     """The review card of fix ``name`` (:func:`sglab.core.card.parts`) over the runs a reader is
-    shown (``live``: this session's live runs instead), and its recorded real-engine runs; None
-    where its claims declare no ``CARD`` yet."""
+    shown (or ``live``) and its recorded engine runs."""
     from sglab.core import card as K, claims as C, runs
 
     mod, fix = claims(name), get(name)
-    if not hasattr(mod, "CARD"):
-        return None
     shown = list(live) or C.shown(mod, runs.load_all_recorded(name))
     rs = runs.RunSet(shown, experiment=name) if shown else runs.NoRun(name, "none recorded")
     return K.parts(mod.CARD, fix, mod, rs, fix.recorded_engine())
 
 
 def experiments() -> tuple[str, ...]:
-    """What ``sglab verify`` checks: each fix's rebuild runs, then the real-engine runs of each fix
-    whose claims state what the engine must show (``claims.ENGINE``)."""
-    engine = tuple(
-        f"engine_{n}" for n in NAMES if n in {f.name
-                                              for f in FIXES} and hasattr(claims(n), "ENGINE"))
-    return NAMES + engine
+    """What ``sglab verify`` checks: each fix, then ``engine_<fix>`` where it has ``ENGINE``."""
+    return NAMES + tuple(f"engine_{n}" for n in NAMES if hasattr(claims(n), "ENGINE"))
 
 
 def measure(name: str):
@@ -121,20 +114,16 @@ def by_stem(stem: str) -> Optional[Notebook]:
 
 # -- the real-engine scenarios, from each fix's record (``FIX.engine``)
 def scenarios() -> tuple:
-    """Every fix's real-engine scenarios (:class:`sglab.sglang.engine.Scenario`), in notebook
-    order."""
-    return tuple(s for f in sorted(FIXES, key=lambda f: f.number) for s in (f.engine or ()))
+    """Every fix's real-engine scenarios (:class:`sglab.sglang.engine.Scenario`), in order."""
+    return tuple(s for f in FIXES for s in (f.engine or ()))
 
 
 def adjustments() -> tuple:
-    """Every harness adjustment a fix builds in its own folder for its scenarios, once each (what
-    ``sglab engine --adjust NAME`` can name besides the shared ones)."""
+    """Every harness adjustment the fixes' scenarios build, once each (for ``--adjust``)."""
     seen = {}
-    for sc in scenarios():
-        for c in sc.cases:
-            for a in c.adjustments:
-                if not isinstance(a, str):
-                    seen.setdefault(a.name, a)
+    for a in (a for sc in scenarios() for c in sc.cases for a in c.adjustments):
+        if not isinstance(a, str):
+            seen.setdefault(a.name, a)
     return tuple(seen.values())
 
 
@@ -152,8 +141,7 @@ def plan(number: str) -> list:
 
 def short_of(name: str, need: int, have: int | None) -> str:
     """The one line saying a machine of ``have`` GPUs cannot run ``name``, which needs ``need``
-    ('' when it can; ``have`` None: any machine can). ``sglab engine`` and ``engine_gpu.sh --plan``
-    both decide here."""
+    ('' when it can; ``have`` None: any machine can)."""
     if have is None or need <= have:
         return ""
     return f"{name} needs {need} GPUs, this machine has {have}"
@@ -162,11 +150,5 @@ def short_of(name: str, need: int, have: int | None) -> str:
 def plan_for(number: str, gpus: int | None) -> tuple[list, list[str]]:
     """The scenarios of one notebook a machine of ``gpus`` GPUs can run (all when None), and one
     line per scenario it skips."""
-    picked, skipped = [], []
-    for s in plan(number):
-        line = short_of(s.name, s.gpus, gpus)
-        if line:
-            skipped.append(f"skipped {line}")
-        else:
-            picked.append(s)
-    return picked, skipped
+    why = {s.name: short_of(s.name, s.gpus, gpus) for s in plan(number)}
+    return [s for s in plan(number) if not why[s.name]], [f"skipped {w}" for w in why.values() if w]

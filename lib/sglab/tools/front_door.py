@@ -1,9 +1,8 @@
 """Notebook 00, the front door: the reading order, "does it affect us?" (one row per fix, from its
 review card, its record and its recorded runs) and the glossary the fix notebooks lean on.
 
-Each table is a list of dicts (for tests) and markdown (for the notebook). A symptom is declared
-here in a line, with what it is derived from; a log line in it is only ever SGLang's own, read from
-the recorded probe answers or engine runs of an affected release.
+A symptom is declared here in a line, with what it is derived from; a log line in it is only ever
+SGLang's own, read from the recorded probe answers or engine runs of an affected release.
 """
 
 from __future__ import annotations
@@ -92,9 +91,8 @@ def _cut(sentence: str, room: int, *, words: bool) -> str:
 
 
 def lead(text: str, limit: int) -> str:
-    """The first whole sentences of ``text`` that fit in ``limit`` characters; a sentence that does
-    not fit is cut at a clause (the first sentence, failing that, at a word; never mid-word, never
-    inside a parenthesis), and a cut marked with '…'."""
+    """The first whole sentences of ``text`` that fit in ``limit`` characters; one that does not fit
+    cut at a clause (the first, failing that, at a word; never inside a parenthesis), marked '…'."""
     text = " ".join(text.split())
     if len(text) <= limit:
         return text
@@ -151,24 +149,21 @@ def _engine_lines(fix) -> list[tuple[str, str]]:
 
 def log_line(fix) -> str:
     """SGLang's own line for the symptom: what an affected release logged in the fix's recorded
-    probe answers, else the error its recorded engine run stopped with; '' where none is
-    recorded."""
-    found, said = _probe_lines(fix), "logs"
+    probe answers, else the error its recorded engine run stopped with; '' where none is."""
+    found, said, where = _probe_lines(fix), "logs", "its recorded probe"
     if not found:
-        found, said = _engine_lines(fix), "stops with"
+        found, said, where = _engine_lines(fix), "stops with", "a recorded engine run"
     if not found:
         return ""
     line = found[0][1]
     releases = ", ".join(sorted({r for r, m in found if m == line}))
-    where = "its recorded probe" if said == "logs" else "a recorded engine run"
     return f"{releases} {said} “{line}” ({where})."
 
 
 # -- the tables ------------------------------------------------------------------------------------
 def affects_rows() -> list[dict]:
     """One row per fix: its notebook, the bug and who it affects (the card's first words), the
-    releases (read from the wheels), and what a reader sees (with SGLang's own line, if
-    recorded)."""
+    releases, and what a reader sees (with SGLang's own line, if recorded)."""
     symptoms, rows = _symptoms(), []
     for fix in fixes.FIXES:
         card = fixes.claims(fix.name).CARD

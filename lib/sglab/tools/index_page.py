@@ -1,7 +1,6 @@
 """The report's index page, ``reports/index.html`` (and ``index.json``): one card per notebook,
-what its review card says (:mod:`sglab.core.card`; a fix with no card yet: its claim and headline),
-its verdict lines, live time, how this run went and its first figure, then the environment of the
-run, folded away. Notebooks an earlier run into the folder ran keep their cards."""
+its review card (:mod:`sglab.core.card`) or claim, verdict lines, live time, how this run went and
+its first figure, then the run's environment. Notebooks an earlier run left keep their cards."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sglab.core import claims, runs
+from sglab.core import runs
 from sglab.tools import nbtools, timings
 from sglab.tools.pages import notebook_title
 
@@ -34,58 +33,36 @@ details{margin-top:2em}summary{cursor:pointer;font-weight:600}
 .nofig{width:360px;color:#999;font-size:12px}"""
 
 
-def claim_facts(entry, result=None, recorded: dict | None = None) -> dict:
-    """Claim, headline and verdict lines of a catalog entry: over this report's live runs when the
-    notebook ran live (runs written since it started), else over the recorded runs a reader is
-    shown (``recorded``: those facts, read already)."""
-    live = [runs.read_run(p, live=True) for p in timings.live_runs(result)] if result else []
-    if live or entry is None:
-        return _facts(entry, live)
-    return recorded if recorded is not None else recorded_facts(entry.stem)
-
-
 def recorded_facts(stem: str) -> dict:
-    """:func:`claim_facts` of notebook ``stem`` over the recorded runs (:func:`run_notebooks` reads
-    them while the notebooks run)."""
+    """:func:`_facts` of notebook ``stem`` over the recorded runs (read while the notebooks run)."""
     from sglab.tools.fixes import by_stem
 
     return _facts(by_stem(stem), [])
 
 
+NO_FACTS = {"card": "", "claim": "", "headline": "", "verdicts": [], "source": ""}
+
+
 def _facts(entry, live: list) -> dict:
-    """``card``: the notebook's review card as HTML (:func:`sglab.core.card.html_card`) with the
-    engine's and the rebuild's verdict lines; a fix that declares no card yet: its claim and
-    headline."""
+    """A notebook's claim facts over ``live`` runs, else the recorded ones a reader is shown: a
+    fix's ``card`` (its review card as HTML) and verdict lines; else its ``claim``."""
     facts = {
-        "card": "", "claim": entry.claim if entry else "", "headline": "", "verdicts": [],
+        **NO_FACTS, "claim": entry.claim if entry else "",
         "source": "measured live in this run" if live else "recorded runs"
     }
     if entry is None or not entry.experiment:
         return {**facts, "source": ""}
-    exp = entry.experiment
     try:
         from sglab.core import card as K
         from sglab.tools import fixes
 
-        p = fixes.card(exp, live)
-        if p is not None:
-            facts["card"] = code_spans(K.html_card(p))
-            facts["verdicts"] = ([f"real engine: {v}" for v in p["engine_verdicts"]]
-                                 + [f"rebuild: {v}" for v in p["rebuild_verdicts"]])
-            return facts
-        mod = fixes.claims(exp)
-        shown = live or claims.shown(mod, runs.load_all_recorded(exp))
-        facts["headline"] = claims.headline(mod, shown) if shown else "no recorded run yet"
-        facts["verdicts"] = [claims.verdict_line(claims.evaluate(mod, r), r) for r in shown]
+        p = fixes.card(entry.experiment, live)
+        facts["card"] = code_spans(K.html_card(p))
+        facts["verdicts"] = ([f"real engine: {v}" for v in p["engine_verdicts"]]
+                             + [f"rebuild: {v}" for v in p["rebuild_verdicts"]])
     except Exception as e:  # noqa: BLE001 - a claims module must not lose the report
         facts["headline"] = f"headline unavailable: {type(e).__name__}: {e}"
     return facts
-
-
-def _cardstatus_line(r) -> str:
-    skipped = f" · {r.skipped_gpu_cells} GPU cell(s) skipped" if r.skipped_gpu_cells else ""
-    return (f"<span class='{r.status}'>{r.status}</span> · <span class='{r.mode}'>{r.mode}</span> "
-            f"· {r.seconds:.1f} s{skipped}")
 
 
 def code_spans(page: str) -> str:
@@ -95,22 +72,22 @@ def code_spans(page: str) -> str:
 
 def inline_markdown(text: str) -> str:
     """Escaped text with its `code` spans as <code> (claims are written in markdown)."""
-    parts = html.escape(text).split("`")
-    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+    return code_spans(html.escape(text))
 
 
 def card(r, live_time: str, recorded: dict | None = None, earlier: str = "") -> str:
-    """The HTML of one notebook's card (``recorded``: its claim facts over the recorded runs, where
-    read already; ``earlier``: when the run that left it in the index ran, for a notebook not run
-    this time)."""
+    """The HTML of one notebook's card (``recorded``: its facts over the recorded runs, read
+    already; ``earlier``: when an earlier run that left it in the index ran)."""
     from sglab.tools.fixes import by_stem
 
     entry = by_stem(r.path.stem)
-    facts = claim_facts(entry, r, recorded)
+    live = [runs.read_run(p, live=True) for p in timings.live_runs(r)]
+    facts = recorded if recorded is not None and not live and entry else _facts(entry, live)
     title = notebook_title(r.nb, r.path.stem) if r.nb is not None else r.path.stem
     png = first_figure(r.nb) if r.nb is not None else None
     fig = (f"<a href='{html.escape(r.path.stem)}.html'><img alt='first figure of "
-           f"{html.escape(r.path.stem)}' src='{data_uri(thumbnail(png))}'></a>"
+           f"{html.escape(r.path.stem)}' src='data:image/png;base64,"
+           f"{base64.b64encode(thumbnail(png)).decode()}'></a>"
            if png else "<div class='nofig'>no figure</div>")
     verdicts = "".join(
         f"<div class='meta'>verdict: {html.escape(v)}</div>" for v in facts["verdicts"])
@@ -118,15 +95,13 @@ def card(r, live_time: str, recorded: dict | None = None, earlier: str = "") -> 
                 f"<small>({facts['source']})</small></p>" if facts["headline"] else "")
     err = f"<pre>{html.escape(r.error[-3000:])}</pre>" if r.error else ""
     link = f"<h2><a href='{html.escape(r.path.stem)}.html'>{html.escape(title)}</a></h2>"
-    said = facts.get("card") or f"<p>{inline_markdown(facts['claim'])}</p>{headline}"
-    return (
-        f"<div class='card'>{fig}<div class='text'>{link}{said}{verdicts}"
-        f"<div class='meta'>live time: {html.escape(live_time)}</div>"
-        f"<div class='meta'>{_when_line(earlier)}: {_cardstatus_line(r)}</div>{err}</div></div>")
-
-
-def _when_line(earlier: str) -> str:
-    return f"from an earlier run at {html.escape(earlier)}" if earlier else "this run"
+    said = facts["card"] or f"<p>{inline_markdown(facts['claim'])}</p>{headline}"
+    when = f"from an earlier run at {html.escape(earlier)}" if earlier else "this run"
+    skipped = f" · {r.skipped_gpu_cells} GPU cell(s) skipped" if r.skipped_gpu_cells else ""
+    return (f"<div class='card'>{fig}<div class='text'>{link}{said}{verdicts}"
+            f"<div class='meta'>live time: {html.escape(live_time)}</div>"
+            f"<div class='meta'>{when}: <span class='{r.status}'>{r.status}</span> · <span "
+            f"class='{r.mode}'>{r.mode}</span> · {r.seconds:.1f} s{skipped}</div>{err}</div></div>")
 
 
 def _stamp(t: float) -> str:
@@ -134,9 +109,8 @@ def _stamp(t: float) -> str:
 
 
 def earlier_entries(out: Path, ran: set) -> list:
-    """The entries of ``out/index.json`` (an earlier run into the same folder) for notebooks not in
-    ``ran`` whose page is still there, each with ``ran_utc`` (the page's time where an older index
-    lacks it): running some notebooks again keeps the others in the index."""
+    """The entries of ``out/index.json`` (an earlier run into the folder) for notebooks not in
+    ``ran`` whose page is still there, each with ``ran_utc`` (else the page's time)."""
     try:
         entries = json.loads((out / "index.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -187,10 +161,10 @@ def write_index(results, out: Path, env_rows: list[tuple[str, str]], live_times:
         entries += [(_earlier_result(out, e), e, e["ran_utc"]) for e in earlier]
         entries.sort(key=lambda x: x[1]["notebook"])
     recorded = recorded or {}
-    none = {"card": "", "claim": "", "headline": "", "verdicts": [], "source": ""}
     cards = "".join(
         card(r, live_times.get(r.path.stem, timings.NOT_RECORDED),
-             recorded.get(r.path.stem, none if quick else None), when) for r, _, when in entries)
+             recorded.get(r.path.stem, NO_FACTS if quick else None), when)
+        for r, _, when in entries)
     env = "".join(f"<tr><th>{html.escape(k)}</th><td><pre>{html.escape(v)}</pre></td></tr>"
                   for k, v in env_rows)
     more = f" {len(earlier)} more from earlier runs into this folder." if earlier else ""
@@ -212,29 +186,18 @@ def write_index(results, out: Path, env_rows: list[tuple[str, str]], live_times:
 # -- a card's figure: the notebook's first, as a thumbnail
 def first_figure(nb) -> bytes | None:
     """The PNG bytes of the notebook's first figure (first ``image/png`` output), or None."""
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            data = out.get("data", {})
-            if "image/png" in data:
-                png = data["image/png"]
-                return base64.b64decode("".join(png) if isinstance(png, list) else png)
-    return None
+    png = next((o["data"]["image/png"] for c in nb.cells
+                for o in c.get("outputs", []) if "image/png" in o.get("data", {})), None)
+    return None if png is None else base64.b64decode("".join(png) if isinstance(png, list) else png)
 
 
 def thumbnail(png: bytes, width: int = 360) -> bytes:
-    """``png`` scaled down to ``width`` pixels (the index embeds it; full figures would make it
-    megabytes). Pillow comes with matplotlib; without it the figure is embedded as it is."""
-    try:
-        from PIL import Image
-    except ImportError:
-        return png
+    """``png`` scaled down to ``width`` pixels (Pillow comes with matplotlib)."""
+    from PIL import Image
+
     img = Image.open(io.BytesIO(png))
     if img.width > width:
         img = img.resize((width, max(1, round(img.height * width / img.width))), Image.LANCZOS)
     buf = io.BytesIO()
     img.save(buf, format="PNG", optimize=True)
     return buf.getvalue()
-
-
-def data_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode()

@@ -40,23 +40,18 @@ def strip_session(content: dict, committed_metadata: dict | None) -> dict:
     return content
 
 
-def _listing_without_pairs(model: dict) -> dict:
-    names = {item["name"] for item in model.get("content") or []}
-    model["content"] = [
-        item for item in model["content"]
-        if not (item["name"].endswith(".py") and is_workbook(item["name"])
-                and item["name"][:-3] + ".ipynb" in names)
-    ]
-    return model
-
-
 class ContentsManager(build_async_jupytext_contents_manager_class(AsyncLargeFileManager)):
     """Jupytext's contents manager with the two workbook rules above."""
 
     async def get(self, path, content=True, type=None, format=None, **kwargs):
         model = await super().get(path, content=content, type=type, format=format, **kwargs)
         if model.get("type") == "directory" and content and model.get("content") is not None:
-            model = _listing_without_pairs(model)
+            names = {item["name"] for item in model["content"]}
+            model["content"] = [
+                item for item in model["content"]
+                if not (item["name"].endswith(".py") and is_workbook(item["name"])
+                        and item["name"][:-3] + ".ipynb" in names)
+            ]
         return model
 
     async def save(self, model, path=""):

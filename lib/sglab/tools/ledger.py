@@ -19,9 +19,8 @@ HEADER = (
 
 
 def scenario_of(run) -> str:
-    """The scenario a run started: the first of its fix's scenarios with the run's model and TP
-    size whose cases (A/A copies included) hold every case the run started; else the model and TP
-    size."""
+    """The first of its fix's scenarios with the run's model and TP size whose cases (A/A copies
+    included) hold every case the run started; else the model and TP size."""
     specs = run.manifest.params.get("specs", [])
     fix = run.manifest.experiment.removeprefix("engine_")
     models = {s.get("model") for s in specs}
@@ -58,8 +57,7 @@ def _verdict(run) -> str:
 
 
 def _ended(done: list[dict]) -> str:
-    """How the engines ended: their number where all answered, else each status counted (a
-    start-up error can be what a claim expects)."""
+    """How the engines ended: their number where all answered, else each status counted."""
     by = Counter(e.get("status", "?") for e in done)
     if set(by) <= {"ok"}:
         return f"{len(done)} ok"

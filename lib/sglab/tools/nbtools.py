@@ -42,8 +42,7 @@ def _cells(nb) -> list[tuple[str, str, tuple[str, ...]]]:
 
 
 def check_pair(ipynb: Path) -> list[str]:
-    """Problems with one notebook: outputs committed, execution counts, missing or out-of-sync
-    .py."""
+    """Problems with one notebook: outputs or execution counts committed, a missing or other .py."""
     import nbformat
 
     problems = []
@@ -61,8 +60,7 @@ def check_pair(ipynb: Path) -> list[str]:
 
 
 def _stable_ids(nb, previous) -> None:
-    """The ids ``nb``'s cells had in ``previous`` where type and source still match, else one
-    derived from the content: a sync that changes nothing leaves the .ipynb byte for byte."""
+    """The ids ``nb``'s cells had in ``previous`` (same type and source), else a content hash."""
     old = {}
     for c in (previous.cells if previous is not None else []):
         old.setdefault((c.cell_type, c.source), []).append(c.get("id"))
@@ -79,7 +77,6 @@ def _stable_ids(nb, previous) -> None:
 # in the checkout's git folder (never committed): each notebook's cells when its two halves last
 # agreed, written by every sync
 PAIRED = "sglab-paired.json"
-SIDES = ("py", "ipynb")
 
 
 class PairConflict(ValueError):
@@ -102,14 +99,9 @@ def _git(folder: Path, *args: str) -> str | None:
 def _read_cells(path: Path, text: str | None = None):
     """The cells of a .py or .ipynb (``text``: its content, where not the file's)."""
     import jupytext
-    import nbformat
 
-    if path.suffix == ".py":
-        nb = jupytext.reads(text, fmt="py:percent") if text is not None else jupytext.read(path)
-    else:
-        nb = nbformat.reads(text, as_version=4) if text is not None else nbformat.read(
-            path, as_version=4)
-    return _cells(nb)
+    text = path.read_text(encoding="utf-8") if text is None else text
+    return _cells(jupytext.reads(text, fmt="py:percent" if path.suffix == ".py" else "ipynb"))
 
 
 def _committed_cells(path: Path):
@@ -128,8 +120,7 @@ def _paired_record(folder: Path) -> Path | None:
     return (folder / where.strip()) if where and where.strip() else None
 
 
-def _read_record(folder: Path) -> dict:
-    path = _paired_record(folder)
+def _read_record(path: Path | None) -> dict:
     try:
         return json.loads(path.read_text()) if path else {}
     except (OSError, ValueError):
@@ -140,7 +131,7 @@ def _note_paired(py: Path, cells) -> None:
     path = _paired_record(py.parent)
     if path is None:
         return
-    record = _read_record(py.parent)
+    record = _read_record(path)
     record[str(py.resolve().with_suffix(""))] = _digest(cells)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
@@ -153,9 +144,7 @@ def pair_side(py: Path, prefer: str | None = None) -> str | None:
     sync, or committed at HEAD) is the unchanged one; both changed: :class:`PairConflict`; neither:
     the .py; outside git and never synced: the newer file."""
     ipynb = py.with_suffix(".ipynb")
-    if prefer is not None:
-        if prefer not in SIDES:
-            raise ValueError(f"--from {prefer}: one of {', '.join(SIDES)}")
+    if prefer is not None:  # "py" or "ipynb" (sglab sync --from)
         if not (py if prefer == "py" else ipynb).exists():
             raise ValueError(f"{py.stem}: no {(py if prefer == 'py' else ipynb).name} to pair from")
         return prefer
@@ -170,7 +159,7 @@ def pair_side(py: Path, prefer: str | None = None) -> str | None:
     if head_p is not None and (p, n) == (head_p, head_n):
         return "py"
     paired = {_digest(c) for c in (head_p, head_n) if c is not None}
-    recorded = _read_record(py.parent).get(str(py.resolve().with_suffix("")))
+    recorded = _read_record(_paired_record(py.parent)).get(str(py.resolve().with_suffix("")))
     paired |= {recorded} if recorded else set()
     if not paired:
         return "ipynb" if ipynb.stat().st_mtime > py.stat().st_mtime else "py"
@@ -216,24 +205,19 @@ def _write_py(ipynb: Path) -> Path:
         meta = {"jupytext": {"formats": "ipynb,py:percent"}}
         if "kernelspec" in nb.metadata:
             meta["kernelspec"] = dict(nb.metadata["kernelspec"])
-    cells = []
     for c in nb.cells:
         tags = list(c.get("metadata", {}).get("tags", []))
-        new = {
-            "code": nbformat.v4.new_code_cell, "markdown": nbformat.v4.new_markdown_cell,
-            "raw": nbformat.v4.new_raw_cell
-        }[c.cell_type](c.source, metadata={"tags": tags} if tags else {})
-        cells.append(new)
-    text = py_source(nbformat.v4.new_notebook(cells=cells, metadata=meta))
+        c.metadata = {"tags": tags} if tags else {}
+    nb.metadata = meta
+    text = py_source(nb)
     if not py.exists() or py.read_text(encoding="utf-8") != text:
         py.write_text(text, encoding="utf-8")
     return py
 
 
 def sync(py: Path, side: str | None = "py") -> tuple[Path, Path]:
-    """Pair notebook ``py``'s two halves from ``side`` (see :func:`pair_side`; None: they agree):
-    the .ipynb's cells taken into the .py (written as the workbook commits it), then the .ipynb
-    written from the .py with no outputs and stable cell ids. Returns (from, to)."""
+    """Pair notebook ``py``'s two halves from ``side`` (:func:`pair_side`; None: they agree): the
+    .ipynb's cells into the .py, then the .ipynb from the .py. Returns (from, to)."""
     ipynb = py.with_suffix(".ipynb")
     if side == "ipynb":
         _write_py(ipynb)
@@ -250,26 +234,12 @@ def pairs() -> list[Path]:
 
 
 def py_source(nb) -> str:
-    """The ``.py`` of a notebook as the workbook commits it: jupytext percent, with no
-    ``text_representation`` block in the header (jupytext stamps its own version there, so every
-    release would rewrite every file)."""
+    """The ``.py`` of a notebook as the workbook commits it: jupytext percent, without the
+    ``text_representation`` block (jupytext's version) in the header."""
     import jupytext
 
-    out, skip_deeper = [], None
-    header = True
-    for i, line in enumerate(jupytext.writes(nb, fmt="py:percent").splitlines(keepends=True)):
-        if header and i > 0 and line.rstrip() == "# ---":
-            header = False
-        if header:
-            indent = len(line) - len(line.lstrip("# "))
-            if skip_deeper is not None and indent > skip_deeper:
-                continue
-            skip_deeper = None
-            if line.lstrip("# ").startswith("text_representation:"):
-                skip_deeper = indent
-                continue
-        out.append(line)
-    return "".join(out)
+    text = jupytext.writes(nb, fmt="py:percent")
+    return re.sub(r"^(# +)text_representation:\n(?:\1  .*\n)*", "", text, count=1, flags=re.M)
 
 
 def parameter_names(path: Path) -> list[str]:
@@ -290,7 +260,7 @@ def parameter_names(path: Path) -> list[str]:
 
 def unknown_parameters(paths: list[Path], params: dict) -> str:
     """Why ``params`` cannot go into these notebooks ('' where each name is a parameter of every
-    one): a name no parameters cell assigns would be injected and silently ignored."""
+    one)."""
     if not params:
         return ""
     for path in paths:
@@ -303,8 +273,7 @@ def unknown_parameters(paths: list[Path], params: dict) -> str:
 
 
 def inject_parameters(nb, params: dict) -> None:
-    """Insert a cell assigning ``params`` right after the cell tagged ``parameters`` (papermill's
-    convention)."""
+    """Insert a cell assigning ``params`` after the ``parameters`` cell (papermill's convention)."""
     import nbformat
 
     if not params:
@@ -352,14 +321,13 @@ class _Progress:
         return f" after {time.perf_counter() - self.t0:.1f} s" if self.index is not None else ""
 
 
-def _kernel_manager(kernel_name: str):
-    """A kernel manager on the IPC transport: the kernel's sockets are files in a private folder
-    instead of TCP ports on localhost, so nothing else on the machine can reach them (and ipykernel
-    has no reason to warn that the kernel runs over TCP without encryption)."""
+def _kernel_manager():
+    """A python3 kernel manager on the IPC transport: the kernel's sockets are files in a private
+    folder, not TCP ports on localhost that anything on the machine could reach."""
     from jupyter_client.manager import AsyncKernelManager
 
     folder = tempfile.mkdtemp(prefix="sglab-kernel-")
-    return AsyncKernelManager(kernel_name=kernel_name, transport="ipc",
+    return AsyncKernelManager(kernel_name="python3", transport="ipc",
                               connection_file=str(Path(folder) / "kernel.json")), folder
 
 
@@ -368,14 +336,12 @@ KERNEL_LOG = "kernel.log"
 
 
 def _stop_kernel(client, km, folder: str, loop) -> str:
-    """Stop the kernel whatever happened (nbclient leaves a kernel it does not own running), close
-    the client's channels and remove the connection and socket files; return the last lines the
-    kernel process (and what it started) wrote to its own stdout and stderr (:data:`KERNEL_LOG`)."""
+    """Stop the kernel and what it started, close the client's channels, remove the connection and
+    socket files; return the last lines of the kernel process's own output (:data:`KERNEL_LOG`)."""
     from jupyter_core.utils import run_sync
 
-    # a cell cut short (a signal, a dead kernel) leaves nbclient's pollers pending on ``loop``, this
-    # thread's: cancelled here, before the client goes, they end quietly instead of failing later
-    # (a loop that runs belongs to the caller: nbclient then ran on a loop of its own)
+    # a cell cut short leaves nbclient's pollers pending on this thread's ``loop``: cancelled here,
+    # they end quietly (a loop that runs is the caller's: nbclient then ran on a loop of its own)
     if not loop.is_running():
         pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
         for t in pending:
@@ -393,7 +359,6 @@ def _stop_kernel(client, km, folder: str, loop) -> str:
                 run_sync(km.shutdown_kernel)(now=True)
             except (asyncio.InvalidStateError, RuntimeError):
                 # nbclient's own signal handler was shutting the same kernel down: end it here
-                pid = getattr(getattr(km, "provisioner", None), "pid", None)
                 if pid:
                     procs.stop_tree(pid, grace=2.0)
         procs.stop_seen(started, grace=2.0)
@@ -411,7 +376,7 @@ def _stop_kernel(client, km, folder: str, loop) -> str:
 # in a process that called :func:`stop_on_signals` (a worker of `sglab run`): the signals that asked
 # it to stop, in order
 _STOPS: list[int] = []
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, `kill`, a closed tty
 
 
 def _note_stop(signum, _frame) -> None:
@@ -419,11 +384,10 @@ def _note_stop(signum, _frame) -> None:
 
 
 def stop_on_signals(before: tuple = ()) -> None:
-    """From now on SIGINT, SIGTERM and SIGHUP only ask this process to stop (main thread): a
-    notebook executing stops its kernel and reports interrupted, the next does not start;
-    ``before``: signals noted already."""
+    """From now on SIGINT, SIGTERM and SIGHUP only ask this process to stop (a notebook executing
+    stops its kernel and reports interrupted); ``before``: signals noted already."""
     _STOPS.extend(int(s) for s in before)
-    for s in _STOP_SIGNALS:
+    for s in STOP_SIGNALS:
         signal.signal(s, _note_stop)
 
 
@@ -477,11 +441,10 @@ def _write_partial(nb, ipynb: Path, partial_dir: Path | None) -> Path:
 
 
 def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = None,
-            params: dict | None = None, kernel_name: str = "python3",
-            partial_dir: Path | None = None) -> Result:
+            params: dict | None = None, partial_dir: Path | None = None) -> Result:
     """Execute a notebook headless in its own folder (``needs-gpu`` cells skipped without CUDA);
-    never raises: a failing cell, a ``cell_timeout`` or a signal is in the result's error, the
-    partial notebook written to ``partial_dir``."""
+    never raises: a failing cell, timeout or signal is in the result's error (the partial notebook
+    in ``partial_dir``)."""
     import nbclient
     import nbformat
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
@@ -495,16 +458,15 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
     inject_parameters(nb, params or {})
     n_gpu = sum(1 for c in nb.cells if GPU_TAG in c.get("metadata", {}).get("tags", []))
     progress = _Progress()
-    km, folder = _kernel_manager(kernel_name)
-    client = nbclient.NotebookClient(nb, km=km, timeout=cell_timeout, kernel_name=kernel_name,
+    km, folder = _kernel_manager()
+    client = nbclient.NotebookClient(nb, km=km, timeout=cell_timeout, kernel_name="python3",
                                      resources={"metadata": {"path": str(ipynb.parent)}},
                                      skip_cells_with_tag=GPU_TAG if skip_gpu else "skip-execution",
                                      on_cell_execute=progress.start,
                                      shutdown_kernel="immediate")  # a signal: the kernel goes now
     started, t0 = time.time(), time.perf_counter()
     status, error, by_signal = "ok", "", False
-    # the kernel process's own output (not the cells': those reach the notebook) goes to a file: a
-    # kernel stopped mid-cell by a signal prints a traceback there, and one that dies says why
+    # the kernel process's own output (not the cells') goes to a file: one that dies says why there
     log = open(Path(folder) / KERNEL_LOG, "wb")
     caught: list[int] = []
     loop = _telling_signals(caught)
@@ -512,10 +474,8 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
         # SGLAB_HEADLESS: widgets become static tables
         client.execute(env={**os.environ, "SGLAB_HEADLESS": "1"}, stdout=log, stderr=log)
     except (Exception, KeyboardInterrupt, asyncio.CancelledError) as e:  # noqa: BLE001
-        # nbclient's SIGINT/SIGTERM handler starts the kernel's shutdown (the future it keeps is
-        # set at once, so a cell that sees its kernel die first is still known to be stopped by
-        # the signal) and lets go of it (km None); a signal during the kernel's start cancels
-        # the start instead
+        # nbclient's SIGINT/SIGTERM handler starts the kernel's shutdown (its future set at once)
+        # and lets go of it (km None); a signal during the kernel's start cancels the start
         by_signal = (client.km is None or not isinstance(e, Exception)
                      or getattr(client, "_async_cleanup_kernel_future", None) is not None)
         if isinstance(e, CellExecutionError) and not by_signal:

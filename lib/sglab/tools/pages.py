@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import html
 import os
+import pickle
 import re
+import shutil
 import signal
+import threading
+import time
 from functools import lru_cache
 from pathlib import Path
 
+from sglab.core import procs
 from sglab.tools import nbtools
 
 
@@ -27,28 +32,20 @@ def status_line(r) -> str:
 
 
 def run_one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pages: bool):
-    """Execute one notebook and write its executed copy and page (in a worker process of `sglab
-    run`, :func:`worker`)."""
+    """Execute one notebook and write its executed copy and page (in a worker of `sglab run`)."""
     import nbformat
 
     r = nbtools.execute(p, cell_timeout=cell_timeout, params=params, partial_dir=out)
     nbformat.write(r.nb, out / p.name)
-    if html_pages and nbtools.stop_requested():  # a stopped run has no time for the whole page
-        _stopped_page(r, out / f"{p.stem}.html", notebook_title(r.nb, p.stem))
+    page, title, name = out / f"{p.stem}.html", notebook_title(r.nb, p.stem), html.escape(p.name)
+    if html_pages and nbtools.stop_requested():  # a stopped run: what happened, and the notebook
+        page.write_text(
+            _plain_page(
+                title, f"<p>{html.escape(status_line(r))}</p><pre>{html.escape(r.error)}</pre>"
+                f"<p>The executed part: <a href='{name}'>{name}</a></p>"), encoding="utf-8")
     elif html_pages:
-        write_page(r.nb, out / f"{p.stem}.html", title=notebook_title(r.nb, p.stem),
-                   status=status_line(r))
+        write_page(r.nb, page, title=title, status=status_line(r))
     return r
-
-
-def _stopped_page(r, path: Path, title: str) -> Path:
-    """The page of a notebook a stopped run cut short: what happened, and its partial notebook."""
-    name = html.escape(r.path.name)
-    path.write_text(
-        _plain_page(
-            title, f"<p>{html.escape(status_line(r))}</p><pre>{html.escape(r.error)}</pre>"
-            f"<p>The executed part: <a href='{name}'>{name}</a></p>"), encoding="utf-8")
-    return path
 
 
 def _plain_page(title: str, body: str) -> str:
@@ -58,15 +55,13 @@ def _plain_page(title: str, body: str) -> str:
         f"<p><a href='index.html'>← sglab report index</a></p><h1>{html.escape(title)}</h1>" + body)
 
 
-# what a worker process runs (``python -c``; its arguments: the job file, and the folder sglab is
-# imported from): a stop signal that comes while it imports is noted from its first line on, not
-# left to end it
+# what a worker process runs (``python -c`` JOB SGLAB_FOLDER): a stop signal that comes while it
+# imports is noted from its first line on
 WORKER = (
     "import signal, sys\nnoted = []\nfor s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):\n"
     "    signal.signal(s, lambda n, _f: noted.append(n))\nsys.path.insert(0, sys.argv[2])\n"
     "from sglab.tools.pages import worker\nsys.exit(worker(sys.argv[1], noted))")
-# a worker asked to stop has this long to stop its kernel and write what its notebook did; then its
-# parent ends it (SIGKILL), and a worker whose parent is gone ends itself
+# a worker asked to stop has this long to stop its kernel and report; then its parent kills it
 STOP_GRACE_S = 5.0
 
 
@@ -75,8 +70,6 @@ def worker(job: str, noted: tuple = ()) -> int:
     pickled where the job says (None: stopped before it started), a ``.started`` file once it
     starts. A stop signal, or its parent gone, stops the kernel and still reports the partial run.
     """
-    import pickle
-
     spec = pickle.loads(Path(job).read_bytes())
     nbtools.stop_on_signals(noted)
     _watch_parent(spec["parent"], spec["folder"])
@@ -96,11 +89,6 @@ def worker(job: str, noted: tuple = ()) -> int:
 
 
 def _watch_parent(parent: int, folder: str) -> None:
-    import shutil
-    import threading
-    import time
-
-    from sglab.core import procs
 
     def watch():
         while os.getppid() == parent:
@@ -116,8 +104,7 @@ def _watch_parent(parent: int, folder: str) -> None:
 
 
 def notebook_title(nb, fallback: str) -> str:
-    """The first ``# heading`` of the first markdown cell that has one (markdown markup stripped),
-    else ``fallback`` (the file stem)."""
+    """The first markdown cell's first ``# heading`` (its markup stripped), else ``fallback``."""
     for cell in nb.cells:
         if cell.cell_type != "markdown":
             continue
@@ -153,8 +140,7 @@ def contents(nb) -> dict:
 
 @lru_cache(maxsize=1)
 def exporter():
-    """The HTMLExporter on the ``sglab`` template, built once per process (it reads the templates).
-    """
+    """The HTMLExporter on the ``sglab`` template, built once per process."""
     from nbconvert import HTMLExporter
 
     return HTMLExporter(extra_template_basedirs=[str(TEMPLATES)], template_name="sglab")
@@ -172,8 +158,7 @@ def render(nb, *, title: str, status: str = "") -> str:
 
 
 def write_page(nb, path: Path, *, title: str, status: str = "") -> Path:
-    """Write the page; a notebook nbconvert cannot render still gets a page that says why (and links
-    back)."""
+    """Write the page (one that says why, where nbconvert cannot render the notebook)."""
     try:
         body = render(nb, title=title, status=status)
     except Exception as e:  # noqa: BLE001 - one broken page must not lose the rest of the report

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from sglab.core import card, claims, runs
+from sglab.core import card, runs
 from sglab.tools import fixes, ledger
 
 
@@ -20,15 +20,8 @@ LAYERS = ("tools", *fixes.NAMES, "sglang", "core")  # top to bottom: imports onl
 
 def row(e: fixes.Notebook) -> str:
     """A notebook's row: what its review card says (:func:`sglab.core.card.summary`), or its claim
-    and headline where its fix declares no card yet."""
-    text = e.claim
-    p = fixes.card(e.experiment) if e.experiment else None
-    if p is not None:
-        text = card.summary(p)
-    elif e.experiment:
-        mod = fixes.claims(e.experiment)
-        shown = claims.shown(mod, runs.load_all_recorded(e.experiment))
-        text = f"{e.claim} {claims.headline(mod, shown)}" if shown else text + " (no run yet)"
+    (00, 07)."""
+    text = card.summary(fixes.card(e.experiment)) if e.experiment else e.claim
     text = " ".join(str(text).split()).replace("|", "\\|")
     return f"| `{e.stem}` | {e.upstream} | {text} | {e.gpus if e.gpus < 2 else f'{e.gpus}–4'} |"
 
@@ -44,24 +37,16 @@ def _summary(path: Path, width: int = 72) -> str:
     return first if len(first) <= width else first[:width - 1].rsplit(" ", 1)[0] + " …"
 
 
-def house_block(root: Path | None = None) -> str:
+def house_block() -> str:
     """``lib/sglab`` as a tree: one line per module and what it is for (its docstring's first
     sentence)."""
-    root = root or runs.repo_root() / "lib" / "sglab"
     lines = [MAP_START, "```"]
     for layer in LAYERS:
-        folder = root / layer
-        if not folder.is_dir():
-            continue
-        mods = sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
-        init = folder / "__init__.py"
-        lines.append(
-            f"{layer}/  {_summary(init, 96 - len(layer)) if init.exists() else ''}".rstrip())
-        for p in mods:
-            if p.name == "__init__.py" and p.parent == folder:
-                continue
-            rel = p.relative_to(folder).as_posix()
-            lines.append(f"  {rel:<24} {_summary(p)}")
+        folder = runs.repo_root() / "lib" / "sglab" / layer
+        lines.append(f"{layer}/  {_summary(folder / '__init__.py', 96 - len(layer))}".rstrip())
+        for p in sorted(folder.rglob("*.py")):
+            if p != folder / "__init__.py":
+                lines.append(f"  {p.relative_to(folder).as_posix():<24} {_summary(p)}")
     lines += ["```", MAP_END]
     return "\n".join(lines)
 
@@ -78,10 +63,9 @@ def _rewrite(path: Path, start: str, end: str, new: str) -> bool:
     old = current_block(text, start, end)
     if old is None:
         raise RuntimeError(f"{path.name} has no {start} … {end} block")
-    if new == old:
-        return False
-    path.write_text(text.replace(old, new))
-    return True
+    if new != old:
+        path.write_text(text.replace(old, new))
+    return new != old
 
 
 def _blocks() -> list[tuple]:

@@ -11,8 +11,7 @@ from sglab.sglang import runner, store
 
 
 def calls() -> list[tuple[str, Optional[dict], tuple]]:
-    """``(probe, params, releases)`` of every notebook's real section, in notebook order (each fix's
-    record)."""
+    """``(probe, params, releases)`` of every notebook's real section, in notebook order."""
     from sglab.tools.fixes import FIXES
 
     return [(f.probe.fn, f.probe.resolved_params(), f.probe.releases)
@@ -20,9 +19,8 @@ def calls() -> list[tuple[str, Optional[dict], tuple]]:
 
 
 def record(*, jobs: int = 2, progress=print):
-    """Run every call live, one worker per release for all of its calls (``jobs`` at a time), and
-    write the recording; returns its CSV path. Refuses to record a release that did not run: a
-    recording says what real code did, never why it could not."""
+    """Run every call live, one worker per release (``jobs`` at a time), and write the recording
+    (its CSV path); a release that did not run stops it."""
     t0 = time.perf_counter()
     asked = calls()
 

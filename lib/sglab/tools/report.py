@@ -6,10 +6,18 @@ Here: the run (a worker process per notebook, stop signals), the environment and
 from __future__ import annotations
 
 import contextlib
+import html
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
 from collections import Counter
 from importlib import metadata
-import os
-import signal
 from pathlib import Path
 
 from sglab.core import bytecode, hardware, kernels, procs, runs
@@ -19,15 +27,11 @@ from sglab.tools import nbtools, pages, timings
 from sglab.tools.index_page import inline_markdown, recorded_facts, write_index
 from sglab.tools.pages import status_line
 
-# nbformat, pandas, multiprocessing, the fixes and their claims (torch) are imported where used:
-# `sglab run` starts its notebooks without them
+# nbformat, pandas, the fixes and their claims (torch) are imported where used
 
 
 def default_jobs() -> int:
-    """Notebooks run at a time: one where a GPU is visible (live timings must not share the
-    machine), else up to two (recorded mode only reads files and draws; the CPU box has two
-    cores)."""
-
+    """Notebooks at a time: 1 where a GPU is visible (live timings must not share it), else 2."""
     return 1 if hardware.has_cuda() else max(1, min(2, os.cpu_count() or 1))
 
 
@@ -43,15 +47,10 @@ class Ran(list):
     signal: int = 0
 
 
-# the signals that stop a run (Ctrl-C, `kill`, a closed terminal)
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
 class _Signals:
-    """This process's handler of :data:`STOP_SIGNALS` while a run holds it (:func:`stopping`): the
-    first asks the run to stop (the workers are told, what ran is reported), a second while workers
-    still run ends them at once, and a second once the run is over (``final``: its index being
-    written, what the command does after) exits at once with 128 + the first."""
+    """This process's handler of the stop signals while a run holds it: the first asks the run to
+    stop, a second ends the workers at once, or once the run is ``final``, exits (128 + the first).
+    """
 
     def __init__(self):
         self.received: list[int] = []
@@ -63,18 +62,14 @@ class _Signals:
         self.received.append(int(signum))
         if self.final and len(self.received) > 1:
             with contextlib.suppress(Exception):
-                import sys
-
                 sys.stdout.flush()
             os._exit(128 + self.received[0])
 
     def __enter__(self) -> "_Signals":
-        import threading
-
         global _HOLDER
         self._depth += 1
         if self._depth == 1 and threading.current_thread() is threading.main_thread():
-            self._saved = {s: signal.signal(s, self) for s in STOP_SIGNALS}
+            self._saved = {s: signal.signal(s, self) for s in nbtools.STOP_SIGNALS}
             _HOLDER = self
         return self
 
@@ -92,9 +87,8 @@ _HOLDER: _Signals | None = None
 
 
 def stopping() -> _Signals:
-    """The stop signals' handler of the run in progress (a new one where none is): `sglab run`
-    holds it from its first line to its last, so that a signal while it checks its arguments or
-    saves timings ends it as one during the run does, and :func:`run_notebooks` holds it too."""
+    """The stop signals' handler of the run in progress (a new one where none is): `sglab run` and
+    :func:`run_notebooks` both hold it."""
     return _HOLDER or _Signals()
 
 
@@ -103,11 +97,6 @@ class _Worker:
     process's group: a signal to the whole group reaches it too."""
 
     def __init__(self, path: Path, folder: Path, n: int, job: dict):
-        import pickle
-        import subprocess
-        import sys
-        import time
-
         self.path, self.out, self.result = path, Path(job["out"]), folder / f"{n}.result"
         spec = folder / f"{n}.job"
         spec.write_bytes(pickle.dumps({**job, "notebook": path, "result": str(self.result)}))
@@ -127,9 +116,6 @@ class _Worker:
     def report(self, stopped: int):
         """The worker's result (None: it was stopped before its notebook started); one made here
         where the worker died or was ended before it said."""
-        import pickle
-        import time
-
         import nbformat
 
         with contextlib.suppress(OSError, EOFError, pickle.UnpicklingError):
@@ -141,32 +127,25 @@ class _Worker:
         nb = nbformat.v4.new_notebook()
         with contextlib.suppress(Exception):  # the partial notebook, where it got that far
             nb = nbformat.read(self.out / self.path.name, as_version=4)
-        seconds = time.perf_counter() - self.t0
-        if stopped:
-            return nbtools.Result(
-                self.path, "interrupted", "?", seconds,
-                f"interrupted: stopped by a signal; its worker ended ({how}) "
-                "before it reported", nb=nb, stopped_by_signal=stopped)
-        return nbtools.Result(self.path, "failed", "?", seconds,
-                              f"the worker process running it died ({how})", nb=nb)
+        status, why = (("interrupted",
+                        f"interrupted: stopped by a signal; its worker ended ({how}) "
+                        "before it reported") if stopped else
+                       ("failed", f"the worker process running it died ({how})"))
+        return nbtools.Result(self.path, status, "?",
+                              time.perf_counter() - self.t0, why, nb=nb, stopped_by_signal=stopped)
 
 
 def _stop_workers(running: list, signals: _Signals, stopped: int, progress) -> None:
-    """Tell the running workers to stop (the signal this process got: each stops its kernel and
-    reports what ran); end those still running after :data:`pages.STOP_GRACE_S`, or at once on a
-    second signal (SIGKILL); then stop whatever their kernels left running."""
-    import time
-
+    """Tell the running workers to stop; kill those still running after :data:`pages.STOP_GRACE_S`
+    (at once on a second signal), then whatever their kernels left running."""
     progress("stopped: the running notebooks are told to stop")
     tell = signal.SIGINT if stopped == signal.SIGINT else signal.SIGTERM
     for w in running:
         w.look()
         w.proc.send_signal(tell)  # a worker the group signal reached already takes it once
-    deadline = time.monotonic() + pages.STOP_GRACE_S
-    looked = time.monotonic()
-    while any(w.running() for w in running):
-        if time.monotonic() >= deadline or len(signals.received) >= 2:
-            break
+    deadline, looked = time.monotonic() + pages.STOP_GRACE_S, time.monotonic()
+    while (any(w.running() for w in running) and time.monotonic() < deadline
+           and len(signals.received) < 2):
         if time.monotonic() - looked >= 0.5:
             for w in running:
                 w.look()
@@ -188,13 +167,8 @@ def _stop_workers(running: list, signals: _Signals, stopped: int, progress) -> N
 
 def _run_workers(paths, out, params, cell_timeout, html_pages, jobs, signals: _Signals,
                  progress) -> tuple[dict, int]:
-    """Each notebook in a worker process, ``jobs`` at a time; ``({path: Result}, signal that stopped
-    the run or 0)``. Results come back as files, not through a pipe a stopping process could fill.
-    """
-    import shutil
-    import tempfile
-    import time
-
+    """Each notebook in a worker process, ``jobs`` at a time (results come back as files);
+    ``({path: Result}, signal that stopped the run or 0)``."""
     folder = Path(tempfile.mkdtemp(prefix="sglab-run-"))
     job = {
         "out": out, "params": params, "cell_timeout": cell_timeout, "html_pages": html_pages,
@@ -254,8 +228,6 @@ class _Facts:
     the notebooks run; a stopped run waits for it a bounded time."""
 
     def __init__(self, paths, env_rows):
-        import threading
-
         self.env, self.known = env_rows, None
         self.thread = threading.Thread(target=self._read, args=(paths,), daemon=True,
                                        name="sglab-index-facts")
@@ -275,16 +247,14 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None,
                   cell_timeout: int = 900, html_pages: bool = True, env_rows=None, progress=print,
                   jobs: int | None = None) -> Ran:
     """Execute ``paths`` into ``out``, each in a worker process, ``jobs`` at a time; the Results in
-    the order of ``paths`` (a :class:`Ran`). A stop signal stops the workers, writes the index of
-    what ran and sets ``signal``; a second ends the workers at once."""
+    the order of ``paths`` (a :class:`Ran`; a stop signal writes the index of what ran)."""
     out.mkdir(parents=True, exist_ok=True)
     jobs = default_jobs() if jobs is None else max(1, int(jobs))
     if jobs > 1 and len(paths) > 1:
         progress(f"{len(paths)} notebooks, {jobs} at a time …")
     with stopping() as signals:
         signals.final = False
-        # while the workers run the notebooks, this process (idle otherwise) reads the machine and
-        # the recorded runs' claims for the index (not beside a live notebook on a GPU machine)
+        # while the workers run, this process reads the machine and recorded claims for the index
         facts = _Facts(paths, env_rows) if jobs > 1 and len(paths) > 1 else None
         done, stopped = _run_workers(paths, out, params, cell_timeout, html_pages, jobs, signals,
                                      progress)
@@ -305,7 +275,6 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None,
 # -- the environment of a run (`sglab env`, the report's last section) -----------------------------
 def env_report() -> list[tuple[str, str]]:
     """(item, value) pairs describing this machine for the workbook."""
-
     rows = []
     sw = hardware.software()
     gpus = hardware.gpus() if hardware.has_cuda() else ()
@@ -356,9 +325,8 @@ def recorded_summary(recorded: list) -> str:
 
 
 def overview_frame():
-    """00's table of notebooks as data: per notebook its whole claim, the GPUs it needs, whether
-    this machine runs it live, its live time (newest committed ``sglab run --timings`` record per
-    GPU model) and its recorded runs (:func:`recorded_summary`)."""
+    """00's table of notebooks as data: its claim, the GPUs it needs, whether this machine runs it
+    live, its live time and its recorded runs (:func:`recorded_summary`)."""
     import pandas as pd
 
     from sglab.tools import fixes
@@ -379,15 +347,12 @@ def overview_frame():
 
 def _lines(text) -> str:
     """``a; b`` one part a line."""
-    import html
-
     return "<br>".join(html.escape(p) for p in str(text).split("; "))
 
 
 def overview():
-    """00's table of notebooks (:func:`overview_frame`) as a reader sees it: every cell whole
-    (pandas' display would cut a claim at 50 characters), left-aligned, the claim wrapped, code in
-    it set as code, and the other columns one item a line."""
+    """00's table of notebooks (:func:`overview_frame`) as a reader sees it: every cell whole and
+    left-aligned, the claim wrapped (its code as code), the other columns one item a line."""
     from sglab.sglang.fix import REPO
 
     df = overview_frame()

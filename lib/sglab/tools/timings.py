@@ -1,8 +1,7 @@
 """Where a notebook's wall time goes: per cell, grouped into phases, saved as a ``workbook`` run.
 
 A cell's phase is the ``##`` section it sits in or its ``phase:NAME`` tag; "kernel start + stop" is
-what no cell accounts for, so the phases add up to the wall time. The report index and notebook 00
-read each notebook's live time from the newest record per GPU model."""
+what no cell accounts for, so the phases add up to the wall time."""
 
 from __future__ import annotations
 
@@ -30,9 +29,7 @@ def _start_stamp(execution: dict):
 
 
 def cell_seconds(cell) -> float | None:
-    """Wall time of an executed code cell (busy → idle), None for a cell that did not run (skipped,
-    or never reached); a cell interrupted while running has no idle stamp and counts up to its last
-    reply, if any."""
+    """Wall time of an executed code cell (busy → idle or last reply), None where it did not run."""
     ex = cell.get("metadata", {}).get("execution") or {}
     start, end = _start_stamp(ex), ex.get("iopub.status.idle") or ex.get("shell.execute_reply")
     if not start or not end:
@@ -41,15 +38,20 @@ def cell_seconds(cell) -> float | None:
 
 
 def _phase_tag(cell) -> str | None:
-    for tag in cell.get("metadata", {}).get("tags", []):
-        if tag.startswith("phase:"):
-            return tag.split(":", 1)[1].strip() or None
-    return None
+    tags = cell.get("metadata", {}).get("tags", [])
+    return next((t.split(":", 1)[1].strip() for t in tags if t.startswith("phase:")), None) or None
+
+
+def _row(stem: str, mode: str, phase: str, cell: int, first: str, value: float,
+         metric: str = "wall_s") -> dict:
+    return {
+        "variant": stem, "mode": mode, "phase": phase, "cell": cell, "first_line": first,
+        "metric": metric, "value": value, "unit": "s"
+    }
 
 
 def cell_rows(nb, stem: str, mode: str, total_s: float) -> list[dict]:
-    """One row per executed code cell plus the kernel row; the rows of a notebook sum to
-    ``total_s``."""
+    """One row per executed code cell plus the kernel row, summing to ``total_s``."""
     rows, phase = [], "setup"
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown":
@@ -62,21 +64,13 @@ def cell_rows(nb, stem: str, mode: str, total_s: float) -> list[dict]:
         if s is None:
             continue
         first = next((ln for ln in cell.source.splitlines() if ln.strip()), "")[:60]
-        rows.append({
-            "variant": stem, "mode": mode, "phase": _phase_tag(cell) or phase, "cell": i,
-            "first_line": first, "metric": "wall_s", "value": round(s, 3), "unit": "s"
-        })
+        rows.append(_row(stem, mode, _phase_tag(cell) or phase, i, first, round(s, 3)))
     rest = max(0.0, total_s - sum(r["value"] for r in rows))
-    rows.append({
-        "variant": stem, "mode": mode, "phase": KERNEL_PHASE, "cell": -1, "first_line": "",
-        "metric": "wall_s", "value": round(rest, 3), "unit": "s"
-    })
-    return rows
+    return rows + [_row(stem, mode, KERNEL_PHASE, -1, "", round(rest, 3))]
 
 
 def live_runs(result, runs_root=None) -> list:
-    """CSV paths of the runs a live notebook wrote while it ran (under ``runs_root``, default
-    data/runs/)."""
+    """CSV paths of the runs a live notebook wrote while it ran (under ``runs_root``/data/runs)."""
     from sglab.tools.fixes import by_stem
 
     entry = by_stem(result.path.stem)
@@ -90,23 +84,18 @@ def live_runs(result, runs_root=None) -> list:
 
 
 def measure_rows(result, runs_root=None) -> list[dict]:
-    """The finer phases (process spawn, CUDA init, capture, timing loops, …) of the live runs a
-    notebook wrote, from their manifests' ``phases_s``, as ``measure_s`` rows: they happen inside
-    the cells' wall time, so they are a breakdown of it, not more of it."""
-    rows = []
-    for path in live_runs(result, runs_root):
-        for name, s in (runs.read_run(path).manifest.phases_s).items():
-            rows.append({
-                "variant": result.path.stem, "mode": result.mode, "phase": f"measure: {name}",
-                "cell": -1, "first_line": path.name, "metric": "measure_s", "value": float(s),
-                "unit": "s"
-            })
-    return rows
+    """The finer phases (process spawn, CUDA init, capture, …) of the live runs a notebook wrote,
+    from their manifests' ``phases_s``, as ``measure_s`` rows: a breakdown of the cells' wall time.
+    """
+    return [
+        _row(result.path.stem, result.mode, f"measure: {name}", -1, path.name, float(s),
+             "measure_s") for path in live_runs(result, runs_root)
+        for name, s in runs.read_run(path).manifest.phases_s.items()
+    ]
 
 
 def frame(results, runs_root=None):
-    """The tidy frame of a whole ``sglab run``: the cell rows of every notebook result, then the
-    measure rows."""
+    """The tidy frame of a whole ``sglab run``: each notebook's cell rows, then its measure rows."""
     rows = []
     for r in results:
         if r.nb is not None:
@@ -115,8 +104,7 @@ def frame(results, runs_root=None):
 
 
 def phase_table(df, metric: str = "wall_s"):
-    """Seconds per notebook and phase, in notebook order and, within one, in order of first
-    appearance."""
+    """Seconds per notebook and phase, in order of first appearance."""
     part = df[df["metric"] == metric]
     g = part.groupby(["variant", "phase"], sort=False)["value"].sum().round(2).reset_index()
     g.columns = ["notebook", "phase", "seconds"]
@@ -124,8 +112,8 @@ def phase_table(df, metric: str = "wall_s"):
 
 
 def summary(df) -> str:
-    """The printed breakdown: phases per notebook, largest first, each notebook's total, the grand
-    total; for notebooks that measured live, the measurement's own phases under them."""
+    """The printed breakdown: each notebook's total and phases, largest first (a live measurement's
+    own phases under them), then the grand total."""
     lines = []
     inner = phase_table(df, "measure_s")
     for stem, part in phase_table(df).groupby("notebook", sort=False):
@@ -133,8 +121,8 @@ def summary(df) -> str:
         lines.append(f"{stem} ({mine['mode'].iloc[0]}): {mine['value'].sum():.1f} s")
         for _, row in part.sort_values("seconds", ascending=False).iterrows():
             lines.append(f"  {row['seconds']:8.1f} s  {row['phase']}")
-        for _, row in inner[inner["notebook"] == stem].sort_values("seconds",
-                                                                   ascending=False).iterrows():
+        own = inner[inner["notebook"] == stem]
+        for _, row in own.sort_values("seconds", ascending=False).iterrows():
             lines.append(f"      {row['seconds']:8.2f} s  {row['phase']}")
     lines.append(f"total: {df.loc[df['metric'] == 'wall_s', 'value'].sum():.1f} s")
     return "\n".join(lines)
@@ -142,8 +130,8 @@ def summary(df) -> str:
 
 def write(results, *, record: bool = False, params: dict | None = None, runs_root=None,
           machine: dict | None = None):
-    """Save the timings of ``results`` as a ``workbook`` run; return the CSV path. ``machine``:
-    the manifest's machine fields when the notebooks ran elsewhere (:func:`from_reports`)."""
+    """Save the timings of ``results`` as a ``workbook`` run (``machine``: the manifest's machine
+    fields of notebooks run elsewhere); return the CSV path."""
     df = frame(results, runs_root)
     totals = {
         r.path.stem: {"seconds": round(r.seconds, 1), "status": r.status, "mode": r.mode}
@@ -159,9 +147,9 @@ MACHINE_KEYS = ("gpu_name", "gpu_count", "gpu_count_machine", "gpu_memory_mib", 
 
 
 def from_reports(reports, runs_root) -> tuple[list, dict]:
-    """The results of notebooks run on another machine (its ``sglab run --out`` folder: the executed
-    notebooks of the run that wrote ``index.json``), and that machine's manifest fields from the
-    live runs they wrote (under ``runs_root``); ValueError when these are missing or disagree."""
+    """The results of notebooks run on another machine (the run that wrote its ``sglab run --out``
+    folder's ``index.json``) and that machine's fields, from the live runs they wrote under
+    ``runs_root``; ValueError when these are missing or disagree."""
     import nbformat
 
     from sglab.tools.nbtools import Result
@@ -216,7 +204,7 @@ def live_seconds(run) -> dict[str, float]:
 
 def live_times(root=None) -> dict[str, str]:
     """``{notebook stem: "H100 ×1: 23.4 s; H200 ×2: 41.0 s"}`` from the newest recorded timing run
-    per GPU model; notebooks no record ran live are absent (readers show :data:`NOT_RECORDED`)."""
+    per GPU model (a notebook none ran live: absent)."""
     found = [
         r for r in runs.load_all_recorded(EXPERIMENT, root=root) if r.manifest.gpu_name != "cpu"
     ]

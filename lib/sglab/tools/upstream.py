@@ -1,14 +1,15 @@
 """``sglab upstream``: which fixes an SGLang has — the installed one, a source tree, or every
 release.
 
-``--root DIR`` reads a source tree, ``--releases [V ...]`` every release from 0.5.10 (or those
-listed) from its wheel; a full run rewrites ``data/upstream/`` (the table and the PR hunks)."""
+A full ``--releases`` run rewrites ``data/upstream/`` (the table and the PR hunks)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+
+from sglab.tools.cli import Refused, _flag
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,25 +18,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--releases", nargs="*", metavar="VERSION",
         help="classify released wheels: every release from 0.5.10 to the newest, or the "
         "ones listed")
-    p.add_argument("--offline", action="store_true",
-                   help="with --releases: no network; cached wheels, else the committed table")
-    p.add_argument("--no-write", action="store_true",
-                   help="with --releases: do not rewrite data/upstream/")
+    _flag(p, "--offline", "with --releases: no network; cached wheels, else the committed table")
+    _flag(p, "--no-write", "with --releases: do not rewrite data/upstream/")
     p.add_argument("--figure", default="reports/upstream_releases.png",
                    help="with --releases: where to save the timeline figure ('' for none)")
-
-
-def _fail(message: str) -> int:
-    print(f"sglab upstream: {message}", file=sys.stderr)
-    return 2
 
 
 def run(args) -> int:
     if args.releases is None:
         return _one_tree(args)
     if args.root:
-        return _fail("--root and --releases do not go together: --root reads one tree, --releases "
-                     "the wheels")
+        raise Refused("--root and --releases do not go together: --root reads one tree, --releases "
+                      "the wheels")
     return _releases(args)
 
 
@@ -45,9 +39,9 @@ def _one_tree(args) -> int:
 
     root = Path(args.root) if args.root else None
     if root is not None and not (root / "srt").is_dir():
-        return _fail(f"{root} is not an SGLang package folder (expected {root}/srt/): pass the "
-                     f"folder that holds srt/, e.g. an unpacked wheel's sglang/ or a checkout's "
-                     f"python/sglang/")
+        raise Refused(f"{root} is not an SGLang package folder (expected {root}/srt/): pass the "
+                      f"folder that holds srt/, e.g. an unpacked wheel's sglang/ or a checkout's "
+                      f"python/sglang/")
     print(check_all(FIXES, root=root).to_string(index=False))
     return 0
 
@@ -63,13 +57,13 @@ def _releases(args) -> int:
         tl = R.timeline(FIXES, args.releases or None, offline=args.offline,
                         progress=sys.stderr.isatty())
     except ValueError as e:
-        return _fail(str(e))
+        raise Refused(e) from None
     if tl.unknown and len(tl.unknown) == len(set(args.releases or [])):
-        return _fail(f"no such SGLang release on the package index: {', '.join(tl.unknown)}")
+        raise Refused(f"no such SGLang release on the package index: {', '.join(tl.unknown)}")
     for note in tl.notes:
         print(note)
     if tl.frame.empty:
-        return _fail("no release could be read: no wheel, no network and no committed table")
+        raise Refused("no release could be read: no wheel, no network and no committed table")
     table = R.summary(tl.frame)
     if (tl.frame["source"] != "wheel").any():
         table = table.assign(read_from=tl.frame["source"])
@@ -100,6 +94,7 @@ def _figure(frame, target: str) -> None:
 def _write(tl, args) -> None:
     from sglab.sglang import hunks as H
     from sglab.sglang import wheels as R
+    from sglab.tools.fixes import FIXES
 
     if args.no_write:
         print("data/upstream/ not rewritten (--no-write)")
@@ -114,7 +109,6 @@ def _write(tl, args) -> None:
     old = path.read_text() if path.exists() else None
     R.write_table(tl.frame, path)
     status = "unchanged" if old == path.read_text() else "updated"
-    from sglab.tools.fixes import FIXES
     hunks = H.generate(FIXES, list(tl.frame["version"]), tl.wheels)
     print(f"wrote {path} ({len(tl.frame)} releases, {status}) and {len(hunks)} PR hunks under "
           f"{path.parent}/")

@@ -17,15 +17,13 @@ from sglab.tools import fixes
 
 
 class BadInput(Exception):
-    """A missing or unreadable run, or an unknown experiment: reported in one line, exit status
-    2."""
+    """A missing or unreadable run, or an unknown experiment: one line, exit status 2."""
 
 
 # -- loading runs, with clear errors ---------------------------------------------------------------
 def load_run(path: str | Path, *, live: bool = False) -> runs.Run:
-    """Read a run (CSV + manifest) and check that it is whole: both files parse, the tidy columns
-    are there, the experiment is known and the row count is the one the manifest recorded (a
-    truncated CSV fails here)."""
+    """Read a run (CSV + manifest) and check that it is whole: both parse, the tidy columns are
+    there, the experiment is known and the row count is the manifest's."""
     import pandas as pd
 
     path = Path(path)
@@ -85,14 +83,8 @@ def targets(names: list[str], all_: bool) -> list[runs.Run]:
 
 
 def gpus_for(measure, params: dict) -> int:
-    """GPUs a run of ``measure`` with ``params`` uses: its world / TP size where it has one, else
-    ``GPUS``."""
-    if hasattr(measure, "gpus"):
-        return int(measure.gpus(params))
-    for key in ("world_size", "tp_size"):
-        if key in params:
-            return int(params[key])
-    return int(getattr(measure, "GPUS", 1))
+    """GPUs a run of ``measure`` with ``params`` uses."""
+    return int(measure.gpus(params)) if hasattr(measure, "gpus") else measure.GPUS
 
 
 def record(name: str, params: dict | None = None, *, recorded: bool = False,
@@ -100,7 +92,7 @@ def record(name: str, params: dict | None = None, *, recorded: bool = False,
     """Run fix ``name``'s measurement live and save the run (data/runs/, or data/recorded/ with
     ``recorded``). Raises :class:`BadInput` for unknown parameters or too few GPUs."""
     mod = fixes.measure(name)
-    defaults = getattr(mod, "DEFAULT_PARAMS", {})
+    defaults = mod.DEFAULT_PARAMS
     unknown = set(params or {}) - set(defaults)
     if unknown:
         raise BadInput(f"unknown parameter(s) for {name}: {sorted(unknown)}; known: "
@@ -119,14 +111,11 @@ def record(name: str, params: dict | None = None, *, recorded: bool = False,
 
 
 def live(progress: bool = True, only=None) -> tuple[list[runs.Run], list[str]]:
-    """Record every fix this machine's GPUs can run (into data/runs/), or those of ``only``; (runs,
-    skipped-with-reason)."""
+    """Record every fix (or those of ``only``) this machine can run: (runs, skipped with why)."""
     done, skipped = [], []
-    for name in fixes.NAMES:
-        if only is not None and name not in only:
-            continue
+    for name in [n for n in fixes.NAMES if only is None or n in only]:
         mod = fixes.measure(name)
-        ok, why = hardware.meets(gpus_for(mod, getattr(mod, "DEFAULT_PARAMS", {})))
+        ok, why = hardware.meets(gpus_for(mod, mod.DEFAULT_PARAMS))
         if not ok:
             skipped.append(f"{name}: {why}")
             continue
@@ -134,11 +123,9 @@ def live(progress: bool = True, only=None) -> tuple[list[runs.Run], list[str]]:
     return done, skipped
 
 
-def live_engines(progress: bool = True, only=None, *,
-                 run_one=None) -> tuple[list[runs.Run], list[str]]:
-    """Run each engine scenario whose fix states engine claims and this machine can start (``only``:
-    those experiments): (runs recorded under data/runs/, skipped with the reason)."""
-    run_one = run_one or eng.run
+def live_engines(progress: bool = True, only=None) -> tuple[list[runs.Run], list[str]]:
+    """Run each engine scenario with engine claims this machine can start (``only``: those
+    experiments): (runs recorded under data/runs/, skipped with the reason)."""
     echo = print if progress else (lambda _line: None)
     checked = {e.removeprefix("engine_") for e in fixes.experiments() if e.startswith("engine_")}
     done, skipped = [], []
@@ -152,7 +139,7 @@ def live_engines(progress: bool = True, only=None, *,
         results = []
         for spec in sc.specs():
             try:
-                results.append(run_one(spec, echo=echo))
+                results.append(eng.run(spec, echo=echo))
             except eng.EngineError as e:
                 skipped.append(f"{sc.name} {spec.variant}: {e}")
         if results:
@@ -214,6 +201,7 @@ class Verified:
     results: list
     comparison: claims.Comparison | None = None
     drifted: list = field(default_factory=list)  # values beyond tolerance, same GPU model
+    how: str = ""  # why there was no reference to compare with
 
     @property
     def failed(self) -> list:
@@ -223,8 +211,7 @@ class Verified:
 def verify_run(run: runs.Run, *, against: bool = False, reference: runs.Run | None = None,
                recorded: dict | None = None) -> Verified:
     """``run``'s claims; with ``against``, compared with ``reference`` or else with the record
-    (``recorded``: ``{experiment: runs}`` already loaded, filled as it goes, so that a record's
-    runs verified one after another are read and evaluated once)."""
+    (``recorded``: ``{experiment: runs}`` read once, filled as it goes)."""
     exp = run.manifest.experiment
     mod = fixes.claims(exp)
     if not against:
@@ -239,7 +226,7 @@ def verify_run(run: runs.Run, *, against: bool = False, reference: runs.Run | No
     else:
         held = claims.held_to(run, reference)
     if reference is None:
-        v.how = how  # type: ignore[attr-defined]
+        v.how = how
         return v
     v.comparison = claims.compare(mod, run, reference, record, mine=v.results)
     v.comparison.how = how
@@ -248,9 +235,7 @@ def verify_run(run: runs.Run, *, against: bool = False, reference: runs.Run | No
 
 
 def _twin(run: runs.Run, record: list) -> runs.Run:
-    """The record's own copy of ``run`` where it is one of the record's runs, unchanged: its claims
-    are then evaluated once, for its verdict and for the range the record spans when the record's
-    other runs are verified. Else ``run``."""
+    """The record's own copy of ``run`` where it is one, unchanged (its claims evaluated once)."""
     for c in record:
         if runs.same_file(c, run) and c.manifest == run.manifest and c.df.equals(run.df):
             return c
@@ -258,8 +243,8 @@ def _twin(run: runs.Run, record: list) -> runs.Run:
 
 
 def partial(run) -> str:
-    """What a run cut short by a signal ran and missed (``sglab engine`` records the engines
-    that finished before it under ``partial/``), in words; '' for a whole run."""
+    """What a run cut short by a signal (``sglab engine``'s ``partial/``) ran and missed, in words;
+    '' for a whole run."""
     p = run.manifest.partial
     if not p:
         return ""
@@ -270,8 +255,7 @@ def partial(run) -> str:
 
 
 def block(v: Verified) -> tuple[list[str], list[str]]:
-    """One verified run's lines, printed as soon as it is verified, and its FAIL lines (printed
-    after the count)."""
+    """One verified run's lines and its FAIL lines (printed after the count)."""
     m, out, bad = v.run.manifest, [], []
     out.append(f"== {m.experiment} · {v.run.path.name} (method {m.method_version})")
     out.append(format_results(v.results))
@@ -283,7 +267,7 @@ def block(v: Verified) -> tuple[list[str], list[str]]:
                    "scenario whole")
     if v.comparison is not None:
         out.append(format_comparison(v.comparison))
-    elif getattr(v, "how", None):
+    elif v.how:
         out.append(f"  against: {v.how}")
     for r in v.failed:
         bad.append(f"FAIL {r.claim.id} in {v.run.path.name}: "
@@ -296,8 +280,7 @@ def block(v: Verified) -> tuple[list[str], list[str]]:
 
 
 def tail(vs: list[Verified], bad: list[str]) -> tuple[str, int]:
-    """The count of runs that hold and fail, then every FAIL line (``bad``, each run's
-    :func:`block`); the exit status."""
+    """The count of runs that hold and fail, then every FAIL line (``bad``); the exit status."""
     n_fail = sum(1 for v in vs if v.failed or v.drifted or partial(v.run))
     return "\n".join([f"\n{len(vs)} run(s): {len(vs) - n_fail} hold, {n_fail} fail",
                       *bad]), (1 if n_fail else 0)
