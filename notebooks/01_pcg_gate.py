@@ -320,6 +320,19 @@ show.your_setup(interactive=INTERACTIVE)
 print(inspect.getsource(rebuild.init_piecewise_cuda_graphs))
 
 # %% [markdown]
+# ### Kimi-K2.5's 61 layers, estimated
+#
+# The full-width runs hold 2 of Kimi-K2.5's 61 layers. Scaling each measured prefill step by 61 ÷ 2
+# assumes every layer costs and saves alike (the dense layer as a MoE one, embedding and logits
+# folded in): a rough size for the whole model's prefill step, not a measurement. At TP 4 each
+# rank runs the rank widths' rows and adds two all-reduces per layer; their time is the same with
+# or without graphs, so they shrink the relative gain, while their launches are among those the
+# graphs remove. Neither is measured here, and the PR's own gain is a TTFT under its traffic.
+
+# %%
+serving.estimate(engine)
+
+# %% [markdown]
 # ### The duplicate keys, one by one
 #
 # The key list of `property_only` after the gate: the LLM's keys under `language_model.*` and again

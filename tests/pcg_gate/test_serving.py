@@ -1,7 +1,9 @@
 """01's serving section on a made-up full-width run: the PR's metrics beside enforced ÷ off, the
-table per prompt length and concurrency, the A/A gap, and what it says without a run."""
+table per prompt length and concurrency, the A/A gap, and what it says without a run; the 61-layer
+estimate on the recorded runs."""
 
 import pandas as pd
+import pytest
 
 from sglab.core import runs
 from sglab.pcg_gate import serving
@@ -74,3 +76,23 @@ def test_without_a_run_it_says_how_to_record_one(capsys):
     out = capsys.readouterr().out
     assert "bash scripts/engine_gpu.sh --scenario 01-kimi-full-serve" in out
     assert serving.table(pd.DataFrame()).empty
+
+
+def test_the_61_layer_estimate_scales_each_measured_step_by_61_over_its_layers(capsys):
+    """Each full-width model's step and its saving times 61 ÷ 2 (its 2 layers); a loss stays a
+    loss (negative saved) and the PR's figures stand beside it."""
+    from sglab.core import engine_records
+    from sglab.pcg_gate import sglang, tables
+
+    rs = sglang.FIX.recorded_engine()
+    t = tables.whole_model(engine_records.frame([*rs.shown, *rs.elsewhere]))
+    if t.empty:
+        pytest.skip("no full-width bench_one_batch run recorded")
+    row = t.loc[("kimi_k25_full", 2048)]
+    assert row["layers run"] == 2
+    saved = (row["off (ms)"] - row["enforced (ms)"]) * 61 / 2
+    assert row["61 layers, saved (ms, est.)"] == pytest.approx(saved, abs=1.0) and saved < 0
+    serving.estimate(rs)
+    assert "0.479 → 0.147 s" in capsys.readouterr().out
+    serving.estimate(runs.NoRun("engine_pcg_gate", "none"))
+    assert "01-kimi-full-bench" in capsys.readouterr().out

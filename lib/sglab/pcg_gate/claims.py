@@ -12,7 +12,6 @@ from sglab.core.card import Card
 from sglab.core.claims import NA, Claim, Headline, Outcome, holds, not_applicable
 from sglab.pcg_gate import rebuild, serving, sglang, tables
 from sglab.pcg_gate.measure import EXPERIMENT, GPUS  # noqa: F401 (GPUS: read by Workbook)
-from sglab.sglang.engine import spec
 from sglab.sglang.releases import parse_version
 
 
@@ -360,12 +359,6 @@ def _speedup(run):
         })
 
 
-def _layers(model: str) -> int:
-    """The decoder layers of a committed engine model (data/models/<model>/config.json)."""
-    cfg = spec.text_config(spec.load_config(runs.repo_root() / "data" / "models" / model))
-    return int(cfg["num_hidden_layers"])
-
-
 def _launches(run):
     """Captured: layers + 1 graphs and the same kernels outside them at every token count up to the
     largest capture, eager beyond it (the pcg-off launches). Not captured: no graph, exactly the
@@ -385,7 +378,7 @@ def _launches(run):
         key = f"{model} {rel} {case}"
         value[key] = {"kernels_min": kernels[0], "kernels_max": kernels[-1], "graphs": graphs[-1]}
         if g.pcg.iloc[0] == "captured":
-            want, cap = _layers(model) + 1, int(g.cap.iloc[0])
+            want, cap = tables.layers_of(model) + 1, int(g.cap.iloc[0])
             tokens = g.index.get_level_values("tokens")
             inside, beyond = (g, g.iloc[:0]) if not cap else (g[tokens <= cap], g[tokens > cap])
             kin, gin = sorted(set(inside.kernels)), sorted(set(inside.graphs))

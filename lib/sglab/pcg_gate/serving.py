@@ -225,3 +225,19 @@ def show(rs) -> None:
               "--scenario 01-kimi-full-serve")
         return
     notebook.show_table(t)
+
+
+def estimate(rs) -> None:
+    """The measured layers scaled to Kimi-K2.5's 61 (:func:`tables.whole_model`), beside the PR."""
+    rows = [*rs.shown, *rs.elsewhere] if rs else []
+    gpu = max(rows, key=lambda r: r.manifest.created_utc).manifest.gpu if rows else ""
+    t = tables.whole_model(engine_records.frame([r for r in rows if r.manifest.gpu == gpu]))
+    if t.empty:
+        print("no full-width bench_one_batch run recorded yet: on a GPU box, bash "
+              "scripts/engine_gpu.sh --scenario 01-kimi-full-bench --scenario 01-kimi-rank-bench")
+        return
+    unit, before, after = sglang.PR_BENCHMARK["metrics"]["TTFT"]
+    print(f"An estimate from the runs on {gpu}, one prefill step per prompt: #26382 measured TTFT "
+          f"{before} → {after} {unit} ({sglang.PR_BENCHMARK['setup']}), "
+          f"{(before - after) * 1e3:.0f} ms saved")
+    notebook.show_table(t)

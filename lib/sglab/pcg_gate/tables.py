@@ -10,9 +10,10 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from sglab.core import engine_records, engine_stats, kernel_table
+from sglab.core import engine_records, engine_stats, kernel_table, runs
 from sglab.pcg_gate import rebuild, sglang
 from sglab.pcg_gate.measure import DEFAULT_PARAMS, GATE_METRICS, HOST
+from sglab.sglang.engine import spec
 
 
 TIMES = (("time_median", "median"), ("time_p10", "p10"), ("time_p90", "p90"))
@@ -300,6 +301,39 @@ def width_gains(df: pd.DataFrame) -> pd.DataFrame:
     rows = [{"hidden": h, "tokens": n, **_gain(on, arms[(h, n, "off")])}
             for (h, n, arm), on in sorted(arms.items()) if arm == "pcg" and (h, n, "off") in arms]
     return pd.DataFrame(rows, columns=["hidden", "tokens", "gain", "lo", "hi", "starts"])
+
+
+def layers_of(model: str) -> int:
+    """The decoder layers of a committed engine model (data/models/<model>/config.json)."""
+    cfg = spec.text_config(spec.load_config(runs.repo_root() / "data" / "models" / model))
+    return int(cfg["num_hidden_layers"])
+
+
+KIMI_LAYERS = 61  # Kimi-K2.5's decoder layers (1 dense + 60 MoE)
+
+
+def whole_model(df: pd.DataFrame) -> pd.DataFrame:
+    """An estimate, not a measurement: each full-width prefill step (median of the starts) scaled
+    from the layers it holds to Kimi-K2.5's 61, assuming the step is its layers alike (dense and
+    MoE, embedding and logits folded in), so the step and what piecewise graphs save in it both
+    scale by 61 ÷ layers."""
+    if df.empty or "tool" not in df:
+        return pd.DataFrame()
+    d = engine_stats.numbers(df[df["model"].isin(FULL_WIDTH) & (df["tool"] == "bench")], "prefill")
+    d = d[d.release == sglang.FULL_BENCH.releases[-1]]
+    if d.empty:
+        return pd.DataFrame()
+    t = d.pivot_table(index=["model", "input_len"], columns="case", values="value")
+    scale = t.index.get_level_values("model").map(lambda m: KIMI_LAYERS / layers_of(m))
+    out = pd.DataFrame({
+        "layers run": t.index.get_level_values("model").map(layers_of),
+        "off (ms)": t["pcg-off"].round(2), "enforced (ms)": t["enforce"].round(2),
+        "61 layers, off (ms, est.)": (t["pcg-off"] * scale).round(0),
+        "61 layers, saved (ms, est.)": ((t["pcg-off"] - t["enforce"]) * scale).round(0)
+    })
+    out.index = out.index.set_levels(out.index.levels[1].astype(int), level=1)
+    out.index.names = ["model", "prompt tokens"]
+    return out
 
 
 # the full-width scenarios' models on the width figure: hidden size, label
