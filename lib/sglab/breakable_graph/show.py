@@ -28,9 +28,7 @@ def latency_table(df: pd.DataFrame) -> pd.DataFrame:
     d = df[(df["part"] == "d_latency") & (df["metric"] == "time_median")]
     t = d.pivot_table(index=["num_tokens", "batch_size"], columns="variant",
                       values="value").reset_index()
-    t["speedup_after"] = t["eager"] / t["after"]
-    t["speedup_before"] = t["eager"] / t["before"]
-    return t
+    return t.assign(speedup_after=t["eager"] / t["after"], speedup_before=t["eager"] / t["before"])
 
 
 def latency_of(run) -> pd.DataFrame:
@@ -447,9 +445,7 @@ def your_setup(interactive: bool = False):
 # -- the real engine, before and after -------------------------------------------------------------
 def beside_rows(run, engine_run) -> list[dict]:
     """Eager over graph for prefills of several requests, as the rebuild (forward only) and SGLang's
-    engine (a whole Engine.generate call) measure it; first what is counted, not timed: the
-    rebuild's graph launches per prefill of 2+ requests (profiler), and the share of the engine's
-    prefill batches the scheduler ran on the graph."""
+    engine (a whole Engine.generate call) measure it; first what is counted, not timed."""
     rows = []
     df = engine_records.frame(engine_run.shown) if engine_run else None
     if run:
@@ -503,15 +499,15 @@ def beside_rows(run, engine_run) -> list[dict]:
     return rows
 
 
-def eager_over_graph(df: pd.DataFrame, stat: str = engine_stats.STAT) -> dict:
-    """``{release: {requests: (eager / bcg, lo, hi)}}`` of Engine.generate, each side ``stat``."""
-    pairs = engine_stats.ratios(df, "latency", "requests", "eager", stat)
+def eager_over_graph(df: pd.DataFrame) -> dict:
+    """``{release: {requests: (eager / bcg, lo, hi)}}`` of Engine.generate, each side its STAT."""
+    pairs = engine_stats.ratios(df, "latency", "requests", "eager", engine_stats.STAT)
     return {rel: r for (_, rel, case), r in pairs.items() if case == "bcg"}
 
 
-def engine_ratios(df: pd.DataFrame, stat: str = engine_stats.STAT) -> dict:
+def engine_ratios(df: pd.DataFrame) -> dict:
     """``{release: {requests: eager / bcg}}`` (:func:`eager_over_graph`)."""
-    return {rel: {n: x[0] for n, x in r.items()} for rel, r in eager_over_graph(df, stat).items()}
+    return {rel: {n: x[0] for n, x in r.items()} for rel, r in eager_over_graph(df).items()}
 
 
 def engine_figure(df):

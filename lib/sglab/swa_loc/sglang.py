@@ -423,8 +423,7 @@ def compare() -> None:
     print(kernels_statement(results))
 
 
-released = functools.partial(real.released,
-                             FIX)  # the releases, a released symbol beside the rebuild
+released = functools.partial(real.released, FIX)  # the releases, a symbol beside the rebuild
 
 
 def kernels_statement(results: dict) -> str:
