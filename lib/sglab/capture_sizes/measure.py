@@ -316,25 +316,17 @@ def _rank_main(ctx, params: dict, trace_dir: str | None = None,
 def _merge(per_rank: list[list[dict]]) -> list[dict]:
     """One row per (variant, size, metric): flags must agree on every rank, errors are the max."""
     keyed: dict = {}
-    for rows in per_rank:
-        for x in rows:
-            k = (x["variant"], x["size"], x["metric"])
-            if k not in keyed:
-                keyed[k] = dict(x, ranks=1)
-                continue
-            y = keyed[k]
-            y["ranks"] += 1
-            if x["metric"] == "replay_max_abs_err":
-                y["value"] = max(y["value"], x["value"])
-            elif x["metric"] == "replay_ok":
-                y["value"] = min(y["value"], x["value"])
-            elif y["value"] != x["value"]:
-                raise RuntimeError(f"ranks disagree on {k}: {y['value']} vs {x['value']}")
+    for x in (x for rows in per_rank for x in rows):
+        keyed.setdefault((x["variant"], x["size"], x["metric"]), []).append(x)
     out = []
-    for y in keyed.values():
-        if y.pop("ranks") != len(per_rank):
-            raise RuntimeError(f"row {y} came from fewer than {len(per_rank)} ranks")
-        out.append(y)
+    for k, xs in keyed.items():
+        if len(xs) != len(per_rank):
+            raise RuntimeError(f"row {xs[0]} came from fewer than {len(per_rank)} ranks")
+        values = [x["value"] for x in xs]
+        pick = {"replay_max_abs_err": max, "replay_ok": min}.get(k[2])
+        if pick is None and len(set(values)) > 1:
+            raise RuntimeError(f"ranks disagree on {k}: {values}")
+        out.append(dict(xs[0], value=(pick or min)(values)))
     return out
 
 
@@ -370,10 +362,10 @@ def run(params: dict | None = None, *, progress: bool = True) -> runs.Measured:
             dist.stop_forkserver()
     for r, out in enumerate(per_rank):
         phases.merge(out["phases"], prefix=f"rank{r}/")
-    rows = _merge([out["rows"] for out in per_rank])
-    for r in rows:
-        r.setdefault("error", "")
-        r.setdefault("stage", "")
+    rows = [
+        dict(r, error=r.get("error", ""), stage=r.get("stage", ""))
+        for r in _merge([out["rows"] for out in per_rank])
+    ]
     df = runs.tidy(EXPERIMENT, rows)
     if progress:
         print(f"[capture_sizes] done in {time.perf_counter() - t0:.1f} s", flush=True)
