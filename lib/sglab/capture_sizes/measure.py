@@ -26,20 +26,16 @@ EXPERIMENT = "capture_sizes"
 # the capture loop (the `events` and `trace` sidecars)
 METHOD_VERSION = 2
 GPUS = 2
+# world_size: ranks = attention-TP group size (one GPU each); sizes: "scaled" (the default list x
+# world_size/8: the tp-8 failures) or "default"; max_tokens: piecewise_cuda_graph_max_tokens (2048
+# = the MLA default); backend "gloo" runs the same logic on the CPU (no graphs); timeout_s: the
+# whole multi-rank run; profile: a separate traced pass of the capture loop; start_method: the
+# ranks fork from a server that imported torch and this module once (sglab.core.dist.forkserver),
+# "spawn": a fresh interpreter per rank
 DEFAULT_PARAMS = {
-    "world_size": 2,  # ranks = attention-TP group size (one GPU each)
-    "sizes": "scaled",  # "scaled": default list x world_size/8 (the tp-8 failures); "default"
-    "max_tokens": 2048,  # piecewise_cuda_graph_max_tokens (2048 = the MLA default)
-    "hidden": 1024,
-    "dtype": "bfloat16",
-    "seed": 0,
-    "backend": "nccl",  # "gloo" runs the same logic on the CPU (no graphs)
-    "timeout_s": 420,  # the whole multi-rank run
-    "collective_timeout_s": 60,
-    "profile": True,  # a separate traced pass of the capture loop
-    # the ranks fork from a server that imported torch and this module once
-    # (sglab.core.dist.forkserver); "spawn": a fresh interpreter per rank
-    "start_method": "forkserver",
+    "world_size": 2, "sizes": "scaled", "max_tokens": 2048, "hidden": 1024, "dtype": "bfloat16",
+    "seed": 0, "backend": "nccl", "timeout_s": 420, "collective_timeout_s": 60, "profile": True,
+    "start_method": "forkserver"
 }
 FORKSERVER_PRELOAD = ("torch", "sglab.capture_sizes.measure")
 VARIANTS = ("before", "before_probe", "pr_filter", "round_up")
