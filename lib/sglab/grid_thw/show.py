@@ -248,10 +248,9 @@ def heatmaps(run, phase: str = "kernel"):
         ax.set_xticks(range(t.shape[1]), t.columns)
         ax.set_yticks(range(t.shape[0]), t.index)
         ax.grid(False)
-        for i in range(t.shape[0]):
-            for j in range(t.shape[1]):
-                ax.text(j, i, f"{t.values[i, j]:.0f}", ha="center", va="center", fontsize=8,
-                        color="white" if t.values[i, j] > 0.6 * vmax else "black")
+        for (i, j), mib in np.ndenumerate(t.values):
+            ax.text(j, i, f"{mib:.0f}", ha="center", va="center", fontsize=8,
+                    color="white" if mib > 0.6 * vmax else "black")
         ax.set_title(f"{v}: MiB per process × GPU")
     fig.suptitle(run_name(run), fontsize=10)
     plots.caption(fig, run, extra=f"phase '{phase}' · median over repeats")
