@@ -101,7 +101,7 @@ HOW = {
 
 
 def mechanism_facts(rs=None) -> pd.DataFrame:
-    """Per wrapper variant: the gate's decision and key counts, from the first run or the rebuild."""
+    """Per wrapper variant: the gate's decision and key counts, from the first run or rebuild."""
     if rs:
         g = gate_table(rs.first.df)
         if not g.empty:
@@ -125,7 +125,7 @@ def _write_back(v: str, on: bool, dup: int) -> tuple[str, str]:
 
 
 def mechanism(rs=None):
-    """Wrapper → the gate's ``hasattr`` → its write-back → where the LLM's weights are registered."""
+    """Wrapper → the gate's ``hasattr`` → its write-back → where the LLM's weights end up."""
     facts = mechanism_facts(rs)
     fig, ax = plots.canvas(12.0, 5.0, xlim=(0, 12), ylim=(0, 5.0))
     titles = ("wrapper (.model is …)", "gate: hasattr(wrapper, 'model')",
@@ -332,7 +332,7 @@ def width_sweep(rs) -> None:
 
 
 def _width_panels(rs) -> list:
-    """``[(gpu, df, gains, (lo, hi) µs per bare launch or None, full-width gains)]`` per GPU model."""
+    """``[(gpu, df, gains, (lo, hi) µs per bare launch or None, full-width gains)]``."""
     by_gpu = {rs.first.manifest.gpu: list(rs.shown)}
     for r in rs.elsewhere:
         by_gpu.setdefault(r.manifest.gpu, []).append(r)
