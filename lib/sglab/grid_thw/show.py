@@ -269,17 +269,13 @@ def cache_answer(stats: dict):
 # -- your own setup: a TP size and a request stream -> GPU-0 waste before the fix, vision cache hits
 def stray_mib() -> dict:
     """Per GPU model: ``(before, after)`` MiB a rank >= 1 holds on GPU 0 after a kernel (median)."""
-    out: dict = {}
-    for r in runs.load_all_recorded(measure.EXPERIMENT):
-        per = gpu0_per_rank(r.df)
-        per = per[per.phase == "kernel"]
-        got = out.setdefault(runs.gpu_short(r), ([], []))
-        for v, into in zip(("before", "after"), got):
-            into.extend(per[per.variant == v].median_mib)
-    return {
-        gpu: (float(np.median(b)), float(np.median(a)))
-        for gpu, (b, a) in out.items() if b and a
-    }
+    per = pd.concat([
+        gpu0_per_rank(r.df).assign(gpu=runs.gpu_short(r))
+        for r in runs.load_all_recorded(measure.EXPERIMENT)
+    ])
+    t = per[per.phase == "kernel"].pivot_table(index="gpu", columns="variant", values="median_mib",
+                                               aggfunc="median", sort=False)
+    return {gpu: (float(x.before), float(x.after)) for gpu, x in t.dropna().iterrows()}
 
 
 def setup_table(tp_size: int, requests: int, image_pool: int, max_images: int):
