@@ -13,7 +13,6 @@ import pytest
 from sglab.core import claims as C
 from sglab.core import runs, text
 from sglab.pcg_gate import claims as pg
-from sglab.pcg_gate import show as pg_show
 from sglab.core import engine_records as R
 from sglab.core import engine_stats as S
 from sglab.core import engine_view as V
@@ -375,7 +374,7 @@ def test_each_start_is_set_beside_what_the_host_did_meanwhile():
 
 def _both(df, stat):
     """01's ratios by one statistic, as the rerun table sets them beside each other."""
-    return {" ".join(k): v for k, v in pg_show.engine_ratios(df, stat).items()}
+    return {" ".join(k): v for k, v in pg.tables.engine_ratios(df, stat).items()}
 
 
 BOTH = ("fastest", "median")

@@ -109,7 +109,7 @@ def test_the_counting_pass_counts_launch_calls_and_device_time():
         ("host", "phase::eager 64", "range", 0, 30.0)
     ], columns=["lane", "name", "category", "start_us", "dur_us"])
     ev = ev.assign(variant="eager", num_tokens=64)
-    rows = {r["metric"]: r["value"] for r in measure.count_rows(ev)}
+    rows = {r["metric"]: r["value"] for r in measure.trace_rows(ev, measure.COUNTED)}
     assert rows == {"launches": 4.0, "device_us": 6.5}
 
 

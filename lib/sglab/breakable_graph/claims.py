@@ -206,10 +206,6 @@ def _on_graph(run) -> dict:
     }
 
 
-def _engine_graph_applies(run):
-    return None if _on_graph(run) else "no bcg case of this run started"
-
-
 def _engine_graph(run):
     found = _on_graph(run)
     expect = {
@@ -229,10 +225,6 @@ def _engine_graph(run):
 def _ratios(run) -> dict:
     """``{requests: eager / bcg}`` on the release with #24662."""
     return show.engine_ratios(engine_records.frame([run])).get(AFTER_RELEASE, {})
-
-
-def _engine_faster_applies(run):
-    return None if _ratios(run) else f"no {AFTER_RELEASE} bcg and eager cases"
 
 
 def _engine_faster(run):
@@ -260,12 +252,14 @@ ENGINE = SimpleNamespace(
             _G, f"With the breakable CUDA graph on, {BEFORE_RELEASE} puts a prefill on the graph "
             f"only when it holds one request; {AFTER_RELEASE} (with #24662) for every request "
             "count", "before #24662: 1 request only; after: all (exact, the scheduler's own "
-            "'Prefill batch' log)", _engine_graph, applies=_engine_graph_applies),
+            "'Prefill batch' log)", _engine_graph, applies=lambda run: None
+            if _on_graph(run) else "no bcg case of this run started"),
         Claim(
             _F, f"On {AFTER_RELEASE}, the breakable graph beats eager prefill at every request "
-            "count", "eager / graph > 1 at every count", _engine_faster,
-            applies=_engine_faster_applies, drift=0.25, noise="aa_noise",
-            context=("aa_noise", "margin", "starts", "requests_min", "requests_max"))
+            "count", "eager / graph > 1 at every count", _engine_faster, applies=lambda run: None
+            if _ratios(run) else f"no {AFTER_RELEASE} bcg and eager cases", drift=0.25,
+            noise="aa_noise", context=("aa_noise", "margin", "starts", "requests_min",
+                                       "requests_max"))
     ], HEADLINE=Headline(
         parts=(f"The scheduler's own log: {BEFORE_RELEASE} puts a prefill on the graph only with "
                f"{{v[{_G}][most][{BEFORE_RELEASE}]}} request, {AFTER_RELEASE} with up to "

@@ -113,13 +113,13 @@ def hit_rate_rows(params: Optional[dict] = None, model: Optional[torch.nn.Module
                                               capture=False)
         h = graph_hit_rate(runner, shapes)
         rows += [_row("c_hit_rate", boundary, k, h[k], u) for k, u in _HIT_UNITS.items()]
-    for bs in range(1, int(p["stream_max_bs"]) + 1):  # the stream's make-up
-        rows.append(
-            _row("c_hit_rate", "stream", "batches_with_bs",
-                 sum(1 for s in shapes if s.batch_size == bs), "batches", batch_size=bs))
-    too_big = sum(1 for s in shapes if s.num_tokens > max(p["capture_num_tokens"]))
-    rows.append(_row("c_hit_rate", "stream", "batches_over_max_tokens", too_big, "batches"))
-    return rows
+    rows += [  # the stream's make-up
+        _row("c_hit_rate", "stream", "batches_with_bs", sum(s.batch_size == bs for s in shapes),
+             "batches", batch_size=bs) for bs in range(1,
+                                                       int(p["stream_max_bs"]) + 1)
+    ]
+    too_big = sum(s.num_tokens > max(p["capture_num_tokens"]) for s in shapes)
+    return rows + [_row("c_hit_rate", "stream", "batches_over_max_tokens", too_big, "batches")]
 
 
 def resolve(model: torch.nn.Module, *, walk: bool) -> tuple[Optional[torch.nn.Module], list]:
@@ -253,12 +253,11 @@ def run(params: Optional[dict] = None, *, progress: bool = True,
         pool = torch.cuda.graph_pool_handle() if on_gpu else None  # one pool for both runners
         before, after = (rebuild.BreakableGraphRunner(model, boundary=b, capture_num_tokens=caps,
                                                       pool=pool) for b in rebuild.BOUNDARIES)
-    rows: list[dict] = []
-    for n in caps:
-        for name, r in (("before", before), ("after", after)):
-            segs, breaks = r.segments(n)
-            rows.append(_row("launches", name, "graph_segments", segs, "count", num_tokens=n))
-            rows.append(_row("launches", name, "eager_breaks", breaks, "count", num_tokens=n))
+    rows = [
+        _row("launches", name, metric, x, "count", num_tokens=n) for n in caps
+        for name, r in (("before", before), ("after", after))
+        for metric, x in zip(("graph_segments", "eager_breaks"), r.segments(n))
+    ]
 
     def batch_for(n_tokens: int, bs: int) -> rebuild.PrefillBatch:
         return rebuild.make_batch(split_tokens(n_tokens, bs, seed), vocab_size=cfg.vocab_size,

@@ -280,7 +280,7 @@ def release_rows(release: str, result, variant_of: dict = VARIANT_OF) -> list:
 def comparison(results: dict, variant_of: dict = VARIANT_OF):
     """One row per (release, model shape) of the releases that ran."""
     return real.table([
-        r for v, res in results.items() if res.ok for r in release_rows(v, res, variant_of)
+        r for v, res in real.ran(results).items() for r in release_rows(v, res, variant_of)
     ])
 
 

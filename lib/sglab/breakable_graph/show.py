@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
@@ -28,9 +27,7 @@ def latency_table(df: pd.DataFrame) -> pd.DataFrame:
     d = df[(df["part"] == "d_latency") & (df["metric"] == "time_median")]
     t = d.pivot_table(index=["num_tokens", "batch_size"], columns="variant",
                       values="value").reset_index()
-    t["speedup_after"] = t["eager"] / t["after"]
-    t["speedup_before"] = t["eager"] / t["before"]
-    return t
+    return t.assign(speedup_after=t["eager"] / t["after"], speedup_before=t["eager"] / t["before"])
 
 
 def latency_of(run) -> pd.DataFrame:
@@ -182,11 +179,17 @@ class StructureCapture(rebuild.BreakableCUDAGraphCapture):
     """A capture that records module names per segment where the real one opens a CUDA graph, on
     any device; on a GPU its segment and break counts equal the real capture's (tested)."""
 
-    def __init__(self):
+    def __init__(self, boundary: str):
         super().__init__(rebuild.BreakableCUDAGraph())
-        self.segments: list[list[str]] = []
-        self.breaks: list[str] = []
+        self.boundary = boundary
+        self.segments: list[list[str]] = []  # per segment: module names, in call order
+        self.breaks: list[str] = []  # per break: the module that broke
         self.stack: list[str] = []
+
+    @property
+    def tail_in_graph(self) -> bool:
+        """Does a captured segment contain the logits tail (the one-request gather)?"""
+        return any("logits_processor" in n for seg in self.segments for n in seg)
 
     def _begin_new_segment(self) -> None:
         if self.segments:  # called right after an eager break ran, inside the module that broke
@@ -220,22 +223,10 @@ class StructureCapture(rebuild.BreakableCUDAGraphCapture):
                 h.remove()
 
 
-@dataclass
-class Structure:
-    boundary: str
-    segments: list = field(default_factory=list)  # per segment: module names, in call order
-    breaks: list = field(default_factory=list)  # per break: the module that broke
-
-    @property
-    def tail_in_graph(self) -> bool:
-        """Does a captured segment contain the logits tail (the one-request gather)?"""
-        return any("logits_processor" in n for seg in self.segments for n in seg)
-
-
 CAPTURE_TOKENS = 16
 
 
-def capture_structure(boundary: str, num_layers: int = 16, model=None) -> Structure:
+def capture_structure(boundary: str, num_layers: int = 16, model=None) -> StructureCapture:
     """The segments and breaks of one capture with the given boundary, through the runner's own
     capture path, on a model of ``num_layers`` layers a CPU builds at once (or on ``model``)."""
     if model is None:
@@ -244,14 +235,14 @@ def capture_structure(boundary: str, num_layers: int = 16, model=None) -> Struct
                                 intermediate_size=64, num_layers=int(num_layers), max_position=64))
     runner = rebuild.BreakableGraphRunner(model, boundary=boundary,
                                           capture_num_tokens=[CAPTURE_TOKENS], capture=False)
+    cap = StructureCapture(boundary)
     if boundary == rebuild.AFTER and runner.layer_model is None:
-        return Structure(boundary)
+        return cap
     batch = runner._build_capture_forward_batch(CAPTURE_TOKENS)
     meta = rebuild.build_attn_metadata(batch.extend_seq_lens_cpu, CAPTURE_TOKENS, runner.device)
-    cap = StructureCapture()
     with cap.hooks(model), rebuild.set_forward_context(meta), torch.no_grad(), cap:
         runner._run_forward(batch, CAPTURE_TOKENS)
-    return Structure(boundary, cap.segments, cap.breaks)
+    return cap
 
 
 _LAYER = re.compile(r"layers\.(\d+)\.(.*)")
@@ -287,7 +278,7 @@ def segment_label(names: list[str]) -> str:
 EDGE = 2  # segments drawn at each end of a row; the middle is summarised
 
 
-def _row_items(s: Structure) -> list[tuple[str, str, str]]:
+def _row_items(s: StructureCapture) -> list[tuple[str, str, str]]:
     """(kind, text, colour) left to right: segments and breaks, the middle one gap."""
     full = []
     for i, label in enumerate(segment_label(seg) for seg in s.segments):
@@ -306,7 +297,7 @@ def _row_items(s: Structure) -> list[tuple[str, str, str]]:
     return full[:head] + [gap] + full[-tail:]
 
 
-def _draw_row(ax, y: float, s: Structure) -> float:
+def _draw_row(ax, y: float, s: StructureCapture) -> float:
     x, widths = 0.1, {"segment": 1.55, "break": 0.55, "gap": 1.6}
     for kind, text, color in _row_items(s):
         w = widths[kind]
@@ -447,9 +438,7 @@ def your_setup(interactive: bool = False):
 # -- the real engine, before and after -------------------------------------------------------------
 def beside_rows(run, engine_run) -> list[dict]:
     """Eager over graph for prefills of several requests, as the rebuild (forward only) and SGLang's
-    engine (a whole Engine.generate call) measure it; first what is counted, not timed: the
-    rebuild's graph launches per prefill of 2+ requests (profiler), and the share of the engine's
-    prefill batches the scheduler ran on the graph."""
+    engine (a whole Engine.generate call) measure it; first what is counted, not timed."""
     rows = []
     df = engine_records.frame(engine_run.shown) if engine_run else None
     if run:
@@ -503,15 +492,15 @@ def beside_rows(run, engine_run) -> list[dict]:
     return rows
 
 
-def eager_over_graph(df: pd.DataFrame, stat: str = engine_stats.STAT) -> dict:
-    """``{release: {requests: (eager / bcg, lo, hi)}}`` of Engine.generate, each side ``stat``."""
-    pairs = engine_stats.ratios(df, "latency", "requests", "eager", stat)
+def eager_over_graph(df: pd.DataFrame) -> dict:
+    """``{release: {requests: (eager / bcg, lo, hi)}}`` of Engine.generate, each side its STAT."""
+    pairs = engine_stats.ratios(df, "latency", "requests", "eager", engine_stats.STAT)
     return {rel: r for (_, rel, case), r in pairs.items() if case == "bcg"}
 
 
-def engine_ratios(df: pd.DataFrame, stat: str = engine_stats.STAT) -> dict:
+def engine_ratios(df: pd.DataFrame) -> dict:
     """``{release: {requests: eager / bcg}}`` (:func:`eager_over_graph`)."""
-    return {rel: {n: x[0] for n, x in r.items()} for rel, r in eager_over_graph(df, stat).items()}
+    return {rel: {n: x[0] for n, x in r.items()} for rel, r in eager_over_graph(df).items()}
 
 
 def engine_figure(df):

@@ -26,20 +26,16 @@ EXPERIMENT = "capture_sizes"
 # the capture loop (the `events` and `trace` sidecars)
 METHOD_VERSION = 2
 GPUS = 2
+# world_size: ranks = attention-TP group size (one GPU each); sizes: "scaled" (the default list x
+# world_size/8: the tp-8 failures) or "default"; max_tokens: piecewise_cuda_graph_max_tokens (2048
+# = the MLA default); backend "gloo" runs the same logic on the CPU (no graphs); timeout_s: the
+# whole multi-rank run; profile: a separate traced pass of the capture loop; start_method: the
+# ranks fork from a server that imported torch and this module once (sglab.core.dist.forkserver),
+# "spawn": a fresh interpreter per rank
 DEFAULT_PARAMS = {
-    "world_size": 2,  # ranks = attention-TP group size (one GPU each)
-    "sizes": "scaled",  # "scaled": default list x world_size/8 (the tp-8 failures); "default"
-    "max_tokens": 2048,  # piecewise_cuda_graph_max_tokens (2048 = the MLA default)
-    "hidden": 1024,
-    "dtype": "bfloat16",
-    "seed": 0,
-    "backend": "nccl",  # "gloo" runs the same logic on the CPU (no graphs)
-    "timeout_s": 420,  # the whole multi-rank run
-    "collective_timeout_s": 60,
-    "profile": True,  # a separate traced pass of the capture loop
-    # the ranks fork from a server that imported torch and this module once
-    # (sglab.core.dist.forkserver); "spawn": a fresh interpreter per rank
-    "start_method": "forkserver",
+    "world_size": 2, "sizes": "scaled", "max_tokens": 2048, "hidden": 1024, "dtype": "bfloat16",
+    "seed": 0, "backend": "nccl", "timeout_s": 420, "collective_timeout_s": 60, "profile": True,
+    "start_method": "forkserver"
 }
 FORKSERVER_PRELOAD = ("torch", "sglab.capture_sizes.measure")
 VARIANTS = ("before", "before_probe", "pr_filter", "round_up")
@@ -316,25 +312,17 @@ def _rank_main(ctx, params: dict, trace_dir: str | None = None,
 def _merge(per_rank: list[list[dict]]) -> list[dict]:
     """One row per (variant, size, metric): flags must agree on every rank, errors are the max."""
     keyed: dict = {}
-    for rows in per_rank:
-        for x in rows:
-            k = (x["variant"], x["size"], x["metric"])
-            if k not in keyed:
-                keyed[k] = dict(x, ranks=1)
-                continue
-            y = keyed[k]
-            y["ranks"] += 1
-            if x["metric"] == "replay_max_abs_err":
-                y["value"] = max(y["value"], x["value"])
-            elif x["metric"] == "replay_ok":
-                y["value"] = min(y["value"], x["value"])
-            elif y["value"] != x["value"]:
-                raise RuntimeError(f"ranks disagree on {k}: {y['value']} vs {x['value']}")
+    for x in (x for rows in per_rank for x in rows):
+        keyed.setdefault((x["variant"], x["size"], x["metric"]), []).append(x)
     out = []
-    for y in keyed.values():
-        if y.pop("ranks") != len(per_rank):
-            raise RuntimeError(f"row {y} came from fewer than {len(per_rank)} ranks")
-        out.append(y)
+    for k, xs in keyed.items():
+        if len(xs) != len(per_rank):
+            raise RuntimeError(f"row {xs[0]} came from fewer than {len(per_rank)} ranks")
+        values = [x["value"] for x in xs]
+        pick = {"replay_max_abs_err": max, "replay_ok": min}.get(k[2])
+        if pick is None and len(set(values)) > 1:
+            raise RuntimeError(f"ranks disagree on {k}: {values}")
+        out.append(dict(xs[0], value=(pick or min)(values)))
     return out
 
 
@@ -370,10 +358,10 @@ def run(params: dict | None = None, *, progress: bool = True) -> runs.Measured:
             dist.stop_forkserver()
     for r, out in enumerate(per_rank):
         phases.merge(out["phases"], prefix=f"rank{r}/")
-    rows = _merge([out["rows"] for out in per_rank])
-    for r in rows:
-        r.setdefault("error", "")
-        r.setdefault("stage", "")
+    rows = [
+        dict(r, error=r.get("error", ""), stage=r.get("stage", ""))
+        for r in _merge([out["rows"] for out in per_rank])
+    ]
     df = runs.tidy(EXPERIMENT, rows)
     if progress:
         print(f"[capture_sizes] done in {time.perf_counter() - t0:.1f} s", flush=True)

@@ -395,15 +395,11 @@ def _call(fn, sa):
     return fn(sa) if inspect.signature(fn).parameters else fn()
 
 
-def configure(prepared, argv: list[str], p: dict) -> dict:
+def configure(prepared, argv: list[str], p: dict, model_folder) -> dict:
     """Server arguments, read by the release's own parser -> the capture lists its runners keep
     after start-up and the facts that decided them (up to 0.5.13 the deciding steps, the model
-    assumed; from 0.5.14 the whole resolution on the model config ``p["model"]``)."""
-    with contextlib.ExitStack() as stack:
-        return _configure(prepared, argv, p, stack.enter_context)
-
-
-def _configure(prepared, argv: list[str], p: dict, model_folder) -> dict:
+    assumed; from 0.5.14 the whole resolution on the model config ``p["model"]``, its folder
+    entered with ``model_folder``)."""
     sa_mod, moe = _module(prepared, "server_args"), _module(prepared, "layers.moe.utils")
     parser = _Parser(prog="sglang.launch_server", allow_abbrev=True)
     sa_mod.ServerArgs.add_cli_args(parser)
@@ -477,7 +473,8 @@ def case_rows(prepared, params: dict) -> list[dict]:
     rows = []
     for name, argv in params["cases"].items():
         try:
-            facts = configure(prepared, list(argv), p)
+            with contextlib.ExitStack() as stack:
+                facts = configure(prepared, list(argv), p, stack.enter_context)
         except (_ArgError, AssertionError, ValueError, TypeError, RuntimeError) as exc:
             facts = {"error": _one_line(exc)}
         rows += [{"case": name, "metric": k, "value": v} for k, v in facts.items()]

@@ -138,25 +138,15 @@ def _dense_args(tp: int, sizes: tuple, *, renamed: bool = False) -> tuple:
             "8", "--disable-radix-cache")
 
 
+# its second case: 0.5.2x renamed the capture-size flags (read from its srt/arg_groups/fields/)
 _TP2 = Scenario(
-    fix="capture_sizes",
-    name="06-dense-tp1",
-    gpus=2,
-    model="deepseek_v3_tiny",
-    tool="engine",
+    fix="capture_sizes", name="06-dense-tp1", gpus=2, model="deepseek_v3_tiny", tool="engine",
     what="--moe-dense-tp-size 1 with attention TP 2 on piecewise capture sizes that TP 2 does not "
     "divide: 0.5.14 (filter lost) fails at start-up as in the PR, 0.5.11's filter starts, 0.5.23's "
-    "round-up starts (needs an image with its torch)",
-    releases=("0.5.14", "0.5.11", "0.5.23"),
-    cases=(
-        Case("odd-sizes", _dense_args(2, (3, 4, 5, 8)), releases=("0.5.14", "0.5.11")),
-        # 0.5.2x renamed the capture-size flags (read from its srt/arg_groups/fields/)
-        Case("odd-sizes", _dense_args(2, (3, 4, 5, 8), renamed=True), releases=("0.5.23",))),
-    requests=(1,),
-    input_lens=(64,),
-    output_len=4,
-    repeats=1,
-    timeout=900.0,
+    "round-up starts (needs an image with its torch)", releases=("0.5.14", "0.5.11", "0.5.23"),
+    cases=(Case("odd-sizes", _dense_args(2, (3, 4, 5, 8)), releases=("0.5.14", "0.5.11")),
+           Case("odd-sizes", _dense_args(2, (3, 4, 5, 8), renamed=True), releases=("0.5.23",))),
+    requests=(1,), input_lens=(64,), output_len=4, repeats=1, timeout=900.0,
     expect="0.5.14: start-up fails in the reduce-scatter of an odd size; 0.5.11: captures the even "
     "sizes [4, 8]; 0.5.23: captures every size rounded up to a multiple of 2 (Engine tool: 0.5.23 "
     "has no bench_one_batch)")

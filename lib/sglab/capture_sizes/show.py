@@ -25,8 +25,7 @@ from sglab.sglang.releases import parse_version
 
 # -- tables of a run -------------------------------------------------------------------------------
 def summary(df):
-    """Per variant and world size: sizes in the list, captured, failed (every failed size; the
-    first one and its stage), not reached, replayed correctly, worst replay error."""
+    """Per variant and world size: sizes, captured, failed, not reached, replayed, worst error."""
     out = []
     for (variant, w), g in df.groupby(["variant", "world_size"], sort=False):
         n = Counter(g.groupby("metric").value.sum().astype(int).to_dict())
@@ -53,8 +52,7 @@ def summary(df):
 
 
 def summary_view(df) -> pd.DataFrame:
-    """:func:`summary` for reading: without the error text, blank where a variant never failed or
-    replayed nothing."""
+    """:func:`summary` for reading: no error text, blanks where there is nothing."""
     view = text.blank(summary(df).drop(columns=["error"], errors="ignore"))
     if "failed_sizes" in view:  # no size failed: a blank, not "[]"
         view["failed_sizes"] = [v if len(v) else "" for v in view["failed_sizes"]]
@@ -62,8 +60,7 @@ def summary_view(df) -> pd.DataFrame:
 
 
 def run_facts(run) -> dict:
-    """One run: world size, the sizes torch refused, where the unfiltered loop stopped, and per
-    fixed list how many buckets captured and replayed, with the worst replay error."""
+    """One run's facts: world size, the sizes refused, where the raw loop stopped, each list's."""
     return run.memo("run_facts", lambda: _run_facts(run))
 
 
@@ -103,8 +100,7 @@ def size_status(df):
 
 
 def describe_run(run) -> str:
-    """The collective's own words for the refused sizes, and whether the PR's list and the
-    rounded-up list differ in this run."""
+    """The collective's own words for the refused sizes, and whether the two fixed lists differ."""
     f = run_facts(run)
     raw = sorted(run.df.loc[run.df.variant == "before", "size"].astype(int).unique())
     lists = fx.policy_lists(raw, f["world_size"])
@@ -151,8 +147,7 @@ def capture_ranges(events):
 
 
 def trace_summary(events):
-    """Per rank, variant and kind of range: how many, and the collective calls and NCCL kernels in
-    each (min–max)."""
+    """Per rank, variant and kind of range: how many, their collectives and kernels (min–max)."""
     cr = capture_ranges(events)
     if not len(cr):
         return cr
@@ -167,8 +162,7 @@ def trace_summary(events):
 
 # -- CPU tables of the rebuild ---------------------------------------------------------------------
 def padding_waste(buckets: Sequence[int], max_tokens: int) -> dict:
-    """Replaying token counts 1..``max_tokens`` (equally likely) on ``buckets``: ``covered``,
-    ``eager`` (above the largest bucket), ``pad_tokens``, ``pad_frac`` (per real token)."""
+    """Token counts 1..``max_tokens`` on ``buckets``: covered, eager, pad tokens and fraction."""
     bs, pad, real_, covered, i = sorted(buckets), 0, 0, 0, 0
     for t in range(1, max_tokens + 1):
         while i < len(bs) and bs[i] < t:
@@ -212,8 +206,7 @@ _SHARD_COLORS = {"equal": "#aed6f1", "more": "#e6b0aa", "fewer": "#fadbd8"}
 
 
 def mechanism(attn_tp: int = 8, max_tokens: int = 2048, sizes: Sequence[int] | None = None):
-    """Each capture size's ``tensor_split`` shard per attention-TP rank, the refused ones marked,
-    and below them what the PR's filter keeps and what rounding up makes of each size."""
+    """Each capture size's shard per attention-TP rank, and what the filter and rounding up do."""
     sizes = list(sizes) if sizes is not None else fx.default_piecewise_capture_sizes(max_tokens)
     lists = fx.policy_lists(sizes, attn_tp)
     bad = [i for i, n in enumerate(sizes[:12]) if n % attn_tp]
@@ -332,8 +325,7 @@ def size_status_plot(run):
 
 
 def alignment_heatmaps(table, max_tokens: int, n_default: int):
-    """Buckets kept by the PR filter and by rounding up, and the PR filter's padding, per
-    (attention TP, CP), two-batch overlap off; ``assert`` where the PR's assertion fires."""
+    """Buckets kept per (attention TP, CP) by each rule, and the PR filter's padding."""
     off = table[~table.two_batch_overlap]
     off = off.assign(n_pr=off.n_pr.where(~off.pr_asserts))  # no bucket: the assertion fires
     fig, axes = plots.figure(ncols=3, width=13.5, height=3.6)
@@ -396,8 +388,7 @@ def tail_window(events, rank: int = 0) -> dict:
 
 
 def capture_timeline(events, rank: int = 0, run=None):
-    """Before and after swim-lanes of one rank's small capture sizes, collectives highlighted, a red
-    ✗ where a size was refused."""
+    """Before and after swim-lanes of one rank's small capture sizes, refusals marked."""
     windows = tail_window(events, rank)
     fig = plots.timeline({k: ev
                           for k, (ev, _) in windows.items()}, highlight=r"c10d::|nccl",
@@ -435,8 +426,7 @@ def measured(rs) -> None:
 
 @notebook.needs_run
 def profiler(rs) -> None:
-    """Per run shown: the traced capture loop's small sizes on one time axis, the collective calls
-    and kernels per kind of range, and a link to rank 0's Perfetto trace."""
+    """Per run shown: the traced capture loop's small sizes, its collectives, the Perfetto link."""
     for r in rs.shown:
         events = r.sidecar("events")
         if events is None:
@@ -459,8 +449,7 @@ RULE = {
 
 
 def engine_facts(run) -> list[dict]:
-    """Per variant of one (merged) engine run, by attention-TP size then release: its rule, the
-    sizes asked for (the default list without a size flag), its status and the sizes it captured."""
+    """Per variant of one engine run: its rule, the sizes asked for, its status, those captured."""
     df = engine_records.frame([run])
     status, tokens = engine_stats.texts(df, "status"), engine_stats.texts(df, "pcg_tokens")
     out, seen = [], set()
@@ -510,8 +499,7 @@ def _keeps(f: dict) -> list[int]:
 
 
 def engine_table(run) -> pd.DataFrame:
-    """Per release and attention-TP size: its rule, the sizes asked for, what the engine did and
-    what the rebuild's rule keeps of the same list."""
+    """Per release and attention-TP size: the rule, sizes asked, the engine, the rebuild's list."""
     rows = [{
         "release": f["release"], "rule (read from its source)": RULE.get(f["rule"], str(f["rule"])),
         "attention TP": f["attn_tp"], "asked": _words(f["asked"]),
@@ -531,8 +519,7 @@ VIEW = engine_view.EngineView(what="DeepSeek-V3-style 2 layers, --moe-dense-tp-s
 
 
 def beside_rows(run, engine_run) -> list[dict]:
-    """The capture sizes at attention TP 2 as the rebuild's NCCL runs and SGLang's engine see
-    them."""
+    """The capture sizes as the rebuild's NCCL runs and SGLang's engine see them."""
     rows = []
     if run:
         two = [r for r in run.shown if int(r.manifest.params["world_size"]) == 2] or [run.first]

@@ -382,11 +382,10 @@ def release_row(release: str, result, variant: str) -> dict:
                           lambda f: f["text"])
 
 
-def comparison(results: dict, variant_of: dict | None = None):
+def comparison(results: dict, variant_of: dict = VARIANT_OF):
     """One row per release that ran."""
-    variant_of = VARIANT_OF if variant_of is None else variant_of
     return real.table([
-        release_row(v, r, variant_of[v]) for v, r in results.items() if r.ok and v in variant_of
+        release_row(v, r, variant_of[v]) for v, r in real.ran(results).items() if v in variant_of
     ])
 
 

@@ -81,8 +81,7 @@ def waste_vs_tp(df, phase: str = "kernel"):
 
 
 def off_rank_gpus(df):
-    """MiB ranks >= 1 hold on GPUs neither GPU 0 nor their own, per run, variant and phase: (rank,
-    GPU) pairs holding anything, their median MiB, the total per repeat (median)."""
+    """MiB ranks >= 1 hold on GPUs neither GPU 0 nor their own, per run, variant and phase."""
     m = stray(df, gpu0_only=False)
     m = m[m.gpu != 0]
     keys = _by_run(m) + ["variant", "tp_size", "phase"]
@@ -123,8 +122,7 @@ def cache_table(df):
 
 
 def concurrency(df):
-    """Per run, variant and repeat: other groups' processes on GPU 0 at ``init``, and what the
-    group's ranks >= 1 held there then (method 2)."""
+    """Per run, variant, repeat: other processes on GPU 0 at ``init``, the ranks' MiB there."""
     o = df[(df.metric == "other_processes") & (df.gpu == 0) & (df.phase == "init")]
     keys = _by_run(df) + ["variant", "repeat"]
     if o.empty:
@@ -165,8 +163,7 @@ def waste(run) -> None:
 
 @notebook.needs_run
 def profiler(run) -> None:
-    """Memory over time of the newest run shown with a time series, its Perfetto file, what each
-    step added on GPU 0, the stack limits, and what that says."""
+    """The newest run shown with a memory time series: the figure, its steps, the stack limits."""
     found = next((r for r in reversed(run.shown) if r.sidecar("memory") is not None), None)
     if found is None:
         print("The runs shown predate the memory time series (method 1, no `memory` sidecar); a "
@@ -192,9 +189,8 @@ def _cell(ax, x: float, y: float, w: float, h: float, row) -> None:
 
 
 def mechanism(engine):
-    """The picture under the card: every process × GPU of the engine run that saw the most GPUs,
-    MiB after the image request with #22858's `.cpu()` reverted | as released; what a rank holds
-    on a GPU not its own is a stray context."""
+    """Every process × GPU of the engine run that saw the most GPUs, MiB with #22858's `.cpu()`
+    reverted | as released; a rank on a GPU not its own is a stray context."""
     if not engine:
         fig, ax = plots.canvas(6, 1.2)
         ax.text(5, 1.5, "no engine run to draw yet", ha="center", va="center")
@@ -252,10 +248,9 @@ def heatmaps(run, phase: str = "kernel"):
         ax.set_xticks(range(t.shape[1]), t.columns)
         ax.set_yticks(range(t.shape[0]), t.index)
         ax.grid(False)
-        for i in range(t.shape[0]):
-            for j in range(t.shape[1]):
-                ax.text(j, i, f"{t.values[i, j]:.0f}", ha="center", va="center", fontsize=8,
-                        color="white" if t.values[i, j] > 0.6 * vmax else "black")
+        for (i, j), mib in np.ndenumerate(t.values):
+            ax.text(j, i, f"{mib:.0f}", ha="center", va="center", fontsize=8,
+                    color="white" if mib > 0.6 * vmax else "black")
         ax.set_title(f"{v}: MiB per process × GPU")
     fig.suptitle(run_name(run), fontsize=10)
     plots.caption(fig, run, extra=f"phase '{phase}' · median over repeats")
@@ -263,8 +258,7 @@ def heatmaps(run, phase: str = "kernel"):
 
 
 def cache_answer(stats: dict):
-    """``{"before": CacheStats, "after": CacheStats}`` as the exercise's answer, per variant (the
-    same denominator, images, on both sides)."""
+    """``{"before": CacheStats, "after": CacheStats}`` as the exercise's answer."""
     names = {"before": "per request (before)", "after": "per image (after)"}
     return pd.DataFrame([{
         "cache key": names[v], "lookups": s.lookups, "hits": s.hits, "images": s.images,
@@ -274,24 +268,18 @@ def cache_answer(stats: dict):
 
 # -- your own setup: a TP size and a request stream -> GPU-0 waste before the fix, vision cache hits
 def stray_mib() -> dict:
-    """Per GPU model: MiB a rank >= 1 holds on GPU 0 after a kernel, ``(before, after)`` the fix
-    (median over the recorded runs of that GPU)."""
-    out: dict = {}
-    for r in runs.load_all_recorded(measure.EXPERIMENT):
-        per = gpu0_per_rank(r.df)
-        per = per[per.phase == "kernel"]
-        got = out.setdefault(runs.gpu_short(r), ([], []))
-        for v, into in zip(("before", "after"), got):
-            into.extend(per[per.variant == v].median_mib)
-    return {
-        gpu: (float(np.median(b)), float(np.median(a)))
-        for gpu, (b, a) in out.items() if b and a
-    }
+    """Per GPU model: ``(before, after)`` MiB a rank >= 1 holds on GPU 0 after a kernel (median)."""
+    per = pd.concat([
+        gpu0_per_rank(r.df).assign(gpu=runs.gpu_short(r))
+        for r in runs.load_all_recorded(measure.EXPERIMENT)
+    ])
+    t = per[per.phase == "kernel"].pivot_table(index="gpu", columns="variant", values="median_mib",
+                                               aggfunc="median", sort=False)
+    return {gpu: (float(x.before), float(x.after)) for gpu, x in t.dropna().iterrows()}
 
 
 def setup_table(tp_size: int, requests: int, image_pool: int, max_images: int):
-    """Per GPU model with a recorded run: the GPU-0 memory N − 1 ranks hold before and after the
-    fix; and the vision cache on a seeded request stream (run now)."""
+    """Per GPU model: the GPU-0 memory N − 1 ranks hold before and after; the vision cache."""
     stream = rebuild.request_stream(int(requests), int(image_pool), int(max_images), 0)
     before, after = (measure.simulate_cache(stream, fixed=f) for f in (False, True))
     cache = {
@@ -307,8 +295,7 @@ def setup_table(tp_size: int, requests: int, image_pool: int, max_images: int):
 
 
 def your_setup(interactive: bool = False):
-    """TP size and a request stream -> GPU-0 MiB before / after the fix and images the vision
-    tower encodes (a static table; with ``interactive``, controls in JupyterLab)."""
+    """TP size and a request stream -> :func:`setup_table`."""
     controls = {
         "tp_size": [2, 4, 8, 16], "requests": [50, 200, 1000], "image_pool": [8, 24, 100, 1000],
         "max_images": [1, 2, 4, 8]
@@ -331,8 +318,7 @@ def engine_gpus(run) -> int:
 
 
 def engine_memory(run) -> pd.DataFrame:
-    """Each process's memory on each GPU after the image request, per case that started: rows
-    ``case, process, rank, gpu, MiB`` (rank: the scheduler's TP rank, None for other processes)."""
+    """Rows ``case, process, rank, gpu, MiB`` after the image request, per case that started."""
     df = engine_records.frame([run])
     df = df[df.tp == df.tp.max()]  # runs merged from TP 2 and TP 4: the widest, as its headline
     ok = {k[2] for k, v in engine_stats.started(df).items() if v}
@@ -346,8 +332,7 @@ def engine_memory(run) -> pd.DataFrame:
 
 
 def engine_gpu0(run) -> dict:
-    """``{case: {rank: MiB on GPU 0}}`` for every scheduler rank ≥ 1 of each case that started and
-    recorded memory (0 where NVML lists that rank on GPU 0 with nothing)."""
+    """``{case: {rank: MiB on GPU 0}}`` for every scheduler rank ≥ 1 of each case."""
     mem, tps = engine_memory(run), {e["case"]: e["tp"] for e in run.manifest.engine_runs}
     return {
         case: {
@@ -366,8 +351,7 @@ def engine_stray(run, case: str) -> tuple[int, float]:
 
 
 def gpus_held(run) -> dict:
-    """``{case: {rank: [GPU, ...]}}``: the GPUs where each scheduler rank ≥ 1 holds memory (``[]``
-    for a rank NVML lists with nothing)."""
+    """``{case: {rank: [GPU, ...]}}``: the GPUs where each scheduler rank ≥ 1 holds memory."""
     mem = engine_memory(run)
     ranks = mem[mem["rank"].fillna(0) >= 1]
     return {
@@ -386,8 +370,7 @@ def other_gpus(run) -> dict:
 
 
 def engine_cells(run) -> pd.DataFrame:
-    """Every process × every GPU of one engine run, MiB ``before`` (#22858 reverted) and ``after``
-    (as released), the main process first; ``stray``: a rank on a GPU not its own before."""
+    """Every process × GPU of one engine run, MiB ``before`` and ``after``, and ``stray``."""
     m = engine_memory(run).assign(case=lambda d: d["case"].replace({"released": "after"}))
     m["process"] = [f"rank {r:.0f}" if r == r else "main (tokenizer)" for r in m["rank"]]
     m["rank"] = m["rank"].fillna(-1).astype(int)
@@ -401,8 +384,7 @@ def engine_cells(run) -> pd.DataFrame:
 
 
 def engine_tables(rs) -> None:
-    """``VIEW.extra``: each process's memory on each GPU in the newest run of each TP size; then,
-    per run, the other GPUs where a rank ≥ 1 held a context with #22858 reverted."""
+    """``VIEW.extra``: each process's MiB per GPU, newest run per TP size; other GPUs held."""
     newest = runs.newest_by(rs.shown, key=engine_tp)
     mem = pd.concat([engine_memory(r).assign(TP=tp) for tp, r in newest.items()])
     if mem.empty:

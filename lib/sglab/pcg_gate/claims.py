@@ -87,7 +87,7 @@ def _graph_count(run):
 
 # -- small prefills: the speed-up and the launches behind it ---------------------------------------
 def _ratios(sp) -> dict:
-    """The raw eager/piecewise ratios: their range, the largest's place, where piecewise loses."""
+    """The raw eager/piecewise ratios: range, the largest's place, where piecewise loses."""
     return {
         "max": float(sp.max()), "max_at": int(sp.idxmax()), "min": float(sp.min()),
         "slowdown_from": tables.slowdown_start(sp), "tokens_lo": int(sp.index.min()),
@@ -329,10 +329,6 @@ def _pairs(run) -> dict:
     return tables.engine_ratios(engine_records.frame([run]))
 
 
-def _paired(run):
-    return None if _pairs(run) else "no captured + pcg-off pair"
-
-
 def _speedup(run):
     """Each captured case against pcg-off of its own model and release (each side ``tables.STAT`` of
     its starts) over that release's A/A gap; ``pairs`` holds one group per pair, so a rerun of one
@@ -448,7 +444,8 @@ ENGINE = SimpleNamespace(
             "prefill is faster than with them off at every input length (128–1024 tokens), each "
             "side its fastest repeat of any engine start", "pcg-off / piecewise > 1 + the A/A "
             "gap everywhere", _speedup, drift=0.25, context=("min", "aa_noise", "margin", "starts"),
-            noise="aa_noise", applies=_paired),
+            noise="aa_noise", applies=lambda run: None
+            if _pairs(run) else "no captured + pcg-off pair"),
         Claim(
             "engine_pcg_gate.prefill_launches", "Counted, not timed: a captured prefill step "
             "replays one graph per piece (layers + 1) and launches the same kernels outside them "

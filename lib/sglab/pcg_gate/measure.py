@@ -131,6 +131,7 @@ TRACE_METRICS = {
     "trace_busy": "fraction", "trace_copy_us": "us", "trace_copy_ops": "count",
     "trace_graph_launches": "count", "trace_kernel_launches": "count", "trace_host_us": "us"
 }
+COUNTED = {"launches": "count", "device_us": "us"}  # method 3's counting pass, per prefill phase
 
 
 def phase_numbers(ev: pd.DataFrame) -> dict:
@@ -150,7 +151,8 @@ def phase_numbers(ev: pd.DataFrame) -> dict:
         "trace_copy_us": float(copies.dur_us.sum()), "trace_copy_ops": int(
             len(copies)), "trace_graph_launches": calls("GraphLaunch"),
         "trace_kernel_launches": calls("LaunchKernel"),
-        "trace_host_us": float(host.dur_us.max()) if len(host) else 0.0, "launches": calls(LAUNCH)
+        "trace_host_us": float(host.dur_us.max()) if len(host) else 0.0, "launches": calls(LAUNCH),
+        "device_us": device_us
     }
 
 
@@ -160,14 +162,6 @@ def trace_rows(events: pd.DataFrame, metrics: dict = TRACE_METRICS) -> list:
     for (variant, n), ev in events.groupby(["variant", "num_tokens"], sort=False):
         nums = phase_numbers(ev)
         rows += [_row(variant, m, nums[m], u, int(n)) for m, u in metrics.items()]
-    return rows
-
-
-def count_rows(events: pd.DataFrame) -> list:
-    """Method 3's counting pass: host launch calls and device µs of one prefill per phase."""
-    rows = trace_rows(events, {"launches": "count", "trace_device_us": "us"})
-    for r in rows:
-        r["metric"] = r["metric"].replace("trace_device_us", "device_us")
     return rows
 
 
@@ -205,7 +199,7 @@ def profile_pass(p: dict, dev, fns_at, eager_fwd, ref_runner, inputs: dict) -> t
         for v in ("eager", "piecewise")
     }
     counts, _ = trace.trace_variants(counted, "num_tokens", cuda=cuda, warm=False)
-    return rows + count_rows(counts), sidecars, extra
+    return rows + trace_rows(counts, COUNTED), sidecars, extra
 
 
 # -- the run ---------------------------------------------------------------------------------------

@@ -1,7 +1,5 @@
-"""Tables and figures of notebook 01, from the rebuild (CPU) or a run (recorded or live), and "your
-own setup". A run's sections take a RunSet and print its NoRun line where there is none; small
-prefills stand beside the host's per-launch cost. The real engine's section is :data:`VIEW`.
-"""
+"""Tables and figures of notebook 01, from the rebuild (CPU) or a run (recorded or live), "your own
+setup", and the real engine's section (:data:`VIEW`)."""
 
 from __future__ import annotations
 
@@ -16,13 +14,11 @@ from sglab.pcg_gate.tables import (STAT, _swept, captured_over_off, copy_explana
                                    host_line, kernel_summary, latency_of, launch_counts,
                                    launch_table, prefill_sides, reading, summary, trace_table,
                                    width_gains, full_width_gains, FULL_WIDTH)
-from sglab.pcg_gate.tables import engine_ratios  # noqa: F401 (read as show.engine_ratios)
 
 
 @notebook.needs_run
 def latency(rs) -> None:
-    """Per GPU shown: what the gate decided, the latency table beside the host's per-launch cost,
-    the figure, and the reading of small and large prefills."""
+    """Per GPU shown: the gate, the latency table beside the host's per-launch cost, the figure."""
     for r in rs.shown:
         print(summary(r))
         print(host_line(r))
@@ -74,8 +70,7 @@ def correctness(rs) -> None:
 
 @notebook.needs_run
 def profiler(rs) -> None:
-    """Per GPU shown: the traced prefills on one time axis, what the trace counted, the copies
-    against the large-prefill slowdown, and the per-kernel table of the eager prefill."""
+    """Per GPU shown: the traced prefills, what the trace counted, the copies, the kernel table."""
     for r in rs.shown:
         if r.sidecar("events") is None:
             print(f"{r.label}: this run predates profiler traces; a new recording (`sglab record "
@@ -106,8 +101,7 @@ HOW = {
 
 
 def mechanism_facts(rs=None) -> pd.DataFrame:
-    """Per wrapper variant: the gate's decision and what ends up registered, from the first run's
-    gate rows (the measured LLM) where it has them, else from the CPU rebuild (the tiny LLM)."""
+    """Per wrapper variant: the gate's decision and key counts, from the first run or rebuild."""
     if rs:
         g = gate_table(rs.first.df)
         if not g.empty:
@@ -131,13 +125,12 @@ def _write_back(v: str, on: bool, dup: int) -> tuple[str, str]:
 
 
 def mechanism(rs=None):
-    """Kimi-shaped wrapper → the gate's ``hasattr(model, "model")`` → its write-back ``model.model
-    = ...`` → where the LLM's weights are registered, one row per variant."""
+    """Wrapper → the gate's ``hasattr`` → its write-back → where the LLM's weights end up."""
     facts = mechanism_facts(rs)
     fig, ax = plots.canvas(12.0, 5.0, xlim=(0, 12), ylim=(0, 5.0))
-    for x, title in ((0.05, "wrapper (.model is …)"), (2.75, "gate: hasattr(wrapper, 'model')"),
-                     (5.35, "write-back: wrapper.model = LLM"), (8.45,
-                                                                 "state_dict() after the gate")):
+    titles = ("wrapper (.model is …)", "gate: hasattr(wrapper, 'model')",
+              "write-back: wrapper.model = LLM", "state_dict() after the gate")
+    for x, title in zip((0.05, 2.75, 5.35, 8.45), titles):
         plots.label(ax, x, 4.75, title, fontsize=9)
     for i, v in enumerate(v for v in rebuild.VARIANTS if v in facts.index):
         y, f = 3.85 - i * 1.1, facts.loc[v]
@@ -224,9 +217,8 @@ def timeline(run, num_tokens: int, variants=("eager", "piecewise", "piecewise_di
 
 # -- your own setup: a prefill length and --piecewise-cuda-graph-max-tokens ------------------------
 def setup_table(tokens: int, max_tokens: int = 4096, shown: Optional[list] = None):
-    """Per recorded GPU run: the bucket a prefill of ``tokens`` pads to under ``max_tokens`` (or
-    eager), the padded share, the recorded medians at the nearest measured count and the host's
-    per-launch cost."""
+    """Per recorded GPU run: the bucket ``tokens`` pads to under ``max_tokens`` and the recorded
+    medians at the nearest measured count."""
     sizes = rebuild.piecewise_cuda_graph_tokens(int(max_tokens))
     bucket = rebuild.bucket_for(int(tokens), sizes)
     shown = (runs.newest_by(runs.load_all_recorded("pcg_gate"), runs.gpu_short).values()
@@ -247,8 +239,7 @@ def setup_table(tokens: int, max_tokens: int = 4096, shown: Optional[list] = Non
 
 
 def your_setup(interactive: bool = False):
-    """Prefill tokens and ``--piecewise-cuda-graph-max-tokens`` → the bucket and what the recorded
-    runs measured nearby (a static table; with ``interactive``, controls in JupyterLab)."""
+    """Prefill tokens and ``--piecewise-cuda-graph-max-tokens`` → :func:`setup_table`."""
     controls = {
         "tokens": [1, 16, 100, 300, 1000, 3000, 5000], "max_tokens": [512, 2048, 4096, 8192]
     }
@@ -261,9 +252,8 @@ def your_setup(interactive: bool = False):
 
 # -- the real engine, before and after (data/recorded/engine_pcg_gate/) ----------------------------
 def launch_savings(df: pd.DataFrame, host_us) -> pd.DataFrame:
-    """Per captured case and input length: the launches removed against pcg-off, what they cost at
-    the host's bare per-launch cost (``host_us(release, model, case)``, µs), the measured saving
-    (each side :data:`STAT` of its starts), and that saving per removed launch."""
+    """Per captured case and input length: the launches removed against pcg-off, their cost at
+    ``host_us(release, model, case)`` µs each, and the measured saving (:data:`STAT`)."""
     counts = launch_counts(df)
     if counts.empty:
         return pd.DataFrame()
@@ -311,8 +301,7 @@ VIEW = engine_view.EngineView(
 
 @notebook.needs_run
 def engine_times(rs) -> None:
-    """The appendix's engine tables: prefill per input length, and the launches' cost beside the
-    saving."""
+    """The appendix's engine tables: prefill per input length, the launches' cost and saving."""
     df = engine_records.frame(rs.shown)
     notebook.show_table(
         engine_view.table(df[~df["case"].map(_swept)], engine_view.Table("prefill", "input_len")))
@@ -325,8 +314,8 @@ def engine_times(rs) -> None:
 
 
 def width_sweep(rs) -> None:
-    """Where piecewise graphs stop paying: the gain (off / captured prefill) against the tokens, a
-    line per hidden size of the same 32 Llama layers; a panel per GPU model that recorded it."""
+    """The gain (off / captured prefill) against the tokens, a line per hidden size, a panel per
+    GPU model."""
     panels = _width_panels(rs) if rs else []
     if not panels:
         print("no width sweep recorded yet: on a GPU box, bash scripts/engine_gpu.sh --scenario "
@@ -347,8 +336,7 @@ def width_sweep(rs) -> None:
 
 
 def _width_panels(rs) -> list:
-    """``[(gpu, df, gains, (lo, hi) µs per bare launch or None, full-width gains)]``: the shown GPU
-    model's sweep, then each other model's, those with a sweep or a full-width run only."""
+    """``[(gpu, df, gains, (lo, hi) µs per bare launch or None, full-width gains)]``."""
     by_gpu = {rs.first.manifest.gpu: list(rs.shown)}
     for r in rs.elsewhere:
         by_gpu.setdefault(r.manifest.gpu, []).append(r)
@@ -402,15 +390,14 @@ def _draw_width(ax, df: pd.DataFrame, gains: pd.DataFrame, gpu: str, cost, *, fu
 
 # -- the rebuild beside the real engine and the PR -------------------------------------------------
 def beside_rows(rs, engine) -> list[dict]:
-    """How much piecewise graphs buy, as the rebuild, the real engine and the PR measure it, over
-    the engine's token range: the launch counts first (the same on any host), then the timings."""
+    """How much piecewise graphs buy as the rebuild, the engine and the PR measure it: launch counts
+    first, then the timings."""
     df = engine_records.frame(engine.shown) if engine else pd.DataFrame()
     pairs = captured_over_off(df) if engine else {}
     lo = min((min(r) for r in pairs.values()), default=128)
     hi = max((max(r) for r in pairs.values()), default=1024)
     rows = []
-    lt = launch_table(rs.first.df) if rs else pd.DataFrame()
-    lt = lt[(lt.index >= lo) & (lt.index <= hi)] if not lt.empty else lt
+    lt = launch_table(rs.first.df).loc[lo:hi] if rs else pd.DataFrame()
     if not lt.empty:
         rows.append({
             "source": f"rebuild ({rs.first.manifest.gpu})",
@@ -436,8 +423,7 @@ def beside_rows(rs, engine) -> list[dict]:
             f"{text.count(g.graphs)} graphs"
         })
     if rs:
-        sp = latency_of(rs.first)["speedup"]
-        sp = sp[(sp.index >= lo) & (sp.index <= hi)]
+        sp = latency_of(rs.first)["speedup"].loc[lo:hi]
         if not sp.empty:
             rows.append({
                 "source": f"rebuild ({rs.first.manifest.gpu})",

@@ -134,18 +134,15 @@ def copy_explanation(df: pd.DataFrame) -> pd.DataFrame:
     tr = trace_table(df)
     if tr.empty:
         return pd.DataFrame()
-    lat, rows = latency_table(df), []
-    for n in sorted({i[0] for i in tr.index}):
-        e, pw = tr.loc[(n, "eager")], tr.loc[(n, "piecewise")]
-        extra_dev, extra_copy = pw.device_us - e.device_us, pw.copy_us - e.copy_us
-        gap = ((lat.loc[n, "piecewise median ms"] - lat.loc[n, "eager median ms"]) * 1e3
-               if n in lat.index else None)
-        rows.append({
-            "num_tokens": n, "extra device µs": extra_dev, "extra copy µs": extra_copy,
-            "copy share of extra device time": extra_copy / extra_dev if extra_dev > 0 else
-            float("nan"), "extra copy ops": pw.copy_ops - e.copy_ops, "timed gap µs (medians)": gap
-        })
-    return pd.DataFrame(rows).set_index("num_tokens")
+    e, pw, lat = tr.xs("eager", level=1), tr.xs("piecewise", level=1), latency_table(df)
+    extra_dev, extra_copy = pw.device_us - e.device_us, pw.copy_us - e.copy_us
+    return pd.DataFrame({
+        "extra device µs": extra_dev, "extra copy µs": extra_copy,
+        "copy share of extra device time": (extra_copy / extra_dev).where(extra_dev > 0),
+        "extra copy ops": pw.copy_ops - e.copy_ops,
+        "timed gap µs (medians)": (lat["piecewise median ms"] - lat["eager median ms"]).reindex(
+            e.index) * 1e3
+    })
 
 
 def kernel_summary(table: pd.DataFrame, top: int = 8) -> pd.DataFrame:

@@ -413,7 +413,7 @@ def release_rows(release: str, result) -> list:
 
 def comparison(results: dict):
     """One row per (release, behaviour) of the releases that ran."""
-    return real.table([r for v, res in results.items() if res.ok for r in release_rows(v, res)])
+    return real.table([r for v, res in real.ran(results).items() for r in release_rows(v, res)])
 
 
 def compare() -> None:
@@ -423,17 +423,15 @@ def compare() -> None:
     print(kernels_statement(results))
 
 
-released = functools.partial(real.released,
-                             FIX)  # the releases, a released symbol beside the rebuild
+released = functools.partial(real.released, FIX)  # the releases, a symbol beside the rebuild
 
 
 def kernels_statement(results: dict) -> str:
     """Which releases translate with a gather and a cast, which with one gather."""
     by_source: dict = {}
-    for v, r in results.items():
-        if r.ok:
-            t = real.facts(r, part="translation", case="pool")
-            by_source.setdefault((t.get("source"), len(t.get("ops") or [])), []).append(v)
+    for v, r in real.ran(results).items():
+        t = real.facts(r, part="translation", case="pool")
+        by_source.setdefault((t.get("source"), len(t.get("ops") or [])), []).append(v)
     if not by_source:
         return "no release ran: the kernels per translation of the real code are not known here"
     return "\n".join(

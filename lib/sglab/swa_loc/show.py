@@ -448,12 +448,10 @@ def beside_rows(run, engine_run) -> list[dict]:
 
 
 def engine_swa_layers(shown: list) -> int:
-    for r in shown:
-        for e in r.manifest.engine_runs:
-            kinds = (e.get("model") or {}).get("config", {}).get("layer_types", [])
-            if kinds:
-                return sum(k == "sliding_attention" for k in kinds)
-    return 0
+    """The sliding-window layers of the first engine model that lists its layer types (or 0)."""
+    kinds = ((e.get("model") or {}).get("config", {}).get("layer_types") for r in shown
+             for e in r.manifest.engine_runs)
+    return sum(k == "sliding_attention" for k in next(filter(None, kinds), []))
 
 
 VIEW = engine_view.EngineView(what="GPT-OSS-style 8 layers (4 sliding-window)",

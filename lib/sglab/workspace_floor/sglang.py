@@ -170,18 +170,14 @@ def _wired(prepared, comm: RecordingComm, world_size: int):
     sizes = dict(get_attn_tensor_model_parallel_world_size=lambda: world_size,
                  get_moe_tensor_parallel_world_size=lambda: world_size,
                  get_moe_expert_parallel_world_size=lambda: 1)
+    # get_tp_group of one rank: no vote to sync
     others = dict(
-        get_attn_tensor_model_parallel_rank=lambda: 0,
-        get_moe_tensor_parallel_rank=lambda: 0,
-        get_moe_expert_parallel_rank=lambda: 0,
-        get_attn_tp_group=lambda: group,
-        get_moe_tp_group=lambda: group,
-        get_moe_ep_group=lambda: group,
-        get_tp_group=lambda: types.SimpleNamespace(world_size=1),  # no vote to sync
-        is_flashinfer_available=lambda: True,
-        _flashinfer_comm=comm,
-        _flashinfer_allreduce_unavailable=False,
-        _preflight_check_workspace_memory=lambda **k: True,
+        get_attn_tensor_model_parallel_rank=lambda: 0, get_moe_tensor_parallel_rank=lambda: 0,
+        get_moe_expert_parallel_rank=lambda: 0, get_attn_tp_group=lambda: group,
+        get_moe_tp_group=lambda: group, get_moe_ep_group=lambda: group,
+        get_tp_group=lambda: types.SimpleNamespace(world_size=1),
+        is_flashinfer_available=lambda: True, _flashinfer_comm=comm,
+        _flashinfer_allreduce_unavailable=False, _preflight_check_workspace_memory=lambda **k: True,
         flashinfer_allreduce_residual_rmsnorm=undecorated(fc,
                                                           "flashinfer_allreduce_residual_rmsnorm"),
         _attn_tp_workspace_manager=fc.FlashInferWorkspaceManager(),

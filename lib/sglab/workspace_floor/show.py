@@ -84,8 +84,7 @@ def phase_table(run) -> pd.DataFrame:
 
 
 def cost_step(run, below_mib: float = 336, above_mib: float = 672) -> str:
-    """Median creation and IPC-open ms with Lamport buffers <= ``below_mib`` against >=
-    ``above_mib``, in one line."""
+    """Median creation and IPC-open ms, Lamport <= ``below_mib`` against >= ``above_mib``."""
     p = phase_table(run)
     lo, hi = p[p["Lamport MiB"] <= below_mib], p[p["Lamport MiB"] >= above_mib]
     a, b = lo.create.median(), hi.create.median()
@@ -123,8 +122,7 @@ def creation_ranges(events) -> pd.DataFrame:
 
 
 def trace_recreation_table(events) -> pd.DataFrame:
-    """Per profiled policy: re-creation ranges per rank (they must agree) and the time in them,
-    slowest rank."""
+    """Per profiled policy: re-creation ranges per rank and the time in them, slowest rank."""
     r = creation_ranges(events)
     per_rank = r[r.variant != COST_VARIANT].groupby(["variant",
                                                      "rank"]).agg(ranges=("ms", "size"),
@@ -142,8 +140,7 @@ def _calls(events, groups=None) -> pd.DataFrame:
 
 
 def call_table(events, rank: int = 0) -> pd.DataFrame:
-    """The CUDA calls inside one rank's creations: per variant and call, calls per creation, median
-    µs per call, total ms."""
+    """The CUDA calls inside one rank's creations: per creation, median µs, total ms."""
     mine = events[events["rank"] == rank]
     t = _calls(mine).groupby(["variant", "call",
                               "name"]).agg(calls=("dur_us", "size"), median_us=("dur_us", "median"),
@@ -220,8 +217,7 @@ def trace_step(events, *, world_size: int, hidden_dim: int) -> list[str]:
 
 
 def first_open(events) -> str:
-    """Along the replay: the first IPC open of every creation (the data buffer) against the two
-    after it."""
+    """Along the replay: the first IPC open of every creation against the two after it."""
     d = events[(events.category == "runtime") & events.name.str.contains("IpcOpenMemHandle")
                & (events.variant != COST_VARIANT)]
     if d.empty:
@@ -236,9 +232,8 @@ def first_open(events) -> str:
 
 # -- figures ---------------------------------------------------------------------------------------
 def mechanism(run=None, *, trace_name: str = "short_ramp", policies=STORY, hidden_dim: int = 7168):
-    """The workspace each policy holds along a cold start (a staircase), a mark at every creation
-    (area ~ its MiB per rank; with a GPU run, its ms on the slowest rank), and per policy its
-    creations cold and after SGLang's pre-initialisation (simulation, exact)."""
+    """The workspace each policy holds along a cold start, a mark at every creation (area ~ MiB per
+    rank; with a GPU run, its ms on the slowest rank)."""
     run = run if run else None  # a Run, or a NoRun (the simulation alone)
     W = run.manifest.tp if run is not None else 2
     pre = rebuild.FUSE_ALLREDUCE_MAX_BATCH_SIZE
@@ -294,8 +289,7 @@ def mechanism(run=None, *, trace_name: str = "short_ramp", policies=STORY, hidde
 
 
 def cost_figure(shown: list):
-    """Creation ms against T per shown run (median, p10-p90), and the IPC-open phase against the
-    Lamport buffer size."""
+    """Creation ms against T per shown run, and the IPC-open phase against the Lamport size."""
     fig, axes = plots.figure(2, 1, width=12, height=4.2)
     ax_create, ax_open = axes[0]
     for r in shown:
@@ -325,8 +319,7 @@ def cost_figure(shown: list):
 
 
 def profile_overview(events, *, rank: int = 0, variants=("floor_0", "floor_2048"), run=None):
-    """Swim-lanes of every re-creation of ``rank``, one group per policy, back to back (the replay
-    between them cut); IPC handle opens highlighted."""
+    """Swim-lanes of every re-creation of ``rank``, one group per policy, back to back."""
     tables = {}
     for v in variants:
         d = events[(events.variant == v) & (events["rank"] == rank)]
@@ -350,8 +343,7 @@ def profile_overview(events, *, rank: int = 0, variants=("floor_0", "floor_2048"
 
 
 def profile_step(events, *, world_size: int, hidden_dim: int, run=None):
-    """Left: ms per creation phase for each traced size (stacked, slowest rank). Right: one IPC open
-    per buffer against the size of that buffer."""
+    """Ms per creation phase per traced size; one IPC open per buffer against its size."""
     fig, axes = plots.figure(2, 1, width=12, height=4.4)
     ax, ax2 = axes[0]
     t, ob = phase_frame(events), open_by_buffer(events)
@@ -380,8 +372,7 @@ def profile_step(events, *, world_size: int, hidden_dim: int, run=None):
 
 # -- the notebook's sections -----------------------------------------------------------------------
 def simulation(world_sizes=(2, 4), hidden_dim: int = 7168) -> None:
-    """Memory against re-creations per policy, one panel per trace and world size, cold start,
-    simulated; each point labelled with its policies."""
+    """Memory against re-creations per policy, a panel per trace and world size (simulated)."""
     d = pd.DataFrame(
         measure.simulate_rows({"hidden_dim": hidden_dim}, world_sizes=list(world_sizes),
                               scenarios=(0,)))
@@ -429,8 +420,7 @@ def cost(run) -> None:
 
 @notebook.needs_run
 def profiler(run) -> None:
-    """Per shown run with a trace: its Perfetto files, rank 0's re-creations back to back, the
-    ranges per rank, the CUDA calls inside them, then where the creation cost steps up."""
+    """Per shown run with a trace: Perfetto files, the re-creations, their CUDA calls, the step."""
     traced = [r for r in run.shown if r.sidecar("events") is not None]
     for r in run.shown:
         if r.sidecar("events") is None:
@@ -468,8 +458,7 @@ def _sizes(sizes) -> str:
 
 
 def engine_table(facts: list[dict]) -> pd.DataFrame:
-    """One row per TP size and engine variant: call site, creations per rank and size, those in the
-    forward steps, the rebuild's simulation, and a creation's time apart from each rank's first."""
+    """Per TP size and engine variant: creations per rank and size, the simulation, times."""
     rows = [{
         "TP": f["world"], "release": f["variant"].split("+")[0], "call site": label(f["policy"]),
         "creations per rank": text.count(f["per_rank"].values()), "max_token_num": _sizes(
@@ -484,8 +473,7 @@ def engine_table(facts: list[dict]) -> pd.DataFrame:
 
 
 def engine_lines(facts: list[dict]) -> list[str]:
-    """What the engine runs say: the creations and when, FlashInfer's first-creation cost apart from
-    a creation, and the steps above the fusion gate."""
+    """What the engine runs say: the creations and when, the first one's cost, the unfused steps."""
     if not facts:
         return []
     per = text.count([n for f in facts for n in f["per_rank"].values()])
@@ -523,8 +511,7 @@ VIEW = engine_view.EngineView(
 
 
 def beside_rows(run, engine_run) -> list[dict]:
-    """Workspace creations as the rebuild (``run``: a cold start on real workspaces) and SGLang's
-    engine (pre-initialised) count them."""
+    """Workspace creations as the rebuild (a cold start) and SGLang's engine count them."""
     rows = []
     if not run:
         rows.append({"source": "rebuild", "measures": run.line, "figure": ""})
