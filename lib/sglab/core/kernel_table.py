@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import functools
 import re
-import statistics
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Optional
 
 from torch.utils._python_dispatch import TorchDispatchMode
-
-from sglab.core.timing import _quantile
 
 
 COLUMNS = [
@@ -64,28 +61,17 @@ def reduce_records(records: Iterable[tuple], runs: int, backend: str):
 
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")
-    groups: dict[tuple, list] = {}
-    labels: list = []
-    for label, kernel, dur_ns in records:
-        if label not in labels:
-            labels.append(label)
-        groups.setdefault((label, kernel),
-                          []).append(float(dur_ns) / 1e3 if dur_ns is not None else float("nan"))
-    rows = []
-    for (label, kernel), us in groups.items():
-        ok = [u for u in us if u == u]
-        med = statistics.median(ok) if ok else float("nan")
-        rows.append({
-            "label": label, "kernel": kernel, "short": short_name(kernel), "calls": len(us) / runs,
-            "median_us": med, "p10_us": _quantile(sorted(ok), 0.1) if ok else med,
-            "p90_us": _quantile(sorted(ok), 0.9) if ok else med, "total_us": sum(ok) / runs,
-            "backend": backend
-        })
-    df = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "share"])
-    if df.empty:
+    d = pd.DataFrame(list(records), columns=["label", "kernel", "us"])
+    if d.empty:
         return pd.DataFrame(columns=COLUMNS)
+    d["us"] = pd.to_numeric(d.us, errors="coerce") / 1e3  # a duration None: NaN, counted as a call
+    g = d.groupby(["label", "kernel"], sort=False).us
+    df = pd.DataFrame({
+        "calls": g.size() / runs, "median_us": g.median(), "p10_us": g.quantile(0.1),
+        "p90_us": g.quantile(0.9), "total_us": g.sum() / runs
+    }).reset_index().assign(short=lambda t: t.kernel.map(short_name), backend=backend)
     df["share"] = df.total_us / df.groupby("label").total_us.transform("sum")
-    df["order"] = df.label.map(labels.index)
+    df["order"] = df.label.map(list(d.label.unique()).index)
     df = df.sort_values(["order", "total_us"], ascending=[True, False]).drop(columns="order")
     return df[COLUMNS].reset_index(drop=True)
 

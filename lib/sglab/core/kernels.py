@@ -17,24 +17,19 @@ from typing import Callable
 
 from sglab.core.trace import _warm_profiler  # noqa: F401 - workspace_floor imports it from here
 
-# CUgraphNodeType values (stable across CUDA 12/13); names used when the driver module gives none.
-_NODE_TYPE_NAMES = {
-    0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait_event",
-    7: "event_record", 8: "ext_semas_signal", 9: "ext_semas_wait", 10: "mem_alloc", 11: "mem_free",
-    12: "batch_mem_op", 13: "conditional"
-}
-KERNEL, CHILD_GRAPH = 0, 4
+
+KERNEL, CHILD_GRAPH = 0, 4  # CUgraphNodeType values (stable across CUDA 12/13)
 
 
 @dataclass
 class GraphNodes:
-    """What a captured graph contains: kernel-node count, kernel names (when the driver gives them),
-    and the count of every node type."""
+    """The kernel nodes of a captured graph: their names, when the driver gives them."""
 
-    kernels: int = 0
     names: list[str] = field(default_factory=list)
-    by_type: dict[str, int] = field(default_factory=dict)
-    child_graphs: int = 0
+
+    @property
+    def kernels(self) -> int:
+        return len(self.names)
 
 
 def _check(result, what: str):
@@ -64,13 +59,9 @@ def _walk(driver, graph, out: GraphNodes, depth: int = 0) -> None:
     for node in nodes[:int(n)]:
         t = _check(driver.cuGraphNodeGetType(node), "cuGraphNodeGetType")
         code = int(getattr(t, "value", t))
-        tname = _NODE_TYPE_NAMES.get(code, f"type_{code}")
-        out.by_type[tname] = out.by_type.get(tname, 0) + 1
         if code == KERNEL:
-            out.kernels += 1
             out.names.append(_kernel_name(driver, node))
         elif code == CHILD_GRAPH:
-            out.child_graphs += 1
             child = _check(driver.cuGraphChildGraphNodeGetGraph(node),
                            "cuGraphChildGraphNodeGetGraph")
             _walk(driver, child, out, depth + 1)

@@ -114,15 +114,9 @@ def stop(pgid: Optional[int] = None, *, marker: str = "", grace: float = GRACE_S
 def stop_tree(pid: int, *, grace: float = GRACE_S) -> Stopped:
     """Stop process ``pid`` and all its descendants (for a process that is not a group leader,
     such as a Jupyter kernel)."""
-
-    def tree() -> list[psutil.Process]:
-        try:
-            root = psutil.Process(pid)
-            return [p for p in (root, *root.children(recursive=True)) if _alive(p)]
-        except psutil.Error:
-            return []
-
-    return _stop(tree(), tree, None, grace)
+    with suppress(psutil.Error):
+        return stop_seen([psutil.Process(pid)], grace=grace)
+    return Stopped()
 
 
 def descendants(pid: int) -> list[psutil.Process]:

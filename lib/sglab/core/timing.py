@@ -7,6 +7,7 @@ p10/p90 are what notebooks report.
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from contextlib import contextmanager
@@ -93,7 +94,7 @@ def host_time(fn: Callable[[], object], *, warmup: int = 3, repeat: int = 20,
     """Time ``fn`` with ``time.perf_counter``; with ``sync`` the device is synchronised before and
     after each call (when CUDA is there) so the sample covers all the work ``fn`` queued."""
     _check_counts(warmup, repeat)
-    synchronize = _synchronizer() if sync else (lambda: None)
+    synchronize = _sync if sync else (lambda: None)
     for _ in range(warmup):
         fn()
     synchronize()
@@ -107,21 +108,11 @@ def host_time(fn: Callable[[], object], *, warmup: int = 3, repeat: int = 20,
     return Timing(samples, clock="host-perf-counter" + ("+sync" if sync else ""))
 
 
-def _synchronizer() -> Callable[[], None]:
-    """A callable that synchronises CUDA when this process has initialised it (checked at each
-    call)."""
-    try:
-        import torch
-    except ImportError:
-        return lambda: None
-    if not torch.cuda.is_available():
-        return lambda: None
-
-    def sync() -> None:
-        if torch.cuda.is_initialized():
-            torch.cuda.synchronize()
-
-    return sync
+def _sync() -> None:
+    """Synchronise CUDA where this process has initialised it."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def interleaved(fns: "dict[str, Callable[[], object]]", *, rounds: int = 3, warmup: int = 10,
@@ -159,16 +150,6 @@ def phase(name: str):
         yield
     finally:
         _totals[name] = _totals.get(name, 0.0) + time.perf_counter() - t0
-
-
-def add(name: str, seconds: float) -> None:
-    _totals[name] = _totals.get(name, 0.0) + float(seconds)
-
-
-def merge(other: dict, prefix: str = "") -> None:
-    """Fold another process's phases (e.g. a rank's) into this one's, under ``prefix``."""
-    for k, v in (other or {}).items():
-        add(prefix + k, v)
 
 
 def take() -> dict:
