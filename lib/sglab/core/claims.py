@@ -22,9 +22,8 @@ MAX_READER_CLAIMS = 5
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a check found. ``value`` is the machine-readable measurement (a number or a dict of
-    numbers) that headlines and ``--against`` comparisons use; ``measured`` is the same for a
-    reader."""
+    """What a check found: ``value`` the measurement (a number or a dict of numbers) headlines and
+    ``--against`` read, ``measured`` the same for a reader."""
 
     status: str
     measured: str = ""
@@ -88,11 +87,7 @@ class ClaimsError(RuntimeError):
 
 def all_claims(mod) -> list[Claim]:
     """Every claim of a claims module, each reader-facing one followed by its folded checks."""
-    out = []
-    for c in mod.CLAIMS:
-        out.append(c)
-        out.extend(c.folded)
-    return out
+    return [x for c in mod.CLAIMS for x in (c, *c.folded)]
 
 
 # -- evaluating ------------------------------------------------------------------------------------
@@ -300,9 +295,7 @@ def _peers(run, every: list) -> list:
     """The other runs (other machines) of ``run``'s GPU model, GPU count and method version."""
     from sglab.core.runs import others
 
-    def key(r):
-        return r.manifest.gpu, r.manifest.gpu_count, r.manifest.method_version
-
+    key = lambda r: (r.manifest.gpu, r.manifest.gpu_count, r.manifest.method_version)  # noqa: E731
     return [x for x in others(run, every) if key(x) == key(run)]
 
 
@@ -317,11 +310,7 @@ def _flat(value, prefix="") -> dict:
 
 
 def _number(v) -> Optional[float]:
-    if isinstance(v, bool):
-        return float(v)
-    if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)):
-        return float(v)
-    return None
+    return float(v) if isinstance(v, (int, float)) and v == v else None  # NaN: not a number
 
 
 def _leaf(key: str) -> str:

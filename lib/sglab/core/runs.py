@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,8 +27,8 @@ REQUIRED = ("variant", "metric", "value", "unit")
 
 
 def repo_root() -> Path:
-    """The checkout this package lives in (lib/sglab/ → repo), or the working directory as a
-    fallback."""
+    """The checkout this package lives in (lib/sglab/ → repo), else $SGLAB_ROOT or the working
+    directory."""
     here = Path(__file__).resolve().parents[3]
     if (here / "pyproject.toml").exists():
         return here
@@ -50,14 +51,11 @@ def tidy(experiment: str, rows: list[dict]):
 
     if not rows:
         raise ValueError("a run needs at least one row")
-    params: list[str] = []
     for i, r in enumerate(rows):
         missing = [k for k in REQUIRED if k not in r]
         if missing:
             raise ValueError(f"row {i} lacks {missing}: {r}")
-        for k in r:
-            if k not in REQUIRED and k != "experiment" and k not in params:
-                params.append(k)
+    params = dict.fromkeys(k for r in rows for k in r if k not in (*REQUIRED, "experiment"))
     df = pd.DataFrame(rows)
     df["experiment"] = experiment
     return df[["experiment", "variant", *params, "metric", "value", "unit"]]
@@ -212,8 +210,7 @@ def measure(fn: Callable[[], Any], *, experiment: str, method_version: int, para
 @dataclass
 class Measured:
     """What an experiment's ``run`` may return instead of a bare frame: the tidy frame, its sidecars
-    (tables or files stored next to the run) and extra manifest fields (e.g. the SGLang releases and
-    shims used)."""
+    (tables or files stored next to the run) and extra manifest fields."""
 
     df: Any
     sidecars: dict = field(default_factory=dict)
@@ -226,8 +223,8 @@ class Measured:
 
 @dataclass
 class Manifest:
-    """A run's JSON manifest, typed: every field a run may have, read with its default where an
-    older run lacks it (:meth:`of`); ``raw`` is the JSON as recorded."""
+    """A run's JSON manifest, typed, each field at its default where a run lacks it; ``raw``: the
+    JSON as recorded."""
 
     experiment: str = ""
     method_version: int = 1
@@ -245,7 +242,6 @@ class Manifest:
     params: dict = field(default_factory=dict)
     rows: int | None = None
     sidecars: dict = field(default_factory=dict)
-    duration_s: float | None = None
     phases_s: dict = field(default_factory=dict)
     # real engines (``sglab engine``)
     engine_runs: list = field(default_factory=list)
@@ -254,7 +250,6 @@ class Manifest:
     partial: dict | None = None
     merged_from: list = field(default_factory=list)
     sglang: dict = field(default_factory=dict)
-    method: str = ""
     sglang_home: str = ""
     # profiler tables and the workbook's own timings
     kernel_table: dict = field(default_factory=dict)
@@ -264,13 +259,11 @@ class Manifest:
 
     @classmethod
     def of(cls, data: dict) -> "Manifest":
-        """The manifest of ``data`` (a run's JSON), each missing or null field at its default."""
         known = {f.name for f in fields(cls)} - {"raw"}
         given = {k: v for k, v in data.items() if k in known and v is not None}
         if "method_version" in given:
             given["method_version"] = int(given["method_version"])
-        # an engine entry's TP size, read once here from its server arguments (older runs did not
-        # record it)
+        # an engine entry's TP size, from its server arguments where an older run did not record it
         for e in [*given.get("engine_runs", []), *given.get("params", {}).get("specs", [])]:
             if isinstance(e, dict) and "tp" not in e:
                 e["tp"] = tp_of(e.get("server_args") or ())
@@ -330,10 +323,8 @@ class Run:
             self.manifest = Manifest.of(self.manifest)
 
     def memo(self, key: str, make: Callable[[], Any], *, shared: bool = False):
-        """``make()``, computed once per run and key: a notebook's claims, tables and figures derive
-        the same table from one run many times. Each caller gets a deep copy, so that what one
-        changes stays its own; ``shared``: the one object, for a frame no caller changes in place
-        (whose statistics are then kept per object: :mod:`sglab.core.engine_stats`)."""
+        """``make()``, computed once per run and key, a deep copy to each caller; ``shared``: the one
+        object, for a frame no caller changes in place (:mod:`sglab.core.engine_stats`)."""
         if key not in self._memo:
             self._memo[key] = make()
         return self._memo[key] if shared else copy.deepcopy(self._memo[key])
@@ -344,7 +335,7 @@ class Run:
 
     def sidecar(self, name: str):
         """A sidecar of this run: a DataFrame for a ``.csv.gz`` table, the path for a file, None if
-        absent. An empty text cell reads back as ``""``, whatever string dtype pandas gives it."""
+        absent. An empty text cell reads back as ``""`` (as NaN, groupby would drop its rows)."""
         fname = self.manifest.sidecars.get(name)
         if not fname:
             return None
@@ -355,8 +346,6 @@ class Run:
             import pandas as pd
 
             df = pd.read_csv(path)
-            # an empty label reads back as NaN (object dtype in pandas 2, the string dtype in pandas
-            # 3): keep it "", or groupby drops its rows
             for col, dtype in df.dtypes.items():
                 if dtype == object or pd.api.types.is_string_dtype(dtype):
                     df[col] = df[col].fillna("")
@@ -366,9 +355,8 @@ class Run:
 
 @dataclass
 class RunSet:
-    """The runs a notebook section shows: ``shown`` (one per GPU model, or per size; the first is
-    the one a single-run table reads) and ``elsewhere`` (recorded on other GPU models, for the
-    tables that list every machine). Empty, it is falsy and says why (``reason``)."""
+    """The runs a notebook section shows (``shown``; the first is the one a single-run table reads)
+    and those recorded on other GPU models (``elsewhere``). Empty, it is falsy and says why."""
 
     shown: list = field(default_factory=list)
     elsewhere: list = field(default_factory=list)
@@ -426,13 +414,11 @@ def gpu_short(source) -> str:
 
 
 def newest_by(runs_: list, key) -> dict:
-    """``{key(run): newest run}`` (newest by ``created_utc``), ordered by key: e.g. one run per GPU
-    model with ``key=gpu_short``, or one per world size with ``key=lambda r:
-    r.manifest.params["world_size"]``."""
-    best: dict = {}
-    for r in sorted(runs_, key=lambda r: r.manifest.created_utc):
-        best[key(r)] = r
-    return dict(sorted(best.items()))
+    """``{key(run): newest run}`` (by ``created_utc``), ordered by key: e.g. one run per GPU model
+    with ``key=gpu_short``."""
+    return dict(
+        sorted({key(r): r
+                for r in sorted(runs_, key=lambda r: r.manifest.created_utc)}.items()))
 
 
 def read_run(csv_path: Path | str, *, live: bool = False) -> Run:
@@ -454,11 +440,10 @@ def list_runs(experiment: str, *, kind: str = "recorded", root: Path | None = No
     ]
 
     def key(p: Path):
-        try:
-            created = json.loads(p.with_suffix(".json").read_text()).get("created_utc", "")
-        except (OSError, ValueError):
-            created = ""
-        return (str(created), p.stat().st_mtime_ns, p.name)
+        created = ""
+        with suppress(OSError, ValueError):
+            created = str(json.loads(p.with_suffix(".json").read_text()).get("created_utc", ""))
+        return created, p.stat().st_mtime_ns, p.name
 
     return sorted(found, key=key)
 
