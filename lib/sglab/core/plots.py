@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any, Mapping, Sequence
 
 
@@ -109,19 +108,10 @@ CATEGORY_COLORS = {
 LANE_ORDER = ("host", "runtime", "stream", "device")
 
 
-def window(events, *, names: str | None = None):
-    """The events (those matching ``names``), re-zeroed to the first of them."""
-    d = events
-    if names is not None:
-        d = d[_matches(d.name, names)]
-    if len(d):
-        d = d.assign(start_us=d.start_us - d.start_us.min())
-    return d
-
-
-def _matches(names, pattern: str):
-    rx = re.compile(pattern)
-    return names.map(lambda n: bool(rx.search(n)))
+def window(events):
+    """The events re-zeroed to the first of them."""
+    return events.assign(
+        start_us=events.start_us - events.start_us.min()) if len(events) else events
 
 
 def _lane_key(lane: str):
@@ -134,7 +124,7 @@ def _lane_key(lane: str):
 def totals(events, highlight: str | None = None) -> dict:
     """Span, device activity and highlighted events of one table: the numbers the plot annotates."""
     dev = events[events.category.isin(["kernel", "memcpy", "memset"])]
-    hit = events[_matches(events.name, highlight)] if highlight else events.iloc[0:0]
+    hit = events[events.name.str.contains(highlight)] if highlight else events.iloc[0:0]
     hit = hit[hit.category != "range"]
     span = float((events.start_us + events.dur_us).max() - events.start_us.min()) if len(
         events) else 0.0
@@ -161,9 +151,8 @@ def timeline(tables: Mapping[str, object], *, highlight: str | None = None,
         fig, ax = figure(width=11.0, height=0.9 + 0.42 * max(1, len(rows)))
     else:
         fig = ax.figure
-    pattern = re.compile(highlight) if highlight else None
     for y, (variant, lane, ev) in enumerate(rows):
-        _draw_lane(ax, len(rows) - 1 - y, ev, pattern)
+        _draw_lane(ax, len(rows) - 1 - y, ev, highlight)
     ax.set_yticks(range(len(rows)), list(reversed(labels)))
     ax.set_xlabel("time from the first event (µs)")
     ax.set_ylim(-0.7, len(rows) - 0.3)
@@ -171,11 +160,11 @@ def timeline(tables: Mapping[str, object], *, highlight: str | None = None,
     if title:
         ax.set_title(title)
     _annotate(ax, tables, rows, highlight, highlight_label)
-    _legend(ax, categories, highlight_label if pattern else None)
+    _legend(ax, categories, highlight_label if highlight else None)
     return fig
 
 
-def _draw_lane(ax, y: float, ev, pattern) -> None:
+def _draw_lane(ax, y: float, ev, highlight) -> None:
     for cat, g in ev.groupby("category"):
         if cat == "range":
             for r in g.itertuples():  # phase ranges: an outline with the phase name
@@ -184,8 +173,7 @@ def _draw_lane(ax, y: float, ev, pattern) -> None:
                 ax.text(r.start_us, y + 0.46, r.name.replace("phase::", ""), fontsize=7,
                         va="bottom", color="#555555", clip_on=True)
             continue
-        hit = (g.name.map(lambda n: bool(pattern.search(n)))
-               if pattern else g.name.map(lambda n: False))
+        hit = g.name.str.contains(highlight) if highlight else g.name.map(lambda n: False)
         for sel, color in ((~hit, CATEGORY_COLORS.get(cat, "#999999")), (hit, PALETTE["accent"])):
             part = g[sel]
             if len(part):

@@ -194,47 +194,27 @@ def write_perfetto(prof, path: str | Path) -> Path:
     return path
 
 
-def trace_phases(fns, *, perfetto: str | Path | None = None, cuda: bool | None = None):
-    """Run each function of ``fns`` (``{phase name: callable}``) once inside its own :func:`phase`
-    range, under one :class:`Recorder` session; the device is synchronised before and after each so
-    that phases never overlap on the device. Returns the event table."""
-    import torch
-
-    rec = Recorder(perfetto=perfetto, cuda=cuda)
-    sync = torch.cuda.synchronize if rec.cuda else (lambda: None)
-    with rec:
-        for name, fn in fns.items():
-            sync()
-            with phase(name):
-                fn()
-            sync()
-    return rec.events
-
-
-def phase_columns(events, pattern: str, columns, converters=None):
-    """The events whose ``phase`` matches ``pattern`` (a regular expression with one group per
-    column), with the groups as new ``columns`` (each passed through its ``converters`` entry, e.g.
-    ``int``)."""
-    m = events.phase.str.extract(pattern)
-    keep = m[0].notna()
-    out = events[keep].copy()
-    for i, col in enumerate(columns):
-        values = m[i][keep]
-        conv = (converters or {}).get(col)
-        out[col] = values.map(conv).values if conv else values.values
-    return out.reset_index(drop=True)
-
-
 def trace_variants(fns, column: str, *, cuda: bool, warm: bool = True,
                    perfetto_prefix: str | None = None) -> tuple:
-    """:func:`trace_phases` of ``fns`` (``{"<variant> <n>": callable}``, each called once before
-    with ``warm``): the events with ``variant`` and an integer ``column``, and the Perfetto file (on
-    the GPU with ``perfetto_prefix``, in a new temporary folder; else None)."""
+    """Each of ``fns`` (``{"<variant> <n>": callable}``, each called once before with ``warm``) in
+    its own :func:`phase` under one :class:`Recorder`, the device synchronised around each: the
+    events of those phases with ``variant`` and an integer ``column``, and the Perfetto file (on the
+    GPU with ``perfetto_prefix``, in a new temporary folder; else None)."""
+    import torch
+
     if warm:
         for fn in fns.values():  # every path warm before the profiler starts
             fn()
     perfetto = (Path(tempfile.mkdtemp(prefix=perfetto_prefix)) / "trace.json.gz"
                 if cuda and perfetto_prefix else None)
-    events = phase_columns(trace_phases(fns, perfetto=perfetto, cuda=cuda), r"^(\S+) (\d+)$",
-                           ("variant", column), {column: int})
-    return events, perfetto if perfetto is not None and perfetto.exists() else None
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    with Recorder(perfetto=perfetto, cuda=cuda) as rec:
+        for name, fn in fns.items():
+            sync()
+            with phase(name):
+                fn()
+            sync()
+    m = rec.events.phase.str.extract(r"^(\S+) (\d+)$")
+    keep = m[0].notna()
+    events = rec.events[keep].assign(variant=m[0][keep], **{column: m[1][keep].astype(int)})
+    return events.reset_index(drop=True), (perfetto if perfetto and perfetto.exists() else None)
