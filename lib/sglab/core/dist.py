@@ -69,25 +69,17 @@ _TIMEOUT_MARKERS = ("Watchdog caught collective operation timeout", "timed out",
                     "TimeoutError", "DistStoreError", "DistNetworkError: Timed out")
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world_size: int, payload: bytes, backend: str, port: int,
             coll_timeout: float, results, env: dict, log_path: str) -> None:
-    # Own process group, so the launcher can kill this rank together with anything it starts.
-    with suppress(OSError):
+    with suppress(OSError):  # its own group: stopped with whatever it starts
         os.setpgid(0, 0)
-    # Everything this rank prints goes to its log; the launcher shows the tail when something fails.
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
+    os.dup2(fd, 1)  # everything it prints goes to its log, whose tail a failure shows
     os.dup2(fd, 2)
-    os.environ.update({k: str(v) for k, v in env.items()})
     os.environ.update({
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-        "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)
+        **{k: str(v)
+           for k, v in env.items()}, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)
     })
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
@@ -172,7 +164,9 @@ class _Ranks:
         self.world_size, self.collective_timeout_s = world_size, collective_timeout_s
         ctx = mp.get_context(start_method)
         self.results = ctx.Queue()
-        port = free_port()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))  # a free port for the rendezvous
+            port = s.getsockname()[1]
         self.logdir = Path(tempfile.mkdtemp(prefix="sglab-dist-"))
         self.logs = [self.logdir / f"rank{r}.log" for r in range(world_size)]
         self.procs = [
@@ -242,9 +236,6 @@ class _Ranks:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.cleanup()
-
-    def cleanup(self) -> None:
         for p in self.procs:  # each rank and its process group (a finished rank's swept too)
             if p.pid is not None:
                 procs.stop(p.pid, grace=3.0)

@@ -11,6 +11,7 @@ import importlib.util
 import os
 import platform
 import sys
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -42,21 +43,13 @@ def _text(value) -> str:
 
 
 def _visible_indices(total: int) -> list[int]:
-    """Physical indices visible to this process, honouring CUDA_VISIBLE_DEVICES when it lists
-    integers."""
+    """Physical indices visible to this process: those CUDA_VISIBLE_DEVICES lists where it lists
+    integers (a UUID or MIG spec: all, not guessed)."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is None:
+    tokens = [t.strip() for t in (env or "").split(",") if t.strip()]
+    if env is None or not all(t.isdigit() for t in tokens):
         return list(range(total))
-    out = []
-    for tok in env.split(","):
-        tok = tok.strip()
-        if not tok:
-            continue
-        if not tok.isdigit():  # UUID or MIG spec: do not guess, show all
-            return list(range(total))
-        if int(tok) < total:
-            out.append(int(tok))
-    return out
+    return [int(t) for t in tokens if int(t) < total]
 
 
 @lru_cache(maxsize=1)
@@ -64,29 +57,23 @@ def gpus() -> tuple[GPU, ...]:
     """The GPUs this process can use, in CUDA order (empty without CUDA)."""
     nv = _nvml()
     if nv is not None:
-        try:
-            total = nv.nvmlDeviceGetCount()
-            found = []
-            for cuda_index, phys in enumerate(_visible_indices(total)):
-                h = nv.nvmlDeviceGetHandleByIndex(phys)
-                mem = nv.nvmlDeviceGetMemoryInfo(h)
-                found.append(
-                    GPU(cuda_index, _text(nv.nvmlDeviceGetName(h)), _text(nv.nvmlDeviceGetUUID(h)),
-                        int(mem.total // 2**20)))
-            return tuple(found)
-        except Exception:
-            pass
+        with suppress(Exception):
+            handles = [
+                nv.nvmlDeviceGetHandleByIndex(i) for i in _visible_indices(nv.nvmlDeviceGetCount())
+            ]
+            return tuple(
+                GPU(i, _text(nv.nvmlDeviceGetName(h)), _text(nv.nvmlDeviceGetUUID(h)),
+                    int(nv.nvmlDeviceGetMemoryInfo(h).total // 2**20))
+                for i, h in enumerate(handles))
     try:
         import torch
     except ImportError:
         return ()
-    if not torch.cuda.is_available():
-        return ()
-    out = []
-    for i in range(torch.cuda.device_count()):
-        p = torch.cuda.get_device_properties(i)
-        out.append(GPU(i, p.name, str(getattr(p, "uuid", "")), int(p.total_memory // 2**20)))
-    return tuple(out)
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    props = [torch.cuda.get_device_properties(i) for i in range(n)]
+    return tuple(
+        GPU(i, p.name, str(getattr(p, "uuid", "")), int(p.total_memory // 2**20))
+        for i, p in enumerate(props))
 
 
 def gpu_count() -> int:

@@ -126,34 +126,29 @@ def interactive_here() -> bool:
     return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
 
 
-def static_table(fn: Callable, static: Sequence[dict]):
-    """``fn`` over each settings dict, one block of rows per setting, the settings as leading
-    columns."""
-    import pandas as pd
-
-    parts = []
-    for s in static:
-        df = fn(**s)
-        df = df.reset_index() if any(df.index.names) else df.reset_index(drop=True)  # named only
-        for i, (k, v) in enumerate(s.items()):
-            df.insert(i, k, v)
-        parts.append(df)
-    return pd.concat(parts, ignore_index=True)
-
-
 def explore(fn: Callable, controls: dict, *, static: Sequence[dict], title: str = "",
             interactive: bool = False):
-    """``fn(**settings) -> DataFrame`` over the ``static`` settings as one table (returned, so a
-    saved notebook keeps it); with ``interactive`` and widgets here, controls calling ``fn``
-    instead."""
+    """``fn(**settings) -> DataFrame`` over the ``static`` settings as one table, the settings as
+    leading columns (returned, so a saved notebook keeps it); with ``interactive`` and widgets here,
+    controls calling ``fn`` instead."""
     if not interactive or not interactive_here():
+        import pandas as pd
+
         if title:
             why = ("no widgets here: ipywidgets in a Jupyter kernel draws the controls"
                    if interactive else
                    "INTERACTIVE = True in the parameters cell gives sliders and drop-downs in "
                    "JupyterLab")
             print(f"{title} — static table ({why}):")
-        return static_table(fn, static)
+        parts = []
+        for s in static:
+            df = fn(**s)
+            df = df.reset_index() if any(df.index.names) else df.reset_index(
+                drop=True)  # named only
+            for i, (k, v) in enumerate(s.items()):
+                df.insert(i, k, v)
+            parts.append(df)
+        return pd.concat(parts, ignore_index=True)
     import ipywidgets as w
     from IPython.display import display as ipy_display
 
