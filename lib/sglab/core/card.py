@@ -23,10 +23,9 @@ STATE_WORDS = {
 
 @dataclass(frozen=True)
 class Card:
-    """What a fix states on its card; ``found`` pairs what the PR says with what the workbook found.
-    Either side of a pair may hold fields filled from the claims' values, as a :class:`Headline`
-    does: ``{e[claim id][key]}`` (the real engine, the first GPU model), ``{r[claim id][key]}``
-    (the rebuild, the first run shown); a pair whose fields are missing is left out."""
+    """What a fix states on its card; ``found`` pairs what the PR says with what was found, each side
+    a template over the claims' values: ``{e[claim id][key]}`` (the real engine, first GPU model),
+    ``{r[claim id][key]}`` (the rebuild's first run); a pair with a value missing is left out."""
 
     bug: str
     affects: str
@@ -77,8 +76,7 @@ def parts(card: Card, fix, claims, rs, engine_rs) -> dict:
 
 
 def markdown(p: dict) -> str:
-    """The card as markdown: the lines a reader needs first, the engine's answer before the
-    rebuild's."""
+    """The card as markdown, the engine's answer before the rebuild's."""
     lines = [
         f"> **The bug.** {p['bug']}", ">", f"> **Who is affected.** {p['affects']}", ">",
         f"> **Releases** (read from the wheels): {p['releases']}", ">",
@@ -112,7 +110,6 @@ def html_card(p: dict) -> str:
 
 
 def summary(p: dict) -> str:
-    """One paragraph for the README index: the bug, the releases, the engine's answer, then the
-    rebuild's."""
+    """The card as one paragraph, for the README index."""
     return (f"{p['bug']} Releases: {p['releases']}. Real engine: {p['engine']} "
             f"Rebuild: {p['rebuild']}")

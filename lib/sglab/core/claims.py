@@ -131,8 +131,8 @@ def evaluate(mod, run) -> list[Result]:
 
 
 def evaluated(mod, run) -> list[Result]:
-    """:func:`evaluate`, once per run (``Run.memo``): verifying each of a record's runs against the
-    rest reads every run's claims once, for its own verdict and for the range the others span."""
+    """:func:`evaluate`, once per run (``Run.memo``): a record's runs are each compared with the
+    rest."""
     if not hasattr(run, "memo"):
         return evaluate(mod, run)
     return run.memo(f"claims of {getattr(mod, 'EXPERIMENT', '')}", lambda: evaluate(mod, run))
@@ -172,8 +172,8 @@ def verdict_line(results: list[Result], run) -> str:
 
 
 def table(results: list[Result]):
-    """claim, statement, status, measured, expected, reason — one row per claim and folded check (a
-    folded check's id is indented under its claim)."""
+    """One row per claim and folded check (indented under its claim): claim, statement, status,
+    measured, expected, reason."""
     import pandas as pd
 
     return pd.DataFrame([{
@@ -193,8 +193,7 @@ class _Missing(Exception):
 
 
 class _Formatter(string.Formatter):
-    """``str.format`` where a missing or n/a value (a KeyError, or None) drops the part instead of
-    failing."""
+    """``str.format`` where a missing or n/a value (None) drops the part instead of failing."""
 
     def get_field(self, field_name, args, kwargs):
         try:
@@ -276,8 +275,8 @@ def _extremes(plain: list[dict]) -> tuple[dict, dict]:
 
 
 def headline(mod, runs_: list, every: list | None = None) -> str:
-    """The numbers sentence of ``runs_`` from ``mod.HEADLINE``; ``every`` (default: the recorded
-    runs) fills each run's ``across`` range with its peers."""
+    """The numbers sentence of ``runs_`` (``mod.HEADLINE``), each run's ``across`` range over its
+    peers among ``every`` (default: the recorded runs)."""
     if not runs_:
         return "no recorded run yet"
     peers = {}
@@ -326,7 +325,7 @@ def _beside(flat: dict, key: str, name: str):
 
 def _tolerance(claim, key: str, mine: dict, theirs: dict) -> tuple:
     """``(tolerance, label)`` of one value: the claim's ``drift``, widened to the A/A gap either run
-    measured (its group's ``noise``, else the run's); the label says where the starts differ."""
+    measured; the label says where the starts differ."""
     tol = claim.drift
     if tol is None:
         return None, "exact"
@@ -342,8 +341,7 @@ def _tolerance(claim, key: str, mine: dict, theirs: dict) -> tuple:
 
 
 def spans(mod, runs_: list) -> dict:
-    """``{(claim id, value key): [every number the runs gave]}``, each run evaluated alone: the
-    record a rerun is compared with where it is several runs of one GPU model (several machines)."""
+    """``{(claim id, value key): [every number the runs gave]}``, each run evaluated alone."""
     out: dict = {}
     for run in runs_:
         for k, x in _numbers(mod, run).items():
@@ -352,8 +350,7 @@ def spans(mod, runs_: list) -> dict:
 
 
 def _numbers(mod, run) -> dict:
-    """``{(claim id, value key): number}`` of one run, its claims evaluated once per run
-    (:func:`evaluated`)."""
+    """``{(claim id, value key): number}`` of one run."""
     return {(r.claim.id, key): _number(x)
             for r in evaluated(mod, run)
             for key, x in _flat(r.outcome.value, "").items() if _number(x) is not None}
@@ -370,17 +367,15 @@ def _rel(a: float, b: float) -> float:
 
 
 def _excess(a: float, b: float) -> float:
-    """How far apart ``a`` and ``b`` are, whichever is the reference: the larger over the smaller,
-    less 1, for two positive numbers (1.32 against 1.74 and 1.74 against 1.32 are both 32% apart;
-    the signed drift would call them -24% and +32%); else the signed drift's size."""
+    """How far apart ``a`` and ``b`` are, whichever is the reference: for two positive numbers the
+    larger over the smaller, less 1 (1.32 and 1.74 are 32% apart either way); else |drift|."""
     return max(a / b, b / a) - 1 if a > 0 and b > 0 else abs(_rel(a, b))
 
 
 def drift_rows(results: list[Result], ref_results: list[Result],
                span: dict | None = None) -> list[dict]:
     """Per claim and value: this run, the reference (with ``span``: the range of the recorded runs),
-    the signed drift and whether it is beyond tolerance (judged either way round, :func:`_excess`).
-    """
+    the signed drift and whether it is beyond tolerance (:func:`_excess`)."""
     ref = {r.claim.id: r for r in ref_results}
     span = span or {}
     rows = []
@@ -414,8 +409,7 @@ def drift_rows(results: list[Result], ref_results: list[Result],
 
 
 def unmatched(results: list[Result], ref_results: list[Result]) -> list[str]:
-    """This run's claimed values that the reference does not answer, so that nothing holds them: a
-    release or model first run on this GPU model, say."""
+    """This run's claimed values that the reference does not answer (a release first run here)."""
     ref = {r.claim.id: _flat(r.outcome.value) for r in ref_results if r.outcome.value is not None}
     return [
         f"{r.claim.id}.{k or 'value'}" for r in results if r.outcome.value is not None
@@ -503,9 +497,8 @@ def reference(run, candidates: list) -> tuple[Any, str, list, bool]:
 
 def compare(mod, run, reference, record: list | None = None,
             mine: list[Result] | None = None) -> Comparison:
-    """``run`` against ``reference``; with ``record`` (the runs it was merged from), each number
-    against the range those runs span (:func:`spans`). ``mine``: ``run``'s results where the caller
-    has them already."""
+    """``run`` against ``reference``, each number against the range of ``record`` (the runs it was
+    merged from) where given; ``mine``: ``run``'s results where the caller has them."""
     span = spans(mod, record) if record else None
     mine = evaluate(mod, run) if mine is None else mine
     theirs = evaluated(mod, reference)  # a record's run is often the reference of several

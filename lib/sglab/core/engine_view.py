@@ -66,8 +66,8 @@ def verdict_lines(engine_claims, rs) -> list[str]:
 
 
 def header(rs, what: str = "") -> bool:
-    """Where the section's numbers come from: SGLang's own tools, what ran, the GPU and date of each
-    run, each harness adjustment with its reason; False (and the NoRun line) without a run."""
+    """Where the section's numbers come from (tools, runs, harness adjustments, the host's cost);
+    False (and the NoRun line) without a run."""
     if not rs:
         print(rs.line)
         return False
@@ -99,8 +99,7 @@ def facts(df: pd.DataFrame, metrics) -> pd.DataFrame:
 
 def table(df: pd.DataFrame, t: Table) -> pd.DataFrame:
     """``t.metric`` per (model, release, case) and value of ``t.across``, as text cells: the median
-    over engine starts with [lowest–highest start] where they differ; of one start, the median with
-    the repeats' interquartile range where recorded (``<metric>_iqr``)."""
+    of the engine starts [lowest–highest], or of one start's repeats (their IQR where recorded)."""
     d = numbers(df, t.metric)
     if d.empty:
         return pd.DataFrame()
@@ -138,8 +137,8 @@ def table(df: pd.DataFrame, t: Table) -> pd.DataFrame:
 
 
 def pair_table(df: pd.DataFrame, p: Pair, stat: str = STAT) -> pd.DataFrame:
-    """``p.base`` ÷ each case per (model, release): the ratio over the values of ``p.across``
-    (lowest–highest) by the claims' statistic, the widest the starts allow, and the A/A gap."""
+    """``p.base`` ÷ each case per (model, release) over the values of ``p.across``: the ratio by the
+    claims' statistic, the widest the starts allow, and the A/A gap."""
     gap = aa_gap(df, p.metric, p.across, stat)
     rows = []
     for (model, rel, case), per in ratios(df, p.metric, p.across, p.base, stat).items():
@@ -178,7 +177,7 @@ def section(view: EngineView, rs, engine_claims=None) -> None:
 
 
 def beside(rows: list[dict]) -> None:
-    """The rebuild's figure beside the real engine's (and the PR's own, where it gave one): one row
-    per source with what it measures, since each times something different."""
+    """The rebuild's figure beside the real engine's (and the PR's): one row per source with what it
+    measures."""
     with pd.option_context("display.max_colwidth", None):
         show_table(pd.DataFrame(rows, columns=["source", "measures", "figure"]).set_index("source"))

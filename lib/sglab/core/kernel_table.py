@@ -27,9 +27,8 @@ _HINTS = ("direct_copy", "CatArrayBatchedCopy", "index_select", "indexSelect", "
 
 
 def _mangled_head(kernel: str) -> str:
-    """The innermost name of an Itanium-mangled nested name
-    (``_ZN2at6native18elementwise_kernelIL...`` -> ``elementwise_kernel``), as CUPTI reports
-    kernels; "" when ``kernel`` is not one."""
+    """The innermost name of a mangled nested name, as CUPTI reports kernels
+    (``_ZN2at6native18elementwise_kernelIL...`` -> ``elementwise_kernel``); "" for any other."""
     m = re.match(r"_ZN?(.*)", kernel)
     if not m:
         return ""
@@ -55,8 +54,8 @@ def short_name(kernel: str, width: int = 48) -> str:
 
 
 def reduce_records(records: Iterable[tuple], runs: int, backend: str):
-    """``(label, kernel, duration_ns)`` records of ``runs`` repetitions -> the per-kernel table (one
-    row per label and kernel, ordered by the label's first appearance and then by total time)."""
+    """``(label, kernel, duration_ns)`` records of ``runs`` repetitions -> the per-kernel table, by
+    label (first seen first), then total time."""
     import pandas as pd
 
     if runs < 1:
@@ -165,9 +164,8 @@ def parse_label(label: str) -> OpCall:
 
 
 class DispatchMode(TorchDispatchMode):
-    """torch's ``TorchDispatchMode`` without the ``torch._disable_dynamo`` wrapper around its
-    handler, which imports ``torch._dynamo`` (2.5-3 s on a 2-CPU box) at the first op; nothing here
-    is compiled."""
+    """``TorchDispatchMode`` without its ``torch._disable_dynamo`` wrapper, which imports
+    ``torch._dynamo`` (2.5-3 s) at the first op; nothing here is compiled."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -303,9 +301,8 @@ def _warm(steps: Mapping[str, Step], warmup: int) -> None:
 
 
 def torch_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
-    """torch.profiler over ``runs`` steps, one session per variant, every op in a
-    ``record_function`` range; kernels are attributed through the device-side copy of the range,
-    which spans the kernels launched inside."""
+    """torch.profiler over ``runs`` steps, one session per variant, every op in a range whose device
+    side spans the kernels it launched."""
     import pandas as pd
 
     from sglab.core import trace
@@ -334,9 +331,8 @@ def nsight_available() -> tuple[bool, str]:
 
 
 def nsight_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
-    """nsight-python's CUPTI backend over ``runs`` steps of each variant, one annotation per op
-    (unique within a run): ``(table, reason)``, or ``(None, reason)`` when it cannot run here (not
-    installed, CUPTI already taken by torch.profiler in this process, ...)."""
+    """nsight-python's CUPTI backend over ``runs`` steps of each variant, one annotation per op:
+    ``(table, reason)``, or ``(None, reason)`` where it cannot run here."""
     ok, reason = nsight_available()
     if not ok:
         return None, reason

@@ -40,8 +40,7 @@ def counted(df: pd.DataFrame) -> list[str]:
 
 # -- one timing ------------------------------------------------------------------------------------
 def launch_order(run) -> pd.DataFrame:
-    """The run's timed engine starts in the order they were launched: one row per (model, release,
-    round), the cases of that round in launch order (the profiler's launch pass left out)."""
+    """The run's timed engine starts in launch order: per (model, release, round), its cases."""
     rows: dict = {}
     for s in run.manifest.params.get("specs", []):
         if s.get("profile"):
@@ -71,10 +70,9 @@ def example_run(rs, base: str):
 
 
 def one_timing(run, metric: str, across: str, base: str, cases=(), x=None) -> pd.DataFrame:
-    """How one timing of ``run`` is made, at the value of ``across`` nearest ``x`` (default: the
-    smallest) for the first (model, release) with an A/A control: per case (``base``, its copy,
-    then ``cases`` or every other), each start's median repeat, the three statistics
-    (:data:`STATS`) and the spread between starts (slowest over fastest start, less 1)."""
+    """How one timing of ``run`` is made at the value of ``across`` nearest ``x`` (default: the
+    smallest), for its first (model, release) with an A/A control: per case, each start's median
+    repeat, the three statistics (:data:`STATS`) and the spread between starts."""
     model, rel = _with_control(run, base)
     df = frame([run])
     df = df[(df.model == model) & (df.release == rel)]
@@ -131,8 +129,8 @@ def aa_summary(controls: list[dict]) -> pd.DataFrame:
 
 
 def best_statistic(controls: list[dict]) -> tuple[str, int, int]:
-    """``(statistic, k, n)``: the statistic whose A/A gap is the smallest in the most (``k``) of
-    the ``n`` controls (:func:`aa_controls`)."""
+    """``(statistic, k, n)``: the statistic whose A/A gap is the smallest in ``k`` of ``n`` controls,
+    the most."""
     wins = {s: sum(min(STATS, key=c.get) == s for c in controls) for s in STATS}
     best = max(wins, key=wins.get)
     return best, wins[best], len(controls)
@@ -167,18 +165,16 @@ def host_by_gpu(runs_: list) -> pd.DataFrame:
             "GPU": gpu, "runs": len(g), "measured beside": int(g[["before", "after"
                                                                   ]].notna().any(axis=1).sum()),
             "µs per launch, every run": text.span(both, "{:.1f}"),
-            "widest change within one run": text.pct(
-                (moved.max() if moved.max() >= 1 / moved.min() else 1 / moved.min()) - 1)
+            "widest change within one run": text.pct(max(moved.max(), 1 / moved.min()) - 1)
             if len(moved) else ""
         })
     return pd.DataFrame(rows).set_index("GPU")
 
 
 def slowest_starts(df: pd.DataFrame, metric: str) -> tuple[int, int, int, float]:
-    """Of the variants timed over more than one start: ``(k, n, starts, most stolen %)``: in ``k``
-    of ``n`` the slowest start is also the one the kernel preempted the engine most, ``starts`` the
-    most starts of one variant (``k`` by chance: about ``n / starts``), and the most CPU time
-    stolen from any start."""
+    """``(k, n, starts, most stolen %)``: in ``k`` of the ``n`` variants timed over several starts
+    the slowest start is also the most preempted one, ``starts`` the most starts of one variant (by
+    chance ``k`` is about ``n / starts``), and the most CPU time stolen from any start."""
     from sglab.core.engine_stats import starts_and_host
 
     t = starts_and_host(df, metric)
@@ -196,9 +192,8 @@ def slowest_starts(df: pd.DataFrame, metric: str) -> tuple[int, int, int, float]
 
 # -- reruns and counts -----------------------------------------------------------------------------
 def pair_ratios(pair):
-    """``frame, stat -> {(model, release, case): {x: base ÷ case}}`` of a view's timed pair
-    (:class:`sglab.core.engine_view.Pair`), A/A copies left out: what
-    :func:`sglab.core.engine_stats.reruns` reads."""
+    """``frame, stat -> {(model, release, case): {x: base ÷ case}}`` of a view's timed pair, A/A
+    copies left out: what :func:`sglab.core.engine_stats.reruns` reads."""
 
     def ratio_of(df: pd.DataFrame, stat: str) -> dict:
         return {
@@ -231,9 +226,8 @@ def drift_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def exact_counts(rs, metric: str) -> pd.DataFrame:
-    """A count on every run and start (every GPU model): per (model, release, case) the runs that
-    recorded it, the values seen over their starts and shapes' keys, and whether each shape read
-    one value on every run and start."""
+    """A count on every run and start: per (model, release, case) the runs that recorded it, the
+    values seen, and whether each shape read one value on every run and start."""
     seen: dict = {}
     for r in rs.every():
         d = numbers(frame([r]), metric, only_started=True).dropna(subset=["value"])
@@ -281,9 +275,8 @@ def ledger_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def tolerances(fix: str, engine_claims, rs) -> pd.DataFrame:
-    """Per engine claim of a fix: its id, what it expects (the tolerance in its own words), how far
-    a rerun may move (``sglab verify --against``), and for a timing claim (one that reads an A/A
-    gap) the gap it must clear on each GPU model's runs merged."""
+    """Per engine claim of a fix: what it expects, how far a rerun may move (``sglab verify
+    --against``), and for a timing claim the A/A gap it must clear on each GPU model's runs."""
     merged = per_gpu(rs) if rs else []
     rows = []
     for c in engine_claims.CLAIMS:
@@ -322,9 +315,8 @@ def side_by_side(tables: dict, index: list[str], value: str) -> pd.DataFrame:
 
 
 def agreement(tables: dict, index: list[str], title: str):
-    """Two GPU models' readings of the same cells against each other: each cell a point (the first
-    model across, the second up), its bars the starts' range (``lo``, ``hi``), the diagonal where
-    the two agree; a colour per value of ``index[0]``."""
+    """Two GPU models' readings of the same cells as points (the first model across, the second up,
+    bars: the starts' range), the diagonal where they agree; a colour per value of ``index[0]``."""
     import matplotlib.pyplot as plt
 
     (a, ta), (b, tb) = list(tables.items())[:2]

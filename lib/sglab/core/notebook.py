@@ -48,8 +48,7 @@ def display(data: dict | None, text: str, markdown: str | None = None, *,
 
 
 def show_figure(fig) -> None:
-    """Display a matplotlib figure once and close it (a returned open figure would be drawn a second
-    time)."""
+    """Display a matplotlib figure once and close it (an open figure is drawn again at the end)."""
     if fig is None:
         return
     import matplotlib.pyplot as plt
@@ -62,8 +61,7 @@ def show_figure(fig) -> None:
 
 
 def display_object(obj) -> None:
-    """Display anything with a rich representation in a notebook; print it (a table whole)
-    elsewhere."""
+    """Display anything in a notebook; print it (a table whole) elsewhere."""
     if in_notebook():
         from IPython.display import display as ipy_display
 
@@ -76,8 +74,8 @@ show_table = display_object
 
 
 def reveal(answer, prompt: str = "Show the answer") -> None:
-    """The answer to a "predict, then run" question, computed by the cell, folded until the reader
-    opens it (a table or text); printed as it is outside a notebook."""
+    """The answer (a table or text) to a "predict, then run" question, folded until the reader opens
+    it; printed outside a notebook."""
     if not in_notebook():
         print(answer if isinstance(answer, str) else answer.to_string())
         return
@@ -88,7 +86,7 @@ def reveal(answer, prompt: str = "Show the answer") -> None:
 
 def file_link(path, what: str = "file") -> None:
     """A link to a file of the checkout (a Perfetto trace, say), relative to the notebooks and the
-    report (both one folder below the checkout), so that it opens on any machine."""
+    report (both one folder below the checkout)."""
     path = Path(path).resolve()
     root = runs.repo_root().resolve()
     rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()
@@ -100,8 +98,7 @@ blank_missing = text.blank  # the public name 06 and capture_sizes use
 
 
 def needs_run(fn):
-    """For show functions that take a run first: given a :class:`~sglab.core.runs.NoRun`, print its
-    one line ("no GPU run to show (…)") and return None instead of calling ``fn``."""
+    """For show functions that take a run first: given a NoRun, print its line and return None."""
 
     @functools.wraps(fn)
     def wrapper(run, *args, **kwargs):
@@ -115,8 +112,7 @@ def needs_run(fn):
 
 # -- "your own setup": a static table, or controls where the notebook asks for them (INTERACTIVE) --
 def interactive_here() -> bool:
-    """True in a notebook with a frontend that can show widgets (an IPython kernel, ipywidgets
-    importable)."""
+    """True in a Jupyter kernel with ipywidgets importable."""
     try:
         import ipywidgets  # noqa: F401
         from IPython import get_ipython
@@ -208,9 +204,8 @@ class Workbook:
             }, text, md)
 
     def run(self, measure=None, params: dict | None = None, *, progress: bool = False):
-        """Live: measure now with ``measure.run`` and save the run under data/runs/; recorded: the
-        committed runs a reader sees; a RunSet either way (NoRun, saying why, where there is none).
-        """
+        """A RunSet: live, measured now with ``measure.run`` (and saved under data/runs/); recorded,
+        the committed runs a reader sees; a NoRun where there is none."""
         if self.live and measure is not None:
             p = {**getattr(measure, "DEFAULT_PARAMS", {}), **(params or {})}
             gpus = measure.gpus(p) if hasattr(measure, "gpus") else self.gpus
@@ -225,8 +220,8 @@ class Workbook:
 
     def measure(self, fn, *, params: dict, method_version: int,
                 gpu_count: int | None = None) -> runs.Run:
-        """Run ``fn`` (returning a tidy frame or a :class:`sglab.core.runs.Measured`), save it under
-        data/runs/ with its sidecars and phase times, and keep it as this session's result."""
+        """Run ``fn`` and save it under data/runs/ (:func:`sglab.core.runs.measure`), as this session's
+        result."""
         if not self.live:
             raise RuntimeError(f"{self.experiment}: not in live mode ({self.reason}); nothing "
                                "measured")
@@ -240,16 +235,14 @@ class Workbook:
         return run
 
     def shown(self) -> list[runs.Run]:
-        """This session's live runs, else the recorded runs a reader sees (the claims module decides
-        which)."""
+        """This session's live runs, else the recorded runs its claims module shows."""
         if self._live:
             return list(self._live)
         return C.shown(self.claims, runs.load_all_recorded(self.experiment))
 
 
 def card(fix, claims, run, engine) -> None:
-    """A notebook's review card (:mod:`sglab.core.card`): the bug, the releases affected, the real
-    engine's answer, then the rebuild's, and what the PR says beside what was found."""
+    """A notebook's review card (:mod:`sglab.core.card`)."""
     from sglab.core import card as K
 
     md = K.markdown(K.parts(claims.CARD, fix, claims, run, engine))
@@ -266,8 +259,8 @@ _STATUS_STYLE = {
 
 
 def verdict_html(claims, run) -> str:
-    """One run's claims as an HTML table (status coloured), headed by its verdict line; each claim's
-    folded checks fold out under it."""
+    """One run's claims as an HTML table under its verdict line, each claim's folded checks under
+    it."""
     results = C.evaluate(claims, run)
     rows = [
         _row_html(r, [f for f in results if f.parent == r.claim.id])

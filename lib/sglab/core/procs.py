@@ -44,8 +44,8 @@ def pinned(argv: list[str], cpus, python: str = sys.executable) -> list[str]:
 
 
 def in_own_process(code: str, timeout: float = 120.0, cpus=()) -> dict:
-    """The JSON object ``python -c code`` prints last, run in a fresh process (on ``cpus`` where
-    given); ``{"error": ...}`` where it could not run."""
+    """The JSON object ``python -c code`` prints last in a fresh process (on ``cpus`` where given);
+    ``{"error": ...}`` where it could not run."""
     try:
         p = subprocess.run(pinned([sys.executable, "-c", code], cpus), capture_output=True,
                            text=True, timeout=timeout)
@@ -120,8 +120,7 @@ def stop_tree(pid: int, *, grace: float = GRACE_S) -> Stopped:
 
 
 def descendants(pid: int) -> list[psutil.Process]:
-    """The processes ``pid`` started, and those they started, as running now (none where ``pid``
-    is gone), for :func:`stop_seen` once ``pid`` is gone."""
+    """The processes ``pid`` started, and those they started, running now (for :func:`stop_seen`)."""
     try:
         return psutil.Process(pid).children(recursive=True)
     except psutil.Error:
@@ -129,9 +128,8 @@ def descendants(pid: int) -> list[psutil.Process]:
 
 
 def stop_seen(seen: list, *, grace: float = GRACE_S) -> Stopped:
-    """Stop those of ``seen`` (psutil processes, as :func:`descendants` gave them) still running,
-    and what they started meanwhile: SIGTERM, ``grace`` seconds, SIGKILL. A pid reused since is not
-    touched (psutil compares start times)."""
+    """Stop those of ``seen`` (psutil processes) still running and what they started meanwhile: a
+    pid reused since is not touched (psutil compares start times)."""
     seen = list({p.pid: p for p in seen}.values())
 
     def live() -> list[psutil.Process]:
@@ -158,9 +156,8 @@ def _stop(live: list, again, pgid: Optional[int], grace: float) -> Stopped:
 
 
 def _wait_gone(live: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Those of ``live`` still running after up to ``timeout`` seconds. A process that exited
-    counts as gone as a zombie already: its parent (``subprocess``, ``multiprocessing``) reaps it
-    and keeps its exit status, which ``psutil.wait_procs`` would take from it."""
+    """Those of ``live`` still running after up to ``timeout`` seconds, a zombie gone (its parent
+    reaps it and keeps its exit status, which ``psutil.wait_procs`` would take)."""
     deadline = time.monotonic() + timeout
     while True:
         live = [p for p in live if _alive(p)]
@@ -220,10 +217,9 @@ def _raise_terminated(signum, _frame):
 
 
 def _signalled_again(first: int, again: int, first_at: float = 0.0) -> None:
-    """A second SIGTERM or SIGHUP while the clean-up runs: where a watchdog holds the groups, this
-    process exits at once (128 + the first signal) and the watchdog stops them; else the clean-up,
-    bounded by :data:`GRACE_S` and :data:`KILL_WAIT_S`, goes on. A copy of the first signal within
-    :data:`DUPLICATE_S` is ignored: the clean-up (and a scenario's partial record) goes on."""
+    """A second SIGTERM or SIGHUP during the clean-up: where a watchdog holds the groups, exit at
+    once (128 + the first signal); else, or for a copy of the first within :data:`DUPLICATE_S`,
+    the (bounded) clean-up goes on."""
     if again == first and time.monotonic() - first_at < DUPLICATE_S:
         return
     if any(dog.poll() is None for dog in _DOGS):

@@ -129,8 +129,7 @@ class DecoderLayer(nn.Module):
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
     def pre_attn(self, h, positions, rotary: Optional[Rotary] = None):
-        """Everything of this layer before attention: norm, qkv projection (and rotary) -> q, k,
-        v."""
+        """Norm, qkv projection (and rotary) -> q, k, v: everything before attention."""
         n, sa = h.shape[0], self.self_attn
         qkv = sa.qkv_proj(self.input_layernorm(h)).view(n, 3, sa.num_heads, sa.head_dim)
         if rotary is None:
@@ -170,8 +169,7 @@ class DecoderStack(nn.Module):
         return h
 
     def forward(self, input_ids, positions, forward_batch=None):
-        """The eager prefill: every op launched from Python (``forward_batch`` is unused here:
-        attention reads the request boundaries, where it needs them, from the forward context)."""
+        """The eager prefill (attention reads the request boundaries from the forward context)."""
         h = self.embed(input_ids, positions)
         for layer in self.layers:
             h = layer(h, positions, self.rotary)
@@ -179,9 +177,8 @@ class DecoderStack(nn.Module):
 
 
 class LogitsProcessor(nn.Module):
-    """Extend-mode logits (``LogitsProcessor.forward`` for an extend batch): the last token of every
-    request, then the lm_head. Its shapes follow the number of requests, not the number of
-    tokens."""
+    """Extend-mode logits (SGLang's ``LogitsProcessor.forward``): the last token of every request,
+    then the lm_head; its shapes follow the number of requests, not of tokens."""
 
     def forward(self, hidden_states, lm_head: nn.Linear, forward_batch):
         last_index = torch.cumsum(forward_batch.extend_seq_lens, dim=0) - 1
@@ -190,9 +187,8 @@ class LogitsProcessor(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """A causal LM (``LlamaForCausalLM`` / ``DeepseekV3ForCausalLM`` shape): ``.model`` (the stack),
-    ``.lm_head`` and ``.logits_processor``. ``lm_head=False`` leaves the head out (a prefill
-    measured up to the final norm)."""
+    """A causal LM shaped as SGLang's (``.model``, ``.lm_head``, ``.logits_processor``);
+    ``lm_head=False`` leaves the head out (a prefill measured up to the final norm)."""
 
     def __init__(self, cfg: DecoderConfig, attention: AttentionFactory = CausalAttention, *,
                  lm_head: bool = True):
@@ -241,9 +237,8 @@ def init_residual_scaled_(model: nn.Module, *, seed: int, num_layers: int) -> nn
 
 def build_on_device(factory: Callable[[], nn.Module], device, dtype, *, seed: int,
                     num_layers: int) -> nn.Module:
-    """``factory()`` built on ``device`` (not meta: its first use took 6 s of a live notebook), cast
-    to ``dtype``, initialised by :func:`init_residual_scaled_` (rotary tables recomputed), frozen,
-    in eval mode."""
+    """``factory()`` built on ``device``, cast to ``dtype``, initialised by
+    :func:`init_residual_scaled_` (rotary tables recomputed), frozen, in eval mode."""
     with torch.device(device):
         model = factory()
     model = model.to(dtype=dtype)
