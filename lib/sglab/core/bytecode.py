@@ -15,11 +15,6 @@ from pathlib import Path
 ENV = "SGLAB_PYCACHE"
 
 
-def default_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "sglab" / "pycache"
-
-
 def _site_unwritable(package: str = "torch") -> bool:
     """True when ``package`` is installed where this user cannot write its ``__pycache__``."""
     spec = importlib.util.find_spec(package)
@@ -48,7 +43,8 @@ def enable() -> str | None:
     why = needed()
     if why is None:
         return None
-    folder = Path(os.environ.get(ENV) or default_dir())
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    folder = Path(os.environ.get(ENV) or Path(cache) / "sglab" / "pycache")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -97,18 +97,6 @@ def profiled_kernels(fn: Callable[[], object]) -> list[str]:
 NCU_MIN_VERSION = (2026, 2, 1)
 
 
-def ncu_version(executable: str = "ncu") -> tuple[int, ...] | None:
-    """Version of Nsight Compute on PATH, e.g. (2025, 3, 1), or None."""
-    path = shutil.which(executable)
-    try:
-        text = subprocess.run([path, "--version"], capture_output=True, text=True,
-                              timeout=30).stdout if path else ""
-    except Exception:
-        return None
-    m = re.search(r"(\d{4})\.(\d+)\.(\d+)", text)
-    return tuple(int(x) for x in m.groups()) if m else None
-
-
 def nsight_backend() -> tuple[str, str]:
     """What measures kernels here, and why: "cupti" or "ncu" (nsight-python with that collector)
     or "torch-profiler" (nsight-python cannot run)."""
@@ -125,14 +113,17 @@ def nsight_backend() -> tuple[str, str]:
         cupti_reason = "cupti-python is not importable"
     except Exception as e:  # noqa: BLE001
         cupti_reason = f"CUPTI unavailable ({type(e).__name__}: {e})"
-    v = ncu_version()
-    version = ".".join(map(str, v or ()))
-    if v is not None and v >= NCU_MIN_VERSION:
+    path, text = shutil.which("ncu"), ""
+    with suppress(Exception):
+        text = subprocess.run([path, "--version"], capture_output=True, text=True,
+                              timeout=30).stdout if path else ""
+    m = re.search(r"(\d{4})\.(\d+)\.(\d+)", text)  # Nsight Compute's version, e.g. 2025.3.1
+    v = tuple(int(x) for x in m.groups()) if m else ()
+    version, newer = ".".join(map(str, v)), ".".join(map(str, NCU_MIN_VERSION))
+    if v >= NCU_MIN_VERSION:
         return "ncu", f"{cupti_reason}; nsight-python with Nsight Compute {version}"
-    newer = ".".join(map(str, NCU_MIN_VERSION))
-    return "torch-profiler", (
-        f"{cupti_reason}; " + ("no ncu on PATH" if v is None else f"ncu {version} is older than "
-                               f"{newer}"))
+    return "torch-profiler", f"{cupti_reason}; " + (f"ncu {version} is older than {newer}"
+                                                    if v else "no ncu on PATH")
 
 
 @contextmanager

@@ -139,20 +139,13 @@ def _write_sidecars(folder: Path, stem: str, sidecars: dict) -> dict:
             raise ValueError(f"sidecar names are lower-case words, got {name!r}")
         if hasattr(obj, "to_csv"):
             target = folder / f"{stem}.{name}.csv.gz"
-
-            def write(f, obj=obj):
-                with gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as gz:
-                    gz.write(obj.to_csv(index=False).encode())
+            data = gzip.compress(obj.to_csv(index=False).encode(), mtime=0)
         else:
-            src = Path(obj)  # x.json.gz keeps .json.gz
-            suffix = "".join(src.suffixes[-2:]) if src.suffix == ".gz" else src.suffix
+            src = Path(obj)
+            suffix = "".join(src.suffixes[-2:]) if src.suffix == ".gz" else src.suffix  # .json.gz
             target = folder / f"{stem}.{name}{suffix}"
-
-            def write(f, src=src):
-                with open(src, "rb") as s:
-                    shutil.copyfileobj(s, f)
-
-        _atomic(folder, target, write)
+            data = src.read_bytes()
+        _atomic(folder, target, lambda f: f.write(data))
         names[name] = target.name
     return names
 

@@ -4,9 +4,7 @@ draws the same timeline from a recorded run; the Perfetto file is torch's own ex
 
 from __future__ import annotations
 
-import gzip
 import os
-import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -173,25 +171,10 @@ class Recorder:
         self._prof.__exit__(*exc)
         if exc[0] is None:
             self.events = event_table(self._prof.events(), keep_ops=self.keep_ops)
-            if self.perfetto is not None:
-                write_perfetto(self._prof, self.perfetto)
+            if self.perfetto is not None:  # torch's Chrome trace, gzipped by torch for a .gz name
+                self.perfetto.parent.mkdir(parents=True, exist_ok=True)
+                self._prof.export_chrome_trace(str(self.perfetto))
         return False
-
-
-def write_perfetto(prof, path: str | Path) -> Path:
-    """torch's Chrome trace of ``prof`` at ``path`` (gzipped when the name ends in ``.gz``); opens
-    in https://ui.perfetto.dev or chrome://tracing."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(raw))
-        if path.suffix == ".gz":
-            with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-        else:
-            shutil.copyfile(raw, path)
-    return path
 
 
 def trace_variants(fns, column: str, *, cuda: bool, warm: bool = True,
