@@ -142,22 +142,18 @@ class Sampler:
 def step_series(samples, ticks: Iterable[float], pids: Iterable[int] | None = None):
     """Samples reduced to change points (``pid, gpu, t, used_mib``, absence = 0 MiB) at the first
     and last tick and wherever a value changed: drawn as steps, the sampled series exactly."""
-    import numpy as np
     import pandas as pd
 
-    ticks = np.asarray(sorted(set(float(t) for t in ticks)))
+    ticks = sorted({float(t) for t in ticks})
     d = samples if pids is None else samples[samples.pid.isin({int(p) for p in pids})]
-    d = d[d.t.isin(set(ticks.tolist()))]  # only the ticks asked for (e.g. one group's window)
-    out = []
-    if len(ticks) == 0 or len(d) == 0:
+    d = d[d.t.isin(ticks)]  # only the ticks asked for (e.g. one group's window)
+    if not ticks or d.empty:
         return pd.DataFrame(columns=["pid", "gpu", "t", "used_mib"])
-    index = {t: i for i, t in enumerate(ticks)}
-    for (pid, gpu), g in d.groupby(["pid", "gpu"], sort=True):
-        values = np.zeros(len(ticks))
-        values[[index[float(t)] for t in g.t]] = g.used_mib.to_numpy()
-        keep = np.ones(len(ticks), dtype=bool)
-        keep[1:-1] = values[1:-1] != values[:-2]
-        keep[-1] = True
-        for i in np.flatnonzero(keep):
-            out.append((int(pid), int(gpu), float(ticks[i]), float(values[i])))
-    return pd.DataFrame(out, columns=["pid", "gpu", "t", "used_mib"])
+    wide = d.pivot_table(index="t", columns=["pid", "gpu"], values="used_mib",
+                         aggfunc="last").reindex(ticks).fillna(0.0)
+    keep = wide.ne(wide.shift())
+    keep.iloc[-1] = True
+    return pd.DataFrame([(int(pid), int(gpu), float(t), float(v))
+                         for (pid, gpu), col in wide.items()
+                         for t, v in col[keep[(pid, gpu)]].items()],
+                        columns=["pid", "gpu", "t", "used_mib"])
