@@ -38,8 +38,7 @@ def needed() -> str | None:
 
 
 def enable() -> str | None:
-    """Turn the private cache on where :func:`needed` says so; returns a one-line description, else
-    None."""
+    """Turn the private cache on where :func:`needed` says so: a one-line description, else None."""
     why = needed()
     if why is None:
         return None

@@ -33,8 +33,7 @@ class Card:
 
 
 def releases_line(timeline: list[tuple[str, str]]) -> str:
-    """``affected 0.5.10–0.5.12.post1 · fixed (the PR's code) 0.5.13–0.5.23``: consecutive releases
-    of one state as one range."""
+    """Consecutive releases of one state as one range: ``affected 0.5.10–0.5.12.post1 · ...``."""
     runs_: list[list] = []
     for version, state in timeline:
         if runs_ and runs_[-1][0] == state:

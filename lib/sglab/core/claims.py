@@ -131,8 +131,7 @@ def evaluate(mod, run) -> list[Result]:
 
 
 def evaluated(mod, run) -> list[Result]:
-    """:func:`evaluate`, once per run (``Run.memo``): a record's runs are each compared with the
-    rest."""
+    """:func:`evaluate`, once per run (``Run.memo``)."""
     if not hasattr(run, "memo"):
         return evaluate(mod, run)
     return run.memo(f"claims of {getattr(mod, 'EXPERIMENT', '')}", lambda: evaluate(mod, run))
@@ -172,8 +171,7 @@ def verdict_line(results: list[Result], run) -> str:
 
 
 def table(results: list[Result]):
-    """One row per claim and folded check (indented under its claim): claim, statement, status,
-    measured, expected, reason."""
+    """One row per claim and folded check (indented under its claim)."""
     import pandas as pd
 
     return pd.DataFrame([{

@@ -156,8 +156,7 @@ def _check_launch(fn, world_size: int, backend: str, timeout_s: float, collectiv
 
 
 class _Ranks:
-    """The rank processes of one launch: start them, collect their results, turn every way a rank
-    can go wrong into one error, and always clean up (processes, their children, logs)."""
+    """The rank processes of one launch: their results, every failure as one error, clean-up."""
 
     def __init__(self, payload: bytes, world_size: int, backend: str, collective_timeout_s: float,
                  env: dict, start_method: str):
@@ -183,8 +182,7 @@ class _Ranks:
             p.start()
 
     def receive(self) -> None:
-        """Take one message from the ranks (waiting at most 0.2 s); a rank's exception is raised
-        here."""
+        """Take one message from the ranks (waiting at most 0.2 s), raising a rank's exception."""
         try:
             rank, status, data = self.results.get(timeout=0.2)
         except queue_mod.Empty:
@@ -202,8 +200,7 @@ class _Ranks:
         raise RankError(msg, rank=rank, rank_traceback=data)
 
     def check_exits(self) -> None:
-        """A rank that exited without a result (after a short grace period for a result still in the
-        queue)."""
+        """Raise for a rank that exited without a result (after 2 s for one still in the queue)."""
         now = time.monotonic()
         for r, p in enumerate(self.procs):
             if r in self.out or p.exitcode is None:

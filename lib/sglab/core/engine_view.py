@@ -66,8 +66,7 @@ def verdict_lines(engine_claims, rs) -> list[str]:
 
 
 def header(rs, what: str = "") -> bool:
-    """Where the section's numbers come from (tools, runs, harness adjustments, the host's cost);
-    False (and the NoRun line) without a run."""
+    """Where the section's numbers come from; False (and the NoRun line) without a run."""
     if not rs:
         print(rs.line)
         return False
@@ -177,7 +176,6 @@ def section(view: EngineView, rs, engine_claims=None) -> None:
 
 
 def beside(rows: list[dict]) -> None:
-    """The rebuild's figure beside the real engine's (and the PR's): one row per source with what it
-    measures."""
+    """The rebuild's figure beside the real engine's (and the PR's): one row per source."""
     with pd.option_context("display.max_colwidth", None):
         show_table(pd.DataFrame(rows, columns=["source", "measures", "figure"]).set_index("source"))

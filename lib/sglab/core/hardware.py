@@ -84,14 +84,12 @@ DEVICE_FILES = ("nvidia[0-9]*", "dxg")  # a GPU's device files (Linux; WSL)
 
 
 def no_gpu_device(dev: str = "/dev") -> bool:
-    """True where no GPU device file exists, so that no GPU can be visible: answered without
-    importing torch (a second of start-up) or NVML."""
+    """True where no GPU device file exists: answered without importing torch or NVML."""
     return not any(next(Path(dev).glob(g), None) for g in DEVICE_FILES)
 
 
 def has_cuda() -> bool:
-    """True when torch can use a CUDA device here (the test for running live); where no GPU device
-    file exists, False without importing torch."""
+    """True when torch can use a CUDA device here; without a GPU device file, False at once."""
     if no_gpu_device():
         return False
     try:

@@ -93,8 +93,7 @@ def stop(p: subprocess.Popen) -> None:
 
 
 def beside(burst: Burst, home: int, others: list[int], settle_s: float = 0.2) -> dict:
-    """µs per launch on ``home`` while a busy loop runs on each of ``others`` in turn, and with
-    none (key -1) before and after them."""
+    """µs per launch on ``home`` beside a busy loop on each of ``others``, and with none (-1)."""
     keep = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {home})
     out = {-1: [burst_us(burst)]}
@@ -119,8 +118,7 @@ FRESH = ("import json; from sglab.core.timing import launch_cost_us; "
 
 
 def fresh(k: int, device: str = "cuda:0", timeout: float = 120.0) -> list[dict]:
-    """``k`` fresh unpinned processes, one after another: each one's µs per launch (median, p90)
-    and the CPU it ended on."""
+    """``k`` fresh unpinned processes in turn: each one's µs per launch (median, p90) and CPU."""
     out = []
     for _ in range(k):
         r = procs.in_own_process(FRESH.format(device=device), timeout)

@@ -77,8 +77,7 @@ def reduce_records(records: Iterable[tuple], runs: int, backend: str):
 
 def profiler_records(fns: Mapping[str, Callable[[], object]], *, runs: int,
                      warmup: int) -> list[tuple]:
-    """``(label, kernel, duration_ns)`` of every device kernel torch.profiler sees in ``runs`` calls
-    per label."""
+    """``(label, kernel, duration_ns)`` of every kernel torch.profiler sees in ``runs`` calls."""
     from sglab.core import trace
 
     out = []
@@ -152,8 +151,7 @@ class OpCall:
 
 
 def parse_label(label: str) -> OpCall:
-    """The :class:`OpCall` of a range label (with or without the ``NNNN|`` prefix of
-    ``unique=True``)."""
+    """The :class:`OpCall` of a range label (with or without ``unique``'s ``NNNN|`` prefix)."""
     parts = str(label).split(SEP)
     if len(parts) == 4:
         parts = parts[1:]

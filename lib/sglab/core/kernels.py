@@ -84,8 +84,7 @@ def graph_kernel_nodes(graph, *, driver=None) -> GraphNodes:
 
 
 def profiled_kernels(fn: Callable[[], object]) -> list[str]:
-    """Names of the GPU kernels torch.profiler records during one call of ``fn`` (memcpy/memset
-    excluded), in launch order; for a graph, ``lambda: g.replay()`` gives the kernels inside."""
+    """The kernels torch.profiler records in one call of ``fn`` (memcpy/memset aside), in order."""
     from sglab.core import trace
 
     with trace.Recorder(cuda=True) as rec:
@@ -98,8 +97,7 @@ NCU_MIN_VERSION = (2026, 2, 1)
 
 
 def nsight_backend() -> tuple[str, str]:
-    """What measures kernels here, and why: "cupti" or "ncu" (nsight-python with that collector)
-    or "torch-profiler" (nsight-python cannot run)."""
+    """``(tool, why)``: "cupti" or "ncu" (nsight-python's collector), else "torch-profiler"."""
     os.environ.setdefault("NSPY_NCU_INIT_AT_IMPORT", "0")  # else importing nsight loads ncu
     try:
         import nsight

@@ -45,8 +45,7 @@ def all_processes(*, nvml=None) -> list[dict]:
 
 
 def process_gpu_memory(pids: Iterable[int] | None = None, *, nvml=None):
-    """A DataFrame (``pid, gpu, gpu_name, used_mib``) of NVML-reported memory, restricted to
-    ``pids`` (default: this process). GPU indices are NVML's (physical) indices."""
+    """NVML's memory per (pid, GPU) of ``pids`` (default: this process), physical indices."""
     import pandas as pd
 
     wanted = {os.getpid()} if pids is None else {int(p) for p in pids}

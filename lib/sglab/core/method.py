@@ -24,8 +24,7 @@ COUNT_UNITS = ("kernels", "launches", "replays", "objects")  # counted, so exact
 
 
 def timed(view, df: pd.DataFrame) -> list[tuple[str, str]]:
-    """``(metric, across)`` of a fix's view (:class:`sglab.core.engine_view.EngineView`) that are
-    timings: its pairs', then its tables' whose unit is a time, each once."""
+    """``(metric, across)`` of a view's pairs, then of its tables whose unit is a time."""
     found = [(p.metric, p.across) for p in getattr(view, "pairs", ())]
     found += [(t.metric, t.across)
               for t in getattr(view, "tables", ()) if unit_of(df, t.metric) in TIME_UNITS]
@@ -105,8 +104,7 @@ def one_timing(run, metric: str, across: str, base: str, cases=(), x=None) -> pd
 
 # -- the A/A control -------------------------------------------------------------------------------
 def aa_controls(rs, metric: str, across: str) -> list[dict]:
-    """Every A/A control of every run (every GPU model): one dict per (run, model, release) with
-    its ``gpu`` and its gap read by each statistic of :data:`STATS` (``inf`` where one cannot)."""
+    """Every A/A control of every run: its ``gpu`` and its gap by each statistic (``inf``: none)."""
     return [{"gpu": r.manifest.gpu, **{s: g.get(key, math.inf)
                                        for s, g in gaps.items()}}
             for r, key, gaps in aa_gaps(rs, metric, across)]
@@ -129,8 +127,7 @@ def aa_summary(controls: list[dict]) -> pd.DataFrame:
 
 
 def best_statistic(controls: list[dict]) -> tuple[str, int, int]:
-    """``(statistic, k, n)``: the statistic whose A/A gap is the smallest in ``k`` of ``n`` controls,
-    the most."""
+    """``(statistic, k, n)``: the statistic with the smallest A/A gap in the most (k) of n."""
     wins = {s: sum(min(STATS, key=c.get) == s for c in controls) for s in STATS}
     best = max(wins, key=wins.get)
     return best, wins[best], len(controls)
@@ -152,8 +149,7 @@ def host_costs(runs_: list) -> pd.DataFrame:
 
 
 def host_by_gpu(runs_: list) -> pd.DataFrame:
-    """:func:`host_costs` per GPU model: runs, the span of the costs, and the widest change within
-    one run."""
+    """:func:`host_costs` per GPU model: runs, the costs' span, the widest change in a run."""
     t = host_costs(runs_)
     if t.empty:
         return t
@@ -262,8 +258,7 @@ def ledger(entries) -> pd.DataFrame:
 
 
 def ledger_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """:func:`ledger` per fix and GPU model: runs, TP sizes, days, and the runs whose verdict line
-    has a failing claim."""
+    """:func:`ledger` per fix and GPU model: runs, TP sizes, days, runs with a failing claim."""
     if table.empty:
         return table
     t = table.reset_index().assign(gpu=lambda d: d["GPU"].str.split(" ×").str[0])

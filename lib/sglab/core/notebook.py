@@ -220,8 +220,7 @@ class Workbook:
 
     def measure(self, fn, *, params: dict, method_version: int,
                 gpu_count: int | None = None) -> runs.Run:
-        """Run ``fn`` and save it under data/runs/ (:func:`sglab.core.runs.measure`), as this session's
-        result."""
+        """Measure ``fn`` now (:func:`runs.measure`, under data/runs/) as this session's run."""
         if not self.live:
             raise RuntimeError(f"{self.experiment}: not in live mode ({self.reason}); nothing "
                                "measured")
@@ -259,8 +258,7 @@ _STATUS_STYLE = {
 
 
 def verdict_html(claims, run) -> str:
-    """One run's claims as an HTML table under its verdict line, each claim's folded checks under
-    it."""
+    """One run's claims as an HTML table under its verdict line, folded checks under each."""
     results = C.evaluate(claims, run)
     rows = [
         _row_html(r, [f for f in results if f.parent == r.claim.id])

@@ -37,8 +37,7 @@ def figure(ncols: int = 1, nrows: int = 1, *, width: float | None = None,
 
 
 def provenance_text(source: Any) -> str:
-    """"GPU ×count · driver · torch · date" from a Run or a manifest dict; "CPU (this machine)" for
-    None."""
+    """"GPU ×count · driver · torch · date" of a Run; the CPU of this machine for None."""
     if source is None:
         return "computed on the CPU of this machine"
     m = source.manifest
@@ -75,8 +74,7 @@ def canvas(width: float = 10.0, height: float = 3.0, *, xlim=(0, 10), ylim=(0, 3
 
 def box(ax, x: float, y: float, w: float, h: float, text: str = "", *, color: str = "neutral",
         edge: str = "#566573", fontsize: float = 8, hatch: str | None = None, **text_kw):
-    """A rounded box with centred text; ``color`` is a :data:`BOX_COLORS` key or any matplotlib
-    colour."""
+    """A rounded box with centred text, ``color`` a :data:`BOX_COLORS` key or any colour."""
     from matplotlib.patches import FancyBboxPatch
 
     face = BOX_COLORS.get(color, color)

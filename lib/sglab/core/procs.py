@@ -36,8 +36,7 @@ _PIN = ("import os, sys; os.sched_setaffinity(0, [int(c) for c in sys.argv[1].sp
 
 
 def pinned(argv: list[str], cpus, python: str = sys.executable) -> list[str]:
-    """``argv`` run on ``cpus`` only (and every process it starts); ``argv`` itself without
-    ``cpus``."""
+    """``argv`` run on ``cpus`` only (and every process it starts); as it is without ``cpus``."""
     if not cpus:
         return list(argv)
     return [python, "-c", _PIN, ",".join(str(c) for c in cpus), *argv]
@@ -81,8 +80,7 @@ def _describe(p: psutil.Process) -> str:
 
 
 def members(pgid: Optional[int] = None, marker: str = "") -> list[psutil.Process]:
-    """Live (not zombie) processes of group ``pgid``, or carrying ``MARKER_VAR=marker`` in their
-    environment; never this process."""
+    """Live processes of group ``pgid`` or carrying ``MARKER_VAR=marker``, never this one."""
     out = []
     for p in psutil.process_iter(["pid", "status"]):
         if p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
@@ -112,8 +110,7 @@ def stop(pgid: Optional[int] = None, *, marker: str = "", grace: float = GRACE_S
 
 
 def stop_tree(pid: int, *, grace: float = GRACE_S) -> Stopped:
-    """Stop process ``pid`` and all its descendants (for a process that is not a group leader,
-    such as a Jupyter kernel)."""
+    """Stop process ``pid`` and its descendants (one that leads no group, e.g. a Jupyter kernel)."""
     with suppress(psutil.Error):
         return stop_seen([psutil.Process(pid)], grace=grace)
     return Stopped()
@@ -178,8 +175,7 @@ _TRACKED: dict[int, str] = {}  # pgid -> marker, while the group may be running
 
 
 def track(pgid: int, marker: str = "") -> None:
-    """Remember group ``pgid`` until :func:`untrack`: if this interpreter exits first (an uncaught
-    exception, ``sys.exit``), it is stopped then, and what was left is reported in one line."""
+    """Stop group ``pgid`` at this interpreter's exit unless :func:`untrack` came first."""
     _TRACKED[pgid] = marker
 
 
@@ -259,8 +255,7 @@ class Guard:
         return self
 
     def watch(self, pgid: int, marker: str = "") -> None:
-        """Have the watchdog stop group ``pgid`` (and ``marker``'s processes) if this process dies
-        without doing it."""
+        """Have the watchdog stop group ``pgid`` (and ``marker``'s) if this process dies first."""
         if self._dog is not None and self._dog.stdin is not None:
             self._dog.stdin.write(f"{pgid} {marker or '-'}\n")
             self._dog.stdin.flush()

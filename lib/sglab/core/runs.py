@@ -27,8 +27,7 @@ REQUIRED = ("variant", "metric", "value", "unit")
 
 
 def repo_root() -> Path:
-    """The checkout this package lives in (lib/sglab/ → repo), else $SGLAB_ROOT or the working
-    directory."""
+    """The checkout this package lives in, else $SGLAB_ROOT or the working directory."""
     here = Path(__file__).resolve().parents[3]
     if (here / "pyproject.toml").exists():
         return here
@@ -36,8 +35,7 @@ def repo_root() -> Path:
 
 
 def data_dir(kind: str) -> Path:
-    """``data/<kind>`` of the checkout, or ``$SGLAB_DATA/<kind>`` when that is set (tests, other
-    layouts)."""
+    """``data/<kind>`` of the checkout, or of ``$SGLAB_DATA`` where that is set."""
     if kind not in ("runs", "recorded", "traces"):
         raise ValueError(f"unknown data folder {kind!r}")
     base = os.environ.get("SGLAB_DATA")
@@ -62,8 +60,7 @@ def tidy(experiment: str, rows: list[dict]):
 
 
 def _git_sha(root: Path) -> str | None:
-    """HEAD of the checkout (+dirty), or $SGLAB_GIT_SHA when the tree was copied without its
-    .git."""
+    """HEAD of the checkout (+dirty), or $SGLAB_GIT_SHA (a tree copied without its .git)."""
     if os.environ.get("SGLAB_GIT_SHA"):
         return os.environ["SGLAB_GIT_SHA"]
 
@@ -102,8 +99,7 @@ def _slug(text: str) -> str:
 
 
 def same_file(a, b) -> bool:
-    """Whether runs ``a`` and ``b`` were read from one file, however either path is spelt (relative
-    or absolute); a run without a path is the same as none."""
+    """Whether runs ``a`` and ``b`` were read from one file, however spelt (no path: never)."""
     pa, pb = getattr(a, "path", None), getattr(b, "path", None)
     return bool(pa and pb) and Path(pa).resolve() == Path(pb).resolve()
 
@@ -131,8 +127,7 @@ def _atomic(folder: Path, path: Path, write) -> None:
 
 
 def _write_sidecars(folder: Path, stem: str, sidecars: dict) -> dict:
-    """Write each sidecar (a DataFrame -> gzipped CSV, or an existing file -> copied); return name
-    -> file name."""
+    """Write each sidecar (a DataFrame as gzipped CSV, a file copied): ``{name: file name}``."""
     names = {}
     for name, obj in (sidecars or {}).items():
         if not re.fullmatch(r"[a-z0-9_]+", name):
@@ -202,8 +197,7 @@ def measure(fn: Callable[[], Any], *, experiment: str, method_version: int, para
 
 @dataclass
 class Measured:
-    """What an experiment's ``run`` may return instead of a bare frame: the tidy frame, its sidecars
-    (tables or files stored next to the run) and extra manifest fields."""
+    """What ``run`` may return instead of a bare frame: it, its sidecars, extra manifest fields."""
 
     df: Any
     sidecars: dict = field(default_factory=dict)
@@ -216,8 +210,7 @@ class Measured:
 
 @dataclass
 class Manifest:
-    """A run's JSON manifest, typed, each field at its default where a run lacks it; ``raw``: the
-    JSON as recorded."""
+    """A run's JSON manifest, typed (defaults where a run lacks a field; ``raw``: as recorded)."""
 
     experiment: str = ""
     method_version: int = 1
@@ -370,10 +363,6 @@ class RunSet:
         return self.shown[0]
 
     @property
-    def live(self) -> bool:
-        return any(r.live for r in self.shown)
-
-    @property
     def line(self) -> str:
         """The line a section shows where there is no run."""
         return f"no GPU run to show ({self.reason or 'none recorded'})"
@@ -398,8 +387,7 @@ class NoRun(RunSet):
 
 
 def gpu_short(source) -> str:
-    """"H100", "H200", ... from a Run, a manifest or a GPU name ("NVIDIA H100 80GB HBM3" ->
-    "H100")."""
+    """"H100", "H200", ... from a Run, a manifest or a GPU name ("NVIDIA H100 80GB HBM3")."""
     m = getattr(source, "manifest", source)
     name = m.get("gpu_name", "?") if isinstance(m, dict) else getattr(m, "gpu_name", m)
     words = str(name).replace("NVIDIA", "").split()
@@ -407,8 +395,7 @@ def gpu_short(source) -> str:
 
 
 def newest_by(runs_: list, key) -> dict:
-    """``{key(run): newest run}`` (by ``created_utc``), ordered by key: e.g. one run per GPU model
-    with ``key=gpu_short``."""
+    """``{key(run): newest run}`` ordered by key, e.g. one run per GPU model (``key=gpu_short``)."""
     return dict(
         sorted({key(r): r
                 for r in sorted(runs_, key=lambda r: r.manifest.created_utc)}.items()))

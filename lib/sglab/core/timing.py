@@ -67,8 +67,7 @@ def _check_counts(warmup: int, repeat: int) -> None:
 
 
 def cuda_time(fn: Callable[[], object], *, warmup: int = 10, repeat: int = 50) -> Timing:
-    """Time ``fn`` on the current CUDA stream, a pair of events around each call, after ``warmup``
-    discarded calls (module loading, allocator growth, autotuning)."""
+    """Time ``fn`` with a pair of CUDA events around each call, after ``warmup`` discarded calls."""
     import torch
 
     _check_counts(warmup, repeat)
@@ -91,8 +90,7 @@ def cuda_time(fn: Callable[[], object], *, warmup: int = 10, repeat: int = 50) -
 
 def host_time(fn: Callable[[], object], *, warmup: int = 3, repeat: int = 20,
               sync: bool = True) -> Timing:
-    """Time ``fn`` with ``time.perf_counter``; with ``sync`` the device is synchronised before and
-    after each call (when CUDA is there) so the sample covers all the work ``fn`` queued."""
+    """Time ``fn`` with ``time.perf_counter``; ``sync``: the device synchronised around each."""
     _check_counts(warmup, repeat)
     synchronize = _sync if sync else (lambda: None)
     for _ in range(warmup):
@@ -191,8 +189,7 @@ class Burst:
 
 def launch_cost_us(device: str = "cuda:0", *, n: int = 1000, warmup: int = 5,
                    repeat: int = 30) -> dict:
-    """The host's per-launch cost on ``device`` (:class:`Burst`): ``{"median", "p10", "p90"}`` in
-    µs, with the burst size and count."""
+    """The host's per-launch cost on ``device`` (:class:`Burst`): median, p10, p90 (µs), sizes."""
     _check_counts(warmup, repeat)
     burst = Burst(device, n)
     for _ in range(warmup + repeat):

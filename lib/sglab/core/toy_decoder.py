@@ -77,8 +77,7 @@ class Rotary(nn.Module):
 
 
 class CausalAttention(nn.Module):
-    """The default attention op (``RadixAttention``'s place): causal attention over one sequence of
-    the real length. No parameters."""
+    """Causal attention over one sequence (``RadixAttention``'s place); no parameters."""
 
     def __init__(self, num_heads: int, head_dim: int):
         super().__init__()
@@ -148,8 +147,7 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderStack(nn.Module):
-    """The inner transformer stack (SGLang's ``model.model``): embedding, layers, final norm.
-    Token-major and free of the batch size."""
+    """The inner stack (SGLang's ``model.model``): embedding, layers, final norm; token-major."""
 
     def __init__(self, cfg: DecoderConfig, attention: AttentionFactory = CausalAttention):
         super().__init__()

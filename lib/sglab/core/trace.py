@@ -29,8 +29,7 @@ _PROFILER_WARM = False
 
 
 def _warm_profiler() -> None:
-    """The first profiling session of a process can miss kernels while CUPTI starts up: spend it on
-    a throwaway kernel once."""
+    """Spend a process's first profiling session (which can miss kernels) on a throwaway kernel."""
     global _PROFILER_WARM
     if _PROFILER_WARM:
         return
@@ -90,8 +89,7 @@ def on_device(lanes):
 
 
 def _assign_phases(df):
-    """Innermost phase range (host ranges for host events, device ranges for device events) per
-    event."""
+    """Each event's innermost phase range (host ranges for host events, device for device)."""
     import numpy as np
 
     is_dev = on_device(df.lane).to_numpy()
@@ -111,8 +109,7 @@ def _assign_phases(df):
 
 
 def event_table(events, *, keep_ops: bool = False):
-    """torch.profiler ``FunctionEvent``s as :data:`COLUMNS`, times relative to the first event; host
-    ops dropped unless ``keep_ops``."""
+    """torch.profiler events as :data:`COLUMNS` from the first event; host ops with ``keep_ops``."""
     import pandas as pd
 
     events = list(events)
