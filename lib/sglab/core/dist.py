@@ -120,11 +120,9 @@ def _worker(rank: int, world_size: int, payload: bytes, backend: str, port: int,
 
 
 def _tail(path: Path, n: int = 25) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join(lines[-n:])
+    with suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    return ""
 
 
 def _looks_like_timeout(text: str) -> bool:
@@ -172,14 +170,10 @@ class _Ranks:
             ctx.Process(
                 target=_worker, name=f"sglab-rank{r}",
                 args=(r, world_size, payload, backend, port, collective_timeout_s, self.results,
-                      dict(env or {}), str(self.logs[r])), daemon=False) for r in range(world_size)
+                      env, str(self.logs[r])), daemon=False) for r in range(world_size)
         ]
         self.out: dict[int, Any] = {}
         self._gone_since: dict[int, float] = {}
-
-    def start(self) -> None:
-        for p in self.procs:
-            p.start()
 
     def receive(self) -> None:
         """Take one message from the ranks (waiting at most 0.2 s), raising a rank's exception."""
@@ -257,7 +251,8 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
     deadline = time.monotonic() + timeout_s
     # SIGTERM/SIGHUP become an exception here, so the clean-up below runs for them too
     with procs.Guard(watchdog=False), ranks:
-        ranks.start()
+        for p in ranks.procs:
+            p.start()
         while len(ranks.out) < world_size:
             ranks.receive()
             ranks.check_exits()
@@ -281,8 +276,7 @@ def stop_forkserver() -> None:
     """End this process's fork server if one runs (the next use starts a new one)."""
     from multiprocessing import forkserver as fs
 
-    server = getattr(fs, "_forkserver", None)
     # CPython's own shutdown (used by its test suite); absent elsewhere
-    stop = getattr(server, "_stop", None)
+    stop = getattr(getattr(fs, "_forkserver", None), "_stop", None)
     if stop is not None:
         stop()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Callable, Iterable
+from typing import Iterable
 
 from sglab.core import hardware
 
@@ -58,19 +58,14 @@ SAMPLE_COLUMNS = ["t", "pid", "gpu", "used_mib"]
 
 
 class Sampler:
-    """Per-process memory of every GPU, read from NVML ``hz`` times a second in a daemon thread:
-    ``with Sampler() as s: ...``, then ``s.samples()`` (t, pid, gpu, used_mib; ``t`` is ``clock()``,
-    monotonic and shared by every process). A read that fails is counted in ``errors``, its tick
-    dropped."""
+    """Per-process memory of every GPU, read from NVML ``hz`` times a second (10 minutes at most) in
+    a daemon thread: ``with Sampler() as s: ...``, then ``s.samples()`` (t, pid, gpu, used_mib; ``t``
+    from ``time.monotonic``, shared by every process). A failed read is counted in ``errors``."""
 
-    def __init__(self, hz: float = 100.0, *, nvml=None, clock: Callable[[], float] = time.monotonic,
-                 max_seconds: float = 600.0):
+    def __init__(self, hz: float = 100.0, *, nvml=None):
         if hz <= 0:
             raise ValueError(f"hz must be positive, got {hz}")
-        self.hz = float(hz)
-        self.clock = clock
-        self.max_seconds = max_seconds
-        self._nv = nvml
+        self.hz, self._nv = float(hz), nvml
         self.ticks: list[float] = []
         self._rows: list[tuple] = []
         self.errors = 0
@@ -88,25 +83,21 @@ class Sampler:
         self._thread.start()
         return self
 
-    def _read(self) -> None:
-        rows = [(int(p.pid), gpu, float(p.usedGpuMemory or 0) / 2**20)
-                for gpu, h in enumerate(self._handles)
-                for p in self._nv.nvmlDeviceGetComputeRunningProcesses(h)]
-        t = self.clock()
+    def _tick(self) -> None:
+        try:
+            rows = [(int(p.pid), gpu, float(p.usedGpuMemory or 0) / 2**20)
+                    for gpu, h in enumerate(self._handles)
+                    for p in self._nv.nvmlDeviceGetComputeRunningProcesses(h)]
+        except Exception:  # noqa: BLE001 - one bad read must not end the series
+            self.errors += 1
+            return
+        t = time.monotonic()
         self.ticks.append(t)
         self._rows.extend((t, *r) for r in rows)
 
-    def _tick(self) -> None:
-        try:
-            self._read()
-        except Exception:  # noqa: BLE001 - one bad read must not end the series
-            self.errors += 1
-
     def _loop(self) -> None:
-        period = 1.0 / self.hz
-        start = time.monotonic()
-        n = 0
-        while not self._stop.is_set() and time.monotonic() - start < self.max_seconds:
+        start, period, n = time.monotonic(), 1.0 / self.hz, 0
+        while not self._stop.is_set() and time.monotonic() - start < 600.0:
             self._tick()
             n += 1
             self._stop.wait(max(0.0, start + n * period - time.monotonic()))
