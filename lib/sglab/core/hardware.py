@@ -121,10 +121,10 @@ def parse_cpus(text: str) -> tuple[int, ...]:
         lo, sep, hi = part.strip().partition("-")
         try:
             first, last = int(lo), int(hi) if sep else int(lo)
+            if first < 0 or last < first:
+                raise ValueError
         except ValueError:
             raise ValueError(f"not a CPU list: {text!r} (at {part!r}; want e.g. 0-7,16)") from None
-        if first < 0 or last < first:
-            raise ValueError(f"not a CPU list: {text!r} (at {part!r}; want e.g. 0-7,16)")
         out.update(range(first, last + 1))
     return tuple(sorted(out))
 

@@ -240,13 +240,10 @@ class Guard:
                 if signal.getsignal(s) in (signal.SIG_DFL, None):
                     self._saved[s] = signal.signal(s, _raise_terminated)
         if self.watchdog:
-            lib = str(Path(__file__).resolve().parents[2])
-            env = {
-                **os.environ, "PYTHONPATH": os.pathsep.join([
-                    lib, *filter(None, [os.environ.get("PYTHONPATH")])
-                ])
-            }
-            env.pop(MARKER_VAR, None)
+            env = {k: v for k, v in os.environ.items() if k != MARKER_VAR}
+            env["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [str(Path(__file__).resolve().parents[2]),
+                              env.get("PYTHONPATH")]))
             self._dog = subprocess.Popen(
                 [sys.executable, "-m", "sglab.core.procs", "watch",
                  str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
@@ -277,12 +274,9 @@ class Guard:
 def watch(parent: int) -> int:
     """The watchdog (``python -m sglab.core.procs watch PID``): read ``pgid marker`` lines from
     stdin until it closes (the harness closed it, or died), then stop every group it was given."""
-    groups = []
-    for line in sys.stdin:
-        pgid, marker = line.split()
-        groups.append((int(pgid), "" if marker == "-" else marker))
+    groups = [line.split() for line in sys.stdin]
     for pgid, marker in groups:
-        done = stop(pgid, marker=marker)
+        done = stop(int(pgid), marker="" if marker == "-" else marker)
         if done.found:
             print(
                 f"[sglab] harness {parent} ended without stopping its engine: "

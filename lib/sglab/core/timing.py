@@ -181,10 +181,7 @@ class Burst:
     def per_launch_us(self, warmup: int) -> dict:
         """µs per launch over the calls after ``warmup``: median, p10, p90."""
         t = Timing(self.host_ms[warmup:], clock="host-perf-counter")
-        return {
-            "median": t.median_ms * 1e3 / self.n, "p10": t.p10_ms * 1e3 / self.n,
-            "p90": t.p90_ms * 1e3 / self.n
-        }
+        return {k: getattr(t, f"{k}_ms") * 1e3 / self.n for k in ("median", "p10", "p90")}
 
 
 def launch_cost_us(device: str = "cuda:0", *, n: int = 1000, warmup: int = 5,

@@ -64,11 +64,7 @@ def _category(ev) -> str:
     if getattr(ev, "is_user_annotation", False) or name.startswith(PHASE_PREFIX):
         return "range"
     if _is_device(ev):
-        if name.startswith("Memcpy"):
-            return "memcpy"
-        if name.startswith("Memset"):
-            return "memset"
-        return "kernel"
+        return {"Memcpy": "memcpy", "Memset": "memset"}.get(name[:6], "kernel")
     if name.startswith(("cuda", "cu")) and not name.startswith("cudnn"):
         return "runtime"
     return "op"
