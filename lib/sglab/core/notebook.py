@@ -30,6 +30,12 @@ def in_notebook() -> bool:
     return get_ipython() is not None
 
 
+def _ipy(*objs, **kwargs) -> None:
+    from IPython.display import display as ipy_display
+
+    ipy_display(*objs, **kwargs)
+
+
 def display(data: dict | None, text: str, markdown: str | None = None, *,
             html: str | None = None) -> None:
     """Show ``markdown`` (or ``html``) in a notebook (with the mode marker ``data`` when given),
@@ -37,14 +43,12 @@ def display(data: dict | None, text: str, markdown: str | None = None, *,
     if not in_notebook():
         print(text)
         return
-    from IPython.display import display as ipy_display
-
     bundle = {"text/plain": text} if data is None else {MODE_MIME: data, "text/plain": text}
     if markdown:
         bundle["text/markdown"] = markdown
     if html:
         bundle["text/html"] = html
-    ipy_display(bundle, raw=True)
+    _ipy(bundle, raw=True)
 
 
 def show_figure(fig) -> None:
@@ -54,18 +58,14 @@ def show_figure(fig) -> None:
     import matplotlib.pyplot as plt
 
     if in_notebook():
-        from IPython.display import display as ipy_display
-
-        ipy_display(fig)
+        _ipy(fig)
     plt.close(fig)
 
 
 def display_object(obj) -> None:
     """Display anything in a notebook; print it (a table whole) elsewhere."""
     if in_notebook():
-        from IPython.display import display as ipy_display
-
-        ipy_display(obj)
+        _ipy(obj)
     else:
         print(obj.to_string() if hasattr(obj, "to_string") else obj)
 
@@ -139,14 +139,12 @@ def explore(fn: Callable, controls: dict, *, static: Sequence[dict], title: str 
         parts = []
         for s in static:
             df = fn(**s)
-            df = df.reset_index() if any(df.index.names) else df.reset_index(
-                drop=True)  # named only
+            df = df.reset_index(drop=not any(df.index.names))  # a named index: leading columns
             for i, (k, v) in enumerate(s.items()):
                 df.insert(i, k, v)
             parts.append(df)
         return pd.concat(parts, ignore_index=True)
     import ipywidgets as w
-    from IPython.display import display as ipy_display
 
     widgets = {}
     for name, spec in controls.items():
@@ -157,11 +155,10 @@ def explore(fn: Callable, controls: dict, *, static: Sequence[dict], title: str 
                                                     list(spec)[0]), description=name,
             style={"description_width": "initial"
                    }, **({"continuous_update": False} if slider else {}))
-    out = w.interactive_output(lambda **kw: ipy_display(fn(**kw)), widgets)
+    out = w.interactive_output(lambda **kw: _ipy(fn(**kw)), widgets)
     if title:
-        ipy_display(w.HTML(f"<b>{title}</b>"))
-    ipy_display(
-        w.VBox([w.HBox(list(widgets.values())[i:i + 3]) for i in range(0, len(widgets), 3)]), out)
+        _ipy(w.HTML(f"<b>{title}</b>"))
+    _ipy(w.VBox([w.HBox(list(widgets.values())[i:i + 3]) for i in range(0, len(widgets), 3)]), out)
     return None
 
 
