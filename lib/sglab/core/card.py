@@ -45,33 +45,29 @@ def releases_line(timeline: list[tuple[str, str]]) -> str:
 
 
 def _values(mod, run) -> dict:
-    return {k: o.value for k, o in C.values(mod, run).items()} if run is not None else {}
+    return {k: o.value for k, o in C.values(mod, run).items()}
 
 
 def parts(card: Card, fix, claims, rs, engine_rs) -> dict:
     """The card's sentences, each computed: ``bug``, ``affects``, ``releases``, ``engine``,
     ``engine_verdicts``, ``rebuild``, ``rebuild_verdicts``, ``found`` ([(pr, we)])."""
-    engine_mod = getattr(claims, "ENGINE", None)
-    merged = per_gpu(engine_rs) if engine_rs else []
-    out = {"bug": card.bug, "affects": card.affects, "releases": releases_line(fix.releases())}
-    if engine_mod is not None and merged:
-        head = C.headline(engine_mod, merged, merged) if hasattr(engine_mod, "HEADLINE") else ""
-        out["engine"] = f"{engine_mod.CLAIM} {head}".strip()
-        out["engine_verdicts"] = [C.verdict_line(C.evaluate(engine_mod, r), r) for r in merged]
-    else:
-        out["engine"] = getattr(engine_rs, "line", "no real-engine run recorded")
-        out["engine_verdicts"] = []
-    shown = list(rs.shown) if rs else []
-    out["rebuild"] = (f"{claims.CLAIM} {C.headline(claims, shown)}" if shown else
-                      f"{claims.CLAIM} ({getattr(rs, 'line', 'no GPU run recorded')})")
-    out["rebuild_verdicts"] = [C.verdict_line(C.evaluate(claims, r), r) for r in shown]
+    engine, merged, shown = claims.ENGINE, per_gpu(engine_rs) if engine_rs else [], list(rs)
     ns = {
-        "e": _values(engine_mod, merged[0]) if merged and engine_mod else {},
+        "e": _values(engine, merged[0]) if merged else {},
         "r": _values(claims, shown[0]) if shown else {}
     }
     found = [(C._format(pr, ns), C._format(we, ns)) for pr, we in card.found]
-    out["found"] = [(pr, we) for pr, we in found if pr is not None and we is not None]
-    return out
+    return {
+        "bug": card.bug, "affects": card.affects, "releases": releases_line(fix.releases()),
+        "engine": (f"{engine.CLAIM} {C.headline(engine, merged, merged)}".strip()
+                   if merged else engine_rs.line), "engine_verdicts": [
+                       C.verdict_line(C.evaluate(engine, r), r) for r in merged
+                   ],
+        "rebuild": f"{claims.CLAIM} " + (C.headline(claims, shown) if shown else f"({rs.line})"),
+        "rebuild_verdicts": [C.verdict_line(C.evaluate(claims, r), r) for r in shown], "found": [
+            (pr, we) for pr, we in found if pr is not None and we is not None
+        ]
+    }
 
 
 def markdown(p: dict) -> str:
