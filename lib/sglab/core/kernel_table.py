@@ -310,13 +310,8 @@ def torch_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
     for variant, step in steps.items():
         with trace.Recorder() as rec:
             _run_steps(step, trace.phase, runs)
-        ev = rec.events
-        k = ev[(ev.category == "kernel") & (ev.phase != "")]
-        parts.append(
-            pd.DataFrame({
-                "variant": variant, "label": k.phase.to_numpy(), "kernel": k.name.to_numpy(),
-                "dur_us": k.dur_us.to_numpy()
-            }))
+        k = rec.events[(rec.events.category == "kernel") & (rec.events.phase != "")]
+        parts.append(k.rename(columns={"phase": "label", "name": "kernel"}).assign(variant=variant))
     return aggregate(pd.concat(parts, ignore_index=True), runs=runs, backend=TORCH)
 
 
