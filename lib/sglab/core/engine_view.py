@@ -102,24 +102,20 @@ def table(df: pd.DataFrame, t: Table) -> pd.DataFrame:
     d = numbers(df, t.metric)
     if d.empty:
         return pd.DataFrame()
-    idx = [*KEYS, t.across]
     d[t.across] = d[t.across].astype(int)
     iqr = numbers(df, f"{t.metric}_iqr")
-    spread = {}
-    if not iqr.empty:
-        iqr[t.across] = iqr[t.across].astype(int)
-        spread = {tuple(k): v for k, v in zip(iqr[idx].itertuples(index=False), iqr["value"])}
-    starts = int(d["starts"].max())
-    f = t.fmt.format
+    spread = {(*k, int(x)): v
+              for *k, x, v in iqr[[*KEYS, t.across, "value"]].itertuples(index=False)}
+    starts, f = int(d["starts"].max()), t.fmt.format
     if starts > 1:  # the spread that matters: between engine starts, not within one
         d["cell"] = [
             f(v) if f(lo) == f(hi) else f"{f(v)} [{f(lo)}–{f(hi)}]"
             for v, lo, hi in zip(d["value"], d["lo"], d["hi"])
         ]
     else:
+        keys = d[[*KEYS, t.across]].itertuples(index=False, name=None)
         d["cell"] = [
-            f(v) + (f" ({f(spread[tuple(k)])})" if tuple(k) in spread else "")
-            for k, v in zip(d[idx].itertuples(index=False), d["value"])
+            f(v) + (f" ({f(spread[k])})" if k in spread else "") for k, v in zip(keys, d["value"])
         ]
     wide = d.pivot_table(index=KEYS, columns=t.across, values="cell", aggfunc="first").fillna("")
     unit = unit_of(df, t.metric)
