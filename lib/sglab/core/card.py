@@ -44,17 +44,13 @@ def releases_line(timeline: list[tuple[str, str]]) -> str:
         f"{STATE_WORDS.get(s, s)} {a}" + (f"–{b}" if b != a else "") for s, a, b in runs_)
 
 
-def _values(mod, run) -> dict:
-    return {k: o.value for k, o in C.values(mod, run).items()}
-
-
 def parts(card: Card, fix, claims, rs, engine_rs) -> dict:
     """The card's sentences, each computed: ``bug``, ``affects``, ``releases``, ``engine``,
     ``engine_verdicts``, ``rebuild``, ``rebuild_verdicts``, ``found`` ([(pr, we)])."""
     engine, merged, shown = claims.ENGINE, per_gpu(engine_rs) if engine_rs else [], list(rs)
     ns = {
-        "e": _values(engine, merged[0]) if merged else {},
-        "r": _values(claims, shown[0]) if shown else {}
+        "e": C.claim_values(engine, merged[0]) if merged else {},
+        "r": C.claim_values(claims, shown[0]) if shown else {}
     }
     found = [(C._format(pr, ns), C._format(we, ns)) for pr, we in card.found]
     return {

@@ -142,8 +142,13 @@ def reader_facing(results: list[Result]) -> list[Result]:
 
 
 def values(mod, run) -> dict:
-    """``{claim id: Outcome}`` of one run (folded checks included): what headlines format."""
+    """``{claim id: Outcome}`` of one run (folded checks included)."""
     return {r.claim.id: r.outcome for r in evaluate(mod, run)}
+
+
+def claim_values(mod, run) -> dict:
+    """``{claim id: its value}`` of one run: what headlines and cards format."""
+    return {k: o.value for k, o in values(mod, run).items()}
 
 
 def counts(results: list[Result]) -> dict:
@@ -223,18 +228,18 @@ class Headline:
     consts: dict = field(default_factory=dict)
     across: str = ""
 
-    def render(self, per_run_values: list[tuple[Any, dict]], peers: dict | None = None) -> str:
-        """``peers``: ``{index of a shown run: [its peers' values]}`` (:func:`headline`)."""
-        plain = [{k: o.value for k, o in vals.items()} for _, vals in per_run_values]
+    def render(self, shown: list[tuple[Any, dict]], peers: dict | None = None) -> str:
+        """``shown``: ``[(run, its values)]``; ``peers``: ``{index in shown: [its peers' values]}``."""
+        plain = [v for _, v in shown]
         lo, hi = _extremes(plain)
         run_texts = []
-        for i, ((run, _), v) in enumerate(zip(per_run_values, plain)):
+        for i, (run, v) in enumerate(shown):
             m = run.manifest
             ns = {
                 **self.consts, "v": v, "gpu": m.gpu, "count": m.gpu_count,
                 "world": m.params.get("world_size", m.gpu_count)
             }
-            mine = [v, *[{k: o.value for k, o in p.items()} for p in (peers or {}).get(i, [])]]
+            mine = [v, *(peers or {}).get(i, [])]
             plo, phi = _extremes(mine)
             ns["across"] = (len(mine) > 1 and self.across and _format(
                 self.across, {**ns, "lo": plo, "hi": phi, "n": len(mine)})) or ""
@@ -284,8 +289,8 @@ def headline(mod, runs_: list, every: list | None = None) -> str:
 
             every = load_all_recorded(mod.EXPERIMENT) if hasattr(mod, "EXPERIMENT") else []
         for i, r in enumerate(runs_):
-            peers[i] = [values(mod, x) for x in _peers(r, every)]
-    return mod.HEADLINE.render([(r, values(mod, r)) for r in runs_], peers)
+            peers[i] = [claim_values(mod, x) for x in _peers(r, every)]
+    return mod.HEADLINE.render([(r, claim_values(mod, r)) for r in runs_], peers)
 
 
 def _peers(run, every: list) -> list:
