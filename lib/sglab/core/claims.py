@@ -282,23 +282,19 @@ def headline(mod, runs_: list, every: list | None = None) -> str:
     peers among ``every`` (default: the recorded runs)."""
     if not runs_:
         return "no recorded run yet"
+    from sglab.core.runs import load_all_recorded, others
+
     peers = {}
-    if mod.HEADLINE.across:
+    if mod.HEADLINE.across:  # a run's peers: other machines of its GPU model, count and method
         if every is None:
-            from sglab.core.runs import load_all_recorded
-
             every = load_all_recorded(mod.EXPERIMENT) if hasattr(mod, "EXPERIMENT") else []
+
+        def key(r):
+            return r.manifest.gpu, r.manifest.gpu_count, r.manifest.method_version
+
         for i, r in enumerate(runs_):
-            peers[i] = [claim_values(mod, x) for x in _peers(r, every)]
+            peers[i] = [claim_values(mod, x) for x in others(r, every) if key(x) == key(r)]
     return mod.HEADLINE.render([(r, claim_values(mod, r)) for r in runs_], peers)
-
-
-def _peers(run, every: list) -> list:
-    """The other runs (other machines) of ``run``'s GPU model, GPU count and method version."""
-    from sglab.core.runs import others
-
-    key = lambda r: (r.manifest.gpu, r.manifest.gpu_count, r.manifest.method_version)  # noqa: E731
-    return [x for x in others(run, every) if key(x) == key(run)]
 
 
 # -- a run against its reference -------------------------------------------------------------------
@@ -359,11 +355,6 @@ def _numbers(mod, run) -> dict:
             for key, x in _flat(r.outcome.value, "").items() if _number(x) is not None}
 
 
-def _edge(a: float, values: list) -> float:
-    """The end of ``values``' range nearer ``a`` (``a`` itself inside it)."""
-    return min(max(a, min(values)), max(values))
-
-
 def _rel(a: float, b: float) -> float:
     """``a``'s signed drift from ``b``, relative to ``b``."""
     return 0.0 if a == b else ((a - b) / abs(b) if b else math.inf)
@@ -396,7 +387,7 @@ def drift_rows(results: list[Result], ref_results: list[Result],
                 beyond = mine[key] != theirs[key]
                 rel = None
             elif len(seen) > 1:
-                edge = _edge(a, seen)
+                edge = min(max(a, min(seen)), max(seen))  # the end of their range nearer a
                 rel = _rel(a, edge)
                 beyond = (a not in seen) if tol is None else _excess(a, edge) > tol
                 lo, hi = min(seen), max(seen)
@@ -419,13 +410,6 @@ def unmatched(results: list[Result], ref_results: list[Result]) -> list[str]:
         for k in sorted(_flat(r.outcome.value))
         if k not in ref.get(r.claim.id, {}) and _leaf(k) not in r.claim.context
     ]
-
-
-def env_diff(run, ref) -> list[dict]:
-    """The environment fields that differ between a run and its reference."""
-    return [{
-        "field": k, "this run": getattr(run.manifest, k), "reference": getattr(ref.manifest, k)
-    } for k in ENV_KEYS if getattr(run.manifest, k) != getattr(ref.manifest, k)]
 
 
 @dataclass
@@ -505,8 +489,11 @@ def compare(mod, run, reference, record: list | None = None,
     span = spans(mod, record) if record else None
     mine = evaluate(mod, run) if mine is None else mine
     theirs = evaluated(mod, reference)  # a record's run is often the reference of several
-    return Comparison(reference, "", drift_rows(mine, theirs, span), env_diff(run, reference),
-                      unmatched(mine, theirs))
+    env = [{
+        "field": k, "this run": getattr(run.manifest, k),
+        "reference": getattr(reference.manifest, k)
+    } for k in ENV_KEYS if getattr(run.manifest, k) != getattr(reference.manifest, k)]
+    return Comparison(reference, "", drift_rows(mine, theirs, span), env, unmatched(mine, theirs))
 
 
 # -- JUnit XML (for a cluster's CI) ----------------------------------------------------------------

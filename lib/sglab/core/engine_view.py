@@ -55,16 +55,6 @@ class EngineView:
     extra: Optional[Callable] = None  # RunSet -> None: the fix's own table
 
 
-def verdict_lines(engine_claims, rs) -> list[str]:
-    """One line per GPU model: its engine claims on its runs merged, how many runs they are."""
-    out = []
-    for r in per_gpu(rs):
-        n = len(r.manifest.merged_from) or 1
-        line = C.verdict_line(C.evaluate(engine_claims, r), r)
-        out.append(f"{line} ({n} run{'s' if n > 1 else ''})")
-    return out
-
-
 def header(rs, what: str = "") -> bool:
     """Where the section's numbers come from; False (and the NoRun line) without a run."""
     if not rs:
@@ -164,8 +154,12 @@ def section(view: EngineView, rs, engine_claims=None) -> None:
         show_figure(view.figure(df))
     if view.extra is not None:
         view.extra(rs)
-    if engine_claims is not None:
-        lines = verdict_lines(engine_claims, rs)
+    if engine_claims is not None:  # one line per GPU model, on its runs merged
+        lines = []
+        for r in per_gpu(rs):
+            n = len(r.manifest.merged_from) or 1
+            lines.append(
+                f"{C.verdict_line(C.evaluate(engine_claims, r), r)} ({n} run{'s' * (n > 1)})")
         display(
             None, "\n".join(lines), "**The engine's claims.** " + "; ".join(lines)
             + f". How each number is made to repeat: [07 · how we measure]({METHODS}).")

@@ -158,14 +158,6 @@ def gpu_local_cpus(cuda_index: int = 0) -> tuple[int, ...]:
     return tuple(sorted(mine))
 
 
-def driver_version() -> str | None:
-    nv = _nvml()
-    try:
-        return _text(nv.nvmlSystemGetDriverVersion()) if nv is not None else None
-    except Exception:
-        return None
-
-
 def software() -> dict:
     """Versions that go into every run manifest. torch's come from the module where it is imported
     already, else from its ``version.py`` read as text: importing torch to learn its version costs
@@ -173,10 +165,10 @@ def software() -> dict:
     torch = sys.modules.get("torch")
     version, cuda = ((torch.__version__,
                       torch.version.cuda) if torch is not None else _torch_version_file())
-    return {
-        "python": platform.python_version(), "torch": version, "cuda": cuda,
-        "driver": driver_version()
-    }
+    nv, driver = _nvml(), None
+    with suppress(Exception):
+        driver = _text(nv.nvmlSystemGetDriverVersion()) if nv is not None else None
+    return {"python": platform.python_version(), "torch": version, "cuda": cuda, "driver": driver}
 
 
 def _torch_version_file() -> tuple:

@@ -106,8 +106,15 @@ def kernel_table(fns: Mapping[str, Callable[[], object]], *, runs: int = 5, warm
             for fn in fns.values():  # warm-up outside the profiler (module load, autotune)
                 for _ in range(warmup):
                     fn()
+            import nsight
+
+            def annotated():
+                for label, fn in fns.items():
+                    with nsight.annotate(label):
+                        fn()
+
             with kernels.nsight_session(chosen) as profile:
-                records = profile(lambda: _annotated(fns), runs)
+                records = profile(annotated, runs)
         except Exception as e:  # noqa: BLE001 - any nsight failure: say it, use the profiler
             reason = (f"nsight-python ({chosen}) failed: {type(e).__name__}: "
                       f"{str(e).splitlines()[0][:200]}")
@@ -119,14 +126,6 @@ def kernel_table(fns: Mapping[str, Callable[[], object]], *, runs: int = 5, warm
     df = reduce_records(records, runs, chosen)
     df.attrs.update(backend=chosen, reason=reason)
     return df
-
-
-def _annotated(fns: Mapping[str, Callable[[], object]]) -> None:
-    import nsight
-
-    for label, fn in fns.items():
-        with nsight.annotate(label):
-            fn()
 
 
 def calls_per_run(table) -> dict:

@@ -40,15 +40,6 @@ def _check(result, what: str):
     return values[0] if len(values) == 1 else values
 
 
-def _kernel_name(driver, node) -> str:
-    try:
-        params = _check(driver.cuGraphKernelNodeGetParams(node), "cuGraphKernelNodeGetParams")
-        name = _check(driver.cuFuncGetName(params.func), "cuFuncGetName")
-    except Exception:
-        return "<unnamed>"
-    return name.decode() if isinstance(name, bytes) else str(name)
-
-
 def _walk(driver, graph, out: GraphNodes, depth: int = 0) -> None:
     if depth > 16:
         raise RuntimeError("child graphs nested deeper than 16 levels")
@@ -60,7 +51,12 @@ def _walk(driver, graph, out: GraphNodes, depth: int = 0) -> None:
         t = _check(driver.cuGraphNodeGetType(node), "cuGraphNodeGetType")
         code = int(getattr(t, "value", t))
         if code == KERNEL:
-            out.names.append(_kernel_name(driver, node))
+            name = "<unnamed>"
+            with suppress(Exception):
+                params = _check(driver.cuGraphKernelNodeGetParams(node),
+                                "cuGraphKernelNodeGetParams")
+                name = _check(driver.cuFuncGetName(params.func), "cuFuncGetName")
+            out.names.append(name.decode() if isinstance(name, bytes) else str(name))
         elif code == CHILD_GRAPH:
             child = _check(driver.cuGraphChildGraphNodeGetGraph(node),
                            "cuGraphChildGraphNodeGetGraph")

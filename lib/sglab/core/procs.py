@@ -94,15 +94,6 @@ def members(pgid: Optional[int] = None, marker: str = "") -> list[psutil.Process
     return out
 
 
-def _signal(pgid: Optional[int], procs: list[psutil.Process], sig: int) -> None:
-    if pgid is not None:
-        with suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
-    for p in procs:
-        with suppress(psutil.Error):
-            p.send_signal(sig)
-
-
 def stop(pgid: Optional[int] = None, *, marker: str = "", grace: float = GRACE_S) -> Stopped:
     """Stop group ``pgid`` and every process carrying ``marker``: SIGTERM, wait up to ``grace``
     seconds, SIGKILL what is left, wait again. Returns what was found and what survived."""
@@ -143,7 +134,12 @@ def _stop(live: list, again, pgid: Optional[int], grace: float) -> Stopped:
     if not live:
         return done
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_WAIT_S)):
-        _signal(pgid, live, sig)
+        if pgid is not None:
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
+        for p in live:
+            with suppress(psutil.Error):
+                p.send_signal(sig)
         live = _wait_gone(live, wait)
         live += [p for p in again() if p not in live]  # forked meanwhile
         if not live:

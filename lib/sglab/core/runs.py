@@ -94,10 +94,6 @@ def machine_manifest(gpu_count: int | None = None) -> dict:
     }
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "cpu"
-
-
 def same_file(a, b) -> bool:
     """Whether runs ``a`` and ``b`` were read from one file, however spelt (no path: never)."""
     pa, pb = getattr(a, "path", None), getattr(b, "path", None)
@@ -111,8 +107,8 @@ def others(run, candidates: list) -> list:
 
 def run_stem(manifest: dict, when: datetime) -> str:
     """A recorded file's name without suffix: ``20261128T072311Z_nvidia-h100-80gb-hbm3-x1``."""
-    return (f"{when.strftime('%Y%m%dT%H%M%SZ')}_{_slug(manifest['gpu_name'])}"
-            f"-x{manifest['gpu_count']}")
+    gpu = re.sub(r"[^A-Za-z0-9]+", "-", manifest["gpu_name"]).strip("-").lower() or "cpu"
+    return f"{when.strftime('%Y%m%dT%H%M%SZ')}_{gpu}-x{manifest['gpu_count']}"
 
 
 def _atomic(folder: Path, path: Path, write) -> None:
