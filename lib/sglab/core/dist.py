@@ -129,30 +129,6 @@ def _looks_like_timeout(text: str) -> bool:
     return any(m in text for m in _TIMEOUT_MARKERS)
 
 
-def _check_launch(fn, world_size: int, backend: str, timeout_s: float, collective_timeout_s: float,
-                  start_method: str) -> None:
-    """Refuse a launch that cannot work, before any process starts."""
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if backend not in ("nccl", "gloo"):
-        raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
-    if timeout_s <= 0 or collective_timeout_s <= 0:
-        raise ValueError("timeouts must be positive")
-    if start_method not in ("spawn", "forkserver"):
-        raise ValueError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
-    if getattr(fn, "__module__", None) == "__main__" or "<locals>" in getattr(
-            fn, "__qualname__", ""):
-        raise ValueError(f"{getattr(fn, '__qualname__', fn)!r} must be a module-level function of "
-                         f"an importable module (ranks are spawned and import it); move it into "
-                         f"lib/sglab")
-    if backend == "nccl":
-        from sglab.core import hardware
-
-        ok, why = hardware.meets(world_size)
-        if not ok:
-            raise NotEnoughGPUs(f"{world_size} ranks with NCCL need {world_size} GPUs: {why}")
-
-
 class _Ranks:
     """The rank processes of one launch: their results, every failure as one error, clean-up."""
 
@@ -245,7 +221,26 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
     """Run ``fn(ctx, *args)`` (a module-level function) on ``world_size`` ranks: each rank's result,
     in rank order (``start_method`` spawn or forkserver). Raises :class:`NotEnoughGPUs`,
     :class:`RankError` or :class:`DistTimeout`; no rank process (nor what it started) is left."""
-    _check_launch(fn, world_size, backend, timeout_s, collective_timeout_s, start_method)
+    # refuse a launch that cannot work, before any process starts
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if backend not in ("nccl", "gloo"):
+        raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
+    if timeout_s <= 0 or collective_timeout_s <= 0:
+        raise ValueError("timeouts must be positive")
+    if start_method not in ("spawn", "forkserver"):
+        raise ValueError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
+    if getattr(fn, "__module__", None) == "__main__" or "<locals>" in getattr(
+            fn, "__qualname__", ""):
+        raise ValueError(f"{getattr(fn, '__qualname__', fn)!r} must be a module-level function of "
+                         f"an importable module (ranks are spawned and import it); move it into "
+                         f"lib/sglab")
+    if backend == "nccl":
+        from sglab.core import hardware
+
+        ok, why = hardware.meets(world_size)
+        if not ok:
+            raise NotEnoughGPUs(f"{world_size} ranks with NCCL need {world_size} GPUs: {why}")
     ranks = _Ranks(pickle.dumps((fn, tuple(args))), world_size, backend, collective_timeout_s, env
                    or {}, start_method)
     deadline = time.monotonic() + timeout_s

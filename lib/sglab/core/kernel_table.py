@@ -33,12 +33,10 @@ def _mangled_head(kernel: str) -> str:
     if not m:
         return ""
     rest, head = m.group(1), ""
-    while True:
-        n = re.match(r"(\d+)", rest)
-        if not n:
-            return head
-        size = int(n.group(1))
-        head, rest = rest[len(n.group(1)):len(n.group(1)) + size], rest[len(n.group(1)) + size:]
+    while n := re.match(r"\d+", rest):
+        size, rest = int(n.group()), rest[n.end():]
+        head, rest = rest[:size], rest[size:]
+    return head
 
 
 def short_name(kernel: str, width: int = 48) -> str:
@@ -197,23 +195,16 @@ class OpRanges(DispatchMode):
         kwargs = kwargs or {}
         if getattr(func, "is_view", False):
             return func(*args, **kwargs)
-        call = OpCall(self._scope, self._step, op_name(func, kwargs))
+        op = func.overloadpacket.__name__
+        if kwargs.get("dtype") is not None and op in ("_to_copy", "to", "copy"):
+            op += "->" + str(kwargs["dtype"]).replace("torch.", "")  # a cast: _to_copy->int32
+        call = OpCall(self._scope, self._step, op)
         if self._step is not None:
             self._step += 1
         label = call.label if not self.unique else f"{len(self.calls):04d}{SEP}{call.label}"
         self.calls.append(call)
         with (self.enter(label) if self.enter is not None else nullcontext()):
             return func(*args, **kwargs)
-
-
-def op_name(func, kwargs: dict) -> str:
-    """``index``, ``mul``, ... and, for a conversion, its target dtype (``_to_copy->int32``): the
-    two casts of the SWA KV write are one op with different outputs."""
-    name = func.overloadpacket.__name__
-    dtype = kwargs.get("dtype")
-    if dtype is not None and name in ("_to_copy", "to", "copy"):
-        name += "->" + str(dtype).replace("torch.", "")
-    return name
 
 
 def demangle(name: str) -> str:

@@ -256,36 +256,33 @@ _STATUS_STYLE = {
 
 def verdict_html(claims, run) -> str:
     """One run's claims as an HTML table under its verdict line, folded checks under each."""
-    results = C.evaluate(claims, run)
-    rows = [
-        _row_html(r, [f for f in results if f.parent == r.claim.id])
-        for r in C.reader_facing(results)
-    ]
+    results, rows = C.evaluate(claims, run), []
+    for r in C.reader_facing(results):
+        detail = r.outcome.measured if r.status != C.NA else ""
+        why = r.outcome.reason if r.status != C.PASS else ""
+        texts = (f"<code>{html.escape(r.claim.id)}</code>",
+                 html.escape(r.claim.statement), r.status, html.escape(str(detail)),
+                 html.escape(r.claim.expected), html.escape(why))
+        rows.append("<tr>" + "".join(
+            f"<td style='{_CELL}" +
+            (f";{_STATUS_STYLE[r.status]}" if i == 2 else "") + f"'>{t}</td>"
+            for i, t in enumerate(texts)) + "</tr>")
+        folded = [f for f in results if f.parent == r.claim.id]
+        if folded:
+            ok = sum(f.status == C.PASS for f in folded)
+            items = "".join(f"<li><code>{html.escape(f.claim.id)}</code> <span "
+                            f"style='{_STATUS_STYLE[f.status]}'>"
+                            f"{f.status}</span> — {html.escape(f.claim.statement)}: "
+                            f"{html.escape(f.outcome.measured or f.outcome.reason)}</li>"
+                            for f in folded)
+            rows.append(f"<tr><td></td><td colspan='5' style='{_CELL}'><details><summary>checks "
+                        f"under it: {ok}/{len(folded)} hold</summary><ul>{items}</ul></details>"
+                        "</td></tr>")
     head = "".join(f"<th style='{_CELL}'>{h}</th>"
                    for h in ("claim", "statement", "status", "measured", "expected", "why"))
     return (f"<p><b>{html.escape(C.verdict_line(results, run))}</b> · "
             f"<small>{html.escape(run.path.name)}</small></p><div "
             f"style='overflow-x:auto'><table><tr>{head}</tr>{''.join(rows)}</table></div>")
-
-
-def _row_html(r, folded) -> str:
-    detail = r.outcome.measured if r.status != C.NA else ""
-    why = r.outcome.reason if r.status != C.PASS else ""
-    texts = (f"<code>{html.escape(r.claim.id)}</code>", html.escape(r.claim.statement), r.status,
-             html.escape(str(detail)), html.escape(r.claim.expected), html.escape(why))
-    cells = "".join(
-        f"<td style='{_CELL}" + (f";{_STATUS_STYLE[r.status]}" if i == 2 else "") + f"'>{t}</td>"
-        for i, t in enumerate(texts))
-    if not folded:
-        return f"<tr>{cells}</tr>"
-    ok = sum(f.status == C.PASS for f in folded)
-    items = "".join(f"<li><code>{html.escape(f.claim.id)}</code> <span "
-                    f"style='{_STATUS_STYLE[f.status]}'>"
-                    f"{f.status}</span> — {html.escape(f.claim.statement)}: "
-                    f"{html.escape(f.outcome.measured or f.outcome.reason)}</li>" for f in folded)
-    sub = (f"<tr><td></td><td colspan='5' style='{_CELL}'><details><summary>checks under it: "
-           f"{ok}/{len(folded)} hold</summary><ul>{items}</ul></details></td></tr>")
-    return f"<tr>{cells}</tr>{sub}"
 
 
 def verdict(claims, run) -> None:

@@ -122,25 +122,6 @@ def _atomic(folder: Path, path: Path, write) -> None:
         raise
 
 
-def _write_sidecars(folder: Path, stem: str, sidecars: dict) -> dict:
-    """Write each sidecar (a DataFrame as gzipped CSV, a file copied): ``{name: file name}``."""
-    names = {}
-    for name, obj in (sidecars or {}).items():
-        if not re.fullmatch(r"[a-z0-9_]+", name):
-            raise ValueError(f"sidecar names are lower-case words, got {name!r}")
-        if hasattr(obj, "to_csv"):
-            target = folder / f"{stem}.{name}.csv.gz"
-            data = gzip.compress(obj.to_csv(index=False).encode(), mtime=0)
-        else:
-            src = Path(obj)
-            suffix = "".join(src.suffixes[-2:]) if src.suffix == ".gz" else src.suffix  # .json.gz
-            target = folder / f"{stem}.{name}{suffix}"
-            data = src.read_bytes()
-        _atomic(folder, target, lambda f: f.write(data))
-        names[name] = target.name
-    return names
-
-
 def write_run(df, *, experiment: str, method_version: int, params: dict, root: Path | None = None,
               gpu_count: int | None = None, extra: dict | None = None,
               sidecars: dict | None = None) -> Path:
@@ -166,8 +147,19 @@ def write_run(df, *, experiment: str, method_version: int, params: dict, root: P
     while csv_path.exists() or json_path.exists():
         n += 1
         csv_path, json_path = folder / f"{stem}-{n}.csv", folder / f"{stem}-{n}.json"
-    if sidecars:
-        manifest["sidecars"] = _write_sidecars(folder, csv_path.stem, sidecars)
+    for name, obj in (sidecars or {}).items():  # a DataFrame as gzipped CSV, a file copied
+        if not re.fullmatch(r"[a-z0-9_]+", name):
+            raise ValueError(f"sidecar names are lower-case words, got {name!r}")
+        if hasattr(obj, "to_csv"):
+            target = folder / f"{csv_path.stem}.{name}.csv.gz"
+            data = gzip.compress(obj.to_csv(index=False).encode(), mtime=0)
+        else:
+            src = Path(obj)
+            suffix = "".join(src.suffixes[-2:]) if src.suffix == ".gz" else src.suffix  # .json.gz
+            target = folder / f"{csv_path.stem}.{name}{suffix}"
+            data = src.read_bytes()
+        _atomic(folder, target, lambda f: f.write(data))
+        manifest.setdefault("sidecars", {})[name] = target.name
     _atomic(folder, csv_path, lambda f: f.write(df.to_csv(index=False).encode()))
     _atomic(folder, json_path,
             lambda f: f.write(json.dumps(manifest, indent=2, sort_keys=True, default=str).encode()))

@@ -70,42 +70,16 @@ def _category(ev) -> str:
     return "op"
 
 
-def _lane(ev, category: str, main_thread) -> str:
-    if _is_device(ev):
-        stream = getattr(ev, "device_resource_id", None)
-        return f"stream {stream}" if stream is not None else "device"
-    if category == "runtime":
-        return "runtime"
-    return "host" if ev.thread == main_thread else f"host {ev.thread}"
-
-
 def on_device(lanes):
     """Which events of a table's ``lane`` column ran on the device."""
     return lanes.str.startswith("stream") | (lanes == "device")
 
 
-def _assign_phases(df):
-    """Each event's innermost phase range (host ranges for host events, device for device)."""
-    import numpy as np
-
-    is_dev = on_device(df.lane).to_numpy()
-    start = df.start_us.to_numpy()
-    phases = np.full(len(df), "", dtype=object)
-    ranges = df[(df.category == "range") & df.name.str.startswith(PHASE_PREFIX)]
-    # longest first, so that a shorter (inner) range containing the same event overwrites it:
-    # innermost wins
-    for i in ranges.sort_values("dur_us", ascending=False, kind="stable").index:
-        r = df.loc[i]
-        inside = (start >= r.start_us) & (start <= r.start_us + r.dur_us) & (
-            is_dev == is_dev[df.index.get_loc(i)])
-        phases[inside] = r["name"][len(PHASE_PREFIX):]
-    out = df.copy()
-    out["phase"] = phases
-    return out
-
-
 def event_table(events, *, keep_ops: bool = False):
-    """torch.profiler events as :data:`COLUMNS` from the first event; host ops with ``keep_ops``."""
+    """torch.profiler events as :data:`COLUMNS` from the first event, each in its innermost phase
+    range (host ranges for host events, device ranges for device events); host ops with
+    ``keep_ops``."""
+    import numpy as np
     import pandas as pd
 
     events = list(events)
@@ -115,15 +89,28 @@ def event_table(events, *, keep_ops: bool = False):
     main_thread = min((e.thread for e in host), default=None, key=lambda t: (t is None, t))
     rows = []
     for ev in events:
-        cat = _category(ev)
+        cat, stream = _category(ev), getattr(ev, "device_resource_id", None)
+        if _is_device(ev):
+            lane = f"stream {stream}" if stream is not None else "device"
+        else:
+            lane = "runtime" if cat == "runtime" else (
+                "host" if ev.thread == main_thread else f"host {ev.thread}")
         rows.append({
-            "lane": _lane(ev, cat, main_thread), "name": ev.name, "category": cat,
-            "start_us": float(ev.time_range.start),
+            "lane": lane, "name": ev.name, "category": cat, "start_us": float(ev.time_range.start),
             "dur_us": float(ev.time_range.end - ev.time_range.start)
         })
     df = pd.DataFrame(rows)
     df["start_us"] -= df.start_us.min()
-    df = _assign_phases(df.sort_values("start_us", kind="stable").reset_index(drop=True))
+    df = df.sort_values("start_us", kind="stable").reset_index(drop=True)
+    is_dev, start = on_device(df.lane).to_numpy(), df.start_us.to_numpy()
+    phases = np.full(len(df), "", dtype=object)
+    ranges = df[(df.category == "range") & df.name.str.startswith(PHASE_PREFIX)]
+    # longest first, so that a shorter (inner) range containing the same event overwrites it
+    for i in ranges.sort_values("dur_us", ascending=False, kind="stable").index:
+        r = df.loc[i]
+        inside = (start >= r.start_us) & (start <= r.start_us + r.dur_us) & (is_dev == is_dev[i])
+        phases[inside] = r["name"][len(PHASE_PREFIX):]
+    df["phase"] = phases
     if not keep_ops:
         df = df[df.category != "op"]
     return df[COLUMNS].reset_index(drop=True)
