@@ -113,10 +113,8 @@ def window(events):
 
 
 def _lane_key(lane: str):
-    for i, prefix in enumerate(LANE_ORDER):
-        if lane.startswith(prefix):
-            return (i, lane)
-    return (len(LANE_ORDER), lane)
+    return next(((i, lane) for i, p in enumerate(LANE_ORDER) if lane.startswith(p)),
+                (len(LANE_ORDER), lane))
 
 
 def totals(events, highlight: str | None = None) -> dict:
@@ -139,10 +137,13 @@ def timeline(tables: Mapping[str, object], *, highlight: str | None = None,
                                           "range"), title: str = "", ax=None):
     """One group of swim-lanes per variant (``{"before": ev_a, "after": ev_b}``) on one µs axis;
     events matching ``highlight`` (a regular expression) in the accent colour, counted."""
-    rows, labels = [], []
+    from matplotlib.patches import Patch
+
+    rows, labels, first = [], [], {}
     for variant, ev in tables.items():
         ev = ev[ev.category.isin(categories)]
         for lane in sorted(ev.lane.unique(), key=_lane_key):
+            first.setdefault(variant, len(rows))
             rows.append((variant, lane, ev[ev.lane == lane]))
             labels.append(f"{variant} · {lane}")
     if ax is None:
@@ -157,8 +158,23 @@ def timeline(tables: Mapping[str, object], *, highlight: str | None = None,
     ax.grid(axis="y", visible=False)
     if title:
         ax.set_title(title)
-    _annotate(ax, tables, rows, highlight, highlight_label)
-    _legend(ax, categories, highlight_label if highlight else None)
+    for variant, ev in tables.items():  # each variant's totals beside its first lane
+        if variant in first:
+            t = totals(ev, highlight)
+            text = f"{t['span_us']:.0f} µs · {t['kernels']} kernels" + (
+                f" · {highlight_label}: {t['highlighted']} ({t['highlighted_us']:.0f} µs)"
+                if highlight else "")
+            ax.annotate(text, (1.005, len(rows) - 1 - first[variant]),
+                        xycoords=("axes fraction", "data"), va="center", fontsize=8,
+                        color=PALETTE["before" if variant == list(tables)[0] else "after"])
+    handles = [
+        Patch(facecolor=CATEGORY_COLORS[c], label=c)
+        for c in categories if CATEGORY_COLORS.get(c, "none") != "none"
+    ]
+    if highlight and highlight_label:
+        handles.append(Patch(facecolor=PALETTE["accent"], label=highlight_label))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=len(handles),
+              fontsize=8)
     return fig
 
 
@@ -177,32 +193,3 @@ def _draw_lane(ax, y: float, ev, highlight) -> None:
             if len(part):
                 ax.broken_barh(list(zip(part.start_us, part.dur_us.clip(lower=0.05))),
                                (y - 0.3, 0.6), facecolors=color, edgecolors="none")
-
-
-def _annotate(ax, tables, rows, highlight, label) -> None:
-    first_row = {}
-    for i, (variant, _, _) in enumerate(rows):
-        first_row.setdefault(variant, len(rows) - 1 - i)
-    for variant, ev in tables.items():
-        if variant not in first_row:
-            continue
-        t = totals(ev, highlight)
-        text = f"{t['span_us']:.0f} µs · {t['kernels']} kernels"
-        if highlight:
-            text += f" · {label}: {t['highlighted']} ({t['highlighted_us']:.0f} µs)"
-        ax.annotate(text, (1.005, first_row[variant]), xycoords=("axes fraction", "data"),
-                    va="center", fontsize=8,
-                    color=PALETTE["before"] if variant == list(tables)[0] else PALETTE["after"])
-
-
-def _legend(ax, categories, highlight_label) -> None:
-    from matplotlib.patches import Patch
-
-    handles = [
-        Patch(facecolor=CATEGORY_COLORS[c], label=c)
-        for c in categories if c in CATEGORY_COLORS and CATEGORY_COLORS[c] != "none"
-    ]
-    if highlight_label:
-        handles.append(Patch(facecolor=PALETTE["accent"], label=highlight_label))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=len(handles),
-              fontsize=8)
