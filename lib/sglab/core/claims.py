@@ -322,23 +322,6 @@ def _beside(flat: dict, key: str, name: str):
     return flat.get(group, flat.get(name))
 
 
-def _tolerance(claim, key: str, mine: dict, theirs: dict) -> tuple:
-    """``(tolerance, label)`` of one value: the claim's ``drift``, widened to the A/A gap either run
-    measured; the label says where the starts differ."""
-    tol = claim.drift
-    if tol is None:
-        return None, "exact"
-    gap = 0.0
-    if claim.noise:
-        for v in (mine, theirs):
-            gap = max(gap, _number(_beside(v, key, claim.noise)) or 0.0)
-    label = f"±{gap:.0%} (the A/A gap)" if gap > tol else f"±{tol:.0%}"
-    starts = [_beside(v, key, "starts") for v in (mine, theirs)]
-    if None not in starts and starts[0] != starts[1]:
-        label += f"; starts differ: {starts[0]} here, {starts[1]} in the reference"
-    return max(gap, tol), label
-
-
 def spans(mod, runs_: list) -> dict:
     """``{(claim id, value key): [every number the runs gave]}``, each run evaluated alone."""
     out: dict = {}
@@ -379,22 +362,29 @@ def drift_rows(results: list[Result], ref_results: list[Result],
             continue
         mine, theirs = _flat(r.outcome.value, ""), _flat(rr.outcome.value, "")
         for key in sorted(k for k in set(mine) & set(theirs) if _leaf(k) not in r.claim.context):
-            tol, label = _tolerance(r.claim, key, mine, theirs)
+            # the tolerance: the claim's drift, widened to the A/A gap either run measured
+            tol, label, gap = r.claim.drift, "exact", 0.0
+            if tol is not None:
+                if r.claim.noise:
+                    gap = max(
+                        _number(_beside(v, key, r.claim.noise)) or 0.0 for v in (mine, theirs))
+                label = f"±{gap:.0%} (the A/A gap)" if gap > tol else f"±{tol:.0%}"
+                starts = [_beside(v, key, "starts") for v in (mine, theirs)]
+                if None not in starts and starts[0] != starts[1]:
+                    label += f"; starts differ: {starts[0]} here, {starts[1]} in the reference"
+                tol = max(gap, tol)
             a, b = _number(mine[key]), _number(theirs[key])
             seen = span.get((r.claim.id, key), [])
-            shown = theirs[key]
+            held, shown, rel = seen if len(seen) > 1 else [b], theirs[key], None
             if a is None or b is None:
                 beyond = mine[key] != theirs[key]
-                rel = None
-            elif len(seen) > 1:
-                edge = min(max(a, min(seen)), max(seen))  # the end of their range nearer a
-                rel = _rel(a, edge)
-                beyond = (a not in seen) if tol is None else _excess(a, edge) > tol
-                lo, hi = min(seen), max(seen)
-                shown = f"{lo:.4g}–{hi:.4g} over {len(seen)} runs" if lo != hi else lo
             else:
+                b = min(max(a, min(held)), max(held))  # the end of the reference's range nearer a
                 rel = _rel(a, b)
-                beyond = (a != b) if tol is None else _excess(a, b) > tol
+                beyond = (a not in held) if tol is None else _excess(a, b) > tol
+                if len(held) > 1:
+                    lo, hi = min(held), max(held)
+                    shown = f"{lo:.4g}–{hi:.4g} over {len(held)} runs" if lo != hi else lo
             rows.append({
                 "claim": r.claim.id, "value": key or "value", "this run": mine[key],
                 "reference": shown, "drift": rel, "tolerance": label, "beyond": bool(beyond)
