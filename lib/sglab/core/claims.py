@@ -65,10 +65,6 @@ class Claim:
     context: tuple = ()
     noise: str = ""
 
-    def covers(self, method_version: int) -> bool:
-        lo, hi = self.methods
-        return lo <= method_version and (hi is None or method_version <= hi)
-
 
 @dataclass
 class Result:
@@ -92,9 +88,8 @@ def all_claims(mod) -> list[Claim]:
 
 # -- evaluating ------------------------------------------------------------------------------------
 def evaluate_claim(claim: Claim, run) -> Outcome:
-    mv = run.manifest.method_version
-    if not claim.covers(mv):
-        lo, hi = claim.methods
+    mv, (lo, hi) = run.manifest.method_version, claim.methods
+    if mv < lo or (hi is not None and mv > hi):
         span = f"{lo}+" if hi is None else (f"{lo}" if lo == hi else f"{lo}–{hi}")
         return not_applicable(f"run has method version {mv}; this claim covers method version "
                               f"{span}")
