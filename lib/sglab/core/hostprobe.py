@@ -18,6 +18,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import psutil
+
 from sglab.core import procs
 from sglab.core.timing import Burst
 
@@ -54,8 +56,6 @@ def burst_us(burst: Burst, repeat: int = 20, warmup: int = 3) -> float:
 
 def this_cpu() -> int:
     """The CPU this process last ran on; -1 where the system does not say."""
-    import psutil
-
     try:
         return psutil.Process().cpu_num()
     except (AttributeError, psutil.Error):

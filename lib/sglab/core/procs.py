@@ -73,10 +73,9 @@ class Stopped:
 
 
 def _describe(p: psutil.Process) -> str:
-    try:
+    with suppress(psutil.Error):
         return f"{p.pid} {p.name()}"
-    except psutil.Error:
-        return str(p.pid)
+    return str(p.pid)
 
 
 def members(pgid: Optional[int] = None, marker: str = "") -> list[psutil.Process]:
@@ -85,12 +84,10 @@ def members(pgid: Optional[int] = None, marker: str = "") -> list[psutil.Process
     for p in psutil.process_iter(["pid", "status"]):
         if p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        try:
+        with suppress(psutil.Error, OSError):
             if (pgid is not None and os.getpgid(p.pid)
                     == pgid) or (marker and p.environ().get(MARKER_VAR) == marker):
                 out.append(p)
-        except (psutil.Error, OSError):
-            continue
     return out
 
 
@@ -109,10 +106,9 @@ def stop_tree(pid: int, *, grace: float = GRACE_S) -> Stopped:
 
 def descendants(pid: int) -> list[psutil.Process]:
     """The processes ``pid`` started, and those they started, running now (for :func:`stop_seen`)."""
-    try:
+    with suppress(psutil.Error):
         return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
+    return []
 
 
 def stop_seen(seen: list, *, grace: float = GRACE_S) -> Stopped:
@@ -160,10 +156,9 @@ def _wait_gone(live: list[psutil.Process], timeout: float) -> list[psutil.Proces
 
 
 def _alive(p: psutil.Process) -> bool:
-    try:
+    with suppress(psutil.Error):
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+    return False
 
 
 # -- groups this process started, stopped at its exit ----------------------------------------------

@@ -52,12 +52,6 @@ class Timing:
         return [{**labels, "metric": f"time_{k}", "value": getattr(self, f"{k}_ms"), "unit": "ms"}
                 for k in ("median", "p10", "p90")]
 
-    def __repr__(self) -> str:
-        if not self.samples_ms:
-            return "Timing(no samples)"
-        return (f"Timing(median={self.median_ms:.4f} ms, p10={self.p10_ms:.4f}, "
-                f"p90={self.p90_ms:.4f}, n={self.n}, clock={self.clock})")
-
 
 def _check_counts(warmup: int, repeat: int) -> None:
     if warmup < 0:
