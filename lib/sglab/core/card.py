@@ -8,6 +8,7 @@ rebuild's.
 from __future__ import annotations
 
 import html
+import itertools
 from dataclasses import dataclass
 
 from sglab.core import claims as C
@@ -23,9 +24,9 @@ STATE_WORDS = {
 
 @dataclass(frozen=True)
 class Card:
-    """What a fix states on its card; ``found`` pairs what the PR says with what was found, each side
-    a template over the claims' values: ``{e[claim id][key]}`` (the real engine, first GPU model),
-    ``{r[claim id][key]}`` (the rebuild's first run); a pair with a value missing is left out."""
+    """What a fix states on its card; ``found`` pairs what the PR says with what was found, each
+    side a template over the claims' values: ``{e[claim id][key]}`` (the real engine, first GPU
+    model), ``{r[claim id][key]}`` (the rebuild's first run); a pair missing a value is left out."""
 
     bug: str
     affects: str
@@ -34,14 +35,9 @@ class Card:
 
 def releases_line(timeline: list[tuple[str, str]]) -> str:
     """Consecutive releases of one state as one range: ``affected 0.5.10–0.5.12.post1 · ...``."""
-    runs_: list[list] = []
-    for version, state in timeline:
-        if runs_ and runs_[-1][0] == state:
-            runs_[-1][2] = version
-        else:
-            runs_.append([state, version, version])
-    return " · ".join(
-        f"{STATE_WORDS.get(s, s)} {a}" + (f"–{b}" if b != a else "") for s, a, b in runs_)
+    runs_ = [(s, [v for v, _ in g]) for s, g in itertools.groupby(timeline, key=lambda t: t[1])]
+    return " · ".join(f"{STATE_WORDS.get(s, s)} {vs[0]}" + (f"–{vs[-1]}" if vs[-1] != vs[0] else "")
+                      for s, vs in runs_)
 
 
 def parts(card: Card, fix, claims, rs, engine_rs) -> dict:

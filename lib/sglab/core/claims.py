@@ -224,7 +224,7 @@ class Headline:
     across: str = ""
 
     def render(self, shown: list[tuple[Any, dict]], peers: dict | None = None) -> str:
-        """``shown``: ``[(run, its values)]``; ``peers``: ``{index in shown: [its peers' values]}``."""
+        """``shown``: ``[(run, its values)]``; ``peers``: ``{index in shown: [peers' values]}``."""
         plain = [v for _, v in shown]
         lo, hi = _extremes(plain)
         run_texts = []

@@ -57,7 +57,7 @@ def started(df: pd.DataFrame, model: str | None = None) -> dict:
 
 def numbers(df: pd.DataFrame, metric: str, *, only_started: bool = False) -> pd.DataFrame:
     """The rows of ``metric`` with a float ``value``, the engine starts of each variant and shape
-    folded into one row: their median, lowest and highest (``lo``, ``hi``) and number (``starts``)."""
+    folded into one row: their median, lowest, highest (``lo``, ``hi``) and number (``starts``)."""
     return _memo(df, ("numbers", metric, only_started), lambda: _numbers(df, metric, only_started))
 
 
@@ -170,8 +170,8 @@ def aa_table(rs, metric: str, across: str) -> pd.DataFrame:
 
 
 def starts_and_host(df: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Each engine start of a timed variant (the median of ``metric`` over its shapes) beside what the
-    host did meanwhile (:mod:`sglab.core.hoststate`)."""
+    """Each engine start of a timed variant (the median of ``metric`` over its shapes) beside what
+    the host did meanwhile (:mod:`sglab.core.hoststate`)."""
     host = df[df.metric.isin(["host_steal", "host_busy", "engine_preempted"])]
     times = df[df.metric == metric]
     if host.empty or times.empty or "start" not in df:
@@ -192,8 +192,8 @@ def starts_and_host(df: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 def reruns(rs, ratio_of, stats: tuple = (STAT, "fastest", "median")) -> pd.DataFrame:
     """A timed pair (``ratio_of(frame, stat) -> {pair: {x: ratio}}``) recorded by several runs, one
-    row per (pair, run): ``lowest–highest×`` per statistic, the host's cost, and the ``drift`` of the
-    first statistic's lowest ratio from the GPU model's oldest run."""
+    row per (pair, run): ``lowest–highest×`` per statistic, the host's cost, and the ``drift`` of
+    the first statistic's lowest ratio from the GPU model's oldest run."""
     cells: dict = {}
     for r in rs.every():
         for s in stats:

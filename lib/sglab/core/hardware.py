@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import itertools
 import os
 import platform
 import sys
@@ -131,13 +132,10 @@ def parse_cpus(text: str) -> tuple[int, ...]:
 
 def cpu_text(cpus) -> str:
     """``(0, 1, 2, 3, 8)`` -> ``0-3,8``."""
-    spans: list[list[int]] = []
-    for c in sorted(set(cpus)):
-        if spans and c == spans[-1][1] + 1:
-            spans[-1][1] = c
-        else:
-            spans.append([c, c])
-    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
+    # consecutive CPUs lie the same distance from their place in the sorted list
+    groups = itertools.groupby(enumerate(sorted(set(cpus))), key=lambda ic: ic[1] - ic[0])
+    runs_ = [[c for _, c in g] for _, g in groups]
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs_)
 
 
 def gpu_local_cpus(cuda_index: int = 0) -> tuple[int, ...]:

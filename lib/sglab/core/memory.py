@@ -59,8 +59,8 @@ SAMPLE_COLUMNS = ["t", "pid", "gpu", "used_mib"]
 
 class Sampler:
     """Per-process memory of every GPU, read from NVML ``hz`` times a second (10 minutes at most) in
-    a daemon thread: ``with Sampler() as s: ...``, then ``s.samples()`` (t, pid, gpu, used_mib; ``t``
-    from ``time.monotonic``, shared by every process). A failed read is counted in ``errors``."""
+    a daemon thread: ``with Sampler() as s: ...``, then ``s.samples()`` (t, pid, gpu, used_mib;
+    ``t`` from ``time.monotonic``, shared by every process). Failed reads count in ``errors``."""
 
     def __init__(self, hz: float = 100.0, *, nvml=None):
         if hz <= 0:

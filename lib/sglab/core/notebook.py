@@ -300,10 +300,6 @@ def verdict(claims, run) -> None:
 
 def read_mode(nb) -> dict | None:
     """The mode marker a :class:`Workbook` left in an executed notebook (nbformat node), if any."""
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            data = out.get("data", {})
-            if MODE_MIME in data:
-                v = data[MODE_MIME]
-                return v if isinstance(v, dict) else json.loads(v)
-    return None
+    v = next((out["data"][MODE_MIME] for cell in nb.cells
+              for out in cell.get("outputs", []) if MODE_MIME in out.get("data", {})), None)
+    return v if v is None or isinstance(v, dict) else json.loads(v)

@@ -105,7 +105,7 @@ def stop_tree(pid: int, *, grace: float = GRACE_S) -> Stopped:
 
 
 def descendants(pid: int) -> list[psutil.Process]:
-    """The processes ``pid`` started, and those they started, running now (for :func:`stop_seen`)."""
+    """The processes ``pid`` started, and those they started, running now (:func:`stop_seen`)."""
     with suppress(psutil.Error):
         return psutil.Process(pid).children(recursive=True)
     return []

@@ -297,8 +297,8 @@ class Run:
             self.manifest = Manifest.of(self.manifest)
 
     def memo(self, key: str, make: Callable[[], Any], *, shared: bool = False):
-        """``make()``, computed once per run and key, a deep copy to each caller; ``shared``: the one
-        object, for a frame no caller changes in place (:mod:`sglab.core.engine_stats`)."""
+        """``make()``, computed once per run and key, a deep copy to each caller; ``shared``: the
+        one object, for a frame no caller changes in place (:mod:`sglab.core.engine_stats`)."""
         if key not in self._memo:
             self._memo[key] = make()
         return self._memo[key] if shared else copy.deepcopy(self._memo[key])

@@ -141,7 +141,17 @@ def phase(name: str):
     try:
         yield
     finally:
-        _totals[name] = _totals.get(name, 0.0) + time.perf_counter() - t0
+        add(name, time.perf_counter() - t0)
+
+
+def add(name: str, seconds: float) -> None:
+    _totals[name] = _totals.get(name, 0.0) + float(seconds)
+
+
+def merge(other: dict, prefix: str = "") -> None:
+    """Fold another process's phases (e.g. a rank's) into this one's, under ``prefix``."""
+    for k, v in (other or {}).items():
+        add(prefix + k, v)
 
 
 def take() -> dict:
