@@ -175,8 +175,9 @@ class DecoderStack(nn.Module):
 
 
 class LogitsProcessor(nn.Module):
-    """Extend-mode logits (SGLang's ``LogitsProcessor.forward``): the last token of every request,
-    then the lm_head; its shapes follow the number of requests, not of tokens."""
+    """Extend-mode logits (``LogitsProcessor.forward`` for an extend batch): the last token of every
+    request, then the lm_head. Its shapes follow the number of requests, not the number of
+    tokens."""
 
     def forward(self, hidden_states, lm_head: nn.Linear, forward_batch):
         last_index = torch.cumsum(forward_batch.extend_seq_lens, dim=0) - 1
