@@ -427,14 +427,14 @@ def promote(csv_path: Path | str, *, root: Path | None = None, force: bool = Fal
     run = read_run(csv_path)
     dest = (root or data_dir("recorded")) / run.manifest.experiment
     src = Path(csv_path)
-    names = [*run.manifest.sidecars.values(), src.name, src.with_suffix(".json").name]
+    names = [src.name, src.with_suffix(".json").name, *run.manifest.sidecars.values()]
     if (dest / src.name).resolve() == src.resolve():
         raise ValueError(f"{src} is the record's own file: nothing to publish")
     taken = [dest / n for n in names if (dest / n).exists()]
     if taken and not force:
         raise FileExistsError(f"{taken[0]} is already recorded")
     dest.mkdir(parents=True, exist_ok=True)
-    for fname in names:  # the manifest last
+    for fname in [*names[2:], *names[:2]]:  # the sidecars, the table, the manifest last
         if (src.parent / fname).exists():
             shutil.copy2(src.parent / fname, dest / fname)
     return dest / src.name
