@@ -219,14 +219,13 @@ def test_all_uses_every_recorded_run(demo, capsys):
 def test_headline_says_one_value_where_a_range_collapses():
     from types import SimpleNamespace
 
-    from sglab.core.claims import Headline, Outcome
+    from sglab.core.claims import Headline
 
     h = Headline(parts=("{lo[c]:.1f}–{hi[c]:.1f} µs", "{lo[d]}–{hi[d]} runs"))
     run = SimpleNamespace(manifest=runs.Manifest())
-    one = h.render([(run, {"c": Outcome("pass", "", 11.5), "d": Outcome("pass", "", 3)})])
+    one = h.render([(run, {"c": 11.5, "d": 3})])
     assert one == "11.5 µs; 3 runs"
-    two = h.render([(run, {"c": Outcome("pass", "", 11.5), "d": Outcome("pass", "", 13)}),
-                    (run, {"c": Outcome("pass", "", 11.52), "d": Outcome("pass", "", 3)})])
+    two = h.render([(run, {"c": 11.5, "d": 13}), (run, {"c": 11.52, "d": 3})])
     assert two == "11.5 µs; 3–13 runs"  # 11.50 and 11.52 print alike at one decimal
 
 

@@ -90,7 +90,7 @@ def test_workbook_modes_on_cpu(data_root, capsys):
     runs.write_run(_frame(), experiment="demo", method_version=1, params={},
                    root=data_root / "recorded")
     got = nb.Workbook(demo, show=False).run()
-    assert isinstance(got, runs.RunSet) and got and not got.live and len(got.shown) == 1
+    assert isinstance(got, runs.RunSet) and got and not got.first.live and len(got.shown) == 1
     assert got.first.df["value"].tolist() == [2.0, 1.0] and got.elsewhere == []
     assert nb.Workbook(experiment="cpu_only", gpus=0, show=False).live is True
 

@@ -15,20 +15,6 @@ from pathlib import Path
 ENV = "SGLAB_PYCACHE"
 
 
-def default_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "sglab" / "pycache"
-
-
-def _site_unwritable(package: str = "torch") -> bool:
-    """True when ``package`` is installed where this user cannot write its ``__pycache__``."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.origin:
-        return False
-    folder = Path(spec.origin).parent
-    return not (folder / "__pycache__").is_dir() and not os.access(folder, os.W_OK)
-
-
 def needed() -> str | None:
     """Why a private cache is needed here, or None where Python already keeps its bytecode."""
     if os.environ.get(ENV, "").lower() in {"off", "0", "no"}:
@@ -37,18 +23,20 @@ def needed() -> str | None:
         return None  # already directed somewhere (by the user or an enable() upstream)
     if sys.dont_write_bytecode:
         return "PYTHONDONTWRITEBYTECODE is set"
-    if _site_unwritable():
+    spec = importlib.util.find_spec("torch")
+    folder = Path(spec.origin).parent if spec is not None and spec.origin else None
+    if folder and not (folder / "__pycache__").is_dir() and not os.access(folder, os.W_OK):
         return "torch's folder is read-only and has no __pycache__"
     return None
 
 
 def enable() -> str | None:
-    """Turn the private cache on where :func:`needed` says so; returns a one-line description, else
-    None."""
+    """Turn the private cache on where :func:`needed` says so: a one-line description, else None."""
     why = needed()
     if why is None:
         return None
-    folder = Path(os.environ.get(ENV) or default_dir())
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    folder = Path(os.environ.get(ENV) or Path(cache) / "sglab" / "pycache")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:

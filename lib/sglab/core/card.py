@@ -8,6 +8,7 @@ rebuild's.
 from __future__ import annotations
 
 import html
+import itertools
 from dataclasses import dataclass
 
 from sglab.core import claims as C
@@ -23,10 +24,9 @@ STATE_WORDS = {
 
 @dataclass(frozen=True)
 class Card:
-    """What a fix states on its card; ``found`` pairs what the PR says with what the workbook found.
-    Either side of a pair may hold fields filled from the claims' values, as a :class:`Headline`
-    does: ``{e[claim id][key]}`` (the real engine, the first GPU model), ``{r[claim id][key]}``
-    (the rebuild, the first run shown); a pair whose fields are missing is left out."""
+    """What a fix states on its card; ``found`` pairs what the PR says with what was found, each
+    side a template over the claims' values: ``{e[claim id][key]}`` (the real engine, first GPU
+    model), ``{r[claim id][key]}`` (the rebuild's first run); a pair missing a value is left out."""
 
     bug: str
     affects: str
@@ -34,51 +34,36 @@ class Card:
 
 
 def releases_line(timeline: list[tuple[str, str]]) -> str:
-    """``affected 0.5.10–0.5.12.post1 · fixed (the PR's code) 0.5.13–0.5.23``: consecutive releases
-    of one state as one range."""
-    runs_: list[list] = []
-    for version, state in timeline:
-        if runs_ and runs_[-1][0] == state:
-            runs_[-1][2] = version
-        else:
-            runs_.append([state, version, version])
-    return " · ".join(
-        f"{STATE_WORDS.get(s, s)} {a}" + (f"–{b}" if b != a else "") for s, a, b in runs_)
-
-
-def _values(mod, run) -> dict:
-    return {k: o.value for k, o in C.values(mod, run).items()} if run is not None else {}
+    """Consecutive releases of one state as one range: ``affected 0.5.10–0.5.12.post1 · ...``."""
+    runs_ = [(s, [v for v, _ in g]) for s, g in itertools.groupby(timeline, key=lambda t: t[1])]
+    return " · ".join(f"{STATE_WORDS.get(s, s)} {vs[0]}" + (f"–{vs[-1]}" if vs[-1] != vs[0] else "")
+                      for s, vs in runs_)
 
 
 def parts(card: Card, fix, claims, rs, engine_rs) -> dict:
     """The card's sentences, each computed: ``bug``, ``affects``, ``releases``, ``engine``,
     ``engine_verdicts``, ``rebuild``, ``rebuild_verdicts``, ``found`` ([(pr, we)])."""
-    engine_mod = getattr(claims, "ENGINE", None)
-    merged = per_gpu(engine_rs) if engine_rs else []
-    out = {"bug": card.bug, "affects": card.affects, "releases": releases_line(fix.releases())}
-    if engine_mod is not None and merged:
-        head = C.headline(engine_mod, merged, merged) if hasattr(engine_mod, "HEADLINE") else ""
-        out["engine"] = f"{engine_mod.CLAIM} {head}".strip()
-        out["engine_verdicts"] = [C.verdict_line(C.evaluate(engine_mod, r), r) for r in merged]
-    else:
-        out["engine"] = getattr(engine_rs, "line", "no real-engine run recorded")
-        out["engine_verdicts"] = []
-    shown = list(rs.shown) if rs else []
-    out["rebuild"] = (f"{claims.CLAIM} {C.headline(claims, shown)}" if shown else
-                      f"{claims.CLAIM} ({getattr(rs, 'line', 'no GPU run recorded')})")
-    out["rebuild_verdicts"] = [C.verdict_line(C.evaluate(claims, r), r) for r in shown]
+    engine, merged, shown = claims.ENGINE, per_gpu(engine_rs) if engine_rs else [], list(rs)
     ns = {
-        "e": _values(engine_mod, merged[0]) if merged and engine_mod else {},
-        "r": _values(claims, shown[0]) if shown else {}
+        "e": C.claim_values(engine, merged[0]) if merged else {},
+        "r": C.claim_values(claims, shown[0]) if shown else {}
     }
     found = [(C._format(pr, ns), C._format(we, ns)) for pr, we in card.found]
-    out["found"] = [(pr, we) for pr, we in found if pr is not None and we is not None]
-    return out
+    return {
+        "bug": card.bug, "affects": card.affects, "releases": releases_line(fix.releases()),
+        "engine": (f"{engine.CLAIM} {C.headline(engine, merged, merged)}".strip()
+                   if merged else engine_rs.line), "engine_verdicts": [
+                       C.verdict_line(C.evaluate(engine, r), r) for r in merged
+                   ],
+        "rebuild": f"{claims.CLAIM} " + (C.headline(claims, shown) if shown else f"({rs.line})"),
+        "rebuild_verdicts": [C.verdict_line(C.evaluate(claims, r), r) for r in shown], "found": [
+            (pr, we) for pr, we in found if pr is not None and we is not None
+        ]
+    }
 
 
 def markdown(p: dict) -> str:
-    """The card as markdown: the lines a reader needs first, the engine's answer before the
-    rebuild's."""
+    """The card as markdown, the engine's answer before the rebuild's."""
     lines = [
         f"> **The bug.** {p['bug']}", ">", f"> **Who is affected.** {p['affects']}", ">",
         f"> **Releases** (read from the wheels): {p['releases']}", ">",
@@ -112,7 +97,6 @@ def html_card(p: dict) -> str:
 
 
 def summary(p: dict) -> str:
-    """One paragraph for the README index: the bug, the releases, the engine's answer, then the
-    rebuild's."""
+    """The card as one paragraph, for the README index."""
     return (f"{p['bug']} Releases: {p['releases']}. Real engine: {p['engine']} "
             f"Rebuild: {p['rebuild']}")

@@ -22,9 +22,8 @@ MAX_READER_CLAIMS = 5
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a check found. ``value`` is the machine-readable measurement (a number or a dict of
-    numbers) that headlines and ``--against`` comparisons use; ``measured`` is the same for a
-    reader."""
+    """What a check found: ``value`` the measurement (a number or a dict of numbers) headlines and
+    ``--against`` read, ``measured`` the same for a reader."""
 
     status: str
     measured: str = ""
@@ -66,10 +65,6 @@ class Claim:
     context: tuple = ()
     noise: str = ""
 
-    def covers(self, method_version: int) -> bool:
-        lo, hi = self.methods
-        return lo <= method_version and (hi is None or method_version <= hi)
-
 
 @dataclass
 class Result:
@@ -88,18 +83,13 @@ class ClaimsError(RuntimeError):
 
 def all_claims(mod) -> list[Claim]:
     """Every claim of a claims module, each reader-facing one followed by its folded checks."""
-    out = []
-    for c in mod.CLAIMS:
-        out.append(c)
-        out.extend(c.folded)
-    return out
+    return [x for c in mod.CLAIMS for x in (c, *c.folded)]
 
 
 # -- evaluating ------------------------------------------------------------------------------------
 def evaluate_claim(claim: Claim, run) -> Outcome:
-    mv = run.manifest.method_version
-    if not claim.covers(mv):
-        lo, hi = claim.methods
+    mv, (lo, hi) = run.manifest.method_version, claim.methods
+    if mv < lo or (hi is not None and mv > hi):
         span = f"{lo}+" if hi is None else (f"{lo}" if lo == hi else f"{lo}–{hi}")
         return not_applicable(f"run has method version {mv}; this claim covers method version "
                               f"{span}")
@@ -136,8 +126,7 @@ def evaluate(mod, run) -> list[Result]:
 
 
 def evaluated(mod, run) -> list[Result]:
-    """:func:`evaluate`, once per run (``Run.memo``): verifying each of a record's runs against the
-    rest reads every run's claims once, for its own verdict and for the range the others span."""
+    """:func:`evaluate`, once per run (``Run.memo``)."""
     if not hasattr(run, "memo"):
         return evaluate(mod, run)
     return run.memo(f"claims of {getattr(mod, 'EXPERIMENT', '')}", lambda: evaluate(mod, run))
@@ -148,8 +137,13 @@ def reader_facing(results: list[Result]) -> list[Result]:
 
 
 def values(mod, run) -> dict:
-    """``{claim id: Outcome}`` of one run (folded checks included): what headlines format."""
+    """``{claim id: Outcome}`` of one run (folded checks included)."""
     return {r.claim.id: r.outcome for r in evaluate(mod, run)}
+
+
+def claim_values(mod, run) -> dict:
+    """``{claim id: its value}`` of one run: what headlines and cards format."""
+    return {k: o.value for k, o in values(mod, run).items()}
 
 
 def counts(results: list[Result]) -> dict:
@@ -177,8 +171,7 @@ def verdict_line(results: list[Result], run) -> str:
 
 
 def table(results: list[Result]):
-    """claim, statement, status, measured, expected, reason — one row per claim and folded check (a
-    folded check's id is indented under its claim)."""
+    """One row per claim and folded check (indented under its claim)."""
     import pandas as pd
 
     return pd.DataFrame([{
@@ -198,8 +191,7 @@ class _Missing(Exception):
 
 
 class _Formatter(string.Formatter):
-    """``str.format`` where a missing or n/a value (a KeyError, or None) drops the part instead of
-    failing."""
+    """``str.format`` where a missing or n/a value (None) drops the part instead of failing."""
 
     def get_field(self, field_name, args, kwargs):
         try:
@@ -231,18 +223,18 @@ class Headline:
     consts: dict = field(default_factory=dict)
     across: str = ""
 
-    def render(self, per_run_values: list[tuple[Any, dict]], peers: dict | None = None) -> str:
-        """``peers``: ``{index of a shown run: [its peers' values]}`` (:func:`headline`)."""
-        plain = [{k: o.value for k, o in vals.items()} for _, vals in per_run_values]
+    def render(self, shown: list[tuple[Any, dict]], peers: dict | None = None) -> str:
+        """``shown``: ``[(run, its values)]``; ``peers``: ``{index in shown: [peers' values]}``."""
+        plain = [v for _, v in shown]
         lo, hi = _extremes(plain)
         run_texts = []
-        for i, ((run, _), v) in enumerate(zip(per_run_values, plain)):
+        for i, (run, v) in enumerate(shown):
             m = run.manifest
             ns = {
                 **self.consts, "v": v, "gpu": m.gpu, "count": m.gpu_count,
                 "world": m.params.get("world_size", m.gpu_count)
             }
-            mine = [v, *[{k: o.value for k, o in p.items()} for p in (peers or {}).get(i, [])]]
+            mine = [v, *(peers or {}).get(i, [])]
             plo, phi = _extremes(mine)
             ns["across"] = (len(mine) > 1 and self.across and _format(
                 self.across, {**ns, "lo": plo, "hi": phi, "n": len(mine)})) or ""
@@ -281,29 +273,23 @@ def _extremes(plain: list[dict]) -> tuple[dict, dict]:
 
 
 def headline(mod, runs_: list, every: list | None = None) -> str:
-    """The numbers sentence of ``runs_`` from ``mod.HEADLINE``; ``every`` (default: the recorded
-    runs) fills each run's ``across`` range with its peers."""
+    """The numbers sentence of ``runs_`` (``mod.HEADLINE``), each run's ``across`` range over its
+    peers among ``every`` (default: the recorded runs)."""
     if not runs_:
         return "no recorded run yet"
+    from sglab.core.runs import load_all_recorded, others
+
     peers = {}
-    if mod.HEADLINE.across:
+    if mod.HEADLINE.across:  # a run's peers: other machines of its GPU model, count and method
         if every is None:
-            from sglab.core.runs import load_all_recorded
-
             every = load_all_recorded(mod.EXPERIMENT) if hasattr(mod, "EXPERIMENT") else []
+
+        def key(r):
+            return r.manifest.gpu, r.manifest.gpu_count, r.manifest.method_version
+
         for i, r in enumerate(runs_):
-            peers[i] = [values(mod, x) for x in _peers(r, every)]
-    return mod.HEADLINE.render([(r, values(mod, r)) for r in runs_], peers)
-
-
-def _peers(run, every: list) -> list:
-    """The other runs (other machines) of ``run``'s GPU model, GPU count and method version."""
-    from sglab.core.runs import others
-
-    def key(r):
-        return r.manifest.gpu, r.manifest.gpu_count, r.manifest.method_version
-
-    return [x for x in others(run, every) if key(x) == key(run)]
+            peers[i] = [claim_values(mod, x) for x in others(r, every) if key(x) == key(r)]
+    return mod.HEADLINE.render([(r, claim_values(mod, r)) for r in runs_], peers)
 
 
 # -- a run against its reference -------------------------------------------------------------------
@@ -317,11 +303,7 @@ def _flat(value, prefix="") -> dict:
 
 
 def _number(v) -> Optional[float]:
-    if isinstance(v, bool):
-        return float(v)
-    if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)):
-        return float(v)
-    return None
+    return float(v) if isinstance(v, (int, float)) and v == v else None  # NaN: not a number
 
 
 def _leaf(key: str) -> str:
@@ -335,26 +317,8 @@ def _beside(flat: dict, key: str, name: str):
     return flat.get(group, flat.get(name))
 
 
-def _tolerance(claim, key: str, mine: dict, theirs: dict) -> tuple:
-    """``(tolerance, label)`` of one value: the claim's ``drift``, widened to the A/A gap either run
-    measured (its group's ``noise``, else the run's); the label says where the starts differ."""
-    tol = claim.drift
-    if tol is None:
-        return None, "exact"
-    gap = 0.0
-    if claim.noise:
-        for v in (mine, theirs):
-            gap = max(gap, _number(_beside(v, key, claim.noise)) or 0.0)
-    label = f"±{gap:.0%} (the A/A gap)" if gap > tol else f"±{tol:.0%}"
-    starts = [_beside(v, key, "starts") for v in (mine, theirs)]
-    if None not in starts and starts[0] != starts[1]:
-        label += f"; starts differ: {starts[0]} here, {starts[1]} in the reference"
-    return max(gap, tol), label
-
-
 def spans(mod, runs_: list) -> dict:
-    """``{(claim id, value key): [every number the runs gave]}``, each run evaluated alone: the
-    record a rerun is compared with where it is several runs of one GPU model (several machines)."""
+    """``{(claim id, value key): [every number the runs gave]}``, each run evaluated alone."""
     out: dict = {}
     for run in runs_:
         for k, x in _numbers(mod, run).items():
@@ -363,16 +327,10 @@ def spans(mod, runs_: list) -> dict:
 
 
 def _numbers(mod, run) -> dict:
-    """``{(claim id, value key): number}`` of one run, its claims evaluated once per run
-    (:func:`evaluated`)."""
+    """``{(claim id, value key): number}`` of one run."""
     return {(r.claim.id, key): _number(x)
             for r in evaluated(mod, run)
             for key, x in _flat(r.outcome.value, "").items() if _number(x) is not None}
-
-
-def _edge(a: float, values: list) -> float:
-    """The end of ``values``' range nearer ``a`` (``a`` itself inside it)."""
-    return min(max(a, min(values)), max(values))
 
 
 def _rel(a: float, b: float) -> float:
@@ -381,17 +339,15 @@ def _rel(a: float, b: float) -> float:
 
 
 def _excess(a: float, b: float) -> float:
-    """How far apart ``a`` and ``b`` are, whichever is the reference: the larger over the smaller,
-    less 1, for two positive numbers (1.32 against 1.74 and 1.74 against 1.32 are both 32% apart;
-    the signed drift would call them -24% and +32%); else the signed drift's size."""
+    """How far apart ``a`` and ``b`` are, whichever is the reference: for two positive numbers the
+    larger over the smaller, less 1 (1.32 and 1.74 are 32% apart either way); else |drift|."""
     return max(a / b, b / a) - 1 if a > 0 and b > 0 else abs(_rel(a, b))
 
 
 def drift_rows(results: list[Result], ref_results: list[Result],
                span: dict | None = None) -> list[dict]:
     """Per claim and value: this run, the reference (with ``span``: the range of the recorded runs),
-    the signed drift and whether it is beyond tolerance (judged either way round, :func:`_excess`).
-    """
+    the signed drift and whether it is beyond tolerance (:func:`_excess`)."""
     ref = {r.claim.id: r for r in ref_results}
     span = span or {}
     rows = []
@@ -401,22 +357,29 @@ def drift_rows(results: list[Result], ref_results: list[Result],
             continue
         mine, theirs = _flat(r.outcome.value, ""), _flat(rr.outcome.value, "")
         for key in sorted(k for k in set(mine) & set(theirs) if _leaf(k) not in r.claim.context):
-            tol, label = _tolerance(r.claim, key, mine, theirs)
+            # the tolerance: the claim's drift, widened to the A/A gap either run measured
+            tol, label, gap = r.claim.drift, "exact", 0.0
+            if tol is not None:
+                if r.claim.noise:
+                    gap = max(
+                        _number(_beside(v, key, r.claim.noise)) or 0.0 for v in (mine, theirs))
+                label = f"±{gap:.0%} (the A/A gap)" if gap > tol else f"±{tol:.0%}"
+                starts = [_beside(v, key, "starts") for v in (mine, theirs)]
+                if None not in starts and starts[0] != starts[1]:
+                    label += f"; starts differ: {starts[0]} here, {starts[1]} in the reference"
+                tol = max(gap, tol)
             a, b = _number(mine[key]), _number(theirs[key])
             seen = span.get((r.claim.id, key), [])
-            shown = theirs[key]
+            held, shown, rel = seen if len(seen) > 1 else [b], theirs[key], None
             if a is None or b is None:
                 beyond = mine[key] != theirs[key]
-                rel = None
-            elif len(seen) > 1:
-                edge = _edge(a, seen)
-                rel = _rel(a, edge)
-                beyond = (a not in seen) if tol is None else _excess(a, edge) > tol
-                lo, hi = min(seen), max(seen)
-                shown = f"{lo:.4g}–{hi:.4g} over {len(seen)} runs" if lo != hi else lo
             else:
+                b = min(max(a, min(held)), max(held))  # the end of the reference's range nearer a
                 rel = _rel(a, b)
-                beyond = (a != b) if tol is None else _excess(a, b) > tol
+                beyond = (a not in held) if tol is None else _excess(a, b) > tol
+                if len(held) > 1:
+                    lo, hi = min(held), max(held)
+                    shown = f"{lo:.4g}–{hi:.4g} over {len(held)} runs" if lo != hi else lo
             rows.append({
                 "claim": r.claim.id, "value": key or "value", "this run": mine[key],
                 "reference": shown, "drift": rel, "tolerance": label, "beyond": bool(beyond)
@@ -425,21 +388,13 @@ def drift_rows(results: list[Result], ref_results: list[Result],
 
 
 def unmatched(results: list[Result], ref_results: list[Result]) -> list[str]:
-    """This run's claimed values that the reference does not answer, so that nothing holds them: a
-    release or model first run on this GPU model, say."""
+    """This run's claimed values that the reference does not answer (a release first run here)."""
     ref = {r.claim.id: _flat(r.outcome.value) for r in ref_results if r.outcome.value is not None}
     return [
         f"{r.claim.id}.{k or 'value'}" for r in results if r.outcome.value is not None
         for k in sorted(_flat(r.outcome.value))
         if k not in ref.get(r.claim.id, {}) and _leaf(k) not in r.claim.context
     ]
-
-
-def env_diff(run, ref) -> list[dict]:
-    """The environment fields that differ between a run and its reference."""
-    return [{
-        "field": k, "this run": getattr(run.manifest, k), "reference": getattr(ref.manifest, k)
-    } for k in ENV_KEYS if getattr(run.manifest, k) != getattr(ref.manifest, k)]
 
 
 @dataclass
@@ -514,14 +469,16 @@ def reference(run, candidates: list) -> tuple[Any, str, list, bool]:
 
 def compare(mod, run, reference, record: list | None = None,
             mine: list[Result] | None = None) -> Comparison:
-    """``run`` against ``reference``; with ``record`` (the runs it was merged from), each number
-    against the range those runs span (:func:`spans`). ``mine``: ``run``'s results where the caller
-    has them already."""
+    """``run`` against ``reference``, each number against the range of ``record`` (the runs it was
+    merged from) where given; ``mine``: ``run``'s results where the caller has them."""
     span = spans(mod, record) if record else None
     mine = evaluate(mod, run) if mine is None else mine
     theirs = evaluated(mod, reference)  # a record's run is often the reference of several
-    return Comparison(reference, "", drift_rows(mine, theirs, span), env_diff(run, reference),
-                      unmatched(mine, theirs))
+    env = [{
+        "field": k, "this run": getattr(run.manifest, k),
+        "reference": getattr(reference.manifest, k)
+    } for k in ENV_KEYS if getattr(run.manifest, k) != getattr(reference.manifest, k)]
+    return Comparison(reference, "", drift_rows(mine, theirs, span), env, unmatched(mine, theirs))
 
 
 # -- JUnit XML (for a cluster's CI) ----------------------------------------------------------------

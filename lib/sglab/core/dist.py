@@ -69,25 +69,17 @@ _TIMEOUT_MARKERS = ("Watchdog caught collective operation timeout", "timed out",
                     "TimeoutError", "DistStoreError", "DistNetworkError: Timed out")
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world_size: int, payload: bytes, backend: str, port: int,
             coll_timeout: float, results, env: dict, log_path: str) -> None:
-    # Own process group, so the launcher can kill this rank together with anything it starts.
-    with suppress(OSError):
+    with suppress(OSError):  # its own group: stopped with whatever it starts
         os.setpgid(0, 0)
-    # Everything this rank prints goes to its log; the launcher shows the tail when something fails.
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
+    os.dup2(fd, 1)  # everything it prints goes to its log, whose tail a failure shows
     os.dup2(fd, 2)
-    os.environ.update({k: str(v) for k, v in env.items()})
     os.environ.update({
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-        "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)
+        **{k: str(v)
+           for k, v in env.items()}, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)
     })
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
@@ -128,69 +120,39 @@ def _worker(rank: int, world_size: int, payload: bytes, backend: str, port: int,
 
 
 def _tail(path: Path, n: int = 25) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join(lines[-n:])
+    with suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    return ""
 
 
 def _looks_like_timeout(text: str) -> bool:
     return any(m in text for m in _TIMEOUT_MARKERS)
 
 
-def _check_launch(fn, world_size: int, backend: str, timeout_s: float, collective_timeout_s: float,
-                  start_method: str) -> None:
-    """Refuse a launch that cannot work, before any process starts."""
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if backend not in ("nccl", "gloo"):
-        raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
-    if timeout_s <= 0 or collective_timeout_s <= 0:
-        raise ValueError("timeouts must be positive")
-    if start_method not in ("spawn", "forkserver"):
-        raise ValueError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
-    if getattr(fn, "__module__", None) == "__main__" or "<locals>" in getattr(
-            fn, "__qualname__", ""):
-        raise ValueError(f"{getattr(fn, '__qualname__', fn)!r} must be a module-level function of "
-                         f"an importable module (ranks are spawned and import it); move it into "
-                         f"lib/sglab")
-    if backend == "nccl":
-        from sglab.core import hardware
-
-        ok, why = hardware.meets(world_size)
-        if not ok:
-            raise NotEnoughGPUs(f"{world_size} ranks with NCCL need {world_size} GPUs: {why}")
-
-
 class _Ranks:
-    """The rank processes of one launch: start them, collect their results, turn every way a rank
-    can go wrong into one error, and always clean up (processes, their children, logs)."""
+    """The rank processes of one launch: their results, every failure as one error, clean-up."""
 
     def __init__(self, payload: bytes, world_size: int, backend: str, collective_timeout_s: float,
                  env: dict, start_method: str):
         self.world_size, self.collective_timeout_s = world_size, collective_timeout_s
         ctx = mp.get_context(start_method)
         self.results = ctx.Queue()
-        port = free_port()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))  # a free port for the rendezvous
+            port = s.getsockname()[1]
         self.logdir = Path(tempfile.mkdtemp(prefix="sglab-dist-"))
         self.logs = [self.logdir / f"rank{r}.log" for r in range(world_size)]
         self.procs = [
             ctx.Process(
                 target=_worker, name=f"sglab-rank{r}",
                 args=(r, world_size, payload, backend, port, collective_timeout_s, self.results,
-                      dict(env or {}), str(self.logs[r])), daemon=False) for r in range(world_size)
+                      env, str(self.logs[r])), daemon=False) for r in range(world_size)
         ]
         self.out: dict[int, Any] = {}
         self._gone_since: dict[int, float] = {}
 
-    def start(self) -> None:
-        for p in self.procs:
-            p.start()
-
     def receive(self) -> None:
-        """Take one message from the ranks (waiting at most 0.2 s); a rank's exception is raised
-        here."""
+        """Take one message from the ranks (waiting at most 0.2 s), raising a rank's exception."""
         try:
             rank, status, data = self.results.get(timeout=0.2)
         except queue_mod.Empty:
@@ -208,8 +170,7 @@ class _Ranks:
         raise RankError(msg, rank=rank, rank_traceback=data)
 
     def check_exits(self) -> None:
-        """A rank that exited without a result (after a short grace period for a result still in the
-        queue)."""
+        """Raise for a rank that exited without a result (after 2 s for one still in the queue)."""
         now = time.monotonic()
         for r, p in enumerate(self.procs):
             if r in self.out or p.exitcode is None:
@@ -242,9 +203,6 @@ class _Ranks:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.cleanup()
-
-    def cleanup(self) -> None:
         for p in self.procs:  # each rank and its process group (a finished rank's swept too)
             if p.pid is not None:
                 procs.stop(p.pid, grace=3.0)
@@ -263,13 +221,33 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
     """Run ``fn(ctx, *args)`` (a module-level function) on ``world_size`` ranks: each rank's result,
     in rank order (``start_method`` spawn or forkserver). Raises :class:`NotEnoughGPUs`,
     :class:`RankError` or :class:`DistTimeout`; no rank process (nor what it started) is left."""
-    _check_launch(fn, world_size, backend, timeout_s, collective_timeout_s, start_method)
+    # refuse a launch that cannot work, before any process starts
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if backend not in ("nccl", "gloo"):
+        raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
+    if timeout_s <= 0 or collective_timeout_s <= 0:
+        raise ValueError("timeouts must be positive")
+    if start_method not in ("spawn", "forkserver"):
+        raise ValueError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
+    if getattr(fn, "__module__", None) == "__main__" or "<locals>" in getattr(
+            fn, "__qualname__", ""):
+        raise ValueError(f"{getattr(fn, '__qualname__', fn)!r} must be a module-level function of "
+                         f"an importable module (ranks are spawned and import it); move it into "
+                         f"lib/sglab")
+    if backend == "nccl":
+        from sglab.core import hardware
+
+        ok, why = hardware.meets(world_size)
+        if not ok:
+            raise NotEnoughGPUs(f"{world_size} ranks with NCCL need {world_size} GPUs: {why}")
     ranks = _Ranks(pickle.dumps((fn, tuple(args))), world_size, backend, collective_timeout_s, env
                    or {}, start_method)
     deadline = time.monotonic() + timeout_s
     # SIGTERM/SIGHUP become an exception here, so the clean-up below runs for them too
     with procs.Guard(watchdog=False), ranks:
-        ranks.start()
+        for p in ranks.procs:
+            p.start()
         while len(ranks.out) < world_size:
             ranks.receive()
             ranks.check_exits()
@@ -293,8 +271,7 @@ def stop_forkserver() -> None:
     """End this process's fork server if one runs (the next use starts a new one)."""
     from multiprocessing import forkserver as fs
 
-    server = getattr(fs, "_forkserver", None)
     # CPython's own shutdown (used by its test suite); absent elsewhere
-    stop = getattr(server, "_stop", None)
+    stop = getattr(getattr(fs, "_forkserver", None), "_stop", None)
     if stop is not None:
         stop()

@@ -73,7 +73,7 @@ def _frame(runs_: list) -> pd.DataFrame:
 
 def merged(runs_: list) -> runs.Run:
     """Several runs of one experiment as one Run: the rows of :func:`frame`, every run's engine
-    entries, specs and log sidecars (oldest first), the newest run's manifest otherwise."""
+    entries, specs and logs, the newest run's manifest otherwise."""
     ordered = sorted(runs_, key=lambda r: r.manifest.created_utc)
     newest = ordered[-1]
     if len(ordered) == 1 or not any(r.manifest.engine_runs for r in ordered):
@@ -94,8 +94,7 @@ def merged(runs_: list) -> runs.Run:
     m.setdefault("params",
                  {})["specs"] = [e for r in ordered for e in r.manifest.params.get("specs", [])]
     m["merged_from"] = [r.path.name for r in ordered]
-    # each row keeps its model and TP size: two runs may share a variant name (0.5.13+pcg-off) for
-    # two models, or for two TP sizes
+    # each row keeps its model and TP size: two runs may share a variant name for two of either
     df = frame(ordered).drop(columns=["run"])
     m["rows"] = len(df)
     return runs.Run(df, m, newest.path)
@@ -115,8 +114,8 @@ def per_gpu(rs: runs.RunSet) -> list:
 
 
 def load(fix: str, number: str = "NN") -> runs.RunSet:
-    """A fix's recorded engine runs: one GPU model's shown (the one answering the most (model,
-    variant) pairs, then with more runs, then recorded first), the others elsewhere; or a NoRun."""
+    """A fix's recorded engine runs: the GPU model answering the most (model, variant) pairs shown
+    (then the one with more runs), the others elsewhere; or a NoRun."""
     found = sorted(runs.load_all_recorded(f"engine_{fix}"), key=lambda r: r.manifest.created_utc)
     if not found:
         return runs.NoRun(

@@ -15,17 +15,13 @@ from sglab.core.engine_records import KEYS, cached, frame, run_label, run_host_u
 
 AGAIN = "-again"  # a case's A/A control: the same flags, started in the same interleaved rounds
 
-# What a timing ratio reads of a variant's engine starts: ``{stat: (metric suffix, column)}``.
-# "median": the median over starts of each start's median repeat; "fastest": the fastest start's
-# median repeat; "floor": the fastest repeat of any start (the ``_min`` metric's lowest start).
+# What a timing ratio reads of a variant's engine starts: ``{stat: (metric suffix, column)}``
 STATS = {"median": ("", "value"), "fastest": ("", "lo"), "floor": ("_min", "lo")}
 STAT_NAMES = {
     "median": "median of starts", "fastest": "fastest start", "floor": "fastest repeat of any start"
 }
-# The statistic every engine timing claim reads. On the lent machines (KVM guests) each vCPU's
-# per-launch cost flips between a fast and a slow level from one few-second window to the next
-# (``python -m sglab.core.hostprobe``; data/recorded/host_probe). Launch-bound steps pay it in full,
-# and it only ever adds time: the fastest repeat over all starts is this host's own cost.
+# The statistic every engine timing claim reads: a vCPU's per-launch cost flips between a fast and
+# a slow level within seconds (``sglab.core.hostprobe``) and only ever adds time
 STAT = "floor"
 
 _MEMO: OrderedDict = OrderedDict()
@@ -61,8 +57,7 @@ def started(df: pd.DataFrame, model: str | None = None) -> dict:
 
 def numbers(df: pd.DataFrame, metric: str, *, only_started: bool = False) -> pd.DataFrame:
     """The rows of ``metric`` with a float ``value``, the engine starts of each variant and shape
-    folded into one row: the median, the lowest and highest start (``lo``, ``hi``) and their
-    number (``starts``). Rows of runs recorded before starts were count as one start."""
+    folded into one row: their median, lowest, highest (``lo``, ``hi``) and number (``starts``)."""
     return _memo(df, ("numbers", metric, only_started), lambda: _numbers(df, metric, only_started))
 
 
@@ -93,10 +88,9 @@ def starts_in(df: pd.DataFrame, metric: str) -> int:
 
 
 def ratios(df: pd.DataFrame, metric: str, across: str, base: str, stat: str = "median") -> dict:
-    """Each case against ``base`` of its own model and release, of variants that started:
-    ``{(model, release, case): {x: (base ÷ case, lo, hi)}}`` per value ``x`` of ``across``; the
-    ratio of ``stat`` of each side's starts, ``lo``–``hi`` the widest its starts allow (the
-    fastest of one side over the slowest of the other, and the reverse)."""
+    """Each started case against ``base`` of its own model and release, per value ``x`` of
+    ``across``: ``{(model, release, case): {x: (base ÷ case, lo, hi)}}`` of ``stat``, ``lo``–``hi``
+    the widest its starts allow."""
     d = reading(df, metric, stat)
     per = {
         tuple(k): {int(n): (v, lo, hi)
@@ -115,9 +109,8 @@ def ratios(df: pd.DataFrame, metric: str, across: str, base: str, stat: str = "m
 
 
 def aa_gap(df: pd.DataFrame, metric: str, across: str, stat: str = "median") -> dict:
-    """The A/A control's verdict on ``metric``: per (model, release), the largest relative gap
-    between a case and its control copy ``<case>-again`` over the values of ``across``, each side
-    ``stat`` of its starts. ``{}`` where the run has no control."""
+    """Per (model, release), the largest relative gap on ``metric`` between a case and its A/A copy
+    ``<case>-again`` over the values of ``across`` (``{}`` without a control)."""
     d = reading(df, metric, stat)
     if d.empty:
         return {}
@@ -177,9 +170,8 @@ def aa_table(rs, metric: str, across: str) -> pd.DataFrame:
 
 
 def starts_and_host(df: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Each engine start of a timed variant beside what the host did meanwhile
-    (:mod:`sglab.core.hoststate`): the median of ``metric`` over the start's shapes, the CPU time
-    stolen, every CPU's busy share and the engine's involuntary context switches."""
+    """Each engine start of a timed variant (the median of ``metric`` over its shapes) beside what
+    the host did meanwhile (:mod:`sglab.core.hoststate`)."""
     host = df[df.metric.isin(["host_steal", "host_busy", "engine_preempted"])]
     times = df[df.metric == metric]
     if host.empty or times.empty or "start" not in df:
@@ -199,20 +191,17 @@ def starts_and_host(df: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 def reruns(rs, ratio_of, stats: tuple = (STAT, "fastest", "median")) -> pd.DataFrame:
-    """A timed pair on every recorded run that ran it, one row per (pair, run): another run is
-    another machine. ``ratio_of(frame, stat) -> {pair: {x: ratio}}``; one column per statistic
-    (the first is the claim's; a cell ``lowest–highest×`` over the x values), the host's per-launch
-    cost, and ``drift``: the first statistic's lowest ratio against the oldest run of the same GPU
-    model. Only pairs recorded in more than one run."""
+    """A timed pair (``ratio_of(frame, stat) -> {pair: {x: ratio}}``) recorded by several runs, one
+    row per (pair, run): ``lowest–highest×`` per statistic, the host's cost, and the ``drift`` of
+    the first statistic's lowest ratio from the GPU model's oldest run."""
     cells: dict = {}
     for r in rs.every():
         for s in stats:
             for pair, per in ratio_of(frame([r]), s).items():
                 if per:
-                    lo, hi = min(per.values()), max(per.values())
                     cell = cells.setdefault(pair, {}).setdefault(
                         run_label(r), {"host": run_host_us(r), "gpu": r.manifest.gpu})
-                    cell[s] = (lo, text.span([lo, hi], unit="×"))
+                    cell[s] = (min(per.values()), text.span(per.values(), unit="×"))
     rows = {}
     for pair, by_run in cells.items():
         if len(by_run) < 2:

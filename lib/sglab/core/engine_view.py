@@ -55,19 +55,8 @@ class EngineView:
     extra: Optional[Callable] = None  # RunSet -> None: the fix's own table
 
 
-def verdict_lines(engine_claims, rs) -> list[str]:
-    """One line per GPU model: its engine claims on its runs merged, how many runs they are."""
-    out = []
-    for r in per_gpu(rs):
-        n = len(r.manifest.merged_from) or 1
-        line = C.verdict_line(C.evaluate(engine_claims, r), r)
-        out.append(f"{line} ({n} run{'s' if n > 1 else ''})")
-    return out
-
-
 def header(rs, what: str = "") -> bool:
-    """Where the section's numbers come from: SGLang's own tools, what ran, the GPU and date of each
-    run, each harness adjustment with its reason; False (and the NoRun line) without a run."""
+    """Where the section's numbers come from; False (and the NoRun line) without a run."""
     if not rs:
         print(rs.line)
         return False
@@ -99,29 +88,24 @@ def facts(df: pd.DataFrame, metrics) -> pd.DataFrame:
 
 def table(df: pd.DataFrame, t: Table) -> pd.DataFrame:
     """``t.metric`` per (model, release, case) and value of ``t.across``, as text cells: the median
-    over engine starts with [lowest–highest start] where they differ; of one start, the median with
-    the repeats' interquartile range where recorded (``<metric>_iqr``)."""
+    of the engine starts [lowest–highest], or of one start's repeats (their IQR where recorded)."""
     d = numbers(df, t.metric)
     if d.empty:
         return pd.DataFrame()
-    idx = [*KEYS, t.across]
     d[t.across] = d[t.across].astype(int)
     iqr = numbers(df, f"{t.metric}_iqr")
-    spread = {}
-    if not iqr.empty:
-        iqr[t.across] = iqr[t.across].astype(int)
-        spread = {tuple(k): v for k, v in zip(iqr[idx].itertuples(index=False), iqr["value"])}
-    starts = int(d["starts"].max())
-    f = t.fmt.format
+    spread = {(*k, int(x)): v
+              for *k, x, v in iqr[[*KEYS, t.across, "value"]].itertuples(index=False)}
+    starts, f = int(d["starts"].max()), t.fmt.format
     if starts > 1:  # the spread that matters: between engine starts, not within one
         d["cell"] = [
             f(v) if f(lo) == f(hi) else f"{f(v)} [{f(lo)}–{f(hi)}]"
             for v, lo, hi in zip(d["value"], d["lo"], d["hi"])
         ]
     else:
+        keys = d[[*KEYS, t.across]].itertuples(index=False, name=None)
         d["cell"] = [
-            f(v) + (f" ({f(spread[tuple(k)])})" if tuple(k) in spread else "")
-            for k, v in zip(d[idx].itertuples(index=False), d["value"])
+            f(v) + (f" ({f(spread[k])})" if k in spread else "") for k, v in zip(keys, d["value"])
         ]
     wide = d.pivot_table(index=KEYS, columns=t.across, values="cell", aggfunc="first").fillna("")
     unit = unit_of(df, t.metric)
@@ -138,8 +122,8 @@ def table(df: pd.DataFrame, t: Table) -> pd.DataFrame:
 
 
 def pair_table(df: pd.DataFrame, p: Pair, stat: str = STAT) -> pd.DataFrame:
-    """``p.base`` ÷ each case per (model, release): the ratio over the values of ``p.across``
-    (lowest–highest) by the claims' statistic, the widest the starts allow, and the A/A gap."""
+    """``p.base`` ÷ each case per (model, release) over the values of ``p.across``: the ratio by the
+    claims' statistic, the widest the starts allow, and the A/A gap."""
     gap = aa_gap(df, p.metric, p.across, stat)
     rows = []
     for (model, rel, case), per in ratios(df, p.metric, p.across, p.base, stat).items():
@@ -170,15 +154,18 @@ def section(view: EngineView, rs, engine_claims=None) -> None:
         show_figure(view.figure(df))
     if view.extra is not None:
         view.extra(rs)
-    if engine_claims is not None:
-        lines = verdict_lines(engine_claims, rs)
+    if engine_claims is not None:  # one line per GPU model, on its runs merged
+        lines = []
+        for r in per_gpu(rs):
+            n = len(r.manifest.merged_from) or 1
+            lines.append(
+                f"{C.verdict_line(C.evaluate(engine_claims, r), r)} ({n} run{'s' * (n > 1)})")
         display(
             None, "\n".join(lines), "**The engine's claims.** " + "; ".join(lines)
             + f". How each number is made to repeat: [07 · how we measure]({METHODS}).")
 
 
 def beside(rows: list[dict]) -> None:
-    """The rebuild's figure beside the real engine's (and the PR's own, where it gave one): one row
-    per source with what it measures, since each times something different."""
+    """The rebuild's figure beside the real engine's (and the PR's): one row per source."""
     with pd.option_context("display.max_colwidth", None):
         show_table(pd.DataFrame(rows, columns=["source", "measures", "figure"]).set_index("source"))

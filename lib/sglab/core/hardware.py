@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import itertools
 import os
 import platform
 import sys
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -42,21 +44,13 @@ def _text(value) -> str:
 
 
 def _visible_indices(total: int) -> list[int]:
-    """Physical indices visible to this process, honouring CUDA_VISIBLE_DEVICES when it lists
-    integers."""
+    """Physical indices visible to this process: those CUDA_VISIBLE_DEVICES lists where it lists
+    integers (a UUID or MIG spec: all, not guessed)."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is None:
+    tokens = [t.strip() for t in (env or "").split(",") if t.strip()]
+    if env is None or not all(t.isdigit() for t in tokens):
         return list(range(total))
-    out = []
-    for tok in env.split(","):
-        tok = tok.strip()
-        if not tok:
-            continue
-        if not tok.isdigit():  # UUID or MIG spec: do not guess, show all
-            return list(range(total))
-        if int(tok) < total:
-            out.append(int(tok))
-    return out
+    return [int(t) for t in tokens if int(t) < total]
 
 
 @lru_cache(maxsize=1)
@@ -64,29 +58,23 @@ def gpus() -> tuple[GPU, ...]:
     """The GPUs this process can use, in CUDA order (empty without CUDA)."""
     nv = _nvml()
     if nv is not None:
-        try:
-            total = nv.nvmlDeviceGetCount()
-            found = []
-            for cuda_index, phys in enumerate(_visible_indices(total)):
-                h = nv.nvmlDeviceGetHandleByIndex(phys)
-                mem = nv.nvmlDeviceGetMemoryInfo(h)
-                found.append(
-                    GPU(cuda_index, _text(nv.nvmlDeviceGetName(h)), _text(nv.nvmlDeviceGetUUID(h)),
-                        int(mem.total // 2**20)))
-            return tuple(found)
-        except Exception:
-            pass
+        with suppress(Exception):
+            handles = [
+                nv.nvmlDeviceGetHandleByIndex(i) for i in _visible_indices(nv.nvmlDeviceGetCount())
+            ]
+            return tuple(
+                GPU(i, _text(nv.nvmlDeviceGetName(h)), _text(nv.nvmlDeviceGetUUID(h)),
+                    int(nv.nvmlDeviceGetMemoryInfo(h).total // 2**20))
+                for i, h in enumerate(handles))
     try:
         import torch
     except ImportError:
         return ()
-    if not torch.cuda.is_available():
-        return ()
-    out = []
-    for i in range(torch.cuda.device_count()):
-        p = torch.cuda.get_device_properties(i)
-        out.append(GPU(i, p.name, str(getattr(p, "uuid", "")), int(p.total_memory // 2**20)))
-    return tuple(out)
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    props = [torch.cuda.get_device_properties(i) for i in range(n)]
+    return tuple(
+        GPU(i, p.name, str(getattr(p, "uuid", "")), int(p.total_memory // 2**20))
+        for i, p in enumerate(props))
 
 
 def gpu_count() -> int:
@@ -97,14 +85,12 @@ DEVICE_FILES = ("nvidia[0-9]*", "dxg")  # a GPU's device files (Linux; WSL)
 
 
 def no_gpu_device(dev: str = "/dev") -> bool:
-    """True where no GPU device file exists, so that no GPU can be visible: answered without
-    importing torch (a second of start-up) or NVML."""
+    """True where no GPU device file exists: answered without importing torch or NVML."""
     return not any(next(Path(dev).glob(g), None) for g in DEVICE_FILES)
 
 
 def has_cuda() -> bool:
-    """True when torch can use a CUDA device here (the test for running live); where no GPU device
-    file exists, False without importing torch."""
+    """True when torch can use a CUDA device here; without a GPU device file, False at once."""
     if no_gpu_device():
         return False
     try:
@@ -136,23 +122,20 @@ def parse_cpus(text: str) -> tuple[int, ...]:
         lo, sep, hi = part.strip().partition("-")
         try:
             first, last = int(lo), int(hi) if sep else int(lo)
+            if first < 0 or last < first:
+                raise ValueError
         except ValueError:
             raise ValueError(f"not a CPU list: {text!r} (at {part!r}; want e.g. 0-7,16)") from None
-        if first < 0 or last < first:
-            raise ValueError(f"not a CPU list: {text!r} (at {part!r}; want e.g. 0-7,16)")
         out.update(range(first, last + 1))
     return tuple(sorted(out))
 
 
 def cpu_text(cpus) -> str:
     """``(0, 1, 2, 3, 8)`` -> ``0-3,8``."""
-    spans: list[list[int]] = []
-    for c in sorted(set(cpus)):
-        if spans and c == spans[-1][1] + 1:
-            spans[-1][1] = c
-        else:
-            spans.append([c, c])
-    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
+    # consecutive CPUs lie the same distance from their place in the sorted list
+    groups = itertools.groupby(enumerate(sorted(set(cpus))), key=lambda ic: ic[1] - ic[0])
+    runs_ = [[c for _, c in g] for _, g in groups]
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs_)
 
 
 def gpu_local_cpus(cuda_index: int = 0) -> tuple[int, ...]:
@@ -173,14 +156,6 @@ def gpu_local_cpus(cuda_index: int = 0) -> tuple[int, ...]:
     return tuple(sorted(mine))
 
 
-def driver_version() -> str | None:
-    nv = _nvml()
-    try:
-        return _text(nv.nvmlSystemGetDriverVersion()) if nv is not None else None
-    except Exception:
-        return None
-
-
 def software() -> dict:
     """Versions that go into every run manifest. torch's come from the module where it is imported
     already, else from its ``version.py`` read as text: importing torch to learn its version costs
@@ -188,10 +163,10 @@ def software() -> dict:
     torch = sys.modules.get("torch")
     version, cuda = ((torch.__version__,
                       torch.version.cuda) if torch is not None else _torch_version_file())
-    return {
-        "python": platform.python_version(), "torch": version, "cuda": cuda,
-        "driver": driver_version()
-    }
+    nv, driver = _nvml(), None
+    with suppress(Exception):
+        driver = _text(nv.nvmlSystemGetDriverVersion()) if nv is not None else None
+    return {"python": platform.python_version(), "torch": version, "cuda": cuda, "driver": driver}
 
 
 def _torch_version_file() -> tuple:

@@ -18,6 +18,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import psutil
+
 from sglab.core import procs
 from sglab.core.timing import Burst
 
@@ -26,8 +28,7 @@ SYS_CPU = Path("/sys/devices/system/cpu")
 
 
 def topology(root: Path = SYS_CPU) -> dict:
-    """Per CPU the guest can see: the CPUs its topology files name as its hyperthread siblings
-    and its core and package ids (None where a file is missing)."""
+    """Per CPU the guest sees: its hyperthread siblings, core and package ids (None: not said)."""
 
     def read(p: Path):
         try:
@@ -55,8 +56,6 @@ def burst_us(burst: Burst, repeat: int = 20, warmup: int = 3) -> float:
 
 def this_cpu() -> int:
     """The CPU this process last ran on; -1 where the system does not say."""
-    import psutil
-
     try:
         return psutil.Process().cpu_num()
     except (AttributeError, psutil.Error):
@@ -82,8 +81,7 @@ SPIN = "import os, sys\nparent = int(sys.argv[1])\nwhile os.getppid() == parent:
 
 
 def spinner(cpu: int) -> subprocess.Popen:
-    """A busy loop pinned to ``cpu``, in its own process, which ends with this one (stop it sooner
-    with :func:`stop`)."""
+    """A busy loop pinned to ``cpu``, in its own process, which ends with this one."""
     p = subprocess.Popen([sys.executable, "-c", SPIN, str(os.getpid())])
     os.sched_setaffinity(p.pid, {cpu})
     return p
@@ -95,8 +93,7 @@ def stop(p: subprocess.Popen) -> None:
 
 
 def beside(burst: Burst, home: int, others: list[int], settle_s: float = 0.2) -> dict:
-    """µs per launch on ``home`` while a busy loop runs on each of ``others`` in turn, and with
-    none (key -1) before and after them."""
+    """µs per launch on ``home`` beside a busy loop on each of ``others``, and with none (-1)."""
     keep = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {home})
     out = {-1: [burst_us(burst)]}
@@ -121,8 +118,7 @@ FRESH = ("import json; from sglab.core.timing import launch_cost_us; "
 
 
 def fresh(k: int, device: str = "cuda:0", timeout: float = 120.0) -> list[dict]:
-    """``k`` fresh processes, unpinned, one after another: each one's µs per launch (median and
-    p90 of its bursts) and the CPU it ended on."""
+    """``k`` fresh unpinned processes in turn: each one's µs per launch (median, p90) and CPU."""
     out = []
     for _ in range(k):
         r = procs.in_own_process(FRESH.format(device=device), timeout)
@@ -194,18 +190,16 @@ def main(argv=None) -> int:
     return 0
 
 
-def _int_keys(d: dict) -> dict:
-    return {int(k) if k.lstrip("-").isdigit() else k: v for k, v in d.items()}
-
-
 def load(path: Path) -> dict:
     """A probe written by :func:`main`, CPU numbers as ints."""
-    return json.loads(Path(path).read_text(), object_hook=_int_keys)
+    return json.loads(
+        Path(path).read_text(),
+        object_hook=lambda d: {int(k) if k.lstrip("-").isdigit() else k: v
+                               for k, v in d.items()})
 
 
 def recorded(root: Path | None = None) -> list[tuple[str, dict]]:
-    """``[(file name, probe)]`` of the probes kept in ``data/recorded/host_probe/``, oldest
-    first."""
+    """``[(file name, probe)]`` of ``data/recorded/host_probe/``, oldest first."""
     from sglab.core import runs
 
     folder = (root or runs.repo_root()) / "data" / "recorded" / "host_probe"
@@ -227,9 +221,8 @@ def label(name: str, probe: dict) -> str:
 
 
 def table(probes: list[tuple[str, dict]]):
-    """One row per probe: its fresh processes' per-launch cost, each CPU's alone, how many CPUs
-    the host slowed between rounds, and the home CPU beside a busy loop (empty where not
-    measured)."""
+    """One row per probe: the per-launch cost of its fresh processes and of each CPU alone, the CPUs
+    the host slowed between rounds, and the home CPU beside a busy loop."""
     import pandas as pd
 
     rows = []
@@ -256,7 +249,7 @@ def table(probes: list[tuple[str, dict]]):
 
 def figure(probes: list[tuple[str, dict]]):
     """One row per probe timed in rounds: each vCPU a line from its fastest round to its slowest,
-    orange where they lie over 1.3× apart (the host changed its speed within seconds)."""
+    orange where they lie over 1.3× apart."""
     import matplotlib.pyplot as plt
 
     grids = [(n, p) for n, p in probes if p.get("rounds")]

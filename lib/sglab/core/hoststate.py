@@ -15,8 +15,7 @@ KINDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
 def cpu_times() -> dict:
-    """The machine's CPU time so far by kind (seconds, every CPU summed; a kind this system does not
-    count is 0)."""
+    """The machine's CPU seconds so far by kind, every CPU summed (0 for a kind not counted)."""
     t = psutil.cpu_times()
     return {k: float(getattr(t, k, 0.0)) for k in KINDS}
 

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import functools
 import re
-import statistics
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Optional
 
 from torch.utils._python_dispatch import TorchDispatchMode
-
-from sglab.core.timing import _quantile
 
 
 COLUMNS = [
@@ -30,19 +27,16 @@ _HINTS = ("direct_copy", "CatArrayBatchedCopy", "index_select", "indexSelect", "
 
 
 def _mangled_head(kernel: str) -> str:
-    """The innermost name of an Itanium-mangled nested name
-    (``_ZN2at6native18elementwise_kernelIL...`` -> ``elementwise_kernel``), as CUPTI reports
-    kernels; "" when ``kernel`` is not one."""
+    """The innermost name of a mangled nested name, as CUPTI reports kernels
+    (``_ZN2at6native18elementwise_kernelIL...`` -> ``elementwise_kernel``); "" for any other."""
     m = re.match(r"_ZN?(.*)", kernel)
     if not m:
         return ""
     rest, head = m.group(1), ""
-    while True:
-        n = re.match(r"(\d+)", rest)
-        if not n:
-            return head
-        size = int(n.group(1))
-        head, rest = rest[len(n.group(1)):len(n.group(1)) + size], rest[len(n.group(1)) + size:]
+    while n := re.match(r"\d+", rest):
+        size, rest = int(n.group()), rest[n.end():]
+        head, rest = rest[:size], rest[size:]
+    return head
 
 
 def short_name(kernel: str, width: int = 48) -> str:
@@ -58,42 +52,30 @@ def short_name(kernel: str, width: int = 48) -> str:
 
 
 def reduce_records(records: Iterable[tuple], runs: int, backend: str):
-    """``(label, kernel, duration_ns)`` records of ``runs`` repetitions -> the per-kernel table (one
-    row per label and kernel, ordered by the label's first appearance and then by total time)."""
+    """``(label, kernel, duration_ns)`` records of ``runs`` repetitions -> the per-kernel table, by
+    label (first seen first), then total time."""
     import pandas as pd
 
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")
-    groups: dict[tuple, list] = {}
-    labels: list = []
-    for label, kernel, dur_ns in records:
-        if label not in labels:
-            labels.append(label)
-        groups.setdefault((label, kernel),
-                          []).append(float(dur_ns) / 1e3 if dur_ns is not None else float("nan"))
-    rows = []
-    for (label, kernel), us in groups.items():
-        ok = [u for u in us if u == u]
-        med = statistics.median(ok) if ok else float("nan")
-        rows.append({
-            "label": label, "kernel": kernel, "short": short_name(kernel), "calls": len(us) / runs,
-            "median_us": med, "p10_us": _quantile(sorted(ok), 0.1) if ok else med,
-            "p90_us": _quantile(sorted(ok), 0.9) if ok else med, "total_us": sum(ok) / runs,
-            "backend": backend
-        })
-    df = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "share"])
-    if df.empty:
+    d = pd.DataFrame(list(records), columns=["label", "kernel", "us"])
+    if d.empty:
         return pd.DataFrame(columns=COLUMNS)
+    d["us"] = pd.to_numeric(d.us, errors="coerce") / 1e3  # a duration None: NaN, counted as a call
+    g = d.groupby(["label", "kernel"], sort=False).us
+    df = pd.DataFrame({
+        "calls": g.size() / runs, "median_us": g.median(), "p10_us": g.quantile(0.1),
+        "p90_us": g.quantile(0.9), "total_us": g.sum() / runs
+    }).reset_index().assign(short=lambda t: t.kernel.map(short_name), backend=backend)
     df["share"] = df.total_us / df.groupby("label").total_us.transform("sum")
-    df["order"] = df.label.map(labels.index)
+    df["order"] = df.label.map(list(d.label.unique()).index)
     df = df.sort_values(["order", "total_us"], ascending=[True, False]).drop(columns="order")
     return df[COLUMNS].reset_index(drop=True)
 
 
 def profiler_records(fns: Mapping[str, Callable[[], object]], *, runs: int,
                      warmup: int) -> list[tuple]:
-    """``(label, kernel, duration_ns)`` of every device kernel torch.profiler sees in ``runs`` calls
-    per label."""
+    """``(label, kernel, duration_ns)`` of every kernel torch.profiler sees in ``runs`` calls."""
     from sglab.core import trace
 
     out = []
@@ -122,8 +104,15 @@ def kernel_table(fns: Mapping[str, Callable[[], object]], *, runs: int = 5, warm
             for fn in fns.values():  # warm-up outside the profiler (module load, autotune)
                 for _ in range(warmup):
                     fn()
+            import nsight
+
+            def annotated():
+                for label, fn in fns.items():
+                    with nsight.annotate(label):
+                        fn()
+
             with kernels.nsight_session(chosen) as profile:
-                records = profile(lambda: _annotated(fns), runs)
+                records = profile(annotated, runs)
         except Exception as e:  # noqa: BLE001 - any nsight failure: say it, use the profiler
             reason = (f"nsight-python ({chosen}) failed: {type(e).__name__}: "
                       f"{str(e).splitlines()[0][:200]}")
@@ -135,14 +124,6 @@ def kernel_table(fns: Mapping[str, Callable[[], object]], *, runs: int = 5, warm
     df = reduce_records(records, runs, chosen)
     df.attrs.update(backend=chosen, reason=reason)
     return df
-
-
-def _annotated(fns: Mapping[str, Callable[[], object]]) -> None:
-    import nsight
-
-    for label, fn in fns.items():
-        with nsight.annotate(label):
-            fn()
 
 
 def calls_per_run(table) -> dict:
@@ -167,8 +148,7 @@ class OpCall:
 
 
 def parse_label(label: str) -> OpCall:
-    """The :class:`OpCall` of a range label (with or without the ``NNNN|`` prefix of
-    ``unique=True``)."""
+    """The :class:`OpCall` of a range label (with or without ``unique``'s ``NNNN|`` prefix)."""
     parts = str(label).split(SEP)
     if len(parts) == 4:
         parts = parts[1:]
@@ -179,9 +159,8 @@ def parse_label(label: str) -> OpCall:
 
 
 class DispatchMode(TorchDispatchMode):
-    """torch's ``TorchDispatchMode`` without the ``torch._disable_dynamo`` wrapper around its
-    handler, which imports ``torch._dynamo`` (2.5-3 s on a 2-CPU box) at the first op; nothing here
-    is compiled."""
+    """``TorchDispatchMode`` without its ``torch._disable_dynamo`` wrapper, which imports
+    ``torch._dynamo`` (2.5-3 s) at the first op; nothing here is compiled."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -216,23 +195,16 @@ class OpRanges(DispatchMode):
         kwargs = kwargs or {}
         if getattr(func, "is_view", False):
             return func(*args, **kwargs)
-        call = OpCall(self._scope, self._step, op_name(func, kwargs))
+        op = func.overloadpacket.__name__
+        if kwargs.get("dtype") is not None and op in ("_to_copy", "to", "copy"):
+            op += "->" + str(kwargs["dtype"]).replace("torch.", "")  # a cast: _to_copy->int32
+        call = OpCall(self._scope, self._step, op)
         if self._step is not None:
             self._step += 1
         label = call.label if not self.unique else f"{len(self.calls):04d}{SEP}{call.label}"
         self.calls.append(call)
         with (self.enter(label) if self.enter is not None else nullcontext()):
             return func(*args, **kwargs)
-
-
-def op_name(func, kwargs: dict) -> str:
-    """``index``, ``mul``, ... and, for a conversion, its target dtype (``_to_copy->int32``): the
-    two casts of the SWA KV write are one op with different outputs."""
-    name = func.overloadpacket.__name__
-    dtype = kwargs.get("dtype")
-    if dtype is not None and name in ("_to_copy", "to", "copy"):
-        name += "->" + str(dtype).replace("torch.", "")
-    return name
 
 
 def demangle(name: str) -> str:
@@ -317,9 +289,8 @@ def _warm(steps: Mapping[str, Step], warmup: int) -> None:
 
 
 def torch_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
-    """torch.profiler over ``runs`` steps, one session per variant, every op in a
-    ``record_function`` range; kernels are attributed through the device-side copy of the range,
-    which spans the kernels launched inside."""
+    """torch.profiler over ``runs`` steps, one session per variant, every op in a range whose device
+    side spans the kernels it launched."""
     import pandas as pd
 
     from sglab.core import trace
@@ -329,13 +300,8 @@ def torch_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
     for variant, step in steps.items():
         with trace.Recorder() as rec:
             _run_steps(step, trace.phase, runs)
-        ev = rec.events
-        k = ev[(ev.category == "kernel") & (ev.phase != "")]
-        parts.append(
-            pd.DataFrame({
-                "variant": variant, "label": k.phase.to_numpy(), "kernel": k.name.to_numpy(),
-                "dur_us": k.dur_us.to_numpy()
-            }))
+        k = rec.events[(rec.events.category == "kernel") & (rec.events.phase != "")]
+        parts.append(k.rename(columns={"phase": "label", "name": "kernel"}).assign(variant=variant))
     return aggregate(pd.concat(parts, ignore_index=True), runs=runs, backend=TORCH)
 
 
@@ -348,9 +314,8 @@ def nsight_available() -> tuple[bool, str]:
 
 
 def nsight_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
-    """nsight-python's CUPTI backend over ``runs`` steps of each variant, one annotation per op
-    (unique within a run): ``(table, reason)``, or ``(None, reason)`` when it cannot run here (not
-    installed, CUPTI already taken by torch.profiler in this process, ...)."""
+    """nsight-python's CUPTI backend over ``runs`` steps of each variant, one annotation per op:
+    ``(table, reason)``, or ``(None, reason)`` where it cannot run here."""
     ok, reason = nsight_available()
     if not ok:
         return None, reason

@@ -17,24 +17,19 @@ from typing import Callable
 
 from sglab.core.trace import _warm_profiler  # noqa: F401 - workspace_floor imports it from here
 
-# CUgraphNodeType values (stable across CUDA 12/13); names used when the driver module gives none.
-_NODE_TYPE_NAMES = {
-    0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait_event",
-    7: "event_record", 8: "ext_semas_signal", 9: "ext_semas_wait", 10: "mem_alloc", 11: "mem_free",
-    12: "batch_mem_op", 13: "conditional"
-}
-KERNEL, CHILD_GRAPH = 0, 4
+
+KERNEL, CHILD_GRAPH = 0, 4  # CUgraphNodeType values (stable across CUDA 12/13)
 
 
 @dataclass
 class GraphNodes:
-    """What a captured graph contains: kernel-node count, kernel names (when the driver gives them),
-    and the count of every node type."""
+    """The kernel nodes of a captured graph: their names, when the driver gives them."""
 
-    kernels: int = 0
     names: list[str] = field(default_factory=list)
-    by_type: dict[str, int] = field(default_factory=dict)
-    child_graphs: int = 0
+
+    @property
+    def kernels(self) -> int:
+        return len(self.names)
 
 
 def _check(result, what: str):
@@ -43,15 +38,6 @@ def _check(result, what: str):
     if int(err) != 0:
         raise RuntimeError(f"{what} failed with CUresult {int(err)} ({err!r})")
     return values[0] if len(values) == 1 else values
-
-
-def _kernel_name(driver, node) -> str:
-    try:
-        params = _check(driver.cuGraphKernelNodeGetParams(node), "cuGraphKernelNodeGetParams")
-        name = _check(driver.cuFuncGetName(params.func), "cuFuncGetName")
-    except Exception:
-        return "<unnamed>"
-    return name.decode() if isinstance(name, bytes) else str(name)
 
 
 def _walk(driver, graph, out: GraphNodes, depth: int = 0) -> None:
@@ -64,13 +50,14 @@ def _walk(driver, graph, out: GraphNodes, depth: int = 0) -> None:
     for node in nodes[:int(n)]:
         t = _check(driver.cuGraphNodeGetType(node), "cuGraphNodeGetType")
         code = int(getattr(t, "value", t))
-        tname = _NODE_TYPE_NAMES.get(code, f"type_{code}")
-        out.by_type[tname] = out.by_type.get(tname, 0) + 1
         if code == KERNEL:
-            out.kernels += 1
-            out.names.append(_kernel_name(driver, node))
+            name = "<unnamed>"
+            with suppress(Exception):
+                params = _check(driver.cuGraphKernelNodeGetParams(node),
+                                "cuGraphKernelNodeGetParams")
+                name = _check(driver.cuFuncGetName(params.func), "cuFuncGetName")
+            out.names.append(name.decode() if isinstance(name, bytes) else str(name))
         elif code == CHILD_GRAPH:
-            out.child_graphs += 1
             child = _check(driver.cuGraphChildGraphNodeGetGraph(node),
                            "cuGraphChildGraphNodeGetGraph")
             _walk(driver, child, out, depth + 1)
@@ -93,8 +80,7 @@ def graph_kernel_nodes(graph, *, driver=None) -> GraphNodes:
 
 
 def profiled_kernels(fn: Callable[[], object]) -> list[str]:
-    """Names of the GPU kernels torch.profiler records during one call of ``fn`` (memcpy/memset
-    excluded), in launch order; for a graph, ``lambda: g.replay()`` gives the kernels inside."""
+    """The kernels torch.profiler records in one call of ``fn`` (memcpy/memset aside), in order."""
     from sglab.core import trace
 
     with trace.Recorder(cuda=True) as rec:
@@ -106,21 +92,8 @@ def profiled_kernels(fn: Callable[[], object]) -> list[str]:
 NCU_MIN_VERSION = (2026, 2, 1)
 
 
-def ncu_version(executable: str = "ncu") -> tuple[int, ...] | None:
-    """Version of Nsight Compute on PATH, e.g. (2025, 3, 1), or None."""
-    path = shutil.which(executable)
-    try:
-        text = subprocess.run([path, "--version"], capture_output=True, text=True,
-                              timeout=30).stdout if path else ""
-    except Exception:
-        return None
-    m = re.search(r"(\d{4})\.(\d+)\.(\d+)", text)
-    return tuple(int(x) for x in m.groups()) if m else None
-
-
 def nsight_backend() -> tuple[str, str]:
-    """What measures kernels here, and why: "cupti" or "ncu" (nsight-python with that collector)
-    or "torch-profiler" (nsight-python cannot run)."""
+    """``(tool, why)``: "cupti" or "ncu" (nsight-python's collector), else "torch-profiler"."""
     os.environ.setdefault("NSPY_NCU_INIT_AT_IMPORT", "0")  # else importing nsight loads ncu
     try:
         import nsight
@@ -134,14 +107,17 @@ def nsight_backend() -> tuple[str, str]:
         cupti_reason = "cupti-python is not importable"
     except Exception as e:  # noqa: BLE001
         cupti_reason = f"CUPTI unavailable ({type(e).__name__}: {e})"
-    v = ncu_version()
-    version = ".".join(map(str, v or ()))
-    if v is not None and v >= NCU_MIN_VERSION:
+    path, text = shutil.which("ncu"), ""
+    with suppress(Exception):
+        text = subprocess.run([path, "--version"], capture_output=True, text=True,
+                              timeout=30).stdout if path else ""
+    m = re.search(r"(\d{4})\.(\d+)\.(\d+)", text)  # Nsight Compute's version, e.g. 2025.3.1
+    v = tuple(int(x) for x in m.groups()) if m else ()
+    version, newer = ".".join(map(str, v)), ".".join(map(str, NCU_MIN_VERSION))
+    if v >= NCU_MIN_VERSION:
         return "ncu", f"{cupti_reason}; nsight-python with Nsight Compute {version}"
-    newer = ".".join(map(str, NCU_MIN_VERSION))
-    return "torch-profiler", (
-        f"{cupti_reason}; " + ("no ncu on PATH" if v is None else f"ncu {version} is older than "
-                               f"{newer}"))
+    return "torch-profiler", f"{cupti_reason}; " + (f"ncu {version} is older than {newer}"
+                                                    if v else "no ncu on PATH")
 
 
 @contextmanager

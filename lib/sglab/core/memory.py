@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Callable, Iterable
+from typing import Iterable
 
 from sglab.core import hardware
 
@@ -45,8 +45,7 @@ def all_processes(*, nvml=None) -> list[dict]:
 
 
 def process_gpu_memory(pids: Iterable[int] | None = None, *, nvml=None):
-    """A DataFrame (``pid, gpu, gpu_name, used_mib``) of NVML-reported memory, restricted to
-    ``pids`` (default: this process). GPU indices are NVML's (physical) indices."""
+    """NVML's memory per (pid, GPU) of ``pids`` (default: this process), physical indices."""
     import pandas as pd
 
     wanted = {os.getpid()} if pids is None else {int(p) for p in pids}
@@ -59,19 +58,14 @@ SAMPLE_COLUMNS = ["t", "pid", "gpu", "used_mib"]
 
 
 class Sampler:
-    """Per-process memory of every GPU, read from NVML ``hz`` times a second in a daemon thread:
-    ``with Sampler() as s: ...``, then ``s.samples()`` (t, pid, gpu, used_mib; ``t`` is ``clock()``,
-    monotonic and shared by every process). A read that fails is counted in ``errors``, its tick
-    dropped."""
+    """Per-process memory of every GPU, read from NVML ``hz`` times a second (10 minutes at most) in
+    a daemon thread: ``with Sampler() as s: ...``, then ``s.samples()`` (t, pid, gpu, used_mib;
+    ``t`` from ``time.monotonic``, shared by every process). Failed reads count in ``errors``."""
 
-    def __init__(self, hz: float = 100.0, *, nvml=None, clock: Callable[[], float] = time.monotonic,
-                 max_seconds: float = 600.0):
+    def __init__(self, hz: float = 100.0, *, nvml=None):
         if hz <= 0:
             raise ValueError(f"hz must be positive, got {hz}")
-        self.hz = float(hz)
-        self.clock = clock
-        self.max_seconds = max_seconds
-        self._nv = nvml
+        self.hz, self._nv = float(hz), nvml
         self.ticks: list[float] = []
         self._rows: list[tuple] = []
         self.errors = 0
@@ -89,25 +83,21 @@ class Sampler:
         self._thread.start()
         return self
 
-    def _read(self) -> None:
-        rows = [(int(p.pid), gpu, float(p.usedGpuMemory or 0) / 2**20)
-                for gpu, h in enumerate(self._handles)
-                for p in self._nv.nvmlDeviceGetComputeRunningProcesses(h)]
-        t = self.clock()
+    def _tick(self) -> None:
+        try:
+            rows = [(int(p.pid), gpu, float(p.usedGpuMemory or 0) / 2**20)
+                    for gpu, h in enumerate(self._handles)
+                    for p in self._nv.nvmlDeviceGetComputeRunningProcesses(h)]
+        except Exception:  # noqa: BLE001 - one bad read must not end the series
+            self.errors += 1
+            return
+        t = time.monotonic()
         self.ticks.append(t)
         self._rows.extend((t, *r) for r in rows)
 
-    def _tick(self) -> None:
-        try:
-            self._read()
-        except Exception:  # noqa: BLE001 - one bad read must not end the series
-            self.errors += 1
-
     def _loop(self) -> None:
-        period = 1.0 / self.hz
-        start = time.monotonic()
-        n = 0
-        while not self._stop.is_set() and time.monotonic() - start < self.max_seconds:
+        start, period, n = time.monotonic(), 1.0 / self.hz, 0
+        while not self._stop.is_set() and time.monotonic() - start < 600.0:
             self._tick()
             n += 1
             self._stop.wait(max(0.0, start + n * period - time.monotonic()))
@@ -142,22 +132,18 @@ class Sampler:
 def step_series(samples, ticks: Iterable[float], pids: Iterable[int] | None = None):
     """Samples reduced to change points (``pid, gpu, t, used_mib``, absence = 0 MiB) at the first
     and last tick and wherever a value changed: drawn as steps, the sampled series exactly."""
-    import numpy as np
     import pandas as pd
 
-    ticks = np.asarray(sorted(set(float(t) for t in ticks)))
+    ticks = sorted({float(t) for t in ticks})
     d = samples if pids is None else samples[samples.pid.isin({int(p) for p in pids})]
-    d = d[d.t.isin(set(ticks.tolist()))]  # only the ticks asked for (e.g. one group's window)
-    out = []
-    if len(ticks) == 0 or len(d) == 0:
+    d = d[d.t.isin(ticks)]  # only the ticks asked for (e.g. one group's window)
+    if not ticks or d.empty:
         return pd.DataFrame(columns=["pid", "gpu", "t", "used_mib"])
-    index = {t: i for i, t in enumerate(ticks)}
-    for (pid, gpu), g in d.groupby(["pid", "gpu"], sort=True):
-        values = np.zeros(len(ticks))
-        values[[index[float(t)] for t in g.t]] = g.used_mib.to_numpy()
-        keep = np.ones(len(ticks), dtype=bool)
-        keep[1:-1] = values[1:-1] != values[:-2]
-        keep[-1] = True
-        for i in np.flatnonzero(keep):
-            out.append((int(pid), int(gpu), float(ticks[i]), float(values[i])))
-    return pd.DataFrame(out, columns=["pid", "gpu", "t", "used_mib"])
+    wide = d.pivot_table(index="t", columns=["pid", "gpu"], values="used_mib",
+                         aggfunc="last").reindex(ticks).fillna(0.0)
+    keep = wide.ne(wide.shift())
+    keep.iloc[-1] = True
+    return pd.DataFrame([(int(pid), int(gpu), float(t), float(v))
+                         for (pid, gpu), col in wide.items()
+                         for t, v in col[keep[(pid, gpu)]].items()],
+                        columns=["pid", "gpu", "t", "used_mib"])

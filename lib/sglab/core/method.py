@@ -24,8 +24,7 @@ COUNT_UNITS = ("kernels", "launches", "replays", "objects")  # counted, so exact
 
 
 def timed(view, df: pd.DataFrame) -> list[tuple[str, str]]:
-    """``(metric, across)`` of a fix's view (:class:`sglab.core.engine_view.EngineView`) that are
-    timings: its pairs', then its tables' whose unit is a time, each once."""
+    """``(metric, across)`` of a view's pairs, then of its tables whose unit is a time."""
     found = [(p.metric, p.across) for p in getattr(view, "pairs", ())]
     found += [(t.metric, t.across)
               for t in getattr(view, "tables", ()) if unit_of(df, t.metric) in TIME_UNITS]
@@ -40,8 +39,7 @@ def counted(df: pd.DataFrame) -> list[str]:
 
 # -- one timing ------------------------------------------------------------------------------------
 def launch_order(run) -> pd.DataFrame:
-    """The run's timed engine starts in the order they were launched: one row per (model, release,
-    round), the cases of that round in launch order (the profiler's launch pass left out)."""
+    """The run's timed engine starts in launch order: per (model, release, round), its cases."""
     rows: dict = {}
     for s in run.manifest.params.get("specs", []):
         if s.get("profile"):
@@ -71,10 +69,9 @@ def example_run(rs, base: str):
 
 
 def one_timing(run, metric: str, across: str, base: str, cases=(), x=None) -> pd.DataFrame:
-    """How one timing of ``run`` is made, at the value of ``across`` nearest ``x`` (default: the
-    smallest) for the first (model, release) with an A/A control: per case (``base``, its copy,
-    then ``cases`` or every other), each start's median repeat, the three statistics
-    (:data:`STATS`) and the spread between starts (slowest over fastest start, less 1)."""
+    """How one timing of ``run`` is made at the value of ``across`` nearest ``x`` (default: the
+    smallest), for its first (model, release) with an A/A control: per case, each start's median
+    repeat, the three statistics (:data:`STATS`) and the spread between starts."""
     model, rel = _with_control(run, base)
     df = frame([run])
     df = df[(df.model == model) & (df.release == rel)]
@@ -107,8 +104,7 @@ def one_timing(run, metric: str, across: str, base: str, cases=(), x=None) -> pd
 
 # -- the A/A control -------------------------------------------------------------------------------
 def aa_controls(rs, metric: str, across: str) -> list[dict]:
-    """Every A/A control of every run (every GPU model): one dict per (run, model, release) with
-    its ``gpu`` and its gap read by each statistic of :data:`STATS` (``inf`` where one cannot)."""
+    """Every A/A control of every run: its ``gpu`` and its gap by each statistic (``inf``: none)."""
     return [{"gpu": r.manifest.gpu, **{s: g.get(key, math.inf)
                                        for s, g in gaps.items()}}
             for r, key, gaps in aa_gaps(rs, metric, across)]
@@ -131,8 +127,7 @@ def aa_summary(controls: list[dict]) -> pd.DataFrame:
 
 
 def best_statistic(controls: list[dict]) -> tuple[str, int, int]:
-    """``(statistic, k, n)``: the statistic whose A/A gap is the smallest in the most (``k``) of
-    the ``n`` controls (:func:`aa_controls`)."""
+    """``(statistic, k, n)``: the statistic with the smallest A/A gap in the most (k) of n."""
     wins = {s: sum(min(STATS, key=c.get) == s for c in controls) for s in STATS}
     best = max(wins, key=wins.get)
     return best, wins[best], len(controls)
@@ -154,8 +149,7 @@ def host_costs(runs_: list) -> pd.DataFrame:
 
 
 def host_by_gpu(runs_: list) -> pd.DataFrame:
-    """:func:`host_costs` per GPU model: runs, the span of the costs, and the widest change within
-    one run."""
+    """:func:`host_costs` per GPU model: runs, the costs' span, the widest change in a run."""
     t = host_costs(runs_)
     if t.empty:
         return t
@@ -167,18 +161,16 @@ def host_by_gpu(runs_: list) -> pd.DataFrame:
             "GPU": gpu, "runs": len(g), "measured beside": int(g[["before", "after"
                                                                   ]].notna().any(axis=1).sum()),
             "µs per launch, every run": text.span(both, "{:.1f}"),
-            "widest change within one run": text.pct(
-                (moved.max() if moved.max() >= 1 / moved.min() else 1 / moved.min()) - 1)
+            "widest change within one run": text.pct(max(moved.max(), 1 / moved.min()) - 1)
             if len(moved) else ""
         })
     return pd.DataFrame(rows).set_index("GPU")
 
 
 def slowest_starts(df: pd.DataFrame, metric: str) -> tuple[int, int, int, float]:
-    """Of the variants timed over more than one start: ``(k, n, starts, most stolen %)``: in ``k``
-    of ``n`` the slowest start is also the one the kernel preempted the engine most, ``starts`` the
-    most starts of one variant (``k`` by chance: about ``n / starts``), and the most CPU time
-    stolen from any start."""
+    """``(k, n, starts, most stolen %)``: in ``k`` of the ``n`` variants timed over several starts
+    the slowest start is also the most preempted one, ``starts`` the most starts of one variant (by
+    chance ``k`` is about ``n / starts``), and the most CPU time stolen from any start."""
     from sglab.core.engine_stats import starts_and_host
 
     t = starts_and_host(df, metric)
@@ -196,9 +188,8 @@ def slowest_starts(df: pd.DataFrame, metric: str) -> tuple[int, int, int, float]
 
 # -- reruns and counts -----------------------------------------------------------------------------
 def pair_ratios(pair):
-    """``frame, stat -> {(model, release, case): {x: base ÷ case}}`` of a view's timed pair
-    (:class:`sglab.core.engine_view.Pair`), A/A copies left out: what
-    :func:`sglab.core.engine_stats.reruns` reads."""
+    """``frame, stat -> {(model, release, case): {x: base ÷ case}}`` of a view's timed pair, A/A
+    copies left out: what :func:`sglab.core.engine_stats.reruns` reads."""
 
     def ratio_of(df: pd.DataFrame, stat: str) -> dict:
         return {
@@ -231,9 +222,8 @@ def drift_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def exact_counts(rs, metric: str) -> pd.DataFrame:
-    """A count on every run and start (every GPU model): per (model, release, case) the runs that
-    recorded it, the values seen over their starts and shapes' keys, and whether each shape read
-    one value on every run and start."""
+    """A count on every run and start: per (model, release, case) the runs that recorded it, the
+    values seen, and whether each shape read one value on every run and start."""
     seen: dict = {}
     for r in rs.every():
         d = numbers(frame([r]), metric, only_started=True).dropna(subset=["value"])
@@ -268,8 +258,7 @@ def ledger(entries) -> pd.DataFrame:
 
 
 def ledger_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """:func:`ledger` per fix and GPU model: runs, TP sizes, days, and the runs whose verdict line
-    has a failing claim."""
+    """:func:`ledger` per fix and GPU model: runs, TP sizes, days, runs with a failing claim."""
     if table.empty:
         return table
     t = table.reset_index().assign(gpu=lambda d: d["GPU"].str.split(" ×").str[0])
@@ -281,9 +270,8 @@ def ledger_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def tolerances(fix: str, engine_claims, rs) -> pd.DataFrame:
-    """Per engine claim of a fix: its id, what it expects (the tolerance in its own words), how far
-    a rerun may move (``sglab verify --against``), and for a timing claim (one that reads an A/A
-    gap) the gap it must clear on each GPU model's runs merged."""
+    """Per engine claim of a fix: what it expects, how far a rerun may move (``sglab verify
+    --against``), and for a timing claim the A/A gap it must clear on each GPU model's runs."""
     merged = per_gpu(rs) if rs else []
     rows = []
     for c in engine_claims.CLAIMS:
@@ -322,9 +310,8 @@ def side_by_side(tables: dict, index: list[str], value: str) -> pd.DataFrame:
 
 
 def agreement(tables: dict, index: list[str], title: str):
-    """Two GPU models' readings of the same cells against each other: each cell a point (the first
-    model across, the second up), its bars the starts' range (``lo``, ``hi``), the diagonal where
-    the two agree; a colour per value of ``index[0]``."""
+    """Two GPU models' readings of the same cells as points (the first model across, the second up,
+    bars: the starts' range), the diagonal where they agree; a colour per value of ``index[0]``."""
     import matplotlib.pyplot as plt
 
     (a, ta), (b, tb) = list(tables.items())[:2]

@@ -30,6 +30,12 @@ def in_notebook() -> bool:
     return get_ipython() is not None
 
 
+def _ipy(*objs, **kwargs) -> None:
+    from IPython.display import display as ipy_display
+
+    ipy_display(*objs, **kwargs)
+
+
 def display(data: dict | None, text: str, markdown: str | None = None, *,
             html: str | None = None) -> None:
     """Show ``markdown`` (or ``html``) in a notebook (with the mode marker ``data`` when given),
@@ -37,37 +43,29 @@ def display(data: dict | None, text: str, markdown: str | None = None, *,
     if not in_notebook():
         print(text)
         return
-    from IPython.display import display as ipy_display
-
     bundle = {"text/plain": text} if data is None else {MODE_MIME: data, "text/plain": text}
     if markdown:
         bundle["text/markdown"] = markdown
     if html:
         bundle["text/html"] = html
-    ipy_display(bundle, raw=True)
+    _ipy(bundle, raw=True)
 
 
 def show_figure(fig) -> None:
-    """Display a matplotlib figure once and close it (a returned open figure would be drawn a second
-    time)."""
+    """Display a matplotlib figure once and close it (an open figure is drawn again at the end)."""
     if fig is None:
         return
     import matplotlib.pyplot as plt
 
     if in_notebook():
-        from IPython.display import display as ipy_display
-
-        ipy_display(fig)
+        _ipy(fig)
     plt.close(fig)
 
 
 def display_object(obj) -> None:
-    """Display anything with a rich representation in a notebook; print it (a table whole)
-    elsewhere."""
+    """Display anything in a notebook; print it (a table whole) elsewhere."""
     if in_notebook():
-        from IPython.display import display as ipy_display
-
-        ipy_display(obj)
+        _ipy(obj)
     else:
         print(obj.to_string() if hasattr(obj, "to_string") else obj)
 
@@ -76,8 +74,8 @@ show_table = display_object
 
 
 def reveal(answer, prompt: str = "Show the answer") -> None:
-    """The answer to a "predict, then run" question, computed by the cell, folded until the reader
-    opens it (a table or text); printed as it is outside a notebook."""
+    """The answer (a table or text) to a "predict, then run" question, folded until the reader opens
+    it; printed outside a notebook."""
     if not in_notebook():
         print(answer if isinstance(answer, str) else answer.to_string())
         return
@@ -88,7 +86,7 @@ def reveal(answer, prompt: str = "Show the answer") -> None:
 
 def file_link(path, what: str = "file") -> None:
     """A link to a file of the checkout (a Perfetto trace, say), relative to the notebooks and the
-    report (both one folder below the checkout), so that it opens on any machine."""
+    report (both one folder below the checkout)."""
     path = Path(path).resolve()
     root = runs.repo_root().resolve()
     rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()
@@ -100,8 +98,7 @@ blank_missing = text.blank  # the public name 06 and capture_sizes use
 
 
 def needs_run(fn):
-    """For show functions that take a run first: given a :class:`~sglab.core.runs.NoRun`, print its
-    one line ("no GPU run to show (…)") and return None instead of calling ``fn``."""
+    """For show functions that take a run first: given a NoRun, print its line and return None."""
 
     @functools.wraps(fn)
     def wrapper(run, *args, **kwargs):
@@ -115,8 +112,7 @@ def needs_run(fn):
 
 # -- "your own setup": a static table, or controls where the notebook asks for them (INTERACTIVE) --
 def interactive_here() -> bool:
-    """True in a notebook with a frontend that can show widgets (an IPython kernel, ipywidgets
-    importable)."""
+    """True in a Jupyter kernel with ipywidgets importable."""
     try:
         import ipywidgets  # noqa: F401
         from IPython import get_ipython
@@ -126,36 +122,29 @@ def interactive_here() -> bool:
     return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
 
 
-def static_table(fn: Callable, static: Sequence[dict]):
-    """``fn`` over each settings dict, one block of rows per setting, the settings as leading
-    columns."""
-    import pandas as pd
-
-    parts = []
-    for s in static:
-        df = fn(**s)
-        df = df.reset_index() if any(df.index.names) else df.reset_index(drop=True)  # named only
-        for i, (k, v) in enumerate(s.items()):
-            df.insert(i, k, v)
-        parts.append(df)
-    return pd.concat(parts, ignore_index=True)
-
-
 def explore(fn: Callable, controls: dict, *, static: Sequence[dict], title: str = "",
             interactive: bool = False):
-    """``fn(**settings) -> DataFrame`` over the ``static`` settings as one table (returned, so a
-    saved notebook keeps it); with ``interactive`` and widgets here, controls calling ``fn``
-    instead."""
+    """``fn(**settings) -> DataFrame`` over the ``static`` settings as one table, the settings as
+    leading columns (returned, so a saved notebook keeps it); with ``interactive`` and widgets here,
+    controls calling ``fn`` instead."""
     if not interactive or not interactive_here():
+        import pandas as pd
+
         if title:
             why = ("no widgets here: ipywidgets in a Jupyter kernel draws the controls"
                    if interactive else
                    "INTERACTIVE = True in the parameters cell gives sliders and drop-downs in "
                    "JupyterLab")
             print(f"{title} — static table ({why}):")
-        return static_table(fn, static)
+        parts = []
+        for s in static:
+            df = fn(**s)
+            df = df.reset_index(drop=not any(df.index.names))  # a named index: leading columns
+            for i, (k, v) in enumerate(s.items()):
+                df.insert(i, k, v)
+            parts.append(df)
+        return pd.concat(parts, ignore_index=True)
     import ipywidgets as w
-    from IPython.display import display as ipy_display
 
     widgets = {}
     for name, spec in controls.items():
@@ -166,11 +155,10 @@ def explore(fn: Callable, controls: dict, *, static: Sequence[dict], title: str 
                                                     list(spec)[0]), description=name,
             style={"description_width": "initial"
                    }, **({"continuous_update": False} if slider else {}))
-    out = w.interactive_output(lambda **kw: ipy_display(fn(**kw)), widgets)
+    out = w.interactive_output(lambda **kw: _ipy(fn(**kw)), widgets)
     if title:
-        ipy_display(w.HTML(f"<b>{title}</b>"))
-    ipy_display(
-        w.VBox([w.HBox(list(widgets.values())[i:i + 3]) for i in range(0, len(widgets), 3)]), out)
+        _ipy(w.HTML(f"<b>{title}</b>"))
+    _ipy(w.VBox([w.HBox(list(widgets.values())[i:i + 3]) for i in range(0, len(widgets), 3)]), out)
     return None
 
 
@@ -213,9 +201,8 @@ class Workbook:
             }, text, md)
 
     def run(self, measure=None, params: dict | None = None, *, progress: bool = False):
-        """Live: measure now with ``measure.run`` and save the run under data/runs/; recorded: the
-        committed runs a reader sees; a RunSet either way (NoRun, saying why, where there is none).
-        """
+        """A RunSet: live, measured now with ``measure.run`` (and saved under data/runs/); recorded,
+        the committed runs a reader sees; a NoRun where there is none."""
         if self.live and measure is not None:
             p = {**getattr(measure, "DEFAULT_PARAMS", {}), **(params or {})}
             gpus = measure.gpus(p) if hasattr(measure, "gpus") else self.gpus
@@ -230,8 +217,7 @@ class Workbook:
 
     def measure(self, fn, *, params: dict, method_version: int,
                 gpu_count: int | None = None) -> runs.Run:
-        """Run ``fn`` (returning a tidy frame or a :class:`sglab.core.runs.Measured`), save it under
-        data/runs/ with its sidecars and phase times, and keep it as this session's result."""
+        """Measure ``fn`` now (:func:`runs.measure`, under data/runs/) as this session's run."""
         if not self.live:
             raise RuntimeError(f"{self.experiment}: not in live mode ({self.reason}); nothing "
                                "measured")
@@ -245,16 +231,14 @@ class Workbook:
         return run
 
     def shown(self) -> list[runs.Run]:
-        """This session's live runs, else the recorded runs a reader sees (the claims module decides
-        which)."""
+        """This session's live runs, else the recorded runs its claims module shows."""
         if self._live:
             return list(self._live)
         return C.shown(self.claims, runs.load_all_recorded(self.experiment))
 
 
 def card(fix, claims, run, engine) -> None:
-    """A notebook's review card (:mod:`sglab.core.card`): the bug, the releases affected, the real
-    engine's answer, then the rebuild's, and what the PR says beside what was found."""
+    """A notebook's review card (:mod:`sglab.core.card`)."""
     from sglab.core import card as K
 
     md = K.markdown(K.parts(claims.CARD, fix, claims, run, engine))
@@ -271,38 +255,34 @@ _STATUS_STYLE = {
 
 
 def verdict_html(claims, run) -> str:
-    """One run's claims as an HTML table (status coloured), headed by its verdict line; each claim's
-    folded checks fold out under it."""
-    results = C.evaluate(claims, run)
-    rows = [
-        _row_html(r, [f for f in results if f.parent == r.claim.id])
-        for r in C.reader_facing(results)
-    ]
+    """One run's claims as an HTML table under its verdict line, folded checks under each."""
+    results, rows = C.evaluate(claims, run), []
+    for r in C.reader_facing(results):
+        detail = r.outcome.measured if r.status != C.NA else ""
+        why = r.outcome.reason if r.status != C.PASS else ""
+        texts = (f"<code>{html.escape(r.claim.id)}</code>",
+                 html.escape(r.claim.statement), r.status, html.escape(str(detail)),
+                 html.escape(r.claim.expected), html.escape(why))
+        rows.append("<tr>" + "".join(
+            f"<td style='{_CELL}" +
+            (f";{_STATUS_STYLE[r.status]}" if i == 2 else "") + f"'>{t}</td>"
+            for i, t in enumerate(texts)) + "</tr>")
+        folded = [f for f in results if f.parent == r.claim.id]
+        if folded:
+            ok = sum(f.status == C.PASS for f in folded)
+            items = "".join(f"<li><code>{html.escape(f.claim.id)}</code> <span "
+                            f"style='{_STATUS_STYLE[f.status]}'>"
+                            f"{f.status}</span> — {html.escape(f.claim.statement)}: "
+                            f"{html.escape(f.outcome.measured or f.outcome.reason)}</li>"
+                            for f in folded)
+            rows.append(f"<tr><td></td><td colspan='5' style='{_CELL}'><details><summary>checks "
+                        f"under it: {ok}/{len(folded)} hold</summary><ul>{items}</ul></details>"
+                        "</td></tr>")
     head = "".join(f"<th style='{_CELL}'>{h}</th>"
                    for h in ("claim", "statement", "status", "measured", "expected", "why"))
     return (f"<p><b>{html.escape(C.verdict_line(results, run))}</b> · "
             f"<small>{html.escape(run.path.name)}</small></p><div "
             f"style='overflow-x:auto'><table><tr>{head}</tr>{''.join(rows)}</table></div>")
-
-
-def _row_html(r, folded) -> str:
-    detail = r.outcome.measured if r.status != C.NA else ""
-    why = r.outcome.reason if r.status != C.PASS else ""
-    texts = (f"<code>{html.escape(r.claim.id)}</code>", html.escape(r.claim.statement), r.status,
-             html.escape(str(detail)), html.escape(r.claim.expected), html.escape(why))
-    cells = "".join(
-        f"<td style='{_CELL}" + (f";{_STATUS_STYLE[r.status]}" if i == 2 else "") + f"'>{t}</td>"
-        for i, t in enumerate(texts))
-    if not folded:
-        return f"<tr>{cells}</tr>"
-    ok = sum(f.status == C.PASS for f in folded)
-    items = "".join(f"<li><code>{html.escape(f.claim.id)}</code> <span "
-                    f"style='{_STATUS_STYLE[f.status]}'>"
-                    f"{f.status}</span> — {html.escape(f.claim.statement)}: "
-                    f"{html.escape(f.outcome.measured or f.outcome.reason)}</li>" for f in folded)
-    sub = (f"<tr><td></td><td colspan='5' style='{_CELL}'><details><summary>checks under it: "
-           f"{ok}/{len(folded)} hold</summary><ul>{items}</ul></details></td></tr>")
-    return f"<tr>{cells}</tr>{sub}"
 
 
 def verdict(claims, run) -> None:
@@ -320,10 +300,6 @@ def verdict(claims, run) -> None:
 
 def read_mode(nb) -> dict | None:
     """The mode marker a :class:`Workbook` left in an executed notebook (nbformat node), if any."""
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            data = out.get("data", {})
-            if MODE_MIME in data:
-                v = data[MODE_MIME]
-                return v if isinstance(v, dict) else json.loads(v)
-    return None
+    v = next((out["data"][MODE_MIME] for cell in nb.cells
+              for out in cell.get("outputs", []) if MODE_MIME in out.get("data", {})), None)
+    return v if v is None or isinstance(v, dict) else json.loads(v)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any, Mapping, Sequence
 
 
@@ -38,8 +37,7 @@ def figure(ncols: int = 1, nrows: int = 1, *, width: float | None = None,
 
 
 def provenance_text(source: Any) -> str:
-    """"GPU ×count · driver · torch · date" from a Run or a manifest dict; "CPU (this machine)" for
-    None."""
+    """"GPU ×count · driver · torch · date" of a Run; the CPU of this machine for None."""
     if source is None:
         return "computed on the CPU of this machine"
     m = source.manifest
@@ -76,8 +74,7 @@ def canvas(width: float = 10.0, height: float = 3.0, *, xlim=(0, 10), ylim=(0, 3
 
 def box(ax, x: float, y: float, w: float, h: float, text: str = "", *, color: str = "neutral",
         edge: str = "#566573", fontsize: float = 8, hatch: str | None = None, **text_kw):
-    """A rounded box with centred text; ``color`` is a :data:`BOX_COLORS` key or any matplotlib
-    colour."""
+    """A rounded box with centred text, ``color`` a :data:`BOX_COLORS` key or any colour."""
     from matplotlib.patches import FancyBboxPatch
 
     face = BOX_COLORS.get(color, color)
@@ -109,32 +106,21 @@ CATEGORY_COLORS = {
 LANE_ORDER = ("host", "runtime", "stream", "device")
 
 
-def window(events, *, names: str | None = None):
-    """The events (those matching ``names``), re-zeroed to the first of them."""
-    d = events
-    if names is not None:
-        d = d[_matches(d.name, names)]
-    if len(d):
-        d = d.assign(start_us=d.start_us - d.start_us.min())
-    return d
-
-
-def _matches(names, pattern: str):
-    rx = re.compile(pattern)
-    return names.map(lambda n: bool(rx.search(n)))
+def window(events):
+    """The events re-zeroed to the first of them."""
+    return events.assign(
+        start_us=events.start_us - events.start_us.min()) if len(events) else events
 
 
 def _lane_key(lane: str):
-    for i, prefix in enumerate(LANE_ORDER):
-        if lane.startswith(prefix):
-            return (i, lane)
-    return (len(LANE_ORDER), lane)
+    return next(((i, lane) for i, p in enumerate(LANE_ORDER) if lane.startswith(p)),
+                (len(LANE_ORDER), lane))
 
 
 def totals(events, highlight: str | None = None) -> dict:
     """Span, device activity and highlighted events of one table: the numbers the plot annotates."""
     dev = events[events.category.isin(["kernel", "memcpy", "memset"])]
-    hit = events[_matches(events.name, highlight)] if highlight else events.iloc[0:0]
+    hit = events[events.name.str.contains(highlight)] if highlight else events.iloc[0:0]
     hit = hit[hit.category != "range"]
     span = float((events.start_us + events.dur_us).max() - events.start_us.min()) if len(
         events) else 0.0
@@ -151,31 +137,48 @@ def timeline(tables: Mapping[str, object], *, highlight: str | None = None,
                                           "range"), title: str = "", ax=None):
     """One group of swim-lanes per variant (``{"before": ev_a, "after": ev_b}``) on one µs axis;
     events matching ``highlight`` (a regular expression) in the accent colour, counted."""
-    rows, labels = [], []
+    from matplotlib.patches import Patch
+
+    rows, labels, first = [], [], {}
     for variant, ev in tables.items():
         ev = ev[ev.category.isin(categories)]
         for lane in sorted(ev.lane.unique(), key=_lane_key):
+            first.setdefault(variant, len(rows))
             rows.append((variant, lane, ev[ev.lane == lane]))
             labels.append(f"{variant} · {lane}")
     if ax is None:
         fig, ax = figure(width=11.0, height=0.9 + 0.42 * max(1, len(rows)))
     else:
         fig = ax.figure
-    pattern = re.compile(highlight) if highlight else None
     for y, (variant, lane, ev) in enumerate(rows):
-        _draw_lane(ax, len(rows) - 1 - y, ev, pattern)
+        _draw_lane(ax, len(rows) - 1 - y, ev, highlight)
     ax.set_yticks(range(len(rows)), list(reversed(labels)))
     ax.set_xlabel("time from the first event (µs)")
     ax.set_ylim(-0.7, len(rows) - 0.3)
     ax.grid(axis="y", visible=False)
     if title:
         ax.set_title(title)
-    _annotate(ax, tables, rows, highlight, highlight_label)
-    _legend(ax, categories, highlight_label if pattern else None)
+    for variant, ev in tables.items():  # each variant's totals beside its first lane
+        if variant in first:
+            t = totals(ev, highlight)
+            text = f"{t['span_us']:.0f} µs · {t['kernels']} kernels" + (
+                f" · {highlight_label}: {t['highlighted']} ({t['highlighted_us']:.0f} µs)"
+                if highlight else "")
+            ax.annotate(text, (1.005, len(rows) - 1 - first[variant]),
+                        xycoords=("axes fraction", "data"), va="center", fontsize=8,
+                        color=PALETTE["before" if variant == list(tables)[0] else "after"])
+    handles = [
+        Patch(facecolor=CATEGORY_COLORS[c], label=c)
+        for c in categories if CATEGORY_COLORS.get(c, "none") != "none"
+    ]
+    if highlight and highlight_label:
+        handles.append(Patch(facecolor=PALETTE["accent"], label=highlight_label))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=len(handles),
+              fontsize=8)
     return fig
 
 
-def _draw_lane(ax, y: float, ev, pattern) -> None:
+def _draw_lane(ax, y: float, ev, highlight) -> None:
     for cat, g in ev.groupby("category"):
         if cat == "range":
             for r in g.itertuples():  # phase ranges: an outline with the phase name
@@ -184,39 +187,9 @@ def _draw_lane(ax, y: float, ev, pattern) -> None:
                 ax.text(r.start_us, y + 0.46, r.name.replace("phase::", ""), fontsize=7,
                         va="bottom", color="#555555", clip_on=True)
             continue
-        hit = (g.name.map(lambda n: bool(pattern.search(n)))
-               if pattern else g.name.map(lambda n: False))
+        hit = g.name.str.contains(highlight) if highlight else g.name.map(lambda n: False)
         for sel, color in ((~hit, CATEGORY_COLORS.get(cat, "#999999")), (hit, PALETTE["accent"])):
             part = g[sel]
             if len(part):
                 ax.broken_barh(list(zip(part.start_us, part.dur_us.clip(lower=0.05))),
                                (y - 0.3, 0.6), facecolors=color, edgecolors="none")
-
-
-def _annotate(ax, tables, rows, highlight, label) -> None:
-    first_row = {}
-    for i, (variant, _, _) in enumerate(rows):
-        first_row.setdefault(variant, len(rows) - 1 - i)
-    for variant, ev in tables.items():
-        if variant not in first_row:
-            continue
-        t = totals(ev, highlight)
-        text = f"{t['span_us']:.0f} µs · {t['kernels']} kernels"
-        if highlight:
-            text += f" · {label}: {t['highlighted']} ({t['highlighted_us']:.0f} µs)"
-        ax.annotate(text, (1.005, first_row[variant]), xycoords=("axes fraction", "data"),
-                    va="center", fontsize=8,
-                    color=PALETTE["before"] if variant == list(tables)[0] else PALETTE["after"])
-
-
-def _legend(ax, categories, highlight_label) -> None:
-    from matplotlib.patches import Patch
-
-    handles = [
-        Patch(facecolor=CATEGORY_COLORS[c], label=c)
-        for c in categories if c in CATEGORY_COLORS and CATEGORY_COLORS[c] != "none"
-    ]
-    if highlight_label:
-        handles.append(Patch(facecolor=PALETTE["accent"], label=highlight_label))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=len(handles),
-              fontsize=8)

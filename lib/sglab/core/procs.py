@@ -36,16 +36,15 @@ _PIN = ("import os, sys; os.sched_setaffinity(0, [int(c) for c in sys.argv[1].sp
 
 
 def pinned(argv: list[str], cpus, python: str = sys.executable) -> list[str]:
-    """``argv`` run on ``cpus`` only (and every process it starts); ``argv`` itself without
-    ``cpus``."""
+    """``argv`` run on ``cpus`` only (and every process it starts); as it is without ``cpus``."""
     if not cpus:
         return list(argv)
     return [python, "-c", _PIN, ",".join(str(c) for c in cpus), *argv]
 
 
 def in_own_process(code: str, timeout: float = 120.0, cpus=()) -> dict:
-    """The JSON object ``python -c code`` prints last, run in a fresh process (on ``cpus`` where
-    given); ``{"error": ...}`` where it could not run."""
+    """The JSON object ``python -c code`` prints last in a fresh process (on ``cpus`` where given);
+    ``{"error": ...}`` where it could not run."""
     try:
         p = subprocess.run(pinned([sys.executable, "-c", code], cpus), capture_output=True,
                            text=True, timeout=timeout)
@@ -74,35 +73,22 @@ class Stopped:
 
 
 def _describe(p: psutil.Process) -> str:
-    try:
+    with suppress(psutil.Error):
         return f"{p.pid} {p.name()}"
-    except psutil.Error:
-        return str(p.pid)
+    return str(p.pid)
 
 
 def members(pgid: Optional[int] = None, marker: str = "") -> list[psutil.Process]:
-    """Live (not zombie) processes of group ``pgid``, or carrying ``MARKER_VAR=marker`` in their
-    environment; never this process."""
+    """Live processes of group ``pgid`` or carrying ``MARKER_VAR=marker``, never this one."""
     out = []
     for p in psutil.process_iter(["pid", "status"]):
         if p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        try:
+        with suppress(psutil.Error, OSError):
             if (pgid is not None and os.getpgid(p.pid)
                     == pgid) or (marker and p.environ().get(MARKER_VAR) == marker):
                 out.append(p)
-        except (psutil.Error, OSError):
-            continue
     return out
-
-
-def _signal(pgid: Optional[int], procs: list[psutil.Process], sig: int) -> None:
-    if pgid is not None:
-        with suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
-    for p in procs:
-        with suppress(psutil.Error):
-            p.send_signal(sig)
 
 
 def stop(pgid: Optional[int] = None, *, marker: str = "", grace: float = GRACE_S) -> Stopped:
@@ -112,32 +98,22 @@ def stop(pgid: Optional[int] = None, *, marker: str = "", grace: float = GRACE_S
 
 
 def stop_tree(pid: int, *, grace: float = GRACE_S) -> Stopped:
-    """Stop process ``pid`` and all its descendants (for a process that is not a group leader,
-    such as a Jupyter kernel)."""
-
-    def tree() -> list[psutil.Process]:
-        try:
-            root = psutil.Process(pid)
-            return [p for p in (root, *root.children(recursive=True)) if _alive(p)]
-        except psutil.Error:
-            return []
-
-    return _stop(tree(), tree, None, grace)
+    """Stop process ``pid`` and its descendants (one that leads no group, e.g. a Jupyter kernel)."""
+    with suppress(psutil.Error):
+        return stop_seen([psutil.Process(pid)], grace=grace)
+    return Stopped()
 
 
 def descendants(pid: int) -> list[psutil.Process]:
-    """The processes ``pid`` started, and those they started, as running now (none where ``pid``
-    is gone), for :func:`stop_seen` once ``pid`` is gone."""
-    try:
+    """The processes ``pid`` started, and those they started, running now (:func:`stop_seen`)."""
+    with suppress(psutil.Error):
         return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
+    return []
 
 
 def stop_seen(seen: list, *, grace: float = GRACE_S) -> Stopped:
-    """Stop those of ``seen`` (psutil processes, as :func:`descendants` gave them) still running,
-    and what they started meanwhile: SIGTERM, ``grace`` seconds, SIGKILL. A pid reused since is not
-    touched (psutil compares start times)."""
+    """Stop those of ``seen`` (psutil processes) still running and what they started meanwhile: a
+    pid reused since is not touched (psutil compares start times)."""
     seen = list({p.pid: p for p in seen}.values())
 
     def live() -> list[psutil.Process]:
@@ -154,7 +130,12 @@ def _stop(live: list, again, pgid: Optional[int], grace: float) -> Stopped:
     if not live:
         return done
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_WAIT_S)):
-        _signal(pgid, live, sig)
+        if pgid is not None:
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
+        for p in live:
+            with suppress(psutil.Error):
+                p.send_signal(sig)
         live = _wait_gone(live, wait)
         live += [p for p in again() if p not in live]  # forked meanwhile
         if not live:
@@ -164,9 +145,8 @@ def _stop(live: list, again, pgid: Optional[int], grace: float) -> Stopped:
 
 
 def _wait_gone(live: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Those of ``live`` still running after up to ``timeout`` seconds. A process that exited
-    counts as gone as a zombie already: its parent (``subprocess``, ``multiprocessing``) reaps it
-    and keeps its exit status, which ``psutil.wait_procs`` would take from it."""
+    """Those of ``live`` still running after up to ``timeout`` seconds, a zombie gone (its parent
+    reaps it and keeps its exit status, which ``psutil.wait_procs`` would take)."""
     deadline = time.monotonic() + timeout
     while True:
         live = [p for p in live if _alive(p)]
@@ -176,10 +156,9 @@ def _wait_gone(live: list[psutil.Process], timeout: float) -> list[psutil.Proces
 
 
 def _alive(p: psutil.Process) -> bool:
-    try:
+    with suppress(psutil.Error):
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+    return False
 
 
 # -- groups this process started, stopped at its exit ----------------------------------------------
@@ -187,8 +166,7 @@ _TRACKED: dict[int, str] = {}  # pgid -> marker, while the group may be running
 
 
 def track(pgid: int, marker: str = "") -> None:
-    """Remember group ``pgid`` until :func:`untrack`: if this interpreter exits first (an uncaught
-    exception, ``sys.exit``), it is stopped then, and what was left is reported in one line."""
+    """Stop group ``pgid`` at this interpreter's exit unless :func:`untrack` came first."""
     _TRACKED[pgid] = marker
 
 
@@ -226,10 +204,9 @@ def _raise_terminated(signum, _frame):
 
 
 def _signalled_again(first: int, again: int, first_at: float = 0.0) -> None:
-    """A second SIGTERM or SIGHUP while the clean-up runs: where a watchdog holds the groups, this
-    process exits at once (128 + the first signal) and the watchdog stops them; else the clean-up,
-    bounded by :data:`GRACE_S` and :data:`KILL_WAIT_S`, goes on. A copy of the first signal within
-    :data:`DUPLICATE_S` is ignored: the clean-up (and a scenario's partial record) goes on."""
+    """A second SIGTERM or SIGHUP during the clean-up: where a watchdog holds the groups, exit at
+    once (128 + the first signal); else, or for a copy of the first within :data:`DUPLICATE_S`,
+    the (bounded) clean-up goes on."""
     if again == first and time.monotonic() - first_at < DUPLICATE_S:
         return
     if any(dog.poll() is None for dog in _DOGS):
@@ -254,13 +231,10 @@ class Guard:
                 if signal.getsignal(s) in (signal.SIG_DFL, None):
                     self._saved[s] = signal.signal(s, _raise_terminated)
         if self.watchdog:
-            lib = str(Path(__file__).resolve().parents[2])
-            env = {
-                **os.environ, "PYTHONPATH": os.pathsep.join([
-                    lib, *filter(None, [os.environ.get("PYTHONPATH")])
-                ])
-            }
-            env.pop(MARKER_VAR, None)
+            env = {k: v for k, v in os.environ.items() if k != MARKER_VAR}
+            env["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [str(Path(__file__).resolve().parents[2]),
+                              env.get("PYTHONPATH")]))
             self._dog = subprocess.Popen(
                 [sys.executable, "-m", "sglab.core.procs", "watch",
                  str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
@@ -269,8 +243,7 @@ class Guard:
         return self
 
     def watch(self, pgid: int, marker: str = "") -> None:
-        """Have the watchdog stop group ``pgid`` (and ``marker``'s processes) if this process dies
-        without doing it."""
+        """Have the watchdog stop group ``pgid`` (and ``marker``'s) if this process dies first."""
         if self._dog is not None and self._dog.stdin is not None:
             self._dog.stdin.write(f"{pgid} {marker or '-'}\n")
             self._dog.stdin.flush()
@@ -292,12 +265,9 @@ class Guard:
 def watch(parent: int) -> int:
     """The watchdog (``python -m sglab.core.procs watch PID``): read ``pgid marker`` lines from
     stdin until it closes (the harness closed it, or died), then stop every group it was given."""
-    groups = []
-    for line in sys.stdin:
-        pgid, marker = line.split()
-        groups.append((int(pgid), "" if marker == "-" else marker))
+    groups = [line.split() for line in sys.stdin]
     for pgid, marker in groups:
-        done = stop(pgid, marker=marker)
+        done = stop(int(pgid), marker="" if marker == "-" else marker)
         if done.found:
             print(
                 f"[sglab] harness {parent} ended without stopping its engine: "

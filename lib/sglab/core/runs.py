@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,8 +27,7 @@ REQUIRED = ("variant", "metric", "value", "unit")
 
 
 def repo_root() -> Path:
-    """The checkout this package lives in (lib/sglab/ → repo), or the working directory as a
-    fallback."""
+    """The checkout this package lives in, else $SGLAB_ROOT or the working directory."""
     here = Path(__file__).resolve().parents[3]
     if (here / "pyproject.toml").exists():
         return here
@@ -35,8 +35,7 @@ def repo_root() -> Path:
 
 
 def data_dir(kind: str) -> Path:
-    """``data/<kind>`` of the checkout, or ``$SGLAB_DATA/<kind>`` when that is set (tests, other
-    layouts)."""
+    """``data/<kind>`` of the checkout, or of ``$SGLAB_DATA`` where that is set."""
     if kind not in ("runs", "recorded", "traces"):
         raise ValueError(f"unknown data folder {kind!r}")
     base = os.environ.get("SGLAB_DATA")
@@ -50,22 +49,18 @@ def tidy(experiment: str, rows: list[dict]):
 
     if not rows:
         raise ValueError("a run needs at least one row")
-    params: list[str] = []
     for i, r in enumerate(rows):
         missing = [k for k in REQUIRED if k not in r]
         if missing:
             raise ValueError(f"row {i} lacks {missing}: {r}")
-        for k in r:
-            if k not in REQUIRED and k != "experiment" and k not in params:
-                params.append(k)
+    params = dict.fromkeys(k for r in rows for k in r if k not in (*REQUIRED, "experiment"))
     df = pd.DataFrame(rows)
     df["experiment"] = experiment
     return df[["experiment", "variant", *params, "metric", "value", "unit"]]
 
 
 def _git_sha(root: Path) -> str | None:
-    """HEAD of the checkout (+dirty), or $SGLAB_GIT_SHA when the tree was copied without its
-    .git."""
+    """HEAD of the checkout (+dirty), or $SGLAB_GIT_SHA (a tree copied without its .git)."""
     if os.environ.get("SGLAB_GIT_SHA"):
         return os.environ["SGLAB_GIT_SHA"]
 
@@ -99,13 +94,8 @@ def machine_manifest(gpu_count: int | None = None) -> dict:
     }
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "cpu"
-
-
 def same_file(a, b) -> bool:
-    """Whether runs ``a`` and ``b`` were read from one file, however either path is spelt (relative
-    or absolute); a run without a path is the same as none."""
+    """Whether runs ``a`` and ``b`` were read from one file, however spelt (no path: never)."""
     pa, pb = getattr(a, "path", None), getattr(b, "path", None)
     return bool(pa and pb) and Path(pa).resolve() == Path(pb).resolve()
 
@@ -117,8 +107,8 @@ def others(run, candidates: list) -> list:
 
 def run_stem(manifest: dict, when: datetime) -> str:
     """A recorded file's name without suffix: ``20261128T072311Z_nvidia-h100-80gb-hbm3-x1``."""
-    return (f"{when.strftime('%Y%m%dT%H%M%SZ')}_{_slug(manifest['gpu_name'])}"
-            f"-x{manifest['gpu_count']}")
+    gpu = re.sub(r"[^A-Za-z0-9]+", "-", manifest["gpu_name"]).strip("-").lower() or "cpu"
+    return f"{when.strftime('%Y%m%dT%H%M%SZ')}_{gpu}-x{manifest['gpu_count']}"
 
 
 def _atomic(folder: Path, path: Path, write) -> None:
@@ -130,33 +120,6 @@ def _atomic(folder: Path, path: Path, write) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def _write_sidecars(folder: Path, stem: str, sidecars: dict) -> dict:
-    """Write each sidecar (a DataFrame -> gzipped CSV, or an existing file -> copied); return name
-    -> file name."""
-    names = {}
-    for name, obj in (sidecars or {}).items():
-        if not re.fullmatch(r"[a-z0-9_]+", name):
-            raise ValueError(f"sidecar names are lower-case words, got {name!r}")
-        if hasattr(obj, "to_csv"):
-            target = folder / f"{stem}.{name}.csv.gz"
-
-            def write(f, obj=obj):
-                with gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as gz:
-                    gz.write(obj.to_csv(index=False).encode())
-        else:
-            src = Path(obj)  # x.json.gz keeps .json.gz
-            suffix = "".join(src.suffixes[-2:]) if src.suffix == ".gz" else src.suffix
-            target = folder / f"{stem}.{name}{suffix}"
-
-            def write(f, src=src):
-                with open(src, "rb") as s:
-                    shutil.copyfileobj(s, f)
-
-        _atomic(folder, target, write)
-        names[name] = target.name
-    return names
 
 
 def write_run(df, *, experiment: str, method_version: int, params: dict, root: Path | None = None,
@@ -184,8 +147,19 @@ def write_run(df, *, experiment: str, method_version: int, params: dict, root: P
     while csv_path.exists() or json_path.exists():
         n += 1
         csv_path, json_path = folder / f"{stem}-{n}.csv", folder / f"{stem}-{n}.json"
-    if sidecars:
-        manifest["sidecars"] = _write_sidecars(folder, csv_path.stem, sidecars)
+    for name, obj in (sidecars or {}).items():  # a DataFrame as gzipped CSV, a file copied
+        if not re.fullmatch(r"[a-z0-9_]+", name):
+            raise ValueError(f"sidecar names are lower-case words, got {name!r}")
+        if hasattr(obj, "to_csv"):
+            target = folder / f"{csv_path.stem}.{name}.csv.gz"
+            data = gzip.compress(obj.to_csv(index=False).encode(), mtime=0)
+        else:
+            src = Path(obj)
+            suffix = "".join(src.suffixes[-2:]) if src.suffix == ".gz" else src.suffix  # .json.gz
+            target = folder / f"{csv_path.stem}.{name}{suffix}"
+            data = src.read_bytes()
+        _atomic(folder, target, lambda f: f.write(data))
+        manifest.setdefault("sidecars", {})[name] = target.name
     _atomic(folder, csv_path, lambda f: f.write(df.to_csv(index=False).encode()))
     _atomic(folder, json_path,
             lambda f: f.write(json.dumps(manifest, indent=2, sort_keys=True, default=str).encode()))
@@ -211,9 +185,7 @@ def measure(fn: Callable[[], Any], *, experiment: str, method_version: int, para
 
 @dataclass
 class Measured:
-    """What an experiment's ``run`` may return instead of a bare frame: the tidy frame, its sidecars
-    (tables or files stored next to the run) and extra manifest fields (e.g. the SGLang releases and
-    shims used)."""
+    """What ``run`` may return instead of a bare frame: it, its sidecars, extra manifest fields."""
 
     df: Any
     sidecars: dict = field(default_factory=dict)
@@ -226,8 +198,7 @@ class Measured:
 
 @dataclass
 class Manifest:
-    """A run's JSON manifest, typed: every field a run may have, read with its default where an
-    older run lacks it (:meth:`of`); ``raw`` is the JSON as recorded."""
+    """A run's JSON manifest, typed (defaults where a run lacks a field; ``raw``: as recorded)."""
 
     experiment: str = ""
     method_version: int = 1
@@ -245,7 +216,6 @@ class Manifest:
     params: dict = field(default_factory=dict)
     rows: int | None = None
     sidecars: dict = field(default_factory=dict)
-    duration_s: float | None = None
     phases_s: dict = field(default_factory=dict)
     # real engines (``sglab engine``)
     engine_runs: list = field(default_factory=list)
@@ -254,7 +224,6 @@ class Manifest:
     partial: dict | None = None
     merged_from: list = field(default_factory=list)
     sglang: dict = field(default_factory=dict)
-    method: str = ""
     sglang_home: str = ""
     # profiler tables and the workbook's own timings
     kernel_table: dict = field(default_factory=dict)
@@ -264,13 +233,11 @@ class Manifest:
 
     @classmethod
     def of(cls, data: dict) -> "Manifest":
-        """The manifest of ``data`` (a run's JSON), each missing or null field at its default."""
         known = {f.name for f in fields(cls)} - {"raw"}
         given = {k: v for k, v in data.items() if k in known and v is not None}
         if "method_version" in given:
             given["method_version"] = int(given["method_version"])
-        # an engine entry's TP size, read once here from its server arguments (older runs did not
-        # record it)
+        # an engine entry's TP size, from its server arguments where an older run did not record it
         for e in [*given.get("engine_runs", []), *given.get("params", {}).get("specs", [])]:
             if isinstance(e, dict) and "tp" not in e:
                 e["tp"] = tp_of(e.get("server_args") or ())
@@ -330,10 +297,8 @@ class Run:
             self.manifest = Manifest.of(self.manifest)
 
     def memo(self, key: str, make: Callable[[], Any], *, shared: bool = False):
-        """``make()``, computed once per run and key: a notebook's claims, tables and figures derive
-        the same table from one run many times. Each caller gets a deep copy, so that what one
-        changes stays its own; ``shared``: the one object, for a frame no caller changes in place
-        (whose statistics are then kept per object: :mod:`sglab.core.engine_stats`)."""
+        """``make()``, computed once per run and key, a deep copy to each caller; ``shared``: the
+        one object, for a frame no caller changes in place (:mod:`sglab.core.engine_stats`)."""
         if key not in self._memo:
             self._memo[key] = make()
         return self._memo[key] if shared else copy.deepcopy(self._memo[key])
@@ -344,7 +309,7 @@ class Run:
 
     def sidecar(self, name: str):
         """A sidecar of this run: a DataFrame for a ``.csv.gz`` table, the path for a file, None if
-        absent. An empty text cell reads back as ``""``, whatever string dtype pandas gives it."""
+        absent. An empty text cell reads back as ``""`` (as NaN, groupby would drop its rows)."""
         fname = self.manifest.sidecars.get(name)
         if not fname:
             return None
@@ -355,8 +320,6 @@ class Run:
             import pandas as pd
 
             df = pd.read_csv(path)
-            # an empty label reads back as NaN (object dtype in pandas 2, the string dtype in pandas
-            # 3): keep it "", or groupby drops its rows
             for col, dtype in df.dtypes.items():
                 if dtype == object or pd.api.types.is_string_dtype(dtype):
                     df[col] = df[col].fillna("")
@@ -366,9 +329,8 @@ class Run:
 
 @dataclass
 class RunSet:
-    """The runs a notebook section shows: ``shown`` (one per GPU model, or per size; the first is
-    the one a single-run table reads) and ``elsewhere`` (recorded on other GPU models, for the
-    tables that list every machine). Empty, it is falsy and says why (``reason``)."""
+    """The runs a notebook section shows (``shown``; the first is the one a single-run table reads)
+    and those recorded on other GPU models (``elsewhere``). Empty, it is falsy and says why."""
 
     shown: list = field(default_factory=list)
     elsewhere: list = field(default_factory=list)
@@ -387,10 +349,6 @@ class RunSet:
     @property
     def first(self) -> Run:
         return self.shown[0]
-
-    @property
-    def live(self) -> bool:
-        return any(r.live for r in self.shown)
 
     @property
     def line(self) -> str:
@@ -417,8 +375,7 @@ class NoRun(RunSet):
 
 
 def gpu_short(source) -> str:
-    """"H100", "H200", ... from a Run, a manifest or a GPU name ("NVIDIA H100 80GB HBM3" ->
-    "H100")."""
+    """"H100", "H200", ... from a Run, a manifest or a GPU name ("NVIDIA H100 80GB HBM3")."""
     m = getattr(source, "manifest", source)
     name = m.get("gpu_name", "?") if isinstance(m, dict) else getattr(m, "gpu_name", m)
     words = str(name).replace("NVIDIA", "").split()
@@ -426,13 +383,10 @@ def gpu_short(source) -> str:
 
 
 def newest_by(runs_: list, key) -> dict:
-    """``{key(run): newest run}`` (newest by ``created_utc``), ordered by key: e.g. one run per GPU
-    model with ``key=gpu_short``, or one per world size with ``key=lambda r:
-    r.manifest.params["world_size"]``."""
-    best: dict = {}
-    for r in sorted(runs_, key=lambda r: r.manifest.created_utc):
-        best[key(r)] = r
-    return dict(sorted(best.items()))
+    """``{key(run): newest run}`` ordered by key, e.g. one run per GPU model (``key=gpu_short``)."""
+    return dict(
+        sorted({key(r): r
+                for r in sorted(runs_, key=lambda r: r.manifest.created_utc)}.items()))
 
 
 def read_run(csv_path: Path | str, *, live: bool = False) -> Run:
@@ -454,11 +408,10 @@ def list_runs(experiment: str, *, kind: str = "recorded", root: Path | None = No
     ]
 
     def key(p: Path):
-        try:
-            created = json.loads(p.with_suffix(".json").read_text()).get("created_utc", "")
-        except (OSError, ValueError):
-            created = ""
-        return (str(created), p.stat().st_mtime_ns, p.name)
+        created = ""
+        with suppress(OSError, ValueError):
+            created = str(json.loads(p.with_suffix(".json").read_text()).get("created_utc", ""))
+        return created, p.stat().st_mtime_ns, p.name
 
     return sorted(found, key=key)
 
@@ -474,17 +427,14 @@ def promote(csv_path: Path | str, *, root: Path | None = None, force: bool = Fal
     run = read_run(csv_path)
     dest = (root or data_dir("recorded")) / run.manifest.experiment
     src = Path(csv_path)
-    sidecars = list(run.manifest.sidecars.values())
-    names = [src.name, src.with_suffix(".json").name, *sidecars]
+    names = [src.name, src.with_suffix(".json").name, *run.manifest.sidecars.values()]
     if (dest / src.name).resolve() == src.resolve():
         raise ValueError(f"{src} is the record's own file: nothing to publish")
     taken = [dest / n for n in names if (dest / n).exists()]
     if taken and not force:
         raise FileExistsError(f"{taken[0]} is already recorded")
     dest.mkdir(parents=True, exist_ok=True)
-    for fname in sidecars:
+    for fname in [*names[2:], *names[:2]]:  # the sidecars, the table, the manifest last
         if (src.parent / fname).exists():
             shutil.copy2(src.parent / fname, dest / fname)
-    shutil.copy2(src, dest / src.name)
-    shutil.copy2(src.with_suffix(".json"), dest / src.with_suffix(".json").name)
     return dest / src.name

@@ -7,6 +7,7 @@ p10/p90 are what notebooks report.
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from contextlib import contextmanager
@@ -51,12 +52,6 @@ class Timing:
         return [{**labels, "metric": f"time_{k}", "value": getattr(self, f"{k}_ms"), "unit": "ms"}
                 for k in ("median", "p10", "p90")]
 
-    def __repr__(self) -> str:
-        if not self.samples_ms:
-            return "Timing(no samples)"
-        return (f"Timing(median={self.median_ms:.4f} ms, p10={self.p10_ms:.4f}, "
-                f"p90={self.p90_ms:.4f}, n={self.n}, clock={self.clock})")
-
 
 def _check_counts(warmup: int, repeat: int) -> None:
     if warmup < 0:
@@ -66,8 +61,7 @@ def _check_counts(warmup: int, repeat: int) -> None:
 
 
 def cuda_time(fn: Callable[[], object], *, warmup: int = 10, repeat: int = 50) -> Timing:
-    """Time ``fn`` on the current CUDA stream, a pair of events around each call, after ``warmup``
-    discarded calls (module loading, allocator growth, autotuning)."""
+    """Time ``fn`` with a pair of CUDA events around each call, after ``warmup`` discarded calls."""
     import torch
 
     _check_counts(warmup, repeat)
@@ -90,10 +84,9 @@ def cuda_time(fn: Callable[[], object], *, warmup: int = 10, repeat: int = 50) -
 
 def host_time(fn: Callable[[], object], *, warmup: int = 3, repeat: int = 20,
               sync: bool = True) -> Timing:
-    """Time ``fn`` with ``time.perf_counter``; with ``sync`` the device is synchronised before and
-    after each call (when CUDA is there) so the sample covers all the work ``fn`` queued."""
+    """Time ``fn`` with ``time.perf_counter``; ``sync``: the device synchronised around each."""
     _check_counts(warmup, repeat)
-    synchronize = _synchronizer() if sync else (lambda: None)
+    synchronize = _sync if sync else (lambda: None)
     for _ in range(warmup):
         fn()
     synchronize()
@@ -107,21 +100,11 @@ def host_time(fn: Callable[[], object], *, warmup: int = 3, repeat: int = 20,
     return Timing(samples, clock="host-perf-counter" + ("+sync" if sync else ""))
 
 
-def _synchronizer() -> Callable[[], None]:
-    """A callable that synchronises CUDA when this process has initialised it (checked at each
-    call)."""
-    try:
-        import torch
-    except ImportError:
-        return lambda: None
-    if not torch.cuda.is_available():
-        return lambda: None
-
-    def sync() -> None:
-        if torch.cuda.is_initialized():
-            torch.cuda.synchronize()
-
-    return sync
+def _sync() -> None:
+    """Synchronise CUDA where this process has initialised it."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def interleaved(fns: "dict[str, Callable[[], object]]", *, rounds: int = 3, warmup: int = 10,
@@ -158,7 +141,7 @@ def phase(name: str):
     try:
         yield
     finally:
-        _totals[name] = _totals.get(name, 0.0) + time.perf_counter() - t0
+        add(name, time.perf_counter() - t0)
 
 
 def add(name: str, seconds: float) -> None:
@@ -202,16 +185,12 @@ class Burst:
     def per_launch_us(self, warmup: int) -> dict:
         """µs per launch over the calls after ``warmup``: median, p10, p90."""
         t = Timing(self.host_ms[warmup:], clock="host-perf-counter")
-        return {
-            "median": t.median_ms * 1e3 / self.n, "p10": t.p10_ms * 1e3 / self.n,
-            "p90": t.p90_ms * 1e3 / self.n
-        }
+        return {k: getattr(t, f"{k}_ms") * 1e3 / self.n for k in ("median", "p10", "p90")}
 
 
 def launch_cost_us(device: str = "cuda:0", *, n: int = 1000, warmup: int = 5,
                    repeat: int = 30) -> dict:
-    """The host's per-launch cost on ``device`` (:class:`Burst`): ``{"median", "p10", "p90"}`` in
-    µs, with the burst size and count."""
+    """The host's per-launch cost on ``device`` (:class:`Burst`): median, p10, p90 (µs), sizes."""
     _check_counts(warmup, repeat)
     burst = Burst(device, n)
     for _ in range(warmup + repeat):

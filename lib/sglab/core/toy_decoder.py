@@ -77,8 +77,7 @@ class Rotary(nn.Module):
 
 
 class CausalAttention(nn.Module):
-    """The default attention op (``RadixAttention``'s place): causal attention over one sequence of
-    the real length. No parameters."""
+    """Causal attention over one sequence (``RadixAttention``'s place); no parameters."""
 
     def __init__(self, num_heads: int, head_dim: int):
         super().__init__()
@@ -129,8 +128,7 @@ class DecoderLayer(nn.Module):
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
     def pre_attn(self, h, positions, rotary: Optional[Rotary] = None):
-        """Everything of this layer before attention: norm, qkv projection (and rotary) -> q, k,
-        v."""
+        """Norm, qkv projection (and rotary) -> q, k, v: everything before attention."""
         n, sa = h.shape[0], self.self_attn
         qkv = sa.qkv_proj(self.input_layernorm(h)).view(n, 3, sa.num_heads, sa.head_dim)
         if rotary is None:
@@ -149,8 +147,7 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderStack(nn.Module):
-    """The inner transformer stack (SGLang's ``model.model``): embedding, layers, final norm.
-    Token-major and free of the batch size."""
+    """The inner stack (SGLang's ``model.model``): embedding, layers, final norm; token-major."""
 
     def __init__(self, cfg: DecoderConfig, attention: AttentionFactory = CausalAttention):
         super().__init__()
@@ -170,8 +167,7 @@ class DecoderStack(nn.Module):
         return h
 
     def forward(self, input_ids, positions, forward_batch=None):
-        """The eager prefill: every op launched from Python (``forward_batch`` is unused here:
-        attention reads the request boundaries, where it needs them, from the forward context)."""
+        """The eager prefill (attention reads the request boundaries from the forward context)."""
         h = self.embed(input_ids, positions)
         for layer in self.layers:
             h = layer(h, positions, self.rotary)
@@ -190,9 +186,8 @@ class LogitsProcessor(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """A causal LM (``LlamaForCausalLM`` / ``DeepseekV3ForCausalLM`` shape): ``.model`` (the stack),
-    ``.lm_head`` and ``.logits_processor``. ``lm_head=False`` leaves the head out (a prefill
-    measured up to the final norm)."""
+    """A causal LM shaped as SGLang's (``.model``, ``.lm_head``, ``.logits_processor``);
+    ``lm_head=False`` leaves the head out (a prefill measured up to the final norm)."""
 
     def __init__(self, cfg: DecoderConfig, attention: AttentionFactory = CausalAttention, *,
                  lm_head: bool = True):
@@ -241,9 +236,8 @@ def init_residual_scaled_(model: nn.Module, *, seed: int, num_layers: int) -> nn
 
 def build_on_device(factory: Callable[[], nn.Module], device, dtype, *, seed: int,
                     num_layers: int) -> nn.Module:
-    """``factory()`` built on ``device`` (not meta: its first use took 6 s of a live notebook), cast
-    to ``dtype``, initialised by :func:`init_residual_scaled_` (rotary tables recomputed), frozen,
-    in eval mode."""
+    """``factory()`` built on ``device``, cast to ``dtype``, initialised by
+    :func:`init_residual_scaled_` (rotary tables recomputed), frozen, in eval mode."""
     with torch.device(device):
         model = factory()
     model = model.to(dtype=dtype)

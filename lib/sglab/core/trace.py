@@ -4,9 +4,7 @@ draws the same timeline from a recorded run; the Perfetto file is torch's own ex
 
 from __future__ import annotations
 
-import gzip
 import os
-import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,8 +29,7 @@ _PROFILER_WARM = False
 
 
 def _warm_profiler() -> None:
-    """The first profiling session of a process can miss kernels while CUPTI starts up: spend it on
-    a throwaway kernel once."""
+    """Spend a process's first profiling session (which can miss kernels) on a throwaway kernel."""
     global _PROFILER_WARM
     if _PROFILER_WARM:
         return
@@ -67,23 +64,10 @@ def _category(ev) -> str:
     if getattr(ev, "is_user_annotation", False) or name.startswith(PHASE_PREFIX):
         return "range"
     if _is_device(ev):
-        if name.startswith("Memcpy"):
-            return "memcpy"
-        if name.startswith("Memset"):
-            return "memset"
-        return "kernel"
+        return {"Memcpy": "memcpy", "Memset": "memset"}.get(name[:6], "kernel")
     if name.startswith(("cuda", "cu")) and not name.startswith("cudnn"):
         return "runtime"
     return "op"
-
-
-def _lane(ev, category: str, main_thread) -> str:
-    if _is_device(ev):
-        stream = getattr(ev, "device_resource_id", None)
-        return f"stream {stream}" if stream is not None else "device"
-    if category == "runtime":
-        return "runtime"
-    return "host" if ev.thread == main_thread else f"host {ev.thread}"
 
 
 def on_device(lanes):
@@ -91,30 +75,11 @@ def on_device(lanes):
     return lanes.str.startswith("stream") | (lanes == "device")
 
 
-def _assign_phases(df):
-    """Innermost phase range (host ranges for host events, device ranges for device events) per
-    event."""
-    import numpy as np
-
-    is_dev = on_device(df.lane).to_numpy()
-    start = df.start_us.to_numpy()
-    phases = np.full(len(df), "", dtype=object)
-    ranges = df[(df.category == "range") & df.name.str.startswith(PHASE_PREFIX)]
-    # longest first, so that a shorter (inner) range containing the same event overwrites it:
-    # innermost wins
-    for i in ranges.sort_values("dur_us", ascending=False, kind="stable").index:
-        r = df.loc[i]
-        inside = (start >= r.start_us) & (start <= r.start_us + r.dur_us) & (
-            is_dev == is_dev[df.index.get_loc(i)])
-        phases[inside] = r["name"][len(PHASE_PREFIX):]
-    out = df.copy()
-    out["phase"] = phases
-    return out
-
-
 def event_table(events, *, keep_ops: bool = False):
-    """torch.profiler ``FunctionEvent``s as :data:`COLUMNS`, times relative to the first event; host
-    ops dropped unless ``keep_ops``."""
+    """torch.profiler events as :data:`COLUMNS` from the first event, each in its innermost phase
+    range (host ranges for host events, device ranges for device events); host ops with
+    ``keep_ops``."""
+    import numpy as np
     import pandas as pd
 
     events = list(events)
@@ -124,15 +89,28 @@ def event_table(events, *, keep_ops: bool = False):
     main_thread = min((e.thread for e in host), default=None, key=lambda t: (t is None, t))
     rows = []
     for ev in events:
-        cat = _category(ev)
+        cat, stream = _category(ev), getattr(ev, "device_resource_id", None)
+        if _is_device(ev):
+            lane = f"stream {stream}" if stream is not None else "device"
+        else:
+            lane = "runtime" if cat == "runtime" else (
+                "host" if ev.thread == main_thread else f"host {ev.thread}")
         rows.append({
-            "lane": _lane(ev, cat, main_thread), "name": ev.name, "category": cat,
-            "start_us": float(ev.time_range.start),
+            "lane": lane, "name": ev.name, "category": cat, "start_us": float(ev.time_range.start),
             "dur_us": float(ev.time_range.end - ev.time_range.start)
         })
     df = pd.DataFrame(rows)
     df["start_us"] -= df.start_us.min()
-    df = _assign_phases(df.sort_values("start_us", kind="stable").reset_index(drop=True))
+    df = df.sort_values("start_us", kind="stable").reset_index(drop=True)
+    is_dev, start = on_device(df.lane).to_numpy(), df.start_us.to_numpy()
+    phases = np.full(len(df), "", dtype=object)
+    ranges = df[(df.category == "range") & df.name.str.startswith(PHASE_PREFIX)]
+    # longest first, so that a shorter (inner) range containing the same event overwrites it
+    for i in ranges.sort_values("dur_us", ascending=False, kind="stable").index:
+        r = df.loc[i]
+        inside = (start >= r.start_us) & (start <= r.start_us + r.dur_us) & (is_dev == is_dev[i])
+        phases[inside] = r["name"][len(PHASE_PREFIX):]
+    df["phase"] = phases
     if not keep_ops:
         df = df[df.category != "op"]
     return df[COLUMNS].reset_index(drop=True)
@@ -173,68 +151,33 @@ class Recorder:
         self._prof.__exit__(*exc)
         if exc[0] is None:
             self.events = event_table(self._prof.events(), keep_ops=self.keep_ops)
-            if self.perfetto is not None:
-                write_perfetto(self._prof, self.perfetto)
+            if self.perfetto is not None:  # torch's Chrome trace, gzipped by torch for a .gz name
+                self.perfetto.parent.mkdir(parents=True, exist_ok=True)
+                self._prof.export_chrome_trace(str(self.perfetto))
         return False
-
-
-def write_perfetto(prof, path: str | Path) -> Path:
-    """torch's Chrome trace of ``prof`` at ``path`` (gzipped when the name ends in ``.gz``); opens
-    in https://ui.perfetto.dev or chrome://tracing."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(raw))
-        if path.suffix == ".gz":
-            with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-        else:
-            shutil.copyfile(raw, path)
-    return path
-
-
-def trace_phases(fns, *, perfetto: str | Path | None = None, cuda: bool | None = None):
-    """Run each function of ``fns`` (``{phase name: callable}``) once inside its own :func:`phase`
-    range, under one :class:`Recorder` session; the device is synchronised before and after each so
-    that phases never overlap on the device. Returns the event table."""
-    import torch
-
-    rec = Recorder(perfetto=perfetto, cuda=cuda)
-    sync = torch.cuda.synchronize if rec.cuda else (lambda: None)
-    with rec:
-        for name, fn in fns.items():
-            sync()
-            with phase(name):
-                fn()
-            sync()
-    return rec.events
-
-
-def phase_columns(events, pattern: str, columns, converters=None):
-    """The events whose ``phase`` matches ``pattern`` (a regular expression with one group per
-    column), with the groups as new ``columns`` (each passed through its ``converters`` entry, e.g.
-    ``int``)."""
-    m = events.phase.str.extract(pattern)
-    keep = m[0].notna()
-    out = events[keep].copy()
-    for i, col in enumerate(columns):
-        values = m[i][keep]
-        conv = (converters or {}).get(col)
-        out[col] = values.map(conv).values if conv else values.values
-    return out.reset_index(drop=True)
 
 
 def trace_variants(fns, column: str, *, cuda: bool, warm: bool = True,
                    perfetto_prefix: str | None = None) -> tuple:
-    """:func:`trace_phases` of ``fns`` (``{"<variant> <n>": callable}``, each called once before
-    with ``warm``): the events with ``variant`` and an integer ``column``, and the Perfetto file (on
-    the GPU with ``perfetto_prefix``, in a new temporary folder; else None)."""
+    """Each of ``fns`` (``{"<variant> <n>": callable}``, each called once before with ``warm``) in
+    its own :func:`phase` under one :class:`Recorder`, the device synchronised around each: the
+    events of those phases with ``variant`` and an integer ``column``, and the Perfetto file (on the
+    GPU with ``perfetto_prefix``, in a new temporary folder; else None)."""
+    import torch
+
     if warm:
         for fn in fns.values():  # every path warm before the profiler starts
             fn()
     perfetto = (Path(tempfile.mkdtemp(prefix=perfetto_prefix)) / "trace.json.gz"
                 if cuda and perfetto_prefix else None)
-    events = phase_columns(trace_phases(fns, perfetto=perfetto, cuda=cuda), r"^(\S+) (\d+)$",
-                           ("variant", column), {column: int})
-    return events, perfetto if perfetto is not None and perfetto.exists() else None
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    with Recorder(perfetto=perfetto, cuda=cuda) as rec:
+        for name, fn in fns.items():
+            sync()
+            with phase(name):
+                fn()
+            sync()
+    m = rec.events.phase.str.extract(r"^(\S+) (\d+)$")
+    keep = m[0].notna()
+    events = rec.events[keep].assign(variant=m[0][keep], **{column: m[1][keep].astype(int)})
+    return events.reset_index(drop=True), (perfetto if perfetto and perfetto.exists() else None)
