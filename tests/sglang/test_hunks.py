@@ -97,9 +97,9 @@ def test_hunks_match_the_cached_wheels():
         paths = [R.cached(v, R.cache_dir()) for v in (hunk.before_version, hunk.after_version)]
         if None in paths:
             continue
-        with R.WheelReader(paths[0]) as rb, R.WheelReader(paths[1]) as ra:
-            again = H.build(spec, fix.name, (hunk.before_version, rb, R.wheel_facts(paths[0])),
-                            (hunk.after_version, ra, R.wheel_facts(paths[1])))
+        rb, ra = R.reader(paths[0]), R.reader(paths[1])
+        again = H.build(spec, fix.name, (hunk.before_version, rb, R.wheel_facts(paths[0])),
+                        (hunk.after_version, ra, R.wheel_facts(paths[1])))
         assert again == hunk
         rebuilt += 1
     if os.environ.get("CI"):

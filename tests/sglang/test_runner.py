@@ -167,9 +167,10 @@ def test_run_probe_is_one_call_of_the_same_worker(fake_home, spawned):
 
 def test_the_worker_command_writes_one_line_per_call(fake_home, tmp_path):
     out = tmp_path / "answers.jsonl"
-    calls = json.dumps([{"probe": PID, "params": {"tag": 1}}, {"probe": BOOM}])
+    calls = tmp_path / "calls.json"
+    calls.write_text(json.dumps([{"probe": PID, "params": {"tag": 1}}, {"probe": BOOM}]))
     proc = subprocess.run([
-        sys.executable, "-m", "sglab.sglang.runner", "--release", RELEASE, "--calls", calls,
+        sys.executable, "-m", "sglab.sglang.runner", "--release", RELEASE, "--calls", f"@{calls}",
         "--out",
         str(out)
     ], capture_output=True, text=True, timeout=120, env=releases.worker_env())

@@ -38,8 +38,7 @@ def read(version: str, path: str) -> str | None:
     wheel = wheels.cached(version, wheels.cache_dir())
     if wheel is None:
         return None
-    with wheels.WheelReader(wheel) as reader:
-        return reader(path)
+    return wheels.reader(wheel)(path)
 
 
 def line_of(version: str, node: Node) -> int | None:

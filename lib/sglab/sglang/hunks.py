@@ -108,6 +108,11 @@ def build(spec: Spec, fix: str, before: tuple, after: tuple) -> Hunk:
 
 
 # -- committed files -------------------------------------------------------------------------------
+META = ("fix", "pr", "paths", "symbols", "before_version", "after_version", "before_wheel",
+        "after_wheel")
+SIDES = ("before", "after")
+
+
 def _stem(fix: str, pr: int, root: Path | None) -> Path:
     return Path(root or data_dir()) / fix / f"pr{pr}"
 
@@ -115,14 +120,10 @@ def _stem(fix: str, pr: int, root: Path | None) -> Path:
 def write(hunk: Hunk, root: Path | None = None) -> Path:
     stem = _stem(hunk.fix, hunk.pr, root)
     stem.parent.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "fix": hunk.fix, "pr": hunk.pr, "paths": list(hunk.paths), "symbols": list(hunk.symbols),
-        "before_version": hunk.before_version, "after_version": hunk.after_version,
-        "before_wheel": hunk.before_wheel, "after_wheel": hunk.after_wheel
-    }
+    meta = {k: getattr(hunk, k) for k in META}
     stem.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
-    Path(f"{stem}.before.txt").write_text(hunk.before)
-    Path(f"{stem}.after.txt").write_text(hunk.after)
+    for side in SIDES:
+        Path(f"{stem}.{side}.txt").write_text(getattr(hunk, side))
     Path(f"{stem}.diff").write_text(hunk.diff)
     return stem.parent
 
@@ -135,30 +136,26 @@ def load(fix, pr: int | None = None, *, root: Path | None = None) -> Hunk:
         raise FileNotFoundError(f"no committed hunk {meta_path} (sglab upstream --releases writes "
                                 "it)")
     meta = json.loads(meta_path.read_text())
-    return Hunk(meta["fix"], meta["pr"], tuple(meta["symbols"]), meta["before_version"],
-                meta["after_version"],
-                Path(f"{stem}.before.txt").read_text(),
-                Path(f"{stem}.after.txt").read_text(),
-                Path(f"{stem}.diff").read_text(), meta["before_wheel"], meta["after_wheel"])
+    return Hunk(**{k: meta[k]
+                   for k in META if k not in ("paths", "symbols")}, symbols=tuple(meta["symbols"]),
+                diff=Path(f"{stem}.diff").read_text(),
+                **{side: Path(f"{stem}.{side}.txt").read_text()
+                   for side in SIDES})
 
 
 def generate(fixes, versions: list[str], wheels: dict, root: Path | None = None) -> list[Hunk]:
     """Find every PR's window among ``versions`` (oldest first) in the wheels ``{version: path}``,
     write each hunk; ``fixes`` are the records (each with its hunk specs)."""
-    from sglab.sglang.wheels import WheelReader, wheel_facts
+    from sglab.sglang.wheels import reader, wheel_facts
 
-    readers = {v: WheelReader(path) for v, path in wheels.items()}
+    readers = {v: reader(path) for v, path in wheels.items()}
     out = []
-    try:
-        for fix, spec in ((f, sp) for f in fixes for sp in f.hunks):
-            bv, av = find_window(spec, fix, versions, readers.__getitem__)
-            hunk = build(spec, fix.name, (bv, readers[bv], wheel_facts(wheels[bv])),
-                         (av, readers[av], wheel_facts(wheels[av])))
-            write(hunk, root)
-            out.append(hunk)
-    finally:
-        for r in readers.values():
-            r.close()
+    for fix, spec in ((f, sp) for f in fixes for sp in f.hunks):
+        bv, av = find_window(spec, fix, versions, readers.__getitem__)
+        hunk = build(spec, fix.name, (bv, readers[bv], wheel_facts(wheels[bv])),
+                     (av, readers[av], wheel_facts(wheels[av])))
+        write(hunk, root)
+        out.append(hunk)
     return out
 
 

@@ -148,9 +148,8 @@ def _run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]],
 
 def run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]], *,
                 timeout: float = DEFAULT_TIMEOUT_S) -> dict[tuple[str, str], ProbeResult]:
-    """``{(probe, params key): result}`` of ``calls`` (``(probe, params)``, a probe
-    ``module:function``) on ``release``, in one worker, in order; ``timeout``: seconds per call.
-    Never raises for a release that cannot run: each result says why."""
+    """``{(probe, params key): result}`` of ``calls`` (``(probe, params)``) on ``release``, in one
+    worker, in order; ``timeout``: seconds per call. Each result says why a release did not run."""
     return _run_release(release, calls, timeout)[0]
 
 
@@ -216,14 +215,11 @@ def run_probes(
     if progress is not None:
         for v in (v for v in releases if v in found):
             progress(v, found[v])
-    todo = [v for v in releases if v not in found]
     key = call_key(probe, params)
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(run_release, v, [(probe, params)], timeout=timeout): v for v in todo}
-        for f in as_completed(futures):
-            found[futures[f]] = f.result()[key]
-            if progress is not None:
-                progress(futures[f], found[futures[f]])
+    ran = run_batch([(probe, params, [v for v in releases if v not in found])], jobs=jobs,
+                    timeout=timeout, progress=progress
+                    and (lambda v, results: progress(v, results[key])))
+    found.update((v, results[key]) for v, results in ran.items())
     return {v: found[v] for v in releases}
 
 
@@ -311,15 +307,11 @@ def run(release: str, calls: list[dict], emit: Callable[[dict], None]) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sglab.sglang.runner")
     ap.add_argument("--release", required=True)
-    ap.add_argument(
-        "--calls", required=True,
-        help='JSON list of {"probe": MODULE:FUNCTION, "params": {...}}, or @FILE '
-        "holding it")
-    ap.add_argument("--out", required=True, type=Path,
-                    help="one JSON line per answer is appended here")
+    ap.add_argument("--calls", required=True,
+                    help='@FILE of [{"probe": MODULE:FUNCTION, "params"}]')
+    ap.add_argument("--out", required=True, type=Path, help="one JSON line per answer")
     args = ap.parse_args(argv)
-    text = Path(args.calls[1:]).read_text() if args.calls.startswith("@") else args.calls
-    calls = json.loads(text)
+    calls = json.loads(Path(args.calls.removeprefix("@")).read_text())
     # SGLang and transformers warn loudly about the GPU-less machine; the caller only sees our JSON
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR)

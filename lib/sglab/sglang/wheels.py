@@ -125,27 +125,15 @@ def opened(path: Path) -> tuple[zipfile.ZipFile, frozenset]:
     return _opened(path, path.stat().st_mtime_ns)
 
 
-class WheelReader:
+def reader(path: Path):
     """``read(relpath)`` inside a wheel: the text of ``sglang/<relpath>``, or None."""
+    z, names = opened(path)
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self._zip, self._names = opened(self.path)
-
-    def __call__(self, relpath: str) -> str | None:
+    def read(relpath: str) -> str | None:
         name = f"{PACKAGE}/{relpath}"
-        if name not in self._names:
-            return None
-        return self._zip.read(name).decode("utf-8", errors="replace")
+        return z.read(name).decode("utf-8", errors="replace") if name in names else None
 
-    def close(self):
-        pass  # the zip stays open for the next reader of this wheel (see opened)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        pass
+    return read
 
 
 def wheel_facts(path: Path) -> dict:
@@ -163,9 +151,8 @@ def wheel_facts(path: Path) -> dict:
 def classify_wheel(version: str, path: Path, fixes) -> dict:
     """One row of the release table: the wheel's facts, then each fix's state and reason."""
     row = {"version": version, **wheel_facts(path)}
-    with WheelReader(path) as read:
-        for fix, v in classify(fixes, read).items():
-            row[fix], row[f"{fix}_reason"] = v.status, v.detail
+    for fix, v in classify(fixes, reader(path)).items():
+        row[fix], row[f"{fix}_reason"] = v.status, v.detail
     return row
 
 
