@@ -168,9 +168,8 @@ def install_hooks(path: str) -> None:
     spec = json.loads(Path(path).read_text())
     finder = _AfterImport()
     sys.meta_path.insert(0, finder)
-    if spec.get("resolved"):
-        finder.add("sglang.srt.server_args", _print_resolved)
-    for p in spec.get("patches", []):
+    finder.add("sglang.srt.server_args", _print_resolved)
+    for p in spec["patches"]:
         mod, _, fn = p["patch"].partition(":")
         target = getattr(importlib.import_module(mod), fn)
         params = dict(p["params"], name=p["name"])

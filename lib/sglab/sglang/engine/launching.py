@@ -149,13 +149,9 @@ def prepare(spec: EngineSpec, work: Path, *, python: str = sys.executable,
     hooks_dir.mkdir(exist_ok=True)
     (hooks_dir / "sitecustomize.py").write_text(SITECUSTOMIZE)
     hooks = work / "hooks.json"
-    hooks.write_text(
-        json.dumps(
-            {
-                "resolved": True,
-                "patches": [{"name": a.name, "patch": a.patch, "params": patch_params(a)}
-                            for a in spec.adjustments if a.patch]
-            }, indent=1))
+    patches = [{"name": a.name, "patch": a.patch, "params": patch_params(a)}
+               for a in spec.adjustments if a.patch]
+    hooks.write_text(json.dumps({"patches": patches}, indent=1))
     if spec.tool == "bench":
         sglang_cmd = [python, "-m", "sglang.bench_one_batch", *server, *bench_argv(spec, work)]
         argv = list(sglang_cmd)

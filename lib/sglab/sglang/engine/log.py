@@ -5,6 +5,7 @@ processes (:data:`OURS_READ`), and SGLang's own error in one line (:func:`first_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -68,11 +69,7 @@ def _decision(**fields):
 
 
 def _phase(name: str):
-
-    def handle(r: _Reading, m, line: str) -> None:
-        r.phase = name
-
-    return handle
+    return lambda r, m, line: setattr(r, "phase", name)
 
 
 def _prefill(r: _Reading, m, line: str) -> None:
@@ -165,10 +162,8 @@ RX = {k: re.compile(rx) for k, (_, rx) in LOG_STRINGS.items()}
 # -- our own lines, printed inside the engine's processes (hooks, driver) --------------------------
 def _resolved(r: _Reading, rest: str, line: str) -> None:
     if r.d["resolved"] is None:
-        try:
+        with contextlib.suppress(ValueError):
             r.d["resolved"] = json.loads(rest)
-        except ValueError:
-            pass
 
 
 def _applied(r: _Reading, rest: str, line: str) -> None:

@@ -16,6 +16,14 @@ from sglab.sglang.engine.running import TOOL_NAMES, EngineResult
 from sglab.sglang.engine.spec import EngineSpec, METHOD_VERSION, read_config, repo
 
 
+def _grouped(items: list[dict], *keys: str, order=None) -> list[tuple[tuple, list[dict]]]:
+    """``[(values of keys, items)]``, the groups sorted by their values (or ``order`` of them)."""
+    groups: dict[tuple, list] = {}
+    for x in items:
+        groups.setdefault(tuple(x.get(k) for k in keys), []).append(x)
+    return sorted(groups.items(), key=lambda kv: (order or (lambda k: k))(kv[0]))
+
+
 def spread(xs: list[float]) -> dict:
     """Median, min, max, interquartile range and count of repeated measurements (the quartiles
     interpolated: the inclusive method, so that one slow repeat of 5 does not set the IQR)."""
@@ -66,14 +74,12 @@ def rows(res: EngineResult) -> list[dict]:
     for metric, (key, unit) in DECISIONS.items():
         v = d.get(key)
         add(metric, (" ".join(map(str, v)) or None) if isinstance(v, list) else v, unit)
-    groups: dict[tuple, list] = {}
     # a launch pass ran under the profiler: its counts are exact, its timings are not kept
     counting = s.profile and s.profile_stage == "prefill"
-    for b in [] if counting else res.bench:
-        if b.get("skipped") or b.get("warmup"):
-            continue
-        groups.setdefault((b["batch_size"], b["input_len"], b["output_len"]), []).append(b)
-    for (bs, il, ol), runs_ in sorted(groups.items()):
+    timed = [
+        b for b in ([] if counting else res.bench) if not (b.get("skipped") or b.get("warmup"))
+    ]
+    for (bs, il, ol), runs_ in _grouped(timed, "batch_size", "input_len", "output_len"):
         cols = {"batch_size": bs, "input_len": il, "output_len": ol}
         pre = add_spread("prefill", [r["prefill_latency"] * 1e3 for r in runs_],
                          ("median", "min", "max", "iqr"), **cols)
@@ -86,11 +92,8 @@ def rows(res: EngineResult) -> list[dict]:
         if dec:
             add_spread("decode", dec, **cols)
         add("repeats", pre["n"], "runs", **cols)
-    served: dict[tuple, list] = {}
-    for x in d.get("serving", []):
-        if not x.get("warmup"):
-            served.setdefault((x["input_len"], x["concurrency"], x["output_len"]), []).append(x)
-    for (il, n, ol), xs in sorted(served.items()):
+    served = [x for x in d.get("serving", []) if not x.get("warmup")]
+    for (il, n, ol), xs in _grouped(served, "input_len", "concurrency", "output_len"):
         cols = {"requests": n, "input_len": il, "output_len": ol}
         for metric, key in SERVING_METRICS:
             for stat in ("median", "mean"):
@@ -107,12 +110,9 @@ def rows(res: EngineResult) -> list[dict]:
         if pre:
             add("serve_prefill_batches", len(pre), "batches")
             add("serve_prefill_mixed", sum(b["seqs"] > 1 for b in pre), "batches")
-    calls: dict[tuple, list] = {}
-    for c in d.get("calls", []):
-        if c.get("warmup"):
-            continue
-        calls.setdefault((c.get("requests"), c.get("input_len"), c.get("output_len")), []).append(c)
-    for (n, il, ol), cs in sorted(calls.items(), key=lambda kv: tuple(x or 0 for x in kv[0])):
+    calls = [c for c in d.get("calls", []) if not c.get("warmup")]
+    for (n, il, ol), cs in _grouped(calls, "requests", "input_len", "output_len",
+                                    order=lambda k: tuple(x or 0 for x in k)):
         cols = {"requests": n, "input_len": il, "output_len": ol}
         add_spread("latency", [float(c["seconds"]) * 1e3 for c in cs],
                    ("median", "min", "max", "iqr"), **cols)
@@ -158,10 +158,8 @@ def event_rows(base: dict, events: list[dict]) -> list[dict]:
         if value is not None:
             out.append({**base, "rank": rank, "metric": metric, "value": value, "unit": unit})
 
-    by_rank: dict[tuple, list] = {}
-    for e in events:
-        by_rank.setdefault((e["event"], e.get("rank", e.get("pid"))), []).append(e)
-    for (ev, rank), es in sorted(by_rank.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+    events = [{"rank": e.get("pid"), **e} for e in events]
+    for (ev, rank), es in _grouped(events, "event", "rank", order=lambda k: (k[0], str(k[1]))):
         add(f"{ev}_count", len(es), "calls", rank)
         add(f"{ev}_objects", len({e.get("obj") for e in es}), "objects", rank)
         sizes = sorted({e["max_token_num"] for e in es if e.get("max_token_num") is not None})

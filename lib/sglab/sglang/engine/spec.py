@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Optional
 
 from sglab.core import runs
 from sglab.sglang import hf_config
@@ -23,9 +23,8 @@ METHOD_VERSION = 1
 
 VOCAB = 32000
 
-# The defaults every run gets unless the server arguments name the flag themselves (the facts of
-# real engines on one GPU): dummy weights, Triton attention (no FA3 build carried), PyTorch sampling
-# (no FlashInfer sampling JIT).
+# Defaults for flags the server arguments do not name: dummy weights, Triton attention (no FA3
+# build carried), PyTorch sampling (no FlashInfer sampling JIT).
 DEFAULT_ARGS = (("--load-format", "dummy"), ("--attention-backend", "triton"),
                 ("--sampling-backend", "pytorch"))
 
@@ -33,11 +32,9 @@ DEFAULT_ARGS = (("--load-format", "dummy"), ("--attention-backend", "triton"),
 # get_tokenizer); the Engine does not with it, and takes token ids.
 ENGINE_ONLY_ARGS = (("--skip-tokenizer-init", None),)
 
-# The server (serve tool) builds its grammar backend at start-up, xgrammar by default, which the
-# engine bundle does not carry; bench_serving's random-ids requests ask for no structured output.
-# Its own warm-up request is skipped: the driver's untimed bench_serving passes warm it instead,
-# and a VLM's warm-up is a chat completion with an image, which needs a chat template that the
-# harness tokenizer does not have.
+# The server's default grammar backend (xgrammar) is not carried and random-ids requests need none;
+# its own warm-up (for a VLM, a chat completion the harness tokenizer has no template for) gives way
+# to the driver's untimed passes.
 SERVE_ONLY_ARGS = (("--grammar-backend", "none"), ("--skip-server-warmup", None))
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -46,9 +43,7 @@ DEFAULT_TIMEOUT_S = 900.0
 AGAIN = "-again"
 
 # piecewise capture sizes every scenario that turns piecewise CUDA graphs on passes
-PCG_TOKENS = ("128", "256", "512", "1024")
-
-PCG_FLAGS = ("--piecewise-cuda-graph-tokens", *PCG_TOKENS)
+PCG_FLAGS = ("--piecewise-cuda-graph-tokens", "128", "256", "512", "1024")
 
 
 class EngineError(RuntimeError):
@@ -66,11 +61,9 @@ class ReleaseError(EngineError):
 
 @dataclass(frozen=True)
 class Adjustment:
-    """A change the harness makes to a release's run, named and justified in every manifest.
-
-    ``env``: variables set for the engine's processes; ``patch``: ``module:function`` called as
-    ``function(params)`` in every engine process once the release module ``params["module"]`` is
-    imported."""
+    """A change the harness makes to a release's run, named and justified in every manifest:
+    ``env`` for the engine's processes, or a ``patch`` (``module:function``) called with ``params``
+    in each of them once the release module ``params["module"]`` is imported."""
 
     name: str
     reason: str
@@ -88,27 +81,27 @@ def lib_dir() -> Path:
 
 repo = runs.repo_root
 
-ADJUSTMENTS: dict[str, Callable[[], Adjustment]] = {
-    "kimi-k25-post-load-weights": lambda: Adjustment(
+ADJUSTMENTS = {
+    "kimi-k25-post-load-weights": Adjustment(
         "kimi-k25-post-load-weights",
         "with dummy weights the KimiK25ForConditionalGeneration of releases before 0.5.13 never "
         "absorbs the MLA weights (it has no post_load_weights; the first decode dies on `w_kc` "
         "None): a subclass adding only 0.5.13's post_load_weights (no `model` property, so the "
         "released piecewise gate is kept) is registered through "
-        "SGLANG_EXTERNAL_MODEL_PACKAGE=sglab.sglang.engine_models", env=(
-            ("SGLANG_EXTERNAL_MODEL_PACKAGE", "sglab.sglang.engine_models"),)),
+        "SGLANG_EXTERNAL_MODEL_PACKAGE=sglab.sglang.engine_models",
+        env=(("SGLANG_EXTERNAL_MODEL_PACKAGE", "sglab.sglang.engine_models"),)),
     # the model's processor files are Hub remote code, out of reach offline; the patch is 05's
     # (it builds on 05's rebuild of Kimi's preprocessing), and every fix's Kimi server gets it
-    "kimi-k25-processor-stand-in": lambda: Adjustment(
+    "kimi-k25-processor-stand-in": Adjustment(
         "kimi-k25-processor-stand-in",
         "no network on the GPU box, so no Kimi-K2.5 processor files (Hub remote code): "
         "get_processor (srt/utils/hf_transformers/processor.py) returns a processor made by "
         "sglab.grid_thw.stand_in from the model folder: the harness's WordLevel tokenizer with "
         "Kimi's media tokens at ids 31996-31999 (<|media_pad|> = media_placeholder_token_id), a "
         "plain BaseImageProcessor, and Kimi-K2.5's media_proc_cfg (patch 14, merge 2, mean/std "
-        "0.5); the release's own GPU preprocessing, grid and transport run unchanged", patch=
-        "sglab.grid_thw.stand_in:use_stand_in", params=(
-            ("module", "sglang.srt.utils.hf_transformers.processor"),))
+        "0.5); the release's own GPU preprocessing, grid and transport run unchanged",
+        patch="sglab.grid_thw.stand_in:use_stand_in",
+        params=(("module", "sglang.srt.utils.hf_transformers.processor"),))
 }
 
 # what a model needs to run with dummy weights on a release: architecture -> (adjustment, the
@@ -121,15 +114,10 @@ MODEL_NEEDS = {
 
 def adjustment(name: str, known: Iterable[Adjustment] = ()) -> Adjustment:
     """The shared adjustment ``name`` (a model's), or one of ``known`` (the fixes' own)."""
-    found = {a.name: a for a in known}
-    if name in found:
-        return found[name]
-    try:
-        return ADJUSTMENTS[name]()
-    except KeyError:
-        raise EngineError(
-            f"unknown harness adjustment {name!r} (known: {', '.join([*ADJUSTMENTS, *found])})"
-        ) from None
+    found = {**ADJUSTMENTS, **{a.name: a for a in known}}
+    if name not in found:
+        raise EngineError(f"unknown harness adjustment {name!r} (known: {', '.join(found)})")
+    return found[name]
 
 
 def revert_adjustment(name: str, reason: str, module: str, qualname: str, **hunk) -> Adjustment:
@@ -151,14 +139,11 @@ def trace_adjustment(name: str, reason: str, module: str, qualname: str, event: 
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """One engine run. ``server_args``: the reader's flags (after ``--``); the defaults of
-    :data:`DEFAULT_ARGS` are added for flags not given. ``bench``: ``batch_sizes`` x ``input_lens``,
-    each repeated ``repeats`` times in one process after ``warmup`` untimed sweeps of every input
-    length (bench_one_batch's own warm-up covers only its first shape, so the first timed run of
-    each other length would hold its JIT builds); ``engine``: ``requests`` requests of
-    ``input_lens`` tokens per generate call, after ``warmup`` untimed calls; ``serve``: the
-    release's own server and ``bench_serving`` at each input length and concurrency of
-    ``requests``, ``prompts`` prompts per concurrent request, ``repeats`` passes."""
+    """One engine run: ``server_args`` (the reader's flags; :data:`DEFAULT_ARGS` fill the rest) and
+    the shape. ``bench``: ``batch_sizes`` x ``input_lens``, ``repeats`` times after ``warmup``
+    untimed sweeps of every length (bench_one_batch's own warm-up covers its first shape only);
+    ``engine``: ``requests`` x ``input_lens`` per generate call after ``warmup`` untimed calls;
+    ``serve``: ``bench_serving`` per length and concurrency of ``requests``, ``prompts`` each."""
 
     release: str
     model: Path
@@ -202,7 +187,7 @@ class EngineSpec:
 
     @property
     def tp_size(self) -> int:
-        return tp_size(self.server_args)
+        return runs.tp_of(self.server_args)
 
 
 @dataclass(frozen=True)
@@ -318,6 +303,3 @@ def load_config(path: Path) -> dict:
 
 def flag_names(argv: Iterable[str]) -> list[str]:
     return [a.split("=", 1)[0] for a in argv if a.startswith("--")]
-
-
-tp_size = runs.tp_of  # the one reader of a TP size
