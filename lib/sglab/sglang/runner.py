@@ -84,9 +84,12 @@ def _read_answers(out: Path) -> dict[int, dict]:
     return found
 
 
-def _run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]],
-                 timeout: float) -> tuple[dict[tuple[str, str], ProbeResult], set]:
-    """:func:`run_release`, and the keys of the calls the worker itself answered."""
+def run_release(
+        release: str, calls: Iterable[tuple[str, Optional[dict]]], *,
+        timeout: float = DEFAULT_TIMEOUT_S) -> tuple[dict[tuple[str, str], ProbeResult], set]:
+    """``{(probe, params key): result}`` of ``calls`` (``(probe, params)``) on ``release``, in one
+    worker, in order (``timeout``: seconds per call; a result says why a release did not run), and
+    the keys of the calls the worker itself answered."""
     parse_version(release)
     todo: dict[tuple[str, str], tuple[str, dict]] = {}
     for probe, params in calls:
@@ -146,13 +149,6 @@ def _run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]],
     return results, answered
 
 
-def run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]], *,
-                timeout: float = DEFAULT_TIMEOUT_S) -> dict[tuple[str, str], ProbeResult]:
-    """``{(probe, params key): result}`` of ``calls`` (``(probe, params)``) on ``release``, in one
-    worker, in order; ``timeout``: seconds per call. Each result says why a release did not run."""
-    return _run_release(release, calls, timeout)[0]
-
-
 def run_batch(calls: Iterable[tuple[str, Optional[dict], Iterable[str]]], *, jobs: int = 2,
               timeout: float = DEFAULT_TIMEOUT_S, progress: Optional[Callable[[str, dict],
                                                                               None]] = None,
@@ -167,7 +163,7 @@ def run_batch(calls: Iterable[tuple[str, Optional[dict], Iterable[str]]], *, job
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         # the busiest releases first, so that the last worker to start is a short one
         futures = {
-            pool.submit(_run_release, v, per_release[v], timeout): v
+            pool.submit(run_release, v, per_release[v], timeout=timeout): v
             for v in sorted(per_release, key=lambda v: -len(per_release[v]))
         }
         for f in as_completed(futures):
@@ -182,7 +178,7 @@ def run_probe(release: str, probe: str, params: Optional[dict] = None, *,
               timeout: float = DEFAULT_TIMEOUT_S) -> ProbeResult:
     """``probe`` (``module:function``) on ``release`` in a fresh worker, now (never raises: the
     result says why a release could not run)."""
-    return run_release(release, [(probe, params)], timeout=timeout)[call_key(probe, params)]
+    return run_release(release, [(probe, params)], timeout=timeout)[0][call_key(probe, params)]
 
 
 def run_probes(

@@ -186,9 +186,8 @@ def write_table(frame, path: Path | None = None) -> Path:
 # -- the timeline ----------------------------------------------------------------------------------
 @dataclass
 class Timeline:
-    """Rows (the table's columns plus ``source``: "wheel" or "table"), what was read from where, and
-    whether every release from :data:`FIRST` on was read from its wheel (then it may be
-    committed)."""
+    """Rows (the table's columns plus ``source``: "wheel" or "table"), notes on what was read from
+    where, and whether every release from :data:`FIRST` on came from its wheel (committable)."""
 
     frame: object
     notes: list[str] = field(default_factory=list)
@@ -313,18 +312,19 @@ def _table(frame):
     return (load_table() if frame is None else frame).reset_index(drop=True)
 
 
-def _bare(ax) -> None:
+def _finish(ax, frame, **tick):
+    """The releases as ticks, a bare frame, the caption; the figure."""
+    ax.set_xticks([x + 0.47 for x in range(len(frame))], frame["version"], rotation=60, ha="right",
+                  **tick)
     ax.grid(False)
     ax.tick_params(length=0)
     for side in ("left", "bottom"):
         ax.spines[side].set_visible(False)
-
-
-def _caption(fig, frame) -> None:
     first, last = frame["build_date"].iloc[0][:10], frame["build_date"].iloc[-1][:10]
     text = (f"read from the released SGLang wheels {frame['version'].iloc[0]} (built {first}) to "
             f"{frame['version'].iloc[-1]} (built {last}) by sglab.sglang.upstream")
-    fig.text(0.01, -0.02, text, ha="left", va="top", fontsize=8, color="#555555")
+    ax.figure.text(0.01, -0.02, text, ha="left", va="top", fontsize=8, color="#555555")
+    return ax.figure
 
 
 def timeline_figure(frame=None, *, ax=None):
@@ -337,9 +337,8 @@ def timeline_figure(frame=None, *, ax=None):
     frame = _table(frame)
     fixes = fix_names(frame)
     if ax is None:
-        fig, ax = plots.figure(width=max(7.0, 0.48 * len(frame) + 2.5),
-                               height=0.42 * len(fixes) + 1.9)
-    fig = ax.figure
+        _, ax = plots.figure(width=max(7.0, 0.48 * len(frame) + 2.5),
+                             height=0.42 * len(fixes) + 1.9)
     for y, fix in enumerate(fixes):
         for x, state in enumerate(frame[fix]):
             ax.add_patch(
@@ -348,16 +347,13 @@ def timeline_figure(frame=None, *, ax=None):
                           hatch="//" if state == "unknown" else None))
     ax.set_xlim(-0.1, len(frame))
     ax.set_ylim(len(fixes), -0.15)
-    ax.set_xticks([x + 0.47 for x in range(len(frame))], frame["version"], rotation=60, ha="right")
     ax.set_yticks([y + 0.43 for y in range(len(fixes))], fixes)
-    _bare(ax)
     ax.set_title("Which SGLang release has which fix")
     present = [s for s in STATE_COLOURS if s in set(frame[fixes].to_numpy().ravel())]
     ax.legend(
         handles=[Patch(facecolor=STATE_COLOURS[s], edgecolor="#7f8c8d", label=s) for s in present],
         loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=len(present), frameon=False)
-    _caption(fig, frame)
-    return fig
+    return _finish(ax, frame)
 
 
 def timeline_row_figure(fix, frame=None, *, ax=None):
@@ -369,8 +365,7 @@ def timeline_row_figure(fix, frame=None, *, ax=None):
     if fix not in frame.columns:
         raise KeyError(f"no column {fix!r} in the release table; fixes: {fix_names(frame)}")
     if ax is None:
-        fig, ax = plots.figure(width=max(7.0, 0.45 * len(frame) + 1.5), height=1.9)
-    fig = ax.figure
+        _, ax = plots.figure(width=max(7.0, 0.45 * len(frame) + 1.5), height=1.9)
     states = list(frame[fix])
     ax.bar(range(len(states)), [1] * len(states), width=0.94, align="edge",
            color=[STATE_COLOURS.get(s, "#ffffff") for s in states], edgecolor="none")
@@ -384,9 +379,5 @@ def timeline_row_figure(fix, frame=None, *, ax=None):
     ax.set_xlim(0, len(states))
     ax.set_ylim(0, 1)
     ax.set_yticks([])
-    ax.set_xticks([x + 0.47 for x in range(len(states))], frame["version"], rotation=60, ha="right",
-                  fontsize=8)
-    _bare(ax)
     ax.set_title(f"{fix}: {title}" if title else fix, fontsize=10)
-    _caption(fig, frame)
-    return fig
+    return _finish(ax, frame, fontsize=8)
