@@ -236,7 +236,7 @@ _COMMON = frozenset(keyword.kwlist) | frozenset(dir(builtins)) | {"self", "cls"}
 
 @dataclass(frozen=True)
 class Piece:
-    """One hunk of a symbol's change: the release and 1-based line of its first change, its lines."""
+    """One hunk of a symbol's change: the release and line of its first change; its lines."""
 
     version: str
     line: int

@@ -22,8 +22,7 @@ PINNED = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13", "0.5.14", "0.5.23"
 
 STAMP = ".sglab-installed"
 
-# What every release imports at module level on the paths the probes take (found by importing them
-# on a CPU box with torch 2.13; each missing one is an ImportError at `import sglang.srt...`).
+# What every release imports at module level on the probes' paths (found on a CPU box, torch 2.13).
 _COMMON = ("numpy", "orjson", "psutil", "pybase64", "requests", "packaging", "pillow", "starlette",
            "msgspec", "pydantic", "pyzmq", "tqdm", "IPython", "aiohttp", "dill", "gguf", "einops",
            "partial_json_parser", "loguru")
@@ -99,9 +98,8 @@ LINUX_X86_64 = {
 
 
 def pins(metadata: str, environment: Optional[dict] = None) -> dict[str, str]:
-    """``{normalized name: version}`` of the exact (``==``) pins among the ``Requires-Dist`` lines
-    of a wheel's METADATA text whose markers hold on ``environment`` (default
-    :data:`LINUX_X86_64`; no extra)."""
+    """``{normalized name: version}`` of the ``==`` pins in METADATA ``Requires-Dist`` lines
+    whose markers hold on ``environment`` (default :data:`LINUX_X86_64`)."""
     env = environment or LINUX_X86_64
     out = {}
     for line in metadata.splitlines():

@@ -212,8 +212,7 @@ def serve(params_path: str) -> int:
     server = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
     out = Path(p["results"])
     try:
-        # bench_serving's own imports (transformers, aiohttp, ...) while the server starts: about
-        # 7 s a start on an H200 box that the first (untimed) pass would otherwise pay
+        # bench_serving's own imports while the server starts (about 7 s a start on an H200)
         importlib.import_module("sglang.bench_serving")
         sys.modules.pop("sglang.bench_serving")  # runpy runs it afresh, its imports cached
         _ready(url, server, deadline)

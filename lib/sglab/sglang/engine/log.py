@@ -101,8 +101,7 @@ def _prefill_batch(r: _Reading, m, line: str) -> None:
 
 
 # -- the table: each line SGLang writes that sglab reads -------------------------------------------
-# key -> (the file of each release, 0.5.11 to 0.5.13, that writes it; its exact pattern; what
-# reading it does, None where only the progress lines or first_error use it)
+# key -> (the file that writes it in 0.5.11-0.5.13, its pattern, its handler or None: progress only)
 MR, CGR, BOB = ("srt/model_executor/model_runner.py", "srt/model_executor/cuda_graph_runner.py",
                 "bench_one_batch.py")
 BCG = "srt/model_executor/breakable_cuda_graph_runner.py"
@@ -146,8 +145,7 @@ LINES = {
     "decode_batch": ("same files as prefill_batch", r"Decode batch(?: \[\d+\])?, #running-req: "
                      r"(?P<running>\d+), " + GRAPH, lambda r, m, line: r.d["decode_batches"].append(
                          {"running": int(m["running"]), "graph": m["graph"] == "True"})),
-    # the fused-MoE Triton kernels run a generic config where the release ships no tuned one for
-    # this expert count, width and GPU: it names the file it looked for
+    # fused MoE without a tuned config for this expert count, width and GPU (the file it looked for)
     "moe_default": ("srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py",
                     r"Using default MoE kernel config\. Performance might be sub-optimal! Config "
                     r"file not found at \S*?(?P<file>[^/\s]+\.json)",

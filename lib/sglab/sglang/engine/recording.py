@@ -41,8 +41,7 @@ DECISIONS = dict(pcg=("pcg", ""), pcg_reason=("pcg_reason", ""),
                  decode_graph_bs=("decode_bs", "requests"), decode_capture=("decode_capture_s",
                                                                             "s"),
                  attention_backend=("attention_backend", ""), moe_config=("moe_config", ""))
-# bench_serving's keys per pass, and the metric each becomes: the pass's median (``ttft``) and mean
-# (``ttft_mean``) over its requests, each as the median, min and max over the passes
+# metric -> bench_serving's key: a pass's median (``ttft``) and mean (``ttft_mean``), over passes
 SERVING_METRICS = (("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("e2e", "e2e_latency_ms"), ("itl",
                                                                                          "itl_ms"))
 
@@ -173,12 +172,9 @@ def event_rows(base: dict, events: list[dict]) -> list[dict]:
 
 
 def model_record(path: Path) -> dict:
-    path = Path(path)
-    cfg = read_config(path)
-    try:
-        shown = str(path.resolve().relative_to(repo()))
-    except ValueError:
-        shown = str(path)
+    path, cfg = Path(path), read_config(path)
+    full = path.resolve()
+    shown = str(full.relative_to(repo()) if full.is_relative_to(repo()) else path)
     return {"path": shown, "name": path.parent.name, "sha256_16": cfg.digest, "config": cfg.data}
 
 
@@ -208,8 +204,7 @@ def manifest_extra(results: list[EngineResult]) -> dict:
     }
 
 
-def record(results: list[EngineResult], fix: str, *, params: Optional[dict] = None,
-           root: Optional[Path] = None, gpu_count: Optional[int] = None,
+def record(results: list[EngineResult], fix: str, *, root: Optional[Path] = None,
            extra: Optional[dict] = None) -> Path:
     """One run ``engine_<fix>`` of these results (written atomically), with each run's log
     (gzipped) and, where profiled, the decode kernel table as sidecars."""
@@ -234,10 +229,9 @@ def record(results: list[EngineResult], fix: str, *, params: Optional[dict] = No
                 sidecars[f"kernels_{i}"] = pd.DataFrame([{
                     "variant": r.spec.variant, "kernel": k, "per_replay": v
                 } for k, v in r.kernels["table"]])
-        tp = max((r.spec.tp_size for r in results), default=1)
-        return write_run(frame, experiment=experiment, method_version=METHOD_VERSION, params=params
-                         or {"specs": [_spec_params(r.spec) for r in results]}, root=root,
-                         gpu_count=gpu_count if gpu_count is not None else tp,
+        return write_run(frame, experiment=experiment, method_version=METHOD_VERSION, params={
+            "specs": [_spec_params(r.spec) for r in results]
+        }, root=root, gpu_count=max((r.spec.tp_size for r in results), default=1),
                          extra={**manifest_extra(results), **(extra or {})}, sidecars=sidecars)
 
 

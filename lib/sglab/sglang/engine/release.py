@@ -61,8 +61,7 @@ def found_versions(env: ReleaseEnv) -> dict[str, Optional[str]]:
 
 @lru_cache(maxsize=None)
 def _versions(paths: tuple[str, ...]) -> dict[str, Optional[str]]:
-    # read once per process and folders: a scenario prepares each release's engines many times
-    # (every start, case and dry-run line), and each read parses every package's METADATA
+    # once per process and folders: a scenario prepares each release's engines many times
     import importlib.metadata as md
 
     out: dict[str, Optional[str]] = {}

@@ -90,8 +90,7 @@ ADJUSTMENTS = {
         "released piecewise gate is kept) is registered through "
         "SGLANG_EXTERNAL_MODEL_PACKAGE=sglab.sglang.engine_models",
         env=(("SGLANG_EXTERNAL_MODEL_PACKAGE", "sglab.sglang.engine_models"),)),
-    # the model's processor files are Hub remote code, out of reach offline; the patch is 05's
-    # (it builds on 05's rebuild of Kimi's preprocessing), and every fix's Kimi server gets it
+    # the processor files are Hub remote code (offline: out of reach); 05's patch, every Kimi server
     "kimi-k25-processor-stand-in": Adjustment(
         "kimi-k25-processor-stand-in",
         "no network on the GPU box, so no Kimi-K2.5 processor files (Hub remote code): "
@@ -104,8 +103,7 @@ ADJUSTMENTS = {
         params=(("module", "sglang.srt.utils.hf_transformers.processor"),))
 }
 
-# what a model needs to run with dummy weights on a release: architecture -> (adjustment, the
-# release file whose text says it is not needed, that text)
+# architecture -> (the adjustment dummy weights need, the release file and text making it moot)
 MODEL_NEEDS = {
     "KimiK25ForConditionalGeneration": ("kimi-k25-post-load-weights", "srt/models/kimi_k25.py",
                                         "def post_load_weights")
@@ -158,8 +156,7 @@ class EngineSpec:
     prompts: int = 4  # serve: prompts per pass and concurrent request
     profile: bool = False
     profile_steps: int = 2
-    # "decode": kernels per decode-graph replay; "prefill": the launch pass (launches per prefill
-    # step, counted; its timings, taken under the profiler, are not recorded)
+    # "decode": kernels per decode-graph replay; "prefill": launches per prefill step (counts only)
     profile_stage: str = "decode"
     image_size: Optional[tuple[int, int]] = None
     prompt: str = ""
@@ -225,14 +222,11 @@ class Scenario:
     prompt: str = ""
     expect: str = ""
     timeout: float = DEFAULT_TIMEOUT_S
-    # separate engine starts per variant, interleaved (A B, B A, A B): the spread between starts
-    # (host, allocator, kernel choice at start-up) is measured, not only the repeats within one
+    # engine starts per variant, interleaved (A B, B A, A B): the spread between starts is measured
     starts: int = 1
-    # the A/A control: this case's flags started again under the label "<case>-again", in the same
-    # interleaved rounds; how far two identical variants differ is the noise a timing must exceed
+    # the A/A control: this case started again as "<case>-again" (the noise a timing must exceed)
     control: str = ""
-    # one more start per variant after the timed ones, under the profiler: kernel and graph
-    # launches per prefill step (bench tool), exact counts that do not depend on the host
+    # one more start per variant under the profiler: exact launches per prefill step (bench tool)
     launch_pass: bool = False
 
     @property
