@@ -36,9 +36,8 @@ def _gpu_memory() -> None:
 
 
 def drive(params_path: str) -> int:
-    """The ``engine`` tool: the release's own ``ServerArgs`` parser and ``sglang.Engine``, each
-    (requests x input length) sent ``repeats`` times as one ``generate`` call of distinct random
-    ids (no prefix-cache hits), one line per call."""
+    """The ``engine`` tool: ``sglang.Engine`` of the release's own ``ServerArgs``, each (requests x
+    input length) sent ``repeats`` times as one ``generate`` call of fresh random ids, a line each."""
     import argparse
     import random
 
@@ -51,6 +50,7 @@ def drive(params_path: str) -> int:
     server_args = ServerArgs.from_cli_args(parser.parse_args(p["server_argv"]))
     engine = sglang.Engine(server_args=server_args)
     rng = random.Random(0)
+    sampling = {"max_new_tokens": p["output_len"], "ignore_eos": True, "temperature": 0.0}
     image = None
     if p.get("image_size"):
         from PIL import Image
@@ -63,12 +63,7 @@ def drive(params_path: str) -> int:
                 for r in range(p["warmup"] + p["repeats"]):
                     warm = int(r < p["warmup"])
                     say(f"call-begin id={k} requests={n} input_len={il} warmup={warm}")
-                    kwargs = {
-                        "sampling_params": {
-                            "max_new_tokens": p["output_len"], "ignore_eos": True,
-                            "temperature": 0.0
-                        }
-                    }
+                    kwargs = {"sampling_params": sampling}
                     if image is not None:  # text through the model's processor, with the image
                         kwargs["prompt"] = [p["prompt"]] * n
                         kwargs["image_data"] = [image] * n
@@ -94,6 +89,14 @@ DETAILS = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "err
 SERVING_KEYS = ("completed", "duration", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms",
                 "median_tpot_ms", "mean_e2e_latency_ms", "median_e2e_latency_ms", "mean_itl_ms",
                 "median_itl_ms", "total_input_tokens", "total_output_tokens")
+
+
+def launch_server_argv(python: str, server_argv: list[str], port: int) -> list[str]:
+    """The release's own server on the loopback at ``port``."""
+    return [
+        python, "-m", "sglang.launch_server", *server_argv, "--host", "127.0.0.1", "--port",
+        str(port)
+    ]
 
 
 def _free_port(first: int) -> int:
@@ -131,9 +134,8 @@ def _ready(url: str, server, deadline: float) -> None:
 
 
 def bench_serving_argv(p: dict, port: int, one: dict, seed: int, out: str) -> list[str]:
-    """The release's own ``bench_serving`` for one pass: random token ids, exact prompt and output
-    lengths, ``concurrency`` requests in flight, no warm-up of its own (the driver's passes warm
-    up)."""
+    """The release's own ``bench_serving`` for one pass: random ids of exact lengths,
+    ``concurrency`` requests in flight, no warm-up of its own (the driver's passes warm up)."""
     return [
         "--backend", "sglang", "--host", "127.0.0.1", "--port",
         str(port), "--model", p["tokenizer"], "--tokenizer", p["tokenizer"], "--dataset-name",
@@ -189,9 +191,8 @@ def _bench_serving(argv: list[str]) -> int:
 
 
 def serve(params_path: str) -> int:
-    """The ``serve`` tool: the release's server on a free loopback port, then ``bench_serving`` once
-    per untimed warm-up pass and per timed pass, each with its own seed (no prefix-cache hits), a
-    line per pass."""
+    """The ``serve`` tool: the release's server on a free loopback port, then ``bench_serving`` per
+    untimed warm-up pass and per timed pass, each with its own seed, a line per pass."""
     import importlib
     import signal
     import subprocess
@@ -200,16 +201,12 @@ def serve(params_path: str) -> int:
     port = _free_port(int(p["port"]))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + float(p["timeout"])
-    argv = [
-        sys.executable, "-m", "sglang.launch_server", *p["server_argv"], "--host", "127.0.0.1",
-        "--port",
-        str(port)
-    ]
     say(f"serve-begin port={port}")
     if stand_in_for_datasets():
         say("applied datasets-stand-in: Hugging Face datasets is not installed; bench_serving "
             "imports it at module level and never calls it for random-ids prompts")
-    server = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    server = subprocess.Popen(launch_server_argv(sys.executable, p["server_argv"], port),
+                              stdin=subprocess.DEVNULL)
     out = Path(p["results"])
     try:
         # bench_serving's own imports while the server starts (about 7 s a start on an H200)

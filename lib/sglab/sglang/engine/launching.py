@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from sglab.core import procs
+from sglab.sglang.engine.driver import launch_server_argv
 from sglab.sglang.engine.hooks import SITECUSTOMIZE, patch_params
 from sglab.sglang.engine.model import prepare_model
 from sglab.sglang.engine.release import (ReleaseEnv, check_flags, check_pins, found_versions,
@@ -155,26 +156,20 @@ def prepare(spec: EngineSpec, work: Path, *, python: str = sys.executable,
     if spec.tool == "bench":
         sglang_cmd = [python, "-m", "sglang.bench_one_batch", *server, *bench_argv(spec, work)]
         argv = list(sglang_cmd)
-    elif spec.tool == "serve":
-        p = serve_params(spec, server, model_dir, work)
-        (work / "serve.json").write_text(json.dumps(p, indent=1))
-        sglang_cmd = [
-            python, "-m", "sglang.launch_server", *server, "--host", "127.0.0.1", "--port",
-            str(p["port"])
-        ]
-        argv = [python, "-m", "sglab.sglang.engine.driver", "serve", str(work / "serve.json")]
     else:
-        (work / "drive.json").write_text(json.dumps(driver_params(spec, server), indent=1))
-        sglang_cmd = ["sglang.Engine", *server]
-        argv = [python, "-m", "sglab.sglang.engine.driver", "drive", str(work / "drive.json")]
+        serving = spec.tool == "serve"
+        p = serve_params(spec, server, model_dir, work) if serving else driver_params(spec, server)
+        params = work / ("serve.json" if serving else "drive.json")
+        params.write_text(json.dumps(p, indent=1))
+        sglang_cmd = launch_server_argv(python, server,
+                                        p["port"]) if serving else ["sglang.Engine", *server]
+        argv = [python, "-m", "sglab.sglang.engine.driver", params.stem, str(params)]
     argv = procs.pinned(argv, spec.cpus, python)
     marker = uuid.uuid4().hex
     environ = dict(os.environ)
-    path = [str(hooks_dir), str(lib_dir()), *[str(p) for p in env.paths]]
-    if environ.get("PYTHONPATH"):
-        path.append(environ["PYTHONPATH"])
+    path = [hooks_dir, lib_dir(), *env.paths, *filter(None, [environ.get("PYTHONPATH")])]
     environ.update({
-        "PYTHONPATH": os.pathsep.join(path), "SGLAB_ENGINE_HOOKS": str(hooks),
+        "PYTHONPATH": os.pathsep.join(map(str, path)), "SGLAB_ENGINE_HOOKS": str(hooks),
         "SGLAB_ENGINE_RUN": marker, "SGLANG_TORCH_PROFILER_DIR": str(work / "profile"),
         "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1"
@@ -198,9 +193,9 @@ class Exit:
 def launch(argv: list[str], *, log: Path, timeout: float, env: Optional[dict] = None,
            cwd: Optional[Path] = None, marker: str = "",
            on_line: Optional[Callable[[str], None]] = None) -> Exit:
-    """Start ``argv`` in its own session with stdout and stderr streamed to ``log``; stop its whole
-    group at ``timeout``; after any exit, stop whatever of the group (or carrying ``marker``) is
-    left. ``on_line`` sees each new log line (progress)."""
+    """Start ``argv`` in its own session, its output streamed to ``log`` and each line to
+    ``on_line``; stop its whole group at ``timeout``, and after any exit whatever of the group (or
+    carrying ``marker``) is left."""
     t0 = time.monotonic()
     log.parent.mkdir(parents=True, exist_ok=True)
     with procs.Guard() as guard:
