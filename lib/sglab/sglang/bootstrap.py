@@ -203,24 +203,15 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Serves ``root`` and ``root.*`` (minus ``exclude``) as :class:`RaisingModule` packages."""
 
     def __init__(self, root: str, why: str, *, exclude: tuple[str, ...] = (),
-                 overrides: Optional[dict] = None, only: Optional[tuple[str, ...]] = None,
-                 raising_root: bool = True):
+                 overrides: Optional[dict] = None):
         self.root, self.why, self.exclude, self.overrides = root, why, exclude, overrides or {}
-        self.only, self.raising_root = only, raising_root
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.root and not fullname.startswith(self.root + "."):
-            return None
-        if fullname in self.exclude or (self.only is not None and fullname not in self.only):
+        if fullname in self.exclude or not (fullname + ".").startswith(self.root + "."):
             return None
         return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
 
     def create_module(self, spec):
-        if spec.name == self.root and not self.raising_root:
-            mod = types.ModuleType(spec.name)
-            mod.__path__ = []
-            mod.__sglab_stub__ = self.why
-            return mod
         return RaisingModule(spec.name, self.why, self.overrides.get(spec.name))
 
     def exec_module(self, module):
@@ -331,10 +322,10 @@ def install_torchvision_absent(cause: str) -> Shim:
 def install_kvcacheio_stub(cause: str) -> Shim:
     """An empty ``sgl_kernel`` with an inert ``kvcacheio`` (0.5.10.x imports it off the GPU)."""
     why = f"sgl_kernel cannot be imported here ({cause})"
-    sys.meta_path.insert(
-        0,
-        _StubFinder("sgl_kernel", why, only=("sgl_kernel", "sgl_kernel.kvcacheio"),
-                    raising_root=False))
+    spec = importlib.machinery.ModuleSpec("sgl_kernel", None, is_package=True)
+    root = sys.modules["sgl_kernel"] = importlib.util.module_from_spec(spec)
+    root.kvcacheio = sys.modules["sgl_kernel.kvcacheio"] = RaisingModule(
+        "sgl_kernel.kvcacheio", why)
     return Shim(
         "sgl_kernel.kvcacheio",
         f"{why}; memory_pool_host.py imports sgl_kernel.kvcacheio at module level: an empty "
