@@ -52,8 +52,7 @@ def line_of(version: str, node: Node) -> int | None:
 
 
 def url(version: str, node: Node, offset: int = 0) -> str:
-    """The node's address at the release's tag: its line (plus ``offset``) where known, else the
-    file."""
+    """The node's address at the release's tag: its line (plus ``offset``) where known."""
     line = line_of(version, node)
     return TAG_URL.format(version=version, path=node.path) + (f"#L{line + offset}" if line else "")
 

@@ -78,8 +78,7 @@ def status_lines(results: dict[str, ProbeResult]) -> str:
 
 
 def check_table(df, *, what: str = "rows") -> bool:
-    """Print a loud banner with every row whose ``agrees`` is False; True when every row of a
-    non-empty table agrees."""
+    """Print a loud banner with every row that disagrees; True when a non-empty table agrees."""
     if df is None or len(df) == 0:
         print(f"no real release ran, so nothing was compared ({what})")
         return False

@@ -140,8 +140,7 @@ def load(fix, pr: int | None = None, *, root: Path | None = None) -> Hunk:
 
 
 def generate(fixes, versions: list[str], wheels: dict, root: Path | None = None) -> list[Hunk]:
-    """Find every hunk spec's window among ``versions`` (oldest first) in the wheels ``{version:
-    path}`` and write its hunk."""
+    """Find every hunk spec's window among ``versions`` in ``wheels`` and write its hunk."""
     from sglab.sglang.wheels import reader, wheel_facts
 
     readers = {v: reader(path) for v, path in wheels.items()}

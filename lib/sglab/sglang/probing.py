@@ -60,8 +60,7 @@ def captured_logs(logger_name: str) -> Iterator[list]:
 
 
 class Recorder:
-    """Stands in for a class the real code would construct (a CUDA-graph runner): records the call
-    instead."""
+    """Stands in for a class the real code would construct: records the call instead."""
 
     def __init__(self):
         self.calls: list[tuple] = []

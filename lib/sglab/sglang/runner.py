@@ -176,8 +176,7 @@ def run_batch(calls: Iterable[tuple[str, Optional[dict], Iterable[str]]], *, job
 
 def run_probe(release: str, probe: str, params: Optional[dict] = None, *,
               timeout: float = DEFAULT_TIMEOUT_S) -> ProbeResult:
-    """``probe`` (``module:function``) on ``release`` in a fresh worker, now (never raises: the
-    result says why a release could not run)."""
+    """``probe`` on ``release`` in a fresh worker, now (the result says why it could not run)."""
     return run_release(release, [(probe, params)], timeout=timeout)[0][call_key(probe, params)]
 
 

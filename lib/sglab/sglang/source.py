@@ -30,8 +30,7 @@ def parsed(read, rel: str) -> tuple[str | None, ast.Module | None]:
 
 
 def find(tree: ast.AST | None, qualname: str) -> ast.AST | None:
-    """The class or function ``qualname`` ("Class.method") in ``tree``; the last definition of a
-    name wins, as in Python."""
+    """The class or function ``qualname`` in ``tree`` (the last definition of a name wins)."""
     node = tree
     for part in qualname.split("."):
         body = getattr(node, "body", None) or []

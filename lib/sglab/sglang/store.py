@@ -92,8 +92,7 @@ class Recording:
 
 def write(calls: Iterable[tuple[str, Optional[dict], dict]], *, root: Optional[Path] = None,
           extra: Optional[dict] = None) -> Path:
-    """Write ``calls`` (``(probe, params, {release: ProbeResult})``) as a ``real_cpu`` run under
-    ``root`` (default ``data/recorded``)."""
+    """Write ``calls`` (``(probe, params, {release: result})``) as a ``real_cpu`` run."""
     from sglab.core import runs
 
     rows, stored, releases = [], [], set()

@@ -47,8 +47,7 @@ def table_path() -> Path:
 
 
 def columns(fixes) -> list[str]:
-    """The CSV's columns: the wheel's facts, then ``<fix>`` and ``<fix>_reason`` per fix (a record
-    or a name)."""
+    """The CSV's columns: the wheel's facts, then ``<fix>`` and ``<fix>_reason`` per fix."""
     names = [f if isinstance(f, str) else f.name for f in fixes]
     return [*META, *(c for fix in names for c in (fix, f"{fix}_reason"))]
 
@@ -158,8 +157,7 @@ def classify_wheel(version: str, path: Path, fixes) -> dict:
 
 # -- the committed table ---------------------------------------------------------------------------
 def load_table(path: Path | None = None, fixes=None):
-    """The committed release table (strings), oldest release first, checked to have a column per
-    fix of ``fixes``."""
+    """The committed release table (strings), oldest first, with a column per fix of ``fixes``."""
     import pandas as pd
 
     path = Path(path or table_path())
@@ -290,8 +288,7 @@ def changes(frame) -> list[tuple[str, str, str, str]]:
 
 
 def timeline_row(fix: str, frame=None):
-    """One fix across the releases (committed table by default): ``version, build_date, state,
-    reason``."""
+    """One fix across the releases: ``version, build_date, state, reason``."""
     frame = load_table() if frame is None else frame
     if fix not in fix_names(frame):
         raise KeyError(f"no fix {fix!r} in the release table; known: {fix_names(frame)}")
@@ -328,8 +325,7 @@ def _finish(ax, frame, **tick):
 
 
 def timeline_figure(frame=None, *, ax=None):
-    """Releases left to right, one row per fix, each cell coloured by that fix's state in that
-    release."""
+    """Releases left to right, one row per fix, each cell coloured by its state."""
     from matplotlib.patches import Patch, Rectangle
 
     from sglab.core import plots

@@ -113,8 +113,7 @@ def _free_port(first: int) -> int:
 
 
 def _ready(url: str, server, deadline: float) -> None:
-    """Wait until ``/health_generate`` (one real generate) answers 200; raise where the server
-    exits first or ``deadline`` passes."""
+    """Wait until ``/health_generate`` answers 200; raise if the server exits or time runs out."""
     import urllib.error
     import urllib.request
 
@@ -150,8 +149,7 @@ def bench_serving_argv(p: dict, port: int, one: dict, seed: int, out: str) -> li
 
 
 def untimed(res: dict) -> str:
-    """Why a ``bench_serving`` result (``--output-details``) has no TTFT for some request (0 where
-    no chunk had text), in words; '' when every request has one."""
+    """Why a ``bench_serving`` result has no TTFT for some request, in words; '' if none."""
     ttfts = res.get("ttfts") or []
     n = sum(1 for t in ttfts if not t)
     return (f"{n} of {len(ttfts)} requests have no TTFT (their generated tokens decoded to no "

@@ -161,8 +161,7 @@ def _print_resolved(module) -> None:
 
 
 def install_hooks(path: str) -> None:
-    """In an engine process: print the resolved server arguments once ``ServerArgs`` is built,
-    and apply each patch once its module is imported."""
+    """In an engine process: print the resolved server arguments, apply each patch on import."""
     import importlib
 
     spec = json.loads(Path(path).read_text())

@@ -46,8 +46,7 @@ class Prepared:
 
 
 def server_argv(spec: EngineSpec, model_dir: Path, flags: Optional[set[str]] = None) -> list[str]:
-    """``--model-path``, the harness defaults (those the release defines) for flags the reader did
-    not give, then the reader's own."""
+    """``--model-path``, the harness defaults the reader did not give, then the reader's flags."""
     given = set(flag_names(spec.server_args))
     out = ["--model-path", str(model_dir)]
     # an image goes through the model's processor: the Engine then needs its tokenizer (and the
@@ -93,8 +92,7 @@ SERVE_PORT = 30000 + os.getpid() % 20000  # the server's loopback port (free one
 
 
 def serve_params(spec: EngineSpec, server: list[str], model_dir: Path, work: Path) -> dict:
-    """What :func:`~sglab.sglang.engine.driver.serve` reads (``serve.json``): the server's
-    arguments and each ``bench_serving`` pass."""
+    """What :func:`~sglab.sglang.engine.driver.serve` reads: server arguments and passes."""
     passes = [{"input_len": il, "concurrency": c, "prompts": c * spec.prompts, "repeat": r}
               for r in range(spec.repeats) for il in spec.input_lens for c in spec.requests]
     return {
@@ -105,8 +103,7 @@ def serve_params(spec: EngineSpec, server: list[str], model_dir: Path, work: Pat
 
 
 def model_needs(spec: EngineSpec) -> tuple[Adjustment, ...]:
-    """The adjustments of :data:`~sglab.sglang.engine.spec.MODEL_NEEDS` the spec's model needs on
-    its release (read in its source) and does not carry yet."""
+    """The :data:`~sglab.sglang.engine.spec.MODEL_NEEDS` this spec needs and lacks."""
     need = MODEL_NEEDS.get(read_config(spec.model).architecture)
     if need is None or need[0] in {a.name for a in spec.adjustments}:
         return ()
@@ -133,8 +130,7 @@ def with_model_needs(spec: EngineSpec, echo: Callable[[str], None] = print,
 
 def prepare(spec: EngineSpec, work: Path, *, python: str = sys.executable,
             check: bool = True) -> Prepared:
-    """Decide the whole launch without starting anything: the release, its torch pin (``check``),
-    the flags, the model folder, the hooks and the environment."""
+    """Decide the whole launch (release, pins, flags, model, hooks, environment), start nothing."""
     read_config(spec.model)
     env = locate(spec.release)
     found = found_versions(env)

@@ -47,8 +47,7 @@ _LISTS = ("bench", "serving", "serve_errors", "prefill_batches", "decode_batches
 
 
 class _Reading:
-    """The state of one pass over a log: the result ``d``, the bench phase, the bench run being
-    read, the generate call being read."""
+    """One pass over a log: the result ``d``, the bench phase, the current run and call."""
 
     def __init__(self):
         self.d: dict = {"pcg": "unknown", "resolved": None, "warmup": None, **dict.fromkeys(_FACTS)}
@@ -57,8 +56,7 @@ class _Reading:
 
 
 def _decision(**fields):
-    """A handler that sets result fields, each a constant or ``(group, convert)`` of the match,
-    and keeps the line as an excerpt."""
+    """A handler setting result fields (constants or ``(group, convert)``), keeping an excerpt."""
 
     def handle(r: _Reading, m, line: str) -> None:
         for k, v in fields.items():

@@ -47,8 +47,7 @@ SERVING_METRICS = (("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("e2e", "e2e_latenc
 
 
 def rows(res: EngineResult) -> list[dict]:
-    """Tidy rows of one run: variant (release or release+case), tool and shape columns, metric,
-    value, unit."""
+    """Tidy rows of one run: variant, tool and shape columns, metric, value, unit."""
     s, d = res.spec, res.decisions
     base = {
         "variant": s.variant, "release": s.release, "case": s.case, "tool": s.tool, "start": s.start
@@ -149,8 +148,7 @@ HOST_METRICS = (("host_steal", "steal_pct", "%"), ("host_busy", "busy_pct", "%")
 
 
 def event_rows(base: dict, events: list[dict]) -> list[dict]:
-    """Per traced event and rank: its calls (start-up included), the distinct objects called on,
-    the sizes asked for and the time per call."""
+    """Per traced event and rank: calls, objects called on, sizes asked for, time per call."""
     out = []
 
     def add(metric, value, unit, rank):
@@ -179,8 +177,7 @@ def model_record(path: Path) -> dict:
 
 
 def manifest_extra(results: list[EngineResult]) -> dict:
-    """The manifest's engine part: per run the release, versions, flags, model config, harness
-    adjustments with their reasons, and the log lines behind the engine's decisions."""
+    """The manifest's engine part: per run what ran, how, and the log lines behind it."""
     out = []
     for r in results:
         s = r.spec
@@ -206,8 +203,7 @@ def manifest_extra(results: list[EngineResult]) -> dict:
 
 def record(results: list[EngineResult], fix: str, *, root: Optional[Path] = None,
            extra: Optional[dict] = None) -> Path:
-    """One run ``engine_<fix>`` of these results (written atomically), with each run's log
-    (gzipped) and, where profiled, the decode kernel table as sidecars."""
+    """One run ``engine_<fix>`` of these results, with logs and kernel tables as sidecars."""
     import gzip
     import shutil
 

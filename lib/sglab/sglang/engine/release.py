@@ -54,8 +54,7 @@ VERSIONS = ("torch", "sglang-kernel", "flashinfer-python", "transformers", "trit
 
 
 def found_versions(env: ReleaseEnv) -> dict[str, Optional[str]]:
-    """Versions the engine's processes will import: the release's folders first, then this
-    interpreter."""
+    """Versions the engine's processes will import (the release's folders first)."""
     return dict(_versions(tuple(str(p) for p in env.paths)))
 
 
@@ -80,8 +79,7 @@ def _versions(paths: tuple[str, ...]) -> dict[str, Optional[str]]:
 
 
 def check_pins(env: ReleaseEnv, found: Optional[dict] = None) -> dict[str, str]:
-    """The release's pins; :class:`EngineError` when its torch pin is not this interpreter's torch
-    (its compiled kernels are built for that torch)."""
+    """The release's pins; :class:`ReleaseError` where it pins another torch than this one."""
     pins = release_pins(env)
     found = found if found is not None else found_versions(env)
     want, have = pins.get("torch"), found.get("torch")
@@ -132,8 +130,7 @@ def _file_flags(path: str, mtime_ns: int, size: int) -> frozenset[str]:
 
 
 def _with_negations(names: list[str], keywords) -> list[str]:
-    """``names``, and where the argument's ``action`` is ``argparse.BooleanOptionalAction`` the
-    ``--no-X`` form argparse adds for each ``--X``."""
+    """``names``, plus argparse's ``--no-X`` forms for a ``BooleanOptionalAction``."""
     action = next((k.value for k in keywords if k.arg == "action"), None)
     if (getattr(action, "attr", None) or getattr(action, "id", None)) != "BooleanOptionalAction":
         return names

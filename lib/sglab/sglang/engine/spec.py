@@ -55,8 +55,7 @@ class EngineError(RuntimeError):
 
 
 class ReleaseError(EngineError):
-    """The release cannot start here at all (not installed, or built for another torch): a
-    scenario says it once."""
+    """The release cannot start here at all (not installed, or built for another torch)."""
 
 
 @dataclass(frozen=True)
@@ -128,8 +127,7 @@ def revert_adjustment(name: str, reason: str, module: str, qualname: str, **hunk
 
 def trace_adjustment(name: str, reason: str, module: str, qualname: str, event: str,
                      args: tuple[str, ...]) -> Adjustment:
-    """An adjustment that prints one ``event`` line per call of ``module.qualname`` (the named
-    arguments, the object called on, the time: :func:`trace_calls`)."""
+    """An adjustment that prints an ``event`` line per call of ``module.qualname``."""
     return Adjustment(
         name, reason, patch="sglab.sglang.engine.hooks:trace_calls",
         params=(("module", module), ("qualname", qualname), ("event", event), ("args", args)))

@@ -27,8 +27,7 @@ def read_trace(path: Path) -> dict:
 
 
 def graph_replays(trace: dict) -> list[list[str]]:
-    """Kernels of each CUDA-graph launch in a torch.profiler chrome trace: the kernel events whose
-    ``correlation`` is that of a ``cudaGraphLaunch`` (runtime or driver) event, in launch order."""
+    """The kernels of each ``cudaGraphLaunch`` in a chrome trace (by correlation), in order."""
     launches, kernels = [], {}
     for ev in trace.get("traceEvents", []):
         cat, name = str(ev.get("cat", "")).lower(), str(ev.get("name", ""))
@@ -43,8 +42,7 @@ def graph_replays(trace: dict) -> list[list[str]]:
 
 
 def decode_kernels(trace_path: Path, layers: int, steps: int) -> dict:
-    """Kernels per decode-graph replay and per layer in ``bench_one_batch --profile``'s decode
-    trace (of ``steps`` decode steps), and each kernel name's count per replay."""
+    """Kernels per decode-graph replay and per layer in a decode trace, and per kernel name."""
     replays = graph_replays(read_trace(trace_path))
     counts = [len(r) for r in replays]
     table = collections.Counter(name for r in replays for name in r)
