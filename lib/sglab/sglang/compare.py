@@ -117,9 +117,8 @@ _TIMELINE_DRAWN: set = set()  # fixes whose timeline row this process has shown
 
 
 def released(fix, rebuilt=None, *, symbol: Optional[str] = None, pr: Optional[int] = None) -> None:
-    """The fix's row of the release timeline (drawn once), then what the PR's release window changed
-    in ``symbol`` beside the rebuilt lines (:func:`sglab.sglang.hunks.render_beside`; the whole hunk
-    without ``rebuilt``)."""
+    """The fix's row of the release timeline (drawn once), then its hunk: whole, or ``symbol``'s
+    changes beside ``rebuilt`` (:func:`sglab.sglang.hunks.render_beside`)."""
     from sglab.core.notebook import display_object, show_figure
     from sglab.sglang import hunks, wheels
 

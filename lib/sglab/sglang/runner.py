@@ -87,9 +87,8 @@ def _read_answers(out: Path) -> dict[int, dict]:
 def run_release(
         release: str, calls: Iterable[tuple[str, Optional[dict]]], *,
         timeout: float = DEFAULT_TIMEOUT_S) -> tuple[dict[tuple[str, str], ProbeResult], set]:
-    """``{(probe, params key): result}`` of ``calls`` (``(probe, params)``) on ``release``, in one
-    worker, in order (``timeout``: seconds per call; a result says why a release did not run), and
-    the keys of the calls the worker itself answered."""
+    """``{(probe, params key): result}`` of ``calls`` on ``release`` in one worker (``timeout`` per
+    call; never raises), and the keys of the calls the worker itself answered."""
     parse_version(release)
     todo: dict[tuple[str, str], tuple[str, dict]] = {}
     for probe, params in calls:
@@ -184,9 +183,8 @@ def run_probes(
         releases: Iterable[str], probe: str, params: Optional[dict] = None, *, jobs: int = 2,
         timeout: float = DEFAULT_TIMEOUT_S, source: Optional[str] = None,
         progress: Optional[Callable[[str, ProbeResult], None]] = None) -> dict[str, ProbeResult]:
-    """``{release: result}`` of ``probe`` with ``params``: from the newest recording where
-    ``source`` (default ``$SGLAB_REAL``) allows, else this test session's answers, else a worker
-    started now (``jobs`` at a time)."""
+    """``{release: result}`` of ``probe`` with ``params``: the newest recording where ``source``
+    (default ``$SGLAB_REAL``) allows, else this test session's answers, else a worker now."""
     releases, src = list(releases), store.source(source)
     found: dict[str, ProbeResult] = {}
     if src != "live":

@@ -117,11 +117,8 @@ def check_all(fixes, *, root: Path | None = None):
     import pandas as pd
 
     inst = installed() if root is None else None
-    rows = []
-    for f in fixes:
-        v = check(f, root=root)
-        rows.append({
-            "check": f.name, "title": f.title, "status": v.status, "detail": v.detail,
-            "sglang": inst.version if inst else (str(root) if root else None)
-        })
+    where = inst.version if inst else (str(root) if root else None)
+    rows = [
+        (f.name, f.title, v.status, v.detail, where) for f in fixes for v in [check(f, root=root)]
+    ]
     return pd.DataFrame(rows, columns=["check", "title", "status", "detail", "sglang"])

@@ -31,9 +31,8 @@ def say(text: str) -> None:
 
 
 SITECUSTOMIZE = """\
-# Written by sglab.sglang.engine for one engine run: installs the run's hooks in every Python
-# process of the engine (spawned children too), then hands over to the next sitecustomize on the
-# path, if any.
+# sglab.sglang.engine's hooks in every Python process of one engine run, after the next
+# sitecustomize on the path, if any.
 import os, sys
 def _next_sitecustomize():
     import importlib.machinery, importlib.util

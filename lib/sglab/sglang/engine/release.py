@@ -92,10 +92,8 @@ def check_pins(env: ReleaseEnv, found: Optional[dict] = None) -> dict[str, str]:
 
 
 def release_flags(package: Path, tool: str) -> set[str]:
-    """Every ``--flag`` the release's parsers accept for ``tool``: ``add_argument`` strings of
-    ``srt/server_args.py`` (and ``bench_one_batch.py``), the fields 0.5.14+ annotate
-    ``A[T, "help"]`` / ``A[T, Arg(...)]`` (``srt/arg_groups/`` too from 0.5.2x), and argparse's
-    ``--no-X`` forms."""
+    """Every ``--flag`` the release's parsers accept for ``tool``: ``add_argument`` strings, the
+    fields 0.5.14+ annotates ``A[T, "help"]`` / ``A[T, Arg(...)]``, and argparse's ``--no-X``."""
     name = package.parent.name
     files = [package / "srt" / "server_args.py"]
     if tool == "bench":

@@ -118,9 +118,8 @@ def adjustment(name: str, known: Iterable[Adjustment] = ()) -> Adjustment:
 
 
 def revert_adjustment(name: str, reason: str, module: str, qualname: str, **hunk) -> Adjustment:
-    """An adjustment that redefines ``module.qualname`` from its own source with a PR's hunk
-    removed or one text replaced (:func:`~sglab.sglang.engine.hooks.revert_hunk`); ``hunk``:
-    ``text`` (and ``replacement``), or ``diff`` and ``contains``."""
+    """An adjustment redefining ``module.qualname`` without a PR's hunk (:func:`revert_hunk`):
+    ``hunk`` is ``text`` (and ``replacement``), or ``diff`` and ``contains``."""
     return Adjustment(name, reason, patch="sglab.sglang.engine.hooks:revert_hunk",
                       params=(("module", module), ("qualname", qualname), *hunk.items()))
 
@@ -246,9 +245,8 @@ class Scenario:
         return tuple(out)
 
     def specs(self, releases: Optional[Iterable[str]] = None) -> list[EngineSpec]:
-        """One spec per start, release and case, the starts outermost: round ``i`` starts every
-        variant once, each release's variants rotated by ``i`` (A B C, then B C A, then C A B), so
-        that no variant always opens its round or always follows the same one."""
+        """One spec per start, release and case, the starts outermost; round ``i`` rotates each
+        release's variants by ``i`` (A B C, B C A, ...): none always opens or follows another."""
         per_release: dict[str, list[EngineSpec]] = {}
         for sp in self._specs(releases):
             per_release.setdefault(sp.release, []).append(sp)
