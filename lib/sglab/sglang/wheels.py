@@ -199,10 +199,8 @@ def _release_list(versions, offline, lister, notes) -> tuple[list[str], bool, bo
     """(versions, whether the package index listed them, whether the network may be tried)."""
     if offline:
         notes.append("offline: nothing downloaded")
-    if versions:
-        return sorted(set(versions), key=parse_version), False, not offline
-    if offline:
-        return [], False, False
+    if versions or offline:
+        return sorted(set(versions or ()), key=parse_version), False, not offline
     try:
         found = lister()
     except NoNetwork as e:

@@ -109,15 +109,9 @@ class _AfterImport:
     def find_spec(self, name, path=None, target=None):
         if name not in self.callbacks:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+        others = (f for f in sys.meta_path if f is not self and hasattr(f, "find_spec"))
+        spec = next(filter(None, (f.find_spec(name, path, target) for f in others)), None)
+        if spec is None or not hasattr(spec.loader, "exec_module"):
             return None
         loader, callbacks = spec.loader, self.callbacks.pop(name)
         original = loader.exec_module

@@ -235,13 +235,12 @@ class Scenario:
 
     def all_cases(self) -> tuple[Case, ...]:
         """The cases, and the A/A control's copy of :attr:`control` right after it."""
+        if self.control and self.control not in {c.label for c in self.cases}:
+            raise EngineError(f"scenario {self.name}: control {self.control!r} is not a case")
         out = []
         for c in self.cases:
-            out.append(c)
-            if self.control and c.label == self.control:
-                out.append(Case(f"{c.label}{AGAIN}", c.args, c.adjustments, c.releases))
-        if self.control and not any(c.label == self.control for c in self.cases):
-            raise EngineError(f"scenario {self.name}: control {self.control!r} is not a case")
+            copy = self.control and c.label == self.control
+            out += [c, replace(c, label=f"{c.label}{AGAIN}")] if copy else [c]
         return tuple(out)
 
     def specs(self, releases: Optional[Iterable[str]] = None) -> list[EngineSpec]:
