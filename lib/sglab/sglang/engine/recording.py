@@ -260,10 +260,11 @@ def summary(res: EngineResult) -> list[str]:
     if d.get("bcg") != "not used":
         out.append(f"  breakable CUDA graph: {d['bcg']}" +
                    (f" for tokens {d['bcg_tokens']}" if d.get("bcg_tokens") else ""))
-    out.append(f"  decode CUDA graph batch sizes: {d.get('decode_bs')}")
-    out.append(f"  attention backend: {d.get('attention_backend')}")
-    for a in s.adjustments:
-        out.append(f"  harness adjustment {a.name}: {a.reason}")
+    out += [
+        f"  decode CUDA graph batch sizes: {d.get('decode_bs')}",
+        f"  attention backend: {d.get('attention_backend')}"
+    ]
+    out += [f"  harness adjustment {a.name}: {a.reason}" for a in s.adjustments]
     got = rows(res)  # bench rows first, then serving, then the engine's calls
     by = {(x["metric"], x.get("batch_size"), x.get("input_len"), x.get("requests")): x["value"]
           for x in got}
@@ -283,8 +284,7 @@ def summary(res: EngineResult) -> list[str]:
             out.append(f"  {r['requests']} requests x {r['input_len']} tokens: {r['value']:.2f} ms")
         elif r["metric"] == "prefill_graph":
             out.append(f"    prefill batches on the graph: {r['value']:.0%}")
-    if res.kernels:
-        k = res.kernels
+    if k := res.kernels:
         out.append(
             f"  decode graph replay: {k['kernels_per_replay']} kernels "
             f"({k['kernels_per_layer']:.2f} per layer), {k['replays_per_step']:.1f} replays per "
