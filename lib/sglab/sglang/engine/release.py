@@ -140,16 +140,12 @@ def _annotated_flags(cls) -> set[str]:
 
     out = set()
     for stmt in cls.body:
-        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+        ann = stmt.annotation if isinstance(stmt, ast.AnnAssign) else None
+        if not (isinstance(ann, ast.Subscript) and isinstance(stmt.target, ast.Name)
+                and getattr(ann.value, "id", "") in ("A", "Annotated")
+                and isinstance(ann.slice, ast.Tuple) and len(ann.slice.elts) > 1):
             continue
-        ann = stmt.annotation
-        if not (isinstance(ann, ast.Subscript)
-                and getattr(ann.value, "id", "") in ("A", "Annotated")):
-            continue
-        elts = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else []
-        if len(elts) < 2:
-            continue
-        meta = elts[1]
+        meta = ann.slice.elts[1]
         name = "--" + stmt.target.id.replace("_", "-")
         if isinstance(meta, ast.Constant) and isinstance(meta.value, str):
             out.add(name)
