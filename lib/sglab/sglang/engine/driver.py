@@ -36,8 +36,8 @@ def _gpu_memory() -> None:
 
 
 def drive(params_path: str) -> int:
-    """The ``engine`` tool: ``sglang.Engine`` of the release's own ``ServerArgs``, each (requests x
-    input length) sent ``repeats`` times as one ``generate`` call of fresh random ids, a line each."""
+    """The ``engine`` tool: ``sglang.Engine`` of the release's ``ServerArgs``, each (requests x
+    input length) sent ``repeats`` times as one ``generate`` of fresh random ids, a line each."""
     import argparse
     import random
 
