@@ -254,7 +254,7 @@ def test_released_draws_a_fixs_timeline_row_once_per_session(monkeypatch):
     monkeypatch.setattr(R, "timeline_row_figure", lambda fix: f"strip {fix.name}")
     monkeypatch.setattr(notebook, "show_figure", drawn.append)
     monkeypatch.setattr(notebook, "display_object", shown.append)
-    monkeypatch.setattr(hunks, "beside", lambda fix, rebuilt, **kw: ("beside", kw.get("pr")))
+    monkeypatch.setattr(hunks, "show", lambda fix, rebuilt, **kw: ("beside", kw.get("pr")))
     fix = get("swa_loc")
     compare.released(fix, object, symbol="x")
     compare.released(fix, object, symbol="y", pr=24743)

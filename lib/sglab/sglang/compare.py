@@ -125,6 +125,4 @@ def released(fix, rebuilt=None, *, symbol: Optional[str] = None, pr: Optional[in
     if fix.name not in _TIMELINE_DRAWN:  # a notebook shows several hunks of one fix
         _TIMELINE_DRAWN.add(fix.name)
         show_figure(wheels.timeline_row_figure(fix))
-    display_object(
-        hunks.show(fix, pr) if rebuilt is
-        None else hunks.beside(fix, rebuilt, pr=pr, symbol=symbol))
+    display_object(hunks.show(fix, rebuilt, pr=pr, symbol=symbol))

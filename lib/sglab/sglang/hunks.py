@@ -154,14 +154,13 @@ def generate(fixes, versions: list[str], wheels: dict, root: Path | None = None)
     return out
 
 
-def show(fix, pr: int | None = None):
-    """The committed hunk of ``fix`` as coloured HTML in a notebook, plain text elsewhere."""
+def show(fix, rebuilt=None, *, pr: int | None = None, symbol: str | None = None):
+    """The committed hunk of ``fix`` (HTML in a notebook, text elsewhere): whole, or ``symbol``'s
+    changes beside ``rebuilt`` (:func:`render_beside`)."""
     hunk = load(fix, pr)
+    if rebuilt is not None:
+        return render_beside(hunk, rebuilt, symbol=symbol)
     return Rendered(hunk_html(hunk), hunk_text(hunk))
-
-
-def beside(fix, rebuilt, *, pr: int | None = None, symbol: str | None = None):
-    return render_beside(load(fix, pr), rebuilt, symbol=symbol)
 
 
 # -- display: a coloured unified diff in a notebook, the same text elsewhere -----------------------

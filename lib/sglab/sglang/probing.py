@@ -72,10 +72,7 @@ class Recorder:
 
 def module_path(root, target) -> str | None:
     """First registered dotted path of ``target`` under ``root`` ("" for root itself)."""
-    for name, mod in root.named_modules():
-        if mod is target:
-            return name
-    return None
+    return next((name for name, mod in root.named_modules() if mod is target), None)
 
 
 def has_file(prepared, relpath: str) -> bool:

@@ -6,6 +6,7 @@ numbers and the one reader of a wheel's pins.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -135,17 +136,11 @@ def release_installed(version: str) -> bool:
 def installed_releases() -> list[str]:
     """Installed releases (pinned or not), oldest first."""
     root = home() / "releases"
-    if not root.is_dir():
-        return []
     found = []
-    for p in root.iterdir():
-        try:
-            parse_version(p.name)
-        except ValueError:
-            continue
-        if release_installed(p.name):
-            found.append(p.name)
-    return sorted(found, key=parse_version)
+    for p in root.iterdir() if root.is_dir() else ():
+        with contextlib.suppress(ValueError):
+            found.append((parse_version(p.name), p.name))
+    return [v for _, v in sorted(found) if release_installed(v)]
 
 
 def worker_env() -> dict:

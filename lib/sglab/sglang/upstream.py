@@ -76,14 +76,12 @@ def installed() -> Installed | None:
 
 def read(relpath: str, *, root: Path | None = None) -> str | None:
     """Text of ``sglang/<relpath>`` (e.g. ``"srt/models/kimi_k25.py"``), or None if absent."""
+    inst = installed() if root is None else None
+    root = inst.root if inst else root
     if root is None:
-        inst = installed()
-        if inst is None:
-            return None
-        root = inst.root
-    path = Path(root) / relpath
+        return None
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
+        return (Path(root) / relpath).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
 
