@@ -10,7 +10,7 @@ import html
 from dataclasses import dataclass
 from functools import lru_cache
 
-from sglab.sglang import releases, source
+from sglab.sglang import releases, source, upstream
 
 
 TAG_URL = "https://github.com/sgl-project/sglang/blob/v{version}/python/sglang/{path}"
@@ -29,10 +29,9 @@ class Node:
 @lru_cache(maxsize=64)
 def read(version: str, path: str) -> str | None:
     """``sglang/<path>`` of ``version`` (the installed release, else its cached wheel), or None."""
-    try:
-        return (releases.package_dir(version) / path).read_text(encoding="utf-8")
-    except OSError:
-        pass
+    text = upstream.read(path, root=releases.package_dir(version))
+    if text is not None:
+        return text
     from sglab.sglang import wheels
 
     wheel = wheels.cached(version, wheels.cache_dir())

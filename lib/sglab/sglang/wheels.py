@@ -276,12 +276,9 @@ def changes(frame) -> list[tuple[str, str, str, str]]:
     """``(fix, version, state, reason)`` wherever a fix's state or reason changes."""
     out = []
     for fix in fix_names(frame):
-        prev = None
-        for r in frame.to_dict("records"):
-            now = (r[fix], r[f"{fix}_reason"])
-            if now != prev:
-                out.append((fix, r["version"], *now))
-            prev = now
+        cols = ["version", fix, f"{fix}_reason"]
+        moved = (frame[cols[1:]] != frame[cols[1:]].shift()).any(axis=1)
+        out += [(fix, *r) for r in frame.loc[moved, cols].itertuples(index=False)]
     return out
 
 

@@ -79,11 +79,8 @@ def hunk_added_lines(diff: Path, contains: str, symbol: str = "") -> str:
     while hi + 1 < len(lines) and lines[hi + 1].startswith("+"):
         hi += 1
     block = [ln[1:] for ln in lines[lo:hi + 1]]
-    while block and not block[0].strip():
-        block.pop(0)
-    while block and not block[-1].strip():
-        block.pop()
-    return "\n".join(block) + "\n"
+    kept = [i for i, ln in enumerate(block) if ln.strip()]  # blank lines at either end go
+    return "\n".join(block[kept[0]:kept[-1] + 1] if kept else []) + "\n"
 
 
 def patch_params(a: Adjustment) -> dict:

@@ -52,9 +52,8 @@ def server_argv(spec: EngineSpec, model_dir: Path, flags: Optional[set[str]] = N
     # an image goes through the model's processor: the Engine then needs its tokenizer (and the
     # server its tokenizer always)
     engine_only = spec.tool == "engine" and not spec.image_size
-    defaults = DEFAULT_ARGS + (ENGINE_ONLY_ARGS if engine_only else ())
-    if spec.tool == "serve":
-        defaults += SERVE_ONLY_ARGS
+    defaults = (DEFAULT_ARGS + (ENGINE_ONLY_ARGS if engine_only else
+                                ()) + (SERVE_ONLY_ARGS if spec.tool == "serve" else ()))
     for flag, value in defaults:
         if flag in given or (flags is not None and flag not in flags):
             continue

@@ -232,18 +232,14 @@ def first_error(text: str) -> Optional[str]:
     skipped; else an argparse error; else None."""
     lines = text.splitlines()
     finals, in_tb = [], False
-    for i, line in enumerate(lines):
-        s = line.strip()
-        if "Traceback (most recent call last):" in s:
+    for line in lines:
+        if "Traceback (most recent call last):" in line:
             in_tb = True
-            continue
-        if in_tb:
-            m = _EXC.match(s)
-            if m and not line.startswith((" ", "\t")):
-                msg = (m.group("msg") or "").strip()
-                # an assertion's message may continue on the next lines; keep the first
-                finals.append(f"{m.group('type')}: {msg}" if msg else m.group("type"))
-                in_tb = False
+        elif in_tb and not line.startswith((" ", "\t")) and (m := _EXC.match(line.strip())):
+            msg = (m.group("msg") or "").strip()
+            # an assertion's message may continue on the next lines; keep the first
+            finals.append(f"{m.group('type')}: {msg}" if msg else m.group("type"))
+            in_tb = False
     real = [f for f in finals if not any(w in f for w in WRAPPERS)]
     if real:
         return real[0][:400]
