@@ -170,10 +170,9 @@ class EngineSpec:
             parse_version(self.release)
         except ValueError as exc:
             raise EngineError(str(exc)) from None
-        if self.repeats < 1:
-            raise EngineError(f"--repeats must be at least 1, got {self.repeats}")
-        if self.prompts < 1:
-            raise EngineError(f"--prompts must be at least 1, got {self.prompts}")
+        for name, n in (("repeats", self.repeats), ("prompts", self.prompts)):
+            if n < 1:
+                raise EngineError(f"--{name} must be at least 1, got {n}")
 
     @property
     def variant(self) -> str:
