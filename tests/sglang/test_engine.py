@@ -730,7 +730,6 @@ def test_hooks_run_in_spawned_children(tmp_path):
 
     (tmp_path / "target_mod.py").write_text("def value():\n    # hunk\n    return 1 + 1\n")
     hooks = {
-        "resolved": False,
         "patches": [{
             "name": "t",
             "patch": "sglab.sglang.engine.hooks:revert_hunk",

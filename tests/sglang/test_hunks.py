@@ -97,9 +97,9 @@ def test_hunks_match_the_cached_wheels():
         paths = [R.cached(v, R.cache_dir()) for v in (hunk.before_version, hunk.after_version)]
         if None in paths:
             continue
-        with R.WheelReader(paths[0]) as rb, R.WheelReader(paths[1]) as ra:
-            again = H.build(spec, fix.name, (hunk.before_version, rb, R.wheel_facts(paths[0])),
-                            (hunk.after_version, ra, R.wheel_facts(paths[1])))
+        rb, ra = R.reader(paths[0]), R.reader(paths[1])
+        again = H.build(spec, fix.name, (hunk.before_version, rb, R.wheel_facts(paths[0])),
+                        (hunk.after_version, ra, R.wheel_facts(paths[1])))
         assert again == hunk
         rebuilt += 1
     if os.environ.get("CI"):
@@ -151,7 +151,7 @@ def test_data_upstream_stays_small():
 # -- display
 # --------------------------------------------------------------------------------------------------
 def test_show_renders_html_with_plain_text_fallback():
-    shown = H.show(get("swa_loc"), 24743)
+    shown = H.show(get("swa_loc"), pr=24743)
     assert isinstance(shown, Rendered)
     assert repr(shown).startswith("sgl-project/sglang#24743 · 0.5.11 → 0.5.12 · "
                                   "sglang/srt/model_executor/")
@@ -253,8 +253,10 @@ def test_each_hunk_links_to_its_first_changed_line_at_the_release_tag():
     text = codepath.read("0.5.12", path)
     if text is None:
         pytest.skip("sglang 0.5.12 is neither installed nor cached (make test caches its wheel)")
-    head = next(ln for ln in repr(H.beside(get("swa_loc"), rebuilt_setattr, pr=24743,
-                                           symbol=sym)).splitlines() if ln.startswith("@@ "))
+    head = next(
+        ln
+        for ln in repr(H.show(get("swa_loc"), rebuilt_setattr, pr=24743, symbol=sym)).splitlines()
+        if ln.startswith("@@ "))
     m = re.fullmatch(
         r"@@ (\S+):(\d+) · (https://github.com/sgl-project/sglang/blob/v0.5.12/"
         r"python/sglang/(\S+)#L(\d+))", head)
@@ -276,7 +278,7 @@ def test_a_short_rebuild_is_shown_whole_and_a_new_symbol_says_so():
     assert "<table" in html and "href='https://github.com/sgl-project/sglang/blob/v0.5.13/" in html
     # first symbol by default; the same through the fix's name
     assert "def model(self)" in repr(render_beside(hunk, ("mine", "x = 1\n")))
-    assert repr(H.beside(get("pcg_gate"), rebuilt_setattr, symbol=sym)) == text
+    assert repr(H.show(get("pcg_gate"), rebuilt_setattr, symbol=sym)) == text
     with pytest.raises(KeyError, match="not a symbol of"):
         render_beside(hunk, ("mine", ""), symbol="Nope.nope")
 

@@ -95,7 +95,7 @@ def _live(params, probe=PID):
 # -- one worker, many calls ------------------------------------------------------------------------
 def test_a_release_answers_all_its_calls_in_one_worker(fake_home, spawned):
     got = runner.run_release(RELEASE, [(PID, {"tag": 1}), (PID, {"tag": 2}), (PID, {"tag": 1})],
-                             timeout=120)
+                             timeout=120)[0]
     assert len(spawned) == 1
     assert list(got) == [runner.call_key(PID, {"tag": 1}), runner.call_key(PID, {"tag": 2})]
     first, second = got.values()
@@ -108,7 +108,7 @@ def test_a_release_answers_all_its_calls_in_one_worker(fake_home, spawned):
 
 def test_a_raising_probe_spoils_only_its_own_answer(fake_home, spawned):
     got = runner.run_release(RELEASE, [(PID, {"tag": 1}), (BOOM, None), (PID, {"tag": 2})],
-                             timeout=120)
+                             timeout=120)[0]
     before, boom, after = got.values()
     assert len(spawned) == 1
     assert boom.status == "error" and boom.reason == "ValueError: the probe failed on purpose"
@@ -120,7 +120,7 @@ def test_a_timeout_kills_the_group_and_reports_every_unanswered_call(fake_home, 
     pid_file = tmp_path / "grandchild.pid"
     t0 = time.perf_counter()
     got = runner.run_release(RELEASE, [(PID, {"tag": 1}), (CHILD, {"pid_file": str(pid_file)}),
-                                       (PID, {"tag": 2}), (BOOM, None)], timeout=8)
+                                       (PID, {"tag": 2}), (BOOM, None)], timeout=8)[0]
     assert time.perf_counter() - t0 < 60
     done, hung, *never = got.values()
     assert done.ok
@@ -143,13 +143,13 @@ def test_the_clock_restarts_with_each_answer(fake_home):
 
     A quick first call takes the worker's start-up (slow on a busy 2-core host) off the clock."""
     calls = [(PID, {"tag": 0})] + [(SLEEP, {"seconds": 3, "n": i}) for i in range(3)]
-    got = runner.run_release(RELEASE, calls, timeout=7)
+    got = runner.run_release(RELEASE, calls, timeout=7)[0]
     assert [r.status for r in got.values()] == ["ok"] * 4, [r.reason for r in got.values()]
 
 
 def test_a_worker_that_dies_reports_the_rest(fake_home):
     got = runner.run_release(RELEASE, [(PID, {"tag": 1}), (LEAVE, None), (PID, {"tag": 2})],
-                             timeout=120)
+                             timeout=120)[0]
     done, left, never = got.values()
     assert done.ok
     assert left.status == "error" and left.reason == f"sglang {RELEASE}: worker exited 3: no output"
@@ -167,9 +167,10 @@ def test_run_probe_is_one_call_of_the_same_worker(fake_home, spawned):
 
 def test_the_worker_command_writes_one_line_per_call(fake_home, tmp_path):
     out = tmp_path / "answers.jsonl"
-    calls = json.dumps([{"probe": PID, "params": {"tag": 1}}, {"probe": BOOM}])
+    calls = tmp_path / "calls.json"
+    calls.write_text(json.dumps([{"probe": PID, "params": {"tag": 1}}, {"probe": BOOM}]))
     proc = subprocess.run([
-        sys.executable, "-m", "sglab.sglang.runner", "--release", RELEASE, "--calls", calls,
+        sys.executable, "-m", "sglab.sglang.runner", "--release", RELEASE, "--calls", f"@{calls}",
         "--out",
         str(out)
     ], capture_output=True, text=True, timeout=120, env=releases.worker_env())

@@ -132,8 +132,8 @@ def make_wheel(folder: Path, version: str, files: dict, when=(2026, 5, 7, 0, 5, 
 def test_wheel_reader_facts_and_classification(tmp_path):
     path = make_wheel(tmp_path, "0.5.11",
                       {checks.KIMI_MODEL: KIMI_FIXED, capture_sizes.PIECEWISE_RUNNER: PCG_FILTER})
-    with R.WheelReader(path) as read:
-        assert read(checks.KIMI_MODEL) == KIMI_FIXED and read("srt/nothing.py") is None
+    read = R.reader(path)
+    assert read(checks.KIMI_MODEL) == KIMI_FIXED and read("srt/nothing.py") is None
     facts = R.wheel_facts(path)
     assert facts["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert facts["build_date"] == "2026-05-07T00:05:08" and facts["wheel"] == path.name
@@ -254,7 +254,7 @@ def test_released_draws_a_fixs_timeline_row_once_per_session(monkeypatch):
     monkeypatch.setattr(R, "timeline_row_figure", lambda fix: f"strip {fix.name}")
     monkeypatch.setattr(notebook, "show_figure", drawn.append)
     monkeypatch.setattr(notebook, "display_object", shown.append)
-    monkeypatch.setattr(hunks, "beside", lambda fix, rebuilt, **kw: ("beside", kw.get("pr")))
+    monkeypatch.setattr(hunks, "show", lambda fix, rebuilt, **kw: ("beside", kw.get("pr")))
     fix = get("swa_loc")
     compare.released(fix, object, symbol="x")
     compare.released(fix, object, symbol="y", pr=24743)

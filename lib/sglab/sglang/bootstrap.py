@@ -1,7 +1,6 @@
-"""Make one installed SGLang release importable in this process, with only the shims this machine
-needs: :func:`prepare`, once, first thing in a fresh process (the worker), puts the release and its
-dependency set on ``sys.path`` and applies each shim this machine needs (each says why).
-"""
+"""Make one installed SGLang release importable in this process: :func:`prepare`, first thing in a
+fresh worker, puts the release and its dependency set on ``sys.path`` and applies each shim this
+machine needs (each says why)."""
 
 from __future__ import annotations
 
@@ -75,14 +74,10 @@ def _put_on_path(release: str) -> Path:
 
 
 def machine_facts() -> dict:
-    """What this process can import: per stand-in, None where the real thing loads, else the
-    cause."""
+    """Per stand-in, None where the real thing loads here, else the cause."""
     return {
         "triton": None if importlib.util.find_spec("triton") is not None else "not installed",
-        "torchvision": _try_import("torchvision"),
-        "sgl_kernel": _try_import("sgl_kernel"),
-        # where no GPU device file exists, answered without importing torch (a second or more of
-        # each worker's start-up)
+        "torchvision": _try_import("torchvision"), "sgl_kernel": _try_import("sgl_kernel"),
         "cuda": hardware.has_cuda()
     }
 
@@ -112,8 +107,7 @@ def facts_in_subprocess(timeout: float = 120.0) -> dict:
 
 
 def prepare(release: str) -> Prepared:
-    """Put ``release`` on ``sys.path`` and apply its shims, in the order they must go in; raises
-    :class:`NotRunnable` with a one-line reason."""
+    """Put ``release`` on ``sys.path`` and apply its shims; :class:`NotRunnable` if it cannot."""
     root = _put_on_path(release)
     facts = machine_facts()
     installers = {
@@ -178,9 +172,8 @@ class _StubMeta(type):
 
 
 class RaisingModule(types.ModuleType):
-    """A stand-in module. A CamelCase attribute is a stub class (:class:`_StubMeta`); any other
-    attribute is a child stand-in module (a submodule or a function: both work), which raises
-    :class:`StubCalled` when called."""
+    """A stand-in module: a CamelCase attribute is a stub class, any other a child stand-in module
+    (a submodule or a function) that raises :class:`StubCalled` when called."""
 
     def __init__(self, name: str, why: str, overrides: Optional[dict] = None):
         super().__init__(name)
@@ -210,24 +203,15 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Serves ``root`` and ``root.*`` (minus ``exclude``) as :class:`RaisingModule` packages."""
 
     def __init__(self, root: str, why: str, *, exclude: tuple[str, ...] = (),
-                 overrides: Optional[dict] = None, only: Optional[tuple[str, ...]] = None,
-                 raising_root: bool = True):
+                 overrides: Optional[dict] = None):
         self.root, self.why, self.exclude, self.overrides = root, why, exclude, overrides or {}
-        self.only, self.raising_root = only, raising_root
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.root and not fullname.startswith(self.root + "."):
-            return None
-        if fullname in self.exclude or (self.only is not None and fullname not in self.only):
+        if fullname in self.exclude or not (fullname + ".").startswith(self.root + "."):
             return None
         return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
 
     def create_module(self, spec):
-        if spec.name == self.root and not self.raising_root:
-            mod = types.ModuleType(spec.name)
-            mod.__path__ = []
-            mod.__sglab_stub__ = self.why
-            return mod
         return RaisingModule(spec.name, self.why, self.overrides.get(spec.name))
 
     def exec_module(self, module):
@@ -285,8 +269,7 @@ def _complete_triton_stub(stub: types.ModuleType) -> None:
 
 
 def _install_platform_stub_triton(stub: types.ModuleType) -> None:
-    """0.5.2x keeps its triton stub inside ``install_platform_stubs``, gated to macOS with MPS: the
-    same module tree, built from the stub file's own pieces (finder, mock module type, helpers)."""
+    """0.5.2x's triton stub (inside ``install_platform_stubs``, gated to macOS), from its pieces."""
     sys.meta_path.insert(0, stub._TritonFinder())
     triton = stub._make_mock("triton")
     triton.__version__ = "3.0.0"
@@ -326,9 +309,7 @@ def install_torchvision_absent(cause: str) -> Shim:
     """``torchvision.*`` served by modules whose functions raise when called."""
     _forget("torchvision")
     why = f"torchvision cannot be imported here ({cause})"
-    # transformers reads the version to choose between torchvision and PIL image processors; 0.0
-    # makes it keep the PIL ones wherever it can, and the local label shows where the number comes
-    # from
+    # version 0.0: transformers keeps its PIL image processors
     sys.meta_path.insert(
         0,
         _StubFinder("torchvision", why,
@@ -341,10 +322,10 @@ def install_torchvision_absent(cause: str) -> Shim:
 def install_kvcacheio_stub(cause: str) -> Shim:
     """An empty ``sgl_kernel`` with an inert ``kvcacheio`` (0.5.10.x imports it off the GPU)."""
     why = f"sgl_kernel cannot be imported here ({cause})"
-    sys.meta_path.insert(
-        0,
-        _StubFinder("sgl_kernel", why, only=("sgl_kernel", "sgl_kernel.kvcacheio"),
-                    raising_root=False))
+    spec = importlib.machinery.ModuleSpec("sgl_kernel", None, is_package=True)
+    root = sys.modules["sgl_kernel"] = importlib.util.module_from_spec(spec)
+    root.kvcacheio = sys.modules["sgl_kernel.kvcacheio"] = RaisingModule(
+        "sgl_kernel.kvcacheio", why)
     return Shim(
         "sgl_kernel.kvcacheio",
         f"{why}; memory_pool_host.py imports sgl_kernel.kvcacheio at module level: an empty "
@@ -390,8 +371,7 @@ FACTS_FILE = "machine-facts.json"  # under the releases' home: the last answer a
 
 
 def facts_key() -> dict:
-    """What :func:`machine_facts` of a fresh interpreter depends on: the interpreter, the folders it
-    imports from (their modification times), the GPUs it may see, and this module."""
+    """What :func:`machine_facts` of a fresh interpreter depends on (interpreter, folders, GPUs)."""
     env = worker_env()
     folders = [*env["PYTHONPATH"].split(os.pathsep), *site.getsitepackages()]
     return {
@@ -404,8 +384,7 @@ def facts_key() -> dict:
 
 @lru_cache(maxsize=1)
 def _facts() -> dict:
-    """:func:`facts_in_subprocess`, kept in :data:`FACTS_FILE` with :func:`facts_key` (with a GPU
-    it takes seconds, and every workbook run asks)."""
+    """:func:`facts_in_subprocess`, kept in :data:`FACTS_FILE` under :func:`facts_key`."""
     path, key = home() / FACTS_FILE, facts_key()
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         kept = json.loads(path.read_text())

@@ -10,7 +10,7 @@ import html
 from dataclasses import dataclass
 from functools import lru_cache
 
-from sglab.sglang import releases, source
+from sglab.sglang import releases, source, upstream
 
 
 TAG_URL = "https://github.com/sgl-project/sglang/blob/v{version}/python/sglang/{path}"
@@ -29,17 +29,15 @@ class Node:
 @lru_cache(maxsize=64)
 def read(version: str, path: str) -> str | None:
     """``sglang/<path>`` of ``version`` (the installed release, else its cached wheel), or None."""
-    try:
-        return (releases.package_dir(version) / path).read_text(encoding="utf-8")
-    except OSError:
-        pass
+    text = upstream.read(path, root=releases.package_dir(version))
+    if text is not None:
+        return text
     from sglab.sglang import wheels
 
     wheel = wheels.cached(version, wheels.cache_dir())
     if wheel is None:
         return None
-    with wheels.WheelReader(wheel) as reader:
-        return reader(path)
+    return wheels.reader(wheel)(path)
 
 
 def line_of(version: str, node: Node) -> int | None:
@@ -53,8 +51,7 @@ def line_of(version: str, node: Node) -> int | None:
 
 
 def url(version: str, node: Node, offset: int = 0) -> str:
-    """The node's address at the release's tag: its line (plus ``offset``) where known, else the
-    file."""
+    """The node's address at the release's tag: its line (plus ``offset``) where known."""
     line = line_of(version, node)
     return TAG_URL.format(version=version, path=node.path) + (f"#L{line + offset}" if line else "")
 

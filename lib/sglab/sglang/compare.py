@@ -78,8 +78,7 @@ def status_lines(results: dict[str, ProbeResult]) -> str:
 
 
 def check_table(df, *, what: str = "rows") -> bool:
-    """Print a loud banner with every row whose ``agrees`` is False; True when every row of a
-    non-empty table agrees."""
+    """Print a loud banner with every row that disagrees; True when a non-empty table agrees."""
     if df is None or len(df) == 0:
         print(f"no real release ran, so nothing was compared ({what})")
         return False
@@ -118,15 +117,12 @@ _TIMELINE_DRAWN: set = set()  # fixes whose timeline row this process has shown
 
 
 def released(fix, rebuilt=None, *, symbol: Optional[str] = None, pr: Optional[int] = None) -> None:
-    """The fix's row of the release timeline (drawn once), then what the PR's release window changed
-    in ``symbol`` beside the rebuilt lines (:func:`sglab.sglang.hunks.render_beside`; the whole hunk
-    without ``rebuilt``)."""
+    """The fix's row of the release timeline (drawn once), then its hunk: whole, or ``symbol``'s
+    changes beside ``rebuilt`` (:func:`sglab.sglang.hunks.render_beside`)."""
     from sglab.core.notebook import display_object, show_figure
     from sglab.sglang import hunks, wheels
 
     if fix.name not in _TIMELINE_DRAWN:  # a notebook shows several hunks of one fix
         _TIMELINE_DRAWN.add(fix.name)
         show_figure(wheels.timeline_row_figure(fix))
-    display_object(
-        hunks.show(fix, pr) if rebuilt is
-        None else hunks.beside(fix, rebuilt, pr=pr, symbol=symbol))
+    display_object(hunks.show(fix, rebuilt, pr=pr, symbol=symbol))

@@ -31,8 +31,7 @@ def symbols_in(path: str, *names: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Probe:
-    """A real-release probe: ``fn`` (``"module:function"``, run inside one release's worker process)
-    asked with ``params`` on each of ``releases``."""
+    """A real-release probe: ``fn`` (``module:function``) asked with ``params`` of ``releases``."""
 
     fn: str
     releases: tuple[str, ...]

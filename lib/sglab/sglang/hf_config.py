@@ -49,8 +49,7 @@ def text_config(cfg: dict) -> dict:
 
 
 def read(model, *, architectures: bool = False) -> HFConfig:
-    """The config of ``model`` (a ``config.json`` or a folder holding one); with ``architectures``
-    it must name them (what an engine loads)."""
+    """The config of ``model`` (a file or a folder); with ``architectures`` it must name them."""
     path = path_of(model)
     try:
         st = path.stat()

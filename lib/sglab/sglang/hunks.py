@@ -1,7 +1,6 @@
-"""Each PR as it was released: the symbols it touched (found by name with :mod:`ast`, never by line
-numbers) in the last release without it and the first with it, committed under
-``data/upstream/<fix>/``: the whole hunk, or one symbol's changes beside the rebuilt lines that
-correspond (:func:`render_beside`), shown with neither SGLang nor a network.
+"""Each PR as it was released: the symbols it touched (found by name, never by line numbers) in the
+last release without it and the first with it, committed under ``data/upstream/<fix>/``; shown
+whole, or one symbol's changes beside the rebuilt lines that correspond (:func:`render_beside`).
 """
 
 from __future__ import annotations
@@ -29,8 +28,7 @@ HEADER = "# ── sglang/"
 
 @dataclass(frozen=True)
 class Hunk:
-    """One PR's symbols before and after, as released: each under a ``# ── sglang/<file> ·
-    <symbol>`` header (``# (not in this release)`` where it did not exist)."""
+    """One PR's symbols before and after, as released, each under a :data:`HEADER` line."""
 
     fix: str
     pr: int
@@ -54,8 +52,7 @@ class Hunk:
     def blocks(self, side: str = "after") -> dict[str, str | None]:
         """``{qualname: text}`` of one side (None where the symbol was not in that release)."""
         out, name, lines = {}, None, []
-        text = self.after if side == "after" else self.before
-        for line in text.splitlines(keepends=True) + [HEADER + "end · end\n"]:
+        for line in getattr(self, side).splitlines(keepends=True) + [HEADER + "end · end\n"]:
             if line.startswith(HEADER):
                 if name is not None:
                     body = "".join(lines).strip("\n")
@@ -68,8 +65,7 @@ class Hunk:
 
 # -- reading symbols out of a release --------------------------------------------------------------
 def side_text(read, symbols) -> str:
-    """Every symbol of one side, in order, each under its header line (its text, or the absent
-    marker), separated by a blank line."""
+    """Every symbol of one side, each under its header line (its text, or :data:`ABSENT`)."""
     blocks = []
     for path, qual in (s.split("::") for s in symbols):
         text = S.symbol_text(read(path), qual)
@@ -85,8 +81,8 @@ def unified(before: str, after: str, before_version: str, after_version: str) ->
 
 
 def find_window(spec: Spec, fix, versions: list[str], reader_for) -> tuple[str, str]:
-    """(last release without the change, first release with it) among ``versions`` (oldest first):
-    ``spec``'s own test, else the fix's check saying "pr-era"."""
+    """(last release without the change, first with it) among ``versions`` (oldest first), by
+    ``spec.first_with``, else the fix's check saying "pr-era"."""
     for i, v in enumerate(versions):
         read = reader_for(v)
         if (spec.first_with(read)
@@ -108,6 +104,11 @@ def build(spec: Spec, fix: str, before: tuple, after: tuple) -> Hunk:
 
 
 # -- committed files -------------------------------------------------------------------------------
+META = ("fix", "pr", "paths", "symbols", "before_version", "after_version", "before_wheel",
+        "after_wheel")
+SIDES = ("before", "after")
+
+
 def _stem(fix: str, pr: int, root: Path | None) -> Path:
     return Path(root or data_dir()) / fix / f"pr{pr}"
 
@@ -115,14 +116,10 @@ def _stem(fix: str, pr: int, root: Path | None) -> Path:
 def write(hunk: Hunk, root: Path | None = None) -> Path:
     stem = _stem(hunk.fix, hunk.pr, root)
     stem.parent.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "fix": hunk.fix, "pr": hunk.pr, "paths": list(hunk.paths), "symbols": list(hunk.symbols),
-        "before_version": hunk.before_version, "after_version": hunk.after_version,
-        "before_wheel": hunk.before_wheel, "after_wheel": hunk.after_wheel
-    }
+    meta = {k: getattr(hunk, k) for k in META}
     stem.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
-    Path(f"{stem}.before.txt").write_text(hunk.before)
-    Path(f"{stem}.after.txt").write_text(hunk.after)
+    for side in SIDES:
+        Path(f"{stem}.{side}.txt").write_text(getattr(hunk, side))
     Path(f"{stem}.diff").write_text(hunk.diff)
     return stem.parent
 
@@ -135,42 +132,35 @@ def load(fix, pr: int | None = None, *, root: Path | None = None) -> Hunk:
         raise FileNotFoundError(f"no committed hunk {meta_path} (sglab upstream --releases writes "
                                 "it)")
     meta = json.loads(meta_path.read_text())
-    return Hunk(meta["fix"], meta["pr"], tuple(meta["symbols"]), meta["before_version"],
-                meta["after_version"],
-                Path(f"{stem}.before.txt").read_text(),
-                Path(f"{stem}.after.txt").read_text(),
-                Path(f"{stem}.diff").read_text(), meta["before_wheel"], meta["after_wheel"])
+    return Hunk(**{k: meta[k]
+                   for k in META if k not in ("paths", "symbols")}, symbols=tuple(meta["symbols"]),
+                diff=Path(f"{stem}.diff").read_text(),
+                **{side: Path(f"{stem}.{side}.txt").read_text()
+                   for side in SIDES})
 
 
 def generate(fixes, versions: list[str], wheels: dict, root: Path | None = None) -> list[Hunk]:
-    """Find every PR's window among ``versions`` (oldest first) in the wheels ``{version: path}``,
-    write each hunk; ``fixes`` are the records (each with its hunk specs)."""
-    from sglab.sglang.wheels import WheelReader, wheel_facts
+    """Find every hunk spec's window among ``versions`` in ``wheels`` and write its hunk."""
+    from sglab.sglang.wheels import reader, wheel_facts
 
-    readers = {v: WheelReader(path) for v, path in wheels.items()}
+    readers = {v: reader(path) for v, path in wheels.items()}
     out = []
-    try:
-        for fix, spec in ((f, sp) for f in fixes for sp in f.hunks):
-            bv, av = find_window(spec, fix, versions, readers.__getitem__)
-            hunk = build(spec, fix.name, (bv, readers[bv], wheel_facts(wheels[bv])),
-                         (av, readers[av], wheel_facts(wheels[av])))
-            write(hunk, root)
-            out.append(hunk)
-    finally:
-        for r in readers.values():
-            r.close()
+    for fix, spec in ((f, sp) for f in fixes for sp in f.hunks):
+        bv, av = find_window(spec, fix, versions, readers.__getitem__)
+        hunk = build(spec, fix.name, (bv, readers[bv], wheel_facts(wheels[bv])),
+                     (av, readers[av], wheel_facts(wheels[av])))
+        write(hunk, root)
+        out.append(hunk)
     return out
 
 
-def show(fix, pr: int | None = None):
-    """The committed hunk of ``fix`` as coloured HTML in a notebook, plain text elsewhere."""
+def show(fix, rebuilt=None, *, pr: int | None = None, symbol: str | None = None):
+    """The committed hunk of ``fix`` (HTML in a notebook, text elsewhere): whole, or ``symbol``'s
+    changes beside ``rebuilt`` (:func:`render_beside`)."""
     hunk = load(fix, pr)
+    if rebuilt is not None:
+        return render_beside(hunk, rebuilt, symbol=symbol)
     return Rendered(hunk_html(hunk), hunk_text(hunk))
-
-
-def beside(fix, rebuilt, *, pr: int | None = None, symbol: str | None = None):
-    """:func:`render_beside` of ``fix``'s committed hunk."""
-    return render_beside(load(fix, pr), rebuilt, symbol=symbol)
 
 
 # -- display: a coloured unified diff in a notebook, the same text elsewhere -----------------------
@@ -244,8 +234,7 @@ _COMMON = frozenset(keyword.kwlist) | frozenset(dir(builtins)) | {"self", "cls"}
 
 @dataclass(frozen=True)
 class Piece:
-    """One hunk of a symbol's change: its lines (``+``/``-``/space first), the release and the line
-    of the symbol's text (1-based) where its first change is."""
+    """One hunk of a symbol's change: the release and line of its first change; its lines."""
 
     version: str
     line: int
@@ -298,8 +287,7 @@ def _code(line: str) -> str:
 
 def matches(hunk, symbol: str, rebuilt: str) -> list[set[int]]:
     """Per piece of :func:`pieces`, the 0-based rebuilt lines that correspond to its changed code:
-    those as alike as :data:`ALIKE` to a changed line, and those that use a name the changed lines
-    use and the symbol's unchanged lines do not (comments and docstrings aside)."""
+    as alike as :data:`ALIKE` to a changed line, or using a name only the changed lines use."""
     before, after = _sides(hunk, symbol)
     same = _names("\n".join(
         _code(ln) for tag, _, _, j1, j2 in difflib.SequenceMatcher(
@@ -320,9 +308,8 @@ def matches(hunk, symbol: str, rebuilt: str) -> list[set[int]]:
 
 
 def corresponding(rebuilt: str, hits: set[int], around: int = 1) -> list[tuple[int, int]]:
-    """``[(first, last)]`` (0-based, inclusive) of the rebuilt lines ``hits``, ``around`` lines
-    either side and the comment just above; the whole text where it is :data:`SHORT` lines or
-    fewer, the first :data:`SHORT` lines where nothing corresponds."""
+    """``[(first, last)]`` (inclusive) of the rebuilt lines ``hits``, ``around`` lines either side
+    and the comment above; all of a :data:`SHORT` text, its start where nothing corresponds."""
     lines = rebuilt.splitlines()
     if len(lines) <= SHORT:
         return [(0, len(lines) - 1)] if lines else []
@@ -390,20 +377,18 @@ def render_beside(hunk, rebuilt, *, symbol: str | None = None) -> Rendered:
         start = codepath.line_of(p.version, node)
         where = f"{path}:{start + p.line - 1}" if start else f"{path}, line {p.line} of {symbol}"
         link = codepath.url(p.version, node, p.line - 1)
-        changed = sum(ln[0] != " " for ln in p.lines)
         head = f"@@ {where} · {link}"
-        label = f"{where} · sglang {p.version}"
+        a = f"<a href='{html.escape(link)}'>{html.escape(f'{where} · sglang {p.version}')}</a>"
         if keep:
             plain += [head, *p.lines]
-            left.append(
-                f"<div style='font-size:12px;margin:4px 0 2px'><a href='{html.escape(link)}'>"
-                f"{html.escape(label)}</a></div>{diff_html(chr(10).join(p.lines))}")
+            left.append(f"<div style='font-size:12px;margin:4px 0 2px'>{a}</div>"
+                        f"{diff_html(chr(10).join(p.lines))}")
         else:
-            note = f"{changed} changed lines the rebuild leaves out (another change in this window)"
+            note = (f"{sum(ln[0] != ' ' for ln in p.lines)} changed lines the rebuild leaves out "
+                    "(another change in this window)")
             plain.append(f"{head}: {note}")
-            left.append(
-                f"<div style='font-size:12px;margin:4px 0;color:#57606a'><a href="
-                f"'{html.escape(link)}'>{html.escape(label)}</a>: {html.escape(note)}</div>")
+            left.append(f"<div style='font-size:12px;margin:4px 0;color:#57606a'>{a}: "
+                        f"{html.escape(note)}</div>")
     plain += [f"== {right_title}", shown.rstrip("\n")]
     cell = 'style="vertical-align:top;padding:0 6px;width:50%;text-align:left"'
     # fixed layout: each side keeps half the width and scrolls its own long lines (never wraps them)

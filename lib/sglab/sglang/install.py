@@ -32,8 +32,7 @@ JOBS = 3
 
 @dataclass
 class Outcome:
-    """One release or dependency set: ``installed`` now, ``present`` already, or ``failed`` with a
-    reason."""
+    """One release or dependency set: ``installed``, ``present`` or ``failed`` (``reason``)."""
 
     kind: str  # "release" | "deps"
     name: str
@@ -57,7 +56,7 @@ def _deps_spec(name: str) -> dict:
 
 def deps_current(name: str) -> bool:
     """Is dependency set ``name`` installed for the current requirements, and does the interpreter
-    still provide what was left out of it?"""
+    still provide what it left out?"""
     stamp = read_stamp(deps_dir(name))
     if stamp is None or {k: stamp.get(k) for k in ("requirements", "no_deps")} != _deps_spec(name):
         return False
@@ -68,8 +67,8 @@ def deps_current(name: str) -> bool:
 
 
 def _install_into(kind: str, name: str, dest: Path, fill: Callable[[Path], dict]) -> Outcome:
-    """``fill(tmp)`` (pip into a temporary folder next to ``dest``; returns stamp fields), then the
-    stamped folder replaces ``dest``; a :class:`PipError` is a failed outcome."""
+    """``fill(tmp)`` (pip into a folder next to ``dest``; the stamp's fields), then the stamped
+    folder replaces ``dest``; a :class:`PipError` is a failed outcome."""
     t0 = time.perf_counter()
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=dest.parent))
@@ -200,8 +199,7 @@ def interpreter_dists() -> dict[str, str]:
 
 
 def constraint_files(workdir: Path) -> list[Path]:
-    """The committed CPU constraints (where torch is a CPU build or absent) plus the interpreter's
-    own pins."""
+    """The committed CPU constraints (unless torch is a GPU build) and the interpreter's pins."""
     dists = interpreter_dists()
     pins = workdir / "interpreter-pins.txt"
     pins.write_text("".join(f"{n}=={v}\n" for n, v in sorted(dists.items())))
@@ -219,10 +217,8 @@ def pip_install(target: Path, requirements: Iterable[str], *, constraints: Itera
         "--no-warn-script-location", "--no-input", "--no-compile", "--upgrade", "--target",
         str(target)
     ]
-    for c in constraints:
-        cmd += ["-c", str(c)]
-    for f in find_links:
-        cmd += ["--find-links", str(f)]
+    cmd += [a for c in constraints for a in ("-c", str(c))]
+    cmd += [a for f in find_links for a in ("--find-links", str(f))]
     if no_deps:
         cmd.append("--no-deps")
     cmd += [str(r) for r in requirements]
@@ -253,8 +249,7 @@ def installed_in(folder: Path) -> dict[str, tuple[str, Path]]:
 
 
 def prune_provided(folder: Path) -> list[str]:
-    """Delete from ``folder`` (each file its RECORD lists) what the interpreter provides at the same
-    version; return ``name==version`` of those."""
+    """Delete from ``folder`` what the interpreter provides at the same version (``n==v``)."""
     have = interpreter_dists()
     pruned = []
     for name, (version, info) in sorted(installed_in(folder).items()):

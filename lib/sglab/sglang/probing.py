@@ -60,8 +60,7 @@ def captured_logs(logger_name: str) -> Iterator[list]:
 
 
 class Recorder:
-    """Stands in for a class the real code would construct (a CUDA-graph runner): records the call
-    instead."""
+    """Stands in for a class the real code would construct: records the call instead."""
 
     def __init__(self):
         self.calls: list[tuple] = []
@@ -73,10 +72,7 @@ class Recorder:
 
 def module_path(root, target) -> str | None:
     """First registered dotted path of ``target`` under ``root`` ("" for root itself)."""
-    for name, mod in root.named_modules():
-        if mod is target:
-            return name
-    return None
+    return next((name for name, mod in root.named_modules() if mod is target), None)
 
 
 def has_file(prepared, relpath: str) -> bool:

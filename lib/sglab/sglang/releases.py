@@ -6,6 +6,7 @@ numbers and the one reader of a wheel's pins.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -22,8 +23,7 @@ PINNED = ("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13", "0.5.14", "0.5.23"
 
 STAMP = ".sglab-installed"
 
-# What every release imports at module level on the paths the probes take (found by importing them
-# on a CPU box with torch 2.13; each missing one is an ImportError at `import sglang.srt...`).
+# What every release imports at module level on the probes' paths (found on a CPU box, torch 2.13).
 _COMMON = ("numpy", "orjson", "psutil", "pybase64", "requests", "packaging", "pillow", "starlette",
            "msgspec", "pydantic", "pyzmq", "tqdm", "IPython", "aiohttp", "dill", "gguf", "einops",
            "partial_json_parser", "loguru")
@@ -99,9 +99,8 @@ LINUX_X86_64 = {
 
 
 def pins(metadata: str, environment: Optional[dict] = None) -> dict[str, str]:
-    """``{normalized name: version}`` of the exact (``==``) pins among the ``Requires-Dist`` lines
-    of a wheel's METADATA text whose markers hold on ``environment`` (default
-    :data:`LINUX_X86_64`; no extra)."""
+    """``{normalized name: version}`` of the ``==`` pins in METADATA ``Requires-Dist`` lines
+    whose markers hold on ``environment`` (default :data:`LINUX_X86_64`)."""
     env = environment or LINUX_X86_64
     out = {}
     for line in metadata.splitlines():
@@ -137,17 +136,11 @@ def release_installed(version: str) -> bool:
 def installed_releases() -> list[str]:
     """Installed releases (pinned or not), oldest first."""
     root = home() / "releases"
-    if not root.is_dir():
-        return []
     found = []
-    for p in root.iterdir():
-        try:
-            parse_version(p.name)
-        except ValueError:
-            continue
-        if release_installed(p.name):
-            found.append(p.name)
-    return sorted(found, key=parse_version)
+    for p in root.iterdir() if root.is_dir() else ():
+        with contextlib.suppress(ValueError):
+            found.append((parse_version(p.name), p.name))
+    return [v for _, v in sorted(found) if release_installed(v)]
 
 
 def worker_env() -> dict:

@@ -84,9 +84,11 @@ def _read_answers(out: Path) -> dict[int, dict]:
     return found
 
 
-def _run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]],
-                 timeout: float) -> tuple[dict[tuple[str, str], ProbeResult], set]:
-    """:func:`run_release`, and the keys of the calls the worker itself answered."""
+def run_release(
+        release: str, calls: Iterable[tuple[str, Optional[dict]]], *,
+        timeout: float = DEFAULT_TIMEOUT_S) -> tuple[dict[tuple[str, str], ProbeResult], set]:
+    """``{(probe, params key): result}`` of ``calls`` on ``release`` in one worker (``timeout`` per
+    call; never raises), and the keys of the calls the worker itself answered."""
     parse_version(release)
     todo: dict[tuple[str, str], tuple[str, dict]] = {}
     for probe, params in calls:
@@ -146,14 +148,6 @@ def _run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]],
     return results, answered
 
 
-def run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]], *,
-                timeout: float = DEFAULT_TIMEOUT_S) -> dict[tuple[str, str], ProbeResult]:
-    """``{(probe, params key): result}`` of ``calls`` (``(probe, params)``, a probe
-    ``module:function``) on ``release``, in one worker, in order; ``timeout``: seconds per call.
-    Never raises for a release that cannot run: each result says why."""
-    return _run_release(release, calls, timeout)[0]
-
-
 def run_batch(calls: Iterable[tuple[str, Optional[dict], Iterable[str]]], *, jobs: int = 2,
               timeout: float = DEFAULT_TIMEOUT_S, progress: Optional[Callable[[str, dict],
                                                                               None]] = None,
@@ -168,7 +162,7 @@ def run_batch(calls: Iterable[tuple[str, Optional[dict], Iterable[str]]], *, job
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         # the busiest releases first, so that the last worker to start is a short one
         futures = {
-            pool.submit(_run_release, v, per_release[v], timeout): v
+            pool.submit(run_release, v, per_release[v], timeout=timeout): v
             for v in sorted(per_release, key=lambda v: -len(per_release[v]))
         }
         for f in as_completed(futures):
@@ -181,18 +175,16 @@ def run_batch(calls: Iterable[tuple[str, Optional[dict], Iterable[str]]], *, job
 
 def run_probe(release: str, probe: str, params: Optional[dict] = None, *,
               timeout: float = DEFAULT_TIMEOUT_S) -> ProbeResult:
-    """``probe`` (``module:function``) on ``release`` in a fresh worker, now (never raises: the
-    result says why a release could not run)."""
-    return run_release(release, [(probe, params)], timeout=timeout)[call_key(probe, params)]
+    """``probe`` on ``release`` in a fresh worker, now (the result says why it could not run)."""
+    return run_release(release, [(probe, params)], timeout=timeout)[0][call_key(probe, params)]
 
 
 def run_probes(
         releases: Iterable[str], probe: str, params: Optional[dict] = None, *, jobs: int = 2,
         timeout: float = DEFAULT_TIMEOUT_S, source: Optional[str] = None,
         progress: Optional[Callable[[str, ProbeResult], None]] = None) -> dict[str, ProbeResult]:
-    """``{release: result}`` of ``probe`` with ``params``: from the newest recording where
-    ``source`` (default ``$SGLAB_REAL``) allows, else this test session's answers, else a worker
-    started now (``jobs`` at a time)."""
+    """``{release: result}`` of ``probe`` with ``params``: the newest recording where ``source``
+    (default ``$SGLAB_REAL``) allows, else this test session's answers, else a worker now."""
     releases, src = list(releases), store.source(source)
     found: dict[str, ProbeResult] = {}
     if src != "live":
@@ -216,14 +208,11 @@ def run_probes(
     if progress is not None:
         for v in (v for v in releases if v in found):
             progress(v, found[v])
-    todo = [v for v in releases if v not in found]
     key = call_key(probe, params)
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(run_release, v, [(probe, params)], timeout=timeout): v for v in todo}
-        for f in as_completed(futures):
-            found[futures[f]] = f.result()[key]
-            if progress is not None:
-                progress(futures[f], found[futures[f]])
+    ran = run_batch([(probe, params, [v for v in releases if v not in found])], jobs=jobs,
+                    timeout=timeout, progress=progress
+                    and (lambda v, results: progress(v, results[key])))
+    found.update((v, results[key]) for v, results in ran.items())
     return {v: found[v] for v in releases}
 
 
@@ -311,15 +300,11 @@ def run(release: str, calls: list[dict], emit: Callable[[dict], None]) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sglab.sglang.runner")
     ap.add_argument("--release", required=True)
-    ap.add_argument(
-        "--calls", required=True,
-        help='JSON list of {"probe": MODULE:FUNCTION, "params": {...}}, or @FILE '
-        "holding it")
-    ap.add_argument("--out", required=True, type=Path,
-                    help="one JSON line per answer is appended here")
+    ap.add_argument("--calls", required=True,
+                    help='@FILE of [{"probe": MODULE:FUNCTION, "params"}]')
+    ap.add_argument("--out", required=True, type=Path, help="one JSON line per answer")
     args = ap.parse_args(argv)
-    text = Path(args.calls[1:]).read_text() if args.calls.startswith("@") else args.calls
-    calls = json.loads(text)
+    calls = json.loads(Path(args.calls.removeprefix("@")).read_text())
     # SGLang and transformers warn loudly about the GPU-less machine; the caller only sees our JSON
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.ERROR)

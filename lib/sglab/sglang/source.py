@@ -30,8 +30,7 @@ def parsed(read, rel: str) -> tuple[str | None, ast.Module | None]:
 
 
 def find(tree: ast.AST | None, qualname: str) -> ast.AST | None:
-    """The class or function ``qualname`` ("Class.method") in ``tree``; the last definition of a
-    name wins, as in Python."""
+    """The class or function ``qualname`` in ``tree`` (the last definition of a name wins)."""
     node = tree
     for part in qualname.split("."):
         body = getattr(node, "body", None) or []
@@ -57,21 +56,18 @@ def symbol_text(source: str | None, qualname: str) -> str | None:
     return None if node is None else text(source, node)
 
 
+def _walk(node: ast.AST | None):
+    return ast.walk(node) if node is not None else ()
+
+
 def callee_name(call: ast.Call) -> str:
     """The called name without its object: ``f`` for ``f(x)`` and for ``self.pool.f(x)``."""
-    func = call.func
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    if isinstance(func, ast.Name):
-        return func.id
-    return ""
+    return getattr(call.func, "attr", None) or getattr(call.func, "id", "")
 
 
 def calls(node: ast.AST | None, name: str) -> list[ast.Call]:
     """Every call of ``name`` (as a plain name or an attribute) anywhere under ``node``."""
-    if node is None:
-        return []
-    return [n for n in ast.walk(node) if isinstance(n, ast.Call) and callee_name(n) == name]
+    return [n for n in _walk(node) if isinstance(n, ast.Call) and callee_name(n) == name]
 
 
 def keyword(call: ast.Call, name: str) -> ast.expr | None:
@@ -81,10 +77,8 @@ def keyword(call: ast.Call, name: str) -> ast.expr | None:
 
 def assignments(node: ast.AST | None, target: str) -> list[ast.expr]:
     """Values assigned to ``target`` (spelled as in the source: ``"self.model"``) under ``node``."""
-    if node is None:
-        return []
     out = []
-    for n in ast.walk(node):
+    for n in _walk(node):
         if isinstance(n, ast.Assign) and any(ast.unparse(t) == target for t in n.targets):
             out.append(n.value)
         elif isinstance(n, (ast.AnnAssign, ast.AugAssign)) and n.value is not None \
@@ -95,15 +89,11 @@ def assignments(node: ast.AST | None, target: str) -> list[ast.expr]:
 
 def mentions(node: ast.AST | None, spelled: str) -> bool:
     """Whether the expression ``spelled`` (as ``ast.unparse`` writes it) occurs under ``node``."""
-    if node is None:
-        return False
-    return any(isinstance(n, ast.expr) and ast.unparse(n) == spelled for n in ast.walk(node))
+    return any(isinstance(n, ast.expr) and ast.unparse(n) == spelled for n in _walk(node))
 
 
 def string_constants(node: ast.AST | None) -> list[str]:
     """Every string literal under ``node``, f-string pieces included."""
-    if node is None:
-        return []
     return [
-        n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+        n.value for n in _walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)
     ]

@@ -92,15 +92,13 @@ class Recording:
 
 def write(calls: Iterable[tuple[str, Optional[dict], dict]], *, root: Optional[Path] = None,
           extra: Optional[dict] = None) -> Path:
-    """Write ``calls`` (``(probe, params, {release: ProbeResult})``) as a ``real_cpu`` run under
-    ``root`` (default ``data/recorded``)."""
+    """Write ``calls`` (``(probe, params, {release: result})``) as a ``real_cpu`` run."""
     from sglab.core import runs
 
-    rows, stored, releases = [], [], set()
+    rows, stored = [], []
     for probe, params, results in calls:
         key = params_key(probe, params)
         for release, r in results.items():
-            releases.add(release)
             stored.append({
                 "key": key, "release": r.release, "probe": r.probe,
                 "status": r.status, "rows": [] if r.rows is None else r.rows.drop(
@@ -118,12 +116,12 @@ def write(calls: Iterable[tuple[str, Optional[dict], dict]], *, root: Optional[P
             json.dump(stored, f, default=str)
         from sglab.sglang.releases import parse_version
 
-        return runs.write_run(
-            runs.tidy(EXPERIMENT, rows), experiment=EXPERIMENT, method_version=METHOD_VERSION,
-            params={"probes": sorted({r["probe"]
-                                      for r in rows})}, root=root or runs.data_dir("recorded"),
-            gpu_count=0, extra={"releases": sorted(releases, key=parse_version),
-                                **(extra or {})}, sidecars={"results": sidecar})
+        probes, releases = {r["probe"] for r in rows}, {r["variant"] for r in rows}
+        extra = {"releases": sorted(releases, key=parse_version), **(extra or {})}
+        return runs.write_run(runs.tidy(EXPERIMENT, rows), experiment=EXPERIMENT,
+                              method_version=METHOD_VERSION, params={"probes": sorted(probes)},
+                              root=root or runs.data_dir("recorded"), gpu_count=0, extra=extra,
+                              sidecars={"results": sidecar})
 
 
 @lru_cache(maxsize=4)

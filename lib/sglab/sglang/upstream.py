@@ -76,14 +76,12 @@ def installed() -> Installed | None:
 
 def read(relpath: str, *, root: Path | None = None) -> str | None:
     """Text of ``sglang/<relpath>`` (e.g. ``"srt/models/kimi_k25.py"``), or None if absent."""
+    inst = installed() if root is None else None
+    root = inst.root if inst else root
     if root is None:
-        inst = installed()
-        if inst is None:
-            return None
-        root = inst.root
-    path = Path(root) / relpath
+        return None
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
+        return (Path(root) / relpath).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
 
@@ -117,11 +115,8 @@ def check_all(fixes, *, root: Path | None = None):
     import pandas as pd
 
     inst = installed() if root is None else None
-    rows = []
-    for f in fixes:
-        v = check(f, root=root)
-        rows.append({
-            "check": f.name, "title": f.title, "status": v.status, "detail": v.detail,
-            "sglang": inst.version if inst else (str(root) if root else None)
-        })
+    where = inst.version if inst else (str(root) if root else None)
+    rows = [
+        (f.name, f.title, v.status, v.detail, where) for f in fixes for v in [check(f, root=root)]
+    ]
     return pd.DataFrame(rows, columns=["check", "title", "status", "detail", "sglang"])

@@ -47,8 +47,7 @@ def table_path() -> Path:
 
 
 def columns(fixes) -> list[str]:
-    """The CSV's columns: the wheel's facts, then ``<fix>`` and ``<fix>_reason`` per fix (a record
-    or a name)."""
+    """The CSV's columns: the wheel's facts, then ``<fix>`` and ``<fix>_reason`` per fix."""
     names = [f if isinstance(f, str) else f.name for f in fixes]
     return [*META, *(c for fix in names for c in (fix, f"{fix}_reason"))]
 
@@ -125,27 +124,15 @@ def opened(path: Path) -> tuple[zipfile.ZipFile, frozenset]:
     return _opened(path, path.stat().st_mtime_ns)
 
 
-class WheelReader:
+def reader(path: Path):
     """``read(relpath)`` inside a wheel: the text of ``sglang/<relpath>``, or None."""
+    z, names = opened(path)
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self._zip, self._names = opened(self.path)
-
-    def __call__(self, relpath: str) -> str | None:
+    def read(relpath: str) -> str | None:
         name = f"{PACKAGE}/{relpath}"
-        if name not in self._names:
-            return None
-        return self._zip.read(name).decode("utf-8", errors="replace")
+        return z.read(name).decode("utf-8", errors="replace") if name in names else None
 
-    def close(self):
-        pass  # the zip stays open for the next reader of this wheel (see opened)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        pass
+    return read
 
 
 def wheel_facts(path: Path) -> dict:
@@ -163,16 +150,14 @@ def wheel_facts(path: Path) -> dict:
 def classify_wheel(version: str, path: Path, fixes) -> dict:
     """One row of the release table: the wheel's facts, then each fix's state and reason."""
     row = {"version": version, **wheel_facts(path)}
-    with WheelReader(path) as read:
-        for fix, v in classify(fixes, read).items():
-            row[fix], row[f"{fix}_reason"] = v.status, v.detail
+    for fix, v in classify(fixes, reader(path)).items():
+        row[fix], row[f"{fix}_reason"] = v.status, v.detail
     return row
 
 
 # -- the committed table ---------------------------------------------------------------------------
 def load_table(path: Path | None = None, fixes=None):
-    """The committed release table (strings), oldest release first, checked to have a column per
-    fix of ``fixes``."""
+    """The committed release table (strings), oldest first, with a column per fix of ``fixes``."""
     import pandas as pd
 
     path = Path(path or table_path())
@@ -199,9 +184,8 @@ def write_table(frame, path: Path | None = None) -> Path:
 # -- the timeline ----------------------------------------------------------------------------------
 @dataclass
 class Timeline:
-    """Rows (the table's columns plus ``source``: "wheel" or "table"), what was read from where, and
-    whether every release from :data:`FIRST` on was read from its wheel (then it may be
-    committed)."""
+    """Rows (the table's columns plus ``source``: "wheel" or "table"), notes on what was read from
+    where, and whether every release from :data:`FIRST` on came from its wheel (committable)."""
 
     frame: object
     notes: list[str] = field(default_factory=list)
@@ -215,10 +199,8 @@ def _release_list(versions, offline, lister, notes) -> tuple[list[str], bool, bo
     """(versions, whether the package index listed them, whether the network may be tried)."""
     if offline:
         notes.append("offline: nothing downloaded")
-    if versions:
-        return sorted(set(versions), key=parse_version), False, not offline
-    if offline:
-        return [], False, False
+    if versions or offline:
+        return sorted(set(versions or ()), key=parse_version), False, not offline
     try:
         found = lister()
     except NoNetwork as e:
@@ -294,18 +276,14 @@ def changes(frame) -> list[tuple[str, str, str, str]]:
     """``(fix, version, state, reason)`` wherever a fix's state or reason changes."""
     out = []
     for fix in fix_names(frame):
-        prev = None
-        for r in frame.to_dict("records"):
-            now = (r[fix], r[f"{fix}_reason"])
-            if now != prev:
-                out.append((fix, r["version"], *now))
-            prev = now
+        cols = ["version", fix, f"{fix}_reason"]
+        moved = (frame[cols[1:]] != frame[cols[1:]].shift()).any(axis=1)
+        out += [(fix, *r) for r in frame.loc[moved, cols].itertuples(index=False)]
     return out
 
 
 def timeline_row(fix: str, frame=None):
-    """One fix across the releases (committed table by default): ``version, build_date, state,
-    reason``."""
+    """One fix across the releases: ``version, build_date, state, reason``."""
     frame = load_table() if frame is None else frame
     if fix not in fix_names(frame):
         raise KeyError(f"no fix {fix!r} in the release table; known: {fix_names(frame)}")
@@ -326,23 +304,23 @@ def _table(frame):
     return (load_table() if frame is None else frame).reset_index(drop=True)
 
 
-def _bare(ax) -> None:
+def _finish(ax, frame, **tick):
+    """The releases as ticks, a bare frame, the caption; the figure."""
+    ax.set_xticks([x + 0.47 for x in range(len(frame))], frame["version"], rotation=60, ha="right",
+                  **tick)
     ax.grid(False)
     ax.tick_params(length=0)
     for side in ("left", "bottom"):
         ax.spines[side].set_visible(False)
-
-
-def _caption(fig, frame) -> None:
     first, last = frame["build_date"].iloc[0][:10], frame["build_date"].iloc[-1][:10]
     text = (f"read from the released SGLang wheels {frame['version'].iloc[0]} (built {first}) to "
             f"{frame['version'].iloc[-1]} (built {last}) by sglab.sglang.upstream")
-    fig.text(0.01, -0.02, text, ha="left", va="top", fontsize=8, color="#555555")
+    ax.figure.text(0.01, -0.02, text, ha="left", va="top", fontsize=8, color="#555555")
+    return ax.figure
 
 
 def timeline_figure(frame=None, *, ax=None):
-    """Releases left to right, one row per fix, each cell coloured by that fix's state in that
-    release."""
+    """Releases left to right, one row per fix, each cell coloured by its state."""
     from matplotlib.patches import Patch, Rectangle
 
     from sglab.core import plots
@@ -350,9 +328,8 @@ def timeline_figure(frame=None, *, ax=None):
     frame = _table(frame)
     fixes = fix_names(frame)
     if ax is None:
-        fig, ax = plots.figure(width=max(7.0, 0.48 * len(frame) + 2.5),
-                               height=0.42 * len(fixes) + 1.9)
-    fig = ax.figure
+        _, ax = plots.figure(width=max(7.0, 0.48 * len(frame) + 2.5),
+                             height=0.42 * len(fixes) + 1.9)
     for y, fix in enumerate(fixes):
         for x, state in enumerate(frame[fix]):
             ax.add_patch(
@@ -361,16 +338,13 @@ def timeline_figure(frame=None, *, ax=None):
                           hatch="//" if state == "unknown" else None))
     ax.set_xlim(-0.1, len(frame))
     ax.set_ylim(len(fixes), -0.15)
-    ax.set_xticks([x + 0.47 for x in range(len(frame))], frame["version"], rotation=60, ha="right")
     ax.set_yticks([y + 0.43 for y in range(len(fixes))], fixes)
-    _bare(ax)
     ax.set_title("Which SGLang release has which fix")
     present = [s for s in STATE_COLOURS if s in set(frame[fixes].to_numpy().ravel())]
     ax.legend(
         handles=[Patch(facecolor=STATE_COLOURS[s], edgecolor="#7f8c8d", label=s) for s in present],
         loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=len(present), frameon=False)
-    _caption(fig, frame)
-    return fig
+    return _finish(ax, frame)
 
 
 def timeline_row_figure(fix, frame=None, *, ax=None):
@@ -382,8 +356,7 @@ def timeline_row_figure(fix, frame=None, *, ax=None):
     if fix not in frame.columns:
         raise KeyError(f"no column {fix!r} in the release table; fixes: {fix_names(frame)}")
     if ax is None:
-        fig, ax = plots.figure(width=max(7.0, 0.45 * len(frame) + 1.5), height=1.9)
-    fig = ax.figure
+        _, ax = plots.figure(width=max(7.0, 0.45 * len(frame) + 1.5), height=1.9)
     states = list(frame[fix])
     ax.bar(range(len(states)), [1] * len(states), width=0.94, align="edge",
            color=[STATE_COLOURS.get(s, "#ffffff") for s in states], edgecolor="none")
@@ -397,9 +370,5 @@ def timeline_row_figure(fix, frame=None, *, ax=None):
     ax.set_xlim(0, len(states))
     ax.set_ylim(0, 1)
     ax.set_yticks([])
-    ax.set_xticks([x + 0.47 for x in range(len(states))], frame["version"], rotation=60, ha="right",
-                  fontsize=8)
-    _bare(ax)
     ax.set_title(f"{fix}: {title}" if title else fix, fontsize=10)
-    _caption(fig, frame)
-    return fig
+    return _finish(ax, frame, fontsize=8)

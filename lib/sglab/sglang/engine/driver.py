@@ -36,9 +36,8 @@ def _gpu_memory() -> None:
 
 
 def drive(params_path: str) -> int:
-    """The ``engine`` tool: the release's own ``ServerArgs`` parser and ``sglang.Engine``, each
-    (requests x input length) sent ``repeats`` times as one ``generate`` call of distinct random
-    ids (no prefix-cache hits), one line per call."""
+    """The ``engine`` tool: ``sglang.Engine`` of the release's ``ServerArgs``, each (requests x
+    input length) sent ``repeats`` times as one ``generate`` of fresh random ids, a line each."""
     import argparse
     import random
 
@@ -51,6 +50,7 @@ def drive(params_path: str) -> int:
     server_args = ServerArgs.from_cli_args(parser.parse_args(p["server_argv"]))
     engine = sglang.Engine(server_args=server_args)
     rng = random.Random(0)
+    sampling = {"max_new_tokens": p["output_len"], "ignore_eos": True, "temperature": 0.0}
     image = None
     if p.get("image_size"):
         from PIL import Image
@@ -63,12 +63,7 @@ def drive(params_path: str) -> int:
                 for r in range(p["warmup"] + p["repeats"]):
                     warm = int(r < p["warmup"])
                     say(f"call-begin id={k} requests={n} input_len={il} warmup={warm}")
-                    kwargs = {
-                        "sampling_params": {
-                            "max_new_tokens": p["output_len"], "ignore_eos": True,
-                            "temperature": 0.0
-                        }
-                    }
+                    kwargs = {"sampling_params": sampling}
                     if image is not None:  # text through the model's processor, with the image
                         kwargs["prompt"] = [p["prompt"]] * n
                         kwargs["image_data"] = [image] * n
@@ -96,6 +91,14 @@ SERVING_KEYS = ("completed", "duration", "mean_ttft_ms", "median_ttft_ms", "mean
                 "median_itl_ms", "total_input_tokens", "total_output_tokens")
 
 
+def launch_server_argv(python: str, server_argv: list[str], port: int) -> list[str]:
+    """The release's own server on the loopback at ``port``."""
+    return [
+        python, "-m", "sglang.launch_server", *server_argv, "--host", "127.0.0.1", "--port",
+        str(port)
+    ]
+
+
 def _free_port(first: int) -> int:
     import socket
 
@@ -110,8 +113,7 @@ def _free_port(first: int) -> int:
 
 
 def _ready(url: str, server, deadline: float) -> None:
-    """Wait until ``/health_generate`` (one real generate) answers 200; raise where the server
-    exits first or ``deadline`` passes."""
+    """Wait until ``/health_generate`` answers 200; raise if the server exits or time runs out."""
     import urllib.error
     import urllib.request
 
@@ -131,9 +133,8 @@ def _ready(url: str, server, deadline: float) -> None:
 
 
 def bench_serving_argv(p: dict, port: int, one: dict, seed: int, out: str) -> list[str]:
-    """The release's own ``bench_serving`` for one pass: random token ids, exact prompt and output
-    lengths, ``concurrency`` requests in flight, no warm-up of its own (the driver's passes warm
-    up)."""
+    """The release's own ``bench_serving`` for one pass: random ids of exact lengths,
+    ``concurrency`` requests in flight, no warm-up of its own (the driver's passes warm up)."""
     return [
         "--backend", "sglang", "--host", "127.0.0.1", "--port",
         str(port), "--model", p["tokenizer"], "--tokenizer", p["tokenizer"], "--dataset-name",
@@ -148,8 +149,7 @@ def bench_serving_argv(p: dict, port: int, one: dict, seed: int, out: str) -> li
 
 
 def untimed(res: dict) -> str:
-    """Why a ``bench_serving`` result (``--output-details``) has no TTFT for some request (0 where
-    no chunk had text), in words; '' when every request has one."""
+    """Why a ``bench_serving`` result has no TTFT for some request, in words; '' if none."""
     ttfts = res.get("ttfts") or []
     n = sum(1 for t in ttfts if not t)
     return (f"{n} of {len(ttfts)} requests have no TTFT (their generated tokens decoded to no "
@@ -189,9 +189,8 @@ def _bench_serving(argv: list[str]) -> int:
 
 
 def serve(params_path: str) -> int:
-    """The ``serve`` tool: the release's server on a free loopback port, then ``bench_serving`` once
-    per untimed warm-up pass and per timed pass, each with its own seed (no prefix-cache hits), a
-    line per pass."""
+    """The ``serve`` tool: the release's server on a free loopback port, then ``bench_serving`` per
+    untimed warm-up pass and per timed pass, each with its own seed, a line per pass."""
     import importlib
     import signal
     import subprocess
@@ -200,20 +199,15 @@ def serve(params_path: str) -> int:
     port = _free_port(int(p["port"]))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + float(p["timeout"])
-    argv = [
-        sys.executable, "-m", "sglang.launch_server", *p["server_argv"], "--host", "127.0.0.1",
-        "--port",
-        str(port)
-    ]
     say(f"serve-begin port={port}")
     if stand_in_for_datasets():
         say("applied datasets-stand-in: Hugging Face datasets is not installed; bench_serving "
             "imports it at module level and never calls it for random-ids prompts")
-    server = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    server = subprocess.Popen(launch_server_argv(sys.executable, p["server_argv"], port),
+                              stdin=subprocess.DEVNULL)
     out = Path(p["results"])
     try:
-        # bench_serving's own imports (transformers, aiohttp, ...) while the server starts: about
-        # 7 s a start on an H200 box that the first (untimed) pass would otherwise pay
+        # bench_serving's own imports while the server starts (about 7 s a start on an H200)
         importlib.import_module("sglang.bench_serving")
         sys.modules.pop("sglang.bench_serving")  # runpy runs it afresh, its imports cached
         _ready(url, server, deadline)

@@ -31,9 +31,8 @@ def say(text: str) -> None:
 
 
 SITECUSTOMIZE = """\
-# Written by sglab.sglang.engine for one engine run: installs the run's hooks in every Python
-# process of the engine (spawned children too), then hands over to the next sitecustomize on the
-# path, if any.
+# sglab.sglang.engine's hooks in every Python process of one engine run, after the next
+# sitecustomize on the path, if any.
 import os, sys
 def _next_sitecustomize():
     import importlib.machinery, importlib.util
@@ -80,11 +79,8 @@ def hunk_added_lines(diff: Path, contains: str, symbol: str = "") -> str:
     while hi + 1 < len(lines) and lines[hi + 1].startswith("+"):
         hi += 1
     block = [ln[1:] for ln in lines[lo:hi + 1]]
-    while block and not block[0].strip():
-        block.pop(0)
-    while block and not block[-1].strip():
-        block.pop()
-    return "\n".join(block) + "\n"
+    kept = [i for i, ln in enumerate(block) if ln.strip()]  # blank lines at either end go
+    return "\n".join(block[kept[0]:kept[-1] + 1] if kept else []) + "\n"
 
 
 def patch_params(a: Adjustment) -> dict:
@@ -110,15 +106,9 @@ class _AfterImport:
     def find_spec(self, name, path=None, target=None):
         if name not in self.callbacks:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+        others = (f for f in sys.meta_path if f is not self and hasattr(f, "find_spec"))
+        spec = next(filter(None, (f.find_spec(name, path, target) for f in others)), None)
+        if spec is None or not hasattr(spec.loader, "exec_module"):
             return None
         loader, callbacks = spec.loader, self.callbacks.pop(name)
         original = loader.exec_module
@@ -161,16 +151,14 @@ def _print_resolved(module) -> None:
 
 
 def install_hooks(path: str) -> None:
-    """In an engine process: print the resolved server arguments once ``ServerArgs`` is built,
-    and apply each patch once its module is imported."""
+    """In an engine process: print the resolved server arguments, apply each patch on import."""
     import importlib
 
     spec = json.loads(Path(path).read_text())
     finder = _AfterImport()
     sys.meta_path.insert(0, finder)
-    if spec.get("resolved"):
-        finder.add("sglang.srt.server_args", _print_resolved)
-    for p in spec.get("patches", []):
+    finder.add("sglang.srt.server_args", _print_resolved)
+    for p in spec["patches"]:
         mod, _, fn = p["patch"].partition(":")
         target = getattr(importlib.import_module(mod), fn)
         params = dict(p["params"], name=p["name"])

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from sglab.core import procs
+from sglab.sglang.engine.driver import launch_server_argv
 from sglab.sglang.engine.hooks import SITECUSTOMIZE, patch_params
 from sglab.sglang.engine.model import prepare_model
 from sglab.sglang.engine.release import (ReleaseEnv, check_flags, check_pins, found_versions,
@@ -45,16 +46,14 @@ class Prepared:
 
 
 def server_argv(spec: EngineSpec, model_dir: Path, flags: Optional[set[str]] = None) -> list[str]:
-    """``--model-path``, the harness defaults (those the release defines) for flags the reader did
-    not give, then the reader's own."""
+    """``--model-path``, the harness defaults the reader did not give, then the reader's flags."""
     given = set(flag_names(spec.server_args))
     out = ["--model-path", str(model_dir)]
     # an image goes through the model's processor: the Engine then needs its tokenizer (and the
     # server its tokenizer always)
     engine_only = spec.tool == "engine" and not spec.image_size
-    defaults = DEFAULT_ARGS + (ENGINE_ONLY_ARGS if engine_only else ())
-    if spec.tool == "serve":
-        defaults += SERVE_ONLY_ARGS
+    defaults = (DEFAULT_ARGS + (ENGINE_ONLY_ARGS if engine_only else
+                                ()) + (SERVE_ONLY_ARGS if spec.tool == "serve" else ()))
     for flag, value in defaults:
         if flag in given or (flags is not None and flag not in flags):
             continue
@@ -92,8 +91,7 @@ SERVE_PORT = 30000 + os.getpid() % 20000  # the server's loopback port (free one
 
 
 def serve_params(spec: EngineSpec, server: list[str], model_dir: Path, work: Path) -> dict:
-    """What :func:`~sglab.sglang.engine.driver.serve` reads (``serve.json``): the server's
-    arguments and each ``bench_serving`` pass."""
+    """What :func:`~sglab.sglang.engine.driver.serve` reads: server arguments and passes."""
     passes = [{"input_len": il, "concurrency": c, "prompts": c * spec.prompts, "repeat": r}
               for r in range(spec.repeats) for il in spec.input_lens for c in spec.requests]
     return {
@@ -104,8 +102,7 @@ def serve_params(spec: EngineSpec, server: list[str], model_dir: Path, work: Pat
 
 
 def model_needs(spec: EngineSpec) -> tuple[Adjustment, ...]:
-    """The adjustments of :data:`~sglab.sglang.engine.spec.MODEL_NEEDS` the spec's model needs on
-    its release (read in its source) and does not carry yet."""
+    """The :data:`~sglab.sglang.engine.spec.MODEL_NEEDS` this spec needs and lacks."""
     need = MODEL_NEEDS.get(read_config(spec.model).architecture)
     if need is None or need[0] in {a.name for a in spec.adjustments}:
         return ()
@@ -132,8 +129,7 @@ def with_model_needs(spec: EngineSpec, echo: Callable[[str], None] = print,
 
 def prepare(spec: EngineSpec, work: Path, *, python: str = sys.executable,
             check: bool = True) -> Prepared:
-    """Decide the whole launch without starting anything: the release, its torch pin (``check``),
-    the flags, the model folder, the hooks and the environment."""
+    """Decide the whole launch (release, pins, flags, model, hooks, environment), start nothing."""
     read_config(spec.model)
     env = locate(spec.release)
     found = found_versions(env)
@@ -149,36 +145,26 @@ def prepare(spec: EngineSpec, work: Path, *, python: str = sys.executable,
     hooks_dir.mkdir(exist_ok=True)
     (hooks_dir / "sitecustomize.py").write_text(SITECUSTOMIZE)
     hooks = work / "hooks.json"
-    hooks.write_text(
-        json.dumps(
-            {
-                "resolved": True,
-                "patches": [{"name": a.name, "patch": a.patch, "params": patch_params(a)}
-                            for a in spec.adjustments if a.patch]
-            }, indent=1))
+    patches = [{"name": a.name, "patch": a.patch, "params": patch_params(a)}
+               for a in spec.adjustments if a.patch]
+    hooks.write_text(json.dumps({"patches": patches}, indent=1))
     if spec.tool == "bench":
         sglang_cmd = [python, "-m", "sglang.bench_one_batch", *server, *bench_argv(spec, work)]
         argv = list(sglang_cmd)
-    elif spec.tool == "serve":
-        p = serve_params(spec, server, model_dir, work)
-        (work / "serve.json").write_text(json.dumps(p, indent=1))
-        sglang_cmd = [
-            python, "-m", "sglang.launch_server", *server, "--host", "127.0.0.1", "--port",
-            str(p["port"])
-        ]
-        argv = [python, "-m", "sglab.sglang.engine.driver", "serve", str(work / "serve.json")]
     else:
-        (work / "drive.json").write_text(json.dumps(driver_params(spec, server), indent=1))
-        sglang_cmd = ["sglang.Engine", *server]
-        argv = [python, "-m", "sglab.sglang.engine.driver", "drive", str(work / "drive.json")]
+        serving = spec.tool == "serve"
+        p = serve_params(spec, server, model_dir, work) if serving else driver_params(spec, server)
+        params = work / ("serve.json" if serving else "drive.json")
+        params.write_text(json.dumps(p, indent=1))
+        sglang_cmd = launch_server_argv(python, server,
+                                        p["port"]) if serving else ["sglang.Engine", *server]
+        argv = [python, "-m", "sglab.sglang.engine.driver", params.stem, str(params)]
     argv = procs.pinned(argv, spec.cpus, python)
     marker = uuid.uuid4().hex
     environ = dict(os.environ)
-    path = [str(hooks_dir), str(lib_dir()), *[str(p) for p in env.paths]]
-    if environ.get("PYTHONPATH"):
-        path.append(environ["PYTHONPATH"])
+    path = [hooks_dir, lib_dir(), *env.paths, *filter(None, [environ.get("PYTHONPATH")])]
     environ.update({
-        "PYTHONPATH": os.pathsep.join(path), "SGLAB_ENGINE_HOOKS": str(hooks),
+        "PYTHONPATH": os.pathsep.join(map(str, path)), "SGLAB_ENGINE_HOOKS": str(hooks),
         "SGLAB_ENGINE_RUN": marker, "SGLANG_TORCH_PROFILER_DIR": str(work / "profile"),
         "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1"
@@ -202,9 +188,9 @@ class Exit:
 def launch(argv: list[str], *, log: Path, timeout: float, env: Optional[dict] = None,
            cwd: Optional[Path] = None, marker: str = "",
            on_line: Optional[Callable[[str], None]] = None) -> Exit:
-    """Start ``argv`` in its own session with stdout and stderr streamed to ``log``; stop its whole
-    group at ``timeout``; after any exit, stop whatever of the group (or carrying ``marker``) is
-    left. ``on_line`` sees each new log line (progress)."""
+    """Start ``argv`` in its own session, its output streamed to ``log`` and each line to
+    ``on_line``; stop its whole group at ``timeout``, and after any exit whatever of the group (or
+    carrying ``marker``) is left."""
     t0 = time.monotonic()
     log.parent.mkdir(parents=True, exist_ok=True)
     with procs.Guard() as guard:

@@ -5,6 +5,7 @@ processes (:data:`OURS_READ`), and SGLang's own error in one line (:func:`first_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -46,8 +47,7 @@ _LISTS = ("bench", "serving", "serve_errors", "prefill_batches", "decode_batches
 
 
 class _Reading:
-    """The state of one pass over a log: the result ``d``, the bench phase, the bench run being
-    read, the generate call being read."""
+    """One pass over a log: the result ``d``, the bench phase, the current run and call."""
 
     def __init__(self):
         self.d: dict = {"pcg": "unknown", "resolved": None, "warmup": None, **dict.fromkeys(_FACTS)}
@@ -56,8 +56,7 @@ class _Reading:
 
 
 def _decision(**fields):
-    """A handler that sets result fields, each a constant or ``(group, convert)`` of the match,
-    and keeps the line as an excerpt."""
+    """A handler setting result fields (constants or ``(group, convert)``), keeping an excerpt."""
 
     def handle(r: _Reading, m, line: str) -> None:
         for k, v in fields.items():
@@ -68,11 +67,7 @@ def _decision(**fields):
 
 
 def _phase(name: str):
-
-    def handle(r: _Reading, m, line: str) -> None:
-        r.phase = name
-
-    return handle
+    return lambda r, m, line: setattr(r, "phase", name)
 
 
 def _prefill(r: _Reading, m, line: str) -> None:
@@ -104,8 +99,7 @@ def _prefill_batch(r: _Reading, m, line: str) -> None:
 
 
 # -- the table: each line SGLang writes that sglab reads -------------------------------------------
-# key -> (the file of each release, 0.5.11 to 0.5.13, that writes it; its exact pattern; what
-# reading it does, None where only the progress lines or first_error use it)
+# key -> (the file that writes it in 0.5.11-0.5.13, its pattern, its handler or None: progress only)
 MR, CGR, BOB = ("srt/model_executor/model_runner.py", "srt/model_executor/cuda_graph_runner.py",
                 "bench_one_batch.py")
 BCG = "srt/model_executor/breakable_cuda_graph_runner.py"
@@ -149,8 +143,7 @@ LINES = {
     "decode_batch": ("same files as prefill_batch", r"Decode batch(?: \[\d+\])?, #running-req: "
                      r"(?P<running>\d+), " + GRAPH, lambda r, m, line: r.d["decode_batches"].append(
                          {"running": int(m["running"]), "graph": m["graph"] == "True"})),
-    # the fused-MoE Triton kernels run a generic config where the release ships no tuned one for
-    # this expert count, width and GPU: it names the file it looked for
+    # fused MoE without a tuned config for this expert count, width and GPU (the file it looked for)
     "moe_default": ("srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py",
                     r"Using default MoE kernel config\. Performance might be sub-optimal! Config "
                     r"file not found at \S*?(?P<file>[^/\s]+\.json)",
@@ -165,10 +158,8 @@ RX = {k: re.compile(rx) for k, (_, rx) in LOG_STRINGS.items()}
 # -- our own lines, printed inside the engine's processes (hooks, driver) --------------------------
 def _resolved(r: _Reading, rest: str, line: str) -> None:
     if r.d["resolved"] is None:
-        try:
+        with contextlib.suppress(ValueError):
             r.d["resolved"] = json.loads(rest)
-        except ValueError:
-            pass
 
 
 def _applied(r: _Reading, rest: str, line: str) -> None:
@@ -241,18 +232,14 @@ def first_error(text: str) -> Optional[str]:
     skipped; else an argparse error; else None."""
     lines = text.splitlines()
     finals, in_tb = [], False
-    for i, line in enumerate(lines):
-        s = line.strip()
-        if "Traceback (most recent call last):" in s:
+    for line in lines:
+        if "Traceback (most recent call last):" in line:
             in_tb = True
-            continue
-        if in_tb:
-            m = _EXC.match(s)
-            if m and not line.startswith((" ", "\t")):
-                msg = (m.group("msg") or "").strip()
-                # an assertion's message may continue on the next lines; keep the first
-                finals.append(f"{m.group('type')}: {msg}" if msg else m.group("type"))
-                in_tb = False
+        elif in_tb and not line.startswith((" ", "\t")) and (m := _EXC.match(line.strip())):
+            msg = (m.group("msg") or "").strip()
+            # an assertion's message may continue on the next lines; keep the first
+            finals.append(f"{m.group('type')}: {msg}" if msg else m.group("type"))
+            in_tb = False
     real = [f for f in finals if not any(w in f for w in WRAPPERS)]
     if real:
         return real[0][:400]

@@ -12,9 +12,8 @@ from sglab.sglang.engine.spec import EngineError, VOCAB, read_config
 
 
 def tokenizer_json(vocab: int = VOCAB) -> dict:
-    """A WordLevel tokenizer (``tokenizers``' JSON) of ``vocab`` tokens: ``<unk> <s> </s> <pad>``
-    and ``t4 ... t{vocab-1}``, split on whitespace (JSON: ``tokenizers`` as a dependency would pin
-    every release's dependency set)."""
+    """A WordLevel tokenizer's JSON of ``vocab`` tokens: ``<unk> <s> </s> <pad>`` and ``t4 ...
+    t{vocab-1}``, split on whitespace (written as JSON: no ``tokenizers`` dependency)."""
     special = ["<unk>", "<s>", "</s>", "<pad>"]
     words = {tok: i for i, tok in enumerate(special)}
     words.update({f"t{i}": i for i in range(len(special), vocab)})
@@ -38,8 +37,7 @@ TOKENIZER_CONFIG = {
 
 def prepare_model(config: Path, dest: Path) -> Path:
     """``dest`` as a model folder SGLang loads offline with dummy weights: ``config.json`` and a
-    tokenizer as large as the model's vocabulary (every id decodes to a word: bench_serving times
-    TTFT to the first chunk with text)."""
+    tokenizer with a word per id of the vocabulary (bench_serving's TTFT waits for text)."""
     cfg = read_config(config)
     vocab = int(cfg.text.get("vocab_size") or cfg.data.get("vocab_size") or VOCAB)
     if vocab < VOCAB:

@@ -16,6 +16,14 @@ from sglab.sglang.engine.running import TOOL_NAMES, EngineResult
 from sglab.sglang.engine.spec import EngineSpec, METHOD_VERSION, read_config, repo
 
 
+def _grouped(items: list[dict], *keys: str, order=None) -> list[tuple[tuple, list[dict]]]:
+    """``[(values of keys, items)]``, the groups sorted by their values (or ``order`` of them)."""
+    groups: dict[tuple, list] = {}
+    for x in items:
+        groups.setdefault(tuple(x.get(k) for k in keys), []).append(x)
+    return sorted(groups.items(), key=lambda kv: (order or (lambda k: k))(kv[0]))
+
+
 def spread(xs: list[float]) -> dict:
     """Median, min, max, interquartile range and count of repeated measurements (the quartiles
     interpolated: the inclusive method, so that one slow repeat of 5 does not set the IQR)."""
@@ -33,15 +41,13 @@ DECISIONS = dict(pcg=("pcg", ""), pcg_reason=("pcg_reason", ""),
                  decode_graph_bs=("decode_bs", "requests"), decode_capture=("decode_capture_s",
                                                                             "s"),
                  attention_backend=("attention_backend", ""), moe_config=("moe_config", ""))
-# bench_serving's keys per pass, and the metric each becomes: the pass's median (``ttft``) and mean
-# (``ttft_mean``) over its requests, each as the median, min and max over the passes
+# metric -> bench_serving's key: a pass's median (``ttft``) and mean (``ttft_mean``), over passes
 SERVING_METRICS = (("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("e2e", "e2e_latency_ms"), ("itl",
                                                                                          "itl_ms"))
 
 
 def rows(res: EngineResult) -> list[dict]:
-    """Tidy rows of one run: variant (release or release+case), tool and shape columns, metric,
-    value, unit."""
+    """Tidy rows of one run: variant, tool and shape columns, metric, value, unit."""
     s, d = res.spec, res.decisions
     base = {
         "variant": s.variant, "release": s.release, "case": s.case, "tool": s.tool, "start": s.start
@@ -66,14 +72,12 @@ def rows(res: EngineResult) -> list[dict]:
     for metric, (key, unit) in DECISIONS.items():
         v = d.get(key)
         add(metric, (" ".join(map(str, v)) or None) if isinstance(v, list) else v, unit)
-    groups: dict[tuple, list] = {}
     # a launch pass ran under the profiler: its counts are exact, its timings are not kept
     counting = s.profile and s.profile_stage == "prefill"
-    for b in [] if counting else res.bench:
-        if b.get("skipped") or b.get("warmup"):
-            continue
-        groups.setdefault((b["batch_size"], b["input_len"], b["output_len"]), []).append(b)
-    for (bs, il, ol), runs_ in sorted(groups.items()):
+    timed = [
+        b for b in ([] if counting else res.bench) if not (b.get("skipped") or b.get("warmup"))
+    ]
+    for (bs, il, ol), runs_ in _grouped(timed, "batch_size", "input_len", "output_len"):
         cols = {"batch_size": bs, "input_len": il, "output_len": ol}
         pre = add_spread("prefill", [r["prefill_latency"] * 1e3 for r in runs_],
                          ("median", "min", "max", "iqr"), **cols)
@@ -86,11 +90,8 @@ def rows(res: EngineResult) -> list[dict]:
         if dec:
             add_spread("decode", dec, **cols)
         add("repeats", pre["n"], "runs", **cols)
-    served: dict[tuple, list] = {}
-    for x in d.get("serving", []):
-        if not x.get("warmup"):
-            served.setdefault((x["input_len"], x["concurrency"], x["output_len"]), []).append(x)
-    for (il, n, ol), xs in sorted(served.items()):
+    served = [x for x in d.get("serving", []) if not x.get("warmup")]
+    for (il, n, ol), xs in _grouped(served, "input_len", "concurrency", "output_len"):
         cols = {"requests": n, "input_len": il, "output_len": ol}
         for metric, key in SERVING_METRICS:
             for stat in ("median", "mean"):
@@ -107,12 +108,9 @@ def rows(res: EngineResult) -> list[dict]:
         if pre:
             add("serve_prefill_batches", len(pre), "batches")
             add("serve_prefill_mixed", sum(b["seqs"] > 1 for b in pre), "batches")
-    calls: dict[tuple, list] = {}
-    for c in d.get("calls", []):
-        if c.get("warmup"):
-            continue
-        calls.setdefault((c.get("requests"), c.get("input_len"), c.get("output_len")), []).append(c)
-    for (n, il, ol), cs in sorted(calls.items(), key=lambda kv: tuple(x or 0 for x in kv[0])):
+    calls = [c for c in d.get("calls", []) if not c.get("warmup")]
+    for (n, il, ol), cs in _grouped(calls, "requests", "input_len", "output_len",
+                                    order=lambda k: tuple(x or 0 for x in k)):
         cols = {"requests": n, "input_len": il, "output_len": ol}
         add_spread("latency", [float(c["seconds"]) * 1e3 for c in cs],
                    ("median", "min", "max", "iqr"), **cols)
@@ -150,18 +148,15 @@ HOST_METRICS = (("host_steal", "steal_pct", "%"), ("host_busy", "busy_pct", "%")
 
 
 def event_rows(base: dict, events: list[dict]) -> list[dict]:
-    """Per traced event and rank: its calls (start-up included), the distinct objects called on,
-    the sizes asked for and the time per call."""
+    """Per traced event and rank: calls, objects called on, sizes asked for, time per call."""
     out = []
 
     def add(metric, value, unit, rank):
         if value is not None:
             out.append({**base, "rank": rank, "metric": metric, "value": value, "unit": unit})
 
-    by_rank: dict[tuple, list] = {}
-    for e in events:
-        by_rank.setdefault((e["event"], e.get("rank", e.get("pid"))), []).append(e)
-    for (ev, rank), es in sorted(by_rank.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+    events = [{"rank": e.get("pid"), **e} for e in events]
+    for (ev, rank), es in _grouped(events, "event", "rank", order=lambda k: (k[0], str(k[1]))):
         add(f"{ev}_count", len(es), "calls", rank)
         add(f"{ev}_objects", len({e.get("obj") for e in es}), "objects", rank)
         sizes = sorted({e["max_token_num"] for e in es if e.get("max_token_num") is not None})
@@ -175,18 +170,14 @@ def event_rows(base: dict, events: list[dict]) -> list[dict]:
 
 
 def model_record(path: Path) -> dict:
-    path = Path(path)
-    cfg = read_config(path)
-    try:
-        shown = str(path.resolve().relative_to(repo()))
-    except ValueError:
-        shown = str(path)
+    path, cfg = Path(path), read_config(path)
+    full = path.resolve()
+    shown = str(full.relative_to(repo()) if full.is_relative_to(repo()) else path)
     return {"path": shown, "name": path.parent.name, "sha256_16": cfg.digest, "config": cfg.data}
 
 
 def manifest_extra(results: list[EngineResult]) -> dict:
-    """The manifest's engine part: per run the release, versions, flags, model config, harness
-    adjustments with their reasons, and the log lines behind the engine's decisions."""
+    """The manifest's engine part: per run what ran, how, and the log lines behind it."""
     out = []
     for r in results:
         s = r.spec
@@ -210,11 +201,9 @@ def manifest_extra(results: list[EngineResult]) -> dict:
     }
 
 
-def record(results: list[EngineResult], fix: str, *, params: Optional[dict] = None,
-           root: Optional[Path] = None, gpu_count: Optional[int] = None,
+def record(results: list[EngineResult], fix: str, *, root: Optional[Path] = None,
            extra: Optional[dict] = None) -> Path:
-    """One run ``engine_<fix>`` of these results (written atomically), with each run's log
-    (gzipped) and, where profiled, the decode kernel table as sidecars."""
+    """One run ``engine_<fix>`` of these results, with logs and kernel tables as sidecars."""
     import gzip
     import shutil
 
@@ -236,10 +225,9 @@ def record(results: list[EngineResult], fix: str, *, params: Optional[dict] = No
                 sidecars[f"kernels_{i}"] = pd.DataFrame([{
                     "variant": r.spec.variant, "kernel": k, "per_replay": v
                 } for k, v in r.kernels["table"]])
-        tp = max((r.spec.tp_size for r in results), default=1)
-        return write_run(frame, experiment=experiment, method_version=METHOD_VERSION, params=params
-                         or {"specs": [_spec_params(r.spec) for r in results]}, root=root,
-                         gpu_count=gpu_count if gpu_count is not None else tp,
+        return write_run(frame, experiment=experiment, method_version=METHOD_VERSION, params={
+            "specs": [_spec_params(r.spec) for r in results]
+        }, root=root, gpu_count=max((r.spec.tp_size for r in results), default=1),
                          extra={**manifest_extra(results), **(extra or {})}, sidecars=sidecars)
 
 
@@ -272,10 +260,11 @@ def summary(res: EngineResult) -> list[str]:
     if d.get("bcg") != "not used":
         out.append(f"  breakable CUDA graph: {d['bcg']}" +
                    (f" for tokens {d['bcg_tokens']}" if d.get("bcg_tokens") else ""))
-    out.append(f"  decode CUDA graph batch sizes: {d.get('decode_bs')}")
-    out.append(f"  attention backend: {d.get('attention_backend')}")
-    for a in s.adjustments:
-        out.append(f"  harness adjustment {a.name}: {a.reason}")
+    out += [
+        f"  decode CUDA graph batch sizes: {d.get('decode_bs')}",
+        f"  attention backend: {d.get('attention_backend')}"
+    ]
+    out += [f"  harness adjustment {a.name}: {a.reason}" for a in s.adjustments]
     got = rows(res)  # bench rows first, then serving, then the engine's calls
     by = {(x["metric"], x.get("batch_size"), x.get("input_len"), x.get("requests")): x["value"]
           for x in got}
@@ -295,8 +284,7 @@ def summary(res: EngineResult) -> list[str]:
             out.append(f"  {r['requests']} requests x {r['input_len']} tokens: {r['value']:.2f} ms")
         elif r["metric"] == "prefill_graph":
             out.append(f"    prefill batches on the graph: {r['value']:.0%}")
-    if res.kernels:
-        k = res.kernels
+    if k := res.kernels:
         out.append(
             f"  decode graph replay: {k['kernels_per_replay']} kernels "
             f"({k['kernels_per_layer']:.2f} per layer), {k['replays_per_step']:.1f} replays per "

@@ -54,15 +54,13 @@ VERSIONS = ("torch", "sglang-kernel", "flashinfer-python", "transformers", "trit
 
 
 def found_versions(env: ReleaseEnv) -> dict[str, Optional[str]]:
-    """Versions the engine's processes will import: the release's folders first, then this
-    interpreter."""
+    """Versions the engine's processes will import (the release's folders first)."""
     return dict(_versions(tuple(str(p) for p in env.paths)))
 
 
 @lru_cache(maxsize=None)
 def _versions(paths: tuple[str, ...]) -> dict[str, Optional[str]]:
-    # read once per process and folders: a scenario prepares each release's engines many times
-    # (every start, case and dry-run line), and each read parses every package's METADATA
+    # once per process and folders: a scenario prepares each release's engines many times
     import importlib.metadata as md
 
     out: dict[str, Optional[str]] = {}
@@ -81,8 +79,7 @@ def _versions(paths: tuple[str, ...]) -> dict[str, Optional[str]]:
 
 
 def check_pins(env: ReleaseEnv, found: Optional[dict] = None) -> dict[str, str]:
-    """The release's pins; :class:`EngineError` when its torch pin is not this interpreter's torch
-    (its compiled kernels are built for that torch)."""
+    """The release's pins; :class:`ReleaseError` where it pins another torch than this one."""
     pins = release_pins(env)
     found = found if found is not None else found_versions(env)
     want, have = pins.get("torch"), found.get("torch")
@@ -95,10 +92,8 @@ def check_pins(env: ReleaseEnv, found: Optional[dict] = None) -> dict[str, str]:
 
 
 def release_flags(package: Path, tool: str) -> set[str]:
-    """Every ``--flag`` the release's parsers accept for ``tool``: ``add_argument`` strings of
-    ``srt/server_args.py`` (and ``bench_one_batch.py``), the fields 0.5.14+ annotate
-    ``A[T, "help"]`` / ``A[T, Arg(...)]`` (``srt/arg_groups/`` too from 0.5.2x), and argparse's
-    ``--no-X`` forms."""
+    """Every ``--flag`` the release's parsers accept for ``tool``: ``add_argument`` strings, the
+    fields 0.5.14+ annotates ``A[T, "help"]`` / ``A[T, Arg(...)]``, and argparse's ``--no-X``."""
     name = package.parent.name
     files = [package / "srt" / "server_args.py"]
     if tool == "bench":
@@ -133,8 +128,7 @@ def _file_flags(path: str, mtime_ns: int, size: int) -> frozenset[str]:
 
 
 def _with_negations(names: list[str], keywords) -> list[str]:
-    """``names``, and where the argument's ``action`` is ``argparse.BooleanOptionalAction`` the
-    ``--no-X`` form argparse adds for each ``--X``."""
+    """``names``, plus argparse's ``--no-X`` forms for a ``BooleanOptionalAction``."""
     action = next((k.value for k in keywords if k.arg == "action"), None)
     if (getattr(action, "attr", None) or getattr(action, "id", None)) != "BooleanOptionalAction":
         return names
@@ -146,16 +140,12 @@ def _annotated_flags(cls) -> set[str]:
 
     out = set()
     for stmt in cls.body:
-        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+        ann = stmt.annotation if isinstance(stmt, ast.AnnAssign) else None
+        if not (isinstance(ann, ast.Subscript) and isinstance(stmt.target, ast.Name)
+                and getattr(ann.value, "id", "") in ("A", "Annotated")
+                and isinstance(ann.slice, ast.Tuple) and len(ann.slice.elts) > 1):
             continue
-        ann = stmt.annotation
-        if not (isinstance(ann, ast.Subscript)
-                and getattr(ann.value, "id", "") in ("A", "Annotated")):
-            continue
-        elts = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else []
-        if len(elts) < 2:
-            continue
-        meta = elts[1]
+        meta = ann.slice.elts[1]
         name = "--" + stmt.target.id.replace("_", "-")
         if isinstance(meta, ast.Constant) and isinstance(meta.value, str):
             out.add(name)

@@ -85,9 +85,8 @@ TOOL_NAMES = {
 
 def run(spec: EngineSpec, *, work: Optional[Path] = None, echo: Callable[[str], None] = print,
         check: bool = True, said: Optional[set] = None) -> EngineResult:
-    """Run one engine: :class:`EngineError` for what stops it before it starts (release missing,
-    pin mismatch, unknown flags, a bad config), else the result's status and one-line error.
-    ``said``: the harness adjustments whose reasons were said already (:func:`with_model_needs`)."""
+    """Run one engine: :class:`EngineError` for what stops it before it starts, else the result's
+    status and one-line error (``said``: see :func:`with_model_needs`)."""
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix=f"sglab-engine-{spec.release}-"))
     spec = with_model_needs(spec, echo, said)
     prep = prepare(spec, work, check=check)
@@ -108,45 +107,42 @@ def run(spec: EngineSpec, *, work: Optional[Path] = None, echo: Callable[[str], 
                        tail=tail[-12:], marker=prep.marker, host=host)
     if spec.tool == "bench":
         res.bench = bench_results(d, spec, work / "result.jsonl")
+
+    def fail(why: str) -> None:
+        res.status, res.error = "error", f"{why} (log: {log})"
+
     if ex.timed_out:
         res.status = "timeout"
         res.error = (
             f"no exit in {spec.timeout:.0f} s: stopped with its whole process group; last lines: "
             + " | ".join(res.tail[-3:]))
     elif ex.returncode != 0:
-        res.status = "error"
-        msg = first_error(text) or f"exited with status {ex.returncode}"
-        res.error = f"{msg} (log: {log})"
+        fail(first_error(text) or f"exited with status {ex.returncode}")
     elif d["hooks_failed"]:
-        res.status, res.error = ("error",
-                                 f"harness hooks failed: {d['hooks_failed'][0]} (log: {log})")
+        fail(f"harness hooks failed: {d['hooks_failed'][0]}")
     else:
         missing = [
             a.name
             for a in spec.adjustments if a.patch and not any(a.name in x for x in d["applied"])
         ]
         if missing:
-            res.status, res.error = (
-                "error", f"adjustment {', '.join(missing)} was never applied (log: {log})")
+            fail(f"adjustment {', '.join(missing)} was never applied")
         elif spec.tool == "bench" and not res.bench:
-            res.status, res.error = "error", f"bench_one_batch printed no result (log: {log})"
+            fail("bench_one_batch printed no result")
         elif spec.tool == "serve" and (d["serve_errors"] or not d["serving"]):
-            why = d["serve_errors"][0] if d["serve_errors"] else "bench_serving printed no result"
-            res.status, res.error = "error", f"{why} (log: {log})"
+            fail(d["serve_errors"][0] if d["serve_errors"] else "bench_serving printed no result")
     if res.leftovers:
         echo(f"[sglab] sglang {spec.variant}: {len(res.leftovers)} process(es) of the engine were "
              f"left after it exited and were killed: {', '.join(res.leftovers)}")
     if spec.profile and spec.profile_stage == "prefill" and res.ok:
         res.launches = prefill_launches(work / "profile")
         if not res.launches:
-            res.status = "error"
-            res.error = f"bench_one_batch wrote no prefill trace in {work / 'profile'} (log: {log})"
+            fail(f"bench_one_batch wrote no prefill trace in {work / 'profile'}")
     elif spec.profile and res.ok:
         traces = sorted((work / "profile").glob("*decode*.trace.json*"))
         if traces:
             layers = int(read_config(spec.model).text.get("num_hidden_layers") or 0)
             res.kernels = decode_kernels(traces[-1], layers, spec.profile_steps)
         else:
-            res.status = "error"
-            res.error = f"bench_one_batch wrote no decode trace in {work / 'profile'} (log: {log})"
+            fail(f"bench_one_batch wrote no decode trace in {work / 'profile'}")
     return res

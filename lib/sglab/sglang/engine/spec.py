@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Optional
 
 from sglab.core import runs
 from sglab.sglang import hf_config
@@ -23,9 +23,8 @@ METHOD_VERSION = 1
 
 VOCAB = 32000
 
-# The defaults every run gets unless the server arguments name the flag themselves (the facts of
-# real engines on one GPU): dummy weights, Triton attention (no FA3 build carried), PyTorch sampling
-# (no FlashInfer sampling JIT).
+# Defaults for flags the server arguments do not name: dummy weights, Triton attention (no FA3
+# build carried), PyTorch sampling (no FlashInfer sampling JIT).
 DEFAULT_ARGS = (("--load-format", "dummy"), ("--attention-backend", "triton"),
                 ("--sampling-backend", "pytorch"))
 
@@ -33,11 +32,9 @@ DEFAULT_ARGS = (("--load-format", "dummy"), ("--attention-backend", "triton"),
 # get_tokenizer); the Engine does not with it, and takes token ids.
 ENGINE_ONLY_ARGS = (("--skip-tokenizer-init", None),)
 
-# The server (serve tool) builds its grammar backend at start-up, xgrammar by default, which the
-# engine bundle does not carry; bench_serving's random-ids requests ask for no structured output.
-# Its own warm-up request is skipped: the driver's untimed bench_serving passes warm it instead,
-# and a VLM's warm-up is a chat completion with an image, which needs a chat template that the
-# harness tokenizer does not have.
+# The server's default grammar backend (xgrammar) is not carried and random-ids requests need none;
+# its own warm-up (for a VLM, a chat completion the harness tokenizer has no template for) gives way
+# to the driver's untimed passes.
 SERVE_ONLY_ARGS = (("--grammar-backend", "none"), ("--skip-server-warmup", None))
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -46,9 +43,7 @@ DEFAULT_TIMEOUT_S = 900.0
 AGAIN = "-again"
 
 # piecewise capture sizes every scenario that turns piecewise CUDA graphs on passes
-PCG_TOKENS = ("128", "256", "512", "1024")
-
-PCG_FLAGS = ("--piecewise-cuda-graph-tokens", *PCG_TOKENS)
+PCG_FLAGS = ("--piecewise-cuda-graph-tokens", "128", "256", "512", "1024")
 
 
 class EngineError(RuntimeError):
@@ -60,17 +55,14 @@ class EngineError(RuntimeError):
 
 
 class ReleaseError(EngineError):
-    """The release cannot start here at all (not installed, or built for another torch): a
-    scenario says it once."""
+    """The release cannot start here at all (not installed, or built for another torch)."""
 
 
 @dataclass(frozen=True)
 class Adjustment:
-    """A change the harness makes to a release's run, named and justified in every manifest.
-
-    ``env``: variables set for the engine's processes; ``patch``: ``module:function`` called as
-    ``function(params)`` in every engine process once the release module ``params["module"]`` is
-    imported."""
+    """A change the harness makes to a release's run, named and justified in every manifest:
+    ``env`` for the engine's processes, or a ``patch`` (``module:function``) called with ``params``
+    in each of them once the release module ``params["module"]`` is imported."""
 
     name: str
     reason: str
@@ -88,31 +80,29 @@ def lib_dir() -> Path:
 
 repo = runs.repo_root
 
-ADJUSTMENTS: dict[str, Callable[[], Adjustment]] = {
-    "kimi-k25-post-load-weights": lambda: Adjustment(
+ADJUSTMENTS = {
+    "kimi-k25-post-load-weights": Adjustment(
         "kimi-k25-post-load-weights",
         "with dummy weights the KimiK25ForConditionalGeneration of releases before 0.5.13 never "
         "absorbs the MLA weights (it has no post_load_weights; the first decode dies on `w_kc` "
         "None): a subclass adding only 0.5.13's post_load_weights (no `model` property, so the "
         "released piecewise gate is kept) is registered through "
-        "SGLANG_EXTERNAL_MODEL_PACKAGE=sglab.sglang.engine_models", env=(
-            ("SGLANG_EXTERNAL_MODEL_PACKAGE", "sglab.sglang.engine_models"),)),
-    # the model's processor files are Hub remote code, out of reach offline; the patch is 05's
-    # (it builds on 05's rebuild of Kimi's preprocessing), and every fix's Kimi server gets it
-    "kimi-k25-processor-stand-in": lambda: Adjustment(
+        "SGLANG_EXTERNAL_MODEL_PACKAGE=sglab.sglang.engine_models",
+        env=(("SGLANG_EXTERNAL_MODEL_PACKAGE", "sglab.sglang.engine_models"),)),
+    # the processor files are Hub remote code (offline: out of reach); 05's patch, every Kimi server
+    "kimi-k25-processor-stand-in": Adjustment(
         "kimi-k25-processor-stand-in",
         "no network on the GPU box, so no Kimi-K2.5 processor files (Hub remote code): "
         "get_processor (srt/utils/hf_transformers/processor.py) returns a processor made by "
         "sglab.grid_thw.stand_in from the model folder: the harness's WordLevel tokenizer with "
         "Kimi's media tokens at ids 31996-31999 (<|media_pad|> = media_placeholder_token_id), a "
         "plain BaseImageProcessor, and Kimi-K2.5's media_proc_cfg (patch 14, merge 2, mean/std "
-        "0.5); the release's own GPU preprocessing, grid and transport run unchanged", patch=
-        "sglab.grid_thw.stand_in:use_stand_in", params=(
-            ("module", "sglang.srt.utils.hf_transformers.processor"),))
+        "0.5); the release's own GPU preprocessing, grid and transport run unchanged",
+        patch="sglab.grid_thw.stand_in:use_stand_in",
+        params=(("module", "sglang.srt.utils.hf_transformers.processor"),))
 }
 
-# what a model needs to run with dummy weights on a release: architecture -> (adjustment, the
-# release file whose text says it is not needed, that text)
+# architecture -> (the adjustment dummy weights need, the release file and text making it moot)
 MODEL_NEEDS = {
     "KimiK25ForConditionalGeneration": ("kimi-k25-post-load-weights", "srt/models/kimi_k25.py",
                                         "def post_load_weights")
@@ -121,29 +111,22 @@ MODEL_NEEDS = {
 
 def adjustment(name: str, known: Iterable[Adjustment] = ()) -> Adjustment:
     """The shared adjustment ``name`` (a model's), or one of ``known`` (the fixes' own)."""
-    found = {a.name: a for a in known}
-    if name in found:
-        return found[name]
-    try:
-        return ADJUSTMENTS[name]()
-    except KeyError:
-        raise EngineError(
-            f"unknown harness adjustment {name!r} (known: {', '.join([*ADJUSTMENTS, *found])})"
-        ) from None
+    found = {**ADJUSTMENTS, **{a.name: a for a in known}}
+    if name not in found:
+        raise EngineError(f"unknown harness adjustment {name!r} (known: {', '.join(found)})")
+    return found[name]
 
 
 def revert_adjustment(name: str, reason: str, module: str, qualname: str, **hunk) -> Adjustment:
-    """An adjustment that redefines ``module.qualname`` from its own source with a PR's hunk
-    removed or one text replaced (:func:`~sglab.sglang.engine.hooks.revert_hunk`); ``hunk``:
-    ``text`` (and ``replacement``), or ``diff`` and ``contains``."""
+    """An adjustment redefining ``module.qualname`` without a PR's hunk (:func:`revert_hunk`):
+    ``hunk`` is ``text`` (and ``replacement``), or ``diff`` and ``contains``."""
     return Adjustment(name, reason, patch="sglab.sglang.engine.hooks:revert_hunk",
                       params=(("module", module), ("qualname", qualname), *hunk.items()))
 
 
 def trace_adjustment(name: str, reason: str, module: str, qualname: str, event: str,
                      args: tuple[str, ...]) -> Adjustment:
-    """An adjustment that prints one ``event`` line per call of ``module.qualname`` (the named
-    arguments, the object called on, the time: :func:`trace_calls`)."""
+    """An adjustment that prints an ``event`` line per call of ``module.qualname``."""
     return Adjustment(
         name, reason, patch="sglab.sglang.engine.hooks:trace_calls",
         params=(("module", module), ("qualname", qualname), ("event", event), ("args", args)))
@@ -151,14 +134,11 @@ def trace_adjustment(name: str, reason: str, module: str, qualname: str, event: 
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """One engine run. ``server_args``: the reader's flags (after ``--``); the defaults of
-    :data:`DEFAULT_ARGS` are added for flags not given. ``bench``: ``batch_sizes`` x ``input_lens``,
-    each repeated ``repeats`` times in one process after ``warmup`` untimed sweeps of every input
-    length (bench_one_batch's own warm-up covers only its first shape, so the first timed run of
-    each other length would hold its JIT builds); ``engine``: ``requests`` requests of
-    ``input_lens`` tokens per generate call, after ``warmup`` untimed calls; ``serve``: the
-    release's own server and ``bench_serving`` at each input length and concurrency of
-    ``requests``, ``prompts`` prompts per concurrent request, ``repeats`` passes."""
+    """One engine run: ``server_args`` (the reader's flags; :data:`DEFAULT_ARGS` fill the rest) and
+    the shape. ``bench``: ``batch_sizes`` x ``input_lens``, ``repeats`` times after ``warmup``
+    untimed sweeps of every length (bench_one_batch's own warm-up covers its first shape only);
+    ``engine``: ``requests`` x ``input_lens`` per generate call after ``warmup`` untimed calls;
+    ``serve``: ``bench_serving`` per length and concurrency of ``requests``, ``prompts`` each."""
 
     release: str
     model: Path
@@ -173,8 +153,7 @@ class EngineSpec:
     prompts: int = 4  # serve: prompts per pass and concurrent request
     profile: bool = False
     profile_steps: int = 2
-    # "decode": kernels per decode-graph replay; "prefill": the launch pass (launches per prefill
-    # step, counted; its timings, taken under the profiler, are not recorded)
+    # "decode": kernels per decode-graph replay; "prefill": launches per prefill step (counts only)
     profile_stage: str = "decode"
     image_size: Optional[tuple[int, int]] = None
     prompt: str = ""
@@ -191,10 +170,9 @@ class EngineSpec:
             parse_version(self.release)
         except ValueError as exc:
             raise EngineError(str(exc)) from None
-        if self.repeats < 1:
-            raise EngineError(f"--repeats must be at least 1, got {self.repeats}")
-        if self.prompts < 1:
-            raise EngineError(f"--prompts must be at least 1, got {self.prompts}")
+        for name, n in (("repeats", self.repeats), ("prompts", self.prompts)):
+            if n < 1:
+                raise EngineError(f"--{name} must be at least 1, got {n}")
 
     @property
     def variant(self) -> str:
@@ -202,7 +180,7 @@ class EngineSpec:
 
     @property
     def tp_size(self) -> int:
-        return tp_size(self.server_args)
+        return runs.tp_of(self.server_args)
 
 
 @dataclass(frozen=True)
@@ -240,14 +218,11 @@ class Scenario:
     prompt: str = ""
     expect: str = ""
     timeout: float = DEFAULT_TIMEOUT_S
-    # separate engine starts per variant, interleaved (A B, B A, A B): the spread between starts
-    # (host, allocator, kernel choice at start-up) is measured, not only the repeats within one
+    # engine starts per variant, interleaved (A B, B A, A B): the spread between starts is measured
     starts: int = 1
-    # the A/A control: this case's flags started again under the label "<case>-again", in the same
-    # interleaved rounds; how far two identical variants differ is the noise a timing must exceed
+    # the A/A control: this case started again as "<case>-again" (the noise a timing must exceed)
     control: str = ""
-    # one more start per variant after the timed ones, under the profiler: kernel and graph
-    # launches per prefill step (bench tool), exact counts that do not depend on the host
+    # one more start per variant under the profiler: exact launches per prefill step (bench tool)
     launch_pass: bool = False
 
     @property
@@ -259,19 +234,17 @@ class Scenario:
 
     def all_cases(self) -> tuple[Case, ...]:
         """The cases, and the A/A control's copy of :attr:`control` right after it."""
+        if self.control and self.control not in {c.label for c in self.cases}:
+            raise EngineError(f"scenario {self.name}: control {self.control!r} is not a case")
         out = []
         for c in self.cases:
-            out.append(c)
-            if self.control and c.label == self.control:
-                out.append(Case(f"{c.label}{AGAIN}", c.args, c.adjustments, c.releases))
-        if self.control and not any(c.label == self.control for c in self.cases):
-            raise EngineError(f"scenario {self.name}: control {self.control!r} is not a case")
+            copy = self.control and c.label == self.control
+            out += [c, replace(c, label=f"{c.label}{AGAIN}")] if copy else [c]
         return tuple(out)
 
     def specs(self, releases: Optional[Iterable[str]] = None) -> list[EngineSpec]:
-        """One spec per start, release and case, the starts outermost: round ``i`` starts every
-        variant once, each release's variants rotated by ``i`` (A B C, then B C A, then C A B), so
-        that no variant always opens its round or always follows the same one."""
+        """One spec per start, release and case, the starts outermost; round ``i`` rotates each
+        release's variants by ``i`` (A B C, B C A, ...): none always opens or follows another."""
         per_release: dict[str, list[EngineSpec]] = {}
         for sp in self._specs(releases):
             per_release.setdefault(sp.release, []).append(sp)
@@ -318,6 +291,3 @@ def load_config(path: Path) -> dict:
 
 def flag_names(argv: Iterable[str]) -> list[str]:
     return [a.split("=", 1)[0] for a in argv if a.startswith("--")]
-
-
-tp_size = runs.tp_of  # the one reader of a TP size

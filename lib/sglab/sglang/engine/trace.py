@@ -5,10 +5,16 @@ launches in one prefill step (kernel launches, graph launches, the kernels the g
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 import statistics
 from pathlib import Path
+
+
+HOST_CATS = ("cuda_runtime", "cuda_driver", "runtime")  # the host's launch calls
+KERNEL_LAUNCH = re.compile(r"^cu(da)?LaunchKernel(Ex)?(C)?$|^cudaLaunchCooperativeKernel")
+GRAPH_LAUNCH = re.compile(r"^cu(da)?GraphLaunch")
 
 
 def read_trace(path: Path) -> dict:
@@ -21,17 +27,14 @@ def read_trace(path: Path) -> dict:
 
 
 def graph_replays(trace: dict) -> list[list[str]]:
-    """Kernels of each CUDA-graph launch in a torch.profiler chrome trace: the kernel events whose
-    ``correlation`` is that of a ``cudaGraphLaunch`` (runtime or driver) event, in launch order."""
-    events = trace.get("traceEvents", trace if isinstance(trace, list) else [])
+    """The kernels of each ``cudaGraphLaunch`` in a chrome trace (by correlation), in order."""
     launches, kernels = [], {}
-    for ev in events:
+    for ev in trace.get("traceEvents", []):
         cat, name = str(ev.get("cat", "")).lower(), str(ev.get("name", ""))
         corr = (ev.get("args") or {}).get("correlation")
         if corr is None:
             continue
-        if cat in ("cuda_runtime", "cuda_driver", "runtime") and re.match(
-                r"cu(da)?GraphLaunch", name):
+        if cat in HOST_CATS and GRAPH_LAUNCH.match(name):
             launches.append((float(ev.get("ts", 0)), corr))
         elif cat == "kernel":
             kernels.setdefault(corr, []).append((float(ev.get("ts", 0)), name))
@@ -39,14 +42,10 @@ def graph_replays(trace: dict) -> list[list[str]]:
 
 
 def decode_kernels(trace_path: Path, layers: int, steps: int) -> dict:
-    """Kernels per decode-graph replay and per layer in ``bench_one_batch --profile``'s decode
-    trace (of ``steps`` decode steps), and each kernel name's count per replay."""
+    """Kernels per decode-graph replay and per layer in a decode trace, and per kernel name."""
     replays = graph_replays(read_trace(trace_path))
     counts = [len(r) for r in replays]
-    table: dict[str, float] = {}
-    for r in replays:
-        for name in r:
-            table[name] = table.get(name, 0) + 1
+    table = collections.Counter(name for r in replays for name in r)
     n = max(1, len(replays))
     per_replay = statistics.median(counts) if counts else 0
     per_replay = int(per_replay) if float(per_replay).is_integer() else per_replay  # a count
@@ -58,18 +57,12 @@ def decode_kernels(trace_path: Path, layers: int, steps: int) -> dict:
     }
 
 
-KERNEL_LAUNCH = re.compile(r"^cu(da)?LaunchKernel(Ex)?(C)?$|^cudaLaunchCooperativeKernel")
-GRAPH_LAUNCH = re.compile(r"^cu(da)?GraphLaunch")
-
-
 def step_launches(trace: dict) -> dict:
     """What the host launched in a traced step (exact counts): ``kernel_launches`` (runtime or
     driver launch calls), ``graph_launches`` (``cudaGraphLaunch``) and ``kernels_in_graphs``."""
-    events = trace.get("traceEvents", trace if isinstance(trace, list) else [])
     host = [
         str(ev.get("name", ""))
-        for ev in events if str(ev.get("cat", "")).lower() in ("cuda_runtime", "cuda_driver",
-                                                               "runtime")
+        for ev in trace.get("traceEvents", []) if str(ev.get("cat", "")).lower() in HOST_CATS
     ]
     return {
         "kernel_launches": sum(bool(KERNEL_LAUNCH.match(n)) for n in host),
