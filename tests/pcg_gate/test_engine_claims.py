@@ -580,6 +580,9 @@ def test_beyond_its_largest_capture_a_full_width_step_launches_what_pcg_off_laun
     assert _status(pg.ENGINE, replayed)[cid] == "fail"
     more = _set(run, "0.5.13+enforce", "prefill_kernel_launches", 66, input_len=4096.0)
     assert _status(pg.ENGINE, more)[cid] == "fail"
+    # nothing removed at 4096 tokens: the saving per removed launch leaves that length out
+    saved = pg_show.launch_savings(R.frame([run]), lambda *variant: 10.0)
+    assert list(saved.loc[("kimi_k25_full", "0.5.13", "enforce")].index) == [128, 512, 1024, 2048]
 
 
 def test_the_full_width_claims_read_which_way_ttft_prefill_and_decode_move():

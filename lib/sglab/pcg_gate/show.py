@@ -253,7 +253,8 @@ def your_setup(interactive: bool = False):
 # -- the real engine, before and after (data/recorded/engine_pcg_gate/) ----------------------------
 def launch_savings(df: pd.DataFrame, host_us) -> pd.DataFrame:
     """Per captured case and input length: the launches removed against pcg-off, their cost at
-    ``host_us(release, model, case)`` µs each, and the measured saving (:data:`STAT`)."""
+    ``host_us(release, model, case)`` µs each, and the measured saving (:data:`STAT`); lengths
+    where none was removed (past the largest capture the step runs eager) are left out."""
     counts = launch_counts(df)
     if counts.empty:
         return pd.DataFrame()
@@ -262,12 +263,12 @@ def launch_savings(df: pd.DataFrame, host_us) -> pd.DataFrame:
     rows = []
     for (model, rel, case, n), row in counts.iterrows():
         off = launches.get((model, rel, "pcg-off", n))
-        if case == "pcg-off" or off is None or row["pcg"] != "captured":
+        removed = off - row["launches"] if off is not None else 0
+        if case == "pcg-off" or removed <= 0 or row["pcg"] != "captured":
             continue
-        removed = off - row["launches"]
         measured = (prefill.get((model, rel, "pcg-off", n), float("nan")) - prefill.get(
             (model, rel, case, n), float("nan")))
-        per_launch = measured * 1e3 / removed if removed > 0 else float("nan")
+        per_launch = measured * 1e3 / removed
         cost = host_us(rel, model, case)
         alone, times = (removed * cost / 1e3, per_launch / cost) if cost else (None, None)
         rows.append({
