@@ -17,9 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-
-class Refused(Exception):
-    """A command's one-line refusal: ``sglab COMMAND: <why>`` on stderr, exit status 2."""
+from sglab.tools.commands import Refused, command, flag
 
 
 def _parse_params(items: list[str]) -> dict:
@@ -345,21 +343,10 @@ def _write_timings(results, record: bool, clean: bool, **kw) -> None:
     print(f"timings: {timings.write(results, record=record and clean, **kw)}")
 
 
-def _command(sub, fn, *args, **kw):
-    """A command's parser (``sub.add_parser``'s arguments), running ``fn``."""
-    p = sub.add_parser(*args, **kw)
-    p.set_defaults(fn=fn)
-    return p
-
-
-def _flag(p, flag: str, help: str) -> None:
-    p.add_argument(flag, action="store_true", help=help)
-
-
 def _workbook_commands(sub) -> None:
     """env, run, record, sync: the commands that run the workbook and its experiments."""
-    _command(sub, cmd_env, "env", help="describe this machine")
-    p = _command(sub, cmd_run, "run", help="execute notebooks headless and write reports/")
+    command(sub, cmd_env, "env", help="describe this machine")
+    p = command(sub, cmd_run, "run", help="execute notebooks headless and write reports/")
     p.add_argument(
         "notebooks", nargs="*",
         help="names or prefixes (01, 04_swa_loc), or notebook files of your own "
@@ -370,10 +357,10 @@ def _workbook_commands(sub) -> None:
                    help="seconds a cell may run before it is interrupted (default 900)")
     p.add_argument("--jobs", type=int,
                    help="notebooks at a time (default: 1 where a GPU is visible, else 2)")
-    _flag(p, "--timings",
-          "print where each notebook's time goes (phases) and save it as a workbook run")
-    _flag(p, "--record", "with --timings: save under data/recorded/workbook/")
-    p = _command(
+    flag(p, "--timings",
+         "print where each notebook's time goes (phases) and save it as a workbook run")
+    flag(p, "--record", "with --timings: save under data/recorded/workbook/")
+    p = command(
         sub, cmd_timings, "timings", help="save the timings of notebooks run on another machine "
         "(its `sglab run --out` folder) as a workbook run")
     p.add_argument("reports", help="the folder `sglab run --out` wrote there (index.json, .ipynb)")
@@ -381,21 +368,21 @@ def _workbook_commands(sub) -> None:
         "--runs", required=True,
         help="the live runs those notebooks wrote (their data/runs/), for the "
         "measurement phases and the machine")
-    _flag(p, "--record", "save under data/recorded/workbook/")
-    p = _command(sub, cmd_record, "record", help="run an experiment live and save the run")
+    flag(p, "--record", "save under data/recorded/workbook/")
+    p = command(sub, cmd_record, "record", help="run an experiment live and save the run")
     p.add_argument("experiment", help="a fix's name (pcg_gate, swa_loc, ...): its GPU measurement")
     p.add_argument("--param", action="append", metavar="NAME=VALUE",
                    help="override one of the measurement's parameters (repeatable)")
-    _flag(p, "--recorded", "write into data/recorded/ instead of data/runs/")
-    _flag(p, "--quiet", "no progress lines")
-    p = _command(sub, cmd_publish, "publish",
-                 help="copy a live run with its sidecars into data/recorded/")
+    flag(p, "--recorded", "write into data/recorded/ instead of data/runs/")
+    flag(p, "--quiet", "no progress lines")
+    p = command(sub, cmd_publish, "publish",
+                help="copy a live run with its sidecars into data/recorded/")
     p.add_argument("run", help="a run's CSV under data/runs/<experiment>/")
-    _flag(p, "--force",
-          "replace a recorded run of the same name, and publish a run whose claims fail")
-    p = _command(sub, cmd_sync, "sync",
-                 help="pair notebooks' .py and .ipynb (the edited half is taken)")
-    _flag(p, "--check", "write nothing; exit 1 where an .ipynb is out of date")
+    flag(p, "--force",
+         "replace a recorded run of the same name, and publish a run whose claims fail")
+    p = command(sub, cmd_sync, "sync",
+                help="pair notebooks' .py and .ipynb (the edited half is taken)")
+    flag(p, "--check", "write nothing; exit 1 where an .ipynb is out of date")
     p.add_argument("--from", dest="side", choices=("py", "ipynb"),
                    help="write every pair from this half, whatever changed")
 
@@ -406,15 +393,15 @@ def _evidence_commands(sub) -> None:
     from sglab.tools import upstream as upstream_command
 
     upstream_command.add_arguments(
-        _command(sub, upstream_command.run, "upstream",
-                 help="which fixes the installed SGLang, a source tree, or each release has"))
-    p = _command(
+        command(sub, upstream_command.run, "upstream",
+                help="which fixes the installed SGLang, a source tree, or each release has"))
+    p = command(
         sub, cmd_index, "index",
         help="rewrite the README's notebook index, the house map (docs/structure.md) and "
         "the engine ledger (docs/operating.md) from the recorded runs and the tree")
-    _flag(p, "--check", "write nothing; exit 1 where a block is out of date")
-    p = _command(sub, cmd_workspace, "workspace",
-                 help="workspace re-creations per max_token_num policy for your traffic")
+    flag(p, "--check", "write nothing; exit 1 where a block is out of date")
+    p = command(sub, cmd_workspace, "workspace",
+                help="workspace re-creations per max_token_num policy for your traffic")
     p.add_argument("--trace", required=True,
                    help="CSV of token counts per forward step, or an SGLang server log")
     p.add_argument("--world-size", type=int, default=8,
@@ -426,7 +413,7 @@ def _evidence_commands(sub) -> None:
         help="pad prefill batches to piecewise-CUDA-graph buckets up to this size (0: no padding)")
     p.add_argument("--pre-initialize", type=int, default=0,
                    help="tokens of a workspace created before the first call")
-    p = _command(
+    p = command(
         sub, cmd_capture_sizes, "capture-sizes",
         help="your SGLang server arguments → capture sizes per release, and which "
         "the attention-TP reduce-scatter refuses",
@@ -448,18 +435,17 @@ def _evidence_commands(sub) -> None:
     p.add_argument("server_args", nargs=argparse.REMAINDER,
                    help="-- then the arguments of sglang.launch_server")
     engine_cmd.add_parser(sub)
-    p = _command(sub, cmd_swa_cost, "swa-cost",
-                 help="what the SWA location preset saves for a model's sliding-window layout")
+    p = command(sub, cmd_swa_cost, "swa-cost",
+                help="what the SWA location preset saves for a model's sliding-window layout")
     p.add_argument("config", help="a Hugging Face config.json, or the model folder that holds it")
     p.add_argument("--batch-size", type=int, default=32,
                    help="decode batch size for the µs estimate")
     p.add_argument("--max-bs", type=int, default=256,
                    help="largest captured decode batch (cuda-graph-max-bs)")
-    p = _command(sub, cmd_verify, "verify",
-                 help="check every claim on recorded, live or given runs")
+    p = command(sub, cmd_verify, "verify", help="check every claim on recorded, live or given runs")
     p.add_argument("targets", nargs="*", help="experiment names or run CSV files")
-    _flag(p, "--all", "every recorded run of every experiment")
-    _flag(
+    flag(p, "--all", "every recorded run of every experiment")
+    flag(
         p, "--live", "first run the experiments this machine's GPUs can run (the named "
         "ones only, where experiments are named), real engines included")
     p.add_argument(
@@ -467,8 +453,8 @@ def _evidence_commands(sub) -> None:
         help="compare with a reference run (default: the newest recorded run of the "
         "same GPU model)")
     p.add_argument("--junit", metavar="FILE", help="also write the verdicts as JUnit XML")
-    _flag(p, "--quiet", "no progress lines")
-    p = _command(
+    flag(p, "--quiet", "no progress lines")
+    p = command(
         sub, cmd_real, "real",
         help="real SGLang releases side by side: `sglab real install [--releases V ...]`, "
         "`sglab real record` (the notebooks' probe answers, for recorded mode)")

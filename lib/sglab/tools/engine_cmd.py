@@ -19,11 +19,11 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from sglab.core import hardware, procs
-from sglab.tools.cli import Refused, _command, _flag
+from sglab.tools.commands import Refused, command, flag
 
 
 def add_parser(sub) -> None:
-    p = _command(
+    p = command(
         sub, main, "engine", help="a release's real engine on this GPU: its decisions and "
         "latencies for your model config and flags (dummy weights)",
         description="sglab engine --release V --model CONFIG.json [options] [-- SERVER ARGS]")
@@ -45,7 +45,7 @@ def add_parser(sub) -> None:
                    help="serve: prompts per pass and request in flight (default 4)")
     p.add_argument("--output-len", type=int, default=16, help="tokens decoded per request")
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each shape")
-    _flag(p, "--profile", "bench: torch.profiler decode trace, kernels per replay")
+    flag(p, "--profile", "bench: torch.profiler decode trace, kernels per replay")
     p.add_argument("--adjust", action="append", default=[], metavar="NAME",
                    help="a named harness adjustment")
     p.add_argument("--case", default="", help="label of this run (variant release+case)")
@@ -63,14 +63,14 @@ def add_parser(sub) -> None:
         "--cases", nargs="+", action="extend", default=[], metavar="GLOB",
         help="with --scenario/--plan: only the cases these patterns match ('w512-*'), "
         "to split a long scenario over several calls")
-    _flag(p, "--list", "list the scenarios")
-    _flag(p, "--record", "write the run (data/runs/engine_<fix>/)")
+    flag(p, "--list", "list the scenarios")
+    flag(p, "--record", "write the run (data/runs/engine_<fix>/)")
     p.add_argument("--fix", default="custom",
                    help="experiment engine_<fix> of a recorded run without scenario")
     p.add_argument("--out", type=Path, help="runs root for --record (default data/runs)")
     p.add_argument("--work", type=Path,
                    help="folder for each engine's log, model folder and traces")
-    _flag(p, "--dry-run", "print each command; start nothing")
+    flag(p, "--dry-run", "print each command; start nothing")
     p.add_argument("server_args", nargs=argparse.REMAINDER, help="-- then SGLang server arguments")
 
 

@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from sglab.tools.cli import Refused, _flag
+from sglab.tools.commands import Refused, flag
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,8 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--releases", nargs="*", metavar="VERSION",
         help="classify released wheels: every release from 0.5.10 to the newest, or the "
         "ones listed")
-    _flag(p, "--offline", "with --releases: no network; cached wheels, else the committed table")
-    _flag(p, "--no-write", "with --releases: do not rewrite data/upstream/")
+    flag(p, "--offline", "with --releases: no network; cached wheels, else the committed table")
+    flag(p, "--no-write", "with --releases: do not rewrite data/upstream/")
     p.add_argument("--figure", default="reports/upstream_releases.png",
                    help="with --releases: where to save the timeline figure ('' for none)")
 
