@@ -405,8 +405,8 @@ _FULL_PREFILL = Claim(
     "engine_pcg_gate.full_width_prefill", "bench_one_batch at the real widths and at one TP-4 "
     "rank's: pcg-off ÷ enforced prefill above 1 at 128 tokens, below 1 at 2048",
     "> 1 + the A/A gap at 128, < 1 − it at 2048; ±15% or the A/A gap on a rerun",
-    serving.full_prefill, drift=0.15, context=("aa_noise",
-                                               "starts"), noise="aa_noise", applies=serving.benched)
+    serving.full_prefill, drift=0.15, noise="aa_noise", applies=serving.benched,
+    context=("aa_noise", "starts"))
 _FULL_DECODE = Claim(
     "engine_pcg_gate.full_width_decode", "Decode does not change: the decode step "
     "(bench_one_batch) and TPOT with one request in flight (bench_serving), enforced ÷ off",

@@ -20,18 +20,23 @@ FIXED = "0.5.13"
 FULL_CAP = 2048  # the largest piecewise capture 0.5.13 resolves for Kimi-K2.5 (pcg_tokens)
 
 
+def _newest_gpu(rs, models) -> tuple[str, pd.DataFrame]:
+    """The newest GPU model whose runs started one of ``models``, and those runs' frame."""
+    runs_ = [
+        r for r in ([*rs.shown, *rs.elsewhere] if rs else []) if any(
+            (e.get("model") or {}).get("name") in models for e in r.manifest.engine_runs)
+    ]
+    if not runs_:
+        return "", pd.DataFrame()
+    gpu = max(runs_, key=lambda r: r.manifest.created_utc).manifest.gpu
+    return gpu, engine_records.frame([r for r in runs_ if r.manifest.gpu == gpu])
+
+
 def frame(rs) -> pd.DataFrame:
     """The bench_serving rows of the newest GPU model that recorded them (of every GPU model's
     runs)."""
-    runs_ = [
-        r for r in ([*rs.shown, *rs.elsewhere] if rs else []) if any(
-            (e.get("model") or {}).get("name") == MODEL for e in r.manifest.engine_runs)
-    ]
-    if not runs_:
-        return pd.DataFrame()
-    gpu = max(runs_, key=lambda r: r.manifest.created_utc).manifest.gpu
-    df = engine_records.frame([r for r in runs_ if r.manifest.gpu == gpu])
-    return df[(df.model == MODEL) & (df.tool == "serve")].assign(gpu=gpu)
+    gpu, df = _newest_gpu(rs, {MODEL})
+    return df[(df.model == MODEL) & (df.tool == "serve")].assign(gpu=gpu) if gpu else df
 
 
 def numbers(df: pd.DataFrame) -> pd.DataFrame:
@@ -134,8 +139,8 @@ def full_decode(run):
     bench_serving's TPOT with one request in flight, enforced ÷ off within ±2% (or twice the A/A
     gap); TPOT with more in flight is shown, since other requests' prefills land inside it."""
     one, gaps, value, said = [], [DECODE_SAME / 2], {}, []
-    if served(run) is None and not ratios(_serving(run)).empty:
-        df = _serving(run)
+    df = _serving(run)
+    if not ratios(df).empty:
         r, gap = ratios(df).xs("TPOT"), aa_gaps(df).xs("TPOT")
         one.append(r.xs(1, level="requests"))
         gaps.append(float(gap.xs(1, level="requests").max()))
@@ -229,9 +234,8 @@ def show(rs) -> None:
 
 def estimate(rs) -> None:
     """The measured layers scaled to Kimi-K2.5's 61 (:func:`tables.whole_model`), beside the PR."""
-    rows = [*rs.shown, *rs.elsewhere] if rs else []
-    gpu = max(rows, key=lambda r: r.manifest.created_utc).manifest.gpu if rows else ""
-    t = tables.whole_model(engine_records.frame([r for r in rows if r.manifest.gpu == gpu]))
+    gpu, df = _newest_gpu(rs, tables.FULL_WIDTH)
+    t = tables.whole_model(df)
     if t.empty:
         print("no full-width bench_one_batch run recorded yet: on a GPU box, bash "
               "scripts/engine_gpu.sh --scenario 01-kimi-full-bench --scenario 01-kimi-rank-bench")
