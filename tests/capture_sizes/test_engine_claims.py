@@ -79,7 +79,7 @@ def test_without_a_size_flag_the_release_default_list_is_what_was_asked(captured
     for e in manifest.engine_runs:
         e["server_args"], e["tp"] = ["--tp-size", "8", "--moe-dense-tp-size", "1"], 8
         e["resolved"] = {"piecewise_cuda_graph_tokens": None}
-    default = fx.default_piecewise_capture_sizes()
+    default = fx.default_piecewise_capture_sizes(fx.MLA_MAX_TOKENS)
     kept = fx.filter_piecewise_capture_sizes(default, 8)
     assert {4, 12, 20, 28}.isdisjoint(kept) and set(default) - set(kept) == {4, 12, 20, 28}
     df = set_value(run.df.copy(), " ".join(map(str, kept if captured == "kept" else default)),

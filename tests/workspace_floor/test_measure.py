@@ -4,6 +4,7 @@ import pandas as pd
 import pytest
 
 from sglab.core import dist, runs
+from sglab.sglang.server_args import piecewise_cuda_graph_tokens
 from sglab.workspace_floor import measure, show, traces
 from sglab.workspace_floor import rebuild as wf
 
@@ -36,7 +37,7 @@ def test_trace_is_stored_and_regenerates_identically(name):
     assert len(df) == meta["rows"] == traces.TRACE_PARAMS["steps"]
     assert meta["params"] == traces.trace_params(name)
     assert df.tokens.max() <= traces.TRACE_PARAMS["chunked_prefill_size"]
-    assert set(df[df.kind != "decode"].tokens) <= set(traces.pcg_buckets(4096))
+    assert set(df[df.kind != "decode"].tokens) <= set(piecewise_cuda_graph_tokens(4096))
     assert (df.tokens >= df.tokens_raw).all()
 
 

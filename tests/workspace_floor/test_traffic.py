@@ -5,6 +5,7 @@ start (CPU)."""
 import pytest
 
 from sglab.core import runs
+from sglab.sglang.server_args import piecewise_cuda_graph_tokens
 from sglab.tools import cli
 from sglab.workspace_floor import measure, show, traces, traffic
 from sglab.workspace_floor import rebuild as wf
@@ -47,7 +48,8 @@ def test_log_lines_become_forward_steps():
     first = next(ln for ln in lines if "Prefill batch" in ln)
     assert trace.tokens[0] == int(first.split("#new-token: ")[1].split(",")[0])
     padded = traffic.read_trace(EXAMPLE_LOG, pcg_max_tokens=4096)
-    assert padded.tokens[0] == min(b for b in traces.pcg_buckets(4096) if b >= trace.tokens[0])
+    assert padded.tokens[0] == min(
+        b for b in piecewise_cuda_graph_tokens(4096) if b >= trace.tokens[0])
 
 
 def test_traffic_counts_are_the_managers(tmp_path):

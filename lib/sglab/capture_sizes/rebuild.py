@@ -13,18 +13,13 @@ from typing import Iterable, Sequence
 import torch
 import torch.distributed as dist
 
+from sglab.sglang import server_args
+
 
 MLA_MAX_TOKENS = 2048  # piecewise_cuda_graph_max_tokens for MLA (the crash report's model)
 
-
 # -- 1. server_args.py · ServerArgs._generate_piecewise_cuda_graph_tokens --------------------------
-def default_piecewise_capture_sizes(max_tokens: int = MLA_MAX_TOKENS) -> list[int]:
-    """4..32 step 4, 48..256 step 16, 288..512 step 32, 576..1024 step 64, 1280..4096 step 256,
-    then 4608.. step 512, cut at ``max_tokens``."""
-    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32)) + list(
-        range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(
-            4608, max_tokens + 1, 512)))
-    return [s for s in sizes if s <= max_tokens]
+default_piecewise_capture_sizes = server_args.piecewise_cuda_graph_tokens
 
 
 # -- 2. utils/common.py · require_mlp_tp_gather, require_attn_tp_gather, require_gathered_buffer ---

@@ -20,19 +20,11 @@ import torch
 from torch import nn
 
 from sglab.core.toy_decoder import CausalLM, DecoderConfig
+from sglab.sglang.server_args import piecewise_cuda_graph_tokens
 
 
 # -- 1. python/sglang/srt/server_args.py · ServerArgs._generate_piecewise_cuda_graph_tokens --------
-def piecewise_cuda_graph_tokens(max_tokens: int = 4096) -> list[int]:
-    """Token counts that get one piecewise capture each (``--piecewise-cuda-graph-max-tokens``):
-    4..32 step 4, 48..256 step 16, 288..512 step 32, 576..1024 step 64, 1280..4096 step 256, then
-    step 512, cut at ``max_tokens``."""
-    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32)) + list(
-        range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(
-            4608, max_tokens + 1, 512)))
-    return [s for s in sizes if s <= max_tokens]
-
-
+# piecewise_cuda_graph_tokens(max_tokens): the sizes captured (sglab.sglang.server_args)
 def bucket_for(num_tokens: int, capture_tokens: list[int]) -> Optional[int]:
     """The smallest captured size >= ``num_tokens``; None above the largest (eager)."""
     sizes = sorted(capture_tokens)

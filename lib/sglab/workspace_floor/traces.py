@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from sglab.core import runs
+from sglab.sglang.server_args import piecewise_cuda_graph_tokens
 from sglab.workspace_floor import rebuild
 
 # extend batches up to pcg_max_tokens are padded to a piecewise bucket; rates are mean arrivals per
@@ -35,14 +36,6 @@ TRACES = {
 TRACE_DIR = runs.repo_root() / "data" / "traces"
 
 
-def pcg_buckets(max_tokens: int = 4096) -> list[int]:
-    """The piecewise-CUDA-graph token buckets up to ``max_tokens`` (ServerArgs' default list)."""
-    b = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32)) + list(
-        range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(
-            4608, max_tokens + 1, 512)))
-    return [x for x in b if x <= max_tokens]
-
-
 def _lognormal(rng, median, sigma, lo, hi) -> int:
     return int(np.clip(round(rng.lognormal(np.log(median), sigma)), lo, hi))
 
@@ -53,7 +46,7 @@ def generate_trace(**overrides) -> pd.DataFrame:
     padded to a piecewise bucket) or decodes one token per running request."""
     p = {**TRACE_PARAMS, **overrides}
     rng = np.random.default_rng(p["seed"])
-    buckets = pcg_buckets(p["pcg_max_tokens"])
+    buckets = piecewise_cuda_graph_tokens(p["pcg_max_tokens"])
     waiting: list[list[int]] = []  # [remaining prompt tokens, output tokens]
     running: list[int] = []  # remaining output tokens
     rows, t_sim = [], 0

@@ -17,6 +17,7 @@ from typing import Optional
 import pandas as pd
 
 from sglab.core import notebook, runs
+from sglab.sglang.server_args import piecewise_cuda_graph_tokens
 from sglab.workspace_floor import rebuild, traces
 from sglab.workspace_floor.measure import EXPERIMENT, run_hidden
 from sglab.workspace_floor.rebuild import MiB
@@ -41,7 +42,7 @@ class Trace:
 
 
 def _read_log(path: Path, lines: list[str], pcg_max_tokens: int) -> Trace:
-    buckets = traces.pcg_buckets(pcg_max_tokens) if pcg_max_tokens else []
+    buckets = piecewise_cuda_graph_tokens(pcg_max_tokens) if pcg_max_tokens else []
     tokens, n = [], {"Prefill": 0, "Decode": 0}
     for i, ln in enumerate(lines, 1):
         for kind, rx, field in LOG_LINES:
