@@ -141,7 +141,7 @@ def test_cli_params_and_errors():
             "sglang"} <= set(items)
 
 
-def test_newest_by_and_gpu_short(data_root):
+def test_newest_by_newest_and_gpu_short(data_root):
     rec = data_root / "recorded"
     for ws in (2, 4, 2):
         runs.write_run(_frame(), experiment="demo", method_version=1, params={"world_size": ws},
@@ -149,6 +149,8 @@ def test_newest_by_and_gpu_short(data_root):
     all_runs = runs.load_all_recorded("demo")
     newest = runs.newest_by(all_runs, lambda r: r.manifest.params["world_size"])
     assert list(newest) == [2, 4] and newest[2].path == all_runs[-1].path
+    shown = runs.newest(all_runs, lambda r: r.manifest.params["world_size"], reverse=True)
+    assert [r.path for r in shown] == [newest[4].path, newest[2].path]
     assert runs.gpu_short({"gpu_name": "NVIDIA H100 80GB HBM3"}) == "H100"
     assert runs.gpu_short("NVIDIA H200") == "H200" and runs.gpu_short({}) == "?"
 

@@ -179,7 +179,7 @@ CLAIMS = [
 
 def shown(runs_: list) -> list:
     """The newest run of each GPU model, ordered by GPU name."""
-    return list(runs.newest_by(runs_, runs.gpu_short).values())
+    return runs.newest(runs_, runs.gpu_short)
 
 
 _H, _S, _M = _ID + "hit_rate", _ID + "multi_request_speedup", _ID + "after_equals_eager"

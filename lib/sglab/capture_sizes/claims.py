@@ -260,7 +260,7 @@ CLAIMS = [
 
 def shown(runs_: list) -> list:
     """The newest run per GPU model and world size, by GPU model then world size."""
-    return list(runs.newest_by(runs_, lambda r: (runs.gpu_short(r), _w(r))).values())
+    return runs.newest(runs_, lambda r: (runs.gpu_short(r), _w(r)))
 
 
 _R, _S = "capture_sizes.refused_iff_indivisible", "capture_sizes.before_stops_at_first_bad"

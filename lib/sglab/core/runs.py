@@ -389,6 +389,11 @@ def newest_by(runs_: list, key) -> dict:
                 for r in sorted(runs_, key=lambda r: r.manifest.created_utc)}.items()))
 
 
+def newest(runs_: list, key, *, reverse: bool = False) -> list:
+    """The newest run per ``key(run)``, ordered by key (largest first with ``reverse``)."""
+    return list(newest_by(runs_, key).values())[::-1 if reverse else 1]
+
+
 def read_run(csv_path: Path | str, *, live: bool = False) -> Run:
     import pandas as pd
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from sglab.core.card import Card
 from sglab.core.claims import Claim, Headline, holds
-from sglab.core.runs import gpu_short, newest_by
+from sglab.core.runs import gpu_short, newest
 from sglab.core.text import count
 from sglab.grid_thw import series, show
 from sglab.grid_thw.measure import EXPERIMENT, GPUS  # noqa: F401 (GPUS: Workbook)
@@ -339,7 +339,7 @@ CLAIMS = [
 
 def shown(runs: list) -> list:
     """The newest run per GPU model and TP size."""
-    return list(newest_by(runs, key=lambda r: (gpu_short(r), _tp(r))).values())
+    return newest(runs, lambda r: (gpu_short(r), _tp(r)))
 
 
 HEADLINE = Headline(

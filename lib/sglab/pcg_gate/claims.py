@@ -270,7 +270,7 @@ CLAIMS = [
 
 def shown(runs_: list) -> list:
     """The newest run of each GPU model, by GPU name."""
-    return list(runs.newest_by(runs_, runs.gpu_short).values())
+    return runs.newest(runs_, runs.gpu_short)
 
 
 _H, _S, _Q = _E + "host_launch_cost", _E + "small_prefill_speedup", _E + "piecewise_equals_eager"

@@ -221,7 +221,7 @@ def setup_table(tokens: int, max_tokens: int = 4096, shown: Optional[list] = Non
     medians at the nearest measured count."""
     sizes = rebuild.piecewise_cuda_graph_tokens(int(max_tokens))
     bucket = rebuild.bucket_for(int(tokens), sizes)
-    shown = (runs.newest_by(runs.load_all_recorded("pcg_gate"), runs.gpu_short).values()
+    shown = (runs.newest(runs.load_all_recorded("pcg_gate"), runs.gpu_short)
              if shown is None else shown)
     rows = []
     for r in shown:

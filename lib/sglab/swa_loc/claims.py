@@ -244,8 +244,7 @@ CLAIMS = [
 
 def shown(runs_: list) -> list:
     """The newest run of each GPU model, H200 before H100."""
-    best = runs.newest_by(runs_, runs.gpu_short)
-    return [best[k] for k in sorted(best, reverse=True)]
+    return runs.newest(runs_, runs.gpu_short, reverse=True)
 
 
 _RATIO, _LAYERS, _BS = _cell()

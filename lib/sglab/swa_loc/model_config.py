@@ -120,10 +120,7 @@ def layer_cost(run) -> LayerCost:
 
 def measured_costs() -> list:
     """:func:`layer_cost` of the newest recorded swa_loc run of each GPU model."""
-    return [
-        layer_cost(r)
-        for r in runs.newest_by(runs.load_all_recorded("swa_loc"), runs.gpu_short).values()
-    ]
+    return [layer_cost(r) for r in runs.newest(runs.load_all_recorded("swa_loc"), runs.gpu_short)]
 
 
 def predict(lay: Layout, *, batch_size: int = 32, max_bs: int = 256, costs: Optional[list] = None):
