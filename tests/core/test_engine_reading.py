@@ -566,3 +566,15 @@ def test_a_frames_statistics_are_worked_out_once_and_each_caller_gets_its_own_co
     assert len(calls) == 1 and list(again["value"]) == [3.0] and list(again["lo"]) == [2.0]
     engine_stats.numbers(df.copy(), "prefill")
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize(
+    "name", ["breakable_graph", "capture_sizes", "pcg_gate", "swa_loc", "workspace_floor"])
+def test_beside_rows_without_runs_give_each_missing_sides_line_first(name):
+    import importlib
+
+    missing = runs.NoRun(name, "test")
+    rows = importlib.import_module(f"sglab.{name}.show").beside_rows(missing, missing)
+    assert [(r["source"], r["measures"]) for r in rows[:2]
+            ] == [("rebuild", "no GPU run to show (test)"),
+                  ("SGLang engine", "no GPU run to show (test)")]

@@ -439,7 +439,7 @@ def your_setup(interactive: bool = False):
 def beside_rows(run, engine_run) -> list[dict]:
     """Eager over graph for prefills of several requests, as the rebuild (forward only) and SGLang's
     engine (a whole Engine.generate call) measure it; first what is counted, not timed."""
-    rows = []
+    rows = engine_view.missing_rows(run, engine_run)
     df = engine_records.frame(engine_run.shown) if engine_run else None
     if run:
         multi = launch_table(run.df).query("batch_size > 1")["host_graph_launches"]
@@ -471,10 +471,8 @@ def beside_rows(run, engine_run) -> list[dict]:
                 "measures": f"eager ÷ graph, prefill forward only (CUDA events), {where}",
                 "figure": text.span(multi[f"speedup_{variant}"], unit="×")
             })
-    else:
-        rows.append({"source": "rebuild", "measures": run.line, "figure": ""})
     if not engine_run:
-        return rows + [{"source": "SGLang engine", "measures": engine_run.line, "figure": ""}]
+        return rows
     starts = engine_stats.starts_in(df, "latency")
     for rel, per in eager_over_graph(df).items():
         cost = engine_records.host_us(engine_run, rel, "llama_32x512")  # the host that ran it

@@ -520,7 +520,7 @@ VIEW = engine_view.EngineView(what="DeepSeek-V3-style 2 layers, --moe-dense-tp-s
 
 def beside_rows(run, engine_run) -> list[dict]:
     """The capture sizes as the rebuild's NCCL runs and SGLang's engine see them."""
-    rows = []
+    rows = engine_view.missing_rows(run, engine_run)
     if run:
         two = [r for r in run.shown if int(r.manifest.params["world_size"]) == 2] or [run.first]
         rows.append({

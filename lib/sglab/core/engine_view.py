@@ -165,6 +165,12 @@ def section(view: EngineView, rs, engine_claims=None) -> None:
             + f". How each number is made to repeat: [07 · how we measure]({METHODS}).")
 
 
+def missing_rows(rebuild, engine) -> list[dict]:
+    """:func:`beside`'s first rows: the NoRun line of the rebuild's runs or the engine's, if any."""
+    return [{"source": s, "measures": r.line, "figure": ""}
+            for s, r in (("rebuild", rebuild), ("SGLang engine", engine)) if not r]
+
+
 def beside(rows: list[dict]) -> None:
     """The rebuild's figure beside the real engine's (and the PR's): one row per source."""
     with pd.option_context("display.max_colwidth", None):

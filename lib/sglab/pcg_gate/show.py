@@ -397,7 +397,7 @@ def beside_rows(rs, engine) -> list[dict]:
     pairs = captured_over_off(df) if engine else {}
     lo = min((min(r) for r in pairs.values()), default=128)
     hi = max((max(r) for r in pairs.values()), default=1024)
-    rows = []
+    rows = engine_view.missing_rows(rs, engine)
     lt = launch_table(rs.first.df).loc[lo:hi] if rs else pd.DataFrame()
     if not lt.empty:
         rows.append({
@@ -431,8 +431,6 @@ def beside_rows(rs, engine) -> list[dict]:
                 "measures": "eager ÷ piecewise, forward only (CUDA events), 16-layer bf16 "
                 f"decoder, {lo}–{hi} tokens", "figure": text.span(sp.values, unit="×")
             })
-    else:
-        rows.append({"source": "rebuild", "measures": rs.line, "figure": ""})
     starts = engine_stats.starts_in(df, "prefill") if engine else 1
     for (model, rel, case), r in pairs.items():
         cost = engine_records.host_us(engine, rel, model, case)  # the host that ran it
@@ -444,8 +442,6 @@ def beside_rows(rs, engine) -> list[dict]:
             "figure": text.span([x[0] for x in r.values()], unit="×")
             + (f" (starts {text.span(spread, unit='×')})" if starts > 1 else "")
         })
-    if not pairs:
-        rows.append({"source": "SGLang engine", "figure": "", "measures": engine.line})
     unit, before, after = sglang.PR_BENCHMARK["metrics"]["TTFT"]
     rows.append({
         "source": f"#26382's description ({sglang.PR_BENCHMARK['where']})",

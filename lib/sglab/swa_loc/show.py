@@ -408,7 +408,7 @@ def replay_timeline(run):
 def beside_rows(run, engine_run) -> list[dict]:
     """Kernels a decode-graph replay gains per SWA layer without #23552's preset, as the rebuild and
     SGLang's engine count them; the time saved."""
-    rows = []
+    rows = engine_view.missing_rows(run, engine_run)
     if run:
         run = run.first
         gpu = run.manifest.gpu
@@ -425,8 +425,6 @@ def beside_rows(run, engine_run) -> list[dict]:
             "measures": "replay time saved per SWA layer (CUDA events, median)",
             "figure": text.span(saved, "{:.1f}", " µs")
         })
-    else:
-        rows.append({"source": "rebuild", "measures": run.line, "figure": ""})
     if engine_run:
         df = engine_records.frame(engine_run.shown)
         per = engine_stats.texts(df, "decode_kernels_per_replay")
@@ -442,8 +440,6 @@ def beside_rows(run, engine_run) -> list[dict]:
                 f"#23552 reverted − released, per SWA layer "
                 f"(({float(before):g} − {float(released):g}) / {n_swa})", "figure": f"{extra:g}"
             })
-    else:
-        rows.append({"source": "SGLang engine", "figure": "", "measures": engine_run.line})
     return rows
 
 

@@ -512,10 +512,8 @@ VIEW = engine_view.EngineView(
 
 def beside_rows(run, engine_run) -> list[dict]:
     """Workspace creations as the rebuild (a cold start) and SGLang's engine count them."""
-    rows = []
-    if not run:
-        rows.append({"source": "rebuild", "measures": run.line, "figure": ""})
-    else:
+    rows = engine_view.missing_rows(run, engine_run)
+    if run:
         stats = policy_stats(run)
         rows += [{
             "source": f"rebuild ({run.manifest.gpu} TP {run.manifest.tp}), cold start",
