@@ -167,9 +167,7 @@ def launches(run) -> None:
 def profiler(run) -> None:
     """Per GPU: the traced 3-request prefill of the before and after runners on one time axis."""
     for r in run:
-        if r.sidecar("events") is None:
-            print(f"{r.label}: this run predates profiler traces; a new recording (`sglab record "
-                  "breakable_graph`) adds them.")
+        if notebook.predates_traces(r):
             continue
         notebook.show_figure(timeline(r))
 

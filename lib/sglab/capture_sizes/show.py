@@ -428,11 +428,9 @@ def measured(rs) -> None:
 def profiler(rs) -> None:
     """Per run shown: the traced capture loop's small sizes, its collectives, the Perfetto link."""
     for r in rs.shown:
-        events = r.sidecar("events")
-        if events is None:
-            print(f"{r.label}: this run predates profiler traces; a new recording adds them "
-                  f"(`sglab record capture_sizes` on {r.manifest.params['world_size']} GPUs).")
+        if notebook.predates_traces(r, where=f" on {r.manifest.params['world_size']} GPUs"):
             continue
+        events = r.sidecar("events")
         notebook.show_figure(capture_timeline(events, rank=0, run=r))
         notebook.show_table(trace_summary(events))
         if r.sidecar("trace") is not None:

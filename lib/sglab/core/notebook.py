@@ -110,6 +110,16 @@ def needs_run(fn):
     return wrapper
 
 
+def predates_traces(run, *sidecars: str, where: str = "") -> bool:
+    """True, having said so, where ``run`` lacks one of its profiler ``sidecars`` (``events``);
+    ``where``: the GPUs a new recording needs."""
+    m, missing = run.manifest, any(run.sidecar(s) is None for s in sidecars or ("events",))
+    if missing:
+        print(f"{run.label}: this run predates profiler traces (method {m.method_version}); a new "
+              f"recording (`sglab record {m.experiment}`{where}) adds them.")
+    return missing
+
+
 # -- "your own setup": a static table, or controls where the notebook asks for them (INTERACTIVE) --
 def interactive_here() -> bool:
     """True in a Jupyter kernel with ipywidgets importable."""

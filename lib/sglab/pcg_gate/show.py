@@ -72,9 +72,7 @@ def correctness(rs) -> None:
 def profiler(rs) -> None:
     """Per GPU shown: the traced prefills, what the trace counted, the copies, the kernel table."""
     for r in rs.shown:
-        if r.sidecar("events") is None:
-            print(f"{r.label}: this run predates profiler traces; a new recording (`sglab record "
-                  "pcg_gate`) adds them.")
+        if notebook.predates_traces(r):
             continue
         for n in sorted(trace_table(r.df).index.get_level_values(0).unique()):
             notebook.show_figure(timeline(r, int(n)))

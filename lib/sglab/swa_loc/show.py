@@ -198,27 +198,20 @@ def padding(run) -> None:
     notebook.show_table(pd.concat({r.manifest.gpu: pad_table(r.df) for r in run.shown}, axis=1))
 
 
-NO_TRACE = ("this run predates profiler traces (method {mv}); a new recording adds them "
-            "(`sglab record swa_loc` on one H100 / H200).")
-
-
 @notebook.needs_run
 def profiler(run) -> None:
     """The first run shown: a traced replay before and after on one axis, the eager kernel table."""
     run = run.first
-    fig, why = replay_timeline(run)
-    if why is not None:
-        print(why)
-    else:
+    fig = replay_timeline(run)
+    if fig is not None:
         counts = trace_counts(run.sidecar("events"))
         notebook.file_link(run.sidecar("trace"), "Perfetto file")
         print("; ".join(
             f"{v}: {c['kernels']} kernels in the traced replay" for v, c in counts.items()))
         notebook.show_figure(fig)
-    eager = run.sidecar("eager_kernels")
-    if eager is None:
-        print(NO_TRACE.format(mv=run.manifest.method_version))
+    if notebook.predates_traces(run, "eager_kernels", where=" on one H100 / H200"):
         return
+    eager = run.sidecar("eager_kernels")
     info = run.manifest.eager_kernels
     print(f"eager kernel table · backends: {', '.join(info.get('backends', []))}; nsight-python: "
           f"{info.get('nsight')} ({info.get('nsight_reason')})")
@@ -381,10 +374,10 @@ def replay_times(shown: list):
 
 
 def replay_timeline(run):
-    """``(figure, None)``: a traced replay per variant, the translation marked; or (None, why)."""
+    """A traced replay per variant, the translation marked; None (saying why) without traces."""
+    if notebook.predates_traces(run, "events", "graph_kernels", where=" on one H100 / H200"):
+        return None
     events, gk = run.sidecar("events"), run.sidecar("graph_kernels")
-    if events is None or gk is None:
-        return None, NO_TRACE.format(mv=run.manifest.method_version)
     pattern = name_pattern(translation_kernels(gk))
     device = events[events.lane.str.startswith("stream")]  # what one cudaGraphLaunch runs
     tables = {
@@ -401,7 +394,7 @@ def replay_timeline(run):
     ax.get_legend().set_bbox_to_anchor((0.5, -0.3))
     plots.caption(fig, run,
                   extra="torch.profiler, times under the profiler; host side in the Perfetto file")
-    return fig, None
+    return fig
 
 
 # -- the real engine, before and after -------------------------------------------------------------

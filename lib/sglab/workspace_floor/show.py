@@ -421,11 +421,7 @@ def cost(run) -> None:
 @notebook.needs_run
 def profiler(run) -> None:
     """Per shown run with a trace: Perfetto files, the re-creations, their CUDA calls, the step."""
-    traced = [r for r in run.shown if r.sidecar("events") is not None]
-    for r in run.shown:
-        if r.sidecar("events") is None:
-            print(f"{r.path.name}: this run predates profiler traces (method version "
-                  f"{r.manifest.method_version}, no `events` sidecar)")
+    traced = [r for r in run.shown if not notebook.predates_traces(r)]
     for r in traced:
         ev, W, H = r.sidecar("events"), r.manifest.tp, run_hidden(r)
         for rank in range(W):
