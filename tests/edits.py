@@ -1,5 +1,5 @@
 """Damaged copies of recorded runs, for tests that check a claim fails by name when its run says
-otherwise."""
+otherwise; every claim of a fix, folded checks included."""
 
 from __future__ import annotations
 
@@ -7,6 +7,11 @@ import json
 import shutil
 
 import pandas as pd
+
+
+def all_claims(mod) -> list:
+    """Every claim of a claims module, each reader-facing one followed by its folded checks."""
+    return [x for c in mod.CLAIMS for x in (c, *c.folded)]
 
 
 def copy_run(src, tmp_path, edit):

@@ -43,7 +43,7 @@ def _rewrite(path: Path, df: pd.DataFrame) -> None:
 
 
 def test_every_recorded_run_verifies(capsys):
-    from sglab.core.claims import all_claims
+    from tests.edits import all_claims
     from sglab.grid_thw import claims
 
     assert _runs(), "no recorded grid_thw run"

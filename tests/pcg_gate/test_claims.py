@@ -13,7 +13,7 @@ from sglab.core import claims as C
 from sglab.core import runs
 from sglab.pcg_gate import claims, measure, tables
 from sglab.tools import cli
-from tests.edits import copy_run, set_value
+from tests.edits import all_claims, copy_run, set_value
 
 
 EXP = "pcg_gate"
@@ -31,7 +31,7 @@ def test_every_recorded_run_verifies(capsys):
     out = capsys.readouterr().out
     assert "FAIL" not in out and f"{len(RECORDED)} run(s): {len(RECORDED)} hold" in out
     assert len(claims.CLAIMS) <= 5 and "5/5 claims hold on H100" in out
-    assert all(f"  {c.id}" in out or f"└ {c.id}" in out for c in C.all_claims(claims))
+    assert all(f"  {c.id}" in out or f"└ {c.id}" in out for c in all_claims(claims))
 
 
 def _smallest_traced(df):

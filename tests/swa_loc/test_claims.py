@@ -27,7 +27,7 @@ def test_every_recorded_run_holds(capsys):
     assert cli.main(["verify", "swa_loc"]) == 0
     out = capsys.readouterr().out
     assert "4/4 claims hold on H100" in out and "FAIL" not in out
-    from sglab.core.claims import all_claims
+    from tests.edits import all_claims
     from sglab.swa_loc import claims
 
     assert len(claims.CLAIMS) <= 5 and all(

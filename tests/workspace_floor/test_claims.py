@@ -14,6 +14,7 @@ from sglab.core import runs
 from sglab.core import claims as engine
 from sglab.workspace_floor import claims, measure
 
+from tests.edits import all_claims
 from tests.workspace_floor import wsfloor_events
 
 
@@ -183,7 +184,7 @@ def test_recorded_trace_loses_a_range(tmp_path, capsys):
 # ----------------------------------------------------------------------------
 def test_claim_structure():
     assert len(claims.CLAIMS) <= 5
-    ids = [c.id for c in engine.all_claims(claims)]
+    ids = [c.id for c in all_claims(claims)]
     assert len(ids) == len(set(ids)) == 12
 
 
@@ -259,8 +260,8 @@ def test_each_policy_has_one_name_in_the_claims_and_the_headline():
 
     shown = claims.shown(runs.load_all_recorded("workspace_floor"))
     said = " ".join([claims.CLAIM, engine.headline(claims, shown)] +
-                    [c.statement + " " + c.expected for c in engine.all_claims(claims)] +
-                    [c.statement for c in claims.ENGINE.CLAIMS])
+                    [c.statement + " " + c.expected
+                     for c in all_claims(claims)] + [c.statement for c in claims.ENGINE.CLAIMS])
     # the old names: ids, the bare `x.shape[0]` for the draft, "(the PR)" for the merged line
     assert "floor_0" not in said and "`x.shape[0]` re-creates the" not in said
     assert "(the PR)" not in said and "before the PR" not in said

@@ -17,7 +17,6 @@ from typing import Any, Callable, Optional
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
 STATUSES = (PASS, FAIL, NA)
-MAX_READER_CLAIMS = 5
 
 
 @dataclass(frozen=True)
@@ -79,11 +78,6 @@ class Result:
 
 class ClaimsError(RuntimeError):
     """A run or a fix the claims cannot be evaluated on (one-line message for the command line)."""
-
-
-def all_claims(mod) -> list[Claim]:
-    """Every claim of a claims module, each reader-facing one followed by its folded checks."""
-    return [x for c in mod.CLAIMS for x in (c, *c.folded)]
 
 
 # -- evaluating ------------------------------------------------------------------------------------
