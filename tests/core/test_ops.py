@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from sglab.core import kernel_table as op_kernels, kernel_table as ops
+from sglab.core import kernels
 
 
 def test_op_ranges_label_ops_with_scope_and_step():
@@ -105,7 +106,7 @@ def test_cross_check_names_the_differences():
     assert res["equal"] == 1 and res["differ"] == [("v", "w", 0, "index", "gather")]
 
 
-def test_nsight_available_says_why_not(monkeypatch):
+def test_nsight_says_why_not(monkeypatch):
     import builtins
 
     real = builtins.__import__
@@ -116,7 +117,7 @@ def test_nsight_available_says_why_not(monkeypatch):
         return real(name, *a, **kw)
 
     monkeypatch.setattr(builtins, "__import__", no_nsight)
-    ok, why = op_kernels.nsight_available()
-    assert not ok and "not installed" in why
+    tool, why = kernels.nsight_backend()
+    assert tool != "cupti" and "not installed" in why
     table, reason = op_kernels.nsight_table({"v": lambda mode: None})
     assert table is None and "not installed" in reason

@@ -187,9 +187,10 @@ def test_eager_kernel_table_nsight_matches_torch_profiler(tmp_path):
     import pandas as pd
 
     from sglab.core import kernel_table as op_kernels
+    from sglab.core import kernels
 
-    ok, why = op_kernels.nsight_available()
-    if not ok:
+    tool, why = kernels.nsight_backend()
+    if tool != "cupti":
         pytest.skip(why)
     out = tmp_path / "eager.csv"
     proc = subprocess.run([sys.executable, "-c", NSIGHT_SCRIPT,

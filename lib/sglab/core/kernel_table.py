@@ -305,24 +305,16 @@ def torch_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
     return aggregate(pd.concat(parts, ignore_index=True), runs=runs, backend=TORCH)
 
 
-def nsight_available() -> tuple[bool, str]:
-    """Whether nsight-python's CUPTI backend can run here, and if not, why."""
-    from sglab.core.kernels import nsight_backend
-
-    tool, why = nsight_backend()
-    return tool == "cupti", why
-
-
 def nsight_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
     """nsight-python's CUPTI backend over ``runs`` steps of each variant, one annotation per op:
     ``(table, reason)``, or ``(None, reason)`` where it cannot run here."""
-    ok, reason = nsight_available()
-    if not ok:
+    from sglab.core.kernels import nsight_backend, nsight_session
+
+    tool, reason = nsight_backend()
+    if tool != "cupti":
         return None, reason
     import nsight
     import pandas as pd
-
-    from sglab.core.kernels import nsight_session
 
     _warm(steps, warmup)
     rows = []
