@@ -28,8 +28,8 @@ INTERACTIVE = False
 import pandas as pd
 
 from sglab.capture_sizes import claims, measure, rebuild, sglang, show
-from sglab.core import engine_view
-from sglab.core.notebook import Workbook, blank_missing, card, reveal, show_figure, verdict
+from sglab.core import engine_view, text
+from sglab.core.notebook import Workbook, card, reveal, show_figure, verdict
 from sglab.sglang import codepath
 
 
@@ -256,7 +256,7 @@ pd.Series(
            f"{off.pad_frac_round_up.min():.1%}–{off.pad_frac_round_up.max():.1%}")])).to_frame("")
 
 # %%
-blank_missing(off[[
+text.blank(off[[
     "attn_tp", "attn_cp", "mul_base_pr", "lcm", "tp_x_cp", "n_pr", "n_lcm", "n_round_up", "lost_pr",
     "lost_round_up", "pad_frac_pr", "pad_frac_round_up", "eager_pr", "pr_asserts"
 ]].round(3))  # blank: the PR's filter asserts, nothing to pad

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from sglab.tools import cli, report
-from sglab.core import hardware, runs
+from sglab.core import hardware, runs, text
 from sglab.sglang import upstream
 from sglab.core import notebook as nb
 
@@ -257,10 +257,10 @@ def test_a_runs_memo_computes_once_and_hands_out_copies(tmp_path):
 
 def test_missing_cells_read_blank():
     df = pd.DataFrame({"calls": [306.0, None], "ms": [1.5, None], "name": ["a", "b"]})
-    shown = nb.blank_missing(df)
+    shown = text.blank(df)
     assert list(shown["calls"]) == [306.0, ""] and list(shown["ms"]) == [1.5, ""]
     assert "NaN" not in shown.to_string() and df["calls"].isna().tolist() == [False, True]
-    assert list(nb.blank_missing(df, ["ms"])["calls"].isna()) == [False, True]  # only `cols`
+    assert list(text.blank(df, ["ms"])["calls"].isna()) == [False, True]  # only `cols`
 
 
 def test_software_versions_read_torchs_without_importing_it(tmp_path):

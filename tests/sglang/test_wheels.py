@@ -253,7 +253,7 @@ def test_released_draws_a_fixs_timeline_row_once_per_session(monkeypatch):
     monkeypatch.setattr(compare, "_TIMELINE_DRAWN", set())
     monkeypatch.setattr(R, "timeline_row_figure", lambda fix: f"strip {fix.name}")
     monkeypatch.setattr(notebook, "show_figure", drawn.append)
-    monkeypatch.setattr(notebook, "display_object", shown.append)
+    monkeypatch.setattr(notebook, "show_table", shown.append)
     monkeypatch.setattr(hunks, "show", lambda fix, rebuilt, **kw: ("beside", kw.get("pr")))
     fix = get("swa_loc")
     compare.released(fix, object, symbol="x")

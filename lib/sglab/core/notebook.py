@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from sglab.core import claims as C
-from sglab.core import hardware, runs, text
+from sglab.core import hardware, runs
 
 
 MODES = ("auto", "live", "recorded")
@@ -62,15 +62,12 @@ def show_figure(fig) -> None:
     plt.close(fig)
 
 
-def display_object(obj) -> None:
-    """Display anything in a notebook; print it (a table whole) elsewhere."""
+def show_table(obj) -> None:
+    """Display a table (or anything) in a notebook; print it (a table whole) elsewhere."""
     if in_notebook():
         _ipy(obj)
     else:
         print(obj.to_string() if hasattr(obj, "to_string") else obj)
-
-
-show_table = display_object
 
 
 def reveal(answer, prompt: str = "Show the answer") -> None:
@@ -92,9 +89,6 @@ def file_link(path, what: str = "file") -> None:
     rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()
     link = f"../{rel}" if path.is_relative_to(root) else rel
     display(None, f"{what}: {rel}", f"{what}: [{html.escape(Path(rel).name)}]({link})")
-
-
-blank_missing = text.blank  # the public name 06 and capture_sizes use
 
 
 def needs_run(fn):

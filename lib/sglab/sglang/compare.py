@@ -119,10 +119,10 @@ _TIMELINE_DRAWN: set = set()  # fixes whose timeline row this process has shown
 def released(fix, rebuilt=None, *, symbol: Optional[str] = None, pr: Optional[int] = None) -> None:
     """The fix's row of the release timeline (drawn once), then its hunk: whole, or ``symbol``'s
     changes beside ``rebuilt`` (:func:`sglab.sglang.hunks.render_beside`)."""
-    from sglab.core.notebook import display_object, show_figure
+    from sglab.core.notebook import show_figure, show_table
     from sglab.sglang import hunks, wheels
 
     if fix.name not in _TIMELINE_DRAWN:  # a notebook shows several hunks of one fix
         _TIMELINE_DRAWN.add(fix.name)
         show_figure(wheels.timeline_row_figure(fix))
-    display_object(hunks.show(fix, rebuilt, pr=pr, symbol=symbol))
+    show_table(hunks.show(fix, rebuilt, pr=pr, symbol=symbol))
