@@ -241,6 +241,14 @@ def _engine_faster(run):
         })
 
 
+def _graph_ran(run):
+    return None if _on_graph(run) else "no bcg case of this run started"
+
+
+def _timed(run):
+    return None if _ratios(run) else f"no {AFTER_RELEASE} bcg and eager cases"
+
+
 _G = "engine_breakable_graph.graph_per_request_count"
 _F = "engine_breakable_graph.faster_than_eager"
 ENGINE = SimpleNamespace(
@@ -252,12 +260,10 @@ ENGINE = SimpleNamespace(
             _G, f"With the breakable CUDA graph on, {BEFORE_RELEASE} puts a prefill on the graph "
             f"only when it holds one request; {AFTER_RELEASE} (with #24662) for every request "
             "count", "before #24662: 1 request only; after: all (exact, the scheduler's own "
-            "'Prefill batch' log)", _engine_graph, applies=lambda run: None
-            if _on_graph(run) else "no bcg case of this run started"),
+            "'Prefill batch' log)", _engine_graph, applies=_graph_ran),
         Claim(
             _F, f"On {AFTER_RELEASE}, the breakable graph beats eager prefill at every request "
-            "count", "eager / graph > 1 at every count", _engine_faster, applies=lambda run: None
-            if _ratios(run) else f"no {AFTER_RELEASE} bcg and eager cases", drift=0.25,
+            "count", "eager / graph > 1 at every count", _engine_faster, applies=_timed, drift=0.25,
             noise="aa_noise", context=("aa_noise", "margin", "starts", "requests_min",
                                        "requests_max"))
     ], HEADLINE=Headline(

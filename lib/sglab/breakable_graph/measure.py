@@ -113,10 +113,10 @@ def hit_rate_rows(params: Optional[dict] = None, model: Optional[torch.nn.Module
                                               capture=False)
         h = graph_hit_rate(runner, shapes)
         rows += [_row("c_hit_rate", boundary, k, h[k], u) for k, u in _HIT_UNITS.items()]
+    sizes = range(1, int(p["stream_max_bs"]) + 1)
     rows += [  # the stream's make-up
         _row("c_hit_rate", "stream", "batches_with_bs", sum(s.batch_size == bs for s in shapes),
-             "batches", batch_size=bs) for bs in range(1,
-                                                       int(p["stream_max_bs"]) + 1)
+             "batches", batch_size=bs) for bs in sizes
     ]
     too_big = sum(s.num_tokens > max(p["capture_num_tokens"]) for s in shapes)
     return rows + [_row("c_hit_rate", "stream", "batches_over_max_tokens", too_big, "batches")]

@@ -355,6 +355,10 @@ def _speedup(run):
         })
 
 
+def _paired(run):
+    return None if _pairs(run) else "no captured + pcg-off pair"
+
+
 def _launches(run):
     """Captured: layers + 1 graphs and the same kernels outside them at every token count up to the
     largest capture, eager beyond it (the pcg-off launches). Not captured: no graph, exactly the
@@ -444,8 +448,7 @@ ENGINE = SimpleNamespace(
             "prefill is faster than with them off at every input length (128–1024 tokens), each "
             "side its fastest repeat of any engine start", "pcg-off / piecewise > 1 + the A/A "
             "gap everywhere", _speedup, drift=0.25, context=("min", "aa_noise", "margin", "starts"),
-            noise="aa_noise", applies=lambda run: None
-            if _pairs(run) else "no captured + pcg-off pair"),
+            noise="aa_noise", applies=_paired),
         Claim(
             "engine_pcg_gate.prefill_launches", "Counted, not timed: a captured prefill step "
             "replays one graph per piece (layers + 1) and launches the same kernels outside them "

@@ -52,8 +52,8 @@ def server_argv(spec: EngineSpec, model_dir: Path, flags: Optional[set[str]] = N
     # an image goes through the model's processor: the Engine then needs its tokenizer (and the
     # server its tokenizer always)
     engine_only = spec.tool == "engine" and not spec.image_size
-    defaults = (DEFAULT_ARGS + (ENGINE_ONLY_ARGS if engine_only else
-                                ()) + (SERVE_ONLY_ARGS if spec.tool == "serve" else ()))
+    defaults = DEFAULT_ARGS + (ENGINE_ONLY_ARGS if engine_only else ())
+    defaults += SERVE_ONLY_ARGS if spec.tool == "serve" else ()
     for flag, value in defaults:
         if flag in given or (flags is not None and flag not in flags):
             continue
@@ -156,8 +156,9 @@ def prepare(spec: EngineSpec, work: Path, *, python: str = sys.executable,
         p = serve_params(spec, server, model_dir, work) if serving else driver_params(spec, server)
         params = work / ("serve.json" if serving else "drive.json")
         params.write_text(json.dumps(p, indent=1))
-        sglang_cmd = launch_server_argv(python, server,
-                                        p["port"]) if serving else ["sglang.Engine", *server]
+        # the command the record names: the server's own, or the Engine the driver builds
+        sglang_cmd = (launch_server_argv(python, server, p["port"])
+                      if serving else ["sglang.Engine", *server])
         argv = [python, "-m", "sglab.sglang.engine.driver", params.stem, str(params)]
     argv = procs.pinned(argv, spec.cpus, python)
     marker = uuid.uuid4().hex
