@@ -103,3 +103,34 @@ def test_a_pass_whose_requests_streamed_no_text_fails_the_start(tmp_path, at):
             "generated tokens decoded to no text)") in p.stdout
     # the pass before it is kept; the server is stopped (the driver returned)
     assert [json.loads(x)["input_len"] for x in results.read_text().splitlines()] == [128]
+
+
+def test_an_answer_that_is_not_http_is_not_ready_yet(monkeypatch):
+    """A loopback connect to a port nobody listens on yet can connect to itself and read its own
+    request back (``BadStatusLine: GET /health_generate``): the wait goes on, it does not fail
+    the start."""
+    import contextlib
+    import http.client
+    import types
+
+    from sglab.sglang.engine import driver
+
+    asked = []
+
+    def urlopen(url, timeout):
+        asked.append(url)
+        if len(asked) == 1:
+            raise http.client.BadStatusLine("GET /health_generate HTTP/1.1")
+        return contextlib.nullcontext(types.SimpleNamespace(status=200))
+
+    monkeypatch.setattr("urllib.request.urlopen", urlopen)
+    monkeypatch.setattr(driver.time, "sleep", lambda s: None)
+    driver._ready("http://127.0.0.1:1", types.SimpleNamespace(poll=lambda: None),
+                  driver.time.monotonic() + 5)
+    assert len(asked) == 2
+
+
+def test_the_server_port_is_below_the_ephemeral_range():
+    from sglab.sglang.engine import launching
+
+    assert 1024 < launching.SERVE_PORT < 32768 - 200  # the free ports tried stay below it too

@@ -113,7 +113,10 @@ def _free_port(first: int) -> int:
 
 
 def _ready(url: str, server, deadline: float) -> None:
-    """Wait until ``/health_generate`` answers 200; raise if the server exits or time runs out."""
+    """Wait until ``/health_generate`` answers 200; raise if the server exits or time runs out.
+    Any answer that is not HTTP is "not yet": a loopback connect to a port nobody listens on yet
+    can connect to itself, and then reads its own request back as the answer."""
+    import http.client
     import urllib.error
     import urllib.request
 
@@ -125,7 +128,7 @@ def _ready(url: str, server, deadline: float) -> None:
             with urllib.request.urlopen(f"{url}/health_generate", timeout=30) as r:
                 if r.status == 200:
                     return
-        except (urllib.error.URLError, OSError):
+        except (urllib.error.URLError, OSError, http.client.HTTPException):
             pass
         if time.monotonic() > deadline:
             raise RuntimeError("the server was not ready before the timeout")

@@ -87,7 +87,9 @@ def driver_params(spec: EngineSpec, server: list[str]) -> dict:
     }
 
 
-SERVE_PORT = 30000 + os.getpid() % 20000  # the server's loopback port (free ones are tried)
+# the server's loopback port (free ones are tried), below Linux's ephemeral range (32768 on), where
+# a client's own port can never be the one it connects to
+SERVE_PORT = 20000 + os.getpid() % 10000
 
 
 def serve_params(spec: EngineSpec, server: list[str], model_dir: Path, work: Path) -> dict:
