@@ -1128,8 +1128,10 @@ def test_event_lines_joined_by_two_ranks_are_both_read():
     assert out == "partial[sglab-engine] event x pid=1\n"
 
 
-def _ev(cat: str, name: str, corr: int, ts: float) -> dict:
-    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "args": {"correlation": corr}}
+def _ev(cat: str, name: str, corr: int, ts: float, dur: float = 0.0) -> dict:
+    return {
+        "ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": {"correlation": corr}
+    }
 
 
 def test_a_prefill_steps_launches_are_counted_exactly(tmp_path):
@@ -1142,23 +1144,36 @@ def test_a_prefill_steps_launches_are_counted_exactly(tmp_path):
     eager = [_ev("cuda_runtime", "cudaLaunchKernel", c, c) for c in range(12)]
     eager += [_ev("kernel", f"k{c}", c, c + 0.5) for c in range(12)]
     eager += [_ev("cuda_runtime", "cudaMemcpyAsync", 99, 99)]  # a copy is not a kernel launch
-    assert step_launches({"traceEvents": eager}) == {
-        "kernel_launches": 12, "graph_launches": 0, "kernels_in_graphs": 0
-    }
+    counts = ("kernel_launches", "graph_launches", "kernels_in_graphs")
+    assert [step_launches({"traceEvents": eager})[k] for k in counts] == [12, 0, 0]
     pw = []
     for g, corr in enumerate((200, 201)):  # two pieces, five kernels each
         pw.append(_ev("cuda_runtime", "cudaGraphLaunch", corr, g * 100))
         pw += [_ev("kernel", f"g{g}k{i}", corr, g * 100 + i + 1) for i in range(5)]
     pw += [_ev("cuda_driver", "cuLaunchKernelEx", 300, 50), _ev("kernel", "attn", 300, 51)]
-    assert step_launches({"traceEvents": pw}) == {
-        "kernel_launches": 1, "graph_launches": 2, "kernels_in_graphs": 10
-    }
+    assert [step_launches({"traceEvents": pw})[k] for k in counts] == [1, 2, 10]
     for n, evs in ((128, eager), (256, pw)):
         (tmp_path / f"profile_batch1_input{n}_output8_prefill.trace.json.gz").write_bytes(
             gzip.compress(json.dumps({"traceEvents": evs}).encode()))
     (tmp_path / "profile_batch1_input128_output8_decode.trace.json.gz").write_bytes(b"")
     got = prefill_launches(tmp_path)
     assert sorted(got) == [128, 256] and got[256]["graph_launches"] == 2
+
+
+def test_a_prefill_step_reports_its_kernels_gpu_time_by_family():
+    """Kernel durations (µs in the trace) summed in ms, inside graphs or not: all of them, the
+    attention kernels (the Triton extend ``_fwd_kernel``) and the MoE kernels."""
+    from sglab.sglang.engine.trace import step_launches
+
+    evs = [_ev("cuda_runtime", "cudaGraphLaunch", 1, 0)]
+    evs += [
+        _ev("kernel", "_fwd_kernel", 1, 1, 1500.0),
+        _ev("kernel", "fused_moe_kernel", 1, 2, 700.0),
+        _ev("kernel", "nvjet_tst_128x256", 1, 3, 250.0)
+    ]
+    evs += [_ev("cuda_runtime", "cudaLaunchKernel", 2, 4, 5.0)]  # host time is not GPU time
+    got = step_launches({"traceEvents": evs})
+    assert (got["gpu_ms"], got["attention_ms"], got["moe_ms"]) == (2.45, 1.5, 0.7)
 
 
 def test_a_launch_pass_follows_the_timed_starts_and_records_counts_not_times(tmp_path):
@@ -1178,11 +1193,16 @@ def test_a_launch_pass_follows_the_timed_starts_and_records_counts_not_times(tmp
         "prefill_throughput": 1.0
     }]
     res = EngineResult(
-        counted[0], "ok", decisions={"pcg": "captured", "bcg": "not used"}, bench=bench,
-        launches={128: {"kernel_launches": 3, "graph_launches": 2, "kernels_in_graphs": 300}})
+        counted[0], "ok", decisions={"pcg": "captured", "bcg": "not used"}, bench=bench, launches={
+            128: {
+                "kernel_launches": 3, "graph_launches": 2, "kernels_in_graphs": 300, "gpu_ms": 4.5,
+                "attention_ms": 1.0, "moe_ms": 2.0
+            }
+        })
     got = {r["metric"]: r["value"] for r in rows(res)}
     assert got["prefill_graph_launches"] == 2 and got["prefill_kernels_in_graphs"] == 300
     assert "prefill" not in got  # timed under the profiler: not a timing
+    assert (got["prefill_gpu_ms"], got["prefill_attention_ms"]) == (4.5, 1.0)  # kernel time
     assert any("2 graph launches running 300 kernels" in ln for ln in eng.summary(res))
 
 

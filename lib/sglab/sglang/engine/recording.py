@@ -130,8 +130,9 @@ def rows(res: EngineResult) -> list[dict]:
         add("gpu_memory", m.get("mib"), "MiB", gpu=m.get("gpu"), process=m.get("name"))
     for n, got in sorted((res.launches or {}).items()):
         for key, unit in (("kernel_launches", "launches"), ("graph_launches", "launches"),
-                          ("kernels_in_graphs", "kernels")):
-            add(f"prefill_{key}", got[key], unit, batch_size=s.batch_sizes[0], input_len=n)
+                          ("kernels_in_graphs",
+                           "kernels"), ("gpu_ms", "ms"), ("attention_ms", "ms"), ("moe_ms", "ms")):
+            add(f"prefill_{key}", got.get(key), unit, batch_size=s.batch_sizes[0], input_len=n)
     for key, unit in (("replays_per_step", "replays"), ("kernels_per_replay", "kernels"),
                       ("kernels_per_layer", "kernels")):
         add(f"decode_{key}", res.kernels[key] if res.kernels else None, unit)
@@ -292,7 +293,9 @@ def summary(res: EngineResult) -> list[str]:
     for n, got in sorted((res.launches or {}).items()):
         out.append(f"  prefill of {n} tokens: {got['kernel_launches']} kernel launches, "
                    f"{got['graph_launches']} graph launches running {got['kernels_in_graphs']} "
-                   "kernels (launch pass, under the profiler)")
+                   f"kernels; kernel time {got.get('gpu_ms', 0):.2f} ms, attention "
+                   f"{got.get('attention_ms', 0):.2f}, MoE {got.get('moe_ms', 0):.2f} (launch "
+                   "pass, under the profiler)")
     h = res.host
     if "steal_pct" in h:
         out.append(f"  host meanwhile: {h['steal_pct']:.1f}% of CPU time stolen, "

@@ -57,18 +57,34 @@ def decode_kernels(trace_path: Path, layers: int, steps: int) -> dict:
     }
 
 
+# kernel families whose GPU time a prefill step reports: the attention kernels (the release's
+# Triton extend kernels ``_fwd_kernel*`` and any named for attention) and the MoE kernels
+FAMILIES = {
+    "attention": re.compile(r"_fwd_kernel|attention|attn|mla", re.I),
+    "moe": re.compile(r"moe", re.I)
+}
+
+
 def step_launches(trace: dict) -> dict:
     """What the host launched in a traced step (exact counts): ``kernel_launches`` (runtime or
-    driver launch calls), ``graph_launches`` (``cudaGraphLaunch``) and ``kernels_in_graphs``."""
-    host = [
-        str(ev.get("name", ""))
-        for ev in trace.get("traceEvents", []) if str(ev.get("cat", "")).lower() in HOST_CATS
-    ]
-    return {
+    driver launch calls), ``graph_launches`` (``cudaGraphLaunch``) and ``kernels_in_graphs``; and
+    the GPU time of its kernels (``gpu_ms``) and of each of :data:`FAMILIES` (``attention_ms``,
+    ``moe_ms``), inside graphs or not."""
+    events = trace.get("traceEvents", [])
+    host = [str(ev.get("name", "")) for ev in events if str(ev.get("cat", "")).lower() in HOST_CATS]
+    kernels = [ev for ev in events if str(ev.get("cat", "")).lower() == "kernel"]
+    out = {
         "kernel_launches": sum(bool(KERNEL_LAUNCH.match(n)) for n in host),
         "graph_launches": sum(bool(GRAPH_LAUNCH.match(n)) for n in host),
-        "kernels_in_graphs": sum(len(r) for r in graph_replays(trace))
+        "kernels_in_graphs": sum(len(r) for r in graph_replays(trace)), "gpu_ms": round(
+            sum(float(ev.get("dur", 0)) for ev in kernels) / 1e3, 4)
     }
+    for family, pattern in FAMILIES.items():
+        out[f"{family}_ms"] = round(
+            sum(
+                float(ev.get("dur", 0))
+                for ev in kernels if pattern.search(str(ev.get("name", "")))) / 1e3, 4)
+    return out
 
 
 def prefill_launches(folder: Path) -> dict:
