@@ -124,6 +124,36 @@ def test_a_variant_started_at_two_tp_sizes_keeps_both_when_runs_merge():
                                                                         "before")[0] == 9
 
 
+def test_a_run_without_the_a_a_control_never_replaces_what_a_controlled_run_paired():
+    """A later run of part of a scenario (0.5.12.post1 and 0.5.13 enforced, no control) adds its
+    0.5.12.post1 variant; the 0.5.13 variants stay those of the run that started them with the
+    control in the same rounds, so enforced ÷ off never pairs two runs' starts."""
+
+    def run(when, ttft):
+        rows = [{
+            "experiment": "engine_pcg_gate", "variant": f"{rel}+{case}", "release": rel,
+            "case": case, "tool": "serve", "start": 0, "metric": metric, "value": value
+        } for (rel, case), v in ttft.items() for metric, value in (("status", "ok"), ("ttft", v))]
+        m = {
+            "gpu_name": "NVIDIA H100 80GB HBM3", "created_utc": f"2026-12-06T0{when}:00:00Z",
+            "engine_runs": [{"variant": f"{rel}+{case}", "model": {"name": "kimi_k25_full"}}
+                            for rel, case in ttft]
+        }
+        return runs.Run(pd.DataFrame(rows), m, Path(f"/record/{when}.csv"))
+
+    paired = run(1, {("0.5.13", "enforce"): 10.0, ("0.5.13", "pcg-off"): 9.0,
+                     ("0.5.13", "pcg-off-again"): 9.1})
+    later = run(2, {("0.5.12.post1", "enforce"): 25.0, ("0.5.13", "enforce"): 30.0})
+    df = R.frame([paired, later])
+    ttft = df[df.metric == "ttft"].set_index("variant")["value"].astype(float)
+    assert ttft.to_dict() == {
+        "0.5.13+enforce": 10.0, "0.5.13+pcg-off": 9.0, "0.5.13+pcg-off-again": 9.1,
+        "0.5.12.post1+enforce": 25.0
+    }
+    alone = R.frame([later])  # read alone, the later run keeps its own pair
+    assert set(alone[alone.metric == "ttft"].variant) == {"0.5.12.post1+enforce", "0.5.13+enforce"}
+
+
 def test_tables_show_the_spread_between_engine_starts():
     from sglab.pcg_gate import sglang as pg_sglang
 

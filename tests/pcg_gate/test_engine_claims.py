@@ -600,3 +600,20 @@ def test_the_full_width_claims_read_which_way_ttft_prefill_and_decode_move():
     assert st[dec] == "fail" and st[top] == "fail"  # a failing folded check fails its claim
     flat = _scaled(bench, "enforce", "prefill_min", 0.6)  # enforced faster at every length
     assert _status(pg.ENGINE, flat)[pre] == "fail"
+
+
+def test_the_prefill_claim_reads_the_a_a_gap_at_each_length():
+    """A noisy A/A copy at 128 tokens (an eager step is host-bound there) does not hide the loss
+    at 2048, where the copy agrees; the same noise at 2048 does."""
+    pre = "engine_pcg_gate.full_width_prefill"
+    bench = _full("bench")
+
+    def scaled(run, case, tokens, factor):
+        df = run.df.copy()
+        sel = (df.case == case) & (df.metric == "prefill_min") & (df.input_len == tokens)
+        df.loc[sel, "value"] = (pd.to_numeric(df.loc[sel, "value"]) * factor).astype(str)
+        return runs.Run(df, copy.deepcopy(run.manifest), run.path)
+
+    short = scaled(scaled(bench, "enforce", 128, 0.7), "pcg-off-again", 128, 0.75)
+    assert _status(pg.ENGINE, short)[pre] == "pass"
+    assert _status(pg.ENGINE, scaled(short, "pcg-off-again", 2048, 0.75))[pre] == "fail"

@@ -14,6 +14,7 @@ from sglab.core import hardware, runs
 
 
 KEYS = ["model", "release", "case"]
+AGAIN = "-again"  # a case's A/A control: the same flags, started in the same interleaved rounds
 
 
 def _model_of(run) -> dict:
@@ -61,9 +62,19 @@ def _frame(runs_: list) -> pd.DataFrame:
         return pd.DataFrame(columns=[*KEYS, "metric", "value", "run"])
     rows = pd.concat(parts, ignore_index=True)
     # the newest answer per variant of each model, TP size and tool (a server's TTFT and
-    # bench_one_batch's prefill of one variant are two measurements)
+    # bench_one_batch's prefill of one variant are two measurements); a variant that the newest
+    # run with an A/A control of its release answered comes from that run alone: its variants
+    # were started in the same interleaved rounds, and a ratio never pairs starts of two runs
     rows["tool"] = rows["tool"].fillna("") if "tool" in rows else ""
     key = ["model", "tp", "tool", "variant"]
+    if "case" in rows and "release" in rows:
+        group = ["model", "tp", "tool", "release"]
+        ctl = rows[rows["case"].astype(str).str.endswith(AGAIN)].groupby(group)["_order"].max()
+        by = rows[[*group, "variant", "_order"]].merge(ctl.rename("_ctl").reset_index(), how="left")
+        answered = by[by["_order"] == by["_ctl"]][key].drop_duplicates().assign(_by=True)
+        by = by.merge(answered, how="left")
+        keep = by["_by"].isna() | (by["_order"] == by["_ctl"])
+        rows = rows[keep.to_numpy()]
     status = rows[rows.metric == "status"].assign(ok=lambda d: d.value == "ok")
     if status.empty:  # a rebuild's run: every variant it has answered
         status = rows.drop_duplicates([*key, "_order"]).assign(ok=True)

@@ -10,10 +10,7 @@ from collections import OrderedDict
 import pandas as pd
 
 from sglab.core import text
-from sglab.core.engine_records import KEYS, cached, frame, run_label, run_host_us
-
-
-AGAIN = "-again"  # a case's A/A control: the same flags, started in the same interleaved rounds
+from sglab.core.engine_records import AGAIN, KEYS, cached, frame, run_label, run_host_us
 
 # What a timing ratio reads of a variant's engine starts: ``{stat: (metric suffix, column)}``
 STATS = {"median": ("", "value"), "fastest": ("", "lo"), "floor": ("_min", "lo")}
@@ -111,6 +108,11 @@ def ratios(df: pd.DataFrame, metric: str, across: str, base: str, stat: str = "m
 def aa_gap(df: pd.DataFrame, metric: str, across: str, stat: str = "median") -> dict:
     """Per (model, release), the largest relative gap on ``metric`` between a case and its A/A copy
     ``<case>-again`` over the values of ``across`` (``{}`` without a control)."""
+    return {k: max(g.values()) for k, g in aa_gap_at(df, metric, across, stat).items()}
+
+
+def aa_gap_at(df: pd.DataFrame, metric: str, across: str, stat: str = "median") -> dict:
+    """Per (model, release), ``{value of across: |case ÷ its A/A copy − 1|}`` on ``metric``."""
     d = reading(df, metric, stat)
     if d.empty:
         return {}
@@ -119,9 +121,9 @@ def aa_gap(df: pd.DataFrame, metric: str, across: str, stat: str = "median") -> 
     for (model, rel, case), again in per.items():
         base = per.get((model, rel, case.removesuffix(AGAIN)))
         if case.endswith(AGAIN) and base:
-            gaps = [abs(base[n] / v - 1) for n, v in again.items() if n in base and v]
+            gaps = {n: abs(base[n] / v - 1) for n, v in again.items() if n in base and v}
             if gaps:
-                out[(model, rel)] = max(gaps)
+                out[(model, rel)] = gaps
     return out
 
 
