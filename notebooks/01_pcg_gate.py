@@ -236,6 +236,29 @@ serving.show(engine)
 # these runs rule out as its cause is a slower decode step.
 
 # %% [markdown]
+# **Why the captured step loses from about 1024 tokens.** Inside a piecewise graph the release
+# runs Kimi-K2.5's attention in its absorbed form: `handle_attention_triton`
+# (`srt/models/deepseek_common/attention_backend_handler.py`, 0.5.13) returns
+# `AttnForwardMethod.MLA` whenever `is_in_piecewise_cuda_graph()`, while an eager prefill with no
+# cached prefix gets `AttnForwardMethod.MHA` (the server logs "Piecewise CUDA graph is enabled, use
+# MLA for prefill"). Absorbed attention works in the 512-wide latent plus the 64-wide rope key for
+# every head and query–key pair, and returns 512 wide; MHA works in 128 + 64 and returns 128: about
+# 3.4× the attention FLOPs, a cost that grows with the square of the prompt. The launch pass times
+# each kernel of one prefill step:
+
+# %%
+serving.kernels(engine)
+
+# %% [markdown]
+# The graphs remove the same launches at every length (25 kernels and 3 graphs against 65–69
+# launches). At 128 tokens that saving is most of the step; from 1024 tokens the absorbed
+# attention's extra kernel time outweighs it, and the MoE kernels take the same time either way.
+# Beyond the largest capture (4096) both steps are eager MHA and cost the same. The reversal is
+# the attention form a captured piece requires, not the graphs: where it crosses over depends on
+# the heads per GPU (a TP-4 rank has a quarter of them) and the capture cap
+# (`--piecewise-cuda-graph-max-tokens`).
+
+# %% [markdown]
 # What the workbook has measured: SGLang's whole engine with dummy weights (`sglab engine --plan
 # 01`), `bench_one_batch` prefill at 128–1024 tokens, for a tiny Kimi-K2.5 (2 DeepSeek-V3 layers, a
 # 1-layer vision tower) with default flags, with `--enforce-piecewise-cuda-graph` and with
@@ -302,9 +325,10 @@ show.your_setup(interactive=INTERACTIVE)
 #   multiple the appendix's launch-savings table shows (eager spends several times the bare launch
 #   cost per kernel), and read the fastest repeat of several engine starts (07 explains why).
 # - At Kimi-K2.5's real widths on one GPU, piecewise graphs pay only for short prompts and cost
-#   from about 1024 tokens; one TP-4 rank's narrower shapes pay up to 1024 tokens. The PR's gain
-#   (TP 4) is the narrow shapes' regime: measure your own TP size and prompt lengths before
-#   enforcing them.
+#   from about 1024 tokens, because a captured piece runs MLA attention absorbed (about 3× the
+#   eager MHA attention's kernel time); one TP-4 rank's narrower shapes pay up to 1024 tokens. The
+#   PR's gain (TP 4) is the narrow shapes' regime: measure your own TP size and prompt lengths
+#   before enforcing them, and review the capture cap against the crossover.
 # - The PR's own TPOT rises while TTFT falls. Here the decode step does not change with piecewise
 #   graphs; TPOT moves only with several requests in flight, through the other requests' prefills.
 

@@ -99,7 +99,7 @@ def test_pcg_engine_claims_read_the_releases_own_decision():
     assert {k
             for k, v in st.items() if v != "pass"} == {  # a tiny run: no full-width model
                 "engine_pcg_gate.full_width_ttft", "engine_pcg_gate.full_width_prefill",
-                "engine_pcg_gate.full_width_decode"
+                "engine_pcg_gate.full_width_decode", "engine_pcg_gate.full_width_attention"
             }
     refused = _edit(after, "0.5.13+enforce", "pcg", "disabled")
     assert _status(pg.ENGINE, refused)["engine_pcg_gate.kimi_gate"] == "fail"
@@ -617,3 +617,20 @@ def test_the_prefill_claim_reads_the_a_a_gap_at_each_length():
     short = scaled(scaled(bench, "enforce", 128, 0.7), "pcg-off-again", 128, 0.75)
     assert _status(pg.ENGINE, short)[pre] == "pass"
     assert _status(pg.ENGINE, scaled(short, "pcg-off-again", 2048, 0.75))[pre] == "fail"
+
+
+def test_the_attention_claim_reads_the_kernel_time_of_a_captured_and_an_eager_step():
+    """Kernel time per prefill step (the launch pass): captured attention ≥ 2× the eager one up to
+    the largest capture, MoE the same; attention the same captured and eager breaks it, and a run
+    recorded before the kernel time was is not asked."""
+    att = "engine_pcg_gate.full_width_attention"
+    timed = [
+        r for r in runs.load_all_recorded("engine_pcg_gate")
+        if (r.df.metric == "prefill_attention_ms").any()
+    ]
+    if not timed:
+        pytest.skip("no committed full-width run with kernel time")
+    assert _status(pg.ENGINE, timed[0])[att] == "pass"
+    assert _status(pg.ENGINE, _scaled(timed[0], "enforce", "prefill_attention_ms",
+                                      0.4))[att] == ("fail")
+    assert _status(pg.ENGINE, _full("serve"))[att] == C.NA

@@ -416,10 +416,18 @@ _FULL_DECODE = Claim(
     "(bench_one_batch) and TPOT with one request in flight (bench_serving), enforced ÷ off",
     "within ±2% (or twice the A/A gap); ±5% on a rerun", serving.full_decode, drift=0.05,
     context=("aa_noise", "worst", "bound", "busy_moved"), noise="aa_noise", applies=_full_ran)
+_FULL_ATTENTION = Claim(
+    "engine_pcg_gate.full_width_attention", "Why: inside a piecewise graph the release runs "
+    "Kimi-K2.5's attention absorbed (MLA), eager prefill runs it as MHA; from 512 tokens to the "
+    "largest capture the captured step's attention kernels take at least twice the eager step's "
+    "GPU time, the MoE kernels the same", "attention ≥ 2× up to 2048 tokens, the same (±10%) at "
+    "4096 and for MoE (the launch pass's kernel time); ±10% on a rerun", serving.full_attention,
+    drift=0.1, applies=serving.kernel_timed)
 _G, _D = "engine_pcg_gate.kimi_gate", "engine_pcg_gate.kimi_default_off"
 _C, _L = "engine_pcg_gate.captured_prefill_faster", "engine_pcg_gate.prefill_launches"
 _K = f"{KIMI} {FIXED_RELEASE}"  # the fixed release's Kimi-K2.5 variants: "<_K> enforce", ...
-_T, _P, _DE = (f"engine_pcg_gate.full_width_{k}" for k in ("ttft", "prefill", "decode"))
+_T, _P, _DE, _A = (
+    f"engine_pcg_gate.full_width_{k}" for k in ("ttft", "prefill", "decode", "attention"))
 
 
 def _per_release(cid: str) -> str:
@@ -463,7 +471,7 @@ ENGINE = SimpleNamespace(
             "2048, the largest capture, at 1 and 4 requests in flight",
             "< 1 − the A/A gap at 128 tokens, > 1 + it at 2048; ±10% or the A/A gap on a rerun",
             serving.ttft, drift=0.1, context=("aa_noise", "starts"), noise="aa_noise",
-            applies=serving.served, folded=(_FULL_PREFILL, _FULL_DECODE))
+            applies=serving.served, folded=(_FULL_PREFILL, _FULL_DECODE, _FULL_ATTENTION))
     ],
     shown=lambda runs_: list(runs_),
     # the card's engine answer, over one merged run per GPU model: the PR's own setting first
@@ -473,7 +481,10 @@ ENGINE = SimpleNamespace(
             f"At Kimi-K2.5's real widths (2 of its 61 layers, {FIXED_RELEASE}'s server and "
             f"bench_serving, one GPU) enforced ÷ off TTFT is {{v[{_T}][128x1]:.2f}}× at 128-token "
             f"prompts and {{v[{_T}][2048x1]:.2f}}× at 2048, and decode does not change (within "
-            f"{{v[{_DE}][worst]:.1%}})", f"Default flags: {_per_release(_D)}",
+            f"{{v[{_DE}][worst]:.1%}})",
+            f"why: inside the graphs the release runs its attention absorbed (MLA), eager as MHA, "
+            f"{{v[{_A}][kimi_k25_full 2048]:.1f}}× the attention kernel time at 2048 tokens",
+            f"Default flags: {_per_release(_D)}",
             f"--enforce-piecewise-cuda-graph: {_per_release(_G)}",
             f"captured, a prefill step launches {{v[{_L}][{_K} enforce][kernels_min]}} kernels "
             f"+ {{v[{_L}][{_K} enforce][graphs]}} graphs instead of "

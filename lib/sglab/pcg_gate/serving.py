@@ -170,6 +170,39 @@ def full_decode(run):
         {**value, "aa_noise": bound / 2, "worst": worst, "bound": bound})
 
 
+# absorbed MLA, which a captured piece runs, takes (512 + 64) + 512 dims per head and query-key
+# pair against MHA's (128 + 64) + 128, which eager prefill runs: 3.4× the attention FLOPs
+ABSORBED = 2.0  # at least this much attention time, captured ÷ eager
+SAME = 0.1  # kernel time that does not change: within ±10%
+
+
+def kernel_timed(run):
+    return None if not tables.kernel_times(_full_bench(run)).empty else (
+        "no kernel time per prefill step (a launch pass before it was recorded)")
+
+
+def full_attention(run):
+    """Why the captured step loses at long prompts: from 512 tokens to the largest capture its
+    attention kernels take at least :data:`ABSORBED` × the eager step's, while the MoE kernels take
+    the same (±10%); beyond the capture both steps are eager and the attention is the same."""
+    t = tables.kernel_times(_full_bench(run))
+    ratio = {
+        (m, n): (a, moe)
+        for (m, n), a, moe in zip(t.index, t["attention, enforced ÷ off"], t["MoE, enforced ÷ off"])
+        if n >= 512
+    }
+    bad = [
+        f"{m} {n}" for (m, n), (a, moe) in ratio.items()
+        if abs(moe - 1) > SAME or (a <= ABSORBED if n <= FULL_CAP else abs(a - 1) > SAME)
+    ]
+    said = "; ".join(
+        f"{m} {n}: attention {a:.2f}×, MoE {moe:.2f}×" for (m, n), (a, moe) in ratio.items())
+    return holds(not bad and bool(ratio), f"kernel time enforced ÷ off per prefill step: {said}",
+                 {f"{m} {n}": float(a)
+                  for (m, n), (a, _) in ratio.items()},
+                 why_not=f"not as absorbed MLA inside the graphs would make it at {', '.join(bad)}")
+
+
 def table(df: pd.DataFrame) -> pd.DataFrame:
     """Per prompt length and concurrency, each metric (ms, median over engine starts [lowest–
     highest start]) with piecewise graphs off and enforced on 0.5.13, enforced ÷ off, and the A/A
@@ -248,3 +281,24 @@ def estimate(rs) -> None:
           f"{before} → {after} {unit} ({sglang.PR_BENCHMARK['setup']}), "
           f"{(before - after) * 1e3:.0f} ms saved")
     notebook.show_table(t)
+
+
+def kernels(rs) -> None:
+    """The launch pass's kernel time per prefill step at full width, off against enforced."""
+    gpu, df = _newest_gpu(rs, tables.FULL_WIDTH)
+    t = tables.kernel_times(df)
+    if t.empty:
+        print("no kernel time per prefill step recorded yet: on a GPU box, bash "
+              "scripts/engine_gpu.sh --scenario 01-kimi-full-bench")
+        return
+    shown = pd.DataFrame(index=t.index)
+    for _, name in tables.KERNEL_TIMES:
+        if f"{name}, off (ms)" in t:
+            shown[f"{name} (ms), off → enforced"] = [
+                f"{a:.2f} → {b:.2f}"
+                for a, b in zip(t[f"{name}, off (ms)"], t[f"{name}, enforced (ms)"])
+            ]
+            shown[f"{name}, enforced ÷ off"] = t[f"{name}, enforced ÷ off"].map("{:.2f}×".format)
+    print(f"GPU time of one prefill step's kernels on {gpu} (the launch pass, under the profiler: "
+          "kernel durations, not the step's wall time)")
+    notebook.show_table(shown)

@@ -365,3 +365,34 @@ def full_width_gains(df: pd.DataFrame) -> pd.DataFrame:
             **_gain(on, off), "replayed": None if g is None else bool(g > 0)
         })
     return pd.DataFrame(rows, columns=cols)
+
+
+# the launch pass's kernel time per prefill step (sglab.sglang.engine.trace.FAMILIES), as shown
+KERNEL_TIMES = (("prefill_gpu_ms", "all kernels"), ("prefill_attention_ms", "attention"),
+                ("prefill_moe_ms", "MoE"))
+
+
+def kernel_times(df: pd.DataFrame) -> pd.DataFrame:
+    """Per full-width model and prompt tokens, the GPU time of one prefill step's kernels (the
+    launch pass: kernel durations under the profiler, not the step's wall time), all of them and
+    per family, with piecewise graphs off and enforced, and enforced ÷ off."""
+    df = df[df["model"].isin(FULL_WIDTH)] if not df.empty else df
+    parts = []
+    for metric, name in KERNEL_TIMES:
+        d = engine_stats.numbers(df, metric) if not df.empty else pd.DataFrame()
+        if d.empty:
+            continue
+        t = d[d.release == sglang.FULL_BENCH.releases[-1]].pivot_table(
+            index=["model", "input_len"], columns="case", values="value")
+        if {"enforce", "pcg-off"} <= set(t.columns):
+            parts.append(
+                pd.DataFrame({
+                    f"{name}, off (ms)": t["pcg-off"], f"{name}, enforced (ms)": t["enforce"],
+                    f"{name}, enforced ÷ off": t["enforce"] / t["pcg-off"]
+                }))
+    if not parts:
+        return pd.DataFrame()
+    out = pd.concat(parts, axis=1)
+    out.index = out.index.set_levels(out.index.levels[1].astype(int), level=1)
+    out.index.names = ["model", "prompt tokens"]
+    return out
