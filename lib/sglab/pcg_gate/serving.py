@@ -178,7 +178,7 @@ SAME = 0.1  # kernel time that does not change: within ±10%
 
 def kernel_timed(run):
     return None if not tables.kernel_times(_full_bench(run)).empty else (
-        "no kernel time per prefill step (a launch pass before it was recorded)")
+        "no full-width kernel time per prefill step (recorded by launch passes from 2026-12-06)")
 
 
 def full_attention(run):
