@@ -519,8 +519,8 @@ def test_the_card_gives_the_engines_answer_default_flags_first():
     found = dict(p["found"])
     tpot = found["TPOT 12.5 → 17.7 ms, E2E 0.722 → 0.488 s"]
     assert len(found) == 4 and tpot.startswith("Not reproduced: the decode step")
-    assert "at full width (A/A gap" in found["TTFT 0.479 → 0.147 s (Kimi-K2.5 with real weights, TP 4 "
-                                        "on B200)"]
+    assert "at full width (A/A gap" in found["TTFT 0.479 → 0.147 s (Kimi-K2.5 with real weights, "
+                                             "TP 4 on B200)"]
     assert "captured" in found[
         "Kimi-K2.5 gets piecewise CUDA graphs: the wrapper now passes the gate"]
     none = K.parts(pg.CARD, pg_sglang.FIX, pg, run, runs.NoRun("engine_pcg_gate", "none"))
