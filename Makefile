@@ -112,9 +112,9 @@ workbook: $(STAMP) $(SGLANG_STAMPS)
 	$(BIN)/sglab run
 
 # in parallel (pytest-xdist, see pyproject.toml); the browser test skips without Chromium, except in
-# CI
+# CI, where the slowest phases are listed too (a stall names its test and phase)
 test: $(TEST_STAMP) $(SGLANG_STAMPS) $(HUNK_WHEELS)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(CI),--durations=12)
 
 # one layout for every Python file ([tool.yapf] in pyproject.toml): string literals split across
 # lines are rejoined where that saves a line, then yapf lays the code out; `lint` only checks (the
