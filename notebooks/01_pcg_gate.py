@@ -250,12 +250,12 @@ serving.show(engine)
 serving.kernels(engine)
 
 # %% [markdown]
-# The graphs remove the same launches at every length (25 kernels and 3 graphs against 65–69
-# launches). At 128 tokens that saving is most of the step; from 1024 tokens the absorbed
-# attention's extra kernel time outweighs it, and the MoE kernels take the same time either way.
-# Beyond the largest capture (4096) both steps are eager MHA and cost the same. The reversal is
-# the attention form a captured piece requires, not the graphs: where it crosses over depends on
-# the heads per GPU (a TP-4 rank has a quarter of them) and the capture cap
+# Up to the largest capture the graphs remove the same launches at every length (25 kernels and 3
+# graphs against 65–69 launches). At 128 tokens that saving is most of the step; from 1024 tokens
+# the absorbed attention's extra kernel time outweighs it, and the MoE kernels take the same time
+# either way. Beyond the largest capture (4096) both steps are eager MHA and cost the same. The
+# reversal is the attention form a captured piece requires, not the graphs: where it crosses over
+# depends on the heads per GPU (a TP-4 rank has a quarter of them) and the capture cap
 # (`--piecewise-cuda-graph-max-tokens`).
 
 # %% [markdown]
