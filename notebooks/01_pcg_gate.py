@@ -232,8 +232,10 @@ serving.show(engine)
 # CUDA graphs with them or without, so a decode step takes the same time (`bench_one_batch`, and
 # TPOT with one request in flight). `bench_serving`'s TPOT is (E2E − TTFT) ÷ (output tokens − 1),
 # so it also holds the time a request waits while other requests' prefills run: with 4 in flight it
-# moves a few percent, either way. The PR's +42% is not reproduced on one GPU at this width; what
-# these runs rule out as its cause is a slower decode step.
+# moves a few percent, either way, and the scheduler's log (the line under the table) counts as
+# many prefill batches of several requests with the graphs as without. The PR's +42% is not
+# reproduced on one GPU at this width; what these runs rule out as its cause is a slower decode
+# step.
 
 # %% [markdown]
 # **Why the captured step loses from about 1024 tokens.** Inside a piecewise graph the release

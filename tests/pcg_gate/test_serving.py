@@ -96,3 +96,18 @@ def test_the_61_layer_estimate_scales_each_measured_step_by_61_over_its_layers(c
     assert "0.479 → 0.147 s" in capsys.readouterr().out
     serving.estimate(runs.NoRun("engine_pcg_gate", "none"))
     assert "01-kimi-full-bench" in capsys.readouterr().out
+
+
+def test_the_scheduler_line_counts_each_cases_prefill_batches():
+    """The serving table's scheduler line: per case, the prefill batches of one engine start, those
+    of several requests and the share on a piecewise graph (none with the graphs off)."""
+    from sglab.pcg_gate import sglang as pg_sglang
+
+    df = serving.frame(pg_sglang.FIX.recorded_engine())
+    if df.empty:
+        pytest.skip("no committed full-width serving run")
+    said = serving.scheduler(df)
+    off, on = said.split("; ")
+    assert off.startswith("off: ") and off.endswith(", 0% on a piecewise graph")
+    assert on.startswith("enforced: ") and "of several requests" in on
+    assert serving.scheduler(df[~df.metric.str.startswith("serve_prefill")]) == ""

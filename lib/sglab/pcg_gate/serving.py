@@ -266,6 +266,29 @@ def show(rs) -> None:
               "--scenario 01-kimi-full-serve")
         return
     notebook.show_table(t)
+    said = scheduler(df)
+    if said:
+        print(f"The scheduler's own log, per engine start (warm-up passes included): {said}")
+
+
+def scheduler(df: pd.DataFrame) -> str:
+    """Per 0.5.13 case, the prefill batches the scheduler logged in one engine start (median of
+    the starts), those of several requests, and the share run on a piecewise graph."""
+    parts = []
+    for case, said in ((OFF, "off"), (ON, "enforced")):
+        n = {
+            m: engine_stats.numbers(df, f"serve_prefill_{m}")
+            for m in ("batches", "mixed", "graph")
+        }
+        if any(d.empty for d in n.values()):
+            return ""
+        got = {m: d[(d.release == FIXED) & (d.case == case)]["value"] for m, d in n.items()}
+        if any(v.empty for v in got.values()):
+            return ""
+        parts.append(f"{said}: {got['batches'].iloc[0]:.0f} prefill batches, "
+                     f"{got['mixed'].iloc[0]:.0f} of several requests, "
+                     f"{got['graph'].iloc[0]:.0%} on a piecewise graph")
+    return "; ".join(parts)
 
 
 def estimate(rs) -> None:
