@@ -224,7 +224,8 @@ def _engine_graph(run):
 
 def _ratios(run) -> dict:
     """``{requests: eager / bcg}`` on the release with #24662."""
-    return show.engine_ratios(engine_records.frame([run])).get(AFTER_RELEASE, {})
+    per = show.eager_over_graph(engine_records.frame([run])).get(AFTER_RELEASE, {})
+    return {n: x[0] for n, x in per.items()}
 
 
 def _engine_faster(run):

@@ -35,12 +35,6 @@ def latency_of(run) -> pd.DataFrame:
     return run.memo("latency_table", lambda: latency_table(run.df))
 
 
-def spread(df: pd.DataFrame, variant: str) -> pd.DataFrame:
-    d = df[(df["part"] == "d_latency") & (df["variant"] == variant)]
-    return d.pivot_table(index=["num_tokens", "batch_size"], columns="metric",
-                         values="value").reset_index()
-
-
 def hit_rates(df: pd.DataFrame) -> dict:
     """{variant: {"hit_rate", "token_hit_rate", "graph_batches", "batches"}} of part c."""
     c = df[(df["part"] == "c_hit_rate") & df["variant"].isin(["before", "after"])]
@@ -358,10 +352,12 @@ def latency_figure(run):
     token_counts = sorted(lat["num_tokens"].unique())
     fig, axes = plots.figure(ncols=len(token_counts) + 1, width=4.2 * (len(token_counts) + 1))
     axes = list(axes.ravel())
+    d = run.df[run.df["part"] == "d_latency"]
+    spread = d.pivot_table(index=["variant", "num_tokens", "batch_size"], columns="metric",
+                           values="value")
     for ax, n in zip(axes, token_counts):
         for variant, (color, marker) in STYLES.items():
-            s = spread(run.df, variant)
-            s = s[s["num_tokens"] == n]
+            s = spread.loc[(variant, n)].reset_index()
             ax.errorbar(s["batch_size"], s["time_median"],
                         yerr=[s["time_median"] - s["time_p10"], s["time_p90"] - s["time_median"]],
                         color=color, marker=marker, capsize=2, label=variant)
@@ -492,11 +488,6 @@ def eager_over_graph(df: pd.DataFrame) -> dict:
     """``{release: {requests: (eager / bcg, lo, hi)}}`` of Engine.generate, each side its STAT."""
     pairs = engine_stats.ratios(df, "latency", "requests", "eager", engine_stats.STAT)
     return {rel: r for (_, rel, case), r in pairs.items() if case == "bcg"}
-
-
-def engine_ratios(df: pd.DataFrame) -> dict:
-    """``{release: {requests: eager / bcg}}`` (:func:`eager_over_graph`)."""
-    return {rel: {n: x[0] for n, x in r.items()} for rel, r in eager_over_graph(df).items()}
 
 
 def engine_figure(df):
