@@ -179,11 +179,11 @@ def _replay_one(st: RankState, tname: str, trace: list, name: str) -> None:
     """One trace through one policy with real creations: that cell's rows on this rank."""
     cfg, ctx, pol = st.cfg, st.ctx, rebuild.POLICIES[name]
     creator = _MeasuredCreator(rebuild.IpcWorkspaceCreator(st.ops), st.ops, st.base_free)
-    mgr = rebuild.WorkspaceManager(creator, high_water=pol.high_water)
+    mgr = rebuild.WorkspaceManager(creator, high_water=pol.high_water, before_create=st.barrier)
     t0 = time.perf_counter()
     refused = rebuild.replay(mgr, pol, trace, world_size=ctx.world_size, rank=ctx.rank,
                              hidden_dim=cfg["hidden_dim"], group=ctx.cpu_group,
-                             pre_initialize=cfg["pre_initialize"] or None, before_create=st.barrier)
+                             pre_initialize=cfg["pre_initialize"] or None)
     wall = (time.perf_counter() - t0) * 1e3
     mgr.cleanup()
     st.empty_cache()
@@ -280,10 +280,9 @@ def traced_pass(st) -> dict:
                     pol = rebuild.POLICIES[name]
                     creator = rebuild.IpcWorkspaceCreator(st.ops, mark=prof.phase)
                     mgr = rebuild.WorkspaceManager(creator, high_water=pol.high_water,
-                                                   mark=prof.phase)
+                                                   mark=prof.phase, before_create=st.barrier)
                     rebuild.replay(mgr, pol, cfg["profile_trace"], world_size=ctx.world_size,
-                                   rank=ctx.rank, hidden_dim=cfg["hidden_dim"], group=ctx.cpu_group,
-                                   before_create=st.barrier)
+                                   rank=ctx.rank, hidden_dim=cfg["hidden_dim"], group=ctx.cpu_group)
                     mgr.cleanup()
                     schedule[name] = [(e.step, e.max_token_num) for e in mgr.events]
             with prof.phase(VARIANT_PREFIX + COST_VARIANT):

@@ -10,6 +10,7 @@ import ctypes
 import dataclasses
 import time
 from contextlib import contextmanager, nullcontext
+from types import SimpleNamespace
 from typing import Callable, ContextManager, Optional
 
 import torch
@@ -82,11 +83,14 @@ class CreationEvent:
 class WorkspaceManager:
     """``FlashInferWorkspaceManager`` over a creator: reuse a workspace that covers the request,
     else create at ``max(max_token_num, high-water mark)`` (``high_water=False``: 0.5.12.post1 and
-    0.5.13); added, a :class:`CreationEvent` and a :data:`RECREATE_RANGE` mark per creation."""
+    0.5.13); added, a :class:`CreationEvent` and a :data:`RECREATE_RANGE` mark per creation, and
+    ``before_create()`` (a barrier) ahead of each."""
 
     def __init__(self, creator, *, high_water: bool = True,
-                 clock: Callable[[], float] = time.perf_counter, mark: Optional[Mark] = None):
+                 clock: Callable[[], float] = time.perf_counter, mark: Optional[Mark] = None,
+                 before_create: Callable[[], None] = lambda: None):
         self.creator, self.high_water, self.clock, self.mark = creator, high_water, clock, mark
+        self.before_create = before_create
         self.workspace = self.world_size = self.rank = self.group = None
         self.max_token_num = self.hidden_dim = None
         self.initialized = False
@@ -104,6 +108,7 @@ class WorkspaceManager:
         if (self.initialized and self.world_size == world_size
                 and self.is_buffer_size_sufficient(max_token_num, hidden_dim)):
             return
+        self.before_create()
         mark = self.mark or no_mark
         with mark(RECREATE_RANGE):
             self._pending_destroy_ms = 0.0
@@ -224,17 +229,6 @@ def fused_norm_call(manager: WorkspaceManager, policy: Policy, token_num: int, *
         hidden_dim=hidden_dim, token_num=token_num, group=group)
 
 
-def will_recreate(manager: WorkspaceManager, policy: Policy, token_num: int, world_size: int,
-                  rank: int, hidden_dim: int, group=None) -> bool:
-    """Would this call re-create the workspace? (pure)"""
-    max_token_num = policy.max_token_num(token_num)
-    if (token_num > max_token_num or world_size <= 1
-            or _recreate_reason(manager, world_size, rank, token_num, hidden_dim, group) is None):
-        return False
-    return not (manager.initialized and manager.world_size == world_size
-                and manager.is_buffer_size_sufficient(max_token_num, hidden_dim))
-
-
 # -- 3b. sglang/srt/layers/communicator.py · apply_flashinfer_allreduce_fusion (the gate before the
 #    call site; the same in 0.5.11-0.5.14) and model_runner.py ·
 #    _pre_initialize_flashinfer_allreduce_workspace (before any CUDA-graph capture)
@@ -254,7 +248,7 @@ def fused_steps(trace) -> list[int]:
 
 
 # -- 4. creators: ``creator.create(world_size=, rank=, max_token_num=, hidden_dim=, group=)``
-#    returns a workspace with ``metadata``, ``bytes_per_rank`` and ``destroy()``
+#    returns a workspace with ``metadata`` and ``destroy()``
 class PhaseClock:
     """Milliseconds per phase of one creation (``ms``, summed over repeats of a ``key``), each
     inside ``mark(label)`` when a marker is set."""
@@ -279,32 +273,12 @@ def _metadata(world_size, rank, max_token_num, hidden_dim, **sizes) -> dict:
     }
 
 
-class FakeWorkspace:
-
-    def __init__(self, creator, world_size, rank, max_token_num, hidden_dim):
-        self.creator, self.destroyed = creator, False
-        self.metadata = _metadata(world_size, rank, max_token_num, hidden_dim)
-        self.bytes_per_rank = workspace_bytes_per_rank(world_size, max_token_num, hidden_dim)
-
-    def destroy(self) -> None:
-        if not self.destroyed:
-            self.destroyed = True
-            self.creator.live_bytes -= self.bytes_per_rank
-            self.creator.destroyed += 1
-
-
 class FakeCreator:
-    """Counts creations and live bytes; allocates nothing (the CPU simulation)."""
-
-    def __init__(self):
-        self.created = self.destroyed = self.live_bytes = self.peak_live_bytes = 0
+    """Creates workspaces that allocate nothing (the CPU simulation)."""
 
     def create(self, *, world_size, rank, max_token_num, hidden_dim, group=None):
-        ws = FakeWorkspace(self, world_size, rank, max_token_num, hidden_dim)
-        self.created += 1
-        self.live_bytes += ws.bytes_per_rank
-        self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
-        return ws
+        return SimpleNamespace(metadata=_metadata(world_size, rank, max_token_num, hidden_dim),
+                               destroy=lambda: None)
 
 
 # -- 5. flashinfer/comm/cuda_ipc.py · CudaRTLibrary, create_shared_buffer / free_shared_buffer -----
@@ -375,9 +349,6 @@ class IpcWorkspace:
         self.ipc_ptrs = ipc_ptrs  # [buffer][peer]: this process's mappings
         self.workspace_tensor, self.flag_ptr = table, flag_ptr
         self.phases_ms, self.mark = phases_ms, mark
-        self.bytes_per_rank = workspace_bytes_per_rank(metadata["tp_size"],
-                                                       metadata["max_token_num"],
-                                                       metadata["hidden_dim"])
         self._destroyed = False
 
     def destroy(self) -> None:
@@ -455,23 +426,17 @@ class IpcWorkspaceCreator:
 
 # -- 7. the driver (not upstream): a token-count trace through the call site -----------------------
 def replay(manager: WorkspaceManager, policy: Policy, trace, *, world_size: int, rank: int,
-           hidden_dim: int, group=None, pre_initialize: Optional[int] = None,
-           before_create: Optional[Callable[[], None]] = None) -> int:
+           hidden_dim: int, group=None, pre_initialize: Optional[int] = None) -> int:
     """Feed a trace through the call site; the refused calls. ``pre_initialize``: create at that
-    size first, as step -1; ``before_create``: called before a creating step (a barrier)."""
+    size first, as step -1."""
     refused = 0
     if pre_initialize:
         manager.step = -1
-        if before_create is not None:
-            before_create()
         ensure_workspace_initialized(manager, world_size=world_size, rank=rank,
                                      max_token_num=pre_initialize, hidden_dim=hidden_dim,
                                      group=group)
     for i, t in enumerate(trace):
         t, manager.step = int(t), i
-        if before_create is not None and will_recreate(manager, policy, t, world_size, rank,
-                                                       hidden_dim, group):
-            before_create()
         refused += not fused_norm_call(manager, policy, t, world_size=world_size, rank=rank,
                                        hidden_dim=hidden_dim, group=group)
     return refused
