@@ -68,11 +68,7 @@ def size_lists(world_size: int, sizes: str = "scaled",
                max_tokens: int = 2048) -> dict[str, list[int]]:
     """The capture list of each variant (attention TP = ``world_size``, attention CP 1)."""
     raw = raw_sizes(world_size, sizes, max_tokens)
-    return {
-        "before": raw, "before_probe": raw,
-        "pr_filter": fx.filter_piecewise_capture_sizes(raw, world_size, 1),
-        "round_up": fx.round_up_capture_sizes(raw, fx.piecewise_mul_base(world_size, 1))
-    }
+    return {"before_probe": raw, **fx.policy_lists(raw, world_size)}
 
 
 def loop_order(sizes: list[int]) -> list[tuple[str, int]]:

@@ -491,9 +491,8 @@ def first_line(fact: dict) -> str:
 
 def _keeps(f: dict) -> list[int]:
     """What the rebuild's rule of the fact's release keeps of the sizes asked."""
-    if f["rule"] == "pr_filter":
-        return fx.filter_piecewise_capture_sizes(f["asked"], f["attn_tp"])
-    return fx.today_capture_sizes(f["asked"], f["attn_tp"]) if f["rule"] == "today" else f["asked"]
+    rule = {"today": "round_up"}.get(f["rule"], f["rule"])
+    return fx.policy_lists(f["asked"], f["attn_tp"]).get(rule, f["asked"])
 
 
 def engine_table(run) -> pd.DataFrame:

@@ -133,9 +133,8 @@ def cost_model(world_size: int) -> Optional[CostModel]:
     recorded = runs.load_all_recorded(EXPERIMENT)
     if not recorded:
         return None
-    nearest = min(abs(r.manifest.tp - world_size) for r in recorded)
-    run = max((r for r in recorded if abs(r.manifest.tp - world_size) == nearest),
-              key=lambda r: str(r.manifest.created_utc))
+    run = max(recorded, key=lambda r:
+              (-abs(r.manifest.tp - world_size), str(r.manifest.created_utc)))
     c = run.df[(run.df.variant == "cost_sweep") & (run.df.metric == "time_median")
                & run.df.phase.isin(["create", "destroy"])]
     if c.empty:
