@@ -152,29 +152,24 @@ class WorkspaceManager:
         return len(self.events)
 
 
-def _recreate_reason(manager: WorkspaceManager, world_size: int, rank: int, token_num: int,
-                     hidden_dim: int, group) -> Optional[str]:
-    """Why ``ensure_workspace_initialized`` calls ``initialize``, or None."""
-    if not manager.initialized:
-        return "uninitialised"
-    if manager.world_size != world_size or manager.rank != rank:
-        return "world/rank changed"
-    if manager.group is not group:
-        return "group changed"
-    return None if manager.is_buffer_size_sufficient(token_num, hidden_dim) else "too small"
-
-
 def ensure_workspace_initialized(manager: WorkspaceManager, *, world_size: int, rank: int,
                                  max_token_num: int, hidden_dim: int,
                                  token_num: Optional[int] = None, group=None) -> bool:
     """PR-era: re-create when uninitialised, when world size, rank or group change, or when the
-    buffer is too small for ``token_num`` (``x.shape[0]``)."""
+    buffer is too small for ``token_num`` (``x.shape[0]``); the reason goes to the event."""
     if world_size <= 1:
         return False
-    reason = _recreate_reason(manager, world_size, rank, token_num or max_token_num, hidden_dim,
-                              group)
-    if reason is not None:
-        manager.initialize(world_size, rank, max_token_num, hidden_dim, group=group, reason=reason)
+    if not manager.initialized:
+        reason = "uninitialised"
+    elif manager.world_size != world_size or manager.rank != rank:
+        reason = "world/rank changed"
+    elif manager.group is not group:
+        reason = "group changed"
+    elif not manager.is_buffer_size_sufficient(token_num or max_token_num, hidden_dim):
+        reason = "too small"
+    else:
+        return True
+    manager.initialize(world_size, rank, max_token_num, hidden_dim, group=group, reason=reason)
     return manager.initialized
 
 
