@@ -163,15 +163,12 @@ def trace_summary(events):
 # -- CPU tables of the rebuild ---------------------------------------------------------------------
 def padding_waste(buckets: Sequence[int], max_tokens: int) -> dict:
     """Token counts 1..``max_tokens`` on ``buckets``: covered, eager, pad tokens and fraction."""
-    bs, pad, real_, covered, i = sorted(buckets), 0, 0, 0, 0
-    for t in range(1, max_tokens + 1):
-        while i < len(bs) and bs[i] < t:
-            i += 1
-        if i == len(bs):
-            continue
-        covered, real_, pad = covered + 1, real_ + t, pad + bs[i] - t
+    bs, t = np.sort(buckets), np.arange(1, max_tokens + 1)
+    i = np.searchsorted(bs, t)  # each count's smallest bucket at or above it
+    t = t[i < len(bs)]  # the counts a bucket covers (a prefix: i only grows)
+    real_, pad = int(t.sum()), int((bs[i[:len(t)]] - t).sum())
     return {
-        "covered": covered, "eager": max_tokens - covered, "pad_tokens": pad,
+        "covered": len(t), "eager": max_tokens - len(t), "pad_tokens": pad,
         "pad_frac": pad / real_ if real_ else float("nan")
     }
 
@@ -180,8 +177,7 @@ def alignment_table(max_tokens: int = 2048):
     """For attention TP 1-8 x CP 1-4 x two-batch overlap: the bases, the buckets each policy keeps
     of the default list and their padding (``eager_*``: token counts above the largest bucket)."""
     default, out = fx.default_piecewise_capture_sizes(max_tokens), []
-    for tp, cp, tbo in (
-        (tp, cp, tbo) for tp in range(1, 9) for cp in range(1, 5) for tbo in (False, True)):
+    for tp, cp, tbo in itertools.product(range(1, 9), range(1, 5), (False, True)):
         pr, lcm = fx.piecewise_mul_base(tp, cp), fx.lcm_base(tp, cp)
         dec = fx.decode_mul_base(tp, cp, two_batch_overlap=tbo)
         kept = [n for n in default if n % pr == 0]

@@ -6,6 +6,7 @@ traced pass under torch.profiler (the ``events`` sidecar). Times are host wall-c
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import tempfile
@@ -66,24 +67,22 @@ def simulate_rows(params: Optional[dict] = None, *, world_sizes=None,
     ``event_workspace`` row per creation."""
     p = {**DEFAULT_PARAMS, **(params or {})}
     rows = []
-    for tname in p["traces"]:
-        for W in (world_sizes or [p["world_size"]]):
-            for pre in scenarios:
-                for name in p["policies"]:
-                    mgr, refused = simulated(tname, name, W, p["hidden_dim"], pre)
-                    base = {
-                        "variant": name, "trace": tname, "world_size": W,
-                        "scenario": _scenario(pre), "source": "simulated"
-                    }
-                    rows += metric_rows(base, recreations=(in_trace(mgr), "count"),
-                                        creations_total=(mgr.recreations, "count"),
-                                        peak_workspace=(mgr.peak_bytes_per_rank / MiB, "MiB"),
-                                        final_max_token_num=(mgr.max_token_num or 0, "tokens"),
-                                        refused_calls=(refused, "count"))
-                    rows += [{
-                        **base, "step": e.step, "tokens": e.max_token_num,
-                        "metric": "event_workspace", "value": e.bytes_per_rank / MiB, "unit": "MiB"
-                    } for e in mgr.events]
+    for tname, W, pre, name in itertools.product(p["traces"], world_sizes or [p["world_size"]],
+                                                 scenarios, p["policies"]):
+        mgr, refused = simulated(tname, name, W, p["hidden_dim"], pre)
+        base = {
+            "variant": name, "trace": tname, "world_size": W, "scenario": _scenario(pre),
+            "source": "simulated"
+        }
+        rows += metric_rows(base, recreations=(in_trace(mgr),
+                                               "count"), creations_total=(mgr.recreations, "count"),
+                            peak_workspace=(mgr.peak_bytes_per_rank / MiB, "MiB"),
+                            final_max_token_num=(mgr.max_token_num
+                                                 or 0, "tokens"), refused_calls=(refused, "count"))
+        rows += [{
+            **base, "step": e.step, "tokens": e.max_token_num, "metric": "event_workspace",
+            "value": e.bytes_per_rank / MiB, "unit": "MiB"
+        } for e in mgr.events]
     return rows
 
 

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import gzip
 import inspect
+import itertools
 import types
 
 from sglab.core import lazy
@@ -246,14 +247,12 @@ def probe(prepared, params: dict) -> list[dict]:
         dict(trace="", site="release", scenario="", metric="call_site",
              value=lines[0] if lines else "(none)")
     ]
-    W, H = int(params.get("world_size", WORLD_SIZE)), int(params.get("hidden", HIDDEN))
-    for name, trace in params["traces"].items():
-        for site in params.get("sites", ["release"]):
-            for pre in params.get("pre_initialize", [0, 2048]):
-                got = replay_release(prepared, trace, site, pre_initialize=int(pre), world_size=W,
-                                     hidden=H)
-                where = dict(trace=name, site=site, scenario=f"preinit_{pre}" if pre else "cold")
-                rows += [{**where, "metric": k, "value": v} for k, v in got.items()]
+    W, H = int(params["world_size"]), int(params["hidden"])
+    for (name, trace), site, pre in itertools.product(params["traces"].items(), params["sites"],
+                                                      params["pre_initialize"]):
+        got = replay_release(prepared, trace, site, pre_initialize=int(pre), world_size=W, hidden=H)
+        where = dict(trace=name, site=site, scenario=f"preinit_{pre}" if pre else "cold")
+        rows += [{**where, "metric": k, "value": v} for k, v in got.items()]
     return rows
 
 
@@ -344,10 +343,10 @@ def engine_facts(run) -> list[dict]:
         world = int(d["resolved"].get("tp_size", 2)) if d.get("resolved") else 2
         policy = dataclasses.replace(rebuild.POLICIES[ENGINE_POLICY[key]], high_water=False)
         spec, steps = specs.get(key, {}), []
-        for il in spec.get("input_lens", []):
-            for _ in range(int(spec.get("warmup", 0)) + int(spec.get("repeats", 1))):
-                for n in spec.get("requests", [1]):
-                    steps += [il * n] + [n] * (int(spec.get("output_len", 1)) - 1)
+        rounds = range(int(spec.get("warmup", 0)) + int(spec.get("repeats", 1)))
+        for il, _, n in itertools.product(spec.get("input_lens", []), rounds,
+                                          spec.get("requests", [1])):
+            steps += [il * n] + [n] * (int(spec.get("output_len", 1)) - 1)
         trace = rebuild.fused_steps(
             sorted(d.get("decode_bs") or [], reverse=True) +
             sorted(d.get("pcg_tokens") or [], reverse=True) + steps)
