@@ -237,11 +237,6 @@ def fusion_applies(token_num: int) -> bool:
     return 0 < token_num <= FUSE_ALLREDUCE_MAX_BATCH_SIZE
 
 
-def fused_steps(trace) -> list[int]:
-    """The steps of ``trace`` that reach the call site in SGLang's engine."""
-    return [int(t) for t in trace if fusion_applies(int(t))]
-
-
 # -- 4. creators: ``creator.create(world_size=, rank=, max_token_num=, hidden_dim=, group=)``
 #    returns a workspace with ``metadata`` and ``destroy()``
 class PhaseClock:

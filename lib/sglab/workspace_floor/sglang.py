@@ -347,9 +347,11 @@ def engine_facts(run) -> list[dict]:
         for il, _, n in itertools.product(spec.get("input_lens", []), rounds,
                                           spec.get("requests", [1])):
             steps += [il * n] + [n] * (int(spec.get("output_len", 1)) - 1)
-        trace = rebuild.fused_steps(
-            sorted(d.get("decode_bs") or [], reverse=True) +
-            sorted(d.get("pcg_tokens") or [], reverse=True) + steps)
+        trace = [
+            int(t) for t in sorted(d.get("decode_bs") or [], reverse=True) +
+            sorted(d.get("pcg_tokens") or [], reverse=True) + steps
+            if rebuild.fusion_applies(int(t))
+        ]
         mgr, _ = rebuild.simulate(policy, trace, world_size=world, hidden_dim=hidden,
                                   pre_initialize=rebuild.FUSE_ALLREDUCE_MAX_BATCH_SIZE)
         ev = [x for x in d["events"] if x.get("event") == "workspace"]
