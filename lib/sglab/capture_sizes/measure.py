@@ -26,12 +26,9 @@ EXPERIMENT = "capture_sizes"
 # the capture loop (the `events` and `trace` sidecars)
 METHOD_VERSION = 2
 GPUS = 2
-# world_size: ranks = attention-TP group size (one GPU each); sizes: "scaled" (the default list x
-# world_size/8: the tp-8 failures) or "default"; max_tokens: piecewise_cuda_graph_max_tokens (2048
-# = the MLA default); backend "gloo" runs the same logic on the CPU (no graphs); timeout_s: the
-# whole multi-rank run; profile: a separate traced pass of the capture loop; start_method: the
-# ranks fork from a server that imported torch and this module once (sglab.core.dist.forkserver),
-# "spawn": a fresh interpreter per rank
+# world_size: the attention-TP group (a GPU each); sizes: "scaled" (default list x world_size/8: the
+# tp-8 failures) or "default"; backend "gloo": the same on the CPU, no graphs; start_method
+# "forkserver": ranks fork from a server that imported torch once, "spawn": a fresh interpreter
 DEFAULT_PARAMS = {
     "world_size": 2, "sizes": "scaled", "max_tokens": 2048, "hidden": 1024, "dtype": "bfloat16",
     "seed": 0, "backend": "nccl", "timeout_s": 420, "collective_timeout_s": 60, "profile": True,
@@ -137,8 +134,7 @@ class RankWork:
             torch.cuda.empty_cache()
 
     def _capture_one(self, n: int, pool):
-        """Two eager runs, then a CUDA-graph capture of the boundary at ``n`` tokens (None without
-        CUDA)."""
+        """Two eager runs, then a CUDA-graph capture at ``n`` tokens (None without CUDA)."""
         for _ in range(2):
             self.boundary(n)
             self.sync()
@@ -276,8 +272,7 @@ def reduce_events(events, *, rank: int, variants=tuple(v for v, _, _ in TRACED))
 # -- the run ---------------------------------------------------------------------------------------
 def _rank_main(ctx, params: dict, trace_dir: str | None = None,
                launched_at: float | None = None) -> dict:
-    """One rank: capture + replay the fixed lists, stop on the raw list, probe the collective, then
-    the traced pass."""
+    """One rank: capture + replay the fixed lists, the raw list, the probe, the traced pass."""
     warnings.filterwarnings("ignore", category=FutureWarning)  # reduce_scatter_tensor's rename
     phases.take()
     if launched_at is not None:

@@ -138,8 +138,7 @@ def round_up_capture_sizes(sizes: Iterable[int], alignment: int) -> list[int]:
 
 def today_capture_sizes(sizes: Iterable[int], attn_tp_size: int, attn_cp_size: int = 1, *,
                         gathered: bool = True, two_batch_overlap: bool = False) -> list[int]:
-    """Every size rounded up to ``get_cuda_graph_batch_size_alignment`` (0.5.23): the decode
-    runner's ``mul_base``."""
+    """Every size rounded up to the decode runner's ``mul_base`` (0.5.23's alignment)."""
     return round_up_capture_sizes(
         sizes,
         decode_mul_base(attn_tp_size, attn_cp_size, gathered=gathered,

@@ -25,8 +25,7 @@ def _few(sizes, head: int = 5) -> str:
 
 @functools.lru_cache(maxsize=1)
 def releases_by_state() -> dict[str, str]:
-    """``{state: "first–last"}`` of the fix's releases, read from the released wheels (a state met
-    twice reads ``"a–b, c–d"``)."""
+    """``{state: "first–last[, a–b]"}`` of the fix's releases, read from the released wheels."""
     out: dict[str, list[str]] = {}
     for state, group in itertools.groupby(sglang.FIX.releases(), key=lambda vs: vs[1]):
         vs = [v for v, _ in group]
@@ -261,8 +260,7 @@ def _fail(msg: str, code: int = 2) -> int:
 
 
 def pick_releases(requested: list[str] | None) -> list[str]:
-    """The installed pinned releases, or the ``requested`` ones (each must be installed); a
-    one-line ``ValueError`` otherwise."""
+    """The installed pinned releases, or the ``requested`` installed ones; else a ValueError."""
     installed = installed_releases()
     if not requested:
         picked = [v for v in PINNED if v in installed]

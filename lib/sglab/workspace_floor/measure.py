@@ -311,9 +311,8 @@ def _host_ranges(events, names):
 
 
 def reduce_events(events, schedule: dict, *, rank: int):
-    """The events inside creation ranges, labelled with ``variant``, ``rank``, ``creation`` and its
-    ``(step, tokens)`` from ``schedule``; device copies of ranges and trivial host queries
-    dropped."""
+    """The events inside creation ranges, labelled with variant, rank, creation and its ``(step,
+    tokens)`` from ``schedule``; no device copies of ranges, no trivial host queries."""
     variants = _host_ranges(events, [VARIANT_PREFIX + v for v in schedule])
     creations = _host_ranges(events, [rebuild.RECREATE_RANGE, COST_RANGE])
     if creations.empty:
@@ -357,8 +356,7 @@ def check_params(p: dict) -> None:
 
 
 def rank_config(p: dict, *, progress: bool, trace_dir: str) -> dict:
-    """What every rank gets: the traces' token lists (cut to ``gpu_trace_steps`` when set) and the
-    settings."""
+    """What every rank gets: the settings and the traces (cut to ``gpu_trace_steps`` when set)."""
     steps = int(p["gpu_trace_steps"]) or None
     keys = ("hidden_dim", "policies", "pre_initialize", "cost_tokens", "cost_warmup",
             "cost_repeats", "cost_rounds", "profile_policies")

@@ -29,9 +29,8 @@ BUFFER_NAMES = ("data", "flags", "lamport")  # the order of the buffers (and of 
 
 
 def workspace_sizes(world_size: int, max_token_num: int, hidden_dim: int) -> dict:
-    """The three per-rank buffers (bf16): ``W*T*H*2`` bytes of data, ``W*256*4`` of barrier flags,
-    ``3*W*T*H*2`` of Lamport (comm size capped at :data:`MAX_COMM_SIZE`), each rounded up to 2
-    MiB."""
+    """The three per-rank bf16 buffers, each rounded up to 2 MiB: data ``W*T*H*2`` bytes, flags
+    ``W*256*4``, Lamport ``3*W*T*H*2`` (comm size capped at :data:`MAX_COMM_SIZE`)."""
     buffer_size = world_size * max_token_num * hidden_dim * 2
     flag_size = world_size * BARRIER_FLAG_COUNT * 4
     lamport_comm_size = min(buffer_size, MAX_COMM_SIZE)
@@ -50,8 +49,7 @@ def workspace_bytes_per_rank(world_size: int, max_token_num: int, hidden_dim: in
 
 
 def size_sufficient(metadata: dict, token_num: int, hidden_dim: int, world_size: int) -> bool:
-    """FlashInfer's metadata check: same world size, ``token_num * hidden_dim`` within the
-    workspace's."""
+    """FlashInfer's metadata check: same world size, ``token_num * hidden_dim`` fits."""
     return (world_size == metadata["tp_size"]
             and token_num * hidden_dim <= metadata["max_token_num"] * metadata["hidden_dim"])
 
@@ -81,10 +79,9 @@ class CreationEvent:
 
 
 class WorkspaceManager:
-    """``FlashInferWorkspaceManager`` over a creator: reuse a workspace that covers the request,
-    else create at ``max(max_token_num, high-water mark)`` (``high_water=False``: 0.5.12.post1 and
-    0.5.13); added, a :class:`CreationEvent` and a :data:`RECREATE_RANGE` mark per creation, and
-    ``before_create()`` (a barrier) ahead of each."""
+    """``FlashInferWorkspaceManager``: reuse a workspace that covers the request, else create at
+    ``max(max_token_num, high-water mark)`` (``high_water=False``: 0.5.12.post1, 0.5.13); added per
+    creation: ``before_create()`` (a barrier), a :data:`RECREATE_RANGE` mark, a CreationEvent."""
 
     def __init__(self, creator, *, high_water: bool = True,
                  clock: Callable[[], float] = time.perf_counter, mark: Optional[Mark] = None,
@@ -366,9 +363,8 @@ class IpcWorkspace:
 
 
 class IpcWorkspaceCreator:
-    """Per rank: SGLang's free-memory vote; per buffer, allocate, export, all-gather the handles,
-    open every peer's; fill, flag word, pointer table; a barrier and SGLang's CPU all-reduce. Each
-    phase timed and named."""
+    """Per rank, each phase timed and named: SGLang's free-memory vote; per buffer, allocate,
+    export, exchange, open; fill, flag word, pointer table; a barrier and SGLang's all-reduce."""
 
     def __init__(self, ops, *, mark: Optional[Mark] = None):
         self.ops, self.mark = ops, mark
@@ -417,8 +413,7 @@ class IpcWorkspaceCreator:
 # -- 7. the driver (not upstream): a token-count trace through the call site -----------------------
 def replay(manager: WorkspaceManager, policy: Policy, trace, *, world_size: int, rank: int,
            hidden_dim: int, group=None, pre_initialize: Optional[int] = None) -> int:
-    """Feed a trace through the call site; the refused calls. ``pre_initialize``: create at that
-    size first, as step -1."""
+    """Feed a trace through the call site (``pre_initialize``: first, as step -1); refused calls."""
     refused = 0
     if pre_initialize:
         manager.step = -1

@@ -160,8 +160,7 @@ def undecorated(module, name: str):
 
 @contextlib.contextmanager
 def _wired(prepared, comm: RecordingComm, world_size: int):
-    """The release's modules with FlashInfer, the preflight and the parallel state replaced, and
-    fresh managers (a cold server)."""
+    """The release's modules with FlashInfer, preflight, parallel state and managers replaced."""
     from sglab.sglang import bootstrap
 
     fc = bootstrap.import_release_module(prepared, "sglang.srt.layers.flashinfer_comm_fusion")
@@ -419,9 +418,8 @@ def _real_cells(results: dict):
 
 
 def comparison(results: dict):
-    """One row per (release, call site, trace, scenario): the real re-creations, sizes and refused
-    calls beside the rebuild's (same call site, a manager like the release's); equal steps, sizes
-    and refusals agree."""
+    """Per (release, call site, trace, scenario): the real re-creations, sizes and refused calls
+    beside the rebuild's (same call site, a manager like the release's)."""
     rows = []
     for release, own, (trace, site, scenario), got in _real_cells(results):
         hwm = bool(got["manager_high_water_mark"])
@@ -461,8 +459,7 @@ def decisions(results: dict):
 
 
 def high_water_note(results: dict) -> str:
-    """Which real managers keep a high-water mark, and whether the rebuild's (which keeps one)
-    counts the same on every cell."""
+    """Which real managers keep a high-water mark; whether the rebuild's counts the same without."""
     from sglab.sglang.releases import installed_releases, package_dir
 
     have = {
