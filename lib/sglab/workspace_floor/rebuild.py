@@ -84,7 +84,7 @@ class WorkspaceManager:
     creation: ``before_create()`` (a barrier), a :data:`RECREATE_RANGE` mark, a CreationEvent."""
 
     def __init__(self, creator, *, high_water: bool = True,
-                 clock: Callable[[], float] = time.perf_counter, mark: Optional[Mark] = None,
+                 clock: Callable[[], float] = time.perf_counter, mark: Mark = no_mark,
                  before_create: Callable[[], None] = lambda: None):
         self.creator, self.high_water, self.clock, self.mark = creator, high_water, clock, mark
         self.before_create = before_create
@@ -106,11 +106,10 @@ class WorkspaceManager:
                 and self.is_buffer_size_sufficient(max_token_num, hidden_dim)):
             return
         self.before_create()
-        mark = self.mark or no_mark
-        with mark(RECREATE_RANGE):
+        with self.mark(RECREATE_RANGE):
             self._pending_destroy_ms = 0.0
             if self.initialized and self.world_size == world_size:  # too small: free it first
-                with mark(DESTROY_RANGE):
+                with self.mark(DESTROY_RANGE):
                     self.cleanup()
             if self.high_water:
                 max_token_num = max(max_token_num, self._max_token_num_seen)
@@ -238,10 +237,10 @@ def fusion_applies(token_num: int) -> bool:
 #    returns a workspace with ``metadata`` and ``destroy()``
 class PhaseClock:
     """Milliseconds per phase of one creation (``ms``, summed over repeats of a ``key``), each
-    inside ``mark(label)`` when a marker is set."""
+    inside ``mark(label)``."""
 
-    def __init__(self, mark: Optional[Mark] = None):
-        self.mark, self.ms = mark or no_mark, {}
+    def __init__(self, mark: Mark = no_mark):
+        self.mark, self.ms = mark, {}
 
     @contextmanager
     def __call__(self, key: str, label: Optional[str] = None):
@@ -366,7 +365,7 @@ class IpcWorkspaceCreator:
     """Per rank, each phase timed and named: SGLang's free-memory vote; per buffer, allocate,
     export, exchange, open; fill, flag word, pointer table; a barrier and SGLang's all-reduce."""
 
-    def __init__(self, ops, *, mark: Optional[Mark] = None):
+    def __init__(self, ops, *, mark: Mark = no_mark):
         self.ops, self.mark = ops, mark
 
     def create(self, *, world_size, rank, max_token_num, hidden_dim, group=None):
