@@ -346,22 +346,18 @@ def alignment_heatmaps(table, max_tokens: int, n_default: int):
     return fig
 
 
-def _window_limit(cr, rank: int) -> int:
-    """The largest size drawn: the first accepted size above the largest refused one."""
-    before = cr[(cr["rank"] == rank) & (cr.variant == "before") & (cr.stage == "capture")]
-    refused = before.loc[before.refused, "size"]
-    if not len(refused):
-        return int(before["size"].nsmallest(6).max()) if len(before) else 0
-    above = before.loc[~before.refused & (before["size"] > refused.max()), "size"]
-    return int(above.min()) if len(above) else int(refused.max())
-
-
 def tail_window(events, rank: int = 0) -> dict:
     """``{name: (events, refused marks)}`` per variant for :func:`sglab.core.plots.timeline`: one
     rank's capture ranges up to the first accepted size above the largest refused one, refused
     ranges left out, every stream on one ``device`` lane."""
     cr = capture_ranges(events)
-    up_to = _window_limit(cr, rank)
+    before = cr[(cr["rank"] == rank) & (cr.variant == "before") & (cr.stage == "capture")]
+    refused = before.loc[before.refused, "size"]
+    if len(refused):  # up to the first accepted size above the largest refused one
+        above = before.loc[~before.refused & (before["size"] > refused.max()), "size"]
+        up_to = int(above.min()) if len(above) else int(refused.max())
+    else:
+        up_to = int(before["size"].nsmallest(6).max()) if len(before) else 0
     out = {}
     for variant in ("before", "after"):
         rs = cr[(cr["rank"] == rank) & (cr.variant == variant) & (cr.stage == "capture")
