@@ -167,18 +167,16 @@ class RankWork:
                 except fx.UnequalShards as e:
                     with phase(f"refused {n}"):
                         if record:
-                            self._failed(variant, sizes, n, e, stage, done=set(graphs))
+                            self.row(variant, n, "failed", 1, error=f"{type(e).__name__}: {e}",
+                                     stage=stage)
+                            for m in (m for m in sizes if m not in graphs and m != n):
+                                self.row(variant, m, "not_reached", 1)
                     if keep_going:
                         continue
                     return graphs
             if record:
                 self.row(variant, n, "captured", 1)
         return graphs
-
-    def _failed(self, variant, sizes, n, e, stage, done) -> None:
-        self.row(variant, n, "failed", 1, error=f"{type(e).__name__}: {e}", stage=stage)
-        for m in (m for m in sizes if m not in done and m != n):
-            self.row(variant, m, "not_reached", 1)
 
     def replay_check(self, variant: str, graphs: dict) -> None:
         """Replay each bucket with real token counts padded to it against an eager all-reduce
