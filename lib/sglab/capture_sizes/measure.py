@@ -1,7 +1,6 @@
-"""Measure the dense-TP1 boundary on ``world_size`` ranks (one GPU each, NCCL; ``gloo`` runs the
-same logic on the CPU, without graphs) the way the piecewise runner captures (:func:`loop_order`),
-per variant: ``before`` (the raw list, stops at the first bad size), ``before_probe`` (no shard
-check), ``pr_filter`` and ``round_up`` (captured, then replayed); then a traced pass.
+"""The dense-TP1 boundary on ``world_size`` ranks (a GPU each, NCCL; ``gloo``: CPU, no graphs),
+captured as the piecewise runner does (:func:`loop_order`): ``before`` (stops at the first bad
+size), ``before_probe`` (no shard check), ``pr_filter``, ``round_up`` (replayed); a traced pass.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""The probe's code inside one SGLang release's worker process: the release's own runners decide
-the capture sizes for configured lists (:func:`setting_rows`) or resolved server arguments
-(:func:`case_rows`): up to 0.5.13 ``PiecewiseCudaGraphRunner.__init__`` on a stand-in runner, 0.5.14
-and 0.5.15 the unified runners, from 0.5.16 plain calls on a published configuration.
+"""Inside one SGLang release's worker: its own runners decide the capture sizes for configured
+lists (:func:`setting_rows`) or server arguments (:func:`case_rows`): up to 0.5.13 on a stand-in
+runner, 0.5.14-0.5.15 the unified runners, from 0.5.16 plain calls on a published configuration.
 """
 
 from __future__ import annotations

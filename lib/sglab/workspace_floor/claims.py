@@ -1,7 +1,6 @@
-"""What every workspace_floor run must show (see :mod:`sglab.core.claims`): five claims a reader
-checks, the instrument and cleanup checks folded under them, the headline, the review card and the
-real engine's claims (``ENGINE``). The expected counts come from the simulation of this checkout's
-rebuild over the run's own trace, world size, hidden size and pre-initialisation.
+"""What every workspace_floor run must show (:mod:`sglab.core.claims`): five claims, the checks
+folded under them, the headline, the review card and the real engine's claims (``ENGINE``). The
+expected counts simulate this checkout's rebuild with the run's own trace and settings.
 """
 
 from __future__ import annotations

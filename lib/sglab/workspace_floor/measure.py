@@ -1,7 +1,6 @@
-"""Measure the workspace floor: workspace re-creations along a serving trace, per ``max_token_num``
-policy, on the CPU (exact, :mod:`.traces`) and on 2 or 4 GPUs, one rank each: each trace through
-each policy with real IPC creations, a cost sweep over the workspace size, the leak check, then a
-traced pass under torch.profiler (the ``events`` sidecar). Times are host wall-clock ms per rank.
+"""Workspace re-creations along a serving trace per ``max_token_num`` policy: simulated (exact) and
+on 2 or 4 GPUs with real IPC creations, a cost sweep over the size, the leak check, then a traced
+pass under torch.profiler (the ``events`` sidecar). Times are host wall-clock ms per rank.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""The workspace floor in real SGLang: the fix's record (``FIX``), its source check, code path,
-CPU probe (the traces through each release's own call site and manager, FlashInfer's creation
-replaced by a recorder), the engine's scenarios and answers, and the comparison with the rebuild.
-Nothing here imports SGLang at module level.
+"""The workspace floor in real SGLang: the fix's record (``FIX``), source check, code path, probe
+(the traces through each release's call site and manager, FlashInfer replaced by a recorder), the
+engine's scenarios and answers, and the comparison with the rebuild. SGLang is imported lazily.
 """
 
 from __future__ import annotations
