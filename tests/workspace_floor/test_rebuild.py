@@ -16,6 +16,25 @@ MiB = 2**20
 FIXED = [1, 2, 1, 4, 3, 300, 2048, 2049, 100, 4096, 5000]
 
 
+class CountingCreator(wf.FakeCreator):
+    """The fake creator, counting creations, destructions and the bytes alive at once."""
+
+    def __init__(self):
+        self.created = self.destroyed = self.live_bytes = self.peak_live_bytes = 0
+
+    def create(self, **kw):
+        ws, nbytes = super().create(**kw), wf.workspace_bytes_per_rank(
+            kw["world_size"], kw["max_token_num"], kw["hidden_dim"])
+        self.created, self.live_bytes = self.created + 1, self.live_bytes + nbytes
+        self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
+
+        def destroy():
+            self.destroyed, self.live_bytes = self.destroyed + 1, self.live_bytes - nbytes
+
+        ws.destroy = destroy
+        return ws
+
+
 class HostOps:
     """:class:`~sglab.workspace_floor.rebuild.CudartOps` on the CPU: live 'allocations' and open
     mappings by id, so the IPC creator's rank logic runs over gloo without a GPU."""
@@ -63,9 +82,10 @@ class HostOps:
 def gloo_rank(ctx, policy_name: str, trace: list[int], hidden_dim: int = H) -> dict:
     """One rank of the IPC creator over gloo: its sizes and what is left allocated and opened."""
     ops, pol = HostOps(), wf.POLICIES[policy_name]
-    mgr = wf.WorkspaceManager(wf.IpcWorkspaceCreator(ops), high_water=pol.high_water)
+    mgr = wf.WorkspaceManager(wf.IpcWorkspaceCreator(ops), high_water=pol.high_water,
+                              before_create=lambda: tdist.barrier(group=ctx.cpu_group))
     wf.replay(mgr, pol, trace, world_size=ctx.world_size, rank=ctx.rank, hidden_dim=hidden_dim,
-              group=ctx.cpu_group, before_create=lambda: tdist.barrier(group=ctx.cpu_group))
+              group=ctx.cpu_group)
     out = {
         "rank": ctx.rank, "sizes": [e.max_token_num for e in mgr.events],
         "live_before_cleanup": len(ops.live), "opened_before_cleanup": len(ops.opened)
@@ -101,7 +121,8 @@ def test_flashinfer_sizes():
         ("floor_4096", [4096, 5000], 0),
         ("before_pr", [2048], 3),  # 2049, 4096, 5000 trip the callee's assert
     ])
-def test_recreations_per_policy_on_fixed_trace(name, sizes, refused):
+def test_recreations_per_policy_on_fixed_trace(name, sizes, refused, monkeypatch):
+    monkeypatch.setattr(wf, "FakeCreator", CountingCreator)
     mgr, n_refused = wf.simulate(wf.POLICIES[name], FIXED, world_size=2, hidden_dim=H)
     assert [e.max_token_num for e in mgr.events] == sizes
     assert mgr.recreations == len(sizes) == mgr.creator.created
@@ -119,15 +140,12 @@ def test_pre_initialize_absorbs_small_records():
                                                                (10, 5000)]
 
 
-def test_reasons_and_will_recreate_agree():
-    pol = wf.POLICIES["floor_0"]
-    mgr = wf.WorkspaceManager(wf.FakeCreator(), clock=lambda: 0.0)
-    for i, t in enumerate(FIXED):
-        mgr.step = i
-        before = mgr.recreations
-        predicted = wf.will_recreate(mgr, pol, t, 2, 0, H)
-        wf.fused_norm_call(mgr, pol, t, world_size=2, rank=0, hidden_dim=H)
-        assert predicted == (mgr.recreations > before)
+def test_reasons_and_before_create_agree():
+    pol, hooked = wf.POLICIES["floor_0"], []
+    mgr = wf.WorkspaceManager(wf.FakeCreator(), clock=lambda: 0.0,
+                              before_create=lambda: hooked.append(mgr.step))
+    wf.replay(mgr, pol, FIXED, world_size=2, rank=0, hidden_dim=H)
+    assert hooked == [e.step for e in mgr.events]
     assert [e.reason for e in mgr.events] == ["uninitialised"] + ["too small"] * 7
 
 

@@ -1,7 +1,6 @@
-"""Measure the dense-TP1 boundary on ``world_size`` ranks (one GPU each, NCCL; ``gloo`` runs the
-same logic on the CPU, without graphs) the way the piecewise runner captures (:func:`loop_order`),
-per variant: ``before`` (the raw list, stops at the first bad size), ``before_probe`` (no shard
-check), ``pr_filter`` and ``round_up`` (captured, then replayed); then a traced pass.
+"""The dense-TP1 boundary on ``world_size`` ranks (a GPU each, NCCL; ``gloo``: CPU, no graphs),
+captured as the piecewise runner does (:func:`loop_order`): ``before`` (stops at the first bad
+size), ``before_probe`` (no shard check), ``pr_filter``, ``round_up`` (replayed); a traced pass.
 """
 
 from __future__ import annotations
@@ -26,12 +25,9 @@ EXPERIMENT = "capture_sizes"
 # the capture loop (the `events` and `trace` sidecars)
 METHOD_VERSION = 2
 GPUS = 2
-# world_size: ranks = attention-TP group size (one GPU each); sizes: "scaled" (the default list x
-# world_size/8: the tp-8 failures) or "default"; max_tokens: piecewise_cuda_graph_max_tokens (2048
-# = the MLA default); backend "gloo" runs the same logic on the CPU (no graphs); timeout_s: the
-# whole multi-rank run; profile: a separate traced pass of the capture loop; start_method: the
-# ranks fork from a server that imported torch and this module once (sglab.core.dist.forkserver),
-# "spawn": a fresh interpreter per rank
+# world_size: the attention-TP group (a GPU each); sizes: "scaled" (default list x world_size/8: the
+# tp-8 failures) or "default"; backend "gloo": the same on the CPU, no graphs; start_method
+# "forkserver": ranks fork from a server that imported torch once, "spawn": a fresh interpreter
 DEFAULT_PARAMS = {
     "world_size": 2, "sizes": "scaled", "max_tokens": 2048, "hidden": 1024, "dtype": "bfloat16",
     "seed": 0, "backend": "nccl", "timeout_s": 420, "collective_timeout_s": 60, "profile": True,
@@ -68,11 +64,7 @@ def size_lists(world_size: int, sizes: str = "scaled",
                max_tokens: int = 2048) -> dict[str, list[int]]:
     """The capture list of each variant (attention TP = ``world_size``, attention CP 1)."""
     raw = raw_sizes(world_size, sizes, max_tokens)
-    return {
-        "before": raw, "before_probe": raw,
-        "pr_filter": fx.filter_piecewise_capture_sizes(raw, world_size, 1),
-        "round_up": fx.round_up_capture_sizes(raw, fx.piecewise_mul_base(world_size, 1))
-    }
+    return {"before_probe": raw, **fx.policy_lists(raw, world_size)}
 
 
 def loop_order(sizes: list[int]) -> list[tuple[str, int]]:
@@ -141,8 +133,7 @@ class RankWork:
             torch.cuda.empty_cache()
 
     def _capture_one(self, n: int, pool):
-        """Two eager runs, then a CUDA-graph capture of the boundary at ``n`` tokens (None without
-        CUDA)."""
+        """Two eager runs, then a CUDA-graph capture at ``n`` tokens (None without CUDA)."""
         for _ in range(2):
             self.boundary(n)
             self.sync()
@@ -175,18 +166,16 @@ class RankWork:
                 except fx.UnequalShards as e:
                     with phase(f"refused {n}"):
                         if record:
-                            self._failed(variant, sizes, n, e, stage, done=set(graphs))
+                            self.row(variant, n, "failed", 1, error=f"{type(e).__name__}: {e}",
+                                     stage=stage)
+                            for m in (m for m in sizes if m not in graphs and m != n):
+                                self.row(variant, m, "not_reached", 1)
                     if keep_going:
                         continue
                     return graphs
             if record:
                 self.row(variant, n, "captured", 1)
         return graphs
-
-    def _failed(self, variant, sizes, n, e, stage, done) -> None:
-        self.row(variant, n, "failed", 1, error=f"{type(e).__name__}: {e}", stage=stage)
-        for m in (m for m in sizes if m not in done and m != n):
-            self.row(variant, m, "not_reached", 1)
 
     def replay_check(self, variant: str, graphs: dict) -> None:
         """Replay each bucket with real token counts padded to it against an eager all-reduce
@@ -280,8 +269,7 @@ def reduce_events(events, *, rank: int, variants=tuple(v for v, _, _ in TRACED))
 # -- the run ---------------------------------------------------------------------------------------
 def _rank_main(ctx, params: dict, trace_dir: str | None = None,
                launched_at: float | None = None) -> dict:
-    """One rank: capture + replay the fixed lists, stop on the raw list, probe the collective, then
-    the traced pass."""
+    """One rank: capture + replay the fixed lists, the raw list, the probe, the traced pass."""
     warnings.filterwarnings("ignore", category=FutureWarning)  # reduce_scatter_tensor's rename
     phases.take()
     if launched_at is not None:

@@ -112,21 +112,18 @@ def decode_mul_base(attn_tp_size: int, attn_cp_size: int = 1, *, gathered: bool 
 
 def filter_decode_batch_sizes(batch_sizes: Sequence[int], attn_tp_size: int, attn_cp_size: int = 1,
                               *, gathered: bool = True, two_batch_overlap: bool = False,
-                              num_max_requests: int | None = None,
-                              num_tokens_per_bs: int = 1) -> list[int]:
+                              num_max_requests: int | None = None) -> list[int]:
     """Pad ``num_max_requests`` up to ``mul_base`` (and add it when the list goes past it), keep
-    ``bs * num_tokens_per_bs`` divisible by ``mul_base``, clamp, sort, de-duplicate."""
+    the batch sizes divisible by ``mul_base`` (one token each), clamp, sort, de-duplicate."""
     capture_bs = list(batch_sizes)
     mul_base = decode_mul_base(attn_tp_size, attn_cp_size, gathered=gathered,
                                two_batch_overlap=two_batch_overlap)
-    if two_batch_overlap:
-        num_tokens_per_bs = 1
     if num_max_requests is None:
         num_max_requests = max(capture_bs)
     num_max_requests = ceil_align(num_max_requests, mul_base)
     if max(capture_bs) > num_max_requests:
         capture_bs += [num_max_requests]
-    capture_bs = [bs for bs in capture_bs if bs * num_tokens_per_bs % mul_base == 0]
+    capture_bs = [bs for bs in capture_bs if bs % mul_base == 0]
     capture_bs = sorted({bs for bs in capture_bs if bs <= num_max_requests})
     assert len(capture_bs) > 0 and capture_bs[0] > 0, f"{capture_bs=}"
     return capture_bs
@@ -141,8 +138,7 @@ def round_up_capture_sizes(sizes: Iterable[int], alignment: int) -> list[int]:
 
 def today_capture_sizes(sizes: Iterable[int], attn_tp_size: int, attn_cp_size: int = 1, *,
                         gathered: bool = True, two_batch_overlap: bool = False) -> list[int]:
-    """Every size rounded up to ``get_cuda_graph_batch_size_alignment`` (0.5.23): the decode
-    runner's ``mul_base``."""
+    """Every size rounded up to the decode runner's ``mul_base`` (0.5.23's alignment)."""
     return round_up_capture_sizes(
         sizes,
         decode_mul_base(attn_tp_size, attn_cp_size, gathered=gathered,

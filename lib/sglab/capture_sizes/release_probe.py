@@ -1,7 +1,6 @@
-"""The probe's code inside one SGLang release's worker process: the release's own runners decide
-the capture sizes for configured lists (:func:`setting_rows`) or resolved server arguments
-(:func:`case_rows`): up to 0.5.13 ``PiecewiseCudaGraphRunner.__init__`` on a stand-in runner, 0.5.14
-and 0.5.15 the unified runners, from 0.5.16 plain calls on a published configuration.
+"""Inside one SGLang release's worker: its own runners decide the capture sizes for configured
+lists (:func:`setting_rows`) or server arguments (:func:`case_rows`): up to 0.5.13 on a stand-in
+runner, 0.5.14-0.5.15 the unified runners, from 0.5.16 plain calls on a published configuration.
 """
 
 from __future__ import annotations
@@ -69,25 +68,26 @@ def _module(prepared, name: str):
 
 
 class _PoolStandIn:
-    """A runner whose ``req_to_token_pool`` answers a size, or ends the real function."""
+    """A runner whose ``req_to_token_pool`` answers ``pool_size``, or (None) ends the function."""
 
-    def __init__(self, server_args, *, stop_at_pool: bool, pool_size: int = MAX_RUNNING_REQUESTS):
+    def __init__(self, server_args, pool_size: int | None = None):
         self.server_args, self.device, self.model = server_args, "cpu", None
-        self.pool_size = pool_size
-        self.is_multimodal, self.is_generation, self._stop = False, True, stop_at_pool
+        self.pool_size, self.is_multimodal, self.is_generation = pool_size, False, True
 
     @property
     def req_to_token_pool(self):
-        if self._stop:
+        if self.pool_size is None:
             raise Stop()
         return types.SimpleNamespace(size=self.pool_size)
 
 
-def _run_until_stop(cls, runner):
-    obj = cls.__new__(cls)
+def _captured(prefill_cls, decode_sizes, sa, pool_size: int) -> tuple[list, list]:
+    """The prefill runner's ``__init__`` up to its pool, and the decode sizes, on stand-ins."""
+    prefill = prefill_cls.__new__(prefill_cls)
     with contextlib.suppress(Stop):
-        cls.__init__(obj, runner)
-    return obj
+        prefill_cls.__init__(prefill, _PoolStandIn(sa))
+    decode, _ = decode_sizes(_PoolStandIn(sa, pool_size))
+    return list(prefill.capture_num_tokens), list(decode)
 
 
 def _attn_widths(prepared, sa) -> tuple[int, int]:
@@ -108,13 +108,9 @@ def _sizes_pr_era(prepared, sa, pool_size: int) -> tuple[list, list]:
     }
     if hasattr(pw, "get_attention_cp_size"):
         names["get_attention_cp_size"] = lambda: cp
-    with patched(pw, **names):
-        piecewise = _run_until_stop(pw.PiecewiseCudaGraphRunner,
-                                    _PoolStandIn(sa, stop_at_pool=True))
-    with patched(cg, get_attention_tp_size=lambda: tp, get_attention_cp_size=lambda: cp):
-        decode, _ = cg.get_batch_sizes_to_capture(
-            _PoolStandIn(sa, stop_at_pool=False, pool_size=pool_size))
-    return list(piecewise.capture_num_tokens), list(decode)
+    with patched(pw, **names), patched(cg, get_attention_tp_size=lambda: tp,
+                                       get_attention_cp_size=lambda: cp):
+        return _captured(pw.PiecewiseCudaGraphRunner, cg.get_batch_sizes_to_capture, sa, pool_size)
 
 
 def _sizes_unified(prepared, sa, pool_size: int) -> tuple[list, list]:
@@ -127,10 +123,7 @@ def _sizes_unified(prepared, sa, pool_size: int) -> tuple[list, list]:
     # the two-batch-overlap plugin allocates a device tensor; sizes never read it
     with parallel.override(attn_tp_size=tp, attn_tp_rank=0, attn_cp_size=cp), \
             patched(base_runner, TboCudaGraphRunnerPlugin=lambda: None):
-        prefill = _run_until_stop(pre.PrefillCudaGraphRunner, _PoolStandIn(sa, stop_at_pool=True))
-        decode, _ = base.get_batch_sizes_to_capture(
-            _PoolStandIn(sa, stop_at_pool=False, pool_size=pool_size))
-    return list(prefill.capture_num_tokens), list(decode)
+        return _captured(pre.PrefillCudaGraphRunner, base.get_batch_sizes_to_capture, sa, pool_size)
 
 
 def _sizes_published(prepared, prefill_bs: list, pool_size: int) -> tuple[list, list]:

@@ -25,8 +25,7 @@ def _few(sizes, head: int = 5) -> str:
 
 @functools.lru_cache(maxsize=1)
 def releases_by_state() -> dict[str, str]:
-    """``{state: "first–last"}`` of the fix's releases, read from the released wheels (a state met
-    twice reads ``"a–b, c–d"``)."""
+    """``{state: "first–last[, a–b]"}`` of the fix's releases, read from the released wheels."""
     out: dict[str, list[str]] = {}
     for state, group in itertools.groupby(sglang.FIX.releases(), key=lambda vs: vs[1]):
         vs = [v for v, _ in group]
@@ -38,13 +37,12 @@ def rule_table(attn_tp: int, attn_cp: int, dense_tp1: bool, tbo: bool,
                max_tokens: int = fx.MLA_MAX_TOKENS):
     """Per rule (its releases read from the wheels), the default piecewise sizes it captures at
     attention TP x CP (no DP attention), and which of them the reduce-scatter refuses."""
-    a = fx.ParallelArgs(tp_size=int(attn_tp) * int(attn_cp), attn_cp_size=int(attn_cp),
-                        moe_dense_tp_size=1 if dense_tp1 else None,
-                        enable_two_batch_overlap=bool(tbo))
-    tp, cp, g = fx.attention_tp_size(a), a.attn_cp_size, fx.require_gathered_buffer(a)
+    tp, cp, g, tbo = sglang.widths(
+        dict(tp_size=int(attn_tp) * int(attn_cp), attn_cp_size=int(attn_cp),
+             moe_dense_tp_size=1 if dense_tp1 else None, enable_two_batch_overlap=bool(tbo)))
     default = fx.default_piecewise_capture_sizes(max_tokens)
     facts = dict(attn_tp_size=tp, attn_cp_size=cp, gathered_buffer=g, pool_size=None,
-                 enable_two_batch_overlap=a.enable_two_batch_overlap)
+                 enable_two_batch_overlap=tbo)
     pw, dec = _rebuild("piecewise", default, facts), _rebuild("decode", default, facts)
     seen = releases_by_state()
     rules = [("before #23972", seen.get("before", ""), 1, default),
@@ -261,8 +259,7 @@ def _fail(msg: str, code: int = 2) -> int:
 
 
 def pick_releases(requested: list[str] | None) -> list[str]:
-    """The installed pinned releases, or the ``requested`` ones (each must be installed); a
-    one-line ``ValueError`` otherwise."""
+    """The installed pinned releases, or the ``requested`` installed ones; else a ValueError."""
     installed = installed_releases()
     if not requested:
         picked = [v for v in PINNED if v in installed]

@@ -49,8 +49,7 @@ def _mod_filter(node) -> bool:
 
 
 def _rounds_up(read, tree, values) -> str | None:
-    """The call chain by which the prefill runner's sizes are rounded up to the alignment, or
-    None."""
+    """The call chain rounding the prefill runner's sizes up to the alignment, or None."""
     names = {S.callee_name(c) for v in values for c in ast.walk(v) if isinstance(c, ast.Call)}
     chain = []
     for name in sorted(names):  # one level into this module's own helpers
@@ -150,10 +149,8 @@ _TP2 = Scenario(
     expect="0.5.14: start-up fails in the reduce-scatter of an odd size; 0.5.11: captures the even "
     "sizes [4, 8]; 0.5.23: captures every size rounded up to a multiple of 2 (Engine tool: 0.5.23 "
     "has no bench_one_batch)")
-# the same at TP 4, on sizes TP 2 divides and TP 4 does not (2 and 6): a filter that kept multiples
-# of 2 would pass at TP 2 and fail here. No FlashInfer all-reduce fusion (ServerArgs turns it on at
-# TP > 1 on Hopper): its kernels take minutes to build on a fresh machine, and the failure is in the
-# reduce-scatter, which the fusion does not replace
+# the same at TP 4 on 2 and 6, which TP 2 divides and TP 4 does not; no FlashInfer all-reduce fusion
+# (on by default at TP > 1 on Hopper): its kernels take minutes to build, and it is not the failure
 _TP4_ARGS = (*_dense_args(4, (2, 4, 6, 8)), "--enforce-disable-flashinfer-allreduce-fusion")
 ENGINE = (
     _TP2,
@@ -237,8 +234,7 @@ def describe(sizes, configured: list) -> str:
 
 
 def comparison(results: dict):
-    """One row per (release, setting): the real piecewise list (or the assertion) and decode list
-    beside the rebuilt rule's."""
+    """Per (release, setting): the real piecewise (or assertion) and decode lists, the rule's."""
     configured, rows = fx.default_piecewise_capture_sizes(fx.MLA_MAX_TOKENS), []
     for release, result in real.ran(results).items():
         for name, setting in SETTINGS.items():

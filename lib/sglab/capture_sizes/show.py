@@ -163,15 +163,12 @@ def trace_summary(events):
 # -- CPU tables of the rebuild ---------------------------------------------------------------------
 def padding_waste(buckets: Sequence[int], max_tokens: int) -> dict:
     """Token counts 1..``max_tokens`` on ``buckets``: covered, eager, pad tokens and fraction."""
-    bs, pad, real_, covered, i = sorted(buckets), 0, 0, 0, 0
-    for t in range(1, max_tokens + 1):
-        while i < len(bs) and bs[i] < t:
-            i += 1
-        if i == len(bs):
-            continue
-        covered, real_, pad = covered + 1, real_ + t, pad + bs[i] - t
+    bs, t = np.sort(buckets), np.arange(1, max_tokens + 1)
+    i = np.searchsorted(bs, t)  # each count's smallest bucket at or above it
+    t = t[i < len(bs)]  # the counts a bucket covers (a prefix: i only grows)
+    real_, pad = int(t.sum()), int((bs[i[:len(t)]] - t).sum())
     return {
-        "covered": covered, "eager": max_tokens - covered, "pad_tokens": pad,
+        "covered": len(t), "eager": max_tokens - len(t), "pad_tokens": pad,
         "pad_frac": pad / real_ if real_ else float("nan")
     }
 
@@ -180,8 +177,7 @@ def alignment_table(max_tokens: int = 2048):
     """For attention TP 1-8 x CP 1-4 x two-batch overlap: the bases, the buckets each policy keeps
     of the default list and their padding (``eager_*``: token counts above the largest bucket)."""
     default, out = fx.default_piecewise_capture_sizes(max_tokens), []
-    for tp, cp, tbo in (
-        (tp, cp, tbo) for tp in range(1, 9) for cp in range(1, 5) for tbo in (False, True)):
+    for tp, cp, tbo in itertools.product(range(1, 9), range(1, 5), (False, True)):
         pr, lcm = fx.piecewise_mul_base(tp, cp), fx.lcm_base(tp, cp)
         dec = fx.decode_mul_base(tp, cp, two_batch_overlap=tbo)
         kept = [n for n in default if n % pr == 0]
@@ -350,22 +346,18 @@ def alignment_heatmaps(table, max_tokens: int, n_default: int):
     return fig
 
 
-def _window_limit(cr, rank: int) -> int:
-    """The largest size drawn: the first accepted size above the largest refused one."""
-    before = cr[(cr["rank"] == rank) & (cr.variant == "before") & (cr.stage == "capture")]
-    refused = before.loc[before.refused, "size"]
-    if not len(refused):
-        return int(before["size"].nsmallest(6).max()) if len(before) else 0
-    above = before.loc[~before.refused & (before["size"] > refused.max()), "size"]
-    return int(above.min()) if len(above) else int(refused.max())
-
-
 def tail_window(events, rank: int = 0) -> dict:
     """``{name: (events, refused marks)}`` per variant for :func:`sglab.core.plots.timeline`: one
     rank's capture ranges up to the first accepted size above the largest refused one, refused
     ranges left out, every stream on one ``device`` lane."""
     cr = capture_ranges(events)
-    up_to = _window_limit(cr, rank)
+    before = cr[(cr["rank"] == rank) & (cr.variant == "before") & (cr.stage == "capture")]
+    refused = before.loc[before.refused, "size"]
+    if len(refused):  # up to the first accepted size above the largest refused one
+        above = before.loc[~before.refused & (before["size"] > refused.max()), "size"]
+        up_to = int(above.min()) if len(above) else int(refused.max())
+    else:
+        up_to = int(before["size"].nsmallest(6).max()) if len(before) else 0
     out = {}
     for variant in ("before", "after"):
         rs = cr[(cr["rank"] == rank) & (cr.variant == variant) & (cr.stage == "capture")
@@ -491,9 +483,8 @@ def first_line(fact: dict) -> str:
 
 def _keeps(f: dict) -> list[int]:
     """What the rebuild's rule of the fact's release keeps of the sizes asked."""
-    if f["rule"] == "pr_filter":
-        return fx.filter_piecewise_capture_sizes(f["asked"], f["attn_tp"])
-    return fx.today_capture_sizes(f["asked"], f["attn_tp"]) if f["rule"] == "today" else f["asked"]
+    rule = {"today": "round_up"}.get(f["rule"], f["rule"])
+    return fx.policy_lists(f["asked"], f["attn_tp"]).get(rule, f["asked"])
 
 
 def engine_table(run) -> pd.DataFrame:

@@ -1,7 +1,6 @@
-"""What every workspace_floor run must show (see :mod:`sglab.core.claims`): five claims a reader
-checks, the instrument and cleanup checks folded under them, the headline, the review card and the
-real engine's claims (``ENGINE``). The expected counts come from the simulation of this checkout's
-rebuild over the run's own trace, world size, hidden size and pre-initialisation.
+"""What every workspace_floor run must show (:mod:`sglab.core.claims`): five claims, the checks
+folded under them, the headline, the review card and the real engine's claims (``ENGINE``). The
+expected counts simulate this checkout's rebuild with the run's own trace and settings.
 """
 
 from __future__ import annotations
@@ -37,21 +36,22 @@ def _cells(run) -> list[tuple[str, str]]:
     return [(t, n) for t in p.get("traces", []) for n in p.get("policies", [])]
 
 
+def _values(mgr, refused) -> dict:
+    return {
+        "recreations": traces.in_trace(mgr), "peak_workspace": mgr.peak_bytes_per_rank / MiB,
+        "refused_calls": refused
+    }
+
+
 def expected(run, trace: str, policy: str) -> dict:
-    """The simulation of one (trace, policy) cell with this run's settings: re-creations, peak MiB,
-    refused calls."""
+    """The simulation of one (trace, policy) cell with this run's settings, by metric name."""
     W, H, pre, steps = run.manifest.tp, run_hidden(run), _int(run, "pre_initialize"), _int(
         run, "gpu_trace_steps")
     if steps:
-        mgr, refused = rebuild.simulate(rebuild.POLICIES[policy],
-                                        traces.trace_tokens(trace)[:steps], world_size=W,
-                                        hidden_dim=H, pre_initialize=pre or None)
-    else:
-        mgr, refused = traces.simulated(trace, policy, W, H, pre)
-    return {
-        "recreations": traces.in_trace(mgr), "peak": mgr.peak_bytes_per_rank / MiB,
-        "refused": refused
-    }
+        return _values(*rebuild.simulate(rebuild.POLICIES[policy],
+                                         traces.trace_tokens(trace)[:steps], world_size=W,
+                                         hidden_dim=H, pre_initialize=pre or None))
+    return _values(*traces.simulated(trace, policy, W, H, pre))
 
 
 def per_rank(run, metric: str, trace: str, policy: str) -> dict:
@@ -112,11 +112,8 @@ def _simulation_reproduced(run):
     bad = []
     for r in d.itertuples():
         pre = 0 if r.scenario == "cold" else int(str(r.scenario).split("_")[-1])
-        mgr, refused = traces.simulated(r.trace, r.variant, int(r.world_size), run_hidden(run), pre)
-        fresh = {
-            "recreations": traces.in_trace(mgr), "peak_workspace": mgr.peak_bytes_per_rank / MiB,
-            "refused_calls": refused
-        }[r.metric]
+        fresh = _values(*traces.simulated(r.trace, r.variant, int(r.world_size), run_hidden(run),
+                                          pre))[r.metric]
         if float(r.value) != float(fresh):
             bad.append(f"{r.trace}/{r.scenario}/{label(r.variant)} {r.metric}: stored "
                        f"{r.value:g}, now {fresh:g}")
@@ -199,7 +196,7 @@ def _both_profiled(run) -> Optional[str]:
 def _peak_memory(run):
     bad, extra = [], []
     for t, n in _cells(run):
-        exp = expected(run, t, n)["peak"]
+        exp = expected(run, t, n)["peak_workspace"]
         comp = per_rank(run, "peak_workspace", t, n)
         meas = per_rank(run, "peak_workspace_measured", t, n)
         for r in sorted(comp):

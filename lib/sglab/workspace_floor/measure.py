@@ -1,11 +1,11 @@
-"""Measure the workspace floor: workspace re-creations along a serving trace, per ``max_token_num``
-policy, on the CPU (exact, :mod:`.traces`) and on 2 or 4 GPUs, one rank each: each trace through
-each policy with real IPC creations, a cost sweep over the workspace size, the leak check, then a
-traced pass under torch.profiler (the ``events`` sidecar). Times are host wall-clock ms per rank.
+"""Workspace re-creations along a serving trace per ``max_token_num`` policy: simulated (exact) and
+on 2 or 4 GPUs with real IPC creations, a cost sweep over the size, the leak check, then a traced
+pass under torch.profiler (the ``events`` sidecar). Times are host wall-clock ms per rank.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import tempfile
@@ -66,24 +66,22 @@ def simulate_rows(params: Optional[dict] = None, *, world_sizes=None,
     ``event_workspace`` row per creation."""
     p = {**DEFAULT_PARAMS, **(params or {})}
     rows = []
-    for tname in p["traces"]:
-        for W in (world_sizes or [p["world_size"]]):
-            for pre in scenarios:
-                for name in p["policies"]:
-                    mgr, refused = simulated(tname, name, W, p["hidden_dim"], pre)
-                    base = {
-                        "variant": name, "trace": tname, "world_size": W,
-                        "scenario": _scenario(pre), "source": "simulated"
-                    }
-                    rows += metric_rows(base, recreations=(in_trace(mgr), "count"),
-                                        creations_total=(mgr.recreations, "count"),
-                                        peak_workspace=(mgr.peak_bytes_per_rank / MiB, "MiB"),
-                                        final_max_token_num=(mgr.max_token_num or 0, "tokens"),
-                                        refused_calls=(refused, "count"))
-                    rows += [{
-                        **base, "step": e.step, "tokens": e.max_token_num,
-                        "metric": "event_workspace", "value": e.bytes_per_rank / MiB, "unit": "MiB"
-                    } for e in mgr.events]
+    for tname, W, pre, name in itertools.product(p["traces"], world_sizes or [p["world_size"]],
+                                                 scenarios, p["policies"]):
+        mgr, refused = simulated(tname, name, W, p["hidden_dim"], pre)
+        base = {
+            "variant": name, "trace": tname, "world_size": W, "scenario": _scenario(pre),
+            "source": "simulated"
+        }
+        rows += metric_rows(base, recreations=(in_trace(mgr),
+                                               "count"), creations_total=(mgr.recreations, "count"),
+                            peak_workspace=(mgr.peak_bytes_per_rank / MiB, "MiB"),
+                            final_max_token_num=(mgr.max_token_num
+                                                 or 0, "tokens"), refused_calls=(refused, "count"))
+        rows += [{
+            **base, "step": e.step, "tokens": e.max_token_num, "metric": "event_workspace",
+            "value": e.bytes_per_rank / MiB, "unit": "MiB"
+        } for e in mgr.events]
     return rows
 
 
@@ -179,11 +177,11 @@ def _replay_one(st: RankState, tname: str, trace: list, name: str) -> None:
     """One trace through one policy with real creations: that cell's rows on this rank."""
     cfg, ctx, pol = st.cfg, st.ctx, rebuild.POLICIES[name]
     creator = _MeasuredCreator(rebuild.IpcWorkspaceCreator(st.ops), st.ops, st.base_free)
-    mgr = rebuild.WorkspaceManager(creator, high_water=pol.high_water)
+    mgr = rebuild.WorkspaceManager(creator, high_water=pol.high_water, before_create=st.barrier)
     t0 = time.perf_counter()
     refused = rebuild.replay(mgr, pol, trace, world_size=ctx.world_size, rank=ctx.rank,
                              hidden_dim=cfg["hidden_dim"], group=ctx.cpu_group,
-                             pre_initialize=cfg["pre_initialize"] or None, before_create=st.barrier)
+                             pre_initialize=cfg["pre_initialize"] or None)
     wall = (time.perf_counter() - t0) * 1e3
     mgr.cleanup()
     st.empty_cache()
@@ -280,10 +278,9 @@ def traced_pass(st) -> dict:
                     pol = rebuild.POLICIES[name]
                     creator = rebuild.IpcWorkspaceCreator(st.ops, mark=prof.phase)
                     mgr = rebuild.WorkspaceManager(creator, high_water=pol.high_water,
-                                                   mark=prof.phase)
+                                                   mark=prof.phase, before_create=st.barrier)
                     rebuild.replay(mgr, pol, cfg["profile_trace"], world_size=ctx.world_size,
-                                   rank=ctx.rank, hidden_dim=cfg["hidden_dim"], group=ctx.cpu_group,
-                                   before_create=st.barrier)
+                                   rank=ctx.rank, hidden_dim=cfg["hidden_dim"], group=ctx.cpu_group)
                     mgr.cleanup()
                     schedule[name] = [(e.step, e.max_token_num) for e in mgr.events]
             with prof.phase(VARIANT_PREFIX + COST_VARIANT):
@@ -313,9 +310,8 @@ def _host_ranges(events, names):
 
 
 def reduce_events(events, schedule: dict, *, rank: int):
-    """The events inside creation ranges, labelled with ``variant``, ``rank``, ``creation`` and its
-    ``(step, tokens)`` from ``schedule``; device copies of ranges and trivial host queries
-    dropped."""
+    """The events inside creation ranges, labelled with variant, rank, creation and its ``(step,
+    tokens)`` from ``schedule``; no device copies of ranges, no trivial host queries."""
     variants = _host_ranges(events, [VARIANT_PREFIX + v for v in schedule])
     creations = _host_ranges(events, [rebuild.RECREATE_RANGE, COST_RANGE])
     if creations.empty:
@@ -359,8 +355,7 @@ def check_params(p: dict) -> None:
 
 
 def rank_config(p: dict, *, progress: bool, trace_dir: str) -> dict:
-    """What every rank gets: the traces' token lists (cut to ``gpu_trace_steps`` when set) and the
-    settings."""
+    """What every rank gets: the settings and the traces (cut to ``gpu_trace_steps`` when set)."""
     steps = int(p["gpu_trace_steps"]) or None
     keys = ("hidden_dim", "policies", "pre_initialize", "cost_tokens", "cost_warmup",
             "cost_repeats", "cost_rounds", "profile_policies")

@@ -10,6 +10,7 @@ import ctypes
 import dataclasses
 import time
 from contextlib import contextmanager, nullcontext
+from types import SimpleNamespace
 from typing import Callable, ContextManager, Optional
 
 import torch
@@ -28,9 +29,8 @@ BUFFER_NAMES = ("data", "flags", "lamport")  # the order of the buffers (and of 
 
 
 def workspace_sizes(world_size: int, max_token_num: int, hidden_dim: int) -> dict:
-    """The three per-rank buffers (bf16): ``W*T*H*2`` bytes of data, ``W*256*4`` of barrier flags,
-    ``3*W*T*H*2`` of Lamport (comm size capped at :data:`MAX_COMM_SIZE`), each rounded up to 2
-    MiB."""
+    """The three per-rank bf16 buffers, each rounded up to 2 MiB: data ``W*T*H*2`` bytes, flags
+    ``W*256*4``, Lamport ``3*W*T*H*2`` (comm size capped at :data:`MAX_COMM_SIZE`)."""
     buffer_size = world_size * max_token_num * hidden_dim * 2
     flag_size = world_size * BARRIER_FLAG_COUNT * 4
     lamport_comm_size = min(buffer_size, MAX_COMM_SIZE)
@@ -49,8 +49,7 @@ def workspace_bytes_per_rank(world_size: int, max_token_num: int, hidden_dim: in
 
 
 def size_sufficient(metadata: dict, token_num: int, hidden_dim: int, world_size: int) -> bool:
-    """FlashInfer's metadata check: same world size, ``token_num * hidden_dim`` within the
-    workspace's."""
+    """FlashInfer's metadata check: same world size, ``token_num * hidden_dim`` fits."""
     return (world_size == metadata["tp_size"]
             and token_num * hidden_dim <= metadata["max_token_num"] * metadata["hidden_dim"])
 
@@ -80,13 +79,15 @@ class CreationEvent:
 
 
 class WorkspaceManager:
-    """``FlashInferWorkspaceManager`` over a creator: reuse a workspace that covers the request,
-    else create at ``max(max_token_num, high-water mark)`` (``high_water=False``: 0.5.12.post1 and
-    0.5.13); added, a :class:`CreationEvent` and a :data:`RECREATE_RANGE` mark per creation."""
+    """``FlashInferWorkspaceManager``: reuse a workspace that covers the request, else create at
+    ``max(max_token_num, high-water mark)`` (``high_water=False``: 0.5.12.post1, 0.5.13); added per
+    creation: ``before_create()`` (a barrier), a :data:`RECREATE_RANGE` mark, a CreationEvent."""
 
     def __init__(self, creator, *, high_water: bool = True,
-                 clock: Callable[[], float] = time.perf_counter, mark: Optional[Mark] = None):
+                 clock: Callable[[], float] = time.perf_counter, mark: Mark = no_mark,
+                 before_create: Callable[[], None] = lambda: None):
         self.creator, self.high_water, self.clock, self.mark = creator, high_water, clock, mark
+        self.before_create = before_create
         self.workspace = self.world_size = self.rank = self.group = None
         self.max_token_num = self.hidden_dim = None
         self.initialized = False
@@ -104,11 +105,11 @@ class WorkspaceManager:
         if (self.initialized and self.world_size == world_size
                 and self.is_buffer_size_sufficient(max_token_num, hidden_dim)):
             return
-        mark = self.mark or no_mark
-        with mark(RECREATE_RANGE):
+        self.before_create()
+        with self.mark(RECREATE_RANGE):
             self._pending_destroy_ms = 0.0
             if self.initialized and self.world_size == world_size:  # too small: free it first
-                with mark(DESTROY_RANGE):
+                with self.mark(DESTROY_RANGE):
                     self.cleanup()
             if self.high_water:
                 max_token_num = max(max_token_num, self._max_token_num_seen)
@@ -147,29 +148,24 @@ class WorkspaceManager:
         return len(self.events)
 
 
-def _recreate_reason(manager: WorkspaceManager, world_size: int, rank: int, token_num: int,
-                     hidden_dim: int, group) -> Optional[str]:
-    """Why ``ensure_workspace_initialized`` calls ``initialize``, or None."""
-    if not manager.initialized:
-        return "uninitialised"
-    if manager.world_size != world_size or manager.rank != rank:
-        return "world/rank changed"
-    if manager.group is not group:
-        return "group changed"
-    return None if manager.is_buffer_size_sufficient(token_num, hidden_dim) else "too small"
-
-
 def ensure_workspace_initialized(manager: WorkspaceManager, *, world_size: int, rank: int,
                                  max_token_num: int, hidden_dim: int,
                                  token_num: Optional[int] = None, group=None) -> bool:
     """PR-era: re-create when uninitialised, when world size, rank or group change, or when the
-    buffer is too small for ``token_num`` (``x.shape[0]``)."""
+    buffer is too small for ``token_num`` (``x.shape[0]``); the reason goes to the event."""
     if world_size <= 1:
         return False
-    reason = _recreate_reason(manager, world_size, rank, token_num or max_token_num, hidden_dim,
-                              group)
-    if reason is not None:
-        manager.initialize(world_size, rank, max_token_num, hidden_dim, group=group, reason=reason)
+    if not manager.initialized:
+        reason = "uninitialised"
+    elif manager.world_size != world_size or manager.rank != rank:
+        reason = "world/rank changed"
+    elif manager.group is not group:
+        reason = "group changed"
+    elif not manager.is_buffer_size_sufficient(token_num or max_token_num, hidden_dim):
+        reason = "too small"
+    else:
+        return True
+    manager.initialize(world_size, rank, max_token_num, hidden_dim, group=group, reason=reason)
     return manager.initialized
 
 
@@ -224,17 +220,6 @@ def fused_norm_call(manager: WorkspaceManager, policy: Policy, token_num: int, *
         hidden_dim=hidden_dim, token_num=token_num, group=group)
 
 
-def will_recreate(manager: WorkspaceManager, policy: Policy, token_num: int, world_size: int,
-                  rank: int, hidden_dim: int, group=None) -> bool:
-    """Would this call re-create the workspace? (pure)"""
-    max_token_num = policy.max_token_num(token_num)
-    if (token_num > max_token_num or world_size <= 1
-            or _recreate_reason(manager, world_size, rank, token_num, hidden_dim, group) is None):
-        return False
-    return not (manager.initialized and manager.world_size == world_size
-                and manager.is_buffer_size_sufficient(max_token_num, hidden_dim))
-
-
 # -- 3b. sglang/srt/layers/communicator.py · apply_flashinfer_allreduce_fusion (the gate before the
 #    call site; the same in 0.5.11-0.5.14) and model_runner.py ·
 #    _pre_initialize_flashinfer_allreduce_workspace (before any CUDA-graph capture)
@@ -248,19 +233,14 @@ def fusion_applies(token_num: int) -> bool:
     return 0 < token_num <= FUSE_ALLREDUCE_MAX_BATCH_SIZE
 
 
-def fused_steps(trace) -> list[int]:
-    """The steps of ``trace`` that reach the call site in SGLang's engine."""
-    return [int(t) for t in trace if fusion_applies(int(t))]
-
-
 # -- 4. creators: ``creator.create(world_size=, rank=, max_token_num=, hidden_dim=, group=)``
-#    returns a workspace with ``metadata``, ``bytes_per_rank`` and ``destroy()``
+#    returns a workspace with ``metadata`` and ``destroy()``
 class PhaseClock:
     """Milliseconds per phase of one creation (``ms``, summed over repeats of a ``key``), each
-    inside ``mark(label)`` when a marker is set."""
+    inside ``mark(label)``."""
 
-    def __init__(self, mark: Optional[Mark] = None):
-        self.mark, self.ms = mark or no_mark, {}
+    def __init__(self, mark: Mark = no_mark):
+        self.mark, self.ms = mark, {}
 
     @contextmanager
     def __call__(self, key: str, label: Optional[str] = None):
@@ -279,32 +259,12 @@ def _metadata(world_size, rank, max_token_num, hidden_dim, **sizes) -> dict:
     }
 
 
-class FakeWorkspace:
-
-    def __init__(self, creator, world_size, rank, max_token_num, hidden_dim):
-        self.creator, self.destroyed = creator, False
-        self.metadata = _metadata(world_size, rank, max_token_num, hidden_dim)
-        self.bytes_per_rank = workspace_bytes_per_rank(world_size, max_token_num, hidden_dim)
-
-    def destroy(self) -> None:
-        if not self.destroyed:
-            self.destroyed = True
-            self.creator.live_bytes -= self.bytes_per_rank
-            self.creator.destroyed += 1
-
-
 class FakeCreator:
-    """Counts creations and live bytes; allocates nothing (the CPU simulation)."""
-
-    def __init__(self):
-        self.created = self.destroyed = self.live_bytes = self.peak_live_bytes = 0
+    """Creates workspaces that allocate nothing (the CPU simulation)."""
 
     def create(self, *, world_size, rank, max_token_num, hidden_dim, group=None):
-        ws = FakeWorkspace(self, world_size, rank, max_token_num, hidden_dim)
-        self.created += 1
-        self.live_bytes += ws.bytes_per_rank
-        self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
-        return ws
+        return SimpleNamespace(metadata=_metadata(world_size, rank, max_token_num, hidden_dim),
+                               destroy=lambda: None)
 
 
 # -- 5. flashinfer/comm/cuda_ipc.py · CudaRTLibrary, create_shared_buffer / free_shared_buffer -----
@@ -375,9 +335,6 @@ class IpcWorkspace:
         self.ipc_ptrs = ipc_ptrs  # [buffer][peer]: this process's mappings
         self.workspace_tensor, self.flag_ptr = table, flag_ptr
         self.phases_ms, self.mark = phases_ms, mark
-        self.bytes_per_rank = workspace_bytes_per_rank(metadata["tp_size"],
-                                                       metadata["max_token_num"],
-                                                       metadata["hidden_dim"])
         self._destroyed = False
 
     def destroy(self) -> None:
@@ -405,11 +362,10 @@ class IpcWorkspace:
 
 
 class IpcWorkspaceCreator:
-    """Per rank: SGLang's free-memory vote; per buffer, allocate, export, all-gather the handles,
-    open every peer's; fill, flag word, pointer table; a barrier and SGLang's CPU all-reduce. Each
-    phase timed and named."""
+    """Per rank, each phase timed and named: SGLang's free-memory vote; per buffer, allocate,
+    export, exchange, open; fill, flag word, pointer table; a barrier and SGLang's all-reduce."""
 
-    def __init__(self, ops, *, mark: Optional[Mark] = None):
+    def __init__(self, ops, *, mark: Mark = no_mark):
         self.ops, self.mark = ops, mark
 
     def create(self, *, world_size, rank, max_token_num, hidden_dim, group=None):
@@ -455,23 +411,16 @@ class IpcWorkspaceCreator:
 
 # -- 7. the driver (not upstream): a token-count trace through the call site -----------------------
 def replay(manager: WorkspaceManager, policy: Policy, trace, *, world_size: int, rank: int,
-           hidden_dim: int, group=None, pre_initialize: Optional[int] = None,
-           before_create: Optional[Callable[[], None]] = None) -> int:
-    """Feed a trace through the call site; the refused calls. ``pre_initialize``: create at that
-    size first, as step -1; ``before_create``: called before a creating step (a barrier)."""
+           hidden_dim: int, group=None, pre_initialize: Optional[int] = None) -> int:
+    """Feed a trace through the call site (``pre_initialize``: first, as step -1); refused calls."""
     refused = 0
     if pre_initialize:
         manager.step = -1
-        if before_create is not None:
-            before_create()
         ensure_workspace_initialized(manager, world_size=world_size, rank=rank,
                                      max_token_num=pre_initialize, hidden_dim=hidden_dim,
                                      group=group)
     for i, t in enumerate(trace):
         t, manager.step = int(t), i
-        if before_create is not None and will_recreate(manager, policy, t, world_size, rank,
-                                                       hidden_dim, group):
-            before_create()
         refused += not fused_norm_call(manager, policy, t, world_size=world_size, rank=rank,
                                        hidden_dim=hidden_dim, group=group)
     return refused

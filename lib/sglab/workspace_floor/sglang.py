@@ -1,7 +1,6 @@
-"""The workspace floor in real SGLang: the fix's record (``FIX``), its source check, code path,
-CPU probe (the traces through each release's own call site and manager, FlashInfer's creation
-replaced by a recorder), the engine's scenarios and answers, and the comparison with the rebuild.
-Nothing here imports SGLang at module level.
+"""The workspace floor in real SGLang: the fix's record (``FIX``), source check, code path, probe
+(the traces through each release's call site and manager, FlashInfer replaced by a recorder), the
+engine's scenarios and answers, and the comparison with the rebuild. SGLang is imported lazily.
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ import dataclasses
 import functools
 import gzip
 import inspect
+import itertools
 import types
 
 from sglab.core import lazy
@@ -159,8 +159,7 @@ def undecorated(module, name: str):
 
 @contextlib.contextmanager
 def _wired(prepared, comm: RecordingComm, world_size: int):
-    """The release's modules with FlashInfer, the preflight and the parallel state replaced, and
-    fresh managers (a cold server)."""
+    """The release's modules with FlashInfer, preflight, parallel state and managers replaced."""
     from sglab.sglang import bootstrap
 
     fc = bootstrap.import_release_module(prepared, "sglang.srt.layers.flashinfer_comm_fusion")
@@ -246,14 +245,12 @@ def probe(prepared, params: dict) -> list[dict]:
         dict(trace="", site="release", scenario="", metric="call_site",
              value=lines[0] if lines else "(none)")
     ]
-    W, H = int(params.get("world_size", WORLD_SIZE)), int(params.get("hidden", HIDDEN))
-    for name, trace in params["traces"].items():
-        for site in params.get("sites", ["release"]):
-            for pre in params.get("pre_initialize", [0, 2048]):
-                got = replay_release(prepared, trace, site, pre_initialize=int(pre), world_size=W,
-                                     hidden=H)
-                where = dict(trace=name, site=site, scenario=f"preinit_{pre}" if pre else "cold")
-                rows += [{**where, "metric": k, "value": v} for k, v in got.items()]
+    W, H = int(params["world_size"]), int(params["hidden"])
+    for (name, trace), site, pre in itertools.product(params["traces"].items(), params["sites"],
+                                                      params["pre_initialize"]):
+        got = replay_release(prepared, trace, site, pre_initialize=int(pre), world_size=W, hidden=H)
+        where = dict(trace=name, site=site, scenario=f"preinit_{pre}" if pre else "cold")
+        rows += [{**where, "metric": k, "value": v} for k, v in got.items()]
     return rows
 
 
@@ -344,13 +341,15 @@ def engine_facts(run) -> list[dict]:
         world = int(d["resolved"].get("tp_size", 2)) if d.get("resolved") else 2
         policy = dataclasses.replace(rebuild.POLICIES[ENGINE_POLICY[key]], high_water=False)
         spec, steps = specs.get(key, {}), []
-        for il in spec.get("input_lens", []):
-            for _ in range(int(spec.get("warmup", 0)) + int(spec.get("repeats", 1))):
-                for n in spec.get("requests", [1]):
-                    steps += [il * n] + [n] * (int(spec.get("output_len", 1)) - 1)
-        trace = rebuild.fused_steps(
-            sorted(d.get("decode_bs") or [], reverse=True) +
-            sorted(d.get("pcg_tokens") or [], reverse=True) + steps)
+        rounds = range(int(spec.get("warmup", 0)) + int(spec.get("repeats", 1)))
+        for il, _, n in itertools.product(spec.get("input_lens", []), rounds,
+                                          spec.get("requests", [1])):
+            steps += [il * n] + [n] * (int(spec.get("output_len", 1)) - 1)
+        trace = [
+            int(t) for t in sorted(d.get("decode_bs") or [], reverse=True) +
+            sorted(d.get("pcg_tokens") or [], reverse=True) + steps
+            if rebuild.fusion_applies(int(t))
+        ]
         mgr, _ = rebuild.simulate(policy, trace, world_size=world, hidden_dim=hidden,
                                   pre_initialize=rebuild.FUSE_ALLREDUCE_MAX_BATCH_SIZE)
         ev = [x for x in d["events"] if x.get("event") == "workspace"]
@@ -418,9 +417,8 @@ def _real_cells(results: dict):
 
 
 def comparison(results: dict):
-    """One row per (release, call site, trace, scenario): the real re-creations, sizes and refused
-    calls beside the rebuild's (same call site, a manager like the release's); equal steps, sizes
-    and refusals agree."""
+    """Per (release, call site, trace, scenario): the real re-creations, sizes and refused calls
+    beside the rebuild's (same call site, a manager like the release's)."""
     rows = []
     for release, own, (trace, site, scenario), got in _real_cells(results):
         hwm = bool(got["manager_high_water_mark"])
@@ -460,8 +458,7 @@ def decisions(results: dict):
 
 
 def high_water_note(results: dict) -> str:
-    """Which real managers keep a high-water mark, and whether the rebuild's (which keeps one)
-    counts the same on every cell."""
+    """Which real managers keep a high-water mark; whether the rebuild's counts the same without."""
     from sglab.sglang.releases import installed_releases, package_dir
 
     have = {

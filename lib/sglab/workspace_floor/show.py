@@ -1,7 +1,6 @@
-"""Tables and figures of notebook 02, from the simulation (CPU) or a run (recorded or live): the
-mechanism, the GPU replay and what one creation costs, the profiler trace, and the real engine
-(:data:`VIEW`). Times are host wall-clock ms per rank; tables take the slowest rank, since a
-creation blocks every rank. Your own traffic: :mod:`.traffic`.
+"""Tables and figures of notebook 02 from the simulation or a run: the mechanism, the GPU replay, a
+creation's cost, the profiler trace and the real engine (:data:`VIEW`). Times are host ms; tables
+take the slowest rank, since a creation blocks every rank. Your own traffic: :mod:`.traffic`.
 """
 
 from __future__ import annotations

@@ -115,8 +115,7 @@ def trace_tokens(name: str) -> list[int]:
 
 
 def calls_over(name: str, max_token_num: int, steps: int = 0) -> int:
-    """Calls of a trace (its first ``steps``, 0: all) over ``max_token_num``: what the callee's
-    assert refuses."""
+    """Calls of a trace (its first ``steps``, 0: all) over ``max_token_num``: the assert refuses."""
     return sum(t > max_token_num for t in _tokens(name)[:steps or None])
 
 

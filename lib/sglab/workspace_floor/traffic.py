@@ -28,8 +28,7 @@ LOG_LINES = (("Prefill", re.compile(r"Prefill batch\b.*?#new-token:\s*(\d+)"), "
 
 
 class TraceError(ValueError):
-    """A trace file that cannot be read: the message names the file, the line and what was
-    expected."""
+    """A trace file that cannot be read (the message names file, line and what was expected)."""
 
 
 @dataclass
@@ -133,9 +132,8 @@ def cost_model(world_size: int) -> Optional[CostModel]:
     recorded = runs.load_all_recorded(EXPERIMENT)
     if not recorded:
         return None
-    nearest = min(abs(r.manifest.tp - world_size) for r in recorded)
-    run = max((r for r in recorded if abs(r.manifest.tp - world_size) == nearest),
-              key=lambda r: str(r.manifest.created_utc))
+    run = max(recorded, key=lambda r:
+              (-abs(r.manifest.tp - world_size), str(r.manifest.created_utc)))
     c = run.df[(run.df.variant == "cost_sweep") & (run.df.metric == "time_median")
                & run.df.phase.isin(["create", "destroy"])]
     if c.empty:
@@ -184,8 +182,7 @@ def generated_trace(prompt_length: int, *, steps: int = 1500) -> list[int]:
 
 def floor_table(floor: int, world_size: int, prompt_length: int, *,
                 hidden_dim: int = 7168) -> pd.DataFrame:
-    """On a generated cold start: ``max(x.shape[0], floor)`` next to no floor, the PR's 2048 and the
-    call before the PR."""
+    """``max(x.shape[0], floor)`` on a generated cold start, beside the draft, merged and before."""
     mine = rebuild.POLICIES.get(f"floor_{int(floor)}") or rebuild.floor_policy(int(floor))
     names = list(dict.fromkeys(["before_pr", "floor_0", mine.name, "floor_2048"]))
     return traffic_table(generated_trace(prompt_length), world_size=int(world_size),
