@@ -455,10 +455,8 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
         if isinstance(e, CellExecutionError) and not by_signal:
             status, error = "failed", f"{progress.where()}: {type(e).__name__}: {e}"
         else:
-            if isinstance(e, CellTimeoutError):
-                why = f"cell timeout {cell_timeout} s"
-            else:
-                why = "stopped by a signal" if by_signal else f"{type(e).__name__}: {e}".strip(": ")
+            why = (f"cell timeout {cell_timeout} s" if isinstance(e, CellTimeoutError) else
+                   "stopped by a signal" if by_signal else f"{type(e).__name__}: {e}".strip(": "))
             status, error = "interrupted", (f"interrupted: {progress.where()}{progress.elapsed()} "
                                             f"({why})")
     finally:
