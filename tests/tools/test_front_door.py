@@ -124,7 +124,7 @@ def test_a_probe_line_counts_only_where_no_unaffected_release_printed_it(monkeyp
 
 
 def test_an_engine_error_counts_only_on_an_affected_release(monkeypatch):
-    from sglab.core import engine_records
+    from sglab.core import engine_records, runs
 
     frame = pd.DataFrame({
         "release": ["1", "2", "1"], "metric": ["status"] * 3, "value": [
@@ -134,11 +134,11 @@ def test_an_engine_error_counts_only_on_an_affected_release(monkeypatch):
     })
     monkeypatch.setattr(engine_records, "frame", lambda shown: frame)
     fix = SimpleNamespace(probe=None, releases=lambda: [("1", "regressed"), ("2", "pr-era")],
-                          recorded_engine=lambda: SimpleNamespace(shown=["run"]))
+                          recorded_engine=lambda: runs.RunSet(["run"]))
     assert F._engine_lines(fix) == [("1", "ValueError: sizes differ")]
     assert F.log_line(fix) == "1 stops with “ValueError: sizes differ” (a recorded engine run)."
     fix = SimpleNamespace(probe=None, releases=lambda: [("1", "before")],
-                          recorded_engine=lambda: SimpleNamespace(line="none recorded"))
+                          recorded_engine=lambda: runs.NoRun("engine_x", "none recorded"))
     assert F.log_line(fix) == ""
 
 

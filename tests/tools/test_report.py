@@ -124,7 +124,7 @@ def test_broken_page_still_says_why(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise ValueError("cannot render")
 
-    monkeypatch.setattr(pages, "render", boom)
+    monkeypatch.setattr(pages, "exporter", boom)
     text = pages.write_page(nbformat.v4.new_notebook(), tmp_path / "x.html", title="X").read_text()
     assert "HTML export failed: ValueError: cannot render" in text and "index.html" in text
 

@@ -35,7 +35,6 @@ def _parse_params(items: list[str]) -> dict:
     return out
 
 
-# -- env
 def cmd_env(_args) -> int:
     from sglab.tools.report import env_report
 
@@ -59,7 +58,6 @@ def cmd_real(args) -> int:
     return install.main(args.rest)
 
 
-# -- record
 def cmd_publish(args) -> int:
     """A live run (its CSV, manifest and every sidecar) copied into data/recorded/<experiment>/."""
     from sglab.core import claims, runs
@@ -95,7 +93,6 @@ def cmd_record(args) -> int:
     return 0
 
 
-# -- sync
 def cmd_sync(args) -> int:
     from sglab.tools import nbtools
 
@@ -120,7 +117,6 @@ def cmd_sync(args) -> int:
     return 0
 
 
-# -- index
 def cmd_index(args) -> int:
     from sglab.tools import readme
 
@@ -137,7 +133,6 @@ def cmd_index(args) -> int:
     return 0
 
 
-# -- verify
 def cmd_verify(args) -> int:
     from sglab.core import claims
     from sglab.tools import fixes, verify
@@ -241,21 +236,23 @@ def cmd_swa_cost(args) -> int:
     return 0
 
 
-# -- run
 def _resolve_notebooks(names: list[str]) -> list[Path]:
+    """What ``sglab run`` names: a notebook file of your own as itself, a name or prefix the
+    workbook's; none: every notebook of the workbook."""
     from sglab.tools import nbtools
 
     all_nbs = nbtools.all_notebooks()
-    if not names:
-        return all_nbs
     picked = []
     for n in names:
+        if Path(n).suffix == ".ipynb" and Path(n).is_file():
+            picked.append(Path(n).resolve())
+            continue
         match = [p for p in all_nbs if p.stem == Path(n).stem or p.name.startswith(n)]
         if not match:
             raise ValueError(f"no notebook matches {n!r}; have: "
                              f"{', '.join(p.stem for p in all_nbs)}")
         picked.extend(match)
-    return list(dict.fromkeys(picked))
+    return list(dict.fromkeys(picked)) if names else all_nbs
 
 
 def cmd_run(args) -> int:
@@ -268,7 +265,6 @@ def cmd_run(args) -> int:
 
 
 def _run_command(args) -> int:
-    """`sglab run` under the stop signals' handler of :func:`cmd_run`."""
     from sglab.tools.report import default_jobs, run_notebooks
     from sglab.tools import nbtools, timings
     from sglab.core.runs import repo_root
@@ -276,13 +272,7 @@ def _run_command(args) -> int:
     if args.record and not args.timings:
         raise Refused("--record saves the timings; it needs --timings")
     try:
-        # a notebook file of your own runs as itself; a name or prefix picks the workbook's
-        paths = [] if args.notebooks else _resolve_notebooks([])
-        for name in args.notebooks:
-            own = Path(name)
-            mine = own.suffix == ".ipynb" and own.is_file()
-            paths += [own.resolve()] if mine else _resolve_notebooks([name])
-        paths = list(dict.fromkeys(paths))
+        paths = _resolve_notebooks(args.notebooks)
         params = _parse_params(args.param)
         why = nbtools.unknown_parameters(paths, params)
         if why:
@@ -318,8 +308,7 @@ def _run_command(args) -> int:
 
 
 def cmd_timings(args) -> int:
-    """Timings of notebooks executed on another machine (its ``sglab run --out`` folder and the
-    live runs they wrote), saved as a workbook run with that machine's fields."""
+    """Timings of notebooks run on another machine, saved as a workbook run with its fields."""
     from sglab.tools import timings
 
     try:
@@ -481,8 +470,6 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     _workbook_commands(sub)
     _evidence_commands(sub)
-    for action in sub._choices_actions:  # each command's --help opens with what it does
-        sub.choices[action.dest].description = (sub.choices[action.dest].description or action.help)
     args = ap.parse_args(argv)
     try:
         _check_numbers(args)
@@ -518,8 +505,7 @@ def _check_numbers(args) -> None:
 
 
 class _Version(argparse.Action):
-    """``--version``: ``sglab <version>`` (the package metadata, or where the checkout is not
-    installed, pyproject.toml's), read only when asked."""
+    """``--version``: ``sglab <version>`` (the metadata, else pyproject.toml's), read when asked."""
 
     def __init__(self, option_strings, dest, **kwargs):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
@@ -541,8 +527,8 @@ class _Version(argparse.Action):
 
 
 def _reader_gone() -> int:
-    """The reader of stdout went away (``sglab ... | head``): stop quietly, as Unix tools do, with
-    the status of a process ended by SIGPIPE (128 + 13). What is still buffered goes nowhere."""
+    """The reader of stdout went away (``sglab ... | head``): stop quietly with the status of a
+    process ended by SIGPIPE (128 + 13), what is still buffered going nowhere."""
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):  # a stdout without a file descriptor (a test's)

@@ -7,8 +7,8 @@ class Refused(Exception):
 
 
 def command(sub, fn, *args, **kw):
-    """A command's parser (``sub.add_parser``'s arguments), running ``fn``."""
-    p = sub.add_parser(*args, **kw)
+    """A command's parser running ``fn``; its --help opens with its description, else its help."""
+    p = sub.add_parser(*args, **{"description": kw.get("help"), **kw})
     p.set_defaults(fn=fn)
     return p
 

@@ -136,8 +136,7 @@ def _cpus(text: str) -> tuple[int, ...]:
 
 
 def _dry_run(spec, work, said: set) -> None:
-    """Print the command a spec would start (and why it would stop), starting nothing; ``said``:
-    what the scenario's earlier engines printed already."""
+    """Print the command a spec would start (and why it would stop); ``said``: printed already."""
     from sglab.sglang import engine as eng
 
     with tempfile.TemporaryDirectory(prefix="sglab-engine-") as tmp:
@@ -180,8 +179,7 @@ HOST_COST = ("import json; from sglab.core.timing import launch_cost_us; "
 
 
 def host_launch_cost(timeout: float = 120.0, cpus: tuple = ()) -> dict:
-    """The host's per-launch cost (µs, :func:`sglab.core.timing.launch_cost_us`) in a process of its
-    own on ``cpus``; ``{"error": ...}`` else."""
+    """The host's per-launch cost (µs) measured in a process of its own on ``cpus``."""
     return procs.in_own_process(HOST_COST, timeout, cpus)
 
 
@@ -240,8 +238,7 @@ def _same_failure(specs: list, results: list, release: str) -> str:
 
 
 def _record_partial(args, fix: str, results: list, specs: list, host: dict, stop) -> None:
-    """The engines that finished before a signal stopped the scenario, recorded under
-    ``<out>/partial/`` with what ran, what did not and why."""
+    """Record the engines that finished before a signal under ``<out>/partial/``."""
     from sglab.core.runs import data_dir
     from sglab.sglang import engine as eng
 
@@ -300,7 +297,7 @@ def main(args) -> int:
         for fix, name, specs in groups:
             results = []
             # the host's cost per kernel launch before and after the engines (did the host change?)
-            cpus = specs[0].cpus if specs else ()
+            cpus = specs[0].cpus
             measured = not args.dry_run and hardware.has_cuda()  # (no launches to time without)
             host = {"before": host_launch_cost(cpus=cpus)} if measured else {}
             # a signal between two engines: the engines that finished are recorded as a partial run

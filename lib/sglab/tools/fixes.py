@@ -48,16 +48,15 @@ def _module(name: str, part: str):
 
 
 def claims(name: str):
-    """``sglab.<name>.claims``: CLAIM, CLAIMS, shown, HEADLINE; for ``engine_<name>`` (the real
-    engine's runs) its ``ENGINE``: CLAIM, CLAIMS, shown."""
+    """``sglab.<name>.claims``; for ``engine_<name>`` (the real engine's runs) its ``ENGINE``."""
     if name.startswith("engine_"):
         return _module(name.removeprefix("engine_"), "claims").ENGINE
     return _module(name, "claims")
 
 
 def card(name: str, live: list | tuple = ()) -> dict:
-    """The review card of fix ``name`` (:func:`sglab.core.card.parts`) over the runs a reader is
-    shown (or ``live``) and its recorded engine runs."""
+    """The review card of fix ``name`` (:func:`sglab.core.card.parts`) over its shown (or ``live``)
+    runs."""
     from sglab.core import card as K, claims as C, runs
 
     mod, fix = claims(name), get(name)

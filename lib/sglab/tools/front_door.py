@@ -39,8 +39,7 @@ READING_ORDER = (
 
 
 def _symptoms() -> dict[str, tuple[str, str]]:
-    """Per fix, what a reader of an affected release sees, in a line, and what that line is derived
-    from; SGLang's own line is added where one is recorded (:func:`log_line`)."""
+    """Per fix: what a reader of an affected release sees, and what that line is derived from."""
     from sglab.swa_loc.claims import EXTRA_PER_SWA_LAYER
     from sglab.workspace_floor.rebuild import CALLEE_DEFAULT_MAX_TOKEN_NUM
 
@@ -74,25 +73,21 @@ def _symptoms() -> dict[str, tuple[str, str]]:
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\"“(#*])")
 
 
-def _depth(text: str) -> int:
-    return text.count("(") - text.count(")")
-
-
 def _cut(sentence: str, room: int, *, words: bool) -> str:
-    """The longest head of ``sentence`` within ``room`` characters that ends at a clause (``;`` or
-    ``:``), or (``words``) at a word, never inside a parenthesis; '' where none is long enough."""
+    """The longest head of ``sentence`` within ``room`` characters ending at a clause (or with
+    ``words``, a word) outside parentheses; '' where none is long enough."""
     head = sentence[:room + 1]
     for pattern in (r"[;:](?= )", r" ") if words else (r"[;:](?= )",):
         for end in reversed([m.start() for m in re.finditer(pattern, head)]):
             part = sentence[:end].rstrip(" ,;:")
-            if _depth(part) == 0 and len(part) >= 12:
+            if part.count("(") == part.count(")") and len(part) >= 12:
                 return part
     return ""
 
 
 def lead(text: str, limit: int) -> str:
-    """The first whole sentences of ``text`` that fit in ``limit`` characters; one that does not fit
-    cut at a clause (the first, failing that, at a word; never inside a parenthesis), marked '…'."""
+    """The first whole sentences of ``text`` within ``limit`` characters, the next cut by
+    :func:`_cut` and marked '…'."""
     text = " ".join(text.split())
     if len(text) <= limit:
         return text
@@ -110,8 +105,7 @@ def lead(text: str, limit: int) -> str:
 
 # -- SGLang's own log lines, recorded on an affected release ---------------------------------------
 def _probe_lines(fix) -> list[tuple[str, str]]:
-    """(release, line): a log line or warning the fix's probe recorded on an affected release and
-    on no unaffected one (the newest real-release recording)."""
+    """(release, line): what the fix's newest recorded probe logged on an affected release only."""
     from sglab.sglang import store
 
     rec = store.newest() if fix.probe else None
@@ -134,7 +128,7 @@ def _engine_lines(fix) -> list[tuple[str, str]]:
     """(release, error): the error a recorded engine run of an affected release stopped with."""
     from sglab.core import engine_records
 
-    shown = list(getattr(fix.recorded_engine(), "shown", []) or [])
+    shown = list(fix.recorded_engine())
     if not shown:
         return []
     df = engine_records.frame(shown)
@@ -148,8 +142,7 @@ def _engine_lines(fix) -> list[tuple[str, str]]:
 
 
 def log_line(fix) -> str:
-    """SGLang's own line for the symptom: what an affected release logged in the fix's recorded
-    probe answers, else the error its recorded engine run stopped with; '' where none is."""
+    """SGLang's own line for the symptom (a recorded probe's log, else an engine run's error)."""
     found, said, where = _probe_lines(fix), "logs", "its recorded probe"
     if not found:
         found, said, where = _engine_lines(fix), "stops with", "a recorded engine run"
@@ -162,8 +155,7 @@ def log_line(fix) -> str:
 
 # -- the tables ------------------------------------------------------------------------------------
 def affects_rows() -> list[dict]:
-    """One row per fix: its notebook, the bug and who it affects (the card's first words), the
-    releases, and what a reader sees (with SGLang's own line, if recorded)."""
+    """One row per fix: its notebook, bug, who it affects, releases and what a reader sees."""
     symptoms, rows = _symptoms(), []
     for fix in fixes.FIXES:
         card = fixes.claims(fix.name).CARD

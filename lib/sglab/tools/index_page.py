@@ -5,7 +5,6 @@ its first figure, then the run's environment. Notebooks an earlier run left keep
 from __future__ import annotations
 
 import base64
-import contextlib
 import html
 import io
 import json
@@ -14,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from sglab.core import runs
-from sglab.tools import nbtools, timings
+from sglab.tools import timings
 from sglab.tools.pages import notebook_title
 
 
@@ -76,8 +75,8 @@ def inline_markdown(text: str) -> str:
 
 
 def card(r, live_time: str, recorded: dict | None = None, earlier: str = "") -> str:
-    """The HTML of one notebook's card (``recorded``: its facts over the recorded runs, read
-    already; ``earlier``: when an earlier run that left it in the index ran)."""
+    """The HTML of one notebook's card (``recorded``: its facts, read already; ``earlier``: when
+    the earlier run that left it ran)."""
     from sglab.tools.fixes import by_stem
 
     entry = by_stem(r.path.stem)
@@ -126,22 +125,6 @@ def earlier_entries(out: Path, ran: set) -> list:
     return kept
 
 
-def _earlier_result(out: Path, entry: dict):
-    """The :class:`~sglab.tools.nbtools.Result` an earlier run left (its executed notebook where it
-    is still there)."""
-    nb = None
-    with contextlib.suppress(Exception):  # a damaged copy: the card goes without its figure
-        import nbformat
-
-        nb = nbformat.read(out / entry["notebook"], as_version=4)
-    try:
-        seconds = float(entry.get("seconds", 0.0))
-    except (TypeError, ValueError):
-        seconds = 0.0
-    return nbtools.Result(out / entry["notebook"], str(entry.get("status", "?")),
-                          str(entry.get("mode", "?")), seconds, str(entry.get("error", "")), nb=nb)
-
-
 def write_index(results, out: Path, env_rows: list[tuple[str, str]], live_times: dict | None = None,
                 recorded: dict | None = None, quick: bool = False) -> Path:
     """Write ``index.html`` and ``index.json`` for ``results``; ``recorded``: ``{stem: facts}`` read
@@ -158,7 +141,7 @@ def write_index(results, out: Path, env_rows: list[tuple[str, str]], live_times:
     }, "") for r in results]
     earlier = earlier_entries(out, {r.path.name for r in results})
     if earlier:
-        entries += [(_earlier_result(out, e), e, e["ran_utc"]) for e in earlier]
+        entries += [(timings.entry_result(out, e), e, e["ran_utc"]) for e in earlier]
         entries.sort(key=lambda x: x[1]["notebook"])
     recorded = recorded or {}
     cards = "".join(

@@ -65,8 +65,7 @@ class ContentsManager(build_async_jupytext_contents_manager_class(AsyncLargeFile
         return saved
 
     async def _rewrite_source(self, content: dict, path: str) -> None:
-        """Jupytext stamps its version into the .py header on every save; write the .py as committed
-        instead."""
+        """Write the .py as committed (jupytext stamps its version into it on every save)."""
         import nbformat
 
         from sglab.tools.nbtools import py_source

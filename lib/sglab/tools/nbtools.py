@@ -45,12 +45,12 @@ def check_pair(ipynb: Path) -> list[str]:
     """Problems with one notebook: outputs or execution counts committed, a missing or other .py."""
     import nbformat
 
-    problems = []
     nb = nbformat.read(ipynb, as_version=4)
-    for i, c in enumerate(nb.cells):
-        if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count") is not None):
-            problems.append(f"{ipynb.name}: cell {i} has outputs or an execution count (commit it "
-                            "clean)")
+    problems = [
+        f"{ipynb.name}: cell {i} has outputs or an execution count (commit it clean)"
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count") is not None)
+    ]
     py = ipynb.with_suffix(".py")
     if not py.exists():
         return problems + [f"{ipynb.name}: no paired {py.name}"]
@@ -139,10 +139,9 @@ def _note_paired(py: Path, cells) -> None:
 
 
 def pair_side(py: Path, prefer: str | None = None) -> str | None:
-    """Which half of ``py``'s pair the other is written from: "py", "ipynb", or None where they
-    agree (``prefer``: that side). The half whose cells still match the last pairing (recorded by a
-    sync, or committed at HEAD) is the unchanged one; both changed: :class:`PairConflict`; neither:
-    the .py; outside git and never synced: the newer file."""
+    """Which half of ``py``'s pair the other is written from: "py", "ipynb", None where they agree
+    (``prefer``: that side). The half still matching the last pairing (a sync's, or HEAD) is the
+    unchanged one; both changed: :class:`PairConflict`; never paired: the newer file."""
     ipynb = py.with_suffix(".ipynb")
     if prefer is not None:  # "py" or "ipynb" (sglab sync --from)
         if not (py if prefer == "py" else ipynb).exists():
@@ -178,11 +177,7 @@ def _write_ipynb(py: Path) -> Path:
     import jupytext
     import nbformat
 
-    nb = jupytext.read(py)
-    for c in nb.cells:
-        if c.cell_type == "code":
-            c.outputs = []
-            c.execution_count = None
+    nb = jupytext.read(py)  # (a .py holds no outputs)
     target = py.with_suffix(".ipynb")
     _stable_ids(nb, nbformat.read(target, as_version=4) if target.exists() else None)
     text = jupytext.writes(nb, fmt="ipynb").rstrip("\n") + "\n"  # as jupytext.write ends the file
@@ -192,8 +187,7 @@ def _write_ipynb(py: Path) -> Path:
 
 
 def _write_py(ipynb: Path) -> Path:
-    """Write the .py of ``ipynb`` from its cells (each with its tags only; no outputs), under the
-    .py's own header (a new .py: the notebook's kernel and the workbook's pairing)."""
+    """Write the .py of ``ipynb`` from its cells (tags only, no outputs) under the .py's header."""
     import jupytext
     import nbformat
 
@@ -216,8 +210,7 @@ def _write_py(ipynb: Path) -> Path:
 
 
 def sync(py: Path, side: str | None = "py") -> tuple[Path, Path]:
-    """Pair notebook ``py``'s two halves from ``side`` (:func:`pair_side`; None: they agree): the
-    .ipynb's cells into the .py, then the .ipynb from the .py. Returns (from, to)."""
+    """Pair notebook ``py``'s two halves from ``side`` (:func:`pair_side`); returns (from, to)."""
     ipynb = py.with_suffix(".ipynb")
     if side == "ipynb":
         _write_py(ipynb)
@@ -243,8 +236,7 @@ def py_source(nb) -> str:
 
 
 def parameter_names(path: Path) -> list[str]:
-    """The names the notebook's ``parameters`` cell assigns (what ``--param`` may set), in order;
-    [] where it has no such cell."""
+    """The names the notebook's ``parameters`` cell assigns (what ``--param`` may set)."""
     cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]  # (the JSON is enough)
     cell = next((c for c in cells if PARAM_TAG in c.get("metadata", {}).get("tags", [])), None)
     if cell is None:
@@ -259,8 +251,7 @@ def parameter_names(path: Path) -> list[str]:
 
 
 def unknown_parameters(paths: list[Path], params: dict) -> str:
-    """Why ``params`` cannot go into these notebooks ('' where each name is a parameter of every
-    one)."""
+    """Why ``params`` cannot go into these notebooks ('' where they can)."""
     if not params:
         return ""
     for path in paths:
@@ -321,23 +312,13 @@ class _Progress:
         return f" after {time.perf_counter() - self.t0:.1f} s" if self.index is not None else ""
 
 
-def _kernel_manager():
-    """A python3 kernel manager on the IPC transport: the kernel's sockets are files in a private
-    folder, not TCP ports on localhost that anything on the machine could reach."""
-    from jupyter_client.manager import AsyncKernelManager
-
-    folder = tempfile.mkdtemp(prefix="sglab-kernel-")
-    return AsyncKernelManager(kernel_name="python3", transport="ipc",
-                              connection_file=str(Path(folder) / "kernel.json")), folder
-
-
 # in the kernel's private folder: what the kernel process writes to its stdout and stderr
 KERNEL_LOG = "kernel.log"
 
 
 def _stop_kernel(client, km, folder: str, loop) -> str:
-    """Stop the kernel and what it started, close the client's channels, remove the connection and
-    socket files; return the last lines of the kernel process's own output (:data:`KERNEL_LOG`)."""
+    """Stop the kernel and what it started, remove its files; return the last lines of its
+    :data:`KERNEL_LOG`."""
     from jupyter_core.utils import run_sync
 
     # a cell cut short leaves nbclient's pollers pending on this thread's ``loop``: cancelled here,
@@ -384,8 +365,7 @@ def _note_stop(signum, _frame) -> None:
 
 
 def stop_on_signals(before: tuple = ()) -> None:
-    """From now on SIGINT, SIGTERM and SIGHUP only ask this process to stop (a notebook executing
-    stops its kernel and reports interrupted); ``before``: signals noted already."""
+    """From now on the stop signals only ask this process to stop (``before``: noted already)."""
     _STOPS.extend(int(s) for s in before)
     for s in STOP_SIGNALS:
         signal.signal(s, _note_stop)
@@ -430,23 +410,14 @@ def _telling_signals(caught: list):
     return loop
 
 
-def _write_partial(nb, ipynb: Path, partial_dir: Path | None) -> Path:
-    import nbformat
-
-    folder = Path(partial_dir) if partial_dir else Path(tempfile.gettempdir()) / "sglab-partial"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / ipynb.name
-    nbformat.write(nb, path)
-    return path
-
-
 def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = None,
             params: dict | None = None, partial_dir: Path | None = None) -> Result:
     """Execute a notebook headless in its own folder (``needs-gpu`` cells skipped without CUDA);
-    never raises: a failing cell, timeout or signal is in the result's error (the partial notebook
-    in ``partial_dir``)."""
+    a failing cell, timeout or signal is in the result's error, the partial notebook in
+    ``partial_dir``."""
     import nbclient
     import nbformat
+    from jupyter_client.manager import AsyncKernelManager
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
     from sglab.core import hardware
@@ -458,7 +429,10 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
     inject_parameters(nb, params or {})
     n_gpu = sum(1 for c in nb.cells if GPU_TAG in c.get("metadata", {}).get("tags", []))
     progress = _Progress()
-    km, folder = _kernel_manager()
+    # the IPC transport: the kernel's sockets are files in a private folder, not TCP ports
+    folder = tempfile.mkdtemp(prefix="sglab-kernel-")
+    km = AsyncKernelManager(kernel_name="python3", transport="ipc",
+                            connection_file=str(Path(folder) / "kernel.json"))
     client = nbclient.NotebookClient(nb, km=km, timeout=cell_timeout, kernel_name="python3",
                                      resources={"metadata": {"path": str(ipynb.parent)}},
                                      skip_cells_with_tag=GPU_TAG if skip_gpu else "skip-execution",
@@ -481,10 +455,8 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
         if isinstance(e, CellExecutionError) and not by_signal:
             status, error = "failed", f"{progress.where()}: {type(e).__name__}: {e}"
         else:
-            if isinstance(e, CellTimeoutError):
-                why = f"cell timeout {cell_timeout} s"
-            else:
-                why = "stopped by a signal" if by_signal else f"{type(e).__name__}: {e}".strip(": ")
+            why = (f"cell timeout {cell_timeout} s" if isinstance(e, CellTimeoutError) else
+                   "stopped by a signal" if by_signal else f"{type(e).__name__}: {e}".strip(": "))
             status, error = "interrupted", (f"interrupted: {progress.where()}{progress.elapsed()} "
                                             f"({why})")
     finally:
@@ -494,9 +466,11 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
         log.close()
     seconds = time.perf_counter() - t0
     if status != "ok":
+        partial = Path(partial_dir or Path(tempfile.gettempdir()) / "sglab-partial") / ipynb.name
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, partial)
         said = "" if by_signal or not kernel_said else f"\nthe kernel process wrote:\n{kernel_said}"
-        error = (_ANSI.sub("", error).rstrip()
-                 + f"; partial output in {_write_partial(nb, ipynb, partial_dir)}{said}")
+        error = _ANSI.sub("", error).rstrip() + f"; partial output in {partial}{said}"
     marker = read_mode(nb)
     mode = marker["mode"] if marker else "cpu"
     signum = (caught or [signal.SIGINT])[0] if by_signal else 0  # KeyboardInterrupt: SIGINT

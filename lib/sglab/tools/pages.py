@@ -66,10 +66,9 @@ STOP_GRACE_S = 5.0
 
 
 def worker(job: str, noted: tuple = ()) -> int:
-    """A worker process of `sglab run`: run one notebook (:func:`run_one`) and leave its Result
-    pickled where the job says (None: stopped before it started), a ``.started`` file once it
-    starts. A stop signal, or its parent gone, stops the kernel and still reports the partial run.
-    """
+    """A worker process of `sglab run`: run one notebook (:func:`run_one`), its Result pickled
+    where the job says (None: stopped before it started); a stop signal, or its parent gone, stops
+    the kernel and still reports the partial run."""
     spec = pickle.loads(Path(job).read_bytes())
     nbtools.stop_on_signals(noted)
     _watch_parent(spec["parent"], spec["folder"])
@@ -105,19 +104,14 @@ def _watch_parent(parent: int, folder: str) -> None:
 
 def notebook_title(nb, fallback: str) -> str:
     """The first markdown cell's first ``# heading`` (its markup stripped), else ``fallback``."""
-    for cell in nb.cells:
-        if cell.cell_type != "markdown":
-            continue
-        m = _H1.search(cell.source)
-        if m:
-            return re.sub(r"[`*]", "", m.group(1)).strip()
-    return fallback
+    heads = (_H1.search(c.source) for c in nb.cells if c.cell_type == "markdown")
+    m = next(filter(None, heads), None)
+    return re.sub(r"[`*]", "", m.group(1)).strip() if m else fallback
 
 
 def contents(nb) -> dict:
-    """The page's contents, from the ``##`` headings of its markdown cells, each ``(anchor, text)``
-    with the anchor nbconvert gives the heading: ``main``, the headings before ``## Appendix``;
-    ``appendix``, that heading (None where there is none); ``more``, the headings after it."""
+    """The page's contents, its ``##`` headings as ``(anchor, text)``: ``main`` before ``##
+    Appendix``, ``appendix`` that heading (or None), ``more`` those after it."""
     from nbconvert.filters.markdown_mistune import markdown2html_mistune
 
     toc: dict = {"main": [], "appendix": None, "more": []}
@@ -146,21 +140,15 @@ def exporter():
     return HTMLExporter(extra_template_basedirs=[str(TEMPLATES)], template_name="sglab")
 
 
-def render(nb, *, title: str, status: str = "") -> str:
-    """The page of an executed notebook; ``status`` (e.g. "ok · recorded · 7.8 s") and the page's
-    :func:`contents` go into the top bar."""
-    body, _ = exporter().from_notebook_node(
-        nb, resources={
-            "metadata": {"name": title}, "sglab_title": title, "sglab_status": status,
-            "sglab_toc": contents(nb)
-        })
-    return body
-
-
 def write_page(nb, path: Path, *, title: str, status: str = "") -> Path:
-    """Write the page (one that says why, where nbconvert cannot render the notebook)."""
+    """Write the page of an executed notebook, ``status`` and :func:`contents` in its top bar (a
+    page that says why, where nbconvert cannot render the notebook)."""
     try:
-        body = render(nb, title=title, status=status)
+        body, _ = exporter().from_notebook_node(
+            nb, resources={
+                "metadata": {"name": title}, "sglab_title": title, "sglab_status": status,
+                "sglab_toc": contents(nb)
+            })
     except Exception as e:  # noqa: BLE001 - one broken page must not lose the rest of the report
         body = _plain_page(title,
                            f"<p>HTML export failed: {html.escape(f'{type(e).__name__}: {e}')}</p>")

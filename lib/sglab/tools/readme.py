@@ -19,8 +19,7 @@ LAYERS = ("tools", *fixes.NAMES, "sglang", "core")  # top to bottom: imports onl
 
 
 def row(e: fixes.Notebook) -> str:
-    """A notebook's row: what its review card says (:func:`sglab.core.card.summary`), or its claim
-    (00, 07)."""
+    """A notebook's row: its review card's summary, or its claim (00, 07)."""
     text = card.summary(fixes.card(e.experiment)) if e.experiment else e.claim
     text = " ".join(str(text).split()).replace("|", "\\|")
     return f"| `{e.stem}` | {e.upstream} | {text} | {e.gpus if e.gpus < 2 else f'{e.gpus}–4'} |"
@@ -38,8 +37,7 @@ def _summary(path: Path, width: int = 72) -> str:
 
 
 def house_block() -> str:
-    """``lib/sglab`` as a tree: one line per module and what it is for (its docstring's first
-    sentence)."""
+    """``lib/sglab`` as a tree, each module with its docstring's first sentence."""
     lines = [MAP_START, "```"]
     for layer in LAYERS:
         folder = runs.repo_root() / "lib" / "sglab" / layer

@@ -18,6 +18,7 @@ import threading
 import time
 from collections import Counter
 from importlib import metadata
+from importlib.util import find_spec
 from pathlib import Path
 
 from sglab.core import bytecode, hardware, kernels, procs, runs
@@ -35,14 +36,17 @@ def default_jobs() -> int:
     return 1 if hardware.has_cuda() else max(1, min(2, os.cpu_count() or 1))
 
 
-def _report(r, progress) -> None:
+def _keep(done: dict, r, progress) -> None:
+    """Keep a worker's result (None: it has none) and say how its notebook went."""
+    if r is None:
+        return
+    done[r.path] = r
     err = r.error if len(r.error) < 700 else f"{r.error[:400]} … {r.error[-250:]}"
     progress(f"      {r.path.name}: {status_line(r)}" + (f"\n      {err}" if err else ""))
 
 
 class Ran(list):
-    """What :func:`run_notebooks` returns: the results in the order asked, and ``signal``, the
-    signal that stopped the run (0 where none did)."""
+    """:func:`run_notebooks`' results in the order asked; ``signal``: what stopped the run, or 0."""
 
     signal: int = 0
 
@@ -87,14 +91,12 @@ _HOLDER: _Signals | None = None
 
 
 def stopping() -> _Signals:
-    """The stop signals' handler of the run in progress (a new one where none is): `sglab run` and
-    :func:`run_notebooks` both hold it."""
+    """The stop signals' handler of the run in progress (a new one where none is)."""
     return _HOLDER or _Signals()
 
 
 class _Worker:
-    """One notebook in a worker process of its own (:func:`sglab.tools.pages.worker`), in this
-    process's group: a signal to the whole group reaches it too."""
+    """One notebook in a worker process (:func:`sglab.tools.pages.worker`) of this process group."""
 
     def __init__(self, path: Path, folder: Path, n: int, job: dict):
         self.path, self.out, self.result = path, Path(job["out"]), folder / f"{n}.result"
@@ -114,8 +116,7 @@ class _Worker:
         return self.proc.poll() is None
 
     def report(self, stopped: int):
-        """The worker's result (None: it was stopped before its notebook started); one made here
-        where the worker died or was ended before it said."""
+        """The worker's result (None: stopped before its notebook started), or one made here."""
         import nbformat
 
         with contextlib.suppress(OSError, EOFError, pickle.UnpicklingError):
@@ -167,8 +168,7 @@ def _stop_workers(running: list, signals: _Signals, stopped: int, progress) -> N
 
 def _run_workers(paths, out, params, cell_timeout, html_pages, jobs, signals: _Signals,
                  progress) -> tuple[dict, int]:
-    """Each notebook in a worker process, ``jobs`` at a time (results come back as files);
-    ``({path: Result}, signal that stopped the run or 0)``."""
+    """Each notebook in a worker process, ``jobs`` at a time: ``({path: Result}, stop signal)``."""
     folder = Path(tempfile.mkdtemp(prefix="sglab-run-"))
     job = {
         "out": out, "params": params, "cell_timeout": cell_timeout, "html_pages": html_pages,
@@ -193,10 +193,8 @@ def _run_workers(paths, out, params, cell_timeout, html_pages, jobs, signals: _S
                 if w.proc.returncode:  # it died: what it ran (its kernel) is nobody's now
                     procs.stop_seen(w.seen, grace=1.0)
                 r = w.report(0)
-                if r is not None:
-                    done[w.path] = r
-                    _report(r, progress)
-                    stopped = stopped or r.stopped_by_signal  # a signal to that worker alone
+                _keep(done, r, progress)
+                stopped = stopped or (r.stopped_by_signal if r else 0)  # a signal to it alone
             if time.monotonic() - looked >= 1.0:
                 for w in running:
                     w.look()
@@ -206,10 +204,7 @@ def _run_workers(paths, out, params, cell_timeout, html_pages, jobs, signals: _S
         if running:
             _stop_workers(running, signals, stopped, progress)
             for w in running:
-                r = w.report(stopped)
-                if r is not None:
-                    done[w.path] = r
-                    _report(r, progress)
+                _keep(done, w.report(stopped), progress)
     finally:
         for w in running:  # an error here: no worker (or kernel) outlives the run
             if w.running():
@@ -224,8 +219,7 @@ def _run_workers(paths, out, params, cell_timeout, html_pages, jobs, signals: _S
 
 
 class _Facts:
-    """The index's reading (the machine, each notebook's recorded claim facts) in a thread, while
-    the notebooks run; a stopped run waits for it a bounded time."""
+    """The index's reading (the machine, recorded claim facts) in a thread while notebooks run."""
 
     def __init__(self, paths, env_rows):
         self.env, self.known = env_rows, None
@@ -284,14 +278,10 @@ def env_report() -> list[tuple[str, str]]:
     rows.append(("torch / CUDA", f"{sw['torch']} / {sw['cuda'] or 'CPU build'}"))
     rows.append(("python", sw["python"]))
     rows.append(("bytecode", bytecode.describe()))
-    try:
-        import pynvml  # noqa: F401  (is it importable?)
-
-        nvml = "nvidia-ml-py importable" + (", NVML initialised"
-                                            if hardware._nvml() else ", NVML not usable here")
-    except ImportError:
-        nvml = "nvidia-ml-py not installed"
-    rows.append(("NVML", nvml))
+    nvml = ", NVML initialised" if hardware._nvml() else ", NVML not usable here"
+    rows.append(
+        ("NVML",
+         f"nvidia-ml-py importable{nvml}" if find_spec("pynvml") else "nvidia-ml-py not installed"))
     try:
         from cuda.bindings import driver  # noqa: F401
         import cuda.bindings
@@ -325,8 +315,7 @@ def recorded_summary(recorded: list) -> str:
 
 
 def overview_frame():
-    """00's table of notebooks as data: its claim, the GPUs it needs, whether this machine runs it
-    live, its live time and its recorded runs (:func:`recorded_summary`)."""
+    """00's table of notebooks as data: claim, GPUs, live here, live time and recorded runs."""
     import pandas as pd
 
     from sglab.tools import fixes
@@ -345,11 +334,6 @@ def overview_frame():
     return pd.DataFrame(rows)
 
 
-def _lines(text) -> str:
-    """``a; b`` one part a line."""
-    return "<br>".join(html.escape(p) for p in str(text).split("; "))
-
-
 def overview():
     """00's table of notebooks (:func:`overview_frame`) as a reader sees it: every cell whole and
     left-aligned, the claim wrapped (its code as code), the other columns one item a line."""
@@ -360,7 +344,8 @@ def overview():
     df = df.rename(columns={"upstream": f"upstream ({REPO})"})
     others = [c for c in df.columns if c != "claim"]
     style = df.style.hide(axis="index").format(inline_markdown, subset=["claim"])
-    style = style.format(_lines, subset=["live time", "recorded runs"])
+    style = style.format(lambda t: "<br>".join(html.escape(p) for p in str(t).split("; ")),
+                         subset=["live time", "recorded runs"])
     style = style.set_properties(**{"text-align": "left", "vertical-align": "top"})
     style = style.set_properties(subset=others, **{"white-space": "nowrap"})
     style = style.set_properties(subset=["claim"], **{"white-space": "normal"})

@@ -5,6 +5,7 @@ what no cell accounts for, so the phases add up to the wall time."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from datetime import datetime, timezone
@@ -28,20 +29,6 @@ def _start_stamp(execution: dict):
     return execution.get("iopub.status.busy") or execution.get("iopub.execute_input")
 
 
-def cell_seconds(cell) -> float | None:
-    """Wall time of an executed code cell (busy → idle or last reply), None where it did not run."""
-    ex = cell.get("metadata", {}).get("execution") or {}
-    start, end = _start_stamp(ex), ex.get("iopub.status.idle") or ex.get("shell.execute_reply")
-    if not start or not end:
-        return None
-    return max(0.0, _when(end) - _when(start))
-
-
-def _phase_tag(cell) -> str | None:
-    tags = cell.get("metadata", {}).get("tags", [])
-    return next((t.split(":", 1)[1].strip() for t in tags if t.startswith("phase:")), None) or None
-
-
 def _row(stem: str, mode: str, phase: str, cell: int, first: str, value: float,
          metric: str = "wall_s") -> dict:
     return {
@@ -51,20 +38,23 @@ def _row(stem: str, mode: str, phase: str, cell: int, first: str, value: float,
 
 
 def cell_rows(nb, stem: str, mode: str, total_s: float) -> list[dict]:
-    """One row per executed code cell plus the kernel row, summing to ``total_s``."""
+    """One row per executed code cell (busy → idle or last reply) plus the kernel row, summing to
+    ``total_s``."""
     rows, phase = [], "setup"
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown":
             m = _SECTION.search(cell.source)
             phase = re.sub(r"[`*]", "", m.group(1)) if m else phase
             continue
-        if cell.cell_type != "code":
+        ex = cell.get("metadata", {}).get("execution") or {}
+        start, end = _start_stamp(ex), ex.get("iopub.status.idle") or ex.get("shell.execute_reply")
+        if cell.cell_type != "code" or not start or not end:
             continue
-        s = cell_seconds(cell)
-        if s is None:
-            continue
+        s = max(0.0, _when(end) - _when(start))
+        tags = cell.get("metadata", {}).get("tags", [])
+        tagged = next((t.split(":", 1)[1].strip() for t in tags if t.startswith("phase:")), None)
         first = next((ln for ln in cell.source.splitlines() if ln.strip()), "")[:60]
-        rows.append(_row(stem, mode, _phase_tag(cell) or phase, i, first, round(s, 3)))
+        rows.append(_row(stem, mode, tagged or phase, i, first, round(s, 3)))
     rest = max(0.0, total_s - sum(r["value"] for r in rows))
     return rows + [_row(stem, mode, KERNEL_PHASE, -1, "", round(rest, 3))]
 
@@ -83,23 +73,17 @@ def live_runs(result, runs_root=None) -> list:
     ]
 
 
-def measure_rows(result, runs_root=None) -> list[dict]:
-    """The finer phases (process spawn, CUDA init, capture, …) of the live runs a notebook wrote,
-    from their manifests' ``phases_s``, as ``measure_s`` rows: a breakdown of the cells' wall time.
-    """
-    return [
-        _row(result.path.stem, result.mode, f"measure: {name}", -1, path.name, float(s),
-             "measure_s") for path in live_runs(result, runs_root)
-        for name, s in runs.read_run(path).manifest.phases_s.items()
-    ]
-
-
 def frame(results, runs_root=None):
-    """The tidy frame of a whole ``sglab run``: each notebook's cell rows, then its measure rows."""
+    """The tidy frame of a whole ``sglab run``: each notebook's cell rows, then the ``phases_s`` of
+    the live runs it wrote as ``measure_s`` rows."""
     rows = []
-    for r in results:
-        if r.nb is not None:
-            rows += cell_rows(r.nb, r.path.stem, r.mode, r.seconds) + measure_rows(r, runs_root)
+    for r in (r for r in results if r.nb is not None):
+        rows += cell_rows(r.nb, r.path.stem, r.mode, r.seconds)
+        rows += [
+            _row(r.path.stem, r.mode, f"measure: {name}", -1, path.name, float(s), "measure_s")
+            for path in live_runs(r, runs_root)
+            for name, s in runs.read_run(path).manifest.phases_s.items()
+        ]
     return runs.tidy(EXPERIMENT, rows)
 
 
@@ -119,19 +103,17 @@ def summary(df) -> str:
     for stem, part in phase_table(df).groupby("notebook", sort=False):
         mine = df[(df["variant"] == stem) & (df["metric"] == "wall_s")]
         lines.append(f"{stem} ({mine['mode'].iloc[0]}): {mine['value'].sum():.1f} s")
-        for _, row in part.sort_values("seconds", ascending=False).iterrows():
-            lines.append(f"  {row['seconds']:8.1f} s  {row['phase']}")
         own = inner[inner["notebook"] == stem]
-        for _, row in own.sort_values("seconds", ascending=False).iterrows():
-            lines.append(f"      {row['seconds']:8.2f} s  {row['phase']}")
+        for rows, fmt in ((part, "  {:8.1f} s  {}"), (own, "      {:8.2f} s  {}")):
+            top = rows.sort_values("seconds", ascending=False)
+            lines += [fmt.format(s, p) for s, p in zip(top["seconds"], top["phase"])]
     lines.append(f"total: {df.loc[df['metric'] == 'wall_s', 'value'].sum():.1f} s")
     return "\n".join(lines)
 
 
 def write(results, *, record: bool = False, params: dict | None = None, runs_root=None,
           machine: dict | None = None):
-    """Save the timings of ``results`` as a ``workbook`` run (``machine``: the manifest's machine
-    fields of notebooks run elsewhere); return the CSV path."""
+    """Save the timings of ``results`` as a ``workbook`` run; return the CSV path."""
     df = frame(results, runs_root)
     totals = {
         r.path.stem: {"seconds": round(r.seconds, 1), "status": r.status, "mode": r.mode}
@@ -147,13 +129,8 @@ MACHINE_KEYS = ("gpu_name", "gpu_count", "gpu_count_machine", "gpu_memory_mib", 
 
 
 def from_reports(reports, runs_root) -> tuple[list, dict]:
-    """The results of notebooks run on another machine (the run that wrote its ``sglab run --out``
-    folder's ``index.json``) and that machine's fields, from the live runs they wrote under
-    ``runs_root``; ValueError when these are missing or disagree."""
-    import nbformat
-
-    from sglab.tools.nbtools import Result
-
+    """The results of the run that wrote ``reports``' ``index.json`` and its machine's fields (from
+    the live runs under ``runs_root``); ValueError when these are missing or disagree."""
     reports = Path(reports)
     try:
         index = json.loads((reports / "index.json").read_text())
@@ -164,19 +141,16 @@ def from_reports(reports, runs_root) -> tuple[list, dict]:
     this_run = max((e.get("run_utc") or "" for e in index), default="")
     results = []
     for entry in (e for e in index if e.get("run_utc", "") == this_run):
-        path = reports / entry["notebook"]
-        if not path.exists():
-            raise ValueError(f"{path}: listed in index.json but not there")
-        nb = nbformat.read(path, as_version=4)
+        r = entry_result(reports, entry)
+        if r.nb is None:
+            raise ValueError(f"{r.path}: listed in index.json but not there")
         stamps = [
             _start_stamp(cell.get("metadata", {}).get("execution") or {})
-            for cell in nb.cells if cell.cell_type == "code"
+            for cell in r.nb.cells if cell.cell_type == "code"
         ]
         stamps = [_when(s) for s in stamps if s]
-        started = min(stamps) - 0.5 if stamps else None  # the kernel starts before its first cell
-        results.append(
-            Result(path, entry["status"], entry["mode"], float(entry["seconds"]),
-                   entry.get("error", ""), nb=nb, started=started))
+        r.started = min(stamps) - 0.5 if stamps else None  # the kernel starts before its first cell
+        results.append(r)
     machines = {}
     for r in results:
         for csv in live_runs(r, runs_root):
@@ -193,6 +167,19 @@ def from_reports(reports, runs_root) -> tuple[list, dict]:
         machine["created_utc"] = datetime.fromtimestamp(first,
                                                         timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return results, machine
+
+
+def entry_result(folder: Path, entry: dict):
+    """The Result of an ``index.json`` entry, with its executed notebook where that reads."""
+    import nbformat
+
+    from sglab.tools.nbtools import Result
+
+    nb = None
+    with contextlib.suppress(Exception):  # a damaged copy: the Result goes without it
+        nb = nbformat.read(folder / entry["notebook"], as_version=4)
+    return Result(folder / entry["notebook"], entry["status"], entry["mode"],
+                  float(entry["seconds"]), entry.get("error", ""), nb=nb)
 
 
 def live_seconds(run) -> dict[str, float]:

@@ -25,15 +25,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    if args.releases is None:
-        return _one_tree(args)
-    if args.root:
+    if args.releases is not None and args.root:
         raise Refused("--root and --releases do not go together: --root reads one tree, --releases "
                       "the wheels")
-    return _releases(args)
-
-
-def _one_tree(args) -> int:
+    if args.releases is not None:
+        return _releases(args)
     from sglab.sglang.upstream import check_all
     from sglab.tools.fixes import FIXES
 
@@ -72,23 +68,16 @@ def _releases(args) -> int:
     print("\nwhere a state or its reason changes:")
     for fix, version, state, reason in R.changes(tl.frame):
         print(f"  {fix:16s} {version:13s} {state:9s} {reason}")
-    _figure(tl.frame, args.figure)
+    if args.figure:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        path = Path(args.figure)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        R.timeline_figure(tl.frame).savefig(path, bbox_inches="tight")
+        print(f"figure: {path}")
     _write(tl, args)
     return 0
-
-
-def _figure(frame, target: str) -> None:
-    if not target:
-        return
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from sglab.sglang.wheels import timeline_figure
-
-    path = Path(target)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    timeline_figure(frame).savefig(path, bbox_inches="tight")
-    print(f"figure: {path}")
 
 
 def _write(tl, args) -> None:

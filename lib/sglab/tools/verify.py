@@ -89,8 +89,7 @@ def gpus_for(measure, params: dict) -> int:
 
 def record(name: str, params: dict | None = None, *, recorded: bool = False,
            progress: bool = True) -> Path:
-    """Run fix ``name``'s measurement live and save the run (data/runs/, or data/recorded/ with
-    ``recorded``). Raises :class:`BadInput` for unknown parameters or too few GPUs."""
+    """Run fix ``name``'s measurement live and save the run (data/runs/, or data/recorded/)."""
     mod = fixes.measure(name)
     defaults = mod.DEFAULT_PARAMS
     unknown = set(params or {}) - set(defaults)
@@ -124,8 +123,7 @@ def live(progress: bool = True, only=None) -> tuple[list[runs.Run], list[str]]:
 
 
 def live_engines(progress: bool = True, only=None) -> tuple[list[runs.Run], list[str]]:
-    """Run each engine scenario with engine claims this machine can start (``only``: those
-    experiments): (runs recorded under data/runs/, skipped with the reason)."""
+    """Run each engine scenario with claims this machine can start: (runs, skipped with why)."""
     echo = print if progress else (lambda _line: None)
     checked = {e.removeprefix("engine_") for e in fixes.experiments() if e.startswith("engine_")}
     done, skipped = [], []
@@ -243,8 +241,7 @@ def _twin(run: runs.Run, record: list) -> runs.Run:
 
 
 def partial(run) -> str:
-    """What a run cut short by a signal (``sglab engine``'s ``partial/``) ran and missed, in words;
-    '' for a whole run."""
+    """What a run cut short by a signal ran and missed, in words; '' for a whole run."""
     p = run.manifest.partial
     if not p:
         return ""
