@@ -245,8 +245,8 @@ serving.show(engine)
 # cached prefix gets `AttnForwardMethod.MHA` (the server logs "Piecewise CUDA graph is enabled, use
 # MLA for prefill"). Absorbed attention works in the 512-wide latent plus the 64-wide rope key for
 # every head and query–key pair, and returns 512 wide; MHA works in 128 + 64 and returns 128: about
-# 3.4× the attention FLOPs, a cost that grows with the square of the prompt. The launch pass times
-# each kernel of one prefill step:
+# 3.4× the attention arithmetic, a cost that grows with the square of the prompt. The launch pass
+# times each kernel of one prefill step:
 
 # %%
 serving.kernels(engine)

@@ -171,7 +171,7 @@ def full_decode(run):
 
 
 # absorbed MLA, which a captured piece runs, takes (512 + 64) + 512 dims per head and query-key
-# pair against MHA's (128 + 64) + 128, which eager prefill runs: 3.4× the attention FLOPs
+# pair against MHA's (128 + 64) + 128, which eager prefill runs: 3.4× the attention arithmetic
 ABSORBED = 2.0  # at least this much attention time, captured ÷ eager
 SAME = 0.1  # kernel time that does not change: within ±10%
 

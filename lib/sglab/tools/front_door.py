@@ -229,10 +229,12 @@ GLOSSARY = (
      "What `bench_serving` reports per request: time to first token (queueing and prefill), time "
      "per output token after the first (decode steps, and any prefill that runs between them), "
      "and end-to-end latency. 01."),
-    ("MLA", ("multi-head latent attention",),
+    ("MLA, MHA", ("MLA", "MHA", "multi-head latent attention"),
      "Multi-head latent attention (DeepSeek-V3, Kimi-K2.5): keys and values kept as one small "
-     "latent vector per token (`kv_lora_rank` 512 + a 64-wide rotary part) and expanded inside "
-     "attention. 01, 06."),
+     "latent vector per token (`kv_lora_rank` 512 + a 64-wide rotary part). Absorbed (MLA), "
+     "attention works in that latent (decode, and prefill inside a piecewise graph); as MHA "
+     "(multi-head attention), each token's latent is first expanded into per-head keys and values "
+     "(SGLang's eager prefill). 01, 06."),
     ("SWA", ("sliding-window",),
      "Sliding-window attention: a layer that attends to the last W tokens only; its KV lives in a "
      "smaller pool of its own. 04."),
