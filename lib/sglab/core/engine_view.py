@@ -13,7 +13,7 @@ import pandas as pd
 
 from sglab.core import claims as C
 from sglab.core import text
-from sglab.core.engine_records import (KEYS, adjustments, by_gpu, frame, host_medians, label,
+from sglab.core.engine_records import (AGAIN, KEYS, adjustments, by_gpu, frame, host_medians, label,
                                        per_gpu, tools)
 from sglab.core.engine_stats import STAT, STAT_NAMES, aa_gap, numbers, ratios, unit_of
 from sglab.core.notebook import display, show_figure, show_table
@@ -41,6 +41,14 @@ class Pair:
     base: str
     label: str
     cases: tuple = ()  # the cases compared with base (default: every other case but A/A copies)
+
+    def ratios(self, df: pd.DataFrame, stat: str = STAT) -> dict:
+        """:func:`~sglab.core.engine_stats.ratios` of ``base`` ÷ each of its cases."""
+        return {
+            k: per
+            for k, per in ratios(df, self.metric, self.across, self.base, stat).items()
+            if not k[2].endswith(AGAIN) and (not self.cases or k[2] in self.cases)
+        }
 
 
 @dataclass(frozen=True)
@@ -126,9 +134,7 @@ def pair_table(df: pd.DataFrame, p: Pair, stat: str = STAT) -> pd.DataFrame:
     claims' statistic, the widest the starts allow, and the A/A gap."""
     gap = aa_gap(df, p.metric, p.across, stat)
     rows = []
-    for (model, rel, case), per in ratios(df, p.metric, p.across, p.base, stat).items():
-        if case.endswith("-again") or (p.cases and case not in p.cases):
-            continue
+    for (model, rel, case), per in p.ratios(df, stat).items():
         rows.append({
             "model": model, "release": rel, "pair": f"{p.base} ÷ {case}",
             f"{p.label} ({STAT_NAMES[stat]})": text.span([x[0] for x in per.values()], unit="×"),

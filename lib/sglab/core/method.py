@@ -15,8 +15,7 @@ from sglab.core import claims as C
 from sglab.core import text
 from sglab.core.engine_records import KEYS, frame, per_gpu, run_label
 from sglab.core.engine_records import by_gpu as runs_by_gpu
-from sglab.core.engine_stats import (AGAIN, STAT, STAT_NAMES, STATS, aa_gaps, numbers, ratios,
-                                     unit_of)
+from sglab.core.engine_stats import (AGAIN, STAT, STAT_NAMES, STATS, aa_gaps, numbers, unit_of)
 
 
 TIME_UNITS = ("ms", "s", "µs")
@@ -190,16 +189,11 @@ def slowest_starts(df: pd.DataFrame, metric: str) -> tuple[int, int, int, float]
 def pair_ratios(pair):
     """``frame, stat -> {(model, release, case): {x: base ÷ case}}`` of a view's timed pair, A/A
     copies left out: what :func:`sglab.core.engine_stats.reruns` reads."""
-
-    def ratio_of(df: pd.DataFrame, stat: str) -> dict:
-        return {
-            k: {x: v[0]
-                for x, v in per.items()}
-            for k, per in ratios(df, pair.metric, pair.across, pair.base, stat).items()
-            if not k[2].endswith(AGAIN) and (not pair.cases or k[2] in pair.cases)
-        }
-
-    return ratio_of
+    return lambda df, stat: {
+        k: {x: v[0]
+            for x, v in per.items()}
+        for k, per in pair.ratios(df, stat).items()
+    }
 
 
 def drift_summary(table: pd.DataFrame) -> pd.DataFrame:
@@ -336,16 +330,14 @@ def agreement(tables: dict, index: list[str], title: str):
 def banner(mode: str, runs_: int, fixes: int, probes: int) -> None:
     """The notebook's one line: it measures nothing, whatever ``mode`` (a notebook's MODE), and
     reads the recorded runs and probes (with the mode marker every executed notebook carries)."""
-    from sglab.core.notebook import MODES, display
+    from sglab.core.notebook import MODES, mode_line
 
     if mode not in MODES:
         raise ValueError(f"MODE must be one of {MODES}, got {mode!r}")
-    said = (f"Mode **recorded**: every number below is read from the {runs_} committed engine runs "
-            f"of {fixes} fixes and {probes} host probes in `data/recorded/`; nothing is measured "
-            f"here (`MODE={mode!r}`).")
-    display({"experiment": "how_we_measure", "mode": "recorded", "gpus_needed": 0},
-            "[sglab] how_we_measure: " + said.replace("**", "").replace("`", ""),
-            f"<small>{said}</small>")
+    mode_line({"experiment": "how_we_measure", "mode": "recorded", "gpus_needed": 0},
+              f"Mode **recorded**: every number below is read from the {runs_} committed engine "
+              f"runs of {fixes} fixes and {probes} host probes in `data/recorded/`; nothing is "
+              f"measured here (`MODE={mode!r}`).")
 
 
 def conclude(sentence: str) -> None:

@@ -51,6 +51,13 @@ def display(data: dict | None, text: str, markdown: str | None = None, *,
     _ipy(bundle, raw=True)
 
 
+def mode_line(data: dict, said: str) -> None:
+    """The mode line (markdown ``said``) with the mode marker ``data`` every executed notebook
+    carries."""
+    display(data, f"[sglab] {data['experiment']}: " + said.replace("**", "").replace("`", ""),
+            f"<small>{said}</small>")
+
+
 def show_figure(fig) -> None:
     """Display a matplotlib figure once and close it (an open figure is drawn again at the end)."""
     if fig is None:
@@ -115,23 +122,17 @@ def predates_traces(run, *sidecars: str, where: str = "") -> bool:
 
 
 # -- "your own setup": a static table, or controls where the notebook asks for them (INTERACTIVE) --
-def interactive_here() -> bool:
-    """True in a Jupyter kernel with ipywidgets importable."""
-    try:
-        import ipywidgets  # noqa: F401
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    ip = get_ipython()
-    return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
-
-
 def explore(fn: Callable, controls: dict, *, static: Sequence[dict], title: str = "",
             interactive: bool = False):
     """``fn(**settings) -> DataFrame`` over the ``static`` settings as one table, the settings as
     leading columns (returned, so a saved notebook keeps it); with ``interactive`` and widgets here,
-    controls calling ``fn`` instead."""
-    if not interactive or not interactive_here():
+    controls calling ``fn`` instead (in a Jupyter kernel with ipywidgets)."""
+    try:
+        import ipywidgets  # noqa: F401
+        from IPython import get_ipython
+    except ImportError:
+        interactive = False
+    if not interactive or type(get_ipython()).__name__ != "ZMQInteractiveShell":
         import pandas as pd
 
         if title:
@@ -196,13 +197,11 @@ class Workbook:
         else:
             what = (f"**recorded**: {self.reason}, so the GPU results come from the "
                     f"{len(recorded)} committed run(s) named under each table; CPU parts run live")
-        md = f"<small>Mode {what} (`MODE={self.requested!r}`).</small>"
-        text = f"[sglab] {self.experiment}: " + md.replace("**", "").replace("`", "")[7:-8]
-        display(
+        mode_line(
             {
                 "experiment": self.experiment, "mode": self.mode, "gpus_needed": self.gpus,
                 "gpus_here": len(gpus), "recorded": [r.label for r in recorded]
-            }, text, md)
+            }, f"Mode {what} (`MODE={self.requested!r}`).")
 
     def run(self, measure=None, params: dict | None = None, *, progress: bool = False):
         """A RunSet: live, measured now with ``measure.run`` (and saved under data/runs/); recorded,

@@ -36,8 +36,6 @@ def repo_root() -> Path:
 
 def data_dir(kind: str) -> Path:
     """``data/<kind>`` of the checkout, or of ``$SGLAB_DATA`` where that is set."""
-    if kind not in ("runs", "recorded", "traces"):
-        raise ValueError(f"unknown data folder {kind!r}")
     base = os.environ.get("SGLAB_DATA")
     return (Path(base) if base else repo_root() / "data") / kind
 
@@ -86,7 +84,7 @@ def machine_manifest(gpu_count: int | None = None) -> dict:
     sw = hardware.software()
     names = sorted({g.name for g in gpus})
     return {
-        "gpu_name": names[0] if len(names) == 1 else (" + ".join(names) if names else "cpu"),
+        "gpu_name": " + ".join(names) or "cpu",
         "gpu_count": len(gpus) if gpu_count is None else int(gpu_count),
         "gpu_count_machine": len(gpus), "gpu_memory_mib": gpus[0].memory_mib if gpus else None,
         "driver": sw["driver"], "cuda": sw["cuda"], "torch": sw["torch"], "python": sw["python"],
@@ -174,7 +172,8 @@ def measure(fn: Callable[[], Any], *, experiment: str, method_version: int, para
 
     timing.take()
     t0 = time.perf_counter()
-    out = Measured.of(fn())
+    out = fn()
+    out = out if isinstance(out, Measured) else Measured(out)
     extra = {
         **out.extra, "duration_s": round(time.perf_counter() - t0, 1), "phases_s": timing.take()
     }
@@ -190,10 +189,6 @@ class Measured:
     df: Any
     sidecars: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, result) -> "Measured":
-        return result if isinstance(result, cls) else cls(result)
 
 
 @dataclass

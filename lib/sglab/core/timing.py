@@ -1,8 +1,5 @@
-"""Time device work with CUDA events and host work with a synchronised clock.
-
-Both warm up first, repeat, and keep every sample: a result is a :class:`Timing` whose median and
-p10/p90 are what notebooks report.
-"""
+"""Time device work with CUDA events and host work with a synchronised clock: each warms up,
+repeats and keeps every sample in a :class:`Timing` (median, p10, p90)."""
 
 from __future__ import annotations
 
@@ -13,15 +10,7 @@ from dataclasses import dataclass, field
 from contextlib import contextmanager
 from typing import Callable
 
-
-def _quantile(sorted_vals: list[float], q: float) -> float:
-    """Linear-interpolated quantile of already sorted values (numpy's default method)."""
-    if not sorted_vals:
-        raise ValueError("no samples")
-    pos = q * (len(sorted_vals) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_vals) - 1)
-    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
+import numpy as np
 
 
 @dataclass
@@ -41,11 +30,11 @@ class Timing:
 
     @property
     def p10_ms(self) -> float:
-        return _quantile(sorted(self.samples_ms), 0.10)
+        return float(np.percentile(self.samples_ms, 10))
 
     @property
     def p90_ms(self) -> float:
-        return _quantile(sorted(self.samples_ms), 0.90)
+        return float(np.percentile(self.samples_ms, 90))
 
     def rows(self, **labels) -> list[dict]:
         """Tidy rows (metric time_median / time_p10 / time_p90, unit ms) carrying ``labels``."""
