@@ -15,7 +15,9 @@ from sglab.core import claims as C
 from sglab.core import text
 from sglab.core.engine_records import KEYS, frame, per_gpu, run_label
 from sglab.core.engine_records import by_gpu as runs_by_gpu
-from sglab.core.engine_stats import (AGAIN, STAT, STAT_NAMES, STATS, aa_gaps, numbers, unit_of)
+from sglab.core.engine_stats import (AGAIN, STAT, STAT_NAMES, STATS, aa_gaps, numbers,
+                                     starts_and_host, unit_of)
+from sglab.core.notebook import MODES, display, in_notebook, mode_line, show_table
 
 
 TIME_UNITS = ("ms", "s", "µs")
@@ -61,10 +63,8 @@ def _with_control(run, base: str) -> tuple | None:
 
 def example_run(rs, base: str):
     """The newest shown run that holds ``base`` and its A/A copy ``base-again`` (None: none)."""
-    for r in sorted(rs.shown, key=lambda r: r.manifest.created_utc, reverse=True):
-        if _with_control(r, base):
-            return r
-    return None
+    return next((r for r in sorted(rs.shown, key=lambda r: r.manifest.created_utc, reverse=True)
+                 if _with_control(r, base)), None)
 
 
 def one_timing(run, metric: str, across: str, base: str, cases=(), x=None) -> pd.DataFrame:
@@ -170,8 +170,6 @@ def slowest_starts(df: pd.DataFrame, metric: str) -> tuple[int, int, int, float]
     """``(k, n, starts, most stolen %)``: in ``k`` of the ``n`` variants timed over several starts
     the slowest start is also the most preempted one, ``starts`` the most starts of one variant (by
     chance ``k`` is about ``n / starts``), and the most CPU time stolen from any start."""
-    from sglab.core.engine_stats import starts_and_host
-
     t = starts_and_host(df, metric)
     if t.empty:
         return 0, 0, 0, float("nan")
@@ -330,8 +328,6 @@ def agreement(tables: dict, index: list[str], title: str):
 def banner(mode: str, runs_: int, fixes: int, probes: int) -> None:
     """The notebook's one line: it measures nothing, whatever ``mode`` (a notebook's MODE), and
     reads the recorded runs and probes (with the mode marker every executed notebook carries)."""
-    from sglab.core.notebook import MODES, mode_line
-
     if mode not in MODES:
         raise ValueError(f"MODE must be one of {MODES}, got {mode!r}")
     mode_line({"experiment": "how_we_measure", "mode": "recorded", "gpus_needed": 0},
@@ -342,16 +338,12 @@ def banner(mode: str, runs_: int, fixes: int, probes: int) -> None:
 
 def conclude(sentence: str) -> None:
     """What the reader should take from a section, in bold where markdown is shown."""
-    from sglab.core.notebook import display
-
     display(None, f"So: {sentence}", f"**So:** {sentence}")
 
 
 def folded(df: pd.DataFrame, what: str, rows: int = 0) -> None:
     """A long table folded under ``what``, its first ``rows`` rows shown above the fold (0: none);
     a table no longer than ``rows``, and any table outside a notebook, shown whole."""
-    from sglab.core.notebook import display, in_notebook, show_table
-
     if df.empty:
         return
     if len(df) <= rows or not in_notebook():
