@@ -255,9 +255,8 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
 
 
 def forkserver(preload: Sequence[str] = ("torch",)):
-    """The ``forkserver`` context with ``preload`` imported in the server: a fork of a server that
-    imported torch (no CUDA) starts in milliseconds, a spawned rank in seconds. End it with
-    :func:`stop_forkserver`."""
+    """The ``forkserver`` context, ``preload`` imported in the server (a rank forks in ms, not s);
+    end it with :func:`stop_forkserver`."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(preload))
     return ctx

@@ -83,8 +83,7 @@ def _frame(runs_: list) -> pd.DataFrame:
 
 
 def merged(runs_: list) -> runs.Run:
-    """Several runs of one experiment as one Run: the rows of :func:`frame`, every run's engine
-    entries, specs and logs, the newest run's manifest otherwise."""
+    """Runs of one experiment as one Run: :func:`frame`'s rows, every engine entry, spec and log."""
     ordered = sorted(runs_, key=lambda r: r.manifest.created_utc)
     newest = ordered[-1]
     if len(ordered) == 1 or not any(r.manifest.engine_runs for r in ordered):
@@ -169,8 +168,7 @@ def run_host_us(r) -> float | None:
 
 
 def host_us(rs: runs.RunSet, *variant: str) -> float | None:
-    """The host's per-launch cost (µs) beside the newest shown run that started ``variant`` (a
-    prefix of release, model, case)."""
+    """The host's µs per launch beside the newest run that started ``variant`` (release, ...)."""
     for r in sorted(rs.shown, key=lambda r: r.manifest.created_utc, reverse=True):
         started = {(e.get("release"), (e.get("model") or {}).get("name"), e.get("case"))
                    for e in r.manifest.engine_runs}

@@ -172,8 +172,7 @@ def aa_table(rs, metric: str, across: str) -> pd.DataFrame:
 
 
 def starts_and_host(df: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Each engine start of a timed variant (the median of ``metric`` over its shapes) beside what
-    the host did meanwhile (:mod:`sglab.core.hoststate`)."""
+    """Each engine start's median ``metric`` beside what the host did (:mod:`.hoststate`)."""
     host = df[df.metric.isin(["host_steal", "host_busy", "engine_preempted"])]
     times = df[df.metric == metric]
     if host.empty or times.empty or "start" not in df:

@@ -85,8 +85,7 @@ def header(rs, what: str = "") -> bool:
 
 
 def facts(df: pd.DataFrame, metrics) -> pd.DataFrame:
-    """One row per (model, release, case): the status, each of ``metrics`` (the first value, as
-    recorded) and the run it came from."""
+    """Per (model, release, case): the status, each of ``metrics`` (as recorded) and its run."""
     d = df[df.metric.isin(["status", *metrics])]
     wide = d.pivot_table(index=KEYS, columns="metric", values="value", aggfunc="first")
     wide = wide.reindex(columns=["status", *metrics])
@@ -130,8 +129,7 @@ def table(df: pd.DataFrame, t: Table) -> pd.DataFrame:
 
 
 def pair_table(df: pd.DataFrame, p: Pair, stat: str = STAT) -> pd.DataFrame:
-    """``p.base`` ÷ each case per (model, release) over the values of ``p.across``: the ratio by the
-    claims' statistic, the widest the starts allow, and the A/A gap."""
+    """``p.base`` ÷ each case per (model, release): the ratio, the starts' widest, the A/A gap."""
     gap = aa_gap(df, p.metric, p.across, stat)
     rows = []
     for (model, rel, case), per in p.ratios(df, stat).items():

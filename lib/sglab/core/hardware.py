@@ -44,8 +44,7 @@ def _text(value) -> str:
 
 
 def _visible_indices(total: int) -> list[int]:
-    """Physical indices visible to this process: those CUDA_VISIBLE_DEVICES lists where it lists
-    integers (a UUID or MIG spec: all, not guessed)."""
+    """Physical indices CUDA_VISIBLE_DEVICES lists (all, for a UUID or MIG spec)."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     tokens = [t.strip() for t in (env or "").split(",") if t.strip()]
     if env is None or not all(t.isdigit() for t in tokens):
@@ -157,9 +156,8 @@ def gpu_local_cpus(cuda_index: int = 0) -> tuple[int, ...]:
 
 
 def software() -> dict:
-    """Versions that go into every run manifest. torch's come from the module where it is imported
-    already, else from its ``version.py`` read as text: importing torch to learn its version costs
-    about 2 s of CPU (notebook 00, ``sglab env``)."""
+    """Versions for every run manifest; torch's read from its ``version.py`` where it is not
+    imported yet (importing it costs about 2 s of CPU)."""
     torch = sys.modules.get("torch")
     version, cuda = ((torch.__version__,
                       torch.version.cuda) if torch is not None else _torch_version_file())
@@ -170,8 +168,7 @@ def software() -> dict:
 
 
 def _torch_version_file() -> tuple:
-    """``(torch.__version__, torch.version.cuda)`` from torch's generated ``version.py``, without
-    importing torch; ``(None, None)`` where torch is not installed."""
+    """torch's version and CUDA from its ``version.py``; ``(None, None)`` without torch."""
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return None, None

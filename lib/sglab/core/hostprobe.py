@@ -246,8 +246,7 @@ def table(probes: list[tuple[str, dict]]):
 
 
 def figure(probes: list[tuple[str, dict]]):
-    """One row per probe timed in rounds: each vCPU a line from its fastest round to its slowest,
-    orange where they lie over 1.3× apart."""
+    """A row per probe: each vCPU fastest to slowest round, orange where over 1.3× apart."""
     import matplotlib.pyplot as plt
 
     grids = [(n, p) for n, p in probes if p.get("rounds")]

@@ -58,8 +58,7 @@ def short_name(kernel: str, width: int = 48) -> str:
 
 
 def reduce_records(records: Iterable[tuple], runs: int, backend: str):
-    """``(label, kernel, duration_ns)`` records of ``runs`` repetitions -> the per-kernel table, by
-    label (first seen first), then total time."""
+    """``(label, kernel, duration_ns)`` of ``runs`` repeats -> the per-kernel table."""
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")
     d = pd.DataFrame(list(records), columns=["label", "kernel", "us"])
@@ -93,8 +92,7 @@ def profiler_records(fns: Mapping[str, Callable[[], object]], *, runs: int,
 
 
 def kernel_table(fns: Mapping[str, Callable[[], object]], *, runs: int = 5, warmup: int = 2):
-    """The per-kernel table of each labelled eager function: nsight-python where it runs, else
-    torch.profiler. ``attrs``: backend and the reason for it."""
+    """Per-kernel table of each labelled eager function (``attrs``: the backend and why)."""
     if not fns:
         raise ValueError("kernel_table needs at least one labelled function")
     chosen, reason = kernels.nsight_backend()
@@ -280,8 +278,7 @@ def _warm(steps: Mapping[str, Step], warmup: int) -> None:
 
 
 def torch_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
-    """torch.profiler over ``runs`` steps, one session per variant, every op in a range whose device
-    side spans the kernels it launched."""
+    """torch.profiler over ``runs`` steps, one session per variant, every op in a range."""
     _warm(steps, warmup)
     parts = []
     for variant, step in steps.items():
@@ -315,8 +312,7 @@ def nsight_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
 
 
 def cross_check(a, b) -> dict:
-    """Compare the kernel calls per (variant, scope, step, op, kernel) of two tables: ``{"rows": n,
-    "equal": n, "only_in_a": [...], "only_in_b": [...], "differ": [...]}``."""
+    """Calls per :data:`KEY` of two tables: rows, equal, only_in_a, only_in_b, differ."""
     ca = {tuple(r[k] for k in KEY): float(r["calls"]) for _, r in a.iterrows()}
     cb = {tuple(r[k] for k in KEY): float(r["calls"]) for _, r in b.iterrows()}
     both = set(ca) & set(cb)

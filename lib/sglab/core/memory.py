@@ -33,8 +33,7 @@ def _handles(nv) -> list:
 
 
 def _read(nv, handles) -> list[tuple]:
-    """``(pid, GPU, MiB)`` of every compute process on ``handles`` (usedGpuMemory None:
-    NVML_VALUE_NOT_AVAILABLE on some setups)."""
+    """``(pid, GPU, MiB)`` of every compute process on ``handles`` (unknown memory: 0)."""
     return [(int(p.pid), gpu, float(p.usedGpuMemory or 0) / 2**20) for gpu, h in enumerate(handles)
             for p in nv.nvmlDeviceGetComputeRunningProcesses(h)]
 

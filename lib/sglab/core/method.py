@@ -134,8 +134,7 @@ def best_statistic(controls: list[dict]) -> tuple[str, int, int]:
 
 # -- the host --------------------------------------------------------------------------------------
 def host_costs(runs_: list) -> pd.DataFrame:
-    """Per run, the host's bare per-launch cost measured before and after it (µs, the median of its
-    bursts) and how far the two lie apart."""
+    """Per run, the host's µs per launch measured before and after it, and their ratio."""
     rows = []
     for r in runs_:
         h = r.manifest.host_launch_us
@@ -185,8 +184,7 @@ def slowest_starts(df: pd.DataFrame, metric: str) -> tuple[int, int, int, float]
 
 # -- reruns and counts -----------------------------------------------------------------------------
 def pair_ratios(pair):
-    """``frame, stat -> {(model, release, case): {x: base ÷ case}}`` of a view's timed pair, A/A
-    copies left out: what :func:`sglab.core.engine_stats.reruns` reads."""
+    """``frame, stat -> {(model, release, case): {x: base ÷ case}}``, for ``reruns``."""
     return lambda df, stat: {
         k: {x: v[0]
             for x, v in per.items()}
@@ -195,8 +193,7 @@ def pair_ratios(pair):
 
 
 def drift_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """A reruns table (:func:`sglab.core.engine_stats.reruns`) per pair and GPU model: the runs, the
-    claims' statistic over them, and its drift from the GPU model's oldest run."""
+    """A reruns table per pair and GPU model: runs, the claims' statistic, drift from the oldest."""
     if table.empty:
         return table
     stat, rows = STAT_NAMES[STAT], []
@@ -240,8 +237,7 @@ def exact_counts(rs, metric: str) -> pd.DataFrame:
 
 # -- verdicts and tolerances -----------------------------------------------------------------------
 def ledger(entries) -> pd.DataFrame:
-    """One row per recorded engine run: ``entries`` of ``(fix, run, engine claims)``; its GPU, date
-    (UTC), TP size and its claims' verdict line."""
+    """A row per ``(fix, run, engine claims)``: GPU, date, TP size and verdict line."""
     rows = [{
         "fix": fix, "run": run_label(r), "GPU": f"{r.manifest.gpu} ×{r.manifest.gpu_count}",
         "date": r.manifest.date, "TP": r.manifest.tp, "verdict": C.verdict(C.evaluate(mod, r))
@@ -289,8 +285,7 @@ def by_gpu(rs, fn) -> dict:
 
 
 def side_by_side(tables: dict, index: list[str], value: str) -> pd.DataFrame:
-    """``{GPU: table}`` with the same ``index`` columns as one table, a column of ``value`` per GPU
-    model and, for two models, the second over the first."""
+    """``{GPU: table}`` as one table: ``value`` per GPU model (for two, also their ratio)."""
     parts = {g: t.set_index(index)[value] for g, t in tables.items() if not t.empty}
     if not parts:
         return pd.DataFrame()
@@ -326,8 +321,7 @@ def agreement(tables: dict, index: list[str], title: str):
 
 # -- what the notebook says ------------------------------------------------------------------------
 def banner(mode: str, runs_: int, fixes: int, probes: int) -> None:
-    """The notebook's one line: it measures nothing, whatever ``mode`` (a notebook's MODE), and
-    reads the recorded runs and probes (with the mode marker every executed notebook carries)."""
+    """07's mode line: recorded, whatever ``mode``; it measures nothing."""
     if mode not in MODES:
         raise ValueError(f"MODE must be one of {MODES}, got {mode!r}")
     mode_line({"experiment": "how_we_measure", "mode": "recorded", "gpus_needed": 0},
@@ -342,8 +336,7 @@ def conclude(sentence: str) -> None:
 
 
 def folded(df: pd.DataFrame, what: str, rows: int = 0) -> None:
-    """A long table folded under ``what``, its first ``rows`` rows shown above the fold (0: none);
-    a table no longer than ``rows``, and any table outside a notebook, shown whole."""
+    """A long table folded under ``what``, its first ``rows`` rows above the fold."""
     if df.empty:
         return
     if len(df) <= rows or not in_notebook():

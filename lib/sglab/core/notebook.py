@@ -38,8 +38,7 @@ def _ipy(*objs, **kwargs) -> None:
 
 def display(data: dict | None, text: str, markdown: str | None = None, *,
             html: str | None = None) -> None:
-    """Show ``markdown`` (or ``html``) in a notebook (with the mode marker ``data`` when given),
-    ``text`` elsewhere."""
+    """``markdown`` or ``html`` (and mode marker ``data``) in a notebook, ``text`` elsewhere."""
     if not in_notebook():
         print(text)
         return
@@ -52,8 +51,7 @@ def display(data: dict | None, text: str, markdown: str | None = None, *,
 
 
 def mode_line(data: dict, said: str) -> None:
-    """The mode line (markdown ``said``) with the mode marker ``data`` every executed notebook
-    carries."""
+    """The mode line (markdown ``said``) with its mode marker ``data``."""
     display(data, f"[sglab] {data['experiment']}: " + said.replace("**", "").replace("`", ""),
             f"<small>{said}</small>")
 
@@ -78,8 +76,7 @@ def show_table(obj) -> None:
 
 
 def reveal(answer, prompt: str = "Show the answer") -> None:
-    """The answer (a table or text) to a "predict, then run" question, folded until the reader opens
-    it; printed outside a notebook."""
+    """The answer to a "predict, then run" question, folded until opened."""
     if not in_notebook():
         print(answer if isinstance(answer, str) else answer.to_string())
         return
@@ -89,8 +86,7 @@ def reveal(answer, prompt: str = "Show the answer") -> None:
 
 
 def file_link(path, what: str = "file") -> None:
-    """A link to a file of the checkout (a Perfetto trace, say), relative to the notebooks and the
-    report (both one folder below the checkout)."""
+    """A link to a file of the checkout, relative to the notebooks and the report."""
     path = Path(path).resolve()
     root = runs.repo_root().resolve()
     rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()

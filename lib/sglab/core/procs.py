@@ -92,8 +92,7 @@ def members(pgid: Optional[int] = None, marker: str = "") -> list[psutil.Process
 
 
 def stop(pgid: Optional[int] = None, *, marker: str = "", grace: float = GRACE_S) -> Stopped:
-    """Stop group ``pgid`` and every process carrying ``marker``: SIGTERM, wait up to ``grace``
-    seconds, SIGKILL what is left, wait again. Returns what was found and what survived."""
+    """Stop group ``pgid`` and ``marker``'s processes: SIGTERM, ``grace`` seconds, SIGKILL."""
     return _stop(members(pgid, marker), lambda: members(pgid, marker), pgid, grace)
 
 

@@ -41,8 +41,7 @@ def data_dir(kind: str) -> Path:
 
 
 def tidy(experiment: str, rows: list[dict]):
-    """The tidy frame of a run from row dicts (the required keys checked); other keys are parameter
-    columns between ``variant`` and ``metric``, in first-seen order."""
+    """A run's tidy frame from row dicts; other keys become columns between variant and metric."""
     import pandas as pd
 
     if not rows:
@@ -166,8 +165,7 @@ def write_run(df, *, experiment: str, method_version: int, params: dict, root: P
 
 def measure(fn: Callable[[], Any], *, experiment: str, method_version: int, params: dict,
             root: Path | None = None, gpu_count: int | None = None) -> tuple[Path, int]:
-    """Run ``fn`` (a tidy frame or a :class:`Measured`) and write it with its sidecars, wall time
-    and phase times (:func:`write_run`): the CSV path and its number of rows."""
+    """Write what ``fn`` returns (:func:`write_run`), with its times: the CSV path and rows."""
     from sglab.core import timing
 
     timing.take()
@@ -266,8 +264,7 @@ class Manifest:
 
 
 def tp_of(argv) -> int:
-    """The tensor-parallel size SGLang server arguments ask for (``--tp-size 4``, ``--tp=4``,
-    ``--tensor-parallel-size``); 1 where they name none."""
+    """The TP size SGLang server arguments ask for (``--tp-size 4``, ``--tp=4``; else 1)."""
     argv = list(argv)
     for i, a in enumerate(argv):
         key, eq, val = str(a).partition("=")

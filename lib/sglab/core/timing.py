@@ -99,9 +99,8 @@ def _sync() -> None:
 def interleaved(fns: "dict[str, Callable[[], object]]", *, rounds: int = 3, warmup: int = 10,
                 repeat: int = 60,
                 timer: "Callable[..., Timing] | None" = None) -> "dict[str, Timing]":
-    """Time variants in alternating rounds (A B C, A B C, ...), ``repeat // rounds`` samples each
-    per round, pooled per variant: drift lands on every variant. ``timer``: :func:`cuda_time` by
-    default."""
+    """Time variants in alternating rounds (A B C, A B C, ...), samples pooled per variant, so
+    drift lands on every variant; ``timer``: :func:`cuda_time` by default."""
     if not fns:
         raise ValueError("interleaved needs at least one variant")
     if rounds < 1:
