@@ -94,12 +94,10 @@ def merged(runs_: list) -> runs.Run:
         n: str(newest.path.parent / f)
         for n, f in newest.manifest.sidecars.items() if not n.startswith("log_")
     }
-    at = 0
-    for r in ordered:  # each engine entry keeps its own log (``log_<i>`` follows the entries)
-        for i in range(len(r.manifest.engine_runs)):
-            if f"log_{i}" in r.manifest.sidecars:
-                cars[f"log_{at}"] = str(r.path.parent / r.manifest.sidecars[f"log_{i}"])
-            at += 1
+    entries = [(r, f"log_{i}") for r in ordered for i in range(len(r.manifest.engine_runs))]
+    for at, (r, log) in enumerate(entries):  # each engine entry keeps its own log (``log_<i>``)
+        if log in r.manifest.sidecars:
+            cars[f"log_{at}"] = str(r.path.parent / r.manifest.sidecars[log])
     m["sidecars"] = cars
     m.setdefault("params",
                  {})["specs"] = [e for r in ordered for e in r.manifest.params.get("specs", [])]
