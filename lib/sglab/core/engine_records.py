@@ -122,8 +122,7 @@ def per_gpu(rs: runs.RunSet) -> list:
 
 
 def load(fix: str, number: str = "NN") -> runs.RunSet:
-    """A fix's recorded engine runs: the GPU model answering the most (model, variant) pairs shown
-    (then the one with more runs), the others elsewhere; or a NoRun."""
+    """A fix's recorded engine runs, the GPU model answering the most variants shown; or a NoRun."""
     found = sorted(runs.load_all_recorded(f"engine_{fix}"), key=lambda r: r.manifest.created_utc)
     if not found:
         return runs.NoRun(

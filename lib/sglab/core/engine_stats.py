@@ -106,8 +106,7 @@ def ratios(df: pd.DataFrame, metric: str, across: str, base: str, stat: str = "m
 
 
 def aa_gap(df: pd.DataFrame, metric: str, across: str, stat: str = "median") -> dict:
-    """Per (model, release), the largest relative gap on ``metric`` between a case and its A/A copy
-    ``<case>-again`` over the values of ``across`` (``{}`` without a control)."""
+    """Per (model, release), the largest gap on ``metric`` between a case and its A/A copy."""
     return {k: max(g.values()) for k, g in aa_gap_at(df, metric, across, stat).items()}
 
 

@@ -138,8 +138,7 @@ def cpu_text(cpus) -> str:
 
 
 def gpu_local_cpus(cuda_index: int = 0) -> tuple[int, ...]:
-    """The CPUs on the NUMA node of GPU ``cuda_index`` (NVML's CPU affinity of that GPU) that
-    this process may run on; ValueError in one line where NVML cannot tell."""
+    """This process's CPUs on GPU ``cuda_index``'s NUMA node (NVML); ValueError where unknown."""
     nv = _nvml()
     if nv is None:
         raise ValueError("NVML is not usable here: give the CPUs as a list (e.g. 0-7)")

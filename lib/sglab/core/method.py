@@ -78,9 +78,8 @@ def one_timing(run, metric: str, across: str, base: str, cases=(), x=None) -> pd
     x = int(min(xs.dropna().unique(), key=lambda v: (abs(v - (x or 0)), v)))
     d = df[xs == x]
     want = [
-        base, base + AGAIN,
-        *(c for c in sorted(set(d.case))
-          if c not in (base, base + AGAIN) and not c.endswith(AGAIN) and (not cases or c in cases))
+        base, base + AGAIN, *(c for c in sorted(set(d.case))
+                              if c != base and not c.endswith(AGAIN) and (not cases or c in cases))
     ]
     rows = []
     for case in want:

@@ -75,8 +75,7 @@ def _git_sha(root: Path) -> str | None:
 
 
 def machine_manifest(gpu_count: int | None = None) -> dict:
-    """GPU model and count (``gpu_count``: those the run used, default all visible; the machine's
-    in ``gpu_count_machine``), driver, CUDA, torch and Python of this machine."""
+    """This machine's GPUs (``gpu_count``: those the run used, default all), driver, versions."""
     from sglab.core import hardware
 
     gpus = hardware.gpus() if hardware.has_cuda() else ()
@@ -418,9 +417,8 @@ def load_all_recorded(experiment: str, *, root: Path | None = None) -> list[Run]
 
 
 def promote(csv_path: Path | str, *, root: Path | None = None, force: bool = False) -> Path:
-    """Copy a live run (CSV + manifest) into ``data/recorded/<experiment>/``; return the new CSV
-    path. A file of the record is never replaced unless ``force`` (FileExistsError names it);
-    ValueError for a run that is already the record's own file."""
+    """Copy a live run and its files into ``data/recorded/<experiment>/``: the new CSV path. A
+    recorded file is replaced only with ``force`` (else FileExistsError)."""
     run = read_run(csv_path)
     dest = (root or data_dir("recorded")) / run.manifest.experiment
     src = Path(csv_path)

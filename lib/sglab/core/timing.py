@@ -151,9 +151,8 @@ def take() -> dict:
 
 # -- the host's per-launch cost --------------------------------------------------------------------
 class Burst:
-    """``n`` tiny kernels (``x.add_(1)`` on one element) launched back to back and synchronised
-    once. Each call appends its ``time.perf_counter`` time to :attr:`host_ms`: on a GPU this is
-    the host's time per kernel launch, which an eager, launch-bound step pays per kernel."""
+    """``n`` tiny kernels launched back to back, synchronised once; each call appends its time to
+    :attr:`host_ms`: on a GPU, the host's time per launch that an eager step pays per kernel."""
 
     def __init__(self, device, n: int):
         import torch

@@ -72,9 +72,8 @@ def on_device(lanes):
 
 
 def event_table(events, *, keep_ops: bool = False):
-    """torch.profiler events as :data:`COLUMNS` from the first event, each in its innermost phase
-    range (host ranges for host events, device ranges for device events); host ops with
-    ``keep_ops``."""
+    """torch.profiler events as :data:`COLUMNS`, each in its innermost phase range (on its own
+    side: host or device); host ops with ``keep_ops``."""
     import numpy as np
     import pandas as pd
 
