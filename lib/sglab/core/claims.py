@@ -102,7 +102,7 @@ def evaluate_claim(claim: Claim, run) -> Outcome:
 def evaluate(mod, run) -> list[Result]:
     """Each claim of ``mod`` on ``run``, then its folded checks (one failing fails the claim)."""
     name = getattr(mod, "EXPERIMENT", None)
-    if name and run.manifest.experiment not in (None, name):
+    if name and run.manifest.experiment != name:
         raise ClaimsError(f"{getattr(run, 'path', 'run')} is a {run.manifest.experiment!r} "
                           f"run, not {name!r}")
     out = []

@@ -100,7 +100,7 @@ def needs_run(fn):
     @functools.wraps(fn)
     def wrapper(run, *args, **kwargs):
         if not run:
-            print(getattr(run, "line", "no GPU run to show"))
+            print(run.line)
             return None
         return fn(run, *args, **kwargs)
 
@@ -287,7 +287,7 @@ def verdict_html(claims, run) -> str:
 def verdict(claims, run) -> None:
     """The Verdict section: each shown run's claims table (live or recorded), or the NoRun line."""
     if not run:
-        print(getattr(run, "line", "no run to verify yet"))
+        print(run.line)
         return
     for r in run.shown:
         if in_notebook():
