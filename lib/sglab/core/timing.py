@@ -112,8 +112,7 @@ def interleaved(fns: "dict[str, Callable[[], object]]", *, rounds: int = 3, warm
     for r in range(rounds):
         for name, fn in fns.items():
             t = timer(fn, warmup=warmup if r == 0 else 0, repeat=per_round)
-            if name not in pooled:
-                pooled[name] = Timing([], clock=t.clock + f", {rounds} interleaved rounds")
+            pooled.setdefault(name, Timing([], clock=t.clock + f", {rounds} interleaved rounds"))
             pooled[name].samples_ms.extend(t.samples_ms)
     return pooled
 
