@@ -169,10 +169,8 @@ def host_us(rs: runs.RunSet, *variant: str) -> float | None:
     for r in sorted(rs.shown, key=lambda r: r.manifest.created_utc, reverse=True):
         started = {(e.get("release"), (e.get("model") or {}).get("name"), e.get("case"))
                    for e in r.manifest.engine_runs}
-        if variant and not any(v[:len(variant)] == variant for v in started):
-            continue
-        got = run_host_us(r)
-        if got is not None:
+        if ((not variant or any(v[:len(variant)] == variant for v in started))
+                and (got := run_host_us(r)) is not None):
             return got
     return None
 

@@ -30,9 +30,7 @@ def _nvml():
     """Return the initialised ``pynvml`` module, or None when NVML is not usable here."""
     try:
         import pynvml  # provided by nvidia-ml-py
-    except ImportError:
-        return None
-    try:
+
         pynvml.nvmlInit()
     except Exception:
         return None

@@ -148,11 +148,9 @@ class OpCall:
 def parse_label(label: str) -> OpCall:
     """The :class:`OpCall` of a range label (with or without ``unique``'s ``NNNN|`` prefix)."""
     parts = str(label).split(SEP)
-    if len(parts) == 4:
-        parts = parts[1:]
-    if len(parts) != 3:
+    if len(parts) not in (3, 4):
         raise ValueError(f"not an op label: {label!r}")
-    scope, step, op = parts
+    scope, step, op = parts[-3:]
     return OpCall(scope, int(step) if step else None, op)
 
 
@@ -208,9 +206,7 @@ class OpRanges(DispatchMode):
 def demangle(name: str) -> str:
     """A C++ symbol as a profiler shows it (``_ZN2at6native...`` -> ``void at::native::...``), so
     CUPTI's and ``cuFuncGetName``'s names meet Kineto's; unchanged where it cannot be demangled."""
-    if not name.startswith("_Z"):
-        return name
-    fn = _cxa_demangle()
+    fn = _cxa_demangle() if name.startswith("_Z") else None
     if fn is None:
         return name
     status = ctypes.c_int()

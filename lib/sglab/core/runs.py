@@ -302,10 +302,7 @@ class Run:
         """A sidecar of this run: a DataFrame for a ``.csv.gz`` table, the path for a file, None if
         absent. An empty text cell reads back as ``""`` (as NaN, groupby would drop its rows)."""
         fname = self.manifest.sidecars.get(name)
-        if not fname:
-            return None
-        path = self.path.parent / fname
-        if not path.exists():
+        if not fname or not (path := self.path.parent / fname).exists():
             return None
         if fname.endswith(".csv.gz"):
             import pandas as pd
