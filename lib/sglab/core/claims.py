@@ -88,8 +88,7 @@ def evaluate_claim(claim: Claim, run) -> Outcome:
         return not_applicable(f"run has method version {mv}; this claim covers method version "
                               f"{span}")
     try:
-        reason = claim.applies(run) if claim.applies is not None else ""
-        if reason:
+        if claim.applies is not None and (reason := claim.applies(run)):
             return not_applicable(reason)
         out = claim.check(run)
     except Exception as e:  # noqa: BLE001 - a check that cannot read the run fails, naming why

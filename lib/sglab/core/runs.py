@@ -393,8 +393,6 @@ def read_run(csv_path: Path | str, *, live: bool = False) -> Run:
 def list_runs(experiment: str, *, kind: str = "recorded", root: Path | None = None) -> list[Path]:
     """CSV paths of complete runs (a CSV with its manifest), oldest first."""
     folder = (root or data_dir(kind)) / experiment
-    if not folder.is_dir():
-        return []
     found = [
         p for p in folder.glob("*.csv")
         if not p.name.startswith(".") and p.with_suffix(".json").exists()
