@@ -327,7 +327,8 @@ def _excess(a: float, b: float) -> float:
 
 def drift_rows(results: list[Result], ref_results: list[Result],
                span: dict | None = None) -> list[dict]:
-    """Per claim and value: this run, the reference (or ``span``'s range), drift, and beyond?"""
+    """Per claim and value: this run, the reference (or ``span``'s range), the signed drift and
+    whether it is beyond tolerance (:func:`_excess`)."""
     ref = {r.claim.id: r for r in ref_results}
     span = span or {}
     rows = []

@@ -58,7 +58,8 @@ def short_name(kernel: str, width: int = 48) -> str:
 
 
 def reduce_records(records: Iterable[tuple], runs: int, backend: str):
-    """``(label, kernel, duration_ns)`` of ``runs`` repeats -> the per-kernel table."""
+    """``(label, kernel, duration_ns)`` of ``runs`` repeats -> the per-kernel table, by label
+    (first seen first), then total time."""
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")
     d = pd.DataFrame(list(records), columns=["label", "kernel", "us"])
@@ -308,7 +309,8 @@ def nsight_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
 
 
 def cross_check(a, b) -> dict:
-    """Calls per :data:`KEY` of two tables: rows, equal, only_in_a, only_in_b, differ."""
+    """The kernel calls per :data:`KEY` of two tables compared: ``{"rows": n, "equal": n,
+    "only_in_a": [...], "only_in_b": [...], "differ": [...]}``."""
     ca = {tuple(r[k] for k in KEY): float(r["calls"]) for _, r in a.iterrows()}
     cb = {tuple(r[k] for k in KEY): float(r["calls"]) for _, r in b.iterrows()}
     both = set(ca) & set(cb)

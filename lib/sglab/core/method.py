@@ -335,7 +335,8 @@ def conclude(sentence: str) -> None:
 
 
 def folded(df: pd.DataFrame, what: str, rows: int = 0) -> None:
-    """A long table folded under ``what``, its first ``rows`` rows above the fold."""
+    """A long table folded under ``what``, its first ``rows`` rows above the fold; a table no
+    longer than ``rows``, and any table outside a notebook, shown whole."""
     if df.empty:
         return
     if len(df) <= rows or not in_notebook():

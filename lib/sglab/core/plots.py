@@ -130,7 +130,8 @@ def timeline(tables: Mapping[str, object], *, highlight: str | None = None,
              highlight_label: str = "mechanism",
              categories: Sequence[str] = ("kernel", "memcpy", "memset", "runtime",
                                           "range"), title: str = "", ax=None):
-    """Swim-lanes per variant on one µs axis; events matching ``highlight`` (a regex) accented."""
+    """Swim-lanes per variant (``{"before": ev_a, "after": ev_b}``) on one µs axis; events matching
+    ``highlight`` (a regular expression) in the accent colour, counted."""
     from matplotlib.patches import Patch
 
     rows, labels, first = [], [], {}
