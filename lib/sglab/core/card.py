@@ -41,8 +41,7 @@ def releases_line(timeline: list[tuple[str, str]]) -> str:
 
 
 def parts(card: Card, fix, claims, rs, engine_rs) -> dict:
-    """The card's sentences, each computed: ``bug``, ``affects``, ``releases``, ``engine``,
-    ``engine_verdicts``, ``rebuild``, ``rebuild_verdicts``, ``found`` ([(pr, we)])."""
+    """The card's sentences, each computed, by name (``found``: [(pr, we)])."""
     engine, merged, shown = claims.ENGINE, per_gpu(engine_rs) if engine_rs else [], list(rs)
     ns = {
         "e": C.claim_values(engine, merged[0]) if merged else {},

@@ -88,8 +88,7 @@ def evaluate_claim(claim: Claim, run) -> Outcome:
         return not_applicable(f"run has method version {mv}; this claim covers method version "
                               f"{span}")
     try:
-        reason = claim.applies(run) if claim.applies is not None else ""
-        if reason:
+        if claim.applies is not None and (reason := claim.applies(run)):
             return not_applicable(reason)
         out = claim.check(run)
     except Exception as e:  # noqa: BLE001 - a check that cannot read the run fails, naming why
@@ -100,10 +99,9 @@ def evaluate_claim(claim: Claim, run) -> Outcome:
 
 
 def evaluate(mod, run) -> list[Result]:
-    """Every claim of the claims module ``mod`` on ``run``: each reader-facing claim, then its
-    folded checks. A reader-facing claim whose folded check fails fails too, naming the check."""
+    """Each claim of ``mod`` on ``run``, then its folded checks (one failing fails the claim)."""
     name = getattr(mod, "EXPERIMENT", None)
-    if name and run.manifest.experiment not in (None, name):
+    if name and run.manifest.experiment != name:
         raise ClaimsError(f"{getattr(run, 'path', 'run')} is a {run.manifest.experiment!r} "
                           f"run, not {name!r}")
     out = []
@@ -267,8 +265,7 @@ def _extremes(plain: list[dict]) -> tuple[dict, dict]:
 
 
 def headline(mod, runs_: list, every: list | None = None) -> str:
-    """The numbers sentence of ``runs_`` (``mod.HEADLINE``), each run's ``across`` range over its
-    peers among ``every`` (default: the recorded runs)."""
+    """``mod.HEADLINE`` of ``runs_``, its ``across`` over peers in ``every`` (default: recorded)."""
     if not runs_:
         return "no recorded run yet"
     from sglab.core.runs import load_all_recorded, others
@@ -300,11 +297,6 @@ def _number(v) -> Optional[float]:
     return float(v) if isinstance(v, (int, float)) and v == v else None  # NaN: not a number
 
 
-def _leaf(key: str) -> str:
-    """The last part of a flattened key (``pairs.llama 0.5.13 pcg.lo`` -> ``lo``)."""
-    return key.rsplit(".", 1)[-1]
-
-
 def _beside(flat: dict, key: str, name: str):
     """The value ``name`` of ``key``'s group in a flattened value, else the top-level ``name``."""
     group = f"{key.rsplit('.', 1)[0]}.{name}" if "." in key else name
@@ -315,16 +307,11 @@ def spans(mod, runs_: list) -> dict:
     """``{(claim id, value key): [every number the runs gave]}``, each run evaluated alone."""
     out: dict = {}
     for run in runs_:
-        for k, x in _numbers(mod, run).items():
-            out.setdefault(k, []).append(x)
+        for r in evaluated(mod, run):
+            for key, x in _flat(r.outcome.value, "").items():
+                if _number(x) is not None:
+                    out.setdefault((r.claim.id, key), []).append(_number(x))
     return out
-
-
-def _numbers(mod, run) -> dict:
-    """``{(claim id, value key): number}`` of one run."""
-    return {(r.claim.id, key): _number(x)
-            for r in evaluated(mod, run)
-            for key, x in _flat(r.outcome.value, "").items() if _number(x) is not None}
 
 
 def _rel(a: float, b: float) -> float:
@@ -340,8 +327,8 @@ def _excess(a: float, b: float) -> float:
 
 def drift_rows(results: list[Result], ref_results: list[Result],
                span: dict | None = None) -> list[dict]:
-    """Per claim and value: this run, the reference (with ``span``: the range of the recorded runs),
-    the signed drift and whether it is beyond tolerance (:func:`_excess`)."""
+    """Per claim and value: this run, the reference (or ``span``'s range), the signed drift and
+    whether it is beyond tolerance (:func:`_excess`)."""
     ref = {r.claim.id: r for r in ref_results}
     span = span or {}
     rows = []
@@ -350,7 +337,8 @@ def drift_rows(results: list[Result], ref_results: list[Result],
         if rr is None or r.outcome.value is None or rr.outcome.value is None:
             continue
         mine, theirs = _flat(r.outcome.value, ""), _flat(rr.outcome.value, "")
-        for key in sorted(k for k in set(mine) & set(theirs) if _leaf(k) not in r.claim.context):
+        for key in sorted(
+                k for k in set(mine) & set(theirs) if k.rsplit(".", 1)[-1] not in r.claim.context):
             # the tolerance: the claim's drift, widened to the A/A gap either run measured
             tol, label, gap = r.claim.drift, "exact", 0.0
             if tol is not None:
@@ -387,7 +375,7 @@ def unmatched(results: list[Result], ref_results: list[Result]) -> list[str]:
     return [
         f"{r.claim.id}.{k or 'value'}" for r in results if r.outcome.value is not None
         for k in sorted(_flat(r.outcome.value))
-        if k not in ref.get(r.claim.id, {}) and _leaf(k) not in r.claim.context
+        if k not in ref.get(r.claim.id, {}) and k.rsplit(".", 1)[-1] not in r.claim.context
     ]
 
 
@@ -463,8 +451,7 @@ def reference(run, candidates: list) -> tuple[Any, str, list, bool]:
 
 def compare(mod, run, reference, record: list | None = None,
             mine: list[Result] | None = None) -> Comparison:
-    """``run`` against ``reference``, each number against the range of ``record`` (the runs it was
-    merged from) where given; ``mine``: ``run``'s results where the caller has them."""
+    """``run`` against ``reference`` (each number against ``record``'s range where given)."""
     span = spans(mod, record) if record else None
     mine = evaluate(mod, run) if mine is None else mine
     theirs = evaluated(mod, reference)  # a record's run is often the reference of several
@@ -477,8 +464,7 @@ def compare(mod, run, reference, record: list | None = None,
 
 # -- JUnit XML (for a cluster's CI) ----------------------------------------------------------------
 def junit_xml(suites: list[tuple[str, list[Result]]]) -> str:
-    """One ``<testsuite>`` per run, one ``<testcase>`` per claim and folded check; fail ->
-    ``<failure>``, n/a -> ``<skipped>``."""
+    """A ``<testsuite>`` per run, a ``<testcase>`` per claim: fail/n/a as failure/skipped."""
     import xml.etree.ElementTree as ET
 
     root = ET.Element("testsuites")

@@ -125,10 +125,6 @@ def _tail(path: Path, n: int = 25) -> str:
     return ""
 
 
-def _looks_like_timeout(text: str) -> bool:
-    return any(m in text for m in _TIMEOUT_MARKERS)
-
-
 class _Ranks:
     """The rank processes of one launch: their results, every failure as one error, clean-up."""
 
@@ -160,7 +156,7 @@ class _Ranks:
         if status == "ok":
             self.out[rank] = pickle.loads(data)
             return
-        timed_out = _looks_like_timeout(data)
+        timed_out = any(m in data for m in _TIMEOUT_MARKERS)
         last = next((ln for ln in reversed(data.strip().splitlines()) if ln.strip()), "")
         msg = (f"rank {rank} of {self.world_size} failed: {last.strip()}"
                + (f" (a collective timed out after {self.collective_timeout_s:g} s)"
@@ -179,7 +175,7 @@ class _Ranks:
             if now - self._gone_since[r] < 2.0:
                 continue
             tail = _tail(self.logs[r])
-            if _looks_like_timeout(tail):
+            if any(m in tail for m in _TIMEOUT_MARKERS):
                 raise DistTimeout(f"rank {r} of {self.world_size} died after a collective timed "
                                   f"out (limit {self.collective_timeout_s:g} s; did another rank "
                                   f"never join?). Its log ends:\n{tail}")
@@ -259,9 +255,8 @@ def launch(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
 
 
 def forkserver(preload: Sequence[str] = ("torch",)):
-    """The ``forkserver`` context with ``preload`` imported in the server: a fork of a server that
-    imported torch (no CUDA) starts in milliseconds, a spawned rank in seconds. End it with
-    :func:`stop_forkserver`."""
+    """The ``forkserver`` context, ``preload`` imported in the server (a rank forks in ms, not s);
+    end it with :func:`stop_forkserver`."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(preload))
     return ctx

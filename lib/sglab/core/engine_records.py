@@ -83,8 +83,7 @@ def _frame(runs_: list) -> pd.DataFrame:
 
 
 def merged(runs_: list) -> runs.Run:
-    """Several runs of one experiment as one Run: the rows of :func:`frame`, every run's engine
-    entries, specs and logs, the newest run's manifest otherwise."""
+    """Runs of one experiment as one Run: :func:`frame`'s rows, every engine entry, spec and log."""
     ordered = sorted(runs_, key=lambda r: r.manifest.created_utc)
     newest = ordered[-1]
     if len(ordered) == 1 or not any(r.manifest.engine_runs for r in ordered):
@@ -95,12 +94,10 @@ def merged(runs_: list) -> runs.Run:
         n: str(newest.path.parent / f)
         for n, f in newest.manifest.sidecars.items() if not n.startswith("log_")
     }
-    at = 0
-    for r in ordered:  # each engine entry keeps its own log (``log_<i>`` follows the entries)
-        for i in range(len(r.manifest.engine_runs)):
-            if f"log_{i}" in r.manifest.sidecars:
-                cars[f"log_{at}"] = str(r.path.parent / r.manifest.sidecars[f"log_{i}"])
-            at += 1
+    entries = [(r, f"log_{i}") for r in ordered for i in range(len(r.manifest.engine_runs))]
+    for at, (r, log) in enumerate(entries):  # each engine entry keeps its own log (``log_<i>``)
+        if log in r.manifest.sidecars:
+            cars[f"log_{at}"] = str(r.path.parent / r.manifest.sidecars[log])
     m["sidecars"] = cars
     m.setdefault("params",
                  {})["specs"] = [e for r in ordered for e in r.manifest.params.get("specs", [])]
@@ -125,8 +122,7 @@ def per_gpu(rs: runs.RunSet) -> list:
 
 
 def load(fix: str, number: str = "NN") -> runs.RunSet:
-    """A fix's recorded engine runs: the GPU model answering the most (model, variant) pairs shown
-    (then the one with more runs), the others elsewhere; or a NoRun."""
+    """A fix's recorded engine runs, the GPU model answering the most variants shown; or a NoRun."""
     found = sorted(runs.load_all_recorded(f"engine_{fix}"), key=lambda r: r.manifest.created_utc)
     if not found:
         return runs.NoRun(
@@ -169,15 +165,12 @@ def run_host_us(r) -> float | None:
 
 
 def host_us(rs: runs.RunSet, *variant: str) -> float | None:
-    """The host's per-launch cost (µs) beside the newest shown run that started ``variant`` (a
-    prefix of release, model, case)."""
+    """The host's µs per launch beside the newest run that started ``variant`` (release, ...)."""
     for r in sorted(rs.shown, key=lambda r: r.manifest.created_utc, reverse=True):
         started = {(e.get("release"), (e.get("model") or {}).get("name"), e.get("case"))
                    for e in r.manifest.engine_runs}
-        if variant and not any(v[:len(variant)] == variant for v in started):
-            continue
-        got = run_host_us(r)
-        if got is not None:
+        if ((not variant or any(v[:len(variant)] == variant for v in started))
+                and (got := run_host_us(r)) is not None):
             return got
     return None
 

@@ -106,8 +106,7 @@ def ratios(df: pd.DataFrame, metric: str, across: str, base: str, stat: str = "m
 
 
 def aa_gap(df: pd.DataFrame, metric: str, across: str, stat: str = "median") -> dict:
-    """Per (model, release), the largest relative gap on ``metric`` between a case and its A/A copy
-    ``<case>-again`` over the values of ``across`` (``{}`` without a control)."""
+    """Per (model, release), the largest gap on ``metric`` between a case and its A/A copy."""
     return {k: max(g.values()) for k, g in aa_gap_at(df, metric, across, stat).items()}
 
 
@@ -172,8 +171,7 @@ def aa_table(rs, metric: str, across: str) -> pd.DataFrame:
 
 
 def starts_and_host(df: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Each engine start of a timed variant (the median of ``metric`` over its shapes) beside what
-    the host did meanwhile (:mod:`sglab.core.hoststate`)."""
+    """Each engine start's median ``metric`` beside what the host did (:mod:`.hoststate`)."""
     host = df[df.metric.isin(["host_steal", "host_busy", "engine_preempted"])]
     times = df[df.metric == metric]
     if host.empty or times.empty or "start" not in df:

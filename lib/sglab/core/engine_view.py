@@ -13,7 +13,7 @@ import pandas as pd
 
 from sglab.core import claims as C
 from sglab.core import text
-from sglab.core.engine_records import (KEYS, adjustments, by_gpu, frame, host_medians, label,
+from sglab.core.engine_records import (AGAIN, KEYS, adjustments, by_gpu, frame, host_medians, label,
                                        per_gpu, tools)
 from sglab.core.engine_stats import STAT, STAT_NAMES, aa_gap, numbers, ratios, unit_of
 from sglab.core.notebook import display, show_figure, show_table
@@ -41,6 +41,14 @@ class Pair:
     base: str
     label: str
     cases: tuple = ()  # the cases compared with base (default: every other case but A/A copies)
+
+    def ratios(self, df: pd.DataFrame, stat: str = STAT) -> dict:
+        """:func:`~sglab.core.engine_stats.ratios` of ``base`` ÷ each of its cases."""
+        return {
+            k: per
+            for k, per in ratios(df, self.metric, self.across, self.base, stat).items()
+            if not k[2].endswith(AGAIN) and (not self.cases or k[2] in self.cases)
+        }
 
 
 @dataclass(frozen=True)
@@ -77,8 +85,7 @@ def header(rs, what: str = "") -> bool:
 
 
 def facts(df: pd.DataFrame, metrics) -> pd.DataFrame:
-    """One row per (model, release, case): the status, each of ``metrics`` (the first value, as
-    recorded) and the run it came from."""
+    """Per (model, release, case): the status, each of ``metrics`` (as recorded) and its run."""
     d = df[df.metric.isin(["status", *metrics])]
     wide = d.pivot_table(index=KEYS, columns="metric", values="value", aggfunc="first")
     wide = wide.reindex(columns=["status", *metrics])
@@ -122,13 +129,10 @@ def table(df: pd.DataFrame, t: Table) -> pd.DataFrame:
 
 
 def pair_table(df: pd.DataFrame, p: Pair, stat: str = STAT) -> pd.DataFrame:
-    """``p.base`` ÷ each case per (model, release) over the values of ``p.across``: the ratio by the
-    claims' statistic, the widest the starts allow, and the A/A gap."""
+    """``p.base`` ÷ each case per (model, release): the ratio, the starts' widest, the A/A gap."""
     gap = aa_gap(df, p.metric, p.across, stat)
     rows = []
-    for (model, rel, case), per in ratios(df, p.metric, p.across, p.base, stat).items():
-        if case.endswith("-again") or (p.cases and case not in p.cases):
-            continue
+    for (model, rel, case), per in p.ratios(df, stat).items():
         rows.append({
             "model": model, "release": rel, "pair": f"{p.base} ÷ {case}",
             f"{p.label} ({STAT_NAMES[stat]})": text.span([x[0] for x in per.values()], unit="×"),

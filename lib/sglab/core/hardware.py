@@ -30,9 +30,7 @@ def _nvml():
     """Return the initialised ``pynvml`` module, or None when NVML is not usable here."""
     try:
         import pynvml  # provided by nvidia-ml-py
-    except ImportError:
-        return None
-    try:
+
         pynvml.nvmlInit()
     except Exception:
         return None
@@ -44,8 +42,7 @@ def _text(value) -> str:
 
 
 def _visible_indices(total: int) -> list[int]:
-    """Physical indices visible to this process: those CUDA_VISIBLE_DEVICES lists where it lists
-    integers (a UUID or MIG spec: all, not guessed)."""
+    """Physical indices CUDA_VISIBLE_DEVICES lists (all, for a UUID or MIG spec)."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     tokens = [t.strip() for t in (env or "").split(",") if t.strip()]
     if env is None or not all(t.isdigit() for t in tokens):
@@ -139,8 +136,7 @@ def cpu_text(cpus) -> str:
 
 
 def gpu_local_cpus(cuda_index: int = 0) -> tuple[int, ...]:
-    """The CPUs on the NUMA node of GPU ``cuda_index`` (NVML's CPU affinity of that GPU) that
-    this process may run on; ValueError in one line where NVML cannot tell."""
+    """This process's CPUs on GPU ``cuda_index``'s NUMA node (NVML); ValueError where unknown."""
     nv = _nvml()
     if nv is None:
         raise ValueError("NVML is not usable here: give the CPUs as a list (e.g. 0-7)")
@@ -157,9 +153,8 @@ def gpu_local_cpus(cuda_index: int = 0) -> tuple[int, ...]:
 
 
 def software() -> dict:
-    """Versions that go into every run manifest. torch's come from the module where it is imported
-    already, else from its ``version.py`` read as text: importing torch to learn its version costs
-    about 2 s of CPU (notebook 00, ``sglab env``)."""
+    """Versions for every run manifest; torch's read from its ``version.py`` where it is not
+    imported yet (importing it costs about 2 s of CPU)."""
     torch = sys.modules.get("torch")
     version, cuda = ((torch.__version__,
                       torch.version.cuda) if torch is not None else _torch_version_file())
@@ -170,8 +165,7 @@ def software() -> dict:
 
 
 def _torch_version_file() -> tuple:
-    """``(torch.__version__, torch.version.cuda)`` from torch's generated ``version.py``, without
-    importing torch; ``(None, None)`` where torch is not installed."""
+    """torch's version and CUDA from its ``version.py``; ``(None, None)`` without torch."""
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return None, None

@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -31,10 +32,8 @@ def topology(root: Path = SYS_CPU) -> dict:
     """Per CPU the guest sees: its hyperthread siblings, core and package ids (None: not said)."""
 
     def read(p: Path):
-        try:
+        with suppress(OSError):
             return p.read_text().strip()
-        except OSError:
-            return None
 
     out = {}
     for d in sorted(root.glob("cpu[0-9]*"), key=lambda p: int(p.name[3:])):
@@ -56,10 +55,9 @@ def burst_us(burst: Burst, repeat: int = 20, warmup: int = 3) -> float:
 
 def this_cpu() -> int:
     """The CPU this process last ran on; -1 where the system does not say."""
-    try:
+    with suppress(AttributeError, psutil.Error):
         return psutil.Process().cpu_num()
-    except (AttributeError, psutil.Error):
-        return -1
+    return -1
 
 
 def per_cpu(burst: Burst, cpus: list[int]) -> dict:
@@ -248,8 +246,7 @@ def table(probes: list[tuple[str, dict]]):
 
 
 def figure(probes: list[tuple[str, dict]]):
-    """One row per probe timed in rounds: each vCPU a line from its fastest round to its slowest,
-    orange where they lie over 1.3× apart."""
+    """A row per probe: each vCPU fastest to slowest round, orange where over 1.3× apart."""
     import matplotlib.pyplot as plt
 
     grids = [(n, p) for n, p in probes if p.get("rounds")]

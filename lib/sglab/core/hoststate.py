@@ -26,9 +26,8 @@ def begin(read: Callable[[], Optional[dict]] = cpu_times) -> tuple:
 
 
 def end(window: tuple, read: Callable[[], Optional[dict]] = cpu_times) -> dict:
-    """Close a window opened by :func:`begin`: the share of the machine's CPU time stolen by the
-    hypervisor and the share busy (both in %, over every CPU), and the CPU seconds and involuntary
-    context switches of the children waited for in between (an engine and what it waited for)."""
+    """Close a :func:`begin` window: the CPU time stolen and busy (%, every CPU), and the waited-for
+    children's CPU seconds and involuntary context switches."""
     (a, ra), b = window, read()
     rb = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = {

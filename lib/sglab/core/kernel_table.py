@@ -6,13 +6,19 @@ attribute the kernels a graph replay launches.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import re
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Optional
 
+import pandas as pd
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from sglab.core import kernels, trace
 
 
 COLUMNS = [
@@ -52,10 +58,8 @@ def short_name(kernel: str, width: int = 48) -> str:
 
 
 def reduce_records(records: Iterable[tuple], runs: int, backend: str):
-    """``(label, kernel, duration_ns)`` records of ``runs`` repetitions -> the per-kernel table, by
-    label (first seen first), then total time."""
-    import pandas as pd
-
+    """``(label, kernel, duration_ns)`` of ``runs`` repeats -> the per-kernel table, by label
+    (first seen first), then total time."""
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")
     d = pd.DataFrame(list(records), columns=["label", "kernel", "us"])
@@ -76,8 +80,6 @@ def reduce_records(records: Iterable[tuple], runs: int, backend: str):
 def profiler_records(fns: Mapping[str, Callable[[], object]], *, runs: int,
                      warmup: int) -> list[tuple]:
     """``(label, kernel, duration_ns)`` of every kernel torch.profiler sees in ``runs`` calls."""
-    from sglab.core import trace
-
     out = []
     for label, fn in fns.items():
         for _ in range(warmup):
@@ -91,10 +93,7 @@ def profiler_records(fns: Mapping[str, Callable[[], object]], *, runs: int,
 
 
 def kernel_table(fns: Mapping[str, Callable[[], object]], *, runs: int = 5, warmup: int = 2):
-    """The per-kernel table of each labelled eager function: nsight-python where it runs, else
-    torch.profiler. ``attrs``: backend and the reason for it."""
-    from sglab.core import kernels
-
+    """Per-kernel table of each labelled eager function (``attrs``: the backend and why)."""
     if not fns:
         raise ValueError("kernel_table needs at least one labelled function")
     chosen, reason = kernels.nsight_backend()
@@ -150,11 +149,9 @@ class OpCall:
 def parse_label(label: str) -> OpCall:
     """The :class:`OpCall` of a range label (with or without ``unique``'s ``NNNN|`` prefix)."""
     parts = str(label).split(SEP)
-    if len(parts) == 4:
-        parts = parts[1:]
-    if len(parts) != 3:
+    if len(parts) not in (3, 4):
         raise ValueError(f"not an op label: {label!r}")
-    scope, step, op = parts
+    scope, step, op = parts[-3:]
     return OpCall(scope, int(step) if step else None, op)
 
 
@@ -210,13 +207,9 @@ class OpRanges(DispatchMode):
 def demangle(name: str) -> str:
     """A C++ symbol as a profiler shows it (``_ZN2at6native...`` -> ``void at::native::...``), so
     CUPTI's and ``cuFuncGetName``'s names meet Kineto's; unchanged where it cannot be demangled."""
-    if not name.startswith("_Z"):
-        return name
-    fn = _cxa_demangle()
+    fn = _cxa_demangle() if name.startswith("_Z") else None
     if fn is None:
         return name
-    import ctypes
-
     status = ctypes.c_int()
     ptr = fn(name.encode(), None, None, ctypes.byref(status))
     if status.value != 0 or not ptr:
@@ -229,9 +222,6 @@ def demangle(name: str) -> str:
 
 @functools.cache
 def _cxa_demangle():
-    import ctypes
-    import ctypes.util
-
     for lib in ("libstdc++.so.6", ctypes.util.find_library("stdc++"), "libc++.so.1"):
         try:
             fn = ctypes.CDLL(lib).__cxa_demangle if lib else None
@@ -259,8 +249,6 @@ Step = Callable[[OpRanges], object]
 def aggregate(samples, *, runs: int, backend: str):
     """Per (variant, scope, step, op, kernel) of ``samples`` (variant, label, kernel, dur_us per
     kernel execution): calls per step and the median µs per call; ``step`` -1 outside any scope."""
-    import pandas as pd
-
     if not len(samples):
         return pd.DataFrame(columns=OP_COLUMNS)
     parsed = [parse_label(lbl) for lbl in samples["label"]]
@@ -281,20 +269,13 @@ def _run_steps(step: Step, enter, runs: int, *, unique: bool = False) -> None:
 
 
 def _warm(steps: Mapping[str, Step], warmup: int) -> None:
-    import torch
-
     for step in steps.values():
         _run_steps(step, None, warmup)
     torch.cuda.synchronize()
 
 
 def torch_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
-    """torch.profiler over ``runs`` steps, one session per variant, every op in a range whose device
-    side spans the kernels it launched."""
-    import pandas as pd
-
-    from sglab.core import trace
-
+    """torch.profiler over ``runs`` steps, one session per variant, every op in a range."""
     _warm(steps, warmup)
     parts = []
     for variant, step in steps.items():
@@ -308,18 +289,14 @@ def torch_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
 def nsight_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
     """nsight-python's CUPTI backend over ``runs`` steps of each variant, one annotation per op:
     ``(table, reason)``, or ``(None, reason)`` where it cannot run here."""
-    from sglab.core.kernels import nsight_backend, nsight_session
-
-    tool, reason = nsight_backend()
+    tool, reason = kernels.nsight_backend()
     if tool != "cupti":
         return None, reason
     import nsight
-    import pandas as pd
-
     _warm(steps, warmup)
     rows = []
     try:
-        with nsight_session("cupti") as profile:
+        with kernels.nsight_session("cupti") as profile:
             for variant, step in steps.items():  # one profile each: their annotations differ
                 recs = profile(lambda step=step: _run_steps(step, nsight.annotate, 1, unique=True),
                                runs)
@@ -332,8 +309,8 @@ def nsight_table(steps: Mapping[str, Step], *, runs: int = 5, warmup: int = 1):
 
 
 def cross_check(a, b) -> dict:
-    """Compare the kernel calls per (variant, scope, step, op, kernel) of two tables: ``{"rows": n,
-    "equal": n, "only_in_a": [...], "only_in_b": [...], "differ": [...]}``."""
+    """The kernel calls per :data:`KEY` of two tables compared: ``{"rows": n, "equal": n,
+    "only_in_a": [...], "only_in_b": [...], "differ": [...]}``."""
     ca = {tuple(r[k] for k in KEY): float(r["calls"]) for _, r in a.iterrows()}
     cb = {tuple(r[k] for k in KEY): float(r["calls"]) for _, r in b.iterrows()}
     both = set(ca) & set(cb)

@@ -28,20 +28,22 @@ def _nvml(nvml=None):
     return pynvml
 
 
+def _handles(nv) -> list:
+    return [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+
+
+def _read(nv, handles) -> list[tuple]:
+    """``(pid, GPU, MiB)`` of every compute process on ``handles`` (unknown memory: 0)."""
+    return [(int(p.pid), gpu, float(p.usedGpuMemory or 0) / 2**20) for gpu, h in enumerate(handles)
+            for p in nv.nvmlDeviceGetComputeRunningProcesses(h)]
+
+
 def all_processes(*, nvml=None) -> list[dict]:
     """Every compute process NVML reports, one dict per (pid, GPU)."""
     nv = _nvml(nvml)
-    rows = []
-    for gpu in range(nv.nvmlDeviceGetCount()):
-        h = nv.nvmlDeviceGetHandleByIndex(gpu)
-        name = hardware._text(nv.nvmlDeviceGetName(h))
-        rows += [
-            {  # usedGpuMemory None: NVML_VALUE_NOT_AVAILABLE on some setups
-                "pid": int(p.pid), "gpu": gpu, "gpu_name": name,
-                "used_mib": float(p.usedGpuMemory or 0) / 2**20
-            } for p in nv.nvmlDeviceGetComputeRunningProcesses(h)
-        ]
-    return rows
+    handles = _handles(nv)
+    names = [hardware._text(nv.nvmlDeviceGetName(h)) for h in handles]
+    return [dict(zip(COLUMNS, (pid, gpu, names[gpu], mib))) for pid, gpu, mib in _read(nv, handles)]
 
 
 def process_gpu_memory(pids: Iterable[int] | None = None, *, nvml=None):
@@ -76,18 +78,14 @@ class Sampler:
         if self._thread is not None:
             raise RuntimeError("a Sampler is started once")
         self._nv = _nvml(self._nv)
-        self._handles = [
-            self._nv.nvmlDeviceGetHandleByIndex(i) for i in range(self._nv.nvmlDeviceGetCount())
-        ]
+        self._handles = _handles(self._nv)
         self._thread = threading.Thread(target=self._loop, name="sglab-nvml-sampler", daemon=True)
         self._thread.start()
         return self
 
     def _tick(self) -> None:
         try:
-            rows = [(int(p.pid), gpu, float(p.usedGpuMemory or 0) / 2**20)
-                    for gpu, h in enumerate(self._handles)
-                    for p in self._nv.nvmlDeviceGetComputeRunningProcesses(h)]
+            rows = _read(self._nv, self._handles)
         except Exception:  # noqa: BLE001 - one bad read must not end the series
             self.errors += 1
             return

@@ -15,8 +15,9 @@ from sglab.core import claims as C
 from sglab.core import text
 from sglab.core.engine_records import KEYS, frame, per_gpu, run_label
 from sglab.core.engine_records import by_gpu as runs_by_gpu
-from sglab.core.engine_stats import (AGAIN, STAT, STAT_NAMES, STATS, aa_gaps, numbers, ratios,
-                                     unit_of)
+from sglab.core.engine_stats import (AGAIN, STAT, STAT_NAMES, STATS, aa_gaps, numbers,
+                                     starts_and_host, unit_of)
+from sglab.core.notebook import MODES, display, in_notebook, mode_line, show_table
 
 
 TIME_UNITS = ("ms", "s", "µs")
@@ -62,10 +63,8 @@ def _with_control(run, base: str) -> tuple | None:
 
 def example_run(rs, base: str):
     """The newest shown run that holds ``base`` and its A/A copy ``base-again`` (None: none)."""
-    for r in sorted(rs.shown, key=lambda r: r.manifest.created_utc, reverse=True):
-        if _with_control(r, base):
-            return r
-    return None
+    return next((r for r in sorted(rs.shown, key=lambda r: r.manifest.created_utc, reverse=True)
+                 if _with_control(r, base)), None)
 
 
 def one_timing(run, metric: str, across: str, base: str, cases=(), x=None) -> pd.DataFrame:
@@ -79,9 +78,8 @@ def one_timing(run, metric: str, across: str, base: str, cases=(), x=None) -> pd
     x = int(min(xs.dropna().unique(), key=lambda v: (abs(v - (x or 0)), v)))
     d = df[xs == x]
     want = [
-        base, base + AGAIN,
-        *(c for c in sorted(set(d.case))
-          if c not in (base, base + AGAIN) and not c.endswith(AGAIN) and (not cases or c in cases))
+        base, base + AGAIN, *(c for c in sorted(set(d.case))
+                              if c != base and not c.endswith(AGAIN) and (not cases or c in cases))
     ]
     rows = []
     for case in want:
@@ -135,8 +133,7 @@ def best_statistic(controls: list[dict]) -> tuple[str, int, int]:
 
 # -- the host --------------------------------------------------------------------------------------
 def host_costs(runs_: list) -> pd.DataFrame:
-    """Per run, the host's bare per-launch cost measured before and after it (µs, the median of its
-    bursts) and how far the two lie apart."""
+    """Per run, the host's µs per launch measured before and after it, and their ratio."""
     rows = []
     for r in runs_:
         h = r.manifest.host_launch_us
@@ -171,8 +168,6 @@ def slowest_starts(df: pd.DataFrame, metric: str) -> tuple[int, int, int, float]
     """``(k, n, starts, most stolen %)``: in ``k`` of the ``n`` variants timed over several starts
     the slowest start is also the most preempted one, ``starts`` the most starts of one variant (by
     chance ``k`` is about ``n / starts``), and the most CPU time stolen from any start."""
-    from sglab.core.engine_stats import starts_and_host
-
     t = starts_and_host(df, metric)
     if t.empty:
         return 0, 0, 0, float("nan")
@@ -188,23 +183,16 @@ def slowest_starts(df: pd.DataFrame, metric: str) -> tuple[int, int, int, float]
 
 # -- reruns and counts -----------------------------------------------------------------------------
 def pair_ratios(pair):
-    """``frame, stat -> {(model, release, case): {x: base ÷ case}}`` of a view's timed pair, A/A
-    copies left out: what :func:`sglab.core.engine_stats.reruns` reads."""
-
-    def ratio_of(df: pd.DataFrame, stat: str) -> dict:
-        return {
-            k: {x: v[0]
-                for x, v in per.items()}
-            for k, per in ratios(df, pair.metric, pair.across, pair.base, stat).items()
-            if not k[2].endswith(AGAIN) and (not pair.cases or k[2] in pair.cases)
-        }
-
-    return ratio_of
+    """``frame, stat -> {(model, release, case): {x: base ÷ case}}``, for ``reruns``."""
+    return lambda df, stat: {
+        k: {x: v[0]
+            for x, v in per.items()}
+        for k, per in pair.ratios(df, stat).items()
+    }
 
 
 def drift_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """A reruns table (:func:`sglab.core.engine_stats.reruns`) per pair and GPU model: the runs, the
-    claims' statistic over them, and its drift from the GPU model's oldest run."""
+    """A reruns table per pair and GPU model: runs, the claims' statistic, drift from the oldest."""
     if table.empty:
         return table
     stat, rows = STAT_NAMES[STAT], []
@@ -248,8 +236,7 @@ def exact_counts(rs, metric: str) -> pd.DataFrame:
 
 # -- verdicts and tolerances -----------------------------------------------------------------------
 def ledger(entries) -> pd.DataFrame:
-    """One row per recorded engine run: ``entries`` of ``(fix, run, engine claims)``; its GPU, date
-    (UTC), TP size and its claims' verdict line."""
+    """A row per ``(fix, run, engine claims)``: GPU, date, TP size and verdict line."""
     rows = [{
         "fix": fix, "run": run_label(r), "GPU": f"{r.manifest.gpu} ×{r.manifest.gpu_count}",
         "date": r.manifest.date, "TP": r.manifest.tp, "verdict": C.verdict(C.evaluate(mod, r))
@@ -297,8 +284,7 @@ def by_gpu(rs, fn) -> dict:
 
 
 def side_by_side(tables: dict, index: list[str], value: str) -> pd.DataFrame:
-    """``{GPU: table}`` with the same ``index`` columns as one table, a column of ``value`` per GPU
-    model and, for two models, the second over the first."""
+    """``{GPU: table}`` as one table: ``value`` per GPU model (for two, also their ratio)."""
     parts = {g: t.set_index(index)[value] for g, t in tables.items() if not t.empty}
     if not parts:
         return pd.DataFrame()
@@ -334,32 +320,23 @@ def agreement(tables: dict, index: list[str], title: str):
 
 # -- what the notebook says ------------------------------------------------------------------------
 def banner(mode: str, runs_: int, fixes: int, probes: int) -> None:
-    """The notebook's one line: it measures nothing, whatever ``mode`` (a notebook's MODE), and
-    reads the recorded runs and probes (with the mode marker every executed notebook carries)."""
-    from sglab.core.notebook import MODES, display
-
+    """07's mode line: recorded, whatever ``mode``; it measures nothing."""
     if mode not in MODES:
         raise ValueError(f"MODE must be one of {MODES}, got {mode!r}")
-    said = (f"Mode **recorded**: every number below is read from the {runs_} committed engine runs "
-            f"of {fixes} fixes and {probes} host probes in `data/recorded/`; nothing is measured "
-            f"here (`MODE={mode!r}`).")
-    display({"experiment": "how_we_measure", "mode": "recorded", "gpus_needed": 0},
-            "[sglab] how_we_measure: " + said.replace("**", "").replace("`", ""),
-            f"<small>{said}</small>")
+    mode_line({"experiment": "how_we_measure", "mode": "recorded", "gpus_needed": 0},
+              f"Mode **recorded**: every number below is read from the {runs_} committed engine "
+              f"runs of {fixes} fixes and {probes} host probes in `data/recorded/`; nothing is "
+              f"measured here (`MODE={mode!r}`).")
 
 
 def conclude(sentence: str) -> None:
     """What the reader should take from a section, in bold where markdown is shown."""
-    from sglab.core.notebook import display
-
     display(None, f"So: {sentence}", f"**So:** {sentence}")
 
 
 def folded(df: pd.DataFrame, what: str, rows: int = 0) -> None:
-    """A long table folded under ``what``, its first ``rows`` rows shown above the fold (0: none);
-    a table no longer than ``rows``, and any table outside a notebook, shown whole."""
-    from sglab.core.notebook import display, in_notebook, show_table
-
+    """A long table folded under ``what``, its first ``rows`` rows above the fold; a table no
+    longer than ``rows``, and any table outside a notebook, shown whole."""
     if df.empty:
         return
     if len(df) <= rows or not in_notebook():

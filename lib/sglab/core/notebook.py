@@ -38,8 +38,7 @@ def _ipy(*objs, **kwargs) -> None:
 
 def display(data: dict | None, text: str, markdown: str | None = None, *,
             html: str | None = None) -> None:
-    """Show ``markdown`` (or ``html``) in a notebook (with the mode marker ``data`` when given),
-    ``text`` elsewhere."""
+    """``markdown`` or ``html`` (and mode marker ``data``) in a notebook, ``text`` elsewhere."""
     if not in_notebook():
         print(text)
         return
@@ -49,6 +48,12 @@ def display(data: dict | None, text: str, markdown: str | None = None, *,
     if html:
         bundle["text/html"] = html
     _ipy(bundle, raw=True)
+
+
+def mode_line(data: dict, said: str) -> None:
+    """The mode line (markdown ``said``) with its mode marker ``data``."""
+    display(data, f"[sglab] {data['experiment']}: " + said.replace("**", "").replace("`", ""),
+            f"<small>{said}</small>")
 
 
 def show_figure(fig) -> None:
@@ -71,8 +76,7 @@ def show_table(obj) -> None:
 
 
 def reveal(answer, prompt: str = "Show the answer") -> None:
-    """The answer (a table or text) to a "predict, then run" question, folded until the reader opens
-    it; printed outside a notebook."""
+    """The answer to a "predict, then run" question, folded until opened."""
     if not in_notebook():
         print(answer if isinstance(answer, str) else answer.to_string())
         return
@@ -82,8 +86,7 @@ def reveal(answer, prompt: str = "Show the answer") -> None:
 
 
 def file_link(path, what: str = "file") -> None:
-    """A link to a file of the checkout (a Perfetto trace, say), relative to the notebooks and the
-    report (both one folder below the checkout)."""
+    """A link to a file of the checkout, relative to the notebooks and the report."""
     path = Path(path).resolve()
     root = runs.repo_root().resolve()
     rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()
@@ -97,7 +100,7 @@ def needs_run(fn):
     @functools.wraps(fn)
     def wrapper(run, *args, **kwargs):
         if not run:
-            print(getattr(run, "line", "no GPU run to show"))
+            print(run.line)
             return None
         return fn(run, *args, **kwargs)
 
@@ -115,23 +118,17 @@ def predates_traces(run, *sidecars: str, where: str = "") -> bool:
 
 
 # -- "your own setup": a static table, or controls where the notebook asks for them (INTERACTIVE) --
-def interactive_here() -> bool:
-    """True in a Jupyter kernel with ipywidgets importable."""
-    try:
-        import ipywidgets  # noqa: F401
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    ip = get_ipython()
-    return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
-
-
 def explore(fn: Callable, controls: dict, *, static: Sequence[dict], title: str = "",
             interactive: bool = False):
     """``fn(**settings) -> DataFrame`` over the ``static`` settings as one table, the settings as
     leading columns (returned, so a saved notebook keeps it); with ``interactive`` and widgets here,
-    controls calling ``fn`` instead."""
-    if not interactive or not interactive_here():
+    controls calling ``fn`` instead (in a Jupyter kernel with ipywidgets)."""
+    try:
+        import ipywidgets  # noqa: F401
+        from IPython import get_ipython
+    except ImportError:
+        interactive = False
+    if not interactive or type(get_ipython()).__name__ != "ZMQInteractiveShell":
         import pandas as pd
 
         if title:
@@ -196,13 +193,11 @@ class Workbook:
         else:
             what = (f"**recorded**: {self.reason}, so the GPU results come from the "
                     f"{len(recorded)} committed run(s) named under each table; CPU parts run live")
-        md = f"<small>Mode {what} (`MODE={self.requested!r}`).</small>"
-        text = f"[sglab] {self.experiment}: " + md.replace("**", "").replace("`", "")[7:-8]
-        display(
+        mode_line(
             {
                 "experiment": self.experiment, "mode": self.mode, "gpus_needed": self.gpus,
                 "gpus_here": len(gpus), "recorded": [r.label for r in recorded]
-            }, text, md)
+            }, f"Mode {what} (`MODE={self.requested!r}`).")
 
     def run(self, measure=None, params: dict | None = None, *, progress: bool = False):
         """A RunSet: live, measured now with ``measure.run`` (and saved under data/runs/); recorded,
@@ -292,7 +287,7 @@ def verdict_html(claims, run) -> str:
 def verdict(claims, run) -> None:
     """The Verdict section: each shown run's claims table (live or recorded), or the NoRun line."""
     if not run:
-        print(getattr(run, "line", "no run to verify yet"))
+        print(run.line)
         return
     for r in run.shown:
         if in_notebook():

@@ -112,11 +112,6 @@ def window(events):
         start_us=events.start_us - events.start_us.min()) if len(events) else events
 
 
-def _lane_key(lane: str):
-    return next(((i, lane) for i, p in enumerate(LANE_ORDER) if lane.startswith(p)),
-                (len(LANE_ORDER), lane))
-
-
 def totals(events, highlight: str | None = None) -> dict:
     """Span, device activity and highlighted events of one table: the numbers the plot annotates."""
     dev = events[events.category.isin(["kernel", "memcpy", "memset"])]
@@ -135,14 +130,18 @@ def timeline(tables: Mapping[str, object], *, highlight: str | None = None,
              highlight_label: str = "mechanism",
              categories: Sequence[str] = ("kernel", "memcpy", "memset", "runtime",
                                           "range"), title: str = "", ax=None):
-    """One group of swim-lanes per variant (``{"before": ev_a, "after": ev_b}``) on one µs axis;
-    events matching ``highlight`` (a regular expression) in the accent colour, counted."""
+    """Swim-lanes per variant (``{"before": ev_a, "after": ev_b}``) on one µs axis; events matching
+    ``highlight`` (a regular expression) in the accent colour, counted."""
     from matplotlib.patches import Patch
 
     rows, labels, first = [], [], {}
     for variant, ev in tables.items():
         ev = ev[ev.category.isin(categories)]
-        for lane in sorted(ev.lane.unique(), key=_lane_key):
+        order = {
+            lane: next((i for i, p in enumerate(LANE_ORDER) if lane.startswith(p)), len(LANE_ORDER))
+            for lane in ev.lane.unique()
+        }
+        for lane in sorted(order, key=lambda lane: (order[lane], lane)):
             first.setdefault(variant, len(rows))
             rows.append((variant, lane, ev[ev.lane == lane]))
             labels.append(f"{variant} · {lane}")
@@ -151,7 +150,22 @@ def timeline(tables: Mapping[str, object], *, highlight: str | None = None,
     else:
         fig = ax.figure
     for y, (variant, lane, ev) in enumerate(rows):
-        _draw_lane(ax, len(rows) - 1 - y, ev, highlight)
+        y = len(rows) - 1 - y
+        for cat, g in ev.groupby("category"):
+            if cat == "range":
+                for r in g.itertuples():  # phase ranges: an outline with the phase name
+                    ax.broken_barh([(r.start_us, r.dur_us)], (y - 0.42, 0.84), facecolors="none",
+                                   edgecolors="#7f8c8d", linewidth=0.8)
+                    ax.text(r.start_us, y + 0.46, r.name.replace("phase::", ""), fontsize=7,
+                            va="bottom", color="#555555", clip_on=True)
+                continue
+            hit = g.name.str.contains(highlight) if highlight else g.name.map(lambda n: False)
+            for sel, color in ((~hit, CATEGORY_COLORS.get(cat,
+                                                          "#999999")), (hit, PALETTE["accent"])):
+                part = g[sel]
+                if len(part):
+                    ax.broken_barh(list(zip(part.start_us, part.dur_us.clip(lower=0.05))),
+                                   (y - 0.3, 0.6), facecolors=color, edgecolors="none")
     ax.set_yticks(range(len(rows)), list(reversed(labels)))
     ax.set_xlabel("time from the first event (µs)")
     ax.set_ylim(-0.7, len(rows) - 0.3)
@@ -176,20 +190,3 @@ def timeline(tables: Mapping[str, object], *, highlight: str | None = None,
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=len(handles),
               fontsize=8)
     return fig
-
-
-def _draw_lane(ax, y: float, ev, highlight) -> None:
-    for cat, g in ev.groupby("category"):
-        if cat == "range":
-            for r in g.itertuples():  # phase ranges: an outline with the phase name
-                ax.broken_barh([(r.start_us, r.dur_us)], (y - 0.42, 0.84), facecolors="none",
-                               edgecolors="#7f8c8d", linewidth=0.8)
-                ax.text(r.start_us, y + 0.46, r.name.replace("phase::", ""), fontsize=7,
-                        va="bottom", color="#555555", clip_on=True)
-            continue
-        hit = g.name.str.contains(highlight) if highlight else g.name.map(lambda n: False)
-        for sel, color in ((~hit, CATEGORY_COLORS.get(cat, "#999999")), (hit, PALETTE["accent"])):
-            part = g[sel]
-            if len(part):
-                ax.broken_barh(list(zip(part.start_us, part.dur_us.clip(lower=0.05))),
-                               (y - 0.3, 0.6), facecolors=color, edgecolors="none")

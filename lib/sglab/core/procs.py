@@ -92,9 +92,8 @@ def members(pgid: Optional[int] = None, marker: str = "") -> list[psutil.Process
 
 
 def stop(pgid: Optional[int] = None, *, marker: str = "", grace: float = GRACE_S) -> Stopped:
-    """Stop group ``pgid`` and every process carrying ``marker``: SIGTERM, wait up to ``grace``
-    seconds, SIGKILL what is left, wait again. Returns what was found and what survived."""
-    return _stop(members(pgid, marker), lambda: members(pgid, marker), pgid, grace)
+    """Stop group ``pgid`` and ``marker``'s processes: SIGTERM, ``grace`` seconds, SIGKILL."""
+    return _stop(lambda: members(pgid, marker), pgid, grace)
 
 
 def stop_tree(pid: int, *, grace: float = GRACE_S) -> Stopped:
@@ -122,10 +121,11 @@ def stop_seen(seen: list, *, grace: float = GRACE_S) -> Stopped:
             found += [c for c in descendants(p.pid) if c not in found and _alive(c)]
         return found
 
-    return _stop(live(), live, None, grace)
+    return _stop(live, None, grace)
 
 
-def _stop(live: list, again, pgid: Optional[int], grace: float) -> Stopped:
+def _stop(again, pgid: Optional[int], grace: float) -> Stopped:
+    live = again()
     done = Stopped(found=[_describe(p) for p in live])
     if not live:
         return done
@@ -263,8 +263,7 @@ class Guard:
 
 
 def watch(parent: int) -> int:
-    """The watchdog (``python -m sglab.core.procs watch PID``): read ``pgid marker`` lines from
-    stdin until it closes (the harness closed it, or died), then stop every group it was given."""
+    """The watchdog: stop every group (``pgid marker`` lines) read from stdin once it closes."""
     groups = [line.split() for line in sys.stdin]
     for pgid, marker in groups:
         done = stop(int(pgid), marker="" if marker == "-" else marker)

@@ -36,15 +36,12 @@ def repo_root() -> Path:
 
 def data_dir(kind: str) -> Path:
     """``data/<kind>`` of the checkout, or of ``$SGLAB_DATA`` where that is set."""
-    if kind not in ("runs", "recorded", "traces"):
-        raise ValueError(f"unknown data folder {kind!r}")
     base = os.environ.get("SGLAB_DATA")
     return (Path(base) if base else repo_root() / "data") / kind
 
 
 def tidy(experiment: str, rows: list[dict]):
-    """The tidy frame of a run from row dicts (the required keys checked); other keys are parameter
-    columns between ``variant`` and ``metric``, in first-seen order."""
+    """A run's tidy frame from row dicts; other keys become columns between variant and metric."""
     import pandas as pd
 
     if not rows:
@@ -78,15 +75,14 @@ def _git_sha(root: Path) -> str | None:
 
 
 def machine_manifest(gpu_count: int | None = None) -> dict:
-    """GPU model and count (``gpu_count``: those the run used, default all visible; the machine's
-    in ``gpu_count_machine``), driver, CUDA, torch and Python of this machine."""
+    """This machine's GPUs (``gpu_count``: those the run used, default all), driver, versions."""
     from sglab.core import hardware
 
     gpus = hardware.gpus() if hardware.has_cuda() else ()
     sw = hardware.software()
     names = sorted({g.name for g in gpus})
     return {
-        "gpu_name": names[0] if len(names) == 1 else (" + ".join(names) if names else "cpu"),
+        "gpu_name": " + ".join(names) or "cpu",
         "gpu_count": len(gpus) if gpu_count is None else int(gpu_count),
         "gpu_count_machine": len(gpus), "gpu_memory_mib": gpus[0].memory_mib if gpus else None,
         "driver": sw["driver"], "cuda": sw["cuda"], "torch": sw["torch"], "python": sw["python"],
@@ -168,13 +164,13 @@ def write_run(df, *, experiment: str, method_version: int, params: dict, root: P
 
 def measure(fn: Callable[[], Any], *, experiment: str, method_version: int, params: dict,
             root: Path | None = None, gpu_count: int | None = None) -> tuple[Path, int]:
-    """Run ``fn`` (a tidy frame or a :class:`Measured`) and write it with its sidecars, wall time
-    and phase times (:func:`write_run`): the CSV path and its number of rows."""
+    """Write what ``fn`` returns (:func:`write_run`), with its times: the CSV path and rows."""
     from sglab.core import timing
 
     timing.take()
     t0 = time.perf_counter()
-    out = Measured.of(fn())
+    out = fn()
+    out = out if isinstance(out, Measured) else Measured(out)
     extra = {
         **out.extra, "duration_s": round(time.perf_counter() - t0, 1), "phases_s": timing.take()
     }
@@ -190,10 +186,6 @@ class Measured:
     df: Any
     sidecars: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, result) -> "Measured":
-        return result if isinstance(result, cls) else cls(result)
 
 
 @dataclass
@@ -271,8 +263,7 @@ class Manifest:
 
 
 def tp_of(argv) -> int:
-    """The tensor-parallel size SGLang server arguments ask for (``--tp-size 4``, ``--tp=4``,
-    ``--tensor-parallel-size``); 1 where they name none."""
+    """The TP size SGLang server arguments ask for (``--tp-size 4``, ``--tp=4``; else 1)."""
     argv = list(argv)
     for i, a in enumerate(argv):
         key, eq, val = str(a).partition("=")
@@ -311,10 +302,7 @@ class Run:
         """A sidecar of this run: a DataFrame for a ``.csv.gz`` table, the path for a file, None if
         absent. An empty text cell reads back as ``""`` (as NaN, groupby would drop its rows)."""
         fname = self.manifest.sidecars.get(name)
-        if not fname:
-            return None
-        path = self.path.parent / fname
-        if not path.exists():
+        if not fname or not (path := self.path.parent / fname).exists():
             return None
         if fname.endswith(".csv.gz"):
             import pandas as pd
@@ -405,8 +393,6 @@ def read_run(csv_path: Path | str, *, live: bool = False) -> Run:
 def list_runs(experiment: str, *, kind: str = "recorded", root: Path | None = None) -> list[Path]:
     """CSV paths of complete runs (a CSV with its manifest), oldest first."""
     folder = (root or data_dir(kind)) / experiment
-    if not folder.is_dir():
-        return []
     found = [
         p for p in folder.glob("*.csv")
         if not p.name.startswith(".") and p.with_suffix(".json").exists()
@@ -426,9 +412,8 @@ def load_all_recorded(experiment: str, *, root: Path | None = None) -> list[Run]
 
 
 def promote(csv_path: Path | str, *, root: Path | None = None, force: bool = False) -> Path:
-    """Copy a live run (CSV + manifest) into ``data/recorded/<experiment>/``; return the new CSV
-    path. A file of the record is never replaced unless ``force`` (FileExistsError names it);
-    ValueError for a run that is already the record's own file."""
+    """Copy a live run and its files into ``data/recorded/<experiment>/``: the new CSV path. A
+    recorded file is replaced only with ``force`` (else FileExistsError)."""
     run = read_run(csv_path)
     dest = (root or data_dir("recorded")) / run.manifest.experiment
     src = Path(csv_path)

@@ -1,8 +1,5 @@
-"""Time device work with CUDA events and host work with a synchronised clock.
-
-Both warm up first, repeat, and keep every sample: a result is a :class:`Timing` whose median and
-p10/p90 are what notebooks report.
-"""
+"""Time device work with CUDA events and host work with a synchronised clock: each warms up,
+repeats and keeps every sample in a :class:`Timing` (median, p10, p90)."""
 
 from __future__ import annotations
 
@@ -13,15 +10,7 @@ from dataclasses import dataclass, field
 from contextlib import contextmanager
 from typing import Callable
 
-
-def _quantile(sorted_vals: list[float], q: float) -> float:
-    """Linear-interpolated quantile of already sorted values (numpy's default method)."""
-    if not sorted_vals:
-        raise ValueError("no samples")
-    pos = q * (len(sorted_vals) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_vals) - 1)
-    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
+import numpy as np
 
 
 @dataclass
@@ -41,11 +30,11 @@ class Timing:
 
     @property
     def p10_ms(self) -> float:
-        return _quantile(sorted(self.samples_ms), 0.10)
+        return float(np.percentile(self.samples_ms, 10))
 
     @property
     def p90_ms(self) -> float:
-        return _quantile(sorted(self.samples_ms), 0.90)
+        return float(np.percentile(self.samples_ms, 90))
 
     def rows(self, **labels) -> list[dict]:
         """Tidy rows (metric time_median / time_p10 / time_p90, unit ms) carrying ``labels``."""
@@ -110,9 +99,8 @@ def _sync() -> None:
 def interleaved(fns: "dict[str, Callable[[], object]]", *, rounds: int = 3, warmup: int = 10,
                 repeat: int = 60,
                 timer: "Callable[..., Timing] | None" = None) -> "dict[str, Timing]":
-    """Time variants in alternating rounds (A B C, A B C, ...), ``repeat // rounds`` samples each
-    per round, pooled per variant: drift lands on every variant. ``timer``: :func:`cuda_time` by
-    default."""
+    """Time variants in alternating rounds (A B C, A B C, ...), samples pooled per variant, so
+    drift lands on every variant; ``timer``: :func:`cuda_time` by default."""
     if not fns:
         raise ValueError("interleaved needs at least one variant")
     if rounds < 1:
@@ -124,8 +112,7 @@ def interleaved(fns: "dict[str, Callable[[], object]]", *, rounds: int = 3, warm
     for r in range(rounds):
         for name, fn in fns.items():
             t = timer(fn, warmup=warmup if r == 0 else 0, repeat=per_round)
-            if name not in pooled:
-                pooled[name] = Timing([], clock=t.clock + f", {rounds} interleaved rounds")
+            pooled.setdefault(name, Timing([], clock=t.clock + f", {rounds} interleaved rounds"))
             pooled[name].samples_ms.extend(t.samples_ms)
     return pooled
 
@@ -163,9 +150,8 @@ def take() -> dict:
 
 # -- the host's per-launch cost --------------------------------------------------------------------
 class Burst:
-    """``n`` tiny kernels (``x.add_(1)`` on one element) launched back to back and synchronised
-    once. Each call appends its ``time.perf_counter`` time to :attr:`host_ms`: on a GPU this is
-    the host's time per kernel launch, which an eager, launch-bound step pays per kernel."""
+    """``n`` tiny kernels launched back to back, synchronised once; each call appends its time to
+    :attr:`host_ms`: on a GPU, the host's time per launch that an eager step pays per kernel."""
 
     def __init__(self, device, n: int):
         import torch

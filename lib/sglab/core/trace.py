@@ -4,6 +4,7 @@ draws the same timeline from a recorded run; the Perfetto file is torch's own ex
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from contextlib import contextmanager
@@ -25,14 +26,10 @@ _ACTIVITY = {
     "cpu_op": "op", "python_function": "op"
 }
 
-_PROFILER_WARM = False
 
-
+@functools.cache
 def _warm_profiler() -> None:
     """Spend a process's first profiling session (which can miss kernels) on a throwaway kernel."""
-    global _PROFILER_WARM
-    if _PROFILER_WARM:
-        return
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -40,7 +37,6 @@ def _warm_profiler() -> None:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], acc_events=True):
         (x + 1).sum()
         torch.cuda.synchronize()
-    _PROFILER_WARM = True
 
 
 @contextmanager
@@ -76,9 +72,8 @@ def on_device(lanes):
 
 
 def event_table(events, *, keep_ops: bool = False):
-    """torch.profiler events as :data:`COLUMNS` from the first event, each in its innermost phase
-    range (host ranges for host events, device ranges for device events); host ops with
-    ``keep_ops``."""
+    """torch.profiler events as :data:`COLUMNS`, each in its innermost phase range (on its own
+    side: host or device); host ops with ``keep_ops``."""
     import numpy as np
     import pandas as pd
 
@@ -159,10 +154,8 @@ class Recorder:
 
 def trace_variants(fns, column: str, *, cuda: bool, warm: bool = True,
                    perfetto_prefix: str | None = None) -> tuple:
-    """Each of ``fns`` (``{"<variant> <n>": callable}``, each called once before with ``warm``) in
-    its own :func:`phase` under one :class:`Recorder`, the device synchronised around each: the
-    events of those phases with ``variant`` and an integer ``column``, and the Perfetto file (on the
-    GPU with ``perfetto_prefix``, in a new temporary folder; else None)."""
+    """Each of ``fns`` (``{"<variant> <n>": callable}``) in its own :func:`phase` of one
+    :class:`Recorder`: the events with ``variant`` and int ``column``, and the Perfetto file."""
     import torch
 
     if warm:
