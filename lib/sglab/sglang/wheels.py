@@ -319,7 +319,7 @@ def _finish(ax, frame, **tick):
     return ax.figure
 
 
-def timeline_figure(frame=None, *, ax=None):
+def timeline_figure(frame=None):
     """Releases left to right, one row per fix, each cell coloured by its state."""
     from matplotlib.patches import Patch, Rectangle
 
@@ -327,9 +327,7 @@ def timeline_figure(frame=None, *, ax=None):
 
     frame = _table(frame)
     fixes = fix_names(frame)
-    if ax is None:
-        _, ax = plots.figure(width=max(7.0, 0.48 * len(frame) + 2.5),
-                             height=0.42 * len(fixes) + 1.9)
+    _, ax = plots.figure(width=max(7.0, 0.48 * len(frame) + 2.5), height=0.42 * len(fixes) + 1.9)
     for y, fix in enumerate(fixes):
         for x, state in enumerate(frame[fix]):
             ax.add_patch(
@@ -347,7 +345,7 @@ def timeline_figure(frame=None, *, ax=None):
     return _finish(ax, frame)
 
 
-def timeline_row_figure(fix, frame=None, *, ax=None):
+def timeline_row_figure(fix, frame=None):
     """One fix's record across the releases: a coloured strip, each run of equal states labelled."""
     from sglab.core import plots
 
@@ -355,8 +353,7 @@ def timeline_row_figure(fix, frame=None, *, ax=None):
     title, fix = fix.title, fix.name
     if fix not in frame.columns:
         raise KeyError(f"no column {fix!r} in the release table; fixes: {fix_names(frame)}")
-    if ax is None:
-        _, ax = plots.figure(width=max(7.0, 0.45 * len(frame) + 1.5), height=1.9)
+    _, ax = plots.figure(width=max(7.0, 0.45 * len(frame) + 1.5), height=1.9)
     states = list(frame[fix])
     ax.bar(range(len(states)), [1] * len(states), width=0.94, align="edge",
            color=[STATE_COLOURS.get(s, "#ffffff") for s in states], edgecolor="none")
