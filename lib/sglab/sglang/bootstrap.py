@@ -56,23 +56,6 @@ def _try_import(name: str) -> str | None:
         return _cause(exc)
 
 
-def _put_on_path(release: str) -> Path:
-    if "sglang" in sys.modules:
-        raise NotRunnable(f"sglang {release}: another sglang is already imported in this process")
-    if not release_installed(release):
-        raise NotRunnable(f"sglang {release}: not installed (run `sglab real install --releases "
-                          f"{release}`)")
-    root = release_dir(release)
-    sys.path[:0] = [str(root), str(deps_dir(dep_set(release)))]
-    importlib.invalidate_caches()
-    spec = importlib.util.find_spec("sglang")
-    found = Path(spec.origin).parent if spec and spec.origin else None
-    if found is None or found.resolve() != package_dir(release).resolve():
-        raise NotRunnable(f"sglang {release}: `import sglang` resolves to {found}, not "
-                          f"{package_dir(release)}")
-    return root
-
-
 def machine_facts() -> dict:
     """Per stand-in, None where the real thing loads here, else the cause."""
     return {
@@ -108,7 +91,19 @@ def facts_in_subprocess(timeout: float = 120.0) -> dict:
 
 def prepare(release: str) -> Prepared:
     """Put ``release`` on ``sys.path`` and apply its shims; :class:`NotRunnable` if it cannot."""
-    root = _put_on_path(release)
+    if "sglang" in sys.modules:
+        raise NotRunnable(f"sglang {release}: another sglang is already imported in this process")
+    if not release_installed(release):
+        raise NotRunnable(f"sglang {release}: not installed (run `sglab real install --releases "
+                          f"{release}`)")
+    root = release_dir(release)
+    sys.path[:0] = [str(root), str(deps_dir(dep_set(release)))]
+    importlib.invalidate_caches()
+    spec = importlib.util.find_spec("sglang")
+    found = Path(spec.origin).parent if spec and spec.origin else None
+    if found is None or found.resolve() != package_dir(release).resolve():
+        raise NotRunnable(f"sglang {release}: `import sglang` resolves to {found}, not "
+                          f"{package_dir(release)}")
     facts = machine_facts()
     installers = {
         "triton": lambda: install_triton_stub(root),

@@ -1,8 +1,6 @@
 """The code path of a fix through a real release, as a picture a reader can click: one box per
-function, named by file and symbol, linked to its line at the release's tag. The line numbers are
-read from the installed release (``.sglang/releases/<V>``), else from its cached wheel
-(``.sglang/wheels/``); without either a box links to the file.
-"""
+function, named by file and symbol, linked to its line at the release's tag (the line read from the
+installed release, else its cached wheel; without either, the box links to the file)."""
 
 from __future__ import annotations
 

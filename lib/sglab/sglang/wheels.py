@@ -1,8 +1,6 @@
 """Every SGLang release from 0.5.10 on, read from its released wheel: which state is each fix in? A
-wheel is downloaded once (``pip download --no-deps``, never installed) into ``.sglang/wheels/``;
-the result is committed as ``data/upstream/releases.csv``, which the notebooks and their timeline
-figures read without downloading.
-"""
+wheel is downloaded once (never installed) into ``.sglang/wheels/``; the result is committed as
+``data/upstream/releases.csv``, which the notebooks and their timeline figures read."""
 
 from __future__ import annotations
 
