@@ -15,7 +15,7 @@ import site
 import subprocess
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional
@@ -33,7 +33,7 @@ class NotRunnable(RuntimeError):
 class Prepared:
     release: str
     root: Path
-    shims: list = field(default_factory=list)  # [Shim]
+    shims: list  # [Shim]
 
 
 def _cause(exc: BaseException) -> str:

@@ -44,8 +44,7 @@ def line_of(version: str, node: Node) -> int | None:
     found = source.find(source.parse(text), node.symbol) if text is not None else None
     if found is None:
         return None
-    decorators = getattr(found, "decorator_list", [])
-    return min([found.lineno, *(d.lineno for d in decorators)])
+    return min([found.lineno, *(d.lineno for d in found.decorator_list)])
 
 
 def url(version: str, node: Node, offset: int = 0) -> str:

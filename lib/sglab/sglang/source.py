@@ -41,7 +41,7 @@ def find(tree: ast.AST | None, qualname: str) -> ast.AST | None:
 
 def text(source: str, node: ast.AST) -> str:
     """The source lines of ``node`` with its decorators, dedented, ending in one newline."""
-    first = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
+    first = min([d.lineno for d in node.decorator_list] + [node.lineno])
     lines = source.splitlines()[first - 1:node.end_lineno]
     return textwrap.dedent("\n".join(lines)).rstrip() + "\n"
 

@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from contextlib import suppress
 from datetime import datetime
 from pathlib import Path
@@ -186,11 +186,10 @@ class Timeline:
     where, and whether every release from :data:`FIRST` on came from its wheel (committable)."""
 
     frame: object
-    notes: list[str] = field(default_factory=list)
-    complete: bool = False
-    wheels: dict = field(default_factory=dict)  # version -> cached wheel path, for the hunks
-    # asked for, but the package index has no such release
-    unknown: list = field(default_factory=list)
+    notes: list[str]
+    complete: bool
+    wheels: dict  # version -> cached wheel path, for the hunks
+    unknown: list  # asked for, but the package index has no such release
 
 
 def _release_list(versions, offline, lister, notes) -> tuple[list[str], bool, bool]:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -40,9 +40,9 @@ class Prepared:
     sglang_command: list[str]
     server_argv: list[str]
     environ: dict
-    pins: dict = field(default_factory=dict)
-    found: dict = field(default_factory=dict)
-    marker: str = ""
+    pins: dict
+    found: dict
+    marker: str
 
 
 def server_argv(spec: EngineSpec, model_dir: Path, flags: Optional[set[str]] = None) -> list[str]:
@@ -177,9 +177,9 @@ class Exit:
     returncode: Optional[int]
     timed_out: bool
     seconds: float
-    leftovers: list = field(default_factory=list)  # "pid name" of processes found after the exit
-    survivors: list = field(default_factory=list)  # those still alive after SIGKILL
-    pid: int = 0  # the started process, leader of its group
+    leftovers: list  # "pid name" of processes found after the exit
+    survivors: list  # those still alive after SIGKILL
+    pid: int  # the started process, leader of its group
 
 
 def launch(argv: list[str], *, log: Path, timeout: float, env: Optional[dict] = None,
