@@ -15,7 +15,7 @@ import site
 import subprocess
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional
@@ -33,7 +33,7 @@ class NotRunnable(RuntimeError):
 class Prepared:
     release: str
     root: Path
-    shims: list = field(default_factory=list)  # [Shim]
+    shims: list  # [Shim]
 
 
 def _cause(exc: BaseException) -> str:
@@ -54,23 +54,6 @@ def _try_import(name: str) -> str | None:
     except Exception as exc:  # noqa: BLE001 - any failure to load counts
         _forget(name)
         return _cause(exc)
-
-
-def _put_on_path(release: str) -> Path:
-    if "sglang" in sys.modules:
-        raise NotRunnable(f"sglang {release}: another sglang is already imported in this process")
-    if not release_installed(release):
-        raise NotRunnable(f"sglang {release}: not installed (run `sglab real install --releases "
-                          f"{release}`)")
-    root = release_dir(release)
-    sys.path[:0] = [str(root), str(deps_dir(dep_set(release)))]
-    importlib.invalidate_caches()
-    spec = importlib.util.find_spec("sglang")
-    found = Path(spec.origin).parent if spec and spec.origin else None
-    if found is None or found.resolve() != package_dir(release).resolve():
-        raise NotRunnable(f"sglang {release}: `import sglang` resolves to {found}, not "
-                          f"{package_dir(release)}")
-    return root
 
 
 def machine_facts() -> dict:
@@ -108,7 +91,19 @@ def facts_in_subprocess(timeout: float = 120.0) -> dict:
 
 def prepare(release: str) -> Prepared:
     """Put ``release`` on ``sys.path`` and apply its shims; :class:`NotRunnable` if it cannot."""
-    root = _put_on_path(release)
+    if "sglang" in sys.modules:
+        raise NotRunnable(f"sglang {release}: another sglang is already imported in this process")
+    if not release_installed(release):
+        raise NotRunnable(f"sglang {release}: not installed (run `sglab real install --releases "
+                          f"{release}`)")
+    root = release_dir(release)
+    sys.path[:0] = [str(root), str(deps_dir(dep_set(release)))]
+    importlib.invalidate_caches()
+    spec = importlib.util.find_spec("sglang")
+    found = Path(spec.origin).parent if spec and spec.origin else None
+    if found is None or found.resolve() != package_dir(release).resolve():
+        raise NotRunnable(f"sglang {release}: `import sglang` resolves to {found}, not "
+                          f"{package_dir(release)}")
     facts = machine_facts()
     installers = {
         "triton": lambda: install_triton_stub(root),
@@ -239,29 +234,28 @@ def _mock(stub: types.ModuleType, name: str) -> types.ModuleType:
     return mod
 
 
-# (module, attribute) -> what 0.5.2x's stub puts there; ``None``: a mock module only
+# module -> {attribute: base} of what 0.5.2x's stub puts there: a class ``_<attribute>`` of that
+# base (None: none, "stub": the stub's own), in a mock module
 _TRITON_TREE = {
-    ("triton.language.extra.libdevice", None): None,
-    ("triton.runtime.jit", "JITFunction"): lambda base: type("_JITFunction", (), {}),
-    ("triton.runtime.jit", "KernelInterface"): lambda base: type("_KernelInterface", (base,), {}),
-    ("triton.runtime.autotuner", "OutOfResources"): lambda base: type("_OutOfResources",
-                                                                      (Exception,), {}),
-    ("triton.runtime.autotuner", "PTXASError"): lambda base: type("_PTXASError", (Exception,), {}),
-    ("triton.compiler", "CompiledKernel"): lambda base: type("_CompiledKernel", (base,), {}),
-    ("triton.compiler.compiler", "ASTSource"): lambda base: type("_ASTSource", (base,), {}),
-    ("triton.runtime.driver", None): None, ("triton.testing", None): None,
-    ("triton.tools.tensor_descriptor", None): None,
-    ("triton.backends.compiler", "GPUTarget"): lambda base: type("_GPUTarget", (base,), {})
+    "triton.language.extra.libdevice": {}, "triton.runtime.jit": {
+        "JITFunction": None, "KernelInterface": "stub"
+    }, "triton.runtime.autotuner": {"OutOfResources": Exception, "PTXASError": Exception},
+    "triton.compiler": {"CompiledKernel": "stub"}, "triton.compiler.compiler": {
+        "ASTSource": "stub"
+    }, "triton.runtime.driver": {}, "triton.testing": {}, "triton.tools.tensor_descriptor": {},
+    "triton.backends.compiler": {"GPUTarget": "stub"}
 }
 
 
 def _complete_triton_stub(stub: types.ModuleType) -> None:
     """Real classes where torch 2.13's inductor needs them in the stub (those 0.5.2x's defines)."""
     triton_key = getattr(stub, "_triton_key", lambda: "sglang-triton-stub")
-    for (modname, attr), make in _TRITON_TREE.items():
+    for modname, classes in _TRITON_TREE.items():
         mod = _mock(stub, modname)
-        if attr is not None and not isinstance(mod.__dict__.get(attr), type):
-            setattr(mod, attr, make(stub._StubBase))
+        for attr, base in classes.items():
+            if not isinstance(mod.__dict__.get(attr), type):
+                bases = () if base is None else (stub._StubBase if base == "stub" else base,)
+                setattr(mod, attr, type(f"_{attr}", bases, {}))
     for modname in ("triton.compiler.compiler", "triton.runtime.cache"):
         mod = _mock(stub, modname)
         if "triton_key" not in mod.__dict__:

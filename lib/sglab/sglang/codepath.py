@@ -1,8 +1,6 @@
 """The code path of a fix through a real release, as a picture a reader can click: one box per
-function, named by file and symbol, linked to its line at the release's tag. The line numbers are
-read from the installed release (``.sglang/releases/<V>``), else from its cached wheel
-(``.sglang/wheels/``); without either a box links to the file.
-"""
+function, named by file and symbol, linked to its line at the release's tag (the line read from the
+installed release, else its cached wheel; without either, the box links to the file)."""
 
 from __future__ import annotations
 
@@ -46,8 +44,7 @@ def line_of(version: str, node: Node) -> int | None:
     found = source.find(source.parse(text), node.symbol) if text is not None else None
     if found is None:
         return None
-    decorators = getattr(found, "decorator_list", [])
-    return min([found.lineno, *(d.lineno for d in decorators)])
+    return min([found.lineno, *(d.lineno for d in found.decorator_list)])
 
 
 def url(version: str, node: Node, offset: int = 0) -> str:

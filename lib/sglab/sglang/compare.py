@@ -1,8 +1,6 @@
 """Real releases beside the rebuild: the one comparison every notebook's real-SGLang section makes
-(``sglang.compare()`` = :func:`section`), one row per (release, behaviour) of what the real code
-did and what the rebuild gives; a release that did not run counts neither way, a disagreement is
-printed under a banner.
-"""
+(``sglang.compare()`` = :func:`section`), a row per (release, behaviour), real against rebuilt; a
+release that did not run counts neither way, a disagreement is printed under a banner."""
 
 from __future__ import annotations
 

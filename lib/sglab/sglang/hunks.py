@@ -174,11 +174,12 @@ _PRE = ("font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px;
         "background:#fff;white-space:pre;word-break:normal;overflow-wrap:normal")
 
 
+@dataclass(frozen=True, repr=False)
 class Rendered:
     """HTML for a notebook, plain text everywhere else."""
 
-    def __init__(self, html_text: str, plain: str):
-        self.html, self.text = html_text, plain
+    html: str
+    text: str
 
     def _repr_html_(self) -> str:
         return self.html

@@ -190,12 +190,8 @@ class PipError(RuntimeError):
 
 def interpreter_dists() -> dict[str, str]:
     """{normalized name: version} of every distribution importable by this interpreter."""
-    out = {}
-    for d in md.distributions():
-        name = d.metadata.get("Name")
-        if name:
-            out.setdefault(canonicalize_name(name), d.version)
-    return out
+    dists = [(d.metadata.get("Name"), d.version) for d in md.distributions()]
+    return {canonicalize_name(n): v for n, v in reversed(dists) if n}  # the first on the path wins
 
 
 def constraint_files(workdir: Path) -> list[Path]:

@@ -1,8 +1,6 @@
 """Where the pinned SGLang releases live (``.sglang/``, git-ignored; ``$SGLAB_SGLANG_HOME`` moves
-it): ``releases/<V>/`` a release's package, ``deps/<set>/`` the light dependencies shared by the
-releases that agree on them, never the interpreter's site-packages. Also the one parser of release
-numbers and the one reader of a wheel's pins.
-"""
+it): ``releases/<V>/`` a release, ``deps/<set>/`` the light dependencies of the releases that agree
+on them. Also the one parser of release numbers and the one reader of a wheel's pins."""
 
 from __future__ import annotations
 
@@ -28,9 +26,8 @@ _COMMON = ("numpy", "orjson", "psutil", "pybase64", "requests", "packaging", "pi
            "msgspec", "pydantic", "pyzmq", "tqdm", "IPython", "aiohttp", "dill", "gguf", "einops",
            "partial_json_parser", "loguru")
 
-# name -> (releases, requirements resolved with dependencies, requirements installed with
-# --no-deps). --no-deps: compressed-tensors declares torch, and a resolver that ignores the
-# interpreter (pip --target does) would fetch a second torch for it.
+# name -> (releases, requirements, requirements installed --no-deps: compressed-tensors declares
+# torch, which pip --target, blind to the interpreter's, would fetch a second time)
 DEP_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "0.5.1x": (("0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13", "0.5.14"), _COMMON
                + ("transformers==5.6.0", "apache-tvm-ffi==0.1.9", "openai==2.6.1", "sentencepiece"),

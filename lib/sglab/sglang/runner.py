@@ -1,8 +1,6 @@
 """Run probes against real SGLang releases, one worker subprocess per release (two cannot share a
-process, and the caller must never import one), each answering every call asked of it in turn; a
-call past its timeout kills the worker's process group. Where answers come from:
-:mod:`sglab.sglang.store`.
-"""
+process, and the caller must never import one) answering every call in turn; a call past its
+timeout kills the worker's process group. Where answers come from: :mod:`sglab.sglang.store`."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Python source read as syntax: find a function or class by its dotted name (as a reviewer names
 it, never by line numbers, so the same name finds it in every release), take its text, look inside
-it. Each fix's ``check(read)`` is built from these over ``read(relpath)`` of an SGLang package
-(installed, a wheel, a checkout); nothing here imports the code it reads.
-"""
+it; each fix's ``check(read)`` is built from these. Nothing here imports the code it reads."""
 
 from __future__ import annotations
 
@@ -43,7 +41,7 @@ def find(tree: ast.AST | None, qualname: str) -> ast.AST | None:
 
 def text(source: str, node: ast.AST) -> str:
     """The source lines of ``node`` with its decorators, dedented, ending in one newline."""
-    first = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
+    first = min([d.lineno for d in node.decorator_list] + [node.lineno])
     lines = source.splitlines()[first - 1:node.end_lineno]
     return textwrap.dedent("\n".join(lines)).rstrip() + "\n"
 

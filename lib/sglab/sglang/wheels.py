@@ -1,8 +1,6 @@
 """Every SGLang release from 0.5.10 on, read from its released wheel: which state is each fix in? A
-wheel is downloaded once (``pip download --no-deps``, never installed) into ``.sglang/wheels/``;
-the result is committed as ``data/upstream/releases.csv``, which the notebooks and their timeline
-figures read without downloading.
-"""
+wheel is downloaded once (never installed) into ``.sglang/wheels/``; the result is committed as
+``data/upstream/releases.csv``, which the notebooks and their timeline figures read."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ import re
 import subprocess
 import sys
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from contextlib import suppress
 from datetime import datetime
 from pathlib import Path
@@ -188,11 +186,10 @@ class Timeline:
     where, and whether every release from :data:`FIRST` on came from its wheel (committable)."""
 
     frame: object
-    notes: list[str] = field(default_factory=list)
-    complete: bool = False
-    wheels: dict = field(default_factory=dict)  # version -> cached wheel path, for the hunks
-    # asked for, but the package index has no such release
-    unknown: list = field(default_factory=list)
+    notes: list[str]
+    complete: bool
+    wheels: dict  # version -> cached wheel path, for the hunks
+    unknown: list  # asked for, but the package index has no such release
 
 
 def _release_list(versions, offline, lister, notes) -> tuple[list[str], bool, bool]:
@@ -319,7 +316,7 @@ def _finish(ax, frame, **tick):
     return ax.figure
 
 
-def timeline_figure(frame=None, *, ax=None):
+def timeline_figure(frame=None):
     """Releases left to right, one row per fix, each cell coloured by its state."""
     from matplotlib.patches import Patch, Rectangle
 
@@ -327,9 +324,7 @@ def timeline_figure(frame=None, *, ax=None):
 
     frame = _table(frame)
     fixes = fix_names(frame)
-    if ax is None:
-        _, ax = plots.figure(width=max(7.0, 0.48 * len(frame) + 2.5),
-                             height=0.42 * len(fixes) + 1.9)
+    _, ax = plots.figure(width=max(7.0, 0.48 * len(frame) + 2.5), height=0.42 * len(fixes) + 1.9)
     for y, fix in enumerate(fixes):
         for x, state in enumerate(frame[fix]):
             ax.add_patch(
@@ -347,7 +342,7 @@ def timeline_figure(frame=None, *, ax=None):
     return _finish(ax, frame)
 
 
-def timeline_row_figure(fix, frame=None, *, ax=None):
+def timeline_row_figure(fix, frame=None):
     """One fix's record across the releases: a coloured strip, each run of equal states labelled."""
     from sglab.core import plots
 
@@ -355,8 +350,7 @@ def timeline_row_figure(fix, frame=None, *, ax=None):
     title, fix = fix.title, fix.name
     if fix not in frame.columns:
         raise KeyError(f"no column {fix!r} in the release table; fixes: {fix_names(frame)}")
-    if ax is None:
-        _, ax = plots.figure(width=max(7.0, 0.45 * len(frame) + 1.5), height=1.9)
+    _, ax = plots.figure(width=max(7.0, 0.45 * len(frame) + 1.5), height=1.9)
     states = list(frame[fix])
     ax.bar(range(len(states)), [1] * len(states), width=0.94, align="edge",
            color=[STATE_COLOURS.get(s, "#ffffff") for s in states], edgecolor="none")

@@ -138,17 +138,16 @@ def _ready(url: str, server, deadline: float) -> None:
 def bench_serving_argv(p: dict, port: int, one: dict, seed: int, out: str) -> list[str]:
     """The release's own ``bench_serving`` for one pass: random ids of exact lengths,
     ``concurrency`` requests in flight, no warm-up of its own (the driver's passes warm up)."""
-    return [
-        "--backend", "sglang", "--host", "127.0.0.1", "--port",
-        str(port), "--model", p["tokenizer"], "--tokenizer", p["tokenizer"], "--dataset-name",
-        "random-ids", "--random-input-len",
-        str(one["input_len"]), "--random-output-len",
-        str(p["output_len"]), "--random-range-ratio", "1.0", "--num-prompts",
-        str(one["prompts"]), "--max-concurrency",
-        str(one["concurrency"]), "--request-rate", "inf", "--seed",
-        str(seed), "--warmup-requests", "0", "--disable-tqdm", "--output-file", out,
-        "--output-details"
-    ]
+    opts = {
+        "--backend": "sglang", "--host": "127.0.0.1", "--port": port, "--model": p["tokenizer"],
+        "--tokenizer": p["tokenizer"], "--dataset-name": "random-ids",
+        "--random-input-len": one["input_len"], "--random-output-len": p["output_len"],
+        "--random-range-ratio": "1.0", "--num-prompts": one["prompts"],
+        "--max-concurrency": one["concurrency"], "--request-rate": "inf", "--seed": seed,
+        "--warmup-requests": 0, "--disable-tqdm": None, "--output-file": out,
+        "--output-details": None
+    }
+    return [a for k, v in opts.items() for a in ([k] if v is None else [k, str(v)])]
 
 
 def untimed(res: dict) -> str:

@@ -11,6 +11,7 @@ import os
 import re
 import sys
 import time
+from itertools import groupby
 from pathlib import Path
 from typing import Callable
 
@@ -72,13 +73,8 @@ def hunk_added_lines(diff: Path, contains: str, symbol: str = "") -> str:
     if len(picked) != 1:
         raise ValueError(
             f"{diff.name}: {len(picked)} hunks add a line with {contains!r} (expected one)")
-    lines = picked[0]
-    lo = hi = next(i for i, ln in enumerate(lines) if added(ln))
-    while lo > 0 and lines[lo - 1].startswith("+"):  # the run of added lines around it
-        lo -= 1
-    while hi + 1 < len(lines) and lines[hi + 1].startswith("+"):
-        hi += 1
-    block = [ln[1:] for ln in lines[lo:hi + 1]]
+    runs = [list(g) for plus, g in groupby(picked[0], lambda ln: ln.startswith("+")) if plus]
+    block = [ln[1:] for ln in next(r for r in runs if any(map(added, r)))]
     kept = [i for i, ln in enumerate(block) if ln.strip()]  # blank lines at either end go
     return "\n".join(block[kept[0]:kept[-1] + 1] if kept else []) + "\n"
 

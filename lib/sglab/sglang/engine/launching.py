@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -22,8 +22,8 @@ from sglab.sglang.engine.model import prepare_model
 from sglab.sglang.engine.release import (ReleaseEnv, check_flags, check_pins, found_versions,
                                          locate, release_flags, release_pins)
 from sglab.sglang.engine.spec import (DEFAULT_ARGS, ENGINE_ONLY_ARGS, SERVE_ONLY_ARGS, MODEL_NEEDS,
-                                      Adjustment, EngineError, EngineSpec, adjustment, flag_names,
-                                      lib_dir, read_config)
+                                      EngineError, EngineSpec, adjustment, flag_names, lib_dir,
+                                      read_config)
 
 
 KILL_GRACE_S = 10.0  # between SIGTERM and SIGKILL when an engine is stopped
@@ -40,17 +40,16 @@ class Prepared:
     sglang_command: list[str]
     server_argv: list[str]
     environ: dict
-    pins: dict = field(default_factory=dict)
-    found: dict = field(default_factory=dict)
-    marker: str = ""
+    pins: dict
+    found: dict
+    marker: str
 
 
 def server_argv(spec: EngineSpec, model_dir: Path, flags: Optional[set[str]] = None) -> list[str]:
     """``--model-path``, the harness defaults the reader did not give, then the reader's flags."""
     given = set(flag_names(spec.server_args))
     out = ["--model-path", str(model_dir)]
-    # an image goes through the model's processor: the Engine then needs its tokenizer (and the
-    # server its tokenizer always)
+    # an image goes through the model's processor: the Engine then needs its tokenizer
     engine_only = spec.tool == "engine" and not spec.image_size
     defaults = DEFAULT_ARGS + (ENGINE_ONLY_ARGS if engine_only else ())
     defaults += SERVE_ONLY_ARGS if spec.tool == "serve" else ()
@@ -103,30 +102,25 @@ def serve_params(spec: EngineSpec, server: list[str], model_dir: Path, work: Pat
     }
 
 
-def model_needs(spec: EngineSpec) -> tuple[Adjustment, ...]:
-    """The :data:`~sglab.sglang.engine.spec.MODEL_NEEDS` this spec needs and lacks."""
+def with_model_needs(spec: EngineSpec, echo: Callable[[str], None] = print,
+                     said: Optional[set] = None) -> EngineSpec:
+    """``spec`` with the :data:`~sglab.sglang.engine.spec.MODEL_NEEDS` it needs and lacks, said in
+    one line (its reason only the first time, where ``said``, the adjustments named so far, is
+    given)."""
     need = MODEL_NEEDS.get(read_config(spec.model).architecture)
     if need is None or need[0] in {a.name for a in spec.adjustments}:
-        return ()
+        return spec
     name, path, text = need
     source = locate(spec.release).package / path
     if source.is_file() and text in source.read_text():
-        return ()
-    return (adjustment(name),)
-
-
-def with_model_needs(spec: EngineSpec, echo: Callable[[str], None] = print,
-                     said: Optional[set] = None) -> EngineSpec:
-    """``spec`` with :func:`model_needs` added, each said in one line (its reason only the first
-    time, where ``said``, the adjustments named so far, is given)."""
-    extra = model_needs(spec)
-    for a in extra:
-        why = "; its reason above)" if said is not None and a.name in said else f"): {a.reason}"
-        echo(f"[sglab] sglang {spec.variant}: harness adjustment {a.name} added (this model "
-             f"needs it on this release with dummy weights{why}")
-        if said is not None:
-            said.add(a.name)
-    return replace(spec, adjustments=spec.adjustments + extra) if extra else spec
+        return spec
+    a = adjustment(name)
+    why = "; its reason above)" if said is not None and a.name in said else f"): {a.reason}"
+    echo(f"[sglab] sglang {spec.variant}: harness adjustment {a.name} added (this model needs it "
+         f"on this release with dummy weights{why}")
+    if said is not None:
+        said.add(a.name)
+    return replace(spec, adjustments=spec.adjustments + (a,))
 
 
 def prepare(spec: EngineSpec, work: Path, *, python: str = sys.executable,
@@ -183,9 +177,9 @@ class Exit:
     returncode: Optional[int]
     timed_out: bool
     seconds: float
-    leftovers: list = field(default_factory=list)  # "pid name" of processes found after the exit
-    survivors: list = field(default_factory=list)  # those still alive after SIGKILL
-    pid: int = 0  # the started process, leader of its group
+    leftovers: list  # "pid name" of processes found after the exit
+    survivors: list  # those still alive after SIGKILL
+    pid: int  # the started process, leader of its group
 
 
 def launch(argv: list[str], *, log: Path, timeout: float, env: Optional[dict] = None,

@@ -63,10 +63,10 @@ def rows(res: EngineResult) -> list[dict]:
         if value is not None:
             out.append({**base, **cols, "metric": metric, "value": value, "unit": unit})
 
-    def add_spread(name, values, stats=("median", "min", "max"), **cols):
+    def add_spread(name, values, stats=("median", "min", "max"), digits=4, **cols):
         sp = spread(values)
         for k in stats:
-            add(name if k == "median" else f"{name}_{k}", round(sp[k], 4), "ms", **cols)
+            add(name if k == "median" else f"{name}_{k}", round(sp[k], digits), "ms", **cols)
         return sp
 
     for metric, (key, unit) in DECISIONS.items():
@@ -125,7 +125,16 @@ def rows(res: EngineResult) -> list[dict]:
             add("events", round(statistics.mean(c.get("events", 0) for c in cs), 3), "per call",
                 **cols)
         add("repeats", len(cs), "calls", **cols)
-    out += event_rows(base, d.get("events", []))
+    # per traced event and rank: calls, objects called on, sizes asked for, time per call
+    events = [{"rank": e.get("pid"), **e} for e in d.get("events", [])]
+    for (ev, rank), es in _grouped(events, "event", "rank", order=lambda k: (k[0], str(k[1]))):
+        add(f"{ev}_count", len(es), "calls", rank=rank)
+        add(f"{ev}_objects", len({e.get("obj") for e in es}), "objects", rank=rank)
+        sizes = sorted({e["max_token_num"] for e in es if e.get("max_token_num") is not None})
+        add(f"{ev}_max_token_num", " ".join(map(str, sizes)) or None, "tokens", rank=rank)
+        secs = [float(e["seconds"]) * 1e3 for e in es if e.get("seconds") is not None]
+        if secs:
+            add_spread(f"{ev}_ms", secs, digits=3, rank=rank)
     for m in d.get("gpu_memory", []):
         add("gpu_memory", m.get("mib"), "MiB", gpu=m.get("gpu"), process=m.get("name"))
     for n, got in sorted((res.launches or {}).items()):
@@ -146,28 +155,6 @@ def rows(res: EngineResult) -> list[dict]:
 
 HOST_METRICS = (("host_steal", "steal_pct", "%"), ("host_busy", "busy_pct", "%"),
                 ("engine_cpu", "engine_cpu_s", "s"), ("engine_preempted", "preempted", "switches"))
-
-
-def event_rows(base: dict, events: list[dict]) -> list[dict]:
-    """Per traced event and rank: calls, objects called on, sizes asked for, time per call."""
-    out = []
-
-    def add(metric, value, unit, rank):
-        if value is not None:
-            out.append({**base, "rank": rank, "metric": metric, "value": value, "unit": unit})
-
-    events = [{"rank": e.get("pid"), **e} for e in events]
-    for (ev, rank), es in _grouped(events, "event", "rank", order=lambda k: (k[0], str(k[1]))):
-        add(f"{ev}_count", len(es), "calls", rank)
-        add(f"{ev}_objects", len({e.get("obj") for e in es}), "objects", rank)
-        sizes = sorted({e["max_token_num"] for e in es if e.get("max_token_num") is not None})
-        add(f"{ev}_max_token_num", " ".join(map(str, sizes)) or None, "tokens", rank)
-        secs = [float(e["seconds"]) * 1e3 for e in es if e.get("seconds") is not None]
-        if secs:
-            sp = spread(secs)
-            for k in ("median", "min", "max"):
-                add(f"{ev}_ms" if k == "median" else f"{ev}_ms_{k}", round(sp[k], 3), "ms", rank)
-    return out
 
 
 def model_record(path: Path) -> dict:

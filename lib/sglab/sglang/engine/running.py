@@ -51,29 +51,29 @@ PROGRESS = (("load_begin", "loading dummy weights"), ("decode_begin",
 def _progress(echo: Callable[[str], None], spec: EngineSpec) -> Callable[[str], None]:
     seen: set[str] = set()
     t0 = time.monotonic()
+    say = lambda text: echo(f"[sglab] sglang {spec.variant}: {text}")  # noqa: E731
 
     def on_line(line: str) -> None:
         for key, what in PROGRESS:
             if key not in seen and RX[key].search(line.strip()):
                 seen.add(key)
-                echo(f"[sglab] sglang {spec.variant}: {what} ({time.monotonic() - t0:.0f} s)")
+                say(f"{what} ({time.monotonic() - t0:.0f} s)")
         m = RX["prefill"].search(line)
         if m and "benchmark" in seen:
-            echo(f"[sglab] sglang {spec.variant}: prefill {float(m.group('s')) * 1e3:.2f} ms")
+            say(f"prefill {float(m.group('s')) * 1e3:.2f} ms")
         m = OURS.search(line)
-        if m and m.group("kind") == "call":
-            kv = key_values(m.group("rest"))
-            echo(f"[sglab] sglang {spec.variant}: {kv.get('requests')} requests x "
-                 f"{kv.get('input_len')} tokens: {float(kv.get('seconds', 0)) * 1e3:.1f} ms")
-        if m and m.group("kind") == "serve":
-            kv = key_values(m.group("rest"))
-            echo(f"[sglab] sglang {spec.variant}: {kv.get('input_len')} tokens x "
-                 f"{kv.get('prompts')} prompts, {kv.get('concurrency')} at a time: TTFT "
-                 f"{float(kv.get('median_ttft_ms') or 0):.1f} ms, TPOT "
-                 f"{float(kv.get('median_tpot_ms') or 0):.2f} ms "
-                 "(medians)" + (" (warm-up)" if kv.get("warmup") else ""))
-        if m and m.group("kind") in ("serve-ready", "serve-error", "hooks"):
-            echo(f"[sglab] sglang {spec.variant}: {line.strip()}")
+        kind, kv = (m["kind"], key_values(m["rest"])) if m else ("", {})
+        if kind == "call":
+            say(f"{kv.get('requests')} requests x {kv.get('input_len')} tokens: "
+                f"{float(kv.get('seconds', 0)) * 1e3:.1f} ms")
+        elif kind == "serve":
+            say(f"{kv.get('input_len')} tokens x {kv.get('prompts')} prompts, "
+                f"{kv.get('concurrency')} at a time: TTFT "
+                f"{float(kv.get('median_ttft_ms') or 0):.1f} ms, TPOT "
+                f"{float(kv.get('median_tpot_ms') or 0):.2f} ms (medians)" +
+                (" (warm-up)" if kv.get("warmup") else ""))
+        elif kind in ("serve-ready", "serve-error", "hooks"):
+            say(line.strip())
 
     return on_line
 

@@ -1,9 +1,6 @@
-"""What an engine run is, as data: a release, a model config, a tool (``bench``: the release's
-``bench_one_batch``; ``engine``: ``sglang.Engine`` driven by :mod:`~sglab.sglang.engine.driver`) and
-server arguments (:class:`EngineSpec`), a notebook's scenarios of them (:class:`Scenario` of
-:class:`Case`), and the harness adjustments, each named with its reason and recorded with every run
-(:data:`ADJUSTMENTS`: only what a model needs to run with dummy weights; a fix keeps its own).
-"""
+"""What an engine run is, as data: a release, a model config, a tool (``bench``, ``engine`` or
+``serve``) and server arguments (:class:`EngineSpec`), a notebook's scenarios of them
+(:class:`Scenario`), and the harness adjustments, each named with its reason in every run."""
 
 from __future__ import annotations
 
@@ -32,9 +29,8 @@ DEFAULT_ARGS = (("--load-format", "dummy"), ("--attention-backend", "triton"),
 # get_tokenizer); the Engine does not with it, and takes token ids.
 ENGINE_ONLY_ARGS = (("--skip-tokenizer-init", None),)
 
-# The server's default grammar backend (xgrammar) is not carried and random-ids requests need none;
-# its own warm-up (for a VLM, a chat completion the harness tokenizer has no template for) gives way
-# to the driver's untimed passes.
+# No grammar backend (xgrammar is not carried; random ids need none); the driver's untimed passes
+# replace the server's warm-up (a VLM's is a chat completion the harness tokenizer cannot template).
 SERVE_ONLY_ARGS = (("--grammar-backend", "none"), ("--skip-server-warmup", None))
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -80,6 +76,7 @@ def lib_dir() -> Path:
 
 repo = runs.repo_root
 
+# the shared adjustments: what a model needs to run with dummy weights (a fix keeps its own)
 ADJUSTMENTS = {
     "kimi-k25-post-load-weights": Adjustment(
         "kimi-k25-post-load-weights",

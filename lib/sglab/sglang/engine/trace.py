@@ -21,9 +21,7 @@ def read_trace(path: Path) -> dict:
     import gzip
 
     raw = Path(path).read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    return json.loads(raw)
+    return json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
 
 
 def graph_replays(trace: dict) -> list[list[str]]:
@@ -73,17 +71,14 @@ def step_launches(trace: dict) -> dict:
     events = trace.get("traceEvents", [])
     host = [str(ev.get("name", "")) for ev in events if str(ev.get("cat", "")).lower() in HOST_CATS]
     kernels = [ev for ev in events if str(ev.get("cat", "")).lower() == "kernel"]
+    ms = lambda evs: round(sum(float(ev.get("dur", 0)) for ev in evs) / 1e3, 4)  # noqa: E731
     out = {
         "kernel_launches": sum(bool(KERNEL_LAUNCH.match(n)) for n in host),
         "graph_launches": sum(bool(GRAPH_LAUNCH.match(n)) for n in host),
-        "kernels_in_graphs": sum(len(r) for r in graph_replays(trace)), "gpu_ms": round(
-            sum(float(ev.get("dur", 0)) for ev in kernels) / 1e3, 4)
+        "kernels_in_graphs": sum(len(r) for r in graph_replays(trace)), "gpu_ms": ms(kernels)
     }
     for family, pattern in FAMILIES.items():
-        out[f"{family}_ms"] = round(
-            sum(
-                float(ev.get("dur", 0))
-                for ev in kernels if pattern.search(str(ev.get("name", "")))) / 1e3, 4)
+        out[f"{family}_ms"] = ms(ev for ev in kernels if pattern.search(str(ev.get("name", ""))))
     return out
 
 
