@@ -291,13 +291,21 @@ def scheduler(df: pd.DataFrame) -> str:
     return "; ".join(parts)
 
 
+def _bench_table(rs, make) -> tuple[str, pd.DataFrame]:
+    """``make`` over the newest GPU model's full-width bench_one_batch rows, and that GPU; where it
+    is empty, what records them."""
+    gpu, df = _newest_gpu(rs, tables.FULL_WIDTH)
+    t = make(df)
+    if t.empty:
+        print("not in the full-width bench_one_batch runs recorded yet: on a GPU box, bash "
+              "scripts/engine_gpu.sh --scenario 01-kimi-full-bench --scenario 01-kimi-rank-bench")
+    return gpu, t
+
+
 def estimate(rs) -> None:
     """The measured layers scaled to Kimi-K2.5's 61 (:func:`tables.whole_model`), beside the PR."""
-    gpu, df = _newest_gpu(rs, tables.FULL_WIDTH)
-    t = tables.whole_model(df)
+    gpu, t = _bench_table(rs, tables.whole_model)
     if t.empty:
-        print("no full-width bench_one_batch run recorded yet: on a GPU box, bash "
-              "scripts/engine_gpu.sh --scenario 01-kimi-full-bench --scenario 01-kimi-rank-bench")
         return
     unit, before, after = sglang.PR_BENCHMARK["metrics"]["TTFT"]
     print(f"An estimate from the runs on {gpu}, one prefill step per prompt: #26382 measured TTFT "
@@ -308,11 +316,8 @@ def estimate(rs) -> None:
 
 def kernels(rs) -> None:
     """The launch pass's kernel time per prefill step at full width, off against enforced."""
-    gpu, df = _newest_gpu(rs, tables.FULL_WIDTH)
-    t = tables.kernel_times(df)
+    gpu, t = _bench_table(rs, tables.kernel_times)
     if t.empty:
-        print("no kernel time per prefill step recorded yet: on a GPU box, bash "
-              "scripts/engine_gpu.sh --scenario 01-kimi-full-bench")
         return
     shown = pd.DataFrame(index=t.index)
     for _, name in tables.KERNEL_TIMES:
