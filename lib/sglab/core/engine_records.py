@@ -1,6 +1,7 @@
 """Recorded real-engine runs (``data/recorded/engine_<fix>/``) as runs: loaded like every other run,
 then read as one frame of the newest answer per model and variant: a variant that failed to start
-in an early run and started in a later one keeps the later (:func:`frame`).
+in an early run and started in a later one keeps the later, and a variant that a run with an A/A
+control answered keeps that run's starts, never paired with another run's (:func:`frame`).
 """
 
 from __future__ import annotations
