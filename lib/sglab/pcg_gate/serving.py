@@ -274,14 +274,11 @@ def show(rs) -> None:
 def scheduler(df: pd.DataFrame) -> str:
     """Per 0.5.13 case, the prefill batches the scheduler logged in one engine start (median of
     the starts), those of several requests, and the share run on a piecewise graph."""
+    n = {m: engine_stats.numbers(df, f"serve_prefill_{m}") for m in ("batches", "mixed", "graph")}
+    if any(d.empty for d in n.values()):
+        return ""
     parts = []
     for case, said in ((OFF, "off"), (ON, "enforced")):
-        n = {
-            m: engine_stats.numbers(df, f"serve_prefill_{m}")
-            for m in ("batches", "mixed", "graph")
-        }
-        if any(d.empty for d in n.values()):
-            return ""
         got = {m: d[(d.release == FIXED) & (d.case == case)]["value"] for m, d in n.items()}
         if any(v.empty for v in got.values()):
             return ""
