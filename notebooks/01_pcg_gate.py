@@ -359,6 +359,18 @@ print(inspect.getsource(rebuild.init_piecewise_cuda_graphs))
 serving.estimate(engine)
 
 # %% [markdown]
+# ### The PR's own before → after at full width
+#
+# The release before the fix and the one with it, both started with
+# `--enforce-piecewise-cuda-graph` in the same interleaved rounds: 0.5.12.post1's gate refuses the
+# wrapper, so its prefill runs eager (and its attention as MHA), as piecewise graphs off do in
+# 0.5.13. Each side is the median of the starts that answered; this run has no A/A control, so
+# read its ratios against the control's gaps in the serving table above.
+
+# %%
+serving.before_after(engine)
+
+# %% [markdown]
 # ### The duplicate keys, one by one
 #
 # The key list of `property_only` after the gate: the LLM's keys under `language_model.*` and again

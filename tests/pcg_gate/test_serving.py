@@ -2,6 +2,8 @@
 table per prompt length and concurrency, the A/A gap, and what it says without a run; the 61-layer
 estimate on the recorded runs."""
 
+import re
+
 import pandas as pd
 import pytest
 
@@ -111,3 +113,25 @@ def test_the_scheduler_line_counts_each_cases_prefill_batches():
     assert off.startswith("off: ") and off.endswith(", 0% on a piecewise graph")
     assert on.startswith("enforced: ") and "of several requests" in on
     assert serving.scheduler(df[~df.metric.str.startswith("serve_prefill")]) == ""
+
+
+def test_the_prs_before_and_after_reads_the_run_that_started_both(capsys, monkeypatch):
+    """0.5.12.post1 enforced (refused) beside 0.5.13 enforced from the one run that started both,
+    with how many starts of each answered; no such run, and it says what records one."""
+    from sglab.core import notebook
+    from sglab.pcg_gate import sglang as pg_sglang
+
+    shown = []
+    monkeypatch.setattr(notebook, "show_table", shown.append)
+    rs = pg_sglang.FIX.recorded_engine()
+    serving.before_after(rs)
+    if not shown:
+        pytest.skip("no committed full-width serving run of 0.5.12.post1")
+    said = capsys.readouterr().out
+    assert re.search(r"0\.5\.12\.post1: \d of \d starts answered.*; 0\.5\.13: \d of \d", said)
+    t = shown[0]
+    assert list(t.columns.get_level_values(0).unique()) == ["TTFT", "TPOT", "E2E"]
+    ratio = t[("TTFT", "after ÷ before")]
+    assert float(ratio[(2048, 1)].rstrip("×")) > 1 > float(ratio[(128, 1)].rstrip("×"))
+    serving.before_after(runs.RunSet([], []))
+    assert "no full-width serving run of 0.5.12.post1" in capsys.readouterr().out

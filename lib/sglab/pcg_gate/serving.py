@@ -327,3 +327,33 @@ def kernels(rs) -> None:
     print(f"GPU time of one prefill step's kernels on {gpu} (the launch pass, under the profiler: "
           "kernel durations, not the step's wall time)")
     notebook.show_table(shown)
+
+
+def before_after(rs) -> None:
+    """#26382's own before → after at full width: 0.5.12.post1 with --enforce-piecewise-cuda-graph
+    (the gate refuses: eager prefill) against 0.5.13 enforced, started in the same rounds of the
+    newest run that holds both; each side the median of the starts that answered."""
+    found = [(r, engine_records.frame([r])) for r in ([*rs.shown, *rs.elsewhere] if rs else [])]
+    found = [(r, df[(df.model == MODEL) & (df.tool == "serve")]) for r, df in found]
+    found = [(r, df) for r, df in found if (df.release != FIXED).any() and (df.case == ON).any()]
+    if not found:
+        print("no full-width serving run of 0.5.12.post1 recorded yet: on a GPU box, bash "
+              "scripts/engine_gpu.sh --scenario 01-kimi-full-serve --cases enforce")
+        return
+    run, df = max(found, key=lambda x: x[0].manifest.created_utc)
+    status = df[df.metric == "status"].groupby("release")["value"]
+    said = "; ".join(f"{rel}: {(s == 'ok').sum()} of {len(s)} starts answered" + "".join(
+        f" ({x.split(' (log:')[0]})" for x in sorted(set(s[s != "ok"]))) for rel, s in status)
+    print(f"{engine_records.run_label(run)}, enforced on both releases: {said}")
+    n = pd.concat(engine_stats.numbers(df, m).assign(metric=name) for m, name in METRICS)
+    n = n[n.case == ON].pivot_table(index=["metric", "input_len", "requests"], columns="release",
+                                    values="value")
+    (before,), after = [c for c in n.columns if c != FIXED], FIXED
+    out = pd.DataFrame({
+        f"{before} (refused), ms": n[before].round(2), f"{after} (captured), ms": n[after].round(2),
+        "after ÷ before": (n[after] / n[before]).map("{:.2f}×".format)
+    }).unstack("metric").swaplevel(axis=1)
+    out = out[[(m, c) for _, m in METRICS for c in out.columns.levels[1] if (m, c) in out]]
+    out.index = pd.MultiIndex.from_tuples([(int(a), int(b)) for a, b in out.index],
+                                          names=["prompt tokens", "in flight"])
+    notebook.show_table(out)
