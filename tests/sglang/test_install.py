@@ -5,6 +5,7 @@ import re
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -307,13 +308,18 @@ print(json.dumps(out))
 
 
 def test_timeout_kills_the_whole_process_group():
+    mark = f"sglab-group-{uuid.uuid4().hex}"  # other tests' sleepers run beside this one
     t0 = time.perf_counter()
     code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import "
-            "time; time.sleep(60)']); print(p.pid, flush=True); time.sleep(60)")
+            f"time; time.sleep(60)  # {mark}']); time.sleep(60)  # {mark}")
     rc, _ = _spawn([sys.executable, "-c", f"import sys; sys.stderr.write('x'); {code}"], timeout=3)
     assert rc is None and time.perf_counter() - t0 < 20
-    left = subprocess.run(["pgrep", "-f", "time.sleep\\(60\\)"], capture_output=True,
-                          text=True).stdout.split()
+    left = ["?"]
+    for _ in range(50):  # a killed process leaves the table a moment after the signal
+        left = subprocess.run(["pgrep", "-f", mark], capture_output=True, text=True).stdout.split()
+        if not left:
+            break
+        time.sleep(0.1)
     assert left == []
 
 
