@@ -260,28 +260,22 @@ def describe(f: dict) -> str:
             f"request: {'graph' if f.get(f'can_run · {ONE}') else 'eager'}; layer stack: {stack}")
 
 
-def release_rows(release: str, result, variant_of: dict = VARIANT_OF) -> list:
-    """Per model shape the release's runner beside the rebuild's (or: no runner file)."""
-    has_runner = real.facts(result).get("runner_file") is not None
-    if not has_runner or release not in variant_of:
-        return [
-            real.row(release, "has breakable_cuda_graph_runner.py", has_runner,
-                     "rebuild: a runner from 0.5.11 on", release in variant_of)
-        ]
-    rows = []
-    for shape in rebuild.MODEL_SHAPES:
-        got, want = real_facts(result, shape), rebuild_facts(variant_of[release], shape)
-        rows.append(
-            real.facts_row(release, f"{shape}: routing and layer stack", got, variant_of[release],
-                           want, sorted(set(got) | set(want)), describe))
-    return rows
-
-
 def comparison(results: dict, variant_of: dict = VARIANT_OF):
-    """One row per (release, model shape) of the releases that ran."""
-    return real.table([
-        r for v, res in real.ran(results).items() for r in release_rows(v, res, variant_of)
-    ])
+    """Per release that ran and model shape, its runner beside the rebuild's (or: no runner)."""
+    rows = []
+    for release, result in real.ran(results).items():
+        has_runner = real.facts(result).get("runner_file") is not None
+        if not has_runner or release not in variant_of:
+            rows.append(
+                real.row(release, "has breakable_cuda_graph_runner.py", has_runner,
+                         "rebuild: a runner from 0.5.11 on", release in variant_of))
+            continue
+        for shape in rebuild.MODEL_SHAPES:
+            got, want = real_facts(result, shape), rebuild_facts(variant_of[release], shape)
+            rows.append(
+                real.facts_row(release, f"{shape}: routing and layer stack", got,
+                               variant_of[release], want, sorted(set(got) | set(want)), describe))
+    return real.table(rows)
 
 
 # the notebook's real-SGLang section; the fix across releases, a released symbol beside the rebuild

@@ -289,40 +289,34 @@ HEADLINE = Headline(
 KIMI, FIXED_RELEASE = "kimi_k25_tiny", "0.5.13"  # the first release with #26382 part A
 
 
-def _kimi(run, case: str) -> dict:
-    """``{release: (pcg, reason)}`` of the Kimi-K2.5 variants of ``case`` that started."""
+def _kimi(run, case: str) -> tuple[dict, dict]:
+    """``{release: pcg}``, ``{release: reason}`` of the started Kimi-K2.5 variants of ``case``."""
     df = engine_records.frame([run])
     ok, pcg = engine_stats.started(df, KIMI), engine_stats.texts(df, "pcg")
     why = engine_stats.texts(df, "pcg_reason")
-    return {
-        k[1]: (pcg.get(k, ""), why.get(k, ""))
-        for k, started in ok.items() if started and k[2] == case
-    }
+    keys = [k for k, started in ok.items() if started and k[2] == case]
+    return {k[1]: pcg.get(k, "") for k in keys}, {k[1]: why.get(k, "") for k in keys}
 
 
 def _kimi_ran(case: str):
-    return lambda run: None if _kimi(run, case) else f"no Kimi-K2.5 '{case}' case in this run"
+    return lambda run: None if _kimi(run, case)[0] else f"no Kimi-K2.5 '{case}' case in this run"
 
 
 def _kimi_gate(run):
-    found = _kimi(run, "enforce")
-    good = all((pcg == "captured") if parse_version(rel) >= parse_version(FIXED_RELEASE) else (
-        pcg == "disabled" and "not a language model" in why) for rel, (pcg, why) in found.items())
+    pcg, why = _kimi(run, "enforce")
+    good = all((p == "captured") if parse_version(rel) >= parse_version(FIXED_RELEASE) else (
+        p == "disabled" and "not a language model" in why[rel]) for rel, p in pcg.items())
     said = "; ".join(
-        f"{rel}: {pcg}" + (f" ({why})" if why else "") for rel, (pcg, why) in sorted(found.items()))
-    return holds(good, f"--enforce-piecewise-cuda-graph on Kimi-K2.5: {said}",
-                 {rel: pcg
-                  for rel, (pcg, _) in found.items()})
+        f"{rel}: {pcg[rel]}" + (f" ({why[rel]})" if why[rel] else "") for rel in sorted(pcg))
+    return holds(good, f"--enforce-piecewise-cuda-graph on Kimi-K2.5: {said}", pcg)
 
 
 def _default_off(run):
-    found = _kimi(run, "default")
-    said = "; ".join(f"{rel}: {pcg}" for rel, (pcg, _) in sorted(found.items()))
+    pcg, _ = _kimi(run, "default")
+    said = "; ".join(f"{rel}: {pcg[rel]}" for rel in sorted(pcg))
     return holds(
-        all(pcg == "disabled" for pcg, _ in found.values()),
-        f"default flags on Kimi-K2.5: {said} (no flag asked for it: ServerArgs' own rules "
-        "turned piecewise graphs off)", {rel: pcg
-                                         for rel, (pcg, _) in found.items()})
+        all(p == "disabled" for p in pcg.values()), f"default flags on Kimi-K2.5: {said} (no flag "
+        "asked for it: ServerArgs' own rules turned piecewise graphs off)", pcg)
 
 
 def _pairs(run) -> dict:

@@ -41,16 +41,12 @@ def bf16_ulp(x: float) -> float:
     return 2.0**(math.floor(math.log2(x)) - 7) if x > 0 else 2.0**-133
 
 
-def bf16_tolerance(ref_max_abs: float) -> float:
-    return TOL_ULPS * bf16_ulp(ref_max_abs)
-
-
 def compare(out: torch.Tensor, ref: torch.Tensor) -> dict:
     """Max abs difference, relative RMS difference, the reference's max magnitude, the verdict."""
     a, b = out.float(), ref.float()
     max_diff, ref_max = float((a - b).abs().max()), float(b.abs().max())
     rel_rms = float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
-    tol = bf16_tolerance(ref_max)
+    tol = TOL_ULPS * bf16_ulp(ref_max)
     return {
         "max_abs_diff": max_diff, "rel_rms_diff": rel_rms, "ref_max_abs": ref_max, "tolerance": tol,
         "within_tol": bool(max_diff <= tol)
@@ -108,11 +104,8 @@ class Burst(timing.Burst):
     def rows(self, events: timing.Timing, warmup: int, n=None, bucket=None) -> list:
         """µs per launch: median, p10, p90 by ``time.perf_counter``; the median by CUDA events."""
         us = self.per_launch_us(warmup)
-        rows = [
-            _row(HOST, m, us[k], "us", n, bucket)
-            for m, k in (("launch_us", "median"), ("launch_us_p10", "p10"), ("launch_us_p90",
-                                                                             "p90"))
-        ]
+        names = {"launch_us": "median", "launch_us_p10": "p10", "launch_us_p90": "p90"}
+        rows = [_row(HOST, m, us[k], "us", n, bucket) for m, k in names.items()]
         if events.clock.startswith("cuda-events"):
             rows.append(
                 _row(HOST, "launch_event_us", events.median_ms * 1e3 / self.n, "us", n, bucket))
@@ -331,10 +324,8 @@ def sweep(p: dict, dev: torch.device, *, use_graphs: bool, timer,
         direct_counts = {int(n) for n in p["direct_token_counts"]} if direct is not None else set()
         eager_fwd = lm.model.forward  # gate off: the plain forward, launched op by op
         gen, inputs = torch.Generator().manual_seed(int(p["seed"])), {}
-        for n in sorted(
-                set(counts) | {int(x)
-                               for x in p["trace_token_counts"]}
-                | {int(p["kernel_table_tokens"] or counts[0])}):
+        traced = [int(x) for x in p["trace_token_counts"]]
+        for n in sorted({*counts, *traced, int(p["kernel_table_tokens"] or counts[0])}):
             inputs[n] = (torch.randint(0, int(p["vocab"]), (n,), generator=gen).to(dev),
                          torch.arange(n, device=dev))
 

@@ -147,8 +147,7 @@ class LoadOutcome:
 
 
 def strict_load(module: nn.Module, state_dict: dict) -> LoadOutcome:
-    """``load_state_dict(strict=True)``: the missing and unexpected keys instead of the
-    exception."""
+    """``load_state_dict(strict=True)``, the missing and unexpected keys in place of the error."""
     res = module.load_state_dict(state_dict, strict=False)
     try:
         module.load_state_dict(state_dict, strict=True)
@@ -419,16 +418,9 @@ class PiecewiseRunner:
         if not self.use_graphs:
             self._eager_pass(N, n)
             return self.out[:n]
-        graphs, L = self.graphs[N], len(self.layers)
-        if self.handoff == "copy":
-            for i in range(L):
-                graphs[i].replay()
-                self._attention(i, n, self.q, self.k, self.v)
-            graphs[-1].replay()
-            return self.out[:n]
-        handed = self.handed[N]
-        for i in range(L):
+        graphs, handed = self.graphs[N], self.handed.get(N)  # handed: direct hand-off only
+        for i in range(len(self.layers)):
             graphs[i].replay()
-            self._attention(i, n, *handed[i][1:])
+            self._attention(i, n, *(handed[i][1:] if handed else (self.q, self.k, self.v)))
         graphs[-1].replay()
-        return handed[-1][0][:n]
+        return handed[-1][0][:n] if handed else self.out[:n]

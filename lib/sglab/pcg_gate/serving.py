@@ -33,8 +33,7 @@ def _newest_gpu(rs, models) -> tuple[str, pd.DataFrame]:
 
 
 def frame(rs) -> pd.DataFrame:
-    """The bench_serving rows of the newest GPU model that recorded them (of every GPU model's
-    runs)."""
+    """The bench_serving rows of the newest GPU model that recorded them (any GPU model's runs)."""
     gpu, df = _newest_gpu(rs, {MODEL})
     return df[(df.model == MODEL) & (df.tool == "serve")].assign(gpu=gpu) if gpu else df
 
@@ -52,23 +51,19 @@ def numbers(df: pd.DataFrame) -> pd.DataFrame:
                         "requests"])[["value", "lo", "hi"]]
 
 
-def ratios(df: pd.DataFrame) -> pd.Series:
-    """Enforced ÷ off on 0.5.13 (medians of the starts) per metric, prompt tokens and in flight."""
+def ratios(df: pd.DataFrame, case: str = ON, base: str = OFF) -> pd.Series:
+    """``case`` ÷ ``base`` (enforced ÷ off) on 0.5.13 (medians of the starts) per metric, prompt
+    tokens and in flight; empty where either did not run."""
     n = numbers(df)
     fixed = n.xs(FIXED, level="release")["value"].unstack("case") if not n.empty else n
-    if not {ON, OFF} <= set(fixed.columns):
+    if not {case, base} <= set(fixed.columns):
         return pd.Series(dtype=float)
-    return (fixed[ON] / fixed[OFF]).dropna()
+    return (fixed[case] / fixed[base]).dropna()
 
 
 def aa_gaps(df: pd.DataFrame) -> pd.Series:
-    """The A/A control's gap on 0.5.13, |off ÷ off started again − 1|, per metric, prompt tokens
-    and in flight."""
-    n = numbers(df)
-    fixed = n.xs(FIXED, level="release")["value"].unstack("case") if not n.empty else n
-    if not {OFF, AGAIN} <= set(fixed.columns):
-        return pd.Series(dtype=float)
-    return (fixed[OFF] / fixed[AGAIN] - 1).abs().dropna()
+    """The A/A control's gap, |off ÷ off started again − 1|."""
+    return (ratios(df, OFF, AGAIN) - 1).abs()
 
 
 # -- the full-width claims' checks (claims.ENGINE: full_width_ttft and its folded checks) -----

@@ -13,6 +13,7 @@ import re
 import types
 
 from sglab.core import lazy
+from sglab.sglang import bootstrap
 from sglab.sglang import compare as real
 from sglab.sglang import source as S
 from sglab.sglang.codepath import Node
@@ -84,8 +85,7 @@ def check(read) -> Verdict:
 
 # -- the CPU probe (inside one release's worker process) -------------------------------------------
 def build_kimi(kimi, cls=None):
-    """The release's ``KimiK25ForConditionalGeneration.__init__`` (or ``cls``'s) around the
-    rebuild's 2-layer LLM."""
+    """The release's ``KimiK25ForConditionalGeneration`` (or ``cls``) around the tiny LLM."""
     cls = cls or kimi.KimiK25ForConditionalGeneration
     mm_args = types.SimpleNamespace(mm_enable_dp_encoder=False)
     getter = "get_mm" if hasattr(kimi, "get_mm") else "get_global_server_args"
@@ -102,8 +102,6 @@ def build_kimi(kimi, cls=None):
 
 def _gate_pr_era(prepared, wrapper) -> dict:
     """``ModelRunner.init_piecewise_cuda_graphs`` of 0.5.1x on a stand-in runner."""
-    from sglab.sglang import bootstrap  # the worker path
-
     mr = bootstrap.import_release_module(prepared, "sglang.srt.model_executor.model_runner")
     runner = types.SimpleNamespace(
         server_args=types.SimpleNamespace(disable_piecewise_cuda_graph=False,
@@ -125,8 +123,6 @@ def _gate_pr_era(prepared, wrapper) -> dict:
 
 def _gate_cuda_graph_setup(prepared, wrapper) -> dict:
     """``capture_prefill_graph`` of 0.5.16 on, on a stand-in runner, breakable prefill backend."""
-    from sglab.sglang import bootstrap  # the worker path
-
     cgs = bootstrap.import_release_module(
         prepared, "sglang.srt.model_executor.model_runner_components.cuda_graph_setup")
     mr = bootstrap.import_release_module(prepared, "sglang.srt.model_executor.model_runner")
@@ -177,8 +173,6 @@ def _case_rows(case: str, wrapper, gate_fn, prepared) -> list[dict]:
 
 def probe(prepared, params) -> list[dict]:
     """Rows ``case, metric, value``: the release's Kimi class through its own gate."""
-    from sglab.sglang import bootstrap  # the worker path: the release is importable from here
-
     kimi = bootstrap.import_release_module(prepared, "sglang.srt.models.kimi_k25")
     moved = has_file(prepared, "srt/model_executor/model_runner_components/cuda_graph_setup.py")
     gate_fn = _gate_cuda_graph_setup if moved else _gate_pr_era
@@ -247,8 +241,7 @@ WIDTH_CASE = re.compile(r"^w(?P<hidden>\d+)-(?P<arm>pcg|off)$")
 
 
 def width_args(hidden: int) -> tuple[str, ...]:
-    """Server arguments (``--json-model-override-args``) that build the Llama config at
-    ``hidden``."""
+    """The ``--json-model-override-args`` that build the Llama config at ``hidden``."""
     if hidden == 512:
         return ()
     heads = hidden // 64

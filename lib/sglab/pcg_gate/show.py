@@ -10,8 +10,8 @@ import pandas as pd
 from sglab.core import engine_records, engine_stats, engine_view, notebook, plots, runs, text
 from sglab.pcg_gate import rebuild, sglang
 from sglab.pcg_gate.measure import COPY, GATE_METRICS, gate_facts
-from sglab.pcg_gate.tables import (STAT, _swept, captured_over_off, copy_explanation, gate_table,
-                                   host_line, kernel_summary, latency_of, launch_counts,
+from sglab.pcg_gate.tables import (CHECKS, STAT, _swept, captured_over_off, copy_explanation,
+                                   gate_table, host_line, kernel_summary, latency_of, launch_counts,
                                    launch_table, prefill_sides, reading, summary, trace_table,
                                    width_gains, full_width_gains, FULL_WIDTH)
 
@@ -47,10 +47,7 @@ def launches(rs) -> None:
 @notebook.needs_run
 def correctness(rs) -> None:
     """Piecewise against eager on every GPU shown, and one line per run."""
-    cols = [
-        "bucket", "max_abs_diff", "rel_rms_diff", "max_abs_diff_same_shape", "tolerance",
-        "within_tol"
-    ]
+    cols = ("bucket", *CHECKS)
     notebook.show_table(
         pd.concat(
             {c: pd.DataFrame({r.manifest.gpu: latency_of(r)[c]
@@ -313,8 +310,7 @@ def engine_times(rs) -> None:
 
 
 def width_sweep(rs) -> None:
-    """The gain (off / captured prefill) against the tokens, a line per hidden size, a panel per
-    GPU model."""
+    """Off ÷ captured prefill by tokens: a line per hidden size, a panel per GPU model."""
     panels = _width_panels(rs) if rs else []
     if not panels:
         print("no width sweep recorded yet: on a GPU box, bash scripts/engine_gpu.sh --scenario "
@@ -378,10 +374,8 @@ def _draw_width(ax, df: pd.DataFrame, gains: pd.DataFrame, gpu: str, cost, *, fu
            if mixed else f"{engine_stats.starts_how(starts, STAT)};\nbars: the starts' range"
            if starts > 1 else "one engine start: no spread measured")
     host = f" · a bare launch {text.span(cost, '{:.1f}')} µs" if cost else ""
-    what = ", ".join([
-        *(["Llama 32 layers"] if not gains.empty else []),
-        *(["Kimi-K2.5 widths"] if not full.empty else [])
-    ])
+    what = ", ".join(
+        w for w, t in (("Llama 32 layers", gains), ("Kimi-K2.5 widths", full)) if not t.empty)
     ax.set_title(f"{gpu}{host}\nSGLang {rel} bench_one_batch: {what}\n{how}", fontsize=9)
     tokens = sorted({int(t) for t in both["tokens"]})
     ax.set_xticks(tokens, [str(t) for t in tokens])

@@ -17,7 +17,7 @@ from sglab.sglang.engine import spec
 
 
 TIMES = (("time_median", "median"), ("time_p10", "p10"), ("time_p90", "p90"))
-CHECKS = ("max_abs_diff", "rel_rms_diff", "tolerance", "within_tol", "max_abs_diff_same_shape")
+CHECKS = ("max_abs_diff", "rel_rms_diff", "max_abs_diff_same_shape", "tolerance", "within_tol")
 LAUNCH_BOUND = 128  # token counts up to here: eager prefill is its launches
 STAT = engine_stats.STAT  # what the engine's timings read: the fastest repeat of any start
 
@@ -33,9 +33,8 @@ def latency_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per timed token count: eager and piecewise median/p10/p90 (ms), ``speedup`` (eager /
     piecewise median), the correctness columns, and the direct hand-off where measured."""
     d = _per_token(df)
-    wide = d[d.metric.isin([m for m, _ in TIMES])].pivot_table(index="num_tokens",
-                                                               columns=["variant",
-                                                                        "metric"], values="value")
+    times = d[d.metric.isin([m for m, _ in TIMES])]
+    wide = times.pivot_table(index="num_tokens", columns=["variant", "metric"], values="value")
     out = pd.DataFrame(index=wide.index)
     for mode in ("eager", "piecewise"):
         for m, lab in TIMES:
@@ -48,10 +47,7 @@ def latency_table(df: pd.DataFrame) -> pd.DataFrame:
     cw = c.pivot_table(index="num_tokens", columns="metric", values="value").reindex(out.index)
     buckets = d.dropna(subset=["bucket"]).groupby("num_tokens")["bucket"].first()
     out.insert(0, "bucket", buckets.reindex(out.index).astype(int))
-    for col in ("max_abs_diff", "rel_rms_diff", "tolerance", "max_abs_diff_same_shape"):
-        out[col] = cw[col]
-    out["within_tol"] = cw["within_tol"].astype(bool)
-    return out
+    return out.join(cw[list(CHECKS)].astype({"within_tol": bool}))
 
 
 def latency_of(run) -> pd.DataFrame:
@@ -89,12 +85,8 @@ def run_facts(df: pd.DataFrame) -> dict:
 
 def slowdown_start(speedup: pd.Series) -> Optional[int]:
     """The smallest token count from which every ratio is below 1 (None if the last is not)."""
-    start = None
-    for n, s in speedup.sort_index(ascending=False).items():
-        if s >= 1.0:
-            break
-        start = int(n)
-    return start
+    below = (~(speedup.sort_index(ascending=False) >= 1.0)).cummin()  # from the largest count down
+    return int(below[below].index.min()) if below.any() else None
 
 
 def buffer_copy_bytes(params: dict, num_tokens: int) -> int:
