@@ -276,10 +276,8 @@ HEADLINE = Headline(
 
 # -- the real engine (``scripts/engine_gpu.sh --plan 06``: data/recorded/engine_capture_sizes/) ----
 def _unfiltered(run) -> list[dict]:
-    return [
-        f for f in show.engine_facts(run) if f["rule"] == "before" and any(n % f["attn_tp"]
-                                                                           for n in f["asked"])
-    ]
+    facts = show.engine_facts(run)
+    return [f for f in facts if f["rule"] == "before" and any(n % f["attn_tp"] for n in f["asked"])]
 
 
 def _filtered(run) -> list[dict]:

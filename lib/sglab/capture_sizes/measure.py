@@ -91,8 +91,7 @@ def _real_rows(seed: int, rank: int, b: int, t: int, hidden: int, dtype, device)
 
 
 class RankWork:
-    """One rank's side of the boundary, with the static buffers a piecewise runner captures into,
-    and the rows it reports (one per variant, size and metric)."""
+    """One rank's side of the boundary: a piecewise runner's static buffers, the rows it reports."""
 
     def __init__(self, ctx, params: dict):
         self.ctx, self.rank, self.w, self.dev = ctx, ctx.rank, ctx.world_size, ctx.device
@@ -239,10 +238,9 @@ def traced_pass(work: RankWork, *, perfetto=None):
         return reduce_events(rec.events, rank=work.rank)
 
 
-def reduce_events(events, *, rank: int, variants=tuple(v for v, _, _ in TRACED)):
+def reduce_events(ev, *, rank: int, variants=tuple(v for v, _, _ in TRACED)):
     """Phase ranges, collective calls, device activity and graph-capture calls, tagged with their
     variant and ``rank``, times from each variant's start (:data:`EVENT_COLUMNS`)."""
-    ev = events
     device_lane = ev.lane.str.startswith("stream") | (ev.lane == "device")
     names = ev.name.str.replace(trace.PHASE_PREFIX, "", regex=False)
     is_range = (ev.category == "range") & ev.name.str.startswith(trace.PHASE_PREFIX)
@@ -267,13 +265,11 @@ def reduce_events(events, *, rank: int, variants=tuple(v for v, _, _ in TRACED))
 
 
 # -- the run ---------------------------------------------------------------------------------------
-def _rank_main(ctx, params: dict, trace_dir: str | None = None,
-               launched_at: float | None = None) -> dict:
+def _rank_main(ctx, params: dict, trace_dir: str | None, launched_at: float) -> dict:
     """One rank: capture + replay the fixed lists, the raw list, the probe, the traced pass."""
     warnings.filterwarnings("ignore", category=FutureWarning)  # reduce_scatter_tensor's rename
     phases.take()
-    if launched_at is not None:
-        phases.add("spawn + init", time.time() - launched_at)  # start, imports, CUDA, NCCL
+    phases.add("spawn + init", time.time() - launched_at)  # start, imports, CUDA, NCCL
     work = RankWork(ctx, params)
     for variant in ("before", "pr_filter", "round_up"):
         with phases.phase("capture"):

@@ -157,15 +157,6 @@ def _publish_fields(prepared, sa):
         cuda_graph_config=cfg, **fields)
 
 
-@contextlib.contextmanager
-def _publish_resolved(prepared, sa):
-    """0.5.16+: publish a resolved ``ServerArgs`` as the launcher does (restored after)."""
-    ctx = _module(prepared, "runtime_context").get_context()
-    with ctx.override_server_args():  # saves the context; restores it on the way out
-        ctx.set_server_args(sa)
-        yield ctx
-
-
 def runner_sizes(prepared, sa, pool_size: int = MAX_RUNNING_REQUESTS, *,
                  resolved: bool = False) -> tuple[list, list]:
     """(piecewise or prefill sizes, decode batch sizes) the release's runners capture for ``sa``: a
@@ -441,7 +432,11 @@ def configure(prepared, argv: list[str], p: dict, model_folder) -> dict:
                                                                   if off[ph] else None)
     pool = view.max_running_requests or p["max_running_requests"]
     common = _module(prepared, "utils.common")
-    with _publish_resolved(prepared, sa) if published else contextlib.nullcontext():
+    with contextlib.ExitStack() as stack:
+        if published:  # the resolved ServerArgs, published as the launcher does (restored after)
+            ctx = _module(prepared, "runtime_context").get_context()
+            stack.enter_context(ctx.override_server_args())
+            ctx.set_server_args(sa)
         _call(moe.initialize_moe_config, sa)
         facts["piecewise"], facts["decode"] = runner_sizes(prepared, sa, pool, resolved=True)
         if published:

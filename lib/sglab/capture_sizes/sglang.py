@@ -305,7 +305,5 @@ def ask(cases: dict[str, list[str]], releases, *, timeout: float = 300.0, progre
         else:
             status = "not-run" if r.status == "not-run" else "probe-error"
             frames.append(
-                pd.DataFrame([
-                    dict(release=v, case=c, metric=status, value=r.reason) for c in cases
-                ]))
+                pd.DataFrame(dict(release=v, case=list(cases), metric=status, value=r.reason)))
     return pd.concat(frames, ignore_index=True)

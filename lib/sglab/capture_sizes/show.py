@@ -32,11 +32,11 @@ def summary(df):
         failed = g[g.metric == "failed"]
         first = failed.iloc[0] if len(failed) else {}
         stage, errs = first.get("stage", ""), g.value[g.metric == "replay_max_abs_err"]
+        bad = [int(x) for x in failed["size"]]
         out.append({
-            "variant": variant, "world_size": int(w), "sizes": int(g["size"].nunique()),
-            "captured_or_ok": n["captured"] + n["ok"], "failed": len(failed), "failed_sizes": [
-                int(x) for x in failed["size"]
-            ], "first_failure": int(first["size"]) if len(failed) else None,
+            "variant": variant, "world_size": int(w), "sizes": int(
+                g["size"].nunique()), "captured_or_ok": n["captured"] + n["ok"], "failed": len(bad),
+            "failed_sizes": bad, "first_failure": bad[0] if bad else None,
             "failed_at": "" if pd.isna(stage) else str(stage), "not_reached": n["not_reached"],
             "replayed_ok": n["replay_ok"], "replay_checks": n["replay_checks"],
             "worst_replay_err": float(errs.max()) if len(errs) else None, "error": first.get(
@@ -82,9 +82,6 @@ def _run_facts(run) -> dict:
             f"{v}_max_abs_err": float(r.worst_replay_err)
         })
     return facts
-
-
-STATUSES = ("captured + replayed", "captured", "ok (eager)", "failed", "not reached")
 
 
 def size_status(df):
@@ -288,9 +285,11 @@ def _mechanism_title(ax, height, sizes, tp, lists) -> None:
     ax.legend(handles=legend, loc="lower left", ncol=3, fontsize=7.5, bbox_to_anchor=(0.0, -0.03))
 
 
-STATUS_COLORS = dict(
-    zip(STATUSES, (plots.PALETTE["after"], plots.PALETTE["graph"], plots.PALETTE["eager"],
-                   plots.PALETTE["before"], "#d5d8dc")))
+STATUS_COLORS = {
+    "captured + replayed": plots.PALETTE["after"], "captured": plots.PALETTE["graph"],
+    "ok (eager)": plots.PALETTE["eager"], "failed": plots.PALETTE["before"],
+    "not reached": "#d5d8dc"
+}
 
 
 def size_status_plot(run):

@@ -62,8 +62,7 @@ def _scenario(pre: int) -> str:
 
 def simulate_rows(params: Optional[dict] = None, *, world_sizes=None,
                   scenarios=(0, 2048)) -> list[dict]:
-    """The simulation's rows per trace, world size, scenario and policy, and one
-    ``event_workspace`` row per creation."""
+    """Simulated rows per trace, world size, scenario and policy; an ``event_workspace`` each."""
     p = {**DEFAULT_PARAMS, **(params or {})}
     rows = []
     for tname, W, pre, name in itertools.product(p["traces"], world_sizes or [p["world_size"]],
@@ -359,13 +358,11 @@ def rank_config(p: dict, *, progress: bool, trace_dir: str) -> dict:
     steps = int(p["gpu_trace_steps"]) or None
     keys = ("hidden_dim", "policies", "pre_initialize", "cost_tokens", "cost_warmup",
             "cost_repeats", "cost_rounds", "profile_policies")
-    return {
-        **{k: p[k]
-           for k in keys}, "progress": progress, "profile": bool(p["profile"]),
-        "traces": {t: trace_tokens(t)[:steps]
-                   for t in p["traces"]}, "profile_trace": trace_tokens(p["profile_trace"]),
-        "trace_dir": trace_dir
-    }
+    cfg = {k: p[k] for k in keys}
+    cfg.update(progress=progress, profile=bool(p["profile"]), trace_dir=trace_dir,
+               profile_trace=trace_tokens(p["profile_trace"]))
+    cfg["traces"] = {t: trace_tokens(t)[:steps] for t in p["traces"]}
+    return cfg
 
 
 def _parent_leak_rows(pids: list[int], world_size: int) -> list[dict]:

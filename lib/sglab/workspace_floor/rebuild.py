@@ -228,16 +228,14 @@ ENGINE_MANAGERS = 2  # flashinfer_comm_fusion.py keeps one manager for attention
 
 
 def fusion_applies(token_num: int) -> bool:
-    """Whether a step takes the fused path at all (the gate's token part); larger steps all-reduce
-    unfused and never reach the call site."""
+    """The gate's token part: larger steps all-reduce unfused and never reach the call site."""
     return 0 < token_num <= FUSE_ALLREDUCE_MAX_BATCH_SIZE
 
 
 # -- 4. creators: ``creator.create(world_size=, rank=, max_token_num=, hidden_dim=, group=)``
 #    returns a workspace with ``metadata`` and ``destroy()``
 class PhaseClock:
-    """Milliseconds per phase of one creation (``ms``, summed over repeats of a ``key``), each
-    inside ``mark(label)``."""
+    """Ms per phase of one creation (``ms``, summed over a ``key``'s repeats), each in a mark."""
 
     def __init__(self, mark: Mark = no_mark):
         self.mark, self.ms = mark, {}

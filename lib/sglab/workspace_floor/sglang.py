@@ -14,7 +14,10 @@ import inspect
 import itertools
 import types
 
+import pandas as pd
+
 from sglab.core import lazy
+from sglab.sglang import bootstrap
 from sglab.sglang import engine as eng
 from sglab.sglang.engine import Case, Scenario, revert_adjustment, trace_adjustment
 from sglab.sglang import compare as real
@@ -22,6 +25,7 @@ from sglab.sglang.codepath import Node
 from sglab.sglang import source as S
 from sglab.sglang.fix import Fix, Probe, Spec, symbols_in
 from sglab.sglang.probing import patched
+from sglab.sglang.releases import installed_releases, package_dir
 from sglab.sglang.upstream import Verdict
 
 # imported by the probes and the comparison that use them: reading FIX needs none of them
@@ -160,8 +164,6 @@ def undecorated(module, name: str):
 @contextlib.contextmanager
 def _wired(prepared, comm: RecordingComm, world_size: int):
     """The release's modules with FlashInfer, preflight, parallel state and managers replaced."""
-    from sglab.sglang import bootstrap
-
     fc = bootstrap.import_release_module(prepared, "sglang.srt.layers.flashinfer_comm_fusion")
     dist = bootstrap.import_release_module(prepared, "sglang.srt.distributed")
     group = types.SimpleNamespace(device_group="device_group", cpu_group="cpu_group",
@@ -197,8 +199,6 @@ class _Norm:
 
 def _call(prepared, fc, site: str, tokens: int, hidden: int):
     """One step through the release's call site, or the real callee at a chosen floor."""
-    from sglab.sglang import bootstrap
-
     x = torch.empty((tokens, hidden), dtype=torch.bfloat16)
     residual, weight = torch.empty_like(x), torch.empty(hidden, dtype=torch.bfloat16)
     if site == "release":
@@ -236,8 +236,6 @@ def replay_release(prepared, trace: list, site: str, *, pre_initialize: int = 0,
 def probe(prepared, params: dict) -> list[dict]:
     """Rows ``trace, site, scenario, metric, value``: the call site's ``max_token_num=`` line, then
     per trace, site and pre-initialisation the creations and refusals."""
-    from sglab.sglang import bootstrap
-
     layernorm = bootstrap.import_release_module(prepared, "sglang.srt.layers.layernorm")
     source = inspect.getsource(layernorm._forward_with_allreduce_fusion)
     lines = [ln.strip().rstrip(",") for ln in source.splitlines() if "max_token_num=" in ln]
@@ -255,8 +253,7 @@ def probe(prepared, params: dict) -> list[dict]:
 
 
 def probe_params() -> dict:
-    """What the notebook asks each release: both stored traces, the release's own call site and the
-    alternative floors, cold and pre-initialised."""
+    """The notebook's question to each release: both traces, every call site, cold and warm."""
     tokens = {t: traces.trace_tokens(t) for t in traces.TRACES}
     return dict(traces=tokens, sites=["release", *ALT_SITES], pre_initialize=list(SCENARIOS),
                 world_size=WORLD_SIZE, hidden=HIDDEN)
@@ -427,27 +424,25 @@ def comparison(results: dict):
         where = (f"its own call ({'no max_token_num' if own == '(none)' else own})"
                  if site == "release" else f"max_token_num=max(x.shape[0], "
                  f"{site.removeprefix('floor_')})")
+        want = rebuild_cell(policy, trace, pre)
         rows.append(
             real.facts_row(release, f"{where}, '{trace}', {scenario}", got,
-                           policy.label + ("" if hwm else ", no high-water mark"),
-                           rebuild_cell(policy, trace,
-                                        pre), ("steps", "sizes", "refused_calls"), _describe))
+                           policy.label + ("" if hwm else ", no high-water mark"), want,
+                           ("steps", "sizes", "refused_calls"), _describe))
     return real.table(rows)
 
 
 def decisions(results: dict):
     """The real code's creations (and refused calls) along each trace, per release and call site
     (its own first), cold and pre-initialised."""
-    import pandas as pd
-
     rows = []
     for release, _, (trace, site, scenario), got in _real_cells(results):
         refused = int(got["refused_calls"])
         said = f"{int(got['recreations'])}" + (f" ({refused} refused)" if refused else "")
+        name = rebuild_policy(release, site, True).label
         rows.append(
-            dict(order=(release, site != "release", site), release=release,
-                 site=rebuild_policy(release, site,
-                                     True).label, trace=trace, scenario=scenario, cell=said))
+            dict(order=(release, site != "release", site), release=release, site=name, trace=trace,
+                 scenario=scenario, cell=said))
     if not rows:
         return pd.DataFrame()
     d = pd.DataFrame(sorted(rows, key=lambda r: r["order"])).rename(columns={"site": "call site"})
@@ -459,8 +454,6 @@ def decisions(results: dict):
 
 def high_water_note(results: dict) -> str:
     """Which real managers keep a high-water mark; whether the rebuild's counts the same without."""
-    from sglab.sglang.releases import installed_releases, package_dir
-
     have = {
         v: bool(r.rows.loc[r.rows.metric == "manager_high_water_mark", "value"].iloc[0])
         for v, r in real.ran(results).items()

@@ -9,6 +9,7 @@ import re
 
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import FuncFormatter
 
 from sglab.core import engine_view, notebook, plots, text
 from sglab.core.trace import PHASE_PREFIX
@@ -27,8 +28,6 @@ COLORS = {
 
 
 def _ticks():
-    from matplotlib.ticker import FuncFormatter
-
     return FuncFormatter(lambda v, _: f"{v:g}")
 
 
@@ -123,9 +122,8 @@ def creation_ranges(events) -> pd.DataFrame:
 def trace_recreation_table(events) -> pd.DataFrame:
     """Per profiled policy: re-creation ranges per rank and the time in them, slowest rank."""
     r = creation_ranges(events)
-    per_rank = r[r.variant != COST_VARIANT].groupby(["variant",
-                                                     "rank"]).agg(ranges=("ms", "size"),
-                                                                  total_ms=("ms", "sum"))
+    by = r[r.variant != COST_VARIANT].groupby(["variant", "rank"]).ms
+    per_rank = by.agg(ranges="size", total_ms="sum")
     t = per_rank.groupby("variant").agg(ranges_min=("ranges", "min"), ranges_max=("ranges", "max"),
                                         total_ms=("total_ms", "max"))
     return t.reindex([v for v in POLICY_ORDER if v in t.index])
@@ -141,9 +139,8 @@ def _calls(events, groups=None) -> pd.DataFrame:
 def call_table(events, rank: int = 0) -> pd.DataFrame:
     """The CUDA calls inside one rank's creations: per creation, median µs, total ms."""
     mine = events[events["rank"] == rank]
-    t = _calls(mine).groupby(["variant", "call",
-                              "name"]).agg(calls=("dur_us", "size"), median_us=("dur_us", "median"),
-                                           total_ms=("dur_us", lambda s: s.sum() / 1e3))
+    by = _calls(mine).groupby(["variant", "call", "name"]).dur_us
+    t = by.agg(calls="size", median_us="median", total_ms=lambda s: s.sum() / 1e3)
     n = mine.groupby("variant").creation.nunique()
     t["per creation"] = t.calls / n.reindex(t.index.get_level_values("variant")).to_numpy()
     return t[["per creation", "median_us", "total_ms"]]
@@ -217,8 +214,7 @@ def trace_step(events, *, world_size: int, hidden_dim: int) -> list[str]:
 
 def first_open(events) -> str:
     """Along the replay: the first IPC open of every creation against the two after it."""
-    d = events[(events.category == "runtime") & events.name.str.contains("IpcOpenMemHandle")
-               & (events.variant != COST_VARIANT)]
+    d = _calls(events[events.variant != COST_VARIANT], ["ipc open"])
     if d.empty:
         return "no IPC opens in the trace"
     by = d.groupby(d.phase.str.replace("ipc open ", "", regex=False)).dur_us.median() / 1e3

@@ -92,8 +92,7 @@ def trace_params(name: str) -> dict:
 
 
 def load_trace(name: str = "mixed", *, verify: bool = True):
-    """``(frame, meta)`` of a stored trace; with ``verify`` it is regenerated from its stored
-    parameters and must match byte for byte."""
+    """``(frame, meta)`` of a stored trace (``verify``: regenerated, equal byte for byte)."""
     stem = TRACE_DIR / f"workspace_floor_{name}"
     meta = json.loads(stem.with_suffix(".json").read_text())
     data = stem.with_suffix(".csv").read_bytes()

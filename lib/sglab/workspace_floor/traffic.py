@@ -174,8 +174,7 @@ def traffic_table(tokens: list[int], *, world_size: int, hidden_dim: int, polici
 
 
 def generated_trace(prompt_length: int, *, steps: int = 1500) -> list[int]:
-    """``x.shape[0]`` per step of a cold server warming up (the stored ``short_ramp`` scenario)
-    with a median prompt of ``prompt_length`` tokens."""
+    """``x.shape[0]`` per step of the ``short_ramp`` cold start, median prompt ``prompt_length``."""
     params = {**traces.TRACES["short_ramp"], "prompt_median": int(prompt_length), "steps": steps}
     return [int(t) for t in traces.generate_trace(**params).tokens]
 
