@@ -224,30 +224,20 @@ def _kernel_steps(ctx, grid, n_rows: int, marks: Marks, pause_s: float) -> dict[
     held: dict = {}
     stack: dict[str, int] = {}
 
-    def step(name: str, fn) -> None:
+    def step(name: str, fn, sync=None) -> None:  # sync: the device to synchronise after fn
         with marks.mark(name):
             fn()
+            if sync is not None:
+                _sync(sync)
         stack[name] = stack_limit(grid.device)
         time.sleep(pause_s)
 
-    def first():
-        held["p"] = torch.prod(grid, dim=-1)
-        _sync(grid.device)
-
-    def reduce():
-        held["s"] = held["p"].sum()
-        _sync(grid.device)
-
-    def copy():
-        held["own"] = grid.to(ctx.device)
-        _sync(ctx.device)
-
-    step("first kernel", first)
-    step("reduce", reduce)
-    step("item", lambda: held.__setitem__("n", int(held["s"].item())))
-    step("copy to own GPU", copy)
+    step("first kernel", lambda: held.update(p=torch.prod(grid, dim=-1)), grid.device)
+    step("reduce", lambda: held.update(s=held["p"].sum()), grid.device)
+    step("item", lambda: held.update(n=int(held["s"].item())))
+    step("copy to own GPU", lambda: held.update(own=grid.to(ctx.device)), ctx.device)
     step("own-GPU kernel",
-         lambda: held.__setitem__("n_own", int(torch.prod(held["own"], dim=-1).sum().item())))
+         lambda: held.update(n_own=int(torch.prod(held["own"], dim=-1).sum().item())))
     assert held["n"] == held["n_own"] == n_rows, (held["n"], held["n_own"], n_rows)
     return stack
 
@@ -263,10 +253,8 @@ def rank_main(ctx, spec: dict) -> dict:
             torch.cuda.synchronize(ctx.device)
     pids: list = [None] * ctx.world_size
     tdist.all_gather_object(pids, os.getpid(), group=ctx.cpu_group)
-    labels = {
-        **{pid: f"rank {r}"
-           for r, pid in enumerate(pids)}, spec["tokenizer_pid"]: "tokenizer"
-    }
+    labels = {pid: f"rank {r}" for r, pid in enumerate(pids)}
+    labels[spec["tokenizer_pid"]] = "tokenizer"
     snap = Snapshots(ctx, v.name, labels, float(spec["settle_s"]))
     snap("init")
     with phases.phase("receive"):
@@ -322,8 +310,9 @@ def _stop(proc, wait_s: float = 60.0):
     return proc.exitcode
 
 
-def _exit_rows(variant: str, pids: list[int], nccl: bool, common: dict) -> list[dict]:
-    """Every process of the group must be gone and no longer listed by NVML (within 10 s)."""
+def _exit_rows(variant: str, pids: list[int], nccl: bool, common: dict, tok_exit) -> list[dict]:
+    """Every process of the group must be gone and no longer listed by NVML (within 10 s); the
+    tokenizer's exit code (-99: it never ended)."""
     deadline = time.monotonic() + 10
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -336,7 +325,8 @@ def _exit_rows(variant: str, pids: list[int], nccl: bool, common: dict) -> list[
     kw = dict(common, process="all", phase="exited")
     return [
         _row(variant, "processes_alive", alive, "count", **kw),
-        _row(variant, "nvml_processes_listed", listed, "count (-1 = not checked)", **kw)
+        _row(variant, "nvml_processes_listed", listed, "count (-1 = not checked)", **kw),
+        _row(variant, "tokenizer_exitcode", -99 if tok_exit is None else tok_exit, "code", **kw)
     ]
 
 
@@ -396,10 +386,7 @@ def run_group(variant: str, tp_size: int, *, repeat: int = 0, n_images: int = 4,
     common = {"tp_size": tp_size, "repeat": repeat}
     pids = [r["landed"]["pid"] for r in results] + [tok.pid]
     rows = _landing_rows(variant, results, common) + _exit_rows(variant, pids, backend == "nccl",
-                                                                common)
-    rows.append(
-        _row(variant, "tokenizer_exitcode", -99 if tok_exit is None else tok_exit, "code",
-             **dict(common, process="all", phase="exited")))
+                                                                common, tok_exit)
     ranks = {
         r["landed"]["pid"]: (f"rank {r['landed']['rank']}", r["landed"]["rank"])
         for r in results

@@ -95,8 +95,8 @@ def mark_deltas(mem, marks, *, gpu: int = 0):
     mark began (a pause after the last), and the difference (blind to a resize inside a step)."""
     out = []
     mem = mem[mem.gpu == gpu]
-    by = mem.sort_values("t_s", kind="stable").groupby(["variant", "repeat", "process"])
-    series = {key: s for key, s in by}
+    series = dict(
+        list(mem.sort_values("t_s", kind="stable").groupby(["variant", "repeat", "process"])))
     empty = mem.iloc[:0]
     for (variant, repeat, process), ms in marks.groupby(["variant", "repeat", "process"],
                                                         sort=False):
@@ -219,11 +219,8 @@ def memory_series(run, *, repeat: int = 0, variants=("before", "after"), rank: i
     fig, axes = plots.figure(nrows=len(variants), width=11.0, height=3.3 * len(variants))
     axes = np.ravel(np.atleast_1d(axes))
     for ax, v in zip(axes, variants):
-
-        def sel(d):
-            return d[(d.variant == v) & (d.repeat == repeat)]
-
-        _series_panel(ax, sel(mem), sel(marks), v, rank)
+        group = [d[(d.variant == v) & (d.repeat == repeat)] for d in (mem, marks)]
+        _series_panel(ax, *group, v, rank)
     axes[-1].set_xlabel("seconds from the group's start")
     hz = float(run.df[run.df.metric == "sampler_hz"].value.max())
     plots.caption(fig, run, extra=f"repeat {repeat} · NVML sampled in the parent at {hz:.0f} Hz")

@@ -348,10 +348,9 @@ def real_facts(result, key: str) -> dict:
     proc = real.facts(result, part="processor")
     facts = {
         "grid key": key, "model reads it": model.get("reads_grid"),
-        "device_kept": wire.get("device_received") == wire.get("device_sent"),
-        **{k: wire.get(k)
-           for k in WIRE_FACTS[1:]}
+        "device_kept": wire.get("device_received") == wire.get("device_sent")
     }
+    facts.update({k: wire.get(k) for k in WIRE_FACTS[1:]})
     if proc.get("grid_key") is not None:
         facts.update({
             "processor key": proc["grid_key"], "processor grid": proc["grid"],

@@ -92,13 +92,11 @@ class Processor:
         return out
 
 
-def processor(folder, config: dict | None = None) -> Processor:
+def processor(folder, config: dict) -> Processor:
     """The stand-in processor of a model folder written by ``sglab engine``."""
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    folder = Path(folder)
-    config = config or json.loads((folder / "config.json").read_text())
     tok = Tokenizer.from_str(json.dumps(tokenizer_json(folder, config)))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
                                    unk_token="<unk>", pad_token="<pad>")

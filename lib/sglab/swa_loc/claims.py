@@ -11,7 +11,7 @@ from sglab.core import runs
 from sglab.core.card import Card
 from sglab.core.claims import Claim, Headline, holds
 from sglab.core import engine_records, engine_stats
-from sglab.core.text import count
+from sglab.core.text import count, span
 from sglab.swa_loc import model_config, show
 from sglab.swa_loc.measure import EXPERIMENT, GPUS, HEADLINE_CONFIG
 from sglab.swa_loc.rebuild import hybrid_layer_ids
@@ -52,8 +52,7 @@ def _extra_kernels(run):
     value = dict(per_swa_layer_min=values[0], per_swa_layer_max=values[-1], cells=int(len(extra)))
     nodes, _ = show.kernel_counts(run.df)
     row = _at(nodes, _cell()) if _has_headline_cell(run) is None else None
-    text = (f"{values[0]:g}"
-            if values[0] == values[-1] else f"{values[0]:g}–{values[-1]:g}") + " per SWA layer"
+    text = span(values, "{:g}", " per SWA layer")
     if row is not None:
         value.update(before=int(row["before"]), after=int(row["pr24743"]))
         text += f"; {row['before']} → {row['pr24743']} at the headline cell"
@@ -250,9 +249,7 @@ def shown(runs_: list) -> list:
 _RATIO, _LAYERS, _BS = _cell()
 _K, _R, _P = "swa_loc.extra_kernels_per_swa_layer", "swa_loc.replay_ratio", "swa_loc.pad_bug_exact"
 _L = model_config.LAYOUT
-_L_SWA = model_config.layout({
-    "num_hidden_layers": _L["layers"], "sliding_window_pattern": _L["swa_per_full"] + 1
-}).n_swa
+_L_SWA = len(hybrid_layer_ids(_L["layers"], _L["swa_per_full"])[0])
 HEADLINE = Headline(
     parts=(
         f"{_LAYERS} layers ({len(hybrid_layer_ids(_LAYERS, _RATIO)[0])} SWA, {_RATIO}:1), bs "

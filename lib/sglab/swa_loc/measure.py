@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+import pandas as pd
 import torch
 
 from sglab.core import kernel_table, runs, timing, trace
@@ -70,17 +71,6 @@ def kv_mismatch_count(diff: Dict[int, List[int]]) -> int:
 
 
 # -- the #24743 padding scenario -------------------------------------------------------------------
-def _prefill(setups, *, n_requests: int, context_len: int, seed: int) -> None:
-    """The context tokens of every request, written eagerly into each setup (identically)."""
-    for s in setups:
-        g = torch.Generator().manual_seed(seed + 2)
-        vocab = s.model.embed.shape[0]
-        for _ in range(n_requests):
-            ids = torch.randint(0, vocab, (context_len,), generator=g).tolist()
-            rebuild.forward_eager(s.model,
-                                  rebuild.decode_batch(s, ids, list(range(1, context_len + 1))))
-
-
 def pad_bug_scenario(variant: str, *, device="cpu", use_cuda_graph: Optional[bool] = None,
                      num_layers: int = 6, swa_per_full: int = 5, capture_bs=(4, 8),
                      n_requests: int = 8, finished=(2, 4), context_len: int = 3, head_num: int = 2,
@@ -97,9 +87,14 @@ def pad_bug_scenario(variant: str, *, device="cpu", use_cuda_graph: Optional[boo
     runner = rebuild.DecodeGraphRunner.for_variant(graph_side.model, list(capture_bs), variant,
                                                    use_cuda_graph)
     runner.capture()  # at start-up, before any request
-    _prefill((graph_side, ref), n_requests=n_requests, context_len=context_len, seed=seed)
-    g = torch.Generator().manual_seed(seed + 1)
     vocab = graph_side.model.embed.shape[0]
+    for s in (graph_side, ref):  # every request's context, written eagerly (identically)
+        g = torch.Generator().manual_seed(seed + 2)
+        for _ in range(n_requests):
+            ids = torch.randint(0, vocab, (context_len,), generator=g).tolist()
+            rebuild.forward_eager(s.model,
+                                  rebuild.decode_batch(s, ids, list(range(1, context_len + 1))))
+    g = torch.Generator().manual_seed(seed + 1)
     ids1 = torch.randint(0, vocab, (n_requests,), generator=g).tolist()
     seq1 = [context_len + 1] * n_requests
     alive = [r for r in range(n_requests) if r not in set(finished)]
@@ -256,8 +251,6 @@ def reduce_events(events):
 
 def graph_kernel_names(runners: dict, bs: int):
     """Kernel nodes of each variant's ``bs`` graph by (demangled) name: variant, kernel, nodes."""
-    import pandas as pd
-
     from sglab.core.kernels import graph_kernel_nodes
 
     rows = []
@@ -331,8 +324,6 @@ def kv_write_ops(variant: str, *, num_layers: int = 6, swa_per_full: int = 5) ->
 
 def eager_kernel_tables(p: dict, device) -> tuple:
     """``(table, info)``: the ``eager_kernels`` table (nsight-python, then torch.profiler)."""
-    import pandas as pd
-
     tc = p["eager_config"]
     s = rebuild.build_setup(
         **setup_kwargs(p, int(tc["num_layers"]), int(tc["swa_per_full"]), device))

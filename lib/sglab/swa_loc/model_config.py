@@ -33,7 +33,6 @@ class Layout:
     swa_layers: list
     sliding_window: Optional[int]
     found_by: str
-    model_type: str = ""
 
     @property
     def n_swa(self) -> int:
@@ -52,7 +51,7 @@ def layout(cfg: dict, source: str = "config") -> Layout:
     n = c.get("num_hidden_layers")
     if not isinstance(n, int) or n < 1:
         raise ConfigError(f"{source}: no positive integer num_hidden_layers")
-    window, mtype = c.get("sliding_window"), str(c.get("model_type", ""))
+    window = c.get("sliding_window")
     for key in ("sliding_window", "hidden_size"):
         v = c.get(key)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
@@ -86,7 +85,7 @@ def layout(cfg: dict, source: str = "config") -> Layout:
         kind = "no sliding-window layer" if not swa else "only sliding-window layers"
         raise ConfigError(f"{source}: {how} gives {kind} out of {n}: not a hybrid SWA model, the "
                           f"preset does not apply")
-    return Layout(n, swa, window if isinstance(window, int) else None, how, mtype)
+    return Layout(n, swa, window if isinstance(window, int) else None, how)
 
 
 def read_config(path) -> Layout:
@@ -145,21 +144,8 @@ def predict(lay: Layout, *, batch_size: int = 32, max_bs: int = 256, costs: Opti
     return df
 
 
-def step_cost(run, layers: int, swa_per_full: int, batch_size: int) -> dict:
-    """``{"swa_layers", "kernels", "us"}`` a decode step of ``layers`` layers (``swa_per_full`` SWA
-    per full layer) at ``batch_size`` pays without the preset, at ``run``'s costs."""
-    lay = layout({
-        "num_hidden_layers": int(layers), "sliding_window_pattern": int(swa_per_full) + 1
-    })
-    row = predict(lay, batch_size=int(batch_size), costs=[layer_cost(run)]).iloc[0]
-    us = next(c for c in row.index if c.startswith("extra µs per decode step"))
-    return {
-        "swa_layers": lay.n_swa, "kernels": float(row["extra kernels per decode step"]),
-        "us": float(row[us])
-    }
-
-
-def pattern_table(layers: int, swa_per_full: int, batch_size: int, max_bs: int = 256):
+def pattern_table(layers: int, swa_per_full: int, batch_size: int, max_bs: int = 256,
+                  costs: Optional[list] = None):
     """:func:`predict` for ``layers`` layers, ``swa_per_full`` SWA layers per full one."""
     import pandas as pd
 
@@ -168,11 +154,22 @@ def pattern_table(layers: int, swa_per_full: int, batch_size: int, max_bs: int =
         lay = layout(cfg, f"{layers} layers, {swa_per_full} SWA per full")
     except ConfigError as e:
         return pd.DataFrame([{"note": str(e)}])
-    df = predict(lay, batch_size=int(batch_size), max_bs=int(max_bs))
+    df = predict(lay, batch_size=int(batch_size), max_bs=int(max_bs), costs=costs)
     us = next(c for c in df.columns if c.startswith("extra µs per decode step"))
     df.insert(
         df.columns.get_loc(us) + 1, "µs measured at bs", int(us.rsplit("bs ", 1)[1].rstrip(")")))
     return df.rename(columns={us: "extra µs per decode step"})
+
+
+def step_cost(run, layers: int, swa_per_full: int, batch_size: int) -> dict:
+    """``{"swa_layers", "kernels", "us"}`` a decode step of ``layers`` layers (``swa_per_full`` SWA
+    per full layer) at ``batch_size`` pays without the preset, at ``run``'s costs."""
+    row = pattern_table(layers, swa_per_full, batch_size, costs=[layer_cost(run)]).iloc[0]
+    return {
+        "swa_layers": int(row["SWA layers"]),
+        "kernels": float(row["extra kernels per decode step"]),
+        "us": float(row["extra µs per decode step"])
+    }
 
 
 def your_setup(interactive: bool = False):
