@@ -42,7 +42,8 @@ def test_pinned_timings_cover_every_cpu_asked_and_give_the_affinity_back():
 def test_a_busy_loop_is_stopped_before_the_next_one_starts():
     p = H.spinner(sorted(os.sched_getaffinity(0))[0])
     assert p.poll() is None
-    H.stop(p)
+    p.kill()
+    p.wait(timeout=10)
     assert p.poll() is not None
 
 

@@ -76,11 +76,9 @@ def _worker(rank: int, world_size: int, payload: bytes, backend: str, port: int,
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)  # everything it prints goes to its log, whose tail a failure shows
     os.dup2(fd, 2)
-    os.environ.update({
-        **{k: str(v)
-           for k, v in env.items()}, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)
-    })
+    os.environ.update({k: str(v) for k, v in env.items()})
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     try:

@@ -211,11 +211,9 @@ def reruns(rs, ratio_of, stats: tuple = (STAT, "fastest", "median")) -> pd.DataF
             if stats[0] in c:
                 first.setdefault(c["gpu"], c[stats[0]][0])
         for at, c in by_run.items():
+            ratios = {STAT_NAMES[s]: c[s][1] if s in c else "" for s in stats}
             rows[(pair, at)] = {
-                **{
-                    STAT_NAMES[s]: c[s][1] if s in c else ""
-                    for s in stats
-                }, "host µs per launch": "" if c["host"] is None else f"{c['host']:.1f}",
+                **ratios, "host µs per launch": "" if c["host"] is None else f"{c['host']:.1f}",
                 "drift": f"{c[stats[0]][0] / first[c['gpu']] - 1:+.0%}" if stats[0] in c else ""
             }
     out = pd.DataFrame.from_dict(rows, orient="index")

@@ -131,15 +131,12 @@ def table(df: pd.DataFrame, t: Table) -> pd.DataFrame:
 def pair_table(df: pd.DataFrame, p: Pair, stat: str = STAT) -> pd.DataFrame:
     """``p.base`` ÷ each case per (model, release): the ratio, the starts' widest, the A/A gap."""
     gap = aa_gap(df, p.metric, p.across, stat)
-    rows = []
-    for (model, rel, case), per in p.ratios(df, stat).items():
-        rows.append({
-            "model": model, "release": rel, "pair": f"{p.base} ÷ {case}",
-            f"{p.label} ({STAT_NAMES[stat]})": text.span([x[0] for x in per.values()], unit="×"),
-            "widest the starts allow": text.span([y for x in per.values() for y in x[1:]],
-                                                 unit="×"),
-            "A/A gap": text.pct(gap[(model, rel)], 1) if (model, rel) in gap else ""
-        })
+    rows = [{
+        "model": model, "release": rel, "pair": f"{p.base} ÷ {case}",
+        f"{p.label} ({STAT_NAMES[stat]})": text.span([x[0] for x in per.values()], unit="×"),
+        "widest the starts allow": text.span([y for x in per.values() for y in x[1:]], unit="×"),
+        "A/A gap": text.pct(gap[(model, rel)], 1) if (model, rel) in gap else ""
+    } for (model, rel, case), per in p.ratios(df, stat).items()]
     return pd.DataFrame(rows).set_index(["model", "release", "pair"]) if rows else pd.DataFrame()
 
 

@@ -85,11 +85,6 @@ def spinner(cpu: int) -> subprocess.Popen:
     return p
 
 
-def stop(p: subprocess.Popen) -> None:
-    p.kill()
-    p.wait(timeout=10)
-
-
 def beside(burst: Burst, home: int, others: list[int], settle_s: float = 0.2) -> dict:
     """µs per launch on ``home`` beside a busy loop on each of ``others``, and with none (-1)."""
     keep = os.sched_getaffinity(0)
@@ -102,7 +97,8 @@ def beside(burst: Burst, home: int, others: list[int], settle_s: float = 0.2) ->
                 time.sleep(settle_s)
                 out[c] = round(burst_us(burst), 3)
             finally:
-                stop(p)
+                p.kill()
+                p.wait(timeout=10)
         out[-1].append(burst_us(burst))
     finally:
         os.sched_setaffinity(0, keep)

@@ -255,11 +255,8 @@ def aggregate(samples, *, runs: int, backend: str):
     df = samples.assign(scope=[c.scope for c in parsed],
                         step=[-1 if c.step is None else c.step for c in parsed],
                         op=[c.op for c in parsed])
-    g = df.groupby(KEY, sort=False).dur_us
-    out = g.agg(n="size", median_us="median").reset_index()
-    out["calls"] = out.n / runs
-    out["backend"] = backend
-    return out[OP_COLUMNS]
+    out = df.groupby(KEY, sort=False).dur_us.agg(n="size", median_us="median").reset_index()
+    return out.assign(calls=out.n / runs, backend=backend)[OP_COLUMNS]
 
 
 def _run_steps(step: Step, enter, runs: int, *, unique: bool = False) -> None:

@@ -31,9 +31,8 @@ def figure(ncols: int = 1, nrows: int = 1, *, width: float | None = None,
     apply_style()
     width = width or (5.2 * ncols if ncols > 1 else 6.4)
     height = height or 3.6 * nrows
-    fig, ax = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=ncols * nrows == 1,
-                           constrained_layout=True, **kw)
-    return fig, ax
+    return plt.subplots(nrows, ncols, figsize=(width, height), squeeze=ncols * nrows == 1,
+                        constrained_layout=True, **kw)
 
 
 def provenance_text(source: Any) -> str:
@@ -86,7 +85,6 @@ def box(ax, x: float, y: float, w: float, h: float, text: str = "", *, color: st
 
 
 def arrow(ax, start: tuple[float, float], end: tuple[float, float]):
-    """An arrow from ``start`` to ``end``."""
     ax.annotate("", xy=end, xytext=start,
                 arrowprops={"arrowstyle": "-|>", "color": "#566573", "lw": 1.1})
 

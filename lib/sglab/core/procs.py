@@ -196,23 +196,22 @@ _DOGS: list = []  # the watchdogs of the guards held now
 
 
 def _raise_terminated(signum, _frame):
-    # once: a second signal does not cut the clean-up short where nothing else would finish it
+    """Raise :class:`Terminated`, once: a second SIGTERM or SIGHUP during the clean-up exits at once
+    (128 + the first) where a watchdog holds the groups; else, or for a copy of the first within
+    :data:`DUPLICATE_S`, the (bounded) clean-up goes on."""
     at = time.monotonic()
+
+    def again(sig, _f):
+        if sig == signum and time.monotonic() - at < DUPLICATE_S:
+            return
+        if any(dog.poll() is None for dog in _DOGS):
+            print(f"[sglab] signal {sig} again: exiting now; the watchdog stops what is left",
+                  file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+
     for s in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, lambda again, _f: _signalled_again(signum, again, at))
+        signal.signal(s, again)
     raise Terminated(signum)
-
-
-def _signalled_again(first: int, again: int, first_at: float = 0.0) -> None:
-    """A second SIGTERM or SIGHUP during the clean-up: where a watchdog holds the groups, exit at
-    once (128 + the first signal); else, or for a copy of the first within :data:`DUPLICATE_S`,
-    the (bounded) clean-up goes on."""
-    if again == first and time.monotonic() - first_at < DUPLICATE_S:
-        return
-    if any(dog.poll() is None for dog in _DOGS):
-        print(f"[sglab] signal {again} again: exiting now; the watchdog stops what is left",
-              file=sys.stderr, flush=True)
-        os._exit(128 + first)
 
 
 class Guard:

@@ -181,8 +181,5 @@ def launch_cost_us(device: str = "cuda:0", *, n: int = 1000, warmup: int = 5,
     burst = Burst(device, n)
     for _ in range(warmup + repeat):
         burst()
-    return {
-        **{k: round(v, 3)
-           for k, v in burst.per_launch_us(warmup).items()}, "launches_per_burst": n,
-        "bursts": repeat, "device": str(device)
-    }
+    cost = {k: round(v, 3) for k, v in burst.per_launch_us(warmup).items()}
+    return {**cost, "launches_per_burst": n, "bursts": repeat, "device": str(device)}

@@ -133,12 +133,11 @@ def _engine_lines(fix) -> list[tuple[str, str]]:
         return []
     df = engine_records.frame(shown)
     state = dict(fix.releases())
-    out = []
-    for release, value in df[df.metric == "status"][["release", "value"]].itertuples(index=False):
-        text = str(value)
-        if state.get(str(release)) in AFFECTED and text.startswith("error: "):
-            out.append((str(release), re.sub(r" \(log: [^)]*\)$", "", text[len("error: "):])))
-    return out
+    status = df[df.metric == "status"]
+    return [(str(r), re.sub(r" \(log: [^)]*\)$", "",
+                            str(v).removeprefix("error: ")))
+            for r, v in zip(status["release"], status["value"])
+            if state.get(str(r)) in AFFECTED and str(v).startswith("error: ")]
 
 
 def log_line(fix) -> str:

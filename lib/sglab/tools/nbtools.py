@@ -115,23 +115,20 @@ def _committed_cells(path: Path):
         return None
 
 
-def _paired_record(folder: Path) -> Path | None:
+def _paired_record(folder: Path) -> tuple[Path | None, dict]:
+    """Where :data:`PAIRED` lies (None outside git) and what it holds."""
     where = _git(folder, "rev-parse", "--git-path", PAIRED)
-    return (folder / where.strip()) if where and where.strip() else None
-
-
-def _read_record(path: Path | None) -> dict:
+    path = (folder / where.strip()) if where and where.strip() else None
     try:
-        return json.loads(path.read_text()) if path else {}
+        return path, json.loads(path.read_text()) if path else {}
     except (OSError, ValueError):
-        return {}
+        return path, {}
 
 
 def _note_paired(py: Path, cells) -> None:
-    path = _paired_record(py.parent)
+    path, record = _paired_record(py.parent)
     if path is None:
         return
-    record = _read_record(path)
     record[str(py.resolve().with_suffix(""))] = _digest(cells)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
@@ -158,7 +155,7 @@ def pair_side(py: Path, prefer: str | None = None) -> str | None:
     if head_p is not None and (p, n) == (head_p, head_n):
         return "py"
     paired = {_digest(c) for c in (head_p, head_n) if c is not None}
-    recorded = _read_record(_paired_record(py.parent)).get(str(py.resolve().with_suffix("")))
+    recorded = _paired_record(py.parent)[1].get(str(py.resolve().with_suffix("")))
     paired |= {recorded} if recorded else set()
     if not paired:
         return "ipynb" if ipynb.stat().st_mtime > py.stat().st_mtime else "py"

@@ -52,8 +52,7 @@ def house_block() -> str:
 def current_block(text: str, start: str = START, end: str = END) -> str | None:
     if start not in text or end not in text:
         return None
-    a = text.index(start)
-    return text[a:text.index(end) + len(end)]
+    return text[text.index(start):text.index(end) + len(end)]
 
 
 def _rewrite(path: Path, start: str, end: str, new: str) -> bool:

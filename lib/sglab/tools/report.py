@@ -269,19 +269,18 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None,
 # -- the environment of a run (`sglab env`, the report's last section) -----------------------------
 def env_report() -> list[tuple[str, str]]:
     """(item, value) pairs describing this machine for the workbook."""
-    rows = []
     sw = hardware.software()
     gpus = hardware.gpus() if hardware.has_cuda() else ()
-    rows.append(("GPUs", f"{len(gpus)}" + "".join(
-        f"\n  {g.index}: {g.name} {g.memory_mib} MiB {g.uuid}" for g in gpus)))
-    rows.append(("driver", sw["driver"] or "not found (no NVML)"))
-    rows.append(("torch / CUDA", f"{sw['torch']} / {sw['cuda'] or 'CPU build'}"))
-    rows.append(("python", sw["python"]))
-    rows.append(("bytecode", bytecode.describe()))
     nvml = ", NVML initialised" if hardware._nvml() else ", NVML not usable here"
-    rows.append(
+    rows = [
+        ("GPUs", f"{len(gpus)}" + "".join(
+            f"\n  {g.index}: {g.name} {g.memory_mib} MiB {g.uuid}" for g in gpus)),
+        ("driver", sw["driver"] or "not found (no NVML)"),
+        ("torch / CUDA", f"{sw['torch']} / {sw['cuda'] or 'CPU build'}"), ("python", sw["python"]),
+        ("bytecode", bytecode.describe()),
         ("NVML",
-         f"nvidia-ml-py importable{nvml}" if find_spec("pynvml") else "nvidia-ml-py not installed"))
+         f"nvidia-ml-py importable{nvml}" if find_spec("pynvml") else "nvidia-ml-py not installed")
+    ]
     try:
         from cuda.bindings import driver  # noqa: F401
         import cuda.bindings

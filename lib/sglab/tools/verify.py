@@ -83,7 +83,6 @@ def targets(names: list[str], all_: bool) -> list[runs.Run]:
 
 
 def gpus_for(measure, params: dict) -> int:
-    """GPUs a run of ``measure`` with ``params`` uses."""
     return int(measure.gpus(params)) if hasattr(measure, "gpus") else measure.GPUS
 
 
@@ -218,7 +217,11 @@ def verify_run(run: runs.Run, *, against: bool = False, reference: runs.Run | No
     recorded = {} if recorded is None else recorded
     if reference is None and exp not in recorded:
         recorded[exp] = runs.load_all_recorded(exp)
-    v = Verified(run, claims.evaluated(mod, _twin(run, recorded.get(exp, []))))
+    # the record's own copy of ``run`` where it is one, unchanged: its claims evaluated once
+    twin = next((c for c in recorded.get(exp, [])
+                 if runs.same_file(c, run) and c.manifest == run.manifest and c.df.equals(run.df)),
+                run)
+    v = Verified(run, claims.evaluated(mod, twin))
     if reference is None:
         reference, how, record, held = claims.reference(run, recorded[exp])
     else:
@@ -230,14 +233,6 @@ def verify_run(run: runs.Run, *, against: bool = False, reference: runs.Run | No
     v.comparison.how = how
     v.drifted = v.comparison.beyond if held else []
     return v
-
-
-def _twin(run: runs.Run, record: list) -> runs.Run:
-    """The record's own copy of ``run`` where it is one, unchanged (its claims evaluated once)."""
-    for c in record:
-        if runs.same_file(c, run) and c.manifest == run.manifest and c.df.equals(run.df):
-            return c
-    return run
 
 
 def partial(run) -> str:
