@@ -225,8 +225,12 @@ serving.show(engine)
 
 # %% [markdown]
 # Read both tables as the PR reads its own, after ÷ before: below 1× piecewise graphs are faster.
-# At full width they cut TTFT only for short prompts; from about 1024 tokens the captured prefill is
-# slower than eager, and `bench_one_batch` finds the same (the width figure below, squares).
+# At full width they do not cut TTFT. From about 1024 tokens the captured prefill is slower than
+# eager in every run, and `bench_one_batch` finds the same (the width figure below, squares). At
+# 128 tokens `bench_one_batch`'s prefill step gains, but that saving is a small share of a
+# request's TTFT (the HTTP round trip, tokenizing, scheduling, the first decode step): the line
+# under the tables gives each recorded run alone, and there the gain clears its A/A gap on one
+# machine and not on another.
 #
 # **Why TPOT does not move here.** Piecewise graphs cover prefill only: decode replays its own
 # CUDA graphs with them or without, so a decode step takes the same time (`bench_one_batch`, and
@@ -326,11 +330,12 @@ show.your_setup(interactive=INTERACTIVE)
 #   falls as GEMMs take over. It is the host's: scale it by your host's per-launch cost times the
 #   multiple the appendix's launch-savings table shows (eager spends several times the bare launch
 #   cost per kernel), and read the fastest repeat of several engine starts (07 explains why).
-# - At Kimi-K2.5's real widths on one GPU, piecewise graphs pay only for short prompts and cost
-#   from about 1024 tokens, because a captured piece runs MLA attention absorbed (about 3× the
-#   eager MHA attention's kernel time); one TP-4 rank's narrower shapes pay up to 1024 tokens. The
-#   PR's gain (TP 4) is the narrow shapes' regime: measure your own TP size and prompt lengths
-#   before enforcing them, and review the capture cap against the crossover.
+# - At Kimi-K2.5's real widths on one GPU, piecewise graphs do not cut serving TTFT. The prefill
+#   step gains only for short prompts, too little of a TTFT to repeat from machine to machine, and
+#   costs from about 1024 tokens, because a captured piece runs MLA attention absorbed (about 3×
+#   the eager MHA attention's kernel time); one TP-4 rank's narrower shapes pay up to 1024
+#   tokens. The PR's gain (TP 4) is the narrow shapes' regime: measure your own TP size and prompt
+#   lengths before enforcing them, and review the capture cap against the crossover.
 # - The PR's own TPOT rises while TTFT falls. Here the decode step does not change with piecewise
 #   graphs; TPOT moves only with several requests in flight, through the other requests' prefills.
 

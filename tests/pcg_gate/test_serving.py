@@ -73,6 +73,20 @@ def test_only_the_full_width_model_and_the_newest_gpu_model_are_read():
     assert set(df.model) == {serving.MODEL} and set(df.gpu) == {"H200"}
 
 
+def test_each_run_of_the_shown_gpu_model_is_given_alone_at_the_short_and_the_capped_length():
+    """Two serving runs of one GPU model, each read alone (a ratio never pairs two runs' starts);
+    an older GPU model's run is left out."""
+    slower = _run(created="2026-12-06T09:00:00Z")
+    sel = (slower.df.case == "enforce") & (slower.df.metric == "ttft")
+    slower.df.loc[sel, "value"] = slower.df.loc[sel, "value"].astype(float) * 2.5
+    old = _run(gpu="NVIDIA H100 80GB HBM3", created="2026-11-01T00:00:00Z")
+    said = serving.each_run(runs.RunSet([slower, old, _run()]))
+    assert [s.split(":", 1)[0] for s in said
+            ] == ["H200, 2026-12-05 1200Z", "H200, 2026-12-06 0900Z"]
+    assert said[0].split(": ", 1)[1].startswith("128×1 0.50× (4.8%), ")
+    assert "128×1 1.25×" in said[1] and "2048×1" in said[1]
+
+
 def test_without_a_run_it_says_how_to_record_one(capsys):
     serving.show(runs.NoRun("engine_pcg_gate", "none"))
     out = capsys.readouterr().out

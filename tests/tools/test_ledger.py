@@ -28,6 +28,17 @@ def test_the_width_sweep_and_the_pcg_pair_share_a_model_but_not_a_scenario():
     assert {"01-kimi-pcg", "01-llama-pcg", "01-llama-width"} <= seen
 
 
+def test_a_server_run_and_a_bench_run_of_one_model_are_named_by_their_tool():
+    """01-kimi-full-serve and 01-kimi-full-bench start kimi_k25_full with the same cases: the tool
+    decides."""
+    named = {}
+    for r in _runs("engine_pcg_gate"):
+        tools = {s.get("tool") for s in r.manifest.params.get("specs", [])}
+        if {s.get("model") for s in r.manifest.params.get("specs", [])} == {"kimi_k25_full"}:
+            named.setdefault(ledger.scenario_of(r), set()).update(tools)
+    assert named == {"01-kimi-full-serve": {"serve"}, "01-kimi-full-bench": {"bench"}}
+
+
 def test_a_run_of_no_scenario_says_its_model_and_tp_size():
     run = copy.copy(_runs("engine_grid_thw")[0])
     run.manifest = copy.deepcopy(run.manifest)

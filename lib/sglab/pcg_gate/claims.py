@@ -460,10 +460,11 @@ ENGINE = SimpleNamespace(
             "the pcg-off launches (exact, the launch pass's profiler trace)", _launches),
         Claim(
             "engine_pcg_gate.full_width_ttft", "At Kimi-K2.5's real widths (1 dense + 1 MoE layer, "
-            "the release's server and bench_serving, the PR's own metric), piecewise graphs cut "
-            "TTFT only for short prompts: enforced ÷ off is below 1 at 128 tokens and above 1 at "
-            "2048, the largest capture, at 1 and 4 requests in flight",
-            "< 1 − the A/A gap at 128 tokens, > 1 + it at 2048; ±10% or the A/A gap on a rerun",
+            "the release's server and bench_serving, the PR's own metric), piecewise graphs do "
+            "not cut TTFT: enforced ÷ off is above 1 at 2048 tokens, the largest capture, and at "
+            "128 tokens no slower than off, at 1 and 4 requests in flight (a gain there is a small "
+            "share of a TTFT and need not clear the A/A gap)",
+            "> 1 + the A/A gap at 2048 tokens, < 1 + it at 128; ±10% or the A/A gap on a rerun",
             serving.ttft, drift=0.1, context=("aa_noise", "starts"), noise="aa_noise",
             applies=serving.served, folded=(_FULL_PREFILL, _FULL_DECODE, _FULL_ATTENTION))
     ],

@@ -77,8 +77,10 @@ def served(run):
 
 
 def ttft(run):
-    """Enforced ÷ off TTFT on 0.5.13 per prompt length and in flight (medians of the starts), each
-    beyond the A/A gap: below 1 at the shortest prompts, above 1 at the largest capture."""
+    """Enforced ÷ off TTFT on 0.5.13 per prompt length and in flight (medians of the starts): above
+    1 + the A/A gap at the largest capture, below it at the shortest prompts (no slower there; the
+    prefill step's gain at 128 tokens is a small share of a TTFT and cleared the A/A gap on one
+    H100 of two)."""
     df = _serving(run)
     r, gap = ratios(df), aa_gaps(df)
     if r.empty or gap.empty:
@@ -87,7 +89,7 @@ def ttft(run):
     short, long_ = r.index.get_level_values(0).min(), FULL_CAP
     bad = [
         f"{n}×{c}" for (n, c), x in r.items()
-        if (n == short and x >= 1 - gap[n, c]) or (n == long_ and x <= 1 + gap[n, c])
+        if (n == short and x >= 1 + gap[n, c]) or (n == long_ and x <= 1 + gap[n, c])
     ]
     said = "; ".join(f"{n} tokens × {c}: {x:.2f}× (A/A {gap[n, c]:.1%})" for (n, c), x in r.items())
     return holds(
@@ -261,9 +263,32 @@ def show(rs) -> None:
               "--scenario 01-kimi-full-serve")
         return
     notebook.show_table(t)
-    said = scheduler(df)
-    if said:
-        print(f"The scheduler's own log, per engine start (warm-up passes included): {said}")
+    for head, said in (("Enforced ÷ off TTFT in each recorded run (its own interleaved starts, "
+                        "A/A gap)", "; ".join(each_run(rs))),
+                       ("The scheduler's own log, per engine start (warm-up passes included)",
+                        scheduler(df))):
+        if said:
+            print(f"{head}: {said}")
+
+
+def each_run(rs) -> list[str]:
+    """Per full-width serving run of the shown GPU model (oldest first), enforced ÷ off TTFT at the
+    shortest prompts and at the largest capture: how far the answer repeats from machine to
+    machine."""
+    gpu, _ = _newest_gpu(rs, {MODEL})
+    said = []
+    for r in sorted({id(r): r
+                     for r in [*rs.shown, *rs.elsewhere]}.values(),
+                    key=lambda r: r.manifest.created_utc):
+        x, gap = ratios(_serving(r)), aa_gaps(_serving(r))
+        if r.manifest.gpu != gpu or x.empty or gap.empty:
+            continue
+        x, gap = x.xs("TTFT"), gap.xs("TTFT")
+        short = x.index.get_level_values(0).min()
+        said.append(f"{engine_records.run_label(r)}: " + ", ".join(
+            f"{n}×{c} {v:.2f}× ({text.pct(gap[n, c], 1)})"
+            for (n, c), v in x.items() if n in (short, FULL_CAP)))
+    return said
 
 
 def scheduler(df: pd.DataFrame) -> str:

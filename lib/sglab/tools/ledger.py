@@ -19,16 +19,18 @@ HEADER = (
 
 
 def scenario_of(run) -> str:
-    """The first of its fix's scenarios with the run's model and TP size whose cases (A/A copies
-    included) hold every case the run started; else the model and TP size."""
+    """The first of its fix's scenarios with the run's model, tool and TP size whose cases (A/A
+    copies included) hold every case the run started; else the model and TP size."""
     specs = run.manifest.params.get("specs", [])
     fix = run.manifest.experiment.removeprefix("engine_")
     models = {s.get("model") for s in specs}
     tps = {s["tp"] for s in specs}
     cases = {s.get("case") for s in specs}
+    tools = {s.get("tool", "bench") for s in specs}  # the spec's default tool
     for sc in fixes.scenarios():
         labels = {c.label for c in sc.all_cases()}
-        if sc.fix == fix and models == {sc.model} and tps == {sc.gpus} and cases <= labels:
+        if (sc.fix == fix and models == {sc.model} and tps == {sc.gpus} and cases <= labels
+                and tools == {sc.tool}):
             return sc.name
     return f"{', '.join(sorted(map(str, models)))} at TP {', '.join(map(str, sorted(tps)))}"
 
