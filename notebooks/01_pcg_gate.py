@@ -228,9 +228,9 @@ serving.show(engine)
 # At full width they do not cut TTFT. From about 1024 tokens the captured prefill is slower than
 # eager in every run, and `bench_one_batch` finds the same (the width figure below, squares). At
 # 128 tokens `bench_one_batch`'s prefill step gains, but that saving is a small share of a
-# request's TTFT (the HTTP round trip, tokenizing, scheduling, the first decode step): the line
-# under the tables gives each recorded run alone, and there the gain clears its A/A gap on one
-# machine and not on another.
+# request's TTFT (its round trip to the server, tokenizing, scheduling, the first decode step):
+# the line under the tables gives each recorded run alone, and there the gain clears its A/A gap
+# on one machine and not on another.
 #
 # **Why TPOT does not move here.** Piecewise graphs cover prefill only: decode replays its own
 # CUDA graphs with them or without, so a decode step takes the same time (`bench_one_batch`, and
