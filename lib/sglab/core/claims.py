@@ -130,7 +130,7 @@ def reader_facing(results: list[Result]) -> list[Result]:
 
 def values(mod, run) -> dict:
     """``{claim id: Outcome}`` of one run (folded checks included)."""
-    return {r.claim.id: r.outcome for r in evaluate(mod, run)}
+    return {r.claim.id: r.outcome for r in evaluated(mod, run)}
 
 
 def claim_values(mod, run) -> dict:
