@@ -332,6 +332,7 @@ def test_the_launch_pass_counts_are_claimed_exactly():
     counts = pg_tables.launch_counts(R.frame([after]))
     assert set(counts.loc[("kimi_k25_tiny", "0.5.13", "enforce"), "graphs"]) == {3}
     assert (counts.loc[("kimi_k25_tiny", "0.5.13", "pcg-off"), "graphs"] == 0).all()
+    assert pg_tables.launch_counts(pd.DataFrame()).empty  # no engine run: no counts, no error
     one_less = _set(after, "0.5.13+enforce", "prefill_graph_launches", 2, input_len=512.0)
     assert _status(pg.ENGINE, one_less)[cid] == "fail"
     before = _run("engine_pcg_gate", "0.5.12.post1+enforce")

@@ -398,7 +398,7 @@ def beside_rows(rs, engine) -> list[dict]:
             "tokens", "figure": f"{text.count(lt['eager launches'])} → "
             f"{text.count(lt['piecewise launches'])}"
         })
-    counts = launch_counts(df) if not df.empty else pd.DataFrame()
+    counts = launch_counts(df)
     variants = {k[:3] for k in counts.index}
     for (model, rel, case), g in (counts.groupby(level=[0, 1, 2]) if variants else []):
         if g.pcg.iloc[0] != "captured" or (model, rel, "pcg-off") not in variants:

@@ -240,7 +240,9 @@ def engine_ratios(df: pd.DataFrame, stat: str = STAT) -> dict:
 def launch_counts(df: pd.DataFrame) -> pd.DataFrame:
     """The launch pass's counts per (model, release, case, tokens): ``kernels`` launched, ``graphs``
     replayed, their sum ``launches``, the release's decision ``pcg`` and ``cap``, the largest token
-    count it captured (0 where it captured none or did not say)."""
+    count it captured (0 where it captured none or did not say); empty for a frame without them."""
+    if "metric" not in df:
+        return pd.DataFrame()
     rows: dict = {}
     for metric, col in (("prefill_kernel_launches", "kernels"), ("prefill_graph_launches",
                                                                  "graphs")):
