@@ -241,8 +241,8 @@ serving.show(engine)
 # reproduced on one GPU at this width; what these runs rule out as its cause is a slower decode
 # step. How tightly they rule it out depends on the host: `bench_one_batch`'s decode step includes
 # the scheduler's own work per step, and on machines with a slower per-launch cost it moved from
-# one engine start to the next whatever the flags (the A/A copies moved as much), which is why the
-# bound above is twice the A/A gap and not a fixed percentage.
+# one engine start to the next whatever the flags (the A/A copies moved as much), which is why each
+# bound above is twice its own source's A/A gap and not a fixed percentage.
 
 # %% [markdown]
 # **Why the captured step loses from about 1024 tokens.** Inside a piecewise graph the release

@@ -519,7 +519,7 @@ def test_the_card_gives_the_engines_answer_default_flags_first():
         assert f"{got['lo']:.2f}–{got['hi']:.2f}× on {r.manifest.gpu}" in head
     found = dict(p["found"])
     tpot = found["TPOT 12.5 → 17.7 ms, E2E 0.722 → 0.488 s"]
-    assert len(found) == 4 and tpot.startswith("Not reproduced: the decode step")
+    assert len(found) == 4 and tpot.startswith("Not reproduced: TPOT with one request in flight")
     assert "at full width (A/A gap" in found["TTFT 0.479 → 0.147 s (Kimi-K2.5 with real weights, "
                                              "TP 4 on B200)"]
     assert "captured" in found[
@@ -601,6 +601,16 @@ def test_the_full_width_claims_read_which_way_ttft_prefill_and_decode_move():
     assert st[dec] == "fail" and st[top] == "fail"  # a failing folded check fails its claim
     flat = _scaled(bench, "enforce", "prefill_min", 0.6)  # enforced faster at every length
     assert _status(pg.ENGINE, flat)[pre] == "fail"
+
+
+def test_each_decode_source_is_held_to_its_own_a_a_gap():
+    """TPOT 5% slower with piecewise graphs fails even beside a bench_one_batch decode step whose
+    A/A copies lie 20% apart: one source's noise does not widen the other's bound."""
+    dec, serve = "engine_pcg_gate.full_width_decode", _full("serve")
+    noisy = _scaled(_full("bench"), "pcg-off-again", "decode", 1.2)
+    assert _status(pg.ENGINE, R.merged([serve, noisy]))[dec] == "pass"
+    slower = _scaled(serve, "enforce", "tpot", 1.05)
+    assert _status(pg.ENGINE, R.merged([slower, noisy]))[dec] == "fail"
 
 
 def test_short_prompts_need_no_ttft_gain_but_must_not_lose_beyond_the_a_a_gap():
