@@ -253,8 +253,12 @@ def test_the_gpu_script_stopped_by_a_signal_stops_its_sglab_and_packs_what_ran(
     p = subprocess.Popen(
         ["bash", str(root / "scripts" / "engine_gpu.sh"), "--scenario", "04-swa-kernels"], env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    # the signal comes mid-run, as an outer timeout's does: once the engine has started and the
+    # log's tee has written its first line (on a loaded box that tee can start late)
+    log = tmp_path / "out" / "logs" / "04-swa-kernels.log"
     deadline = time.monotonic() + 60
-    while not pidfile.exists() and time.monotonic() < deadline:
+    while not (pidfile.exists() and log.exists() and "started" in log.read_text()) \
+            and time.monotonic() < deadline:
         time.sleep(0.1)
     child = int(pidfile.read_text())
     if whole_group:  # as GNU timeout sends it
@@ -267,8 +271,8 @@ def test_the_gpu_script_stopped_by_a_signal_stops_its_sglab_and_packs_what_ran(
     with tarfile.open(tmp_path / "out" / "engine.tgz") as tar:
         summary = tar.extractfile("summary.txt").read().decode()
     assert "stopped by SIGTERM" in summary
-    log = (tmp_path / "out" / "logs" / "04-swa-kernels.log").read_text()
-    assert "started" in log and "recorded what finished" in log
+    said = log.read_text()
+    assert "started" in said and "recorded what finished" in said
     with tarfile.open(tmp_path / "out" / "jit-cache.tar.xz") as tar:
         assert ".triton/cache/kernel.cubin" in tar.getnames()
 
