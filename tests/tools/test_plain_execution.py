@@ -18,18 +18,31 @@ SETUP_CALL = "show.your_setup(interactive=INTERACTIVE)"
 
 def _execute(stem: str, parameters: str):
     """``notebooks/<stem>.ipynb`` run top to bottom by nbclient with ``parameters`` injected after
-    its parameters cell, as papermill's ``-p`` does; returns the executed notebook."""
+    its parameters cell, as papermill's ``-p`` does; returns the executed notebook. The kernel talks
+    over IPC sockets in a folder of its own, as under `sglab run`: a TCP port that jupyter_client
+    finds free can be taken by another test's kernel before this one binds it (a fresh-clone CI
+    once stalled here with the kernel idle and nbclient waiting)."""
+    import shutil
+    import tempfile
+
     import nbclient
     import nbformat
+    from jupyter_client.manager import AsyncKernelManager
 
     nb = nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4)
     at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
     nb.cells.insert(at + 1, nbformat.v4.new_code_cell(parameters))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLAB_")}
     env.update(MPLBACKEND="Agg", SGLAB_REAL="auto")  # the recorded real-release answers
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+    folder = tempfile.mkdtemp(prefix="sglab-test-kernel-")
+    km = AsyncKernelManager(kernel_name="python3", transport="ipc",
+                            connection_file=str(Path(folder) / "kernel.json"))
+    client = nbclient.NotebookClient(nb, km=km, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(ROOT / "notebooks")}})
-    client.execute(env=env)
+    try:
+        client.execute(env=env)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     return nb
 
 
