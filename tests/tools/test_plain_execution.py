@@ -40,7 +40,7 @@ def _execute(stem: str, parameters: str):
     client = nbclient.NotebookClient(nb, km=km, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(ROOT / "notebooks")}})
     try:
-        client.execute(env=env)
+        client.execute(env=env, cleanup_kc=True)  # a kernel manager given: shut its kernel down too
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return nb
