@@ -12,6 +12,7 @@ import pickle
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -225,12 +226,14 @@ def drop_probe_files(tmp: Path, since: float) -> None:
     eight random characters holding ``blat`` (or nothing yet) that the standard library's first
     ``tempfile.gettempdir()`` writes and unlinks at once. Only those written since ``since``; called
     once every kernel of the run has stopped."""
-    for f in tmp.iterdir():
-        with contextlib.suppress(OSError):
-            if (re.fullmatch(r"[a-z0-9_]{8}", f.name) and f.is_file() and not f.is_symlink()
-                    and f.stat().st_mtime >= since - 1 and f.stat().st_size <= 4
-                    and f.read_bytes() in (b"", b"blat")):
-                f.unlink()
+    with contextlib.suppress(OSError):  # from a finally: a temporary folder gone raises nothing
+        for f in tmp.iterdir():
+            with contextlib.suppress(OSError):
+                st = f.lstat()
+                if (re.fullmatch(r"[a-z0-9_]{8}", f.name) and stat.S_ISREG(st.st_mode)
+                        and st.st_mtime >= since - 1 and st.st_size <= 4
+                        and f.read_bytes() in (b"", b"blat")):
+                    f.unlink()
 
 
 class _Facts:
