@@ -147,11 +147,12 @@ pack_jit() {  # PACK_JIT=1: the JIT caches, for the next fresh machine (also aft
 # Ended by a signal (an outer timeout, Ctrl-C): the running `sglab` stops its engine's whole
 # process group before it exits (sglab.core.procs), and this script waits for it, packs what ran
 # and exits; were this script killed outright, that `sglab` still finishes and stops its engine.
-child=0
+child=0 echo=0
 on_signal() {
   trap '' TERM INT HUP
   echo "engine_gpu.sh: $1: stopping the running engine" >&2
   if [ "$child" -gt 0 ]; then kill -TERM "$child" 2>/dev/null; wait "$child"; fi
+  if [ "$echo" -gt 0 ]; then wait "$echo" 2>/dev/null; fi
   summary+=("stopped by $1")
   [ $dry = 1 ] || { pack; pack_jit; }
   exit 143
@@ -160,15 +161,20 @@ trap 'on_signal SIGTERM' TERM
 trap 'on_signal SIGINT' INT
 trap 'on_signal SIGHUP' HUP
 sg() {  # sg LOG ARGS...: `sglab ARGS` in the background (so a signal reaches the trap at once)
-  local log=$1
+  local log=$1 rc
   shift
-  # tee ignores the stop signals: `timeout` signals this script's whole process group, and a tee
-  # gone first would lose what `sglab` says (and records) while it stops
-  "$py" -m sglab.tools.cli "$@" > >(trap '' TERM INT HUP; exec tee "$log") 2>&1 &
+  # `sglab` writes its log itself and a `tail` echoes it here: `timeout` signals this script's
+  # whole process group, and the echo may go first without losing a line of the log
+  : > "$log"
+  "$py" -m sglab.tools.cli "$@" > "$log" 2>&1 &
   child=$!
+  tail -n +1 -s 0.2 -f --pid="$child" "$log" &
+  echo=$!
   wait "$child"
-  local rc=$?
+  rc=$?
   child=0
+  wait "$echo" 2>/dev/null
+  echo=0
   return $rc
 }
 
