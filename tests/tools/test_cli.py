@@ -236,3 +236,12 @@ def test_version_is_the_packages():
     p = subprocess.run([str(Path(sys.executable).parent / "sglab"), "--version"],
                        capture_output=True, text=True, timeout=60)
     assert (p.returncode, p.stdout, p.stderr) == (0, f"sglab {md.version('sglab')}\n", "")
+
+
+def test_an_unknown_argument_is_one_line_naming_the_command(capsys):
+    from sglab.tools import cli
+
+    assert cli.main(["verify", "--all", "--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("sglab verify: unrecognized argument(s) --bogus (sglab verify --help "
+                           "lists its arguments)")

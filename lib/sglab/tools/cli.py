@@ -470,8 +470,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     _workbook_commands(sub)
     _evidence_commands(sub)
-    args = ap.parse_args(argv)
+    args, extra = ap.parse_known_args(argv)
     try:
+        if extra:  # argparse would name the root parser and print its whole usage
+            raise Refused(f"unrecognized argument(s) {' '.join(extra)} "
+                          f"(sglab {args.cmd} --help lists its arguments)")
         _check_numbers(args)
         code = int(args.fn(args) or 0)
         sys.stdout.flush()  # a reader that went away is found here, not at exit
