@@ -613,6 +613,26 @@ def test_each_decode_source_is_held_to_its_own_a_a_gap():
     assert _status(pg.ENGINE, R.merged([slower, noisy]))[dec] == "fail"
 
 
+def test_on_a_rerun_each_decode_source_is_widened_by_its_own_a_a_gap_alone():
+    """TPOT with 4 in flight 8% further from off than the record is beyond its ±5% on a rerun,
+    though the bench_one_batch decode step beside it has A/A copies 20% apart (that gap widens the
+    decode step's own tolerance only)."""
+    dec, serve = "engine_pcg_gate.full_width_decode", _full("serve")
+    noisy = _scaled(_full("bench"), "pcg-off-again", "decode", 1.2)
+    df = serve.df.copy()
+    sel = (df.case == "enforce") & (df.metric == "tpot") & (df.requests.astype(float) == 4)
+    df.loc[sel, "value"] = (pd.to_numeric(df.loc[sel, "value"]) * 1.08).astype(str)
+    busier = runs.Run(df, copy.deepcopy(serve.manifest), serve.path)
+    rows = C.drift_rows(C.evaluate(pg.ENGINE, R.merged([busier, noisy])),
+                        C.evaluate(pg.ENGINE, R.merged([serve, noisy])))
+    rows = {r["value"]: r for r in rows if r["claim"] == dec}
+    busy = [k for k in rows if k.startswith("tpot.") and k.endswith("x4")]
+    assert busy and all(rows[k]["beyond"] and rows[k]["tolerance"] == "±5%" for k in busy)
+    assert all(not rows[k]["beyond"] for k in rows if k.startswith("tpot.") and k.endswith("x1"))
+    steps = [k for k in rows if not k.startswith("tpot.")]
+    assert steps and all(rows[k]["tolerance"].endswith("(the A/A gap)") for k in steps)
+
+
 def test_short_prompts_need_no_ttft_gain_but_must_not_lose_beyond_the_a_a_gap():
     """At 128 tokens enforced TTFT equal to off holds (a second H100 saw no gain there); 10% slower
     than off, beyond the A/A gap, fails."""
