@@ -50,14 +50,14 @@ def _status(mod, run) -> dict:
 # (run, claim, value). The third H100 of 2026-12-06 (host 7.65 µs per launch, p90 10.8, against
 # 5.8-6.0 µs) ran the eager step slower at short prompts (its A/A copy 25% apart at 128 tokens)
 # while the captured step matched the others within 3%: its gains at 128 and 512 tokens, 1.62x
-# and 1.36x, are beyond ±25% of the 1.22-1.25x and 1.00-1.03x of the other two.
-# The fourth H100 of 2026-12-06 (11:32; 11.0 µs per launch before the run) ran one TP-4 rank's
+# and 1.36x, are beyond ±25% of the 1.22-1.25x and 1.00-1.06x of the other three.
+# The H100 of 2026-12-06 11:32 (11.0 µs per launch before the run) ran one TP-4 rank's
 # eager step at 6.3-6.5 ms for 128-512 tokens against 4.6-5.0 ms on the other machines, its
 # captured step at 3.9-4.1 ms against 3.3-4.0: its gain at 512 tokens, 1.59x, is 18% beyond the
 # 1.18-1.35x of the other three runs (±15%). The decode step of the 08:08 run, on the host whose
 # starts fell into two modes (1.55 or 1.95 ms), is 1.17x at 4096 tokens against 0.86-1.02x.
 # TPOT with 4 requests in flight at 2048 tokens, shown but not claimed (other requests' prefills
-# land inside it), is 0.94x on the first H100 and 1.04x on the second, each A/A gap under 3%.
+# land inside it), is 0.94x on the H100 of 02:50 and 1.04x on that of 08:17, each A/A gap < 3%.
 _FULL = ("20261206T052026Z_nvidia-h100-80gb-hbm3-x1.csv", "engine_pcg_gate.full_width_prefill")
 _DECODE = "engine_pcg_gate.full_width_decode"
 NOT_REPEATED: set = {(*_FULL, "kimi_k25_full.128 tokens"), (*_FULL, "kimi_k25_full.512 tokens"),
