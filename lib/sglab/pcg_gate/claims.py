@@ -523,7 +523,7 @@ CARD = Card(
             f"{{e[{_DE}][decode_worst]:.1%}}, each inside twice its own A/A gap "
             f"({{e[{_DE}][tpot_bound]:.1%}}, {{e[{_DE}][decode_bound]:.1%}}; decode replays its "
             f"own CUDA graphs either way); with "
-            f"4 in flight TPOT moves up to {{e[{_DE}][busy_moved]:.0%}}, either way, as other "
+            f"4 in flight TPOT moves up to {{e[{_DE}][busy_moved]:.0%}} as other "
             f"requests' prefills land inside a request's decode; E2E follows TTFT"),
            ("A `__setattr__` guard keeps the LLM registered once",
             f"The rebuild around the measured LLM: {{r[{_R}][property_guard]}} `model.*` keys "
