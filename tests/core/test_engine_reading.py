@@ -5,6 +5,7 @@ each engine claim fails when the run says otherwise, and a rerun is held to its 
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -45,35 +46,18 @@ def _status(mod, run) -> dict:
     return {r.claim.id: r.status for r in C.evaluate(mod, run)}
 
 
-# Figures the record does not yet repeat: two machines of one GPU model and count that lie
-# further apart than the claim's tolerance, each failing against the rest of its record.
-# (run, claim, value). The third H100 of 2026-12-06 (host 7.65 µs per launch, p90 10.8, against
-# 5.8-6.0 µs) ran the eager step slower at short prompts (its A/A copy 25% apart at 128 tokens)
-# while the captured step matched the others within 3%: its gains at 128 and 512 tokens, 1.62x
-# and 1.36x, are beyond ±25% of the 1.22-1.25x and 1.00-1.06x of the other three.
-# The H100 of 2026-12-06 11:32 (11.0 µs per launch before the run) ran one TP-4 rank's
-# eager step at 6.3-6.5 ms for 128-512 tokens against 4.6-5.0 ms on the other machines, its
-# captured step at 3.9-4.1 ms against 3.3-4.0: its gain at 512 tokens, 1.59x, is 18% beyond the
-# 1.18-1.35x of the other three runs (±15%). The decode step of the 08:08 run, on the host whose
-# starts fell into two modes (1.55 or 1.95 ms), is 1.17x at 4096 tokens against 0.86-1.02x.
-# TPOT with 4 requests in flight at 2048 tokens, shown but not claimed (other requests' prefills
-# land inside it), is 0.94x on the H100 of 02:50 and 1.04x on that of 08:17, each A/A gap < 3%.
-_FULL = ("20261206T052026Z_nvidia-h100-80gb-hbm3-x1.csv", "engine_pcg_gate.full_width_prefill")
-_DECODE = "engine_pcg_gate.full_width_decode"
-NOT_REPEATED: set = {(*_FULL, "kimi_k25_full.128 tokens"), (*_FULL, "kimi_k25_full.512 tokens"),
-                     ("20261206T113227Z_nvidia-h100-80gb-hbm3-x1.csv",
-                      "engine_pcg_gate.full_width_prefill", "kimi_k25_tp4rank.512 tokens"),
-                     ("20261206T080821Z_nvidia-h100-80gb-hbm3-x1.csv", _DECODE,
-                      "kimi_k25_tp4rank.4096"),
-                     ("20261206T025000Z_nvidia-h100-80gb-hbm3-x1.csv", _DECODE, "tpot.2048x4"),
-                     ("20261206T081700Z_nvidia-h100-80gb-hbm3-x1.csv", _DECODE, "tpot.2048x4")}
+# Figures the record does not yet repeat (data/recorded/not_repeated.json, which 07 shows with
+# their numbers and why): two machines of one GPU model and count that lie further apart than the
+# claim's tolerance, each failing against the rest of its record. (run, claim, value)
+NOT_REPEATED = {(e["run"], e["claim"], e["value"])
+                for e in json.loads((runs.data_dir("recorded") / "not_repeated.json").read_text())}
 
 
 def test_every_engine_run_holds_against_the_rest_of_its_record():
     """Every claim holds on every committed engine run, and each run, verified against the other
     runs of its GPU model and GPU count, stays within every tolerance, bar the figures named in
     NOT_REPEATED (which must still be beyond it: a new run that brings them within its range
-    must take them off the list)."""
+    must take them off the list); 07's table of them shows each one's numbers."""
     from sglab.tools import fixes, verify
 
     recorded: dict = {}
@@ -84,6 +68,8 @@ def test_every_engine_run_holds_against_the_rest_of_its_record():
             assert not v.failed, (run.path.name, [r.claim.id for r in v.failed])
             beyond |= {(run.path.name, d["claim"], d["value"]) for d in v.drifted}
     assert beyond == NOT_REPEATED
+    shown = verify.not_repeated(recorded)
+    assert len(shown) == len(NOT_REPEATED) and "within tolerance now" not in set(shown["this run"])
 
 
 def test_a_rerun_is_held_to_the_runs_of_its_gpu_model_on_as_many_gpus():

@@ -11,6 +11,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
+
 from sglab.core import claims, hardware, runs
 from sglab.sglang import engine as eng
 from sglab.tools import fixes
@@ -24,8 +26,6 @@ class BadInput(Exception):
 def load_run(path: str | Path, *, live: bool = False) -> runs.Run:
     """Read a run (CSV + manifest) and check that it is whole: both parse, the tidy columns are
     there, the experiment is known and the row count is the manifest's."""
-    import pandas as pd
-
     path = Path(path)
     if path.suffix == ".json":
         path = path.with_suffix(".csv")
@@ -233,6 +233,36 @@ def verify_run(run: runs.Run, *, against: bool = False, reference: runs.Run | No
     v.comparison.how = how
     v.drifted = v.comparison.beyond if held else []
     return v
+
+
+NOT_REPEATED = ("run", "claim", "figure", "this run", "the other runs", "tolerance",
+                "host µs per launch", "why")
+
+
+def not_repeated(recorded: dict | None = None) -> pd.DataFrame:
+    """The figures listed in ``data/recorded/not_repeated.json``: a run's value beyond its tolerance
+    against the other runs of its GPU model and count, each with that value, the others' range,
+    the tolerance, the host's per-launch cost before and after the run, and why (a test keeps the
+    list equal to what the record gives)."""
+    path = runs.data_dir("recorded") / "not_repeated.json"
+    listed = json.loads(path.read_text()) if path.exists() else []
+    recorded = {} if recorded is None else recorded
+    rows = []
+    for e in listed:
+        exp, claim = e["claim"].split(".", 1)
+        if exp not in recorded:
+            recorded[exp] = runs.load_all_recorded(exp)
+        run = next(r for r in recorded[exp] if r.path.name == e["run"])
+        d = next((d for d in verify_run(run, against=True, recorded=recorded).drifted
+                  if (d["claim"], d["value"]) == (e["claim"], e["value"])), {})
+        ref, host = d.get("reference", ""), run.manifest.host_launch_us
+        ref = f"{ref:.3g}" if isinstance(ref, float) else ref
+        cost = ", ".join(f"{host[k]['median']:.1f}" for k in ("before", "after") if k in host)
+        rows.append(
+            (f"{run.manifest.gpu}, {run.manifest.created_utc[:16].replace('T', ' ')}", claim,
+             e["value"], f"{d['this run']:.3g}" if d else "within tolerance now", ref,
+             d.get("tolerance", ""), cost, e["why"]))
+    return pd.DataFrame(rows, columns=NOT_REPEATED).set_index(list(NOT_REPEATED[:3]))
 
 
 def partial(run) -> str:
