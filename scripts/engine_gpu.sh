@@ -147,12 +147,12 @@ pack_jit() {  # PACK_JIT=1: the JIT caches, for the next fresh machine (also aft
 # Ended by a signal (an outer timeout, Ctrl-C): the running `sglab` stops its engine's whole
 # process group before it exits (sglab.core.procs), and this script waits for it, packs what ran
 # and exits; were this script killed outright, that `sglab` still finishes and stops its engine.
-child=0 echo=0
+child=0 tailer=0
 on_signal() {
   trap '' TERM INT HUP
   echo "engine_gpu.sh: $1: stopping the running engine" >&2
   if [ "$child" -gt 0 ]; then kill -TERM "$child" 2>/dev/null; wait "$child"; fi
-  if [ "$echo" -gt 0 ]; then wait "$echo" 2>/dev/null; fi
+  if [ "$tailer" -gt 0 ]; then wait "$tailer" 2>/dev/null; fi
   summary+=("stopped by $1")
   [ $dry = 1 ] || { pack; pack_jit; }
   exit 143
@@ -169,12 +169,12 @@ sg() {  # sg LOG ARGS...: `sglab ARGS` in the background (so a signal reaches th
   "$py" -m sglab.tools.cli "$@" > "$log" 2>&1 &
   child=$!
   tail -n +1 -s 0.2 -f --pid="$child" "$log" &
-  echo=$!
+  tailer=$!
   wait "$child"
   rc=$?
   child=0
-  wait "$echo" 2>/dev/null
-  echo=0
+  wait "$tailer" 2>/dev/null
+  tailer=0
   return $rc
 }
 

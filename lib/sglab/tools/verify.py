@@ -235,8 +235,8 @@ def verify_run(run: runs.Run, *, against: bool = False, reference: runs.Run | No
     return v
 
 
-NOT_REPEATED = ("run", "claim", "figure", "this run", "the other runs", "tolerance",
-                "host µs per launch", "why")
+NOT_REPEATED_COLUMNS = ("run", "claim", "figure", "this run", "the other runs", "tolerance",
+                        "host µs per launch", "why")
 
 
 def not_repeated(recorded: dict | None = None) -> pd.DataFrame:
@@ -262,7 +262,8 @@ def not_repeated(recorded: dict | None = None) -> pd.DataFrame:
             (f"{run.manifest.gpu}, {run.manifest.created_utc[:16].replace('T', ' ')}", claim,
              e["value"], f"{d['this run']:.3g}" if d else "within tolerance now", ref,
              d.get("tolerance", ""), cost, e["why"]))
-    return pd.DataFrame(rows, columns=NOT_REPEATED).set_index(list(NOT_REPEATED[:3]))
+    return pd.DataFrame(rows,
+                        columns=NOT_REPEATED_COLUMNS).set_index(list(NOT_REPEATED_COLUMNS[:3]))
 
 
 def partial(run) -> str:
