@@ -152,6 +152,10 @@ def test_a_run_without_the_a_a_control_never_replaces_what_a_controlled_run_pair
         "0.5.13+enforce": 10.0, "0.5.13+pcg-off": 9.0, "0.5.13+pcg-off-again": 9.1,
         "0.5.12.post1+enforce": 25.0
     }
+    # two runs of one day: each row names the call it came from by its time, not the day alone
+    run_of = df.drop_duplicates("variant").set_index("variant")["run"]
+    assert run_of["0.5.13+enforce"].endswith("0100Z")
+    assert run_of["0.5.12.post1+enforce"].endswith("0200Z")
     alone = R.frame([later])  # read alone, the later run keeps its own pair
     assert set(alone[alone.metric == "ttft"].variant) == {"0.5.12.post1+enforce", "0.5.13+enforce"}
 

@@ -25,7 +25,8 @@ def _model_of(run) -> dict:
 
 def frame(runs_: list) -> pd.DataFrame:
     """All rows of the newest answer per (model, TP size, variant), oldest run first, with
-    ``model``, ``tp`` and ``run`` (GPU and date). Cached and shared: never change it in place."""
+    ``model``, ``tp`` and ``run`` (:func:`run_label`: two runs of one day keep two names). Cached
+    and shared: never change it in place."""
     if len(runs_) == 1 and hasattr(runs_[0], "memo"):
         return runs_[0].memo("engine frame", lambda: _frame(runs_), shared=True)
     return cached(_FRAMES, tuple(runs_), (), lambda: _frame(runs_), 64)
@@ -57,7 +58,7 @@ def _frame(runs_: list) -> pd.DataFrame:
             for e in run.manifest.engine_runs
         })
         df["tp"] = (df["tp"].fillna(tp) if "tp" in df else tp).fillna(1).astype(int)
-        df["run"], df["_order"] = label(run), order
+        df["run"], df["_order"] = run_label(run), order
         parts.append(df)
     if not parts:
         return pd.DataFrame(columns=[*KEYS, "metric", "value", "run"])
