@@ -6,6 +6,7 @@ import base64
 import io
 import os
 import re
+import shutil
 from pathlib import Path
 
 import nbformat
@@ -228,6 +229,34 @@ def test_a_bad_mode_or_job_count_is_refused_before_anything_runs(argv, said, cap
     assert cli.main(["run", "04_swa_loc", *argv]) == 2
     out = capsys.readouterr()
     assert out.err == said + "\n" and not out.out
+
+
+def test_an_out_folder_or_notebook_that_cannot_serve_is_refused_before_anything_runs(
+        tmp_path, capsys, monkeypatch):
+    """A notebook that does not read, an ``--out`` that is a file or cannot be made, and an
+    ``--out`` that holds the notebook itself (its executed copy would replace it): one line each,
+    exit 2, nothing run and nothing changed."""
+    from sglab.tools import cli, nbtools, report
+
+    monkeypatch.setattr(report, "run_notebooks", lambda *a, **k: pytest.fail("ran"))
+    mine, bad, afile = tmp_path / "mine.ipynb", tmp_path / "bad.ipynb", tmp_path / "afile"
+    shutil.copy(nbtools.notebooks_dir() / "00_start_here.ipynb", mine)
+    bad.write_text('{"cells": [')
+    afile.write_text("x")
+    kept = mine.read_bytes()
+    for argv, said in (
+        ([str(bad)], f"{bad}: not a notebook that reads (Notebook does not appear to be JSON"),
+        (["00", "--out", str(afile)], f"--out {afile}: a file, not a folder (name a folder)"),
+        (["00", "--out", str(afile / "x")], f"--out {afile / 'x'}: not a directory"),
+        ([str(mine), "--out", str(tmp_path)], f"--out {tmp_path}: the executed copy of mine.ipynb "
+         "would replace the notebook itself (name another folder)"),
+        (["00", "--out", str(nbtools.notebooks_dir())], "the executed copy of 00_start_here.ipynb"),
+    ):
+        assert cli.main(["run", *argv]) == 2, argv
+        out = capsys.readouterr()
+        assert out.err.startswith("sglab run: ") and said in out.err, out.err
+        assert len(out.err.splitlines()) == 1 and not out.out
+    assert mine.read_bytes() == kept
 
 
 def test_the_index_takes_recorded_facts_read_while_the_notebooks_ran(tmp_path):

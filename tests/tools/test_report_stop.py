@@ -166,19 +166,3 @@ def test_a_second_signal_ends_the_workers_at_once(monkeypatch):
         assert not _alive(child[0])
         assert said[0] == "stopped: the running notebooks are told to stop"
         assert "its kernel: stopped 1 process(es) left running" in said[1]
-
-
-def test_the_temp_folder_probe_of_a_kernel_killed_as_it_started_is_removed(tmp_path):
-    """The standard library's first `tempfile.gettempdir()` writes a file of eight random
-    characters holding `blat` and unlinks it; a kernel killed in between leaves it (a fresh-clone CI
-    found one, `npc4yak5`, after a SIGTERM during a kernel's start). The run removes those written
-    since it began; the same name with other content, or older, stays, and so does anything else."""
-    t0 = time.time()
-    for name, data in (("npc4yak5", b"blat"), ("ab12cd34", b""), ("zz99yy88", b"data")):
-        (tmp_path / name).write_bytes(data)
-    (tmp_path / "sglab-run-x").mkdir()
-    old = tmp_path / "q1w2e3r4"
-    old.write_bytes(b"blat")
-    os.utime(old, (t0 - 60, t0 - 60))
-    report.drop_probe_files(tmp_path, t0)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["q1w2e3r4", "sglab-run-x", "zz99yy88"]

@@ -90,6 +90,7 @@ def test_cli_run_timings(tiny, tmp_path, data_root, monkeypatch, capsys):
     assert cli.main(["run", "--timings", "--out", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
     assert "99_tiny (cpu):" in out and "Load the data" in out
+    assert "(1 at a time; " in out  # one notebook runs alone, whatever --jobs allows
     saved = list((data_root / "runs" / "workbook").glob("*.csv"))
     assert len(saved) == 1 and f"timings: {saved[0]}" in out
     assert cli.main(["run", "--timings", "--record", "--out", str(tmp_path / "r")]) == 0

@@ -255,6 +255,21 @@ def _resolve_notebooks(names: list[str]) -> list[Path]:
     return list(dict.fromkeys(picked)) if names else all_nbs
 
 
+def _writable_out(out: Path, paths: list[Path]) -> None:
+    """``out`` made, or why not (ValueError): not a folder, or the folder of a notebook it runs,
+    whose executed copy would replace it."""
+    over = [p.name for p in paths if out.resolve() == p.parent.resolve()]
+    if over:
+        raise ValueError(f"--out {out}: the executed copy of {', '.join(over)} would replace the "
+                         "notebook itself (name another folder)")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: a file, not a folder (name a folder)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {out}: {e.strerror.lower()} (name a folder that can be made)")
+
+
 def cmd_run(args) -> int:
     from sglab.tools.report import stopping
 
@@ -273,6 +288,8 @@ def _run_command(args) -> int:
         raise Refused("--record saves the timings; it needs --timings")
     try:
         paths = _resolve_notebooks(args.notebooks)
+        for path in paths:
+            nbtools.readable(path)
         params = _parse_params(args.param)
         why = nbtools.unknown_parameters(paths, params)
         if why:
@@ -284,9 +301,10 @@ def _run_command(args) -> int:
                 raise ValueError(f"--param MODE={params['MODE']}: one of {', '.join(MODES)}")
         if args.jobs is not None and args.jobs < 1:
             raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
+        out = Path(args.out) if args.out else repo_root() / "reports"
+        _writable_out(out, paths)
     except ValueError as e:
         raise Refused(e) from None
-    out = Path(args.out) if args.out else repo_root() / "reports"
     t0 = time.perf_counter()
     results = run_notebooks(paths, out, params=params, cell_timeout=args.cell_timeout,
                             jobs=args.jobs)
@@ -294,7 +312,7 @@ def _run_command(args) -> int:
     print(f"report: {out / 'index.html'} ({len(results) - len(failed)}/{len(results)} ok)")
     if args.timings:
         print(timings.summary(timings.frame(results)))
-        jobs = args.jobs or default_jobs()
+        jobs = min(args.jobs or default_jobs(), len(results))
         print(f"wall: {time.perf_counter() - t0:.1f} s ({jobs} at a time; pages and index "
               "included)")
         _write_timings(

@@ -247,6 +247,17 @@ def parameter_names(path: Path) -> list[str]:
     ]
 
 
+def readable(path: Path) -> None:
+    """Nothing where ``path`` reads as a notebook; else a ValueError of one line saying why."""
+    import nbformat
+
+    try:
+        nbformat.read(path, as_version=4)
+    except Exception as e:  # noqa: BLE001 (nbformat's errors: JSON, schema, OS)
+        why = str(e).splitlines()[0][:80] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path}: not a notebook that reads ({why})") from None
+
+
 def unknown_parameters(paths: list[Path], params: dict) -> str:
     """Why ``params`` cannot go into these notebooks ('' where they can)."""
     if not params:
@@ -311,6 +322,23 @@ class _Progress:
 
 # in the kernel's private folder: what the kernel process writes to its stdout and stderr
 KERNEL_LOG = "kernel.log"
+
+
+def kernel_env(folder: str) -> dict:
+    """The kernel's environment: headless, and its temporary files in ``folder``/tmp, which goes
+    with the kernel's folder, so that nothing it leaves (the standard library's temp-folder probe
+    of a kernel killed as it starts, multiprocessing's ``pymp-*``, a notebook's scratch folders)
+    outlives it, and the run never has to tell its files from another program's in the shared
+    folder. Torch's compile cache stays where it was: shared between runs."""
+    tmp = Path(folder) / "tmp"
+    tmp.mkdir(exist_ok=True)
+    import getpass
+
+    inductor = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": str(inductor), **os.environ, "SGLAB_HEADLESS": "1",
+        "TMPDIR": str(tmp)
+    }
 
 
 def _stop_kernel(client, km, folder: str, loop) -> str:
@@ -443,14 +471,15 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
     loop = _telling_signals(caught)
     try:
         # SGLAB_HEADLESS: widgets become static tables
-        client.execute(env={**os.environ, "SGLAB_HEADLESS": "1"}, stdout=log, stderr=log)
+        client.execute(env=kernel_env(folder), stdout=log, stderr=log)
     except (Exception, KeyboardInterrupt, asyncio.CancelledError) as e:  # noqa: BLE001
         # nbclient's SIGINT/SIGTERM handler starts the kernel's shutdown (its future set at once)
         # and lets go of it (km None); a signal during the kernel's start cancels the start
         by_signal = (client.km is None or not isinstance(e, Exception)
                      or getattr(client, "_async_cleanup_kernel_future", None) is not None)
-        if isinstance(e, CellExecutionError) and not by_signal:
-            status, error = "failed", f"{progress.where()}: {type(e).__name__}: {e}"
+        if isinstance(e, CellExecutionError) and not by_signal:  # the cell's error, not its source
+            said = f"{e.ename}: {e.evalue}".rstrip(". ") if e.ename else f"{type(e).__name__}: {e}"
+            status, error = "failed", f"{progress.where()}: {said}"
         else:
             why = (f"cell timeout {cell_timeout} s" if isinstance(e, CellTimeoutError) else
                    "stopped by a signal" if by_signal else f"{type(e).__name__}: {e}".strip(": "))

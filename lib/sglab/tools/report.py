@@ -9,10 +9,8 @@ import contextlib
 import html
 import os
 import pickle
-import re
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -171,7 +169,7 @@ def _stop_workers(running: list, signals: _Signals, stopped: int, progress) -> N
 def _run_workers(paths, out, params, cell_timeout, html_pages, jobs, signals: _Signals,
                  progress) -> tuple[dict, int]:
     """Each notebook in a worker process, ``jobs`` at a time: ``({path: Result}, stop signal)``."""
-    folder, since = Path(tempfile.mkdtemp(prefix="sglab-run-")), time.time()
+    folder = Path(tempfile.mkdtemp(prefix="sglab-run-"))
     job = {
         "out": out, "params": params, "cell_timeout": cell_timeout, "html_pages": html_pages,
         "parent": os.getpid(), "folder": str(folder)
@@ -215,25 +213,9 @@ def _run_workers(paths, out, params, cell_timeout, html_pages, jobs, signals: _S
                 w.proc.wait()
             procs.stop_seen(w.seen, grace=0.0)
         shutil.rmtree(folder, ignore_errors=True)
-        drop_probe_files(Path(tempfile.gettempdir()), since)
     if len(done) < len(paths):
         progress(f"stopped: {len(paths) - len(done)} notebook(s) not run")
     return done, stopped
-
-
-def drop_probe_files(tmp: Path, since: float) -> None:
-    """Remove what a kernel killed as it started can leave in the temporary folder: the file of
-    eight random characters holding ``blat`` (or nothing yet) that the standard library's first
-    ``tempfile.gettempdir()`` writes and unlinks at once. Only those written since ``since``; called
-    once every kernel of the run has stopped."""
-    with contextlib.suppress(OSError):  # from a finally: a temporary folder gone raises nothing
-        for f in tmp.iterdir():
-            with contextlib.suppress(OSError):
-                st = f.lstat()
-                if (re.fullmatch(r"[a-z0-9_]{8}", f.name) and stat.S_ISREG(st.st_mode)
-                        and st.st_mtime >= since - 1 and st.st_size <= 4
-                        and f.read_bytes() in (b"", b"blat")):
-                    f.unlink()
 
 
 class _Facts:
