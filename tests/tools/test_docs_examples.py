@@ -39,3 +39,14 @@ def test_an_example_prints_what_the_docs_show(command, shown, capsys, monkeypatc
     printed = capsys.readouterr().out
     assert [ln.rstrip() for ln in printed.splitlines()
             ] == [ln.rstrip() for ln in shown.splitlines()], printed
+
+
+def test_the_scenario_table_lists_every_scenario_engine_list_prints():
+    """docs/operating.md's table under "Scenarios (`sglab engine --list`)" names each scenario
+    once (a new scenario left out of it fails here)."""
+    from sglab.tools import fixes
+
+    doc = (ROOT / "docs" / "operating.md").read_text()
+    table = doc.split("## Scenarios (`sglab engine --list`)")[1].split("\n\n")[1]
+    named = [row.split("`")[1] for row in table.splitlines() if row.startswith("| `")]
+    assert sorted(named) == sorted(s.name for s in fixes.scenarios())
