@@ -111,9 +111,11 @@ def cmd_sync(args) -> int:
     if refused:
         print("\n".join(refused), file=sys.stderr)
         return 1
-    for py, side in sides.items():
-        src, dst = nbtools.sync(py, side)
+    wrote = [pair for py, side in sides.items() if (pair := nbtools.sync(py, side))]
+    for src, dst in wrote:
         print(f"{src.name} → {dst.name}")
+    if not wrote:
+        print(f"all {len(sides)} pairs already in sync")
     return 0
 
 
