@@ -230,6 +230,17 @@ def test_verify_against_an_unknown_reference_names_it(capsys):
                               "experiments: pcg_gate, ")
 
 
+def test_verify_junit_into_a_folder_is_refused_before_anything_is_verified(
+        tmp_path, capsys, monkeypatch):
+    from sglab.tools import verify
+
+    monkeypatch.setattr(verify, "verify_run", lambda *a, **k: pytest.fail("a run was verified"))
+    assert cli.main(["verify", "swa_loc", "--junit", str(tmp_path)]) == 2
+    assert capsys.readouterr() == ("", f"sglab verify: --junit {tmp_path}: is a folder (name the "
+                                   f"file to write, e.g. {tmp_path / 'verify.xml'})\n")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_version_is_the_packages():
     import importlib.metadata as md
 

@@ -141,6 +141,9 @@ def cmd_verify(args) -> int:
 
     if args.junit and not Path(args.junit).resolve().parent.is_dir():
         raise Refused(f"--junit {args.junit}: no such folder {Path(args.junit).resolve().parent}")
+    if args.junit and Path(args.junit).is_dir():
+        raise Refused(f"--junit {args.junit}: is a folder (name the file to write, e.g. "
+                      f"{Path(args.junit) / 'verify.xml'})")
     try:
         if args.against in fixes.experiments() and not Path(args.against).exists():
             # `--against EXP`: argparse hands EXP, what to verify, to --against's optional value
