@@ -241,6 +241,33 @@ def test_verify_junit_into_a_folder_is_refused_before_anything_is_verified(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_ctrl_c_ends_a_command_in_one_line_with_130():
+    """Ctrl-C (SIGINT to the terminal's process group) once the command is under way: no
+    traceback, the status of a process ended by SIGINT."""
+    import signal
+
+    p = subprocess.Popen([sys.executable, "-m", "sglab.tools.cli", "verify", "--all"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "lib")})
+    assert p.stdout.readline().startswith("== ")  # the first run verified, about 100 to go
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert (p.returncode, err) == (130, "sglab verify: interrupted\n")
+
+
+@pytest.mark.parametrize("argv, where", [(["index", "--check"], "sglab.tools.readme.stale"),
+                                         (["sync"], "sglab.tools.nbtools.pairs")])
+def test_ctrl_c_is_one_line_in_every_command(monkeypatch, capsys, argv, where):
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(where, interrupted)
+    assert cli.main(argv) == 130
+    assert capsys.readouterr() == ("", f"sglab {argv[0]}: interrupted\n")
+
+
 def test_version_is_the_packages():
     import importlib.metadata as md
 

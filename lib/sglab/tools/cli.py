@@ -488,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return _reader_gone()
+    except KeyboardInterrupt:  # Ctrl-C (`sglab run` stops on its own, with its own status)
+        print(f"sglab {args.cmd}: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
     return code
 
 
