@@ -268,6 +268,24 @@ def test_ctrl_c_is_one_line_in_every_command(monkeypatch, capsys, argv, where):
     assert capsys.readouterr() == ("", f"sglab {argv[0]}: interrupted\n")
 
 
+def test_index_names_a_missing_marker_and_its_file_in_one_line(tmp_path, monkeypatch, capsys):
+    from sglab.core import runs
+
+    for doc in ("README.md", "docs/structure.md", "docs/operating.md"):
+        (tmp_path / doc).parent.mkdir(exist_ok=True)
+        (tmp_path / doc).write_text((ROOT / doc).read_text().replace("<!-- house:end -->", ""))
+    monkeypatch.setattr(runs, "repo_root", lambda: tmp_path)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*.md")}
+    for argv in (["index", "--check"], ["index"]):
+        assert cli.main(argv) == 2
+        assert capsys.readouterr() == ("",
+                                       "sglab index: docs/structure.md has no <!-- house:end --> "
+                                       "marker: put it back where its generated block ends (`sglab "
+                                       "index` writes between <!-- house:start --> and <!-- "
+                                       "house:end -->)\n")
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*.md")} == before
+
+
 def test_version_is_the_packages():
     import importlib.metadata as md
 

@@ -122,17 +122,20 @@ def cmd_sync(args) -> int:
 def cmd_index(args) -> int:
     from sglab.tools import readme
 
-    if args.check:
+    try:
+        if not args.check:
+            print("README index, house map and engine ledger " +
+                  ("updated" if readme.write_index() else "already up to date"))
+            return 0
         stale = readme.stale()
-        for what in stale:
-            print(f"out of date: {what}: run `sglab index`")
-        if not stale:
-            print("README index, docs/structure.md and docs/operating.md's engine ledger match the "
-                  "recorded runs and the tree")
-        return 1 if stale else 0
-    print("README index, house map and engine ledger " +
-          ("updated" if readme.write_index() else "already up to date"))
-    return 0
+    except readme.MissingMarker as e:
+        raise Refused(e) from None
+    for what in stale:
+        print(f"out of date: {what}: run `sglab index`")
+    if not stale:
+        print("README index, docs/structure.md and docs/operating.md's engine ledger match the "
+              "recorded runs and the tree")
+    return 1 if stale else 0
 
 
 def cmd_verify(args) -> int:
