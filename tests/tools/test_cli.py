@@ -286,6 +286,23 @@ def test_index_names_a_missing_marker_and_its_file_in_one_line(tmp_path, monkeyp
     assert {p: p.read_bytes() for p in tmp_path.rglob("*.md")} == before
 
 
+@pytest.mark.parametrize("param, says", [
+    ("world_size=abc", "--param world_size='abc': workspace_floor's world_size must be an integer "
+     "(default 2)"),
+    ("world_size=True",
+     "--param world_size=True: workspace_floor's world_size must be an integer "),
+    ("profile=1", "--param profile=1: workspace_floor's profile must be True or False (default "),
+])
+def test_record_names_a_parameter_of_the_wrong_type_and_the_type_it_takes(
+        monkeypatch, capsys, param, says):
+    from sglab.core import runs
+
+    monkeypatch.setattr(runs, "measure", lambda *a, **k: pytest.fail("a measurement ran"))
+    assert cli.main(["record", "workspace_floor", "--param", param]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"sglab record: {says}") and err.count("\n") == 1
+
+
 def test_version_is_the_packages():
     import importlib.metadata as md
 
