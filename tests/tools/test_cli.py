@@ -303,6 +303,17 @@ def test_record_names_a_parameter_of_the_wrong_type_and_the_type_it_takes(
     assert out == "" and err.startswith(f"sglab record: {says}") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["real"], "sglab real: no action: one of install (the pinned releases side by side), record "),
+    (["real", "install", "--releases", "9.9"
+      ], "sglab real install: not a release version: '9.9' (expected e.g. 0.5.12 or 0.5.12.post1)"),
+])
+def test_real_without_an_action_or_with_a_bad_release_is_one_line(capsys, argv, says):
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(says) and err.count("\n") == 1
+
+
 def test_version_is_the_packages():
     import importlib.metadata as md
 

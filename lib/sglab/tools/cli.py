@@ -44,6 +44,10 @@ def cmd_env(_args) -> int:
 
 
 def cmd_real(args) -> int:
+    if args.action is None:
+        raise Refused("no action: one of install (the pinned releases side by side), record "
+                      "(what the notebooks' probes answer here), gpu (retired); sglab real ACTION "
+                      "--help says more")
     if args.action == "record":
         from sglab.tools import real_record
 
@@ -456,7 +460,7 @@ def _evidence_commands(sub) -> None:
         help="real SGLang releases side by side: `sglab real install [--releases V ...]`, "
         "`sglab real record` (the notebooks' probe answers, for recorded mode)")
     p.add_argument(
-        "action", choices=["install", "record", "gpu"],
+        "action", nargs="?", choices=["install", "record", "gpu"],
         help="install: the pinned releases side by side; record: what the notebooks' probes answer "
         "here (data/recorded/real_cpu/); gpu: retired (see sglab engine)")
     p.add_argument("rest", nargs=argparse.REMAINDER,
