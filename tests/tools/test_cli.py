@@ -152,6 +152,27 @@ def test_publish_never_replaces_a_record_nor_publishes_failing_claims_without_fo
     assert recorded.read_bytes() == damaged.read_bytes() != before
 
 
+def test_publish_suggests_a_verify_command_that_a_shell_reads_back(data_root, tmp_path, capsys):
+    import shlex
+
+    src = next(p for p in sorted((RECORDED / "swa_loc").glob("*.csv"))
+               if ",translate_calls_capture,5.0," in p.read_text())
+    damaged = _damaged(src, tmp_path / "my runs", ",translate_calls_capture,5.0,",
+                       ",translate_calls_capture,0.0,")
+    assert cli.main(["publish", str(damaged)]) == 2
+    said = re.search(r"`(sglab verify [^`]*)` says why", capsys.readouterr().err).group(1)
+    assert shlex.split(said) == ["sglab", "verify", str(damaged)]
+
+
+def test_a_folder_given_as_a_run_or_a_missing_notebook_file_is_named(tmp_path, capsys):
+    for argv, says in ((["verify", str(tmp_path)], f"sglab verify: {tmp_path} is a folder: name a "
+                        "run's .csv file (its .json manifest beside it)\n"), ([
+                            "run", str(tmp_path / "mine.ipynb")
+                        ], f"sglab run: {tmp_path / 'mine.ipynb'}: no such file\n")):
+        assert cli.main(argv) == 2
+        assert capsys.readouterr() == ("", says)
+
+
 def test_publish_copies_a_new_run_whose_claims_hold(data_root, tmp_path, capsys):
     src = sorted((RECORDED / "swa_loc").glob("*.csv"))[0]
     live = _copy_run(src, data_root / "runs" / "swa_loc")

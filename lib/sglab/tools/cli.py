@@ -12,6 +12,7 @@ import argparse
 import ast
 import math
 import os
+import shlex
 import signal
 import sys
 import time
@@ -75,7 +76,8 @@ def cmd_publish(args) -> int:
         failed = [r.claim.id for r in verify.verify_run(run).failed]
         if failed and not args.force:
             raise Refused(f"{run.path.name}: {len(failed)} claim(s) fail ({', '.join(failed)}; "
-                          f"`sglab verify {run.path}` says why); --force publishes it anyway")
+                          f"`sglab verify {shlex.quote(str(run.path))}` says why); --force "
+                          "publishes it anyway")
         dest = runs.promote(run.path, force=args.force)
     except FileExistsError as e:
         raise Refused(f"{e}; --force replaces it") from None
@@ -260,6 +262,9 @@ def _resolve_notebooks(names: list[str]) -> list[Path]:
             picked.append(Path(n).resolve())
             continue
         match = [p for p in all_nbs if p.stem == Path(n).stem or p.name.startswith(n)]
+        if not match and (len(Path(n).parts) > 1 or Path(n).suffix == ".ipynb"):  # a path
+            raise ValueError(
+                f"{n}: " + ("not a notebook (.ipynb) file" if Path(n).exists() else "no such file"))
         if not match:
             raise ValueError(f"no notebook matches {n!r}; have: "
                              f"{', '.join(p.stem for p in all_nbs)}")

@@ -31,6 +31,8 @@ def load_run(path: str | Path, *, live: bool = False) -> runs.Run:
         path = path.with_suffix(".csv")
     if not path.exists():
         raise BadInput(f"no such run file: {path}")
+    if path.is_dir():
+        raise BadInput(f"{path} is a folder: name a run's .csv file (its .json manifest beside it)")
     mpath = path.with_suffix(".json")
     if not mpath.exists():
         raise BadInput(f"{path} has no manifest ({mpath.name} is missing)")
