@@ -229,6 +229,26 @@ def test_cli_errors_are_one_line(tmp_path, monkeypatch, capsys):
         assert len(err) == 1 and err[0].startswith("sglab upstream: ") and message in err[0], err
 
 
+def test_no_write_writes_neither_the_table_nor_the_figure(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(R, "_pip", _no_network)
+    monkeypatch.setattr(R, "cache_dir", lambda: tmp_path / "empty-cache")
+    monkeypatch.chdir(tmp_path)  # where the default figure, reports/upstream_releases.png, goes
+    committed = R.table_path().read_bytes()
+    assert cli.main(["upstream", "--releases", "0.5.13", "--offline", "--no-write"]) == 0
+    assert "figure not saved (--no-write)" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == [] and R.table_path().read_bytes() == committed
+
+
+def test_without_sglang_or_without_releases_it_says_so_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(upstream, "installed", lambda: None)
+    for argv, says in (([], "SGLang is not installed here (`pip install --no-deps sglang`: "),
+                       (["--offline"], "--offline: for --releases only (the installed SGLang"),
+                       (["--no-write", "--figure", "x.png"], "--no-write and --figure: for ")):
+        assert cli.main(["upstream", *argv]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith(f"sglab upstream: {says}") and err.count("\n") == 1
+
+
 def test_cli_says_when_a_release_does_not_exist(tmp_path, monkeypatch, capsys):
 
     def pip(args, timeout):

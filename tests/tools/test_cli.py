@@ -152,6 +152,27 @@ def test_publish_never_replaces_a_record_nor_publishes_failing_claims_without_fo
     assert recorded.read_bytes() == damaged.read_bytes() != before
 
 
+def test_publish_suggests_a_verify_command_that_a_shell_reads_back(data_root, tmp_path, capsys):
+    import shlex
+
+    src = next(p for p in sorted((RECORDED / "swa_loc").glob("*.csv"))
+               if ",translate_calls_capture,5.0," in p.read_text())
+    damaged = _damaged(src, tmp_path / "my runs", ",translate_calls_capture,5.0,",
+                       ",translate_calls_capture,0.0,")
+    assert cli.main(["publish", str(damaged)]) == 2
+    said = re.search(r"`(sglab verify [^`]*)` says why", capsys.readouterr().err).group(1)
+    assert shlex.split(said) == ["sglab", "verify", str(damaged)]
+
+
+def test_a_folder_given_as_a_run_or_a_missing_notebook_file_is_named(tmp_path, capsys):
+    for argv, says in ((["verify", str(tmp_path)], f"sglab verify: {tmp_path} is a folder: name a "
+                        "run's .csv file (its .json manifest beside it)\n"), ([
+                            "run", str(tmp_path / "mine.ipynb")
+                        ], f"sglab run: {tmp_path / 'mine.ipynb'}: no such file\n")):
+        assert cli.main(argv) == 2
+        assert capsys.readouterr() == ("", says)
+
+
 def test_publish_copies_a_new_run_whose_claims_hold(data_root, tmp_path, capsys):
     src = sorted((RECORDED / "swa_loc").glob("*.csv"))[0]
     live = _copy_run(src, data_root / "runs" / "swa_loc")
@@ -228,6 +249,90 @@ def test_verify_against_an_unknown_reference_names_it(capsys):
         assert out == "" and len(err.splitlines()) == 1
         assert err.startswith("sglab verify: --against NOEXP: no such experiment or run file; "
                               "experiments: pcg_gate, ")
+
+
+def test_verify_junit_into_a_folder_is_refused_before_anything_is_verified(
+        tmp_path, capsys, monkeypatch):
+    from sglab.tools import verify
+
+    monkeypatch.setattr(verify, "verify_run", lambda *a, **k: pytest.fail("a run was verified"))
+    assert cli.main(["verify", "swa_loc", "--junit", str(tmp_path)]) == 2
+    assert capsys.readouterr() == ("", f"sglab verify: --junit {tmp_path}: is a folder (name the "
+                                   f"file to write, e.g. {tmp_path / 'verify.xml'})\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_ends_a_command_in_one_line_with_130():
+    """Ctrl-C (SIGINT to the terminal's process group) once the command is under way: no
+    traceback, the status of a process ended by SIGINT."""
+    import signal
+
+    p = subprocess.Popen([sys.executable, "-m", "sglab.tools.cli", "verify", "--all"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "lib")})
+    assert p.stdout.readline().startswith("== ")  # the first run verified, about 100 to go
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert (p.returncode, err) == (130, "sglab verify: interrupted\n")
+
+
+@pytest.mark.parametrize("argv, where", [(["index", "--check"], "sglab.tools.readme.stale"),
+                                         (["sync"], "sglab.tools.nbtools.pairs")])
+def test_ctrl_c_is_one_line_in_every_command(monkeypatch, capsys, argv, where):
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(where, interrupted)
+    assert cli.main(argv) == 130
+    assert capsys.readouterr() == ("", f"sglab {argv[0]}: interrupted\n")
+
+
+def test_index_names_a_missing_marker_and_its_file_in_one_line(tmp_path, monkeypatch, capsys):
+    from sglab.core import runs
+
+    for doc in ("README.md", "docs/structure.md", "docs/operating.md"):
+        (tmp_path / doc).parent.mkdir(exist_ok=True)
+        (tmp_path / doc).write_text((ROOT / doc).read_text().replace("<!-- house:end -->", ""))
+    monkeypatch.setattr(runs, "repo_root", lambda: tmp_path)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*.md")}
+    for argv in (["index", "--check"], ["index"]):
+        assert cli.main(argv) == 2
+        assert capsys.readouterr() == ("",
+                                       "sglab index: docs/structure.md has no <!-- house:end --> "
+                                       "marker: put it back where its generated block ends (`sglab "
+                                       "index` writes between <!-- house:start --> and <!-- "
+                                       "house:end -->)\n")
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*.md")} == before
+
+
+@pytest.mark.parametrize("param, says", [
+    ("world_size=abc", "--param world_size='abc': workspace_floor's world_size must be an integer "
+     "(default 2)"),
+    ("world_size=True",
+     "--param world_size=True: workspace_floor's world_size must be an integer "),
+    ("profile=1", "--param profile=1: workspace_floor's profile must be True or False (default "),
+])
+def test_record_names_a_parameter_of_the_wrong_type_and_the_type_it_takes(
+        monkeypatch, capsys, param, says):
+    from sglab.core import runs
+
+    monkeypatch.setattr(runs, "measure", lambda *a, **k: pytest.fail("a measurement ran"))
+    assert cli.main(["record", "workspace_floor", "--param", param]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"sglab record: {says}") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["real"], "sglab real: no action: one of install (the pinned releases side by side), record "),
+    (["real", "install", "--releases", "9.9"
+      ], "sglab real install: not a release version: '9.9' (expected e.g. 0.5.12 or 0.5.12.post1)"),
+])
+def test_real_without_an_action_or_with_a_bad_release_is_one_line(capsys, argv, says):
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(says) and err.count("\n") == 1
 
 
 def test_version_is_the_packages():

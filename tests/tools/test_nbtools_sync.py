@@ -70,7 +70,7 @@ def test_an_ipynb_edit_lands_in_the_py(books, capsys):
     _edit_ipynb(ipynb)
     other = _files(books)["00_start_here.py"], _files(books)["00_start_here.ipynb"]
     assert cli.main(["sync"]) == 0
-    assert "04_swa_loc.ipynb → 04_swa_loc.py" in capsys.readouterr().out
+    assert capsys.readouterr().out == "04_swa_loc.ipynb → 04_swa_loc.py\n"  # the pair it wrote
     text = py.read_text()
     # the edited cell, and nothing of the session: no output, editor metadata or kernel name
     cell = '# %% tags=["parameters"]\n'
@@ -158,3 +158,38 @@ def test_a_notebook_made_in_another_editor_gets_its_py(books):
 
 def test_check_passes_on_the_committed_pairs(capsys):
     assert cli.main(["sync", "--check"]) == 0 and capsys.readouterr().out == ""
+
+
+def test_pairs_in_step_are_left_alone_and_said_so_in_one_line(books, capsys):
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in books.iterdir()}
+    for argv in (["sync"], ["sync", "--from", "py"], ["sync", "--from", "ipynb"]):
+        assert cli.main(argv) == 0
+        assert capsys.readouterr().out == "all 2 pairs already in sync\n", argv
+        assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in books.iterdir()} == before
+
+
+def test_a_round_trip_through_the_ipynb_keeps_every_blank_line(books):
+    """01's .py has two blank lines after a markdown cell, before a def (its .ipynb's
+    lines_to_next_cell): written from the .ipynb, the .py keeps them where they were."""
+    for ext in (".py", ".ipynb"):
+        shutil.copy(ROOT / "notebooks" / f"01_pcg_gate{ext}", books / f"01_pcg_gate{ext}")
+    assert '"lines_to_next_cell": 2' in (books / "01_pcg_gate.ipynb").read_text()
+    before = _files(books)
+    assert cli.main(["sync", "--from", "ipynb"]) == 0 and _files(books) == before
+    assert cli.main(["sync", "--from", "py"]) == 0 and _files(books) == before
+
+
+def test_an_ipynb_that_does_not_read_is_named_in_one_line(books, capsys):
+    ipynb = books / "04_swa_loc.ipynb"
+    ipynb.write_text(ipynb.read_text()[:500])  # cut short, as an interrupted save leaves it
+    before = _files(books)
+    says = (f"{ipynb}: not a readable notebook (Notebook does not appear to be JSON); restore it, "
+            "or rewrite it from 04_swa_loc.py with `sglab sync --from py`\n")
+    assert cli.main(["sync", "--check"]) == 1
+    assert capsys.readouterr() == (says, "")
+    for argv in (["sync"], ["sync", "--from", "ipynb"]):
+        assert cli.main(argv) == 1
+        assert capsys.readouterr() == ("", f"sglab sync: {says}"), argv
+        assert _files(books) == before  # nothing written, the other pair's neither
+    assert cli.main(["sync", "--from", "py"]) == 0
+    assert nbtools.check_pair(ipynb) == []

@@ -163,7 +163,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for v in args.releases:
             parse_version(v)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"sglab real install: {exc}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     outcomes = install(args.releases, jobs=args.jobs,

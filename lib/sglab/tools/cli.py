@@ -12,6 +12,7 @@ import argparse
 import ast
 import math
 import os
+import shlex
 import signal
 import sys
 import time
@@ -44,6 +45,10 @@ def cmd_env(_args) -> int:
 
 
 def cmd_real(args) -> int:
+    if args.action is None:
+        raise Refused("no action: one of install (the pinned releases side by side), record "
+                      "(what the notebooks' probes answer here), gpu (retired); sglab real ACTION "
+                      "--help says more")
     if args.action == "record":
         from sglab.tools import real_record
 
@@ -71,7 +76,8 @@ def cmd_publish(args) -> int:
         failed = [r.claim.id for r in verify.verify_run(run).failed]
         if failed and not args.force:
             raise Refused(f"{run.path.name}: {len(failed)} claim(s) fail ({', '.join(failed)}; "
-                          f"`sglab verify {run.path}` says why); --force publishes it anyway")
+                          f"`sglab verify {shlex.quote(str(run.path))}` says why); --force "
+                          "publishes it anyway")
         dest = runs.promote(run.path, force=args.force)
     except FileExistsError as e:
         raise Refused(f"{e}; --force replaces it") from None
@@ -111,26 +117,31 @@ def cmd_sync(args) -> int:
     if refused:
         print("\n".join(refused), file=sys.stderr)
         return 1
-    for py, side in sides.items():
-        src, dst = nbtools.sync(py, side)
+    wrote = [pair for py, side in sides.items() if (pair := nbtools.sync(py, side))]
+    for src, dst in wrote:
         print(f"{src.name} → {dst.name}")
+    if not wrote:
+        print(f"all {len(sides)} pairs already in sync")
     return 0
 
 
 def cmd_index(args) -> int:
     from sglab.tools import readme
 
-    if args.check:
+    try:
+        if not args.check:
+            print("README index, house map and engine ledger " +
+                  ("updated" if readme.write_index() else "already up to date"))
+            return 0
         stale = readme.stale()
-        for what in stale:
-            print(f"out of date: {what}: run `sglab index`")
-        if not stale:
-            print("README index, docs/structure.md and docs/operating.md's engine ledger match the "
-                  "recorded runs and the tree")
-        return 1 if stale else 0
-    print("README index, house map and engine ledger " +
-          ("updated" if readme.write_index() else "already up to date"))
-    return 0
+    except readme.MissingMarker as e:
+        raise Refused(e) from None
+    for what in stale:
+        print(f"out of date: {what}: run `sglab index`")
+    if not stale:
+        print("README index, docs/structure.md and docs/operating.md's engine ledger match the "
+              "recorded runs and the tree")
+    return 1 if stale else 0
 
 
 def cmd_verify(args) -> int:
@@ -139,6 +150,9 @@ def cmd_verify(args) -> int:
 
     if args.junit and not Path(args.junit).resolve().parent.is_dir():
         raise Refused(f"--junit {args.junit}: no such folder {Path(args.junit).resolve().parent}")
+    if args.junit and Path(args.junit).is_dir():
+        raise Refused(f"--junit {args.junit}: is a folder (name the file to write, e.g. "
+                      f"{Path(args.junit) / 'verify.xml'})")
     try:
         if args.against in fixes.experiments() and not Path(args.against).exists():
             # `--against EXP`: argparse hands EXP, what to verify, to --against's optional value
@@ -248,6 +262,9 @@ def _resolve_notebooks(names: list[str]) -> list[Path]:
             picked.append(Path(n).resolve())
             continue
         match = [p for p in all_nbs if p.stem == Path(n).stem or p.name.startswith(n)]
+        if not match and (len(Path(n).parts) > 1 or Path(n).suffix == ".ipynb"):  # a path
+            raise ValueError(
+                f"{n}: " + ("not a notebook (.ipynb) file" if Path(n).exists() else "no such file"))
         if not match:
             raise ValueError(f"no notebook matches {n!r}; have: "
                              f"{', '.join(p.stem for p in all_nbs)}")
@@ -466,7 +483,7 @@ def _evidence_commands(sub) -> None:
         help="real SGLang releases side by side: `sglab real install [--releases V ...]`, "
         "`sglab real record` (the notebooks' probe answers, for recorded mode)")
     p.add_argument(
-        "action", choices=["install", "record", "gpu"],
+        "action", nargs="?", choices=["install", "record", "gpu"],
         help="install: the pinned releases side by side; record: what the notebooks' probes answer "
         "here (data/recorded/real_cpu/); gpu: retired (see sglab engine)")
     p.add_argument("rest", nargs=argparse.REMAINDER,
@@ -501,6 +518,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return _reader_gone()
+    except KeyboardInterrupt:  # Ctrl-C (`sglab run` stops on its own, with its own status)
+        print(f"sglab {args.cmd}: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
     return code
 
 

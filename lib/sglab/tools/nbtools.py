@@ -43,9 +43,10 @@ def _cells(nb) -> list[tuple[str, str, tuple[str, ...]]]:
 
 def check_pair(ipynb: Path) -> list[str]:
     """Problems with one notebook: outputs or execution counts committed, a missing or other .py."""
-    import nbformat
-
-    nb = nbformat.read(ipynb, as_version=4)
+    try:
+        nb = _read(ipynb)
+    except ValueError as e:
+        return [str(e)]
     problems = [
         f"{ipynb.name}: cell {i} has outputs or an execution count (commit it clean)"
         for i, c in enumerate(nb.cells)
@@ -96,12 +97,25 @@ def _git(folder: Path, *args: str) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
-def _read_cells(path: Path, text: str | None = None):
-    """The cells of a .py or .ipynb (``text``: its content, where not the file's)."""
+def _read(path: Path, text: str | None = None):
+    """A .py or .ipynb as a notebook (``text``: its content, where not the file's); ValueError
+    naming the file where it is none (an .ipynb cut short, say)."""
     import jupytext
 
-    text = path.read_text(encoding="utf-8") if text is None else text
-    return _cells(jupytext.reads(text, fmt="py:percent" if path.suffix == ".py" else "ipynb"))
+    try:
+        text = path.read_text(encoding="utf-8") if text is None else text
+        return jupytext.reads(text, fmt="py:percent" if path.suffix == ".py" else "ipynb",
+                              as_version=4)
+    except Exception as e:  # noqa: BLE001 - not JSON, not UTF-8, a cell without its fields...
+        other = path.with_suffix(".py" if path.suffix == ".ipynb" else ".ipynb")
+        raise ValueError(f"{path}: not a readable notebook ({str(e).split(':')[0]}); restore it, "
+                         f"or rewrite it from {other.name} with `sglab sync --from "
+                         f"{other.suffix[1:]}`") from None
+
+
+def _read_cells(path: Path, text: str | None = None):
+    """The cells of a .py or .ipynb (``text``: its content, where not the file's)."""
+    return _cells(_read(path, text))
 
 
 def _committed_cells(path: Path):
@@ -143,6 +157,7 @@ def pair_side(py: Path, prefer: str | None = None) -> str | None:
     if prefer is not None:  # "py" or "ipynb" (sglab sync --from)
         if not (py if prefer == "py" else ipynb).exists():
             raise ValueError(f"{py.stem}: no {(py if prefer == 'py' else ipynb).name} to pair from")
+        _read(py if prefer == "py" else ipynb)  # one that does not read is refused here
         return prefer
     if not ipynb.exists():
         return "py"
@@ -169,51 +184,61 @@ def pair_side(py: Path, prefer: str | None = None) -> str | None:
                        "lost)")
 
 
-def _write_ipynb(py: Path) -> Path:
-    """Write ``py``'s paired .ipynb (no outputs) from the .py, keeping cell ids stable."""
+def _write_ipynb(py: Path) -> bool:
+    """Write ``py``'s paired .ipynb (no outputs) from the .py, keeping cell ids stable (those of
+    an .ipynb that reads); False where it was so already."""
     import jupytext
-    import nbformat
 
     nb = jupytext.read(py)  # (a .py holds no outputs)
     target = py.with_suffix(".ipynb")
-    _stable_ids(nb, nbformat.read(target, as_version=4) if target.exists() else None)
+    try:
+        _stable_ids(nb, _read(target) if target.exists() else None)
+    except ValueError:  # an .ipynb that does not read: rewritten whole
+        _stable_ids(nb, None)
     text = jupytext.writes(nb, fmt="ipynb").rstrip("\n") + "\n"  # as jupytext.write ends the file
-    if not target.exists() or target.read_text(encoding="utf-8") != text:
-        target.write_text(text, encoding="utf-8")
-    return target
+    return _write(target, text)
 
 
-def _write_py(ipynb: Path) -> Path:
-    """Write the .py of ``ipynb`` from its cells (tags only, no outputs) under the .py's header."""
+def _write(path: Path, text: str) -> bool:
+    """Write ``text`` into ``path`` unless it holds it already; whether it was written."""
+    if path.exists() and path.read_text(encoding="utf-8", errors="replace") == text:
+        return False
+    path.write_text(text, encoding="utf-8")
+    return True
+
+
+# what a cell's metadata keeps in the .py
+_KEPT = ("tags", "lines_to_next_cell")
+
+
+def _write_py(ipynb: Path) -> bool:
+    """Write the .py of ``ipynb`` from its cells (tags and the blank lines after each, no outputs)
+    under the .py's header; False where it was so already."""
     import jupytext
-    import nbformat
 
     py = ipynb.with_suffix(".py")
-    nb = nbformat.read(ipynb, as_version=4)
+    nb = _read(ipynb)
     if py.exists():
         meta = dict(jupytext.read(py).metadata)
     else:
         meta = {"jupytext": {"formats": "ipynb,py:percent"}}
         if "kernelspec" in nb.metadata:
             meta["kernelspec"] = dict(nb.metadata["kernelspec"])
-    for c in nb.cells:
-        tags = list(c.get("metadata", {}).get("tags", []))
-        c.metadata = {"tags": tags} if tags else {}
+    for c in nb.cells:  # (jupytext's lines_to_next_cell: a .py's blank lines other than pep8's)
+        old = c.get("metadata", {})
+        c.metadata = {k: old[k] for k in _KEPT if old.get(k) not in (None, [])}
     nb.metadata = meta
-    text = py_source(nb)
-    if not py.exists() or py.read_text(encoding="utf-8") != text:
-        py.write_text(text, encoding="utf-8")
-    return py
+    return _write(py, py_source(nb))
 
 
-def sync(py: Path, side: str | None = "py") -> tuple[Path, Path]:
-    """Pair notebook ``py``'s two halves from ``side`` (:func:`pair_side`); returns (from, to)."""
+def sync(py: Path, side: str | None = "py") -> tuple[Path, Path] | None:
+    """Pair notebook ``py``'s two halves from ``side`` (:func:`pair_side`); returns (from, to), None
+    where both were so already (nothing written)."""
     ipynb = py.with_suffix(".ipynb")
-    if side == "ipynb":
-        _write_py(ipynb)
-    _write_ipynb(py)
+    wrote = _write_py(ipynb) if side == "ipynb" else False
+    wrote = _write_ipynb(py) or wrote
     _note_paired(py, _read_cells(py))
-    return (ipynb, py) if side == "ipynb" else (py, ipynb)
+    return ((ipynb, py) if side == "ipynb" else (py, ipynb)) if wrote else None
 
 
 def pairs() -> list[Path]:

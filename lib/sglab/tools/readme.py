@@ -58,8 +58,6 @@ def current_block(text: str, start: str = START, end: str = END) -> str | None:
 def _rewrite(path: Path, start: str, end: str, new: str) -> bool:
     text = path.read_text()
     old = current_block(text, start, end)
-    if old is None:
-        raise RuntimeError(f"{path.name} has no {start} … {end} block")
     if new != old:
         path.write_text(text.replace(old, new))
     return new != old
@@ -75,13 +73,31 @@ def _blocks() -> list[tuple]:
              "docs/operating.md engine ledger (from data/recorded/engine_*)")]
 
 
+class MissingMarker(ValueError):
+    """A generated block's file lacks one of its markers: nothing can be put between them."""
+
+
+def _check_markers() -> None:
+    """:class:`MissingMarker` naming the first marker missing from its file."""
+    root = runs.repo_root()
+    for path, start, end, *_ in _blocks():
+        text = path.read_text() if path.exists() else ""
+        for marker in (m for m in (start, end) if m not in text):
+            raise MissingMarker(
+                f"{path.relative_to(root)} has no {marker} marker: put it back where its generated "
+                f"block {'starts' if marker == start else 'ends'} (`sglab index` writes between "
+                f"{start} and {end})")
+
+
 def write_index() -> bool:
     """Rewrite the README index, the house map and the engine ledger; True when any changed."""
+    _check_markers()
     return any([_rewrite(path, a, b, new()) for path, a, b, new, _ in _blocks()])
 
 
 def stale() -> list[str]:
     """What ``sglab index --check`` reports: the blocks that differ from what they should say."""
+    _check_markers()
     return [
         what for path, a, b, new, what in _blocks()
         if current_block(path.read_text() if path.exists() else "", a, b) != new()

@@ -11,6 +11,9 @@ from pathlib import Path
 
 from sglab.tools.commands import Refused, flag
 
+# where --releases saves its timeline figure, unless told otherwise
+FIGURE = "reports/upstream_releases.png"
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", help="an SGLang package folder to read instead of the installed one")
@@ -19,9 +22,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="classify released wheels: every release from 0.5.10 to the newest, or the "
         "ones listed")
     flag(p, "--offline", "with --releases: no network; cached wheels, else the committed table")
-    flag(p, "--no-write", "with --releases: do not rewrite data/upstream/")
-    p.add_argument("--figure", default="reports/upstream_releases.png",
-                   help="with --releases: where to save the timeline figure ('' for none)")
+    flag(p, "--no-write",
+         "with --releases: write nothing (neither data/upstream/ nor the timeline figure)")
+    p.add_argument(
+        "--figure", help="with --releases: where to save the timeline figure ('' for none; "
+        f"default {FIGURE})")
 
 
 def run(args) -> int:
@@ -30,10 +35,21 @@ def run(args) -> int:
                       "the wheels")
     if args.releases is not None:
         return _releases(args)
-    from sglab.sglang.upstream import check_all
+    given = [
+        f for f, on in (("--offline", args.offline), ("--no-write", args.no_write),
+                        ("--figure", args.figure is not None)) if on
+    ]
+    if given:
+        raise Refused(f"{' and '.join(given)}: for --releases only (the installed SGLang, or "
+                      "--root's, is read without network and nothing is written)")
+    from sglab.sglang.upstream import check_all, installed
     from sglab.tools.fixes import FIXES
 
     root = Path(args.root) if args.root else None
+    if root is None and installed() is None:
+        raise Refused("SGLang is not installed here (`pip install --no-deps sglang`: it is read as "
+                      "source, none of its dependencies needed; or --root DIR reads a source tree, "
+                      "--releases the released wheels)")
     if root is not None and not (root / "srt").is_dir():
         raise Refused(f"{root} is not an SGLang package folder (expected {root}/srt/): pass the "
                       f"folder that holds srt/, e.g. an unpacked wheel's sglang/ or a checkout's "
@@ -68,11 +84,14 @@ def _releases(args) -> int:
     print("\nwhere a state or its reason changes:")
     for fix, version, state, reason in R.changes(tl.frame):
         print(f"  {fix:16s} {version:13s} {state:9s} {reason}")
-    if args.figure:
+    figure = FIGURE if args.figure is None else args.figure
+    if figure and args.no_write:
+        print("figure not saved (--no-write)")
+    elif figure:
         import matplotlib
 
         matplotlib.use("Agg")
-        path = Path(args.figure)
+        path = Path(figure)
         path.parent.mkdir(parents=True, exist_ok=True)
         R.timeline_figure(tl.frame).savefig(path, bbox_inches="tight")
         print(f"figure: {path}")

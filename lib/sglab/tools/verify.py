@@ -31,6 +31,8 @@ def load_run(path: str | Path, *, live: bool = False) -> runs.Run:
         path = path.with_suffix(".csv")
     if not path.exists():
         raise BadInput(f"no such run file: {path}")
+    if path.is_dir():
+        raise BadInput(f"{path} is a folder: name a run's .csv file (its .json manifest beside it)")
     mpath = path.with_suffix(".json")
     if not mpath.exists():
         raise BadInput(f"{path} has no manifest ({mpath.name} is missing)")
@@ -86,6 +88,13 @@ def gpus_for(measure, params: dict) -> int:
     return int(measure.gpus(params)) if hasattr(measure, "gpus") else measure.GPUS
 
 
+# what a --param of record must be, by the type of its default
+_KIND = {
+    int: "an integer", (int, float): "a number", bool: "True or False", str: "a string",
+    (list, tuple): "a list such as [1, 2]", dict: "a dict such as {'a': 1}"
+}
+
+
 def record(name: str, params: dict | None = None, *, recorded: bool = False,
            progress: bool = True) -> Path:
     """Run fix ``name``'s measurement live and save the run (data/runs/, or data/recorded/)."""
@@ -95,6 +104,13 @@ def record(name: str, params: dict | None = None, *, recorded: bool = False,
     if unknown:
         raise BadInput(f"unknown parameter(s) for {name}: {sorted(unknown)}; known: "
                        f"{sorted(defaults)}")
+    for k, v in (params or {}).items():
+        d = defaults[k]
+        kinds = {float: (int, float), list: (list, tuple)}.get(type(d), type(d))
+        if d is not None and (not isinstance(v, kinds)
+                              or isinstance(v, bool) != isinstance(d, bool)):
+            kind = _KIND.get(kinds, f"a {type(d).__name__}")
+            raise BadInput(f"--param {k}={v!r}: {name}'s {k} must be {kind} (default {d!r})")
     merged = {**defaults, **(params or {})}
     need = gpus_for(mod, merged)
     ok, why = hardware.meets(need)
