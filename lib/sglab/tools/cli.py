@@ -45,9 +45,11 @@ def cmd_env(_args) -> int:
 
 def cmd_real(args) -> int:
     if args.action == "record":
+        from sglab.core import procs
         from sglab.tools import real_record
 
-        return real_record.main(args.rest)
+        with procs.Guard(watchdog=False):  # a stop signal stops the releases' workers (main says)
+            return real_record.main(args.rest)
     if args.action == "gpu":
         print(
             "sglab real gpu: retired; the real engine checks the same on a GPU (sglab engine, "
@@ -210,10 +212,12 @@ def cmd_workspace(args) -> int:
 
 def cmd_capture_sizes(args) -> int:
     from sglab.capture_sizes import server_args
+    from sglab.core import procs
 
     model = str(Path(args.model).resolve()) if args.model else server_args.sglang.MODEL
-    return server_args.command(list(args.server_args), releases=args.release, mla=args.mla,
-                               gpu_mem_gb=args.gpu_mem_gb, model=model, csv=args.csv)
+    with procs.Guard(watchdog=False):  # a stop signal stops the releases' workers (main says)
+        return server_args.command(list(args.server_args), releases=args.release, mla=args.mla,
+                                   gpu_mem_gb=args.gpu_mem_gb, model=model, csv=args.csv)
 
 
 def cmd_swa_cost(args) -> int:
@@ -461,7 +465,7 @@ DESCRIPTION = ("The workbook on the command line: the notebooks (run, sync, reco
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sglab.core import bytecode
+    from sglab.core import bytecode, procs
 
     # before anything heavy is imported, and inherited by every kernel and rank started below
     bytecode.enable()
@@ -483,6 +487,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return _reader_gone()
+    except (procs.Terminated, KeyboardInterrupt) as e:  # what the command started is stopped
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"sglab {args.cmd}: stopped by {signal.Signals(signum).name}", file=sys.stderr)
+        return 128 + signum
     return code
 
 
