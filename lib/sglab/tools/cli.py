@@ -494,8 +494,12 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-# numbers a command needs above 0, and integers it needs at least a floor, checked once parsed
-POSITIVE = {"run": "cell_timeout", "capture-sizes": "gpu_mem_gb"}
+# numbers a command needs above 0 (each value of a list), and integers it needs at least a floor,
+# checked once parsed
+POSITIVE = {
+    "run": ("cell_timeout",), "capture-sizes": ("gpu_mem_gb",),
+    "engine": ("input_len", "batch_size", "requests", "prompts", "output_len", "repeats", "timeout")
+}
 AT_LEAST = {
     "workspace": {"hidden": 1, "pcg_max_tokens": 0, "pre_initialize": 0},
     "swa-cost": {"batch_size": 1, "max_bs": 1}
@@ -504,11 +508,12 @@ AT_LEAST = {
 
 def _check_numbers(args) -> None:
     """Refuse the first number of :data:`POSITIVE` or :data:`AT_LEAST` out of its range."""
-    dest = POSITIVE.get(args.cmd)
-    value = getattr(args, dest) if dest else None
-    if value is not None and not (math.isfinite(value) and value > 0):
-        why = "more than 0" if math.isfinite(value) else "a finite number"
-        raise Refused(f"--{dest.replace('_', '-')} {value:g}: must be {why}")
+    for dest in POSITIVE.get(args.cmd, ()):
+        value = getattr(args, dest)
+        for v in value if isinstance(value, list) else [value]:
+            if v is not None and not (math.isfinite(v) and v > 0):
+                why = "more than 0" if math.isfinite(v) else "a finite number"
+                raise Refused(f"--{dest.replace('_', '-')} {v:g}: must be {why}")
     for dest, low in AT_LEAST.get(args.cmd, {}).items():
         if getattr(args, dest) < low:
             raise Refused(
