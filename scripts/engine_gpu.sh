@@ -51,8 +51,17 @@ fi
 if [ -n "$sha" ]; then export SGLAB_GIT_SHA=$sha; fi
 
 scenarios=() releases=() cases=() free=() dry=0 plan="" verify=0 cpus=""
+needs_value() {  # needs_value FLAG [NEXT]: exit 2 where FLAG has no value (nothing, or a flag next)
+  if [ $# -lt 2 ] || [ "${2#--}" != "$2" ]; then
+    echo "engine_gpu.sh: $1 needs a value (e.g. $1 ${examples[$1]}; see the header of $0)" >&2
+    exit 2
+  fi
+}
+declare -A examples=([--scenario]=01-kimi-pcg [--plan]=03 [--release]=0.5.13 [--cpus]=auto
+                     [--cases]="'w512-*'")
 while [ $# -gt 0 ]; do
   case "$1" in
+    --scenario|--plan|--release|--cpus|--cases) needs_value "$@" ;;&
     --scenario) scenarios+=("$2"); shift 2 ;;
     --plan) plan=$2; shift 2 ;;
     --release) releases+=("$2"); shift 2 ;;
@@ -61,7 +70,7 @@ while [ $# -gt 0 ]; do
     --dry-run) dry=1; shift ;;
     --verify) verify=1; shift ;;
     --) shift; free=("$@"); break ;;
-    *) echo "error: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+    *) echo "engine_gpu.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
 rel_args=()
@@ -202,7 +211,7 @@ checked = [e for e in fixes.experiments() if e.startswith("engine_")]
 picked = {s.experiment for s in fixes.plan(sys.argv[1])} if sys.argv[1] else set(checked)
 print("\n".join(e for e in checked if e in picked))' "$plan")
   if [ -z "${exps[0]:-}" ]; then
-    echo "error: no engine experiment with claims in plan $plan" >&2; exit 2
+    echo "engine_gpu.sh: no engine experiment with claims in plan $plan" >&2; exit 2
   fi
   echo "=== verify: sglab verify --live --against ${exps[*]}"
   if [ $dry = 1 ]; then exit 0; fi
@@ -227,7 +236,7 @@ if [ $verify_runs = 1 ]; then
     rc=$?
   else
     t0=$SECONDS rc=2
-    echo "error: the scenarios recorded no run to verify" >&2
+    echo "engine_gpu.sh: the scenarios recorded no run to verify" >&2
   fi
   summary+=("verify rc=$rc $((SECONDS - t0))s")
 fi

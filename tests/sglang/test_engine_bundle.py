@@ -277,3 +277,31 @@ def test_the_gpu_scripts_dry_plan_lists_every_scenario(tmp_path):
         ["bash", str(root / "scripts" / "engine_gpu.sh"), "--dry-run", "--plan", "06"], env=env,
         capture_output=True, text=True, timeout=300)
     assert all(f"=== 06-dense-tp{n}:" in p.stdout for n in (1, 4, 8)), p.stdout[-2000:]
+
+
+def _gpu_script(tmp_path, *argv: str) -> subprocess.CompletedProcess:
+    """scripts/engine_gpu.sh ``argv`` with its bundles folder (``tmp_path``, as given) and $OUT
+    (``tmp_path / "out"``) here."""
+    import os
+
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ, "PYTHON": sys.executable, "BUNDLES": str(tmp_path),
+        "OUT": str(tmp_path / "out")
+    }
+    return subprocess.run(["bash", str(root / "scripts" / "engine_gpu.sh"), *argv], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("flag, example", [("--scenario", "01-kimi-pcg"), ("--plan", "03"),
+                                           ("--release", "0.5.13"), ("--cpus", "auto"),
+                                           ("--cases", "'w512-*'")])
+def test_a_gpu_script_flag_without_its_value_is_one_line_and_starts_nothing(
+        tmp_path, flag, example):
+    """Last on the line, or followed by another flag: said in one line, exit 2, nothing written."""
+    (tmp_path / "bundles.json").write_text("{}")
+    for argv in ([flag], ["--dry-run", flag], [flag, "--dry-run"]):
+        p = _gpu_script(tmp_path, *argv)
+        assert (p.returncode, p.stdout) == (2, ""), p.stderr
+        assert p.stderr.startswith(f"engine_gpu.sh: {flag} needs a value (e.g. {flag} {example}; ")
+        assert p.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
