@@ -13,7 +13,10 @@
 #   bash scripts/engine_gpu.sh --scenario 01-kimi-pcg --cpus auto
 #                                                        each engine on the CPUs local to GPU 0
 #   bash scripts/engine_gpu.sh -- --release 0.5.13 --model data/models/llama_32x512/config.json
-#   bash scripts/engine_gpu.sh --dry-run --plan 04       unpack nothing, print the commands
+#   bash scripts/engine_gpu.sh --dry-run --plan 04       unpack nothing (no bundles needed), print
+#                                                        the commands; a release neither unpacked
+#                                                        by an earlier run nor under .sglang/ says
+#                                                        so instead of its command
 #   bash scripts/engine_gpu.sh --verify --plan 04        `sglab verify --live --against` on the
 #                                                        plan's engine experiments (their runs go
 #                                                        back in engine.tgz too)
@@ -78,9 +81,14 @@ for v in "${releases[@]}"; do rel_args+=(--release "$v"); done
 if [ ${#cases[@]} -gt 0 ]; then rel_args+=(--cases "${cases[@]}"); fi
 if [ -n "$cpus" ]; then rel_args+=(--cpus "$cpus"); fi
 
-if [ ! -f "$BUNDLES/bundles.json" ]; then
-  echo "error: $BUNDLES/bundles.json not found: build the bundles with \`make wheelhouse-engine\`" \
-       "and carry bundles.json, common.tar.xz and the release-<V> and transformers-<T> layers" >&2
+if [ ! -f "$BUNDLES/bundles.json" ] && [ $dry = 1 ]; then
+  # a dry run unpacks nothing: the bundles are not read
+  echo "engine_gpu.sh: no $BUNDLES/bundles.json: a dry run needs none, a real run needs the" \
+       "bundles (\`make wheelhouse-engine\`)"
+elif [ ! -f "$BUNDLES/bundles.json" ]; then
+  echo "engine_gpu.sh: $BUNDLES/bundles.json not found (build the bundles with" \
+       "\`make wheelhouse-engine\` and carry bundles.json, common.tar.xz and the release-<V> and" \
+       "transformers-<T> layers)" >&2
   exit 2
 fi
 layers_of() {  # layers_of V: the layer files of release V, from bundles.json

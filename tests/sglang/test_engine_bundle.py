@@ -305,3 +305,18 @@ def test_a_gpu_script_flag_without_its_value_is_one_line_and_starts_nothing(
         assert (p.returncode, p.stdout) == (2, ""), p.stderr
         assert p.stderr.startswith(f"engine_gpu.sh: {flag} needs a value (e.g. {flag} {example}; ")
         assert p.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_dry_run_prints_the_plans_commands_without_the_bundles_and_a_real_run_refuses(tmp_path):
+    """--dry-run unpacks nothing, so it reads no bundle: it says they are absent (a real run needs
+    them) and prints the plan's commands; the same call without --dry-run is refused in one line."""
+    p = _gpu_script(tmp_path, "--dry-run", "--plan", "03")
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    assert lines[0] == (f"engine_gpu.sh: no {tmp_path}/bundles.json: a dry run needs none, a real "
+                        "run needs the bundles (`make wheelhouse-engine`)")
+    assert lines[1] == "=== 03-bcg-requests: sglab engine --scenario 03-bcg-requests --dry-run"
+    assert any(ln.startswith("# sglang 0.5.11+bcg") for ln in lines), p.stdout[-2000:]
+    p = _gpu_script(tmp_path, "--plan", "03")
+    assert (p.returncode, p.stdout, p.stderr.count("\n")) == (2, "", 1)
+    assert p.stderr.startswith(f"engine_gpu.sh: {tmp_path}/bundles.json not found (build the ")
