@@ -13,7 +13,10 @@
 #   bash scripts/engine_gpu.sh --scenario 01-kimi-pcg --cpus auto
 #                                                        each engine on the CPUs local to GPU 0
 #   bash scripts/engine_gpu.sh -- --release 0.5.13 --model data/models/llama_32x512/config.json
-#   bash scripts/engine_gpu.sh --dry-run --plan 04       unpack nothing, print the commands
+#   bash scripts/engine_gpu.sh --dry-run --plan 04       unpack nothing (no bundles needed), print
+#                                                        the commands; a release neither unpacked
+#                                                        by an earlier run nor under .sglang/ says
+#                                                        so instead of its command
 #   bash scripts/engine_gpu.sh --verify --plan 04        `sglab verify --live --against` on the
 #                                                        plan's engine experiments (their runs go
 #                                                        back in engine.tgz too)
@@ -51,8 +54,17 @@ fi
 if [ -n "$sha" ]; then export SGLAB_GIT_SHA=$sha; fi
 
 scenarios=() releases=() cases=() free=() dry=0 plan="" verify=0 cpus=""
+needs_value() {  # needs_value FLAG [NEXT]: exit 2 where FLAG has no value (nothing, or a flag next)
+  if [ $# -lt 2 ] || [ "${2#--}" != "$2" ]; then
+    echo "engine_gpu.sh: $1 needs a value (e.g. $1 ${examples[$1]}; see the header of $0)" >&2
+    exit 2
+  fi
+}
+declare -A examples=([--scenario]=01-kimi-pcg [--plan]=03 [--release]=0.5.13 [--cpus]=auto
+                     [--cases]="'w512-*'")
 while [ $# -gt 0 ]; do
   case "$1" in
+    --scenario|--plan|--release|--cpus|--cases) needs_value "$@" ;;&
     --scenario) scenarios+=("$2"); shift 2 ;;
     --plan) plan=$2; shift 2 ;;
     --release) releases+=("$2"); shift 2 ;;
@@ -61,7 +73,7 @@ while [ $# -gt 0 ]; do
     --dry-run) dry=1; shift ;;
     --verify) verify=1; shift ;;
     --) shift; free=("$@"); break ;;
-    *) echo "error: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+    *) echo "engine_gpu.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
 rel_args=()
@@ -69,9 +81,14 @@ for v in "${releases[@]}"; do rel_args+=(--release "$v"); done
 if [ ${#cases[@]} -gt 0 ]; then rel_args+=(--cases "${cases[@]}"); fi
 if [ -n "$cpus" ]; then rel_args+=(--cpus "$cpus"); fi
 
-if [ ! -f "$BUNDLES/bundles.json" ]; then
-  echo "error: $BUNDLES/bundles.json not found: build the bundles with \`make wheelhouse-engine\`" \
-       "and carry bundles.json, common.tar.xz and the release-<V> and transformers-<T> layers" >&2
+if [ ! -f "$BUNDLES/bundles.json" ] && [ $dry = 1 ]; then
+  # a dry run unpacks nothing: the bundles are not read
+  echo "engine_gpu.sh: no $BUNDLES/bundles.json: a dry run needs none, a real run needs the" \
+       "bundles (\`make wheelhouse-engine\`)"
+elif [ ! -f "$BUNDLES/bundles.json" ]; then
+  echo "engine_gpu.sh: $BUNDLES/bundles.json not found (build the bundles with" \
+       "\`make wheelhouse-engine\` and carry bundles.json, common.tar.xz and the release-<V> and" \
+       "transformers-<T> layers)" >&2
   exit 2
 fi
 layers_of() {  # layers_of V: the layer files of release V, from bundles.json
@@ -202,7 +219,7 @@ checked = [e for e in fixes.experiments() if e.startswith("engine_")]
 picked = {s.experiment for s in fixes.plan(sys.argv[1])} if sys.argv[1] else set(checked)
 print("\n".join(e for e in checked if e in picked))' "$plan")
   if [ -z "${exps[0]:-}" ]; then
-    echo "error: no engine experiment with claims in plan $plan" >&2; exit 2
+    echo "engine_gpu.sh: no engine experiment with claims in plan $plan" >&2; exit 2
   fi
   echo "=== verify: sglab verify --live --against ${exps[*]}"
   if [ $dry = 1 ]; then exit 0; fi
@@ -227,7 +244,7 @@ if [ $verify_runs = 1 ]; then
     rc=$?
   else
     t0=$SECONDS rc=2
-    echo "error: the scenarios recorded no run to verify" >&2
+    echo "engine_gpu.sh: the scenarios recorded no run to verify" >&2
   fi
   summary+=("verify rc=$rc $((SECONDS - t0))s")
 fi

@@ -277,3 +277,46 @@ def test_the_gpu_scripts_dry_plan_lists_every_scenario(tmp_path):
         ["bash", str(root / "scripts" / "engine_gpu.sh"), "--dry-run", "--plan", "06"], env=env,
         capture_output=True, text=True, timeout=300)
     assert all(f"=== 06-dense-tp{n}:" in p.stdout for n in (1, 4, 8)), p.stdout[-2000:]
+
+
+def _gpu_script(tmp_path, *argv: str) -> subprocess.CompletedProcess:
+    """scripts/engine_gpu.sh ``argv`` with its bundles folder (``tmp_path``, as given) and $OUT
+    (``tmp_path / "out"``) here."""
+    import os
+
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ, "PYTHON": sys.executable, "BUNDLES": str(tmp_path),
+        "OUT": str(tmp_path / "out")
+    }
+    return subprocess.run(["bash", str(root / "scripts" / "engine_gpu.sh"), *argv], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("flag, example", [("--scenario", "01-kimi-pcg"), ("--plan", "03"),
+                                           ("--release", "0.5.13"), ("--cpus", "auto"),
+                                           ("--cases", "'w512-*'")])
+def test_a_gpu_script_flag_without_its_value_is_one_line_and_starts_nothing(
+        tmp_path, flag, example):
+    """Last on the line, or followed by another flag: said in one line, exit 2, nothing written."""
+    (tmp_path / "bundles.json").write_text("{}")
+    for argv in ([flag], ["--dry-run", flag], [flag, "--dry-run"]):
+        p = _gpu_script(tmp_path, *argv)
+        assert (p.returncode, p.stdout) == (2, ""), p.stderr
+        assert p.stderr.startswith(f"engine_gpu.sh: {flag} needs a value (e.g. {flag} {example}; ")
+        assert p.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_dry_run_prints_the_plans_commands_without_the_bundles_and_a_real_run_refuses(tmp_path):
+    """--dry-run unpacks nothing, so it reads no bundle: it says they are absent (a real run needs
+    them) and prints the plan's commands; the same call without --dry-run is refused in one line."""
+    p = _gpu_script(tmp_path, "--dry-run", "--plan", "03")
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    assert lines[0] == (f"engine_gpu.sh: no {tmp_path}/bundles.json: a dry run needs none, a real "
+                        "run needs the bundles (`make wheelhouse-engine`)")
+    assert lines[1] == "=== 03-bcg-requests: sglab engine --scenario 03-bcg-requests --dry-run"
+    assert any(ln.startswith("# sglang 0.5.11+bcg") for ln in lines), p.stdout[-2000:]
+    p = _gpu_script(tmp_path, "--plan", "03")
+    assert (p.returncode, p.stdout, p.stderr.count("\n")) == (2, "", 1)
+    assert p.stderr.startswith(f"engine_gpu.sh: {tmp_path}/bundles.json not found (build the ")

@@ -4,13 +4,16 @@ The release here is a stand-in (``9.9.9``: an empty ``sglang`` package with a fe
 in a temporary ``$SGLAB_SGLANG_HOME``), so a worker costs a Python start-up and shims, not SGLang.
 """
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from sglab.sglang import releases, runner, store
@@ -76,9 +79,9 @@ def spawned(monkeypatch):
     seen = []
     real = runner._spawn
 
-    def counting(cmd, timeout, progress=None):
+    def counting(cmd, timeout, progress=None, **kw):
         seen.append(cmd)
-        return real(cmd, timeout, progress)
+        return real(cmd, timeout, progress, **kw)
 
     monkeypatch.setattr(runner, "_spawn", counting)
     return seen
@@ -186,6 +189,52 @@ def test_run_batch_asks_each_release_once(fake_home, spawned):
     assert list(got) == [RELEASE, "0.5.9"] and len(spawned) == 1
     assert [r.status for r in got[RELEASE].values()] == ["ok", "ok"]
     assert [r.status for r in got["0.5.9"].values()] == ["not-run"]
+
+
+# `sglab capture-sizes` whose release worker hangs in a probe that started a child of its own
+STOPPED_COMMAND = """
+import sys
+sys.path.insert(0, {lib!r})
+from sglab.capture_sizes import sglang as cs
+from sglab.tools import cli
+cs.probe_call = lambda cases, releases, **a: ({probe!r}, {{"pid_file": sys.argv[1]}}, releases)
+sys.exit(cli.main(["capture-sizes", "--release", {release!r}, "--", "--tp", "8"]))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP],
+                         ids=lambda s: s.name)
+def test_a_command_stopped_by_a_signal_stops_its_workers_and_leaves_no_temporary_folder(
+        fake_home, tmp_path, sig):
+    """A signal to the command alone (as `timeout` or a closed terminal sends it): the release
+    workers' process groups stop, their temporary folders go, and one line says why (128 + it)."""
+    script, pid_file, temp = tmp_path / "command.py", tmp_path / "grandchild.pid", tmp_path / "tmp"
+    temp.mkdir()
+    lib = str(Path(runner.__file__).resolve().parents[2])
+    script.write_text(STOPPED_COMMAND.format(lib=lib, probe=CHILD, release=RELEASE))
+    p = subprocess.Popen([sys.executable, str(script), str(pid_file)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         env={**os.environ, "TMPDIR": str(temp)})
+    mine = []
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pid_file.exists(), p.stderr.read() if p.poll() is not None else "no probe ran"
+        mine = psutil.Process(p.pid).children(recursive=True)
+        assert len(mine) == 2 and list(temp.glob("sglab-probe-*/calls.json"))
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 128 + sig
+        assert err == f"sglab capture-sizes: stopped by {signal.Signals(sig).name}\n"
+        gone, left = psutil.wait_procs(mine, timeout=5)
+        assert left == [], f"still running after the command: {left}"
+        assert list(temp.iterdir()) == []
+    finally:
+        p.kill()
+        for c in mine:
+            with contextlib.suppress(psutil.Error):
+                c.kill()
 
 
 def test_the_committed_recording_still_answers_every_notebook_call():

@@ -242,6 +242,22 @@ def test_a_number_that_must_be_positive_is_refused_in_one_line_before_anything_r
     assert (out.out, out.err) == ("", says + "\n")
 
 
+@pytest.mark.parametrize("flag, values", [("--batch-size", ["4", "-1"]),
+                                          ("--input-len", ["128", "0"]), ("--output-len", ["-1"]),
+                                          ("--requests", ["0"]), ("--repeats", ["0"]),
+                                          ("--prompts", ["0"]), ("--timeout", ["0"])])
+def test_every_engine_count_length_and_timeout_not_above_0_is_refused_in_one_line(
+        capsys, flag, values):
+    """Each value of a list flag too, for a single run as for a plan (--dry-run: nothing would
+    start anyway, so only the check stands between the value and the printed commands)."""
+    model = str(ROOT / "data" / "models" / "llama_32x512")
+    for how in (["--release", "0.5.13", "--model", model], ["--plan", "03"]):
+        assert cli.main(["engine", *how, "--dry-run", flag, *values]) == 2
+        out = capsys.readouterr()
+        assert (out.out, out.err) == ("",
+                                      f"sglab engine: {flag} {values[-1]}: must be more than 0\n")
+
+
 def test_verify_against_an_unknown_reference_names_it(capsys):
     for argv in (["verify", "--against", "NOEXP"], ["verify", "swa_loc", "--against", "NOEXP"]):
         assert cli.main(argv) == 2
@@ -274,7 +290,7 @@ def test_ctrl_c_ends_a_command_in_one_line_with_130():
     assert p.stdout.readline().startswith("== ")  # the first run verified, about 100 to go
     os.killpg(p.pid, signal.SIGINT)
     _, err = p.communicate(timeout=120)
-    assert (p.returncode, err) == (130, "sglab verify: interrupted\n")
+    assert (p.returncode, err) == (130, "sglab verify: stopped by SIGINT\n")
 
 
 @pytest.mark.parametrize("argv, where", [(["index", "--check"], "sglab.tools.readme.stale"),
@@ -286,7 +302,7 @@ def test_ctrl_c_is_one_line_in_every_command(monkeypatch, capsys, argv, where):
 
     monkeypatch.setattr(where, interrupted)
     assert cli.main(argv) == 130
-    assert capsys.readouterr() == ("", f"sglab {argv[0]}: interrupted\n")
+    assert capsys.readouterr() == ("", f"sglab {argv[0]}: stopped by SIGINT\n")
 
 
 def test_index_names_a_missing_marker_and_its_file_in_one_line(tmp_path, monkeypatch, capsys):

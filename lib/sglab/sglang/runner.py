@@ -1,6 +1,7 @@
 """Run probes against real SGLang releases, one worker subprocess per release (two cannot share a
 process, and the caller must never import one) answering every call in turn; a call past its
-timeout kills the worker's process group. Where answers come from: :mod:`sglab.sglang.store`."""
+timeout kills the worker's process group, as does an exception or a signal in the caller (with
+the temporary folder the worker wrote in). Where answers come from: :mod:`sglab.sglang.store`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import logging
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import warnings
@@ -36,13 +38,17 @@ def call_key(probe: str, params: Optional[dict]) -> tuple[str, str]:
     return probe, store.params_key(probe, params)
 
 
-def _spawn(cmd: list[str], timeout: float,
-           progress: Optional[Callable[[], int]] = None) -> tuple[Optional[int], str]:
+def _spawn(cmd: list[str], timeout: float, progress: Optional[Callable[[], int]] = None,
+           stop: Optional[threading.Event] = None, tmp: str = "") -> tuple[Optional[int], str]:
     """(exit code, or None when killed; stderr tail): the child's process group is killed after
-    ``timeout`` seconds without ``progress()`` growing (or of the whole run)."""
+    ``timeout`` seconds without ``progress()`` growing (or of the whole run), or once ``stop`` is
+    set; ``tmp``: the child's temporary folder (``TMPDIR``)."""
+    if stop is not None and stop.is_set():
+        return None, ""
+    env = {**worker_env(), **({"TMPDIR": tmp} if tmp else {})}
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=err, text=True, env=worker_env(), start_new_session=True)
+                                stderr=err, text=True, env=env, start_new_session=True)
         procs.track(proc.pid)
         deadline, seen = time.monotonic() + timeout, 0
         code: Optional[int] = None
@@ -56,7 +62,7 @@ def _spawn(cmd: list[str], timeout: float,
                 grown = progress() if progress is not None else seen
                 if grown > seen:
                     seen, deadline = grown, time.monotonic() + timeout
-                elif time.monotonic() >= deadline:
+                elif time.monotonic() >= deadline or (stop is not None and stop.is_set()):
                     break
         finally:  # timed out, interrupted, or done: nothing of the worker's group stays
             procs.stop(proc.pid, grace=0.0)
@@ -82,11 +88,15 @@ def _read_answers(out: Path) -> dict[int, dict]:
     return found
 
 
-def run_release(
-        release: str, calls: Iterable[tuple[str, Optional[dict]]], *,
-        timeout: float = DEFAULT_TIMEOUT_S) -> tuple[dict[tuple[str, str], ProbeResult], set]:
+Results = dict[tuple[str, str], ProbeResult]  # {(probe, params key): result}
+
+
+def run_release(release: str, calls: Iterable[tuple[str, Optional[dict]]], *,
+                timeout: float = DEFAULT_TIMEOUT_S,
+                stop: Optional[threading.Event] = None) -> tuple[Results, set]:
     """``{(probe, params key): result}`` of ``calls`` on ``release`` in one worker (``timeout`` per
-    call; never raises), and the keys of the calls the worker itself answered."""
+    call, stopped once ``stop`` is set; never raises), and the keys of the calls the worker itself
+    answered."""
     parse_version(release)
     todo: dict[tuple[str, str], tuple[str, dict]] = {}
     for probe, params in calls:
@@ -109,7 +119,8 @@ def run_release(
             "--release", release, "--calls", f"@{asked}", "--out",
             str(out)
         ]
-        code, err = _spawn(cmd, timeout, progress=lambda: out.stat().st_size if out.exists() else 0)
+        written = lambda: out.stat().st_size if out.exists() else 0  # noqa: E731
+        code, err = _spawn(cmd, timeout, progress=written, stop=stop, tmp=tmp)
         ended, answers = time.time(), _read_answers(out)
     for data in answers.values():
         code_loaded.update(data.get("code", ()))
@@ -157,17 +168,23 @@ def run_batch(calls: Iterable[tuple[str, Optional[dict], Iterable[str]]], *, job
         for v in releases:
             per_release.setdefault(v, []).append((probe, params))
     done: dict[str, dict] = {}
+    stop = threading.Event()
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        # the busiest releases first, so that the last worker to start is a short one
-        futures = {
-            pool.submit(run_release, v, per_release[v], timeout=timeout): v
-            for v in sorted(per_release, key=lambda v: -len(per_release[v]))
-        }
-        for f in as_completed(futures):
-            v, (results, answered) = futures[f], f.result()
-            done[v] = {k: r for k, r in results.items() if not answered_only or k in answered}
-            if progress is not None:
-                progress(v, results)
+        try:
+            # the busiest releases first, so that the last worker to start is a short one
+            futures = {
+                pool.submit(run_release, v, per_release[v], timeout=timeout, stop=stop): v
+                for v in sorted(per_release, key=lambda v: -len(per_release[v]))
+            }
+            for f in as_completed(futures):
+                v, (results, answered) = futures[f], f.result()
+                done[v] = {k: r for k, r in results.items() if not answered_only or k in answered}
+                if progress is not None:
+                    progress(v, results)
+        except BaseException:  # a signal or Ctrl-C here: no worker starts, the running ones stop
+            stop.set()
+            pool.shutdown(cancel_futures=True)
+            raise
     return {v: done[v] for v in per_release}
 
 

@@ -50,9 +50,11 @@ def cmd_real(args) -> int:
                       "(what the notebooks' probes answer here), gpu (retired); sglab real ACTION "
                       "--help says more")
     if args.action == "record":
+        from sglab.core import procs
         from sglab.tools import real_record
 
-        return real_record.main(args.rest)
+        with procs.Guard(watchdog=False):  # a stop signal stops the releases' workers (main says)
+            return real_record.main(args.rest)
     if args.action == "gpu":
         print(
             "sglab real gpu: retired; the real engine checks the same on a GPU (sglab engine, "
@@ -224,10 +226,12 @@ def cmd_workspace(args) -> int:
 
 def cmd_capture_sizes(args) -> int:
     from sglab.capture_sizes import server_args
+    from sglab.core import procs
 
     model = str(Path(args.model).resolve()) if args.model else server_args.sglang.MODEL
-    return server_args.command(list(args.server_args), releases=args.release, mla=args.mla,
-                               gpu_mem_gb=args.gpu_mem_gb, model=model, csv=args.csv)
+    with procs.Guard(watchdog=False):  # a stop signal stops the releases' workers (main says)
+        return server_args.command(list(args.server_args), releases=args.release, mla=args.mla,
+                                   gpu_mem_gb=args.gpu_mem_gb, model=model, csv=args.csv)
 
 
 def cmd_swa_cost(args) -> int:
@@ -496,7 +500,7 @@ DESCRIPTION = ("The workbook on the command line: the notebooks (run, sync, reco
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sglab.core import bytecode
+    from sglab.core import bytecode, procs
 
     # before anything heavy is imported, and inherited by every kernel and rank started below
     bytecode.enable()
@@ -518,14 +522,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return _reader_gone()
-    except KeyboardInterrupt:  # Ctrl-C (`sglab run` stops on its own, with its own status)
-        print(f"sglab {args.cmd}: interrupted", file=sys.stderr)
-        return 128 + signal.SIGINT
+    except (procs.Terminated, KeyboardInterrupt) as e:  # what the command started is stopped
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"sglab {args.cmd}: stopped by {signal.Signals(signum).name}", file=sys.stderr)
+        return 128 + signum
     return code
 
 
-# numbers a command needs above 0, and integers it needs at least a floor, checked once parsed
-POSITIVE = {"run": "cell_timeout", "capture-sizes": "gpu_mem_gb"}
+# numbers a command needs above 0 (each value of a list), and integers it needs at least a floor,
+# checked once parsed
+POSITIVE = {
+    "run": ("cell_timeout",), "capture-sizes": ("gpu_mem_gb",),
+    "engine": ("input_len", "batch_size", "requests", "prompts", "output_len", "repeats", "timeout")
+}
 AT_LEAST = {
     "workspace": {"hidden": 1, "pcg_max_tokens": 0, "pre_initialize": 0},
     "swa-cost": {"batch_size": 1, "max_bs": 1}
@@ -534,11 +543,12 @@ AT_LEAST = {
 
 def _check_numbers(args) -> None:
     """Refuse the first number of :data:`POSITIVE` or :data:`AT_LEAST` out of its range."""
-    dest = POSITIVE.get(args.cmd)
-    value = getattr(args, dest) if dest else None
-    if value is not None and not (math.isfinite(value) and value > 0):
-        why = "more than 0" if math.isfinite(value) else "a finite number"
-        raise Refused(f"--{dest.replace('_', '-')} {value:g}: must be {why}")
+    for dest in POSITIVE.get(args.cmd, ()):
+        value = getattr(args, dest)
+        for v in value if isinstance(value, list) else [value]:
+            if v is not None and not (math.isfinite(v) and v > 0):
+                why = "more than 0" if math.isfinite(v) else "a finite number"
+                raise Refused(f"--{dest.replace('_', '-')} {v:g}: must be {why}")
     for dest, low in AT_LEAST.get(args.cmd, {}).items():
         if getattr(args, dest) < low:
             raise Refused(
