@@ -168,7 +168,9 @@ def test_a_folder_given_as_a_run_or_a_missing_notebook_file_is_named(tmp_path, c
     for argv, says in ((["verify", str(tmp_path)], f"sglab verify: {tmp_path} is a folder: name a "
                         "run's .csv file (its .json manifest beside it)\n"), ([
                             "run", str(tmp_path / "mine.ipynb")
-                        ], f"sglab run: {tmp_path / 'mine.ipynb'}: no such file\n")):
+                        ], f"sglab run: {tmp_path / 'mine.ipynb'}: no such file\n"), ([
+                            "run", str(tmp_path / "04_swa_loc.ipynb")
+                        ], f"sglab run: {tmp_path / '04_swa_loc.ipynb'}: no such file\n")):
         assert cli.main(argv) == 2
         assert capsys.readouterr() == ("", says)
 
@@ -366,3 +368,20 @@ def test_an_unknown_argument_is_one_line_naming_the_command(capsys):
     err = capsys.readouterr().err
     assert err.strip() == ("sglab verify: unrecognized argument(s) --bogus (sglab verify --help "
                            "lists its arguments)")
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["engine", "--batch-size", "4,8"], "argument --batch-size: invalid int value: '4,8'"),
+    (["real", "bogus"], "argument action: invalid choice: 'bogus'"),
+])
+def test_a_value_argparse_refuses_is_one_line_naming_the_command(argv, said, capsys):
+    """A value of the wrong type or choice: one line naming the command and its --help, not the
+    command's whole usage (a path of your own of the workbook's name is still that path)."""
+    from sglab.tools import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.splitlines()) == 1
+    assert err.startswith(f"sglab {argv[0]}: {said}")
+    assert err.endswith(f"(sglab {argv[0]} --help lists its arguments)\n")

@@ -266,7 +266,8 @@ def _resolve_notebooks(names: list[str]) -> list[Path]:
             picked.append(Path(n).resolve())
             continue
         match = [p for p in all_nbs if p.stem == Path(n).stem or p.name.startswith(n)]
-        if not match and (len(Path(n).parts) > 1 or Path(n).suffix == ".ipynb"):  # a path
+        # a path (a folder in it, or a file name no workbook notebook has) is that file or nothing
+        if len(Path(n).parts) > 1 or (not match and Path(n).suffix == ".ipynb"):
             raise ValueError(
                 f"{n}: " + ("not a notebook (.ipynb) file" if Path(n).exists() else "no such file"))
         if not match:
@@ -499,12 +500,19 @@ DESCRIPTION = ("The workbook on the command line: the notebooks (run, sync, reco
                "setup (workspace, capture-sizes, swa-cost).")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, its errors in one line (not the usage, which ``--help`` prints)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message} ({self.prog} --help lists its arguments)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     from sglab.core import bytecode, procs
 
     # before anything heavy is imported, and inherited by every kernel and rank started below
     bytecode.enable()
-    ap = argparse.ArgumentParser(prog="sglab", description=DESCRIPTION)
+    ap = _Parser(prog="sglab", description=DESCRIPTION)
     ap.add_argument("--version", action=_Version, help="print sglab's version and exit")
     sub = ap.add_subparsers(dest="cmd", required=True)
     _workbook_commands(sub)
