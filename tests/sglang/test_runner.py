@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from sglab.sglang import releases, runner, store
+from tests import as_a_terminal_starts_it
 from tests.sglang import TRITON_STUB
 
 
@@ -214,7 +215,8 @@ def test_a_command_stopped_by_a_signal_stops_its_workers_and_leaves_no_temporary
     script.write_text(STOPPED_COMMAND.format(lib=lib, probe=CHILD, release=RELEASE))
     p = subprocess.Popen([sys.executable, str(script), str(pid_file)], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         env={**os.environ, "TMPDIR": str(temp)})
+                         env={**os.environ, "TMPDIR": str(temp)
+                              }, preexec_fn=as_a_terminal_starts_it)
     mine = []
     try:
         deadline = time.monotonic() + 60

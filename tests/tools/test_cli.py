@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sglab.tools import cli
+from tests import as_a_terminal_starts_it
 
 
 HEAVY = ("torch", "pandas", "matplotlib")
@@ -287,7 +288,7 @@ def test_ctrl_c_ends_a_command_in_one_line_with_130():
 
     p = subprocess.Popen([sys.executable, "-m", "sglab.tools.cli", "verify", "--all"], cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True,
+                         start_new_session=True, preexec_fn=as_a_terminal_starts_it,
                          env={**os.environ, "PYTHONPATH": str(ROOT / "lib")})
     assert p.stdout.readline().startswith("== ")  # the first run verified, about 100 to go
     os.killpg(p.pid, signal.SIGINT)

@@ -121,7 +121,8 @@ def test_failing_cell_names_the_cell(tmp_path):
     r = nbtools.execute(path, cell_timeout=60, skip_gpu=True, partial_dir=tmp_path)
     assert r.status == "failed"
     # the cell's error in one line, not its source again (the partial notebook has the traceback)
-    assert r.error == f"cell 2 (raise ValueError('boom')): ValueError: boom; partial output in {tmp_path / 'tiny.ipynb'}"
+    assert r.error == ("cell 2 (raise ValueError('boom')): ValueError: boom; partial output in "
+                       f"{tmp_path / 'tiny.ipynb'}")
     assert not _kernels_of(os.getpid())
 
 
