@@ -159,10 +159,11 @@ GLOO = {**ex.DEFAULT_PARAMS, "world_size": 2, "backend": "gloo", "hidden": 16, "
 
 @pytest.fixture(scope="module")
 def gloo_run(tmp_path_factory) -> Path:
-    out = ex.run(GLOO, progress=False)
-    assert set(out.sidecars) == {"events", "trace"}
-    return runs.write_run(out.df, experiment=EXP, method_version=ex.METHOD_VERSION, params=GLOO,
-                          root=tmp_path_factory.mktemp("gloo"), gpu_count=2, sidecars=out.sidecars)
+    path, _ = runs.measure(lambda: ex.run(GLOO, progress=False), experiment=EXP,
+                           method_version=ex.METHOD_VERSION, params=GLOO,
+                           root=tmp_path_factory.mktemp("gloo"), gpu_count=2)
+    assert set(runs.read_run(path).manifest.sidecars) == {"events", "trace"}
+    return path
 
 
 def test_boundary_on_two_gloo_ranks(gloo_run):

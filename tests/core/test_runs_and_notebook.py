@@ -184,6 +184,43 @@ def test_sidecars_are_written_listed_read_back_and_promoted(data_root, tmp_path)
                        sidecars={"Bad Name": events})
 
 
+def test_a_measurements_temporary_files_go_once_its_run_is_written(data_root, monkeypatch):
+    """What a measurement writes in the temporary folder (a trace it hands over as a sidecar,
+    what its children leave) is gone once the run is written, its sidecar kept in the run; the
+    process's temporary folder is the same after as before, and so is a failing one's."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    before, env = tempfile.gettempdir(), os.environ.get("TMPDIR")
+    made = []
+
+    def fn():
+        folder = Path(tempfile.mkdtemp(prefix="trace-"))
+        made.append(folder)
+        (folder / "x.trace.json.gz").write_bytes(b"\x1f\x8b fake")
+        child = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.mkdtemp())"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        made.append(Path(child))
+        return runs.Measured(_frame(), sidecars={"trace": folder / "x.trace.json.gz"})
+
+    path, _ = runs.measure(fn, experiment="demo", method_version=1, params={})
+    assert runs.read_run(path).sidecar("trace").read_bytes() == b"\x1f\x8b fake"
+    assert made and not any(p.exists() for p in made)
+    assert (tempfile.gettempdir(), os.environ.get("TMPDIR")) == (before, env)
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    with pytest.raises(RuntimeError):
+        runs.measure(lambda: made.append(Path(tempfile.mkdtemp())) or _boom(), experiment="demo",
+                     method_version=1, params={})
+    assert not made[-1].exists() and tempfile.gettempdir() == before
+
+
+def _boom():
+    raise RuntimeError("the measurement failed")
+
+
 def test_a_sidecar_reads_an_empty_label_back_as_empty_and_groups_it(data_root):
     # pandas 3 reads text columns as its string dtype, pandas 2 as object: either way an empty
     # label is "" again, so that groupby keeps its rows

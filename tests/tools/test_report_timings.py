@@ -140,9 +140,14 @@ def test_two_at_a_time_keeps_order_and_reports_each(tiny, tmp_path):
 
 def test_a_dead_worker_is_a_failed_notebook_not_a_lost_run(tiny, tmp_path):
     """A worker killed outright (here by its own notebook's kernel) fails its notebook, not the
-    run: the other notebooks report, and the orphaned kernel is stopped."""
+    run: the other notebooks report, the orphaned kernel is stopped, and the folder of its sockets
+    goes with the run's."""
     import os
+    import tempfile
     import time
+
+    kernels = lambda: set(Path(tempfile.gettempdir()).glob("sglab-kernel-*"))  # noqa: E731
+    before = kernels()
 
     marker = tmp_path / "kernel.pid"
     nb = nbformat.v4.new_notebook()
@@ -165,6 +170,7 @@ def test_a_dead_worker_is_a_failed_notebook_not_a_lost_run(tiny, tmp_path):
     else:
         pytest.fail(f"the dead worker's kernel {kernel} is still running")
     assert (tmp_path / "report" / "index.html").exists()
+    assert not kernels() - before
 
 
 def _stamp(t: float) -> str:

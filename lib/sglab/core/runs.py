@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -164,19 +164,51 @@ def write_run(df, *, experiment: str, method_version: int, params: dict, root: P
 
 def measure(fn: Callable[[], Any], *, experiment: str, method_version: int, params: dict,
             root: Path | None = None, gpu_count: int | None = None) -> tuple[Path, int]:
-    """Write what ``fn`` returns (:func:`write_run`), with its times: the CSV path and rows."""
+    """Write what ``fn`` returns (:func:`write_run`), with its times: the CSV path and rows. The
+    temporary files of ``fn`` and what it starts (trace folders, ranks' logs) are made in a folder
+    of their own, removed once the run and its sidecars are written."""
     from sglab.core import timing
 
     timing.take()
     t0 = time.perf_counter()
-    out = fn()
-    out = out if isinstance(out, Measured) else Measured(out)
-    extra = {
-        **out.extra, "duration_s": round(time.perf_counter() - t0, 1), "phases_s": timing.take()
-    }
-    return write_run(out.df, experiment=experiment, method_version=method_version, params=params,
-                     root=root, gpu_count=gpu_count, extra=extra,
-                     sidecars=out.sidecars), len(out.df)
+    with _scratch():
+        out = fn()
+        out = out if isinstance(out, Measured) else Measured(out)
+        extra = {
+            **out.extra, "duration_s": round(time.perf_counter() - t0, 1),
+            "phases_s": timing.take()
+        }
+        return write_run(out.df, experiment=experiment, method_version=method_version,
+                         params=params, root=root, gpu_count=gpu_count, extra=extra,
+                         sidecars=out.sidecars), len(out.df)
+
+
+@contextmanager
+def _scratch():
+    """The temporary folder of this process and its children is a new one, removed at the end;
+    torch's compile cache and this process's multiprocessing folder (which outlives the run) stay
+    where they were."""
+    import getpass
+    import multiprocessing.util
+
+    multiprocessing.util.get_temp_dir()
+
+    saved = {k: os.environ.get(k) for k in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")}
+    before = tempfile.tempdir
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                          str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"))
+    folder = tempfile.mkdtemp(prefix="sglab-measure-")
+    os.environ["TMPDIR"] = tempfile.tempdir = folder
+    try:
+        yield
+    finally:
+        tempfile.tempdir = before
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @dataclass

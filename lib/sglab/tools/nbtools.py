@@ -461,10 +461,12 @@ def _telling_signals(caught: list):
 
 
 def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = None,
-            params: dict | None = None, partial_dir: Path | None = None) -> Result:
+            params: dict | None = None, partial_dir: Path | None = None,
+            kernel_dir: str | None = None) -> Result:
     """Execute a notebook headless in its own folder (``needs-gpu`` cells skipped without CUDA);
     a failing cell, timeout or signal is in the result's error, the partial notebook in
-    ``partial_dir``."""
+    ``partial_dir``; the kernel's sockets, log and temporary files in a folder of ``kernel_dir``
+    (the temporary folder by default), removed once it stops."""
     import nbclient
     import nbformat
     from jupyter_client.manager import AsyncKernelManager
@@ -480,7 +482,7 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
     n_gpu = sum(1 for c in nb.cells if GPU_TAG in c.get("metadata", {}).get("tags", []))
     progress = _Progress()
     # the IPC transport: the kernel's sockets are files in a private folder, not TCP ports
-    folder = tempfile.mkdtemp(prefix="sglab-kernel-")
+    folder = tempfile.mkdtemp(prefix="sglab-kernel-", dir=kernel_dir)
     km = AsyncKernelManager(kernel_name="python3", transport="ipc",
                             connection_file=str(Path(folder) / "kernel.json"))
     client = nbclient.NotebookClient(nb, km=km, timeout=cell_timeout, kernel_name="python3",

@@ -31,11 +31,14 @@ def status_line(r) -> str:
     return f"{r.status} · {r.mode} · {r.seconds:.1f} s"
 
 
-def run_one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pages: bool):
-    """Execute one notebook and write its executed copy and page (in a worker of `sglab run`)."""
+def run_one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pages: bool,
+            kernel_dir: str | None = None):
+    """Execute one notebook and write its executed copy and page (in a worker of `sglab run`,
+    its kernel's folder in ``kernel_dir``, the run's: a worker killed outright leaves it there)."""
     import nbformat
 
-    r = nbtools.execute(p, cell_timeout=cell_timeout, params=params, partial_dir=out)
+    r = nbtools.execute(p, cell_timeout=cell_timeout, params=params, partial_dir=out,
+                        kernel_dir=kernel_dir)
     nbformat.write(r.nb, out / p.name)
     page, title, name = out / f"{p.stem}.html", notebook_title(r.nb, p.stem), html.escape(p.name)
     if html_pages and nbtools.stop_requested():  # a stopped run: what happened, and the notebook
@@ -77,7 +80,7 @@ def worker(job: str, noted: tuple = ()) -> int:
     if not nbtools.stop_requested():
         result.with_suffix(".started").touch()
         r = run_one(spec["notebook"], spec["out"], spec["params"], spec["cell_timeout"],
-                    spec["html_pages"])
+                    spec["html_pages"], spec["folder"])
     tmp = result.with_name(f".{result.name}")
     try:
         tmp.write_bytes(pickle.dumps(r))
