@@ -4,6 +4,7 @@ whole run's rows with emulated graphs and host times."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from sglab.breakable_graph import measure, show
 from sglab.breakable_graph import rebuild as bg
@@ -83,3 +84,14 @@ def test_run_rows_on_cpu(capsys):
     assert used.loc[("before", 3), "value"].tolist() == [0, 0]
     assert (used.loc["after", "value"] == 1).all()
     assert set(out.sidecars) == {"events"}
+
+
+def test_each_timer_takes_the_arguments_the_latency_cells_give_it():
+    """Part d times with CUDA events on the run's own device, or the host's clock on the CPU:
+    each call it makes is one the timer accepts (a keyword the GPU timer lost once broke
+    `sglab record breakable_graph` on GPUs alone, where the CPU tests never call it)."""
+    import inspect
+
+    for dev, on_gpu in ((torch.device("cuda", 0), True), (torch.device("cpu"), False)):
+        t = measure.timer_for(dev, on_gpu)
+        inspect.signature(t.func).bind(lambda: None, *t.args, warmup=0, repeat=1, **t.keywords)

@@ -208,6 +208,12 @@ def _matches(model, after, p: dict, batch_for) -> list:
     return rows
 
 
+def timer_for(dev, on_gpu: bool):
+    """What times part d: CUDA events on ``dev``, or the host's clock where it is the CPU."""
+    return partial(timing.cuda_time, device=dev) if on_gpu else partial(
+        timing.host_time, sync=False)
+
+
 def _latency(model, before, after, p: dict, batch_for, timer) -> list:
     """Part d: eager, before and after prefill latency in interleaved rounds, per cell."""
     rows = []
@@ -271,11 +277,9 @@ def run(params: Optional[dict] = None, *, progress: bool = True,
     with timing.phase("hit rate"):
         say("[breakable_graph] (c) hit rate of the mixed prefill stream")
         rows += hit_rate_rows(p, model=model)
-    timer = partial(timing.cuda_time, device=dev) if on_gpu else partial(
-        timing.host_time, sync=False)
     with timing.phase("timing"):
         say("[breakable_graph] (d) latency of eager, before and after, interleaved")
-        rows += _latency(model, before, after, p, batch_for, timer)
+        rows += _latency(model, before, after, p, batch_for, timer_for(dev, on_gpu))
     with timing.phase("profile"):
         say("[breakable_graph] traced pass (torch.profiler)")
         launch_rows, sidecars = profile_pass(p, model, before, after, batch_for, on_gpu)

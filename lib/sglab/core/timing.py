@@ -49,14 +49,17 @@ def _check_counts(warmup: int, repeat: int) -> None:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
 
 
-def cuda_time(fn: Callable[[], object], *, warmup: int = 10, repeat: int = 50) -> Timing:
-    """Time ``fn`` with a pair of CUDA events around each call, after ``warmup`` discarded calls."""
+def cuda_time(fn: Callable[[], object], *, warmup: int = 10, repeat: int = 50,
+              device=None) -> Timing:
+    """Time ``fn`` with a pair of CUDA events around each call, after ``warmup`` discarded calls, on
+    ``device`` (the current CUDA device by default)."""
     import torch
 
     _check_counts(warmup, repeat)
     if not torch.cuda.is_available():
         raise RuntimeError("cuda_time needs a CUDA device; use host_time for host-side work")
-    dev = torch.device("cuda", torch.cuda.current_device())
+    dev = torch.device("cuda",
+                       torch.cuda.current_device()) if device is None else torch.device(device)
     with torch.cuda.device(dev):
         for _ in range(warmup):
             fn()
