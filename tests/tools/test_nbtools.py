@@ -118,10 +118,11 @@ def test_cell_timeout_is_reported_as_interrupted(tmp_path):
 
 def test_failing_cell_names_the_cell(tmp_path):
     path = _notebook(tmp_path, "x = 1", "raise ValueError('boom')")
-    r = nbtools.execute(path, cell_timeout=60, skip_gpu=True, partial_dir=tmp_path)
-    assert r.status == "failed"
+    r = nbtools.execute(path, cell_timeout=60, skip_gpu=True, partial_dir=tmp_path,
+                        params={"MODE": "live"})
+    assert r.status == "failed" and r.mode == "live"  # the mode asked: the notebook never said
     # the cell's error in one line, not its source again (the partial notebook has the traceback)
-    assert r.error == ("cell 2 (raise ValueError('boom')): ValueError: boom; partial output in "
+    assert r.error == ("cell 3 (raise ValueError('boom')): ValueError: boom; partial output in "
                        f"{tmp_path / 'tiny.ipynb'}")
     assert not _kernels_of(os.getpid())
 

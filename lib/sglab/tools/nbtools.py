@@ -525,7 +525,9 @@ def execute(ipynb: Path, *, cell_timeout: int = 900, skip_gpu: bool | None = Non
         said = "" if by_signal or not kernel_said else f"\nthe kernel process wrote:\n{kernel_said}"
         error = _ANSI.sub("", error).rstrip() + f"; partial output in {partial}{said}"
     marker = read_mode(nb)
-    mode = marker["mode"] if marker else "cpu"
+    # no marker: a notebook without GPU parts, or one that stopped before it said (then the mode
+    # asked of it, not "cpu")
+    mode = marker["mode"] if marker else str((params or {}).get("MODE", "cpu"))
     signum = (caught or [signal.SIGINT])[0] if by_signal else 0  # KeyboardInterrupt: SIGINT
     return Result(ipynb, status, mode, seconds, error, n_gpu if skip_gpu else 0, nb, started,
                   int(signum))
