@@ -131,10 +131,12 @@ def test_upstream_checks_read_source_without_import(tmp_path, monkeypatch):
 
 
 def test_cli_params_and_errors():
-    assert cli._parse_params(["world_size=4", "name=abc",
-                              "sizes=[1, 2]"]) == {"world_size": 4, "name": "abc", "sizes": [1, 2]}
+    from sglab.tools.commands import parse_params
+
+    assert parse_params(["world_size=4", "name=abc",
+                         "sizes=[1, 2]"]) == {"world_size": 4, "name": "abc", "sizes": [1, 2]}
     with pytest.raises(ValueError, match="NAME=VALUE"):
-        cli._parse_params(["oops"])
+        parse_params(["oops"])
     assert cli.main(["record", "no_such_experiment"]) == 2
     items = dict(report.env_report())
     assert {"GPUs", "torch / CUDA", "NVML", "cuda-bindings", "nsight timing",

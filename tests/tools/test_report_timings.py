@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from sglab.tools import cli, report
+from sglab.tools import cli, report, run_cmd
 from sglab.core import runs
 from sglab.tools.report import run_notebooks
 from sglab.tools import timings
@@ -85,7 +85,7 @@ def test_record_and_live_times(tiny, tmp_path, data_root):
 
 
 def test_cli_run_timings(tiny, tmp_path, data_root, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_resolve_notebooks", lambda names: [tiny])
+    monkeypatch.setattr(run_cmd, "_resolve_notebooks", lambda names: [tiny])
     monkeypatch.setattr(report, "env_report", lambda: [("GPUs", "0")])
     assert cli.main(["run", "--timings", "--out", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
@@ -103,7 +103,7 @@ def test_failed_notebook_is_not_recorded(tiny, tmp_path, data_root, monkeypatch,
     nb = nbformat.read(tiny, as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell("raise RuntimeError('x')"))
     nbformat.write(nb, tiny)
-    monkeypatch.setattr(cli, "_resolve_notebooks", lambda names: [tiny])
+    monkeypatch.setattr(run_cmd, "_resolve_notebooks", lambda names: [tiny])
     monkeypatch.setattr(report, "env_report", lambda: [])
     assert cli.main(["run", "--timings", "--record", "--out", str(tmp_path / "r")]) == 1
     assert "not recorded" in capsys.readouterr().out

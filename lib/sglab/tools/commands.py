@@ -1,5 +1,8 @@
-"""What every ``sglab`` command's parser shares: the one-line refusal and two argparse helpers
-(:mod:`.cli` registers the commands, :mod:`.engine_cmd` and :mod:`.upstream` add their own)."""
+"""What every ``sglab`` command's parser shares: the one-line refusal, two argparse helpers and
+``--param`` (:mod:`.cli` registers the commands, :mod:`.engine_cmd`, :mod:`.run_cmd` and
+:mod:`.upstream` add their own)."""
+
+import ast
 
 
 class Refused(Exception):
@@ -15,3 +18,18 @@ def command(sub, fn, *args, **kw):
 
 def flag(p, name: str, help: str) -> None:
     p.add_argument(name, action="store_true", help=help)
+
+
+def parse_params(items: list[str]) -> dict:
+    """``--param NAME=VALUE`` items as a dict (values read as Python literals where they parse);
+    ValueError for an item without ``=`` or a name."""
+    out = {}
+    for item in items or []:
+        if "=" not in item or not item.split("=", 1)[0].strip():
+            raise ValueError(f"--param needs NAME=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        try:
+            out[k.strip()] = ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            out[k.strip()] = v
+    return out
