@@ -242,6 +242,7 @@ method.conclude(
 # verify RUN --against`), a run gives these beyond their tolerance. A test keeps the list
 # (`data/recorded/not_repeated.json`, with why) equal to what the record gives, and every claim
 # holds on each of these runs; the host's per-launch cost before and after the run stands beside.
+# `verify --against` prints a listed figure as not repeated and fails on any other.
 
 # %%
 gone = verify.not_repeated({f"engine_{f.name}": rs.every() for f, rs, _, _ in found if rs})
