@@ -183,20 +183,29 @@ def measure(fn: Callable[[], Any], *, experiment: str, method_version: int, para
                          sidecars=out.sidecars), len(out.df)
 
 
+def shared_caches() -> dict:
+    """What stays in the shared temporary folder when a run's own is elsewhere: torch's compile
+    cache (its default place), shared between runs."""
+    import getpass
+
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": str(
+            Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}")
+    }
+
+
 @contextmanager
 def _scratch():
     """The temporary folder of this process and its children is a new one, removed at the end;
-    torch's compile cache and this process's multiprocessing folder (which outlives the run) stay
-    where they were."""
-    import getpass
+    the shared caches (:func:`shared_caches`) and this process's multiprocessing folder (which
+    outlives the run) stay where they were."""
     import multiprocessing.util
 
     multiprocessing.util.get_temp_dir()
-
-    saved = {k: os.environ.get(k) for k in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")}
+    saved = {k: os.environ.get(k) for k in ("TMPDIR", *shared_caches())}
     before = tempfile.tempdir
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
-                          str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"))
+    for k, v in shared_caches().items():
+        os.environ.setdefault(k, v)
     folder = tempfile.mkdtemp(prefix="sglab-measure-")
     os.environ["TMPDIR"] = tempfile.tempdir = folder
     try:

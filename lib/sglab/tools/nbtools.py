@@ -354,16 +354,12 @@ def kernel_env(folder: str) -> dict:
     with the kernel's folder, so that nothing it leaves (the standard library's temp-folder probe
     of a kernel killed as it starts, multiprocessing's ``pymp-*``, a notebook's scratch folders)
     outlives it, and the run never has to tell its files from another program's in the shared
-    folder. Torch's compile cache stays where it was: shared between runs."""
+    folder. The shared caches stay where they were (:func:`sglab.core.runs.shared_caches`)."""
+    from sglab.core.runs import shared_caches
+
     tmp = Path(folder) / "tmp"
     tmp.mkdir(exist_ok=True)
-    import getpass
-
-    inductor = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
-    return {
-        "TORCHINDUCTOR_CACHE_DIR": str(inductor), **os.environ, "SGLAB_HEADLESS": "1",
-        "TMPDIR": str(tmp)
-    }
+    return {**shared_caches(), **os.environ, "SGLAB_HEADLESS": "1", "TMPDIR": str(tmp)}
 
 
 def _stop_kernel(client, km, folder: str, loop) -> str:
