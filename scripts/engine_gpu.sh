@@ -111,7 +111,15 @@ unpack() {  # unpack V: its layers into $ENGINE_HOME/V/site, once
   echo "sglang $v: unpacked $(echo "$layers" | wc -w) layers into $site in $((SECONDS - t0)) s"
 }
 
-mkdir -p "$OUT/logs" "$OUT/runs" "$HOME/.cache"
+# a dry run writes nothing under $OUT: its commands' output goes to a folder of its own, removed
+# on exit
+logs="$OUT/logs"
+if [ $dry = 1 ]; then
+  logs=$(mktemp -d "${TMPDIR:-/tmp}/engine-gpu-dry.XXXXXX")
+  trap 'rm -rf "$logs"' EXIT
+else
+  mkdir -p "$OUT/logs" "$OUT/runs" "$HOME/.cache"
+fi
 summary=()
 if [ $dry = 0 ]; then
   all=$("$py" -c 'import json, sys; print(" ".join(json.load(open(sys.argv[1]))))' \
@@ -136,7 +144,7 @@ step() {  # step NAME ARGS...: one `sglab engine` invocation, its output in logs
   local name=$1 t0=$SECONDS rc
   shift
   echo "=== $name: sglab engine $*"
-  sg "$OUT/logs/$name.log" engine "$@"
+  sg "$logs/$name.log" engine "$@"
   rc=$?
   summary+=("$name rc=$rc $((SECONDS - t0))s")
   echo "--- $name rc=$rc $((SECONDS - t0))s"
@@ -224,7 +232,7 @@ print("\n".join(e for e in checked if e in picked))' "$plan")
   echo "=== verify: sglab verify --live --against ${exps[*]}"
   if [ $dry = 1 ]; then exit 0; fi
   t0=$SECONDS
-  sg "$OUT/logs/verify.log" verify --live --against "${exps[@]}"
+  sg "$logs/verify.log" verify --live --against "${exps[@]}"
   rc=$?
   summary+=("verify rc=$rc $((SECONDS - t0))s")
   for e in "${exps[@]}"; do
@@ -240,7 +248,7 @@ if [ $verify_runs = 1 ]; then
   mapfile -t recorded < <(ls "$OUT"/runs/engine_*/*.csv 2>/dev/null)
   if [ -n "${recorded[0]:-}" ]; then
     t0=$SECONDS
-    sg "$OUT/logs/verify.log" verify "${recorded[@]}" --against
+    sg "$logs/verify.log" verify "${recorded[@]}" --against
     rc=$?
   else
     t0=$SECONDS rc=2

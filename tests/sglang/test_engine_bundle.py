@@ -309,9 +309,11 @@ def test_a_gpu_script_flag_without_its_value_is_one_line_and_starts_nothing(
 
 def test_a_dry_run_prints_the_plans_commands_without_the_bundles_and_a_real_run_refuses(tmp_path):
     """--dry-run unpacks nothing, so it reads no bundle: it says they are absent (a real run needs
-    them) and prints the plan's commands; the same call without --dry-run is refused in one line."""
+    them), prints the plan's commands and writes nothing under $OUT; the same call without
+    --dry-run is refused in one line."""
     p = _gpu_script(tmp_path, "--dry-run", "--plan", "03")
     assert p.returncode == 0, p.stderr[-2000:]
+    assert not (tmp_path / "out").exists()
     lines = p.stdout.splitlines()
     assert lines[0] == (f"engine_gpu.sh: no {tmp_path}/bundles.json: a dry run needs none, a real "
                         "run needs the bundles (`make wheelhouse-engine`)")
