@@ -302,6 +302,16 @@ def test_missing_cells_read_blank():
     assert list(text.blank(df, ["ms"])["calls"].isna()) == [False, True]  # only `cols`
 
 
+def test_an_exact_count_that_is_a_mean_keeps_its_half():
+    """18.5 and 17.5 kernels per layer (a mean over layers) both round to 18 as whole numbers:
+    an exact count keeps them apart, and whole counts still read without ``.0``."""
+    assert text.count([17.5]) == text.count([18.5]) == "18"
+    assert (text.count([17.5], exact=True), text.count([18.5, 24.5],
+                                                       exact=True)) == ("17.5", "18.5–24.5")
+    assert text.count([18.0, 24.0], exact=True) == "18–24" and text.count(148.0,
+                                                                          exact=True) == "148"
+
+
 def test_software_versions_read_torchs_without_importing_it(tmp_path):
     """torch's version and CUDA come from its version.py where torch is not imported (2 s saved in
     notebook 00 and `sglab env`), and agree with torch's own answer."""

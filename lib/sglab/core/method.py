@@ -228,7 +228,7 @@ def exact_counts(rs, metric: str) -> pd.DataFrame:
             cell["at"].setdefault(at, set()).update({row.lo, row.hi})
     rows = [{
         "model": m, "release": rel, "case": case, "runs": len(c["runs"]),
-        "values": text.count(sorted(set().union(*c["at"].values()))),
+        "values": text.count(sorted(set().union(*c["at"].values())), exact=True),
         "one value per shape": "yes" if all(len(v) == 1 for v in c["at"].values()) else "NO"
     } for (m, rel, case), c in sorted(seen.items())]
     return pd.DataFrame(rows).set_index(KEYS) if rows else pd.DataFrame()

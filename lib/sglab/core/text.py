@@ -19,12 +19,17 @@ def span(values: Iterable[float], fmt: str = "{:.2f}", unit: str = "") -> str:
     return f"{lo}{unit}" if lo == hi else f"{lo}–{hi}{unit}"
 
 
-def count(values) -> str:
+def count(values, *, exact: bool = False) -> str:
     """Counts as text: one figure where they all agree, else ``lowest–highest``; a single value
-    may be given alone (``count(148.0)`` -> ``148``)."""
+    may be given alone (``count(148.0)`` -> ``148``). ``exact``: a count that is a mean (18.5
+    kernels per layer) keeps its decimals, so that 17.5 and 18.5 do not both read ``18``."""
     if isinstance(values, (int, float, str)):
         values = [values]
-    return span([float(v) for v in values], "{:.0f}")
+    got = [v for v in map(float, values) if v == v]
+    if not (exact and any(not v.is_integer() for v in got)):
+        return span(got, "{:.0f}")
+    lo, hi = (f"{v:.2f}".rstrip("0").rstrip(".") for v in (min(got), max(got)))
+    return lo if lo == hi else f"{lo}–{hi}"
 
 
 def whole(value) -> str:
