@@ -39,6 +39,18 @@ def test_a_card_names_its_fixs_releases(monkeypatch):
     assert K.releases_line(fix.releases()) == "no such code 0.5.10 · fixed (the PR's code) 0.5.11"
 
 
+def test_a_release_with_the_pr_but_not_its_follow_up_is_told_apart():
+    """0.5.11 has #23552's preset but not #24743's zeroing of the padded tail: its state is the
+    PR's, and the card tells a reader it is only partly fixed."""
+    from sglab.swa_loc import sglang
+
+    assert dict(sglang.FIX.releases())["0.5.11"] == "pr-era"
+    told = dict(sglang.FIX.releases(told=True))
+    assert told["0.5.11"].startswith("partly fixed (#23552 without #24743")
+    assert told["0.5.12"] == "pr-era" and told["0.5.10"] == "before"
+    assert " partly fixed (#23552 without #24743" in K.releases_line(list(told.items()))
+
+
 def test_the_pr_beside_us_is_a_table_of_its_own_that_nbconvert_renders():
     """The table follows the quote (inside one, nbconvert shows its pipes as text), a pipe in a
     cell is escaped, and the HTML card names the rebuild's answer too."""

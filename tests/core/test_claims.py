@@ -390,3 +390,18 @@ def test_the_claims_table_reads_from_the_left_with_each_status_coloured(demo):
     assert len(filled) == 6 * 5 and all("text-align:left;vertical-align:top" in s for s in filled)
     assert sum("color:#c0392b" in s for s in filled) == 1  # demo.extra_kernels fails
     assert len(parser.cells) - len(filled) == 0
+
+
+def test_a_folded_check_that_does_not_apply_is_not_counted_as_failing(demo):
+    """A claim's checks summary counts only the checks that apply: one that is n/a on this run
+    (a one-GPU run's two-rank check) is named n/a, not read as one that does not hold."""
+    import dataclasses
+
+    from sglab.core import notebook
+
+    ranks, kernels = CLAIMS[2], CLAIMS[0]
+    module = types.ModuleType("sglab.demo_folded.claims")
+    module.EXPERIMENT, module.GPUS, module.CLAIM = "demo", 1, DEMO.CLAIM
+    module.CLAIMS = [dataclasses.replace(kernels, folded=(ranks,))]
+    page = notebook.verdict_html(module, verify.load_run(_write(kernels=(10, 8))))
+    assert "checks under it: 0/0 hold, 1 n/a</summary>" in page

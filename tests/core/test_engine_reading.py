@@ -614,3 +614,18 @@ def test_beside_rows_without_runs_give_each_missing_sides_line_first(name):
     assert [(r["source"], r["measures"]) for r in rows[:2]
             ] == [("rebuild", "no GPU run to show (test)"),
                   ("SGLang engine", "no GPU run to show (test)")]
+
+
+def test_a_verdict_on_runs_merged_names_each_gpu_count_and_their_first_and_last_day():
+    """02's engine record holds H200 runs on 2 and on 4 GPUs over two days: the verdict on them
+    merged names both counts and both days, not the newest run's alone."""
+    from sglab.workspace_floor import claims as W
+
+    found = runs.load_all_recorded("engine_workspace_floor")
+    (merged,) = [m for m in R.per_gpu(R.load("workspace_floor")) if m.manifest.gpu == "H200"]
+    counts = sorted({r.manifest.gpu_count for r in found if r.manifest.gpu == "H200"})
+    days = sorted(r.manifest.date for r in found if r.manifest.gpu == "H200")
+    assert len(counts) > 1 and days[0] != days[-1]
+    line = C.verdict_line(C.evaluate(W.ENGINE, merged), merged)
+    assert line.endswith(f"on H200 {' and '.join(f'×{n}' for n in counts)}, {days[0]} to "
+                         f"{days[-1]}")

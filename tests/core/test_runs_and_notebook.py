@@ -93,6 +93,10 @@ def test_workbook_modes_on_cpu(data_root, capsys):
     assert isinstance(got, runs.RunSet) and got and not got.first.live and len(got.shown) == 1
     assert got.first.df["value"].tolist() == [2.0, 1.0] and got.elsewhere == []
     assert nb.Workbook(experiment="cpu_only", gpus=0, show=False).live is True
+    capsys.readouterr()
+    nb.Workbook(experiment="cpu_only", gpus=0, mode="recorded")
+    said = capsys.readouterr().out  # nothing of it is measured on a GPU: no GPU results to source
+    assert "every cell runs on this machine" in said and "GPU results" not in said
 
 
 def test_hardware_meets_on_cpu():
@@ -310,6 +314,12 @@ def test_an_exact_count_that_is_a_mean_keeps_its_half():
                                                        exact=True)) == ("17.5", "18.5–24.5")
     assert text.count([18.0, 24.0], exact=True) == "18–24" and text.count(148.0,
                                                                           exact=True) == "148"
+
+
+def test_a_change_that_prints_as_zero_has_no_sign():
+    """A drift of -0.4% reads ``0%`` (not ``-0%``) alone or as a span's end; others keep theirs."""
+    assert text.signed(-0.004) == text.signed(0.004) == "0%" and text.signed(-0.05) == "-5%"
+    assert text.span([-0.004, 0.1], "{:+.0%}") == "0%–+10%" and text.span([-1e-4]) == "0.00"
 
 
 def test_software_versions_read_torchs_without_importing_it(tmp_path):

@@ -49,11 +49,10 @@ def parts(card: Card, fix, claims, rs, engine_rs) -> dict:
     }
     found = [(C._format(pr, ns), C._format(we, ns)) for pr, we in card.found]
     return {
-        "bug": card.bug, "affects": card.affects, "releases": releases_line(fix.releases()),
-        "engine": (f"{engine.CLAIM} {C.headline(engine, merged, merged)}".strip()
-                   if merged else engine_rs.line), "engine_verdicts": [
-                       C.verdict_line(C.evaluate(engine, r), r) for r in merged
-                   ],
+        "bug": card.bug, "affects": card.affects, "releases": releases_line(fix.releases(
+            told=True)), "engine": (f"{engine.CLAIM} {C.headline(engine, merged, merged)}".strip()
+                                    if merged else engine_rs.line),
+        "engine_verdicts": [C.verdict_line(C.evaluate(engine, r), r) for r in merged],
         "rebuild": f"{claims.CLAIM} " + (C.headline(claims, shown) if shown else f"({rs.line})"),
         "rebuild_verdicts": [C.verdict_line(C.evaluate(claims, r), r) for r in shown], "found": [
             (pr, we) for pr, we in found if pr is not None and we is not None

@@ -157,9 +157,13 @@ def verdict(results: list[Result]) -> str:
 
 
 def verdict_line(results: list[Result], run) -> str:
-    """:func:`verdict` on the run's GPU and date: "5/5 claims hold on H100 ×1, 2026-11-21"."""
+    """:func:`verdict` on the run's GPU and date: "5/5 claims hold on H100 ×1, 2026-11-21"; runs
+    merged into one name each GPU count and their first and last day ("on H200 ×2 and ×4,
+    2026-11-27 to 2026-11-28")."""
     m = run.manifest
-    return f"{verdict(results)} on {m.gpu} ×{m.gpu_count}, {m.date}"
+    counts = " and ".join(f"×{n}" for n in m.merged_span.get("gpu_counts") or [m.gpu_count])
+    first, last = m.merged_span.get("dates") or [m.date, m.date]
+    return f"{verdict(results)} on {m.gpu} {counts}, {first}" + (f" to {last}" * (last != first))
 
 
 def table(results: list[Result]):

@@ -104,6 +104,11 @@ def merged(runs_: list) -> runs.Run:
     m.setdefault("params",
                  {})["specs"] = [e for r in ordered for e in r.manifest.params.get("specs", [])]
     m["merged_from"] = [r.path.name for r in ordered]
+    m["merged_span"] = {
+        "gpu_counts": sorted({r.manifest.gpu_count
+                              for r in ordered}),
+        "dates": [ordered[0].manifest.date, newest.manifest.date]
+    }
     # each row keeps its model and TP size: two runs may share a variant name for two of either
     df = frame(ordered).drop(columns=["run"])
     m["rows"] = len(df)

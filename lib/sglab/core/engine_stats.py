@@ -214,7 +214,7 @@ def reruns(rs, ratio_of, stats: tuple = (STAT, "fastest", "median")) -> pd.DataF
             ratios = {STAT_NAMES[s]: c[s][1] if s in c else "" for s in stats}
             rows[(pair, at)] = {
                 **ratios, "host µs per launch": "" if c["host"] is None else f"{c['host']:.1f}",
-                "drift": f"{c[stats[0]][0] / first[c['gpu']] - 1:+.0%}" if stats[0] in c else ""
+                "drift": text.signed(c[stats[0]][0] / first[c['gpu']] - 1) if stats[0] in c else ""
             }
     out = pd.DataFrame.from_dict(rows, orient="index")
     if not out.empty:

@@ -190,9 +190,11 @@ class Workbook:
         recorded = runs.load_all_recorded(self.experiment)
         if self.live:
             what = f"**live**: measured on this machine ({self.reason})"
-        else:
-            what = (f"**recorded**: {self.reason}, so the GPU results come from the "
-                    f"{len(recorded)} committed run(s) named under each table; CPU parts run live")
+        elif not self.gpus:
+            what = f"**recorded**: {self.reason}; every cell runs on this machine"
+        else:  # each table names its runs: a count here would mix runs no table shows
+            what = (f"**recorded**: {self.reason}, so the GPU results come from committed runs, "
+                    f"each named under the table it fills; CPU parts run live")
         mode_line(
             {
                 "experiment": self.experiment, "mode": self.mode, "gpus_needed": self.gpus,
@@ -267,16 +269,17 @@ def verdict_html(claims, run) -> str:
             (f";{_STATUS_STYLE[r.status]}" if i == 2 else "") + f"'>{t}</td>"
             for i, t in enumerate(texts)) + "</tr>")
         folded = [f for f in results if f.parent == r.claim.id]
-        if folded:
+        if folded:  # a check that does not apply is neither held nor failed
             ok = sum(f.status == C.PASS for f in folded)
+            na = sum(f.status == C.NA for f in folded)
             items = "".join(f"<li><code>{html.escape(f.claim.id)}</code> <span "
                             f"style='{_STATUS_STYLE[f.status]}'>"
                             f"{f.status}</span> — {html.escape(f.claim.statement)}: "
                             f"{html.escape(f.outcome.measured or f.outcome.reason)}</li>"
                             for f in folded)
+            held = f"{ok}/{len(folded) - na} hold" + (f", {na} n/a" if na else "")
             rows.append(f"<tr><td></td><td colspan='5' style='{_CELL}'><details><summary>checks "
-                        f"under it: {ok}/{len(folded)} hold</summary><ul>{items}</ul></details>"
-                        "</td></tr>")
+                        f"under it: {held}</summary><ul>{items}</ul></details></td></tr>")
     head = "".join(f"<th style='{_CELL}'>{h}</th>"
                    for h in ("claim", "statement", "status", "measured", "expected", "why"))
     return (f"<p><b>{html.escape(C.verdict_line(results, run))}</b> · "

@@ -256,6 +256,7 @@ class Manifest:
     host_launch_us: dict = field(default_factory=dict)
     partial: dict | None = None
     merged_from: list = field(default_factory=list)
+    merged_span: dict = field(default_factory=dict)  # a merged run's GPU counts and first/last day
     sglang: dict = field(default_factory=dict)
     sglang_home: str = ""
     # profiler tables and the workbook's own timings

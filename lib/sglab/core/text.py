@@ -9,13 +9,20 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 
+def signed(value: float, fmt: str = "{:+.0%}") -> str:
+    """``value`` in ``fmt``, without the sign of a figure that prints as zero: ``-0.004`` ->
+    ``0%``, not ``-0%``."""
+    said = fmt.format(value)
+    return said[1:] if said[:1] in "+-" and not said.strip("+-0.%×") else said
+
+
 def span(values: Iterable[float], fmt: str = "{:.2f}", unit: str = "") -> str:
-    """``lo–hi`` of ``values`` in ``fmt`` (one figure where both ends print alike), then
-    ``unit``: ``span([1.2, 3.5], unit="×")`` -> ``1.20–3.50×``."""
+    """``lo–hi`` of ``values`` in ``fmt`` (one figure where both ends print alike; a zero without
+    its sign), then ``unit``: ``span([1.2, 3.5], unit="×")`` -> ``1.20–3.50×``."""
     got = [v for v in values if v == v]  # NaN left out
     if not got:
         return ""
-    lo, hi = fmt.format(min(got)), fmt.format(max(got))
+    lo, hi = signed(min(got), fmt), signed(max(got), fmt)
     return f"{lo}{unit}" if lo == hi else f"{lo}–{hi}{unit}"
 
 

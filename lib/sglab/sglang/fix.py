@@ -57,6 +57,9 @@ class Fix:
     probe: Optional[Probe] = None
     engine: object = None
     part: str = ""  # "part A" where one PR holds two fixes
+    # (what a release's check reason says, how a reader is told): a release with the main PR but
+    # not its follow-up, told apart on the card though its state is the PR's
+    lacking: tuple = ()
 
     @property
     def stem(self) -> str:
@@ -72,12 +75,17 @@ class Fix:
     def experiment(self) -> str:
         return self.name
 
-    def releases(self) -> list[tuple[str, str]]:
-        """``[(version, state)]`` of this fix in every release (the committed release table)."""
+    def releases(self, told: bool = False) -> list[tuple[str, str]]:
+        """``[(version, state)]`` of this fix in every release (the committed release table);
+        ``told``: a release :attr:`lacking` a follow-up has its words for a state."""
         from sglab.sglang import wheels
 
         row = wheels.timeline_row(self.name)
-        return list(zip(row["version"], row["state"]))
+        states = list(row["state"])
+        if told and self.lacking:
+            marker, words = self.lacking
+            states = [words if marker in r else s for s, r in zip(states, row["reason"])]
+        return list(zip(row["version"], states))
 
     def recorded_engine(self):
         """This fix's recorded real-engine runs, or a NoRun saying how to record them."""

@@ -323,12 +323,17 @@ def overview_frame():
     rows = []
     for e in fixes.NOTEBOOKS:
         ok, _ = hardware.meets(e.gpus)
-        recorded = runs.load_all_recorded(e.experiment) if e.experiment else []
         rows.append({
-            "notebook": e.stem, "upstream": e.upstream, "claim": e.claim, "GPUs": e.gpus,
-            "live here": "yes" if ok else "no", "live time": live_times.get(
-                e.stem, timings.NOT_RECORDED),
-            "recorded runs": recorded_summary(recorded) if e.experiment else "—"
+            "notebook": e.stem,
+            "upstream": e.upstream,
+            "claim": e.claim,
+            "GPUs": e.gpus,
+            "live here": "yes" if ok else "no",
+            "live time": live_times.get(e.stem, timings.NOT_RECORDED),
+            **{  # the rebuild's runs, and the real engine's runs of the same fix
+                column: recorded_summary(runs.load_all_recorded(prefix + e.experiment)) if e.experiment else "—"
+                for column, prefix in (("rebuild runs", ""), ("real-engine runs", "engine_"))
+            }
         })
     return pd.DataFrame(rows)
 
@@ -344,7 +349,7 @@ def overview():
     others = [c for c in df.columns if c != "claim"]
     style = df.style.hide(axis="index").format(inline_markdown, subset=["claim"])
     style = style.format(lambda t: "<br>".join(html.escape(p) for p in str(t).split("; ")),
-                         subset=["live time", "recorded runs"])
+                         subset=["live time", "rebuild runs", "real-engine runs"])
     style = style.set_properties(**{"text-align": "left", "vertical-align": "top"})
     style = style.set_properties(subset=others, **{"white-space": "nowrap"})
     style = style.set_properties(subset=["claim"], **{"white-space": "normal"})
