@@ -160,8 +160,11 @@ report.overview()
 #
 # Nothing is ever invented: without a GPU and without a recorded run, a GPU section says "no GPU run
 # to show" and why. A run is a tidy CSV with a JSON manifest (method version, time, git commit, GPU,
-# driver, CUDA, torch, parameters); `sglab publish data/runs/<fix>/<run>.csv` commits a live run
-# under `data/recorded/<fix>/`, where readers without GPUs see it.
+# driver, CUDA, torch, parameters). A live run is saved under `data/runs/<experiment>/` (the fix's
+# name, or `engine_<fix>` for its real-engine runs); `sglab publish
+# data/runs/<experiment>/<run>.csv` copies it with its sidecars into `data/recorded/<experiment>/`,
+# refusing one whose claims fail. Verified there (`sglab verify`) and committed, it is what readers
+# without GPUs see.
 #
 # ## One folder per fix
 #

@@ -164,10 +164,9 @@ reveal(pd.DataFrame(rows, columns=["assignment", "took effect"]).set_index("assi
 
 # %%
 buckets = rebuild.piecewise_cuda_graph_tokens(measure.DEFAULT_PARAMS["max_tokens"])
-print(f"{len(buckets)} buckets: {buckets}")
-print("the measured counts pad to",
-      {n: rebuild.bucket_for(n, buckets)
-       for n in measure.DEFAULT_PARAMS["token_counts"]})
+print(f"{show.buckets_line(buckets)}.")
+pads = [f"{n} → {rebuild.bucket_for(n, buckets)}" for n in measure.DEFAULT_PARAMS["token_counts"]]
+print(f"The measured token counts and the bucket each pads to: {', '.join(pads)}.")
 tiny = {
     **measure.DEFAULT_PARAMS, "hidden": 64, "num_layers": 3, "num_heads": 4, "intermediate": 96,
     "vocab": 50, "max_tokens": 256
@@ -242,7 +241,8 @@ serving.show(engine)
 # step. How tightly they rule it out depends on the host: `bench_one_batch`'s decode step includes
 # the scheduler's own work per step, and on machines with a slower per-launch cost it moved from
 # one engine start to the next whatever the flags (the A/A copies moved as much), which is why each
-# bound above is twice its own source's A/A gap and not a fixed percentage.
+# bound in the card is twice its own source's A/A gap wherever that is larger than the claim's
+# fixed floor.
 
 # %% [markdown]
 # **Why the captured step loses from about 1024 tokens.** Inside a piecewise graph the release
@@ -259,25 +259,27 @@ serving.show(engine)
 serving.kernels(engine)
 
 # %% [markdown]
-# Up to the largest capture the graphs remove the same launches at every length (25 kernels and 3
-# graphs against 65–69 launches). At 128 tokens that saving is most of the step; from 1024 tokens
-# the absorbed attention's extra kernel time outweighs it, and the MoE kernels take the same time
-# either way. Beyond the largest capture (4096) both steps are eager MHA and cost the same. The
-# reversal is the attention form a captured piece requires, not the graphs: where it crosses over
-# depends on the heads per GPU (a TP-4 rank has a quarter of them) and the capture cap
+# Up to the largest capture the graphs remove the same launches at every length (the launch counts
+# are in the engine section's table below). At 128 tokens that saving is most of the step; from
+# 1024 tokens the absorbed attention's extra kernel time outweighs it, and the MoE kernels take the
+# same time either way. Beyond the largest capture (4096) both steps are eager MHA and cost the
+# same. The reversal is the attention form a captured piece requires, not the graphs: where it
+# crosses over depends on the heads per GPU (a TP-4 rank has a quarter of them) and the capture cap
 # (`--piecewise-cuda-graph-max-tokens`).
 
 # %% [markdown]
 # What the workbook has measured: SGLang's whole engine with dummy weights (`sglab engine --plan
-# 01`), `bench_one_batch` prefill at 128–1024 tokens, for a tiny Kimi-K2.5 (2 DeepSeek-V3 layers, a
-# 1-layer vision tower) with default flags, with `--enforce-piecewise-cuda-graph` and with
-# piecewise graphs off, on 0.5.12.post1 (before the PR) and 0.5.13 (after), and a text-only Llama
-# for comparison. Read the release's own decision (`pcg`, `pcg_reason`) first. Each speed-up reads
-# each side's fastest repeat over three interleaved engine starts and must clear the A/A control
-# (pcg-off started twice); the launches per prefill step are counted under the profiler, exact on
-# any host.
+# 01`): a tiny Kimi-K2.5 (2 DeepSeek-V3 layers, a 1-layer vision tower) with default flags, with
+# `--enforce-piecewise-cuda-graph` and with piecewise graphs off, on 0.5.12.post1 (before the PR)
+# and 0.5.13 (after); Kimi-K2.5 at its real widths and at one TP-4 rank's (the sections above); and
+# a text-only Llama for comparison. The first table gives, per model and tool, the releases, cases
+# and prompt lengths the recorded runs hold. Read the release's own decision (`pcg`, `pcg_reason`)
+# next. Each speed-up reads each side's fastest repeat over interleaved engine starts and must
+# clear the A/A control (pcg-off started twice); the launches per prefill step are counted under
+# the profiler, exact on any host.
 
 # %%
+show.scope(engine)
 engine_view.section(show.VIEW, engine, claims.ENGINE)
 
 # %% [markdown]
@@ -335,10 +337,11 @@ show.your_setup(interactive=INTERACTIVE)
 #   cost per kernel), and read the fastest repeat of several engine starts (07 explains why).
 # - At Kimi-K2.5's real widths on one GPU, piecewise graphs do not cut serving TTFT. The prefill
 #   step gains only for short prompts, too little of a TTFT to repeat from machine to machine, and
-#   costs from about 1024 tokens, because a captured piece runs MLA attention absorbed (about 3×
-#   the eager MHA attention's kernel time); one TP-4 rank's narrower shapes pay up to 1024
-#   tokens. The PR's gain (TP 4) is the narrow shapes' regime: measure your own TP size and prompt
-#   lengths before enforcing them, and review the capture cap against the crossover.
+#   costs from about 1024 tokens, because a captured piece runs MLA attention absorbed (several
+#   times the eager MHA attention's kernel time, the kernel table above); one TP-4 rank's narrower
+#   shapes pay up to 1024 tokens. The PR's gain (TP 4) is the narrow shapes' regime: measure your
+#   own TP size and prompt lengths before enforcing them, and review the capture cap against the
+#   crossover.
 # - The PR's own TPOT rises while TTFT falls. Here the decode step does not change with piecewise
 #   graphs; TPOT moves only with several requests in flight, through the other requests' prefills.
 

@@ -110,7 +110,10 @@ reveal(pd.DataFrame(rows).set_index("path"))
 
 # %%
 p = measure.DEFAULT_PARAMS
-print({k: v for k, v in p.items() if k.startswith("stream_") or k == "capture_num_tokens"})
+print(f"The stream: {p['stream_batches']} prefill batches, each one request with probability "
+      f"{p['stream_p_single']:g}, else 2 to {p['stream_max_bs']}; request lengths log-uniform from "
+      f"{p['stream_min_len']} to {p['stream_max_len']} tokens. Buckets captured: "
+      f"{', '.join(map(str, p['capture_num_tokens']))} tokens.")
 stream = measure.stream(p)
 rows = []
 for b in rebuild.BOUNDARIES:
@@ -147,8 +150,8 @@ reveal(pd.DataFrame(rows).set_index(["model shape", "rule"]))
 #
 # ## Real SGLang
 #
-# The path of a prefill batch through the breakable graph in the first release with #24662 (each
-# box links to its line at the release's tag):
+# The path of a prefill batch through the breakable graph in the release with #24662 that the
+# engine runs below use (each box links to its line at the release's tag):
 
 # %%
 codepath.show(claims.AFTER_RELEASE, sglang.CODE_PATH, "A prefill batch through the breakable graph")
@@ -173,7 +176,8 @@ sglang.compare()
 # Llama-style model of 32 layers x hidden 512 with dummy weights, `Engine.generate` on 1, 2, 4 and 8
 # prompts of 128 tokens at once, one output token (`sglab engine --plan 03` on a GPU box). Whether
 # a prefill batch ran on the graph comes from the scheduler's own "Prefill batch" log line; the time
-# is the whole call. 0.5.11 is the last release before #24662, 0.5.12.post1 the first with it;
+# is the whole call. 0.5.11 is the last release before #24662, and 0.5.12.post1 the release with
+# it that these runs use (#24662 first shipped in 0.5.12, as the card's release line shows);
 # `eager-again` is the A/A control (eager started twice).
 
 # %%
@@ -224,7 +228,8 @@ show.your_setup(interactive=INTERACTIVE)
 #   robust?
 # - The eager tail costs host launches (cumsum, gather, lm_head) on every prefill: a handful next to
 #   the eager forward's (the launch counts in the appendix); for one request, compare "before" and
-#   "after" at the smallest token count in the latency table.
+#   "after" at one request in the latency figure of the appendix (the table under it covers only
+#   batches of several requests).
 # - Break-point tensors: the PR-era code kept them with weak references, relying on the pool's use
 #   count. SGLang later found that unsafe across buckets (#30584, #37606); this rebuild holds strong
 #   references.

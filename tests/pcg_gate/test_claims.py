@@ -321,3 +321,26 @@ def test_method3_headline_carries_the_host_cost(tmp_path):
     text = C.headline(claims, runs_)
     assert "per launch on the host" in text and "12.0 µs" in text  # one run: no range
     assert "of what the removed launches cost" in text and "H100 " in text
+
+
+def test_the_headline_and_the_claim_give_the_gain_explained_by_one_statistic():
+    """The headline's range of the gain over the removed launches' cost is the claim's own
+    lowest–highest over every launch-bound count of every shown run (not the runs' medians), and a
+    claim whose ends print alike prints one figure."""
+    shown = C.shown(claims, runs.load_all_recorded(EXP))
+    m3 = [r for r in shown if r.manifest.method_version >= 3]
+    if not m3:
+        pytest.skip("no recorded method-3 pcg_gate run")
+    text = C.headline(claims, shown)
+    per_run = []
+    for r in m3:
+        lt = tables.launch_table(r.df)
+        explained = lt[lt.index <= claims.LAUNCH_BOUND]["gain explained"]
+        per_run.append((explained.min(), explained.max()))
+        measured = C.values(claims, r)["pcg_gate.small_prefill_speedup"].measured
+        lo, hi = f"{explained.min():.2f}", f"{explained.max():.2f}"
+        assert f"gains {lo if lo == hi else f'{lo}–{hi}'} of what" in measured, measured
+        assert f"{lo}–{lo}" not in measured
+    lo, hi = f"{min(a for a, _ in per_run):.2f}", f"{max(b for _, b in per_run):.2f}"
+    said = lo if lo == hi else f"{lo}–{hi}"
+    assert f"at ≤ {claims.LAUNCH_BOUND} tok the gain is {said} of what" in text, text

@@ -512,14 +512,40 @@ def test_the_card_gives_the_engines_answer_default_flags_first():
     assert head.index("At Kimi-K2.5's real widths") < head.index("Default flags")
     assert head.index("Default flags: disabled on 0.5.12.post1, disabled on 0.5.13") < head.index(
         "--enforce-piecewise-cuda-graph: disabled on 0.5.12.post1, captured on 0.5.13")
-    assert "launches 25 kernels + 3 graphs instead of 64–65" in head
+    # the real widths' prefill and launches first, the tiny model's after, under its own name
+    first = R.per_gpu(engine)[0]
+    v = {r.claim.id: r.outcome.value for r in C.evaluate(pg.ENGINE, first)}
+    full = v["engine_pcg_gate.full_width_prefill"]["kimi_k25_full"]
+    launches = v["engine_pcg_gate.prefill_launches"]
+    on, off = launches["kimi_k25_full 0.5.13 enforce"], launches["kimi_k25_full 0.5.13 pcg-off"]
+    real = (f"bench_one_batch's pcg-off ÷ enforced prefill there is {full['128 tokens']:.2f}× at "
+            f"128 tokens and {full['2048 tokens']:.2f}× at 2048, a captured step launching "
+            f"{on['kernels_min']} kernels + {on['graphs']} graphs instead of "
+            f"{off['kernels_min']}–{off['kernels_max']}")
+    assert real in head and head.index(real) < head.index("Default flags")
+    tiny = launches["kimi_k25_tiny 0.5.13 enforce"], launches["kimi_k25_tiny 0.5.13 pcg-off"]
+    said = (f"on the tiny Kimi-K2.5 (kimi_k25_tiny), a captured prefill step launches "
+            f"{tiny[0]['kernels_min']} kernels + {tiny[0]['graphs']} graphs instead of "
+            f"{tiny[1]['kernels_min']}–{tiny[1]['kernels_max']}")
+    assert said in head and head.index(said) > head.index(real)
     for r in R.per_gpu(engine):
         pair = C.values(pg.ENGINE, r)["engine_pcg_gate.captured_prefill_faster"].value["pairs"]
         got = pair["kimi_k25_tiny 0.5.13 enforce"]
-        assert f"{got['lo']:.2f}–{got['hi']:.2f}× on {r.manifest.gpu}" in head
+        assert f"{got['lo']:.2f}–{got['hi']:.2f}× on {r.manifest.gpu}" in head[head.index(said):]
     found = dict(p["found"])
     tpot = found["TPOT 12.5 → 17.7 ms, E2E 0.722 → 0.488 s"]
     assert len(found) == 4 and tpot.startswith("Not reproduced: TPOT with one request in flight")
+    # each bound is the larger of the floor and twice the A/A gap, as the claim computes it: in
+    # the record the floor sets TPOT's and the gap the decode step's, so the text says both
+    from sglab.pcg_gate import serving
+
+    decode = v["engine_pcg_gate.full_width_decode"]
+    gap = max(decode[m]["aa_noise"] for m in ("kimi_k25_full", "kimi_k25_tp4rank"))
+    assert decode["tpot_bound"] == serving.DECODE_SAME
+    assert decode["decode_bound"] == pytest.approx(2 * gap) and 2 * gap > serving.DECODE_SAME
+    assert ("each inside its bound: ±2% or twice its own A/A gap, whichever is larger "
+            f"({decode['tpot_bound']:.1%} and {decode['decode_bound']:.1%};") in tpot
+    assert "inside twice its own A/A gap" not in tpot
     assert "at full width (A/A gap" in found["TTFT 0.479 → 0.147 s (Kimi-K2.5 with real weights, "
                                              "TP 4 on B200)"]
     assert "captured" in found[

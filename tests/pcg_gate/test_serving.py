@@ -61,9 +61,14 @@ def test_the_table_gives_each_length_and_concurrency_with_starts_and_the_aa_gap(
     t = serving.table(serving.frame(runs.RunSet([_run()])))
     assert t.index.names == ["prompt tokens", "in flight"] and len(t) == 3
     row = t.loc[(128, 1)]
-    assert row["TTFT enforced"] == "11.0 [10.0–12.0]" and row["TTFT off"] == "22.0 [20.0–24.0]"
+    assert row["TTFT enforced (ms)"] == "11.0 [10.0–12.0]"
+    assert row["TTFT off (ms)"] == "22.0 [20.0–24.0]"
     assert row["TTFT enforced ÷ off"] == "0.50×" and row["TTFT A/A gap"] == "4.8%"
-    assert row["TTFT 0.5.12.post1 (refused)"].startswith("20.9")
+    assert row["TTFT 0.5.12.post1 refused (ms)"].startswith("20.9")
+    # every timed column names its unit, as recorded; ratios and gaps need none
+    timed = [c for c in t.columns if "÷" not in c and "A/A" not in c]
+    assert len(timed) == 9 and all(c.endswith(" (ms)") for c in timed)
+    assert t.columns.name == "median of the engine starts [lowest–highest start]"
 
 
 def test_only_the_full_width_model_and_the_newest_gpu_model_are_read():

@@ -125,3 +125,35 @@ def test_the_profiler_links_each_runs_perfetto_trace_from_the_checkout(capsys):
     link = next(ln for ln in out.splitlines() if "the Perfetto trace" in ln)
     assert link.endswith(f": data/recorded/pcg_gate/{traced[-1].manifest.sidecars['trace']}")
     assert str(runs.repo_root()) not in out
+
+
+def test_the_buckets_read_as_a_sentence():
+    """The capture buckets as a count, their ends and the step up to each boundary, not a list."""
+    b = rebuild.piecewise_cuda_graph_tokens(4096)
+    said = show.buckets_line(b)
+    assert said.startswith(f"{len(b)} buckets from {b[0]} to {b[-1]} tokens, in steps of ")
+    assert "[" not in said and said.endswith(f"up to {b[-1]}")
+    assert show.buckets_line([4, 8, 12, 16]) == "4 buckets from 4 to 16 tokens, in steps of 4"
+    assert show.buckets_line([4, 8, 24, 40]) == ("4 buckets from 4 to 40 tokens, in steps of 4 up "
+                                                 "to 8 and 16 up to 40")
+
+
+def test_the_engine_scope_is_read_from_the_recorded_runs():
+    """Per model and tool: the releases with their cases and the prompt lengths the runs hold, so
+    the section's scope follows what was recorded (the full widths reach 4096 tokens)."""
+    from sglab.core import engine_records
+    from sglab.pcg_gate import sglang
+
+    rs = sglang.FIX.recorded_engine()
+    t = show.engine_scope(rs)
+    df = engine_records.frame(rs.shown)
+    df = df[df.input_len.notna()]
+    assert set(t.index) == set(zip(df.model, df.tool.map(show.TOOL_NAMES)))
+    for (model, tool), g in df.groupby(["model", "tool"]):
+        row = t.loc[(model, show.TOOL_NAMES[tool])]
+        lo, hi = int(g.input_len.min()), int(g.input_len.max())
+        assert row["prompt tokens"] == f"{lo}–{hi}"
+        for rel in set(g.release):
+            assert f"{rel}: " in row["releases: cases"]
+    assert t.loc[("kimi_k25_full", "bench_one_batch"), "prompt tokens"].endswith("–4096")
+    assert show.engine_scope(runs.NoRun("engine_pcg_gate", "none")).empty

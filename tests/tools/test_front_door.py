@@ -11,6 +11,7 @@ import jupytext
 import pandas as pd
 import pytest
 
+from sglab.core import runs
 from sglab.core.card import releases_line
 from sglab.tools import fixes, front_door as F, report
 
@@ -55,7 +56,7 @@ def rows():
 def test_one_row_per_fix_with_the_releases_read_from_the_wheels(rows):
     assert [r["notebook"] for r in rows] == [f.stem for f in fixes.FIXES]
     for r, fix in zip(rows, fixes.FIXES):
-        assert r["releases"] == releases_line(fix.releases())
+        assert r["releases"] == releases_line(fix.releases(told=True))
     md = F.affects_markdown(rows).splitlines()
     assert len(md) == 2 + len(fixes.FIXES)
     for line, fix in zip(md[2:], fixes.FIXES):
@@ -215,7 +216,7 @@ def test_no_cell_of_the_overview_is_cut():
     parser = _Cells()
     parser.feed(report.overview()._repr_html_())  # what a notebook shows
     cells = [" ".join(c.split()) for c in parser.cells]
-    assert len(cells) == len(fixes.NOTEBOOKS) * 7
+    assert len(cells) == len(fixes.NOTEBOOKS) * 8
     assert not [c for c in cells if c.endswith(("...", "…"))]
     for e in fixes.NOTEBOOKS:
         assert " ".join(e.claim.replace("`", "").split()) in cells
@@ -235,3 +236,35 @@ def test_recorded_runs_in_a_few_words():
     assert report.recorded_summary(found) == (
         "H100 ×1: 1 run; H200 ×1: 2 runs; H200 ×4: 1 run; newest 2026-11-29")
     assert report.recorded_summary([]) == "none yet"
+
+
+def test_the_overview_counts_the_real_engines_runs_beside_the_rebuilds():
+    """01's real-engine runs are newer and more than its rebuild's: 00 counts each apart."""
+    df = report.overview_frame().set_index("notebook")
+    for column, experiment in (("rebuild runs", "pcg_gate"), ("real-engine runs",
+                                                              "engine_pcg_gate")):
+        found = runs.load_all_recorded(experiment)
+        assert found and df.loc["01_pcg_gate", column] == report.recorded_summary(found)
+    assert df.loc["00_start_here", "real-engine runs"] == "—"
+
+
+def test_the_pcg_gate_row_claims_no_direction_for_the_first_token_that_01_does_not_find(rows):
+    """01 times the first token on the release that refuses the graphs (eager prefill) against the
+    one that captures them, per prompt length: where the ratio falls on both sides of 1, the row
+    says the first token depends on the prompt and points at 01, and claims no slower one."""
+    from sglab.core import engine_records, engine_stats
+    from sglab.pcg_gate import serving, sglang
+
+    rs = sglang.FIX.recorded_engine()
+    df = engine_records.frame([*rs.shown, *rs.elsewhere])
+    df = df[(df.model == serving.MODEL) & (df.tool == "serve") & (df.case == serving.ON)]
+    if df.release.nunique() < 2:
+        pytest.skip("no full-width serving run of both releases")
+    n = engine_stats.numbers(df, "ttft").pivot_table(index=["input_len", "requests"],
+                                                     columns="release", values="value")
+    after = n[serving.FIXED] / n.drop(columns=serving.FIXED).iloc[:, 0]
+    assert (after < 1).any() and (after > 1).any()  # captured faster at some lengths, not all
+    row = next(r for r in rows if r["notebook"] == "01_pcg_gate")
+    assert "slower first token" not in row["symptom"]
+    assert "first token" in row["symptom"] and "prompt length" in row["symptom"]
+    assert "(01 " in row["symptom"]

@@ -86,7 +86,27 @@ def test_the_record_merged_reads_each_engine_with_its_own_log():
 
     recorded = runs.load_all_recorded("engine_workspace_floor")
     assert len(recorded) > 1
-    assert facts(E.merged(recorded)) == sorted(x for r in recorded for x in facts(r))
+    newest = {}  # a variant started again in a later run: that run's answer
+    for r in sorted(recorded, key=lambda r: r.manifest.created_utc):
+        newest.update({(x[1], x[0]): x for x in facts(r)})
+    assert facts(E.merged(recorded)) == sorted(newest.values())
+
+
+def test_a_variant_started_again_counts_once_in_the_merged_record():
+    """The committed record starts some variants again in later runs: merged, each (TP, variant)
+    is one answer, its newest, so the card's count of generate calls is the section's."""
+    from sglab.core import engine_records as E
+
+    recorded = runs.load_all_recorded("engine_workspace_floor")
+    every = [(f["world"], f["variant"]) for r in recorded for f in S.engine_facts(r)]
+    assert len(every) > len(set(every))  # the record does hold reruns
+    merged = E.merged(recorded)
+    facts = S.engine_facts(merged)
+    assert sorted((f["world"], f["variant"]) for f in facts) == sorted(set(every))
+    section = S.engine_facts_of(recorded)
+    assert sum(f["calls"] for f in facts) == sum(f["calls"] for f in section)
+    values = {r.claim.id: r.outcome.value for r in core.evaluate(C.ENGINE, merged)}
+    assert values[NONE]["calls"] == sum(f["calls"] for f in section)
 
 
 def test_the_engine_table_shows_flashinfers_first_build_apart_from_a_creation(capsys):

@@ -180,3 +180,30 @@ def test_the_code_path_names_lines_of_the_release_with_the_floor():
         pytest.skip(f"sglang {sglang.RELEASE} is not installed")
     assert all(codepath.line_of(sglang.RELEASE, n) for n in sglang.CODE_PATH)
     assert sglang.CODE_PATH[0].symbol.endswith("_pre_initialize_flashinfer_allreduce_workspace")
+
+
+def test_the_full_comparison_shows_every_cell_whole(monkeypatch):
+    """Rows that differ only late in a cell (the scenario after the trace) must not read alike:
+    in a notebook the comparison table shows each cell whole, whatever the display's column
+    width (pandas cuts a cell of its HTML at 50 characters by default)."""
+    import pandas as pd
+
+    from sglab.core import notebook
+
+    monkeypatch.setenv("SGLAB_REAL", "recorded")
+    results = compare.answers(sglang.FIX)
+    if not compare.ran(results):
+        pytest.skip("no recorded answers of the releases")
+    shown = []  # each table as the notebook renders it, when it is displayed
+    monkeypatch.setattr(notebook, "in_notebook", lambda: True)
+    monkeypatch.setattr(
+        notebook, "_ipy",
+        lambda *objs, **_: shown.extend(o._repr_html_() for o in objs if hasattr(o, "_repr_html_")))
+    table = sglang.comparison(results)
+    with pd.option_context("display.max_colwidth", 50):
+        sglang.compare(full=True)
+    html = "".join(shown)
+    assert [c for c in table["behaviour"] if len(c) > 50]
+    for column in ("behaviour", "real", "expected"):
+        assert all(f">{c}<" in html for c in table[column].map(str)), column
+    assert "...<" not in html

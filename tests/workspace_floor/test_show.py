@@ -105,6 +105,25 @@ def test_gpu_sections_on_the_recorded_runs(capsys):
     assert not plt.get_fignums()  # every figure shown once and closed
 
 
+def test_the_replay_table_names_each_columns_unit_and_says_what_recreate_time_is(capsys):
+    """Its times in ms and sizes in MiB, as the run recorded them, in the shown column names (the
+    recorded metric names stay); the line under it says what recreate_time_total adds."""
+    for r in _recorded().shown:
+        t = show.replay_table(r)
+        assert list(t.columns) == [
+            "recreations", "create_time_median (ms)", "create_time_total (ms)",
+            "recreate_time_total (ms)", "peak_workspace (MiB)", "peak_workspace_measured (MiB)",
+            "refused_calls"
+        ]
+        d = r.df[r.df.metric.isin(["recreate_time_total", "peak_workspace"])]
+        assert set(d.unit) == {"ms", "MiB"}
+        raw = show.policy_stats(r)
+        assert (t["recreate_time_total (ms)"].to_numpy() == raw.recreate_time_total.round(
+            1).to_numpy()).all()
+    show.replay(_recorded())
+    assert "recreate_time_total: every creation plus destroying" in capsys.readouterr().out
+
+
 def test_gpu_sections_print_the_no_run_line(capsys):
     no = runs.NoRun("workspace_floor", "no recorded run here")
     for section in (show.replay, show.cost, show.profiler):

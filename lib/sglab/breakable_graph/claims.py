@@ -193,7 +193,9 @@ HEADLINE = Headline(
     "runs")
 
 # -- the real engine (``sglab engine --plan 03``: data/recorded/engine_breakable_graph/) -----------
-BEFORE_RELEASE, AFTER_RELEASE = "0.5.11", "0.5.12.post1"  # the last without #24662, the first with
+# the last release without #24662, and the release with it that the engine runs use (#24662 first
+# shipped in 0.5.12: the card's release line, read from the wheels)
+BEFORE_RELEASE, AFTER_RELEASE = "0.5.11", "0.5.12.post1"
 
 
 def _on_graph(run) -> dict:

@@ -194,7 +194,8 @@ ENGINE = (Scenario(
     expect="0.5.11: graph only with one request (can_run rejects batch_size > 1); "
     "0.5.12.post1: graph at every batch"),)
 
-# -- the code path of a prefill batch through the breakable graph, in the first release with #24662
+# -- the code path of a prefill batch through the breakable graph, in the release with #24662 the
+# engine runs use (claims.AFTER_RELEASE)
 MODEL_RUNNER = "srt/model_executor/model_runner.py"
 CODE_PATH = (Node(MODEL_RUNNER, "ModelRunner.init_piecewise_cuda_graphs",
                   "--enable-breakable-cuda-graph picks the breakable runner"),

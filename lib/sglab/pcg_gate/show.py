@@ -10,6 +10,7 @@ import pandas as pd
 from sglab.core import engine_records, engine_stats, engine_view, notebook, plots, runs, text
 from sglab.pcg_gate import rebuild, sglang
 from sglab.pcg_gate.measure import COPY, GATE_METRICS, gate_facts
+from sglab.sglang.releases import parse_version
 from sglab.pcg_gate.tables import (CHECKS, STAT, _swept, captured_over_off, copy_explanation,
                                    gate_table, host_line, kernel_summary, latency_of, launch_counts,
                                    launch_table, prefill_sides, reading, summary, trace_table,
@@ -289,8 +290,67 @@ def _launch_cells(rs) -> None:
     notebook.show_table(cells)
 
 
+def buckets_line(buckets: list[int]) -> str:
+    """The token-count buckets in a sentence: how many, from and to, and the step up to each
+    boundary where it changes (``4 buckets from 4 to 16 tokens, in steps of 4``)."""
+    b = sorted(buckets)
+    if len(b) < 2:
+        return f"{len(b)} bucket{'s' * (len(b) != 1)}: {', '.join(map(str, b))} tokens"
+    steps: list[tuple[int, int]] = []  # (step, up to)
+    for lo, hi in zip(b, b[1:]):
+        if steps and steps[-1][0] == hi - lo:
+            steps[-1] = (hi - lo, hi)
+        else:
+            steps.append((hi - lo, hi))
+    said = [f"{step} up to {top}" for step, top in steps]
+    said = (str(steps[0][0]) if len(steps) == 1 else ", ".join(said[:-1]) + f" and {said[-1]}")
+    return f"{len(b)} buckets from {b[0]} to {b[-1]} tokens, in steps of {said}"
+
+
+def scope(rs) -> None:
+    """:func:`engine_scope` shown whole (nothing without a run)."""
+    t = engine_scope(rs)
+    if not t.empty:
+        with pd.option_context("display.max_colwidth", None):
+            notebook.show_table(t)
+
+
+TOOL_NAMES = {"bench": "bench_one_batch", "serve": "bench_serving", "engine": "Engine.generate"}
+CASE_ORDER = ("default", "enforce", "pcg", "pcg-off", "pcg-off-again")
+
+
+def engine_scope(rs) -> pd.DataFrame:
+    """What the section's runs measured, read from them: per model and tool, the releases with
+    their cases and the prompt lengths (tokens); empty without a run."""
+    df = engine_records.frame(rs.shown) if rs else pd.DataFrame()
+    d = df[df["input_len"].notna()] if "input_len" in df else df
+    if d.empty:
+        return pd.DataFrame()
+
+    def order(case: str) -> tuple:
+        return (CASE_ORDER.index(case) if case in CASE_ORDER else len(CASE_ORDER), case)
+
+    def said(cases) -> str:
+        plain = sorted((c for c in set(cases) if not sglang.WIDTH_CASE.match(c)), key=order)
+        widths = sorted({int(m["hidden"]) for m in map(sglang.WIDTH_CASE.match, set(cases)) if m})
+        if widths:
+            plain.append(f"the width sweep (hidden {text.count(widths)}, pcg and off)")
+        return ", ".join(plain)
+
+    rows = []
+    for (model, tool), g in d.groupby(["model", "tool"], sort=True):
+        releases = sorted(set(g.release), key=parse_version)
+        cases = "; ".join(f"{rel}: {said(g[g.release == rel].case)}" for rel in releases)
+        rows.append({
+            "model": model, "tool": TOOL_NAMES.get(tool, tool), "releases: cases": cases,
+            "prompt tokens": text.count(g["input_len"])
+        })
+    return pd.DataFrame(rows).set_index(["model", "tool"])
+
+
 VIEW = engine_view.EngineView(
-    what="Kimi-K2.5-shaped tiny model and a Llama-style 32 × 512", facts=("pcg", "pcg_reason"),
+    what="Kimi-K2.5 (a tiny model, its real widths, one TP-4 rank's widths) and Llama-style "
+    "32-layer models", facts=("pcg", "pcg_reason"),
     pairs=(engine_view.Pair("prefill", "input_len", "pcg-off", "pcg-off ÷ this case",
                             cases=("enforce", "pcg")),), extra=_launch_cells)
 

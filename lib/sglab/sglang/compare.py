@@ -101,12 +101,15 @@ def section(fix, comparison: Callable[[dict], object], *, what: str = "rows",
             results: Optional[dict] = None) -> None:
     """A notebook's real-SGLang section: the answers, where they come from, the table
     ``comparison(results)`` and the agreement line (returns nothing: a cell would show it twice)."""
+    import pandas as pd
+
     from sglab.core.notebook import show_table
 
     results = answers(fix) if results is None else results
     print(status_lines(results))
     df = comparison(results)
-    show_table(df[COLUMNS])
+    with pd.option_context("display.max_colwidth", None):  # every cell whole: rows differ late
+        show_table(df[COLUMNS])
     check_table(df, what=what)
 
 

@@ -45,9 +45,10 @@ def _symptoms() -> dict[str, tuple[str, str]]:
 
     return {
         "pcg_gate": (
-            "Prefill runs eagerly where piecewise graphs were asked for: a slower first token. "
-            "Where a plain `.model` alias passes the gate instead, the LLM's weights are "
-            "registered twice.", "the card's bug and the source check"),
+            "Prefill runs eagerly where piecewise graphs were asked for; whether the first token "
+            "comes later for it depends on the prompt length (01 measures both ways). Where a "
+            "plain `.model` alias passes the gate instead, the LLM's weights are registered "
+            "twice.", "the card's bug and the source check; 01's TTFT before and after the fix"),
         "workspace_floor": (
             f"Nothing as shipped: the engine creates the workspace once, at start-up. On a path "
             f"that skips that, a batch of more than {CALLEE_DEFAULT_MAX_TOKEN_NUM} tokens meets "
@@ -162,7 +163,7 @@ def affects_rows() -> list[dict]:
         own = " · SGLang's own line" if line else ""
         rows.append(
             dict(notebook=fix.stem, bug=lead(card.bug, BUG_CHARS),
-                 who=lead(card.affects, WHO_CHARS), releases=releases_line(fix.releases()),
+                 who=lead(card.affects, WHO_CHARS), releases=releases_line(fix.releases(told=True)),
                  symptom=f"{seen} {line}".strip(), source=source + own))
     return rows
 

@@ -314,26 +314,24 @@ def recorded_summary(recorded: list) -> str:
 
 
 def overview_frame():
-    """00's table of notebooks as data: claim, GPUs, live here, live time and recorded runs."""
+    """00's table of notebooks as data: claim, GPUs, live here, live time and the recorded runs of
+    the rebuild and of the real engine."""
     import pandas as pd
 
     from sglab.tools import fixes
+
+    def recorded(experiment):
+        return recorded_summary(runs.load_all_recorded(experiment)) if experiment else "—"
 
     live_times = timings.live_times()
     rows = []
     for e in fixes.NOTEBOOKS:
         ok, _ = hardware.meets(e.gpus)
         rows.append({
-            "notebook": e.stem,
-            "upstream": e.upstream,
-            "claim": e.claim,
-            "GPUs": e.gpus,
-            "live here": "yes" if ok else "no",
-            "live time": live_times.get(e.stem, timings.NOT_RECORDED),
-            **{  # the rebuild's runs, and the real engine's runs of the same fix
-                column: recorded_summary(runs.load_all_recorded(prefix + e.experiment)) if e.experiment else "—"
-                for column, prefix in (("rebuild runs", ""), ("real-engine runs", "engine_"))
-            }
+            "notebook": e.stem, "upstream": e.upstream, "claim": e.claim, "GPUs": e.gpus,
+            "live here": "yes" if ok else "no", "live time": live_times.get(
+                e.stem, timings.NOT_RECORDED), "rebuild runs": recorded(e.experiment),
+            "real-engine runs": recorded(e.experiment and f"engine_{e.experiment}")
         })
     return pd.DataFrame(rows)
 

@@ -352,7 +352,8 @@ HEADLINE = Headline(
            f"{_span(_P, 'floor 2048 MiB', 'MiB/rank')} (floor 512: "
            f"{{v[{_C}][short_ramp/floor_512]}}×, {_span(_P, 'floor 512 MiB', 'MiB')}).",
            f"With 4096-token chunks both re-create {{v[{_C}][mixed/floor_2048]}}× "
-           f"({_span(_T, 'mixed/floor_2048', 'ms')}); with the {label('before_pr')}, the assert "
+           f"(draft {_span(_T, 'mixed/floor_0', 'ms')}, floor "
+           f"{_span(_T, 'mixed/floor_2048', 'ms')}); with the {label('before_pr')}, the assert "
            f"refuses the {{v[{_R}][mixed]}} calls over 2048 tokens."), per_run="{gpu} TP {world}",
     sep=" ", run_sep=", ")
 

@@ -325,9 +325,11 @@ ENGINE_POLICY = {("0.5.12.post1", "fusion"): "before_pr", ("0.5.13", "fusion"): 
 def engine_facts(run) -> list[dict]:
     """Per engine variant that started: its policy, the creations per rank and manager, their sizes,
     those inside the calls, and the rebuild's simulation of every token count the call site saw
-    (graph captures largest first, then each call's steps) after SGLang's pre-initialisation."""
+    (graph captures largest first, then each call's steps) after SGLang's pre-initialisation. A
+    variant started again (a merged record holds every run's entries, oldest first) counts once:
+    its newest start, as the merged run's frame keeps it."""
     specs = {(s["release"], s["case"]): s for s in run.manifest.params.get("specs", [])}
-    out = []
+    out: dict = {}
     for i, e in enumerate(run.manifest.engine_runs):
         key = (e["release"], e["case"])
         log = run.sidecar(f"log_{i}")
@@ -365,13 +367,15 @@ def engine_facts(run) -> list[dict]:
         }
         sizes = sorted({int(x["max_token_num"]) for x in ev})
         sim_sizes = sorted({x.max_token_num for x in mgr.events})
-        out.append(
-            dict(variant=f"{key[0]}+{key[1]}", policy=policy.name, world=world,
-                 calls=len(d["calls"]), sim=len(mgr.events), first_call_ms=first, call_ms=timed,
-                 per_rank=per_rank, managers=managers, sizes=sizes, in_calls=sum(
-                     c.get("events", 0) for c in d["calls"]), sim_sizes=sim_sizes,
-                 ms_by_rank=ms_by_rank))
-    return out
+        variant, in_calls = f"{key[0]}+{key[1]}", sum(c.get("events", 0) for c in d["calls"])
+        out.pop((world, variant), None)  # a newer start of the variant replaces the older
+        out[(world, variant)] = {
+            "variant": variant, "policy": policy.name, "world": world, "calls": len(d["calls"]),
+            "sim": len(mgr.events), "first_call_ms": first, "call_ms": timed, "per_rank": per_rank,
+            "managers": managers, "sizes": sizes, "in_calls": in_calls, "sim_sizes": sim_sizes,
+            "ms_by_rank": ms_by_rank
+        }
+    return list(out.values())
 
 
 def engine_facts_of(runs_: list) -> list[dict]:

@@ -51,6 +51,22 @@ def policy_stats(run) -> pd.DataFrame:
     return t.loc[order, [c for c in cols if c in t.columns]]
 
 
+REPLAY_NOTE = ("create_time_*: the creations alone; recreate_time_total: every creation plus "
+               "destroying the workspace it replaces (closing the peers' mappings, freeing, a "
+               "barrier), summed over the trace; peak_workspace: per rank, from FlashInfer's "
+               "sizes, _measured: cudaMemGetInfo above the rank's baseline")
+
+
+def replay_table(run) -> pd.DataFrame:
+    """:func:`policy_stats` for reading: policies by name, counts whole, each column's unit (as
+    recorded) in its name; the recorded metric names stay."""
+    t = text.counts(policy_stats(run).round(1), ["recreations", "refused_calls"])
+    d = run.df[run.df.metric.isin(t.columns)]
+    units = d.drop_duplicates("metric").set_index("metric")["unit"].to_dict()
+    shown = {c: f"{c} ({units[c]})" for c in t.columns if units.get(c, "count") != "count"}
+    return named(t.rename(columns=shown))
+
+
 def consistency(run) -> str:
     d = run.df
     sim = d[(d.source == "simulated") & (d.scenario == "cold")].pivot_table(
@@ -398,9 +414,9 @@ def replay(run) -> None:
     """The GPU replay per policy of each shown run and its agreement with the simulation."""
     for r in run.shown:
         print(f"W={r.manifest.tp}: {r.path.name} ({r.label}) - GPU replay per policy")
-        notebook.show_table(
-            named(text.counts(policy_stats(r).round(1), ["recreations", "refused_calls"])))
+        notebook.show_table(replay_table(r))
         print(consistency(r))
+    print(REPLAY_NOTE)
 
 
 @notebook.needs_run
