@@ -81,8 +81,10 @@ sglang.released(rebuild.DecodeInputBuffers.populate_from_forward_batch, pr=24743
                 symbol="DecodeInputBuffers.populate_from_forward_batch")
 
 # %%
-pd.DataFrame([{"variant": v, **vars(rebuild.runner_config(v))} for v in rebuild.VARIANTS
-              ]).set_index("variant")
+pd.DataFrame([{
+    "variant": v, **{k: "—" if x is None else x
+                     for k, x in vars(rebuild.runner_config(v)).items()}
+} for v in rebuild.VARIANTS]).set_index("variant")  # "—": the "before" has no buffer
 
 # %% [markdown]
 # ### Predict, then run: the translations a graph records
@@ -118,11 +120,10 @@ batch_a, batch_b = (rebuild.decode_batch(s, [3, 9, 27], [4, 5, 6]) for s in (a, 
 a.pool.translate_calls = b.pool.translate_calls = 0
 rebuild.forward_eager(a.model, batch_a, use_precomputed_swa_loc=False)
 rebuild.forward_eager(b.model, batch_b, use_precomputed_swa_loc=True)
-{
-    "translations, per-layer path": a.pool.translate_calls,
-    "translations, preset path": b.pool.translate_calls,
-    "pools identical": rebuild.pool_diff(a.pool, b.pool, skip_padding_slot=False) == {}
-}
+same = rebuild.pool_diff(a.pool, b.pool, skip_padding_slot=False) == {}
+print(f"one decode step through {a.model.num_layers} layers ({len(a.swa_layer_ids)} SWA): "
+      f"{a.pool.translate_calls} translations on the per-layer path, {b.pool.translate_calls} on "
+      f"the preset path; the two pools after it: {'identical' if same else 'different'}")
 
 # %% [markdown]
 # ### Predict, then run: the padding bug #24743 fixed

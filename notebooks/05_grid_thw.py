@@ -174,9 +174,10 @@ engine_view.section(show.VIEW, engine, claims.ENGINE)
 # ## Your own setup
 #
 # A TP size and a request stream → the GPU-0 memory the ranks ≥ 1 hold before the fix (one stray
-# context each, at the size measured on each recorded GPU model) and the images the vision tower
-# encodes per request and per image (the stream runs here). On your own GPUs, `sglab record
-# grid_thw --param tp_size=N` measures it.
+# context each, at the size a rank ≥ 1 held at that TP size on each recorded GPU model; a TP size
+# with no recorded run takes the nearest one's, and the table says it is an estimate) and the images
+# the vision tower encodes per request and per image (the stream runs here). On your own GPUs,
+# `sglab record grid_thw --param tp_size=N` measures it.
 
 # %%
 show.your_setup(interactive=INTERACTIVE)
@@ -204,7 +205,13 @@ show.your_setup(interactive=INTERACTIVE)
 # - Review question from the PR: with per-image items the batching helper
 #   `vision_tower_forward_auto` was removed; can one large multi-image batch now exceed the vision
 #   tower's memory? (Not measured here.)
-# - Later SGLang builds Kimi's grid on the CPU from the start (the `changed` releases above).
+# - Later SGLang builds Kimi's grid on the CPU from the start, in the releases below (read from the
+#   wheels).
+
+# %%
+rewritten = [v for v, state in sglang.FIX.releases() if state == "changed"]
+print(f"grid built on the CPU, no `.cpu()` needed: {rewritten[0]}–{rewritten[-1]} "
+      f"({len(rewritten)} releases)" if rewritten else "no release builds the grid on the CPU yet")
 
 # %% [markdown]
 # ## Appendix
@@ -239,13 +246,14 @@ show.waste(run)
 # %% [markdown]
 # ### The profiler: memory over time
 #
-# NVML's per-process memory on each GPU, sampled by the parent at 100 Hz, with the moments each
-# process marked. The thick red line (rank 1 on GPU 0): nothing until the rank unpickles, a whole
-# context during the unpickling, then one more step during a kernel step. Below it, what each step
-# added to a rank ≥ 1's memory on GPU 0 (MiB, median over repeats and ranks), the per-thread stack
-# limit of that context after each kernel step, and what the run says about the growth: not the
-# grid's allocation, not `.item()`'s copy, not a raise of the stack size, but deferred work of lazy
-# module loading that eager loading does up front.
+# NVML's per-process memory on each GPU, sampled by the parent (the rate asked for and the rate
+# reached head the figure), with the moments each process marked. The thick red line (rank 1 on
+# GPU 0): nothing until the rank unpickles, a whole context during the unpickling, then one more
+# step during a kernel step. Below it, what each step added to a rank ≥ 1's memory on GPU 0 (MiB,
+# median over repeats and ranks), the per-thread stack limit of that context after each kernel
+# step, and what the run says about the growth: not the grid's allocation, not `.item()`'s copy,
+# not a raise of the stack size, but deferred work of lazy module loading that eager loading does
+# up front.
 
 # %%
 show.profiler(run)

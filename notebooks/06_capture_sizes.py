@@ -29,7 +29,7 @@ import pandas as pd
 
 from sglab.capture_sizes import claims, measure, rebuild, sglang, show
 from sglab.core import engine_view, text
-from sglab.core.notebook import Workbook, card, reveal, show_figure, verdict
+from sglab.core.notebook import Workbook, card, reveal, show_figure, show_table, verdict
 from sglab.sglang import codepath
 
 
@@ -91,9 +91,10 @@ for n in default[:10]:
         rebuild.check_equal_shards(n, tp)
         said = "reduce-scatter accepts"
     except rebuild.UnequalShards as e:
-        said = f"refused: {str(e).split(': ', 1)[1][:60]}…"
-    rows.append({"size": n, "rows per rank": rebuild.shard_sizes(n, tp), "": said})
-pd.DataFrame(rows).set_index("size")
+        said = f"refused: {str(e).split(': ', 1)[1]}"
+    rows.append({"size": n, "rows per rank": rebuild.shard_sizes(n, tp), "shard check": said})
+with pd.option_context("display.max_colwidth", None):
+    show_table(pd.DataFrame(rows).set_index("size"))
 
 # %% [markdown]
 # The rules side by side, from the one switch `rebuild.policy_lists` and the decode runner's rule:
@@ -110,7 +111,7 @@ for attn_tp, attn_cp, tbo in ((8, 1, False), (8, 1, True), (4, 6, False)):
     decode = rebuild.filter_decode_batch_sizes(default, attn_tp, attn_cp, two_batch_overlap=tbo)
     dropped = [n for n in default if n not in lists["pr_filter"]]
     rows.append((attn_tp, attn_cp, tbo, rebuild.piecewise_mul_base(attn_tp, attn_cp),
-                 len(lists["pr_filter"]), dropped[:6],
+                 len(lists["pr_filter"]), show.first_of(dropped),
                  rebuild.decode_mul_base(attn_tp, attn_cp, two_batch_overlap=tbo), len(decode),
                  len(lists["round_up"]), lists["round_up"][:6]))
 pd.DataFrame(
@@ -134,14 +135,20 @@ reveal(
 
 # %% [markdown]
 # **Predict, then run (2).** Two `gloo` ranks run the measurement's own code here on the CPU (eager
-# runs stand in for graph capture and replay). The size list is the default list scaled by 2/8, so
-# that the sizes TP 8 refuses recur at 2 ranks. Which sizes will the collective refuse, and where
-# will the unfiltered capture loop (a warm-up at the smallest size, then largest first) stop?
+# runs stand in for graph capture and replay). The size list, printed below, is the start of the
+# default list (a smaller `max_tokens` than the GPU runs', to keep the CPU run short) scaled by
+# `world_size / 8`, so that the sizes TP 8 refuses recur at 2 ranks. Which sizes will the
+# collective refuse, and where will the unfiltered capture loop (a warm-up at the smallest size,
+# then largest first) stop?
 
 # %%
-cpu = measure.run(
-    {"world_size": 2, "backend": "gloo", "hidden": 16, "max_tokens": 64, "profile": False},
-    progress=False)
+CPU = {"world_size": 2, "backend": "gloo", "hidden": 16, "max_tokens": 64, "profile": False}
+start, gpu_list = (rebuild.default_piecewise_capture_sizes(m)
+                   for m in (CPU["max_tokens"], measure.DEFAULT_PARAMS["max_tokens"]))
+print(f"sizes {measure.raw_sizes(CPU['world_size'], 'scaled', CPU['max_tokens'])}: the default "
+      f"list up to {CPU['max_tokens']} tokens (its first {len(start)} sizes; the GPU runs take all "
+      f"{len(gpu_list)}, up to {gpu_list[-1]}), scaled by {CPU['world_size']}/8")
+cpu = measure.run(CPU, progress=False)
 reveal(show.summary_view(cpu.df).set_index("variant"))
 
 # %% [markdown]

@@ -64,12 +64,19 @@ paired = {
 }
 first = next(iter(paired))
 rs, p = paired[first]
-show_table(method.launch_order(method.example_run(rs, p.base)))
+example = method.example_run(rs, p.base)
+print(f"the newest run notebook {first} shows with an A/A control: "
+      f"{engine_records.run_label(example)}")
+show_table(method.launch_order(example))
 
 
 def taken_apart(fix: str, x: int) -> pd.DataFrame:
     rs, p = paired[fix]
-    return method.one_timing(method.example_run(rs, p.base), p.metric, p.across, p.base, p.cases, x)
+    run = method.example_run(rs, p.base)
+    one = method.one_timing(run, p.metric, p.across, p.base, p.cases, x)
+    out = one.map(lambda v: f"{v:.3f}" if isinstance(v, float) else v)  # one precision per cell
+    out.columns.name = f"{engine_records.run_label(run)}: {one.columns.name}"  # which run
+    return out
 
 
 shapes = {
@@ -83,11 +90,12 @@ explore(taken_apart, {"fix": list(paired), "x": sorted(set().union(*shapes.value
                  "x": shapes[first][0]}], title="One timing, taken apart", interactive=INTERACTIVE)
 
 # %%
-spread = one["spread between starts"].str.rstrip("%").astype(float)
+said = one["spread between starts"]  # as the table says it
+spread = said.str.rstrip("%").astype(float)
 method.conclude(
-    f"one start of `{spread.idxmax()}` lies {spread.max():.0f}% from another while "
-    f"`{spread.idxmin()}` stays within {spread.min():.0f}%: a single engine start can be off by "
-    "that much, so every figure reads several starts, and a speed-up counts only above the gap "
+    f"one start of `{spread.idxmax()}` lies {said[spread.idxmax()]} from another while "
+    f"`{spread.idxmin()}` stays within {said[spread.idxmin()]}: a single engine start can be off "
+    "by that much, so every figure reads several starts, and a speed-up counts only above the gap "
     "its A/A control shows on the same statistic.")
 
 # %% [markdown]
@@ -127,13 +135,19 @@ method.conclude(
 # ## The host
 #
 # A launch-bound step (a small prefill, a decode replay) costs what the host's CPU takes to launch
-# each kernel. Every run times the host's bare per-launch cost (bursts of empty kernel launches)
-# before and after its engines; the per-run costs fold away under the table.
+# each kernel. A run times the host's bare per-launch cost (bursts of empty kernel launches) before
+# and after its engines; the earliest runs predate this (the line under the table says which runs
+# have it), and the per-run costs fold away under the table.
 
 # %%
 every = sorted((r for _, rs, _, _ in found if rs
                 for r in rs.every()), key=lambda r: r.manifest.created_utc)
 show_table(method.host_by_gpu(every))
+beside = [bool(engine_records.host_medians(r)) for r in every]
+since = beside.index(True) if any(beside) else len(every)
+print(f"measured beside every run from {engine_records.run_label(every[since])} on: "
+      f"{sum(beside)} of {len(every)} runs" if any(beside) and all(beside[since:]) else
+      f"measured beside {sum(beside)} of {len(every)} runs")
 method.folded(text.blank(method.host_costs(every).round(2)), "the host's µs per launch, each run")
 host = method.host_costs(every)
 moved = (host["after"] / host["before"]).dropna()
@@ -149,7 +163,8 @@ method.conclude(
 # a busy loop, and again in rounds a few seconds apart:
 
 # %%
-method.folded(hostprobe.table(probes), "every host probe", ROWS)
+with pd.option_context("display.max_colwidth", None):
+    method.folded(hostprobe.table(probes), "every host probe", ROWS)
 show_figure(hostprobe.figure(probes))
 rounds = [p for _, p in probes if p.get("rounds")]
 flipped = sum(bool(hostprobe.moved(p["rounds"])) for p in rounds)
@@ -192,7 +207,8 @@ for f, rs, view, _ in found:
         if again.empty:
             continue
         print(f"{f.number} {f.name} · {p.label}")
-        show_table(method.drift_summary(again))
+        with pd.option_context("display.max_colwidth", None):
+            show_table(method.drift_summary(again))
         method.folded(again, f"{f.number}: every run, each statistic")
         drifts += [float(d.rstrip("%")) / 100 for d in again["drift"] if d]
 allowed = {c.drift for _, _, _, mod in found for c in mod.CLAIMS if c.noise and c.drift}
@@ -246,7 +262,8 @@ method.conclude(
 
 # %%
 gone = verify.not_repeated({f"engine_{f.name}": rs.every() for f, rs, _, _ in found if rs})
-show_table(gone)
+with pd.option_context("display.max_colwidth", None):
+    show_table(gone)
 method.conclude(
     f"{len(gone)} figures in {gone.index.get_level_values('run').nunique()} runs lie beyond their "
     "tolerance on another machine of the same GPU model: a short prompt's eager step and a decode "

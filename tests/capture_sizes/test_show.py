@@ -105,3 +105,13 @@ def test_the_profiler_links_the_perfetto_trace_relative_to_the_checkout(capsys):
     assert len(links) == len([r for r in run.shown if r.sidecar("trace") is not None]) > 0
     assert all(ln.split(": ", 1)[1].startswith("data/recorded/capture_sizes/") for ln in links)
     assert str(runs.repo_root()) not in out
+
+
+def test_first_of_says_how_many_sizes_a_cut_list_has():
+    """The notebook's "PR drops" cell: a cut list ends in "…" and its length; a short one is
+    whole."""
+    dropped = [n for n in DEFAULT_2048 if n % 24]
+    assert len(dropped) == 29
+    assert show.first_of(dropped) == "4, 8, 12, 16, 20, 28, …, 29 in all"
+    assert show.first_of([4, 12, 20, 28]) == "4, 12, 20, 28"
+    assert show.first_of(list(range(6))) == "0, 1, 2, 3, 4, 5"

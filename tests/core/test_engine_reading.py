@@ -431,7 +431,7 @@ def test_a_pair_recorded_on_two_days_is_set_side_by_side_with_its_drift():
         "fastest start": "1.50×", "median of starts": "1.50×", "host µs per launch": "7.0",
         "drift": "-25%"
     }
-    assert got.iloc[0]["drift"] == "+0%"
+    assert got.iloc[0]["drift"] == "0%"
     assert S.reruns(runs.RunSet([day1, kimi]), _both, BOTH).empty
     # the same day again with its engines pinned (--cpus): a row of its own that says so
     pinned = _ratio_run("llama_32x512", 18.0, 18.5, "2026-11-28T11:00:00Z")
@@ -483,7 +483,7 @@ def test_runs_of_another_gpu_model_get_rows_and_a_drift_of_their_own(monkeypatch
     assert list(got.index) == [("llama_32x512 0.5.13 pcg", "H100, 2026-11-27 1000Z"),
                                ("llama_32x512 0.5.13 pcg", "H200, 2026-11-28 1000Z"),
                                ("llama_32x512 0.5.13 pcg", "H200, 2026-11-28 1200Z")]
-    assert list(got["drift"]) == ["+0%", "+0%", "-20%"]  # 2.4× against H200's 3.0×
+    assert list(got["drift"]) == ["0%", "0%", "-20%"]  # 2.4× against H200's 3.0×
     assert list(S.aa_table(run, "prefill", "input_len").index.get_level_values("run")) == [
         "H100, 2026-11-27 1000Z", "H100, 2026-11-27 1100Z", "H200, 2026-11-28 1000Z",
         "H200, 2026-11-28 1200Z"

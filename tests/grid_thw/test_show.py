@@ -130,3 +130,52 @@ def test_the_cost_section_shows_the_context_staying_after_release(capsys):
     before = per.loc[("before", "released")].sort_values("run").median_mib
     assert released[0] == [f"{v:.0f}" for v in before] and (before > 0).all()
     assert released[-1] == ["0"] * len(shown)
+
+
+def test_the_engine_table_leaves_a_gpu_the_machine_did_not_have_blank():
+    """TP 2 on a two-GPU machine beside TP 4 on four: GPU 2 and 3 of the TP-2 rows are missing (no
+    such GPU), not 0 MiB; a GPU that was there and held nothing reads 0."""
+    engine = sglang.FIX.recorded_engine()
+    newest = runs.newest_by(engine.shown, key=show.engine_tp)
+    if not (2 in newest and show.engine_gpus(newest[2]) == 2 and 4 in newest):
+        pytest.skip("no committed TP-2 engine run on a two-GPU machine beside a TP-4 run")
+    wide = show.engine_table(newest)
+    two, four = wide.xs(2, level="TP"), wide.xs(4, level="TP")
+    assert two[["GPU 2", "GPU 3"]].isna().all().all()
+    assert not two[["GPU 0", "GPU 1"]].isna().any().any() and (two["GPU 1"] == 0).any()
+    assert not four.isna().any().any() and (four == 0).any().any()
+
+
+def test_your_setup_reads_the_per_rank_figure_of_its_tp_size():
+    """A recorded TP size reads its own runs' per-rank MiB (what the waste table shows for it); a TP
+    size not recorded says it is an estimate and from which TP size."""
+    by_gpu = show.stray_mib()
+    if not by_gpu:
+        pytest.skip("no recorded grid_thw run")
+    gpu, by_tp = next(iter(by_gpu.items()))
+    for tp, (before, after, n) in by_tp.items():
+        row = show.setup_table(tp, 60, 12, 4).set_index("GPU").loc[gpu]
+        assert row["stray MiB per rank ≥ 1"] == round(before)
+        assert row["GPU-0 MiB before"] == round((tp - 1) * before)
+        assert row["per-rank MiB from"].startswith(f"measured at TP {tp} (")
+    r4 = [r for r in runs.load_all_recorded("grid_thw") if int(r.manifest.params["tp_size"]) == 4]
+    if r4 and 4 in by_tp and by_tp[4][2] == 1:  # one TP-4 run: exactly its waste table's total
+        w = show.waste_vs_tp(r4[0].df).set_index("variant")
+        row = show.setup_table(4, 60, 12, 4).set_index("GPU").loc[gpu]
+        assert row["GPU-0 MiB before"] == w.median_mib["before"]
+    top = max(by_tp)
+    row = show.setup_table(top * 4, 60, 12, 4).set_index("GPU").loc[gpu]
+    assert row["per-rank MiB from"] == f"estimate from TP {top} (no TP {top * 4} run)"
+    assert row["stray MiB per rank ≥ 1"] == round(by_tp[top][0])
+
+
+def test_the_profiler_says_the_rate_asked_and_the_rate_reached():
+    shown = [r for r in runs.load_all_recorded("grid_thw") if r.sidecar("memory") is not None]
+    if not shown:
+        pytest.skip("no recorded run with a memory time series")
+    r = shown[-1]
+    hz = float(r.df[r.df.metric == "sampler_hz"].value.max())
+    asked = float(r.manifest.params["sample_hz"])
+    said = show.sampling(r)
+    assert f"{asked:.0f} Hz asked, {hz:.0f} Hz reached" in said
+    assert said.startswith(show.engine_records.run_label(r))

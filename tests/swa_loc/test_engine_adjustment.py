@@ -30,3 +30,14 @@ def test_the_revert_removes_exactly_the_prs_hunk():
         eng.remove_text(
             testing.function_source((testing.package("0.5.13") / RUNNER).read_text(),
                                     "CudaGraphRunner.capture_one_batch_size"), text, "x")
+
+
+def test_the_reason_names_the_case_as_the_tables_label_it():
+    """The harness note under the engine section names the reverted case by the label its tables
+    show (the case's label), not by another."""
+    from sglab.swa_loc.sglang import ENGINE
+
+    reverted = [c.label for s in ENGINE for c in s.cases if PRESET_REVERTED in c.adjustments]
+    assert reverted == ["before"]
+    assert "the case 'before' in the tables" in PRESET_REVERTED.reason
+    assert "labelled" not in PRESET_REVERTED.reason

@@ -145,3 +145,23 @@ def test_every_gpu_section_says_why_it_has_nothing_to_show(capsys):
     for section in (show.kernels, show.times, show.padding, show.profiler):
         assert section(none) is None
         assert capsys.readouterr().out.strip() == "no GPU run to show (no recorded swa_loc run yet)"
+
+
+def test_the_appendix_tables_name_their_run_and_read_whole_counts(capsys):
+    """Kernels per replay: the extra kernels per SWA layer read 2 and 1, not 2.0 and 1.0. Replay
+    time: the per-cell table names the run it comes from (GPU, date and time), one of several."""
+    from sglab.core import engine_records, notebook
+    from sglab.swa_loc import claims
+
+    run = notebook.Workbook(claims, mode="recorded", show=False).run()
+    assert run, "no recorded swa_loc run"
+    show.kernels(run)
+    out = capsys.readouterr().out
+    table = show.kernel_table(run.first.df)
+    assert set(table["+ per SWA layer: before vs #24743"]) == {2.0}  # the data stay numbers
+    assert "2.0" not in out and "1.0" not in out
+    show.times(run)
+    out = capsys.readouterr().out
+    label = engine_records.run_label(run.first)
+    assert out.splitlines()[0] == f"{label}, every cell:"
+    assert label.startswith(run.first.manifest.gpu) and label.endswith("Z")

@@ -24,6 +24,12 @@ from sglab.sglang.releases import parse_version
 
 
 # -- tables of a run -------------------------------------------------------------------------------
+def first_of(sizes: Sequence[int], head: int = 6) -> str:
+    """The first ``head`` sizes; where more follow, ``…`` and how many there are in all."""
+    shown = ", ".join(map(str, sizes[:head]))
+    return shown + (f", …, {len(sizes)} in all" if len(sizes) > head else "")
+
+
 def summary(df):
     """Per variant and world size: sizes, captured, failed, not reached, replayed, worst error."""
     out = []

@@ -161,6 +161,17 @@ def waste(run) -> None:
         print("no rank holds memory on a GPU other than GPU 0 and its own")
 
 
+def sampling(run) -> str:
+    """The rate the parent's NVML sampler was asked for (the run's ``sample_hz``) and the rate it
+    reached over the run (``sampler_hz``)."""
+    asked = float(run.manifest.params.get("sample_hz", measure.DEFAULT_PARAMS["sample_hz"]))
+    d = run.df[run.df.metric.isin(["sampler_hz", "sampler_errors"])].groupby("metric").value.max()
+    reached = f"{d['sampler_hz']:.0f} Hz reached" if "sampler_hz" in d else "no rate recorded"
+    errors = f", {d['sampler_errors']:.0f} failed reads" if "sampler_errors" in d else ""
+    return (f"{engine_records.run_label(run)}: NVML sampled by the parent, {asked:.0f} Hz asked, "
+            f"{reached}{errors}")
+
+
 @notebook.needs_run
 def profiler(run) -> None:
     """The newest run shown with a memory time series: the figure, its steps, the stack limits."""
@@ -169,6 +180,7 @@ def profiler(run) -> None:
         print("The runs shown predate the memory time series (method 1, no `memory` sidecar); a "
               "new recording (`sglab record grid_thw`) adds it.")
         return
+    print(sampling(found))
     notebook.show_figure(series.memory_series(found, variants=("before", "after", "eager")))
     notebook.file_link(found.sidecar("trace"), "Perfetto trace of the same (ui.perfetto.dev)")
     notebook.show_table(series.growth_by_step(found))
@@ -268,18 +280,39 @@ def cache_answer(stats: dict):
 
 # -- your own setup: a TP size and a request stream -> GPU-0 waste before the fix, vision cache hits
 def stray_mib() -> dict:
-    """Per GPU model: ``(before, after)`` MiB a rank >= 1 holds on GPU 0 after a kernel (median)."""
+    """Per GPU model and TP size: ``(before, after, runs)``, the MiB a rank >= 1 holds on GPU 0
+    after a kernel (the median over that TP size's recorded runs of each run's median) and how many
+    runs it reads."""
     per = pd.concat([
-        gpu0_per_rank(r.df).assign(gpu=runs.gpu_short(r))
+        gpu0_per_rank(r.df).assign(gpu=runs.gpu_short(r), run=r.manifest.created_utc)
         for r in runs.load_all_recorded(measure.EXPERIMENT)
-    ])
-    t = per[per.phase == "kernel"].pivot_table(index="gpu", columns="variant", values="median_mib",
-                                               aggfunc="median", sort=False)
-    return {gpu: (float(x.before), float(x.after)) for gpu, x in t.dropna().iterrows()}
+    ] or [pd.DataFrame(columns=["gpu", "run", "variant", "tp_size", "phase", "median_mib"])])
+    per = per[per.phase == "kernel"]
+    out: dict = {}
+    for (gpu, tp), g in per.groupby(["gpu", "tp_size"], sort=False):
+        by = g.groupby("variant").median_mib.median()
+        if {"before", "after"} <= set(by.index):
+            out.setdefault(gpu, {})[int(tp)] = (float(by["before"]), float(by["after"]),
+                                                int(g.run.nunique()))
+    return {gpu: dict(sorted(t.items())) for gpu, t in out.items()}
+
+
+def _per_rank(by_tp: dict, tp_size: int) -> tuple[float, float, str]:
+    """``(before, after, where from)`` for ``tp_size``: its own recorded TP size, else the nearest
+    recorded one below it (or above, where none is below), said to be an estimate."""
+    if tp_size in by_tp:
+        b, a, n = by_tp[tp_size]
+        return b, a, f"measured at TP {tp_size} ({'median of ' if n > 1 else ''}{n} run" \
+            f"{'s' * (n > 1)})"
+    below = [t for t in by_tp if t < tp_size]
+    near = max(below) if below else min(by_tp)
+    b, a, _ = by_tp[near]
+    return b, a, f"estimate from TP {near} (no TP {tp_size} run)"
 
 
 def setup_table(tp_size: int, requests: int, image_pool: int, max_images: int):
-    """Per GPU model: the GPU-0 memory N − 1 ranks hold before and after; the vision cache."""
+    """Per GPU model: the GPU-0 memory N − 1 ranks hold before and after, from the per-rank MiB
+    recorded at this TP size (or, not recorded, an estimate from the nearest); the vision cache."""
     stream = rebuild.request_stream(int(requests), int(image_pool), int(max_images), 0)
     before, after = (measure.simulate_cache(stream, fixed=f) for f in (False, True))
     cache = {
@@ -287,10 +320,13 @@ def setup_table(tp_size: int, requests: int, image_pool: int, max_images: int):
         "encoded per image (after)": after.images_encoded
     }
     n = int(tp_size) - 1
-    rows = [{
-        "GPU": gpu, "stray MiB per rank ≥ 1": round(b), "GPU-0 MiB before": round(n * b),
-        "GPU-0 MiB after": round(n * a), **cache
-    } for gpu, (b, a) in stray_mib().items()]
+    rows = []
+    for gpu, by_tp in stray_mib().items():
+        b, a, source = _per_rank(by_tp, int(tp_size))
+        rows.append({
+            "GPU": gpu, "stray MiB per rank ≥ 1": round(b), "per-rank MiB from": source,
+            "GPU-0 MiB before": round(n * b), "GPU-0 MiB after": round(n * a), **cache
+        })
     return pd.DataFrame(rows or [{"GPU": "no recorded run", **cache}])
 
 
@@ -383,6 +419,20 @@ def engine_cells(run) -> pd.DataFrame:
     return t
 
 
+def engine_table(newest: dict) -> pd.DataFrame:
+    """``{TP size: run}`` -> MiB per (TP, case, process) and GPU: 0 where the GPU was there and the
+    process held nothing, missing (NaN) where the run's machine had no such GPU."""
+    mem = pd.concat([engine_memory(r).assign(TP=tp) for tp, r in newest.items()])
+    wide = mem.pivot_table(index=["TP", "case", "process"], columns="gpu", values="MiB",
+                           aggfunc="sum")
+    for tp, r in newest.items():
+        there = [g for g in wide.columns if g < engine_gpus(r)]
+        rows = wide.index.get_level_values("TP") == tp
+        wide.loc[rows, there] = wide.loc[rows, there].fillna(0)
+    wide.columns = [f"GPU {c}" for c in wide.columns]
+    return wide
+
+
 def engine_tables(rs) -> None:
     """``VIEW.extra``: each process's MiB per GPU, newest run per TP size; other GPUs held."""
     newest = runs.newest_by(rs.shown, key=engine_tp)
@@ -392,11 +442,9 @@ def engine_tables(rs) -> None:
         return
     print("Each process's memory on each GPU after the image request (MiB), the newest run of "
           "each TP size (" + "; ".join(
-              f"TP {tp}: {engine_records.run_label(r)}" for tp, r in newest.items()) + "):")
-    wide = mem.pivot_table(index=["TP", "case", "process"], columns="gpu", values="MiB",
-                           aggfunc="sum").fillna(0)
-    wide.columns = [f"GPU {c}" for c in wide.columns]
-    notebook.show_table(text.counts(wide))  # NVML counts whole MiB
+              f"TP {tp}: {engine_records.run_label(r)}, {engine_gpus(r)} GPUs"
+              for tp, r in newest.items()) + "); blank: no such GPU on that run's machine:")
+    notebook.show_table(text.blank(text.counts(engine_table(newest))))  # NVML counts whole MiB
     for r in rs.shown:
         if extra := other_gpus(r):
             print(f"{engine_records.run_label(r)} (TP {engine_tp(r)} on {engine_gpus(r)} GPUs): "

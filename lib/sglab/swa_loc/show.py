@@ -168,18 +168,23 @@ def kv_write_kernels(table, variant: str):
 @notebook.needs_run
 def kernels(run) -> None:
     """Kernel nodes per replay, a row per layout; the profiler's agreement on every run shown."""
-    print(f"{run.first.label} (method {run.first.manifest.method_version}):")
-    notebook.show_table(kernel_table(run.first.df))
+    print(f"{engine_records.run_label(run.first)} (method {run.first.manifest.method_version}):")
+    table = kernel_table(run.first.df)
+    notebook.show_table(
+        text.counts(table, [c for c in table if c.startswith("+ per SWA layer")],
+                    where_whole=True))  # 2, not 2.0
     for r in run.shown:
         a = profiler_agreement(r.df)
-        print(f"{r.label}: profiler = static in {a['equal']}/{a['cells']} (layout, bs, variant) "
-              "cells")
+        print(f"{engine_records.run_label(r)}: profiler = static in {a['equal']}/{a['cells']} "
+              "(layout, bs, variant) cells")
     notebook.show_figure(kernels_per_replay(run))
 
 
 @notebook.needs_run
 def times(run) -> None:
-    """Replay times at every cell, the before/#24743 ratio per GPU, and their figure."""
+    """Replay times at every cell (the first run shown, named), the before/#24743 ratio per GPU,
+    and their figure."""
+    print(f"{engine_records.run_label(run.first)}, every cell:")
     notebook.show_table(time_table(run.first.df).round(2))
     if len(run.shown) > 1:
         print("before / #24743 on each GPU (newest run per GPU), batch size in the columns:")
