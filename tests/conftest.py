@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from sglab.core import bytecode
+from tests import scratch_for
 
 
 pytest_plugins = ["tests.sglang_answers", "tests.recorded_report"]
@@ -72,3 +73,11 @@ def _close_figures():
     import matplotlib.pyplot as plt
 
     plt.close("all")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _gpu_module_scratch(request):
+    """A GPU test module's trace folders and ranks' logs go with it (:func:`tests.scratch_for`; the
+    module's fixtures hand traces between its tests)."""
+    with scratch_for(request.module.__name__):
+        yield

@@ -360,3 +360,20 @@ def test_an_answer_is_folded_and_a_file_link_is_relative(capsys, monkeypatch):
     text, md, _ = shown[-1]
     assert text == "Perfetto file: data/recorded/x.trace.json.gz"
     assert md == "Perfetto file: [x.trace.json.gz](../data/recorded/x.trace.json.gz)"
+
+
+def test_a_gpu_test_module_leaves_no_temporary_file_behind():
+    """What a GPU test module's measurements write in the temporary folder goes with the module;
+    other modules keep the usual temporary folder."""
+    import os
+    import tempfile
+
+    from tests import scratch_for
+
+    before = tempfile.gettempdir()
+    with scratch_for("tests.swa_loc.test_gpu"):
+        inside = Path(tempfile.mkdtemp(prefix="sglab-swa_loc-"))
+        assert inside.parent != Path(before) and os.environ["TMPDIR"] == str(inside.parent)
+    assert not inside.parent.exists() and tempfile.gettempdir() == before
+    with scratch_for("tests.tools.test_cli"):
+        assert tempfile.gettempdir() == before
