@@ -165,7 +165,8 @@ wheelhouse:
 
 # per-release bundles of a whole real engine (sglang without .so, slim sglang-kernel, FlashInfer's
 # JIT sources, pinned transformers, light dependencies) as tar.xz layers in .whl-engine/; fails when
-# two releases do not fit one 64 MiB carry (docs/operating.md, real SGLang engines)
+# a release's layers exceed LIMIT_MIB (40, scripts/engine_bundle.py; docs/operating.md, real SGLang
+# engines)
 wheelhouse-engine:
 	bash scripts/wheelhouse-engine.sh .whl-engine
 

@@ -176,4 +176,5 @@ report.overview()
 # ## Adding a notebook
 #
 # The six steps, from the rebuild to `sglab index`, are in `docs/structure.md` ("Adding a
-# notebook"); `tools/fixes.py` is the one list of fixes, and this notebook's tables follow it.
+# notebook"); `tools/fixes.py` is the list of fixes, and this notebook's tables follow it, with
+# each fix's place in the reading order and its symptom line from `tools/front_door.py`.

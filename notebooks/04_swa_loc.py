@@ -199,8 +199,9 @@ sglang.compare()
 # SGLang's whole engine: `bench_one_batch` on a GPT-OSS-style model (8 layers, 4 sliding-window,
 # dummy weights; `sglab engine --plan 04` on a GPU box), the kernels of one decode-graph replay read
 # from its own trace. The "before" is 0.5.11 with only #23552's preset removed, since the release
-# before the PR does not start on the GPU image. The decode times are for orientation: a few kernels
-# per replay cost less than engine starts differ by, and no claim rests on them.
+# before the PR, 0.5.10.post1, pins torch 2.9.1, which the engine runs' environment (torch 2.11.0)
+# does not have. The decode times are for orientation: a few kernels per replay cost less than
+# engine starts differ by, and no claim rests on them.
 
 # %%
 engine_view.section(show.VIEW, engine, claims.ENGINE)

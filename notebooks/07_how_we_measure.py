@@ -12,11 +12,11 @@
 # # 07 · How we measure
 #
 # Every real-engine number of notebooks 01–06 is SGLang's own tool (`bench_one_batch`,
-# `Engine.generate`) timing or counting inside a freshly started engine, on a lent GPU machine whose
-# host is shared. This notebook shows, for every fix, how those numbers are made to repeat and how
-# far to trust them: one timing taken apart, the A/A control, the host beside each run, reruns on
-# other days and machines, each run's verdict, and each claim's tolerance. Each section ends with
-# what to conclude; every number is computed from `data/recorded/`.
+# `Engine.generate`) timing or counting inside a freshly started engine, on a GPU machine whose host
+# is shared (a cloud VM). This notebook shows, for every fix, how those numbers are made to repeat
+# and how far to trust them: one timing taken apart, the A/A control, the host beside each run,
+# reruns on other days and machines, each run's verdict, and each claim's tolerance. Each section
+# ends with what to conclude; every number is computed from `data/recorded/`.
 
 # %% tags=["parameters"]
 MODE = "auto"  # "auto" | "live" | "recorded": every mode reads data/recorded/ (nothing is measured)
@@ -159,7 +159,7 @@ method.conclude(
     "machines.")
 
 # %% [markdown]
-# The host probes (`python -m sglab.core.hostprobe`) time each vCPU of a lent machine alone, beside
+# The host probes (`python -m sglab.core.hostprobe`) time each vCPU of a machine alone, beside
 # a busy loop, and again in rounds a few seconds apart:
 
 # %%

@@ -6,7 +6,7 @@ that are unpacked side by side into one folder (no pip on the GPU box):
     python scripts/engine_bundle.py engine-deps [--no-deps]                the light dependencies
     python scripts/engine_bundle.py engine-layer OUT.tar.xz KIND:WHEEL ... one layer
     python scripts/engine_bundle.py engine-check DIR [--limit MIB]    sizes; does each fit?
-    python scripts/engine_bundle.py skip                                   left out of the carry
+    python scripts/engine_bundle.py skip                                   left out of the bundles
 
 Layers: ``release-<V>`` (the sglang wheel without its ``.so`` files, the slim sglang-kernel,
 FlashInfer's Python files and the JIT sources its norm kernel needs), ``transformers-<T>`` (the
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from sglab.sglang.releases import pins
 
-# Dependencies left out of the GPU carry: IPython's completion engine (jedi, and parso under it),
+# Dependencies left out of the bundles: IPython's completion engine (jedi, and parso under it),
 # which IPython imports only when it completes code; SGLang imports ``IPython.display`` only.
 WHEEL_SKIP = ("jedi", "parso")
 
@@ -64,7 +64,7 @@ ENGINE_DEPS = ("pyzmq", "fastapi<0.142", "starlette", "uvicorn", "IPython", "tra
                "setproctitle", "dill", "partial-json-parser", "loguru", "gguf",
                "apache-tvm-ffi==0.1.9", "cuda-tile", "jsonschema", "soundfile", "python-multipart")
 ENGINE_DEPS_NO_DEPS = ("compressed-tensors==0.18.0",)
-LIMIT_MIB = 40.0  # one release's layers in one call: the 64 MiB carry, less the checkout (~21 MiB)
+LIMIT_MIB = 40.0  # one release's layers: small enough to copy to a GPU box with the checkout
 
 
 def dropped(name: str, kind: str) -> bool:

@@ -87,7 +87,7 @@ if [ ! -f "$BUNDLES/bundles.json" ] && [ $dry = 1 ]; then
        "bundles (\`make wheelhouse-engine\`)"
 elif [ ! -f "$BUNDLES/bundles.json" ]; then
   echo "engine_gpu.sh: $BUNDLES/bundles.json not found (build the bundles with" \
-       "\`make wheelhouse-engine\` and carry bundles.json, common.tar.xz and the release-<V> and" \
+       "\`make wheelhouse-engine\` and copy bundles.json, common.tar.xz and the release-<V> and" \
        "transformers-<T> layers)" >&2
   exit 2
 fi

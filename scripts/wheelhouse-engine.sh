@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build .whl-engine/ (git-ignored): per-release bundles that start a real SGLang engine on the GPU
-# image (Python 3.12, torch 2.11.0+cu130, triton 3.6, transformers 5.17) offline, small enough that
-# one release travels with the checkout in one 64 MiB carry. Layers are tar.xz of installed files,
+# image (Python 3.12, torch 2.11.0+cu130, triton 3.6, transformers 5.17) offline, each release's
+# layers under LIMIT_MIB (40 MiB, scripts/engine_bundle.py). Layers are tar.xz of installed files,
 # unpacked side by side on the GPU box by scripts/engine_gpu.sh (file selection:
 # scripts/engine_bundle.py):
 #   release-<V>.tar.xz       sglang <V> without its .so files, the slim sglang-kernel it pins
@@ -13,7 +13,7 @@
 #   common.tar.xz            the light dependencies every release needs and the image lacks
 #   bundles.json             {release: [layers]}
 # Prints each layer's size, each release's and each pair's total; exits 1 when a release does not
-# fit LIMIT_MIB (default 40: the 64 MiB carry less the checkout). Downloads stay in DEST/downloads.
+# fit LIMIT_MIB (default 40, small enough to copy with the checkout). Downloads stay in DEST/downloads.
 # Usage: scripts/wheelhouse-engine.sh [DEST=.whl-engine]
 #        (RELEASES="0.5.11 0.5.12.post1 0.5.13" by default)
 set -euo pipefail

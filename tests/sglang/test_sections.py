@@ -33,3 +33,19 @@ def test_the_section_says_not_run_when_no_release_is_installed(name, tmp_path, m
     assert any("nothing was compared" in ln for ln in out)
     if name in LAST_LINE:
         assert out[-1].endswith(LAST_LINE[name])
+
+
+def test_a_comparison_reads_by_release_with_yes_or_no_and_a_dash_for_no_answer():
+    """No bare row numbers, no ``None``, no ``True``: a missing answer is "—", agreement yes/NO."""
+    import pandas as pd
+
+    from sglab.sglang import compare
+
+    df = pd.DataFrame({
+        "release": ["0.5.10.post1", "0.5.11"], "behaviour": ["buffer", "buffer"],
+        "real": [None, ("int64", [13, 14])], "must match": ["rebuild: before", "rebuild: pr"],
+        "expected": [None, ("int64", [13, 14])], "agrees": [True, False], "extra": [1, 2]
+    })
+    got = compare.shown(df)
+    assert got.index.name == "release" and list(got.columns) == compare.COLUMNS[1:]
+    assert list(got["real"]) == ["—", ("int64", [13, 14])] and list(got["agrees"]) == ["yes", "NO"]

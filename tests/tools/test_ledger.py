@@ -58,6 +58,16 @@ def test_a_row_says_how_its_engines_ended_and_a_part_machine():
     assert " ×2 of 4" in ledger.row(tp2_on_4[0])
 
 
+def test_a_row_counts_the_starts_a_profiled_decode_was_timed_in():
+    """04 profiles its decode in each of its interleaved starts, 01 counts launches in a profiled
+    prefill after them: both rows give the starts, 01's with its launch pass."""
+    by = {ledger.scenario_of(r): r for r in ledger.every_run()}
+    for name, said in (("04-swa-kernels", "3"), ("01-kimi-pcg", "3 + launch pass")):
+        specs = by[name].manifest.params["specs"]
+        assert 1 + max(s["start"] for s in specs if s.get("profile_stage") == "decode") == 3
+        assert ledger.row(by[name]).split("|")[4].strip() == said, name
+
+
 def test_a_damaged_copy_shows_its_failing_claim(tmp_path):
     both = [
         r for r in _runs("engine_capture_sizes") if ledger.row(r).endswith("| 2/2 claims hold |")

@@ -207,3 +207,13 @@ def test_the_full_comparison_shows_every_cell_whole(monkeypatch):
     for column in ("behaviour", "real", "expected"):
         assert all(f">{c}<" in html for c in table[column].map(str)), column
     assert "...<" not in html
+
+
+def test_a_cell_says_its_re_creations_in_words():
+    """``1× at T=2048``, not a list's repr; no re-creation reads as such, not ``0× at T=[]``."""
+    assert sglang._describe({"recreations": 1, "sizes": [2048],
+                             "refused_calls": 385}) == ("1× at T=2048, 385 refused")
+    assert sglang._describe({"recreations": 2, "sizes": [2048, 4096],
+                             "refused_calls": 0}) == ("2× at T=2048, 4096, 0 refused")
+    assert sglang._describe({"recreations": 0, "sizes": [],
+                             "refused_calls": 385}) == ("never re-created, 385 refused")

@@ -365,8 +365,9 @@ def real_facts(result, key: str) -> dict:
             f"{wire.get('device_recorded_on_wire')!r})")
     if not proc.get("exists"):
         text += "; no GPU preprocessor (CPU HF processor)"
-    elif proc.get("not_driven"):
-        text += f"; GPU preprocessor not driven here ({proc['not_driven']})"
+    elif proc.get("not_driven"):  # "AssertionError: Torch not compiled with CUDA enabled"
+        why = str(proc["not_driven"]).split(": ", 1)[-1]
+        text += f"; GPU preprocessor present, not run by this CPU probe ({why})"
     else:
         text += f"; GPU preprocessor returns {proc['grid_key']} on {proc['grid_device']}"
     return {**facts, "text": text}

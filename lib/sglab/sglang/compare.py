@@ -109,8 +109,18 @@ def section(fix, comparison: Callable[[dict], object], *, what: str = "rows",
     print(status_lines(results))
     df = comparison(results)
     with pd.option_context("display.max_colwidth", None):  # every cell whole: rows differ late
-        show_table(df[COLUMNS])
+        show_table(shown(df))
     check_table(df, what=what)
+
+
+def shown(df):
+    """The comparison as a reader sees it: by release, a missing answer as "—" and whether each row
+    agrees as yes or NO."""
+    out = df[COLUMNS].copy()
+    for c in ("real", "expected"):
+        out[c] = out[c].map(lambda v: "—" if v is None or (isinstance(v, float) and v != v) else v)
+    out["agrees"] = out["agrees"].map(lambda a: "yes" if a else "NO")
+    return out.set_index("release")
 
 
 # -- the release a fix shipped in, beside the rebuild ----------------------------------------------

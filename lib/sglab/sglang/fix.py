@@ -1,6 +1,8 @@
 """A fix's record, ``FIX`` in ``sglab.<fix>.sglang``: its source check (``check(read) -> Verdict``),
 the symbols each PR touched (``hunks``), its notebook's real-release probe (``probe``) and the real
-engine's scenarios (``engine``); nothing in ``sglab.sglang`` imports a fix.
+engine's scenarios (``engine``). No module of ``sglab.sglang`` imports a fix; an engine adjustment
+may name a fix's patch by its dotted path (``spec.ADJUSTMENTS``: 05's processor stand-in), which
+only the engine's own processes import.
 """
 
 from __future__ import annotations

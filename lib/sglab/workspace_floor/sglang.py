@@ -405,7 +405,10 @@ def rebuild_cell(policy: rebuild.Policy, trace: str, pre: int) -> dict:
 
 
 def _describe(d: dict) -> str:
-    return f"{d['recreations']}× at T={d['sizes']}, {d['refused_calls']} refused"
+    """A cell's re-creations and refused calls in words: ``1× at T=2048, 385 refused``."""
+    made = (f"{d['recreations']}× at T={', '.join(map(str, d['sizes']))}"
+            if d["recreations"] else "never re-created")
+    return f"{made}, {d['refused_calls']} refused"
 
 
 def _real_cells(results: dict):
