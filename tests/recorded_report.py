@@ -25,7 +25,7 @@ def recorded_report(tmp_path_factory) -> tuple[Path, str]:
     """``(folder, what the run printed)``: the report of every notebook, ``MODE='recorded'``, the
     real sections from the recording, figures through the kernel's own inline backend (as a reader
     runs it)."""
-    shared = tmp_path_factory.getbasetemp().parent  # one per session, every xdist worker's parent
+    shared = session_folder(tmp_path_factory)
     out, said = shared / "recorded-report", shared / "recorded-report.said"
     with open(shared / "recorded-report.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -38,6 +38,13 @@ def recorded_report(tmp_path_factory) -> tuple[Path, str]:
             ], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
             said.write_text(p.stdout[-4000:] + p.stderr[-2000:])
     return out, said.read_text()
+
+
+def session_folder(tmp_path_factory) -> Path:
+    """The folder of this test session that every xdist worker shares: the workers' parent, or,
+    run without workers, the session's own (its parent holds every session's)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 def report_entry(folder: Path, stem: str) -> dict:

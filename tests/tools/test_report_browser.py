@@ -1,8 +1,9 @@
 """The report as a reader's browser shows it (Chromium, 1400 x 1000): one ``sglab run`` of every
 notebook in recorded mode, then each fix notebook's page opened and measured. Its first screen holds
 the review card (title, the bug, the releases, the real engine's answer), and its main story, from
-the top to the Appendix heading, is at most 12 screens; the code switch shows the inputs. Skips
-without Chromium or Playwright, as tests/tools/test_browser.py does (fails in CI)."""
+the top to the Appendix heading, is at most 12 screens; the code switch shows the inputs and the
+"Out[n]:" prompts. Skips without Chromium or Playwright, as tests/tools/test_browser.py does (fails
+in CI)."""
 
 import os
 import subprocess
@@ -95,11 +96,14 @@ def test_the_switch_shows_the_code_and_never_the_parameters(report, browser_page
              ".filter(e => e.offsetParent !== null).length")
     params = ("() => [...document.querySelectorAll('.celltag_parameters')]"
               ".filter(e => e.offsetParent !== null).length")
-    assert page.evaluate(shown) == 0
+    prompts = ("() => [...document.querySelectorAll('.jp-OutputPrompt')].filter(e => "
+               "/^Out\\[/.test(e.textContent.trim()) && e.offsetParent !== null && "
+               "getComputedStyle(e).visibility !== 'hidden').length")
+    assert page.evaluate(shown) == 0 and page.evaluate(prompts) == 0
     page.get_by_role("button", name="show code").click()
-    assert page.evaluate(shown) > 0 and page.evaluate(params) == 0
+    assert page.evaluate(shown) > 0 and page.evaluate(params) == 0 and page.evaluate(prompts) > 0
     page.get_by_role("button", name="hide code").click()
-    assert page.evaluate(shown) == 0
+    assert page.evaluate(shown) == 0 and page.evaluate(prompts) == 0
 
 
 def test_the_measuring_command_prints_each_page(report):

@@ -86,7 +86,8 @@ def reveal(answer, prompt: str = "Show the answer") -> None:
 
 
 def file_link(path, what: str = "file") -> None:
-    """A link to a file of the checkout, relative to the notebooks and the report."""
+    """A link to a file of the checkout, relative to the notebooks (the report's page links a copy
+    of a file of ``data/`` in its own folder: :func:`sglab.tools.pages.copy_linked_files`)."""
     path = Path(path).resolve()
     root = runs.repo_root().resolve()
     rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()

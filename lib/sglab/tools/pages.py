@@ -5,6 +5,7 @@ fixes' imports.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 import pickle
@@ -15,6 +16,7 @@ import threading
 import time
 from functools import lru_cache
 from pathlib import Path
+from urllib.parse import quote, unquote, urlsplit
 
 from sglab.core import procs
 from sglab.tools import nbtools
@@ -24,6 +26,10 @@ TEMPLATES = Path(__file__).with_name("templates")
 _H1 = re.compile(r"^#\s+(.+?)\s*#*\s*$", re.M)
 _H2 = re.compile(r"^ {0,3}##[ \t]+\S")
 APPENDIX = "Appendix"  # the heading the main story ends at; what follows is the appendix
+# the report's folder of the checkout's data files its pages link (a Perfetto trace, say), kept
+# under their path in data/
+FILES = "files"
+_HREF = re.compile(r"""\bhref=(["'])([^"']*)\1""")
 
 
 def status_line(r) -> str:
@@ -47,7 +53,7 @@ def run_one(p: Path, out: Path, params: dict | None, cell_timeout: int, html_pag
                 title, f"<p>{html.escape(status_line(r))}</p><pre>{html.escape(r.error)}</pre>"
                 f"<p>The executed part: <a href='{name}'>{name}</a></p>"), encoding="utf-8")
     elif html_pages:
-        write_page(r.nb, page, title=title, status=status_line(r))
+        write_page(r.nb, page, title=title, status=status_line(r), linked_from=p.parent)
     return r
 
 
@@ -143,9 +149,12 @@ def exporter():
     return HTMLExporter(extra_template_basedirs=[str(TEMPLATES)], template_name="sglab")
 
 
-def write_page(nb, path: Path, *, title: str, status: str = "") -> Path:
+def write_page(nb, path: Path, *, title: str, status: str = "",
+               linked_from: Path | None = None) -> Path:
     """Write the page of an executed notebook, ``status`` and :func:`contents` in its top bar (a
-    page that says why, where nbconvert cannot render the notebook)."""
+    page that says why, where nbconvert cannot render the notebook); ``linked_from``: the folder
+    the notebook ran in, whose links to the checkout's data files the page keeps
+    (:func:`copy_linked_files`)."""
     try:
         body, _ = exporter().from_notebook_node(
             nb, resources={
@@ -155,5 +164,83 @@ def write_page(nb, path: Path, *, title: str, status: str = "") -> Path:
     except Exception as e:  # noqa: BLE001 - one broken page must not lose the rest of the report
         body = _plain_page(title,
                            f"<p>HTML export failed: {html.escape(f'{type(e).__name__}: {e}')}</p>")
+    if linked_from is not None:
+        body = copy_linked_files(body, path.parent, Path(linked_from))
     path.write_text(body, encoding="utf-8")
     return path
+
+
+def _relative(href: str) -> bool:
+    """Whether ``href`` names a file relative to its page (no scheme, host, root or anchor only)."""
+    parts = urlsplit(href)
+    return bool(parts.path) and not (parts.scheme or parts.netloc or parts.path.startswith("/"))
+
+
+def copy_linked_files(text: str, folder: Path, linked_from: Path) -> str:
+    """``text``, a page of ``folder``, its links to files of the checkout's ``data/`` (relative to
+    ``linked_from``, where its notebook ran, as in JupyterLab) pointed at copies of those files in
+    ``folder``/:data:`FILES`, so that the report's links work wherever it is read; other links as
+    they were."""
+    from sglab.core.runs import repo_root
+
+    data = repo_root().resolve() / "data"
+
+    def local(m: re.Match) -> str:
+        q, href = m.group(1), html.unescape(m.group(2))
+        if not _relative(href):
+            return m.group(0)
+        parts = urlsplit(href)
+        source = Path(os.path.normpath(linked_from.resolve() / unquote(parts.path)))
+        if not source.is_relative_to(data) or not source.is_file():
+            return m.group(0)
+        rel = source.relative_to(data).as_posix()
+        try:
+            _copy(source, folder / FILES / rel)
+        except OSError:  # the link as it was, rather than no page
+            return m.group(0)
+        frag = f"#{parts.fragment}" if parts.fragment else ""
+        return f"href={q}{html.escape(f'{FILES}/{quote(rel)}{frag}')}{q}"
+
+    return _HREF.sub(local, text)
+
+
+def _copy(source: Path, target: Path) -> None:
+    """``source`` copied to ``target`` (whole or not at all: two workers may copy one file), unless
+    ``target`` is that copy already (same size and time)."""
+    with contextlib.suppress(OSError):
+        have, want = target.stat(), source.stat()
+        if (have.st_size, have.st_mtime_ns) == (want.st_size, want.st_mtime_ns):
+            return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}")
+    shutil.copy2(source, tmp)
+    os.replace(tmp, target)
+
+
+def link_pages(folder: Path, written: list[Path]) -> None:
+    """The ``written`` pages of the report in ``folder``: a link to another notebook beside it
+    (``NN_topic.ipynb``, as JupyterLab opens it) pointed at that notebook's page, where the report
+    has one (its executed copy and its page in ``folder``); a page's link to its own executed copy
+    stays."""
+
+    def to_page(m: re.Match, page: Path) -> str:
+        q, href = m.group(1), html.unescape(m.group(2))
+        parts = urlsplit(href)
+        name = unquote(parts.path)
+        if not _relative(href) or "/" in name or not name.endswith(".ipynb"):
+            return m.group(0)
+        stem = name.removesuffix(".ipynb")
+        if stem == page.stem or not ((folder / name).is_file() and
+                                     (folder / f"{stem}.html").is_file()):
+            return m.group(0)
+        frag = f"#{parts.fragment}" if parts.fragment else ""
+        return f"href={q}{html.escape(f'{quote(stem)}.html{frag}')}{q}"
+
+    for page in written:
+        try:
+            text = page.read_text(encoding="utf-8")
+        except OSError:
+            continue
+        linked = _HREF.sub(lambda m: to_page(m, page), text)
+        if linked != text:
+            page.write_text(linked, encoding="utf-8")

@@ -1,5 +1,6 @@
 """The published report: ``sglab run`` executes notebooks headless and writes a self-contained
-``reports/`` folder (executed ``.ipynb``, an HTML page each, ``index.html``, ``index.json``).
+``reports/`` folder (executed ``.ipynb``, an HTML page each, ``index.html``, ``index.json``, and
+under ``files/`` the data files the pages link).
 Here: the run (a worker process per notebook, stop signals), the environment and 00's overview.
 """
 
@@ -261,6 +262,8 @@ def run_notebooks(paths: list[Path], out: Path, *, params: dict | None = None,
         env = env if env is not None else ([(
             "environment", "not read: the run was stopped first")] if stopped else env_report())
         results = Ran(done[p] for p in paths if p in done)
+        if html_pages:
+            pages.link_pages(out, [out / f"{r.path.stem}.html" for r in results])
         results.signal = signals.received[0] if signals.received else stopped
         write_index(results, out, env, recorded=known or {}, quick=quick)
     return results
