@@ -13,7 +13,8 @@
 #   common.tar.xz            the light dependencies every release needs and the image lacks
 #   bundles.json             {release: [layers]}
 # Prints each layer's size, each release's and each pair's total; exits 1 when a release does not
-# fit LIMIT_MIB (default 40, small enough to copy with the checkout). Downloads stay in DEST/downloads.
+# fit LIMIT_MIB (default 40, small enough to copy with the checkout). Downloads stay in
+# DEST/downloads.
 # Usage: scripts/wheelhouse-engine.sh [DEST=.whl-engine]
 #        (RELEASES="0.5.11 0.5.12.post1 0.5.13" by default)
 set -euo pipefail

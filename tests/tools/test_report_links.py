@@ -38,7 +38,8 @@ def _shown_markdown(monkeypatch, call) -> str:
 
 @pytest.fixture
 def checkout(tmp_path, monkeypatch) -> Path:
-    """A checkout of its own: a recorded trace under data/, a notebook folder, a file outside data/."""
+    """A checkout of its own: a recorded trace under data/, a notebook folder, a file outside
+    data/."""
     root = tmp_path / "checkout"
     trace = root / "data" / "recorded" / "swa_loc" / "20261129T041939Z_nvidia-h200-x1.trace.json.gz"
     trace.parent.mkdir(parents=True)

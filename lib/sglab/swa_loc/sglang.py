@@ -281,11 +281,12 @@ def probe(prepared, params: dict) -> list:
 PR_DIFF = "data/upstream/swa_loc/pr23552.diff"
 PRESET_REVERTED = revert_adjustment(
     "revert-pr23552-swa-loc-preset",
-    "the 'before' of #23552 never ran as a whole engine in the engine runs' environment (0.5.10.post1 "
-    "pins torch 2.9.1): on 0.5.11 the PR's hunk in CudaGraphRunner.capture_one_batch_size (the set_swa_loc "
-    f"preset before capture, read from {PR_DIFF}) is removed, nothing else; the case 'before' "
-    "in the tables", "sglang.srt.model_executor.cuda_graph_runner",
-    "CudaGraphRunner.capture_one_batch_size", diff=PR_DIFF, contains="set_swa_loc")
+    "the 'before' of #23552 never ran as a whole engine in the engine runs' environment "
+    "(0.5.10.post1 pins torch 2.9.1): on 0.5.11 the PR's hunk in "
+    "CudaGraphRunner.capture_one_batch_size (the set_swa_loc preset before capture, read from "
+    f"{PR_DIFF}) is removed, nothing else; the case 'before' in the tables",
+    "sglang.srt.model_executor.cuda_graph_runner", "CudaGraphRunner.capture_one_batch_size",
+    diff=PR_DIFF, contains="set_swa_loc")
 # starts: the decode times with the spread between starts (no claim rests on them)
 ENGINE = (Scenario(
     fix="swa_loc", name="04-swa-kernels",
