@@ -81,10 +81,7 @@ sglang.released(rebuild.DecodeInputBuffers.populate_from_forward_batch, pr=24743
                 symbol="DecodeInputBuffers.populate_from_forward_batch")
 
 # %%
-pd.DataFrame([{
-    "variant": v, **{k: "—" if x is None else x
-                     for k, x in vars(rebuild.runner_config(v)).items()}
-} for v in rebuild.VARIANTS]).set_index("variant")  # "—": the "before" has no buffer
+show.variants_table()
 
 # %% [markdown]
 # ### Predict, then run: the translations a graph records

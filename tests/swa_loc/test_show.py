@@ -165,3 +165,11 @@ def test_the_appendix_tables_name_their_run_and_read_whole_counts(capsys):
     label = engine_records.run_label(run.first)
     assert out.splitlines()[0] == f"{label}, every cell:"
     assert label.startswith(run.first.manifest.gpu) and label.endswith("Z")
+
+
+def test_the_variants_table_shows_a_setting_a_state_lacks_as_a_dash():
+    """The "before" has no SWA buffer: its dtype reads "—", not None; the others keep theirs."""
+    t = show.variants_table()
+    assert list(t.index) == list(fx.VARIANTS)
+    assert "—" in set(t.loc["before"]) and None not in set(t.loc["before"])
+    assert "—" not in set(t.loc[fx.VARIANTS[-1]])

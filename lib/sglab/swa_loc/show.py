@@ -31,6 +31,14 @@ _CFG = ["swa_per_full", "num_layers", "n_swa_layers"]
 
 
 # -- tables of a run -------------------------------------------------------------------------------
+def variants_table() -> pd.DataFrame:
+    """The three states of the one switch (:func:`rebuild.runner_config`), a setting a state does
+    not have (the "before" has no SWA buffer) as "—"."""
+    df = pd.DataFrame([{"variant": v, **vars(rebuild.runner_config(v))} for v in rebuild.VARIANTS
+                       ]).set_index("variant")
+    return df.astype(object).where(df.notna(), "—")
+
+
 def sweep_rows(df):
     """The rows of the layout sweep (not those of the padding scenario)."""
     return df[df.num_layers.isin(df[df.metric == "graph_kernel_nodes"].num_layers.unique())
