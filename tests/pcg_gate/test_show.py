@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from sglab.core import runs
+from sglab.core import engine_records, runs
 from sglab.pcg_gate import claims, rebuild, show, tables
 from tests.pcg_gate.test_claims import LE, LP, method3_run
 
@@ -148,9 +148,9 @@ def test_the_engine_scope_is_read_from_the_recorded_runs():
     t = show.engine_scope(rs)
     df = engine_records.frame(rs.shown)
     df = df[df.input_len.notna()]
-    assert set(t.index) == set(zip(df.model, df.tool.map(show.TOOL_NAMES)))
+    assert set(t.index) == set(zip(df.model, df.tool.map(engine_records.TOOL_NAMES)))
     for (model, tool), g in df.groupby(["model", "tool"]):
-        row = t.loc[(model, show.TOOL_NAMES[tool])]
+        row = t.loc[(model, engine_records.TOOL_NAMES[tool])]
         lo, hi = int(g.input_len.min()), int(g.input_len.max())
         assert row["prompt tokens"] == f"{lo}–{hi}"
         for rel in set(g.release):

@@ -192,11 +192,14 @@ def adjustments(rs: runs.RunSet) -> list[str]:
     return [f"{k}: {v}" for k, v in seen.items()]
 
 
+# an engine entry's tool as SGLang names it
+TOOL_NAMES = {"bench": "bench_one_batch", "engine": "Engine.generate", "serve": "bench_serving"}
+
+
 def tools(rs: runs.RunSet) -> list[str]:
     """SGLang's own tools the shown runs timed with."""
-    names = {"bench": "bench_one_batch", "engine": "Engine.generate", "serve": "bench_serving"}
     return sorted({
-        names.get(e.get("tool"), str(e.get("tool")))
+        TOOL_NAMES.get(e.get("tool"), str(e.get("tool")))
         for r in rs
         for e in r.manifest.engine_runs
     })

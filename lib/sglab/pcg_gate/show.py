@@ -315,7 +315,6 @@ def scope(rs) -> None:
             notebook.show_table(t)
 
 
-TOOL_NAMES = {"bench": "bench_one_batch", "serve": "bench_serving", "engine": "Engine.generate"}
 CASE_ORDER = ("default", "enforce", "pcg", "pcg-off", "pcg-off-again")
 
 
@@ -342,8 +341,8 @@ def engine_scope(rs) -> pd.DataFrame:
         releases = sorted(set(g.release), key=parse_version)
         cases = "; ".join(f"{rel}: {said(g[g.release == rel].case)}" for rel in releases)
         rows.append({
-            "model": model, "tool": TOOL_NAMES.get(tool, tool), "releases: cases": cases,
-            "prompt tokens": text.count(g["input_len"])
+            "model": model, "tool": engine_records.TOOL_NAMES.get(tool, tool),
+            "releases: cases": cases, "prompt tokens": text.count(g["input_len"])
         })
     return pd.DataFrame(rows).set_index(["model", "tool"])
 
