@@ -258,7 +258,11 @@ def test_the_gpu_script_stopped_by_a_signal_stops_its_sglab_and_packs_what_ran(
     # `sglab`'s own file, not a reader that might not have started yet
     log = tmp_path / "out" / "logs" / "04-swa-kernels.log"
     deadline = time.monotonic() + 60
-    while not pidfile.exists() and time.monotonic() < deadline:
+
+    def written() -> bool:  # the shell makes the file before it writes the pid in it
+        return pidfile.exists() and pidfile.read_text().endswith("\n")
+
+    while not written() and time.monotonic() < deadline:
         time.sleep(0.01)
     child = int(pidfile.read_text())
     if whole_group:  # as GNU timeout sends it
